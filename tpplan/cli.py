@@ -1,0 +1,61 @@
+"""Command-line entry point. A thin layer: every command calls the Python API and prints it.
+
+Each command lives in `tpplan.commands.<name>` and registers itself on the app; modules whose
+commands need torch import it lazily inside the command, so `tpplan audit` never loads torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from tpplan.errors import TpplanError
+
+app = typer.Typer(
+    name="tpplan",
+    help="Audit, predict, search, execute and measure tensor-parallel prefill plans.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_COMMAND_MODULES = ("models_cmd", "audit", "calibrate", "search", "run", "bench", "report")
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"tpplan.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tpplan.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    """Run the CLI; user errors print one clear message and exit 2 without a traceback."""
+    err = Console(stderr=True)
+    try:
+        app(standalone_mode=False)
+    except TpplanError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
