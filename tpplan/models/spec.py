@@ -1,0 +1,186 @@
+"""Normalized model specs: what tpplan needs to know about a model, parsed from an HF config.json.
+
+Each family's raw config is validated with pydantic (field names as the checkpoints spell them,
+with the aliases that different releases use) and turned into one small, frozen `ModelSpec`:
+a hidden width and one `LayerSpec` per layer (its token mixer and its MLP). The graph builder
+(`tpplan.models.graph`) turns specs into op-level dataflow; nothing here knows about TP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+AttnKind = Literal["mla", "kda", "gqa", "gdn"]
+MlpKind = Literal["dense", "moe"]
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V3, Kimi K2/Linear/K3 full-attention layers)."""
+
+    heads: int
+    q_lora_rank: int | None  # None: q_proj reads the full hidden (Kimi-Linear)
+    kv_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_dim: int
+    output_gate: bool = False  # K3: sigmoid(g_proj(hidden)) multiplies the attention output
+    use_rope: bool = True  # Kimi-Linear's MLA is NoPE
+
+    kind: Literal["mla"] = "mla"
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.nope_dim + self.rope_dim
+
+    @property
+    def latent_width(self) -> int:
+        """Width of the fused token-local down projection (the seed's L = 2112 for K3)."""
+        return (self.q_lora_rank or 0) + self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
+class KDASpec:
+    """Kimi Delta Attention: gated delta-rule linear attention with a depthwise short conv."""
+
+    heads: int
+    head_dim: int
+    conv_kernel: int
+    full_rank_gate: bool = False  # K3: one g_proj [heads*head_dim, hidden] instead of g_a/g_b
+
+    kind: Literal["kda"] = "kda"
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class GQASpec:
+    """Softmax attention with grouped KV heads; optionally Qwen3-Next's sigmoid output gate."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    output_gate: bool = False  # q_proj doubled: query and gate, both from the full hidden
+    qk_norm: bool = False
+    rotary_dim: int = 0
+
+    kind: Literal["gqa"] = "gqa"
+
+
+@dataclass(frozen=True)
+class GDNSpec:
+    """Gated DeltaNet (Qwen3-Next linear attention)."""
+
+    k_heads: int
+    v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    kind: Literal["gdn"] = "gdn"
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.v_head_dim
+
+
+@dataclass(frozen=True)
+class DenseMLPSpec:
+    intermediate: int
+    kind: Literal["dense"] = "dense"
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed experts plus optional shared experts; K3's latent MoE when `latent` is set."""
+
+    experts: int
+    top_k: int
+    expert_intermediate: int
+    shared_intermediate: int  # total width of the shared experts (0: none)
+    scoring: Literal["sigmoid", "softmax"] = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    latent: int | None = None  # K3: experts run in a latent of this width
+    latent_norm: bool = False
+    shared_gate: bool = False  # Qwen3-Next: sigmoid(shared_expert_gate(x)) scales the shared expert
+
+    kind: Literal["moe"] = "moe"
+
+    @property
+    def expert_width(self) -> int:
+        """Feature width the routed experts read and write (hidden, or K3's latent)."""
+        return self.latent if self.latent is not None else -1
+
+
+AttnSpec = MLASpec | KDASpec | GQASpec | GDNSpec
+MlpSpec = DenseMLPSpec | MoESpec
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    attn: AttnSpec
+    mlp: MlpSpec
+
+    @property
+    def kind(self) -> str:
+        """A short name shared by every layer with the same structure, e.g. `mla+moe`."""
+        return f"{self.attn.kind}+{self.mlp.kind}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    model_type: str
+    family: str
+    hidden: int
+    vocab: int
+    layers: tuple[LayerSpec, ...]
+    attn_res_block_size: int | None = None  # K3 block attention residuals
+    tie_embeddings: bool = False
+    source: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_kinds(self) -> dict[str, LayerSpec]:
+        """Distinct layer structures in first-appearance order, keyed by a readable name.
+
+        Two layers with the same attn/mlp kind but different shapes (rare) get `#2` suffixes.
+        """
+        kinds: dict[str, LayerSpec] = {}
+        for layer in self.layers:
+            if layer in kinds.values():
+                continue
+            key = layer.kind
+            n = 2
+            while key in kinds:
+                key = f"{layer.kind}#{n}"
+                n += 1
+            kinds[key] = layer
+        return kinds
+
+    def kind_of(self, index: int) -> str:
+        layer = self.layers[index]
+        for key, spec in self.layer_kinds().items():
+            if spec == layer:
+                return key
+        raise KeyError(index)
+
+    def count_kinds(self) -> dict[str, int]:
+        kinds = self.layer_kinds()
+        counts = dict.fromkeys(kinds, 0)
+        for layer in self.layers:
+            for key, spec in kinds.items():
+                if spec == layer:
+                    counts[key] += 1
+                    break
+        return counts
