@@ -170,19 +170,20 @@ def _entry_ops(b: _Builder, prefix: str, attn_res: bool, norm_weight: str, post:
     h = b.hidden
     src, delta = ("resid", "delta") if not post else ("resid_mid", "attn_out")
     stream = "resid_mid" if not post else "resid_out"
-    b.op(f"{prefix}residual_add", OpKind.ADD, (src, delta), stream, h, role=f"{prefix}residual_add",
+    side = "attn" if not post else "mlp"
+    b.op(f"{prefix}residual_add", OpKind.ADD, (src, delta), stream, h, role=f"layer.{side}_add",
          flops_per_token=h, note="residual add (stream + block output)")
     normed = "x" if not post else "y"
     if attn_res:
-        which = "attn" if not post else "mlp"
         b.op(f"{prefix}attn_res", OpKind.ATTN_RES, ("bank", stream), normed, h,
-             role=f"{prefix}attn_res", weight=f"{which}_res",
+             role=f"layer.{side}_in", weight=f"{side}_res",
              weight_shape=(3, h), flops_per_token=0.0,
              note="block attention residual: per-token softmax over the snapshot bank and the "
                   "running prefix, then RMSNorm (replaces the pre-norm)")
     else:
-        b.norm(f"{prefix}norm", stream, normed, norm_weight,
-               note="input_layernorm" if not post else "post_attention_layernorm")
+        b.op(f"{prefix}norm", OpKind.NORM, (stream,), normed, h, role=f"layer.{side}_in", weight=norm_weight,
+             weight_shape=(h,), flops_per_token=4.0 * h,
+             note="input_layernorm" if not post else "post_attention_layernorm")
     b.ops[-1].attrs["norm_of"] = stream
 
 

@@ -1,0 +1,207 @@
+"""The audit: a plan's legality and communication for a whole model at one TP size.
+
+`audit_plan` runs the propagation over every layer (cached per layer kind and entry
+placement), adds the reduction before the final norm, and sums volumes per token per rank.
+`audit` does it for several plans and adds deltas against the baseline. Everything here is pure
+Python; `to_json` gives the stable JSON documented in docs/audit-json.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from tpplan.errors import TpplanError
+from tpplan.layout.placement import P, R, Collective, ring_elements_per_rank, seed_units
+from tpplan.layout.propagate import LayerResult, Violation, check_divisible, propagate
+from tpplan.models.config import load_model
+from tpplan.models.graph import ModelGraph, build_model_graph
+from tpplan.plans.named import NAMED_PLANS, make_plan
+from tpplan.plans.plan import Plan
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+JSON_SCHEMA_VERSION = 1
+
+
+@dataclass
+class KindSummary:
+    kind: str
+    count: int
+    result: LayerResult  # as the layer most often sees its input
+
+    @property
+    def legal(self) -> bool:
+        return self.result.legal
+
+
+@dataclass
+class PlanAudit:
+    plan: Plan
+    n: int
+    dtype_bytes: int
+    kinds: dict[str, KindSummary]
+    layer_results: list[LayerResult]
+    final_elements_per_token: float
+    final_units: float
+    weight_bytes_per_rank: float
+    replicated_extra_bytes: float  # what replication costs beyond the sharded baseline
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def legal(self) -> bool:
+        return not self.violations
+
+    @property
+    def comm_elements_per_token(self) -> float:
+        return sum(r.elements_per_token() for r in self.layer_results) + self.final_elements_per_token
+
+    @property
+    def comm_bytes_per_token(self) -> float:
+        return self.comm_elements_per_token * self.dtype_bytes
+
+    @property
+    def units(self) -> float:
+        return sum(r.units() for r in self.layer_results) + self.final_units
+
+    def collective_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.layer_results:
+            for c in r.comms:
+                counts[c.collective.value] = counts.get(c.collective.value, 0) + 1
+        return counts
+
+
+def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> PlanAudit:
+    """Audit one plan over every layer of the model."""
+    if n < 1:
+        raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
+    if dtype not in DTYPE_BYTES:
+        raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+    nbytes = DTYPE_BYTES[dtype]
+    for lg in graph.kinds.values():
+        check_divisible(lg, plan, n)
+    cache: dict[tuple[str, str], LayerResult] = {}
+    results: list[LayerResult] = []
+    seen_by_kind: dict[str, dict[str, int]] = {}
+    delta = P  # the vocab-parallel embedding's output is a partial sum
+    for i, kind in enumerate(graph.layer_kinds):
+        key = (kind, str(delta))
+        if key not in cache:
+            cache[key] = propagate(graph.kinds[kind], plan, n, delta, nbytes)
+        res = cache[key]
+        results.append(res)
+        seen_by_kind.setdefault(kind, {})
+        seen_by_kind[kind][str(delta)] = seen_by_kind[kind].get(str(delta), 0) + (1 if i else 0)
+        delta = res.exit_delta
+    # The last block's output is reduced into the stream before the final norm.
+    final_el = final_units = 0.0
+    if delta is P:
+        coll = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
+        final_el = ring_elements_per_rank(coll, graph.hidden, n)
+        final_units = seed_units(coll, graph.hidden, n)
+    counts = graph.counts()
+    kinds: dict[str, KindSummary] = {}
+    for kind in graph.kinds:
+        seen = seen_by_kind.get(kind, {})
+        typical = max(seen, key=lambda d: seen[d]) if any(seen.values()) else str(P)
+        res = cache.get((kind, typical)) or next(v for (k, _), v in cache.items() if k == kind)
+        kinds[kind] = KindSummary(kind, counts[kind], res)
+    # One reason per distinct edge; the same edge in several layer kinds is listed once with all kinds.
+    merged: dict[tuple[str, str, str, str, str], Violation] = {}
+    for res in cache.values():
+        for v in res.violations:
+            key = (v.op, v.value, str(v.got), str(v.needs), v.reason)
+            if key not in merged:
+                merged[key] = v
+            elif v.layer_kind not in merged[key].layer_kind.split(", "):
+                merged[key] = replace(merged[key], layer_kind=f"{merged[key].layer_kind}, {v.layer_kind}")
+    violations = list(merged.values())
+    weight = replicated_extra = 0.0
+    for r in results:
+        for d in r.decisions:
+            weight += d.weight_elements_per_rank * nbytes
+            if d.split == "replicated" and d.op.split.value in ("col", "row"):
+                replicated_extra += (d.op.weight_numel - d.op.weight_numel / n) * nbytes
+    return PlanAudit(plan, n, nbytes, kinds, results, final_el, final_units, weight, replicated_extra, violations)
+
+
+@dataclass
+class Audit:
+    model: str
+    graph: ModelGraph
+    n: int
+    dtype: str
+    plans: list[PlanAudit]
+
+    def baseline(self) -> PlanAudit | None:
+        return next((p for p in self.plans if p.plan.name == "baseline"), None)
+
+
+def audit(model: str | ModelGraph, n: int, plans: list[str] | None = None, dtype: str = "bf16") -> Audit:
+    """Audit the named plans (all of them by default) for a preset name, config path or graph."""
+    graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
+    names = plans or list(NAMED_PLANS)
+    if "baseline" not in names:
+        names = ["baseline", *names]
+    audits = [audit_plan(graph, make_plan(name, graph, n), n, dtype) for name in dict.fromkeys(names)]
+    return Audit(graph.spec.name, graph, n, dtype, audits)
+
+
+def _pct(value: float, base: float) -> float | None:
+    return None if not base else round(100.0 * (value - base) / base, 2)
+
+
+def to_json(a: Audit) -> dict[str, object]:
+    """The stable audit JSON (schema documented in docs/audit-json.md)."""
+    base = a.baseline()
+    spec = a.graph.spec
+    out_plans = []
+    for pa in a.plans:
+        kinds = {}
+        for kind, ks in pa.kinds.items():
+            r = ks.result
+            base_units = base.kinds[kind].result.units("attn_side") if base else 0.0
+            kinds[kind] = {
+                "count": ks.count,
+                "legal": r.legal,
+                "reasons": [v.sentence() for v in r.violations],
+                "attn_input_units": r.units("attn_side"),
+                "attn_input_delta_pct": _pct(r.units("attn_side"), base_units),
+                "layer_units": r.units(),
+                "comm_bytes_per_token_per_rank": r.elements_per_token() * pa.dtype_bytes,
+                "collectives": [
+                    {"collective": c.collective.value, "value": c.value, "width": c.width, "from": str(c.src),
+                     "to": str(c.dst), "region": c.region, "producer": c.producer, "consumer": c.consumer,
+                     "bytes_per_token_per_rank": c.elements_per_token * pa.dtype_bytes, "units": c.units,
+                     "reason": c.reason}
+                    for c in r.comms
+                ],
+            }
+        base_bytes = base.comm_bytes_per_token if base else 0.0
+        out_plans.append({
+            "name": pa.plan.name,
+            "title": pa.plan.title,
+            "summary": pa.plan.summary,
+            "found_by": pa.plan.found_by,
+            "decisions": pa.plan.describe(),
+            "legal": pa.legal,
+            "reasons": [v.sentence() for v in pa.violations],
+            "engine_notes": list(pa.plan.engine_notes),
+            "layer_kinds": kinds,
+            "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
+            "comm_units_per_token": pa.units,
+            "comm_delta_pct": _pct(pa.comm_bytes_per_token, base_bytes),
+            "collectives_per_forward": pa.collective_counts(),
+            "weight_bytes_per_rank": pa.weight_bytes_per_rank,
+            "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
+        })
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "model": a.model,
+        "model_type": spec.model_type,
+        "hidden": spec.hidden,
+        "layers": spec.num_layers,
+        "layer_kind_counts": a.graph.counts(),
+        "tp": a.n,
+        "dtype": a.dtype,
+        "plans": out_plans,
+    }

@@ -1,0 +1,52 @@
+"""Render one layer of each kind as a dataflow, in the style of the seed memo's arrows:
+
+    delta P  --AR-->  R
+    attn_add(resid R, delta R) -> resid_mid R
+    attn_norm(resid_mid R) -> x R
+    qkv_a [replicated, x R] -> qkv_latent R
+    ...
+
+Each line is one op: its weight placement, the placements it receives, what it produces, and
+the collectives issued on its inputs. Illegal ops are marked with `!!` and their reason.
+"""
+
+from __future__ import annotations
+
+from tpplan.layout.placement import Placement
+from tpplan.layout.propagate import LayerResult
+from tpplan.models.graph import OpKind
+
+_SPLIT_WORDS = {"col": "column-parallel", "row": "row-parallel", "replicated": "replicated",
+                "tp": "experts TP", "ep": "experts EP", "a2a": "experts all-to-all"}
+
+
+def explain_layer(res: LayerResult, width_of: dict[str, int]) -> list[str]:
+    """Lines describing one propagated layer."""
+    lines: list[str] = []
+    comms_by_consumer: dict[str, list[str]] = {}
+    for c in res.comms:
+        if c.internal:
+            continue
+        comms_by_consumer.setdefault(c.consumer, []).append(
+            f"  {c.value}[{c.width}] {c.src} --{c.collective.short}--> {c.dst}   ({c.reason}; {c.units:g} units)")
+    bad = {v.op: v for v in res.violations}
+    for d in res.decisions:
+        op = d.op
+        for line in comms_by_consumer.get(op.name, []):
+            lines.append(line)
+        ins = ", ".join(f"{v} {p}" for v, p in zip(op.inputs, d.inputs_received, strict=True))
+        split = _SPLIT_WORDS.get(d.split, "")
+        tag = f"[{split}] " if split and op.kind in (OpKind.LINEAR, OpKind.EXPERTS) else ""
+        out_pl: Placement = res.placements[op.output]
+        mark = "!! " if not d.legal else "   "
+        lines.append(f"{mark}{op.name} {tag}({ins}) -> {op.output}[{width_of.get(op.output, 0)}] {out_pl}")
+        if op.kind is OpKind.EXPERTS:
+            for c in res.comms:
+                if c.internal and c.consumer == op.name:
+                    lines.append(f"      {c.value}[{c.width}] --A2A-->  ({c.reason}; {c.units:.0f} units)")
+        if op.name in bad:
+            v = bad[op.name]
+            lines.append(f"      illegal: {v.reason}")
+            for fix in v.fixes:
+                lines.append(f"      fix: {fix}")
+    return lines

@@ -1,0 +1,342 @@
+"""Propagate placements through one layer graph under a plan: the legality check and the source of
+every collective.
+
+Walk the ops in order. Each op receives its inputs as produced, after the conversions the plan
+names (gathers, all-to-alls). It then takes the cheapest of its strategies that those inputs
+satisfy through free steps (slices) or through reductions of partial sums (all-reduce or
+reduce-scatter, as the plan's stream and reduce targets say). If no strategy fits, the edge is
+illegal: the op is recorded with what it got, what it needs, why, and how a plan could fix it.
+Propagation continues past an illegal op (its output keeps the token-sharded placement it would
+really have), so every later problem is found too; those are marked as consequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tpplan.errors import TpplanError
+from tpplan.layout.placement import (
+    P,
+    R,
+    S_COL,
+    S_TOK,
+    Collective,
+    Placement,
+    redistribution,
+    ring_elements_per_rank,
+    seed_units,
+)
+from tpplan.layout.rules import Strategy, strategies, why_needed
+from tpplan.models.graph import LayerGraph, Op, OpKind, WeightSplit
+from tpplan.plans.plan import Plan
+
+EXTERNAL_INPUTS = ("resid", "delta", "bank")
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    """One collective issued in a layer, per token of the batch, as seen by one rank."""
+
+    collective: Collective
+    value: str
+    width: int
+    src: Placement
+    dst: Placement
+    producer: str  # op name that produced the value (or resid/delta)
+    consumer: str  # first op that needed the conversion
+    region: str  # "attn_side" | "mlp_side"
+    reason: str
+    elements_per_token: float  # sent per rank, ring algorithm, with (N-1)/N
+    units: float  # the seed's relative units
+    internal: bool = False  # inside an op (MoE dispatch/combine)
+
+    @property
+    def label(self) -> str:
+        return f"{self.collective.short} {self.value}[{self.width}]"
+
+
+@dataclass(frozen=True)
+class Violation:
+    layer_kind: str
+    op: str
+    role: str
+    value: str
+    got: Placement
+    needs: Placement
+    reason: str
+    fixes: tuple[str, ...]
+    consequence_of: str | None = None  # an earlier illegal op whose output this one reads
+
+    def sentence(self) -> str:
+        lead = f"[{self.layer_kind}] {self.op} receives `{self.value}` {self.got} but needs {self.needs}: {self.reason}."
+        if self.consequence_of:
+            return f"{lead} (follows from the illegal {self.consequence_of})"
+        return lead + (" Fix: " + "; or ".join(self.fixes) + "." if self.fixes else "")
+
+
+@dataclass(frozen=True)
+class OpDecision:
+    op: Op
+    split: str  # how its weight is placed under the plan
+    strategy: Strategy
+    inputs_received: tuple[Placement, ...]
+    compute_share: float  # fraction of the op's total work one rank does (1.0 = redundant on every rank)
+    weight_elements_per_rank: int
+    legal: bool
+
+
+@dataclass
+class LayerResult:
+    kind: str
+    n: int
+    placements: dict[str, Placement] = field(default_factory=dict)
+    decisions: list[OpDecision] = field(default_factory=list)
+    comms: list[CommEvent] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def legal(self) -> bool:
+        return not self.violations
+
+    @property
+    def exit_delta(self) -> Placement:
+        return self.placements["mlp_out"]
+
+    def elements_per_token(self, region: str | None = None) -> float:
+        return sum(c.elements_per_token for c in self.comms if region is None or c.region == region)
+
+    def units(self, region: str | None = None) -> float:
+        return sum(c.units for c in self.comms if region is None or c.region == region)
+
+
+def moe_remote_fraction(experts: int, top_k: int, n: int) -> float:
+    """Expected share of a token's copies that leave its rank under all-to-all dispatch.
+
+    A token is sent once to every rank that hosts at least one of its top-k experts (DeepEP
+    dedupes by rank). With E/N experts per rank and experts picked uniformly, a given rank is hit
+    with probability 1 - C(E - E/N, k) / C(E, k).
+    """
+    if n <= 1:
+        return 0.0
+    per_rank = experts / n
+    miss = 1.0
+    for j in range(top_k):
+        miss *= max(experts - per_rank - j, 0) / (experts - j)
+    return 1.0 - miss
+
+
+def _weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan: Plan) -> int:
+    numel = op.weight_numel
+    if not numel:
+        return 0
+    if op.kind is OpKind.EXPERTS:
+        return math.ceil(numel / n)
+    if split in (WeightSplit.COL, WeightSplit.ROW):
+        heads = op.split_heads or n
+        if heads % n == 0:
+            return numel // n
+        return numel // heads  # fewer heads than ranks: each rank holds one head's replica
+    if split == WeightSplit.REPLICATED:
+        return numel
+    # Per-head parameters (conv filters, A_log, head norms) follow their activation.
+    return numel // n if out_placement is S_COL and op.split_heads and op.split_heads % n == 0 else numel
+
+
+def _share(op: Op, strategy: Strategy, n: int, split: str) -> float:
+    if op.kind is OpKind.EXPERTS:
+        return 1.0 / n
+    if strategy.output in (S_TOK, S_COL) or (strategy.output is P and split == WeightSplit.ROW):
+        return 1.0 / n
+    if strategy.output is P and any(p is S_COL for p in strategy.inputs):
+        return 1.0 / n
+    return 1.0  # runs on every token on every rank: redundant
+
+
+def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
+    """Raise a clear error when a weight that the plan splits by head cannot be split over N ranks."""
+    for op in lg.ops:
+        qual = f"{lg.kind}/{op.role}"
+        if op.kind is OpKind.EXPERTS:
+            experts = int(op.attrs["experts"])
+            if plan.moe == "ep":
+                ep = plan.ep_size or 1
+                if n % ep or experts % ep or (op.split_heads % (n // ep)):
+                    raise TpplanError(
+                        f"plan '{plan.name}' (--tp {n})",
+                        f"EP size {ep} must divide the TP size {n} and the {experts} experts, and the expert "
+                        f"width {op.split_heads} must divide over the remaining {n // ep}-way split",
+                        "choose an EP size that divides both",
+                    )
+            elif plan.moe == "a2a" and experts % n:
+                raise TpplanError(f"plan '{plan.name}' (--tp {n})",
+                                  f"{experts} experts do not divide over {n} ranks for all-to-all expert parallelism",
+                                  "use a TP/EP size that divides the expert count")
+            elif plan.moe == "tp" and op.split_heads % n:
+                raise TpplanError(f"--tp {n}", f"the expert intermediate width {op.split_heads} is not divisible "
+                                  f"by {n}", "use a TP size that divides it, or an EP/all-to-all MoE plan")
+            continue
+        if op.kind is not OpKind.LINEAR or plan.replicates(qual) or not op.split_heads:
+            continue
+        if op.split in (WeightSplit.COL, WeightSplit.ROW) and op.split_heads % n:
+            kv_like = op.name in ("k_proj", "v_proj") and n % op.split_heads == 0
+            if kv_like:
+                continue  # KV heads are replicated across ranks when TP exceeds them
+            divisors = [d for d in range(1, op.split_heads + 1) if op.split_heads % d == 0]
+            what = "heads" if op.split_heads < 8192 and op.name not in ("gate_proj", "up_proj", "down_proj") else "columns"
+            raise TpplanError(
+                f"--tp {n} ({lg.kind} layer, {op.name})",
+                f"{op.split_heads} {what} cannot be split evenly over {n} ranks; each rank must own whole {what}",
+                f"use a TP size that divides {op.split_heads} (e.g. {', '.join(map(str, divisors[-6:]))})",
+            )
+
+
+def _fixes(lg: LayerGraph, op: Op, value: str, got: Placement, needs: Placement, n: int, dtype_bytes: int) -> list[str]:
+    """Ways a plan could make this edge legal, with their prices."""
+    width = lg.values[value].width if value in lg.values else lg.hidden
+    fixes: list[str] = []
+    if got is S_TOK and needs is R:
+        fixes.append(f"all-gather `{value}` ({width} wide) for {op.name}: +{width} units (seed) per token")
+        if op.kind is OpKind.LINEAR and op.split is WeightSplit.COL:
+            mib = op.weight_numel * dtype_bytes * (n - 1) / n / 2**20
+            out_w = lg.values[op.output].width
+            fixes.append(
+                f"replicate {op.name} ({mib:,.1f} MiB more weight per rank) so it runs on local tokens, then "
+                f"all-to-all its {out_w}-wide output to head-sharded: +{out_w / n:g} units"
+            )
+    elif got is S_TOK and needs is S_COL:
+        fixes.append(f"all-to-all `{value}` to head-sharded: +{width / n:g} units (seed) per token")
+        fixes.append(f"all-gather the hidden before the producer of `{value}` so it stays head-sharded")
+    elif got is S_COL and needs is R:
+        fixes.append(f"all-gather `{value}` by columns: +{width} units")
+    elif got is P:
+        fixes.append(f"reduce `{value}` first (all-reduce or reduce-scatter)")
+    return fixes
+
+
+def _misfit(received: list[Placement], opt: Strategy) -> int:
+    """How far received placements are from a strategy; picks the strategy an illegal op most
+    plausibly meant (gathering head-sharded columns back is the least plausible intent)."""
+    score = 0
+    for got, need in zip(received, opt.inputs, strict=True):
+        step = redistribution(got, need)
+        if got == need or (step is not None and step.free) or got is P:
+            continue
+        score += 3 if got is S_COL else 1  # undoing a head split is the least plausible intent
+    return score
+
+
+def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_bytes: int = 2) -> LayerResult:
+    """Run the plan over one layer; `delta` is how the previous block's output arrives."""
+    res = LayerResult(lg.kind, n)
+    pl = res.placements
+    pl.update({"resid": plan.stream, "delta": delta, "bank": plan.stream})
+    producer_of: dict[str, Op] = {op.output: op for op in lg.ops}
+    tainted: dict[str, str] = {}  # value -> illegal op it descends from
+    done: dict[tuple[str, Placement], Placement] = {}  # conversions already issued: (value, dst) -> dst
+
+    def qual(op: Op) -> str:
+        return f"{lg.kind}/{op.role}"
+
+    def region(op: Op) -> str:
+        return lg.region_of(op)
+
+    def emit(coll: Collective, value: str, src: Placement, dst: Placement, consumer: Op, reason: str) -> None:
+        if (value, dst) in done:
+            return
+        done[(value, dst)] = dst
+        width = lg.values[value].width
+        prod = producer_of[value].name if value in producer_of else value
+        res.comms.append(CommEvent(coll, value, width, src, dst, prod, consumer.name, region(consumer), reason,
+                                   ring_elements_per_rank(coll, width, n), seed_units(coll, width, n)))
+
+    for op in lg.ops:
+        q = qual(op)
+        if op.kind is OpKind.EXPERTS:
+            split: str = plan.moe
+        elif op.kind in (OpKind.LINEAR, OpKind.ROUTER) and plan.replicates(q):
+            split = WeightSplit.REPLICATED
+        else:
+            split = op.split
+        # 1. conversions the plan names for these edges
+        received: list[Placement] = []
+        for v in op.inputs:
+            p = pl[v]
+            prod = producer_of.get(v)
+            prod_q = qual(prod) if prod else f"{lg.kind}/layer.{v}"
+            if p in (S_TOK, S_COL) and (plan.gathers(prod_q) or plan.gathers_for(prod_q, q)):
+                emit(Collective.ALL_GATHER, v, p, R, op, "the plan all-gathers it")
+                p = R
+            elif p is S_TOK and plan.a2a_of(prod_q):
+                emit(Collective.ALL_TO_ALL, v, p, S_COL, op, "the plan moves it to head-sharded by all-to-all")
+                p = S_COL
+            received.append(p)
+        # 2. the cheapest strategy the received placements satisfy
+        options = strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q))
+        is_stream_add = op.kind is OpKind.ADD and op.role.startswith("layer.")
+        best: tuple[float, Strategy] | None = None
+        for opt in options:
+            cost = 0.0
+            for got, need in zip(received, opt.inputs, strict=True):
+                if got == need:
+                    continue
+                step = redistribution(got, need)
+                if step is not None and step.free:
+                    cost += 1
+                elif got is P and need is (plan.stream if is_stream_add else plan.reduce):
+                    cost += 2
+                else:
+                    cost = math.inf
+                    break
+            if cost < math.inf:
+                if plan.shards_tokens(q):  # explicit preference: take the first that fits
+                    best = (cost, opt)
+                    break
+                if best is None or cost < best[0]:
+                    best = (cost, opt)
+        if best is not None:
+            strat = best[1]
+            for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
+                if got is P and need is not P:
+                    coll = Collective.ALL_REDUCE if need is R else Collective.REDUCE_SCATTER
+                    why = ("reduce the block output into the residual stream" if is_stream_add
+                           else f"{op.name} needs true values")
+                    emit(coll, v, P, need, op, why)
+            out = strat.output
+            legal = True
+            parents = [tainted[v] for v in op.inputs if v in tainted]
+            if parents:  # downstream of an illegal op, even where this op itself fits
+                tainted[op.output] = parents[0]
+        else:
+            strat = min(options, key=lambda o: _misfit(received, o))
+            legal = False
+            parents = [tainted[v] for v in op.inputs if v in tainted]
+            for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
+                step = redistribution(got, need)
+                if got == need or (step is not None and step.free):
+                    continue
+                res.violations.append(Violation(
+                    lg.kind, op.name, op.role, v, got, need, why_needed(op, need, got),
+                    tuple(_fixes(lg, op, v, got, need, n, dtype_bytes)),
+                    consequence_of=parents[0] if parents else None,
+                ))
+            out = S_TOK if S_TOK in received else strat.output
+            tainted[op.output] = parents[0] if parents else op.name
+        # 3. work inside the op: MoE dispatch and combine
+        if op.kind is OpKind.EXPERTS and split == "a2a" and legal and n > 1:
+            width = int(op.attrs["width"])
+            frac = moe_remote_fraction(int(op.attrs["experts"]), int(op.attrs["top_k"]), n)
+            per_dir = frac * width * (n - 1) / n
+            for name in ("dispatch", "combine"):
+                res.comms.append(CommEvent(
+                    Collective.ALL_TO_ALL, f"{op.inputs[0]}:{name}", width, S_TOK, S_TOK, op.name, op.name,
+                    region(op), f"MoE {name}: each token to the ranks of its top-{op.attrs['top_k']} experts "
+                    f"({frac:.0%} of ranks hit on average)",
+                    per_dir, frac * width, internal=True,
+                ))
+        pl[op.output] = out
+        res.decisions.append(OpDecision(
+            op, str(split), strat, tuple(received), _share(op, strat, n, str(split)) if legal else 1.0,
+            _weight_elements(op, str(split), n, out, plan), legal,
+        ))
+    return res

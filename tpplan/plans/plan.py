@@ -1,0 +1,90 @@
+"""A plan: the placement decisions for a whole model, applied layer by layer.
+
+A plan does not list collectives one by one. It states a few decisions, and the propagation
+(`tpplan.layout.propagate`) derives every collective from them and from the op rules:
+
+- `stream`: where the residual stream lives between blocks (R, or token-sharded S(tok)). Block
+  outputs are partial sums and are reduced into it: all-reduce for R, reduce-scatter for S(tok).
+- `reduce`: the target when a partial sum meets a non-linear op elsewhere (e.g. K3's latent norm).
+- `gather`: producers whose output is all-gathered to R before any consumer sees it
+  (e.g. `mla.qkv_a`: SGLang's QKV latent all-gather).
+- `gather_for`: (producer, consumer) pairs gathered for that consumer only.
+- `a2a`: producers whose token-sharded output is moved to head-sharded by an all-to-all.
+- `replicate`: ops whose weight every rank holds whole (a memory price, reported).
+- `token_shard`: replicated ops that run on the rank's own tokens (a free slice of R).
+- `moe`: routed experts under tensor parallelism `tp`, expert parallelism without all-to-all
+  `ep` (each rank holds E/ep experts, each split over N/ep ranks), or all-to-all dispatch `a2a`.
+
+Every op and producer is matched by a pattern against its qualified role
+`<layer kind>/<role>`, e.g. `mla+moe/mla.g_proj`; `*/mla.g_proj` matches it in every layer kind.
+Only collectives that follow from these decisions are issued; an edge that would need any
+other collective is illegal, and the audit says which and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from tpplan.layout.placement import R, S_TOK, Placement
+
+MoEMode = Literal["tp", "ep", "a2a"]
+
+
+def _match(patterns: Iterable[str], qualified: str) -> bool:
+    return any(fnmatchcase(qualified, p) or fnmatchcase(qualified.split("/", 1)[1], p) for p in patterns)
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    title: str
+    summary: str
+    stream: Placement = R
+    reduce: Placement = R
+    gather: frozenset[str] = frozenset()
+    gather_for: frozenset[tuple[str, str]] = frozenset()
+    a2a: frozenset[str] = frozenset()
+    replicate: frozenset[str] = frozenset()
+    token_shard: frozenset[str] = frozenset()
+    moe: MoEMode = "tp"
+    ep_size: int | None = None
+    engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
+    found_by: str = "named"  # "named" or "search"
+    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def gathers(self, producer: str) -> bool:
+        return _match(self.gather, producer)
+
+    def gathers_for(self, producer: str, consumer: str) -> bool:
+        return any(_match([p], producer) and _match([c], consumer) for p, c in self.gather_for)
+
+    def a2a_of(self, producer: str) -> bool:
+        return _match(self.a2a, producer)
+
+    def replicates(self, op: str) -> bool:
+        return _match(self.replicate, op)
+
+    def shards_tokens(self, op: str) -> bool:
+        return _match(self.token_shard, op)
+
+    def with_(self, **changes: object) -> Plan:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def describe(self) -> dict[str, object]:
+        """The decisions, as plain data (for JSON and for showing a found plan)."""
+        return {
+            "stream": str(self.stream),
+            "reduce": str(self.reduce),
+            "gather": sorted(self.gather),
+            "gather_for": sorted(f"{p} -> {c}" for p, c in self.gather_for),
+            "a2a": sorted(self.a2a),
+            "replicate": sorted(self.replicate),
+            "token_shard": sorted(self.token_shard),
+            "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
+        }
+
+
+__all__ = ["R", "S_TOK", "MoEMode", "Plan"]
