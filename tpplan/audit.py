@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import P, R, Collective, ring_elements_per_rank, seed_units
+from tpplan.layout.placement import Collective, P, R, ring_elements_per_rank, seed_units
 from tpplan.layout.propagate import LayerResult, Violation, check_divisible, propagate
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, build_model_graph
@@ -169,31 +169,42 @@ def to_json(a: Audit) -> dict[str, object]:
                 "layer_units": r.units(),
                 "comm_bytes_per_token_per_rank": r.elements_per_token() * pa.dtype_bytes,
                 "collectives": [
-                    {"collective": c.collective.value, "value": c.value, "width": c.width, "from": str(c.src),
-                     "to": str(c.dst), "region": c.region, "producer": c.producer, "consumer": c.consumer,
-                     "bytes_per_token_per_rank": c.elements_per_token * pa.dtype_bytes, "units": c.units,
-                     "reason": c.reason}
+                    {
+                        "collective": c.collective.value,
+                        "value": c.value,
+                        "width": c.width,
+                        "from": str(c.src),
+                        "to": str(c.dst),
+                        "region": c.region,
+                        "producer": c.producer,
+                        "consumer": c.consumer,
+                        "bytes_per_token_per_rank": c.elements_per_token * pa.dtype_bytes,
+                        "units": c.units,
+                        "reason": c.reason,
+                    }
                     for c in r.comms
                 ],
             }
         base_bytes = base.comm_bytes_per_token if base else 0.0
-        out_plans.append({
-            "name": pa.plan.name,
-            "title": pa.plan.title,
-            "summary": pa.plan.summary,
-            "found_by": pa.plan.found_by,
-            "decisions": pa.plan.describe(),
-            "legal": pa.legal,
-            "reasons": [v.sentence() for v in pa.violations],
-            "engine_notes": list(pa.plan.engine_notes),
-            "layer_kinds": kinds,
-            "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
-            "comm_units_per_token": pa.units,
-            "comm_delta_pct": _pct(pa.comm_bytes_per_token, base_bytes),
-            "collectives_per_forward": pa.collective_counts(),
-            "weight_bytes_per_rank": pa.weight_bytes_per_rank,
-            "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
-        })
+        out_plans.append(
+            {
+                "name": pa.plan.name,
+                "title": pa.plan.title,
+                "summary": pa.plan.summary,
+                "found_by": pa.plan.found_by,
+                "decisions": pa.plan.describe(),
+                "legal": pa.legal,
+                "reasons": [v.sentence() for v in pa.violations],
+                "engine_notes": list(pa.plan.engine_notes),
+                "layer_kinds": kinds,
+                "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
+                "comm_units_per_token": pa.units,
+                "comm_delta_pct": _pct(pa.comm_bytes_per_token, base_bytes),
+                "collectives_per_forward": pa.collective_counts(),
+                "weight_bytes_per_rank": pa.weight_bytes_per_rank,
+                "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
+            }
+        )
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "model": a.model,

@@ -16,8 +16,14 @@ from tpplan.layout.placement import Placement
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import OpKind
 
-_SPLIT_WORDS = {"col": "column-parallel", "row": "row-parallel", "replicated": "replicated",
-                "tp": "experts TP", "ep": "experts EP", "a2a": "experts all-to-all"}
+_SPLIT_WORDS = {
+    "col": "column-parallel",
+    "row": "row-parallel",
+    "replicated": "replicated",
+    "tp": "experts TP",
+    "ep": "experts EP",
+    "a2a": "experts all-to-all",
+}
 
 
 def explain_layer(res: LayerResult, width_of: dict[str, int]) -> list[str]:
@@ -28,7 +34,8 @@ def explain_layer(res: LayerResult, width_of: dict[str, int]) -> list[str]:
         if c.internal:
             continue
         comms_by_consumer.setdefault(c.consumer, []).append(
-            f"  {c.value}[{c.width}] {c.src} --{c.collective.short}--> {c.dst}   ({c.reason}; {c.units:g} units)")
+            f"  {c.value}[{c.width}] {c.src} --{c.collective.short}--> {c.dst}   ({c.reason}; {c.units:g} units)"
+        )
     bad = {v.op: v for v in res.violations}
     for d in res.decisions:
         op = d.op

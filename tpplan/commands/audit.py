@@ -9,7 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")
+]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation dtype for byte counts: bf16, fp16, fp32, fp8")]
 
@@ -40,7 +42,9 @@ def register(app: typer.Typer) -> None:
     def audit_cmd(
         model: ModelOpt = "kimi-k3",
         tp: TpOpt = 32,
-        plan: Annotated[list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to audit; default: all named")] = None,
+        plan: Annotated[
+            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to audit; default: all named")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/audit-json.md)")] = False,
         dtype: DtypeOpt = "bf16",
     ) -> None:
@@ -72,36 +76,61 @@ def register(app: typer.Typer) -> None:
         for kind, ks in pa.kinds.items():
             widths = {v: val.width for v, val in result.graph.kinds[kind].values.items()}
             status = "legal" if ks.legal else "ILLEGAL"
-            console.print(f"\n[bold]{kind}[/] x{ks.count}: {status}; attention-input boundary "
-                          f"{ks.result.units('attn_side'):g} units, whole layer {ks.result.units():g} units")
+            console.print(
+                f"\n[bold]{kind}[/] x{ks.count}: {status}; attention-input boundary "
+                f"{ks.result.units('attn_side'):g} units, whole layer {ks.result.units():g} units"
+            )
             for line in explain_layer(ks.result, widths):
                 console.print(line, markup=False)
 
 
 def _print_audit(data: dict) -> None:
     console = _wide_console()
-    console.print(f"[bold]{data['model']}[/] ({data['model_type']}, hidden {data['hidden']}, {data['layers']} layers: "
-                  + ", ".join(f"{k} x{c}" for k, c in data["layer_kind_counts"].items())
-                  + f") at TP{data['tp']}, {data['dtype']}")
+    console.print(
+        f"[bold]{data['model']}[/] ({data['model_type']}, hidden {data['hidden']}, {data['layers']} layers: "
+        + ", ".join(f"{k} x{c}" for k, c in data["layer_kind_counts"].items())
+        + f") at TP{data['tp']}, {data['dtype']}"
+    )
     t = Table(title="Whole model: communication per token per rank (ring, (N-1)/N included)")
-    for col in ("plan", "legal", "bytes/tok/rank", "vs base", "seed units", "collectives per forward", "replicated/rank"):
+    for col in (
+        "plan",
+        "legal",
+        "bytes/tok/rank",
+        "vs base",
+        "seed units",
+        "collectives per forward",
+        "replicated/rank",
+    ):
         t.add_column(col, justify="right" if col not in ("plan", "legal") else "left")
     for p in data["plans"]:
         counts = " ".join(f"{_SHORT[k]}x{v}" for k, v in sorted(p["collectives_per_forward"].items()))
-        t.add_row(p["name"], "yes" if p["legal"] else "[red]NO[/]", f"{p['comm_bytes_per_token_per_rank']:,.0f}",
-                  _pct(p["comm_delta_pct"]), f"{p['comm_units_per_token']:,.0f}", counts,
-                  _fmt_bytes(p["replicated_extra_bytes_per_rank"]))
+        t.add_row(
+            p["name"],
+            "yes" if p["legal"] else "[red]NO[/]",
+            f"{p['comm_bytes_per_token_per_rank']:,.0f}",
+            _pct(p["comm_delta_pct"]),
+            f"{p['comm_units_per_token']:,.0f}",
+            counts,
+            _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
+        )
     console.print(t)
     k = Table(title="Per layer kind (seed units: AR=2W, RS=AG=W, A2A=W/N)")
     for col in ("plan", "layer kind", "legal", "attn-in units", "vs base", "layer units", "collectives per layer"):
         k.add_column(col)
     for p in data["plans"]:
         for kind, info in p["layer_kinds"].items():
-            colls = " + ".join(f"{_SHORT[c['collective']]}({c['value'].split(':')[0]} {c['width']})"
-                               for c in info["collectives"])
-            k.add_row(p["name"], f"{kind} x{info['count']}", "yes" if info["legal"] else "[red]NO[/]",
-                      f"{info['attn_input_units']:g}", _pct(info["attn_input_delta_pct"]),
-                      f"{info['layer_units']:g}", colls)
+            colls = " + ".join(
+                f"{_SHORT[c['collective']]}({c['value'].split(':')[0]} {c['width']})" for c in info["collectives"]
+            )
+            k.add_row(
+                p["name"],
+                f"{kind} x{info['count']}",
+                "yes" if info["legal"] else "[red]NO[/]",
+                f"{info['attn_input_units']:g}",
+                _pct(info["attn_input_delta_pct"]),
+                f"{info['layer_units']:g}",
+                colls,
+            )
     console.print(k)
     for p in data["plans"]:
         if p["reasons"] or p["engine_notes"]:

@@ -46,8 +46,13 @@ class Collective(StrEnum):
 
     @property
     def short(self) -> str:
-        return {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A",
-                "send_recv": "P2P"}[self.value]
+        return {
+            "all_reduce": "AR",
+            "reduce_scatter": "RS",
+            "all_gather": "AG",
+            "all_to_all": "A2A",
+            "send_recv": "P2P",
+        }[self.value]
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import (
-    P,
-    R,
     S_COL,
     S_TOK,
     Collective,
+    P,
     Placement,
+    R,
     redistribution,
     ring_elements_per_rank,
     seed_units,
@@ -69,7 +69,9 @@ class Violation:
     consequence_of: str | None = None  # an earlier illegal op whose output this one reads
 
     def sentence(self) -> str:
-        lead = f"[{self.layer_kind}] {self.op} receives `{self.value}` {self.got} but needs {self.needs}: {self.reason}."
+        lead = (
+            f"[{self.layer_kind}] {self.op} receives `{self.value}` {self.got} but needs {self.needs}: {self.reason}."
+        )
         if self.consequence_of:
             return f"{lead} (follows from the illegal {self.consequence_of})"
         return lead + (" Fix: " + "; or ".join(self.fixes) + "." if self.fixes else "")
@@ -169,12 +171,17 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
                         "choose an EP size that divides both",
                     )
             elif plan.moe == "a2a" and experts % n:
-                raise TpplanError(f"plan '{plan.name}' (--tp {n})",
-                                  f"{experts} experts do not divide over {n} ranks for all-to-all expert parallelism",
-                                  "use a TP/EP size that divides the expert count")
+                raise TpplanError(
+                    f"plan '{plan.name}' (--tp {n})",
+                    f"{experts} experts do not divide over {n} ranks for all-to-all expert parallelism",
+                    "use a TP/EP size that divides the expert count",
+                )
             elif plan.moe == "tp" and op.split_heads % n:
-                raise TpplanError(f"--tp {n}", f"the expert intermediate width {op.split_heads} is not divisible "
-                                  f"by {n}", "use a TP size that divides it, or an EP/all-to-all MoE plan")
+                raise TpplanError(
+                    f"--tp {n}",
+                    f"the expert intermediate width {op.split_heads} is not divisible by {n}",
+                    "use a TP size that divides it, or an EP/all-to-all MoE plan",
+                )
             continue
         if op.kind is not OpKind.LINEAR or plan.replicates(qual) or not op.split_heads:
             continue
@@ -183,7 +190,9 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
             if kv_like:
                 continue  # KV heads are replicated across ranks when TP exceeds them
             divisors = [d for d in range(1, op.split_heads + 1) if op.split_heads % d == 0]
-            what = "heads" if op.split_heads < 8192 and op.name not in ("gate_proj", "up_proj", "down_proj") else "columns"
+            what = (
+                "heads" if op.split_heads < 8192 and op.name not in ("gate_proj", "up_proj", "down_proj") else "columns"
+            )
             raise TpplanError(
                 f"--tp {n} ({lg.kind} layer, {op.name})",
                 f"{op.split_heads} {what} cannot be split evenly over {n} ranks; each rank must own whole {what}",
@@ -247,8 +256,21 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
         done[(value, dst)] = dst
         width = lg.values[value].width
         prod = producer_of[value].name if value in producer_of else value
-        res.comms.append(CommEvent(coll, value, width, src, dst, prod, consumer.name, region(consumer), reason,
-                                   ring_elements_per_rank(coll, width, n), seed_units(coll, width, n)))
+        res.comms.append(
+            CommEvent(
+                coll,
+                value,
+                width,
+                src,
+                dst,
+                prod,
+                consumer.name,
+                region(consumer),
+                reason,
+                ring_elements_per_rank(coll, width, n),
+                seed_units(coll, width, n),
+            )
+        )
 
     for op in lg.ops:
         q = qual(op)
@@ -299,8 +321,11 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
             for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
                 if got is P and need is not P:
                     coll = Collective.ALL_REDUCE if need is R else Collective.REDUCE_SCATTER
-                    why = ("reduce the block output into the residual stream" if is_stream_add
-                           else f"{op.name} needs true values")
+                    why = (
+                        "reduce the block output into the residual stream"
+                        if is_stream_add
+                        else f"{op.name} needs true values"
+                    )
                     emit(coll, v, P, need, op, why)
             out = strat.output
             legal = True
@@ -315,11 +340,19 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
                 step = redistribution(got, need)
                 if got == need or (step is not None and step.free):
                     continue
-                res.violations.append(Violation(
-                    lg.kind, op.name, op.role, v, got, need, why_needed(op, need, got),
-                    tuple(_fixes(lg, op, v, got, need, n, dtype_bytes)),
-                    consequence_of=parents[0] if parents else None,
-                ))
+                res.violations.append(
+                    Violation(
+                        lg.kind,
+                        op.name,
+                        op.role,
+                        v,
+                        got,
+                        need,
+                        why_needed(op, need, got),
+                        tuple(_fixes(lg, op, v, got, need, n, dtype_bytes)),
+                        consequence_of=parents[0] if parents else None,
+                    )
+                )
             out = S_TOK if S_TOK in received else strat.output
             tainted[op.output] = parents[0] if parents else op.name
         # 3. work inside the op: MoE dispatch and combine
@@ -328,15 +361,33 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
             frac = moe_remote_fraction(int(op.attrs["experts"]), int(op.attrs["top_k"]), n)
             per_dir = frac * width * (n - 1) / n
             for name in ("dispatch", "combine"):
-                res.comms.append(CommEvent(
-                    Collective.ALL_TO_ALL, f"{op.inputs[0]}:{name}", width, S_TOK, S_TOK, op.name, op.name,
-                    region(op), f"MoE {name}: each token to the ranks of its top-{op.attrs['top_k']} experts "
-                    f"({frac:.0%} of ranks hit on average)",
-                    per_dir, frac * width, internal=True,
-                ))
+                res.comms.append(
+                    CommEvent(
+                        Collective.ALL_TO_ALL,
+                        f"{op.inputs[0]}:{name}",
+                        width,
+                        S_TOK,
+                        S_TOK,
+                        op.name,
+                        op.name,
+                        region(op),
+                        f"MoE {name}: each token to the ranks of its top-{op.attrs['top_k']} experts "
+                        f"({frac:.0%} of ranks hit on average)",
+                        per_dir,
+                        frac * width,
+                        internal=True,
+                    )
+                )
         pl[op.output] = out
-        res.decisions.append(OpDecision(
-            op, str(split), strat, tuple(received), _share(op, strat, n, str(split)) if legal else 1.0,
-            _weight_elements(op, str(split), n, out, plan), legal,
-        ))
+        res.decisions.append(
+            OpDecision(
+                op,
+                str(split),
+                strat,
+                tuple(received),
+                _share(op, strat, n, str(split)) if legal else 1.0,
+                _weight_elements(op, str(split), n, out, plan),
+                legal,
+            )
+        )
     return res

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.layout.placement import P, R, S_COL, S_TOK, Placement
+from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.models.graph import Op, OpKind, Value, WeightSplit
 
 
@@ -27,7 +27,9 @@ def _same(n: int, placements: tuple[Placement, ...]) -> list[Strategy]:
     return [Strategy((p,) * n, p) for p in placements]
 
 
-def strategies(op: Op, split: WeightSplit | str, values: dict[str, Value], prefer_tokens: bool = False) -> list[Strategy]:
+def strategies(
+    op: Op, split: WeightSplit | str, values: dict[str, Value], prefer_tokens: bool = False
+) -> list[Strategy]:
     """All strategies of `op` with its weight placed as `split` (or MoE mode 'tp'/'ep'/'a2a')."""
     k = op.kind
     n_in = len(op.inputs)
@@ -77,8 +79,10 @@ def why_needed(op: Op, needed: Placement, got: Placement) -> str:
     """One sentence on why `op` needs `needed` where it got `got`."""
     k = op.kind
     if k is OpKind.LINEAR and needed is R:
-        return (f"it is column-parallel (weight split by {op.split_heads} heads/columns), so each rank must "
-                "apply its own slice of the weight to every token")
+        return (
+            f"it is column-parallel (weight split by {op.split_heads} heads/columns), so each rank must "
+            "apply its own slice of the weight to every token"
+        )
     if k is OpKind.LINEAR and needed is S_COL:
         return "it is row-parallel, so it reads only its own heads' columns"
     if k is OpKind.TOKEN_MIX:

@@ -70,7 +70,9 @@ def _read_source(model: str) -> tuple[str, str]:
     except OSError as exc:
         raise TpplanError(str(p), f"cannot read the file ({exc.strerror})", "check the path and permissions") from exc
     except UnicodeDecodeError as exc:
-        raise TpplanError(str(p), "the file is not UTF-8 text", "pass the model's config.json, not a weight file") from exc
+        raise TpplanError(
+            str(p), "the file is not UTF-8 text", "pass the model's config.json, not a weight file"
+        ) from exc
 
 
 def load_config_dict(model: str) -> tuple[dict[str, Any], str]:
@@ -254,9 +256,7 @@ def _check_positive(label: str, **fields: int) -> None:
             raise TpplanError(label, f"field '{name}' must be positive (got {value})", f"correct '{name}'")
 
 
-def _moe_layer(
-    index: int, first_dense: int, freq: int, experts: int, explicit_dense: set[int] | None = None
-) -> bool:
+def _moe_layer(index: int, first_dense: int, freq: int, experts: int, explicit_dense: set[int] | None = None) -> bool:
     if experts <= 0 or index < first_dense:
         return False
     if explicit_dense and index in explicit_dense:
@@ -364,8 +364,9 @@ def _layer_kinds_from_lists(label: str, n_layers: int, kda: list[int], full: lis
 def _kimi_linear_spec(raw: dict[str, Any], label: str, name: str, model_type: str, prefix: str) -> ModelSpec:
     c: RawKimiLinear = _validate(RawKimiLinear, raw, label)
     la = c.linear_attn_config
-    kinds = _layer_kinds_from_lists(label, c.num_hidden_layers, la.kda_layers, la.full_attn_layers,
-                                    f"{prefix}linear_attn_config")
+    kinds = _layer_kinds_from_lists(
+        label, c.num_hidden_layers, la.kda_layers, la.full_attn_layers, f"{prefix}linear_attn_config"
+    )
     mla = MLASpec(
         heads=c.num_attention_heads,
         q_lora_rank=c.q_lora_rank,
@@ -381,8 +382,9 @@ def _kimi_linear_spec(raw: dict[str, Any], label: str, name: str, model_type: st
     moe = None
     if c.num_experts:
         if not c.moe_intermediate_size:
-            raise TpplanError(label, "num_experts is set but moe_intermediate_size is missing",
-                              "add moe_intermediate_size")
+            raise TpplanError(
+                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
+            )
         _check_group(label, c.num_experts, c.num_expert_group, c.topk_group, c.num_experts_per_token)
         moe = MoESpec(
             experts=c.num_experts,
@@ -426,14 +428,20 @@ def _qwen3_next_spec(raw: dict[str, Any], label: str, name: str) -> ModelSpec:
             )
         bad = sorted({t for t in c.layer_types if t not in ("full_attention", "linear_attention")})
         if bad:
-            raise TpplanError(f"{label}: field 'layer_types'", f"unknown layer type(s) {bad}",
-                              "use 'full_attention' or 'linear_attention'")
+            raise TpplanError(
+                f"{label}: field 'layer_types'",
+                f"unknown layer type(s) {bad}",
+                "use 'full_attention' or 'linear_attention'",
+            )
         full = [t == "full_attention" for t in c.layer_types]
     else:
         full = [(i + 1) % c.full_attention_interval == 0 for i in range(c.num_hidden_layers)]
     if c.linear_num_value_heads % c.linear_num_key_heads:
-        raise TpplanError(label, "linear_num_value_heads must be a multiple of linear_num_key_heads",
-                          "correct the Gated DeltaNet head counts")
+        raise TpplanError(
+            label,
+            "linear_num_value_heads must be a multiple of linear_num_key_heads",
+            "correct the Gated DeltaNet head counts",
+        )
     gqa = GQASpec(
         heads=c.num_attention_heads,
         kv_heads=c.num_key_value_heads,
@@ -442,14 +450,20 @@ def _qwen3_next_spec(raw: dict[str, Any], label: str, name: str) -> ModelSpec:
         qk_norm=True,
         rotary_dim=int(c.head_dim * c.partial_rotary_factor),
     )
-    gdn = GDNSpec(c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
-                  c.linear_value_head_dim, c.linear_conv_kernel_dim)
+    gdn = GDNSpec(
+        c.linear_num_key_heads,
+        c.linear_num_value_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+        c.linear_conv_kernel_dim,
+    )
     dense = DenseMLPSpec(c.intermediate_size)
     moe = None
     if c.num_experts:
         if not c.moe_intermediate_size:
-            raise TpplanError(label, "num_experts is set but moe_intermediate_size is missing",
-                              "add moe_intermediate_size")
+            raise TpplanError(
+                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
+            )
         _check_group(label, c.num_experts, 1, 1, c.num_experts_per_tok)
         moe = MoESpec(
             experts=c.num_experts,
@@ -468,8 +482,14 @@ def _qwen3_next_spec(raw: dict[str, Any], label: str, name: str) -> ModelSpec:
         for i in range(c.num_hidden_layers)
     )
     return ModelSpec(
-        name=name, model_type="qwen3_next", family="qwen3_next", hidden=c.hidden_size,
-        vocab=c.vocab_size, layers=layers, tie_embeddings=c.tie_word_embeddings, source=label,
+        name=name,
+        model_type="qwen3_next",
+        family="qwen3_next",
+        hidden=c.hidden_size,
+        vocab=c.vocab_size,
+        layers=layers,
+        tie_embeddings=c.tie_word_embeddings,
+        source=label,
     )
 
 
@@ -477,38 +497,63 @@ def _gqa_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> Mo
     c: RawGQA = _validate(RawGQA, raw, label)
     head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
     if not c.head_dim and c.hidden_size % c.num_attention_heads:
-        raise TpplanError(label, "hidden_size is not divisible by num_attention_heads and head_dim is not given",
-                          "add head_dim")
+        raise TpplanError(
+            label, "hidden_size is not divisible by num_attention_heads and head_dim is not given", "add head_dim"
+        )
     kv = c.num_key_value_heads or c.num_attention_heads
     if c.num_attention_heads % kv:
-        raise TpplanError(label, f"num_attention_heads={c.num_attention_heads} is not a multiple of "
-                          f"num_key_value_heads={kv}", "correct num_key_value_heads")
-    gqa = GQASpec(heads=c.num_attention_heads, kv_heads=kv, head_dim=head_dim,
-                  qk_norm=model_type.startswith("qwen3"), rotary_dim=head_dim)
+        raise TpplanError(
+            label,
+            f"num_attention_heads={c.num_attention_heads} is not a multiple of num_key_value_heads={kv}",
+            "correct num_key_value_heads",
+        )
+    gqa = GQASpec(
+        heads=c.num_attention_heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        qk_norm=model_type.startswith("qwen3"),
+        rotary_dim=head_dim,
+    )
     dense = DenseMLPSpec(c.intermediate_size)
     moe = None
     if model_type == "qwen3_moe" and c.num_experts:
         if not c.moe_intermediate_size:
-            raise TpplanError(label, "num_experts is set but moe_intermediate_size is missing",
-                              "add moe_intermediate_size")
+            raise TpplanError(
+                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
+            )
         _check_group(label, c.num_experts, 1, 1, c.num_experts_per_tok)
-        moe = MoESpec(experts=c.num_experts, top_k=c.num_experts_per_tok,
-                      expert_intermediate=c.moe_intermediate_size, shared_intermediate=0)
+        moe = MoESpec(
+            experts=c.num_experts,
+            top_k=c.num_experts_per_tok,
+            expert_intermediate=c.moe_intermediate_size,
+            shared_intermediate=0,
+        )
     dense_only = set(c.mlp_only_layers)
     layers = tuple(
         LayerSpec(gqa, moe if moe and i not in dense_only and (i + 1) % c.decoder_sparse_step == 0 else dense)
         for i in range(c.num_hidden_layers)
     )
-    return ModelSpec(name=name, model_type=model_type, family="gqa", hidden=c.hidden_size,
-                     vocab=c.vocab_size, layers=layers, tie_embeddings=c.tie_word_embeddings, source=label)
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        family="gqa",
+        hidden=c.hidden_size,
+        vocab=c.vocab_size,
+        layers=layers,
+        tie_embeddings=c.tie_word_embeddings,
+        source=label,
+    )
 
 
 def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = "model") -> ModelSpec:
     """Dispatch on `model_type` and build the spec; K3 unwraps its `text_config`."""
     model_type = raw.get("model_type")
     if model_type is None:
-        raise TpplanError(label, "required field 'model_type' is missing",
-                          f"add \"model_type\" (one of: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise TpplanError(
+            label,
+            "required field 'model_type' is missing",
+            f'add "model_type" (one of: {", ".join(SUPPORTED_MODEL_TYPES)})',
+        )
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise TpplanError(
             f"{label}: field 'model_type'",
@@ -523,12 +568,17 @@ def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = 
     if model_type == "kimi_k3":
         text = raw.get("text_config")
         if not isinstance(text, dict):
-            raise TpplanError(f"{label}: field 'text_config'", "a kimi_k3 config must wrap a text_config object",
-                              "add the kimi_linear text_config")
+            raise TpplanError(
+                f"{label}: field 'text_config'",
+                "a kimi_k3 config must wrap a text_config object",
+                "add the kimi_linear text_config",
+            )
         if text.get("model_type", "kimi_linear") != "kimi_linear":
-            raise TpplanError(f"{label}: field 'text_config.model_type'",
-                              f"expected 'kimi_linear', got {text.get('model_type')!r}",
-                              "K3's text_config is a kimi_linear config")
+            raise TpplanError(
+                f"{label}: field 'text_config.model_type'",
+                f"expected 'kimi_linear', got {text.get('model_type')!r}",
+                "K3's text_config is a kimi_linear config",
+            )
         spec = _kimi_linear_spec(text, f"{label} (text_config)", name, "kimi_k3", "text_config.")
         return spec
     if model_type == "qwen3_next":

@@ -9,7 +9,7 @@ column-parallel weights that would read token-sharded input and all-to-all'ing t
 from __future__ import annotations
 
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import R, S_COL, S_TOK
+from tpplan.layout.placement import S_COL, S_TOK, R
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
 from tpplan.plans.plan import Plan
@@ -26,52 +26,66 @@ SGLANG_INPUT_SCATTERED_GATES = (
 
 def baseline() -> Plan:
     return Plan(
-        "baseline", "Megatron TP",
+        "baseline",
+        "Megatron TP",
         "All-reduce the hidden after o_proj and after the MLP/MoE; every token-local op runs on every rank.",
     )
 
 
 def input_scattered() -> Plan:
     return Plan(
-        "input-scattered", "SGLang input-scattered",
+        "input-scattered",
+        "SGLang input-scattered",
         "Reduce-scatter the block output by token, norm on local tokens, token-local qkv_a, all-gather the "
         "QKV latent; the MLP input is all-gathered.",
-        stream=S_TOK, gather=LATENT | {"*/layer.mlp_in"},
+        stream=S_TOK,
+        gather=LATENT | {"*/layer.mlp_in"},
         engine_notes=(SGLANG_INPUT_SCATTERED_GATES,),
     )
 
 
 def latent_scattered() -> Plan:
     return Plan(
-        "latent-scattered", "seed prototype",
+        "latent-scattered",
+        "seed prototype",
         "Keep the hidden all-reduce; token-shard the replicated qkv_a GEMM and all-gather the latent.",
-        gather=LATENT, token_shard=LATENT,
+        gather=LATENT,
+        token_shard=LATENT,
     )
 
 
 def sequence_parallel() -> Plan:
     return Plan(
-        "sequence-parallel", "Megatron sequence parallelism",
+        "sequence-parallel",
+        "Megatron sequence parallelism",
         "Reduce-scatter each block output by token, run the residual add and norm on local tokens, all-gather "
         "before each block.",
-        stream=S_TOK, gather=frozenset({"*/layer.attn_in", "*/layer.mlp_in"}),
+        stream=S_TOK,
+        gather=frozenset({"*/layer.attn_in", "*/layer.mlp_in"}),
     )
 
 
 def moe_a2a() -> Plan:
     return Plan(
-        "moe-a2a", "SP-MoE with all-to-all experts",
+        "moe-a2a",
+        "SP-MoE with all-to-all experts",
         "All-gather before attention, reduce-scatter after o_proj, MoE on local tokens with all-to-all "
         "dispatch/combine (DeepEP-style), shared experts replicated.",
-        stream=S_TOK, reduce=S_TOK, gather=frozenset({"*/layer.attn_in", "*+dense/layer.mlp_in"}),
-        replicate=frozenset({"*moe*/moe.shared_*", "*/moe.router", "*/moe.latent_*"}), moe="a2a",
-        engine_notes=("SGLang: --moe-a2a-backend deepep (or megamoe for K3) with SP-MoE; this disables "
-                      "input-scattered, whose static gate requires moe_a2a_backend=none",),
+        stream=S_TOK,
+        reduce=S_TOK,
+        gather=frozenset({"*/layer.attn_in", "*+dense/layer.mlp_in"}),
+        replicate=frozenset({"*moe*/moe.shared_*", "*/moe.router", "*/moe.latent_*"}),
+        moe="a2a",
+        engine_notes=(
+            "SGLang: --moe-a2a-backend deepep (or megamoe for K3) with SP-MoE; this disables "
+            "input-scattered, whose static gate requires moe_a2a_backend=none",
+        ),
     )
 
 
-def repair(graph: ModelGraph, plan: Plan, n: int, how: str, name: str, title: str, summary: str,
-           max_rounds: int = 12) -> Plan:
+def repair(
+    graph: ModelGraph, plan: Plan, n: int, how: str, name: str, title: str, summary: str, max_rounds: int = 12
+) -> Plan:
     """Make `plan` legal on `graph` by adding the fixes the audit proposes, round by round.
 
     how="replicate": a column-parallel weight that reads token-sharded input is replicated and its
@@ -92,8 +106,13 @@ def repair(graph: ModelGraph, plan: Plan, n: int, how: str, name: str, title: st
                 q = f"{kind}/{op.role}"
                 if v.got is S_TOK and v.needs is S_COL:
                     current = current.with_(a2a=current.a2a | {prod_q})
-                elif (v.got is S_TOK and v.needs is R and how == "replicate" and op.kind is OpKind.LINEAR
-                      and op.split is WeightSplit.COL):
+                elif (
+                    v.got is S_TOK
+                    and v.needs is R
+                    and how == "replicate"
+                    and op.kind is OpKind.LINEAR
+                    and op.split is WeightSplit.COL
+                ):
                     current = current.with_(replicate=current.replicate | {q})
                 elif v.got in (S_TOK, S_COL) and v.needs is R:
                     current = current.with_(gather_for=current.gather_for | {(prod_q, q)})
@@ -108,7 +127,12 @@ def repair(graph: ModelGraph, plan: Plan, n: int, how: str, name: str, title: st
 
 def gate_aware(graph: ModelGraph, n: int) -> Plan:
     return repair(
-        graph, input_scattered(), n, "replicate", "gate-aware", "gate-aware scattered input",
+        graph,
+        input_scattered(),
+        n,
+        "replicate",
+        "gate-aware",
+        "gate-aware scattered input",
         "Input-scattered, plus: every column-parallel projection that would read token-sharded hidden is "
         "replicated (runs on local tokens) and its output is all-to-all'd to head-sharded.",
     )
@@ -116,7 +140,12 @@ def gate_aware(graph: ModelGraph, n: int) -> Plan:
 
 def restore_hidden(graph: ModelGraph, n: int) -> Plan:
     return repair(
-        graph, input_scattered(), n, "gather", "input-scattered+restore", "input-scattered, hidden restored",
+        graph,
+        input_scattered(),
+        n,
+        "gather",
+        "input-scattered+restore",
+        "input-scattered, hidden restored",
         "Input-scattered, plus an all-gather of the hidden wherever an op needs every token (K3's gate, KDA).",
     )
 
@@ -127,16 +156,20 @@ EXTRA_PLANS = ("input-scattered+restore", "moe-a2a")
 
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     """Build a plan by name for this model and TP size."""
-    simple = {"baseline": baseline, "input-scattered": input_scattered, "latent-scattered": latent_scattered,
-              "sequence-parallel": sequence_parallel, "moe-a2a": moe_a2a}
+    simple = {
+        "baseline": baseline,
+        "input-scattered": input_scattered,
+        "latent-scattered": latent_scattered,
+        "sequence-parallel": sequence_parallel,
+        "moe-a2a": moe_a2a,
+    }
     if name in simple:
         return simple[name]()
     if name == "gate-aware":
         return gate_aware(graph, n)
     if name == "input-scattered+restore":
         return restore_hidden(graph, n)
-    raise TpplanError(f"--plan {name}", "unknown plan",
-                      f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}")
+    raise TpplanError(f"--plan {name}", "unknown plan", f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}")
 
 
 __all__ = ["EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair"]

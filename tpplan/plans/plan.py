@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Literal
 
-from tpplan.layout.placement import R, S_TOK, Placement
+from tpplan.layout.placement import S_TOK, Placement, R
 
 MoEMode = Literal["tp", "ep", "a2a"]
 
@@ -87,4 +87,4 @@ class Plan:
         }
 
 
-__all__ = ["R", "S_TOK", "MoEMode", "Plan"]
+__all__ = ["S_TOK", "MoEMode", "Plan", "R"]

@@ -1,0 +1,90 @@
+"""The CLI: readable output, JSON, and one clear error with exit code 2 for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tpplan.models.config import load_config_dict
+
+
+def run(*args, check=False):
+    return subprocess.run([sys.executable, "-m", "tpplan", *args], capture_output=True, text=True, check=check)
+
+
+def test_audit_table_and_explain():
+    out = run("audit", "--model", "kimi-k3", "--tp", "32", check=True).stdout
+    assert "input-scattered" in out and "9280" in out and "g_proj" in out
+    exp = run("explain", "--model", "kimi-k3", "--tp", "32", "--plan", "input-scattered", check=True).stdout
+    assert "!! g_proj" in exp and "--AG-->" in exp and "--RS-->" in exp
+
+
+def test_audit_json():
+    data = json.loads(run("audit", "--model", "deepseek-v3", "--tp", "8", "--json", check=True).stdout)
+    assert {p["name"] for p in data["plans"]} >= {"baseline", "input-scattered", "gate-aware"}
+
+
+def test_models_lists_presets():
+    assert "kimi-k3" in run("models", check=True).stdout
+
+
+def test_planner_imports_no_torch():
+    code = (
+        "import sys, tpplan.cli, tpplan.audit, tpplan.explain; from tpplan.audit import audit; "
+        "audit('kimi-k3', 32); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    return str(p)
+
+
+def _k3_with(**changes):
+    raw, _ = load_config_dict("kimi-k3")
+    raw["text_config"].update(changes)
+    return json.dumps(raw)
+
+
+BAD = {
+    "truncated": ('{"model_type": "deepseek_v3", "hidden_size": 71', "malformed or truncated JSON"),
+    "not-object": ("[1, 2]", "expected a JSON object"),
+    "unknown-type": ('{"model_type": "gpt9"}', "unknown model_type"),
+    "no-type": ('{"hidden_size": 8}', "'model_type' is missing"),
+    "missing-field": ('{"model_type": "deepseek_v3", "hidden_size": 64}', "is missing"),
+    "bad-value": (None, "hidden_size"),
+    "layers-uncovered": (None, "do not cover all 93 layers"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_config_files(case, tmp_path):
+    text, expect = BAD[case]
+    if case == "bad-value":
+        text = _k3_with(hidden_size=-1)
+    if case == "layers-uncovered":
+        raw, _ = load_config_dict("kimi-k3")
+        raw["text_config"]["linear_attn_config"]["kda_layers"] = raw["text_config"]["linear_attn_config"]["kda_layers"][
+            :-1
+        ]
+        text = json.dumps(raw)
+    r = run("audit", "--model", _write(tmp_path, text), "--tp", "8")
+    assert r.returncode == 2, r.stderr
+    assert expect in r.stderr and "Fix:" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (("--model", "kimi-k3", "--tp", "64"), "96 heads cannot be split evenly over 64 ranks"),
+        (("--model", "kimi-k3", "--tp", "0"), "at least 1"),
+        (("--model", "kimi-k3", "--tp", "8", "--plan", "nope"), "unknown plan"),
+        (("--model", "no-such-model", "--tp", "8"), "no built-in preset"),
+    ],
+)
+def test_bad_arguments(args, expect):
+    r = run("audit", *args)
+    assert r.returncode == 2 and expect in r.stderr and "Traceback" not in r.stderr

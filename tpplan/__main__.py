@@ -1,0 +1,3 @@
+from tpplan.cli import main
+
+main()
