@@ -348,7 +348,7 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
                         v,
                         got,
                         need,
-                        why_needed(op, need, got),
+                        why_needed(op, need, got, n),
                         tuple(_fixes(lg, op, v, got, need, n, dtype_bytes)),
                         consequence_of=parents[0] if parents else None,
                     )

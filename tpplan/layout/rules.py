@@ -75,10 +75,18 @@ def strategies(
     raise ValueError(f"no placement rule for op kind {k}")
 
 
-def why_needed(op: Op, needed: Placement, got: Placement) -> str:
-    """One sentence on why `op` needs `needed` where it got `got`."""
+def why_needed(op: Op, needed: Placement, got: Placement, n: int = 0) -> str:
+    """One sentence on why `op` needs `needed` where it got `got` (n: the TP size, for shapes)."""
     k = op.kind
     if k is OpKind.LINEAR and needed is R:
+        if n and op.split_heads and op.split_heads % n == 0 and len(op.weight_shape) == 2:
+            out, inp = op.weight_shape
+            return (
+                f"it is column-parallel: each rank owns {op.split_heads // n} of {op.split_heads} heads/columns "
+                f"(a [{out // n}, {inp}] slice of the weight) and must apply it to every token; from "
+                f"token-sharded input a rank can only make its own slice for its own tokens, and gathering those "
+                f"slices would mix different ranks' heads"
+            )
         return (
             f"it is column-parallel (weight split by {op.split_heads} heads/columns), so each rank must "
             "apply its own slice of the weight to every token"
