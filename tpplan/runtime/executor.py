@@ -71,6 +71,9 @@ def layer_weights(op: Op, layer: int, weights: Mapping[str, Tensor], numerics: N
     return got
 
 
+_LATENT_NORMS = ("q_a_layernorm", "kv_a_layernorm")
+
+
 def execute_op(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any],
                ctx: ExecContext) -> Tensor:
     """Run one graph op. `w` comes from `layer_weights` (or a rank's slice of it); `state` is this
@@ -80,7 +83,8 @@ def execute_op(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dic
     if kind is OpKind.LINEAR:
         return K.linear(inputs[0], w["weight"])
     if kind is OpKind.NORM:
-        return K.rms_norm(inputs[0], w["weight"], nu.eps, nu.norm_offset)
+        eps = nu.latent_eps if op.name in _LATENT_NORMS else nu.eps
+        return K.rms_norm(inputs[0], w["weight"], eps, nu.norm_offset)
     if kind is OpKind.HEAD_NORM:
         gate = inputs[1] if len(inputs) > 1 else None
         return K.head_rms_norm(inputs[0], w["weight"], nu.eps, int(a["head_dim"]), gate, str(a.get("gate", "sigmoid")))

@@ -30,6 +30,7 @@ class Numerics:
     """Config facts the graph leaves out but exact execution needs (eps, RoPE, router scaling)."""
 
     eps: float = 1e-6
+    latent_eps: float = 1e-6  # MLA q_a/kv_a_layernorm: DeepSeek's and HF's code use the 1e-6 default, not eps
     norm_offset: float = 0.0  # 1.0: Qwen3-Next's zero-centred RMSNorm scale (1 + w)
     rope_theta: float = 10000.0
     rope_interleave: bool = False
