@@ -1,0 +1,214 @@
+"""Single-process reference execution of a `ModelGraph`: the graph is the model.
+
+`run_reference` embeds the tokens, then for every layer walks its graph's ops in order, calling
+`execute_op` for each; there is no per-family forward. `execute_op` is the seam a distributed
+interpreter reuses: it maps one op plus the tensors it was handed (full, head-sliced or
+token-sliced) to one output tensor, with carried state in a per-op dict.
+
+Two facts the graph does not spell out are handled here:
+- K3 block attention residuals (AttnRes). Layer i's value `resid_mid` is the running block prefix.
+  At a block boundary (i % attn_res_block_size == 0) the attention-side AttnRes first mixes the
+  prefix with the existing bank, then the prefix is frozen into the bank (b_0 = the embedding at
+  layer 0) and the running prefix restarts from zero, so `resid_out` = attn_out there. After the
+  last layer the output AttnRes (`model.output_attn_res_*`) mixes bank and prefix before the final
+  norm. The bank is per token, so chunked prefill needs no bank carry: each chunk builds its own.
+  This follows SGLang's `AttnResidual` / `KimiK3DecoderLayer` formulation.
+- Chunked prefill: positions continue from the tokens already processed; attention ops keep a
+  KV cache, short convs the last K-1 inputs, KDA/GDN the recurrent state, all in `state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tpplan.models.config import list_presets, load_config_dict
+from tpplan.models.graph import ModelGraph, Op, OpKind, Value
+from tpplan.runtime import kernels as K
+from tpplan.runtime.weights import Numerics, numerics_from_config, params_for_op
+
+
+@dataclass
+class ExecContext:
+    """What an op needs besides its tensors: numerics and the absolute positions of this chunk."""
+
+    numerics: Numerics
+    positions: Tensor  # [T] absolute token positions of the current chunk
+    layer: int = 0
+    rope: K.Rope = field(default_factory=K.Rope)
+    values: Mapping[str, Value] = field(default_factory=dict)  # the current layer graph's values
+
+    def per_head(self, value: str, heads: int) -> int:
+        """Per-head width of a graph value: a constant of the model, valid on any head slice."""
+        return self.values[value].width // heads
+
+
+def numerics_for(graph: ModelGraph) -> Numerics:
+    """Re-read the config a graph came from (preset name or config path) for its numerics."""
+    spec = graph.spec
+    for source in (spec.name, spec.source):
+        if source in list_presets() or (source and Path(source).exists()):
+            raw, _ = load_config_dict(source)
+            return numerics_from_config(raw)
+    return Numerics(tie_embeddings=spec.tie_embeddings)
+
+
+def layer_weights(op: Op, layer: int, weights: Mapping[str, Tensor], numerics: Numerics) -> dict[str, Tensor]:
+    """The tensors `op` of layer `layer` reads, by local key; fused and stacked forms assembled here."""
+    prefix = f"model.layers.{layer}."
+    spec = params_for_op(op, numerics)
+    got = {key: weights[prefix + name] for key, (name, _) in spec.items()}
+    if op.kind is OpKind.LINEAR and "parts" in op.attrs:
+        return {"weight": torch.cat([got[f"part{j}"] for j in range(len(op.attrs["parts"]))], dim=0)}
+    if op.kind is OpKind.EXPERTS:
+        e = op.attrs["experts"]
+        return {p: torch.stack([got[f"{p}.{j}"] for j in range(e)]) for p in ("gate", "up", "down")}
+    return got
+
+
+_LATENT_NORMS = ("q_a_layernorm", "kv_a_layernorm")
+
+
+def execute_op(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any],
+               ctx: ExecContext) -> Tensor:
+    """Run one graph op. `w` comes from `layer_weights` (or a rank's slice of it); `state` is this
+    op's carried state for chunked prefill (empty dict on the first chunk)."""
+    nu, a = ctx.numerics, op.attrs
+    kind = op.kind
+    if kind is OpKind.LINEAR:
+        return K.linear(inputs[0], w["weight"])
+    if kind is OpKind.NORM:
+        eps = nu.latent_eps if op.name in _LATENT_NORMS else nu.eps
+        return K.rms_norm(inputs[0], w["weight"], eps, nu.norm_offset)
+    if kind is OpKind.HEAD_NORM:
+        gate = inputs[1] if len(inputs) > 1 else None
+        return K.head_rms_norm(inputs[0], w["weight"], nu.eps, int(a["head_dim"]), gate, str(a.get("gate", "sigmoid")))
+    if kind is OpKind.SLICE:
+        if a.get("gated_query"):
+            return K.gated_query_split(inputs[0], int(a["head_dim"]), bool(a.get("gate", False)))
+        return K.slice_cols(inputs[0], int(a["start"]), ctx.values[op.output].width)
+    if kind is OpKind.UNARY:
+        return K.unary(inputs[0], str(a["fn"]))
+    if kind is OpKind.MUL:
+        other = torch.sigmoid(inputs[1]) if a.get("sigmoid_second") else inputs[1]
+        return inputs[0] * other
+    if kind is OpKind.SWIGLU:
+        return K.swiglu(inputs[0], inputs[1])
+    if kind is OpKind.ADD:
+        return inputs[0] + inputs[1]
+    if kind is OpKind.ROUTER:
+        if a.get("scalar_gate"):
+            return K.linear(inputs[0], w["weight"])
+        return K.route(inputs[0], w["weight"], top_k=int(a["top_k"]), scoring=str(a["scoring"]),
+                       n_group=int(a["n_group"]), topk_group=int(a["topk_group"]), bias=w.get("bias"),
+                       renormalize=nu.renormalize, scaling=nu.routed_scaling_factor)
+    if kind is OpKind.EXPERTS:
+        return K.routed_experts(inputs[0], inputs[1], w["gate"], w["up"], w["down"])
+    if kind is OpKind.ATTN_RES:
+        mixed = K.attn_res(inputs[1], inputs[0], w["proj"], w["score_norm"], nu.eps)
+        return K.rms_norm(mixed, w["out_norm"], nu.eps)
+    if kind is OpKind.TOKEN_MIX:
+        return _token_mix(op, inputs, w, state, ctx)
+    raise NotImplementedError(f"op kind {kind}")
+
+
+def _token_mix(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any],
+               ctx: ExecContext) -> Tensor:
+    a, nu = op.attrs, ctx.numerics
+    impl = a["impl"]
+    if impl == "short_conv":
+        return K.short_conv(inputs[0], w["weight"], state)
+    if impl == "kda":
+        return K.kda(*inputs, head_dim=int(a["head_dim"]), a_log=w["A_log"], dt_bias=w["dt_bias"], state=state)
+    if impl == "mla":
+        q, kv, k_rope = inputs
+        n = int(a["heads"])
+        rope_dim = k_rope.shape[1]
+        qk = ctx.per_head(op.inputs[0], n)
+        nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
+        rope = ctx.rope if a.get("rope", True) else None
+        scale = (qk ** -0.5) * (ctx.rope.softmax_scale_factor() if rope is not None else 1.0)
+        return K.mla_attention(q, kv, k_rope, nope_dim=nope, rope_dim=rope_dim, v_dim=v_dim,
+                               positions=ctx.positions, rope=rope, scale=scale, cache=state)
+    if impl == "gqa":
+        return K.gqa_attention(*inputs, head_dim=int(a["head_dim"]), positions=ctx.positions, rope=ctx.rope,
+                               rotary_dim=int(a["rotary_dim"]), q_norm=w.get("q_norm"), k_norm=w.get("k_norm"),
+                               eps=nu.eps, norm_offset=nu.norm_offset, cache=state)
+    if impl == "gdn":
+        return K.gdn(inputs[0], inputs[1], conv_weight=w["conv"], a_log=w["A_log"], dt_bias=w["dt_bias"],
+                     norm_weight=w["norm"], eps=nu.eps, k_head_dim=int(a["k_head_dim"]),
+                     v_head_dim=int(a["v_head_dim"]), v_per_k=int(a["v_heads"]) // int(a["k_heads"]), state=state)
+    raise NotImplementedError(f"token_mix impl {impl!r}")
+
+
+@dataclass
+class RunState:
+    """Everything carried between prefill chunks: the next position and per-(layer, op) state."""
+
+    position: int = 0
+    ops: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+
+
+def run_reference(graph: ModelGraph, weights: Mapping[str, Tensor], input_ids: Tensor, *,
+                  chunk: int | None = None, numerics: Numerics | None = None,
+                  return_hidden: bool = False) -> Tensor:
+    """Logits [T, vocab] (or the final normed hidden [T, H]) for one sequence of token ids.
+
+    With `chunk`, tokens are fed `chunk` at a time with state carried between chunks; the result
+    must equal the one-shot run (tested), which is what chunked prefill relies on.
+    """
+    nu = numerics or numerics_for(graph)
+    ids = input_ids.reshape(-1)
+    resolved = {(i, op.name): layer_weights(op, i, weights, nu)
+                for i, kind in enumerate(graph.layer_kinds) for op in graph.kinds[kind].ops}
+    st = RunState()
+    step = chunk or ids.numel()
+    outs = [forward_chunk(graph, weights, resolved, ids[s:s + step], st, nu, return_hidden)
+            for s in range(0, ids.numel(), step)]
+    return torch.cat(outs, dim=0)
+
+
+def forward_chunk(graph: ModelGraph, weights: Mapping[str, Tensor],
+                  resolved: Mapping[tuple[int, str], Mapping[str, Tensor]], ids: Tensor, st: RunState,
+                  nu: Numerics, return_hidden: bool = False) -> Tensor:
+    """One prefill chunk through every layer, advancing `st`."""
+    t = ids.numel()
+    positions = torch.arange(st.position, st.position + t)
+    rope = K.Rope(nu.rope_theta, nu.rope_interleave, nu.rope_scaling, nu.max_position_embeddings)
+    ctx = ExecContext(nu, positions, rope=rope)
+    emb = weights["model.embed_tokens.weight"][ids]
+    resid, delta = emb, torch.zeros_like(emb)
+    block = graph.spec.attn_res_block_size
+    bank = emb.new_zeros(t, 0, emb.shape[1])
+    for i, kind in enumerate(graph.layer_kinds):
+        lg = graph.kinds[kind]
+        ctx.layer = i
+        ctx.values = lg.values
+        env: dict[str, Tensor] = {"resid": resid, "delta": delta, "bank": bank}
+        for op in lg.ops:
+            out = execute_op(op, [env[n] for n in op.inputs], resolved[(i, op.name)],
+                             st.ops.setdefault((i, op.name), {}), ctx)
+            env[op.output] = out
+            if op.kind is OpKind.ATTN_RES and op in lg.entry and block and i % block == 0:
+                stream = str(op.attrs.get("norm_of", op.inputs[1]))
+                bank = torch.cat([bank, env[stream][:, None, :]], dim=1)
+                env["bank"] = bank
+                env[stream] = torch.zeros_like(env[stream])
+        resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
+        delta = env["mlp_out"]
+    final = resid + delta
+    if block:
+        final = K.attn_res(final, bank, weights["model.output_attn_res_proj.weight"],
+                           weights["model.output_attn_res_norm.weight"], nu.eps)
+    hidden = K.rms_norm(final, weights["model.norm.weight"], nu.eps, nu.norm_offset)
+    st.position += t
+    if return_hidden:
+        return hidden
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    return K.linear(hidden, head)
+

@@ -1,0 +1,410 @@
+"""Reference PyTorch kernels, one per op kind of the layer graph (`tpplan.models.graph`).
+
+Every kernel takes exactly the tensors it is given and derives head counts from their widths
+(`width // head_dim`), never from a global config. That is what lets a TP rank later call the same
+function on its head slice (S(col)) or token slice (S(tok)) without a second implementation.
+Activations are `[T, W]` (tokens x features); everything runs in the dtype it is given, with
+softmax, norms and recurrences computed in fp32 as the HF/FLA references do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# ----------------------------------------------------------------------------------------------
+# Elementwise and token-local ops
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """y = x W^T with W laid out [out, in] as in HF checkpoints."""
+    return F.linear(x, weight.to(x.dtype))
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
+    """RMSNorm over the last dim; `offset=1` gives Qwen3-Next's zero-centred `(1 + w)` scale."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return ((offset + weight.float()) * y).to(x.dtype)
+
+
+def head_rms_norm(x: Tensor, weight: Tensor, eps: float, head_dim: int, gate: Tensor | None = None,
+                  gate_fn: str = "sigmoid") -> Tensor:
+    """RMSNorm within each head of `x` [T, n*head_dim], optionally times act(gate) (KDA / GDN output norm)."""
+    t = x.shape[0]
+    xf = x.float().reshape(t, -1, head_dim)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    if gate is not None:
+        g = gate.float().reshape(t, -1, head_dim)
+        y = y * (torch.sigmoid(g) if gate_fn == "sigmoid" else F.silu(g))
+    return y.reshape(t, -1).to(x.dtype)
+
+
+def slice_cols(x: Tensor, start: int, width: int) -> Tensor:
+    """A contiguous feature range (e.g. the q / kv / rope parts of MLA's fused latent)."""
+    return x[:, start:start + width]
+
+
+def gated_query_split(q_full: Tensor, head_dim: int, gate: bool) -> Tensor:
+    """Qwen3-Next lays the doubled q_proj out per head as [query(head_dim) | gate(head_dim)]."""
+    t = q_full.shape[0]
+    per_head = q_full.reshape(t, -1, 2 * head_dim)
+    part = per_head[..., head_dim:] if gate else per_head[..., :head_dim]
+    return part.reshape(t, -1)
+
+
+def unary(x: Tensor, fn: str) -> Tensor:
+    if fn == "sigmoid":
+        return torch.sigmoid(x)
+    if fn == "silu":
+        return F.silu(x)
+    raise ValueError(f"unknown unary fn {fn!r}")
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotary embeddings
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE parameters as HF spells them; `scaling` is the `rope_scaling` dict (YaRN) or None."""
+
+    theta: float = 10000.0
+    interleave: bool = False
+    scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+
+    def inv_freq_and_factor(self, dim: int) -> tuple[Tensor, float]:
+        """Inverse frequencies for a `dim`-wide rotary part, and the cos/sin multiplier (YaRN mscale)."""
+        pos = self.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        inv = 1.0 / pos
+        kind = (self.scaling or {}).get("rope_type", (self.scaling or {}).get("type", "default"))
+        if kind != "yarn":
+            return inv, 1.0
+        s = self.scaling or {}
+        factor = float(s["factor"])
+        orig = int(s.get("original_max_position_embeddings") or self.max_position_embeddings)
+        mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
+        attn = s.get("attention_factor")
+        if attn is None:
+            attn = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+                    if mscale and mscale_all else _yarn_mscale(factor, 1.0))
+        beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+        def corr(rot: float) -> float:
+            return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(self.theta))
+
+        lo, hi = corr(beta_fast), corr(beta_slow)
+        if s.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+        keep = 1 - ramp  # 1: extrapolate (high frequency), 0: interpolate
+        return (inv / factor) * (1 - keep) + inv * keep, float(attn)
+
+    def softmax_scale_factor(self) -> float:
+        """DeepSeek's YaRN multiplies the softmax scale by mscale(factor, mscale_all_dim)^2."""
+        s = self.scaling or {}
+        if s.get("rope_type", s.get("type")) == "yarn" and s.get("mscale_all_dim"):
+            m = _yarn_mscale(float(s["factor"]), s["mscale_all_dim"])
+            return m * m
+        return 1.0
+
+
+def _yarn_mscale(scale: float, mscale: float | None) -> float:
+    if scale <= 1:
+        return 1.0
+    return 0.1 * float(mscale or 1.0) * math.log(scale) + 1.0
+
+
+def rope_cos_sin(positions: Tensor, dim: int, rope: Rope) -> tuple[Tensor, Tensor]:
+    """cos/sin [T, dim/2] for absolute `positions`, so a chunk starting at p0 rotates like one-shot."""
+    inv, factor = rope.inv_freq_and_factor(dim)
+    freqs = positions.float()[:, None] * inv[None, :]
+    return freqs.cos() * factor, freqs.sin() * factor
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
+    """Rotate x [T, ..., dim]. Interleaved pairs (x0,x1),(x2,x3) come out de-interleaved, as in HF DeepSeek."""
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
+    c, s = cos.reshape(shape), sin.reshape(shape)
+    xf = x.float()
+    if interleave:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+    else:
+        half = xf.shape[-1] // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax attention (MLA and GQA) with a KV cache for chunked prefill
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions."""
+    t, s = q.shape[0], k.shape[0]
+    scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
+    qpos = torch.arange(s - t, s)[:, None]
+    mask = torch.arange(s)[None, :] > qpos
+    scores = scores.masked_fill(mask[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("nts,snd->tnd", probs, v.float())
+    return out.reshape(t, -1).to(q.dtype)
+
+
+def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
+    if cache is None:
+        return new
+    full = new if name not in cache else torch.cat([cache[name], new], dim=0)
+    cache[name] = full
+    return full
+
+
+def mla_attention(q: Tensor, kv: Tensor, k_rope: Tensor, *, nope_dim: int, rope_dim: int, v_dim: int,
+                  positions: Tensor, rope: Rope | None, scale: float,
+                  cache: dict[str, Tensor] | None = None) -> Tensor:
+    """MLA core: q [T, n*(nope+rope)], kv [T, n*(nope+v)], k_rope [T, rope] shared by every head.
+
+    `rope=None` is NoPE (Kimi-Linear): the rope slice is concatenated without rotation. `cache`
+    (per layer, per rank) holds the keys/values of earlier chunks so chunked prefill is exact.
+    """
+    t = q.shape[0]
+    qh = q.reshape(t, -1, nope_dim + rope_dim)
+    n = qh.shape[1]
+    kvh = kv.reshape(t, n, nope_dim + v_dim)
+    k_nope, v = kvh[..., :nope_dim], kvh[..., nope_dim:]
+    q_nope, q_rot = qh[..., :nope_dim], qh[..., nope_dim:]
+    k_rot = k_rope.reshape(t, 1, rope_dim)
+    if rope is not None and rope_dim:
+        cos, sin = rope_cos_sin(positions, rope_dim, rope)
+        q_rot = apply_rope(q_rot, cos, sin, rope.interleave)
+        k_rot = apply_rope(k_rot, cos, sin, rope.interleave)
+    qf = torch.cat([q_nope, q_rot], dim=-1)
+    kf = torch.cat([k_nope, k_rot.expand(t, n, rope_dim)], dim=-1)
+    kf = _append_cache(cache, "k", kf)
+    v = _append_cache(cache, "v", v)
+    return causal_attention(qf, kf, v, scale)
+
+
+def gqa_attention(q: Tensor, k: Tensor, v: Tensor, *, head_dim: int, positions: Tensor, rope: Rope,
+                  rotary_dim: int, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
+                  eps: float = 1e-6, norm_offset: float = 0.0, cache: dict[str, Tensor] | None = None) -> Tensor:
+    """GQA core: optional per-head q/k RMSNorm, partial rotary (first `rotary_dim` dims), grouped KV.
+
+    Query head h reads KV head h // (n / kv), which stays right on a head slice as long as a rank
+    holds whole KV groups.
+    """
+    t = q.shape[0]
+    qh, kh, vh = q.reshape(t, -1, head_dim), k.reshape(t, -1, head_dim), v.reshape(t, -1, head_dim)
+    if q_norm is not None:
+        qh = rms_norm(qh, q_norm, eps, norm_offset)
+    if k_norm is not None:
+        kh = rms_norm(kh, k_norm, eps, norm_offset)
+    if rotary_dim:
+        cos, sin = rope_cos_sin(positions, rotary_dim, rope)
+        qh = torch.cat([apply_rope(qh[..., :rotary_dim], cos, sin, rope.interleave), qh[..., rotary_dim:]], -1)
+        kh = torch.cat([apply_rope(kh[..., :rotary_dim], cos, sin, rope.interleave), kh[..., rotary_dim:]], -1)
+    kh = _append_cache(cache, "k", kh)
+    vh = _append_cache(cache, "v", vh)
+    rep = qh.shape[1] // kh.shape[1]
+    if rep > 1:
+        kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
+    return causal_attention(qh, kh, vh, head_dim ** -0.5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Short convolution and gated delta rule (KDA, Gated DeltaNet)
+
+
+def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None, activation: str = "silu") -> Tensor:
+    """Depthwise causal conv over tokens: x [T, C], weight [C, 1, K] (or [C, K]); SiLU after.
+
+    `state["conv"]` keeps the last K-1 input rows so the next chunk sees its left context.
+    """
+    w = weight.reshape(weight.shape[0], -1)
+    kernel = w.shape[1]
+    prev = state.get("conv") if state is not None else None
+    if prev is None:
+        prev = x.new_zeros(kernel - 1, x.shape[1])
+    xx = torch.cat([prev, x], dim=0)
+    if state is not None:
+        state["conv"] = xx[-(kernel - 1):] if kernel > 1 else xx[:0]
+    y = F.conv1d(xx.t().unsqueeze(0).float(), w.unsqueeze(1).float(), groups=w.shape[0])[0].t()
+    return unary(y, activation).to(x.dtype) if activation else y.to(x.dtype)
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """FLA's l2norm: x / sqrt(sum(x^2) + eps)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def naive_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                           state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Token-by-token reference. q,k [T,H,dk] (already normalised and scaled), v [T,H,dv],
+    g [T,H,dk] log-decay (or [T,H], broadcast over dk), beta [T,H]. State [H, dk, dv]."""
+    t, h, dk = k.shape
+    dv = v.shape[-1]
+    s = torch.zeros(h, dk, dv) if state is None else state.float().clone()
+    g = g.float() if g.dim() == 3 else g.float()[..., None].expand(t, h, dk)
+    out = torch.empty(t, h, dv)
+    for i in range(t):
+        s = s * g[i].exp()[..., None]
+        pred = torch.einsum("hk,hkv->hv", k[i].float(), s)
+        delta = (v[i].float() - pred) * beta[i].float()[:, None]
+        s = s + k[i].float()[..., None] * delta[:, None, :]
+        out[i] = torch.einsum("hk,hkv->hv", q[i].float(), s)
+    return out, s
+
+
+def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                           state: Tensor | None = None, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Chunked (WY-form) gated delta rule with per-key-channel decay; same contract as the naive loop.
+
+    Within a chunk with cumulative log-decay G, the written values U solve a unit lower-triangular
+    system (I + L) U = beta*V - beta*(e^G * K) S0, where L[t,s] = beta_t sum_c k_t k_s e^(G_t - G_s);
+    outputs and the carried state follow in closed form. Only exponents of non-positive numbers
+    are taken, so it is stable for any chunk length.
+    """
+    t, h, dk = k.shape
+    dv = v.shape[-1]
+    g = g.float() if g.dim() == 3 else g.float()[..., None].expand(t, h, dk)
+    s = torch.zeros(h, dk, dv) if state is None else state.float().clone()
+    out = torch.empty(t, h, dv)
+    for c0 in range(0, t, chunk_size):
+        sl = slice(c0, min(t, c0 + chunk_size))
+        qc, kc, vc = (x[sl].float().transpose(0, 1) for x in (q, k, v))  # [H, C, d]
+        bc = beta[sl].float().t()  # [H, C]
+        gc = g[sl].transpose(0, 1).cumsum(1)  # [H, C, dk]
+        c = qc.shape[1]
+        diff = gc[:, :, None, :] - gc[:, None, :, :]  # [H, Ct, Cs, dk]: G_t - G_s
+        lower_incl = torch.ones(c, c, dtype=torch.bool).tril()
+        decay = diff.masked_fill(~lower_incl[None, :, :, None], float("-inf")).exp()
+        a = torch.einsum("htc,hsc,htsc->hts", kc, kc, decay)  # sum_c k_t k_s e^(G_t-G_s)
+        m = torch.einsum("htc,hsc,htsc->hts", qc, kc, decay)  # same with q_t, incl. diagonal
+        lmat = (bc[:, :, None] * a).tril(-1) + torch.eye(c)
+        rhs = bc[..., None] * (vc - torch.einsum("htc,hcv->htv", kc * gc.exp(), s))
+        u = torch.linalg.solve_triangular(lmat, rhs, upper=False, unitriangular=True)  # [H, C, dv]
+        o = torch.einsum("htc,hcv->htv", qc * gc.exp(), s) + torch.einsum("hts,hsv->htv", m, u)
+        out[sl] = o.transpose(0, 1)
+        g_last = gc[:, -1:, :]  # [H, 1, dk]
+        s = s * g_last[:, 0, :, None].exp() + torch.einsum("hsc,hsv->hcv", kc * (g_last - gc).exp(), u)
+    return out, s
+
+
+def kda(q: Tensor, k: Tensor, v: Tensor, f: Tensor, beta_logits: Tensor, *, head_dim: int, a_log: Tensor,
+        dt_bias: Tensor, state: dict[str, Tensor] | None = None, chunk_size: int = 64) -> Tensor:
+    """Kimi Delta Attention on post-conv q/k/v [T, n*d]: per-channel forget gate
+    g = -exp(A_log) * softplus(f + dt_bias), beta = sigmoid, L2-normalised q/k, q scaled by d^-1/2."""
+    t = q.shape[0]
+    qh, kh, vh = (x.float().reshape(t, -1, head_dim) for x in (q, k, v))
+    n = qh.shape[1]
+    f = (f.float() + dt_bias.float().reshape(1, -1)).reshape(t, n, head_dim)
+    g = -a_log.float().reshape(1, n, 1).exp() * F.softplus(f)
+    beta = torch.sigmoid(beta_logits.float())
+    qh, kh = l2norm(qh) * head_dim ** -0.5, l2norm(kh)
+    prev = state.get("recurrent") if state is not None else None
+    o, s = chunk_gated_delta_rule(qh, kh, vh, g, beta, prev, chunk_size)
+    if state is not None:
+        state["recurrent"] = s
+    return o.reshape(t, -1).to(q.dtype)
+
+
+def gdn(qkvz: Tensor, ba: Tensor, *, conv_weight: Tensor, a_log: Tensor, dt_bias: Tensor, norm_weight: Tensor,
+        eps: float, k_head_dim: int, v_head_dim: int, v_per_k: int, state: dict[str, Tensor] | None = None,
+        chunk_size: int = 64) -> Tensor:
+    """Gated DeltaNet (Qwen3-Next) from the raw projections, laid out per key-head group:
+    qkvz [T, g*(2dk + 2r*dv)] and ba [T, g*2r] with r = v heads per key head. Conv over
+    cat(q, k, v), scalar decay per v head, v-head h reads key head h // r, gated (SiLU) RMSNorm."""
+    t = qkvz.shape[0]
+    r, dk, dv = v_per_k, k_head_dim, v_head_dim
+    grp = qkvz.reshape(t, -1, 2 * dk + 2 * r * dv)
+    ng = grp.shape[1]
+    q, k, v, z = torch.split(grp, [dk, dk, r * dv, r * dv], dim=-1)
+    bag = ba.reshape(t, ng, 2 * r)
+    b, a = bag[..., :r].reshape(t, ng * r), bag[..., r:].reshape(t, ng * r)
+    mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+    mixed = short_conv(mixed, conv_weight, state)
+    qc, kc, vc = torch.split(mixed, [ng * dk, ng * dk, ng * r * dv], dim=-1)
+    qh = l2norm(qc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1) * dk ** -0.5
+    kh = l2norm(kc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1)
+    vh = vc.float().reshape(t, ng * r, dv)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())  # [T, Hv]
+    prev = state.get("recurrent") if state is not None else None
+    o, s = chunk_gated_delta_rule(qh, kh, vh, g, torch.sigmoid(b.float()), prev, chunk_size)
+    if state is not None:
+        state["recurrent"] = s
+    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z.reshape(t, -1), gate_fn="silu")
+    return o.to(qkvz.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE
+
+
+def route(x: Tensor, weight: Tensor, *, top_k: int, scoring: str, n_group: int = 1, topk_group: int = 1,
+          bias: Tensor | None = None, renormalize: bool = True, scaling: float = 1.0) -> Tensor:
+    """Router as a dense [T, E] matrix of combine weights (zero for unselected experts).
+
+    Scores are sigmoid (DeepSeek/Kimi: selection uses scores + e_score_correction_bias, grouped
+    top-k by the sum of each group's top-2) or softmax (Qwen). A dense matrix keeps the value a plain
+    activation that an expert-parallel rank can slice by columns.
+    """
+    logits = F.linear(x.float(), weight.float())
+    scores = torch.sigmoid(logits) if scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+    choice = scores if bias is None else scores + bias.float()
+    e = scores.shape[-1]
+    if n_group > 1:
+        gs = choice.reshape(-1, n_group, e // n_group).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(gs).scatter_(1, gs.topk(topk_group, dim=-1)[1], 1.0)
+        choice = choice.masked_fill(keep.repeat_interleave(e // n_group, dim=1) == 0, float("-inf"))
+    idx = choice.topk(top_k, dim=-1)[1]
+    w = scores.gather(1, idx)
+    if renormalize:
+        w = w / (w.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
+    w = w * scaling
+    return torch.zeros_like(scores).scatter_(1, idx, w)
+
+
+def routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """Sum over selected experts of routing[t,e] * down_e(silu(gate_e x) * up_e x).
+
+    gate/up [E, I, W], down [E, W, I]; `routing` [T, E] holds the experts these weights belong to
+    (an EP rank passes its column slice with its own experts).
+    """
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32)
+    xf = x.float()
+    for e in torch.nonzero(routing.abs().sum(0) > 0).flatten().tolist():
+        tok = torch.nonzero(routing[:, e] != 0).flatten()
+        xe = xf[tok]
+        h = F.silu(xe @ gate[e].float().t()) * (xe @ up[e].float().t())
+        out.index_add_(0, tok, (h @ down[e].float().t()) * routing[tok, e, None].float())
+    return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# K3 block attention residual
+
+
+def attn_res(prefix: Tensor, bank: Tensor, proj: Tensor, score_norm: Tensor, eps: float) -> Tensor:
+    """Softmax over depth: rows = [bank snapshots..., prefix] per token ([T, nb, H] and [T, H]).
+
+    score_j = (score_norm * proj) . (row_j / rms(row_j)), softmax over rows, weighted sum of the raw
+    rows (fp32). The caller applies the output RMSNorm; token-local, so any token slice works.
+    """
+    rows = torch.cat([bank.float(), prefix.float()[:, None, :]], dim=1)
+    k = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + eps)
+    w = (score_norm.float() * proj.float().reshape(-1))
+    p = torch.softmax(torch.einsum("trh,h->tr", k, w), dim=-1)
+    return torch.einsum("tr,trh->th", p, rows).to(prefix.dtype)
