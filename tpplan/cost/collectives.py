@@ -32,9 +32,9 @@ def bus_factor(kind: str, n: int) -> float:
 def ring_volume_per_rank(kind: str, elements: float, n: int) -> float:
     """Elements (or bytes) one rank sends for a collective over a logical tensor of `elements`.
 
-    `elements` is the logical activation T*W (DESIGN.md's table): all_reduce 2(n-1)/n, reduce_scatter
-    and all_gather (n-1)/n, all_to_all (n-1)/n^2 (each rank holds T*W/n and keeps 1/n of it),
-    send_recv the whole message.
+    `elements` is the logical activation T*W (DESIGN.md's table): all_reduce 2(n-1)/n,
+    reduce_scatter and all_gather (n-1)/n, all_to_all (n-1)/n^2
+    (each rank holds T*W/n and keeps 1/n of it), send_recv the whole message.
     """
     _check_kind(kind)
     if n <= 1:
@@ -45,7 +45,7 @@ def ring_volume_per_rank(kind: str, elements: float, n: int) -> float:
 
 
 def nccl_size(kind: str, elements: float, n: int) -> float:
-    """Map a logical tensor of T*W elements to nccl-tests' size (all_to_all: the per-rank buffer)."""
+    """Map a logical T*W tensor to nccl-tests' size (all_to_all: the per-rank buffer)."""
     _check_kind(kind)
     return elements / n if kind == "all_to_all" else float(elements)
 
@@ -53,12 +53,14 @@ def nccl_size(kind: str, elements: float, n: int) -> float:
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVE_KINDS:
         raise TpplanError(
-            f"collective kind {kind!r}", "unknown collective", f"use one of {', '.join(COLLECTIVE_KINDS)}"
+            f"collective kind {kind!r}",
+            "unknown collective",
+            f"use one of {', '.join(COLLECTIVE_KINDS)}",
         )
 
 
 def ring_steps(kind: str, n: int) -> int:
-    """Latency-bound steps of the single-node algorithm: ring for reductions/gathers, 1 otherwise."""
+    """Latency-bound steps of the one-node algorithm: ring for reductions/gathers, else 1."""
     if n <= 1:
         return 0
     if kind == "all_reduce":

@@ -1,4 +1,4 @@
-"""Cluster topology: GPUs, intra-node links, inter-node network, and constants fitted by calibration.
+"""Cluster topology: GPUs, intra-node links, inter-node network, constants fitted by calibration.
 
 Bandwidths here are *achievable* figures (what NCCL's busbw reaches), not datasheet peaks: a plan's
 predicted time is only as good as these numbers, and datasheet peaks overstate NCCL by 20-40%.
