@@ -48,6 +48,7 @@ class GpuSpec(_Strict):
     fp8_tflops: float = Field(gt=0, description="peak dense fp8 TFLOP/s")
     hbm_TBps: float = Field(gt=0, description="memory bandwidth, TB/s")
     memory_GiB: float = Field(gt=0)
+    sm_count: int = Field(default=132, ge=1, description="SMs, for the analytic GEMM curve")
     gemm_table: list[GemmPoint] | None = Field(
         default=None, description="measured shapes; None = packaged table for its GPU or analytic"
     )
