@@ -29,7 +29,7 @@ class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    input_len: int = Field(ge=1, description="prompt tokens per request")
+    input_len: int | None = Field(default=None, ge=1, description="prompt tokens per request")
     output_len: int = Field(default=1, ge=1, description="only the first token is modelled")
     concurrency: int = Field(ge=1, description="closed-loop clients")
     chunk_size: int = Field(ge=1, description="max prefill tokens per batch")
@@ -42,6 +42,8 @@ class Workload(BaseModel):
     def _check(self) -> Self:
         if self.input_lens is not None and (not self.input_lens or min(self.input_lens) < 1):
             raise ValueError("input_lens must be a non-empty list of positive lengths")
+        if self.input_len is None and self.input_lens is None:
+            raise ValueError("give input_len (or input_lens)")
         return self
 
     @property
@@ -53,6 +55,7 @@ class Workload(BaseModel):
         """Prompt length of request `request_id`."""
         if self.input_lens:
             return self.input_lens[request_id % len(self.input_lens)]
+        assert self.input_len is not None  # the validator guarantees one of the two
         return self.input_len
 
 
