@@ -1,1 +1,1 @@
-"""tpplan.bench"""
+"""Measurements on real hardware (torch imported lazily inside the functions that need it)."""

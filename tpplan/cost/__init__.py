@@ -1,1 +1,1 @@
-"""tpplan.cost"""
+"""Cost model: topology, collective and GEMM time, workload schedule and TTFT. Imports no torch."""

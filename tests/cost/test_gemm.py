@@ -1,0 +1,80 @@
+import json
+
+import pytest
+
+from tpplan.cost.gemm import (
+    achieved_tflops,
+    analytic_efficiency,
+    default_gemm_table,
+    gemm_bytes,
+    gemm_flops,
+    gemm_time,
+    table_tflops,
+)
+from tpplan.cost.topology import GemmPoint, load_topology
+
+H200 = load_topology("h200x2").gpu
+RTX = load_topology("pcie8-rtxpro6000").gpu
+
+
+def _anchor_rows() -> list[dict]:
+    from importlib import resources
+
+    text = resources.files("tpplan.cost").joinpath("presets", "h200_gemm_shapes.json").read_text()
+    return json.loads(text)["rows"]
+
+
+def test_reproduces_anchor_rows() -> None:
+    for r in _anchor_rows():
+        t = gemm_time(r["M"], r["K"], r["N"], H200)
+        assert t * 1e3 == pytest.approx(r["ms"], rel=0.03), r
+
+
+def test_tiny_n_expert_shards_far_below_peak() -> None:
+    # K3 experts split over TP32 (N=192) at M=256 reach under 5% of peak; over TP8 under 15%
+    assert achieved_tflops(256, 3584, 192, H200) < 0.05 * H200.bf16_tflops
+    assert achieved_tflops(256, 3584, 768, H200) < 0.15 * H200.bf16_tflops
+    assert achieved_tflops(8192, 8192, 8192, H200) > 0.65 * H200.bf16_tflops
+    # below the table's smallest N the time floor holds: rate scales with N
+    assert achieved_tflops(256, 3584, 96, H200) == pytest.approx(
+        achieved_tflops(256, 3584, 192, H200) / 2
+    )
+
+
+def test_interpolation_is_monotone_between_measured_m() -> None:
+    a = achieved_tflops(2048, 7168, 2112, H200)
+    b = achieved_tflops(4096, 7168, 2112, H200)
+    c = achieved_tflops(8192, 7168, 2112, H200)
+    assert min(a, c) <= b <= max(a, c)
+    # beyond the largest measured M the rate is held
+    assert achieved_tflops(16384, 7168, 2112, H200) == pytest.approx(c)
+
+
+def test_fp8_uses_table_efficiency_and_memory_bound_floor() -> None:
+    bf = achieved_tflops(2048, 7168, 2112, H200, "bf16")
+    fp = achieved_tflops(2048, 7168, 2112, H200, "fp8")
+    assert fp == pytest.approx(bf * 2, rel=0.01)
+    # a skinny GEMM is memory-bound: time >= bytes / bandwidth
+    t = gemm_time(1, 8192, 8192, H200)
+    assert t >= gemm_bytes(1, 8192, 8192) / (H200.hbm_TBps * 1e12)
+    assert gemm_flops(2, 3, 4) == 48
+
+
+def test_analytic_fallback_for_gpus_without_table() -> None:
+    assert default_gemm_table()[0] == "NVIDIA H200"
+    big = achieved_tflops(8192, 8192, 8192, RTX)
+    assert big == pytest.approx(analytic_efficiency(8192, 8192, 8192, 188) * RTX.bf16_tflops)
+    assert achieved_tflops(256, 3584, 192, RTX) < 0.1 * big
+    # fitted to the H200 table: within 1.8x on every anchor row
+    for r in _anchor_rows():
+        eff = analytic_efficiency(r["M"], r["K"], r["N"]) * H200.bf16_tflops
+        assert 1 / 1.85 < eff / r["tflops"] < 1.85
+
+
+def test_explicit_and_gpu_tables() -> None:
+    table = [(1024, 1024, 1024, 100.0), (1024, 1024, 4096, 400.0)]
+    assert table_tflops(1024, 1024, 1024, table) == pytest.approx(100.0)
+    mid = table_tflops(1024, 1024, 2048, table)
+    assert 100 < mid < 400
+    gpu = RTX.model_copy(update={"gemm_table": [GemmPoint(M=64, K=64, N=64, tflops=5.0)]})
+    assert achieved_tflops(64, 64, 64, gpu) == pytest.approx(5.0)

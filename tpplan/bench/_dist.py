@@ -1,0 +1,203 @@
+"""Run a function on a torch.distributed group: spawned locally, or in place under torchrun.
+
+Shared by `calibrate` and `collective_check`. torch is imported inside the functions so that
+importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+# "RANK:KIND" makes that rank raise before that collective; "RANK:KIND:hang" makes it sleep.
+FAULT_ENV = "TPPLAN_BENCH_FAULT"
+
+
+class BenchFailed(RuntimeError):
+    """A worker process failed or timed out; the message says which rank and why."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """How to form the group: backend 'gloo'|'nccl', local process count, timeout."""
+
+    backend: str
+    nproc: int
+    timeout_s: float
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) already set RANK and WORLD_SIZE."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_backend(backend: str) -> str:
+    """'auto' -> nccl when CUDA is available, else gloo."""
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _init(spec: GroupSpec, rank: int, world: int) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cpu")
+    if spec.backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    dist.init_process_group(
+        spec.backend, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s)
+    )
+    return device
+
+
+def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, out: str,
+           payload: Any) -> None:  # fmt: skip
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
+    device = _init(spec, local_rank, spec.nproc)
+    try:
+        result = fn(local_rank, spec.nproc, device, payload)
+        if local_rank == 0:
+            Path(out).write_bytes(pickle.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
+    """Run fn(rank, world, device, payload) on every rank; return rank 0's result.
+
+    Under torchrun this process is one rank (non-zero ranks get None back). Otherwise `spec.nproc`
+    local processes are spawned; any child failure or timeout raises BenchFailed.
+    """
+    if under_torchrun():
+        import torch.distributed as dist
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        device = _init(spec, rank, world)
+        try:
+            result = fn(rank, world, device, payload)
+        except Exception as exc:
+            raise BenchFailed(f"rank {rank}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            dist.destroy_process_group()
+        return result if rank == 0 else None
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="tpplan-bench-") as tmp:
+        out = str(Path(tmp) / "rank0.pkl")
+        try:
+            mp.start_processes(
+                _child,
+                args=(fn, spec, _free_port(), out, payload),
+                nprocs=spec.nproc,
+                join=True,
+                start_method="spawn",
+            )
+        except mp.ProcessRaisedException as exc:
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            raise BenchFailed(f"rank {exc.error_index} failed: {last}") from None
+        except mp.ProcessExitedException as exc:
+            raise BenchFailed(f"rank {exc.error_index} exited with code {exc.exit_code}") from None
+        if not Path(out).exists():
+            raise BenchFailed("rank 0 returned no result")
+        return pickle.loads(Path(out).read_bytes())
+
+
+def maybe_fault(rank: int, kind: str) -> None:
+    """Test hook: make one rank fail or hang before a collective (see FAULT_ENV)."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    parts = spec.split(":")
+    if int(parts[0]) == rank and parts[1] == kind:
+        if len(parts) > 2 and parts[2] == "hang":
+            time.sleep(3600)
+        raise RuntimeError(f"injected fault before {kind} ({FAULT_ENV}={spec})")
+
+
+def make_op(kind: str, count: int, world: int, rank: int, dtype: Any, device: Any
+            ) -> Callable[[], None]:  # fmt: skip
+    """A closure running one collective whose nccl-tests size is `count` elements."""
+    import torch
+    import torch.distributed as dist
+
+    if count % world:
+        raise ValueError(f"count {count} not divisible by world {world}")
+    full = torch.ones(count, dtype=dtype, device=device)
+    part = torch.ones(count // world, dtype=dtype, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if kind == "reduce_scatter":
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: rs(part, full)
+    if kind == "all_gather":
+        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: ag(full, part)
+    if kind == "all_to_all":
+        out = torch.empty_like(full)
+        return lambda: dist.all_to_all_single(out, full)
+    if kind == "send_recv":
+        recv = torch.empty_like(full)
+
+        def sendrecv() -> None:
+            ops = [
+                dist.P2POp(dist.isend, full, (rank + 1) % world),
+                dist.P2POp(dist.irecv, recv, (rank - 1) % world),
+            ]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+        return sendrecv
+    raise ValueError(f"unknown collective {kind}")
+
+
+def time_op(op: Callable[[], None], device: Any, iters: int, warmup: int) -> float:
+    """Median seconds of one call, the slowest rank's median (MAX across the group).
+
+    GPU: CUDA events around each call. CPU: barrier, then perf_counter around the call.
+    """
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        op()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - t0)
+    med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med.item())

@@ -1,0 +1,132 @@
+"""`tpplan calibrate`: measure collectives (and GEMMs) here, fit the model, write a topology."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+class Backend(StrEnum):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+def _print_tables(res: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tpplan.bench.calibrate import CalibrationResult
+
+    assert isinstance(res, CalibrationResult)
+    console = Console()
+    for kind, fit in res.fitted.items():
+        table = Table(title=f"{kind}  ({res.world} ranks, {res.backend}, {res.device_name})")
+        for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+            table.add_column(col, justify="right")
+        table.add_column("fit (us)", justify="right")
+        for p in (p for p in res.points if p.kind == kind):
+            model = fit.alpha_us + (p.busbw_GBps * p.time_s * 1e9) / fit.busbw_GBps / 1e3
+            table.add_row(
+                str(p.nbytes), str(p.count), p.dtype, f"{p.time_s * 1e6:.1f}",
+                f"{p.algbw_GBps:.2f}", f"{p.busbw_GBps:.2f}", f"{model:.1f}",
+            )  # fmt: skip
+        console.print(table)
+    summary = Table(title="fitted: time = alpha + busfactor * size / busbw")
+    for col in ("collective", "alpha (us)", "busbw (GB/s)", "points", "max rel err"):
+        summary.add_column(col, justify="right")
+    for kind, fit in res.fitted.items():
+        summary.add_row(
+            kind, f"{fit.alpha_us:.1f}", f"{fit.busbw_GBps:.2f}", str(fit.points),
+            f"{fit.max_rel_err:.1%}",
+        )  # fmt: skip
+    console.print(summary)
+    if res.gemm:
+        console.print(f"GEMM: {len(res.gemm)} shapes measured, written to gpu.gemm_table")
+
+
+def calibrate(
+    out: Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")],
+    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = (
+        Backend.auto
+    ),
+    nproc: Annotated[
+        int | None, typer.Option(help="local processes to spawn (default: GPUs, or 2 on CPU)")
+    ] = None,
+    min_bytes: Annotated[int, typer.Option(help="smallest message (bytes)")] = 1 << 20,
+    max_bytes: Annotated[int, typer.Option(help="largest message (bytes)")] = 1 << 28,
+    steps: Annotated[int, typer.Option(help="sizes in the sweep (geometric)")] = 8,
+    iters: Annotated[int, typer.Option(help="timed iterations per size (median)")] = 20,
+    warmup: Annotated[int, typer.Option(help="untimed iterations per size")] = 5,
+    collectives: Annotated[
+        str, typer.Option(help="comma-separated kinds")
+    ] = "all_reduce,reduce_scatter,all_gather,all_to_all",
+    gemm: Annotated[
+        bool | None, typer.Option("--gemm/--no-gemm", help="GEMM sweep (default: on with CUDA)")
+    ] = None,
+    base_topology: Annotated[
+        str, typer.Option(help="preset or file whose GPU and link specs are copied")
+    ] = "h200x2",
+    timeout: Annotated[float, typer.Option(help="seconds before a stuck collective fails")] = 300,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Measure collectives over a size sweep, fit alpha/busbw per kind, write a topology file."""
+    from tpplan.bench._dist import BenchFailed
+    from tpplan.bench.calibrate import (
+        CalibrationConfig,
+        calibrated_topology,
+        run_calibration,
+        write_topology_atomic,
+    )
+    from tpplan.cost.topology import load_topology
+    from tpplan.errors import TpplanError
+
+    base = load_topology(base_topology)  # fail on a bad preset before spending time measuring
+    if not out.parent.is_dir():
+        raise TpplanError("--out", f"directory {out.parent} does not exist", "create it first")
+    if nproc is None:
+        import torch
+
+        nproc = torch.cuda.device_count() if torch.cuda.is_available() else 2
+    cfg = CalibrationConfig(
+        backend=backend.value,
+        nproc=nproc,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        steps=steps,
+        iters=iters,
+        warmup=warmup,
+        collectives=tuple(c.strip() for c in collectives.split(",") if c.strip()),
+        gemm=gemm,
+        timeout_s=timeout,
+        progress=progress,
+    )
+    try:
+        res = run_calibration(cfg)
+    except BenchFailed as exc:
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(
+            f"[bold red]calibration failed:[/] {escape(str(exc))}. Nothing was written to {out}.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        # SystemExit, not typer.Exit: under cli.main's standalone_mode=False click would turn
+        # typer.Exit into a return value and the process would exit 0.
+        raise SystemExit(1) from None
+    if res is None:
+        return  # a non-zero torchrun rank
+    _print_tables(res)
+    topo = calibrated_topology(base, res)
+    header = f"written by `tpplan calibrate`: {topo.notes}"
+    write_topology_atomic(topo, out, header)
+    typer.echo(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `calibrate` command to the CLI."""
+    app.command("calibrate")(calibrate)

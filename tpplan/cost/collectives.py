@@ -1,0 +1,204 @@
+"""Time of one collective on a topology: an alpha-beta model per algorithm, fastest wins.
+
+Sizes follow nccl-tests' "size" convention so predictions compare directly with its tables:
+all_reduce = the buffer, all_gather = the gathered output, reduce_scatter = the full input,
+all_to_all = one rank's whole send buffer, send_recv = the message. See docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tpplan.cost.topology import COLLECTIVE_KINDS, FittedCollective, Topology
+from tpplan.errors import TpplanError
+
+_GB = 1e9
+_US = 1e-6
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' busbw/algbw factor: makes busbw comparable to link speed across group sizes."""
+    _check_kind(kind)
+    if n <= 1:
+        return 0.0 if kind != "send_recv" else 1.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind == "send_recv":
+        return 1.0
+    return (n - 1) / n  # reduce_scatter, all_gather, all_to_all
+
+
+def ring_volume_per_rank(kind: str, elements: float, n: int) -> float:
+    """Elements (or bytes) one rank sends for a collective over a logical tensor of `elements`.
+
+    `elements` is the logical activation T*W (DESIGN.md's table): all_reduce 2(n-1)/n,
+    reduce_scatter and all_gather (n-1)/n, all_to_all (n-1)/n^2
+    (each rank holds T*W/n and keeps 1/n of it), send_recv the whole message.
+    """
+    _check_kind(kind)
+    if n <= 1:
+        return 0.0 if kind != "send_recv" else float(elements)
+    if kind == "all_to_all":
+        return (n - 1) / (n * n) * elements
+    return bus_factor(kind, n) * elements
+
+
+def nccl_size(kind: str, elements: float, n: int) -> float:
+    """Map a logical T*W tensor to nccl-tests' size (all_to_all: the per-rank buffer)."""
+    _check_kind(kind)
+    return elements / n if kind == "all_to_all" else float(elements)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in COLLECTIVE_KINDS:
+        raise TpplanError(
+            f"collective kind {kind!r}",
+            "unknown collective",
+            f"use one of {', '.join(COLLECTIVE_KINDS)}",
+        )
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Latency-bound steps of the one-node algorithm: ring for reductions/gathers, else 1."""
+    if n <= 1:
+        return 0
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    if kind in ("reduce_scatter", "all_gather"):
+        return n - 1
+    return 1
+
+
+@dataclass(frozen=True)
+class CollectiveEstimate:
+    """Predicted time of one collective, with nccl-tests' algbw and busbw for comparison."""
+
+    kind: str
+    nbytes: float
+    group_size: int
+    time_s: float
+    algorithm: str
+    algbw_GBps: float
+    busbw_GBps: float
+    candidates: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Links:
+    launch: float  # s
+    a_i: float  # s per intra hop/step
+    b_i: float  # bytes/s intra per GPU per direction
+    a_x: float  # s per inter hop
+    b_x: float  # bytes/s egress of one node usable by this group
+    b_nic: float  # bytes/s of one NIC
+
+
+def _links(topo: Topology, rpn: int, fit: FittedCollective | None, kind: str) -> _Links:
+    a_i = topo.intra.latency_us * _US
+    b_i = topo.intra.bandwidth_GBps * _GB
+    launch = topo.launch_us * _US
+    if fit is not None:
+        # Multi-node extrapolation: the calibrated one-node constants replace the intra link;
+        # the per-call overhead is what the fit's alpha leaves after its ring steps.
+        b_i = fit.busbw_GBps * _GB
+        launch = max(0.0, fit.alpha_us * _US - ring_steps(kind, fit.group_size) * a_i)
+    if topo.inter is None:
+        return _Links(launch, a_i, b_i, math.inf, 0.0, 0.0)
+    inter = topo.inter
+    # Rail-optimised nodes: a group with rpn of the node's GPUs reaches its share of the NICs.
+    nics = max(1, min(inter.nics_per_node, round(inter.nics_per_node * rpn / topo.gpus_per_node)))
+    return _Links(
+        launch, a_i, b_i, inter.latency_us * _US, nics * inter.nic_GBps * _GB, inter.nic_GBps * _GB
+    )
+
+
+def _candidates(kind: str, s: float, n: int, rpn: int, m: int, ln: _Links) -> dict[str, float]:
+    """Time in seconds of every algorithm NCCL could pick for this collective."""
+    L, a_i, b_i, a_x, b_x = ln.launch, ln.a_i, ln.b_i, ln.a_x, ln.b_x
+    if m == 1:
+        if kind == "all_reduce":
+            return {"ring": L + 2 * (n - 1) * a_i + 2 * (n - 1) / n * s / b_i}
+        if kind in ("reduce_scatter", "all_gather"):
+            return {"ring": L + (n - 1) * a_i + (n - 1) / n * s / b_i}
+        if kind == "all_to_all":
+            return {"direct": L + a_i + (n - 1) / n * s / b_i}
+        return {"direct": L + a_i + s / b_i}
+    b_ring = min(b_i, b_x)  # a ring's bytes per step leave the node once: node egress vs NVLink
+    if kind == "all_reduce":
+        ring = L + 2 * (n - 1) * a_x + 2 * (n - 1) / n * s / b_ring
+        tree_lat = 2 * (math.ceil(math.log2(m)) * a_x + (rpn - 1) * a_i)
+        tree = L + tree_lat + 2 * s / b_ring
+        hier = (
+            L
+            + 2 * ((rpn - 1) * a_i + (rpn - 1) / rpn * s / b_i)  # intra RS + intra AG
+            + 2 * (m - 1) * a_x
+            + 2 * (m - 1) / m * s / b_x  # rpn concurrent inter-node ARs of s/rpn share egress
+        )
+        return {"ring": ring, "tree": tree, "hierarchical": hier}
+    if kind in ("reduce_scatter", "all_gather"):
+        return {"ring": L + (n - 1) * a_x + (n - 1) / n * s / b_ring}
+    if kind == "all_to_all":
+        intra = (rpn - 1) / n * s / b_i  # one rank's bytes to its node-local peers
+        inter = rpn * (n - rpn) / n * s / b_x  # the node's bytes to other nodes
+        return {"direct": L + a_x + max(intra, inter)}
+    return {"direct": L + a_x + s / min(b_i, ln.b_nic)}  # one message crosses one NIC
+
+
+def collective_time(
+    kind: str,
+    nbytes: float,
+    group_size: int,
+    topo: Topology,
+    *,
+    ranks_per_node: int | None = None,
+) -> CollectiveEstimate:
+    """Predict one collective of `nbytes` (nccl-tests size) over `group_size` ranks.
+
+    A group spanning nodes puts `ranks_per_node` (default min(group_size, gpus_per_node)) on each.
+    Calibrated constants in `topo.fitted` replace the link model for one-node groups.
+    """
+    _check_kind(kind)
+    if nbytes < 0:
+        raise TpplanError("nbytes", f"must be >= 0, got {nbytes}", "pass a message size in bytes")
+    if group_size < 1:
+        raise TpplanError("group_size", f"must be >= 1, got {group_size}", "use a positive group")
+    rpn = ranks_per_node if ranks_per_node is not None else min(group_size, topo.gpus_per_node)
+    if not 1 <= rpn <= topo.gpus_per_node or group_size % rpn:
+        raise TpplanError(
+            "ranks_per_node",
+            f"{rpn} does not divide group_size {group_size} or exceeds gpus_per_node "
+            f"{topo.gpus_per_node}",
+            "use a divisor of the group size that fits on one node",
+        )
+    m = group_size // rpn
+    if m > topo.nodes:
+        raise TpplanError(
+            "group_size",
+            f"{group_size} ranks at {rpn} per node need {m} nodes, topology {topo.name} has "
+            f"{topo.nodes}",
+            "use a smaller group, more ranks per node, or --nodes",
+        )
+    if group_size == 1 or nbytes == 0:
+        return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})
+    fit = topo.fitted.get(kind)  # type: ignore[call-overload]
+    if fit is not None and m == 1:
+        extra_steps = ring_steps(kind, group_size) - ring_steps(kind, fit.group_size)
+        alpha = fit.alpha_us * _US + extra_steps * topo.intra.latency_us * _US
+        beta = bus_factor(kind, group_size) * nbytes / (fit.busbw_GBps * _GB)
+        cands = {"fitted": max(0.0, alpha) + beta}
+    else:
+        cands = _candidates(kind, float(nbytes), group_size, rpn, m, _links(topo, rpn, fit, kind))
+    algorithm = min(cands, key=cands.__getitem__)
+    t = cands[algorithm]
+    algbw = nbytes / t / _GB
+    return CollectiveEstimate(
+        kind=kind,
+        nbytes=nbytes,
+        group_size=group_size,
+        time_s=t,
+        algorithm=algorithm,
+        algbw_GBps=algbw,
+        busbw_GBps=algbw * bus_factor(kind, group_size),
+        candidates=cands,
+    )

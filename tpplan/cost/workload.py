@@ -1,0 +1,202 @@
+"""Serving workload -> chunked-prefill batches -> time to first token (TTFT).
+
+The scheduler imitates SGLang's chunked prefill with first-come-first-served admission: each
+prefill batch holds at most `chunk_size` tokens; a request that does not fit is split, and its
+remainder goes first in the next batch. Clients are closed-loop: `concurrency` of them submit at
+t = 0 and each submits its next request when the previous one gets its first token. Decode (the
+output tokens after the first) is out of scope: it neither delays prefill nor the next request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tpplan.cost._files import read_mapping, validate
+from tpplan.errors import TpplanError
+
+
+class Workload(BaseModel):
+    """A serving protocol: request shape, concurrency and the chunked-prefill budget."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    input_len: int | None = Field(default=None, ge=1, description="prompt tokens per request")
+    output_len: int = Field(default=1, ge=1, description="only the first token is modelled")
+    concurrency: int = Field(ge=1, description="closed-loop clients")
+    chunk_size: int = Field(ge=1, description="max prefill tokens per batch")
+    num_requests: int | None = Field(default=None, ge=1, description="default: one wave")
+    input_lens: list[int] | None = Field(
+        default=None, description="optional per-request prompt lengths, cycled; overrides input_len"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.input_lens is not None and (not self.input_lens or min(self.input_lens) < 1):
+            raise ValueError("input_lens must be a non-empty list of positive lengths")
+        if self.input_len is None and self.input_lens is None:
+            raise ValueError("give input_len (or input_lens)")
+        return self
+
+    @property
+    def total_requests(self) -> int:
+        """Requests in the run; one wave (= concurrency) when num_requests is not set."""
+        return self.num_requests if self.num_requests is not None else self.concurrency
+
+    def prompt_len(self, request_id: int) -> int:
+        """Prompt length of request `request_id`."""
+        if self.input_lens:
+            return self.input_lens[request_id % len(self.input_lens)]
+        assert self.input_len is not None  # the validator guarantees one of the two
+        return self.input_len
+
+
+def list_workloads() -> list[str]:
+    """Names of the packaged workload presets."""
+    root = resources.files("tpplan.cost").joinpath("presets")
+    return sorted(
+        p.name[len("workload-") : -len(".toml")]
+        for p in root.iterdir()
+        if p.name.startswith("workload-") and p.name.endswith(".toml")
+    )
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """Load a preset by name or a .toml/.json file; bad files raise TpplanError naming the field."""
+    path = Path(name_or_path)
+    if path.suffix.lower() in (".toml", ".json") or path.exists():
+        return validate(Workload, read_mapping(path), str(path))
+    if name_or_path not in list_workloads():
+        raise TpplanError(
+            f"workload {name_or_path!r}",
+            "no such preset or file",
+            f"use one of {', '.join(list_workloads())} or a path to a .toml/.json file",
+        )
+    import tomllib
+
+    res = resources.files("tpplan.cost").joinpath("presets", f"workload-{name_or_path}.toml")
+    return validate(Workload, tomllib.loads(res.read_text()), f"preset {name_or_path}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Part of one request's prompt in a batch: tokens [start_pos, start_pos + n_tokens)."""
+
+    request_id: int
+    start_pos: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    """One forward pass of chunked prefill, with its start and end time in the simulation."""
+
+    index: int
+    segments: tuple[Segment, ...]
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the batch (<= chunk_size)."""
+        return sum(s.n_tokens for s in self.segments)
+
+
+@dataclass(frozen=True)
+class TTFTResult:
+    """Per-request TTFT and summary; p50 is the median (mean of the middle two for even counts)."""
+
+    ttft_s: tuple[float, ...]
+    arrival_s: tuple[float, ...]
+    batches: tuple[PrefillBatch, ...]
+    makespan_s: float
+    prefill_tokens: int
+    mean_s: float = field(init=False)
+    p50_s: float = field(init=False)
+    max_s: float = field(init=False)
+    throughput_tok_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean_s", statistics.fmean(self.ttft_s))
+        object.__setattr__(self, "p50_s", statistics.median(self.ttft_s))
+        object.__setattr__(self, "max_s", max(self.ttft_s))
+        tput = self.prefill_tokens / self.makespan_s if self.makespan_s > 0 else float("inf")
+        object.__setattr__(self, "throughput_tok_s", tput)
+
+
+BatchTime = Callable[[PrefillBatch], float]
+
+
+def _run(workload: Workload, batch_time: BatchTime) -> TTFTResult:
+    """Event-driven closed-loop simulation; arrivals only matter at batch boundaries."""
+    total = workload.total_requests
+    arrivals: list[tuple[float, int]] = [
+        (0.0, rid) for rid in range(min(total, workload.concurrency))
+    ]
+    heapq.heapify(arrivals)
+    next_id = len(arrivals)
+    arrival_s: dict[int, float] = {rid: t for t, rid in arrivals}
+    done_s: dict[int, float] = {}
+    waiting: list[int] = []  # FCFS order; a partially prefilled request stays at the front
+    progress: dict[int, int] = {}
+    batches: list[PrefillBatch] = []
+    now = 0.0
+    while len(done_s) < total:
+        while arrivals and arrivals[0][0] <= now:
+            waiting.append(heapq.heappop(arrivals)[1])
+        if not waiting:
+            now = arrivals[0][0]  # idle until the next client submits
+            continue
+        budget = workload.chunk_size
+        segs: list[Segment] = []
+        for rid in waiting:
+            if budget == 0:
+                break
+            pos = progress.get(rid, 0)
+            take = min(budget, workload.prompt_len(rid) - pos)
+            segs.append(Segment(rid, pos, take))
+            budget -= take
+        draft = PrefillBatch(len(batches), tuple(segs), now, now)
+        dt = float(batch_time(draft))
+        if dt < 0:
+            raise TpplanError(
+                "batch_time", f"returned {dt} s for batch {draft.index}", "return >= 0"
+            )
+        now += dt
+        batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, now))
+        for s in segs:
+            progress[s.request_id] = s.start_pos + s.n_tokens
+            if progress[s.request_id] == workload.prompt_len(s.request_id):
+                waiting.remove(s.request_id)
+                done_s[s.request_id] = now
+                if next_id < total:  # the client submits its next request at once
+                    heapq.heappush(arrivals, (now, next_id))
+                    arrival_s[next_id] = now
+                    next_id += 1
+    ids = range(total)
+    return TTFTResult(
+        ttft_s=tuple(done_s[i] - arrival_s[i] for i in ids),
+        arrival_s=tuple(arrival_s[i] for i in ids),
+        batches=tuple(batches),
+        makespan_s=now,
+        prefill_tokens=sum(workload.prompt_len(i) for i in ids),
+    )
+
+
+def schedule(workload: Workload, batch_time: BatchTime | None = None) -> list[PrefillBatch]:
+    """The prefill batches the chunked-prefill scheduler runs, in order (unit time per batch
+    unless `batch_time` is given; closed-loop arrivals depend on it)."""
+    return list(_run(workload, batch_time or (lambda _b: 1.0)).batches)
+
+
+def simulate_ttft(workload: Workload, batch_time: BatchTime) -> TTFTResult:
+    """TTFT per request: from its submission to the end of the batch holding its last chunk."""
+    return _run(workload, batch_time)
