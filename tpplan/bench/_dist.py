@@ -75,13 +75,20 @@ def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, 
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
-    device = _init(spec, local_rank, spec.nproc)
     try:
+        device = _init(spec, local_rank, spec.nproc)
         result = fn(local_rank, spec.nproc, device, payload)
         if local_rank == 0:
             Path(out).write_bytes(pickle.dumps(result))
+    except BaseException as exc:
+        # Record when and why, so the parent can name the rank that failed first (peers of a
+        # dead rank fail afterwards with "connection reset", which is not the cause).
+        err = Path(out).with_name(f"rank{local_rank}.err")
+        err.write_text(f"{time.time()!r}\n{type(exc).__name__}: {exc}")
+        raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
@@ -114,14 +121,27 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
                 join=True,
                 start_method="spawn",
             )
-        except mp.ProcessRaisedException as exc:
-            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-            raise BenchFailed(f"rank {exc.error_index} failed: {last}") from None
-        except mp.ProcessExitedException as exc:
-            raise BenchFailed(f"rank {exc.error_index} exited with code {exc.exit_code}") from None
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            raise BenchFailed(_first_failure(Path(tmp), exc)) from None
         if not Path(out).exists():
             raise BenchFailed("rank 0 returned no result")
         return pickle.loads(Path(out).read_bytes())
+
+
+def _first_failure(tmp: Path, exc: Exception) -> str:
+    """Describe the failure: the earliest recorded rank error first, then the others."""
+    errs = []
+    for f in tmp.glob("rank*.err"):
+        stamp, _, msg = f.read_text().partition("\n")
+        errs.append((float(stamp), int(f.stem[len("rank") :]), msg.strip().splitlines()[0]))
+    if not errs:
+        return f"rank {getattr(exc, 'error_index', '?')} died: {str(exc).strip()}"
+    errs.sort()
+    _, rank, msg = errs[0]
+    text = f"rank {rank} failed first: {msg}"
+    if len(errs) > 1:
+        text += " (then " + "; ".join(f"rank {r}: {m[:80]}" for _, r, m in errs[1:]) + ")"
+    return text
 
 
 def maybe_fault(rank: int, kind: str) -> None:

@@ -1,0 +1,127 @@
+"""calibrate and collective_check on CPU with gloo, 2 spawned processes, tiny sweeps."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpplan.bench.calibrate import SweepPoint, fit_alpha_beta, sweep_counts
+from tpplan.cost.collectives import collective_time
+from tpplan.cost.topology import load_topology
+
+pytest.importorskip("torch")
+REPO = Path(__file__).resolve().parents[2]
+ANCHOR = Path("/work/shared/anchors/h200x2_nccl_probe.json")
+TINY = ["--nproc", "2", "--backend", "gloo", "--min-bytes", "65536", "--max-bytes", "8388608",
+        "--steps", "3", "--iters", "3", "--warmup", "1", "--no-progress"]  # fmt: skip
+
+# cli.py collapses to a single command when only `calibrate` is registered; a second dummy
+# command keeps `tpplan calibrate ...` dispatch the same as in the full CLI.
+RUN_CLI = (
+    "import sys; from tpplan import cli\n"
+    "@cli.app.command('noop')\n"
+    "def noop() -> None:\n    pass\n"
+    "sys.argv = ['tpplan'] + sys.argv[1:]\ncli.main()\n"
+)
+
+
+def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 60):
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_sweep_counts_are_geometric_multiples_of_world() -> None:
+    counts = sweep_counts(1 << 10, 1 << 20, 4, 4, 3)
+    assert all(c % 3 == 0 for c in counts) and counts == sorted(counts)
+    assert counts[0] * 4 == pytest.approx(1 << 10, rel=0.01)
+    assert counts[-1] * 4 == pytest.approx(1 << 20, rel=0.01)
+
+
+@pytest.mark.skipif(not ANCHOR.exists(), reason="anchor not present")
+def test_fit_on_anchor_meets_the_gpu_acceptance_bar() -> None:
+    """Fitting alpha/busbw to the 2xH200 NCCL probe reproduces it: worst < 10%."""
+    rows = json.loads(ANCHOR.read_text())["rows"]
+    spec = [("ar_hidden", "all_reduce", 7168, 1), ("rs_hidden", "reduce_scatter", 7168, 1),
+            ("ag_hidden", "all_gather", 7168, 1), ("ag_latent", "all_gather", 2112, 1),
+            ("a2a_gate", "all_to_all", 12288, 2)]  # fmt: skip
+    pts: dict[str, list[SweepPoint]] = {}
+    for key, kind, width, div in spec:
+        for r in rows:
+            nbytes = r["T"] * width * 2 // div
+            pts.setdefault(kind, []).append(SweepPoint(kind, nbytes, nbytes // 2, "bf16",
+                                                       r[key] / 1e3, 2))  # fmt: skip
+    fitted = {k: fit_alpha_beta(p) for k, p in pts.items()}
+    assert fitted["all_reduce"].busbw_GBps == pytest.approx(296, rel=0.05)
+    topo = load_topology("h200x2").model_copy(update={"fitted": fitted})
+    for kind, ps in pts.items():
+        for p in ps:
+            est = collective_time(kind, p.nbytes, 2, topo)
+            assert est.algorithm == "fitted"
+            assert abs(est.time_s - p.time_s) / p.time_s < 0.10
+
+
+def test_calibrate_gloo_writes_loadable_topology(tmp_path) -> None:
+    out = tmp_path / "topo.toml"
+    r = _cli(["calibrate", *TINY, "--out", str(out), "--collectives",
+              "all_reduce,all_gather,all_to_all,send_recv"])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "busbw" in r.stdout and "all_gather" in r.stdout
+    topo = load_topology(str(out))
+    assert set(topo.fitted) == {"all_reduce", "all_gather", "all_to_all", "send_recv"}
+    for fit in topo.fitted.values():
+        assert fit.busbw_GBps > 0 and fit.group_size == 2 and fit.backend == "gloo"
+    assert collective_time("all_reduce", 1e6, 2, topo).algorithm == "fitted"
+    assert [p.name for p in tmp_path.iterdir()] == ["topo.toml"]  # no temp files left
+
+
+@pytest.mark.parametrize(
+    ("fault", "needle"),
+    [("1:all_gather", "injected fault"), ("1:all_reduce:hang", "Timed out")],
+)
+def test_failed_or_stuck_child_exits_nonzero_without_output(tmp_path, fault, needle) -> None:
+    out = tmp_path / "topo.toml"
+    r = _cli(
+        ["calibrate", *TINY, "--out", str(out), "--timeout", "2"],
+        env_extra={"TPPLAN_BENCH_FAULT": fault},
+    )
+    assert r.returncode == 1, r.stderr
+    assert "calibration failed" in r.stderr and needle in r.stderr
+    assert "Nothing was written" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_base_topology_is_a_user_error(tmp_path) -> None:
+    r = _cli(["calibrate", "--out", str(tmp_path / "t.toml"), "--base-topology", "nope"])
+    assert r.returncode == 2
+    assert "no such preset" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_collective_check_runs_on_cpu(tmp_path) -> None:
+    out = tmp_path / "check.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [sys.executable, "-m", "tpplan.bench.collective_check", "h200x2", "--backend", "gloo",
+         "--tokens", "8,32", "--widths", "64,96", "--iters", "2", "--warmup", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert len(rep["rows"]) == 4 * 2 * 2 and rep["world"] == 2
+    a2a = next(
+        x
+        for x in rep["rows"]
+        if x["kind"] == "all_to_all" and x["tokens"] == 32 and x["width"] == 96
+    )
+    assert a2a["nbytes"] == 32 * 96 // 2 * 4  # per-rank buffer [T, W/2] float32
+    assert rep["worst_abs_err"] >= rep["median_abs_err"] >= 0
+    assert "median |err|" in r.stdout
