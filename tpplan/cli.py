@@ -44,7 +44,7 @@ def main() -> None:
     """Run the CLI; user errors print one clear message and exit 2 without a traceback."""
     err = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
     except TpplanError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
@@ -52,10 +52,11 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        # typer bundles its own click: match its usage errors by shape, not by class
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(2)
         raise
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
