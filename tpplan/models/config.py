@@ -106,10 +106,6 @@ class _Raw(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
 
-class _Pos(_Raw):
-    """Positive integer helpers are expressed with Field(gt=0) on each schema below."""
-
-
 class RawMLAMoE(_Raw):
     """deepseek_v3 / kimi_k2 (DeepseekV3ForCausalLM)."""
 
@@ -248,12 +244,6 @@ def _validate(schema: type[_Raw], raw: dict[str, Any], label: str) -> Any:
         if more:
             reason += f"; {more} more problem(s) follow once this is fixed"
         raise TpplanError(label, reason, fix) from None
-
-
-def _check_positive(label: str, **fields: int) -> None:
-    for name, value in fields.items():
-        if value <= 0:
-            raise TpplanError(label, f"field '{name}' must be positive (got {value})", f"correct '{name}'")
 
 
 def _moe_layer(index: int, first_dense: int, freq: int, experts: int, explicit_dense: set[int] | None = None) -> bool:

@@ -114,11 +114,6 @@ class MoESpec:
 
     kind: Literal["moe"] = "moe"
 
-    @property
-    def expert_width(self) -> int:
-        """Feature width the routed experts read and write (hidden, or K3's latent)."""
-        return self.latent if self.latent is not None else -1
-
 
 AttnSpec = MLASpec | KDASpec | GQASpec | GDNSpec
 MlpSpec = DenseMLPSpec | MoESpec
