@@ -64,9 +64,7 @@ def _init(spec: GroupSpec, rank: int, world: int) -> Any:
     if spec.backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    dist.init_process_group(
-        spec.backend, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s)
-    )
+    dist.init_process_group(spec.backend, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
     return device
 
 

@@ -171,9 +171,7 @@ def _worker(rank: int, world: int, device: Any, cfg: CalibrationConfig) -> Calib
 def _progress(enabled: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=not enabled
-    )
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=not enabled)
 
 
 def _time_gemm(m: int, k: int, n: int, device: Any, iters: int, warmup: int) -> GemmPoint:
@@ -204,9 +202,7 @@ def run_calibration(cfg: CalibrationConfig) -> CalibrationResult | None:
 
     bad = [c for c in cfg.collectives if c not in COLLECTIVE_KINDS]
     if bad:
-        raise TpplanError(
-            "--collectives", f"unknown {bad}", f"use some of {', '.join(COLLECTIVE_KINDS)}"
-        )
+        raise TpplanError("--collectives", f"unknown {bad}", f"use some of {', '.join(COLLECTIVE_KINDS)}")
     backend = resolve_backend(cfg.backend)
     nproc = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.nproc
     if nproc < 2:
@@ -232,14 +228,9 @@ def calibrated_topology(base: Topology, res: CalibrationResult) -> Topology:
             "pick a base preset with at least as many GPUs per node",
         )
     gpu = base.gpu.model_copy(update={"gemm_table": res.gemm}) if res.gemm else base.gpu
-    notes = (
-        f"calibrated on {res.world} x {res.device_name} with {res.backend}; "
-        f"hardware specs from {base.name}"
-    )
+    notes = f"calibrated on {res.world} x {res.device_name} with {res.backend}; hardware specs from {base.name}"
     fitted = {**base.fitted, **res.fitted}
-    return base.model_copy(
-        update={"name": f"{base.name}-calibrated", "gpu": gpu, "fitted": fitted, "notes": notes}
-    )
+    return base.model_copy(update={"name": f"{base.name}-calibrated", "gpu": gpu, "fitted": fitted, "notes": notes})
 
 
 def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:

@@ -50,12 +50,8 @@ def _print_tables(res: object) -> None:
 
 def calibrate(
     out: Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")],
-    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = (
-        Backend.auto
-    ),
-    nproc: Annotated[
-        int | None, typer.Option(help="local processes to spawn (default: GPUs, or 2 on CPU)")
-    ] = None,
+    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = (Backend.auto),
+    nproc: Annotated[int | None, typer.Option(help="local processes to spawn (default: GPUs, or 2 on CPU)")] = None,
     min_bytes: Annotated[int, typer.Option(help="smallest message (bytes)")] = 1 << 20,
     max_bytes: Annotated[int, typer.Option(help="largest message (bytes)")] = 1 << 28,
     steps: Annotated[int, typer.Option(help="sizes in the sweep (geometric)")] = 8,
@@ -64,12 +60,8 @@ def calibrate(
     collectives: Annotated[
         str, typer.Option(help="comma-separated kinds")
     ] = "all_reduce,reduce_scatter,all_gather,all_to_all",
-    gemm: Annotated[
-        bool | None, typer.Option("--gemm/--no-gemm", help="GEMM sweep (default: on with CUDA)")
-    ] = None,
-    base_topology: Annotated[
-        str, typer.Option(help="preset or file whose GPU and link specs are copied")
-    ] = "h200x2",
+    gemm: Annotated[bool | None, typer.Option("--gemm/--no-gemm", help="GEMM sweep (default: on with CUDA)")] = None,
+    base_topology: Annotated[str, typer.Option(help="preset or file whose GPU and link specs are copied")] = "h200x2",
     timeout: Annotated[float, typer.Option(help="seconds before a stuck collective fails")] = 300,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:

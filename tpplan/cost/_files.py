@@ -17,9 +17,7 @@ M = TypeVar("M", bound=BaseModel)
 def read_mapping(path: Path) -> dict[str, Any]:
     """Parse a .toml or .json file into a dict; syntax errors name the file and the position."""
     if not path.is_file():
-        raise TpplanError(
-            str(path), "file not found", "pass an existing .toml/.json file or a preset name"
-        )
+        raise TpplanError(str(path), "file not found", "pass an existing .toml/.json file or a preset name")
     text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
     try:
@@ -28,17 +26,13 @@ def read_mapping(path: Path) -> dict[str, Any]:
         elif suffix == ".json":
             data = json.loads(text)
         else:
-            raise TpplanError(
-                str(path), f"unknown file type {suffix!r}", "use a .toml or .json file"
-            )
+            raise TpplanError(str(path), f"unknown file type {suffix!r}", "use a .toml or .json file")
     except tomllib.TOMLDecodeError as exc:
         raise TpplanError(str(path), f"malformed TOML ({exc})", "fix the TOML syntax") from None
     except json.JSONDecodeError as exc:
         raise TpplanError(str(path), f"malformed JSON ({exc})", "fix the JSON syntax") from None
     if not isinstance(data, dict):
-        raise TpplanError(
-            str(path), "top level is not a table/object", "wrap the fields in an object"
-        )
+        raise TpplanError(str(path), "top level is not a table/object", "wrap the fields in an object")
     return data
 
 
@@ -53,6 +47,4 @@ def validate(model: type[M], data: dict[str, Any], where: str) -> M:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        raise TpplanError(
-            f"{where}: {field}", f"{msg}{more}", f"correct field '{field}' in {where}"
-        ) from None
+        raise TpplanError(f"{where}: {field}", f"{msg}{more}", f"correct field '{field}' in {where}") from None

@@ -108,9 +108,7 @@ def _links(topo: Topology, rpn: int, fit: FittedCollective | None, kind: str) ->
     inter = topo.inter
     # Rail-optimised nodes: a group with rpn of the node's GPUs reaches its share of the NICs.
     nics = max(1, min(inter.nics_per_node, round(inter.nics_per_node * rpn / topo.gpus_per_node)))
-    return _Links(
-        launch, a_i, b_i, inter.latency_us * _US, nics * inter.nic_GBps * _GB, inter.nic_GBps * _GB
-    )
+    return _Links(launch, a_i, b_i, inter.latency_us * _US, nics * inter.nic_GBps * _GB, inter.nic_GBps * _GB)
 
 
 def _candidates(kind: str, s: float, n: int, rpn: int, m: int, ln: _Links) -> dict[str, float]:
@@ -167,16 +165,14 @@ def collective_time(
     if not 1 <= rpn <= topo.gpus_per_node or group_size % rpn:
         raise TpplanError(
             "ranks_per_node",
-            f"{rpn} does not divide group_size {group_size} or exceeds gpus_per_node "
-            f"{topo.gpus_per_node}",
+            f"{rpn} does not divide group_size {group_size} or exceeds gpus_per_node {topo.gpus_per_node}",
             "use a divisor of the group size that fits on one node",
         )
     m = group_size // rpn
     if m > topo.nodes:
         raise TpplanError(
             "group_size",
-            f"{group_size} ranks at {rpn} per node need {m} nodes, topology {topo.name} has "
-            f"{topo.nodes}",
+            f"{group_size} ranks at {rpn} per node need {m} nodes, topology {topo.name} has {topo.nodes}",
             "use a smaller group, more ranks per node, or --nodes",
         )
     if group_size == 1 or nbytes == 0:

@@ -85,9 +85,7 @@ def _rate_at_m(rows: list[GemmPoint], k: int, n: int) -> float:
     kq = min(max(k, k_min), k_max)
     nq = min(max(n, n_min), n_max)
     scale = (k / kq if k < k_min else 1.0) * (n / nq if n < n_min else 1.0)
-    dists = sorted(
-        (math.hypot(math.log2(r.K / kq), math.log2(r.N / nq)), math.log(r.tflops)) for r in rows
-    )
+    dists = sorted((math.hypot(math.log2(r.K / kq), math.log2(r.N / nq)), math.log(r.tflops)) for r in rows)
     if dists[0][0] < 1e-9:
         return math.exp(dists[0][1]) * scale
     near = dists[:_NEIGHBOURS]
@@ -144,9 +142,7 @@ def achieved_tflops(
     return min(eff, 1.0) * _peak(gpu, dtype)
 
 
-def gemm_time(
-    M: int, K: int, N: int, gpu: GpuSpec, dtype: Dtype = "bf16", table: TableLike | None = None
-) -> float:
+def gemm_time(M: int, K: int, N: int, gpu: GpuSpec, dtype: Dtype = "bf16", table: TableLike | None = None) -> float:
     """Seconds for C[M,N] = A[M,K] @ B[K,N]: max(FLOPs / achieved rate, bytes / HBM bandwidth)."""
     rate = achieved_tflops(M, K, N, gpu, dtype, table) * 1e12
     return max(gemm_flops(M, K, N) / rate, gemm_bytes(M, K, N, dtype) / (gpu.hbm_TBps * 1e12))

@@ -100,9 +100,7 @@ class Topology(_Strict):
     gpu: GpuSpec
     intra: IntraLink
     inter: InterLink | None = None
-    launch_us: float = Field(
-        default=20.0, ge=0, description="fixed per-call cost of one collective (launch, sync)"
-    )
+    launch_us: float = Field(default=20.0, ge=0, description="fixed per-call cost of one collective (launch, sync)")
     fitted: dict[CollectiveKind, FittedCollective] = Field(default_factory=dict)
     notes: str = ""
 
@@ -176,11 +174,7 @@ def _toml_value(v: object) -> str:
 
 
 def _toml_table(data: dict[str, object], prefix: str, out: list[str]) -> None:
-    scalars = {
-        k: v
-        for k, v in data.items()
-        if v is not None and not isinstance(v, dict) and not _is_table_list(v)
-    }
+    scalars = {k: v for k, v in data.items() if v is not None and not isinstance(v, dict) and not _is_table_list(v)}
     if prefix and (scalars or not data):
         out.append(f"\n[{prefix}]")
     for k, v in scalars.items():

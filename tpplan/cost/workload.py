@@ -138,9 +138,7 @@ BatchTime = Callable[[PrefillBatch], float]
 def _run(workload: Workload, batch_time: BatchTime) -> TTFTResult:
     """Event-driven closed-loop simulation; arrivals only matter at batch boundaries."""
     total = workload.total_requests
-    arrivals: list[tuple[float, int]] = [
-        (0.0, rid) for rid in range(min(total, workload.concurrency))
-    ]
+    arrivals: list[tuple[float, int]] = [(0.0, rid) for rid in range(min(total, workload.concurrency))]
     heapq.heapify(arrivals)
     next_id = len(arrivals)
     arrival_s: dict[int, float] = {rid: t for t, rid in arrivals}
@@ -167,9 +165,7 @@ def _run(workload: Workload, batch_time: BatchTime) -> TTFTResult:
         draft = PrefillBatch(len(batches), tuple(segs), now, now)
         dt = float(batch_time(draft))
         if dt < 0:
-            raise TpplanError(
-                "batch_time", f"returned {dt} s for batch {draft.index}", "return >= 0"
-            )
+            raise TpplanError("batch_time", f"returned {dt} s for batch {draft.index}", "return >= 0")
         now += dt
         batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, now))
         for s in segs:

@@ -74,8 +74,9 @@ def layer_weights(op: Op, layer: int, weights: Mapping[str, Tensor], numerics: N
 _LATENT_NORMS = ("q_a_layernorm", "kv_a_layernorm")
 
 
-def execute_op(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any],
-               ctx: ExecContext) -> Tensor:
+def execute_op(
+    op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any], ctx: ExecContext
+) -> Tensor:
     """Run one graph op. `w` comes from `layer_weights` (or a rank's slice of it); `state` is this
     op's carried state for chunked prefill (empty dict on the first chunk)."""
     nu, a = ctx.numerics, op.attrs
@@ -104,9 +105,17 @@ def execute_op(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dic
     if kind is OpKind.ROUTER:
         if a.get("scalar_gate"):
             return K.linear(inputs[0], w["weight"])
-        return K.route(inputs[0], w["weight"], top_k=int(a["top_k"]), scoring=str(a["scoring"]),
-                       n_group=int(a["n_group"]), topk_group=int(a["topk_group"]), bias=w.get("bias"),
-                       renormalize=nu.renormalize, scaling=nu.routed_scaling_factor)
+        return K.route(
+            inputs[0],
+            w["weight"],
+            top_k=int(a["top_k"]),
+            scoring=str(a["scoring"]),
+            n_group=int(a["n_group"]),
+            topk_group=int(a["topk_group"]),
+            bias=w.get("bias"),
+            renormalize=nu.renormalize,
+            scaling=nu.routed_scaling_factor,
+        )
     if kind is OpKind.EXPERTS:
         return K.routed_experts(inputs[0], inputs[1], w["gate"], w["up"], w["down"])
     if kind is OpKind.ATTN_RES:
@@ -117,8 +126,9 @@ def execute_op(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dic
     raise NotImplementedError(f"op kind {kind}")
 
 
-def _token_mix(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any],
-               ctx: ExecContext) -> Tensor:
+def _token_mix(
+    op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any], ctx: ExecContext
+) -> Tensor:
     a, nu = op.attrs, ctx.numerics
     impl = a["impl"]
     if impl == "short_conv":
@@ -132,17 +142,46 @@ def _token_mix(op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dic
         qk = ctx.per_head(op.inputs[0], n)
         nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
         rope = ctx.rope if a.get("rope", True) else None
-        scale = (qk ** -0.5) * (ctx.rope.softmax_scale_factor() if rope is not None else 1.0)
-        return K.mla_attention(q, kv, k_rope, nope_dim=nope, rope_dim=rope_dim, v_dim=v_dim,
-                               positions=ctx.positions, rope=rope, scale=scale, cache=state)
+        scale = (qk**-0.5) * (ctx.rope.softmax_scale_factor() if rope is not None else 1.0)
+        return K.mla_attention(
+            q,
+            kv,
+            k_rope,
+            nope_dim=nope,
+            rope_dim=rope_dim,
+            v_dim=v_dim,
+            positions=ctx.positions,
+            rope=rope,
+            scale=scale,
+            cache=state,
+        )
     if impl == "gqa":
-        return K.gqa_attention(*inputs, head_dim=int(a["head_dim"]), positions=ctx.positions, rope=ctx.rope,
-                               rotary_dim=int(a["rotary_dim"]), q_norm=w.get("q_norm"), k_norm=w.get("k_norm"),
-                               eps=nu.eps, norm_offset=nu.norm_offset, cache=state)
+        return K.gqa_attention(
+            *inputs,
+            head_dim=int(a["head_dim"]),
+            positions=ctx.positions,
+            rope=ctx.rope,
+            rotary_dim=int(a["rotary_dim"]),
+            q_norm=w.get("q_norm"),
+            k_norm=w.get("k_norm"),
+            eps=nu.eps,
+            norm_offset=nu.norm_offset,
+            cache=state,
+        )
     if impl == "gdn":
-        return K.gdn(inputs[0], inputs[1], conv_weight=w["conv"], a_log=w["A_log"], dt_bias=w["dt_bias"],
-                     norm_weight=w["norm"], eps=nu.eps, k_head_dim=int(a["k_head_dim"]),
-                     v_head_dim=int(a["v_head_dim"]), v_per_k=int(a["v_heads"]) // int(a["k_heads"]), state=state)
+        return K.gdn(
+            inputs[0],
+            inputs[1],
+            conv_weight=w["conv"],
+            a_log=w["A_log"],
+            dt_bias=w["dt_bias"],
+            norm_weight=w["norm"],
+            eps=nu.eps,
+            k_head_dim=int(a["k_head_dim"]),
+            v_head_dim=int(a["v_head_dim"]),
+            v_per_k=int(a["v_heads"]) // int(a["k_heads"]),
+            state=state,
+        )
     raise NotImplementedError(f"token_mix impl {impl!r}")
 
 
@@ -154,9 +193,15 @@ class RunState:
     ops: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
 
 
-def run_reference(graph: ModelGraph, weights: Mapping[str, Tensor], input_ids: Tensor, *,
-                  chunk: int | None = None, numerics: Numerics | None = None,
-                  return_hidden: bool = False) -> Tensor:
+def run_reference(
+    graph: ModelGraph,
+    weights: Mapping[str, Tensor],
+    input_ids: Tensor,
+    *,
+    chunk: int | None = None,
+    numerics: Numerics | None = None,
+    return_hidden: bool = False,
+) -> Tensor:
     """Logits [T, vocab] (or the final normed hidden [T, H]) for one sequence of token ids.
 
     With `chunk`, tokens are fed `chunk` at a time with state carried between chunks; the result
@@ -164,18 +209,29 @@ def run_reference(graph: ModelGraph, weights: Mapping[str, Tensor], input_ids: T
     """
     nu = numerics or numerics_for(graph)
     ids = input_ids.reshape(-1)
-    resolved = {(i, op.name): layer_weights(op, i, weights, nu)
-                for i, kind in enumerate(graph.layer_kinds) for op in graph.kinds[kind].ops}
+    resolved = {
+        (i, op.name): layer_weights(op, i, weights, nu)
+        for i, kind in enumerate(graph.layer_kinds)
+        for op in graph.kinds[kind].ops
+    }
     st = RunState()
     step = chunk or ids.numel()
-    outs = [forward_chunk(graph, weights, resolved, ids[s:s + step], st, nu, return_hidden)
-            for s in range(0, ids.numel(), step)]
+    outs = [
+        forward_chunk(graph, weights, resolved, ids[s : s + step], st, nu, return_hidden)
+        for s in range(0, ids.numel(), step)
+    ]
     return torch.cat(outs, dim=0)
 
 
-def forward_chunk(graph: ModelGraph, weights: Mapping[str, Tensor],
-                  resolved: Mapping[tuple[int, str], Mapping[str, Tensor]], ids: Tensor, st: RunState,
-                  nu: Numerics, return_hidden: bool = False) -> Tensor:
+def forward_chunk(
+    graph: ModelGraph,
+    weights: Mapping[str, Tensor],
+    resolved: Mapping[tuple[int, str], Mapping[str, Tensor]],
+    ids: Tensor,
+    st: RunState,
+    nu: Numerics,
+    return_hidden: bool = False,
+) -> Tensor:
     """One prefill chunk through every layer, advancing `st`."""
     t = ids.numel()
     positions = torch.arange(st.position, st.position + t)
@@ -191,8 +247,9 @@ def forward_chunk(graph: ModelGraph, weights: Mapping[str, Tensor],
         ctx.values = lg.values
         env: dict[str, Tensor] = {"resid": resid, "delta": delta, "bank": bank}
         for op in lg.ops:
-            out = execute_op(op, [env[n] for n in op.inputs], resolved[(i, op.name)],
-                             st.ops.setdefault((i, op.name), {}), ctx)
+            out = execute_op(
+                op, [env[n] for n in op.inputs], resolved[(i, op.name)], st.ops.setdefault((i, op.name), {}), ctx
+            )
             env[op.output] = out
             if op.kind is OpKind.ATTN_RES and op in lg.entry and block and i % block == 0:
                 stream = str(op.attrs.get("norm_of", op.inputs[1]))
@@ -203,12 +260,16 @@ def forward_chunk(graph: ModelGraph, weights: Mapping[str, Tensor],
         delta = env["mlp_out"]
     final = resid + delta
     if block:
-        final = K.attn_res(final, bank, weights["model.output_attn_res_proj.weight"],
-                           weights["model.output_attn_res_norm.weight"], nu.eps)
+        final = K.attn_res(
+            final,
+            bank,
+            weights["model.output_attn_res_proj.weight"],
+            weights["model.output_attn_res_norm.weight"],
+            nu.eps,
+        )
     hidden = K.rms_norm(final, weights["model.norm.weight"], nu.eps, nu.norm_offset)
     st.position += t
     if return_hidden:
         return hidden
     head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
     return K.linear(hidden, head)
-

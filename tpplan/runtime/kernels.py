@@ -33,8 +33,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tens
     return ((offset + weight.float()) * y).to(x.dtype)
 
 
-def head_rms_norm(x: Tensor, weight: Tensor, eps: float, head_dim: int, gate: Tensor | None = None,
-                  gate_fn: str = "sigmoid") -> Tensor:
+def head_rms_norm(
+    x: Tensor, weight: Tensor, eps: float, head_dim: int, gate: Tensor | None = None, gate_fn: str = "sigmoid"
+) -> Tensor:
     """RMSNorm within each head of `x` [T, n*head_dim], optionally times act(gate) (KDA / GDN output norm)."""
     t = x.shape[0]
     xf = x.float().reshape(t, -1, head_dim)
@@ -47,7 +48,7 @@ def head_rms_norm(x: Tensor, weight: Tensor, eps: float, head_dim: int, gate: Te
 
 def slice_cols(x: Tensor, start: int, width: int) -> Tensor:
     """A contiguous feature range (e.g. the q / kv / rope parts of MLA's fused latent)."""
-    return x[:, start:start + width]
+    return x[:, start : start + width]
 
 
 def gated_query_split(q_full: Tensor, head_dim: int, gate: bool) -> Tensor:
@@ -96,8 +97,11 @@ class Rope:
         mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
         attn = s.get("attention_factor")
         if attn is None:
-            attn = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
-                    if mscale and mscale_all else _yarn_mscale(factor, 1.0))
+            attn = (
+                _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+                if mscale and mscale_all
+                else _yarn_mscale(factor, 1.0)
+            )
         beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
 
         def corr(rot: float) -> float:
@@ -172,9 +176,19 @@ def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Te
     return full
 
 
-def mla_attention(q: Tensor, kv: Tensor, k_rope: Tensor, *, nope_dim: int, rope_dim: int, v_dim: int,
-                  positions: Tensor, rope: Rope | None, scale: float,
-                  cache: dict[str, Tensor] | None = None) -> Tensor:
+def mla_attention(
+    q: Tensor,
+    kv: Tensor,
+    k_rope: Tensor,
+    *,
+    nope_dim: int,
+    rope_dim: int,
+    v_dim: int,
+    positions: Tensor,
+    rope: Rope | None,
+    scale: float,
+    cache: dict[str, Tensor] | None = None,
+) -> Tensor:
     """MLA core: q [T, n*(nope+rope)], kv [T, n*(nope+v)], k_rope [T, rope] shared by every head.
 
     `rope=None` is NoPE (Kimi-Linear): the rope slice is concatenated without rotation. `cache`
@@ -198,9 +212,21 @@ def mla_attention(q: Tensor, kv: Tensor, k_rope: Tensor, *, nope_dim: int, rope_
     return causal_attention(qf, kf, v, scale)
 
 
-def gqa_attention(q: Tensor, k: Tensor, v: Tensor, *, head_dim: int, positions: Tensor, rope: Rope,
-                  rotary_dim: int, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
-                  eps: float = 1e-6, norm_offset: float = 0.0, cache: dict[str, Tensor] | None = None) -> Tensor:
+def gqa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    head_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    rotary_dim: int,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    eps: float = 1e-6,
+    norm_offset: float = 0.0,
+    cache: dict[str, Tensor] | None = None,
+) -> Tensor:
     """GQA core: optional per-head q/k RMSNorm, partial rotary (first `rotary_dim` dims), grouped KV.
 
     Query head h reads KV head h // (n / kv), which stays right on a head slice as long as a rank
@@ -221,7 +247,7 @@ def gqa_attention(q: Tensor, k: Tensor, v: Tensor, *, head_dim: int, positions: 
     rep = qh.shape[1] // kh.shape[1]
     if rep > 1:
         kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
-    return causal_attention(qh, kh, vh, head_dim ** -0.5)
+    return causal_attention(qh, kh, vh, head_dim**-0.5)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,7 +266,7 @@ def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None
         prev = x.new_zeros(kernel - 1, x.shape[1])
     xx = torch.cat([prev, x], dim=0)
     if state is not None:
-        state["conv"] = xx[-(kernel - 1):] if kernel > 1 else xx[:0]
+        state["conv"] = xx[-(kernel - 1) :] if kernel > 1 else xx[:0]
     y = F.conv1d(xx.t().unsqueeze(0).float(), w.unsqueeze(1).float(), groups=w.shape[0])[0].t()
     return unary(y, activation).to(x.dtype) if activation else y.to(x.dtype)
 
@@ -250,8 +276,9 @@ def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def naive_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                           state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def naive_gated_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Token-by-token reference. q,k [T,H,dk] (already normalised and scaled), v [T,H,dv],
     g [T,H,dk] log-decay (or [T,H], broadcast over dk), beta [T,H]. State [H, dk, dv]."""
     t, h, dk = k.shape
@@ -268,8 +295,9 @@ def naive_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
     return out, s
 
 
-def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                           state: Tensor | None = None, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+def chunk_gated_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None, chunk_size: int = 64
+) -> tuple[Tensor, Tensor]:
     """Chunked (WY-form) gated delta rule with per-key-channel decay; same contract as the naive loop.
 
     Within a chunk with cumulative log-decay G, the written values U solve a unit lower-triangular
@@ -303,8 +331,19 @@ def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
     return out, s
 
 
-def kda(q: Tensor, k: Tensor, v: Tensor, f: Tensor, beta_logits: Tensor, *, head_dim: int, a_log: Tensor,
-        dt_bias: Tensor, state: dict[str, Tensor] | None = None, chunk_size: int = 64) -> Tensor:
+def kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    f: Tensor,
+    beta_logits: Tensor,
+    *,
+    head_dim: int,
+    a_log: Tensor,
+    dt_bias: Tensor,
+    state: dict[str, Tensor] | None = None,
+    chunk_size: int = 64,
+) -> Tensor:
     """Kimi Delta Attention on post-conv q/k/v [T, n*d]: per-channel forget gate
     g = -exp(A_log) * softplus(f + dt_bias), beta = sigmoid, L2-normalised q/k, q scaled by d^-1/2."""
     t = q.shape[0]
@@ -313,7 +352,7 @@ def kda(q: Tensor, k: Tensor, v: Tensor, f: Tensor, beta_logits: Tensor, *, head
     f = (f.float() + dt_bias.float().reshape(1, -1)).reshape(t, n, head_dim)
     g = -a_log.float().reshape(1, n, 1).exp() * F.softplus(f)
     beta = torch.sigmoid(beta_logits.float())
-    qh, kh = l2norm(qh) * head_dim ** -0.5, l2norm(kh)
+    qh, kh = l2norm(qh) * head_dim**-0.5, l2norm(kh)
     prev = state.get("recurrent") if state is not None else None
     o, s = chunk_gated_delta_rule(qh, kh, vh, g, beta, prev, chunk_size)
     if state is not None:
@@ -321,9 +360,21 @@ def kda(q: Tensor, k: Tensor, v: Tensor, f: Tensor, beta_logits: Tensor, *, head
     return o.reshape(t, -1).to(q.dtype)
 
 
-def gdn(qkvz: Tensor, ba: Tensor, *, conv_weight: Tensor, a_log: Tensor, dt_bias: Tensor, norm_weight: Tensor,
-        eps: float, k_head_dim: int, v_head_dim: int, v_per_k: int, state: dict[str, Tensor] | None = None,
-        chunk_size: int = 64) -> Tensor:
+def gdn(
+    qkvz: Tensor,
+    ba: Tensor,
+    *,
+    conv_weight: Tensor,
+    a_log: Tensor,
+    dt_bias: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    k_head_dim: int,
+    v_head_dim: int,
+    v_per_k: int,
+    state: dict[str, Tensor] | None = None,
+    chunk_size: int = 64,
+) -> Tensor:
     """Gated DeltaNet (Qwen3-Next) from the raw projections, laid out per key-head group:
     qkvz [T, g*(2dk + 2r*dv)] and ba [T, g*2r] with r = v heads per key head. Conv over
     cat(q, k, v), scalar decay per v head, v-head h reads key head h // r, gated (SiLU) RMSNorm."""
@@ -337,7 +388,7 @@ def gdn(qkvz: Tensor, ba: Tensor, *, conv_weight: Tensor, a_log: Tensor, dt_bias
     mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
     mixed = short_conv(mixed, conv_weight, state)
     qc, kc, vc = torch.split(mixed, [ng * dk, ng * dk, ng * r * dv], dim=-1)
-    qh = l2norm(qc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1) * dk ** -0.5
+    qh = l2norm(qc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1) * dk**-0.5
     kh = l2norm(kc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1)
     vh = vc.float().reshape(t, ng * r, dv)
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())  # [T, Hv]
@@ -353,8 +404,18 @@ def gdn(qkvz: Tensor, ba: Tensor, *, conv_weight: Tensor, a_log: Tensor, dt_bias
 # MoE
 
 
-def route(x: Tensor, weight: Tensor, *, top_k: int, scoring: str, n_group: int = 1, topk_group: int = 1,
-          bias: Tensor | None = None, renormalize: bool = True, scaling: float = 1.0) -> Tensor:
+def route(
+    x: Tensor,
+    weight: Tensor,
+    *,
+    top_k: int,
+    scoring: str,
+    n_group: int = 1,
+    topk_group: int = 1,
+    bias: Tensor | None = None,
+    renormalize: bool = True,
+    scaling: float = 1.0,
+) -> Tensor:
     """Router as a dense [T, E] matrix of combine weights (zero for unselected experts).
 
     Scores are sigmoid (DeepSeek/Kimi: selection uses scores + e_score_correction_bias, grouped
@@ -405,6 +466,6 @@ def attn_res(prefix: Tensor, bank: Tensor, proj: Tensor, score_norm: Tensor, eps
     """
     rows = torch.cat([bank.float(), prefix.float()[:, None, :]], dim=1)
     k = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + eps)
-    w = (score_norm.float() * proj.float().reshape(-1))
+    w = score_norm.float() * proj.float().reshape(-1)
     p = torch.softmax(torch.einsum("trh,h->tr", k, w), dim=-1)
     return torch.einsum("tr,trh->th", p, rows).to(prefix.dtype)

@@ -88,12 +88,19 @@ def params_for_op(op: Op, numerics: Numerics) -> dict[str, tuple[str, tuple[int,
             return {"A_log": (w, (n,)), "dt_bias": (f"{base}.dt_bias", (n * d,))}
         if impl == "gqa":
             d = a["head_dim"]
-            return {"q_norm": ("self_attn.q_norm.weight", (d,)),
-                    "k_norm": ("self_attn.k_norm.weight", (d,))} if a["qk_norm"] else {}
+            return (
+                {"q_norm": ("self_attn.q_norm.weight", (d,)), "k_norm": ("self_attn.k_norm.weight", (d,))}
+                if a["qk_norm"]
+                else {}
+            )
         if impl == "gdn":
             hv, dv = a["v_heads"], a["v_head_dim"]
-            return {"conv": (w, op.weight_shape), "A_log": ("linear_attn.A_log", (hv,)),
-                    "dt_bias": ("linear_attn.dt_bias", (hv,)), "norm": ("linear_attn.norm.weight", (dv,))}
+            return {
+                "conv": (w, op.weight_shape),
+                "A_log": ("linear_attn.A_log", (hv,)),
+                "dt_bias": ("linear_attn.dt_bias", (hv,)),
+                "norm": ("linear_attn.norm.weight", (dv,)),
+            }
         return {}  # mla: no parameters of its own
     if op.kind is OpKind.ROUTER:
         out = {"weight": (w, op.weight_shape)}
@@ -110,10 +117,12 @@ def params_for_op(op: Op, numerics: Numerics) -> dict[str, tuple[str, tuple[int,
         return out
     if op.kind is OpKind.ATTN_RES:
         h = op.weight_shape[1]
-        mod, norm = (("self_attention", "input_layernorm") if w == "attn_res"
-                     else ("mlp", "post_attention_layernorm"))
-        return {"proj": (f"{mod}_res_proj.weight", (1, h)), "score_norm": (f"{mod}_res_norm.weight", (h,)),
-                "out_norm": (f"{norm}.weight", (h,))}
+        mod, norm = ("self_attention", "input_layernorm") if w == "attn_res" else ("mlp", "post_attention_layernorm")
+        return {
+            "proj": (f"{mod}_res_proj.weight", (1, h)),
+            "score_norm": (f"{mod}_res_norm.weight", (h,)),
+            "out_norm": (f"{norm}.weight", (h,)),
+        }
     return {}
 
 
@@ -141,8 +150,9 @@ def _is_norm(name: str) -> bool:
     return bool(re.search(r"(norm|layernorm)\.weight$", name)) and "res_norm" not in name
 
 
-def random_weights(graph: ModelGraph, numerics: Numerics, *, seed: int = 0, std: float = 0.02,
-                   dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+def random_weights(
+    graph: ModelGraph, numerics: Numerics, *, seed: int = 0, std: float = 0.02, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
     """Deterministic random weights with the checkpoint's names and shapes.
 
     Small-std matrices keep tiny models numerically tame; norms sit near their identity value
@@ -206,7 +216,7 @@ def normalize_names(raw: Mapping[str, Tensor]) -> dict[str, Tensor]:
             base = name.removesuffix(".conv1d.weight")
             w = t.shape[0] // 3
             for j, p in enumerate("qkv"):
-                out[f"{base}.{p}_conv1d.weight"] = t[j * w:(j + 1) * w]
+                out[f"{base}.{p}_conv1d.weight"] = t[j * w : (j + 1) * w]
         elif name.endswith("self_attn.A_log"):
             out[name] = t.reshape(-1)
         else:
@@ -218,16 +228,23 @@ def check_weights(weights: Mapping[str, Tensor], graph: ModelGraph, numerics: Nu
     """Raise a `TpplanError` naming the first missing tensor or wrong shape."""
     for name, shape in expected_params(graph, numerics).items():
         if name not in weights:
-            raise TpplanError(where, f"tensor '{name}' is missing (expected shape {list(shape)})",
-                              "use a checkpoint made for this config, or check the name mapping")
+            raise TpplanError(
+                where,
+                f"tensor '{name}' is missing (expected shape {list(shape)})",
+                "use a checkpoint made for this config, or check the name mapping",
+            )
         found = tuple(weights[name].shape)
         if found != shape:
-            raise TpplanError(where, f"tensor '{name}' has shape {list(found)}, expected {list(shape)}",
-                              "the checkpoint does not match this config.json")
+            raise TpplanError(
+                where,
+                f"tensor '{name}' has shape {list(found)}, expected {list(shape)}",
+                "the checkpoint does not match this config.json",
+            )
 
 
-def load_safetensors(folder: str | Path, graph: ModelGraph, numerics: Numerics,
-                     dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+def load_safetensors(
+    folder: str | Path, graph: ModelGraph, numerics: Numerics, dtype: torch.dtype | None = None
+) -> dict[str, Tensor]:
     """Read every `*.safetensors` file of `folder` (safetensors only: no pickle), normalise names, check."""
     from safetensors import safe_open
 
