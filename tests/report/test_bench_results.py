@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_in_process
 
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
@@ -89,20 +88,16 @@ def test_missing_and_corrupt_files(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["missing", "corrupt", "schema"])
-def test_cli_bad_bench_exits_2_without_output(tmp_path, kind):
+def test_cli_bad_bench_exits_2_without_output(tmp_path, monkeypatch, capsys, kind):
     bench = tmp_path / "bench.json"
     if kind == "corrupt":
         bench.write_text("{not json")
     elif kind == "schema":
         bench.write_text(json.dumps(_mutate(("meta", "gpus"), "two")))
     out = tmp_path / "memo"
-    r = subprocess.run(
-        [sys.executable, "-m", "tpplan", "report", "--bench", str(bench), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "--bench" in r.stderr or "bench.json" in r.stderr
+    code, err = run_in_process(monkeypatch, capsys, "report", "--bench", str(bench), "--out", str(out))
+    assert code == 2 and "Traceback" not in err
+    assert "--bench" in err or "bench.json" in err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".memo")]
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_in_process
 from fake_predict import fake_predict_plan
 
 from tpplan.cost.topology import load_topology
@@ -146,12 +147,17 @@ def test_cli_writes_all_files(tmp_path):
         (("--tp", "64"), "only 32 GPUs"),
     ],
 )
-def test_bad_inputs_exit_2_and_leave_nothing(tmp_path, args, message):
+def test_bad_inputs_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsys, args, message):
     out = tmp_path / "memo"
-    r = run("report", "--out", str(out), *args)
-    assert r.returncode == 2, r.stderr
-    assert message in r.stderr and "Traceback" not in r.stderr
+    code, err = run_in_process(monkeypatch, capsys, "report", "--out", str(out), *args)
+    assert code == 2, err
+    assert message in err.replace("\n", " ") and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_exit_code_of_the_real_process(tmp_path):
+    r = run("report", "--model", "no-such-model", "--out", str(tmp_path / "memo"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
 
 
 def test_failed_write_leaves_no_dir_and_keeps_an_old_report(tmp_path, k3_4x8, monkeypatch):

@@ -90,7 +90,7 @@ class EngineRecipe:
 
     def command(self, model_path: str = "<model-path>") -> str:
         """The launch command line (multi-node placeholders in angle brackets)."""
-        if not self.args and self.realises == "no":
+        if self.realises == "no":
             return ""
         head = (
             f"python -m sglang.launch_server --model-path {model_path}"

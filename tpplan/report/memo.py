@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.report import plots
 from tpplan.report.analysis import Analysis, kind_times, ttft_mean
 from tpplan.report.bench_results import error_summary
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
@@ -77,6 +76,8 @@ def _answer(a: Analysis) -> list[Block]:
 
 def build_memo(a: Analysis, command: str = "") -> Memo:
     """The memo's blocks, rendered to markdown and HTML, and its PNGs."""
+    from tpplan.report import plots  # matplotlib only when a memo is really drawn
+
     topo = a.topology
     title = f"tpplan decision memo: {a.model} prefill on {topo.name} x{topo.nodes} (TP{a.tp})"
     pngs: dict[str, bytes] = {}
