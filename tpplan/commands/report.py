@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         from tpplan.cost.workload import load_workload
         from tpplan.report import write_report
         from tpplan.report.bench_results import load_bench_results
+        from tpplan.report.memo import load_plots
+
+        load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
         topo = load_topology(topology, nodes=nodes)

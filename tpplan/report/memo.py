@@ -8,7 +8,9 @@ the engine flags, and, when a benchmark file is given, measured against predicte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
+from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis, kind_times, ttft_mean
 from tpplan.report.bench_results import error_summary
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
@@ -17,6 +19,19 @@ PNG_VOLUME = "volume_vs_tp.png"
 PNG_TIME = "time_per_layer_kind.png"
 PNG_TTFT = "ttft.png"
 PNG_BENCH = "predicted_vs_measured.png"
+
+
+def load_plots() -> ModuleType:
+    """The plotting module; matplotlib is imported only when a memo is really drawn."""
+    try:
+        from tpplan.report import plots
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("matplotlib"):
+            raise TpplanError(
+                "tpplan report", "matplotlib is not installed", "pip install 'tpplan[report]' (or matplotlib)"
+            ) from None
+        raise
+    return plots
 
 
 @dataclass(frozen=True)
@@ -76,8 +91,7 @@ def _answer(a: Analysis) -> list[Block]:
 
 def build_memo(a: Analysis, command: str = "") -> Memo:
     """The memo's blocks, rendered to markdown and HTML, and its PNGs."""
-    from tpplan.report import plots  # matplotlib only when a memo is really drawn
-
+    plots = load_plots()
     topo = a.topology
     title = f"tpplan decision memo: {a.model} prefill on {topo.name} x{topo.nodes} (TP{a.tp})"
     pngs: dict[str, bytes] = {}
