@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
+from tpplan.audit import DTYPE_BYTES, Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_size, ring_volume_per_rank
 from tpplan.cost.gemm import gemm_bytes, gemm_time
 from tpplan.cost.topology import Topology
@@ -730,6 +730,35 @@ def predict_plan(
     )
 
 
+def predict_audit(
+    a: Audit,
+    topology: Topology,
+    *,
+    pp: int = 1,
+    workload: Workload | None = None,
+    tokens: int | None = None,
+    expert_dtype: str | None = None,
+) -> list[PlanPrediction]:
+    """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
+    workload's chunk size (8192 without a workload)."""
+    t = tokens or (workload.chunk_size if workload is not None else 8192)
+    return [
+        predict_plan(
+            a.graph,
+            pa.plan,
+            topology,
+            tp=a.n,
+            pp=pp,
+            workload=workload,
+            tokens=t,
+            dtype=a.dtype,
+            expert_dtype=expert_dtype,
+            audit=pa,
+        )
+        for pa in a.plans
+    ]
+
+
 def predict_many(
     graph: ModelGraph,
     plans: Sequence[Plan],
@@ -767,6 +796,7 @@ __all__ = [
     "PlanPrediction",
     "bank_snapshots",
     "batch_time",
+    "predict_audit",
     "predict_many",
     "predict_plan",
     "stage_boundary_width",
