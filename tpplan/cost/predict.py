@@ -544,15 +544,17 @@ class _Predictor:
     def _kv_per_token(self, attn: object) -> float:
         """KV cache bytes per token of one layer on one rank.
 
-        MLA: the compressed latent (kv_lora + rope) is cached whole on every TP rank: SGLang's
-        MLATokenToKVPool allocates [tokens, 1, kv_lora_rank + qk_rope_head_dim] per layer on each
-        rank (python/sglang/srt/mem_cache/memory_pool.py), vLLM caches MLA with one KV "head" that
-        TP replicates. GQA: K and V of this rank's KV heads (one head when TP exceeds the KV heads).
+        MLA: the compressed latent (kv_lora + rope) is cached whole on every TP rank, not split:
+        SGLang's MLATokenToKVPool allocates [tokens, 1, kv_lora_rank + qk_rope_head_dim] per layer
+        on each rank (python/sglang/srt/mem_cache/memory_pool.py), and vLLM's
+        ModelConfig.get_num_kv_heads (vllm/config/model.py) returns 1 for MLA ("When using MLA
+        during decode it becomes MQA") whatever the TP size. GQA: K and V of this rank's KV heads,
+        max(1, kv_heads // TP) as vLLM's same function does (heads replicated when TP exceeds them).
         """
         if isinstance(attn, MLASpec):
             return (attn.kv_lora_rank + attn.rope_dim) * self.b
         if isinstance(attn, GQASpec):
-            per_rank = attn.kv_heads // self.tp if attn.kv_heads % self.tp == 0 else 1
+            per_rank = max(1, attn.kv_heads // self.tp)
             return 2 * per_rank * attn.head_dim * self.b
         return 0.0
 
