@@ -73,7 +73,7 @@ def test_seed_table_numbers_at_tp32(k3_md):
 
 def test_rederives_the_seed_conclusion(k3_4x8, k3_md):
     answer = _section(k3_md, "Answer")
-    assert "**No**" in answer and "g_proj" in answer and "Keep the baseline" in answer
+    assert "**No**" in answer and "g_proj" in answer and "Keep today" in answer
     verdicts = {v.key: v for v in k3_4x8.verdicts}
     assert verdicts["input-scattered"].status == "NO"
     assert verdicts["latent-scattered"].status == "NO"  # the prototype: +14.7% per MLA layer
@@ -121,7 +121,7 @@ def test_with_predictions_time_and_ttft_sections():
     ttft = _section(memo.markdown, "TTFT per plan")
     assert "| `baseline` | seed-c8 |" in ttft and "| `baseline` | seed-c16 |" in ttft
     assert "predicted mean TTFT gain at seed-c8" in memo.markdown
-    assert "The predictor counts" in memo.markdown
+    assert "The time predictor counts" in memo.markdown
     pp = a.variant("baseline TP8xPP4")
     assert pp is not None and pp.predictions and "pipeline send/recv" in memo.markdown
     assert a.predictor_note is None
@@ -207,3 +207,19 @@ def test_report_package_imports_no_torch():
         "tpplan.report.bench_results, tpplan.commands.report; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_with_the_real_predictor_the_seed_conclusion_holds():
+    """With tpplan.cost.predict: time and memory join the verdicts; the seed's "no" still stands."""
+    pytest.importorskip("tpplan.cost.predict")
+    topo = load_topology("h200x8-ib400", nodes=4)
+    wls = [load_workload("seed-c8"), load_workload("seed-c16")]
+    a = analyse("kimi-k3", topo, wls, tp=32, expert_dtype="mxfp4")
+    assert a.predictor_note is None
+    verdicts = {v.key: v.status for v in a.verdicts}
+    assert verdicts["input-scattered"] == verdicts["latent-scattered"] == verdicts["input-scattered+restore"] == "NO"
+    steps = [s.key for s in a.next_steps]
+    assert steps and not {"input-scattered", "latent-scattered", "input-scattered+restore"} & set(steps)
+    assert all("TTFT" in s.basis for s in a.next_steps)
+    md = build_memo(a).markdown
+    assert "The time predictor counts" in md and "| `moe-a2a TP8xPP4` | seed-c16 |" in md

@@ -22,7 +22,7 @@ from tpplan.errors import TpplanError
 from tpplan.layout.placement import Collective
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph, OpKind
-from tpplan.models.spec import MLASpec
+from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.plans.named import make_plan
 from tpplan.plans.plan import Plan
 from tpplan.report.bench_results import BenchResults
@@ -38,7 +38,11 @@ REPORT_PLANS = (
     "sequence-parallel",
     "gate-aware",
     "moe-a2a",
+    "ep4",
 )
+# Predicted TTFT changes smaller than this are within the model's error (the issue's accuracy
+# targets are 5-10%); such a plan is not worth a multi-node reservation.
+MIN_GAIN = 0.02
 _SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A", "send_recv": "P2P"}
 
 
@@ -189,12 +193,19 @@ def volume_sweep(
 
 
 def _predict(
-    fn: PredictFn, v: Variant, graph: ModelGraph, topo: Topology, workloads: list[Workload], dtype: str
+    fn: PredictFn,
+    v: Variant,
+    graph: ModelGraph,
+    topo: Topology,
+    workloads: list[Workload],
+    dtype: str,
+    expert_dtype: str | None,
 ) -> None:
+    extra = {"expert_dtype": expert_dtype} if expert_dtype else {}
     for wl in workloads:
         try:
             v.predictions[wl.name] = fn(
-                graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=dtype
+                graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=dtype, **extra
             )
         except (TpplanError, NotImplementedError, ValueError) as exc:
             v.prediction_error = f"{type(exc).__name__}: {exc}"
@@ -207,6 +218,16 @@ def ttft_mean(v: Variant, workload: str) -> float | None:
     p = v.predictions.get(workload)
     ttft = getattr(p, "ttft", None) if p is not None else None
     return None if ttft is None else float(ttft.mean_s)
+
+
+def memory_fit(v: Variant) -> tuple[float, float, bool] | None:
+    """(predicted bytes per rank, GPU bytes, fits) from the first prediction, when predicted."""
+    p = next(iter(v.predictions.values()), None)
+    mem = getattr(p, "memory", None) if p is not None else None
+    gpu = float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
+    if mem is None or not gpu:
+        return None
+    return float(mem.total), gpu, float(mem.total) <= gpu
 
 
 def kind_times(v: Variant) -> dict[str, float] | None:
@@ -240,7 +261,15 @@ def _verdict(
     if t_v is not None and t_b is not None:
         timing = f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_b:.3f} s ({_pct(t_v, t_b):+.1f}%)"
     if v is base:
-        return Verdict(v.key, "reference", f"the all-reduce path everyone runs today{timing}", (), formula)
+        fit = memory_fit(v)
+        note = (
+            (f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}: lower --expert-dtype",)
+            if fit is not None and not fit[2]
+            else ()
+        )
+        return Verdict(
+            v.key, "reference", "Megatron TP: the all-reduce path (the seed's deployment adds EP4)", note, formula
+        )
     if v.pp > 1 and not timing:
         return Verdict(
             v.key,
@@ -257,11 +286,17 @@ def _verdict(
         head = f"illegal: {len(roots)} root edge(s) ({', '.join(ops)}); its {vol:+.1f}% volume is not reachable"
         return Verdict(v.key, "NO", head, tuple(roots), formula)
     worse = t_v > t_b if (t_v is not None and t_b is not None) else vol >= 0
+    small = t_v is not None and t_b is not None and not worse and (t_b - t_v) < MIN_GAIN * t_b
     extra = v.audit.replicated_extra_bytes
     head = f"legal; {vol:+.1f}% bytes per token per rank vs baseline{timing}"
     reasons: list[str] = []
     if extra:
         reasons.append(f"replicates weights: +{_gib(extra)} per rank")
+    fit, base_fit = memory_fit(v), memory_fit(base)
+    if fit is not None and not fit[2]:
+        reasons.append(f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}")
+        if base_fit is not None and base_fit[2]:
+            return Verdict(v.key, "NO", head + " (does not fit in memory)", tuple(reasons), formula)
     if engine is not None and engine.blocked:
         failed = "; ".join(c.text for c in engine.conditions if c.met is False)
         reasons.append(f"SGLang would not run it: {failed}")
@@ -269,6 +304,10 @@ def _verdict(
         reasons.append(f"no SGLang flag realises it: {engine.summary}")
     if worse:
         return Verdict(v.key, "NO", head + " (more than it saves)", tuple(reasons), formula)
+    if small:
+        return Verdict(
+            v.key, "NO", head + f" (gain under {100 * MIN_GAIN:g}%: within the model's error)", tuple(reasons), formula
+        )
     status = "CONDITIONAL" if extra or (engine is not None and engine.realises != "yes") else "YES"
     return Verdict(v.key, status, head, tuple(reasons), formula)
 
@@ -282,6 +321,11 @@ def _next_steps(variants: list[Variant], wl: str | None) -> list[NextStep]:
         t_v, t_b = (ttft_mean(v, wl), ttft_mean(base, wl)) if wl else (None, None)
         if t_v is not None and t_b is not None:
             gain, basis = t_b - t_v, f"predicted mean TTFT gain at {wl}"
+            if gain < MIN_GAIN * t_b:
+                continue
+            fit, base_fit = memory_fit(v), memory_fit(base)
+            if fit is not None and base_fit is not None and base_fit[2] and not fit[2]:
+                continue
         elif v.pp > 1:
             continue  # a different parallel shape: bytes per rank are not comparable without time
         else:
@@ -295,6 +339,40 @@ def _next_steps(variants: list[Variant], wl: str | None) -> list[NextStep]:
         engine = "SGLang flags exist" if sgl and sgl.realises == "yes" else (sgl.summary if sgl else "")
         steps.append(NextStep(v.key, gain, basis, price, engine))
     return sorted(steps, key=lambda s: -s.gain)
+
+
+def _redundant_breakdown(a: Analysis, base: Variant) -> str:
+    """The predictor's own account of repeated work under baseline, and of the prototype's trade."""
+    p = next(iter(base.predictions.values()), None)
+    if p is None:
+        return ""
+    per_op: dict[str, float] = {}
+    for k in p.kinds:
+        for o in k.ops:
+            if o.redundant:
+                per_op[o.op] = per_op.get(o.op, 0.0) + float(o.seconds) * int(k.count)
+    total = sum(per_op.values())
+    if not total:
+        return ""
+    top = sorted(per_op.items(), key=lambda x: -x[1])[:4]
+    for name in ("qkv_a", "kv_a"):
+        if name in per_op and name not in dict(top):
+            top.append((name, per_op[name]))
+    text = (
+        f" The time predictor counts {total * 1e3:,.1f} ms of work every rank repeats per batch under baseline "
+        f"({100 * total / float(p.forward_s):.0f}% of the {float(p.forward_s) * 1e3:,.1f} ms forward; largest: "
+        + ", ".join(f"`{op}` {t * 1e3:,.1f} ms" for op, t in top)
+        + ")."
+    )
+    lat = a.variant("latent-scattered")
+    lp = next(iter(lat.predictions.values()), None) if lat is not None else None
+    if lp is not None:
+        d = float(p.forward_s) - float(lp.forward_s)
+        text += (
+            f" Whole batch, the prototype is predicted at {float(lp.forward_s) * 1e3:,.1f} ms vs "
+            f"{float(p.forward_s) * 1e3:,.1f} ms ({'-' if d > 0 else '+'}{abs(d) * 1e3:,.1f} ms)."
+        )
+    return text
 
 
 def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
@@ -320,12 +398,7 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
             t_shard = gemm_time(math.ceil(wl_chunk / n), k_w, out_w, topo.gpu, "bf16")
             ag = collective_time("all_gather", wl_chunk * out_w * nbytes, n, topo).time_s
             m = counts[mla]
-            pred = redundant_seconds(base)
-            extra = (
-                f" The predictor counts {pred * 1e3:,.1f} ms of redundant work per batch under baseline."
-                if pred
-                else ""
-            )
+            extra = _redundant_breakdown(a, base)
             out.append(
                 (
                     "Redundant qkv_a compute under baseline",
@@ -355,6 +428,8 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
         share = ga.audit.replicated_extra_bytes / (topo.gpu.memory_GiB * 2**30)
         p = next(iter(ga.predictions.values()), None)
         pmem = getattr(p, "memory", None)
+        bp = next(iter(base.predictions.values()), None)
+        bmem = getattr(bp, "memory", None)
         t = ""
         if a.workloads and ttft_mean(ga, a.workloads[0].name) is not None:
             w = a.workloads[0].name
@@ -368,9 +443,13 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
                 f"replicated and its output all-to-all'd to head-sharded. It is legal and moves {vol:+.1f}% bytes "
                 f"per token per rank ({colls} per forward) for +{_gib(ga.audit.replicated_extra_bytes)} of "
                 f"replicated weights per rank, {100 * share:.0f}% of a {topo.gpu.memory_GiB:g} GiB "
-                f"{topo.gpu.name} (weights at {a.dtype}: {_gib(mem)} per rank vs "
-                f"{_gib(base.audit.weight_bytes_per_rank)} under baseline"
-                + (f"; predicted total memory per rank {_gib(pmem.total)}" if pmem is not None else "")
+                f"{topo.gpu.name} ("
+                + (
+                    f"predicted memory per rank {_gib(pmem.total)} vs {_gib(bmem.total)} under baseline"
+                    if pmem is not None and bmem is not None
+                    else f"weights at {a.dtype}: {_gib(mem)} per rank vs {_gib(base.audit.weight_bytes_per_rank)} "
+                    "under baseline"
+                )
                 + f"). That memory comes out of the KV cache. No engine ships it.{t}",
             )
         )
@@ -391,7 +470,8 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
                 f"which costs nothing here because input-scattered is illegal on this model anyway.{t}",
             )
         )
-    pp = next((v for v in a.variants if v.pp > 1), None)
+    pps = [v for v in a.variants if v.pp > 1]
+    pp = pps[0] if pps else None
     if pp is not None:
         vol_rank = pp.audit.comm_bytes_per_token
         t = ""
@@ -402,6 +482,9 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
             t = f" Not predicted: {pp.prediction_error}."
         else:
             t = " Its time, bubble and stage send/recv need the time predictor."
+        for other in pps[1:]:
+            if a.workloads and ttft_mean(other, a.workloads[0].name) is not None:
+                t += f" Combined with MoE all-to-all (`{other.key}`): {ttft_mean(other, a.workloads[0].name):.3f} s."
         out.append(
             (
                 "Pipeline parallelism (the seed's next step 3)",
@@ -421,6 +504,7 @@ def analyse(
     *,
     tp: int | None = None,
     dtype: str = "bf16",
+    expert_dtype: str | None = None,
     plans: list[str] | None = None,
     predictor: PredictFn | None = None,
     use_default_predictor: bool = True,
@@ -447,13 +531,22 @@ def analyse(
     names = list(dict.fromkeys(["baseline", *(plans or REPORT_PLANS)]))
     variants: list[Variant] = []
     for name in names:
-        pl = make_plan(name, graph, n)
-        variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
+        if name == "baseline" or plans:
+            pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
+            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
+            continue
+        pa = _audit_or_none(graph, name, n, dtype)  # a default plan this model cannot run is left out
+        has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
+        if pa is not None and (has_moe or pa.plan.moe != "ep"):
+            variants.append(Variant(pa.plan, n, 1, pa))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        pa = _audit_or_none(graph, "baseline", pp_tp, dtype)
-        if pa is not None:
-            variants.append(Variant(pa.plan, pp_tp, pp, pa))
+        for name in ("baseline", "moe-a2a"):  # the seed's next steps 2 and 3, alone and together
+            if not any(v.plan.name == name for v in variants):
+                continue
+            pa = _audit_or_none(graph, name, pp_tp, dtype)
+            if pa is not None and pa.legal:
+                variants.append(Variant(pa.plan, pp_tp, pp, pa))
     for v in variants:
         v.engines = recipes(
             v.plan,
@@ -464,9 +557,9 @@ def analyse(
             chunk=workloads[0].chunk_size if workloads else 8192,
         )
         if fn is not None:
-            _predict(fn, v, graph, topology, workloads, dtype)
+            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
     mla = _mla_kind(graph)
-    sweep = volume_sweep(graph, names, tp_sizes(graph, world, n), dtype)
+    sweep = volume_sweep(graph, [v.plan.name for v in variants if v.pp == 1], tp_sizes(graph, world, n), dtype)
     seed_rows: list[SeedRow] = []
     if mla is not None:
         spec = graph.kinds[mla].spec.attn

@@ -147,6 +147,15 @@ def sglang_recipe(
     mla = _mla(spec)
     conds: list[Condition] = []
     notes: list[str] = []
+    if pp > 1:
+        conds.append(
+            Condition(
+                f"the model's SGLang implementation supports --pp-size (per model file; {spec.model_type} not checked)",
+                None,
+                "refuses",
+                SRC_SGL_ARGS,
+            )
+        )
     if fam == "ep" and moe is not None:
         ep = plan.ep_size or tp
         args = [*base, f"--ep-size {ep}", "--moe-a2a-backend none"]
@@ -156,7 +165,7 @@ def sglang_recipe(
             tuple(args),
             "yes",
             f"expert parallelism without all-to-all: {moe.experts // ep} experts per EP group of {tp // ep} ranks",
-            (Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_SGL_ARGS),),
+            (*conds, Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_SGL_ARGS)),
         )
     if fam == "moe-a2a":
         args = [*base, "--moe-a2a-backend deepep", "--deepep-mode normal"]
@@ -185,7 +194,7 @@ def sglang_recipe(
         )
     if fam in ("input-scattered", "input-scattered+restore"):
         args = [*base, "--enable-attn-tp-input-scattered", "--moe-a2a-backend none"]
-        conds = [
+        conds += [
             Condition("tp_size > 1", tp > 1, "skips silently", SRC_SGL_ATTN),
             Condition(
                 "the MLA has q_lora_rank (fused qkv_a latent)",
@@ -231,7 +240,7 @@ def sglang_recipe(
         )
     if fam == "sequence-parallel":
         ok = spec.model_type in _SGLANG_SP_MODEL_TYPES
-        conds = [
+        conds += [
             Condition(
                 f"architecture on the --enable-layernorm-sp allowlist (model_type {spec.model_type})",
                 ok,
@@ -257,7 +266,9 @@ def sglang_recipe(
         )
         return EngineRecipe("SGLang", plan.name, tuple(base), "no", why, (), ())
     args = [*base, "--moe-a2a-backend none"] if moe is not None else base
-    return EngineRecipe("SGLang", plan.name, tuple(args), "yes", "Megatron TP: all-reduce after o_proj and MLP/MoE")
+    return EngineRecipe(
+        "SGLang", plan.name, tuple(args), "yes", "Megatron TP: all-reduce after o_proj and MLP/MoE", tuple(conds)
+    )
 
 
 def vllm_recipe(

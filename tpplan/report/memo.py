@@ -79,12 +79,12 @@ def _answer(a: Analysis) -> list[Block]:
     if a.next_steps:
         top = a.next_steps[0]
         lines.append(
-            f"**Keep the baseline for now; the best next step is `{top.key}`** ({top.basis}: "
+            f"**Keep today's deployment for now; the best next step is `{top.key}`** ({top.basis}: "
             + (f"{top.gain:.3f} s" if "TTFT" in top.basis else f"{100 * top.gain:.1f}%")
             + f"; price: {top.price})."
         )
     else:
-        lines.append("**Keep the baseline**: no legal plan beats it.")
+        lines.append("**Keep today's deployment**: no legal plan beats the baseline.")
     out += [Para(x) for x in lines]
     return out
 
