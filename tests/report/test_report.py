@@ -74,6 +74,9 @@ def test_seed_table_numbers_at_tp32(k3_md):
 def test_rederives_the_seed_conclusion(k3_4x8, k3_md):
     answer = _section(k3_md, "Answer")
     assert "**No**" in answer and "g_proj" in answer and "Keep today" in answer
+    assert "each rank owns 3 of 96 heads/columns (a [384, 7168] slice of the weight)" in answer
+    assert "the all-reduce costs 14336; the DeepSeek path would cost 9280 (-35.3%) but is illegal here" in answer
+    assert "cost 16448 (+14.7%)" in answer
     verdicts = {v.key: v for v in k3_4x8.verdicts}
     assert verdicts["input-scattered"].status == "NO"
     assert verdicts["latent-scattered"].status == "NO"  # the prototype: +14.7% per MLA layer

@@ -64,6 +64,24 @@ def _answer(a: Analysis) -> list[Block]:
                 f"The edges that break it: {ops}. Each is a column-parallel projection that needs every token of "
                 "the full hidden, while a reduce-scatter leaves each rank only its own tokens."
             )
+            gate = next((v for v in roots if v.op == "g_proj" and "mla" in v.layer_kind), None)
+            if gate is not None:
+                lines.append(f"The MLA output gate, in the audit's words: {gate.sentence()}")
+        if len(a.seed_rows) >= 3:
+            r0, r1 = a.seed_rows[0], a.seed_rows[1]
+            legal = [r for r in a.seed_rows[2:] if r.legal]
+            lines.append(
+                f"Per MLA layer, in the seed's units: the all-reduce costs {r0.units:g}; the DeepSeek path would cost "
+                f"{r1.units:g} ({100 * (r1.units - r0.units) / r0.units:+.1f}%) but is "
+                + ("illegal here" if not r1.legal else "legal here")
+                + (
+                    "; the legal ways to keep it ("
+                    + ", ".join(f"`{r.plan}`" for r in legal)
+                    + f") cost {legal[0].units:g} ({100 * (legal[0].units - r0.units) / r0.units:+.1f}%)."
+                    if legal
+                    else "."
+                )
+            )
         for name in ("input-scattered+restore", "latent-scattered"):
             v = a.variant(name)
             if v is not None and v.legal:
