@@ -148,6 +148,8 @@ def test_cli_writes_all_files(tmp_path):
         (("--topology", "no-such-topo"), "no such preset or file"),
         (("--workload", "no-such-wl"), "no such preset or file"),
         (("--tp", "64"), "only 32 GPUs"),
+        (("--plan", "no-such-plan"), "unknown plan"),
+        (("--expert-dtype", "int3"), "unknown weight dtype"),
     ],
 )
 def test_bad_inputs_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsys, args, message):

@@ -23,6 +23,9 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
         ] = None,
         tp: Annotated[int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology")] = None,
+        plan: Annotated[
+            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan and ep4")
+        ] = None,
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: Annotated[
@@ -50,7 +53,16 @@ def register(app: typer.Typer) -> None:
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         analysis, path = write_report(
-            model, topo, wls, out, tp=tp, dtype=dtype, expert_dtype=expert_dtype, bench=results, command=command
+            model,
+            topo,
+            wls,
+            out,
+            tp=tp,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            plans=plan,
+            bench=results,
+            command=command,
         )
         typer.echo(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         for v in analysis.verdicts:

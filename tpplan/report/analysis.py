@@ -208,6 +208,8 @@ def _predict(
                 graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=dtype, **extra
             )
         except (TpplanError, NotImplementedError, ValueError) as exc:
+            if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.pp == 1:
+                raise  # the baseline always predicts: a failure here is a bad input (e.g. --expert-dtype)
             v.prediction_error = f"{type(exc).__name__}: {exc}"
             v.predictions.clear()
             return
@@ -285,7 +287,11 @@ def _verdict(
         ops = sorted({viol.op for viol in v.audit.violations if not viol.consequence_of})
         head = f"illegal: {len(roots)} root edge(s) ({', '.join(ops)}); its {vol:+.1f}% volume is not reachable"
         return Verdict(v.key, "NO", head, tuple(roots), formula)
-    worse = t_v > t_b if (t_v is not None and t_b is not None) else vol >= 0
+    if v.prediction_error:
+        timing = f"; not predicted ({v.prediction_error})"
+    worse = t_v > t_b if (t_v is not None and t_b is not None) else vol > 0
+    if t_v is None and vol == 0:
+        return Verdict(v.key, "OPEN", head_same(vol, timing), (), formula)
     small = t_v is not None and t_b is not None and not worse and (t_b - t_v) < MIN_GAIN * t_b
     extra = v.audit.replicated_extra_bytes
     head = f"legal; {vol:+.1f}% bytes per token per rank vs baseline{timing}"
@@ -310,6 +316,11 @@ def _verdict(
         )
     status = "CONDITIONAL" if extra or (engine is not None and engine.realises != "yes") else "YES"
     return Verdict(v.key, status, head, tuple(reasons), formula)
+
+
+def head_same(vol: float, timing: str) -> str:
+    """Headline for a legal plan whose bytes equal the baseline's and that has no time prediction."""
+    return f"legal; {vol:+.1f}% bytes per token per rank vs baseline (same traffic: only time can tell){timing}"
 
 
 def _next_steps(variants: list[Variant], wl: str | None) -> list[NextStep]:
