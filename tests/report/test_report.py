@@ -228,3 +228,22 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
     assert all("TTFT" in s.basis for s in a.next_steps)
     md = build_memo(a).markdown
     assert "The time predictor counts" in md and "| `moe-a2a TP8xPP4` | seed-c16 |" in md
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "kimi-k3-4x8"
+EXAMPLE_CMD = (
+    "tpplan report --model kimi-k3 --topology h200x8-ib400 --nodes 4 --expert-dtype mxfp4 "
+    "--out docs/examples/kimi-k3-4x8"
+)
+
+
+def test_checked_in_example_is_current():
+    """docs/examples/kimi-k3-4x8/report.md is what its documented command writes today."""
+    pytest.importorskip("tpplan.cost.predict")
+    topo = load_topology("h200x8-ib400", nodes=4)
+    wls = [load_workload("seed-c8"), load_workload("seed-c16")]
+    a = analyse("kimi-k3", topo, wls, expert_dtype="mxfp4")
+    md = build_memo(a, EXAMPLE_CMD).markdown
+    assert md == (EXAMPLE / "report.md").read_text(), f"stale example: run `{EXAMPLE_CMD}`"
+    assert EXAMPLE_CMD in (EXAMPLE.parents[1] / "examples" / "README.md").read_text()
+    assert EXAMPLE_CMD in (EXAMPLE.parents[2] / "README.md").read_text()
