@@ -67,4 +67,4 @@ def test_layernorm_sp_allowlist():
     plan, spec = _setup("kimi-k3", 32, "sequence-parallel")
     r = sglang_recipe(plan, spec, tp=32)
     assert r.blocked and "--enable-layernorm-sp" in r.args
-    assert "enable_sequence_parallelism" in " ".join(vllm_recipe(plan, spec, tp=32).args)
+    assert '"enable_sp": true' in " ".join(vllm_recipe(plan, spec, tp=32).args)

@@ -29,10 +29,12 @@ Facts come from the engines' sources (paths relative to each repository's root):
   `--pipeline-parallel-size`, `--data-parallel-size`, `--enable-expert-parallel` (EP over the
   TP x DP ranks; no separate EP size), `--all2all-backend` (default `allgather_reducescatter`;
   `deepep_high_throughput` for prefill, `deepep_low_latency`, `pplx`, `naive`, ...).
-- vLLM `vllm/compilation/sequence_parallelism.py` (`SequenceParallelismPass`): a torch.compile
-  pattern pass that rewrites all-reduce + RMSNorm into reduce-scatter + norm + all-gather, switched
-  on in the compilation config's pass_config (`enable_sequence_parallelism`, renamed `enable_sp` in
-  newer releases); where the pattern does not match, nothing changes and nothing is logged as an error.
+- vLLM `vllm/compilation/passes/fusion/sequence_parallelism.py` (earlier
+  `vllm/compilation/sequence_parallelism.py`), `SequenceParallelismPass`: a torch.compile pattern
+  pass that rewrites all-reduce + RMSNorm into reduce-scatter + norm + all-gather, switched on by
+  the compilation config's `pass_config.enable_sp` (`enable_sequence_parallelism` in earlier
+  releases; `vllm/config/vllm.py` also turns it on for `fuse_gemm_comms`, async TP); where the
+  pattern does not match, nothing changes and nothing is logged as an error.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ SRC_SGL_ARGS = "sgl-project/sglang python/sglang/srt/server_args.py"
 SRC_SGL_COMM = "sgl-project/sglang python/sglang/srt/layers/communicator/__init__.py"
 SRC_SGL_SP = "sgl-project/sglang python/sglang/srt/layers/layernorm_sp.py"
 SRC_VLLM_PAR = "vllm-project/vllm vllm/config/parallel.py"
-SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/sequence_parallelism.py"
+SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/passes/fusion/sequence_parallelism.py"
 
 # Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py allowlist), as model_type.
 _SGLANG_SP_MODEL_TYPES = frozenset({"qwen3"})
@@ -300,7 +302,7 @@ def vllm_recipe(
             (Condition("EP size equals TP x DP", plan.ep_size == tp, "adjusts", SRC_VLLM_PAR),),
         )
     if fam == "sequence-parallel":
-        cfg = """--compilation-config '{"pass_config": {"enable_sequence_parallelism": true}}'"""
+        cfg = """--compilation-config '{"pass_config": {"enable_sp": true}}'"""
         return EngineRecipe(
             "vLLM",
             plan.name,
@@ -315,7 +317,7 @@ def vllm_recipe(
                     SRC_VLLM_SP,
                 ),
             ),
-            ("newer vLLM spells the pass_config key `enable_sp`",),
+            ("earlier vLLM releases spell the pass_config key `enable_sequence_parallelism`",),
         )
     if fam in ("input-scattered", "input-scattered+restore", "latent-scattered", "gate-aware"):
         return EngineRecipe(
