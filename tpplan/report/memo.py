@@ -46,6 +46,12 @@ def _gib(b: float) -> str:
     return f"{b / 2**30:,.1f} GiB"
 
 
+def _label(a: Analysis, key: str) -> str:
+    """Plot label: illegal plans are marked so a short bar is not read as a recommendation."""
+    v = a.variant(key)
+    return f"{key}\n(ILLEGAL)" if v is not None and not v.legal else key
+
+
 def _answer(a: Analysis) -> list[Block]:
     v_is = a.variant("input-scattered")
     base = a.baseline
@@ -230,7 +236,8 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
     b.append(Heading("Time per layer kind per plan"))
     if times:
         chunk = a.workloads[0].chunk_size if a.workloads else 0
-        pngs[PNG_TIME] = plots.stacked_time(times, f"predicted time of one {chunk}-token batch, by layer kind")
+        labelled = {_label(a, k): t for k, t in times.items()}
+        pngs[PNG_TIME] = plots.stacked_time(labelled, f"predicted time of one {chunk}-token batch, by layer kind")
         b.append(Image(PNG_TIME, "stacked predicted time per layer kind per plan", pngs[PNG_TIME]))
         b.append(
             Table(
@@ -252,7 +259,9 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
     ttft = {v.key: {w.name: m for w in a.workloads if (m := ttft_mean(v, w.name)) is not None} for v in a.variants}
     ttft = {k: t for k, t in ttft.items() if t}
     if ttft:
-        pngs[PNG_TTFT] = plots.grouped_bars(ttft, "predicted mean TTFT per plan", "mean TTFT (s)")
+        pngs[PNG_TTFT] = plots.grouped_bars(
+            {_label(a, k): t for k, t in ttft.items()}, "predicted mean TTFT per plan", "mean TTFT (s)"
+        )
         b.append(Image(PNG_TTFT, "predicted mean TTFT per plan per workload", pngs[PNG_TTFT]))
         rows = []
         for v in a.variants:
