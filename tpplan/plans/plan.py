@@ -34,7 +34,17 @@ MoEMode = Literal["tp", "ep", "a2a"]
 
 
 def _match(patterns: Iterable[str], qualified: str) -> bool:
-    return any(fnmatchcase(qualified, p) or fnmatchcase(qualified.split("/", 1)[1], p) for p in patterns)
+    bare = qualified.split("/", 1)[1]
+    for p in patterns:
+        if _WILD.isdisjoint(p):  # exact names (what the search generates): no regex needed
+            if p == qualified or p == bare:
+                return True
+        elif fnmatchcase(qualified, p) or fnmatchcase(bare, p):
+            return True
+    return False
+
+
+_WILD = frozenset("*?[")
 
 
 @dataclass(frozen=True)
