@@ -244,6 +244,7 @@ class LayerWalk:
 
     def __init__(self, lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_bytes: int = 2) -> None:
         self.lg = lg
+        self.ops = lg.ops
         self.plan = plan
         self.n = n
         self.dtype_bytes = dtype_bytes
@@ -257,7 +258,7 @@ class LayerWalk:
     def copy(self, plan: Plan | None = None) -> LayerWalk:
         """An independent walk at the same op (optionally under other decisions for the ops ahead)."""
         w = LayerWalk.__new__(LayerWalk)
-        w.lg, w.plan, w.n, w.dtype_bytes = self.lg, plan or self.plan, self.n, self.dtype_bytes
+        w.lg, w.ops, w.plan, w.n, w.dtype_bytes = self.lg, self.ops, plan or self.plan, self.n, self.dtype_bytes
         r = self.res
         w.res = LayerResult(r.kind, r.n, dict(r.placements), list(r.decisions), list(r.comms), list(r.violations))
         w.producer_of, w.tainted, w.done, w.index = self.producer_of, dict(self.tainted), dict(self.done), self.index
@@ -291,7 +292,7 @@ class LayerWalk:
 
     def step(self) -> None:
         """Walk the next op."""
-        op = self.lg.ops[self.index]
+        op = self.ops[self.index]
         self.index += 1
         lg, plan, n, res = self.lg, self.plan, self.n, self.res
         pl, tainted, producer_of, emit, qual = res.placements, self.tainted, self.producer_of, self.emit, self.qual
