@@ -202,3 +202,16 @@ def test_fast_enough_for_search(k3) -> None:
     assert all(p.ttft is not None for p in preds)
     js = preds[0].to_json()
     assert {"forward_s", "layer_kinds", "memory_bytes_per_rank", "ttft"} <= set(js)
+
+
+@pytest.mark.parametrize("preset", ["tiny-kimi-k3", "tiny-deepseek-v3", "tiny-kimi-linear", "qwen3-next-80b"])
+def test_every_family_and_plan_predicts(preset) -> None:
+    g = build_model_graph(load_model(preset))
+    w = Workload(input_len=300, concurrency=2, chunk_size=256)
+    for name in [*NAMED_PLANS, "sp-moe", "ep2", "input-scattered+restore"]:
+        plan = make_plan(name, g, 2)
+        for pp in (1, 2):
+            pred = predict_plan(g, plan, TOPO, tp=2, pp=pp, workload=w, tokens=256)
+            assert pred.forward_s > 0 and pred.memory.total > 0 and pred.ttft is not None
+            assert len(pred.stage_s) == pp and (pred.stage_comm_s > 0) == (pp > 1)
+            assert all(o.seconds >= 0 for k in pred.kinds for o in k.ops)

@@ -31,7 +31,7 @@ from tpplan.cost.gemm import gemm_bytes, gemm_time
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, Placement, R
+from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import LayerResult, OpDecision
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.spec import GDNSpec, GQASpec, KDASpec, MLASpec
@@ -323,6 +323,7 @@ class _Predictor:
         self.stages = stage_layers(graph.spec.num_layers, pp)
         self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
+        self.gpu_key = repr(topo.gpu)
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
@@ -330,6 +331,16 @@ class _Predictor:
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
     # -- compute ---------------------------------------------------------------------------
+    def _gemm(self, m: int, k: int, n: int) -> float:
+        """gemm_time, memoised across predictors of the same GPU (plans share most shapes)."""
+        key = (self.gpu_key, m, k, n, self.gemm_dtype)
+        hit = _GEMM_CACHE.get(key)
+        if hit is None:
+            hit = gemm_time(m, k, n, self.topo.gpu, self.gemm_dtype)  # type: ignore[arg-type]
+            if len(_GEMM_CACHE) < 200_000:
+                _GEMM_CACHE[key] = hit
+        return hit
+
     def _rows(self, d: OpDecision, t: int) -> int:
         """Token rows one rank processes for this op."""
         if d.strategy.output is S_TOK or S_TOK in d.strategy.inputs:
@@ -369,7 +380,7 @@ class _Predictor:
             weights = active * kk * nn * self.expert_bytes
             act = gemm_bytes(m_use, kk, nn, self.gemm_dtype) - kk * nn * (1 if self.gemm_dtype == "fp8" else 2)
             f = 2.0 * m_use * kk * nn
-            t_pad = gemm_time(m_pad, kk, nn, self.topo.gpu, self.gemm_dtype)  # type: ignore[arg-type]
+            t_pad = self._gemm(m_pad, kk, nn)
             t_mem = (act + weights) / self.hbm
             secs += max(t_pad, t_mem)
             flops += f
@@ -378,7 +389,9 @@ class _Predictor:
 
     def _op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int) -> OpTime:
         op = d.op
-        redundant = self.tp > 1 and d.compute_share >= 1.0
+        # Redundant: every rank does the whole op on the same values (true replicated inputs).
+        # Ops on partial sums (P) also run whole on every rank, but each on different data.
+        redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
         shape = None
         if op.kind in (OpKind.LINEAR, OpKind.ROUTER):
             out, inp = op.weight_shape
@@ -393,7 +406,7 @@ class _Predictor:
             else:
                 kk, nn = inp, out
             shape = (m, kk, nn)
-            secs = gemm_time(m, kk, nn, self.topo.gpu, self.gemm_dtype) if m else 0.0  # type: ignore[arg-type]
+            secs = self._gemm(m, kk, nn) if m else 0.0
             flops, nbytes, cat = 2.0 * m * kk * nn, gemm_bytes(m, kk, nn, self.gemm_dtype), "gemm"  # type: ignore[arg-type]
         elif op.kind is OpKind.EXPERTS:
             secs, flops, nbytes, shape = self._experts(d, t)
@@ -606,6 +619,7 @@ class _Predictor:
 
 
 _CACHE: dict[tuple[object, ...], tuple[_Predictor, tuple[object, ...]]] = {}
+_GEMM_CACHE: dict[tuple[object, ...], float] = {}
 _CACHE_MAX = 512
 
 
