@@ -429,7 +429,7 @@ class _Predictor:
             secs = flops = nbytes = 0.0
             cat = "elementwise"
         elif op.kind is OpKind.ATTN_RES:
-            rows = self._rows(d, t) if d.strategy.output is S_TOK else t
+            rows = self._rows(d, t)
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
@@ -590,7 +590,7 @@ class _Predictor:
         delta and the AttnRes bank) plus the largest live set of one op (its inputs and output)."""
         n, b, h = self.tp, self.b, self.graph.hidden
         rows_stream = t if self.plan.stream is R else math.ceil(t / n)
-        bank = bank_snapshots(self.graph, rng.stop - 1) if self.graph.spec.attn_res_block_size else 0
+        bank = bank_snapshots(self.graph, rng.stop)  # the most the bank holds inside this stage
         stream = (2 + bank) * rows_stream * h * b
         peak = 0.0
         seen: set[int] = set()
