@@ -673,32 +673,18 @@ def pipeline_ttft(p: _Predictor, workload: Workload) -> TTFTResult:
 
     Batches enter stage 0 one slowest-stage interval apart (chunks of one request pipeline too: a
     chunk needs only the earlier chunks' KV/state on the same stage). A batch leaves the last stage
-    `fill = latency - interval` after its slot ends, so TTFT_i = end of its slot + fill of its
-    batch. With pp = 1, fill = 0 and this is the plain schedule.
+    `fill = latency - interval` after its slot ends; its requests finish (and closed-loop clients
+    resubmit) then. With pp = 1, fill = 0 and this is the plain schedule.
     """
-    fill: dict[int, float] = {}
 
     def slot(batch: PrefillBatch) -> float:
-        segs = _segments(batch)
-        step = p.interval(segs)
-        fill[batch.index] = p.latency(segs) - step
-        return step
+        return p.interval(_segments(batch))
 
-    base = simulate_ttft(workload, slot)
-    if p.pp == 1:
-        return base
-    last_batch: dict[int, int] = {}
-    for b in base.batches:
-        for s in b.segments:
-            last_batch[s.request_id] = b.index
-    ttft = tuple(base.ttft_s[i] + fill[last_batch[i]] for i in range(len(base.ttft_s)))
-    return TTFTResult(
-        ttft_s=ttft,
-        arrival_s=base.arrival_s,
-        batches=base.batches,
-        makespan_s=base.makespan_s + fill[base.batches[-1].index],
-        prefill_tokens=base.prefill_tokens,
-    )
+    def fill(batch: PrefillBatch) -> float:
+        segs = _segments(batch)
+        return p.latency(segs) - p.interval(segs)
+
+    return simulate_ttft(workload, slot, fill if p.pp > 1 else None)
 
 
 def predict_plan(
