@@ -108,6 +108,7 @@ def test_memo_shows_measured_vs_predicted():
         topo,
         [load_workload("seed-c8")],
         use_default_predictor=False,
+        search_top=0,
         bench=load_bench_results(FIX / "bench_ok.json"),
     )
     memo = build_memo(a)

@@ -29,7 +29,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def k3_4x8():
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    return analyse("kimi-k3", topo, wls, tp=32, use_default_predictor=False)
+    return analyse("kimi-k3", topo, wls, tp=32, use_default_predictor=False, search_top=0)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_volume_vs_tp_table(k3_4x8):
 def test_with_predictions_time_and_ttft_sections():
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan)
+    a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan, search_top=0)
     memo = build_memo(a)
     assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png"} <= set(memo.pngs)
     ttft = _section(memo.markdown, "TTFT per plan")
@@ -198,11 +198,11 @@ def test_out_must_be_a_directory(tmp_path, k3_4x8):
 def test_other_models_render():
     topo = load_topology("h200x8-ib400", nodes=1)
     wls = [load_workload("seed-c8")]
-    a = analyse("deepseek-v3", topo, wls, tp=8, use_default_predictor=False)
+    a = analyse("deepseek-v3", topo, wls, tp=8, use_default_predictor=False, search_top=0)
     md = build_memo(a).markdown
     assert {v.key: v.status for v in a.verdicts}["input-scattered"] != "NO"  # legal on DeepSeek (no gate)
     assert "input-scattered" in md and "TP8xPP" not in md  # one node: no pipeline variant
-    a2 = analyse("tiny-llama", topo, wls, tp=2, use_default_predictor=False)
+    a2 = analyse("tiny-llama", topo, wls, tp=2, use_default_predictor=False, search_top=0)
     assert "The seed's table" not in build_memo(a2).markdown  # no MLA latent: no seed table
 
 
@@ -228,6 +228,9 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
     assert all("TTFT" in s.basis for s in a.next_steps)
     md = build_memo(a).markdown
     assert "The time predictor counts" in md and "| `moe-a2a TP8xPP4` | seed-c16 |" in md
+    found = [v for v in a.variants if v.plan.found_by == "search"]
+    if found:  # the search's best, when it is not a named plan: legal, described, compared
+        assert found[0].legal and "### A plan nobody named" in md and f"`{found[0].key}`" in md
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "kimi-k3-4x8"

@@ -46,6 +46,43 @@ MIN_GAIN = 0.02
 _SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A", "send_recv": "P2P"}
 
 
+SearchFn = Callable[..., list[Plan]]
+
+
+def load_search() -> SearchFn | None:
+    """A function returning the search's best plans (`tpplan.search`), or None where it is missing."""
+    try:
+        from tpplan.search import RooflineObjective, search, ttft_shapes  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+
+    def best(
+        graph: ModelGraph, n: int, topology: Topology, workload: Workload | None, dtype: str, top: int
+    ) -> list[Plan]:
+        shapes = ttft_shapes(workload) if workload is not None else ((8192, 1.0),)
+        result = search(graph, n, RooflineObjective(topology, shapes=shapes, dtype=dtype), top=top, dtype=dtype)
+        return [c.plan for c in result.candidates]
+
+    return best
+
+
+def describe_plan(plan: Plan) -> str:
+    """A found plan has no prose summary: say its decisions."""
+    d = plan.describe()
+    parts = [f"stream {d['stream']}, partial sums reduced to {d['reduce']}"]
+    for key, words in (
+        ("gather", "all-gather"),
+        ("gather_for", "all-gather for one consumer"),
+        ("a2a", "all-to-all to heads"),
+        ("replicate", "replicate"),
+        ("token_shard", "token-shard"),
+    ):
+        if d[key]:
+            parts.append(f"{words}: " + ", ".join(f"`{x}`" for x in d[key]))  # type: ignore[union-attr]
+    parts.append(f"MoE {d['moe']}")
+    return "; ".join(parts) + "."
+
+
 def load_predictor() -> PredictFn | None:
     """`tpplan.cost.predict.predict_plan` when this build has it, else None (volume-only memo)."""
     try:
@@ -481,6 +518,28 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
                 f"which costs nothing here because input-scattered is illegal on this model anyway.{t}",
             )
         )
+    found = [v for v in a.variants if v.plan.found_by == "search"]
+    w0 = a.workloads[0].name if a.workloads else None
+    if found and w0 and ttft_mean(found[0], w0) is not None:
+        f = found[0]
+        named_same = [
+            v for v in a.variants if v.pp == 1 and v.plan.found_by != "search" and v.legal and ttft_mean(v, w0)
+        ]
+        best = min(named_same, key=lambda v: ttft_mean(v, w0) or math.inf) if named_same else None
+        cmp = (
+            f" The best named plan at the same shape, `{best.key}`, is predicted at {ttft_mean(best, w0):.3f} s."
+            if best is not None
+            else ""
+        )
+        out.append(
+            (
+                "A plan nobody named",
+                f"The search (`tpplan.search`, roofline objective over the workload's batches) returns `{f.key}`: "
+                f"{f.plan.summary} Predicted mean TTFT at {w0}: {ttft_mean(f, w0):.3f} s vs "
+                f"{ttft_mean(base, w0):.3f} s baseline, for +{_gib(f.audit.replicated_extra_bytes)} of replicated "
+                f"weights per rank.{cmp} It mixes the seed's ideas per layer kind, which no engine flag expresses.",
+            )
+        )
     pps = [v for v in a.variants if v.pp > 1]
     pp = pps[0] if pps else None
     if pp is not None:
@@ -519,6 +578,7 @@ def analyse(
     plans: list[str] | None = None,
     predictor: PredictFn | None = None,
     use_default_predictor: bool = True,
+    search_top: int = 1,
     bench: BenchResults | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan; `tp` defaults to the whole topology."""
@@ -550,6 +610,15 @@ def analyse(
         has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
         if pa is not None and (has_moe or pa.plan.moe != "ep"):
             variants.append(Variant(pa.plan, n, 1, pa))
+    finder = load_search() if search_top > 0 and not plans else None
+    if finder is not None:
+        known = {v.plan.describe().__repr__() for v in variants}
+        found = finder(graph, n, topology, workloads[0] if workloads else None, dtype, search_top)
+        for i, pl in enumerate(found, 1):
+            if repr(pl.describe()) in known:
+                continue  # the search's best is a named plan already in the memo
+            pl = pl.with_(name=f"search-{i}", title="found by search", summary=describe_plan(pl), found_by="search")
+            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
         for name in ("baseline", "moe-a2a"):  # the seed's next steps 2 and 3, alone and together
@@ -570,7 +639,8 @@ def analyse(
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
     mla = _mla_kind(graph)
-    sweep = volume_sweep(graph, [v.plan.name for v in variants if v.pp == 1], tp_sizes(graph, world, n), dtype)
+    named = [v.plan.name for v in variants if v.pp == 1 and v.plan.found_by != "search"]  # found plans are per-TP
+    sweep = volume_sweep(graph, named, tp_sizes(graph, world, n), dtype)
     seed_rows: list[SeedRow] = []
     if mla is not None:
         spec = graph.kinds[mla].spec.attn

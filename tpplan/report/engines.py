@@ -123,6 +123,9 @@ def _family(plan: Plan) -> str:
     }
     if plan.name in named:
         return plan.name
+    attn_side = [r for r in (*plan.replicate, *plan.a2a) if "/moe." not in r and "/dense." not in r]
+    if attn_side:
+        return "gate-aware"  # replication/all-to-all around attention projections: no engine flag does it
     if plan.moe == "a2a":
         return "moe-a2a"
     if plan.moe == "ep":
