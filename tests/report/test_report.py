@@ -206,10 +206,15 @@ def test_other_models_render():
     assert "The seed's table" not in build_memo(a2).markdown  # no MLA latent: no seed table
 
 
-def test_report_package_imports_no_torch():
+def test_report_package_imports_and_runs_without_torch():
+    """The whole memo (audit, predictor, search, plots) runs without importing torch."""
     code = (
         "import sys, tpplan.report, tpplan.report.analysis, tpplan.report.memo, tpplan.report.engines, "
-        "tpplan.report.bench_results, tpplan.commands.report; assert 'torch' not in sys.modules, 'torch imported'"
+        "tpplan.report.bench_results, tpplan.commands.report\n"
+        "from tpplan.report.analysis import analyse\nfrom tpplan.report.memo import build_memo\n"
+        "from tpplan.cost.topology import load_topology\nfrom tpplan.cost.workload import load_workload\n"
+        "build_memo(analyse('tiny-kimi-k3', load_topology('h200x2'), [load_workload('seed-c8')], tp=2))\n"
+        "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
