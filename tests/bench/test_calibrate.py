@@ -28,7 +28,7 @@ RUN_CLI = (
 )
 
 
-def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 60):
+def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 240):
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-c", RUN_CLI, *args],
