@@ -30,7 +30,7 @@ import hashlib
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
@@ -183,22 +183,138 @@ class RooflineObjective:
         return Cost(score, embed)
 
 
-def ttft_shapes(workload: object) -> list[tuple[int, float]]:
-    """(batch tokens, weight) pairs whose weighted sum of batch times is the workload's mean TTFT.
+def ttft_batches(workload: object) -> list[tuple[tuple[tuple[int, int], ...], float]]:
+    """(batch segments, weight) pairs whose weighted sum of batch times is the mean TTFT.
 
     The closed-loop FCFS schedule does not depend on how long batches take (a client resubmits at
     a batch boundary), so TTFT_i is the sum of the times of the batches between its arrival and
-    its last chunk, and the mean TTFT is linear in batch times with these weights.
+    its last chunk, and the mean TTFT is linear in batch times with these weights. Segments are
+    (new tokens, context) per request, as `tpplan.cost.predict` prices them.
     """
     from tpplan.cost.workload import simulate_ttft
 
     res = simulate_ttft(workload, lambda _b: 1.0)  # type: ignore[arg-type]
     done = [a + t for a, t in zip(res.arrival_s, res.ttft_s, strict=True)]
-    weights: dict[int, float] = {}
+    out: dict[tuple[tuple[int, int], ...], float] = {}
     for b in res.batches:
         inside = sum(1 for a, e in zip(res.arrival_s, done, strict=True) if a <= b.start_s and b.end_s <= e)
-        weights[b.n_tokens] = weights.get(b.n_tokens, 0.0) + inside / len(done)
-    return sorted(weights.items())
+        segs = tuple((sg.n_tokens, sg.start_pos) for sg in b.segments)
+        out[segs] = out.get(segs, 0.0) + inside / len(done)
+    return list(out.items())
+
+
+def ttft_shapes(workload: object) -> list[tuple[int, float]]:
+    """`ttft_batches` reduced to (tokens, weight) for objectives that ignore context."""
+    out: dict[int, float] = {}
+    for segs, w in ttft_batches(workload):
+        t = sum(n for n, _ in segs)
+        out[t] = out.get(t, 0.0) + w
+    return sorted(out.items())
+
+
+class PredictObjective:
+    """Predicted time from `tpplan.cost.predict`, op by op: the same per-op and per-collective
+    prices `predict_plan` sums into a layer's time, so the search's score of a plan equals
+    predict's forward time (no workload) or mean TTFT (workload, closed-loop FCFS, PP 1).
+
+    Memory is the additive part of predict's memory per rank: weights (experts at their weight
+    dtype), KV cache, recurrent state, embedding and head. Activations (the peak of one chunk) are
+    not additive; `search_cli` checks them on the ranked plans.
+    """
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        topology: object,
+        tp: int,
+        *,
+        workload: object | None = None,
+        tokens: int = 8192,
+        dtype: str = "bf16",
+        expert_dtype: str | None = None,
+    ) -> None:
+        from tpplan.cost.predict import _Predictor
+        from tpplan.plans.named import baseline
+
+        self.graph, self.topology, self.tp, self.dtype, self.expert_dtype = graph, topology, tp, dtype, expert_dtype
+        self.workload = workload
+        self.batches = ttft_batches(workload) if workload is not None else [(((tokens, 0),), 1.0)]
+        self.name = "mean TTFT" if workload is not None else f"forward time ({tokens} tokens)"
+        self._base = _Predictor(graph, baseline(), topology, tp, 1, dtype, expert_dtype)  # type: ignore[arg-type]
+        self._preds: dict[int | None, object] = {None: self._base}
+        self._ops: dict[tuple, Cost] = {}  # type: ignore[type-arg]
+        self._comms: dict[tuple[str, float], float] = {}
+        from tpplan.cost.predict import _pairs
+
+        self._pairs = [(_pairs(segs), w) for segs, w in self.batches]
+
+    def _pred(self, g: GlobalChoice) -> object:
+        key = g.ep_size if g.moe == "ep" else None
+        if key not in self._preds:
+            from tpplan.cost.predict import _Predictor
+            from tpplan.plans.named import baseline
+
+            plan = baseline().with_(moe="ep", ep_size=key)
+            self._preds[key] = _Predictor(
+                self.graph,
+                plan,
+                self.topology,  # type: ignore[arg-type]
+                self.tp,
+                1,
+                self.dtype,
+                self.expert_dtype,
+                audit=self._base.audit,  # type: ignore[attr-defined]
+            )
+        return self._preds[key]
+
+    def op_cost(self, kind: str, d: OpDecision, n: int, g: GlobalChoice) -> Cost:
+        key = (kind, d.op.name, d.split, d.strategy, d.compute_share, d.weight_elements_per_rank, g.ep_size)
+        hit = self._ops.get(key)
+        if hit is None:
+            pred = self._pred(g)
+            lg = self.graph.kinds[kind]
+            secs = 0.0
+            for (t, pairs, ctx), w in self._pairs:
+                secs += w * pred._op_time(lg, d, t, pairs, ctx).seconds  # type: ignore[attr-defined]
+            wb = pred.expert_bytes if d.op.kind is OpKind.EXPERTS else pred.b  # type: ignore[attr-defined]
+            hit = Cost(secs, d.weight_elements_per_rank * wb)
+            self._ops[key] = hit
+        return hit
+
+    def comm_cost(self, kind: str, c: CommEvent, n: int) -> Cost:
+        coll = c.collective.value
+        key = (coll, c.elements_per_token)
+        hit = self._comms.get(key)
+        if hit is None:
+            pred = self._base
+            hit = 0.0
+            for (t, _, _), w in self._pairs:
+                nbytes = pred._nbytes(coll, c.elements_per_token, t)  # type: ignore[attr-defined]
+                hit += w * pred._coll(kind, c.label, coll, c.region, nbytes).seconds  # type: ignore[attr-defined]
+            self._comms[key] = hit
+        return Cost(hit, 0.0)
+
+    def fixed(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> Cost:
+        from tpplan.layout.placement import ring_elements_per_rank
+
+        pred = self._base
+        secs = 0.0
+        coll = _final_collective(stream, final_delta)
+        if coll is not None and n > 1:
+            el = ring_elements_per_rank(coll, graph.hidden, n)
+            for (t, _, _), w in self._pairs:
+                nbytes = pred._nbytes(coll.value, el, t)  # type: ignore[attr-defined]
+                secs += w * pred._coll("final", "final", coll.value, "mlp_side", nbytes).seconds  # type: ignore[attr-defined]
+        spec = graph.spec
+        wl = self.workload
+        if wl is not None:
+            seqs = [wl.prompt_len(i) + wl.output_len for i in range(wl.concurrency)]  # type: ignore[attr-defined]
+        else:
+            seqs = [sum(t for (t, _, _), _ in self._pairs[:1])]
+        kv = sum(pred._kv_per_token(ls.attn) * sum(seqs) for ls in spec.layers)  # type: ignore[attr-defined]
+        state = sum(pred._state_per_seq(ls.attn) * len(seqs) for ls in spec.layers)  # type: ignore[attr-defined]
+        embed = spec.vocab * spec.hidden / n * pred.b * (1 if spec.tie_embeddings else 2)  # type: ignore[attr-defined]
+        return Cost(secs, kv + state + embed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -455,14 +571,20 @@ def _step_sig(before: LayerWalk, after: LayerWalk) -> int:
     return hash((d.op.name, d.split, d.strategy, d.inputs_received, comms))
 
 
+def _cost_key(c: Cost) -> tuple[float, float]:
+    return (float(f"{c.score:.12g}"), float(f"{c.memory:.12g}"))
+
+
 def _dedupe(parts: list[_Partial]) -> list[_Partial]:
-    """One partial per behaviour (the one with the fewest decisions: `gather x` over three
-    `gather x for ...` that issue the same single all-gather)."""
-    best: dict[int, _Partial] = {}
+    """One partial per cost: branches in the same state with the same (score, memory) have
+    completions of equal cost, so they rank as one plan; keep the one with the fewest decisions
+    (`gather x` over three `gather x for ...` that issue the same single all-gather)."""
+    best: dict[tuple[float, float], _Partial] = {}
     for p in parts:
-        cur = best.get(p.sig)
+        key = _cost_key(p.cost)
+        cur = best.get(key)
         if cur is None or len(p.cfg.choices) < len(cur.cfg.choices):
-            best[p.sig] = p
+            best[key] = p
     return list(best.values())
 
 
@@ -691,12 +813,16 @@ def search(
     memory_cap: float | None = None,
     options: SpaceOptions | None = None,
     dtype: str = "bf16",
+    per_family: bool = False,
 ) -> SearchResult:
     """The `top` best legal plans under `objective`, memory per rank at most `memory_cap` bytes.
 
     Exact over the space (see the module docstring): per global choice, each kind's k-Pareto
     front, grouped by the placement its layers hand on; every chain of hand-overs that the layer
-    order allows is priced; fronts are merged under the cap.
+    order allows is priced; fronts are merged under the cap. Plans of equal score and memory rank
+    as one. `per_family`: instead of the k best plans overall (mostly variants of the best one),
+    the best plan of each family (stream x reduce x MoE mode), ranked; the first is still the
+    optimum, and it needs only Pareto fronts (k = 1), so it is much faster.
     """
     if n < 1:
         raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
@@ -706,7 +832,7 @@ def search(
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
     opts = options or SpaceOptions()
     nbytes = DTYPE_BYTES[dtype]
-    k = top
+    k = 1 if per_family else top
     counts = graph.counts()
     order = graph.layer_kinds
     globs = [
@@ -726,10 +852,24 @@ def search(
             per_kind[kind] = front
         if gc.reduce is not R and all(not f.used_reduce for f in per_kind.values()):
             continue  # no op ever meets a partial sum outside the stream: the same plans as reduce=R
-        pool += _combine(graph, gc, per_kind, counts, order, objective, n, k, nbytes)
-    pool.sort(key=lambda c: (c.score, c.memory, c.plan.name))
+        found = _combine(graph, gc, per_kind, counts, order, objective, n, k, nbytes)
+        if per_family and found:
+            found.sort(key=lambda c: (c.score, c.memory))
+            fits = [c for c in found if memory_cap is None or c.memory <= memory_cap]
+            found = fits[:1] + ([found[0]] if found[0] not in fits[:1] else [])
+        pool += found
+    pool.sort(key=lambda c: (c.score, c.memory, sum(len(x.choices) for x in c.configs)))
+    seen: set[tuple[float, float]] = set()
+    unique = []
+    for c in pool:  # plans of equal score and memory rank as one (the one with fewest decisions)
+        key = _cost_key(c.cost)
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    pool = unique
     feasible = [c for c in pool if memory_cap is None or c.memory <= memory_cap]
-    over = [c for c in pool[:top] if memory_cap is not None and c.memory > memory_cap]
+    limit = top if not per_family else len(pool)
+    over = [c for c in pool[:limit] if memory_cap is not None and c.memory > memory_cap]
     return SearchResult(
         graph.spec.name,
         n,
@@ -751,7 +891,7 @@ def _reprice(front: KindFront, lg: LayerGraph, base: GlobalChoice, g: GlobalChoi
         new = []
         for p in parts:
             d = next(x for x in p.walk.res.decisions if x.op.kind is OpKind.EXPERTS)
-            shift = obj.op_cost(lg.kind, d, n, g)
+            shift = obj.op_cost(lg.kind, replace(d, split=g.moe), n, g)
             back = obj.op_cost(lg.kind, d, n, base)
             new.append(_Partial(p.cost + Cost(shift.score - back.score, shift.memory - back.memory), p.cfg, p.walk))
         out[e] = new
