@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -486,9 +485,7 @@ def _expand(
         names = "+".join(v for v, _ in bad)
         cands = []
         if opts.gather_for:
-            cands.append(
-                cfg.add(f"all-gather {names} for {op.name}", gather_for=[(prod_q(v), q(op)) for v, _ in bad])
-            )
+            cands.append(cfg.add(f"all-gather {names} for {op.name}", gather_for=[(prod_q(v), q(op)) for v, _ in bad]))
         if (
             opts.replicate
             and op.kind is OpKind.LINEAR
@@ -882,7 +879,9 @@ def search(
     )
 
 
-def _reprice(front: KindFront, lg: LayerGraph, base: GlobalChoice, g: GlobalChoice, n: int, obj: Objective) -> KindFront:
+def _reprice(
+    front: KindFront, lg: LayerGraph, base: GlobalChoice, g: GlobalChoice, n: int, obj: Objective
+) -> KindFront:
     """EP without all-to-all places experts like TP as far as placements go (every rank sees every
     token, outputs partial sums); only the experts op's price changes, by the same amount in
     every config, so the TP front shifted by that amount is the EP front."""
@@ -940,3 +939,258 @@ def _combine(
             plan = make_search_plan(g, cfgs)
             out.append(Candidate(plan, cost, g, cfgs))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Naming, named-plan matching, and the report the CLI prints (JSON: docs/search-json.md)
+
+JSON_SCHEMA_VERSION = 1
+
+_VERBS = (
+    ("replicate", "rep"),
+    ("all-to-all", "a2a"),
+    ("all-gather", "ag"),
+    ("on local tokens only", "tok"),
+)
+
+
+def _short_choice(choice: str) -> tuple[str, str]:
+    """('ag', 'kv_latent'), ('rep', 'q_b_proj'), ('a2a', 'q'), ('tok', 'qkv_a') from a choice in words."""
+    if choice.startswith("replicate "):
+        return "rep", choice.split()[1]
+    if choice.startswith("all-to-all "):
+        return "a2a", choice.split()[1]
+    if choice.startswith("all-gather "):
+        words = choice.split()
+        return "ag", words[1] + (f"→{words[3]}" if len(words) > 3 else "")
+    return "tok", choice.split()[0]
+
+
+def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, str]:
+    """(name, one-line decisions, summary in words) for a searched plan."""
+    stream = "scattered" if g.stream is S_TOK else "replicated"
+    groups: dict[str, list[str]] = {"ag": [], "rep": [], "a2a": [], "tok": []}
+    for cfg in configs:
+        for ch in cfg.choices:
+            verb, what = _short_choice(ch)
+            if what not in groups[verb]:
+                groups[verb].append(what)
+    parts = [stream] + (["rs"] if g.reduce is S_TOK else [])
+    parts += [f"{v}{len(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v]]
+    parts.append(f"moe-{g.moe_label()}")
+    digest = hashlib.sha1(repr(sorted((c.kind, c.choices) for c in configs)).encode()).hexdigest()[:4]
+    name = "+".join(parts) + f"#{digest}"
+    labels = {"ag": "AG", "rep": "replicate", "a2a": "A2A", "tok": "token-shard"}
+    short = "; ".join(f"{labels[v]} {', '.join(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v])
+    moe_words = {"tp": "MoE experts tensor-parallel", "a2a": "MoE all-to-all dispatch/combine"}.get(
+        g.moe, f"MoE expert-parallel EP{g.ep_size} without all-to-all"
+    )
+    head = (
+        "Residual stream token-sharded (block outputs reduce-scattered)"
+        if g.stream is S_TOK
+        else "Residual stream replicated (block outputs all-reduced)"
+    )
+    if g.reduce is S_TOK:
+        head += "; other partial sums reduce-scattered"
+    per_kind = [f"{c.kind}: " + ", ".join(c.choices) for c in configs if c.choices]
+    summary = f"{head}; {moe_words}." + (" " + ". ".join(per_kind) + "." if per_kind else "")
+    return name, (short or "no scattering decisions") + f" | {moe_words}", summary
+
+
+def behaviour(pa: PlanAudit) -> tuple:  # type: ignore[type-arg]
+    """What a plan does, layer by layer (decisions and collectives): equal for equivalent plans."""
+    p = pa.plan
+    layers = tuple(
+        (
+            tuple((d.op.name, d.split, d.strategy.output) for d in r.decisions),
+            tuple((c.collective, c.value, c.dst) for c in r.comms),
+        )
+        for r in pa.layer_results
+    )
+    return (p.moe, p.ep_size if p.moe == "ep" else None, layers)
+
+
+def _named_behaviours(graph: ModelGraph, n: int, dtype: str) -> dict[tuple, str]:  # type: ignore[type-arg]
+    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+
+    out: dict[tuple, str] = {}  # type: ignore[type-arg]
+    for name in dict.fromkeys(NAMED_PLANS + EXTRA_PLANS):
+        try:
+            pa = audit_plan(graph, make_plan(name, graph, n), n, dtype)
+        except TpplanError:
+            continue
+        if pa.legal:
+            out.setdefault(behaviour(pa), name)
+    return out
+
+
+def _pct(value: float, base: float) -> float | None:
+    return None if not base else round(100.0 * (value - base) / base, 2)
+
+
+def search_report(
+    model: str,
+    topology: str | None,
+    *,
+    tp: int | None = None,
+    nodes: int | None = None,
+    workload: str | None = None,
+    memory_cap_gib: float | None = None,
+    top: int = 10,
+    tokens: int = 8192,
+    dtype: str = "bf16",
+    expert_dtype: str | None = None,
+    objective: str = "time",
+    all_plans: bool = False,
+) -> dict[str, object]:
+    """Search, then re-audit and predict each ranked plan (legality, bytes, full memory with
+    activations, TTFT percentiles); the dict is the JSON documented in docs/search-json.md."""
+    import time as _time
+
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import baseline as baseline_plan
+
+    t0 = _time.perf_counter()
+    if objective not in ("time", "volume"):
+        raise TpplanError(f"--objective {objective}", "unknown objective", "choose time or volume")
+    if top < 1:
+        raise TpplanError(f"--top {top}", "must be at least 1", "ask for one plan or more")
+    if memory_cap_gib is not None and memory_cap_gib <= 0:
+        raise TpplanError(f"--memory-cap {memory_cap_gib}", "must be positive", "give GiB per rank, e.g. 140")
+    if tokens < 1:
+        raise TpplanError(f"--tokens {tokens}", "must be positive", "give the batch size in tokens, e.g. 8192")
+    graph = build_model_graph(load_model(model))
+    topo = wl = None
+    if topology is not None:
+        from tpplan.cost.topology import load_topology
+
+        topo = load_topology(topology, nodes)
+    elif objective == "time" or workload:
+        raise TpplanError("--topology", "predicted time needs a topology", "add --topology (e.g. h200x8-ib400)")
+    if workload is not None:
+        from tpplan.cost.workload import load_workload
+
+        wl = load_workload(workload)
+    n = tp if tp is not None else (topo.world_size if topo is not None else 0)
+    if n < 1:
+        raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
+    if topo is not None and n > topo.world_size:
+        raise TpplanError(
+            f"--tp {n}",
+            f"topology {topo.name} has only {topo.world_size} GPUs ({topo.nodes} x {topo.gpus_per_node})",
+            "use a smaller --tp or more --nodes",
+        )
+    if topo is not None and n > topo.gpus_per_node and n % topo.gpus_per_node:
+        raise TpplanError(
+            f"--tp {n}",
+            f"a TP group larger than a node must fill whole nodes of {topo.gpus_per_node} GPUs",
+            f"use a multiple of {topo.gpus_per_node}",
+        )
+    obj: Objective
+    if objective == "time":
+        obj = PredictObjective(graph, topo, n, workload=wl, tokens=tokens, dtype=dtype, expert_dtype=expert_dtype)
+    else:
+        obj = VolumeObjective(dtype)
+    # baseline first: it validates that the model splits over n ranks at all (clear error otherwise)
+    base_pa = audit_plan(graph, baseline_plan(), n, dtype)
+    cap = memory_cap_gib * 2**30 if memory_cap_gib is not None else None
+    res = search(graph, n, obj, top=top, memory_cap=cap, dtype=dtype, per_family=not all_plans)
+    t_search = _time.perf_counter() - t0
+    named = _named_behaviours(graph, n, dtype)
+
+    def evaluate(plan: Plan, pa: PlanAudit, cost: Cost, rank: int | None, g: GlobalChoice | None = None) -> dict:  # type: ignore[type-arg]
+        entry: dict[str, object] = {
+            "rank": rank,
+            "name": plan.name,
+            "title": plan.title,
+            "summary": plan.summary,
+            "found_by": plan.found_by,
+            "same_as_named": named.get(behaviour(pa)),
+            "legal": pa.legal,
+            "decisions": plan.describe(),
+            "score": cost.score,
+            "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
+            "weight_bytes_per_rank": pa.weight_bytes_per_rank,
+            "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
+            "search_memory_bytes_per_rank": cost.memory,
+        }
+        if topo is not None:
+            from tpplan.cost.predict import predict_plan
+
+            pr = predict_plan(
+                graph, plan, topo, tp=n, workload=wl, tokens=tokens, dtype=dtype, expert_dtype=expert_dtype, audit=pa
+            )
+            m = pr.memory
+            entry["forward_s"] = pr.forward_s
+            entry["ttft"] = (
+                {"mean_s": pr.ttft.mean_s, "p50_s": pr.ttft.p50_s, "max_s": pr.ttft.max_s} if pr.ttft else None
+            )
+            entry["memory_bytes_per_rank"] = {
+                "weights": m.weights,
+                "replicated_extra": m.replicated_extra,
+                "activations": m.activations,
+                "kv_cache": m.kv_cache,
+                "recurrent_state": m.recurrent_state,
+                "total": m.total,
+            }
+        return entry
+
+    base_cost = plan_cost(obj, graph, base_pa)
+    base_entry = evaluate(base_pa.plan, base_pa, base_cost, None)
+    plans: list[dict[str, object]] = []
+    excluded: list[dict[str, object]] = []
+    for c in res.over_cap:
+        name, _, _ = describe(c.glob, c.configs)
+        excluded.append({"name": name, "search_memory_bytes_per_rank": c.memory, "score": c.score})
+    for c in res.candidates:
+        name, short, summary = describe(c.glob, c.configs)
+        plan = c.plan.with_(name=name, title=short, summary=summary)
+        pa = audit_plan(graph, plan, n, dtype)
+        if not pa.legal:  # cannot happen: the search walks the audit's own propagation
+            raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
+        same = named.get(behaviour(pa))
+        if same:
+            plan = plan.with_(found_by="named")
+        entry = evaluate(plan, pa, c.cost, None, c.glob)
+        total = entry.get("memory_bytes_per_rank", {}).get("total") if topo is not None else None  # type: ignore[union-attr]
+        if cap is not None and total is not None and total > cap:  # activations pushed it over
+            excluded.append({"name": name, "memory_bytes_per_rank": total, "score": c.score, "why": "activations"})
+            continue
+        if len(plans) >= top:
+            break
+        entry["rank"] = len(plans) + 1
+        entry["delta_vs_baseline_pct"] = _pct(c.score, base_cost.score)
+        entry["comm_delta_vs_baseline_pct"] = _pct(pa.comm_bytes_per_token, base_pa.comm_bytes_per_token)
+        plans.append(entry)
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "model": graph.spec.name,
+        "tp": n,
+        "dtype": dtype,
+        "expert_dtype": expert_dtype,
+        "topology": topo.name if topo is not None else None,
+        "nodes": topo.nodes if topo is not None else None,
+        "workload": wl.name if wl is not None else None,
+        "objective": obj.name,
+        "score_unit": "s" if objective == "time" else "bytes per token per rank",
+        "mode": "all" if all_plans else "per-family",
+        "memory_cap_bytes": cap,
+        "baseline": base_entry,
+        "plans": plans,
+        "excluded_over_cap": {
+            "count": len(excluded),
+            "reason": (
+                f"memory per rank above the cap of {memory_cap_gib:g} GiB"
+                " (weights incl. replication, KV cache, recurrent state, embedding/head; activations checked after)"
+                if cap is not None
+                else None
+            ),
+            "plans": excluded,
+        },
+        "search": {
+            "families": res.globals_searched,
+            "walk_steps": res.walks,
+            "seconds": round(t_search, 3),
+        },
+    }
