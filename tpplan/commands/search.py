@@ -89,8 +89,7 @@ def _print(data: dict) -> None:
     t = Table(title="Ranked legal plans (deltas vs baseline)")
     cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "vs base", "memory/rank", "replicated"]
     for c in cols:
-        t.add_column(c, justify="left" if c in ("#", "plan", "found by") else "right")
-    t.add_column("decisions", overflow="fold", max_width=70)
+        t.add_column(c, justify="left" if c in ("#", "plan", "found by") else "right", overflow="fold")
 
     def row(p: dict, rank: str) -> None:
         if timed:
@@ -98,7 +97,7 @@ def _print(data: dict) -> None:
         else:
             score = f"{p['score']:,.0f}"
         mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
-        found = p["found_by"] + (f" (= {p['same_as_named']})" if p.get("same_as_named") else "")
+        found = f"= {p['same_as_named']}" if p.get("same_as_named") else p["found_by"]
         t.add_row(
             rank,
             p["name"],
@@ -109,7 +108,6 @@ def _print(data: dict) -> None:
             _pct(p.get("comm_delta_vs_baseline_pct")),
             _fmt_bytes(mem),
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
-            p["title"],
         )
 
     row(data["baseline"], "base")
@@ -128,6 +126,9 @@ def _print(data: dict) -> None:
         console.print("\n".join(lines), markup=False)
     if not data["plans"]:
         console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
+    console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
+    for p in data["plans"]:
+        console.print(f"  {p['rank']}. {p['name']}: {p['title']}", markup=False)
     if data["plans"]:
         best = data["plans"][0]
-        console.print(f"\n[bold]Best:[/] {best['name']}: {best['summary']}", markup=True, highlight=False)
+        console.print(f"\nBest, in words: {best['summary']}", markup=False)
