@@ -22,6 +22,15 @@ kind's ops, so for each global choice every kind is enumerated on its own (illeg
 soon as the op that breaks is reached), kinds are coupled only through the placement a layer
 hands the next one (handled exactly by grouping configs by that transfer) and through the memory
 cap (handled by keeping per-kind k-Pareto fronts of (score, memory) and merging them).
+A layer may hand the next one a partial sum, a replicated value, or a value already in the
+stream's placement; a hand-over that would change the next layer's stream add (a token-sharded
+MoE output under a replicated stream) is outside the space.
+
+Objectives (`Objective`) price op decisions and collectives additively: `PredictObjective` (the
+per-op prices of `tpplan.cost.predict`: forward time, or mean TTFT with a workload),
+`VolumeObjective` (bytes per token, the audit's measure), `RooflineObjective` (a simple
+independent time model). docs/design.md ("Search") has the argument for exactness; the tests
+check it against brute force.
 """
 
 from __future__ import annotations
@@ -127,11 +136,11 @@ class VolumeObjective:
 
 @dataclass
 class RooflineObjective:
-    """Interim time model until `tpplan.cost.predict` lands: every collective priced by the
-    topology's alpha-beta model (`collective_time`), every op's FLOPs at a flat fraction of the
-    GPU's peak (redundant work counts in full), weights in memory. `shapes` are (tokens, weight)
-    pairs: one forward of `tokens` by default, or a workload's prefill batches weighted so the sum
-    is the mean TTFT (the closed-loop FCFS schedule does not depend on batch times)."""
+    """A deliberately simple time model, independent of `tpplan.cost.predict` (the tests use it as
+    a second, differently shaped objective): every collective priced by the topology's alpha-beta
+    model (`collective_time`), every op's FLOPs at a flat fraction of the GPU's peak (redundant work
+    counts in full), weights in memory. `shapes` are (tokens, weight) pairs: one forward of
+    `tokens`, or `ttft_shapes(workload)` for a context-free mean TTFT."""
 
     topology: object  # tpplan.cost.topology.Topology
     shapes: Sequence[tuple[int, float]] = ((8192, 1.0),)
