@@ -22,15 +22,23 @@ kind's ops, so for each global choice every kind is enumerated on its own (illeg
 soon as the op that breaks is reached), kinds are coupled only through the placement a layer
 hands the next one (handled exactly by grouping configs by that transfer) and through the memory
 cap (handled by keeping per-kind k-Pareto fronts of (score, memory) and merging them).
+A layer may hand the next one a partial sum, a replicated value, or a value already in the
+stream's placement; a hand-over that would change the next layer's stream add (a token-sharded
+MoE output under a replicated stream) is outside the space.
+
+Objectives (`Objective`) price op decisions and collectives additively: `PredictObjective` (the
+per-op prices of `tpplan.cost.predict`: forward time, or mean TTFT with a workload),
+`VolumeObjective` (bytes per token, the audit's measure), `RooflineObjective` (a simple
+independent time model). docs/design.md ("Search") has the argument for exactness; the tests
+check it against brute force.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
@@ -128,11 +136,11 @@ class VolumeObjective:
 
 @dataclass
 class RooflineObjective:
-    """Interim time model until `tpplan.cost.predict` lands: every collective priced by the
-    topology's alpha-beta model (`collective_time`), every op's FLOPs at a flat fraction of the
-    GPU's peak (redundant work counts in full), weights in memory. `shapes` are (tokens, weight)
-    pairs: one forward of `tokens` by default, or a workload's prefill batches weighted so the sum
-    is the mean TTFT (the closed-loop FCFS schedule does not depend on batch times)."""
+    """A deliberately simple time model, independent of `tpplan.cost.predict` (the tests use it as
+    a second, differently shaped objective): every collective priced by the topology's alpha-beta
+    model (`collective_time`), every op's FLOPs at a flat fraction of the GPU's peak (redundant work
+    counts in full), weights in memory. `shapes` are (tokens, weight) pairs: one forward of
+    `tokens`, or `ttft_shapes(workload)` for a context-free mean TTFT."""
 
     topology: object  # tpplan.cost.topology.Topology
     shapes: Sequence[tuple[int, float]] = ((8192, 1.0),)
@@ -183,22 +191,138 @@ class RooflineObjective:
         return Cost(score, embed)
 
 
-def ttft_shapes(workload: object) -> list[tuple[int, float]]:
-    """(batch tokens, weight) pairs whose weighted sum of batch times is the workload's mean TTFT.
+def ttft_batches(workload: object) -> list[tuple[tuple[tuple[int, int], ...], float]]:
+    """(batch segments, weight) pairs whose weighted sum of batch times is the mean TTFT.
 
     The closed-loop FCFS schedule does not depend on how long batches take (a client resubmits at
     a batch boundary), so TTFT_i is the sum of the times of the batches between its arrival and
-    its last chunk, and the mean TTFT is linear in batch times with these weights.
+    its last chunk, and the mean TTFT is linear in batch times with these weights. Segments are
+    (new tokens, context) per request, as `tpplan.cost.predict` prices them.
     """
     from tpplan.cost.workload import simulate_ttft
 
     res = simulate_ttft(workload, lambda _b: 1.0)  # type: ignore[arg-type]
     done = [a + t for a, t in zip(res.arrival_s, res.ttft_s, strict=True)]
-    weights: dict[int, float] = {}
+    out: dict[tuple[tuple[int, int], ...], float] = {}
     for b in res.batches:
         inside = sum(1 for a, e in zip(res.arrival_s, done, strict=True) if a <= b.start_s and b.end_s <= e)
-        weights[b.n_tokens] = weights.get(b.n_tokens, 0.0) + inside / len(done)
-    return sorted(weights.items())
+        segs = tuple((sg.n_tokens, sg.start_pos) for sg in b.segments)
+        out[segs] = out.get(segs, 0.0) + inside / len(done)
+    return list(out.items())
+
+
+def ttft_shapes(workload: object) -> list[tuple[int, float]]:
+    """`ttft_batches` reduced to (tokens, weight) for objectives that ignore context."""
+    out: dict[int, float] = {}
+    for segs, w in ttft_batches(workload):
+        t = sum(n for n, _ in segs)
+        out[t] = out.get(t, 0.0) + w
+    return sorted(out.items())
+
+
+class PredictObjective:
+    """Predicted time from `tpplan.cost.predict`, op by op: the same per-op and per-collective
+    prices `predict_plan` sums into a layer's time, so the search's score of a plan equals
+    predict's forward time (no workload) or mean TTFT (workload, closed-loop FCFS, PP 1).
+
+    Memory is the additive part of predict's memory per rank: weights (experts at their weight
+    dtype), KV cache, recurrent state, embedding and head. Activations (the peak of one chunk) are
+    not additive; `search_cli` checks them on the ranked plans.
+    """
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        topology: object,
+        tp: int,
+        *,
+        workload: object | None = None,
+        tokens: int = 8192,
+        dtype: str = "bf16",
+        expert_dtype: str | None = None,
+    ) -> None:
+        from tpplan.cost.predict import _Predictor
+        from tpplan.plans.named import baseline
+
+        self.graph, self.topology, self.tp, self.dtype, self.expert_dtype = graph, topology, tp, dtype, expert_dtype
+        self.workload = workload
+        self.batches = ttft_batches(workload) if workload is not None else [(((tokens, 0),), 1.0)]
+        self.name = "mean TTFT" if workload is not None else f"forward time ({tokens} tokens)"
+        self._base = _Predictor(graph, baseline(), topology, tp, 1, dtype, expert_dtype)  # type: ignore[arg-type]
+        self._preds: dict[int | None, object] = {None: self._base}
+        self._ops: dict[tuple, Cost] = {}  # type: ignore[type-arg]
+        self._comms: dict[tuple[str, float], float] = {}
+        from tpplan.cost.predict import _pairs
+
+        self._pairs = [(_pairs(segs), w) for segs, w in self.batches]
+
+    def _pred(self, g: GlobalChoice) -> object:
+        key = g.ep_size if g.moe == "ep" else None
+        if key not in self._preds:
+            from tpplan.cost.predict import _Predictor
+            from tpplan.plans.named import baseline
+
+            plan = baseline().with_(moe="ep", ep_size=key)
+            self._preds[key] = _Predictor(
+                self.graph,
+                plan,
+                self.topology,  # type: ignore[arg-type]
+                self.tp,
+                1,
+                self.dtype,
+                self.expert_dtype,
+                audit=self._base.audit,  # type: ignore[attr-defined]
+            )
+        return self._preds[key]
+
+    def op_cost(self, kind: str, d: OpDecision, n: int, g: GlobalChoice) -> Cost:
+        key = (kind, d.op.name, d.split, d.strategy, d.compute_share, d.weight_elements_per_rank, g.ep_size)
+        hit = self._ops.get(key)
+        if hit is None:
+            pred = self._pred(g)
+            lg = self.graph.kinds[kind]
+            secs = 0.0
+            for (t, pairs, ctx), w in self._pairs:
+                secs += w * pred._op_time(lg, d, t, pairs, ctx).seconds  # type: ignore[attr-defined]
+            wb = pred.expert_bytes if d.op.kind is OpKind.EXPERTS else pred.b  # type: ignore[attr-defined]
+            hit = Cost(secs, d.weight_elements_per_rank * wb)
+            self._ops[key] = hit
+        return hit
+
+    def comm_cost(self, kind: str, c: CommEvent, n: int) -> Cost:
+        coll = c.collective.value
+        key = (coll, c.elements_per_token)
+        hit = self._comms.get(key)
+        if hit is None:
+            pred = self._base
+            hit = 0.0
+            for (t, _, _), w in self._pairs:
+                nbytes = pred._nbytes(coll, c.elements_per_token, t)  # type: ignore[attr-defined]
+                hit += w * pred._coll(kind, c.label, coll, c.region, nbytes).seconds  # type: ignore[attr-defined]
+            self._comms[key] = hit
+        return Cost(hit, 0.0)
+
+    def fixed(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> Cost:
+        from tpplan.layout.placement import ring_elements_per_rank
+
+        pred = self._base
+        secs = 0.0
+        coll = _final_collective(stream, final_delta)
+        if coll is not None and n > 1:
+            el = ring_elements_per_rank(coll, graph.hidden, n)
+            for (t, _, _), w in self._pairs:
+                nbytes = pred._nbytes(coll.value, el, t)  # type: ignore[attr-defined]
+                secs += w * pred._coll("final", "final", coll.value, "mlp_side", nbytes).seconds  # type: ignore[attr-defined]
+        spec = graph.spec
+        wl = self.workload
+        if wl is not None:
+            seqs = [wl.prompt_len(i) + wl.output_len for i in range(wl.concurrency)]  # type: ignore[attr-defined]
+        else:
+            seqs = [sum(t for (t, _, _), _ in self._pairs[:1])]
+        kv = sum(pred._kv_per_token(ls.attn) * sum(seqs) for ls in spec.layers)  # type: ignore[attr-defined]
+        state = sum(pred._state_per_seq(ls.attn) * len(seqs) for ls in spec.layers)  # type: ignore[attr-defined]
+        embed = spec.vocab * spec.hidden / n * pred.b * (1 if spec.tie_embeddings else 2)  # type: ignore[attr-defined]
+        return Cost(secs, kv + state + embed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,9 +494,7 @@ def _expand(
         names = "+".join(v for v, _ in bad)
         cands = []
         if opts.gather_for:
-            cands.append(
-                cfg.add(f"all-gather {names} for {op.name}", gather_for=[(prod_q(v), q(op)) for v, _ in bad])
-            )
+            cands.append(cfg.add(f"all-gather {names} for {op.name}", gather_for=[(prod_q(v), q(op)) for v, _ in bad]))
         if (
             opts.replicate
             and op.kind is OpKind.LINEAR
@@ -455,14 +577,20 @@ def _step_sig(before: LayerWalk, after: LayerWalk) -> int:
     return hash((d.op.name, d.split, d.strategy, d.inputs_received, comms))
 
 
+def _cost_key(c: Cost) -> tuple[float, float]:
+    return (float(f"{c.score:.12g}"), float(f"{c.memory:.12g}"))
+
+
 def _dedupe(parts: list[_Partial]) -> list[_Partial]:
-    """One partial per behaviour (the one with the fewest decisions: `gather x` over three
-    `gather x for ...` that issue the same single all-gather)."""
-    best: dict[int, _Partial] = {}
+    """One partial per cost: branches in the same state with the same (score, memory) have
+    completions of equal cost, so they rank as one plan; keep the one with the fewest decisions
+    (`gather x` over three `gather x for ...` that issue the same single all-gather)."""
+    best: dict[tuple[float, float], _Partial] = {}
     for p in parts:
-        cur = best.get(p.sig)
+        key = _cost_key(p.cost)
+        cur = best.get(key)
         if cur is None or len(p.cfg.choices) < len(cur.cfg.choices):
-            best[p.sig] = p
+            best[key] = p
     return list(best.values())
 
 
@@ -691,12 +819,16 @@ def search(
     memory_cap: float | None = None,
     options: SpaceOptions | None = None,
     dtype: str = "bf16",
+    per_family: bool = False,
 ) -> SearchResult:
     """The `top` best legal plans under `objective`, memory per rank at most `memory_cap` bytes.
 
     Exact over the space (see the module docstring): per global choice, each kind's k-Pareto
     front, grouped by the placement its layers hand on; every chain of hand-overs that the layer
-    order allows is priced; fronts are merged under the cap.
+    order allows is priced; fronts are merged under the cap. Plans of equal score and memory rank
+    as one. `per_family`: instead of the k best plans overall (mostly variants of the best one),
+    the best plan of each family (stream x reduce x MoE mode), ranked; the first is still the
+    optimum, and it needs only Pareto fronts (k = 1), so it is much faster.
     """
     if n < 1:
         raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
@@ -706,7 +838,7 @@ def search(
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
     opts = options or SpaceOptions()
     nbytes = DTYPE_BYTES[dtype]
-    k = top
+    k = 1 if per_family else top
     counts = graph.counts()
     order = graph.layer_kinds
     globs = [
@@ -726,10 +858,24 @@ def search(
             per_kind[kind] = front
         if gc.reduce is not R and all(not f.used_reduce for f in per_kind.values()):
             continue  # no op ever meets a partial sum outside the stream: the same plans as reduce=R
-        pool += _combine(graph, gc, per_kind, counts, order, objective, n, k, nbytes)
-    pool.sort(key=lambda c: (c.score, c.memory, c.plan.name))
+        found = _combine(graph, gc, per_kind, counts, order, objective, n, k, nbytes)
+        if per_family and found:
+            found.sort(key=lambda c: (c.score, c.memory))
+            fits = [c for c in found if memory_cap is None or c.memory <= memory_cap]
+            found = fits[:1] + ([found[0]] if found[0] not in fits[:1] else [])
+        pool += found
+    pool.sort(key=lambda c: (c.score, c.memory, sum(len(x.choices) for x in c.configs)))
+    seen: set[tuple[float, float]] = set()
+    unique = []
+    for c in pool:  # plans of equal score and memory rank as one (the one with fewest decisions)
+        key = _cost_key(c.cost)
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    pool = unique
     feasible = [c for c in pool if memory_cap is None or c.memory <= memory_cap]
-    over = [c for c in pool[:top] if memory_cap is not None and c.memory > memory_cap]
+    limit = top if not per_family else len(pool)
+    over = [c for c in pool[:limit] if memory_cap is not None and c.memory > memory_cap]
     return SearchResult(
         graph.spec.name,
         n,
@@ -742,7 +888,9 @@ def search(
     )
 
 
-def _reprice(front: KindFront, lg: LayerGraph, base: GlobalChoice, g: GlobalChoice, n: int, obj: Objective) -> KindFront:
+def _reprice(
+    front: KindFront, lg: LayerGraph, base: GlobalChoice, g: GlobalChoice, n: int, obj: Objective
+) -> KindFront:
     """EP without all-to-all places experts like TP as far as placements go (every rank sees every
     token, outputs partial sums); only the experts op's price changes, by the same amount in
     every config, so the TP front shifted by that amount is the EP front."""
@@ -751,7 +899,7 @@ def _reprice(front: KindFront, lg: LayerGraph, base: GlobalChoice, g: GlobalChoi
         new = []
         for p in parts:
             d = next(x for x in p.walk.res.decisions if x.op.kind is OpKind.EXPERTS)
-            shift = obj.op_cost(lg.kind, d, n, g)
+            shift = obj.op_cost(lg.kind, replace(d, split=g.moe), n, g)
             back = obj.op_cost(lg.kind, d, n, base)
             new.append(_Partial(p.cost + Cost(shift.score - back.score, shift.memory - back.memory), p.cfg, p.walk))
         out[e] = new
@@ -800,3 +948,258 @@ def _combine(
             plan = make_search_plan(g, cfgs)
             out.append(Candidate(plan, cost, g, cfgs))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Naming, named-plan matching, and the report the CLI prints (JSON: docs/search-json.md)
+
+JSON_SCHEMA_VERSION = 1
+
+_VERBS = (
+    ("replicate", "rep"),
+    ("all-to-all", "a2a"),
+    ("all-gather", "ag"),
+    ("on local tokens only", "tok"),
+)
+
+
+def _short_choice(choice: str) -> tuple[str, str]:
+    """('ag', 'kv_latent'), ('rep', 'q_b_proj'), ('a2a', 'q'), ('tok', 'qkv_a') from a choice in words."""
+    if choice.startswith("replicate "):
+        return "rep", choice.split()[1]
+    if choice.startswith("all-to-all "):
+        return "a2a", choice.split()[1]
+    if choice.startswith("all-gather "):
+        words = choice.split()
+        return "ag", words[1] + (f"→{words[3]}" if len(words) > 3 else "")
+    return "tok", choice.split()[0]
+
+
+def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, str]:
+    """(name, one-line decisions, summary in words) for a searched plan."""
+    stream = "scattered" if g.stream is S_TOK else "replicated"
+    groups: dict[str, list[str]] = {"ag": [], "rep": [], "a2a": [], "tok": []}
+    for cfg in configs:
+        for ch in cfg.choices:
+            verb, what = _short_choice(ch)
+            if what not in groups[verb]:
+                groups[verb].append(what)
+    parts = [stream] + (["rs"] if g.reduce is S_TOK else [])
+    parts += [f"{v}{len(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v]]
+    parts.append(f"moe-{g.moe_label()}")
+    digest = hashlib.sha1(repr(sorted((c.kind, c.choices) for c in configs)).encode()).hexdigest()[:4]
+    name = "+".join(parts) + f"#{digest}"
+    labels = {"ag": "AG", "rep": "replicate", "a2a": "A2A", "tok": "token-shard"}
+    short = "; ".join(f"{labels[v]} {', '.join(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v])
+    moe_words = {"tp": "MoE experts tensor-parallel", "a2a": "MoE all-to-all dispatch/combine"}.get(
+        g.moe, f"MoE expert-parallel EP{g.ep_size} without all-to-all"
+    )
+    head = (
+        "Residual stream token-sharded (block outputs reduce-scattered)"
+        if g.stream is S_TOK
+        else "Residual stream replicated (block outputs all-reduced)"
+    )
+    if g.reduce is S_TOK:
+        head += "; other partial sums reduce-scattered"
+    per_kind = [f"{c.kind}: " + ", ".join(c.choices) for c in configs if c.choices]
+    summary = f"{head}; {moe_words}." + (" " + ". ".join(per_kind) + "." if per_kind else "")
+    return name, (short or "no scattering decisions") + f" | {moe_words}", summary
+
+
+def behaviour(pa: PlanAudit) -> tuple:  # type: ignore[type-arg]
+    """What a plan does, layer by layer (decisions and collectives): equal for equivalent plans."""
+    p = pa.plan
+    layers = tuple(
+        (
+            tuple((d.op.name, d.split, d.strategy.output) for d in r.decisions),
+            tuple((c.collective, c.value, c.dst) for c in r.comms),
+        )
+        for r in pa.layer_results
+    )
+    return (p.moe, p.ep_size if p.moe == "ep" else None, layers)
+
+
+def _named_behaviours(graph: ModelGraph, n: int, dtype: str) -> dict[tuple, str]:  # type: ignore[type-arg]
+    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+
+    out: dict[tuple, str] = {}  # type: ignore[type-arg]
+    for name in dict.fromkeys(NAMED_PLANS + EXTRA_PLANS):
+        try:
+            pa = audit_plan(graph, make_plan(name, graph, n), n, dtype)
+        except TpplanError:
+            continue
+        if pa.legal:
+            out.setdefault(behaviour(pa), name)
+    return out
+
+
+def _pct(value: float, base: float) -> float | None:
+    return None if not base else round(100.0 * (value - base) / base, 2)
+
+
+def search_report(
+    model: str,
+    topology: str | None,
+    *,
+    tp: int | None = None,
+    nodes: int | None = None,
+    workload: str | None = None,
+    memory_cap_gib: float | None = None,
+    top: int = 10,
+    tokens: int = 8192,
+    dtype: str = "bf16",
+    expert_dtype: str | None = None,
+    objective: str = "time",
+    all_plans: bool = False,
+) -> dict[str, object]:
+    """Search, then re-audit and predict each ranked plan (legality, bytes, full memory with
+    activations, TTFT percentiles); the dict is the JSON documented in docs/search-json.md."""
+    import time as _time
+
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import baseline as baseline_plan
+
+    t0 = _time.perf_counter()
+    if objective not in ("time", "volume"):
+        raise TpplanError(f"--objective {objective}", "unknown objective", "choose time or volume")
+    if top < 1:
+        raise TpplanError(f"--top {top}", "must be at least 1", "ask for one plan or more")
+    if memory_cap_gib is not None and memory_cap_gib <= 0:
+        raise TpplanError(f"--memory-cap {memory_cap_gib}", "must be positive", "give GiB per rank, e.g. 140")
+    if tokens < 1:
+        raise TpplanError(f"--tokens {tokens}", "must be positive", "give the batch size in tokens, e.g. 8192")
+    graph = build_model_graph(load_model(model))
+    topo = wl = None
+    if topology is not None:
+        from tpplan.cost.topology import load_topology
+
+        topo = load_topology(topology, nodes)
+    elif objective == "time" or workload:
+        raise TpplanError("--topology", "predicted time needs a topology", "add --topology (e.g. h200x8-ib400)")
+    if workload is not None:
+        from tpplan.cost.workload import load_workload
+
+        wl = load_workload(workload)
+    n = tp if tp is not None else (topo.world_size if topo is not None else 0)
+    if n < 1:
+        raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
+    if topo is not None and n > topo.world_size:
+        raise TpplanError(
+            f"--tp {n}",
+            f"topology {topo.name} has only {topo.world_size} GPUs ({topo.nodes} x {topo.gpus_per_node})",
+            "use a smaller --tp or more --nodes",
+        )
+    if topo is not None and n > topo.gpus_per_node and n % topo.gpus_per_node:
+        raise TpplanError(
+            f"--tp {n}",
+            f"a TP group larger than a node must fill whole nodes of {topo.gpus_per_node} GPUs",
+            f"use a multiple of {topo.gpus_per_node}",
+        )
+    obj: Objective
+    if objective == "time":
+        obj = PredictObjective(graph, topo, n, workload=wl, tokens=tokens, dtype=dtype, expert_dtype=expert_dtype)
+    else:
+        obj = VolumeObjective(dtype)
+    # baseline first: it validates that the model splits over n ranks at all (clear error otherwise)
+    base_pa = audit_plan(graph, baseline_plan(), n, dtype)
+    cap = memory_cap_gib * 2**30 if memory_cap_gib is not None else None
+    res = search(graph, n, obj, top=top, memory_cap=cap, dtype=dtype, per_family=not all_plans)
+    t_search = _time.perf_counter() - t0
+    named = _named_behaviours(graph, n, dtype)
+
+    def evaluate(plan: Plan, pa: PlanAudit, cost: Cost, rank: int | None, g: GlobalChoice | None = None) -> dict:  # type: ignore[type-arg]
+        entry: dict[str, object] = {
+            "rank": rank,
+            "name": plan.name,
+            "title": plan.title,
+            "summary": plan.summary,
+            "found_by": plan.found_by,
+            "same_as_named": named.get(behaviour(pa)),
+            "legal": pa.legal,
+            "decisions": plan.describe(),
+            "score": cost.score,
+            "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
+            "weight_bytes_per_rank": pa.weight_bytes_per_rank,
+            "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
+            "search_memory_bytes_per_rank": cost.memory,
+        }
+        if topo is not None:
+            from tpplan.cost.predict import predict_plan
+
+            pr = predict_plan(
+                graph, plan, topo, tp=n, workload=wl, tokens=tokens, dtype=dtype, expert_dtype=expert_dtype, audit=pa
+            )
+            m = pr.memory
+            entry["forward_s"] = pr.forward_s
+            entry["ttft"] = (
+                {"mean_s": pr.ttft.mean_s, "p50_s": pr.ttft.p50_s, "max_s": pr.ttft.max_s} if pr.ttft else None
+            )
+            entry["memory_bytes_per_rank"] = {
+                "weights": m.weights,
+                "replicated_extra": m.replicated_extra,
+                "activations": m.activations,
+                "kv_cache": m.kv_cache,
+                "recurrent_state": m.recurrent_state,
+                "total": m.total,
+            }
+        return entry
+
+    base_cost = plan_cost(obj, graph, base_pa)
+    base_entry = evaluate(base_pa.plan, base_pa, base_cost, None)
+    plans: list[dict[str, object]] = []
+    excluded: list[dict[str, object]] = []
+    for c in res.over_cap:
+        name, _, _ = describe(c.glob, c.configs)
+        excluded.append({"name": name, "search_memory_bytes_per_rank": c.memory, "score": c.score})
+    for c in res.candidates:
+        name, short, summary = describe(c.glob, c.configs)
+        plan = c.plan.with_(name=name, title=short, summary=summary)
+        pa = audit_plan(graph, plan, n, dtype)
+        if not pa.legal:  # cannot happen: the search walks the audit's own propagation
+            raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
+        same = named.get(behaviour(pa))
+        if same:
+            plan = plan.with_(found_by="named")
+        entry = evaluate(plan, pa, c.cost, None, c.glob)
+        total = entry.get("memory_bytes_per_rank", {}).get("total") if topo is not None else None  # type: ignore[union-attr]
+        if cap is not None and total is not None and total > cap:  # activations pushed it over
+            excluded.append({"name": name, "memory_bytes_per_rank": total, "score": c.score, "why": "activations"})
+            continue
+        if len(plans) >= top:
+            break
+        entry["rank"] = len(plans) + 1
+        entry["delta_vs_baseline_pct"] = _pct(c.score, base_cost.score)
+        entry["comm_delta_vs_baseline_pct"] = _pct(pa.comm_bytes_per_token, base_pa.comm_bytes_per_token)
+        plans.append(entry)
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "model": graph.spec.name,
+        "tp": n,
+        "dtype": dtype,
+        "expert_dtype": expert_dtype,
+        "topology": topo.name if topo is not None else None,
+        "nodes": topo.nodes if topo is not None else None,
+        "workload": wl.name if wl is not None else None,
+        "objective": obj.name,
+        "score_unit": "s" if objective == "time" else "bytes per token per rank",
+        "mode": "all" if all_plans else "per-family",
+        "memory_cap_bytes": cap,
+        "baseline": base_entry,
+        "plans": plans,
+        "excluded_over_cap": {
+            "count": len(excluded),
+            "reason": (
+                f"memory per rank above the cap of {memory_cap_gib:g} GiB"
+                " (weights incl. replication, KV cache, recurrent state, embedding/head; activations checked after)"
+                if cap is not None
+                else None
+            ),
+            "plans": excluded,
+        },
+        "search": {
+            "families": res.globals_searched,
+            "walk_steps": res.walks,
+            "seconds": round(t_search, 3),
+        },
+    }
