@@ -774,7 +774,6 @@ class SearchResult:
     over_cap: list[Candidate] = field(default_factory=list)  # unconstrained top plans the cap excluded
     globals_searched: int = 0
     walks: int = 0
-    baseline: Candidate | None = None
 
 
 def _entry_fix(
@@ -954,13 +953,6 @@ def _combine(
 # Naming, named-plan matching, and the report the CLI prints (JSON: docs/search-json.md)
 
 JSON_SCHEMA_VERSION = 1
-
-_VERBS = (
-    ("replicate", "rep"),
-    ("all-to-all", "a2a"),
-    ("all-gather", "ag"),
-    ("on local tokens only", "tok"),
-)
 
 
 def _short_choice(choice: str) -> tuple[str, str]:
