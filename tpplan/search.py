@@ -1151,8 +1151,8 @@ def search_report(
         if not pa.legal:  # cannot happen: the search walks the audit's own propagation
             raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
         same = named.get(behaviour(pa))
-        if same:
-            plan = plan.with_(found_by="named")
+        if same:  # the search rediscovered a named plan: show it under its name
+            plan = plan.with_(name=same, found_by="named")
         entry = evaluate(plan, pa, c.cost, None, c.glob)
         total = entry.get("memory_bytes_per_rank", {}).get("total") if topo is not None else None  # type: ignore[union-attr]
         if cap is not None and total is not None and total > cap:  # activations pushed it over
