@@ -97,7 +97,7 @@ def _print(data: dict) -> None:
         else:
             score = f"{p['score']:,.0f}"
         mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
-        found = f"= {p['same_as_named']}" if p.get("same_as_named") else p["found_by"]
+        found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
         t.add_row(
             rank,
             p["name"],
