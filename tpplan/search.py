@@ -1208,6 +1208,7 @@ def search_report(
         "score_unit": "s" if objective == "time" else "bytes per token per rank",
         "mode": "all" if all_plans else "per-family",
         "memory_cap_bytes": cap,
+        "gpu_memory_bytes": topo.gpu.memory_GiB * 2**30 if topo is not None else None,
         "baseline": base_entry,
         "plans": plans,
         "excluded_over_cap": {
