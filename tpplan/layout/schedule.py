@@ -126,11 +126,24 @@ def value_dtype(lg: LayerGraph, value: str, act: str) -> str:
     return act
 
 
+_RESULTS: dict[tuple[int, Plan, int], tuple[ModelGraph, list[LayerResult]]] = {}
+
+
 def layer_results(graph: ModelGraph, plan: Plan, n: int) -> list[LayerResult]:
-    """Per-layer propagation results, chained like the audit (each layer sees the previous exit)."""
+    """Per-layer propagation results, chained like the audit (each layer sees the previous exit).
+
+    Memoised per (graph, plan, N): the runtime asks for them on every chunk.
+    """
     from tpplan.audit import audit_plan
 
-    return audit_plan(graph, plan, n, "fp32").layer_results
+    key = (id(graph), plan, n)
+    hit = _RESULTS.get(key)
+    if hit is None or hit[0] is not graph:
+        if len(_RESULTS) > 256:
+            _RESULTS.clear()
+        hit = (graph, audit_plan(graph, plan, n, "fp32").layer_results)
+        _RESULTS[key] = hit
+    return hit[1]
 
 
 def falls_back(graph: ModelGraph, plan: Plan, n: int, tokens: int) -> bool:

@@ -20,8 +20,16 @@ placements the propagation assigned (`OpDecision`): first the conversions the pl
 that edge (all-gathers, all-to-alls), then the reductions of partial sums (all-reduce to R,
 reduce-scatter to S(tok)), then free local steps (row or head slices; R -> P keeps the value on
 rank 0). Each collective is checked against the layer's `CommEvent`s: a conversion the plan does
-not name is an error (under `force`, it is issued and traced as unplanned, which is how the
-seed's illegal variant runs). The op itself runs the single-process kernel
+not name is an error.
+
+`force` runs an illegal plan the way a careless implementation would, so its error shows: the
+plan is first repaired by all-gathers (`plans.named.repair(how="gather")`) to get a placement for
+every value, and at each edge the original plan cannot serve, the runner does the cheap wrong
+thing instead of the gather: a column-parallel weight that receives token-sharded input is
+applied to the rank's own tokens, and those per-rank slices are all-gathered by token (the seed
+memo's variant: each gathered slice was made with another rank's heads). Other added
+collectives run as repaired. Everything the original plan does not name is traced with
+`planned=False`. The op itself runs the single-process kernel
 (`executor.execute_op`) on the local tensors; MoE under `moe="a2a"` dispatches each real token
 once to every rank hosting one of its experts and combines the results (all-to-all with the
 exact row counts). Token-sharded values hold ceil(T/N) rows per rank (padded); a chunk with fewer
@@ -43,9 +51,9 @@ from tpplan.bench._dist import maybe_fault
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
-from tpplan.layout.schedule import falls_back, padded_rows, token_range
+from tpplan.layout.schedule import falls_back, layer_results, padded_rows, token_range
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
-from tpplan.plans.named import baseline
+from tpplan.plans.named import baseline, repair
 from tpplan.plans.plan import Plan
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
@@ -56,12 +64,10 @@ from tpplan.runtime.weights import Numerics
 
 @dataclass
 class Held:
-    """A value as one rank holds it. `mixed` (forced runs only): its own tokens times its own heads,
-    the product of a column-parallel weight applied to token-sharded input (the seed's bug)."""
+    """A value as one rank holds it: the local tensor and its placement."""
 
     t: Tensor
     pl: Placement
-    mixed: bool = False
 
 
 class PlanViolation(RuntimeError):
@@ -133,15 +139,19 @@ class PlanRunner:
         dtype: torch.dtype = torch.float32,
         force: bool = False,
     ) -> None:
+        legal = audit_plan(graph, plan, n, "fp32").legal
         if not force:
             check_legal(graph, plan, n)
         self.graph, self.plan, self.n, self.rank = graph, plan, n, rank
+        self.exec_plan = plan if legal else _repaired(graph, plan, n)
         self.source, self.comm, self.tracer = source, comm, comm.tracer
         self.numerics = numerics or numerics_for(graph)
         self.device = device or torch.device("cpu")
         self.dtype, self.force = dtype, force
-        self.results = audit_plan(graph, plan, n, "fp32").layer_results
-        self.shard = self._shard(self.results, plan)
+        self.results = layer_results(graph, self.exec_plan, n)
+        # What the plan itself names, per layer: anything else the runner issues is unplanned.
+        self.planned = [{(c.value, c.dst) for c in r.comms} for r in layer_results(graph, plan, n)]
+        self.shard = self._shard(self.results, self.exec_plan)
         self._fallback: tuple[Plan, list[LayerResult], ModelShard] | None = None
         self.state = RunState()
         self.chunk_index = 0
@@ -171,7 +181,7 @@ class PlanRunner:
     def forward_chunk(self, ids: Tensor, observe: Observer | None = None) -> Held:
         """One prefill chunk through every layer; returns the final normed hidden in the stream placement."""
         t = ids.numel()
-        plan, results, shard = self.plan, self.results, self.shard
+        plan, results, shard = self.exec_plan, self.results, self.shard
         if falls_back(self.graph, self.plan, self.n, t):
             plan, results, shard = self._fallback_plan()
             self.tracer.events.append(
@@ -193,7 +203,8 @@ class PlanRunner:
             self.tracer.layer = i
             ctx.layer, ctx.values = i, lg.values
             env: dict[str, Held] = {"resid": resid, "delta": delta, "bank": bank}
-            self._layer(i, lg, results[i], shard, env, ctx, t, bool(block and i % block == 0))
+            planned = self.planned[i] if plan is self.exec_plan else {(c.value, c.dst) for c in results[i].comms}
+            self._layer(i, lg, results[i], planned, shard, env, ctx, t, bool(block and i % block == 0))
             bank = env["bank"]
             resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
             delta = env["mlp_out"]
@@ -217,7 +228,7 @@ class PlanRunner:
     def _fallback_plan(self) -> tuple[Plan, list[LayerResult], ModelShard]:
         if self._fallback is None:
             base = baseline()
-            res = audit_plan(self.graph, base, self.n, "fp32").layer_results
+            res = layer_results(self.graph, base, self.n)
             self._fallback = (base, res, self._shard(res, base))
         return self._fallback
 
@@ -230,12 +241,20 @@ class PlanRunner:
         return out
 
     def _layer(
-        self, i: int, lg: LayerGraph, res: LayerResult, shard: ModelShard, env: dict[str, Held], ctx: ExecContext,
-        tokens: int, boundary: bool,
+        self, i: int, lg: LayerGraph, res: LayerResult, planned: set[tuple[str, Placement]], shard: ModelShard,
+        env: dict[str, Held], ctx: ExecContext, tokens: int, boundary: bool,
     ) -> None:  # fmt: skip
         named = {(c.value, c.dst): c for c in res.comms if not c.internal}
         done: dict[tuple[str, Placement], Held] = {}
+        self._planned = planned
         for op, dec in zip(lg.ops, res.decisions, strict=True):
+            w = shard.ops[(i, op.name)]
+            if self._seed_variant(op, dec, env, planned):
+                # Forced only: column-parallel weight on the rank's own tokens, slices gathered by token.
+                local = K.linear(env[op.inputs[0]].t, w["weight"])
+                name = f"{op.output}(forced)"
+                env[op.output] = Held(self.comm.all_gather_tokens(local, name, tokens, planned=False), S_COL)
+                continue
             received = []
             for v, want in zip(op.inputs, dec.inputs_received, strict=True):
                 held = env[v]
@@ -244,36 +263,39 @@ class PlanRunner:
                 received.append(held)
             ins = []
             for v, held, need in zip(op.inputs, received, dec.strategy.inputs, strict=True):
-                if held.pl != need or held.mixed:
+                if held.pl != need:
                     held = self._convert(lg, op, dec, v, held, need, named, done, tokens)
                 ins.append(held)
             state = self.state.ops.setdefault((i, op.name), {})
-            env[op.output] = self._run(op, dec, ins, shard.ops[(i, op.name)], state, ctx, tokens)
+            env[op.output] = self._run(op, dec, ins, w, state, ctx, tokens)
             if boundary and op.kind is OpKind.ATTN_RES and op in lg.entry:
                 stream = str(op.attrs.get("norm_of", op.inputs[1]))
                 bank = env["bank"]
                 env["bank"] = Held(torch.cat([bank.t, env[stream].t[:, None, :]], dim=1), bank.pl)
                 env[stream] = Held(torch.zeros_like(env[stream].t), env[stream].pl)
 
+    def _seed_variant(self, op: Op, dec: OpDecision, env: dict[str, Held], planned: set[tuple[str, Placement]]) -> bool:
+        """True where a forced run replaces the repair's input all-gather by the seed's wrong slice gather."""
+        if self.exec_plan is self.plan or op.kind is not OpKind.LINEAR or dec.split != WeightSplit.COL:
+            return False
+        v = op.inputs[0]
+        return env[v].pl is S_TOK and (v, R) not in planned
+
     def _convert(
         self, lg: LayerGraph, op: Op, dec: OpDecision, v: str, held: Held, dst: Placement,
         named: dict[tuple[str, Placement], CommEvent], done: dict[tuple[str, Placement], Held], tokens: int,
     ) -> Held:  # fmt: skip
-        """Bring `held` (value `v`) to `dst`: a free local step, a collective the plan names, or (force) an
-        unplanned one."""
+        """Bring `held` (value `v`) to `dst`: a free local step or a collective the plan names."""
         key = (v, dst)
-        if key in done and not held.mixed:
+        if key in done:
             return done[key]
         src, x = held.pl, held.t
         value = lg.values.get(v)
         heads = value.heads if value is not None else 0
         out: Held | None = None
-        if held.mixed:
-            out = self._forced(op, v, held, dst, heads, tokens)
-        elif src is R and dst is S_TOK:
-            lo = self.rank * padded_rows(tokens, self.n)[1]
+        if src is R and dst is S_TOK:
             per = padded_rows(tokens, self.n)[1]
-            rows = x[lo : lo + per]
+            rows = x[self.rank * per : (self.rank + 1) * per]
             out = Held(torch.cat([rows, rows.new_zeros(per - rows.shape[0], *rows.shape[1:])]), S_TOK)
         elif src is R and dst is S_COL:
             lo, hi = head_range(heads, self.n, self.rank)
@@ -282,70 +304,36 @@ class PlanRunner:
         elif src is R and dst is P:
             out = Held(x if self.rank == 0 else torch.zeros_like(x), P)
         elif key in named:
-            c = self.comm
+            c, ok = self.comm, key in self._planned
             if src is P and dst is R:
-                out = Held(c.all_reduce(x, v), R)
+                out = Held(c.all_reduce(x, v, planned=ok), R)
             elif src is P and dst is S_TOK:
-                out = Held(c.reduce_scatter(x, v, tokens), S_TOK)
+                out = Held(c.reduce_scatter(x, v, tokens, planned=ok), S_TOK)
             elif src is S_TOK and dst is R:
-                out = Held(c.all_gather_tokens(x, v, tokens), R)
+                out = Held(c.all_gather_tokens(x, v, tokens, planned=ok), R)
             elif src is S_COL and dst is R:
-                out = Held(c.all_gather_heads(x, v, heads), R)
+                out = Held(c.all_gather_heads(x, v, heads, planned=ok), R)
             elif src is S_TOK and dst is S_COL:
-                out = Held(c.tokens_to_heads(x, v, heads, tokens), S_COL)
-        elif self.force:
-            out = self._forced(op, v, held, dst, heads, tokens)
+                out = Held(c.tokens_to_heads(x, v, heads, tokens, planned=ok), S_COL)
         if out is None:
             raise PlanViolation(
                 f"layer {self.tracer.layer} {op.name}: `{v}` is {src} but needs {dst}, and plan "
                 f"'{self.plan.name}' names no collective for it"
             )
-        if not held.mixed:
-            done[key] = out
+        done[key] = out
         return out
-
-    def _forced(self, op: Op, v: str, held: Held, dst: Placement, heads: int, tokens: int) -> Held | None:
-        """What an implementation that ignores the rule does (only under --force), traced as unplanned."""
-        c, x, src = self.comm, held.t, held.pl
-        if src is S_TOK and dst is R and op.kind is OpKind.LINEAR and not held.mixed:
-            return held  # column-parallel weight on local rows: makes mixed slices (see _run)
-        if src is S_TOK and dst is S_COL and held.mixed:
-            # The seed's illegal variant: all-gather per-rank slices made with each rank's own heads.
-            return Held(c.all_gather_tokens(x, f"{v}(forced)", tokens, planned=False), S_COL)
-        if src is S_TOK and dst is S_COL:
-            return Held(c.tokens_to_heads(x, f"{v}(forced)", heads, tokens, planned=False), S_COL)
-        if src is S_TOK and dst is R:
-            return Held(c.all_gather_tokens(x, f"{v}(forced)", tokens, planned=False), R)
-        if src is S_COL and dst is R:
-            return Held(c.all_gather_heads(x, f"{v}(forced)", heads, planned=False), R)
-        if src is P and dst in (R, S_COL):
-            full = c.all_reduce(x, f"{v}(forced)", planned=False)
-            if dst is R:
-                return Held(full, R)
-            lo, hi = head_range(heads, self.n, self.rank)
-            per_head = full.shape[1] // heads
-            return Held(full[:, lo * per_head : hi * per_head], S_COL)
-        if src == dst:
-            return held
-        return None
 
     def _run(
         self, op: Op, dec: OpDecision, ins: list[Held], w: dict[str, Tensor], state: dict[str, Any],
         ctx: ExecContext, tokens: int,
     ) -> Held:  # fmt: skip
         tensors = [h.t for h in ins]
-        mixed = any(h.mixed for h in ins)
-        out_pl = dec.strategy.output
-        if not dec.legal or mixed:
-            if op.kind is OpKind.LINEAR and dec.split == WeightSplit.COL and ins[0].pl is S_TOK:
-                mixed = True
-            out_pl = S_TOK if any(h.pl is S_TOK for h in ins) else out_pl
         if op.kind is OpKind.EXPERTS and dec.split == "a2a" and self.n > 1:
             return Held(self._moe_a2a(op, tensors[0], tensors[1], w, tokens), S_TOK)
         if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
             owned, _, _ = expert_ownership(int(op.attrs["experts"]), "ep", self.n, self.rank, self.plan.ep_size)
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
-        return Held(execute_op(op, tensors, w, state, ctx), out_pl, mixed)
+        return Held(execute_op(op, tensors, w, state, ctx), dec.strategy.output)
 
     def _moe_a2a(self, op: Op, x: Tensor, routing: Tensor, w: dict[str, Tensor], tokens: int) -> Tensor:
         """Dispatch each real token once to every rank hosting one of its experts, run the local experts,
@@ -371,6 +359,14 @@ class PlanRunner:
         out = torch.zeros_like(x)
         out.index_add_(0, torch.cat(idx), back.to(out.dtype))
         return out
+
+
+def _repaired(graph: ModelGraph, plan: Plan, n: int) -> Plan:
+    """The illegal `plan` made legal by all-gathers: the placements a forced run follows."""
+    fixed = repair(graph, plan, n, "gather", plan.name, plan.title, plan.summary)
+    if not audit_plan(graph, fixed, n, "fp32").legal:
+        raise TpplanError(f"--plan {plan.name} --force", "no all-gather repair makes this plan runnable", "")
+    return fixed
 
 
 def full_value(comm: Comm, held: Held, value_heads: int, tokens: int) -> Tensor:

@@ -115,6 +115,13 @@ def _graph(model: str) -> Any:
 
 
 @cache
+def _plan(model: str, name: str, n: int) -> Plan:
+    from tpplan.plans.named import make_plan
+
+    return make_plan(name, _graph(model), n)
+
+
+@cache
 def _random(model: str, seed: int) -> Any:
     from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.weights import random_weights
@@ -170,7 +177,6 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
 
     from tpplan.audit import audit_plan
     from tpplan.layout.placement import P
-    from tpplan.plans.named import make_plan
     from tpplan.runtime.distributed import PlanRunner, full_value, make_comm
     from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.shard import DictSource, SafetensorsSource
@@ -179,7 +185,7 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
     t0 = time.perf_counter()
     graph = _graph(case.model)
     nu = numerics_for(graph)
-    plan = case.plan_obj or make_plan(case.plan, graph, n)
+    plan = case.plan_obj or _plan(case.model, case.plan, n)
     pa = audit_plan(graph, plan, n, "fp32")
     reason = "; ".join(v.sentence() for v in pa.violations)
     if not pa.legal and not case.force:
@@ -240,6 +246,10 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
 
 
 def _worker(rank: int, world: int, device: Any, cases: list[VerifyCase]) -> list[CaseResult | None]:
+    import torch
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # N ranks share the cores; intra-op threads only contend
     return [run_case(c, rank, world, device) for c in cases]
 
 
