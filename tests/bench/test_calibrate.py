@@ -117,7 +117,11 @@ def test_collective_check_runs_on_cpu(tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
     assert len(rep["rows"]) == 4 * 2 * 2 and rep["world"] == 2
-    a2a = next(x for x in rep["rows"] if x["kind"] == "all_to_all" and x["tokens"] == 32 and x["width"] == 96)
+    a2a = next(
+        x
+        for x in rep["rows"]
+        if x["kind"] == "all_to_all" and x["tokens"] == 32 and x["width"] == 96
+    )
     assert a2a["nbytes"] == 32 * 96 // 2 * 4  # per-rank buffer [T, W/2] float32
     assert rep["worst_abs_err"] >= rep["median_abs_err"] >= 0
     assert "median |err|" in r.stdout
