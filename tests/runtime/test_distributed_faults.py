@@ -20,7 +20,7 @@ def test_rank_that_dies_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     t0 = time.monotonic()
     with pytest.raises(BenchFailed, match=r"rank 1 failed first: RuntimeError: injected fault before all_gather"):
         verify_cases([VerifyCase("tiny-llama", "sequence-parallel", tokens=8)], nproc=2, timeout_s=20)
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 120  # timeout 20 s; the rest is spawning on a busy machine
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_rank_that_hangs_times_out_without_partial_output(tmp_path) -> None:
            "sequence-parallel", "--tokens", "8", "--timeout", "3", "--json", str(out)]  # fmt: skip
     t0 = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert time.monotonic() - t0 < 90
+    assert time.monotonic() - t0 < 120  # timeout 3 s; the rest is spawning on a busy machine
     assert res.returncode == 1, res.stderr[-2000:]
     assert "verify failed: rank" in res.stderr
     assert not out.exists() and not list(tmp_path.iterdir())

@@ -164,7 +164,9 @@ def verify(
     try:
         results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout)
     except BenchFailed as exc:
-        Console(stderr=True).print(f"[bold red]verify failed:[/] {exc}", soft_wrap=True, highlight=False)
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[bold red]verify failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         return 1
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         return 0

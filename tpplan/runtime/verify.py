@@ -170,6 +170,25 @@ def _rel(a: Any, b: Any) -> tuple[float, float]:
     return diff, diff / max(scale, 1e-30)
 
 
+def _assemble(pieces: list[tuple[str, Any]], heads: int, tokens: int) -> Any:
+    """The full [T, W] value from every rank's local piece (rank order) and its placement."""
+    import torch
+
+    from tpplan.runtime.shard import head_range
+
+    pl, first = pieces[0]
+    n = len(pieces)
+    ts = [t.float() for _, t in pieces]
+    if pl == "R":
+        return first.float()[:tokens]
+    if pl == "S(tok)":
+        return torch.cat(ts, dim=0)[:tokens]
+    if pl == "P":
+        return torch.stack(ts).sum(0)
+    owners = sorted({head_range(heads, n, r)[0]: r for r in range(n)}.items())
+    return torch.cat([ts[r] for _, r in owners], dim=1)
+
+
 def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | None:
     """Run one case on this rank (every rank calls it); rank 0 returns the result."""
     import torch
@@ -177,7 +196,7 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
 
     from tpplan.audit import audit_plan
     from tpplan.layout.placement import P
-    from tpplan.runtime.distributed import PlanRunner, full_value, make_comm
+    from tpplan.runtime.distributed import PlanRunner, make_comm
     from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.shard import DictSource, SafetensorsSource
     from tpplan.runtime.weights import load_safetensors
@@ -204,37 +223,38 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
     comm = make_comm(rank, n)
     runner = PlanRunner(graph, plan, n, rank, source, comm=comm, numerics=nu, device=device, dtype=dtype,
                         force=case.force)  # fmt: skip
-    got: dict[tuple[int, int, str], Any] = {}
     sizes = [min(case.chunk or case.tokens, case.tokens - s) for s in range(0, case.tokens, case.chunk or case.tokens)]
+    local: dict[tuple[int, int, str], tuple[str, Any]] = {}  # this rank's pieces, gathered once at the end
 
     def observe(i: int, env: dict[str, Any]) -> None:
-        c = runner.chunk_index
-        t = sizes[c]
         for name in ("resid_out", "mlp_out"):
-            h = env[name]
-            full_t = full_value(comm, h, graph.kinds[graph.layer_kinds[i]].values[name].heads, t)
-            if rank == 0:
-                got[(c, i, name)] = full_t.float().cpu()
+            local[(runner.chunk_index, i, name)] = (str(env[name].pl), env[name].t.detach().cpu())
 
-    hidden = []
+    layers = len(graph.layer_kinds)
     for c, held in enumerate(runner.prefill(ids, case.chunk, observe)):
-        hidden.append(full_value(comm, held, 0, sizes[c]).float().cpu())
         assert held.pl is not P
-    traces: list[Any] = [None] * n
-    dist.all_gather_object(traces, (runner.tracer.calls, [e.chunk for e in runner.tracer.events]))
+        local[(c, layers, "hidden")] = (str(held.pl), held.t.detach().cpu())
+    mine = (local, runner.tracer.calls, [e.chunk for e in runner.tracer.events])
+    parts: list[Any] = [None] * n if rank == 0 else []
+    # One untraced object gather instead of a collective per layer: verification is not part of the plan.
+    if n == 1:
+        parts = [mine]
+    else:
+        dist.gather_object(mine, parts if rank == 0 else None, dst=0)
     if rank != 0:
         return None
     assert ref is not None
     res = CaseResult(case, n, pa.legal, reason)
     for key in sorted(ref["taps"]):
-        a, r = got[key], ref["taps"][key]
-        res.errors.append(TensorError(key[0], key[1], key[2], *_rel(a, r)))
-    layers = len(graph.layer_kinds)
-    for c, (h, r) in enumerate(zip(hidden, ref["hidden"], strict=True)):
+        heads = graph.kinds[graph.layer_kinds[key[1]]].values[key[2]].heads
+        a = _assemble([p[0][key] for p in parts], heads, sizes[key[0]])
+        res.errors.append(TensorError(key[0], key[1], key[2], *_rel(a, ref["taps"][key])))
+    for c, r in enumerate(ref["hidden"]):
+        h = _assemble([p[0][(c, layers, "hidden")] for p in parts], 0, sizes[c])
         res.errors.append(TensorError(c, layers, "hidden", *_rel(h, r)))
         res.errors.append(TensorError(c, layers, "logits", *_rel(h @ ref["head"].t(), r @ ref["head"].t())))
-    res.traced = [t[0] for t in traces]
-    res.fallback_traced = traces[0][1]
+    res.traced = [p[1] for p in parts]
+    res.fallback_traced = parts[0][2]
     for r in range(n):
         sched = predict_schedule(graph, plan, n, case.tokens, chunk=case.chunk, dtype=act, rank=r,
                                  routes=ref["routes"])  # fmt: skip
@@ -253,6 +273,25 @@ def _worker(rank: int, world: int, device: Any, cases: list[VerifyCase]) -> list
     return [run_case(c, rank, world, device) for c in cases]
 
 
+def _in_process(cases: list[VerifyCase], timeout_s: float) -> list[CaseResult | None]:
+    """Run a one-rank gloo group inside this process (a private store; the default group is restored)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("a default process group already exists in this process")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
+    threads = torch.get_num_threads()
+    try:
+        return _worker(0, 1, torch.device("cpu"), cases)
+    finally:
+        torch.set_num_threads(threads)
+        dist.destroy_process_group()
+
+
 def verify_cases(
     cases: list[VerifyCase], *, backend: str = "gloo", nproc: int = 2, timeout_s: float = 120.0
 ) -> list[CaseResult]:
@@ -261,10 +300,13 @@ def verify_cases(
     Raises `tpplan.bench._dist.BenchFailed` naming the rank that failed first when a rank dies or
     a collective times out.
     """
-    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group
+    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group, under_torchrun
 
     spec = GroupSpec(resolve_backend(backend), nproc, timeout_s)
-    out = run_group(_worker, spec, cases)
+    if nproc == 1 and spec.backend == "gloo" and not under_torchrun():
+        out = _in_process(cases, timeout_s)  # one CPU rank: no process to spawn
+    else:
+        out = run_group(_worker, spec, cases)
     return [r for r in out if r is not None] if out is not None else []
 
 
