@@ -235,6 +235,15 @@ def _misfit(received: list[Placement], opt: Strategy) -> int:
     return score
 
 
+def _wire_width(width: int, heads: int, n: int, coll: Collective, src: Placement) -> int:
+    """Width a collective really moves. A head-sharded value with fewer heads than ranks (GQA KV heads)
+    has one head per rank, shared: moving it to or from head-sharded carries N heads' columns, not `heads`."""
+    head_side = coll is Collective.ALL_TO_ALL or (coll is Collective.ALL_GATHER and src is S_COL)
+    if head_side and heads and heads < n and n % heads == 0:
+        return width // heads * n
+    return width
+
+
 def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_bytes: int = 2) -> LayerResult:
     """Run the plan over one layer; `delta` is how the previous block's output arrives."""
     res = LayerResult(lg.kind, n)
@@ -255,6 +264,7 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
             return
         done[(value, dst)] = dst
         width = lg.values[value].width
+        wire = _wire_width(lg.values[value].width, lg.values[value].heads, n, coll, src)
         prod = producer_of[value].name if value in producer_of else value
         res.comms.append(
             CommEvent(
@@ -267,8 +277,8 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
                 consumer.name,
                 region(consumer),
                 reason,
-                ring_elements_per_rank(coll, width, n),
-                seed_units(coll, width, n),
+                ring_elements_per_rank(coll, wire, n),
+                seed_units(coll, wire, n),
             )
         )
 
