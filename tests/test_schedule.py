@@ -21,10 +21,10 @@ TINY = [p for p in list_presets() if p.startswith("tiny-")]
 def test_ring_volume_follows_from_the_calls_and_equals_the_audit(model: str) -> None:
     graph = build_model_graph(load_model(model))
     for n in (2, 4, 8, 32) if model == "kimi-k3" else (2, 4):
-        for name in NAMED_PLANS + EXTRA_PLANS:
-            if name == "moe-a2a":
-                continue  # data-dependent (routing); checked against the reference's routing at run time
+        for name in (*NAMED_PLANS, *EXTRA_PLANS, "ep2", "sequence-parallel+ep2"):
             plan = make_plan(name, graph, n)
+            if plan.moe == "a2a":
+                continue  # data-dependent (routing); checked against the reference's routing at run time
             pa = audit_plan(graph, plan, n, "bf16")
             if not pa.legal:
                 continue
@@ -53,7 +53,7 @@ def test_padding_shapes_and_fallback() -> None:
 
 def test_moe_all_to_all_rows_from_routing() -> None:
     graph = build_model_graph(load_model("tiny-qwen3-moe"))  # 8 experts, top-2
-    plan = make_plan("moe-a2a", graph, 2)
+    plan = make_plan("sp-moe", graph, 2)
     tokens = 4  # rank 0: tokens 0-1, rank 1: tokens 2-3; experts 0-3 on rank 0, 4-7 on rank 1
     routes = {(0, layer): [[0, 1], [0, 5], [6, 7], [2, 7]] for layer in range(graph.spec.num_layers)}
     (s,) = predict_schedule(graph, plan, 2, tokens, rank=0, routes=routes)

@@ -54,7 +54,7 @@ def test_every_legal_plan_equals_single_process_and_prediction(n: int) -> None:
             assert r.fallback_traced == [1], r.case.label  # the 1-token chunk ran the baseline plan
         if n == 1:
             assert all(not t for t in r.traced)  # one rank: nothing moves
-        elif r.case.plan in ("sequence-parallel", "moe-a2a"):
+        elif r.case.plan in ("sequence-parallel", "sp-moe"):
             assert any(c.kind == "reduce_scatter" for c in r.traced[0]), r.case.label
 
 
@@ -104,7 +104,6 @@ def test_expert_parallel_and_lazy_safetensors(tmp_path) -> None:
 
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.plan import Plan
     from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.weights import random_weights
 
@@ -113,12 +112,12 @@ def test_expert_parallel_and_lazy_safetensors(tmp_path) -> None:
     names = sorted(w)
     save_file({k: w[k].contiguous() for k in names[::2]}, str(tmp_path / "a.safetensors"))
     save_file({k: w[k].contiguous() for k in names[1::2]}, str(tmp_path / "b.safetensors"))
-    ep2 = Plan("ep2", "EP2", "two expert groups, each cut over two ranks", moe="ep", ep_size=2)
-    ep4 = Plan("ep4", "EP4", "pure expert parallelism", moe="ep", ep_size=4)
-    cases = [VerifyCase(m, "ep2", tokens=9, chunk=4, plan_obj=ep2) for m in ("tiny-deepseek-v3", "tiny-kimi-k3")]
-    cases += [VerifyCase(m, "ep4", tokens=9, chunk=4, plan_obj=ep4) for m in ("tiny-qwen3-next", "tiny-qwen3-moe")]
+    # ep2: two expert groups, each expert cut over two ranks; ep4: whole experts, one group per rank.
+    cases = [VerifyCase(m, "ep2", tokens=9, chunk=4) for m in ("tiny-deepseek-v3", "tiny-kimi-k3")]
+    cases += [VerifyCase(m, "ep4", tokens=9, chunk=4) for m in ("tiny-qwen3-next", "tiny-qwen3-moe")]
+    cases.append(VerifyCase("tiny-kimi-k3", "gate-aware+ep2", tokens=9, chunk=4))
     cases.append(VerifyCase("tiny-qwen3-next", "gate-aware", tokens=9, chunk=4, weights=str(tmp_path)))
-    cases.append(VerifyCase("tiny-qwen3-next", "moe-a2a", tokens=9, chunk=4, weights=str(tmp_path)))
+    cases.append(VerifyCase("tiny-qwen3-next", "sp-moe", tokens=9, chunk=4, weights=str(tmp_path)))
     results = verify_cases(cases, nproc=4, timeout_s=120)
     bad = [_explain(r) for r in results if not r.passed]
     assert not bad, "\n".join(bad)

@@ -75,7 +75,7 @@ def test_safetensors_source_reads_the_same_slices(tmp_path) -> None:
     nu = numerics_for(graph)
     w = random_weights(graph, nu, seed=4)
     save_file({k: v.contiguous() for k, v in w.items()}, str(tmp_path / "model.safetensors"))
-    res = layer_results(graph, make_plan("moe-a2a", graph, 2), 2)
+    res = layer_results(graph, make_plan("sp-moe", graph, 2), 2)
     src = SafetensorsSource(tmp_path, graph, nu)
     assert src.get("model.norm.weight", FULL).shape == (64,)
     for r in range(2):

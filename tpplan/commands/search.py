@@ -1,0 +1,134 @@
+"""`tpplan search`: ranked legal plans, including ones nobody named, by predicted time or TTFT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tpplan.commands.audit import DtypeOpt, ModelOpt, _fmt_bytes, _wide_console
+
+
+def _ms(x: float | None) -> str:
+    return "" if x is None else f"{x * 1e3:,.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:+.1f}%"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("search")
+    def search_cmd(
+        model: ModelOpt = "kimi-k3",
+        topology: Annotated[
+            str | None, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")
+        ] = None,
+        workload: Annotated[
+            str | None, typer.Option("--workload", "-w", help="Workload preset or file: rank by mean TTFT")
+        ] = None,
+        tp: Annotated[int | None, typer.Option("--tp", help="TP size (default: every GPU of the topology)")] = None,
+        nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
+        memory_cap: Annotated[
+            float | None, typer.Option("--memory-cap", help="Exclude plans above this memory per rank, GiB")
+        ] = None,
+        top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
+        json_file: Annotated[
+            Path | None, typer.Option("--json", help="Also write the result as JSON (docs/search-json.md)")
+        ] = None,
+        tokens: Annotated[int, typer.Option("--tokens", help="Batch size for forward time without a workload")] = 8192,
+        dtype: DtypeOpt = "bf16",
+        expert_dtype: Annotated[
+            str | None, typer.Option("--expert-dtype", help="Routed-expert weight dtype: bf16, fp8, mxfp4")
+        ] = None,
+        objective: Annotated[
+            str, typer.Option("--objective", help="time (predicted; needs --topology) or volume (bytes)")
+        ] = "time",
+        all_plans: Annotated[
+            bool,
+            typer.Option("--all", help="Exact top-K over all plans (slower), not the best of each plan family"),
+        ] = False,
+    ) -> None:
+        """Search every legal plan derived from the model's graph and rank them."""
+        from tpplan.search import search_report
+
+        data = search_report(
+            model,
+            topology,
+            tp=tp,
+            nodes=nodes,
+            workload=workload,
+            memory_cap_gib=memory_cap,
+            top=top,
+            tokens=tokens,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            objective=objective,
+            all_plans=all_plans,
+        )
+        if json_file is not None:
+            json_file.write_text(json.dumps(data, indent=2))
+        _print(data)
+
+
+def _print(data: dict) -> None:
+    console = _wide_console()
+    timed = data["topology"] is not None and data["score_unit"] == "s"
+    what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
+    console.print(
+        f"[bold]{data['model']}[/] at TP{data['tp']}"
+        + (f" on {data['topology']} ({data['nodes']} nodes)" if data["topology"] else "")
+        + (f", workload {data['workload']}" if data["workload"] else "")
+        + f": ranked by {what}; "
+        + ("best plan of each family (stream x reduce x MoE mode)" if data["mode"] == "per-family" else "all plans")
+        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
+    )
+    t = Table(title="Ranked legal plans (deltas vs baseline)")
+    cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "vs base", "memory/rank", "replicated"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("#", "plan", "found by") else "right", overflow="fold")
+
+    def row(p: dict, rank: str) -> None:
+        if timed:
+            score = _ms(p["ttft"]["mean_s"] if data["workload"] else p["forward_s"]) + " ms"
+        else:
+            score = f"{p['score']:,.0f}"
+        mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
+        found = f"= {p['same_as_named']}" if p.get("same_as_named") else p["found_by"]
+        t.add_row(
+            rank,
+            p["name"],
+            found,
+            score,
+            _pct(p.get("delta_vs_baseline_pct")),
+            f"{p['comm_bytes_per_token_per_rank']:,.0f}",
+            _pct(p.get("comm_delta_vs_baseline_pct")),
+            _fmt_bytes(mem),
+            _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
+        )
+
+    row(data["baseline"], "base")
+    for p in data["plans"]:
+        row(p, str(p["rank"]))
+    console.print(t)
+    ex = data["excluded_over_cap"]
+    if data["memory_cap_bytes"] is not None:
+        lines = [
+            f"Memory cap {_fmt_bytes(data['memory_cap_bytes'])} per rank: {ex['count']} plan(s) that would rank "
+            f"here were excluded ({ex['reason']})."
+        ]
+        for e in ex["plans"][:10]:
+            mem = e.get("memory_bytes_per_rank", e.get("search_memory_bytes_per_rank", 0.0))
+            lines.append(f"  - {e['name']}: {_fmt_bytes(mem)}")
+        console.print("\n".join(lines), markup=False)
+    if not data["plans"]:
+        console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
+    console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
+    for p in data["plans"]:
+        console.print(f"  {p['rank']}. {p['name']}: {p['title']}", markup=False)
+    if data["plans"]:
+        best = data["plans"][0]
+        console.print(f"\nBest, in words: {best['summary']}", markup=False)
