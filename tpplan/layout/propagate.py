@@ -235,6 +235,15 @@ def _misfit(received: list[Placement], opt: Strategy) -> int:
     return score
 
 
+def _wire_width(width: int, heads: int, n: int, coll: Collective, src: Placement) -> int:
+    """Width a collective really moves. A head-sharded value with fewer heads than ranks (GQA KV heads)
+    has one head per rank, shared: moving it to or from head-sharded carries N heads' columns, not `heads`."""
+    head_side = coll is Collective.ALL_TO_ALL or (coll is Collective.ALL_GATHER and src is S_COL)
+    if head_side and heads and heads < n and n % heads == 0:
+        return width // heads * n
+    return width
+
+
 class LayerWalk:
     """Propagation state part-way through a layer: one `step` per op, in order.
 
@@ -273,6 +282,7 @@ class LayerWalk:
         self.done[(value, dst)] = dst
         lg, n = self.lg, self.n
         width = lg.values[value].width
+        wire = _wire_width(lg.values[value].width, lg.values[value].heads, n, coll, src)
         prod = self.producer_of[value].name if value in self.producer_of else value
         self.res.comms.append(
             CommEvent(
@@ -285,8 +295,8 @@ class LayerWalk:
                 consumer.name,
                 _region(lg, consumer),
                 reason,
-                ring_elements_per_rank(coll, width, n),
-                seed_units(coll, width, n),
+                ring_elements_per_rank(coll, wire, n),
+                seed_units(coll, wire, n),
             )
         )
 

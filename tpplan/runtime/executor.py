@@ -19,7 +19,7 @@ Two facts the graph does not spell out are handled here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,10 +231,12 @@ def forward_chunk(
     st: RunState,
     nu: Numerics,
     return_hidden: bool = False,
+    observe: Callable[[int, dict[str, Tensor]], None] | None = None,
 ) -> Tensor:
-    """One prefill chunk through every layer, advancing `st`."""
+    """One prefill chunk through every layer, advancing `st`; `observe(layer, values)` sees each
+    layer's values (the distributed verifier compares against them)."""
     t = ids.numel()
-    positions = torch.arange(st.position, st.position + t)
+    positions = torch.arange(st.position, st.position + t, device=ids.device)
     rope = K.Rope(nu.rope_theta, nu.rope_interleave, nu.rope_scaling, nu.max_position_embeddings)
     ctx = ExecContext(nu, positions, rope=rope)
     emb = weights["model.embed_tokens.weight"][ids]
@@ -258,6 +260,8 @@ def forward_chunk(
                 env[stream] = torch.zeros_like(env[stream])
         resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
         delta = env["mlp_out"]
+        if observe is not None:
+            observe(i, env)
     final = resid + delta
     if block:
         final = K.attn_res(

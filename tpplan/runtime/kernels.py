@@ -135,7 +135,7 @@ def _yarn_mscale(scale: float, mscale: float | None) -> float:
 def rope_cos_sin(positions: Tensor, dim: int, rope: Rope) -> tuple[Tensor, Tensor]:
     """cos/sin [T, dim/2] for absolute `positions`, so a chunk starting at p0 rotates like one-shot."""
     inv, factor = rope.inv_freq_and_factor(dim)
-    freqs = positions.float()[:, None] * inv[None, :]
+    freqs = positions.float()[:, None] * inv.to(positions.device)[None, :]
     return freqs.cos() * factor, freqs.sin() * factor
 
 
@@ -160,8 +160,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions."""
     t, s = q.shape[0], k.shape[0]
     scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
-    qpos = torch.arange(s - t, s)[:, None]
-    mask = torch.arange(s)[None, :] > qpos
+    qpos = torch.arange(s - t, s, device=q.device)[:, None]
+    mask = torch.arange(s, device=q.device)[None, :] > qpos
     scores = scores.masked_fill(mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("nts,snd->tnd", probs, v.float())
@@ -283,9 +283,9 @@ def naive_gated_delta_rule(
     g [T,H,dk] log-decay (or [T,H], broadcast over dk), beta [T,H]. State [H, dk, dv]."""
     t, h, dk = k.shape
     dv = v.shape[-1]
-    s = torch.zeros(h, dk, dv) if state is None else state.float().clone()
+    s = k.new_zeros(h, dk, dv, dtype=torch.float32) if state is None else state.float().clone()
     g = g.float() if g.dim() == 3 else g.float()[..., None].expand(t, h, dk)
-    out = torch.empty(t, h, dv)
+    out = k.new_empty(t, h, dv, dtype=torch.float32)
     for i in range(t):
         s = s * g[i].exp()[..., None]
         pred = torch.einsum("hk,hkv->hv", k[i].float(), s)
@@ -308,8 +308,8 @@ def chunk_gated_delta_rule(
     t, h, dk = k.shape
     dv = v.shape[-1]
     g = g.float() if g.dim() == 3 else g.float()[..., None].expand(t, h, dk)
-    s = torch.zeros(h, dk, dv) if state is None else state.float().clone()
-    out = torch.empty(t, h, dv)
+    s = k.new_zeros(h, dk, dv, dtype=torch.float32) if state is None else state.float().clone()
+    out = k.new_empty(t, h, dv, dtype=torch.float32)
     for c0 in range(0, t, chunk_size):
         sl = slice(c0, min(t, c0 + chunk_size))
         qc, kc, vc = (x[sl].float().transpose(0, 1) for x in (q, k, v))  # [H, C, d]
@@ -317,11 +317,11 @@ def chunk_gated_delta_rule(
         gc = g[sl].transpose(0, 1).cumsum(1)  # [H, C, dk]
         c = qc.shape[1]
         diff = gc[:, :, None, :] - gc[:, None, :, :]  # [H, Ct, Cs, dk]: G_t - G_s
-        lower_incl = torch.ones(c, c, dtype=torch.bool).tril()
+        lower_incl = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
         decay = diff.masked_fill(~lower_incl[None, :, :, None], float("-inf")).exp()
         a = torch.einsum("htc,hsc,htsc->hts", kc, kc, decay)  # sum_c k_t k_s e^(G_t-G_s)
         m = torch.einsum("htc,hsc,htsc->hts", qc, kc, decay)  # same with q_t, incl. diagonal
-        lmat = (bc[:, :, None] * a).tril(-1) + torch.eye(c)
+        lmat = (bc[:, :, None] * a).tril(-1) + torch.eye(c, device=k.device)
         rhs = bc[..., None] * (vc - torch.einsum("htc,hcv->htv", kc * gc.exp(), s))
         u = torch.linalg.solve_triangular(lmat, rhs, upper=False, unitriangular=True)  # [H, C, dv]
         o = torch.einsum("htc,hcv->htv", qc * gc.exp(), s) + torch.einsum("hts,hsv->htv", m, u)
@@ -444,7 +444,7 @@ def routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: T
     gate/up [E, I, W], down [E, W, I]; `routing` [T, E] holds the experts these weights belong to
     (an EP rank passes its column slice with its own experts).
     """
-    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32)
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in torch.nonzero(routing.abs().sum(0) > 0).flatten().tolist():
         tok = torch.nonzero(routing[:, e] != 0).flatten()

@@ -1,0 +1,71 @@
+"""`tpplan run`: execute one plan on torch.distributed and time it (no reference, no checks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tpplan.commands.verify import Backend
+
+
+def run(
+    model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")],
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N (processes)")],
+    plan: Annotated[str, typer.Option("--plan", "-p", help="Plan to run (must be legal)")],
+    weights: Annotated[Path | None, typer.Option("--weights", help="Folder of *.safetensors (default: random)")] = None,
+    tokens: Annotated[int, typer.Option("--tokens", help="Prefill tokens")] = 64,
+    chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size")] = None,
+    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = Backend.auto,
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16")] = "bf16",
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed prefills")] = 3,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,
+) -> int:
+    """Run a legal plan and print the prefill time and the collectives each rank issued."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tpplan.bench._dist import BenchFailed, under_torchrun
+    from tpplan.errors import TpplanError
+    from tpplan.layout.schedule import bytes_by_kind
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+    from tpplan.runtime.distributed import check_legal
+    from tpplan.runtime.run import RunCase, run_plan
+
+    if dtype not in ("fp32", "bf16"):
+        raise TpplanError(f"--dtype {dtype}", "run uses fp32 or bf16", "pass --dtype bf16")
+    graph = build_model_graph(load_model(model))
+    check_legal(graph, make_plan(plan, graph, tp), tp)
+    case = RunCase(model, plan, tokens, chunk, 0, dtype, str(weights) if weights else None, repeat)
+    try:
+        res = run_plan(case, backend=backend.value, nproc=tp, timeout_s=timeout)
+    except BenchFailed as exc:
+        Console(stderr=True).print(f"[bold red]run failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        return 1
+    if res is None or (under_torchrun() and int(os.environ["RANK"]) != 0):
+        return 0
+    console = Console(highlight=False)
+    best = min(res.seconds)
+    console.print(f"{model} {plan} TP{tp} {dtype}: {tokens} tokens"
+                  + (f" in chunks of {chunk}" if chunk else "")
+                  + f": prefill {best * 1e3:.1f} ms (best of {len(res.seconds)}, slowest rank), "
+                  f"{res.shard_elements / 1e6:,.1f} M weight elements on rank 0")  # fmt: skip
+    t = Table(title="collectives per prefill, rank 0")
+    for col in ("kind", "calls", "MiB sent"):
+        t.add_column(col, justify="right")
+    for kind, (calls, sent) in sorted(bytes_by_kind(res.calls).items()):
+        t.add_row(kind, str(calls), f"{sent / 2**20:,.3f}")
+    console.print(t)
+    if res.fallback_chunks:
+        console.print(f"chunks {res.fallback_chunks} ran the baseline plan (fewer tokens than ranks)")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `run` command to the CLI."""
+    app.command("run")(run)

@@ -1,0 +1,315 @@
+"""The collectives a plan issues for a concrete batch: kind, shape, dtype and bytes, per rank.
+
+The audit counts volume per token; the runtime moves tensors. This module is the bridge: from
+the propagation's `CommEvent`s it lists, for a batch of T tokens (optionally cut into prefill
+chunks), every collective call a rank makes and the tensor it hands to torch.distributed. The
+distributed runtime's tracer records the same fields from the real tensors, and the proof tests
+assert the two lists are equal. Pure Python: no torch.
+
+Conventions (those of nccl-tests, so `bytes` is the size a benchmark would use):
+- all_reduce: the [T, W] buffer; reduce_scatter: its [T_pad, W] input; all_gather: its output
+  ([T_pad, W] for tokens, [T, N*w] for head columns); all_to_all: the rank's [T_pad/N, N*w] input.
+- `sent_bytes`: what the rank sends with ring algorithms: 2(N-1)/N, (N-1)/N, (N-1)/N and
+  (N-1)/N of `bytes` respectively; for MoE all-to-all (uneven), the rows it sends to other ranks.
+- Token-sharded values are padded to T_pad = N*ceil(T/N) rows; head-sharded, replicated and
+  partial values hold the true T rows.
+- A chunk with fewer tokens than ranks is not scattered: a plan that shards tokens falls back to
+  the baseline plan for that chunk (SGLang does the same), when that keeps every token mixer's
+  state layout; the schedule says so.
+- MoE all-to-all (plan.moe == "a2a"): per MoE layer, an all_to_all of the N send counts (int64),
+  the dispatch of token rows (activation dtype) and of their routing weights for the
+  destination's E/N experts (float32), and the combine of expert outputs. Only real (not padding)
+  tokens are dispatched; a token goes once to every rank hosting one of its experts. Exact shapes
+  need the routing (`routes`); without it the expected rows under uniform routing are used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.propagate import LayerResult, moe_remote_fraction
+from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
+from tpplan.plans.plan import Plan
+
+DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "float8_e4m3fn": 1}
+ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
+
+
+def dtype_name(dtype: str) -> str:
+    """Canonical dtype name (torch's, without the `torch.` prefix) from `bf16`/`fp32`/... or itself."""
+    name = ALIASES.get(dtype, dtype.removeprefix("torch."))
+    if name not in DTYPE_SIZES:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective call as one rank makes it (prediction or trace: the same fields)."""
+
+    chunk: int
+    layer: int  # layer index; the number of layers for the reduction before the final norm
+    kind: str  # Collective value: all_reduce, reduce_scatter, all_gather, all_to_all
+    value: str  # graph value moved (MoE: `<input>:counts|dispatch|dispatch_weights|combine`)
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    sent_bytes: float
+    planned: bool = True  # False: issued only because --force ran an illegal edge
+
+    def key(self) -> tuple[object, ...]:
+        """What must match between trace and prediction."""
+        return (self.chunk, self.layer, self.kind, self.value, self.shape, self.dtype, self.bytes, self.sent_bytes)
+
+
+@dataclass
+class ChunkSchedule:
+    """The collectives of one prefill chunk on one rank, and whether it fell back to the baseline."""
+
+    index: int
+    tokens: int
+    plan: str  # the plan actually run for this chunk
+    fallback: bool
+    calls: list[CollectiveCall] = field(default_factory=list)
+
+
+def ring_sent_bytes(kind: str, nbytes: int, n: int) -> float:
+    """Bytes one rank sends for a uniform collective of size `nbytes` (nccl-tests size)."""
+    if n <= 1:
+        return 0.0
+    if kind == Collective.ALL_REDUCE:
+        return 2.0 * (n - 1) / n * nbytes
+    return (n - 1) / n * nbytes
+
+
+def chunk_sizes(tokens: int, chunk: int | None) -> list[int]:
+    """Token counts of the prefill chunks of a `tokens`-long sequence."""
+    step = chunk or tokens
+    return [min(step, tokens - s) for s in range(0, tokens, step)]
+
+
+def padded_rows(tokens: int, n: int) -> tuple[int, int]:
+    """(T_pad, rows per rank) for token sharding over `n` ranks."""
+    per = -(-tokens // n)
+    return per * n, per
+
+
+def token_range(tokens: int, n: int, rank: int) -> tuple[int, int]:
+    """The real tokens [lo, hi) rank `rank` holds when a value is token-sharded."""
+    _, per = padded_rows(tokens, n)
+    return min(rank * per, tokens), min((rank + 1) * per, tokens)
+
+
+def scatters_tokens(plan: Plan) -> bool:
+    """True when the plan ever holds a value token-sharded."""
+    return plan.stream is S_TOK or plan.reduce is S_TOK or bool(plan.token_shard) or plan.moe == "a2a"
+
+
+def local_width(value: Value, n: int) -> int:
+    """Columns of `value` a rank holds when it is head-sharded (one shared head when N > heads)."""
+    if not value.heads or n <= 1:
+        return value.width // max(n, 1) if n > 1 else value.width
+    per_head = value.width // value.heads
+    if value.heads % n == 0:
+        return per_head * (value.heads // n)
+    return per_head
+
+
+def value_dtype(lg: LayerGraph, value: str, act: str) -> str:
+    """Router score matrices are float32 (the kernels route in fp32); everything else the activation dtype."""
+    for op in lg.ops:
+        if op.output == value and op.kind is OpKind.ROUTER and not op.attrs.get("scalar_gate"):
+            return "float32"
+    return act
+
+
+_RESULTS: dict[tuple[int, Plan, int], tuple[ModelGraph, list[LayerResult]]] = {}
+
+
+def layer_results(graph: ModelGraph, plan: Plan, n: int) -> list[LayerResult]:
+    """Per-layer propagation results, chained like the audit (each layer sees the previous exit).
+
+    Memoised per (graph, plan, N): the runtime asks for them on every chunk.
+    """
+    from tpplan.audit import audit_plan
+
+    key = (id(graph), plan, n)
+    hit = _RESULTS.get(key)
+    if hit is None or hit[0] is not graph:
+        if len(_RESULTS) > 256:
+            _RESULTS.clear()
+        hit = (graph, audit_plan(graph, plan, n, "fp32").layer_results)
+        _RESULTS[key] = hit
+    return hit[1]
+
+
+def falls_back(graph: ModelGraph, plan: Plan, n: int, tokens: int) -> bool:
+    """True when a chunk of `tokens` runs the baseline plan instead of `plan` (too few to scatter)."""
+    if n <= 1 or tokens >= n or not scatters_tokens(plan):
+        return False
+    return state_layouts(graph, plan, n) == state_layouts(graph, _baseline(), n)
+
+
+def state_layouts(graph: ModelGraph, plan: Plan, n: int) -> list[tuple[str, str]]:
+    """Output placement of every token mixer (its carried state's layout), layer by layer."""
+    out = []
+    for res in layer_results(graph, plan, n):
+        out += [(d.op.name, str(d.strategy.output)) for d in res.decisions if d.op.kind is OpKind.TOKEN_MIX]
+    return out
+
+
+def _baseline() -> Plan:
+    from tpplan.plans.named import baseline
+
+    return baseline()
+
+
+def _moe_calls(
+    chunk: int, layer: int, lg: LayerGraph, value: str, width: int, experts: int, top_k: int, n: int, rank: int,
+    tokens: int, act: str, routes: Sequence[Sequence[int]] | None,
+) -> list[CollectiveCall]:  # fmt: skip
+    """Counts, dispatch (rows, weights) and combine of one MoE all-to-all layer on `rank`."""
+    per = experts // n
+    isz = DTYPE_SIZES[act]
+    if routes is not None:
+        hits = [[{e // per for e in routes[t]} for t in range(*token_range(tokens, n, src))] for src in range(n)]
+        send = [sum(1 for h in hits[rank] if dst in h) for dst in range(n)]
+        recv = [sum(1 for h in hits[src] if rank in h) for src in range(n)]
+    else:  # expectation under uniform routing (not exact)
+        hit = moe_remote_fraction(experts, top_k, n)
+        lo, hi = token_range(tokens, n, rank)
+        send = [round((hi - lo) * hit)] * n
+        recv = send
+    out_rows, in_rows = sum(send), sum(recv)
+    sent_rows = out_rows - send[rank]
+    back_rows = in_rows - recv[rank]
+    return [
+        CollectiveCall(chunk, layer, "all_to_all", f"{value}:counts", (n,), "int64", n * 8, float((n - 1) * 8)),
+        CollectiveCall(chunk, layer, "all_to_all", f"{value}:dispatch", (out_rows, width), act,
+                       out_rows * width * isz, float(sent_rows * width * isz)),
+        CollectiveCall(chunk, layer, "all_to_all", f"{value}:dispatch_weights", (out_rows, per), "float32",
+                       out_rows * per * 4, float(sent_rows * per * 4)),
+        CollectiveCall(chunk, layer, "all_to_all", f"{value}:combine", (in_rows, width), act,
+                       in_rows * width * isz, float(back_rows * width * isz)),
+    ]  # fmt: skip
+
+
+def chunk_calls(
+    graph: ModelGraph,
+    plan: Plan,
+    n: int,
+    tokens: int,
+    *,
+    chunk: int = 0,
+    dtype: str = "float32",
+    rank: int = 0,
+    routes: Mapping[int, Sequence[Sequence[int]]] | None = None,
+    results: list[LayerResult] | None = None,
+) -> list[CollectiveCall]:
+    """Every collective of one chunk of `tokens` tokens under `plan` (no fallback logic here)."""
+    if n <= 1:
+        return []
+    act = dtype_name(dtype)
+    isz = DTYPE_SIZES[act]
+    t_pad, per = padded_rows(tokens, n)
+    results = results if results is not None else layer_results(graph, plan, n)
+    calls: list[CollectiveCall] = []
+    for i, res in enumerate(results):
+        lg = graph.kinds[graph.layer_kinds[i]]
+        for c in res.comms:
+            if c.internal:
+                if c.value.endswith(":dispatch"):
+                    op = next(o for o in lg.ops if o.kind is OpKind.EXPERTS)
+                    a = op.attrs
+                    calls += _moe_calls(chunk, i, lg, op.inputs[0], int(a["width"]), int(a["experts"]),
+                                        int(a["top_k"]), n, rank, tokens, act, (routes or {}).get(i))  # fmt: skip
+                continue
+            val = lg.values[c.value]
+            dt = value_dtype(lg, c.value, act)
+            calls.append(_uniform_call(chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, t_pad, per, dt))
+    last = results[-1].exit_delta if results else P
+    if last is P:
+        kind = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
+        shape = (tokens, graph.hidden) if kind is Collective.ALL_REDUCE else (t_pad, graph.hidden)
+        nbytes = shape[0] * shape[1] * isz
+        sent = ring_sent_bytes(kind, nbytes, n)
+        calls.append(CollectiveCall(chunk, len(results), kind.value, "final", shape, act, nbytes, sent))
+    return calls
+
+
+def _uniform_call(
+    chunk: int, layer: int, kind: Collective, name: str, src: Placement, dst: Placement, val: Value, n: int,
+    tokens: int, t_pad: int, per: int, dt: str,
+) -> CollectiveCall:  # fmt: skip
+    if kind is Collective.ALL_REDUCE:
+        shape: tuple[int, ...] = (tokens, val.width)
+    elif kind is Collective.REDUCE_SCATTER or (kind is Collective.ALL_GATHER and src is S_TOK):
+        shape = (t_pad, val.width)
+    elif kind is Collective.ALL_GATHER and src is S_COL:
+        shape = (tokens, n * local_width(val, n))
+    elif kind is Collective.ALL_TO_ALL and src is S_TOK and dst is S_COL:
+        shape = (per, n * local_width(val, n))
+    else:
+        raise ValueError(f"no runtime collective for {src} -> {dst} ({kind})")
+    nbytes = math.prod(shape) * DTYPE_SIZES[dt]
+    return CollectiveCall(chunk, layer, kind.value, name, shape, dt, nbytes, ring_sent_bytes(kind, nbytes, n))
+
+
+def predict_schedule(
+    graph: ModelGraph,
+    plan: Plan,
+    n: int,
+    tokens: int,
+    *,
+    chunk: int | None = None,
+    dtype: str = "float32",
+    rank: int = 0,
+    routes: Mapping[tuple[int, int], Sequence[Sequence[int]]] | None = None,
+) -> list[ChunkSchedule]:
+    """The predicted collectives of a `tokens`-long prefill on rank `rank`, chunk by chunk.
+
+    `routes[(chunk, layer)]` lists each token's selected experts (from the single-process
+    reference) and makes MoE all-to-all shapes exact; other collectives need no data.
+    """
+    out = []
+    main = layer_results(graph, plan, n)
+    base: list[LayerResult] | None = None
+    for c, t in enumerate(chunk_sizes(tokens, chunk)):
+        fb = falls_back(graph, plan, n, t)
+        run_plan = _baseline() if fb else plan
+        if fb and base is None:
+            base = layer_results(graph, run_plan, n)
+        layer_routes = {layer: r for (ci, layer), r in (routes or {}).items() if ci == c}
+        calls = chunk_calls(graph, run_plan, n, t, chunk=c, dtype=dtype, rank=rank, routes=layer_routes,
+                            results=base if fb else main)  # fmt: skip
+        out.append(ChunkSchedule(c, t, run_plan.name, fb, calls))
+    return out
+
+
+def bytes_by_kind(calls: Sequence[CollectiveCall]) -> dict[str, tuple[int, float]]:
+    """kind -> (number of calls, bytes sent by this rank)."""
+    out: dict[str, tuple[int, float]] = {}
+    for c in calls:
+        k, b = out.get(c.kind, (0, 0.0))
+        out[c.kind] = (k + 1, b + c.sent_bytes)
+    return out
+
+
+__all__ = [
+    "ChunkSchedule",
+    "CollectiveCall",
+    "bytes_by_kind",
+    "chunk_calls",
+    "chunk_sizes",
+    "dtype_name",
+    "falls_back",
+    "local_width",
+    "padded_rows",
+    "predict_schedule",
+    "ring_sent_bytes",
+    "scatters_tokens",
+    "token_range",
+]

@@ -1,0 +1,383 @@
+"""Execute any plan for real on torch.distributed: a plan interpreter over sharded weights.
+
+Public entry points (a benchmark can build on these):
+
+- `PlanRunner(graph, plan, n, rank, source, comm=..., dtype=..., device=..., force=False)`:
+  one rank's executor. It audits the plan (an illegal plan raises `TpplanError` with the audit's
+  reason unless `force`), shards the weights (`tpplan.runtime.shard`), and
+  `runner.prefill(ids, chunk=C)` runs a prefill, chunk by chunk with KV cache / recurrent state
+  carried in `runner.state`, returning this rank's final hidden (`Held`: tensor + placement).
+  `runner.tracer.calls` lists every collective issued (`CollectiveCall`), `runner.tracer.events`
+  the fallbacks. `runner.forward_chunk(ids, observe=fn)` runs one chunk and calls
+  `fn(layer, env)` after every layer with the rank's local values.
+- `make_comm(rank, n)`: the traced collectives (`tpplan.runtime.trace.Comm`) on the default group.
+- `full_value(comm, held, value, tokens)`: untraced gather of a local value to its full
+  [T, W] (verification only).
+
+How it runs: every rank gets all token ids of the chunk (as an engine's TP ranks do), embeds
+with its vocab rows (a partial sum), then walks each layer's graph. For every op it takes the
+placements the propagation assigned (`OpDecision`): first the conversions the plan names for
+that edge (all-gathers, all-to-alls), then the reductions of partial sums (all-reduce to R,
+reduce-scatter to S(tok)), then free local steps (row or head slices; R -> P keeps the value on
+rank 0). Each collective is checked against the layer's `CommEvent`s: a conversion the plan does
+not name is an error.
+
+`force` runs an illegal plan the way a careless implementation would, so its error shows: the
+plan is first repaired by all-gathers (`plans.named.repair(how="gather")`) to get a placement for
+every value, and at each edge the original plan cannot serve, the runner does the cheap wrong
+thing instead of the gather: a column-parallel weight that receives token-sharded input is
+applied to the rank's own tokens, and those per-rank slices are all-gathered by token (the seed
+memo's variant: each gathered slice was made with another rank's heads). Other added
+collectives run as repaired. Everything the original plan does not name is traced with
+`planned=False`. The op itself runs the single-process kernel
+(`executor.execute_op`) on the local tensors; MoE under `moe="a2a"` dispatches each real token
+once to every rank hosting one of its experts and combines the results (all-to-all with the
+exact row counts). Token-sharded values hold ceil(T/N) rows per rank (padded); a chunk with fewer
+tokens than ranks runs the baseline plan instead (see `tpplan.layout.schedule.falls_back`), and
+the trace records the fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tpplan.audit import audit_plan
+from tpplan.bench._dist import maybe_fault
+from tpplan.errors import TpplanError
+from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
+from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
+from tpplan.layout.schedule import falls_back, layer_results, padded_rows, token_range
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.plans.named import baseline, repair
+from tpplan.plans.plan import Plan
+from tpplan.runtime import kernels as K
+from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
+from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, head_range, shard_model
+from tpplan.runtime.trace import Comm, TraceEvent, Tracer
+from tpplan.runtime.weights import Numerics
+
+
+@dataclass
+class Held:
+    """A value as one rank holds it: the local tensor and its placement."""
+
+    t: Tensor
+    pl: Placement
+
+
+class PlanViolation(RuntimeError):
+    """The interpreter was asked for a collective the plan does not name (a bug, or an illegal plan)."""
+
+
+Observer = Callable[[int, dict[str, Held]], None]
+
+
+class _Traced(Comm):
+    """`Comm` whose traced calls pass the fault-injection hook first (tests kill or hang a rank)."""
+
+    def _hook(self, kind: str) -> None:
+        maybe_fault(self.rank, kind)
+
+    def all_reduce(self, x: Tensor, value: str, planned: bool = True) -> Tensor:
+        self._hook("all_reduce")
+        return super().all_reduce(x, value, planned)
+
+    def reduce_scatter(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
+        self._hook("reduce_scatter")
+        return super().reduce_scatter(x, value, tokens, planned)
+
+    def all_gather_tokens(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
+        self._hook("all_gather")
+        return super().all_gather_tokens(x, value, tokens, planned)
+
+    def all_gather_heads(self, x: Tensor, value: str, heads: int, planned: bool = True) -> Tensor:
+        self._hook("all_gather")
+        return super().all_gather_heads(x, value, heads, planned)
+
+    def tokens_to_heads(self, x: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
+        self._hook("all_to_all")
+        return super().tokens_to_heads(x, value, heads, tokens, planned)
+
+
+def make_comm(rank: int, n: int, group: object | None = None) -> Comm:
+    """Traced collectives for rank `rank` of `n` on `group` (default: the world group)."""
+    return _Traced(rank, n, Tracer(rank, n), group)
+
+
+def check_legal(graph: ModelGraph, plan: Plan, n: int) -> None:
+    """Raise the audit's reason when `plan` is illegal for this model at TP `n`."""
+    pa = audit_plan(graph, plan, n, "fp32")
+    if not pa.legal:
+        first = pa.violations[0]
+        raise TpplanError(
+            f"--plan {plan.name} (--tp {n})",
+            f"the audit calls this plan illegal: {first.sentence()}"
+            + (f" (+{len(pa.violations) - 1} more)" if len(pa.violations) > 1 else ""),
+            "pick a legal plan (tpplan audit lists them), or pass --force to run it and see the mismatch",
+        )
+
+
+class PlanRunner:
+    """One rank's interpreter of a plan (see the module docstring)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        plan: Plan,
+        n: int,
+        rank: int,
+        source: WeightSource,
+        *,
+        comm: Comm,
+        numerics: Numerics | None = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        force: bool = False,
+    ) -> None:
+        legal = audit_plan(graph, plan, n, "fp32").legal
+        if not force:
+            check_legal(graph, plan, n)
+        self.graph, self.plan, self.n, self.rank = graph, plan, n, rank
+        self.exec_plan = plan if legal else _repaired(graph, plan, n)
+        self.source, self.comm, self.tracer = source, comm, comm.tracer
+        self.numerics = numerics or numerics_for(graph)
+        self.device = device or torch.device("cpu")
+        self.dtype, self.force = dtype, force
+        self.results = layer_results(graph, self.exec_plan, n)
+        # What the plan itself names, per layer: anything else the runner issues is unplanned.
+        self.planned = [{(c.value, c.dst) for c in r.comms} for r in layer_results(graph, plan, n)]
+        self.shard = self._shard(self.results, self.exec_plan)
+        self._fallback: tuple[Plan, list[LayerResult], ModelShard] | None = None
+        self.state = RunState()
+        self.chunk_index = 0
+        rope = K.Rope(self.numerics.rope_theta, self.numerics.rope_interleave, self.numerics.rope_scaling,
+                      self.numerics.max_position_embeddings)  # fmt: skip
+        self.rope = rope
+
+    def _shard(self, results: list[LayerResult], plan: Plan) -> ModelShard:
+        return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics,
+                           ep_size=plan.ep_size, device=self.device, dtype=self.dtype)  # fmt: skip
+
+    def reset(self) -> None:
+        """Forget the carried state and the trace: the next prefill starts a new sequence."""
+        self.state = RunState()
+        self.chunk_index = 0
+        self.tracer.calls.clear()
+        self.tracer.events.clear()
+
+    # -- public runs ----------------------------------------------------------------------------
+
+    def prefill(self, ids: Tensor, chunk: int | None = None, observe: Observer | None = None) -> list[Held]:
+        """Run `ids` (every rank passes all of them) in chunks of `chunk`; one final hidden per chunk."""
+        ids = ids.reshape(-1).to(self.device)
+        step = chunk or ids.numel()
+        return [self.forward_chunk(ids[s : s + step], observe) for s in range(0, ids.numel(), step)]
+
+    def forward_chunk(self, ids: Tensor, observe: Observer | None = None) -> Held:
+        """One prefill chunk through every layer; returns the final normed hidden in the stream placement."""
+        t = ids.numel()
+        plan, results, shard = self.exec_plan, self.results, self.shard
+        if falls_back(self.graph, self.plan, self.n, t):
+            plan, results, shard = self._fallback_plan()
+            self.tracer.events.append(
+                TraceEvent(self.chunk_index, "fallback", f"{t} tokens < {self.n} ranks: baseline plan for this chunk")
+            )
+        self.tracer.chunk = self.chunk_index
+        nu = self.numerics
+        positions = torch.arange(self.state.position, self.state.position + t, device=self.device)
+        ctx = ExecContext(nu, positions, rope=self.rope)
+        stream = plan.stream
+        rows = padded_rows(t, self.n)[1] if stream is S_TOK else t
+        h = self.graph.hidden
+        resid = Held(torch.zeros(rows, h, device=self.device, dtype=self.dtype), stream)
+        delta = Held(self._embed(ids, shard), P)
+        bank = Held(resid.t.new_zeros(rows, 0, h), stream)
+        block = self.graph.spec.attn_res_block_size
+        for i, kind in enumerate(self.graph.layer_kinds):
+            lg = self.graph.kinds[kind]
+            self.tracer.layer = i
+            ctx.layer, ctx.values = i, lg.values
+            env: dict[str, Held] = {"resid": resid, "delta": delta, "bank": bank}
+            planned = self.planned[i] if plan is self.exec_plan else {(c.value, c.dst) for c in results[i].comms}
+            self._layer(i, lg, results[i], planned, shard, env, ctx, t, bool(block and i % block == 0))
+            bank = env["bank"]
+            resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
+            delta = env["mlp_out"]
+            if observe is not None:
+                observe(i, env)
+        self.tracer.layer = len(self.graph.layer_kinds)
+        if delta.pl is P:
+            d = self.comm.all_reduce(delta.t, "final") if stream is R else self.comm.reduce_scatter(delta.t, "final", t)
+            delta = Held(d, stream)
+        final = resid.t + delta.t
+        if block:
+            final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
+                               shard.top["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
+        hidden = K.rms_norm(final, shard.top["model.norm.weight"], nu.eps, nu.norm_offset)
+        self.state.position += t
+        self.chunk_index += 1
+        return Held(hidden, stream)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _fallback_plan(self) -> tuple[Plan, list[LayerResult], ModelShard]:
+        if self._fallback is None:
+            base = baseline()
+            res = layer_results(self.graph, base, self.n)
+            self._fallback = (base, res, self._shard(res, base))
+        return self._fallback
+
+    def _embed(self, ids: Tensor, shard: ModelShard) -> Tensor:
+        """Vocab-parallel lookup: rows this rank holds, zeros elsewhere (a partial sum)."""
+        local = ids - shard.vocab_lo
+        mine = (local >= 0) & (local < shard.embed.shape[0])
+        out = shard.embed.new_zeros(ids.numel(), shard.embed.shape[1])
+        out[mine] = shard.embed[local[mine]]
+        return out
+
+    def _layer(
+        self, i: int, lg: LayerGraph, res: LayerResult, planned: set[tuple[str, Placement]], shard: ModelShard,
+        env: dict[str, Held], ctx: ExecContext, tokens: int, boundary: bool,
+    ) -> None:  # fmt: skip
+        named = {(c.value, c.dst): c for c in res.comms if not c.internal}
+        done: dict[tuple[str, Placement], Held] = {}
+        self._planned = planned
+        for op, dec in zip(lg.ops, res.decisions, strict=True):
+            w = shard.ops[(i, op.name)]
+            if self._seed_variant(op, dec, env, planned):
+                # Forced only: column-parallel weight on the rank's own tokens, slices gathered by token.
+                local = K.linear(env[op.inputs[0]].t, w["weight"])
+                name = f"{op.output}(forced)"
+                env[op.output] = Held(self.comm.all_gather_tokens(local, name, tokens, planned=False), S_COL)
+                continue
+            received = []
+            for v, want in zip(op.inputs, dec.inputs_received, strict=True):
+                held = env[v]
+                if held.pl != want:
+                    held = self._convert(lg, op, dec, v, held, want, named, done, tokens)
+                received.append(held)
+            ins = []
+            for v, held, need in zip(op.inputs, received, dec.strategy.inputs, strict=True):
+                if held.pl != need:
+                    held = self._convert(lg, op, dec, v, held, need, named, done, tokens)
+                ins.append(held)
+            state = self.state.ops.setdefault((i, op.name), {})
+            env[op.output] = self._run(op, dec, ins, w, state, ctx, tokens)
+            if boundary and op.kind is OpKind.ATTN_RES and op in lg.entry:
+                stream = str(op.attrs.get("norm_of", op.inputs[1]))
+                bank = env["bank"]
+                env["bank"] = Held(torch.cat([bank.t, env[stream].t[:, None, :]], dim=1), bank.pl)
+                env[stream] = Held(torch.zeros_like(env[stream].t), env[stream].pl)
+
+    def _seed_variant(self, op: Op, dec: OpDecision, env: dict[str, Held], planned: set[tuple[str, Placement]]) -> bool:
+        """True where a forced run replaces the repair's input all-gather by the seed's wrong slice gather."""
+        if self.exec_plan is self.plan or op.kind is not OpKind.LINEAR or dec.split != WeightSplit.COL:
+            return False
+        v = op.inputs[0]
+        return env[v].pl is S_TOK and (v, R) not in planned
+
+    def _convert(
+        self, lg: LayerGraph, op: Op, dec: OpDecision, v: str, held: Held, dst: Placement,
+        named: dict[tuple[str, Placement], CommEvent], done: dict[tuple[str, Placement], Held], tokens: int,
+    ) -> Held:  # fmt: skip
+        """Bring `held` (value `v`) to `dst`: a free local step or a collective the plan names."""
+        key = (v, dst)
+        if key in done:
+            return done[key]
+        src, x = held.pl, held.t
+        value = lg.values.get(v)
+        heads = value.heads if value is not None else 0
+        out: Held | None = None
+        if src is R and dst is S_TOK:
+            per = padded_rows(tokens, self.n)[1]
+            rows = x[self.rank * per : (self.rank + 1) * per]
+            out = Held(torch.cat([rows, rows.new_zeros(per - rows.shape[0], *rows.shape[1:])]), S_TOK)
+        elif src is R and dst is S_COL:
+            lo, hi = head_range(heads, self.n, self.rank)
+            per_head = x.shape[1] // heads
+            out = Held(x[:, lo * per_head : hi * per_head], S_COL)
+        elif src is R and dst is P:
+            out = Held(x if self.rank == 0 else torch.zeros_like(x), P)
+        elif key in named:
+            c, ok = self.comm, key in self._planned
+            if src is P and dst is R:
+                out = Held(c.all_reduce(x, v, planned=ok), R)
+            elif src is P and dst is S_TOK:
+                out = Held(c.reduce_scatter(x, v, tokens, planned=ok), S_TOK)
+            elif src is S_TOK and dst is R:
+                out = Held(c.all_gather_tokens(x, v, tokens, planned=ok), R)
+            elif src is S_COL and dst is R:
+                out = Held(c.all_gather_heads(x, v, heads, planned=ok), R)
+            elif src is S_TOK and dst is S_COL:
+                out = Held(c.tokens_to_heads(x, v, heads, tokens, planned=ok), S_COL)
+        if out is None:
+            raise PlanViolation(
+                f"layer {self.tracer.layer} {op.name}: `{v}` is {src} but needs {dst}, and plan "
+                f"'{self.plan.name}' names no collective for it"
+            )
+        done[key] = out
+        return out
+
+    def _run(
+        self, op: Op, dec: OpDecision, ins: list[Held], w: dict[str, Tensor], state: dict[str, Any],
+        ctx: ExecContext, tokens: int,
+    ) -> Held:  # fmt: skip
+        tensors = [h.t for h in ins]
+        if op.kind is OpKind.EXPERTS and dec.split == "a2a" and self.n > 1:
+            return Held(self._moe_a2a(op, tensors[0], tensors[1], w, tokens), S_TOK)
+        if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
+            owned, _, _ = expert_ownership(int(op.attrs["experts"]), "ep", self.n, self.rank, self.plan.ep_size)
+            tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
+        return Held(execute_op(op, tensors, w, state, ctx), dec.strategy.output)
+
+    def _moe_a2a(self, op: Op, x: Tensor, routing: Tensor, w: dict[str, Tensor], tokens: int) -> Tensor:
+        """Dispatch each real token once to every rank hosting one of its experts, run the local experts,
+        combine (sum) the returned rows. Padding rows are not sent."""
+        n, c = self.n, self.comm
+        name = op.inputs[0]
+        experts = int(op.attrs["experts"])
+        per = experts // n
+        lo, hi = token_range(tokens, n, self.rank)
+        real = hi - lo
+        hit = (routing[:real].reshape(real, n, per) != 0).any(-1)  # [real, n]
+        idx = [torch.nonzero(hit[:, j]).flatten() for j in range(n)]
+        send = [int(i.numel()) for i in idx]
+        counts = torch.tensor(send, dtype=torch.int64, device=x.device)
+        maybe_fault(self.rank, "all_to_all")
+        recv = [int(v) for v in c.exchange_counts(counts, f"{name}:counts").tolist()]
+        send_x = torch.cat([x[i] for i in idx]) if idx else x[:0]
+        send_w = torch.cat([routing[i, j * per : (j + 1) * per] for j, i in enumerate(idx)]).float()
+        got_x = c.all_to_all_rows(send_x, send, recv, f"{name}:dispatch")
+        got_w = c.all_to_all_rows(send_w, send, recv, f"{name}:dispatch_weights")
+        y = K.routed_experts(got_x, got_w, w["gate"], w["up"], w["down"])
+        back = c.all_to_all_rows(y, recv, send, f"{name}:combine")
+        out = torch.zeros_like(x)
+        out.index_add_(0, torch.cat(idx), back.to(out.dtype))
+        return out
+
+
+def _repaired(graph: ModelGraph, plan: Plan, n: int) -> Plan:
+    """The illegal `plan` made legal by all-gathers: the placements a forced run follows."""
+    fixed = repair(graph, plan, n, "gather", plan.name, plan.title, plan.summary)
+    if not audit_plan(graph, fixed, n, "fp32").legal:
+        raise TpplanError(f"--plan {plan.name} --force", "no all-gather repair makes this plan runnable", "")
+    return fixed
+
+
+def full_value(comm: Comm, held: Held, value_heads: int, tokens: int) -> Tensor:
+    """Verification only (untraced): the full [T, ...] true value of a local value in any placement."""
+    if held.pl is R:
+        return held.t[:tokens]
+    if held.pl is S_TOK:
+        return comm.gather_full_tokens(held.t, tokens)
+    if held.pl is P:
+        return comm.sum_full(held.t)
+    return comm.gather_full_heads(held.t, value_heads)
+
+
+__all__ = ["Held", "PlanRunner", "PlanViolation", "check_legal", "full_value", "make_comm"]

@@ -1,0 +1,298 @@
+"""Per-rank weight shards under a plan: each rank materialises only the slices its ops read.
+
+The plan's propagation (`tpplan.layout.propagate.OpDecision`) says, per op, how its weight is
+placed (`split`: col / row / replicated, or the MoE mode tp / ep / a2a) and where its output
+lives. This module turns that into row/column ranges of the HF-named tensors:
+
+- column-parallel linears keep their heads' rows, row-parallel ones their heads' columns; a rank
+  owns heads [r*h/N, (r+1)*h/N), or, when N exceeds the heads (GQA KV heads), head r // (N/h);
+- token mixers with a head-sharded output keep their heads' per-head parameters: KDA's q/k/v
+  convs, A_log and dt_bias; Gated DeltaNet's fused conv, whose channels are laid out
+  [q (all heads) | k (all heads) | v (all heads)], so a rank keeps three separate ranges;
+- Qwen3-Next's doubled q_proj is laid out per head as [query | gate], so a head slice of rows
+  keeps both halves of its heads;
+- MLA's fused qkv_a (q_a_proj ++ kv_a_proj_with_mqa) is replicated or token-sharded, never cut;
+- routed experts: `tp` keeps every expert's slice of the intermediate, `a2a` keeps E/N whole
+  experts, `ep` keeps E/ep experts each cut over the N/ep ranks of its group;
+- the embedding is vocab-parallel (rank r holds rows [r*ceil(V/N), ...)), so the first block
+  reads a partial sum, as the audit assumes.
+
+A `WeightSource` serves slices by name: from a full in-memory dict (random init) or lazily from
+safetensors files, where only the requested ranges are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from tpplan.errors import TpplanError
+from tpplan.layout.placement import S_COL
+from tpplan.layout.propagate import LayerResult, OpDecision
+from tpplan.models.graph import ModelGraph, Op, OpKind
+from tpplan.runtime.weights import Numerics, load_safetensors, normalize_names, params_for_op
+
+Ranges = tuple[tuple[int, int], ...]  # half-open index ranges along one dim, concatenated in order
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Which part of a full tensor a rank keeps: `ranges` along `dim`, or all of it (dim None)."""
+
+    dim: int | None = None
+    ranges: Ranges = ()
+
+    @property
+    def full(self) -> bool:
+        return self.dim is None
+
+
+FULL = Cut()
+
+
+def head_range(heads: int, n: int, rank: int) -> tuple[int, int]:
+    """The heads [lo, hi) rank `rank` of `n` owns; one shared head each when N exceeds the heads."""
+    if heads % n == 0:
+        k = heads // n
+        return rank * k, (rank + 1) * k
+    if n % heads == 0:
+        h = rank // (n // heads)
+        return h, h + 1
+    raise TpplanError(
+        f"--tp {n}", f"{heads} heads cannot be split over {n} ranks", "use a TP size that divides the heads"
+    )
+
+
+def head_cut(dim: int, size: int, heads: int, n: int, rank: int) -> Cut:
+    """Rows (dim 0) or columns (dim 1) of `size` made of `heads` equal heads."""
+    lo, hi = head_range(heads, n, rank)
+    per = size // heads
+    return Cut(dim, ((lo * per, hi * per),))
+
+
+class WeightSource(Protocol):
+    """Serves (a slice of) a full tensor by canonical HF name."""
+
+    def get(self, name: str, cut: Cut) -> Tensor: ...
+
+
+def _apply(t: Tensor, cut: Cut) -> Tensor:
+    if cut.full:
+        return t
+    assert cut.dim is not None
+    parts = [t.narrow(cut.dim, lo, hi - lo) for lo, hi in cut.ranges]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=cut.dim)
+
+
+@dataclass
+class DictSource:
+    """Slices of an in-memory full state dict (e.g. `random_weights`)."""
+
+    weights: Mapping[str, Tensor]
+
+    def get(self, name: str, cut: Cut) -> Tensor:
+        return _apply(self.weights[name], cut)
+
+
+@dataclass
+class SafetensorsSource:
+    """Reads only the requested ranges from `*.safetensors` files (safetensors only, no pickle).
+
+    Checkpoints whose names are already canonical are read lazily, slice by slice. A checkpoint
+    that uses alias spellings (stacked experts, fused KDA conv, w1/w2/w3) is loaded whole once and
+    normalised (`weights.load_safetensors`), then sliced.
+    """
+
+    folder: Path
+    graph: ModelGraph
+    numerics: Numerics
+    _index: dict[str, Path] = field(default_factory=dict)
+    _full: dict[str, Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        from safetensors import safe_open
+
+        files = sorted(Path(self.folder).glob("*.safetensors"))
+        if not files:
+            raise TpplanError(str(self.folder), "no *.safetensors files found", "point at the checkpoint folder")
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    self._index[key] = f
+        if any(_aliased(name) for name in self._index):
+            self._full = load_safetensors(self.folder, self.graph, self.numerics)
+
+    def get(self, name: str, cut: Cut) -> Tensor:
+        if self._full is not None:
+            return _apply(self._full[name], cut)
+        from safetensors import safe_open
+
+        if name not in self._index:
+            raise TpplanError(str(self.folder), f"tensor '{name}' is missing", "use a checkpoint made for this config")
+        with safe_open(str(self._index[name]), framework="pt") as fh:
+            if cut.full or name.endswith("A_log"):  # A_log may be stored [1, 1, n, 1]: tiny, read whole
+                return _apply(fh.get_tensor(name).reshape(-1) if name.endswith("A_log") else fh.get_tensor(name), cut)
+            sl = fh.get_slice(name)
+            parts = []
+            for lo, hi in cut.ranges:
+                index = (*(slice(None) for _ in range(cut.dim or 0)), slice(lo, hi))
+                parts.append(sl[index])
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=cut.dim or 0)
+
+
+def _aliased(name: str) -> bool:
+    """True for a checkpoint spelling that `weights.normalize_names` rewrites."""
+    return normalize_names({name: torch.empty(0)}).keys() != {name} if not _stacked(name) else True
+
+
+def _stacked(name: str) -> bool:
+    return name.endswith((".experts.gate_up_proj", ".experts.down_proj", ".self_attn.conv1d.weight"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Cuts per op
+
+
+def expert_ownership(experts: int, mode: str, n: int, rank: int, ep_size: int | None) -> tuple[range, int, int]:
+    """(experts this rank holds, its slice index and slice count of each expert's intermediate)."""
+    if n <= 1:
+        return range(experts), 0, 1
+    if mode == "a2a":
+        per = experts // n
+        return range(rank * per, (rank + 1) * per), 0, 1
+    if mode == "ep":
+        ep = ep_size or 1
+        inner = n // ep
+        group, part = rank // inner, rank % inner
+        per = experts // ep
+        return range(group * per, (group + 1) * per), part, inner
+    return range(experts), rank, n
+
+
+def op_cuts(op: Op, dec: OpDecision, n: int, rank: int, numerics: Numerics, ep_size: int | None) -> dict[str, Cut]:
+    """Local key (as `params_for_op` names it) -> the cut rank `rank` keeps; missing keys: not held."""
+    spec = params_for_op(op, numerics)
+    if n <= 1:
+        return dict.fromkeys(spec, FULL)
+    k = op.kind
+    if k is OpKind.LINEAR:
+        shape = op.weight_shape
+        if dec.split == "col":
+            return {"weight": head_cut(0, shape[0], op.split_heads, n, rank)}
+        if dec.split == "row":
+            return {"weight": head_cut(1, shape[1], op.split_heads, n, rank)}
+        return dict.fromkeys(spec, FULL)
+    if k is OpKind.TOKEN_MIX and dec.strategy.output is S_COL:
+        a = op.attrs
+        impl = a["impl"]
+        if impl == "short_conv":
+            return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, n, rank)}
+        if impl == "kda":
+            heads, d = int(a["heads"]), int(a["head_dim"])
+            return {"A_log": head_cut(0, heads, heads, n, rank), "dt_bias": head_cut(0, heads * d, heads, n, rank)}
+        if impl == "gdn":
+            nk, nv, dk, dv = int(a["k_heads"]), int(a["v_heads"]), int(a["k_head_dim"]), int(a["v_head_dim"])
+            lo, hi = head_range(nk, n, rank)
+            r = nv // nk
+            conv = Cut(0, ((lo * dk, hi * dk), (nk * dk + lo * dk, nk * dk + hi * dk),
+                           (2 * nk * dk + lo * r * dv, 2 * nk * dk + hi * r * dv)))  # fmt: skip
+            vh = Cut(0, ((lo * r, hi * r),))
+            return {"conv": conv, "A_log": vh, "dt_bias": vh, "norm": FULL}
+        return dict.fromkeys(spec, FULL)  # mla (no params), gqa (per-head-dim q/k norms)
+    if k is OpKind.EXPERTS:
+        owned, part, parts = expert_ownership(int(op.attrs["experts"]), dec.split, n, rank, ep_size)
+        inter = int(op.attrs["intermediate"])
+        if inter % parts:
+            raise TpplanError(f"{op.name}", f"intermediate {inter} does not split over {parts}", "change TP/EP")
+        rows = Cut(0, ((part * inter // parts, (part + 1) * inter // parts),)) if parts > 1 else FULL
+        cols = Cut(1, rows.ranges) if parts > 1 else FULL
+        out: dict[str, Cut] = {}
+        for j in owned:
+            out[f"gate.{j}"] = rows
+            out[f"up.{j}"] = rows
+            out[f"down.{j}"] = cols
+        return out
+    return dict.fromkeys(spec, FULL)
+
+
+def load_op(
+    op: Op, layer: int, cuts: Mapping[str, Cut], source: WeightSource, numerics: Numerics, device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Tensor]:  # fmt: skip
+    """The tensors `op` reads on this rank, assembled like `executor.layer_weights` (fused, stacked)."""
+    spec = params_for_op(op, numerics)
+    prefix = f"model.layers.{layer}."
+    got = {key: source.get(prefix + spec[key][0], cut).to(device=device, dtype=dtype) for key, cut in cuts.items()}
+    if op.kind is OpKind.LINEAR and "parts" in op.attrs:
+        return {"weight": torch.cat([got[f"part{j}"] for j in range(len(op.attrs["parts"]))], dim=0)}
+    if op.kind is OpKind.EXPERTS:
+        owned = sorted({int(key.split(".")[1]) for key in got})
+        return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in ("gate", "up", "down")}
+    return got
+
+
+@dataclass
+class ModelShard:
+    """Everything one rank holds: per-(layer, op) tensors, its vocab rows, and the top-level vectors."""
+
+    rank: int
+    n: int
+    ops: dict[tuple[int, str], dict[str, Tensor]]
+    embed: Tensor  # [rows, H]: vocab rows [vocab_lo, vocab_lo + rows)
+    vocab_lo: int
+    top: dict[str, Tensor]  # model.norm.weight, AttnRes output vectors
+
+    def numel(self) -> int:
+        """Elements this rank holds (for memory checks: shards, not the full model)."""
+        total = self.embed.numel() + sum(t.numel() for t in self.top.values())
+        return total + sum(t.numel() for w in self.ops.values() for t in w.values())
+
+
+def shard_model(
+    graph: ModelGraph,
+    layers: list[LayerResult],
+    n: int,
+    rank: int,
+    source: WeightSource,
+    numerics: Numerics,
+    *,
+    ep_size: int | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> ModelShard:
+    """Materialise rank `rank`'s shard of every op under the per-layer decisions in `layers`."""
+    dev = device or torch.device("cpu")
+    ops: dict[tuple[int, str], dict[str, Tensor]] = {}
+    for i, res in enumerate(layers):
+        for dec in res.decisions:
+            cuts = op_cuts(dec.op, dec, n, rank, numerics, ep_size)
+            ops[(i, dec.op.name)] = load_op(dec.op, i, cuts, source, numerics, dev, dtype)
+    vocab = graph.spec.vocab
+    per = -(-vocab // n)
+    lo, hi = min(rank * per, vocab), min((rank + 1) * per, vocab)
+    embed = source.get("model.embed_tokens.weight", Cut(0, ((lo, hi),))).to(device=dev, dtype=dtype)
+    top = {"model.norm.weight": source.get("model.norm.weight", FULL).to(device=dev, dtype=dtype)}
+    if graph.spec.attn_res_block_size:
+        for name in ("model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight"):
+            top[name] = source.get(name, FULL).to(device=dev, dtype=dtype)
+    return ModelShard(rank, n, ops, embed, lo, top)
+
+
+__all__ = [
+    "FULL",
+    "Cut",
+    "DictSource",
+    "ModelShard",
+    "SafetensorsSource",
+    "WeightSource",
+    "expert_ownership",
+    "head_cut",
+    "head_range",
+    "op_cuts",
+    "shard_model",
+]

@@ -1,0 +1,187 @@
+"""Every collective the distributed runtime issues goes through `Comm`, which records it.
+
+The record (`tpplan.layout.schedule.CollectiveCall`) is filled from the real tensor handed to
+torch.distributed: kind, shape, dtype, bytes (nccl-tests size) and the bytes this rank sends.
+`tpplan.layout.schedule.predict_schedule` computes the same fields from the plan alone, and the
+proof tests assert that the two lists are equal. With one rank every collective is the identity
+and nothing is recorded (nothing moves).
+
+`Comm` also offers untraced helpers (`gather_full_*`) used only to check results against the
+single-process reference; they are not part of any plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tpplan.layout.schedule import CollectiveCall, ring_sent_bytes
+from tpplan.runtime.shard import head_range
+
+_RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class TraceEvent:
+    """Something that is not a collective but changes what runs (e.g. a fallback to baseline)."""
+
+    chunk: int
+    what: str
+    detail: str
+
+
+@dataclass
+class Tracer:
+    """Collects the calls of one rank; `chunk` and `layer` are set by the interpreter as it walks."""
+
+    rank: int
+    n: int
+    calls: list[CollectiveCall] = field(default_factory=list)
+    events: list[TraceEvent] = field(default_factory=list)
+    chunk: int = 0
+    layer: int = 0
+
+    def record(
+        self, kind: str, value: str, t: Tensor, sent: float | None = None, planned: bool = True,
+        shape: tuple[int, ...] | None = None,
+    ) -> None:  # fmt: skip
+        """Record a call on `t` (the nccl-tests-size buffer); `shape` names it when `t` is stacked."""
+        nbytes = t.numel() * t.element_size()
+        dtype = str(t.dtype).removeprefix("torch.")
+        sent_bytes = ring_sent_bytes(kind, nbytes, self.n) if sent is None else float(sent)
+        shp = tuple(t.shape) if shape is None else shape
+        self.calls.append(CollectiveCall(self.chunk, self.layer, kind, value, shp, dtype, nbytes, sent_bytes, planned))
+
+
+class Comm:
+    """The collectives of a plan, on local tensors laid out as `tpplan.layout.placement` says.
+
+    Token-sharded tensors hold `per = ceil(T/N)` rows (the last ranks' tail rows are padding);
+    head-sharded ones hold every token and the rank's heads' columns (`head_range`).
+    """
+
+    def __init__(self, rank: int, n: int, tracer: Tracer, group: object | None = None) -> None:
+        self.rank, self.n, self.tracer, self.group = rank, n, tracer, group
+
+    # -- traced, uniform ---------------------------------------------------------------------
+
+    def all_reduce(self, x: Tensor, value: str, planned: bool = True) -> Tensor:
+        """P -> R."""
+        if self.n == 1:
+            return x
+        y = x.contiguous().clone()
+        self.tracer.record("all_reduce", value, y, planned=planned)
+        dist.all_reduce(y, group=self.group)
+        return y
+
+    def reduce_scatter(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
+        """P [T, W] -> S(tok) [per, W] (padded to N*per rows first)."""
+        if self.n == 1:
+            return x
+        per = -(-tokens // self.n)
+        full = pad_rows(x, per * self.n).contiguous()
+        out = full.new_empty(per, *full.shape[1:])
+        self.tracer.record("reduce_scatter", value, full, planned=planned)
+        _RS(out, full, group=self.group)
+        return out
+
+    def all_gather_tokens(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
+        """S(tok) [per, W] -> R [T, W] (padding dropped)."""
+        if self.n == 1:
+            return x[:tokens]
+        out = x.new_empty(x.shape[0] * self.n, *x.shape[1:])
+        self.tracer.record("all_gather", value, out, planned=planned)
+        _AG(out, x.contiguous(), group=self.group)
+        return out[:tokens]
+
+    def all_gather_heads(self, x: Tensor, value: str, heads: int, planned: bool = True) -> Tensor:
+        """S(col) [T, w] -> R [T, W]: gather every rank's heads; a head shared by several ranks once."""
+        if self.n == 1:
+            return x
+        out = x.new_empty(self.n, *x.shape)
+        flat = out.view(self.n * x.shape[0], *x.shape[1:])
+        self.tracer.record("all_gather", value, out, planned=planned, shape=(x.shape[0], self.n * x.shape[1]))
+        _AG(flat, x.contiguous(), group=self.group)
+        owners = sorted({head_range(heads, self.n, r)[0]: r for r in range(self.n)}.items())
+        return torch.cat([out[r] for _, r in owners], dim=1)
+
+    def tokens_to_heads(self, x: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
+        """S(tok) [per, W] -> S(col) [T, w] by one all-to-all: rank j gets every rank's rows of its heads."""
+        if self.n == 1:
+            return x[:tokens]
+        per_head = x.shape[1] // heads
+        parts = []
+        for j in range(self.n):
+            lo, hi = head_range(heads, self.n, j)
+            parts.append(x[:, lo * per_head : hi * per_head])
+        send = torch.stack(parts).contiguous()  # [n, per, w]
+        recv = torch.empty_like(send)
+        self.tracer.record("all_to_all", value, send, planned=planned, shape=(x.shape[0], self.n * send.shape[2]))
+        dist.all_to_all_single(recv, send, group=self.group)
+        return recv.reshape(self.n * x.shape[0], -1)[:tokens]
+
+    # -- traced, uneven (MoE dispatch / combine) --------------------------------------------
+
+    def all_to_all_rows(self, x: Tensor, send_rows: Sequence[int], recv_rows: Sequence[int], value: str) -> Tensor:
+        """Rows [sum(send_rows), W] out in rank order; returns the [sum(recv_rows), W] rows received."""
+        out = x.new_empty(sum(recv_rows), *x.shape[1:])
+        sent = (sum(send_rows) - send_rows[self.rank]) * _row_bytes(x)
+        self.tracer.record("all_to_all", value, x, sent=sent)
+        dist.all_to_all_single(out, x.contiguous(), list(recv_rows), list(send_rows), group=self.group)
+        return out
+
+    def exchange_counts(self, counts: Tensor, value: str) -> Tensor:
+        """Each rank's N send counts -> the N counts it will receive (int64)."""
+        out = torch.empty_like(counts)
+        self.tracer.record("all_to_all", value, counts, sent=(self.n - 1) * counts.element_size())
+        dist.all_to_all_single(out, counts.contiguous(), group=self.group)
+        return out
+
+    # -- untraced: verification only ---------------------------------------------------------
+
+    def gather_full_tokens(self, x: Tensor, tokens: int) -> Tensor:
+        """Verification only (not traced): S(tok) rows of every rank, padding dropped."""
+        if self.n == 1:
+            return x[:tokens]
+        out = x.new_empty(x.shape[0] * self.n, *x.shape[1:])
+        _AG(out, x.contiguous(), group=self.group)
+        return out[:tokens]
+
+    def sum_full(self, x: Tensor) -> Tensor:
+        """Verification only (not traced): the true value of a partial sum."""
+        if self.n == 1:
+            return x
+        y = x.contiguous().clone()
+        dist.all_reduce(y, group=self.group)
+        return y
+
+    def gather_full_heads(self, x: Tensor, heads: int) -> Tensor:
+        """Verification only (not traced): the full columns of a head-sharded value."""
+        if self.n == 1:
+            return x
+        out = x.new_empty(self.n, *x.shape)
+        _AG(out.view(self.n * x.shape[0], *x.shape[1:]), x.contiguous(), group=self.group)
+        owners = sorted({head_range(heads, self.n, r)[0]: r for r in range(self.n)}.items())
+        return torch.cat([out[r] for _, r in owners], dim=1)
+
+
+def _row_bytes(x: Tensor) -> int:
+    n = 1
+    for d in x.shape[1:]:
+        n *= d
+    return n * x.element_size()
+
+
+def pad_rows(x: Tensor, rows: int) -> Tensor:
+    """`x` with zero rows appended up to `rows`."""
+    if x.shape[0] >= rows:
+        return x
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])], dim=0)
+
+
+__all__ = ["Comm", "TraceEvent", "Tracer", "pad_rows"]

@@ -1,0 +1,323 @@
+"""Verify a plan by execution: the sharded forward equals the single-process one, and the traced
+collectives equal the predicted ones.
+
+`verify_cases(cases, backend=..., nproc=N)` runs many `VerifyCase`s inside one process group
+(spawned locally, or in place under torchrun): forming a group is the expensive part, so tests
+and the CLI batch their cases. For each case rank 0 runs the single-process reference
+(`executor.forward_chunk`, fp32, full weights) and records every layer's `resid_out` and
+`mlp_out`, the final hidden and the MoE routing; every rank runs the plan
+(`distributed.PlanRunner`) from its own shard; the local values are brought to full size with
+untraced collectives and compared on rank 0; every rank's trace is compared with
+`layout.schedule.predict_schedule` for that rank (MoE all-to-all shapes use the reference's
+routing).
+
+Tolerance: relative error = max |sharded - reference| / max |reference| per tensor. fp32 runs
+must stay within 1e-4 (observed: ~1e-6; the sharded run only reorders sums), bf16 within 5e-2.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from tpplan.layout.schedule import CollectiveCall, bytes_by_kind, dtype_name, predict_schedule
+from tpplan.plans.plan import Plan
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    """One run to verify: model (preset or config path), plan (by name, or a `Plan`), batch and numerics."""
+
+    model: str
+    plan: str
+    tokens: int = 16
+    chunk: int | None = None
+    seed: int = 0
+    dtype: str = "fp32"
+    force: bool = False
+    weights: str | None = None  # safetensors folder; None: random init from `seed`
+    plan_obj: Plan | None = None  # a custom plan (e.g. EP) instead of the named one
+
+    @property
+    def label(self) -> str:
+        ch = f" chunk={self.chunk}" if self.chunk else ""
+        return f"{self.model} {self.plan} T={self.tokens}{ch} {self.dtype}" + (" (forced)" if self.force else "")
+
+
+@dataclass
+class TensorError:
+    chunk: int
+    layer: int  # number of layers for the final hidden / logits
+    value: str
+    max_abs: float
+    rel: float
+
+
+@dataclass
+class CaseResult:
+    case: VerifyCase
+    n: int
+    legal: bool
+    reason: str
+    errors: list[TensorError] = field(default_factory=list)
+    traced: list[list[CollectiveCall]] = field(default_factory=list)  # per rank
+    predicted: list[list[CollectiveCall]] = field(default_factory=list)  # per rank
+    fallback_traced: list[int] = field(default_factory=list)
+    fallback_predicted: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[dtype_name(self.case.dtype)]
+
+    @property
+    def max_rel(self) -> float:
+        return max((e.rel for e in self.errors), default=0.0)
+
+    @property
+    def numbers_match(self) -> bool:
+        return bool(self.errors) and all(e.rel <= self.tolerance for e in self.errors)
+
+    @property
+    def trace_matches(self) -> bool:
+        same = all(
+            [c.key() for c in t] == [c.key() for c in p] for t, p in zip(self.traced, self.predicted, strict=True)
+        )
+        return same and self.fallback_traced == self.fallback_predicted
+
+    @property
+    def passed(self) -> bool:
+        return self.legal and self.numbers_match and self.trace_matches
+
+    def bytes_table(self, rank: int = 0) -> list[tuple[str, int, float, int, float]]:
+        """(kind, traced calls, traced bytes sent, predicted calls, predicted bytes sent) for `rank`."""
+        t = bytes_by_kind(self.traced[rank]) if self.traced else {}
+        p = bytes_by_kind(self.predicted[rank]) if self.predicted else {}
+        kinds = sorted(set(t) | set(p))
+        return [(k, *t.get(k, (0, 0.0)), *p.get(k, (0, 0.0))) for k in kinds]  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker (runs on every rank)
+
+
+@cache
+def _graph(model: str) -> Any:
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+
+    return build_model_graph(load_model(model))
+
+
+@cache
+def _plan(model: str, name: str, n: int) -> Plan:
+    from tpplan.plans.named import make_plan
+
+    return make_plan(name, _graph(model), n)
+
+
+@cache
+def _random(model: str, seed: int) -> Any:
+    from tpplan.runtime.executor import numerics_for
+    from tpplan.runtime.weights import random_weights
+
+    g = _graph(model)
+    return random_weights(g, numerics_for(g), seed=seed)
+
+
+def _reference(graph: Any, weights: Any, ids: Any, chunk: int | None, nu: Any, device: Any) -> dict[str, Any]:
+    """Single-process fp32 run: taps[(chunk, layer, value)], hidden per chunk, routes[(chunk, layer)]."""
+    import torch
+
+    from tpplan.models.graph import OpKind
+    from tpplan.runtime.executor import RunState, forward_chunk, layer_weights
+
+    w = {k: v.to(device=device, dtype=torch.float32) for k, v in weights.items()}
+    resolved = {
+        (i, op.name): layer_weights(op, i, w, nu)
+        for i, kind in enumerate(graph.layer_kinds)
+        for op in graph.kinds[kind].ops
+    }
+    st = RunState()
+    taps: dict[tuple[int, int, str], Any] = {}
+    routes: dict[tuple[int, int], list[list[int]]] = {}
+    hidden = []
+    step = chunk or ids.numel()
+    for c, s in enumerate(range(0, ids.numel(), step)):
+
+        def observe(i: int, env: dict[str, Any], c: int = c) -> None:
+            taps[(c, i, "resid_out")] = env["resid_out"].float().cpu()
+            taps[(c, i, "mlp_out")] = env["mlp_out"].float().cpu()
+            lg = graph.kinds[graph.layer_kinds[i]]
+            for op in lg.ops:
+                if op.kind is OpKind.EXPERTS:
+                    r = env[op.inputs[1]]
+                    routes[(c, i)] = [torch.nonzero(row).flatten().tolist() for row in r.cpu()]
+
+        hidden.append(forward_chunk(graph, w, resolved, ids[s : s + step], st, nu, True, observe).float().cpu())
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).float().cpu()
+    return {"taps": taps, "hidden": hidden, "routes": routes, "head": head}
+
+
+_REF_CACHE: dict[str, Any] = {}
+
+
+def _rel(a: Any, b: Any) -> tuple[float, float]:
+    diff = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+    scale = float(b.float().abs().max()) if b.numel() else 0.0
+    return diff, diff / max(scale, 1e-30)
+
+
+def _assemble(pieces: list[tuple[str, Any]], heads: int, tokens: int) -> Any:
+    """The full [T, W] value from every rank's local piece (rank order) and its placement."""
+    import torch
+
+    from tpplan.runtime.shard import head_range
+
+    pl, first = pieces[0]
+    n = len(pieces)
+    ts = [t.float() for _, t in pieces]
+    if pl == "R":
+        return first.float()[:tokens]
+    if pl == "S(tok)":
+        return torch.cat(ts, dim=0)[:tokens]
+    if pl == "P":
+        return torch.stack(ts).sum(0)
+    owners = sorted({head_range(heads, n, r)[0]: r for r in range(n)}.items())
+    return torch.cat([ts[r] for _, r in owners], dim=1)
+
+
+def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | None:
+    """Run one case on this rank (every rank calls it); rank 0 returns the result."""
+    import torch
+    import torch.distributed as dist
+
+    from tpplan.audit import audit_plan
+    from tpplan.layout.placement import P
+    from tpplan.runtime.distributed import PlanRunner, make_comm
+    from tpplan.runtime.executor import numerics_for
+    from tpplan.runtime.shard import DictSource, SafetensorsSource
+    from tpplan.runtime.weights import load_safetensors
+
+    t0 = time.perf_counter()
+    graph = _graph(case.model)
+    nu = numerics_for(graph)
+    plan = case.plan_obj or _plan(case.model, case.plan, n)
+    pa = audit_plan(graph, plan, n, "fp32")
+    reason = "; ".join(v.sentence() for v in pa.violations)
+    if not pa.legal and not case.force:
+        return CaseResult(case, n, False, reason) if rank == 0 else None
+    act = dtype_name(case.dtype)
+    dtype = getattr(torch, act)
+    if case.weights:
+        source: Any = SafetensorsSource(Path(case.weights), graph, nu)
+        full = load_safetensors(case.weights, graph, nu) if rank == 0 else None
+    else:
+        full = _random(case.model, case.seed)
+        source = DictSource(full)
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    ids = torch.randint(0, graph.spec.vocab, (case.tokens,), generator=gen)
+    ref = None
+    if rank == 0:  # the same reference serves every plan of a batch of cases
+        key = (case.model, case.tokens, case.chunk, case.seed, case.weights, str(device))
+        if _REF_CACHE.get("key") != key:
+            _REF_CACHE.clear()
+            _REF_CACHE["key"] = key
+            _REF_CACHE["ref"] = _reference(graph, full, ids.to(device), case.chunk, nu, device)
+        ref = _REF_CACHE["ref"]
+    comm = make_comm(rank, n)
+    runner = PlanRunner(graph, plan, n, rank, source, comm=comm, numerics=nu, device=device, dtype=dtype,
+                        force=case.force)  # fmt: skip
+    sizes = [min(case.chunk or case.tokens, case.tokens - s) for s in range(0, case.tokens, case.chunk or case.tokens)]
+    local: dict[tuple[int, int, str], tuple[str, Any]] = {}  # this rank's pieces, gathered once at the end
+
+    def observe(i: int, env: dict[str, Any]) -> None:
+        for name in ("resid_out", "mlp_out"):
+            local[(runner.chunk_index, i, name)] = (str(env[name].pl), env[name].t.detach().cpu())
+
+    layers = len(graph.layer_kinds)
+    for c, held in enumerate(runner.prefill(ids, case.chunk, observe)):
+        assert held.pl is not P
+        local[(c, layers, "hidden")] = (str(held.pl), held.t.detach().cpu())
+    mine = (local, runner.tracer.calls, [e.chunk for e in runner.tracer.events])
+    parts: list[Any] = [None] * n if rank == 0 else []
+    # One untraced object gather instead of a collective per layer: verification is not part of the plan.
+    if n == 1:
+        parts = [mine]
+    else:
+        dist.gather_object(mine, parts if rank == 0 else None, dst=0)
+    if rank != 0:
+        return None
+    assert ref is not None
+    res = CaseResult(case, n, pa.legal, reason)
+    for key in sorted(ref["taps"]):
+        heads = graph.kinds[graph.layer_kinds[key[1]]].values[key[2]].heads
+        a = _assemble([p[0][key] for p in parts], heads, sizes[key[0]])
+        res.errors.append(TensorError(key[0], key[1], key[2], *_rel(a, ref["taps"][key])))
+    for c, r in enumerate(ref["hidden"]):
+        h = _assemble([p[0][(c, layers, "hidden")] for p in parts], 0, sizes[c])
+        res.errors.append(TensorError(c, layers, "hidden", *_rel(h, r)))
+        res.errors.append(TensorError(c, layers, "logits", *_rel(h @ ref["head"].t(), r @ ref["head"].t())))
+    res.traced = [p[1] for p in parts]
+    res.fallback_traced = parts[0][2]
+    for r in range(n):
+        sched = predict_schedule(graph, plan, n, case.tokens, chunk=case.chunk, dtype=act, rank=r,
+                                 routes=ref["routes"])  # fmt: skip
+        res.predicted.append([c for s in sched for c in s.calls])
+        if r == 0:
+            res.fallback_predicted = [s.index for s in sched if s.fallback]
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _worker(rank: int, world: int, device: Any, cases: list[VerifyCase]) -> list[CaseResult | None]:
+    import torch
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # N ranks share the cores; intra-op threads only contend
+    return [run_case(c, rank, world, device) for c in cases]
+
+
+def _in_process(cases: list[VerifyCase], timeout_s: float) -> list[CaseResult | None]:
+    """Run a one-rank gloo group inside this process (a private store; the default group is restored)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("a default process group already exists in this process")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
+    threads = torch.get_num_threads()
+    try:
+        return _worker(0, 1, torch.device("cpu"), cases)
+    finally:
+        torch.set_num_threads(threads)
+        dist.destroy_process_group()
+
+
+def verify_cases(
+    cases: list[VerifyCase], *, backend: str = "gloo", nproc: int = 2, timeout_s: float = 120.0
+) -> list[CaseResult]:
+    """Run every case in one process group of `nproc` ranks (or under torchrun); rank 0's results.
+
+    Raises `tpplan.bench._dist.BenchFailed` naming the rank that failed first when a rank dies or
+    a collective times out.
+    """
+    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group, under_torchrun
+
+    spec = GroupSpec(resolve_backend(backend), nproc, timeout_s)
+    if nproc == 1 and spec.backend == "gloo" and not under_torchrun():
+        out = _in_process(cases, timeout_s)  # one CPU rank: no process to spawn
+    else:
+        out = run_group(_worker, spec, cases)
+    return [r for r in out if r is not None] if out is not None else []
+
+
+__all__ = ["TOLERANCE", "CaseResult", "TensorError", "VerifyCase", "run_case", "verify_cases"]
