@@ -78,6 +78,15 @@ def _chunked(step: Callable[[int, dict[str, torch.Tensor] | None], torch.Tensor]
     return run
 
 
+def _dt_bias(n: int, g: torch.Generator, dev: str) -> torch.Tensor:
+    """Mamba-style init used by Kimi-Linear and Qwen3-Next: softplus(dt_bias) = dt, log-uniform in [1e-3, 0.1]."""
+    dt = torch.exp(
+        torch.rand(n, generator=g, device=dev) * (torch.log(torch.tensor(0.1)) - torch.log(torch.tensor(1e-3))).item()
+        + torch.log(torch.tensor(1e-3)).item()
+    )
+    return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+
+
 def _cases(a: argparse.Namespace, dt: torch.dtype) -> dict[str, tuple[Callable[[], Any], bool]]:
     """name -> (callable running the op through `kernels`, uses fla)."""
     dev, t, ch = a.device, a.tokens, a.chunks
@@ -106,10 +115,10 @@ def _cases(a: argparse.Namespace, dt: torch.dtype) -> dict[str, tuple[Callable[[
     cases["short_conv(chunked)"] = (_chunked(lambda i, s: K.short_conv(o[i * c : (i + 1) * c], cw, s), ch, True), False)
 
     qk = [rn(t, n * d) for _ in range(3)]
-    f = rn(t, n * d)
+    f = rn(t, n * d, scale=0.5)
     bl = rn(t, n)
-    a_log = torch.log(torch.rand(n, generator=g, device=dev) * 15 + 1)
-    dtb = rn(n * d, scale=0.5, dtype=torch.float32)
+    a_log = torch.log(torch.rand(n, generator=g, device=dev) * 15 + 1)  # Kimi init: A ~ U(1, 16)
+    dtb = _dt_bias(n * d, g, dev)
 
     def kda_step(i: int, s: dict[str, torch.Tensor] | None) -> torch.Tensor:
         sl = slice(i * c, (i + 1) * c)
@@ -123,7 +132,7 @@ def _cases(a: argparse.Namespace, dt: torch.dtype) -> dict[str, tuple[Callable[[
     ba = rn(t, ng * 2 * r)
     gcw = rn(ng * (2 * dk + r * dv), 1, 4, scale=0.5)
     ga = torch.log(torch.rand(ng * r, generator=g, device=dev) * 15 + 1)
-    gdtb = rn(ng * r, scale=0.5, dtype=torch.float32)
+    gdtb = _dt_bias(ng * r, g, dev)
     gnw = rn(dv, scale=0.1) + 1
 
     def gdn_step(i: int, s: dict[str, torch.Tensor] | None) -> torch.Tensor:
