@@ -21,7 +21,9 @@ bf16 inputs: within bf16 rounding of the reference, which computes in fp32 from 
   one read and one write) when fla imports on CUDA, else a lean torch path (`vector_norm` in fp32
   straight from the input dtype, no full-size fp32 copy of x).
 - `causal_attention` (MLA and GQA core): `F.scaled_dot_product_attention` with a lower-right causal
-  mask (queries are the last T of S positions), fp32 accumulation inside the backend.
+  mask (queries are the last T of S positions), fp32 accumulation inside the backend. In bf16/fp16 on
+  CUDA a narrower v (MLA 128 vs q/k 192) is zero-padded so the flash backend applies
+  (`TPPLAN_SDPA_PAD_V=0` leaves SDPA to pick mem-efficient instead).
 - `attn_res`: the same depth softmax with one fp32 copy of the rows: the score of a row is
   (row . w) * rstd(row), so the normalised rows are never materialised.
 """
@@ -291,10 +293,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     qh, kh, vh = (z.transpose(0, 1).unsqueeze(0) for z in (q, k, v))  # [1, n, T|S, d]
     vh = vh.to(q.dtype)
     kh = kh.to(q.dtype)
+    dv, dq = vh.shape[-1], qh.shape[-1]
+    # Flash needs one head dim for q, k and v: zero-padding v (MLA: 128 -> 192) keeps the result exact.
+    pad = dv < dq <= 256 and q.dtype in (torch.float16, torch.bfloat16) and q.is_cuda
+    if pad and os.environ.get("TPPLAN_SDPA_PAD_V", "1") != "0":
+        vh = F.pad(vh, (0, dq - dv))
     mask = causal_lower_right(t, s)
     with torch.no_grad():
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-    return out[0].transpose(0, 1).reshape(t, -1)
+    return out[0, ..., :dv].transpose(0, 1).reshape(t, -1)
 
 
 def attn_res(prefix: Tensor, bank: Tensor, proj: Tensor, score_norm: Tensor, eps: float) -> Tensor:
