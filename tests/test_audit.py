@@ -3,6 +3,7 @@
 import pytest
 
 from tpplan.audit import audit, audit_plan, to_json
+from tpplan.errors import TpplanError
 from tpplan.layout.placement import Collective, ring_elements_per_rank
 from tpplan.models.config import list_presets, load_model
 from tpplan.models.graph import build_model_graph
@@ -115,8 +116,47 @@ def test_tp1_moves_nothing():
 
 def test_json_is_stable(k3):
     data = to_json(k3)
-    assert data["schema_version"] == 1 and data["tp"] == 32
+    assert data["schema_version"] == 2 and data["tp"] == 32
+    assert data["topology"] is None and all("prediction" not in p for p in data["plans"])
     for p in data["plans"]:
         assert {"name", "legal", "layer_kinds", "comm_bytes_per_token_per_rank", "reasons"} <= set(p)
         for info in p["layer_kinds"].values():
             assert {"legal", "reasons", "attn_input_units"} <= set(info)
+
+
+def test_sp_moe_and_ep_families(k3):
+    graph = k3.graph
+    sp, old = make_plan("sp-moe", graph, 32), make_plan("moe-a2a", graph, 32)
+    assert sp.describe() == old.describe() and sp.moe == "a2a"  # moe-a2a already was SGLang's SP-MoE
+    pa = audit_plan(graph, sp, 32)
+    assert pa.legal
+    moe = pa.kinds["mla+moe"].result
+    kinds = [(c.collective.value, c.value) for c in moe.comms]
+    assert kinds[:2] == [("all_gather", "x"), ("reduce_scatter", "attn_out")]  # AG before attention, RS after o_proj
+    assert sum(c.internal for c in moe.comms) == 2  # dispatch + combine
+    ep = audit_plan(graph, make_plan("ep4", graph, 32), 32)
+    assert ep.legal and ep.plan.ep_size == 4 and ep.plan.describe()["moe"] == "ep4"
+    assert ep.comm_bytes_per_token == _plan(k3, "baseline").comm_bytes_per_token  # EP without all-to-all
+    sp_ep = make_plan("sequence-parallel+ep4", graph, 32)
+    assert sp_ep.name == "sequence-parallel+ep4" and sp_ep.stream == make_plan("sequence-parallel", graph, 32).stream
+    with pytest.raises(TpplanError, match="already uses MoE mode"):
+        make_plan("sp-moe+ep4", graph, 32)
+    with pytest.raises(TpplanError, match="EP size 3"):
+        audit_plan(graph, make_plan("ep3", graph, 32), 32)
+
+
+def test_json_with_predictions(k3):
+    from tpplan.cost.predict import predict_audit
+    from tpplan.cost.topology import load_topology
+    from tpplan.cost.workload import load_workload
+
+    small = audit(k3.graph, 32, ["gate-aware"])
+    preds = predict_audit(small, load_topology("h200x8-ib400"), workload=load_workload("seed-c8"))
+    data = to_json(small, preds)
+    assert data["topology"] == "h200x8-ib400" and data["workload"] == "seed-c8" and data["pp"] == 1
+    for p in data["plans"]:
+        pr = p["prediction"]
+        assert pr["forward_s"] > 0 and set(pr["layer_kinds"]) == set(p["layer_kinds"])
+        mem = pr["memory_bytes_per_rank"]
+        assert mem["replicated_extra"] == p["replicated_extra_bytes_per_rank"]
+        assert {"mean_s", "p50_s", "max_s", "throughput_tok_s"} <= set(pr["ttft"])

@@ -88,3 +88,56 @@ def test_bad_config_files(case, tmp_path):
 def test_bad_arguments(args, expect):
     r = run("audit", *args)
     assert r.returncode == 2 and expect in r.stderr and "Traceback" not in r.stderr
+
+
+def test_audit_with_topology_and_workload():
+    args = ("audit", "--model", "kimi-k3", "--tp", "32", "-p", "gate-aware", "-t", "h200x8-ib400", "-w", "seed-c16")
+    out = run(*args, check=True).stdout
+    assert "Predicted on h200x8-ib400" in out and "TTFT mean" in out and "gate-aware" in out
+    data = json.loads(run(*args, "--json", check=True).stdout)
+    assert data["schema_version"] == 2 and data["workload"] == "seed-c16"
+    pr = data["plans"][-1]["prediction"]
+    assert pr["ttft"]["mean_s"] > 0 and pr["memory_bytes_per_rank"]["replicated_extra"] > 0
+    pp = json.loads(
+        run(
+            "audit",
+            "--model",
+            "kimi-k3",
+            "--tp",
+            "8",
+            "-p",
+            "baseline",
+            "-t",
+            "h200x8-ib400",
+            "--pp",
+            "4",
+            "--json",
+            check=True,
+        ).stdout
+    )
+    assert pp["pp"] == 4 and pp["plans"][0]["prediction"]["stage_comm_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("opt", "text", "expect"),
+    [
+        ("--topology", "nodes = 2\ngpus_per_node = 0\n", "name: Field required"),
+        ("--topology", "name = [unclosed\n", "malformed TOML"),
+        ("--workload", "input_len = 16384\nconcurrency = 0\nchunk_size = 8192\n", "concurrency"),
+        ("--workload", "input_len = 1\nconcurrency = 1\nchunk_size = 8\nbogus = 1\n", "bogus"),
+    ],
+)
+def test_bad_topology_and_workload_files(tmp_path, opt, text, expect):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    extra = ("--topology", "h200x8-ib400") if opt == "--workload" else ()
+    r = run("audit", "--model", "kimi-k3", "--tp", "32", "-p", "baseline", *extra, opt, str(p))
+    assert r.returncode == 2, r.stderr
+    assert expect in r.stderr and "bad.toml" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_prediction_options_need_a_topology():
+    r = run("audit", "--model", "kimi-k3", "--tp", "32", "--workload", "seed-c8")
+    assert r.returncode == 2 and "need a topology" in r.stderr and "Traceback" not in r.stderr
+    r = run("audit", "--model", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--pp", "2")
+    assert r.returncode == 2 and "needs 64 GPUs" in r.stderr and "Traceback" not in r.stderr

@@ -8,7 +8,9 @@ Python; `to_json` gives the stable JSON documented in docs/audit-json.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import Collective, P, R, ring_elements_per_rank, seed_units
@@ -18,8 +20,11 @@ from tpplan.models.graph import ModelGraph, build_model_graph
 from tpplan.plans.named import NAMED_PLANS, make_plan
 from tpplan.plans.plan import Plan
 
+if TYPE_CHECKING:
+    from tpplan.cost.predict import PlanPrediction
+
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -150,8 +155,10 @@ def _pct(value: float, base: float) -> float | None:
     return None if not base else round(100.0 * (value - base) / base, 2)
 
 
-def to_json(a: Audit) -> dict[str, object]:
-    """The stable audit JSON (schema documented in docs/audit-json.md)."""
+def to_json(a: Audit, predictions: Sequence[PlanPrediction] | None = None) -> dict[str, object]:
+    """The stable audit JSON (schema documented in docs/audit-json.md); `predictions` (one per plan,
+    from `tpplan.cost.predict.predict_audit`) add time, memory and TTFT beside the volumes."""
+    by_plan = {p.plan.name: p for p in predictions or ()}
     base = a.baseline()
     spec = a.graph.spec
     out_plans = []
@@ -205,8 +212,15 @@ def to_json(a: Audit) -> dict[str, object]:
                 "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
             }
         )
+        if by_plan:
+            pred = by_plan.get(pa.plan.name)
+            out_plans[-1]["prediction"] = pred.to_json() if pred is not None else None
+    first = next(iter(by_plan.values()), None)
     return {
         "schema_version": JSON_SCHEMA_VERSION,
+        "topology": first.topology if first else None,
+        "workload": first.workload if first else None,
+        "pp": first.pp if first else 1,
         "model": a.model,
         "model_type": spec.model_type,
         "hidden": spec.hidden,

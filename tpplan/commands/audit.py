@@ -47,16 +47,53 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/audit-json.md)")] = False,
         dtype: DtypeOpt = "bf16",
+        topology: Annotated[
+            str | None,
+            typer.Option(
+                "--topology", "-t", help="Topology preset or .toml/.json file: adds predicted time and memory"
+            ),
+        ] = None,
+        workload: Annotated[
+            str | None,
+            typer.Option("--workload", "-w", help="Workload preset or .toml/.json file: adds TTFT (needs --topology)"),
+        ] = None,
+        pp: Annotated[int, typer.Option("--pp", help="Pipeline stages (TP x PP GPUs); with --topology")] = 1,
+        expert_dtype: Annotated[
+            str | None,
+            typer.Option(
+                "--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"
+            ),
+        ] = None,
     ) -> None:
-        """Check plans op by op against the model's real layer graph and count their communication."""
+        """Check plans op by op against the model's real layer graph and count their communication;
+        with --topology (and --workload) also predict time, memory and TTFT."""
         from tpplan.audit import audit, to_json
+        from tpplan.errors import TpplanError
 
+        if (workload or pp != 1 or expert_dtype) and not topology:
+            raise TpplanError(
+                "--workload/--pp/--expert-dtype", "predictions need a topology", "add --topology (e.g. h200x8-ib400)"
+            )
+        predictions = None
+        topo = wl = None
+        if topology:
+            from tpplan.cost.topology import load_topology
+            from tpplan.cost.workload import load_workload
+
+            topo = load_topology(topology)
+            wl = load_workload(workload) if workload else None
         result = audit(model, tp, plan, dtype)
-        data = to_json(result)
+        if topo is not None:
+            from tpplan.cost.predict import predict_audit
+
+            predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype)
+        data = to_json(result, predictions)
         if as_json:
             typer.echo(json.dumps(data, indent=2))
             return
         _print_audit(data)
+        if predictions:
+            _print_predictions(data)
 
     @app.command("explain")
     def explain_cmd(
@@ -143,3 +180,73 @@ def _print_audit(data: dict) -> None:
             console.print(f"  ({follow} further illegal edges follow from these; `tpplan explain` shows them)")
         for note in p["engine_notes"]:
             console.print(f"  note (engine gate, not legality): {note}", markup=False)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f}"
+
+
+def _print_predictions(data: dict) -> None:
+    console = _wide_console()
+    first = next(p["prediction"] for p in data["plans"] if p.get("prediction"))
+    head = (
+        f"Predicted on {first['topology']}: TP{first['tp']} x PP{first['pp']}, one batch of {first['tokens']} tokens"
+        + (f", workload {first['workload']}" if first["workload"] else "")
+    )
+    t = Table(title=head + " (ms per batch; memory per rank)")
+    cols = ["plan", "legal", "forward", "compute", "TP comm", "stage send", "redundant", "memory", "replicated", "KV"]
+    cols += ["TTFT mean s", "p50 s", "max s", "tok/s"]
+    for col in cols:
+        t.add_column(
+            col, justify="left" if col in ("plan", "legal") else "right", min_width=18 if col == "plan" else None
+        )
+    for p in data["plans"]:
+        pr = p.get("prediction")
+        if not pr:
+            continue
+        m = pr["memory_bytes_per_rank"]
+        ttft = pr["ttft"]
+        mem = _fmt_bytes(m["total"]) + ("" if m["fits"] else " [red](over)[/]")
+        row = [
+            p["name"],
+            "yes" if p["legal"] else "[red]NO[/]",
+            _ms(pr["forward_s"]),
+            _ms(pr["compute_s"]),
+            _ms(pr["comm_s"]),
+            _ms(pr["stage_comm_s"]),
+            _ms(pr["redundant_compute_s"]),
+            mem,
+            _fmt_bytes(m["replicated_extra"]),
+            _fmt_bytes(m["kv_cache"]),
+        ]
+        if ttft:
+            row += [
+                f"{ttft['mean_s']:.3f}",
+                f"{ttft['p50_s']:.3f}",
+                f"{ttft['max_s']:.3f}",
+                f"{ttft['throughput_tok_s']:,.0f}",
+            ]
+        else:
+            row += ["", "", "", ""]
+        t.add_row(*row)
+    console.print(t)
+    k = Table(title="Per layer of each kind (ms per batch): compute + communication, not overlapped")
+    for col in ("plan", "layer kind", "compute", "comm", "total", "redundant", "slowest ops", "collectives"):
+        k.add_column(col, justify="left" if col in ("plan", "layer kind", "slowest ops", "collectives") else "right")
+    for p in data["plans"]:
+        pr = p.get("prediction")
+        if not pr:
+            continue
+        for kind, info in pr["layer_kinds"].items():
+            slow = sorted(info["ops"], key=lambda o: -o["seconds"])[:3]
+            k.add_row(
+                p["name"],
+                f"{kind} x{info['count']}",
+                _ms(info["compute_s"]),
+                _ms(info["comm_s"]),
+                _ms(info["total_s"]),
+                _ms(info["redundant_s"]),
+                ", ".join(f"{o['op']} {o['seconds'] * 1e3:.2f}" for o in slow),
+                " ".join(f"{_SHORT[c['kind']]} {c['seconds'] * 1e3:.2f}" for c in info["collectives"]),
+            )
+    console.print(k)

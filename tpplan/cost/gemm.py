@@ -72,11 +72,18 @@ def _as_points(table: TableLike) -> list[GemmPoint]:
     return pts
 
 
+def _k_factor(k: float) -> float:
+    return k / (k + _K_HALF)
+
+
 def _rate_at_m(rows: list[GemmPoint], k: int, n: int) -> float:
     """Rate at (k, n) among rows of one M: nearest-3 inverse-distance in log2 space, on log-rate.
 
-    Below the smallest measured K or N the kernel time stays near its floor, so the rate scales
-    down in proportion (rate ~ k or n); above the largest, the rate is held.
+    Below the smallest measured N the kernel time stays near its floor, so the rate scales down in
+    proportion (rate ~ n). Below the smallest measured K (row-parallel shards: K3's o_proj at TP32
+    is K = 384) the output tiles stay as many, only each is shorter: the rate follows the analytic
+    curve's K term, K / (K + 256), but the kernel never beats the shortest time measured at this M
+    (its latency floor). Above the largest K or N, the rate is held.
     """
     k_min = min(r.K for r in rows)
     n_min = min(r.N for r in rows)
@@ -84,7 +91,14 @@ def _rate_at_m(rows: list[GemmPoint], k: int, n: int) -> float:
     n_max = max(r.N for r in rows)
     kq = min(max(k, k_min), k_max)
     nq = min(max(n, n_min), n_max)
-    scale = (k / kq if k < k_min else 1.0) * (n / nq if n < n_min else 1.0)
+    scale = n / nq if n < n_min else 1.0
+    if k < k_min:
+        m = rows[0].M
+        floor_s = min(2.0 * r.M * r.K * r.N / (r.tflops * 1e12) for r in rows)
+        kscale = _k_factor(k) / _k_factor(kq)
+        rate_at_kq = _rate_at_m(rows, kq, n)
+        time_s = max(2.0 * m * k * n / (rate_at_kq * kscale * 1e12), floor_s)
+        return 2.0 * m * k * n / time_s / 1e12
     dists = sorted((math.hypot(math.log2(r.K / kq), math.log2(r.N / nq)), math.log(r.tflops)) for r in rows)
     if dists[0][0] < 1e-9:
         return math.exp(dists[0][1]) * scale

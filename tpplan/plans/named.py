@@ -8,6 +8,8 @@ column-parallel weights that would read token-sharded input and all-to-all'ing t
 
 from __future__ import annotations
 
+import re
+
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, R
 from tpplan.layout.propagate import propagate
@@ -65,9 +67,12 @@ def sequence_parallel() -> Plan:
     )
 
 
-def moe_a2a() -> Plan:
+def sp_moe(name: str = "sp-moe") -> Plan:
+    """SGLang's K3 "SP-MoE" mode: attention input all-gathered, o_proj output reduce-scattered, MoE
+    on the rank's own rows with DeepEP-style all-to-all dispatch/combine. `moe-a2a` is the same
+    decisions under its older name."""
     return Plan(
-        "moe-a2a",
+        name,
         "SP-MoE with all-to-all experts",
         "All-gather before attention, reduce-scatter after o_proj, MoE on local tokens with all-to-all "
         "dispatch/combine (DeepEP-style), shared experts replicated.",
@@ -80,6 +85,27 @@ def moe_a2a() -> Plan:
             "SGLang: --moe-a2a-backend deepep (or megamoe for K3) with SP-MoE; this disables "
             "input-scattered, whose static gate requires moe_a2a_backend=none",
         ),
+    )
+
+
+def moe_a2a() -> Plan:
+    return sp_moe("moe-a2a")
+
+
+def with_ep(plan: Plan, ep: int) -> Plan:
+    """Expert parallelism without all-to-all (the seed's TP32/EP4): E/ep experts per group of N/ep
+    ranks, each expert split over its group; tokens stay replicated, the MoE output is reduced as
+    under TP."""
+    if ep < 1:
+        raise TpplanError(f"ep{ep}", "the EP size must be at least 1", "use e.g. ep4")
+    name = f"ep{ep}" if plan.name == "baseline" else f"{plan.name}+ep{ep}"
+    return plan.with_(
+        name=name,
+        title=f"{plan.title}, EP{ep} experts",
+        summary=f"{plan.summary} Routed experts in {ep} groups (EP{ep}), each expert split over its group; "
+        "no all-to-all.",
+        moe="ep",
+        ep_size=ep,
     )
 
 
@@ -151,17 +177,26 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
-EXTRA_PLANS = ("input-scattered+restore", "moe-a2a")
+EXTRA_PLANS = ("input-scattered+restore", "moe-a2a", "sp-moe")
+# Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
+EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
 
 
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     """Build a plan by name for this model and TP size."""
+    ep = EP_PATTERN.fullmatch(name)
+    if ep:
+        base = make_plan(ep["base"] or "baseline", graph, n)
+        if base.moe != "tp":
+            raise TpplanError(f"--plan {name}", f"plan {base.name} already uses MoE mode {base.moe}", "use ep<k> alone")
+        return with_ep(base, int(ep["ep"]))
     simple = {
         "baseline": baseline,
         "input-scattered": input_scattered,
         "latent-scattered": latent_scattered,
         "sequence-parallel": sequence_parallel,
         "moe-a2a": moe_a2a,
+        "sp-moe": sp_moe,
     }
     if name in simple:
         return simple[name]()
@@ -169,7 +204,11 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         return gate_aware(graph, n)
     if name == "input-scattered+restore":
         return restore_hidden(graph, n)
-    raise TpplanError(f"--plan {name}", "unknown plan", f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}")
+    raise TpplanError(
+        f"--plan {name}",
+        "unknown plan",
+        f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
+    )
 
 
-__all__ = ["EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair"]
+__all__ = ["EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair", "sp_moe", "with_ep"]

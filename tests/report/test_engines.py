@@ -1,0 +1,70 @@
+"""Engine flags per plan and the engines' static conditions (sources in tpplan/report/engines.py)."""
+
+from __future__ import annotations
+
+from tpplan.models.config import load_model
+from tpplan.models.graph import build_model_graph
+from tpplan.plans.named import make_plan
+from tpplan.report.engines import recipes, sglang_recipe, vllm_recipe
+
+
+def _setup(model: str, tp: int, plan: str):
+    graph = build_model_graph(load_model(model))
+    return make_plan(plan, graph, tp), graph.spec
+
+
+def test_k3_input_scattered_passes_the_gate_but_regathers_the_hidden():
+    plan, spec = _setup("kimi-k3", 32, "input-scattered")
+    r = sglang_recipe(plan, spec, tp=32, nodes=4)
+    assert "--enable-attn-tp-input-scattered" in r.args and "--moe-a2a-backend none" in r.args
+    assert not r.blocked and r.realises == "partly"
+    assert any("fetch_hidden_states" in n and "input-scattered+restore" in n for n in r.notes)
+    assert "--nnodes 4" in r.command()
+
+
+def test_input_scattered_without_q_lora_is_silently_skipped():
+    plan, spec = _setup("kimi-linear-48b", 4, "input-scattered")
+    r = sglang_recipe(plan, spec, tp=4)
+    failed = [c for c in r.conditions if c.met is False]
+    assert r.blocked and failed[0].effect == "skips silently" and "q_lora_rank" in failed[0].text
+
+
+def test_deepseek_input_scattered_is_fully_realised():
+    plan, spec = _setup("deepseek-v3", 8, "input-scattered")
+    r = sglang_recipe(plan, spec, tp=8)
+    assert r.realises == "yes" and not r.blocked and not r.notes
+
+
+def test_moe_a2a_flags_and_ep_adjustment():
+    plan, spec = _setup("kimi-k3", 32, "moe-a2a")
+    sgl, vl = recipes(plan, spec, tp=32, nodes=4)
+    assert "--moe-a2a-backend deepep" in sgl.args
+    assert any("ep_size is forced to tp_size" in c.text and c.effect == "adjusts" for c in sgl.conditions)
+    assert any("input-scattered attention is off" in n for n in sgl.notes)
+    assert "--enable-expert-parallel" in vl.args and "--all2all-backend deepep_high_throughput" in vl.args
+
+
+def test_ep_without_a2a_and_pipeline():
+    plan, spec = _setup("kimi-k3", 32, "baseline")
+    ep4 = plan.with_(name="ep4", moe="ep", ep_size=4)
+    s = sglang_recipe(ep4, spec, tp=32)
+    assert "--ep-size 4" in s.args and "--moe-a2a-backend none" in s.args
+    v = vllm_recipe(ep4, spec, tp=32)
+    assert v.realises == "partly"  # vLLM's EP size is TP x DP
+    pp = sglang_recipe(plan, spec, tp=8, pp=4, nodes=4)
+    assert "--tp-size 8" in pp.args and "--pp-size 4" in pp.args
+    assert "--pipeline-parallel-size 4" in vllm_recipe(plan, spec, tp=8, pp=4).args
+
+
+def test_plans_no_engine_ships():
+    for name in ("gate-aware", "latent-scattered"):
+        plan, spec = _setup("kimi-k3", 32, name)
+        sgl, vl = recipes(plan, spec, tp=32)
+        assert sgl.realises == "no" and vl.realises == "no" and sgl.command() == ""
+
+
+def test_layernorm_sp_allowlist():
+    plan, spec = _setup("kimi-k3", 32, "sequence-parallel")
+    r = sglang_recipe(plan, spec, tp=32)
+    assert r.blocked and "--enable-layernorm-sp" in r.args
+    assert "enable_sequence_parallelism" in " ".join(vllm_recipe(plan, spec, tp=32).args)

@@ -1,0 +1,42 @@
+"""report.html renders in headless Chromium with no console errors, every plot decoded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cdp import chromium_binary, load_page
+from fake_predict import fake_predict_plan
+
+from tpplan.cost.topology import load_topology
+from tpplan.cost.workload import load_workload
+from tpplan.report.analysis import analyse
+from tpplan.report.bench_results import load_bench_results
+from tpplan.report.memo import build_memo
+from tpplan.report.writer import write_memo
+
+FIX = Path(__file__).parent / "fixtures"
+BINARY = chromium_binary()
+pytestmark = pytest.mark.skipif(
+    BINARY is None, reason="no chromium binary on PATH (apt-get install chromium; .ci/run installs it)"
+)
+
+
+def test_report_html_renders_without_console_errors(tmp_path):
+    topo = load_topology("h200x8-ib400", nodes=4)
+    wls = [load_workload("seed-c8"), load_workload("seed-c16")]
+    a = analyse("kimi-k3", topo, wls, predictor=fake_predict_plan, bench=load_bench_results(FIX / "bench_ok.json"))
+    memo = build_memo(a)
+    out = write_memo(memo, tmp_path / "memo")
+    page = load_page(BINARY, out / "report.html")
+    assert page["errors"] == []
+    assert page["images"] == len(memo.pngs) == 4 and page["broken_images"] == 0
+    assert page["h2"] >= 9 and page["scripts"] == 0
+    assert page["title"].startswith("tpplan decision memo: kimi-k3")
+
+
+def test_the_checker_sees_errors(tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><script>console.error("boom")</script><img src="x.png"></body></html>')
+    page = load_page(BINARY, bad)
+    assert any("boom" in e for e in page["errors"]) and page["broken_images"] == 1

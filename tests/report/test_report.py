@@ -1,0 +1,209 @@
+"""`tpplan report`: the memo's structure and numbers, the seed's conclusion, bad inputs, atomic output."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import run_in_process
+from fake_predict import fake_predict_plan
+
+from tpplan.cost.topology import load_topology
+from tpplan.cost.workload import load_workload
+from tpplan.errors import TpplanError
+from tpplan.report import writer
+from tpplan.report.analysis import analyse
+from tpplan.report.memo import build_memo
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tpplan", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def k3_4x8():
+    topo = load_topology("h200x8-ib400", nodes=4)
+    wls = [load_workload("seed-c8"), load_workload("seed-c16")]
+    return analyse("kimi-k3", topo, wls, tp=32, use_default_predictor=False)
+
+
+@pytest.fixture(scope="module")
+def k3_md(k3_4x8) -> str:
+    return build_memo(k3_4x8).markdown
+
+
+def _section(md: str, title: str) -> str:
+    start = md.index(f"## {title}")
+    nxt = md.find("\n## ", start + 3)
+    return md[start : nxt if nxt > 0 else len(md)]
+
+
+def test_structure(k3_md):
+    for title in (
+        "Answer",
+        "Verdict per plan",
+        "The seed's table, re-derived from the model graph",
+        "Volume per plan versus TP size",
+        "Time per layer kind per plan",
+        "TTFT per plan",
+        "Where tpplan's model differs from the seed's hand analysis",
+        "Next steps, ranked by predicted gain",
+        "Engine flags",
+    ):
+        assert f"\n## {title}\n" in k3_md, title
+    assert "![bytes per token per rank against TP size" in k3_md
+    assert "needs the time predictor" in k3_md  # the boundary is stated, not hidden
+
+
+def test_seed_table_numbers_at_tp32(k3_md):
+    table = _section(k3_md, "The seed's table, re-derived from the model graph")
+    rows = {r.split("|")[4].strip(): r for r in table.splitlines() if r.startswith("| ") and "`" in r}
+    assert "| 14336 | `baseline` | 14336 | yes |" in rows["`baseline`"]
+    assert "| 9280 | `input-scattered` | 9280 | NO |" in rows["`input-scattered`"]
+    assert "| 16448 | `latent-scattered` | 16448 | yes |" in rows["`latent-scattered`"]
+    assert "| 16448 | `input-scattered+restore` | 16448 | yes |" in rows["`input-scattered+restore`"]
+    assert "`RS(delta 7168) + AG(qkv_latent 2112) = 7168 + 2112 = 9280`" in table
+    assert "`input-scattered` -35.3%; `input-scattered+restore` +14.7%; `latent-scattered` +14.7%" in table
+
+
+def test_rederives_the_seed_conclusion(k3_4x8, k3_md):
+    answer = _section(k3_md, "Answer")
+    assert "**No**" in answer and "g_proj" in answer and "Keep the baseline" in answer
+    verdicts = {v.key: v for v in k3_4x8.verdicts}
+    assert verdicts["input-scattered"].status == "NO"
+    assert verdicts["latent-scattered"].status == "NO"  # the prototype: +14.7% per MLA layer
+    assert verdicts["input-scattered+restore"].status == "NO"
+    reasons = " ".join(verdicts["input-scattered"].reasons)
+    assert "[kda+dense, kda+moe, mla+moe] g_proj receives `x` S(tok) but needs R: it is column-parallel" in reasons
+    assert "replicate g_proj (162.8 MiB more weight per rank)" in reasons
+    # The seed's next steps come out on top: MoE all-to-all first, gate-aware only with its price.
+    steps = [s.key for s in k3_4x8.next_steps]
+    assert steps[0] == "moe-a2a" and "gate-aware" in steps
+    assert not {"input-scattered", "latent-scattered", "input-scattered+restore"} & set(steps)
+
+
+def test_differences_carry_numbers(k3_4x8, k3_md):
+    diff = _section(k3_md, "Where tpplan's model differs from the seed's hand analysis")
+    for title in ("Redundant qkv_a compute", "gate-aware plan: price and gain", "MoE all-to-all", "Pipeline"):
+        assert title in diff
+    assert "[8192, 7168] x [7168, 2112]" in diff
+    assert "+48.0 GiB of replicated weights per rank" in diff and "-14.4% bytes" in diff
+    assert re.search(r"moves -5\d\.\d% bytes per token per rank vs baseline at TP32", diff)
+    assert "TP8 x PP4" in diff
+
+
+def test_engine_flags_in_memo(k3_md):
+    eng = _section(k3_md, "Engine flags")
+    assert "--enable-attn-tp-input-scattered" in eng and "--moe-a2a-backend deepep" in eng
+    assert "--enable-expert-parallel --all2all-backend deepep_high_throughput" in eng
+    assert "--tp-size 8 --pp-size 4" in eng and "--pipeline-parallel-size 4" in eng
+    assert "input-scattered+restore" in eng  # K3's gate passes but the hidden is re-gathered
+    assert "adapters/attention.py" in eng
+
+
+def test_volume_vs_tp_table(k3_4x8):
+    sweep = dict(k3_4x8.volume_vs_tp)
+    assert [n for n, _ in sweep["baseline"]] == [2, 4, 8, 16, 32]
+    assert dict(sweep["baseline"])[32] == 6471808.0
+
+
+def test_with_predictions_time_and_ttft_sections():
+    topo = load_topology("h200x8-ib400", nodes=4)
+    wls = [load_workload("seed-c8"), load_workload("seed-c16")]
+    a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan)
+    memo = build_memo(a)
+    assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png"} <= set(memo.pngs)
+    ttft = _section(memo.markdown, "TTFT per plan")
+    assert "| `baseline` | seed-c8 |" in ttft and "| `baseline` | seed-c16 |" in ttft
+    assert "predicted mean TTFT gain at seed-c8" in memo.markdown
+    assert "The predictor counts" in memo.markdown
+    pp = a.variant("baseline TP8xPP4")
+    assert pp is not None and pp.predictions and "pipeline send/recv" in memo.markdown
+    assert a.predictor_note is None
+
+
+def test_cli_writes_all_files(tmp_path):
+    out = tmp_path / "memo"
+    r = run("report", "--model", "kimi-k3", "--topology", "h200x8-ib400", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert {p.name for p in out.iterdir()} >= {"report.md", "report.html", "volume_vs_tp.png"}
+    html = (out / "report.html").read_text()
+    assert "<script" not in html and not re.search(r"(src|href)=\"https?:", html)
+    assert html.count("data:image/png;base64,") == len(list(out.glob("*.png")))
+    assert [p for p in tmp_path.iterdir()] == [out]  # no temp dirs left
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--model", "no-such-model"), "no-such-model"),
+        (("--topology", "no-such-topo"), "no such preset or file"),
+        (("--workload", "no-such-wl"), "no such preset or file"),
+        (("--tp", "64"), "only 32 GPUs"),
+    ],
+)
+def test_bad_inputs_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsys, args, message):
+    out = tmp_path / "memo"
+    code, err = run_in_process(monkeypatch, capsys, "report", "--out", str(out), *args)
+    assert code == 2, err
+    assert message in err.replace("\n", " ") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_exit_code_of_the_real_process(tmp_path):
+    r = run("report", "--model", "no-such-model", "--out", str(tmp_path / "memo"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_failed_write_leaves_no_dir_and_keeps_an_old_report(tmp_path, k3_4x8, monkeypatch):
+    memo = build_memo(k3_4x8)
+    out = tmp_path / "memo"
+    writer.write_memo(memo, out)
+    before = (out / "report.md").read_text()
+
+    class Boom(Exception):
+        pass
+
+    def bad_write_bytes(self, data):
+        raise Boom("disk full")
+
+    monkeypatch.setattr(Path, "write_bytes", bad_write_bytes)
+    with pytest.raises(Boom):
+        writer.write_memo(memo, out)
+    assert (out / "report.md").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memo"]
+    fresh = tmp_path / "fresh"
+    with pytest.raises(Boom):
+        writer.write_memo(memo, fresh)
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["memo"]
+
+
+def test_out_must_be_a_directory(tmp_path, k3_4x8):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(TpplanError, match="not a directory"):
+        writer.write_memo(build_memo(k3_4x8), f)
+
+
+def test_other_models_render():
+    topo = load_topology("h200x8-ib400", nodes=1)
+    wls = [load_workload("seed-c8")]
+    a = analyse("deepseek-v3", topo, wls, tp=8, use_default_predictor=False)
+    md = build_memo(a).markdown
+    assert {v.key: v.status for v in a.verdicts}["input-scattered"] != "NO"  # legal on DeepSeek (no gate)
+    assert "input-scattered" in md and "TP8xPP" not in md  # one node: no pipeline variant
+    a2 = analyse("tiny-llama", topo, wls, tp=2, use_default_predictor=False)
+    assert "The seed's table" not in build_memo(a2).markdown  # no MLA latent: no seed table
+
+
+def test_report_package_imports_no_torch():
+    code = (
+        "import sys, tpplan.report, tpplan.report.analysis, tpplan.report.memo, tpplan.report.engines, "
+        "tpplan.report.bench_results, tpplan.commands.report; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,49 @@
+"""`tpplan report`: the decision memo (report.md, report.html, PNGs) for one model and topology."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_cmd(
+        model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")] = "kimi-k3",
+        topology: Annotated[str, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")] = (
+            "h200x8-ib400"
+        ),
+        workload: Annotated[
+            list[str] | None,
+            typer.Option("--workload", "-w", help="Workload preset(s) or file(s); default: seed-c8 and seed-c16"),
+        ] = None,
+        out: Annotated[str, typer.Option("--out", "-o", help="Output directory (replaced atomically)")] = "report",
+        bench: Annotated[
+            str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
+        ] = None,
+        tp: Annotated[int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology")] = None,
+        nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
+        dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
+    ) -> None:
+        """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
+        import shlex
+        import sys
+
+        from tpplan.cost.topology import load_topology
+        from tpplan.cost.workload import load_workload
+        from tpplan.report import write_report
+        from tpplan.report.bench_results import load_bench_results
+        from tpplan.report.memo import load_plots
+
+        load_plots()  # fail before any work when matplotlib is missing
+
+        # Validate every input before anything is written.
+        topo = load_topology(topology, nodes=nodes)
+        wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
+        results = load_bench_results(bench) if bench else None
+        command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
+        analysis, path = write_report(model, topo, wls, out, tp=tp, dtype=dtype, bench=results, command=command)
+        typer.echo(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
+        for v in analysis.verdicts:
+            typer.echo(f"  {v.key:32s} {v.status:12s} {v.headline}")

@@ -1,0 +1,209 @@
+"""The GPU benchmark's results file: schema, parser and error statistics.
+
+`tpplan bench` (issue 5) writes one JSON object per run; `tpplan report --bench FILE` reads it to
+put measured beside predicted. The schema is fixed here, before the benchmark exists, so both
+sides agree on it; docs/bench-json.md describes every field. A file that does not match raises
+TpplanError naming the file and the field, so the CLI exits 2 instead of drawing wrong plots.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from datetime import datetime
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tpplan.errors import TpplanError
+
+BENCH_SCHEMA_VERSION = 1
+
+CollectiveKindName = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
+DtypeName = Literal["bf16", "fp16", "fp32", "fp8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timed(_Strict):
+    """Something measured with CUDA events (median over `iters` after `warmup`) and its prediction."""
+
+    measured_s: float = Field(gt=0, description="median wall time of the slowest rank, seconds")
+    predicted_s: float | None = Field(default=None, ge=0, description="tpplan's prediction for the same thing")
+    iters: int = Field(default=1, ge=1)
+
+    @property
+    def rel_error(self) -> float | None:
+        """(predicted - measured) / measured; None without a prediction."""
+        if self.predicted_s is None:
+            return None
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+class CollectiveResult(Timed):
+    """One collective call as the plan issues it (kind, tensor shape, dtype, bytes)."""
+
+    kind: CollectiveKindName
+    label: str = Field(default="", description="the plan's name for it, e.g. 'AR delta[7168]'")
+    layer_kind: str | None = None
+    shape: list[int] = Field(min_length=1, description="the tensor passed to torch.distributed")
+    dtype: DtypeName = "bf16"
+    bytes: int = Field(ge=0, description="nccl-tests size: AR buffer, AG output, RS input, A2A send buffer")
+    group_size: int = Field(ge=1)
+    algorithm: str | None = Field(default=None, description="the algorithm the prediction chose")
+    direct_s: float | None = Field(
+        default=None, gt=0, description="same collective issued directly with torch.distributed (overhead check)"
+    )
+
+
+class OpResult(Timed):
+    """One op of one layer (a GEMM, attention, the KDA recurrence, a norm, the MoE experts)."""
+
+    layer_kind: str
+    op: str
+    category: str | None = Field(default=None, description="gemm | attention | recurrence | norm | moe | other")
+    tokens: int = Field(ge=1)
+    flops: float | None = Field(default=None, ge=0, description="per rank")
+
+
+class LayerResult(Timed):
+    """One whole layer forward (compute and collectives) at `tokens` tokens."""
+
+    layer_kind: str
+    tokens: int = Field(ge=1)
+    comm_measured_s: float | None = Field(default=None, ge=0)
+    compute_measured_s: float | None = Field(default=None, ge=0)
+
+
+class BatchResult(Timed):
+    """One prefill batch of the workload through the model slice."""
+
+    index: int = Field(ge=0)
+    tokens: int = Field(ge=1)
+    requests: list[int] = Field(default_factory=list, description="request ids with a chunk in this batch")
+
+
+class ModelSlice(_Strict):
+    """What part of the model ran: real widths, fewer layers and experts."""
+
+    description: str = Field(min_length=1)
+    layer_kinds: dict[str, int] = Field(description="layer kind -> layers of it in the slice")
+    experts: int | None = Field(default=None, ge=1, description="routed experts kept (of the model's)")
+    hidden: int | None = Field(default=None, ge=1)
+
+
+class BenchMeta(_Strict):
+    """Where, when and how the run happened, so a reader can reproduce it."""
+
+    machine: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    gpus: int = Field(ge=1)
+    date: datetime
+    command: str = Field(min_length=1)
+    torch_version: str
+    nccl_version: str | None = None
+    cuda_version: str | None = None
+    tpplan_version: str | None = None
+
+
+class TTFTExtrapolation(_Strict):
+    """The whole-model TTFT on the target topology, from the measured slice."""
+
+    topology: str
+    workload: str
+    mean_s: float = Field(ge=0)
+    p50_s: float = Field(ge=0)
+    max_s: float = Field(ge=0)
+    predicted_mean_s: float | None = Field(default=None, ge=0)
+
+
+class BenchResults(_Strict):
+    """One `tpplan bench` run: one model slice, one plan, one TP size."""
+
+    schema_version: Literal[1]
+    meta: BenchMeta
+    model: str
+    plan: str
+    tp: int = Field(ge=1)
+    workload: str | None = None
+    topology: str | None = Field(default=None, description="topology the predictions used (calibrated file)")
+    model_slice: ModelSlice
+    collectives: list[CollectiveResult] = Field(default_factory=list)
+    ops: list[OpResult] = Field(default_factory=list)
+    layers: list[LayerResult] = Field(default_factory=list)
+    batches: list[BatchResult] = Field(default_factory=list)
+    ttft: list[TTFTExtrapolation] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Self:
+        if not (self.collectives or self.ops or self.layers or self.batches):
+            raise ValueError("no measurements: collectives, ops, layers and batches are all empty")
+        return self
+
+
+def _format_error(exc: ValidationError, where: str) -> TpplanError:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "<root>"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+    return TpplanError(f"{where}: {field}", f"{msg}{more}", "fix that field (schema: docs/bench-json.md)")
+
+
+def parse_bench_results(data: object, where: str = "bench results") -> BenchResults:
+    """Validate an already-parsed JSON value."""
+    if not isinstance(data, dict):
+        raise TpplanError(where, "the top level is not a JSON object", "write one object (docs/bench-json.md)")
+    version = data.get("schema_version")
+    if version != BENCH_SCHEMA_VERSION:
+        raise TpplanError(
+            f"{where}: schema_version",
+            f"got {version!r}, this tpplan reads version {BENCH_SCHEMA_VERSION}",
+            "regenerate the file with this tpplan's `tpplan bench`",
+        )
+    try:
+        return BenchResults.model_validate(data)
+    except ValidationError as exc:
+        raise _format_error(exc, where) from None
+
+
+def load_bench_results(path: str | Path) -> BenchResults:
+    """Read and validate a results file; every problem is a TpplanError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise TpplanError(f"--bench {p}", "file not found", "pass the JSON file that `tpplan bench` wrote")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TpplanError(f"--bench {p}", f"cannot read it ({exc})", "pass a readable UTF-8 JSON file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TpplanError(f"--bench {p}", f"malformed JSON ({exc})", "regenerate it with `tpplan bench`") from None
+    return parse_bench_results(data, str(p))
+
+
+def error_summary(items: list[Timed]) -> dict[str, float | int | None]:
+    """Median and worst |relative error| over the items that carry a prediction."""
+    errs = [abs(e) for e in (i.rel_error for i in items) if e is not None]
+    if not errs:
+        return {"n": 0, "median_abs_err": None, "max_abs_err": None}
+    return {"n": len(errs), "median_abs_err": statistics.median(errs), "max_abs_err": max(errs)}
+
+
+__all__ = [
+    "BENCH_SCHEMA_VERSION",
+    "BatchResult",
+    "BenchMeta",
+    "BenchResults",
+    "CollectiveResult",
+    "LayerResult",
+    "ModelSlice",
+    "OpResult",
+    "TTFTExtrapolation",
+    "error_summary",
+    "load_bench_results",
+    "parse_bench_results",
+]
