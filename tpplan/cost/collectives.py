@@ -7,6 +7,7 @@ all_to_all = one rank's whole send buffer, send_recv = the message. See docs/cos
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -143,6 +144,20 @@ def _candidates(kind: str, s: float, n: int, rpn: int, m: int, ln: _Links) -> di
     return {"direct": L + a_x + s / min(b_i, ln.b_nic)}  # one message crosses one NIC
 
 
+def _interpolate_curve(fit: FittedCollective, nbytes: float, group_size: int) -> float | None:
+    """Log-log interpolation between calibrated points, or None outside them (or another group size)."""
+    pts = fit.curve
+    if group_size != fit.group_size or len(pts) < 2 or not pts[0][0] <= nbytes <= pts[-1][0]:
+        return None
+    for (x0, t0), (x1, t1) in itertools.pairwise(pts):
+        if x0 <= nbytes <= x1:
+            if x1 == x0:
+                return t0
+            w = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+    return None
+
+
 def collective_time(
     kind: str,
     nbytes: float,
@@ -178,7 +193,10 @@ def collective_time(
     if group_size == 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})
     fit = topo.fitted.get(kind)  # type: ignore[call-overload]
-    if fit is not None and m == 1:
+    curve_time = _interpolate_curve(fit, nbytes, group_size) if fit is not None and m == 1 else None
+    if curve_time is not None:
+        cands = {"measured-curve": curve_time}
+    elif fit is not None and m == 1:
         extra_steps = ring_steps(kind, group_size) - ring_steps(kind, fit.group_size)
         alpha = fit.alpha_us * _US + extra_steps * topo.intra.latency_us * _US
         beta = bus_factor(kind, group_size) * nbytes / (fit.busbw_GBps * _GB)

@@ -80,7 +80,10 @@ class FittedCollective(_Strict):
     """Constants fitted by `tpplan calibrate` for one collective kind on one node.
 
     Model: time = alpha_us + busfactor(kind, n) * size / busbw_GBps, where alpha_us was measured at
-    `group_size` ranks (rescaled by ring steps for other group sizes).
+    `group_size` ranks (rescaled by ring steps for other group sizes). `curve` keeps the measured
+    (bytes, seconds) points: within their range and at the same group size, the prediction
+    interpolates them (NCCL switches protocol and channel count with size, which one alpha and one
+    bandwidth cannot follow); outside it, the alpha-beta line extrapolates.
     """
 
     alpha_us: float = Field(ge=0)
@@ -89,6 +92,7 @@ class FittedCollective(_Strict):
     backend: str = "nccl"
     points: int = Field(default=0, ge=0)
     max_rel_err: float = Field(default=0.0, ge=0)
+    curve: list[tuple[float, float]] = Field(default_factory=list)
 
 
 class Topology(_Strict):
