@@ -1,0 +1,87 @@
+"""Serving-class kernels for the benchmark, swapped in for two of the runtime's reference kernels.
+
+The runtime's kernels (`tpplan.runtime.kernels`) are written to be obviously right, not fast:
+attention materialises the [heads, T, S] fp32 score matrix (tens of GB at 8K tokens of K3), and
+the routed experts run one fp32 GEMM chain per expert with a host sync each. The cost model
+prices a FlashAttention-class kernel and bf16 grouped expert GEMMs, so timing the reference
+kernels would measure the reference, not the plan. `installed()` replaces, for the duration of a
+benchmark, with the same semantics (tests compare them on CPU):
+
+- `causal_attention` -> `torch.nn.functional.scaled_dot_product_attention` in the activation
+  dtype (flash on H100/H200), queries aligned to the end of the keys (chunked prefill). MLA's
+  value head (128) is narrower than its query/key head (192): V is zero-padded to the query
+  width so the flash backend accepts it, and the padding is sliced off.
+- `routed_experts` -> tokens sorted by expert once (one host sync), one bf16 GEMM chain per
+  expert on its rows (a grouped GEMM done as a loop), fp32 combine as the reference does.
+
+The KDA / Gated DeltaNet recurrence keeps the reference chunked kernel (no fla kernels on the
+GPU host): its measured time is that kernel's, which the report states next to the prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tpplan.runtime import kernels as K
+
+
+def sdpa_causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Same contract as `kernels.causal_attention`: q [T, n, d], k [S, n, d], v [S, n, dv], the T
+    queries being the last T of the S positions; returns [T, n*dv] in q's dtype."""
+    t, s, dv = q.shape[0], k.shape[0], v.shape[-1]
+    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, n, L, d]
+    pad = q.shape[-1] - dv
+    if pad > 0:
+        vh = F.pad(vh, (0, pad))
+    if t == s:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, s), scale=scale)
+    return out[0, ..., :dv].transpose(0, 1).reshape(t, -1).to(q.dtype)
+
+
+def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """Same contract as `kernels.routed_experts`: x [T, W], routing [T, E] combine weights (0 = not
+    selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype."""
+    tok, exp = torch.nonzero(routing, as_tuple=True)
+    order = torch.argsort(exp, stable=True)
+    tok, exp = tok[order], exp[order]
+    counts = torch.bincount(exp, minlength=routing.shape[1]).tolist()
+    xs = x[tok]
+    ys = xs.new_empty(tok.numel(), down.shape[1])
+    start = 0
+    for e, c in enumerate(counts):
+        if not c:
+            continue
+        xe = xs[start : start + c]
+        g, u, d = gate[e].to(x.dtype), up[e].to(x.dtype), down[e].to(x.dtype)
+        ys[start : start + c] = (F.silu(xe @ g.t()) * (xe @ u.t())) @ d.t()
+        start += c
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
+    out.index_add_(0, tok, ys.float() * routing[tok, exp, None].float())
+    return out.to(x.dtype)
+
+
+@contextmanager
+def installed(enabled: bool = True) -> Iterator[None]:
+    """Swap the fast kernels into `tpplan.runtime.kernels` (which the executor and the plan runner
+    call through the module), restoring the reference ones on exit."""
+    if not enabled:
+        yield
+        return
+    saved = (K.causal_attention, K.routed_experts)
+    K.causal_attention, K.routed_experts = sdpa_causal_attention, grouped_routed_experts  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        K.causal_attention, K.routed_experts = saved  # type: ignore[assignment]
+
+
+__all__ = ["grouped_routed_experts", "installed", "sdpa_causal_attention"]
