@@ -11,8 +11,8 @@ benchmark, with the same semantics (tests compare them on CPU):
   dtype (flash on H100/H200), queries aligned to the end of the keys (chunked prefill). MLA's
   value head (128) is narrower than its query/key head (192): V is zero-padded to the query
   width so the flash backend accepts it, and the padding is sliced off.
-- `routed_experts` -> tokens sorted by expert once (one host sync), one bf16 GEMM chain per
-  expert on its rows (a grouped GEMM done as a loop), fp32 combine as the reference does.
+- `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
+  a per-expert loop where it is unavailable), fp32 combine as the reference does.
 
 The KDA / Gated DeltaNet recurrence keeps the reference chunked kernel (no fla kernels on the
 GPU host): its measured time is that kernel's, which the report states next to the prediction.
@@ -53,20 +53,46 @@ def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor,
     tok, exp = torch.nonzero(routing, as_tuple=True)
     order = torch.argsort(exp, stable=True)
     tok, exp = tok[order], exp[order]
-    counts = torch.bincount(exp, minlength=routing.shape[1]).tolist()
-    xs = x[tok]
-    ys = xs.new_empty(tok.numel(), down.shape[1])
-    start = 0
-    for e, c in enumerate(counts):
-        if not c:
-            continue
-        xe = xs[start : start + c]
-        g, u, d = gate[e].to(x.dtype), up[e].to(x.dtype), down[e].to(x.dtype)
-        ys[start : start + c] = (F.silu(xe @ g.t()) * (xe @ u.t())) @ d.t()
-        start += c
+    counts = torch.bincount(exp, minlength=routing.shape[1])
+    ys = expert_ffn(x[tok], counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     out.index_add_(0, tok, ys.float() * routing[tok, exp, None].float())
     return out.to(x.dtype)
+
+
+_GROUPED: dict[str, bool] = {}  # device type -> torch._grouped_mm works there
+
+
+def expert_ffn(xs: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """SwiGLU expert MLP on rows sorted by expert (`counts[e]` rows for expert e).
+
+    One grouped GEMM per projection (`torch._grouped_mm`, CUTLASS on Hopper: no host sync, no
+    per-expert launch), or, where that op is missing or refuses the shapes, a loop of per-expert
+    GEMMs (one host sync for the counts)."""
+    dev = xs.device.type
+    if _GROUPED.get(dev, hasattr(torch, "_grouped_mm")):
+        try:
+            offs = counts.cumsum(0).to(torch.int32)
+            g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
+            u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs)
+            y = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+            _GROUPED[dev] = True
+            return y
+        except (RuntimeError, NotImplementedError, TypeError):
+            _GROUPED[dev] = False
+    ys = xs.new_empty(xs.shape[0], down.shape[1])
+    start = 0
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            xe = xs[start : start + c]
+            ys[start : start + c] = (F.silu(xe @ gate[e].t()) * (xe @ up[e].t())) @ down[e].t()
+            start += c
+    return ys
+
+
+def grouped_gemm_used() -> dict[str, bool]:
+    """Per device type, whether the grouped GEMM path ran (False: the per-expert loop)."""
+    return dict(_GROUPED)
 
 
 @contextmanager
@@ -84,4 +110,4 @@ def installed(enabled: bool = True) -> Iterator[None]:
         K.causal_attention, K.routed_experts = saved  # type: ignore[assignment]
 
 
-__all__ = ["grouped_routed_experts", "installed", "sdpa_causal_attention"]
+__all__ = ["expert_ffn", "grouped_gemm_used", "grouped_routed_experts", "installed", "sdpa_causal_attention"]

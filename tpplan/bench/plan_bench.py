@@ -430,6 +430,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             progress.update(task, description=f"{name}: done", completed=per_plan + 1)
+    out["grouped_gemm"] = fast_kernels.grouped_gemm_used().get(device.type)
     return out if rank == 0 else None
 
 
@@ -547,7 +548,7 @@ def _replay(recs: list[_Rec], rank: int, world: int, device: Any, cfg: BenchConf
     # Distinct by what rank 0 sees; every rank replays its own call at the same position.
     keys: dict[tuple[Any, ...], int] = {}
     for i, r in colls:
-        keys.setdefault((r.meta["method"], r.meta["args"], tuple(sorted(r.meta["kw"].items()))), i)
+        keys.setdefault(_replay_key(r), i)
     chosen = [sorted(keys.values())]
     dist.broadcast_object_list(chosen, src=0)
     out: dict[int, Any] = {}
@@ -564,6 +565,11 @@ def _replay(recs: list[_Rec], rank: int, world: int, device: Any, cfg: BenchConf
         direct = _direct_call(method, real, r.meta["call"], world)
         out[i] = (_time_loop(via_comm, clock, cfg), _time_loop(direct, clock, cfg))
     return out
+
+
+def _replay_key(r: _Rec) -> tuple[Any, ...]:
+    """Calls with the same method and argument shapes are the same collective (the value name aside)."""
+    return (r.meta["method"], tuple(a for a in r.meta["args"] if not isinstance(a, str)))
 
 
 def _direct_call(method: str, real: list[Any], call: Any, n: int) -> Callable[[], Any]:
@@ -667,6 +673,10 @@ def _combine(
             )
         sites.append(entry)
     replay = {pos: (min(g[2][pos][0] for g in gathered), min(g[2][pos][1] for g in gathered)) for pos in gathered[0][2]}
+    by_key = {_replay_key(records[0][pos]): v for pos, v in replay.items()}
+    for entry in sites:
+        if entry["kind"] == "coll":
+            entry["replay"] = by_key.get(_replay_key(records[0][entry["pos"]]))
     return {"sites": sites, "replay": replay, "trace": trace0, "fallbacks": fallbacks, "iters": iters, "plan": plan}
 
 
@@ -684,6 +694,7 @@ class PlanBench:
     batch_contexts: dict[int, str]
     fallbacks: list[str]
     trace: list[Any]
+    kernels: str = ""
 
 
 def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
@@ -816,13 +827,12 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             )
         colls = []
         runtime_s: dict[int, float] = {}
-        replay_by_pos = pr["replay"]
         for key, group in coll_acc.items():
             lk, value, kind, shape, dt = key
             secs = [x for s in group for x in s["seconds"]]
             nbytes = group[0]["bytes"]
             est = collective_time(kind, float(nbytes), world, topo, ranks_per_node=rpn)
-            rep = next((replay_by_pos[s["pos"]] for s in group if s["pos"] in replay_by_pos), None)
+            rep = next((s["replay"] for s in group if s.get("replay")), None)
             colls.append(
                 CollectiveResult(
                     kind=kind,
@@ -884,8 +894,19 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             ttft=ttft,
         )
         contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}
-        out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"]))
+        out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
+
+
+def _kernels_note(cfg: BenchConfig, raw: dict[str, Any]) -> str:
+    if cfg.kernels != "fast":
+        return "reference kernels (runtime.kernels) throughout"
+    moe = {True: "torch._grouped_mm", False: "per-expert GEMM loop (torch._grouped_mm refused)"}.get(
+        raw.get("grouped_gemm"), "no MoE"
+    )
+    return (
+        f"attention: SDPA (flash where eligible); routed experts: {moe}; KDA/GDN recurrence: reference chunked kernel"
+    )
 
 
 def _version() -> str | None:
@@ -1152,9 +1173,7 @@ def markdown(cfg: BenchConfig, benches: Sequence[PlanBench], results_files: dict
         + (f", NCCL {m.nccl_version}" if m.nccl_version else "")
         + (f", CUDA {m.cuda_version}" if m.cuda_version else ""),
         f"- date: {m.date.isoformat()}; command: `{m.command}`",
-        f"- predictions: topology `{first.topology}`; kernels: {cfg.kernels} (attention: "
-        + ("SDPA/flash" if cfg.kernels == "fast" else "reference")
-        + ", KDA recurrence: reference chunked kernel)",
+        f"- predictions: topology `{first.topology}`; kernels: {benches[0].kernels}",
         "- method: CUDA events after warm-up; ops/layers/batches = slowest rank, collectives = fastest rank "
         "(the others wait for it), median over passes; ops and layers are the mean over the workload's "
         "batches (the prediction likewise, at each batch's context); errors = (predicted - measured) / measured",
