@@ -21,7 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_COMMAND_MODULES = ("models_cmd", "audit", "calibrate", "search", "run", "bench", "report")
+_COMMAND_MODULES = ("models_cmd", "audit", "calibrate", "verify", "search", "run", "bench", "report")
 
 
 def _register_commands() -> None:
@@ -46,7 +46,9 @@ def main() -> None:
     try:
         rc = app(standalone_mode=False)
     except TpplanError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

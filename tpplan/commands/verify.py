@@ -1,0 +1,184 @@
+"""`tpplan verify`: run plans for real on torch.distributed and check numbers and bytes.
+
+Spawns `--tp` local processes (gloo on CPU, NCCL with one process per GPU), or runs in place
+under `torchrun` (one process per rank, its environment variables name the group). Rank 0 runs
+the single-process reference; every rank runs the plan from its own weight shard. Prints, per
+plan, the max abs / relative error per layer and the bytes traced vs predicted per collective
+kind; exits 1 when any check fails, 2 when a plan is illegal (unless --force) or an input is bad.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+class Backend(StrEnum):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.3f}" if b >= 2**10 else f"{b:,.0f} B"
+
+
+def _print_result(console: Any, res: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    case = res.case
+    status = "[bold green]PASS[/]" if res.passed else "[bold red]FAIL[/]"
+    console.print(f"\n{status}  {case.label}  (TP{res.n}, {res.seconds:.1f}s)")
+    if not res.legal:
+        console.print(f"  illegal plan: {escape(res.reason)}", soft_wrap=True)
+    worst: dict[tuple[int, str], Any] = {}
+    for e in res.errors:
+        key = (e.layer, e.value)
+        if key not in worst or e.rel > worst[key].rel:
+            worst[key] = e
+    kinds = res.case.model
+    t = Table(title=f"max error over chunks vs the single-process reference ({kinds}, tolerance {res.tolerance:g})")
+    for col in ("layer", "value", "max abs", "rel", "ok"):
+        t.add_column(col, justify="right")
+    for (layer, value), e in sorted(worst.items()):
+        ok = "[green]yes[/]" if e.rel <= res.tolerance else "[red]NO[/]"
+        name = "final" if value in ("hidden", "logits") else str(layer)
+        t.add_row(name, value, f"{e.max_abs:.3e}", f"{e.rel:.3e}", ok)
+    console.print(t)
+    if not res.traced:
+        return
+    b = Table(title="collectives of rank 0: traced vs predicted (bytes sent per rank, MiB)")
+    for col in ("kind", "traced calls", "traced MiB", "predicted calls", "predicted MiB", "match"):
+        b.add_column(col, justify="right")
+    for kind, tc, tb, pc, pb in res.bytes_table(0):
+        b.add_row(kind, str(tc), _mib(tb), str(pc), _mib(pb), "[green]yes[/]" if (tc, tb) == (pc, pb) else "[red]NO[/]")
+    console.print(b)
+    unplanned = [c for c in res.traced[0] if not c.planned]
+    if unplanned:
+        console.print(f"  {len(unplanned)} collectives were not named by the plan (forced), e.g. "
+                      f"{unplanned[0].kind} {unplanned[0].value} {list(unplanned[0].shape)}")  # fmt: skip
+    per_rank = "all ranks" if res.trace_matches else "[red]differs[/]"
+    console.print(f"  trace == prediction (kind, shape, dtype, bytes, order): {per_rank}; "
+                  f"fallback chunks traced {res.fallback_traced}, predicted {res.fallback_predicted}")  # fmt: skip
+
+
+def _summary(res: Any) -> dict[str, Any]:
+    return {
+        "model": res.case.model,
+        "plan": res.case.plan,
+        "tp": res.n,
+        "tokens": res.case.tokens,
+        "chunk": res.case.chunk,
+        "dtype": res.case.dtype,
+        "forced": res.case.force,
+        "legal": res.legal,
+        "passed": res.passed,
+        "max_rel_error": res.max_rel,
+        "tolerance": res.tolerance,
+        "trace_matches": res.trace_matches,
+        "seconds": res.seconds,
+        "bytes_by_kind_rank0": [
+            {"kind": k, "traced_calls": tc, "traced_sent_bytes": tb, "predicted_calls": pc, "predicted_sent_bytes": pb}
+            for k, tc, tb, pc, pb in res.bytes_table(0)
+        ],
+        "fallback_chunks": res.fallback_traced,
+    }
+
+
+def _write_atomic(path: Path, data: object) -> None:
+    """Write the whole file or nothing (a crash leaves no partial output)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)
+
+
+def verify(
+    model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")],
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N (processes)")],
+    plan: Annotated[
+        list[str], typer.Option("--plan", "-p", help="Plan(s) to verify; 'legal' = every legal named plan")
+    ],
+    weights: Annotated[Path | None, typer.Option("--weights", help="Folder of *.safetensors (default: random)")] = None,
+    tokens: Annotated[int, typer.Option("--tokens", help="Prefill tokens")] = 64,
+    chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size (state carried)")] = None,
+    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = Backend.auto,
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16 for the sharded run (reference: fp32)")] = "fp32",
+    seed: Annotated[int, typer.Option("--seed", help="Random weights and token ids")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Run an illegal plan anyway and show the mismatch")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,
+    out: Annotated[Path | None, typer.Option("--json", help="Also write a JSON summary here (atomic)")] = None,
+) -> int:
+    """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
+    from rich.console import Console
+
+    from tpplan.audit import audit_plan
+    from tpplan.bench._dist import BenchFailed, under_torchrun
+    from tpplan.errors import TpplanError
+    from tpplan.layout.schedule import dtype_name
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+
+    if tp < 1:
+        raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
+    if dtype not in ("fp32", "bf16"):
+        raise TpplanError(f"--dtype {dtype}", "verify runs fp32 or bf16", "pass --dtype fp32 or --dtype bf16")
+    if tokens < 1 or (chunk is not None and chunk < 1):
+        raise TpplanError("--tokens/--chunk", "must be positive", "pass --tokens 64 (and --chunk 16)")
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else tp
+    if world != tp:
+        raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
+    graph = build_model_graph(load_model(model))
+    names = list(dict.fromkeys(plan))
+    if "legal" in names:
+        names.remove("legal")
+        names += [p for p in NAMED_PLANS + EXTRA_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
+    for name in dict.fromkeys(names):
+        pa = audit_plan(graph, make_plan(name, graph, tp), tp)
+        if not pa.legal and not force:
+            raise TpplanError(
+                f"--plan {name} (--tp {tp})",
+                f"the audit calls this plan illegal: {pa.violations[0].sentence()}",
+                "pick a legal plan (tpplan audit lists them), or pass --force to run it and see the mismatch",
+            )
+    dtype_name(dtype)
+    if weights is not None and not weights.is_dir():
+        raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
+    if out is not None and not out.parent.is_dir():
+        raise TpplanError(f"--json {out}", "its folder does not exist", "create it first")
+
+    from tpplan.runtime.verify import VerifyCase, verify_cases
+
+    cases = [
+        VerifyCase(model, name, tokens, chunk, seed, dtype, force, str(weights) if weights else None)
+        for name in dict.fromkeys(names)
+    ]
+    try:
+        results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout)
+    except BenchFailed as exc:
+        Console(stderr=True).print(f"[bold red]verify failed:[/] {exc}", soft_wrap=True, highlight=False)
+        return 1
+    if under_torchrun() and int(os.environ["RANK"]) != 0:
+        return 0
+    console = Console(highlight=False, width=max(Console().width, 120))
+    for res in results:
+        _print_result(console, res)
+    ok = all(r.passed for r in results)
+    console.print(f"\n{'[bold green]all passed[/]' if ok else '[bold red]FAILED[/]'}: "
+                  f"{sum(r.passed for r in results)}/{len(results)} plans")  # fmt: skip
+    if out is not None:
+        _write_atomic(out, {"results": [_summary(r) for r in results], "passed": ok})
+    return 0 if ok else 1
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `verify` command to the CLI."""
+    app.command("verify")(verify)
