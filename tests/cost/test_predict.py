@@ -52,6 +52,8 @@ def test_redundant_qkv_a_is_counted(k3) -> None:
     assert not qp.redundant and qp.shape == (256, 7168, 2112)  # token-sharded: 8192 / 32 rows
     assert qb.seconds > 4 * qp.seconds
     assert _kind(base, "mla+moe").redundant_s >= qb.seconds and base.redundant_s > proto.redundant_s
+    assert not _op(_kind(base, "mla+moe"), "moe_sum").redundant  # partial sums: whole op, different data
+    assert not _op(_kind(base, "mla+moe"), "q_b_proj").redundant  # column-parallel: 1/N of the work
     # The claim: on 2 H200s the saved GEMM outweighs the prototype's extra latent all-gather.
     box = load_topology("h200x2")
     b2 = _kind(predict_plan(k3, make_plan("baseline", k3, 2), box, tp=2, tokens=8192), "mla+moe")
@@ -132,6 +134,13 @@ def test_pp_stages_send_the_k3_bank(k3) -> None:
         expect += collective_time("all_gather", total, 8, TOPO).time_s  # receivers re-gather
     assert pred.stage_comm_s == pytest.approx(expect)
     assert pred.forward_s == pytest.approx(sum(pred.stage_s))
+    # a token-sharded stream needs no re-gather: each rank sends exactly its own rows
+    sp = predict_plan(k3, make_plan("sp-moe", k3, 8), TOPO, tp=8, pp=4, tokens=8192)
+    sends = sum(
+        collective_time("send_recv", 8192 * stage_boundary_width(k3, s) * 2 / 8, 2, TOPO, ranks_per_node=1).time_s
+        for s in (23, 46, 70)
+    )
+    assert sp.stage_comm_s == pytest.approx(sends)
     # a stage holds a quarter of the layers at 4x the TP shard: weights per rank about the same
     flat = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, tokens=8192)
     assert 0.8 < pred.memory.weights / flat.memory.weights < 1.3
@@ -186,6 +195,10 @@ def test_collective_algorithm_follows_the_group(k3) -> None:
 
 
 def test_bad_sizes(k3) -> None:
+    with pytest.raises(TpplanError, match="between 1 and the 93 layers"):
+        stage_layers(93, 94)
+    with pytest.raises(TpplanError, match="n_tokens"):
+        batch_time(k3, make_plan("baseline", k3, 8), TOPO, tp=8, n_tokens=0)
     with pytest.raises(TpplanError, match="needs 64 GPUs"):
         predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, pp=2)
     with pytest.raises(TpplanError, match="whole nodes"):
@@ -202,3 +215,16 @@ def test_fast_enough_for_search(k3) -> None:
     assert all(p.ttft is not None for p in preds)
     js = preds[0].to_json()
     assert {"forward_s", "layer_kinds", "memory_bytes_per_rank", "ttft"} <= set(js)
+
+
+@pytest.mark.parametrize("preset", ["tiny-kimi-k3", "tiny-deepseek-v3", "tiny-kimi-linear", "qwen3-next-80b"])
+def test_every_family_and_plan_predicts(preset) -> None:
+    g = build_model_graph(load_model(preset))
+    w = Workload(input_len=300, concurrency=2, chunk_size=256)
+    for name in [*NAMED_PLANS, "sp-moe", "ep2", "input-scattered+restore"]:
+        plan = make_plan(name, g, 2)
+        for pp in (1, 2):
+            pred = predict_plan(g, plan, TOPO, tp=2, pp=pp, workload=w, tokens=256)
+            assert pred.forward_s > 0 and pred.memory.total > 0 and pred.ttft is not None
+            assert len(pred.stage_s) == pp and (pred.stage_comm_s > 0) == (pp > 1)
+            assert all(o.seconds >= 0 for k in pred.kinds for o in k.ops)

@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
             typer.Option("--workload", "-w", help="Workload preset or .toml/.json file: adds TTFT (needs --topology)"),
         ] = None,
         pp: Annotated[int, typer.Option("--pp", help="Pipeline stages (TP x PP GPUs); with --topology")] = 1,
+        nodes: Annotated[
+            int | None, typer.Option("--nodes", help="Override the topology's node count; with --topology")
+        ] = None,
         expert_dtype: Annotated[
             str | None,
             typer.Option(
@@ -70,9 +73,11 @@ def register(app: typer.Typer) -> None:
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
 
-        if (workload or pp != 1 or expert_dtype) and not topology:
+        if (workload or pp != 1 or expert_dtype or nodes) and not topology:
             raise TpplanError(
-                "--workload/--pp/--expert-dtype", "predictions need a topology", "add --topology (e.g. h200x8-ib400)"
+                "--workload/--pp/--nodes/--expert-dtype",
+                "predictions need a topology",
+                "add --topology (e.g. h200x8-ib400)",
             )
         predictions = None
         topo = wl = None
@@ -80,7 +85,7 @@ def register(app: typer.Typer) -> None:
             from tpplan.cost.topology import load_topology
             from tpplan.cost.workload import load_workload
 
-            topo = load_topology(topology)
+            topo = load_topology(topology, nodes=nodes)
             wl = load_workload(workload) if workload else None
         result = audit(model, tp, plan, dtype)
         if topo is not None:

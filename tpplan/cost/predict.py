@@ -31,7 +31,7 @@ from tpplan.cost.gemm import gemm_bytes, gemm_time
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, Placement, R
+from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import LayerResult, OpDecision
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.spec import GDNSpec, GQASpec, KDASpec, MLASpec
@@ -323,6 +323,7 @@ class _Predictor:
         self.stages = stage_layers(graph.spec.num_layers, pp)
         self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
+        self.gpu_key = repr(topo.gpu)
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
@@ -330,6 +331,16 @@ class _Predictor:
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
     # -- compute ---------------------------------------------------------------------------
+    def _gemm(self, m: int, k: int, n: int) -> float:
+        """gemm_time, memoised across predictors of the same GPU (plans share most shapes)."""
+        key = (self.gpu_key, m, k, n, self.gemm_dtype)
+        hit = _GEMM_CACHE.get(key)
+        if hit is None:
+            hit = gemm_time(m, k, n, self.topo.gpu, self.gemm_dtype)  # type: ignore[arg-type]
+            if len(_GEMM_CACHE) < 200_000:
+                _GEMM_CACHE[key] = hit
+        return hit
+
     def _rows(self, d: OpDecision, t: int) -> int:
         """Token rows one rank processes for this op."""
         if d.strategy.output is S_TOK or S_TOK in d.strategy.inputs:
@@ -369,7 +380,7 @@ class _Predictor:
             weights = active * kk * nn * self.expert_bytes
             act = gemm_bytes(m_use, kk, nn, self.gemm_dtype) - kk * nn * (1 if self.gemm_dtype == "fp8" else 2)
             f = 2.0 * m_use * kk * nn
-            t_pad = gemm_time(m_pad, kk, nn, self.topo.gpu, self.gemm_dtype)  # type: ignore[arg-type]
+            t_pad = self._gemm(m_pad, kk, nn)
             t_mem = (act + weights) / self.hbm
             secs += max(t_pad, t_mem)
             flops += f
@@ -378,7 +389,9 @@ class _Predictor:
 
     def _op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int) -> OpTime:
         op = d.op
-        redundant = self.tp > 1 and d.compute_share >= 1.0
+        # Redundant: every rank does the whole op on the same values (true replicated inputs).
+        # Ops on partial sums (P) also run whole on every rank, but each on different data.
+        redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
         shape = None
         if op.kind in (OpKind.LINEAR, OpKind.ROUTER):
             out, inp = op.weight_shape
@@ -393,7 +406,7 @@ class _Predictor:
             else:
                 kk, nn = inp, out
             shape = (m, kk, nn)
-            secs = gemm_time(m, kk, nn, self.topo.gpu, self.gemm_dtype) if m else 0.0  # type: ignore[arg-type]
+            secs = self._gemm(m, kk, nn) if m else 0.0
             flops, nbytes, cat = 2.0 * m * kk * nn, gemm_bytes(m, kk, nn, self.gemm_dtype), "gemm"  # type: ignore[arg-type]
         elif op.kind is OpKind.EXPERTS:
             secs, flops, nbytes, shape = self._experts(d, t)
@@ -416,7 +429,7 @@ class _Predictor:
             secs = flops = nbytes = 0.0
             cat = "elementwise"
         elif op.kind is OpKind.ATTN_RES:
-            rows = self._rows(d, t) if d.strategy.output is S_TOK else t
+            rows = self._rows(d, t)
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
@@ -577,7 +590,7 @@ class _Predictor:
         delta and the AttnRes bank) plus the largest live set of one op (its inputs and output)."""
         n, b, h = self.tp, self.b, self.graph.hidden
         rows_stream = t if self.plan.stream is R else math.ceil(t / n)
-        bank = bank_snapshots(self.graph, rng.stop - 1) if self.graph.spec.attn_res_block_size else 0
+        bank = bank_snapshots(self.graph, rng.stop)  # the most the bank holds inside this stage
         stream = (2 + bank) * rows_stream * h * b
         peak = 0.0
         seen: set[int] = set()
@@ -606,6 +619,7 @@ class _Predictor:
 
 
 _CACHE: dict[tuple[object, ...], tuple[_Predictor, tuple[object, ...]]] = {}
+_GEMM_CACHE: dict[tuple[object, ...], float] = {}
 _CACHE_MAX = 512
 
 
@@ -659,32 +673,18 @@ def pipeline_ttft(p: _Predictor, workload: Workload) -> TTFTResult:
 
     Batches enter stage 0 one slowest-stage interval apart (chunks of one request pipeline too: a
     chunk needs only the earlier chunks' KV/state on the same stage). A batch leaves the last stage
-    `fill = latency - interval` after its slot ends, so TTFT_i = end of its slot + fill of its
-    batch. With pp = 1, fill = 0 and this is the plain schedule.
+    `fill = latency - interval` after its slot ends; its requests finish (and closed-loop clients
+    resubmit) then. With pp = 1, fill = 0 and this is the plain schedule.
     """
-    fill: dict[int, float] = {}
 
     def slot(batch: PrefillBatch) -> float:
-        segs = _segments(batch)
-        step = p.interval(segs)
-        fill[batch.index] = p.latency(segs) - step
-        return step
+        return p.interval(_segments(batch))
 
-    base = simulate_ttft(workload, slot)
-    if p.pp == 1:
-        return base
-    last_batch: dict[int, int] = {}
-    for b in base.batches:
-        for s in b.segments:
-            last_batch[s.request_id] = b.index
-    ttft = tuple(base.ttft_s[i] + fill[last_batch[i]] for i in range(len(base.ttft_s)))
-    return TTFTResult(
-        ttft_s=ttft,
-        arrival_s=base.arrival_s,
-        batches=base.batches,
-        makespan_s=base.makespan_s + fill[base.batches[-1].index],
-        prefill_tokens=base.prefill_tokens,
-    )
+    def fill(batch: PrefillBatch) -> float:
+        segs = _segments(batch)
+        return p.latency(segs) - p.interval(segs)
+
+    return simulate_ttft(workload, slot, fill if p.pp > 1 else None)
 
 
 def predict_plan(

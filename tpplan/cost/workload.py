@@ -135,8 +135,11 @@ class TTFTResult:
 BatchTime = Callable[[PrefillBatch], float]
 
 
-def _run(workload: Workload, batch_time: BatchTime) -> TTFTResult:
-    """Event-driven closed-loop simulation; arrivals only matter at batch boundaries."""
+def _run(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | None = None) -> TTFTResult:
+    """Event-driven closed-loop simulation; arrivals only matter at batch boundaries.
+
+    `finish_delay(batch)`: time from the end of the batch's slot until its tokens are out (a
+    pipeline's fill: the next batch may start before this one leaves the last stage)."""
     total = workload.total_requests
     arrivals: list[tuple[float, int]] = [(0.0, rid) for rid in range(min(total, workload.concurrency))]
     heapq.heapify(arrivals)
@@ -167,22 +170,23 @@ def _run(workload: Workload, batch_time: BatchTime) -> TTFTResult:
         if dt < 0:
             raise TpplanError("batch_time", f"returned {dt} s for batch {draft.index}", "return >= 0")
         now += dt
-        batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, now))
+        out = now + (float(finish_delay(draft)) if finish_delay is not None else 0.0)
+        batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, out))
         for s in segs:
             progress[s.request_id] = s.start_pos + s.n_tokens
             if progress[s.request_id] == workload.prompt_len(s.request_id):
                 waiting.remove(s.request_id)
-                done_s[s.request_id] = now
+                done_s[s.request_id] = out
                 if next_id < total:  # the client submits its next request at once
-                    heapq.heappush(arrivals, (now, next_id))
-                    arrival_s[next_id] = now
+                    heapq.heappush(arrivals, (out, next_id))
+                    arrival_s[next_id] = out
                     next_id += 1
     ids = range(total)
     return TTFTResult(
         ttft_s=tuple(done_s[i] - arrival_s[i] for i in ids),
         arrival_s=tuple(arrival_s[i] for i in ids),
         batches=tuple(batches),
-        makespan_s=now,
+        makespan_s=max(b.end_s for b in batches),
         prefill_tokens=sum(workload.prompt_len(i) for i in ids),
     )
 
@@ -193,6 +197,9 @@ def schedule(workload: Workload, batch_time: BatchTime | None = None) -> list[Pr
     return list(_run(workload, batch_time or (lambda _b: 1.0)).batches)
 
 
-def simulate_ttft(workload: Workload, batch_time: BatchTime) -> TTFTResult:
-    """TTFT per request: from its submission to the end of the batch holding its last chunk."""
-    return _run(workload, batch_time)
+def simulate_ttft(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | None = None) -> TTFTResult:
+    """TTFT per request: from its submission to the end of the batch holding its last chunk.
+
+    With pipeline parallelism `batch_time` is the spacing of batches entering the first stage and
+    `finish_delay` the rest of the way through the pipeline (tpplan.cost.predict.pipeline_ttft)."""
+    return _run(workload, batch_time, finish_delay)

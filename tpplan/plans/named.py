@@ -177,7 +177,8 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
-EXTRA_PLANS = ("input-scattered+restore", "moe-a2a", "sp-moe")
+EXTRA_PLANS = ("input-scattered+restore", "sp-moe")
+ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, same decisions under the old name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
 
@@ -211,4 +212,4 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     )
 
 
-__all__ = ["EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair", "sp_moe", "with_ep"]
+__all__ = ["ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair", "sp_moe", "with_ep"]
