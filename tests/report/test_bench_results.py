@@ -108,11 +108,16 @@ def test_memo_shows_measured_vs_predicted():
         topo,
         [load_workload("seed-c8")],
         use_default_predictor=False,
+        search_top=0,
         bench=load_bench_results(FIX / "bench_ok.json"),
     )
     memo = build_memo(a)
     assert "predicted_vs_measured.png" in memo.pngs
     md = memo.markdown
     assert "## Measured against predicted" in md
-    assert "| collective | 3 | 2 |" in md and "| AG qkv_latent[2112] | 4096x2112 | 34,603,008 |" in md
+    assert "| collective | 3 | 2 | 6.3% | 7.9% | median <= 5% |" in md
+    assert (
+        "torch.distributed (1 measured): median +1.1%, worst +1.1% (target: at most +3%)" in md
+        and "| AG qkv_latent[2112] | 4096x2112 | 34,603,008 |" in md
+    )
     assert "Extrapolated whole-model TTFT on `h200x8-ib400` at `seed-c8`: mean 2.910 s (predicted 2.850 s)" in md

@@ -67,4 +67,12 @@ def test_layernorm_sp_allowlist():
     plan, spec = _setup("kimi-k3", 32, "sequence-parallel")
     r = sglang_recipe(plan, spec, tp=32)
     assert r.blocked and "--enable-layernorm-sp" in r.args
-    assert "enable_sequence_parallelism" in " ".join(vllm_recipe(plan, spec, tp=32).args)
+    assert '"enable_sp": true' in " ".join(vllm_recipe(plan, spec, tp=32).args)
+
+
+def test_found_plans_that_replicate_attention_projections_need_code():
+    plan, spec = _setup("kimi-k3", 32, "moe-a2a")
+    found = plan.with_(name="search-1", found_by="search", a2a=frozenset({"mla+moe/mla.g_proj"}))
+    assert sglang_recipe(found, spec, tp=32).realises == "no"
+    only_moe = plan.with_(name="search-2", found_by="search")
+    assert "--moe-a2a-backend deepep" in sglang_recipe(only_moe, spec, tp=32).args

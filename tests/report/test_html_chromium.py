@@ -25,7 +25,9 @@ pytestmark = pytest.mark.skipif(
 def test_report_html_renders_without_console_errors(tmp_path):
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, predictor=fake_predict_plan, bench=load_bench_results(FIX / "bench_ok.json"))
+    a = analyse(
+        "kimi-k3", topo, wls, predictor=fake_predict_plan, search_top=0, bench=load_bench_results(FIX / "bench_ok.json")
+    )
     memo = build_memo(a)
     out = write_memo(memo, tmp_path / "memo")
     page = load_page(BINARY, out / "report.html")

@@ -23,8 +23,17 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
         ] = None,
         tp: Annotated[int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology")] = None,
+        plan: Annotated[
+            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan and ep4")
+        ] = None,
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
+        expert_dtype: Annotated[
+            str | None,
+            typer.Option(
+                "--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"
+            ),
+        ] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -43,7 +52,18 @@ def register(app: typer.Typer) -> None:
         wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-        analysis, path = write_report(model, topo, wls, out, tp=tp, dtype=dtype, bench=results, command=command)
+        analysis, path = write_report(
+            model,
+            topo,
+            wls,
+            out,
+            tp=tp,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            plans=plan,
+            bench=results,
+            command=command,
+        )
         typer.echo(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         for v in analysis.verdicts:
             typer.echo(f"  {v.key:32s} {v.status:12s} {v.headline}")

@@ -235,28 +235,46 @@ def _misfit(received: list[Placement], opt: Strategy) -> int:
     return score
 
 
-def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_bytes: int = 2) -> LayerResult:
-    """Run the plan over one layer; `delta` is how the previous block's output arrives."""
-    res = LayerResult(lg.kind, n)
-    pl = res.placements
-    pl.update({"resid": plan.stream, "delta": delta, "bank": plan.stream})
-    producer_of: dict[str, Op] = {op.output: op for op in lg.ops}
-    tainted: dict[str, str] = {}  # value -> illegal op it descends from
-    done: dict[tuple[str, Placement], Placement] = {}  # conversions already issued: (value, dst) -> dst
+class LayerWalk:
+    """Propagation state part-way through a layer: one `step` per op, in order.
 
-    def qual(op: Op) -> str:
-        return f"{lg.kind}/{op.role}"
+    `propagate` walks every op; the search copies a walk at an op, changes the plan's decisions
+    for the ops still ahead, and continues, so branching never re-runs the ops already walked.
+    """
 
-    def region(op: Op) -> str:
-        return lg.region_of(op)
+    def __init__(self, lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_bytes: int = 2) -> None:
+        self.lg = lg
+        self.ops = lg.ops
+        self.plan = plan
+        self.n = n
+        self.dtype_bytes = dtype_bytes
+        self.res = LayerResult(lg.kind, n)
+        self.res.placements.update({"resid": plan.stream, "delta": delta, "bank": plan.stream})
+        self.producer_of: dict[str, Op] = _producers(lg)
+        self.tainted: dict[str, str] = {}  # value -> illegal op it descends from
+        self.done: dict[tuple[str, Placement], Placement] = {}  # conversions issued: (value, dst) -> dst
+        self.index = 0  # the next op to walk
 
-    def emit(coll: Collective, value: str, src: Placement, dst: Placement, consumer: Op, reason: str) -> None:
-        if (value, dst) in done:
+    def copy(self, plan: Plan | None = None) -> LayerWalk:
+        """An independent walk at the same op (optionally under other decisions for the ops ahead)."""
+        w = LayerWalk.__new__(LayerWalk)
+        w.lg, w.ops, w.plan, w.n, w.dtype_bytes = self.lg, self.ops, plan or self.plan, self.n, self.dtype_bytes
+        r = self.res
+        w.res = LayerResult(r.kind, r.n, dict(r.placements), list(r.decisions), list(r.comms), list(r.violations))
+        w.producer_of, w.tainted, w.done, w.index = self.producer_of, dict(self.tainted), dict(self.done), self.index
+        return w
+
+    def qual(self, op: Op) -> str:
+        return f"{self.lg.kind}/{op.role}"
+
+    def emit(self, coll: Collective, value: str, src: Placement, dst: Placement, consumer: Op, reason: str) -> None:
+        if (value, dst) in self.done:
             return
-        done[(value, dst)] = dst
+        self.done[(value, dst)] = dst
+        lg, n = self.lg, self.n
         width = lg.values[value].width
-        prod = producer_of[value].name if value in producer_of else value
-        res.comms.append(
+        prod = self.producer_of[value].name if value in self.producer_of else value
+        self.res.comms.append(
             CommEvent(
                 coll,
                 value,
@@ -265,14 +283,24 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
                 dst,
                 prod,
                 consumer.name,
-                region(consumer),
+                _region(lg, consumer),
                 reason,
                 ring_elements_per_rank(coll, width, n),
                 seed_units(coll, width, n),
             )
         )
 
-    for op in lg.ops:
+    def step(self) -> None:
+        """Walk the next op."""
+        op = self.ops[self.index]
+        self.index += 1
+        lg, plan, n, res = self.lg, self.plan, self.n, self.res
+        pl, tainted, producer_of, emit, qual = res.placements, self.tainted, self.producer_of, self.emit, self.qual
+        dtype_bytes = self.dtype_bytes
+
+        def region(op: Op) -> str:
+            return _region(lg, op)
+
         q = qual(op)
         if op.kind is OpKind.EXPERTS:
             split: str = plan.moe
@@ -390,4 +418,31 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
                 legal,
             )
         )
-    return res
+
+
+def _producers(lg: LayerGraph) -> dict[str, Op]:
+    cached = _PRODUCERS.get(id(lg))
+    if cached is None or cached[0] is not lg:
+        cached = (lg, {op.output: op for op in lg.ops})
+        _PRODUCERS[id(lg)] = cached
+    return cached[1]
+
+
+_PRODUCERS: dict[int, tuple[LayerGraph, dict[str, Op]]] = {}
+_REGIONS: dict[int, tuple[LayerGraph, dict[str, str]]] = {}
+
+
+def _region(lg: LayerGraph, op: Op) -> str:
+    cached = _REGIONS.get(id(lg))
+    if cached is None or cached[0] is not lg:
+        cached = (lg, {o.name: lg.region_of(o) for o in lg.ops})
+        _REGIONS[id(lg)] = cached
+    return cached[1][op.name]
+
+
+def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_bytes: int = 2) -> LayerResult:
+    """Run the plan over one layer; `delta` is how the previous block's output arrives."""
+    walk = LayerWalk(lg, plan, n, delta, dtype_bytes)
+    for _ in lg.ops:
+        walk.step()
+    return walk.res

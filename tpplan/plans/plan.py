@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
+from functools import lru_cache
 from typing import Literal
 
 from tpplan.layout.placement import S_TOK, Placement, R
@@ -34,7 +35,17 @@ MoEMode = Literal["tp", "ep", "a2a"]
 
 
 def _match(patterns: Iterable[str], qualified: str) -> bool:
-    return any(fnmatchcase(qualified, p) or fnmatchcase(qualified.split("/", 1)[1], p) for p in patterns)
+    exact, wild = _split(patterns if isinstance(patterns, frozenset) else frozenset(patterns))
+    bare = qualified.split("/", 1)[1]
+    if qualified in exact or bare in exact:  # exact names (what the search generates): no regex
+        return True
+    return any(fnmatchcase(qualified, p) or fnmatchcase(bare, p) for p in wild)
+
+
+@lru_cache(maxsize=4096)
+def _split(patterns: frozenset[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+    wild = tuple(p for p in patterns if any(c in p for c in "*?["))
+    return patterns.difference(wild), wild
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,9 @@ class Plan:
         return _match(self.gather, producer)
 
     def gathers_for(self, producer: str, consumer: str) -> bool:
-        return any(_match([p], producer) and _match([c], consumer) for p, c in self.gather_for)
+        if (producer, consumer) in self.gather_for:
+            return True
+        return any(_match((p,), producer) and _match((c,), consumer) for p, c in self.gather_for)
 
     def a2a_of(self, producer: str) -> bool:
         return _match(self.a2a, producer)

@@ -22,7 +22,7 @@ from tpplan.errors import TpplanError
 from tpplan.layout.placement import Collective
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph, OpKind
-from tpplan.models.spec import MLASpec
+from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.plans.named import make_plan
 from tpplan.plans.plan import Plan
 from tpplan.report.bench_results import BenchResults
@@ -38,8 +38,49 @@ REPORT_PLANS = (
     "sequence-parallel",
     "gate-aware",
     "moe-a2a",
+    "ep4",
 )
+# Predicted TTFT changes smaller than this are within the model's error (the issue's accuracy
+# targets are 5-10%); such a plan is not worth a multi-node reservation.
+MIN_GAIN = 0.02
 _SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A", "send_recv": "P2P"}
+
+
+SearchFn = Callable[..., list[Plan]]
+
+
+def load_search() -> SearchFn | None:
+    """A function returning the search's best plans (`tpplan.search`), or None where it is missing."""
+    try:
+        from tpplan.search import RooflineObjective, search, ttft_shapes  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+
+    def best(
+        graph: ModelGraph, n: int, topology: Topology, workload: Workload | None, dtype: str, top: int
+    ) -> list[Plan]:
+        shapes = ttft_shapes(workload) if workload is not None else ((8192, 1.0),)
+        result = search(graph, n, RooflineObjective(topology, shapes=shapes, dtype=dtype), top=top, dtype=dtype)
+        return [c.plan for c in result.candidates]
+
+    return best
+
+
+def describe_plan(plan: Plan) -> str:
+    """A found plan has no prose summary: say its decisions."""
+    d = plan.describe()
+    parts = [f"stream {d['stream']}, partial sums reduced to {d['reduce']}"]
+    for key, words in (
+        ("gather", "all-gather"),
+        ("gather_for", "all-gather for one consumer"),
+        ("a2a", "all-to-all to heads"),
+        ("replicate", "replicate"),
+        ("token_shard", "token-shard"),
+    ):
+        if d[key]:
+            parts.append(f"{words}: " + ", ".join(f"`{x}`" for x in d[key]))  # type: ignore[union-attr]
+    parts.append(f"MoE {d['moe']}")
+    return "; ".join(parts) + "."
 
 
 def load_predictor() -> PredictFn | None:
@@ -189,14 +230,23 @@ def volume_sweep(
 
 
 def _predict(
-    fn: PredictFn, v: Variant, graph: ModelGraph, topo: Topology, workloads: list[Workload], dtype: str
+    fn: PredictFn,
+    v: Variant,
+    graph: ModelGraph,
+    topo: Topology,
+    workloads: list[Workload],
+    dtype: str,
+    expert_dtype: str | None,
 ) -> None:
+    extra = {"expert_dtype": expert_dtype} if expert_dtype else {}
     for wl in workloads:
         try:
             v.predictions[wl.name] = fn(
-                graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=dtype
+                graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=dtype, **extra
             )
         except (TpplanError, NotImplementedError, ValueError) as exc:
+            if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.pp == 1:
+                raise  # the baseline always predicts: a failure here is a bad input (e.g. --expert-dtype)
             v.prediction_error = f"{type(exc).__name__}: {exc}"
             v.predictions.clear()
             return
@@ -207,6 +257,16 @@ def ttft_mean(v: Variant, workload: str) -> float | None:
     p = v.predictions.get(workload)
     ttft = getattr(p, "ttft", None) if p is not None else None
     return None if ttft is None else float(ttft.mean_s)
+
+
+def memory_fit(v: Variant) -> tuple[float, float, bool] | None:
+    """(predicted bytes per rank, GPU bytes, fits) from the first prediction, when predicted."""
+    p = next(iter(v.predictions.values()), None)
+    mem = getattr(p, "memory", None) if p is not None else None
+    gpu = float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
+    if mem is None or not gpu:
+        return None
+    return float(mem.total), gpu, float(mem.total) <= gpu
 
 
 def kind_times(v: Variant) -> dict[str, float] | None:
@@ -240,7 +300,15 @@ def _verdict(
     if t_v is not None and t_b is not None:
         timing = f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_b:.3f} s ({_pct(t_v, t_b):+.1f}%)"
     if v is base:
-        return Verdict(v.key, "reference", f"the all-reduce path everyone runs today{timing}", (), formula)
+        fit = memory_fit(v)
+        note = (
+            (f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}: lower --expert-dtype",)
+            if fit is not None and not fit[2]
+            else ()
+        )
+        return Verdict(
+            v.key, "reference", "Megatron TP: the all-reduce path (the seed's deployment adds EP4)", note, formula
+        )
     if v.pp > 1 and not timing:
         return Verdict(
             v.key,
@@ -256,12 +324,22 @@ def _verdict(
         ops = sorted({viol.op for viol in v.audit.violations if not viol.consequence_of})
         head = f"illegal: {len(roots)} root edge(s) ({', '.join(ops)}); its {vol:+.1f}% volume is not reachable"
         return Verdict(v.key, "NO", head, tuple(roots), formula)
-    worse = t_v > t_b if (t_v is not None and t_b is not None) else vol >= 0
+    if v.prediction_error:
+        timing = f"; not predicted ({v.prediction_error})"
+    worse = t_v > t_b if (t_v is not None and t_b is not None) else vol > 0
+    if t_v is None and vol == 0:
+        return Verdict(v.key, "OPEN", head_same(vol, timing), (), formula)
+    small = t_v is not None and t_b is not None and not worse and (t_b - t_v) < MIN_GAIN * t_b
     extra = v.audit.replicated_extra_bytes
     head = f"legal; {vol:+.1f}% bytes per token per rank vs baseline{timing}"
     reasons: list[str] = []
     if extra:
         reasons.append(f"replicates weights: +{_gib(extra)} per rank")
+    fit, base_fit = memory_fit(v), memory_fit(base)
+    if fit is not None and not fit[2]:
+        reasons.append(f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}")
+        if base_fit is not None and base_fit[2]:
+            return Verdict(v.key, "NO", head + " (does not fit in memory)", tuple(reasons), formula)
     if engine is not None and engine.blocked:
         failed = "; ".join(c.text for c in engine.conditions if c.met is False)
         reasons.append(f"SGLang would not run it: {failed}")
@@ -269,8 +347,17 @@ def _verdict(
         reasons.append(f"no SGLang flag realises it: {engine.summary}")
     if worse:
         return Verdict(v.key, "NO", head + " (more than it saves)", tuple(reasons), formula)
+    if small:
+        return Verdict(
+            v.key, "NO", head + f" (gain under {100 * MIN_GAIN:g}%: within the model's error)", tuple(reasons), formula
+        )
     status = "CONDITIONAL" if extra or (engine is not None and engine.realises != "yes") else "YES"
     return Verdict(v.key, status, head, tuple(reasons), formula)
+
+
+def head_same(vol: float, timing: str) -> str:
+    """Headline for a legal plan whose bytes equal the baseline's and that has no time prediction."""
+    return f"legal; {vol:+.1f}% bytes per token per rank vs baseline (same traffic: only time can tell){timing}"
 
 
 def _next_steps(variants: list[Variant], wl: str | None) -> list[NextStep]:
@@ -282,6 +369,11 @@ def _next_steps(variants: list[Variant], wl: str | None) -> list[NextStep]:
         t_v, t_b = (ttft_mean(v, wl), ttft_mean(base, wl)) if wl else (None, None)
         if t_v is not None and t_b is not None:
             gain, basis = t_b - t_v, f"predicted mean TTFT gain at {wl}"
+            if gain < MIN_GAIN * t_b:
+                continue
+            fit, base_fit = memory_fit(v), memory_fit(base)
+            if fit is not None and base_fit is not None and base_fit[2] and not fit[2]:
+                continue
         elif v.pp > 1:
             continue  # a different parallel shape: bytes per rank are not comparable without time
         else:
@@ -295,6 +387,40 @@ def _next_steps(variants: list[Variant], wl: str | None) -> list[NextStep]:
         engine = "SGLang flags exist" if sgl and sgl.realises == "yes" else (sgl.summary if sgl else "")
         steps.append(NextStep(v.key, gain, basis, price, engine))
     return sorted(steps, key=lambda s: -s.gain)
+
+
+def _redundant_breakdown(a: Analysis, base: Variant) -> str:
+    """The predictor's own account of repeated work under baseline, and of the prototype's trade."""
+    p = next(iter(base.predictions.values()), None)
+    if p is None:
+        return ""
+    per_op: dict[str, float] = {}
+    for k in p.kinds:
+        for o in k.ops:
+            if o.redundant:
+                per_op[o.op] = per_op.get(o.op, 0.0) + float(o.seconds) * int(k.count)
+    total = sum(per_op.values())
+    if not total:
+        return ""
+    top = sorted(per_op.items(), key=lambda x: -x[1])[:4]
+    for name in ("qkv_a", "kv_a"):
+        if name in per_op and name not in dict(top):
+            top.append((name, per_op[name]))
+    text = (
+        f" The time predictor counts {total * 1e3:,.1f} ms of work every rank repeats per batch under baseline "
+        f"({100 * total / float(p.forward_s):.0f}% of the {float(p.forward_s) * 1e3:,.1f} ms forward; largest: "
+        + ", ".join(f"`{op}` {t * 1e3:,.1f} ms" for op, t in top)
+        + ")."
+    )
+    lat = a.variant("latent-scattered")
+    lp = next(iter(lat.predictions.values()), None) if lat is not None else None
+    if lp is not None:
+        d = float(p.forward_s) - float(lp.forward_s)
+        text += (
+            f" Whole batch, the prototype is predicted at {float(lp.forward_s) * 1e3:,.1f} ms vs "
+            f"{float(p.forward_s) * 1e3:,.1f} ms ({'-' if d > 0 else '+'}{abs(d) * 1e3:,.1f} ms)."
+        )
+    return text
 
 
 def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
@@ -320,12 +446,7 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
             t_shard = gemm_time(math.ceil(wl_chunk / n), k_w, out_w, topo.gpu, "bf16")
             ag = collective_time("all_gather", wl_chunk * out_w * nbytes, n, topo).time_s
             m = counts[mla]
-            pred = redundant_seconds(base)
-            extra = (
-                f" The predictor counts {pred * 1e3:,.1f} ms of redundant work per batch under baseline."
-                if pred
-                else ""
-            )
+            extra = _redundant_breakdown(a, base)
             out.append(
                 (
                     "Redundant qkv_a compute under baseline",
@@ -355,6 +476,8 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
         share = ga.audit.replicated_extra_bytes / (topo.gpu.memory_GiB * 2**30)
         p = next(iter(ga.predictions.values()), None)
         pmem = getattr(p, "memory", None)
+        bp = next(iter(base.predictions.values()), None)
+        bmem = getattr(bp, "memory", None)
         t = ""
         if a.workloads and ttft_mean(ga, a.workloads[0].name) is not None:
             w = a.workloads[0].name
@@ -368,9 +491,13 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
                 f"replicated and its output all-to-all'd to head-sharded. It is legal and moves {vol:+.1f}% bytes "
                 f"per token per rank ({colls} per forward) for +{_gib(ga.audit.replicated_extra_bytes)} of "
                 f"replicated weights per rank, {100 * share:.0f}% of a {topo.gpu.memory_GiB:g} GiB "
-                f"{topo.gpu.name} (weights at {a.dtype}: {_gib(mem)} per rank vs "
-                f"{_gib(base.audit.weight_bytes_per_rank)} under baseline"
-                + (f"; predicted total memory per rank {_gib(pmem.total)}" if pmem is not None else "")
+                f"{topo.gpu.name} ("
+                + (
+                    f"predicted memory per rank {_gib(pmem.total)} vs {_gib(bmem.total)} under baseline"
+                    if pmem is not None and bmem is not None
+                    else f"weights at {a.dtype}: {_gib(mem)} per rank vs {_gib(base.audit.weight_bytes_per_rank)} "
+                    "under baseline"
+                )
                 + f"). That memory comes out of the KV cache. No engine ships it.{t}",
             )
         )
@@ -391,7 +518,30 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
                 f"which costs nothing here because input-scattered is illegal on this model anyway.{t}",
             )
         )
-    pp = next((v for v in a.variants if v.pp > 1), None)
+    found = [v for v in a.variants if v.plan.found_by == "search"]
+    w0 = a.workloads[0].name if a.workloads else None
+    if found and w0 and ttft_mean(found[0], w0) is not None:
+        f = found[0]
+        named_same = [
+            v for v in a.variants if v.pp == 1 and v.plan.found_by != "search" and v.legal and ttft_mean(v, w0)
+        ]
+        best = min(named_same, key=lambda v: ttft_mean(v, w0) or math.inf) if named_same else None
+        cmp = (
+            f" The best named plan at the same shape, `{best.key}`, is predicted at {ttft_mean(best, w0):.3f} s."
+            if best is not None
+            else ""
+        )
+        out.append(
+            (
+                "A plan nobody named",
+                f"The search (`tpplan.search`, roofline objective over the workload's batches) returns `{f.key}`: "
+                f"{f.plan.summary} Predicted mean TTFT at {w0}: {ttft_mean(f, w0):.3f} s vs "
+                f"{ttft_mean(base, w0):.3f} s baseline, for +{_gib(f.audit.replicated_extra_bytes)} of replicated "
+                f"weights per rank.{cmp} It mixes the seed's ideas per layer kind, which no engine flag expresses.",
+            )
+        )
+    pps = [v for v in a.variants if v.pp > 1]
+    pp = pps[0] if pps else None
     if pp is not None:
         vol_rank = pp.audit.comm_bytes_per_token
         t = ""
@@ -402,6 +552,9 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
             t = f" Not predicted: {pp.prediction_error}."
         else:
             t = " Its time, bubble and stage send/recv need the time predictor."
+        for other in pps[1:]:
+            if a.workloads and ttft_mean(other, a.workloads[0].name) is not None:
+                t += f" Combined with MoE all-to-all (`{other.key}`): {ttft_mean(other, a.workloads[0].name):.3f} s."
         out.append(
             (
                 "Pipeline parallelism (the seed's next step 3)",
@@ -421,9 +574,11 @@ def analyse(
     *,
     tp: int | None = None,
     dtype: str = "bf16",
+    expert_dtype: str | None = None,
     plans: list[str] | None = None,
     predictor: PredictFn | None = None,
     use_default_predictor: bool = True,
+    search_top: int = 1,
     bench: BenchResults | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan; `tp` defaults to the whole topology."""
@@ -447,13 +602,31 @@ def analyse(
     names = list(dict.fromkeys(["baseline", *(plans or REPORT_PLANS)]))
     variants: list[Variant] = []
     for name in names:
-        pl = make_plan(name, graph, n)
-        variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
+        if name == "baseline" or plans:
+            pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
+            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
+            continue
+        pa = _audit_or_none(graph, name, n, dtype)  # a default plan this model cannot run is left out
+        has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
+        if pa is not None and (has_moe or pa.plan.moe != "ep"):
+            variants.append(Variant(pa.plan, n, 1, pa))
+    finder = load_search() if search_top > 0 and not plans else None
+    if finder is not None:
+        known = {v.plan.describe().__repr__() for v in variants}
+        found = finder(graph, n, topology, workloads[0] if workloads else None, dtype, search_top)
+        for i, pl in enumerate(found, 1):
+            if repr(pl.describe()) in known:
+                continue  # the search's best is a named plan already in the memo
+            pl = pl.with_(name=f"search-{i}", title="found by search", summary=describe_plan(pl), found_by="search")
+            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        pa = _audit_or_none(graph, "baseline", pp_tp, dtype)
-        if pa is not None:
-            variants.append(Variant(pa.plan, pp_tp, pp, pa))
+        for name in ("baseline", "moe-a2a"):  # the seed's next steps 2 and 3, alone and together
+            if not any(v.plan.name == name for v in variants):
+                continue
+            pa = _audit_or_none(graph, name, pp_tp, dtype)
+            if pa is not None and pa.legal:
+                variants.append(Variant(pa.plan, pp_tp, pp, pa))
     for v in variants:
         v.engines = recipes(
             v.plan,
@@ -464,9 +637,10 @@ def analyse(
             chunk=workloads[0].chunk_size if workloads else 8192,
         )
         if fn is not None:
-            _predict(fn, v, graph, topology, workloads, dtype)
+            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
     mla = _mla_kind(graph)
-    sweep = volume_sweep(graph, names, tp_sizes(graph, world, n), dtype)
+    named = [v.plan.name for v in variants if v.pp == 1 and v.plan.found_by != "search"]  # found plans are per-TP
+    sweep = volume_sweep(graph, named, tp_sizes(graph, world, n), dtype)
     seed_rows: list[SeedRow] = []
     if mla is not None:
         spec = graph.kinds[mla].spec.attn

@@ -29,10 +29,12 @@ Facts come from the engines' sources (paths relative to each repository's root):
   `--pipeline-parallel-size`, `--data-parallel-size`, `--enable-expert-parallel` (EP over the
   TP x DP ranks; no separate EP size), `--all2all-backend` (default `allgather_reducescatter`;
   `deepep_high_throughput` for prefill, `deepep_low_latency`, `pplx`, `naive`, ...).
-- vLLM `vllm/compilation/sequence_parallelism.py` (`SequenceParallelismPass`): a torch.compile
-  pattern pass that rewrites all-reduce + RMSNorm into reduce-scatter + norm + all-gather, switched
-  on in the compilation config's pass_config (`enable_sequence_parallelism`, renamed `enable_sp` in
-  newer releases); where the pattern does not match, nothing changes and nothing is logged as an error.
+- vLLM `vllm/compilation/passes/fusion/sequence_parallelism.py` (earlier
+  `vllm/compilation/sequence_parallelism.py`), `SequenceParallelismPass`: a torch.compile pattern
+  pass that rewrites all-reduce + RMSNorm into reduce-scatter + norm + all-gather, switched on by
+  the compilation config's `pass_config.enable_sp` (`enable_sequence_parallelism` in earlier
+  releases; `vllm/config/vllm.py` also turns it on for `fuse_gemm_comms`, async TP); where the
+  pattern does not match, nothing changes and nothing is logged as an error.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ SRC_SGL_ARGS = "sgl-project/sglang python/sglang/srt/server_args.py"
 SRC_SGL_COMM = "sgl-project/sglang python/sglang/srt/layers/communicator/__init__.py"
 SRC_SGL_SP = "sgl-project/sglang python/sglang/srt/layers/layernorm_sp.py"
 SRC_VLLM_PAR = "vllm-project/vllm vllm/config/parallel.py"
-SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/sequence_parallelism.py"
+SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/passes/fusion/sequence_parallelism.py"
 
 # Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py allowlist), as model_type.
 _SGLANG_SP_MODEL_TYPES = frozenset({"qwen3"})
@@ -121,6 +123,9 @@ def _family(plan: Plan) -> str:
     }
     if plan.name in named:
         return plan.name
+    attn_side = [r for r in (*plan.replicate, *plan.a2a) if "/moe." not in r and "/dense." not in r]
+    if attn_side:
+        return "gate-aware"  # replication/all-to-all around attention projections: no engine flag does it
     if plan.moe == "a2a":
         return "moe-a2a"
     if plan.moe == "ep":
@@ -147,6 +152,15 @@ def sglang_recipe(
     mla = _mla(spec)
     conds: list[Condition] = []
     notes: list[str] = []
+    if pp > 1:
+        conds.append(
+            Condition(
+                f"the model's SGLang implementation supports --pp-size (per model file; {spec.model_type} not checked)",
+                None,
+                "refuses",
+                SRC_SGL_ARGS,
+            )
+        )
     if fam == "ep" and moe is not None:
         ep = plan.ep_size or tp
         args = [*base, f"--ep-size {ep}", "--moe-a2a-backend none"]
@@ -156,7 +170,7 @@ def sglang_recipe(
             tuple(args),
             "yes",
             f"expert parallelism without all-to-all: {moe.experts // ep} experts per EP group of {tp // ep} ranks",
-            (Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_SGL_ARGS),),
+            (*conds, Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_SGL_ARGS)),
         )
     if fam == "moe-a2a":
         args = [*base, "--moe-a2a-backend deepep", "--deepep-mode normal"]
@@ -185,7 +199,7 @@ def sglang_recipe(
         )
     if fam in ("input-scattered", "input-scattered+restore"):
         args = [*base, "--enable-attn-tp-input-scattered", "--moe-a2a-backend none"]
-        conds = [
+        conds += [
             Condition("tp_size > 1", tp > 1, "skips silently", SRC_SGL_ATTN),
             Condition(
                 "the MLA has q_lora_rank (fused qkv_a latent)",
@@ -231,7 +245,7 @@ def sglang_recipe(
         )
     if fam == "sequence-parallel":
         ok = spec.model_type in _SGLANG_SP_MODEL_TYPES
-        conds = [
+        conds += [
             Condition(
                 f"architecture on the --enable-layernorm-sp allowlist (model_type {spec.model_type})",
                 ok,
@@ -257,7 +271,9 @@ def sglang_recipe(
         )
         return EngineRecipe("SGLang", plan.name, tuple(base), "no", why, (), ())
     args = [*base, "--moe-a2a-backend none"] if moe is not None else base
-    return EngineRecipe("SGLang", plan.name, tuple(args), "yes", "Megatron TP: all-reduce after o_proj and MLP/MoE")
+    return EngineRecipe(
+        "SGLang", plan.name, tuple(args), "yes", "Megatron TP: all-reduce after o_proj and MLP/MoE", tuple(conds)
+    )
 
 
 def vllm_recipe(
@@ -289,7 +305,7 @@ def vllm_recipe(
             (Condition("EP size equals TP x DP", plan.ep_size == tp, "adjusts", SRC_VLLM_PAR),),
         )
     if fam == "sequence-parallel":
-        cfg = """--compilation-config '{"pass_config": {"enable_sequence_parallelism": true}}'"""
+        cfg = """--compilation-config '{"pass_config": {"enable_sp": true}}'"""
         return EngineRecipe(
             "vLLM",
             plan.name,
@@ -304,7 +320,7 @@ def vllm_recipe(
                     SRC_VLLM_SP,
                 ),
             ),
-            ("newer vLLM spells the pass_config key `enable_sp`",),
+            ("earlier vLLM releases spell the pass_config key `enable_sequence_parallelism`",),
         )
     if fam in ("input-scattered", "input-scattered+restore", "latent-scattered", "gate-aware"):
         return EngineRecipe(

@@ -46,6 +46,12 @@ def _gib(b: float) -> str:
     return f"{b / 2**30:,.1f} GiB"
 
 
+def _label(a: Analysis, key: str) -> str:
+    """Plot label: illegal plans are marked so a short bar is not read as a recommendation."""
+    v = a.variant(key)
+    return f"{key}\n(ILLEGAL)" if v is not None and not v.legal else key
+
+
 def _answer(a: Analysis) -> list[Block]:
     v_is = a.variant("input-scattered")
     base = a.baseline
@@ -64,6 +70,24 @@ def _answer(a: Analysis) -> list[Block]:
                 f"The edges that break it: {ops}. Each is a column-parallel projection that needs every token of "
                 "the full hidden, while a reduce-scatter leaves each rank only its own tokens."
             )
+            gate = next((v for v in roots if v.op == "g_proj" and "mla" in v.layer_kind), None)
+            if gate is not None:
+                lines.append(f"The MLA output gate, in the audit's words: {gate.sentence()}")
+        if len(a.seed_rows) >= 3:
+            r0, r1 = a.seed_rows[0], a.seed_rows[1]
+            legal = [r for r in a.seed_rows[2:] if r.legal]
+            lines.append(
+                f"Per MLA layer, in the seed's units: the all-reduce costs {r0.units:g}; the DeepSeek path would cost "
+                f"{r1.units:g} ({100 * (r1.units - r0.units) / r0.units:+.1f}%) but is "
+                + ("illegal here" if not r1.legal else "legal here")
+                + (
+                    "; the legal ways to keep it ("
+                    + ", ".join(f"`{r.plan}`" for r in legal)
+                    + f") cost {legal[0].units:g} ({100 * (legal[0].units - r0.units) / r0.units:+.1f}%)."
+                    if legal
+                    else "."
+                )
+            )
         for name in ("input-scattered+restore", "latent-scattered"):
             v = a.variant(name)
             if v is not None and v.legal:
@@ -79,12 +103,12 @@ def _answer(a: Analysis) -> list[Block]:
     if a.next_steps:
         top = a.next_steps[0]
         lines.append(
-            f"**Keep the baseline for now; the best next step is `{top.key}`** ({top.basis}: "
+            f"**Keep today's deployment for now; the best next step is `{top.key}`** ({top.basis}: "
             + (f"{top.gain:.3f} s" if "TTFT" in top.basis else f"{100 * top.gain:.1f}%")
             + f"; price: {top.price})."
         )
     else:
-        lines.append("**Keep the baseline**: no legal plan beats it.")
+        lines.append("**Keep today's deployment**: no legal plan beats the baseline.")
     out += [Para(x) for x in lines]
     return out
 
@@ -212,7 +236,8 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
     b.append(Heading("Time per layer kind per plan"))
     if times:
         chunk = a.workloads[0].chunk_size if a.workloads else 0
-        pngs[PNG_TIME] = plots.stacked_time(times, f"predicted time of one {chunk}-token batch, by layer kind")
+        labelled = {_label(a, k): t for k, t in times.items()}
+        pngs[PNG_TIME] = plots.stacked_time(labelled, f"predicted time of one {chunk}-token batch, by layer kind")
         b.append(Image(PNG_TIME, "stacked predicted time per layer kind per plan", pngs[PNG_TIME]))
         b.append(
             Table(
@@ -234,7 +259,9 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
     ttft = {v.key: {w.name: m for w in a.workloads if (m := ttft_mean(v, w.name)) is not None} for v in a.variants}
     ttft = {k: t for k, t in ttft.items() if t}
     if ttft:
-        pngs[PNG_TTFT] = plots.grouped_bars(ttft, "predicted mean TTFT per plan", "mean TTFT (s)")
+        pngs[PNG_TTFT] = plots.grouped_bars(
+            {_label(a, k): t for k, t in ttft.items()}, "predicted mean TTFT per plan", "mean TTFT (s)"
+        )
         b.append(Image(PNG_TTFT, "predicted mean TTFT per plan per workload", pngs[PNG_TTFT]))
         rows = []
         for v in a.variants:
@@ -362,9 +389,26 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
             mx = "-" if s["max_abs_err"] is None else f"{100 * float(s['max_abs_err']):.1f}%"
             rows.append((name, str(len(items)), str(s["n"]), med, mx))
             pts += [(name, i.predicted_s, i.measured_s) for i in items if i.predicted_s is not None]
+        targets = {"collective": "median <= 5%", "layer": "<= 10%"}
+        rows = [(*r, targets.get(r[0], "")) for r in rows]
         b.append(
-            Table(("level", "measured", "with prediction", "median abs error", "worst"), tuple(rows), (1, 2, 3, 4))
+            Table(
+                ("level", "measured", "with prediction", "median abs error", "worst", "issue target"),
+                tuple(rows),
+                (1, 2, 3, 4),
+            )
         )
+        over = [c.measured_s / c.direct_s - 1.0 for c in br.collectives if c.direct_s]
+        if over:
+            over.sort()
+            mid = over[len(over) // 2] if len(over) % 2 else (over[len(over) // 2 - 1] + over[len(over) // 2]) / 2
+            b.append(
+                Para(
+                    f"Runtime overhead of the plan's collectives over the same calls issued directly with "
+                    f"torch.distributed ({len(over)} measured): median {100 * mid:+.1f}%, worst {100 * over[-1]:+.1f}% "
+                    "(target: at most +3%)."
+                )
+            )
         if pts:
             pngs[PNG_BENCH] = plots.predicted_vs_measured(pts, f"{br.plan} TP{br.tp}: predicted vs measured")
             b.append(Image(PNG_BENCH, "predicted against measured time per item", pngs[PNG_BENCH]))

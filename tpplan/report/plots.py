@@ -39,7 +39,7 @@ def volume_vs_tp(series: dict[str, list[tuple[int, float]]], title: str) -> byte
     ax.set_ylabel("MB per token per rank (ring)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 

@@ -59,11 +59,23 @@ def write_report(
     *,
     tp: int | None = None,
     dtype: str = "bf16",
+    expert_dtype: str | None = None,
+    plans: list[str] | None = None,
     bench: BenchResults | None = None,
     predictor: PredictFn | None = None,
     command: str = "",
 ) -> tuple[Analysis, Path]:
     """Analyse, render and write the memo; returns the analysis and the output directory."""
-    analysis = analyse(model, topology, workloads, tp=tp, dtype=dtype, predictor=predictor, bench=bench)
+    analysis = analyse(
+        model,
+        topology,
+        workloads,
+        tp=tp,
+        dtype=dtype,
+        expert_dtype=expert_dtype,
+        plans=plans,
+        predictor=predictor,
+        bench=bench,
+    )
     memo = build_memo(analysis, command)
     return analysis, write_memo(memo, out)
