@@ -18,7 +18,8 @@ plan in turn (forming the group and initialising NCCL is the slow part):
    resolved once per batch.
 4. Every distinct collective is then replayed in a tight loop twice, on tensors of the same
    shapes: through the runtime's `Comm` method (`runtime_s`) and as the bare torch.distributed
-   call (`direct_s`): their ratio is the runtime's overhead.
+   call (`direct_s`), timed as `tpplan calibrate` times (events around a batch of back-to-back
+   calls, fastest of 3 batches): their ratio is the runtime's overhead.
 
 Combining ranks: ops, layers and batches take the slowest rank (a step ends when its slowest
 rank does). A collective takes the fastest rank: it ends at the same moment on every rank, so the
@@ -610,21 +611,25 @@ def _is_t(a: Any) -> bool:
     return isinstance(a, tuple) and len(a) == 3 and a[0] == "tensor"
 
 
-def _time_loop(fn: Callable[[], Any], clock: _Clock, cfg: BenchConfig) -> float:
-    """Median per-call seconds over `direct_iters` back-to-back calls after 3 warm-up calls."""
+def _time_loop(fn: Callable[[], Any], clock: _Clock, cfg: BenchConfig, reps: int = 3) -> float:
+    """Seconds per call, nccl-tests style (as `tpplan calibrate` measured the model's constants):
+    one interval around `direct_iters` back-to-back calls divided by their number, the fastest of
+    `reps` such batches, after 3 warm-up calls and a barrier."""
     import torch.distributed as dist
 
     for _ in range(3):
         fn()
-    clock.sync()
-    dist.barrier()
-    marks = []
-    for _ in range(cfg.direct_iters):
+    best = float("inf")
+    for _ in range(reps):
+        clock.sync()
+        dist.barrier()
         a = clock.mark()
-        fn()
-        marks.append((a, clock.mark()))
-    clock.sync()
-    return statistics.median(clock.seconds(a, b) for a, b in marks)
+        for _ in range(cfg.direct_iters):
+            fn()
+        b = clock.mark()
+        clock.sync()
+        best = min(best, clock.seconds(a, b) / cfg.direct_iters)
+    return best
 
 
 def _combine(
