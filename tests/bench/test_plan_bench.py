@@ -78,11 +78,18 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
         (["--plan", "baseline", "--layers", "0:99"], "outside"),
     ],
 )
-def test_bad_inputs_exit_2_without_output(tmp_path: Path, extra: list[str], needle: str) -> None:
-    out = tmp_path / "r.json"
-    proc = _cli([*TINY, "--out", str(out), *extra], timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert needle in proc.stderr and "Traceback" not in proc.stderr
+def test_bad_inputs_exit_2_without_output(
+    tmp_path: Path, extra: list[str], needle: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process (inputs are checked before any rank starts): exit 2, the reason, no file."""
+    from tpplan import cli
+
+    monkeypatch.setattr(sys, "argv", ["tpplan", "bench", *TINY, "--out", str(tmp_path / "r.json"), *extra])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert needle in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -129,6 +136,23 @@ def test_fast_kernels_equal_the_reference() -> None:
     finally:
         FK._GROUPED.clear()
         FK._GROUPED.update(saved)
+
+
+def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicted() -> None:
+    from tpplan.bench.plan_bench import BenchConfig, extrapolate_ttft, resolved_workload
+    from tpplan.report.bench_results import CollectiveResult, OpResult
+
+    cfg = BenchConfig(model="kimi-k3", plans=("baseline",), workload="seed-c8", target_topology="h200x8-ib400",
+                      target_nodes=4)  # fmt: skip
+    sl = build_slice("kimi-k3", None, 64)
+    wl = resolved_workload(cfg)
+    same = extrapolate_ttft(cfg, wl, sl, "baseline", [], [])
+    assert same.mean_s == pytest.approx(same.predicted_mean_s, rel=1e-9) and "TP32" in same.topology
+    # the slice's collectives measured twice as slow as predicted: only the communication scales
+    coll = CollectiveResult(kind="all_reduce", shape=[8, 8], bytes=128, group_size=2, measured_s=2.0, predicted_s=1.0)
+    op = OpResult(layer_kind="kda+moe", op="q_proj", category="gemm", tokens=8, measured_s=1.0, predicted_s=1.0)
+    slower = extrapolate_ttft(cfg, wl, sl, "baseline", [op], [coll])
+    assert same.mean_s < slower.mean_s < 2 * same.mean_s
 
 
 def test_outputs_are_one_file_per_plan_and_written_all_or_nothing(tmp_path: Path) -> None:
