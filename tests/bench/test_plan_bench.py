@@ -67,6 +67,11 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
     text = md.read_text()
     for needle in ("## baseline", "### Collectives", "### Ops by category", "## Summary", "## Targets", "TTFT"):
         assert needle in text
+    # the tables and targets again from the files alone (no rerun)
+    again = tmp_path / "again.md"
+    proc = _cli(["--md", str(again), *(x for p in plans for x in ("--from", str(paths[p])))], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "## Targets" in again.read_text() and "collectives in the plan's run vs direct" in again.read_text()
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ import typer
 
 
 def bench(
-    out: Annotated[Path, typer.Option("--out", "-o", help="results JSON (several plans: <stem>-<plan>.json)")],
-    plan: Annotated[list[str], typer.Option("--plan", "-p", help="plan to run (repeatable)")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="results JSON (several plans: <stem>-<plan>.json)")
+    ] = None,
+    plan: Annotated[list[str] | None, typer.Option("--plan", "-p", help="plan to run (repeatable)")] = None,
     model: Annotated[str, typer.Option("--model", "-m", help="preset name or config.json")] = "kimi-k3",
     workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "seed-c8",
     topology: Annotated[
@@ -45,6 +47,10 @@ def bench(
         Path | None, typer.Option("--anchor", help="NCCL probe JSON to compare with (h200x2_nccl_probe.json)")
     ] = None,
     check: Annotated[bool, typer.Option("--check", help="print the targets; exit 1 if one fails")] = False,
+    from_files: Annotated[
+        list[Path] | None,
+        typer.Option("--from", help="results JSON written earlier: redo the markdown/checks, run nothing"),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
@@ -66,36 +72,45 @@ def bench(
         run_bench,
         write_atomic,
     )
+    from tpplan.bench.plan_bench import from_files as load_previous
     from tpplan.errors import TpplanError
 
-    for p in [out] + ([md] if md else []):
-        if not p.parent.is_dir():
-            raise TpplanError(f"{p}", f"directory {p.parent} does not exist", "create it first")
     if anchor is not None and not anchor.is_file():
         raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
-    if nproc is None:
-        import torch
+    for p in ([out] if out else []) + ([md] if md else []):
+        if not p.parent.is_dir():
+            raise TpplanError(f"{p}", f"directory {p.parent} does not exist", "create it first")
+    files: dict[Path, str] = {}
+    if from_files:
+        benches = load_previous(from_files)
+        paths = {b.plan: f for b, f in zip(benches, from_files, strict=True)}
+    else:
+        if out is None or not plan:
+            raise TpplanError("--out/--plan", "a run needs both", "pass --plan NAME ... --out FILE (or --from FILES)")
+        if nproc is None:
+            import torch
 
-        nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
-    cfg = BenchConfig(
-        model=model, plans=tuple(plan), workload=workload, topology=topology, layers=layers, experts=experts,
-        tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
-        backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
-        target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
-        command="tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-    )  # fmt: skip
-    err = Console(stderr=True)
-    try:
-        benches = run_bench(cfg)
-    except BenchFailed as exc:
-        err.print(f"[bold red]bench failed:[/] {escape(str(exc))}. Nothing was written.", highlight=False,
-                  soft_wrap=True)  # fmt: skip
-        raise SystemExit(1) from None
-    if benches is None:
-        return  # a non-zero torchrun rank
-    paths = output_paths(out, [b.plan for b in benches])
-    files = {paths[b.plan]: results_json(b.results) for b in benches}
-    text = markdown(cfg, benches, paths)
+            nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
+        cfg = BenchConfig(
+            model=model, plans=tuple(plan), workload=workload, topology=topology, layers=layers, experts=experts,
+            tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
+            backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
+            target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
+            command="tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        )  # fmt: skip
+        try:
+            ran = run_bench(cfg)
+        except BenchFailed as exc:
+            Console(stderr=True).print(
+                f"[bold red]bench failed:[/] {escape(str(exc))}. Nothing was written.", highlight=False, soft_wrap=True
+            )
+            raise SystemExit(1) from None
+        if ran is None:
+            return  # a non-zero torchrun rank
+        benches = ran
+        paths = output_paths(out, [b.plan for b in benches])
+        files = {paths[b.plan]: results_json(b.results) for b in benches}
+    text = markdown(benches, paths)
     if anchor is not None:
         text += "\n".join(anchor_rows(benches, anchor)) + "\n"
     if md is not None:
@@ -105,11 +120,10 @@ def bench(
     for f in files:
         console.print(f"wrote {f}", highlight=False)
     if check or md is None:
-        summary = text[text.index("## Summary") :]
-        console.print(summary, highlight=False, markup=False)
+        console.print(text[text.index("## Summary") :], highlight=False, markup=False)
     if check and not checks_ok(benches):
         failed = [c.name for c in checks(benches) if c.ok is False]
-        err.print(f"targets not met: {', '.join(failed)}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"targets not met: {', '.join(failed)}", highlight=False, soft_wrap=True)
         raise SystemExit(1)
 
 
