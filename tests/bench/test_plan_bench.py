@@ -162,6 +162,37 @@ def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicte
     assert same.mean_s < slower.mean_s < 2 * same.mean_s
 
 
+@pytest.mark.parametrize(("t", "decay"), [(70, 0.1), (130, 3.0), (64, 8.0), (5, 1.0)])
+def test_batched_delta_rule_equals_the_reference_chunk_loop(t: int, decay: float) -> None:
+    """Strong decay (cumulative log-decay -500 in a chunk) included: no exponent overflows."""
+    g = torch.Generator().manual_seed(t)
+    h, dk, dv = 2, 16, 8
+    q, v = torch.randn(t, h, dk, generator=g), torch.randn(t, h, dv, generator=g)
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g), dim=-1)
+    gk, beta, s0 = -torch.rand(t, h, dk, generator=g) * decay, torch.rand(t, h, generator=g), torch.randn(h, dk, dv)
+    for gate in (gk, gk[..., 0]):  # per key channel (KDA) and per head (Gated DeltaNet)
+        ref_o, ref_s = K.chunk_gated_delta_rule(q, k, v, gate, beta, s0)
+        got_o, got_s = FK.chunked_delta_rule(q, k, v, gate, beta, s0)
+        assert torch.allclose(got_o, ref_o, atol=1e-5 * float(ref_o.abs().max()))
+        assert torch.allclose(got_s, ref_s, atol=1e-5 * float(ref_s.abs().max()))
+
+
+def test_tiny_k3_forward_with_the_fast_kernels_equals_the_reference() -> None:
+    """The swapped kernels inside the whole model (MLA with a KV cache, KDA with carried state, MoE)."""
+    from tpplan.models.graph import build_model_graph
+    from tpplan.runtime.executor import numerics_for, run_reference
+    from tpplan.runtime.weights import random_weights
+
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    nu = numerics_for(graph)
+    w = random_weights(graph, nu, seed=3)
+    ids = torch.randint(0, graph.spec.vocab, (12,), generator=torch.Generator().manual_seed(3))
+    ref = run_reference(graph, w, ids, chunk=5, numerics=nu)
+    with FK.installed():
+        got = run_reference(graph, w, ids, chunk=5, numerics=nu)
+    assert torch.allclose(got, ref, atol=1e-4 * float(ref.abs().max()))
+
+
 def test_outputs_are_one_file_per_plan_and_written_all_or_nothing(tmp_path: Path) -> None:
     assert output_paths(tmp_path / "r.json", ["baseline"]) == {"baseline": tmp_path / "r.json"}
     assert output_paths(tmp_path / "r.json", ["a", "b+ep2"])["b+ep2"] == tmp_path / "r-b_ep2.json"

@@ -14,8 +14,11 @@ benchmark, with the same semantics (tests compare them on CPU):
 - `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop where it is unavailable), fp32 combine as the reference does.
 
-The KDA / Gated DeltaNet recurrence keeps the reference chunked kernel (no fla kernels on the
-GPU host): its measured time is that kernel's, which the report states next to the prediction.
+- `chunk_gated_delta_rule` (KDA, Gated DeltaNet) -> `chunked_delta_rule`: the same chunked WY
+  algorithm with everything that does not depend on the carried state batched over all chunks
+  (the reference loops over chunks and builds a [heads, C, C, dk] decay tensor per chunk). Still
+  plain torch, not fla's fused Triton kernels (not installed on the GPU host), so the recurrence
+  is expected to be slower than the cost model's fla-class estimate.
 """
 
 from __future__ import annotations
@@ -95,6 +98,75 @@ def grouped_gemm_used() -> dict[str, bool]:
     return dict(_GROUPED)
 
 
+def chunked_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None, chunk_size: int = 64,
+    sub: int = 16,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Same contract and math as `kernels.chunk_gated_delta_rule`, with the work that does not depend on
+    the carried state done for every chunk at once (as fla's kernels split it):
+
+    - within each chunk, A = k k^T and M = q k^T weighted by e^(G_t - G_s) per key channel: across
+      sub-chunks as two factors each <= 1 (e^(G_t - G_r) and e^(G_r - G_s) with r between them),
+      inside a sub-chunk by the explicit [B, B, dk] decay, so no exponent is ever positive;
+    - the unit lower-triangular solves for the written values, split as U = W_v - W_k S0;
+    - only U and the state update run chunk after chunk (two batched GEMMs each), the outputs
+      Q e^G S0 + M U again for all chunks at once. Zero padding to whole chunks changes nothing.
+    """
+    t, h, dk = k.shape
+    dv = v.shape[-1]
+    c = chunk_size
+    n = -(-t // c)
+    pad = n * c - t
+    g = g.float() if g.dim() == 3 else g.float()[..., None].expand(t, h, dk)
+
+    def blocks(x: Tensor) -> Tensor:  # [T, H, d] -> [H, N, C, d] (zero-padded)
+        x = x.float()
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+        return x.reshape(n, c, h, -1).permute(2, 0, 1, 3)
+
+    qb, kb, vb, gb = blocks(q), blocks(k), blocks(v), blocks(g)
+    bb = blocks(beta.float()[..., None])[..., 0]  # [H, N, C]
+    G = gb.cumsum(2)
+    A = kb.new_zeros(h, n, c, c)
+    M = kb.new_zeros(h, n, c, c)
+    for i in range(0, c, sub):
+        j = i + sub
+        gi = G[:, :, i:j]  # [H,N,B,dk]
+        if i:
+            ref = G[:, :, i - 1 : i]  # last position before this sub-chunk: s <= ref < t
+            left_k = kb[:, :, i:j] * (gi - ref).exp()
+            left_q = qb[:, :, i:j] * (gi - ref).exp()
+            right = kb[:, :, :i] * (ref - G[:, :, :i]).exp()
+            A[:, :, i:j, :i] = left_k @ right.transpose(-1, -2)
+            M[:, :, i:j, :i] = left_q @ right.transpose(-1, -2)
+        diff = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [H,N,B,B,dk]
+        low = torch.ones(sub, sub, dtype=torch.bool, device=k.device).tril()
+        decay = diff.masked_fill(~low[:, :, None], float("-inf")).exp()
+        kk = kb[:, :, i:j]
+        A[:, :, i:j, i:j] = torch.einsum("hntc,hnsc,hntsc->hnts", kk, kk, decay)
+        M[:, :, i:j, i:j] = torch.einsum("hntc,hnsc,hntsc->hnts", qb[:, :, i:j], kk, decay)
+    eye = torch.eye(c, device=k.device)
+    lmat = (bb[..., None] * A).tril(-1) + eye
+    eg = G.exp()
+    wv = torch.linalg.solve_triangular(lmat, bb[..., None] * vb, upper=False, unitriangular=True)
+    wk = torch.linalg.solve_triangular(lmat, bb[..., None] * kb * eg, upper=False, unitriangular=True)
+    glast = G[:, :, -1:]  # [H,N,1,dk]
+    kd = kb * (glast - G).exp()  # [H,N,C,dk]
+    dlast = glast[:, :, 0].exp()  # [H,N,dk]
+    s = k.new_zeros(h, dk, dv, dtype=torch.float32) if state is None else state.float().clone()
+    hist = kb.new_empty(h, n, dk, dv)
+    u = kb.new_empty(h, n, c, dv)
+    for b in range(n):
+        hist[:, b] = s
+        ub = torch.baddbmm(wv[:, b], wk[:, b], s, alpha=-1)
+        u[:, b] = ub
+        s = torch.baddbmm(s * dlast[:, b, :, None], kd[:, b].transpose(1, 2), ub)
+    o = (qb * eg) @ hist + M @ u  # [H,N,C,dv]
+    out = o.permute(1, 2, 0, 3).reshape(n * c, h, dv)[:t]
+    return out, s
+
+
 @contextmanager
 def installed(enabled: bool = True) -> Iterator[None]:
     """Swap the fast kernels into `tpplan.runtime.kernels` (which the executor and the plan runner
@@ -102,12 +174,20 @@ def installed(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    saved = (K.causal_attention, K.routed_experts)
+    saved = (K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule)
     K.causal_attention, K.routed_experts = sdpa_causal_attention, grouped_routed_experts  # type: ignore[assignment]
+    K.chunk_gated_delta_rule = chunked_delta_rule  # type: ignore[assignment]
     try:
         yield
     finally:
-        K.causal_attention, K.routed_experts = saved  # type: ignore[assignment]
+        K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule = saved  # type: ignore[assignment]
 
 
-__all__ = ["expert_ffn", "grouped_gemm_used", "grouped_routed_experts", "installed", "sdpa_causal_attention"]
+__all__ = [
+    "chunked_delta_rule",
+    "expert_ffn",
+    "grouped_gemm_used",
+    "grouped_routed_experts",
+    "installed",
+    "sdpa_causal_attention",
+]
