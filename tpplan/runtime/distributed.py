@@ -250,10 +250,7 @@ class PlanRunner:
         # Partial sums that may be all-reduced in their own storage: no op reads them as P and no
         # other conversion starts from them.
         read_as_partial = {
-            v
-            for d in res.decisions
-            for v, got, need in zip(d.op.inputs, d.inputs_received, d.strategy.inputs, strict=True)
-            if P in (got, need)
+            v for d in res.decisions for v, need in zip(d.op.inputs, d.strategy.inputs, strict=True) if need is P
         }
         self._reduce_inplace = {
             v for (v, dst) in named if dst is R and v not in read_as_partial and (v, S_TOK) not in named
