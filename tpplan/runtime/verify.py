@@ -42,6 +42,7 @@ class VerifyCase:
     force: bool = False
     weights: str | None = None  # safetensors folder; None: random init from `seed`
     plan_obj: Plan | None = None  # a custom plan (e.g. EP) instead of the named one
+    tolerance: float | None = None  # None: TOLERANCE[dtype]; real widths on GPU need more (docs/runtime.md)
 
     @property
     def label(self) -> str:
@@ -73,6 +74,8 @@ class CaseResult:
 
     @property
     def tolerance(self) -> float:
+        if self.case.tolerance is not None:
+            return self.case.tolerance
         return TOLERANCE[dtype_name(self.case.dtype)]
 
     @property
