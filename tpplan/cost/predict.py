@@ -39,7 +39,10 @@ from tpplan.plans.plan import Plan
 
 # Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
 ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
-RECURRENCE_EFFICIENCY = 0.25  # chunked gated delta-rule kernels (fla-style), not measured
+# Chunked gated delta rule: fla_core 0.6.0 `chunk_kda` on one H200 (bf16, 48 heads x 128, 8192 tokens in
+# two chunks with carried state) took 4.16 ms for 51.5 GFLOP of the graph's count, 1.25% of the dense peak
+# (docs/benchmarks/h200x2-2026-11-30/fla-kda-check.json). The 0.25 assumed before was 20x too fast.
+RECURRENCE_EFFICIENCY = 0.0125
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
 EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
 STATE_BYTES = 4  # KDA/GDN recurrent state is kept in fp32 (conv state in the activation dtype)
