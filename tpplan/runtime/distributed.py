@@ -11,8 +11,21 @@ Public entry points (a benchmark can build on these):
   the fallbacks. `runner.forward_chunk(ids, observe=fn)` runs one chunk and calls
   `fn(layer, env)` after every layer with the rank's local values.
 - `make_comm(rank, n)`: the traced collectives (`tpplan.runtime.trace.Comm`) on the default group.
-- `full_value(comm, held, value, tokens)`: untraced gather of a local value to its full
+- `full_value(comm, held, value_heads, tokens)`: untraced gather of a local value to its full
   [T, W] (verification only).
+- Around it: `tpplan.runtime.verify.verify_cases` (reference vs sharded, trace vs prediction,
+  many cases per process group), `tpplan.runtime.run.run_plan` (time a prefill, slowest rank),
+  `tpplan.layout.schedule.predict_schedule` (the calls a batch will make, torch-free), and
+  `tpplan.bench._dist.run_group` (spawned or torchrun group, names the rank that failed first).
+
+Minimal use on an initialised process group (one process per rank):
+
+    from tpplan.runtime.distributed import PlanRunner, make_comm
+    from tpplan.runtime.shard import DictSource
+    runner = PlanRunner(graph, plan, world, rank, DictSource(full_state_dict),
+                        comm=make_comm(rank, world), device=device, dtype=torch.bfloat16)
+    finals = runner.prefill(token_ids, chunk=8192)   # one Held per chunk
+    runner.tracer.calls                              # CollectiveCall list; runner.reset() between runs
 
 How it runs: every rank gets all token ids of the chunk (as an engine's TP ranks do), embeds
 with its vocab rows (a partial sum), then walks each layer's graph. For every op it takes the
