@@ -268,3 +268,43 @@ def test_cli_bad_inputs_exit_2(args, needle):
 def test_search_imports_no_torch():
     code = "import sys, tpplan.search, tpplan.commands.search; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_predict_objective_scores_equal_predict_plan():
+    """The search's score is predict's forward time, or with a workload its mean TTFT."""
+    from tpplan.cost.predict import predict_plan
+    from tpplan.cost.workload import load_workload
+
+    graph = graph_of("tiny-kimi-k3")
+    topo = load_topology("h200x8-ib400").with_nodes(1)
+    for wl in (None, load_workload("seed-c8")):
+        obj = PredictObjective(graph, topo, 4, workload=wl, tokens=4096)
+        res = search(graph, 4, obj, top=4, per_family=True)
+        for c in res.candidates:
+            pr = predict_plan(graph, c.plan, topo, tp=4, workload=wl, tokens=4096)
+            want = pr.ttft.mean_s if wl is not None else pr.forward_s
+            assert close(c.score, want), (c.plan.name, c.score, want)
+
+
+def test_report_names_found_plans_and_matches_named():
+    from tpplan.search import search_report
+
+    data = search_report("tiny-llama", None, tp=2, objective="volume", top=20, all_plans=True)
+    assert data["baseline"]["same_as_named"] == "baseline"
+    found = [p for p in data["plans"] if p["found_by"] == "search"]
+    assert found and all(p["name"].split("+")[0] in ("scattered", "replicated") for p in found)
+    assert all(p["summary"] and p["title"] for p in found)
+    # named plans are leaves of the space: the search's baseline and sequence-parallel leaves
+    # behave exactly like the named plans (which is how the report recognises them)
+    from tpplan.search import _named_behaviours, behaviour
+
+    graph = graph_of("tiny-llama")
+    named = _named_behaviours(graph, 2, "bf16")
+    assert set(named.values()) >= {"baseline", "sequence-parallel"}
+    found = set()
+    for g in global_choices(graph, 2):
+        for cfg, _ in enumerate_kind(graph.kinds["gqa+dense"], g, 2):
+            name = named.get(behaviour(audit_plan(graph, make_search_plan(g, [cfg]), 2)))
+            if name:
+                found.add(name)
+    assert found >= {"baseline", "sequence-parallel"}

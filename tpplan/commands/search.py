@@ -97,7 +97,9 @@ def _print(data: dict) -> None:
         else:
             score = f"{p['score']:,.0f}"
         mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
-        found = f"= {p['same_as_named']}" if p.get("same_as_named") else p["found_by"]
+        gpu = data.get("gpu_memory_bytes")
+        over_gpu = gpu is not None and mem > gpu
+        found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
         t.add_row(
             rank,
             p["name"],
@@ -106,7 +108,7 @@ def _print(data: dict) -> None:
             _pct(p.get("delta_vs_baseline_pct")),
             f"{p['comm_bytes_per_token_per_rank']:,.0f}",
             _pct(p.get("comm_delta_vs_baseline_pct")),
-            _fmt_bytes(mem),
+            _fmt_bytes(mem) + (" [red]> GPU[/]" if over_gpu else ""),
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         )
 
@@ -114,6 +116,13 @@ def _print(data: dict) -> None:
     for p in data["plans"]:
         row(p, str(p["rank"]))
     console.print(t)
+    gpu = data.get("gpu_memory_bytes")
+    if gpu is not None and data["memory_cap_bytes"] is None:
+        console.print(
+            f"(> GPU: more than the {_fmt_bytes(gpu)} of one GPU; pass --memory-cap to exclude such plans, "
+            "or a smaller --expert-dtype.)",
+            markup=False,
+        )
     ex = data["excluded_over_cap"]
     if data["memory_cap_bytes"] is not None:
         lines = [

@@ -96,9 +96,9 @@ class _Traced(Comm):
     def _hook(self, kind: str) -> None:
         maybe_fault(self.rank, kind)
 
-    def all_reduce(self, x: Tensor, value: str, planned: bool = True) -> Tensor:
+    def all_reduce(self, x: Tensor, value: str, planned: bool = True, inplace: bool = False) -> Tensor:
         self._hook("all_reduce")
-        return super().all_reduce(x, value, planned)
+        return super().all_reduce(x, value, planned, inplace)
 
     def reduce_scatter(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
         self._hook("reduce_scatter")
@@ -261,6 +261,17 @@ class PlanRunner:
         named = {(c.value, c.dst): c for c in res.comms if not c.internal}
         done: dict[tuple[str, Placement], Held] = {}
         self._planned = planned
+        # Partial sums that may be all-reduced in their own storage: no op reads them as P and no
+        # other conversion starts from them.
+        read_as_partial = {
+            v
+            for d in res.decisions
+            for v, got, need in zip(d.op.inputs, d.inputs_received, d.strategy.inputs, strict=True)
+            if P in (got, need)
+        }
+        self._reduce_inplace = {
+            v for (v, dst) in named if dst is R and v not in read_as_partial and (v, S_TOK) not in named
+        }
         for op, dec in zip(lg.ops, res.decisions, strict=True):
             w = shard.ops[(i, op.name)]
             if self._seed_variant(op, dec, env, planned):
@@ -320,7 +331,7 @@ class PlanRunner:
         elif key in named:
             c, ok = self.comm, key in self._planned
             if src is P and dst is R:
-                out = Held(c.all_reduce(x, v, planned=ok), R)
+                out = Held(c.all_reduce(x, v, planned=ok, inplace=v in self._reduce_inplace), R)
             elif src is P and dst is S_TOK:
                 out = Held(c.reduce_scatter(x, v, tokens, planned=ok), S_TOK)
             elif src is S_TOK and dst is R:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tpplan.runtime import fast_kernels as _fast  # GPU fast paths: one-line hooks marked `# fast:`
+
 # ----------------------------------------------------------------------------------------------
 # Elementwise and token-local ops
 
@@ -28,6 +30,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
     """RMSNorm over the last dim; `offset=1` gives Qwen3-Next's zero-centred `(1 + w)` scale."""
+    if _fast.use(x, "rms_norm"):  # fast:
+        return _fast.rms_norm(x, weight, eps, offset)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return ((offset + weight.float()) * y).to(x.dtype)
@@ -37,6 +41,8 @@ def head_rms_norm(
     x: Tensor, weight: Tensor, eps: float, head_dim: int, gate: Tensor | None = None, gate_fn: str = "sigmoid"
 ) -> Tensor:
     """RMSNorm within each head of `x` [T, n*head_dim], optionally times act(gate) (KDA / GDN output norm)."""
+    if _fast.use(x, "head_rms_norm"):  # fast:
+        return _fast.head_rms_norm(x, weight, eps, head_dim, gate, gate_fn)
     t = x.shape[0]
     xf = x.float().reshape(t, -1, head_dim)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
@@ -158,6 +164,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions."""
+    if _fast.use(q, "causal_attention"):  # fast:
+        return _fast.causal_attention(q, k, v, scale)
     t, s = q.shape[0], k.shape[0]
     scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
     qpos = torch.arange(s - t, s, device=q.device)[:, None]
@@ -259,6 +267,8 @@ def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None
 
     `state["conv"]` keeps the last K-1 input rows so the next chunk sees its left context.
     """
+    if _fast.use(x, "short_conv"):  # fast:
+        return _fast.short_conv(x, weight, state, activation)
     w = weight.reshape(weight.shape[0], -1)
     kernel = w.shape[1]
     prev = state.get("conv") if state is not None else None
@@ -346,6 +356,8 @@ def kda(
 ) -> Tensor:
     """Kimi Delta Attention on post-conv q/k/v [T, n*d]: per-channel forget gate
     g = -exp(A_log) * softplus(f + dt_bias), beta = sigmoid, L2-normalised q/k, q scaled by d^-1/2."""
+    if _fast.use(q, "kda"):  # fast:
+        return _fast.kda(**locals())  # locals() here are exactly the arguments
     t = q.shape[0]
     qh, kh, vh = (x.float().reshape(t, -1, head_dim) for x in (q, k, v))
     n = qh.shape[1]
@@ -378,6 +390,8 @@ def gdn(
     """Gated DeltaNet (Qwen3-Next) from the raw projections, laid out per key-head group:
     qkvz [T, g*(2dk + 2r*dv)] and ba [T, g*2r] with r = v heads per key head. Conv over
     cat(q, k, v), scalar decay per v head, v-head h reads key head h // r, gated (SiLU) RMSNorm."""
+    if _fast.use(qkvz, "gdn"):  # fast:
+        return _fast.gdn(**locals())  # locals() here are exactly the arguments
     t = qkvz.shape[0]
     r, dk, dv = v_per_k, k_head_dim, v_head_dim
     grp = qkvz.reshape(t, -1, 2 * dk + 2 * r * dv)
@@ -464,6 +478,8 @@ def attn_res(prefix: Tensor, bank: Tensor, proj: Tensor, score_norm: Tensor, eps
     score_j = (score_norm * proj) . (row_j / rms(row_j)), softmax over rows, weighted sum of the raw
     rows (fp32). The caller applies the output RMSNorm; token-local, so any token slice works.
     """
+    if _fast.use(prefix, "attn_res"):  # fast:
+        return _fast.attn_res(prefix, bank, proj, score_norm, eps)
     rows = torch.cat([bank.float(), prefix.float()[:, None, :]], dim=1)
     k = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + eps)
     w = score_norm.float() * proj.float().reshape(-1)

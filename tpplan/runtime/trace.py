@@ -70,11 +70,12 @@ class Comm:
 
     # -- traced, uniform ---------------------------------------------------------------------
 
-    def all_reduce(self, x: Tensor, value: str, planned: bool = True) -> Tensor:
-        """P -> R."""
+    def all_reduce(self, x: Tensor, value: str, planned: bool = True, inplace: bool = False) -> Tensor:
+        """P -> R. `inplace` reduces x's own storage: the caller promises nothing reads the partial
+        sum afterwards (a copy of a [8192, 7168] bf16 tensor added 13% to the all-reduce on 2xH200)."""
         if self.n == 1:
             return x
-        y = x.contiguous().clone()
+        y = x if inplace and x.is_contiguous() else x.contiguous().clone()
         self.tracer.record("all_reduce", value, y, planned=planned)
         dist.all_reduce(y, group=self.group)
         return y

@@ -287,6 +287,12 @@ def _worker(rank: int, world: int, device: Any, cases: list[VerifyCase]) -> list
 
     if device.type == "cpu":
         torch.set_num_threads(1)  # N ranks share the cores; intra-op threads only contend
+    else:
+        # fp32 means fp32: TF32 (cuDNN convolutions default to it) would add ~1e-3 relative noise
+        # to both runs and hide a real difference below it.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
     return [run_case(c, rank, world, device) for c in cases]
 
 

@@ -1,0 +1,204 @@
+"""`tpplan bench` on CPU with gloo, 2 spawned ranks, tiny-kimi-k3 at tiny sizes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tpplan.bench import fast_kernels as FK  # noqa: E402
+from tpplan.bench.model_slice import build_slice, experts_that_fit, parse_layers  # noqa: E402
+from tpplan.bench.plan_bench import output_paths, write_atomic  # noqa: E402
+from tpplan.errors import TpplanError  # noqa: E402
+from tpplan.layout.schedule import predict_schedule  # noqa: E402
+from tpplan.models.config import load_model  # noqa: E402
+from tpplan.plans.named import make_plan  # noqa: E402
+from tpplan.report.bench_results import load_bench_results  # noqa: E402
+from tpplan.runtime import kernels as K  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--model", "tiny-kimi-k3", "--backend", "gloo", "--nproc", "2", "--tokens", "8", "--chunk", "4",
+        "--requests", "1", "--iters", "1", "--warmup", "1", "--direct-iters", "1", "--no-progress"]  # fmt: skip
+DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 180):
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "tpplan", "bench", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)  # fmt: skip
+
+
+def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_ones(tmp_path: Path) -> None:
+    out, md = tmp_path / "r.json", tmp_path / "t.md"
+    plans = ["baseline", "latent-scattered", "sp-moe"]
+    args = [*TINY, "--out", str(out), "--md", str(md), "--target-topology", "h200x2"]
+    for p in plans:
+        args += ["--plan", p]
+    proc = _cli(args)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    paths = output_paths(out, plans)
+    sl = build_slice("tiny-kimi-k3")
+    for name in plans:
+        res = load_bench_results(paths[name])  # the report's own parser
+        assert (res.plan, res.tp, res.model_slice.layer_kinds) == (name, 2, {"kda+moe": 2, "mla+moe": 2})
+        assert res.meta.command.startswith("tpplan bench") and res.meta.gpus == 2
+        assert len(res.batches) == 2 and [b.tokens for b in res.batches] == [4, 4]
+        assert all(b.predicted_s for b in res.batches) and all(x.predicted_s for x in res.layers)
+        assert {o.layer_kind for o in res.ops} == {"kda+moe", "mla+moe"} and len(res.ops) > 40
+        assert res.ttft and res.ttft[0].mean_s > 0 and "TP2" in res.ttft[0].topology
+        assert all(c.direct_s and c.predicted_s and c.group_size == 2 for c in res.collectives)
+        # every collective the run issued is one the plan's predicted schedule names, with its bytes
+        plan = make_plan(name, sl.graph, 2)
+        sched = predict_schedule(sl.graph, plan, 2, 8, chunk=4, dtype="float32", rank=0)
+        predicted = {(c.kind, c.shape, c.bytes) for s in sched for c in s.calls if ":" not in c.value}
+        got = {(c.kind, tuple(c.shape), c.bytes) for c in res.collectives if ":" not in c.label}
+        assert got == predicted, name
+        labels = {c.label for c in res.collectives}
+        if name == "latent-scattered":
+            assert any(lb.startswith("AG qkv_latent") for lb in labels)
+        if name == "sp-moe":  # MoE dispatch/combine all-to-alls, measured and predicted
+            assert {"A2A x_moe:dispatch", "A2A x_moe:combine"} <= {lb.split("[")[0] for lb in labels} or any(
+                "dispatch" in lb for lb in labels
+            )
+    text = md.read_text()
+    for needle in ("## baseline", "### Collectives", "### Ops by category", "## Summary", "## Targets", "TTFT"):
+        assert needle in text
+    # the tables and targets again from the files alone (no rerun)
+    again = tmp_path / "again.md"
+    proc = _cli(["--md", str(again), *(x for p in plans for x in ("--from", str(paths[p])))], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "## Targets" in again.read_text() and "collectives in the plan's run vs direct" in again.read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--plan", "no-such-plan"], "unknown plan"),
+        (["--plan", "input-scattered"], "illegal"),
+        (["--plan", "baseline", "--workload", "nope"], "no such preset"),
+        (["--plan", "baseline", "--layers", "0:99"], "outside"),
+    ],
+)
+def test_bad_inputs_exit_2_without_output(
+    tmp_path: Path, extra: list[str], needle: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process (inputs are checked before any rank starts): exit 2, the reason, no file."""
+    from tpplan import cli
+
+    monkeypatch.setattr(sys, "argv", ["tpplan", "bench", *TINY, "--out", str(tmp_path / "r.json"), *extra])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert needle in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failing_rank_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = _cli(
+        [*TINY, "--plan", "baseline", "--timeout", "60", "--out", str(out)], {"TPPLAN_BENCH_FAULT": "1:all_reduce"}
+    )
+    assert proc.returncode == 1
+    assert "rank 1" in proc.stderr and "injected fault" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- pieces, in process ------------------------------------------------------------------------
+
+
+def test_k3_default_slice_is_three_kda_and_one_mla_moe_layer_at_real_widths() -> None:
+    sl = build_slice("kimi-k3", None, 64)
+    assert sl.graph.counts() == {"kda+moe": 3, "mla+moe": 1}
+    assert sl.graph.hidden == 7168 and sl.experts == 64 and sl.top_k == 16
+    assert "3 KDA + 1 MLA" in sl.description and "64 of 896 experts" in sl.description
+    assert build_slice("kimi-k3", None, 8).top_k == 8  # top_k capped to the experts kept
+    assert experts_that_fit(sl, 2, 139 * 2**30) == 256
+    with pytest.raises(TpplanError):
+        parse_layers("a:b", load_model("kimi-k3"))
+
+
+def test_fast_kernels_equal_the_reference() -> None:
+    g = torch.Generator().manual_seed(0)
+    for t, s in ((5, 5), (3, 9)):  # first chunk, and a later chunk after cached keys
+        q, k, v = (
+            torch.randn(t, 3, 12, generator=g),
+            torch.randn(s, 3, 12, generator=g),
+            torch.randn(s, 3, 8, generator=g),
+        )
+        assert torch.allclose(K.causal_attention(q, k, v, 0.3), FK.sdpa_causal_attention(q, k, v, 0.3), atol=1e-5)
+    x = torch.randn(9, 16, generator=g)
+    r = K.route(x, torch.randn(6, 16, generator=g), top_k=2, scoring="sigmoid")
+    w = [torch.randn(6, 8, 16, generator=g), torch.randn(6, 8, 16, generator=g), torch.randn(6, 16, 8, generator=g)]
+    ref = K.routed_experts(x, r, *w)
+    assert torch.allclose(FK.grouped_routed_experts(x, r, *w), ref, atol=1e-5)
+    saved = dict(FK._GROUPED)
+    try:
+        FK._GROUPED["cpu"] = False  # the per-expert loop
+        assert torch.allclose(FK.grouped_routed_experts(x, r, *w), ref, atol=1e-5)
+    finally:
+        FK._GROUPED.clear()
+        FK._GROUPED.update(saved)
+
+
+def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicted() -> None:
+    from tpplan.bench.plan_bench import BenchConfig, extrapolate_ttft, resolved_workload
+    from tpplan.report.bench_results import CollectiveResult, OpResult
+
+    cfg = BenchConfig(model="kimi-k3", plans=("baseline",), workload="seed-c8", target_topology="h200x8-ib400",
+                      target_nodes=4)  # fmt: skip
+    sl = build_slice("kimi-k3", None, 64)
+    wl = resolved_workload(cfg)
+    same = extrapolate_ttft(cfg, wl, sl, "baseline", [], [])
+    assert same.mean_s == pytest.approx(same.predicted_mean_s, rel=1e-9) and "TP32" in same.topology
+    # the slice's collectives measured twice as slow as predicted: only the communication scales
+    coll = CollectiveResult(kind="all_reduce", shape=[8, 8], bytes=128, group_size=2, measured_s=2.0, predicted_s=1.0)
+    op = OpResult(layer_kind="kda+moe", op="q_proj", category="gemm", tokens=8, measured_s=1.0, predicted_s=1.0)
+    slower = extrapolate_ttft(cfg, wl, sl, "baseline", [op], [coll])
+    assert same.mean_s < slower.mean_s < 2 * same.mean_s
+
+
+@pytest.mark.parametrize(("t", "decay"), [(70, 0.1), (130, 3.0), (64, 8.0), (5, 1.0)])
+def test_batched_delta_rule_equals_the_reference_chunk_loop(t: int, decay: float) -> None:
+    """Strong decay (cumulative log-decay -500 in a chunk) included: no exponent overflows."""
+    g = torch.Generator().manual_seed(t)
+    h, dk, dv = 2, 16, 8
+    q, v = torch.randn(t, h, dk, generator=g), torch.randn(t, h, dv, generator=g)
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g), dim=-1)
+    gk, beta, s0 = -torch.rand(t, h, dk, generator=g) * decay, torch.rand(t, h, generator=g), torch.randn(h, dk, dv)
+    for gate in (gk, gk[..., 0]):  # per key channel (KDA) and per head (Gated DeltaNet)
+        ref_o, ref_s = K.chunk_gated_delta_rule(q, k, v, gate, beta, s0)
+        got_o, got_s = FK.chunked_delta_rule(q, k, v, gate, beta, s0)
+        assert torch.allclose(got_o, ref_o, atol=1e-5 * float(ref_o.abs().max()))
+        assert torch.allclose(got_s, ref_s, atol=1e-5 * float(ref_s.abs().max()))
+
+
+def test_tiny_k3_forward_with_the_fast_kernels_equals_the_reference() -> None:
+    """The swapped kernels inside the whole model (MLA with a KV cache, KDA with carried state, MoE)."""
+    from tpplan.models.graph import build_model_graph
+    from tpplan.runtime.executor import numerics_for, run_reference
+    from tpplan.runtime.weights import random_weights
+
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    nu = numerics_for(graph)
+    w = random_weights(graph, nu, seed=3)
+    ids = torch.randint(0, graph.spec.vocab, (12,), generator=torch.Generator().manual_seed(3))
+    ref = run_reference(graph, w, ids, chunk=5, numerics=nu)
+    with FK.installed():
+        got = run_reference(graph, w, ids, chunk=5, numerics=nu)
+    assert torch.allclose(got, ref, atol=1e-4 * float(ref.abs().max()))
+
+
+def test_outputs_are_one_file_per_plan_and_written_all_or_nothing(tmp_path: Path) -> None:
+    assert output_paths(tmp_path / "r.json", ["baseline"]) == {"baseline": tmp_path / "r.json"}
+    assert output_paths(tmp_path / "r.json", ["a", "b+ep2"])["b+ep2"] == tmp_path / "r-b_ep2.json"
+    good, bad = tmp_path / "a.json", tmp_path / "missing" / "b.json"
+    with pytest.raises(OSError):
+        write_atomic({good: "{}", bad: "{}"})
+    assert list(tmp_path.iterdir()) == []
+    write_atomic({good: json.dumps({"x": 1})})
+    assert json.loads(good.read_text()) == {"x": 1}

@@ -1,0 +1,193 @@
+"""Serving-class kernels for the benchmark, swapped in for two of the runtime's reference kernels.
+
+The runtime's kernels (`tpplan.runtime.kernels`) are written to be obviously right, not fast:
+attention materialises the [heads, T, S] fp32 score matrix (tens of GB at 8K tokens of K3), and
+the routed experts run one fp32 GEMM chain per expert with a host sync each. The cost model
+prices a FlashAttention-class kernel and bf16 grouped expert GEMMs, so timing the reference
+kernels would measure the reference, not the plan. `installed()` replaces, for the duration of a
+benchmark, with the same semantics (tests compare them on CPU):
+
+- `causal_attention` -> `torch.nn.functional.scaled_dot_product_attention` in the activation
+  dtype (flash on H100/H200), queries aligned to the end of the keys (chunked prefill). MLA's
+  value head (128) is narrower than its query/key head (192): V is zero-padded to the query
+  width so the flash backend accepts it, and the padding is sliced off.
+- `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
+  a per-expert loop where it is unavailable), fp32 combine as the reference does.
+
+- `chunk_gated_delta_rule` (KDA, Gated DeltaNet) -> `chunked_delta_rule`: the same chunked WY
+  algorithm with everything that does not depend on the carried state batched over all chunks
+  (the reference loops over chunks and builds a [heads, C, C, dk] decay tensor per chunk). Still
+  plain torch, not fla's fused Triton kernels (not installed on the GPU host), so the recurrence
+  is expected to be slower than the cost model's fla-class estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tpplan.runtime import kernels as K
+
+
+def sdpa_causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Same contract as `kernels.causal_attention`: q [T, n, d], k [S, n, d], v [S, n, dv], the T
+    queries being the last T of the S positions; returns [T, n*dv] in q's dtype."""
+    t, s, dv = q.shape[0], k.shape[0], v.shape[-1]
+    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, n, L, d]
+    pad = q.shape[-1] - dv
+    if pad > 0:
+        vh = F.pad(vh, (0, pad))
+    if t == s:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, s), scale=scale)
+    return out[0, ..., :dv].transpose(0, 1).reshape(t, -1).to(q.dtype)
+
+
+def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """Same contract as `kernels.routed_experts`: x [T, W], routing [T, E] combine weights (0 = not
+    selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype."""
+    tok, exp = torch.nonzero(routing, as_tuple=True)
+    order = torch.argsort(exp, stable=True)
+    tok, exp = tok[order], exp[order]
+    counts = torch.bincount(exp, minlength=routing.shape[1])
+    ys = expert_ffn(x[tok], counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
+    out.index_add_(0, tok, ys.float() * routing[tok, exp, None].float())
+    return out.to(x.dtype)
+
+
+_GROUPED: dict[str, bool] = {}  # device type -> torch._grouped_mm works there
+
+
+def expert_ffn(xs: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """SwiGLU expert MLP on rows sorted by expert (`counts[e]` rows for expert e).
+
+    One grouped GEMM per projection (`torch._grouped_mm`, CUTLASS on Hopper: no host sync, no
+    per-expert launch), or, where that op is missing or refuses the shapes, a loop of per-expert
+    GEMMs (one host sync for the counts)."""
+    dev = xs.device.type
+    if _GROUPED.get(dev, hasattr(torch, "_grouped_mm")):
+        try:
+            offs = counts.cumsum(0).to(torch.int32)
+            g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
+            u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs)
+            y = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+            _GROUPED[dev] = True
+            return y
+        except (RuntimeError, NotImplementedError, TypeError):
+            _GROUPED[dev] = False
+    ys = xs.new_empty(xs.shape[0], down.shape[1])
+    start = 0
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            xe = xs[start : start + c]
+            ys[start : start + c] = (F.silu(xe @ gate[e].t()) * (xe @ up[e].t())) @ down[e].t()
+            start += c
+    return ys
+
+
+def grouped_gemm_used() -> dict[str, bool]:
+    """Per device type, whether the grouped GEMM path ran (False: the per-expert loop)."""
+    return dict(_GROUPED)
+
+
+def chunked_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None, chunk_size: int = 64,
+    sub: int = 16,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Same contract and math as `kernels.chunk_gated_delta_rule`, with the work that does not depend on
+    the carried state done for every chunk at once (as fla's kernels split it):
+
+    - within each chunk, A = k k^T and M = q k^T weighted by e^(G_t - G_s) per key channel: across
+      sub-chunks as two factors each <= 1 (e^(G_t - G_r) and e^(G_r - G_s) with r between them),
+      inside a sub-chunk by the explicit [B, B, dk] decay, so no exponent is ever positive;
+    - the unit lower-triangular solves for the written values, split as U = W_v - W_k S0;
+    - only U and the state update run chunk after chunk (two batched GEMMs each), the outputs
+      Q e^G S0 + M U again for all chunks at once. Zero padding to whole chunks changes nothing.
+    """
+    t, h, dk = k.shape
+    dv = v.shape[-1]
+    c = chunk_size
+    n = -(-t // c)
+    pad = n * c - t
+    g = g.float() if g.dim() == 3 else g.float()[..., None].expand(t, h, dk)
+
+    def blocks(x: Tensor) -> Tensor:  # [T, H, d] -> [H, N, C, d] (zero-padded)
+        x = x.float()
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+        return x.reshape(n, c, h, -1).permute(2, 0, 1, 3)
+
+    qb, kb, vb, gb = blocks(q), blocks(k), blocks(v), blocks(g)
+    bb = blocks(beta.float()[..., None])[..., 0]  # [H, N, C]
+    G = gb.cumsum(2)
+    A = kb.new_zeros(h, n, c, c)
+    M = kb.new_zeros(h, n, c, c)
+    for i in range(0, c, sub):
+        j = i + sub
+        gi = G[:, :, i:j]  # [H,N,B,dk]
+        if i:
+            ref = G[:, :, i - 1 : i]  # last position before this sub-chunk: s <= ref < t
+            left_k = kb[:, :, i:j] * (gi - ref).exp()
+            left_q = qb[:, :, i:j] * (gi - ref).exp()
+            right = kb[:, :, :i] * (ref - G[:, :, :i]).exp()
+            A[:, :, i:j, :i] = left_k @ right.transpose(-1, -2)
+            M[:, :, i:j, :i] = left_q @ right.transpose(-1, -2)
+        diff = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [H,N,B,B,dk]
+        low = torch.ones(sub, sub, dtype=torch.bool, device=k.device).tril()
+        decay = diff.masked_fill(~low[:, :, None], float("-inf")).exp()
+        kk = kb[:, :, i:j]
+        A[:, :, i:j, i:j] = torch.einsum("hntc,hnsc,hntsc->hnts", kk, kk, decay)
+        M[:, :, i:j, i:j] = torch.einsum("hntc,hnsc,hntsc->hnts", qb[:, :, i:j], kk, decay)
+    eye = torch.eye(c, device=k.device)
+    lmat = (bb[..., None] * A).tril(-1) + eye
+    eg = G.exp()
+    wv = torch.linalg.solve_triangular(lmat, bb[..., None] * vb, upper=False, unitriangular=True)
+    wk = torch.linalg.solve_triangular(lmat, bb[..., None] * kb * eg, upper=False, unitriangular=True)
+    glast = G[:, :, -1:]  # [H,N,1,dk]
+    kd = kb * (glast - G).exp()  # [H,N,C,dk]
+    dlast = glast[:, :, 0].exp()  # [H,N,dk]
+    s = k.new_zeros(h, dk, dv, dtype=torch.float32) if state is None else state.float().clone()
+    hist = kb.new_empty(h, n, dk, dv)
+    u = kb.new_empty(h, n, c, dv)
+    for b in range(n):
+        hist[:, b] = s
+        ub = torch.baddbmm(wv[:, b], wk[:, b], s, alpha=-1)
+        u[:, b] = ub
+        s = torch.baddbmm(s * dlast[:, b, :, None], kd[:, b].transpose(1, 2), ub)
+    o = (qb * eg) @ hist + M @ u  # [H,N,C,dv]
+    out = o.permute(1, 2, 0, 3).reshape(n * c, h, dv)[:t]
+    return out, s
+
+
+@contextmanager
+def installed(enabled: bool = True) -> Iterator[None]:
+    """Swap the fast kernels into `tpplan.runtime.kernels` (which the executor and the plan runner
+    call through the module), restoring the reference ones on exit."""
+    if not enabled:
+        yield
+        return
+    saved = (K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule)
+    K.causal_attention, K.routed_experts = sdpa_causal_attention, grouped_routed_experts  # type: ignore[assignment]
+    K.chunk_gated_delta_rule = chunked_delta_rule  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule = saved  # type: ignore[assignment]
+
+
+__all__ = [
+    "chunked_delta_rule",
+    "expert_ffn",
+    "grouped_gemm_used",
+    "grouped_routed_experts",
+    "installed",
+    "sdpa_causal_attention",
+]

@@ -1,0 +1,132 @@
+"""`tpplan bench`: run plans on a model slice on the local GPUs (NCCL) or CPU (gloo), measured vs predicted."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def bench(
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="results JSON (several plans: <stem>-<plan>.json)")
+    ] = None,
+    plan: Annotated[list[str] | None, typer.Option("--plan", "-p", help="plan to run (repeatable)")] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="preset name or config.json")] = "kimi-k3",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "seed-c8",
+    topology: Annotated[
+        str, typer.Option("--topology", "-t", help="topology the predictions use (a calibrated one)")
+    ] = "h200x2-calibrated",
+    layers: Annotated[
+        str | None, typer.Option("--layers", help="layers to run: auto, START:STOP or 0-based list (e.g. 1,2,3,4)")
+    ] = None,
+    experts: Annotated[
+        int | None, typer.Option("--experts", help="routed experts kept per MoE layer (default: as many as fit)")
+    ] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", help="override the workload's prompt length")] = None,
+    chunk: Annotated[int | None, typer.Option("--chunk", help="override the workload's chunk size")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", help="override the workload's request count")] = None,
+    iters: Annotated[int, typer.Option("--iters", help="timed passes over the workload's batches")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", help="untimed batches first")] = 2,
+    direct_iters: Annotated[int, typer.Option("--direct-iters", help="calls per collective replay")] = 20,
+    backend: Annotated[str, typer.Option("--backend", help="nccl, gloo or auto")] = "auto",
+    nproc: Annotated[int | None, typer.Option("--nproc", help="ranks (default: GPUs, or 2 on CPU)")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 (NCCL default), fp16, fp32 (gloo default)")] = None,
+    kernels: Annotated[str, typer.Option("--kernels", help="fast (SDPA attention, bf16 experts) or reference")] = (
+        "fast"
+    ),
+    target_topology: Annotated[
+        str | None, typer.Option("--target-topology", help="extrapolate the whole model's TTFT to this topology")
+    ] = None,
+    target_nodes: Annotated[int | None, typer.Option("--target-nodes", help="nodes of the target topology")] = None,
+    md: Annotated[Path | None, typer.Option("--md", help="markdown table to write")] = None,
+    anchor: Annotated[
+        Path | None, typer.Option("--anchor", help="NCCL probe JSON to compare with (h200x2_nccl_probe.json)")
+    ] = None,
+    check: Annotated[bool, typer.Option("--check", help="print the targets; exit 1 if one fails")] = False,
+    from_files: Annotated[
+        list[Path] | None,
+        typer.Option("--from", help="results JSON written earlier: redo the markdown/checks, run nothing"),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Run plans on a representative model slice with real collectives; time every collective, op, layer and
+    batch against the prediction; write the bench JSON (docs/bench-json.md) and a markdown table."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from tpplan.bench._dist import BenchFailed
+    from tpplan.bench.plan_bench import (
+        BenchConfig,
+        anchor_rows,
+        checks,
+        checks_ok,
+        markdown,
+        output_paths,
+        results_json,
+        run_bench,
+        write_atomic,
+    )
+    from tpplan.bench.plan_bench import from_files as load_previous
+    from tpplan.errors import TpplanError
+
+    if anchor is not None and not anchor.is_file():
+        raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
+    for p in ([out] if out else []) + ([md] if md else []):
+        if not p.parent.is_dir():
+            raise TpplanError(f"{p}", f"directory {p.parent} does not exist", "create it first")
+    files: dict[Path, str] = {}
+    if from_files:
+        benches = load_previous(from_files)
+        paths = {b.plan: f for b, f in zip(benches, from_files, strict=True)}
+    else:
+        if out is None or not plan:
+            raise TpplanError("--out/--plan", "a run needs both", "pass --plan NAME ... --out FILE (or --from FILES)")
+        if nproc is None:
+            import torch
+
+            nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
+        cfg = BenchConfig(
+            model=model, plans=tuple(plan), workload=workload, topology=topology, layers=layers, experts=experts,
+            tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
+            backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
+            target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
+            command="tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        )  # fmt: skip
+        try:
+            ran = run_bench(cfg)
+        except BenchFailed as exc:
+            Console(stderr=True).print(
+                f"[bold red]bench failed:[/] {escape(str(exc))}. Nothing was written.", highlight=False, soft_wrap=True
+            )
+            raise SystemExit(1) from None
+        if ran is None:
+            return  # a non-zero torchrun rank
+        benches = ran
+        paths = output_paths(out, [b.plan for b in benches])
+        files = {paths[b.plan]: results_json(b.results) for b in benches}
+    text = markdown(benches, paths)
+    if anchor is not None:
+        text += "\n".join(anchor_rows(benches, anchor)) + "\n"
+    if md is not None:
+        files[md] = text
+    write_atomic(files)
+    console = Console()
+    for f in files:
+        console.print(f"wrote {f}", highlight=False)
+    if check or md is None:
+        console.print(text[text.index("## Summary") :], highlight=False, markup=False)
+    if check and not checks_ok(benches):
+        failed = [c.name for c in checks(benches) if c.ok is False]
+        Console(stderr=True).print(f"targets not met: {', '.join(failed)}", highlight=False, soft_wrap=True)
+        raise SystemExit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `bench` command to the CLI."""
+    app.command("bench")(bench)
