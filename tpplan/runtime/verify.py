@@ -245,12 +245,12 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
 
     def observe(i: int, env: dict[str, Any]) -> None:
         for name in ("resid_out", "mlp_out"):
-            local[(runner.chunk_index, i, name)] = (str(env[name].pl), env[name].t.detach().cpu())
+            local[(runner.chunk_index, i, name)] = (str(env[name].pl), env[name].t.detach().to("cpu", copy=True))
 
     layers = len(graph.layer_kinds)
     for c, held in enumerate(runner.prefill(ids, case.chunk, observe)):
         assert held.pl is not P
-        local[(c, layers, "hidden")] = (str(held.pl), held.t.detach().cpu())
+        local[(c, layers, "hidden")] = (str(held.pl), held.t.detach().to("cpu", copy=True))
     mine = (local, runner.tracer.calls, [e.chunk for e in runner.tracer.events])
     parts: list[Any] = [None] * n if rank == 0 else []
     # One untraced object gather instead of a collective per layer: verification is not part of the plan.
