@@ -49,6 +49,10 @@ def test_padding_shapes_and_fallback() -> None:
     base = predict_schedule(graph, make_plan("baseline", graph, 4), 4, 1)
     assert not base[0].fallback
     assert predict_schedule(graph, plan, 1, 7)[0].calls == []  # one rank: nothing moves
+    ep = predict_schedule(graph, make_plan("gate-aware+ep2", graph, 4), 4, 6, chunk=5)
+    assert ep[1].fallback and ep[1].plan == "ep2"  # the experts stay where they are
+    a2a = predict_schedule(graph, make_plan("sp-moe", graph, 4), 4, 6, chunk=5)
+    assert not a2a[1].fallback and a2a[1].calls[0].shape == (4, graph.hidden)  # padded: 1 real token
 
 
 def test_moe_all_to_all_rows_from_routing() -> None:

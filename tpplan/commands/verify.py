@@ -110,7 +110,7 @@ def verify(
     tokens: Annotated[int, typer.Option("--tokens", help="Prefill tokens")] = 64,
     chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size (state carried)")] = None,
     backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = Backend.auto,
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16 for the sharded run (reference: fp32)")] = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16 (both runs use it)")] = "fp32",
     seed: Annotated[int, typer.Option("--seed", help="Random weights and token ids")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Run an illegal plan anyway and show the mismatch")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,

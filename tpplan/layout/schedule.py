@@ -14,8 +14,8 @@ Conventions (those of nccl-tests, so `bytes` is the size a benchmark would use):
 - Token-sharded values are padded to T_pad = N*ceil(T/N) rows; head-sharded, replicated and
   partial values hold the true T rows.
 - A chunk with fewer tokens than ranks is not scattered: a plan that shards tokens falls back to
-  the baseline plan for that chunk (SGLang does the same), when that keeps every token mixer's
-  state layout; the schedule says so.
+  the baseline plan for that chunk (SGLang does the same), keeping its TP/EP experts, when that
+  keeps every token mixer's state layout; the schedule says so. MoE all-to-all plans only pad.
 - MoE all-to-all (plan.moe == "a2a"): per MoE layer, an all_to_all of the N send counts (int64),
   the dispatch of token rows (activation dtype) and of their routing weights for the
   destination's E/N experts (float32), and the combine of expert outputs. Only real (not padding)
@@ -146,11 +146,26 @@ def layer_results(graph: ModelGraph, plan: Plan, n: int) -> list[LayerResult]:
     return hit[1]
 
 
+def fallback_plan(plan: Plan) -> Plan | None:
+    """The plan a chunk too small to scatter runs instead: the baseline with `plan`'s experts where
+    they stay (TP or EP), so no weight moves. None for MoE all-to-all: there a rank without real
+    tokens simply dispatches nothing (as DeepEP does), so padding is enough."""
+    if plan.moe == "a2a":
+        return None
+    from tpplan.plans.named import baseline, with_ep
+
+    base = baseline()
+    return with_ep(base, plan.ep_size or 1) if plan.moe == "ep" else base
+
+
 def falls_back(graph: ModelGraph, plan: Plan, n: int, tokens: int) -> bool:
-    """True when a chunk of `tokens` runs the baseline plan instead of `plan` (too few to scatter)."""
+    """True when a chunk of `tokens` runs `fallback_plan(plan)` instead of `plan` (too few to scatter):
+    the plan shards tokens, the chunk has fewer tokens than ranks, and every token mixer keeps its
+    state layout (so KV caches and recurrent states carry over)."""
     if n <= 1 or tokens >= n or not scatters_tokens(plan):
         return False
-    return state_layouts(graph, plan, n) == state_layouts(graph, _baseline(), n)
+    fb = fallback_plan(plan)
+    return fb is not None and state_layouts(graph, plan, n) == state_layouts(graph, fb, n)
 
 
 def state_layouts(graph: ModelGraph, plan: Plan, n: int) -> list[tuple[str, str]]:
@@ -159,12 +174,6 @@ def state_layouts(graph: ModelGraph, plan: Plan, n: int) -> list[tuple[str, str]
     for res in layer_results(graph, plan, n):
         out += [(d.op.name, str(d.strategy.output)) for d in res.decisions if d.op.kind is OpKind.TOKEN_MIX]
     return out
-
-
-def _baseline() -> Plan:
-    from tpplan.plans.named import baseline
-
-    return baseline()
 
 
 def _moe_calls(
@@ -279,7 +288,8 @@ def predict_schedule(
     base: list[LayerResult] | None = None
     for c, t in enumerate(chunk_sizes(tokens, chunk)):
         fb = falls_back(graph, plan, n, t)
-        run_plan = _baseline() if fb else plan
+        run_plan = fallback_plan(plan) if fb else plan
+        assert run_plan is not None
         if fb and base is None:
             base = layer_results(graph, run_plan, n)
         layer_routes = {layer: r for (ci, layer), r in (routes or {}).items() if ci == c}
@@ -305,6 +315,7 @@ __all__ = [
     "chunk_calls",
     "chunk_sizes",
     "dtype_name",
+    "fallback_plan",
     "falls_back",
     "local_width",
     "padded_rows",

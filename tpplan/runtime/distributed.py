@@ -11,8 +11,21 @@ Public entry points (a benchmark can build on these):
   the fallbacks. `runner.forward_chunk(ids, observe=fn)` runs one chunk and calls
   `fn(layer, env)` after every layer with the rank's local values.
 - `make_comm(rank, n)`: the traced collectives (`tpplan.runtime.trace.Comm`) on the default group.
-- `full_value(comm, held, value, tokens)`: untraced gather of a local value to its full
+- `full_value(comm, held, value_heads, tokens)`: untraced gather of a local value to its full
   [T, W] (verification only).
+- Around it: `tpplan.runtime.verify.verify_cases` (reference vs sharded, trace vs prediction,
+  many cases per process group), `tpplan.runtime.run.run_plan` (time a prefill, slowest rank),
+  `tpplan.layout.schedule.predict_schedule` (the calls a batch will make, torch-free), and
+  `tpplan.bench._dist.run_group` (spawned or torchrun group, names the rank that failed first).
+
+Minimal use on an initialised process group (one process per rank):
+
+    from tpplan.runtime.distributed import PlanRunner, make_comm
+    from tpplan.runtime.shard import DictSource
+    runner = PlanRunner(graph, plan, world, rank, DictSource(full_state_dict),
+                        comm=make_comm(rank, world), device=device, dtype=torch.bfloat16)
+    finals = runner.prefill(token_ids, chunk=8192)   # one Held per chunk
+    runner.tracer.calls                              # CollectiveCall list; runner.reset() between runs
 
 How it runs: every rank gets all token ids of the chunk (as an engine's TP ranks do), embeds
 with its vocab rows (a partial sum), then walks each layer's graph. For every op it takes the
@@ -33,8 +46,8 @@ collectives run as repaired. Everything the original plan does not name is trace
 (`executor.execute_op`) on the local tensors; MoE under `moe="a2a"` dispatches each real token
 once to every rank hosting one of its experts and combines the results (all-to-all with the
 exact row counts). Token-sharded values hold ceil(T/N) rows per rank (padded); a chunk with fewer
-tokens than ranks runs the baseline plan instead (see `tpplan.layout.schedule.falls_back`), and
-the trace records the fallback.
+tokens than ranks runs the baseline plan instead, keeping its TP/EP experts (see
+`tpplan.layout.schedule.falls_back`; MoE all-to-all plans pad instead), and the trace records it.
 """
 
 from __future__ import annotations
@@ -51,9 +64,9 @@ from tpplan.bench._dist import maybe_fault
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
-from tpplan.layout.schedule import falls_back, layer_results, padded_rows, token_range
+from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
-from tpplan.plans.named import baseline, repair
+from tpplan.plans.named import repair
 from tpplan.plans.plan import Plan
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
@@ -185,7 +198,7 @@ class PlanRunner:
         if falls_back(self.graph, self.plan, self.n, t):
             plan, results, shard = self._fallback_plan()
             self.tracer.events.append(
-                TraceEvent(self.chunk_index, "fallback", f"{t} tokens < {self.n} ranks: baseline plan for this chunk")
+                TraceEvent(self.chunk_index, "fallback", f"{t} tokens < {self.n} ranks: {plan.name} for this chunk")
             )
         self.tracer.chunk = self.chunk_index
         nu = self.numerics
@@ -227,7 +240,8 @@ class PlanRunner:
 
     def _fallback_plan(self) -> tuple[Plan, list[LayerResult], ModelShard]:
         if self._fallback is None:
-            base = baseline()
+            base = fallback_plan(self.plan)
+            assert base is not None
             res = layer_results(self.graph, base, self.n)
             self._fallback = (base, res, self._shard(res, base))
         return self._fallback
