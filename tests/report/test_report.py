@@ -16,6 +16,7 @@ from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report import writer
 from tpplan.report.analysis import analyse
+from tpplan.report.bench_results import load_bench_results
 from tpplan.report.memo import build_memo
 
 FIX = Path(__file__).parent / "fixtures"
@@ -239,9 +240,10 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "kimi-k3-4x8"
+EXAMPLE_BENCH = "docs/benchmarks/h200x2-2026-11-30/k3-baseline.json"
 EXAMPLE_CMD = (
     "tpplan report --model kimi-k3 --topology h200x8-ib400 --nodes 4 --expert-dtype mxfp4 "
-    "--out docs/examples/kimi-k3-4x8"
+    f"--bench {EXAMPLE_BENCH} --out docs/examples/kimi-k3-4x8"
 )
 
 
@@ -250,7 +252,8 @@ def test_checked_in_example_is_current():
     pytest.importorskip("tpplan.cost.predict")
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, expert_dtype="mxfp4")
+    bench = load_bench_results(str(EXAMPLE.parents[2] / EXAMPLE_BENCH))
+    a = analyse("kimi-k3", topo, wls, expert_dtype="mxfp4", bench=bench)
     md = build_memo(a, EXAMPLE_CMD).markdown
     assert md == (EXAMPLE / "report.md").read_text(), f"stale example: run `{EXAMPLE_CMD}`"
     assert EXAMPLE_CMD in (EXAMPLE.parents[1] / "examples" / "README.md").read_text()
