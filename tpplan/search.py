@@ -858,6 +858,7 @@ def search(
         if gc.reduce is not R and all(not f.used_reduce for f in per_kind.values()):
             continue  # no op ever meets a partial sum outside the stream: the same plans as reduce=R
         found = _combine(graph, gc, per_kind, counts, order, objective, n, k, nbytes)
+        found = [_settle_at_cap(c, memory_cap, graph, n, objective, dtype) for c in found]
         if per_family and found:
             found.sort(key=lambda c: (c.score, c.memory))
             fits = [c for c in found if memory_cap is None or c.memory <= memory_cap]
@@ -885,6 +886,19 @@ def search(
         len(globs),
         sum(sv.walks for sv in solvers.values()),
     )
+
+
+def _settle_at_cap(c: Candidate, cap: float | None, graph: ModelGraph, n: int, obj: Objective, dtype: str) -> Candidate:
+    """A candidate whose memory is within rounding of the cap, priced as a whole plan.
+
+    The search sums memory per kind times layer count (EP fronts shifted), in another order than
+    the whole-plan sum (`plan_cost` of the audited plan, what brute force ranks by), so they differ
+    in the last bits; at the cap those bits decide whether a plan fits. A plan exactly at the cap
+    was dropped this way (found by hypothesis). Near the cap the whole plan's audited cost decides.
+    """
+    if cap is None or abs(c.memory - cap) > 1e-9 * max(1.0, abs(cap)):
+        return c
+    return replace(c, cost=plan_cost(obj, graph, audit_plan(graph, c.plan, n, dtype)))
 
 
 def _reprice(
