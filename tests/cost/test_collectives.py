@@ -37,9 +37,7 @@ def test_ring_volumes_match_design_table() -> None:
     h, lat = 7168, 2112
     big = 10**6
     ar = ring_volume_per_rank("all_reduce", h, big)
-    ideal = ring_volume_per_rank("reduce_scatter", h, big) + ring_volume_per_rank(
-        "all_gather", lat, big
-    )
+    ideal = ring_volume_per_rank("reduce_scatter", h, big) + ring_volume_per_rank("all_gather", lat, big)
     assert ar == pytest.approx(14336, rel=1e-5) and ideal == pytest.approx(9280, rel=1e-5)
     assert nccl_size("all_to_all", tw, n) == tw / n and nccl_size("all_reduce", tw, n) == tw
 

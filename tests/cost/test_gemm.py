@@ -36,9 +36,7 @@ def test_tiny_n_expert_shards_far_below_peak() -> None:
     assert achieved_tflops(256, 3584, 768, H200) < 0.15 * H200.bf16_tflops
     assert achieved_tflops(8192, 8192, 8192, H200) > 0.65 * H200.bf16_tflops
     # below the table's smallest N the time floor holds: rate scales with N
-    assert achieved_tflops(256, 3584, 96, H200) == pytest.approx(
-        achieved_tflops(256, 3584, 192, H200) / 2
-    )
+    assert achieved_tflops(256, 3584, 96, H200) == pytest.approx(achieved_tflops(256, 3584, 192, H200) / 2)
 
 
 def test_interpolation_is_monotone_between_measured_m() -> None:

@@ -24,9 +24,7 @@ def test_seed_protocol_exact_ttft(c: int) -> None:
     batches = schedule(w)
     assert len(batches) == 2 * c and all(b.n_tokens == 8192 for b in batches)
     for i, b in enumerate(batches):  # request i fills batches 2i and 2i+1, one chunk each
-        assert [(s.request_id, s.start_pos, s.n_tokens) for s in b.segments] == [
-            (i // 2, 8192 * (i % 2), 8192)
-        ]
+        assert [(s.request_id, s.start_pos, s.n_tokens) for s in b.segments] == [(i // 2, 8192 * (i % 2), 8192)]
     r = simulate_ttft(w, lambda _b: t)
     assert r.ttft_s == pytest.approx([(2 * i + 2) * t for i in range(c)])
     assert r.mean_s == pytest.approx((c + 1) * t)

@@ -32,7 +32,7 @@ def test_chunked_prefill_equals_one_shot(preset: str) -> None:
 def test_chunked_delta_rule_equals_naive(per_channel: bool, chunk: int) -> None:
     g = torch.Generator().manual_seed(0)
     t, h, dk, dv = 23, 3, 8, 5
-    q = K.l2norm(torch.randn(t, h, dk, generator=g)) * dk ** -0.5
+    q = K.l2norm(torch.randn(t, h, dk, generator=g)) * dk**-0.5
     k = K.l2norm(torch.randn(t, h, dk, generator=g))
     v = torch.randn(t, h, dv, generator=g)
     decay = -torch.rand(t, h, dk if per_channel else 1, generator=g).squeeze(-1) * 4

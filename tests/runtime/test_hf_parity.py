@@ -52,16 +52,25 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
     return model
 
 
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
-        "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 8,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.707,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 CASES = [(p, None) for p in MODELS] + [
     ("tiny-deepseek-v3", {"rope_interleave": False}),
     ("tiny-deepseek-v3", {"rope_parameters": YARN}),
 ]
 
 
-@pytest.mark.parametrize(("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "ds3-noninterleave",
-                                                           "ds3-yarn"])
+@pytest.mark.parametrize(
+    ("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "ds3-noninterleave", "ds3-yarn"]
+)
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)
     graph = build_model_graph(load_model(preset))

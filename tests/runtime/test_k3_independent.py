@@ -42,7 +42,7 @@ def rope_pairs(x: torch.Tensor, pos: int) -> torch.Tensor:
 
 def mla_block(x, W, p, n=4, nope=16, rope=8, vd=16, qr=24, kvr=16):
     t = x.shape[0]
-    q = (rms(x @ W[p + "q_a_proj.weight"].T, W[p + "q_a_layernorm.weight"], 1e-6) @ W[p + "q_b_proj.weight"].T)
+    q = rms(x @ W[p + "q_a_proj.weight"].T, W[p + "q_a_layernorm.weight"], 1e-6) @ W[p + "q_b_proj.weight"].T
     q = q.reshape(t, n, nope + rope)
     ckv = x @ W[p + "kv_a_proj_with_mqa.weight"].T
     kv = rms(ckv[:, :kvr], W[p + "kv_a_layernorm.weight"], 1e-6) @ W[p + "kv_b_proj.weight"].T
@@ -113,7 +113,7 @@ def depth_softmax(prefix, bank, proj, norm_w):
     rows = [*bank, prefix]
     scores = torch.stack([(r / torch.sqrt((r * r).mean(-1, keepdim=True) + EPS)) @ (norm_w * proj[0]) for r in rows], 1)
     p = torch.softmax(scores, 1)
-    return sum(p[:, j:j + 1] * rows[j] for j in range(len(rows)))
+    return sum(p[:, j : j + 1] * rows[j] for j in range(len(rows)))
 
 
 def k3_forward(W, ids, kinds, block=2):
@@ -121,15 +121,19 @@ def k3_forward(W, ids, kinds, block=2):
     bank: list[torch.Tensor] = []
     for i, kind in enumerate(kinds):
         L = f"model.layers.{i}."
-        h = depth_softmax(prefix, bank, W[L + "self_attention_res_proj.weight"],
-                          W[L + "self_attention_res_norm.weight"])
+        h = depth_softmax(
+            prefix, bank, W[L + "self_attention_res_proj.weight"], W[L + "self_attention_res_norm.weight"]
+        )
         if i % block == 0:
             bank, prefix = [*bank, prefix], torch.zeros_like(prefix)
         x = rms(h, W[L + "input_layernorm.weight"])
-        prefix = prefix + (mla_block(x, W, L + "self_attn.") if kind.startswith("mla")
-                           else kda_block(x, W, L + "self_attn."))
-        y = rms(depth_softmax(prefix, bank, W[L + "mlp_res_proj.weight"], W[L + "mlp_res_norm.weight"]),
-                W[L + "post_attention_layernorm.weight"])
+        prefix = prefix + (
+            mla_block(x, W, L + "self_attn.") if kind.startswith("mla") else kda_block(x, W, L + "self_attn.")
+        )
+        y = rms(
+            depth_softmax(prefix, bank, W[L + "mlp_res_proj.weight"], W[L + "mlp_res_norm.weight"]),
+            W[L + "post_attention_layernorm.weight"],
+        )
         prefix = prefix + (latent_moe(y, W, L + "mlp.") if kind.endswith("moe") else swiglu_mlp(y, W, L + "mlp."))
     out = depth_softmax(prefix, bank, W["model.output_attn_res_proj.weight"], W["model.output_attn_res_norm.weight"])
     return rms(out, W["model.norm.weight"]) @ W["lm_head.weight"].T

@@ -59,6 +59,8 @@ def test_missing_and_misshapen_tensors_are_named(tmp_path) -> None:
 
 
 def test_planner_imports_without_torch() -> None:
-    code = ("import sys; import tpplan.models.graph, tpplan.models.config; "
-            "assert 'torch' not in sys.modules, 'planner imported torch'")
+    code = (
+        "import sys; import tpplan.models.graph, tpplan.models.config; "
+        "assert 'torch' not in sys.modules, 'planner imported torch'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
