@@ -202,3 +202,25 @@ def test_outputs_are_one_file_per_plan_and_written_all_or_nothing(tmp_path: Path
     assert list(tmp_path.iterdir()) == []
     write_atomic({good: json.dumps({"x": 1})})
     assert json.loads(good.read_text()) == {"x": 1}
+
+
+GPU_RUN = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200x2-2026-11-30"
+
+
+def test_layers_calibrated_on_a_reference_plan() -> None:
+    """On the recorded 2xH200 run: against itself, the calibrated layer is exactly the measured ops
+    plus the predicted collectives; against other plans, every layer kind gets a finite error that
+    the checks report (the recorded values: within 0.5%, 2.0% and 5.3%)."""
+    from tpplan.bench.plan_bench import layers_calibrated_on
+
+    runs = {p: load_bench_results(str(GPU_RUN / f"k3-{p}.json")) for p in ("baseline", "gate-aware", "sp-moe")}
+    ref = runs["baseline"]
+    for kind, measured, pred, err in layers_calibrated_on(ref, ref):
+        layer = next(la for la in ref.layers if la.layer_kind == kind)
+        ops = [o for o in ref.ops if o.layer_kind == kind and o.tokens == layer.tokens and o.predicted_s]
+        comm = layer.predicted_s - sum(o.predicted_s for o in ops)
+        assert pred == pytest.approx(sum(o.measured_s for o in ops) + comm, rel=1e-9)
+        assert err == pytest.approx((pred - measured) / measured)
+    worst = {p: max(abs(e) for *_, e in layers_calibrated_on(ref, runs[p])) for p in ("gate-aware", "sp-moe")}
+    assert worst["gate-aware"] == pytest.approx(0.020, abs=0.002)
+    assert worst["sp-moe"] == pytest.approx(0.053, abs=0.002)

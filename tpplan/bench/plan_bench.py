@@ -1161,6 +1161,64 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
                     "over the workload's batches",
                 )
             )
+    ref = next((pb for pb in benches if pb.plan == "baseline"), None)
+    for pb in benches:
+        if ref is None or pb is ref:
+            continue
+        rows = layers_calibrated_on(ref.results, pb.results)
+        if not rows:
+            continue
+        err = max(rows, key=lambda row: abs(row[3]))[3]
+        out.append(
+            Check(
+                f"{pb.plan}: layer |error| with op speeds calibrated on baseline",
+                f"{abs(err):.1%}",
+                f"<= {TARGET_LAYER:.0%}",
+                abs(err) <= TARGET_LAYER,
+                "each op's measured/predicted ratio on the baseline run scales the same op here; "
+                + ", ".join(f"{k} {e:+.1%}" for k, _, _, e in rows),
+            )
+        )
+    return out
+
+
+def op_speed_factors(ref: BenchResults) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    """measured / predicted per (layer kind, op) on a reference plan, and per op category.
+
+    The factors say how fast the kernels that really ran are compared with the model's kernel
+    assumptions (the runtime's plain-torch norms, convs and recurrence are far slower than serving
+    kernels). Applied to another plan's predicted ops, they test what the model adds beyond
+    kernel speed: how each plan changes every op's shape and share, and its collectives.
+    """
+    per_op = {(o.layer_kind, o.op): o.measured_s / o.predicted_s for o in ref.ops if o.predicted_s}
+    sums: dict[str, list[float]] = {}
+    for o in ref.ops:
+        if o.predicted_s and o.category:
+            acc = sums.setdefault(o.category, [0.0, 0.0])
+            acc[0] += o.measured_s
+            acc[1] += o.predicted_s
+    return per_op, {c: m / p for c, (m, p) in sums.items() if p > 0}
+
+
+def layers_calibrated_on(ref: BenchResults, run: BenchResults) -> list[tuple[str, float, float, float]]:
+    """Per layer kind of `run`: (kind, measured s, predicted s with `ref`'s op speeds, relative error).
+
+    Layer prediction = sum over the layer's ops of predicted x the reference's factor for that op
+    (its category's factor for an op the reference lacks) + the layer's predicted collectives
+    (layer predicted minus its ops, unscaled: collectives are calibrated by `tpplan calibrate`).
+    """
+    per_op, per_cat = op_speed_factors(ref)
+    out = []
+    for layer in run.layers:
+        if layer.predicted_s is None:
+            continue
+        ops = [o for o in run.ops if o.layer_kind == layer.layer_kind and o.tokens == layer.tokens and o.predicted_s]
+        raw = sum(o.predicted_s or 0.0 for o in ops)
+        scaled = sum(
+            (o.predicted_s or 0.0) * per_op.get((o.layer_kind, o.op), per_cat.get(o.category or "", 1.0)) for o in ops
+        )
+        pred = scaled + max(0.0, layer.predicted_s - raw)
+        out.append((layer.layer_kind, layer.measured_s, pred, (pred - layer.measured_s) / layer.measured_s))
     return out
 
 
