@@ -121,7 +121,7 @@ def test_audit_with_topology_and_workload():
 @pytest.mark.parametrize(
     ("opt", "text", "expect"),
     [
-        ("--topology", "nodes = 2\ngpus_per_node = 0\n", "name: Field required"),
+        ("--topology", "nodes = 2\ngpus_per_node = 0\n", "required field 'name' is missing"),
         ("--topology", "name = [unclosed\n", "malformed TOML"),
         ("--workload", "input_len = 16384\nconcurrency = 0\nchunk_size = 8192\n", "concurrency"),
         ("--workload", "input_len = 1\nconcurrency = 1\nchunk_size = 8\nbogus = 1\n", "bogus"),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class TpplanError(Exception):
     """A problem with the user's input: what was wrong, why, and how to fix it.
@@ -14,3 +19,23 @@ class TpplanError(Exception):
         self.reason = reason
         self.fix = fix
         super().__init__(f"{where}: {reason}. Fix: {fix}")
+
+
+def from_validation(exc: ValidationError, where: str, fix: str) -> TpplanError:
+    """The first problem pydantic found, as a TpplanError naming the input and the field.
+
+    One wording for every validated file (model configs, topologies, workloads, bench results):
+    a missing field says so, an invalid one quotes pydantic's reason and the value it got, and the
+    count of further problems is given so nobody expects the next run to be clean.
+    """
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(root)"
+    if first["type"] == "missing":
+        reason = f"required field '{field}' is missing"
+    else:
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        reason = f"field '{field}' is invalid: {msg[:1].lower()}{msg[1:]} (got {first.get('input')!r})"
+    more = exc.error_count() - 1
+    if more:
+        reason += f"; {more} more problem(s) follow once this is fixed"
+    return TpplanError(f"{where}: {field}", reason, fix.format(field=field))

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, from_validation
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,10 +41,4 @@ def validate(model: type[M], data: dict[str, Any], where: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        raise TpplanError(f"{where}: {field}", f"{msg}{more}", f"correct field '{field}' in {where}") from None
+        raise from_validation(exc, where, "correct field '{field}' in " + where) from None

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, from_validation
 from tpplan.models.spec import (
     DenseMLPSpec,
     GDNSpec,
@@ -231,19 +231,8 @@ def _validate(schema: type[_Raw], raw: dict[str, Any], label: str) -> Any:
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(root)"
-        if first["type"] == "missing":
-            reason = f"required field '{field}' is missing"
-            fix = f"add '{field}' to the config (see the model card's config.json)"
-        else:
-            got = first.get("input")
-            reason = f"field '{field}' is invalid: {first['msg'].lower()} (got {got!r})"
-            fix = f"correct '{field}' in the config"
-        more = len(exc.errors()) - 1
-        if more:
-            reason += f"; {more} more problem(s) follow once this is fixed"
-        raise TpplanError(label, reason, fix) from None
+        fix = "add or correct '{field}' in the config (see the model card's config.json)"
+        raise from_validation(exc, label, fix) from None
 
 
 def _moe_layer(index: int, first_dense: int, freq: int, experts: int, explicit_dense: set[int] | None = None) -> bool:

@@ -16,7 +16,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, from_validation
 
 BENCH_SCHEMA_VERSION = 1
 
@@ -144,14 +144,6 @@ class BenchResults(_Strict):
         return self
 
 
-def _format_error(exc: ValidationError, where: str) -> TpplanError:
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "<root>"
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-    return TpplanError(f"{where}: {field}", f"{msg}{more}", "fix that field (schema: docs/bench-json.md)")
-
-
 def parse_bench_results(data: object, where: str = "bench results") -> BenchResults:
     """Validate an already-parsed JSON value."""
     if not isinstance(data, dict):
@@ -166,7 +158,7 @@ def parse_bench_results(data: object, where: str = "bench results") -> BenchResu
     try:
         return BenchResults.model_validate(data)
     except ValidationError as exc:
-        raise _format_error(exc, where) from None
+        raise from_validation(exc, where, "fix '{field}' (schema: docs/bench-json.md)") from None
 
 
 def load_bench_results(path: str | Path) -> BenchResults:
