@@ -18,6 +18,7 @@ from tpplan.layout.schedule import predict_schedule  # noqa: E402
 from tpplan.models.config import load_model  # noqa: E402
 from tpplan.plans.named import make_plan  # noqa: E402
 from tpplan.report.bench_results import load_bench_results  # noqa: E402
+from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels as K  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def test_fast_kernels_equal_the_reference() -> None:
             torch.randn(s, 3, 12, generator=g),
             torch.randn(s, 3, 8, generator=g),
         )
-        assert torch.allclose(K.causal_attention(q, k, v, 0.3), FK.sdpa_causal_attention(q, k, v, 0.3), atol=1e-5)
+        assert torch.allclose(K.causal_attention(q, k, v, 0.3), RF.causal_attention(q, k, v, 0.3), atol=1e-5)
     x = torch.randn(9, 16, generator=g)
     r = K.route(x, torch.randn(6, 16, generator=g), top_k=2, scoring="sigmoid")
     w = [torch.randn(6, 8, 16, generator=g), torch.randn(6, 8, 16, generator=g), torch.randn(6, 16, 8, generator=g)]

@@ -7,10 +7,9 @@ prices a FlashAttention-class kernel and bf16 grouped expert GEMMs, so timing th
 kernels would measure the reference, not the plan. `installed()` replaces, for the duration of a
 benchmark, with the same semantics (tests compare them on CPU):
 
-- `causal_attention` -> `torch.nn.functional.scaled_dot_product_attention` in the activation
-  dtype (flash on H100/H200), queries aligned to the end of the keys (chunked prefill). MLA's
-  value head (128) is narrower than its query/key head (192): V is zero-padded to the query
-  width so the flash backend accepts it, and the padding is sliced off.
+- `causal_attention` -> `tpplan.runtime.fast_kernels.causal_attention` (SDPA, flash on H100/H200
+  with MLA's narrower V zero-padded), which the runtime itself uses only on CUDA; installed here
+  it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times.
 - `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop where it is unavailable), fp32 combine as the reference does.
 
@@ -30,24 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tpplan.runtime import fast_kernels as runtime_fast
 from tpplan.runtime import kernels as K
-
-
-def sdpa_causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """Same contract as `kernels.causal_attention`: q [T, n, d], k [S, n, d], v [S, n, dv], the T
-    queries being the last T of the S positions; returns [T, n*dv] in q's dtype."""
-    t, s, dv = q.shape[0], k.shape[0], v.shape[-1]
-    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, n, L, d]
-    pad = q.shape[-1] - dv
-    if pad > 0:
-        vh = F.pad(vh, (0, pad))
-    if t == s:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
-    else:
-        from torch.nn.attention.bias import causal_lower_right
-
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, s), scale=scale)
-    return out[0, ..., :dv].transpose(0, 1).reshape(t, -1).to(q.dtype)
 
 
 def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
@@ -175,7 +158,8 @@ def installed(enabled: bool = True) -> Iterator[None]:
         yield
         return
     saved = (K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule)
-    K.causal_attention, K.routed_experts = sdpa_causal_attention, grouped_routed_experts  # type: ignore[assignment]
+    K.causal_attention = runtime_fast.causal_attention  # the runtime's SDPA path, also off CUDA
+    K.routed_experts = grouped_routed_experts  # type: ignore[assignment]
     K.chunk_gated_delta_rule = chunked_delta_rule  # type: ignore[assignment]
     try:
         yield
@@ -189,5 +173,4 @@ __all__ = [
     "grouped_gemm_used",
     "grouped_routed_experts",
     "installed",
-    "sdpa_causal_attention",
 ]

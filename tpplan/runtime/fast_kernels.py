@@ -241,15 +241,10 @@ def gdn(
 
     t = qkvz.shape[0]
     r, dk, dv = v_per_k, k_head_dim, v_head_dim
-    grp = qkvz.reshape(t, -1, 2 * dk + 2 * r * dv)
-    ng = grp.shape[1]
+    qc, kc, vc, z, b, a = ref.gdn_conv_inputs(qkvz, ba, conv_weight, dk, dv, r, state)
+    ng = qc.shape[1] // dk
     hv = ng * r
-    q, k, v, z = torch.split(grp, [dk, dk, r * dv, r * dv], dim=-1)
-    bag = ba.reshape(t, ng, 2 * r)
-    b, a = bag[..., :r].reshape(1, t, hv), bag[..., r:].reshape(1, t, hv)
-    mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
-    mixed = short_conv(mixed, conv_weight, state)
-    qc, kc, vc = torch.split(mixed, [ng * dk, ng * dk, hv * dv], dim=-1)
+    b, a = b.reshape(1, t, hv), a.reshape(1, t, hv)
     qh, kh = (z_.reshape(1, t, ng, dk).contiguous() for z_ in (qc, kc))
     vh = vc.reshape(1, t, hv, dv).contiguous()
     prev = state.get("recurrent") if state is not None else None
@@ -277,7 +272,7 @@ def gdn(
         )
     if state is not None:
         state["recurrent"] = s[0]
-    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z.reshape(t, -1), gate_fn="silu")
+    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z, gate_fn="silu")
     return o.to(qkvz.dtype)
 
 

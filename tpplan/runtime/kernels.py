@@ -372,6 +372,27 @@ def kda(
     return o.reshape(t, -1).to(q.dtype)
 
 
+def gdn_conv_inputs(
+    qkvz: Tensor, ba: Tensor, conv_weight: Tensor, dk: int, dv: int, r: int, state: dict[str, Tensor] | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Unpack Gated DeltaNet's per-key-head-group projections and run the short conv over cat(q, k, v).
+
+    Returns post-conv q [T, g*dk], k [T, g*dk], v [T, g*r*dv], the output gate z [T, g*r*dv] and the
+    beta / decay logits b, a [T, g*r]. Shared by the reference and the fla path so both read the
+    fused layout the same way.
+    """
+    t = qkvz.shape[0]
+    grp = qkvz.reshape(t, -1, 2 * dk + 2 * r * dv)
+    ng = grp.shape[1]
+    q, k, v, z = torch.split(grp, [dk, dk, r * dv, r * dv], dim=-1)
+    bag = ba.reshape(t, ng, 2 * r)
+    b, a = bag[..., :r].reshape(t, ng * r), bag[..., r:].reshape(t, ng * r)
+    mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+    mixed = short_conv(mixed, conv_weight, state)
+    qc, kc, vc = torch.split(mixed, [ng * dk, ng * dk, ng * r * dv], dim=-1)
+    return qc, kc, vc, z.reshape(t, -1), b, a
+
+
 def gdn(
     qkvz: Tensor,
     ba: Tensor,
@@ -394,14 +415,8 @@ def gdn(
         return _fast.gdn(**locals())  # locals() here are exactly the arguments
     t = qkvz.shape[0]
     r, dk, dv = v_per_k, k_head_dim, v_head_dim
-    grp = qkvz.reshape(t, -1, 2 * dk + 2 * r * dv)
-    ng = grp.shape[1]
-    q, k, v, z = torch.split(grp, [dk, dk, r * dv, r * dv], dim=-1)
-    bag = ba.reshape(t, ng, 2 * r)
-    b, a = bag[..., :r].reshape(t, ng * r), bag[..., r:].reshape(t, ng * r)
-    mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
-    mixed = short_conv(mixed, conv_weight, state)
-    qc, kc, vc = torch.split(mixed, [ng * dk, ng * dk, ng * r * dv], dim=-1)
+    qc, kc, vc, z, b, a = gdn_conv_inputs(qkvz, ba, conv_weight, dk, dv, r, state)
+    ng = qc.shape[1] // dk
     qh = l2norm(qc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1) * dk**-0.5
     kh = l2norm(kc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1)
     vh = vc.float().reshape(t, ng * r, dv)
@@ -410,7 +425,7 @@ def gdn(
     o, s = chunk_gated_delta_rule(qh, kh, vh, g, torch.sigmoid(b.float()), prev, chunk_size)
     if state is not None:
         state["recurrent"] = s
-    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z.reshape(t, -1), gate_fn="silu")
+    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z, gate_fn="silu")
     return o.to(qkvz.dtype)
 
 
