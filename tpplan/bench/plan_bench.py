@@ -1182,6 +1182,11 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
     return out
 
 
+def _layer_ops(r: BenchResults, layer: LayerResult) -> list[OpResult]:
+    """The ops measured inside one layer entry (same layer kind, same token count)."""
+    return [o for o in r.ops if o.layer_kind == layer.layer_kind and o.tokens == layer.tokens]
+
+
 def op_speed_factors(ref: BenchResults) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
     """measured / predicted per (layer kind, op) on a reference plan, and per op category.
 
@@ -1212,7 +1217,7 @@ def layers_calibrated_on(ref: BenchResults, run: BenchResults) -> list[tuple[str
     for layer in run.layers:
         if layer.predicted_s is None:
             continue
-        ops = [o for o in run.ops if o.layer_kind == layer.layer_kind and o.tokens == layer.tokens and o.predicted_s]
+        ops = [o for o in _layer_ops(run, layer) if o.predicted_s]
         raw = sum(o.predicted_s or 0.0 for o in ops)
         scaled = sum(
             (o.predicted_s or 0.0) * per_op.get((o.layer_kind, o.op), per_cat.get(o.category or "", 1.0)) for o in ops
@@ -1226,7 +1231,7 @@ def _layers_without(r: BenchResults, category: str) -> list[tuple[str, float]]:
     """Per layer kind: error of (layer - ops of `category`), measured and predicted alike."""
     out = []
     for layer in r.layers:
-        ops = [o for o in r.ops if o.layer_kind == layer.layer_kind and o.tokens == layer.tokens]
+        ops = _layer_ops(r, layer)
         cat = [o for o in ops if o.category == category]
         if not cat or layer.predicted_s is None:
             continue
