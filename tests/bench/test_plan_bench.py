@@ -50,6 +50,10 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
         assert len(res.batches) == 2 and [b.tokens for b in res.batches] == [4, 4]
         assert all(b.predicted_s for b in res.batches) and all(x.predicted_s for x in res.layers)
         assert {o.layer_kind for o in res.ops} == {"kda+moe", "mla+moe"} and len(res.ops) > 40
+        # ops carry what `tpplan calibrate --kernels-from` fits on: kernel class and roofline estimate
+        assert {o.kernel for o in res.ops if o.category != "gemm"} >= {"token_mix.kda", "token_mix.mla", "norm"}
+        assert all(o.kernel is None for o in res.ops if o.category == "gemm" and o.op != "router")
+        assert all(o.modelled_s == pytest.approx(o.predicted_s) for o in res.ops if o.predicted_s)
         assert res.ttft and res.ttft[0].mean_s > 0 and "TP2" in res.ttft[0].topology
         assert all(c.direct_s and c.predicted_s and c.group_size == 2 for c in res.collectives)
         # every collective the run issued is one the plan's predicted schedule names, with its bytes

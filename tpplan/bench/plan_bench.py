@@ -802,6 +802,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
         for (lk, op_name, tokens), vals in op_acc.items():
             meas = statistics.fmean(max(v[0], 1e-9) for v in vals)
             pred = statistics.fmean(v[1].seconds for v in vals)
+            modelled = statistics.fmean(v[1].modelled_s or 0.0 for v in vals)
             o0 = vals[0][1]
             ops.append(
                 OpResult(
@@ -813,6 +814,8 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
                     measured_s=meas,
                     predicted_s=pred if pred > 0 else None,
                     iters=pr["iters"],
+                    kernel=o0.kernel,
+                    modelled_s=modelled if modelled > 0 else None,
                 )
             )
         layers = []
@@ -940,9 +943,11 @@ def category_ratios(ops: Sequence[OpResult], colls: Sequence[CollectiveResult]) 
     meas: dict[str, float] = defaultdict(float)
     pred: dict[str, float] = defaultdict(float)
     for o in ops:
-        if o.predicted_s:
+        # against the roofline estimate: the target topology's predictions carry no kernel profiles
+        est = o.modelled_s or o.predicted_s
+        if est:
             meas[o.category or "other"] += o.measured_s * o.iters
-            pred[o.category or "other"] += o.predicted_s * o.iters
+            pred[o.category or "other"] += est * o.iters
     for c in colls:
         if c.predicted_s:
             meas["comm"] += c.measured_s * c.iters
@@ -1088,7 +1093,7 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
             )
         )
         nore = _layers_without(r, "recurrence")
-        if nore:
+        if nore and " no kernel profiles" in _profiles_note(r):
             w2 = max(abs(e) for _, e in nore)
             out.append(
                 Check(
@@ -1254,7 +1259,7 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
         + (f", NCCL {m.nccl_version}" if m.nccl_version else "")
         + (f", CUDA {m.cuda_version}" if m.cuda_version else ""),
         f"- date: {m.date.isoformat()}; command: `{m.command}`",
-        f"- predictions: topology `{first.topology}`; kernels: {benches[0].kernels}",
+        f"- predictions: topology `{first.topology}`{_profiles_note(first)}; kernels: {benches[0].kernels}",
         "- method: CUDA events after warm-up; ops/layers/batches = slowest rank, collectives = fastest rank "
         "(the others wait for it), median over passes; ops and layers are the mean over the workload's "
         "batches (the prediction likewise, at each batch's context); errors = (predicted - measured) / measured",
@@ -1265,6 +1270,14 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
         lines += _plan_markdown(pb)
     lines += _summary_markdown(benches)
     return "\n".join(lines) + "\n"
+
+
+def _profiles_note(r: BenchResults) -> str:
+    """Whether the predictions used measured kernel profiles (ops carry modelled_s != predicted_s)."""
+    profiled = [o for o in r.ops if o.kernel and o.modelled_s and o.predicted_s and o.modelled_s != o.predicted_s]
+    if not profiled:
+        return " (roofline kernel estimates, no kernel profiles)"
+    return f" with measured kernel profiles for {len({o.kernel for o in profiled})} kernel classes"
 
 
 def _plan_markdown(pb: PlanBench) -> list[str]:

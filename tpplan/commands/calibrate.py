@@ -48,6 +48,37 @@ def _print_tables(res: object) -> None:
         console.print(f"GEMM: {len(res.gemm)} shapes measured, written to gpu.gemm_table")
 
 
+def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tpplan.bench.calibrate import write_topology_atomic
+    from tpplan.cost.kernel_fit import fit_kernel_profiles, with_kernel_profiles
+    from tpplan.cost.topology import load_topology
+    from tpplan.errors import TpplanError
+    from tpplan.report.bench_results import load_bench_results
+
+    base = load_topology(base_topology)
+    if not out.parent.is_dir():
+        raise TpplanError("--out", f"directory {out.parent} does not exist", "create it first")
+    results = [load_bench_results(p) for p in paths]
+    source = ", ".join(
+        f"{r.model} {r.plan} TP{r.tp} {r.workload} ({r.meta.gpu}, {r.meta.date:%Y-%m-%d})" for r in results
+    )
+    profiles = fit_kernel_profiles(results, source)
+    table = Table(title=f"kernel profiles from {len(paths)} results file(s)")
+    for col in ("kernel", "samples", "points", "measured / modelled"):
+        table.add_column(col, justify="right" if col != "kernel" else "left")
+    for key, prof in profiles.items():
+        ratios = [y / x for x, y in prof.points]
+        span = f"{min(ratios):.2f}" if len(ratios) == 1 else f"{min(ratios):.2f}-{max(ratios):.2f}"
+        table.add_row(key, str(prof.samples), str(len(prof.points)), span)
+    Console().print(table)
+    topo = with_kernel_profiles(base, profiles, f"Kernel profiles fitted from: {source}.")
+    write_topology_atomic(topo, out, f"written by `tpplan calibrate --kernels-from`: {topo.notes}")
+    typer.echo(f"wrote {out}")
+
+
 def calibrate(
     out: Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")],
     backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = (Backend.auto),
@@ -64,8 +95,23 @@ def calibrate(
     base_topology: Annotated[str, typer.Option(help="preset or file whose GPU and link specs are copied")] = "h200x2",
     timeout: Annotated[float, typer.Option(help="seconds before a stuck collective fails")] = 300,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    kernels_from: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--kernels-from",
+            help="bench results JSON (repeatable): fit kernel profiles from its timed ops onto --base-topology "
+            "and write it, measuring nothing (no GPU needed)",
+        ),
+    ] = None,
 ) -> None:
-    """Measure collectives over a size sweep, fit alpha/busbw per kind, write a topology file."""
+    """Measure collectives over a size sweep, fit alpha/busbw per kind, write a topology file.
+
+    With --kernels-from, fit measured kernel speeds (norms, convs, attention, recurrence, experts)
+    from bench results instead, and write --base-topology with them.
+    """
+    if kernels_from:
+        _kernels_from(kernels_from, base_topology, out)
+        return
     from tpplan.bench._dist import BenchFailed
     from tpplan.bench.calibrate import (
         CalibrationConfig,

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from tpplan.audit import DTYPE_BYTES, Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_size, ring_volume_per_rank
 from tpplan.cost.gemm import gemm_bytes, gemm_time
-from tpplan.cost.topology import Topology
+from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import LayerResult, OpDecision
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.spec import GDNSpec, GQASpec, KDASpec, MLASpec
 from tpplan.plans.plan import Plan
 
@@ -64,6 +64,22 @@ class OpTime:
     seconds: float
     redundant: bool  # every rank does the whole op (e.g. the replicated qkv_a under baseline)
     shape: tuple[int, int, int] | None = None  # (M, K, N) per rank for GEMMs (per expert group for MoE)
+    kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
+    modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
+
+
+def kernel_key(op: Op) -> str | None:
+    """The kernel class of an op, as `GpuSpec.kernel_profiles` keys it; None for plain GEMMs.
+
+    GEMMs have their own measured shape table. Every other op kind is one class (attention and
+    recurrences by implementation: an MLA prefill and a KDA scan are different kernels); the router
+    is its own class because runtimes score it in fp32, unlike the bf16 GEMMs around it.
+    """
+    if op.kind is OpKind.LINEAR or op.kind is OpKind.SLICE:
+        return None
+    if op.kind is OpKind.TOKEN_MIX:
+        return f"token_mix.{op.attrs.get('impl') or 'conv'}"
+    return op.kind.value
 
 
 @dataclass(frozen=True)
@@ -327,6 +343,7 @@ class _Predictor:
         self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
         self.gpu_key = repr(topo.gpu)
+        self.profiles = topo.gpu.kernel_profiles
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
@@ -441,7 +458,17 @@ class _Predictor:
             secs, cat = self._roofline(flops, nbytes), "elementwise"
         if not flops and not nbytes:
             redundant = False
-        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, secs, redundant, shape)
+        kernel, modelled = kernel_key(op), secs
+        profile = self._profile(kernel, op.name)
+        if profile is not None and secs > 0:
+            secs = profile.apply(secs)
+        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, secs, redundant, shape, kernel, modelled)
+
+    def _profile(self, kernel: str | None, op_name: str) -> KernelProfile | None:
+        """The measured profile for this op: its own ('kind:op name') first, else its kind's."""
+        if kernel is None or not self.profiles:
+            return None
+        return self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
 
     # -- communication -----------------------------------------------------------------------
     def _coll(self, kind_name: str, label: str, kind: str, region: str, nbytes: float) -> CollectiveTime:

@@ -7,6 +7,8 @@ Units: GB/s = 1e9 bytes/s, Gb/s = 1e9 bits/s, TB/s = 1e12 bytes/s, latency in mi
 
 from __future__ import annotations
 
+import itertools
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Self
@@ -40,8 +42,49 @@ class GemmPoint(_Strict):
     dtype: Literal["bf16", "fp8"] = "bf16"
 
 
+class KernelProfile(_Strict):
+    """Measured speed of one kernel class (norms, the recurrence, attention, ...) on this GPU.
+
+    Written by `tpplan calibrate --kernels-from` from a bench run. `points` pairs the cost model's
+    own estimate of an op (roofline seconds) with the time the kernel really took, sorted by the
+    estimate; `apply` maps a new estimate through them. The estimate is the key because it already
+    carries the op's shape, share and dtype, so one curve serves every plan and token count.
+    """
+
+    points: list[tuple[float, float]] = Field(min_length=1, description="(modelled s, measured s), ascending")
+    samples: int = Field(default=0, ge=0, description="ops measured to build the curve")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _ascending(self) -> Self:
+        xs = [x for x, _ in self.points]
+        if any(x <= 0 or y <= 0 for x, y in self.points) or xs != sorted(xs) or len(set(xs)) != len(xs):
+            raise ValueError("points must be positive (modelled s, measured s) pairs with rising modelled s")
+        return self
+
+    def apply(self, modelled_s: float) -> float:
+        """Measured-equivalent seconds for an op the model estimates at `modelled_s`.
+
+        Inside the measured range: log-log interpolation between the neighbouring points. Outside:
+        the nearest point's measured/modelled ratio (kernels settle to a constant fraction of the
+        roofline at large sizes; at small ones the launch floor is in the estimate already).
+        """
+        if modelled_s <= 0:
+            return 0.0
+        pts = self.points
+        if modelled_s <= pts[0][0]:
+            return modelled_s * pts[0][1] / pts[0][0]
+        if modelled_s >= pts[-1][0]:
+            return modelled_s * pts[-1][1] / pts[-1][0]
+        for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+            if x0 <= modelled_s <= x1:
+                f = math.log(modelled_s / x0) / math.log(x1 / x0)
+                return math.exp(math.log(y0) + f * math.log(y1 / y0))
+        raise AssertionError("unreachable: points are ascending")
+
+
 class GpuSpec(_Strict):
-    """Per-GPU roofline numbers (dense, no sparsity) and an optional measured GEMM table."""
+    """Per-GPU roofline numbers (dense, no sparsity) and optional measured GEMM and kernel tables."""
 
     name: str
     bf16_tflops: float = Field(gt=0, description="peak dense bf16 TFLOP/s")
@@ -51,6 +94,10 @@ class GpuSpec(_Strict):
     sm_count: int = Field(default=132, ge=1, description="SMs, for the analytic GEMM curve")
     gemm_table: list[GemmPoint] | None = Field(
         default=None, description="measured shapes; None = packaged table for its GPU or analytic"
+    )
+    kernel_profiles: dict[str, KernelProfile] = Field(
+        default_factory=dict,
+        description="measured kernel classes (key: op kind, or 'kind:op name'); none = roofline estimates",
     )
 
 
@@ -177,14 +224,22 @@ def _toml_value(v: object) -> str:
     raise TypeError(f"cannot write {type(v).__name__} as an inline TOML value")
 
 
+def _toml_key(k: str) -> str:
+    """A bare TOML key when it is one, else a quoted one (kernel profile keys hold ':')."""
+    import json
+    import re
+
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
 def _toml_table(data: dict[str, object], prefix: str, out: list[str]) -> None:
     scalars = {k: v for k, v in data.items() if v is not None and not isinstance(v, dict) and not _is_table_list(v)}
     if prefix and (scalars or not data):
         out.append(f"\n[{prefix}]")
     for k, v in scalars.items():
-        out.append(f"{k} = {_toml_value(v)}")
+        out.append(f"{_toml_key(k)} = {_toml_value(v)}")
     for k, v in data.items():
-        key = f"{prefix}.{k}" if prefix else k
+        key = f"{prefix}.{_toml_key(k)}" if prefix else _toml_key(k)
         if isinstance(v, dict):
             _toml_table(v, key, out)
         elif _is_table_list(v):
