@@ -55,7 +55,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _init(spec: GroupSpec, rank: int, world: int) -> Any:
+STORE_CONNECT_S = 60.0  # joining the rendezvous: a loaded machine starts processes slowly
+
+
+def _init(spec: GroupSpec, rank: int, world: int, own_store: bool = False) -> Any:
+    """Join the group. `own_store` (spawned ranks, whose port we picked): a store that waits
+    STORE_CONNECT_S for the others to start, so that a short `--timeout` bounds the collectives, not
+    process start-up on a busy machine."""
     import torch
     import torch.distributed as dist
 
@@ -64,7 +70,18 @@ def _init(spec: GroupSpec, rank: int, world: int) -> Any:
     if spec.backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    dist.init_process_group(spec.backend, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+    timeout = timedelta(seconds=spec.timeout_s)
+    if own_store:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=max(STORE_CONNECT_S, spec.timeout_s)),
+        )
+        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(spec.backend, rank=rank, world_size=world, timeout=timeout)
     return device
 
 
@@ -74,7 +91,7 @@ def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, 
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
     try:
-        device = _init(spec, local_rank, spec.nproc)
+        device = _init(spec, local_rank, spec.nproc, own_store=True)
         result = fn(local_rank, spec.nproc, device, payload)
         if local_rank == 0:
             Path(out).write_bytes(pickle.dumps(result))

@@ -373,7 +373,12 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
             Para(
                 f"`{br.meta.command}` on {br.meta.machine} ({br.meta.gpus} x {br.meta.gpu}), {br.meta.date:%Y-%m-%d}, "
                 f"torch {br.meta.torch_version}, NCCL {br.meta.nccl_version or '?'}; plan `{br.plan}` TP{br.tp}; "
-                f"slice: {br.model_slice.description}."
+                f"slice: {br.model_slice.description}; predictions on topology `{br.topology}`"
+                + (
+                    " (its kernel profiles price the non-GEMM ops the bench really ran)."
+                    if any(o.modelled_s and o.predicted_s and o.modelled_s != o.predicted_s for o in br.ops)
+                    else " (roofline kernel estimates)."
+                )
             )
         )
         rows = []
