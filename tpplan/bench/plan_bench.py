@@ -996,7 +996,8 @@ def extrapolate_ttft(
 
 
 def _op_kind(graph: Any, layer_kind: str, op: str) -> str:
-    return next(o.kind.name for o in graph.kinds[layer_kind].ops if o.name == op)
+    """The graph op's kind name; "LAYOUT" for the runtime's layout copies (`pack:<value>`, `unpack:<value>`)."""
+    return next((o.kind.name for o in graph.kinds[layer_kind].ops if o.name == op), "LAYOUT")
 
 
 # ----------------------------------------------------------------------------------------------
