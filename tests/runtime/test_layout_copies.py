@@ -3,7 +3,8 @@
 The all-to-all to head-sharded sends per-destination column blocks (`pack:<value>`), a head
 all-gather returns per-rank blocks to interleave (`unpack:<value>`), a reduce-scatter of T rows
 not divisible by N needs padding (`pack:<value>`). The runtime runs each as its own step
-(`PlanRunner._layout`, listed in `Tracer.copies`), never inside the traced collective call.
+(`PlanRunner._layout`, listed in `Tracer.copies`), never inside the traced collective call, and
+the cost model prices the same copies (`_Predictor._layout_copy`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tpplan.audit import audit  # noqa: E402
-from tpplan.layout.schedule import chunk_sizes  # noqa: E402
+from tpplan.cost.predict import _predictor  # noqa: E402
+from tpplan.cost.topology import load_topology  # noqa: E402
+from tpplan.layout.schedule import chunk_sizes, falls_back  # noqa: E402
+from tpplan.models.config import load_model  # noqa: E402
+from tpplan.models.graph import build_model_graph  # noqa: E402
+from tpplan.plans.named import make_plan  # noqa: E402
 from tpplan.runtime.shard import head_range  # noqa: E402
 from tpplan.runtime.trace import Comm, Tracer  # noqa: E402
 from tpplan.runtime.verify import VerifyCase, verify_cases  # noqa: E402
@@ -21,9 +27,23 @@ from tpplan.runtime.verify import VerifyCase, verify_cases  # noqa: E402
 PLANS = ["baseline", "gate-aware", "sequence-parallel"]
 
 
+def _predicted_copies(model: str, plan_name: str, n: int, tokens: int, chunk: int) -> list[tuple[int, int, str]]:
+    """(chunk, layer, op) of every layout op the cost model prices, for the chunks that run the plan."""
+    graph = build_model_graph(load_model(model))
+    plan = make_plan(plan_name, graph, n)
+    p = _predictor(graph, plan, load_topology("h200x8-ib400"), n, 1, "fp32", None)
+    out = []
+    for c, t in enumerate(chunk_sizes(tokens, chunk)):
+        if falls_back(graph, plan, n, t):
+            continue  # the baseline plan runs this chunk: no layout copies
+        for i, res in enumerate(p.audit.layer_results):
+            out += [(c, i, o.op) for o in p.kind_time(res, ((t, 0),)).ops if o.role == "layout"]
+    return sorted(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
-def test_layout_copies_run_outside_the_collectives(n: int) -> None:
+def test_layout_copies_run_outside_the_collectives_and_are_the_priced_ones(n: int) -> None:
     # tiny-llama at N = 4: 2 KV heads, so the all-to-all of k and v packs shared heads
     models = ["tiny-kimi-k3", "tiny-llama"]
     assert all(pa.legal for m in models for pa in audit(m, n, PLANS).plans)
@@ -31,9 +51,12 @@ def test_layout_copies_run_outside_the_collectives(n: int) -> None:
     results = verify_cases(cases, nproc=n, timeout_s=120)
     assert len(results) == len(cases)
     for r in results:
-        name = r.case.plan
+        m, name = r.case.model, r.case.plan
         assert r.trace_matches, f"{r.case.label}: traced collectives differ from the predicted schedule"
         assert r.numbers_match and r.max_rel < 1e-4, r.case.label
+        layers = build_model_graph(load_model(m)).spec.num_layers
+        got = sorted(x for x in r.copies if x[1] < layers)  # the padding before the final norm is not a layer's
+        assert got == _predicted_copies(m, name, n, 6, 5), r.case.label
         if name == "baseline":
             assert r.copies == []
         # From the trace: one pack per all-to-all to head-sharded, one per reduce-scatter whose chunk (5
