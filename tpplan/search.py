@@ -252,6 +252,7 @@ class PredictObjective:
         self._preds: dict[int | None, object] = {None: self._base}
         self._ops: dict[tuple, Cost] = {}  # type: ignore[type-arg]
         self._comms: dict[tuple[str, float], float] = {}
+        self._copies: dict[tuple[object, ...], float] = {}
         from tpplan.cost.predict import _pairs
 
         self._pairs = [(_pairs(segs), w) for segs, w in self.batches]
@@ -300,7 +301,20 @@ class PredictObjective:
                 nbytes = pred._nbytes(coll, c.elements_per_token, t)  # type: ignore[attr-defined]
                 hit += w * pred._coll(kind, c.label, coll, c.region, nbytes).seconds  # type: ignore[attr-defined]
             self._comms[key] = hit
-        return Cost(hit, 0.0)
+        return Cost(hit + self._copy_cost(kind, c), 0.0)
+
+    def _copy_cost(self, kind: str, c: CommEvent) -> float:
+        """The runtime's layout copy around `c` (predict's `pack:`/`unpack:` ops of the layer), or 0."""
+        key = (kind, c.value, c.collective, c.src, c.dst, c.internal)
+        hit = self._copies.get(key)
+        if hit is None:
+            pred, lg = self._base, self.graph.kinds[kind]
+            hit = 0.0
+            for (t, _, _), w in self._pairs:
+                op = pred._layout_copy(lg, c, t)  # type: ignore[attr-defined]
+                hit += w * op.seconds if op is not None else 0.0
+            self._copies[key] = hit
+        return hit
 
     def fixed(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> Cost:
         from tpplan.layout.placement import ring_elements_per_rank

@@ -35,7 +35,7 @@ def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: floa
 
 def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_ones(tmp_path: Path) -> None:
     out, md = tmp_path / "r.json", tmp_path / "t.md"
-    plans = ["baseline", "latent-scattered", "sp-moe"]
+    plans = ["baseline", "latent-scattered", "sp-moe", "gate-aware"]
     args = [*TINY, "--out", str(out), "--md", str(md), "--target-topology", "h200x2"]
     for p in plans:
         args += ["--plan", p]
@@ -63,6 +63,13 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
         got = {(c.kind, tuple(c.shape), c.bytes) for c in res.collectives if ":" not in c.label}
         assert got == predicted, name
         labels = {c.label for c in res.collectives}
+        # layout copies are ops of their own ("other"), each beside its predicted OpTime
+        packs = {(o.layer_kind, o.op) for o in res.ops if o.op.startswith(("pack:", "unpack:"))}
+        assert all(o.category == "other" and o.predicted_s for o in res.ops if (o.layer_kind, o.op) in packs)
+        a2a = {(c.layer_kind, "pack:" + c.label.split()[1].split("[")[0]) for c in res.collectives
+               if c.kind == "all_to_all" and ":" not in c.label}  # fmt: skip
+        assert packs == a2a, name  # 4 tokens over 2 ranks: no reduce-scatter needs padding
+        assert bool(packs) == (name == "gate-aware"), name
         if name == "latent-scattered":
             assert any(lb.startswith("AG qkv_latent") for lb in labels)
         if name == "sp-moe":  # MoE dispatch/combine all-to-alls, measured and predicted

@@ -228,3 +228,52 @@ def test_every_family_and_plan_predicts(preset) -> None:
             assert pred.forward_s > 0 and pred.memory.total > 0 and pred.ttft is not None
             assert len(pred.stage_s) == pp and (pred.stage_comm_s > 0) == (pp > 1)
             assert all(o.seconds >= 0 for k in pred.kinds for o in k.ops)
+
+
+def test_layout_copies_are_priced_as_ops(k3) -> None:
+    """One `pack:<value>` per S(tok)->S(col) all-to-all (read + write of the rank's [T/N, W] rows),
+    one per reduce-scatter whose T needs padding, `unpack:<value>` after a head all-gather; none
+    under baseline. Memory-bound copies on the HBM roofline, not collective time."""
+    from dataclasses import replace
+
+    from tpplan.cost.predict import KERNEL_FLOOR_S, _predictor
+    from tpplan.layout.placement import S_COL, S_TOK, Collective, R
+    from tpplan.layout.propagate import CommEvent
+    from tpplan.models.graph import Value
+
+    box = load_topology("h200x2")
+    t, b = 8192, 2
+    ga = _predictor(k3, make_plan("gate-aware", k3, 2), box, 2, 1, "bf16", None)
+    n_pack = 0
+    for res in ga.audit.layer_results:
+        kt = ga.kind_time(res, ((t, 0),))
+        lg = k3.kinds[res.kind]
+        a2a = [c for c in res.comms if c.collective is Collective.ALL_TO_ALL and c.src is S_TOK and c.dst is S_COL]
+        layout = [o for o in kt.ops if o.role == "layout"]
+        assert a2a and sorted(o.op for o in layout) == sorted(f"pack:{c.value}" for c in a2a)
+        for c in a2a:
+            o = _op(kt, f"pack:{c.value}")
+            nbytes = 2 * (t // 2) * lg.values[c.value].width * b  # read [T/2, W] + write [2, T/2, W/2]
+            assert (o.category, o.flops_per_rank, o.bytes_per_rank, o.redundant) == ("elementwise", 0.0, nbytes, False)
+            assert o.seconds == pytest.approx(max(nbytes / (box.gpu.hbm_TBps * 1e12), KERNEL_FLOOR_S))
+        assert kt.compute_s == pytest.approx(sum(o.seconds for o in kt.ops))  # the copies count in the layer
+        n_pack += len(a2a)
+    assert n_pack >= 6  # KDA q, k, v, f, beta, g_out (and MLA's gate)
+    # baseline moves nothing between layouts; sequence-parallel pads its reduce-scatters only when T % N
+    for name, tokens, want in (("baseline", t, 0), ("sequence-parallel", t, 0), ("sequence-parallel", t - 1, 2)):
+        p = _predictor(k3, make_plan(name, k3, 2), box, 2, 1, "bf16", None)
+        for res in p.audit.layer_results:
+            kt = p.kind_time(res, ((tokens, 0),))
+            layout = [o for o in kt.ops if o.role == "layout"]
+            assert len(layout) == want, (name, tokens, [o.op for o in layout])
+            for o in layout:
+                w = k3.kinds[res.kind].values[o.op.removeprefix("pack:")].width
+                assert o.bytes_per_rank == (tokens + t) * w * b  # read [T, W], write [T_pad, W]
+    # S(col) -> R all-gather (no named plan issues one): the gathered blocks interleaved, unless one head
+    lg = k3.kinds["mla+moe"]
+    w = lg.values["gate"].width
+    ag = CommEvent(Collective.ALL_GATHER, "gate", w, S_COL, R, "g_proj", "o_proj", "attn_side", "", 1.0, 1.0)
+    o = ga._layout_copy(lg, ag, t)
+    assert o is not None and (o.op, o.role, o.bytes_per_rank) == ("unpack:gate", "layout", 2 * t * w * b)
+    one_head = replace(lg, values={**lg.values, "gate": Value("gate", 128, 1)})
+    assert ga._layout_copy(one_head, replace(ag, width=128), t) is None  # rank 0's block is the whole value

@@ -12,10 +12,13 @@ plan in turn (forming the group and initialising NCCL is the slow part):
    batch is one request's chunk, run with that request's carried KV cache / recurrent state
    (the first chunk's state is what the second chunk reads). `warmup` batches run untimed first,
    then `iters` timed passes over all batches.
-3. Timers: CUDA events on the current stream (perf_counter on CPU) around every collective call
-   (the interval includes the runtime's own copies around the NCCL call), every op (collectives
-   inside an op, the MoE all-to-all, are subtracted), every layer and every batch. Events are
-   resolved once per batch.
+3. Timers: CUDA events on the current stream (perf_counter on CPU) around every collective call,
+   every op (collectives inside an op, the MoE all-to-all, are subtracted), every layer and every
+   batch. Events are resolved once per batch. The runtime's layout copies around a collective
+   (packing rows into per-destination blocks before the all-to-all, interleaving gathered head
+   blocks, padding a reduce-scatter input) are steps of their own, timed as ops `pack:<value>` /
+   `unpack:<value>` (category "other") beside their predicted `OpTime`s, so a collective's
+   interval is the torch.distributed call on the ready buffer.
 4. Every distinct collective is then replayed in a tight loop twice, on tensors of the same
    shapes: through the runtime's `Comm` method (`runtime_s`) and as the bare torch.distributed
    call (`direct_s`), timed as `tpplan calibrate` times (events around a batch of back-to-back
@@ -329,6 +332,15 @@ def _timed_runner_class() -> type:
         def _run(self, op: Any, dec: Any, ins: Any, w: Any, state: Any, ctx: Any, tokens: int) -> Any:
             rec = self.probe.open("op", ctx.layer, op.name)
             out = super()._run(op, dec, ins, w, state, ctx, tokens)
+            self.probe.close(rec)
+            return out
+
+        def _layout(self, name: str, copy: Any, *args: Any) -> Any:
+            """A layout copy around a collective, timed as an op `pack:<value>` / `unpack:<value>` (the
+            one before the final norm belongs to no layer: counted in its batch only)."""
+            layer = self.tracer.layer
+            rec = self.probe.open("op", layer, name) if layer < len(self.graph.layer_kinds) else None
+            out = super()._layout(name, copy, *args)
             self.probe.close(rec)
             return out
 
@@ -798,7 +810,6 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
                 opt = next(o for o in kt.ops if o.op == s["name"])
                 op_acc[(lk, s["name"], seg.n_tokens)].append((med - comm, opt))
         ops = []
-        lg_ops = {(lk, o.name): o for lk, lg in g.kinds.items() for o in lg.ops}
         for (lk, op_name, tokens), vals in op_acc.items():
             meas = statistics.fmean(max(v[0], 1e-9) for v in vals)
             pred = statistics.fmean(v[1].seconds for v in vals)
@@ -808,7 +819,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
                 OpResult(
                     layer_kind=lk,
                     op=op_name,
-                    category=_category(lg_ops[(lk, op_name)].kind.name, o0.category),
+                    category=_category(_op_kind(g, lk, op_name), o0.category),
                     tokens=tokens,
                     flops=o0.flops_per_rank,
                     measured_s=meas,
@@ -1001,7 +1012,8 @@ def extrapolate_ttft(
 
 
 def _op_kind(graph: Any, layer_kind: str, op: str) -> str:
-    return next(o.kind.name for o in graph.kinds[layer_kind].ops if o.name == op)
+    """The graph op's kind name; "LAYOUT" for the runtime's layout copies (`pack:<value>`, `unpack:<value>`)."""
+    return next((o.kind.name for o in graph.kinds[layer_kind].ops if o.name == op), "LAYOUT")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,8 +31,9 @@ from tpplan.cost.gemm import gemm_bytes, gemm_time
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
-from tpplan.layout.propagate import LayerResult, OpDecision
+from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
+from tpplan.layout.schedule import local_width
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.spec import GDNSpec, GQASpec, KDASpec, MLASpec
 from tpplan.plans.plan import Plan
@@ -66,6 +67,9 @@ class OpTime:
     shape: tuple[int, int, int] | None = None  # (M, K, N) per rank for GEMMs (per expert group for MoE)
     kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
+
+
+LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
 
 
 def kernel_key(op: Op) -> str | None:
@@ -483,6 +487,39 @@ class _Predictor:
         logical = elements_per_token * t / per_logical
         return nccl_size(kind, logical, self.tp) * self.b
 
+    def _layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
+        """The runtime's layout copy around collective `c`, if it needs one (tpplan.runtime.trace):
+        memory-bound compute of its own, bytes = read + write of the local buffer.
+
+        - S(tok) -> S(col) all-to-all: `pack:<value>`, [per, W] into per-destination blocks [N, per, w]
+          (N·w = W, or N shared heads' columns when the heads are fewer than N);
+        - S(col) -> R all-gather: `unpack:<value>`, the gathered [N, T, w] blocks interleaved into
+          [T, W] (none when one head is all there is: the block is the value);
+        - P -> S(tok) reduce-scatter when T is not a multiple of N: `pack:<value>`, [T, W] padded
+          to [N·per, W]. Other collectives work on the value as it lies (no copy).
+        """
+        n = self.tp
+        if n <= 1 or c.internal:
+            return None
+        val = lg.values[c.value]
+        per = math.ceil(t / n)
+        coll = c.collective
+        if coll is Collective.ALL_TO_ALL and c.src is S_TOK and c.dst is S_COL:
+            name, elements = f"pack:{c.value}", 2.0 * per * n * local_width(val, n)
+        elif coll is Collective.ALL_GATHER and c.src is S_COL and c.dst is R and val.heads != 1:
+            name, elements = f"unpack:{c.value}", 2.0 * t * val.width
+        elif coll is Collective.REDUCE_SCATTER and t % n:
+            name, elements = f"pack:{c.value}", float(t + per * n) * val.width
+        else:
+            return None
+        nbytes = elements * self.b
+        modelled = self._roofline(0.0, nbytes)
+        profile = self._profile(LAYOUT_COPY_KERNEL, name)
+        secs = profile.apply(modelled) if profile is not None else modelled
+        return OpTime(
+            lg.kind, name, "layout", "elementwise", 0.0, nbytes, secs, False, None, LAYOUT_COPY_KERNEL, modelled
+        )
+
     def kind_time(self, res: LayerResult, segs: Segments) -> KindTime:
         t, pairs, ctx = _pairs(segs)
         key = (id(res), t, pairs, ctx)
@@ -495,6 +532,9 @@ class _Predictor:
         for c in res.comms:
             kind = c.collective.value
             colls.append(self._coll(res.kind, c.label, kind, c.region, self._nbytes(kind, c.elements_per_token, t)))
+            copy = self._layout_copy(lg, c, t)
+            if copy is not None:
+                ops.append(copy)
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt

@@ -8,7 +8,9 @@ Public entry points (a benchmark can build on these):
   `runner.prefill(ids, chunk=C)` runs a prefill, chunk by chunk with KV cache / recurrent state
   carried in `runner.state`, returning this rank's final hidden (`Held`: tensor + placement).
   `runner.tracer.calls` lists every collective issued (`CollectiveCall`), `runner.tracer.events`
-  the fallbacks. `runner.forward_chunk(ids, observe=fn)` runs one chunk and calls
+  the fallbacks, `runner.tracer.copies` the layout copies run beside the collectives (`pack:<value>`
+  before an all-to-all to head-sharded or a padded reduce-scatter, `unpack:<value>` after a head
+  all-gather; see `_layout`). `runner.forward_chunk(ids, observe=fn)` runs one chunk and calls
   `fn(layer, env)` after every layer with the rank's local values.
 - `make_comm(rank, n)`: the traced collectives (`tpplan.runtime.trace.Comm`) on the default group.
 - `full_value(comm, held, value_heads, tokens)`: untraced gather of a local value to its full
@@ -112,9 +114,9 @@ class _Traced(Comm):
         self._hook("all_gather")
         return super().all_gather_heads(x, value, heads, planned)
 
-    def tokens_to_heads(self, x: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
+    def tokens_to_heads(self, send: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
         self._hook("all_to_all")
-        return super().tokens_to_heads(x, value, heads, tokens, planned)
+        return super().tokens_to_heads(send, value, heads, tokens, planned)
 
 
 def make_comm(rank: int, n: int, group: object | None = None) -> Comm:
@@ -182,6 +184,7 @@ class PlanRunner:
         self.chunk_index = 0
         self.tracer.calls.clear()
         self.tracer.events.clear()
+        self.tracer.copies.clear()
 
     # -- public runs ----------------------------------------------------------------------------
 
@@ -225,7 +228,10 @@ class PlanRunner:
                 observe(i, env)
         self.tracer.layer = len(self.graph.layer_kinds)
         if delta.pl is P:
-            d = self.comm.all_reduce(delta.t, "final") if stream is R else self.comm.reduce_scatter(delta.t, "final", t)
+            if stream is R:
+                d = self.comm.all_reduce(delta.t, "final")
+            else:
+                d = self.comm.reduce_scatter(self._pad(delta.t, "final", t), "final", t)
             delta = Held(d, stream)
         final = resid.t + delta.t
         if block:
@@ -330,13 +336,18 @@ class PlanRunner:
             if src is P and dst is R:
                 out = Held(c.all_reduce(x, v, planned=ok, inplace=v in self._reduce_inplace), R)
             elif src is P and dst is S_TOK:
-                out = Held(c.reduce_scatter(x, v, tokens, planned=ok), S_TOK)
+                out = Held(c.reduce_scatter(self._pad(x, v, tokens), v, tokens, planned=ok), S_TOK)
             elif src is S_TOK and dst is R:
                 out = Held(c.all_gather_tokens(x, v, tokens, planned=ok), R)
             elif src is S_COL and dst is R:
-                out = Held(c.all_gather_heads(x, v, heads, planned=ok), R)
+                gathered = c.all_gather_heads(x, v, heads, planned=ok)
+                if c.unpack_copies(heads):
+                    out = Held(self._layout(f"unpack:{v}", c.unpack_heads, gathered, heads), R)
+                else:
+                    out = Held(c.unpack_heads(gathered, heads), R)
             elif src is S_TOK and dst is S_COL:
-                out = Held(c.tokens_to_heads(x, v, heads, tokens, planned=ok), S_COL)
+                send = self._layout(f"pack:{v}", c.pack_heads, x, heads) if self.n > 1 else x
+                out = Held(c.tokens_to_heads(send, v, heads, tokens, planned=ok), S_COL)
         if out is None:
             raise PlanViolation(
                 f"layer {self.tracer.layer} {op.name}: `{v}` is {src} but needs {dst}, and plan "
@@ -344,6 +355,20 @@ class PlanRunner:
             )
         done[key] = out
         return out
+
+    def _pad(self, x: Tensor, v: str, tokens: int) -> Tensor:
+        """The reduce-scatter input of `x`: padded to N*ceil(T/N) rows by a `pack:<v>` step when T is
+        not a multiple of N (as predicted), else `x` itself."""
+        if self.n > 1 and x.shape[0] < padded_rows(tokens, self.n)[0]:
+            return self._layout(f"pack:{v}", self.comm.pad_tokens, x, tokens)
+        return x
+
+    def _layout(self, name: str, copy: Callable[..., Tensor], *args: Any) -> Tensor:
+        """One layout copy before or after a collective (`pack:<value>`, `unpack:<value>`), run as a
+        step of its own so the collective call gets (or returns) the ready buffer. A benchmark
+        overrides this to time each copy as an op (`tpplan.bench.plan_bench`); `tracer.copies` lists them."""
+        self.tracer.copies.append((self.tracer.chunk, self.tracer.layer, name))
+        return copy(*args)
 
     def _run(
         self, op: Op, dec: OpDecision, ins: list[Held], w: dict[str, Tensor], state: dict[str, Any],

@@ -6,6 +6,14 @@ torch.distributed: kind, shape, dtype, bytes (nccl-tests size) and the bytes thi
 proof tests assert that the two lists are equal. With one rank every collective is the identity
 and nothing is recorded (nothing moves).
 
+Layout copies are not collectives: where a collective needs its buffer in another layout than
+the value's (the all-to-all to head-sharded sends per-destination column blocks; the head
+all-gather returns per-rank blocks to interleave; a reduce-scatter needs its rows padded), `Comm`
+offers the copy as its own method (`pack_heads`, `unpack_heads`, `pad_tokens`) and the collective
+takes or returns the ready buffer. The interpreter runs each copy as a step of its own
+(`PlanRunner._layout`), so a benchmark times it as an op and the collective call is the bare
+torch.distributed call; the cost model prices the same copies (`pack:<value>`, `unpack:<value>`).
+
 `Comm` also offers untraced helpers (`gather_full_*`) used only to check results against the
 single-process reference; they are not part of any plan.
 """
@@ -43,6 +51,7 @@ class Tracer:
     n: int
     calls: list[CollectiveCall] = field(default_factory=list)
     events: list[TraceEvent] = field(default_factory=list)
+    copies: list[tuple[int, int, str]] = field(default_factory=list)  # layout copies (chunk, layer, name): not calls
     chunk: int = 0
     layer: int = 0
 
@@ -81,7 +90,8 @@ class Comm:
         return y
 
     def reduce_scatter(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
-        """P [T, W] -> S(tok) [per, W] (padded to N*per rows first)."""
+        """P [T_pad, W] -> S(tok) [per, W]. `x` should already hold N*per rows (`pad_tokens`); a
+        shorter one is padded here (a copy inside the call)."""
         if self.n == 1:
             return x
         per = -(-tokens // self.n)
@@ -101,30 +111,56 @@ class Comm:
         return out[:tokens]
 
     def all_gather_heads(self, x: Tensor, value: str, heads: int, planned: bool = True) -> Tensor:
-        """S(col) [T, w] -> R [T, W]: gather every rank's heads; a head shared by several ranks once."""
+        """S(col) [T, w] -> every rank's heads as gathered, [N, T, w] (block r = rank r's columns);
+        `unpack_heads` makes the [T, W] value of it."""
         if self.n == 1:
-            return x
+            return x[None]
         out = x.new_empty(self.n, *x.shape)
         flat = out.view(self.n * x.shape[0], *x.shape[1:])
         self.tracer.record("all_gather", value, out, planned=planned, shape=(x.shape[0], self.n * x.shape[1]))
         _AG(flat, x.contiguous(), group=self.group)
-        owners = sorted({head_range(heads, self.n, r)[0]: r for r in range(self.n)}.items())
-        return torch.cat([out[r] for _, r in owners], dim=1)
+        return out
 
-    def tokens_to_heads(self, x: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
-        """S(tok) [per, W] -> S(col) [T, w] by one all-to-all: rank j gets every rank's rows of its heads."""
+    def tokens_to_heads(self, send: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
+        """S(tok) -> S(col) [T, w] by one all-to-all: rank j gets every rank's rows of its heads.
+        `send` is the packed buffer [N, per, w] (`pack_heads`); with one rank, the value [per, W] itself."""
         if self.n == 1:
-            return x[:tokens]
+            return send[:tokens]
+        if send.dim() != 3 or send.shape[0] != self.n:
+            raise ValueError(f"tokens_to_heads wants the packed [{self.n}, per, w] buffer, got {tuple(send.shape)}")
+        recv = torch.empty_like(send)
+        self.tracer.record("all_to_all", value, send, planned=planned, shape=(send.shape[1], self.n * send.shape[2]))
+        dist.all_to_all_single(recv, send.contiguous(), group=self.group)
+        return recv.reshape(self.n * send.shape[1], -1)[:tokens]
+
+    # -- layout copies around collectives (not traced: no bytes move between ranks) ------------
+
+    def pack_heads(self, x: Tensor, heads: int) -> Tensor:
+        """S(tok) [per, W] -> the all-to-all send buffer [N, per, w]: block j holds rank j's heads'
+        columns of this rank's rows. One strided copy (with N = 1 nothing to pack: `x` itself)."""
+        if self.n == 1:
+            return x
         per_head = x.shape[1] // heads
         parts = []
         for j in range(self.n):
             lo, hi = head_range(heads, self.n, j)
             parts.append(x[:, lo * per_head : hi * per_head])
-        send = torch.stack(parts).contiguous()  # [n, per, w]
-        recv = torch.empty_like(send)
-        self.tracer.record("all_to_all", value, send, planned=planned, shape=(x.shape[0], self.n * send.shape[2]))
-        dist.all_to_all_single(recv, send, group=self.group)
-        return recv.reshape(self.n * x.shape[0], -1)[:tokens]
+        return torch.stack(parts)
+
+    def unpack_copies(self, heads: int) -> bool:
+        """True when `unpack_heads` copies (several ranks own distinct heads); False: it returns a view."""
+        return self.n > 1 and len(_owners(heads, self.n)) > 1
+
+    def unpack_heads(self, gathered: Tensor, heads: int) -> Tensor:
+        """[N, T, w] gathered head blocks -> R [T, W]: each distinct head once (ranks sharing a head
+        hold the same columns), blocks side by side. One copy, or a view when one rank's block is all."""
+        blocks = [gathered[r] for r in _owners(heads, self.n)]
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+
+    def pad_tokens(self, x: Tensor, tokens: int) -> Tensor:
+        """P [T, W] -> the reduce-scatter input [N*per, W] (zero rows appended); `x` itself when T
+        is already a multiple of N."""
+        return pad_rows(x, -(-tokens // self.n) * self.n) if self.n > 1 else x
 
     # -- traced, uneven (MoE dispatch / combine) --------------------------------------------
 
@@ -167,8 +203,12 @@ class Comm:
             return x
         out = x.new_empty(self.n, *x.shape)
         _AG(out.view(self.n * x.shape[0], *x.shape[1:]), x.contiguous(), group=self.group)
-        owners = sorted({head_range(heads, self.n, r)[0]: r for r in range(self.n)}.items())
-        return torch.cat([out[r] for _, r in owners], dim=1)
+        return self.unpack_heads(out, heads)
+
+
+def _owners(heads: int, n: int) -> list[int]:
+    """One rank per distinct head block, in head order (ranks sharing a GQA head hold the same columns)."""
+    return [r for _, r in sorted({head_range(heads, n, r)[0]: r for r in range(n)}.items())]
 
 
 def _row_bytes(x: Tensor) -> int:

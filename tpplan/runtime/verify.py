@@ -74,6 +74,7 @@ class CaseResult:
     predicted: list[list[CollectiveCall]] = field(default_factory=list)  # per rank
     fallback_traced: list[int] = field(default_factory=list)
     fallback_predicted: list[int] = field(default_factory=list)
+    copies: list[tuple[int, int, str]] = field(default_factory=list)  # rank 0's layout copies (Tracer.copies)
     seconds: float = 0.0
 
     @property
@@ -275,6 +276,7 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
         res.errors.append(TensorError(c, layers, "logits", *_rel(h @ ref["head"].t(), r @ ref["head"].t())))
     res.traced = [p[1] for p in parts]
     res.fallback_traced = parts[0][2]
+    res.copies = list(runner.tracer.copies)
     for r in range(n):
         sched = predict_schedule(graph, plan, n, case.tokens, chunk=case.chunk, dtype=act, rank=r,
                                  routes=ref["routes"])  # fmt: skip
