@@ -62,12 +62,17 @@ def test_moe_all_to_all_rows_from_routing() -> None:
     routes = {(0, layer): [[0, 1], [0, 5], [6, 7], [2, 7]] for layer in range(graph.spec.num_layers)}
     (s,) = predict_schedule(graph, plan, 2, tokens, rank=0, routes=routes)
     layer0 = [c for c in s.calls if c.layer == 0 and ":" in c.value]
-    counts, dispatch, weights, combine = layer0
+    counts, dispatch, combine = layer0  # the routing weights ride inside the dispatch
     assert counts.shape == (2,) and counts.dtype == "int64" and counts.sent_bytes == 8
-    assert dispatch.shape == (3, graph.hidden)  # token 0 -> rank 0; token 1 -> ranks 0 and 1
-    assert dispatch.sent_bytes == 1 * graph.hidden * 4 and weights.shape == (3, 4) and weights.dtype == "float32"
+    # token 0 -> rank 0; token 1 -> ranks 0 and 1; each row W activations + 4 fp32 weights (fp32: 4 columns)
+    assert dispatch.shape == (3, graph.hidden + 4) and dispatch.dtype == "float32"
+    assert dispatch.bytes == 3 * (graph.hidden + 4) * 4 and dispatch.sent_bytes == 1 * (graph.hidden + 4) * 4
     assert combine.shape == (3, graph.hidden)  # own tokens 0, 1 and rank 1's token 3 (expert 2)
     assert combine.sent_bytes == 1 * graph.hidden * 4
+    (b,) = predict_schedule(graph, plan, 2, tokens, rank=0, routes=routes, dtype="bf16")
+    _, dispatch16, combine16 = [c for c in b.calls if c.layer == 0 and ":" in c.value]
+    assert dispatch16.shape == (3, graph.hidden + 8) and dispatch16.dtype == "bfloat16"  # 2 columns per weight
+    assert dispatch16.bytes == 3 * graph.hidden * 2 + 3 * 4 * 4 and combine16.shape == (3, graph.hidden)
 
 
 def test_schedule_is_torch_free() -> None:

@@ -128,6 +128,18 @@ def moe_remote_fraction(experts: int, top_k: int, n: int) -> float:
     return 1.0 - miss
 
 
+ROUTING_WEIGHT_BYTES = 4  # MoE combine weights travel as float32 (the kernels route in fp32)
+
+
+def moe_weight_columns(experts_per_rank: int, act_bytes: int) -> int:
+    """Extra columns, in the activation dtype, that carry a dispatched row's float32 combine weights
+    for the destination's experts inside the dispatch buffer (bit-reinterpreted, so they travel
+    exactly): 2 per expert in bf16/fp16, 1 in fp32, 4 in fp8."""
+    if ROUTING_WEIGHT_BYTES % act_bytes:
+        raise ValueError(f"float32 routing weights cannot ride in {act_bytes}-byte activation columns")
+    return experts_per_rank * ROUTING_WEIGHT_BYTES // act_bytes
+
+
 def _weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan: Plan) -> int:
     numel = op.weight_numel
     if not numel:
@@ -395,24 +407,27 @@ class LayerWalk:
             tainted[op.output] = parents[0] if parents else op.name
         # 3. work inside the op: MoE dispatch and combine
         if op.kind is OpKind.EXPERTS and split == "a2a" and legal and n > 1:
-            width = int(op.attrs["width"])
-            frac = moe_remote_fraction(int(op.attrs["experts"]), int(op.attrs["top_k"]), n)
-            per_dir = frac * width * (n - 1) / n
-            for name in ("dispatch", "combine"):
+            width, experts = int(op.attrs["width"]), int(op.attrs["experts"])
+            frac = moe_remote_fraction(experts, int(op.attrs["top_k"]), n)
+            # The dispatch carries each row's combine weights for the destination's E/N experts as
+            # extra columns of the same buffer (one launch); the combine returns W-wide rows.
+            extra = moe_weight_columns(experts // n, dtype_bytes)
+            for name, w in (("dispatch", width + extra), ("combine", width)):
+                words = f" + {experts // n} fp32 routing weights ({extra} columns)" if w > width else ""
                 res.comms.append(
                     CommEvent(
                         Collective.ALL_TO_ALL,
                         f"{op.inputs[0]}:{name}",
-                        width,
+                        w,
                         S_TOK,
                         S_TOK,
                         op.name,
                         op.name,
                         region(op),
                         f"MoE {name}: each token to the ranks of its top-{op.attrs['top_k']} experts "
-                        f"({frac:.0%} of ranks hit on average)",
-                        per_dir,
-                        frac * width,
+                        f"({frac:.0%} of ranks hit on average){words}",
+                        frac * w * (n - 1) / n,
+                        frac * w,
                         internal=True,
                     )
                 )

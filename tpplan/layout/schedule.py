@@ -17,8 +17,9 @@ Conventions (those of nccl-tests, so `bytes` is the size a benchmark would use):
   the baseline plan for that chunk (SGLang does the same), keeping its TP/EP experts, when that
   keeps every token mixer's state layout; the schedule says so. MoE all-to-all plans only pad.
 - MoE all-to-all (plan.moe == "a2a"): per MoE layer, an all_to_all of the N send counts (int64),
-  the dispatch of token rows (activation dtype) and of their routing weights for the
-  destination's E/N experts (float32), and the combine of expert outputs. Only real (not padding)
+  the dispatch of token rows (activation dtype) with their float32 routing weights for the
+  destination's E/N experts appended as extra columns (bit-reinterpreted: `moe_weight_columns`,
+  2 per expert in bf16, 1 in fp32), and the combine of expert outputs. Only real (not padding)
   tokens are dispatched; a token goes once to every rank hosting one of its experts. Exact shapes
   need the routing (`routes`); without it the expected rows under uniform routing are used.
 """
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
-from tpplan.layout.propagate import LayerResult, moe_remote_fraction
+from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
 from tpplan.plans.plan import Plan
 
@@ -53,7 +54,7 @@ class CollectiveCall:
     chunk: int
     layer: int  # layer index; the number of layers for the reduction before the final norm
     kind: str  # Collective value: all_reduce, reduce_scatter, all_gather, all_to_all
-    value: str  # graph value moved (MoE: `<input>:counts|dispatch|dispatch_weights|combine`)
+    value: str  # graph value moved (MoE: `<input>:counts|dispatch|combine`)
     shape: tuple[int, ...]
     dtype: str
     bytes: int
@@ -180,9 +181,11 @@ def _moe_calls(
     chunk: int, layer: int, lg: LayerGraph, value: str, width: int, experts: int, top_k: int, n: int, rank: int,
     tokens: int, act: str, routes: Sequence[Sequence[int]] | None,
 ) -> list[CollectiveCall]:  # fmt: skip
-    """Counts, dispatch (rows, weights) and combine of one MoE all-to-all layer on `rank`."""
+    """Counts, dispatch (rows with their routing weights as extra columns) and combine of one MoE
+    all-to-all layer on `rank`."""
     per = experts // n
     isz = DTYPE_SIZES[act]
+    wide = width + moe_weight_columns(per, isz)  # dispatch row: activations + fp32 weights as act columns
     if routes is not None:
         hits = [[{e // per for e in routes[t]} for t in range(*token_range(tokens, n, src))] for src in range(n)]
         send = [sum(1 for h in hits[rank] if dst in h) for dst in range(n)]
@@ -197,10 +200,8 @@ def _moe_calls(
     back_rows = in_rows - recv[rank]
     return [
         CollectiveCall(chunk, layer, "all_to_all", f"{value}:counts", (n,), "int64", n * 8, float((n - 1) * 8)),
-        CollectiveCall(chunk, layer, "all_to_all", f"{value}:dispatch", (out_rows, width), act,
-                       out_rows * width * isz, float(sent_rows * width * isz)),
-        CollectiveCall(chunk, layer, "all_to_all", f"{value}:dispatch_weights", (out_rows, per), "float32",
-                       out_rows * per * 4, float(sent_rows * per * 4)),
+        CollectiveCall(chunk, layer, "all_to_all", f"{value}:dispatch", (out_rows, wide), act,
+                       out_rows * wide * isz, float(sent_rows * wide * isz)),
         CollectiveCall(chunk, layer, "all_to_all", f"{value}:combine", (in_rows, width), act,
                        in_rows * width * isz, float(back_rows * width * isz)),
     ]  # fmt: skip

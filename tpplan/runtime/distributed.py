@@ -391,21 +391,37 @@ class PlanRunner:
         per = experts // n
         lo, hi = token_range(tokens, n, self.rank)
         real = hi - lo
-        hit = (routing[:real].reshape(real, n, per) != 0).any(-1)  # [real, n]
-        idx = [torch.nonzero(hit[:, j]).flatten() for j in range(n)]
-        send = [int(i.numel()) for i in idx]
-        counts = torch.tensor(send, dtype=torch.int64, device=x.device)
+        weights = routing[:real].reshape(real, n, per)  # [real, n, per]: each rank's experts' weights
+        hit = (weights != 0).any(-1)  # [real, n]: token t goes to rank j
+        counts = hit.sum(0)  # send counts, on the device: no host sync yet
         maybe_fault(self.rank, "all_to_all")
-        recv = [int(v) for v in c.exchange_counts(counts, f"{name}:counts").tolist()]
-        send_x = torch.cat([x[i] for i in idx]) if idx else x[:0]
-        send_w = torch.cat([routing[i, j * per : (j + 1) * per] for j, i in enumerate(idx)]).float()
-        got_x = c.all_to_all_rows(send_x, send, recv, f"{name}:dispatch")
-        got_w = c.all_to_all_rows(send_w, send, recv, f"{name}:dispatch_weights")
+        got_counts = c.exchange_counts(counts, f"{name}:counts")
+        # The layer's one host sync: send and receive counts in one read. After a sync the GPU is idle
+        # and every launch that follows is exposed (docs/runtime.md), so nothing else here syncs.
+        send, recv = torch.stack([counts, got_counts]).tolist()
+        # Rows grouped by destination rank in rank order, tokens ascending within each: nonzero over
+        # the [n, real] mask, sized by the counts already on the host (no second sync).
+        dst, tok = torch.nonzero_static(hit.t(), size=sum(send)).unbind(1)
+        # One dispatch launch: the rows' fp32 combine weights ride in the same buffer as extra columns.
+        got = c.all_to_all_rows(pack_rows(x[tok], weights[tok, dst]), send, recv, f"{name}:dispatch")
+        got_x, got_w = unpack_rows(got, x.shape[1])
         y = K.routed_experts(got_x, got_w, w["gate"], w["up"], w["down"])
         back = c.all_to_all_rows(y, recv, send, f"{name}:combine")
         out = torch.zeros_like(x)
-        out.index_add_(0, torch.cat(idx), back.to(out.dtype))
+        out.index_add_(0, tok, back.to(out.dtype))
         return out
+
+
+def pack_rows(rows: Tensor, weights: Tensor) -> Tensor:
+    """[rows | weights] in rows' dtype: the float32 `weights` [R, k] bit-reinterpreted as
+    4/itemsize columns each (2 in bf16/fp16, 1 in fp32), so they travel exactly in one buffer."""
+    bits = weights.float().contiguous().view(rows.dtype)
+    return torch.cat([rows, bits], dim=1)
+
+
+def unpack_rows(packed: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """Inverse of `pack_rows`: the first `width` columns and the float32 weights, bit for bit."""
+    return packed[:, :width], packed[:, width:].contiguous().view(torch.float32)
 
 
 def _repaired(graph: ModelGraph, plan: Plan, n: int) -> Plan:
@@ -427,4 +443,4 @@ def full_value(comm: Comm, held: Held, value_heads: int, tokens: int) -> Tensor:
     return comm.gather_full_heads(held.t, value_heads)
 
 
-__all__ = ["Held", "PlanRunner", "PlanViolation", "check_legal", "full_value", "make_comm"]
+__all__ = ["Held", "PlanRunner", "PlanViolation", "check_legal", "full_value", "make_comm", "pack_rows", "unpack_rows"]
