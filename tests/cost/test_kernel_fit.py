@@ -117,3 +117,14 @@ def test_cli_writes_the_base_topology_with_profiles_and_fails_cleanly_on_a_bad_f
     out2 = tmp_path / "k2.toml"
     fail = _calibrate("--kernels-from", str(bad), "--base-topology", "h200x2-calibrated", "--out", str(out2))
     assert fail.returncode == 2 and "bad.json" in fail.stderr and not out2.exists()
+
+
+def test_gemm_shapes_of_a_model_s_plans_cover_column_split_token_sharded_and_expert_gemms() -> None:
+    from tpplan.cost.predict import plan_gemm_shapes
+
+    sl = build_slice("kimi-k3", None, 64)
+    shapes = set(plan_gemm_shapes(sl.graph, 2, load_topology("h200x2-calibrated")))
+    assert (7168, 6144) in shapes  # baseline: q_proj split by heads at TP2
+    assert (7168, 12288) in shapes  # gate-aware / sp-moe: the whole projection on half the tokens
+    assert {(3584, 3072), (1536, 3584)} <= shapes  # TP experts: gate+up and down on half the intermediate
+    assert {(3584, 6144), (3072, 3584)} <= shapes  # all-to-all experts: whole experts

@@ -88,3 +88,28 @@ def test_sp_moe_equals_single_process_with_one_dispatch_per_layer(n: int) -> Non
         assert r.passed, (r.case.label, r.max_rel, r.trace_matches)
         assert r.trace_matches and not r.fallback_traced
         _check_one_dispatch(r)
+
+
+@pytest.mark.parametrize("model", TINY_MOE)
+def test_counts_are_exchanged_right_after_the_router_under_sp_moe(model: str) -> None:
+    """sp-moe starts each MoE layer's count exchange as soon as its routing exists (so the host waits
+    for the counts, not for the ops up to the experts); baseline has no all-to-all MoE. The
+    equality test above therefore runs this path."""
+    from tpplan.layout.schedule import layer_results
+    from tpplan.plans.named import make_plan
+    from tpplan.runtime.distributed import PlanRunner
+
+    graph = build_model_graph(load_model(model))
+    for plan_name, expect in (("sp-moe", True), ("baseline", False)):
+        if not audit(model, 2, [plan_name]).plans[0].legal:
+            continue
+        plan = make_plan(plan_name, graph, 2)
+        for kind, res in zip(graph.layer_kinds, layer_results(graph, plan, 2), strict=True):
+            lg = graph.kinds[kind]
+            named = {(c.value, c.dst): c for c in res.comms if not c.internal}
+            ahead = PlanRunner._counts_ahead_routing(None, lg, res, named)  # type: ignore[arg-type]
+            experts = [o for o in lg.ops if o.kind is OpKind.EXPERTS]
+            if expect and experts:
+                assert ahead == {experts[0].inputs[1]: experts[0]}, (model, kind)
+            else:
+                assert ahead == {}, (model, plan_name, kind)

@@ -26,8 +26,10 @@ from tpplan.cost.topology import (
 )
 from tpplan.errors import TpplanError
 
-# GEMM sweep: the (K, N) of the shapes in shared/anchors/h200_gemm_shapes.json, four token counts.
+# GEMM sweep: the (K, N) of the shapes in shared/anchors/h200_gemm_shapes.json, four token counts
+# (`--gemm-model` adds the shapes a model's named plans produce, at six token counts).
 GEMM_M = (256, 2048, 8192, 16384)
+GEMM_M_MODEL = (256, 1024, 2048, 4096, 8192, 16384)
 GEMM_KN = (
     (7168, 2112), (7168, 384), (7168, 12288), (3584, 6144), (3584, 768), (3584, 192),
     (7168, 3584), (7168, 768), (8192, 8192),
@@ -69,6 +71,8 @@ class CalibrationConfig:
     warmup: int = 5
     collectives: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
     gemm: bool | None = None  # None: on when the backend is nccl
+    gemm_kn: tuple[tuple[int, int], ...] = GEMM_KN  # (K, N) shapes; --gemm-model adds a model's plan shapes
+    gemm_m: tuple[int, ...] = GEMM_M
     timeout_s: float = 300.0
     progress: bool = True
 
@@ -174,9 +178,9 @@ def _worker(rank: int, world: int, device: Any, cfg: CalibrationConfig) -> Calib
             progress.update(task, advance=1, description=f"{kind} {count * elem} B")
         res.points.extend(SweepPoint(k, c * elem, c, dname, t, world) for (k, c), t in best.items())
         if do_gemm:
-            gtask = progress.add_task("gemm", total=len(GEMM_M) * len(GEMM_KN))
-            for m in GEMM_M:
-                for k, n in GEMM_KN:
+            gtask = progress.add_task("gemm", total=len(cfg.gemm_m) * len(cfg.gemm_kn))
+            for m in cfg.gemm_m:
+                for k, n in cfg.gemm_kn:
                     res.gemm.append(_time_gemm(m, k, n, device, cfg.iters, cfg.warmup))
                     progress.update(gtask, advance=1, description=f"gemm {m}x{k}x{n}")
     return res

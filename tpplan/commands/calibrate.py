@@ -75,6 +75,7 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
         table.add_row(key, str(prof.samples), str(len(prof.points)), span)
     Console().print(table)
     topo = with_kernel_profiles(base, profiles, f"Kernel profiles fitted from: {source}.")
+    topo = topo.model_copy(update={"name": out.stem})  # a preset's name is its file's
     write_topology_atomic(topo, out, f"written by `tpplan calibrate --kernels-from`: {topo.notes}")
     typer.echo(f"wrote {out}")
 
@@ -92,6 +93,11 @@ def calibrate(
         str, typer.Option(help="comma-separated kinds")
     ] = "all_reduce,reduce_scatter,all_gather,all_to_all",
     gemm: Annotated[bool | None, typer.Option("--gemm/--no-gemm", help="GEMM sweep (default: on with CUDA)")] = None,
+    gemm_model: Annotated[
+        str | None,
+        typer.Option(help="also time the per-rank GEMM shapes this model's named plans run (at --gemm-tp)"),
+    ] = None,
+    gemm_tp: Annotated[int | None, typer.Option(help="TP size for --gemm-model's shapes (default: --nproc)")] = None,
     base_topology: Annotated[str, typer.Option(help="preset or file whose GPU and link specs are copied")] = "h200x2",
     timeout: Annotated[float, typer.Option(help="seconds before a stuck collective fails")] = 300,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
@@ -129,7 +135,17 @@ def calibrate(
         import torch
 
         nproc = torch.cuda.device_count() if torch.cuda.is_available() else 2
+    extra: dict[str, object] = {}
+    if gemm_model is not None:
+        from tpplan.bench.calibrate import GEMM_KN, GEMM_M_MODEL
+        from tpplan.cost.predict import plan_gemm_shapes
+        from tpplan.models.config import load_model
+        from tpplan.models.graph import build_model_graph
+
+        shapes = plan_gemm_shapes(build_model_graph(load_model(gemm_model)), gemm_tp or nproc, base)
+        extra = {"gemm_kn": tuple(sorted({*GEMM_KN, *shapes})), "gemm_m": GEMM_M_MODEL}
     cfg = CalibrationConfig(
+        **extra,  # type: ignore[arg-type]
         backend=backend.value,
         nproc=nproc,
         min_bytes=min_bytes,

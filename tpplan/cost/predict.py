@@ -715,6 +715,31 @@ def _predictor(
     return p
 
 
+def plan_gemm_shapes(graph: ModelGraph, tp: int, topo: Topology, dtype: str = "bf16") -> list[tuple[int, int]]:
+    """Per-rank (K, N) of every GEMM (and grouped expert GEMM) the model's legal named plans run at
+    TP `tp`: the shapes a GEMM table for this model should have measured (`tpplan calibrate --gemm-model`)."""
+    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+
+    shapes: set[tuple[int, int]] = set()
+    for name in (*NAMED_PLANS, *EXTRA_PLANS):
+        try:
+            plan = make_plan(name, graph, tp)
+        except TpplanError:
+            continue
+        p = _Predictor(graph, plan, topo.with_nodes(max(1, math.ceil(tp / topo.gpus_per_node))), tp, 1, dtype, None)
+        if not p.audit.legal:
+            continue
+        for res in p.audit.layer_results:
+            for o in p.kind_time(res, ((4096, 0),)).ops:
+                if o.shape is None:
+                    continue
+                _, k, n = o.shape
+                shapes.add((k, n))
+                if o.category == "moe":  # the down projection after gate+up
+                    shapes.add((n // 2, k))
+    return sorted(shapes)
+
+
 def batch_time(
     graph: ModelGraph,
     plan: Plan,

@@ -168,6 +168,7 @@ class PlanRunner:
         self.planned = [{(c.value, c.dst) for c in r.comms} for r in layer_results(graph, plan, n)]
         self.shard = self._shard(self.results, self.exec_plan)
         self._fallback: tuple[Plan, list[LayerResult], ModelShard] | None = None
+        self._counts_ahead: dict[str, tuple[Tensor, Tensor, Any]] = {}  # MoE counts exchanged after the router
         self.state = RunState()
         self.chunk_index = 0
         rope = K.Rope(self.numerics.rope_theta, self.numerics.rope_interleave, self.numerics.rope_scaling,
@@ -275,6 +276,7 @@ class PlanRunner:
         self._reduce_inplace = {
             v for (v, dst) in named if dst is R and v not in read_as_partial and (v, S_TOK) not in named
         }
+        ahead = self._counts_ahead_routing(lg, res, named) if self.n > 1 else {}
         for op, dec in zip(lg.ops, res.decisions, strict=True):
             w = shard.ops[(i, op.name)]
             if self._seed_variant(op, dec, env, planned):
@@ -296,6 +298,8 @@ class PlanRunner:
                 ins.append(held)
             state = self.state.ops.setdefault((i, op.name), {})
             env[op.output] = self._run(op, dec, ins, w, state, ctx, tokens)
+            if op.output in ahead:
+                self._exchange_counts_ahead(ahead[op.output], env[op.output].t, tokens)
             if boundary and op.kind is OpKind.ATTN_RES and op in lg.entry:
                 stream = str(op.attrs.get("norm_of", op.inputs[1]))
                 bank = env["bank"]
@@ -382,6 +386,52 @@ class PlanRunner:
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
         return Held(execute_op(op, tensors, w, state, ctx), dec.strategy.output)
 
+    def _counts_ahead_routing(
+        self, lg: LayerGraph, res: LayerResult, named: dict[tuple[str, Placement], CommEvent]
+    ) -> dict[str, Op]:
+        """Routing values whose all-to-all MoE can exchange its send counts right after the router.
+
+        The counts must reach the host before the dispatch is launched, and after that host sync the
+        GPU idles while the CPU launches the dispatch (70-200 us on 2xH200, docs/runtime.md). Exchanged
+        as soon as the routing exists, the counts travel while the ops between router and experts
+        (K3: the latent down-projection) run, and the host waits only for them. Only where those ops
+        issue no collective, so the traced order stays the predicted one (counts, dispatch, combine)."""
+        out: dict[str, Op] = {}
+        index = {op.output: j for j, op in enumerate(lg.ops)}
+        for j, (op, dec) in enumerate(zip(lg.ops, res.decisions, strict=True)):
+            if op.kind is not OpKind.EXPERTS or dec.split != "a2a":
+                continue
+            routing = op.inputs[1]
+            start = index.get(routing)
+            if start is None or dec.strategy.inputs[1] is not S_TOK:
+                continue
+            between = lg.ops[start + 1 : j + 1]
+            if not any((v, dst) in named for o in between for v in o.inputs for dst in (R, S_TOK, S_COL, P)):
+                out[routing] = op
+        return out
+
+    def _exchange_counts_ahead(self, op: Op, routing: Tensor, tokens: int) -> None:
+        """Start the MoE count exchange now and copy the counts to pinned host memory without waiting;
+        `_moe_a2a` picks them up (see `_counts_ahead_routing`)."""
+        hit, counts = self._moe_hits(op, routing, tokens)
+        got = self.comm.exchange_counts(counts, f"{op.inputs[0]}:counts")
+        pinned = routing.device.type == "cuda"
+        host = torch.empty(2, self.n, dtype=torch.int64, pin_memory=pinned)
+        host.copy_(torch.stack([counts, got]), non_blocking=pinned)
+        ready = None
+        if pinned:
+            ready = torch.cuda.Event()
+            ready.record()
+        self._counts_ahead[op.inputs[0]] = (hit, host, ready)
+
+    def _moe_hits(self, op: Op, routing: Tensor, tokens: int) -> tuple[Tensor, Tensor]:
+        """[real, n] mask (token t goes to rank j) and the per-rank send counts, on the device."""
+        n = self.n
+        per = int(op.attrs["experts"]) // n
+        lo, hi = token_range(tokens, n, self.rank)
+        hit = (routing[: hi - lo].reshape(hi - lo, n, per) != 0).any(-1)
+        return hit, hit.sum(0)
+
     def _moe_a2a(self, op: Op, x: Tensor, routing: Tensor, w: dict[str, Tensor], tokens: int) -> Tensor:
         """Dispatch each real token once to every rank hosting one of its experts, run the local experts,
         combine (sum) the returned rows. Padding rows are not sent."""
@@ -392,13 +442,19 @@ class PlanRunner:
         lo, hi = token_range(tokens, n, self.rank)
         real = hi - lo
         weights = routing[:real].reshape(real, n, per)  # [real, n, per]: each rank's experts' weights
-        hit = (weights != 0).any(-1)  # [real, n]: token t goes to rank j
-        counts = hit.sum(0)  # send counts, on the device: no host sync yet
         maybe_fault(self.rank, "all_to_all")
-        got_counts = c.exchange_counts(counts, f"{name}:counts")
-        # The layer's one host sync: send and receive counts in one read. After a sync the GPU is idle
-        # and every launch that follows is exposed (docs/runtime.md), so nothing else here syncs.
-        send, recv = torch.stack([counts, got_counts]).tolist()
+        ahead = self._counts_ahead.pop(name, None)
+        if ahead is not None:  # exchanged right after the router: wait for those counts only
+            hit, host, ready = ahead
+            if ready is not None:
+                ready.synchronize()
+            send, recv = host.tolist()
+        else:
+            hit, counts = self._moe_hits(op, routing, tokens)  # [real, n] mask and send counts, on the device
+            got_counts = c.exchange_counts(counts, f"{name}:counts")
+            # The layer's one host sync: send and receive counts in one read. After a sync the GPU is idle
+            # and every launch that follows is exposed (docs/runtime.md), so nothing else here syncs.
+            send, recv = torch.stack([counts, got_counts]).tolist()
         # Rows grouped by destination rank in rank order, tokens ascending within each: nonzero over
         # the [n, real] mask, sized by the counts already on the host (no second sync).
         dst, tok = torch.nonzero_static(hit.t(), size=sum(send)).unbind(1)
