@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -866,6 +867,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
                     iters=len(secs),
                     algorithm=est.algorithm,
                     direct_s=max(rep[1], 1e-9) if rep else None,
+                    replay_s=max(rep[0], 1e-9) if rep else None,
                 )
             )
             if rep:
@@ -1167,6 +1169,19 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
                     )
                 )
                 continue
+            noise = saving_noise(base.results, pb.results)
+            if noise is not None and pred_saving < 2 * noise:
+                out.append(
+                    Check(
+                        f"{pb.plan}: measured / predicted saving vs baseline",
+                        f"predicted {pred_saving * 1e3:+.2f} ms",
+                        "n/a (below the run's resolution)",
+                        None,
+                        f"predicted saving < 2 sigma of the measured difference ({2 * noise * 1e3:.2f} ms, from the "
+                        f"spread of identical batches); measured {meas_saving * 1e3:+.2f} ms",
+                    )
+                )
+                continue
             share = meas_saving / pred_saving
             out.append(
                 Check(
@@ -1197,6 +1212,27 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
             )
         )
     return out
+
+
+def saving_noise(a: BenchResults, b: BenchResults) -> float | None:
+    """Standard deviation of (total of a's batches - total of b's), from each run's own spread.
+
+    Batches with the same prediction have the same shape and context (the seed workload has two
+    such groups of eight): their measured spread is run noise. Var(total) = sum over groups of
+    n x var(group); the two runs are independent. None when no group has two batches.
+    """
+    var = 0.0
+    found = False
+    for r in (a, b):
+        groups: dict[float, list[float]] = defaultdict(list)
+        for x in r.batches:
+            if x.predicted_s is not None:
+                groups[round(x.predicted_s, 9)].append(x.measured_s)
+        for vals in groups.values():
+            if len(vals) > 1:
+                found = True
+                var += len(vals) * statistics.variance(vals)
+    return math.sqrt(var) if found else None
 
 
 def _layer_ops(r: BenchResults, layer: LayerResult) -> list[OpResult]:
@@ -1435,14 +1471,15 @@ def anchor_rows(benches: Sequence[PlanBench], anchor: Path) -> list[str]:
 def from_files(paths: Sequence[Path]) -> list[PlanBench]:
     """Results files written earlier (`--from`), for the markdown and the checks without a rerun.
 
-    The files keep everything but the runtime-replay times, so the overhead line compares the
-    in-plan times with `direct_s`."""
+    Files that keep the runtime-replay times (`replay_s`) give the same overhead check as the run;
+    older ones compare the in-plan times with `direct_s`."""
     from tpplan.report.bench_results import load_bench_results
 
     out = []
     for p in paths:
         r = load_bench_results(p)
-        out.append(PlanBench(r.plan, r, {}, {}, [], [], "as recorded in the results files"))
+        replay = {i: c.replay_s for i, c in enumerate(r.collectives) if c.replay_s}
+        out.append(PlanBench(r.plan, r, replay, {}, [], [], "as recorded in the results files"))
     return out
 
 

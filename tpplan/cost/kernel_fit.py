@@ -99,7 +99,7 @@ def fit_kernel_profiles(results: Sequence[BenchResults], source: str) -> dict[st
 def with_kernel_profiles(topo: Topology, profiles: dict[str, KernelProfile], note: str = "") -> Topology:
     """`topo` with its GPU's kernel profiles replaced by `profiles`."""
     gpu = topo.gpu.model_copy(update={"kernel_profiles": profiles})
-    notes = f"{topo.notes} {note}".strip() if note else topo.notes
+    notes = "; ".join(x for x in (topo.notes.rstrip(". "), note) if x) if note else topo.notes
     return topo.model_copy(update={"gpu": gpu, "notes": notes})
 
 

@@ -57,6 +57,11 @@ class CollectiveResult(Timed):
     direct_s: float | None = Field(
         default=None, gt=0, description="same collective issued directly with torch.distributed (overhead check)"
     )
+    replay_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="the same call through tpplan's runtime Comm, timed like direct_s (runtime overhead)",
+    )
 
 
 class OpResult(Timed):
