@@ -240,7 +240,7 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "kimi-k3-4x8"
-EXAMPLE_BENCH = "docs/benchmarks/h200x2-2026-11-30/k3-baseline.json"
+EXAMPLE_BENCH = "docs/benchmarks/h200x2-2026-11-30-kernel-profiles/k3-baseline.json"
 EXAMPLE_CMD = (
     "tpplan report --model kimi-k3 --topology h200x8-ib400 --nodes 4 --expert-dtype mxfp4 "
     f"--bench {EXAMPLE_BENCH} --out docs/examples/kimi-k3-4x8"

@@ -193,21 +193,24 @@ def _progress(enabled: bool) -> Any:
 
 
 def _time_gemm(m: int, k: int, n: int, device: Any, iters: int, warmup: int) -> GemmPoint:
-    """Achieved bf16 TFLOP/s of one [m,k] x [k,n] matmul: the fastest of three batch means (CUDA events)."""
+    """Achieved bf16 TFLOP/s of one [m,k] x [n,k]^T product as `F.linear` runs it (weights stored
+    [out, in], the layout of every checkpoint and runtime: `a @ b` with b [k,n] picks other cuBLAS
+    kernels, 10% slower at K3's TP2 shapes on an H200); the fastest of three batch means (CUDA events)."""
 
     import torch
+    import torch.nn.functional as F
 
     a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
     for _ in range(warmup):
-        a @ b
+        F.linear(a, w)
     times = []
     for _ in range(3):  # batches of back-to-back products, as the collectives are timed
         torch.cuda.synchronize(device)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         for _ in range(iters):
-            a @ b
+            F.linear(a, w)
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e) / 1e3 / iters)
