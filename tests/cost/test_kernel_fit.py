@@ -61,11 +61,11 @@ def test_profiles_fitted_on_a_sweep_predict_other_sizes_and_plans() -> None:
     the fitted profiles predict that multiple at 8K and for another plan (other shares), and leave
     plain GEMMs (priced by the GEMM table) alone."""
     base = load_topology("h200x2-calibrated")
-    scale = {"token_mix.kda": 40.0, "attn_res": 30.0, "norm": 10.0, "experts": 2.0, "router": 19.0}
+    scale = {"token_mix.kda": 40.0, "attn_res": 30.0, "norm": 10.0, "experts.tp": 2.0, "router": 19.0}
     ref = load_bench_results(GPU_RUN / "k3-baseline.json")
     ops = _slice_ops(base, "baseline", 2048, scale) + _slice_ops(base, "baseline", 16384, scale)
     profiles = fit_kernel_profiles([ref.model_copy(update={"ops": ops})], "test")
-    assert {"token_mix.kda", "token_mix.kda:kda", "attn_res", "experts", "router", "norm"} <= set(profiles)
+    assert {"token_mix.kda", "token_mix.kda:kda", "attn_res", "experts.tp", "router", "norm"} <= set(profiles)
     topo = with_kernel_profiles(base, profiles)
     for plan in ("baseline", "gate-aware"):
         for o in _slice_ops(topo, plan, 8192, {}):

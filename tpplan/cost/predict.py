@@ -72,17 +72,22 @@ class OpTime:
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
 
 
-def kernel_key(op: Op) -> str | None:
+def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
     """The kernel class of an op, as `GpuSpec.kernel_profiles` keys it; None for plain GEMMs.
 
     GEMMs have their own measured shape table. Every other op kind is one class (attention and
     recurrences by implementation: an MLA prefill and a KDA scan are different kernels); the router
-    is its own class because runtimes score it in fp32, unlike the bf16 GEMMs around it.
+    is its own class because runtimes score it in fp32, unlike the bf16 GEMMs around it. Routed
+    experts are one class per MoE mode (`experts.tp`, `experts.a2a`, `experts.ep`): the grouped GEMMs
+    run on different group counts and shapes in each, which the dense-table estimate does not rank
+    the way the hardware does (2xH200: a profile fitted on TP experts mispriced all-to-all ones by 28%).
     """
     if op.kind is OpKind.LINEAR or op.kind is OpKind.SLICE:
         return None
     if op.kind is OpKind.TOKEN_MIX:
         return f"token_mix.{op.attrs.get('impl') or 'conv'}"
+    if op.kind is OpKind.EXPERTS and moe_split:
+        return f"experts.{moe_split}"
     return op.kind.value
 
 
@@ -462,7 +467,7 @@ class _Predictor:
             secs, cat = self._roofline(flops, nbytes), "elementwise"
         if not flops and not nbytes:
             redundant = False
-        kernel, modelled = kernel_key(op), secs
+        kernel, modelled = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None), secs
         profile = self._profile(kernel, op.name)
         if profile is not None and secs > 0:
             secs = profile.apply(secs)
