@@ -113,3 +113,31 @@ def test_counts_are_exchanged_right_after_the_router_under_sp_moe(model: str) ->
                 assert ahead == {experts[0].inputs[1]: experts[0]}, (model, kind)
             else:
                 assert ahead == {}, (model, plan_name, kind)
+
+
+def test_ops_independent_of_an_all_to_all_moe_run_before_it() -> None:
+    """Under sp-moe the shared expert (no collective, not fed by the routed experts) is queued before
+    the all-to-all MoE so the GPU computes while the CPU launches the dispatch; every op still comes
+    after its inputs; baseline keeps graph order."""
+    from tpplan.layout.schedule import layer_results
+    from tpplan.plans.named import make_plan
+    from tpplan.runtime.distributed import PlanRunner
+
+    graph = build_model_graph(load_model("kimi-k3"))
+    for plan_name in ("sp-moe", "baseline"):
+        plan = make_plan(plan_name, graph, 2)
+        for kind, res in zip(graph.layer_kinds, layer_results(graph, plan, 2), strict=True):
+            lg = graph.kinds[kind]
+            named = {(c.value, c.dst): c for c in res.comms if not c.internal}
+            ahead = PlanRunner._counts_ahead_routing(None, lg, res, named)  # type: ignore[arg-type]
+            order = [lg.ops[j].name for j in PlanRunner._op_order(lg, res, named, ahead)]
+            assert sorted(order) == sorted(o.name for o in lg.ops)
+            made = {"resid", "delta", "bank"} | {v for v in lg.values if v not in {o.output for o in lg.ops}}
+            for name in order:
+                op = next(o for o in lg.ops if o.name == name)
+                assert set(op.inputs) <= made, (plan_name, kind, name)
+                made.add(op.output)
+            if plan_name == "sp-moe" and "experts" in order:
+                assert order.index("shared_down_proj") < order.index("experts") < order.index("latent_norm")
+            else:
+                assert order == [o.name for o in lg.ops]
