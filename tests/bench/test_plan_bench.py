@@ -267,9 +267,9 @@ def test_the_shipped_kernel_profiles_are_the_fit_of_the_recorded_sweep() -> None
 
 def test_recorded_profiled_run_meets_the_layer_overhead_and_saving_targets() -> None:
     """The recorded 2xH200 seed-c8 run under h200x2-runtime-kernels, re-checked from its files: every
-    plan's layers within 10% and overhead within 3%, gate-aware's saving measured, latent-scattered's
-    below the run's resolution; sp-moe misses its collective median and, narrowly, its saving (89%):
-    the in-plan MoE dispatch that the model prices as its isolated transfer."""
+    plan's layers within 10% and overhead within 3%, gate-aware's and sp-moe's savings measured,
+    latent-scattered's below the run's resolution; sp-moe's collective median is the one miss (its
+    combine runs 11% shorter in the plan than alone, two reduce-scatters wait)."""
     from tpplan.bench.plan_bench import checks, from_files
 
     got = {c.name: c for c in checks(from_files([PROFILED_RUN / f"k3-{p}.json" for p in PLANS4]))}
@@ -280,8 +280,7 @@ def test_recorded_profiled_run_meets_the_layer_overhead_and_saving_targets() -> 
         assert got[f"{p}: collective median |error|"].ok
     assert got["sp-moe: collective median |error|"].ok is False
     assert got["gate-aware: measured / predicted saving vs baseline"].ok
-    sp_saving = got["sp-moe: measured / predicted saving vs baseline"]
-    assert sp_saving.ok is False and sp_saving.value == "89%"
+    assert got["sp-moe: measured / predicted saving vs baseline"].ok
     assert got["latent-scattered: measured / predicted saving vs baseline"].ok is None
 
 
