@@ -298,3 +298,19 @@ def test_saving_noise_is_the_spread_of_identical_batches() -> None:
     # a: group 1.0/1.2/1.4 has variance 0.04 (3 batches), group 5.0 none; b: none
     assert saving_noise(a, b) == pytest.approx((3 * 0.04) ** 0.5)
     assert saving_noise(run([1.0]), run([2.0])) is None  # no repeated batch: no estimate
+
+
+def test_call_weighted_median_counts_every_call() -> None:
+    from tpplan.bench.plan_bench import call_weighted_median_error
+    from tpplan.report.bench_results import CollectiveResult
+
+    def row(err: float, calls: int) -> CollectiveResult:
+        return CollectiveResult(kind="all_reduce", shape=[8, 8], bytes=128, group_size=2, measured_s=1.0,
+                                predicted_s=1.0 + err, iters=calls)  # fmt: skip
+
+    # three rare rows far off, one frequent row close: the rows' median is 0.3, the calls' 0.01
+    rows = [row(0.3, 1), row(0.4, 1), row(-0.5, 1), row(0.01, 45)]
+    assert call_weighted_median_error(rows) == pytest.approx(0.01)
+    assert call_weighted_median_error([]) is None
+    sp = load_bench_results(PROFILED_RUN / "k3-sp-moe.json")
+    assert call_weighted_median_error(sp.collectives) == pytest.approx(0.029, abs=0.001)
