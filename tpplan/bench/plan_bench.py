@@ -957,7 +957,7 @@ def category_ratios(ops: Sequence[OpResult], colls: Sequence[CollectiveResult]) 
     pred: dict[str, float] = defaultdict(float)
     for o in ops:
         # against the roofline estimate: the target topology's predictions carry no kernel profiles
-        est = o.modelled_s or o.predicted_s
+        est = o.estimate_s
         if est:
             meas[o.category or "other"] += o.measured_s * o.iters
             pred[o.category or "other"] += est * o.iters
@@ -1339,8 +1339,8 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
 
 
 def _profiles_note(r: BenchResults) -> str:
-    """Whether the predictions used measured kernel profiles (ops carry modelled_s != predicted_s)."""
-    profiled = [o for o in r.ops if o.kernel and o.modelled_s and o.predicted_s and o.modelled_s != o.predicted_s]
+    """Whether the predictions used measured kernel profiles (`OpResult.profiled`)."""
+    profiled = [o for o in r.ops if o.profiled]
     if not profiled:
         return " (roofline kernel estimates, no kernel profiles)"
     return f" with measured kernel profiles for {len({o.kernel for o in profiled})} kernel classes"

@@ -54,7 +54,7 @@ def profile_samples(results: Sequence[BenchResults]) -> dict[str, list[tuple[flo
                 if lookup is None:
                     lookup = _op_kernels(res.model)
                 kernel = lookup.get((o.layer_kind, o.op))
-            modelled = o.modelled_s if o.modelled_s is not None else o.predicted_s
+            modelled = o.estimate_s
             if kernel is None or not modelled or modelled <= 0:
                 continue
             out[kernel].append((modelled, o.measured_s))

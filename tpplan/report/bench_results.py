@@ -77,6 +77,17 @@ class OpResult(Timed):
         default=None, gt=0, description="the model's roofline estimate before any kernel profile (predicted_s)"
     )
 
+    @property
+    def estimate_s(self) -> float | None:
+        """The model's own estimate: `modelled_s`, or `predicted_s` in files written before kernel
+        profiles existed (their predictions were the estimates)."""
+        return self.modelled_s if self.modelled_s is not None else self.predicted_s
+
+    @property
+    def profiled(self) -> bool:
+        """Its prediction came through a measured kernel profile (differs from the estimate)."""
+        return bool(self.kernel and self.modelled_s and self.predicted_s and self.modelled_s != self.predicted_s)
+
 
 class LayerResult(Timed):
     """One whole layer forward (compute and collectives) at `tokens` tokens."""

@@ -376,7 +376,7 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
                 f"slice: {br.model_slice.description}; predictions on topology `{br.topology}`"
                 + (
                     " (its kernel profiles price the non-GEMM ops the bench really ran)."
-                    if any(o.modelled_s and o.predicted_s and o.modelled_s != o.predicted_s for o in br.ops)
+                    if any(o.profiled for o in br.ops)
                     else " (roofline kernel estimates)."
                 )
             )
