@@ -467,17 +467,17 @@ class _Predictor:
             secs, cat = self._roofline(flops, nbytes), "elementwise"
         if not flops and not nbytes:
             redundant = False
-        kernel, modelled = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None), secs
-        profile = self._profile(kernel, op.name)
-        if profile is not None and secs > 0:
-            secs = profile.apply(secs)
-        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, secs, redundant, shape, kernel, modelled)
+        kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
+        measured = self._profiled(kernel, op.name, secs)
+        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs)
 
-    def _profile(self, kernel: str | None, op_name: str) -> KernelProfile | None:
-        """The measured profile for this op: its own ('kind:op name') first, else its kind's."""
-        if kernel is None or not self.profiles:
-            return None
-        return self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
+    def _profiled(self, kernel: str | None, op_name: str, modelled: float) -> float:
+        """`modelled` through the measured profile for this op (its own, 'kind:op name', first, else its
+        kind's); unchanged where the topology has none."""
+        if kernel is None or not self.profiles or modelled <= 0:
+            return modelled
+        profile: KernelProfile | None = self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
+        return profile.apply(modelled) if profile is not None else modelled
 
     # -- communication -----------------------------------------------------------------------
     def _coll(self, kind_name: str, label: str, kind: str, region: str, nbytes: float) -> CollectiveTime:
@@ -519,8 +519,7 @@ class _Predictor:
             return None
         nbytes = elements * self.b
         modelled = self._roofline(0.0, nbytes)
-        profile = self._profile(LAYOUT_COPY_KERNEL, name)
-        secs = profile.apply(modelled) if profile is not None else modelled
+        secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
         return OpTime(
             lg.kind, name, "layout", "elementwise", 0.0, nbytes, secs, False, None, LAYOUT_COPY_KERNEL, modelled
         )
