@@ -399,6 +399,7 @@ class PlanRunner:
         issue no collective, so the traced order stays the predicted one (counts, dispatch, combine)."""
         out: dict[str, Op] = {}
         index = {op.output: j for j, op in enumerate(lg.ops)}
+        converted = {v for v, _ in named}  # values a collective brings to some placement
         for j, (op, dec) in enumerate(zip(lg.ops, res.decisions, strict=True)):
             if op.kind is not OpKind.EXPERTS or dec.split != "a2a":
                 continue
@@ -406,8 +407,7 @@ class PlanRunner:
             start = index.get(routing)
             if start is None or dec.strategy.inputs[1] is not S_TOK:
                 continue
-            between = lg.ops[start + 1 : j + 1]
-            if not any((v, dst) in named for o in between for v in o.inputs for dst in (R, S_TOK, S_COL, P)):
+            if not any(converted & set(o.inputs) for o in lg.ops[start + 1 : j + 1]):
                 out[routing] = op
         return out
 
@@ -430,12 +430,11 @@ class PlanRunner:
         for j, op in enumerate(lg.ops):
             if id(op) not in moe_ops:
                 continue
-            tainted = {op.output}
+            tainted = {op.output} | {v for v, _ in named}  # fed by the MoE, or by a collective
             movable = []
             for k in range(j + 1, len(lg.ops)):
                 later = lg.ops[k]
-                needs_comm = any((v, dst) in named for v in later.inputs for dst in (R, S_TOK, S_COL, P))
-                if tainted & set(later.inputs) or needs_comm or later.kind is OpKind.ATTN_RES:
+                if tainted & set(later.inputs) or later.kind is OpKind.ATTN_RES:
                     tainted.add(later.output)
                 else:
                     movable.append(k)
