@@ -34,6 +34,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -202,23 +203,22 @@ def kda(
     else:
         g = -a.reshape(1, 1, n, 1).exp() * F.softplus(f.float().reshape(shp) + dtb.reshape(1, 1, n, head_dim))
         beta, extra = torch.sigmoid(beta_logits.float()).reshape(1, t, n).to(q.dtype), {}
+    o = _fla_chunk(chunk_kda, qh, kh, vh, g, beta, head_dim**-0.5, init, state, chunk_size, extra)
+    return o.reshape(t, -1).to(q.dtype)
+
+
+def _fla_chunk(
+    fn: Any, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, init: Tensor | None,
+    state: dict[str, Tensor] | None, chunk_size: int, extra: dict[str, Any],
+) -> Tensor:  # fmt: skip
+    """One call of an fla chunked delta-rule kernel (`chunk_kda`, `chunk_gated_delta_rule`; same
+    contract): q/k l2-normalised in the kernel, the final state kept in `state` when one is carried."""
     with torch.no_grad():
-        o, s = chunk_kda(
-            qh,
-            kh,
-            vh,
-            g,
-            beta,
-            scale=head_dim**-0.5,
-            initial_state=init,
-            output_final_state=state is not None,
-            use_qk_l2norm_in_kernel=True,
-            chunk_size=chunk_size,
-            **extra,
-        )
+        o, s = fn(q, k, v, g, beta, scale=scale, initial_state=init, output_final_state=state is not None,
+                  use_qk_l2norm_in_kernel=True, chunk_size=chunk_size, **extra)  # fmt: skip
     if state is not None:
         state["recurrent"] = s[0]
-    return o.reshape(t, -1).to(q.dtype)
+    return o
 
 
 def gdn(
@@ -256,22 +256,7 @@ def gdn(
     else:
         g = -a_log32.exp() * F.softplus(a.float() + dtb)
         beta, extra = torch.sigmoid(b.float()).to(vh.dtype), {}
-    with torch.no_grad():
-        o, s = chunk_gated_delta_rule(
-            qh,
-            kh,
-            vh,
-            g,
-            beta,
-            scale=dk**-0.5,
-            initial_state=init,
-            output_final_state=state is not None,
-            use_qk_l2norm_in_kernel=True,
-            chunk_size=chunk_size,
-            **extra,
-        )
-    if state is not None:
-        state["recurrent"] = s[0]
+    o = _fla_chunk(chunk_gated_delta_rule, qh, kh, vh, g, beta, dk**-0.5, init, state, chunk_size, extra)
     o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z, gate_fn="silu")
     return o.to(qkvz.dtype)
 
