@@ -116,7 +116,7 @@ def test_cli_writes_the_base_topology_with_profiles_and_fails_cleanly_on_a_bad_f
     bad.write_text("{not json")
     out2 = tmp_path / "k2.toml"
     fail = _calibrate("--kernels-from", str(bad), "--base-topology", "h200x2-calibrated", "--out", str(out2))
-    assert fail.returncode == 2 and "bad.json" in fail.stderr and not out2.exists()
+    assert fail.returncode == 2 and "--kernels-from" in fail.stderr and "bad.json" in fail.stderr and not out2.exists()
 
 
 def test_gemm_shapes_of_a_model_s_plans_cover_column_split_token_sharded_and_expert_gemms() -> None:

@@ -61,7 +61,7 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
     base = load_topology(base_topology)
     if not out.parent.is_dir():
         raise TpplanError("--out", f"directory {out.parent} does not exist", "create it first")
-    results = [load_bench_results(p) for p in paths]
+    results = [load_bench_results(p, "--kernels-from") for p in paths]
     source = ", ".join(
         f"{r.model} {r.plan} TP{r.tp} {r.workload} ({r.meta.gpu}, {r.meta.date:%Y-%m-%d})" for r in results
     )

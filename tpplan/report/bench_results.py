@@ -181,19 +181,19 @@ def parse_bench_results(data: object, where: str = "bench results") -> BenchResu
         raise from_validation(exc, where, "fix '{field}' (schema: docs/bench-json.md)") from None
 
 
-def load_bench_results(path: str | Path) -> BenchResults:
-    """Read and validate a results file; every problem is a TpplanError naming the file."""
+def load_bench_results(path: str | Path, option: str = "--bench") -> BenchResults:
+    """Read and validate a results file; every problem is a TpplanError naming the option and file."""
     p = Path(path)
     if not p.is_file():
-        raise TpplanError(f"--bench {p}", "file not found", "pass the JSON file that `tpplan bench` wrote")
+        raise TpplanError(f"{option} {p}", "file not found", "pass the JSON file that `tpplan bench` wrote")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise TpplanError(f"--bench {p}", f"cannot read it ({exc})", "pass a readable UTF-8 JSON file") from None
+        raise TpplanError(f"{option} {p}", f"cannot read it ({exc})", "pass a readable UTF-8 JSON file") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TpplanError(f"--bench {p}", f"malformed JSON ({exc})", "regenerate it with `tpplan bench`") from None
+        raise TpplanError(f"{option} {p}", f"malformed JSON ({exc})", "regenerate it with `tpplan bench`") from None
     return parse_bench_results(data, str(p))
 
 
