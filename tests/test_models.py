@@ -77,3 +77,31 @@ def test_k3_latent_field_aliases(latent_key, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     assert load_model(str(path)).layers[1].mlp.latent == 48
+
+
+def test_every_op_kind_and_mixer_is_registered_once():
+    """The op-kind registry covers every OpKind; every TOKEN_MIX op of every preset names a
+    registered mixer whose cost class the cost model knows, and every attention kind has a builder."""
+    from tpplan.models.opkinds import COST_CLASSES, OP_KINDS, cost_class, mixer
+
+    assert set(OP_KINDS) == set(OpKind)
+    for name in list_presets():
+        graph = build_model_graph(load_model(name))
+        for lg in graph.kinds.values():
+            assert mixer(lg.spec.attn.kind).build is not None
+            for op in lg.ops:
+                assert cost_class(op) in COST_CLASSES, (name, op.name)
+                if op.kind is OpKind.TOKEN_MIX:
+                    assert mixer(str(op.attrs["impl"])).name == op.attrs["impl"]
+
+
+def test_model_types_resolve_to_their_family_module():
+    from tpplan.models.families import family_for, supported_model_types
+
+    assert {"deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3", "qwen3_next", "llama", "qwen3", "qwen3_moe",
+            "mistral"} <= set(supported_model_types())  # fmt: skip
+    assert family_for("kimi_k2").name == "deepseek_v3" and family_for("mistral").name == "gqa"
+    assert family_for("gpt9") is None
+    for preset in ("tiny-deepseek-v3", "tiny-kimi-k3", "tiny-qwen3-next", "tiny-llama", "tiny-qwen3-moe"):
+        spec = load_model(preset)
+        assert family_for(spec.model_type).name == spec.family

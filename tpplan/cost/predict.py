@@ -34,8 +34,8 @@ from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import local_width
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
-from tpplan.models.spec import GDNSpec, GQASpec, KDASpec, MLASpec
+from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.models.opkinds import cost_class, kernel_key, mixer
 from tpplan.plans.plan import Plan
 
 # Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
@@ -70,25 +70,6 @@ class OpTime:
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
-
-
-def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
-    """The kernel class of an op, as `GpuSpec.kernel_profiles` keys it; None for plain GEMMs.
-
-    GEMMs have their own measured shape table. Every other op kind is one class (attention and
-    recurrences by implementation: an MLA prefill and a KDA scan are different kernels); the router
-    is its own class because runtimes score it in fp32, unlike the bf16 GEMMs around it. Routed
-    experts are one class per MoE mode (`experts.tp`, `experts.a2a`, `experts.ep`): the grouped GEMMs
-    run on different group counts and shapes in each, which the dense-table estimate does not rank
-    the way the hardware does (2xH200: a profile fitted on TP experts mispriced all-to-all ones by 28%).
-    """
-    if op.kind is OpKind.LINEAR or op.kind is OpKind.SLICE:
-        return None
-    if op.kind is OpKind.TOKEN_MIX:
-        return f"token_mix.{op.attrs.get('impl') or 'conv'}"
-    if op.kind is OpKind.EXPERTS and moe_split:
-        return f"experts.{moe_split}"
-    return op.kind.value
 
 
 @dataclass(frozen=True)
@@ -422,11 +403,12 @@ class _Predictor:
         # Ops on partial sums (P) also run whole on every rank, but each on different data.
         redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
         shape = None
-        if op.kind in (OpKind.LINEAR, OpKind.ROUTER):
+        cost = cost_class(op)
+        if cost == "gemm":
             out, inp = op.weight_shape
             m = self._rows(d, t)
             wpr = d.weight_elements_per_rank
-            if m < t or d.split == "replicated" or op.kind is OpKind.ROUTER:
+            if m < t or d.split == "replicated" or op.kind is not OpKind.LINEAR:
                 kk, nn = inp, out
             elif d.strategy.output is S_COL:
                 kk, nn = inp, max(1, wpr // inp)
@@ -437,32 +419,27 @@ class _Predictor:
             shape = (m, kk, nn)
             secs = self._gemm(m, kk, nn) if m else 0.0
             flops, nbytes, cat = 2.0 * m * kk * nn, gemm_bytes(m, kk, nn, self.gemm_dtype), "gemm"  # type: ignore[arg-type]
-        elif op.kind is OpKind.EXPERTS:
+        elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(d, t)
             cat, redundant = "moe", False
-        elif op.kind is OpKind.TOKEN_MIX:
-            impl = op.attrs.get("impl")
+        elif cost == "attention":
             share = d.compute_share
-            if impl in ("mla", "gqa"):
-                flops = op.ctx_flops_per_token * pairs * share
-                kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
-                _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
-                secs, cat = self._roofline(flops, nbytes, ATTN_EFFICIENCY), "attention"
-            elif impl in ("kda", "gdn"):
-                flops, nbytes = self._elementwise(lg, d, t)
-                secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
-            else:  # short convolution: memory-bound
-                flops, nbytes = self._elementwise(lg, d, t)
-                secs, cat = self._roofline(flops, nbytes), "elementwise"
-        elif op.kind is OpKind.SLICE:
+            flops = op.ctx_flops_per_token * pairs * share
+            kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
+            _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
+            secs, cat = self._roofline(flops, nbytes, ATTN_EFFICIENCY), "attention"
+        elif cost == "recurrence":
+            flops, nbytes = self._elementwise(lg, d, t)
+            secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
+        elif cost == "free":
             secs = flops = nbytes = 0.0
             cat = "elementwise"
-        elif op.kind is OpKind.ATTN_RES:
+        elif cost == "attn_res":
             rows = self._rows(d, t)
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
-        else:
+        else:  # elementwise (norms, gates, short convolutions): memory-bound
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes), "elementwise"
         if not flops and not nbytes:
@@ -629,35 +606,14 @@ class _Predictor:
         return best
 
     def _kv_per_token(self, attn: object) -> float:
-        """KV cache bytes per token of one layer on one rank.
-
-        MLA: the compressed latent (kv_lora + rope) is cached whole on every TP rank, not split:
-        SGLang's MLATokenToKVPool allocates [tokens, 1, kv_lora_rank + qk_rope_head_dim] per layer
-        on each rank (python/sglang/srt/mem_cache/memory_pool.py), and vLLM's
-        ModelConfig.get_num_kv_heads (vllm/config/model.py) returns 1 for MLA ("When using MLA
-        during decode it becomes MQA") whatever the TP size. GQA: K and V of this rank's KV heads,
-        max(1, kv_heads // TP) as vLLM's same function does (heads replicated when TP exceeds them).
-        """
-        if isinstance(attn, MLASpec):
-            return (attn.kv_lora_rank + attn.rope_dim) * self.b
-        if isinstance(attn, GQASpec):
-            per_rank = max(1, attn.kv_heads // self.tp)
-            return 2 * per_rank * attn.head_dim * self.b
-        return 0.0
+        """KV cache bytes per token of one layer on one rank, as its token mixer states it
+        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads)."""
+        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)  # type: ignore[attr-defined]
 
     def _state_per_seq(self, attn: object) -> float:
-        """Recurrent state bytes per sequence of one layer on one rank (heads split over TP):
-        the delta-rule state dk x dv per head in fp32, plus the short-conv tails (K-1 inputs)."""
-        n = self.tp
-        if isinstance(attn, KDASpec):
-            heads = attn.heads / n
-            conv = 3 * attn.width / n * (attn.conv_kernel - 1) * self.b
-            return heads * attn.head_dim * attn.head_dim * STATE_BYTES + conv
-        if isinstance(attn, GDNSpec):
-            heads = attn.v_heads / n
-            conv = (2 * attn.key_dim + attn.value_dim) / n * (attn.conv_kernel - 1) * self.b
-            return heads * attn.k_head_dim * attn.v_head_dim * STATE_BYTES + conv
-        return 0.0
+        """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
+        token mixer states it (`Mixer.state_bytes`: delta-rule state in fp32 plus short-conv tails)."""
+        return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)  # type: ignore[attr-defined]
 
     def _activations(self, rng: range, t: int) -> float:
         """Peak activation bytes of one chunk: the stream tensors that live across layers (resid,

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from tpplan.models.config import list_presets, load_config_dict
 from tpplan.models.graph import ModelGraph, Op, OpKind, Value
+from tpplan.models.opkinds import op_kind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.weights import Numerics, numerics_from_config, params_for_op
 
@@ -63,126 +64,16 @@ def layer_weights(op: Op, layer: int, weights: Mapping[str, Tensor], numerics: N
     prefix = f"model.layers.{layer}."
     spec = params_for_op(op, numerics)
     got = {key: weights[prefix + name] for key, (name, _) in spec.items()}
-    if op.kind is OpKind.LINEAR and "parts" in op.attrs:
-        return {"weight": torch.cat([got[f"part{j}"] for j in range(len(op.attrs["parts"]))], dim=0)}
-    if op.kind is OpKind.EXPERTS:
-        e = op.attrs["experts"]
-        return {p: torch.stack([got[f"{p}.{j}"] for j in range(e)]) for p in ("gate", "up", "down")}
-    return got
-
-
-_LATENT_NORMS = ("q_a_layernorm", "kv_a_layernorm")
+    return op_kind(op.kind).assemble(op, got)
 
 
 def execute_op(
     op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any], ctx: ExecContext
 ) -> Tensor:
-    """Run one graph op. `w` comes from `layer_weights` (or a rank's slice of it); `state` is this
-    op's carried state for chunked prefill (empty dict on the first chunk)."""
-    nu, a = ctx.numerics, op.attrs
-    kind = op.kind
-    if kind is OpKind.LINEAR:
-        return K.linear(inputs[0], w["weight"])
-    if kind is OpKind.NORM:
-        eps = nu.latent_eps if op.name in _LATENT_NORMS else nu.eps
-        return K.rms_norm(inputs[0], w["weight"], eps, nu.norm_offset)
-    if kind is OpKind.HEAD_NORM:
-        gate = inputs[1] if len(inputs) > 1 else None
-        return K.head_rms_norm(inputs[0], w["weight"], nu.eps, int(a["head_dim"]), gate, str(a.get("gate", "sigmoid")))
-    if kind is OpKind.SLICE:
-        if a.get("gated_query"):
-            return K.gated_query_split(inputs[0], int(a["head_dim"]), bool(a.get("gate", False)))
-        return K.slice_cols(inputs[0], int(a["start"]), ctx.values[op.output].width)
-    if kind is OpKind.UNARY:
-        return K.unary(inputs[0], str(a["fn"]))
-    if kind is OpKind.MUL:
-        other = torch.sigmoid(inputs[1]) if a.get("sigmoid_second") else inputs[1]
-        return inputs[0] * other
-    if kind is OpKind.SWIGLU:
-        return K.swiglu(inputs[0], inputs[1])
-    if kind is OpKind.ADD:
-        return inputs[0] + inputs[1]
-    if kind is OpKind.ROUTER:
-        if a.get("scalar_gate"):
-            return K.linear(inputs[0], w["weight"])
-        return K.route(
-            inputs[0],
-            w["weight"],
-            top_k=int(a["top_k"]),
-            scoring=str(a["scoring"]),
-            n_group=int(a["n_group"]),
-            topk_group=int(a["topk_group"]),
-            bias=w.get("bias"),
-            renormalize=nu.renormalize,
-            scaling=nu.routed_scaling_factor,
-        )
-    if kind is OpKind.EXPERTS:
-        return K.routed_experts(inputs[0], inputs[1], w["gate"], w["up"], w["down"])
-    if kind is OpKind.ATTN_RES:
-        mixed = K.attn_res(inputs[1], inputs[0], w["proj"], w["score_norm"], nu.eps)
-        return K.rms_norm(mixed, w["out_norm"], nu.eps)
-    if kind is OpKind.TOKEN_MIX:
-        return _token_mix(op, inputs, w, state, ctx)
-    raise NotImplementedError(f"op kind {kind}")
-
-
-def _token_mix(
-    op: Op, inputs: list[Tensor], w: Mapping[str, Tensor], state: dict[str, Any], ctx: ExecContext
-) -> Tensor:
-    a, nu = op.attrs, ctx.numerics
-    impl = a["impl"]
-    if impl == "short_conv":
-        return K.short_conv(inputs[0], w["weight"], state)
-    if impl == "kda":
-        return K.kda(*inputs, head_dim=int(a["head_dim"]), a_log=w["A_log"], dt_bias=w["dt_bias"], state=state)
-    if impl == "mla":
-        q, kv, k_rope = inputs
-        n = int(a["heads"])
-        rope_dim = k_rope.shape[1]
-        qk = ctx.per_head(op.inputs[0], n)
-        nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
-        rope = ctx.rope if a.get("rope", True) else None
-        scale = (qk**-0.5) * (ctx.rope.softmax_scale_factor() if rope is not None else 1.0)
-        return K.mla_attention(
-            q,
-            kv,
-            k_rope,
-            nope_dim=nope,
-            rope_dim=rope_dim,
-            v_dim=v_dim,
-            positions=ctx.positions,
-            rope=rope,
-            scale=scale,
-            cache=state,
-        )
-    if impl == "gqa":
-        return K.gqa_attention(
-            *inputs,
-            head_dim=int(a["head_dim"]),
-            positions=ctx.positions,
-            rope=ctx.rope,
-            rotary_dim=int(a["rotary_dim"]),
-            q_norm=w.get("q_norm"),
-            k_norm=w.get("k_norm"),
-            eps=nu.eps,
-            norm_offset=nu.norm_offset,
-            cache=state,
-        )
-    if impl == "gdn":
-        return K.gdn(
-            inputs[0],
-            inputs[1],
-            conv_weight=w["conv"],
-            a_log=w["A_log"],
-            dt_bias=w["dt_bias"],
-            norm_weight=w["norm"],
-            eps=nu.eps,
-            k_head_dim=int(a["k_head_dim"]),
-            v_head_dim=int(a["v_head_dim"]),
-            v_per_k=int(a["v_heads"]) // int(a["k_heads"]),
-            state=state,
-        )
-    raise NotImplementedError(f"token_mix impl {impl!r}")
+    """Run one graph op with its registered reference kernel (`tpplan.models.opkinds`). `w` comes from
+    `layer_weights` (or a rank's slice of it); `state` is this op's carried state for chunked
+    prefill (empty dict on the first chunk)."""
+    return op_kind(op.kind).run(op, inputs, w, state, ctx, K)
 
 
 @dataclass

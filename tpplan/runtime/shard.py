@@ -17,6 +17,8 @@ lives. This module turns that into row/column ranges of the HF-named tensors:
 - the embedding is vocab-parallel (rank r holds rows [r*ceil(V/N), ...)), so the first block
   reads a partial sum, as the audit assumes.
 
+The ranges themselves are registered with each op kind and token mixer (`tpplan.models.opkinds`,
+`tpplan.models.families`); `Cut` and the head arithmetic live in `tpplan.models.cuts`.
 A `WeightSource` serves slices by name: from a full in-memory dict (random init) or lazily from
 safetensors files, where only the requested ranges are read.
 """
@@ -32,47 +34,11 @@ import torch
 from torch import Tensor
 
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL
 from tpplan.layout.propagate import LayerResult, OpDecision
-from tpplan.models.graph import ModelGraph, Op, OpKind
+from tpplan.models.cuts import FULL, Cut, expert_ownership, head_cut, head_range
+from tpplan.models.graph import ModelGraph, Op
+from tpplan.models.opkinds import ShardCtx, op_kind
 from tpplan.runtime.weights import Numerics, load_safetensors, normalize_names, params_for_op
-
-Ranges = tuple[tuple[int, int], ...]  # half-open index ranges along one dim, concatenated in order
-
-
-@dataclass(frozen=True)
-class Cut:
-    """Which part of a full tensor a rank keeps: `ranges` along `dim`, or all of it (dim None)."""
-
-    dim: int | None = None
-    ranges: Ranges = ()
-
-    @property
-    def full(self) -> bool:
-        return self.dim is None
-
-
-FULL = Cut()
-
-
-def head_range(heads: int, n: int, rank: int) -> tuple[int, int]:
-    """The heads [lo, hi) rank `rank` of `n` owns; one shared head each when N exceeds the heads."""
-    if heads % n == 0:
-        k = heads // n
-        return rank * k, (rank + 1) * k
-    if n % heads == 0:
-        h = rank // (n // heads)
-        return h, h + 1
-    raise TpplanError(
-        f"--tp {n}", f"{heads} heads cannot be split over {n} ranks", "use a TP size that divides the heads"
-    )
-
-
-def head_cut(dim: int, size: int, heads: int, n: int, rank: int) -> Cut:
-    """Rows (dim 0) or columns (dim 1) of `size` made of `heads` equal heads."""
-    lo, hi = head_range(heads, n, rank)
-    per = size // heads
-    return Cut(dim, ((lo * per, hi * per),))
 
 
 class WeightSource(Protocol):
@@ -158,66 +124,13 @@ def _stacked(name: str) -> bool:
 # Cuts per op
 
 
-def expert_ownership(experts: int, mode: str, n: int, rank: int, ep_size: int | None) -> tuple[range, int, int]:
-    """(experts this rank holds, its slice index and slice count of each expert's intermediate)."""
-    if n <= 1:
-        return range(experts), 0, 1
-    if mode == "a2a":
-        per = experts // n
-        return range(rank * per, (rank + 1) * per), 0, 1
-    if mode == "ep":
-        ep = ep_size or 1
-        inner = n // ep
-        group, part = rank // inner, rank % inner
-        per = experts // ep
-        return range(group * per, (group + 1) * per), part, inner
-    return range(experts), rank, n
-
-
 def op_cuts(op: Op, dec: OpDecision, n: int, rank: int, numerics: Numerics, ep_size: int | None) -> dict[str, Cut]:
     """Local key (as `params_for_op` names it) -> the cut rank `rank` keeps; missing keys: not held."""
     spec = params_for_op(op, numerics)
     if n <= 1:
         return dict.fromkeys(spec, FULL)
-    k = op.kind
-    if k is OpKind.LINEAR:
-        shape = op.weight_shape
-        if dec.split == "col":
-            return {"weight": head_cut(0, shape[0], op.split_heads, n, rank)}
-        if dec.split == "row":
-            return {"weight": head_cut(1, shape[1], op.split_heads, n, rank)}
-        return dict.fromkeys(spec, FULL)
-    if k is OpKind.TOKEN_MIX and dec.strategy.output is S_COL:
-        a = op.attrs
-        impl = a["impl"]
-        if impl == "short_conv":
-            return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, n, rank)}
-        if impl == "kda":
-            heads, d = int(a["heads"]), int(a["head_dim"])
-            return {"A_log": head_cut(0, heads, heads, n, rank), "dt_bias": head_cut(0, heads * d, heads, n, rank)}
-        if impl == "gdn":
-            nk, nv, dk, dv = int(a["k_heads"]), int(a["v_heads"]), int(a["k_head_dim"]), int(a["v_head_dim"])
-            lo, hi = head_range(nk, n, rank)
-            r = nv // nk
-            conv = Cut(0, ((lo * dk, hi * dk), (nk * dk + lo * dk, nk * dk + hi * dk),
-                           (2 * nk * dk + lo * r * dv, 2 * nk * dk + hi * r * dv)))  # fmt: skip
-            vh = Cut(0, ((lo * r, hi * r),))
-            return {"conv": conv, "A_log": vh, "dt_bias": vh, "norm": FULL}
-        return dict.fromkeys(spec, FULL)  # mla (no params), gqa (per-head-dim q/k norms)
-    if k is OpKind.EXPERTS:
-        owned, part, parts = expert_ownership(int(op.attrs["experts"]), dec.split, n, rank, ep_size)
-        inter = int(op.attrs["intermediate"])
-        if inter % parts:
-            raise TpplanError(f"{op.name}", f"intermediate {inter} does not split over {parts}", "change TP/EP")
-        rows = Cut(0, ((part * inter // parts, (part + 1) * inter // parts),)) if parts > 1 else FULL
-        cols = Cut(1, rows.ranges) if parts > 1 else FULL
-        out: dict[str, Cut] = {}
-        for j in owned:
-            out[f"gate.{j}"] = rows
-            out[f"up.{j}"] = rows
-            out[f"down.{j}"] = cols
-        return out
-    return dict.fromkeys(spec, FULL)
+    sc = ShardCtx(str(dec.split), dec.strategy.output, n, rank, ep_size)
+    return op_kind(op.kind).cuts(op, spec, sc)
 
 
 def load_op(
@@ -228,12 +141,7 @@ def load_op(
     spec = params_for_op(op, numerics)
     prefix = f"model.layers.{layer}."
     got = {key: source.get(prefix + spec[key][0], cut).to(device=device, dtype=dtype) for key, cut in cuts.items()}
-    if op.kind is OpKind.LINEAR and "parts" in op.attrs:
-        return {"weight": torch.cat([got[f"part{j}"] for j in range(len(op.attrs["parts"]))], dim=0)}
-    if op.kind is OpKind.EXPERTS:
-        owned = sorted({int(key.split(".")[1]) for key in got})
-        return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in ("gate", "up", "down")}
-    return got
+    return op_kind(op.kind).assemble(op, got)
 
 
 @dataclass

@@ -7,123 +7,34 @@ weights it names, A_log/dt_bias, q/k norms, e_score_correction_bias, K3's AttnRe
 Aliases used by other releases and by transformers' in-memory modules (stacked experts, fused KDA
 conv, `forget_gate.*`, `block_sparse_moe`, `w1/w2/w3`) are normalised on load, so a distributed
 runtime can shard one dict no matter where it came from. This module knows names and shapes only;
-`params_for_op` is the single place that says which tensors an op reads.
+which tensors an op reads is registered with its op kind or mixer (`tpplan.models.opkinds`,
+`params_for_op`, re-exported here).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from tpplan.errors import TpplanError
-from tpplan.models.graph import ModelGraph, Op, OpKind
+from tpplan.models.graph import ModelGraph
+from tpplan.models.numerics import Numerics, numerics_from_config
+from tpplan.models.opkinds import params_for_op
 
-
-@dataclass(frozen=True)
-class Numerics:
-    """Config facts the graph leaves out but exact execution needs (eps, RoPE, router scaling)."""
-
-    eps: float = 1e-6
-    latent_eps: float = 1e-6  # MLA q_a/kv_a_layernorm: DeepSeek's and HF's code use the 1e-6 default, not eps
-    norm_offset: float = 0.0  # 1.0: Qwen3-Next's zero-centred RMSNorm scale (1 + w)
-    rope_theta: float = 10000.0
-    rope_interleave: bool = False
-    rope_scaling: dict[str, Any] | None = None
-    max_position_embeddings: int = 4096
-    routed_scaling_factor: float = 1.0
-    renormalize: bool = True
-    router_bias: bool = False  # DeepSeek/Kimi: e_score_correction_bias in the router
-    tie_embeddings: bool = False
-
-
-def numerics_from_config(raw: Mapping[str, Any]) -> Numerics:
-    """Read `Numerics` from a raw HF config dict (K3: its `text_config`)."""
-    mt = raw.get("model_type")
-    c = raw.get("text_config", raw) if mt == "kimi_k3" else raw
-    family = c.get("model_type", mt) if mt != "kimi_k3" else "kimi_k3"
-    mla_family = family in ("deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k3")
-    scaling = c.get("rope_scaling") or c.get("rope_parameters")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
-        scaling = None
-    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta") or 10000.0
-    return Numerics(
-        eps=float(c.get("rms_norm_eps", 1e-6)),
-        norm_offset=1.0 if family == "qwen3_next" else 0.0,
-        rope_theta=float(theta),
-        rope_interleave=bool(c.get("rope_interleave", True)) if mla_family else False,
-        rope_scaling=dict(scaling) if isinstance(scaling, dict) else None,
-        max_position_embeddings=int(c.get("max_position_embeddings", 4096) or 4096),
-        routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0) or 1.0),
-        renormalize=bool(c.get("norm_topk_prob", c.get("moe_renormalize", True))),
-        router_bias=mla_family,
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# Which tensors each op reads
-
-
-def params_for_op(op: Op, numerics: Numerics) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Local key -> (name under `model.layers.{i}.`, full shape) for everything `op` reads."""
-    a = op.attrs
-    w = op.weight
-    if op.kind in (OpKind.LINEAR, OpKind.NORM, OpKind.HEAD_NORM) and "parts" not in a:
-        return {"weight": (w, op.weight_shape)}
-    if op.kind is OpKind.LINEAR:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
-        return {f"part{j}": (name, (rows, op.weight_shape[1])) for j, (name, rows) in enumerate(a["parts"].items())}
-    if op.kind is OpKind.TOKEN_MIX:
-        impl = a["impl"]
-        if impl == "short_conv":
-            return {"weight": (w, op.weight_shape)}
-        if impl == "kda":
-            n, d = a["heads"], a["head_dim"]
-            base = w.rsplit(".", 1)[0]
-            return {"A_log": (w, (n,)), "dt_bias": (f"{base}.dt_bias", (n * d,))}
-        if impl == "gqa":
-            d = a["head_dim"]
-            return (
-                {"q_norm": ("self_attn.q_norm.weight", (d,)), "k_norm": ("self_attn.k_norm.weight", (d,))}
-                if a["qk_norm"]
-                else {}
-            )
-        if impl == "gdn":
-            hv, dv = a["v_heads"], a["v_head_dim"]
-            return {
-                "conv": (w, op.weight_shape),
-                "A_log": ("linear_attn.A_log", (hv,)),
-                "dt_bias": ("linear_attn.dt_bias", (hv,)),
-                "norm": ("linear_attn.norm.weight", (dv,)),
-            }
-        return {}  # mla: no parameters of its own
-    if op.kind is OpKind.ROUTER:
-        out = {"weight": (w, op.weight_shape)}
-        if not a.get("scalar_gate") and numerics.router_bias:
-            out["bias"] = (w.replace(".weight", ".e_score_correction_bias"), (op.weight_shape[0],))
-        return out
-    if op.kind is OpKind.EXPERTS:
-        e, wid, inter = a["experts"], a["width"], a["intermediate"]
-        out = {}
-        for j in range(e):
-            out[f"gate.{j}"] = (f"{w}.{j}.gate_proj.weight", (inter, wid))
-            out[f"up.{j}"] = (f"{w}.{j}.up_proj.weight", (inter, wid))
-            out[f"down.{j}"] = (f"{w}.{j}.down_proj.weight", (wid, inter))
-        return out
-    if op.kind is OpKind.ATTN_RES:
-        h = op.weight_shape[1]
-        mod, norm = ("self_attention", "input_layernorm") if w == "attn_res" else ("mlp", "post_attention_layernorm")
-        return {
-            "proj": (f"{mod}_res_proj.weight", (1, h)),
-            "score_norm": (f"{mod}_res_norm.weight", (h,)),
-            "out_norm": (f"{norm}.weight", (h,)),
-        }
-    return {}
+__all__ = [
+    "Numerics",
+    "check_weights",
+    "expected_params",
+    "load_safetensors",
+    "normalize_names",
+    "numerics_from_config",
+    "params_for_op",
+    "random_weights",
+]
 
 
 def expected_params(graph: ModelGraph, numerics: Numerics) -> dict[str, tuple[int, ...]]:

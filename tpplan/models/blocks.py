@@ -1,0 +1,172 @@
+"""Shared MLP blocks of the layer graph: the dense SwiGLU MLP and routed experts (MoE).
+
+Every family that has a SwiGLU MLP or routed experts builds them here, by the MLP spec's `kind`
+(`mlp_builder`); a family with a different MLP (biased experts, clamped SwiGLU) registers its own
+builder with `register_mlp`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tpplan.models.graph import Builder, OpKind, WeightSplit
+from tpplan.models.spec import DenseMLPSpec, MoESpec
+
+
+def dense_mlp(
+    b: Builder, m: DenseMLPSpec, x: str, out: str, prefix: str, weight_prefix: str, intermediate: int | None = None
+) -> str:
+    i = intermediate or m.intermediate
+    g = b.linear(
+        f"{prefix}gate_proj",
+        x,
+        f"{prefix}gate",
+        i,
+        WeightSplit.COL,
+        heads=i,
+        weight=f"{weight_prefix}.gate_proj.weight",
+        note="gate projection, split by column",
+    )
+    u = b.linear(
+        f"{prefix}up_proj",
+        x,
+        f"{prefix}up",
+        i,
+        WeightSplit.COL,
+        heads=i,
+        weight=f"{weight_prefix}.up_proj.weight",
+        note="up projection, split by column",
+    )
+    b.op(f"{prefix}act", OpKind.SWIGLU, (g, u), f"{prefix}act", i, i, flops_per_token=4.0 * i)
+    return b.linear(
+        f"{prefix}down_proj",
+        f"{prefix}act",
+        out,
+        b.hidden,
+        WeightSplit.ROW,
+        heads=i,
+        weight=f"{weight_prefix}.down_proj.weight",
+        note="down projection, split by row",
+    )
+
+
+def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
+    h = b.hidden
+    b.op(
+        "router",
+        OpKind.ROUTER,
+        (x,),
+        "routing",
+        m.experts,
+        weight=f"{prefix_hf}.gate.weight",
+        weight_shape=(m.experts, h),
+        split=WeightSplit.REPLICATED,
+        flops_per_token=2.0 * h * m.experts,
+        attrs={"top_k": m.top_k, "scoring": m.scoring, "n_group": m.n_group, "topk_group": m.topk_group},
+        note=f"router: {m.scoring} scores over {m.experts} experts, top-{m.top_k}",
+    )
+    ew = h
+    xin = x
+    if m.latent:
+        xin = b.linear(
+            "latent_down",
+            x,
+            "x_latent",
+            m.latent,
+            WeightSplit.REPLICATED,
+            weight=f"{prefix_hf}.routed_expert_down_proj.weight",
+            note="latent MoE down-projection (replicated)",
+        )
+        ew = m.latent
+    per_expert = 3 * ew * m.expert_intermediate
+    last = "mlp_out" if not m.shared_intermediate else None  # the routed sum may be the block output
+    b.op(
+        "experts",
+        OpKind.EXPERTS,
+        (xin, "routing"),
+        (last if not m.latent and last else "routed"),
+        ew,
+        weight=f"{prefix_hf}.experts",
+        weight_shape=(m.experts, 3, ew, m.expert_intermediate),
+        split=WeightSplit.EXPERT,
+        split_heads=m.expert_intermediate,
+        flops_per_token=2.0 * per_expert * m.top_k,
+        attrs={"experts": m.experts, "top_k": m.top_k, "width": ew, "intermediate": m.expert_intermediate},
+        note=f"{m.experts} routed experts, {m.top_k} per token, SwiGLU {ew}->{m.expert_intermediate}->{ew}",
+    )
+    routed = b.ops[-1].output
+    if m.latent:
+        if m.latent_norm:
+            b.norm(
+                "latent_norm",
+                "routed",
+                "routed_n",
+                f"{prefix_hf}.routed_expert_norm.weight",
+                note="RMSNorm of the summed expert output in the latent",
+            )
+            routed = "routed_n"
+        routed = b.linear(
+            "latent_up",
+            routed,
+            last or "routed_h",
+            h,
+            WeightSplit.REPLICATED,
+            weight=f"{prefix_hf}.routed_expert_up_proj.weight",
+            note="latent MoE up-projection (replicated)",
+        )
+    if last:
+        return last
+    shared = dense_mlp(
+        b,
+        DenseMLPSpec(m.shared_intermediate),
+        x,
+        "shared_out",
+        "shared_",
+        f"{prefix_hf}.shared_expert" + ("" if m.shared_gate else "s"),
+        intermediate=m.shared_intermediate,
+    )
+    if m.shared_gate:
+        b.op(
+            "shared_gate",
+            OpKind.ROUTER,
+            (x,),
+            "shared_gate_logit",
+            1,
+            weight=f"{prefix_hf}.shared_expert_gate.weight",
+            weight_shape=(1, h),
+            split=WeightSplit.REPLICATED,
+            flops_per_token=2.0 * h,
+            attrs={"scalar_gate": True},
+            note="shared-expert gate: sigmoid of one logit per token",
+        )
+        shared = b.op(
+            "shared_scale",
+            OpKind.MUL,
+            ("shared_out", "shared_gate_logit"),
+            "shared_scaled",
+            h,
+            attrs={"sigmoid_second": True, "broadcast": True},
+            note="scale shared expert",
+        )
+    b.op("moe_sum", OpKind.ADD, (routed, shared), "mlp_out", h, flops_per_token=h, note="routed + shared experts")
+    return "mlp_out"
+
+
+MlpBuilder = Callable[[Builder, Any, str], str]
+_MLP_BUILDERS: dict[str, MlpBuilder] = {
+    "dense": lambda b, m, x: dense_mlp(b, m, x, "mlp_out", "", "mlp"),
+    "moe": lambda b, m, x: moe(b, m, x, "mlp"),
+}
+
+
+def register_mlp(kind: str, build: MlpBuilder) -> None:
+    """Add an MLP builder for MLP specs of `kind` (writes `mlp_out` from input `x`)."""
+    _MLP_BUILDERS[kind] = build
+
+
+def mlp_builder(kind: str) -> MlpBuilder:
+    """The builder of MLP specs of `kind`."""
+    import tpplan.models.families  # noqa: F401 - families may register their own MLPs
+
+    return _MLP_BUILDERS[kind]

@@ -1,0 +1,45 @@
+"""Helpers every family's config reader shares: the pydantic base, validation, MoE layer layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tpplan.errors import TpplanError, from_validation
+
+
+class Raw(BaseModel):
+    """Base of raw config schemas: only the fields tpplan reads; everything else is ignored."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+def validate(schema: type[Raw], raw: dict[str, Any], label: str) -> Any:
+    """`schema` from `raw`, or a `TpplanError` naming the file, the field and the fix."""
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        fix = "add or correct '{field}' in the config (see the model card's config.json)"
+        raise from_validation(exc, label, fix) from None
+
+
+def moe_layer(index: int, first_dense: int, freq: int, experts: int, explicit_dense: set[int] | None = None) -> bool:
+    """Whether layer `index` is a MoE layer under DeepSeek-style first_k_dense / layer-frequency keys."""
+    if experts <= 0 or index < first_dense:
+        return False
+    if explicit_dense and index in explicit_dense:
+        return False
+    return (index - first_dense) % freq == 0 if freq > 1 else True
+
+
+def check_group(label: str, experts: int, n_group: int, topk_group: int, top_k: int) -> None:
+    """Router sanity: top-k within the experts, groups that split the experts evenly."""
+    if top_k > experts:
+        raise TpplanError(label, f"top-k ({top_k}) exceeds the number of experts ({experts})", "lower the top-k")
+    if experts % n_group:
+        raise TpplanError(
+            label, f"{experts} experts do not split into n_group={n_group} equal groups", "correct n_group"
+        )
+    if topk_group > n_group:
+        raise TpplanError(label, f"topk_group={topk_group} exceeds n_group={n_group}", "correct topk_group")

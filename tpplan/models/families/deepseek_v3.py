@@ -1,0 +1,296 @@
+"""DeepSeek-V3 family (deepseek_v3, kimi_k2): multi-head latent attention (MLA) + MoE.
+
+Owns the MLA token mixer, which Kimi-Linear and K3 reuse for their full-attention layers: its
+graph (fused token-local down-projection to the latent, per-head up-projections, optional K3
+output gate), its kernel call (latent KV cache, interleaved YaRN RoPE) and its KV-cache bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from tpplan.errors import TpplanError
+from tpplan.models.families import Family, register
+from tpplan.models.families._common import Raw, check_group, moe_layer, validate
+from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
+from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
+
+# ----------------------------------------------------------------------------------------------
+# The MLA token mixer
+
+
+def build_mla(b: Builder, a: MLASpec, x: str) -> str:
+    n = a.heads
+    qk = a.qk_head_dim
+    if a.q_lora_rank:
+        b.linear(
+            "qkv_a",
+            x,
+            "qkv_latent",
+            a.latent_width,
+            WeightSplit.REPLICATED,
+            weight="self_attn.fused_qkv_a_proj_with_mqa.weight",
+            note="fused q_a_proj + kv_a_proj_with_mqa (token-local down-projection to the latent)",
+        )
+        b.ops[-1].attrs["parts"] = {
+            "self_attn.q_a_proj.weight": a.q_lora_rank,
+            "self_attn.kv_a_proj_with_mqa.weight": a.kv_lora_rank + a.rope_dim,
+        }
+        b.op(
+            "q_latent",
+            OpKind.SLICE,
+            ("qkv_latent",),
+            "q_latent",
+            a.q_lora_rank,
+            attrs={"start": 0},
+            note="q part of the latent",
+        )
+        b.op(
+            "kv_latent",
+            OpKind.SLICE,
+            ("qkv_latent",),
+            "kv_latent",
+            a.kv_lora_rank,
+            attrs={"start": a.q_lora_rank},
+            note="kv part of the latent",
+        )
+        b.op(
+            "k_rope",
+            OpKind.SLICE,
+            ("qkv_latent",),
+            "k_rope",
+            a.rope_dim,
+            attrs={"start": a.q_lora_rank + a.kv_lora_rank},
+            note="shared rope key",
+        )
+        b.norm("q_a_layernorm", "q_latent", "q_latent_n", "self_attn.q_a_layernorm.weight")
+        b.ops[-1].attrs["latent_eps"] = True
+        b.linear(
+            "q_b_proj",
+            "q_latent_n",
+            "q",
+            n * qk,
+            WeightSplit.COL,
+            heads=n,
+            weight="self_attn.q_b_proj.weight",
+            note="query up-projection, split by head",
+        )
+    else:
+        b.linear(
+            "q_proj",
+            x,
+            "q",
+            n * qk,
+            WeightSplit.COL,
+            heads=n,
+            weight="self_attn.q_proj.weight",
+            note="query projection from the full hidden (no q_lora), split by head",
+        )
+        b.linear(
+            "kv_a",
+            x,
+            "kv_a_out",
+            a.kv_lora_rank + a.rope_dim,
+            WeightSplit.REPLICATED,
+            weight="self_attn.kv_a_proj_with_mqa.weight",
+            note="kv down-projection (token-local)",
+        )
+        b.op("kv_latent", OpKind.SLICE, ("kv_a_out",), "kv_latent", a.kv_lora_rank, attrs={"start": 0})
+        b.op("k_rope", OpKind.SLICE, ("kv_a_out",), "k_rope", a.rope_dim, attrs={"start": a.kv_lora_rank})
+    b.norm("kv_a_layernorm", "kv_latent", "kv_latent_n", "self_attn.kv_a_layernorm.weight")
+    b.ops[-1].attrs["latent_eps"] = True
+    b.linear(
+        "kv_b_proj",
+        "kv_latent_n",
+        "kv",
+        n * (a.nope_dim + a.v_dim),
+        WeightSplit.COL,
+        heads=n,
+        weight="self_attn.kv_b_proj.weight",
+        note="key/value up-projection, split by head",
+    )
+    b.op(
+        "attention",
+        OpKind.TOKEN_MIX,
+        ("q", "kv", "k_rope"),
+        "attn",
+        n * a.v_dim,
+        n,
+        ctx_flops_per_token=2.0 * n * (qk + a.v_dim),
+        attrs={"impl": "mla", "heads": n, "rope": a.use_rope},
+        note="causal softmax attention over all tokens of its heads",
+    )
+    out = "attn"
+    if a.output_gate:
+        b.linear(
+            "g_proj",
+            x,
+            "gate_logits",
+            n * a.v_dim,
+            WeightSplit.COL,
+            heads=n,
+            weight="self_attn.g_proj.weight",
+            note="output gate projection from the full hidden, split by head",
+        )
+        b.op(
+            "gate_sigmoid",
+            OpKind.UNARY,
+            ("gate_logits",),
+            "gate",
+            n * a.v_dim,
+            n,
+            attrs={"fn": "sigmoid"},
+            flops_per_token=n * a.v_dim,
+        )
+        b.op(
+            "gate_mul",
+            OpKind.MUL,
+            ("attn", "gate"),
+            "attn_gated",
+            n * a.v_dim,
+            n,
+            flops_per_token=n * a.v_dim,
+            note="elementwise output gate",
+        )
+        out = "attn_gated"
+    b.linear(
+        "o_proj",
+        out,
+        "attn_out",
+        b.hidden,
+        WeightSplit.ROW,
+        heads=n,
+        weight="self_attn.o_proj.weight",
+        note="output projection, split by input heads",
+    )
+    return "attn_out"
+
+
+def run_mla(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    """MLA core on this rank's heads: widths from the graph's values, RoPE unless NoPE (Kimi-Linear)."""
+    a = op.attrs
+    q, kv, k_rope = inputs
+    n = int(a["heads"])
+    rope_dim = k_rope.shape[1]
+    qk = ctx.per_head(op.inputs[0], n)
+    nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
+    rope = ctx.rope if a.get("rope", True) else None
+    scale = (qk**-0.5) * (ctx.rope.softmax_scale_factor() if rope is not None else 1.0)
+    return K.mla_attention(
+        q, kv, k_rope, nope_dim=nope, rope_dim=rope_dim, v_dim=v_dim, positions=ctx.positions, rope=rope,
+        scale=scale, cache=state,
+    )  # fmt: skip
+
+
+def mla_kv_bytes(attn: MLASpec, tp: int, b: float) -> float:
+    """The compressed latent (kv_lora + rope) is cached whole on every TP rank, not split:
+    SGLang's MLATokenToKVPool allocates [tokens, 1, kv_lora_rank + qk_rope_head_dim] per layer
+    on each rank (python/sglang/srt/mem_cache/memory_pool.py), and vLLM's
+    ModelConfig.get_num_kv_heads (vllm/config/model.py) returns 1 for MLA ("When using MLA
+    during decode it becomes MQA") whatever the TP size."""
+    return (attn.kv_lora_rank + attn.rope_dim) * b
+
+
+register_mixer(
+    Mixer("mla", "attention", run_mla, build=build_mla, params=lambda op, nu: {}, kv_bytes=mla_kv_bytes)
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+class RawMLAMoE(Raw):
+    """deepseek_v3 / kimi_k2 (DeepseekV3ForCausalLM)."""
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(ge=0)
+    qk_nope_head_dim: int = Field(ge=0)
+    v_head_dim: int = Field(gt=0)
+    n_routed_experts: int | None = Field(default=None, ge=0)
+    num_experts_per_tok: int | None = Field(default=None, gt=0)
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    n_shared_experts: int | None = Field(default=0, ge=0)
+    first_k_dense_replace: int = Field(default=0, ge=0)
+    moe_layer_freq: int = Field(default=1, gt=0)
+    n_group: int | None = Field(default=1, gt=0)
+    topk_group: int | None = Field(default=1, gt=0)
+    scoring_func: str = "sigmoid"
+    tie_word_embeddings: bool = False
+
+
+def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    c: RawMLAMoE = validate(RawMLAMoE, raw, label)
+    mla = MLASpec(
+        heads=c.num_attention_heads,
+        q_lora_rank=c.q_lora_rank,
+        kv_lora_rank=c.kv_lora_rank,
+        rope_dim=c.qk_rope_head_dim,
+        nope_dim=c.qk_nope_head_dim,
+        v_dim=c.v_head_dim,
+    )
+    dense = DenseMLPSpec(c.intermediate_size)
+    moe = None
+    if c.n_routed_experts:
+        if not c.num_experts_per_tok or not c.moe_intermediate_size:
+            raise TpplanError(
+                label,
+                "n_routed_experts is set but num_experts_per_tok or moe_intermediate_size is missing",
+                "add both fields, or set n_routed_experts to 0 for a dense model",
+            )
+        check_group(label, c.n_routed_experts, c.n_group or 1, c.topk_group or 1, c.num_experts_per_tok)
+        moe = MoESpec(
+            experts=c.n_routed_experts,
+            top_k=c.num_experts_per_tok,
+            expert_intermediate=c.moe_intermediate_size,
+            shared_intermediate=(c.n_shared_experts or 0) * c.moe_intermediate_size,
+            scoring="sigmoid" if c.scoring_func == "sigmoid" else "softmax",
+            n_group=c.n_group or 1,
+            topk_group=c.topk_group or 1,
+        )
+    if c.first_k_dense_replace > c.num_hidden_layers:
+        raise TpplanError(
+            label,
+            f"first_k_dense_replace={c.first_k_dense_replace} exceeds num_hidden_layers={c.num_hidden_layers}",
+            "set first_k_dense_replace to at most num_hidden_layers",
+        )
+    layers = tuple(
+        LayerSpec(mla, moe if moe and moe_layer(i, c.first_k_dense_replace, c.moe_layer_freq, moe.experts) else dense)
+        for i in range(c.num_hidden_layers)
+    )
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        family="deepseek_v3",
+        hidden=c.hidden_size,
+        vocab=c.vocab_size,
+        layers=layers,
+        tie_embeddings=c.tie_word_embeddings,
+        source=label,
+    )
+
+
+def mla_numerics(text: Mapping[str, Any]) -> dict[str, Any]:
+    """MLA families rotate interleaved pairs unless the config says otherwise, and bias the router."""
+    return {"rope_interleave": bool(text.get("rope_interleave", True)), "router_bias": True}
+
+
+register(
+    Family(
+        "deepseek_v3",
+        {"deepseek_v3": "DeepSeek-V3 family (MLA + MoE)", "kimi_k2": "Kimi-K2 (DeepSeek-V3 architecture)"},
+        build_spec,
+        numerics=mla_numerics,
+        signature=frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "n_routed_experts", "n_group"}),
+    )
+)

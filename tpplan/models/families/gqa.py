@@ -1,0 +1,229 @@
+"""Plain GQA decoders (llama, mistral, qwen3, qwen3_moe): grouped-query softmax attention.
+
+Owns the GQA token mixer, which Qwen3-Next reuses with its doubled q_proj output gate: the graph
+(q/k/v projections split by head, KV heads replicated when TP exceeds them), the q/k norm weight
+names, the kernel call (optional per-head q/k RMSNorm, partial rotary) and the KV-cache bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from tpplan.errors import TpplanError
+from tpplan.models.families import Family, register
+from tpplan.models.families._common import Raw, check_group, validate
+from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
+from tpplan.models.opkinds import Mixer, Params, register_mixer
+from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
+
+# ----------------------------------------------------------------------------------------------
+# The GQA token mixer
+
+
+def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
+    n, kv, d = a.heads, a.kv_heads, a.head_dim
+    q_width = n * d * (2 if a.output_gate else 1)
+    b.linear(
+        "q_proj",
+        x,
+        "q_full",
+        q_width,
+        WeightSplit.COL,
+        heads=n,
+        weight="self_attn.q_proj.weight",
+        note="query" + (" and output gate (doubled q_proj)" if a.output_gate else "") + ", split by head",
+    )
+    b.linear(
+        "k_proj",
+        x,
+        "k",
+        kv * d,
+        WeightSplit.COL,
+        heads=kv,
+        weight="self_attn.k_proj.weight",
+        note="key projection, split by KV head (replicated when TP exceeds the KV heads)",
+    )
+    b.linear(
+        "v_proj",
+        x,
+        "v",
+        kv * d,
+        WeightSplit.COL,
+        heads=kv,
+        weight="self_attn.v_proj.weight",
+        note="value projection, split by KV head",
+    )
+    q = "q_full"
+    if a.output_gate:
+        b.op(
+            "q_split",
+            OpKind.SLICE,
+            ("q_full",),
+            "q",
+            n * d,
+            n,
+            attrs={"gated_query": True, "head_dim": d},
+            note="query half of each head",
+        )
+        b.op(
+            "gate_split",
+            OpKind.SLICE,
+            ("q_full",),
+            "gate_logits",
+            n * d,
+            n,
+            attrs={"gated_query": True, "head_dim": d, "gate": True},
+            note="gate half of each head",
+        )
+        q = "q"
+    b.op(
+        "attention",
+        OpKind.TOKEN_MIX,
+        (q, "k", "v"),
+        "attn",
+        n * d,
+        n,
+        ctx_flops_per_token=4.0 * n * d,
+        weight="self_attn.q_norm.weight" if a.qk_norm else "",
+        weight_shape=(d,) if a.qk_norm else (),
+        attrs={
+            "impl": "gqa",
+            "heads": n,
+            "kv_heads": kv,
+            "head_dim": d,
+            "qk_norm": a.qk_norm,
+            "rotary_dim": a.rotary_dim,
+        },
+        note="causal softmax attention over all tokens of its heads",
+    )
+    out = "attn"
+    if a.output_gate:
+        b.op("gate_sigmoid", OpKind.UNARY, ("gate_logits",), "gate", n * d, n, attrs={"fn": "sigmoid"})
+        b.op("gate_mul", OpKind.MUL, ("attn", "gate"), "attn_gated", n * d, n, note="elementwise output gate")
+        out = "attn_gated"
+    b.linear(
+        "o_proj",
+        out,
+        "attn_out",
+        b.hidden,
+        WeightSplit.ROW,
+        heads=n,
+        weight="self_attn.o_proj.weight",
+        note="output projection, split by input heads",
+    )
+    return "attn_out"
+
+
+def _gqa_params(op: Op, numerics: Any) -> Params:
+    d = op.attrs["head_dim"]
+    if not op.attrs["qk_norm"]:
+        return {}
+    return {"q_norm": ("self_attn.q_norm.weight", (d,)), "k_norm": ("self_attn.k_norm.weight", (d,))}
+
+
+def _gqa_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a, nu = op.attrs, ctx.numerics
+    return K.gqa_attention(
+        *inputs, head_dim=int(a["head_dim"]), positions=ctx.positions, rope=ctx.rope, rotary_dim=int(a["rotary_dim"]),
+        q_norm=w.get("q_norm"), k_norm=w.get("k_norm"), eps=nu.eps, norm_offset=nu.norm_offset, cache=state,
+    )  # fmt: skip
+
+
+def gqa_kv_bytes(attn: GQASpec, tp: int, b: float) -> float:
+    """K and V of this rank's KV heads, max(1, kv_heads // TP) as vLLM's ModelConfig.get_num_kv_heads
+    (vllm/config/model.py) does (heads replicated when TP exceeds them)."""
+    return 2 * max(1, attn.kv_heads // tp) * attn.head_dim * b
+
+
+register_mixer(Mixer("gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_params, kv_bytes=gqa_kv_bytes))
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+class RawGQA(Raw):
+    """llama / qwen3 / qwen3_moe / mistral."""
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_experts: int = Field(default=0, ge=0)
+    num_experts_per_tok: int = Field(default=1, gt=0)
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    decoder_sparse_step: int = Field(default=1, gt=0)
+    mlp_only_layers: list[int] = Field(default_factory=list)
+    tie_word_embeddings: bool = False
+
+
+def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    c: RawGQA = validate(RawGQA, raw, label)
+    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    if not c.head_dim and c.hidden_size % c.num_attention_heads:
+        raise TpplanError(
+            label, "hidden_size is not divisible by num_attention_heads and head_dim is not given", "add head_dim"
+        )
+    kv = c.num_key_value_heads or c.num_attention_heads
+    if c.num_attention_heads % kv:
+        raise TpplanError(
+            label,
+            f"num_attention_heads={c.num_attention_heads} is not a multiple of num_key_value_heads={kv}",
+            "correct num_key_value_heads",
+        )
+    gqa = GQASpec(
+        heads=c.num_attention_heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        qk_norm=model_type.startswith("qwen3"),
+        rotary_dim=head_dim,
+    )
+    dense = DenseMLPSpec(c.intermediate_size)
+    moe = None
+    if model_type == "qwen3_moe" and c.num_experts:
+        if not c.moe_intermediate_size:
+            raise TpplanError(
+                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
+            )
+        check_group(label, c.num_experts, 1, 1, c.num_experts_per_tok)
+        moe = MoESpec(
+            experts=c.num_experts,
+            top_k=c.num_experts_per_tok,
+            expert_intermediate=c.moe_intermediate_size,
+            shared_intermediate=0,
+        )
+    dense_only = set(c.mlp_only_layers)
+    layers = tuple(
+        LayerSpec(gqa, moe if moe and i not in dense_only and (i + 1) % c.decoder_sparse_step == 0 else dense)
+        for i in range(c.num_hidden_layers)
+    )
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        family="gqa",
+        hidden=c.hidden_size,
+        vocab=c.vocab_size,
+        layers=layers,
+        tie_embeddings=c.tie_word_embeddings,
+        source=label,
+    )
+
+
+register(
+    Family(
+        "gqa",
+        {
+            "llama": "plain GQA decoder, dense MLP",
+            "qwen3": "plain GQA decoder with q/k norm, dense MLP",
+            "qwen3_moe": "GQA decoder with MoE",
+            "mistral": "plain GQA decoder, dense MLP",
+        },
+        build_spec,
+        signature=frozenset({"num_key_value_heads", "head_dim", "rope_theta"}),
+    )
+)

@@ -1,0 +1,506 @@
+"""Op kinds registered once: rule, cost class, weight names, shard cuts and reference kernel.
+
+Every `OpKind` of the layer graph has one `OpKindDef` here, and every token mixer (the `impl` of a
+TOKEN_MIX op: MLA, GQA, KDA, Gated DeltaNet, short conv, ...) one `Mixer`, registered by the family
+module that introduces it (`tpplan.models.families`). The planner (placement rules, audit, cost)
+and the runtime (weights, shards, executor) look ops up here instead of dispatching on the kind in
+if-chains, so a new op kind or mixer is written in one place.
+
+This module is torch-free: `params` and `cuts` are names, shapes and index ranges; `run` receives
+the runtime's kernel module `K` (`tpplan.runtime.kernels`, whose kernels hold their own GPU fast
+paths) from the executor; `assemble` imports torch lazily. Importing it never imports the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
+from tpplan.models.cuts import FULL, Cut
+from tpplan.models.graph import Op, OpKind, Value, WeightSplit
+from tpplan.models.numerics import Numerics
+
+Params = dict[str, tuple[str, tuple[int, ...]]]  # local key -> (name under model.layers.{i}., full shape)
+Cuts = dict[str, Cut]  # local key -> the part a rank keeps (missing key: not held)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Required input placements and the output placement of one way to run an op."""
+
+    inputs: tuple[Placement, ...]
+    output: Placement
+
+
+@dataclass(frozen=True)
+class ShardCtx:
+    """What a cut depends on: the op's weight placement and output placement under the plan, the rank."""
+
+    split: str  # col | row | replicated | none, or the MoE mode tp | ep | a2a
+    output: Placement
+    n: int
+    rank: int
+    ep_size: int | None = None
+
+
+# Cost classes the predictor prices (`tpplan.cost.predict`): gemm (x W^T on the GEMM table),
+# experts (grouped GEMMs per MoE mode), attention / recurrence (roofline at their efficiencies),
+# elementwise (memory-bound roofline), attn_res (K3's depth softmax over the bank), free (views).
+COST_CLASSES = ("gemm", "experts", "attention", "recurrence", "elementwise", "attn_res", "free")
+
+
+def _same(n: int, placements: tuple[Placement, ...]) -> list[Strategy]:
+    return [Strategy((p,) * n, p) for p in placements]
+
+
+TRUE = (R, S_TOK)  # placements holding true values of whole rows
+
+
+def _own_weight(op: Op, numerics: Numerics) -> Params:
+    return {"weight": (op.weight, op.weight_shape)} if op.weight else {}
+
+
+def _no_params(op: Op, numerics: Numerics) -> Params:
+    return {}
+
+
+def _full_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    return dict.fromkeys(params, FULL)
+
+
+def _as_is(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+    return got
+
+
+@dataclass(frozen=True)
+class Mixer:
+    """A token mixer: the attention block of a family (`build`) and/or the TOKEN_MIX op it runs.
+
+    `name` is both the attention spec's `kind` (a LayerSpec's token mixer, built by `build`) and
+    the `impl` attr of the TOKEN_MIX op whose params, cuts, kernel and cost class it owns.
+    `kv_bytes(spec, tp, b)` and `state_bytes(spec, tp, b, state_elem_bytes)` are per-rank memory
+    per token (KV cache) and per sequence (recurrent state) of one layer.
+    """
+
+    name: str
+    cost: str
+    run: Callable[..., Any]
+    build: Callable[..., str] | None = None
+    params: Callable[[Op, Numerics], Params] = _own_weight
+    cuts: Callable[[Op, Params, ShardCtx], Cuts] = _full_cuts
+    kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
+    state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+
+
+_MIXERS: dict[str, Mixer] = {}
+
+
+def register_mixer(m: Mixer) -> Mixer:
+    """Add a token mixer (called by the family module that introduces it, at import)."""
+    if m.cost not in COST_CLASSES:
+        raise ValueError(f"mixer {m.name}: unknown cost class {m.cost!r}")
+    _MIXERS[m.name] = m
+    return m
+
+
+def mixer(name: str) -> Mixer:
+    """The registered token mixer `name` (an attention spec kind or a TOKEN_MIX impl)."""
+    import tpplan.models.families  # noqa: F401 - registers every family's mixers
+
+    try:
+        return _MIXERS[name]
+    except KeyError:
+        raise ValueError(f"no token mixer registered as {name!r}") from None
+
+
+@dataclass(frozen=True)
+class OpKindDef:
+    """Everything tpplan knows about one op kind, in one place.
+
+    rule(op, split, values, prefer_tokens) -> strategies in order of preference;
+    why(op, needed, got, n) -> a sentence for the audit, or None (generic wording);
+    cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
+    params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
+    run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.
+    """
+
+    kind: OpKind
+    rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]]
+    run: Callable[..., Any]
+    cost: Callable[[Op], str]
+    why: Callable[[Op, Placement, Placement, int], str | None] = lambda op, needed, got, n: None
+    profiled: bool = True
+    params: Callable[[Op, Numerics], Params] = _own_weight
+    cuts: Callable[[Op, Params, ShardCtx], Cuts] = _full_cuts
+    assemble: Callable[[Op, dict[str, Any]], dict[str, Any]] = _as_is
+
+
+def _const(name: str) -> Callable[[Op], str]:
+    return lambda op: name
+
+
+# ----------------------------------------------------------------------------------------------
+# LINEAR: y = x W^T
+
+
+def _linear_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if split == WeightSplit.COL:
+        return [Strategy((R,), S_COL)]
+    if split == WeightSplit.ROW:
+        return [Strategy((S_COL,), P)]
+    return _same(1, (S_TOK, R, P) if prefer_tokens else (R, S_TOK, P))
+
+
+def _linear_why(op: Op, needed: Placement, got: Placement, n: int) -> str | None:
+    if needed is R:
+        if n and op.split_heads and op.split_heads % n == 0 and len(op.weight_shape) == 2:
+            out, inp = op.weight_shape
+            return (
+                f"it is column-parallel: each rank owns {op.split_heads // n} of {op.split_heads} heads/columns "
+                f"(a [{out // n}, {inp}] slice of the weight) and must apply it to every token; from "
+                f"token-sharded input a rank can only make its own slice for its own tokens, and gathering those "
+                f"slices would mix different ranks' heads"
+            )
+        return (
+            f"it is column-parallel (weight split by {op.split_heads} heads/columns), so each rank must "
+            "apply its own slice of the weight to every token"
+        )
+    if needed is S_COL:
+        return "it is row-parallel, so it reads only its own heads' columns"
+    return None
+
+
+def _linear_params(op: Op, numerics: Numerics) -> Params:
+    parts = op.attrs.get("parts")
+    if not parts:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
+        return {"weight": (op.weight, op.weight_shape)}
+    return {f"part{j}": (name, (rows, op.weight_shape[1])) for j, (name, rows) in enumerate(parts.items())}
+
+
+def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    from tpplan.models.cuts import head_cut
+
+    shape = op.weight_shape
+    if sc.split == "col":
+        return {"weight": head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)}
+    if sc.split == "row":
+        return {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
+    return dict.fromkeys(params, FULL)
+
+
+def _linear_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+    if "parts" not in op.attrs:
+        return got
+    import torch
+
+    return {"weight": torch.cat([got[f"part{j}"] for j in range(len(op.attrs["parts"]))], dim=0)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Row-wise and elementwise kinds
+
+
+def _true_rows_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return _same(len(op.inputs), (S_TOK, R) if prefer_tokens else TRUE)
+
+
+def _whole_row_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    if got is P:
+        return "it is non-linear in its input, so it needs true values, not partial sums"
+    return "it reads the whole feature row of each token"
+
+
+def _elementwise_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return _same(len(op.inputs), (R, S_TOK, S_COL))
+
+
+def _elementwise_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    return "an elementwise op needs both operands in the same placement, split the same way"
+
+
+def _norm_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    nu = ctx.numerics
+    eps = nu.latent_eps if op.attrs.get("latent_eps") else nu.eps
+    return K.rms_norm(inputs[0], w["weight"], eps, nu.norm_offset)
+
+
+def _head_norm_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a = op.attrs
+    gate = inputs[1] if len(inputs) > 1 else None
+    return K.head_rms_norm(
+        inputs[0], w["weight"], ctx.numerics.eps, int(a["head_dim"]), gate, str(a.get("gate", "sigmoid"))
+    )
+
+
+def _slice_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if op.attrs.get("gated_query"):  # per-head split of a head-structured value
+        return _same(1, (R, S_TOK, S_COL))
+    return _same(1, (R, S_TOK, P))
+
+
+def _slice_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a = op.attrs
+    if a.get("gated_query"):
+        return K.gated_query_split(inputs[0], int(a["head_dim"]), bool(a.get("gate", False)))
+    return K.slice_cols(inputs[0], int(a["start"]), ctx.values[op.output].width)
+
+
+def _mul_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # A product with a true factor is linear in the other factor, so partial sums survive it,
+    # unless the plain factor goes through a non-linearity first.
+    out = _same(2, (R, S_TOK, S_COL))
+    if op.attrs.get("sigmoid_second"):
+        out.append(Strategy((P, R), P))
+    else:
+        out += [Strategy((P, R), P), Strategy((R, P), P)]
+    return out
+
+
+def _mul_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    other = inputs[1].sigmoid() if op.attrs.get("sigmoid_second") else inputs[1]
+    return inputs[0] * other
+
+
+def _add_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if op.role.startswith("layer."):  # the residual stream holds true values only
+        return _same(2, (R, S_TOK))
+    return _same(2, (R, S_TOK, S_COL, P))
+
+
+# ----------------------------------------------------------------------------------------------
+# TOKEN_MIX: delegated to the registered mixer named by the op's `impl`
+
+
+def _mix(op: Op) -> Mixer:
+    return mixer(str(op.attrs["impl"]))
+
+
+def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # Mixes tokens within each head: needs every token of the heads it computes. Inputs that are
+    # not head-structured (MLA's shared rope key) are needed whole.
+    heads_in = tuple(S_COL if values[v].heads else R for v in op.inputs)
+    return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
+
+
+def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
+
+
+def _token_mix_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    if sc.output is not S_COL:
+        return dict.fromkeys(params, FULL)
+    return _mix(op).cuts(op, params, sc)
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE: router and routed experts
+
+
+def _router_params(op: Op, numerics: Numerics) -> Params:
+    out = {"weight": (op.weight, op.weight_shape)}
+    if not op.attrs.get("scalar_gate") and numerics.router_bias:
+        out["bias"] = (op.weight.replace(".weight", ".e_score_correction_bias"), (op.weight_shape[0],))
+    return out
+
+
+def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a, nu = op.attrs, ctx.numerics
+    if a.get("scalar_gate"):
+        return K.linear(inputs[0], w["weight"])
+    return K.route(
+        inputs[0],
+        w["weight"],
+        top_k=int(a["top_k"]),
+        scoring=str(a["scoring"]),
+        n_group=int(a["n_group"]),
+        topk_group=int(a["topk_group"]),
+        bias=w.get("bias"),
+        renormalize=nu.renormalize,
+        scaling=nu.routed_scaling_factor,
+    )
+
+
+def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if split == "a2a":
+        return [Strategy((S_TOK, S_TOK), S_TOK)]
+    return [Strategy((R, R), P)]
+
+
+def _experts_params(op: Op, numerics: Numerics) -> Params:
+    a, w = op.attrs, op.weight
+    e, wid, inter = a["experts"], a["width"], a["intermediate"]
+    out: Params = {}
+    for j in range(e):
+        out[f"gate.{j}"] = (f"{w}.{j}.gate_proj.weight", (inter, wid))
+        out[f"up.{j}"] = (f"{w}.{j}.up_proj.weight", (inter, wid))
+        out[f"down.{j}"] = (f"{w}.{j}.down_proj.weight", (wid, inter))
+    return out
+
+
+def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    from tpplan.errors import TpplanError
+    from tpplan.models.cuts import expert_ownership
+
+    owned, part, parts = expert_ownership(int(op.attrs["experts"]), sc.split, sc.n, sc.rank, sc.ep_size)
+    inter = int(op.attrs["intermediate"])
+    if inter % parts:
+        raise TpplanError(f"{op.name}", f"intermediate {inter} does not split over {parts}", "change TP/EP")
+    rows = Cut(0, ((part * inter // parts, (part + 1) * inter // parts),)) if parts > 1 else FULL
+    cols = Cut(1, rows.ranges) if parts > 1 else FULL
+    out: Cuts = {}
+    for j in owned:
+        out[f"gate.{j}"] = rows
+        out[f"up.{j}"] = rows
+        out[f"down.{j}"] = cols
+    return out
+
+
+def _experts_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    owned = sorted({int(key.split(".")[1]) for key in got})
+    return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in ("gate", "up", "down")}
+
+
+# ----------------------------------------------------------------------------------------------
+# ATTN_RES: K3's block attention residual
+
+
+def _attn_res_params(op: Op, numerics: Numerics) -> Params:
+    h = op.weight_shape[1]
+    w = op.weight
+    mod, norm = ("self_attention", "input_layernorm") if w == "attn_res" else ("mlp", "post_attention_layernorm")
+    return {
+        "proj": (f"{mod}_res_proj.weight", (1, h)),
+        "score_norm": (f"{mod}_res_norm.weight", (h,)),
+        "out_norm": (f"{norm}.weight", (h,)),
+    }
+
+
+def _attn_res_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    eps = ctx.numerics.eps
+    mixed = K.attn_res(inputs[1], inputs[0], w["proj"], w["score_norm"], eps)
+    return K.rms_norm(mixed, w["out_norm"], eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry
+
+
+def _run(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A run function from a kernel taking only the op's inputs."""
+    return lambda op, inputs, w, state, ctx, K: fn(K)(*inputs)
+
+
+OP_KINDS: dict[OpKind, OpKindDef] = {
+    d.kind: d
+    for d in (
+        OpKindDef(
+            OpKind.LINEAR,
+            _linear_rule,
+            lambda op, inputs, w, state, ctx, K: K.linear(inputs[0], w["weight"]),
+            _const("gemm"),
+            why=_linear_why,
+            profiled=False,
+            params=_linear_params,
+            cuts=_linear_cuts,
+            assemble=_linear_assemble,
+        ),
+        OpKindDef(OpKind.NORM, _true_rows_rule, _norm_run, _const("elementwise"), why=_whole_row_why),
+        OpKindDef(OpKind.HEAD_NORM, _elementwise_rule, _head_norm_run, _const("elementwise"), why=_elementwise_why),
+        OpKindDef(OpKind.SLICE, _slice_rule, _slice_run, _const("free"), profiled=False, params=_no_params),
+        OpKindDef(
+            OpKind.UNARY,
+            _elementwise_rule,
+            lambda op, inputs, w, state, ctx, K: K.unary(inputs[0], str(op.attrs["fn"])),
+            _const("elementwise"),
+            why=_elementwise_why,
+            params=_no_params,
+        ),
+        OpKindDef(OpKind.MUL, _mul_rule, _mul_run, _const("elementwise"), why=_elementwise_why, params=_no_params),
+        OpKindDef(
+            OpKind.SWIGLU,
+            _elementwise_rule,
+            _run(lambda K: K.swiglu),
+            _const("elementwise"),
+            why=_elementwise_why,
+            params=_no_params,
+        ),
+        OpKindDef(
+            OpKind.ADD,
+            _add_rule,
+            lambda op, inputs, w, state, ctx, K: inputs[0] + inputs[1],
+            _const("elementwise"),
+            why=_elementwise_why,
+            params=_no_params,
+        ),
+        OpKindDef(
+            OpKind.TOKEN_MIX,
+            _token_mix_rule,
+            lambda op, inputs, w, state, ctx, K: _mix(op).run(op, inputs, w, state, ctx, K),
+            lambda op: _mix(op).cost,
+            why=_token_mix_why,
+            params=lambda op, nu: _mix(op).params(op, nu),
+            cuts=_token_mix_cuts,
+        ),
+        OpKindDef(
+            OpKind.ROUTER, _true_rows_rule, _router_run, _const("gemm"), why=_whole_row_why, params=_router_params
+        ),
+        OpKindDef(
+            OpKind.EXPERTS,
+            _experts_rule,
+            lambda op, inputs, w, state, ctx, K: K.routed_experts(inputs[0], inputs[1], w["gate"], w["up"], w["down"]),
+            _const("experts"),
+            why=lambda op, needed, got, n: (
+                "routed experts under tensor or expert parallelism (no all-to-all) need every token on every rank"
+            ),
+            params=_experts_params,
+            cuts=_experts_cuts,
+            assemble=_experts_assemble,
+        ),
+        OpKindDef(
+            OpKind.ATTN_RES,
+            lambda op, split, values, prefer: _same(len(op.inputs), TRUE),
+            _attn_res_run,
+            _const("attn_res"),
+            why=_whole_row_why,
+            params=_attn_res_params,
+        ),
+    )
+}
+
+
+def op_kind(kind: OpKind) -> OpKindDef:
+    """The registered definition of `kind`."""
+    return OP_KINDS[kind]
+
+
+def cost_class(op: Op) -> str:
+    """How the cost model prices `op` (one of COST_CLASSES)."""
+    return OP_KINDS[op.kind].cost(op)
+
+
+def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
+    """The kernel class of an op, as `GpuSpec.kernel_profiles` keys it; None for plain GEMMs.
+
+    GEMMs have their own measured shape table. Every other op kind is one class (attention and
+    recurrences by implementation: an MLA prefill and a KDA scan are different kernels); the router
+    is its own class because runtimes score it in fp32, unlike the bf16 GEMMs around it. Routed
+    experts are one class per MoE mode (`experts.tp`, `experts.a2a`, `experts.ep`): the grouped GEMMs
+    run on different group counts and shapes in each, which the dense-table estimate does not rank
+    the way the hardware does (2xH200: a profile fitted on TP experts mispriced all-to-all ones by 28%).
+    """
+    if not OP_KINDS[op.kind].profiled:
+        return None
+    if op.kind is OpKind.TOKEN_MIX:
+        return f"token_mix.{op.attrs.get('impl') or 'conv'}"
+    if op.kind is OpKind.EXPERTS and moe_split:
+        return f"experts.{moe_split}"
+    return op.kind.value
+
+
+def params_for_op(op: Op, numerics: Numerics) -> Params:
+    """Local key -> (name under `model.layers.{i}.`, full shape) for everything `op` reads."""
+    return OP_KINDS[op.kind].params(op, numerics)
