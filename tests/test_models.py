@@ -105,3 +105,66 @@ def test_model_types_resolve_to_their_family_module():
     for preset in ("tiny-deepseek-v3", "tiny-kimi-k3", "tiny-qwen3-next", "tiny-llama", "tiny-qwen3-moe"):
         spec = load_model(preset)
         assert family_for(spec.model_type).name == spec.family
+
+
+def _moe_of(spec):
+    return [layer.mlp for layer in spec.layers if layer.mlp.kind == "moe"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "drop", "spelling"),
+    [
+        ("tiny-llama", (), {"num_local_experts": 4, "num_experts_per_tok": 2}),  # Mixtral's spelling
+        ("tiny-llama", (), {"num_experts": 4, "num_experts_per_token": 2, "moe_intermediate_size": 40}),
+        ("tiny-deepseek-v3", ("n_routed_experts", "num_experts_per_tok"),
+         {"num_experts": 8, "num_experts_per_token": 2}),
+        ("tiny-kimi-linear", ("num_experts", "num_experts_per_token", "num_shared_experts"),
+         {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}),
+        ("tiny-qwen3-next", ("num_experts",), {"num_local_experts": 8}),
+    ],
+)  # fmt: skip
+def test_every_moe_spelling_is_read(preset, drop, spelling):
+    from tpplan.models.config import load_config_dict, spec_from_config
+
+    raw = {k: v for k, v in load_config_dict(preset)[0].items() if k not in drop}
+    moe = _moe_of(spec_from_config({**raw, **spelling}))
+    assert moe, "a config that names experts was planned as dense"
+    count = next(v for k, v in spelling.items() if k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    assert moe[0].experts == count
+    top_k = next((v for k, v in spelling.items() if k.startswith("num_experts_per")), None)
+    if top_k:
+        assert moe[0].top_k == top_k
+    if "num_local_experts" in spelling and preset == "tiny-llama":
+        assert moe[0].expert_intermediate == raw["intermediate_size"]  # Mixtral: experts are intermediate_size wide
+
+
+def test_a_config_naming_experts_is_never_planned_dense():
+    from tpplan.errors import TpplanError
+    from tpplan.models.config import load_config_dict, spec_from_config
+
+    raw = load_config_dict("tiny-qwen3-moe")[0]
+    with pytest.raises(TpplanError, match=r"names \d+ routed experts but no layer"):
+        spec_from_config({**raw, "decoder_sparse_step": raw["num_hidden_layers"] + 1})
+
+
+@pytest.mark.parametrize(
+    ("model_type", "fields", "family"),
+    [
+        ("gpt_oss", {"num_local_experts": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128}, "gqa"),
+        ("deepseek_v32", {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "index_topk": 2048},
+         "deepseek_v3"),
+        ("qwen3_5_moe", {"linear_num_key_heads": 16, "linear_key_head_dim": 128, "full_attention_interval": 4},
+         "qwen3_next"),
+        ("kimi_k25", {"text_config": {"model_type": "kimi_k2", "kv_lora_rank": 512, "n_routed_experts": 384}},
+         "deepseek_v3"),
+    ],
+)  # fmt: skip
+def test_unknown_model_type_names_the_closest_family(model_type, fields, family):
+    from tpplan.errors import TpplanError
+    from tpplan.models.config import spec_from_config
+
+    with pytest.raises(TpplanError) as err:
+        spec_from_config({"model_type": model_type, "hidden_size": 64, **fields}, label="config.json")
+    msg = str(err.value)
+    assert f"unknown model_type '{model_type}'" in msg and f"closest supported family is {family} " in msg
+    assert "docs/adding-a-family.md" in msg and "\n" not in msg

@@ -285,7 +285,7 @@ class PredictObjective:
             secs = 0.0
             for (t, pairs, ctx), w in self._pairs:
                 secs += w * pred._op_time(lg, d, t, pairs, ctx).seconds  # type: ignore[attr-defined]
-            wb = pred.expert_bytes if d.op.kind is OpKind.EXPERTS else pred.b  # type: ignore[attr-defined]
+            wb = pred._weight_elem_bytes(kind, d.op)  # type: ignore[attr-defined]  # quantization_config formats
             hit = Cost(secs, d.weight_elements_per_rank * wb)
             self._ops[key] = hit
         return hit

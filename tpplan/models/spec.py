@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tpplan.models.quant import Quantization
+
 AttnKind = Literal["mla", "kda", "gqa", "gdn"]
 MlpKind = Literal["dense", "moe"]
 
@@ -141,6 +143,7 @@ class ModelSpec:
     attn_res_block_size: int | None = None  # K3 block attention residuals
     tie_embeddings: bool = False
     source: str = ""
+    quant: Quantization | None = None  # the checkpoint's weight formats (quantization_config)
 
     @property
     def num_layers(self) -> int:

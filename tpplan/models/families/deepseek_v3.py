@@ -14,7 +14,7 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, moe_layer, validate
+from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
 from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
@@ -217,10 +217,10 @@ class RawMLAMoE(Raw):
     qk_rope_head_dim: int = Field(ge=0)
     qk_nope_head_dim: int = Field(ge=0)
     v_head_dim: int = Field(gt=0)
-    n_routed_experts: int | None = Field(default=None, ge=0)
-    num_experts_per_tok: int | None = Field(default=None, gt=0)
+    n_routed_experts: int | None = Field(default=None, ge=0, validation_alias=EXPERTS)
+    num_experts_per_tok: int | None = Field(default=None, gt=0, validation_alias=TOP_K)
     moe_intermediate_size: int | None = Field(default=None, gt=0)
-    n_shared_experts: int | None = Field(default=0, ge=0)
+    n_shared_experts: int | None = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)
     moe_layer_freq: int = Field(default=1, gt=0)
     n_group: int | None = Field(default=1, gt=0)

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, validate
+from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, Params, register_mixer
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
@@ -145,7 +145,7 @@ register_mixer(Mixer("gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_
 
 
 class RawGQA(Raw):
-    """llama / qwen3 / qwen3_moe / mistral."""
+    """llama / qwen3 / qwen3_moe / mistral (and their MoE variants under any expert-count spelling)."""
 
     hidden_size: int = Field(gt=0)
     num_hidden_layers: int = Field(gt=0)
@@ -154,12 +154,21 @@ class RawGQA(Raw):
     head_dim: int | None = Field(default=None, gt=0)
     vocab_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
-    num_experts: int = Field(default=0, ge=0)
-    num_experts_per_tok: int = Field(default=1, gt=0)
+    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
+    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
     moe_intermediate_size: int | None = Field(default=None, gt=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
     tie_word_embeddings: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mixtral_expert_width(cls, data: Any) -> Any:
+        """Mixtral's spelling (num_local_experts) has no moe_intermediate_size: each expert is
+        intermediate_size wide."""
+        if isinstance(data, dict) and "num_local_experts" in data and "moe_intermediate_size" not in data:
+            data = {**data, "moe_intermediate_size": data.get("intermediate_size")}
+        return data
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -185,7 +194,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     )
     dense = DenseMLPSpec(c.intermediate_size)
     moe = None
-    if model_type == "qwen3_moe" and c.num_experts:
+    if c.num_experts:  # any spelling, any model_type of this family (Mixtral-style llama/mistral too)
         if not c.moe_intermediate_size:
             raise TpplanError(
                 label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
