@@ -139,7 +139,7 @@ def _print_audit(data: dict) -> None:
         "legal",
         "bytes/tok/rank",
         "vs base",
-        "seed units",
+        "rel. units",
         "collectives per forward",
         "replicated/rank",
     ):
@@ -156,7 +156,7 @@ def _print_audit(data: dict) -> None:
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         )
     console.print(t)
-    k = Table(title="Per layer kind (seed units: AR=2W, RS=AG=W, A2A=W/N)")
+    k = Table(title="Per layer kind (relative units: AR=2W, RS=AG=W, A2A=W/N)")
     for col in ("plan", "layer kind", "legal", "attn-in units", "vs base", "layer units", "collectives per layer"):
         k.add_column(col)
     for p in data["plans"]:
