@@ -35,6 +35,8 @@ def test_sp_moe_alias_is_accepted_but_never_printed():
     assert [p["name"] for p in data["plans"]] == ["baseline", "sp-moe"]  # baseline: the reference
     plan_name = re.compile(r"(?<![-\w])moe-a2a(?![-\w])")  # not SGLang's --moe-a2a-backend flag
     assert "sp-moe" in out and not plan_name.search(out) and not plan_name.search(json.dumps(data))
+    exp = run("explain", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", "moe-a2a", check=True).stdout
+    assert exp.startswith("sp-moe ") and not plan_name.search(exp)
 
 
 def test_models_lists_presets():

@@ -179,9 +179,14 @@ ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the pla
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
 
 
+def plan_name(name: str) -> str:
+    """The one printed name of a plan the user may have named by an alias (`moe-a2a` -> `sp-moe`)."""
+    return ALIASES.get(name, name)
+
+
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     """Build a plan by name for this model and TP size (an alias builds the plan under its one name)."""
-    name = ALIASES.get(name, name)
+    name = plan_name(name)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
@@ -208,4 +213,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     )
 
 
-__all__ = ["ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair", "sp_moe", "with_ep"]
+__all__ = [
+    "ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL",
+    "make_plan", "plan_name", "repair", "sp_moe", "with_ep",
+]  # fmt: skip
