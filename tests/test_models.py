@@ -168,3 +168,13 @@ def test_unknown_model_type_names_the_closest_family(model_type, fields, family)
     msg = str(err.value)
     assert f"unknown model_type '{model_type}'" in msg and f"closest supported family is {family} " in msg
     assert "docs/adding-a-family.md" in msg and "\n" not in msg
+
+
+def test_mixtral_preset_matches_the_published_shapes():
+    spec = load_model("mixtral-8x7b")
+    assert spec.family == "gqa" and spec.num_layers == 32
+    moe = _moe_of(spec)
+    assert len(moe) == 32 and moe[0].experts == 8 and moe[0].top_k == 2 and moe[0].expert_intermediate == 14336
+    g = build_model_graph(spec)
+    assert _op(g, "gqa+moe", "k_proj").weight_shape == (8 * 128, 4096)
+    assert _op(g, "gqa+moe", "experts").weight_shape == (8, 3, 4096, 14336)

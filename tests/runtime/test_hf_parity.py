@@ -27,6 +27,7 @@ MODELS = {
     "tiny-deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "tiny-kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM"),
     "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "tiny-mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
 
 
@@ -69,7 +70,7 @@ CASES = [(p, None) for p in MODELS] + [
 
 
 @pytest.mark.parametrize(
-    ("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "ds3-noninterleave", "ds3-yarn"]
+    ("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "ds3-noninterleave", "ds3-yarn"]
 )
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)
