@@ -28,6 +28,7 @@ MODELS = {
     "tiny-kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM"),
     "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
     "tiny-mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "tiny-kimi-k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text model of the wrapper
 }
 
 
@@ -37,6 +38,8 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
     cfg_cls, model_cls = (getattr(transformers, n) for n in MODELS[preset])
     cfg = cfg_cls(**{k: v for k, v in raw.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
+    if getattr(cfg, "text_config", None) is not None:
+        cfg.text_config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = model_cls(cfg).float().eval()
     # HF zero-inits some buffers/params; give them values so the test exercises them.
@@ -70,7 +73,9 @@ CASES = [(p, None) for p in MODELS] + [
 
 
 @pytest.mark.parametrize(
-    ("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "ds3-noninterleave", "ds3-yarn"]
+    ("preset", "overrides"),
+    CASES,
+    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds3-noninterleave", "ds3-yarn"],
 )
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)

@@ -8,6 +8,7 @@ output gate), its kernel call (latent KV cache, interleaved YaRN RoPE) and its K
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
@@ -292,5 +293,46 @@ register(
         build_spec,
         numerics=mla_numerics,
         signature=frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "n_routed_experts", "n_group"}),
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kimi-K2.5: a multimodal wrapper whose text model is a kimi_k2 / deepseek_v3 `text_config`
+
+
+def k25_text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = raw.get("text_config")
+    return text if isinstance(text, dict) else raw
+
+
+def build_kimi_k25(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    """The text model only (the vision tower does not run in text prefill)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise TpplanError(
+            f"{label}: field 'text_config'",
+            "a kimi_k25 config must wrap a text_config object",
+            "add the kimi_k2 (deepseek_v3) text_config from the checkpoint's config.json",
+        )
+    inner = text.get("model_type", "deepseek_v3")
+    if inner not in ("deepseek_v3", "kimi_k2"):
+        raise TpplanError(
+            f"{label}: field 'text_config.model_type'",
+            f"expected 'kimi_k2' or 'deepseek_v3', got {inner!r}",
+            "Kimi-K2.5's text_config is a kimi_k2 (DeepSeek-V3 architecture) config",
+        )
+    spec = build_spec(text, f"{label} (text_config)", name, model_type)
+    return replace(spec, family="kimi_k25")
+
+
+register(
+    Family(
+        "kimi_k25",
+        {"kimi_k25": "Kimi-K2.5 (a kimi_k2 text_config; the vision tower is not modelled)"},
+        build_kimi_k25,
+        numerics=mla_numerics,
+        text_config=k25_text_config,
+        signature=frozenset({"text_config", "vision_config", "media_placeholder_token_id"}),
     )
 )
