@@ -336,3 +336,43 @@ register(
         signature=frozenset({"text_config", "vision_config", "media_placeholder_token_id"}),
     )
 )
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSeek-V2 (and V2-Lite, whose q_proj reads the full hidden): MLA + softmax-routed MoE
+
+
+def build_deepseek_v2(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    """As V3 but the router scores by softmax (no correction bias) and, under
+    `topk_method: group_limited_greedy`, ranks expert groups by their best score."""
+    spec = build_spec({"scoring_func": "softmax", **raw}, label, name, model_type)
+    greedy = raw.get("topk_method", "greedy") == "greedy"
+
+    def v2(m: Any) -> Any:
+        if not isinstance(m, MoESpec):
+            return m
+        if greedy:
+            return replace(m, n_group=1, topk_group=1)
+        return replace(m, group_score="max")
+
+    return replace(spec, family="deepseek_v2", layers=tuple(replace(ly, mlp=v2(ly.mlp)) for ly in spec.layers))
+
+
+def v2_numerics(text: Mapping[str, Any]) -> dict[str, Any]:
+    """Interleaved (complex) RoPE like V3, no router correction bias, no top-k renormalisation unless asked."""
+    return {
+        "rope_interleave": True,
+        "router_bias": False,
+        "renormalize": bool(text.get("norm_topk_prob", False)),
+    }
+
+
+register(
+    Family(
+        "deepseek_v2",
+        {"deepseek_v2": "DeepSeek-V2 / V2-Lite (MLA with or without q_lora, softmax-routed MoE)"},
+        build_deepseek_v2,
+        numerics=v2_numerics,
+        signature=frozenset({"kv_lora_rank", "qk_rope_head_dim", "n_routed_experts", "topk_method"}),
+    )
+)
