@@ -110,38 +110,62 @@ def _moe(spec: ModelSpec) -> MoESpec | None:
     return next((layer.mlp for layer in spec.layers if isinstance(layer.mlp, MoESpec)), None)
 
 
-def _family(plan: Plan) -> str:
-    """The engine-level family of a plan: named plans by name, found plans by their decisions."""
-    named = {
-        "baseline",
-        "input-scattered",
-        "input-scattered+restore",
-        "latent-scattered",
-        "sequence-parallel",
-        "gate-aware",
-        "moe-a2a",
-    }
-    if plan.name in named:
-        return plan.name
-    attn_side = [r for r in (*plan.replicate, *plan.a2a) if "/moe." not in r and "/dense." not in r]
-    if attn_side:
+def _decisions(plan: Plan) -> tuple[object, ...]:
+    """A plan's decisions without its name: what the engine would have to run."""
+    d = plan.describe()
+    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+def _references() -> dict[tuple[object, ...], str]:
+    from tpplan.plans.named import baseline, input_scattered, latent_scattered, sequence_parallel, sp_moe
+
+    refs = (
+        ("baseline", baseline()),
+        ("input-scattered", input_scattered()),
+        ("latent-scattered", latent_scattered()),
+        ("sequence-parallel", sequence_parallel()),
+        ("moe-a2a", sp_moe()),
+    )
+    return {_decisions(p): name for name, p in refs}
+
+
+def _attn_side(patterns: frozenset[str]) -> list[str]:
+    return sorted(r for r in patterns if "/moe." not in r and "/dense." not in r)
+
+
+def family(plan: Plan) -> str:
+    """The engine-level family of a plan, decided from its decisions, never from its name:
+    two plans with the same decisions get the same engine verdict."""
+    same = _references().get(_decisions(plan))
+    if same is not None:
+        return same
+    if plan.moe == "ep":
+        return "ep"
+    if _attn_side(plan.replicate | plan.a2a):
         return "gate-aware"  # replication/all-to-all around attention projections: no engine flag does it
     if plan.moe == "a2a":
         return "moe-a2a"
-    if plan.moe == "ep":
-        return "ep"
     if plan.replicate or plan.a2a:
         return "gate-aware"
+    if plan.token_shard:
+        return "latent-scattered"
     if plan.stream != plan.reduce or plan.gather:
-        return "input-scattered"
+        return "input-scattered+restore" if plan.gather_for else "input-scattered"
     return "baseline"
+
+
+def _needs_code(plan: Plan) -> str:
+    """What a plan that replicates or all-to-alls projections would need an engine to do."""
+    ops = sorted({r.rsplit(".", 1)[-1] for r in (*plan.replicate, *plan.a2a) if "/moe." not in r})
+    what = ", ".join(f"`{o}`" for o in ops) if ops else "the projections the plan names"
+    return f"needs code: replicate {what} and all-to-all their outputs to head-sharded; no engine flag does this"
 
 
 def sglang_recipe(
     plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
 ) -> EngineRecipe:
     """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes."""
-    fam = _family(plan)
+    fam = family(plan)
     base = [f"--tp-size {tp}"]
     if pp > 1:
         base.append(f"--pp-size {pp}")
@@ -202,7 +226,9 @@ def sglang_recipe(
         conds += [
             Condition("tp_size > 1", tp > 1, "skips silently", SRC_SGL_ATTN),
             Condition(
-                "the MLA has q_lora_rank (fused qkv_a latent)",
+                "the MLA has q_lora_rank (fused qkv_a latent)"
+                if mla is not None
+                else "the attention has a q_lora_rank latent (this model's has none)",
                 mla is not None and mla.q_lora_rank is not None,
                 "skips silently",
                 SRC_SGL_ATTN,
@@ -224,22 +250,29 @@ def sglang_recipe(
         ]
         gated = mla is not None and mla.output_gate
         linear = any(layer.attn.kind in ("kda", "gdn") for layer in spec.layers)
-        if gated or linear:
-            notes.append(
-                "The gate passes for this model, but its "
-                + ("MLA output gate (g_proj) " if gated else "")
-                + ("and " if gated and linear else "")
-                + ("linear-attention projections " if linear else "")
-                + "read the full hidden: SGLang's AttentionInputs.fetch_hidden_states all-gathers the "
-                "scattered hidden for them, so the engine really runs input-scattered+restore "
-                f"({SRC_SGL_ATTN})."
+        passes = all(c.met is not False for c in conds)
+        if (gated or linear) and passes:
+            readers = " and ".join(
+                x
+                for x, on in (("the MLA output gate (g_proj)", gated), ("the linear-attention projections", linear))
+                if on
             )
+            notes.append(
+                f"The gate passes for this model, but {readers} read the full hidden: SGLang's "
+                "AttentionInputs.fetch_hidden_states all-gathers the scattered hidden for them, so the engine "
+                f"really runs input-scattered+restore ({SRC_SGL_ATTN})."
+            )
+        restores = (gated or linear) and passes
+        realises = (
+            ("yes" if restores else "partly") if fam == "input-scattered+restore" else ("partly" if restores else "yes")
+        )
         return EngineRecipe(
             "SGLang",
             plan.name,
             tuple(args),
-            "partly" if gated or linear else "yes",
-            "reduce-scatter the block output, token-local norm and qkv_a, all-gather the QKV latent",
+            realises,  # type: ignore[arg-type]
+            "reduce-scatter the block output, token-local norm and qkv_a, all-gather the QKV latent"
+            + ("; the hidden is all-gathered again for the ops that read it" if restores else ""),
             tuple(conds),
             tuple(notes),
         )
@@ -264,10 +297,9 @@ def sglang_recipe(
         )
     if fam in ("latent-scattered", "gate-aware"):
         why = (
-            "the seed's research prototype; no SGLang flag shards only the latent GEMM"
+            "no SGLang flag token-shards only the latent GEMM (a research prototype)"
             if fam == "latent-scattered"
-            else "needs code: replicate the column-parallel projections that read the hidden (MLA g_proj, "
-            "KDA q/k/v/f/b/g) and all-to-all their outputs; no SGLang flag does this"
+            else _needs_code(plan)
         )
         return EngineRecipe("SGLang", plan.name, tuple(base), "no", why, (), ())
     args = [*base, "--moe-a2a-backend none"] if moe is not None else base
@@ -280,7 +312,7 @@ def vllm_recipe(
     plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
 ) -> EngineRecipe:
     """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes."""
-    fam = _family(plan)
+    fam = family(plan)
     base = [f"--tensor-parallel-size {tp}"]
     if pp > 1:
         base.append(f"--pipeline-parallel-size {pp}")
