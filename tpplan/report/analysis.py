@@ -453,7 +453,9 @@ def analyse(
                 variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
     chunk = workloads[0].chunk_size if workloads else 8192
     for v in variants:
-        v.engines = recipes(v.plan, graph.spec, tp=v.tp, pp=v.pp, nodes=topology.nodes, chunk=chunk)
+        v.engines = recipes(
+            v.plan, graph.spec, tp=v.tp, pp=v.pp, nodes=topology.nodes, chunk=chunk, gpu=topology.gpu.name
+        )
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
     mla = _mla_kind(graph)

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from tpplan.cost.topology import load_topology
+from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis
 from tpplan.report.bench_results import error_summary
+from tpplan.report.confidence import provenance
 from tpplan.report.doc import Block, Heading, Image, Para, Table
 
 PNG_BENCH = "predicted_vs_measured.png"
+
+
+def _provenance(topology: str, gpus: int) -> str:
+    """The provenance of the bench's predictions, when its topology is one this build knows."""
+    try:
+        return "predictions " + provenance(load_topology(topology), gpus).label
+    except TpplanError:
+        return f"topology {topology} not in this build: provenance unknown"
 
 
 def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, bytes]) -> list[Block]:
@@ -28,10 +39,12 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
             f"torch {br.meta.torch_version}, NCCL {br.meta.nccl_version or '?'}; plan `{br.plan}` TP{br.tp}; "
             f"slice: {br.model_slice.description}; predictions on topology `{br.topology}`"
             + (
-                " (its kernel profiles price the non-GEMM ops the bench really ran)."
+                " (its kernel profiles price the non-GEMM ops the bench really ran"
                 if any(o.profiled for o in br.ops)
-                else " (roofline kernel estimates)."
+                else " (roofline kernel estimates"
             )
+            + f"; {_provenance(br.topology, br.tp)}). Measured times are measured; the error columns are the "
+            "prediction's."
         )
     )
     rows = []
@@ -94,7 +107,8 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
         pred = f" (predicted {t.predicted_mean_s:.3f} s)" if t.predicted_mean_s is not None else ""
         b.append(
             Para(
-                f"Extrapolated whole-model TTFT on `{t.topology}` at `{t.workload}`: mean {t.mean_s:.3f} s{pred}, "
+                f"Whole-model TTFT on `{t.topology}` at `{t.workload}`, extrapolated from the slice's measured/"
+                f"predicted ratios (tpplan's own runtime kernels, not a serving engine): mean {t.mean_s:.3f} s{pred}, "
                 f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s."
             )
         )

@@ -254,7 +254,7 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
         tt = ttft_mean(other, w) if w else None
         if tt is not None:
             t += f" `{other.key}`: {tt:.3f} s."
-    link = topo.intra.kind.upper() if topo.intra.kind == "pcie" else "NVLink"
+    link = "PCIe" if topo.intra.kind == "pcie" else "NVLink"
     return (
         "Pipeline parallelism" + (" (the seed's next step 3)" if a.seed_model else ""),
         f"TP{pp.tp} x PP{pp.pp} keeps every tensor-parallel collective inside one {link} node: "

@@ -6,7 +6,12 @@ info line when a condition fails and runs the ordinary all-reduce path. This mod
 flags per plan and checks the conditions it can decide from the model and the plan; conditions
 that depend on other server settings are listed as "keep" conditions.
 
-Facts come from the engines' sources (paths relative to each repository's root):
+Facts come from the engines' sources (paths relative to each repository's root). Versions read:
+SGLang `adapters/attention.py` at commit 7665ff96 (the conditions below were re-checked against it
+on 2026-12-01); vLLM `sequence_parallelism.py` in two revisions: the threshold tables below are the
+later one (sm100 at 32 MiB per GPU; an earlier revision had 64, the oldest, commit 7d7e95dc, had no
+thresholds at all). The other paths were read from the engines' main branches without a recorded
+commit; they can drift with releases.
 - SGLang `python/sglang/srt/layers/communicator/adapters/attention.py`: `AttnTpContext.init_context`
   allows input-scattered only with `--enable-attn-tp-input-scattered`, CUDA or NPU, `q_lora_rank`
   set, not DSA (unless MHC), tp_size > 1, no DP attention, `moe_a2a_backend` none, no MoE-dense
@@ -34,7 +39,10 @@ Facts come from the engines' sources (paths relative to each repository's root):
   pass that rewrites all-reduce + RMSNorm into reduce-scatter + norm + all-gather, switched on by
   the compilation config's `pass_config.enable_sp` (`enable_sequence_parallelism` in earlier
   releases; `vllm/config/vllm.py` also turns it on for `fuse_gemm_comms`, async TP); where the
-  pattern does not match, nothing changes and nothing is logged as an error.
+  pattern does not match, nothing changes and nothing is logged as an error. The pass applies only
+  on CUDA GPUs with an entry in its tables (sm90: hidden >= 8192, 8 MiB per GPU; sm100 family:
+  hidden >= 8192, 32 MiB per GPU; anything else, e.g. sm120, gets no SP) and to batches of at least
+  min_per_gpu_MiB x tp / (hidden x element size) tokens (`get_sequence_parallelism_threshold`).
 """
 
 from __future__ import annotations
@@ -155,10 +163,17 @@ def family(plan: Plan) -> str:
 
 
 def _needs_code(plan: Plan) -> str:
-    """What a plan that replicates or all-to-alls projections would need an engine to do."""
-    ops = sorted({r.rsplit(".", 1)[-1] for r in (*plan.replicate, *plan.a2a) if "/moe." not in r})
-    what = ", ".join(f"`{o}`" for o in ops) if ops else "the projections the plan names"
-    return f"needs code: replicate {what} and all-to-all their outputs to head-sharded; no engine flag does this"
+    """What an engine would need to run a plan that replicates weights or all-to-alls outputs."""
+
+    def ops(patterns: frozenset[str]) -> str:
+        return ", ".join(f"`{o}`" for o in sorted({r.rsplit("/", 1)[-1] for r in patterns}))
+
+    parts = []
+    if plan.replicate:
+        parts.append(f"replicate {ops(plan.replicate)} (run on local tokens)")
+    if plan.a2a:
+        parts.append(f"all-to-all the outputs of {ops(plan.a2a)} to head-sharded")
+    return "needs code: " + "; ".join(parts or ["the plan's decisions"]) + "; no engine flag does this"
 
 
 def sglang_recipe(
@@ -308,10 +323,69 @@ def sglang_recipe(
     )
 
 
+# vLLM's sequence-parallelism gate (`get_sequence_parallelism_threshold` in SRC_VLLM_SP): per CUDA
+# compute-capability family, the smallest hidden size and the smallest all-reduce per GPU (MiB) for
+# which the pass applies; a capability without an entry (e.g. sm120, RTX PRO 6000) gets no SP.
+VLLM_SP_MIN_HIDDEN = {90: 8192, 100: 8192}
+VLLM_SP_MIN_MIB_PER_GPU = {90: 8, 100: 32}  # sm100 was 64 MiB in an earlier revision of the file
+
+
+def gpu_capability(gpu: str) -> int | None:
+    """CUDA compute-capability family (90, 100, 120) from a GPU's marketing name, when known."""
+    name = gpu.upper()
+    if "H100" in name or "H200" in name or "H20" in name:
+        return 90
+    if "B200" in name or "B300" in name or "GB200" in name:
+        return 100
+    if "RTX PRO 6000" in name or "RTX 50" in name:
+        return 120
+    return None
+
+
+def _vllm_sp_gate(spec: ModelSpec, tp: int, chunk: int, gpu: str) -> tuple[Condition, ...]:
+    cap = gpu_capability(gpu)
+    if cap is None:
+        return (
+            Condition(
+                f"vLLM has an SP threshold for this GPU ({gpu or 'unknown'}: generation not known)",
+                None,
+                "skips silently",
+                SRC_VLLM_SP,
+            ),
+        )
+    if cap not in VLLM_SP_MIN_HIDDEN:
+        return (
+            Condition(
+                f"vLLM has an SP threshold for sm{cap} ({gpu}); it has one only for sm90 and sm100",
+                False,
+                "skips silently",
+                SRC_VLLM_SP,
+            ),
+        )
+    hidden = spec.hidden
+    min_tokens = VLLM_SP_MIN_MIB_PER_GPU[cap] * 2**20 * tp // (hidden * 2)
+    return (
+        Condition(
+            f"hidden size {hidden} >= {VLLM_SP_MIN_HIDDEN[cap]} (vLLM's minimum on sm{cap})",
+            hidden >= VLLM_SP_MIN_HIDDEN[cap],
+            "skips silently",
+            SRC_VLLM_SP,
+        ),
+        Condition(
+            f"batches of at least {min_tokens:,} tokens ({VLLM_SP_MIN_MIB_PER_GPU[cap]} MiB per GPU x TP{tp} "
+            f"/ (hidden x 2 B)); the {chunk}-token chunk "
+            + ("reaches it" if chunk >= min_tokens else "does not: every batch keeps the all-reduce"),
+            chunk >= min_tokens,
+            "skips silently",
+            SRC_VLLM_SP,
+        ),
+    )
+
+
 def vllm_recipe(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
+    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192, gpu: str = ""
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes."""
+    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`."""
     fam = family(plan)
     base = [f"--tensor-parallel-size {tp}"]
     if pp > 1:
@@ -338,20 +412,23 @@ def vllm_recipe(
         )
     if fam == "sequence-parallel":
         cfg = """--compilation-config '{"pass_config": {"enable_sp": true}}'"""
+        conds = (
+            *_vllm_sp_gate(spec, tp, chunk, gpu),
+            Condition(
+                "the model's all-reduce + RMSNorm matches the pass's patterns (checked at compile time)",
+                None,
+                "skips silently",
+                SRC_VLLM_SP,
+            ),
+        )
+        blocked = any(c.met is False for c in conds)
         return EngineRecipe(
             "vLLM",
             plan.name,
             (*base, cfg),
-            "partly",
+            "no" if blocked else "partly",
             "compile pass rewriting AR + RMSNorm into RS + norm + AG where the pattern matches",
-            (
-                Condition(
-                    "the model's all-reduce + RMSNorm matches the pass's patterns (checked at compile time)",
-                    None,
-                    "skips silently",
-                    SRC_VLLM_SP,
-                ),
-            ),
+            conds,
             ("earlier vLLM releases spell the pass_config key `enable_sequence_parallelism`",),
         )
     if fam in ("input-scattered", "input-scattered+restore", "latent-scattered", "gate-aware"):
@@ -362,11 +439,11 @@ def vllm_recipe(
 
 
 def recipes(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
+    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192, gpu: str = ""
 ) -> list[EngineRecipe]:
     """Both engines' recipes for one plan."""
     kw = {"tp": tp, "pp": pp, "nodes": nodes, "chunk": chunk}
-    return [sglang_recipe(plan, spec, **kw), vllm_recipe(plan, spec, **kw)]
+    return [sglang_recipe(plan, spec, **kw), vllm_recipe(plan, spec, gpu=gpu, **kw)]
 
 
 __all__ = ["Condition", "EngineRecipe", "recipes", "sglang_recipe", "vllm_recipe"]
