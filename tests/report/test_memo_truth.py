@@ -14,6 +14,7 @@ import json
 import re
 from functools import cache
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
@@ -58,7 +59,12 @@ def memo_for(model: str, current: str = "baseline", expert_dtype: str | None = "
     tp = 32 if big else _tp_for(model)
     wls = [load_workload("seed-c8")]
     a = analyse(model, topo, wls, tp=tp, expert_dtype=expert_dtype, search_top=0, current=current)
-    return a, build_memo(a).markdown
+    # The checks read the text; drawing the PNGs (most of the time) is tested in test_report.py.
+    from tpplan.report import plots
+
+    names = ("volume_vs_tp", "stacked_time", "grouped_bars", "crossover", "predicted_vs_measured")
+    with patch.multiple(plots, **{n: (lambda *args, **kw: b"") for n in names}):
+        return a, build_memo(a).markdown
 
 
 # -- reading the markdown back ------------------------------------------------------------------
@@ -286,8 +292,8 @@ def test_the_checks_can_fail():
     bad = {
         "answer word": md.replace("**Too close to call**", "**Yes**").replace("**No** (NO)", "**Yes** (NO)"),
         "legality": md.replace("MoE all-to-all", "MoE all-to-all").replace(
-            "(moe_a2a_backend must be none)", "(moe_a2a_backend must be none), which costs nothing here: "
-            "input-scattered is illegal on this model"
+            "(moe_a2a_backend must be none)",
+            "(moe_a2a_backend must be none), which costs nothing here: input-scattered is illegal on this model",
         ),
         "units": re.sub(r"`latent-scattered` 16448 \(\+14\.7%", "`latent-scattered` 9280 (-35.3%", md),
         "term": md + "\nK3's attention-residual bank.\n",

@@ -121,7 +121,8 @@ def test_with_predictions_time_and_ttft_sections():
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
     a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan, search_top=0)
     memo = build_memo(a)
-    assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png"} <= set(memo.pngs)
+    assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png", "crossover.png"} <= set(memo.pngs)
+    assert "## Thresholds: where a plan overtakes baseline" in memo.markdown
     ttft = _section(memo.markdown, "TTFT per plan")
     assert "| `baseline` | seed-c8 |" in ttft and "| `baseline` | seed-c16 |" in ttft
     assert "predicted mean TTFT gain at seed-c8" in memo.markdown
