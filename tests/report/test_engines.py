@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
-from tpplan.report.engines import recipes, sglang_recipe, vllm_recipe
+from tpplan.report.engines import family, recipes, sglang_recipe, vllm_recipe
 
 
 def _setup(model: str, tp: int, plan: str):
@@ -90,3 +90,15 @@ def test_vllm_sequence_parallel_thresholds_by_gpu_generation():
     assert pcie.realises == "no" and any("sm120" in c.text for c in pcie.conditions if c.met is False)
     plan_k3, spec_k3 = _setup("kimi-k3", 32, "sequence-parallel")  # hidden 7168 < 8192
     assert vllm_recipe(plan_k3, spec_k3, tp=32, gpu="NVIDIA H200").realises == "no"
+
+
+def test_a2a_plan_with_input_scattered_attention_is_not_sglang_sp_moe():
+    """MoE all-to-all beside a scattered attention input is no SGLang path (the a2a backend turns
+    input-scattered off): such a plan needs code, whatever it is called."""
+    plan, spec = _setup("deepseek-v3", 8, "moe-a2a")
+    mixed = plan.with_(gather=frozenset({"mla+moe/mla.qkv_a"}))
+    assert family(mixed) == "custom" and sglang_recipe(mixed, spec, tp=8).realises == "no"
+    exact = plan.with_(
+        name="x", gather=frozenset({"mla+moe/layer.attn_in"}), replicate=frozenset({"mla+moe/moe.router"})
+    )
+    assert family(exact) == "moe-a2a"  # exact roles inside SP-MoE's patterns: the same engine path

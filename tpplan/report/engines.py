@@ -48,6 +48,7 @@ commit; they can drift with releases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Literal
 
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
@@ -141,20 +142,39 @@ def _attn_side(patterns: frozenset[str]) -> list[str]:
     return sorted(r for r in patterns if "/moe." not in r and "/dense." not in r)
 
 
+def _covered(names: frozenset[str], patterns: frozenset[str]) -> bool:
+    """Every entry of `names` (exact roles or patterns) is one of, or matches one of, `patterns`."""
+    return all(n in patterns or any(fnmatchcase(n, p) for p in patterns) for n in names)
+
+
+def _is_sp_moe(plan: Plan) -> bool:
+    """The decisions SGLang's SP-MoE / DeepEP path runs: attention input gathered, MoE all-to-all,
+    only shared experts, router and latent projections replicated."""
+    from tpplan.plans.named import sp_moe
+
+    ref = sp_moe()
+    return (
+        plan.moe == "a2a"
+        and (plan.stream, plan.reduce) == (ref.stream, ref.reduce)
+        and not (plan.a2a or plan.gather_for or plan.token_shard)
+        and _covered(plan.gather, ref.gather)
+        and _covered(plan.replicate, ref.replicate)
+    )
+
+
 def family(plan: Plan) -> str:
     """The engine-level family of a plan, decided from its decisions, never from its name:
-    two plans with the same decisions get the same engine verdict."""
+    two plans with the same decisions get the same engine verdict. A plan that matches no engine
+    path (e.g. a search result mixing ideas per layer kind) is "custom": it needs code."""
     same = _references().get(_decisions(plan))
     if same is not None:
         return same
     if plan.moe == "ep":
         return "ep"
-    if _attn_side(plan.replicate | plan.a2a):
-        return "gate-aware"  # replication/all-to-all around attention projections: no engine flag does it
-    if plan.moe == "a2a":
+    if _is_sp_moe(plan):
         return "moe-a2a"
-    if plan.replicate or plan.a2a:
-        return "gate-aware"
+    if plan.moe == "a2a" or plan.replicate or plan.a2a:
+        return "custom"
     if plan.token_shard:
         return "latent-scattered"
     if plan.stream != plan.reduce or plan.gather:
@@ -168,7 +188,14 @@ def _needs_code(plan: Plan) -> str:
     def ops(patterns: frozenset[str]) -> str:
         return ", ".join(f"`{o}`" for o in sorted({r.rsplit("/", 1)[-1] for r in patterns}))
 
+    from tpplan.plans.named import input_scattered
+
     parts = []
+    base = input_scattered()
+    if (plan.stream, plan.reduce, plan.gather) == (base.stream, base.reduce, base.gather):
+        parts.append("input-scattered")
+    elif plan.gather:
+        parts.append(f"all-gather the outputs of {ops(plan.gather)}")
     if plan.replicate:
         parts.append(f"replicate {ops(plan.replicate)} (run on local tokens)")
     if plan.a2a:
@@ -310,7 +337,7 @@ def sglang_recipe(
             "Megatron-style RS + AG around each block",
             tuple(conds),
         )
-    if fam in ("latent-scattered", "gate-aware"):
+    if fam in ("latent-scattered", "gate-aware", "custom"):
         why = (
             "no SGLang flag token-shards only the latent GEMM (a research prototype)"
             if fam == "latent-scattered"
@@ -431,6 +458,8 @@ def vllm_recipe(
             conds,
             ("earlier vLLM releases spell the pass_config key `enable_sequence_parallelism`",),
         )
+    if fam == "custom":
+        return EngineRecipe("vLLM", plan.name, tuple(base), "no", _needs_code(plan), (), ())
     if fam in ("input-scattered", "input-scattered+restore", "latent-scattered", "gate-aware"):
         return EngineRecipe(
             "vLLM", plan.name, tuple(base), "no", "vLLM has no input-scattered attention path; needs code", (), ()

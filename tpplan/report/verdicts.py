@@ -232,7 +232,7 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
         )
     text = f"**Switch from {cur} to `{top.key}`**: {numbers}, beyond the {band_txt}; price: {top.price}."
     if top.engine_ok:
-        text += " SGLang flags realise it (Engine flags below)."
+        text += " SGLang flags realise it; Engine flags below lists the conditions they need."
     else:
         text += f" No engine runs it as is ({top.engine})."
         alt = next((s for s in steps if s.engine_ok and s.clear), None)
