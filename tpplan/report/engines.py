@@ -26,7 +26,10 @@ commit; they can drift with releases.
   a2a backend the MoE runs on the rank's own (scattered) tokens; `LayerCommunicator` builds the
   input-scattered steps only when `_input_can_be_scattered` (tp > 1, attention DP 1, no a2a backend).
 - SGLang `python/sglang/srt/layers/layernorm_sp.py`: `--enable-layernorm-sp` takes effect only for
-  an allowlist of architectures (Qwen3 family); for others the flag does not enable SP.
+  `SP_SUPPORTED_ARCHITECTURES` = {Qwen3ForCausalLM} (Qwen3 dense; "other models reject
+  --enable-layernorm-sp at construction"), prefill (EXTEND) only, tp_size > 1; server_args'
+  validation also rejects DP attention with it. Earlier revisions only left SP off for other
+  architectures; the memo follows the later, refusing one.
 - SGLang `docs/advanced_features/server_arguments.md`: `--tp-size/--tp`, `--ep-size/--ep`,
   `--moe-a2a-backend {none, deepep, mooncake, ...}`, `--moe-runner-backend ... flashinfer_mxfp4`,
   `--pp-size`, `--chunked-prefill-size`, `--enable-dp-attention`, `--dp`.
@@ -63,7 +66,8 @@ SRC_SGL_SP = "sgl-project/sglang python/sglang/srt/layers/layernorm_sp.py"
 SRC_VLLM_PAR = "vllm-project/vllm vllm/config/parallel.py"
 SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/passes/fusion/sequence_parallelism.py"
 
-# Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py allowlist), as model_type.
+# Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py SP_SUPPORTED_ARCHITECTURES =
+# {"Qwen3ForCausalLM"}), as the model_type of that architecture.
 _SGLANG_SP_MODEL_TYPES = frozenset({"qwen3"})
 
 
@@ -322,11 +326,13 @@ def sglang_recipe(
         ok = spec.model_type in _SGLANG_SP_MODEL_TYPES
         conds += [
             Condition(
-                f"architecture on the --enable-layernorm-sp allowlist (model_type {spec.model_type})",
+                f"architecture on the --enable-layernorm-sp allowlist, Qwen3 dense (this model: {spec.model_type})",
                 ok,
-                "skips silently",
+                "refuses",
                 SRC_SGL_SP,
             ),
+            Condition("tp_size > 1", tp > 1, "refuses", SRC_SGL_SP),
+            Condition("DP attention off (no --enable-dp-attention)", True, "refuses", SRC_SGL_ARGS),
             Condition("SP excludes input-scattered (SP models have no q_lora)", True, "refuses", SRC_SGL_COMM),
         ]
         return EngineRecipe(
