@@ -90,3 +90,14 @@ def test_unknown_plan_in_current_raises():
     with pytest.raises(TpplanError, match="--current"):
         analyse("tiny-kimi-k3", load_topology("h200x2"), [load_workload("seed-c8")], tp=2, current="nope",
                 use_default_predictor=False, search_top=0)  # fmt: skip
+
+
+def test_without_a_predictor_weights_that_do_not_fit_are_no():
+    """Issue 10: no memory prediction, but the audit's weights alone exceed the GPU: never YES, never a step."""
+    topo = load_topology("h200x8-ib400", nodes=1)
+    a = analyse("deepseek-v3", topo, [load_workload("seed-c8")], tp=2, use_default_predictor=False, search_top=0)
+    for v, vd in zip(a.variants, a.verdicts, strict=True):
+        if v is not a.current:
+            assert v.audit.weight_bytes_per_rank > 140 * 2**30 and vd.status == "NO", (v.key, vd.status)
+            assert "does not fit in GPU memory" in vd.headline or not v.legal
+    assert not a.next_steps and a.bottom.action == "keep"

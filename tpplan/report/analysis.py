@@ -470,8 +470,9 @@ def analyse(
         return attn_formula(v.audit.kinds[kind].result, v.tp) if kind in v.audit.kinds else ""
 
     seed = graph.spec.model_type == "kimi_k3"
-    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), seed) for v in variants]
-    steps = next_steps(variants, cur, wl, band)
+    gpu = topology.gpu.memory_GiB * 2**30
+    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), seed, gpu) for v in variants]
+    steps = next_steps(variants, cur, wl, band, gpu)
     a = Analysis(
         graph.spec.name,
         graph,

@@ -341,6 +341,8 @@ def differences_section(a: Analysis, command: str, plots: ModuleType, pngs: _Png
         else ("Where tpplan's model goes beyond a byte count")
     )
     b: list[Block] = [Heading(title)]
+    if not a.predictor_note:
+        b.append(Para(f"Times here are predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."))
     for t, text in a.differences:
         b += [Heading(t, 3), Para(text)]
     return b

@@ -102,8 +102,10 @@ def judge(
     band: Provenance,
     same_as: str | None = None,
     seed: bool = False,
+    gpu_bytes: float = 0.0,
 ) -> Verdict:
-    """One plan's verdict against today's deployment `ref`."""
+    """One plan's verdict against today's deployment `ref` (`gpu_bytes`: memory of one GPU, for
+    the weights-only check when there is no memory prediction)."""
     from tpplan.report.analysis import memory_fit, ttft_mean
 
     vol = _pct(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
@@ -148,6 +150,12 @@ def judge(
     if fit is not None and not fit[2]:
         reasons.insert(0, f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}")
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
+    if fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
+        reasons.insert(
+            0,
+            f"weights alone take {_gib(v.audit.weight_bytes_per_rank)} per rank, more than the GPU's {_gib(gpu_bytes)}",
+        )
+        return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
     if timed:
         assert t_v is not None and t_r is not None
         gain = (t_r - t_v) / t_r
@@ -170,7 +178,9 @@ def judge(
     return Verdict(v.key, status, head, tuple(reasons), formula)
 
 
-def next_steps(variants: list[Variant], ref: Variant, wl: str | None, band: Provenance) -> list[NextStep]:
+def next_steps(
+    variants: list[Variant], ref: Variant, wl: str | None, band: Provenance, gpu_bytes: float = 0.0
+) -> list[NextStep]:
     """Legal plans that fit and beat today's deployment, ranked by predicted TTFT gain (by bytes
     saved when there is no time prediction; other parallel shapes are then left out)."""
     from tpplan.report.analysis import memory_fit, ttft_mean
@@ -182,6 +192,8 @@ def next_steps(variants: list[Variant], ref: Variant, wl: str | None, band: Prov
             continue
         fit = memory_fit(v)
         if fit is not None and not fit[2]:
+            continue
+        if fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
             continue
         t_v = ttft_mean(v, wl) if wl else None
         if t_v is not None and t_r is not None:
