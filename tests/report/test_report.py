@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import run_in_process
 from fake_predict import fake_predict_plan
 
-from tpplan.cost.topology import load_topology
+from tpplan.cost.topology import Topology, load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report import writer
@@ -26,9 +26,17 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tpplan", *args], capture_output=True, text=True)
 
 
+def roomy(topo):
+    """The same cluster with 256 GiB GPUs: K3's bf16 weights (172-220 GiB per rank at TP32) fit, so the
+    volume-only memo has plans to compare (on 140 GiB H200s nothing fits in bf16: every plan is NO)."""
+    data = topo.model_dump()
+    data["gpu"] = {**data["gpu"], "memory_GiB": 256.0}
+    return Topology.model_validate(data)
+
+
 @pytest.fixture(scope="module")
 def k3_4x8():
-    topo = load_topology("h200x8-ib400", nodes=4)
+    topo = roomy(load_topology("h200x8-ib400", nodes=4))
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
     return analyse("kimi-k3", topo, wls, tp=32, use_default_predictor=False, search_top=0)
 
@@ -117,7 +125,7 @@ def test_volume_vs_tp_table(k3_4x8):
 
 
 def test_with_predictions_time_and_ttft_sections():
-    topo = load_topology("h200x8-ib400", nodes=4)
+    topo = roomy(load_topology("h200x8-ib400", nodes=4))
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
     a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan, search_top=0)
     memo = build_memo(a)
@@ -198,14 +206,15 @@ def test_out_must_be_a_directory(tmp_path, k3_4x8):
 
 
 def test_other_models_render():
-    topo = load_topology("h200x8-ib400", nodes=1)
+    topo = roomy(load_topology("h200x8-ib400", nodes=1))
     wls = [load_workload("seed-c8")]
     a = analyse("deepseek-v3", topo, wls, tp=8, use_default_predictor=False, search_top=0)
     md = build_memo(a).markdown
     assert {v.key: v.status for v in a.verdicts}["input-scattered"] != "NO"  # legal on DeepSeek (no gate)
     assert "input-scattered" in md and "TP8xPP" not in md  # one node: no pipeline variant
     a2 = analyse("tiny-llama", topo, wls, tp=2, use_default_predictor=False, search_top=0)
-    assert "The seed's table" not in build_memo(a2).markdown  # no MLA latent: no seed table
+    md2 = build_memo(a2).markdown
+    assert "The seed's table" not in md2 and "MLA layer's attention input" not in md2  # no MLA latent: no table
 
 
 def test_report_package_imports_and_runs_without_torch():
@@ -214,7 +223,7 @@ def test_report_package_imports_and_runs_without_torch():
         "import sys, tpplan.report, tpplan.report.analysis, tpplan.report.memo, tpplan.report.engines, "
         "tpplan.report.bench_results, tpplan.commands.report\n"
         "from tpplan.report.analysis import analyse\nfrom tpplan.report.memo import build_memo\n"
-        "from tpplan.cost.topology import load_topology\nfrom tpplan.cost.workload import load_workload\n"
+        "from tpplan.cost.topology import Topology, load_topology\nfrom tpplan.cost.workload import load_workload\n"
         "build_memo(analyse('tiny-kimi-k3', load_topology('h200x2'), [load_workload('seed-c8')], tp=2))\n"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

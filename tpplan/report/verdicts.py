@@ -111,11 +111,14 @@ def judge(
     vol = _pct(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
     fit = memory_fit(v)
     if v is ref:
-        note = (
-            (f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}: lower --expert-dtype",)
-            if fit is not None and not fit[2]
-            else ()
-        )
+        note: tuple[str, ...] = ()
+        if fit is not None and not fit[2]:
+            note = (f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}: lower --expert-dtype",)
+        elif fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
+            note = (
+                f"weights alone take {_gib(v.audit.weight_bytes_per_rank)} per rank, more than the GPU's "
+                f"{_gib(gpu_bytes)}: raise TP or lower the weight dtype",
+            )
         return Verdict(
             v.key, "reference", "today's deployment (--current): every other plan is judged against it", note, formula
         )
