@@ -128,6 +128,7 @@ def crossover(series: dict[tuple[str, str], list[tuple[int, float]]], title: str
         ax.axis("off")
     axes[0][0].set_ylabel("plan time / baseline time")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4)
     fig.suptitle(title)
+    fig.tight_layout(h_pad=1.6)
+    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4)
     return _png(fig)
