@@ -21,7 +21,7 @@ from tpplan.report.crossover import crossing
         ("TP32+EP4", ("ep4", 32, 1)),
         ("TP32 with EP4", ("ep4", 32, 1)),
         ("tp32 ep4", ("ep4", 32, 1)),
-        ("moe-a2a TP8xPP4", ("moe-a2a", 8, 4)),
+        ("sp-moe TP8xPP4", ("sp-moe", 8, 4)),
         ("TP8xPP4", ("baseline", 8, 4)),
         ("input-scattered+restore+ep4", ("input-scattered+restore+ep4", None, 1)),
     ],
@@ -81,9 +81,9 @@ def test_keep_when_today_is_the_best():
     """Judged against the predicted best, nothing beats it: the bottom line keeps it, with no step."""
     topo = load_topology("h200x8-ib400", nodes=4)
     a = analyse("kimi-k3", topo, [load_workload("seed-c8")], expert_dtype="mxfp4", search_top=0,
-                current="moe-a2a TP8xPP4")  # fmt: skip
-    assert a.current.key == "moe-a2a TP8xPP4" and not a.next_steps
-    assert a.bottom is not None and a.bottom.action == "keep" and "**Keep `moe-a2a TP8xPP4`**" in a.bottom.text
+                current="sp-moe TP8xPP4")  # fmt: skip
+    assert a.current.key == "sp-moe TP8xPP4" and not a.next_steps
+    assert a.bottom is not None and a.bottom.action == "keep" and "**Keep `sp-moe TP8xPP4`**" in a.bottom.text
 
 
 def test_unknown_plan_in_current_raises():

@@ -41,7 +41,7 @@ REPORT_PLANS = (
     "latent-scattered",
     "sequence-parallel",
     "gate-aware",
-    "moe-a2a",
+    "sp-moe",
 )
 _SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A", "send_recv": "P2P"}
 
@@ -118,10 +118,13 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class SeedRow:
+class BoundaryRow:
+    """One row of the hand-derived attention-input table (path, its formula and units), beside the
+    plan that realises it and the units and formula tpplan derives from the graph."""
+
     path: str
-    seed_formula: str
-    seed_units: int
+    hand_formula: str
+    hand_units: int
     plan: str
     units: float
     legal: bool
@@ -138,7 +141,7 @@ class Analysis:
     dtype: str
     variants: list[Variant]
     volume_vs_tp: dict[str, list[tuple[int, float]]]
-    seed_rows: list[SeedRow]
+    boundary_rows: list[BoundaryRow]
     verdicts: list[Verdict]
     next_steps: list[NextStep]
     differences: list[tuple[str, str]]  # (title, paragraph with numbers)
@@ -301,8 +304,8 @@ _EP = re.compile(r"(?i)(?:^|[\s,+])EP(\d+)\b")
 
 def parse_current(text: str) -> tuple[str, int | None, int]:
     """`--current` as (plan name, TP or None for the report's, PP): a plan name (`ep4`,
-    `moe-a2a+ep4`), a deployment (`TP32 EP4`, `TP32 with EP4`, `TP8xPP4`) or both
-    (`moe-a2a TP8xPP4`)."""
+    `sp-moe+ep4`), a deployment (`TP32 EP4`, `TP32 with EP4`, `TP8xPP4`) or both
+    (`sp-moe TP8xPP4`)."""
     rest, tp, pp, ep = f" {text} ", None, 1, None
     m = _TP_PP.search(rest)
     if m:
@@ -315,7 +318,7 @@ def parse_current(text: str) -> tuple[str, int | None, int]:
     name = re.sub(r"(?i)\bwith\b", " ", rest).strip(" ,+:/") or "baseline"
     if " " in name:
         raise TpplanError(
-            f"--current {text}", f"cannot read {name!r} as one plan", "use e.g. ep4, 'TP32 EP4' or 'moe-a2a TP8xPP4'"
+            f"--current {text}", f"cannot read {name!r} as one plan", "use e.g. ep4, 'TP32 EP4' or 'sp-moe TP8xPP4'"
         )
     if ep is not None:
         name = f"ep{ep}" if name == "baseline" else f"{name}+ep{ep}"
@@ -372,7 +375,7 @@ def _plan_variants(graph: ModelGraph, names: list[str], asked: bool, n: int, dty
     return variants
 
 
-def _seed_rows(graph: ModelGraph, mla: str | None, variants: list[Variant], n: int) -> list[SeedRow]:
+def _boundary_rows(graph: ModelGraph, mla: str | None, variants: list[Variant], n: int) -> list[BoundaryRow]:
     """The seed's per-MLA-layer table (2H, H + L, 2H + L), re-derived from the graph."""
     if mla is None:
         return []
@@ -390,7 +393,7 @@ def _seed_rows(graph: ModelGraph, mla: str | None, variants: list[Variant], n: i
         v = next((x for x in variants if x.key == plan_name), None)
         if v is not None:
             res = v.audit.kinds[mla].result
-            out.append(SeedRow(path, f, units, plan_name, res.units("attn_side"), v.legal, attn_formula(res, n)))
+            out.append(BoundaryRow(path, f, units, plan_name, res.units("attn_side"), v.legal, attn_formula(res, n)))
     return out
 
 
@@ -443,7 +446,7 @@ def analyse(
             variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype), main_tp=n))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        for name in ("baseline", "moe-a2a"):  # the seed's next steps 2 and 3, alone and together
+        for name in ("baseline", "sp-moe"):  # the seed's next steps 2 and 3, alone and together
             if not any(v.plan.name == name for v in variants) or any(
                 v.plan.name == name and v.tp == pp_tp and v.pp == pp for v in variants
             ):
@@ -469,9 +472,8 @@ def analyse(
         kind = mla or next(iter(v.audit.kinds))
         return attn_formula(v.audit.kinds[kind].result, v.tp) if kind in v.audit.kinds else ""
 
-    seed = graph.spec.model_type == "kimi_k3"
     gpu = topology.gpu.memory_GiB * 2**30
-    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), seed, gpu) for v in variants]
+    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), gpu) for v in variants]
     steps = next_steps(variants, cur, wl, band, gpu)
     a = Analysis(
         graph.spec.name,
@@ -482,7 +484,7 @@ def analyse(
         dtype,
         variants,
         sweep,
-        _seed_rows(graph, mla, variants, n),
+        _boundary_rows(graph, mla, variants, n),
         verdicts,
         steps,
         [],

@@ -173,7 +173,7 @@ def _moe_replicated(moe: MoESpec) -> str:
 
 def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
     """MoE all-to-all's volume and price, and what it does to SGLang's input-scattered gate here."""
-    moe_v = a.variant("moe-a2a")
+    moe_v = a.variant("sp-moe")
     moe = next((layer.mlp for layer in a.graph.spec.layers if isinstance(layer.mlp, MoESpec)), None)
     if moe_v is None or moe is None or not moe_v.legal:
         return None

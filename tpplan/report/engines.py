@@ -137,7 +137,7 @@ def _references() -> dict[tuple[object, ...], str]:
         ("input-scattered", input_scattered()),
         ("latent-scattered", latent_scattered()),
         ("sequence-parallel", sequence_parallel()),
-        ("moe-a2a", sp_moe()),
+        ("sp-moe", sp_moe()),
     )
     return {_decisions(p): name for name, p in refs}
 
@@ -176,7 +176,7 @@ def family(plan: Plan) -> str:
     if plan.moe == "ep":
         return "ep"
     if _is_sp_moe(plan):
-        return "moe-a2a"
+        return "sp-moe"
     if plan.moe == "a2a" or plan.replicate or plan.a2a:
         return "custom"
     if plan.token_shard:
@@ -242,7 +242,7 @@ def sglang_recipe(
             f"expert parallelism without all-to-all: {moe.experts // ep} experts per EP group of {tp // ep} ranks",
             (*conds, Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_SGL_ARGS)),
         )
-    if fam == "moe-a2a":
+    if fam == "sp-moe":
         args = [*base, "--moe-a2a-backend deepep", "--deepep-mode normal"]
         conds += [
             Condition("the model has routed experts", moe is not None, "refuses", SRC_SGL_ARGS),
@@ -427,7 +427,7 @@ def vllm_recipe(
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
     moe = _moe(spec)
-    if fam == "moe-a2a":
+    if fam == "sp-moe":
         conds = (
             Condition("the model has routed experts", moe is not None, "refuses", SRC_VLLM_PAR),
             Condition("EP spans all TP x DP ranks (there is no separate EP size)", True, "adjusts", SRC_VLLM_PAR),

@@ -156,8 +156,8 @@ def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> 
             (3, 4, 5, 6, 7),
         ),
         Para(
-            "Units: all-reduce = 2W, reduce-scatter = all-gather = W, all-to-all = W/N per token, W the moved "
-            "width; bytes are ring volumes with the (N-1)/N factor, whole model, per rank."
+            "Relative units per token: all-reduce = 2W, reduce-scatter = all-gather = W, all-to-all = W/N, W the "
+            "moved width; bytes are ring volumes with the (N-1)/N factor, whole model, per rank."
         ),
     ]
 
@@ -178,9 +178,9 @@ def per_plan(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
 
 
 def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
-    if not a.seed_rows:
+    if not a.boundary_rows:
         return []
-    base = a.seed_rows[0].units
+    base = a.boundary_rows[0].units
     title = (
         "The seed's table, re-derived from the model graph"
         if a.seed_model
@@ -202,15 +202,15 @@ def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list
             tuple(
                 (
                     r.path,
-                    r.seed_formula,
-                    f"{r.seed_units}",
+                    r.hand_formula,
+                    f"{r.hand_units}",
                     f"`{r.plan}`",
                     f"{r.units:g}",
                     _pct(r.units, base),
                     "yes" if r.legal else "NO",
                     f"`{r.formula}`",
                 )
-                for r in a.seed_rows
+                for r in a.boundary_rows
             ),
             (2, 4, 5),
         ),

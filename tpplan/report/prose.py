@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from tpplan.layout.placement import S_TOK, R
 from tpplan.report.analysis import Analysis
-from tpplan.report.verdicts import STATUS_WORDS, audit_sentence
+from tpplan.report.verdicts import STATUS_WORDS
 
 Paragraph = str | None
 
@@ -67,18 +67,18 @@ def gate_quote(a: Analysis) -> Paragraph:
     )
     if gate is None or not gated:
         return None
-    return f"The MLA output gate, in the audit's words: {audit_sentence(gate, a.seed_model)}"
+    return f"The MLA output gate, in the audit's words: {gate.sentence()}"
 
 
-def seed_units(a: Analysis) -> Paragraph:
+def boundary_units(a: Analysis) -> Paragraph:
     """Per MLA layer, each row of the re-derived table with its own units and change."""
-    if len(a.seed_rows) < 2:
+    if len(a.boundary_rows) < 2:
         return None
-    r0, rest = a.seed_rows[0], a.seed_rows[1:]
+    r0, rest = a.boundary_rows[0], a.boundary_rows[1:]
     parts = [
         f"`{r.plan}` {r.units:g} ({_rel(r.units, r0.units)}, {'legal' if r.legal else 'illegal'} here)" for r in rest
     ]
-    lead = "in the seed's units" if a.seed_model else "in all-reduce units (2W per reduced width W)"
+    lead = "in relative units (the seed's)" if a.seed_model else "in relative units (all-reduce = 2W)"
     return f"Per MLA layer, {lead}: the all-reduce (`{r0.plan}`) costs {r0.units:g}; " + "; ".join(parts) + "."
 
 
@@ -128,7 +128,7 @@ ANSWER: tuple[Callable[[Analysis], Paragraph], ...] = (
     question,
     broken_edges,
     gate_quote,
-    seed_units,
+    boundary_units,
     legal_variants,
     same_decisions,
     how_sure,

@@ -15,7 +15,6 @@ from tpplan.report.confidence import Provenance, within_band
 from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:
-    from tpplan.layout.propagate import Violation
     from tpplan.report.analysis import Variant
 
 # Verdict statuses and the word the memo's answer uses for each.
@@ -88,12 +87,6 @@ def engine_refusal(e: EngineRecipe) -> str | None:
     return f"{e.engine} would accept the flags and silently fall back to the all-reduce path: {what}"
 
 
-def audit_sentence(viol: Violation, seed: bool) -> str:
-    """The audit's sentence for a violation; its unit label names the seed only on the seed's model."""
-    text = viol.sentence()
-    return text if seed else text.replace(" units (seed)", " units")
-
-
 def judge(
     v: Variant,
     ref: Variant,
@@ -101,7 +94,6 @@ def judge(
     wl: str | None,
     band: Provenance,
     same_as: str | None = None,
-    seed: bool = False,
     gpu_bytes: float = 0.0,
 ) -> Verdict:
     """One plan's verdict against today's deployment `ref` (`gpu_bytes`: memory of one GPU, for
@@ -123,7 +115,7 @@ def judge(
             v.key, "reference", "today's deployment (--current): every other plan is judged against it", note, formula
         )
     if not v.legal:
-        roots = [audit_sentence(viol, seed) for viol in v.audit.violations if not viol.consequence_of]
+        roots = [viol.sentence() for viol in v.audit.violations if not viol.consequence_of]
         ops = sorted({viol.op for viol in v.audit.violations if not viol.consequence_of})
         head = f"illegal: {len(roots)} root edge(s) ({', '.join(ops)}); its {vol:+.1f}% volume is not reachable"
         return Verdict(v.key, "NO", head, tuple(roots), formula)
