@@ -31,6 +31,11 @@ MODELS = {
     "tiny-kimi-k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text model of the wrapper
     "tiny-deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),  # V2-Lite: no q_lora, greedy
     "tiny-qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),  # q/k/v biases
+    # the wrappers: model.language_model.* names, separate in_proj_qkv/z/b/a, M-RoPE on text positions
+    "tiny-qwen3-5-moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration"),
+    "tiny-qwen3-5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+    "tiny-qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),  # q/k norm
+    "tiny-mistral": ("MistralConfig", "MistralForCausalLM"),
 }
 
 
@@ -82,7 +87,8 @@ CASES = [(p, None) for p in MODELS] + [
 @pytest.mark.parametrize(
     ("preset", "overrides"),
     CASES,
-    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds2-lite", "qwen2", "ds3-noninterleave",
+    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds2-lite", "qwen2", "qwen3.5-moe", "qwen3.5",
+         "qwen3", "mistral", "ds3-noninterleave",
          "ds3-yarn", "ds2-grouped", "ds2-yarn"],
 )
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:

@@ -188,6 +188,8 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     from tpplan.models.cuts import head_cut
 
     shape = op.weight_shape
+    if sc.split == "col" and "head_blocks" in op.attrs:
+        return _head_block_cuts(op, sc)
     if sc.split == "col":
         rows = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
         return {"weight": rows} | ({"bias": rows} if "bias" in params else {})
@@ -202,12 +204,38 @@ def _linear_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str
     return y + w["bias"].to(y.dtype) if "bias" in w else y
 
 
+def _head_block_cuts(op: Op, sc: ShardCtx) -> Cuts:
+    """Parts made of head-major blocks (`head_blocks[j]`: per-head row counts of part j's blocks,
+    e.g. Qwen3.5's in_proj_qkv = [q heads | k heads | v heads]): a rank keeps its heads of each block."""
+    from tpplan.models.cuts import head_range
+
+    lo, hi = head_range(op.split_heads, sc.n, sc.rank)
+    out: Cuts = {}
+    for j, blocks in enumerate(op.attrs["head_blocks"]):
+        ranges, off = [], 0
+        for per in blocks:
+            ranges.append((off + lo * per, off + hi * per))
+            off += op.split_heads * per
+        out[f"part{j}"] = Cut(0, tuple(ranges))
+    return out
+
+
 def _linear_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
     if "parts" not in op.attrs:
         return got
     import torch
 
-    return {"weight": torch.cat([got[f"part{j}"] for j in range(len(op.attrs["parts"]))], dim=0)}
+    parts = [got[f"part{j}"] for j in range(len(op.attrs["parts"]))]
+    if "head_blocks" not in op.attrs:
+        return {"weight": torch.cat(parts, dim=0)}
+    # Interleave the blocks per head group: [block0 of head g, block1 of head g, ...] for each held
+    # head g, the layout a per-key-head-group fused projection (Qwen3-Next's in_proj_qkvz) has.
+    cols = parts[0].shape[1]
+    pieces = []
+    for w, blocks in zip(parts, op.attrs["head_blocks"], strict=True):
+        heads = w.shape[0] // sum(blocks)
+        pieces += [blk.reshape(heads, -1) for blk in torch.split(w, [heads * per for per in blocks], dim=0)]
+    return {"weight": torch.cat(pieces, dim=1).reshape(-1, cols)}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -82,6 +82,9 @@ class GDNSpec:
     k_head_dim: int
     v_head_dim: int
     conv_kernel: int
+    # Qwen3.5: separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, each head-major, instead of
+    # Qwen3-Next's in_proj_qkvz / in_proj_ba laid out per key-head group (same math after the split)
+    split_proj: bool = False
 
     kind: Literal["gdn"] = "gdn"
 

@@ -36,9 +36,16 @@ def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
         qkvz,
         WeightSplit.COL,
         heads=nk,
-        weight="linear_attn.in_proj_qkvz.weight",
+        weight="linear_attn.in_proj_qkv.weight" if a.split_proj else "linear_attn.in_proj_qkvz.weight",
         note="q, k, v and output gate z from the full hidden, split by key-head group",
     )
+    if a.split_proj:  # Qwen3.5: two head-major tensors, regrouped per key head when loaded
+        r = a.v_heads // nk
+        b.ops[-1].attrs["parts"] = {
+            "linear_attn.in_proj_qkv.weight": 2 * a.key_dim + a.value_dim,
+            "linear_attn.in_proj_z.weight": a.value_dim,
+        }
+        b.ops[-1].attrs["head_blocks"] = [[a.k_head_dim, a.k_head_dim, r * a.v_head_dim], [r * a.v_head_dim]]
     b.linear(
         "in_proj_ba",
         x,
@@ -46,9 +53,16 @@ def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
         2 * a.v_heads,
         WeightSplit.COL,
         heads=nk,
-        weight="linear_attn.in_proj_ba.weight",
+        weight="linear_attn.in_proj_b.weight" if a.split_proj else "linear_attn.in_proj_ba.weight",
         note="beta and decay logits, split by key-head group",
     )
+    if a.split_proj:
+        r = a.v_heads // nk
+        b.ops[-1].attrs["parts"] = {
+            "linear_attn.in_proj_b.weight": a.v_heads,
+            "linear_attn.in_proj_a.weight": a.v_heads,
+        }
+        b.ops[-1].attrs["head_blocks"] = [[r], [r]]
     conv_dim = 2 * a.key_dim + a.value_dim
     b.op(
         "gated_deltanet",
@@ -159,31 +173,39 @@ class RawQwen3Next(Raw):
     tie_word_embeddings: bool = False
 
 
-def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
-    c: RawQwen3Next = validate(RawQwen3Next, raw, label)
-    if c.layer_types is not None:
-        if len(c.layer_types) != c.num_hidden_layers:
-            raise TpplanError(
-                f"{label}: field 'layer_types'",
-                f"has {len(c.layer_types)} entries for {c.num_hidden_layers} layers",
-                "give one entry per layer, or drop layer_types to use full_attention_interval",
-            )
-        bad = sorted({t for t in c.layer_types if t not in ("full_attention", "linear_attention")})
-        if bad:
-            raise TpplanError(
-                f"{label}: field 'layer_types'",
-                f"unknown layer type(s) {bad}",
-                "use 'full_attention' or 'linear_attention'",
-            )
-        full = [t == "full_attention" for t in c.layer_types]
-    else:
-        full = [(i + 1) % c.full_attention_interval == 0 for i in range(c.num_hidden_layers)]
-    if c.linear_num_value_heads % c.linear_num_key_heads:
+def full_attention_layers(layer_types: list[str] | None, layers: int, interval: int, label: str) -> list[bool]:
+    """Which layers are full (softmax) attention: `layer_types` if given, else every `interval`-th."""
+    if layer_types is None:
+        return [(i + 1) % interval == 0 for i in range(layers)]
+    if len(layer_types) != layers:
+        raise TpplanError(
+            f"{label}: field 'layer_types'",
+            f"has {len(layer_types)} entries for {layers} layers",
+            "give one entry per layer, or drop layer_types to use full_attention_interval",
+        )
+    bad = sorted({t for t in layer_types if t not in ("full_attention", "linear_attention")})
+    if bad:
+        raise TpplanError(
+            f"{label}: field 'layer_types'",
+            f"unknown layer type(s) {bad}",
+            "use 'full_attention' or 'linear_attention'",
+        )
+    return [t == "full_attention" for t in layer_types]
+
+
+def check_gdn_heads(label: str, k_heads: int, v_heads: int) -> None:
+    if v_heads % k_heads:
         raise TpplanError(
             label,
             "linear_num_value_heads must be a multiple of linear_num_key_heads",
             "correct the Gated DeltaNet head counts",
         )
+
+
+def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    c: RawQwen3Next = validate(RawQwen3Next, raw, label)
+    full = full_attention_layers(c.layer_types, c.num_hidden_layers, c.full_attention_interval, label)
+    check_gdn_heads(label, c.linear_num_key_heads, c.linear_num_value_heads)
     gqa = GQASpec(
         heads=c.num_attention_heads,
         kv_heads=c.num_key_value_heads,
