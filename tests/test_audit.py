@@ -161,3 +161,21 @@ def test_json_with_predictions(k3):
         mem = pr["memory_bytes_per_rank"]
         assert mem["replicated_extra"] == p["replicated_extra_bytes_per_rank"]
         assert {"mean_s", "p50_s", "max_s", "throughput_tok_s"} <= set(pr["ttft"])
+
+
+def test_gated_attention_beside_a_dense_mlp_keeps_its_gate():
+    """The output gate and a dense MLP's gate_proj once shared the value name `gate`, so the
+    all-to-all of the attention gate was looked up on the MLP's producer and gate-aware was illegal."""
+    from tpplan.models.config import load_config_dict, spec_from_config
+
+    raw, _ = load_config_dict("tiny-qwen3-next")
+    graph = build_model_graph(spec_from_config({**raw, "mlp_only_layers": [3]}))
+    assert "gqa+dense" in graph.kinds
+    pa = audit_plan(graph, make_plan("gate-aware", graph, 2), 2)
+    assert pa.legal, [v.sentence() for v in pa.violations]
+    with pytest.raises(ValueError, match="already produced"):
+        from tpplan.models.graph import Builder, OpKind
+
+        b = Builder("x", 8)
+        b.value("y", 8)
+        b.op("twice", OpKind.UNARY, ("y",), "y", 8)

@@ -155,7 +155,7 @@ def test_a_config_naming_experts_is_never_planned_dense():
         ("gpt_oss", {"num_local_experts": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128}, "gqa"),
         ("deepseek_v32", {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "index_topk": 2048},
          "deepseek_v3"),
-        ("qwen3_5_moe", {"linear_num_key_heads": 16, "linear_key_head_dim": 128, "full_attention_interval": 4},
+        ("my_gdn_hybrid", {"linear_num_key_heads": 16, "linear_key_head_dim": 128, "full_attention_interval": 4},
          "qwen3_next"),
     ],
 )  # fmt: skip
@@ -216,3 +216,68 @@ def test_qwen2_projections_carry_biases_and_never_hold_partial_sums():
         assert all(P not in s.inputs for s in strategies(op, WeightSplit.REPLICATED, lg.values))
     assert "bias" not in params_for_op(_op(g, "gqa+dense", "o_proj"), Numerics())
     assert any(P in s.inputs for s in strategies(_op(g, "gqa+dense", "o_proj"), WeightSplit.REPLICATED, lg.values))
+
+
+def test_qwen3_5_moe_reads_its_text_config_with_split_gdn_projections():
+    from tpplan.models.numerics import Numerics
+    from tpplan.models.opkinds import ShardCtx, op_kind, params_for_op
+
+    spec = load_model("qwen3.5-397b-a17b")  # trimmed copy: no rope_parameters, so partial rotary 0.25 by default
+    assert spec.family == "qwen3_5" and spec.model_type == "qwen3_5_moe" and spec.num_layers == 60
+    kinds = [layer.attn.kind for layer in spec.layers]
+    assert kinds.count("gdn") == 45 and kinds[3::4] == ["gqa"] * 15
+    moe = _moe_of(spec)
+    assert len(moe) == 60 and (moe[0].experts, moe[0].top_k, moe[0].shared_intermediate) == (512, 10, 1024)
+    assert moe[0].shared_gate and spec.layers[3].attn.rotary_dim == 64 and spec.layers[3].attn.output_gate
+    g = build_model_graph(spec)
+    qkvz = _op(g, "gdn+moe", "in_proj_qkvz")
+    k, v = 16 * 128, 64 * 128  # key_dim, value_dim
+    assert qkvz.weight_shape == (2 * k + 2 * v, 4096)
+    assert params_for_op(qkvz, Numerics()) == {
+        "part0": ("linear_attn.in_proj_qkv.weight", (2 * k + v, 4096)),
+        "part1": ("linear_attn.in_proj_z.weight", (v, 4096)),
+    }
+    # TP8 rank 3 owns key heads 6 and 7: their rows of q, of k and of v (4 v heads per key head), and of z
+    sc = ShardCtx("col", None, 8, 3)
+    cuts = op_kind(OpKind.LINEAR).cuts(qkvz, params_for_op(qkvz, Numerics()), sc)
+    assert cuts["part0"].ranges == ((768, 1024), (k + 768, k + 1024), (2 * k + 3072, 2 * k + 4096))
+    assert cuts["part1"].ranges == ((3072, 4096),)
+    ba = _op(g, "gdn+moe", "in_proj_ba")
+    assert op_kind(OpKind.LINEAR).cuts(ba, params_for_op(ba, Numerics()), sc)["part1"].ranges == ((24, 32),)
+
+
+def test_qwen3_5_dense_and_35b_read_rope_parameters():
+    spec = load_model("qwen3.6-27b")
+    assert spec.model_type == "qwen3_5" and spec.num_layers == 64
+    assert {layer.mlp.kind for layer in spec.layers} == {"dense"} and spec.layers[0].mlp.intermediate == 17408
+    assert spec.layers[0].attn.v_heads == 48 and spec.layers[3].attn.heads == 24
+    assert spec.layers[3].attn.rotary_dim == 64
+    small = load_model("qwen3.5-35b-a3b")
+    assert small.num_layers == 40 and _moe_of(small)[0].experts == 256 and small.layers[3].attn.rotary_dim == 64
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"model_type": "qwen3_5_moe"}, "must wrap a text_config"),
+        ({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_moe_text"}}, "use 'qwen3_5_text'"),
+    ],
+)
+def test_qwen3_5_wrapper_errors_name_the_field(raw, needle):
+    from tpplan.errors import TpplanError
+    from tpplan.models.config import spec_from_config
+
+    with pytest.raises(TpplanError) as err:
+        spec_from_config(raw, label="config.json")
+    assert needle in str(err.value) and "text_config" in str(err.value)
+
+
+def test_qwen3_and_mistral_presets_match_the_published_shapes():
+    q = build_model_graph(load_model("qwen3-32b"))
+    assert q.spec.num_layers == 64 and q.spec.layers[0].attn.qk_norm
+    assert _op(q, "gqa+dense", "q_proj").weight_shape == (64 * 128, 5120)  # explicit head_dim: wider than hidden
+    assert _op(q, "gqa+dense", "k_proj").weight_shape == (8 * 128, 5120)
+    m = build_model_graph(load_model("mistral-7b-v0.3"))
+    assert m.spec.vocab == 32768 and not m.spec.layers[0].attn.qk_norm
+    assert _op(m, "gqa+dense", "k_proj").weight_shape == (8 * 128, 4096)  # head_dim = 4096 / 32
+    assert _op(m, "gqa+dense", "gate_proj").weight_shape == (14336, 4096)

@@ -144,6 +144,8 @@ class Builder:
         out_heads: int = 0,
         **kw: object,
     ) -> str:
+        if out in self.values:  # values are looked up by name: a second producer would shadow the first
+            raise ValueError(f"op {name}: value {out!r} is already produced in this layer; give it another name")
         self.value(out, out_width, out_heads)
         role = kw.pop("role", f"{self.prefix}.{name}")
         self.ops.append(Op(name=name, kind=kind, inputs=inputs, output=out, role=role, **kw))  # type: ignore[arg-type]

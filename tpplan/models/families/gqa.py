@@ -104,8 +104,9 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
     )
     out = "attn"
     if a.output_gate:
-        b.op("gate_sigmoid", OpKind.UNARY, ("gate_logits",), "gate", n * d, n, attrs={"fn": "sigmoid"})
-        b.op("gate_mul", OpKind.MUL, ("attn", "gate"), "attn_gated", n * d, n, note="elementwise output gate")
+        # "attn_gate", not "gate": a dense MLP's gate_proj output in the same layer is "gate"
+        b.op("gate_sigmoid", OpKind.UNARY, ("gate_logits",), "attn_gate", n * d, n, attrs={"fn": "sigmoid"})
+        b.op("gate_mul", OpKind.MUL, ("attn", "attn_gate"), "attn_gated", n * d, n, note="elementwise output gate")
         out = "attn_gated"
     b.linear(
         "o_proj",
