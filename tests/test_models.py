@@ -281,3 +281,11 @@ def test_qwen3_and_mistral_presets_match_the_published_shapes():
     assert m.spec.vocab == 32768 and not m.spec.layers[0].attn.qk_norm
     assert _op(m, "gqa+dense", "k_proj").weight_shape == (8 * 128, 4096)  # head_dim = 4096 / 32
     assert _op(m, "gqa+dense", "gate_proj").weight_shape == (14336, 4096)
+
+
+def test_qwen3_5_text_config_alone_reads_like_the_wrapper():
+    from tpplan.models.config import load_config_dict, spec_from_config
+
+    raw, _ = load_config_dict("qwen3.5-35b-a3b")
+    wrapped, alone = spec_from_config(raw), spec_from_config(raw["text_config"])
+    assert alone.model_type == "qwen3_5_moe_text" and alone.layers == wrapped.layers

@@ -150,6 +150,6 @@ register(
         # zero-centred RMSNorm; the router always renormalises its top-k (no norm_topk_prob)
         numerics=lambda text: {"norm_offset": 1.0, "renormalize": True},
         text_config=text_config,
-        signature=frozenset({"linear_num_key_heads", "mrope_section", "attn_output_gate", "text_config"}),
+        signature=frozenset({"attn_output_gate", "mtp_num_hidden_layers", "linear_num_value_heads", "mamba_ssm_dtype"}),
     )
 )
