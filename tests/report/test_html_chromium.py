@@ -12,7 +12,8 @@ from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
 from tpplan.report.bench_results import load_bench_results
-from tpplan.report.memo import build_memo
+from tpplan.report.bench_section import PNG_BENCH
+from tpplan.report.memo import PNG_CROSS, PNG_TIME, PNG_TTFT, PNG_VOLUME, build_memo
 from tpplan.report.writer import write_memo
 
 FIX = Path(__file__).parent / "fixtures"
@@ -32,7 +33,9 @@ def test_report_html_renders_without_console_errors(tmp_path):
     out = write_memo(memo, tmp_path / "memo")
     page = load_page(BINARY, out / "report.html")
     assert page["errors"] == []
-    assert page["images"] == len(memo.pngs) == 4 and page["broken_images"] == 0
+    # volume, time per layer kind, TTFT, crossover, and the bench plot (bench results are given)
+    assert set(memo.pngs) == {PNG_VOLUME, PNG_TIME, PNG_TTFT, PNG_CROSS, PNG_BENCH}
+    assert page["images"] == len(memo.pngs) and page["broken_images"] == 0
     assert page["h2"] >= 9 and page["scripts"] == 0
     assert page["title"].startswith("tpplan decision memo: kimi-k3")
 
