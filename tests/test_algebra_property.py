@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R, redistribution
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import Block, LayerGraph, Op, OpKind, Value, WeightSplit
-from tpplan.plans.plan import Plan
 
 H = 8  # hidden width
 T = 8  # tokens (divisible by every N drawn)

@@ -41,13 +41,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
+from tpplan.audit import PlanAudit, audit_plan
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.plan import MoEMode, Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, LayerWalk, OpDecision, check_divisible
 from tpplan.layout.rules import strategies
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
-from tpplan.plans.plan import MoEMode, Plan
 
 # ----------------------------------------------------------------------------------------------
 # Objectives

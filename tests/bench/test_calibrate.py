@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fault_injection import fault_env
 
 from tpplan.bench.calibrate import SweepPoint, fit_alpha_beta, sweep_counts
 from tpplan.cost.collectives import collective_time
@@ -118,7 +119,7 @@ def test_failed_or_stuck_child_exits_nonzero_without_output(tmp_path, fault, nee
     out = tmp_path / "topo.toml"
     r = _cli(
         ["calibrate", *TINY, "--out", str(out), "--timeout", "2"],
-        env_extra={"TPPLAN_BENCH_FAULT": fault},
+        env_extra=fault_env(fault),
     )
     assert r.returncode == 1, r.stderr
     assert "calibration failed" in r.stderr and needle in r.stderr

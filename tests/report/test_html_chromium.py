@@ -8,10 +8,10 @@ import pytest
 from cdp import chromium_binary, load_page
 from fake_predict import fake_predict_plan
 
+from tpplan.bench_results import load_bench_results
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
-from tpplan.report.bench_results import load_bench_results
 from tpplan.report.memo import build_memo
 from tpplan.report.writer import write_memo
 

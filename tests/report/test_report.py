@@ -11,12 +11,12 @@ import pytest
 from cli_helpers import run_in_process
 from fake_predict import fake_predict_plan
 
+from tpplan.bench_results import load_bench_results
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report import writer
 from tpplan.report.analysis import analyse
-from tpplan.report.bench_results import load_bench_results
 from tpplan.report.memo import build_memo
 
 FIX = Path(__file__).parent / "fixtures"
@@ -211,7 +211,7 @@ def test_report_package_imports_and_runs_without_torch():
     """The whole memo (audit, predictor, search, plots) runs without importing torch."""
     code = (
         "import sys, tpplan.report, tpplan.report.analysis, tpplan.report.memo, tpplan.report.engines, "
-        "tpplan.report.bench_results, tpplan.commands.report\n"
+        "tpplan.bench_results, tpplan.commands.report\n"
         "from tpplan.report.analysis import analyse\nfrom tpplan.report.memo import build_memo\n"
         "from tpplan.cost.topology import load_topology\nfrom tpplan.cost.workload import load_workload\n"
         "build_memo(analyse('tiny-kimi-k3', load_topology('h200x2'), [load_workload('seed-c8')], tp=2))\n"

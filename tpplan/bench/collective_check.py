@@ -18,9 +18,10 @@ from typing import Annotated, Any
 
 import typer
 
-from tpplan.bench._dist import GroupSpec, maybe_fault, resolve_backend, run_group
 from tpplan.cost.collectives import collective_time, nccl_size
 from tpplan.cost.topology import load_topology
+from tpplan.runtime.group import GroupSpec, resolve_backend, run_group
+from tpplan.runtime.hooks import before_collective
 
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 WIDTHS = (7168, 2112, 12288)
@@ -89,7 +90,7 @@ def _worker(rank: int, world: int, device: Any, job: dict[str, Any]) -> list[tup
             for t in job["tokens"]:
                 count = int(nccl_size(kind, t * width, world))
                 count -= count % world
-                maybe_fault(rank, kind)
+                before_collective(rank, kind)
                 op = make_op(kind, count, world, rank, dtype, device)
                 out.append((kind, t, width, count * elem, time_op(op, device, job["iters"],
                                                                    job["warmup"])))  # fmt: skip

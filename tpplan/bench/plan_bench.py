@@ -52,11 +52,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tpplan import bench_results as schema
 from tpplan.bench.model_slice import ModelSlice, build_slice, experts_that_fit
-from tpplan.cost.workload import PrefillBatch, Workload, load_workload, schedule, simulate_ttft
-from tpplan.errors import TpplanError
-from tpplan.report import bench_results as schema
-from tpplan.report.bench_results import (
+from tpplan.bench_results import (
     BatchResult,
     BenchMeta,
     BenchResults,
@@ -67,6 +65,8 @@ from tpplan.report.bench_results import (
     error_summary,
     parse_bench_results,
 )
+from tpplan.cost.workload import PrefillBatch, Workload, load_workload, schedule, simulate_ttft
+from tpplan.errors import TpplanError
 
 DTYPE_SHORT = {
     "bfloat16": "bf16",
@@ -717,7 +717,7 @@ class PlanBench:
 
 def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
     """Check inputs, run every plan on a process group, return the results (None on a non-zero torchrun rank)."""
-    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group, under_torchrun
+    from tpplan.runtime.group import GroupSpec, resolve_backend, run_group, under_torchrun
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.nproc
     if world < 1:
@@ -1491,7 +1491,7 @@ def from_files(paths: Sequence[Path]) -> list[PlanBench]:
 
     Files that keep the runtime-replay times (`replay_s`) give the same overhead check as the run;
     older ones compare the in-plan times with `direct_s`."""
-    from tpplan.report.bench_results import load_bench_results
+    from tpplan.bench_results import load_bench_results
 
     out = []
     for p in paths:

@@ -39,10 +39,10 @@ def register(app: typer.Typer) -> None:
         import shlex
         import sys
 
+        from tpplan.bench_results import load_bench_results
         from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
         from tpplan.report import write_report
-        from tpplan.report.bench_results import load_bench_results
         from tpplan.report.memo import load_plots
 
         load_plots()  # fail before any work when matplotlib is missing

@@ -128,12 +128,12 @@ def verify(
     from rich.console import Console
 
     from tpplan.audit import audit_plan
-    from tpplan.bench._dist import BenchFailed, under_torchrun
+    from tpplan.dtypes import dtype_name
     from tpplan.errors import TpplanError
-    from tpplan.layout.schedule import dtype_name
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+    from tpplan.runtime.group import RankFailed, under_torchrun
 
     if tp < 1:
         raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
@@ -173,7 +173,7 @@ def verify(
     ]
     try:
         results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout)
-    except BenchFailed as exc:
+    except RankFailed as exc:
         from rich.markup import escape
 
         Console(stderr=True).print(f"[bold red]verify failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)

@@ -25,18 +25,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tpplan.audit import DTYPE_BYTES, Audit, PlanAudit, audit_plan
+from tpplan.audit import Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_size, ring_volume_per_rank
 from tpplan.cost.gemm import gemm_bytes, gemm_time
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import local_width
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.spec import GDNSpec, GQASpec, KDASpec, MLASpec
-from tpplan.plans.plan import Plan
 
 # Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
 ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)

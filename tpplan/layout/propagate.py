@@ -27,9 +27,9 @@ from tpplan.layout.placement import (
     ring_elements_per_rank,
     seed_units,
 )
+from tpplan.layout.plan import Plan
 from tpplan.layout.rules import Strategy, strategies, why_needed
-from tpplan.models.graph import LayerGraph, Op, OpKind, WeightSplit
-from tpplan.plans.plan import Plan
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 
 EXTERNAL_INPUTS = ("resid", "delta", "bank")
 
@@ -471,3 +471,33 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
     for _ in lg.ops:
         walk.step()
     return walk.res
+
+
+@dataclass
+class ModelWalk:
+    """A plan propagated over every layer of a model, each layer seeing the previous one's exit."""
+
+    results: list[LayerResult]  # one per layer, in order
+    by_entry: dict[tuple[str, str], LayerResult]  # (layer kind, entry placement) -> its result
+    entries: dict[str, dict[str, int]]  # layer kind -> entry placement -> layers after the first
+    exit_delta: Placement  # how the last block's output leaves (P: reduced before the final norm)
+
+
+def propagate_model(graph: ModelGraph, plan: Plan, n: int, dtype_bytes: int = 2) -> ModelWalk:
+    """Propagate `plan` over every layer, once per (layer kind, entry placement); the embedding's
+    output is a partial sum (vocab-parallel). Raises TpplanError when a split cannot divide."""
+    for lg in graph.kinds.values():
+        check_divisible(lg, plan, n)
+    walk = ModelWalk([], {}, {}, P)
+    delta = P
+    for i, kind in enumerate(graph.layer_kinds):
+        key = (kind, str(delta))
+        if key not in walk.by_entry:
+            walk.by_entry[key] = propagate(graph.kinds[kind], plan, n, delta, dtype_bytes)
+        res = walk.by_entry[key]
+        walk.results.append(res)
+        seen = walk.entries.setdefault(kind, {})
+        seen[str(delta)] = seen.get(str(delta), 0) + (1 if i else 0)
+        delta = res.exit_delta
+    walk.exit_delta = delta
+    return walk

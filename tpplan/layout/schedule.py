@@ -30,21 +30,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
-from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns
+from tpplan.layout.plan import Plan, baseline, with_ep
+from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns, propagate_model
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
-from tpplan.plans.plan import Plan
-
-DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "float8_e4m3fn": 1}
-ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
-
-
-def dtype_name(dtype: str) -> str:
-    """Canonical dtype name (torch's, without the `torch.` prefix) from `bf16`/`fp32`/... or itself."""
-    name = ALIASES.get(dtype, dtype.removeprefix("torch."))
-    if name not in DTYPE_SIZES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return name
 
 
 @dataclass(frozen=True)
@@ -135,14 +125,12 @@ def layer_results(graph: ModelGraph, plan: Plan, n: int) -> list[LayerResult]:
 
     Memoised per (graph, plan, N): the runtime asks for them on every chunk.
     """
-    from tpplan.audit import audit_plan
-
     key = (id(graph), plan, n)
     hit = _RESULTS.get(key)
     if hit is None or hit[0] is not graph:
         if len(_RESULTS) > 256:
             _RESULTS.clear()
-        hit = (graph, audit_plan(graph, plan, n, "fp32").layer_results)
+        hit = (graph, propagate_model(graph, plan, n, 4).results)  # as audited in fp32
         _RESULTS[key] = hit
     return hit[1]
 
@@ -153,8 +141,6 @@ def fallback_plan(plan: Plan) -> Plan | None:
     tokens simply dispatches nothing (as DeepEP does), so padding is enough."""
     if plan.moe == "a2a":
         return None
-    from tpplan.plans.named import baseline, with_ep
-
     base = baseline()
     return with_ep(base, plan.ep_size or 1) if plan.moe == "ep" else base
 
@@ -184,7 +170,7 @@ def _moe_calls(
     """Counts, dispatch (rows with their routing weights as extra columns) and combine of one MoE
     all-to-all layer on `rank`."""
     per = experts // n
-    isz = DTYPE_SIZES[act]
+    isz = TORCH_DTYPE_BYTES[act]
     wide = width + moe_weight_columns(per, isz)  # dispatch row: activations + fp32 weights as act columns
     if routes is not None:
         hits = [[{e // per for e in routes[t]} for t in range(*token_range(tokens, n, src))] for src in range(n)]
@@ -223,7 +209,7 @@ def chunk_calls(
     if n <= 1:
         return []
     act = dtype_name(dtype)
-    isz = DTYPE_SIZES[act]
+    isz = TORCH_DTYPE_BYTES[act]
     t_pad, per = padded_rows(tokens, n)
     results = results if results is not None else layer_results(graph, plan, n)
     calls: list[CollectiveCall] = []
@@ -264,7 +250,7 @@ def _uniform_call(
         shape = (per, n * local_width(val, n))
     else:
         raise ValueError(f"no runtime collective for {src} -> {dst} ({kind})")
-    nbytes = math.prod(shape) * DTYPE_SIZES[dt]
+    nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[dt]
     return CollectiveCall(chunk, layer, kind.value, name, shape, dt, nbytes, ring_sent_bytes(kind, nbytes, n))
 
 
@@ -315,7 +301,6 @@ __all__ = [
     "bytes_by_kind",
     "chunk_calls",
     "chunk_sizes",
-    "dtype_name",
     "fallback_plan",
     "falls_back",
     "local_width",

@@ -12,9 +12,9 @@ import re
 
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, R
+from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
-from tpplan.plans.plan import Plan
 
 # The MLA ops that produce the QKV latent (fused qkv_a with q_lora, kv_a without).
 LATENT = frozenset({"*/mla.qkv_a", "*/mla.kv_a"})
@@ -24,14 +24,6 @@ SGLANG_INPUT_SCATTERED_GATES = (
     "DP attention is off, moe_a2a_backend is none, and only for extend (prefill) batches; tokens are padded "
     "to a multiple of tp, and batches too small to scatter fall back to the all-reduce path"
 )
-
-
-def baseline() -> Plan:
-    return Plan(
-        "baseline",
-        "Megatron TP",
-        "All-reduce the hidden after o_proj and after the MLP/MoE; every token-local op runs on every rank.",
-    )
 
 
 def input_scattered() -> Plan:
@@ -90,23 +82,6 @@ def sp_moe(name: str = "sp-moe") -> Plan:
 
 def moe_a2a() -> Plan:
     return sp_moe("moe-a2a")
-
-
-def with_ep(plan: Plan, ep: int) -> Plan:
-    """Expert parallelism without all-to-all (the seed's TP32/EP4): E/ep experts per group of N/ep
-    ranks, each expert split over its group; tokens stay replicated, the MoE output is reduced as
-    under TP."""
-    if ep < 1:
-        raise TpplanError(f"ep{ep}", "the EP size must be at least 1", "use e.g. ep4")
-    name = f"ep{ep}" if plan.name == "baseline" else f"{plan.name}+ep{ep}"
-    return plan.with_(
-        name=name,
-        title=f"{plan.title}, EP{ep} experts",
-        summary=f"{plan.summary} Routed experts in {ep} groups (EP{ep}), each expert split over its group; "
-        "no all-to-all.",
-        moe="ep",
-        ep_size=ep,
-    )
 
 
 def repair(

@@ -13,19 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
+from tpplan.audit import PlanAudit, audit_plan
+from tpplan.bench_results import BenchResults
 from tpplan.cost.collectives import collective_time
 from tpplan.cost.gemm import gemm_time
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import Collective
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph, OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.plans.named import make_plan
-from tpplan.plans.plan import Plan
-from tpplan.report.bench_results import BenchResults
 from tpplan.report.engines import EngineRecipe, recipes
 
 PredictFn = Callable[..., Any]

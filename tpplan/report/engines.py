@@ -42,8 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tpplan.layout.plan import Plan
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
-from tpplan.plans.plan import Plan
 
 Effect = Literal["refuses", "skips silently", "adjusts", "keep"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
+from tpplan.bench_results import error_summary
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis, kind_times, ttft_mean
-from tpplan.report.bench_results import error_summary
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 
 PNG_VOLUME = "volume_vs_tp.png"

@@ -18,7 +18,7 @@ Public entry points (a benchmark can build on these):
 - Around it: `tpplan.runtime.verify.verify_cases` (reference vs sharded, trace vs prediction,
   many cases per process group), `tpplan.runtime.run.run_plan` (time a prefill, slowest rank),
   `tpplan.layout.schedule.predict_schedule` (the calls a batch will make, torch-free), and
-  `tpplan.bench._dist.run_group` (spawned or torchrun group, names the rank that failed first).
+  `tpplan.runtime.group.run_group` (spawned or torchrun group, names the rank that failed first).
 
 Minimal use on an initialised process group (one process per rank):
 
@@ -62,16 +62,16 @@ import torch
 from torch import Tensor
 
 from tpplan.audit import audit_plan
-from tpplan.bench._dist import maybe_fault
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 from tpplan.plans.named import repair
-from tpplan.plans.plan import Plan
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
+from tpplan.runtime.hooks import before_collective
 from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, head_range, shard_model
 from tpplan.runtime.trace import Comm, TraceEvent, Tracer
 from tpplan.runtime.weights import Numerics
@@ -93,10 +93,10 @@ Observer = Callable[[int, dict[str, Held]], None]
 
 
 class _Traced(Comm):
-    """`Comm` whose traced calls pass the fault-injection hook first (tests kill or hang a rank)."""
+    """`Comm` whose traced calls run the collective hooks first (`tpplan.runtime.hooks`: tests kill or hang a rank)."""
 
     def _hook(self, kind: str) -> None:
-        maybe_fault(self.rank, kind)
+        before_collective(self.rank, kind)
 
     def all_reduce(self, x: Tensor, value: str, planned: bool = True, inplace: bool = False) -> Tensor:
         self._hook("all_reduce")
@@ -475,7 +475,7 @@ class PlanRunner:
         lo, hi = token_range(tokens, n, self.rank)
         real = hi - lo
         weights = routing[:real].reshape(real, n, per)  # [real, n, per]: each rank's experts' weights
-        maybe_fault(self.rank, "all_to_all")
+        before_collective(self.rank, "all_to_all")
         ahead = self._counts_ahead.pop(name, None)
         if ahead is not None:  # exchanged right after the router: wait for those counts only
             hit, host, ready = ahead
