@@ -11,7 +11,7 @@ from fault_injection import fault_env
 
 torch = pytest.importorskip("torch")
 
-from tpplan.bench import fast_kernels as FK  # noqa: E402
+from tpplan.bench import serving_kernels as FK  # noqa: E402
 from tpplan.bench.model_slice import build_slice, experts_that_fit, parse_layers  # noqa: E402
 from tpplan.bench.plan_bench import output_paths, write_atomic  # noqa: E402
 from tpplan.bench_results import load_bench_results  # noqa: E402
@@ -135,7 +135,7 @@ def test_k3_default_slice_is_three_kda_and_one_mla_moe_layer_at_real_widths() ->
         parse_layers("a:b", load_model("kimi-k3"))
 
 
-def test_fast_kernels_equal_the_reference() -> None:
+def test_serving_kernels_equal_the_reference() -> None:
     g = torch.Generator().manual_seed(0)
     for t, s in ((5, 5), (3, 9)):  # first chunk, and a later chunk after cached keys
         q, k, v = (
@@ -198,7 +198,7 @@ def test_batched_delta_rule_equals_the_reference_chunk_loop(t: int, decay: float
         torch.set_num_threads(threads)
 
 
-def test_tiny_k3_forward_with_the_fast_kernels_equals_the_reference() -> None:
+def test_tiny_k3_forward_with_the_serving_kernels_equals_the_reference() -> None:
     """The swapped kernels inside the whole model (MLA with a KV cache, KDA with carried state, MoE)."""
     from tpplan.models.graph import build_model_graph
     from tpplan.runtime.executor import numerics_for, run_reference

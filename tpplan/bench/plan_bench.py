@@ -110,7 +110,7 @@ class BenchConfig:
     backend: str = "auto"
     nproc: int = 2
     dtype: str | None = None  # None: bf16 with NCCL, fp32 with gloo
-    kernels: str = "fast"  # fast | reference (see fast_kernels)
+    kernels: str = "fast"  # fast | reference (see bench.serving_kernels)
     target_topology: str | None = None
     target_nodes: int | None = None
     seed: int = 0
@@ -404,7 +404,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
     import torch
     import torch.distributed as dist
 
-    from tpplan.bench import fast_kernels
+    from tpplan.bench import serving_kernels
 
     cfg, wl, backend = payload
     if device.type == "cpu":
@@ -434,7 +434,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
         "dtype": dtype_name,
         "plans": {},
     }
-    with progress, fast_kernels.installed(cfg.kernels == "fast"):
+    with progress, serving_kernels.installed(cfg.kernels == "fast"):
         for name in cfg.plans:
             task = progress.add_task(f"{name}: weights", total=per_plan + 1)
             res = _bench_plan(cfg, name, sl, wl, batches, ids, rank, world, device, tdtype, progress, task)
@@ -444,7 +444,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             progress.update(task, description=f"{name}: done", completed=per_plan + 1)
-    out["grouped_gemm"] = fast_kernels.grouped_gemm_used().get(device.type)
+    out["grouped_gemm"] = serving_kernels.grouped_gemm_used().get(device.type)
     return out if rank == 0 else None
 
 
