@@ -144,3 +144,33 @@ def test_the_torch_block_works() -> None:
     code = BLOCK_TORCH + "import tpplan.runtime.kernels\n"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
     assert res.returncode != 0 and "torch is blocked" in res.stderr
+
+
+# docs/design.md, "Layers and their rules", bottom up; a module imports only from its own rank or below.
+LAYERS = [
+    ("errors", "dtypes", "bench_results"),
+    ("models",),
+    ("layout",),
+    ("plans",),
+    ("audit",),
+    ("cost",),
+    ("search",),
+    ("report", "explain"),
+    ("runtime",),
+    ("bench",),
+    ("cli", "commands", "__main__"),
+]
+RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def test_every_module_imports_only_its_own_layer_or_below() -> None:
+    unknown = {_layer(m) for m in MODULES if m != "tpplan"} - RANK.keys()
+    assert not unknown, f"packages missing from LAYERS (and docs/design.md): {sorted(unknown)}"
+    upward = sorted(
+        (mod, dep)
+        for mod, deps in GRAPH.items()
+        if mod != "tpplan"
+        for dep in deps
+        if dep != "tpplan" and RANK[_layer(dep)] > RANK[_layer(mod)]
+    )
+    assert not upward, f"imports from a higher layer: {upward}"

@@ -14,9 +14,10 @@ from typing import Protocol
 
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import Collective, P, R, ring_elements_per_rank, seed_units
+from tpplan.layout.placement import P
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, Violation, propagate_model
+from tpplan.layout.transitions import TRANSITIONS
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, build_model_graph
 from tpplan.plans.named import NAMED_PLANS, make_plan
@@ -100,9 +101,9 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     # The last block's output is reduced into the stream before the final norm.
     final_el = final_units = 0.0
     if delta is P:
-        coll = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
-        final_el = ring_elements_per_rank(coll, graph.hidden, n)
-        final_units = seed_units(coll, graph.hidden, n)
+        final = TRANSITIONS[(P, plan.stream)]  # all-reduce into R, reduce-scatter into S(tok)
+        final_el = final.elements_per_rank(graph.hidden, 0, n)
+        final_units = final.seed_units(graph.hidden, 0, n)
     counts = graph.counts()
     kinds: dict[str, KindSummary] = {}
     for kind in graph.kinds:

@@ -5,7 +5,7 @@ Usage on a GPU box (after `tpplan calibrate --out topo.toml`):
     torchrun --nproc-per-node 2 -m tpplan.bench.collective_check topo.toml
 Shapes: [T, W] bf16 for W in 7168 (hidden), 2112 (MLA latent), 12288 (K3 gate), T = 1K..16K.
 Sizes follow nccl-tests: all_reduce/reduce_scatter/all_gather move the full [T, W]; all_to_all
-is S(col) -> S(tok), so each rank's send buffer is [T, W / n].
+is S(tok) -> S(col), so each rank's send buffer holds T * W / n elements.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def verify(
     from tpplan.errors import TpplanError
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+    from tpplan.plans.named import ALL_PLANS, make_plan
     from tpplan.runtime.group import RankFailed, under_torchrun
 
     if tp < 1:
@@ -148,7 +148,7 @@ def verify(
     names = list(dict.fromkeys(plan))
     if "legal" in names:
         names.remove("legal")
-        names += [p for p in NAMED_PLANS + EXTRA_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
+        names += [p for p in ALL_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
     for name in dict.fromkeys(names):
         pa = audit_plan(graph, make_plan(name, graph, tp), tp)
         if not pa.legal and not force:

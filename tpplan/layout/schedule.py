@@ -31,9 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
-from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.placement import S_TOK, Collective, P, Placement
 from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns, propagate_model
+from tpplan.layout.transitions import TRANSITIONS, collective_transition
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
 
 
@@ -97,16 +98,6 @@ def token_range(tokens: int, n: int, rank: int) -> tuple[int, int]:
 def scatters_tokens(plan: Plan) -> bool:
     """True when the plan ever holds a value token-sharded."""
     return plan.stream is S_TOK or plan.reduce is S_TOK or bool(plan.token_shard) or plan.moe == "a2a"
-
-
-def local_width(value: Value, n: int) -> int:
-    """Columns of `value` a rank holds when it is head-sharded (one shared head when N > heads)."""
-    if not value.heads or n <= 1:
-        return value.width // max(n, 1) if n > 1 else value.width
-    per_head = value.width // value.heads
-    if value.heads % n == 0:
-        return per_head * (value.heads // n)
-    return per_head
 
 
 def value_dtype(lg: LayerGraph, value: str, act: str) -> str:
@@ -209,8 +200,6 @@ def chunk_calls(
     if n <= 1:
         return []
     act = dtype_name(dtype)
-    isz = TORCH_DTYPE_BYTES[act]
-    t_pad, per = padded_rows(tokens, n)
     results = results if results is not None else layer_results(graph, plan, n)
     calls: list[CollectiveCall] = []
     for i, res in enumerate(results):
@@ -225,31 +214,23 @@ def chunk_calls(
                 continue
             val = lg.values[c.value]
             dt = value_dtype(lg, c.value, act)
-            calls.append(_uniform_call(chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, t_pad, per, dt))
+            calls.append(_uniform_call(chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, dt))
     last = results[-1].exit_delta if results else P
-    if last is P:
-        kind = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
-        shape = (tokens, graph.hidden) if kind is Collective.ALL_REDUCE else (t_pad, graph.hidden)
-        nbytes = shape[0] * shape[1] * isz
-        sent = ring_sent_bytes(kind, nbytes, n)
-        calls.append(CollectiveCall(chunk, len(results), kind.value, "final", shape, act, nbytes, sent))
+    if last is P:  # the last block's output, reduced into the stream before the final norm
+        final = TRANSITIONS[(P, plan.stream)]
+        assert final.collective is not None
+        shape = final.call_shape(graph.hidden, 0, n, tokens)
+        nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[act]
+        sent = ring_sent_bytes(final.collective, nbytes, n)
+        calls.append(CollectiveCall(chunk, len(results), final.collective.value, "final", shape, act, nbytes, sent))
     return calls
 
 
 def _uniform_call(
     chunk: int, layer: int, kind: Collective, name: str, src: Placement, dst: Placement, val: Value, n: int,
-    tokens: int, t_pad: int, per: int, dt: str,
+    tokens: int, dt: str,
 ) -> CollectiveCall:  # fmt: skip
-    if kind is Collective.ALL_REDUCE:
-        shape: tuple[int, ...] = (tokens, val.width)
-    elif kind is Collective.REDUCE_SCATTER or (kind is Collective.ALL_GATHER and src is S_TOK):
-        shape = (t_pad, val.width)
-    elif kind is Collective.ALL_GATHER and src is S_COL:
-        shape = (tokens, n * local_width(val, n))
-    elif kind is Collective.ALL_TO_ALL and src is S_TOK and dst is S_COL:
-        shape = (per, n * local_width(val, n))
-    else:
-        raise ValueError(f"no runtime collective for {src} -> {dst} ({kind})")
+    shape = collective_transition(kind, src, dst).call_shape(val.width, val.heads, n, tokens)
     nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[dt]
     return CollectiveCall(chunk, layer, kind.value, name, shape, dt, nbytes, ring_sent_bytes(kind, nbytes, n))
 
@@ -303,7 +284,6 @@ __all__ = [
     "chunk_sizes",
     "fallback_plan",
     "falls_back",
-    "local_width",
     "padded_rows",
     "predict_schedule",
     "ring_sent_bytes",

@@ -153,6 +153,7 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
 EXTRA_PLANS = ("input-scattered+restore", "sp-moe")
+ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed name
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, same decisions under the old name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
@@ -183,8 +184,19 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     raise TpplanError(
         f"--plan {name}",
         "unknown plan",
-        f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
+        f"choose one of {', '.join(ALL_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
     )
 
 
-__all__ = ["ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair", "sp_moe", "with_ep"]
+__all__ = [
+    "ALIASES",
+    "ALL_PLANS",
+    "EP_PATTERN",
+    "EXTRA_PLANS",
+    "NAMED_PLANS",
+    "S_COL",
+    "make_plan",
+    "repair",
+    "sp_moe",
+    "with_ep",
+]
