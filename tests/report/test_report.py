@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import run_in_process
-from fake_predict import fake_predict_plan
 
 from tpplan.bench_results import load_bench_results
+from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
@@ -119,7 +119,7 @@ def test_volume_vs_tp_table(k3_4x8):
 def test_with_predictions_time_and_ttft_sections():
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan, search_top=0)
+    a = analyse("kimi-k3", topo, wls, tp=32, predictor=predict_plan, search_top=0)
     memo = build_memo(a)
     assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png"} <= set(memo.pngs)
     ttft = _section(memo.markdown, "TTFT per plan")
