@@ -103,7 +103,7 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     if delta is P:
         final = TRANSITIONS[(P, plan.stream)]  # all-reduce into R, reduce-scatter into S(tok)
         final_el = final.elements_per_rank(graph.hidden, 0, n)
-        final_units = final.seed_units(graph.hidden, 0, n)
+        final_units = final.relative_units(graph.hidden, 0, n)
     counts = graph.counts()
     kinds: dict[str, KindSummary] = {}
     for kind in graph.kinds:

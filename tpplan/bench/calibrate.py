@@ -27,7 +27,7 @@ from tpplan.errors import TpplanError
 from tpplan.runtime.group import GroupSpec, run_group
 from tpplan.runtime.hooks import before_collective
 
-# GEMM sweep: the (K, N) of the shapes in shared/anchors/h200_gemm_shapes.json, four token counts
+# GEMM sweep: the (K, N) of the shapes in presets/h200_gemm_shapes.json, four token counts
 # (`--gemm-model` adds the shapes a model's named plans produce, at six token counts).
 GEMM_M = (256, 2048, 8192, 16384)
 GEMM_M_MODEL = (256, 1024, 2048, 4096, 8192, 16384)

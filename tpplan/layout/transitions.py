@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R, ring_elements_per_rank, seed_units
+from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R, relative_units, ring_elements_per_rank
 
 
 def local_width(value_width: int, heads: int, n: int) -> int:
@@ -72,11 +72,11 @@ class Transition:
             return 0.0
         return ring_elements_per_rank(self.collective, self.wire_width(width, heads, n), n, tokens)
 
-    def seed_units(self, width: int, heads: int, n: int) -> float:
-        """The seed memo's relative units per token (0 for a free step)."""
+    def relative_units(self, width: int, heads: int, n: int) -> float:
+        """Relative units per token (docs/concepts.md; 0 for a free step)."""
         if self.collective is None:
             return 0.0
-        return seed_units(self.collective, self.wire_width(width, heads, n), n)
+        return relative_units(self.collective, self.wire_width(width, heads, n), n)
 
     def call_shape(self, width: int, heads: int, n: int, tokens: int) -> tuple[int, ...]:
         """The buffer one rank hands to torch.distributed (nccl-tests size): all_reduce the [T, W]
