@@ -17,10 +17,11 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R, redistribution
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import propagate
+from tpplan.layout.transitions import transition
 from tpplan.models.graph import Block, LayerGraph, Op, OpKind, Value, WeightSplit
-from tpplan.plans.plan import Plan
+from tpplan.placement import S_COL, S_TOK, Collective, P, Placement, R
 
 H = 8  # hidden width
 T = 8  # tokens (divisible by every N drawn)
@@ -183,7 +184,7 @@ def naive_as(loc: np.ndarray, got: Placement, need: Placement, r: int, n: int, w
     zeros (a buffer never filled), a partial summand is taken for the true value."""
     if got == need:
         return loc
-    step = redistribution(got, need)
+    step = transition(got, need)
     if step is not None and step.free:
         return shard(loc, need, r, n)
     if got is P:
@@ -281,7 +282,7 @@ def test_legal_plans_compute_the_unsharded_values_and_violations_break_them(case
             xs_by_rank: list[list[np.ndarray]] = [[] for _ in range(n)]
             for v, locs, got, need in zip(op.inputs, ins, d.inputs_received, strat.inputs, strict=True):
                 if got != need:
-                    step = redistribution(got, need)
+                    step = transition(got, need)
                     if step is not None and step.free:
                         locs = [shard(locs[r], need, r, n) for r in range(n)]
                     else:
@@ -309,7 +310,7 @@ def test_legal_plans_compute_the_unsharded_values_and_violations_break_them(case
             broken = [
                 (got, need)
                 for got, need in zip(d.inputs_received, strat.inputs, strict=True)
-                if got != need and not getattr(redistribution(got, need), "free", False)
+                if got != need and not getattr(transition(got, need), "free", False)
             ]
             if not all(got in (S_TOK, S_COL) and need is P for got, need in broken):
                 widths = [lg.values[v].width for v in op.inputs]

@@ -4,9 +4,9 @@ import pytest
 
 from tpplan.audit import audit, audit_plan, to_json
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import Collective, ring_elements_per_rank
 from tpplan.models.config import list_presets, load_model
 from tpplan.models.graph import build_model_graph
+from tpplan.placement import Collective, ring_elements_per_rank
 from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
 
 ALL = list(NAMED_PLANS + EXTRA_PLANS)

@@ -202,10 +202,10 @@ def test_deepseek_v2_lite_has_no_q_lora_and_softmax_greedy_routing():
 
 
 def test_qwen2_projections_carry_biases_and_never_hold_partial_sums():
-    from tpplan.layout.placement import P
     from tpplan.layout.rules import strategies
     from tpplan.models.numerics import Numerics
     from tpplan.models.opkinds import params_for_op
+    from tpplan.placement import P
 
     g = build_model_graph(load_model("qwen2-7b"))
     lg = g.kinds["gqa+dense"]

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from tpplan.audit import audit_plan
 from tpplan.cost.topology import load_topology
-from tpplan.layout.placement import S_TOK, P, R
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
+from tpplan.placement import S_TOK, P, R
 from tpplan.plans.named import make_plan
 from tpplan.search import (
     Cost,

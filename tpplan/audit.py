@@ -10,20 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import Collective, P, R, relative_units, ring_elements_per_rank
-from tpplan.layout.propagate import LayerResult, Violation, check_divisible, propagate
+from tpplan.layout.plan import Plan
+from tpplan.layout.propagate import LayerResult, Violation, propagate_model
+from tpplan.layout.transitions import TRANSITIONS
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, build_model_graph
+from tpplan.placement import P
 from tpplan.plans.named import NAMED_PLANS, make_plan
-from tpplan.plans.plan import Plan
 
-if TYPE_CHECKING:
-    from tpplan.cost.predict import PlanPrediction
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+class PredictionJSON(Protocol):
+    """What `to_json` needs of a plan's prediction (`tpplan.cost.predict.PlanPrediction`, which
+    imports this module: the cost model sits above the audit)."""
+
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def topology(self) -> str: ...
+    @property
+    def workload(self) -> str | None: ...
+    @property
+    def pp(self) -> int: ...
+
+    def to_json(self) -> dict[str, object]: ...
+
 JSON_SCHEMA_VERSION = 2
 
 
@@ -82,27 +96,14 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     if dtype not in DTYPE_BYTES:
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
     nbytes = DTYPE_BYTES[dtype]
-    for lg in graph.kinds.values():
-        check_divisible(lg, plan, n)
-    cache: dict[tuple[str, str], LayerResult] = {}
-    results: list[LayerResult] = []
-    seen_by_kind: dict[str, dict[str, int]] = {}
-    delta = P  # the vocab-parallel embedding's output is a partial sum
-    for i, kind in enumerate(graph.layer_kinds):
-        key = (kind, str(delta))
-        if key not in cache:
-            cache[key] = propagate(graph.kinds[kind], plan, n, delta, nbytes)
-        res = cache[key]
-        results.append(res)
-        seen_by_kind.setdefault(kind, {})
-        seen_by_kind[kind][str(delta)] = seen_by_kind[kind].get(str(delta), 0) + (1 if i else 0)
-        delta = res.exit_delta
+    walk = propagate_model(graph, plan, n, nbytes)
+    cache, results, seen_by_kind, delta = walk.by_entry, walk.results, walk.entries, walk.exit_delta
     # The last block's output is reduced into the stream before the final norm.
     final_el = final_units = 0.0
     if delta is P:
-        coll = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
-        final_el = ring_elements_per_rank(coll, graph.hidden, n)
-        final_units = relative_units(coll, graph.hidden, n)
+        final = TRANSITIONS[(P, plan.stream)]  # all-reduce into R, reduce-scatter into S(tok)
+        final_el = final.elements_per_rank(graph.hidden, 0, n)
+        final_units = final.relative_units(graph.hidden, 0, n)
     counts = graph.counts()
     kinds: dict[str, KindSummary] = {}
     for kind in graph.kinds:
@@ -155,7 +156,7 @@ def _pct(value: float, base: float) -> float | None:
     return None if not base else round(100.0 * (value - base) / base, 2)
 
 
-def to_json(a: Audit, predictions: Sequence[PlanPrediction] | None = None) -> dict[str, object]:
+def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> dict[str, object]:
     """The stable audit JSON (schema documented in docs/audit-json.md); `predictions` (one per plan,
     from `tpplan.cost.predict.predict_audit`) add time, memory and TTFT beside the volumes."""
     by_plan = {p.plan.name: p for p in predictions or ()}

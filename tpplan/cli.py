@@ -28,13 +28,7 @@ def _register_commands() -> None:
     import importlib
 
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"tpplan.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"tpplan.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(app)
+        importlib.import_module(f"tpplan.commands.{name}").register(app)
 
 
 _register_commands()

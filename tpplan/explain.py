@@ -12,9 +12,9 @@ the collectives issued on its inputs. Illegal ops are marked with `!!` and their
 
 from __future__ import annotations
 
-from tpplan.layout.placement import Placement
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import OpKind
+from tpplan.placement import Placement
 
 _SPLIT_WORDS = {
     "col": "column-parallel",

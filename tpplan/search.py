@@ -41,13 +41,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
+from tpplan.audit import PlanAudit, audit_plan
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.plan import MoEMode, Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, LayerWalk, OpDecision, check_divisible
 from tpplan.layout.rules import strategies
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
-from tpplan.plans.plan import MoEMode, Plan
+from tpplan.placement import S_COL, S_TOK, Collective, P, Placement, R
 
 # ----------------------------------------------------------------------------------------------
 # Objectives
@@ -127,7 +128,7 @@ class VolumeObjective:
         return Cost(c.elements_per_token * DTYPE_BYTES[self.dtype])
 
     def fixed(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> Cost:
-        from tpplan.layout.placement import ring_elements_per_rank
+        from tpplan.placement import ring_elements_per_rank
 
         coll = _final_collective(stream, final_delta)
         vol = ring_elements_per_rank(coll, graph.hidden, n) * DTYPE_BYTES[self.dtype] if coll else 0.0
@@ -317,7 +318,7 @@ class PredictObjective:
         return hit
 
     def fixed(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> Cost:
-        from tpplan.layout.placement import ring_elements_per_rank
+        from tpplan.placement import ring_elements_per_rank
 
         pred = self._base
         secs = 0.0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fault_injection import fault_env
 
 from tpplan.bench.calibrate import SweepPoint, fit_alpha_beta, sweep_counts
 from tpplan.cost.collectives import collective_time
@@ -47,27 +48,31 @@ def test_sweep_counts_are_geometric_multiples_of_world() -> None:
     assert counts[-1] * 4 == pytest.approx(1 << 20, rel=0.01)
 
 
-def test_fit_on_anchor_meets_the_gpu_acceptance_bar() -> None:
-    """Fitting alpha/busbw to the 2xH200 NCCL probe reproduces it: worst < 10%."""
+def test_fit_predicts_held_out_anchor_rows() -> None:
+    """Out-of-sample on the 2xH200 NCCL probe (T = 1K, 4K, 8K, 16K tokens per shape): each T left
+    out in turn, alpha/busbw fitted on the other three, the held-out row predicted by the line alone
+    (the extrapolation used outside a sweep). Seen: inside the fitted range and above it within 10%
+    (worst 9.8%); below it (T=1K, latency-bound, outside the fit) up to 23% (reduce_scatter)."""
     rows = json.loads(ANCHOR.read_text())["rows"]
     spec = [("ar_hidden", "all_reduce", 7168, 1), ("rs_hidden", "reduce_scatter", 7168, 1),
             ("ag_hidden", "all_gather", 7168, 1), ("ag_latent", "all_gather", 2112, 1),
             ("a2a_gate", "all_to_all", 12288, 2)]  # fmt: skip
-    pts: dict[str, list[SweepPoint]] = {}
-    for key, kind, width, div in spec:
-        for r in rows:
-            nbytes = r["T"] * width * 2 // div
-            pts.setdefault(kind, []).append(SweepPoint(kind, nbytes, nbytes // 2, "bf16",
-                                                       r[key] / 1e3, 2))  # fmt: skip
-    # the alpha-beta line alone (no measured curve): the extrapolation used outside the sweep
-    fitted = {k: fit_alpha_beta(p).model_copy(update={"curve": []}) for k, p in pts.items()}
-    assert fitted["all_reduce"].busbw_GBps == pytest.approx(296, rel=0.05)
-    topo = load_topology("h200x2").model_copy(update={"fitted": fitted})
-    for kind, ps in pts.items():
-        for p in ps:
-            est = collective_time(kind, p.nbytes, 2, topo)
+    smallest = min(r["T"] for r in rows)
+    for held in (r["T"] for r in rows):
+        train: dict[str, list[SweepPoint]] = {}
+        test: list[SweepPoint] = []
+        for key, kind, width, div in spec:
+            for r in rows:
+                nbytes = r["T"] * width * 2 // div
+                p = SweepPoint(kind, nbytes, nbytes // 2, "bf16", r[key] / 1e3, 2)
+                (test if r["T"] == held else train.setdefault(kind, [])).append(p)
+        fitted = {k: fit_alpha_beta(p).model_copy(update={"curve": []}) for k, p in train.items()}
+        topo = load_topology("h200x2").model_copy(update={"fitted": fitted})
+        bar = 0.25 if held == smallest else 0.10
+        for p in test:
+            est = collective_time(p.kind, p.nbytes, 2, topo)
             assert est.algorithm == "fitted"
-            assert abs(est.time_s - p.time_s) / p.time_s < 0.10
+            assert abs(est.time_s / p.time_s - 1) < bar, (held, p.kind, p.nbytes)
 
 
 def test_measured_curve_interpolates_held_out_points() -> None:
@@ -118,7 +123,7 @@ def test_failed_or_stuck_child_exits_nonzero_without_output(tmp_path, fault, nee
     out = tmp_path / "topo.toml"
     r = _cli(
         ["calibrate", *TINY, "--out", str(out), "--timeout", "2"],
-        env_extra={"TPPLAN_BENCH_FAULT": fault},
+        env_extra=fault_env(fault),
     )
     assert r.returncode == 1, r.stderr
     assert "calibration failed" in r.stderr and needle in r.stderr

@@ -7,17 +7,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from fault_injection import fault_env
 
 torch = pytest.importorskip("torch")
 
-from tpplan.bench import fast_kernels as FK  # noqa: E402
+from tpplan.bench import serving_kernels as FK  # noqa: E402
 from tpplan.bench.model_slice import build_slice, experts_that_fit, parse_layers  # noqa: E402
 from tpplan.bench.plan_bench import output_paths, write_atomic  # noqa: E402
+from tpplan.bench_results import load_bench_results  # noqa: E402
 from tpplan.errors import TpplanError  # noqa: E402
 from tpplan.layout.schedule import predict_schedule  # noqa: E402
 from tpplan.models.config import load_model  # noqa: E402
 from tpplan.plans.named import make_plan  # noqa: E402
-from tpplan.report.bench_results import load_bench_results  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels as K  # noqa: E402
 
@@ -113,7 +114,7 @@ def test_bad_inputs_exit_2_without_output(
 def test_a_failing_rank_is_named_and_nothing_is_written(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     proc = _cli(
-        [*TINY, "--plan", "baseline", "--timeout", "60", "--out", str(out)], {"TPPLAN_BENCH_FAULT": "1:all_reduce"}
+        [*TINY, "--plan", "baseline", "--timeout", "60", "--out", str(out)], fault_env("1:all_reduce")
     )
     assert proc.returncode == 1
     assert "rank 1" in proc.stderr and "injected fault" in proc.stderr
@@ -134,7 +135,7 @@ def test_k3_default_slice_is_three_kda_and_one_mla_moe_layer_at_real_widths() ->
         parse_layers("a:b", load_model("kimi-k3"))
 
 
-def test_fast_kernels_equal_the_reference() -> None:
+def test_serving_kernels_equal_the_reference() -> None:
     g = torch.Generator().manual_seed(0)
     for t, s in ((5, 5), (3, 9)):  # first chunk, and a later chunk after cached keys
         q, k, v = (
@@ -159,7 +160,7 @@ def test_fast_kernels_equal_the_reference() -> None:
 
 def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicted() -> None:
     from tpplan.bench.plan_bench import BenchConfig, extrapolate_ttft, resolved_workload
-    from tpplan.report.bench_results import CollectiveResult, OpResult
+    from tpplan.bench_results import CollectiveResult, OpResult
 
     cfg = BenchConfig(model="kimi-k3", plans=("baseline",), workload="seed-c8", target_topology="h200x8-ib400",
                       target_nodes=4)  # fmt: skip
@@ -197,7 +198,7 @@ def test_batched_delta_rule_equals_the_reference_chunk_loop(t: int, decay: float
         torch.set_num_threads(threads)
 
 
-def test_tiny_k3_forward_with_the_fast_kernels_equals_the_reference() -> None:
+def test_tiny_k3_forward_with_the_serving_kernels_equals_the_reference() -> None:
     """The swapped kernels inside the whole model (MLA with a KV cache, KDA with carried state, MoE)."""
     from tpplan.models.graph import build_model_graph
     from tpplan.runtime.executor import numerics_for, run_reference
@@ -286,7 +287,7 @@ def test_recorded_profiled_run_meets_the_layer_overhead_and_saving_targets() -> 
 
 def test_saving_noise_is_the_spread_of_identical_batches() -> None:
     from tpplan.bench.plan_bench import saving_noise
-    from tpplan.report.bench_results import BatchResult
+    from tpplan.bench_results import BatchResult
 
     base = load_bench_results(PROFILED_RUN / "k3-baseline.json")
 
@@ -302,7 +303,7 @@ def test_saving_noise_is_the_spread_of_identical_batches() -> None:
 
 def test_call_weighted_median_counts_every_call() -> None:
     from tpplan.bench.plan_bench import call_weighted_median_error
-    from tpplan.report.bench_results import CollectiveResult
+    from tpplan.bench_results import CollectiveResult
 
     def row(err: float, calls: int) -> CollectiveResult:
         return CollectiveResult(kind="all_reduce", shape=[8, 8], bytes=128, group_size=2, measured_s=1.0,

@@ -24,10 +24,23 @@ def _anchor_rows() -> list[dict]:
     return json.loads(text)["rows"]
 
 
-def test_reproduces_anchor_rows() -> None:
-    for r in _anchor_rows():
-        t = gemm_time(r["M"], r["K"], r["N"], H200)
-        assert t * 1e3 == pytest.approx(r["ms"], rel=0.03), r
+def test_table_predicts_held_out_shapes() -> None:
+    """Out-of-sample on the packaged H200 table (27 measured shapes): each row left out in turn and
+    predicted by interpolating the other 26. Seen: median error 8%, worst 1.9x (the smallest N at
+    M=256, extrapolated below every other N of that M); the analytic fallback's median is 20%."""
+    import statistics
+
+    rows = _anchor_rows()
+    errors = []
+    for i, r in enumerate(rows):
+        rest = [(x["M"], x["K"], x["N"], x["tflops"]) for j, x in enumerate(rows) if j != i]
+        table = table_tflops(r["M"], r["K"], r["N"], rest)
+        analytic = analytic_efficiency(r["M"], r["K"], r["N"]) * H200.bf16_tflops
+        errors.append((abs(table / r["tflops"] - 1), abs(analytic / r["tflops"] - 1)))
+    assert statistics.median(e for e, _ in errors) < 0.12
+    assert statistics.median(e for e, _ in errors) < statistics.median(a for _, a in errors)
+    assert sum(e < a for e, a in errors) >= 2 * len(rows) // 3  # the table beats the curve on most shapes
+    assert max(e for e, _ in errors) < 2.5
 
 
 def test_tiny_n_expert_shards_far_below_peak() -> None:
@@ -63,7 +76,7 @@ def test_analytic_fallback_for_gpus_without_table() -> None:
     big = achieved_tflops(8192, 8192, 8192, RTX)
     assert big == pytest.approx(analytic_efficiency(8192, 8192, 8192, 188) * RTX.bf16_tflops)
     assert achieved_tflops(256, 3584, 192, RTX) < 0.1 * big
-    # fitted to the H200 table: within 1.8x on every anchor row
+    # in-sample: the curve was fitted to the H200 table, within 1.8x on every anchor row
     for r in _anchor_rows():
         eff = analytic_efficiency(r["M"], r["K"], r["N"]) * H200.bf16_tflops
         assert 1 / 1.85 < eff / r["tflops"] < 1.85

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from tpplan.bench.model_slice import build_slice
+from tpplan.bench_results import OpResult, load_bench_results
 from tpplan.cost.kernel_fit import curve, fit_kernel_profiles, profile_samples, with_kernel_profiles
 from tpplan.cost.predict import _predictor
 from tpplan.cost.topology import KernelProfile, load_topology, topology_to_toml
 from tpplan.errors import TpplanError
 from tpplan.plans.named import make_plan
-from tpplan.report.bench_results import OpResult, load_bench_results
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_RUN = REPO / "docs" / "benchmarks" / "h200x2-2026-11-30"

@@ -239,9 +239,9 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
     from dataclasses import replace
 
     from tpplan.cost.predict import KERNEL_FLOOR_S, _predictor
-    from tpplan.layout.placement import S_COL, S_TOK, Collective, R
     from tpplan.layout.propagate import CommEvent
     from tpplan.models.graph import Value
+    from tpplan.placement import S_COL, S_TOK, Collective, R
 
     box = load_topology("h200x2")
     t, b = 8192, 2

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_in_process
 
+from tpplan.bench_results import error_summary, load_bench_results, parse_bench_results
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import analyse
-from tpplan.report.bench_results import error_summary, load_bench_results, parse_bench_results
 from tpplan.report.memo import build_memo
 
 FIX = Path(__file__).parent / "fixtures"

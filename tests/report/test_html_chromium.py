@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 from cdp import chromium_binary, load_page
-from fake_predict import fake_predict_plan
 
+from tpplan.bench_results import load_bench_results
+from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
-from tpplan.report.bench_results import load_bench_results
 from tpplan.report.bench_section import PNG_BENCH
 from tpplan.report.memo import PNG_CROSS, PNG_TIME, PNG_TTFT, PNG_VOLUME, build_memo
 from tpplan.report.writer import write_memo
@@ -27,7 +27,7 @@ def test_report_html_renders_without_console_errors(tmp_path):
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
     a = analyse(
-        "kimi-k3", topo, wls, predictor=fake_predict_plan, search_top=0, bench=load_bench_results(FIX / "bench_ok.json")
+        "kimi-k3", topo, wls, predictor=predict_plan, search_top=0, bench=load_bench_results(FIX / "bench_ok.json")
     )
     memo = build_memo(a)
     out = write_memo(memo, tmp_path / "memo")

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import run_in_process
-from fake_predict import fake_predict_plan
 
+from tpplan.bench_results import load_bench_results
+from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import Topology, load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report import writer
 from tpplan.report.analysis import analyse
-from tpplan.report.bench_results import load_bench_results
 from tpplan.report.memo import build_memo
 
 FIX = Path(__file__).parent / "fixtures"
@@ -127,7 +127,7 @@ def test_volume_vs_tp_table(k3_4x8):
 def test_with_predictions_time_and_ttft_sections():
     topo = roomy(load_topology("h200x8-ib400", nodes=4))
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, tp=32, predictor=fake_predict_plan, search_top=0)
+    a = analyse("kimi-k3", topo, wls, tp=32, predictor=predict_plan, search_top=0)
     memo = build_memo(a)
     assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png", "crossover.png"} <= set(memo.pngs)
     assert "## Thresholds: where a plan overtakes baseline" in memo.markdown
@@ -221,7 +221,7 @@ def test_report_package_imports_and_runs_without_torch():
     """The whole memo (audit, predictor, search, plots) runs without importing torch."""
     code = (
         "import sys, tpplan.report, tpplan.report.analysis, tpplan.report.memo, tpplan.report.engines, "
-        "tpplan.report.bench_results, tpplan.commands.report\n"
+        "tpplan.bench_results, tpplan.commands.report\n"
         "from tpplan.report.analysis import analyse\nfrom tpplan.report.memo import build_memo\n"
         "from tpplan.cost.topology import Topology, load_topology\nfrom tpplan.cost.workload import load_workload\n"
         "build_memo(analyse('tiny-kimi-k3', load_topology('h200x2'), [load_workload('seed-c8')], tp=2))\n"

@@ -9,16 +9,18 @@ import sys
 import time
 
 import pytest
+from fault_injection import fault_env
 
-from tpplan.bench._dist import FAULT_ENV, BenchFailed
+from tpplan.runtime.group import RankFailed
 from tpplan.runtime.verify import VerifyCase, verify_cases
 
 
 @pytest.mark.slow
 def test_rank_that_dies_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAULT_ENV, "1:all_gather")
+    for k, v in fault_env("1:all_gather").items():
+        monkeypatch.setenv(k, v)
     t0 = time.monotonic()
-    with pytest.raises(BenchFailed, match=r"rank 1 failed first: RuntimeError: injected fault before all_gather"):
+    with pytest.raises(RankFailed, match=r"rank 1 failed first: RuntimeError: injected fault before all_gather"):
         verify_cases([VerifyCase("tiny-llama", "sequence-parallel", tokens=8)], nproc=2, timeout_s=20)
     assert time.monotonic() - t0 < 120  # timeout 20 s; the rest is spawning on a busy machine
 
@@ -26,7 +28,7 @@ def test_rank_that_dies_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.slow
 def test_rank_that_hangs_times_out_without_partial_output(tmp_path) -> None:
     out = tmp_path / "verify.json"
-    env = dict(os.environ, **{FAULT_ENV: "1:reduce_scatter:hang"})
+    env = dict(os.environ, **fault_env("1:reduce_scatter:hang"))
     cmd = [sys.executable, "-m", "tpplan", "verify", "--model", "tiny-llama", "--tp", "2", "--plan",
            "sequence-parallel", "--tokens", "8", "--timeout", "3", "--json", str(out)]  # fmt: skip
     t0 = time.monotonic()

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tpplan.audit import audit
+from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
 from tpplan.layout.propagate import moe_weight_columns
-from tpplan.layout.schedule import DTYPE_SIZES
 from tpplan.models.config import list_presets, load_model
 from tpplan.models.graph import OpKind, build_model_graph
 from tpplan.runtime.distributed import pack_rows, unpack_rows
@@ -39,7 +39,7 @@ def test_routing_weights_travel_bit_for_bit_inside_the_rows(dtype: torch.dtype) 
     w[0, 0], w[1, 1], w[2, 2], w[3, 0] = 0.0, -0.0, 1e-45, float("nan")  # zero, signed zero, subnormal, NaN
     w[4] = torch.tensor([3.4e38, 1.0 + 2**-23, 2**-126])  # large, needs all 23 mantissa bits, smallest normal
     packed = pack_rows(rows, w)
-    cols = moe_weight_columns(3, DTYPE_SIZES[str(dtype).removeprefix("torch.")])
+    cols = moe_weight_columns(3, TORCH_DTYPE_BYTES[str(dtype).removeprefix("torch.")])
     assert packed.dtype == dtype and packed.shape == (5, 12 + cols) and cols == 3 * 4 // rows.element_size()
     x, back = unpack_rows(packed.clone(), 12)  # the clone stands for the wire: bytes only
     assert torch.equal(x, rows) and back.dtype == torch.float32
@@ -53,7 +53,7 @@ def _moe_layer_calls(r: CaseResult, rank: int, layer: int, traced: bool = True) 
 
 def _check_one_dispatch(r: CaseResult) -> None:
     graph = build_model_graph(load_model(r.case.model))
-    isz = DTYPE_SIZES[{"fp32": "float32", "bf16": "bfloat16"}[r.case.dtype]]
+    isz = TORCH_DTYPE_BYTES[dtype_name(r.case.dtype)]
     checked = 0
     for layer, kind in enumerate(graph.layer_kinds):
         op = next((o for o in graph.kinds[kind].ops if o.kind is OpKind.EXPERTS), None)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpplan.bench._dist import GroupSpec, maybe_fault, run_group
 from tpplan.cost.collectives import bus_factor
 from tpplan.cost.topology import (
     COLLECTIVE_KINDS,
@@ -25,6 +24,8 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
+from tpplan.runtime.group import GroupSpec, run_group
+from tpplan.runtime.hooks import before_collective
 
 # GEMM sweep: the (K, N) of the shapes in presets/h200_gemm_shapes.json, four token counts
 # (`--gemm-model` adds the shapes a model's named plans produce, at six token counts).
@@ -171,7 +172,7 @@ def _worker(rank: int, world: int, device: Any, cfg: CalibrationConfig) -> Calib
         from tpplan.bench._dist import make_op, time_op
 
         for kind, count in jobs:
-            maybe_fault(rank, kind)
+            before_collective(rank, kind)
             op = make_op(kind, count, world, rank, dtype, device)
             t = time_op(op, device, cfg.iters, cfg.warmup)
             best[(kind, count)] = min(t, best.get((kind, count), t))
@@ -219,7 +220,7 @@ def _time_gemm(m: int, k: int, n: int, device: Any, iters: int, warmup: int) -> 
 
 def run_calibration(cfg: CalibrationConfig) -> CalibrationResult | None:
     """Measure on the group and fit; None on non-zero torchrun ranks."""
-    from tpplan.bench._dist import resolve_backend, under_torchrun
+    from tpplan.runtime.group import resolve_backend, under_torchrun
 
     bad = [c for c in cfg.collectives if c not in COLLECTIVE_KINDS]
     if bad:

@@ -5,7 +5,7 @@ Usage on a GPU box (after `tpplan calibrate --out topo.toml`):
     torchrun --nproc-per-node 2 -m tpplan.bench.collective_check topo.toml
 Shapes: [T, W] bf16 for W in 7168 (hidden), 2112 (MLA latent), 12288 (K3 gate), T = 1K..16K.
 Sizes follow nccl-tests: all_reduce/reduce_scatter/all_gather move the full [T, W]; all_to_all
-is S(col) -> S(tok), so each rank's send buffer is [T, W / n].
+is S(tok) -> S(col), so each rank's send buffer holds T * W / n elements.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Annotated, Any
 
 import typer
 
-from tpplan.bench._dist import GroupSpec, maybe_fault, resolve_backend, run_group
 from tpplan.cost.collectives import collective_time, nccl_size
 from tpplan.cost.topology import load_topology
+from tpplan.runtime.group import GroupSpec, resolve_backend, run_group
+from tpplan.runtime.hooks import before_collective
 
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 WIDTHS = (7168, 2112, 12288)
@@ -89,7 +90,7 @@ def _worker(rank: int, world: int, device: Any, job: dict[str, Any]) -> list[tup
             for t in job["tokens"]:
                 count = int(nccl_size(kind, t * width, world))
                 count -= count % world
-                maybe_fault(rank, kind)
+                before_collective(rank, kind)
                 op = make_op(kind, count, world, rank, dtype, device)
                 out.append((kind, t, width, count * elem, time_op(op, device, job["iters"],
                                                                    job["warmup"])))  # fmt: skip

@@ -52,11 +52,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tpplan import bench_results as schema
 from tpplan.bench.model_slice import ModelSlice, build_slice, experts_that_fit
-from tpplan.cost.workload import PrefillBatch, Workload, load_workload, schedule, simulate_ttft
-from tpplan.errors import TpplanError
-from tpplan.report import bench_results as schema
-from tpplan.report.bench_results import (
+from tpplan.bench_results import (
     BatchResult,
     BenchMeta,
     BenchResults,
@@ -67,6 +65,8 @@ from tpplan.report.bench_results import (
     error_summary,
     parse_bench_results,
 )
+from tpplan.cost.workload import PrefillBatch, Workload, load_workload, schedule, simulate_ttft
+from tpplan.errors import TpplanError
 
 DTYPE_SHORT = {
     "bfloat16": "bf16",
@@ -110,7 +110,7 @@ class BenchConfig:
     backend: str = "auto"
     nproc: int = 2
     dtype: str | None = None  # None: bf16 with NCCL, fp32 with gloo
-    kernels: str = "fast"  # fast | reference (see fast_kernels)
+    kernels: str = "fast"  # fast | reference (see bench.serving_kernels)
     target_topology: str | None = None
     target_nodes: int | None = None
     seed: int = 0
@@ -404,7 +404,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
     import torch
     import torch.distributed as dist
 
-    from tpplan.bench import fast_kernels
+    from tpplan.bench import serving_kernels
 
     cfg, wl, backend = payload
     if device.type == "cpu":
@@ -434,7 +434,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
         "dtype": dtype_name,
         "plans": {},
     }
-    with progress, fast_kernels.installed(cfg.kernels == "fast"):
+    with progress, serving_kernels.installed(cfg.kernels == "fast"):
         for name in cfg.plans:
             task = progress.add_task(f"{name}: weights", total=per_plan + 1)
             res = _bench_plan(cfg, name, sl, wl, batches, ids, rank, world, device, tdtype, progress, task)
@@ -444,7 +444,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Work
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             progress.update(task, description=f"{name}: done", completed=per_plan + 1)
-    out["grouped_gemm"] = fast_kernels.grouped_gemm_used().get(device.type)
+    out["grouped_gemm"] = serving_kernels.grouped_gemm_used().get(device.type)
     return out if rank == 0 else None
 
 
@@ -717,7 +717,7 @@ class PlanBench:
 
 def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
     """Check inputs, run every plan on a process group, return the results (None on a non-zero torchrun rank)."""
-    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group, under_torchrun
+    from tpplan.runtime.group import GroupSpec, resolve_backend, run_group, under_torchrun
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.nproc
     if world < 1:
@@ -1491,7 +1491,7 @@ def from_files(paths: Sequence[Path]) -> list[PlanBench]:
 
     Files that keep the runtime-replay times (`replay_s`) give the same overhead check as the run;
     older ones compare the in-plan times with `direct_s`."""
-    from tpplan.report.bench_results import load_bench_results
+    from tpplan.bench_results import load_bench_results
 
     out = []
     for p in paths:

@@ -9,11 +9,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tpplan.placement import COLLECTIVE_SHORT
+
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")
 ]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation dtype for byte counts: bf16, fp16, fp32, fp8")]
+ExpertDtypeOpt = Annotated[
+    str | None,
+    typer.Option("--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"),
+]
 
 
 def _fmt_bytes(b: float) -> str:
@@ -24,7 +30,6 @@ def _fmt_bytes(b: float) -> str:
     return f"{b:,.1f} GiB"
 
 
-_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A", "send_recv": "P2P"}
 
 
 def _wide_console() -> Console:
@@ -61,12 +66,7 @@ def register(app: typer.Typer) -> None:
         nodes: Annotated[
             int | None, typer.Option("--nodes", help="Override the topology's node count; with --topology")
         ] = None,
-        expert_dtype: Annotated[
-            str | None,
-            typer.Option(
-                "--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"
-            ),
-        ] = None,
+        expert_dtype: ExpertDtypeOpt = None,
         crossover: Annotated[
             bool,
             typer.Option(
@@ -156,7 +156,7 @@ def _print_audit(data: dict) -> None:
     ):
         t.add_column(col, justify="right" if col not in ("plan", "legal") else "left")
     for p in data["plans"]:
-        counts = " ".join(f"{_SHORT[k]}x{v}" for k, v in sorted(p["collectives_per_forward"].items()))
+        counts = " ".join(f"{COLLECTIVE_SHORT[k]}x{v}" for k, v in sorted(p["collectives_per_forward"].items()))
         t.add_row(
             p["name"],
             "yes" if p["legal"] else "[red]NO[/]",
@@ -173,7 +173,8 @@ def _print_audit(data: dict) -> None:
     for p in data["plans"]:
         for kind, info in p["layer_kinds"].items():
             colls = " + ".join(
-                f"{_SHORT[c['collective']]}({c['value'].split(':')[0]} {c['width']})" for c in info["collectives"]
+                f"{COLLECTIVE_SHORT[c['collective']]}({c['value'].split(':')[0]} {c['width']})"
+                for c in info["collectives"]
             )
             k.add_row(
                 p["name"],
@@ -284,6 +285,6 @@ def _print_predictions(data: dict) -> None:
                 _ms(info["total_s"]),
                 _ms(info["redundant_s"]),
                 ", ".join(f"{o['op']} {o['seconds'] * 1e3:.2f}" for o in slow),
-                " ".join(f"{_SHORT[c['kind']]} {c['seconds'] * 1e3:.2f}" for c in info["collectives"]),
+                " ".join(f"{COLLECTIVE_SHORT[c['kind']]} {c['seconds'] * 1e3:.2f}" for c in info["collectives"]),
             )
     console.print(k)

@@ -60,7 +60,6 @@ def bench(
     from rich.console import Console
     from rich.markup import escape
 
-    from tpplan.bench._dist import BenchFailed
     from tpplan.bench.plan_bench import (
         BenchConfig,
         anchor_rows,
@@ -75,6 +74,7 @@ def bench(
     from tpplan.bench.plan_bench import from_files as load_previous
     from tpplan.errors import TpplanError
     from tpplan.plans.named import plan_name
+    from tpplan.runtime.group import RankFailed
 
     if anchor is not None and not anchor.is_file():
         raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
@@ -102,7 +102,7 @@ def bench(
         )  # fmt: skip
         try:
             ran = run_bench(cfg)
-        except BenchFailed as exc:
+        except RankFailed as exc:
             Console(stderr=True).print(
                 f"[bold red]bench failed:[/] {escape(str(exc))}. Nothing was written.", highlight=False, soft_wrap=True
             )

@@ -53,10 +53,10 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
     from rich.table import Table
 
     from tpplan.bench.calibrate import write_topology_atomic
+    from tpplan.bench_results import load_bench_results
     from tpplan.cost.kernel_fit import fit_kernel_profiles, with_kernel_profiles
     from tpplan.cost.topology import load_topology
     from tpplan.errors import TpplanError
-    from tpplan.report.bench_results import load_bench_results
 
     base = load_topology(base_topology)
     if not out.parent.is_dir():
@@ -118,7 +118,6 @@ def calibrate(
     if kernels_from:
         _kernels_from(kernels_from, base_topology, out)
         return
-    from tpplan.bench._dist import BenchFailed
     from tpplan.bench.calibrate import (
         CalibrationConfig,
         calibrated_topology,
@@ -127,6 +126,7 @@ def calibrate(
     )
     from tpplan.cost.topology import load_topology
     from tpplan.errors import TpplanError
+    from tpplan.runtime.group import RankFailed
 
     base = load_topology(base_topology)  # fail on a bad preset before spending time measuring
     if not out.parent.is_dir():
@@ -160,7 +160,7 @@ def calibrate(
     )
     try:
         res = run_calibration(cfg)
-    except BenchFailed as exc:
+    except RankFailed as exc:
         from rich.console import Console
         from rich.markup import escape
 

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from tpplan.commands.audit import ExpertDtypeOpt
+
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
@@ -36,21 +38,16 @@ def register(app: typer.Typer) -> None:
         ] = "baseline",
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
-        expert_dtype: Annotated[
-            str | None,
-            typer.Option(
-                "--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"
-            ),
-        ] = None,
+        expert_dtype: ExpertDtypeOpt = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
         import sys
 
+        from tpplan.bench_results import load_bench_results
         from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
         from tpplan.report.analysis import analyse
-        from tpplan.report.bench_results import load_bench_results
         from tpplan.report.memo import build_memo, load_plots
         from tpplan.report.writer import write_memo
 

@@ -28,13 +28,13 @@ def run(
     from rich.markup import escape
     from rich.table import Table
 
-    from tpplan.bench._dist import BenchFailed, under_torchrun
     from tpplan.errors import TpplanError
     from tpplan.layout.schedule import bytes_by_kind
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
     from tpplan.runtime.distributed import check_legal
+    from tpplan.runtime.group import RankFailed, under_torchrun
     from tpplan.runtime.run import RunCase, run_plan
 
     if dtype not in ("fp32", "bf16"):
@@ -44,7 +44,7 @@ def run(
     case = RunCase(model, plan, tokens, chunk, 0, dtype, str(weights) if weights else None, repeat)
     try:
         res = run_plan(case, backend=backend.value, nproc=tp, timeout_s=timeout)
-    except BenchFailed as exc:
+    except RankFailed as exc:
         Console(stderr=True).print(f"[bold red]run failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         return 1
     if res is None or (under_torchrun() and int(os.environ["RANK"]) != 0):

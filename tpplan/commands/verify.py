@@ -128,12 +128,12 @@ def verify(
     from rich.console import Console
 
     from tpplan.audit import audit_plan
-    from tpplan.bench._dist import BenchFailed, under_torchrun
+    from tpplan.dtypes import dtype_name
     from tpplan.errors import TpplanError
-    from tpplan.layout.schedule import dtype_name
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan, plan_name
+    from tpplan.plans.named import ALL_PLANS, make_plan, plan_name
+    from tpplan.runtime.group import RankFailed, under_torchrun
 
     if tp < 1:
         raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
@@ -148,7 +148,7 @@ def verify(
     names = list(dict.fromkeys(plan_name(p) for p in plan))
     if "legal" in names:
         names.remove("legal")
-        names += [p for p in NAMED_PLANS + EXTRA_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
+        names += [p for p in ALL_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
     for name in dict.fromkeys(names):
         pa = audit_plan(graph, make_plan(name, graph, tp), tp)
         if not pa.legal and not force:
@@ -173,7 +173,7 @@ def verify(
     ]
     try:
         results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout)
-    except BenchFailed as exc:
+    except RankFailed as exc:
         from rich.markup import escape
 
         Console(stderr=True).print(f"[bold red]verify failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)

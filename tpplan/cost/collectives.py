@@ -51,6 +51,15 @@ def nccl_size(kind: str, elements: float, n: int) -> float:
     return elements / n if kind == "all_to_all" else float(elements)
 
 
+def nccl_bytes(kind: str, sent_elements: float, n: int, dtype_bytes: float) -> float:
+    """nccl-tests size in bytes of a collective in which one rank sends `sent_elements` (ring
+    algorithms): the inverse of `ring_volume_per_rank`, then `nccl_size`."""
+    per_logical = ring_volume_per_rank(kind, 1.0, n)
+    if per_logical <= 0:
+        return 0.0
+    return nccl_size(kind, sent_elements / per_logical, n) * dtype_bytes
+
+
 def _check_kind(kind: str) -> None:
     if kind not in COLLECTIVE_KINDS:
         raise TpplanError(

@@ -15,10 +15,10 @@ from importlib import resources
 from typing import Literal
 
 from tpplan.cost.topology import GemmPoint, GpuSpec
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 
 Dtype = Literal["bf16", "fp8"]
-_IN_BYTES = {"bf16": 2, "fp8": 1}
 _OUT_BYTES = 2  # outputs are written in bf16 for both input dtypes
 
 # Analytic fallback, fitted once to the packaged H200 table (worst 1.8x, median 20% off):
@@ -45,7 +45,7 @@ def gemm_flops(M: int, K: int, N: int) -> float:
 
 def gemm_bytes(M: int, K: int, N: int, dtype: Dtype = "bf16") -> float:
     """HBM traffic lower bound: read A and B once, write C once."""
-    return float((M * K + K * N) * _IN_BYTES[dtype] + M * N * _OUT_BYTES)
+    return float((M * K + K * N) * DTYPE_BYTES[dtype] + M * N * _OUT_BYTES)
 
 
 def analytic_efficiency(M: int, K: int, N: int, sm_count: int = 132) -> float:

@@ -25,19 +25,20 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tpplan.audit import DTYPE_BYTES, Audit, PlanAudit, audit_plan
-from tpplan.cost.collectives import collective_time, nccl_size, ring_volume_per_rank
+from tpplan.audit import Audit, PlanAudit, audit_plan
+from tpplan.cost.collectives import collective_time, nccl_bytes
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
-from tpplan.layout.schedule import local_width
+from tpplan.layout.transitions import collective_transition
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key, mixer
 from tpplan.models.quant import op_weights
-from tpplan.plans.plan import Plan
+from tpplan.placement import S_COL, S_TOK, P, Placement, R
 
 # Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
 ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
@@ -505,37 +506,19 @@ class _Predictor:
 
     def _nbytes(self, kind: str, elements_per_token: float, t: int) -> float:
         """nccl-tests size of a collective whose ring volume per rank is `elements_per_token` × t."""
-        per_logical = ring_volume_per_rank(kind, 1.0, self.tp)
-        if per_logical <= 0:
-            return 0.0
-        logical = elements_per_token * t / per_logical
-        return nccl_size(kind, logical, self.tp) * self.b
+        return nccl_bytes(kind, elements_per_token * t, self.tp, self.b)
 
     def _layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
-        """The runtime's layout copy around collective `c`, if it needs one (tpplan.runtime.trace):
-        memory-bound compute of its own, bytes = read + write of the local buffer.
-
-        - S(tok) -> S(col) all-to-all: `pack:<value>`, [per, W] into per-destination blocks [N, per, w]
-          (N·w = W, or N shared heads' columns when the heads are fewer than N);
-        - S(col) -> R all-gather: `unpack:<value>`, the gathered [N, T, w] blocks interleaved into
-          [T, W] (none when one head is all there is: the block is the value);
-        - P -> S(tok) reduce-scatter when T is not a multiple of N: `pack:<value>`, [T, W] padded
-          to [N·per, W]. Other collectives work on the value as it lies (no copy).
-        """
-        n = self.tp
-        if n <= 1 or c.internal:
+        """The runtime's layout copy around collective `c`, if its transition needs one
+        (`Transition.layout_copy`: pack before an all-to-all or an uneven reduce-scatter, unpack after
+        a head all-gather): memory-bound compute of its own, bytes = read + write of the local buffer."""
+        if c.internal:
             return None
         val = lg.values[c.value]
-        per = math.ceil(t / n)
-        coll = c.collective
-        if coll is Collective.ALL_TO_ALL and c.src is S_TOK and c.dst is S_COL:
-            name, elements = f"pack:{c.value}", 2.0 * per * n * local_width(val, n)
-        elif coll is Collective.ALL_GATHER and c.src is S_COL and c.dst is R and val.heads != 1:
-            name, elements = f"unpack:{c.value}", 2.0 * t * val.width
-        elif coll is Collective.REDUCE_SCATTER and t % n:
-            name, elements = f"pack:{c.value}", float(t + per * n) * val.width
-        else:
+        copy = collective_transition(c.collective, c.src, c.dst).layout_copy(c.value, val.width, val.heads, self.tp, t)
+        if copy is None:
             return None
+        name, elements = copy.name, copy.elements
         nbytes = elements * self.b
         modelled = self._roofline(0.0, nbytes)
         secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
@@ -720,10 +703,10 @@ def _predictor(
 def plan_gemm_shapes(graph: ModelGraph, tp: int, topo: Topology, dtype: str = "bf16") -> list[tuple[int, int]]:
     """Per-rank (K, N) of every GEMM (and grouped expert GEMM) the model's legal named plans run at
     TP `tp`: the shapes a GEMM table for this model should have measured (`tpplan calibrate --gemm-model`)."""
-    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+    from tpplan.plans.named import ALL_PLANS, make_plan
 
     shapes: set[tuple[int, int]] = set()
-    for name in (*NAMED_PLANS, *EXTRA_PLANS):
+    for name in ALL_PLANS:
         try:
             plan = make_plan(name, graph, tp)
         except TpplanError:

@@ -16,20 +16,18 @@ import math
 from dataclasses import dataclass, field
 
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import (
+from tpplan.layout.plan import Plan
+from tpplan.layout.rules import Strategy, strategies, why_needed
+from tpplan.layout.transitions import collective_transition, transition
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.placement import (
     S_COL,
     S_TOK,
     Collective,
     P,
     Placement,
     R,
-    redistribution,
-    relative_units,
-    ring_elements_per_rank,
 )
-from tpplan.layout.rules import Strategy, strategies, why_needed
-from tpplan.models.graph import LayerGraph, Op, OpKind, WeightSplit
-from tpplan.plans.plan import Plan
 
 EXTERNAL_INPUTS = ("resid", "delta", "bank")
 
@@ -240,20 +238,11 @@ def _misfit(received: list[Placement], opt: Strategy) -> int:
     plausibly meant (gathering head-sharded columns back is the least plausible intent)."""
     score = 0
     for got, need in zip(received, opt.inputs, strict=True):
-        step = redistribution(got, need)
+        step = transition(got, need)
         if got == need or (step is not None and step.free) or got is P:
             continue
         score += 3 if got is S_COL else 1  # undoing a head split is the least plausible intent
     return score
-
-
-def _wire_width(width: int, heads: int, n: int, coll: Collective, src: Placement) -> int:
-    """Width a collective really moves. A head-sharded value with fewer heads than ranks (GQA KV heads)
-    has one head per rank, shared: moving it to or from head-sharded carries N heads' columns, not `heads`."""
-    head_side = coll is Collective.ALL_TO_ALL or (coll is Collective.ALL_GATHER and src is S_COL)
-    if head_side and heads and heads < n and n % heads == 0:
-        return width // heads * n
-    return width
 
 
 class LayerWalk:
@@ -293,8 +282,8 @@ class LayerWalk:
             return
         self.done[(value, dst)] = dst
         lg, n = self.lg, self.n
-        width = lg.values[value].width
-        wire = _wire_width(lg.values[value].width, lg.values[value].heads, n, coll, src)
+        width, heads = lg.values[value].width, lg.values[value].heads
+        move = collective_transition(coll, src, dst)
         prod = self.producer_of[value].name if value in self.producer_of else value
         self.res.comms.append(
             CommEvent(
@@ -307,8 +296,8 @@ class LayerWalk:
                 consumer.name,
                 _region(lg, consumer),
                 reason,
-                ring_elements_per_rank(coll, wire, n),
-                relative_units(coll, wire, n),
+                move.elements_per_rank(width, heads, n),
+                move.relative_units(width, heads, n),
             )
         )
 
@@ -352,7 +341,7 @@ class LayerWalk:
             for got, need in zip(received, opt.inputs, strict=True):
                 if got == need:
                     continue
-                step = redistribution(got, need)
+                step = transition(got, need)
                 if step is not None and step.free:
                     cost += 1
                 elif got is P and need is (plan.stream if is_stream_add else plan.reduce):
@@ -387,7 +376,7 @@ class LayerWalk:
             legal = False
             parents = [tainted[v] for v in op.inputs if v in tainted]
             for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
-                step = redistribution(got, need)
+                step = transition(got, need)
                 if got == need or (step is not None and step.free):
                     continue
                 res.violations.append(
@@ -471,3 +460,33 @@ def propagate(lg: LayerGraph, plan: Plan, n: int, delta: Placement = P, dtype_by
     for _ in lg.ops:
         walk.step()
     return walk.res
+
+
+@dataclass
+class ModelWalk:
+    """A plan propagated over every layer of a model, each layer seeing the previous one's exit."""
+
+    results: list[LayerResult]  # one per layer, in order
+    by_entry: dict[tuple[str, str], LayerResult]  # (layer kind, entry placement) -> its result
+    entries: dict[str, dict[str, int]]  # layer kind -> entry placement -> layers after the first
+    exit_delta: Placement  # how the last block's output leaves (P: reduced before the final norm)
+
+
+def propagate_model(graph: ModelGraph, plan: Plan, n: int, dtype_bytes: int = 2) -> ModelWalk:
+    """Propagate `plan` over every layer, once per (layer kind, entry placement); the embedding's
+    output is a partial sum (vocab-parallel). Raises TpplanError when a split cannot divide."""
+    for lg in graph.kinds.values():
+        check_divisible(lg, plan, n)
+    walk = ModelWalk([], {}, {}, P)
+    delta = P
+    for i, kind in enumerate(graph.layer_kinds):
+        key = (kind, str(delta))
+        if key not in walk.by_entry:
+            walk.by_entry[key] = propagate(graph.kinds[kind], plan, n, delta, dtype_bytes)
+        res = walk.by_entry[key]
+        walk.results.append(res)
+        seen = walk.entries.setdefault(kind, {})
+        seen[str(delta)] = seen.get(str(delta), 0) + (1 if i else 0)
+        delta = res.exit_delta
+    walk.exit_delta = delta
+    return walk

@@ -9,9 +9,9 @@ registered with their op kinds (`tpplan.models.opkinds`); this module is the pla
 
 from __future__ import annotations
 
-from tpplan.layout.placement import P, Placement
 from tpplan.models.graph import Op, Value, WeightSplit
 from tpplan.models.opkinds import TRUE, Strategy, op_kind
+from tpplan.placement import P, Placement
 
 __all__ = ["TRUE", "Strategy", "strategies", "why_needed"]
 

@@ -30,21 +30,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
-from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns
+from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
+from tpplan.layout.plan import Plan, baseline, with_ep
+from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns, propagate_model
+from tpplan.layout.transitions import TRANSITIONS, collective_transition
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
-from tpplan.plans.plan import Plan
-
-DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "float8_e4m3fn": 1}
-ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
-
-
-def dtype_name(dtype: str) -> str:
-    """Canonical dtype name (torch's, without the `torch.` prefix) from `bf16`/`fp32`/... or itself."""
-    name = ALIASES.get(dtype, dtype.removeprefix("torch."))
-    if name not in DTYPE_SIZES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return name
+from tpplan.placement import S_TOK, Collective, P, Placement
 
 
 @dataclass(frozen=True)
@@ -109,16 +100,6 @@ def scatters_tokens(plan: Plan) -> bool:
     return plan.stream is S_TOK or plan.reduce is S_TOK or bool(plan.token_shard) or plan.moe == "a2a"
 
 
-def local_width(value: Value, n: int) -> int:
-    """Columns of `value` a rank holds when it is head-sharded (one shared head when N > heads)."""
-    if not value.heads or n <= 1:
-        return value.width // max(n, 1) if n > 1 else value.width
-    per_head = value.width // value.heads
-    if value.heads % n == 0:
-        return per_head * (value.heads // n)
-    return per_head
-
-
 def value_dtype(lg: LayerGraph, value: str, act: str) -> str:
     """Router score matrices are float32 (the kernels route in fp32); everything else the activation dtype."""
     for op in lg.ops:
@@ -135,14 +116,12 @@ def layer_results(graph: ModelGraph, plan: Plan, n: int) -> list[LayerResult]:
 
     Memoised per (graph, plan, N): the runtime asks for them on every chunk.
     """
-    from tpplan.audit import audit_plan
-
     key = (id(graph), plan, n)
     hit = _RESULTS.get(key)
     if hit is None or hit[0] is not graph:
         if len(_RESULTS) > 256:
             _RESULTS.clear()
-        hit = (graph, audit_plan(graph, plan, n, "fp32").layer_results)
+        hit = (graph, propagate_model(graph, plan, n, 4).results)  # as audited in fp32
         _RESULTS[key] = hit
     return hit[1]
 
@@ -153,8 +132,6 @@ def fallback_plan(plan: Plan) -> Plan | None:
     tokens simply dispatches nothing (as DeepEP does), so padding is enough."""
     if plan.moe == "a2a":
         return None
-    from tpplan.plans.named import baseline, with_ep
-
     base = baseline()
     return with_ep(base, plan.ep_size or 1) if plan.moe == "ep" else base
 
@@ -184,7 +161,7 @@ def _moe_calls(
     """Counts, dispatch (rows with their routing weights as extra columns) and combine of one MoE
     all-to-all layer on `rank`."""
     per = experts // n
-    isz = DTYPE_SIZES[act]
+    isz = TORCH_DTYPE_BYTES[act]
     wide = width + moe_weight_columns(per, isz)  # dispatch row: activations + fp32 weights as act columns
     if routes is not None:
         hits = [[{e // per for e in routes[t]} for t in range(*token_range(tokens, n, src))] for src in range(n)]
@@ -223,8 +200,6 @@ def chunk_calls(
     if n <= 1:
         return []
     act = dtype_name(dtype)
-    isz = DTYPE_SIZES[act]
-    t_pad, per = padded_rows(tokens, n)
     results = results if results is not None else layer_results(graph, plan, n)
     calls: list[CollectiveCall] = []
     for i, res in enumerate(results):
@@ -239,32 +214,24 @@ def chunk_calls(
                 continue
             val = lg.values[c.value]
             dt = value_dtype(lg, c.value, act)
-            calls.append(_uniform_call(chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, t_pad, per, dt))
+            calls.append(_uniform_call(chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, dt))
     last = results[-1].exit_delta if results else P
-    if last is P:
-        kind = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
-        shape = (tokens, graph.hidden) if kind is Collective.ALL_REDUCE else (t_pad, graph.hidden)
-        nbytes = shape[0] * shape[1] * isz
-        sent = ring_sent_bytes(kind, nbytes, n)
-        calls.append(CollectiveCall(chunk, len(results), kind.value, "final", shape, act, nbytes, sent))
+    if last is P:  # the last block's output, reduced into the stream before the final norm
+        final = TRANSITIONS[(P, plan.stream)]
+        assert final.collective is not None
+        shape = final.call_shape(graph.hidden, 0, n, tokens)
+        nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[act]
+        sent = ring_sent_bytes(final.collective, nbytes, n)
+        calls.append(CollectiveCall(chunk, len(results), final.collective.value, "final", shape, act, nbytes, sent))
     return calls
 
 
 def _uniform_call(
     chunk: int, layer: int, kind: Collective, name: str, src: Placement, dst: Placement, val: Value, n: int,
-    tokens: int, t_pad: int, per: int, dt: str,
+    tokens: int, dt: str,
 ) -> CollectiveCall:  # fmt: skip
-    if kind is Collective.ALL_REDUCE:
-        shape: tuple[int, ...] = (tokens, val.width)
-    elif kind is Collective.REDUCE_SCATTER or (kind is Collective.ALL_GATHER and src is S_TOK):
-        shape = (t_pad, val.width)
-    elif kind is Collective.ALL_GATHER and src is S_COL:
-        shape = (tokens, n * local_width(val, n))
-    elif kind is Collective.ALL_TO_ALL and src is S_TOK and dst is S_COL:
-        shape = (per, n * local_width(val, n))
-    else:
-        raise ValueError(f"no runtime collective for {src} -> {dst} ({kind})")
-    nbytes = math.prod(shape) * DTYPE_SIZES[dt]
+    shape = collective_transition(kind, src, dst).call_shape(val.width, val.heads, n, tokens)
+    nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[dt]
     return CollectiveCall(chunk, layer, kind.value, name, shape, dt, nbytes, ring_sent_bytes(kind, nbytes, n))
 
 
@@ -315,10 +282,8 @@ __all__ = [
     "bytes_by_kind",
     "chunk_calls",
     "chunk_sizes",
-    "dtype_name",
     "fallback_plan",
     "falls_back",
-    "local_width",
     "padded_rows",
     "predict_schedule",
     "ring_sent_bytes",

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.models.cuts import FULL, Cut
 from tpplan.models.graph import Op, OpKind, Value, WeightSplit
 from tpplan.models.numerics import Numerics
+from tpplan.placement import S_COL, S_TOK, P, Placement, R
 
 Params = dict[str, tuple[str, tuple[int, ...]]]  # local key -> (name under model.layers.{i}., full shape)
 Cuts = dict[str, Cut]  # local key -> the part a rank keeps (missing key: not held)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, R
+from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
-from tpplan.plans.plan import Plan
+from tpplan.placement import S_COL, S_TOK, R
 
 # The MLA ops that produce the QKV latent (fused qkv_a with q_lora, kv_a without).
 LATENT = frozenset({"*/mla.qkv_a", "*/mla.kv_a"})
@@ -24,14 +24,6 @@ SGLANG_INPUT_SCATTERED_GATES = (
     "DP attention is off, moe_a2a_backend is none, and only for extend (prefill) batches; tokens are padded "
     "to a multiple of tp, and batches too small to scatter fall back to the all-reduce path"
 )
-
-
-def baseline() -> Plan:
-    return Plan(
-        "baseline",
-        "Megatron TP",
-        "All-reduce the hidden after o_proj and after the MLP/MoE; every token-local op runs on every rank.",
-    )
 
 
 def input_scattered() -> Plan:
@@ -88,21 +80,6 @@ def sp_moe(name: str = "sp-moe") -> Plan:
     )
 
 
-def with_ep(plan: Plan, ep: int) -> Plan:
-    """Expert parallelism without all-to-all (the seed's TP32/EP4): E/ep experts per group of N/ep
-    ranks, each expert split over its group; tokens stay replicated, the MoE output is reduced as
-    under TP."""
-    if ep < 1:
-        raise TpplanError(f"ep{ep}", "the EP size must be at least 1", "use e.g. ep4")
-    name = f"ep{ep}" if plan.name == "baseline" else f"{plan.name}+ep{ep}"
-    return plan.with_(
-        name=name,
-        title=f"{plan.title}, EP{ep} experts",
-        summary=f"{plan.summary} Routed experts in {ep} groups (EP{ep}), each expert split over its group; "
-        "no all-to-all.",
-        moe="ep",
-        ep_size=ep,
-    )
 
 
 def repair(
@@ -174,6 +151,7 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
 EXTRA_PLANS = ("input-scattered+restore", "sp-moe")
+ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed name
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
@@ -209,11 +187,20 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     raise TpplanError(
         f"--plan {name}",
         "unknown plan",
-        f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
+        f"choose one of {', '.join(ALL_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
     )
 
 
 __all__ = [
-    "ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL",
-    "make_plan", "plan_name", "repair", "sp_moe", "with_ep",
-]  # fmt: skip
+    "ALIASES",
+    "ALL_PLANS",
+    "EP_PATTERN",
+    "EXTRA_PLANS",
+    "NAMED_PLANS",
+    "S_COL",
+    "make_plan",
+    "plan_name",
+    "repair",
+    "sp_moe",
+    "with_ep",
+]

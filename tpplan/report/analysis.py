@@ -1,9 +1,9 @@
 """Everything the memo states, computed: audits over plans and TP sizes, predictions, verdicts,
 next steps, and the places where tpplan's model differs from the seed's hand analysis.
 
-The time/memory/TTFT predictor (`tpplan.cost.predict.predict_plan`) is optional here: it is looked
-up at run time (`load_predictor`) and can be passed in, so the memo works from the audit alone
-when the predictor is missing, and says so. Everything below is torch-free.
+The time/memory/TTFT predictor (`tpplan.cost.predict.predict_plan`, `load_predictor`) can be
+passed in or turned off; without it the memo rests on the audit alone, and says so. Everything
+below is torch-free.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpplan.audit import DTYPE_BYTES, PlanAudit, audit_plan
+from tpplan.audit import PlanAudit, audit_plan
+from tpplan.bench_results import BenchResults
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import Collective
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph
 from tpplan.models.spec import MLASpec, MoESpec
+from tpplan.placement import COLLECTIVE_SHORT, Collective
 from tpplan.plans.named import make_plan
-from tpplan.plans.plan import Plan
-from tpplan.report.bench_results import BenchResults
 from tpplan.report.confidence import BANDS, Provenance, provenance
 from tpplan.report.crossover import Crossover, crossovers
 from tpplan.report.engines import EngineRecipe, recipes
@@ -43,18 +44,14 @@ REPORT_PLANS = (
     "gate-aware",
     "sp-moe",
 )
-_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A", "send_recv": "P2P"}
 
 
 SearchFn = Callable[..., list[Plan]]
 
 
-def load_search() -> SearchFn | None:
-    """A function returning the search's best plans (`tpplan.search`), or None where it is missing."""
-    try:
-        from tpplan.search import RooflineObjective, search, ttft_shapes  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
+def load_search() -> SearchFn:
+    """A function returning the search's best plans (`tpplan.search`, imported when a memo searches)."""
+    from tpplan.search import RooflineObjective, search, ttft_shapes
 
     def best(
         graph: ModelGraph, n: int, topology: Topology, workload: Workload | None, dtype: str, top: int
@@ -83,13 +80,11 @@ def describe_plan(plan: Plan) -> str:
     return "; ".join(parts) + "."
 
 
-def load_predictor() -> PredictFn | None:
-    """`tpplan.cost.predict.predict_plan` when this build has it, else None (volume-only memo)."""
-    try:
-        from tpplan.cost.predict import predict_plan  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return predict_plan  # type: ignore[no-any-return,unused-ignore]
+def load_predictor() -> PredictFn:
+    """`tpplan.cost.predict.predict_plan` (imported when a memo predicts)."""
+    from tpplan.cost.predict import predict_plan
+
+    return predict_plan
 
 
 @dataclass
@@ -192,7 +187,7 @@ def attn_formula(res: LayerResult, n: int) -> str:
     comms = [c for c in res.comms if c.region == "attn_side" and not c.internal]
     if not comms:
         return "no collective = 0"
-    names = " + ".join(f"{_SHORT[c.collective.value]}({c.value.split(':')[0]} {c.width})" for c in comms)
+    names = " + ".join(f"{COLLECTIVE_SHORT[c.collective.value]}({c.value.split(':')[0]} {c.width})" for c in comms)
     terms = []
     for c in comms:
         if c.collective is Collective.ALL_REDUCE:
@@ -430,7 +425,7 @@ def analyse(
     note = None
     if fn is None:
         note = (
-            "Time, memory and TTFT predictions are not in this build (tpplan.cost.predict is missing); "
+            "Time, memory and TTFT predictions are turned off for this memo; "
             "the verdicts below rest on the audit's volumes, legality and memory."
         )
     variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or REPORT_PLANS)])), bool(plans), n, dtype)

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 
 from tpplan.cost.topology import Topology
+from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.named import make_plan
-from tpplan.plans.plan import Plan
 
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 WHOLE = "whole model"

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tpplan.audit import DTYPE_BYTES
 from tpplan.cost.collectives import collective_time
 from tpplan.cost.gemm import gemm_time
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
-from tpplan.report.analysis import _SHORT, Analysis, Variant, ttft_mean
+from tpplan.placement import COLLECTIVE_SHORT
+from tpplan.report.analysis import Analysis, Variant, ttft_mean
 from tpplan.report.engines import family
 
 Paragraph = tuple[str, str] | None
@@ -134,7 +135,7 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
     share = ga.audit.replicated_extra_bytes / (topo.gpu.memory_GiB * 2**30)
     pmem = getattr(_first_prediction(ga), "memory", None)
     bmem = getattr(_first_prediction(base), "memory", None)
-    colls = ", ".join(f"{_SHORT[k]} x{c}" for k, c in sorted(ga.audit.collective_counts().items()))
+    colls = ", ".join(f"{COLLECTIVE_SHORT[k]} x{c}" for k, c in sorted(ga.audit.collective_counts().items()))
     ops = sorted({r.rsplit(".", 1)[-1] for r in ga.plan.replicate})
     mem = (
         f"predicted memory per rank {_gib(pmem.total)} vs {_gib(bmem.total)} under `{base.key}`"

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
+from tpplan.layout.plan import Plan
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
-from tpplan.plans.plan import Plan
 
 Effect = Literal["refuses", "skips silently", "adjusts", "keep"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tpplan.layout.placement import S_TOK, R
+from tpplan.placement import S_TOK, R
 from tpplan.report.analysis import Analysis
 from tpplan.report.verdicts import STATUS_WORDS
 

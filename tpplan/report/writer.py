@@ -12,11 +12,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tpplan.bench_results import BenchResults
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis, PredictFn, analyse
-from tpplan.report.bench_results import BenchResults
 from tpplan.report.memo import Memo, build_memo
 
 

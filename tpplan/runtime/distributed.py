@@ -18,7 +18,7 @@ Public entry points (a benchmark can build on these):
 - Around it: `tpplan.runtime.verify.verify_cases` (reference vs sharded, trace vs prediction,
   many cases per process group), `tpplan.runtime.run.run_plan` (time a prefill, slowest rank),
   `tpplan.layout.schedule.predict_schedule` (the calls a batch will make, torch-free), and
-  `tpplan.bench._dist.run_group` (spawned or torchrun group, names the rank that failed first).
+  `tpplan.runtime.group.run_group` (spawned or torchrun group, names the rank that failed first).
 
 Minimal use on an initialised process group (one process per rank):
 
@@ -62,18 +62,20 @@ import torch
 from torch import Tensor
 
 from tpplan.audit import audit_plan
-from tpplan.bench._dist import maybe_fault
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
+from tpplan.layout.transitions import transition
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.plans.named import repair
-from tpplan.plans.plan import Plan
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
-from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, head_range, shard_model
+from tpplan.runtime.hooks import before_collective
+from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, shard_model
 from tpplan.runtime.trace import Comm, TraceEvent, Tracer
+from tpplan.runtime.transitions import RUNTIME_TRANSITIONS, Move
 from tpplan.runtime.weights import Numerics
 
 
@@ -93,10 +95,10 @@ Observer = Callable[[int, dict[str, Held]], None]
 
 
 class _Traced(Comm):
-    """`Comm` whose traced calls pass the fault-injection hook first (tests kill or hang a rank)."""
+    """`Comm` whose traced calls run the collective hooks first (`tpplan.runtime.hooks`: tests kill or hang a rank)."""
 
     def _hook(self, kind: str) -> None:
-        maybe_fault(self.rank, kind)
+        before_collective(self.rank, kind)
 
     def all_reduce(self, x: Tensor, value: str, planned: bool = True, inplace: bool = False) -> Tensor:
         self._hook("all_reduce")
@@ -228,12 +230,9 @@ class PlanRunner:
             if observe is not None:
                 observe(i, env)
         self.tracer.layer = len(self.graph.layer_kinds)
-        if delta.pl is P:
-            if stream is R:
-                d = self.comm.all_reduce(delta.t, "final")
-            else:
-                d = self.comm.reduce_scatter(self._pad(delta.t, "final", t), "final", t)
-            delta = Held(d, stream)
+        if delta.pl is P:  # the last block's output, reduced into the stream before the final norm
+            final = Move(self.comm, "final", 0, t, layout=self._layout)
+            delta = Held(RUNTIME_TRANSITIONS[(P, stream)](final, delta.t), stream)
         final = resid.t + delta.t
         if block:
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
@@ -322,37 +321,14 @@ class PlanRunner:
         key = (v, dst)
         if key in done:
             return done[key]
-        src, x = held.pl, held.t
+        src = held.pl
         value = lg.values.get(v)
-        heads = value.heads if value is not None else 0
+        move = transition(src, dst)
         out: Held | None = None
-        if src is R and dst is S_TOK:
-            per = padded_rows(tokens, self.n)[1]
-            rows = x[self.rank * per : (self.rank + 1) * per]
-            out = Held(torch.cat([rows, rows.new_zeros(per - rows.shape[0], *rows.shape[1:])]), S_TOK)
-        elif src is R and dst is S_COL:
-            lo, hi = head_range(heads, self.n, self.rank)
-            per_head = x.shape[1] // heads
-            out = Held(x[:, lo * per_head : hi * per_head], S_COL)
-        elif src is R and dst is P:
-            out = Held(x if self.rank == 0 else torch.zeros_like(x), P)
-        elif key in named:
-            c, ok = self.comm, key in self._planned
-            if src is P and dst is R:
-                out = Held(c.all_reduce(x, v, planned=ok, inplace=v in self._reduce_inplace), R)
-            elif src is P and dst is S_TOK:
-                out = Held(c.reduce_scatter(self._pad(x, v, tokens), v, tokens, planned=ok), S_TOK)
-            elif src is S_TOK and dst is R:
-                out = Held(c.all_gather_tokens(x, v, tokens, planned=ok), R)
-            elif src is S_COL and dst is R:
-                gathered = c.all_gather_heads(x, v, heads, planned=ok)
-                if c.unpack_copies(heads):
-                    out = Held(self._layout(f"unpack:{v}", c.unpack_heads, gathered, heads), R)
-                else:
-                    out = Held(c.unpack_heads(gathered, heads), R)
-            elif src is S_TOK and dst is S_COL:
-                send = self._layout(f"pack:{v}", c.pack_heads, x, heads) if self.n > 1 else x
-                out = Held(c.tokens_to_heads(send, v, heads, tokens, planned=ok), S_COL)
+        if move is not None and (move.free or key in named):
+            m = Move(self.comm, v, value.heads if value is not None else 0, tokens, key in self._planned,
+                     v in self._reduce_inplace, self._layout)  # fmt: skip
+            out = Held(RUNTIME_TRANSITIONS[(src, dst)](m, held.t), dst)
         if out is None:
             raise PlanViolation(
                 f"layer {self.tracer.layer} {op.name}: `{v}` is {src} but needs {dst}, and plan "
@@ -360,13 +336,6 @@ class PlanRunner:
             )
         done[key] = out
         return out
-
-    def _pad(self, x: Tensor, v: str, tokens: int) -> Tensor:
-        """The reduce-scatter input of `x`: padded to N*ceil(T/N) rows by a `pack:<v>` step when T is
-        not a multiple of N (as predicted), else `x` itself."""
-        if self.n > 1 and x.shape[0] < padded_rows(tokens, self.n)[0]:
-            return self._layout(f"pack:{v}", self.comm.pad_tokens, x, tokens)
-        return x
 
     def _layout(self, name: str, copy: Callable[..., Tensor], *args: Any) -> Tensor:
         """One layout copy before or after a collective (`pack:<value>`, `unpack:<value>`), run as a
@@ -475,7 +444,7 @@ class PlanRunner:
         lo, hi = token_range(tokens, n, self.rank)
         real = hi - lo
         weights = routing[:real].reshape(real, n, per)  # [real, n, per]: each rank's experts' weights
-        maybe_fault(self.rank, "all_to_all")
+        before_collective(self.rank, "all_to_all")
         ahead = self._counts_ahead.pop(name, None)
         if ahead is not None:  # exchanged right after the router: wait for those counts only
             hit, host, ready = ahead

@@ -40,8 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import tpplan.runtime.kernels as ref
-
 FLA_OPS = frozenset({"kda", "gdn"})
 _DISABLED = [0]
 _FORCED = [0]
@@ -162,6 +160,8 @@ def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None
     y = F.conv1d(xx.t().unsqueeze(0), w.unsqueeze(1).to(x.dtype), groups=w.shape[0])[0].t()
     if not activation:
         return y.contiguous()
+    from tpplan.runtime import kernels as ref  # the references dispatch here: imported when called
+
     return ref.unary(y.float(), activation).to(x.dtype)
 
 
@@ -238,6 +238,8 @@ def gdn(
 ) -> Tensor:
     """`kernels.gdn` via `fla.ops.gated_delta_rule.chunk_gated_delta_rule` with GVA (no repeat of q/k)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from tpplan.runtime import kernels as ref  # the references dispatch here: imported when called
 
     t = qkvz.shape[0]
     r, dk, dv = v_per_k, k_head_dim, v_head_dim

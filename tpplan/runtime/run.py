@@ -41,7 +41,7 @@ def _worker(rank: int, world: int, device: Any, case: RunCase) -> RunResult | No
     import torch
     import torch.distributed as dist
 
-    from tpplan.layout.schedule import dtype_name
+    from tpplan.dtypes import dtype_name
     from tpplan.runtime.distributed import PlanRunner, make_comm
     from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.shard import DictSource, SafetensorsSource
@@ -77,7 +77,7 @@ def _worker(rank: int, world: int, device: Any, case: RunCase) -> RunResult | No
 
 def run_plan(case: RunCase, *, backend: str = "auto", nproc: int = 2, timeout_s: float = 300.0) -> RunResult | None:
     """Time `case` on `nproc` ranks; rank 0's result (None on other torchrun ranks)."""
-    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group
+    from tpplan.runtime.group import GroupSpec, resolve_backend, run_group
 
     return run_group(_worker, GroupSpec(resolve_backend(backend), nproc, timeout_s), case)
 

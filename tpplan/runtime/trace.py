@@ -68,7 +68,7 @@ class Tracer:
 
 
 class Comm:
-    """The collectives of a plan, on local tensors laid out as `tpplan.layout.placement` says.
+    """The collectives of a plan, on local tensors laid out as `tpplan.placement` says.
 
     Token-sharded tensors hold `per = ceil(T/N)` rows (the last ranks' tail rows are padding);
     head-sharded ones hold every token and the rank's heads' columns (`head_range`).

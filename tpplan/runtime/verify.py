@@ -27,8 +27,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tpplan.layout.schedule import CollectiveCall, bytes_by_kind, dtype_name, predict_schedule
-from tpplan.plans.plan import Plan
+from tpplan.dtypes import dtype_name
+from tpplan.layout.plan import Plan
+from tpplan.layout.schedule import CollectiveCall, bytes_by_kind, predict_schedule
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-1, "float16": 2e-2}
 
@@ -209,7 +210,7 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
     import torch.distributed as dist
 
     from tpplan.audit import audit_plan
-    from tpplan.layout.placement import P
+    from tpplan.placement import P
     from tpplan.runtime.distributed import PlanRunner, make_comm
     from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.shard import DictSource, SafetensorsSource
@@ -325,10 +326,10 @@ def verify_cases(
 ) -> list[CaseResult]:
     """Run every case in one process group of `nproc` ranks (or under torchrun); rank 0's results.
 
-    Raises `tpplan.bench._dist.BenchFailed` naming the rank that failed first when a rank dies or
+    Raises `tpplan.runtime.group.RankFailed` naming the rank that failed first when a rank dies or
     a collective times out.
     """
-    from tpplan.bench._dist import GroupSpec, resolve_backend, run_group, under_torchrun
+    from tpplan.runtime.group import GroupSpec, resolve_backend, run_group, under_torchrun
 
     spec = GroupSpec(resolve_backend(backend), nproc, timeout_s)
     if nproc == 1 and spec.backend == "gloo" and not under_torchrun():

@@ -29,7 +29,8 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Literal
 
-from tpplan.layout.placement import S_TOK, Placement, R
+from tpplan.errors import TpplanError
+from tpplan.placement import S_TOK, Placement, R
 
 MoEMode = Literal["tp", "ep", "a2a"]
 
@@ -100,4 +101,34 @@ class Plan:
         }
 
 
-__all__ = ["S_TOK", "MoEMode", "Plan", "R"]
+# The baseline and its EP variant live beside Plan, not with the other named plans
+# (tpplan.plans.named), because the layout needs them: a chunk too small to scatter runs them
+# (`layout.schedule.fallback_plan`).
+
+
+def baseline() -> Plan:
+    return Plan(
+        "baseline",
+        "Megatron TP",
+        "All-reduce the hidden after o_proj and after the MLP/MoE; every token-local op runs on every rank.",
+    )
+
+
+def with_ep(plan: Plan, ep: int) -> Plan:
+    """Expert parallelism without all-to-all (the seed's TP32/EP4): E/ep experts per group of N/ep
+    ranks, each expert split over its group; tokens stay replicated, the MoE output is reduced as
+    under TP."""
+    if ep < 1:
+        raise TpplanError(f"ep{ep}", "the EP size must be at least 1", "use e.g. ep4")
+    name = f"ep{ep}" if plan.name == "baseline" else f"{plan.name}+ep{ep}"
+    return plan.with_(
+        name=name,
+        title=f"{plan.title}, EP{ep} experts",
+        summary=f"{plan.summary} Routed experts in {ep} groups (EP{ep}), each expert split over its group; "
+        "no all-to-all.",
+        moe="ep",
+        ep_size=ep,
+    )
+
+
+__all__ = ["S_TOK", "MoEMode", "Plan", "R", "baseline", "with_ep"]

@@ -1,8 +1,9 @@
 """The GPU benchmark's results file: schema, parser and error statistics.
 
-`tpplan bench` (issue 5) writes one JSON object per run; `tpplan report --bench FILE` reads it to
-put measured beside predicted. The schema is fixed here, before the benchmark exists, so both
-sides agree on it; docs/bench-json.md describes every field. A file that does not match raises
+`tpplan bench` writes one JSON object per run; `tpplan report --bench FILE` reads it to put
+measured beside predicted, and the cost model's kernel fit (`cost/kernel_fit.py`) reads it to fit
+kernel profiles. It lives outside bench/, report/ and cost/, torch-free, so all three can import
+it without importing each other; docs/bench-json.md describes every field. A file that does not match raises
 TpplanError naming the file and the field, so the CLI exits 2 instead of drawing wrong plots.
 """
 

@@ -6,13 +6,12 @@ between them.
 - `S(col)` feature-sharded by head: every rank holds all T rows and its W/N columns;
 - `P`      partial: every rank holds a T×W summand; the true value is the sum over ranks.
 
-A redistribution is either free (a local slice, or keeping a replica on one rank) or one
-collective. Volumes are what one rank sends with ring algorithms, per token, in elements.
+How to move between them (a free local step or one collective) is `tpplan.layout.transitions`.
+Volumes are what one rank sends with ring algorithms, per token, in elements.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -46,49 +45,17 @@ class Collective(StrEnum):
 
     @property
     def short(self) -> str:
-        return {
-            "all_reduce": "AR",
-            "reduce_scatter": "RS",
-            "all_gather": "AG",
-            "all_to_all": "A2A",
-            "send_recv": "P2P",
-        }[self.value]
+        return COLLECTIVE_SHORT[self.value]
 
 
-@dataclass(frozen=True)
-class Redistribution:
-    """How to turn one placement into another: `collective` None means a free local step."""
-
-    src: Placement
-    dst: Placement
-    collective: Collective | None
-
-    @property
-    def free(self) -> bool:
-        return self.collective is None
-
-
-# The redistribution table. Pairs not listed are impossible in one step.
-_TABLE: dict[tuple[Placement, Placement], Collective | None] = {
-    (R, S_TOK): None,  # keep my rows
-    (R, S_COL): None,  # keep my columns
-    (R, P): None,  # rank 0 keeps the value, others hold zeros
-    (P, R): Collective.ALL_REDUCE,
-    (P, S_TOK): Collective.REDUCE_SCATTER,
-    (S_TOK, R): Collective.ALL_GATHER,
-    (S_COL, R): Collective.ALL_GATHER,  # gather columns (rarely wanted; never free)
-    (S_TOK, S_COL): Collective.ALL_TO_ALL,
-    (S_COL, S_TOK): Collective.ALL_TO_ALL,
+COLLECTIVE_SHORT = {
+    "all_reduce": "AR",
+    "reduce_scatter": "RS",
+    "all_gather": "AG",
+    "all_to_all": "A2A",
+    "send_recv": "P2P",
 }
-
-
-def redistribution(src: Placement, dst: Placement) -> Redistribution | None:
-    """The single step from `src` to `dst`, or None when there is none (e.g. P → S(col))."""
-    if src == dst:
-        return Redistribution(src, dst, None)
-    if (src, dst) not in _TABLE:
-        return None
-    return Redistribution(src, dst, _TABLE[(src, dst)])
+"""Short names of the collectives, by kind, as tables and labels print them."""
 
 
 def ring_elements_per_rank(collective: Collective, width: int, n: int, tokens: float = 1.0) -> float:

@@ -1,0 +1,165 @@
+"""Form a torch.distributed group and run a function on every rank: spawned locally, or in place
+under torchrun.
+
+Used by `verify`, `run`, `bench` and `calibrate`. A rank that fails or hangs makes `run_group`
+raise `RankFailed` naming the rank that failed first. Each rank imports the hook modules
+`tpplan.runtime.hooks` names before the work starts (the seam the tests inject faults through).
+torch is imported inside the functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from tpplan.runtime.hooks import load_env_hooks
+
+
+class RankFailed(RuntimeError):
+    """A worker process failed or timed out; the message says which rank and why."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """How to form the group: backend 'gloo'|'nccl', local process count, timeout."""
+
+    backend: str
+    nproc: int
+    timeout_s: float
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) already set RANK and WORLD_SIZE."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_backend(backend: str) -> str:
+    """'auto' -> nccl when CUDA is available, else gloo."""
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+STORE_CONNECT_S = 60.0  # joining the rendezvous: a loaded machine starts processes slowly
+
+
+def _init(spec: GroupSpec, rank: int, world: int, own_store: bool = False) -> Any:
+    """Join the group. `own_store` (spawned ranks, whose port we picked): a store that waits
+    STORE_CONNECT_S for the others to start, so that a short `--timeout` bounds the collectives, not
+    process start-up on a busy machine."""
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cpu")
+    if spec.backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    timeout = timedelta(seconds=spec.timeout_s)
+    if own_store:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=max(STORE_CONNECT_S, spec.timeout_s)),
+        )
+        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(spec.backend, rank=rank, world_size=world, timeout=timeout)
+    return device
+
+
+def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, out: str,
+           payload: Any) -> None:  # fmt: skip
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
+    try:
+        load_env_hooks()
+        device = _init(spec, local_rank, spec.nproc, own_store=True)
+        result = fn(local_rank, spec.nproc, device, payload)
+        if local_rank == 0:
+            Path(out).write_bytes(pickle.dumps(result))
+    except BaseException as exc:
+        # Record when and why, so the parent can name the rank that failed first (peers of a
+        # dead rank fail afterwards with "connection reset", which is not the cause).
+        err = Path(out).with_name(f"rank{local_rank}.err")
+        err.write_text(f"{time.time()!r}\n{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
+    """Run fn(rank, world, device, payload) on every rank; return rank 0's result.
+
+    Under torchrun this process is one rank (non-zero ranks get None back). Otherwise `spec.nproc`
+    local processes are spawned; any child failure or timeout raises RankFailed.
+    """
+    if under_torchrun():
+        import torch.distributed as dist
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        load_env_hooks()
+        device = _init(spec, rank, world)
+        try:
+            result = fn(rank, world, device, payload)
+        except Exception as exc:
+            raise RankFailed(f"rank {rank}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            dist.destroy_process_group()
+        return result if rank == 0 else None
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="tpplan-bench-") as tmp:
+        out = str(Path(tmp) / "rank0.pkl")
+        try:
+            mp.start_processes(
+                _child,
+                args=(fn, spec, _free_port(), out, payload),
+                nprocs=spec.nproc,
+                join=True,
+                start_method="spawn",
+            )
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            raise RankFailed(_first_failure(Path(tmp), exc)) from None
+        if not Path(out).exists():
+            raise RankFailed("rank 0 returned no result")
+        return pickle.loads(Path(out).read_bytes())
+
+
+def _first_failure(tmp: Path, exc: Exception) -> str:
+    """Describe the failure: the earliest recorded rank error first, then the others."""
+    errs = []
+    for f in tmp.glob("rank*.err"):
+        stamp, _, msg = f.read_text().partition("\n")
+        errs.append((float(stamp), int(f.stem[len("rank") :]), msg.strip().splitlines()[0]))
+    if not errs:
+        return f"rank {getattr(exc, 'error_index', '?')} died: {str(exc).strip()}"
+    errs.sort()
+    _, rank, msg = errs[0]
+    text = f"rank {rank} failed first: {msg}"
+    if len(errs) > 1:
+        text += " (then " + "; ".join(f"rank {r}: {m[:80]}" for _, r, m in errs[1:]) + ")"
+    return text
+
+
+__all__ = ["GroupSpec", "RankFailed", "resolve_backend", "run_group", "under_torchrun"]
