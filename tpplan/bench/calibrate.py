@@ -187,9 +187,13 @@ def _worker(rank: int, world: int, device: Any, cfg: CalibrationConfig) -> Calib
 
 
 def _progress(enabled: bool) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=not enabled)
+    return Progress(  # on stderr: stdout stays the tables'
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=not enabled,
+        console=Console(stderr=True),
+    )  # fmt: skip
 
 
 def _time_gemm(m: int, k: int, n: int, device: Any, iters: int, warmup: int) -> GemmPoint:

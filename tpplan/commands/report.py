@@ -18,7 +18,12 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("--workload", "-w", help="Workload preset(s) or file(s); default: seed-c8 and seed-c16"),
         ] = None,
-        out: Annotated[str, typer.Option("--out", "-o", help="Output directory (replaced atomically)")] = "report",
+        out: Annotated[
+            str,
+            typer.Option(
+                "--out", "-o", help="Output directory: a new one, or one tpplan wrote before (replaced atomically)"
+            ),
+        ] = "report",
         bench: Annotated[
             str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
         ] = None,
@@ -39,12 +44,18 @@ def register(app: typer.Typer) -> None:
         import shlex
         import sys
 
+        from rich.table import Table
+        from rich.text import Text
+
+        from tpplan.commands._console import console, show
         from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
+        from tpplan.outputs import check_dir
         from tpplan.report import write_report
         from tpplan.report.bench_results import load_bench_results
         from tpplan.report.memo import load_plots
 
+        check_dir("--out", out)  # a folder tpplan may not replace is refused before any work
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
@@ -64,6 +75,11 @@ def register(app: typer.Typer) -> None:
             bench=results,
             command=command,
         )
-        typer.echo(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
+        out_console = console()
+        out_console.print(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
+        table = Table(title="Verdict per plan (reasons and formulas in report.md)")
+        for col in ("plan", "verdict", "why"):
+            table.add_column(col)
         for v in analysis.verdicts:
-            typer.echo(f"  {v.key:32s} {v.status:12s} {v.headline}")
+            table.add_row(Text(v.key), Text(v.status), Text(v.headline))
+        show(out_console, table)
