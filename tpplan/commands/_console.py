@@ -10,6 +10,8 @@ terminal's width, or WIDE columns in files and pipes.
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Console
 from rich.measure import Measurement
 from rich.padding import Padding
@@ -30,45 +32,51 @@ def console(*, wide: bool = False, stderr: bool = False) -> Console:
     return Console(width=width, highlight=False, stderr=stderr)
 
 
-TEXT = 24  # a column whose widest cell is wider than this and has spaces is text: it wraps
+TEXT = 24  # a column whose widest cell is wider than this and has spaces is text: it wraps first
 
 
 def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
-    """Print `table` within the console's width: numbers and names whole, text columns wrapped.
+    """Print `table` within the console's width: numbers and names whole, text wrapped.
 
     rich would shrink every column alike and fold numbers mid-digit. Here, when the table is too
-    wide, only text columns (a cell wider than TEXT, with spaces; or named in `wrap`) wrap; every
-    other column keeps its widest cell, and its header wraps between words only if that is still
-    not enough. Nothing is ever cut with an ellipsis, and a table that cannot fit is printed at its
-    own minimum width rather than cropped.
+    wide, text columns (a cell wider than TEXT, with spaces) wrap between words; if that is not
+    enough, headers wrap between words; then the columns named in `wrap`, then every other column
+    whose cells have spaces (e.g. "48.0 GiB"). A cell without spaces is never broken, nothing is
+    cut with an ellipsis, and a table that cannot fit is printed at its minimum width, not cropped.
     """
     big = out.options.update_width(10 * WIDE)
     for col in table.columns:
         col.overflow = "fold"
     if Measurement.get(out, big, table).maximum > out.width:
         room = out.width - table._extra_width - _padding(table) * len(table.columns)
-        fixed: list[tuple[Column, int, int]] = []  # column, width with its header whole, header wrapped
-        flexible: list[tuple[Column, int, int]] = []  # `wrap` columns: widest cell, longest word
+        cols: list[tuple[Column, int, int, int, int]] = []  # column, rank, whole, header wrapped, all wrapped
         for col in table.columns:
             cells = [Measurement.get(out, big, c) for c in col.cells]
             widest = max((m.maximum for m in cells), default=0)
             head = Measurement.get(out, big, col.header)
             least = max([m.minimum for m in cells] + [head.minimum])
-            if widest > TEXT and any(m.minimum < m.maximum for m in cells):
-                room -= least  # a text column: rich wraps it into what is left
-            elif str(col.header) in wrap:
-                flexible.append((col, max(widest, head.minimum), least))
-            elif col.width is None:
-                fixed.append((col, max(widest, head.maximum), max(widest, head.minimum)))
-        # First that fits: headers whole, then headers wrapped, then `wrap` columns wrapped too.
-        for whole, unwrapped in ((True, True), (False, True), (True, False), (False, False)):
-            used = sum(f if whole else w for _, f, w in fixed) + sum(f if unwrapped else w for _, f, w in flexible)
+            spaces = any(m.minimum < m.maximum for m in cells)
+            rank = 0 if spaces and widest > TEXT else 1 if spaces and str(col.header) in wrap else 2 if spaces else 3
+            cols.append((col, rank, max(widest, head.maximum), max(widest, head.minimum), least))
+        # (text columns at least TEXT wide, wrap headers, wrap ranks up to): the first that fits
+        steps = [(roomy, h, u) for roomy in (True, False) for h, u in ((0, 0), (1, 0), (0, 1), (1, 1), (1, 2))]
+        for roomy, headers, upto in steps:
+            used = sum(
+                (max(a, min(w, TEXT)) if roomy and r == 0 else a) if r <= upto else (h if headers else w)
+                for _, r, w, h, a in cols
+            )
             if used <= room:
                 break
-        for col, full, least in fixed:
-            col.width = full if whole else least
-        for col, full, _ in flexible:
-            col.min_width = full if unwrapped else None
+        # Columns that do not wrap get their width; those that wrap share what is left, each at
+        # least its longest word, the rest in proportion to how much more they would take.
+        widths = {id(c): (a if r <= upto else (h if headers else w)) for c, r, w, h, a in cols}
+        spare = room - sum(widths.values())
+        wants = {id(c): w - a for c, r, w, _, a in cols if r <= upto and w > a}
+        total = sum(wants.values())
+        for key, want in wants.items():
+            widths[key] += min(want, spare * want // total) if spare > 0 else 0
+        for col, *_ in cols:
+            col.width = widths[id(col)]
     need = Measurement.get(out, big, table).minimum
     if need > out.width:  # rich would crop it: widen the console for this table only
         width, out.width = out.width, need
@@ -117,3 +125,13 @@ def _cells(row: str) -> list[str]:
     inner = inner[1:] if inner.startswith("|") else inner
     inner = inner[:-1] if inner.endswith("|") else inner
     return [c.strip() for c in f" {inner} ".split(" | ")]
+
+
+def print_wrapped(out: Console, line: str, indent: int = 4) -> None:
+    """One plain-text line (no markup), wrapped at the console's width with a hanging indent."""
+    lead = len(line) - len(line.lstrip(" "))
+    out.print(
+        textwrap.fill(line, out.width, subsequent_indent=" " * (lead + indent), break_on_hyphens=False),
+        markup=False,
+        soft_wrap=True,
+    )

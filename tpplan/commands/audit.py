@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import show
+from tpplan.commands._console import print_wrapped, show
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
                 f"{ks.result.units('attn_side'):g} units, whole layer {ks.result.units():g} units"
             )
             for line in explain_layer(ks.result, widths):
-                console.print(line, markup=False)
+                print_wrapped(console, line, 6)
 
 
 def _print_audit(data: dict, wide: bool = False) -> None:
@@ -180,11 +180,11 @@ def _print_audit(data: dict, wide: bool = False) -> None:
         roots = [r for r in p["reasons"] if "(follows from" not in r]
         follow = len(p["reasons"]) - len(roots)
         for r in roots:
-            console.print(f"  - {r}", markup=False)
+            print_wrapped(console, f"  - {r}")
         if follow:
             console.print(f"  ({follow} further illegal edges follow from these; `tpplan explain` shows them)")
         for note in p["engine_notes"]:
-            console.print(f"  note (engine gate, not legality): {note}", markup=False)
+            print_wrapped(console, f"  note (engine gate, not legality): {note}")
 
 
 def _ms(s: float) -> str:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import show
+from tpplan.commands._console import print_wrapped, show
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note
 
 
@@ -151,7 +151,7 @@ def _print(data: dict, wide: bool = False) -> None:
         console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:
-        console.print(f"  {p['rank']}. {p['name']}: {p['title']}", markup=False)
+        print_wrapped(console, f"  {p['rank']}. {p['name']}: {p['title']}")
     if data["plans"]:
         best = data["plans"][0]
         console.print(f"\nBest, in words: {best['summary']}", markup=False)
