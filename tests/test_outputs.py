@@ -82,6 +82,15 @@ def test_report_default_out_refuses_an_existing_report_folder(tmp_path, monkeypa
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("out", [".", ".."])
+def test_report_out_is_never_the_current_folder(tmp_path, monkeypatch, capsys, out):
+    here = tmp_path / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    line = _one_line_error(*run_in_process(monkeypatch, capsys, *TINY_REPORT, "--out", out))
+    assert "is the current folder or holds it" in line and _tree(tmp_path) == {}
+
+
 def test_report_out_replaces_only_its_own_unchanged_output(tmp_path, monkeypatch, capsys):
     out = tmp_path / "memo"
     out.mkdir()  # an empty folder is fine: nothing in it to lose

@@ -108,6 +108,8 @@ def check_dir(option: str, path: str | Path) -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise _error(option, p, "is a file, not a directory", "pass a folder path (a new one, or one tpplan wrote)")
+    if p.is_dir() and Path.cwd().resolve().is_relative_to(p.resolve()):
+        raise _error(option, p, "is the current folder or holds it", "pass a new folder path, e.g. --out report")
     if p.is_dir():
         why = _foreign(p)
         if why is not None:
@@ -165,6 +167,11 @@ def write_dir(out: str | Path, files: Mapping[str, bytes], option: str = "--out"
     an earlier output back, so a failed run leaves no half-written or empty folder.
     """
     target = check_dir(option, out)
+    with write_errors(option, target):
+        return _replace_dir(target, files)
+
+
+def _replace_dir(target: Path, files: Mapping[str, bytes]) -> Path:
     parent = target.parent
     marker = json.dumps({"written_by": "tpplan", "files": _fingerprint(files)}, indent=1) + "\n"
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))

@@ -18,12 +18,13 @@ def machine_memory() -> float | None:
         return None
 
 
-def verify_memory_hint(model: str, ranks: int, dtype: str, random_weights: bool) -> str:
+def verify_memory_hint(model: str, ranks: int, dtype: str, random_weights: bool, reference: bool = True) -> str:
     """What `verify`/`run` hold per rank, from the checkpoint's tensor shapes (no tensor is made),
     and a smaller setting to try.
 
     Random weights: every rank makes the whole model in fp32 and keeps its shard in `dtype`, so
-    fewer ranks need less memory; with --weights only rank 0 holds the whole model (the reference).
+    fewer ranks need less memory. With --weights, `verify`'s rank 0 also loads the whole model for
+    its reference (`reference`); `run` reads only each rank's shard.
     """
     from math import prod
 
@@ -37,12 +38,10 @@ def verify_memory_hint(model: str, ranks: int, dtype: str, random_weights: bool)
     elements = float(sum(prod(shape) for shape in expected_params(graph, numerics_for(graph)).values()))
     full = elements * 4
     shards = elements * (2 if dtype == "bf16" else 4)  # all ranks' shards together
-    need = (full * ranks if random_weights else full) + shards
-    who = "every rank holds" if random_weights else "rank 0 holds"
-    text = (
-        f"predicted: {who} the whole model ({_fmt_bytes(full)} in fp32) plus its shard "
-        f"(~{_fmt_bytes(shards / ranks)}), ~{_fmt_bytes(need)} for {ranks} rank(s)"
-    )
+    whole = full * ranks if random_weights else full if reference else 0.0
+    who = "every rank holds" if random_weights else "rank 0 holds" if reference else ""
+    held = f"{who} the whole model ({_fmt_bytes(full)} in fp32) plus its shard" if who else "each rank holds its shard"
+    text = f"predicted: {held} (~{_fmt_bytes(shards / ranks)}), ~{_fmt_bytes(whole + shards)} for {ranks} rank(s)"
     total = machine_memory()
     if total is not None:
         text += f" on this {_fmt_bytes(total)} machine"

@@ -47,7 +47,7 @@ def run(
     except BenchFailed as exc:
         from tpplan.commands._failure import print_failure, verify_memory_hint
 
-        print_failure("run", exc, verify_memory_hint(model, tp, dtype, weights is None))
+        print_failure("run", exc, verify_memory_hint(model, tp, dtype, weights is None, reference=False))
         return 1
     if res is None or (under_torchrun() and int(os.environ["RANK"]) != 0):
         return 0
