@@ -112,3 +112,31 @@ def test_verify_tables_fit_and_progress_goes_to_stderr(tmp_path, monkeypatch, ca
     _, _, quiet = _run(monkeypatch, capsys, "verify", "-m", "tiny-kimi-k3", "--tp", "1", "-p", "baseline",
                        "--tokens", "8", "--no-progress")  # fmt: skip
     assert "verify [" not in quiet
+
+
+def test_readme_first_command_shows_plans_that_fit(monkeypatch, capsys):
+    """The README's first command (after `pip install -e . &&`): every plan fits one H200."""
+    readme = (ROOT / "README.md").read_text()
+    first = next(line for line in readme.splitlines() if "pip install -e . && tpplan " in line)
+    args = first.split("&& tpplan ", 1)[1].split()
+    code, out, err = _run(monkeypatch, capsys, *args)
+    assert code == 0, err
+    _fits(out)
+    assert "Predicted on" in out and "(over)" not in out and "GiB" in out
+
+
+@pytest.mark.slow
+def test_calibrate_progress_is_a_line_per_step_on_stderr(tmp_path):
+    import subprocess
+
+    out = tmp_path / "t.toml"
+    r = subprocess.run(
+        [sys.executable, "-m", "tpplan", "calibrate", "--backend", "gloo", "--nproc", "2", "--min-bytes", "1024",
+         "--max-bytes", "8192", "--steps", "2", "--iters", "2", "--warmup", "1", "--collectives", "all_reduce",
+         "--no-gemm", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "all_reduce 1024 B [1/2]" in r.stderr and "all_reduce 8192 B [2/2]" in r.stderr
+    assert "[1/2]" not in r.stdout and "busbw" in r.stdout
+    _fits(r.stdout)

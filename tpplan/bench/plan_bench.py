@@ -458,13 +458,11 @@ def _nccl_version() -> str | None:
 
 
 def _progress(enabled: bool) -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(  # on stderr: stdout stays the tables'
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not enabled,
-        console=Console(stderr=True),
-    )  # fmt: skip
+    from tpplan.progress import progress
+
+    return progress(enabled, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
 
 def _bench_plan(
