@@ -73,9 +73,11 @@ def bench(
     from tpplan.commands._failure import print_failure
     from tpplan.errors import TpplanError
     from tpplan.outputs import check_file, write_files
+    from tpplan.plans.named import plan_name
 
     # Every output path first: a bad one costs one line, not a run (several plans: one file each).
-    for p in (output_paths(out, plan or [""]).values() if out and not from_files else []):
+    names = list(dict.fromkeys(plan_name(p) for p in plan or [])) or [""]  # the names the files will have
+    for p in (output_paths(out, names).values() if out and not from_files else []):
         check_file("--out", p)
     if md is not None:
         check_file("--md", md)
@@ -92,8 +94,9 @@ def bench(
             import torch
 
             nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
+        plans = tuple(dict.fromkeys(plan_name(p) for p in plan))  # an alias runs under the plan's one name
         cfg = BenchConfig(
-            model=model, plans=tuple(plan), workload=workload, topology=topology, layers=layers, experts=experts,
+            model=model, plans=plans, workload=workload, topology=topology, layers=layers, experts=experts,
             tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
             backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
             target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
