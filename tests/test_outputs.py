@@ -13,7 +13,7 @@ import pytest
 
 from tpplan.outputs import MARKER, check_dir
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "kimi-k3-4x8"
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 TINY_REPORT = ("report", "--model", "tiny-kimi-k3", "--topology", "h200x2", "--tp", "2", "--workload", "seed-c8")
 
 
@@ -114,11 +114,12 @@ def test_report_out_replaces_only_its_own_unchanged_output(tmp_path, monkeypatch
     assert "report.md was changed after tpplan wrote it" in line and _tree(tmp_path) == before
 
 
-def test_checked_in_example_can_be_regenerated_by_its_command():
-    """docs/examples/kimi-k3-4x8 carries the marker of exactly its files, so the documented command
-    may replace it. After changing the example by hand or on another branch, run
-    `rm -r docs/examples/kimi-k3-4x8` and the command in docs/examples/README.md."""
-    assert check_dir("--out", EXAMPLE) == EXAMPLE
+@pytest.mark.parametrize("example", sorted(p for p in EXAMPLES.iterdir() if p.is_dir()), ids=lambda p: p.name)
+def test_checked_in_examples_can_be_regenerated_by_their_commands(example):
+    """Each docs/examples/<name>/ carries the marker of exactly its files, so its documented command
+    may replace it. After changing an example by hand or on another branch, run
+    `rm -r docs/examples/<name>` and its command in docs/examples/README.md."""
+    assert check_dir("--out", example) == example
 
 
 # --- every output path of every command: checked before any work ---------------------------

@@ -49,6 +49,7 @@ CASES = {
     "audit deepseek-v3": ("audit", *DSV3),
     "audit llama-3-70b": ("audit", *LLAMA),
     "audit K3 PP4": ("audit", "-m", "kimi-k3", "--tp", "8", "--pp", "4", *K3[4:]),
+    "audit K3 crossover": ("audit", *K3[:6], "-p", "sp-moe", "-p", "gate-aware", "--crossover"),
     "search K3": ("search", *K3),
     "search deepseek-v3": ("search", *DSV3),
     "search llama-3-70b": ("search", *LLAMA),

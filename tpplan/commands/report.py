@@ -29,8 +29,16 @@ def register(app: typer.Typer) -> None:
         ] = None,
         tp: Annotated[int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology")] = None,
         plan: Annotated[
-            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan and ep4")
+            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan")
         ] = None,
+        current: Annotated[
+            str,
+            typer.Option(
+                "--current",
+                help="Today's deployment, the reference for every verdict: a plan (ep4, moe-a2a+ep4) and/or a "
+                "shape ('TP32 EP4', 'moe-a2a TP8xPP4')",
+            ),
+        ] = "baseline",
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: Annotated[
@@ -51,9 +59,10 @@ def register(app: typer.Typer) -> None:
         from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
         from tpplan.outputs import check_dir
-        from tpplan.report import write_report
+        from tpplan.report.analysis import analyse
         from tpplan.report.bench_results import load_bench_results
-        from tpplan.report.memo import load_plots
+        from tpplan.report.memo import build_memo, load_plots
+        from tpplan.report.writer import write_memo
 
         check_dir("--out", out)  # a folder tpplan may not replace is refused before any work
         load_plots()  # fail before any work when matplotlib is missing
@@ -63,18 +72,10 @@ def register(app: typer.Typer) -> None:
         wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-        analysis, path = write_report(
-            model,
-            topo,
-            wls,
-            out,
-            tp=tp,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            plans=plan,
-            bench=results,
-            command=command,
+        analysis = analyse(
+            model, topo, wls, tp=tp, dtype=dtype, expert_dtype=expert_dtype, plans=plan, bench=results, current=current
         )
+        path = write_memo(build_memo(analysis, command), out)
         out_console = console()
         out_console.print(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         table = Table(title="Verdict per plan (reasons and formulas in report.md)")
@@ -83,3 +84,5 @@ def register(app: typer.Typer) -> None:
         for v in analysis.verdicts:
             table.add_row(Text(v.key), Text(v.status), Text(v.headline))
         show(out_console, table)
+        if analysis.bottom is not None:
+            out_console.print(analysis.bottom.text.replace("**", ""), markup=False)
