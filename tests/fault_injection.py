@@ -1,7 +1,8 @@
 """Fault injection for the multi-process tests, through the runtime's collective hook.
 
 `fault_env("RANK:KIND")` is the environment that makes that rank raise before its first
-collective of KIND; `"RANK:KIND:hang"` makes it sleep instead. Every rank imports this file (the
+collective of KIND; `"RANK:KIND:hang"` makes it sleep instead, `"RANK:KIND:kill"` makes it SIGKILL
+itself (what the OOM killer does). Every rank imports this file (the
 runtime's `TPPLAN_RANK_HOOKS` seam, `tpplan.runtime.hooks`), which registers `_maybe_fault`.
 Fault injection lives here only: tpplan itself registers no hook.
 """
@@ -9,6 +10,7 @@ Fault injection lives here only: tpplan itself registers no hook.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -30,6 +32,8 @@ def _maybe_fault(rank: int, kind: str) -> None:
     if int(parts[0]) == rank and parts[1] == kind:
         if len(parts) > 2 and parts[2] == "hang":
             time.sleep(3600)
+        if len(parts) > 2 and parts[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected fault before {kind} ({FAULT_ENV}={spec})")
 
 

@@ -188,9 +188,11 @@ def _worker(rank: int, world: int, device: Any, cfg: CalibrationConfig) -> Calib
 
 
 def _progress(enabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=not enabled)
+    from tpplan.progress import progress
+
+    return progress(enabled, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
 
 
 def _time_gemm(m: int, k: int, n: int, device: Any, iters: int, warmup: int) -> GemmPoint:

@@ -42,7 +42,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 import zlib
 from collections import defaultdict
@@ -459,11 +458,11 @@ def _nccl_version() -> str | None:
 
 
 def _progress(enabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not enabled
-    )
+    from tpplan.progress import progress
+
+    return progress(enabled, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
 
 def _bench_plan(
@@ -1032,21 +1031,9 @@ def output_paths(out: Path, plans: Sequence[str]) -> dict[str, Path]:
 
 def write_atomic(files: dict[Path, str]) -> None:
     """Write every file to a temp file beside it, then rename them all; on any error, none is left."""
-    tmps: list[tuple[Path, Path]] = []
-    try:
-        for path, text in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            tmps.append((Path(tmp), path))
-        for tmp, path in tmps:
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp, _ in tmps:
-            tmp.unlink(missing_ok=True)
-        raise
+    from tpplan.outputs import write_files
+
+    write_files(files)
 
 
 def results_json(res: BenchResults) -> str:

@@ -6,15 +6,19 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tpplan.commands._console import console as make_console
+from tpplan.commands._console import print_wrapped, show
 from tpplan.placement import COLLECTIVE_SHORT
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")
 ]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N")]
+WideOpt = Annotated[
+    bool, typer.Option("--wide", help="Show every column (wider than 100 columns; for wide terminals and files)")
+]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation dtype for byte counts: bf16, fp16, fp32, fp8")]
 ExpertDtypeOpt = Annotated[
     str | None,
@@ -30,12 +34,6 @@ def _fmt_bytes(b: float) -> str:
     return f"{b:,.1f} GiB"
 
 
-
-
-def _wide_console() -> Console:
-    """Tables here need ~150 columns; use the terminal's width when it is wider."""
-    probe = Console()
-    return Console(highlight=False, width=max(probe.width, 150))
 
 
 def _pct(x: float | None) -> str:
@@ -67,6 +65,7 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option("--nodes", help="Override the topology's node count; with --topology")
         ] = None,
         expert_dtype: ExpertDtypeOpt = None,
+        wide: WideOpt = False,
         crossover: Annotated[
             bool,
             typer.Option(
@@ -104,9 +103,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(data, indent=2))
             return
-        _print_audit(data)
+        _print_audit(data, wide)
         if predictions:
-            _print_predictions(data)
+            _print_predictions(data, wide)
         if crossover:
             _print_crossover(data["crossover"])
 
@@ -124,7 +123,7 @@ def register(app: typer.Typer) -> None:
 
         result = audit(model, tp, [plan], dtype)
         pa = next(p for p in result.plans if p.plan.name == plan_name(plan))
-        console = _wide_console()
+        console = make_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
         for kind, ks in pa.kinds.items():
             widths = {v: val.width for v, val in result.graph.kinds[kind].values.items()}
@@ -134,11 +133,11 @@ def register(app: typer.Typer) -> None:
                 f"{ks.result.units('attn_side'):g} units, whole layer {ks.result.units():g} units"
             )
             for line in explain_layer(ks.result, widths):
-                console.print(line, markup=False)
+                print_wrapped(console, line, 6)
 
 
-def _print_audit(data: dict) -> None:
-    console = _wide_console()
+def _print_audit(data: dict, wide: bool = False) -> None:
+    console = make_console(wide=wide)
     console.print(
         f"[bold]{data['model']}[/] ({data['model_type']}, hidden {data['hidden']}, {data['layers']} layers: "
         + ", ".join(f"{k} x{c}" for k, c in data["layer_kind_counts"].items())
@@ -166,7 +165,7 @@ def _print_audit(data: dict) -> None:
             counts,
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         )
-    console.print(t)
+    show(console, t)
     k = Table(title="Per layer kind (relative units: AR=2W, RS=AG=W, A2A=W/N)")
     for col in ("plan", "layer kind", "legal", "attn-in units", "vs base", "layer units", "collectives per layer"):
         k.add_column(col)
@@ -185,18 +184,18 @@ def _print_audit(data: dict) -> None:
                 f"{info['layer_units']:g}",
                 colls,
             )
-    console.print(k)
+    show(console, k)
     for p in data["plans"]:
         if p["reasons"] or p["engine_notes"]:
             console.print(f"\n[bold]{p['name']}[/]:")
         roots = [r for r in p["reasons"] if "(follows from" not in r]
         follow = len(p["reasons"]) - len(roots)
         for r in roots:
-            console.print(f"  - {r}", markup=False)
+            print_wrapped(console, f"  - {r}")
         if follow:
             console.print(f"  ({follow} further illegal edges follow from these; `tpplan explain` shows them)")
         for note in p["engine_notes"]:
-            console.print(f"  note (engine gate, not legality): {note}", markup=False)
+            print_wrapped(console, f"  note (engine gate, not legality): {note}")
 
 
 def _ms(s: float) -> str:
@@ -213,7 +212,7 @@ def _crossover_rows(result: object, topo: object, expert_dtype: str | None) -> l
 
 
 def _print_crossover(rows: list[dict[str, object]]) -> None:
-    console = _wide_console()
+    console = make_console()
     t = Table(title="Where each plan overtakes baseline (one layer per kind, new tokens per step, no context)")
     for col in ("plan", "layer kind", "against baseline", "overtakes at", "stops at"):
         t.add_column(col, justify="right" if col.endswith(" at") else "left")
@@ -221,11 +220,25 @@ def _print_crossover(rows: list[dict[str, object]]) -> None:
         up, down = r["overtakes_at_tokens"], r["stops_at_tokens"]
         t.add_row(str(r["plan"]), str(r["kind"]), str(r["summary"]), "-" if up is None else f"{up:,}",
                   "-" if down is None else f"{down:,}")  # fmt: skip
-    console.print(t)
+    show(console, t)
 
 
-def _print_predictions(data: dict) -> None:
-    console = _wide_console()
+# Shown with --wide only: derivable from the others (compute = forward - comms), zero at PP1, or
+# detail of the memory, TTFT and communication columns. The default tables fit 100 columns.
+_WIDE_ONLY = {"compute", "replicated", "KV", "p50 s", "max s"}
+_WIDE_ONLY_PER_LAYER = {"collectives"}
+
+
+def over_note(gpu_bytes: float, fixes: str) -> str:
+    """The one line under a table whose memory column says (over): what it means and what to do."""
+    return (
+        f"(over): the predicted memory per rank exceeds one GPU's {_fmt_bytes(gpu_bytes)} in this topology, "
+        f"so the plan does not fit as set up. Fix: {fixes}."
+    )
+
+
+def _print_predictions(data: dict, wide: bool = False) -> None:
+    console = make_console(wide=wide)
     first = next(p["prediction"] for p in data["plans"] if p.get("prediction"))
     head = (
         f"Predicted on {first['topology']}: TP{first['tp']} x PP{first['pp']}, one batch of {first['tokens']} tokens"
@@ -234,42 +247,48 @@ def _print_predictions(data: dict) -> None:
     t = Table(title=head + " (ms per batch; memory per rank)")
     cols = ["plan", "legal", "forward", "compute", "TP comm", "stage send", "redundant", "memory", "replicated", "KV"]
     cols += ["TTFT mean s", "p50 s", "max s", "tok/s"]
+    hidden = set() if wide else _WIDE_ONLY | ({"stage send"} if first["pp"] == 1 else set())
+    cols = [c for c in cols if c not in hidden]
     for col in cols:
         t.add_column(
             col, justify="left" if col in ("plan", "legal") else "right", min_width=18 if col == "plan" else None
         )
+    over = None
     for p in data["plans"]:
         pr = p.get("prediction")
         if not pr:
             continue
         m = pr["memory_bytes_per_rank"]
         ttft = pr["ttft"]
-        mem = _fmt_bytes(m["total"]) + ("" if m["fits"] else " [red](over)[/]")
-        row = [
-            p["name"],
-            "yes" if p["legal"] else "[red]NO[/]",
-            _ms(pr["forward_s"]),
-            _ms(pr["compute_s"]),
-            _ms(pr["comm_s"]),
-            _ms(pr["stage_comm_s"]),
-            _ms(pr["redundant_compute_s"]),
-            mem,
-            _fmt_bytes(m["replicated_extra"]),
-            _fmt_bytes(m["kv_cache"]),
-        ]
-        if ttft:
-            row += [
-                f"{ttft['mean_s']:.3f}",
-                f"{ttft['p50_s']:.3f}",
-                f"{ttft['max_s']:.3f}",
-                f"{ttft['throughput_tok_s']:,.0f}",
-            ]
-        else:
-            row += ["", "", "", ""]
-        t.add_row(*row)
-    console.print(t)
+        if not m["fits"]:
+            over = m["gpu"]
+        cells = {
+            "plan": p["name"],
+            "legal": "yes" if p["legal"] else "[red]NO[/]",
+            "forward": _ms(pr["forward_s"]),
+            "compute": _ms(pr["compute_s"]),
+            "TP comm": _ms(pr["comm_s"]),
+            "stage send": _ms(pr["stage_comm_s"]),
+            "redundant": _ms(pr["redundant_compute_s"]),
+            "memory": _fmt_bytes(m["total"]) + ("" if m["fits"] else " [red](over)[/]"),
+            "replicated": _fmt_bytes(m["replicated_extra"]),
+            "KV": _fmt_bytes(m["kv_cache"]),
+            "TTFT mean s": f"{ttft['mean_s']:.3f}" if ttft else "",
+            "p50 s": f"{ttft['p50_s']:.3f}" if ttft else "",
+            "max s": f"{ttft['max_s']:.3f}" if ttft else "",
+            "tok/s": f"{ttft['throughput_tok_s']:,.0f}" if ttft else "",
+        }
+        t.add_row(*(cells[c] for c in cols))
+    show(console, t, wrap=("memory",))
+    if over is not None:
+        fixes = "a larger --tp or --pp, or quantized experts (--expert-dtype fp8 or mxfp4)"
+        console.print(over_note(over, fixes), markup=False)
+    if not wide:
+        console.print("(--wide adds compute, replicated weight, KV cache, p50/max TTFT and collectives)")
     k = Table(title="Per layer of each kind (ms per batch): compute + communication, not overlapped")
-    for col in ("plan", "layer kind", "compute", "comm", "total", "redundant", "slowest ops", "collectives"):
+    kcols = ["plan", "layer kind", "compute", "comm", "total", "redundant", "slowest ops", "collectives"]
+    kcols = [c for c in kcols if wide or c not in _WIDE_ONLY_PER_LAYER]
+    for col in kcols:
         k.add_column(col, justify="left" if col in ("plan", "layer kind", "slowest ops", "collectives") else "right")
     for p in data["plans"]:
         pr = p.get("prediction")
@@ -277,14 +296,17 @@ def _print_predictions(data: dict) -> None:
             continue
         for kind, info in pr["layer_kinds"].items():
             slow = sorted(info["ops"], key=lambda o: -o["seconds"])[:3]
-            k.add_row(
-                p["name"],
-                f"{kind} x{info['count']}",
-                _ms(info["compute_s"]),
-                _ms(info["comm_s"]),
-                _ms(info["total_s"]),
-                _ms(info["redundant_s"]),
-                ", ".join(f"{o['op']} {o['seconds'] * 1e3:.2f}" for o in slow),
-                " ".join(f"{COLLECTIVE_SHORT[c['kind']]} {c['seconds'] * 1e3:.2f}" for c in info["collectives"]),
-            )
-    console.print(k)
+            cells = {
+                "plan": p["name"],
+                "layer kind": f"{kind} x{info['count']}",
+                "compute": _ms(info["compute_s"]),
+                "comm": _ms(info["comm_s"]),
+                "total": _ms(info["total_s"]),
+                "redundant": _ms(info["redundant_s"]),
+                "slowest ops": ", ".join(f"{o['op']} {o['seconds'] * 1e3:.2f}" for o in slow),
+                "collectives": " ".join(
+                    f"{COLLECTIVE_SHORT[c['kind']]} {c['seconds'] * 1e3:.2f}" for c in info["collectives"]
+                ),
+            }
+            k.add_row(*(cells[c] for c in kcols))
+    show(console, k)

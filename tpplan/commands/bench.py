@@ -57,9 +57,6 @@ def bench(
 ) -> None:
     """Run plans on a representative model slice with real collectives; time every collective, op, layer and
     batch against the prediction; write the bench JSON (docs/bench-json.md) and a markdown table."""
-    from rich.console import Console
-    from rich.markup import escape
-
     from tpplan.bench.plan_bench import (
         BenchConfig,
         anchor_rows,
@@ -69,18 +66,23 @@ def bench(
         output_paths,
         results_json,
         run_bench,
-        write_atomic,
     )
     from tpplan.bench.plan_bench import from_files as load_previous
+    from tpplan.commands._console import console, print_markdown
+    from tpplan.commands._failure import print_failure
     from tpplan.errors import TpplanError
+    from tpplan.outputs import check_file, write_files
     from tpplan.plans.named import plan_name
     from tpplan.runtime.group import RankFailed
 
+    # Every output path first: a bad one costs one line, not a run (several plans: one file each).
+    names = list(dict.fromkeys(plan_name(p) for p in plan or [])) or [""]  # the names the files will have
+    for p in (output_paths(out, names).values() if out and not from_files else []):
+        check_file("--out", p)
+    if md is not None:
+        check_file("--md", md)
     if anchor is not None and not anchor.is_file():
         raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
-    for p in ([out] if out else []) + ([md] if md else []):
-        if not p.parent.is_dir():
-            raise TpplanError(f"{p}", f"directory {p.parent} does not exist", "create it first")
     files: dict[Path, str] = {}
     if from_files:
         benches = load_previous(from_files)
@@ -103,9 +105,8 @@ def bench(
         try:
             ran = run_bench(cfg)
         except RankFailed as exc:
-            Console(stderr=True).print(
-                f"[bold red]bench failed:[/] {escape(str(exc))}. Nothing was written.", highlight=False, soft_wrap=True
-            )
+            hint = "Try fewer --experts, fewer --layers, fewer --tokens or fewer --requests"
+            print_failure("bench", exc, hint, tail=". Nothing was written.")
             raise SystemExit(1) from None
         if ran is None:
             return  # a non-zero torchrun rank
@@ -117,15 +118,15 @@ def bench(
         text += "\n".join(anchor_rows(benches, anchor)) + "\n"
     if md is not None:
         files[md] = text
-    write_atomic(files)
-    console = Console()
+    write_files(files, "--out/--md")
+    out_console = console()
     for f in files:
-        console.print(f"wrote {f}", highlight=False)
+        out_console.print(f"wrote {f}", markup=False)
     if check or md is None:
-        console.print(text[text.index("## Summary") :], highlight=False, markup=False)
+        print_markdown(out_console, text[text.index("## Summary") :])
     if check and not checks_ok(benches):
         failed = [c.name for c in checks(benches) if c.ok is False]
-        Console(stderr=True).print(f"targets not met: {', '.join(failed)}", highlight=False, soft_wrap=True)
+        console(stderr=True).print(f"targets not met: {', '.join(failed)}", markup=False, soft_wrap=True)
         raise SystemExit(1)
 
 

@@ -16,13 +16,14 @@ class Backend(StrEnum):
 
 
 def _print_tables(res: object) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from tpplan.bench.calibrate import CalibrationResult
+    from tpplan.commands._console import console as make_console
+    from tpplan.commands._console import show
 
     assert isinstance(res, CalibrationResult)
-    console = Console()
+    console = make_console()
     for kind, fit in res.fitted.items():
         table = Table(title=f"{kind}  ({res.world} ranks, {res.backend}, {res.device_name})")
         for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
@@ -34,7 +35,7 @@ def _print_tables(res: object) -> None:
                 str(p.nbytes), str(p.count), p.dtype, f"{p.time_s * 1e6:.1f}",
                 f"{p.algbw_GBps:.2f}", f"{p.busbw_GBps:.2f}", f"{model:.1f}",
             )  # fmt: skip
-        console.print(table)
+        show(console, table)
     summary = Table(title="fitted: time = alpha + busfactor * size / busbw")
     for col in ("collective", "alpha (us)", "busbw (GB/s)", "points", "max rel err"):
         summary.add_column(col, justify="right")
@@ -43,24 +44,22 @@ def _print_tables(res: object) -> None:
             kind, f"{fit.alpha_us:.1f}", f"{fit.busbw_GBps:.2f}", str(fit.points),
             f"{fit.max_rel_err:.1%}",
         )  # fmt: skip
-    console.print(summary)
+    show(console, summary)
     if res.gemm:
         console.print(f"GEMM: {len(res.gemm)} shapes measured, written to gpu.gemm_table")
 
 
 def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from tpplan.bench.calibrate import write_topology_atomic
     from tpplan.bench_results import load_bench_results
+    from tpplan.commands._console import console, show
     from tpplan.cost.kernel_fit import fit_kernel_profiles, with_kernel_profiles
     from tpplan.cost.topology import load_topology
-    from tpplan.errors import TpplanError
+    from tpplan.outputs import write_errors
 
     base = load_topology(base_topology)
-    if not out.parent.is_dir():
-        raise TpplanError("--out", f"directory {out.parent} does not exist", "create it first")
     results = [load_bench_results(p, "--kernels-from") for p in paths]
     source = ", ".join(
         f"{r.model} {r.plan} TP{r.tp} {r.workload} ({r.meta.gpu}, {r.meta.date:%Y-%m-%d})" for r in results
@@ -73,10 +72,11 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
         ratios = [y / x for x, y in prof.points]
         span = f"{min(ratios):.2f}" if len(ratios) == 1 else f"{min(ratios):.2f}-{max(ratios):.2f}"
         table.add_row(key, str(prof.samples), str(len(prof.points)), span)
-    Console().print(table)
+    show(console(), table)
     topo = with_kernel_profiles(base, profiles, f"Kernel profiles fitted from: {source}.")
     topo = topo.model_copy(update={"name": out.stem})  # a preset's name is its file's
-    write_topology_atomic(topo, out, f"written by `tpplan calibrate --kernels-from`: {topo.notes}")
+    with write_errors("--out", out):
+        write_topology_atomic(topo, out, f"written by `tpplan calibrate --kernels-from`: {topo.notes}")
     typer.echo(f"wrote {out}")
 
 
@@ -115,6 +115,9 @@ def calibrate(
     With --kernels-from, fit measured kernel speeds (norms, convs, attention, recurrence, experts)
     from bench results instead, and write --base-topology with them.
     """
+    from tpplan.outputs import check_file
+
+    check_file("--out", out)  # before measuring: a bad path costs one line, not a sweep
     if kernels_from:
         _kernels_from(kernels_from, base_topology, out)
         return
@@ -125,12 +128,10 @@ def calibrate(
         write_topology_atomic,
     )
     from tpplan.cost.topology import load_topology
-    from tpplan.errors import TpplanError
+    from tpplan.outputs import write_errors
     from tpplan.runtime.group import RankFailed
 
     base = load_topology(base_topology)  # fail on a bad preset before spending time measuring
-    if not out.parent.is_dir():
-        raise TpplanError("--out", f"directory {out.parent} does not exist", "create it first")
     if nproc is None:
         import torch
 
@@ -161,14 +162,10 @@ def calibrate(
     try:
         res = run_calibration(cfg)
     except RankFailed as exc:
-        from rich.console import Console
-        from rich.markup import escape
+        from tpplan.commands._failure import print_failure
 
-        Console(stderr=True).print(
-            f"[bold red]calibration failed:[/] {escape(str(exc))}. Nothing was written to {out}.",
-            highlight=False,
-            soft_wrap=True,
-        )
+        hint = "Try a smaller --max-bytes or fewer --steps"
+        print_failure("calibration", exc, hint, tail=f". Nothing was written to {out}.")
         # SystemExit, not typer.Exit: under cli.main's standalone_mode=False click would turn
         # typer.Exit into a return value and the process would exit 0.
         raise SystemExit(1) from None
@@ -177,7 +174,8 @@ def calibrate(
     _print_tables(res)
     topo = calibrated_topology(base, res)
     header = f"written by `tpplan calibrate`: {topo.notes}"
-    write_topology_atomic(topo, out, header)
+    with write_errors("--out", out):
+        write_topology_atomic(topo, out, header)
     typer.echo(f"wrote {out}")
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from tpplan.commands._console import console, show
 
 
 def register(app: typer.Typer) -> None:
@@ -20,4 +21,4 @@ def register(app: typer.Typer) -> None:
             spec = load_model(name)
             kinds = ", ".join(f"{k} x{c}" for k, c in spec.count_kinds().items())
             table.add_row(name, spec.model_type, str(spec.hidden), str(spec.num_layers), kinds)
-        Console().print(table)
+        show(console(), table)

@@ -20,7 +20,12 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("--workload", "-w", help="Workload preset(s) or file(s); default: seed-c8 and seed-c16"),
         ] = None,
-        out: Annotated[str, typer.Option("--out", "-o", help="Output directory (replaced atomically)")] = "report",
+        out: Annotated[
+            str,
+            typer.Option(
+                "--out", "-o", help="Output directory: a new one, or one tpplan wrote before (replaced atomically)"
+            ),
+        ] = "report",
         bench: Annotated[
             str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
         ] = None,
@@ -44,13 +49,19 @@ def register(app: typer.Typer) -> None:
         import shlex
         import sys
 
+        from rich.table import Table
+        from rich.text import Text
+
         from tpplan.bench_results import load_bench_results
+        from tpplan.commands._console import console, show
         from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
+        from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
         from tpplan.report.memo import build_memo, load_plots
         from tpplan.report.writer import write_memo
 
+        check_dir("--out", out)  # a folder tpplan may not replace is refused before any work
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
@@ -62,8 +73,13 @@ def register(app: typer.Typer) -> None:
             model, topo, wls, tp=tp, dtype=dtype, expert_dtype=expert_dtype, plans=plan, bench=results, current=current
         )
         path = write_memo(build_memo(analysis, command), out)
-        typer.echo(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
+        out_console = console()
+        out_console.print(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
+        table = Table(title="Verdict per plan (reasons and formulas in report.md)")
+        for col in ("plan", "verdict", "why"):
+            table.add_column(col)
         for v in analysis.verdicts:
-            typer.echo(f"  {v.key:32s} {v.status:12s} {v.headline}")
+            table.add_row(Text(v.key), Text(v.status), Text(v.headline))
+        show(out_console, table)
         if analysis.bottom is not None:
-            typer.echo(analysis.bottom.text.replace("**", ""))
+            out_console.print(analysis.bottom.text.replace("**", ""), markup=False)

@@ -24,10 +24,10 @@ def run(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,
 ) -> int:
     """Run a legal plan and print the prefill time and the collectives each rank issued."""
-    from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
+    from tpplan.commands._console import console as make_console
+    from tpplan.commands._console import show
     from tpplan.errors import TpplanError
     from tpplan.layout.schedule import bytes_by_kind
     from tpplan.models.config import load_model
@@ -45,11 +45,13 @@ def run(
     try:
         res = run_plan(case, backend=backend.value, nproc=tp, timeout_s=timeout)
     except RankFailed as exc:
-        Console(stderr=True).print(f"[bold red]run failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        from tpplan.commands._failure import print_failure, verify_memory_hint
+
+        print_failure("run", exc, verify_memory_hint(model, tp, dtype, weights is None, reference=False))
         return 1
     if res is None or (under_torchrun() and int(os.environ["RANK"]) != 0):
         return 0
-    console = Console(highlight=False)
+    console = make_console()
     best = min(res.seconds)
     console.print(f"{model} {plan} TP{tp} {dtype}: {tokens} tokens"
                   + (f" in chunks of {chunk}" if chunk else "")
@@ -60,7 +62,7 @@ def run(
         t.add_column(col, justify="right")
     for kind, (calls, sent) in sorted(bytes_by_kind(res.calls).items()):
         t.add_row(kind, str(calls), f"{sent / 2**20:,.3f}")
-    console.print(t)
+    show(console, t)
     if res.fallback_chunks:
         console.print(f"chunks {res.fallback_chunks} ran the baseline plan (fewer tokens than ranks)")
     return 0

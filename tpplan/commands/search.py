@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tpplan.commands.audit import DtypeOpt, ModelOpt, _fmt_bytes, _wide_console
+from tpplan.commands._console import console as make_console
+from tpplan.commands._console import print_wrapped, show
+from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note
 
 
 def _ms(x: float | None) -> str:
@@ -51,9 +53,14 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--all", help="Exact top-K over all plans (slower), not the best of each plan family"),
         ] = False,
+        wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
+        from tpplan.outputs import check_file, write_files
         from tpplan.search import search_report
+
+        if json_file is not None:
+            check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
 
         data = search_report(
             model,
@@ -70,12 +77,12 @@ def register(app: typer.Typer) -> None:
             all_plans=all_plans,
         )
         if json_file is not None:
-            json_file.write_text(json.dumps(data, indent=2))
-        _print(data)
+            write_files({json_file: json.dumps(data, indent=2)}, "--json")
+        _print(data, wide)
 
 
-def _print(data: dict) -> None:
-    console = _wide_console()
+def _print(data: dict, wide: bool = False) -> None:
+    console = make_console(wide=wide)
     timed = data["topology"] is not None and data["score_unit"] == "s"
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
@@ -87,42 +94,49 @@ def _print(data: dict) -> None:
         + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
     )
     t = Table(title="Ranked legal plans (deltas vs baseline)")
-    cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "vs base", "memory/rank", "replicated"]
+    cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "comm vs base", "memory/rank", "replicated"]
+    if not wide:  # low-value columns: the plan's name says how it was found; comm is in the JSON
+        cols = [c for c in cols if c not in ("found by", "comm B/tok/rank", "comm vs base", "replicated")]
     for c in cols:
         t.add_column(c, justify="left" if c in ("#", "plan", "found by") else "right", overflow="fold")
+    gpu = data.get("gpu_memory_bytes")
+    over = False
 
     def row(p: dict, rank: str) -> None:
+        nonlocal over
         if timed:
             score = _ms(p["ttft"]["mean_s"] if data["workload"] else p["forward_s"]) + " ms"
         else:
             score = f"{p['score']:,.0f}"
         mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
-        gpu = data.get("gpu_memory_bytes")
         over_gpu = gpu is not None and mem > gpu
+        over = over or over_gpu
         found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
-        t.add_row(
-            rank,
-            p["name"],
-            found,
-            score,
-            _pct(p.get("delta_vs_baseline_pct")),
-            f"{p['comm_bytes_per_token_per_rank']:,.0f}",
-            _pct(p.get("comm_delta_vs_baseline_pct")),
-            _fmt_bytes(mem) + (" [red]> GPU[/]" if over_gpu else ""),
-            _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
-        )
+        cells = {
+            "#": rank,
+            "plan": p["name"],
+            "found by": found,
+            what: score,
+            "vs base": _pct(p.get("delta_vs_baseline_pct")),
+            "comm B/tok/rank": f"{p['comm_bytes_per_token_per_rank']:,.0f}",
+            "comm vs base": _pct(p.get("comm_delta_vs_baseline_pct")),
+            "memory/rank": _fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else ""),
+            "replicated": _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
+        }
+        t.add_row(*(cells[c] for c in cols))
 
     row(data["baseline"], "base")
     for p in data["plans"]:
         row(p, str(p["rank"]))
-    console.print(t)
-    gpu = data.get("gpu_memory_bytes")
-    if gpu is not None and data["memory_cap_bytes"] is None:
-        console.print(
-            f"(> GPU: more than the {_fmt_bytes(gpu)} of one GPU; pass --memory-cap to exclude such plans, "
-            "or a smaller --expert-dtype.)",
-            markup=False,
+    show(console, t, wrap=("memory/rank",))
+    if over and gpu is not None:
+        fixes = (
+            "--memory-cap GiB ranks only plans under it; or a larger --tp, or quantized experts "
+            "(--expert-dtype fp8 or mxfp4)"
         )
+        console.print(over_note(gpu, fixes), markup=False)
+    if not wide:
+        console.print("(--wide adds how each plan was found, its communication bytes and replicated weight)")
     ex = data["excluded_over_cap"]
     if data["memory_cap_bytes"] is not None:
         lines = [
@@ -137,7 +151,7 @@ def _print(data: dict) -> None:
         console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:
-        console.print(f"  {p['rank']}. {p['name']}: {p['title']}", markup=False)
+        print_wrapped(console, f"  {p['rank']}. {p['name']}: {p['title']}")
     if data["plans"]:
         best = data["plans"][0]
         console.print(f"\nBest, in words: {best['summary']}", markup=False)

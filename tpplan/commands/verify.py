@@ -9,14 +9,15 @@ kind; exits 1 when any check fails, 2 when a plan is illegal (unless --force) or
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from tpplan.commands._console import console as make_console
+from tpplan.commands._console import show
 
 
 class Backend(StrEnum):
@@ -51,7 +52,7 @@ def _print_result(console: Any, res: Any) -> None:
         ok = "[green]yes[/]" if e.rel <= res.tolerance else "[red]NO[/]"
         name = "final" if value in ("hidden", "logits") else str(layer)
         t.add_row(name, value, f"{e.max_abs:.3e}", f"{e.rel:.3e}", ok)
-    console.print(t)
+    show(console, t)
     if not res.traced:
         return
     b = Table(title="collectives of rank 0: traced vs predicted (bytes sent per rank, MiB)")
@@ -59,7 +60,7 @@ def _print_result(console: Any, res: Any) -> None:
         b.add_column(col, justify="right")
     for kind, tc, tb, pc, pb in res.bytes_table(0):
         b.add_row(kind, str(tc), _mib(tb), str(pc), _mib(pb), "[green]yes[/]" if (tc, tb) == (pc, pb) else "[red]NO[/]")
-    console.print(b)
+    show(console, b)
     unplanned = [c for c in res.traced[0] if not c.planned]
     if unplanned:
         console.print(f"  {len(unplanned)} collectives were not named by the plan (forced), e.g. "
@@ -92,14 +93,6 @@ def _summary(res: Any) -> dict[str, Any]:
     }
 
 
-def _write_atomic(path: Path, data: object) -> None:
-    """Write the whole file or nothing (a crash leaves no partial output)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
-
-
 def verify(
     model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")],
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N (processes)")],
@@ -115,6 +108,9 @@ def verify(
     force: Annotated[bool, typer.Option("--force", help="Run an illegal plan anyway and show the mismatch")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,
     out: Annotated[Path | None, typer.Option("--json", help="Also write a JSON summary here (atomic)")] = None,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="A line on stderr per plan and step")
+    ] = True,
     tolerance: Annotated[
         float | None,
         typer.Option(
@@ -125,7 +121,12 @@ def verify(
     ] = None,
 ) -> int:
     """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
-    from rich.console import Console
+    import json
+
+    from tpplan.outputs import check_file, write_files
+
+    if out is not None:
+        check_file("--json", out)  # before the run: a bad path costs one line, not minutes
 
     from tpplan.audit import audit_plan
     from tpplan.dtypes import dtype_name
@@ -160,8 +161,6 @@ def verify(
     dtype_name(dtype)
     if weights is not None and not weights.is_dir():
         raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
-    if out is not None and not out.parent.is_dir():
-        raise TpplanError(f"--json {out}", "its folder does not exist", "create it first")
 
     from tpplan.runtime.verify import VerifyCase, verify_cases
 
@@ -172,22 +171,22 @@ def verify(
         for name in dict.fromkeys(names)
     ]
     try:
-        results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout)
+        results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout, progress=progress)
     except RankFailed as exc:
-        from rich.markup import escape
+        from tpplan.commands._failure import print_failure, verify_memory_hint
 
-        Console(stderr=True).print(f"[bold red]verify failed:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        print_failure("verify", exc, verify_memory_hint(model, tp, dtype, weights is None))
         return 1
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         return 0
-    console = Console(highlight=False, width=max(Console().width, 120))
+    console = make_console()
     for res in results:
         _print_result(console, res)
     ok = all(r.passed for r in results)
     console.print(f"\n{'[bold green]all passed[/]' if ok else '[bold red]FAILED[/]'}: "
                   f"{sum(r.passed for r in results)}/{len(results)} plans")  # fmt: skip
     if out is not None:
-        _write_atomic(out, {"results": [_summary(r) for r in results], "passed": ok})
+        write_files({out: json.dumps({"results": [_summary(r) for r in results], "passed": ok}, indent=2)}, "--json")
     return 0 if ok else 1
 
 

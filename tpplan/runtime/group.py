@@ -9,8 +9,10 @@ torch is imported inside the functions so that importing this module stays cheap
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import time
@@ -20,11 +22,27 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tpplan.errors import TpplanError
 from tpplan.runtime.hooks import load_env_hooks
+
+INPUT_ERROR = "tpplan-input-error: "  # a rank's error file: the TpplanError's where/reason/fix follow
 
 
 class RankFailed(RuntimeError):
     """A worker process failed or timed out; the message says which rank and why."""
+
+
+class RankKilled(RankFailed):
+    """The operating system killed a rank (SIGKILL): on a worker box almost always out of memory.
+
+    The commands add what they know (the predicted memory per rank, a smaller setting to try).
+    """
+
+    def __init__(self, rank: int, signal_name: str) -> None:
+        self.rank = rank
+        super().__init__(
+            f"rank {rank} was killed by the operating system ({signal_name}), most likely because it ran out of memory"
+        )
 
 
 @dataclass(frozen=True)
@@ -99,9 +117,13 @@ def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, 
             Path(out).write_bytes(pickle.dumps(result))
     except BaseException as exc:
         # Record when and why, so the parent can name the rank that failed first (peers of a
-        # dead rank fail afterwards with "connection reset", which is not the cause).
+        # dead rank fail afterwards with "connection reset", which is not the cause). A bad input
+        # found here (TpplanError) also records its parts, so the parent raises it again: exit 2.
         err = Path(out).with_name(f"rank{local_rank}.err")
-        err.write_text(f"{time.time()!r}\n{type(exc).__name__}: {exc}")
+        text = f"{time.time()!r}\n{type(exc).__name__}: {exc}"
+        if isinstance(exc, TpplanError):
+            text += f"\n{INPUT_ERROR}" + json.dumps([exc.where, exc.reason, exc.fix])
+        err.write_text(text)
         raise
     finally:
         if dist.is_initialized():
@@ -122,28 +144,63 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
         device = _init(spec, rank, world)
         try:
             result = fn(rank, world, device, payload)
+        except TpplanError:
+            raise  # a bad input: the CLI prints it and exits 2
         except Exception as exc:
             raise RankFailed(f"rank {rank}: {type(exc).__name__}: {exc}") from exc
         finally:
             dist.destroy_process_group()
         return result if rank == 0 else None
+    import logging
+
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory(prefix="tpplan-bench-") as tmp:
+    # torch logs a warning per peer it terminates after a failure; the error below says it once
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="tpplan-group-") as tmp:
         out = str(Path(tmp) / "rank0.pkl")
+        ctx = mp.start_processes(
+            _child,
+            args=(fn, spec, _free_port(), out, payload),
+            nprocs=spec.nproc,
+            join=False,
+            start_method="spawn",
+        )
         try:
-            mp.start_processes(
-                _child,
-                args=(fn, spec, _free_port(), out, payload),
-                nprocs=spec.nproc,
-                join=True,
-                start_method="spawn",
-            )
+            while not ctx.join():
+                pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            _raise_input_error(Path(tmp))
+            killed = _killed_rank(ctx, exc)
+            if killed is not None:
+                raise RankKilled(killed, "SIGKILL") from None
             raise RankFailed(_first_failure(Path(tmp), exc)) from None
         if not Path(out).exists():
             raise RankFailed("rank 0 returned no result")
         return pickle.loads(Path(out).read_bytes())
+
+
+def _raise_input_error(tmp: Path) -> None:
+    """A rank found a bad input (its error file says so): raise that TpplanError here, exit 2."""
+    for f in sorted(tmp.glob("rank*.err")):
+        _, _, parts = f.read_text().partition(INPUT_ERROR)
+        if parts:
+            where, reason, fix = json.loads(parts.splitlines()[0])
+            raise TpplanError(where, reason, fix)
+
+
+def _killed_rank(ctx: Any, exc: Exception) -> int | None:
+    """The rank the OS killed with SIGKILL, if one was: it left no error of its own behind.
+
+    Its peers then fail on a closed connection, and whichever exit `join` sees first becomes the
+    exception, so every process's exit code is checked, not only the exception's.
+    """
+    if getattr(exc, "signal_name", None) == "SIGKILL":
+        return int(getattr(exc, "error_index", 0))
+    for i, proc in enumerate(ctx.processes):
+        if proc.exitcode == -signal.SIGKILL:
+            return i
+    return None
 
 
 def _first_failure(tmp: Path, exc: Exception) -> str:
@@ -162,4 +219,4 @@ def _first_failure(tmp: Path, exc: Exception) -> str:
     return text
 
 
-__all__ = ["GroupSpec", "RankFailed", "resolve_backend", "run_group", "under_torchrun"]
+__all__ = ["GroupSpec", "RankFailed", "RankKilled", "resolve_backend", "run_group", "under_torchrun"]

@@ -21,7 +21,9 @@ placement error costs O(1) (the seed's variant: ~1).
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -204,8 +206,14 @@ def _assemble(pieces: list[tuple[str, Any]], heads: int, tokens: int) -> Any:
     return torch.cat([ts[r] for _, r in owners], dim=1)
 
 
-def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | None:
-    """Run one case on this rank (every rank calls it); rank 0 returns the result."""
+def run_case(
+    case: VerifyCase, rank: int, n: int, device: Any, note: Callable[[str], None] | None = None
+) -> CaseResult | None:
+    """Run one case on this rank (every rank calls it); rank 0 returns the result.
+
+    `note` (rank 0's progress line, see `_worker`) hears of each step as it starts.
+    """
+    say = note or (lambda _msg: None)
     import torch
     import torch.distributed as dist
 
@@ -238,10 +246,12 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
     if rank == 0:  # the same reference serves every plan of a batch of cases
         key = (case.model, case.tokens, case.chunk, case.seed, case.weights, str(device), act)
         if _REF_CACHE.get("key") != key:
+            say("reference forward (one process, full weights)")
             _REF_CACHE.clear()
             _REF_CACHE["key"] = key
             _REF_CACHE["ref"] = _reference(graph, full, ids.to(device), case.chunk, nu, device, dtype)
         ref = _REF_CACHE["ref"]
+    say(f"plan forward on {n} rank(s)")
     comm = make_comm(rank, n)
     runner = PlanRunner(graph, plan, n, rank, source, comm=comm, numerics=nu, device=device, dtype=dtype,
                         force=case.force)  # fmt: skip
@@ -266,6 +276,7 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
     if rank != 0:
         return None
     assert ref is not None
+    say("comparing values and traced collectives")
     res = CaseResult(case, n, pa.legal, reason)
     for key in sorted(ref["taps"]):
         heads = graph.kinds[graph.layer_kinds[key[1]]].values[key[2]].heads
@@ -288,9 +299,23 @@ def run_case(case: VerifyCase, rank: int, n: int, device: Any) -> CaseResult | N
     return res
 
 
-def _worker(rank: int, world: int, device: Any, cases: list[VerifyCase]) -> list[CaseResult | None]:
+def _progress(rank: int, cases: list[VerifyCase], enabled: bool) -> Callable[[int, str], None]:
+    """Rank 0's progress lines on stderr (stdout stays the report's; spawned ranks share stderr)."""
+
+    def note(i: int, msg: str) -> None:
+        if enabled and rank == 0:
+            print(f"verify [{i + 1}/{len(cases)}] {cases[i].plan}: {msg}", file=sys.stderr, flush=True)
+
+    return note
+
+
+def _worker(
+    rank: int, world: int, device: Any, payload: tuple[list[VerifyCase], bool]
+) -> list[CaseResult | None]:
     import torch
 
+    cases, progress = payload
+    note = _progress(rank, cases, progress)
     if device.type == "cpu":
         torch.set_num_threads(1)  # N ranks share the cores; intra-op threads only contend
     else:
@@ -299,10 +324,18 @@ def _worker(rank: int, world: int, device: Any, cases: list[VerifyCase]) -> list
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
-    return [run_case(c, rank, world, device) for c in cases]
+    out: list[CaseResult | None] = []
+    for i, case in enumerate(cases):
+        t0 = time.perf_counter()
+        note(i, f"{case.label} on {world} rank(s)")
+        out.append(run_case(case, rank, world, device, lambda msg, i=i: note(i, msg)))
+        res = out[-1]
+        if res is not None:
+            note(i, f"{'PASS' if res.passed else 'FAIL'} in {time.perf_counter() - t0:.1f} s")
+    return out
 
 
-def _in_process(cases: list[VerifyCase], timeout_s: float) -> list[CaseResult | None]:
+def _in_process(cases: list[VerifyCase], timeout_s: float, progress: bool) -> list[CaseResult | None]:
     """Run a one-rank gloo group inside this process (a private store; the default group is restored)."""
     from datetime import timedelta
 
@@ -315,16 +348,23 @@ def _in_process(cases: list[VerifyCase], timeout_s: float) -> list[CaseResult | 
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
     threads = torch.get_num_threads()
     try:
-        return _worker(0, 1, torch.device("cpu"), cases)
+        return _worker(0, 1, torch.device("cpu"), (cases, progress))
     finally:
         torch.set_num_threads(threads)
         dist.destroy_process_group()
 
 
 def verify_cases(
-    cases: list[VerifyCase], *, backend: str = "gloo", nproc: int = 2, timeout_s: float = 120.0
+    cases: list[VerifyCase],
+    *,
+    backend: str = "gloo",
+    nproc: int = 2,
+    timeout_s: float = 120.0,
+    progress: bool = False,
 ) -> list[CaseResult]:
     """Run every case in one process group of `nproc` ranks (or under torchrun); rank 0's results.
+
+    `progress`: rank 0 prints a line to stderr as each case and each of its steps starts.
 
     Raises `tpplan.runtime.group.RankFailed` naming the rank that failed first when a rank dies or
     a collective times out.
@@ -333,9 +373,9 @@ def verify_cases(
 
     spec = GroupSpec(resolve_backend(backend), nproc, timeout_s)
     if nproc == 1 and spec.backend == "gloo" and not under_torchrun():
-        out = _in_process(cases, timeout_s)  # one CPU rank: no process to spawn
+        out = _in_process(cases, timeout_s, progress)  # one CPU rank: no process to spawn
     else:
-        out = run_group(_worker, spec, cases)
+        out = run_group(_worker, spec, (cases, progress))
     return [r for r in out if r is not None] if out is not None else []
 
 

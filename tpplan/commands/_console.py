@@ -1,0 +1,137 @@
+"""One console for every command: tables and text fit 100 columns, in a terminal, a file or a pipe.
+
+rich sizes output to the terminal, and to 80 columns in a file or pipe; a table wider than that
+has its cells cut with an ellipsis or its lines cropped, silently. Here the width is the
+terminal's up to WIDTH (WIDTH itself in files and pipes), every column folds a long cell onto the
+next line instead of cutting it, and a table that still cannot fit is printed at its own minimum
+width, never cropped. `--wide` (on the commands with low-value columns) shows every column at the
+terminal's width, or WIDE columns in files and pipes.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.padding import Padding
+from rich.table import Column, Table
+from rich.text import Text
+
+WIDTH = 100
+WIDE = 250
+
+
+def console(*, wide: bool = False, stderr: bool = False) -> Console:
+    """A console WIDTH columns wide (narrower in a narrower terminal; WIDE or the terminal with `wide`)."""
+    probe = Console(stderr=stderr)
+    if wide:
+        width = max(probe.width, WIDTH) if probe.is_terminal else WIDE
+    else:
+        width = min(probe.width, WIDTH) if probe.is_terminal else WIDTH
+    return Console(width=width, highlight=False, stderr=stderr)
+
+
+TEXT = 24  # a column whose widest cell is wider than this and has spaces is text: it wraps first
+
+
+def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
+    """Print `table` within the console's width: numbers and names whole, text wrapped.
+
+    rich would shrink every column alike and fold numbers mid-digit. Here, when the table is too
+    wide, text columns (a cell wider than TEXT, with spaces) wrap between words; if that is not
+    enough, headers wrap between words; then the columns named in `wrap`, then every other column
+    whose cells have spaces (e.g. "48.0 GiB"). A cell without spaces is never broken, nothing is
+    cut with an ellipsis, and a table that cannot fit is printed at its minimum width, not cropped.
+    """
+    big = out.options.update_width(10 * WIDE)
+    for col in table.columns:
+        col.overflow = "fold"
+    if Measurement.get(out, big, table).maximum > out.width:
+        room = out.width - table._extra_width - _padding(table) * len(table.columns)
+        cols: list[tuple[Column, int, int, int, int]] = []  # column, rank, whole, header wrapped, all wrapped
+        for col in table.columns:
+            cells = [Measurement.get(out, big, c) for c in col.cells]
+            widest = max((m.maximum for m in cells), default=0)
+            head = Measurement.get(out, big, col.header)
+            least = max([m.minimum for m in cells] + [head.minimum])
+            spaces = any(m.minimum < m.maximum for m in cells)
+            rank = 0 if spaces and widest > TEXT else 1 if spaces and str(col.header) in wrap else 2 if spaces else 3
+            cols.append((col, rank, max(widest, head.maximum), max(widest, head.minimum), least))
+        # (text columns at least TEXT wide, wrap headers, wrap ranks up to): the first that fits
+        steps = [(roomy, h, u) for roomy in (True, False) for h, u in ((0, 0), (1, 0), (0, 1), (1, 1), (1, 2))]
+        for roomy, headers, upto in steps:
+            used = sum(
+                (max(a, min(w, TEXT)) if roomy and r == 0 else a) if r <= upto else (h if headers else w)
+                for _, r, w, h, a in cols
+            )
+            if used <= room:
+                break
+        # Columns that do not wrap get their width; those that wrap share what is left, each at
+        # least its longest word, the rest in proportion to how much more they would take.
+        widths = {id(c): (a if r <= upto else (h if headers else w)) for c, r, w, h, a in cols}
+        spare = room - sum(widths.values())
+        wants = {id(c): w - a for c, r, w, _, a in cols if r <= upto and w > a}
+        total = sum(wants.values())
+        for key, want in wants.items():
+            widths[key] += min(want, spare * want // total) if spare > 0 else 0
+        for col, *_ in cols:
+            col.width = widths[id(col)]
+    need = Measurement.get(out, big, table).minimum
+    if need > out.width:  # rich would crop it: widen the console for this table only
+        width, out.width = out.width, need
+        try:
+            out.print(table, crop=False)
+        finally:
+            out.width = width
+    else:
+        out.print(table)
+
+
+def _padding(table: Table) -> int:
+    _, right, _, left = Padding.unpack(table.padding)
+    return left + right
+
+
+def print_markdown(out: Console, text: str) -> None:
+    """Print markdown text with its tables drawn as tables that fit (`show`), the rest as text.
+
+    The markdown itself (e.g. `bench --md`) keeps its long rows; this is the terminal's view of it.
+    Cells are split on " | ", so a cell may hold a bare `|x|`.
+    """
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if not (lines[i].startswith("|") and i + 1 < len(lines) and set(lines[i + 1]) <= set("|-: ")):
+            out.print(lines[i], markup=False)
+            i += 1
+            continue
+        head = _cells(lines[i])
+        aligns = [c.strip() for c in lines[i + 1].strip().strip("|").split("|")]
+        table = Table()
+        for j, h in enumerate(head):
+            right = j < len(aligns) and aligns[j].endswith(":")
+            table.add_column(h, justify="right" if right else "left")
+        i += 2
+        while i < len(lines) and lines[i].startswith("|"):
+            cells = _cells(lines[i])
+            table.add_row(*(Text(c) for c in (cells + [""] * len(head))[: len(head)]))
+            i += 1
+        show(out, table)
+
+
+def _cells(row: str) -> list[str]:
+    inner = row.strip()
+    inner = inner[1:] if inner.startswith("|") else inner
+    inner = inner[:-1] if inner.endswith("|") else inner
+    return [c.strip() for c in f" {inner} ".split(" | ")]
+
+
+def print_wrapped(out: Console, line: str, indent: int = 4) -> None:
+    """One plain-text line (no markup), wrapped at the console's width with a hanging indent."""
+    lead = len(line) - len(line.lstrip(" "))
+    out.print(
+        textwrap.fill(line, out.width, subsequent_indent=" " * (lead + indent), break_on_hyphens=False),
+        markup=False,
+        soft_wrap=True,
+    )
