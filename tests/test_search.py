@@ -33,7 +33,7 @@ from tpplan.search import (
     RooflineObjective,
     SpaceOptions,
     VolumeObjective,
-    _cost_key,
+    cost_key,
     enumerate_kind,
     global_choices,
     make_search_plan,
@@ -79,7 +79,7 @@ def brute_audits(model: str, n: int, opts: SpaceOptions):
 def brute_rank(model, n, opts, obj, cap=None):
     graph = graph_of(model)
     costs = sorted(
-        {_cost_key(c): c for c in (plan_cost(obj, graph, pa) for pa in brute_audits(model, n, opts))}.values(),
+        {cost_key(c): c for c in (plan_cost(obj, graph, pa) for pa in brute_audits(model, n, opts))}.values(),
         key=lambda c: (c.score, c.memory),
     )
     return [c for c in costs if cap is None or c.memory <= cap]
@@ -259,7 +259,7 @@ def test_cli_search_table_and_json(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 1 and data["workload"] == "seed-c8"
+    assert data["schema_version"] == 2 and data["workload"] == "seed-c8"
     assert data["excluded_over_cap"]["count"] >= 0 and "memory cap" in r.stdout.lower()
     for p in data["plans"]:
         assert p["legal"] and p["memory_bytes_per_rank"]["total"] <= data["memory_cap_bytes"]
@@ -320,10 +320,10 @@ def test_report_names_found_plans_and_matches_named():
     assert all(p["summary"] and p["title"] for p in found)
     # named plans are leaves of the space: the search's baseline and sequence-parallel leaves
     # behave exactly like the named plans (which is how the report recognises them)
-    from tpplan.search import _named_behaviours, behaviour
+    from tpplan.search import behaviour, named_behaviours
 
     graph = graph_of("tiny-llama")
-    named = _named_behaviours(graph, 2, "bf16")
+    named = named_behaviours(graph, 2, "bf16")
     assert set(named.values()) >= {"baseline", "sequence-parallel"}
     found = set()
     for g in global_choices(graph, 2):

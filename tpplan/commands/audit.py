@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.explain import explain_layer
 
         result = audit(model, tp, [plan], dtype)
-        pa = next(p for p in result.plans if p.plan.name == plan)
+        pa = result.plans[-1]  # the plan asked for (audit puts baseline first; a plan file names its own plan)
         console = _wide_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
         for kind, ks in pa.kinds.items():

@@ -20,6 +20,20 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1f}%"
 
 
+def _cap(value: str | None) -> float | str | None:
+    """--memory-cap: absent = the GPU's memory ("gpu"), `none` = no cap, else GiB."""
+    if value is None:
+        return "gpu"
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        from tpplan.errors import TpplanError
+
+        raise TpplanError(f"--memory-cap {value}", "not a number", "give GiB per rank (e.g. 140) or none") from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("search")
     def search_cmd(
@@ -30,14 +44,26 @@ def register(app: typer.Typer) -> None:
         workload: Annotated[
             str | None, typer.Option("--workload", "-w", help="Workload preset or file: rank by mean TTFT")
         ] = None,
-        tp: Annotated[int | None, typer.Option("--tp", help="TP size (default: every GPU of the topology)")] = None,
+        tp: Annotated[
+            int | None, typer.Option("--tp", help="TP size (default: every TP x PP split of the topology's GPUs)")
+        ] = None,
+        pp: Annotated[
+            int | None, typer.Option("--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)")
+        ] = None,
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         memory_cap: Annotated[
-            float | None, typer.Option("--memory-cap", help="Exclude plans above this memory per rank, GiB")
+            str | None,
+            typer.Option(
+                "--memory-cap", help="Exclude plans above this memory per rank, GiB; default: one GPU's; none: no cap"
+            ),
         ] = None,
         top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
         json_file: Annotated[
             Path | None, typer.Option("--json", help="Also write the result as JSON (docs/search-json.md)")
+        ] = None,
+        save: Annotated[
+            Path | None,
+            typer.Option("--save", help="Write each ranked plan as DIR/plan-<rank>.json, for any command's --plan"),
         ] = None,
         tokens: Annotated[int, typer.Option("--tokens", help="Batch size for forward time without a workload")] = 8192,
         dtype: DtypeOpt = "bf16",
@@ -53,15 +79,19 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
-        from tpplan.search import search_report
+        from tpplan.plans.files import check_save_dir, save_plan_dir
+        from tpplan.search import run_search
 
-        data = search_report(
+        if save is not None:
+            check_save_dir(save)
+        outcome = run_search(
             model,
             topology,
             tp=tp,
+            pp=pp,
             nodes=nodes,
             workload=workload,
-            memory_cap_gib=memory_cap,
+            memory_cap_gib=_cap(memory_cap),
             top=top,
             tokens=tokens,
             dtype=dtype,
@@ -69,9 +99,14 @@ def register(app: typer.Typer) -> None:
             objective=objective,
             all_plans=all_plans,
         )
+        data = outcome.data
         if json_file is not None:
             json_file.write_text(json.dumps(data, indent=2))
         _print(data)
+        if save is not None:
+            written = save_plan_dir(save, outcome.plan_files)
+            if written:
+                typer.echo(f"\nSaved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan.")
 
 
 def _print(data: dict) -> None:

@@ -14,6 +14,7 @@ from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, R
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
+from tpplan.plans.files import is_plan_file, load_plan_file
 from tpplan.plans.plan import Plan
 
 # The MLA ops that produce the QKV latent (fused qkv_a with q_lora, kv_a without).
@@ -184,7 +185,11 @@ EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
 
 
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
-    """Build a plan by name for this model and TP size."""
+    """The plan a `--plan` value names, for this model and TP size: a named plan, `ep<k>`,
+    `<plan>+ep<k>`, or a plan file (`*.json`, written by `tpplan search --save`; see
+    `tpplan.plans.files`). Every command resolves `--plan` here."""
+    if is_plan_file(name):
+        return load_plan_file(name, graph, n)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
@@ -208,7 +213,8 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     raise TpplanError(
         f"--plan {name}",
         "unknown plan",
-        f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
+        f"choose one of {', '.join(NAMED_PLANS + EXTRA_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
+        "or a plan file (*.json) from `tpplan search --save DIR`",
     )
 
 
