@@ -112,9 +112,10 @@ def register(app: typer.Typer) -> None:
 def _print(data: dict) -> None:
     console = _wide_console()
     timed = data["topology"] is not None and data["score_unit"] == "s"
+    grid = len(data["search"]["deployments"]) > 1  # several TP x PP deployments: name each plan's
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
-        f"[bold]{data['model']}[/] at TP{data['tp']}"
+        f"[bold]{data['model']}[/] at {', '.join(data['search']['deployments'])}"
         + (f" on {data['topology']} ({data['nodes']} nodes)" if data["topology"] else "")
         + (f", workload {data['workload']}" if data["workload"] else "")
         + f": ranked by {what}; "
@@ -137,7 +138,7 @@ def _print(data: dict) -> None:
         found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
         t.add_row(
             rank,
-            p["name"],
+            p["name"] + (f" {p['deployment']}" if grid else ""),
             found,
             score,
             _pct(p.get("delta_vs_baseline_pct")),
@@ -166,13 +167,14 @@ def _print(data: dict) -> None:
         ]
         for e in ex["plans"][:10]:
             mem = e.get("memory_bytes_per_rank", e.get("search_memory_bytes_per_rank", 0.0))
-            lines.append(f"  - {e['name']}: {_fmt_bytes(mem)}")
+            lines.append(f"  - {e['name']}" + (f" {e['deployment']}" if grid else "") + f": {_fmt_bytes(mem)}")
         console.print("\n".join(lines), markup=False)
     if not data["plans"]:
         console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:
-        console.print(f"  {p['rank']}. {p['name']}: {p['title']}", markup=False)
+        where = f" {p['deployment']}" if grid else ""
+        console.print(f"  {p['rank']}. {p['name']}{where}: {p['title']}", markup=False)
     if data["plans"]:
         best = data["plans"][0]
         console.print(f"\nBest, in words: {best['summary']}", markup=False)

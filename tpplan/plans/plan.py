@@ -48,6 +48,13 @@ def _split(patterns: frozenset[str]) -> tuple[frozenset[str], tuple[str, ...]]:
     return patterns.difference(wild), wild
 
 
+@lru_cache(maxsize=4096)
+def _inexact_pairs(pairs: frozenset[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The pairs an exact (qualified producer, qualified consumer) lookup does not settle: those
+    with a wildcard or a bare role on either side (the search generates only exact pairs)."""
+    return tuple((p, c) for p, c in pairs if any(ch in p + c for ch in "*?[") or "/" not in p or "/" not in c)
+
+
 @dataclass(frozen=True)
 class Plan:
     name: str
@@ -70,9 +77,11 @@ class Plan:
         return _match(self.gather, producer)
 
     def gathers_for(self, producer: str, consumer: str) -> bool:
+        if not self.gather_for:
+            return False
         if (producer, consumer) in self.gather_for:
             return True
-        return any(_match((p,), producer) and _match((c,), consumer) for p, c in self.gather_for)
+        return any(_match((p,), producer) and _match((c,), consumer) for p, c in _inexact_pairs(self.gather_for))
 
     def a2a_of(self, producer: str) -> bool:
         return _match(self.a2a, producer)

@@ -244,6 +244,7 @@ class PredictObjective:
         self._ops: dict[tuple[object, ...], Cost] = {}
         self._comms: dict[tuple[str, str, float], float] = {}
         self._copies: dict[tuple[object, ...], float] = {}
+        self._fixed: dict[tuple[Placement, Placement, int], Cost] = {}
 
     def op_cost(self, kind: str, d: OpDecision, n: int, g: GlobalChoice) -> Cost:
         key = (kind, d.op.name, d.split, d.strategy, d.compute_share, d.weight_elements_per_rank, g.ep_size)
@@ -274,6 +275,15 @@ class PredictObjective:
         return hit
 
     def fixed(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> Cost:
+        key = (stream, final_delta, n)
+        hit = self._fixed.get(key)
+        if hit is None:
+            hit = Cost(self._fixed_seconds(graph, stream, final_delta, n), self._state_memory())
+            self._fixed[key] = hit
+        return hit
+
+    def _fixed_seconds(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> float:
+        """The final reduction and, with PP, the stage sends, for the batches priced."""
         pr = self.pricer
         secs = 0.0
         coll = _final_collective(stream, final_delta)
@@ -282,8 +292,11 @@ class PredictObjective:
                 secs += w * pr.final_reduce_time(coll, ring_elements_per_rank(coll, graph.hidden, n), segs)
             if self.pp > 1:
                 secs += w * pr.stage_sends_time(stream, segs)
-        spec = graph.spec
-        wl = self.workload
+        return secs
+
+    def _state_memory(self) -> float:
+        """KV cache, recurrent state, embedding and head on the fullest stage (no plan changes them)."""
+        pr, spec, wl = self.pricer, self.graph.spec, self.workload
         if wl is not None:
             seqs = [wl.prompt_len(i) + wl.output_len for i in range(wl.concurrency)]
         else:
@@ -296,4 +309,4 @@ class PredictObjective:
             mem += embed if s == 0 else 0.0
             mem += embed if s == len(stages) - 1 and (not spec.tie_embeddings or len(stages) > 1) else 0.0
             memory = max(memory, mem)
-        return Cost(secs, memory)
+        return memory

@@ -154,7 +154,7 @@ def _setup(
 
 
 def _evaluate(
-    s: _Setup, plan: Plan, pa: PlanAudit, cost: Cost, tp: int, pp: int, named: dict[Any, str]
+    s: _Setup, plan: Plan, pa: PlanAudit, cost: Cost, tp: int, pp: int
 ) -> dict[str, Any]:
     """One plan's entry: the audit's volumes and, with a topology, `predict_plan`'s time and memory."""
     entry: dict[str, Any] = {
@@ -166,7 +166,7 @@ def _evaluate(
         "title": plan.title,
         "summary": plan.summary,
         "found_by": plan.found_by,
-        "same_as_named": named.get(behaviour(pa)),
+        "same_as_named": None,  # filled in for the ranked plans (`_name_ranked`)
         "legal": pa.legal,
         "decisions": plan.describe(),
         "score": cost.score,
@@ -211,7 +211,7 @@ def _evaluate(
 class _Deployed:
     """What one deployment's search left: ranked entries (with their plans), exclusions, stats."""
 
-    entries: list[tuple[dict[str, Any], Plan]]
+    entries: list[tuple[dict[str, Any], Plan, PlanAudit]]
     excluded: dict[str, dict[str, Any]]
     base: tuple[dict[str, Any], PlanAudit, Cost] | None
     reserve: float
@@ -230,8 +230,16 @@ def _objective(s: _Setup, tp: int, pp: int) -> Objective:
     return VolumeObjective(s.dtype)
 
 
-def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool) -> _Deployed:
-    """Search one (TP, PP); re-audit and predict its best plans until `top` fit.
+def _lower_bound(s: _Setup, score: float, pp: int) -> float:
+    """What `predict_plan` can say of a plan the search scored `score`, at least: the score itself
+    (forward time, volume, or TTFT without PP), or with PP the unpipelined TTFT over `pp` (a batch
+    occupies a stage at least 1/pp of its trip through all of them)."""
+    return score / pp if s.wl is not None and pp > 1 else score
+
+
+def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool, cutoff: float = float("inf")) -> _Deployed:
+    """Search one (TP, PP); re-audit and predict its best plans until `top` fit, or until what the
+    next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
     Activations (one chunk's peak) are not additive: the search caps the rest. A ranked plan that
     its own activations push over the cap is excluded; if that happens, the search runs once more
@@ -243,14 +251,13 @@ def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool) -> _Deploye
     graph, cap, top = s.graph, s.cap, s.top
     obj = _objective(s, tp, pp)
     base_pa = audit_plan(graph, baseline_plan(), tp, s.dtype)  # raises if the model does not split over tp
-    named = named_behaviours(graph, tp, s.dtype)
     seconds = time.perf_counter() - t0
     base = None
     if want_base:
         base_cost = plan_cost(obj, graph, base_pa)
-        base = (_evaluate(s, base_pa.plan, base_pa, base_cost, tp, pp, named), base_pa, base_cost)
+        base = (_evaluate(s, base_pa.plan, base_pa, base_cost, tp, pp), base_pa, base_cost)
     reserve = 0.0
-    kept: dict[str, tuple[dict[str, Any], Plan]] = {}
+    kept: dict[str, tuple[dict[str, Any], Plan, PlanAudit]] = {}
     excluded: dict[str, dict[str, Any]] = {}
     families = walks = 0
     for attempt in range(2):
@@ -279,17 +286,14 @@ def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool) -> _Deploye
                 },
             )
         for c in res.candidates:
-            if fitted >= top:
+            if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
                 break
             name, short, summary = describe(c.glob, c.configs)
             plan = c.plan.with_(name=name, title=short, summary=summary)
             pa = audit_plan(graph, plan, tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            same = named.get(behaviour(pa))
-            if same:  # the search rediscovered a named plan: show it under its name
-                plan = plan.with_(name=same, found_by="named")
-            entry = _evaluate(s, plan, pa, c.cost, tp, pp, named)
+            entry = _evaluate(s, plan, pa, c.cost, tp, pp)
             mem = entry.get("memory_bytes_per_rank")
             if cap is not None and mem is not None and mem["total"] > cap:
                 worst_act = max(worst_act, float(mem["activations"]))
@@ -302,11 +306,46 @@ def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool) -> _Deploye
                 }
                 continue
             fitted += 1
-            kept.setdefault(str(entry["name"]), (entry, plan))
+            kept.setdefault(str(entry["name"]), (entry, plan, pa))
         if worst_act <= reserve or attempt:
             break
         reserve = worst_act
     return _Deployed(list(kept.values()), excluded, base, reserve, families, walks, seconds, obj.name)
+
+
+_NAMED: dict[tuple[int, str, str], dict[Any, str]] = {}
+
+
+def _named(s: _Setup, tp: int) -> dict[Any, str]:
+    """The named plans' behaviours at TP `tp` (computed once per model, TP and dtype)."""
+    key = (id(s.graph), tp, s.dtype)
+    if key not in _NAMED:
+        _NAMED.clear()  # one search at a time: keep only this graph's
+        _NAMED[key] = named_behaviours(s.graph, tp, s.dtype)
+    return _NAMED[key]
+
+
+def _name_ranked(
+    s: _Setup, ranked: list[tuple[dict[str, Any], Plan, PlanAudit]], top: int
+) -> list[tuple[dict[str, Any], Plan]]:
+    """The best `top` plans, a rediscovered named plan shown under its name (once per deployment).
+    Named plans are matched only here, for the plans shown: it costs an audit of each named plan."""
+    out: list[tuple[dict[str, Any], Plan]] = []
+    seen: set[tuple[str, str]] = set()
+    for entry, plan, pa in ranked:
+        same = _named(s, entry["tp"]).get(behaviour(pa))
+        entry["same_as_named"] = same
+        if same:  # the search rediscovered a named plan: show it under its name
+            plan = plan.with_(name=same, found_by="named")
+            entry["name"], entry["found_by"] = same, "named"
+        key = (entry["name"], entry["deployment"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((entry, plan))
+        if len(out) == top:
+            break
+    return out
 
 
 def run_search(
@@ -341,9 +380,12 @@ def run_search(
     setup_s = time.perf_counter() - t0
     results: list[_Deployed] = []
     skipped: list[dict[str, Any]] = []
+    scores: list[float] = []
     for n, p in grid:
+        cutoff = sorted(scores)[top - 1] if len(scores) >= top else float("inf")
         try:
-            results.append(_search_deployment(s, n, p, want_base=not results))
+            results.append(_search_deployment(s, n, p, want_base=not results, cutoff=cutoff))
+            scores += [e["score"] for e, _, _ in results[-1].entries]
         except TpplanError as e:  # in a grid, a TP size the model does not split over is skipped
             if len(grid) == 1:
                 raise
@@ -353,7 +395,8 @@ def run_search(
     assert results[0].base is not None
     base_entry, base_pa, _ = results[0].base
     obj_name = results[0].objective
-    ranked = sorted((ep for r in results for ep in r.entries), key=lambda ep: ep[0]["score"])[:top]
+    ranked = _name_ranked(s, sorted((e for r in results for e in r.entries), key=lambda e: e[0]["score"]), top)
+    base_entry["same_as_named"] = _named(s, base_entry["tp"]).get(behaviour(base_pa))
     plans: list[dict[str, Any]] = []
     files: list[PlanFile] = []
     found_for = {
@@ -401,7 +444,7 @@ def run_search(
             "count": len(excluded),
             "reason": (
                 f"memory per rank above the cap of {s.cap_gib:g} GiB"
-                + (" (one GPU's memory)" if memory_cap_gib == "gpu" else "")
+                + (", one GPU's memory" if memory_cap_gib == "gpu" else "")
                 + " (weights incl. replication, KV cache, recurrent state, embedding/head, and the activations"
                 f" of one chunk; {reserve / GIB:.2f} GiB reserved for them in the search)"
                 if s.cap is not None

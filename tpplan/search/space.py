@@ -67,6 +67,9 @@ def make_search_plan(g: GlobalChoice, configs: Sequence[KindConfig], name: str =
     """The Plan a global choice and one config per kind stand for."""
 
     def union(attr: str) -> frozenset[Any]:
+        if len(configs) == 1:  # the walk's case: one kind's config, its sets as they are
+            own: frozenset[Any] = getattr(configs[0], attr)
+            return own
         return frozenset().union(*(getattr(c, attr) for c in configs))
 
     return Plan(
