@@ -24,7 +24,7 @@ from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import PlanFile, plan_file_data
 from tpplan.plans.plan import Plan
 from tpplan.search.combine import search
-from tpplan.search.naming import behaviour, describe, named_behaviours
+from tpplan.search.naming import Behaviour, behaviour, describe, named_behaviours
 from tpplan.search.objectives import Cost, Objective, PredictObjective, VolumeObjective, plan_cost
 
 if TYPE_CHECKING:
@@ -211,14 +211,13 @@ def _evaluate(
 class _Deployed:
     """What one deployment's search left: ranked entries (with their plans), exclusions, stats."""
 
-    entries: list[tuple[dict[str, Any], Plan, PlanAudit]]
+    entries: list[tuple[dict[str, Any], Plan, Behaviour]]
     excluded: dict[str, dict[str, Any]]
-    base: tuple[dict[str, Any], PlanAudit, Cost] | None
     reserve: float
     families: int
     walks: int
-    seconds: float
     objective: str
+    label: str
 
 
 def _objective(s: _Setup, tp: int, pp: int) -> Objective:
@@ -237,7 +236,7 @@ def _lower_bound(s: _Setup, score: float, pp: int) -> float:
     return score / pp if s.wl is not None and pp > 1 else score
 
 
-def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool, cutoff: float = float("inf")) -> _Deployed:
+def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")) -> _Deployed:
     """Search one (TP, PP); re-audit and predict its best plans until `top` fit, or until what the
     next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
@@ -247,21 +246,14 @@ def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool, cutoff: flo
     """
     from tpplan.plans.named import baseline as baseline_plan
 
-    t0 = time.perf_counter()
     graph, cap, top = s.graph, s.cap, s.top
     obj = _objective(s, tp, pp)
-    base_pa = audit_plan(graph, baseline_plan(), tp, s.dtype)  # raises if the model does not split over tp
-    seconds = time.perf_counter() - t0
-    base = None
-    if want_base:
-        base_cost = plan_cost(obj, graph, base_pa)
-        base = (_evaluate(s, base_pa.plan, base_pa, base_cost, tp, pp), base_pa, base_cost)
+    audit_plan(graph, baseline_plan(), tp, s.dtype)  # raises (a clear TpplanError) if the model does not split over tp
     reserve = 0.0
-    kept: dict[str, tuple[dict[str, Any], Plan, PlanAudit]] = {}
+    kept: dict[str, tuple[dict[str, Any], Plan, Behaviour]] = {}
     excluded: dict[str, dict[str, Any]] = {}
     families = walks = 0
     for attempt in range(2):
-        t1 = time.perf_counter()
         res = search(
             graph,
             tp,
@@ -271,7 +263,6 @@ def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool, cutoff: flo
             dtype=s.dtype,
             per_family=not s.all_plans,
         )
-        seconds += time.perf_counter() - t1
         families, walks = res.globals_searched, walks + res.walks
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
@@ -306,11 +297,20 @@ def _search_deployment(s: _Setup, tp: int, pp: int, want_base: bool, cutoff: flo
                 }
                 continue
             fitted += 1
-            kept.setdefault(str(entry["name"]), (entry, plan, pa))
+            kept.setdefault(str(entry["name"]), (entry, plan, behaviour(pa)))
         if worst_act <= reserve or attempt:
             break
         reserve = worst_act
-    return _Deployed(list(kept.values()), excluded, base, reserve, families, walks, seconds, obj.name)
+    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, _label(tp, pp))
+
+
+def _baseline(s: _Setup, tp: int, pp: int) -> tuple[dict[str, Any], Behaviour]:
+    """Megatron TP at this deployment, for reference: its entry and behaviour."""
+    from tpplan.plans.named import baseline as baseline_plan
+
+    pa = audit_plan(s.graph, baseline_plan(), tp, s.dtype)
+    cost = plan_cost(_objective(s, tp, pp), s.graph, pa)
+    return _evaluate(s, pa.plan, pa, cost, tp, pp), behaviour(pa)
 
 
 _NAMED: dict[tuple[int, str, str], dict[Any, str]] = {}
@@ -326,14 +326,14 @@ def _named(s: _Setup, tp: int) -> dict[Any, str]:
 
 
 def _name_ranked(
-    s: _Setup, ranked: list[tuple[dict[str, Any], Plan, PlanAudit]], top: int
+    s: _Setup, ranked: list[tuple[dict[str, Any], Plan, Behaviour]], top: int
 ) -> list[tuple[dict[str, Any], Plan]]:
     """The best `top` plans, a rediscovered named plan shown under its name (once per deployment).
     Named plans are matched only here, for the plans shown: it costs an audit of each named plan."""
     out: list[tuple[dict[str, Any], Plan]] = []
     seen: set[tuple[str, str]] = set()
-    for entry, plan, pa in ranked:
-        same = _named(s, entry["tp"]).get(behaviour(pa))
+    for entry, plan, beh in ranked:
+        same = _named(s, entry["tp"]).get(beh)
         entry["same_as_named"] = same
         if same:  # the search rediscovered a named plan: show it under its name
             plan = plan.with_(name=same, found_by="named")
@@ -345,6 +345,46 @@ def _name_ranked(
         out.append((entry, plan))
         if len(out) == top:
             break
+    return out
+
+
+_GRID_SETUP: _Setup | None = None  # what forked grid workers search (inherited, not pickled)
+
+
+def _search_one(n: int, p: int, cutoff: float = float("inf")) -> _Deployed | tuple[str, str, str]:
+    """One deployment; a model that does not split over it gives the error's (where, reason, fix),
+    which, unlike the exception, crosses a process boundary."""
+    assert _GRID_SETUP is not None
+    try:
+        return _search_deployment(_GRID_SETUP, n, p, cutoff)
+    except TpplanError as e:
+        return (e.where, e.reason, e.fix)
+
+
+def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tuple[str, str, str]]:
+    """Every deployment's search, in grid order: on as many cores as there are (forked workers,
+    each one deployment) when the grid has several, else in turn, each evaluating only plans that
+    can still rank (`cutoff`: the `top`-th best score of the deployments before it)."""
+    global _GRID_SETUP
+    import multiprocessing as mp
+    import os
+
+    _GRID_SETUP = s
+    workers = min(len(grid), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers > 1 and "fork" in mp.get_all_start_methods():
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            futures = [pool.submit(_search_one, n, p) for n, p in grid]
+            return [f.result() for f in futures]
+    out: list[_Deployed | tuple[str, str, str]] = []
+    scores: list[float] = []
+    for n, p in grid:
+        cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
+        got = _search_one(n, p, cutoff)
+        out.append(got)
+        if isinstance(got, _Deployed):
+            scores += [e["score"] for e, _, _ in got.entries]
     return out
 
 
@@ -377,26 +417,24 @@ def run_search(
         grid = [(s.topo.world_size if s.topo is not None else 0, 1)]
         if grid[0][0] < 1:
             raise TpplanError("--tp", "the TP size must be at least 1", "pass --tp 1 or more")
-    setup_s = time.perf_counter() - t0
     results: list[_Deployed] = []
     skipped: list[dict[str, Any]] = []
-    scores: list[float] = []
-    for n, p in grid:
-        cutoff = sorted(scores)[top - 1] if len(scores) >= top else float("inf")
-        try:
-            results.append(_search_deployment(s, n, p, want_base=not results, cutoff=cutoff))
-            scores += [e["score"] for e, _, _ in results[-1].entries]
-        except TpplanError as e:  # in a grid, a TP size the model does not split over is skipped
-            if len(grid) == 1:
-                raise
-            skipped.append({"deployment": _label(n, p), "why": e.reason})
+    searched = _search_all(s, grid)
+    search_s = time.perf_counter() - t0  # model load, every deployment's search and its plans' checks
+    for (n, p), got in zip(grid, searched, strict=True):
+        if isinstance(got, _Deployed):
+            results.append(got)
+            continue
+        if len(grid) == 1:
+            raise TpplanError(*got)
+        skipped.append({"deployment": _label(n, p), "why": got[1]})  # a TP size the model does not split over
     if not results:
         raise TpplanError("--tp/--pp", "the model splits over none of the deployments searched", "pass --tp")
-    assert results[0].base is not None
-    base_entry, base_pa, _ = results[0].base
+    ref = grid[[_label(n, p) for n, p in grid].index(results[0].label)]
+    base_entry, base_behaviour = _baseline(s, *ref)
     obj_name = results[0].objective
     ranked = _name_ranked(s, sorted((e for r in results for e in r.entries), key=lambda e: e[0]["score"]), top)
-    base_entry["same_as_named"] = _named(s, base_entry["tp"]).get(behaviour(base_pa))
+    base_entry["same_as_named"] = _named(s, base_entry["tp"]).get(base_behaviour)
     plans: list[dict[str, Any]] = []
     files: list[PlanFile] = []
     found_for = {
@@ -410,7 +448,9 @@ def run_search(
     for entry, plan in ranked:
         entry["rank"] = len(plans) + 1
         entry["delta_vs_baseline_pct"] = _pct(entry["score"], base_entry["score"])
-        entry["comm_delta_vs_baseline_pct"] = _pct(entry["comm_bytes_per_token_per_rank"], base_pa.comm_bytes_per_token)
+        entry["comm_delta_vs_baseline_pct"] = _pct(
+            entry["comm_bytes_per_token_per_rank"], base_entry["comm_bytes_per_token_per_rank"]
+        )
         plans.append(entry)
         files.append(
             plan_file_data(
@@ -457,7 +497,7 @@ def run_search(
             "skipped": skipped,
             "families": sum(r.families for r in results),
             "walk_steps": sum(r.walks for r in results),
-            "seconds": round(setup_s + sum(r.seconds for r in results), 3),
+            "seconds": round(search_s, 3),
         },
     }
     return SearchOutcome(data, files)
