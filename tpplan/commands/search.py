@@ -153,10 +153,13 @@ def _print(data: dict) -> None:
         row(p, str(p["rank"]))
     console.print(t)
     gpu = data.get("gpu_memory_bytes")
-    if gpu is not None and data["memory_cap_bytes"] is None:
+    shown = [data["baseline"], *data["plans"]]
+    if gpu is not None and any(p.get("memory_bytes_per_rank", {}).get("total", 0.0) > gpu for p in shown):
+        capped = data["memory_cap_bytes"] is not None
+        ranked = "such plans are not ranked" if capped else "--memory-cap none ranks such plans"
         console.print(
-            f"(> GPU: more than the {_fmt_bytes(gpu)} of one GPU; pass --memory-cap to exclude such plans, "
-            "or a smaller --expert-dtype.)",
+            f"(> GPU: needs more than the {_fmt_bytes(gpu)} of one GPU, so it does not fit; {ranked}; "
+            "more GPUs or a smaller --expert-dtype may fit.)",
             markup=False,
         )
     ex = data["excluded_over_cap"]
@@ -170,7 +173,10 @@ def _print(data: dict) -> None:
             lines.append(f"  - {e['name']}" + (f" {e['deployment']}" if grid else "") + f": {_fmt_bytes(mem)}")
         console.print("\n".join(lines), markup=False)
     if not data["plans"]:
-        console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
+        console.print(
+            "[red]No legal plan fits.[/] Use more GPUs (--nodes), a smaller --expert-dtype, or --memory-cap none "
+            "to rank plans that do not fit."
+        )
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:
         where = f" {p['deployment']}" if grid else ""
