@@ -85,16 +85,18 @@ class PlanFile(_Strict):
 def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1) -> PlanFile:
     """The file for `plan`, ranked at TP `tp` x PP `pp` on `graph` (`found_for`: topology,
     workload, dtype, expert_dtype, objective, rank, score)."""
-    decisions = Decisions(
-        stream=plan.stream.value,  # type: ignore[arg-type]
-        reduce=plan.reduce.value,  # type: ignore[arg-type]
-        gather=sorted(plan.gather),
-        gather_for=sorted(plan.gather_for),
-        a2a=sorted(plan.a2a),
-        replicate=sorted(plan.replicate),
-        token_shard=sorted(plan.token_shard),
-        moe=plan.moe,
-        ep_size=plan.ep_size if plan.moe == "ep" else None,
+    decisions = Decisions.model_validate(
+        {
+            "stream": plan.stream.value,
+            "reduce": plan.reduce.value,
+            "gather": sorted(plan.gather),
+            "gather_for": sorted(plan.gather_for),
+            "a2a": sorted(plan.a2a),
+            "replicate": sorted(plan.replicate),
+            "token_shard": sorted(plan.token_shard),
+            "moe": plan.moe,
+            "ep_size": plan.ep_size if plan.moe == "ep" else None,
+        }
     )
     return PlanFile(
         schema_version=PLAN_FILE_VERSION,
@@ -105,7 +107,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
         engine_notes=list(plan.engine_notes),
         decisions=decisions,
         deployment=Deployment(tp=tp, pp=pp, ep=decisions.ep_size, moe=plan.moe),
-        found_for=FoundFor(model=graph.spec.name, layer_kinds=list(graph.kinds), **found_for),  # type: ignore[arg-type]
+        found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
     )
 
 
