@@ -28,7 +28,7 @@ from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import LayerResult, LayerWalk, check_divisible
 from tpplan.layout.rules import strategies
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, Value, WeightSplit
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 from tpplan.plans.plan import MoEMode, Plan
 
 
@@ -114,20 +114,31 @@ def global_choices(graph: ModelGraph, n: int, *, streams: Sequence[Placement] = 
     return out
 
 
-def _consumers(lg: LayerGraph) -> dict[str, list[Op]]:
-    out: dict[str, list[Op]] = {}
-    for op in lg.ops:
-        for v in op.inputs:
-            out.setdefault(v, []).append(op)
-    return out
+class KindIndex:
+    """What a walk over one layer kind looks up again and again, computed once: each value's
+    consumers and its producer's qualified name, and which placements an op's inputs accept."""
+
+    def __init__(self, lg: LayerGraph) -> None:
+        self.lg = lg
+        self.consumers: dict[str, list[Op]] = {}
+        for op in lg.ops:
+            for v in op.inputs:
+                self.consumers.setdefault(v, []).append(op)
+        self.producer_q = {op.output: f"{lg.kind}/{op.role}" for op in lg.ops}
+        self._accepts: dict[tuple[str, str, int, Placement], bool] = {}
+
+    def accepts(self, op: Op, split: str, position: int, placement: Placement) -> bool:
+        """Whether some strategy of `op` (weight placed as `split`) takes `placement` at input `position`."""
+        key = (op.name, split, position, placement)
+        hit = self._accepts.get(key)
+        if hit is None:
+            hit = any(s.inputs[position] is placement for s in strategies(op, split, self.lg.values))
+            self._accepts[key] = hit
+        return hit
 
 
 def _is_stream_add(op: Op) -> bool:
     return op.kind is OpKind.ADD and op.role.startswith("layer.")
-
-
-def _accepts(op: Op, split: str, position: int, placement: Placement, values: dict[str, Value]) -> bool:
-    return any(s.inputs[position] is placement for s in strategies(op, split, values))
 
 
 def _default_split(op: Op, g: GlobalChoice) -> str:
@@ -148,7 +159,7 @@ class SpaceOptions:
 
 
 def _expand(
-    walk: LayerWalk, cfg: KindConfig, g: GlobalChoice, opts: SpaceOptions, consumers: dict[str, list[Op]]
+    walk: LayerWalk, cfg: KindConfig, g: GlobalChoice, opts: SpaceOptions, index: KindIndex
 ) -> tuple[list[tuple[KindConfig, LayerWalk]], bool]:
     """Walk the next op under every choice its sites offer; return the legal branches.
 
@@ -182,7 +193,7 @@ def _expand(
     bad = [
         (v, got)
         for k, (v, got) in enumerate(zip(op.inputs, d.inputs_received, strict=True))
-        if got in (S_TOK, S_COL) and not _is_stream_add(op) and not _accepts(op, d.split, k, got, lg.values)
+        if got in (S_TOK, S_COL) and not _is_stream_add(op) and not index.accepts(op, d.split, k, got)
     ]
     if bad and n > 1:
         names = "+".join(v for v, _ in bad)
@@ -219,14 +230,14 @@ def _expand(
         branches += more
     out: list[tuple[KindConfig, LayerWalk]] = []
     v = op.output
-    later = [c for c in consumers.get(v, []) if not _is_stream_add(c)]
+    later = [c for c in index.consumers.get(v, []) if not _is_stream_add(c)]
     for c, w in branches:
         out.append((c, w))
         if w.res.placements.get(v) is not S_TOK or not later or _is_stream_add(op) or n == 1:
             continue
         c2 = c.add(f"all-gather {v}", gather=[q(op)])
         out.append((c2, w.copy(make_search_plan(g, [c2]))))
-        if opts.a2a and any(_accepts(o, _default_split(o, g), o.inputs.index(v), S_COL, lg.values) for o in later):
+        if opts.a2a and any(index.accepts(o, _default_split(o, g), o.inputs.index(v), S_COL) for o in later):
             c3 = c.add(f"all-to-all {v} to heads", a2a=[q(op)])
             out.append((c3, w.copy(make_search_plan(g, [c3]))))
     return out, saw_p
@@ -241,7 +252,7 @@ def enumerate_kind(
     brute force that the search must match.
     """
     opts = opts or SpaceOptions()
-    consumers = _consumers(lg)
+    index = KindIndex(lg)
     leaves: list[tuple[KindConfig, LayerResult]] = []
     stack = [(KindConfig(lg.kind), LayerWalk(lg, make_search_plan(g, []), n, P, dtype_bytes))]
     while stack:
@@ -249,5 +260,5 @@ def enumerate_kind(
         if walk.index == len(walk.ops):
             leaves.append((cfg, walk.res))
             continue
-        stack.extend(reversed(_expand(walk, cfg, g, opts, consumers)[0]))
+        stack.extend(reversed(_expand(walk, cfg, g, opts, index)[0]))
     return leaves

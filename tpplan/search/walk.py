@@ -19,8 +19,8 @@ from tpplan.search.objectives import ZERO, Cost, Objective
 from tpplan.search.space import (
     GlobalChoice,
     KindConfig,
+    KindIndex,
     SpaceOptions,
-    _consumers,
     _expand,
     _has_experts,
     make_search_plan,
@@ -66,16 +66,15 @@ def _step_cost(obj: Objective, kind: str, before: LayerWalk, after: LayerWalk, g
     return total
 
 
-def _state_key(walk: LayerWalk, cfg: KindConfig, live: list[str], lg: LayerGraph) -> StateKey:
-    pl = walk.res.placements
-    prod = walk.producer_of
-    out = []
-    for v in live:
-        p = prod.get(v)
-        qn = f"{lg.kind}/{p.role}" if p else ""
-        out.append((v, pl.get(v), qn in cfg.gather, qn in cfg.a2a))
-    done = tuple(sorted((v, str(dst)) for (v, dst) in walk.done if v in live))
-    return (tuple(out), done)
+def _state_key(
+    walk: LayerWalk, cfg: KindConfig, live: tuple[tuple[str, str], ...], live_set: frozenset[str]
+) -> StateKey:
+    """What the ops ahead can see: each live value's placement and whether its producer is gathered
+    or all-to-all'd (`live`: (value, producer's qualified name) pairs), and the conversions issued."""
+    pl, gather, a2a = walk.res.placements, cfg.gather, cfg.a2a
+    out = tuple((v, pl.get(v), qn in gather, qn in a2a) for v, qn in live)
+    done = tuple(sorted((v, str(dst)) for (v, dst) in walk.done if v in live_set))
+    return (out, done)
 
 
 @dataclass
@@ -98,11 +97,16 @@ class KindSolver:
 
     def __init__(self, lg: LayerGraph, n: int, obj: Objective, k: int, opts: SpaceOptions, dtype_bytes: int = 2):
         self.lg, self.n, self.obj, self.k, self.opts, self.dtype_bytes = lg, n, obj, k, opts, dtype_bytes
-        self.consumers = _consumers(lg)
+        self.index = KindIndex(lg)
         self.last_use: dict[str, int] = {}
         for i, op in enumerate(lg.ops):
             for v in op.inputs:
                 self.last_use[v] = i
+        # values still read after op i, with their producers' qualified names (for `_state_key`)
+        self.live = []
+        for i in range(len(lg.ops)):
+            live = sorted(v for v, last in self.last_use.items() if last > i)
+            self.live.append((tuple((v, self.index.producer_q.get(v, "")) for v in live), frozenset(live)))
         self.split = len(lg.entry) + len(lg.attn.ops) + len(lg.middle)  # first op of the MLP block
         self.prefixes: dict[tuple[Placement, Placement], tuple[States, int, bool]] = {}
         self.fronts: dict[tuple[Placement, Placement, str], KindFront] = {}
@@ -112,16 +116,17 @@ class KindSolver:
         lg, k, obj, ops = self.lg, self.k, self.obj, self.lg.ops
         saw_p = False
         for i in range(i0, i1):
-            live = sorted(v for v, last in self.last_use.items() if last > i)
+            live, live_set = self.live[i]
             nxt: States = {}
             for bucket in states.values():
                 for part in bucket:
-                    branches, p_in = _expand(part.walk, part.cfg, g, self.opts, self.consumers)
+                    branches, p_in = _expand(part.walk, part.cfg, g, self.opts, self.index)
                     saw_p = saw_p or p_in
                     for cfg, w in branches:
                         self.walks += 1
                         cost = part.cost + _step_cost(obj, lg.kind, part.walk, w, g)
-                        key = _state_key(w, cfg, live, lg) if i < len(ops) - 1 else (w.res.placements["mlp_out"],)
+                        last = i == len(ops) - 1  # after the last op only the hand-over matters
+                        key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live, live_set)
                         sig = hash((part.sig, _step_sig(part.walk, w)))
                         nxt.setdefault(key, []).append(_Partial(cost, cfg, w, sig))
             states = {key: skyline(_dedupe(b), k, lambda p: p.cost) for key, b in nxt.items()}
