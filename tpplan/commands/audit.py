@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.explain import explain_layer
 
         result = audit(model, tp, [plan], dtype)
-        pa = result.plans[-1]  # the plan asked for (audit puts baseline first; a plan file names its own plan)
+        pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
         console = _wide_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
         for kind, ks in pa.kinds.items():
@@ -139,7 +139,7 @@ def _print_audit(data: dict) -> None:
         "legal",
         "bytes/tok/rank",
         "vs base",
-        "seed units",
+        "rel. units",
         "collectives per forward",
         "replicated/rank",
     ):
@@ -156,7 +156,7 @@ def _print_audit(data: dict) -> None:
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         )
     console.print(t)
-    k = Table(title="Per layer kind (seed units: AR=2W, RS=AG=W, A2A=W/N)")
+    k = Table(title="Per layer kind (relative units: AR=2W, RS=AG=W, A2A=W/N)")
     for col in ("plan", "layer kind", "legal", "attn-in units", "vs base", "layer units", "collectives per layer"):
         k.add_column(col)
     for p in data["plans"]:
