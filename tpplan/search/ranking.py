@@ -370,22 +370,25 @@ def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tupl
     import os
 
     _GRID_SETUP = s
-    workers = min(len(grid), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    if workers > 1 and "fork" in mp.get_all_start_methods():
-        from concurrent.futures import ProcessPoolExecutor
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods():
+            from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
-            futures = [pool.submit(_search_one, n, p) for n, p in grid]
-            return [f.result() for f in futures]
-    out: list[_Deployed | tuple[str, str, str]] = []
-    scores: list[float] = []
-    for n, p in grid:
-        cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
-        got = _search_one(n, p, cutoff)
-        out.append(got)
-        if isinstance(got, _Deployed):
-            scores += [e["score"] for e, _, _ in got.entries]
-    return out
+            with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
+                futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                return [f.result() for f in futures]
+        out: list[_Deployed | tuple[str, str, str]] = []
+        scores: list[float] = []
+        for n, p in grid:
+            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
+            got = _search_one(n, p, cutoff)
+            out.append(got)
+            if isinstance(got, _Deployed):
+                scores += [e["score"] for e, _, _ in got.entries]
+        return out
+    finally:
+        _GRID_SETUP = None
 
 
 def run_search(
