@@ -15,7 +15,7 @@ no memory to fit, so no cap unless one is given. The JSON is documented in docs/
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpplan.audit import PlanAudit, audit_plan
@@ -194,14 +194,7 @@ def _evaluate(
         m = pr.memory
         entry["forward_s"] = pr.forward_s
         entry["ttft"] = {"mean_s": pr.ttft.mean_s, "p50_s": pr.ttft.p50_s, "max_s": pr.ttft.max_s} if pr.ttft else None
-        entry["memory_bytes_per_rank"] = {
-            "weights": m.weights,
-            "replicated_extra": m.replicated_extra,
-            "activations": m.activations,
-            "kv_cache": m.kv_cache,
-            "recurrent_state": m.recurrent_state,
-            "total": m.total,
-        }
+        entry["memory_bytes_per_rank"] = {**asdict(m), "total": m.total}
         if s.objective == "time":  # what plans are ranked by: predict's own figure
             entry["score"] = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
     return entry
