@@ -361,11 +361,13 @@ def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tupl
     global _GRID_SETUP
     import multiprocessing as mp
     import os
+    import threading
 
     _GRID_SETUP = s
     try:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods():
+        # fork only a single-threaded process (forking threads can deadlock the child)
+        if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
             from concurrent.futures import ProcessPoolExecutor
 
             with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
