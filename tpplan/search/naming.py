@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_TOK
+from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph
 from tpplan.search.space import GlobalChoice, KindConfig
 
@@ -60,14 +61,19 @@ def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, 
 def behaviour(pa: PlanAudit) -> Behaviour:
     """What a plan does, layer by layer (decisions and collectives): equal for equivalent plans."""
     p = pa.plan
-    layers = tuple(
-        (
-            tuple((d.op.name, d.split, d.strategy.output) for d in r.decisions),
-            tuple((c.collective, c.value, c.dst) for c in r.comms),
-        )
-        for r in pa.layer_results
-    )
-    return (p.moe, p.ep_size if p.moe == "ep" else None, layers)
+    seen: dict[int, tuple[object, ...]] = {}  # layers of a kind mostly share one result: describe it once
+
+    def layer(r: LayerResult) -> tuple[object, ...]:
+        hit = seen.get(id(r))
+        if hit is None:
+            hit = (
+                tuple((d.op.name, d.split, d.strategy.output) for d in r.decisions),
+                tuple((c.collective, c.value, c.dst) for c in r.comms),
+            )
+            seen[id(r)] = hit
+        return hit
+
+    return (p.moe, p.ep_size if p.moe == "ep" else None, tuple(layer(r) for r in pa.layer_results))
 
 
 def named_behaviours(graph: ModelGraph, n: int, dtype: str) -> dict[Behaviour, str]:
