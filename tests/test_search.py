@@ -33,7 +33,7 @@ from tpplan.search import (
     RooflineObjective,
     SpaceOptions,
     VolumeObjective,
-    _cost_key,
+    cost_key,
     enumerate_kind,
     global_choices,
     make_search_plan,
@@ -79,7 +79,7 @@ def brute_audits(model: str, n: int, opts: SpaceOptions):
 def brute_rank(model, n, opts, obj, cap=None):
     graph = graph_of(model)
     costs = sorted(
-        {_cost_key(c): c for c in (plan_cost(obj, graph, pa) for pa in brute_audits(model, n, opts))}.values(),
+        {cost_key(c): c for c in (plan_cost(obj, graph, pa) for pa in brute_audits(model, n, opts))}.values(),
         key=lambda c: (c.score, c.memory),
     )
     return [c for c in costs if cap is None or c.memory <= cap]
@@ -162,6 +162,17 @@ def test_search_equals_brute_force_predict_objective():
     topo = load_topology("h200x8-ib400")
     for model, n, opts in CASES[:3]:
         check_against_brute(model, n, opts, PredictObjective(graph_of(model), topo, n, tokens=2048))
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[6]], ids=["tiny-llama", "tiny-qwen3-moe", "tiny-kimi-k3"])
+def test_search_equals_brute_force_with_pipeline_stages(case):
+    """With PP the objective adds stage sends (by stream placement) and counts memory as the fullest
+    stage's bound; the search still equals brute force (which prices whole plans with `plan_cost`)."""
+    model, n, opts = case
+    topo = load_topology("h200x8-ib400")
+    obj = PredictObjective(graph_of(model), topo, n, pp=2, tokens=2048)
+    assert obj.memory_layer_counts is not None
+    check_against_brute(model, n, opts, obj)
 
 
 # plans exactly at the memory cap whose memory the search summed a few ulp higher (see below)
@@ -250,23 +261,34 @@ def run(*args):
 
 def test_cli_search_table_and_json(tmp_path):
     out = tmp_path / "s.json"
-    r = run("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400", "--nodes", "1", "--tp", "4", "--top", "3")
+    common = ("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400", "--nodes", "1", "--tp", "4")
+    r = run(*common, "--top", "3")
     assert r.returncode == 0, r.stderr
     assert "Ranked legal plans" in r.stdout and "base" in r.stdout
-    r = run(
-        "--model", "tiny-kimi-k3", "--topology", "h200x8-ib400", "--nodes", "1", "--tp", "4",
-        "--workload", "seed-c8", "--memory-cap", "0.001", "--json", str(out),
-    )  # fmt: skip
+    r = run(*common, "--workload", "seed-c8", "--memory-cap", "none", "--all", "--top", "6", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    free = json.loads(out.read_text())
+    assert free["schema_version"] == 2 and free["workload"] == "seed-c8" and free["memory_cap_bytes"] is None
+    # a cap just below the unconstrained best's memory: that plan must go, plans that fit must stay
+    best = free["plans"][0]
+    best_mem = best["memory_bytes_per_rank"]["total"]
+    fits = [p for p in free["plans"] if p["memory_bytes_per_rank"]["total"] < best_mem]
+    assert fits, "the case needs a plan below the best one's memory"
+    cap_gib = (best_mem - 1.0) / 2**30
+    r = run(*common, "--workload", "seed-c8", "--memory-cap", repr(cap_gib), "--all", "--top", "6", "--json", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 1 and data["workload"] == "seed-c8"
-    assert data["excluded_over_cap"]["count"] >= 0 and "memory cap" in r.stdout.lower()
-    for p in data["plans"]:
-        assert p["legal"] and p["memory_bytes_per_rank"]["total"] <= data["memory_cap_bytes"]
+    assert "memory cap" in r.stdout.lower()
+    assert data["plans"], "plans below the cap exist, so some must rank"
+    assert all(p["legal"] and p["memory_bytes_per_rank"]["total"] <= data["memory_cap_bytes"] for p in data["plans"])
+    assert best["name"] not in {p["name"] for p in data["plans"]}
+    assert data["excluded_over_cap"]["count"] >= 1
+    assert data["plans"][0]["score"] >= best["score"]
     r = run("--model", "tiny-llama", "--objective", "volume", "--tp", "2", "--json", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["plans"][0]["score"] <= data["baseline"]["score"]
+    assert data["memory_cap_bytes"] is None  # no topology: no GPU memory to default the cap to
 
 
 @pytest.mark.parametrize(
@@ -276,6 +298,11 @@ def test_cli_search_table_and_json(tmp_path):
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--tp", "0"), "at least 1"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--tp", "7"), "--tp 7"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--memory-cap", "-1"), "--memory-cap"),
+        (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--memory-cap", "lots"), "--memory-cap"),
+        (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--pp", "0"), "--pp 0"),
+        (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--pp", "5"), "--pp 5"),
+        (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--tp", "16", "--pp", "4"), "only 32 GPUs"),
+        (("--model", "tiny-llama", "--objective", "volume", "--tp", "2", "--pp", "2"), "--pp 2"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--objective", "fast"), "--objective"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--top", "0"), "--top"),
         (("--model", "kimi-k3", "--workload", "seed-c8"), "--topology"),
@@ -308,6 +335,15 @@ def test_predict_objective_scores_equal_predict_plan():
             pr = predict_plan(graph, c.plan, topo, tp=4, workload=wl, tokens=4096)
             want = pr.ttft.mean_s if wl is not None else pr.forward_s
             assert close(c.score, want), (c.plan.name, c.score, want)
+    # with PP the forward time (stages and their sends, one batch) is still exact, and the search's
+    # memory bounds predict's fullest stage from above (weights, KV, state, embedding: no activations)
+    obj = PredictObjective(graph, topo, 2, pp=3, tokens=4096)
+    res = search(graph, 2, obj, top=4, per_family=True)
+    assert res.candidates
+    for c in res.candidates:
+        pr = predict_plan(graph, c.plan, topo, tp=2, pp=3, tokens=4096)
+        assert pr.stage_comm_s > 0 and close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)
+        assert c.memory >= pr.memory.total - pr.memory.activations - 1e-6
 
 
 def test_report_names_found_plans_and_matches_named():
@@ -320,10 +356,10 @@ def test_report_names_found_plans_and_matches_named():
     assert all(p["summary"] and p["title"] for p in found)
     # named plans are leaves of the space: the search's baseline and sequence-parallel leaves
     # behave exactly like the named plans (which is how the report recognises them)
-    from tpplan.search import _named_behaviours, behaviour
+    from tpplan.search import behaviour, named_behaviours
 
     graph = graph_of("tiny-llama")
-    named = _named_behaviours(graph, 2, "bf16")
+    named = named_behaviours(graph, 2, "bf16")
     assert set(named.values()) >= {"baseline", "sequence-parallel"}
     found = set()
     for g in global_choices(graph, 2):

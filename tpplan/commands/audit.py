@@ -119,10 +119,9 @@ def register(app: typer.Typer) -> None:
         """Show one layer of each kind as a dataflow with placements and collectives."""
         from tpplan.audit import audit
         from tpplan.explain import explain_layer
-        from tpplan.plans.named import plan_name
 
         result = audit(model, tp, [plan], dtype)
-        pa = next(p for p in result.plans if p.plan.name == plan_name(plan))
+        pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
         console = make_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
         for kind, ks in pa.kinds.items():

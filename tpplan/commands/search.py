@@ -22,6 +22,20 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1f}%"
 
 
+def _cap(value: str | None) -> float | str | None:
+    """--memory-cap: absent = the GPU's memory ("gpu"), `none` = no cap, else GiB."""
+    if value is None:
+        return "gpu"
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        from tpplan.errors import TpplanError
+
+        raise TpplanError(f"--memory-cap {value}", "not a number", "give GiB per rank (e.g. 140) or none") from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("search")
     def search_cmd(
@@ -32,14 +46,26 @@ def register(app: typer.Typer) -> None:
         workload: Annotated[
             str | None, typer.Option("--workload", "-w", help="Workload preset or file: rank by mean TTFT")
         ] = None,
-        tp: Annotated[int | None, typer.Option("--tp", help="TP size (default: every GPU of the topology)")] = None,
+        tp: Annotated[
+            int | None, typer.Option("--tp", help="TP size (default: every TP x PP split of the topology's GPUs)")
+        ] = None,
+        pp: Annotated[
+            int | None, typer.Option("--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)")
+        ] = None,
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         memory_cap: Annotated[
-            float | None, typer.Option("--memory-cap", help="Exclude plans above this memory per rank, GiB")
+            str | None,
+            typer.Option(
+                "--memory-cap", help="Exclude plans above this memory per rank, GiB; default: one GPU's; none: no cap"
+            ),
         ] = None,
         top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
         json_file: Annotated[
             Path | None, typer.Option("--json", help="Also write the result as JSON (docs/search-json.md)")
+        ] = None,
+        save: Annotated[
+            Path | None,
+            typer.Option("--save", help="Write each ranked plan as DIR/plan-<rank>.json, for any command's --plan"),
         ] = None,
         tokens: Annotated[int, typer.Option("--tokens", help="Batch size for forward time without a workload")] = 8192,
         dtype: DtypeOpt = "bf16",
@@ -56,19 +82,22 @@ def register(app: typer.Typer) -> None:
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
-        from tpplan.outputs import check_file, write_files
-        from tpplan.search import search_report
+        from tpplan.outputs import check_dir, check_file, write_files
+        from tpplan.plans.files import save_plan_dir
+        from tpplan.search import run_search
 
         if json_file is not None:
             check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
-
-        data = search_report(
+        if save is not None:
+            check_dir("--save", save)
+        outcome = run_search(
             model,
             topology,
             tp=tp,
+            pp=pp,
             nodes=nodes,
             workload=workload,
-            memory_cap_gib=memory_cap,
+            memory_cap_gib=_cap(memory_cap),
             top=top,
             tokens=tokens,
             dtype=dtype,
@@ -76,17 +105,23 @@ def register(app: typer.Typer) -> None:
             objective=objective,
             all_plans=all_plans,
         )
+        data = outcome.data
         if json_file is not None:
             write_files({json_file: json.dumps(data, indent=2)}, "--json")
         _print(data, wide)
+        if save is not None:
+            written = save_plan_dir(save, outcome.plan_files)
+            if written:
+                typer.echo(f"\nSaved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan.")
 
 
 def _print(data: dict, wide: bool = False) -> None:
     console = make_console(wide=wide)
     timed = data["topology"] is not None and data["score_unit"] == "s"
+    grid = len(data["search"]["deployments"]) > 1  # several TP x PP deployments: name each plan's
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
-        f"[bold]{data['model']}[/] at TP{data['tp']}"
+        f"[bold]{data['model']}[/] at {', '.join(data['search']['deployments'])}"
         + (f" on {data['topology']} ({data['nodes']} nodes)" if data["topology"] else "")
         + (f", workload {data['workload']}" if data["workload"] else "")
         + f": ranked by {what}; "
@@ -114,7 +149,7 @@ def _print(data: dict, wide: bool = False) -> None:
         found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
         cells = {
             "#": rank,
-            "plan": p["name"],
+            "plan": p["name"] + (f" {p['deployment']}" if grid else ""),
             "found by": found,
             what: score,
             "vs base": _pct(p.get("delta_vs_baseline_pct")),
@@ -130,10 +165,12 @@ def _print(data: dict, wide: bool = False) -> None:
         row(p, str(p["rank"]))
     show(console, t, wrap=("memory/rank",))
     if over and gpu is not None:
+        capped = data["memory_cap_bytes"] is not None
         fixes = (
-            "--memory-cap GiB ranks only plans under it; or a larger --tp, or quantized experts "
-            "(--expert-dtype fp8 or mxfp4)"
-        )
+            "plans over the cap are not ranked, --memory-cap none ranks them"
+            if capped
+            else "--memory-cap GiB ranks only plans under it"
+        ) + "; or more GPUs (--nodes, a larger --tp or --pp), or quantized experts (--expert-dtype fp8 or mxfp4)"
         console.print(over_note(gpu, fixes), markup=False)
     if not wide:
         console.print("(--wide adds how each plan was found, its communication bytes and replicated weight)")
@@ -145,13 +182,17 @@ def _print(data: dict, wide: bool = False) -> None:
         ]
         for e in ex["plans"][:10]:
             mem = e.get("memory_bytes_per_rank", e.get("search_memory_bytes_per_rank", 0.0))
-            lines.append(f"  - {e['name']}: {_fmt_bytes(mem)}")
+            lines.append(f"  - {e['name']}" + (f" {e['deployment']}" if grid else "") + f": {_fmt_bytes(mem)}")
         console.print("\n".join(lines), markup=False)
     if not data["plans"]:
-        console.print("[red]No legal plan fits.[/] Raise --memory-cap, use more ranks, or a smaller weight dtype.")
+        console.print(
+            "[red]No legal plan fits.[/] Use more GPUs (--nodes), a smaller --expert-dtype, or --memory-cap none "
+            "to rank plans that do not fit."
+        )
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:
-        print_wrapped(console, f"  {p['rank']}. {p['name']}: {p['title']}")
+        where = f" {p['deployment']}" if grid else ""
+        print_wrapped(console, f"  {p['rank']}. {p['name']}{where}: {p['title']}")
     if data["plans"]:
         best = data["plans"][0]
         console.print(f"\nBest, in words: {best['summary']}", markup=False)

@@ -36,17 +36,33 @@ MoEMode = Literal["tp", "ep", "a2a"]
 
 
 def _match(patterns: Iterable[str], qualified: str) -> bool:
-    exact, wild = _split(patterns if isinstance(patterns, frozenset) else frozenset(patterns))
+    if not patterns:
+        return False
+    qual, bare_exact, wild = _split(patterns if isinstance(patterns, frozenset) else frozenset(patterns))
+    if qualified in qual:  # exact qualified names (what the search generates): one lookup
+        return True
+    if not bare_exact and not wild:
+        return False
     bare = qualified.split("/", 1)[1]
-    if qualified in exact or bare in exact:  # exact names (what the search generates): no regex
+    if bare in bare_exact:
         return True
     return any(fnmatchcase(qualified, p) or fnmatchcase(bare, p) for p in wild)
 
 
 @lru_cache(maxsize=4096)
-def _split(patterns: frozenset[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+def _split(patterns: frozenset[str]) -> tuple[frozenset[str], frozenset[str], tuple[str, ...]]:
+    """(exact qualified names, exact bare roles, wildcard patterns)."""
     wild = tuple(p for p in patterns if any(c in p for c in "*?["))
-    return patterns.difference(wild), wild
+    exact = patterns.difference(wild)
+    bare = frozenset(p for p in exact if "/" not in p)
+    return exact - bare, bare, wild
+
+
+@lru_cache(maxsize=4096)
+def _inexact_pairs(pairs: frozenset[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The pairs an exact (qualified producer, qualified consumer) lookup does not settle: those
+    with a wildcard or a bare role on either side (the search generates only exact pairs)."""
+    return tuple((p, c) for p, c in pairs if any(ch in p + c for ch in "*?[") or "/" not in p or "/" not in c)
 
 
 @dataclass(frozen=True)
@@ -71,9 +87,11 @@ class Plan:
         return _match(self.gather, producer)
 
     def gathers_for(self, producer: str, consumer: str) -> bool:
+        if not self.gather_for:
+            return False
         if (producer, consumer) in self.gather_for:
             return True
-        return any(_match((p,), producer) and _match((c,), consumer) for p, c in self.gather_for)
+        return any(_match((p,), producer) and _match((c,), consumer) for p, c in _inexact_pairs(self.gather_for))
 
     def a2a_of(self, producer: str) -> bool:
         return _match(self.a2a, producer)

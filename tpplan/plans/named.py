@@ -15,6 +15,7 @@ from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
 from tpplan.placement import S_COL, S_TOK, R
+from tpplan.plans.files import is_plan_file, load_plan_file
 
 # The MLA ops that produce the QKV latent (fused qkv_a with q_lora, kv_a without).
 LATENT = frozenset({"*/mla.qkv_a", "*/mla.kv_a"})
@@ -163,7 +164,11 @@ def plan_name(name: str) -> str:
 
 
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
-    """Build a plan by name for this model and TP size (an alias builds the plan under its one name)."""
+    """The plan a `--plan` value names, for this model and TP size: a named plan (an alias builds it
+    under its one name), `ep<k>`, `<plan>+ep<k>`, or a plan file (`*.json`, written by
+    `tpplan search --save`; see `tpplan.plans.files`). Every command resolves `--plan` here."""
+    if is_plan_file(name):
+        return load_plan_file(name, graph, n)
     name = plan_name(name)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
@@ -187,7 +192,8 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     raise TpplanError(
         f"--plan {name}",
         "unknown plan",
-        f"choose one of {', '.join(ALL_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism)",
+        f"choose one of {', '.join(ALL_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
+        "or a plan file (*.json) from `tpplan search --save DIR`",
     )
 
 

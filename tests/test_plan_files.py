@@ -1,0 +1,195 @@
+"""Plans as files (`tpplan search --save DIR`, any `--plan *.json`) and the TP x PP deployment grid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpplan.audit import audit_plan
+from tpplan.cost.topology import load_topology
+from tpplan.errors import TpplanError
+from tpplan.models.config import load_model
+from tpplan.models.graph import build_model_graph
+from tpplan.plans.files import load_plan_file, plan_file_data, save_plan_dir
+from tpplan.plans.named import make_plan
+from tpplan.search import deployments, run_search
+
+SEARCH = ("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400", "--nodes", "1", "--tp", "2", "--top", "3")
+
+
+def tpplan(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tpplan", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    d = tmp_path_factory.mktemp("plans") / "found"
+    js = d.parent / "search.json"
+    r = tpplan("search", *SEARCH, "--save", str(d), "--json", str(js))
+    assert r.returncode == 0, r.stderr
+    return d, json.loads(js.read_text())
+
+
+def test_save_writes_one_file_per_ranked_plan(saved):
+    d, data = saved
+    index = json.loads((d / "index.json").read_text())
+    assert [e["file"] for e in index["plans"]] == [f"plan-{i}.json" for i in range(1, len(data["plans"]) + 1)]
+    for entry, p in zip(data["plans"], index["plans"], strict=True):
+        f = json.loads((d / p["file"]).read_text())
+        assert f["schema_version"] == 1 and f["name"] == entry["name"]
+        assert f["deployment"] == {"tp": 2, "pp": 1, "ep": f["decisions"]["ep_size"], "moe": f["decisions"]["moe"]}
+        assert f["found_for"]["model"] == "tiny-kimi-k3" and f["found_for"]["topology"] == "h200x8-ib400"
+        assert f["found_for"]["rank"] == entry["rank"]
+
+
+def test_audit_and_explain_take_the_file_and_agree_with_the_search(saved, tmp_path):
+    d, data = saved
+    best = data["plans"][0]
+    out = tmp_path / "audit.json"
+    r = tpplan("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(d / "plan-1.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    audit = json.loads(r.stdout)
+    plans = {p["name"]: p for p in audit["plans"]}
+    assert best["name"] in plans
+    got = plans[best["name"]]
+    assert got["legal"] is True
+    assert got["comm_bytes_per_token_per_rank"] == pytest.approx(best["comm_bytes_per_token_per_rank"])
+    r = tpplan("explain", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(d / "plan-1.json"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(best["name"])
+    del out
+
+
+def test_file_plan_has_the_searched_decisions(saved):
+    d, data = saved
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    plan = make_plan(str(d / "plan-1.json"), graph, 2)
+    assert plan.describe() == data["plans"][0]["decisions"]
+    pa = audit_plan(graph, plan, 2)
+    assert pa.legal and pa.comm_bytes_per_token == pytest.approx(data["plans"][0]["comm_bytes_per_token_per_rank"])
+
+
+def test_round_trip_of_a_named_plan_with_every_decision_kind(tmp_path):
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    for name in ("gate-aware", "input-scattered+restore", "sp-moe", "latent-scattered", "sequence-parallel+ep2"):
+        plan = make_plan(name, graph, 2)
+        pf = plan_file_data(plan, graph, {"rank": 1}, 2)
+        path = tmp_path / f"{name}.json"
+        path.write_text(pf.model_dump_json())
+        back = load_plan_file(str(path), graph, 2)
+        assert back == plan, name  # every decision survives (Plan equality compares them all)
+
+
+def test_a_file_for_another_architecture_exits_2(saved, tmp_path):
+    d, _ = saved
+    r = tpplan("audit", "--model", "tiny-llama", "--tp", "2", "--plan", str(d / "plan-1.json"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "gqa+dense" in r.stderr and "tiny-kimi-k3" in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = tpplan("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(bad))
+    assert r.returncode == 2 and "not a readable JSON file" in r.stderr
+    r = tpplan("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+    # a decision naming an op this model lacks
+    f = json.loads((d / "plan-1.json").read_text())
+    f["decisions"]["replicate"] = ["mla+moe/mla.no_such_proj"]
+    (tmp_path / "odd.json").write_text(json.dumps(f))
+    r = tpplan("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(tmp_path / "odd.json"))
+    assert r.returncode == 2 and "mla+moe/mla.no_such_proj" in r.stderr
+
+
+def test_a_file_is_reusable_on_the_same_architecture_with_a_note(saved):
+    d, _ = saved
+    r = tpplan("audit", "--model", "kimi-k3", "--tp", "32", "--plan", str(d / "plan-1.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "found for tiny-kimi-k3 at TP2" in r.stderr and "kimi-k3 at TP32" in r.stderr
+    assert len(json.loads(r.stdout)["plans"]) == 2  # baseline and the file's plan
+
+
+def test_save_never_touches_a_directory_it_did_not_write(tmp_path):
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep me")
+    r = tpplan("search", *SEARCH, "--save", str(foreign))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "did not write" in r.stderr
+    assert [p.name for p in foreign.iterdir()] == ["mine.txt"] and (foreign / "mine.txt").read_text() == "keep me"
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    r = tpplan("search", *SEARCH, "--save", str(afile))
+    assert r.returncode == 2 and afile.read_text() == "x"
+
+
+def test_save_replaces_only_its_own_earlier_output(tmp_path):
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    files = [plan_file_data(make_plan(n, graph, 2), graph, {}, 2) for n in ("baseline", "sp-moe", "gate-aware")]
+    d = tmp_path / "out"
+    save_plan_dir(d, files)
+    listed = [".tpplan-output", "index.json", "plan-1.json", "plan-2.json", "plan-3.json"]
+    assert sorted(p.name for p in d.iterdir()) == listed
+    save_plan_dir(d, files[:1])  # ours: rewritten, the plans it no longer ranks removed
+    assert sorted(p.name for p in d.iterdir()) == [".tpplan-output", "index.json", "plan-1.json"]
+    (d / "added-by-user.txt").write_text("mine")
+    with pytest.raises(TpplanError, match="did not write"):
+        save_plan_dir(d, files)
+    assert (d / "added-by-user.txt").read_text() == "mine" and not (d / "plan-2.json").exists()
+
+
+@pytest.mark.slow
+def test_verify_runs_the_saved_best_plan_on_cpu(saved):
+    pytest.importorskip("torch")
+    d, _ = saved
+    best = str(d / "plan-1.json")
+    r = tpplan("verify", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", best, "--tokens", "32", "--chunk", "16")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all passed: 1/1 plans" in r.stdout
+
+
+def test_deployment_grid():
+    k3 = build_model_graph(load_model("kimi-k3"))
+    topo = load_topology("h200x8-ib400")  # 4 nodes x 8
+    assert deployments(k3, topo, None, None) == [(32, 1), (16, 2), (8, 4), (4, 8), (2, 16), (1, 32)]
+    assert deployments(k3, topo, None, 4) == [(8, 4)]
+    assert deployments(k3, topo, 8, None) == [(8, 1)]
+    # 24 GPUs: TP12 would span one and a half nodes, so it is not a split
+    three = [(24, 1), (8, 3), (6, 4), (4, 6), (3, 8), (2, 12), (1, 24)]
+    assert deployments(k3, topo.with_nodes(3), None, None) == three
+    assert deployments(k3, None, 4, None) == [(4, 1)]
+    with pytest.raises(TpplanError, match="only 32 GPUs"):
+        deployments(k3, topo, 16, 4)
+
+
+def test_grid_ranks_every_deployment_by_predicted_time():
+    """tiny-kimi-k3 on one 8-GPU node: every split is searched, and no deployment's best plan (searched
+    alone with --tp/--pp) beats the grid's first."""
+    from tpplan.search import search_report
+
+    common = {"nodes": 1, "workload": "seed-c8", "top": 3}
+    grid = search_report("tiny-kimi-k3", "h200x8-ib400", **common)
+    assert grid["search"]["deployments"] == ["TP8", "TP4xPP2", "TP2xPP4"]  # PP8 > its 6 layers
+    best = grid["plans"][0]
+    assert [p["score"] for p in grid["plans"]] == sorted(p["score"] for p in grid["plans"])
+    skipped = {e["deployment"]: e["why"] for e in grid["search"]["skipped"]}
+    assert "4 heads cannot be split evenly over 8 ranks" in skipped["TP8"]  # the model splits over 4 at most
+    for label in set(grid["search"]["deployments"]) - set(skipped):
+        tp, _, pp = label.removeprefix("TP").partition("xPP")
+        alone = search_report("tiny-kimi-k3", "h200x8-ib400", tp=int(tp), pp=int(pp or 1), **common)
+        assert alone["plans"][0]["score"] >= best["score"] - 1e-12, label
+        assert alone["plans"][0]["ttft"]["mean_s"] == pytest.approx(alone["plans"][0]["score"])
+
+
+def test_memory_cap_defaults_to_the_gpu():
+    """Llama-3-70B at TP1 does not fit one H200 (bf16 weights alone are ~131 GiB, plus KV and head):
+    by default nothing is ranked; with the cap lifted the same search ranks plans."""
+    capped = run_search("llama-3-70b", "h200x8-ib400", tp=1, nodes=1, workload="seed-c8", top=2).data
+    gpu = load_topology("h200x8-ib400").gpu.memory_GiB * 2**30
+    assert capped["memory_cap_bytes"] == gpu
+    assert capped["baseline"]["memory_bytes_per_rank"]["total"] > gpu
+    assert capped["plans"] == []
+    free = run_search("llama-3-70b", "h200x8-ib400", tp=1, nodes=1, workload="seed-c8", top=2, memory_cap_gib=None)
+    assert free.data["memory_cap_bytes"] is None and free.data["plans"]
+    assert all(p["memory_bytes_per_rank"]["total"] > gpu for p in free.data["plans"])

@@ -1,0 +1,120 @@
+"""The cost model's prices one at a time: what a search needs to price plans it has not built yet.
+
+`predict_plan` prices a whole plan. A search prices decisions (one op run one way, one collective)
+before any whole plan exists, and sums them; for its sum to equal `predict_plan`'s, it must use the
+same prices. `Pricer` hands them out, from the predictor `predict_plan` itself uses, so the two
+cannot drift apart:
+
+- `op_time`: one op decision, for one batch (its MoE mode and EP size come from the decision);
+- `weight_bytes`: the weight one rank holds for it (routed experts at their weight dtype);
+- `collective_time` and `layout_copy_time`: one collective, and the runtime's copy around it;
+- `final_reduce_time`: the reduction before the final norm; `stage_sends_time`: PP's boundaries;
+- `kv_bytes_per_token`, `state_bytes_per_seq`, `embedding_bytes`: the state and weights outside
+  the plan's decisions.
+
+Batches are `Segments`: (new tokens, context) per request, as `tpplan.cost.predict` prices them.
+"""
+
+from __future__ import annotations
+
+from tpplan.audit import PlanAudit
+from tpplan.cost.predict import CollectiveTime, OpTime, Segments, _pairs, _Predictor
+from tpplan.cost.topology import Topology
+from tpplan.layout.plan import Plan
+from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.models.graph import LayerGraph, ModelGraph
+from tpplan.placement import Collective, Placement, R
+from tpplan.plans.named import baseline
+
+
+class Pricer:
+    """Per-op, per-collective and per-state prices at TP `tp` x PP `pp` on `topology`."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        topology: Topology,
+        tp: int,
+        *,
+        pp: int = 1,
+        dtype: str = "bf16",
+        expert_dtype: str | None = None,
+    ) -> None:
+        self.graph, self.topology, self.tp, self.pp = graph, topology, tp, pp
+        self.dtype, self.expert_dtype = dtype, expert_dtype
+        self._base = _Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype)
+        self._by_plan: dict[tuple[str, int | None, Placement], _Predictor] = {("tp", None, R): self._base}
+
+    @property
+    def baseline_audit(self) -> PlanAudit:
+        """The baseline's audit (validates that the model splits over `tp` ranks at all)."""
+        return self._base.audit
+
+    def _for(self, moe: str, ep_size: int | None, stream: Placement = R) -> _Predictor:
+        key = (moe, ep_size if moe == "ep" else None, stream)
+        hit = self._by_plan.get(key)
+        if hit is None:
+            plan: Plan = baseline().with_(moe=moe, ep_size=key[1], stream=stream)
+            hit = _Predictor(
+                self.graph, plan, self.topology, self.tp, self.pp, self.dtype, self.expert_dtype, audit=self._base.audit
+            )
+            self._by_plan[key] = hit
+        return hit
+
+    def op_time(self, lg: LayerGraph, d: OpDecision, segs: Segments, ep_size: int | None = None) -> OpTime:
+        """One op of one layer as decided (`d.split` is the MoE mode for routed experts; `ep_size`
+        the EP size when it is `ep`), for one batch of `segs`."""
+        pred = self._for("ep", ep_size) if d.split == "ep" else self._base
+        t, pairs, ctx = _pairs(segs)
+        return pred._op_time(lg, d, t, pairs, ctx)
+
+    def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
+        """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
+        (quantization_config; routed experts at the expert dtype)."""
+        return d.weight_elements_per_rank * self._base._weight_elem_bytes(lg.kind, d.op)
+
+    def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
+        """One collective of a layer for one batch (the TP group as it sits on the nodes)."""
+        t = sum(n for n, _ in segs)
+        kind = c.collective.value
+        nbytes = self._base._nbytes(kind, c.elements_per_token, t)
+        return self._base._coll(layer_kind, c.label, kind, c.region, nbytes)
+
+    def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
+        """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
+        op = self._base._layout_copy(lg, c, sum(n for n, _ in segs))
+        return op.seconds if op is not None else 0.0
+
+    def final_reduce_time(self, collective: Collective, elements_per_token: float, segs: Segments) -> float:
+        """The reduction of the last layer's partial sum before the final norm."""
+        t = sum(n for n, _ in segs)
+        kind = collective.value
+        nbytes = self._base._nbytes(kind, elements_per_token, t)
+        return self._base._coll("final", "final", kind, "mlp_side", nbytes).seconds
+
+    def stage_sends_time(self, stream: Placement, segs: Segments) -> float:
+        """Every pipeline-stage boundary's send (and re-gather unless the stream is token-sharded)
+        for one batch; 0 without PP. Depends on the plan only through its stream placement."""
+        pred = self._for("tp", None, stream)
+        t = sum(n for n, _ in segs)
+        return sum(pred.boundary(rng.stop, t) for rng in pred.stages[:-1])
+
+    def stage_layers(self) -> list[range]:
+        """The layers each pipeline stage holds."""
+        return list(self._base.stages)
+
+    def kv_bytes_per_token(self, layer: int) -> float:
+        """KV cache bytes per token of layer `layer` on one rank."""
+        return self._base._kv_per_token(self.graph.spec.layers[layer].attn)
+
+    def state_bytes_per_seq(self, layer: int) -> float:
+        """Recurrent state bytes per sequence of layer `layer` on one rank."""
+        return self._base._state_per_seq(self.graph.spec.layers[layer].attn)
+
+    def embedding_bytes(self) -> float:
+        """The vocab-parallel embedding's bytes per rank (the head holds as much again, untied)."""
+        spec = self.graph.spec
+        return spec.vocab * spec.hidden / self.tp * self._base.b
+
+
+__all__ = ["Pricer"]

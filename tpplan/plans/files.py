@@ -1,0 +1,244 @@
+"""Plans as files: what `tpplan search --save DIR` writes and every `--plan` accepts.
+
+A plan file is a small JSON object: a schema version, the plan's decisions (everything a `Plan`
+holds), the deployment it was ranked at (TP, PP, EP, MoE mode) and what it was found for (model,
+its layer kinds, topology, workload, rank and score). `make_plan` reads one whenever a plan name
+ends in `.json`, so every command that takes `--plan` takes a file.
+
+Reuse. A plan's decisions are qualified op names (`mla+moe/mla.g_proj`), independent of the TP
+size, so a file applies to any model whose layer kinds it was found for and whose ops it names:
+the same model at another TP size, its tiny preset, or the bench's slice of it. The audit re-checks
+legality there, so a plan that does not fit the new size is reported, never run silently; a note on
+stderr says that the file was found for another model or size. A model with a layer kind the file
+has no decisions for, or without an op a decision names, is another architecture: exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tpplan.errors import TpplanError, from_validation
+from tpplan.layout.plan import MoEMode, Plan
+from tpplan.models.graph import ModelGraph
+from tpplan.outputs import write_dir
+from tpplan.placement import S_TOK, Placement, R
+
+PLAN_FILE_VERSION = 1
+PLAN_FILE_SUFFIX = ".json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Decisions(_Strict):
+    stream: Literal["R", "S(tok)"]
+    reduce: Literal["R", "S(tok)"]
+    gather: list[str] = []
+    gather_for: list[tuple[str, str]] = []
+    a2a: list[str] = []
+    replicate: list[str] = []
+    token_shard: list[str] = []
+    moe: Literal["tp", "ep", "a2a"] = "tp"
+    ep_size: int | None = None
+
+
+class Deployment(_Strict):
+    tp: int
+    pp: int = 1
+    ep: int | None = None
+    moe: Literal["tp", "ep", "a2a"] = "tp"
+
+
+class FoundFor(_Strict):
+    model: str
+    layer_kinds: list[str]
+    topology: str | None = None
+    nodes: int | None = None
+    workload: str | None = None
+    dtype: str = "bf16"
+    expert_dtype: str | None = None
+    objective: str | None = None
+    rank: int | None = None
+    score: float | None = None
+
+
+class PlanFile(_Strict):
+    """The schema of a plan file (docs/search-json.md, "Plan files")."""
+
+    schema_version: Literal[1]
+    name: str
+    title: str
+    summary: str
+    found_by: str
+    engine_notes: list[str] = []
+    decisions: Decisions
+    deployment: Deployment
+    found_for: FoundFor
+
+
+def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1) -> PlanFile:
+    """The file for `plan`, ranked at TP `tp` x PP `pp` on `graph` (`found_for`: topology,
+    workload, dtype, expert_dtype, objective, rank, score)."""
+    decisions = Decisions.model_validate(
+        {
+            "stream": plan.stream.value,
+            "reduce": plan.reduce.value,
+            "gather": sorted(plan.gather),
+            "gather_for": sorted(plan.gather_for),
+            "a2a": sorted(plan.a2a),
+            "replicate": sorted(plan.replicate),
+            "token_shard": sorted(plan.token_shard),
+            "moe": plan.moe,
+            "ep_size": plan.ep_size if plan.moe == "ep" else None,
+        }
+    )
+    return PlanFile(
+        schema_version=PLAN_FILE_VERSION,
+        name=plan.name,
+        title=plan.title,
+        summary=plan.summary,
+        found_by=plan.found_by,
+        engine_notes=list(plan.engine_notes),
+        decisions=decisions,
+        deployment=Deployment(tp=tp, pp=pp, ep=decisions.ep_size, moe=plan.moe),
+        found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
+    )
+
+
+def is_plan_file(name: str) -> bool:
+    """Whether a `--plan` value names a file (it ends in .json) rather than a named plan."""
+    return name.lower().endswith(PLAN_FILE_SUFFIX)
+
+
+def read_plan_file(path: str | Path) -> PlanFile:
+    """Parse and validate a plan file (TpplanError naming the file on any problem)."""
+    p = Path(path)
+    where = f"--plan {path}"
+    if not p.is_file():
+        raise TpplanError(where, "no such file", "pass a plan file written by `tpplan search --save DIR`")
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fix = "pass a file written by `tpplan search --save`"
+        raise TpplanError(where, f"not a readable JSON file ({e})", fix) from None
+    if not isinstance(raw, dict) or raw.get("schema_version") != PLAN_FILE_VERSION:
+        got = raw.get("schema_version") if isinstance(raw, dict) else None
+        raise TpplanError(
+            where,
+            f"not a tpplan plan file of schema version {PLAN_FILE_VERSION} (schema_version {got!r})",
+            "save it again with this tpplan's `tpplan search --save DIR`",
+        )
+    try:
+        return PlanFile.model_validate(raw)
+    except ValidationError as e:
+        raise from_validation(e, where, "save it again with `tpplan search --save DIR`") from None
+
+
+def _placement(v: str) -> Placement:
+    return S_TOK if v == str(S_TOK) else R
+
+
+_NOTED: set[tuple[str, str, int]] = set()
+
+
+def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
+    """The plan a file holds, checked against the model it is about to be applied to."""
+    pf = read_plan_file(path)
+    where = f"--plan {path}"
+    ff = pf.found_for
+    missing = [k for k in graph.kinds if k not in ff.layer_kinds]
+    if missing:
+        raise TpplanError(
+            where,
+            f"found for {ff.model} (layer kinds {', '.join(ff.layer_kinds)}); model {graph.spec.name} has layer "
+            f"kind(s) {', '.join(missing)} it has no decisions for",
+            f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
+        )
+    d = pf.decisions
+    names = [*d.gather, *d.a2a, *d.replicate, *d.token_shard, *(q for pair in d.gather_for for q in pair)]
+    for q in names:
+        kind, _, role = q.partition("/")
+        lg = graph.kinds.get(kind)
+        if lg is None:
+            continue  # a kind this model (a slice) does not have: the decision does not apply
+        known = {op.role for op in lg.ops} | {f"layer.{v}" for v in lg.values}
+        if role not in known:
+            raise TpplanError(
+                where,
+                f"found for {ff.model}; its decision `{q}` names no op of model {graph.spec.name}",
+                f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
+            )
+    key = (path, graph.spec.name, n)
+    if (ff.model != graph.spec.name or pf.deployment.tp != n) and key not in _NOTED:
+        _NOTED.add(key)
+        print(
+            f"note: plan file {path} was found for {ff.model} at TP{pf.deployment.tp}; applying its decisions to "
+            f"{graph.spec.name} at TP{n} (the audit checks them there)",
+            file=sys.stderr,
+        )
+    moe: MoEMode = d.moe
+    return Plan(
+        pf.name,
+        pf.title,
+        pf.summary,
+        stream=_placement(d.stream),
+        reduce=_placement(d.reduce),
+        gather=frozenset(d.gather),
+        gather_for=frozenset(d.gather_for),
+        a2a=frozenset(d.a2a),
+        replicate=frozenset(d.replicate),
+        token_shard=frozenset(d.token_shard),
+        moe=moe,
+        ep_size=d.ep_size,
+        engine_notes=tuple(pf.engine_notes),
+        found_by=pf.found_by,
+        extra={"file": str(path), "deployment": pf.deployment.model_dump()},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# A directory of plan files (`tpplan search --save DIR`)
+
+INDEX_NAME = "index.json"
+INDEX_MARK = "tpplan search --save"
+
+
+def plan_file_name(rank: int) -> str:
+    """`plan-1.json` for the best plan, and so on."""
+    return f"plan-{rank}{PLAN_FILE_SUFFIX}"
+
+
+def save_plan_dir(path: Path, files: list[PlanFile]) -> list[Path]:
+    """Write `files` (ranked, best first) as `plan-<rank>.json` plus an index into folder `path`.
+
+    The folder is written as every tpplan output folder is (`tpplan.outputs.write_dir`): a new or
+    empty folder, or one tpplan wrote before (replaced whole); anything else is refused, exit 2.
+    """
+    contents: dict[str, bytes] = {}
+    entries = []
+    for rank, pf in enumerate(files, start=1):
+        name = plan_file_name(rank)
+        contents[name] = (pf.model_dump_json(indent=2) + "\n").encode()
+        entries.append({"rank": rank, "file": name, "name": pf.name, "tp": pf.deployment.tp, "pp": pf.deployment.pp})
+    index = {"written_by": INDEX_MARK, "schema_version": PLAN_FILE_VERSION, "plans": entries}
+    contents[INDEX_NAME] = (json.dumps(index, indent=2) + "\n").encode()
+    write_dir(path, contents, "--save")
+    return [path / plan_file_name(rank) for rank in range(1, len(files) + 1)]
+
+
+__all__ = [
+    "PLAN_FILE_VERSION",
+    "PlanFile",
+    "is_plan_file",
+    "load_plan_file",
+    "plan_file_data",
+    "plan_file_name",
+    "read_plan_file",
+    "save_plan_dir",
+]

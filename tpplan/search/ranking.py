@@ -1,0 +1,509 @@
+"""`tpplan search`'s answer: search every deployment, re-audit and predict the ranked plans.
+
+Deployments. With a topology and neither `--tp` nor `--pp`, every TP x PP split of the topology's
+GPUs (TP x PP = nodes x GPUs per node; a TP group larger than a node fills whole nodes) is searched,
+each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. Plans
+from all deployments are ranked together by what `predict_plan` says of them: mean TTFT (pipelined,
+with a workload) or forward time. Within a deployment the search is exact for forward time at any
+PP and for mean TTFT at PP 1; at PP > 1 it picks plans by the unpipelined TTFT (docs/design.md).
+
+Memory. With a topology, the cap defaults to one GPU's memory: a plan that does not fit is never
+ranked (`memory_cap_gib=None`, the CLI's `--memory-cap none`, lifts it). Without a topology there is
+no memory to fit, so no cap unless one is given. The JSON is documented in docs/search-json.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tpplan.audit import PlanAudit, audit_plan
+from tpplan.errors import TpplanError
+from tpplan.layout.plan import Plan
+from tpplan.models.graph import ModelGraph
+from tpplan.plans.files import PlanFile, plan_file_data
+from tpplan.search.combine import search
+from tpplan.search.naming import Behaviour, behaviour, describe, named_behaviours
+from tpplan.search.objectives import Cost, Objective, PredictObjective, VolumeObjective, plan_cost
+
+if TYPE_CHECKING:
+    from tpplan.cost.topology import Topology
+    from tpplan.cost.workload import Workload
+
+JSON_SCHEMA_VERSION = 2
+GIB = 2**30
+
+
+@dataclass
+class SearchOutcome:
+    """The report (`data`, the JSON) and, in the same order as `data["plans"]`, each ranked plan as
+    the file `tpplan search --save` writes."""
+
+    data: dict[str, Any]
+    plan_files: list[PlanFile] = field(default_factory=list)
+
+
+@dataclass
+class _Setup:
+    graph: ModelGraph
+    topo: Topology | None
+    wl: Workload | None
+    cap: float | None
+    cap_gib: float | None
+    objective: str
+    tokens: int
+    dtype: str
+    expert_dtype: str | None
+    top: int
+    all_plans: bool
+
+
+def _pct(value: float, base: float) -> float | None:
+    return None if not base else round(100.0 * (value - base) / base, 2)
+
+
+def deployments(graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None) -> list[tuple[int, int]]:
+    """(TP, PP) pairs to search: the ones asked for, or every split of the topology's GPUs,
+    widest TP first (the first is the reference the baseline is taken at)."""
+    layers = graph.spec.num_layers
+    if pp is not None and (pp < 1 or pp > layers):
+        raise TpplanError(f"--pp {pp}", f"must be between 1 and the model's {layers} layers", "pass a smaller --pp")
+    if topo is None:
+        if pp not in (None, 1):
+            raise TpplanError(f"--pp {pp}", "pipeline stages need a topology to price", "add --topology")
+        if tp is None or tp < 1:
+            raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
+        return [(tp, 1)]
+    world, gpn = topo.world_size, topo.gpus_per_node
+    if tp is not None or pp is not None:
+        p = pp or 1
+        n = tp if tp is not None else world // p
+        if tp is None and world % p:
+            raise TpplanError(f"--pp {p}", f"does not divide the topology's {world} GPUs", "pass --tp as well")
+        if n < 1:
+            raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
+        if n * p > world:
+            raise TpplanError(
+                f"--tp {n}" + (f" --pp {p}" if p > 1 else ""),
+                f"topology {topo.name} has only {world} GPUs ({topo.nodes} x {gpn})",
+                "use a smaller --tp/--pp or more --nodes",
+            )
+        if n > gpn and n % gpn:
+            why = f"a TP group larger than a node must fill whole nodes of {gpn} GPUs"
+            raise TpplanError(f"--tp {n}", why, f"use a multiple of {gpn}")
+        return [(n, p)]
+    out = []
+    for n in range(world, 0, -1):
+        p = world // n
+        if world % n or p > layers or (n > gpn and n % gpn):
+            continue
+        out.append((n, p))
+    return out
+
+
+def _label(tp: int, pp: int) -> str:
+    return f"TP{tp}" + (f"xPP{pp}" if pp > 1 else "")
+
+
+def _setup(
+    model: str,
+    topology: str | None,
+    nodes: int | None,
+    workload: str | None,
+    memory_cap_gib: float | str | None,
+    top: int,
+    tokens: int,
+    dtype: str,
+    expert_dtype: str | None,
+    objective: str,
+    all_plans: bool,
+) -> _Setup:
+    """Every input checked before any search runs (TpplanError: exit 2)."""
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+
+    if objective not in ("time", "volume"):
+        raise TpplanError(f"--objective {objective}", "unknown objective", "choose time or volume")
+    if top < 1:
+        raise TpplanError(f"--top {top}", "must be at least 1", "ask for one plan or more")
+    if isinstance(memory_cap_gib, str) and memory_cap_gib != "gpu":
+        raise TpplanError(f"--memory-cap {memory_cap_gib}", "not a size", "give GiB per rank (e.g. 140) or none")
+    if isinstance(memory_cap_gib, float | int) and memory_cap_gib <= 0:
+        raise TpplanError(f"--memory-cap {memory_cap_gib}", "must be positive", "give GiB per rank, e.g. 140")
+    if tokens < 1:
+        raise TpplanError(f"--tokens {tokens}", "must be positive", "give the batch size in tokens, e.g. 8192")
+    graph = build_model_graph(load_model(model))
+    topo = wl = None
+    if topology is not None:
+        from tpplan.cost.topology import load_topology
+
+        topo = load_topology(topology, nodes)
+    elif objective == "time" or workload:
+        raise TpplanError("--topology", "predicted time needs a topology", "add --topology (e.g. h200x8-ib400)")
+    if workload is not None:
+        from tpplan.cost.workload import load_workload
+
+        wl = load_workload(workload)
+    if memory_cap_gib == "gpu":
+        cap_gib = topo.gpu.memory_GiB if topo is not None else None
+    else:
+        cap_gib = float(memory_cap_gib) if memory_cap_gib is not None else None
+    cap = cap_gib * GIB if cap_gib is not None else None
+    return _Setup(graph, topo, wl, cap, cap_gib, objective, tokens, dtype, expert_dtype, top, all_plans)
+
+
+def _evaluate(
+    s: _Setup, plan: Plan, pa: PlanAudit, cost: Cost, tp: int, pp: int
+) -> dict[str, Any]:
+    """One plan's entry: the audit's volumes and, with a topology, `predict_plan`'s time and memory."""
+    entry: dict[str, Any] = {
+        "rank": None,
+        "name": plan.name,
+        "tp": tp,
+        "pp": pp,
+        "deployment": _label(tp, pp),
+        "title": plan.title,
+        "summary": plan.summary,
+        "found_by": plan.found_by,
+        "same_as_named": None,  # filled in for the ranked plans (`_name_ranked`)
+        "legal": pa.legal,
+        "decisions": plan.describe(),
+        "score": cost.score,
+        "search_score": cost.score,
+        "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
+        "weight_bytes_per_rank": pa.weight_bytes_per_rank,
+        "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
+        "search_memory_bytes_per_rank": cost.memory,
+    }
+    if s.topo is not None:
+        from tpplan.cost.predict import predict_plan
+
+        pr = predict_plan(
+            s.graph,
+            plan,
+            s.topo,
+            tp=tp,
+            pp=pp,
+            workload=s.wl,
+            tokens=s.tokens,
+            dtype=s.dtype,
+            expert_dtype=s.expert_dtype,
+            audit=pa,
+        )
+        m = pr.memory
+        entry["forward_s"] = pr.forward_s
+        entry["ttft"] = {"mean_s": pr.ttft.mean_s, "p50_s": pr.ttft.p50_s, "max_s": pr.ttft.max_s} if pr.ttft else None
+        entry["memory_bytes_per_rank"] = {**asdict(m), "total": m.total}
+        if s.objective == "time":  # what plans are ranked by: predict's own figure
+            entry["score"] = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
+    return entry
+
+
+@dataclass
+class _Deployed:
+    """What one deployment's search left: ranked entries (with their plans), exclusions, stats."""
+
+    entries: list[tuple[dict[str, Any], Plan, Behaviour]]
+    excluded: dict[str, dict[str, Any]]
+    reserve: float
+    families: int
+    walks: int
+    objective: str
+    label: str
+
+
+def _objective(s: _Setup, tp: int, pp: int) -> Objective:
+    if s.objective == "time":
+        assert s.topo is not None
+        return PredictObjective(
+            s.graph, s.topo, tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype, expert_dtype=s.expert_dtype
+        )
+    return VolumeObjective(s.dtype)
+
+
+def _lower_bound(s: _Setup, score: float, pp: int) -> float:
+    """What `predict_plan` can say of a plan the search scored `score`, at least: the score itself
+    (forward time, volume, or TTFT without PP), or with PP the unpipelined TTFT over `pp` (a batch
+    occupies a stage at least 1/pp of its trip through all of them)."""
+    return score / pp if s.wl is not None and pp > 1 else score
+
+
+def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")) -> _Deployed:
+    """Search one (TP, PP); re-audit and predict its best plans until `top` fit, or until what the
+    next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
+
+    Activations (one chunk's peak) are not additive: the search caps the rest. A ranked plan that
+    its own activations push over the cap is excluded; if that happens, the search runs once more
+    with the largest such activations reserved, and the plans that fit from both runs are kept.
+    """
+    from tpplan.plans.named import baseline as baseline_plan
+
+    graph, cap, top = s.graph, s.cap, s.top
+    obj = _objective(s, tp, pp)
+    audit_plan(graph, baseline_plan(), tp, s.dtype)  # raises (a clear TpplanError) if the model does not split over tp
+    reserve = 0.0
+    kept: dict[str, tuple[dict[str, Any], Plan, Behaviour]] = {}
+    excluded: dict[str, dict[str, Any]] = {}
+    families = walks = 0
+    for attempt in range(2):
+        res = search(
+            graph,
+            tp,
+            obj,
+            top=top,
+            memory_cap=None if cap is None else cap - reserve,
+            dtype=s.dtype,
+            per_family=not s.all_plans,
+        )
+        families, walks = res.globals_searched, walks + res.walks
+        worst_act, fitted = 0.0, 0
+        for c in res.over_cap:
+            name, _, _ = describe(c.glob, c.configs)
+            excluded.setdefault(
+                name,
+                {
+                    "name": name,
+                    "deployment": _label(tp, pp),
+                    "search_memory_bytes_per_rank": c.memory,
+                    "score": c.score,
+                },
+            )
+        for c in res.candidates:
+            if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
+                break
+            name, short, summary = describe(c.glob, c.configs)
+            plan = c.plan.with_(name=name, title=short, summary=summary)
+            pa = audit_plan(graph, plan, tp, s.dtype)
+            if not pa.legal:  # cannot happen: the search walks the audit's own propagation
+                raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
+            entry = _evaluate(s, plan, pa, c.cost, tp, pp)
+            mem = entry.get("memory_bytes_per_rank")
+            if cap is not None and mem is not None and mem["total"] > cap:
+                worst_act = max(worst_act, float(mem["activations"]))
+                excluded[name] = {
+                    "name": name,
+                    "deployment": _label(tp, pp),
+                    "memory_bytes_per_rank": mem["total"],
+                    "score": entry["score"],
+                    "why": "activations",
+                }
+                continue
+            fitted += 1
+            kept.setdefault(str(entry["name"]), (entry, plan, behaviour(pa)))
+        if worst_act <= reserve or attempt:
+            break
+        reserve = worst_act
+    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, _label(tp, pp))
+
+
+def _baseline(s: _Setup, tp: int, pp: int) -> tuple[dict[str, Any], Behaviour]:
+    """Megatron TP at this deployment, for reference: its entry and behaviour."""
+    from tpplan.plans.named import baseline as baseline_plan
+
+    pa = audit_plan(s.graph, baseline_plan(), tp, s.dtype)
+    cost = plan_cost(_objective(s, tp, pp), s.graph, pa)
+    return _evaluate(s, pa.plan, pa, cost, tp, pp), behaviour(pa)
+
+
+_NAMED: dict[tuple[int, str, str], dict[Any, str]] = {}
+
+
+def _named(s: _Setup, tp: int) -> dict[Any, str]:
+    """The named plans' behaviours at TP `tp` (computed once per model, TP and dtype)."""
+    key = (id(s.graph), tp, s.dtype)
+    if key not in _NAMED:
+        _NAMED.clear()  # one search at a time: keep only this graph's
+        _NAMED[key] = named_behaviours(s.graph, tp, s.dtype)
+    return _NAMED[key]
+
+
+def _name_ranked(
+    s: _Setup, ranked: list[tuple[dict[str, Any], Plan, Behaviour]], top: int
+) -> list[tuple[dict[str, Any], Plan]]:
+    """The best `top` plans, a rediscovered named plan shown under its name (once per deployment).
+    Named plans are matched only here, for the plans shown: it costs an audit of each named plan."""
+    out: list[tuple[dict[str, Any], Plan]] = []
+    seen: set[tuple[str, str]] = set()
+    for entry, plan, beh in ranked:
+        same = _named(s, entry["tp"]).get(beh)
+        entry["same_as_named"] = same
+        if same:  # the search rediscovered a named plan: show it under its name
+            plan = plan.with_(name=same, found_by="named")
+            entry["name"], entry["found_by"] = same, "named"
+        key = (entry["name"], entry["deployment"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((entry, plan))
+        if len(out) == top:
+            break
+    return out
+
+
+_GRID_SETUP: _Setup | None = None  # what forked grid workers search (inherited, not pickled)
+
+
+def _search_one(n: int, p: int, cutoff: float = float("inf")) -> _Deployed | tuple[str, str, str]:
+    """One deployment; a model that does not split over it gives the error's (where, reason, fix),
+    which, unlike the exception, crosses a process boundary."""
+    assert _GRID_SETUP is not None
+    try:
+        return _search_deployment(_GRID_SETUP, n, p, cutoff)
+    except TpplanError as e:
+        return (e.where, e.reason, e.fix)
+
+
+def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tuple[str, str, str]]:
+    """Every deployment's search, in grid order: on as many cores as there are (forked workers,
+    each one deployment) when the grid has several, else in turn, each evaluating only plans that
+    can still rank (`cutoff`: the `top`-th best score of the deployments before it)."""
+    global _GRID_SETUP
+    import multiprocessing as mp
+    import os
+    import threading
+
+    _GRID_SETUP = s
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        # fork only a single-threaded process (forking threads can deadlock the child)
+        if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
+                futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                return [f.result() for f in futures]
+        out: list[_Deployed | tuple[str, str, str]] = []
+        scores: list[float] = []
+        for n, p in grid:
+            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
+            got = _search_one(n, p, cutoff)
+            out.append(got)
+            if isinstance(got, _Deployed):
+                scores += [e["score"] for e, _, _ in got.entries]
+        return out
+    finally:
+        _GRID_SETUP = None
+
+
+def run_search(
+    model: str,
+    topology: str | None,
+    *,
+    tp: int | None = None,
+    pp: int | None = None,
+    nodes: int | None = None,
+    workload: str | None = None,
+    memory_cap_gib: float | str | None = "gpu",
+    top: int = 10,
+    tokens: int = 8192,
+    dtype: str = "bf16",
+    expert_dtype: str | None = None,
+    objective: str = "time",
+    all_plans: bool = False,
+) -> SearchOutcome:
+    """Search every deployment, rank the plans that fit, and make each a plan file.
+
+    `memory_cap_gib`: GiB per rank; "gpu" (default) is the topology's GPU memory (no cap without a
+    topology); None is no cap."""
+    t0 = time.perf_counter()
+    s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans)
+    if objective == "volume" and pp not in (None, 1):
+        raise TpplanError(f"--pp {pp}", "pipeline stages do not change bytes per token", "drop --pp or rank by time")
+    grid = deployments(s.graph, s.topo, tp, pp) if objective == "time" or tp is not None else None
+    if grid is None:  # volume without --tp: every GPU of the topology in one TP group (as before)
+        grid = [(s.topo.world_size if s.topo is not None else 0, 1)]
+        if grid[0][0] < 1:
+            raise TpplanError("--tp", "the TP size must be at least 1", "pass --tp 1 or more")
+    results: list[_Deployed] = []
+    skipped: list[dict[str, Any]] = []
+    searched = _search_all(s, grid)
+    search_s = time.perf_counter() - t0  # model load, every deployment's search and its plans' checks
+    for (n, p), got in zip(grid, searched, strict=True):
+        if isinstance(got, _Deployed):
+            results.append(got)
+            continue
+        if len(grid) == 1:
+            raise TpplanError(*got)
+        skipped.append({"deployment": _label(n, p), "why": got[1]})  # a TP size the model does not split over
+    if not results:
+        raise TpplanError("--tp/--pp", "the model splits over none of the deployments searched", "pass --tp")
+    ref = grid[[_label(n, p) for n, p in grid].index(results[0].label)]
+    base_entry, base_behaviour = _baseline(s, *ref)
+    obj_name = results[0].objective
+    ranked = _name_ranked(s, sorted((e for r in results for e in r.entries), key=lambda e: e[0]["score"]), top)
+    base_entry["same_as_named"] = _named(s, base_entry["tp"]).get(base_behaviour)
+    plans: list[dict[str, Any]] = []
+    files: list[PlanFile] = []
+    found_for = {
+        "topology": s.topo.name if s.topo is not None else None,
+        "nodes": s.topo.nodes if s.topo is not None else None,
+        "workload": s.wl.name if s.wl is not None else None,
+        "dtype": dtype,
+        "expert_dtype": expert_dtype,
+        "objective": obj_name,
+    }
+    for entry, plan in ranked:
+        entry["rank"] = len(plans) + 1
+        entry["delta_vs_baseline_pct"] = _pct(entry["score"], base_entry["score"])
+        entry["comm_delta_vs_baseline_pct"] = _pct(
+            entry["comm_bytes_per_token_per_rank"], base_entry["comm_bytes_per_token_per_rank"]
+        )
+        plans.append(entry)
+        files.append(
+            plan_file_data(
+                plan,
+                s.graph,
+                {**found_for, "rank": entry["rank"], "score": entry["score"]},
+                entry["tp"],
+                entry["pp"],
+            )
+        )
+    excluded = [e for r in results for e in r.excluded.values()]
+    reserve = max(r.reserve for r in results)
+    data: dict[str, Any] = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "model": s.graph.spec.name,
+        "tp": grid[0][0],
+        "pp": grid[0][1],
+        "dtype": dtype,
+        "expert_dtype": expert_dtype,
+        "topology": found_for["topology"],
+        "nodes": found_for["nodes"],
+        "workload": found_for["workload"],
+        "objective": obj_name,
+        "score_unit": "s" if objective == "time" else "bytes per token per rank",
+        "mode": "all" if all_plans else "per-family",
+        "memory_cap_bytes": s.cap,
+        "gpu_memory_bytes": s.topo.gpu.memory_GiB * GIB if s.topo is not None else None,
+        "baseline": base_entry,
+        "plans": plans,
+        "excluded_over_cap": {
+            "count": len(excluded),
+            "reason": (
+                f"memory per rank above the cap of {s.cap_gib:g} GiB"
+                + (", one GPU's memory" if memory_cap_gib == "gpu" else "")
+                + " (weights incl. replication, KV cache, recurrent state, embedding/head, and the activations"
+                f" of one chunk; {reserve / GIB:.2f} GiB reserved for them in the search)"
+                if s.cap is not None
+                else None
+            ),
+            "plans": excluded,
+        },
+        "search": {
+            "deployments": [_label(n, p) for n, p in grid],
+            "skipped": skipped,
+            "families": sum(r.families for r in results),
+            "walk_steps": sum(r.walks for r in results),
+            "seconds": round(search_s, 3),
+        },
+    }
+    return SearchOutcome(data, files)
+
+
+def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, Any]:
+    """`run_search`'s JSON (docs/search-json.md): the ranked plans, baseline, exclusions, stats."""
+    return run_search(model, topology, **kwargs).data
+
+
+__all__ = ["JSON_SCHEMA_VERSION", "SearchOutcome", "deployments", "run_search", "search_report"]

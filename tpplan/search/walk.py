@@ -1,0 +1,188 @@
+"""Optimising one layer kind: a walk over its ops that merges branches reaching the same state.
+
+Per global choice, a kind's ops are walked in order carrying every branch of its decision tree
+(`tpplan.search.space`); illegal branches are cut at the op that breaks. After each op, branches
+that agree on everything the ops ahead can see have identical futures, so only their k-Pareto front
+of (score, memory) survives. What is left is grouped by the placement the layer hands the next one
+(`KindFront`), which is all the combination across kinds needs (`tpplan.search.combine`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpplan.layout.propagate import LayerWalk
+from tpplan.models.graph import LayerGraph
+from tpplan.placement import P, Placement, R
+from tpplan.search.fronts import cost_key, skyline
+from tpplan.search.objectives import ZERO, Cost, Objective
+from tpplan.search.space import (
+    GlobalChoice,
+    KindConfig,
+    KindIndex,
+    SpaceOptions,
+    _expand,
+    _has_experts,
+    make_search_plan,
+)
+
+
+@dataclass
+class _Partial:
+    cost: Cost
+    cfg: KindConfig
+    walk: LayerWalk
+    sig: int = 0  # behaviour so far: two partials with equal sig produced the same layer result
+
+
+StateKey = tuple[object, ...]
+States = dict[StateKey, list[_Partial]]
+
+
+def _step_sig(before: LayerWalk, after: LayerWalk) -> int:
+    d = after.res.decisions[-1]
+    comms = tuple((c.collective, c.value, c.dst) for c in after.res.comms[len(before.res.comms) :])
+    return hash((d.op.name, d.split, d.strategy, d.inputs_received, comms))
+
+
+def _dedupe(parts: list[_Partial]) -> list[_Partial]:
+    """One partial per cost: branches in the same state with the same (score, memory) have
+    completions of equal cost, so they rank as one plan; keep the one with the fewest decisions
+    (`gather x` over three `gather x for ...` that issue the same single all-gather)."""
+    best: dict[tuple[float, float], _Partial] = {}
+    for p in parts:
+        key = cost_key(p.cost)
+        cur = best.get(key)
+        if cur is None or len(p.cfg.choices) < len(cur.cfg.choices):
+            best[key] = p
+    return list(best.values())
+
+
+def _step_cost(obj: Objective, kind: str, before: LayerWalk, after: LayerWalk, g: GlobalChoice) -> Cost:
+    n = after.n
+    total = obj.op_cost(kind, after.res.decisions[-1], n, g)
+    for c in after.res.comms[len(before.res.comms) :]:
+        total = total + obj.comm_cost(kind, c, n)
+    return total
+
+
+def _state_key(
+    walk: LayerWalk, cfg: KindConfig, live: tuple[tuple[str, str], ...], live_set: frozenset[str]
+) -> StateKey:
+    """What the ops ahead can see: each live value's placement and whether its producer is gathered
+    or all-to-all'd (`live`: (value, producer's qualified name) pairs), and the conversions issued."""
+    pl, gather, a2a = walk.res.placements, cfg.gather, cfg.a2a
+    out = tuple((v, pl.get(v), qn in gather, qn in a2a) for v, qn in live)
+    done = tuple(sorted((v, str(dst)) for (v, dst) in walk.done if v in live_set))
+    return (out, done)
+
+
+@dataclass
+class KindFront:
+    """The best configs of one layer kind under one global choice, by the placement they hand on."""
+
+    kind: str
+    by_exit: dict[Placement, list[_Partial]]
+    walks: int = 0
+    used_reduce: bool = False  # some branch reduced a partial sum outside the stream adds
+
+
+class KindSolver:
+    """Optimises one layer kind for every global choice, sharing what the choices share.
+
+    The walk up to the MLP block does not depend on the MoE mode, so its surviving branches are
+    computed once per (stream, reduce) and continued per mode. A part of the walk in which no op
+    ever receives a partial sum behaves the same under either reduce target, so it is reused.
+    """
+
+    def __init__(self, lg: LayerGraph, n: int, obj: Objective, k: int, opts: SpaceOptions, dtype_bytes: int = 2):
+        self.lg, self.n, self.obj, self.k, self.opts, self.dtype_bytes = lg, n, obj, k, opts, dtype_bytes
+        self.index = KindIndex(lg)
+        self.last_use: dict[str, int] = {}
+        for i, op in enumerate(lg.ops):
+            for v in op.inputs:
+                self.last_use[v] = i
+        # values still read after op i, with their producers' qualified names (for `_state_key`)
+        self.live = []
+        for i in range(len(lg.ops)):
+            live = sorted(v for v, last in self.last_use.items() if last > i)
+            self.live.append((tuple((v, self.index.producer_q.get(v, "")) for v in live), frozenset(live)))
+        self.split = len(lg.entry) + len(lg.attn.ops) + len(lg.middle)  # first op of the MLP block
+        self.prefixes: dict[tuple[Placement, Placement], tuple[States, int, bool]] = {}
+        self.fronts: dict[tuple[Placement, Placement, str], KindFront] = {}
+        self.walks = 0
+
+    def _run(self, g: GlobalChoice, states: States, i0: int, i1: int) -> tuple[States, bool]:
+        lg, k, obj, ops = self.lg, self.k, self.obj, self.lg.ops
+        saw_p = False
+        for i in range(i0, i1):
+            live, live_set = self.live[i]
+            nxt: States = {}
+            for bucket in states.values():
+                for part in bucket:
+                    branches, p_in = _expand(part.walk, part.cfg, g, self.opts, self.index)
+                    saw_p = saw_p or p_in
+                    for cfg, w in branches:
+                        self.walks += 1
+                        cost = part.cost + _step_cost(obj, lg.kind, part.walk, w, g)
+                        last = i == len(ops) - 1  # after the last op only the hand-over matters
+                        key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live, live_set)
+                        sig = hash((part.sig, _step_sig(part.walk, w)))
+                        nxt.setdefault(key, []).append(_Partial(cost, cfg, w, sig))
+            states = {key: skyline(_dedupe(b), k, lambda p: p.cost) for key, b in nxt.items()}
+        return states, saw_p
+
+    def _rebase(self, states: States, g: GlobalChoice) -> States:
+        return {
+            key: [_Partial(p.cost, p.cfg, p.walk.copy(make_search_plan(g, [p.cfg])), p.sig) for p in bucket]
+            for key, bucket in states.items()
+        }
+
+    def front(self, g: GlobalChoice) -> KindFront:
+        """The k-Pareto front of this kind under `g` (EP sizes share the TP front; see `_reprice`)."""
+        moe_key = ("a2a" if g.moe == "a2a" else "tp") if _has_experts(self.lg) else "-"
+        fkey = (g.stream, g.reduce, moe_key)
+        if fkey in self.fronts:
+            return self.fronts[fkey]
+        if g.reduce is not R:
+            twin = self.fronts.get((g.stream, R, moe_key)) or self.front(GlobalChoice(g.stream, R, g.moe, g.ep_size))
+            if not twin.used_reduce:
+                self.fronts[fkey] = twin
+                return twin
+        base = GlobalChoice(g.stream, g.reduce, "a2a" if moe_key == "a2a" else "tp")
+        pkey = (g.stream, g.reduce)
+        if pkey not in self.prefixes:
+            rkey = (g.stream, R)
+            if g.reduce is not R and rkey in self.prefixes and not self.prefixes[rkey][2]:
+                self.prefixes[pkey] = (self._rebase(self.prefixes[rkey][0], base), 0, False)
+            else:
+                start = LayerWalk(self.lg, make_search_plan(base, []), self.n, P, self.dtype_bytes)
+                init = {(): [_Partial(ZERO, KindConfig(self.lg.kind), start)]}
+                states, saw = self._run(base, init, 0, self.split)
+                self.prefixes[pkey] = (states, 0, saw)
+        states, _, saw_prefix = self.prefixes[pkey]
+        states, saw_suffix = self._run(base, self._rebase(states, base), self.split, len(self.lg.ops))
+        by_exit: dict[Placement, list[_Partial]] = {}
+        for bucket in states.values():
+            for part in bucket:
+                by_exit.setdefault(part.walk.res.placements["mlp_out"], []).append(part)
+        front = KindFront(
+            self.lg.kind,
+            {e: skyline(b, self.k, lambda p: p.cost) for e, b in by_exit.items()},
+            self.walks,
+            saw_prefix or saw_suffix,
+        )
+        self.fronts[fkey] = front
+        return front
+
+
+def optimise_kind(
+    lg: LayerGraph, g: GlobalChoice, n: int, obj: Objective, k: int, opts: SpaceOptions, dtype_bytes: int = 2
+) -> KindFront:
+    """The k-Pareto front of this kind's decision tree, exactly, without visiting every leaf.
+
+    Walk the ops in order carrying all branches; after each op, branches that agree on everything
+    the ops ahead can see (placements of live values, their gather/all-to-all decisions, the
+    conversions already issued) have the same future, so only their k-Pareto front survives.
+    """
+    return KindSolver(lg, n, obj, k, opts, dtype_bytes).front(g)
