@@ -157,20 +157,20 @@ class OpWeight:
     full_bytes: float
 
 
-def _linear_modules(op: Any) -> list[tuple[str, int, int]]:
-    """(module name under the layer, rows, cols) of the Linear modules an op's weight is made of."""
+def _linear_modules(op: Any) -> list[tuple[str, int, int, int]]:
+    """(module name under the layer, rows, cols, how many alike) of the Linear modules an op's
+    weight is made of; the routed experts are one entry per projection, counted once per expert."""
     kind = str(op.kind)
     if kind == "linear":
         parts = op.attrs.get("parts")
         if parts:
-            return [(name.removesuffix(".weight"), rows, op.weight_shape[1]) for name, rows in parts.items()]
+            return [(name.removesuffix(".weight"), rows, op.weight_shape[1], 1) for name, rows in parts.items()]
         out, inp = op.weight_shape
-        return [(op.weight.removesuffix(".weight"), out, inp)]
+        return [(op.weight.removesuffix(".weight"), out, inp, 1)]
     if kind == "experts":
         e, _, width, inter = op.weight_shape
         return [
-            (f"{op.weight}.{j}.{p}", r, c)
-            for j in range(e)
+            (f"{op.weight}.0.{p}", r, c, e)
             for p, r, c in (("gate_proj", inter, width), ("up_proj", inter, width), ("down_proj", width, inter))
         ]
     return []
@@ -191,5 +191,5 @@ def op_weights(graph: Any) -> dict[tuple[str, str], OpWeight]:
             modules = _linear_modules(op)
             if not modules or not quant.converts(f"model.layers.{first[kind]}.{modules[0][0]}"):
                 continue
-            out[(kind, op.name)] = OpWeight(quant.fmt, sum(quant.fmt.matrix_bytes(r, c) for _, r, c in modules))
+            out[(kind, op.name)] = OpWeight(quant.fmt, sum(k * quant.fmt.matrix_bytes(r, c) for _, r, c, k in modules))
     return out
