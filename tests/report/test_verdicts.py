@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from cli_helpers import run_in_process
 
+from tpplan.cost.provenance import BANDS, provenance, within_band
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import analyse, parse_current
-from tpplan.report.confidence import BANDS, provenance, within_band
 from tpplan.report.crossover import crossing
 
 

@@ -228,6 +228,15 @@ _WIDE_ONLY = {"compute", "replicated", "KV", "p50 s", "max s"}
 _WIDE_ONLY_PER_LAYER = {"collectives"}
 
 
+def provenance_line(prov: dict | None) -> str:
+    """The line under a table of predicted times: how they were made and the error band that applies
+    (`tpplan.cost.provenance`); a difference between plans inside the band is too close to call."""
+    if not prov:
+        return "Times: byte volumes only (no topology), exact counts."
+    band = f", error band ±{prov['band'] * 100:.1f}%" if prov["band"] else ""
+    return f"Times: {prov['label']}{band} ({prov['basis']}); differences inside the band are too close to call."
+
+
 def over_note(gpu_bytes: float, fixes: str) -> str:
     """The one line under a table whose memory column says (over): what it means and what to do."""
     return (
@@ -279,6 +288,7 @@ def _print_predictions(data: dict, wide: bool = False) -> None:
         }
         t.add_row(*(cells[c] for c in cols))
     show(console, t, wrap=("memory",))
+    console.print(provenance_line(first.get("provenance")), markup=False)
     if over is not None:
         fixes = "a larger --tp or --pp, or quantized experts (--expert-dtype fp8 or mxfp4)"
         console.print(over_note(over, fixes), markup=False)

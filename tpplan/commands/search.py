@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
-from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note
+from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
 def _ms(x: float | None) -> str:
@@ -164,6 +164,8 @@ def _print(data: dict, wide: bool = False) -> None:
     for p in data["plans"]:
         row(p, str(p["rank"]))
     show(console, t, wrap=("memory/rank",))
+    if data.get("provenance"):
+        console.print(provenance_line(data["provenance"]), markup=False)
     if over and gpu is not None:
         capped = data["memory_cap_bytes"] is not None
         fixes = (

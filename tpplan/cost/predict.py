@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from tpplan.audit import Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_bytes
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
+from tpplan.cost.provenance import Provenance, provenance
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.dtypes import DTYPE_BYTES
@@ -148,6 +149,7 @@ class PlanPrediction:
     stage_s: list[float] = field(default_factory=list)  # per stage, one chunk, its send included
     final_comm_s: float = 0.0  # the reduction before the final norm
     gpu_memory_bytes: float = 0.0
+    provenance: Provenance | None = None  # how the times were made and the error band that applies
 
     @property
     def compute_s(self) -> float:
@@ -190,6 +192,7 @@ class PlanPrediction:
             "tokens": self.tokens,
             "context": self.context,
             "forward_s": self.forward_s,
+            "provenance": self.provenance.to_json() if self.provenance else None,
             "compute_s": self.compute_s,
             "comm_s": self.comm_s,
             "redundant_compute_s": self.redundant_s,
@@ -809,6 +812,7 @@ def predict_plan(
         stage_s=[s + x for s, x in zip(stage_s, sends, strict=True)],
         final_comm_s=final,
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
+        provenance=provenance(topology, tp * pp),
     )
 
 

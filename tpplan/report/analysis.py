@@ -16,6 +16,7 @@ from typing import Any
 
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.bench_results import BenchResults
+from tpplan.cost.provenance import BANDS, Provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
@@ -26,7 +27,6 @@ from tpplan.models.graph import ModelGraph
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT, Collective
 from tpplan.plans.named import make_plan
-from tpplan.report.confidence import BANDS, Provenance, provenance
 from tpplan.report.crossover import Crossover, crossovers
 from tpplan.report.engines import EngineRecipe, recipes
 from tpplan.report.verdicts import BottomLine, NextStep, Verdict, bottom_line, judge, next_steps

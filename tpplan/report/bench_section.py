@@ -9,10 +9,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from tpplan.bench_results import error_summary
+from tpplan.cost.provenance import provenance
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis
-from tpplan.report.confidence import provenance
 from tpplan.report.doc import Block, Heading, Image, Para, Table
 
 PNG_BENCH = "predicted_vs_measured.png"

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
+from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis, kind_times, ttft_mean
-from tpplan.report.confidence import BANDS
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
 

@@ -2,7 +2,7 @@
 
 Every plan is judged against today's deployment (`--current`, default baseline) on the first
 workload's predicted mean TTFT, with the error band of the prediction's provenance
-(`confidence.py`): a gain or loss inside the band is "too close to call". A plan that is illegal
+(`tpplan/cost/provenance.py`): a gain or loss inside the band is "too close to call". A plan that is illegal
 or does not fit in GPU memory is never a YES. The rules are written out in docs/report.md.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tpplan.report.confidence import Provenance, within_band
+from tpplan.cost.provenance import Provenance, within_band
 from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpplan.audit import PlanAudit, audit_plan
+from tpplan.cost.provenance import provenance
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
@@ -386,6 +387,15 @@ def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tupl
         _GRID_SETUP = None
 
 
+def _provenance(s: _Setup, grid: list[tuple[int, int]], objective: str) -> dict[str, object] | None:
+    """How the ranked times were made (None for byte volumes, which are exact counts): every
+    deployment of the grid uses all its GPUs, so one label holds for the whole ranking."""
+    if objective != "time" or s.topo is None:
+        return None
+    worst = max((provenance(s.topo, n * p) for n, p in grid), key=lambda v: v.band)
+    return worst.to_json()
+
+
 def run_search(
     model: str,
     topology: str | None,
@@ -476,6 +486,7 @@ def run_search(
         "mode": "all" if all_plans else "per-family",
         "memory_cap_bytes": s.cap,
         "gpu_memory_bytes": s.topo.gpu.memory_GiB * GIB if s.topo is not None else None,
+        "provenance": _provenance(s, grid, objective),
         "baseline": base_entry,
         "plans": plans,
         "excluded_over_cap": {

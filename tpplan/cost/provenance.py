@@ -23,6 +23,14 @@ class Provenance:
     band: float  # relative error of a predicted time (0.139 = 13.9%)
     basis: str  # what the band was measured on (in-sample or out-of-sample, which machine)
 
+    def to_json(self) -> dict[str, object]:
+        """Plain data for the JSON outputs (`provenance` in audit, search and bench JSON)."""
+        return {"key": self.key, "label": self.label, "band": self.band, "basis": self.basis}
+
+    def short(self) -> str:
+        """One phrase for a table title: the label and the band, e.g. `extrapolated ... (±13.9%)`."""
+        return f"{self.label} (±{self.band * 100:.1f}%)" if self.band else self.label
+
 
 # One band per provenance, from docs/benchmarks.md:
 # - "calibrated": section "Results with measured GEMMs and kernel profiles" (2 x H200, session 3):
