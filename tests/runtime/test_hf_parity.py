@@ -16,7 +16,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from tpplan.models.config import load_config_dict, load_model  # noqa: E402
+from tpplan.models.config import load_config_dict, spec_from_config  # noqa: E402
 from tpplan.models.graph import build_model_graph  # noqa: E402
 from tpplan.runtime.executor import run_reference  # noqa: E402
 from tpplan.runtime.weights import check_weights, normalize_names, numerics_from_config  # noqa: E402
@@ -27,6 +27,8 @@ MODELS = {
     "tiny-deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "tiny-kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM"),
     "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "tiny-gpt-oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "tiny-gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
 
 
@@ -49,6 +51,10 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
                 p.copy_(torch.randn_like(p) * 0.5)
             elif name.endswith("gate.weight") and p.dim() == 2:
                 p.copy_(torch.randn_like(p) * 0.2)
+            elif name.endswith("_bias") or name.endswith("sinks"):  # gpt-oss: zero-initialised by HF
+                p.copy_(torch.randn_like(p) * 0.5)
+            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and "gpt_oss" in type(model).__module__:
+                p.copy_(torch.randn_like(p) * 0.3)  # large enough that the SwiGLU clamp is reached
     return model
 
 
@@ -65,16 +71,18 @@ YARN = {
 CASES = [(p, None) for p in MODELS] + [
     ("tiny-deepseek-v3", {"rope_interleave": False}),
     ("tiny-deepseek-v3", {"rope_parameters": YARN}),
+    ("tiny-gpt-oss", {"swiglu_limit": 0.3}),  # most gate/up values clamped
 ]
 
 
-@pytest.mark.parametrize(
-    ("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "ds3-noninterleave", "ds3-yarn"]
-)
+IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "ds3-noninterleave", "ds3-yarn", "gpt-oss-clamp"]
+
+
+@pytest.mark.parametrize(("preset", "overrides"), CASES, ids=IDS)
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)
-    graph = build_model_graph(load_model(preset))
     raw, _ = load_config_dict(preset)
+    graph = build_model_graph(spec_from_config({**raw, **(overrides or {})}, name=preset))
     nu = numerics_from_config({**raw, **(overrides or {})})
     weights = normalize_names({k: v.detach() for k, v in model.state_dict().items()})
     check_weights(weights, graph, nu)

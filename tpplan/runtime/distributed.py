@@ -68,6 +68,7 @@ from tpplan.layout.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.models.opkinds import run_experts
 from tpplan.plans.named import repair
 from tpplan.plans.plan import Plan
 from tpplan.runtime import kernels as K
@@ -234,6 +235,12 @@ class PlanRunner:
             else:
                 d = self.comm.reduce_scatter(self._pad(delta.t, "final", t), "final", t)
             delta = Held(d, stream)
+        elif delta.pl is R and stream is S_TOK:  # a block output already reduced (sandwich norm): free slice
+            per = padded_rows(t, self.n)[1]
+            rows = delta.t[self.rank * per : (self.rank + 1) * per]
+            delta = Held(torch.cat([rows, rows.new_zeros(per - rows.shape[0], *rows.shape[1:])]), S_TOK)
+        if delta.pl is not stream:
+            raise PlanViolation(f"the last block's output is {delta.pl} but the stream is {stream}")
         final = resid.t + delta.t
         if block:
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
@@ -259,7 +266,7 @@ class PlanRunner:
         mine = (local >= 0) & (local < shard.embed.shape[0])
         out = shard.embed.new_zeros(ids.numel(), shard.embed.shape[1])
         out[mine] = shard.embed[local[mine]]
-        return out
+        return out * self.numerics.embed_scale if self.numerics.embed_scale != 1.0 else out
 
     def _layer(
         self, i: int, lg: LayerGraph, res: LayerResult, planned: set[tuple[str, Placement]], shard: ModelShard,
@@ -282,7 +289,7 @@ class PlanRunner:
             w = shard.ops[(i, op.name)]
             if self._seed_variant(op, dec, env, planned):
                 # Forced only: column-parallel weight on the rank's own tokens, slices gathered by token.
-                local = K.linear(env[op.inputs[0]].t, w["weight"])
+                local = K.linear(env[op.inputs[0]].t, w["weight"], w.get("bias"))
                 name = f"{op.output}(forced)"
                 env[op.output] = Held(self.comm.all_gather_tokens(local, name, tokens, planned=False), S_COL)
                 continue
@@ -494,7 +501,7 @@ class PlanRunner:
         # One dispatch launch: the rows' fp32 combine weights ride in the same buffer as extra columns.
         got = c.all_to_all_rows(pack_rows(x[tok], weights[tok, dst]), send, recv, f"{name}:dispatch")
         got_x, got_w = unpack_rows(got, x.shape[1])
-        y = K.routed_experts(got_x, got_w, w["gate"], w["up"], w["down"])
+        y = run_experts(op, got_x, got_w, w, K)
         back = c.all_to_all_rows(y, recv, send, f"{name}:combine")
         out = torch.zeros_like(x)
         out.index_add_(0, tok, back.to(out.dtype))
