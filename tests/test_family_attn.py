@@ -111,17 +111,29 @@ def test_sliding_window_prices_attention_and_kv_by_the_window():
     assert cached_tokens(spec.layers[1].attn, [100, 5000]) == 5100
 
 
+REAL = {  # preset -> every TP its heads allow up to one node (KV heads replicated past their count)
+    "gpt-oss-20b": (1, 2, 4, 8),
+    "gpt-oss-120b": (1, 2, 4, 8),
+    "gemma-3-4b-it": (1, 2, 4, 8),
+    "llama-4-scout-17b-16e": (1, 2, 4, 8),
+    "llama-4-maverick-17b-128e": (1, 2, 4, 8),
+}
+
+
 def test_real_presets_audit_at_every_tp_their_heads_allow():
-    for preset, tps in (("gpt-oss-20b", (1, 2, 4, 8)), ("gpt-oss-120b", (8,))):
+    from tpplan.audit import audit
+
+    for preset, tps in REAL.items():
         for tp in tps:
-            out = subprocess.run(
-                [sys.executable, "-m", "tpplan", "audit", "--model", preset, "--tp", str(tp), "--json",
-                 "--topology", "h200x8-ib400", "--workload", "seed-c8"],
-                capture_output=True, text=True,
-            )  # fmt: skip
-            assert out.returncode == 0, out.stderr
-            plans = {p["name"]: p for p in json.loads(out.stdout)["plans"]}
-            assert plans["baseline"]["legal"] and plans["gate-aware"]["legal"]
+            legal = {pa.plan.name for pa in audit(preset, tp).plans if pa.legal}
+            assert {"baseline", "sequence-parallel", "gate-aware"} <= legal, (preset, tp)
+        out = subprocess.run(
+            [sys.executable, "-m", "tpplan", "audit", "--model", preset, "--tp", "8", "--json",
+             "--topology", "h200x8-ib400", "--workload", "seed-c8"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["plans"][0]["prediction"]["ttft"]["mean_s"] > 0
 
 
 def test_gpt_oss_numerics():
@@ -129,3 +141,54 @@ def test_gpt_oss_numerics():
     nu = numerics_from_config(raw)
     assert nu.rope_scaling["rope_type"] == "yarn" and nu.rope_theta == 150000 and nu.renormalize
     assert list(itertools.islice(raw["layer_types"], 2)) == ["sliding_attention", "full_attention"]
+
+
+def test_gemma3_spec_reads_the_wrapped_text_config():
+    spec = load_model("gemma-3-4b-it")
+    assert spec.family == "gemma3" and spec.num_layers == 34 and spec.hidden == 2560
+    windows = [layer.attn.window for layer in spec.layers]
+    assert windows == [None if (i + 1) % 6 == 0 else 1024 for i in range(34)]
+    local, glob = spec.layers[0].attn, spec.layers[5].attn
+    assert local.rope_theta == 10000.0 and glob.rope_theta is None and local.scale == 256**-0.5
+    assert all(layer.sandwich and layer.mlp.act == "gelu_tanh" for layer in spec.layers)
+    nu = numerics_from_config(load_config_dict("gemma-3-4b-it")[0])
+    assert nu.norm_offset == 1.0 and nu.embed_scale == pytest.approx(2560**0.5) and nu.tie_embeddings
+    assert nu.rope_theta == 1e6 and nu.rope_scaling == {"factor": 8.0, "rope_type": "linear"}
+    g = build_model_graph(spec)
+    post = _op(g, "swa+dense", "post_attention_layernorm")
+    assert post.inputs == ("attn_out_raw",) and post.output == "attn_out" and post.reduces_into_stream
+    assert _op(g, "swa+dense", "mlp_norm").weight == "pre_feedforward_layernorm.weight"
+
+
+def test_sandwich_norm_reduces_to_the_stream():
+    """The block output is reduced before its sandwich norm: all-reduce under an R stream,
+    reduce-scatter under S(tok), so sequence parallelism costs what it costs without sandwich norms."""
+    from tpplan.audit import audit_plan
+
+    g = build_model_graph(load_model("gemma-3-4b-it"))
+    for plan, coll in (("baseline", "AR"), ("sequence-parallel", "RS")):
+        res = audit_plan(g, make_plan(plan, g, 8), 8).kinds["swa+dense"].result
+        assert {c.label for c in res.comms if c.value.endswith("_raw")} == {
+            f"{coll} attn_out_raw[2560]", f"{coll} mlp_out_raw[2560]"
+        }
+
+
+def test_llama4_specs_follow_the_configs():
+    scout, maverick = load_model("llama-4-scout-17b-16e"), load_model("llama-4-maverick-17b-128e")
+    for spec in (scout, maverick):
+        nope = [i for i, layer in enumerate(spec.layers) if not layer.attn.rotary_dim]
+        assert nope == list(range(3, 48, 4))  # every 4th layer has no RoPE and full attention
+        assert all((layer.attn.chunk is None) == (i in nope) for i, layer in enumerate(spec.layers))
+        assert spec.layers[0].attn.chunk == 8192 and spec.layers[3].attn.temperature == (8192, 0.1)
+    assert all(layer.mlp.kind == "moe" for layer in scout.layers) and scout.layers[0].mlp.experts == 16
+    assert [layer.mlp.kind for layer in maverick.layers[:4]] == ["dense", "moe", "dense", "moe"]
+    assert maverick.layers[0].mlp.intermediate == 16384 and maverick.layers[1].mlp.experts == 128
+    assert scout.layers[0].attn.qk_l2norm and not maverick.layers[0].attn.qk_l2norm
+    g = build_model_graph(maverick)
+    assert g.counts() == {"chunked+dense": 24, "chunked+moe": 12, "nope+moe": 12}
+    ex = _op(g, "chunked+moe", "experts")
+    assert ex.attrs["scale_inputs"] and ex.attrs["top_k"] == 1
+    assert _op(g, "chunked+moe", "shared_gate_proj").weight == "mlp.shared_expert.gate_proj.weight"
+    assert _op(g, "chunked+moe", "router").attrs["scoring"] == "sigmoid"
+    nu = numerics_from_config(load_config_dict("llama-4-scout-17b-16e")[0])
+    assert nu.rope_interleave and not nu.renormalize and nu.rope_scaling["rope_type"] == "llama3"

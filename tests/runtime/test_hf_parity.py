@@ -29,6 +29,7 @@ MODELS = {
     "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
     "tiny-gpt-oss": ("GptOssConfig", "GptOssForCausalLM"),
     "tiny-gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "tiny-llama4": ("Llama4TextConfig", "Llama4ForCausalLM"),
 }
 
 
@@ -75,7 +76,8 @@ CASES = [(p, None) for p in MODELS] + [
 ]
 
 
-IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "ds3-noninterleave", "ds3-yarn", "gpt-oss-clamp"]
+IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "llama4"]
+IDS += ["ds3-noninterleave", "ds3-yarn", "gpt-oss-clamp"]
 
 
 @pytest.mark.parametrize(("preset", "overrides"), CASES, ids=IDS)

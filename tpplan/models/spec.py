@@ -79,8 +79,9 @@ class GQASpec:
 
     @property
     def label(self) -> str:
-        """The layer-kind name: `swa` (sliding window), `chunked` or `gqa`; roles stay `gqa.*`."""
-        return "swa" if self.window else "chunked" if self.chunk else "gqa"
+        """The layer-kind name: `swa` (sliding window), `chunked`, `nope` (no RoPE, Llama 4) or `gqa`;
+        roles stay `gqa.*`."""
+        return "swa" if self.window else "chunked" if self.chunk else "nope" if not self.rotary_dim else "gqa"
 
 
 @dataclass(frozen=True)

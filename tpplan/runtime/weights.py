@@ -116,6 +116,19 @@ def normalize_names(raw: Mapping[str, Tensor]) -> dict[str, Tensor]:
         if name in oss or name.removesuffix("_bias") in oss:
             out.update(_gpt_oss_experts(name, t))
             continue
+        if ".feed_forward." in name:  # Llama 4: the MLP is `feed_forward`, experts stacked [E, W, 2I] / [E, I, W]
+            name = name.removeprefix("language_model.").replace(".feed_forward.", ".mlp.")
+            if name.endswith(".experts.gate_up_proj"):
+                base, inter = name.removesuffix(".gate_up_proj"), t.shape[2] // 2
+                for e in range(t.shape[0]):
+                    out[f"{base}.{e}.gate_proj.weight"] = t[e, :, :inter].t()
+                    out[f"{base}.{e}.up_proj.weight"] = t[e, :, inter:].t()
+                continue
+            if name.endswith(".experts.down_proj"):
+                base = name.removesuffix(".down_proj")
+                for e in range(t.shape[0]):
+                    out[f"{base}.{e}.down_proj.weight"] = t[e].t()
+                continue
         for pat, rep in _RENAMES:
             name = pat.sub(rep, name)
         if name.startswith("language_model."):
