@@ -13,9 +13,9 @@ def _op(graph, kind, name):
 def test_every_preset_builds_a_graph():
     assert {"kimi-k3", "deepseek-v3", "kimi-k2", "kimi-linear-48b", "qwen3-next-80b"} <= set(list_presets())
     tiny_families = {load_model(p).family for p in list_presets() if p.startswith("tiny-")}
-    assert tiny_families >= {"deepseek_v3", "kimi_linear", "kimi_k3", "qwen3_next", "gqa"} | {
-        "gpt_oss", "gemma3", "llama4"
-    }
+    from tpplan.models.families import families
+
+    assert tiny_families == set(families())  # every registered family has a tiny preset for the runtime tests
     for name in list_presets():
         graph = build_model_graph(load_model(name))
         assert sum(graph.counts().values()) == graph.spec.num_layers
@@ -104,6 +104,116 @@ def test_model_types_resolve_to_their_family_module():
             "mistral"} <= set(supported_model_types())  # fmt: skip
     assert family_for("kimi_k2").name == "deepseek_v3" and family_for("mistral").name == "gqa"
     assert family_for("gpt9") is None
-    for preset in ("tiny-deepseek-v3", "tiny-kimi-k3", "tiny-qwen3-next", "tiny-llama", "tiny-qwen3-moe"):
+    for preset in ("tiny-deepseek-v3", "tiny-kimi-k3", "tiny-qwen3-next", "tiny-llama", "tiny-kimi-k25"):
         spec = load_model(preset)
         assert family_for(spec.model_type).name == spec.family
+
+
+def _moe_of(spec):
+    return [layer.mlp for layer in spec.layers if layer.mlp.kind == "moe"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "drop", "spelling"),
+    [
+        ("tiny-llama", (), {"num_local_experts": 4, "num_experts_per_tok": 2}),  # Mixtral's spelling
+        ("tiny-llama", (), {"num_experts": 4, "num_experts_per_token": 2, "moe_intermediate_size": 40}),
+        ("tiny-deepseek-v3", ("n_routed_experts", "num_experts_per_tok"),
+         {"num_experts": 8, "num_experts_per_token": 2}),
+        ("tiny-kimi-linear", ("num_experts", "num_experts_per_token", "num_shared_experts"),
+         {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}),
+        ("tiny-qwen3-next", ("num_experts",), {"num_local_experts": 8}),
+    ],
+)  # fmt: skip
+def test_every_moe_spelling_is_read(preset, drop, spelling):
+    from tpplan.models.config import load_config_dict, spec_from_config
+
+    raw = {k: v for k, v in load_config_dict(preset)[0].items() if k not in drop}
+    moe = _moe_of(spec_from_config({**raw, **spelling}))
+    assert moe, "a config that names experts was planned as dense"
+    count = next(v for k, v in spelling.items() if k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    assert moe[0].experts == count
+    top_k = next((v for k, v in spelling.items() if k.startswith("num_experts_per")), None)
+    if top_k:
+        assert moe[0].top_k == top_k
+    if "num_local_experts" in spelling and preset == "tiny-llama":
+        assert moe[0].expert_intermediate == raw["intermediate_size"]  # Mixtral: experts are intermediate_size wide
+
+
+def test_a_config_naming_experts_is_never_planned_dense():
+    from tpplan.errors import TpplanError
+    from tpplan.models.config import load_config_dict, spec_from_config
+
+    raw = load_config_dict("tiny-qwen3-moe")[0]
+    with pytest.raises(TpplanError, match=r"names \d+ routed experts but no layer"):
+        spec_from_config({**raw, "decoder_sparse_step": raw["num_hidden_layers"] + 1})
+
+
+@pytest.mark.parametrize(
+    ("model_type", "fields", "family"),
+    [
+        ("gemma2", {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                    "num_key_value_heads": 8, "head_dim": 256}, "gemma3"),
+        ("deepseek_v32", {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "index_topk": 2048},
+         "deepseek_v3"),
+        ("qwen3_5_moe", {"linear_num_key_heads": 16, "linear_key_head_dim": 128, "full_attention_interval": 4},
+         "qwen3_next"),
+    ],
+)  # fmt: skip
+def test_unknown_model_type_names_the_closest_family(model_type, fields, family):
+    from tpplan.errors import TpplanError
+    from tpplan.models.config import spec_from_config
+
+    with pytest.raises(TpplanError) as err:
+        spec_from_config({"model_type": model_type, "hidden_size": 64, **fields}, label="config.json")
+    msg = str(err.value)
+    assert f"unknown model_type '{model_type}'" in msg and f"closest supported family is {family} " in msg
+    assert "docs/adding-a-family.md" in msg and "\n" not in msg
+
+
+def test_mixtral_preset_matches_the_published_shapes():
+    spec = load_model("mixtral-8x7b")
+    assert spec.family == "gqa" and spec.num_layers == 32
+    moe = _moe_of(spec)
+    assert len(moe) == 32 and moe[0].experts == 8 and moe[0].top_k == 2 and moe[0].expert_intermediate == 14336
+    g = build_model_graph(spec)
+    assert _op(g, "gqa+moe", "k_proj").weight_shape == (8 * 128, 4096)
+    assert _op(g, "gqa+moe", "experts").weight_shape == (8, 3, 4096, 14336)
+
+
+def test_kimi_k25_reads_its_kimi_k2_text_config():
+    spec = load_model("kimi-k25")
+    assert spec.model_type == "kimi_k25" and spec.family == "kimi_k25" and spec.num_layers == 61
+    moe = _moe_of(spec)
+    assert len(moe) == 60 and moe[0].experts == 384 and moe[0].top_k == 8
+    assert spec.layers[0].attn.heads == 64 and spec.quant is not None and spec.quant.fmt.name == "int4"
+
+
+def test_deepseek_v2_lite_has_no_q_lora_and_softmax_greedy_routing():
+    spec = load_model("deepseek-v2-lite")
+    assert spec.family == "deepseek_v2" and spec.num_layers == 27
+    g = build_model_graph(spec)
+    names = {o.name for o in g.kinds["mla+moe"].ops}
+    assert "qkv_a" not in names and _op(g, "mla+moe", "q_proj").weight_shape == (16 * 192, 2048)
+    assert _op(g, "mla+moe", "kv_a").weight_shape == (512 + 64, 2048)
+    router = _op(g, "mla+moe", "router")
+    assert router.attrs["scoring"] == "softmax" and router.attrs["n_group"] == 1
+    moe = _moe_of(spec)[0]
+    assert (moe.experts, moe.top_k, moe.shared_intermediate) == (64, 6, 2 * 1408)
+
+
+def test_qwen2_projections_carry_biases_and_never_hold_partial_sums():
+    from tpplan.layout.placement import P
+    from tpplan.layout.rules import strategies
+    from tpplan.models.numerics import Numerics
+    from tpplan.models.opkinds import params_for_op
+
+    g = build_model_graph(load_model("qwen2-7b"))
+    lg = g.kinds["gqa+dense"]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        op = _op(g, "gqa+dense", name)
+        assert params_for_op(op, Numerics())["bias"] == (f"self_attn.{name}.bias", (op.weight_shape[0],))
+        # replicated, an affine map must not run on partial sums (the bias would be added N times)
+        assert all(P not in s.inputs for s in strategies(op, WeightSplit.REPLICATED, lg.values))
+    assert "bias" not in params_for_op(_op(g, "gqa+dense", "o_proj"), Numerics())
+    assert any(P in s.inputs for s in strategies(_op(g, "gqa+dense", "o_proj"), WeightSplit.REPLICATED, lg.values))

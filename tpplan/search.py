@@ -285,7 +285,7 @@ class PredictObjective:
             secs = 0.0
             for (t, pairs, ctx), w in self._pairs:
                 secs += w * pred._op_time(lg, d, t, pairs, ctx).seconds  # type: ignore[attr-defined]
-            wb = pred.expert_bytes if d.op.kind is OpKind.EXPERTS else pred.b  # type: ignore[attr-defined]
+            wb = pred._weight_elem_bytes(kind, d.op)  # type: ignore[attr-defined]  # quantization_config formats
             hit = Cost(secs, d.weight_elements_per_rank * wb)
             self._ops[key] = hit
         return hit
@@ -1006,7 +1006,7 @@ def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, 
                 groups[verb].append(what)
     parts = [stream] + (["rs"] if g.reduce is S_TOK else [])
     parts += [f"{v}{len(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v]]
-    parts.append(f"moe-{g.moe_label()}")
+    parts.append(f"moe={g.moe_label()}")  # not "moe-a2a": that is an alias of the plan sp-moe
     digest = hashlib.sha1(repr(sorted((c.kind, c.choices) for c in configs)).encode()).hexdigest()[:4]
     name = "+".join(parts) + f"#{digest}"
     labels = {"ag": "AG", "rep": "replicate", "a2a": "A2A", "tok": "token-shard"}

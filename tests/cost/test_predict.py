@@ -176,7 +176,9 @@ def test_ep_vs_tp_memory_and_expert_time(k3) -> None:
     labels = [c.label for c in _kind(a2a, "kda+moe").collectives]
     assert any("dispatch" in lb for lb in labels) and any("combine" in lb for lb in labels)
     mxfp4 = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, expert_dtype="mxfp4")
-    assert mxfp4.memory.weights < 0.4 * base.memory.weights and mxfp4.fits and not base.fits
+    bf16 = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, expert_dtype="bf16")
+    assert mxfp4.memory.weights < 0.4 * bf16.memory.weights and mxfp4.fits and not bf16.fits
+    assert base.memory.weights == mxfp4.memory.weights  # the preset's quantization_config: MXFP4 experts
 
 
 def test_collective_algorithm_follows_the_group(k3) -> None:

@@ -30,6 +30,10 @@ MODELS = {
     "tiny-gpt-oss": ("GptOssConfig", "GptOssForCausalLM"),
     "tiny-gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "tiny-llama4": ("Llama4TextConfig", "Llama4ForCausalLM"),
+    "tiny-mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "tiny-kimi-k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text model of the wrapper
+    "tiny-deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),  # V2-Lite: no q_lora, greedy
+    "tiny-qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),  # q/k/v biases
 }
 
 
@@ -39,6 +43,8 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
     cfg_cls, model_cls = (getattr(transformers, n) for n in MODELS[preset])
     cfg = cfg_cls(**{k: v for k, v in raw.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
+    if getattr(cfg, "text_config", None) is not None:
+        cfg.text_config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = model_cls(cfg).float().eval()
     # HF zero-inits some buffers/params; give them values so the test exercises them.
@@ -52,7 +58,7 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
                 p.copy_(torch.randn_like(p) * 0.5)
             elif name.endswith("gate.weight") and p.dim() == 2:
                 p.copy_(torch.randn_like(p) * 0.2)
-            elif name.endswith("_bias") or name.endswith("sinks"):  # gpt-oss: zero-initialised by HF
+            elif name.endswith(("_bias", ".bias", "sinks")):  # biases, sinks: HF zero-inits them
                 p.copy_(torch.randn_like(p) * 0.5)
             elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and "gpt_oss" in type(model).__module__:
                 p.copy_(torch.randn_like(p) * 0.3)  # large enough that the SwiGLU clamp is reached
@@ -72,12 +78,15 @@ YARN = {
 CASES = [(p, None) for p in MODELS] + [
     ("tiny-deepseek-v3", {"rope_interleave": False}),
     ("tiny-deepseek-v3", {"rope_parameters": YARN}),
+    # full DeepSeek-V2: q_lora and group_limited_greedy routing (groups ranked by their best score)
+    ("tiny-deepseek-v2", {"q_lora_rank": 24, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
+    ("tiny-deepseek-v2", {"rope_scaling": {k: v for k, v in YARN.items() if k != "rope_theta"}}),
     ("tiny-gpt-oss", {"swiglu_limit": 0.3}),  # most gate/up values clamped
 ]
 
 
-IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "llama4"]
-IDS += ["ds3-noninterleave", "ds3-yarn", "gpt-oss-clamp"]
+IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "llama4", "mixtral", "kimi-k25", "ds2-lite", "qwen2"]
+IDS += ["ds3-noninterleave", "ds3-yarn", "ds2-grouped", "ds2-yarn", "gpt-oss-clamp"]
 
 
 @pytest.mark.parametrize(("preset", "overrides"), CASES, ids=IDS)

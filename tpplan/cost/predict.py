@@ -27,15 +27,16 @@ from dataclasses import dataclass, field
 
 from tpplan.audit import DTYPE_BYTES, Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_size, ring_volume_per_rank
-from tpplan.cost.gemm import gemm_bytes, gemm_time
+from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.errors import TpplanError
 from tpplan.layout.placement import S_COL, S_TOK, Collective, P, Placement, R
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import local_width
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key, mixer
+from tpplan.models.quant import op_weights
 from tpplan.plans.plan import Plan
 
 # Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
@@ -358,6 +359,7 @@ class _Predictor:
         self.b = DTYPE_BYTES[dtype]
         self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
         self.expert_bytes = WEIGHT_BITS[expert_dtype or dtype] / 8.0
+        self._init_weight_formats(expert_dtype)
         self.rpn = min(tp, g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
         self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
@@ -371,12 +373,49 @@ class _Predictor:
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
     # -- compute ---------------------------------------------------------------------------
-    def _gemm(self, m: int, k: int, n: int) -> float:
-        """gemm_time, memoised across predictors of the same GPU (plans share most shapes)."""
-        key = (self.gpu_key, m, k, n, self.gemm_dtype)
+    def _init_weight_formats(self, expert_dtype: str | None) -> None:
+        """Weight bytes and GEMM dtype per op from the checkpoint's quantization_config
+        (`tpplan.models.quant`); `--expert-dtype` overrides the routed experts' format."""
+        self.op_weights = op_weights(self.graph)
+        self.expert_override = expert_dtype is not None
+        self.experts_gemm_dtype = self.gemm_dtype
+        for (kind, name), w in self.op_weights.items():
+            op = next(o for o in self.graph.kinds[kind].ops if o.name == name)
+            if op.kind is OpKind.EXPERTS and not self.expert_override:
+                self.expert_bytes = w.full_bytes / op.weight_numel
+                self.experts_gemm_dtype = "fp8" if w.fmt.compute == "fp8" else self.gemm_dtype
+
+    def _weight_elem_bytes(self, kind: str, op: Op) -> float:
+        """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
+        if op.kind is OpKind.EXPERTS:
+            return self.expert_bytes
+        w = self.op_weights.get((kind, op.name))
+        return w.full_bytes / op.weight_numel if w is not None else self.b
+
+    def _gemm_format(self, kind: str, op: Op) -> tuple[str, float | None]:
+        """(GEMM dtype, weight bytes per element where a weight-only format changes them, else None)."""
+        w = self.op_weights.get((kind, op.name))
+        if w is None:
+            return self.gemm_dtype, None
+        if w.fmt.compute == "fp8":
+            return "fp8", None
+        return self.gemm_dtype, w.full_bytes / op.weight_numel
+
+    def _gemm(self, m: int, k: int, n: int, dtype: str | None = None, weight_bytes: float | None = None) -> float:
+        """gemm_time, memoised across predictors of the same GPU (plans share most shapes).
+
+        `weight_bytes`: a weight-only format (int4, mxfp4) computes at `dtype` but reads its packed
+        weight, so its memory bound uses those bytes (memory-bound at small M)."""
+        dt = dtype or self.gemm_dtype
+        key = (self.gpu_key, m, k, n, dt, weight_bytes)
         hit = _GEMM_CACHE.get(key)
         if hit is None:
-            hit = gemm_time(m, k, n, self.topo.gpu, self.gemm_dtype)  # type: ignore[arg-type]
+            if weight_bytes is None:
+                hit = gemm_time(m, k, n, self.topo.gpu, dt)  # type: ignore[arg-type]
+            else:
+                rate = achieved_tflops(m, k, n, self.topo.gpu, dt) * 1e12  # type: ignore[arg-type]
+                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))  # type: ignore[arg-type]
+                hit = max(2.0 * m * k * n / rate, moved / self.hbm)
             if len(_GEMM_CACHE) < 200_000:
                 _GEMM_CACHE[key] = hit
         return hit
@@ -418,9 +457,10 @@ class _Predictor:
         secs = flops = nbytes = 0.0
         for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
             weights = active * kk * nn * self.expert_bytes
-            act = gemm_bytes(m_use, kk, nn, self.gemm_dtype) - kk * nn * (1 if self.gemm_dtype == "fp8" else 2)
+            gd = self.experts_gemm_dtype
+            act = gemm_bytes(m_use, kk, nn, gd) - kk * nn * (1 if gd == "fp8" else 2)
             f = 2.0 * m_use * kk * nn
-            t_pad = self._gemm(m_pad, kk, nn)
+            t_pad = self._gemm(m_pad, kk, nn, gd)
             t_mem = (act + weights) / self.hbm
             secs += max(t_pad, t_mem)
             flops += f
@@ -447,8 +487,10 @@ class _Predictor:
             else:
                 kk, nn = inp, out
             shape = (m, kk, nn)
-            secs = self._gemm(m, kk, nn) if m else 0.0
-            flops, nbytes, cat = 2.0 * m * kk * nn, gemm_bytes(m, kk, nn, self.gemm_dtype), "gemm"  # type: ignore[arg-type]
+            gd, wb = self._gemm_format(lg.kind, op)
+            secs = self._gemm(m, kk, nn, gd, wb) if m else 0.0
+            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)  # type: ignore[arg-type]
+            flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(d, t)
             cat, redundant = "moe", False
@@ -619,10 +661,10 @@ class _Predictor:
             for j in rng:
                 res = results[j]
                 for d in res.decisions:
-                    wb = self.expert_bytes if d.op.kind is OpKind.EXPERTS else b
+                    wb = self._weight_elem_bytes(res.kind, d.op)
                     weights += d.weight_elements_per_rank * wb
                     if d.split == "replicated" and d.op.split.value in ("col", "row"):
-                        extra += (d.op.weight_numel - d.op.weight_numel / n) * b
+                        extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
                 kv += self._kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self._state_per_seq(spec.layers[j].attn) * len(seqs)
             if s == 0:

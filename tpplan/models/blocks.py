@@ -70,7 +70,8 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
             "n_group": m.n_group,
             "topk_group": m.topk_group,
             "logit_bias": m.router_bias,
-        },
+        }
+        | ({"group_score": m.group_score} if m.group_score != "top2_sum" else {}),
         note=f"router: {m.scoring} scores over {m.experts} experts, top-{m.top_k}",
     )
     ew = h

@@ -9,13 +9,17 @@ any problem becomes a `TpplanError` naming the file, the field and the fix.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from tpplan.errors import TpplanError
-from tpplan.models.families import family_for, supported_model_types
-from tpplan.models.spec import ModelSpec
+from tpplan.models.families import closest_family, family_for, supported_model_types
+from tpplan.models.families._common import EXPERT_COUNT_KEYS
+from tpplan.models.quant import parse_quantization
+from tpplan.models.spec import ModelSpec, MoESpec
 
 PRESET_DIR = "presets"
 
@@ -92,10 +96,27 @@ def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = 
         )
     family = family_for(str(model_type))
     if family is None:
+        closest, why = closest_family(raw)
         raise TpplanError(
             f"{label}: field 'model_type'",
-            f"unknown model_type {model_type!r}",
-            f"tpplan supports {', '.join(supported_model_types())}; for another architecture add a graph "
-            "builder in tpplan/models",
+            f"unknown model_type {model_type!r}; the closest supported family is {closest.name} "
+            f"({', '.join(closest.model_types)}: {why})",
+            f"tpplan reads {', '.join(supported_model_types())}; to add {model_type}, see docs/adding-a-family.md",
         )
-    return family.build_spec(raw, label, name, str(model_type))
+    spec = family.build_spec(raw, label, name, str(model_type))
+    _check_experts_planned(family.text_config(raw), spec, label)
+    quant = parse_quantization(raw, label)
+    return replace(spec, quant=quant) if quant is not None else spec
+
+
+def _check_experts_planned(text: Mapping[str, Any], spec: ModelSpec, label: str) -> None:
+    """A config that names routed experts is never planned as a dense model."""
+    named = {k: text[k] for k in EXPERT_COUNT_KEYS if isinstance(text.get(k), int) and text[k] > 0}
+    if named and not any(isinstance(layer.mlp, MoESpec) for layer in spec.layers):
+        key, count = next(iter(named.items()))
+        raise TpplanError(
+            f"{label}: field '{key}'",
+            f"the config names {count} routed experts but no layer of the {spec.family} reader became a MoE layer",
+            "check the fields that place MoE layers (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, "
+            "mlp_only_layers); tpplan never plans a model with experts as dense",
+        )

@@ -150,6 +150,8 @@ def _linear_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens:
         return [Strategy((R,), S_COL)]
     if split == WeightSplit.ROW:
         return [Strategy((S_COL,), P)]
+    if op.attrs.get("bias"):  # affine, not linear: partial sums would add the bias N times
+        return _same(1, (S_TOK, R) if prefer_tokens else (R, S_TOK))
     return _same(1, (S_TOK, R, P) if prefer_tokens else (R, S_TOK, P))
 
 
@@ -176,8 +178,8 @@ def _linear_params(op: Op, numerics: Numerics) -> Params:
     parts = op.attrs.get("parts")
     if not parts:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
         out = {"weight": (op.weight, op.weight_shape)}
-        if op.attrs.get("bias"):
-            out["bias"] = (str(op.attrs["bias"]), (op.weight_shape[0],))
+        if op.attrs.get("bias"):  # y = x W^T + b (Qwen2's q/k/v)
+            out["bias"] = (op.weight.removesuffix(".weight") + ".bias", (op.weight_shape[0],))
         return out
     return {f"part{j}": (name, (rows, op.weight_shape[1])) for j, (name, rows) in enumerate(parts.items())}
 
@@ -190,20 +192,17 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
 
     shape = op.weight_shape
     if sc.split == "col":
-        out = {"weight": head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)}
-        if "bias" in params:
-            out["bias"] = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
-        return out
-    if sc.split == "row":
-        out = {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
-    else:
-        out = dict.fromkeys(params, FULL)
-    if "bias" in params:
-        if sc.output is P and sc.rank != 0:
-            out.pop("bias", None)
-        else:
-            out["bias"] = FULL
-    return out
+        rows = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
+        return {"weight": rows} | ({"bias": rows} if "bias" in params else {})
+    if sc.split == "row":  # partial sums: the bias is added once, by rank 0
+        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
+        return cols | ({"bias": FULL} if "bias" in params and sc.rank == 0 else {})
+    return dict.fromkeys(params, FULL)
+
+
+def _linear_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    y = K.linear(inputs[0], w["weight"])
+    return y + w["bias"].to(y.dtype) if "bias" in w else y
 
 
 def _linear_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +337,7 @@ def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str
         logit_bias=w.get("logit_bias"),
         renormalize=nu.renormalize,
         scaling=nu.routed_scaling_factor,
+        group_score=str(a.get("group_score", "top2_sum")),
     )
 
 
@@ -436,7 +436,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.LINEAR,
             _linear_rule,
-            lambda op, inputs, w, state, ctx, K: K.linear(inputs[0], w["weight"], w.get("bias")),
+            _linear_run,
             _const("gemm"),
             why=_linear_why,
             profiled=False,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tpplan.models.quant import Quantization
+
 AttnKind = Literal["mla", "kda", "gqa", "gdn"]
 MlpKind = Literal["dense", "moe"]
 
@@ -66,7 +68,8 @@ class GQASpec:
     output_gate: bool = False  # q_proj doubled: query and gate, both from the full hidden
     qk_norm: bool = False
     rotary_dim: int = 0
-    bias: bool = False  # gpt-oss: q/k/v/o projections carry a bias
+    qkv_bias: bool = False  # Qwen2 / attention_bias: q, k and v projections add a bias
+    o_bias: bool = False  # gpt-oss: o_proj adds a bias too (held by rank 0 when row-parallel)
     sinks: bool = False  # gpt-oss: one learned logit per head joins the softmax denominator
     window: int | None = None  # sliding window: a query sees its last `window` keys (itself included)
     chunk: int | None = None  # chunked attention (Llama 4): a query sees the keys of its own chunk
@@ -132,6 +135,7 @@ class MoESpec:
     clamp: tuple[float, float] | None = None  # gpt-oss SwiGLU (alpha, limit); None: plain SwiGLU
     scale_inputs: bool = False  # Llama 4: the routing weight scales the expert's input, not its output
     shared_module: str | None = None  # the shared expert's module name (default: shared_expert(s))
+    group_score: Literal["top2_sum", "max"] = "top2_sum"  # how grouped routing ranks groups (V2: max)
 
     kind: Literal["moe"] = "moe"
 
@@ -163,6 +167,7 @@ class ModelSpec:
     attn_res_block_size: int | None = None  # K3 block attention residuals
     tie_embeddings: bool = False
     source: str = ""
+    quant: Quantization | None = None  # the checkpoint's weight formats (quantization_config)
 
     @property
     def num_layers(self) -> int:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError
 
 from tpplan.errors import TpplanError, from_validation
+
+# MoE keys as different releases spell them; every family reads all of them (a config that names
+# experts is never planned as dense: `config.spec_from_config` checks that too).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERTS = AliasChoices(*EXPERT_COUNT_KEYS)
+TOP_K = AliasChoices("num_experts_per_tok", "num_experts_per_token")
+SHARED_EXPERTS = AliasChoices("n_shared_experts", "num_shared_experts")
 
 
 class Raw(BaseModel):

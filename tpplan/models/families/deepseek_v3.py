@@ -8,13 +8,14 @@ output gate), its kernel call (latent KV cache, interleaved YaRN RoPE) and its K
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, moe_layer, validate
+from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
 from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
@@ -217,10 +218,10 @@ class RawMLAMoE(Raw):
     qk_rope_head_dim: int = Field(ge=0)
     qk_nope_head_dim: int = Field(ge=0)
     v_head_dim: int = Field(gt=0)
-    n_routed_experts: int | None = Field(default=None, ge=0)
-    num_experts_per_tok: int | None = Field(default=None, gt=0)
+    n_routed_experts: int | None = Field(default=None, ge=0, validation_alias=EXPERTS)
+    num_experts_per_tok: int | None = Field(default=None, gt=0, validation_alias=TOP_K)
     moe_intermediate_size: int | None = Field(default=None, gt=0)
-    n_shared_experts: int | None = Field(default=0, ge=0)
+    n_shared_experts: int | None = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)
     moe_layer_freq: int = Field(default=1, gt=0)
     n_group: int | None = Field(default=1, gt=0)
@@ -292,5 +293,86 @@ register(
         build_spec,
         numerics=mla_numerics,
         signature=frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "n_routed_experts", "n_group"}),
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kimi-K2.5: a multimodal wrapper whose text model is a kimi_k2 / deepseek_v3 `text_config`
+
+
+def k25_text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = raw.get("text_config")
+    return text if isinstance(text, dict) else raw
+
+
+def build_kimi_k25(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    """The text model only (the vision tower does not run in text prefill)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise TpplanError(
+            f"{label}: field 'text_config'",
+            "a kimi_k25 config must wrap a text_config object",
+            "add the kimi_k2 (deepseek_v3) text_config from the checkpoint's config.json",
+        )
+    inner = text.get("model_type", "deepseek_v3")
+    if inner not in ("deepseek_v3", "kimi_k2"):
+        raise TpplanError(
+            f"{label}: field 'text_config.model_type'",
+            f"expected 'kimi_k2' or 'deepseek_v3', got {inner!r}",
+            "Kimi-K2.5's text_config is a kimi_k2 (DeepSeek-V3 architecture) config",
+        )
+    spec = build_spec(text, f"{label} (text_config)", name, model_type)
+    return replace(spec, family="kimi_k25")
+
+
+register(
+    Family(
+        "kimi_k25",
+        {"kimi_k25": "Kimi-K2.5 (a kimi_k2 text_config; the vision tower is not modelled)"},
+        build_kimi_k25,
+        numerics=mla_numerics,
+        text_config=k25_text_config,
+        signature=frozenset({"text_config", "vision_config", "media_placeholder_token_id"}),
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSeek-V2 (and V2-Lite, whose q_proj reads the full hidden): MLA + softmax-routed MoE
+
+
+def build_deepseek_v2(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    """As V3 but the router scores by softmax (no correction bias) and, under
+    `topk_method: group_limited_greedy`, ranks expert groups by their best score."""
+    spec = build_spec({"scoring_func": "softmax", **raw}, label, name, model_type)
+    greedy = raw.get("topk_method", "greedy") == "greedy"
+
+    def v2(m: Any) -> Any:
+        if not isinstance(m, MoESpec):
+            return m
+        if greedy:
+            return replace(m, n_group=1, topk_group=1)
+        return replace(m, group_score="max")
+
+    return replace(spec, family="deepseek_v2", layers=tuple(replace(ly, mlp=v2(ly.mlp)) for ly in spec.layers))
+
+
+def v2_numerics(text: Mapping[str, Any]) -> dict[str, Any]:
+    """Interleaved (complex) RoPE like V3, no router correction bias, no top-k renormalisation unless asked."""
+    return {
+        "rope_interleave": True,
+        "router_bias": False,
+        "renormalize": bool(text.get("norm_topk_prob", False)),
+    }
+
+
+register(
+    Family(
+        "deepseek_v2",
+        {"deepseek_v2": "DeepSeek-V2 / V2-Lite (MLA with or without q_lora, softmax-routed MoE)"},
+        build_deepseek_v2,
+        numerics=v2_numerics,
+        signature=frozenset({"kv_lora_rank", "qk_rope_head_dim", "n_routed_experts", "topk_method"}),
     )
 )

@@ -131,6 +131,11 @@ def gemma_numerics(text: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+SIGNATURE = frozenset(
+    {"query_pre_attn_scalar", "sliding_window_pattern", "rope_local_base_freq", "attn_logit_softcapping"}
+    | {"final_logit_softcapping"}
+)
+
 register(
     Family(
         "gemma3",
@@ -141,6 +146,6 @@ register(
         build_spec,
         numerics=gemma_numerics,
         text_config=text_config,
-        signature=frozenset({"query_pre_attn_scalar", "sliding_window_pattern", "rope_local_base_freq"}),
+        signature=SIGNATURE,
     )
 )

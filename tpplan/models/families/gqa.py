@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, head_cut
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, validate
+from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
@@ -37,7 +37,6 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         weight="self_attn.q_proj.weight",
         note="query" + (" and output gate (doubled q_proj)" if a.output_gate else "") + ", split by head",
     )
-    _bias(b, a, "q_proj")
     b.linear(
         "k_proj",
         x,
@@ -48,7 +47,6 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         weight="self_attn.k_proj.weight",
         note="key projection, split by KV head (replicated when TP exceeds the KV heads)",
     )
-    _bias(b, a, "k_proj")
     b.linear(
         "v_proj",
         x,
@@ -59,7 +57,9 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         weight="self_attn.v_proj.weight",
         note="value projection, split by KV head",
     )
-    _bias(b, a, "v_proj")
+    if a.qkv_bias:
+        for op in b.ops[-3:]:
+            op.attrs["bias"] = True
     q = "q_full"
     if a.output_gate:
         b.op(
@@ -125,14 +125,9 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         weight="self_attn.o_proj.weight",
         note="output projection, split by input heads",
     )
-    _bias(b, a, "o_proj")
+    if a.o_bias:  # affine row-parallel output: rank 0 adds the bias to its partial sum
+        b.ops[-1].attrs["bias"] = True
     return "attn_out"
-
-
-def _bias(b: Builder, a: GQASpec, name: str) -> None:
-    """gpt-oss: the projection just built has a bias (`_linear_cuts` says which rank adds it)."""
-    if a.bias:
-        b.ops[-1].attrs["bias"] = f"self_attn.{name}.bias"
 
 
 def _attention_note(a: GQASpec) -> str:
@@ -193,7 +188,7 @@ register_mixer(
 
 
 class RawGQA(Raw):
-    """llama / qwen3 / qwen3_moe / mistral."""
+    """llama / qwen3 / qwen3_moe / mistral (and their MoE variants under any expert-count spelling)."""
 
     hidden_size: int = Field(gt=0)
     num_hidden_layers: int = Field(gt=0)
@@ -202,12 +197,22 @@ class RawGQA(Raw):
     head_dim: int | None = Field(default=None, gt=0)
     vocab_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
-    num_experts: int = Field(default=0, ge=0)
-    num_experts_per_tok: int = Field(default=1, gt=0)
+    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
+    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
     moe_intermediate_size: int | None = Field(default=None, gt=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
     tie_word_embeddings: bool = False
+    attention_bias: bool = False  # llama/mistral spelling; qwen2 always has q/k/v biases
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mixtral_expert_width(cls, data: Any) -> Any:
+        """Mixtral's spelling (num_local_experts) has no moe_intermediate_size: each expert is
+        intermediate_size wide."""
+        if isinstance(data, dict) and "num_local_experts" in data and "moe_intermediate_size" not in data:
+            data = {**data, "moe_intermediate_size": data.get("intermediate_size")}
+        return data
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -230,10 +235,11 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         head_dim=head_dim,
         qk_norm=model_type.startswith("qwen3"),
         rotary_dim=head_dim,
+        qkv_bias=model_type == "qwen2" or c.attention_bias,
     )
     dense = DenseMLPSpec(c.intermediate_size)
     moe = None
-    if model_type == "qwen3_moe" and c.num_experts:
+    if c.num_experts:  # any spelling, any model_type of this family (Mixtral-style llama/mistral too)
         if not c.moe_intermediate_size:
             raise TpplanError(
                 label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
@@ -270,6 +276,8 @@ register(
             "qwen3": "plain GQA decoder with q/k norm, dense MLP",
             "qwen3_moe": "GQA decoder with MoE",
             "mistral": "plain GQA decoder, dense MLP",
+            "mixtral": "GQA decoder with softmax top-k routed experts (num_local_experts)",
+            "qwen2": "GQA decoder with q/k/v biases, dense MLP",
         },
         build_spec,
         signature=frozenset({"num_key_value_heads", "head_dim", "rope_theta"}),

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from tpplan.errors import TpplanError
 from tpplan.models.cuts import head_cut
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, moe_layer, validate
+from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
 from tpplan.models.families.deepseek_v3 import mla_numerics
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
@@ -236,10 +236,10 @@ class RawKimiLinear(Raw):
     v_head_dim: int = Field(gt=0)
     mla_use_nope: bool = False
     mla_use_output_gate: bool = False
-    num_experts: int = Field(default=0, ge=0)
-    num_experts_per_token: int = Field(default=1, gt=0)
+    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
+    num_experts_per_token: int = Field(default=1, gt=0, validation_alias=TOP_K)
     moe_intermediate_size: int | None = Field(default=None, gt=0)
-    num_shared_experts: int = Field(default=0, ge=0)
+    num_shared_experts: int = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)
     moe_layer_freq: int = Field(default=1, gt=0)
     num_expert_group: int = Field(default=1, gt=0)

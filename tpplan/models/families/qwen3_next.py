@@ -17,7 +17,7 @@ from pydantic import Field
 from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, Cut, head_range
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, validate
+from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
 from tpplan.models.spec import DenseMLPSpec, GDNSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
@@ -149,8 +149,8 @@ class RawQwen3Next(Raw):
     linear_key_head_dim: int = Field(gt=0)
     linear_value_head_dim: int = Field(gt=0)
     linear_conv_kernel_dim: int = Field(default=4, gt=0)
-    num_experts: int = Field(default=0, ge=0)
-    num_experts_per_tok: int = Field(default=1, gt=0)
+    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
+    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
     moe_intermediate_size: int | None = Field(default=None, gt=0)
     shared_expert_intermediate_size: int = Field(default=0, ge=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
