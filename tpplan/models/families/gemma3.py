@@ -22,8 +22,7 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, validate
-from tpplan.models.families.gpt_oss import layer_windows
+from tpplan.models.families._common import Raw, layer_windows, validate
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 

@@ -22,10 +22,8 @@ from pydantic import AliasChoices, Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, validate
+from tpplan.models.families._common import Raw, check_group, layer_windows, validate
 from tpplan.models.spec import GQASpec, LayerSpec, ModelSpec, MoESpec
-
-LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 class RawGptOss(Raw):
@@ -46,26 +44,6 @@ class RawGptOss(Raw):
     swiglu_alpha: float = Field(default=1.702, gt=0)
     swiglu_limit: float = Field(default=7.0, gt=0)
     tie_word_embeddings: bool = False
-
-
-def layer_windows(label: str, layer_types: list[str] | None, layers: int, window: int | None) -> list[int | None]:
-    """The sliding window of every layer (None: full attention), from `layer_types` or HF's default
-    (even layers sliding, odd layers full)."""
-    types = layer_types or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    if len(types) != layers:
-        raise TpplanError(
-            f"{label}: field 'layer_types'",
-            f"has {len(types)} entries for {layers} layers",
-            "give one entry per layer",
-        )
-    bad = sorted({t for t in types if t not in LAYER_TYPES})
-    if bad:
-        raise TpplanError(
-            f"{label}: field 'layer_types'", f"unknown layer type(s) {bad}", f"use {' or '.join(LAYER_TYPES)}"
-        )
-    if "sliding_attention" in types and not window:
-        raise TpplanError(label, "layer_types has sliding layers but sliding_window is not set", "add sliding_window")
-    return [window if t == "sliding_attention" else None for t in types]
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
