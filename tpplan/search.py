@@ -444,7 +444,7 @@ def _consumers(lg: LayerGraph) -> dict[str, list[Op]]:
 
 
 def _is_stream_add(op: Op) -> bool:
-    return op.kind is OpKind.ADD and op.role.startswith("layer.")
+    return op.reduces_into_stream
 
 
 def _accepts(op: Op, split: str, position: int, placement: Placement, values: dict) -> bool:  # type: ignore[type-arg]

@@ -334,7 +334,7 @@ class LayerWalk:
             received.append(p)
         # 2. the cheapest strategy the received placements satisfy
         options = strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q))
-        is_stream_add = op.kind is OpKind.ADD and op.role.startswith("layer.")
+        is_stream_add = op.reduces_into_stream
         best: tuple[float, Strategy] | None = None
         for opt in options:
             cost = 0.0

@@ -185,6 +185,9 @@ def _linear_params(op: Op, numerics: Numerics) -> Params:
 
 
 def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    """A biased linear is affine, not linear: y = x W^T + b. Where its output is a partial sum (a
+    row-parallel weight, or any weight applied to a partial sum) the bias must enter the sum once, so
+    only rank 0 holds it; a column-parallel output keeps its heads' part of the bias."""
     from tpplan.models.cuts import head_cut
 
     shape = op.weight_shape
@@ -342,6 +345,8 @@ def _router_params(op: Op, numerics: Numerics) -> Params:
     out = {"weight": (op.weight, op.weight_shape)}
     if not op.attrs.get("scalar_gate") and numerics.router_bias:
         out["bias"] = (op.weight.replace(".weight", ".e_score_correction_bias"), (op.weight_shape[0],))
+    if op.attrs.get("logit_bias"):
+        out["logit_bias"] = (op.weight.replace(".weight", ".bias"), (op.weight_shape[0],))
     return out
 
 
@@ -357,6 +362,7 @@ def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str
         n_group=int(a["n_group"]),
         topk_group=int(a["topk_group"]),
         bias=w.get("bias"),
+        logit_bias=w.get("logit_bias"),
         renormalize=nu.renormalize,
         scaling=nu.routed_scaling_factor,
         group_score=str(a.get("group_score", "top2_sum")),
@@ -377,6 +383,10 @@ def _experts_params(op: Op, numerics: Numerics) -> Params:
         out[f"gate.{j}"] = (f"{w}.{j}.gate_proj.weight", (inter, wid))
         out[f"up.{j}"] = (f"{w}.{j}.up_proj.weight", (inter, wid))
         out[f"down.{j}"] = (f"{w}.{j}.down_proj.weight", (wid, inter))
+        if a.get("bias"):
+            out[f"gate_bias.{j}"] = (f"{w}.{j}.gate_proj.bias", (inter,))
+            out[f"up_bias.{j}"] = (f"{w}.{j}.up_proj.bias", (inter,))
+            out[f"down_bias.{j}"] = (f"{w}.{j}.down_proj.bias", (wid,))
     return out
 
 
@@ -395,6 +405,11 @@ def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
         out[f"gate.{j}"] = rows
         out[f"up.{j}"] = rows
         out[f"down.{j}"] = cols
+        if op.attrs.get("bias"):
+            out[f"gate_bias.{j}"] = rows
+            out[f"up_bias.{j}"] = rows
+            if part == 0:  # the down projection sums over intermediate slices: its bias enters once
+                out[f"down_bias.{j}"] = FULL
     return out
 
 
@@ -402,7 +417,20 @@ def _experts_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     owned = sorted({int(key.split(".")[1]) for key in got})
-    return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in ("gate", "up", "down")}
+    parts = ("gate", "up", "down", "gate_bias", "up_bias", "down_bias")
+    return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in parts if f"{p}.{owned[0]}" in got}
+
+
+def run_experts(op: Op, x: Any, routing: Any, w: Mapping[str, Any], K: Any) -> Any:
+    """Routed experts with this rank's (stacked) weights; biases and gpt-oss's clamped SwiGLU from attrs."""
+    clamp, scale_inputs = op.attrs.get("clamp"), bool(op.attrs.get("scale_inputs"))
+    if not op.attrs.get("bias") and not clamp and not scale_inputs:  # the plain contract (a benchmark may swap it)
+        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"])
+    return K.routed_experts(
+        x, routing, w["gate"], w["up"], w["down"], gate_bias=w.get("gate_bias"), up_bias=w.get("up_bias"),
+        down_bias=w.get("down_bias"), clamp=tuple(clamp) if clamp else None,  # type: ignore[arg-type]
+        scale_inputs=scale_inputs,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -428,11 +456,6 @@ def _attn_res_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[s
 
 # ----------------------------------------------------------------------------------------------
 # The registry
-
-
-def _run(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A run function from a kernel taking only the op's inputs."""
-    return lambda op, inputs, w, state, ctx, K: fn(K)(*inputs)
 
 
 OP_KINDS: dict[OpKind, OpKindDef] = {
@@ -464,7 +487,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.SWIGLU,
             _elementwise_rule,
-            _run(lambda K: K.swiglu),
+            lambda op, inputs, w, state, ctx, K: K.swiglu(*inputs, act=str(op.attrs.get("act", "silu"))),
             _const("elementwise"),
             why=_elementwise_why,
             params=_no_params,
@@ -492,7 +515,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.EXPERTS,
             _experts_rule,
-            lambda op, inputs, w, state, ctx, K: K.routed_experts(inputs[0], inputs[1], w["gate"], w["up"], w["down"]),
+            lambda op, inputs, w, state, ctx, K: run_experts(op, inputs[0], inputs[1], w, K),
             _const("experts"),
             why=lambda op, needed, got, n: (
                 "routed experts under tensor or expert parallelism (no all-to-all) need every token on every rank"

@@ -130,7 +130,7 @@ def forward_chunk(
     positions = torch.arange(st.position, st.position + t, device=ids.device)
     rope = K.Rope(nu.rope_theta, nu.rope_interleave, nu.rope_scaling, nu.max_position_embeddings)
     ctx = ExecContext(nu, positions, rope=rope)
-    emb = weights["model.embed_tokens.weight"][ids]
+    emb = weights["model.embed_tokens.weight"][ids] * nu.embed_scale
     resid, delta = emb, torch.zeros_like(emb)
     block = graph.spec.attn_res_block_size
     bank = emb.new_zeros(t, 0, emb.shape[1])
