@@ -92,6 +92,10 @@ class Mixer:
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = _full_cuts
     kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
     state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+    # A mixer that reads its inputs differently from "every token of its heads" (DSA's indexer)
+    # states its own strategies and why; None: the TOKEN_MIX default below.
+    rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
+    why: Callable[[Op, Placement, Placement, int], str | None] | None = None
 
 
 _MIXERS: dict[str, Mixer] = {}
@@ -175,7 +179,10 @@ def _linear_why(op: Op, needed: Placement, got: Placement, n: int) -> str | None
 def _linear_params(op: Op, numerics: Numerics) -> Params:
     parts = op.attrs.get("parts")
     if not parts:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
-        return {"weight": (op.weight, op.weight_shape)}
+        out = {"weight": (op.weight, op.weight_shape)}
+        if op.attrs.get("bias"):  # biased projection (GLM-4.5's q/k/v): one bias per output row
+            out["bias"] = (op.weight.removesuffix(".weight") + ".bias", (op.weight_shape[0],))
+        return out
     return {f"part{j}": (name, (rows, op.weight_shape[1])) for j, (name, rows) in enumerate(parts.items())}
 
 
@@ -184,8 +191,11 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
 
     shape = op.weight_shape
     if sc.split == "col":
-        return {"weight": head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)}
+        rows = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
+        return {"weight": rows, "bias": rows} if "bias" in params else {"weight": rows}
     if sc.split == "row":
+        if "bias" in params:
+            raise ValueError(f"{op.name}: a row-parallel linear with a bias is not supported")
         return {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
     return dict.fromkeys(params, FULL)
 
@@ -280,11 +290,18 @@ def _mix(op: Op) -> Mixer:
 def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
     # Mixes tokens within each head: needs every token of the heads it computes. Inputs that are
     # not head-structured (MLA's shared rope key) are needed whole.
+    own = _mix(op).rule
+    if own is not None:
+        return own(op, split, values, prefer_tokens)
     heads_in = tuple(S_COL if values[v].heads else R for v in op.inputs)
     return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
 
 
 def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    own = _mix(op).why
+    said = own(op, needed, got, n) if own is not None else None
+    if said is not None:
+        return said
     return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
 
 
@@ -400,7 +417,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.LINEAR,
             _linear_rule,
-            lambda op, inputs, w, state, ctx, K: K.linear(inputs[0], w["weight"]),
+            lambda op, inputs, w, state, ctx, K: K.linear(inputs[0], w["weight"], w.get("bias")),
             _const("gemm"),
             why=_linear_why,
             profiled=False,

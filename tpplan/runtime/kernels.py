@@ -23,9 +23,9 @@ from tpplan.runtime import fast_kernels as _fast  # GPU fast paths: one-line hoo
 # Elementwise and token-local ops
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """y = x W^T with W laid out [out, in] as in HF checkpoints."""
-    return F.linear(x, weight.to(x.dtype))
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = x W^T (+ b) with W laid out [out, in] as in HF checkpoints."""
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
@@ -162,18 +162,29 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
 # Softmax attention (MLA and GQA) with a KV cache for chunked prefill
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions."""
-    if _fast.use(q, "causal_attention"):  # fast:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None) -> Tensor:
+    """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions.
+
+    `keep` [T, S] (bool, optional): keys each query may attend to besides causality (DSA's top-k).
+    """
+    if keep is None and _fast.use(q, "causal_attention"):  # fast:
         return _fast.causal_attention(q, k, v, scale)
     t, s = q.shape[0], k.shape[0]
     scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
     qpos = torch.arange(s - t, s, device=q.device)[:, None]
     mask = torch.arange(s, device=q.device)[None, :] > qpos
+    if keep is not None:
+        mask = mask | ~keep
     scores = scores.masked_fill(mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("nts,snd->tnd", probs, v.float())
     return out.reshape(t, -1).to(q.dtype)
+
+
+def index_mask(indices: Tensor, keys: int) -> Tensor:
+    """[T, keys] bool, True at each query's selected key positions (DSA top-k indices [T, k])."""
+    keep = torch.zeros(indices.shape[0], keys, dtype=torch.bool, device=indices.device)
+    return keep.scatter_(1, indices.long(), True)
 
 
 def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
@@ -196,11 +207,13 @@ def mla_attention(
     rope: Rope | None,
     scale: float,
     cache: dict[str, Tensor] | None = None,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """MLA core: q [T, n*(nope+rope)], kv [T, n*(nope+v)], k_rope [T, rope] shared by every head.
 
     `rope=None` is NoPE (Kimi-Linear): the rope slice is concatenated without rotation. `cache`
     (per layer, per rank) holds the keys/values of earlier chunks so chunked prefill is exact.
+    `keep` [T, S]: the keys each query may read besides causality (DSA's top-k selection).
     """
     t = q.shape[0]
     qh = q.reshape(t, -1, nope_dim + rope_dim)
@@ -217,7 +230,46 @@ def mla_attention(
     kf = torch.cat([k_nope, k_rot.expand(t, n, rope_dim)], dim=-1)
     kf = _append_cache(cache, "k", kf)
     v = _append_cache(cache, "v", v)
-    return causal_attention(qf, kf, v, scale)
+    return causal_attention(qf, kf, v, scale, keep)
+
+
+def dsa_indexer(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    *,
+    head_dim: int,
+    rope_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    topk: int,
+    k_norm_weight: Tensor,
+    k_norm_bias: Tensor,
+    cache: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """DSA lightning indexer (DeepSeek-V3.2, GLM-5): the top-`topk` key positions per query, [T, k] int64.
+
+    q [T, H*D] = wq_b(q latent), k [T, D] = wk(x), w [T, H] = weights_proj(x). The key is LayerNorm'd
+    (eps 1e-6); RoPE rotates the first `rope_dim` dims of each head (layout: `rope.interleave`);
+    score[t, s] = sum_h w[t, h] H^-1/2 relu(D^-1/2 q[t, h] . k[s]) over causal keys, as transformers'
+    DeepseekV32Indexer (which skips the reference's Hadamard rotation: orthogonal, dot products kept).
+    Ties (exact zeros where every head's ReLU is 0) go to the earlier key: a stable sort, so a
+    chunked run selects what the one-shot run selects.
+    """
+    t = q.shape[0]
+    qh = q.float().reshape(t, -1, head_dim)
+    heads = qh.shape[1]
+    kf = F.layer_norm(k.float(), (head_dim,), k_norm_weight.float(), k_norm_bias.float(), 1e-6)
+    cos, sin = rope_cos_sin(positions, rope_dim, rope)
+    qh = torch.cat([apply_rope(qh[..., :rope_dim], cos, sin, rope.interleave), qh[..., rope_dim:]], dim=-1)
+    k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, rope.interleave)[:, 0]
+    kf = _append_cache(cache, "k", torch.cat([k_rot, kf[:, rope_dim:]], dim=-1))
+    s = kf.shape[0]
+    scores = torch.relu(torch.einsum("thd,sd->ths", qh, kf) * head_dim**-0.5)
+    index = torch.einsum("th,ths->ts", w.float() * heads**-0.5, scores)
+    future = torch.arange(s, device=q.device)[None, :] > positions[:, None]
+    index = index.masked_fill(future, float("-inf"))
+    return torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
 
 
 def gqa_attention(
