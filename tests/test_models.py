@@ -13,7 +13,9 @@ def _op(graph, kind, name):
 def test_every_preset_builds_a_graph():
     assert {"kimi-k3", "deepseek-v3", "kimi-k2", "kimi-linear-48b", "qwen3-next-80b"} <= set(list_presets())
     tiny_families = {load_model(p).family for p in list_presets() if p.startswith("tiny-")}
-    assert tiny_families == {"deepseek_v3", "kimi_linear", "kimi_k3", "qwen3_next", "gqa"}
+    assert tiny_families == {
+        "deepseek_v3", "kimi_linear", "kimi_k3", "qwen3_next", "gqa", "deepseek_v32", "minimax_m2", "glm4_moe"
+    }  # fmt: skip
     for name in list_presets():
         graph = build_model_graph(load_model(name))
         assert sum(graph.counts().values()) == graph.spec.num_layers
@@ -151,8 +153,8 @@ def test_a_config_naming_experts_is_never_planned_dense():
     ("model_type", "fields", "family"),
     [
         ("gpt_oss", {"num_local_experts": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128}, "gqa"),
-        ("deepseek_v32", {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "index_topk": 2048},
-         "deepseek_v3"),
+        ("deepseek_v4", {"kv_lora_rank": 512, "q_lora_rank": 1536, "index_n_heads": 64, "index_topk": 2048},
+         "deepseek_v32"),
         ("qwen3_5_moe", {"linear_num_key_heads": 16, "linear_key_head_dim": 128, "full_attention_interval": 4},
          "qwen3_next"),
         ("kimi_k25", {"text_config": {"model_type": "kimi_k2", "kv_lora_rank": 512, "n_routed_experts": 384}},

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from tpplan.errors import TpplanError
+from tpplan.models.graph import OpKind, WeightSplit
 from tpplan.report.analysis import Analysis, kind_times, ttft_mean
 from tpplan.report.bench_results import error_summary
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
@@ -66,10 +67,28 @@ def _answer(a: Analysis) -> list[Block]:
         if not v_is.legal:
             roots = [v for v in v_is.audit.violations if not v.consequence_of]
             ops = ", ".join(sorted({f"{v.op} ({v.layer_kind})" for v in roots}))
-            lines.append(
-                f"The edges that break it: {ops}. Each is a column-parallel projection that needs every token of "
-                "the full hidden, while a reduce-scatter leaves each rank only its own tokens."
-            )
+            col = {
+                (op.name, kind)
+                for kind, lg in a.graph.kinds.items()
+                for op in lg.ops
+                if op.kind is OpKind.LINEAR and op.split is WeightSplit.COL
+            }
+            if all((v.op, k) in col for v in roots for k in v.layer_kind.split(", ")):
+                lines.append(
+                    f"The edges that break it: {ops}. Each is a column-parallel projection that needs every token "
+                    "of the full hidden, while a reduce-scatter leaves each rank only its own tokens."
+                )
+            else:  # other ops (DSA's indexer): the audit's own reasons
+                groups: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+                for v in roots:
+                    values, reasons = groups.setdefault((v.op, str(v.needs)), (set(), set()))
+                    values.add(f"`{v.value}`")
+                    reasons.add(v.reason)
+                why = "; ".join(
+                    f"{op} needs {needs} for {', '.join(sorted(vals))}: {'; '.join(sorted(rs))}"
+                    for (op, needs), (vals, rs) in sorted(groups.items())
+                )
+                lines.append(f"The edges that break it: {ops}. {why}.")
             gate = next((v for v in roots if v.op == "g_proj" and "mla" in v.layer_kind), None)
             if gate is not None:
                 lines.append(f"The MLA output gate, in the audit's words: {gate.sentence()}")
