@@ -59,6 +59,17 @@ def test_published_shapes():
     assert _op(air, "gqa_qkv_bias+moe", "shared_down_proj").weight_shape == (4096, 1408)
 
 
+def test_what_is_not_modelled_is_said():
+    from tpplan.audit import to_json
+
+    assert any("MTP layer" in n for n in load_model("glm-4.5-air").notes)
+    assert any("MTP module" in n for n in load_model("minimax-m2.7").notes)
+    ds = load_model("deepseek-v3.2").notes
+    assert any("index_topk=2048" in n for n in ds) and any("MTP layer" in n for n in ds)
+    assert to_json(audit("glm-4.5-air", 8, ["baseline"]))["not_modelled"] == list(load_model("glm-4.5-air").notes)
+    assert "not_modelled" not in to_json(audit("deepseek-v3", 8, ["baseline"]))  # other families: unchanged JSON
+
+
 def test_dsa_indexer_decides_input_scattered():
     """The indexer reads wk(x) and weights_proj(x) of every token: with the hidden token-sharded
     (input-scattered) they arrive token-sharded, which is illegal; gate-aware gathers exactly those

@@ -157,6 +157,7 @@ class RawDSA(Raw):
     index_topk: int = Field(gt=0)
     indexer_rope_interleave: bool | None = None
     indexer_types: list[str] | None = None
+    num_nextn_predict_layers: int = Field(default=0, ge=0)
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -181,7 +182,19 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         interleave = model_type == "glm_moe_dsa"
     dsa = DSASpec(mla, c.index_n_heads, c.index_head_dim, c.index_topk, interleave)
     layers = tuple(LayerSpec(dsa, layer.mlp) for layer in base.layers)
-    return replace(base, family="deepseek_v32", layers=layers)
+    notes = (
+        f"sparse attention is timed as dense causal MLA over the whole context (an overestimate beyond "
+        f"index_topk={c.index_topk} keys per query); volumes are exact",
+        *mtp_note(c.num_nextn_predict_layers),
+    )
+    return replace(base, family="deepseek_v32", layers=layers, notes=notes)
+
+
+def mtp_note(layers: int) -> tuple[str, ...]:
+    """The audit's note for a config with multi-token-prediction layers (prefill never runs them)."""
+    if not layers:
+        return ()
+    return (f"{layers} MTP layer(s) (num_nextn_predict_layers) are not part of prefill: not planned, not in memory",)
 
 
 register(

@@ -18,6 +18,7 @@ from pydantic import Field
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
+from tpplan.models.families.deepseek_v32 import mtp_note
 from tpplan.models.families.gqa import build_gqa, gqa_kv_bytes
 from tpplan.models.graph import Builder
 from tpplan.models.opkinds import Mixer, register_mixer
@@ -73,6 +74,7 @@ class RawGlm4Moe(Raw):
     partial_rotary_factor: float | None = Field(default=None, gt=0, le=1)
     rope_parameters: dict[str, Any] | None = None
     tie_word_embeddings: bool = False
+    num_nextn_predict_layers: int = Field(default=0, ge=0)
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -124,6 +126,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         layers=layers,
         tie_embeddings=c.tie_word_embeddings,
         source=label,
+        notes=mtp_note(c.num_nextn_predict_layers),
     )
 
 

@@ -134,6 +134,8 @@ class RawMiniMaxM2(Raw):
     attn_type_list: list[int] | None = None
     scoring_func: str = "sigmoid"
     tie_word_embeddings: bool = False
+    use_mtp: bool = False
+    num_mtp_modules: int = Field(default=0, ge=0)
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -188,6 +190,11 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         layers=tuple(LayerSpec(attn, moe) for _ in range(c.num_hidden_layers)),
         tie_embeddings=c.tie_word_embeddings,
         source=label,
+        notes=(
+            (f"{c.num_mtp_modules} MTP module(s) (use_mtp) are not part of prefill: not planned, not in memory",)
+            if c.use_mtp and c.num_mtp_modules
+            else ()
+        ),
     )
 
 
