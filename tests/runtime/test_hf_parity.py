@@ -16,7 +16,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from tpplan.models.config import load_config_dict, load_model  # noqa: E402
+from tpplan.models.config import load_config_dict, spec_from_config  # noqa: E402
 from tpplan.models.graph import build_model_graph  # noqa: E402
 from tpplan.runtime.executor import run_reference  # noqa: E402
 from tpplan.runtime.weights import check_weights, normalize_names, numerics_from_config  # noqa: E402
@@ -27,6 +27,9 @@ MODELS = {
     "tiny-deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "tiny-kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM"),
     "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "tiny-mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "tiny-kimi-k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text model of the wrapper
+    "tiny-deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),  # V2-Lite: no q_lora, greedy
 }
 
 
@@ -36,6 +39,8 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
     cfg_cls, model_cls = (getattr(transformers, n) for n in MODELS[preset])
     cfg = cfg_cls(**{k: v for k, v in raw.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
+    if getattr(cfg, "text_config", None) is not None:
+        cfg.text_config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = model_cls(cfg).float().eval()
     # HF zero-inits some buffers/params; give them values so the test exercises them.
@@ -65,16 +70,22 @@ YARN = {
 CASES = [(p, None) for p in MODELS] + [
     ("tiny-deepseek-v3", {"rope_interleave": False}),
     ("tiny-deepseek-v3", {"rope_parameters": YARN}),
+    # full DeepSeek-V2: q_lora and group_limited_greedy routing (groups ranked by their best score)
+    ("tiny-deepseek-v2", {"q_lora_rank": 24, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
+    ("tiny-deepseek-v2", {"rope_scaling": {k: v for k, v in YARN.items() if k != "rope_theta"}}),
 ]
 
 
 @pytest.mark.parametrize(
-    ("preset", "overrides"), CASES, ids=["ds3", "kimi-linear", "qwen3-next", "ds3-noninterleave", "ds3-yarn"]
+    ("preset", "overrides"),
+    CASES,
+    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds2-lite", "ds3-noninterleave", "ds3-yarn",
+         "ds2-grouped", "ds2-yarn"],
 )
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)
-    graph = build_model_graph(load_model(preset))
     raw, _ = load_config_dict(preset)
+    graph = build_model_graph(spec_from_config({**raw, **(overrides or {})}))
     nu = numerics_from_config({**raw, **(overrides or {})})
     weights = normalize_names({k: v.detach() for k, v in model.state_dict().items()})
     check_weights(weights, graph, nu)

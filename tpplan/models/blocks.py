@@ -63,7 +63,8 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
         weight_shape=(m.experts, h),
         split=WeightSplit.REPLICATED,
         flops_per_token=2.0 * h * m.experts,
-        attrs={"top_k": m.top_k, "scoring": m.scoring, "n_group": m.n_group, "topk_group": m.topk_group},
+        attrs={"top_k": m.top_k, "scoring": m.scoring, "n_group": m.n_group, "topk_group": m.topk_group}
+        | ({"group_score": m.group_score} if m.group_score != "top2_sum" else {}),
         note=f"router: {m.scoring} scores over {m.experts} experts, top-{m.top_k}",
     )
     ew = h

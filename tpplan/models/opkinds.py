@@ -342,6 +342,7 @@ def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str
         bias=w.get("bias"),
         renormalize=nu.renormalize,
         scaling=nu.routed_scaling_factor,
+        group_score=str(a.get("group_score", "top2_sum")),
     )
 
 

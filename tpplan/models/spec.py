@@ -113,6 +113,7 @@ class MoESpec:
     latent: int | None = None  # K3: experts run in a latent of this width
     latent_norm: bool = False
     shared_gate: bool = False  # Qwen3-Next: sigmoid(shared_expert_gate(x)) scales the shared expert
+    group_score: Literal["top2_sum", "max"] = "top2_sum"  # how grouped routing ranks groups (V2: max)
 
     kind: Literal["moe"] = "moe"
 

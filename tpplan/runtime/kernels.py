@@ -516,8 +516,12 @@ def route(
     bias: Tensor | None = None,
     renormalize: bool = True,
     scaling: float = 1.0,
+    group_score: str = "top2_sum",
 ) -> Tensor:
     """Router as a dense [T, E] matrix of combine weights (zero for unselected experts).
+
+    Groups are ranked by the sum of their top-2 scores (DeepSeek-V3) or by their best score
+    (`group_score="max"`, DeepSeek-V2's group_limited_greedy).
 
     Scores are sigmoid (DeepSeek/Kimi: selection uses scores + e_score_correction_bias, grouped
     top-k by the sum of each group's top-2) or softmax (Qwen). A dense matrix keeps the value a plain
@@ -528,7 +532,8 @@ def route(
     choice = scores if bias is None else scores + bias.float()
     e = scores.shape[-1]
     if n_group > 1:
-        gs = choice.reshape(-1, n_group, e // n_group).topk(2, dim=-1)[0].sum(-1)
+        grouped = choice.reshape(-1, n_group, e // n_group)
+        gs = grouped.max(dim=-1).values if group_score == "max" else grouped.topk(2, dim=-1)[0].sum(-1)
         keep = torch.zeros_like(gs).scatter_(1, gs.topk(topk_group, dim=-1)[1], 1.0)
         choice = choice.masked_fill(keep.repeat_interleave(e // n_group, dim=1) == 0, float("-inf"))
     idx = choice.topk(top_k, dim=-1)[1]

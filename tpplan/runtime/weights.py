@@ -114,6 +114,8 @@ def normalize_names(raw: Mapping[str, Tensor]) -> dict[str, Tensor]:
             name = pat.sub(rep, name)
         if name.startswith("language_model."):
             name = name.removeprefix("language_model.")
+        if name.startswith("model.language_model."):  # transformers' multimodal wrappers (Kimi-K2.5)
+            name = "model." + name.removeprefix("model.language_model.")
         if name.endswith(".experts.gate_up_proj"):  # stacked [E, 2I, W]: gate rows first
             base = name.removesuffix(".gate_up_proj")
             inter = t.shape[1] // 2

@@ -8,6 +8,7 @@ output gate), its kernel call (latent KV cache, interleaved YaRN RoPE) and its K
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
@@ -299,5 +300,86 @@ register(
         build_spec,
         numerics=mla_numerics,
         signature=frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "n_routed_experts", "n_group"}),
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kimi-K2.5: a multimodal wrapper whose text model is a kimi_k2 / deepseek_v3 `text_config`
+
+
+def k25_text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = raw.get("text_config")
+    return text if isinstance(text, dict) else raw
+
+
+def build_kimi_k25(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    """The text model only (the vision tower does not run in text prefill)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise TpplanError(
+            f"{label}: field 'text_config'",
+            "a kimi_k25 config must wrap a text_config object",
+            "add the kimi_k2 (deepseek_v3) text_config from the checkpoint's config.json",
+        )
+    inner = text.get("model_type", "deepseek_v3")
+    if inner not in ("deepseek_v3", "kimi_k2"):
+        raise TpplanError(
+            f"{label}: field 'text_config.model_type'",
+            f"expected 'kimi_k2' or 'deepseek_v3', got {inner!r}",
+            "Kimi-K2.5's text_config is a kimi_k2 (DeepSeek-V3 architecture) config",
+        )
+    spec = build_spec(text, f"{label} (text_config)", name, model_type)
+    return replace(spec, family="kimi_k25")
+
+
+register(
+    Family(
+        "kimi_k25",
+        {"kimi_k25": "Kimi-K2.5 (a kimi_k2 text_config; the vision tower is not modelled)"},
+        build_kimi_k25,
+        numerics=mla_numerics,
+        text_config=k25_text_config,
+        signature=frozenset({"text_config", "vision_config", "media_placeholder_token_id"}),
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSeek-V2 (and V2-Lite, whose q_proj reads the full hidden): MLA + softmax-routed MoE
+
+
+def build_deepseek_v2(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    """As V3 but the router scores by softmax (no correction bias) and, under
+    `topk_method: group_limited_greedy`, ranks expert groups by their best score."""
+    spec = build_spec({"scoring_func": "softmax", **raw}, label, name, model_type)
+    greedy = raw.get("topk_method", "greedy") == "greedy"
+
+    def v2(m: Any) -> Any:
+        if not isinstance(m, MoESpec):
+            return m
+        if greedy:
+            return replace(m, n_group=1, topk_group=1)
+        return replace(m, group_score="max")
+
+    return replace(spec, family="deepseek_v2", layers=tuple(replace(ly, mlp=v2(ly.mlp)) for ly in spec.layers))
+
+
+def v2_numerics(text: Mapping[str, Any]) -> dict[str, Any]:
+    """Interleaved (complex) RoPE like V3, no router correction bias, no top-k renormalisation unless asked."""
+    return {
+        "rope_interleave": True,
+        "router_bias": False,
+        "renormalize": bool(text.get("norm_topk_prob", False)),
+    }
+
+
+register(
+    Family(
+        "deepseek_v2",
+        {"deepseek_v2": "DeepSeek-V2 / V2-Lite (MLA with or without q_lora, softmax-routed MoE)"},
+        build_deepseek_v2,
+        numerics=v2_numerics,
+        signature=frozenset({"kv_lora_rank", "qk_rope_head_dim", "n_routed_experts", "topk_method"}),
     )
 )

@@ -231,6 +231,7 @@ register(
             "qwen3": "plain GQA decoder with q/k norm, dense MLP",
             "qwen3_moe": "GQA decoder with MoE",
             "mistral": "plain GQA decoder, dense MLP",
+            "mixtral": "GQA decoder with softmax top-k routed experts (num_local_experts)",
         },
         build_spec,
         signature=frozenset({"num_key_value_heads", "head_dim", "rope_theta"}),
