@@ -296,7 +296,7 @@ def _mix(op: Op) -> Mixer:
 def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
     # Mixes tokens within each head: needs every token of the heads it computes. Inputs that are
     # not head-structured (MLA's shared rope key) are needed whole.
-    own = _mix(op).rule
+    own = _mix(op).rule if "impl" in op.attrs else None
     if own is not None:
         return own(op, split, values, prefer_tokens)
     heads_in = tuple(S_COL if values[v].heads else R for v in op.inputs)
@@ -304,7 +304,7 @@ def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
 
 
 def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
-    own = _mix(op).why
+    own = _mix(op).why if "impl" in op.attrs else None
     said = own(op, needed, got, n) if own is not None else None
     if said is not None:
         return said
