@@ -117,8 +117,7 @@ def test_config_errors_name_the_field():
 
 
 def test_memo_says_why_the_indexer_breaks_input_scattered():
-    """The memo's answer uses the audit's reason for a root edge that is not a column-parallel
-    projection (DSA's indexer), instead of the projection sentence it prints for K3's g_proj."""
+    """The memo names the indexer and the two values it needs whole, not a column-parallel projection."""
     from tpplan.cost.workload import load_workload
     from tpplan.report.analysis import analyse
     from tpplan.report.memo import build_memo
@@ -127,5 +126,6 @@ def test_memo_says_why_the_indexer_breaks_input_scattered():
     a = analyse("tiny-deepseek-v32", topo, [load_workload("seed-c8")], tp=2, use_default_predictor=False,
                 search_top=0)  # fmt: skip
     md = build_memo(a).markdown
-    assert "indexer needs R for `idx_k`, `idx_w`: the indexer scores each query" in md
-    assert "Each is a column-parallel projection" not in md
+    assert "The edges that break it: indexer (dsa+dense, dsa+moe)." in md
+    assert "Each needs every token of its input (`idx_k`, `idx_w`)" in md
+    assert "column-parallel projection that needs" not in md

@@ -199,3 +199,20 @@ def test_deepseek_v2_lite_has_no_q_lora_and_softmax_greedy_routing():
     assert router.attrs["scoring"] == "softmax" and router.attrs["n_group"] == 1
     moe = _moe_of(spec)[0]
     assert (moe.experts, moe.top_k, moe.shared_intermediate) == (64, 6, 2 * 1408)
+
+
+def test_qwen2_projections_carry_biases_and_never_hold_partial_sums():
+    from tpplan.layout.placement import P
+    from tpplan.layout.rules import strategies
+    from tpplan.models.numerics import Numerics
+    from tpplan.models.opkinds import params_for_op
+
+    g = build_model_graph(load_model("qwen2-7b"))
+    lg = g.kinds["gqa+dense"]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        op = _op(g, "gqa+dense", name)
+        assert params_for_op(op, Numerics())["bias"] == (f"self_attn.{name}.bias", (op.weight_shape[0],))
+        # replicated, an affine map must not run on partial sums (the bias would be added N times)
+        assert all(P not in s.inputs for s in strategies(op, WeightSplit.REPLICATED, lg.values))
+    assert "bias" not in params_for_op(_op(g, "gqa+dense", "o_proj"), Numerics())
+    assert any(P in s.inputs for s in strategies(_op(g, "gqa+dense", "o_proj"), WeightSplit.REPLICATED, lg.values))

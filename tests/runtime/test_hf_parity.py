@@ -30,6 +30,7 @@ MODELS = {
     "tiny-mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "tiny-kimi-k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text model of the wrapper
     "tiny-deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),  # V2-Lite: no q_lora, greedy
+    "tiny-qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),  # q/k/v biases
 }
 
 
@@ -54,6 +55,8 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
                 p.copy_(torch.randn_like(p) * 0.5)
             elif name.endswith("gate.weight") and p.dim() == 2:
                 p.copy_(torch.randn_like(p) * 0.2)
+            elif name.endswith("_proj.bias"):  # HF zero-inits them
+                p.copy_(torch.randn_like(p) * 0.5)
     return model
 
 
@@ -79,8 +82,8 @@ CASES = [(p, None) for p in MODELS] + [
 @pytest.mark.parametrize(
     ("preset", "overrides"),
     CASES,
-    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds2-lite", "ds3-noninterleave", "ds3-yarn",
-         "ds2-grouped", "ds2-yarn"],
+    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds2-lite", "qwen2", "ds3-noninterleave",
+         "ds3-yarn", "ds2-grouped", "ds2-yarn"],
 )
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)

@@ -160,6 +160,8 @@ def _linear_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens:
         return [Strategy((R,), S_COL)]
     if split == WeightSplit.ROW:
         return [Strategy((S_COL,), P)]
+    if op.attrs.get("bias"):  # affine, not linear: partial sums would add the bias N times
+        return _same(1, (S_TOK, R) if prefer_tokens else (R, S_TOK))
     return _same(1, (S_TOK, R, P) if prefer_tokens else (R, S_TOK, P))
 
 
@@ -186,7 +188,7 @@ def _linear_params(op: Op, numerics: Numerics) -> Params:
     parts = op.attrs.get("parts")
     if not parts:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
         out = {"weight": (op.weight, op.weight_shape)}
-        if op.attrs.get("bias"):  # biased projection (GLM-4.5's q/k/v): one bias per output row
+        if op.attrs.get("bias"):  # y = x W^T + b (Qwen2's q/k/v)
             out["bias"] = (op.weight.removesuffix(".weight") + ".bias", (op.weight_shape[0],))
         return out
     return {f"part{j}": (name, (rows, op.weight_shape[1])) for j, (name, rows) in enumerate(parts.items())}
@@ -198,12 +200,16 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     shape = op.weight_shape
     if sc.split == "col":
         rows = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
-        return {"weight": rows, "bias": rows} if "bias" in params else {"weight": rows}
-    if sc.split == "row":
-        if "bias" in params:
-            raise ValueError(f"{op.name}: a row-parallel linear with a bias is not supported")
-        return {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
+        return {"weight": rows} | ({"bias": rows} if "bias" in params else {})
+    if sc.split == "row":  # partial sums: the bias is added once, by rank 0
+        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
+        return cols | ({"bias": FULL} if "bias" in params and sc.rank == 0 else {})
     return dict.fromkeys(params, FULL)
+
+
+def _linear_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    y = K.linear(inputs[0], w["weight"])
+    return y + w["bias"].to(y.dtype) if "bias" in w else y
 
 
 def _linear_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
@@ -463,7 +469,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.LINEAR,
             _linear_rule,
-            lambda op, inputs, w, state, ctx, K: K.linear(inputs[0], w["weight"], w.get("bias")),
+            _linear_run,
             _const("gemm"),
             why=_linear_why,
             profiled=False,

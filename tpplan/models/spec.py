@@ -68,6 +68,7 @@ class GQASpec:
     output_gate: bool = False  # q_proj doubled: query and gate, both from the full hidden
     qk_norm: bool = False
     rotary_dim: int = 0
+    qkv_bias: bool = False  # Qwen2 / attention_bias: q, k and v projections add a bias
 
     kind: Literal["gqa"] = "gqa"
 

@@ -56,6 +56,9 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         weight="self_attn.v_proj.weight",
         note="value projection, split by KV head",
     )
+    if a.qkv_bias:
+        for op in b.ops[-3:]:
+            op.attrs["bias"] = True
     q = "q_full"
     if a.output_gate:
         b.op(
@@ -160,6 +163,7 @@ class RawGQA(Raw):
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
     tie_word_embeddings: bool = False
+    attention_bias: bool = False  # llama/mistral spelling; qwen2 always has q/k/v biases
 
     @model_validator(mode="before")
     @classmethod
@@ -191,6 +195,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         head_dim=head_dim,
         qk_norm=model_type.startswith("qwen3"),
         rotary_dim=head_dim,
+        qkv_bias=model_type == "qwen2" or c.attention_bias,
     )
     dense = DenseMLPSpec(c.intermediate_size)
     moe = None
@@ -232,6 +237,7 @@ register(
             "qwen3_moe": "GQA decoder with MoE",
             "mistral": "plain GQA decoder, dense MLP",
             "mixtral": "GQA decoder with softmax top-k routed experts (num_local_experts)",
+            "qwen2": "GQA decoder with q/k/v biases, dense MLP",
         },
         build_spec,
         signature=frozenset({"num_key_value_heads", "head_dim", "rope_theta"}),
