@@ -45,6 +45,10 @@ class DSASpec:
 
     kind: Literal["dsa"] = "dsa"
 
+    @property
+    def heads(self) -> int:
+        return self.mla.heads
+
 
 # ----------------------------------------------------------------------------------------------
 # The indexer: three token-local projections and the top-k selection

@@ -33,6 +33,10 @@ class BiasedGQASpec:
 
     kind: Literal["gqa_qkv_bias"] = "gqa_qkv_bias"
 
+    @property
+    def heads(self) -> int:
+        return self.gqa.heads
+
 
 def build_biased_gqa(b: Builder, a: BiasedGQASpec, x: str) -> str:
     b.prefix = "gqa"  # roles as plain GQA's
