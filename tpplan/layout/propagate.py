@@ -344,7 +344,10 @@ class LayerWalk:
                 step = transition(got, need)
                 if step is not None and step.free:
                     cost += 1
-                elif got is P and need is (plan.stream if is_stream_add else plan.reduce):
+                elif got is P and (
+                    need is (plan.stream if is_stream_add else plan.reduce)
+                    or (opt.partial_to_need and need in (R, S_TOK))
+                ):
                     cost += 2
                 else:
                     cost = math.inf
@@ -363,6 +366,8 @@ class LayerWalk:
                     why = (
                         "reduce the block output into the residual stream"
                         if is_stream_add
+                        else f"{op.name} needs the total over every rank's features"
+                        if strat.partial_to_need
                         else f"{op.name} needs true values"
                     )
                     emit(coll, v, P, need, op, why)

@@ -37,6 +37,8 @@ class OpKind(StrEnum):
     ROUTER = "router"  # MoE gating: scores from the whole row, top-k per token
     EXPERTS = "experts"  # routed experts (grouped GEMMs)
     ATTN_RES = "attn_res"  # K3 block attention residual: softmax over snapshot rows per token
+    MEAN_SQ = "mean_sq"  # per-token mean of squares over each input's whole row (a feature reduction)
+    RMS_SCALE = "rms_scale"  # x * rsqrt(mean_sq + eps) * w: an RMSNorm whose statistic is an input
 
 
 class WeightSplit(StrEnum):

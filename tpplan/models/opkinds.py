@@ -28,10 +28,16 @@ Cuts = dict[str, Cut]  # local key -> the part a rank keeps (missing key: not he
 
 @dataclass(frozen=True)
 class Strategy:
-    """Required input placements and the output placement of one way to run an op."""
+    """Required input placements and the output placement of one way to run an op.
+
+    `partial_to_need`: a partial-sum input is reduced to exactly what this strategy needs, whatever
+    the plan's reduce target (a per-token statistic summed over a feature split and read by a
+    head-sharded op needs every token's total: only an all-reduce serves it).
+    """
 
     inputs: tuple[Placement, ...]
     output: Placement
+    partial_to_need: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,10 @@ class Mixer:
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = _full_cuts
     kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
     state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+    # A mixer that reads its inputs differently from "every token of its heads" (DSA's indexer)
+    # states its own strategies and why; None: the TOKEN_MIX default below.
+    rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
+    why: Callable[[Op, Placement, Placement, int], str | None] | None = None
 
 
 _MIXERS: dict[str, Mixer] = {}
@@ -323,11 +333,18 @@ def _mix(op: Op) -> Mixer:
 def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
     # Mixes tokens within each head: needs every token of the heads it computes. Inputs that are
     # not head-structured (MLA's shared rope key) are needed whole.
+    own = _mix(op).rule if "impl" in op.attrs else None
+    if own is not None:
+        return own(op, split, values, prefer_tokens)
     heads_in = tuple(S_COL if values[v].heads else R for v in op.inputs)
     return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
 
 
 def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    own = _mix(op).why if "impl" in op.attrs else None
+    said = own(op, needed, got, n) if own is not None else None
+    if said is not None:
+        return said
     return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
 
 
@@ -455,6 +472,45 @@ def _attn_res_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[s
 
 
 # ----------------------------------------------------------------------------------------------
+# MEAN_SQ / RMS_SCALE: an RMSNorm over a row that TP splits by head (MiniMax-M2's q/k norm)
+
+
+def _mean_sq_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # A mean over the feature dim: on a head split each rank holds a summand of it (P).
+    k = len(op.inputs)
+    return [Strategy((S_COL,) * k, P), Strategy((R,) * k, R), Strategy((S_TOK,) * k, S_TOK)]
+
+
+def _mean_sq_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    return K.mean_square(inputs, [ctx.values[v].width for v in op.inputs], ctx.tp)
+
+
+def _rms_scale_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return [
+        Strategy((S_COL, R), S_COL, partial_to_need=True),
+        Strategy((R, R), R),
+        Strategy((S_TOK, S_TOK), S_TOK),
+    ]
+
+
+def _rms_scale_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    return "it scales each token's row by the norm statistic of that same token, so both must be split the same way"
+
+
+def _rms_scale_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    from tpplan.models.cuts import head_cut
+
+    if sc.output is not S_COL:
+        return dict.fromkeys(params, FULL)
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.n, sc.rank)}
+
+
+def _rms_scale_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    col = int(op.attrs.get("column", 0))
+    return K.rms_scale(inputs[0], inputs[1][:, col : col + 1], w["weight"], ctx.numerics.eps)
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 
 
@@ -531,6 +587,22 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             _const("attn_res"),
             why=_whole_row_why,
             params=_attn_res_params,
+        ),
+        OpKindDef(
+            OpKind.MEAN_SQ,
+            _mean_sq_rule,
+            _mean_sq_run,
+            _const("elementwise"),
+            why=lambda op, needed, got, n: "it averages over each token's whole row",
+            params=_no_params,
+        ),
+        OpKindDef(
+            OpKind.RMS_SCALE,
+            _rms_scale_rule,
+            _rms_scale_run,
+            _const("elementwise"),
+            why=_rms_scale_why,
+            cuts=_rms_scale_cuts,
         ),
     )
 }

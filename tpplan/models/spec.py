@@ -171,6 +171,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     source: str = ""
     quant: Quantization | None = None  # the checkpoint's weight formats (quantization_config)
+    notes: tuple[str, ...] = ()  # what the config has that tpplan does not model (shown by the audit)
 
     @property
     def num_layers(self) -> int:

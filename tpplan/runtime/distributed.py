@@ -210,7 +210,7 @@ class PlanRunner:
         self.tracer.chunk = self.chunk_index
         nu = self.numerics
         positions = torch.arange(self.state.position, self.state.position + t, device=self.device)
-        ctx = ExecContext(nu, positions, rope=self.rope)
+        ctx = ExecContext(nu, positions, rope=self.rope, tp=self.n)
         stream = plan.stream
         rows = padded_rows(t, self.n)[1] if stream is S_TOK else t
         h = self.graph.hidden

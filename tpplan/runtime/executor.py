@@ -43,6 +43,7 @@ class ExecContext:
     layer: int = 0
     rope: K.Rope = field(default_factory=K.Rope)
     values: Mapping[str, Value] = field(default_factory=dict)  # the current layer graph's values
+    tp: int = 1  # ranks the graph's head-split values are spread over (MEAN_SQ's partial share)
 
     def per_head(self, value: str, heads: int) -> int:
         """Per-head width of a graph value: a constant of the model, valid on any head slice."""

@@ -52,6 +52,26 @@ def head_rms_norm(
     return y.reshape(t, -1).to(x.dtype)
 
 
+def mean_square(xs: list[Tensor], widths: list[int], tp: int = 1) -> Tensor:
+    """[T, len(xs)]: each input's mean of squares over its whole row (fp32, returned in x's dtype).
+
+    An input narrower than its full `width` is this rank's head slice: its share of the mean is
+    the local mean / `tp`, so the sum over ranks is the full row's mean, also where TP exceeds the
+    heads and ranks share a head (each head then appears tp/heads times; vLLM's
+    MiniMaxText01RMSNormTP divides the all-reduced variance by the TP size the same way).
+    """
+    cols = []
+    for x, width in zip(xs, widths, strict=True):
+        m = x.float().pow(2).mean(-1, keepdim=True)
+        cols.append(m / tp if x.shape[1] < width else m)
+    return torch.cat(cols, dim=1).to(xs[0].dtype)
+
+
+def rms_scale(x: Tensor, mean_sq: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x * rsqrt(mean_sq + eps) * weight: RMSNorm with its statistic computed elsewhere ([T, 1])."""
+    return (x.float() * torch.rsqrt(mean_sq.float() + eps) * weight.float()).to(x.dtype)
+
+
 def slice_cols(x: Tensor, start: int, width: int) -> Tensor:
     """A contiguous feature range (e.g. the q / kv / rope parts of MLA's fused latent)."""
     return x[:, start : start + width]
@@ -186,16 +206,18 @@ def causal_attention(
     k: Tensor,
     v: Tensor,
     scale: float,
+    keep: Tensor | None = None,
     *,
     window: int | None = None,
     chunk: int | None = None,
     sinks: Tensor | None = None,
 ) -> Tensor:
     """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions
-    (key s is absolute position s). `window`: a query at p sees keys (p - window, p] (HF's sliding
+    (key s is absolute position s). `keep` [T, S] (bool, optional): keys each query may attend to
+    besides causality (DSA's top-k). `window`: a query at p sees keys (p - window, p] (HF's sliding
     window); `chunk`: keys of its own chunk [p // chunk * chunk, p] (Llama 4); `sinks` [n]: a learned
     logit per head that joins the softmax denominator and contributes no value (gpt-oss)."""
-    plain = window is None and chunk is None and sinks is None
+    plain = keep is None and window is None and chunk is None and sinks is None
     if plain and _fast.use(q, "causal_attention"):  # fast:
         return _fast.causal_attention(q, k, v, scale)
     t, s = q.shape[0], k.shape[0]
@@ -207,6 +229,8 @@ def causal_attention(
         mask |= kpos <= qpos - window
     if chunk is not None:
         mask |= kpos < (qpos // chunk) * chunk
+    if keep is not None:
+        mask |= ~keep
     scores = scores.masked_fill(mask[None], float("-inf"))
     if sinks is not None:
         sink = sinks.float().reshape(-1, 1, 1).expand(scores.shape[0], t, 1)
@@ -215,6 +239,12 @@ def causal_attention(
         probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("nts,snd->tnd", probs, v.float())
     return out.reshape(t, -1).to(q.dtype)
+
+
+def index_mask(indices: Tensor, keys: int) -> Tensor:
+    """[T, keys] bool, True at each query's selected key positions (DSA top-k indices [T, k])."""
+    keep = torch.zeros(indices.shape[0], keys, dtype=torch.bool, device=indices.device)
+    return keep.scatter_(1, indices.long(), True)
 
 
 def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
@@ -237,11 +267,13 @@ def mla_attention(
     rope: Rope | None,
     scale: float,
     cache: dict[str, Tensor] | None = None,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """MLA core: q [T, n*(nope+rope)], kv [T, n*(nope+v)], k_rope [T, rope] shared by every head.
 
     `rope=None` is NoPE (Kimi-Linear): the rope slice is concatenated without rotation. `cache`
     (per layer, per rank) holds the keys/values of earlier chunks so chunked prefill is exact.
+    `keep` [T, S]: the keys each query may read besides causality (DSA's top-k selection).
     """
     t = q.shape[0]
     qh = q.reshape(t, -1, nope_dim + rope_dim)
@@ -258,7 +290,48 @@ def mla_attention(
     kf = torch.cat([k_nope, k_rot.expand(t, n, rope_dim)], dim=-1)
     kf = _append_cache(cache, "k", kf)
     v = _append_cache(cache, "v", v)
-    return causal_attention(qf, kf, v, scale)
+    if keep is None:  # the plain call, which a benchmark may route to its own kernel (bench/serving_kernels)
+        return causal_attention(qf, kf, v, scale)
+    return causal_attention(qf, kf, v, scale, keep)
+
+
+def dsa_indexer(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    *,
+    head_dim: int,
+    rope_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    topk: int,
+    k_norm_weight: Tensor,
+    k_norm_bias: Tensor,
+    cache: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """DSA lightning indexer (DeepSeek-V3.2, GLM-5): the top-`topk` key positions per query, [T, k] int64.
+
+    q [T, H*D] = wq_b(q latent), k [T, D] = wk(x), w [T, H] = weights_proj(x). The key is LayerNorm'd
+    (eps 1e-6); RoPE rotates the first `rope_dim` dims of each head (layout: `rope.interleave`);
+    score[t, s] = sum_h w[t, h] H^-1/2 relu(D^-1/2 q[t, h] . k[s]) over causal keys, as transformers'
+    DeepseekV32Indexer (which skips the reference's Hadamard rotation: orthogonal, dot products kept).
+    Ties (exact zeros where every head's ReLU is 0) go to the earlier key: a stable sort, so a
+    chunked run selects what the one-shot run selects.
+    """
+    t = q.shape[0]
+    qh = q.float().reshape(t, -1, head_dim)
+    heads = qh.shape[1]
+    kf = F.layer_norm(k.float(), (head_dim,), k_norm_weight.float(), k_norm_bias.float(), 1e-6)
+    cos, sin = rope_cos_sin(positions, rope_dim, rope)
+    qh = torch.cat([apply_rope(qh[..., :rope_dim], cos, sin, rope.interleave), qh[..., rope_dim:]], dim=-1)
+    k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, rope.interleave)[:, 0]
+    kf = _append_cache(cache, "k", torch.cat([k_rot, kf[:, rope_dim:]], dim=-1))
+    s = kf.shape[0]
+    scores = torch.relu(torch.einsum("thd,sd->ths", qh, kf) * head_dim**-0.5)
+    index = torch.einsum("th,ths->ts", w.float() * heads**-0.5, scores)
+    future = torch.arange(s, device=q.device)[None, :] > positions[:, None]
+    index = index.masked_fill(future, float("-inf"))
+    return torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
 
 
 def gqa_attention(

@@ -102,6 +102,7 @@ _RENAMES = [
     (re.compile(r"\.experts\.(\d+)\.w1\.weight$"), r".experts.\1.gate_proj.weight"),
     (re.compile(r"\.experts\.(\d+)\.w3\.weight$"), r".experts.\1.up_proj.weight"),
     (re.compile(r"\.experts\.(\d+)\.w2\.weight$"), r".experts.\1.down_proj.weight"),
+    (re.compile(r"\.mlp\.e_score_correction_bias$"), ".mlp.gate.e_score_correction_bias"),  # MiniMax-M2
 ]
 
 
