@@ -152,9 +152,10 @@ def test_a_config_naming_experts_is_never_planned_dense():
 @pytest.mark.parametrize(
     ("model_type", "fields", "family"),
     [
-        ("gpt_oss", {"num_local_experts": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128}, "gqa"),
-        ("deepseek_v32", {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "index_topk": 2048},
-         "deepseek_v3"),
+        ("gemma2", {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                    "num_key_value_heads": 8, "head_dim": 256}, "gemma3"),
+        ("deepseek_v4", {"kv_lora_rank": 512, "q_lora_rank": 1536, "index_n_heads": 64, "index_topk": 2048},
+         "deepseek_v32"),
         ("my_gdn_hybrid", {"linear_num_key_heads": 16, "linear_key_head_dim": 128, "full_attention_interval": 4},
          "qwen3_next"),
     ],

@@ -217,7 +217,7 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
             pred = by_plan.get(pa.plan.name)
             out_plans[-1]["prediction"] = pred.to_json() if pred is not None else None
     first = next(iter(by_plan.values()), None)
-    return {
+    out: dict[str, object] = {
         "schema_version": JSON_SCHEMA_VERSION,
         "topology": first.topology if first else None,
         "workload": first.workload if first else None,
@@ -231,3 +231,6 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
         "dtype": a.dtype,
         "plans": out_plans,
     }
+    if spec.notes:  # only for models that have something tpplan leaves out
+        out["not_modelled"] = list(spec.notes)
+    return out

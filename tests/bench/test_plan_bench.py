@@ -198,6 +198,20 @@ def test_batched_delta_rule_equals_the_reference_chunk_loop(t: int, decay: float
         torch.set_num_threads(threads)
 
 
+def test_installed_attention_keeps_the_masked_calls() -> None:
+    """Under `installed()` a plain call takes SDPA; a masked one (DSA's top-k, a sliding window, a
+    chunk, sinks: gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2) runs the reference instead of failing."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(4, 2, 8, generator=g), torch.randn(7, 2, 8, generator=g), torch.randn(7, 2, 8, generator=g)
+    keep = torch.rand(4, 7, generator=g) > 0.3
+    calls = [((), {}), ((keep,), {}), ((), {"window": 3}), ((), {"chunk": 4}), ((), {"sinks": torch.ones(2)})]
+    ref = [K.causal_attention(q, k, v, 0.3, *a, **kw) for a, kw in calls]
+    with FK.installed():
+        got = [K.causal_attention(q, k, v, 0.3, *a, **kw) for a, kw in calls]
+    for r, o in zip(ref, got, strict=True):
+        assert torch.allclose(r, o, atol=1e-5)
+
+
 def test_tiny_k3_forward_with_the_serving_kernels_equals_the_reference() -> None:
     """The swapped kernels inside the whole model (MLA with a KV cache, KDA with carried state, MoE)."""
     from tpplan.models.graph import build_model_graph

@@ -22,9 +22,10 @@ def test_chunked_prefill_equals_one_shot(preset: str) -> None:
     ids = torch.randint(0, graph.spec.vocab, (13,), generator=torch.Generator().manual_seed(2))
     full = run_reference(graph, w, ids)
     assert torch.isfinite(full).all() and full.abs().max() > 1e-3
+    scale = full.abs().max().item()  # ~0.7 for most presets; ~74 for Gemma's sqrt(hidden)-scaled, tied embedding
     for chunk in (5, 1):
         diff = (run_reference(graph, w, ids, chunk=chunk) - full).abs().max().item()
-        assert diff < 1e-5, f"{preset} chunk={chunk}: {diff:.2e}"
+        assert diff / scale < 1e-5, f"{preset} chunk={chunk}: {diff:.2e} of {scale:.2f}"  # fp32 reordering: ~2e-7
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda-decay", "gdn-decay"])

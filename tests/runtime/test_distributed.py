@@ -118,6 +118,7 @@ def test_expert_parallel_and_lazy_safetensors(tmp_path) -> None:
     cases = [VerifyCase(m, "ep2", tokens=9, chunk=4) for m in ("tiny-deepseek-v3", "tiny-kimi-k3")]
     cases += [VerifyCase(m, "ep4", tokens=9, chunk=4) for m in ("tiny-qwen3-next", "tiny-qwen3-moe")]
     cases.append(VerifyCase("tiny-kimi-k3", "gate-aware+ep2", tokens=9, chunk=4))  # 1-token chunk: falls back to ep2
+    cases.append(VerifyCase("tiny-gpt-oss", "ep2", tokens=9, chunk=4))  # experts' down bias on slice 0 only
     cases.append(VerifyCase("tiny-qwen3-next", "gate-aware", tokens=9, chunk=4, weights=str(tmp_path)))
     cases.append(VerifyCase("tiny-qwen3-next", "sp-moe", tokens=9, chunk=4, weights=str(tmp_path)))
     results = verify_cases(cases, nproc=4, timeout_s=120)

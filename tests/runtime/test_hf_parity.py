@@ -27,6 +27,9 @@ MODELS = {
     "tiny-deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "tiny-kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM"),
     "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "tiny-gpt-oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "tiny-gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "tiny-llama4": ("Llama4TextConfig", "Llama4ForCausalLM"),
     "tiny-mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "tiny-kimi-k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),  # text model of the wrapper
     "tiny-deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),  # V2-Lite: no q_lora, greedy
@@ -60,8 +63,10 @@ def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
                 p.copy_(torch.randn_like(p) * 0.5)
             elif name.endswith("gate.weight") and p.dim() == 2:
                 p.copy_(torch.randn_like(p) * 0.2)
-            elif name.endswith("_proj.bias"):  # HF zero-inits them
+            elif name.endswith(("_bias", ".bias", "sinks")):  # biases, sinks: HF zero-inits them
                 p.copy_(torch.randn_like(p) * 0.5)
+            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and "gpt_oss" in type(model).__module__:
+                p.copy_(torch.randn_like(p) * 0.3)  # large enough that the SwiGLU clamp is reached
     return model
 
 
@@ -81,20 +86,20 @@ CASES = [(p, None) for p in MODELS] + [
     # full DeepSeek-V2: q_lora and group_limited_greedy routing (groups ranked by their best score)
     ("tiny-deepseek-v2", {"q_lora_rank": 24, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
     ("tiny-deepseek-v2", {"rope_scaling": {k: v for k, v in YARN.items() if k != "rope_theta"}}),
+    ("tiny-gpt-oss", {"swiglu_limit": 0.3}),  # most gate/up values clamped
 ]
 
 
-@pytest.mark.parametrize(
-    ("preset", "overrides"),
-    CASES,
-    ids=["ds3", "kimi-linear", "qwen3-next", "mixtral", "kimi-k25", "ds2-lite", "qwen2", "qwen3.5-moe", "qwen3.5",
-         "qwen3", "mistral", "ds3-noninterleave",
-         "ds3-yarn", "ds2-grouped", "ds2-yarn"],
-)
+IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "llama4", "mixtral", "kimi-k25", "ds2-lite", "qwen2"]
+IDS += ["qwen3.5-moe", "qwen3.5", "qwen3", "mistral"]
+IDS += ["ds3-noninterleave", "ds3-yarn", "ds2-grouped", "ds2-yarn", "gpt-oss-clamp"]
+
+
+@pytest.mark.parametrize(("preset", "overrides"), CASES, ids=IDS)
 def test_logits_match_transformers(preset: str, overrides: dict | None) -> None:
     model = _hf_model(preset, overrides)
     raw, _ = load_config_dict(preset)
-    graph = build_model_graph(spec_from_config({**raw, **(overrides or {})}))
+    graph = build_model_graph(spec_from_config({**raw, **(overrides or {})}, name=preset))
     nu = numerics_from_config({**raw, **(overrides or {})})
     weights = normalize_names({k: v.detach() for k, v in model.state_dict().items()})
     check_weights(weights, graph, nu)

@@ -9,7 +9,9 @@ benchmark, with the same semantics (tests compare them on CPU):
 
 - `causal_attention` -> `tpplan.runtime.fast_kernels.causal_attention` (SDPA, flash on H100/H200
   with MLA's narrower V zero-padded), which the runtime itself uses only on CUDA; installed here
-  it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times.
+  it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times. Calls
+  with a mask beyond causality (DSA's top-k, sliding window, attention chunk, sinks) keep the
+  reference kernel.
 - `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop where it is unavailable), fp32 combine as the reference does.
 
@@ -158,7 +160,17 @@ def installed(enabled: bool = True) -> Iterator[None]:
         yield
         return
     saved = (K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule)
-    K.causal_attention = runtime_fast.causal_attention  # the runtime's SDPA path, also off CUDA
+    reference = K.causal_attention
+
+    def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, **masks: object) -> Tensor:
+        # The runtime's SDPA path (also off CUDA) for plain causal attention; a call with a mask SDPA's
+        # causal path does not express (DSA's top-k `keep`, a sliding window, a chunk, sinks) runs
+        # the reference kernel rather than fail.
+        if keep is None and all(m is None for m in masks.values()):
+            return runtime_fast.causal_attention(q, k, v, scale)
+        return reference(q, k, v, scale, keep, **masks)  # type: ignore[arg-type]
+
+    K.causal_attention = attention  # type: ignore[assignment]
     K.routed_experts = grouped_routed_experts  # type: ignore[assignment]
     K.chunk_gated_delta_rule = chunked_delta_rule  # type: ignore[assignment]
     try:

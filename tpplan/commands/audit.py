@@ -142,6 +142,8 @@ def _print_audit(data: dict, wide: bool = False) -> None:
         + ", ".join(f"{k} x{c}" for k, c in data["layer_kind_counts"].items())
         + f") at TP{data['tp']}, {data['dtype']}"
     )
+    for note in data.get("not_modelled", ()):
+        console.print(f"  not modelled: {note}", markup=False)
     t = Table(title="Whole model: communication per token per rank (ring, (N-1)/N included)")
     for col in (
         "plan",

@@ -295,6 +295,36 @@ def _pairs(segs: Segments) -> tuple[int, int, int]:
     return t, pairs, sum(c for _, c in segs)
 
 
+def masked_pairs(segs: Segments, window: int | None = None, chunk: int | None = None) -> tuple[int, int]:
+    """(query, key) pairs and cached keys read for a batch of segments when a query at position p sees
+    only keys (p - window, p] (sliding window, HF's convention) or only those of its own `chunk`
+    (Llama 4's chunked attention: [p // chunk * chunk, p]). Without either: `_pairs`' causal count."""
+
+    def seen(m: int) -> int:  # keys seen by the queries at positions 0 .. m-1, summed
+        if window:
+            return m * (m + 1) // 2 if m <= window else window * (window + 1) // 2 + (m - window) * window
+        if chunk:
+            q, r = divmod(m, chunk)
+            return q * chunk * (chunk + 1) // 2 + r * (r + 1) // 2
+        return m * (m + 1) // 2
+
+    pairs = sum(seen(c + n) - seen(c) for n, c in segs)
+    if window:
+        read = sum(min(c, window - 1) for _, c in segs)
+    elif chunk:
+        read = sum(c % chunk for _, c in segs)
+    else:
+        read = sum(c for _, c in segs)
+    return pairs, read
+
+
+def cached_tokens(attn: object, seqs: list[int]) -> int:
+    """Tokens of KV cache one attention layer keeps for sequences of these lengths: all of them, or
+    at most the sliding window / the attention chunk (engines free blocks that fall out of it)."""
+    limit = getattr(attn, "window", None) or getattr(attn, "chunk", None)
+    return sum(min(s, limit) if limit else s for s in seqs)
+
+
 class _Predictor:
     def __init__(
         self,
@@ -343,7 +373,7 @@ class _Predictor:
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
-        self._kind_cache: dict[tuple[int, int, int, int], KindTime] = {}
+        self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
     # -- compute ---------------------------------------------------------------------------
@@ -441,7 +471,7 @@ class _Predictor:
             nbytes += act + weights
         return secs, flops, nbytes, (m_use, ew, 2 * i_loc)
 
-    def _op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int) -> OpTime:
+    def _op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments = ()) -> OpTime:
         op = d.op
         # Redundant: every rank does the whole op on the same values (true replicated inputs).
         # Ops on partial sums (P) also run whole on every rank, but each on different data.
@@ -470,6 +500,8 @@ class _Predictor:
             cat, redundant = "moe", False
         elif cost == "attention":
             share = d.compute_share
+            if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
+                pairs, ctx = masked_pairs(segs, op.attrs.get("window"), op.attrs.get("chunk"))  # type: ignore[arg-type]
             flops = op.ctx_flops_per_token * pairs * share
             kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
             _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
@@ -531,12 +563,12 @@ class _Predictor:
 
     def kind_time(self, res: LayerResult, segs: Segments) -> KindTime:
         t, pairs, ctx = _pairs(segs)
-        key = (id(res), t, pairs, ctx)
+        key = (id(res), segs)
         hit = self._kind_cache.get(key)
         if hit is not None:
             return hit
         lg = self.graph.kinds[res.kind]
-        ops = [self._op_time(lg, d, t, pairs, ctx) for d in res.decisions]
+        ops = [self._op_time(lg, d, t, pairs, ctx, segs) for d in res.decisions]
         colls = []
         for c in res.comms:
             kind = c.collective.value
@@ -607,7 +639,6 @@ class _Predictor:
             chunk = min(workload.chunk_size, max(seqs))
         else:
             seqs, chunk = [tokens], tokens
-        seq_tokens = sum(seqs)
         results = self.audit.layer_results
         embed = spec.vocab * spec.hidden / n * b  # vocab-parallel embedding and head
         best: MemoryBreakdown | None = None
@@ -620,7 +651,7 @@ class _Predictor:
                     weights += d.weight_elements_per_rank * wb
                     if d.split == "replicated" and d.op.split.value in ("col", "row"):
                         extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
-                kv += self._kv_per_token(spec.layers[j].attn) * seq_tokens
+                kv += self._kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self._state_per_seq(spec.layers[j].attn) * len(seqs)
             if s == 0:
                 weights += embed

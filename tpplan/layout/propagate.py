@@ -334,7 +334,7 @@ class LayerWalk:
             received.append(p)
         # 2. the cheapest strategy the received placements satisfy
         options = strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q))
-        is_stream_add = op.kind is OpKind.ADD and op.role.startswith("layer.")
+        is_stream_add = op.reduces_into_stream
         best: tuple[float, Strategy] | None = None
         for opt in options:
             cost = 0.0
@@ -344,7 +344,10 @@ class LayerWalk:
                 step = transition(got, need)
                 if step is not None and step.free:
                     cost += 1
-                elif got is P and need is (plan.stream if is_stream_add else plan.reduce):
+                elif got is P and (
+                    need is (plan.stream if is_stream_add else plan.reduce)
+                    or (opt.partial_to_need and need in (R, S_TOK))
+                ):
                     cost += 2
                 else:
                     cost = math.inf
@@ -363,6 +366,8 @@ class LayerWalk:
                     why = (
                         "reduce the block output into the residual stream"
                         if is_stream_add
+                        else f"{op.name} needs the total over every rank's features"
+                        if strat.partial_to_need
                         else f"{op.name} needs true values"
                     )
                     emit(coll, v, P, need, op, why)

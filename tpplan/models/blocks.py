@@ -38,7 +38,8 @@ def dense_mlp(
         weight=f"{weight_prefix}.up_proj.weight",
         note="up projection, split by column",
     )
-    b.op(f"{prefix}act", OpKind.SWIGLU, (g, u), f"{prefix}act", i, i, flops_per_token=4.0 * i)
+    act = {"act": m.act} if m.act != "silu" else {}
+    b.op(f"{prefix}act", OpKind.SWIGLU, (g, u), f"{prefix}act", i, i, flops_per_token=4.0 * i, attrs=act)
     return b.linear(
         f"{prefix}down_proj",
         f"{prefix}act",
@@ -59,11 +60,17 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
         (x,),
         "routing",
         m.experts,
-        weight=f"{prefix_hf}.gate.weight",
+        weight=f"{prefix_hf}.{m.router}.weight",
         weight_shape=(m.experts, h),
         split=WeightSplit.REPLICATED,
         flops_per_token=2.0 * h * m.experts,
-        attrs={"top_k": m.top_k, "scoring": m.scoring, "n_group": m.n_group, "topk_group": m.topk_group}
+        attrs={
+            "top_k": m.top_k,
+            "scoring": m.scoring,
+            "n_group": m.n_group,
+            "topk_group": m.topk_group,
+            "logit_bias": m.router_bias,
+        }
         | ({"group_score": m.group_score} if m.group_score != "top2_sum" else {}),
         note=f"router: {m.scoring} scores over {m.experts} experts, top-{m.top_k}",
     )
@@ -93,8 +100,18 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
         split=WeightSplit.EXPERT,
         split_heads=m.expert_intermediate,
         flops_per_token=2.0 * per_expert * m.top_k,
-        attrs={"experts": m.experts, "top_k": m.top_k, "width": ew, "intermediate": m.expert_intermediate},
-        note=f"{m.experts} routed experts, {m.top_k} per token, SwiGLU {ew}->{m.expert_intermediate}->{ew}",
+        attrs={
+            "experts": m.experts,
+            "top_k": m.top_k,
+            "width": ew,
+            "intermediate": m.expert_intermediate,
+            "bias": m.expert_bias,
+            "clamp": m.clamp,
+            "scale_inputs": m.scale_inputs,
+        },
+        note=f"{m.experts} routed experts, {m.top_k} per token, "
+        f"{'clamped ' if m.clamp else ''}SwiGLU {ew}->{m.expert_intermediate}->{ew}"
+        + (" with biases" if m.expert_bias else ""),
     )
     routed = b.ops[-1].output
     if m.latent:
@@ -124,7 +141,7 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
         x,
         "shared_out",
         "shared_",
-        f"{prefix_hf}.shared_expert" + ("" if m.shared_gate else "s"),
+        f"{prefix_hf}.{m.shared_module or ('shared_expert' if m.shared_gate else 'shared_experts')}",
         intermediate=m.shared_intermediate,
     )
     if m.shared_gate:

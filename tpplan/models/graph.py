@@ -37,6 +37,8 @@ class OpKind(StrEnum):
     ROUTER = "router"  # MoE gating: scores from the whole row, top-k per token
     EXPERTS = "experts"  # routed experts (grouped GEMMs)
     ATTN_RES = "attn_res"  # K3 block attention residual: softmax over snapshot rows per token
+    MEAN_SQ = "mean_sq"  # per-token mean of squares over each input's whole row (a feature reduction)
+    RMS_SCALE = "rms_scale"  # x * rsqrt(mean_sq + eps) * w: an RMSNorm whose statistic is an input
 
 
 class WeightSplit(StrEnum):
@@ -73,6 +75,13 @@ class Op:
     ctx_flops_per_token: float = 0.0  # per token per token of context (attention scores)
     note: str = ""  # what the op is, in words, for explanations
     attrs: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def reduces_into_stream(self) -> bool:
+        """A partial sum reaching this op is its block's output being reduced into the residual stream:
+        the residual add, or a sandwich norm on the block output (Gemma). It reduces to the plan's
+        stream placement (all-reduce for R, reduce-scatter for S(tok)), not to the `reduce` target."""
+        return self.role.startswith("layer.") and (self.kind is OpKind.ADD or bool(self.attrs.get("block_output")))
 
     @property
     def weight_numel(self) -> int:
@@ -227,9 +236,28 @@ def _entry_ops(b: Builder, prefix: str, attn_res: bool, norm_weight: str, post: 
             weight=norm_weight,
             weight_shape=(h,),
             flops_per_token=4.0 * h,
-            note="input_layernorm" if not post else "post_attention_layernorm",
+            note=norm_weight.removesuffix(".weight"),
         )
     b.ops[-1].attrs["norm_of"] = stream
+
+
+def _post_norm(b: Builder, value: str, weight: str) -> None:
+    """Sandwich norm (Gemma): the block's last op now writes `<value>_raw`, and an RMSNorm over the
+    whole row turns it into `value`, so the residual add (and the next layer) read the normed output.
+    The norm needs true rows, so a partial sum is reduced before it, not at the add."""
+    from dataclasses import replace
+
+    j = next(k for k, op in enumerate(b.ops) if op.output == value)
+    raw = f"{value}_raw"
+    b.ops[j] = replace(b.ops[j], output=raw, attrs=b.ops[j].attrs)
+    out = b.values.pop(value)  # renamed: the norm below is now `value`'s only producer
+    b.values[raw] = Value(raw, out.width, out.heads)
+    w = b.hidden
+    b.op(
+        weight.removesuffix(".weight"), OpKind.NORM, (raw,), value, w, role=f"layer.{value}_norm", weight=weight,
+        weight_shape=(w,), flops_per_token=4.0 * w, attrs={"block_output": True},
+        note=f"{weight.split('.')[0]} (sandwich norm on the block output)",
+    )  # fmt: skip
 
 
 def build_layer(spec: LayerSpec, hidden: int, kind: str, attn_res: bool = False) -> LayerGraph:
@@ -249,14 +277,19 @@ def build_layer(spec: LayerSpec, hidden: int, kind: str, attn_res: bool = False)
     build_attn = mixer(spec.attn.kind).build
     assert build_attn is not None, spec.attn.kind
     build_attn(a, spec.attn, "x")
+    if spec.sandwich:
+        _post_norm(a, "attn_out", "post_attention_layernorm.weight")
 
     mid = Builder("layer", hidden)
     mid.values.update(a.values)
-    _entry_ops(mid, "mlp_", attn_res, "post_attention_layernorm.weight", post=True)
+    pre_mlp = "pre_feedforward_layernorm.weight" if spec.sandwich else "post_attention_layernorm.weight"
+    _entry_ops(mid, "mlp_", attn_res, pre_mlp, post=True)
 
     m = Builder(spec.mlp.kind, hidden)
     m.values.update(mid.values)
     mlp_builder(spec.mlp.kind)(m, spec.mlp, "y")
+    if spec.sandwich:
+        _post_norm(m, "mlp_out", "post_feedforward_layernorm.weight")
     return LayerGraph(
         kind=kind,
         spec=spec,

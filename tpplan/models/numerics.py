@@ -27,6 +27,7 @@ class Numerics:
     renormalize: bool = True
     router_bias: bool = False  # DeepSeek/Kimi: e_score_correction_bias in the router
     tie_embeddings: bool = False
+    embed_scale: float = 1.0  # Gemma: embeddings are multiplied by sqrt(hidden)
 
 
 def numerics_from_config(raw: Mapping[str, Any]) -> Numerics:

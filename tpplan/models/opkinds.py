@@ -28,10 +28,16 @@ Cuts = dict[str, Cut]  # local key -> the part a rank keeps (missing key: not he
 
 @dataclass(frozen=True)
 class Strategy:
-    """Required input placements and the output placement of one way to run an op."""
+    """Required input placements and the output placement of one way to run an op.
+
+    `partial_to_need`: a partial-sum input is reduced to exactly what this strategy needs, whatever
+    the plan's reduce target (a per-token statistic summed over a feature split and read by a
+    head-sharded op needs every token's total: only an all-reduce serves it).
+    """
 
     inputs: tuple[Placement, ...]
     output: Placement
+    partial_to_need: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,10 @@ class Mixer:
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = _full_cuts
     kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
     state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+    # A mixer that reads its inputs differently from "every token of its heads" (DSA's indexer)
+    # states its own strategies and why; None: the TOKEN_MIX default below.
+    rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
+    why: Callable[[Op, Placement, Placement, int], str | None] | None = None
 
 
 _MIXERS: dict[str, Mixer] = {}
@@ -185,6 +195,9 @@ def _linear_params(op: Op, numerics: Numerics) -> Params:
 
 
 def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    """A biased linear is affine, not linear: y = x W^T + b. Where its output is a partial sum (a
+    row-parallel weight, or any weight applied to a partial sum) the bias must enter the sum once, so
+    only rank 0 holds it; a column-parallel output keeps its heads' part of the bias."""
     from tpplan.models.cuts import head_cut
 
     shape = op.weight_shape
@@ -320,11 +333,18 @@ def _mix(op: Op) -> Mixer:
 def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
     # Mixes tokens within each head: needs every token of the heads it computes. Inputs that are
     # not head-structured (MLA's shared rope key) are needed whole.
+    own = _mix(op).rule if "impl" in op.attrs else None
+    if own is not None:
+        return own(op, split, values, prefer_tokens)
     heads_in = tuple(S_COL if values[v].heads else R for v in op.inputs)
     return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
 
 
 def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    own = _mix(op).why if "impl" in op.attrs else None
+    said = own(op, needed, got, n) if own is not None else None
+    if said is not None:
+        return said
     return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
 
 
@@ -342,6 +362,8 @@ def _router_params(op: Op, numerics: Numerics) -> Params:
     out = {"weight": (op.weight, op.weight_shape)}
     if not op.attrs.get("scalar_gate") and numerics.router_bias:
         out["bias"] = (op.weight.replace(".weight", ".e_score_correction_bias"), (op.weight_shape[0],))
+    if op.attrs.get("logit_bias"):
+        out["logit_bias"] = (op.weight.replace(".weight", ".bias"), (op.weight_shape[0],))
     return out
 
 
@@ -357,6 +379,7 @@ def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str
         n_group=int(a["n_group"]),
         topk_group=int(a["topk_group"]),
         bias=w.get("bias"),
+        logit_bias=w.get("logit_bias"),
         renormalize=nu.renormalize,
         scaling=nu.routed_scaling_factor,
         group_score=str(a.get("group_score", "top2_sum")),
@@ -377,6 +400,10 @@ def _experts_params(op: Op, numerics: Numerics) -> Params:
         out[f"gate.{j}"] = (f"{w}.{j}.gate_proj.weight", (inter, wid))
         out[f"up.{j}"] = (f"{w}.{j}.up_proj.weight", (inter, wid))
         out[f"down.{j}"] = (f"{w}.{j}.down_proj.weight", (wid, inter))
+        if a.get("bias"):
+            out[f"gate_bias.{j}"] = (f"{w}.{j}.gate_proj.bias", (inter,))
+            out[f"up_bias.{j}"] = (f"{w}.{j}.up_proj.bias", (inter,))
+            out[f"down_bias.{j}"] = (f"{w}.{j}.down_proj.bias", (wid,))
     return out
 
 
@@ -395,6 +422,11 @@ def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
         out[f"gate.{j}"] = rows
         out[f"up.{j}"] = rows
         out[f"down.{j}"] = cols
+        if op.attrs.get("bias"):
+            out[f"gate_bias.{j}"] = rows
+            out[f"up_bias.{j}"] = rows
+            if part == 0:  # the down projection sums over intermediate slices: its bias enters once
+                out[f"down_bias.{j}"] = FULL
     return out
 
 
@@ -402,7 +434,20 @@ def _experts_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     owned = sorted({int(key.split(".")[1]) for key in got})
-    return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in ("gate", "up", "down")}
+    parts = ("gate", "up", "down", "gate_bias", "up_bias", "down_bias")
+    return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in parts if f"{p}.{owned[0]}" in got}
+
+
+def run_experts(op: Op, x: Any, routing: Any, w: Mapping[str, Any], K: Any) -> Any:
+    """Routed experts with this rank's (stacked) weights; biases and gpt-oss's clamped SwiGLU from attrs."""
+    clamp, scale_inputs = op.attrs.get("clamp"), bool(op.attrs.get("scale_inputs"))
+    if not op.attrs.get("bias") and not clamp and not scale_inputs:  # the plain contract (a benchmark may swap it)
+        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"])
+    return K.routed_experts(
+        x, routing, w["gate"], w["up"], w["down"], gate_bias=w.get("gate_bias"), up_bias=w.get("up_bias"),
+        down_bias=w.get("down_bias"), clamp=tuple(clamp) if clamp else None,  # type: ignore[arg-type]
+        scale_inputs=scale_inputs,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,12 +472,46 @@ def _attn_res_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[s
 
 
 # ----------------------------------------------------------------------------------------------
+# MEAN_SQ / RMS_SCALE: an RMSNorm over a row that TP splits by head (MiniMax-M2's q/k norm)
+
+
+def _mean_sq_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # A mean over the feature dim: on a head split each rank holds a summand of it (P).
+    k = len(op.inputs)
+    return [Strategy((S_COL,) * k, P), Strategy((R,) * k, R), Strategy((S_TOK,) * k, S_TOK)]
+
+
+def _mean_sq_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    return K.mean_square(inputs, [ctx.values[v].width for v in op.inputs], ctx.tp)
+
+
+def _rms_scale_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return [
+        Strategy((S_COL, R), S_COL, partial_to_need=True),
+        Strategy((R, R), R),
+        Strategy((S_TOK, S_TOK), S_TOK),
+    ]
+
+
+def _rms_scale_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    return "it scales each token's row by the norm statistic of that same token, so both must be split the same way"
+
+
+def _rms_scale_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    from tpplan.models.cuts import head_cut
+
+    if sc.output is not S_COL:
+        return dict.fromkeys(params, FULL)
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.n, sc.rank)}
+
+
+def _rms_scale_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    col = int(op.attrs.get("column", 0))
+    return K.rms_scale(inputs[0], inputs[1][:, col : col + 1], w["weight"], ctx.numerics.eps)
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
-
-
-def _run(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A run function from a kernel taking only the op's inputs."""
-    return lambda op, inputs, w, state, ctx, K: fn(K)(*inputs)
 
 
 OP_KINDS: dict[OpKind, OpKindDef] = {
@@ -464,7 +543,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.SWIGLU,
             _elementwise_rule,
-            _run(lambda K: K.swiglu),
+            lambda op, inputs, w, state, ctx, K: K.swiglu(*inputs, act=str(op.attrs.get("act", "silu"))),
             _const("elementwise"),
             why=_elementwise_why,
             params=_no_params,
@@ -492,7 +571,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
         OpKindDef(
             OpKind.EXPERTS,
             _experts_rule,
-            lambda op, inputs, w, state, ctx, K: K.routed_experts(inputs[0], inputs[1], w["gate"], w["up"], w["down"]),
+            lambda op, inputs, w, state, ctx, K: run_experts(op, inputs[0], inputs[1], w, K),
             _const("experts"),
             why=lambda op, needed, got, n: (
                 "routed experts under tensor or expert parallelism (no all-to-all) need every token on every rank"
@@ -508,6 +587,22 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             _const("attn_res"),
             why=_whole_row_why,
             params=_attn_res_params,
+        ),
+        OpKindDef(
+            OpKind.MEAN_SQ,
+            _mean_sq_rule,
+            _mean_sq_run,
+            _const("elementwise"),
+            why=lambda op, needed, got, n: "it averages over each token's whole row",
+            params=_no_params,
+        ),
+        OpKindDef(
+            OpKind.RMS_SCALE,
+            _rms_scale_rule,
+            _rms_scale_run,
+            _const("elementwise"),
+            why=_rms_scale_why,
+            cuts=_rms_scale_cuts,
         ),
     )
 }

@@ -69,8 +69,22 @@ class GQASpec:
     qk_norm: bool = False
     rotary_dim: int = 0
     qkv_bias: bool = False  # Qwen2 / attention_bias: q, k and v projections add a bias
+    o_bias: bool = False  # gpt-oss: o_proj adds a bias too (held by rank 0 when row-parallel)
+    sinks: bool = False  # gpt-oss: one learned logit per head joins the softmax denominator
+    window: int | None = None  # sliding window: a query sees its last `window` keys (itself included)
+    chunk: int | None = None  # chunked attention (Llama 4): a query sees the keys of its own chunk
+    scale: float | None = None  # softmax scale; None: head_dim^-0.5 (Gemma 3: query_pre_attn_scalar^-0.5)
+    rope_theta: float | None = None  # this layer's RoPE base, unscaled; None: the model's (Gemma 3 local layers)
+    qk_l2norm: bool = False  # Llama 4: weightless RMS norm of q and k per head, after RoPE
+    temperature: tuple[float, float] | None = None  # Llama 4 NoPE layers: (floor_scale, attn_scale) query scaling
 
     kind: Literal["gqa"] = "gqa"
+
+    @property
+    def label(self) -> str:
+        """The layer-kind name: `swa` (sliding window), `chunked`, `nope` (no RoPE, Llama 4) or `gqa`;
+        roles stay `gqa.*`."""
+        return "swa" if self.window else "chunked" if self.chunk else "nope" if not self.rotary_dim else "gqa"
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class GDNSpec:
 @dataclass(frozen=True)
 class DenseMLPSpec:
     intermediate: int
+    act: str = "silu"  # gate activation: silu (SwiGLU) or gelu_tanh (Gemma's GeGLU)
     kind: Literal["dense"] = "dense"
 
 
@@ -117,6 +132,12 @@ class MoESpec:
     latent: int | None = None  # K3: experts run in a latent of this width
     latent_norm: bool = False
     shared_gate: bool = False  # Qwen3-Next: sigmoid(shared_expert_gate(x)) scales the shared expert
+    router: str = "gate"  # the router's module name under the MLP (gpt-oss: `router`)
+    router_bias: bool = False  # gpt-oss: the router's linear has a bias added to its logits
+    expert_bias: bool = False  # gpt-oss: every expert projection has a bias
+    clamp: tuple[float, float] | None = None  # gpt-oss SwiGLU (alpha, limit); None: plain SwiGLU
+    scale_inputs: bool = False  # Llama 4: the routing weight scales the expert's input, not its output
+    shared_module: str | None = None  # the shared expert's module name (default: shared_expert(s))
     group_score: Literal["top2_sum", "max"] = "top2_sum"  # how grouped routing ranks groups (V2: max)
 
     kind: Literal["moe"] = "moe"
@@ -130,11 +151,12 @@ MlpSpec = DenseMLPSpec | MoESpec
 class LayerSpec:
     attn: AttnSpec
     mlp: MlpSpec
+    sandwich: bool = False  # Gemma: RMSNorm on each block's output too, before its residual add
 
     @property
     def kind(self) -> str:
         """A short name shared by every layer with the same structure, e.g. `mla+moe`."""
-        return f"{self.attn.kind}+{self.mlp.kind}"
+        return f"{getattr(self.attn, 'label', self.attn.kind)}+{self.mlp.kind}"
 
 
 @dataclass(frozen=True)
@@ -149,6 +171,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     source: str = ""
     quant: Quantization | None = None  # the checkpoint's weight formats (quantization_config)
+    notes: tuple[str, ...] = ()  # what the config has that tpplan does not model (shown by the audit)
 
     @property
     def num_layers(self) -> int:

@@ -68,6 +68,7 @@ from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.layout.transitions import transition
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.models.opkinds import run_experts
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.plans.named import repair
 from tpplan.runtime import kernels as K
@@ -209,7 +210,7 @@ class PlanRunner:
         self.tracer.chunk = self.chunk_index
         nu = self.numerics
         positions = torch.arange(self.state.position, self.state.position + t, device=self.device)
-        ctx = ExecContext(nu, positions, rope=self.rope)
+        ctx = ExecContext(nu, positions, rope=self.rope, tp=self.n)
         stream = plan.stream
         rows = padded_rows(t, self.n)[1] if stream is S_TOK else t
         h = self.graph.hidden
@@ -230,9 +231,12 @@ class PlanRunner:
             if observe is not None:
                 observe(i, env)
         self.tracer.layer = len(self.graph.layer_kinds)
-        if delta.pl is P:  # the last block's output, reduced into the stream before the final norm
+        if delta.pl is not stream:  # the last block's output, moved into the stream before the final norm
+            # P: reduced; R under an S(tok) stream (a sandwich norm already reduced it): a free slice.
+            if not (delta.pl is P or (delta.pl is R and stream is S_TOK)):
+                raise PlanViolation(f"the last block's output is {delta.pl} but the stream is {stream}")
             final = Move(self.comm, "final", 0, t, layout=self._layout)
-            delta = Held(RUNTIME_TRANSITIONS[(P, stream)](final, delta.t), stream)
+            delta = Held(RUNTIME_TRANSITIONS[(delta.pl, stream)](final, delta.t), stream)
         final = resid.t + delta.t
         if block:
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
@@ -258,7 +262,7 @@ class PlanRunner:
         mine = (local >= 0) & (local < shard.embed.shape[0])
         out = shard.embed.new_zeros(ids.numel(), shard.embed.shape[1])
         out[mine] = shard.embed[local[mine]]
-        return out
+        return out * self.numerics.embed_scale if self.numerics.embed_scale != 1.0 else out
 
     def _layer(
         self, i: int, lg: LayerGraph, res: LayerResult, planned: set[tuple[str, Placement]], shard: ModelShard,
@@ -281,7 +285,7 @@ class PlanRunner:
             w = shard.ops[(i, op.name)]
             if self._wrong_slices(op, dec, env, planned):
                 # Forced only: column-parallel weight on the rank's own tokens, slices gathered by token.
-                local = K.linear(env[op.inputs[0]].t, w["weight"])
+                local = K.linear(env[op.inputs[0]].t, w["weight"], w.get("bias"))
                 name = f"{op.output}(forced)"
                 env[op.output] = Held(self.comm.all_gather_tokens(local, name, tokens, planned=False), S_COL)
                 continue
@@ -463,7 +467,7 @@ class PlanRunner:
         # One dispatch launch: the rows' fp32 combine weights ride in the same buffer as extra columns.
         got = c.all_to_all_rows(pack_rows(x[tok], weights[tok, dst]), send, recv, f"{name}:dispatch")
         got_x, got_w = unpack_rows(got, x.shape[1])
-        y = K.routed_experts(got_x, got_w, w["gate"], w["up"], w["down"])
+        y = run_experts(op, got_x, got_w, w, K)
         back = c.all_to_all_rows(y, recv, send, f"{name}:combine")
         out = torch.zeros_like(x)
         out.index_add_(0, tok, back.to(out.dtype))

@@ -43,6 +43,7 @@ class ExecContext:
     layer: int = 0
     rope: K.Rope = field(default_factory=K.Rope)
     values: Mapping[str, Value] = field(default_factory=dict)  # the current layer graph's values
+    tp: int = 1  # ranks the graph's head-split values are spread over (MEAN_SQ's partial share)
 
     def per_head(self, value: str, heads: int) -> int:
         """Per-head width of a graph value: a constant of the model, valid on any head slice."""
@@ -130,7 +131,7 @@ def forward_chunk(
     positions = torch.arange(st.position, st.position + t, device=ids.device)
     rope = K.Rope(nu.rope_theta, nu.rope_interleave, nu.rope_scaling, nu.max_position_embeddings)
     ctx = ExecContext(nu, positions, rope=rope)
-    emb = weights["model.embed_tokens.weight"][ids]
+    emb = weights["model.embed_tokens.weight"][ids] * nu.embed_scale
     resid, delta = emb, torch.zeros_like(emb)
     block = graph.spec.attn_res_block_size
     bank = emb.new_zeros(t, 0, emb.shape[1])

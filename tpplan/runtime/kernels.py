@@ -23,9 +23,9 @@ from tpplan.runtime import fast_kernels as _fast  # GPU fast paths: one-line hoo
 # Elementwise and token-local ops
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """y = x W^T with W laid out [out, in] as in HF checkpoints."""
-    return F.linear(x, weight.to(x.dtype))
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = x W^T (+ b) with W laid out [out, in] as in HF checkpoints."""
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
@@ -52,6 +52,26 @@ def head_rms_norm(
     return y.reshape(t, -1).to(x.dtype)
 
 
+def mean_square(xs: list[Tensor], widths: list[int], tp: int = 1) -> Tensor:
+    """[T, len(xs)]: each input's mean of squares over its whole row (fp32, returned in x's dtype).
+
+    An input narrower than its full `width` is this rank's head slice: its share of the mean is
+    the local mean / `tp`, so the sum over ranks is the full row's mean, also where TP exceeds the
+    heads and ranks share a head (each head then appears tp/heads times; vLLM's
+    MiniMaxText01RMSNormTP divides the all-reduced variance by the TP size the same way).
+    """
+    cols = []
+    for x, width in zip(xs, widths, strict=True):
+        m = x.float().pow(2).mean(-1, keepdim=True)
+        cols.append(m / tp if x.shape[1] < width else m)
+    return torch.cat(cols, dim=1).to(xs[0].dtype)
+
+
+def rms_scale(x: Tensor, mean_sq: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x * rsqrt(mean_sq + eps) * weight: RMSNorm with its statistic computed elsewhere ([T, 1])."""
+    return (x.float() * torch.rsqrt(mean_sq.float() + eps) * weight.float()).to(x.dtype)
+
+
 def slice_cols(x: Tensor, start: int, width: int) -> Tensor:
     """A contiguous feature range (e.g. the q / kv / rope parts of MLA's fused latent)."""
     return x[:, start : start + width]
@@ -73,7 +93,10 @@ def unary(x: Tensor, fn: str) -> Tensor:
     raise ValueError(f"unknown unary fn {fn!r}")
 
 
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+def swiglu(gate: Tensor, up: Tensor, act: str = "silu") -> Tensor:
+    """act(gate) * up: SwiGLU (silu), or Gemma's GeGLU (gelu_tanh, HF's gelu_pytorch_tanh)."""
+    if act == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
     return F.silu(gate) * up
 
 
@@ -95,6 +118,10 @@ class Rope:
         pos = self.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
         inv = 1.0 / pos
         kind = (self.scaling or {}).get("rope_type", (self.scaling or {}).get("type", "default"))
+        if kind == "linear":  # position interpolation: every frequency divided by the factor
+            return inv / float((self.scaling or {})["factor"]), 1.0
+        if kind == "llama3":
+            return _llama3_inv_freq(inv, self.scaling or {}), 1.0
         if kind != "yarn":
             return inv, 1.0
         s = self.scaling or {}
@@ -132,6 +159,18 @@ class Rope:
         return 1.0
 
 
+def _llama3_inv_freq(inv: Tensor, s: dict[str, Any]) -> Tensor:
+    """Llama 3.1 / 4 frequency scaling: long wavelengths divided by `factor`, short ones kept, smooth between."""
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
 def _yarn_mscale(scale: float, mscale: float | None) -> float:
     if scale <= 1:
         return 1.0
@@ -162,18 +201,50 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
 # Softmax attention (MLA and GQA) with a KV cache for chunked prefill
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions."""
-    if _fast.use(q, "causal_attention"):  # fast:
+def causal_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    keep: Tensor | None = None,
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions
+    (key s is absolute position s). `keep` [T, S] (bool, optional): keys each query may attend to
+    besides causality (DSA's top-k). `window`: a query at p sees keys (p - window, p] (HF's sliding
+    window); `chunk`: keys of its own chunk [p // chunk * chunk, p] (Llama 4); `sinks` [n]: a learned
+    logit per head that joins the softmax denominator and contributes no value (gpt-oss)."""
+    plain = keep is None and window is None and chunk is None and sinks is None
+    if plain and _fast.use(q, "causal_attention"):  # fast:
         return _fast.causal_attention(q, k, v, scale)
     t, s = q.shape[0], k.shape[0]
     scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
     qpos = torch.arange(s - t, s, device=q.device)[:, None]
-    mask = torch.arange(s, device=q.device)[None, :] > qpos
+    kpos = torch.arange(s, device=q.device)[None, :]
+    mask = kpos > qpos
+    if window is not None:
+        mask |= kpos <= qpos - window
+    if chunk is not None:
+        mask |= kpos < (qpos // chunk) * chunk
+    if keep is not None:
+        mask |= ~keep
     scores = scores.masked_fill(mask[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        sink = sinks.float().reshape(-1, 1, 1).expand(scores.shape[0], t, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("nts,snd->tnd", probs, v.float())
     return out.reshape(t, -1).to(q.dtype)
+
+
+def index_mask(indices: Tensor, keys: int) -> Tensor:
+    """[T, keys] bool, True at each query's selected key positions (DSA top-k indices [T, k])."""
+    keep = torch.zeros(indices.shape[0], keys, dtype=torch.bool, device=indices.device)
+    return keep.scatter_(1, indices.long(), True)
 
 
 def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
@@ -196,11 +267,13 @@ def mla_attention(
     rope: Rope | None,
     scale: float,
     cache: dict[str, Tensor] | None = None,
+    keep: Tensor | None = None,
 ) -> Tensor:
     """MLA core: q [T, n*(nope+rope)], kv [T, n*(nope+v)], k_rope [T, rope] shared by every head.
 
     `rope=None` is NoPE (Kimi-Linear): the rope slice is concatenated without rotation. `cache`
     (per layer, per rank) holds the keys/values of earlier chunks so chunked prefill is exact.
+    `keep` [T, S]: the keys each query may read besides causality (DSA's top-k selection).
     """
     t = q.shape[0]
     qh = q.reshape(t, -1, nope_dim + rope_dim)
@@ -217,7 +290,48 @@ def mla_attention(
     kf = torch.cat([k_nope, k_rot.expand(t, n, rope_dim)], dim=-1)
     kf = _append_cache(cache, "k", kf)
     v = _append_cache(cache, "v", v)
-    return causal_attention(qf, kf, v, scale)
+    if keep is None:  # the plain call, which a benchmark may route to its own kernel (bench/serving_kernels)
+        return causal_attention(qf, kf, v, scale)
+    return causal_attention(qf, kf, v, scale, keep)
+
+
+def dsa_indexer(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    *,
+    head_dim: int,
+    rope_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    topk: int,
+    k_norm_weight: Tensor,
+    k_norm_bias: Tensor,
+    cache: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """DSA lightning indexer (DeepSeek-V3.2, GLM-5): the top-`topk` key positions per query, [T, k] int64.
+
+    q [T, H*D] = wq_b(q latent), k [T, D] = wk(x), w [T, H] = weights_proj(x). The key is LayerNorm'd
+    (eps 1e-6); RoPE rotates the first `rope_dim` dims of each head (layout: `rope.interleave`);
+    score[t, s] = sum_h w[t, h] H^-1/2 relu(D^-1/2 q[t, h] . k[s]) over causal keys, as transformers'
+    DeepseekV32Indexer (which skips the reference's Hadamard rotation: orthogonal, dot products kept).
+    Ties (exact zeros where every head's ReLU is 0) go to the earlier key: a stable sort, so a
+    chunked run selects what the one-shot run selects.
+    """
+    t = q.shape[0]
+    qh = q.float().reshape(t, -1, head_dim)
+    heads = qh.shape[1]
+    kf = F.layer_norm(k.float(), (head_dim,), k_norm_weight.float(), k_norm_bias.float(), 1e-6)
+    cos, sin = rope_cos_sin(positions, rope_dim, rope)
+    qh = torch.cat([apply_rope(qh[..., :rope_dim], cos, sin, rope.interleave), qh[..., rope_dim:]], dim=-1)
+    k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, rope.interleave)[:, 0]
+    kf = _append_cache(cache, "k", torch.cat([k_rot, kf[:, rope_dim:]], dim=-1))
+    s = kf.shape[0]
+    scores = torch.relu(torch.einsum("thd,sd->ths", qh, kf) * head_dim**-0.5)
+    index = torch.einsum("th,ths->ts", w.float() * heads**-0.5, scores)
+    future = torch.arange(s, device=q.device)[None, :] > positions[:, None]
+    index = index.masked_fill(future, float("-inf"))
+    return torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
 
 
 def gqa_attention(
@@ -234,11 +348,18 @@ def gqa_attention(
     eps: float = 1e-6,
     norm_offset: float = 0.0,
     cache: dict[str, Tensor] | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: Tensor | None = None,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+    temperature: tuple[float, float] | None = None,
 ) -> Tensor:
-    """GQA core: optional per-head q/k RMSNorm, partial rotary (first `rotary_dim` dims), grouped KV.
+    """GQA core: optional per-head q/k RMSNorm, partial rotary (first `rotary_dim` dims), grouped KV,
+    optional sliding window, attention chunks and per-head sinks (`causal_attention`).
 
     Query head h reads KV head h // (n / kv), which stays right on a head slice as long as a rank
-    holds whole KV groups.
+    holds whole KV groups. The cache keeps every key (exact for windows too; only memory differs).
     """
     t = q.shape[0]
     qh, kh, vh = q.reshape(t, -1, head_dim), k.reshape(t, -1, head_dim), v.reshape(t, -1, head_dim)
@@ -250,12 +371,20 @@ def gqa_attention(
         cos, sin = rope_cos_sin(positions, rotary_dim, rope)
         qh = torch.cat([apply_rope(qh[..., :rotary_dim], cos, sin, rope.interleave), qh[..., rotary_dim:]], -1)
         kh = torch.cat([apply_rope(kh[..., :rotary_dim], cos, sin, rope.interleave), kh[..., rotary_dim:]], -1)
+    if qk_l2norm:  # Llama 4: RMS-normalise each head's q and k (no weight), after RoPE
+        qh = (qh.float() * torch.rsqrt(qh.float().pow(2).mean(-1, keepdim=True) + eps)).to(qh.dtype)
+        kh = (kh.float() * torch.rsqrt(kh.float().pow(2).mean(-1, keepdim=True) + eps)).to(kh.dtype)
+    if temperature is not None:  # Llama 4 NoPE layers: log-position query scaling (arXiv 2501.19399)
+        floor_scale, attn_scale = temperature
+        t_scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        qh = (qh * t_scale[:, None, None].to(qh.device)).to(qh.dtype)
     kh = _append_cache(cache, "k", kh)
     vh = _append_cache(cache, "v", vh)
     rep = qh.shape[1] // kh.shape[1]
     if rep > 1:
         kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
-    return causal_attention(qh, kh, vh, head_dim**-0.5)
+    s = head_dim**-0.5 if scale is None else scale
+    return causal_attention(qh, kh, vh, s, window=window, chunk=chunk, sinks=sinks)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,6 +571,7 @@ def route(
     n_group: int = 1,
     topk_group: int = 1,
     bias: Tensor | None = None,
+    logit_bias: Tensor | None = None,
     renormalize: bool = True,
     scaling: float = 1.0,
     group_score: str = "top2_sum",
@@ -455,7 +585,7 @@ def route(
     top-k by the sum of each group's top-2) or softmax (Qwen). A dense matrix keeps the value a plain
     activation that an expert-parallel rank can slice by columns.
     """
-    logits = F.linear(x.float(), weight.float())
+    logits = F.linear(x.float(), weight.float(), None if logit_bias is None else logit_bias.float())
     scores = torch.sigmoid(logits) if scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias.float()
     e = scores.shape[-1]
@@ -472,19 +602,49 @@ def route(
     return torch.zeros_like(scores).scatter_(1, idx, w)
 
 
-def routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
-    """Sum over selected experts of routing[t,e] * down_e(silu(gate_e x) * up_e x).
+def routed_experts(
+    x: Tensor,
+    routing: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+    *,
+    gate_bias: Tensor | None = None,
+    up_bias: Tensor | None = None,
+    down_bias: Tensor | None = None,
+    clamp: tuple[float, float] | None = None,
+    scale_inputs: bool = False,
+) -> Tensor:
+    """Sum over selected experts of routing[t,e] * down_e(act(gate_e x, up_e x)), or with
+    `scale_inputs` (Llama 4) of down_e(act(gate_e x', up_e x')) with x' = routing[t,e] * x.
 
     gate/up [E, I, W], down [E, W, I]; `routing` [T, E] holds the experts these weights belong to
-    (an EP rank passes its column slice with its own experts).
+    (an EP rank passes its column slice with its own experts). act is silu(g) * u, or with `clamp`
+    = (alpha, limit) gpt-oss's g' * sigmoid(alpha g') * (u' + 1), g' = min(g, limit), u' = u clamped
+    to [-limit, limit]. Optional biases [E, I] / [E, W] (gpt-oss); the down bias is scaled by the
+    routing weight like the rest of the expert's output.
     """
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in torch.nonzero(routing.abs().sum(0) > 0).flatten().tolist():
         tok = torch.nonzero(routing[:, e] != 0).flatten()
         xe = xf[tok]
-        h = F.silu(xe @ gate[e].float().t()) * (xe @ up[e].float().t())
-        out.index_add_(0, tok, (h @ down[e].float().t()) * routing[tok, e, None].float())
+        scale = routing[tok, e, None].float()
+        if scale_inputs:
+            xe, scale = xe * scale, torch.ones_like(scale)
+        g, u = xe @ gate[e].float().t(), xe @ up[e].float().t()
+        if gate_bias is not None and up_bias is not None:
+            g, u = g + gate_bias[e].float(), u + up_bias[e].float()
+        if clamp is None:
+            h = F.silu(g) * u
+        else:
+            alpha, limit = clamp
+            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+            h = g * torch.sigmoid(alpha * g) * (u + 1)
+        y = h @ down[e].float().t()
+        if down_bias is not None:
+            y = y + down_bias[e].float()
+        out.index_add_(0, tok, y * scale)
     return out.to(x.dtype)
 
 

@@ -102,13 +102,34 @@ _RENAMES = [
     (re.compile(r"\.experts\.(\d+)\.w1\.weight$"), r".experts.\1.gate_proj.weight"),
     (re.compile(r"\.experts\.(\d+)\.w3\.weight$"), r".experts.\1.up_proj.weight"),
     (re.compile(r"\.experts\.(\d+)\.w2\.weight$"), r".experts.\1.down_proj.weight"),
+    (re.compile(r"\.mlp\.e_score_correction_bias$"), ".mlp.gate.e_score_correction_bias"),  # MiniMax-M2
 ]
 
 
 def normalize_names(raw: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Map alias spellings onto canonical names (see the module docstring); unknown names pass through."""
     out: dict[str, Tensor] = {}
+    # gpt-oss stacks experts transposed ([E, W, 2I] with gate/up interleaved by column, down [E, I, W])
+    # and biases them; its `gate_up_proj_bias` tells the layout apart from the [E, 2I, W] one.
+    oss = {n.removesuffix("_bias") for n in raw if n.endswith(".experts.gate_up_proj_bias")}
+    oss |= {n.removesuffix("gate_up_proj") + "down_proj" for n in oss}
     for name, t in raw.items():
+        if name in oss or name.removesuffix("_bias") in oss:
+            out.update(_gpt_oss_experts(name, t))
+            continue
+        if ".feed_forward." in name:  # Llama 4: the MLP is `feed_forward`, experts stacked [E, W, 2I] / [E, I, W]
+            name = name.removeprefix("language_model.").replace(".feed_forward.", ".mlp.")
+            if name.endswith(".experts.gate_up_proj"):
+                base, inter = name.removesuffix(".gate_up_proj"), t.shape[2] // 2
+                for e in range(t.shape[0]):
+                    out[f"{base}.{e}.gate_proj.weight"] = t[e, :, :inter].t()
+                    out[f"{base}.{e}.up_proj.weight"] = t[e, :, inter:].t()
+                continue
+            if name.endswith(".experts.down_proj"):
+                base = name.removesuffix(".down_proj")
+                for e in range(t.shape[0]):
+                    out[f"{base}.{e}.down_proj.weight"] = t[e].t()
+                continue
         for pat, rep in _RENAMES:
             name = pat.sub(rep, name)
         if name.startswith("language_model."):
@@ -134,6 +155,24 @@ def normalize_names(raw: Mapping[str, Tensor]) -> dict[str, Tensor]:
             out[name] = t.reshape(-1)
         else:
             out[name] = t
+    return out
+
+
+def _gpt_oss_experts(name: str, t: Tensor) -> dict[str, Tensor]:
+    """Per-expert canonical tensors from one of gpt-oss's stacked expert tensors (or biases)."""
+    base, what = name.rsplit(".", 1)
+    out: dict[str, Tensor] = {}
+    for e in range(t.shape[0]):
+        if what == "gate_up_proj":  # [E, W, 2I], columns g0 u0 g1 u1 ...
+            out[f"{base}.{e}.gate_proj.weight"] = t[e, :, 0::2].t()
+            out[f"{base}.{e}.up_proj.weight"] = t[e, :, 1::2].t()
+        elif what == "gate_up_proj_bias":  # [E, 2I]
+            out[f"{base}.{e}.gate_proj.bias"] = t[e, 0::2]
+            out[f"{base}.{e}.up_proj.bias"] = t[e, 1::2]
+        elif what == "down_proj":  # [E, I, W]
+            out[f"{base}.{e}.down_proj.weight"] = t[e].t()
+        else:  # down_proj_bias [E, W]
+            out[f"{base}.{e}.down_proj.bias"] = t[e]
     return out
 
 

@@ -138,7 +138,7 @@ class KindIndex:
 
 
 def _is_stream_add(op: Op) -> bool:
-    return op.kind is OpKind.ADD and op.role.startswith("layer.")
+    return op.reduces_into_stream
 
 
 def _default_split(op: Op, g: GlobalChoice) -> str:

@@ -1,4 +1,5 @@
-"""Helpers every family's config reader shares: the pydantic base, validation, MoE layer layout."""
+"""Helpers every family's config reader shares: the pydantic base, validation, MoE layer layout,
+sliding/full layer types."""
 
 from __future__ import annotations
 
@@ -50,3 +51,26 @@ def check_group(label: str, experts: int, n_group: int, topk_group: int, top_k: 
         )
     if topk_group > n_group:
         raise TpplanError(label, f"topk_group={topk_group} exceeds n_group={n_group}", "correct topk_group")
+
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def layer_windows(label: str, layer_types: list[str] | None, layers: int, window: int | None) -> list[int | None]:
+    """The sliding window of every layer (None: full attention), from `layer_types` or HF's default
+    (even layers sliding, odd layers full)."""
+    types = layer_types or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise TpplanError(
+            f"{label}: field 'layer_types'",
+            f"has {len(types)} entries for {layers} layers",
+            "give one entry per layer",
+        )
+    bad = sorted({t for t in types if t not in LAYER_TYPES})
+    if bad:
+        raise TpplanError(
+            f"{label}: field 'layer_types'", f"unknown layer type(s) {bad}", f"use {' or '.join(LAYER_TYPES)}"
+        )
+    if "sliding_attention" in types and not window:
+        raise TpplanError(label, "layer_types has sliding layers but sliding_window is not set", "add sliding_window")
+    return [window if t == "sliding_attention" else None for t in types]

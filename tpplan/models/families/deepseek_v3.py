@@ -7,7 +7,7 @@ output gate), its kernel call (latent KV cache, interleaved YaRN RoPE) and its K
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,11 @@ from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoES
 # The MLA token mixer
 
 
-def build_mla(b: Builder, a: MLASpec, x: str) -> str:
+def build_mla(
+    b: Builder, a: MLASpec, x: str, extra: Callable[[Builder], tuple[str, ...]] | None = None, impl: str = "mla"
+) -> str:
+    """MLA as ops. `extra(b)` adds ops after the latents and before the attention and returns more
+    attention inputs (DeepSeek-V3.2's indexer and its top-k); `impl` names the attention's mixer."""
     n = a.heads
     qk = a.qk_head_dim
     if a.q_lora_rank:
@@ -114,15 +118,16 @@ def build_mla(b: Builder, a: MLASpec, x: str) -> str:
         weight="self_attn.kv_b_proj.weight",
         note="key/value up-projection, split by head",
     )
+    more = extra(b) if extra is not None else ()
     b.op(
         "attention",
         OpKind.TOKEN_MIX,
-        ("q", "kv", "k_rope"),
+        ("q", "kv", "k_rope", *more),
         "attn",
         n * a.v_dim,
         n,
         ctx_flops_per_token=2.0 * n * (qk + a.v_dim),
-        attrs={"impl": "mla", "heads": n, "rope": a.use_rope},
+        attrs={"impl": impl, "heads": n, "rope": a.use_rope},
         note="causal softmax attention over all tokens of its heads",
     )
     out = "attn"
@@ -174,16 +179,18 @@ def build_mla(b: Builder, a: MLASpec, x: str) -> str:
 def run_mla(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
     """MLA core on this rank's heads: widths from the graph's values, RoPE unless NoPE (Kimi-Linear)."""
     a = op.attrs
-    q, kv, k_rope = inputs
+    q, kv, k_rope = inputs[:3]
     n = int(a["heads"])
     rope_dim = k_rope.shape[1]
     qk = ctx.per_head(op.inputs[0], n)
     nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
     rope = ctx.rope if a.get("rope", True) else None
     scale = (qk**-0.5) * (ctx.rope.softmax_scale_factor() if rope is not None else 1.0)
+    # A fourth input is DSA's top-k key positions per query: attend only to those (and causally).
+    keep = K.index_mask(inputs[3], int(ctx.positions[-1]) + 1) if len(inputs) > 3 else None
     return K.mla_attention(
         q, kv, k_rope, nope_dim=nope, rope_dim=rope_dim, v_dim=v_dim, positions=ctx.positions, rope=rope,
-        scale=scale, cache=state,
+        scale=scale, cache=state, keep=keep,
     )  # fmt: skip
 
 

@@ -13,10 +13,11 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from tpplan.errors import TpplanError
+from tpplan.models.cuts import FULL, head_cut
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
-from tpplan.models.opkinds import Mixer, Params, register_mixer
+from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
 
 # ----------------------------------------------------------------------------------------------
@@ -99,8 +100,15 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
             "head_dim": d,
             "qk_norm": a.qk_norm,
             "rotary_dim": a.rotary_dim,
+            "sinks": a.sinks,
+            "window": a.window,
+            "chunk": a.chunk,
+            "scale": a.scale,
+            "rope_theta": a.rope_theta,
+            "qk_l2norm": a.qk_l2norm,
+            "temperature": a.temperature,
         },
-        note="causal softmax attention over all tokens of its heads",
+        note=_attention_note(a),
     )
     out = "attn"
     if a.output_gate:
@@ -118,21 +126,51 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         weight="self_attn.o_proj.weight",
         note="output projection, split by input heads",
     )
+    if a.o_bias:  # affine row-parallel output: rank 0 adds the bias to its partial sum
+        b.ops[-1].attrs["bias"] = True
     return "attn_out"
+
+
+def _attention_note(a: GQASpec) -> str:
+    seen = (
+        f"the last {a.window} tokens (sliding window)"
+        if a.window
+        else f"the tokens of its {a.chunk}-token chunk"
+        if a.chunk
+        else "all tokens"
+    )
+    return f"causal softmax attention over {seen} of its heads" + (", with a learned sink per head" if a.sinks else "")
 
 
 def _gqa_params(op: Op, numerics: Any) -> Params:
     d = op.attrs["head_dim"]
-    if not op.attrs["qk_norm"]:
-        return {}
-    return {"q_norm": ("self_attn.q_norm.weight", (d,)), "k_norm": ("self_attn.k_norm.weight", (d,))}
+    out: Params = {}
+    if op.attrs["qk_norm"]:
+        out = {"q_norm": ("self_attn.q_norm.weight", (d,)), "k_norm": ("self_attn.k_norm.weight", (d,))}
+    if op.attrs.get("sinks"):
+        out["sinks"] = ("self_attn.sinks", (int(op.attrs["heads"]),))
+    return out
+
+
+def _gqa_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    """Head-sharded: q/k norms are per head_dim (shared by every head), sinks are one per query head."""
+    out = dict.fromkeys(params, FULL)
+    if "sinks" in params:
+        heads = int(op.attrs["heads"])
+        out["sinks"] = head_cut(0, heads, heads, sc.n, sc.rank)
+    return out
 
 
 def _gqa_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
     a, nu = op.attrs, ctx.numerics
+    rope = ctx.rope
+    if a.get("rope_theta"):  # a layer with its own unscaled RoPE base (Gemma 3's local layers)
+        rope = K.Rope(float(a["rope_theta"]), rope.interleave, None, rope.max_position_embeddings)
     return K.gqa_attention(
-        *inputs, head_dim=int(a["head_dim"]), positions=ctx.positions, rope=ctx.rope, rotary_dim=int(a["rotary_dim"]),
+        *inputs, head_dim=int(a["head_dim"]), positions=ctx.positions, rope=rope, rotary_dim=int(a["rotary_dim"]),
         q_norm=w.get("q_norm"), k_norm=w.get("k_norm"), eps=nu.eps, norm_offset=nu.norm_offset, cache=state,
+        window=a.get("window"), chunk=a.get("chunk"), sinks=w.get("sinks"), scale=a.get("scale"),
+        qk_l2norm=bool(a.get("qk_l2norm")), temperature=a.get("temperature"),
     )  # fmt: skip
 
 
@@ -142,7 +180,9 @@ def gqa_kv_bytes(attn: GQASpec, tp: int, b: float) -> float:
     return 2 * max(1, attn.kv_heads // tp) * attn.head_dim * b
 
 
-register_mixer(Mixer("gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_params, kv_bytes=gqa_kv_bytes))
+register_mixer(
+    Mixer("gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_params, cuts=_gqa_cuts, kv_bytes=gqa_kv_bytes)
+)
 
 # ----------------------------------------------------------------------------------------------
 # Config

@@ -1,0 +1,108 @@
+"""gpt-oss family (gpt_oss): GQA with sinks, alternating sliding-window / full layers, biased MoE.
+
+What is gpt-oss-specific, and where it lives:
+- attention: the GQA mixer (`gqa`) with per-head sinks (a learned logit in the softmax denominator,
+  cut by head like the query heads), biases on q/k/v/o (column-parallel q/k/v keep their heads'
+  bias; row-parallel o_proj's bias enters its partial sum once, on rank 0: `opkinds._linear_cuts`),
+  and `layer_types` choosing a sliding window (`sliding_window` keys) or full attention per layer;
+- MLP: every layer is MoE: a router with a logit bias (`mlp.router`), top-k of the logits then a
+  softmax over them (= softmax renormalised over the top-k), experts with biases and the clamped
+  SwiGLU (alpha, limit) (`kernels.routed_experts`).
+Checkpoint names: HF's stacked `mlp.experts.gate_up_proj` [E, H, 2I] (gate/up interleaved by
+column) and `down_proj` [E, I, H] are split into per-expert canonical tensors by
+`weights.normalize_names`; the released MXFP4 blocks (`*_blocks`, `*_scales`) are not read by the
+runtime (dequantize to bf16 first); their bytes are the planner's business (quantization_config).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, Field
+
+from tpplan.errors import TpplanError
+from tpplan.models.families import Family, register
+from tpplan.models.families._common import Raw, check_group, layer_windows, validate
+from tpplan.models.spec import GQASpec, LayerSpec, ModelSpec, MoESpec
+
+
+class RawGptOss(Raw):
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)  # per expert
+    num_local_experts: int = Field(gt=0, validation_alias=AliasChoices("num_local_experts", "num_experts"))
+    num_experts_per_tok: int = Field(
+        default=4, gt=0, validation_alias=AliasChoices("num_experts_per_tok", "experts_per_token")
+    )
+    sliding_window: int | None = Field(default=128, gt=0)
+    layer_types: list[str] | None = None
+    attention_bias: bool = True
+    swiglu_alpha: float = Field(default=1.702, gt=0)
+    swiglu_limit: float = Field(default=7.0, gt=0)
+    tie_word_embeddings: bool = False
+
+
+def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
+    c: RawGptOss = validate(RawGptOss, raw, label)
+    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    if c.num_attention_heads % c.num_key_value_heads:
+        raise TpplanError(
+            label,
+            f"num_attention_heads={c.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={c.num_key_value_heads}",
+            "correct num_key_value_heads",
+        )
+    check_group(label, c.num_local_experts, 1, 1, c.num_experts_per_tok)
+    moe = MoESpec(
+        experts=c.num_local_experts,
+        top_k=c.num_experts_per_tok,
+        expert_intermediate=c.intermediate_size,
+        shared_intermediate=0,
+        scoring="softmax",
+        router="router",
+        router_bias=True,
+        expert_bias=True,
+        clamp=(c.swiglu_alpha, c.swiglu_limit),
+    )
+    layers = tuple(
+        LayerSpec(
+            GQASpec(
+                heads=c.num_attention_heads,
+                kv_heads=c.num_key_value_heads,
+                head_dim=head_dim,
+                rotary_dim=head_dim,
+                qkv_bias=c.attention_bias,
+                o_bias=c.attention_bias,
+                sinks=True,
+                window=w,
+            ),
+            moe,
+        )
+        for w in layer_windows(label, c.layer_types, c.num_hidden_layers, c.sliding_window)
+    )
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        family="gpt_oss",
+        hidden=c.hidden_size,
+        vocab=c.vocab_size,
+        layers=layers,
+        tie_embeddings=c.tie_word_embeddings,
+        source=label,
+    )
+
+
+register(
+    Family(
+        "gpt_oss",
+        {"gpt_oss": "gpt-oss (GQA with sinks, sliding/full layers, biased MoE with clamped SwiGLU)"},
+        build_spec,
+        # top-k of the logits then softmax over the k = softmax over all experts renormalised over the k
+        numerics=lambda text: {"renormalize": True},
+        signature=frozenset({"swiglu_limit", "experts_per_token", "num_local_experts", "sliding_window"}),
+    )
+)
