@@ -61,18 +61,12 @@ def bench(
     from rich.markup import escape
 
     from tpplan.bench._dist import BenchFailed
-    from tpplan.bench.plan_bench import (
-        BenchConfig,
-        anchor_rows,
-        checks,
-        checks_ok,
-        markdown,
-        output_paths,
-        results_json,
-        run_bench,
-        write_atomic,
-    )
-    from tpplan.bench.plan_bench import from_files as load_previous
+    from tpplan.bench.checks import checks, checks_ok
+    from tpplan.bench.config import BenchConfig
+    from tpplan.bench.markdown import anchor_rows, markdown
+    from tpplan.bench.plan_bench import run_bench
+    from tpplan.bench.results import from_files as load_previous
+    from tpplan.bench.results import output_paths, results_json, write_atomic
     from tpplan.errors import TpplanError
 
     if anchor is not None and not anchor.is_file():
