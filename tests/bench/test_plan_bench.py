@@ -54,6 +54,10 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
         assert {o.kernel for o in res.ops if o.category != "gemm"} >= {"token_mix.kda", "token_mix.mla", "norm"}
         assert all(o.kernel is None for o in res.ops if o.category == "gemm" and o.op != "router")
         assert all(o.modelled_s == pytest.approx(o.predicted_s) for o in res.ops if o.predicted_s)
+        # every op says what ran: on CPU, the bench's fast set without fla
+        impl = {(o.layer_kind, o.op): o.impl for o in res.ops}
+        assert all(impl.values()) and impl[("kda+moe", "kda")] == "tpplan batched chunked delta rule (torch)"
+        assert impl[("mla+moe", "q_b_proj")] == "torch matmul" and "SDPA" in impl[("mla+moe", "attention")]
         assert res.ttft and res.ttft[0].mean_s > 0 and "TP2" in res.ttft[0].topology
         assert all(c.direct_s and c.predicted_s and c.group_size == 2 for c in res.collectives)
         # every collective the run issued is one the plan's predicted schedule names, with its bytes

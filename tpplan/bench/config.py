@@ -146,3 +146,17 @@ def op_category(op_kind: str, predicted_category: str) -> str:
 def op_kind_name(graph: Any, layer_kind: str, op: str) -> str:
     """The graph op's kind name; "LAYOUT" for the runtime's layout copies (`pack:<value>`, `unpack:<value>`)."""
     return next((o.kind.name for o in graph.kinds[layer_kind].ops if o.name == op), "LAYOUT")
+
+
+def impl_class(graph: Any, layer_kind: str, op: str) -> str:
+    """Which kernel family runs an op (the key of a run's implementation map, `worker.implementations`):
+    gemm, mla, gqa, kda, gdn, short_conv, experts, norm, attn_res, layout (a copy beside a collective) or other."""
+    o = next((x for x in graph.kinds[layer_kind].ops if x.name == op), None)
+    if o is None:
+        return "layout"
+    kind = o.kind.name
+    if kind in ("LINEAR", "ROUTER"):
+        return "gemm"
+    if kind == "TOKEN_MIX":
+        return str(o.attrs.get("impl", "other"))  # mla, gqa, kda, gdn, short_conv
+    return {"EXPERTS": "experts", "NORM": "norm", "HEAD_NORM": "norm", "ATTN_RES": "attn_res"}.get(kind, "other")

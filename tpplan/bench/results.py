@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tpplan.bench.config import DTYPE_SHORT, SHORT, BenchConfig, op_category, op_kind_name
+from tpplan.bench.config import DTYPE_SHORT, SHORT, BenchConfig, impl_class, op_category, op_kind_name
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.bench.ttft import extrapolate_ttft
 from tpplan.cost.workload import Workload, schedule
@@ -130,6 +130,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
                     iters=pr["iters"],
                     kernel=o0.kernel,
                     modelled_s=modelled if modelled > 0 else None,
+                    impl=raw.get("impls", {}).get(impl_class(g, lk, op_name)),
                 )
             )
         layers = []
@@ -222,13 +223,13 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
 
 
 def _kernels_note(cfg: BenchConfig, raw: dict[str, Any]) -> str:
-    if cfg.kernels != "fast":
-        return "reference kernels (runtime.kernels) throughout"
-    moe = {True: "torch._grouped_mm", False: "per-expert GEMM loop (torch._grouped_mm refused)"}.get(
-        raw.get("grouped_gemm"), "no MoE"
-    )
+    """The implementations the run used, per kernel family (`OpResult.impl` has them per op)."""
+    impls = raw.get("impls")
+    if not impls:
+        return "reference kernels (runtime.kernels) throughout" if cfg.kernels != "fast" else "fast kernels"
     return (
-        f"attention: SDPA (flash where eligible); routed experts: {moe}; KDA/GDN recurrence: reference chunked kernel"
+        f"attention: {impls['mla']}; routed experts: {impls['experts']}; KDA: {impls['kda']}; "
+        f"GDN: {impls['gdn']}; norms: {impls['norm']}"
     )
 
 

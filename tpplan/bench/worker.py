@@ -115,7 +115,37 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
                 torch.cuda.empty_cache()
             progress.update(task, description=f"{name}: done", completed=per_plan + 1)
     out["grouped_gemm"] = fast_kernels.grouped_gemm_used().get(device.type)
+    out["impls"] = implementations(cfg.kernels, device, out["grouped_gemm"])
     return out if rank == 0 else None
+
+
+def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str, str]:
+    """What ran for each kernel family (`config.impl_class`) in this process: the runtime's fast paths
+    apply on CUDA unless TPPLAN_FAST_KERNELS=0 (fla's where it imports), the bench's `--kernels fast`
+    adds SDPA off CUDA, grouped expert GEMMs and the batched torch delta rule where fla is missing."""
+    import os
+
+    from tpplan.runtime import fast_kernels as RF
+
+    rt = device.type == "cuda" and RF.fast_enabled()
+    fla = rt and RF.fla_available()
+    fast = kernels == "fast"
+    torch_delta = "tpplan batched chunked delta rule (torch)" if fast else "reference"
+    sdpa = "torch SDPA, causal lower-right"
+    norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
+    return {
+        "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",
+        "mla": (sdpa + (", v zero-padded to the q/k head dim" if rt else "")) if rt or fast else "reference",
+        "gqa": sdpa if rt or fast else "reference",
+        "kda": "fla.chunk_kda" if fla else torch_delta,
+        "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
+        "short_conv": "torch conv1d (runtime fast path)" if rt else "reference",
+        "experts": ("torch._grouped_mm" if grouped else "per-expert GEMM loop") if fast else "reference",
+        "norm": norm if rt else "reference",
+        "attn_res": "torch, fp32 rows in one pass" if rt else "reference",
+        "layout": "torch copy",
+        "other": "torch",
+    }
 
 
 def _nccl_version() -> str | None:

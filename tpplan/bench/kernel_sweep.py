@@ -1,0 +1,228 @@
+"""Time the serving-class kernels the bench runs, op by op, over the shapes TP sizes produce (GPU only).
+
+Why: the cost model's physical models (`tpplan.cost.kernel_models`) are fitted on isolated kernel
+timings and must be checked where they were not fitted. One sweep covers, at the shapes a rank
+of each TP size runs:
+
+- `gemm`: the probe shapes of `tpplan calibrate --quick` (`gemm_probe`), measured/table;
+- `attention`: `runtime.fast_kernels.causal_attention` (SDPA flash; MLA's v zero-padded to the
+  q/k head dim, lower-right causal mask over a KV cache) by heads per rank, tokens, context, dims;
+- `kda` / `gdn`: fla's chunked delta-rule kernels through `runtime.fast_kernels` (state carried,
+  gates fused in the kernel) by heads per rank and tokens, down to one head;
+- `experts`: `bench.fast_kernels.expert_ffn` (`torch._grouped_mm`) by experts per rank and tokens
+  routed (top-k of the model's experts, random router logits).
+
+Each point: a warm-up call (builds kernels; Triton's autotuning is cached in TRITON_CACHE_DIR),
+then the median of `reps` event-timed calls, each on one of several input sets in turn when the
+inputs are small enough to sit in L2. `run_sweep` keeps to a time budget and writes after every
+family, so a run cut short still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+SWEEP_VERSION = 1
+
+
+def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
+    """Median seconds of `reps` calls of fn(i % sets), after one warm-up per set."""
+    import torch
+
+    for i in range(sets):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(i % sets)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def attention_points(
+    heads: Iterable[int], tokens: Iterable[int], contexts: Iterable[int], dims: Iterable[tuple[int, int]], reps: int = 7
+) -> list[dict[str, Any]]:
+    """SDPA flash attention as the runtime calls it: q [T, H, dqk], k [S, H, dqk], v [S, H, dv], S = ctx + T."""
+    import torch
+
+    from tpplan.runtime import fast_kernels as F
+
+    out = []
+    for dqk, dv in dims:
+        for h in heads:
+            for t in tokens:
+                for ctx in contexts:
+                    s = ctx + t
+                    q = torch.randn(t, h, dqk, device="cuda", dtype=torch.bfloat16)
+                    k = torch.randn(s, h, dqk, device="cuda", dtype=torch.bfloat16)
+                    v = torch.randn(s, h, dv, device="cuda", dtype=torch.bfloat16)
+                    secs = _timed(lambda _i, q=q, k=k, v=v, d=dqk: F.causal_attention(q, k, v, d**-0.5), reps, 1)
+                    out.append({"family": "attention", "heads": h, "tokens": t, "context": ctx, "dqk": dqk,
+                                "dv": dv, "seconds": secs})  # fmt: skip
+                    del q, k, v
+    return out
+
+
+def kda_points(heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128) -> list[dict[str, Any]]:
+    """fla chunk_kda with a carried state (a second chunk), gates fused, as `runtime.fast_kernels.kda`."""
+    import torch
+
+    from tpplan.runtime import fast_kernels as F
+
+    out = []
+    for h in heads:
+        for t in tokens:
+            w = h * d
+            q, k, v, f = (torch.randn(t, w, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            beta = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            a_log = torch.empty(h, device="cuda").uniform_(1.0, 16.0).log()
+            dt = torch.empty(w, device="cuda").uniform_(-4.0, -1.0)
+            init = torch.zeros(h, d, d, device="cuda")
+
+            def call(_i: int, q=q, k=k, v=v, f=f, beta=beta, a_log=a_log, dt=dt, init=init) -> Any:
+                st = {"recurrent": init}
+                return F.kda(q, k, v, f, beta, head_dim=d, a_log=a_log, dt_bias=dt, state=st)
+
+            t0 = time.perf_counter()
+            call(0)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            out.append({"family": "kda", "heads": h, "tokens": t, "dk": d, "dv": d,
+                        "seconds": _timed(call, reps, 1), "first_call_s": first})  # fmt: skip
+    return out
+
+
+def gdn_points(
+    v_heads: Iterable[int], tokens: Iterable[int], v_per_k: int = 2, reps: int = 7, d: int = 128
+) -> list[dict[str, Any]]:
+    """fla chunk_gated_delta_rule via `runtime.fast_kernels.gdn` (conv inputs, GVA, gated norm included)."""
+    import torch
+
+    from tpplan.runtime import fast_kernels as F
+
+    out = []
+    for hv in v_heads:
+        hk = max(1, hv // v_per_k)
+        r = hv // hk
+        for t in tokens:
+            width = hk * (2 * d + 2 * r * d)  # q, k, v, z per key-head group
+            qkvz = torch.randn(t, width, device="cuda", dtype=torch.bfloat16)
+            ba = torch.randn(t, 2 * hv, device="cuda", dtype=torch.bfloat16)
+            conv = torch.randn(hk * (2 * d + r * d), 4, device="cuda", dtype=torch.bfloat16) * 0.3
+            a_log = torch.empty(hv, device="cuda").uniform_(1.0, 16.0).log()
+            dt = torch.empty(hv, device="cuda").uniform_(-4.0, -1.0)
+            nw = torch.ones(d, device="cuda", dtype=torch.bfloat16)
+
+            def call(_i: int, qkvz=qkvz, ba=ba, conv=conv, a_log=a_log, dt=dt, nw=nw, r=r) -> Any:
+                return F.gdn(qkvz, ba, conv_weight=conv, a_log=a_log, dt_bias=dt, norm_weight=nw, eps=1e-6,
+                             k_head_dim=d, v_head_dim=d, v_per_k=r, state={})  # fmt: skip
+
+            out.append({"family": "gdn", "heads": hv, "k_heads": hk, "tokens": t, "dk": d, "dv": d,
+                        "seconds": _timed(call, reps, 1)})  # fmt: skip
+    return out
+
+
+def expert_points(
+    experts_local: Iterable[int], tokens: Iterable[int], experts: int, top_k: int, width: int, inter: int,
+    reps: int = 7,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Grouped expert GEMMs (gate, up, down) on the rows a rank's experts receive from `tokens` tokens."""
+    import torch
+
+    from tpplan.bench.fast_kernels import expert_ffn, grouped_gemm_used
+
+    out = []
+    for e_loc in experts_local:
+        gate = torch.randn(e_loc, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
+        up = torch.randn(e_loc, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
+        down = torch.randn(e_loc, width, inter, device="cuda", dtype=torch.bfloat16) * 0.02
+        for t in tokens:
+            pick = torch.randn(t, experts, device="cuda").topk(top_k, dim=1).indices
+            local = pick[pick < e_loc]
+            counts = torch.bincount(local, minlength=e_loc)
+            rows = int(counts.sum())
+            if rows == 0:
+                continue
+            xs = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+            ws = (gate, up, down)
+            secs = _timed(lambda _i, xs=xs, counts=counts, ws=ws: expert_ffn(xs, counts, *ws), reps, 1)
+            out.append({"family": "experts", "experts_local": e_loc, "tokens": t, "rows": rows,
+                        "active": int((counts > 0).sum()), "max_rows": int(counts.max()), "width": width,
+                        "inter": inter, "seconds": secs, "grouped": grouped_gemm_used().get("cuda")})  # fmt: skip
+        del gate, up, down
+        torch.cuda.empty_cache()
+    return out
+
+
+def run_sweep(out: Path, budget_s: float, families: dict[str, Callable[[], list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Run each family in order while the budget lasts; write `out` after each (partial runs keep data)."""
+    import torch
+
+    doc: dict[str, Any] = {
+        "version": SWEEP_VERSION,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "points": [],
+        "skipped": [],
+        "family_s": {},
+    }
+    start = time.perf_counter()
+    for name, fn in families.items():
+        if time.perf_counter() - start > budget_s:
+            doc["skipped"].append(name)
+            continue
+        t0 = time.perf_counter()
+        try:
+            doc["points"] += fn()
+        except Exception as exc:  # a family that fails (missing fla, OOM) is reported, the rest still run
+            doc["skipped"].append(f"{name}: {type(exc).__name__}: {exc}")
+        doc["family_s"][name] = round(time.perf_counter() - t0, 1)
+        print(f"{name}: {doc['family_s'][name]} s, {len(doc['points'])} points", flush=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        torch.cuda.empty_cache()
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tpplan.bench.kernel_sweep OUT.json BUDGET_S`: the sweep of docs/benchmarks.md (K3 and
+    Qwen3-Next shapes at TP1..TP32 per rank; heads per rank 96/TP for K3's KDA and MLA)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    out, budget = Path(args[0]), float(args[1])
+    from tpplan.bench.gemm_probe import probe
+
+    def gemm() -> list[dict[str, Any]]:
+        return [{"family": "gemm", "m": p.m, "k": p.k, "n": p.n, "warm_tflops": p.warm_tflops,
+                 "cold_tflops": p.cold_tflops, "table_tflops": p.table_tflops} for p in probe()]  # fmt: skip
+
+    k3_heads = (96, 48, 24, 12, 6, 3)
+    families: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "gemm": gemm,
+        "attention": lambda: attention_points(k3_heads, (1024, 2048, 4096, 8192), (0, 8192, 16384),
+                                              ((192, 128), (128, 128))),
+        "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), (1024, 2048, 4096, 8192), 896, 16, 3584, 3072),
+        "kda": lambda: kda_points((96, 24, 6, 3, 48, 12, 1), (1024, 2048, 4096, 8192)),
+        "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
+        "gdn": lambda: gdn_points((32, 16, 8, 4, 2, 1), (1024, 4096, 8192)),
+    }
+    doc = run_sweep(out, budget, families)
+    print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["attention_points", "expert_points", "gdn_points", "kda_points", "run_sweep"]
