@@ -210,12 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     k3_heads = (96, 48, 24, 12, 6, 3)
     families: dict[str, Callable[[], list[dict[str, Any]]]] = {
         "gemm": gemm,
+        "kda": lambda: kda_points((96, 24, 6, 3, 48, 12, 1), (1024, 2048, 4096, 8192)),
         "attention": lambda: attention_points(k3_heads, (1024, 2048, 4096, 8192), (0, 8192, 16384),
                                               ((192, 128), (128, 128))),
         "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), (1024, 2048, 4096, 8192), 896, 16, 3584, 3072),
-        "kda": lambda: kda_points((96, 24, 6, 3, 48, 12, 1), (1024, 2048, 4096, 8192)),
-        "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
         "gdn": lambda: gdn_points((32, 16, 8, 4, 2, 1), (1024, 4096, 8192)),
+        "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
     }
     doc = run_sweep(out, budget, families)
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
