@@ -102,6 +102,63 @@ def kda_points(heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: in
     return out
 
 
+def kda_batched_points(
+    heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128, deadline: float = float("inf")
+) -> list[dict[str, Any]]:
+    """fla chunk_kda at h heads per rank run as h sequences of one head ([h, T, 1, d]), with the runtime's
+    arguments (state carried, gates and beta in the kernel, q/k l2-normalised in it).
+
+    Why batched: fla's kernels take the head count as a compile-time constant and autotune per head
+    count (~100 s each on an H200); every (sequence, head) pair is an independent program of the
+    same grid, so h sequences of one head run the work of one sequence of h heads with one build."""
+    import torch
+    from fla.ops.kda import chunk_kda
+
+    out = []
+    for t in tokens:
+        for h in heads:
+            if time.perf_counter() > deadline:
+                return out
+            shp = (h, t, 1, d)
+            q, k, v, f = (torch.randn(shp, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            beta = torch.randn(h, t, 1, device="cuda", dtype=torch.bfloat16)
+            a_log = torch.empty(1, device="cuda").uniform_(1.0, 16.0).log()
+            dt = torch.empty(d, device="cuda").uniform_(-4.0, -1.0)
+            init = torch.zeros(h, 1, d, d, device="cuda")
+
+            def call(_i: int, q=q, k=k, v=v, f=f, beta=beta, a_log=a_log, dt=dt, init=init) -> Any:
+                with torch.no_grad():
+                    return chunk_kda(q, k, v, f, beta, scale=d**-0.5, initial_state=init, output_final_state=True,
+                                     use_qk_l2norm_in_kernel=True, chunk_size=64, use_gate_in_kernel=True,
+                                     use_beta_sigmoid_in_kernel=True, A_log=a_log, dt_bias=dt)  # fmt: skip
+
+            t0 = time.perf_counter()
+            call(0)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            out.append({"family": "kda", "heads": h, "tokens": t, "dk": d, "dv": d, "layout": "h sequences x 1 head",
+                        "seconds": _timed(call, reps, 1), "first_call_s": first})  # fmt: skip
+            print(f"kda h={h} t={t}: {out[-1]['seconds'] * 1e3:.3f} ms (first call {first:.1f} s)", flush=True)
+    return out
+
+
+def conv_points(channels: Iterable[int], tokens: Iterable[int], reps: int = 7) -> list[dict[str, Any]]:
+    """The runtime's short convolution (`runtime.kernels.short_conv`, kernel 4, SiLU) with carried state."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    out = []
+    for c in channels:
+        for t in tokens:
+            x = torch.randn(t, c, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(c, 1, 4, device="cuda", dtype=torch.bfloat16) * 0.3
+            prev = torch.zeros(3, c, device="cuda", dtype=torch.bfloat16)
+            secs = _timed(lambda _i, x=x, w=w, prev=prev: K.short_conv(x, w, {"conv": prev}), reps, 1)
+            out.append({"family": "short_conv", "channels": c, "tokens": t, "seconds": secs})
+    return out
+
+
 def gdn_points(
     v_heads: Iterable[int], tokens: Iterable[int], v_per_k: int = 2, reps: int = 7, d: int = 128
 ) -> list[dict[str, Any]]:
@@ -208,13 +265,15 @@ def main(argv: list[str] | None = None) -> None:
                  "cold_tflops": p.cold_tflops, "table_tflops": p.table_tflops} for p in probe()]  # fmt: skip
 
     k3_heads = (96, 48, 24, 12, 6, 3)
+    start = time.perf_counter()
     families: dict[str, Callable[[], list[dict[str, Any]]]] = {
         "gemm": gemm,
-        "kda": lambda: kda_points((96, 24, 6, 3, 48, 12, 1), (1024, 2048, 4096, 8192)),
+        "kda": lambda: kda_batched_points((96, 48, 24, 12, 6, 3, 2, 1), (8192, 4096, 2048, 1024),
+                                          deadline=start + budget * 0.6),
         "attention": lambda: attention_points(k3_heads, (1024, 2048, 4096, 8192), (0, 8192, 16384),
                                               ((192, 128), (128, 128))),
         "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), (1024, 2048, 4096, 8192), 896, 16, 3584, 3072),
-        "gdn": lambda: gdn_points((32, 16, 8, 4, 2, 1), (1024, 4096, 8192)),
+        "short_conv": lambda: conv_points((12288, 3072, 768, 384), (1024, 4096, 8192)),
         "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
     }
     doc = run_sweep(out, budget, families)
@@ -225,4 +284,12 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["attention_points", "expert_points", "gdn_points", "kda_points", "run_sweep"]
+__all__ = [
+    "attention_points",
+    "conv_points",
+    "expert_points",
+    "gdn_points",
+    "kda_batched_points",
+    "kda_points",
+    "run_sweep",
+]
