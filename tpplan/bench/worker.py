@@ -132,11 +132,14 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
     fast = kernels == "fast"
     torch_delta = "tpplan batched chunked delta rule (torch)" if fast else "reference"
     sdpa = "torch SDPA, causal lower-right"
+    cascade = "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)"
+    pad = ", v zero-padded to the q/k head dim"
+    cascaded = fast and device.type == "cuda" and os.environ.get("TPPLAN_CASCADE_ATTN", "1") != "0"
     norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
     return {
         "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",
-        "mla": (sdpa + (", v zero-padded to the q/k head dim" if rt else "")) if rt or fast else "reference",
-        "gqa": sdpa if rt or fast else "reference",
+        "mla": (cascade + pad if cascaded else sdpa + (pad if rt else "")) if rt or fast else "reference",
+        "gqa": (cascade if cascaded else sdpa) if rt or fast else "reference",
         "kda": "fla.chunk_kda" if fla else torch_delta,
         "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
         "short_conv": "torch conv1d (runtime fast path)" if rt else "reference",

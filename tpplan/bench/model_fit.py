@@ -1,0 +1,169 @@
+"""Fit the physical kernel models (`tpplan.cost.kernel_models`) on one part of a kernel sweep, judge the rest.
+
+Why: a model is only worth its out-of-sample error. `fit_sweep` splits each kernel family's sweep
+points into a fit set (a few heads per rank, token counts and contexts) and the held-out rest,
+fits the constants on the fit set (least squares on relative error, Nelder-Mead; torch-free), and
+returns the constants with the errors of both sets by regime. `python -m tpplan.bench.model_fit
+SWEEP.json OUT.json` writes them (docs/benchmarks/h200-2026-12-01/).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tpplan.cost import kernel_models as M
+
+# Which points are fitted on: the rest are held out (other heads per rank, tokens, contexts, experts).
+FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "attention": lambda p: p["heads"] in (96, 24, 6) and p["tokens"] in (2048, 8192) and p["context"] in (0, 16384),
+    "kda": lambda p: p["heads"] in (96, 24, 6, 1) and p["tokens"] in (2048, 8192),
+    "experts": lambda p: p["experts_local"] in (448, 112, 28) and p["tokens"] in (2048, 8192) and p["inter"] == 3072,
+    "short_conv": lambda p: p["channels"] in (12288, 768),
+}
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], iters: int = 4000) -> list[float]:
+    """Minimise f from x0 (a small, dependency-free simplex search; enough for 3-5 parameters)."""
+    n = len(x0)
+    pts = [list(x0)] + [[x + (0.25 if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=lambda i: vals[i])
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < 1e-12:
+            break
+        cen = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+        refl = [c + (c - w) for c, w in zip(cen, pts[-1], strict=True)]
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = [c + 2 * (c - w) for c, w in zip(cen, pts[-1], strict=True)]
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = [c + 0.5 * (w - c) for c, w in zip(cen, pts[-1], strict=True)]
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:
+                pts = [pts[0]] + [[b + 0.5 * (x - b) for b, x in zip(pts[0], p, strict=True)] for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    return pts[min(range(n + 1), key=lambda i: vals[i])]
+
+
+def _fit(
+    points: list[dict[str, Any]], model: Callable[[dict[str, float], dict[str, Any]], float], names: Sequence[str],
+    x0: Sequence[float],
+) -> dict[str, float]:  # fmt: skip
+    """Constants (searched in log space: all positive) minimising the squared relative error."""
+
+    def loss(x: list[float]) -> float:
+        c = {k: math.exp(v) for k, v in zip(names, x, strict=True)}
+        return sum((model(c, p) / p["seconds"] - 1.0) ** 2 for p in points)
+
+    best = nelder_mead(loss, [math.log(v) for v in x0])
+    best = nelder_mead(loss, best)  # restart: the simplex shrinks early on ill-scaled problems
+    return {k: math.exp(v) for k, v in zip(names, best, strict=True)}
+
+
+def _attention(c: dict[str, float], p: dict[str, Any]) -> float:
+    f = M.attention_flops(p["heads"], p["tokens"], p["context"], p["dqk"], p["dv"])
+    return M.attention_s(c, p["heads"], p["tokens"], f)
+
+
+def _kda(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.recurrence_s({**c, "p": 1.0 + c["p1"]}, p["heads"], p["tokens"])
+
+
+def _experts(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.experts_s({**c, "p": 1.0 + c["p1"]}, p["rows"], p["active"], p["width"], p["inter"])
+
+
+def _conv(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.stream_s(c, conv_bytes(p["channels"], p["tokens"]))
+
+
+def conv_bytes(channels: int, tokens: int) -> float:
+    """bf16 [T, C] read and written (the K-1 carried rows aside)."""
+    return 4.0 * channels * tokens
+
+
+FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], tuple[str, ...], tuple[float, ...]]] = {
+    "attention": (_attention, ("a_s", "tflops", "n_half"), (5e-5, 400.0, 1e4)),
+    "kda": (_kda, ("c0_s", "c1_s", "b_s", "p1"), (8e-4, 3e-8, 3e-9, 2.0)),
+    "experts": (_experts, ("c0_s", "TBps", "tflops", "p1"), (5e-5, 3.3, 600.0, 2.0)),
+    "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
+}
+
+
+def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Constants per model and the error of every point, tagged fit / held-out."""
+    consts: dict[str, dict[str, float]] = {}
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {
+        "attention": [("attention_causal", [p for p in points if p["family"] == "attention" and p["context"] == 0]),
+                      ("attention_prefix", [p for p in points if p["family"] == "attention" and p["context"] > 0])],
+        "kda": [("kda", [p for p in points if p["family"] == "kda"])],
+        "experts": [("experts", [p for p in points if p["family"] == "experts"])],
+        "short_conv": [("short_conv", [p for p in points if p["family"] == "short_conv"])],
+    }  # fmt: skip
+    for fam, parts in groups.items():
+        model, names, x0 = FAMILIES[fam]
+        for name, pts in parts:
+            if not pts:
+                continue
+            fit_set = [p for p in pts if FIT_SETS[fam](p)]
+            c = _fit(fit_set, model, names, x0)
+            if "p1" in c:
+                c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
+            consts[name] = c
+            use = c if "p" not in c else {**c, "p1": c["p"] - 1.0}
+            for p in pts:
+                pred = model(use, p)
+                rows.append({**p, "model": name, "set": "fit" if FIT_SETS[fam](p) else "held-out",
+                             "predicted_s": pred, "error": pred / p["seconds"] - 1.0})  # fmt: skip
+    return {"constants": consts, "points": rows}
+
+
+def error_table(
+    rows: list[dict[str, Any]], regime: Callable[[dict[str, Any]], str]
+) -> list[tuple[str, str, int, float, float]]:
+    """(model and regime, set, points, median |error|, worst |error|) per group."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        groups.setdefault((f"{r['model']} {regime(r)}".strip(), r["set"]), []).append(abs(r["error"]))
+    return [(k, s, len(v), statistics.median(v), max(v)) for (k, s), v in sorted(groups.items())]
+
+
+def regime(r: dict[str, Any]) -> str:
+    """Heads per rank for attention and recurrences, experts per rank for experts, channels for convs."""
+    if r["family"] in ("attention", "kda"):
+        return f"h={r['heads']}"
+    if r["family"] == "experts":
+        return f"E/rank={r['experts_local']} I={r['inter']}"
+    return f"C={r['channels']}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    doc = json.loads(Path(args[0]).read_text())
+    res = fit_sweep(doc["points"])
+    res["source"] = {"sweep": args[0], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
+    Path(args[1]).write_text(json.dumps(res, indent=1) + "\n")
+    for row in error_table(res["points"], regime):
+        print(f"{row[0]:<38} {row[1]:<9} {row[2]:>4} median {row[3]:6.1%} worst {row[4]:6.1%}")
+    print(json.dumps(res["constants"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["FIT_SETS", "conv_bytes", "error_table", "fit_sweep", "nelder_mead", "regime"]

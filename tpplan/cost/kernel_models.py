@@ -1,0 +1,102 @@
+"""Physical models of the serving kernels: time from the work's shape, with a few constants fitted per GPU.
+
+Why: a roofline with one efficiency misses how these kernels behave where the plans differ (few
+heads per rank, few tokens per expert), and per-op profiles fitted on one slice only hold there.
+Each model here has a form taken from what the kernel does, and constants fitted on isolated
+timings of the kernel (`tpplan.bench.kernel_sweep`, fit in `tpplan.bench.model_fit`); they are
+checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel models").
+
+- attention (SDPA over a KV cache, the runtime's `causal_attention`): t = a + F / (R * s), with
+  F the causal score + value FLOPs and s = n / (n + n_half) the occupancy of n = heads x tokens
+  query rows. Two constant sets: no context (the flash kernel) and with context (the lower-right
+  causal mask dispatches to the memory-efficient kernel, about half flash's rate).
+- recurrence (fla's chunked KDA): t = smoothmax(floor, work), floor = c0 + c1 x T (the chain of
+  small per-chunk kernels, launch-bound) and work = b x heads x T, smoothmax(x, y) = (x^p + y^p)^(1/p).
+  Below some heads per rank the floor dominates and time stops shrinking with the work.
+- experts (grouped GEMM, `torch._grouped_mm`): t = c0 + smoothmax(weight bytes / BW, FLOPs / R):
+  few tokens per expert read every expert's weights (memory-bound), many are compute-bound.
+- short_conv: t = a + bytes / BW over the [T, C] input and output.
+
+`KernelModels` holds the constants (`GpuSpec.kernel_models`, by model name); each `*_s` method
+returns None where the GPU has no constants for that kernel (the caller keeps its roofline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+Consts = Mapping[str, float]
+
+
+def smoothmax(x: float, y: float, p: float) -> float:
+    """(x^p + y^p)^(1/p): max(x, y) for large p, their sum at p = 1; overlap of two limits."""
+    return (x**p + y**p) ** (1.0 / p)
+
+
+def attention_flops(heads: int, tokens: int, context: int, dqk: int, dv: int) -> float:
+    """Causal attention FLOPs for `tokens` new queries after `context` cached keys: per (query, key)
+    pair 2*dqk for the score and 2*dv for the value product; pairs = T*context + T*(T+1)/2 per head."""
+    pairs = tokens * context + tokens * (tokens + 1) / 2
+    return 2.0 * heads * pairs * (dqk + dv)
+
+
+def attention_s(c: Consts, heads: int, tokens: int, flops: float) -> float:
+    """a + F / (R * n / (n + n_half)), n = heads x tokens (constants of one branch)."""
+    n = heads * tokens
+    occupancy = n / (n + c["n_half"])
+    return c["a_s"] + flops / (c["tflops"] * 1e12 * occupancy)
+
+
+def recurrence_s(c: Consts, heads: int, tokens: int) -> float:
+    """smoothmax(c0 + c1*T, b*heads*T) (see the module docstring)."""
+    floor = c["c0_s"] + c["c1_s"] * tokens
+    work = c["b_s"] * heads * tokens
+    return smoothmax(floor, work, c["p"])
+
+
+def experts_s(c: Consts, rows: float, active: int, width: int, inter: int, weight_bytes: float = 2.0) -> float:
+    """c0 + smoothmax(weights / BW, FLOPs / R) for gate, up and down of `active` experts on `rows` rows."""
+    weights = active * 3.0 * width * inter * weight_bytes
+    flops = 2.0 * rows * width * 3.0 * inter
+    return c["c0_s"] + smoothmax(weights / (c["TBps"] * 1e12), flops / (c["tflops"] * 1e12), c["p"])
+
+
+def stream_s(c: Consts, nbytes: float) -> float:
+    """a + bytes / BW: a memory-bound kernel (short conv, routing gathers and scatters)."""
+    return c["a_s"] + nbytes / (c["TBps"] * 1e12)
+
+
+class KernelModels:
+    """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
+
+    NAMES = ("attention_causal", "attention_prefix", "kda", "experts", "short_conv")
+
+    def __init__(self, consts: Mapping[str, Consts]) -> None:
+        self.consts = consts
+
+    def attention(self, heads: int, tokens: int, context: int, flops: float) -> float | None:
+        c = self.consts.get("attention_prefix" if context > 0 else "attention_causal")
+        return None if c is None else attention_s(c, heads, tokens, flops)
+
+    def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
+        c = self.consts.get(impl)
+        return None if c is None else recurrence_s(c, heads, tokens)
+
+    def experts(self, rows: float, active: int, width: int, inter: int, weight_bytes: float) -> float | None:
+        c = self.consts.get("experts")
+        return None if c is None else experts_s(c, rows, active, width, inter, weight_bytes)
+
+    def stream(self, nbytes: float) -> float | None:
+        c = self.consts.get("short_conv")
+        return None if c is None else stream_s(c, nbytes)
+
+
+__all__ = [
+    "KernelModels",
+    "attention_flops",
+    "attention_s",
+    "experts_s",
+    "recurrence_s",
+    "smoothmax",
+    "stream_s",
+]
