@@ -179,10 +179,12 @@ def cascade_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """`cascade_attention` on CUDA in bf16/fp16 with head dims flash takes (env TPPLAN_CASCADE_ATTN=0: off),
-    else the runtime's SDPA path."""
+    """The runtime's SDPA path; `cascade_attention` on CUDA in bf16/fp16 when env TPPLAN_CASCADE_ATTN=1.
+
+    Off by default: on an H200 with torch 2.11 SDPA's own choice ran 1.1-2x faster than the cascade
+    (docs/benchmarks/h200-2026-12-01/kernel-sweep.json, impl "cascade" vs "sdpa")."""
     ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
-    if ok and os.environ.get("TPPLAN_CASCADE_ATTN", "1") != "0":
+    if ok and os.environ.get("TPPLAN_CASCADE_ATTN", "0") == "1":
         return cascade_attention(q, k, v, scale)
     return runtime_fast.causal_attention(q, k, v, scale)
 
@@ -195,7 +197,7 @@ def installed(enabled: bool = True) -> Iterator[None]:
         yield
         return
     saved = (K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule)
-    # serving engines' split over the KV cache (flash twice) where flash runs, else the runtime's SDPA path
+    # the runtime's SDPA path (the cascade split on request, see `_attention`)
     K.causal_attention = _attention  # type: ignore[assignment]
     K.routed_experts = grouped_routed_experts  # type: ignore[assignment]
     K.chunk_gated_delta_rule = chunked_delta_rule  # type: ignore[assignment]

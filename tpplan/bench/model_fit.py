@@ -74,8 +74,9 @@ def _fit(
 
 
 def _attention(c: dict[str, float], p: dict[str, Any]) -> float:
-    f = M.attention_flops(p["heads"], p["tokens"], p["context"], p["dqk"], p["dv"])
-    return M.attention_s(c, p["heads"], p["tokens"], f)
+    dv = max(p["dv"], p["dqk"])  # the runtime zero-pads a narrower v (MLA) for the flash kernels
+    f = M.attention_flops(p["heads"], p["tokens"], p["context"], p["dqk"], dv)
+    return M.attention_s(c, p["heads"], p["tokens"], p["dqk"], dv, f)
 
 
 def _kda(c: dict[str, float], p: dict[str, Any]) -> float:
@@ -96,7 +97,7 @@ def conv_bytes(channels: int, tokens: int) -> float:
 
 
 FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], tuple[str, ...], tuple[float, ...]]] = {
-    "attention": (_attention, ("a_s", "tflops", "n_half"), (5e-5, 400.0, 1e4)),
+    "attention": (_attention, ("a_s", "b_s", "tflops"), (5e-5, 1e-12, 500.0)),
     "kda": (_kda, ("c0_s", "c1_s", "b_s", "p1"), (8e-4, 3e-8, 3e-9, 2.0)),
     "experts": (_experts, ("c0_s", "TBps", "tflops", "p1"), (5e-5, 3.3, 600.0, 2.0)),
     "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
@@ -107,9 +108,10 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
     """Constants per model and the error of every point, tagged fit / held-out."""
     consts: dict[str, dict[str, float]] = {}
     rows: list[dict[str, Any]] = []
+    sdpa = [p for p in points if p["family"] == "attention" and p.get("impl", "sdpa") == "sdpa"]
     groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {
-        "attention": [("attention_causal", [p for p in points if p["family"] == "attention" and p["context"] == 0]),
-                      ("attention_prefix", [p for p in points if p["family"] == "attention" and p["context"] > 0])],
+        "attention": [("attention_causal", [p for p in sdpa if p["context"] == 0]),
+                      ("attention_prefix", [p for p in sdpa if p["context"] > 0])],
         "kda": [("kda", [p for p in points if p["family"] == "kda"])],
         "experts": [("experts", [p for p in points if p["family"] == "experts"])],
         "short_conv": [("short_conv", [p for p in points if p["family"] == "short_conv"])],

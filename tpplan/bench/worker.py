@@ -134,7 +134,7 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
     sdpa = "torch SDPA, causal lower-right"
     cascade = "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)"
     pad = ", v zero-padded to the q/k head dim"
-    cascaded = fast and device.type == "cuda" and os.environ.get("TPPLAN_CASCADE_ATTN", "1") != "0"
+    cascaded = fast and device.type == "cuda" and os.environ.get("TPPLAN_CASCADE_ATTN", "0") == "1"
     norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
     return {
         "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",

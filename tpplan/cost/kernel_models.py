@@ -6,10 +6,11 @@ Each model here has a form taken from what the kernel does, and constants fitted
 timings of the kernel (`tpplan.bench.kernel_sweep`, fit in `tpplan.bench.model_fit`); they are
 checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel models").
 
-- attention (SDPA over a KV cache, the runtime's `causal_attention`): t = a + F / (R * s), with
-  F the causal score + value FLOPs and s = n / (n + n_half) the occupancy of n = heads x tokens
-  query rows. Two constant sets: no context (the flash kernel) and with context (the lower-right
-  causal mask dispatches to the memory-efficient kernel, about half flash's rate).
+- attention (SDPA over a KV cache, the runtime's `causal_attention`): t = a + b x rows + F / R,
+  with F the causal score + value FLOPs as executed (MLA's v zero-padded to the q/k head dim) and
+  rows = heads x tokens x (dqk + dv): the per-query work (load q, rescale, write o). Two constant
+  sets: no context and with context (the lower-right causal mask over a cache takes another
+  kernel, about 60% of the rate).
 - recurrence (fla's chunked KDA): t = smoothmax(floor, work), floor = c0 + c1 x T (the chain of
   small per-chunk kernels, launch-bound) and work = b x heads x T, smoothmax(x, y) = (x^p + y^p)^(1/p).
   Below some heads per rank the floor dominates and time stops shrinking with the work.
@@ -40,11 +41,9 @@ def attention_flops(heads: int, tokens: int, context: int, dqk: int, dv: int) ->
     return 2.0 * heads * pairs * (dqk + dv)
 
 
-def attention_s(c: Consts, heads: int, tokens: int, flops: float) -> float:
-    """a + F / (R * n / (n + n_half)), n = heads x tokens (constants of one branch)."""
-    n = heads * tokens
-    occupancy = n / (n + c["n_half"])
-    return c["a_s"] + flops / (c["tflops"] * 1e12 * occupancy)
+def attention_s(c: Consts, heads: int, tokens: int, dqk: int, dv: int, flops: float) -> float:
+    """a + b x heads x tokens x (dqk + dv) + F / R (constants of one branch)."""
+    return c["a_s"] + c["b_s"] * heads * tokens * (dqk + dv) + flops / (c["tflops"] * 1e12)
 
 
 def recurrence_s(c: Consts, heads: int, tokens: int) -> float:
@@ -66,6 +65,17 @@ def stream_s(c: Consts, nbytes: float) -> float:
     return c["a_s"] + nbytes / (c["TBps"] * 1e12)
 
 
+# Kernel family (tpplan.bench.config.impl_class) -> the implementation the constants were fitted on
+# (`OpResult.impl` starts with it). A recorded run whose op ran something else keeps the roofline.
+FITTED_ON = {
+    "mla": "torch SDPA",
+    "gqa": "torch SDPA",
+    "kda": "fla.chunk_kda",
+    "experts": "torch._grouped_mm",
+    "short_conv": "torch conv1d",
+}
+
+
 class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
@@ -74,9 +84,15 @@ class KernelModels:
     def __init__(self, consts: Mapping[str, Consts]) -> None:
         self.consts = consts
 
-    def attention(self, heads: int, tokens: int, context: int, flops: float) -> float | None:
+    @staticmethod
+    def fitted_for(family: str, impl: str | None) -> bool:
+        """Whether the constants for `family` describe `impl` (None, unknown: no)."""
+        want = FITTED_ON.get(family)
+        return want is not None and impl is not None and impl.startswith(want)
+
+    def attention(self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float) -> float | None:
         c = self.consts.get("attention_prefix" if context > 0 else "attention_causal")
-        return None if c is None else attention_s(c, heads, tokens, flops)
+        return None if c is None else attention_s(c, heads, tokens, dqk, dv, flops)
 
     def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
         c = self.consts.get(impl)

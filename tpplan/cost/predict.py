@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from tpplan.audit import DTYPE_BYTES, Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_size, ring_volume_per_rank
 from tpplan.cost.gemm import gemm_bytes, gemm_time
+from tpplan.cost.kernel_models import KernelModels
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
 from tpplan.errors import TpplanError
@@ -320,6 +321,7 @@ class _Predictor:
         dtype: str,
         expert_dtype: str | None,
         audit: PlanAudit | None = None,
+        impls: dict[str, str] | None = None,
     ) -> None:
         if tp < 1 or pp < 1:
             raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
@@ -353,6 +355,10 @@ class _Predictor:
         self.hbm = topo.gpu.hbm_TBps * 1e12
         self.gpu_key = repr(topo.gpu)
         self.profiles = topo.gpu.kernel_profiles
+        # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
+        # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
+        self.models = KernelModels(topo.gpu.kernel_models) if topo.gpu.kernel_models else None
+        self.impls = impls
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
@@ -404,6 +410,7 @@ class _Predictor:
         per_expert = rows / active
         m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
         m_use = max(1, round(rows))
+        phys = self._physical_experts(m_use, active, ew, i_loc, t)
         secs = flops = nbytes = 0.0
         for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
             weights = active * kk * nn * self.expert_bytes
@@ -414,7 +421,25 @@ class _Predictor:
             secs += max(t_pad, t_mem)
             flops += f
             nbytes += act + weights
-        return secs, flops, nbytes, (m_use, ew, 2 * i_loc)
+        return (secs if phys is None else phys), flops, nbytes, (m_use, ew, 2 * i_loc)
+
+    def _model(self, family: str) -> KernelModels | None:
+        """The physical models, where they cover `family` as the run executed it (see __init__)."""
+        if self.models is None:
+            return None
+        if self.impls is not None and not KernelModels.fitted_for(family, self.impls.get(family)):
+            return None
+        return self.models
+
+    def _physical_experts(self, rows: int, active: int, width: int, inter: int, tokens: int) -> float | None:
+        """Grouped GEMMs by the experts model plus the routing around them as memory traffic: rows
+        gathered (bf16), outputs upcast and weighted (fp32), scatter-added into [T, width] fp32."""
+        m = self._model("experts")
+        ffn = None if m is None else m.experts(rows, active, width, inter, self.expert_bytes)
+        if ffn is None:
+            return None
+        routing = (rows * width * 22.0 + tokens * width * 14.0) / self.hbm
+        return ffn + routing
 
     def _op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int) -> OpTime:
         op = d.op
@@ -443,17 +468,29 @@ class _Predictor:
         elif op.kind is OpKind.TOKEN_MIX:
             impl = op.attrs.get("impl")
             share = d.compute_share
+            heads = int(op.attrs.get("heads", 1))
+            h_rank = max(1, round(heads * share))
+            model = self._model(str(impl))
             if impl in ("mla", "gqa"):
                 flops = op.ctx_flops_per_token * pairs * share
                 kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
                 _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
                 secs, cat = self._roofline(flops, nbytes, ATTN_EFFICIENCY), "attention"
+                if model is not None:
+                    dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
+                    dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
+                    phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
+                    secs = secs if phys is None else phys
             elif impl in ("kda", "gdn"):
                 flops, nbytes = self._elementwise(lg, d, t)
                 secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
+                phys = None if model is None else model.recurrence(str(impl), h_rank, t)
+                secs = secs if phys is None else phys
             else:  # short convolution: memory-bound
                 flops, nbytes = self._elementwise(lg, d, t)
                 secs, cat = self._roofline(flops, nbytes), "elementwise"
+                phys = None if model is None else model.stream(nbytes)
+                secs = secs if phys is None else phys
         elif op.kind is OpKind.SLICE:
             secs = flops = nbytes = 0.0
             cat = "elementwise"
@@ -706,8 +743,11 @@ def _predictor(
     dtype: str,
     expert_dtype: str | None,
     audit: PlanAudit | None = None,
+    impls: dict[str, str] | None = None,
 ) -> _Predictor:
     """Cached per (graph, plan, topology, tp, pp, dtype): the scheduler calls batch_time per batch."""
+    if impls is not None:  # a recorded run's implementations (`bench --repredict`): not cached
+        return _Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, impls)
     key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
