@@ -175,6 +175,25 @@ def conv_points(channels: Iterable[int], tokens: Iterable[int], reps: int = 7) -
     return out
 
 
+def attn_res_points(tokens: Iterable[int], banks: Iterable[int], hidden: int, reps: int = 7) -> list[dict[str, Any]]:
+    """K3's attention residual as the runtime runs it (`runtime.kernels.attn_res`): softmax over depth
+    of `bank` stored snapshots plus the running prefix, [T, hidden] each."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    out = []
+    for r in banks:
+        for t in tokens:
+            prefix = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
+            bank = torch.randn(t, r, hidden, device="cuda", dtype=torch.bfloat16)
+            proj = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+            norm = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+            secs = _timed(lambda _i, a=prefix, b=bank, c=proj, d=norm: K.attn_res(a, b, c, d, 1e-5), reps, 1)
+            out.append({"family": "attn_res", "tokens": t, "bank": r, "hidden": hidden, "seconds": secs})
+    return out
+
+
 def gdn_points(
     v_heads: Iterable[int], tokens: Iterable[int], v_per_k: int = 2, reps: int = 7, d: int = 128
 ) -> list[dict[str, Any]]:
@@ -294,6 +313,13 @@ def main(argv: list[str] | None = None) -> None:
         "short_conv": lambda: conv_points((12288, 3072, 768, 384), (1024, 4096, 8192)),
         "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
     }
+    if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
+        families = {
+            "experts_dense": lambda: expert_points((128,), (1024, 4096, 8192), 128, 16, 3584, 3072)
+            + expert_points((256,), (1024, 4096, 8192), 256, 16, 3584, 3072),
+            "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
+            "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
+        }
     doc = run_sweep(out, budget, families)
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 

@@ -18,8 +18,10 @@ def bench(
     model: Annotated[str, typer.Option("--model", "-m", help="preset name or config.json")] = "kimi-k3",
     workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "seed-c8",
     topology: Annotated[
-        str, typer.Option("--topology", "-t", help="topology the predictions use (a calibrated one)")
-    ] = "h200x2-calibrated",
+        str | None,
+        typer.Option("--topology", "-t", help="topology the predictions use (a calibrated one; default "
+                     "h200x2-calibrated, with --repredict the one each run recorded)"),
+    ] = None,
     layers: Annotated[
         str | None, typer.Option("--layers", help="layers to run: auto, START:STOP or 0-based list (e.g. 1,2,3,4)")
     ] = None,
@@ -51,6 +53,11 @@ def bench(
         list[Path] | None,
         typer.Option("--from", help="results JSON written earlier: redo the markdown/checks, run nothing"),
     ] = None,
+    repredict: Annotated[
+        bool,
+        typer.Option("--repredict", help="with --from: price the recorded runs again with the current cost model "
+                     "(--out writes the re-predicted results)"),
+    ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
@@ -75,7 +82,19 @@ def bench(
         if not p.parent.is_dir():
             raise TpplanError(f"{p}", f"directory {p.parent} does not exist", "create it first")
     files: dict[Path, str] = {}
-    if from_files:
+    if repredict and not from_files:
+        raise TpplanError("--repredict", "needs recorded runs", "pass --from RESULTS.json (repeatable)")
+    if from_files and repredict:
+        from tpplan.bench.repredict import repredict as reprice
+
+        benches = reprice(from_files, topology)
+        paths = {b.plan: f for b, f in zip(benches, from_files, strict=True)}
+        if out is not None:
+            if len({b.plan for b in benches}) < len(benches):
+                raise TpplanError("--out", "the --from files repeat a plan", "re-predict one run per plan at a time")
+            paths = output_paths(out, [b.plan for b in benches])
+            files = {paths[b.plan]: results_json(b.results) for b in benches}
+    elif from_files:
         benches = load_previous(from_files)
         paths = {b.plan: f for b, f in zip(benches, from_files, strict=True)}
     else:
@@ -86,7 +105,8 @@ def bench(
 
             nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
         cfg = BenchConfig(
-            model=model, plans=tuple(plan), workload=workload, topology=topology, layers=layers, experts=experts,
+            model=model, plans=tuple(plan), workload=workload, topology=topology or "h200x2-calibrated", layers=layers,
+            experts=experts,
             tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
             backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
             target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
