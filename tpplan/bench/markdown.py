@@ -60,20 +60,33 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
     out += [
         "### Layers (mean over batches)",
         "",
-        "| layer kind | tokens | measured ms | comm ms | compute ms | predicted ms | error |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    # Profiled predictions are calibrated on measured ops (in-sample where the profile was fitted on
+    # this slice): the physical model alone stands beside them.
+    cal = any(o.profiled for o in r.ops)
+    pred_h = "calibrated ms | error" + (" | model alone ms | error" if cal else "")
+    if not cal:
+        pred_h = "predicted ms | error"
+    sep = "---:|---:|" + ("---:|---:|" if cal else "")
+    out += [
+        f"| layer kind | tokens | measured ms | comm ms | compute ms | {pred_h} |",
+        f"|---|---:|---:|---:|---:|{sep}",
     ]
     for x in r.layers:
+        ops = [o for o in r.ops if o.layer_kind == x.layer_kind and o.tokens == x.tokens]
+        alone = None if x.predicted_s is None else x.predicted_s - sum(
+            (o.predicted_s or 0.0) - (o.estimate_s or 0.0) for o in ops)  # fmt: skip
         out.append(
             f"| {x.layer_kind} | {x.tokens} | {ms(x.measured_s)} | {ms(x.comm_measured_s)} | "
             f"{ms(x.compute_measured_s)} | {ms(x.predicted_s)} | {err(x.measured_s, x.predicted_s)} |"
+            + (f" {ms(alone)} | {err(x.measured_s, alone)} |" if cal else "")
         )
     out += [
         "",
         "### Ops by category (sum over the layer's ops, mean over batches)",
         "",
-        "| layer kind | category | ops | measured ms | predicted ms | error |",
-        "|---|---|---:|---:|---:|---:|",
+        f"| layer kind | category | ops | measured ms | {pred_h} |",
+        f"|---|---|---:|---:|{sep}",
     ]
     cats: dict[tuple[str, str], list[OpResult]] = defaultdict(list)
     for o in r.ops:
@@ -81,18 +94,21 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
     for (lk, cat), os_ in sorted(cats.items()):
         mm = sum(o.measured_s for o in os_)
         pp = sum(o.predicted_s or 0 for o in os_)
-        out.append(f"| {lk} | {cat} | {len(os_)} | {ms(mm)} | {ms(pp)} | {err(mm, pp)} |")
+        aa = sum(o.estimate_s or 0 for o in os_)
+        out.append(f"| {lk} | {cat} | {len(os_)} | {ms(mm)} | {ms(pp)} | {err(mm, pp)} |"
+                   + (f" {ms(aa)} | {err(mm, aa)} |" if cal else ""))  # fmt: skip
     out += [
         "",
         "### Ops",
         "",
-        "| layer kind | op | category | tokens | measured ms | predicted ms | error |",
-        "|---|---|---|---:|---:|---:|---:|",
+        f"| layer kind | op | category | impl | tokens | measured ms | {pred_h} |",
+        f"|---|---|---|---|---:|---:|{sep}",
     ]
     for o in r.ops:
         out.append(
-            f"| {o.layer_kind} | {o.op} | {o.category} | {o.tokens} | {ms(o.measured_s)} | "
+            f"| {o.layer_kind} | {o.op} | {o.category} | {o.impl or ''} | {o.tokens} | {ms(o.measured_s)} | "
             f"{ms(o.predicted_s)} | {err(o.measured_s, o.predicted_s)} |"
+            + (f" {ms(o.estimate_s)} | {err(o.measured_s, o.estimate_s)} |" if cal else "")
         )
     out += [
         "",

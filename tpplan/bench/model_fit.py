@@ -84,7 +84,19 @@ def _kda(c: dict[str, float], p: dict[str, Any]) -> float:
 
 
 def _experts(c: dict[str, float], p: dict[str, Any]) -> float:
-    return M.experts_s({**c, "p": 1.0 + c["p1"]}, p["rows"], p["active"], p["width"], p["inter"])
+    return M.experts_s({**c, "p": 1.0 + c["p1"]}, p["active"], p["width"], p["inter"], experts_compute_s(p))
+
+
+def experts_compute_s(p: dict[str, Any]) -> float:
+    """The GEMM table's time for gate+up and down at the tile-padded per-expert rows (as `cost.predict`)."""
+    from tpplan.cost.gemm import gemm_time
+    from tpplan.cost.predict import EXPERT_M_TILE
+    from tpplan.cost.topology import load_topology
+
+    gpu = load_topology("h200x2").gpu
+    a = p["active"]
+    m_pad = a * EXPERT_M_TILE * math.ceil(p["rows"] / a / EXPERT_M_TILE)
+    return gemm_time(m_pad, p["width"], 2 * p["inter"], gpu) + gemm_time(m_pad, p["inter"], p["width"], gpu)
 
 
 def _conv(c: dict[str, float], p: dict[str, Any]) -> float:
@@ -99,7 +111,7 @@ def conv_bytes(channels: int, tokens: int) -> float:
 FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], tuple[str, ...], tuple[float, ...]]] = {
     "attention": (_attention, ("a_s", "b_s", "tflops"), (5e-5, 1e-12, 500.0)),
     "kda": (_kda, ("c0_s", "c1_s", "b_s", "p1"), (8e-4, 3e-8, 3e-9, 2.0)),
-    "experts": (_experts, ("c0_s", "TBps", "tflops", "p1"), (5e-5, 3.3, 600.0, 2.0)),
+    "experts": (_experts, ("c0_s", "TBps", "p1"), (5e-5, 3.3, 2.0)),
     "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
 }
 

@@ -88,20 +88,17 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     impls = _impls(r, g)
     plan = make_plan(r.plan, g, r.tp)
     p = _predictor(g, plan, topo, r.tp, 1, dtype, None, impls=impls)
-    first = {}
-    for res in p.audit.layer_results:
-        first.setdefault(res.kind, res)
     op_pred: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
     layer_pred: dict[tuple[str, int], list[float]] = defaultdict(list)
     batch_pred: dict[int, float] = {}
     for b in schedule(wl):
         batch_pred[b.index] = p.latency(tuple((s.n_tokens, s.start_pos) for s in b.segments))
         for s in b.segments:
-            for kind, res in first.items():
+            for res in p.audit.layer_results:  # every layer of the slice, as the run timed each
                 kt = p.kind_time(res, ((s.n_tokens, s.start_pos),))
-                layer_pred[(kind, s.n_tokens)].append(kt.total_s)
+                layer_pred[(res.kind, s.n_tokens)].append(kt.total_s)
                 for o in kt.ops:
-                    op_pred[(kind, o.op, s.n_tokens)].append(o)
+                    op_pred[(res.kind, o.op, s.n_tokens)].append(o)
     ops = []
     for o in r.ops:
         got = op_pred.get((o.layer_kind, o.op, o.tokens))

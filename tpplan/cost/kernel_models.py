@@ -14,8 +14,9 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
 - recurrence (fla's chunked KDA): t = smoothmax(floor, work), floor = c0 + c1 x T (the chain of
   small per-chunk kernels, launch-bound) and work = b x heads x T, smoothmax(x, y) = (x^p + y^p)^(1/p).
   Below some heads per rank the floor dominates and time stops shrinking with the work.
-- experts (grouped GEMM, `torch._grouped_mm`): t = c0 + smoothmax(weight bytes / BW, FLOPs / R):
-  few tokens per expert read every expert's weights (memory-bound), many are compute-bound.
+- experts (grouped GEMM, `torch._grouped_mm`): t = c0 + smoothmax(weight bytes / BW, compute), with
+  compute the GEMM table's time for the tile-padded per-expert shapes (`cost.gemm`): few tokens per
+  expert read every expert's weights (memory-bound), many are compute-bound at the GEMM rate.
 - short_conv: t = a + bytes / BW over the [T, C] input and output.
 
 `KernelModels` holds the constants (`GpuSpec.kernel_models`, by model name); each `*_s` method
@@ -30,8 +31,12 @@ Consts = Mapping[str, float]
 
 
 def smoothmax(x: float, y: float, p: float) -> float:
-    """(x^p + y^p)^(1/p): max(x, y) for large p, their sum at p = 1; overlap of two limits."""
-    return (x**p + y**p) ** (1.0 / p)
+    """(x^p + y^p)^(1/p): max(x, y) for large p, their sum at p = 1; overlap of two limits.
+    Computed relative to the larger (seconds to a large power underflow)."""
+    m = max(x, y)
+    if m <= 0:
+        return 0.0
+    return m * ((x / m) ** p + (y / m) ** p) ** (1.0 / p)
 
 
 def attention_flops(heads: int, tokens: int, context: int, dqk: int, dv: int) -> float:
@@ -53,11 +58,10 @@ def recurrence_s(c: Consts, heads: int, tokens: int) -> float:
     return smoothmax(floor, work, c["p"])
 
 
-def experts_s(c: Consts, rows: float, active: int, width: int, inter: int, weight_bytes: float = 2.0) -> float:
-    """c0 + smoothmax(weights / BW, FLOPs / R) for gate, up and down of `active` experts on `rows` rows."""
+def experts_s(c: Consts, active: int, width: int, inter: int, compute_s: float, weight_bytes: float = 2.0) -> float:
+    """c0 + smoothmax(weights / BW, compute_s) for gate, up and down of `active` experts."""
     weights = active * 3.0 * width * inter * weight_bytes
-    flops = 2.0 * rows * width * 3.0 * inter
-    return c["c0_s"] + smoothmax(weights / (c["TBps"] * 1e12), flops / (c["tflops"] * 1e12), c["p"])
+    return c["c0_s"] + smoothmax(weights / (c["TBps"] * 1e12), compute_s, c["p"])
 
 
 def stream_s(c: Consts, nbytes: float) -> float:
@@ -98,9 +102,9 @@ class KernelModels:
         c = self.consts.get(impl)
         return None if c is None else recurrence_s(c, heads, tokens)
 
-    def experts(self, rows: float, active: int, width: int, inter: int, weight_bytes: float) -> float | None:
+    def experts(self, active: int, width: int, inter: int, compute_s: float, weight_bytes: float) -> float | None:
         c = self.consts.get("experts")
-        return None if c is None else experts_s(c, rows, active, width, inter, weight_bytes)
+        return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes)
 
     def stream(self, nbytes: float) -> float | None:
         c = self.consts.get("short_conv")

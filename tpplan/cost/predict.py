@@ -410,8 +410,7 @@ class _Predictor:
         per_expert = rows / active
         m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
         m_use = max(1, round(rows))
-        phys = self._physical_experts(m_use, active, ew, i_loc, t)
-        secs = flops = nbytes = 0.0
+        secs = flops = nbytes = t_compute = 0.0
         for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
             weights = active * kk * nn * self.expert_bytes
             act = gemm_bytes(m_use, kk, nn, self.gemm_dtype) - kk * nn * (1 if self.gemm_dtype == "fp8" else 2)
@@ -419,8 +418,10 @@ class _Predictor:
             t_pad = self._gemm(m_pad, kk, nn)
             t_mem = (act + weights) / self.hbm
             secs += max(t_pad, t_mem)
+            t_compute += t_pad
             flops += f
             nbytes += act + weights
+        phys = self._physical_experts(m_use, active, ew, i_loc, t, t_compute)
         return (secs if phys is None else phys), flops, nbytes, (m_use, ew, 2 * i_loc)
 
     def _model(self, family: str) -> KernelModels | None:
@@ -431,11 +432,14 @@ class _Predictor:
             return None
         return self.models
 
-    def _physical_experts(self, rows: int, active: int, width: int, inter: int, tokens: int) -> float | None:
-        """Grouped GEMMs by the experts model plus the routing around them as memory traffic: rows
-        gathered (bf16), outputs upcast and weighted (fp32), scatter-added into [T, width] fp32."""
+    def _physical_experts(
+        self, rows: int, active: int, width: int, inter: int, tokens: int, compute_s: float
+    ) -> float | None:
+        """Grouped GEMMs by the experts model (compute: the GEMM table at the tile-padded shapes) plus
+        the routing around them as memory traffic: rows gathered (bf16), outputs upcast and weighted
+        (fp32), scatter-added into [T, width] fp32."""
         m = self._model("experts")
-        ffn = None if m is None else m.experts(rows, active, width, inter, self.expert_bytes)
+        ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
         if ffn is None:
             return None
         routing = (rows * width * 22.0 + tokens * width * 14.0) / self.hbm
