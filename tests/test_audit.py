@@ -128,6 +128,7 @@ def test_sp_moe_and_ep_families(k3):
     graph = k3.graph
     sp, old = make_plan("sp-moe", graph, 32), make_plan("moe-a2a", graph, 32)
     assert sp.describe() == old.describe() and sp.moe == "a2a"  # moe-a2a already was SGLang's SP-MoE
+    assert old.name == "sp-moe"  # the alias is accepted but the plan has one printed name
     pa = audit_plan(graph, sp, 32)
     assert pa.legal
     moe = pa.kinds["mla+moe"].result

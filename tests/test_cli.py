@@ -1,6 +1,7 @@
 """The CLI: readable output, JSON, and one clear error with exit code 2 for bad input."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,19 @@ def test_audit_table_and_explain():
 def test_audit_json():
     data = json.loads(run("audit", "--model", "deepseek-v3", "--tp", "8", "--json", check=True).stdout)
     assert {p["name"] for p in data["plans"]} >= {"baseline", "input-scattered", "gate-aware"}
+
+
+def test_sp_moe_alias_is_accepted_but_never_printed():
+    """`moe-a2a` is the older name of SGLang's SP-MoE plan: it still selects the plan, but the table and
+    the JSON only ever name it `sp-moe`."""
+    args = ("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", "moe-a2a")
+    out = run(*args, check=True).stdout
+    data = json.loads(run(*args, "--json", check=True).stdout)
+    assert [p["name"] for p in data["plans"]] == ["baseline", "sp-moe"]  # baseline: the reference
+    plan_name = re.compile(r"(?<![-\w])moe-a2a(?![-\w])")  # not SGLang's --moe-a2a-backend flag
+    assert "sp-moe" in out and not plan_name.search(out) and not plan_name.search(json.dumps(data))
+    exp = run("explain", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", "moe-a2a", check=True).stdout
+    assert exp.startswith("sp-moe ") and not plan_name.search(exp)
 
 
 def test_models_lists_presets():

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tpplan.errors import TpplanError
-from tpplan.layout.placement import Collective, P, R, ring_elements_per_rank, seed_units
+from tpplan.layout.placement import Collective, P, R, relative_units, ring_elements_per_rank
 from tpplan.layout.propagate import LayerResult, Violation, check_divisible, propagate
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, build_model_graph
@@ -102,7 +102,7 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     if delta is P:
         coll = Collective.ALL_REDUCE if plan.stream is R else Collective.REDUCE_SCATTER
         final_el = ring_elements_per_rank(coll, graph.hidden, n)
-        final_units = seed_units(coll, graph.hidden, n)
+        final_units = relative_units(coll, graph.hidden, n)
     counts = graph.counts()
     kinds: dict[str, KindSummary] = {}
     for kind in graph.kinds:

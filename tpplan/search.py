@@ -1006,7 +1006,7 @@ def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, 
                 groups[verb].append(what)
     parts = [stream] + (["rs"] if g.reduce is S_TOK else [])
     parts += [f"{v}{len(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v]]
-    parts.append(f"moe-{g.moe_label()}")
+    parts.append(f"moe={g.moe_label()}")  # not "moe-a2a": that is an alias of the plan sp-moe
     digest = hashlib.sha1(repr(sorted((c.kind, c.choices) for c in configs)).encode()).hexdigest()[:4]
     name = "+".join(parts) + f"#{digest}"
     labels = {"ag": "AG", "rep": "replicate", "a2a": "A2A", "tok": "token-shard"}

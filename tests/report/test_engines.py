@@ -36,7 +36,7 @@ def test_deepseek_input_scattered_is_fully_realised():
 
 
 def test_moe_a2a_flags_and_ep_adjustment():
-    plan, spec = _setup("kimi-k3", 32, "moe-a2a")
+    plan, spec = _setup("kimi-k3", 32, "sp-moe")
     sgl, vl = recipes(plan, spec, tp=32, nodes=4)
     assert "--moe-a2a-backend deepep" in sgl.args
     assert any("ep_size is forced to tp_size" in c.text and c.effect == "adjusts" for c in sgl.conditions)
@@ -71,7 +71,7 @@ def test_layernorm_sp_allowlist():
 
 
 def test_found_plans_that_replicate_attention_projections_need_code():
-    plan, spec = _setup("kimi-k3", 32, "moe-a2a")
+    plan, spec = _setup("kimi-k3", 32, "sp-moe")
     found = plan.with_(name="search-1", found_by="search", a2a=frozenset({"mla+moe/mla.g_proj"}))
     assert sglang_recipe(found, spec, tp=32).realises == "no"
     only_moe = plan.with_(name="search-2", found_by="search")

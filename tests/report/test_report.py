@@ -87,7 +87,7 @@ def test_rederives_the_seed_conclusion(k3_4x8, k3_md):
     assert "replicate g_proj (162.8 MiB more weight per rank)" in reasons
     # The seed's next steps come out on top: MoE all-to-all first, gate-aware only with its price.
     steps = [s.key for s in k3_4x8.next_steps]
-    assert steps[0] == "moe-a2a" and "gate-aware" in steps
+    assert steps[0] == "sp-moe" and "gate-aware" in steps
     assert not {"input-scattered", "latent-scattered", "input-scattered+restore"} & set(steps)
 
 
@@ -233,7 +233,7 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
     assert steps and not {"input-scattered", "latent-scattered", "input-scattered+restore"} & set(steps)
     assert all("TTFT" in s.basis for s in a.next_steps)
     md = build_memo(a).markdown
-    assert "The time predictor counts" in md and "| `moe-a2a TP8xPP4` | seed-c16 |" in md
+    assert "The time predictor counts" in md and "| `sp-moe TP8xPP4` | seed-c16 |" in md
     found = [v for v in a.variants if v.plan.found_by == "search"]
     if found:  # the search's best, when it is not a named plan: legal, described, compared
         assert found[0].legal and "### A plan nobody named" in md and f"`{found[0].key}`" in md

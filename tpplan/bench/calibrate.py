@@ -26,7 +26,7 @@ from tpplan.cost.topology import (
 )
 from tpplan.errors import TpplanError
 
-# GEMM sweep: the (K, N) of the shapes in shared/anchors/h200_gemm_shapes.json, four token counts
+# GEMM sweep: the (K, N) of the shapes in presets/h200_gemm_shapes.json, four token counts
 # (`--gemm-model` adds the shapes a model's named plans produce, at six token counts).
 GEMM_M = (256, 2048, 8192, 16384)
 GEMM_M_MODEL = (256, 1024, 2048, 4096, 8192, 16384)

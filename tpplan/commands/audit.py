@@ -110,9 +110,10 @@ def register(app: typer.Typer) -> None:
         """Show one layer of each kind as a dataflow with placements and collectives."""
         from tpplan.audit import audit
         from tpplan.explain import explain_layer
+        from tpplan.plans.named import plan_name
 
         result = audit(model, tp, [plan], dtype)
-        pa = next(p for p in result.plans if p.plan.name == plan)
+        pa = next(p for p in result.plans if p.plan.name == plan_name(plan))
         console = _wide_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
         for kind, ks in pa.kinds.items():
@@ -139,7 +140,7 @@ def _print_audit(data: dict) -> None:
         "legal",
         "bytes/tok/rank",
         "vs base",
-        "seed units",
+        "rel. units",
         "collectives per forward",
         "replicated/rank",
     ):
@@ -156,7 +157,7 @@ def _print_audit(data: dict) -> None:
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         )
     console.print(t)
-    k = Table(title="Per layer kind (seed units: AR=2W, RS=AG=W, A2A=W/N)")
+    k = Table(title="Per layer kind (relative units: AR=2W, RS=AG=W, A2A=W/N)")
     for col in ("plan", "layer kind", "legal", "attn-in units", "vs base", "layer units", "collectives per layer"):
         k.add_column(col)
     for p in data["plans"]:

@@ -75,6 +75,7 @@ def bench(
     from tpplan.bench.results import from_files as load_previous
     from tpplan.bench.results import output_paths, results_json, write_atomic
     from tpplan.errors import TpplanError
+    from tpplan.plans.named import plan_name
 
     if anchor is not None and not anchor.is_file():
         raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
@@ -104,8 +105,9 @@ def bench(
             import torch
 
             nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
+        plans = tuple(dict.fromkeys(plan_name(p) for p in plan))  # an alias runs under the plan's one name
         cfg = BenchConfig(
-            model=model, plans=tuple(plan), workload=workload, topology=topology or "h200x2-calibrated", layers=layers,
+            model=model, plans=plans, workload=workload, topology=topology or "h200x2-calibrated", layers=layers,
             experts=experts,
             tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
             backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,

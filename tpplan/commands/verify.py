@@ -133,7 +133,7 @@ def verify(
     from tpplan.layout.schedule import dtype_name
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
+    from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan, plan_name
 
     if tp < 1:
         raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
@@ -145,7 +145,7 @@ def verify(
     if world != tp:
         raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
     graph = build_model_graph(load_model(model))
-    names = list(dict.fromkeys(plan))
+    names = list(dict.fromkeys(plan_name(p) for p in plan))
     if "legal" in names:
         names.remove("legal")
         names += [p for p in NAMED_PLANS + EXTRA_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]

@@ -33,7 +33,7 @@ def bus_factor(kind: str, n: int) -> float:
 def ring_volume_per_rank(kind: str, elements: float, n: int) -> float:
     """Elements (or bytes) one rank sends for a collective over a logical tensor of `elements`.
 
-    `elements` is the logical activation T*W (DESIGN.md's table): all_reduce 2(n-1)/n,
+    `elements` is the logical activation T*W (docs/cost-model.md): all_reduce 2(n-1)/n,
     reduce_scatter and all_gather (n-1)/n, all_to_all (n-1)/n^2
     (each rank holds T*W/n and keeps 1/n of it), send_recv the whole message.
     """

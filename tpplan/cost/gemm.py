@@ -31,7 +31,7 @@ TableLike = Sequence[GemmPoint] | Sequence[tuple[int, int, int, float]]
 
 @cache
 def default_gemm_table() -> tuple[str, tuple[GemmPoint, ...]]:
-    """The packaged H200 table (copied from shared/anchors/h200_gemm_shapes.json): (gpu, points)."""
+    """The packaged H200 table (an independent H200 measurement; tests/data/anchors/README.md): (gpu, points)."""
     text = resources.files("tpplan.cost").joinpath("presets", "h200_gemm_shapes.json").read_text()
     data = json.loads(text)
     pts = tuple(GemmPoint(M=r["M"], K=r["K"], N=r["N"], tflops=r["tflops"]) for r in data["rows"])

@@ -107,8 +107,8 @@ def ring_elements_per_rank(collective: Collective, width: int, n: int, tokens: f
     raise ValueError(collective)
 
 
-def seed_units(collective: Collective, width: int, n: int) -> float:
-    """The seed memo's relative units per token: AR = 2W, RS = AG = W, A2A = W/N, no (N-1)/N."""
+def relative_units(collective: Collective, width: int, n: int) -> float:
+    """Relative units per token (docs/concepts.md): AR = 2W, RS = AG = W, A2A = W/N, no (N-1)/N."""
     if n <= 1:
         return 0.0
     return {

@@ -24,8 +24,8 @@ from tpplan.layout.placement import (
     Placement,
     R,
     redistribution,
+    relative_units,
     ring_elements_per_rank,
-    seed_units,
 )
 from tpplan.layout.rules import Strategy, strategies, why_needed
 from tpplan.models.graph import LayerGraph, Op, OpKind, WeightSplit
@@ -48,7 +48,7 @@ class CommEvent:
     region: str  # "attn_side" | "mlp_side"
     reason: str
     elements_per_token: float  # sent per rank, ring algorithm, with (N-1)/N
-    units: float  # the seed's relative units
+    units: float  # relative units (relative_units)
     internal: bool = False  # inside an op (MoE dispatch/combine)
 
     @property
@@ -217,7 +217,7 @@ def _fixes(lg: LayerGraph, op: Op, value: str, got: Placement, needs: Placement,
     width = lg.values[value].width if value in lg.values else lg.hidden
     fixes: list[str] = []
     if got is S_TOK and needs is R:
-        fixes.append(f"all-gather `{value}` ({width} wide) for {op.name}: +{width} units (seed) per token")
+        fixes.append(f"all-gather `{value}` ({width} wide) for {op.name}: +{width} units per token")
         if op.kind is OpKind.LINEAR and op.split is WeightSplit.COL:
             mib = op.weight_numel * dtype_bytes * (n - 1) / n / 2**20
             out_w = lg.values[op.output].width
@@ -226,7 +226,7 @@ def _fixes(lg: LayerGraph, op: Op, value: str, got: Placement, needs: Placement,
                 f"all-to-all its {out_w}-wide output to head-sharded: +{out_w / n:g} units"
             )
     elif got is S_TOK and needs is S_COL:
-        fixes.append(f"all-to-all `{value}` to head-sharded: +{width / n:g} units (seed) per token")
+        fixes.append(f"all-to-all `{value}` to head-sharded: +{width / n:g} units per token")
         fixes.append(f"all-gather the hidden before the producer of `{value}` so it stays head-sharded")
     elif got is S_COL and needs is R:
         fixes.append(f"all-gather `{value}` by columns: +{width} units")
@@ -308,7 +308,7 @@ class LayerWalk:
                 _region(lg, consumer),
                 reason,
                 ring_elements_per_rank(coll, wire, n),
-                seed_units(coll, wire, n),
+                relative_units(coll, wire, n),
             )
         )
 

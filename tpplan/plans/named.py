@@ -69,8 +69,8 @@ def sequence_parallel() -> Plan:
 
 def sp_moe(name: str = "sp-moe") -> Plan:
     """SGLang's K3 "SP-MoE" mode: attention input all-gathered, o_proj output reduce-scattered, MoE
-    on the rank's own rows with DeepEP-style all-to-all dispatch/combine. `moe-a2a` is the same
-    decisions under its older name."""
+    on the rank's own rows with DeepEP-style all-to-all dispatch/combine. `make_plan` also
+    accepts its older name `moe-a2a` (see ALIASES) but always returns it as `sp-moe`."""
     return Plan(
         name,
         "SP-MoE with all-to-all experts",
@@ -86,10 +86,6 @@ def sp_moe(name: str = "sp-moe") -> Plan:
             "input-scattered, whose static gate requires moe_a2a_backend=none",
         ),
     )
-
-
-def moe_a2a() -> Plan:
-    return sp_moe("moe-a2a")
 
 
 def with_ep(plan: Plan, ep: int) -> Plan:
@@ -178,13 +174,19 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
 EXTRA_PLANS = ("input-scattered+restore", "sp-moe")
-ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, same decisions under the old name
+ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
 
 
+def plan_name(name: str) -> str:
+    """The one printed name of a plan the user may have named by an alias (`moe-a2a` -> `sp-moe`)."""
+    return ALIASES.get(name, name)
+
+
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
-    """Build a plan by name for this model and TP size."""
+    """Build a plan by name for this model and TP size (an alias builds the plan under its one name)."""
+    name = plan_name(name)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
@@ -196,7 +198,6 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         "input-scattered": input_scattered,
         "latent-scattered": latent_scattered,
         "sequence-parallel": sequence_parallel,
-        "moe-a2a": moe_a2a,
         "sp-moe": sp_moe,
     }
     if name in simple:
@@ -212,4 +213,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     )
 
 
-__all__ = ["ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL", "make_plan", "repair", "sp_moe", "with_ep"]
+__all__ = [
+    "ALIASES", "EP_PATTERN", "EXTRA_PLANS", "NAMED_PLANS", "S_COL",
+    "make_plan", "plan_name", "repair", "sp_moe", "with_ep",
+]  # fmt: skip

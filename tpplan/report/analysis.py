@@ -37,7 +37,7 @@ REPORT_PLANS = (
     "latent-scattered",
     "sequence-parallel",
     "gate-aware",
-    "moe-a2a",
+    "sp-moe",
     "ep4",
 )
 # Predicted TTFT changes smaller than this are within the model's error (the issue's accuracy
@@ -133,10 +133,13 @@ class NextStep:
 
 
 @dataclass(frozen=True)
-class SeedRow:
+class BoundaryRow:
+    """One row of the hand-derived attention-input table (path, its formula and units), beside the
+    plan that realises it and the units and formula tpplan derives from the graph."""
+
     path: str
-    seed_formula: str
-    seed_units: int
+    hand_formula: str
+    hand_units: int
     plan: str
     units: float
     legal: bool
@@ -153,7 +156,7 @@ class Analysis:
     dtype: str
     variants: list[Variant]
     volume_vs_tp: dict[str, list[tuple[int, float]]]
-    seed_rows: list[SeedRow]
+    boundary_rows: list[BoundaryRow]
     verdicts: list[Verdict]
     next_steps: list[NextStep]
     differences: list[tuple[str, str]]  # (title, paragraph with numbers)
@@ -501,7 +504,7 @@ def _differences(a: Analysis, wl_chunk: int) -> list[tuple[str, str]]:
                 + f"). That memory comes out of the KV cache. No engine ships it.{t}",
             )
         )
-    moe = a.variant("moe-a2a")
+    moe = a.variant("sp-moe")
     if moe is not None and moe.legal:
         vol = _pct(moe.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
         t = ""
@@ -621,7 +624,7 @@ def analyse(
             variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype)))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        for name in ("baseline", "moe-a2a"):  # the seed's next steps 2 and 3, alone and together
+        for name in ("baseline", "sp-moe"):  # the seed's next steps 2 and 3, alone and together
             if not any(v.plan.name == name for v in variants):
                 continue
             pa = _audit_or_none(graph, name, pp_tp, dtype)
@@ -641,7 +644,7 @@ def analyse(
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.pp == 1 and v.plan.found_by != "search"]  # found plans are per-TP
     sweep = volume_sweep(graph, named, tp_sizes(graph, world, n), dtype)
-    seed_rows: list[SeedRow] = []
+    boundary_rows: list[BoundaryRow] = []
     if mla is not None:
         spec = graph.kinds[mla].spec.attn
         assert isinstance(spec, MLASpec)
@@ -657,14 +660,15 @@ def analyse(
             if v is None:
                 continue
             res = v.audit.kinds[mla].result
-            seed_rows.append(SeedRow(path, f, units, plan_name, res.units("attn_side"), v.legal, attn_formula(res, n)))
+            row = BoundaryRow(path, f, units, plan_name, res.units("attn_side"), v.legal, attn_formula(res, n))
+            boundary_rows.append(row)
     wl = workloads[0].name if workloads else None
     base = variants[0]
     verdicts = [
         _verdict(v, base, v.tp, mla, wl, next((e for e in v.engines if e.engine == "SGLang"), None)) for v in variants
     ]
     a = Analysis(
-        graph.spec.name, graph, topology, workloads, n, dtype, variants, sweep, seed_rows, verdicts,
+        graph.spec.name, graph, topology, workloads, n, dtype, variants, sweep, boundary_rows, verdicts,
         _next_steps(variants, wl), [], note, bench,
     )  # fmt: skip
     a.differences = _differences(a, workloads[0].chunk_size if workloads else 8192)

@@ -119,7 +119,7 @@ def _family(plan: Plan) -> str:
         "latent-scattered",
         "sequence-parallel",
         "gate-aware",
-        "moe-a2a",
+        "sp-moe",
     }
     if plan.name in named:
         return plan.name
@@ -127,7 +127,7 @@ def _family(plan: Plan) -> str:
     if attn_side:
         return "gate-aware"  # replication/all-to-all around attention projections: no engine flag does it
     if plan.moe == "a2a":
-        return "moe-a2a"
+        return "sp-moe"
     if plan.moe == "ep":
         return "ep"
     if plan.replicate or plan.a2a:
@@ -172,7 +172,7 @@ def sglang_recipe(
             f"expert parallelism without all-to-all: {moe.experts // ep} experts per EP group of {tp // ep} ranks",
             (*conds, Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_SGL_ARGS)),
         )
-    if fam == "moe-a2a":
+    if fam == "sp-moe":
         args = [*base, "--moe-a2a-backend deepep", "--deepep-mode normal"]
         conds += [
             Condition("the model has routed experts", moe is not None, "refuses", SRC_SGL_ARGS),
@@ -288,7 +288,7 @@ def vllm_recipe(
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
     moe = _moe(spec)
-    if fam == "moe-a2a":
+    if fam == "sp-moe":
         conds = (
             Condition("the model has routed experts", moe is not None, "refuses", SRC_VLLM_PAR),
             Condition("EP spans all TP x DP ranks (there is no separate EP size)", True, "adjusts", SRC_VLLM_PAR),

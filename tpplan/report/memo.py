@@ -73,9 +73,9 @@ def _answer(a: Analysis) -> list[Block]:
             gate = next((v for v in roots if v.op == "g_proj" and "mla" in v.layer_kind), None)
             if gate is not None:
                 lines.append(f"The MLA output gate, in the audit's words: {gate.sentence()}")
-        if len(a.seed_rows) >= 3:
-            r0, r1 = a.seed_rows[0], a.seed_rows[1]
-            legal = [r for r in a.seed_rows[2:] if r.legal]
+        if len(a.boundary_rows) >= 3:
+            r0, r1 = a.boundary_rows[0], a.boundary_rows[1]
+            legal = [r for r in a.boundary_rows[2:] if r.legal]
             lines.append(
                 f"Per MLA layer, in the seed's units: the all-reduce costs {r0.units:g}; the DeepSeek path would cost "
                 f"{r1.units:g} ({100 * (r1.units - r0.units) / r0.units:+.1f}%) but is "
@@ -162,14 +162,14 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
         )
     b.append(
         Table(
-            ("plan", "verdict", "legal", "bytes/token/rank", "seed units/token", "replicated/rank", "why"),
+            ("plan", "verdict", "legal", "bytes/token/rank", "rel. units/token", "replicated/rank", "why"),
             tuple(rows),
             (3, 4, 5),
         )
     )
     b.append(
         Para(
-            "Units follow the seed: all-reduce = 2W, reduce-scatter = all-gather = W, all-to-all = W/N per token, "
+            "Relative units per token: all-reduce = 2W, reduce-scatter = all-gather = W, all-to-all = W/N per token, "
             "W the moved width; bytes are ring volumes with the (N-1)/N factor, whole model, per rank."
         )
     )
@@ -186,7 +186,7 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
         b.append(Bullets(tuple(items)))
 
     # Seed table
-    if a.seed_rows:
+    if a.boundary_rows:
         b.append(Heading("The seed's table, re-derived from the model graph"))
         b.append(
             Table(
@@ -194,21 +194,21 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
                 tuple(
                     (
                         r.path,
-                        r.seed_formula,
-                        f"{r.seed_units}",
+                        r.hand_formula,
+                        f"{r.hand_units}",
                         f"`{r.plan}`",
                         f"{r.units:g}",
                         "yes" if r.legal else "NO",
                         f"`{r.formula}`",
                     )
-                    for r in a.seed_rows
+                    for r in a.boundary_rows
                 ),
                 (2, 4),
             )
         )
-        base_units = a.seed_rows[0].units
+        base_units = a.boundary_rows[0].units
         rel = "; ".join(
-            f"`{r.plan}` {100 * (r.units - base_units) / base_units:+.1f}%" for r in a.seed_rows[1:] if base_units
+            f"`{r.plan}` {100 * (r.units - base_units) / base_units:+.1f}%" for r in a.boundary_rows[1:] if base_units
         )
         b.append(Para(f"Against the all-reduce per MLA layer: {rel}."))
 

@@ -290,7 +290,7 @@ class PlanRunner:
         for j in self._op_order(lg, res, named, ahead):
             op, dec = lg.ops[j], res.decisions[j]
             w = shard.ops[(i, op.name)]
-            if self._seed_variant(op, dec, env, planned):
+            if self._wrong_slices(op, dec, env, planned):
                 # Forced only: column-parallel weight on the rank's own tokens, slices gathered by token.
                 local = K.linear(env[op.inputs[0]].t, w["weight"])
                 name = f"{op.output}(forced)"
@@ -320,8 +320,8 @@ class PlanRunner:
                 env["bank"] = Held(torch.cat([bank.t, env[stream].t[:, None, :]], dim=1), bank.pl)
                 env[stream] = Held(torch.zeros_like(env[stream].t), env[stream].pl)
 
-    def _seed_variant(self, op: Op, dec: OpDecision, env: dict[str, Held], planned: set[tuple[str, Placement]]) -> bool:
-        """True where a forced run replaces the repair's input all-gather by the seed's wrong slice gather."""
+    def _wrong_slices(self, op: Op, dec: OpDecision, env: dict[str, Held], planned: set[tuple[str, Placement]]) -> bool:
+        """True where a forced run (verify --force) replaces the repair's input all-gather by the wrong slice gather."""
         if self.exec_plan is self.plan or op.kind is not OpKind.LINEAR or dec.split != WeightSplit.COL:
             return False
         v = op.inputs[0]
