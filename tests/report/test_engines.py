@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
-from tpplan.report.engines import recipes, sglang_recipe, vllm_recipe
+from tpplan.report.engines import family, recipes, sglang_recipe, vllm_recipe
 
 
 def _setup(model: str, tp: int, plan: str):
@@ -76,3 +76,29 @@ def test_found_plans_that_replicate_attention_projections_need_code():
     assert sglang_recipe(found, spec, tp=32).realises == "no"
     only_moe = plan.with_(name="search-2", found_by="search")
     assert "--moe-a2a-backend deepep" in sglang_recipe(only_moe, spec, tp=32).args
+
+
+def test_vllm_sequence_parallel_thresholds_by_gpu_generation():
+    """vLLM applies SP only on sm90/sm100 GPUs, for hidden >= 8192 and batches above its token threshold."""
+    plan, spec = _setup("llama-3-70b", 8, "sequence-parallel")  # hidden 8192
+    h200 = vllm_recipe(plan, spec, tp=8, chunk=8192, gpu="NVIDIA H200")
+    assert h200.realises == "partly" and not any(c.met is False for c in h200.conditions)
+    assert any("batches of at least 4,096 tokens" in c.text for c in h200.conditions)  # 8 MiB x 8 / (8192 x 2)
+    small = vllm_recipe(plan, spec, tp=8, chunk=2048, gpu="NVIDIA H200")
+    assert small.realises == "no" and any("does not" in c.text for c in small.conditions if c.met is False)
+    pcie = vllm_recipe(plan, spec, tp=8, gpu="NVIDIA RTX PRO 6000 Blackwell")
+    assert pcie.realises == "no" and any("sm120" in c.text for c in pcie.conditions if c.met is False)
+    plan_k3, spec_k3 = _setup("kimi-k3", 32, "sequence-parallel")  # hidden 7168 < 8192
+    assert vllm_recipe(plan_k3, spec_k3, tp=32, gpu="NVIDIA H200").realises == "no"
+
+
+def test_a2a_plan_with_input_scattered_attention_is_not_sglang_sp_moe():
+    """MoE all-to-all beside a scattered attention input is no SGLang path (the a2a backend turns
+    input-scattered off): such a plan needs code, whatever it is called."""
+    plan, spec = _setup("deepseek-v3", 8, "sp-moe")
+    mixed = plan.with_(gather=frozenset({"mla+moe/mla.qkv_a"}))
+    assert family(mixed) == "custom" and sglang_recipe(mixed, spec, tp=8).realises == "no"
+    exact = plan.with_(
+        name="x", gather=frozenset({"mla+moe/layer.attn_in"}), replicate=frozenset({"mla+moe/moe.router"})
+    )
+    assert family(exact) == "sp-moe"  # exact roles inside SP-MoE's patterns: the same engine path

@@ -67,15 +67,21 @@ def register(app: typer.Typer) -> None:
                 "--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"
             ),
         ] = None,
+        crossover: Annotated[
+            bool,
+            typer.Option(
+                "--crossover", help="Tokens per step at which each plan overtakes baseline, per layer kind (--topology)"
+            ),
+        ] = False,
     ) -> None:
         """Check plans op by op against the model's real layer graph and count their communication;
         with --topology (and --workload) also predict time, memory and TTFT."""
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
 
-        if (workload or pp != 1 or expert_dtype or nodes) and not topology:
+        if (workload or pp != 1 or expert_dtype or nodes or crossover) and not topology:
             raise TpplanError(
-                "--workload/--pp/--nodes/--expert-dtype",
+                "--workload/--pp/--nodes/--expert-dtype/--crossover",
                 "predictions need a topology",
                 "add --topology (e.g. h200x8-ib400)",
             )
@@ -93,12 +99,16 @@ def register(app: typer.Typer) -> None:
 
             predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype)
         data = to_json(result, predictions)
+        if crossover and topo is not None:
+            data["crossover"] = _crossover_rows(result, topo, expert_dtype)
         if as_json:
             typer.echo(json.dumps(data, indent=2))
             return
         _print_audit(data)
         if predictions:
             _print_predictions(data)
+        if crossover:
+            _print_crossover(data["crossover"])
 
     @app.command("explain")
     def explain_cmd(
@@ -190,6 +200,27 @@ def _print_audit(data: dict) -> None:
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:,.1f}"
+
+
+def _crossover_rows(result: object, topo: object, expert_dtype: str | None) -> list[dict[str, object]]:
+    """Where each legal plan of the audit overtakes baseline (tpplan/report/crossover.py)."""
+    from tpplan.report.crossover import crossovers
+
+    plans = [pa.plan for pa in result.plans if pa.legal]  # type: ignore[attr-defined]
+    rows = crossovers(result.graph, plans, topo, tp=result.n, dtype=result.dtype, expert_dtype=expert_dtype)  # type: ignore[attr-defined,arg-type]
+    return [c.to_json() for c in rows]
+
+
+def _print_crossover(rows: list[dict[str, object]]) -> None:
+    console = _wide_console()
+    t = Table(title="Where each plan overtakes baseline (one layer per kind, new tokens per step, no context)")
+    for col in ("plan", "layer kind", "against baseline", "overtakes at", "stops at"):
+        t.add_column(col, justify="right" if col.endswith(" at") else "left")
+    for r in rows:
+        up, down = r["overtakes_at_tokens"], r["stops_at_tokens"]
+        t.add_row(str(r["plan"]), str(r["kind"]), str(r["summary"]), "-" if up is None else f"{up:,}",
+                  "-" if down is None else f"{down:,}")  # fmt: skip
+    console.print(t)
 
 
 def _print_predictions(data: dict) -> None:

@@ -24,8 +24,16 @@ def register(app: typer.Typer) -> None:
         ] = None,
         tp: Annotated[int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology")] = None,
         plan: Annotated[
-            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan and ep4")
+            list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan")
         ] = None,
+        current: Annotated[
+            str,
+            typer.Option(
+                "--current",
+                help="Today's deployment, the reference for every verdict: a plan (ep4, moe-a2a+ep4) and/or a "
+                "shape ('TP32 EP4', 'moe-a2a TP8xPP4')",
+            ),
+        ] = "baseline",
         nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: Annotated[
@@ -41,9 +49,10 @@ def register(app: typer.Typer) -> None:
 
         from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
-        from tpplan.report import write_report
+        from tpplan.report.analysis import analyse
         from tpplan.report.bench_results import load_bench_results
-        from tpplan.report.memo import load_plots
+        from tpplan.report.memo import build_memo, load_plots
+        from tpplan.report.writer import write_memo
 
         load_plots()  # fail before any work when matplotlib is missing
 
@@ -52,18 +61,12 @@ def register(app: typer.Typer) -> None:
         wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-        analysis, path = write_report(
-            model,
-            topo,
-            wls,
-            out,
-            tp=tp,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            plans=plan,
-            bench=results,
-            command=command,
+        analysis = analyse(
+            model, topo, wls, tp=tp, dtype=dtype, expert_dtype=expert_dtype, plans=plan, bench=results, current=current
         )
+        path = write_memo(build_memo(analysis, command), out)
         typer.echo(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         for v in analysis.verdicts:
             typer.echo(f"  {v.key:32s} {v.status:12s} {v.headline}")
+        if analysis.bottom is not None:
+            typer.echo(analysis.bottom.text.replace("**", ""))

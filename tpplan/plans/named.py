@@ -168,7 +168,7 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
         "gather",
         "input-scattered+restore",
         "input-scattered, hidden restored",
-        "Input-scattered, plus an all-gather of the hidden wherever an op needs every token (K3's gate, KDA).",
+        "Input-scattered, plus an all-gather of the hidden for each op that needs every token of it.",
     )
 
 

@@ -6,7 +6,12 @@ info line when a condition fails and runs the ordinary all-reduce path. This mod
 flags per plan and checks the conditions it can decide from the model and the plan; conditions
 that depend on other server settings are listed as "keep" conditions.
 
-Facts come from the engines' sources (paths relative to each repository's root):
+Facts come from the engines' sources (paths relative to each repository's root). Versions read:
+SGLang `adapters/attention.py` at commit 7665ff96 (the conditions below were re-checked against it
+on 2026-12-01); vLLM `sequence_parallelism.py` in two revisions: the threshold tables below are the
+later one (sm100 at 32 MiB per GPU; an earlier revision had 64, the oldest, commit 7d7e95dc, had no
+thresholds at all). The other paths were read from the engines' main branches without a recorded
+commit; they can drift with releases.
 - SGLang `python/sglang/srt/layers/communicator/adapters/attention.py`: `AttnTpContext.init_context`
   allows input-scattered only with `--enable-attn-tp-input-scattered`, CUDA or NPU, `q_lora_rank`
   set, not DSA (unless MHC), tp_size > 1, no DP attention, `moe_a2a_backend` none, no MoE-dense
@@ -21,7 +26,10 @@ Facts come from the engines' sources (paths relative to each repository's root):
   a2a backend the MoE runs on the rank's own (scattered) tokens; `LayerCommunicator` builds the
   input-scattered steps only when `_input_can_be_scattered` (tp > 1, attention DP 1, no a2a backend).
 - SGLang `python/sglang/srt/layers/layernorm_sp.py`: `--enable-layernorm-sp` takes effect only for
-  an allowlist of architectures (Qwen3 family); for others the flag does not enable SP.
+  `SP_SUPPORTED_ARCHITECTURES` = {Qwen3ForCausalLM} (Qwen3 dense; "other models reject
+  --enable-layernorm-sp at construction"), prefill (EXTEND) only, tp_size > 1; server_args'
+  validation also rejects DP attention with it. Earlier revisions only left SP off for other
+  architectures; the memo follows the later, refusing one.
 - SGLang `docs/advanced_features/server_arguments.md`: `--tp-size/--tp`, `--ep-size/--ep`,
   `--moe-a2a-backend {none, deepep, mooncake, ...}`, `--moe-runner-backend ... flashinfer_mxfp4`,
   `--pp-size`, `--chunked-prefill-size`, `--enable-dp-attention`, `--dp`.
@@ -34,12 +42,16 @@ Facts come from the engines' sources (paths relative to each repository's root):
   pass that rewrites all-reduce + RMSNorm into reduce-scatter + norm + all-gather, switched on by
   the compilation config's `pass_config.enable_sp` (`enable_sequence_parallelism` in earlier
   releases; `vllm/config/vllm.py` also turns it on for `fuse_gemm_comms`, async TP); where the
-  pattern does not match, nothing changes and nothing is logged as an error.
+  pattern does not match, nothing changes and nothing is logged as an error. The pass applies only
+  on CUDA GPUs with an entry in its tables (sm90: hidden >= 8192, 8 MiB per GPU; sm100 family:
+  hidden >= 8192, 32 MiB per GPU; anything else, e.g. sm120, gets no SP) and to batches of at least
+  min_per_gpu_MiB x tp / (hidden x element size) tokens (`get_sequence_parallelism_threshold`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Literal
 
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
@@ -54,7 +66,8 @@ SRC_SGL_SP = "sgl-project/sglang python/sglang/srt/layers/layernorm_sp.py"
 SRC_VLLM_PAR = "vllm-project/vllm vllm/config/parallel.py"
 SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/passes/fusion/sequence_parallelism.py"
 
-# Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py allowlist), as model_type.
+# Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py SP_SUPPORTED_ARCHITECTURES =
+# {"Qwen3ForCausalLM"}), as the model_type of that architecture.
 _SGLANG_SP_MODEL_TYPES = frozenset({"qwen3"})
 
 
@@ -110,38 +123,95 @@ def _moe(spec: ModelSpec) -> MoESpec | None:
     return next((layer.mlp for layer in spec.layers if isinstance(layer.mlp, MoESpec)), None)
 
 
-def _family(plan: Plan) -> str:
-    """The engine-level family of a plan: named plans by name, found plans by their decisions."""
-    named = {
-        "baseline",
-        "input-scattered",
-        "input-scattered+restore",
-        "latent-scattered",
-        "sequence-parallel",
-        "gate-aware",
-        "sp-moe",
-    }
-    if plan.name in named:
-        return plan.name
-    attn_side = [r for r in (*plan.replicate, *plan.a2a) if "/moe." not in r and "/dense." not in r]
-    if attn_side:
-        return "gate-aware"  # replication/all-to-all around attention projections: no engine flag does it
-    if plan.moe == "a2a":
-        return "sp-moe"
+def _decisions(plan: Plan) -> tuple[object, ...]:
+    """A plan's decisions without its name: what the engine would have to run."""
+    d = plan.describe()
+    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+def _references() -> dict[tuple[object, ...], str]:
+    from tpplan.plans.named import baseline, input_scattered, latent_scattered, sequence_parallel, sp_moe
+
+    refs = (
+        ("baseline", baseline()),
+        ("input-scattered", input_scattered()),
+        ("latent-scattered", latent_scattered()),
+        ("sequence-parallel", sequence_parallel()),
+        ("sp-moe", sp_moe()),
+    )
+    return {_decisions(p): name for name, p in refs}
+
+
+def _attn_side(patterns: frozenset[str]) -> list[str]:
+    return sorted(r for r in patterns if "/moe." not in r and "/dense." not in r)
+
+
+def _covered(names: frozenset[str], patterns: frozenset[str]) -> bool:
+    """Every entry of `names` (exact roles or patterns) is one of, or matches one of, `patterns`."""
+    return all(n in patterns or any(fnmatchcase(n, p) for p in patterns) for n in names)
+
+
+def _is_sp_moe(plan: Plan) -> bool:
+    """The decisions SGLang's SP-MoE / DeepEP path runs: attention input gathered, MoE all-to-all,
+    only shared experts, router and latent projections replicated."""
+    from tpplan.plans.named import sp_moe
+
+    ref = sp_moe()
+    return (
+        plan.moe == "a2a"
+        and (plan.stream, plan.reduce) == (ref.stream, ref.reduce)
+        and not (plan.a2a or plan.gather_for or plan.token_shard)
+        and _covered(plan.gather, ref.gather)
+        and _covered(plan.replicate, ref.replicate)
+    )
+
+
+def family(plan: Plan) -> str:
+    """The engine-level family of a plan, decided from its decisions, never from its name:
+    two plans with the same decisions get the same engine verdict. A plan that matches no engine
+    path (e.g. a search result mixing ideas per layer kind) is "custom": it needs code."""
+    same = _references().get(_decisions(plan))
+    if same is not None:
+        return same
     if plan.moe == "ep":
         return "ep"
-    if plan.replicate or plan.a2a:
-        return "gate-aware"
+    if _is_sp_moe(plan):
+        return "sp-moe"
+    if plan.moe == "a2a" or plan.replicate or plan.a2a:
+        return "custom"
+    if plan.token_shard:
+        return "latent-scattered"
     if plan.stream != plan.reduce or plan.gather:
-        return "input-scattered"
+        return "input-scattered+restore" if plan.gather_for else "input-scattered"
     return "baseline"
+
+
+def _needs_code(plan: Plan) -> str:
+    """What an engine would need to run a plan that replicates weights or all-to-alls outputs."""
+
+    def ops(patterns: frozenset[str]) -> str:
+        return ", ".join(f"`{o}`" for o in sorted({r.rsplit("/", 1)[-1] for r in patterns}))
+
+    from tpplan.plans.named import input_scattered
+
+    parts = []
+    base = input_scattered()
+    if (plan.stream, plan.reduce, plan.gather) == (base.stream, base.reduce, base.gather):
+        parts.append("input-scattered")
+    elif plan.gather:
+        parts.append(f"all-gather the outputs of {ops(plan.gather)}")
+    if plan.replicate:
+        parts.append(f"replicate {ops(plan.replicate)} (run on local tokens)")
+    if plan.a2a:
+        parts.append(f"all-to-all the outputs of {ops(plan.a2a)} to head-sharded")
+    return "needs code: " + "; ".join(parts or ["the plan's decisions"]) + "; no engine flag does this"
 
 
 def sglang_recipe(
     plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
 ) -> EngineRecipe:
     """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes."""
-    fam = _family(plan)
+    fam = family(plan)
     base = [f"--tp-size {tp}"]
     if pp > 1:
         base.append(f"--pp-size {pp}")
@@ -202,7 +272,9 @@ def sglang_recipe(
         conds += [
             Condition("tp_size > 1", tp > 1, "skips silently", SRC_SGL_ATTN),
             Condition(
-                "the MLA has q_lora_rank (fused qkv_a latent)",
+                "the MLA has q_lora_rank (fused qkv_a latent)"
+                if mla is not None
+                else "the attention has a q_lora_rank latent (this model's has none)",
                 mla is not None and mla.q_lora_rank is not None,
                 "skips silently",
                 SRC_SGL_ATTN,
@@ -224,22 +296,29 @@ def sglang_recipe(
         ]
         gated = mla is not None and mla.output_gate
         linear = any(layer.attn.kind in ("kda", "gdn") for layer in spec.layers)
-        if gated or linear:
-            notes.append(
-                "The gate passes for this model, but its "
-                + ("MLA output gate (g_proj) " if gated else "")
-                + ("and " if gated and linear else "")
-                + ("linear-attention projections " if linear else "")
-                + "read the full hidden: SGLang's AttentionInputs.fetch_hidden_states all-gathers the "
-                "scattered hidden for them, so the engine really runs input-scattered+restore "
-                f"({SRC_SGL_ATTN})."
+        passes = all(c.met is not False for c in conds)
+        if (gated or linear) and passes:
+            readers = " and ".join(
+                x
+                for x, on in (("the MLA output gate (g_proj)", gated), ("the linear-attention projections", linear))
+                if on
             )
+            notes.append(
+                f"The gate passes for this model, but {readers} read the full hidden: SGLang's "
+                "AttentionInputs.fetch_hidden_states all-gathers the scattered hidden for them, so the engine "
+                f"really runs input-scattered+restore ({SRC_SGL_ATTN})."
+            )
+        restores = (gated or linear) and passes
+        realises = (
+            ("yes" if restores else "partly") if fam == "input-scattered+restore" else ("partly" if restores else "yes")
+        )
         return EngineRecipe(
             "SGLang",
             plan.name,
             tuple(args),
-            "partly" if gated or linear else "yes",
-            "reduce-scatter the block output, token-local norm and qkv_a, all-gather the QKV latent",
+            realises,  # type: ignore[arg-type]
+            "reduce-scatter the block output, token-local norm and qkv_a, all-gather the QKV latent"
+            + ("; the hidden is all-gathered again for the ops that read it" if restores else ""),
             tuple(conds),
             tuple(notes),
         )
@@ -247,11 +326,13 @@ def sglang_recipe(
         ok = spec.model_type in _SGLANG_SP_MODEL_TYPES
         conds += [
             Condition(
-                f"architecture on the --enable-layernorm-sp allowlist (model_type {spec.model_type})",
+                f"architecture on the --enable-layernorm-sp allowlist, Qwen3 dense (this model: {spec.model_type})",
                 ok,
-                "skips silently",
+                "refuses",
                 SRC_SGL_SP,
             ),
+            Condition("tp_size > 1", tp > 1, "refuses", SRC_SGL_SP),
+            Condition("DP attention off (no --enable-dp-attention)", True, "refuses", SRC_SGL_ARGS),
             Condition("SP excludes input-scattered (SP models have no q_lora)", True, "refuses", SRC_SGL_COMM),
         ]
         return EngineRecipe(
@@ -262,12 +343,11 @@ def sglang_recipe(
             "Megatron-style RS + AG around each block",
             tuple(conds),
         )
-    if fam in ("latent-scattered", "gate-aware"):
+    if fam in ("latent-scattered", "gate-aware", "custom"):
         why = (
-            "the seed's research prototype; no SGLang flag shards only the latent GEMM"
+            "no SGLang flag token-shards only the latent GEMM (a research prototype)"
             if fam == "latent-scattered"
-            else "needs code: replicate the column-parallel projections that read the hidden (MLA g_proj, "
-            "KDA q/k/v/f/b/g) and all-to-all their outputs; no SGLang flag does this"
+            else _needs_code(plan)
         )
         return EngineRecipe("SGLang", plan.name, tuple(base), "no", why, (), ())
     args = [*base, "--moe-a2a-backend none"] if moe is not None else base
@@ -276,11 +356,70 @@ def sglang_recipe(
     )
 
 
+# vLLM's sequence-parallelism gate (`get_sequence_parallelism_threshold` in SRC_VLLM_SP): per CUDA
+# compute-capability family, the smallest hidden size and the smallest all-reduce per GPU (MiB) for
+# which the pass applies; a capability without an entry (e.g. sm120, RTX PRO 6000) gets no SP.
+VLLM_SP_MIN_HIDDEN = {90: 8192, 100: 8192}
+VLLM_SP_MIN_MIB_PER_GPU = {90: 8, 100: 32}  # sm100 was 64 MiB in an earlier revision of the file
+
+
+def gpu_capability(gpu: str) -> int | None:
+    """CUDA compute-capability family (90, 100, 120) from a GPU's marketing name, when known."""
+    name = gpu.upper()
+    if "H100" in name or "H200" in name or "H20" in name:
+        return 90
+    if "B200" in name or "B300" in name or "GB200" in name:
+        return 100
+    if "RTX PRO 6000" in name or "RTX 50" in name:
+        return 120
+    return None
+
+
+def _vllm_sp_gate(spec: ModelSpec, tp: int, chunk: int, gpu: str) -> tuple[Condition, ...]:
+    cap = gpu_capability(gpu)
+    if cap is None:
+        return (
+            Condition(
+                f"vLLM has an SP threshold for this GPU ({gpu or 'unknown'}: generation not known)",
+                None,
+                "skips silently",
+                SRC_VLLM_SP,
+            ),
+        )
+    if cap not in VLLM_SP_MIN_HIDDEN:
+        return (
+            Condition(
+                f"vLLM has an SP threshold for sm{cap} ({gpu}); it has one only for sm90 and sm100",
+                False,
+                "skips silently",
+                SRC_VLLM_SP,
+            ),
+        )
+    hidden = spec.hidden
+    min_tokens = VLLM_SP_MIN_MIB_PER_GPU[cap] * 2**20 * tp // (hidden * 2)
+    return (
+        Condition(
+            f"hidden size {hidden} >= {VLLM_SP_MIN_HIDDEN[cap]} (vLLM's minimum on sm{cap})",
+            hidden >= VLLM_SP_MIN_HIDDEN[cap],
+            "skips silently",
+            SRC_VLLM_SP,
+        ),
+        Condition(
+            f"batches of at least {min_tokens:,} tokens ({VLLM_SP_MIN_MIB_PER_GPU[cap]} MiB per GPU x TP{tp} "
+            f"/ (hidden x 2 B)); the {chunk}-token chunk "
+            + ("reaches it" if chunk >= min_tokens else "does not: every batch keeps the all-reduce"),
+            chunk >= min_tokens,
+            "skips silently",
+            SRC_VLLM_SP,
+        ),
+    )
+
+
 def vllm_recipe(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
+    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192, gpu: str = ""
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes."""
-    fam = _family(plan)
+    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`."""
+    fam = family(plan)
     base = [f"--tensor-parallel-size {tp}"]
     if pp > 1:
         base.append(f"--pipeline-parallel-size {pp}")
@@ -306,22 +445,27 @@ def vllm_recipe(
         )
     if fam == "sequence-parallel":
         cfg = """--compilation-config '{"pass_config": {"enable_sp": true}}'"""
+        conds = (
+            *_vllm_sp_gate(spec, tp, chunk, gpu),
+            Condition(
+                "the model's all-reduce + RMSNorm matches the pass's patterns (checked at compile time)",
+                None,
+                "skips silently",
+                SRC_VLLM_SP,
+            ),
+        )
+        blocked = any(c.met is False for c in conds)
         return EngineRecipe(
             "vLLM",
             plan.name,
             (*base, cfg),
-            "partly",
+            "no" if blocked else "partly",
             "compile pass rewriting AR + RMSNorm into RS + norm + AG where the pattern matches",
-            (
-                Condition(
-                    "the model's all-reduce + RMSNorm matches the pass's patterns (checked at compile time)",
-                    None,
-                    "skips silently",
-                    SRC_VLLM_SP,
-                ),
-            ),
+            conds,
             ("earlier vLLM releases spell the pass_config key `enable_sequence_parallelism`",),
         )
+    if fam == "custom":
+        return EngineRecipe("vLLM", plan.name, tuple(base), "no", _needs_code(plan), (), ())
     if fam in ("input-scattered", "input-scattered+restore", "latent-scattered", "gate-aware"):
         return EngineRecipe(
             "vLLM", plan.name, tuple(base), "no", "vLLM has no input-scattered attention path; needs code", (), ()
@@ -330,11 +474,11 @@ def vllm_recipe(
 
 
 def recipes(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
+    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192, gpu: str = ""
 ) -> list[EngineRecipe]:
     """Both engines' recipes for one plan."""
     kw = {"tp": tp, "pp": pp, "nodes": nodes, "chunk": chunk}
-    return [sglang_recipe(plan, spec, **kw), vllm_recipe(plan, spec, **kw)]
+    return [sglang_recipe(plan, spec, **kw), vllm_recipe(plan, spec, gpu=gpu, **kw)]
 
 
 __all__ = ["Condition", "EngineRecipe", "recipes", "sglang_recipe", "vllm_recipe"]

@@ -1,8 +1,10 @@
 """Lay the analysis out as the decision memo: answer first, then the evidence.
 
-Order follows the seed memo: the question and the answer, the per-plan verdicts with their
-formulas, the seed's table re-derived, where tpplan's richer model differs, the ranked next steps,
-the engine flags, and, when a benchmark file is given, measured against predicted.
+Order: the question and the answer (prose.py), how sure the predictions are, the per-plan
+verdicts with their formulas, the per-MLA-layer table re-derived, volumes, times, TTFT, the
+thresholds (crossover.py), where tpplan's richer model differs (differences.py), the ranked next
+steps, the engine flags, and, when a benchmark file is given, measured against predicted. Each
+section is one function returning blocks; `build_memo` only concatenates them.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from types import ModuleType
 
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import Analysis, kind_times, ttft_mean
-from tpplan.report.bench_results import error_summary
+from tpplan.report.confidence import BANDS
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
+from tpplan.report.prose import answer
 
 PNG_VOLUME = "volume_vs_tp.png"
 PNG_TIME = "time_per_layer_kind.png"
 PNG_TTFT = "ttft.png"
-PNG_BENCH = "predicted_vs_measured.png"
+
+PNG_CROSS = "crossover.png"
 
 
 def load_plots() -> ModuleType:
@@ -52,103 +56,74 @@ def _label(a: Analysis, key: str) -> str:
     return f"{key}\n(ILLEGAL)" if v is not None and not v.legal else key
 
 
-def _answer(a: Analysis) -> list[Block]:
-    v_is = a.variant("input-scattered")
-    base = a.baseline
-    out: list[Block] = []
-    lines = []
-    if v_is is not None:
-        verdict = next(x for x in a.verdicts if x.key == v_is.key)
-        lines.append(
-            f"**Does SGLang's input-scattered (TP reduce-scatter) prefill pay off for {a.model} at TP{a.tp}?** "
-            f"**{'No' if verdict.status == 'NO' else 'Yes'}**: {verdict.headline}."
-        )
-        if not v_is.legal:
-            roots = [v for v in v_is.audit.violations if not v.consequence_of]
-            ops = ", ".join(sorted({f"{v.op} ({v.layer_kind})" for v in roots}))
-            lines.append(
-                f"The edges that break it: {ops}. Each is a column-parallel projection that needs every token of "
-                "the full hidden, while a reduce-scatter leaves each rank only its own tokens."
-            )
-            gate = next((v for v in roots if v.op == "g_proj" and "mla" in v.layer_kind), None)
-            if gate is not None:
-                lines.append(f"The MLA output gate, in the audit's words: {gate.sentence()}")
-        if len(a.boundary_rows) >= 3:
-            r0, r1 = a.boundary_rows[0], a.boundary_rows[1]
-            legal = [r for r in a.boundary_rows[2:] if r.legal]
-            lines.append(
-                f"Per MLA layer, in the seed's units: the all-reduce costs {r0.units:g}; the DeepSeek path would cost "
-                f"{r1.units:g} ({100 * (r1.units - r0.units) / r0.units:+.1f}%) but is "
-                + ("illegal here" if not r1.legal else "legal here")
-                + (
-                    "; the legal ways to keep it ("
-                    + ", ".join(f"`{r.plan}`" for r in legal)
-                    + f") cost {legal[0].units:g} ({100 * (legal[0].units - r0.units) / r0.units:+.1f}%)."
-                    if legal
-                    else "."
-                )
-            )
-        for name in ("input-scattered+restore", "latent-scattered"):
-            v = a.variant(name)
-            if v is not None and v.legal:
-                d = (
-                    100
-                    * (v.audit.comm_bytes_per_token - base.audit.comm_bytes_per_token)
-                    / base.audit.comm_bytes_per_token
-                )
-                lines.append(
-                    f"The legal variant `{name}` moves {d:+.1f}% bytes per token per rank against baseline "
-                    f"({v.audit.comm_bytes_per_token:,.0f} vs {base.audit.comm_bytes_per_token:,.0f})."
-                )
-    if a.next_steps:
-        top = a.next_steps[0]
-        lines.append(
-            f"**Keep today's deployment for now; the best next step is `{top.key}`** ({top.basis}: "
-            + (f"{top.gain:.3f} s" if "TTFT" in top.basis else f"{100 * top.gain:.1f}%")
-            + f"; price: {top.price})."
-        )
-    else:
-        lines.append("**Keep today's deployment**: no legal plan beats the baseline.")
-    out += [Para(x) for x in lines]
-    return out
+def _pct(x: float, base: float) -> str:
+    return f"{100 * (x - base) / base:+.1f}%" if base else "-"
 
 
-def build_memo(a: Analysis, command: str = "") -> Memo:
-    """The memo's blocks, rendered to markdown and HTML, and its PNGs."""
-    plots = load_plots()
+class _Pngs(dict[str, bytes]):
+    """The memo's PNGs by file name, filled as sections draw them."""
+
+
+def intro(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
     topo = a.topology
-    title = f"tpplan decision memo: {a.model} prefill on {topo.name} x{topo.nodes} (TP{a.tp})"
-    pngs: dict[str, bytes] = {}
-    b: list[Block] = []
     wl_names = ", ".join(
         f"`{w.name}` ({w.input_len or 'mixed'} -> {w.output_len}, C={w.concurrency}, chunk {w.chunk_size})"
         for w in a.workloads
     )
     counts = ", ".join(f"{k} x{c}" for k, c in a.graph.counts().items())
-    b.append(
+    net = f", {topo.inter.nics_per_node} x {topo.inter.nic_Gbps:g} Gb/s NICs per node" if topo.inter is not None else ""
+    b: list[Block] = [
         Para(
             f"Model `{a.model}` (hidden {a.graph.hidden}, {a.graph.spec.num_layers} layers: {counts}); topology "
             f"`{topo.name}`: {topo.nodes} x {topo.gpus_per_node} {topo.gpu.name}, {topo.intra.kind} "
-            f"{topo.intra.bandwidth_GBps:g} GB/s"
-            + (
-                f", {topo.inter.nics_per_node} x {topo.inter.nic_Gbps:g} Gb/s NICs per node"
-                if topo.inter is not None
-                else ""
-            )
-            + f"; workloads {wl_names}; activations {a.dtype}."
+            f"{topo.intra.bandwidth_GBps:g} GB/s{net}; workloads {wl_names}; activations {a.dtype}; today's "
+            f"deployment (`--current`): `{a.current.key}` (TP{a.current.tp}"
+            + (f" x PP{a.current.pp}" if a.current.pp > 1 else "")
+            + ")."
         )
-    )
+    ]
     if command:
         b.append(Para(f"Regenerate with `{command}`."))
     if a.predictor_note:
         b.append(Para(f"**Note:** {a.predictor_note}"))
-    b.append(Heading("Answer"))
-    b += _answer(a)
+    return b
 
-    # Verdicts
-    b.append(Heading("Verdict per plan"))
+
+def answer_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    return [Heading("Answer"), *(Para(x) for x in answer(a))]
+
+
+def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    """The provenance table: which band applies to this memo's predicted times, and why."""
+    if a.predictor_note:
+        return []
+    rows = tuple(
+        (
+            p.label,
+            f"±{100 * p.band:.1f}%" if p.key != "measured" else "-",
+            "**this memo**" if p is a.provenance else "",
+            p.basis,
+        )
+        for p in BANDS.values()
+    )
+    return [
+        Heading("How sure"),
+        Para(
+            "Every predicted time below is labelled by where it comes from. The band is the measured error of such "
+            "predictions; a verdict whose predicted gain (or loss) lies inside it is TOO CLOSE (to call), not YES "
+            "or NO. Measured times (the bench section) carry no model band."
+        ),
+        Table(("provenance", "band", "applies", "measured on"), rows, (1,)),
+    ]
+
+
+def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    w = a.first_workload
+    ref = a.current
+    t_ref = ttft_mean(ref, w) if w else None
     rows = []
     for v, vd in zip(a.variants, a.verdicts, strict=True):
+        t = ttft_mean(v, w) if w else None
         rows.append(
             (
                 f"`{v.key}`",
@@ -157,197 +132,278 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
                 f"{v.audit.comm_bytes_per_token:,.0f}",
                 f"{v.audit.units:,.0f}",
                 _gib(v.audit.replicated_extra_bytes),
+                "-" if t is None else f"{t:.3f}",
+                "-" if t is None or t_ref is None else _pct(t, t_ref),
                 vd.headline,
             )
         )
-    b.append(
+    label = f"mean TTFT s ({w}, {a.provenance.key})" if w else "mean TTFT s"
+    return [
+        Heading("Verdict per plan"),
         Table(
-            ("plan", "verdict", "legal", "bytes/token/rank", "rel. units/token", "replicated/rank", "why"),
+            (
+                "plan",
+                "verdict",
+                "legal",
+                "bytes/token/rank",
+                "units/token",
+                "replicated/rank",
+                label,
+                f"vs `{ref.key}`",
+                "why",
+            ),
             tuple(rows),
-            (3, 4, 5),
-        )
-    )
-    b.append(
+            (3, 4, 5, 6, 7),
+        ),
         Para(
-            "Relative units per token: all-reduce = 2W, reduce-scatter = all-gather = W, all-to-all = W/N per token, "
-            "W the moved width; bytes are ring volumes with the (N-1)/N factor, whole model, per rank."
-        )
-    )
+            "Relative units per token: all-reduce = 2W, reduce-scatter = all-gather = W, all-to-all = W/N, W the "
+            "moved width; bytes are ring volumes with the (N-1)/N factor, whole model, per rank."
+        ),
+    ]
+
+
+def per_plan(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    b: list[Block] = []
     for v, vd in zip(a.variants, a.verdicts, strict=True):
-        if vd.status == "reference" and not vd.formula:
-            continue
-        which = "MLA" if "mla" in " ".join(v.audit.kinds) else "first"
-        items = [f"attention-input boundary ({which} kind): `{vd.formula}`"]
+        which = "MLA" if any(lg.spec.attn.kind == "mla" for lg in a.graph.kinds.values()) else "first"
+        items = [f"attention-input boundary ({which} kind): `{vd.formula}`"] if vd.formula else []
         items += list(vd.reasons[:6])
         if len(vd.reasons) > 6:
             items.append(f"... and {len(vd.reasons) - 6} more root edges (`tpplan audit --plan {v.plan.name}`)")
         b.append(Heading(f"`{v.key}`: {vd.status}", 3))
-        b.append(Para(f"{v.plan.summary}"))
-        b.append(Bullets(tuple(items)))
+        b.append(Para(v.plan.summary))
+        if items:
+            b.append(Bullets(tuple(items)))
+    return b
 
-    # Seed table
-    if a.boundary_rows:
-        b.append(Heading("The seed's table, re-derived from the model graph"))
-        b.append(
-            Table(
-                ("seed path", "seed formula", "seed units", "tpplan plan", "tpplan units", "legal", "tpplan formula"),
-                tuple(
-                    (
-                        r.path,
-                        r.hand_formula,
-                        f"{r.hand_units}",
-                        f"`{r.plan}`",
-                        f"{r.units:g}",
-                        "yes" if r.legal else "NO",
-                        f"`{r.formula}`",
-                    )
-                    for r in a.boundary_rows
-                ),
-                (2, 4),
-            )
-        )
-        base_units = a.boundary_rows[0].units
-        rel = "; ".join(
-            f"`{r.plan}` {100 * (r.units - base_units) / base_units:+.1f}%" for r in a.boundary_rows[1:] if base_units
-        )
-        b.append(Para(f"Against the all-reduce per MLA layer: {rel}."))
 
-    # Plots
-    b.append(Heading("Volume per plan versus TP size"))
-    pngs[PNG_VOLUME] = plots.volume_vs_tp(a.volume_vs_tp, f"{a.model}: communication per token per rank")
-    b.append(Image(PNG_VOLUME, "bytes per token per rank against TP size, one line per plan", pngs[PNG_VOLUME]))
-    b.append(
+def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    if not a.boundary_rows:
+        return []
+    base = a.boundary_rows[0].units
+    title = (
+        "The seed's table, re-derived from the model graph"
+        if a.seed_model
+        else ("The MLA layer's attention input, re-derived from the model graph")
+    )
+    return [
+        Heading(title),
         Table(
-            ("plan", *(f"TP{n}" for n in sorted({n for pts in a.volume_vs_tp.values() for n, _ in pts}))),
+            (
+                "path",
+                "formula",
+                "hand units",
+                "tpplan plan",
+                "tpplan units",
+                "vs all-reduce",
+                "legal",
+                "tpplan formula",
+            ),
             tuple(
                 (
-                    f"`{name}`",
-                    *(
-                        next((f"{y:,.0f}" for x, y in pts if x == n), "-")
-                        for n in sorted({n for p in a.volume_vs_tp.values() for n, _ in p})
-                    ),
+                    r.path,
+                    r.hand_formula,
+                    f"{r.hand_units}",
+                    f"`{r.plan}`",
+                    f"{r.units:g}",
+                    _pct(r.units, base),
+                    "yes" if r.legal else "NO",
+                    f"`{r.formula}`",
                 )
-                for name, pts in a.volume_vs_tp.items()
+                for r in a.boundary_rows
             ),
-            tuple(range(1, 1 + len({n for pts in a.volume_vs_tp.values() for n, _ in pts}))),
+            (2, 4, 5),
+        ),
+    ]
+
+
+def volume(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    pngs[PNG_VOLUME] = plots.volume_vs_tp(a.volume_vs_tp, f"{a.model}: communication per token per rank")
+    sizes = sorted({n for pts in a.volume_vs_tp.values() for n, _ in pts})
+    rows = tuple(
+        (f"`{name}`", *(next((f"{y:,.0f}" for x, y in pts if x == n), "-") for n in sizes))
+        for name, pts in a.volume_vs_tp.items()
+    )
+    return [
+        Heading("Volume per plan versus TP size"),
+        Image(PNG_VOLUME, "bytes per token per rank against TP size, one line per plan", pngs[PNG_VOLUME]),
+        Table(("plan", *(f"TP{n}" for n in sizes)), rows, tuple(range(1, 1 + len(sizes)))),
+    ]
+
+
+def kind_time(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    b: list[Block] = [Heading("Time per layer kind per plan")]
+    times = {v.key: kt for v in a.variants if (kt := kind_times(v))}
+    if not times:
+        return [*b, Para("Not available: needs the time predictor (see the note above).")]
+    chunk = a.workloads[0].chunk_size if a.workloads else 0
+    pngs[PNG_TIME] = plots.stacked_time(
+        {_label(a, k): t for k, t in times.items()}, f"predicted time of one {chunk}-token batch, by layer kind"
+    )
+    kinds = sorted({k for t in times.values() for k in t})
+    b.append(Image(PNG_TIME, "stacked predicted time per layer kind per plan", pngs[PNG_TIME]))
+    b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."))
+    b.append(
+        Table(
+            ("plan", "total ms", *kinds),
+            tuple(
+                (f"`{k}`", f"{sum(t.values()) * 1e3:,.1f}", *(f"{t.get(kind, 0.0) * 1e3:,.1f}" for kind in kinds))
+                for k, t in times.items()
+            ),
+            tuple(range(1, 2 + len(kinds))),
         )
     )
-    times = {v.key: kt for v in a.variants if (kt := kind_times(v))}
-    b.append(Heading("Time per layer kind per plan"))
-    if times:
-        chunk = a.workloads[0].chunk_size if a.workloads else 0
-        labelled = {_label(a, k): t for k, t in times.items()}
-        pngs[PNG_TIME] = plots.stacked_time(labelled, f"predicted time of one {chunk}-token batch, by layer kind")
-        b.append(Image(PNG_TIME, "stacked predicted time per layer kind per plan", pngs[PNG_TIME]))
-        b.append(
-            Table(
-                ("plan", "total ms", *sorted({k for t in times.values() for k in t})),
-                tuple(
-                    (
-                        f"`{k}`",
-                        f"{sum(t.values()) * 1e3:,.1f}",
-                        *(f"{t.get(kind, 0.0) * 1e3:,.1f}" for kind in sorted({k for t in times.values() for k in t})),
-                    )
-                    for k, t in times.items()
-                ),
-                tuple(range(1, 2 + len({k for t in times.values() for k in t}))),
-            )
-        )
-    else:
-        b.append(Para("Not available: needs the time predictor (see the note above)."))
-    b.append(Heading("TTFT per plan"))
+    return b
+
+
+def ttft_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    b: list[Block] = [Heading("TTFT per plan")]
     ttft = {v.key: {w.name: m for w in a.workloads if (m := ttft_mean(v, w.name)) is not None} for v in a.variants}
     ttft = {k: t for k, t in ttft.items() if t}
-    if ttft:
-        pngs[PNG_TTFT] = plots.grouped_bars(
-            {_label(a, k): t for k, t in ttft.items()}, "predicted mean TTFT per plan", "mean TTFT (s)"
-        )
-        b.append(Image(PNG_TTFT, "predicted mean TTFT per plan per workload", pngs[PNG_TTFT]))
-        rows = []
-        for v in a.variants:
-            for w in a.workloads:
-                p = v.predictions.get(w.name)
-                t = getattr(p, "ttft", None)
-                if t is None:
-                    continue
-                mem = getattr(p, "memory", None)
-                rows.append(
-                    (
-                        f"`{v.key}`",
-                        w.name,
-                        f"{t.mean_s:.3f}",
-                        f"{t.p50_s:.3f}",
-                        f"{t.max_s:.3f}",
-                        f"{t.throughput_tok_s:,.0f}",
-                        _gib(mem.total) if mem is not None else "-",
-                        "yes" if v.legal else "NO",
-                    )
-                )
-        b.append(
-            Table(
-                ("plan", "workload", "mean s", "p50 s", "max s", "prefill tok/s", "memory/rank", "legal"),
-                tuple(rows),
-                (2, 3, 4, 5, 6),
-            )
-        )
-    else:
-        b.append(Para("Not available: needs the time predictor (see the note above)."))
-
-    # Differences
-    b.append(Heading("Where tpplan's model differs from the seed's hand analysis"))
-    for t, text in a.differences:
-        b.append(Heading(t, 3))
-        b.append(Para(text))
-
-    # Next steps
-    b.append(Heading("Next steps, ranked by predicted gain"))
-    if a.next_steps:
-        b.append(
-            Table(
-                ("rank", "plan", "gain", "basis", "price", "engine"),
-                tuple(
-                    (
-                        str(i),
-                        f"`{s.key}`",
-                        f"{s.gain:.3f} s" if "TTFT" in s.basis else f"{100 * s.gain:.1f}%",
-                        s.basis,
-                        s.price,
-                        s.engine,
-                    )
-                    for i, s in enumerate(a.next_steps, 1)
-                ),
-                (2,),
-            )
-        )
-    else:
-        b.append(Para("No legal plan beats the baseline."))
-
-    # Engines
-    b.append(Heading("Engine flags"))
-    b.append(
-        Para(
-            "Flags that realise each plan, and the engine's own static conditions. `FAILS` under `skips silently` "
-            "means the server starts and quietly runs the baseline path; `keep` conditions depend on other "
-            "settings. Sources are repository paths in `tpplan/report/engines.py`."
-        )
+    if not ttft:
+        return [*b, Para("Not available: needs the time predictor (see the note above).")]
+    pngs[PNG_TTFT] = plots.grouped_bars(
+        {_label(a, k): t for k, t in ttft.items()}, "predicted mean TTFT per plan", "mean TTFT (s)"
     )
+    b.append(Image(PNG_TTFT, "predicted mean TTFT per plan per workload", pngs[PNG_TTFT]))
+    b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."))
     rows = []
     for v in a.variants:
-        for e in v.engines:
+        for w in a.workloads:
+            p = v.predictions.get(w.name)
+            t = getattr(p, "ttft", None)
+            if t is None:
+                continue
+            mem = getattr(p, "memory", None)
             rows.append(
                 (
                     f"`{v.key}`",
-                    e.engine,
-                    e.realises + (" (blocked)" if e.blocked else ""),
-                    "`" + " ".join(e.args) + "`" if e.realises != "no" else "-",
-                    e.summary,
+                    w.name,
+                    f"{t.mean_s:.3f}",
+                    f"{t.p50_s:.3f}",
+                    f"{t.max_s:.3f}",
+                    f"{t.throughput_tok_s:,.0f}",
+                    _gib(mem.total) if mem is not None else "-",
+                    "yes" if v.legal else "NO",
                 )
             )
+    b.append(
+        Table(
+            ("plan", "workload", "mean s", "p50 s", "max s", "prefill tok/s", "memory/rank", "legal"),
+            tuple(rows),
+            (2, 3, 4, 5, 6),
+        )
+    )
+    return b
+
+
+def thresholds(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    """Where each plan overtakes baseline, per layer kind, over prefill batch sizes."""
+    if not a.crossovers:
+        return []
+    grid = a.crossovers[0].tokens
+    series = {
+        (c.kind, c.plan): [(t, p / b) for t, p, b in zip(c.tokens, c.plan_s, c.base_s, strict=True) if b]
+        for c in a.crossovers
+    }
+    pngs[PNG_CROSS] = plots.crossover(series, f"{a.model} TP{a.tp}: plan time / baseline time per layer")
+    rows = tuple(
+        (
+            f"`{c.plan}`",
+            c.kind,
+            c.describe(),
+            "-" if c.overtakes_at is None else f"{c.overtakes_at:,.0f}",
+            "-" if c.stops_at is None else f"{c.stops_at:,.0f}",
+        )
+        for c in a.crossovers
+    )
+    return [
+        Heading("Thresholds: where a plan overtakes baseline"),
+        Para(
+            f"One layer of each kind (and the whole model) priced by the cost model at {grid[0]:,}-{grid[-1]:,} "
+            f"new tokens per step (no cached context), TP{a.tp}, {a.provenance.label}; crossings interpolated in "
+            "log(tokens). Below a plan's threshold an engine should fall back to baseline. "
+            "`tpplan audit --crossover` prints the same (JSON: docs/audit-json.md)."
+        ),
+        Image(
+            PNG_CROSS, "plan time over baseline time against tokens per step, one panel per layer kind", pngs[PNG_CROSS]
+        ),
+        Table(("plan", "layer kind", "against baseline", "overtakes at tokens", "stops at tokens"), rows, (3, 4)),
+    ]
+
+
+def differences_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    if not a.differences:
+        return []
+    title = (
+        "Where tpplan's model differs from the seed's hand analysis"
+        if a.seed_model
+        else ("Where tpplan's model goes beyond a byte count")
+    )
+    b: list[Block] = [Heading(title)]
+    if not a.predictor_note:
+        b.append(Para(f"Times here are predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."))
+    for t, text in a.differences:
+        b += [Heading(t, 3), Para(text)]
+    return b
+
+
+def next_steps_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    b: list[Block] = [Heading("Next steps, ranked by predicted gain")]
+    if not a.next_steps:
+        return [*b, Para(f"No legal plan that fits in memory beats today's `{a.current.key}`.")]
+    b.append(
+        Table(
+            ("rank", "plan", "gain", "beyond band", "basis", "price", "engine"),
+            tuple(
+                (
+                    str(i),
+                    f"`{s.key}`",
+                    s.gain_text(),
+                    ("yes" if s.clear else "no") if s.timed else "-",
+                    s.basis,
+                    s.price,
+                    s.engine,
+                )
+                for i, s in enumerate(a.next_steps, 1)
+            ),
+            (2,),
+        )
+    )
+    return b
+
+
+def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    b: list[Block] = [
+        Heading("Engine flags"),
+        Para(
+            "Flags that realise each plan, and the engine's own static conditions. `FAILS` under `skips silently` "
+            "means the server starts and quietly runs the all-reduce path; under `refuses`, the server does not "
+            "start; `keep` conditions depend on other settings. The engine verdict follows a plan's decisions, "
+            "not its name. Sources are repository paths in `tpplan/report/engines.py`."
+        ),
+    ]
+    rows = [
+        (
+            f"`{v.key}`",
+            e.engine,
+            e.realises + (" (blocked)" if e.blocked else ""),
+            "`" + " ".join(e.args) + "`" if e.realises != "no" else "-",
+            e.summary,
+        )
+        for v in a.variants
+        for e in v.engines
+    ]
     b.append(Table(("plan", "engine", "realised", "flags", "what it does"), tuple(rows)))
-    rec_key = a.next_steps[0].key if a.next_steps else a.baseline.key
-    rec = a.variant(rec_key) or a.baseline
-    for key, v in (("baseline (run today)", a.baseline), (f"recommended next: {rec.key}", rec)):
-        b.append(Heading(key, 3))
+    nxt = a.variant(a.bottom.target) if a.bottom is not None else None
+    shown = [("today's deployment", a.current)]
+    if nxt is not None and nxt is not a.current:
+        shown.append(("the bottom line's choice", nxt))
+    scat = a.variant("input-scattered")
+    if scat is not None and all(scat is not v for _, v in shown):
+        shown.append(("input-scattered", scat))
+    for title, v in shown:
+        b.append(Heading(f"{title}: {v.key}", 3))
         for e in v.engines:
             if e.realises == "no":
                 b.append(Para(f"{e.engine}: no flag; {e.summary}."))
@@ -356,93 +412,35 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
             items = [c.line() for c in e.conditions] + list(e.notes)
             if items:
                 b.append(Bullets(tuple(items)))
-    v_is = a.variant("input-scattered")
-    if v_is is not None:
-        b.append(Heading("input-scattered in SGLang", 3))
-        for e in v_is.engines:
-            if e.engine != "SGLang":
-                continue
-            b.append(Code(e.command(), "bash"))
-            b.append(Bullets(tuple([c.line() for c in e.conditions] + list(e.notes))))
+    return b
 
-    # Bench
-    if a.bench is not None:
-        br = a.bench
-        b.append(Heading("Measured against predicted"))
-        b.append(
-            Para(
-                f"`{br.meta.command}` on {br.meta.machine} ({br.meta.gpus} x {br.meta.gpu}), {br.meta.date:%Y-%m-%d}, "
-                f"torch {br.meta.torch_version}, NCCL {br.meta.nccl_version or '?'}; plan `{br.plan}` TP{br.tp}; "
-                f"slice: {br.model_slice.description}; predictions on topology `{br.topology}`"
-                + (
-                    " (its kernel profiles price the non-GEMM ops the bench really ran)."
-                    if any(o.profiled for o in br.ops)
-                    else " (roofline kernel estimates)."
-                )
-            )
-        )
-        rows = []
-        pts: list[tuple[str, float, float]] = []
-        for name, items in (
-            ("collective", br.collectives),
-            ("op", br.ops),
-            ("layer", br.layers),
-            ("batch", br.batches),
-        ):
-            s = error_summary(list(items))
-            med = "-" if s["median_abs_err"] is None else f"{100 * float(s['median_abs_err']):.1f}%"
-            mx = "-" if s["max_abs_err"] is None else f"{100 * float(s['max_abs_err']):.1f}%"
-            rows.append((name, str(len(items)), str(s["n"]), med, mx))
-            pts += [(name, i.predicted_s, i.measured_s) for i in items if i.predicted_s is not None]
-        targets = {"collective": "median <= 5%", "layer": "<= 10%"}
-        rows = [(*r, targets.get(r[0], "")) for r in rows]
-        b.append(
-            Table(
-                ("level", "measured", "with prediction", "median abs error", "worst", "issue target"),
-                tuple(rows),
-                (1, 2, 3, 4),
-            )
-        )
-        over = [c.measured_s / c.direct_s - 1.0 for c in br.collectives if c.direct_s]
-        if over:
-            over.sort()
-            mid = over[len(over) // 2] if len(over) % 2 else (over[len(over) // 2 - 1] + over[len(over) // 2]) / 2
-            b.append(
-                Para(
-                    f"Runtime overhead of the plan's collectives over the same calls issued directly with "
-                    f"torch.distributed ({len(over)} measured): median {100 * mid:+.1f}%, worst {100 * over[-1]:+.1f}% "
-                    "(target: at most +3%)."
-                )
-            )
-        if pts:
-            pngs[PNG_BENCH] = plots.predicted_vs_measured(pts, f"{br.plan} TP{br.tp}: predicted vs measured")
-            b.append(Image(PNG_BENCH, "predicted against measured time per item", pngs[PNG_BENCH]))
-        with_err = [c for c in br.collectives if c.rel_error is not None]
-        worst = sorted(with_err, key=lambda c: -abs(c.rel_error or 0.0))[:8]
-        if worst:
-            b.append(
-                Table(
-                    ("collective", "shape", "bytes", "measured ms", "predicted ms", "error"),
-                    tuple(
-                        (
-                            c.label or c.kind,
-                            "x".join(map(str, c.shape)),
-                            f"{c.bytes:,}",
-                            f"{c.measured_s * 1e3:.3f}",
-                            f"{(c.predicted_s or 0.0) * 1e3:.3f}",
-                            f"{100 * (c.rel_error or 0.0):+.1f}%",
-                        )
-                        for c in worst
-                    ),
-                    (2, 3, 4, 5),
-                )
-            )
-        for t in br.ttft:
-            pred = f" (predicted {t.predicted_mean_s:.3f} s)" if t.predicted_mean_s is not None else ""
-            b.append(
-                Para(
-                    f"Extrapolated whole-model TTFT on `{t.topology}` at `{t.workload}`: mean {t.mean_s:.3f} s{pred}, "
-                    f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s."
-                )
-            )
-    return Memo(title, to_markdown(title, b), to_html(title, b), pngs)
+
+SECTIONS = (
+    intro,
+    answer_section,
+    how_sure,
+    verdict_table,
+    per_plan,
+    mla_table,
+    volume,
+    kind_time,
+    ttft_section,
+    thresholds,
+    differences_section,
+    next_steps_section,
+    engines_section,
+)
+
+
+def build_memo(a: Analysis, command: str = "") -> Memo:
+    """The memo's blocks, rendered to markdown and HTML, and its PNGs."""
+    from tpplan.report.bench_section import bench_section
+
+    plots = load_plots()
+    topo = a.topology
+    title = f"tpplan decision memo: {a.model} prefill on {topo.name} x{topo.nodes} (TP{a.tp})"
+    pngs = _Pngs()
+    blocks: list[Block] = []
+    for section in (*SECTIONS, bench_section):
+        blocks += section(a, command, plots, pngs)
+    return Memo(title, to_markdown(title, blocks), to_html(title, blocks), dict(pngs))

@@ -104,3 +104,31 @@ def predicted_vs_measured(points: list[tuple[str, float, float]], title: str) ->
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     return _png(fig)
+
+
+def crossover(series: dict[tuple[str, str], list[tuple[int, float]]], title: str) -> bytes:
+    """Plan time / baseline time against tokens per step: one panel per layer kind, one line per
+    plan; below the dashed line at 1 the plan is faster."""
+    kinds = list(dict.fromkeys(k for k, _ in series))
+    cols = min(3, max(1, len(kinds)))
+    rows = -(-len(kinds) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    for ax, kind in zip(axes.flat, kinds, strict=False):
+        for (k, plan), pts in series.items():
+            if k != kind or not pts:
+                continue
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker=".", label=plan)
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(kind, fontsize=9)
+        ax.set_xlabel("new tokens per step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(kinds) :]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("plan time / baseline time")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.suptitle(title)
+    fig.tight_layout(h_pad=1.6)
+    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4)
+    return _png(fig)

@@ -1,0 +1,115 @@
+"""The memo's last section: a GPU benchmark's measurements beside the predictions.
+
+Only present with `--bench results.json` (docs/bench-json.md). Measured times are labelled
+measured; the extrapolated whole-model TTFT is labelled as an extrapolation from the slice.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from tpplan.cost.topology import load_topology
+from tpplan.errors import TpplanError
+from tpplan.report.analysis import Analysis
+from tpplan.report.bench_results import error_summary
+from tpplan.report.confidence import provenance
+from tpplan.report.doc import Block, Heading, Image, Para, Table
+
+PNG_BENCH = "predicted_vs_measured.png"
+
+
+def _provenance(topology: str, gpus: int) -> str:
+    """The provenance of the bench's predictions, when its topology is one this build knows."""
+    try:
+        return "predictions " + provenance(load_topology(topology), gpus).label
+    except TpplanError:
+        return f"topology {topology} not in this build: provenance unknown"
+
+
+def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, bytes]) -> list[Block]:
+    """Measured against predicted: per level error, runtime overhead, worst collectives, TTFT."""
+    if a.bench is None:
+        return []
+    br = a.bench
+    b: list[Block] = []
+    b.append(Heading("Measured against predicted"))
+    b.append(
+        Para(
+            f"`{br.meta.command}` on {br.meta.machine} ({br.meta.gpus} x {br.meta.gpu}), {br.meta.date:%Y-%m-%d}, "
+            f"torch {br.meta.torch_version}, NCCL {br.meta.nccl_version or '?'}; plan `{br.plan}` TP{br.tp}; "
+            f"slice: {br.model_slice.description}; predictions on topology `{br.topology}`"
+            + (
+                " (its kernel profiles price the non-GEMM ops the bench really ran"
+                if any(o.profiled for o in br.ops)
+                else " (roofline kernel estimates"
+            )
+            + f"; {_provenance(br.topology, br.tp)}). Measured times are measured; the error columns are the "
+            "prediction's."
+        )
+    )
+    rows = []
+    pts: list[tuple[str, float, float]] = []
+    for name, items in (
+        ("collective", br.collectives),
+        ("op", br.ops),
+        ("layer", br.layers),
+        ("batch", br.batches),
+    ):
+        s = error_summary(list(items))
+        med = "-" if s["median_abs_err"] is None else f"{100 * float(s['median_abs_err']):.1f}%"
+        mx = "-" if s["max_abs_err"] is None else f"{100 * float(s['max_abs_err']):.1f}%"
+        rows.append((name, str(len(items)), str(s["n"]), med, mx))
+        pts += [(name, i.predicted_s, i.measured_s) for i in items if i.predicted_s is not None]
+    targets = {"collective": "median <= 5%", "layer": "<= 10%"}
+    rows = [(*r, targets.get(r[0], "")) for r in rows]
+    b.append(
+        Table(
+            ("level", "measured", "with prediction", "median abs error", "worst", "issue target"),
+            tuple(rows),
+            (1, 2, 3, 4),
+        )
+    )
+    over = [c.measured_s / c.direct_s - 1.0 for c in br.collectives if c.direct_s]
+    if over:
+        over.sort()
+        mid = over[len(over) // 2] if len(over) % 2 else (over[len(over) // 2 - 1] + over[len(over) // 2]) / 2
+        b.append(
+            Para(
+                f"Runtime overhead of the plan's collectives over the same calls issued directly with "
+                f"torch.distributed ({len(over)} measured): median {100 * mid:+.1f}%, worst {100 * over[-1]:+.1f}% "
+                "(target: at most +3%)."
+            )
+        )
+    if pts:
+        pngs[PNG_BENCH] = plots.predicted_vs_measured(pts, f"{br.plan} TP{br.tp}: predicted vs measured")
+        b.append(Image(PNG_BENCH, "predicted against measured time per item", pngs[PNG_BENCH]))
+    with_err = [c for c in br.collectives if c.rel_error is not None]
+    worst = sorted(with_err, key=lambda c: -abs(c.rel_error or 0.0))[:8]
+    if worst:
+        b.append(
+            Table(
+                ("collective", "shape", "bytes", "measured ms", "predicted ms", "error"),
+                tuple(
+                    (
+                        c.label or c.kind,
+                        "x".join(map(str, c.shape)),
+                        f"{c.bytes:,}",
+                        f"{c.measured_s * 1e3:.3f}",
+                        f"{(c.predicted_s or 0.0) * 1e3:.3f}",
+                        f"{100 * (c.rel_error or 0.0):+.1f}%",
+                    )
+                    for c in worst
+                ),
+                (2, 3, 4, 5),
+            )
+        )
+    for t in br.ttft:
+        pred = f" (predicted {t.predicted_mean_s:.3f} s)" if t.predicted_mean_s is not None else ""
+        b.append(
+            Para(
+                f"Whole-model TTFT on `{t.topology}` at `{t.workload}`, extrapolated from the slice's measured/"
+                f"predicted ratios (tpplan's own runtime kernels, not a serving engine): mean {t.mean_s:.3f} s{pred}, "
+                f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s."
+            )
+        )
+    return b

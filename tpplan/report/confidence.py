@@ -1,0 +1,74 @@
+"""How sure a predicted time is: its provenance and the error band that applies to it.
+
+A decision rests on a predicted difference between two plans. Whether that difference means
+anything depends on how the prediction was made: from a topology whose collectives and kernels
+were calibrated on the machine it describes (in-sample), or from datasheet figures nobody has
+checked on that machine. The bands below are the accuracy measured in `docs/benchmarks.md`, one
+number per provenance, so every verdict and the bottom line apply the same rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpplan.cost.topology import Topology
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a predicted time comes from, and the relative error measured for such predictions."""
+
+    key: str  # "measured" | "calibrated" | "datasheet"
+    label: str
+    band: float  # relative error of a predicted time (0.139 = 13.9%)
+    basis: str  # what the band was measured on (in-sample or out-of-sample, which machine)
+
+
+# One band per provenance, from docs/benchmarks.md:
+# - "calibrated": section "Results with measured GEMMs and kernel profiles" (2 x H200, session 3):
+#   worst per-layer-kind error over four plans 2.1% (baseline MLA), batch totals within 0.3%, on
+#   the seed workload the kernel sweep left out (out of sample in shape, same machine).
+# - "datasheet": section "Collectives on 2xH200", run A': the uncalibrated `h200x2` preset against
+#   60 measured collectives, median 13.9% (worst 45.0%). It is the only measured accuracy of a
+#   datasheet preset; compute on datasheet rooflines has not been measured against serving kernels.
+# - "measured": a measured time has no model error; its spread is the run's own (bench section).
+BANDS: dict[str, Provenance] = {
+    "measured": Provenance("measured", "measured", 0.0, "measured on the GPU (run-to-run spread in the bench section)"),
+    "calibrated": Provenance(
+        "calibrated",
+        "calibrated on this machine (in-sample)",
+        0.021,
+        "worst layer error 2.1% on 2 x H200 after GEMM and kernel calibration "
+        "(docs/benchmarks.md, 'Results with measured GEMMs and kernel profiles')",
+    ),
+    "datasheet": Provenance(
+        "datasheet",
+        "extrapolated from datasheet figures",
+        0.139,
+        "median error 13.9% of the uncalibrated h200x2 preset against 60 measured collectives, out of "
+        "sample (docs/benchmarks.md, 'Collectives on 2xH200', run A')",
+    ),
+}
+
+
+def provenance(topology: Topology, gpus: int) -> Provenance:
+    """The provenance of predictions on `topology` for a deployment of `gpus` GPUs.
+
+    Calibrated in-sample only when the topology carries fitted collectives and kernel profiles
+    (what `tpplan calibrate` writes) and the deployment stays inside the group it was fitted on;
+    anything larger, or a preset without those fits, is an extrapolation from datasheet figures.
+    """
+    fitted = topology.fitted
+    if fitted and topology.gpu.kernel_profiles:
+        group = max(f.group_size for f in fitted.values())
+        if topology.nodes == 1 and gpus <= group:
+            return BANDS["calibrated"]
+    return BANDS["datasheet"]
+
+
+def within_band(gain: float, band: float) -> bool:
+    """True when a relative gain (or loss) is inside the prediction's error band: too close to call."""
+    return abs(gain) <= band
+
+
+__all__ = ["BANDS", "Provenance", "provenance", "within_band"]

@@ -1,0 +1,144 @@
+"""The memo's answer, one small function per paragraph.
+
+Each function reads the analysis and returns its paragraph, or None when the facts it would state
+do not hold for this model, plan set and topology: the edges that break input-scattered only when
+it is illegal, the output-gate quote only when an MLA output gate is among them, a legal variant's
+own units and bytes, the bottom line from `verdicts.bottom_line`. Every number printed here is also
+in a table of the memo (the generated-memo test checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tpplan.layout.placement import S_TOK, R
+from tpplan.report.analysis import Analysis
+from tpplan.report.verdicts import STATUS_WORDS
+
+Paragraph = str | None
+
+
+def _rel(x: float, base: float) -> str:
+    return f"{100 * (x - base) / base:+.1f}%" if base else "n/a"
+
+
+def question(a: Analysis) -> Paragraph:
+    """Does SGLang's input-scattered prefill pay off here? The word is the verdict table's status."""
+    vd = a.verdict("input-scattered")
+    if vd is None:
+        return None
+    return (
+        f"**Does SGLang's input-scattered (TP reduce-scatter) prefill pay off for {a.model} at TP{a.tp}, against "
+        f"today's `{a.current.key}`?** **{STATUS_WORDS[vd.status]}** ({vd.status}): {vd.headline}."
+    )
+
+
+def broken_edges(a: Analysis) -> Paragraph:
+    """Which ops make input-scattered illegal, and why, from the audit's root violations."""
+    v = a.variant("input-scattered")
+    if v is None or v.legal:
+        return None
+    roots = [x for x in v.audit.violations if not x.consequence_of]
+    ops = ", ".join(sorted({f"{x.op} ({x.layer_kind})" for x in roots}))
+    text = f"The edges that break it: {ops}."
+    if roots and all(x.got is S_TOK and x.needs is R for x in roots):
+        inputs = sorted({f"`{x.value}`" for x in roots})
+        text += (
+            f" Each needs every token of its input ({', '.join(inputs)}), while a reduce-scatter leaves each rank "
+            "only its own tokens."
+        )
+    return text
+
+
+def gate_quote(a: Analysis) -> Paragraph:
+    """The audit's own sentence for an MLA output gate, when one breaks input-scattered."""
+    v = a.variant("input-scattered")
+    if v is None or v.legal:
+        return None
+    mla_kinds = {k for k, lg in a.graph.kinds.items() if lg.spec.attn.kind == "mla"}
+    gated = any(getattr(a.graph.kinds[k].spec.attn, "output_gate", False) for k in mla_kinds)
+    gate = next(
+        (
+            x
+            for x in v.audit.violations
+            if not x.consequence_of and x.op == "g_proj" and mla_kinds & set(x.layer_kind.split(", "))
+        ),
+        None,
+    )
+    if gate is None or not gated:
+        return None
+    return f"The MLA output gate, in the audit's words: {gate.sentence()}"
+
+
+def boundary_units(a: Analysis) -> Paragraph:
+    """Per MLA layer, each row of the re-derived table with its own units and change."""
+    if len(a.boundary_rows) < 2:
+        return None
+    r0, rest = a.boundary_rows[0], a.boundary_rows[1:]
+    parts = [
+        f"`{r.plan}` {r.units:g} ({_rel(r.units, r0.units)}, {'legal' if r.legal else 'illegal'} here)" for r in rest
+    ]
+    lead = "in relative units (the seed's)" if a.seed_model else "in relative units (all-reduce = 2W)"
+    return f"Per MLA layer, {lead}: the all-reduce (`{r0.plan}`) costs {r0.units:g}; " + "; ".join(parts) + "."
+
+
+def legal_variants(a: Analysis) -> Paragraph:
+    """Each legal input-scattered variant's own bytes against today's deployment."""
+    ref = a.current
+    rows = []
+    for name in ("input-scattered+restore", "latent-scattered"):
+        v = a.variant(name)
+        if v is None or not v.legal or v is ref:
+            continue
+        b, b0 = v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token
+        rows.append(f"`{name}` moves {_rel(b, b0)} bytes per token per rank ({b:,.0f} vs {b0:,.0f})")
+    if not rows:
+        return None
+    return "Against today's `" + ref.key + "`: " + "; ".join(rows) + "."
+
+
+def same_decisions(a: Analysis) -> Paragraph:
+    """Plans that make the same decisions as another on this model (e.g. nothing to repair)."""
+    if not a.same_as:
+        return None
+    pairs = "; ".join(f"`{k}` = `{v}`" for k, v in a.same_as.items())
+    return (
+        f"On this model some plans make the same decisions as another ({pairs}): they share its numbers and its "
+        "engine verdict."
+    )
+
+
+def how_sure(a: Analysis) -> Paragraph:
+    """The provenance of every predicted time in this memo, and the band that applies."""
+    if a.predictor_note:
+        return None
+    p = a.provenance
+    return (
+        f"Predicted times here are {p.label} for `{a.topology.name}` x{a.topology.nodes}: error band "
+        f"±{100 * p.band:.1f}% ({p.basis}). A predicted change inside the band is too close to call."
+    )
+
+
+def bottom(a: Analysis) -> Paragraph:
+    """The computed bottom line: switch or keep, which, and why."""
+    return a.bottom.text if a.bottom is not None else None
+
+
+ANSWER: tuple[Callable[[Analysis], Paragraph], ...] = (
+    question,
+    broken_edges,
+    gate_quote,
+    boundary_units,
+    legal_variants,
+    same_decisions,
+    how_sure,
+    bottom,
+)
+
+
+def answer(a: Analysis) -> list[str]:
+    """The answer's paragraphs that hold for this analysis, in order."""
+    return [p for f in ANSWER if (p := f(a)) is not None]
+
+
+__all__ = ["ANSWER", "answer"]

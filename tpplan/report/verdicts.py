@@ -1,0 +1,254 @@
+"""The memo's decision rules: a verdict per plan, the ranked next steps and the bottom line.
+
+Every plan is judged against today's deployment (`--current`, default baseline) on the first
+workload's predicted mean TTFT, with the error band of the prediction's provenance
+(`confidence.py`): a gain or loss inside the band is "too close to call". A plan that is illegal
+or does not fit in GPU memory is never a YES. The rules are written out in docs/report.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tpplan.report.confidence import Provenance, within_band
+from tpplan.report.engines import EngineRecipe
+
+if TYPE_CHECKING:
+    from tpplan.report.analysis import Variant
+
+# Verdict statuses and the word the memo's answer uses for each.
+STATUS_WORDS = {
+    "reference": "It is today's deployment",
+    "YES": "Yes",
+    "NO": "No",
+    "CONDITIONAL": "Yes, with conditions",
+    "TOO CLOSE": "Too close to call",
+    "OPEN": "Open",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    key: str
+    status: str  # one of STATUS_WORDS
+    headline: str
+    reasons: tuple[str, ...]
+    formula: str
+
+
+@dataclass(frozen=True)
+class NextStep:
+    key: str
+    gain: float  # seconds (predicted TTFT) or fraction of bytes (volume basis)
+    rel: float  # gain as a fraction of today's value
+    basis: str
+    price: str
+    engine: str
+    engine_ok: bool  # an engine flag realises it as is
+    clear: bool  # the gain exceeds the error band (always False on a volume basis)
+
+    @property
+    def timed(self) -> bool:
+        return "TTFT" in self.basis
+
+    def gain_text(self) -> str:
+        return f"{self.gain:.3f} s ({100 * self.rel:.1f}%)" if self.timed else f"{100 * self.gain:.1f}% bytes"
+
+
+@dataclass(frozen=True)
+class BottomLine:
+    action: str  # "switch" | "keep"
+    target: str  # the variant to run next (today's when keeping)
+    text: str
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:,.1f} GiB"
+
+
+def _pct(x: float, base: float) -> float:
+    return 0.0 if not base else 100.0 * (x - base) / base
+
+
+def engine_ok(e: EngineRecipe | None) -> bool:
+    """An engine runs the plan as is: its flags realise it and no static condition stops them."""
+    return e is not None and e.realises == "yes" and not e.blocked
+
+
+def engine_refusal(e: EngineRecipe) -> str | None:
+    """What the engine does with the flag when one of its static conditions fails, plainly."""
+    failed = [c for c in e.conditions if c.met is False and c.effect in ("refuses", "skips silently")]
+    if not failed:
+        return None
+    what = "; ".join(c.text for c in failed)
+    if any(c.effect == "refuses" for c in failed):
+        return f"{e.engine} would refuse the flags: {what}"
+    return f"{e.engine} would accept the flags and silently fall back to the all-reduce path: {what}"
+
+
+def judge(
+    v: Variant,
+    ref: Variant,
+    formula: str,
+    wl: str | None,
+    band: Provenance,
+    same_as: str | None = None,
+    gpu_bytes: float = 0.0,
+) -> Verdict:
+    """One plan's verdict against today's deployment `ref` (`gpu_bytes`: memory of one GPU, for
+    the weights-only check when there is no memory prediction)."""
+    from tpplan.report.analysis import memory_fit, ttft_mean
+
+    vol = _pct(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
+    fit = memory_fit(v)
+    if v is ref:
+        note: tuple[str, ...] = ()
+        if fit is not None and not fit[2]:
+            note = (f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}: lower --expert-dtype",)
+        elif fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
+            note = (
+                f"weights alone take {_gib(v.audit.weight_bytes_per_rank)} per rank, more than the GPU's "
+                f"{_gib(gpu_bytes)}: raise TP or lower the weight dtype",
+            )
+        return Verdict(
+            v.key, "reference", "today's deployment (--current): every other plan is judged against it", note, formula
+        )
+    if not v.legal:
+        roots = [viol.sentence() for viol in v.audit.violations if not viol.consequence_of]
+        ops = sorted({viol.op for viol in v.audit.violations if not viol.consequence_of})
+        head = f"illegal: {len(roots)} root edge(s) ({', '.join(ops)}); its {vol:+.1f}% volume is not reachable"
+        return Verdict(v.key, "NO", head, tuple(roots), formula)
+    t_v = ttft_mean(v, wl) if wl else None
+    t_r = ttft_mean(ref, wl) if wl else None
+    timed = t_v is not None and t_r is not None
+    head = f"legal; {vol:+.1f}% bytes per token per rank vs `{ref.key}`"
+    if timed:
+        assert t_v is not None and t_r is not None
+        head += (
+            f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({_pct(t_v, t_r):+.1f}%; "
+            f"band ±{100 * band.band:.1f}%, {band.label})"
+        )
+    elif v.prediction_error:
+        head += f"; not predicted ({v.prediction_error})"
+    reasons: list[str] = []
+    if same_as:
+        reasons.append(f"same decisions as `{same_as}` on this model: same numbers, same engine verdict")
+    if v.audit.replicated_extra_bytes:
+        reasons.append(f"replicates weights: +{_gib(v.audit.replicated_extra_bytes)} per rank")
+    sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
+    refusal = engine_refusal(sgl) if sgl is not None else None
+    if refusal:
+        reasons.append(refusal)
+    elif sgl is not None and sgl.realises == "no":
+        reasons.append(f"no SGLang flag realises it: {sgl.summary}")
+    if fit is not None and not fit[2]:
+        reasons.insert(0, f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}")
+        return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
+    if fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
+        reasons.insert(
+            0,
+            f"weights alone take {_gib(v.audit.weight_bytes_per_rank)} per rank, more than the GPU's {_gib(gpu_bytes)}",
+        )
+        return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
+    if timed:
+        assert t_v is not None and t_r is not None
+        gain = (t_r - t_v) / t_r
+        if within_band(gain, band.band):
+            return Verdict(v.key, "TOO CLOSE", head + " (inside the band: too close to call)", tuple(reasons), formula)
+        if gain < 0:
+            return Verdict(v.key, "NO", head + " (slower)", tuple(reasons), formula)
+    elif v.pp != ref.pp or v.tp != ref.tp:
+        head = (
+            f"collectives per rank change with the shape ({v.audit.comm_bytes_per_token:,.0f} vs "
+            f"{ref.audit.comm_bytes_per_token:,.0f} bytes per token per rank); bubble and stage sends need the "
+            "time predictor"
+        )
+        return Verdict(v.key, "OPEN", head, tuple(reasons), formula)
+    elif vol > 0:
+        return Verdict(v.key, "NO", head + " (more bytes, no time prediction)", tuple(reasons), formula)
+    elif vol == 0:
+        return Verdict(v.key, "OPEN", head + " (same traffic: only time can tell)", tuple(reasons), formula)
+    status = "CONDITIONAL" if v.audit.replicated_extra_bytes or not engine_ok(sgl) else "YES"
+    return Verdict(v.key, status, head, tuple(reasons), formula)
+
+
+def next_steps(
+    variants: list[Variant], ref: Variant, wl: str | None, band: Provenance, gpu_bytes: float = 0.0
+) -> list[NextStep]:
+    """Legal plans that fit and beat today's deployment, ranked by predicted TTFT gain (by bytes
+    saved when there is no time prediction; other parallel shapes are then left out)."""
+    from tpplan.report.analysis import memory_fit, ttft_mean
+
+    steps: list[NextStep] = []
+    t_r = ttft_mean(ref, wl) if wl else None
+    for v in variants:
+        if v is ref or not v.legal:
+            continue
+        fit = memory_fit(v)
+        if fit is not None and not fit[2]:
+            continue
+        if fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
+            continue
+        t_v = ttft_mean(v, wl) if wl else None
+        if t_v is not None and t_r is not None:
+            gain, rel, basis = t_r - t_v, (t_r - t_v) / t_r, f"predicted mean TTFT gain at {wl}"
+        elif v.pp != ref.pp or v.tp != ref.tp or t_r is not None:
+            continue  # another shape, or not predicted while today's is: bytes are not comparable
+        else:
+            b0 = ref.audit.comm_bytes_per_token
+            gain = rel = (b0 - v.audit.comm_bytes_per_token) / b0 if b0 else 0.0
+            basis = "communication bytes saved (no time prediction)"
+        if gain <= 0:
+            continue
+        extra = v.audit.replicated_extra_bytes
+        price = f"+{_gib(extra)} weights/rank" if extra else "none"
+        sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
+        ok = engine_ok(sgl)
+        engine = "SGLang flags exist" if ok else (engine_refusal(sgl) or sgl.summary) if sgl else ""
+        clear = "TTFT" in basis and not within_band(rel, band.band)
+        steps.append(NextStep(v.key, gain, rel, basis, price, engine, ok, clear))
+    return sorted(steps, key=lambda s: -s.gain)
+
+
+def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Provenance) -> BottomLine:
+    """Switch to the best next step when its predicted gain exceeds the error band, else keep."""
+    from tpplan.report.analysis import ttft_mean
+
+    cur = f"`{ref.key}`"
+    band_txt = f"±{100 * band.band:.1f}% error band of predictions {band.label}"
+    if not steps:
+        return BottomLine("keep", ref.key, f"**Keep {cur}**: no legal plan that fits in memory beats it.")
+    top = steps[0]
+    if not top.timed:
+        return BottomLine(
+            "keep",
+            ref.key,
+            f"**Keep {cur} until plans are timed**: `{top.key}` moves {100 * top.gain:.1f}% fewer bytes per token "
+            "per rank, but without a time prediction bytes alone do not decide.",
+        )
+    t_r = ttft_mean(ref, wl) if wl else None
+    t_top = (t_r or 0.0) - top.gain
+    numbers = f"predicted mean TTFT at {wl} {t_top:.3f} s vs {t_r:.3f} s (-{100 * top.rel:.1f}%)"
+    if not top.clear:
+        return BottomLine(
+            "keep",
+            ref.key,
+            f"**Keep {cur}**: the best next step, `{top.key}`, is {numbers}, inside the {band_txt}: too close to "
+            "call; measure it before switching.",
+        )
+    text = f"**Switch from {cur} to `{top.key}`**: {numbers}, beyond the {band_txt}; price: {top.price}."
+    if top.engine_ok:
+        text += " SGLang flags realise it; Engine flags below lists the conditions they need."
+    else:
+        text += f" No engine runs it as is ({top.engine})."
+        alt = next((s for s in steps if s.engine_ok and s.clear), None)
+        if alt is not None:
+            text += (
+                f" With today's SGLang flags the best is `{alt.key}`: -{100 * alt.rel:.1f}% ({alt.gain:.3f} s), "
+                "also beyond the band."
+            )
+    return BottomLine("switch", top.key, text)
+
+
+__all__ = ["STATUS_WORDS", "BottomLine", "NextStep", "Verdict", "bottom_line", "engine_ok", "judge", "next_steps"]
