@@ -41,8 +41,9 @@ def test_fit_recovers_the_constants_of_synthetic_kda_points_and_flags_held_out_o
 
 def test_shipped_fit_is_the_fit_of_the_shipped_sweep() -> None:
     """kernel-models-fit.json (and so the h200-kernel-models preset) is reproducible from the sweep."""
-    sweep = json.loads((FIT.parent / "kernel-sweep.json").read_text())
-    got = fit_sweep(sweep["points"])["constants"]
+    pts = [p for f in ("kernel-sweep.json", "kernel-sweep-in-model-shapes.json")
+           for p in json.loads((FIT.parent / f).read_text())["points"]]  # fmt: skip
+    got = fit_sweep(pts)["constants"]
     shipped = json.loads(FIT.read_text())["constants"]
     preset = load_topology("h200-kernel-models").gpu.kernel_models
     for name, consts in shipped.items():

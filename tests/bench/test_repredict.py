@@ -49,12 +49,12 @@ def _errors(path: Path, topology: str) -> tuple[dict[tuple[str, int], float], fl
 
 def test_h200_tp1_seed_run_repredicts_to_the_documented_out_of_sample_errors() -> None:
     """Physical kernel models fitted on the isolated sweep, judged in the model's own run at 8K tokens
-    (docs/benchmarks.md, "Out of sample"): layers -25%, batches -26%, GEMMs within 1%."""
+    (docs/benchmarks.md, "Out of sample"): layers -21.5%, batches -22.5%, GEMMs within 2%."""
     layers, total, cats = _errors(H200 / "k3-tp1-seed-c8.json", "h200-kernel-models")
-    assert layers[("kda+moe", 8192)] == pytest.approx(-0.251, abs=0.005)
-    assert layers[("mla+moe", 8192)] == pytest.approx(-0.250, abs=0.005)
-    assert total == pytest.approx(-0.260, abs=0.005)
-    assert abs(cats["gemm"]) <= 0.01
+    assert layers[("kda+moe", 8192)] == pytest.approx(-0.215, abs=0.005)
+    assert layers[("mla+moe", 8192)] == pytest.approx(-0.215, abs=0.005)
+    assert total == pytest.approx(-0.225, abs=0.005)
+    assert abs(cats["gemm"]) <= 0.02
     assert cats["moe"] == pytest.approx(-0.299, abs=0.005)
     assert cats["attention"] == pytest.approx(-0.206, abs=0.005)
     assert cats["recurrence"] == pytest.approx(-0.384, abs=0.005)

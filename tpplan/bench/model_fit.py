@@ -4,7 +4,7 @@ Why: a model is only worth its out-of-sample error. `fit_sweep` splits each kern
 points into a fit set (a few heads per rank, token counts and contexts) and the held-out rest,
 fits the constants on the fit set (least squares on relative error, Nelder-Mead; torch-free), and
 returns the constants with the errors of both sets by regime. `python -m tpplan.bench.model_fit
-SWEEP.json OUT.json` writes them (docs/benchmarks/h200-2026-12-01/).
+SWEEP.json [SWEEP2.json ...] OUT.json` writes them (docs/benchmarks/h200-2026-12-01/).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "kda": lambda p: p["heads"] in (96, 24, 6, 1) and p["tokens"] in (2048, 8192),
     "experts": lambda p: p["experts_local"] in (448, 112, 28) and p["tokens"] in (2048, 8192) and p["inter"] == 3072,
     "short_conv": lambda p: p["channels"] in (12288, 768),
+    "attn_res": lambda p: p["bank"] in (1, 4),
 }
 
 
@@ -103,6 +104,10 @@ def _conv(c: dict[str, float], p: dict[str, Any]) -> float:
     return M.stream_s(c, conv_bytes(p["channels"], p["tokens"]))
 
 
+def _attn_res(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.stream_s(c, M.attn_res_bytes(p["tokens"], p["hidden"], p["bank"]))
+
+
 def conv_bytes(channels: int, tokens: int) -> float:
     """bf16 [T, C] read and written (the K-1 carried rows aside)."""
     return 4.0 * channels * tokens
@@ -113,6 +118,7 @@ FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], t
     "kda": (_kda, ("c0_s", "c1_s", "b_s", "p1"), (8e-4, 3e-8, 3e-9, 2.0)),
     "experts": (_experts, ("c0_s", "TBps", "p1"), (5e-5, 3.3, 2.0)),
     "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
+    "attn_res": (_attn_res, ("a_s", "TBps"), (5e-5, 1.0)),
 }
 
 
@@ -127,6 +133,7 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
         "kda": [("kda", [p for p in points if p["family"] == "kda"])],
         "experts": [("experts", [p for p in points if p["family"] == "experts"])],
         "short_conv": [("short_conv", [p for p in points if p["family"] == "short_conv"])],
+        "attn_res": [("attn_res", [p for p in points if p["family"] == "attn_res"])],
     }  # fmt: skip
     for fam, parts in groups.items():
         model, names, x0 = FAMILIES[fam]
@@ -162,15 +169,18 @@ def regime(r: dict[str, Any]) -> str:
         return f"h={r['heads']}"
     if r["family"] == "experts":
         return f"E/rank={r['experts_local']} I={r['inter']}"
+    if r["family"] == "attn_res":
+        return f"snapshots={r['bank']}"
     return f"C={r['channels']}"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    doc = json.loads(Path(args[0]).read_text())
-    res = fit_sweep(doc["points"])
-    res["source"] = {"sweep": args[0], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
-    Path(args[1]).write_text(json.dumps(res, indent=1) + "\n")
+    docs = [json.loads(Path(a).read_text()) for a in args[:-1]]
+    doc = docs[0]
+    res = fit_sweep([p for d in docs for p in d["points"]])
+    res["source"] = {"sweeps": args[:-1], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
+    Path(args[-1]).write_text(json.dumps(res, indent=1) + "\n")
     for row in error_table(res["points"], regime):
         print(f"{row[0]:<38} {row[1]:<9} {row[2]:>4} median {row[3]:6.1%} worst {row[4]:6.1%}")
     print(json.dumps(res["constants"], indent=1))

@@ -18,6 +18,8 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   compute the GEMM table's time for the tile-padded per-expert shapes (`cost.gemm`): few tokens per
   expert read every expert's weights (memory-bound), many are compute-bound at the GEMM rate.
 - short_conv: t = a + bytes / BW over the [T, C] input and output.
+- attn_res (K3's softmax over depth, the runtime's torch path): t = a + bytes / BW over the fp32
+  rows it builds, T x (snapshots + 1) x hidden x 4 bytes.
 
 `KernelModels` holds the constants (`GpuSpec.kernel_models`, by model name); each `*_s` method
 returns None where the GPU has no constants for that kernel (the caller keeps its roofline).
@@ -64,6 +66,11 @@ def experts_s(c: Consts, active: int, width: int, inter: int, compute_s: float, 
     return c["c0_s"] + smoothmax(weights / (c["TBps"] * 1e12), compute_s, c["p"])
 
 
+def attn_res_bytes(tokens: int, hidden: int, snapshots: float) -> float:
+    """The fp32 rows the attention residual builds: [T, snapshots + 1, hidden]."""
+    return 4.0 * tokens * (snapshots + 1.0) * hidden
+
+
 def stream_s(c: Consts, nbytes: float) -> float:
     """a + bytes / BW: a memory-bound kernel (short conv, routing gathers and scatters)."""
     return c["a_s"] + nbytes / (c["TBps"] * 1e12)
@@ -77,13 +84,14 @@ FITTED_ON = {
     "kda": "fla.chunk_kda",
     "experts": "torch._grouped_mm",
     "short_conv": "torch conv1d",
+    "attn_res": "torch, fp32 rows",
 }
 
 
 class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
-    NAMES = ("attention_causal", "attention_prefix", "kda", "experts", "short_conv")
+    NAMES = ("attention_causal", "attention_prefix", "kda", "experts", "short_conv", "attn_res")
 
     def __init__(self, consts: Mapping[str, Consts]) -> None:
         self.consts = consts
@@ -106,6 +114,10 @@ class KernelModels:
         c = self.consts.get("experts")
         return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes)
 
+    def attn_res(self, rows: int, hidden: int, snapshots: float) -> float | None:
+        c = self.consts.get("attn_res")
+        return None if c is None else stream_s(c, attn_res_bytes(rows, hidden, snapshots))
+
     def stream(self, nbytes: float) -> float | None:
         c = self.consts.get("short_conv")
         return None if c is None else stream_s(c, nbytes)
@@ -115,6 +127,7 @@ __all__ = [
     "KernelModels",
     "attention_flops",
     "attention_s",
+    "attn_res_bytes",
     "experts_s",
     "recurrence_s",
     "smoothmax",

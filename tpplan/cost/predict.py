@@ -503,6 +503,9 @@ class _Predictor:
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
+            model = self._model("attn_res")
+            phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
+            secs = secs if phys is None else phys
         else:
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes), "elementwise"
