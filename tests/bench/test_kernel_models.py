@@ -79,3 +79,20 @@ def test_calibrate_kernel_models_writes_a_topology_and_refuses_a_bad_file(tmp_pa
     cmd[5] = str(bad)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "--kernel-models" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_predictions_say_when_a_physical_model_priced_a_shape_its_sweep_never_measured() -> None:
+    from tpplan.bench.model_slice import build_slice
+    from tpplan.cost.predict import _predictor
+    from tpplan.plans.named import make_plan
+
+    g = build_slice("kimi-k3", None, 128).graph
+    p = _predictor(g, make_plan("baseline", g, 1), load_topology("h200-kernel-models"), 1, 1, "bf16", None)
+    res = next(r for r in p.audit.layer_results if r.kind == "kda+moe")
+
+    def kda(tokens: int) -> object:
+        return next(o for o in p.kind_time(res, ((tokens, 0),)).ops if o.op == "kda")
+
+    assert not kda(8192).extrapolated and kda(12288).extrapolated  # the sweep went to 8K tokens
+    gemm = next(o for o in p.kind_time(res, ((12288, 0),)).ops if o.op == "q_proj")
+    assert not gemm.extrapolated  # GEMMs come from the table, not a physical model

@@ -122,6 +122,26 @@ FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], t
 }
 
 
+# The dimensions each model's measured range is recorded over (`KernelModels.extrapolated`).
+RANGES: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
+    "attention": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
+    "kda": lambda p: {"heads": p["heads"], "tokens": p["tokens"]},
+    "experts": lambda p: {"experts": p["active"], "rows_per_expert": p["rows"] / p["active"]},
+    "short_conv": lambda p: {"channels": p["channels"], "tokens": p["tokens"]},
+    "attn_res": lambda p: {"tokens": p["tokens"], "snapshots": p["bank"]},
+}
+
+
+def measured_range(fam: str, pts: list[dict[str, Any]]) -> dict[str, float]:
+    """min_<dim> / max_<dim> over every measured point (fit and held out alike)."""
+    dims = [RANGES[fam](p) for p in pts]
+    out: dict[str, float] = {}
+    for k in dims[0]:
+        out[f"min_{k}"] = float(min(d[k] for d in dims))
+        out[f"max_{k}"] = float(max(d[k] for d in dims))
+    return out
+
+
 def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
     """Constants per model and the error of every point, tagged fit / held-out."""
     consts: dict[str, dict[str, float]] = {}
@@ -144,7 +164,7 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
             c = _fit(fit_set, model, names, x0)
             if "p1" in c:
                 c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
-            consts[name] = c
+            consts[name] = c | measured_range(fam, pts)
             use = c if "p" not in c else {**c, "p1": c["p"] - 1.0}
             for p in pts:
                 pred = model(use, p)

@@ -23,6 +23,9 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
 
 `KernelModels` holds the constants (`GpuSpec.kernel_models`, by model name); each `*_s` method
 returns None where the GPU has no constants for that kernel (the caller keeps its roofline).
+Constants named `min_<dim>` / `max_<dim>` give the range the sweep measured (heads, tokens,
+context, experts, rows_per_expert, channels, snapshots); `extrapolated` says when a shape is
+outside it, so a prediction can say it was priced where nothing was measured.
 """
 
 from __future__ import annotations
@@ -95,6 +98,17 @@ class KernelModels:
 
     def __init__(self, consts: Mapping[str, Consts]) -> None:
         self.consts = consts
+
+    def extrapolated(self, name: str, **dims: float) -> bool:
+        """True when any given dimension lies outside the range model `name` was measured over."""
+        c = self.consts.get(name)
+        if c is None:
+            return False
+        for dim, v in dims.items():
+            lo, hi = c.get(f"min_{dim}"), c.get(f"max_{dim}")
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                return True
+        return False
 
     @staticmethod
     def fitted_for(family: str, impl: str | None) -> bool:

@@ -68,6 +68,7 @@ class OpTime:
     shape: tuple[int, int, int] | None = None  # (M, K, N) per rank for GEMMs (per expert group for MoE)
     kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
+    extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
@@ -359,6 +360,7 @@ class _Predictor:
         # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
         self.models = KernelModels(topo.gpu.kernel_models) if topo.gpu.kernel_models else None
         self.impls = impls
+        self._extrapolated = False  # set by _op_time for the op it prices
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
@@ -422,6 +424,8 @@ class _Predictor:
             flops += f
             nbytes += act + weights
         phys = self._physical_experts(m_use, active, ew, i_loc, t, t_compute)
+        if phys is not None and self.models is not None:
+            self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
         return (secs if phys is None else phys), flops, nbytes, (m_use, ew, 2 * i_loc)
 
     def _model(self, family: str) -> KernelModels | None:
@@ -451,6 +455,7 @@ class _Predictor:
         # Ops on partial sums (P) also run whole on every rank, but each on different data.
         redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
         shape = None
+        self._extrapolated = False
         if op.kind in (OpKind.LINEAR, OpKind.ROUTER):
             out, inp = op.weight_shape
             m = self._rows(d, t)
@@ -485,16 +490,24 @@ class _Predictor:
                     dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
                     phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
                     secs = secs if phys is None else phys
+                    name = "attention_prefix" if ctx > 0 else "attention_causal"
+                    self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t,
+                                                                                   context=ctx)  # fmt: skip
             elif impl in ("kda", "gdn"):
                 flops, nbytes = self._elementwise(lg, d, t)
                 secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
                 phys = None if model is None else model.recurrence(str(impl), h_rank, t)
                 secs = secs if phys is None else phys
+                self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                    str(impl), heads=h_rank, tokens=t)  # fmt: skip
             else:  # short convolution: memory-bound
                 flops, nbytes = self._elementwise(lg, d, t)
                 secs, cat = self._roofline(flops, nbytes), "elementwise"
                 phys = None if model is None else model.stream(nbytes)
                 secs = secs if phys is None else phys
+                channels = lg.values[op.output].width * share
+                self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                    "short_conv", channels=channels, tokens=t)  # fmt: skip
         elif op.kind is OpKind.SLICE:
             secs = flops = nbytes = 0.0
             cat = "elementwise"
@@ -506,6 +519,8 @@ class _Predictor:
             model = self._model("attn_res")
             phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
             secs = secs if phys is None else phys
+            self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
         else:
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes), "elementwise"
@@ -513,7 +528,8 @@ class _Predictor:
             redundant = False
         kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
         measured = self._profiled(kernel, op.name, secs)
-        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs)
+        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
+                      self._extrapolated)  # fmt: skip
 
     def _profiled(self, kernel: str | None, op_name: str, modelled: float) -> float:
         """`modelled` through the measured profile for this op (its own, 'kind:op name', first, else its
