@@ -194,36 +194,6 @@ def attn_res_points(tokens: Iterable[int], banks: Iterable[int], hidden: int, re
     return out
 
 
-def gdn_points(
-    v_heads: Iterable[int], tokens: Iterable[int], v_per_k: int = 2, reps: int = 7, d: int = 128
-) -> list[dict[str, Any]]:
-    """fla chunk_gated_delta_rule via `runtime.fast_kernels.gdn` (conv inputs, GVA, gated norm included)."""
-    import torch
-
-    from tpplan.runtime import fast_kernels as F
-
-    out = []
-    for hv in v_heads:
-        hk = max(1, hv // v_per_k)
-        r = hv // hk
-        for t in tokens:
-            width = hk * (2 * d + 2 * r * d)  # q, k, v, z per key-head group
-            qkvz = torch.randn(t, width, device="cuda", dtype=torch.bfloat16)
-            ba = torch.randn(t, 2 * hv, device="cuda", dtype=torch.bfloat16)
-            conv = torch.randn(hk * (2 * d + r * d), 4, device="cuda", dtype=torch.bfloat16) * 0.3
-            a_log = torch.empty(hv, device="cuda").uniform_(1.0, 16.0).log()
-            dt = torch.empty(hv, device="cuda").uniform_(-4.0, -1.0)
-            nw = torch.ones(d, device="cuda", dtype=torch.bfloat16)
-
-            def call(_i: int, qkvz=qkvz, ba=ba, conv=conv, a_log=a_log, dt=dt, nw=nw, r=r) -> Any:
-                return F.gdn(qkvz, ba, conv_weight=conv, a_log=a_log, dt_bias=dt, norm_weight=nw, eps=1e-6,
-                             k_head_dim=d, v_head_dim=d, v_per_k=r, state={})  # fmt: skip
-
-            out.append({"family": "gdn", "heads": hv, "k_heads": hk, "tokens": t, "dk": d, "dv": d,
-                        "seconds": _timed(call, reps, 1)})  # fmt: skip
-    return out
-
-
 def expert_points(
     experts_local: Iterable[int], tokens: Iterable[int], experts: int, top_k: int, width: int, inter: int,
     reps: int = 7,
@@ -332,7 +302,6 @@ __all__ = [
     "attention_points",
     "conv_points",
     "expert_points",
-    "gdn_points",
     "kda_batched_points",
     "kda_points",
     "run_sweep",
