@@ -7,8 +7,10 @@ of each TP size runs:
 - `gemm`: the probe shapes of `tpplan calibrate --quick` (`gemm_probe`), measured/table;
 - `attention`: `runtime.fast_kernels.causal_attention` (SDPA flash; MLA's v zero-padded to the
   q/k head dim, lower-right causal mask over a KV cache) by heads per rank, tokens, context, dims;
-- `kda` / `gdn`: fla's chunked delta-rule kernels through `runtime.fast_kernels` (state carried,
-  gates fused in the kernel) by heads per rank and tokens, down to one head;
+- `kda`: fla's chunked KDA (state carried, gates fused in the kernel) by heads per rank and tokens,
+  down to one head: as h one-head sequences (`kda_batched_points`, one build) or through
+  `runtime.fast_kernels.kda` in the runtime's layout (`kda_points`, one build per head count);
+- `short_conv`, `attn_res`: the runtime's torch paths;
 - `experts`: `bench.fast_kernels.expert_ffn` (`torch._grouped_mm`) by experts per rank and tokens
   routed (top-k of the model's experts, random router logits).
 
