@@ -159,6 +159,7 @@ REASONS = {
     "read-only-file": "is read-only",
 }
 BENCH = "docs/benchmarks/h200x2-2026-11-30-kernel-profiles/k3-baseline.json"
+KERNEL_FIT = "docs/benchmarks/h200-2026-12-01/kernel-models-fit.json"
 COMMANDS = {  # command line with {out} where the output path goes, and the output's kind
     "search --json": (["search", "-m", "tiny-kimi-k3", "--tp", "2", "--json", "{out}"], "file"),
     "report --out": ([*TINY_REPORT, "--out", "{out}"], "dir"),
@@ -167,6 +168,8 @@ COMMANDS = {  # command line with {out} where the output path goes, and the outp
     "bench --md": (["bench", "--from", BENCH, "--md", "{out}"], "file"),
     "calibrate --out": (["calibrate", "--nproc", "2", "--out", "{out}"], "file"),
     "calibrate --kernels-from": (["calibrate", "--kernels-from", BENCH, "--out", "{out}"], "file"),
+    "bench --repredict --out": (["bench", "--from", BENCH, "--repredict", "--out", "{out}"], "file"),
+    "calibrate --kernel-models": (["calibrate", "--kernel-models", KERNEL_FIT, "--out", "{out}"], "file"),
 }
 CASES = [
     (cmd, case)

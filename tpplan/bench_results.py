@@ -77,6 +77,9 @@ class OpResult(Timed):
     modelled_s: float | None = Field(
         default=None, gt=0, description="the model's roofline estimate before any kernel profile (predicted_s)"
     )
+    impl: str | None = Field(
+        default=None, description="the implementation the op ran (e.g. 'fla.chunk_kda', 'torch._grouped_mm')"
+    )
 
     @property
     def estimate_s(self) -> float | None:

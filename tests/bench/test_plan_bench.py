@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from tpplan.bench import serving_kernels as FK  # noqa: E402
 from tpplan.bench.model_slice import build_slice, experts_that_fit, parse_layers  # noqa: E402
-from tpplan.bench.plan_bench import output_paths, write_atomic  # noqa: E402
+from tpplan.bench.results import output_paths, write_atomic  # noqa: E402
 from tpplan.bench_results import load_bench_results  # noqa: E402
 from tpplan.errors import TpplanError  # noqa: E402
 from tpplan.layout.schedule import predict_schedule  # noqa: E402
@@ -55,6 +55,10 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
         assert {o.kernel for o in res.ops if o.category != "gemm"} >= {"token_mix.kda", "token_mix.mla", "norm"}
         assert all(o.kernel is None for o in res.ops if o.category == "gemm" and o.op != "router")
         assert all(o.modelled_s == pytest.approx(o.predicted_s) for o in res.ops if o.predicted_s)
+        # every op says what ran: on CPU, the bench's fast set without fla
+        impl = {(o.layer_kind, o.op): o.impl for o in res.ops}
+        assert all(impl.values()) and impl[("kda+moe", "kda")] == "tpplan batched chunked delta rule (torch)"
+        assert impl[("mla+moe", "q_b_proj")] == "torch matmul" and "SDPA" in impl[("mla+moe", "attention")]
         assert res.ttft and res.ttft[0].mean_s > 0 and "TP2" in res.ttft[0].topology
         assert all(c.direct_s and c.predicted_s and c.group_size == 2 for c in res.collectives)
         # every collective the run issued is one the plan's predicted schedule names, with its bytes
@@ -159,7 +163,8 @@ def test_serving_kernels_equal_the_reference() -> None:
 
 
 def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicted() -> None:
-    from tpplan.bench.plan_bench import BenchConfig, extrapolate_ttft, resolved_workload
+    from tpplan.bench.config import BenchConfig, resolved_workload
+    from tpplan.bench.ttft import extrapolate_ttft
     from tpplan.bench_results import CollectiveResult, OpResult
 
     cfg = BenchConfig(model="kimi-k3", plans=("baseline",), workload="seed-c8", target_topology="h200x8-ib400",
@@ -246,7 +251,7 @@ def test_layers_calibrated_on_a_reference_plan() -> None:
     """On the recorded 2xH200 run: against itself, the calibrated layer is exactly the measured ops
     plus the predicted collectives; against other plans, every layer kind gets a finite error that
     the checks report (the recorded values: within 0.5%, 2.0% and 5.3%)."""
-    from tpplan.bench.plan_bench import layers_calibrated_on
+    from tpplan.bench.checks import layers_calibrated_on
 
     runs = {p: load_bench_results(str(GPU_RUN / f"k3-{p}.json")) for p in ("baseline", "gate-aware", "sp-moe")}
     ref = runs["baseline"]
@@ -285,7 +290,8 @@ def test_recorded_profiled_run_meets_the_layer_overhead_and_saving_targets() -> 
     plan's layers within 10% and overhead within 3%, gate-aware's and sp-moe's savings measured,
     latent-scattered's below the run's resolution; sp-moe's collective median is the one miss (its
     combine runs 11% shorter in the plan than alone, two reduce-scatters wait)."""
-    from tpplan.bench.plan_bench import checks, from_files
+    from tpplan.bench.checks import checks
+    from tpplan.bench.results import from_files
 
     got = {c.name: c for c in checks(from_files([PROFILED_RUN / f"k3-{p}.json" for p in PLANS4]))}
     for p in PLANS4:
@@ -300,7 +306,7 @@ def test_recorded_profiled_run_meets_the_layer_overhead_and_saving_targets() -> 
 
 
 def test_saving_noise_is_the_spread_of_identical_batches() -> None:
-    from tpplan.bench.plan_bench import saving_noise
+    from tpplan.bench.checks import saving_noise
     from tpplan.bench_results import BatchResult
 
     base = load_bench_results(PROFILED_RUN / "k3-baseline.json")
@@ -316,7 +322,7 @@ def test_saving_noise_is_the_spread_of_identical_batches() -> None:
 
 
 def test_call_weighted_median_counts_every_call() -> None:
-    from tpplan.bench.plan_bench import call_weighted_median_error
+    from tpplan.bench.checks import call_weighted_median_error
     from tpplan.bench_results import CollectiveResult
 
     def row(err: float, calls: int) -> CollectiveResult:

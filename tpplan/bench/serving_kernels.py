@@ -24,6 +24,7 @@ benchmark, with the same semantics (tests compare them on CPU):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -152,6 +153,44 @@ def chunked_delta_rule(
     return out, s
 
 
+def cascade_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Same contract as `kernels.causal_attention` (q [T, n, dqk] are the last T of k/v's S positions):
+    the flash kernel twice, as serving engines split a prefill chunk over a KV cache, then merged.
+
+    SDPA's lower-right causal mask (what the runtime passes when S > T) dispatches to the
+    memory-efficient kernel, at about half flash's rate on an H200 (docs/benchmarks.md). Here the
+    cached prefix is attended without a mask and the chunk itself with the plain causal mask, both
+    by `aten._scaled_dot_product_flash_attention`, which also returns each row's log-sum-exp; the two
+    partial outputs are combined by those weights (exact up to rounding). v is zero-padded to the q/k
+    head dim when narrower (MLA), as flash needs one head dim."""
+    t, s = q.shape[0], k.shape[0]
+    ctx = s - t
+    dq, dv = q.shape[-1], v.shape[-1]
+    qh, kh, vh = (z.transpose(0, 1).unsqueeze(0).to(q.dtype) for z in (q, k, v))  # [1, n, T|S, d]
+    if dv < dq:
+        vh = F.pad(vh, (0, dq - dv))
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+    with torch.no_grad():
+        o2, lse2 = flash(qh, kh[:, :, ctx:], vh[:, :, ctx:], 0.0, True, False, scale=scale)[:2]
+        if ctx > 0:
+            o1, lse1 = flash(qh, kh[:, :, :ctx], vh[:, :, :ctx], 0.0, False, False, scale=scale)[:2]
+            m = torch.maximum(lse1, lse2)
+            w1, w2 = (lse1 - m).exp(), (lse2 - m).exp()
+            o2 = ((o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]).to(q.dtype)
+    return o2[0, ..., :dv].transpose(0, 1).reshape(t, -1)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """The runtime's SDPA path; `cascade_attention` on CUDA in bf16/fp16 when env TPPLAN_CASCADE_ATTN=1.
+
+    Off by default: on an H200 with torch 2.11 SDPA's own choice ran 1.1-2x faster than the cascade
+    (docs/benchmarks/h200-2026-12-01/kernel-sweep.json, impl "cascade" vs "sdpa")."""
+    ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+    if ok and os.environ.get("TPPLAN_CASCADE_ATTN", "0") == "1":
+        return cascade_attention(q, k, v, scale)
+    return runtime_fast.causal_attention(q, k, v, scale)
+
+
 @contextmanager
 def installed(enabled: bool = True) -> Iterator[None]:
     """Swap the fast kernels into `tpplan.runtime.kernels` (which the executor and the plan runner
@@ -163,11 +202,11 @@ def installed(enabled: bool = True) -> Iterator[None]:
     reference = K.causal_attention
 
     def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, **masks: object) -> Tensor:
-        # The runtime's SDPA path (also off CUDA) for plain causal attention; a call with a mask SDPA's
-        # causal path does not express (DSA's top-k `keep`, a sliding window, a chunk, sinks) runs
-        # the reference kernel rather than fail.
+        # The serving path (`_attention`: SDPA, the cascade split on request) for plain causal
+        # attention; a call with a mask SDPA's causal path does not express (DSA's top-k `keep`, a
+        # sliding window, a chunk, sinks) runs the reference kernel rather than fail.
         if keep is None and all(m is None for m in masks.values()):
-            return runtime_fast.causal_attention(q, k, v, scale)
+            return _attention(q, k, v, scale)
         return reference(q, k, v, scale, keep, **masks)  # type: ignore[arg-type]
 
     K.causal_attention = attention  # type: ignore[assignment]

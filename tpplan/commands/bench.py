@@ -18,8 +18,10 @@ def bench(
     model: Annotated[str, typer.Option("--model", "-m", help="preset name or config.json")] = "kimi-k3",
     workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "seed-c8",
     topology: Annotated[
-        str, typer.Option("--topology", "-t", help="topology the predictions use (a calibrated one)")
-    ] = "h200x2-calibrated",
+        str | None,
+        typer.Option("--topology", "-t", help="topology the predictions use (a calibrated one; default "
+                     "h200x2-calibrated, with --repredict the one each run recorded)"),
+    ] = None,
     layers: Annotated[
         str | None, typer.Option("--layers", help="layers to run: auto, START:STOP or 0-based list (e.g. 1,2,3,4)")
     ] = None,
@@ -51,23 +53,23 @@ def bench(
         list[Path] | None,
         typer.Option("--from", help="results JSON written earlier: redo the markdown/checks, run nothing"),
     ] = None,
+    repredict: Annotated[
+        bool,
+        typer.Option("--repredict", help="with --from: price the recorded runs again with the current cost model "
+                     "(--out writes the re-predicted results)"),
+    ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Run plans on a representative model slice with real collectives; time every collective, op, layer and
     batch against the prediction; write the bench JSON (docs/bench-json.md) and a markdown table."""
-    from tpplan.bench.plan_bench import (
-        BenchConfig,
-        anchor_rows,
-        checks,
-        checks_ok,
-        markdown,
-        output_paths,
-        results_json,
-        run_bench,
-    )
-    from tpplan.bench.plan_bench import from_files as load_previous
+    from tpplan.bench.checks import checks, checks_ok
+    from tpplan.bench.config import BenchConfig
+    from tpplan.bench.markdown import anchor_rows, markdown
+    from tpplan.bench.plan_bench import run_bench
+    from tpplan.bench.results import from_files as load_previous
+    from tpplan.bench.results import output_paths, results_json
     from tpplan.commands._console import console, print_markdown
     from tpplan.commands._failure import print_failure
     from tpplan.errors import TpplanError
@@ -75,16 +77,32 @@ def bench(
     from tpplan.plans.named import plan_name
     from tpplan.runtime.group import RankFailed
 
+    if repredict and not from_files:
+        raise TpplanError("--repredict", "needs recorded runs", "pass --from RESULTS.json (repeatable)")
     # Every output path first: a bad one costs one line, not a run (several plans: one file each).
     names = list(dict.fromkeys(plan_name(p) for p in plan or [])) or [""]  # the names the files will have
-    for p in (output_paths(out, names).values() if out and not from_files else []):
+    if from_files and repredict and out is not None:  # re-predicted results: one file per recorded plan
+        from tpplan.bench_results import load_bench_results
+
+        names = [load_bench_results(f, "--from").plan for f in from_files]
+        if len(set(names)) < len(names):
+            raise TpplanError("--out", "the --from files repeat a plan", "re-predict one run per plan at a time")
+    for p in (output_paths(out, names).values() if out and (not from_files or repredict) else []):
         check_file("--out", p)
     if md is not None:
         check_file("--md", md)
     if anchor is not None and not anchor.is_file():
         raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
     files: dict[Path, str] = {}
-    if from_files:
+    if from_files and repredict:
+        from tpplan.bench.repredict import repredict as reprice
+
+        benches = reprice(from_files, topology)
+        paths = {b.plan: f for b, f in zip(benches, from_files, strict=True)}
+        if out is not None:
+            paths = output_paths(out, [b.plan for b in benches])
+            files = {paths[b.plan]: results_json(b.results) for b in benches}
+    elif from_files:
         benches = load_previous(from_files)
         paths = {b.plan: f for b, f in zip(benches, from_files, strict=True)}
     else:
@@ -96,7 +114,8 @@ def bench(
             nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
         plans = tuple(dict.fromkeys(plan_name(p) for p in plan))  # an alias runs under the plan's one name
         cfg = BenchConfig(
-            model=model, plans=plans, workload=workload, topology=topology, layers=layers, experts=experts,
+            model=model, plans=plans, workload=workload, topology=topology or "h200x2-calibrated", layers=layers,
+            experts=experts,
             tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
             backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
             target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,

@@ -80,6 +80,62 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
     typer.echo(f"wrote {out}")
 
 
+def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> None:
+    """--quick (GEMM probe -> gpu.gemm_scale) and/or --kernel-models (fitted constants -> gpu.kernel_models)."""
+    import json
+    import statistics
+
+    from rich.table import Table
+
+    from tpplan.bench.calibrate import write_topology_atomic
+    from tpplan.commands._console import console, show
+    from tpplan.cost.kernel_models import KernelModels
+    from tpplan.cost.topology import load_topology
+    from tpplan.errors import TpplanError
+    from tpplan.outputs import write_errors
+
+    base = load_topology(base_topology)  # --out was checked by the caller, before any work
+    gpu_upd: dict[str, object] = {}
+    notes = [base.notes or ""]
+    if models is not None:
+        try:
+            consts = json.loads(models.read_text())["constants"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TpplanError(f"--kernel-models {models}", f"not a model fit ({exc})",
+                              "pass the JSON `python -m tpplan.bench.model_fit` wrote") from None  # fmt: skip
+        unknown = sorted(set(consts) - set(KernelModels.NAMES))
+        if unknown:
+            raise TpplanError(f"--kernel-models {models}", f"unknown models {unknown}", "pass a model_fit output")
+        gpu_upd["kernel_models"] = {k: {n: float(v) for n, v in c.items()} for k, c in consts.items()}
+        notes.append(f"physical kernel models fitted in {models.name}")
+    if quick:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TpplanError("--quick", "needs a CUDA GPU to time GEMMs", "run it on the machine to calibrate")
+        from tpplan.bench.gemm_probe import probe
+
+        points = probe()
+        table = Table(title=f"GEMM probe on {torch.cuda.get_device_name()} (queued behind another kernel)")
+        for col in ("M", "K", "N", "TFLOP/s", "alone", "table", "measured / table"):
+            table.add_column(col, justify="right")
+        for p in points:
+            table.add_row(str(p.m), str(p.k), str(p.n), f"{p.cold_tflops:.0f}", f"{p.warm_tflops:.0f}",
+                          f"{p.table_tflops:.0f}", f"{p.cold_tflops / p.table_tflops:.3f}")  # fmt: skip
+        show(console(), table)
+        ratios = [p.cold_tflops / p.table_tflops for p in points]
+        scale = statistics.median(ratios)
+        typer.echo(f"gemm_scale {scale:.3f} (per-shape {min(ratios):.3f}-{max(ratios):.3f}: one factor is only as "
+                   "good as that spread)")  # fmt: skip
+        gpu_upd["gemm_scale"] = scale
+        notes.append(f"gemm_scale {scale:.3f} from `tpplan calibrate --quick` on {torch.cuda.get_device_name()}")
+    topo = base.model_copy(update={"name": out.stem, "gpu": base.gpu.model_copy(update=gpu_upd),
+                                   "notes": "; ".join(n for n in notes if n)})  # fmt: skip
+    with write_errors("--out", out):
+        write_topology_atomic(topo, out, f"written by `tpplan calibrate --quick/--kernel-models`: {topo.notes}")
+    typer.echo(f"wrote {out}")
+
+
 def calibrate(
     out: Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")],
     backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = (Backend.auto),
@@ -109,6 +165,16 @@ def calibrate(
             "and write it, measuring nothing (no GPU needed)",
         ),
     ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="seconds-long GEMM probe: this GPU's rate / the shape table's, as gpu.gemm_scale "
+                     "on --base-topology (no collectives)"),
+    ] = False,
+    kernel_models: Annotated[
+        Path | None,
+        typer.Option("--kernel-models", help="fitted physical kernel models (tpplan.bench.model_fit JSON) to put "
+                     "on --base-topology (no GPU needed)"),
+    ] = None,
 ) -> None:
     """Measure collectives over a size sweep, fit alpha/busbw per kind, write a topology file.
 
@@ -120,6 +186,9 @@ def calibrate(
     check_file("--out", out)  # before measuring: a bad path costs one line, not a sweep
     if kernels_from:
         _kernels_from(kernels_from, base_topology, out)
+        return
+    if quick or kernel_models is not None:
+        _quick(base_topology, out, kernel_models, quick)
         return
     from tpplan.bench.calibrate import (
         CalibrationConfig,

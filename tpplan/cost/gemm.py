@@ -149,10 +149,11 @@ def achieved_tflops(
     if pts is None:
         return analytic_efficiency(M, K, N, gpu.sm_count) * _peak(gpu, dtype)
     same = [p for p in pts if p.dtype == dtype]
+    scale = gpu.gemm_scale  # this machine against the table's (1 unless `calibrate --quick` measured it)
     if same:
-        return min(table_tflops(M, K, N, same), _peak(gpu, dtype))
+        return min(table_tflops(M, K, N, same) * scale, _peak(gpu, dtype))
     src: Dtype = pts[0].dtype
-    eff = table_tflops(M, K, N, [p for p in pts if p.dtype == src]) / _peak(gpu, src)
+    eff = table_tflops(M, K, N, [p for p in pts if p.dtype == src]) * scale / _peak(gpu, src)
     return min(eff, 1.0) * _peak(gpu, dtype)
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from tpplan.audit import Audit, PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_bytes
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
+from tpplan.cost.kernel_models import KernelModels
 from tpplan.cost.provenance import Provenance, provenance
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
@@ -70,6 +71,7 @@ class OpTime:
     shape: tuple[int, int, int] | None = None  # (M, K, N) per rank for GEMMs (per expert group for MoE)
     kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
+    extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
@@ -336,6 +338,7 @@ class _Predictor:
         dtype: str,
         expert_dtype: str | None,
         audit: PlanAudit | None = None,
+        impls: dict[str, str] | None = None,
     ) -> None:
         if tp < 1 or pp < 1:
             raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
@@ -370,6 +373,11 @@ class _Predictor:
         self.hbm = topo.gpu.hbm_TBps * 1e12
         self.gpu_key = repr(topo.gpu)
         self.profiles = topo.gpu.kernel_profiles
+        # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
+        # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
+        self.models = KernelModels(topo.gpu.kernel_models) if topo.gpu.kernel_models else None
+        self.impls = impls
+        self._extrapolated = False  # set by _op_time for the op it prices
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
@@ -458,7 +466,7 @@ class _Predictor:
         per_expert = rows / active
         m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
         m_use = max(1, round(rows))
-        secs = flops = nbytes = 0.0
+        secs = flops = nbytes = t_compute = 0.0
         for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
             weights = active * kk * nn * self.expert_bytes
             gd = self.experts_gemm_dtype
@@ -467,9 +475,34 @@ class _Predictor:
             t_pad = self._gemm(m_pad, kk, nn, gd)
             t_mem = (act + weights) / self.hbm
             secs += max(t_pad, t_mem)
+            t_compute += t_pad
             flops += f
             nbytes += act + weights
-        return secs, flops, nbytes, (m_use, ew, 2 * i_loc)
+        phys = self._physical_experts(m_use, active, ew, i_loc, t, t_compute)
+        if phys is not None and self.models is not None:
+            self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
+        return (secs if phys is None else phys), flops, nbytes, (m_use, ew, 2 * i_loc)
+
+    def _model(self, family: str) -> KernelModels | None:
+        """The physical models, where they cover `family` as the run executed it (see __init__)."""
+        if self.models is None:
+            return None
+        if self.impls is not None and not KernelModels.fitted_for(family, self.impls.get(family)):
+            return None
+        return self.models
+
+    def _physical_experts(
+        self, rows: int, active: int, width: int, inter: int, tokens: int, compute_s: float
+    ) -> float | None:
+        """Grouped GEMMs by the experts model (compute: the GEMM table at the tile-padded shapes) plus
+        the routing around them as memory traffic: rows gathered (bf16), outputs upcast and weighted
+        (fp32), scatter-added into [T, width] fp32."""
+        m = self._model("experts")
+        ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
+        if ffn is None:
+            return None
+        routing = (rows * width * 22.0 + tokens * width * 14.0) / self.hbm
+        return ffn + routing
 
     def _op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments = ()) -> OpTime:
         op = d.op
@@ -477,6 +510,7 @@ class _Predictor:
         # Ops on partial sums (P) also run whole on every rank, but each on different data.
         redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
         shape = None
+        self._extrapolated = False
         cost = cost_class(op)
         if cost == "gemm":
             out, inp = op.weight_shape
@@ -506,9 +540,27 @@ class _Predictor:
             kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
             _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
             secs, cat = self._roofline(flops, nbytes, ATTN_EFFICIENCY), "attention"
+            model = self._model(str(op.attrs.get("impl")))
+            if model is not None:
+                heads = int(op.attrs.get("heads", 1))
+                h_rank = max(1, round(heads * share))
+                dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
+                dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
+                phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
+                secs = secs if phys is None else phys
+                name = "attention_prefix" if ctx > 0 else "attention_causal"
+                self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t,
+                                                                               context=ctx)  # fmt: skip
         elif cost == "recurrence":
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
+            impl = str(op.attrs.get("impl"))
+            model = self._model(impl)
+            h_rank = max(1, round(int(op.attrs.get("heads", 1)) * d.compute_share))
+            phys = None if model is None else model.recurrence(impl, h_rank, t)
+            secs = secs if phys is None else phys
+            self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                impl, heads=h_rank, tokens=t)  # fmt: skip
         elif cost == "free":
             secs = flops = nbytes = 0.0
             cat = "elementwise"
@@ -517,14 +569,28 @@ class _Predictor:
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
+            model = self._model("attn_res")
+            phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
+            secs = secs if phys is None else phys
+            self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
         else:  # elementwise (norms, gates, short convolutions): memory-bound
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes), "elementwise"
+            if op.kind is OpKind.TOKEN_MIX:  # a memory-bound token mixer (short convolution): its stream model
+                impl = str(op.attrs.get("impl"))
+                model = self._model(impl)
+                phys = None if model is None else model.stream(nbytes)
+                secs = secs if phys is None else phys
+                channels = lg.values[op.output].width * d.compute_share
+                self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                    impl, channels=channels, tokens=t)  # fmt: skip
         if not flops and not nbytes:
             redundant = False
         kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
         measured = self._profiled(kernel, op.name, secs)
-        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs)
+        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
+                      self._extrapolated)  # fmt: skip
 
     def _profiled(self, kernel: str | None, op_name: str, modelled: float) -> float:
         """`modelled` through the measured profile for this op (its own, 'kind:op name', first, else its
@@ -721,8 +787,11 @@ def _predictor(
     dtype: str,
     expert_dtype: str | None,
     audit: PlanAudit | None = None,
+    impls: dict[str, str] | None = None,
 ) -> _Predictor:
     """Cached per (graph, plan, topology, tp, pp, dtype): the scheduler calls batch_time per batch."""
+    if impls is not None:  # a recorded run's implementations (`bench --repredict`): not cached
+        return _Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, impls)
     key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:

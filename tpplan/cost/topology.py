@@ -99,6 +99,13 @@ class GpuSpec(_Strict):
         default_factory=dict,
         description="measured kernel classes (key: op kind, or 'kind:op name'); none = roofline estimates",
     )
+    gemm_scale: float = Field(
+        default=1.0, gt=0, description="this machine's GEMM rate / the table's (`tpplan calibrate --quick`)"
+    )
+    kernel_models: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="fitted constants of the physical kernel models (cost.kernel_models); none = roofline",
+    )
 
 
 class IntraLink(_Strict):

@@ -2,9 +2,10 @@
 
 Public entry points (a benchmark can build on these):
 
-- `PlanRunner(graph, plan, n, rank, source, comm=..., dtype=..., device=..., force=False)`:
-  one rank's executor. It audits the plan (an illegal plan raises `TpplanError` with the audit's
-  reason unless `force`), shards the weights (`tpplan.runtime.shard`), and
+- `PlanRunner(graph, plan, n, rank, source, comm=..., dtype=..., device=..., force=False, observer=None)`:
+  one rank's executor (`observer`: a `tpplan.runtime.observe.RunObserver` told of every layer, op,
+  layout copy and collective, e.g. to time them). It audits the plan (an illegal plan raises
+  `TpplanError` with the audit's reason unless `force`), shards the weights (`tpplan.runtime.shard`), and
   `runner.prefill(ids, chunk=C)` runs a prefill, chunk by chunk with KV cache / recurrent state
   carried in `runner.state`, returning this rank's final hidden (`Held`: tensor + placement).
   `runner.tracer.calls` lists every collective issued (`CollectiveCall`), `runner.tracer.events`
@@ -74,6 +75,7 @@ from tpplan.plans.named import repair
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
 from tpplan.runtime.hooks import before_collective
+from tpplan.runtime.observe import RunObserver
 from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, shard_model
 from tpplan.runtime.trace import Comm, TraceEvent, Tracer
 from tpplan.runtime.transitions import RUNTIME_TRANSITIONS, Move
@@ -156,6 +158,7 @@ class PlanRunner:
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         force: bool = False,
+        observer: RunObserver | None = None,
     ) -> None:
         legal = audit_plan(graph, plan, n, "fp32").legal
         if not force:
@@ -163,6 +166,10 @@ class PlanRunner:
         self.graph, self.plan, self.n, self.rank = graph, plan, n, rank
         self.exec_plan = plan if legal else _repaired(graph, plan, n)
         self.source, self.comm, self.tracer = source, comm, comm.tracer
+        # Sees every layer, op, layout copy and (through the comm) collective: `runtime.observe`.
+        self.observer = observer
+        if observer is not None:
+            comm.observer = observer
         self.numerics = numerics or numerics_for(graph)
         self.device = device or torch.device("cpu")
         self.dtype, self.force = dtype, force
@@ -224,7 +231,10 @@ class PlanRunner:
             ctx.layer, ctx.values = i, lg.values
             env: dict[str, Held] = {"resid": resid, "delta": delta, "bank": bank}
             planned = self.planned[i] if plan is self.exec_plan else {(c.value, c.dst) for c in results[i].comms}
+            span = self.observer.open("layer", i, "") if self.observer else None
             self._layer(i, lg, results[i], planned, shard, env, ctx, t, bool(block and i % block == 0))
+            if self.observer:
+                self.observer.close(span)
             bank = env["bank"]
             resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
             delta = env["mlp_out"]
@@ -301,7 +311,10 @@ class PlanRunner:
                     held = self._convert(lg, op, dec, v, held, need, named, done, tokens)
                 ins.append(held)
             state = self.state.ops.setdefault((i, op.name), {})
+            span = self.observer.open("op", i, op.name) if self.observer else None
             env[op.output] = self._run(op, dec, ins, w, state, ctx, tokens)
+            if self.observer:
+                self.observer.close(span)
             if op.output in ahead:
                 self._exchange_counts_ahead(ahead[op.output], env[op.output].t, tokens)
             if boundary and op.kind is OpKind.ATTN_RES and op in lg.entry:
@@ -343,10 +356,15 @@ class PlanRunner:
 
     def _layout(self, name: str, copy: Callable[..., Tensor], *args: Any) -> Tensor:
         """One layout copy before or after a collective (`pack:<value>`, `unpack:<value>`), run as a
-        step of its own so the collective call gets (or returns) the ready buffer. A benchmark
-        overrides this to time each copy as an op (`tpplan.bench.plan_bench`); `tracer.copies` lists them."""
+        step of its own so the collective call gets (or returns) the ready buffer; an observer sees it
+        as a "copy" span (a benchmark times it as an op); `tracer.copies` lists them."""
         self.tracer.copies.append((self.tracer.chunk, self.tracer.layer, name))
-        return copy(*args)
+        if self.observer is None:
+            return copy(*args)
+        span = self.observer.open("copy", self.tracer.layer, name)
+        out = copy(*args)
+        self.observer.close(span)
+        return out
 
     def _run(
         self, op: Op, dec: OpDecision, ins: list[Held], w: dict[str, Tensor], state: dict[str, Any],

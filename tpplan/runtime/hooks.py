@@ -10,6 +10,10 @@ Ranks are separate processes (spawned, or started by torchrun), so a hook regist
 parent does not reach them: `TPPLAN_RANK_HOOKS` names modules (dotted names, or paths to .py
 files, comma-separated) that `tpplan.runtime.group` imports in every rank before the work
 starts; importing one registers its hooks.
+
+Watching a run (timing its layers, ops and collectives) is the other seam,
+`tpplan.runtime.observe`: an observer belongs to one `PlanRunner` and sees spans; a hook is
+process-wide and acts before each collective (docs/design.md, "Layers and their rules").
 """
 
 from __future__ import annotations

@@ -1,0 +1,98 @@
+"""Physical kernel models: the fit recovers known constants, judges held-out points, and the predictor
+uses the models only for the implementations they were fitted on."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpplan.bench.model_fit import fit_sweep, nelder_mead
+from tpplan.cost import kernel_models as M
+from tpplan.cost.gemm import achieved_tflops
+from tpplan.cost.topology import load_topology
+
+REPO = Path(__file__).resolve().parents[2]
+FIT = REPO / "docs/benchmarks/h200-2026-12-01/kernel-models-fit.json"
+
+
+def test_smoothmax_is_between_max_and_sum_and_does_not_underflow() -> None:
+    assert M.smoothmax(3e-4, 1e-4, 150.0) == pytest.approx(3e-4, rel=1e-6)  # (3e-4)^150 underflows unscaled
+    assert M.smoothmax(2.0, 1.0, 1.0) == pytest.approx(3.0)
+    assert 2.0 < M.smoothmax(2.0, 1.0, 3.0) < 3.0
+
+
+def test_nelder_mead_finds_a_known_minimum() -> None:
+    x = nelder_mead(lambda v: (v[0] - 1.5) ** 2 + 10 * (v[1] + 0.5) ** 2, [0.0, 0.0])
+    assert x == pytest.approx([1.5, -0.5], abs=1e-3)
+
+
+def test_fit_recovers_the_constants_of_synthetic_kda_points_and_flags_held_out_ones() -> None:
+    true = {"c0_s": 1e-3, "c1_s": 5e-8, "b_s": 4e-9, "p": 6.0}
+    pts = [{"family": "kda", "heads": h, "tokens": t, "seconds": M.recurrence_s(true, h, t)}
+           for h in (96, 48, 24, 12, 6, 3, 1) for t in (1024, 2048, 4096, 8192)]  # fmt: skip
+    res = fit_sweep(pts)
+    sets = {r["set"] for r in res["points"]}
+    assert sets == {"fit", "held-out"}
+    assert max(abs(r["error"]) for r in res["points"]) < 0.02  # held-out heads/tokens too
+    assert res["constants"]["kda"]["c0_s"] == pytest.approx(1e-3, rel=0.1)
+
+
+def test_shipped_fit_is_the_fit_of_the_shipped_sweep() -> None:
+    """kernel-models-fit.json (and so the h200-kernel-models preset) is reproducible from the sweep."""
+    pts = [p for f in ("kernel-sweep.json", "kernel-sweep-in-model-shapes.json")
+           for p in json.loads((FIT.parent / f).read_text())["points"]]  # fmt: skip
+    got = fit_sweep(pts)["constants"]
+    shipped = json.loads(FIT.read_text())["constants"]
+    preset = load_topology("h200-kernel-models").gpu.kernel_models
+    for name, consts in shipped.items():
+        for k, v in consts.items():
+            assert got[name][k] == pytest.approx(v, rel=1e-6), (name, k)
+            assert preset[name][k] == pytest.approx(v, rel=1e-9), (name, k)
+
+
+def test_fitted_for_matches_recorded_implementations_only() -> None:
+    assert M.KernelModels.fitted_for("kda", "fla.chunk_kda")
+    assert not M.KernelModels.fitted_for("kda", "tpplan batched chunked delta rule (torch)")
+    assert not M.KernelModels.fitted_for("mla", "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)")
+    assert not M.KernelModels.fitted_for("gdn", "fla.chunk_gated_delta_rule")  # no constants measured
+    assert not M.KernelModels.fitted_for("kda", None)
+
+
+def test_gemm_scale_multiplies_the_table_rate() -> None:
+    gpu = load_topology("h200x2").gpu
+    base = achieved_tflops(8192, 7168, 2112, gpu)
+    faster = achieved_tflops(8192, 7168, 2112, gpu.model_copy(update={"gemm_scale": 1.1}))
+    assert faster == pytest.approx(base * 1.1)
+
+
+def test_calibrate_kernel_models_writes_a_topology_and_refuses_a_bad_file(tmp_path: Path) -> None:
+    out = tmp_path / "t.toml"
+    cmd = [sys.executable, "-m", "tpplan", "calibrate", "--kernel-models", str(FIT), "--base-topology", "h200x2",
+           "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert load_topology(str(out)).gpu.kernel_models["kda"]["p"] > 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    cmd[5] = str(bad)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "--kernel-models" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_predictions_say_when_a_physical_model_priced_a_shape_its_sweep_never_measured() -> None:
+    from tpplan.bench.model_slice import build_slice
+    from tpplan.cost.predict import _predictor
+    from tpplan.plans.named import make_plan
+
+    g = build_slice("kimi-k3", None, 128).graph
+    p = _predictor(g, make_plan("baseline", g, 1), load_topology("h200-kernel-models"), 1, 1, "bf16", None)
+    res = next(r for r in p.audit.layer_results if r.kind == "kda+moe")
+
+    def kda(tokens: int) -> object:
+        return next(o for o in p.kind_time(res, ((tokens, 0),)).ops if o.op == "kda")
+
+    assert not kda(8192).extrapolated and kda(12288).extrapolated  # the sweep went to 8K tokens
+    gemm = next(o for o in p.kind_time(res, ((12288, 0),)).ops if o.op == "q_proj")
+    assert not gemm.extrapolated  # GEMMs come from the table, not a physical model

@@ -1,0 +1,310 @@
+"""Time the serving-class kernels the bench runs, op by op, over the shapes TP sizes produce (GPU only).
+
+Why: the cost model's physical models (`tpplan.cost.kernel_models`) are fitted on isolated kernel
+timings and must be checked where they were not fitted. One sweep covers, at the shapes a rank
+of each TP size runs:
+
+- `gemm`: the probe shapes of `tpplan calibrate --quick` (`gemm_probe`), measured/table;
+- `attention`: `runtime.fast_kernels.causal_attention` (SDPA flash; MLA's v zero-padded to the
+  q/k head dim, lower-right causal mask over a KV cache) by heads per rank, tokens, context, dims;
+- `kda`: fla's chunked KDA (state carried, gates fused in the kernel) by heads per rank and tokens,
+  down to one head: as h one-head sequences (`kda_batched_points`, one build) or through
+  `runtime.fast_kernels.kda` in the runtime's layout (`kda_points`, one build per head count);
+- `short_conv`, `attn_res`: the runtime's torch paths;
+- `experts`: `bench.serving_kernels.expert_ffn` (`torch._grouped_mm`) by experts per rank and tokens
+  routed (top-k of the model's experts, random router logits).
+
+Each point: a warm-up call (builds kernels; Triton's autotuning is cached in TRITON_CACHE_DIR),
+then the median of `reps` event-timed calls, each on one of several input sets in turn when the
+inputs are small enough to sit in L2. `run_sweep` keeps to a time budget and writes after every
+family, so a run cut short still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+SWEEP_VERSION = 1
+
+
+def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
+    """Seconds per call of fn(i % sets), queued back to back as inside a model's run: events around
+    `reps` calls (no host sync between them), the median of 3 such batches, after a warm-up per set.
+
+    Timing one call at a time with a host sync between leaves the GPU idle between calls, and small
+    kernels then measure launch latency and clock ramp-up too (seen on an H200: a [256, 7168] x
+    [7168, 2112] GEMM ran 24% slower timed alone than queued behind another kernel)."""
+    import torch
+
+    for i in range(sets):
+        fn(i)
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(3):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(reps):
+            fn(i % sets)
+        b.record()
+        b.synchronize()
+        per.append(a.elapsed_time(b) / 1e3 / reps)
+    return statistics.median(per)
+
+
+def attention_points(
+    heads: Iterable[int], tokens: Iterable[int], contexts: Iterable[int], dims: Iterable[tuple[int, int]],
+    reps: int = 7, impl: str = "sdpa",
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Attention as the runtime calls it (`impl` "sdpa": SDPA with the lower-right causal mask) or as
+    serving engines split it (`impl` "cascade": `bench.serving_kernels.cascade_attention`, checked
+    against the runtime's result): q [T, H, dqk], k [S, H, dqk], v [S, H, dv], S = ctx + T."""
+    import torch
+
+    from tpplan.bench.serving_kernels import cascade_attention
+    from tpplan.runtime import fast_kernels as F
+
+    fn = cascade_attention if impl == "cascade" else F.causal_attention
+    out = []
+    for dqk, dv in dims:
+        for h in heads:
+            for t in tokens:
+                for ctx in contexts:
+                    s = ctx + t
+                    q = torch.randn(t, h, dqk, device="cuda", dtype=torch.bfloat16)
+                    k = torch.randn(s, h, dqk, device="cuda", dtype=torch.bfloat16)
+                    v = torch.randn(s, h, dv, device="cuda", dtype=torch.bfloat16)
+                    secs = _timed(lambda _i, q=q, k=k, v=v, d=dqk: fn(q, k, v, d**-0.5), reps, 1)
+                    row = {"family": "attention", "impl": impl, "heads": h, "tokens": t, "context": ctx, "dqk": dqk,
+                           "dv": dv, "seconds": secs}  # fmt: skip
+                    if impl == "cascade" and h in (96, 3) and t in (1024, 8192):
+                        ref = F.causal_attention(q, k, v, dqk**-0.5).float()
+                        got = fn(q, k, v, dqk**-0.5).float()
+                        row["rel_err_vs_runtime"] = float((got - ref).norm() / ref.norm())
+                    out.append(row)
+                    del q, k, v
+    return out
+
+
+def kda_points(heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128) -> list[dict[str, Any]]:
+    """fla chunk_kda with a carried state (a second chunk), gates fused, as `runtime.fast_kernels.kda`."""
+    import torch
+
+    from tpplan.runtime import fast_kernels as F
+
+    out = []
+    for h in heads:
+        for t in tokens:
+            w = h * d
+            q, k, v, f = (torch.randn(t, w, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            beta = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            a_log = torch.empty(h, device="cuda").uniform_(1.0, 16.0).log()
+            dt = torch.empty(w, device="cuda").uniform_(-4.0, -1.0)
+            init = torch.zeros(h, d, d, device="cuda")
+
+            def call(_i: int, q=q, k=k, v=v, f=f, beta=beta, a_log=a_log, dt=dt, init=init) -> Any:
+                st = {"recurrent": init}
+                return F.kda(q, k, v, f, beta, head_dim=d, a_log=a_log, dt_bias=dt, state=st)
+
+            t0 = time.perf_counter()
+            call(0)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            out.append({"family": "kda", "heads": h, "tokens": t, "dk": d, "dv": d,
+                        "seconds": _timed(call, reps, 1), "first_call_s": first})  # fmt: skip
+    return out
+
+
+def kda_batched_points(
+    heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128, deadline: float = float("inf")
+) -> list[dict[str, Any]]:
+    """fla chunk_kda at h heads per rank run as h sequences of one head ([h, T, 1, d]), with the runtime's
+    arguments (state carried, gates and beta in the kernel, q/k l2-normalised in it).
+
+    Why batched: fla's kernels take the head count as a compile-time constant and autotune per head
+    count (~100 s each on an H200); every (sequence, head) pair is an independent program of the
+    same grid, so h sequences of one head run the work of one sequence of h heads with one build."""
+    import torch
+    from fla.ops.kda import chunk_kda
+
+    out = []
+    for t in tokens:
+        for h in heads:
+            if time.perf_counter() > deadline:
+                return out
+            shp = (h, t, 1, d)
+            q, k, v, f = (torch.randn(shp, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            beta = torch.randn(h, t, 1, device="cuda", dtype=torch.bfloat16)
+            a_log = torch.empty(1, device="cuda").uniform_(1.0, 16.0).log()
+            dt = torch.empty(d, device="cuda").uniform_(-4.0, -1.0)
+            init = torch.zeros(h, 1, d, d, device="cuda")
+
+            def call(_i: int, q=q, k=k, v=v, f=f, beta=beta, a_log=a_log, dt=dt, init=init) -> Any:
+                with torch.no_grad():
+                    return chunk_kda(q, k, v, f, beta, scale=d**-0.5, initial_state=init, output_final_state=True,
+                                     use_qk_l2norm_in_kernel=True, chunk_size=64, use_gate_in_kernel=True,
+                                     use_beta_sigmoid_in_kernel=True, A_log=a_log, dt_bias=dt)  # fmt: skip
+
+            t0 = time.perf_counter()
+            call(0)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            out.append({"family": "kda", "heads": h, "tokens": t, "dk": d, "dv": d, "layout": "h sequences x 1 head",
+                        "seconds": _timed(call, reps, 1), "first_call_s": first})  # fmt: skip
+            print(f"kda h={h} t={t}: {out[-1]['seconds'] * 1e3:.3f} ms (first call {first:.1f} s)", flush=True)
+    return out
+
+
+def conv_points(channels: Iterable[int], tokens: Iterable[int], reps: int = 7) -> list[dict[str, Any]]:
+    """The runtime's short convolution (`runtime.kernels.short_conv`, kernel 4, SiLU) with carried state."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    out = []
+    for c in channels:
+        for t in tokens:
+            x = torch.randn(t, c, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(c, 1, 4, device="cuda", dtype=torch.bfloat16) * 0.3
+            prev = torch.zeros(3, c, device="cuda", dtype=torch.bfloat16)
+            secs = _timed(lambda _i, x=x, w=w, prev=prev: K.short_conv(x, w, {"conv": prev}), reps, 1)
+            out.append({"family": "short_conv", "channels": c, "tokens": t, "seconds": secs})
+    return out
+
+
+def attn_res_points(tokens: Iterable[int], banks: Iterable[int], hidden: int, reps: int = 7) -> list[dict[str, Any]]:
+    """K3's attention residual as the runtime runs it (`runtime.kernels.attn_res`): softmax over depth
+    of `bank` stored snapshots plus the running prefix, [T, hidden] each."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    out = []
+    for r in banks:
+        for t in tokens:
+            prefix = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
+            bank = torch.randn(t, r, hidden, device="cuda", dtype=torch.bfloat16)
+            proj = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+            norm = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+            secs = _timed(lambda _i, a=prefix, b=bank, c=proj, d=norm: K.attn_res(a, b, c, d, 1e-5), reps, 1)
+            out.append({"family": "attn_res", "tokens": t, "bank": r, "hidden": hidden, "seconds": secs})
+    return out
+
+
+def expert_points(
+    experts_local: Iterable[int], tokens: Iterable[int], experts: int, top_k: int, width: int, inter: int,
+    reps: int = 7,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Grouped expert GEMMs (gate, up, down) on the rows a rank's experts receive from `tokens` tokens."""
+    import torch
+
+    from tpplan.bench.serving_kernels import expert_ffn, grouped_gemm_used
+
+    out = []
+    for e_loc in experts_local:
+        gate = torch.randn(e_loc, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
+        up = torch.randn(e_loc, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
+        down = torch.randn(e_loc, width, inter, device="cuda", dtype=torch.bfloat16) * 0.02
+        for t in tokens:
+            pick = torch.randn(t, experts, device="cuda").topk(top_k, dim=1).indices
+            local = pick[pick < e_loc]
+            counts = torch.bincount(local, minlength=e_loc)
+            rows = int(counts.sum())
+            if rows == 0:
+                continue
+            xs = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+            ws = (gate, up, down)
+            secs = _timed(lambda _i, xs=xs, counts=counts, ws=ws: expert_ffn(xs, counts, *ws), reps, 1)
+            out.append({"family": "experts", "experts_local": e_loc, "tokens": t, "rows": rows,
+                        "active": int((counts > 0).sum()), "max_rows": int(counts.max()), "width": width,
+                        "inter": inter, "seconds": secs, "grouped": grouped_gemm_used().get("cuda")})  # fmt: skip
+        del gate, up, down
+        torch.cuda.empty_cache()
+    return out
+
+
+def run_sweep(out: Path, budget_s: float, families: dict[str, Callable[[], list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Run each family in order while the budget lasts; write `out` after each (partial runs keep data)."""
+    import torch
+
+    doc: dict[str, Any] = {
+        "version": SWEEP_VERSION,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "points": [],
+        "skipped": [],
+        "family_s": {},
+    }
+    start = time.perf_counter()
+    for name, fn in families.items():
+        if time.perf_counter() - start > budget_s:
+            doc["skipped"].append(name)
+            continue
+        t0 = time.perf_counter()
+        try:
+            doc["points"] += fn()
+        except Exception as exc:  # a family that fails (missing fla, OOM) is reported, the rest still run
+            doc["skipped"].append(f"{name}: {type(exc).__name__}: {exc}")
+        doc["family_s"][name] = round(time.perf_counter() - t0, 1)
+        print(f"{name}: {doc['family_s'][name]} s, {len(doc['points'])} points", flush=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        torch.cuda.empty_cache()
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tpplan.bench.kernel_sweep OUT.json BUDGET_S`: the sweep of docs/benchmarks.md (K3 and
+    Qwen3-Next shapes at TP1..TP32 per rank; heads per rank 96/TP for K3's KDA and MLA)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    out, budget = Path(args[0]), float(args[1])
+    from tpplan.bench.gemm_probe import probe
+
+    def gemm() -> list[dict[str, Any]]:
+        return [{"family": "gemm", "m": p.m, "k": p.k, "n": p.n, "warm_tflops": p.warm_tflops,
+                 "cold_tflops": p.cold_tflops, "table_tflops": p.table_tflops} for p in probe()]  # fmt: skip
+
+    k3_heads = (96, 48, 24, 12, 6, 3)
+    start = time.perf_counter()
+    dims = ((192, 128), (128, 128))
+    tok = (1024, 2048, 4096, 8192)
+    families: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "gemm": gemm,
+        "attention": lambda: attention_points(k3_heads, tok, (0, 8192, 16384), dims),
+        "attention_cascade": lambda: attention_points(k3_heads, tok, (0, 8192, 16384), dims, impl="cascade"),
+        "kda": lambda: kda_batched_points((96, 48, 24, 12, 6, 3, 2, 1), (8192, 4096, 2048, 1024),
+                                          deadline=start + budget * 0.8),
+        "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), tok, 896, 16, 3584, 3072),
+        "short_conv": lambda: conv_points((12288, 3072, 768, 384), (1024, 4096, 8192)),
+        "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
+    }
+    if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
+        families = {
+            "experts_dense": lambda: expert_points((128,), (1024, 4096, 8192), 128, 16, 3584, 3072)
+            + expert_points((256,), (1024, 4096, 8192), 256, 16, 3584, 3072),
+            "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
+            "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
+        }
+    doc = run_sweep(out, budget, families)
+    print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = [
+    "attention_points",
+    "conv_points",
+    "expert_points",
+    "kda_batched_points",
+    "kda_points",
+    "run_sweep",
+]

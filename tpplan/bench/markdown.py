@@ -1,0 +1,210 @@
+"""The bench's markdown: measured vs predicted per batch, layer, op and collective, the summary and targets."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from tpplan.bench.checks import checks, profiles_note
+from tpplan.bench.results import PlanBench
+from tpplan.bench.ttft import TTFT_METHOD
+from tpplan.bench_results import OpResult, error_summary
+
+
+def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> str:
+    """Measured vs predicted per batch, layer, op (by layer kind and by category) and collective, per plan."""
+    first = benches[0].results
+    m = first.meta
+    lines = [
+        f"# tpplan bench: {first.model}, TP{first.tp}, {first.workload}",
+        "",
+        f"- slice: {first.model_slice.description}",
+        f"- machine: {m.machine}, {m.gpus} x {m.gpu}; torch {m.torch_version}"
+        + (f", NCCL {m.nccl_version}" if m.nccl_version else "")
+        + (f", CUDA {m.cuda_version}" if m.cuda_version else ""),
+        f"- date: {m.date.isoformat()}; command: `{m.command}`",
+        f"- predictions: topology `{first.topology}`{profiles_note(first)}; kernels: {benches[0].kernels}",
+        "- method: CUDA events after warm-up; ops/layers/batches = slowest rank, collectives = fastest rank "
+        "(the others wait for it), median over passes; ops and layers are the mean over the workload's "
+        "batches (the prediction likewise, at each batch's context); errors = (predicted - measured) / measured",
+        "- files: " + ", ".join(f"`{p}`" for p in results_files.values()),
+        "",
+    ]
+    for pb in benches:
+        lines += _plan_markdown(pb)
+    lines += _summary_markdown(benches)
+    return "\n".join(lines) + "\n"
+
+
+def _plan_markdown(pb: PlanBench) -> list[str]:
+    r = pb.results
+    out = [f"## {pb.plan}", ""]
+    if pb.fallbacks:
+        out += [f"Fallbacks: {len(pb.fallbacks)} chunk(s) ran the baseline plan ({pb.fallbacks[0]}).", ""]
+    out += [
+        "### Batches",
+        "",
+        "| batch | tokens | requests | context | measured ms | predicted ms | error |",
+        "|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for b in r.batches:
+        out.append(
+            f"| {b.index} | {b.tokens} | {','.join(map(str, b.requests))} | {pb.batch_contexts.get(b.index, '')}"
+            f" | {ms(b.measured_s)} | {ms(b.predicted_s)} | {err(b.measured_s, b.predicted_s)} |"
+        )
+    tm = sum(b.measured_s for b in r.batches)
+    tp = sum(b.predicted_s or 0 for b in r.batches)
+    out += [f"| all | | | | {ms(tm)} | {ms(tp)} | {err(tm, tp)} |", ""]
+    out += [
+        "### Layers (mean over batches)",
+        "",
+    ]
+    # Profiled predictions are calibrated on measured ops (in-sample where the profile was fitted on
+    # this slice): the physical model alone stands beside them.
+    cal = any(o.profiled for o in r.ops)
+    pred_h = "calibrated ms | error" + (" | model alone ms | error" if cal else "")
+    if not cal:
+        pred_h = "predicted ms | error"
+    sep = "---:|---:|" + ("---:|---:|" if cal else "")
+    out += [
+        f"| layer kind | tokens | measured ms | comm ms | compute ms | {pred_h} |",
+        f"|---|---:|---:|---:|---:|{sep}",
+    ]
+    for x in r.layers:
+        ops = [o for o in r.ops if o.layer_kind == x.layer_kind and o.tokens == x.tokens]
+        alone = None if x.predicted_s is None else x.predicted_s - sum(
+            (o.predicted_s or 0.0) - (o.estimate_s or 0.0) for o in ops)  # fmt: skip
+        out.append(
+            f"| {x.layer_kind} | {x.tokens} | {ms(x.measured_s)} | {ms(x.comm_measured_s)} | "
+            f"{ms(x.compute_measured_s)} | {ms(x.predicted_s)} | {err(x.measured_s, x.predicted_s)} |"
+            + (f" {ms(alone)} | {err(x.measured_s, alone)} |" if cal else "")
+        )
+    out += [
+        "",
+        "### Ops by category (sum over the layer's ops, mean over batches)",
+        "",
+        f"| layer kind | category | ops | measured ms | {pred_h} |",
+        f"|---|---|---:|---:|{sep}",
+    ]
+    cats: dict[tuple[str, str], list[OpResult]] = defaultdict(list)
+    for o in r.ops:
+        cats[(o.layer_kind, o.category or "other")].append(o)
+    for (lk, cat), os_ in sorted(cats.items()):
+        mm = sum(o.measured_s for o in os_)
+        pp = sum(o.predicted_s or 0 for o in os_)
+        aa = sum(o.estimate_s or 0 for o in os_)
+        out.append(f"| {lk} | {cat} | {len(os_)} | {ms(mm)} | {ms(pp)} | {err(mm, pp)} |"
+                   + (f" {ms(aa)} | {err(mm, aa)} |" if cal else ""))  # fmt: skip
+    out += [
+        "",
+        "### Ops",
+        "",
+        f"| layer kind | op | category | impl | tokens | measured ms | {pred_h} |",
+        f"|---|---|---|---|---:|---:|{sep}",
+    ]
+    for o in r.ops:
+        out.append(
+            f"| {o.layer_kind} | {o.op} | {o.category} | {o.impl or ''} | {o.tokens} | {ms(o.measured_s)} | "
+            f"{ms(o.predicted_s)} | {err(o.measured_s, o.predicted_s)} |"
+            + (f" {ms(o.estimate_s)} | {err(o.measured_s, o.estimate_s)} |" if cal else "")
+        )
+    out += [
+        "",
+        "### Collectives",
+        "",
+        "| layer kind | label | kind | shape | dtype | MB | calls | measured us | predicted us | error | "
+        "runtime replay us | direct us | runtime overhead |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, c in enumerate(r.collectives):
+        rt = pb.runtime_s.get(i)
+        ov = f"{rt / c.direct_s - 1:+.1%}" if rt and c.direct_s else ""
+        out.append(
+            f"| {c.layer_kind or ''} | {c.label} | {c.kind} | {'x'.join(map(str, c.shape))} | {c.dtype} | "
+            f"{c.bytes / 1e6:.2f} | {c.iters} | {us(c.measured_s)} | {us(c.predicted_s)} | "
+            f"{err(c.measured_s, c.predicted_s)} | {us(rt)} | {us(c.direct_s)} | {ov} |"
+        )
+    for t in r.ttft:
+        out += [
+            "",
+            f"TTFT extrapolated to {t.topology}, {t.workload}: mean {t.mean_s:.3f} s, p50 {t.p50_s:.3f} s, "
+            f"max {t.max_s:.3f} s (unscaled prediction: mean {t.predicted_mean_s or 0:.3f} s). Method: {TTFT_METHOD}.",
+        ]
+    out.append("")
+    return out
+
+
+def _summary_markdown(benches: Sequence[PlanBench]) -> list[str]:
+    out = [
+        "## Summary",
+        "",
+        "| plan | batches measured ms | predicted ms | error | rank measured | rank predicted | "
+        "collective median err | layer worst err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    tot = {pb.plan: (sum(b.measured_s for b in pb.results.batches),
+                     sum(b.predicted_s or 0 for b in pb.results.batches)) for pb in benches}  # fmt: skip
+    rank_m = {p: i + 1 for i, p in enumerate(sorted(tot, key=lambda p: tot[p][0]))}
+    rank_p = {p: i + 1 for i, p in enumerate(sorted(tot, key=lambda p: tot[p][1]))}
+    for pb in benches:
+        r = pb.results
+        tm, tp = tot[pb.plan]
+        cs, ls = error_summary(list(r.collectives)), error_summary(list(r.layers))
+        cmed, lmax = cs["median_abs_err"], ls["max_abs_err"]
+        out.append(
+            f"| {pb.plan} | {ms(tm)} | {ms(tp)} | {err(tm, tp)} | {rank_m[pb.plan]} | {rank_p[pb.plan]} | "
+            f"{'' if cmed is None else f'{cmed:.1%}'} | {'' if lmax is None else f'{lmax:.1%}'} |"
+        )
+    out += ["", "## Targets", "", "| target | value | bar | result | detail |", "|---|---:|---|---|---|"]
+    for c in checks(benches):
+        res = "n/a" if c.ok is None else ("PASS" if c.ok else "FAIL")
+        out.append(f"| {c.name} | {c.value} | {c.bar} | {res} | {c.detail} |")
+    out.append("")
+    return out
+
+
+def anchor_rows(benches: Sequence[PlanBench], anchor: Path) -> list[str]:
+    """Collectives whose size matches a row of the 2xH200 NCCL probe, measured beside the probe's time."""
+    data = json.loads(anchor.read_text())
+    probe = {
+        ("all_reduce", 7168): "ar_hidden",
+        ("reduce_scatter", 7168): "rs_hidden",
+        ("all_gather", 7168): "ag_hidden",
+        ("all_gather", 2112): "ag_latent",
+    }
+    out = [
+        "## Against the NCCL probe (`" + anchor.name + "`)",
+        "",
+        "| plan | collective | tokens | measured us | direct us | probe us |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for pb in benches:
+        for c in pb.results.collectives:
+            if len(c.shape) != 2:
+                continue
+            key = probe.get((c.kind, c.shape[1]))
+            row = next((r for r in data.get("rows", []) if r["T"] == c.shape[0]), None)
+            if key and row and key in row:
+                out.append(
+                    f"| {pb.plan} | {c.label} | {c.shape[0]} | {us(c.measured_s)} | {us(c.direct_s)} | "
+                    f"{row[key] * 1e3:.1f} |"
+                )
+    return [*out, ""]
+
+
+
+
+def ms(x: float | None) -> str:
+    return "" if x is None else f"{x * 1e3:.3f}"
+
+
+def us(x: float | None) -> str:
+    return "" if x is None else f"{x * 1e6:.1f}"
+
+
+def err(meas: float, pred: float | None) -> str:
+    return "" if not pred else f"{(pred - meas) / meas:+.1%}"
+
+

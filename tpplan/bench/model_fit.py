@@ -1,0 +1,213 @@
+"""Fit the physical kernel models (`tpplan.cost.kernel_models`) on one part of a kernel sweep, judge the rest.
+
+Why: a model is only worth its out-of-sample error. `fit_sweep` splits each kernel family's sweep
+points into a fit set (a few heads per rank, token counts and contexts) and the held-out rest,
+fits the constants on the fit set (least squares on relative error, Nelder-Mead; torch-free), and
+returns the constants with the errors of both sets by regime. `python -m tpplan.bench.model_fit
+SWEEP.json [SWEEP2.json ...] OUT.json` writes them (docs/benchmarks/h200-2026-12-01/).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tpplan.cost import kernel_models as M
+
+# Which points are fitted on: the rest are held out (other heads per rank, tokens, contexts, experts).
+FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "attention": lambda p: p["heads"] in (96, 24, 6) and p["tokens"] in (2048, 8192) and p["context"] in (0, 16384),
+    "kda": lambda p: p["heads"] in (96, 24, 6, 1) and p["tokens"] in (2048, 8192),
+    "experts": lambda p: p["experts_local"] in (448, 112, 28) and p["tokens"] in (2048, 8192) and p["inter"] == 3072,
+    "short_conv": lambda p: p["channels"] in (12288, 768),
+    "attn_res": lambda p: p["bank"] in (1, 4),
+}
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], iters: int = 4000) -> list[float]:
+    """Minimise f from x0 (a small, dependency-free simplex search; enough for 3-5 parameters)."""
+    n = len(x0)
+    pts = [list(x0)] + [[x + (0.25 if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=lambda i: vals[i])
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < 1e-12:
+            break
+        cen = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+        refl = [c + (c - w) for c, w in zip(cen, pts[-1], strict=True)]
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = [c + 2 * (c - w) for c, w in zip(cen, pts[-1], strict=True)]
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = [c + 0.5 * (w - c) for c, w in zip(cen, pts[-1], strict=True)]
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:
+                pts = [pts[0]] + [[b + 0.5 * (x - b) for b, x in zip(pts[0], p, strict=True)] for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    return pts[min(range(n + 1), key=lambda i: vals[i])]
+
+
+def _fit(
+    points: list[dict[str, Any]], model: Callable[[dict[str, float], dict[str, Any]], float], names: Sequence[str],
+    x0: Sequence[float],
+) -> dict[str, float]:  # fmt: skip
+    """Constants (searched in log space: all positive) minimising the squared relative error."""
+
+    def loss(x: list[float]) -> float:
+        c = {k: math.exp(v) for k, v in zip(names, x, strict=True)}
+        return sum((model(c, p) / p["seconds"] - 1.0) ** 2 for p in points)
+
+    best = nelder_mead(loss, [math.log(v) for v in x0])
+    best = nelder_mead(loss, best)  # restart: the simplex shrinks early on ill-scaled problems
+    return {k: math.exp(v) for k, v in zip(names, best, strict=True)}
+
+
+def _attention(c: dict[str, float], p: dict[str, Any]) -> float:
+    dv = max(p["dv"], p["dqk"])  # the runtime zero-pads a narrower v (MLA) for the flash kernels
+    f = M.attention_flops(p["heads"], p["tokens"], p["context"], p["dqk"], dv)
+    return M.attention_s(c, p["heads"], p["tokens"], p["dqk"], dv, f)
+
+
+def _kda(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.recurrence_s({**c, "p": 1.0 + c["p1"]}, p["heads"], p["tokens"])
+
+
+def _experts(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.experts_s({**c, "p": 1.0 + c["p1"]}, p["active"], p["width"], p["inter"], experts_compute_s(p))
+
+
+def experts_compute_s(p: dict[str, Any]) -> float:
+    """The GEMM table's time for gate+up and down at the tile-padded per-expert rows (as `cost.predict`)."""
+    from tpplan.cost.gemm import gemm_time
+    from tpplan.cost.predict import EXPERT_M_TILE
+    from tpplan.cost.topology import load_topology
+
+    gpu = load_topology("h200x2").gpu
+    a = p["active"]
+    m_pad = a * EXPERT_M_TILE * math.ceil(p["rows"] / a / EXPERT_M_TILE)
+    return gemm_time(m_pad, p["width"], 2 * p["inter"], gpu) + gemm_time(m_pad, p["inter"], p["width"], gpu)
+
+
+def _conv(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.stream_s(c, conv_bytes(p["channels"], p["tokens"]))
+
+
+def _attn_res(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.stream_s(c, M.attn_res_bytes(p["tokens"], p["hidden"], p["bank"]))
+
+
+def conv_bytes(channels: int, tokens: int) -> float:
+    """bf16 [T, C] read and written (the K-1 carried rows aside)."""
+    return 4.0 * channels * tokens
+
+
+FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], tuple[str, ...], tuple[float, ...]]] = {
+    "attention": (_attention, ("a_s", "b_s", "tflops"), (5e-5, 1e-12, 500.0)),
+    "kda": (_kda, ("c0_s", "c1_s", "b_s", "p1"), (8e-4, 3e-8, 3e-9, 2.0)),
+    "experts": (_experts, ("c0_s", "TBps", "p1"), (5e-5, 3.3, 2.0)),
+    "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
+    "attn_res": (_attn_res, ("a_s", "TBps"), (5e-5, 1.0)),
+}
+
+
+# The dimensions each model's measured range is recorded over (`KernelModels.extrapolated`).
+RANGES: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
+    "attention": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
+    "kda": lambda p: {"heads": p["heads"], "tokens": p["tokens"]},
+    "experts": lambda p: {"experts": p["active"], "rows_per_expert": p["rows"] / p["active"]},
+    "short_conv": lambda p: {"channels": p["channels"], "tokens": p["tokens"]},
+    "attn_res": lambda p: {"tokens": p["tokens"], "snapshots": p["bank"]},
+}
+
+
+def measured_range(fam: str, pts: list[dict[str, Any]]) -> dict[str, float]:
+    """min_<dim> / max_<dim> over every measured point (fit and held out alike)."""
+    dims = [RANGES[fam](p) for p in pts]
+    out: dict[str, float] = {}
+    for k in dims[0]:
+        out[f"min_{k}"] = float(min(d[k] for d in dims))
+        out[f"max_{k}"] = float(max(d[k] for d in dims))
+    return out
+
+
+def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Constants per model and the error of every point, tagged fit / held-out."""
+    consts: dict[str, dict[str, float]] = {}
+    rows: list[dict[str, Any]] = []
+    sdpa = [p for p in points if p["family"] == "attention" and p.get("impl", "sdpa") == "sdpa"]
+    groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {
+        "attention": [("attention_causal", [p for p in sdpa if p["context"] == 0]),
+                      ("attention_prefix", [p for p in sdpa if p["context"] > 0])],
+        "kda": [("kda", [p for p in points if p["family"] == "kda"])],
+        "experts": [("experts", [p for p in points if p["family"] == "experts"])],
+        "short_conv": [("short_conv", [p for p in points if p["family"] == "short_conv"])],
+        "attn_res": [("attn_res", [p for p in points if p["family"] == "attn_res"])],
+    }  # fmt: skip
+    for fam, parts in groups.items():
+        model, names, x0 = FAMILIES[fam]
+        for name, pts in parts:
+            if not pts:
+                continue
+            fit_set = [p for p in pts if FIT_SETS[fam](p)]
+            c = _fit(fit_set, model, names, x0)
+            if "p1" in c:
+                c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
+            consts[name] = c | measured_range(fam, pts)
+            use = c if "p" not in c else {**c, "p1": c["p"] - 1.0}
+            for p in pts:
+                pred = model(use, p)
+                rows.append({**p, "model": name, "set": "fit" if FIT_SETS[fam](p) else "held-out",
+                             "predicted_s": pred, "error": pred / p["seconds"] - 1.0})  # fmt: skip
+    return {"constants": consts, "points": rows}
+
+
+def error_table(
+    rows: list[dict[str, Any]], regime: Callable[[dict[str, Any]], str]
+) -> list[tuple[str, str, int, float, float]]:
+    """(model and regime, set, points, median |error|, worst |error|) per group."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        groups.setdefault((f"{r['model']} {regime(r)}".strip(), r["set"]), []).append(abs(r["error"]))
+    return [(k, s, len(v), statistics.median(v), max(v)) for (k, s), v in sorted(groups.items())]
+
+
+def regime(r: dict[str, Any]) -> str:
+    """Heads per rank for attention and recurrences, experts per rank for experts, channels for convs."""
+    if r["family"] in ("attention", "kda"):
+        return f"h={r['heads']}"
+    if r["family"] == "experts":
+        return f"E/rank={r['experts_local']} I={r['inter']}"
+    if r["family"] == "attn_res":
+        return f"snapshots={r['bank']}"
+    return f"C={r['channels']}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    docs = [json.loads(Path(a).read_text()) for a in args[:-1]]
+    doc = docs[0]
+    res = fit_sweep([p for d in docs for p in d["points"]])
+    res["source"] = {"sweeps": args[:-1], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
+    Path(args[-1]).write_text(json.dumps(res, indent=1) + "\n")
+    for row in error_table(res["points"], regime):
+        print(f"{row[0]:<38} {row[1]:<9} {row[2]:>4} median {row[3]:6.1%} worst {row[4]:6.1%}")
+    print(json.dumps(res["constants"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["FIT_SETS", "conv_bytes", "error_table", "fit_sweep", "nelder_mead", "regime"]

@@ -1,0 +1,253 @@
+"""One rank of `tpplan bench`: build the slice and its random weights, run every plan's batches under the probe.
+
+Each rank builds the slice (`model_slice`: real widths, a few layers, as many experts as fit),
+its shard of random weights (generated on the device, seeded per tensor name, so replicated ones
+agree across ranks; no checkpoint is read) and a `PlanRunner` observed by a `Probe`. The
+workload's prefill batches run in order, each segment with its request's carried KV cache /
+recurrent state; `warmup` batches untimed, then `iters` timed passes. Rank 0 returns the
+combined measurements (`replay.combine`); the parent turns them into results (`results`).
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import zlib
+from typing import Any
+
+from tpplan.bench.config import BenchConfig, act_dtype
+from tpplan.bench.model_slice import ModelSlice, build_slice, experts_that_fit
+from tpplan.bench.probe import Clock, Probe, Span
+from tpplan.bench.replay import combine, replay_collectives
+from tpplan.cost.workload import PrefillBatch, Workload, schedule
+
+
+class RandomSource:
+    """Random weights generated on the device, seeded per tensor name (replicated tensors agree
+    across ranks); the same initialisation rules as `runtime.weights.random_weights`."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], seed: int, device: Any, dtype: Any, offset: float) -> None:
+        self.shapes, self.seed, self.device, self.dtype, self.offset = shapes, seed, device, dtype, offset
+
+    def get(self, name: str, cut: Any) -> Any:
+        import torch
+
+        from tpplan.runtime.weights import _is_norm
+
+        shape = self.shapes[name]
+        gen = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+        kw: dict[str, Any] = {"generator": gen, "device": self.device}
+        if name.endswith("A_log"):
+            t = torch.empty(shape, device=self.device).uniform_(1.0, 16.0, generator=gen).log()
+        elif name.endswith("dt_bias"):
+            t = torch.empty(shape, device=self.device).uniform_(-4.0, -1.0, generator=gen)
+        elif name.endswith("e_score_correction_bias"):
+            t = torch.randn(shape, **kw) * 0.01
+        elif _is_norm(name) or name.endswith("res_norm.weight"):
+            base = 0.0 if (self.offset and _is_norm(name) and "linear_attn.norm" not in name) else 1.0
+            t = base + 0.1 * torch.randn(shape, **kw)
+        elif name.endswith("conv1d.weight"):
+            t = torch.randn(shape, **kw) * 0.3
+        elif name.endswith("res_proj.weight"):
+            t = torch.randn(shape, **kw) * 0.5
+        elif name == "model.embed_tokens.weight":
+            t = torch.randn(shape, dtype=self.dtype, **kw)
+        else:
+            t = torch.randn(shape, dtype=self.dtype, **kw) * 0.02
+        if cut.full:
+            return t
+        parts = [t.narrow(cut.dim, lo, hi - lo) for lo, hi in cut.ranges]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=cut.dim)).clone()
+
+
+def _request_ids(wl: Workload, vocab: int, seed: int) -> dict[int, Any]:
+    import torch
+
+    out = {}
+    for rid in range(wl.total_requests):
+        gen = torch.Generator().manual_seed(seed * 7919 + rid + 1)
+        out[rid] = torch.randint(0, vocab, (wl.prompt_len(rid),), generator=gen)
+    return out
+
+
+def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workload, str]) -> dict[str, Any] | None:
+    import torch
+    import torch.distributed as dist
+
+    from tpplan.bench import serving_kernels
+
+    cfg, wl, backend = payload
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # ranks share the cores
+    dtype_name = act_dtype(cfg, backend)
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    experts = cfg.experts
+    if experts is None:
+        probe_sl = build_slice(cfg.model, cfg.layers, None)
+        if probe_sl.experts is not None:
+            mem = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 2 * 2**30
+            experts = experts_that_fit(probe_sl, world, float(mem))
+            agreed = torch.tensor([experts], device=device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+            experts = int(agreed.item())
+    sl = build_slice(cfg.model, cfg.layers, experts)
+    batches = schedule(wl)
+    ids = _request_ids(wl, sl.graph.spec.vocab, cfg.seed)
+    progress = _progress(cfg.progress and rank == 0)
+    per_plan = cfg.warmup + cfg.iters * len(batches)
+    out: dict[str, Any] = {
+        "experts": sl.experts,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "nccl_version": _nccl_version() if backend == "nccl" else None,
+        "dtype": dtype_name,
+        "plans": {},
+    }
+    with progress, serving_kernels.installed(cfg.kernels == "fast"):
+        for name in cfg.plans:
+            task = progress.add_task(f"{name}: weights", total=per_plan + 1)
+            res = _bench_plan(cfg, name, sl, wl, batches, ids, rank, world, device, tdtype, progress, task)
+            if rank == 0:
+                out["plans"][name] = res
+            gc.collect()  # the plan's weights and caches go before the next plan's are made
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            progress.update(task, description=f"{name}: done", completed=per_plan + 1)
+    out["grouped_gemm"] = serving_kernels.grouped_gemm_used().get(device.type)
+    out["impls"] = implementations(cfg.kernels, device, out["grouped_gemm"])
+    return out if rank == 0 else None
+
+
+def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str, str]:
+    """What ran for each kernel family (`config.impl_class`) in this process: the runtime's fast paths
+    apply on CUDA unless TPPLAN_FAST_KERNELS=0 (fla's where it imports), the bench's `--kernels fast`
+    adds SDPA off CUDA, grouped expert GEMMs and the batched torch delta rule where fla is missing."""
+    import os
+
+    from tpplan.runtime import fast_kernels as RF
+
+    rt = device.type == "cuda" and RF.fast_enabled()
+    fla = rt and RF.fla_available()
+    fast = kernels == "fast"
+    torch_delta = "tpplan batched chunked delta rule (torch)" if fast else "reference"
+    sdpa = "torch SDPA, causal lower-right"
+    cascade = "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)"
+    pad = ", v zero-padded to the q/k head dim"
+    cascaded = fast and device.type == "cuda" and os.environ.get("TPPLAN_CASCADE_ATTN", "0") == "1"
+    norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
+    return {
+        "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",
+        "mla": (cascade + pad if cascaded else sdpa + (pad if rt else "")) if rt or fast else "reference",
+        "gqa": (cascade if cascaded else sdpa) if rt or fast else "reference",
+        "kda": "fla.chunk_kda" if fla else torch_delta,
+        "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
+        "short_conv": "torch conv1d (runtime fast path)" if rt else "reference",
+        "experts": ("torch._grouped_mm" if grouped else "per-expert GEMM loop") if fast else "reference",
+        "norm": norm if rt else "reference",
+        "attn_res": "torch, fp32 rows in one pass" if rt else "reference",
+        "layout": "torch copy",
+        "other": "torch",
+    }
+
+
+def _nccl_version() -> str | None:
+    try:
+        import torch
+
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:  # version is optional metadata
+        return None
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from tpplan.progress import progress
+
+    return progress(enabled, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+
+def _bench_plan(
+    cfg: BenchConfig,
+    name: str,
+    sl: ModelSlice,
+    wl: Workload,
+    batches: list[PrefillBatch],
+    ids: dict[int, Any],
+    rank: int,
+    world: int,
+    device: Any,
+    tdtype: Any,
+    progress: Any,
+    task: Any,
+) -> dict[str, Any] | None:
+    """Run one plan on this rank; rank 0 returns the combined measurements."""
+    import torch.distributed as dist
+
+    from tpplan.plans.named import make_plan
+    from tpplan.runtime.distributed import PlanRunner, make_comm
+    from tpplan.runtime.executor import RunState, numerics_for
+    from tpplan.runtime.weights import expected_params
+
+    graph = sl.graph
+    nu = numerics_for(sl.full)
+    plan = make_plan(name, graph, world)
+    clock = Clock(device)
+    probe = Probe(clock, len(graph.layer_kinds))
+    comm = make_comm(rank, world)
+    source = RandomSource(expected_params(graph, nu), cfg.seed, device, tdtype, nu.norm_offset)
+    runner = PlanRunner(graph, plan, world, rank, source, comm=comm, numerics=nu, device=device, dtype=tdtype,
+                        observer=probe)  # fmt: skip
+    clock.sync()
+    dist.barrier()
+    progress.update(task, advance=1, description=f"{name}: warm-up")
+
+    def run_batch(b: PrefillBatch, states: dict[int, Any]) -> None:
+        probe.batch = b.index
+        brec = probe.open("batch", -1, str(b.index))
+        for j, s in enumerate(b.segments):
+            probe.seg = j
+            st = states.setdefault(s.request_id, [RunState(), 0])
+            runner.state, runner.chunk_index = st[0], st[1]
+            runner.forward_chunk(ids[s.request_id][s.start_pos : s.start_pos + s.n_tokens].to(device))
+            st[1] = runner.chunk_index
+            if s.start_pos + s.n_tokens >= wl.prompt_len(s.request_id):
+                states.pop(s.request_id)  # finished: free its KV cache / state
+        probe.close(brec)
+
+    states: dict[int, Any] = {}
+    for b in batches[: cfg.warmup]:
+        run_batch(b, states)
+        progress.update(task, advance=1)
+    clock.sync()
+    records: list[list[Span]] = []
+    trace0: list[Any] = []
+    for it in range(cfg.iters):
+        states = {}
+        runner.tracer.calls.clear()
+        runner.tracer.events.clear()
+        probe.enabled = True
+        recs: list[Span] = []
+        for b in batches:
+            run_batch(b, states)
+            recs += probe.resolve()
+            progress.update(task, advance=1, description=f"{name}: pass {it + 1}/{cfg.iters}")
+        probe.enabled = False
+        records.append(recs)
+        if it == 0:
+            trace0 = list(runner.tracer.calls)
+    fallbacks = [e.detail for e in runner.tracer.events]
+    progress.update(task, description=f"{name}: replaying collectives")
+    replay = replay_collectives(records[0], rank, world, device, cfg, clock)
+    # Every rank ran the same sequence of intervals: gather their seconds by position.
+    mine = [[r.seconds for r in recs] for recs in records]
+    mine_comm = [[r.comm_s for r in recs] for recs in records]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (mine, mine_comm, replay))
+    if rank != 0:
+        return None
+    return combine(records, gathered, trace0, fallbacks, plan)
+
+
