@@ -1,4 +1,4 @@
-"""Engine flags per plan and the engines' static conditions (sources in tpplan/report/engines.py)."""
+"""Engine flags per plan and the engines' static conditions (sources in tpplan/report/engines/__init__.py)."""
 
 from __future__ import annotations
 
