@@ -11,12 +11,20 @@ from typing import Literal
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
 
-Effect = Literal["refuses", "skips silently", "adjusts", "keep"]
+# What the engine does when a condition fails: "refuses" (the server does not start), "skips
+# silently" (it starts and runs the all-reduce path), "falls back" (it runs the same collectives on
+# a slower path, e.g. NCCL instead of a fused kernel: the plan runs, only its speed changes),
+# "adjusts" (it changes another setting), "keep" (a setting outside the plan to leave as stated).
+Effect = Literal["refuses", "skips silently", "falls back", "adjusts", "keep"]
 
 SRC_SGL_ATTN = "sgl-project/sglang python/sglang/srt/layers/communicator/adapters/attention.py"
 SRC_SGL_ARGS = "sgl-project/sglang python/sglang/srt/server_args.py"
 SRC_SGL_COMM = "sgl-project/sglang python/sglang/srt/layers/communicator/__init__.py"
 SRC_SGL_SP = "sgl-project/sglang python/sglang/srt/layers/layernorm_sp.py"
+SRC_SGL_CONSTR = "sgl-project/sglang python/sglang/srt/layers/communicator/construction.py"
+SRC_SGL_LACP = "sgl-project/sglang python/sglang/srt/arg_groups/linear_attn_cp_hook.py"
+SRC_SGL_K3SP = "sgl-project/sglang python/sglang/srt/layers/k3_sp_collective.py"
+SRC_VLLM_MOE = "vllm-project/vllm vllm/model_executor/models/nemotron_h.py"
 SRC_VLLM_PAR = "vllm-project/vllm vllm/config/parallel.py"
 SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/passes/fusion/sequence_parallelism.py"
 
@@ -157,13 +165,21 @@ def _needs_code(plan: Plan) -> str:
     return "needs code: " + "; ".join(parts or ["the plan's decisions"]) + "; no engine flag does this"
 
 
-def gpu_capability(gpu: str) -> int | None:
-    """CUDA compute-capability family (90, 100, 120) from a GPU's marketing name, when known."""
+def gpu_sm(gpu: str) -> int | None:
+    """CUDA compute capability (90, 100, 103, 120) from a GPU's marketing name, when known."""
     name = gpu.upper()
     if "H100" in name or "H200" in name or "H20" in name:
         return 90
-    if "B200" in name or "B300" in name or "GB200" in name:
+    if "B300" in name:  # also GB300
+        return 103
+    if "B200" in name:  # also GB200
         return 100
     if "RTX PRO 6000" in name or "RTX 50" in name:
         return 120
     return None
+
+
+def gpu_capability(gpu: str) -> int | None:
+    """CUDA compute-capability family (90, 100, 120): sm103 (B300) belongs to the sm100 family."""
+    sm = gpu_sm(gpu)
+    return 100 if sm == 103 else sm

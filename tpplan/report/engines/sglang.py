@@ -8,6 +8,9 @@ from tpplan.report.engines.base import (
     SRC_SGL_ARGS,
     SRC_SGL_ATTN,
     SRC_SGL_COMM,
+    SRC_SGL_CONSTR,
+    SRC_SGL_K3SP,
+    SRC_SGL_LACP,
     SRC_SGL_SP,
     Condition,
     EngineRecipe,
@@ -15,6 +18,7 @@ from tpplan.report.engines.base import (
     _moe,
     _needs_code,
     family,
+    gpu_sm,
 )
 
 # Architectures SGLang's --enable-layernorm-sp accepts (layernorm_sp.py SP_SUPPORTED_ARCHITECTURES =
@@ -22,14 +26,98 @@ from tpplan.report.engines.base import (
 _SGLANG_SP_MODEL_TYPES = frozenset({"qwen3"})
 
 
+# K3's fused SP reduce-scatter/all-gather (SRC_SGL_K3SP, `_init_state`): the GPU, attention-TP
+# sizes, MoE all-to-all backends and hidden size it admits; anything else runs NCCL's RS/AG.
+K3_SP_SM = 103
+K3_SP_TP = (4, 8)
+K3_SP_A2A = ("megamoe", "deepep")
+K3_SP_HIDDEN = 7168
+
+
+def _k3_sp_collective(spec: ModelSpec, tp: int, gpu: str, a2a: str) -> list[Condition]:
+    """Whether SGLang's K3 SP-MoE path runs its fused multicast RS/AG or falls back to NCCL."""
+    sm = gpu_sm(gpu)
+    where = f"{gpu or 'GPU unknown'}" + (f", sm{sm}" if sm is not None else "")
+    return [
+        Condition(
+            f"K3's fused SP reduce-scatter/all-gather needs an SM103 GPU (B300/GB300; here {where}), "
+            "else SGLang runs them through NCCL",
+            None if sm is None else sm == K3_SP_SM,
+            "falls back",
+            SRC_SGL_K3SP,
+        ),
+        Condition(
+            f"K3's fused SP collectives cover attention-TP groups of 4 or 8 ranks (here {tp})",
+            tp in K3_SP_TP,
+            "falls back",
+            SRC_SGL_K3SP,
+        ),
+        Condition(
+            f"K3's fused SP collectives need --moe-a2a-backend megamoe or deepep (here {a2a})",
+            a2a in K3_SP_A2A,
+            "falls back",
+            SRC_SGL_K3SP,
+        ),
+        Condition(
+            f"K3's fused SP collectives are built for hidden size {K3_SP_HIDDEN} (this model: {spec.hidden})",
+            spec.hidden == K3_SP_HIDDEN,
+            "falls back",
+            SRC_SGL_K3SP,
+        ),
+        Condition(
+            "CustomAllReduceV2 enabled with multicast, a checked-in tuning table for this GPU and TP, "
+            "SGLANG_K3_SP_COLLECTIVE not 0; per call bf16, tokens divisible by TP, the shard within the "
+            "push buffer (and a table entry may itself keep NCCL for some sizes)",
+            None,
+            "falls back",
+            SRC_SGL_K3SP,
+        ),
+    ]
+
+
+def _prefill_cp(spec: ModelSpec, cp: int) -> list[Condition]:
+    """The input-scattered gate under prefill context parallelism (`cp` attention-CP ranks)."""
+    conds = [
+        Condition(
+            f"no prefill context parallelism (attention CP {cp}): the input-scattered steps are not built when "
+            "--enable-prefill-cp shards tokens over attention CP > 1",
+            cp == 1,
+            "skips silently",
+            SRC_SGL_CONSTR,
+        )
+    ]
+    if spec.model_type == "kimi_k3":
+        conds.append(
+            Condition(
+                "not with linear-attention prefill CP: Kimi-K3 prefill CP rejects "
+                "--enable-attn-tp-input-scattered (and EP, PP, an a2a backend)",
+                cp == 1,
+                "refuses",
+                SRC_SGL_LACP,
+            )
+        )
+    return conds
+
+
 def sglang_recipe(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192
+    plan: Plan,
+    spec: ModelSpec,
+    *,
+    tp: int,
+    pp: int = 1,
+    nodes: int = 1,
+    chunk: int = 8192,
+    gpu: str = "",
+    cp: int = 1,
 ) -> EngineRecipe:
-    """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes."""
+    """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`;
+    `cp` > 1 runs prefill context parallelism over that many attention-CP ranks."""
     fam = family(plan)
     base = [f"--tp-size {tp}"]
     if pp > 1:
         base.append(f"--pp-size {pp}")
+    if cp > 1:
+        base += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
     base.append(f"--chunked-prefill-size {chunk}")
     if nodes > 1:
         base += [f"--nnodes {nodes}", f"--node-rank <0..{nodes - 1}>", "--dist-init-addr <head-ip>:<port>"]
@@ -79,9 +167,19 @@ def sglang_recipe(
             "With an a2a backend the MoE runs on the rank's own tokens (sparse_mlp_scatter_mode -> SCATTERED) "
             f"and input-scattered attention is off ({SRC_SGL_COMM})."
         )
-        return EngineRecipe(
-            "SGLang", plan.name, tuple(args), "yes", "DeepEP dispatch/combine", tuple(conds), tuple(notes)
-        )
+        summary = "DeepEP dispatch/combine"
+        if spec.model_type == "kimi_k3":
+            k3 = _k3_sp_collective(spec, tp, gpu, "deepep")
+            conds += k3
+            failed = [c for c in k3 if c.met is False]
+            if failed:
+                summary += "; the RS/AG around attention run on NCCL, not K3's fused kernels"
+                notes.append(
+                    "K3's fused SP collectives fall back to NCCL here (SGLang logs 'K3 SP collective requires "
+                    "SM103, TP4/TP8, MegaMoE/DeepEP ...; using NCCL'): the plan runs, its reduce-scatter and "
+                    f"all-gather are NCCL's, as the cost model prices them ({SRC_SGL_K3SP})."
+                )
+        return EngineRecipe("SGLang", plan.name, tuple(args), "yes", summary, tuple(conds), tuple(notes))
     if fam in ("input-scattered", "input-scattered+restore"):
         args = [*base, "--enable-attn-tp-input-scattered", "--moe-a2a-backend none"]
         conds += [
@@ -108,6 +206,7 @@ def sglang_recipe(
                 "skips silently",
                 SRC_SGL_ATTN,
             ),
+            *_prefill_cp(spec, cp),
         ]
         gated = mla is not None and mla.output_gate
         linear = any(layer.attn.kind in ("kda", "gdn") for layer in spec.layers)

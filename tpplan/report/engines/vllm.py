@@ -5,6 +5,7 @@ from __future__ import annotations
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
 from tpplan.report.engines.base import (
+    SRC_VLLM_MOE,
     SRC_VLLM_PAR,
     SRC_VLLM_SP,
     Condition,
@@ -62,10 +63,51 @@ def _vllm_sp_gate(spec: ModelSpec, tp: int, chunk: int, gpu: str) -> tuple[Condi
     )
 
 
+# All-to-all backends for which vLLM's `ParallelConfig.use_sequence_parallel_moe` holds (SRC_VLLM_PAR;
+# pplx is left out on purpose: it handles duplicated tokens itself).
+VLLM_SP_MOE_BACKENDS = ("allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency", "mori")
+
+
+def _vllm_sp_moe_gate(spec: ModelSpec, tp: int, dp: int, backend: str) -> tuple[Condition, ...]:
+    """vLLM's model-level MoE sequence parallelism (`use_sequence_parallel_moe`): without it every
+    TP rank of an EP deployment dispatches the same replicated tokens."""
+    return (
+        Condition(
+            f"data-parallel size > 1 for MoE sequence parallelism (here DP {dp}); at DP 1 vLLM keeps "
+            "use_sequence_parallel_moe off and every TP rank dispatches the whole replicated batch",
+            dp > 1,
+            "skips silently",
+            SRC_VLLM_PAR,
+        ),
+        Condition(f"tensor-parallel size > 1 (here {tp})", tp > 1, "skips silently", SRC_VLLM_PAR),
+        Condition(
+            f"--all2all-backend one of {', '.join(VLLM_SP_MOE_BACKENDS)} (here {backend})",
+            backend in VLLM_SP_MOE_BACKENDS,
+            "skips silently",
+            SRC_VLLM_PAR,
+        ),
+        Condition(
+            f"the model's MoE block reads is_sequence_parallel (DeepSeek-V2/V3, Qwen MoE, Nemotron-H; "
+            f"per model file, {spec.model_type or 'this model'} not checked)",
+            None,
+            "skips silently",
+            SRC_VLLM_MOE,
+        ),
+    )
+
+
 def vllm_recipe(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192, gpu: str = ""
+    plan: Plan,
+    spec: ModelSpec,
+    *,
+    tp: int,
+    pp: int = 1,
+    nodes: int = 1,
+    chunk: int = 8192,
+    gpu: str = "",
+    dp: int = 1,
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`."""
+    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`."""
     fam = family(plan)
     base = [f"--tensor-parallel-size {tp}"]
     if pp > 1:
@@ -75,12 +117,28 @@ def vllm_recipe(
         base.append("--distributed-executor-backend ray")
     moe = _moe(spec)
     if fam == "sp-moe":
+        backend = "deepep_high_throughput"
         conds = (
             Condition("the model has routed experts", moe is not None, "refuses", SRC_VLLM_PAR),
             Condition("EP spans all TP x DP ranks (there is no separate EP size)", True, "adjusts", SRC_VLLM_PAR),
+            *_vllm_sp_moe_gate(spec, tp, dp, backend),
         )
-        args = (*base, "--enable-expert-parallel", "--all2all-backend deepep_high_throughput")
-        return EngineRecipe("vLLM", plan.name, args, "yes", "expert parallel with DeepEP dispatch/combine", conds)
+        dp_args = (f"--data-parallel-size {dp}",) if dp > 1 else ()
+        args = (*base, *dp_args, "--enable-expert-parallel", f"--all2all-backend {backend}")
+        on = all(c.met is not False for c in conds)
+        summary = (
+            "expert parallel with DeepEP; attention output all-reduced, then each TP rank dispatches its "
+            "own chunk and the MoE output is all-gathered"
+            if on
+            else "expert parallel with DeepEP, but MoE sequence parallelism is off: every TP rank "
+            "dispatches the whole replicated batch"
+        )
+        notes = (
+            "vLLM's MoE sequence parallelism is model-level: the MoE block chunks the replicated (all-reduced) "
+            "hidden per TP rank and all-gathers its output, so the attention side stays an all-reduce, not "
+            f"the plan's reduce-scatter ({SRC_VLLM_MOE}).",
+        )
+        return EngineRecipe("vLLM", plan.name, args, "partly", summary, conds, notes)
     if fam == "ep":
         return EngineRecipe(
             "vLLM",
