@@ -1,4 +1,4 @@
-"""Engine flags per plan and the engines' static conditions (sources in tpplan/report/engines.py)."""
+"""Engine flags per plan and the engines' static conditions (sources in tpplan/report/engines/__init__.py)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,48 @@ def test_a2a_plan_with_input_scattered_attention_is_not_sglang_sp_moe():
         name="x", gather=frozenset({"mla+moe/layer.attn_in"}), replicate=frozenset({"mla+moe/moe.router"})
     )
     assert family(exact) == "sp-moe"  # exact roles inside SP-MoE's patterns: the same engine path
+
+
+def test_prefill_cp_skips_input_scattered_and_k3_refuses_it():
+    """construction.py builds no input-scattered steps under prefill CP; Kimi-K3's linear-attention
+    prefill CP hook rejects the flag outright. Without CP the same gate passes."""
+    plan, spec = _setup("kimi-k3", 8, "input-scattered")
+    assert not sglang_recipe(plan, spec, tp=8).blocked
+    r = sglang_recipe(plan, spec, tp=8, cp=2)
+    failed = {c.effect for c in r.conditions if c.met is False}
+    assert r.blocked and failed == {"skips silently", "refuses"}
+    assert "--enable-prefill-cp" in r.args
+    ds_plan, ds = _setup("deepseek-v3", 8, "input-scattered")
+    d = sglang_recipe(ds_plan, ds, tp=8, cp=2)
+    assert d.blocked and {c.effect for c in d.conditions if c.met is False} == {"skips silently"}
+
+
+def test_k3_sp_collective_falls_back_to_nccl_outside_sm103_tp4_tp8():
+    plan, spec = _setup("kimi-k3", 8, "sp-moe")
+    ok = sglang_recipe(plan, spec, tp=8, gpu="NVIDIA B300 SXM6")
+    k3 = [c for c in ok.conditions if "K3's fused SP" in c.text]
+    assert k3 and all(c.met is not False for c in k3) and not any("NCCL here" in n for n in ok.notes)
+    h200 = sglang_recipe(plan, spec, tp=8, gpu="NVIDIA H200")
+    failed = [c for c in h200.conditions if c.met is False]
+    assert [c.effect for c in failed] == ["falls back"] and "SM103" in failed[0].text
+    assert h200.realises == "yes" and not h200.blocked and "NCCL" in h200.summary
+    plan32, _ = _setup("kimi-k3", 32, "sp-moe")
+    tp32 = sglang_recipe(plan32, spec, tp=32, nodes=4, gpu="NVIDIA GB300")
+    assert [c.text for c in tp32.conditions if c.met is False] == [
+        "K3's fused SP collectives cover attention-TP groups of 4 or 8 ranks (here 32)"
+    ]
+    ds_plan, ds = _setup("deepseek-v3", 8, "sp-moe")
+    assert not any("K3's fused SP" in c.text for c in sglang_recipe(ds_plan, ds, tp=8, gpu="B300").conditions)
+
+
+def test_vllm_sequence_parallel_moe_needs_data_parallel():
+    plan, spec = _setup("deepseek-v3", 8, "sp-moe")
+    dp1 = vllm_recipe(plan, spec, tp=8)
+    failed = [c for c in dp1.conditions if c.met is False]
+    assert dp1.blocked and len(failed) == 1 and "data-parallel size > 1" in failed[0].text
+    assert "replicated batch" in dp1.summary
+    dp2 = vllm_recipe(plan, spec, tp=4, dp=2)
+    assert not dp2.blocked and "--data-parallel-size 2" in dp2.args
+    assert dp2.realises == "partly" and "all-reduced" in dp2.summary  # AR then chunk, not the plan's RS
+    tp1 = vllm_recipe(plan, spec, tp=1, dp=8)
+    assert [c.text for c in tp1.conditions if c.met is False] == ["tensor-parallel size > 1 (here 1)"]

@@ -11,7 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from tpplan.cost.topology import COLLECTIVE_KINDS, FittedCollective, Topology
+from tpplan.cost.topology import COLLECTIVE_KINDS, AllReduceAlgorithm, FittedCollective, Topology
 from tpplan.errors import TpplanError
 
 _GB = 1e9
@@ -102,6 +102,7 @@ class _Links:
     a_x: float  # s per inter hop
     b_x: float  # bytes/s egress of one node usable by this group
     b_nic: float  # bytes/s of one NIC
+    ar_algos: tuple[AllReduceAlgorithm, ...] = ()  # declared intra-node all-reduce algorithms
 
 
 def _links(topo: Topology, rpn: int, fit: FittedCollective | None, kind: str) -> _Links:
@@ -113,12 +114,13 @@ def _links(topo: Topology, rpn: int, fit: FittedCollective | None, kind: str) ->
         # the per-call overhead is what the fit's alpha leaves after its ring steps.
         b_i = fit.busbw_GBps * _GB
         launch = max(0.0, fit.alpha_us * _US - ring_steps(kind, fit.group_size) * a_i)
+    algos = tuple(topo.intra.all_reduce) if fit is None else ()
     if topo.inter is None:
-        return _Links(launch, a_i, b_i, math.inf, 0.0, 0.0)
+        return _Links(launch, a_i, b_i, math.inf, 0.0, 0.0, algos)
     inter = topo.inter
     # Rail-optimised nodes: a group with rpn of the node's GPUs reaches its share of the NICs.
     nics = max(1, min(inter.nics_per_node, round(inter.nics_per_node * rpn / topo.gpus_per_node)))
-    return _Links(launch, a_i, b_i, inter.latency_us * _US, nics * inter.nic_GBps * _GB, inter.nic_GBps * _GB)
+    return _Links(launch, a_i, b_i, inter.latency_us * _US, nics * inter.nic_GBps * _GB, inter.nic_GBps * _GB, algos)
 
 
 def _candidates(kind: str, s: float, n: int, rpn: int, m: int, ln: _Links) -> dict[str, float]:
@@ -126,7 +128,11 @@ def _candidates(kind: str, s: float, n: int, rpn: int, m: int, ln: _Links) -> di
     L, a_i, b_i, a_x, b_x = ln.launch, ln.a_i, ln.b_i, ln.a_x, ln.b_x
     if m == 1:
         if kind == "all_reduce":
-            return {"ring": L + 2 * (n - 1) * a_i + 2 * (n - 1) / n * s / b_i}
+            cands = {"ring": L + 2 * (n - 1) * a_i + 2 * (n - 1) / n * s / b_i}
+            for alg in ln.ar_algos:
+                if (alg.max_bytes is None or s <= alg.max_bytes) and (alg.max_ranks is None or n <= alg.max_ranks):
+                    cands[alg.name] = L + alg.latency_us * _US + 2 * (n - 1) / n * s / (alg.busbw_GBps * _GB)
+            return cands
         if kind in ("reduce_scatter", "all_gather"):
             return {"ring": L + (n - 1) * a_i + (n - 1) / n * s / b_i}
         if kind == "all_to_all":

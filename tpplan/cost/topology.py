@@ -108,12 +108,31 @@ class GpuSpec(_Strict):
     )
 
 
+class AllReduceAlgorithm(_Strict):
+    """An intra-node all-reduce algorithm the stack runs besides NCCL's ring (NVLS in-switch
+    reduction, a one-shot/two-shot custom all-reduce, ...), priced with its own constants:
+    time = launch + latency_us + 2(n-1)/n * size / busbw_GBps (nccl-tests' busbw convention), for
+    sizes up to `max_bytes` and groups of at most `max_ranks`. Reduce-scatter and all-gather keep
+    the ring. Declaring none keeps the ring alone (every datasheet preset today)."""
+
+    name: str = Field(min_length=1, description="e.g. 'nvls', 'one-shot'; shown as the chosen algorithm")
+    busbw_GBps: float = Field(gt=0, description="achievable all-reduce busbw of this algorithm")
+    latency_us: float = Field(ge=0, description="fixed cost of one call beyond launch_us")
+    max_bytes: float | None = Field(default=None, gt=0, description="largest size it runs at; None = any")
+    max_ranks: int | None = Field(default=None, ge=2, description="largest group it runs on; None = any")
+    source: str = ""
+
+
 class IntraLink(_Strict):
     """Link between GPUs of one node, as one GPU sees it (per direction)."""
 
     kind: Literal["nvlink", "pcie"]
     bandwidth_GBps: float = Field(gt=0, description="achievable per-GPU unidirectional busbw")
     latency_us: float = Field(ge=0, description="per ring step / hop")
+    all_reduce: list[AllReduceAlgorithm] = Field(
+        default_factory=list,
+        description="intra-node all-reduce algorithms besides the ring; none = NCCL ring only",
+    )
 
 
 class InterLink(_Strict):
@@ -262,5 +281,8 @@ def _is_table_list(v: object) -> bool:
 def topology_to_toml(topo: Topology, header: str = "") -> str:
     """Serialise a topology to TOML that `load_topology` reads back unchanged."""
     out = [f"# {line}" for line in header.splitlines()]
-    _toml_table(topo.model_dump(mode="json", exclude_none=True), "", out)
+    data = topo.model_dump(mode="json", exclude_none=True)
+    if not data["intra"].get("all_reduce"):
+        data["intra"].pop("all_reduce", None)  # no declaration: files read as before
+    _toml_table(data, "", out)
     return "\n".join(out).lstrip("\n") + "\n"

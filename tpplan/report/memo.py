@@ -379,8 +379,9 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
         Para(
             "Flags that realise each plan, and the engine's own static conditions. `FAILS` under `skips silently` "
             "means the server starts and quietly runs the all-reduce path; under `refuses`, the server does not "
-            "start; `keep` conditions depend on other settings. The engine verdict follows a plan's decisions, "
-            "not its name. Sources are repository paths in `tpplan/report/engines.py`."
+            "start; under `falls back`, it runs the plan with the same collectives on a slower path (NCCL instead of "
+            "a fused kernel); `keep` conditions depend on other settings. The engine verdict follows a plan's "
+            "decisions, not its name. Sources are repository paths in `tpplan/report/engines/__init__.py`."
         ),
     ]
     rows = [
