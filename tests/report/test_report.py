@@ -287,3 +287,23 @@ def test_checked_in_example_is_current(name):
     # The seed's cluster has never been measured: its numbers say so.
     if topology.startswith("pcie"):
         assert "extrapolated from datasheet figures" in md and "calibrated on this machine" not in md.split("## How")[0]
+
+
+@pytest.mark.parametrize("measured_s", [None, 1.02, 3.0])
+def test_bench_ttft_is_compared_with_the_memos_prediction(measured_s):
+    """The bench section says whether the bench's extrapolated TTFT and the memo's prediction for the
+    same target agree within the memo's band; the quoted gap and the verdict follow the numbers."""
+    from tpplan.report.bench_section import memo_vs_bench_ttft
+
+    topo = load_topology("h200x2")
+    bench = load_bench_results(Path(__file__).parent / "fixtures" / "bench_ok.json")
+    a = analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2, search_top=0, bench=bench)
+    memo_s = next(v for v in a.variants if v.plan.name == "baseline" and v.tp == 2).predictions["seed-c8"].ttft.mean_s
+    t = bench.ttft[0].model_copy(update={"topology": "h200x2 (TP2)", "mean_s": memo_s * (measured_s or 1.0)})
+    text = memo_vs_bench_ttft(a, t)
+    gap = t.mean_s / memo_s - 1.0
+    assert f"{100 * gap:+.1f}%" in text
+    assert ("they agree" in text) == (abs(gap) <= a.provenance.band)
+    assert ("they differ" in text) == (abs(gap) > a.provenance.band)
+    other = t.model_copy(update={"topology": "h200x8-ib400 x4 nodes (TP32)"})
+    assert memo_vs_bench_ttft(a, other) == ""  # not a target the memo predicts: no comparison

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from tpplan.bench_results import error_summary
+from tpplan.bench_results import TTFTExtrapolation, error_summary
 from tpplan.cost.provenance import provenance
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
-from tpplan.report.analysis import Analysis
+from tpplan.report.analysis import Analysis, ttft_mean
 from tpplan.report.doc import Block, Heading, Image, Para, Table
 
 PNG_BENCH = "predicted_vs_measured.png"
@@ -110,6 +110,37 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
                 f"Whole-model TTFT on `{t.topology}` at `{t.workload}`, extrapolated from the slice's measured/"
                 f"predicted ratios (tpplan's own runtime kernels, not a serving engine): mean {t.mean_s:.3f} s{pred}, "
                 f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s."
+                + memo_vs_bench_ttft(a, t)
             )
         )
     return b
+
+
+def memo_vs_bench_ttft(a: Analysis, t: TTFTExtrapolation) -> str:
+    """Whether the bench's extrapolated TTFT and the memo's prediction for the same target (plan,
+    topology, TP, workload) agree within the memo's band, and why not when they do not; empty when
+    the bench's target is not one the memo predicts."""
+    br = a.bench
+    assert br is not None
+    same_topology = t.topology.startswith(f"{a.topology.name} ") and t.topology.endswith(f"(TP{a.tp})")
+    v = next((v for v in a.variants if v.plan.name == br.plan and v.tp == a.tp and v.pp == 1), None)
+    memo_s = ttft_mean(v, t.workload) if v is not None and same_topology else None
+    if memo_s is None or memo_s <= 0:
+        return ""
+    gap = t.mean_s / memo_s - 1.0
+    band = a.provenance.band
+    head = (
+        f" The memo predicts {memo_s:.3f} s for `{br.plan}` on this target; the extrapolation is "
+        f"{100 * gap:+.1f}% from it"
+    )
+    if abs(gap) <= band:
+        return head + f", inside the memo's ±{100 * band:.1f}% band: they agree."
+    why = ""
+    if t.predicted_mean_s:
+        scale = t.mean_s / t.predicted_mean_s
+        why = (
+            f" The extrapolation multiplies the prediction by the slice's measured/predicted ratios (together "
+            f"x{scale:.2f} here): it carries the error of the cost model on the bench's kernels on "
+            f"{br.meta.gpu}, which the memo's prediction does not"
+        )
+    return head + f", outside the memo's ±{100 * band:.1f}% band: they differ.{why}."
