@@ -26,6 +26,7 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
         + (f", CUDA {m.cuda_version}" if m.cuda_version else ""),
         f"- date: {m.date.isoformat()}; command: `{m.command}`",
         f"- predictions: topology `{first.topology}`{profiles_note(first)}; kernels: {benches[0].kernels}",
+        f"- provenance of the predictions: {_provenance(first.topology, first.tp)}",
         "- method: CUDA events after warm-up; ops/layers/batches = slowest rank, collectives = fastest rank "
         "(the others wait for it), median over passes; ops and layers are the mean over the workload's "
         "batches (the prediction likewise, at each batch's context); errors = (predicted - measured) / measured",
@@ -36,6 +37,19 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
         lines += _plan_markdown(pb)
     lines += _summary_markdown(benches)
     return "\n".join(lines) + "\n"
+
+
+def _provenance(topology: str, gpus: int) -> str:
+    """How the predictions were made and the band that applies (`tpplan.cost.provenance`)."""
+    from tpplan.cost.provenance import provenance
+    from tpplan.cost.topology import load_topology
+    from tpplan.errors import TpplanError
+
+    try:
+        p = provenance(load_topology(topology), gpus)
+    except TpplanError:
+        return f"unknown (topology `{topology}` is not in this build)"
+    return f"{p.short()}: {p.basis}"
 
 
 def _plan_markdown(pb: PlanBench) -> list[str]:
