@@ -148,9 +148,7 @@ def wrapped_text(
     is one of `inner`; `fix` says where to find it."""
     text = raw.get("text_config")
     if not isinstance(text, dict):
-        raise TpplanError(
-            f"{label}: field 'text_config'", f"a {model_type} config must wrap a text_config object", fix
-        )
+        raise TpplanError(f"{label}: field 'text_config'", f"a {model_type} config must wrap a text_config object", fix)
     got = text.get("model_type", inner[0])
     if got not in inner:
         raise TpplanError(

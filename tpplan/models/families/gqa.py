@@ -187,6 +187,8 @@ class RawGQA(GQAFields, MoEFields):
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
     attention_bias: bool = False  # llama/mistral spelling; qwen2 always has q/k/v biases
+    sliding_window: int | None = Field(default=None, gt=0)
+    use_sliding_window: bool = False  # qwen2 / qwen3: sliding_window counts only when this is set
 
     @model_validator(mode="before")
     @classmethod
@@ -198,13 +200,36 @@ class RawGQA(GQAFields, MoEFields):
         return data
 
 
+# transformers' MistralAttention / MixtralAttention pass `config.sliding_window` to every layer; an
+# absent key takes the config class's default (MistralConfig: 4096, MixtralConfig: None).
+SLIDING_EVERY_LAYER = {"mistral": 4096, "mixtral": None}
+
+
+def sliding_window(c: RawGQA, label: str, model_type: str) -> int | None:
+    """The window every layer attends within (None: full attention)."""
+    if model_type in SLIDING_EVERY_LAYER:
+        return c.sliding_window if "sliding_window" in c.model_fields_set else SLIDING_EVERY_LAYER[model_type]
+    if c.use_sliding_window and c.sliding_window:
+        raise TpplanError(
+            f"{label}: field 'use_sliding_window'",
+            f"{model_type}'s sliding-window layers (from max_window_layers on) are not modelled",
+            "set use_sliding_window to false, as the released checkpoints do",
+        )
+    return None
+
+
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawGQA = validate(RawGQA, raw, label)
     if not c.head_dim and c.hidden_size % c.num_attention_heads:
         raise TpplanError(
             label, "hidden_size is not divisible by num_attention_heads and head_dim is not given", "add head_dim"
         )
-    gqa = c.gqa(label, qk_norm=model_type.startswith("qwen3"), qkv_bias=model_type == "qwen2" or c.attention_bias)
+    gqa = c.gqa(
+        label,
+        qk_norm=model_type.startswith("qwen3"),
+        qkv_bias=model_type == "qwen2" or c.attention_bias,
+        window=sliding_window(c, label, model_type),
+    )
     dense = DenseMLPSpec(c.intermediate_size)
     moe = c.routed(label)  # any spelling, any model_type of this family (Mixtral-style llama/mistral too)
     layers = tuple(
