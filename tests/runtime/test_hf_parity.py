@@ -87,12 +87,14 @@ CASES = [(p, None) for p in MODELS] + [
     ("tiny-deepseek-v2", {"q_lora_rank": 24, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
     ("tiny-deepseek-v2", {"rope_scaling": {k: v for k, v in YARN.items() if k != "rope_theta"}}),
     ("tiny-gpt-oss", {"swiglu_limit": 0.3}),  # most gate/up values clamped
+    ("tiny-mistral", {"sliding_window": 5}),  # every layer sees its last 5 keys (13 tokens run)
+    ("tiny-mixtral", {"sliding_window": 4}),
 ]
 
 
 IDS = ["ds3", "kimi-linear", "qwen3-next", "gpt-oss", "gemma3", "llama4", "mixtral", "kimi-k25", "ds2-lite", "qwen2"]
 IDS += ["qwen3.5-moe", "qwen3.5", "qwen3", "mistral"]
-IDS += ["ds3-noninterleave", "ds3-yarn", "ds2-grouped", "ds2-yarn", "gpt-oss-clamp"]
+IDS += ["ds3-noninterleave", "ds3-yarn", "ds2-grouped", "ds2-yarn", "gpt-oss-clamp", "mistral-swa", "mixtral-swa"]
 
 
 @pytest.mark.parametrize(("preset", "overrides"), CASES, ids=IDS)

@@ -18,25 +18,18 @@ def dense_mlp(
     b: Builder, m: DenseMLPSpec, x: str, out: str, prefix: str, weight_prefix: str, intermediate: int | None = None
 ) -> str:
     i = intermediate or m.intermediate
-    g = b.linear(
-        f"{prefix}gate_proj",
-        x,
-        f"{prefix}gate",
-        i,
-        WeightSplit.COL,
-        heads=i,
-        weight=f"{weight_prefix}.gate_proj.weight",
-        note="gate projection, split by column",
-    )
-    u = b.linear(
-        f"{prefix}up_proj",
-        x,
-        f"{prefix}up",
-        i,
-        WeightSplit.COL,
-        heads=i,
-        weight=f"{weight_prefix}.up_proj.weight",
-        note="up projection, split by column",
+    g, u = (
+        b.linear(
+            f"{prefix}{part}_proj",
+            x,
+            f"{prefix}{part}",
+            i,
+            WeightSplit.COL,
+            heads=i,
+            weight=f"{weight_prefix}.{part}_proj.weight",
+            note=f"{part} projection, split by column",
+        )
+        for part in ("gate", "up")
     )
     act = {"act": m.act} if m.act != "silu" else {}
     b.op(f"{prefix}act", OpKind.SWIGLU, (g, u), f"{prefix}act", i, i, flops_per_token=4.0 * i, attrs=act)

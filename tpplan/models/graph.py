@@ -187,6 +187,14 @@ class Builder:
             note=note,
         )
 
+    def out_proj(self, x: str, heads: int, name: str = "o_proj", weight: str = "self_attn.o_proj.weight") -> str:
+        """The attention block's output projection back to the hidden (`attn_out`), row-parallel over
+        its input heads: every token mixer ends with it."""
+        return self.linear(
+            name, x, "attn_out", self.hidden, WeightSplit.ROW, heads=heads, weight=weight,
+            note="output projection, split by input heads",
+        )  # fmt: skip
+
     def norm(self, name: str, x: str, out: str, weight: str, note: str = "RMSNorm") -> str:
         w = self.values[x].width
         return self.op(

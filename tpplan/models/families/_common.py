@@ -1,13 +1,19 @@
-"""Helpers every family's config reader shares: the pydantic base, validation, MoE layer layout,
-sliding/full layer types."""
+"""Helpers every family's config reader shares: the pydantic bases (the fields every decoder has,
+GQA's and MLA's attention fields, the routed-expert fields), validation, the `ModelSpec` a family
+returns, text_config unwrapping, MoE layer layout, sliding/full layer types.
+
+A family's schema derives from the bases whose fields its config spells the common way and adds or
+overrides only what is its own (a different default, a required field, a family-only spelling)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from tpplan.errors import TpplanError, from_validation
+from tpplan.models.spec import GQASpec, LayerSpec, MLASpec, ModelSpec, MoESpec
 
 # MoE keys as different releases spell them; every family reads all of them (a config that names
 # experts is never planned as dense: `config.spec_from_config` checks that too).
@@ -23,6 +29,136 @@ class Raw(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
 
+class Decoder(Raw):
+    """The fields every decoder config has."""
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+
+    def model_spec(
+        self, label: str, name: str, model_type: str, family: str, layers: tuple[LayerSpec, ...], **more: Any
+    ) -> ModelSpec:
+        """The family's `ModelSpec` from these fields, its layers and any further `ModelSpec` fields."""
+        return ModelSpec(
+            name=name,
+            model_type=model_type,
+            family=family,
+            hidden=self.hidden_size,
+            vocab=self.vocab_size,
+            layers=layers,
+            tie_embeddings=self.tie_word_embeddings,
+            source=label,
+            **more,
+        )
+
+
+class GQAFields(Decoder):
+    """Grouped-query attention's head counts (head_dim defaults to hidden_size / heads)."""
+
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+
+    def kv_heads(self, label: str) -> int:
+        """The KV heads, checked to divide the query heads."""
+        kv = self.num_key_value_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise TpplanError(
+                label,
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_key_value_heads={kv}",
+                "correct num_key_value_heads",
+            )
+        return kv
+
+    @property
+    def dim(self) -> int:
+        """Per-head width: head_dim, or hidden_size / num_attention_heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def gqa(self, label: str, **more: Any) -> GQASpec:
+        """A `GQASpec` from the head fields (rotary over the whole head unless `more` says otherwise)."""
+        kv = self.kv_heads(label)
+        return GQASpec(**{"heads": self.num_attention_heads, "kv_heads": kv, "head_dim": self.dim,
+                          "rotary_dim": self.dim, **more})  # fmt: skip
+
+
+class MLAFields(Decoder):
+    """Multi-head latent attention's fields (DeepSeek-V3 spelling; Kimi-Linear and K3 reuse it)."""
+
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(ge=0)
+    qk_nope_head_dim: int = Field(ge=0)
+    v_head_dim: int = Field(gt=0)
+
+    def mla(self, **more: Any) -> MLASpec:
+        return MLASpec(
+            heads=self.num_attention_heads,
+            q_lora_rank=self.q_lora_rank,
+            kv_lora_rank=self.kv_lora_rank,
+            rope_dim=self.qk_rope_head_dim,
+            nope_dim=self.qk_nope_head_dim,
+            v_dim=self.v_head_dim,
+            **more,
+        )
+
+
+class MoEFields(Raw):
+    """Routed experts under any of their spellings; no experts (0) means a dense model."""
+
+    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
+    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+
+    def routed(self, label: str, n_group: int = 1, topk_group: int = 1, **more: Any) -> MoESpec | None:
+        """The `MoESpec` (router checked), or None for a dense model."""
+        if not self.num_experts:
+            return None
+        if not self.moe_intermediate_size:
+            raise TpplanError(
+                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
+            )
+        return routed_experts(
+            label, self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, n_group, topk_group, **more
+        )
+
+
+def routed_experts(
+    label: str, experts: int, top_k: int, width: int, n_group: int = 1, topk_group: int = 1, **more: Any
+) -> MoESpec:
+    """A `MoESpec` of `experts` experts `width` wide picking `top_k`, its router checked (`check_group`);
+    no shared expert unless `more` gives `shared_intermediate`."""
+    check_group(label, experts, n_group, topk_group, top_k)
+    return MoESpec(**{"experts": experts, "top_k": top_k, "expert_intermediate": width, "shared_intermediate": 0,
+                      "n_group": n_group, "topk_group": topk_group, **more})  # fmt: skip
+
+
+def text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal wrapper's text model (its `text_config`), or the config itself when it is one."""
+    text = raw.get("text_config")
+    return text if isinstance(text, dict) else raw
+
+
+def wrapped_text(
+    raw: Mapping[str, Any], label: str, model_type: str, inner: tuple[str, ...], fix: str
+) -> dict[str, Any]:
+    """The `text_config` a `model_type` wrapper must hold, whose own model_type (default `inner[0]`)
+    is one of `inner`; `fix` says where to find it."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise TpplanError(f"{label}: field 'text_config'", f"a {model_type} config must wrap a text_config object", fix)
+    got = text.get("model_type", inner[0])
+    if got not in inner:
+        raise TpplanError(
+            f"{label}: field 'text_config.model_type'",
+            f"{got!r} under a {model_type} wrapper",
+            f"use {' or '.join(map(repr, inner))}",
+        )
+    return text
+
+
 def validate(schema: type[Raw], raw: dict[str, Any], label: str) -> Any:
     """`schema` from `raw`, or a `TpplanError` naming the file, the field and the fix."""
     try:
@@ -30,6 +166,21 @@ def validate(schema: type[Raw], raw: dict[str, Any], label: str) -> Any:
     except ValidationError as exc:
         fix = "add or correct '{field}' in the config (see the model card's config.json)"
         raise from_validation(exc, label, fix) from None
+
+
+def qwen_moe_layer(index: int, step: int, dense_only: list[int]) -> bool:
+    """Whether layer `index` is a MoE layer under Qwen's `decoder_sparse_step` / `mlp_only_layers`."""
+    return index not in dense_only and (index + 1) % step == 0
+
+
+def first_k_dense(label: str, first: int, layers: int) -> None:
+    """`first_k_dense_replace` must leave the model no more dense layers than it has."""
+    if first > layers:
+        raise TpplanError(
+            f"{label}: field 'first_k_dense_replace'",
+            f"{first} exceeds num_hidden_layers={layers}",
+            "set it to at most num_hidden_layers",
+        )
 
 
 def moe_layer(index: int, first_dense: int, freq: int, experts: int, explicit_dense: set[int] | None = None) -> bool:

@@ -15,7 +15,17 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
+from tpplan.models.families._common import (
+    SHARED_EXPERTS,
+    TOP_K,
+    MLAFields,
+    MoEFields,
+    first_k_dense,
+    moe_layer,
+    text_config,
+    validate,
+    wrapped_text,
+)
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
 from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
@@ -72,8 +82,7 @@ def build_mla(
             attrs={"start": a.q_lora_rank + a.kv_lora_rank},
             note="shared rope key",
         )
-        b.norm("q_a_layernorm", "q_latent", "q_latent_n", "self_attn.q_a_layernorm.weight")
-        b.ops[-1].attrs["latent_eps"] = True
+        _latent_norm(b, "q")
         b.linear(
             "q_b_proj",
             "q_latent_n",
@@ -106,8 +115,7 @@ def build_mla(
         )
         b.op("kv_latent", OpKind.SLICE, ("kv_a_out",), "kv_latent", a.kv_lora_rank, attrs={"start": 0})
         b.op("k_rope", OpKind.SLICE, ("kv_a_out",), "k_rope", a.rope_dim, attrs={"start": a.kv_lora_rank})
-    b.norm("kv_a_layernorm", "kv_latent", "kv_latent_n", "self_attn.kv_a_layernorm.weight")
-    b.ops[-1].attrs["latent_eps"] = True
+    _latent_norm(b, "kv")
     b.linear(
         "kv_b_proj",
         "kv_latent_n",
@@ -163,17 +171,14 @@ def build_mla(
             note="elementwise output gate",
         )
         out = "attn_gated"
-    b.linear(
-        "o_proj",
-        out,
-        "attn_out",
-        b.hidden,
-        WeightSplit.ROW,
-        heads=n,
-        weight="self_attn.o_proj.weight",
-        note="output projection, split by input heads",
-    )
+    b.out_proj(out, n)
     return "attn_out"
+
+
+def _latent_norm(b: Builder, part: str) -> None:
+    """RMSNorm of the `part` latent (q or kv), at the latent's own epsilon."""
+    b.norm(f"{part}_a_layernorm", f"{part}_latent", f"{part}_latent_n", f"self_attn.{part}_a_layernorm.weight")
+    b.ops[-1].attrs["latent_eps"] = True
 
 
 def run_mla(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
@@ -212,80 +217,44 @@ register_mixer(
 # Config
 
 
-class RawMLAMoE(Raw):
+class RawMLAMoE(MLAFields, MoEFields):
     """deepseek_v3 / kimi_k2 (DeepseekV3ForCausalLM)."""
 
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
-    q_lora_rank: int | None = Field(default=None, gt=0)
-    kv_lora_rank: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(ge=0)
-    qk_nope_head_dim: int = Field(ge=0)
-    v_head_dim: int = Field(gt=0)
-    n_routed_experts: int | None = Field(default=None, ge=0, validation_alias=EXPERTS)
-    num_experts_per_tok: int | None = Field(default=None, gt=0, validation_alias=TOP_K)
-    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    num_experts_per_tok: int | None = Field(default=None, gt=0, validation_alias=TOP_K)  # type: ignore[assignment]
     n_shared_experts: int | None = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)
     moe_layer_freq: int = Field(default=1, gt=0)
     n_group: int | None = Field(default=1, gt=0)
     topk_group: int | None = Field(default=1, gt=0)
     scoring_func: str = "sigmoid"
-    tie_word_embeddings: bool = False
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawMLAMoE = validate(RawMLAMoE, raw, label)
-    mla = MLASpec(
-        heads=c.num_attention_heads,
-        q_lora_rank=c.q_lora_rank,
-        kv_lora_rank=c.kv_lora_rank,
-        rope_dim=c.qk_rope_head_dim,
-        nope_dim=c.qk_nope_head_dim,
-        v_dim=c.v_head_dim,
-    )
+    mla = c.mla()
     dense = DenseMLPSpec(c.intermediate_size)
     moe = None
-    if c.n_routed_experts:
+    if c.num_experts:
         if not c.num_experts_per_tok or not c.moe_intermediate_size:
             raise TpplanError(
                 label,
                 "n_routed_experts is set but num_experts_per_tok or moe_intermediate_size is missing",
                 "add both fields, or set n_routed_experts to 0 for a dense model",
             )
-        check_group(label, c.n_routed_experts, c.n_group or 1, c.topk_group or 1, c.num_experts_per_tok)
-        moe = MoESpec(
-            experts=c.n_routed_experts,
-            top_k=c.num_experts_per_tok,
-            expert_intermediate=c.moe_intermediate_size,
+        moe = c.routed(
+            label,
+            c.n_group or 1,
+            c.topk_group or 1,
             shared_intermediate=(c.n_shared_experts or 0) * c.moe_intermediate_size,
             scoring="sigmoid" if c.scoring_func == "sigmoid" else "softmax",
-            n_group=c.n_group or 1,
-            topk_group=c.topk_group or 1,
         )
-    if c.first_k_dense_replace > c.num_hidden_layers:
-        raise TpplanError(
-            label,
-            f"first_k_dense_replace={c.first_k_dense_replace} exceeds num_hidden_layers={c.num_hidden_layers}",
-            "set first_k_dense_replace to at most num_hidden_layers",
-        )
+    first_k_dense(label, c.first_k_dense_replace, c.num_hidden_layers)
     layers = tuple(
         LayerSpec(mla, moe if moe and moe_layer(i, c.first_k_dense_replace, c.moe_layer_freq, moe.experts) else dense)
         for i in range(c.num_hidden_layers)
     )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="deepseek_v3",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    return c.model_spec(label, name, model_type, "deepseek_v3", layers)
 
 
 def mla_numerics(text: Mapping[str, Any]) -> dict[str, Any]:
@@ -308,27 +277,10 @@ register(
 # Kimi-K2.5: a multimodal wrapper whose text model is a kimi_k2 / deepseek_v3 `text_config`
 
 
-def k25_text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    text = raw.get("text_config")
-    return text if isinstance(text, dict) else raw
-
-
 def build_kimi_k25(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     """The text model only (the vision tower does not run in text prefill)."""
-    text = raw.get("text_config")
-    if not isinstance(text, dict):
-        raise TpplanError(
-            f"{label}: field 'text_config'",
-            "a kimi_k25 config must wrap a text_config object",
-            "add the kimi_k2 (deepseek_v3) text_config from the checkpoint's config.json",
-        )
-    inner = text.get("model_type", "deepseek_v3")
-    if inner not in ("deepseek_v3", "kimi_k2"):
-        raise TpplanError(
-            f"{label}: field 'text_config.model_type'",
-            f"expected 'kimi_k2' or 'deepseek_v3', got {inner!r}",
-            "Kimi-K2.5's text_config is a kimi_k2 (DeepSeek-V3 architecture) config",
-        )
+    fix = "add the kimi_k2 (deepseek_v3) text_config from the checkpoint's config.json"
+    text = wrapped_text(raw, label, model_type, ("deepseek_v3", "kimi_k2"), fix)
     spec = build_spec(text, f"{label} (text_config)", name, model_type)
     return replace(spec, family="kimi_k25")
 
@@ -339,7 +291,7 @@ register(
         {"kimi_k25": "Kimi-K2.5 (a kimi_k2 text_config; the vision tower is not modelled)"},
         build_kimi_k25,
         numerics=mla_numerics,
-        text_config=k25_text_config,
+        text_config=text_config,
         signature=frozenset({"text_config", "vision_config", "media_placeholder_token_id"}),
     )
 )

@@ -22,17 +22,12 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, layer_windows, validate
+from tpplan.models.families._common import GQAFields, layer_windows, text_config, validate
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 
-class RawGemma3Text(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int = Field(default=256, gt=0)
-    vocab_size: int = Field(gt=0)
+class RawGemma3Text(GQAFields):
+    head_dim: int = Field(default=256, gt=0)  # type: ignore[assignment]
     intermediate_size: int = Field(gt=0)
     query_pre_attn_scalar: float = Field(default=256, gt=0)
     sliding_window: int | None = Field(default=4096, gt=0)
@@ -41,12 +36,6 @@ class RawGemma3Text(Raw):
     rope_local_base_freq: float | None = Field(default=None, gt=0)
     hidden_activation: str = "gelu_pytorch_tanh"
     tie_word_embeddings: bool = True
-
-
-def text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A `gemma3` config's text model sits in `text_config`; a `gemma3_text` config is the text model."""
-    text = raw.get("text_config")
-    return text if isinstance(text, dict) else raw
 
 
 def _rope_by_layer_type(text: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,13 +56,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     text = text_config(raw)
     where = f"{label} (text_config)" if text is not raw else label
     c: RawGemma3Text = validate(RawGemma3Text, dict(text), where)
-    if c.num_attention_heads % c.num_key_value_heads:
-        raise TpplanError(
-            where,
-            f"num_attention_heads={c.num_attention_heads} is not a multiple of "
-            f"num_key_value_heads={c.num_key_value_heads}",
-            "correct num_key_value_heads",
-        )
+    c.kv_heads(where)
     if c.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise TpplanError(
             f"{where}: field 'hidden_activation'",
@@ -88,12 +71,9 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     theta = local_theta(text)
 
     def attn(window: int | None) -> GQASpec:
-        return GQASpec(
-            heads=c.num_attention_heads,
-            kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
+        return c.gqa(
+            where,
             qk_norm=True,
-            rotary_dim=c.head_dim,
             window=window,
             scale=c.query_pre_attn_scalar**-0.5,
             rope_theta=theta if window else None,
@@ -103,16 +83,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         LayerSpec(attn(w), mlp, sandwich=True)
         for w in layer_windows(where, types, c.num_hidden_layers, c.sliding_window)
     )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="gemma3",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    return c.model_spec(label, name, model_type, "gemma3", layers)
 
 
 def gemma_numerics(text: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,14 +15,22 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
+from tpplan.models.families._common import (
+    EXPERTS,
+    SHARED_EXPERTS,
+    TOP_K,
+    GQAFields,
+    MoEFields,
+    first_k_dense,
+    moe_layer,
+    validate,
+)
 from tpplan.models.families.deepseek_v32 import mtp_note
 from tpplan.models.families.gqa import build_gqa, gqa_kv_bytes
 from tpplan.models.graph import Builder
 from tpplan.models.opkinds import Mixer, register_mixer
-from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
+from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -58,16 +66,10 @@ register_mixer(
 # Config
 
 
-class RawGlm4Moe(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
+class RawGlm4Moe(GQAFields, MoEFields):
     intermediate_size: int = Field(gt=0)
-    moe_intermediate_size: int = Field(gt=0)
-    n_routed_experts: int = Field(gt=0, validation_alias=EXPERTS)
+    moe_intermediate_size: int = Field(gt=0)  # type: ignore[assignment]
+    num_experts: int = Field(gt=0, validation_alias=EXPERTS)
     num_experts_per_tok: int = Field(gt=0, validation_alias=TOP_K)
     n_shared_experts: int = Field(default=1, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=1, ge=0)
@@ -77,61 +79,25 @@ class RawGlm4Moe(Raw):
     use_qk_norm: bool = False
     partial_rotary_factor: float | None = Field(default=None, gt=0, le=1)
     rope_parameters: dict[str, Any] | None = None
-    tie_word_embeddings: bool = False
     num_nextn_predict_layers: int = Field(default=0, ge=0)
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawGlm4Moe = validate(RawGlm4Moe, raw, label)
-    d = c.head_dim or c.hidden_size // c.num_attention_heads
-    if c.num_attention_heads % c.num_key_value_heads:
-        raise TpplanError(
-            label,
-            f"num_attention_heads={c.num_attention_heads} is not a multiple of num_key_value_heads="
-            f"{c.num_key_value_heads}",
-            "correct num_key_value_heads",
-        )
-    if c.first_k_dense_replace > c.num_hidden_layers:
-        raise TpplanError(
-            f"{label}: field 'first_k_dense_replace'",
-            f"{c.first_k_dense_replace} exceeds num_hidden_layers={c.num_hidden_layers}",
-            "set it to at most num_hidden_layers",
-        )
+    c.kv_heads(label)
+    first_k_dense(label, c.first_k_dense_replace, c.num_hidden_layers)
     factor = c.partial_rotary_factor or (c.rope_parameters or {}).get("partial_rotary_factor") or 0.5
-    gqa = GQASpec(
-        heads=c.num_attention_heads,
-        kv_heads=c.num_key_value_heads,
-        head_dim=d,
-        qk_norm=c.use_qk_norm,
-        rotary_dim=int(d * float(factor)),
-    )
+    gqa = c.gqa(label, qk_norm=c.use_qk_norm, rotary_dim=int(c.dim * float(factor)))
     attn = BiasedGQASpec(gqa) if c.attention_bias else gqa
-    check_group(label, c.n_routed_experts, c.n_group, c.topk_group, c.num_experts_per_tok)
-    moe = MoESpec(
-        experts=c.n_routed_experts,
-        top_k=c.num_experts_per_tok,
-        expert_intermediate=c.moe_intermediate_size,
-        shared_intermediate=c.n_shared_experts * c.moe_intermediate_size,
-        scoring="sigmoid",
-        n_group=c.n_group,
-        topk_group=c.topk_group,
-    )
+    shared = c.n_shared_experts * c.moe_intermediate_size
+    moe = c.routed(label, c.n_group, c.topk_group, shared_intermediate=shared, scoring="sigmoid")
+    assert moe is not None  # num_experts > 0
     dense = DenseMLPSpec(c.intermediate_size)
     layers = tuple(
         LayerSpec(attn, moe if moe_layer(i, c.first_k_dense_replace, 1, moe.experts) else dense)
         for i in range(c.num_hidden_layers)
     )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="glm4_moe",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-        notes=mtp_note(c.num_nextn_predict_layers),
-    )
+    return c.model_spec(label, name, model_type, "glm4_moe", layers, notes=mtp_note(c.num_nextn_predict_layers))
 
 
 register(

@@ -20,19 +20,12 @@ from typing import Any
 
 from pydantic import AliasChoices, Field
 
-from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, layer_windows, validate
-from tpplan.models.spec import GQASpec, LayerSpec, ModelSpec, MoESpec
+from tpplan.models.families._common import GQAFields, layer_windows, routed_experts, validate
+from tpplan.models.spec import LayerSpec, ModelSpec
 
 
-class RawGptOss(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
+class RawGptOss(GQAFields):
     intermediate_size: int = Field(gt=0)  # per expert
     num_local_experts: int = Field(gt=0, validation_alias=AliasChoices("num_local_experts", "num_experts"))
     num_experts_per_tok: int = Field(
@@ -43,57 +36,26 @@ class RawGptOss(Raw):
     attention_bias: bool = True
     swiglu_alpha: float = Field(default=1.702, gt=0)
     swiglu_limit: float = Field(default=7.0, gt=0)
-    tie_word_embeddings: bool = False
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawGptOss = validate(RawGptOss, raw, label)
-    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
-    if c.num_attention_heads % c.num_key_value_heads:
-        raise TpplanError(
-            label,
-            f"num_attention_heads={c.num_attention_heads} is not a multiple of "
-            f"num_key_value_heads={c.num_key_value_heads}",
-            "correct num_key_value_heads",
-        )
-    check_group(label, c.num_local_experts, 1, 1, c.num_experts_per_tok)
-    moe = MoESpec(
-        experts=c.num_local_experts,
-        top_k=c.num_experts_per_tok,
-        expert_intermediate=c.intermediate_size,
-        shared_intermediate=0,
+    c.kv_heads(label)
+    moe = routed_experts(
+        label,
+        c.num_local_experts,
+        c.num_experts_per_tok,
+        c.intermediate_size,
         scoring="softmax",
         router="router",
         router_bias=True,
         expert_bias=True,
         clamp=(c.swiglu_alpha, c.swiglu_limit),
     )
-    layers = tuple(
-        LayerSpec(
-            GQASpec(
-                heads=c.num_attention_heads,
-                kv_heads=c.num_key_value_heads,
-                head_dim=head_dim,
-                rotary_dim=head_dim,
-                qkv_bias=c.attention_bias,
-                o_bias=c.attention_bias,
-                sinks=True,
-                window=w,
-            ),
-            moe,
-        )
-        for w in layer_windows(label, c.layer_types, c.num_hidden_layers, c.sliding_window)
-    )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="gpt_oss",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    windows = layer_windows(label, c.layer_types, c.num_hidden_layers, c.sliding_window)
+    bias = c.attention_bias
+    layers = tuple(LayerSpec(c.gqa(label, qkv_bias=bias, o_bias=bias, sinks=True, window=w), moe) for w in windows)
+    return c.model_spec(label, name, model_type, "gpt_oss", layers)
 
 
 register(

@@ -15,10 +15,10 @@ from pydantic import Field, model_validator
 from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, head_cut
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
+from tpplan.models.families._common import GQAFields, MoEFields, qwen_moe_layer, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
-from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
+from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 # ----------------------------------------------------------------------------------------------
 # The GQA token mixer
@@ -116,16 +116,7 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
         b.op("gate_sigmoid", OpKind.UNARY, ("gate_logits",), "attn_gate", n * d, n, attrs={"fn": "sigmoid"})
         b.op("gate_mul", OpKind.MUL, ("attn", "attn_gate"), "attn_gated", n * d, n, note="elementwise output gate")
         out = "attn_gated"
-    b.linear(
-        "o_proj",
-        out,
-        "attn_out",
-        b.hidden,
-        WeightSplit.ROW,
-        heads=n,
-        weight="self_attn.o_proj.weight",
-        note="output projection, split by input heads",
-    )
+    b.out_proj(out, n)
     if a.o_bias:  # affine row-parallel output: rank 0 adds the bias to its partial sum
         b.ops[-1].attrs["bias"] = True
     return "attn_out"
@@ -188,23 +179,16 @@ register_mixer(
 # Config
 
 
-class RawGQA(Raw):
+class RawGQA(GQAFields, MoEFields):
     """llama / qwen3 / qwen3_moe / mistral (and their MoE variants under any expert-count spelling)."""
 
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int | None = Field(default=None, gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
+    num_key_value_heads: int | None = Field(default=None, gt=0)  # type: ignore[assignment]  # absent: MHA
     intermediate_size: int = Field(gt=0)
-    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
-    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
-    moe_intermediate_size: int | None = Field(default=None, gt=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
-    tie_word_embeddings: bool = False
     attention_bias: bool = False  # llama/mistral spelling; qwen2 always has q/k/v biases
+    sliding_window: int | None = Field(default=None, gt=0)
+    use_sliding_window: bool = False  # qwen2 / qwen3: sliding_window counts only when this is set
 
     @model_validator(mode="before")
     @classmethod
@@ -216,57 +200,43 @@ class RawGQA(Raw):
         return data
 
 
+# transformers' MistralAttention / MixtralAttention pass `config.sliding_window` to every layer; an
+# absent key takes the config class's default (MistralConfig: 4096, MixtralConfig: None).
+SLIDING_EVERY_LAYER = {"mistral": 4096, "mixtral": None}
+
+
+def sliding_window(c: RawGQA, label: str, model_type: str) -> int | None:
+    """The window every layer attends within (None: full attention)."""
+    if model_type in SLIDING_EVERY_LAYER:
+        return c.sliding_window if "sliding_window" in c.model_fields_set else SLIDING_EVERY_LAYER[model_type]
+    if c.use_sliding_window and c.sliding_window:
+        raise TpplanError(
+            f"{label}: field 'use_sliding_window'",
+            f"{model_type}'s sliding-window layers (from max_window_layers on) are not modelled",
+            "set use_sliding_window to false, as the released checkpoints do",
+        )
+    return None
+
+
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawGQA = validate(RawGQA, raw, label)
-    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
     if not c.head_dim and c.hidden_size % c.num_attention_heads:
         raise TpplanError(
             label, "hidden_size is not divisible by num_attention_heads and head_dim is not given", "add head_dim"
         )
-    kv = c.num_key_value_heads or c.num_attention_heads
-    if c.num_attention_heads % kv:
-        raise TpplanError(
-            label,
-            f"num_attention_heads={c.num_attention_heads} is not a multiple of num_key_value_heads={kv}",
-            "correct num_key_value_heads",
-        )
-    gqa = GQASpec(
-        heads=c.num_attention_heads,
-        kv_heads=kv,
-        head_dim=head_dim,
+    gqa = c.gqa(
+        label,
         qk_norm=model_type.startswith("qwen3"),
-        rotary_dim=head_dim,
         qkv_bias=model_type == "qwen2" or c.attention_bias,
+        window=sliding_window(c, label, model_type),
     )
     dense = DenseMLPSpec(c.intermediate_size)
-    moe = None
-    if c.num_experts:  # any spelling, any model_type of this family (Mixtral-style llama/mistral too)
-        if not c.moe_intermediate_size:
-            raise TpplanError(
-                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
-            )
-        check_group(label, c.num_experts, 1, 1, c.num_experts_per_tok)
-        moe = MoESpec(
-            experts=c.num_experts,
-            top_k=c.num_experts_per_tok,
-            expert_intermediate=c.moe_intermediate_size,
-            shared_intermediate=0,
-        )
-    dense_only = set(c.mlp_only_layers)
+    moe = c.routed(label)  # any spelling, any model_type of this family (Mixtral-style llama/mistral too)
     layers = tuple(
-        LayerSpec(gqa, moe if moe and i not in dense_only and (i + 1) % c.decoder_sparse_step == 0 else dense)
+        LayerSpec(gqa, moe if moe and qwen_moe_layer(i, c.decoder_sparse_step, c.mlp_only_layers) else dense)
         for i in range(c.num_hidden_layers)
     )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="gqa",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    return c.model_spec(label, name, model_type, "gqa", layers)
 
 
 register(

@@ -18,11 +18,20 @@ from pydantic import Field, model_validator
 from tpplan.errors import TpplanError
 from tpplan.models.cuts import head_cut
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, SHARED_EXPERTS, TOP_K, Raw, check_group, moe_layer, validate
+from tpplan.models.families._common import (
+    SHARED_EXPERTS,
+    MLAFields,
+    MoEFields,
+    Raw,
+    moe_layer,
+    text_config,
+    validate,
+    wrapped_text,
+)
 from tpplan.models.families.deepseek_v3 import mla_numerics
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
-from tpplan.models.spec import DenseMLPSpec, KDASpec, LayerSpec, MLASpec, ModelSpec, MoESpec
+from tpplan.models.spec import DenseMLPSpec, KDASpec, LayerSpec, ModelSpec
 
 STATE_ELEM_BYTES = 4  # the delta-rule state is kept in fp32
 
@@ -163,16 +172,7 @@ def build_kda(b: Builder, a: KDASpec, x: str) -> str:
         attrs={"gate": "sigmoid", "head_dim": d},
         note="gated RMSNorm per head",
     )
-    b.linear(
-        "o_proj",
-        "o_n",
-        "attn_out",
-        b.hidden,
-        WeightSplit.ROW,
-        heads=n,
-        weight="self_attn.o_proj.weight",
-        note="output projection, split by input heads",
-    )
+    b.out_proj("o_n", n)
     return "attn_out"
 
 
@@ -221,24 +221,12 @@ class RawLinearAttnConfig(Raw):
     full_attn_layers: list[int] = Field(default_factory=list)
 
 
-class RawKimiLinear(Raw):
+class RawKimiLinear(MLAFields, MoEFields):
     """kimi_linear, also K3's text_config."""
 
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
-    q_lora_rank: int | None = Field(default=None, gt=0)
-    kv_lora_rank: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(ge=0)
-    qk_nope_head_dim: int = Field(ge=0)
-    v_head_dim: int = Field(gt=0)
     mla_use_nope: bool = False
     mla_use_output_gate: bool = False
-    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
-    num_experts_per_token: int = Field(default=1, gt=0, validation_alias=TOP_K)
-    moe_intermediate_size: int | None = Field(default=None, gt=0)
     num_shared_experts: int = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)
     moe_layer_freq: int = Field(default=1, gt=0)
@@ -250,7 +238,6 @@ class RawKimiLinear(Raw):
     latent_moe_use_norm: bool = True
     attn_res_block_size: int | None = Field(default=None, gt=0)
     linear_attn_config: RawLinearAttnConfig
-    tie_word_embeddings: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -302,36 +289,18 @@ def _kimi_linear_spec(raw: dict[str, Any], label: str, name: str, model_type: st
     kinds = _layer_kinds_from_lists(
         label, c.num_hidden_layers, la.kda_layers, la.full_attn_layers, f"{prefix}linear_attn_config"
     )
-    mla = MLASpec(
-        heads=c.num_attention_heads,
-        q_lora_rank=c.q_lora_rank,
-        kv_lora_rank=c.kv_lora_rank,
-        rope_dim=c.qk_rope_head_dim,
-        nope_dim=c.qk_nope_head_dim,
-        v_dim=c.v_head_dim,
-        output_gate=c.mla_use_output_gate,
-        use_rope=not c.mla_use_nope,
-    )
+    mla = c.mla(output_gate=c.mla_use_output_gate, use_rope=not c.mla_use_nope)
     kda = KDASpec(la.num_heads, la.head_dim, la.short_conv_kernel_size, la.use_full_rank_gate)
     dense = DenseMLPSpec(c.intermediate_size)
-    moe = None
-    if c.num_experts:
-        if not c.moe_intermediate_size:
-            raise TpplanError(
-                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
-            )
-        check_group(label, c.num_experts, c.num_expert_group, c.topk_group, c.num_experts_per_token)
-        moe = MoESpec(
-            experts=c.num_experts,
-            top_k=c.num_experts_per_token,
-            expert_intermediate=c.moe_intermediate_size,
-            shared_intermediate=c.num_shared_experts * c.moe_intermediate_size,
-            scoring="sigmoid" if c.moe_router_activation_func == "sigmoid" else "softmax",
-            n_group=c.num_expert_group,
-            topk_group=c.topk_group,
-            latent=c.moe_latent_size,
-            latent_norm=bool(c.moe_latent_size) and c.latent_moe_use_norm,
-        )
+    moe = c.routed(
+        label,
+        c.num_expert_group,
+        c.topk_group,
+        shared_intermediate=c.num_shared_experts * (c.moe_intermediate_size or 0),
+        scoring="sigmoid" if c.moe_router_activation_func == "sigmoid" else "softmax",
+        latent=c.moe_latent_size,
+        latent_norm=bool(c.moe_latent_size) and c.latent_moe_use_norm,
+    )
     layers = tuple(
         LayerSpec(
             mla if kind == "mla" else kda,
@@ -339,46 +308,18 @@ def _kimi_linear_spec(raw: dict[str, Any], label: str, name: str, model_type: st
         )
         for i, kind in enumerate(kinds)
     )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="kimi_k3" if model_type == "kimi_k3" else "kimi_linear",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        attn_res_block_size=c.attn_res_block_size,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    family = "kimi_k3" if model_type == "kimi_k3" else "kimi_linear"
+    return c.model_spec(label, name, model_type, family, layers, attn_res_block_size=c.attn_res_block_size)
 
 
 def build_kimi_linear(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     return _kimi_linear_spec(raw, label, name, "kimi_linear", "")
 
 
-def k3_text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    """K3's text model fields sit in its `text_config` (a kimi_linear config)."""
-    text = raw.get("text_config")
-    return text if isinstance(text, dict) else raw
-
-
 def build_kimi_k3(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     """Unwrap K3's `text_config` and read it as kimi_linear, with K3's extra fields."""
-    text = raw.get("text_config")
-    if not isinstance(text, dict):
-        raise TpplanError(
-            f"{label}: field 'text_config'",
-            "a kimi_k3 config must wrap a text_config object",
-            "add the kimi_linear text_config",
-        )
-    if text.get("model_type", "kimi_linear") != "kimi_linear":
-        raise TpplanError(
-            f"{label}: field 'text_config.model_type'",
-            f"expected 'kimi_linear', got {text.get('model_type')!r}",
-            "K3's text_config is a kimi_linear config",
-        )
-    spec = _kimi_linear_spec(text, f"{label} (text_config)", name, "kimi_k3", "text_config.")
-    return spec
+    text = wrapped_text(raw, label, model_type, ("kimi_linear",), "add the kimi_linear text_config")
+    return _kimi_linear_spec(text, f"{label} (text_config)", name, "kimi_k3", "text_config.")
 
 
 _SIGNATURE = frozenset({"linear_attn_config", "kda_layers", "num_experts_per_token", "mla_use_nope"})
@@ -397,7 +338,7 @@ register(
         {"kimi_k3": "Kimi-K3 (a kimi_linear text_config with MLA output gate, latent MoE, AttnRes)"},
         build_kimi_k3,
         numerics=mla_numerics,
-        text_config=k3_text_config,
+        text_config=text_config,
         signature=_SIGNATURE | {"attn_res_block_size", "routed_expert_hidden_size", "text_config"},
     )
 )

@@ -24,18 +24,11 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import Raw, check_group, validate
-from tpplan.models.families.gemma3 import text_config
-from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
+from tpplan.models.families._common import GQAFields, routed_experts, text_config, validate
+from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 
-class RawLlama4Text(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
+class RawLlama4Text(GQAFields):
     intermediate_size: int = Field(gt=0)  # routed and shared expert width
     intermediate_size_mlp: int = Field(gt=0)  # dense layers
     num_local_experts: int = Field(gt=0)
@@ -50,7 +43,6 @@ class RawLlama4Text(Raw):
     floor_scale: float = Field(default=8192, gt=0)
     attn_scale: float = 0.1
     attention_bias: bool = False
-    tie_word_embeddings: bool = False
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -58,13 +50,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     where = f"{label} (text_config)" if text is not raw else label
     c: RawLlama4Text = validate(RawLlama4Text, dict(text), where)
     n_layers = c.num_hidden_layers
-    if c.num_attention_heads % c.num_key_value_heads:
-        raise TpplanError(
-            where,
-            f"num_attention_heads={c.num_attention_heads} is not a multiple of "
-            f"num_key_value_heads={c.num_key_value_heads}",
-            "correct num_key_value_heads",
-        )
+    c.kv_heads(where)
     if c.attention_bias:
         raise TpplanError(
             f"{where}: field 'attention_bias'", "Llama 4 has no attention bias", "set attention_bias to false"
@@ -76,12 +62,11 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         )
     step = c.interleave_moe_layer_step
     moe_at = set(c.moe_layers if c.moe_layers is not None else range(step - 1, n_layers, step))
-    check_group(where, c.num_local_experts, 1, 1, c.num_experts_per_tok)
-    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
-    moe = MoESpec(
-        experts=c.num_local_experts,
-        top_k=c.num_experts_per_tok,
-        expert_intermediate=c.intermediate_size,
+    moe = routed_experts(
+        where,
+        c.num_local_experts,
+        c.num_experts_per_tok,
+        c.intermediate_size,
         shared_intermediate=c.intermediate_size,
         scoring="sigmoid",
         router="router",
@@ -91,27 +76,16 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     dense = DenseMLPSpec(c.intermediate_size_mlp)
 
     def attn(use_rope: bool) -> GQASpec:
-        return GQASpec(
-            heads=c.num_attention_heads,
-            kv_heads=c.num_key_value_heads,
-            head_dim=head_dim,
-            rotary_dim=head_dim if use_rope else 0,
+        return c.gqa(
+            where,
+            rotary_dim=c.dim if use_rope else 0,
             chunk=c.attention_chunk_size if use_rope else None,
             qk_l2norm=c.use_qk_norm and use_rope,
             temperature=(c.floor_scale, c.attn_scale) if c.attn_temperature_tuning and not use_rope else None,
         )
 
     layers = tuple(LayerSpec(attn(bool(rope[i])), moe if i in moe_at else dense) for i in range(n_layers))
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="llama4",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    return c.model_spec(label, name, model_type, "llama4", layers)
 
 
 def llama4_numerics(text: Mapping[str, Any]) -> dict[str, Any]:

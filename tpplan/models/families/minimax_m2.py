@@ -19,11 +19,11 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
+from tpplan.models.families._common import EXPERTS, TOP_K, GQAFields, routed_experts, validate
 from tpplan.models.families.gqa import gqa_kv_bytes
 from tpplan.models.graph import Builder, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
-from tpplan.models.spec import GQASpec, LayerSpec, ModelSpec, MoESpec
+from tpplan.models.spec import GQASpec, LayerSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -91,16 +91,7 @@ def build_wide_norm_gqa(b: Builder, a: WideNormGQASpec, x: str) -> str:
         attrs={"impl": "gqa", "heads": n, "kv_heads": kv, "head_dim": d, "qk_norm": False, "rotary_dim": a.rotary_dim},
         note="causal softmax attention over all tokens of its heads",
     )
-    return b.linear(
-        "o_proj",
-        "attn",
-        "attn_out",
-        b.hidden,
-        WeightSplit.ROW,
-        heads=n,
-        weight="self_attn.o_proj.weight",
-        note="output projection, split by input heads",
-    )
+    return b.out_proj("attn", n)
 
 
 def _kv_bytes(attn: WideNormGQASpec, tp: int, b: float) -> float:
@@ -115,13 +106,7 @@ register_mixer(
 # Config
 
 
-class RawMiniMaxM2(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
+class RawMiniMaxM2(GQAFields):
     intermediate_size: int = Field(gt=0)  # per routed expert
     num_local_experts: int = Field(gt=0, validation_alias=EXPERTS)
     num_experts_per_tok: int = Field(gt=0, validation_alias=TOP_K)
@@ -133,21 +118,14 @@ class RawMiniMaxM2(Raw):
     qk_norm_type: str = "per_layer"
     attn_type_list: list[int] | None = None
     scoring_func: str = "sigmoid"
-    tie_word_embeddings: bool = False
     use_mtp: bool = False
     num_mtp_modules: int = Field(default=0, ge=0)
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawMiniMaxM2 = validate(RawMiniMaxM2, raw, label)
-    d = c.head_dim or c.hidden_size // c.num_attention_heads
-    if c.num_attention_heads % c.num_key_value_heads:
-        raise TpplanError(
-            label,
-            f"num_attention_heads={c.num_attention_heads} is not a multiple of num_key_value_heads="
-            f"{c.num_key_value_heads}",
-            "correct num_key_value_heads",
-        )
+    d = c.dim
+    c.kv_heads(label)
     if c.attn_type_list is not None and any(t != 1 for t in c.attn_type_list):
         raise TpplanError(
             f"{label}: field 'attn_type_list'",
@@ -172,24 +150,15 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
             "a shared expert is not modelled for minimax_m2 (the released models have none)",
             "set shared_intermediate_size to 0",
         )
-    check_group(label, c.num_local_experts, 1, 1, c.num_experts_per_tok)
+    scoring = "sigmoid" if c.scoring_func == "sigmoid" else "softmax"
+    moe = routed_experts(label, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size, scoring=scoring)
     attn = WideNormGQASpec(c.num_attention_heads, c.num_key_value_heads, d, rotary, c.use_qk_norm)
-    moe = MoESpec(
-        experts=c.num_local_experts,
-        top_k=c.num_experts_per_tok,
-        expert_intermediate=c.intermediate_size,
-        shared_intermediate=0,
-        scoring="sigmoid" if c.scoring_func == "sigmoid" else "softmax",
-    )
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="minimax_m2",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=tuple(LayerSpec(attn, moe) for _ in range(c.num_hidden_layers)),
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
+    return c.model_spec(
+        label,
+        name,
+        model_type,
+        "minimax_m2",
+        tuple(LayerSpec(attn, moe) for _ in range(c.num_hidden_layers)),
         notes=(
             (f"{c.num_mtp_modules} MTP module(s) (use_mtp) are not part of prefill: not planned, not in memory",)
             if c.use_mtp and c.num_mtp_modules

@@ -26,35 +26,17 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
-from tpplan.models.families.qwen3_next import check_gdn_heads, full_attention_layers
-from tpplan.models.spec import DenseMLPSpec, GDNSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
+from tpplan.models.families._common import validate, wrapped_text
+from tpplan.models.families.qwen3_next import RawGatedHybrid
+from tpplan.models.spec import DenseMLPSpec, LayerSpec, ModelSpec, MoESpec
 
 WRAPPERS = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 
-class RawQwen35(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
+class RawQwen35(RawGatedHybrid):
     intermediate_size: int | None = Field(default=None, gt=0)  # qwen3_5 (dense) only
-    full_attention_interval: int = Field(default=4, gt=0)
-    layer_types: list[str] | None = None
-    linear_num_key_heads: int = Field(gt=0)
-    linear_num_value_heads: int = Field(gt=0)
-    linear_key_head_dim: int = Field(gt=0)
-    linear_value_head_dim: int = Field(gt=0)
-    linear_conv_kernel_dim: int = Field(default=4, gt=0)
-    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
-    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
-    moe_intermediate_size: int | None = Field(default=None, gt=0)
-    shared_expert_intermediate_size: int = Field(default=0, ge=0)
     partial_rotary_factor: float | None = Field(default=None, gt=0, le=1)
     rope_parameters: dict[str, Any] | None = None
-    tie_word_embeddings: bool = False
 
 
 def text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -69,72 +51,27 @@ def text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     moe_family = model_type.startswith("qwen3_5_moe")
     if model_type in WRAPPERS:
-        text = raw.get("text_config")
-        if not isinstance(text, dict):
-            raise TpplanError(
-                f"{label}: field 'text_config'",
-                f"a {model_type} config must wrap a text_config object",
-                f"add the {WRAPPERS[model_type]} text_config from the checkpoint's config.json",
-            )
-        if text.get("model_type", WRAPPERS[model_type]) != WRAPPERS[model_type]:
-            raise TpplanError(
-                f"{label}: field 'text_config.model_type'",
-                f"{text.get('model_type')!r} under a {model_type} wrapper",
-                f"use {WRAPPERS[model_type]!r}",
-            )
+        fix = f"add the {WRAPPERS[model_type]} text_config from the checkpoint's config.json"
+        wrapped_text(raw, label, model_type, (WRAPPERS[model_type],), fix)
         label = f"{label}: text_config"
     c: RawQwen35 = validate(RawQwen35, dict(text_config(raw)), label)
-    full = full_attention_layers(c.layer_types, c.num_hidden_layers, c.full_attention_interval, label)
-    check_gdn_heads(label, c.linear_num_key_heads, c.linear_num_value_heads)
     rope = c.rope_parameters or {}
-    factor = c.partial_rotary_factor or float(rope.get("partial_rotary_factor", 0.25))
-    gqa = GQASpec(
-        heads=c.num_attention_heads,
-        kv_heads=c.num_key_value_heads,
-        head_dim=c.head_dim,
-        output_gate=True,
-        qk_norm=True,
-        rotary_dim=int(c.head_dim * factor),
-    )
-    gdn = GDNSpec(
-        c.linear_num_key_heads,
-        c.linear_num_value_heads,
-        c.linear_key_head_dim,
-        c.linear_value_head_dim,
-        c.linear_conv_kernel_dim,
-        split_proj=True,
-    )
+    mixers = c.mixers(label, c.partial_rotary_factor or float(rope.get("partial_rotary_factor", 0.25)), True)
     mlp: MoESpec | DenseMLPSpec
     if moe_family:
-        if not (c.num_experts and c.moe_intermediate_size):
+        moe = c.moe(label) if c.moe_intermediate_size else None
+        if moe is None:
             raise TpplanError(
                 label,
                 "a qwen3_5_moe text config needs num_experts and moe_intermediate_size",
                 "add them from the checkpoint's config.json",
             )
-        check_group(label, c.num_experts, 1, 1, c.num_experts_per_tok)
-        mlp = MoESpec(
-            experts=c.num_experts,
-            top_k=c.num_experts_per_tok,
-            expert_intermediate=c.moe_intermediate_size,
-            shared_intermediate=c.shared_expert_intermediate_size,
-            scoring="softmax",
-            shared_gate=c.shared_expert_intermediate_size > 0,
-        )
+        mlp = moe
     else:
         if not c.intermediate_size:
             raise TpplanError(label, "a qwen3_5 text config needs intermediate_size", "add intermediate_size")
         mlp = DenseMLPSpec(c.intermediate_size)
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        family="qwen3_5",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=tuple(LayerSpec(gqa if f else gdn, mlp) for f in full),
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    return c.model_spec(label, name, model_type, "qwen3_5", tuple(LayerSpec(m, mlp) for m in mixers))
 
 
 register(

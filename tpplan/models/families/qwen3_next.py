@@ -17,7 +17,7 @@ from pydantic import Field
 from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, Cut, head_range
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, TOP_K, Raw, check_group, validate
+from tpplan.models.families._common import GQAFields, MoEFields, qwen_moe_layer, validate
 from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
 from tpplan.models.spec import DenseMLPSpec, GDNSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
@@ -86,16 +86,7 @@ def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
         },
         note="short conv over tokens, gated delta rule and gated RMSNorm per head",
     )
-    b.linear(
-        "out_proj",
-        "o_n",
-        "attn_out",
-        b.hidden,
-        WeightSplit.ROW,
-        heads=nk,
-        weight="linear_attn.out_proj.weight",
-        note="output projection, split by input heads",
-    )
+    b.out_proj("o_n", nk, "out_proj", weight="linear_attn.out_proj.weight")
     return "attn_out"
 
 
@@ -148,14 +139,10 @@ register_mixer(
 # Config
 
 
-class RawQwen3Next(Raw):
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
+class RawGatedHybrid(GQAFields, MoEFields):
+    """The fields Qwen3-Next and Qwen3.5 share: gated GQA every few layers, Gated DeltaNet between."""
+
+    head_dim: int = Field(gt=0)  # type: ignore[assignment]
     full_attention_interval: int = Field(default=4, gt=0)
     layer_types: list[str] | None = None
     linear_num_key_heads: int = Field(gt=0)
@@ -163,14 +150,39 @@ class RawQwen3Next(Raw):
     linear_key_head_dim: int = Field(gt=0)
     linear_value_head_dim: int = Field(gt=0)
     linear_conv_kernel_dim: int = Field(default=4, gt=0)
-    num_experts: int = Field(default=0, ge=0, validation_alias=EXPERTS)
-    num_experts_per_tok: int = Field(default=1, gt=0, validation_alias=TOP_K)
-    moe_intermediate_size: int | None = Field(default=None, gt=0)
     shared_expert_intermediate_size: int = Field(default=0, ge=0)
+
+    def mixers(self, label: str, rotary_factor: float, split_proj: bool = False) -> list[GQASpec | GDNSpec]:
+        """Every layer's token mixer: the gated GQA on full-attention layers, Gated DeltaNet elsewhere."""
+        full = full_attention_layers(self.layer_types, self.num_hidden_layers, self.full_attention_interval, label)
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise TpplanError(
+                label,
+                "linear_num_value_heads must be a multiple of linear_num_key_heads",
+                "correct the Gated DeltaNet head counts",
+            )
+        gqa = self.gqa(label, output_gate=True, qk_norm=True, rotary_dim=int(self.dim * rotary_factor))
+        gdn = GDNSpec(
+            self.linear_num_key_heads,
+            self.linear_num_value_heads,
+            self.linear_key_head_dim,
+            self.linear_value_head_dim,
+            self.linear_conv_kernel_dim,
+            split_proj=split_proj,
+        )
+        return [gqa if f else gdn for f in full]
+
+    def moe(self, label: str) -> MoESpec | None:
+        """Softmax-routed experts with the sigmoid-gated shared expert."""
+        shared = self.shared_expert_intermediate_size
+        return self.routed(label, shared_intermediate=shared, scoring="softmax", shared_gate=shared > 0)
+
+
+class RawQwen3Next(RawGatedHybrid):
+    intermediate_size: int = Field(gt=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
     partial_rotary_factor: float = Field(default=0.25, gt=0, le=1)
-    tie_word_embeddings: bool = False
 
 
 def full_attention_layers(layer_types: list[str] | None, layers: int, interval: int, label: str) -> list[bool]:
@@ -193,68 +205,16 @@ def full_attention_layers(layer_types: list[str] | None, layers: int, interval: 
     return [t == "full_attention" for t in layer_types]
 
 
-def check_gdn_heads(label: str, k_heads: int, v_heads: int) -> None:
-    if v_heads % k_heads:
-        raise TpplanError(
-            label,
-            "linear_num_value_heads must be a multiple of linear_num_key_heads",
-            "correct the Gated DeltaNet head counts",
-        )
-
-
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
     c: RawQwen3Next = validate(RawQwen3Next, raw, label)
-    full = full_attention_layers(c.layer_types, c.num_hidden_layers, c.full_attention_interval, label)
-    check_gdn_heads(label, c.linear_num_key_heads, c.linear_num_value_heads)
-    gqa = GQASpec(
-        heads=c.num_attention_heads,
-        kv_heads=c.num_key_value_heads,
-        head_dim=c.head_dim,
-        output_gate=True,
-        qk_norm=True,
-        rotary_dim=int(c.head_dim * c.partial_rotary_factor),
-    )
-    gdn = GDNSpec(
-        c.linear_num_key_heads,
-        c.linear_num_value_heads,
-        c.linear_key_head_dim,
-        c.linear_value_head_dim,
-        c.linear_conv_kernel_dim,
-    )
+    mixers = c.mixers(label, c.partial_rotary_factor)
     dense = DenseMLPSpec(c.intermediate_size)
-    moe = None
-    if c.num_experts:
-        if not c.moe_intermediate_size:
-            raise TpplanError(
-                label, "num_experts is set but moe_intermediate_size is missing", "add moe_intermediate_size"
-            )
-        check_group(label, c.num_experts, 1, 1, c.num_experts_per_tok)
-        moe = MoESpec(
-            experts=c.num_experts,
-            top_k=c.num_experts_per_tok,
-            expert_intermediate=c.moe_intermediate_size,
-            shared_intermediate=c.shared_expert_intermediate_size,
-            scoring="softmax",
-            shared_gate=c.shared_expert_intermediate_size > 0,
-        )
-    dense_only = set(c.mlp_only_layers)
+    moe = c.moe(label)
     layers = tuple(
-        LayerSpec(
-            gqa if full[i] else gdn,
-            moe if moe and i not in dense_only and (i + 1) % c.decoder_sparse_step == 0 else dense,
-        )
-        for i in range(c.num_hidden_layers)
+        LayerSpec(mixer, moe if moe and qwen_moe_layer(i, c.decoder_sparse_step, c.mlp_only_layers) else dense)
+        for i, mixer in enumerate(mixers)
     )
-    return ModelSpec(
-        name=name,
-        model_type="qwen3_next",
-        family="qwen3_next",
-        hidden=c.hidden_size,
-        vocab=c.vocab_size,
-        layers=layers,
-        tie_embeddings=c.tie_word_embeddings,
-        source=label,
-    )
+    return c.model_spec(label, name, "qwen3_next", "qwen3_next", layers)
 
 
 register(
