@@ -73,7 +73,7 @@ class OpResult(Timed):
     category: str | None = Field(default=None, description="gemm | attention | recurrence | norm | moe | other")
     tokens: int = Field(ge=1)
     flops: float | None = Field(default=None, ge=0, description="per rank")
-    kernel: str | None = Field(default=None, description="kernel class (cost.predict.kernel_key); None for GEMMs")
+    kernel: str | None = Field(default=None, description="kernel class (models.opkinds.kernel_key); None for GEMMs")
     modelled_s: float | None = Field(
         default=None, gt=0, description="the model's roofline estimate before any kernel profile (predicted_s)"
     )
