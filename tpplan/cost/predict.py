@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from tpplan.audit import Audit, PlanAudit
 from tpplan.cost.op_prices import (
@@ -190,35 +191,10 @@ def predict_audit(
     ]
 
 
-def predict_many(
-    graph: ModelGraph,
-    plans: Sequence[Plan],
-    topology: Topology,
-    *,
-    tp: int,
-    pp: int = 1,
-    workload: Workload | None = None,
-    tokens: int = 8192,
-    dtype: str = "bf16",
-    expert_dtype: str | None = None,
-) -> list[PlanPrediction]:
-    """`predict_plan` for several plans (same shapes share nothing but the GEMM table cache)."""
-    return [
-        predict_plan(
-            graph,
-            pl,
-            topology,
-            tp=tp,
-            pp=pp,
-            workload=workload,
-            tokens=tokens,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-        )
-        for pl in plans
-    ]
-
-
+def predict_many(graph: ModelGraph, plans: Sequence[Plan], topology: Topology, **options: Any) -> list[PlanPrediction]:
+    """`predict_plan(graph, plan, topology, **options)` for each of `plans` (they share nothing but
+    the GEMM table cache)."""
+    return [predict_plan(graph, pl, topology, **options) for pl in plans]
 
 
 __all__ = [
