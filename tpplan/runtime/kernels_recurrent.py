@@ -166,28 +166,40 @@ def gdn(
     """Gated DeltaNet (Qwen3-Next) from the raw projections, laid out per key-head group:
     qkvz [T, g*(2dk + 2r*dv)] and ba [T, g*2r] with r = v heads per key head. Conv over
     cat(q, k, v), scalar decay per v head, v-head h reads key head h // r, gated (SiLU) RMSNorm."""
-    if _fast.use(qkvz, "gdn"):  # fast:
-        return _fast.gdn(**locals())  # locals() here are exactly the arguments
-    t = qkvz.shape[0]
     r, dk, dv = v_per_k, k_head_dim, v_head_dim
     qc, kc, vc, z, b, a = gdn_conv_inputs(qkvz, ba, conv_weight, dk, dv, r, state)
-    ng = qc.shape[1] // dk
-    qh = l2norm(qc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1) * dk**-0.5
-    kh = l2norm(kc.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1)
-    vh = vc.float().reshape(t, ng * r, dv)
+    rule = _fast.gdn_delta_rule if _fast.use(qkvz, "gdn") else gdn_delta_rule  # fast:
+    o = rule(qc, kc, vc, b, a, a_log, dt_bias, r, state, chunk_size)
+    o = head_rms_norm(o, norm_weight, eps, dv, gate=z, gate_fn="silu")
+    return o.to(qkvz.dtype)
+
+
+def gdn_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, a_log: Tensor, dt_bias: Tensor, v_per_k: int,
+    state: dict[str, Tensor] | None, chunk_size: int,
+) -> Tensor:  # fmt: skip
+    """Gated DeltaNet's recurrence on `gdn_conv_inputs`' post-conv q, k [T, g*dk], v [T, g*r*dv] and
+    beta / decay logits b, a [T, g*r]: scalar decay per v head, v head h reads key head h // r,
+    fp32 state [g*r, dk, dv] carried in `state`. Returns [T, g*r*dv] (fp32)."""
+    t, hv, r = q.shape[0], b.shape[1], v_per_k
+    ng = hv // r
+    dk, dv = q.shape[1] // ng, v.shape[1] // hv
+    qh = l2norm(q.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1) * dk**-0.5
+    kh = l2norm(k.float().reshape(t, ng, dk)).repeat_interleave(r, dim=1)
+    vh = v.float().reshape(t, hv, dv)
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())  # [T, Hv]
     prev = state.get("recurrent") if state is not None else None
     o, s = chunk_gated_delta_rule(qh, kh, vh, g, torch.sigmoid(b.float()), prev, chunk_size)
     if state is not None:
         state["recurrent"] = s
-    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z, gate_fn="silu")
-    return o.to(qkvz.dtype)
+    return o.reshape(t, -1)
 
 
 __all__ = [
     "chunk_gated_delta_rule",
     "gdn",
     "gdn_conv_inputs",
+    "gdn_delta_rule",
     "kda",
     "l2norm",
     "naive_gated_delta_rule",
