@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tpplan.audit import audit_plan
+from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
@@ -161,7 +162,7 @@ def test_search_equals_brute_force(model, n, opts):
 def test_search_equals_brute_force_predict_objective():
     topo = load_topology("h200x8-ib400")
     for model, n, opts in CASES[:3]:
-        check_against_brute(model, n, opts, PredictObjective(graph_of(model), topo, n, tokens=2048))
+        check_against_brute(model, n, opts, PredictObjective(Pricer(graph_of(model), topo, n), tokens=2048))
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[6]], ids=["tiny-llama", "tiny-qwen3-moe", "tiny-kimi-k3"])
@@ -170,7 +171,7 @@ def test_search_equals_brute_force_with_pipeline_stages(case):
     stage's bound; the search still equals brute force (which prices whole plans with `plan_cost`)."""
     model, n, opts = case
     topo = load_topology("h200x8-ib400")
-    obj = PredictObjective(graph_of(model), topo, n, pp=2, tokens=2048)
+    obj = PredictObjective(Pricer(graph_of(model), topo, n, pp=2), tokens=2048)
     assert obj.memory_layer_counts is not None
     check_against_brute(model, n, opts, obj)
 
@@ -236,7 +237,7 @@ def test_kimi_k3_finds_gate_aware_plan():
 def test_kimi_k3_predicted_search_all_legal_and_capped():
     graph = graph_of("kimi-k3")
     topo = load_topology("h200x8-ib400")
-    obj = PredictObjective(graph, topo, 32, expert_dtype="mxfp4")
+    obj = PredictObjective(Pricer(graph, topo, 32, expert_dtype="mxfp4"))
     free = search(graph, 32, obj, top=5, per_family=True)
     assert free.candidates[0].plan.stream is S_TOK
     for c in free.candidates:
@@ -329,7 +330,7 @@ def test_predict_objective_scores_equal_predict_plan():
     graph = graph_of("tiny-kimi-k3")
     topo = load_topology("h200x8-ib400").with_nodes(1)
     for wl in (None, load_workload("seed-c8")):
-        obj = PredictObjective(graph, topo, 4, workload=wl, tokens=4096)
+        obj = PredictObjective(Pricer(graph, topo, 4), workload=wl, tokens=4096)
         res = search(graph, 4, obj, top=4, per_family=True)
         for c in res.candidates:
             pr = predict_plan(graph, c.plan, topo, tp=4, workload=wl, tokens=4096)
@@ -337,7 +338,7 @@ def test_predict_objective_scores_equal_predict_plan():
             assert close(c.score, want), (c.plan.name, c.score, want)
     # with PP the forward time (stages and their sends, one batch) is still exact, and the search's
     # memory bounds predict's fullest stage from above (weights, KV, state, embedding: no activations)
-    obj = PredictObjective(graph, topo, 2, pp=3, tokens=4096)
+    obj = PredictObjective(Pricer(graph, topo, 2, pp=3), tokens=4096)
     res = search(graph, 2, obj, top=4, per_family=True)
     assert res.candidates
     for c in res.candidates:

@@ -15,9 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tpplan.errors import TpplanError, from_validation
+from tpplan.errors import TpplanError, validated
 
 BENCH_SCHEMA_VERSION = 1
 
@@ -73,7 +73,7 @@ class OpResult(Timed):
     category: str | None = Field(default=None, description="gemm | attention | recurrence | norm | moe | other")
     tokens: int = Field(ge=1)
     flops: float | None = Field(default=None, ge=0, description="per rank")
-    kernel: str | None = Field(default=None, description="kernel class (cost.predict.kernel_key); None for GEMMs")
+    kernel: str | None = Field(default=None, description="kernel class (models.opkinds.kernel_key); None for GEMMs")
     modelled_s: float | None = Field(
         default=None, gt=0, description="the model's roofline estimate before any kernel profile (predicted_s)"
     )
@@ -179,10 +179,7 @@ def parse_bench_results(data: object, where: str = "bench results") -> BenchResu
             f"got {version!r}, this tpplan reads version {BENCH_SCHEMA_VERSION}",
             "regenerate the file with this tpplan's `tpplan bench`",
         )
-    try:
-        return BenchResults.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation(exc, where, "fix '{field}' (schema: docs/bench-json.md)") from None
+    return validated(BenchResults, data, where, "fix '{field}' (schema: docs/bench-json.md)")
 
 
 def load_bench_results(path: str | Path, option: str = "--bench") -> BenchResults:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound="BaseModel")
 
 
 class TpplanError(Exception):
@@ -39,3 +41,13 @@ def from_validation(exc: ValidationError, where: str, fix: str) -> TpplanError:
     if more:
         reason += f"; {more} more problem(s) follow once this is fixed"
     return TpplanError(f"{where}: {field}", reason, fix.format(field=field))
+
+
+def validated(model: type[M], data: object, where: str, fix: str) -> M:
+    """`model` validated from `data`; its first problem raised as `from_validation` words it."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(exc, where, fix) from None

@@ -83,11 +83,11 @@ def test_calibrate_kernel_models_writes_a_topology_and_refuses_a_bad_file(tmp_pa
 
 def test_predictions_say_when_a_physical_model_priced_a_shape_its_sweep_never_measured() -> None:
     from tpplan.bench.model_slice import build_slice
-    from tpplan.cost.predict import _predictor
+    from tpplan.cost.predict import cached_predictor
     from tpplan.plans.named import make_plan
 
     g = build_slice("kimi-k3", None, 128).graph
-    p = _predictor(g, make_plan("baseline", g, 1), load_topology("h200-kernel-models"), 1, 1, "bf16", None)
+    p = cached_predictor(g, make_plan("baseline", g, 1), load_topology("h200-kernel-models"), 1, 1, "bf16", None)
     res = next(r for r in p.audit.layer_results if r.kind == "kda+moe")
 
     def kda(tokens: int) -> object:

@@ -338,3 +338,18 @@ def test_call_weighted_median_counts_every_call() -> None:
     assert call_weighted_median_error([]) is None
     sp = load_bench_results(PROFILED_RUN / "k3-sp-moe.json")
     assert call_weighted_median_error(sp.collectives) == pytest.approx(0.029, abs=0.001)
+
+
+def test_installed_patches_each_kernel_where_its_callers_look_it_up() -> None:
+    """MLA/GQA call causal_attention and KDA/GDN the delta rule inside their own modules: the swap
+    reaches them there, not only through `tpplan.runtime.kernels`, and is undone on exit."""
+    from tpplan.runtime import kernels_attention, kernels_moe, kernels_recurrent
+
+    homes = {"causal_attention": kernels_attention, "chunk_gated_delta_rule": kernels_recurrent,
+             "routed_experts": kernels_moe}  # fmt: skip
+    before = {name: getattr(K, name) for name in homes}
+    with FK.installed():
+        for name, home in homes.items():
+            assert getattr(home, name) is getattr(K, name) is not before[name]
+    for name, home in homes.items():
+        assert getattr(home, name) is getattr(K, name) is before[name]

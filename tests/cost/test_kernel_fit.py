@@ -11,7 +11,7 @@ import pytest
 from tpplan.bench.model_slice import build_slice
 from tpplan.bench_results import OpResult, load_bench_results
 from tpplan.cost.kernel_fit import curve, fit_kernel_profiles, profile_samples, with_kernel_profiles
-from tpplan.cost.predict import _predictor
+from tpplan.cost.predict import cached_predictor
 from tpplan.cost.topology import KernelProfile, load_topology, topology_to_toml
 from tpplan.errors import TpplanError
 from tpplan.plans.named import make_plan
@@ -45,7 +45,7 @@ def _slice_ops(topo, plan_name: str, tokens: int, scale: dict[str, float]) -> li
     """The predictor's ops for the K3 slice at `tokens`, 'measured' at `scale[kernel]` x the estimate."""
     sl = build_slice("kimi-k3", None, 64)
     plan = make_plan(plan_name, sl.graph, 2)
-    p = _predictor(sl.graph, plan, topo, 2, 1, "bf16", None)
+    p = cached_predictor(sl.graph, plan, topo, 2, 1, "bf16", None)
     out = []
     for res in p.audit.layer_results[:2]:
         for o in p.kind_time(res, ((tokens, 0),)).ops:

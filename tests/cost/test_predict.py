@@ -238,14 +238,14 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
     under baseline. Memory-bound copies on the HBM roofline, not collective time."""
     from dataclasses import replace
 
-    from tpplan.cost.predict import KERNEL_FLOOR_S, _predictor
+    from tpplan.cost.predict import KERNEL_FLOOR_S, cached_predictor
     from tpplan.layout.propagate import CommEvent
     from tpplan.models.graph import Value
     from tpplan.placement import S_COL, S_TOK, Collective, R
 
     box = load_topology("h200x2")
     t, b = 8192, 2
-    ga = _predictor(k3, make_plan("gate-aware", k3, 2), box, 2, 1, "bf16", None)
+    ga = cached_predictor(k3, make_plan("gate-aware", k3, 2), box, 2, 1, "bf16", None)
     n_pack = 0
     for res in ga.audit.layer_results:
         kt = ga.kind_time(res, ((t, 0),))
@@ -263,7 +263,7 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
     assert n_pack >= 6  # KDA q, k, v, f, beta, g_out (and MLA's gate)
     # baseline moves nothing between layouts; sequence-parallel pads its reduce-scatters only when T % N
     for name, tokens, want in (("baseline", t, 0), ("sequence-parallel", t, 0), ("sequence-parallel", t - 1, 2)):
-        p = _predictor(k3, make_plan(name, k3, 2), box, 2, 1, "bf16", None)
+        p = cached_predictor(k3, make_plan(name, k3, 2), box, 2, 1, "bf16", None)
         for res in p.audit.layer_results:
             kt = p.kind_time(res, ((tokens, 0),))
             layout = [o for o in kt.ops if o.role == "layout"]
@@ -275,7 +275,7 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
     lg = k3.kinds["mla+moe"]
     w = lg.values["gate"].width
     ag = CommEvent(Collective.ALL_GATHER, "gate", w, S_COL, R, "g_proj", "o_proj", "attn_side", "", 1.0, 1.0)
-    o = ga._layout_copy(lg, ag, t)
+    o = ga.layout_copy(lg, ag, t)
     assert o is not None and (o.op, o.role, o.bytes_per_rank) == ("unpack:gate", "layout", 2 * t * w * b)
     one_head = replace(lg, values={**lg.values, "gate": Value("gate", 128, 1)})
-    assert ga._layout_copy(one_head, replace(ag, width=128), t) is None  # rank 0's block is the whole value
+    assert ga.layout_copy(one_head, replace(ag, width=128), t) is None  # rank 0's block is the whole value

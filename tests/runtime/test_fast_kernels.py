@@ -220,7 +220,8 @@ def test_gdn_plumbing_against_fla_contract(fake_fla: None, monkeypatch: pytest.M
     s_fast: dict[str, torch.Tensor] = {}
     for sl in (slice(0, 2), slice(2, 9)):
         want = K.gdn(qkvz[sl], ba[sl], state=s_ref, **kw)
-        got = fast.gdn(qkvz[sl], ba[sl], state=s_fast, **kw)
+        with fast.forced():  # the fla delta rule (and the conv and norm fast paths) through the dispatch
+            got = K.gdn(qkvz[sl], ba[sl], state=s_fast, **kw)
         torch.testing.assert_close(got, want, **TOL)
         for key in ("conv", "recurrent"):
             torch.testing.assert_close(s_fast[key], s_ref[key], **TOL)

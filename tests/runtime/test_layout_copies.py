@@ -4,7 +4,7 @@ The all-to-all to head-sharded sends per-destination column blocks (`pack:<value
 all-gather returns per-rank blocks to interleave (`unpack:<value>`), a reduce-scatter of T rows
 not divisible by N needs padding (`pack:<value>`). The runtime runs each as its own step
 (`PlanRunner._layout`, listed in `Tracer.copies`), never inside the traced collective call, and
-the cost model prices the same copies (`_Predictor._layout_copy`).
+the cost model prices the same copies (`OpPrices.layout_copy`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tpplan.audit import audit  # noqa: E402
-from tpplan.cost.predict import _predictor  # noqa: E402
+from tpplan.cost.predict import cached_predictor  # noqa: E402
 from tpplan.cost.topology import load_topology  # noqa: E402
 from tpplan.layout.schedule import chunk_sizes, falls_back  # noqa: E402
 from tpplan.models.config import load_model  # noqa: E402
@@ -31,7 +31,7 @@ def _predicted_copies(model: str, plan_name: str, n: int, tokens: int, chunk: in
     """(chunk, layer, op) of every layout op the cost model prices, for the chunks that run the plan."""
     graph = build_model_graph(load_model(model))
     plan = make_plan(plan_name, graph, n)
-    p = _predictor(graph, plan, load_topology("h200x8-ib400"), n, 1, "fp32", None)
+    p = cached_predictor(graph, plan, load_topology("h200x8-ib400"), n, 1, "fp32", None)
     out = []
     for c, t in enumerate(chunk_sizes(tokens, chunk)):
         if falls_back(graph, plan, n, t):

@@ -29,6 +29,12 @@ class Check:
     detail: str = ""
 
 
+def _at_most(name: str, value: float | None, bar: float, detail: str, fmt: str = ".1%") -> Check:
+    """The target `value <= bar` (None: nothing measured, so not applicable)."""
+    return Check(name, "" if value is None else format(value, fmt), f"<= {bar:.0%}",
+                 None if value is None else value <= bar, detail)  # fmt: skip
+
+
 def checks(benches: Sequence[PlanBench]) -> list[Check]:
     """Issue 5's targets on these results (see the module constants)."""
     out: list[Check] = []
@@ -38,11 +44,10 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
         med = cs["median_abs_err"]
         per_call = call_weighted_median_error(r.collectives)
         out.append(
-            Check(
+            _at_most(
                 f"{pb.plan}: collective median |error|",
-                "" if med is None else f"{med:.1%}",
-                f"<= {TARGET_COLLECTIVE_MEDIAN:.0%}",
-                None if med is None else med <= TARGET_COLLECTIVE_MEDIAN,
+                med,
+                TARGET_COLLECTIVE_MEDIAN,
                 f"{cs['n']} collectives, worst {cs['max_abs_err'] or 0:.1%}"
                 + ("" if per_call is None else f"; median over every call issued {per_call:.1%}"),
             )
@@ -50,11 +55,10 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
         ls = error_summary(list(r.layers))
         worst = ls["max_abs_err"]
         out.append(
-            Check(
+            _at_most(
                 f"{pb.plan}: layer |error| (worst)",
-                "" if worst is None else f"{worst:.1%}",
-                f"<= {TARGET_LAYER:.0%}",
-                None if worst is None else worst <= TARGET_LAYER,
+                worst,
+                TARGET_LAYER,
                 ", ".join(f"{x.layer_kind} {x.rel_error:+.1%}" for x in r.layers if x.rel_error is not None),
             )
         )
@@ -62,11 +66,10 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
         if nore and " no kernel profiles" in profiles_note(r):
             w2 = max(abs(e) for _, e in nore)
             out.append(
-                Check(
+                _at_most(
                     f"{pb.plan}: layer |error| without the recurrence kernel",
-                    f"{w2:.1%}",
-                    f"<= {TARGET_LAYER:.0%}",
-                    w2 <= TARGET_LAYER,
+                    w2,
+                    TARGET_LAYER,
                     "the recurrence runs a plain-torch chunked kernel, the model prices an fla-class one; "
                     + ", ".join(f"{k} {e:+.1%}" for k, e in nore),
                 )
@@ -80,24 +83,24 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
             dr = sum(c.direct_s * c.iters for i, c in timed if i in pb.runtime_s and c.direct_s)
             ov = rt / dr - 1
             out.append(
-                Check(
+                _at_most(
                     f"{pb.plan}: runtime overhead on collectives",
-                    f"{ov:+.1%}",
-                    f"<= {TARGET_OVERHEAD:.0%}",
-                    ov <= TARGET_OVERHEAD,
+                    ov,
+                    TARGET_OVERHEAD,
                     "same tensors in a tight loop, runtime's Comm vs bare torch.distributed; "
                     f"in the plan's own run the collectives took {inplan / direct_all - 1:+.1%} vs direct",
+                    fmt="+.1%",
                 )
             )
         elif direct_all > 0:  # from results files: only the in-plan times are kept
             ov = inplan / direct_all - 1
             out.append(
-                Check(
+                _at_most(
                     f"{pb.plan}: collectives in the plan's run vs direct",
-                    f"{ov:+.1%}",
-                    f"<= {TARGET_OVERHEAD:.0%}",
-                    ov <= TARGET_OVERHEAD,
+                    ov,
+                    TARGET_OVERHEAD,
                     "measured_s vs direct_s, weighted by calls (includes the ranks' skew and launch gaps)",
+                    fmt="+.1%",
                 )
             )
     base = next((pb for pb in benches if pb.plan == "baseline"), None)
@@ -154,11 +157,10 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
             continue
         err = max(rows, key=lambda row: abs(row[3]))[3]
         out.append(
-            Check(
+            _at_most(
                 f"{pb.plan}: layer |error| with op speeds calibrated on baseline",
-                f"{abs(err):.1%}",
-                f"<= {TARGET_LAYER:.0%}",
-                abs(err) <= TARGET_LAYER,
+                abs(err),
+                TARGET_LAYER,
                 "each op's measured/predicted ratio on the baseline run scales the same op here; "
                 + ", ".join(f"{k} {e:+.1%}" for k, _, _, e in rows),
             )
@@ -274,5 +276,3 @@ def profiles_note(r: BenchResults) -> str:
 def checks_ok(benches: Sequence[PlanBench]) -> bool:
     """True when no applicable target fails."""
     return all(c.ok is not False for c in checks(benches))
-
-

@@ -67,7 +67,7 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     """One results file re-priced (see the module docstring)."""
     from tpplan.bench.ttft import extrapolate_ttft
     from tpplan.cost.collectives import collective_time
-    from tpplan.cost.predict import _predictor
+    from tpplan.cost.predict import Predictor
     from tpplan.cost.topology import load_topology
     from tpplan.cost.workload import schedule
     from tpplan.plans.named import make_plan
@@ -87,7 +87,7 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     dtype = cfg.dtype or ("bf16" if r.meta.nccl_version else "fp32")
     impls = _impls(r, g)
     plan = make_plan(r.plan, g, r.tp)
-    p = _predictor(g, plan, topo, r.tp, 1, dtype, None, impls=impls)
+    p = Predictor(g, plan, topo, r.tp, 1, dtype, None, impls=impls)  # not cached: this run's kernels
     op_pred: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
     layer_pred: dict[tuple[str, int], list[float]] = defaultdict(list)
     batch_pred: dict[int, float] = {}

@@ -64,7 +64,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     import socket
 
     from tpplan.cost.collectives import collective_time
-    from tpplan.cost.predict import _predictor
+    from tpplan.cost.predict import cached_predictor
     from tpplan.cost.topology import load_topology
 
     sl = build_slice(cfg.model, cfg.layers, raw["experts"])
@@ -76,7 +76,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     out = []
     for name, pr in raw["plans"].items():
         plan = pr["plan"]
-        p = _predictor(g, plan, topo, world, 1, dtype, None)
+        p = cached_predictor(g, plan, topo, world, 1, dtype, None)
         results = p.audit.layer_results
         sites = pr["sites"]
         # -- predictions per site

@@ -24,6 +24,7 @@ benchmark, with the same semantics (tests compare them on CPU):
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -198,7 +199,6 @@ def installed(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    saved = (K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule)
     reference = K.causal_attention
 
     def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, **masks: object) -> Tensor:
@@ -209,13 +209,22 @@ def installed(enabled: bool = True) -> Iterator[None]:
             return _attention(q, k, v, scale)
         return reference(q, k, v, scale, keep, **masks)  # type: ignore[arg-type]
 
-    K.causal_attention = attention  # type: ignore[assignment]
-    K.routed_experts = grouped_routed_experts  # type: ignore[assignment]
-    K.chunk_gated_delta_rule = chunked_delta_rule  # type: ignore[assignment]
+    swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts,
+             "chunk_gated_delta_rule": chunked_delta_rule}  # fmt: skip
+    # Each kernel is patched in `kernels` (what the executor calls) and in its home module (whose
+    # other kernels call it: MLA/GQA call causal_attention, KDA/GDN the delta rule).
+    saved = [
+        (mod, name, getattr(mod, name))
+        for name in swaps
+        for mod in (K, importlib.import_module(getattr(K, name).__module__))
+    ]
+    for mod, name, _ in saved:
+        setattr(mod, name, swaps[name])
     try:
         yield
     finally:
-        K.causal_attention, K.routed_experts, K.chunk_gated_delta_rule = saved  # type: ignore[assignment]
+        for mod, name, fn in reversed(saved):
+            setattr(mod, name, fn)
 
 
 __all__ = [

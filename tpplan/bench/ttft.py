@@ -44,7 +44,7 @@ def extrapolate_ttft(
     colls: Sequence[CollectiveResult],
 ) -> TTFTExtrapolation:
     """See TTFT_METHOD."""
-    from tpplan.cost.predict import _predictor, _segments, predict_plan
+    from tpplan.cost.predict import cached_predictor, predict_plan, segments_of
     from tpplan.cost.topology import load_topology
     from tpplan.plans.named import make_plan
 
@@ -54,10 +54,10 @@ def extrapolate_ttft(
     tp = topo.world_size
     plan = make_plan(plan_name, full, tp)
     ratios = category_ratios(ops, colls)
-    p = _predictor(full, plan, topo, tp, 1, "bf16", None)
+    p = cached_predictor(full, plan, topo, tp, 1, "bf16", None)
 
     def scaled(batch: PrefillBatch) -> float:
-        segs = _segments(batch)
+        segs = segments_of(batch)
         total = 0.0
         for res in p.audit.layer_results:
             kt = p.kind_time(res, segs)

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from tpplan.commands._options import ProgressOpt
+
 
 def bench(
     out: Annotated[
@@ -60,7 +62,7 @@ def bench(
     ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: ProgressOpt = True,
 ) -> None:
     """Run plans on a representative model slice with real collectives; time every collective, op, layer and
     batch against the prediction; write the bench JSON (docs/bench-json.md) and a markdown table."""

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-
-class Backend(StrEnum):
-    auto = "auto"
-    gloo = "gloo"
-    nccl = "nccl"
+from tpplan.commands._options import Backend, BackendOpt, ProgressOpt
 
 
 def _print_tables(res: object) -> None:
@@ -138,7 +133,7 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
 
 def calibrate(
     out: Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")],
-    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = (Backend.auto),
+    backend: BackendOpt = (Backend.auto),
     nproc: Annotated[int | None, typer.Option(help="local processes to spawn (default: GPUs, or 2 on CPU)")] = None,
     min_bytes: Annotated[int, typer.Option(help="smallest message (bytes)")] = 1 << 20,
     max_bytes: Annotated[int, typer.Option(help="largest message (bytes)")] = 1 << 28,
@@ -156,7 +151,7 @@ def calibrate(
     gemm_tp: Annotated[int | None, typer.Option(help="TP size for --gemm-model's shapes (default: --nproc)")] = None,
     base_topology: Annotated[str, typer.Option(help="preset or file whose GPU and link specs are copied")] = "h200x2",
     timeout: Annotated[float, typer.Option(help="seconds before a stuck collective fails")] = 300,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: ProgressOpt = True,
     kernels_from: Annotated[
         list[Path] | None,
         typer.Option(

@@ -6,13 +6,14 @@ from typing import Annotated
 
 import typer
 
+from tpplan.commands._options import ModelOpt, NodesOpt
 from tpplan.commands.audit import ExpertDtypeOpt
 
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
-        model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")] = "kimi-k3",
+        model: ModelOpt = "kimi-k3",
         topology: Annotated[str, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")] = (
             "h200x8-ib400"
         ),
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
                 "shape ('TP32 EP4', 'moe-a2a TP8xPP4')",
             ),
         ] = "baseline",
-        nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
+        nodes: NodesOpt = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: ExpertDtypeOpt = None,
     ) -> None:

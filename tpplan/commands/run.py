@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tpplan.commands.verify import Backend
+from tpplan.commands._options import (
+    Backend,
+    BackendOpt,
+    ModelOpt,
+    PrefillTokensOpt,
+    ProcessesOpt,
+    TimeoutOpt,
+    WeightsOpt,
+)
 
 
 def run(
-    model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")],
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N (processes)")],
+    model: ModelOpt,
+    tp: ProcessesOpt,
     plan: Annotated[str, typer.Option("--plan", "-p", help="Plan to run (must be legal)")],
-    weights: Annotated[Path | None, typer.Option("--weights", help="Folder of *.safetensors (default: random)")] = None,
-    tokens: Annotated[int, typer.Option("--tokens", help="Prefill tokens")] = 64,
+    weights: WeightsOpt = None,
+    tokens: PrefillTokensOpt = 64,
     chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size")] = None,
-    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = Backend.auto,
+    backend: BackendOpt = Backend.auto,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16")] = "bf16",
     repeat: Annotated[int, typer.Option("--repeat", help="Timed prefills")] = 3,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,
+    timeout: TimeoutOpt = 300,
 ) -> int:
     """Run a legal plan and print the prefill time and the collectives each rank issued."""
     from rich.table import Table

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
+from tpplan.commands._options import NodesOpt
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
         pp: Annotated[
             int | None, typer.Option("--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)")
         ] = None,
-        nodes: Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")] = None,
+        nodes: NodesOpt = None,
         memory_cap: Annotated[
             str | None,
             typer.Option(

@@ -10,7 +10,6 @@ kind; exits 1 when any check fails, 2 when a plan is illegal (unless --force) or
 from __future__ import annotations
 
 import os
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,12 +17,15 @@ import typer
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import show
-
-
-class Backend(StrEnum):
-    auto = "auto"
-    gloo = "gloo"
-    nccl = "nccl"
+from tpplan.commands._options import (
+    Backend,
+    BackendOpt,
+    ModelOpt,
+    PrefillTokensOpt,
+    ProcessesOpt,
+    TimeoutOpt,
+    WeightsOpt,
+)
 
 
 def _mib(b: float) -> str:
@@ -94,19 +96,19 @@ def _summary(res: Any) -> dict[str, Any]:
 
 
 def verify(
-    model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")],
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N (processes)")],
+    model: ModelOpt,
+    tp: ProcessesOpt,
     plan: Annotated[
         list[str], typer.Option("--plan", "-p", help="Plan(s) to verify; 'legal' = every legal named plan")
     ],
-    weights: Annotated[Path | None, typer.Option("--weights", help="Folder of *.safetensors (default: random)")] = None,
-    tokens: Annotated[int, typer.Option("--tokens", help="Prefill tokens")] = 64,
+    weights: WeightsOpt = None,
+    tokens: PrefillTokensOpt = 64,
     chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size (state carried)")] = None,
-    backend: Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")] = Backend.auto,
+    backend: BackendOpt = Backend.auto,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16 (both runs use it)")] = "fp32",
     seed: Annotated[int, typer.Option("--seed", help="Random weights and token ids")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Run an illegal plan anyway and show the mismatch")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")] = 300,
+    timeout: TimeoutOpt = 300,
     out: Annotated[Path | None, typer.Option("--json", help="Also write a JSON summary here (atomic)")] = None,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="A line on stderr per plan and step")

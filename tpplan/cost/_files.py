@@ -7,9 +7,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from tpplan.errors import TpplanError, from_validation
+from tpplan.errors import TpplanError, validated
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -38,7 +38,4 @@ def read_mapping(path: Path) -> dict[str, Any]:
 
 def validate(model: type[M], data: dict[str, Any], where: str) -> M:
     """Validate `data`; the first pydantic error becomes a TpplanError naming file and field."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation(exc, where, "correct field '{field}' in " + where) from None
+    return validated(model, data, where, "correct field '{field}' in " + where)

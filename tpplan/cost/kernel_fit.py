@@ -21,9 +21,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from tpplan.bench_results import BenchResults
-from tpplan.cost.predict import kernel_key
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.errors import TpplanError
+from tpplan.models.opkinds import kernel_key
 
 MERGE_TOLERANCE = 0.02  # estimates closer than this (relative) are one point: their median is kept
 

@@ -12,13 +12,15 @@ cannot drift apart:
 - `kv_bytes_per_token`, `state_bytes_per_seq`, `embedding_bytes`: the state and weights outside
   the plan's decisions.
 
-Batches are `Segments`: (new tokens, context) per request, as `tpplan.cost.predict` prices them.
+Batches are `Segments`: (new tokens, context) per request, as `tpplan.cost.segments` states them.
 """
 
 from __future__ import annotations
 
 from tpplan.audit import PlanAudit
-from tpplan.cost.predict import CollectiveTime, OpTime, Segments, _pairs, _Predictor
+from tpplan.cost.prediction import CollectiveTime, OpTime
+from tpplan.cost.predictor import Predictor
+from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.cost.topology import Topology
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
@@ -42,20 +44,20 @@ class Pricer:
     ) -> None:
         self.graph, self.topology, self.tp, self.pp = graph, topology, tp, pp
         self.dtype, self.expert_dtype = dtype, expert_dtype
-        self._base = _Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype)
-        self._by_plan: dict[tuple[str, int | None, Placement], _Predictor] = {("tp", None, R): self._base}
+        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype)
+        self._by_plan: dict[tuple[str, int | None, Placement], Predictor] = {("tp", None, R): self._base}
 
     @property
     def baseline_audit(self) -> PlanAudit:
         """The baseline's audit (validates that the model splits over `tp` ranks at all)."""
         return self._base.audit
 
-    def _for(self, moe: str, ep_size: int | None, stream: Placement = R) -> _Predictor:
+    def _for(self, moe: str, ep_size: int | None, stream: Placement = R) -> Predictor:
         key = (moe, ep_size if moe == "ep" else None, stream)
         hit = self._by_plan.get(key)
         if hit is None:
             plan: Plan = baseline().with_(moe=moe, ep_size=key[1], stream=stream)
-            hit = _Predictor(
+            hit = Predictor(
                 self.graph, plan, self.topology, self.tp, self.pp, self.dtype, self.expert_dtype, audit=self._base.audit
             )
             self._by_plan[key] = hit
@@ -65,32 +67,28 @@ class Pricer:
         """One op of one layer as decided (`d.split` is the MoE mode for routed experts; `ep_size`
         the EP size when it is `ep`), for one batch of `segs`."""
         pred = self._for("ep", ep_size) if d.split == "ep" else self._base
-        t, pairs, ctx = _pairs(segs)
-        return pred._op_time(lg, d, t, pairs, ctx)
+        t, pairs, ctx = batch_pairs(segs)
+        return pred.op_time(lg, d, t, pairs, ctx)
 
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
         (quantization_config; routed experts at the expert dtype)."""
-        return d.weight_elements_per_rank * self._base._weight_elem_bytes(lg.kind, d.op)
+        return d.weight_elements_per_rank * self._base.weight_elem_bytes(lg.kind, d.op)
 
     def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
         """One collective of a layer for one batch (the TP group as it sits on the nodes)."""
         t = sum(n for n, _ in segs)
-        kind = c.collective.value
-        nbytes = self._base._nbytes(kind, c.elements_per_token, t)
-        return self._base._coll(layer_kind, c.label, kind, c.region, nbytes)
+        return self._base.collective(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
 
     def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
         """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
-        op = self._base._layout_copy(lg, c, sum(n for n, _ in segs))
+        op = self._base.layout_copy(lg, c, sum(n for n, _ in segs))
         return op.seconds if op is not None else 0.0
 
     def final_reduce_time(self, collective: Collective, elements_per_token: float, segs: Segments) -> float:
         """The reduction of the last layer's partial sum before the final norm."""
         t = sum(n for n, _ in segs)
-        kind = collective.value
-        nbytes = self._base._nbytes(kind, elements_per_token, t)
-        return self._base._coll("final", "final", kind, "mlp_side", nbytes).seconds
+        return self._base.collective("final", "final", collective.value, "mlp_side", elements_per_token, t).seconds
 
     def stage_sends_time(self, stream: Placement, segs: Segments) -> float:
         """Every pipeline-stage boundary's send (and re-gather unless the stream is token-sharded)
@@ -105,11 +103,11 @@ class Pricer:
 
     def kv_bytes_per_token(self, layer: int) -> float:
         """KV cache bytes per token of layer `layer` on one rank."""
-        return self._base._kv_per_token(self.graph.spec.layers[layer].attn)
+        return self._base.kv_per_token(self.graph.spec.layers[layer].attn)
 
     def state_bytes_per_seq(self, layer: int) -> float:
         """Recurrent state bytes per sequence of layer `layer` on one rank."""
-        return self._base._state_per_seq(self.graph.spec.layers[layer].attn)
+        return self._base.state_per_seq(self.graph.spec.layers[layer].attn)
 
     def embedding_bytes(self) -> float:
         """The vocab-parallel embedding's bytes per rank (the head holds as much again, untied)."""

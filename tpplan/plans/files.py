@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from tpplan.errors import TpplanError, from_validation
+from tpplan.errors import TpplanError, validated
 from tpplan.layout.plan import MoEMode, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
@@ -134,10 +134,7 @@ def read_plan_file(path: str | Path) -> PlanFile:
             f"not a tpplan plan file of schema version {PLAN_FILE_VERSION} (schema_version {got!r})",
             "save it again with this tpplan's `tpplan search --save DIR`",
         )
-    try:
-        return PlanFile.model_validate(raw)
-    except ValidationError as e:
-        raise from_validation(e, where, "save it again with `tpplan search --save DIR`") from None
+    return validated(PlanFile, raw, where, "save it again with `tpplan search --save DIR`")
 
 
 def _placement(v: str) -> Placement:

@@ -221,34 +221,20 @@ def _fla_chunk(
     return o
 
 
-def gdn(
-    qkvz: Tensor,
-    ba: Tensor,
-    *,
-    conv_weight: Tensor,
-    a_log: Tensor,
-    dt_bias: Tensor,
-    norm_weight: Tensor,
-    eps: float,
-    k_head_dim: int,
-    v_head_dim: int,
-    v_per_k: int,
-    state: dict[str, Tensor] | None = None,
-    chunk_size: int = 64,
-) -> Tensor:
-    """`kernels.gdn` via `fla.ops.gated_delta_rule.chunk_gated_delta_rule` with GVA (no repeat of q/k)."""
+def gdn_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, a_log: Tensor, dt_bias: Tensor, v_per_k: int,
+    state: dict[str, Tensor] | None, chunk_size: int,
+) -> Tensor:  # fmt: skip
+    """`kernels.gdn_delta_rule` via `fla.ops.gated_delta_rule.chunk_gated_delta_rule` with GVA (no
+    repeat of q/k); `kernels.gdn` runs the conv and the gated norm around it."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    from tpplan.runtime import kernels as ref  # the references dispatch here: imported when called
-
-    t = qkvz.shape[0]
-    r, dk, dv = v_per_k, k_head_dim, v_head_dim
-    qc, kc, vc, z, b, a = ref.gdn_conv_inputs(qkvz, ba, conv_weight, dk, dv, r, state)
-    ng = qc.shape[1] // dk
-    hv = ng * r
+    t, hv = q.shape[0], b.shape[1]
+    ng = hv // v_per_k
+    dk, dv = q.shape[1] // ng, v.shape[1] // hv
     b, a = b.reshape(1, t, hv), a.reshape(1, t, hv)
-    qh, kh = (z_.reshape(1, t, ng, dk).contiguous() for z_ in (qc, kc))
-    vh = vc.reshape(1, t, hv, dv).contiguous()
+    qh, kh = (z_.reshape(1, t, ng, dk).contiguous() for z_ in (q, k))
+    vh = v.reshape(1, t, hv, dv).contiguous()
     prev = state.get("recurrent") if state is not None else None
     init = None if prev is None else prev.float().reshape(1, hv, dk, dv).contiguous()
     a_log32, dtb = a_log.float().reshape(hv).contiguous(), dt_bias.float().reshape(hv).contiguous()
@@ -259,8 +245,7 @@ def gdn(
         g = -a_log32.exp() * F.softplus(a.float() + dtb)
         beta, extra = torch.sigmoid(b.float()).to(vh.dtype), {}
     o = _fla_chunk(chunk_gated_delta_rule, qh, kh, vh, g, beta, dk**-0.5, init, state, chunk_size, extra)
-    o = head_rms_norm(o.reshape(t, -1), norm_weight, eps, dv, gate=z, gate_fn="silu")
-    return o.to(qkvz.dtype)
+    return o.reshape(t, -1)
 
 
 # ----------------------------------------------------------------------------------------------

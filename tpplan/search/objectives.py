@@ -21,6 +21,7 @@ from tpplan.placement import Collective, P, Placement, R, ring_elements_per_rank
 from tpplan.search.space import GlobalChoice
 
 if TYPE_CHECKING:
+    from tpplan.cost.pricing import Pricer
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
@@ -216,31 +217,17 @@ class PredictObjective:
     `search_report` checks them on the ranked plans.
     """
 
-    def __init__(
-        self,
-        graph: ModelGraph,
-        topology: Topology,
-        tp: int,
-        *,
-        pp: int = 1,
-        workload: Workload | None = None,
-        tokens: int = 8192,
-        dtype: str = "bf16",
-        expert_dtype: str | None = None,
-    ) -> None:
-        from tpplan.cost.pricing import Pricer
-
-        self.graph, self.topology, self.tp, self.pp, self.dtype = graph, topology, tp, pp, dtype
-        self.expert_dtype, self.workload = expert_dtype, workload
+    def __init__(self, pricer: Pricer, *, workload: Workload | None = None, tokens: int = 8192) -> None:
+        self.pricer, self.workload = pricer, workload
+        self.graph, self.pp = pricer.graph, pricer.pp
         self.batches = ttft_batches(workload) if workload is not None else [(((tokens, 0),), 1.0)]
         self.name = "mean TTFT" if workload is not None else f"forward time ({tokens} tokens)"
-        self.pricer = Pricer(graph, topology, tp, pp=pp, dtype=dtype, expert_dtype=expert_dtype)
         self.memory_layer_counts: dict[str, int] | None = None
-        if pp > 1:
-            kinds = graph.layer_kinds
+        if self.pp > 1:
+            kinds = self.graph.layer_kinds
             self.memory_layer_counts = {
-                kind: max(sum(1 for j in rng if kinds[j] == kind) for rng in self.pricer.stage_layers())
-                for kind in graph.kinds
+                kind: max(sum(1 for j in rng if kinds[j] == kind) for rng in pricer.stage_layers())
+                for kind in self.graph.kinds
             }
         self._ops: dict[tuple[object, ...], Cost] = {}
         self._comms: dict[tuple[str, str, float], float] = {}

@@ -217,9 +217,10 @@ class _Deployed:
 def _objective(s: _Setup, tp: int, pp: int) -> Objective:
     if s.objective == "time":
         assert s.topo is not None
-        return PredictObjective(
-            s.graph, s.topo, tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype, expert_dtype=s.expert_dtype
-        )
+        from tpplan.cost.pricing import Pricer
+
+        pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype)
+        return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
 

@@ -3,7 +3,7 @@
 What is gpt-oss-specific, and where it lives:
 - attention: the GQA mixer (`gqa`) with per-head sinks (a learned logit in the softmax denominator,
   cut by head like the query heads), biases on q/k/v/o (column-parallel q/k/v keep their heads'
-  bias; row-parallel o_proj's bias enters its partial sum once, on rank 0: `opkinds._linear_cuts`),
+  bias; row-parallel o_proj's bias enters its partial sum once, on rank 0: `opkind_defs._linear_cuts`),
   and `layer_types` choosing a sliding window (`sliding_window` keys) or full attention per layer;
 - MLP: every layer is MoE: a router with a logit bias (`mlp.router`), top-k of the logits then a
   softmax over them (= softmax renormalised over the top-k), experts with biases and the clamped

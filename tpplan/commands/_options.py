@@ -1,0 +1,38 @@
+"""Options several commands share, written once (flags, help, type) so every command's --help says
+the same thing about them. A command's own default goes after the annotation (`= None`)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+class Backend(StrEnum):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name or path to config.json")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Override the topology's node count")]
+ProcessesOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N (processes)")]
+WeightsOpt = Annotated[Path | None, typer.Option("--weights", help="Folder of *.safetensors (default: random)")]
+PrefillTokensOpt = Annotated[int, typer.Option("--tokens", help="Prefill tokens")]
+BackendOpt = Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else gloo")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress")]
+
+__all__ = [
+    "Backend",
+    "BackendOpt",
+    "ModelOpt",
+    "NodesOpt",
+    "PrefillTokensOpt",
+    "ProcessesOpt",
+    "ProgressOpt",
+    "TimeoutOpt",
+    "WeightsOpt",
+]

@@ -1,0 +1,363 @@
+"""Per-op and per-collective prices of one plan: the audit's decisions turned into seconds and bytes.
+
+- compute per op: GEMMs through `gemm_time` at the per-rank shape (the shape decides efficiency:
+  a 192-wide expert shard runs at ~2% of peak), grouped expert GEMMs at the rows an expert really
+  sees, attention and recurrences by a roofline with named efficiencies (or the physical kernel
+  models where the GPU has them), everything else by HBM bandwidth, then through a measured kernel
+  profile where the topology has one. Work every rank repeats is flagged `redundant`.
+- collectives: one `CommEvent`, sized for the batch, through `collective_time` on the TP group as
+  it sits on the nodes, and the runtime's layout copy around it.
+
+Formulas and assumptions: docs/cost-model.md ("Prediction").
+"""
+
+from __future__ import annotations
+
+import math
+
+from tpplan.audit import PlanAudit, audit_plan
+from tpplan.cost.collectives import collective_time, nccl_bytes
+from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
+from tpplan.cost.kernel_models import KernelModels
+from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
+from tpplan.cost.segments import Segments, masked_pairs
+from tpplan.cost.stages import bank_snapshots, stage_layers
+from tpplan.cost.topology import KernelProfile, Topology
+from tpplan.dtypes import DTYPE_BYTES
+from tpplan.errors import TpplanError
+from tpplan.layout.plan import Plan
+from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.layout.transitions import collective_transition
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
+from tpplan.models.opkinds import cost_class, kernel_key
+from tpplan.models.quant import op_weights
+from tpplan.placement import S_COL, S_TOK, P
+
+# Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
+ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
+# Chunked gated delta rule: fla_core 0.6.0 `chunk_kda` on one H200 (bf16, 48 heads x 128, 8192 tokens in
+# two chunks with carried state) took 4.16 ms for 51.5 GFLOP of the graph's count, 1.25% of the dense peak
+# (docs/benchmarks/h200x2-2026-11-30/fla-kda-check.json). The 0.25 assumed before was 20x too fast.
+RECURRENCE_EFFICIENCY = 0.0125
+KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
+EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
+WEIGHT_BITS = {"bf16": 16.0, "fp16": 16.0, "fp32": 32.0, "fp8": 8.0, "mxfp4": 4.25}  # mxfp4: 4 bits + e8m0/32
+
+_GEMM_CACHE: dict[tuple[object, ...], float] = {}  # gemm_time per (GPU, shape, dtype), shared by every plan
+
+
+class OpPrices:
+    """The prices of one plan's ops and collectives at TP `tp` x PP `pp` on a topology, for one
+    batch at a time: `op_time` (one op decision), `collective` (one collective), `layout_copy` (the
+    runtime's copy around one), `weight_elem_bytes` (a weight's stored bytes per element).
+    `Predictor` sums them into layers, stages and memory; `cost.pricing.Pricer` hands them to a
+    search one at a time."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        plan: Plan,
+        topo: Topology,
+        tp: int,
+        pp: int,
+        dtype: str,
+        expert_dtype: str | None,
+        audit: PlanAudit | None = None,
+        impls: dict[str, str] | None = None,
+    ) -> None:
+        if tp < 1 or pp < 1:
+            raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
+        if tp * pp > topo.world_size:
+            raise TpplanError(
+                f"--tp {tp} --pp {pp}",
+                f"needs {tp * pp} GPUs, topology {topo.name} has {topo.world_size} "
+                f"({topo.nodes} x {topo.gpus_per_node})",
+                "use a smaller TP/PP or a topology with more nodes",
+            )
+        g = topo.gpus_per_node
+        if tp > g and tp % g:
+            raise TpplanError(
+                f"--tp {tp}",
+                f"a TP group larger than a node must fill whole nodes of {g} GPUs",
+                f"use a multiple of {g}",
+            )
+        if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
+            raise TpplanError(
+                f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+            )
+        self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, tp, pp, dtype
+        self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
+        self.counts = graph.counts()
+        self.b = DTYPE_BYTES[dtype]
+        self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
+        self.expert_bytes = WEIGHT_BITS[expert_dtype or dtype] / 8.0
+        self._init_weight_formats(expert_dtype)
+        self.rpn = min(tp, g)
+        self.stages = stage_layers(graph.spec.num_layers, pp)
+        self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
+        self.hbm = topo.gpu.hbm_TBps * 1e12
+        self.gpu_key = repr(topo.gpu)
+        self.profiles = topo.gpu.kernel_profiles
+        # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
+        # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
+        self.models = KernelModels(topo.gpu.kernel_models) if topo.gpu.kernel_models else None
+        self.impls = impls
+        self._extrapolated = False  # set by op_time for the op it prices
+        block = graph.spec.attn_res_block_size
+        n_layers = graph.spec.num_layers
+        self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
+
+    # -- compute ---------------------------------------------------------------------------
+    def _init_weight_formats(self, expert_dtype: str | None) -> None:
+        """Weight bytes and GEMM dtype per op from the checkpoint's quantization_config
+        (`tpplan.models.quant`); `--expert-dtype` overrides the routed experts' format."""
+        self.op_weights = op_weights(self.graph)
+        self.expert_override = expert_dtype is not None
+        self.experts_gemm_dtype = self.gemm_dtype
+        for (kind, name), w in self.op_weights.items():
+            op = next(o for o in self.graph.kinds[kind].ops if o.name == name)
+            if op.kind is OpKind.EXPERTS and not self.expert_override:
+                self.expert_bytes = w.full_bytes / op.weight_numel
+                self.experts_gemm_dtype = "fp8" if w.fmt.compute == "fp8" else self.gemm_dtype
+
+    def weight_elem_bytes(self, kind: str, op: Op) -> float:
+        """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
+        if op.kind is OpKind.EXPERTS:
+            return self.expert_bytes
+        w = self.op_weights.get((kind, op.name))
+        return w.full_bytes / op.weight_numel if w is not None else self.b
+
+    def _gemm_format(self, kind: str, op: Op) -> tuple[str, float | None]:
+        """(GEMM dtype, weight bytes per element where a weight-only format changes them, else None)."""
+        w = self.op_weights.get((kind, op.name))
+        if w is None:
+            return self.gemm_dtype, None
+        if w.fmt.compute == "fp8":
+            return "fp8", None
+        return self.gemm_dtype, w.full_bytes / op.weight_numel
+
+    def _gemm(self, m: int, k: int, n: int, dtype: str | None = None, weight_bytes: float | None = None) -> float:
+        """gemm_time, memoised across predictors of the same GPU (plans share most shapes).
+
+        `weight_bytes`: a weight-only format (int4, mxfp4) computes at `dtype` but reads its packed
+        weight, so its memory bound uses those bytes (memory-bound at small M)."""
+        dt = dtype or self.gemm_dtype
+        key = (self.gpu_key, m, k, n, dt, weight_bytes)
+        hit = _GEMM_CACHE.get(key)
+        if hit is None:
+            if weight_bytes is None:
+                hit = gemm_time(m, k, n, self.topo.gpu, dt)  # type: ignore[arg-type]
+            else:
+                rate = achieved_tflops(m, k, n, self.topo.gpu, dt) * 1e12  # type: ignore[arg-type]
+                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))  # type: ignore[arg-type]
+                hit = max(2.0 * m * k * n / rate, moved / self.hbm)
+            if len(_GEMM_CACHE) < 200_000:
+                _GEMM_CACHE[key] = hit
+        return hit
+
+    def _rows(self, d: OpDecision, t: int) -> int:
+        """Token rows one rank processes for this op."""
+        if d.strategy.output is S_TOK or S_TOK in d.strategy.inputs:
+            return math.ceil(t / self.tp)
+        return t
+
+    def _elementwise(self, lg: LayerGraph, d: OpDecision, t: int, extra_bytes: float = 0.0) -> tuple[float, float]:
+        op = d.op
+        widths = sum(lg.values[v].width for v in op.inputs if v in lg.values) + lg.values[op.output].width
+        share = d.compute_share
+        return op.flops_per_token * t * share, widths * t * self.b * share + extra_bytes
+
+    def _roofline(self, flops: float, nbytes: float, efficiency: float = 1.0) -> float:
+        if flops <= 0 and nbytes <= 0:
+            return 0.0
+        return max(flops / (self.peak * efficiency), nbytes / self.hbm, KERNEL_FLOOR_S)
+
+    def _experts(self, d: OpDecision, t: int) -> tuple[float, float, float, tuple[int, int, int]]:
+        """Grouped expert GEMMs (gate+up, then down) on one rank: rows routed to its experts."""
+        op = d.op
+        e, k = int(op.attrs["experts"]), int(op.attrs["top_k"])
+        ew, inter = int(op.attrs["width"]), int(op.attrs["intermediate"])
+        n = self.tp
+        if d.split == "a2a":
+            e_loc, i_loc, rows = e // n, inter, t * k / n
+        elif d.split == "ep":
+            ep = self.plan.ep_size or 1
+            e_loc, i_loc, rows = e // ep, inter // (n // ep), t * k / ep
+        else:  # tp: every rank runs every expert on its slice of the intermediate
+            e_loc, i_loc, rows = e, inter // n, float(t * k)
+        active = max(1, min(e_loc, math.ceil(rows)))
+        per_expert = rows / active
+        m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
+        m_use = max(1, round(rows))
+        secs = flops = nbytes = t_compute = 0.0
+        for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
+            weights = active * kk * nn * self.expert_bytes
+            gd = self.experts_gemm_dtype
+            act = gemm_bytes(m_use, kk, nn, gd) - kk * nn * (1 if gd == "fp8" else 2)
+            f = 2.0 * m_use * kk * nn
+            t_pad = self._gemm(m_pad, kk, nn, gd)
+            t_mem = (act + weights) / self.hbm
+            secs += max(t_pad, t_mem)
+            t_compute += t_pad
+            flops += f
+            nbytes += act + weights
+        phys = self._physical_experts(m_use, active, ew, i_loc, t, t_compute)
+        if phys is not None and self.models is not None:
+            self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
+        return (secs if phys is None else phys), flops, nbytes, (m_use, ew, 2 * i_loc)
+
+    def _model(self, family: str) -> KernelModels | None:
+        """The physical models, where they cover `family` as the run executed it (see __init__)."""
+        if self.models is None:
+            return None
+        if self.impls is not None and not KernelModels.fitted_for(family, self.impls.get(family)):
+            return None
+        return self.models
+
+    def _physical_experts(
+        self, rows: int, active: int, width: int, inter: int, tokens: int, compute_s: float
+    ) -> float | None:
+        """Grouped GEMMs by the experts model (compute: the GEMM table at the tile-padded shapes) plus
+        the routing around them as memory traffic: rows gathered (bf16), outputs upcast and weighted
+        (fp32), scatter-added into [T, width] fp32."""
+        m = self._model("experts")
+        ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
+        if ffn is None:
+            return None
+        routing = (rows * width * 22.0 + tokens * width * 14.0) / self.hbm
+        return ffn + routing
+
+    def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments = ()) -> OpTime:
+        op = d.op
+        # Redundant: every rank does the whole op on the same values (true replicated inputs).
+        # Ops on partial sums (P) also run whole on every rank, but each on different data.
+        redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
+        shape = None
+        self._extrapolated = False
+        cost = cost_class(op)
+        if cost == "gemm":
+            out, inp = op.weight_shape
+            m = self._rows(d, t)
+            wpr = d.weight_elements_per_rank
+            if m < t or d.split == "replicated" or op.kind is not OpKind.LINEAR:
+                kk, nn = inp, out
+            elif d.strategy.output is S_COL:
+                kk, nn = inp, max(1, wpr // inp)
+            elif d.split == "row":
+                kk, nn = max(1, wpr // out), out
+            else:
+                kk, nn = inp, out
+            shape = (m, kk, nn)
+            gd, wb = self._gemm_format(lg.kind, op)
+            secs = self._gemm(m, kk, nn, gd, wb) if m else 0.0
+            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)  # type: ignore[arg-type]
+            flops, cat = 2.0 * m * kk * nn, "gemm"
+        elif cost == "experts":
+            secs, flops, nbytes, shape = self._experts(d, t)
+            cat, redundant = "moe", False
+        elif cost == "attention":
+            share = d.compute_share
+            if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
+                pairs, ctx = masked_pairs(segs, op.attrs.get("window"), op.attrs.get("chunk"))  # type: ignore[arg-type]
+            flops = op.ctx_flops_per_token * pairs * share
+            kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
+            _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
+            secs, cat = self._roofline(flops, nbytes, ATTN_EFFICIENCY), "attention"
+            model = self._model(str(op.attrs.get("impl")))
+            if model is not None:
+                heads = int(op.attrs.get("heads", 1))
+                h_rank = max(1, round(heads * share))
+                dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
+                dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
+                phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
+                secs = secs if phys is None else phys
+                name = "attention_prefix" if ctx > 0 else "attention_causal"
+                self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t,
+                                                                               context=ctx)  # fmt: skip
+        elif cost == "recurrence":
+            flops, nbytes = self._elementwise(lg, d, t)
+            secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
+            impl = str(op.attrs.get("impl"))
+            model = self._model(impl)
+            h_rank = max(1, round(int(op.attrs.get("heads", 1)) * d.compute_share))
+            phys = None if model is None else model.recurrence(impl, h_rank, t)
+            secs = secs if phys is None else phys
+            self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                impl, heads=h_rank, tokens=t)  # fmt: skip
+        elif cost == "free":
+            secs = flops = nbytes = 0.0
+            cat = "elementwise"
+        elif cost == "attn_res":
+            rows = self._rows(d, t)
+            nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
+            flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
+            secs, cat = self._roofline(flops, nbytes), "elementwise"
+            model = self._model("attn_res")
+            phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
+            secs = secs if phys is None else phys
+            self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
+        else:  # elementwise (norms, gates, short convolutions): memory-bound
+            flops, nbytes = self._elementwise(lg, d, t)
+            secs, cat = self._roofline(flops, nbytes), "elementwise"
+            if op.kind is OpKind.TOKEN_MIX:  # a memory-bound token mixer (short convolution): its stream model
+                impl = str(op.attrs.get("impl"))
+                model = self._model(impl)
+                phys = None if model is None else model.stream(nbytes)
+                secs = secs if phys is None else phys
+                channels = lg.values[op.output].width * d.compute_share
+                self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                    impl, channels=channels, tokens=t)  # fmt: skip
+        if not flops and not nbytes:
+            redundant = False
+        kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
+        measured = self._profiled(kernel, op.name, secs)
+        return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
+                      self._extrapolated)  # fmt: skip
+
+    def _profiled(self, kernel: str | None, op_name: str, modelled: float) -> float:
+        """`modelled` through the measured profile for this op (its own, 'kind:op name', first, else its
+        kind's); unchanged where the topology has none."""
+        if kernel is None or not self.profiles or modelled <= 0:
+            return modelled
+        profile: KernelProfile | None = self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
+        return profile.apply(modelled) if profile is not None else modelled
+
+    # -- communication -----------------------------------------------------------------------
+    def collective(
+        self, layer_kind: str, label: str, kind: str, region: str, elements_per_token: float, t: int
+    ) -> CollectiveTime:
+        """One collective of `kind` on the TP group (as it sits on the nodes) for a batch of `t`
+        tokens, whose ring volume per rank is `elements_per_token` x t; sized as nccl-tests does."""
+        nbytes = nccl_bytes(kind, elements_per_token * t, self.tp, self.b)
+        est = collective_time(kind, nbytes, self.tp, self.topo, ranks_per_node=self.rpn)
+        return CollectiveTime(layer_kind, label, kind, region, nbytes, est.time_s, est.algorithm)
+
+    def layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
+        """The runtime's layout copy around collective `c`, if its transition needs one
+        (`Transition.layout_copy`: pack before an all-to-all or an uneven reduce-scatter, unpack after
+        a head all-gather): memory-bound compute of its own, bytes = read + write of the local buffer."""
+        if c.internal:
+            return None
+        val = lg.values[c.value]
+        copy = collective_transition(c.collective, c.src, c.dst).layout_copy(c.value, val.width, val.heads, self.tp, t)
+        if copy is None:
+            return None
+        name, elements = copy.name, copy.elements
+        nbytes = elements * self.b
+        modelled = self._roofline(0.0, nbytes)
+        secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
+        return OpTime(
+            lg.kind, name, "layout", "elementwise", 0.0, nbytes, secs, False, None, LAYOUT_COPY_KERNEL, modelled
+        )
+
+
+
+__all__ = [
+    "ATTN_EFFICIENCY",
+    "EXPERT_M_TILE",
+    "KERNEL_FLOOR_S",
+    "RECURRENCE_EFFICIENCY",
+    "WEIGHT_BITS",
+    "OpPrices",
+]

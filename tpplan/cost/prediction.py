@@ -1,0 +1,213 @@
+"""What a prediction says: per-op and per-collective times, per layer kind, memory per rank and TTFT.
+
+The plain results `tpplan.cost.predict` returns (`PlanPrediction` and its parts) and their JSON
+(`tpplan audit --json`, docs/audit-json.md, `prediction`). No pricing here: `cost/op_prices.py`
+prices ops and collectives, `cost/predictor.py` sums them into layers, stages and memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpplan.cost.provenance import Provenance
+from tpplan.cost.workload import TTFTResult
+from tpplan.layout.plan import Plan
+
+Category = str  # "gemm" | "attention" | "recurrence" | "moe" | "elementwise"
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op of one layer kind, per rank, for one batch."""
+
+    layer_kind: str
+    op: str
+    role: str
+    category: Category
+    flops_per_rank: float
+    bytes_per_rank: float
+    seconds: float
+    redundant: bool  # every rank does the whole op (e.g. the replicated qkv_a under baseline)
+    shape: tuple[int, int, int] | None = None  # (M, K, N) per rank for GEMMs (per expert group for MoE)
+    kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
+    modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
+    extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
+
+
+LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
+
+
+@dataclass(frozen=True)
+class CollectiveTime:
+    """One collective of one layer kind, for one batch."""
+
+    layer_kind: str
+    label: str
+    kind: str  # all_reduce | reduce_scatter | all_gather | all_to_all | send_recv
+    region: str
+    nbytes: float  # nccl-tests size
+    seconds: float
+    algorithm: str
+
+
+@dataclass
+class KindTime:
+    """Time of one layer of a kind (compute and communication are not overlapped)."""
+
+    kind: str
+    count: int
+    ops: list[OpTime]
+    collectives: list[CollectiveTime]
+
+    @property
+    def compute_s(self) -> float:
+        return sum(o.seconds for o in self.ops)
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.seconds for c in self.collectives)
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def redundant_s(self) -> float:
+        """Compute every rank repeats: what a token-sharded plan could save."""
+        return sum(o.seconds for o in self.ops if o.redundant)
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes per rank on the fullest pipeline stage. `replicated_extra` is part of `weights`
+    (what replication costs beyond sharding), shown separately because it is a plan's price."""
+
+    weights: float
+    replicated_extra: float
+    activations: float
+    kv_cache: float
+    recurrent_state: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.activations + self.kv_cache + self.recurrent_state
+
+
+@dataclass
+class PlanPrediction:
+    plan: Plan
+    tp: int
+    pp: int
+    legal: bool
+    tokens: int
+    context: int
+    kinds: list[KindTime]
+    stage_comm_s: float  # stage-boundary send/recv (+ re-gather) for one chunk, all boundaries
+    forward_s: float  # one batch of `tokens`, whole model; PP: sum of the stages for one chunk
+    memory: MemoryBreakdown
+    ttft: TTFTResult | None
+    topology: str
+    workload: str | None
+    stage_s: list[float] = field(default_factory=list)  # per stage, one chunk, its send included
+    final_comm_s: float = 0.0  # the reduction before the final norm
+    gpu_memory_bytes: float = 0.0
+    provenance: Provenance | None = None  # how the times were made and the error band that applies
+
+    @property
+    def compute_s(self) -> float:
+        """Whole-model compute for one chunk (every layer)."""
+        return sum(k.count * k.compute_s for k in self.kinds)
+
+    @property
+    def comm_s(self) -> float:
+        """Whole-model TP communication for one chunk (without stage sends)."""
+        return sum(k.count * k.comm_s for k in self.kinds) + self.final_comm_s
+
+    @property
+    def redundant_s(self) -> float:
+        return sum(k.count * k.redundant_s for k in self.kinds)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.gpu_memory_bytes
+
+    def to_json(self) -> dict[str, object]:
+        """Plain data for `tpplan audit --json` (docs/audit-json.md, `prediction`)."""
+        ttft = None
+        if self.ttft is not None:
+            t = self.ttft
+            ttft = {
+                "mean_s": t.mean_s,
+                "p50_s": t.p50_s,
+                "max_s": t.max_s,
+                "throughput_tok_s": t.throughput_tok_s,
+                "makespan_s": t.makespan_s,
+                "batches": len(t.batches),
+                "requests": len(t.ttft_s),
+            }
+        m = self.memory
+        return {
+            "topology": self.topology,
+            "workload": self.workload,
+            "tp": self.tp,
+            "pp": self.pp,
+            "tokens": self.tokens,
+            "context": self.context,
+            "forward_s": self.forward_s,
+            "provenance": self.provenance.to_json() if self.provenance else None,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "redundant_compute_s": self.redundant_s,
+            "stage_comm_s": self.stage_comm_s,
+            "stage_s": list(self.stage_s),
+            "layer_kinds": {
+                k.kind: {
+                    "count": k.count,
+                    "compute_s": k.compute_s,
+                    "comm_s": k.comm_s,
+                    "total_s": k.total_s,
+                    "redundant_s": k.redundant_s,
+                    "ops": [
+                        {
+                            "op": o.op,
+                            "role": o.role,
+                            "category": o.category,
+                            "flops_per_rank": o.flops_per_rank,
+                            "bytes_per_rank": o.bytes_per_rank,
+                            "seconds": o.seconds,
+                            "redundant": o.redundant,
+                            "shape": list(o.shape) if o.shape else None,
+                        }
+                        for o in k.ops
+                        if o.seconds > 0
+                    ],
+                    "collectives": [
+                        {
+                            "label": c.label,
+                            "kind": c.kind,
+                            "region": c.region,
+                            "nbytes": c.nbytes,
+                            "seconds": c.seconds,
+                            "algorithm": c.algorithm,
+                        }
+                        for c in k.collectives
+                    ],
+                }
+                for k in self.kinds
+            },
+            "memory_bytes_per_rank": {
+                "weights": m.weights,
+                "replicated_extra": m.replicated_extra,
+                "activations": m.activations,
+                "kv_cache": m.kv_cache,
+                "recurrent_state": m.recurrent_state,
+                "total": m.total,
+                "gpu": self.gpu_memory_bytes,
+                "fits": self.fits,
+            },
+            "ttft": ttft,
+        }
+
+
+
+__all__ = ["LAYOUT_COPY_KERNEL", "CollectiveTime", "KindTime", "MemoryBreakdown", "OpTime", "PlanPrediction"]

@@ -1,0 +1,212 @@
+"""The predictor: one plan's op and collective prices summed into layers, pipeline stages and memory.
+
+One `Predictor` per (graph, plan, topology, tp, pp, dtype), caching per batch shape (times are
+cached per distinct layer result and batch shape, because a search prices hundreds of plans and
+the TTFT scheduler asks for every prefill batch):
+
+- `kind_time`: one layer of a kind, its ops and its collectives (compute and communication are not
+  overlapped);
+- pipeline parallelism: contiguous stages, stage-boundary send/recv of what really crosses (the
+  hidden stream and, for K3, the attention-residual bank); `latency` and `interval` of a batch;
+- `memory` per rank: weights under the plan, activations of one chunk, KV cache, recurrent state.
+
+Formulas and assumptions: docs/cost-model.md ("Prediction").
+"""
+
+from __future__ import annotations
+
+import math
+
+from tpplan.audit import PlanAudit
+from tpplan.cost.collectives import collective_time
+from tpplan.cost.op_prices import OpPrices
+from tpplan.cost.prediction import KindTime, MemoryBreakdown
+from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
+from tpplan.cost.stages import bank_snapshots, stage_boundary_width
+from tpplan.cost.topology import Topology
+from tpplan.cost.workload import Workload
+from tpplan.layout.plan import Plan
+from tpplan.layout.propagate import LayerResult
+from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.models.opkinds import mixer
+from tpplan.placement import S_COL, S_TOK, Placement, R
+
+STATE_BYTES = 4  # KDA/GDN recurrent state is kept in fp32 (conv state in the activation dtype)
+
+
+class Predictor(OpPrices):
+    """A plan's time per layer, per stage and per batch, and its memory per rank (`OpPrices` for
+    the arguments)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
+        self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
+
+    def kind_time(self, res: LayerResult, segs: Segments) -> KindTime:
+        t, pairs, ctx = batch_pairs(segs)
+        key = (id(res), segs)
+        hit = self._kind_cache.get(key)
+        if hit is not None:
+            return hit
+        lg = self.graph.kinds[res.kind]
+        ops = [self.op_time(lg, d, t, pairs, ctx, segs) for d in res.decisions]
+        colls = []
+        for c in res.comms:
+            kind = c.collective.value
+            colls.append(self.collective(res.kind, c.label, kind, c.region, c.elements_per_token, t))
+            copy = self.layout_copy(lg, c, t)
+            if copy is not None:
+                ops.append(copy)
+        kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
+        self._kind_cache[key] = kt
+        return kt
+
+    def final_comm(self, t: int) -> float:
+        el = self.audit.final_elements_per_token
+        if not el:
+            return 0.0
+        kind = "all_reduce" if self.plan.stream is R else "reduce_scatter"
+        return self.collective("final", "final", kind, "mlp_side", el, t).seconds
+
+    def boundary(self, layer: int, t: int) -> float:
+        """Send/recv into the stage starting at `layer`: each TP rank sends its 1/N slice to its peer
+        (SGLang's send_tensor_dict with all_gather_group), the receivers all-gather it unless the
+        plan keeps the stream token-sharded (then every rank sends just its own rows)."""
+        width = stage_boundary_width(self.graph, layer)
+        total = t * width * self.b
+        per_rank = total / self.tp
+        g = self.topo.gpus_per_node
+        dst = next(i for i, r in enumerate(self.stages) if layer in r)  # stage s holds ranks [s*tp, (s+1)*tp)
+        rpn = 1 if ((dst - 1) * self.tp) // g != (dst * self.tp) // g else 2
+        secs = collective_time("send_recv", per_rank, 2, self.topo, ranks_per_node=rpn).time_s
+        if self.plan.stream is not S_TOK and self.tp > 1:
+            secs += collective_time("all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn).time_s
+        return secs
+
+    def stage_times(self, segs: Segments) -> tuple[list[float], list[float], float]:
+        """Per stage: compute+TP-comm seconds for one batch, the send into the next stage, final comm."""
+        hit = self._stage_cache.get(segs)
+        if hit is not None:
+            return hit
+        t = sum(n for n, _ in segs)
+        results = self.audit.layer_results
+        stage_s, sends = [], []
+        for i, rng in enumerate(self.stages):
+            stage_s.append(sum(self.kind_time(results[j], segs).total_s for j in rng))
+            sends.append(self.boundary(rng.stop, t) if i + 1 < len(self.stages) else 0.0)
+        final = self.final_comm(t)
+        stage_s[-1] += final
+        out = (stage_s, sends, final)
+        self._stage_cache[segs] = out
+        return out
+
+    def latency(self, segs: Segments) -> float:
+        """One batch through every stage (no pipelining): what batch_time returns."""
+        stage_s, sends, _ = self.stage_times(segs)
+        return sum(stage_s) + sum(sends)
+
+    def interval(self, segs: Segments) -> float:
+        """Steady-state spacing of batches entering a pipeline: the slowest stage (its send included)."""
+        stage_s, sends, _ = self.stage_times(segs)
+        return max(s + x for s, x in zip(stage_s, sends, strict=True))
+
+    # -- memory ----------------------------------------------------------------------------------
+    def memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
+        """Per rank, for the stage that needs the most."""
+        spec = self.graph.spec
+        n, b = self.tp, self.b
+        if workload is not None:
+            seqs = [workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency)]
+            chunk = min(workload.chunk_size, max(seqs))
+        else:
+            seqs, chunk = [tokens], tokens
+        results = self.audit.layer_results
+        embed = spec.vocab * spec.hidden / n * b  # vocab-parallel embedding and head
+        best: MemoryBreakdown | None = None
+        for s, rng in enumerate(self.stages):
+            weights = extra = kv = state = 0.0
+            for j in rng:
+                res = results[j]
+                for d in res.decisions:
+                    wb = self.weight_elem_bytes(res.kind, d.op)
+                    weights += d.weight_elements_per_rank * wb
+                    if d.split == "replicated" and d.op.split.value in ("col", "row"):
+                        extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
+                kv += self.kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
+                state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
+            if s == 0:
+                weights += embed
+            if s == len(self.stages) - 1 and (not spec.tie_embeddings or len(self.stages) > 1):
+                weights += embed
+            acts = self._activations(rng, chunk)
+            m = MemoryBreakdown(weights, extra, acts, kv, state)
+            if best is None or m.total > best.total:
+                best = m
+        assert best is not None
+        return best
+
+    def kv_per_token(self, attn: object) -> float:
+        """KV cache bytes per token of one layer on one rank, as its token mixer states it
+        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads)."""
+        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)  # type: ignore[attr-defined]
+
+    def state_per_seq(self, attn: object) -> float:
+        """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
+        token mixer states it (`Mixer.state_bytes`: delta-rule state in fp32 plus short-conv tails)."""
+        return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)  # type: ignore[attr-defined]
+
+    def _activations(self, rng: range, t: int) -> float:
+        """Peak activation bytes of one chunk: the stream tensors that live across layers (resid,
+        delta and the AttnRes bank) plus the largest live set of one op (its inputs and output)."""
+        n, b, h = self.tp, self.b, self.graph.hidden
+        rows_stream = t if self.plan.stream is R else math.ceil(t / n)
+        bank = bank_snapshots(self.graph, rng.stop)  # the most the bank holds inside this stage
+        stream = (2 + bank) * rows_stream * h * b
+        peak = 0.0
+        seen: set[int] = set()
+        for j in rng:
+            res = self.audit.layer_results[j]
+            if id(res) in seen:
+                continue
+            seen.add(id(res))
+            lg = self.graph.kinds[res.kind]
+            for d in res.decisions:
+                live = sum(self._value_bytes(lg, res.placements.get(v, R), v, t) for v in d.op.inputs if v in lg.values)
+                live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
+                if d.op.kind is OpKind.EXPERTS:
+                    _, _, _, (m, _, n2) = self._experts(d, t)
+                    live += m * (int(d.op.attrs["width"]) + n2 + n2 // 2) * b  # gathered rows + intermediates
+                peak = max(peak, live)
+        return stream + peak
+
+    def _value_bytes(self, lg: LayerGraph, p: Placement, v: str, t: int) -> float:
+        w = lg.values[v].width
+        if p is S_TOK:
+            return math.ceil(t / self.tp) * w * self.b
+        if p is S_COL:
+            return t * w / self.tp * self.b
+        return t * w * self.b
+
+
+_CACHE: dict[tuple[object, ...], tuple[Predictor, tuple[object, ...]]] = {}
+_CACHE_MAX = 512
+
+
+def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
+                     expert_dtype: str | None, audit: PlanAudit | None = None) -> Predictor:  # fmt: skip
+    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, dtype): the scheduler calls
+    batch_time per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
+        return hit[0]
+    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit)
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs
+    return p
+
+
+
+__all__ = ["STATE_BYTES", "Predictor", "cached_predictor"]

@@ -1,0 +1,487 @@
+"""Each op kind's definition and the table of them (`OP_KINDS`): its placement rule and the audit's
+words, weight names and cuts, kernel call and weight assembly (LINEAR, row-wise and elementwise
+kinds, TOKEN_MIX through its mixer, the router and routed experts, K3's attention residual, the
+split RMSNorm). Look-ups are `models/opkinds.py`; torch is imported lazily (`assemble` only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tpplan.models.cuts import FULL, Cut
+from tpplan.models.graph import Op, OpKind, Value, WeightSplit
+from tpplan.models.numerics import Numerics
+from tpplan.models.opkind_types import (
+    TRUE,
+    Cuts,
+    Mixer,
+    OpKindDef,
+    Params,
+    ShardCtx,
+    Strategy,
+    const_cost,
+    mixer,
+    no_params,
+    same_placement,
+)
+from tpplan.placement import S_COL, S_TOK, P, Placement, R
+
+# ----------------------------------------------------------------------------------------------
+# LINEAR: y = x W^T
+
+
+def _linear_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if split == WeightSplit.COL:
+        return [Strategy((R,), S_COL)]
+    if split == WeightSplit.ROW:
+        return [Strategy((S_COL,), P)]
+    if op.attrs.get("bias"):  # affine, not linear: partial sums would add the bias N times
+        return same_placement(1, (S_TOK, R) if prefer_tokens else (R, S_TOK))
+    return same_placement(1, (S_TOK, R, P) if prefer_tokens else (R, S_TOK, P))
+
+
+def _linear_why(op: Op, needed: Placement, got: Placement, n: int) -> str | None:
+    if needed is R:
+        if n and op.split_heads and op.split_heads % n == 0 and len(op.weight_shape) == 2:
+            out, inp = op.weight_shape
+            return (
+                f"it is column-parallel: each rank owns {op.split_heads // n} of {op.split_heads} heads/columns "
+                f"(a [{out // n}, {inp}] slice of the weight) and must apply it to every token; from "
+                f"token-sharded input a rank can only make its own slice for its own tokens, and gathering those "
+                f"slices would mix different ranks' heads"
+            )
+        return (
+            f"it is column-parallel (weight split by {op.split_heads} heads/columns), so each rank must "
+            "apply its own slice of the weight to every token"
+        )
+    if needed is S_COL:
+        return "it is row-parallel, so it reads only its own heads' columns"
+    return None
+
+
+def _linear_params(op: Op, numerics: Numerics) -> Params:
+    parts = op.attrs.get("parts")
+    if not parts:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
+        out = {"weight": (op.weight, op.weight_shape)}
+        if op.attrs.get("bias"):  # y = x W^T + b (Qwen2's q/k/v)
+            out["bias"] = (op.weight.removesuffix(".weight") + ".bias", (op.weight_shape[0],))
+        return out
+    return {f"part{j}": (name, (rows, op.weight_shape[1])) for j, (name, rows) in enumerate(parts.items())}
+
+
+def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    """A biased linear is affine, not linear: y = x W^T + b. Where its output is a partial sum (a
+    row-parallel weight, or any weight applied to a partial sum) the bias must enter the sum once, so
+    only rank 0 holds it; a column-parallel output keeps its heads' part of the bias."""
+    from tpplan.models.cuts import head_cut
+
+    shape = op.weight_shape
+    if sc.split == "col" and "head_blocks" in op.attrs:
+        return _head_block_cuts(op, sc)
+    if sc.split == "col":
+        rows = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
+        return {"weight": rows} | ({"bias": rows} if "bias" in params else {})
+    if sc.split == "row":  # partial sums: the bias is added once, by rank 0
+        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
+        return cols | ({"bias": FULL} if "bias" in params and sc.rank == 0 else {})
+    return dict.fromkeys(params, FULL)
+
+
+def _linear_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    y = K.linear(inputs[0], w["weight"])
+    return y + w["bias"].to(y.dtype) if "bias" in w else y
+
+
+def _head_block_cuts(op: Op, sc: ShardCtx) -> Cuts:
+    """Parts made of head-major blocks (`head_blocks[j]`: per-head row counts of part j's blocks,
+    e.g. Qwen3.5's in_proj_qkv = [q heads | k heads | v heads]): a rank keeps its heads of each block."""
+    from tpplan.models.cuts import head_range
+
+    lo, hi = head_range(op.split_heads, sc.n, sc.rank)
+    out: Cuts = {}
+    for j, blocks in enumerate(op.attrs["head_blocks"]):
+        ranges, off = [], 0
+        for per in blocks:
+            ranges.append((off + lo * per, off + hi * per))
+            off += op.split_heads * per
+        out[f"part{j}"] = Cut(0, tuple(ranges))
+    return out
+
+
+def _linear_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+    if "parts" not in op.attrs:
+        return got
+    import torch
+
+    parts = [got[f"part{j}"] for j in range(len(op.attrs["parts"]))]
+    if "head_blocks" not in op.attrs:
+        return {"weight": torch.cat(parts, dim=0)}
+    # Interleave the blocks per head group: [block0 of head g, block1 of head g, ...] for each held
+    # head g, the layout a per-key-head-group fused projection (Qwen3-Next's in_proj_qkvz) has.
+    cols = parts[0].shape[1]
+    pieces = []
+    for w, blocks in zip(parts, op.attrs["head_blocks"], strict=True):
+        heads = w.shape[0] // sum(blocks)
+        pieces += [blk.reshape(heads, -1) for blk in torch.split(w, [heads * per for per in blocks], dim=0)]
+    return {"weight": torch.cat(pieces, dim=1).reshape(-1, cols)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Row-wise and elementwise kinds
+
+
+def _true_rows_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return same_placement(len(op.inputs), (S_TOK, R) if prefer_tokens else TRUE)
+
+
+def _whole_row_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    if got is P:
+        return "it is non-linear in its input, so it needs true values, not partial sums"
+    return "it reads the whole feature row of each token"
+
+
+def _elementwise_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return same_placement(len(op.inputs), (R, S_TOK, S_COL))
+
+
+def _elementwise_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    return "an elementwise op needs both operands in the same placement, split the same way"
+
+
+def _norm_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    nu = ctx.numerics
+    eps = nu.latent_eps if op.attrs.get("latent_eps") else nu.eps
+    return K.rms_norm(inputs[0], w["weight"], eps, nu.norm_offset)
+
+
+def _head_norm_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a = op.attrs
+    gate = inputs[1] if len(inputs) > 1 else None
+    return K.head_rms_norm(
+        inputs[0], w["weight"], ctx.numerics.eps, int(a["head_dim"]), gate, str(a.get("gate", "sigmoid"))
+    )
+
+
+def _slice_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if op.attrs.get("gated_query"):  # per-head split of a head-structured value
+        return same_placement(1, (R, S_TOK, S_COL))
+    return same_placement(1, (R, S_TOK, P))
+
+
+def _slice_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a = op.attrs
+    if a.get("gated_query"):
+        return K.gated_query_split(inputs[0], int(a["head_dim"]), bool(a.get("gate", False)))
+    return K.slice_cols(inputs[0], int(a["start"]), ctx.values[op.output].width)
+
+
+def _mul_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # A product with a true factor is linear in the other factor, so partial sums survive it,
+    # unless the plain factor goes through a non-linearity first.
+    out = same_placement(2, (R, S_TOK, S_COL))
+    if op.attrs.get("sigmoid_second"):
+        out.append(Strategy((P, R), P))
+    else:
+        out += [Strategy((P, R), P), Strategy((R, P), P)]
+    return out
+
+
+def _mul_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    other = inputs[1].sigmoid() if op.attrs.get("sigmoid_second") else inputs[1]
+    return inputs[0] * other
+
+
+def _add_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if op.role.startswith("layer."):  # the residual stream holds true values only
+        return same_placement(2, (R, S_TOK))
+    return same_placement(2, (R, S_TOK, S_COL, P))
+
+
+# ----------------------------------------------------------------------------------------------
+# TOKEN_MIX: delegated to the registered mixer named by the op's `impl`
+
+
+def _mix(op: Op) -> Mixer:
+    return mixer(str(op.attrs["impl"]))
+
+
+def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # Mixes tokens within each head: needs every token of the heads it computes. Inputs that are
+    # not head-structured (MLA's shared rope key) are needed whole.
+    own = _mix(op).rule if "impl" in op.attrs else None
+    if own is not None:
+        return own(op, split, values, prefer_tokens)
+    heads_in = tuple(S_COL if values[v].heads else R for v in op.inputs)
+    return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
+
+
+def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    own = _mix(op).why if "impl" in op.attrs else None
+    said = own(op, needed, got, n) if own is not None else None
+    if said is not None:
+        return said
+    return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
+
+
+def _token_mix_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    if sc.output is not S_COL:
+        return dict.fromkeys(params, FULL)
+    return _mix(op).cuts(op, params, sc)
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE: router and routed experts
+
+
+def _router_params(op: Op, numerics: Numerics) -> Params:
+    out = {"weight": (op.weight, op.weight_shape)}
+    if not op.attrs.get("scalar_gate") and numerics.router_bias:
+        out["bias"] = (op.weight.replace(".weight", ".e_score_correction_bias"), (op.weight_shape[0],))
+    if op.attrs.get("logit_bias"):
+        out["logit_bias"] = (op.weight.replace(".weight", ".bias"), (op.weight_shape[0],))
+    return out
+
+
+def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    a, nu = op.attrs, ctx.numerics
+    if a.get("scalar_gate"):
+        return K.linear(inputs[0], w["weight"])
+    return K.route(
+        inputs[0],
+        w["weight"],
+        top_k=int(a["top_k"]),
+        scoring=str(a["scoring"]),
+        n_group=int(a["n_group"]),
+        topk_group=int(a["topk_group"]),
+        bias=w.get("bias"),
+        logit_bias=w.get("logit_bias"),
+        renormalize=nu.renormalize,
+        scaling=nu.routed_scaling_factor,
+        group_score=str(a.get("group_score", "top2_sum")),
+    )
+
+
+def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    if split == "a2a":
+        return [Strategy((S_TOK, S_TOK), S_TOK)]
+    return [Strategy((R, R), P)]
+
+
+def _experts_params(op: Op, numerics: Numerics) -> Params:
+    a, w = op.attrs, op.weight
+    e, wid, inter = a["experts"], a["width"], a["intermediate"]
+    out: Params = {}
+    for j in range(e):
+        out[f"gate.{j}"] = (f"{w}.{j}.gate_proj.weight", (inter, wid))
+        out[f"up.{j}"] = (f"{w}.{j}.up_proj.weight", (inter, wid))
+        out[f"down.{j}"] = (f"{w}.{j}.down_proj.weight", (wid, inter))
+        if a.get("bias"):
+            out[f"gate_bias.{j}"] = (f"{w}.{j}.gate_proj.bias", (inter,))
+            out[f"up_bias.{j}"] = (f"{w}.{j}.up_proj.bias", (inter,))
+            out[f"down_bias.{j}"] = (f"{w}.{j}.down_proj.bias", (wid,))
+    return out
+
+
+def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    from tpplan.errors import TpplanError
+    from tpplan.models.cuts import expert_ownership
+
+    owned, part, parts = expert_ownership(int(op.attrs["experts"]), sc.split, sc.n, sc.rank, sc.ep_size)
+    inter = int(op.attrs["intermediate"])
+    if inter % parts:
+        raise TpplanError(f"{op.name}", f"intermediate {inter} does not split over {parts}", "change TP/EP")
+    rows = Cut(0, ((part * inter // parts, (part + 1) * inter // parts),)) if parts > 1 else FULL
+    cols = Cut(1, rows.ranges) if parts > 1 else FULL
+    out: Cuts = {}
+    for j in owned:
+        out[f"gate.{j}"] = rows
+        out[f"up.{j}"] = rows
+        out[f"down.{j}"] = cols
+        if op.attrs.get("bias"):
+            out[f"gate_bias.{j}"] = rows
+            out[f"up_bias.{j}"] = rows
+            if part == 0:  # the down projection sums over intermediate slices: its bias enters once
+                out[f"down_bias.{j}"] = FULL
+    return out
+
+
+def _experts_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    owned = sorted({int(key.split(".")[1]) for key in got})
+    parts = ("gate", "up", "down", "gate_bias", "up_bias", "down_bias")
+    return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in parts if f"{p}.{owned[0]}" in got}
+
+
+def run_experts(op: Op, x: Any, routing: Any, w: Mapping[str, Any], K: Any) -> Any:
+    """Routed experts with this rank's (stacked) weights; biases and gpt-oss's clamped SwiGLU from attrs."""
+    clamp, scale_inputs = op.attrs.get("clamp"), bool(op.attrs.get("scale_inputs"))
+    if not op.attrs.get("bias") and not clamp and not scale_inputs:  # the plain contract (a benchmark may swap it)
+        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"])
+    return K.routed_experts(
+        x, routing, w["gate"], w["up"], w["down"], gate_bias=w.get("gate_bias"), up_bias=w.get("up_bias"),
+        down_bias=w.get("down_bias"), clamp=tuple(clamp) if clamp else None,  # type: ignore[arg-type]
+        scale_inputs=scale_inputs,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# ATTN_RES: K3's block attention residual
+
+
+def _attn_res_params(op: Op, numerics: Numerics) -> Params:
+    h = op.weight_shape[1]
+    w = op.weight
+    mod, norm = ("self_attention", "input_layernorm") if w == "attn_res" else ("mlp", "post_attention_layernorm")
+    return {
+        "proj": (f"{mod}_res_proj.weight", (1, h)),
+        "score_norm": (f"{mod}_res_norm.weight", (h,)),
+        "out_norm": (f"{norm}.weight", (h,)),
+    }
+
+
+def _attn_res_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    eps = ctx.numerics.eps
+    mixed = K.attn_res(inputs[1], inputs[0], w["proj"], w["score_norm"], eps)
+    return K.rms_norm(mixed, w["out_norm"], eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# MEAN_SQ / RMS_SCALE: an RMSNorm over a row that TP splits by head (MiniMax-M2's q/k norm)
+
+
+def _mean_sq_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    # A mean over the feature dim: on a head split each rank holds a summand of it (P).
+    k = len(op.inputs)
+    return [Strategy((S_COL,) * k, P), Strategy((R,) * k, R), Strategy((S_TOK,) * k, S_TOK)]
+
+
+def _mean_sq_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    return K.mean_square(inputs, [ctx.values[v].width for v in op.inputs], ctx.tp)
+
+
+def _rms_scale_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
+    return [
+        Strategy((S_COL, R), S_COL, partial_to_need=True),
+        Strategy((R, R), R),
+        Strategy((S_TOK, S_TOK), S_TOK),
+    ]
+
+
+def _rms_scale_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+    return "it scales each token's row by the norm statistic of that same token, so both must be split the same way"
+
+
+def _rms_scale_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    from tpplan.models.cuts import head_cut
+
+    if sc.output is not S_COL:
+        return dict.fromkeys(params, FULL)
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.n, sc.rank)}
+
+
+def _rms_scale_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+    col = int(op.attrs.get("column", 0))
+    return K.rms_scale(inputs[0], inputs[1][:, col : col + 1], w["weight"], ctx.numerics.eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry
+
+
+OP_KINDS: dict[OpKind, OpKindDef] = {
+    d.kind: d
+    for d in (
+        OpKindDef(
+            OpKind.LINEAR,
+            _linear_rule,
+            _linear_run,
+            const_cost("gemm"),
+            why=_linear_why,
+            profiled=False,
+            params=_linear_params,
+            cuts=_linear_cuts,
+            assemble=_linear_assemble,
+        ),
+        OpKindDef(OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why),
+        OpKindDef(OpKind.HEAD_NORM, _elementwise_rule, _head_norm_run, const_cost("elementwise"), why=_elementwise_why),
+        OpKindDef(OpKind.SLICE, _slice_rule, _slice_run, const_cost("free"), profiled=False, params=no_params),
+        OpKindDef(
+            OpKind.UNARY,
+            _elementwise_rule,
+            lambda op, inputs, w, state, ctx, K: K.unary(inputs[0], str(op.attrs["fn"])),
+            const_cost("elementwise"),
+            why=_elementwise_why,
+            params=no_params,
+        ),
+        OpKindDef(OpKind.MUL, _mul_rule, _mul_run, const_cost("elementwise"), why=_elementwise_why, params=no_params),
+        OpKindDef(
+            OpKind.SWIGLU,
+            _elementwise_rule,
+            lambda op, inputs, w, state, ctx, K: K.swiglu(*inputs, act=str(op.attrs.get("act", "silu"))),
+            const_cost("elementwise"),
+            why=_elementwise_why,
+            params=no_params,
+        ),
+        OpKindDef(
+            OpKind.ADD,
+            _add_rule,
+            lambda op, inputs, w, state, ctx, K: inputs[0] + inputs[1],
+            const_cost("elementwise"),
+            why=_elementwise_why,
+            params=no_params,
+        ),
+        OpKindDef(
+            OpKind.TOKEN_MIX,
+            _token_mix_rule,
+            lambda op, inputs, w, state, ctx, K: _mix(op).run(op, inputs, w, state, ctx, K),
+            lambda op: _mix(op).cost,
+            why=_token_mix_why,
+            params=lambda op, nu: _mix(op).params(op, nu),
+            cuts=_token_mix_cuts,
+        ),
+        OpKindDef(
+            OpKind.ROUTER, _true_rows_rule, _router_run, const_cost("gemm"), why=_whole_row_why, params=_router_params
+        ),
+        OpKindDef(
+            OpKind.EXPERTS,
+            _experts_rule,
+            lambda op, inputs, w, state, ctx, K: run_experts(op, inputs[0], inputs[1], w, K),
+            const_cost("experts"),
+            why=lambda op, needed, got, n: (
+                "routed experts under tensor or expert parallelism (no all-to-all) need every token on every rank"
+            ),
+            params=_experts_params,
+            cuts=_experts_cuts,
+            assemble=_experts_assemble,
+        ),
+        OpKindDef(
+            OpKind.ATTN_RES,
+            lambda op, split, values, prefer: same_placement(len(op.inputs), TRUE),
+            _attn_res_run,
+            const_cost("attn_res"),
+            why=_whole_row_why,
+            params=_attn_res_params,
+        ),
+        OpKindDef(
+            OpKind.MEAN_SQ,
+            _mean_sq_rule,
+            _mean_sq_run,
+            const_cost("elementwise"),
+            why=lambda op, needed, got, n: "it averages over each token's whole row",
+            params=no_params,
+        ),
+        OpKindDef(
+            OpKind.RMS_SCALE,
+            _rms_scale_rule,
+            _rms_scale_run,
+            const_cost("elementwise"),
+            why=_rms_scale_why,
+            cuts=_rms_scale_cuts,
+        ),
+    )
+}
+
+
+__all__ = ["OP_KINDS", "run_experts"]

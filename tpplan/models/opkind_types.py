@@ -1,0 +1,167 @@
+"""The op-kind registry's types: what one op kind (`OpKindDef`) and one token mixer (`Mixer`) state.
+
+`Strategy` and `ShardCtx` are what a placement rule returns and what a weight cut sees; `Params` and
+`Cuts` name weights and the part a rank keeps. The mixers' registry (`register_mixer`, `mixer`) lives
+here; the op kinds' definitions are `models/opkind_defs.py`, their registry `models/opkinds.py`.
+Torch-free, like the rest of the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpplan.models.cuts import FULL, Cut
+from tpplan.models.graph import Op, OpKind, Value
+from tpplan.models.numerics import Numerics
+from tpplan.placement import S_TOK, Placement, R
+
+Params = dict[str, tuple[str, tuple[int, ...]]]  # local key -> (name under model.layers.{i}., full shape)
+Cuts = dict[str, Cut]  # local key -> the part a rank keeps (missing key: not held)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Required input placements and the output placement of one way to run an op.
+
+    `partial_to_need`: a partial-sum input is reduced to exactly what this strategy needs, whatever
+    the plan's reduce target (a per-token statistic summed over a feature split and read by a
+    head-sharded op needs every token's total: only an all-reduce serves it).
+    """
+
+    inputs: tuple[Placement, ...]
+    output: Placement
+    partial_to_need: bool = False
+
+
+@dataclass(frozen=True)
+class ShardCtx:
+    """What a cut depends on: the op's weight placement and output placement under the plan, the rank."""
+
+    split: str  # col | row | replicated | none, or the MoE mode tp | ep | a2a
+    output: Placement
+    n: int
+    rank: int
+    ep_size: int | None = None
+
+
+# Cost classes the predictor prices (`tpplan.cost.predict`): gemm (x W^T on the GEMM table),
+# experts (grouped GEMMs per MoE mode), attention / recurrence (roofline at their efficiencies),
+# elementwise (memory-bound roofline), attn_res (K3's depth softmax over the bank), free (views).
+COST_CLASSES = ("gemm", "experts", "attention", "recurrence", "elementwise", "attn_res", "free")
+
+
+def same_placement(n: int, placements: tuple[Placement, ...]) -> list[Strategy]:
+    return [Strategy((p,) * n, p) for p in placements]
+
+
+TRUE = (R, S_TOK)  # placements holding true values of whole rows
+
+
+def own_weight(op: Op, numerics: Numerics) -> Params:
+    return {"weight": (op.weight, op.weight_shape)} if op.weight else {}
+
+
+def no_params(op: Op, numerics: Numerics) -> Params:
+    return {}
+
+
+def full_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
+    return dict.fromkeys(params, FULL)
+
+
+def as_is(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+    return got
+
+
+@dataclass(frozen=True)
+class Mixer:
+    """A token mixer: the attention block of a family (`build`) and/or the TOKEN_MIX op it runs.
+
+    `name` is both the attention spec's `kind` (a LayerSpec's token mixer, built by `build`) and
+    the `impl` attr of the TOKEN_MIX op whose params, cuts, kernel and cost class it owns.
+    `kv_bytes(spec, tp, b)` and `state_bytes(spec, tp, b, state_elem_bytes)` are per-rank memory
+    per token (KV cache) and per sequence (recurrent state) of one layer.
+    """
+
+    name: str
+    cost: str
+    run: Callable[..., Any]
+    build: Callable[..., str] | None = None
+    params: Callable[[Op, Numerics], Params] = own_weight
+    cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
+    kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
+    state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+    # A mixer that reads its inputs differently from "every token of its heads" (DSA's indexer)
+    # states its own strategies and why; None: the TOKEN_MIX default below.
+    rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
+    why: Callable[[Op, Placement, Placement, int], str | None] | None = None
+
+
+_MIXERS: dict[str, Mixer] = {}
+
+
+def register_mixer(m: Mixer) -> Mixer:
+    """Add a token mixer (called by the family module that introduces it, at import)."""
+    if m.cost not in COST_CLASSES:
+        raise ValueError(f"mixer {m.name}: unknown cost class {m.cost!r}")
+    _MIXERS[m.name] = m
+    return m
+
+
+def mixer(name: str) -> Mixer:
+    """The registered token mixer `name` (an attention spec kind or a TOKEN_MIX impl)."""
+    import tpplan.models.families  # noqa: F401 - registers every family's mixers
+
+    try:
+        return _MIXERS[name]
+    except KeyError:
+        raise ValueError(f"no token mixer registered as {name!r}") from None
+
+
+@dataclass(frozen=True)
+class OpKindDef:
+    """Everything tpplan knows about one op kind, in one place.
+
+    rule(op, split, values, prefer_tokens) -> strategies in order of preference;
+    why(op, needed, got, n) -> a sentence for the audit, or None (generic wording);
+    cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
+    params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
+    run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.
+    """
+
+    kind: OpKind
+    rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]]
+    run: Callable[..., Any]
+    cost: Callable[[Op], str]
+    why: Callable[[Op, Placement, Placement, int], str | None] = lambda op, needed, got, n: None
+    profiled: bool = True
+    params: Callable[[Op, Numerics], Params] = own_weight
+    cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
+    assemble: Callable[[Op, dict[str, Any]], dict[str, Any]] = as_is
+
+
+def const_cost(name: str) -> Callable[[Op], str]:
+    return lambda op: name
+
+
+
+__all__ = [
+    "COST_CLASSES",
+    "TRUE",
+    "Cuts",
+    "Mixer",
+    "OpKindDef",
+    "Params",
+    "ShardCtx",
+    "Strategy",
+    "as_is",
+    "const_cost",
+    "full_cuts",
+    "mixer",
+    "no_params",
+    "own_weight",
+    "register_mixer",
+    "same_placement",
+]

@@ -1,0 +1,212 @@
+"""Reference softmax attention (MLA, GQA, DSA's indexer) with a KV cache for chunked prefill.
+
+Part of `tpplan.runtime.kernels` (the module the executor calls, which re-exports these); the
+conventions are its docstring's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tpplan.runtime import fast_kernels as _fast  # GPU fast paths: one-line hooks marked `# fast:`
+from tpplan.runtime.kernels_local import Rope, apply_rope, rms_norm, rope_cos_sin
+
+# ----------------------------------------------------------------------------------------------
+# Softmax attention (MLA and GQA) with a KV cache for chunked prefill
+
+
+def causal_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    keep: Tensor | None = None,
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """q [T, n, d], k [S, n, d], v [S, n, dv] with the T queries being the last T of S positions
+    (key s is absolute position s). `keep` [T, S] (bool, optional): keys each query may attend to
+    besides causality (DSA's top-k). `window`: a query at p sees keys (p - window, p] (HF's sliding
+    window); `chunk`: keys of its own chunk [p // chunk * chunk, p] (Llama 4); `sinks` [n]: a learned
+    logit per head that joins the softmax denominator and contributes no value (gpt-oss)."""
+    plain = keep is None and window is None and chunk is None and sinks is None
+    if plain and _fast.use(q, "causal_attention"):  # fast:
+        return _fast.causal_attention(q, k, v, scale)
+    t, s = q.shape[0], k.shape[0]
+    scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
+    qpos = torch.arange(s - t, s, device=q.device)[:, None]
+    kpos = torch.arange(s, device=q.device)[None, :]
+    mask = kpos > qpos
+    if window is not None:
+        mask |= kpos <= qpos - window
+    if chunk is not None:
+        mask |= kpos < (qpos // chunk) * chunk
+    if keep is not None:
+        mask |= ~keep
+    scores = scores.masked_fill(mask[None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().reshape(-1, 1, 1).expand(scores.shape[0], t, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("nts,snd->tnd", probs, v.float())
+    return out.reshape(t, -1).to(q.dtype)
+
+
+def index_mask(indices: Tensor, keys: int) -> Tensor:
+    """[T, keys] bool, True at each query's selected key positions (DSA top-k indices [T, k])."""
+    keep = torch.zeros(indices.shape[0], keys, dtype=torch.bool, device=indices.device)
+    return keep.scatter_(1, indices.long(), True)
+
+
+def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
+    if cache is None:
+        return new
+    full = new if name not in cache else torch.cat([cache[name], new], dim=0)
+    cache[name] = full
+    return full
+
+
+def mla_attention(
+    q: Tensor,
+    kv: Tensor,
+    k_rope: Tensor,
+    *,
+    nope_dim: int,
+    rope_dim: int,
+    v_dim: int,
+    positions: Tensor,
+    rope: Rope | None,
+    scale: float,
+    cache: dict[str, Tensor] | None = None,
+    keep: Tensor | None = None,
+) -> Tensor:
+    """MLA core: q [T, n*(nope+rope)], kv [T, n*(nope+v)], k_rope [T, rope] shared by every head.
+
+    `rope=None` is NoPE (Kimi-Linear): the rope slice is concatenated without rotation. `cache`
+    (per layer, per rank) holds the keys/values of earlier chunks so chunked prefill is exact.
+    `keep` [T, S]: the keys each query may read besides causality (DSA's top-k selection).
+    """
+    t = q.shape[0]
+    qh = q.reshape(t, -1, nope_dim + rope_dim)
+    n = qh.shape[1]
+    kvh = kv.reshape(t, n, nope_dim + v_dim)
+    k_nope, v = kvh[..., :nope_dim], kvh[..., nope_dim:]
+    q_nope, q_rot = qh[..., :nope_dim], qh[..., nope_dim:]
+    k_rot = k_rope.reshape(t, 1, rope_dim)
+    if rope is not None and rope_dim:
+        cos, sin = rope_cos_sin(positions, rope_dim, rope)
+        q_rot = apply_rope(q_rot, cos, sin, rope.interleave)
+        k_rot = apply_rope(k_rot, cos, sin, rope.interleave)
+    qf = torch.cat([q_nope, q_rot], dim=-1)
+    kf = torch.cat([k_nope, k_rot.expand(t, n, rope_dim)], dim=-1)
+    kf = _append_cache(cache, "k", kf)
+    v = _append_cache(cache, "v", v)
+    if keep is None:  # the plain call, which a benchmark may route to its own kernel (bench/serving_kernels)
+        return causal_attention(qf, kf, v, scale)
+    return causal_attention(qf, kf, v, scale, keep)
+
+
+def dsa_indexer(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    *,
+    head_dim: int,
+    rope_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    topk: int,
+    k_norm_weight: Tensor,
+    k_norm_bias: Tensor,
+    cache: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """DSA lightning indexer (DeepSeek-V3.2, GLM-5): the top-`topk` key positions per query, [T, k] int64.
+
+    q [T, H*D] = wq_b(q latent), k [T, D] = wk(x), w [T, H] = weights_proj(x). The key is LayerNorm'd
+    (eps 1e-6); RoPE rotates the first `rope_dim` dims of each head (layout: `rope.interleave`);
+    score[t, s] = sum_h w[t, h] H^-1/2 relu(D^-1/2 q[t, h] . k[s]) over causal keys, as transformers'
+    DeepseekV32Indexer (which skips the reference's Hadamard rotation: orthogonal, dot products kept).
+    Ties (exact zeros where every head's ReLU is 0) go to the earlier key: a stable sort, so a
+    chunked run selects what the one-shot run selects.
+    """
+    t = q.shape[0]
+    qh = q.float().reshape(t, -1, head_dim)
+    heads = qh.shape[1]
+    kf = F.layer_norm(k.float(), (head_dim,), k_norm_weight.float(), k_norm_bias.float(), 1e-6)
+    cos, sin = rope_cos_sin(positions, rope_dim, rope)
+    qh = torch.cat([apply_rope(qh[..., :rope_dim], cos, sin, rope.interleave), qh[..., rope_dim:]], dim=-1)
+    k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, rope.interleave)[:, 0]
+    kf = _append_cache(cache, "k", torch.cat([k_rot, kf[:, rope_dim:]], dim=-1))
+    s = kf.shape[0]
+    scores = torch.relu(torch.einsum("thd,sd->ths", qh, kf) * head_dim**-0.5)
+    index = torch.einsum("th,ths->ts", w.float() * heads**-0.5, scores)
+    future = torch.arange(s, device=q.device)[None, :] > positions[:, None]
+    index = index.masked_fill(future, float("-inf"))
+    return torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
+
+
+def gqa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    head_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    rotary_dim: int,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    eps: float = 1e-6,
+    norm_offset: float = 0.0,
+    cache: dict[str, Tensor] | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: Tensor | None = None,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+    temperature: tuple[float, float] | None = None,
+) -> Tensor:
+    """GQA core: optional per-head q/k RMSNorm, partial rotary (first `rotary_dim` dims), grouped KV,
+    optional sliding window, attention chunks and per-head sinks (`causal_attention`).
+
+    Query head h reads KV head h // (n / kv), which stays right on a head slice as long as a rank
+    holds whole KV groups. The cache keeps every key (exact for windows too; only memory differs).
+    """
+    t = q.shape[0]
+    qh, kh, vh = q.reshape(t, -1, head_dim), k.reshape(t, -1, head_dim), v.reshape(t, -1, head_dim)
+    if q_norm is not None:
+        qh = rms_norm(qh, q_norm, eps, norm_offset)
+    if k_norm is not None:
+        kh = rms_norm(kh, k_norm, eps, norm_offset)
+    if rotary_dim:
+        cos, sin = rope_cos_sin(positions, rotary_dim, rope)
+        qh = torch.cat([apply_rope(qh[..., :rotary_dim], cos, sin, rope.interleave), qh[..., rotary_dim:]], -1)
+        kh = torch.cat([apply_rope(kh[..., :rotary_dim], cos, sin, rope.interleave), kh[..., rotary_dim:]], -1)
+    if qk_l2norm:  # Llama 4: RMS-normalise each head's q and k (no weight), after RoPE
+        qh = (qh.float() * torch.rsqrt(qh.float().pow(2).mean(-1, keepdim=True) + eps)).to(qh.dtype)
+        kh = (kh.float() * torch.rsqrt(kh.float().pow(2).mean(-1, keepdim=True) + eps)).to(kh.dtype)
+    if temperature is not None:  # Llama 4 NoPE layers: log-position query scaling (arXiv 2501.19399)
+        floor_scale, attn_scale = temperature
+        t_scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        qh = (qh * t_scale[:, None, None].to(qh.device)).to(qh.dtype)
+    kh = _append_cache(cache, "k", kh)
+    vh = _append_cache(cache, "v", vh)
+    rep = qh.shape[1] // kh.shape[1]
+    if rep > 1:
+        kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
+    s = head_dim**-0.5 if scale is None else scale
+    return causal_attention(qh, kh, vh, s, window=window, chunk=chunk, sinks=sinks)
+
+
+__all__ = [
+    "causal_attention",
+    "dsa_indexer",
+    "gqa_attention",
+    "index_mask",
+    "mla_attention",
+]
