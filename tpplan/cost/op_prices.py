@@ -227,7 +227,7 @@ class OpPrices:
         routing = (rows * width * 22.0 + tokens * width * 14.0) / self.hbm
         return ffn + routing
 
-    def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments = ()) -> OpTime:
+    def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
         op = d.op
         # Redundant: every rank does the whole op on the same values (true replicated inputs).
         # Ops on partial sums (P) also run whole on every rank, but each on different data.

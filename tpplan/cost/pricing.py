@@ -68,7 +68,7 @@ class Pricer:
         the EP size when it is `ep`), for one batch of `segs`."""
         pred = self._for("ep", ep_size) if d.split == "ep" else self._base
         t, pairs, ctx = batch_pairs(segs)
-        return pred.op_time(lg, d, t, pairs, ctx)
+        return pred.op_time(lg, d, t, pairs, ctx, segs)  # segs: a windowed/chunked mask's pairs
 
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
