@@ -315,7 +315,6 @@ def _named(s: _Setup, tp: int) -> dict[Any, str]:
     """The named plans' behaviours at TP `tp` (computed once per model, TP and dtype)."""
     key = (id(s.graph), tp, s.dtype)
     if key not in _NAMED:
-        _NAMED.clear()  # one search at a time: keep only this graph's
         _NAMED[key] = named_behaviours(s.graph, tp, s.dtype)
     return _NAMED[key]
 
@@ -418,6 +417,7 @@ def run_search(
     `memory_cap_gib`: GiB per rank; "gpu" (default) is the topology's GPU memory (no cap without a
     topology); None is no cap."""
     t0 = time.perf_counter()
+    _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
     s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans)
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"--pp {pp}", "pipeline stages do not change bytes per token", "drop --pp or rank by time")
