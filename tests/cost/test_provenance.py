@@ -38,3 +38,22 @@ def test_audit_and_search_json_carry_it(tmp_path) -> None:
     r = RUN.invoke(app, ["search", "-m", "tiny-llama", "--tp", "2", "--objective", "volume", "--json", str(out2)])
     assert r.exit_code == 0, r.output
     assert json.loads(out2.read_text())["provenance"] is None and "Times:" not in r.output
+
+
+def test_ops_priced_outside_the_measured_shapes_are_marked_extrapolated() -> None:
+    """With physical kernel models (h200-kernel-models) the ops priced outside their sweep's shapes
+    are listed in the audit JSON and named under the table; a datasheet topology lists none."""
+
+    base = ["audit", "-m", "kimi-k3", "--tp", "1", "-w", "seed-c8"]
+    r = RUN.invoke(app, [*base, "-t", "h200-kernel-models", "--json"])
+    assert r.exit_code == 0, r.output
+    preds = [p["prediction"] for p in json.loads(r.output)["plans"] if p.get("prediction")]
+    listed = preds[0]["extrapolated_ops"]
+    flagged = [
+        f"{kind}/{o['op']}" for kind, info in preds[0]["layer_kinds"].items() for o in info["ops"] if o["extrapolated"]
+    ]
+    assert listed and sorted(listed) == sorted(flagged)
+    r = RUN.invoke(app, [*base, "-t", "h200-kernel-models"])
+    assert f"kernel models priced {len(set(listed))} op(s) outside" in " ".join(r.output.split())
+    r = RUN.invoke(app, [*base, "-t", "h200x8-ib400", "--json"])
+    assert all(not p["prediction"]["extrapolated_ops"] for p in json.loads(r.output)["plans"] if p.get("prediction"))

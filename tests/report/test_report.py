@@ -307,3 +307,17 @@ def test_bench_ttft_is_compared_with_the_memos_prediction(measured_s):
     assert ("they differ" in text) == (abs(gap) > a.provenance.band)
     other = t.model_copy(update={"topology": "h200x8-ib400 x4 nodes (TP32)"})
     assert memo_vs_bench_ttft(a, other) == ""  # not a target the memo predicts: no comparison
+
+
+def test_memo_names_the_extrapolated_kernel_shapes():
+    """A memo on a topology with physical kernel models names the ops they priced outside their
+    measured shapes, with the count the predictions carry; a datasheet topology's memo does not."""
+    topo = load_topology("h200-kernel-models")
+    a = analyse("tiny-kimi-k3", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=1, search_top=0)
+    ops = {op for v in a.variants for p in v.predictions.values() for op in p.extrapolated_ops}
+    md = build_memo(a).markdown
+    assert ops, "tiny K3 on the H200 kernel models should leave the measured shapes somewhere"
+    assert f"kernel models priced {len(ops)} op(s) outside the shapes their sweep measured" in md
+    b = analyse("tiny-kimi-k3", load_topology("h200x2"), [load_workload("seed-c8")], predictor=predict_plan, tp=2,
+                search_top=0)  # fmt: skip
+    assert "outside the shapes their sweep measured" not in build_memo(b).markdown

@@ -34,8 +34,6 @@ def _fmt_bytes(b: float) -> str:
     return f"{b:,.1f} GiB"
 
 
-
-
 def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1f}%"
 
@@ -291,6 +289,13 @@ def _print_predictions(data: dict, wide: bool = False) -> None:
         t.add_row(*(cells[c] for c in cols))
     show(console, t, wrap=("memory",))
     console.print(provenance_line(first.get("provenance")), markup=False)
+    extrapolated = sorted({op for p in data["plans"] for op in (p.get("prediction") or {}).get("extrapolated_ops", [])})
+    if extrapolated:
+        console.print(
+            f"Extrapolated: kernel models priced {len(extrapolated)} op(s) outside the shapes they were measured "
+            f"at ({', '.join(extrapolated[:6])}{', ...' if len(extrapolated) > 6 else ''}); those times are less sure.",
+            markup=False,
+        )
     if over is not None:
         fixes = "a larger --tp or --pp, or quantized experts (--expert-dtype fp8 or mxfp4)"
         console.print(over_note(over, fixes), markup=False)

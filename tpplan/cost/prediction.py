@@ -131,6 +131,11 @@ class PlanPrediction:
     def fits(self) -> bool:
         return self.memory.total <= self.gpu_memory_bytes
 
+    @property
+    def extrapolated_ops(self) -> list[str]:
+        """`kind/op` of every op a physical kernel model priced outside the shapes its sweep measured."""
+        return [f"{k.kind}/{o.op}" for k in self.kinds for o in k.ops if o.extrapolated and o.seconds > 0]
+
     def to_json(self) -> dict[str, object]:
         """Plain data for `tpplan audit --json` (docs/audit-json.md, `prediction`)."""
         ttft = None
@@ -158,6 +163,7 @@ class PlanPrediction:
             "compute_s": self.compute_s,
             "comm_s": self.comm_s,
             "redundant_compute_s": self.redundant_s,
+            "extrapolated_ops": self.extrapolated_ops,
             "stage_comm_s": self.stage_comm_s,
             "stage_s": list(self.stage_s),
             "layer_kinds": {
@@ -176,6 +182,7 @@ class PlanPrediction:
                             "bytes_per_rank": o.bytes_per_rank,
                             "seconds": o.seconds,
                             "redundant": o.redundant,
+                            "extrapolated": o.extrapolated,
                             "shape": list(o.shape) if o.shape else None,
                         }
                         for o in k.ops
@@ -207,7 +214,6 @@ class PlanPrediction:
             },
             "ttft": ttft,
         }
-
 
 
 __all__ = ["LAYOUT_COPY_KERNEL", "CollectiveTime", "KindTime", "MemoryBreakdown", "OpTime", "PlanPrediction"]

@@ -242,7 +242,7 @@ def kind_time(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list
     )
     kinds = sorted({k for t in times.values() for k in t})
     b.append(Image(PNG_TIME, "stacked predicted time per layer kind per plan", pngs[PNG_TIME]))
-    b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."))
+    b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)." + _extrapolated(a)))
     b.append(
         Table(
             ("plan", "total ms", *kinds),
@@ -266,7 +266,7 @@ def ttft_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> l
         {_label(a, k): t for k, t in ttft.items()}, "predicted mean TTFT per plan", "mean TTFT (s)"
     )
     b.append(Image(PNG_TTFT, "predicted mean TTFT per plan per workload", pngs[PNG_TTFT]))
-    b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."))
+    b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)." + _extrapolated(a)))
     rows = []
     for v in a.variants:
         for w in a.workloads:
@@ -445,3 +445,15 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
     for section in (*SECTIONS, bench_section):
         blocks += section(a, command, plots, pngs)
     return Memo(title, to_markdown(title, blocks), to_html(title, blocks), dict(pngs))
+
+
+def _extrapolated(a: Analysis) -> str:
+    """A sentence naming the ops a physical kernel model priced outside its measured shapes, if any."""
+    ops = sorted({op for v in a.variants for p in v.predictions.values() for op in getattr(p, "extrapolated_ops", [])})
+    if not ops:
+        return ""
+    shown = ", ".join(f"`{o}`" for o in ops[:8]) + (", ..." if len(ops) > 8 else "")
+    return (
+        f" The topology's kernel models priced {len(ops)} op(s) outside the shapes their sweep measured "
+        f"(extrapolated, less sure than the band says): {shown}."
+    )
