@@ -147,3 +147,25 @@ def test_vllm_sequence_parallel_moe_needs_data_parallel():
     assert dp2.realises == "partly" and "all-reduced" in dp2.summary  # AR then chunk, not the plan's RS
     tp1 = vllm_recipe(plan, spec, tp=1, dp=8)
     assert [c.text for c in tp1.conditions if c.met is False] == ["tensor-parallel size > 1 (here 1)"]
+
+
+def test_report_passes_prefill_cp_and_dp_to_the_gates():
+    """`tpplan report --prefill-cp/--dp` reach the engines' gates: the memo names the refusal only
+    when the server setting triggers it, and a blocked flag keeps the model's own dataflow verdict."""
+    from tpplan.cost.topology import load_topology
+    from tpplan.report.analysis import analyse
+
+    topo = load_topology("h200x8-ib400", nodes=1)
+    plain = analyse("tiny-kimi-k3", topo, [], tp=2, plans=["input-scattered+restore", "sp-moe"], search_top=0)
+    cp = analyse("tiny-kimi-k3", topo, [], tp=2, plans=["input-scattered+restore", "sp-moe"], search_top=0,
+                 prefill_cp=2, dp=2)  # fmt: skip
+
+    def sgl(a, name):
+        v = next(v for v in a.variants if v.plan.name == name and v.pp == 1)
+        return next(r for r in v.engines if r.engine == "SGLang"), next(r for r in v.engines if r.engine == "vLLM")
+
+    (s0, _), (s1, _) = sgl(plain, "input-scattered+restore"), sgl(cp, "input-scattered+restore")
+    assert not s0.blocked and s1.blocked and s0.realises == s1.realises == "yes"
+    assert "--enable-prefill-cp" in " ".join(s1.args) and "--enable-prefill-cp" not in " ".join(s0.args)
+    (_, v0), (_, v1) = sgl(plain, "sp-moe"), sgl(cp, "sp-moe")
+    assert "--data-parallel-size 2" in " ".join(v1.args) and "--data-parallel-size" not in " ".join(v0.args)

@@ -45,6 +45,15 @@ def register(app: typer.Typer) -> None:
         nodes: NodesOpt = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: ExpertDtypeOpt = None,
+        prefill_cp: Annotated[
+            int,
+            typer.Option(
+                "--prefill-cp", min=1, help="SGLang prefill context-parallel size the server runs (its gates read it)"
+            ),
+        ] = 1,
+        dp: Annotated[
+            int, typer.Option("--dp", min=1, help="Data-parallel size the server runs (vLLM's MoE SP gate reads it)")
+        ] = 1,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -71,7 +80,17 @@ def register(app: typer.Typer) -> None:
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         analysis = analyse(
-            model, topo, wls, tp=tp, dtype=dtype, expert_dtype=expert_dtype, plans=plan, bench=results, current=current
+            model,
+            topo,
+            wls,
+            tp=tp,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            plans=plan,
+            bench=results,
+            current=current,
+            prefill_cp=prefill_cp,
+            dp=dp,
         )
         path = write_memo(build_memo(analysis, command), out)
         out_console = console()

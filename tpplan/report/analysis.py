@@ -407,9 +407,12 @@ def analyse(
     bench: BenchResults | None = None,
     current: str = "baseline",
     crossover_tokens: tuple[int, ...] | None = None,
+    prefill_cp: int = 1,
+    dp: int = 1,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
-    to the whole topology."""
+    to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
+    data-parallel size) are server settings the engine gates read."""
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.report.differences import differences
@@ -452,7 +455,15 @@ def analyse(
     chunk = workloads[0].chunk_size if workloads else 8192
     for v in variants:
         v.engines = recipes(
-            v.plan, graph.spec, tp=v.tp, pp=v.pp, nodes=topology.nodes, chunk=chunk, gpu=topology.gpu.name
+            v.plan,
+            graph.spec,
+            tp=v.tp,
+            pp=v.pp,
+            nodes=topology.nodes,
+            chunk=chunk,
+            gpu=topology.gpu.name,
+            prefill_cp=prefill_cp,
+            dp=dp,
         )
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)

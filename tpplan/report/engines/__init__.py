@@ -91,11 +91,21 @@ from tpplan.report.engines.vllm import vllm_recipe
 
 
 def recipes(
-    plan: Plan, spec: ModelSpec, *, tp: int, pp: int = 1, nodes: int = 1, chunk: int = 8192, gpu: str = ""
+    plan: Plan,
+    spec: ModelSpec,
+    *,
+    tp: int,
+    pp: int = 1,
+    nodes: int = 1,
+    chunk: int = 8192,
+    gpu: str = "",
+    prefill_cp: int = 1,
+    dp: int = 1,
 ) -> list[EngineRecipe]:
-    """Both engines' recipes for one plan."""
+    """Both engines' recipes for one plan; `prefill_cp` is SGLang's prefill context parallelism,
+    `dp` vLLM's data-parallel size (each engine's gates read the one it has)."""
     kw = {"tp": tp, "pp": pp, "nodes": nodes, "chunk": chunk, "gpu": gpu}
-    return [sglang_recipe(plan, spec, **kw), vllm_recipe(plan, spec, **kw)]
+    return [sglang_recipe(plan, spec, cp=prefill_cp, **kw), vllm_recipe(plan, spec, dp=dp, **kw)]
 
 
 __all__ = ["Condition", "EngineRecipe", "family", "gpu_capability", "recipes", "sglang_recipe", "vllm_recipe"]

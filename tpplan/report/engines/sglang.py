@@ -222,7 +222,9 @@ def sglang_recipe(
                 "AttentionInputs.fetch_hidden_states all-gathers the scattered hidden for them, so the engine "
                 f"really runs input-scattered+restore ({SRC_SGL_ATTN})."
             )
-        restores = (gated or linear) and passes
+        # What the engine's dataflow is once the flag takes effect: the model's structure decides it,
+        # not the server gates (a blocked flag is reported as blocked beside it).
+        restores = gated or linear
         realises = (
             ("yes" if restores else "partly") if fam == "input-scattered+restore" else ("partly" if restores else "yes")
         )
