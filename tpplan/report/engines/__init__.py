@@ -83,6 +83,8 @@ commit; they can drift with releases.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
 from tpplan.report.engines.base import Condition, EngineRecipe, family, gpu_capability
@@ -90,22 +92,11 @@ from tpplan.report.engines.sglang import sglang_recipe
 from tpplan.report.engines.vllm import vllm_recipe
 
 
-def recipes(
-    plan: Plan,
-    spec: ModelSpec,
-    *,
-    tp: int,
-    pp: int = 1,
-    nodes: int = 1,
-    chunk: int = 8192,
-    gpu: str = "",
-    prefill_cp: int = 1,
-    dp: int = 1,
-) -> list[EngineRecipe]:
-    """Both engines' recipes for one plan; `prefill_cp` is SGLang's prefill context parallelism,
-    `dp` vLLM's data-parallel size (each engine's gates read the one it has)."""
-    kw = {"tp": tp, "pp": pp, "nodes": nodes, "chunk": chunk, "gpu": gpu}
-    return [sglang_recipe(plan, spec, cp=prefill_cp, **kw), vllm_recipe(plan, spec, dp=dp, **kw)]
+def recipes(plan: Plan, spec: ModelSpec, *, prefill_cp: int = 1, dp: int = 1, **deployment: Any) -> list[EngineRecipe]:
+    """Both engines' recipes for one plan at one `deployment` (tp, pp, nodes, chunk, gpu: see
+    `sglang_recipe`); `prefill_cp` is SGLang's prefill context parallelism, `dp` vLLM's data-parallel
+    size (each engine's gates read the one it has)."""
+    return [sglang_recipe(plan, spec, cp=prefill_cp, **deployment), vllm_recipe(plan, spec, dp=dp, **deployment)]
 
 
 __all__ = ["Condition", "EngineRecipe", "family", "gpu_capability", "recipes", "sglang_recipe", "vllm_recipe"]
