@@ -95,3 +95,20 @@ def test_toml_round_trip_with_and_without_declarations(tmp_path) -> None:
     path = tmp_path / "t.toml"
     path.write_text(topology_to_toml(nvls))
     assert load_topology(str(path)) == nvls
+
+
+def test_nvls_preset_prices_eight_rank_all_reduces_only() -> None:
+    """h200x8-ib400-nvls: an 8-rank all-reduce inside a node runs NVLS at 480 GB/s busbw (the
+    ring's formula with that bandwidth), 4 ranks and reduce-scatter stay on the 360 GB/s ring, and
+    everything else equals h200x8-ib400."""
+    nvls, ring = load_topology("h200x8-ib400-nvls"), load_topology("h200x8-ib400")
+    size = 8192 * 7168 * 2  # one 8K-token hidden in bf16
+    got = collective_time("all_reduce", size, 8, nvls)
+    assert got.algorithm == "nvls"
+    expected = 20e-6 + 2 * 7 / 8 * size / 480e9
+    assert got.time_s == pytest.approx(expected, rel=1e-9)
+    assert collective_time("all_reduce", size, 8, ring).time_s > got.time_s
+    assert collective_time("all_reduce", size, 4, nvls).algorithm == "ring"
+    for kind in ("reduce_scatter", "all_gather"):
+        assert collective_time(kind, size, 8, nvls).time_s == collective_time(kind, size, 8, ring).time_s
+    assert collective_time("all_reduce", size, 32, nvls).time_s == collective_time("all_reduce", size, 32, ring).time_s

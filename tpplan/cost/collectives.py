@@ -130,7 +130,8 @@ def _candidates(kind: str, s: float, n: int, rpn: int, m: int, ln: _Links) -> di
         if kind == "all_reduce":
             cands = {"ring": L + 2 * (n - 1) * a_i + 2 * (n - 1) / n * s / b_i}
             for alg in ln.ar_algos:
-                if (alg.max_bytes is None or s <= alg.max_bytes) and (alg.max_ranks is None or n <= alg.max_ranks):
+                fits_size = alg.max_bytes is None or s <= alg.max_bytes
+                if fits_size and alg.min_ranks <= n and (alg.max_ranks is None or n <= alg.max_ranks):
                     cands[alg.name] = L + alg.latency_us * _US + 2 * (n - 1) / n * s / (alg.busbw_GBps * _GB)
             return cands
         if kind in ("reduce_scatter", "all_gather"):

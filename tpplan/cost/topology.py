@@ -112,7 +112,7 @@ class AllReduceAlgorithm(_Strict):
     """An intra-node all-reduce algorithm the stack runs besides NCCL's ring (NVLS in-switch
     reduction, a one-shot/two-shot custom all-reduce, ...), priced with its own constants:
     time = launch + latency_us + 2(n-1)/n * size / busbw_GBps (nccl-tests' busbw convention), for
-    sizes up to `max_bytes` and groups of at most `max_ranks`. Reduce-scatter and all-gather keep
+    sizes up to `max_bytes` and groups of `min_ranks` to `max_ranks`. Reduce-scatter and all-gather keep
     the ring. Declaring none keeps the ring alone (every datasheet preset today)."""
 
     name: str = Field(min_length=1, description="e.g. 'nvls', 'one-shot'; shown as the chosen algorithm")
@@ -120,6 +120,7 @@ class AllReduceAlgorithm(_Strict):
     latency_us: float = Field(ge=0, description="fixed cost of one call beyond launch_us")
     max_bytes: float | None = Field(default=None, gt=0, description="largest size it runs at; None = any")
     max_ranks: int | None = Field(default=None, ge=2, description="largest group it runs on; None = any")
+    min_ranks: int = Field(default=2, ge=2, description="smallest group it beats the ring on (NVLS: from 5-8 GPUs)")
     source: str = ""
 
 
