@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpplan.outputs import MARKER, check_dir
+from tpplan.outputs import LEDGER, MARKER, check_dir
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 TINY_REPORT = ("report", "--model", "tiny-kimi-k3", "--topology", "h200x2", "--tp", "2", "--workload", "seed-c8")
@@ -197,10 +197,26 @@ def test_bad_output_path_is_one_line_exit_2_and_leaves_nothing(tmp_path, monkeyp
 
 def test_search_json_is_written_whole(tmp_path, monkeypatch, capsys):
     out = tmp_path / "search.json"
-    out.write_text("old")
-    code, err = run_in_process(monkeypatch, capsys, "search", "-m", "tiny-kimi-k3", "-t", "h200x2", "--json", str(out))
-    assert code == 0, err
-    assert json.loads(out.read_text())["tp"] == 2 and [p.name for p in tmp_path.iterdir()] == ["search.json"]
+    args = ("search", "-m", "tiny-kimi-k3", "-t", "h200x2", "--json", str(out))
+    for _ in range(2):  # the second run replaces the file the first one wrote
+        code, err = run_in_process(monkeypatch, capsys, *args)
+        assert code == 0, err
+        assert json.loads(out.read_text())["tp"] == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER, "search.json"]  # no temporaries
+
+
+@pytest.mark.parametrize("how", ["user-file", "edited"])
+def test_a_file_tpplan_did_not_write_is_never_replaced(tmp_path, monkeypatch, capsys, how):
+    """An existing file at an output path is replaced only when tpplan wrote it and it is unchanged
+    (the folder's ledger says so); a user's file, or tpplan's file edited since, is refused, untouched."""
+    out = tmp_path / "search.json"
+    args = ("search", "-m", "tiny-kimi-k3", "-t", "h200x2", "--json", str(out))
+    if how == "edited":
+        assert run_in_process(monkeypatch, capsys, *args)[0] == 0
+    out.write_text("my notes")
+    code, err = run_in_process(monkeypatch, capsys, *args)
+    assert code == 2 and "tpplan did not write it" in err and "Traceback" not in err
+    assert out.read_text() == "my notes"
 
 
 # --- errors found in worker processes -------------------------------------------------------

@@ -8,7 +8,9 @@ into place; on any failure the temporary is removed and whatever was there befor
 A folder output (`report --out`) carries MARKER: the files tpplan put there and their SHA-256.
 An existing folder is replaced only when it is empty or holds exactly those files, unchanged;
 any other non-empty folder (notes, a git repository, an edited report) is refused, untouched.
-Files (`--json`, `bench --out`, `calibrate --out`) are replaced in place, as the docs describe.
+A file output (`--json`, `--md`, `bench --out`, `calibrate --out`) is recorded with its SHA-256
+in LEDGER, a small file in the same folder; an existing file is replaced only when the ledger lists
+it unchanged (tpplan wrote it), any other existing file is refused, untouched.
 No torch here: the planner's commands use it too.
 """
 
@@ -27,6 +29,40 @@ from pathlib import Path
 from tpplan.errors import TpplanError
 
 MARKER = ".tpplan-output"
+LEDGER = ".tpplan-files"  # beside single-file outputs: the files tpplan wrote in this folder, with SHA-256
+
+
+def _ledger(folder: Path) -> dict[str, str]:
+    """name -> SHA-256 of the files tpplan wrote in `folder` (empty when it has no readable ledger)."""
+    try:
+        data = json.loads((folder / LEDGER).read_text(encoding="utf-8"))
+        files = data["files"]
+        return {str(k): str(v) for k, v in files.items()} if data.get("written_by") == "tpplan" else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def record_written(paths: list[Path]) -> None:
+    """Add `paths` (just written by tpplan) with their SHA-256 to their folders' ledgers, so that a
+    later run may replace them and nothing else."""
+    by_folder: dict[Path, list[Path]] = {}
+    for p in paths:
+        by_folder.setdefault(p.parent, []).append(p)
+    for folder, ps in by_folder.items():
+        files = _ledger(folder)
+        for p in ps:
+            files[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        text = json.dumps({"written_by": "tpplan", "files": dict(sorted(files.items()))}, indent=1) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=f"{LEDGER}.", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / LEDGER)
+
+
+def _written_by_tpplan(p: Path) -> bool:
+    digest = _ledger(p.parent).get(p.name)
+    return digest is not None and digest == hashlib.sha256(p.read_bytes()).hexdigest()
 
 
 def _error(option: str, path: Path, reason: str, fix: str) -> TpplanError:
@@ -70,6 +106,11 @@ def check_file(option: str, path: str | Path) -> Path:
             raise _error(option, p, "is not a regular file", "pass a path to a new or regular file")
         if _no_write_bits(p):
             raise _error(option, p, "is read-only", "make it writable (chmod u+w) or pass another path")
+        if p.stat().st_size and not _written_by_tpplan(p):
+            raise _error(
+                option, p, "exists and tpplan did not write it (or it changed since)",
+                "pass a new file path (or move this file away yourself); tpplan replaces only its own files",
+            )  # fmt: skip
     _check_folder(option, p, p.parent)
     return p
 
@@ -150,6 +191,7 @@ def write_files(files: Mapping[Path, str | bytes], option: str | None = None) ->
             os.chmod(tmp, 0o644)
         for tmp, path in tmps:
             os.replace(tmp, path)
+        record_written([path for _, path in tmps])
     except BaseException as exc:
         for tmp, _ in tmps:
             tmp.unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
+from tpplan.outputs import record_written
 from tpplan.runtime.group import GroupSpec, run_group
 from tpplan.runtime.hooks import before_collective
 
@@ -277,3 +278,4 @@ def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    record_written([out])
