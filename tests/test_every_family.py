@@ -8,11 +8,10 @@ the exit codes are the ones a user sees: 0 on success, 2 with one `error:` line 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
+from cli_helpers import run_cli
 
-from tpplan.cli import main
 from tpplan.models.config import list_presets, load_model
 from tpplan.models.families import families
 from tpplan.models.spec import ModelSpec
@@ -41,17 +40,6 @@ FAMILY_PRESET = {
 PREDICT = ("--topology", "h200x8-ib400", "--workload", "seed-c8")
 
 
-def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["tpplan", *args])
-    try:
-        main()
-        rc = 0
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def _split_heads(spec: ModelSpec) -> set[int]:
     """The head counts TP splits: each token mixer's query heads (Gated DeltaNet: its key heads).
     KV heads are replicated when TP exceeds them, and the DSA indexer is replicated."""
@@ -73,7 +61,7 @@ def test_every_real_preset_plans_at_tp8_unless_its_heads_forbid_it():
 def test_real_preset_audits_at_every_tp_its_heads_allow(preset, capsys, monkeypatch):
     allowed = _allowed(preset)
     for tp in TPS:
-        rc, out, err = _cli(capsys, monkeypatch, "audit", "--model", preset, "--tp", str(tp), "--json")
+        rc, out, err = run_cli(monkeypatch, capsys, "audit", "--model", preset, "--tp", str(tp), "--json")
         if tp in allowed:
             assert rc == 0, (preset, tp, err)
             legal = {p["name"] for p in json.loads(out)["plans"] if p["legal"]}
@@ -83,7 +71,7 @@ def test_real_preset_audits_at_every_tp_its_heads_allow(preset, capsys, monkeypa
             assert err.startswith("error:") and "cannot be split evenly" in err and "Fix:" in err, err
             assert "Traceback" not in err
     if 8 in allowed:
-        rc, out, err = _cli(capsys, monkeypatch, "audit", "--model", preset, "--tp", "8", "--json", *PREDICT)
+        rc, out, err = run_cli(monkeypatch, capsys, "audit", "--model", preset, "--tp", "8", "--json", *PREDICT)
         assert rc == 0, err
         assert json.loads(out)["plans"][0]["prediction"]["ttft"]["mean_s"] > 0
 
@@ -97,12 +85,12 @@ def test_family_presets_cover_every_family():
 @pytest.mark.parametrize(("family", "preset"), sorted(FAMILY_PRESET.items()))
 def test_search_and_report_run_on_every_family(family, preset, capsys, monkeypatch, tmp_path):
     # no memory cap: GLM-5.1 in bf16 fits no 8-GPU plan, and the ranking is what is under test here
-    rc, _, err = _cli(capsys, monkeypatch, "search", "--model", preset, "--tp", "8", *PREDICT,
+    rc, _, err = run_cli(monkeypatch, capsys, "search", "--model", preset, "--tp", "8", *PREDICT,
                       "--memory-cap", "none", "--json", str(tmp_path / "search.json"))  # fmt: skip
     assert rc == 0, err
     ranked = json.loads((tmp_path / "search.json").read_text())
     assert ranked["model"] == preset and ranked["tp"] == 8 and ranked["plans"], ranked.keys()
-    rc, _, err = _cli(capsys, monkeypatch, "report", "--model", preset, "--tp", "8", *PREDICT,
+    rc, _, err = run_cli(monkeypatch, capsys, "report", "--model", preset, "--tp", "8", *PREDICT,
                       "--out", str(tmp_path / "report"))  # fmt: skip
     assert rc == 0, err
     md = (tmp_path / "report" / "report.md").read_text()

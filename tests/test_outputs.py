@@ -10,24 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_in_process
 
 from tpplan.outputs import LEDGER, MARKER, check_dir
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 TINY_REPORT = ("report", "--model", "tiny-kimi-k3", "--topology", "h200x2", "--tp", "2", "--workload", "seed-c8")
-
-
-def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """The CLI's main() in this process (fast); returns (exit code, stderr)."""
-    from tpplan import cli
-
-    monkeypatch.setattr(sys, "argv", ["tpplan", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 K3 = ("-m", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--nodes", "4", "-w", "seed-c8")
@@ -19,19 +20,6 @@ BENCH_FROM = tuple(
     for x in ("--from", f"docs/benchmarks/h200x2-2026-11-30-kernel-profiles/k3-{p}.json")
 )
 LEFT, RIGHT = set("┏┃┡│└┠┣╇┗"), set("┓┃┩│┘┨┫┤┛")
-
-
-def _run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from tpplan import cli
-
-    monkeypatch.setattr(sys, "argv", ["tpplan", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _fits(text: str) -> None:
@@ -64,7 +52,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_output_fits_100_columns(monkeypatch, capsys, case):
     monkeypatch.chdir(ROOT)
-    code, out, err = _run(monkeypatch, capsys, *CASES[case])
+    code, out, err = run_cli(monkeypatch, capsys, *CASES[case])
     assert code == 0, err
     _fits(out)
 
@@ -72,8 +60,8 @@ def test_output_fits_100_columns(monkeypatch, capsys, case):
 @pytest.mark.parametrize("preset", [K3, DSV3, LLAMA], ids=["kimi-k3", "deepseek-v3", "llama-3-70b"])
 def test_audit_numbers_stay_whole(monkeypatch, capsys, preset):
     """Every plan's bytes per token and predicted forward time appear in one piece in the tables."""
-    _, out, _ = _run(monkeypatch, capsys, "audit", *preset)
-    _, js, _ = _run(monkeypatch, capsys, "audit", *preset, "--json")
+    _, out, _ = run_cli(monkeypatch, capsys, "audit", *preset)
+    _, js, _ = run_cli(monkeypatch, capsys, "audit", *preset, "--json")
     for p in json.loads(js)["plans"]:
         row = next(line for line in out.splitlines() if line.startswith(f"│ {p['name']} "))
         assert f"{p['comm_bytes_per_token_per_rank']:,.0f}" in row
@@ -81,7 +69,7 @@ def test_audit_numbers_stay_whole(monkeypatch, capsys, preset):
 
 
 def test_report_verdicts_fit(tmp_path, monkeypatch, capsys):
-    code, out, err = _run(monkeypatch, capsys, "report", *K3[:2], *K3[4:], "--out", str(tmp_path / "memo"))
+    code, out, err = run_cli(monkeypatch, capsys, "report", *K3[:2], *K3[4:], "--out", str(tmp_path / "memo"))
     assert code == 0, err
     _fits(out)
     assert "baseline" in out and "reference" in out
@@ -89,15 +77,15 @@ def test_report_verdicts_fit(tmp_path, monkeypatch, capsys):
 
 def test_over_is_explained_once_and_wide_shows_every_column(monkeypatch, capsys):
     bf16 = ("--expert-dtype", "bf16")  # the preset's experts are mxfp4; in bf16 K3 at TP32 overflows an H200
-    _, out, _ = _run(monkeypatch, capsys, "audit", *K3, *bf16)
+    _, out, _ = run_cli(monkeypatch, capsys, "audit", *K3, *bf16)
     assert "(over)" in out
     assert out.count("(over): the predicted memory per rank exceeds one GPU's 140.0 GiB") == 1
     assert "--expert-dtype" in out and "--wide adds" in out and "p50 s" not in out
-    _, wide, _ = _run(monkeypatch, capsys, "audit", *K3, *bf16, "--wide")
+    _, wide, _ = run_cli(monkeypatch, capsys, "audit", *K3, *bf16, "--wide")
     assert all(c in wide for c in ("compute", "KV", "p50 s", "max s", "replicated", "collectives"))
-    _, search, _ = _run(monkeypatch, capsys, "search", *K3, *bf16)
+    _, search, _ = run_cli(monkeypatch, capsys, "search", *K3, *bf16)
     assert search.count("(over): the predicted memory per rank") == 1 and "--memory-cap" in search
-    _, fits, _ = _run(monkeypatch, capsys, "audit", *K3, "-p", "baseline")
+    _, fits, _ = run_cli(monkeypatch, capsys, "audit", *K3, "-p", "baseline")
     assert "(over)" not in fits  # nothing over: no note
 
 
@@ -105,13 +93,13 @@ def test_verify_tables_fit_and_progress_goes_to_stderr(tmp_path, monkeypatch, ca
     """One CPU rank runs in this process: the tables on stdout, a line per step on stderr."""
     pytest.importorskip("torch")
     out_json = tmp_path / "v.json"
-    code, out, err = _run(monkeypatch, capsys, "verify", "-m", "tiny-kimi-k3", "--tp", "1", "-p", "baseline",
+    code, out, err = run_cli(monkeypatch, capsys, "verify", "-m", "tiny-kimi-k3", "--tp", "1", "-p", "baseline",
                           "--tokens", "8", "--json", str(out_json))  # fmt: skip
     assert code == 0, err
     _fits(out)
     assert "verify [1/1] baseline: reference forward" in err and "verify [1/1] baseline: PASS in" in err
     assert "verify [" not in out and json.loads(out_json.read_text())["passed"] is True
-    _, _, quiet = _run(monkeypatch, capsys, "verify", "-m", "tiny-kimi-k3", "--tp", "1", "-p", "baseline",
+    _, _, quiet = run_cli(monkeypatch, capsys, "verify", "-m", "tiny-kimi-k3", "--tp", "1", "-p", "baseline",
                        "--tokens", "8", "--no-progress")  # fmt: skip
     assert "verify [" not in quiet
 
@@ -121,7 +109,7 @@ def test_readme_first_command_shows_plans_that_fit(monkeypatch, capsys):
     readme = (ROOT / "README.md").read_text()
     first = next(line for line in readme.splitlines() if "pip install -e . && tpplan " in line)
     args = first.split("&& tpplan ", 1)[1].split()
-    code, out, err = _run(monkeypatch, capsys, *args)
+    code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     _fits(out)
     assert "Predicted on" in out and "(over)" not in out and "GiB" in out
