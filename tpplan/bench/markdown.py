@@ -41,15 +41,10 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
 
 def _provenance(topology: str, gpus: int) -> str:
     """How the predictions were made and the band that applies (`tpplan.cost.provenance`)."""
-    from tpplan.cost.provenance import provenance
-    from tpplan.cost.topology import load_topology
-    from tpplan.errors import TpplanError
+    from tpplan.cost.provenance import recorded_provenance
 
-    try:
-        p = provenance(load_topology(topology), gpus)
-    except TpplanError:
-        return f"unknown (topology `{topology}` is not in this build)"
-    return f"{p.short()}: {p.basis}"
+    p = recorded_provenance(topology, gpus)
+    return f"unknown (topology `{topology}` is not in this build)" if p is None else f"{p.short()}: {p.basis}"
 
 
 def _plan_markdown(pb: PlanBench) -> list[str]:

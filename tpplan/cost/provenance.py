@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.cost.topology import Topology
+from tpplan.cost.topology import Topology, load_topology
+from tpplan.errors import TpplanError
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,18 @@ def provenance(topology: Topology, gpus: int) -> Provenance:
     return BANDS["datasheet"]
 
 
+def recorded_provenance(topology: str, gpus: int) -> Provenance | None:
+    """The provenance of predictions a results file recorded on topology `topology` (a preset name
+    or path) for `gpus` GPUs; None when this build cannot load that topology."""
+    try:
+        return provenance(load_topology(topology), gpus)
+    except TpplanError:
+        return None
+
+
 def within_band(gain: float, band: float) -> bool:
     """True when a relative gain (or loss) is inside the prediction's error band: too close to call."""
     return abs(gain) <= band
 
 
-__all__ = ["BANDS", "Provenance", "provenance", "within_band"]
+__all__ = ["BANDS", "Provenance", "provenance", "recorded_provenance", "within_band"]

@@ -9,9 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from tpplan.bench_results import TTFTExtrapolation, error_summary
-from tpplan.cost.provenance import provenance
-from tpplan.cost.topology import load_topology
-from tpplan.errors import TpplanError
+from tpplan.cost.provenance import recorded_provenance
 from tpplan.report.analysis import Analysis, ttft_mean
 from tpplan.report.doc import Block, Heading, Image, Para, Table
 
@@ -20,10 +18,8 @@ PNG_BENCH = "predicted_vs_measured.png"
 
 def _provenance(topology: str, gpus: int) -> str:
     """The provenance of the bench's predictions, when its topology is one this build knows."""
-    try:
-        return "predictions " + provenance(load_topology(topology), gpus).label
-    except TpplanError:
-        return f"topology {topology} not in this build: provenance unknown"
+    p = recorded_provenance(topology, gpus)
+    return f"topology {topology} not in this build: provenance unknown" if p is None else "predictions " + p.label
 
 
 def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, bytes]) -> list[Block]:
