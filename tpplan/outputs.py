@@ -42,16 +42,14 @@ def _ledger(folder: Path) -> dict[str, str]:
         return {}
 
 
-def record_written(paths: list[Path]) -> None:
-    """Add `paths` (just written by tpplan) with their SHA-256 to their folders' ledgers, so that a
-    later run may replace them and nothing else."""
-    by_folder: dict[Path, list[Path]] = {}
-    for p in paths:
-        by_folder.setdefault(p.parent, []).append(p)
-    for folder, ps in by_folder.items():
-        files = _ledger(folder)
-        for p in ps:
-            files[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+def record_written(written: Mapping[Path, bytes]) -> None:
+    """Add the files just written (path -> the bytes written) with their SHA-256 to their folders'
+    ledgers, so that a later run may replace them and nothing else."""
+    by_folder: dict[Path, dict[str, bytes]] = {}
+    for path, data in written.items():
+        by_folder.setdefault(path.parent, {})[path.name] = data
+    for folder, contents in by_folder.items():
+        files = {**_ledger(folder), **_fingerprint(contents)}
         text = json.dumps({"written_by": "tpplan", "files": dict(sorted(files.items()))}, indent=1) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=f"{LEDGER}.", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -62,7 +60,7 @@ def record_written(paths: list[Path]) -> None:
 
 def _written_by_tpplan(p: Path) -> bool:
     digest = _ledger(p.parent).get(p.name)
-    return digest is not None and digest == hashlib.sha256(p.read_bytes()).hexdigest()
+    return digest is not None and digest == _fingerprint({p.name: p.read_bytes()})[p.name]
 
 
 def _error(option: str, path: Path, reason: str, fix: str) -> TpplanError:
@@ -179,11 +177,12 @@ def write_files(files: Mapping[Path, str | bytes], option: str | None = None) ->
     TpplanError naming the option; without, it is re-raised as it is.
     """
     tmps: list[tuple[Path, Path]] = []
+    written: dict[Path, bytes] = {}
     try:
         for path, content in files.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             tmps.append((Path(tmp), path))
-            data = content.encode("utf-8") if isinstance(content, str) else content
+            data = written[path] = content.encode("utf-8") if isinstance(content, str) else content
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -191,7 +190,7 @@ def write_files(files: Mapping[Path, str | bytes], option: str | None = None) ->
             os.chmod(tmp, 0o644)
         for tmp, path in tmps:
             os.replace(tmp, path)
-        record_written([path for _, path in tmps])
+        record_written(written)
     except BaseException as exc:
         for tmp, _ in tmps:
             tmp.unlink(missing_ok=True)

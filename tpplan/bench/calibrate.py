@@ -278,4 +278,4 @@ def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    record_written([out])
+    record_written({out: text.encode("utf-8")})
