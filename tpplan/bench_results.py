@@ -144,6 +144,21 @@ class TTFTExtrapolation(_Strict):
     predicted_mean_s: float | None = Field(default=None, ge=0)
 
 
+class RuntimeOverhead(_Strict):
+    """How long the GPU waited on the host inside the plan's own run (`bench --overhead`,
+    `tpplan.bench.overhead`): one pass of the workload with no probe events, timed by events
+    (`pass_s`), and one under the profiler, whose kernel intervals give the busy time."""
+
+    pass_s: float = Field(gt=0, description="the whole workload once, no probe events (slowest rank)")
+    busy_s: float = Field(gt=0, description="union of the GPU's kernel and copy intervals in a profiled pass")
+    kernels: int = Field(ge=0, description="kernels and copies the profiled pass ran (rank of pass_s)")
+
+    @property
+    def overhead(self) -> float:
+        """pass_s / busy_s - 1: the share of the pass the GPU sat idle."""
+        return self.pass_s / self.busy_s - 1.0
+
+
 class BenchResults(_Strict):
     """One `tpplan bench` run: one model slice, one plan, one TP size."""
 
@@ -160,6 +175,7 @@ class BenchResults(_Strict):
     layers: list[LayerResult] = Field(default_factory=list)
     batches: list[BatchResult] = Field(default_factory=list)
     ttft: list[TTFTExtrapolation] = Field(default_factory=list)
+    runtime_overhead: RuntimeOverhead | None = Field(default=None, description="bench --overhead")
 
     @model_validator(mode="after")
     def _not_empty(self) -> Self:

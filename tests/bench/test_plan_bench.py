@@ -156,6 +156,11 @@ def test_serving_kernels_equal_the_reference() -> None:
     w = [torch.randn(6, 8, 16, generator=g), torch.randn(6, 8, 16, generator=g), torch.randn(6, 16, 8, generator=g)]
     ref = K.routed_experts(x, r, *w)
     assert torch.allclose(FK.grouped_routed_experts(x, r, *w), ref, atol=1e-5)
+    # an expert-parallel rank's columns: tokens select 0, 1 or 2 of its experts (the scatter-add path)
+    part = [t[:3] for t in w]
+    assert len(set((r[:, :3] != 0).sum(1).tolist())) > 1
+    want = K.routed_experts(x, r[:, :3], *part)
+    assert torch.allclose(FK.grouped_routed_experts(x, r[:, :3], *part), want, atol=1e-5)
     saved = dict(FK._GROUPED)
     try:
         FK._GROUPED["cpu"] = False  # the per-expert loop
@@ -163,6 +168,19 @@ def test_serving_kernels_equal_the_reference() -> None:
     finally:
         FK._GROUPED.clear()
         FK._GROUPED.update(saved)
+
+
+def test_serving_router_is_the_reference_within_half_precision() -> None:
+    """fp32 inputs keep the reference exactly (also under `installed()`, where the name is swapped);
+    bf16 inputs give the bf16 GEMM's logits, close to the fp32 ones but not equal."""
+    g = torch.Generator().manual_seed(2)
+    x, wt, b = torch.randn(16, 64, generator=g), torch.randn(8, 64, generator=g), torch.randn(8, generator=g)
+    ref = K.router_logits(x, wt, b)
+    with FK.installed():
+        assert torch.equal(K.router_logits(x, wt, b), ref)
+        half = K.router_logits(x.bfloat16(), wt.bfloat16(), b)
+    assert half.dtype == torch.float32 and not torch.equal(half, ref)
+    assert torch.allclose(half, ref, atol=0.05 * float(ref.abs().max()))
 
 
 def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicted() -> None:
@@ -353,3 +371,27 @@ def test_installed_patches_each_kernel_where_its_callers_look_it_up() -> None:
             assert getattr(home, name) is getattr(K, name) is not before[name]
     for name, home in homes.items():
         assert getattr(home, name) is getattr(K, name) is before[name]
+
+
+def test_busy_time_is_the_union_of_the_gpu_intervals() -> None:
+    """Overlapping kernels (two streams) count once; a gap between them is idle time."""
+    from tpplan.bench.overhead import busy_seconds
+
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0)]) == 4.0
+    assert busy_seconds([(0.0, 10.0), (2.0, 3.0)]) == 10.0
+
+
+def test_the_runtime_overhead_target_is_judged_from_the_recorded_pass() -> None:
+    """`bench --overhead` results: pass 105 ms over 100 ms busy is +5.0%, over the 3% bar."""
+    from tpplan.bench.checks import checks
+    from tpplan.bench.results import from_files
+    from tpplan.bench_results import RuntimeOverhead
+
+    pb = from_files([GPU_RUN / "k3-baseline.json"])[0]
+    assert pb.results.runtime_overhead is None
+    pb.results = pb.results.model_copy(update={"runtime_overhead": RuntimeOverhead(pass_s=0.105, busy_s=0.1,
+                                                                                   kernels=900)})  # fmt: skip
+    row = next(c for c in checks([pb]) if "own run" in c.name)
+    assert (row.value, row.ok) == ("+5.0%", False)
+    assert "105.0 ms pass, 100.0 ms busy over 900 kernels" in row.detail

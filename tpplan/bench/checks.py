@@ -1,8 +1,9 @@
 """The bench's targets (docs/benchmarks.md) judged on results, and the analyses they rest on.
 
-Per plan: collective median |error|, worst layer |error|, the runtime's overhead on collectives,
-and against the baseline plan the measured / predicted saving (skipped below the run's own
-noise) and each layer predicted with the baseline's op speeds (`layers_calibrated_on`).
+Per plan: collective median |error|, worst layer |error|, the runtime's overhead on collectives
+and (with `bench --overhead`) inside the plan's own run, and against the baseline plan the
+measured / predicted saving (skipped below the run's own noise) and each layer predicted with
+the baseline's op speeds (`layers_calibrated_on`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
                     ov,
                     TARGET_OVERHEAD,
                     "measured_s vs direct_s, weighted by calls (includes the ranks' skew and launch gaps)",
+                    fmt="+.1%",
+                )
+            )
+        ro = r.runtime_overhead
+        if ro is not None:
+            inst = sum(b.measured_s for b in r.batches)
+            out.append(
+                _at_most(
+                    f"{pb.plan}: runtime overhead in the plan's own run",
+                    ro.overhead,
+                    TARGET_OVERHEAD,
+                    f"GPU idle share of one pass without probe events: {ro.pass_s * 1e3:.1f} ms pass, "
+                    f"{ro.busy_s * 1e3:.1f} ms busy over {ro.kernels} kernels; the probed passes' batches "
+                    f"sum to {inst / ro.pass_s - 1:+.1%} of the pass",
                     fmt="+.1%",
                 )
             )

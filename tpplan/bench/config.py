@@ -49,6 +49,7 @@ class BenchConfig:
     nproc: int = 2
     dtype: str | None = None  # None: bf16 with NCCL, fp32 with gloo
     kernels: str = "fast"  # fast | reference (see bench.serving_kernels)
+    overhead: bool = False  # one more pass without probe events and one profiled (bench.overhead)
     target_topology: str | None = None
     target_nodes: int | None = None
     seed: int = 0
@@ -132,8 +133,6 @@ def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
     if cfg.experts is not None and sl.experts is not None and sl.experts % world:
         raise TpplanError(f"--experts {cfg.experts}", f"must be divisible by the {world} ranks", "pick a multiple")
     return wl, sl
-
-
 
 
 def op_category(op_kind: str, predicted_category: str) -> str:

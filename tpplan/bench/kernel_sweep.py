@@ -228,6 +228,76 @@ def expert_points(
     return out
 
 
+def mla_op_points(
+    heads: Iterable[int], tokens: Iterable[int], contexts: Iterable[int], nope: int = 128, rope: int = 64,
+    v_dim: int = 128, reps: int = 5,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The whole MLA attention op as the model's run calls it (`runtime.kernels.mla_attention`: rope,
+    the q/k concatenations, the KV-cache append of `context` cached rows, MLA's v padding and SDPA),
+    each call with a fresh cache holding `context` rows, so the append copies what it copies in a run."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    rp = K.Rope(theta=50000.0)
+    out = []
+    for h in heads:
+        for t in tokens:
+            for ctx in contexts:
+                q = torch.randn(t, h * (nope + rope), device="cuda", dtype=torch.bfloat16)
+                kv = torch.randn(t, h * (nope + v_dim), device="cuda", dtype=torch.bfloat16)
+                kr = torch.randn(t, rope, device="cuda", dtype=torch.bfloat16)
+                pos = torch.arange(ctx, ctx + t, device="cuda")
+                kc = torch.randn(ctx, h, nope + rope, device="cuda", dtype=torch.bfloat16)
+                vc = torch.randn(ctx, h, v_dim, device="cuda", dtype=torch.bfloat16)
+
+                def call(_i: int, q=q, kv=kv, kr=kr, pos=pos, kc=kc, vc=vc, ctx=ctx) -> Any:
+                    cache = {"k": kc, "v": vc} if ctx else {}
+                    return K.mla_attention(q, kv, kr, nope_dim=nope, rope_dim=rope, v_dim=v_dim, positions=pos,
+                                           rope=rp, scale=(nope + rope) ** -0.5, cache=cache)  # fmt: skip
+
+                secs = _timed(call, reps, 1)
+                out.append({"family": "attention", "impl": "sdpa", "op": "mla_attention", "heads": h, "tokens": t,
+                            "context": ctx, "dqk": nope + rope, "dv": v_dim, "seconds": secs})  # fmt: skip
+                del q, kv, kr, kc, vc
+    return out
+
+
+def experts_op_points(
+    shapes: Iterable[tuple[int, int, int, int, int]], tokens: Iterable[int], reps: int = 5
+) -> list[dict[str, Any]]:
+    """The whole routed-experts op as the bench runs it (`bench.serving_kernels.grouped_routed_experts`:
+    routing sort and gather, grouped GEMMs, weighted combine) for (experts routed over, experts on
+    this rank, top-k, width, intermediate): a dense [T, E] routing from random router logits, the
+    rank's first `local` columns."""
+    import torch
+
+    from tpplan.bench.serving_kernels import grouped_routed_experts
+
+    out = []
+    for experts, local, top_k, width, inter in shapes:
+        gate = torch.randn(local, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
+        up = torch.randn(local, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
+        down = torch.randn(local, width, inter, device="cuda", dtype=torch.bfloat16) * 0.02
+        for t in tokens:
+            logits = torch.randn(t, experts, device="cuda")
+            idx = logits.topk(top_k, dim=1).indices
+            routing = torch.zeros(t, experts, device="cuda").scatter_(1, idx, 1.0 / top_k)[:, :local].contiguous()
+            counts = (routing != 0).sum(0)
+            rows = int(counts.sum())
+            if rows == 0:
+                continue
+            x = torch.randn(t, width, device="cuda", dtype=torch.bfloat16)
+            ws = (gate, up, down)
+            secs = _timed(lambda _i, x=x, r=routing, ws=ws: grouped_routed_experts(x, r, *ws), reps, 1)
+            out.append({"family": "experts", "op": "routed_experts", "experts": experts, "experts_local": local,
+                        "top_k": top_k, "tokens": t, "rows": rows, "active": int((counts > 0).sum()),
+                        "max_rows": int(counts.max()), "width": width, "inter": inter, "seconds": secs})  # fmt: skip
+        del gate, up, down
+        torch.cuda.empty_cache()
+    return out
+
+
 def run_sweep(out: Path, budget_s: float, families: dict[str, Callable[[], list[dict[str, Any]]]]) -> dict[str, Any]:
     """Run each family in order while the budget lasts; write `out` after each (partial runs keep data)."""
     import torch
@@ -279,16 +349,34 @@ def main(argv: list[str] | None = None) -> None:
         "gemm": gemm,
         "attention": lambda: attention_points(k3_heads, tok, (0, 8192, 16384), dims),
         "attention_cascade": lambda: attention_points(k3_heads, tok, (0, 8192, 16384), dims, impl="cascade"),
-        "kda": lambda: kda_batched_points((96, 48, 24, 12, 6, 3, 2, 1), (8192, 4096, 2048, 1024),
-                                          deadline=start + budget * 0.8),
+        "kda": lambda: kda_batched_points(
+            (96, 48, 24, 12, 6, 3, 2, 1), (8192, 4096, 2048, 1024), deadline=start + budget * 0.8
+        ),
         "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), tok, 896, 16, 3584, 3072),
         "short_conv": lambda: conv_points((12288, 3072, 768, 384), (1024, 4096, 8192)),
         "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
     }
+    if len(args) > 2 and args[2] == "ops":  # sweep 2: the ops as the model's run calls them (see the docstring)
+        kda_heads = tuple(int(h) for h in args[3].split(",")) if len(args) > 3 else (96, 12, 3)
+        k3 = (3584, 3072)
+        families = {
+            "attention_op": lambda: mla_op_points(k3_heads, tok, (0, 4096, 8192, 16384)),
+            "experts_op": lambda: experts_op_points(
+                [(e, e, 16, *k3) for e in (256, 128, 64, 32)]
+                + [(896, e, 16, *k3) for e in (224, 112, 56)]
+                + [(256, 256, 8, 2304, 1024), (256, 64, 8, 2304, 1024)],
+                tok,
+            ),  # Kimi-Linear's experts
+            "short_conv": lambda: conv_points((12288, 4096, 3072, 768, 384), tok),
+            "attn_res": lambda: attn_res_points(tok, (1, 2, 4, 8), 7168),
+            "kda_runtime": lambda: kda_points(kda_heads, (8192, 4096, 2048, 1024), reps=5),
+        }
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
         families = {
-            "experts_dense": lambda: expert_points((128,), (1024, 4096, 8192), 128, 16, 3584, 3072)
-            + expert_points((256,), (1024, 4096, 8192), 256, 16, 3584, 3072),
+            "experts_dense": lambda: (
+                expert_points((128,), (1024, 4096, 8192), 128, 16, 3584, 3072)
+                + expert_points((256,), (1024, 4096, 8192), 256, 16, 3584, 3072)
+            ),
             "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
             "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
         }
@@ -304,7 +392,9 @@ __all__ = [
     "attention_points",
     "conv_points",
     "expert_points",
+    "experts_op_points",
     "kda_batched_points",
     "kda_points",
+    "mla_op_points",
     "run_sweep",
 ]

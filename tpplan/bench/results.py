@@ -214,10 +214,17 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             layers=layers,
             batches=batch_results,
             ttft=ttft,
+            runtime_overhead=_overhead(pr.get("overhead")),
         )
         contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}
         out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
+
+
+def _overhead(raw: dict[str, float] | None) -> schema.RuntimeOverhead | None:
+    if not raw or raw["busy_s"] <= 0 or raw["pass_s"] <= 0:
+        return None
+    return schema.RuntimeOverhead(pass_s=raw["pass_s"], busy_s=raw["busy_s"], kernels=int(raw["kernels"]))
 
 
 def _kernels_note(cfg: BenchConfig, raw: dict[str, Any]) -> str:
@@ -279,4 +286,3 @@ def from_files(paths: Sequence[Path]) -> list[PlanBench]:
         replay = {i: c.replay_s for i, c in enumerate(r.collectives) if c.replay_s}
         out.append(PlanBench(r.plan, r, replay, {}, [], [], "as recorded in the results files"))
     return out
-

@@ -13,13 +13,19 @@ benchmark, with the same semantics (tests compare them on CPU):
   with a mask beyond causality (DSA's top-k, sliding window, attention chunk, sinks) keep the
   reference kernel.
 - `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
-  a per-expert loop where it is unavailable), fp32 combine as the reference does.
-
+  a per-expert loop where it is unavailable), each token's rows weighted and summed in one batched
+  product with fp32 accumulation (the fused-MoE engines' combine).
+- `router_logits` -> the router GEMM in the activations' half precision with an fp32 result, as
+  engines run it (the reference, like HF, upcasts the activations first).
 - `chunk_gated_delta_rule` (KDA, Gated DeltaNet) -> `chunked_delta_rule`: the same chunked WY
   algorithm with everything that does not depend on the carried state batched over all chunks
-  (the reference loops over chunks and builds a [heads, C, C, dk] decay tensor per chunk). Still
-  plain torch, not fla's fused Triton kernels (not installed on the GPU host), so the recurrence
-  is expected to be slower than the cost model's fla-class estimate.
+  (the reference loops over chunks and builds a [heads, C, C, dk] decay tensor per chunk). Plain
+  torch: it runs only where fla is missing, since on CUDA with fla the runtime's own fast path
+  (`runtime.fast_kernels.kda`, fla's chunk_kda) is taken before this reference is reached.
+
+The runtime's fast paths (`runtime.fast_kernels`: fla's RMSNorm, causal_conv1d, chunk_kda and fused
+AttnRes on CUDA) apply inside the benchmark as everywhere else; `worker.implementations` records
+which of all these ran.
 """
 
 from __future__ import annotations
@@ -35,19 +41,43 @@ from torch import Tensor
 
 from tpplan.runtime import fast_kernels as runtime_fast
 from tpplan.runtime import kernels as K
+from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
 
 
 def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """Same contract as `kernels.routed_experts`: x [T, W], routing [T, E] combine weights (0 = not
-    selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype."""
-    tok, exp = torch.nonzero(routing, as_tuple=True)
+    selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype.
+
+    As the serving engines' fused MoE does it: rows gathered in expert order, grouped GEMMs in x's
+    dtype, then each row weighted and the k rows of a token summed with fp32 accumulation (one
+    batched [1, k] x [k, W] product per token, in place of an fp32 copy of every row and a
+    scatter-add). A batch whose tokens select different numbers of experts here (an expert-parallel
+    rank's columns) takes the scatter-add. `torch.nonzero` syncs with the host once per call."""
+    mask = routing != 0
+    per_token = mask.sum(1)
+    tok, exp = torch.nonzero(mask, as_tuple=True)  # token-major: a token's rows are adjacent
+    k = tok.numel() // max(1, x.shape[0])
+    uniform = k > 0 and tok.numel() == k * x.shape[0] and bool((per_token == k).all())
     order = torch.argsort(exp, stable=True)
-    tok, exp = tok[order], exp[order]
     counts = torch.bincount(exp, minlength=routing.shape[1])
-    ys = expert_ffn(x[tok], counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
+    ys = expert_ffn(x[tok[order]], counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
+    w = routing[tok, exp]
+    if uniform:
+        rows = torch.empty_like(ys).index_copy_(0, order, ys)  # back to token-major
+        wk = w.reshape(-1, 1, k).to(torch.float32 if x.dtype == torch.float32 else x.dtype)
+        return torch.bmm(wk, rows.reshape(-1, k, ys.shape[1])).reshape(-1, ys.shape[1]).to(x.dtype)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
-    out.index_add_(0, tok, ys.float() * routing[tok, exp, None].float())
+    out.index_add_(0, tok[order], ys.float() * w[order, None].float())
     return out.to(x.dtype)
+
+
+def serving_router_logits(x: Tensor, weight: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+    """`kernels.router_logits` as engines run the router: one GEMM in x's half precision with an fp32
+    result (no fp32 copy of the activations); fp32 inputs keep the reference."""
+    if x.dtype == torch.float32:
+        return _reference_router_logits(x, weight, logit_bias)
+    y = F.linear(x, weight.to(x.dtype)).float()
+    return y if logit_bias is None else y + logit_bias.float()
 
 
 _GROUPED: dict[str, bool] = {}  # device type -> torch._grouped_mm works there
@@ -210,7 +240,7 @@ def installed(enabled: bool = True) -> Iterator[None]:
         return reference(q, k, v, scale, keep, **masks)  # type: ignore[arg-type]
 
     swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts,
-             "chunk_gated_delta_rule": chunked_delta_rule}  # fmt: skip
+             "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits}  # fmt: skip
     # Each kernel is patched in `kernels` (what the executor calls) and in its home module (whose
     # other kernels call it: MLA/GQA call causal_attention, KDA/GDN the delta rule).
     saved = [
@@ -233,4 +263,5 @@ __all__ = [
     "grouped_gemm_used",
     "grouped_routed_experts",
     "installed",
+    "serving_router_logits",
 ]

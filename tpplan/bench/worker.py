@@ -239,15 +239,28 @@ def _bench_plan(
         if it == 0:
             trace0 = list(runner.tracer.calls)
     fallbacks = [e.detail for e in runner.tracer.events]
+    overhead = None
+    if cfg.overhead and device.type == "cuda":
+        from tpplan.bench.overhead import measure
+
+        progress.update(task, description=f"{name}: runtime overhead")
+
+        def one_pass() -> None:
+            states: dict[int, Any] = {}
+            for b in batches:
+                run_batch(b, states)
+
+        overhead = measure(one_pass)
     progress.update(task, description=f"{name}: replaying collectives")
     replay = replay_collectives(records[0], rank, world, device, cfg, clock)
     # Every rank ran the same sequence of intervals: gather their seconds by position.
     mine = [[r.seconds for r in recs] for recs in records]
     mine_comm = [[r.comm_s for r in recs] for recs in records]
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (mine, mine_comm, replay))
+    dist.all_gather_object(gathered, (mine, mine_comm, replay, overhead))
     if rank != 0:
         return None
-    return combine(records, gathered, trace0, fallbacks, plan)
-
-
+    out = combine(records, gathered, trace0, fallbacks, plan)
+    ranks = [g[3] for g in gathered if g[3] is not None]
+    out["overhead"] = max(ranks, key=lambda o: o["pass_s"]) if ranks else None  # the slowest rank's pass
+    return out

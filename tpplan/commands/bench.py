@@ -21,8 +21,12 @@ def bench(
     workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "seed-c8",
     topology: Annotated[
         str | None,
-        typer.Option("--topology", "-t", help="topology the predictions use (a calibrated one; default "
-                     "h200x2-calibrated, with --repredict the one each run recorded)"),
+        typer.Option(
+            "--topology",
+            "-t",
+            help="topology the predictions use (a calibrated one; default "
+            "h200x2-calibrated, with --repredict the one each run recorded)",
+        ),
     ] = None,
     layers: Annotated[
         str | None, typer.Option("--layers", help="layers to run: auto, START:STOP or 0-based list (e.g. 1,2,3,4)")
@@ -42,6 +46,9 @@ def bench(
     kernels: Annotated[str, typer.Option("--kernels", help="fast (SDPA attention, bf16 experts) or reference")] = (
         "fast"
     ),
+    overhead: Annotated[
+        bool, typer.Option("--overhead", help="GPU: measure the runtime's overhead inside the plan's own run")
+    ] = False,
     target_topology: Annotated[
         str | None, typer.Option("--target-topology", help="extrapolate the whole model's TTFT to this topology")
     ] = None,
@@ -57,8 +64,11 @@ def bench(
     ] = None,
     repredict: Annotated[
         bool,
-        typer.Option("--repredict", help="with --from: price the recorded runs again with the current cost model "
-                     "(--out writes the re-predicted results)"),
+        typer.Option(
+            "--repredict",
+            help="with --from: price the recorded runs again with the current cost model "
+            "(--out writes the re-predicted results)",
+        ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
@@ -89,7 +99,7 @@ def bench(
         names = [load_bench_results(f, "--from").plan for f in from_files]
         if len(set(names)) < len(names):
             raise TpplanError("--out", "the --from files repeat a plan", "re-predict one run per plan at a time")
-    for p in (output_paths(out, names).values() if out and (not from_files or repredict) else []):
+    for p in output_paths(out, names).values() if out and (not from_files or repredict) else []:
         check_file("--out", p)
     if md is not None:
         check_file("--md", md)
@@ -119,8 +129,8 @@ def bench(
             model=model, plans=plans, workload=workload, topology=topology or "h200x2-calibrated", layers=layers,
             experts=experts,
             tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
-            backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, target_topology=target_topology,
-            target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
+            backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, overhead=overhead,
+            target_topology=target_topology, target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
             command="tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         )  # fmt: skip
         try:

@@ -15,8 +15,10 @@ bf16 inputs: within bf16 rounding of the reference, which computes in fp32 from 
   `TPPLAN_FLA_FUSED_GATE=0` computes g and beta in torch (fp32) instead and passes them precomputed.
 - `gdn`: `fla.ops.gated_delta_rule.chunk_gated_delta_rule` (GVA: v head h reads key head h // r, as ours),
   same fusions; conv and gated output norm use the fast paths below.
-- `short_conv`: one depthwise `F.conv1d` in the input dtype over [prev K-1 rows | chunk] (fp32
-  accumulation inside cuDNN), activation in fp32; the state keeps the last K-1 input rows as before.
+- `short_conv`: fla's Triton `causal_conv1d` (the serving kernel of fla-based engines: one pass, the
+  previous K-1 rows read from its initial state, SiLU fused, fp32 accumulation) when fla has it on
+  CUDA; else one depthwise `F.conv1d` in the input dtype over [prev K-1 rows | chunk], activation in
+  fp32. The state keeps the last K-1 input rows either way.
 - `rms_norm` / `head_rms_norm`: fla's fused Triton RMSNorm / gated RMSNorm (fp32 math, weight in fp32,
   one read and one write) when fla imports on CUDA, else a lean torch path (`vector_norm` in fp32
   straight from the input dtype, no full-size fp32 copy of x).
@@ -24,14 +26,17 @@ bf16 inputs: within bf16 rounding of the reference, which computes in fp32 from 
   mask (queries are the last T of S positions), fp32 accumulation inside the backend. In bf16/fp16 on
   CUDA a narrower v (MLA 128 vs q/k 192) is zero-padded so the flash backend applies
   (`TPPLAN_SDPA_PAD_V=0` leaves SDPA to pick mem-efficient instead).
-- `attn_res`: the same depth softmax with one fp32 copy of the rows: the score of a row is
-  (row . w) * rstd(row), so the normalised rows are never materialised.
+- `attn_res`: fla's fused AttnRes kernel (`fla.ops.attnres.fused_attnres`: one read of every row, online
+  softmax over depth in fp32) when fla has it on CUDA; its sources must be contiguous, so the bank's
+  snapshots (token-major [T, nb, H] here) are copied out first. Else the same depth softmax in torch
+  with one fp32 copy of the rows: the score of a row is (row . w) * rstd(row).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +99,27 @@ def _fla_norms() -> bool:
     return fla_available() and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0"
 
 
+@functools.cache
+def fla_has(module: str) -> bool:
+    """Whether fla (and this fla version) has `module`: attnres and causal_conv1d came after kda."""
+    if not fla_available():
+        return False
+    try:
+        importlib.import_module(module)
+    except Exception:  # an older fla, or triton failing to initialise
+        return False
+    return True
+
+
+FLA_CONV = "fla.modules.causal_conv1d"
+FLA_ATTNRES = "fla.ops.attnres"
+
+
+def fla_kernel(x: Tensor, module: str, switch: str) -> bool:
+    """Take fla's kernel `module` for x: on CUDA, fla has it, and env `switch` is not "0"."""
+    return x.is_cuda and os.environ.get(switch, "1") != "0" and fla_has(module)
+
+
 # ----------------------------------------------------------------------------------------------
 # Norms
 
@@ -148,10 +174,13 @@ def head_rms_norm(
 
 
 def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None, activation: str = "silu") -> Tensor:
-    """`kernels.short_conv` as one depthwise conv in x's dtype; same K-1 row state contract."""
+    """`kernels.short_conv` by fla's causal_conv1d, else one depthwise conv in x's dtype; same K-1 row
+    state contract."""
     w = weight.reshape(weight.shape[0], -1)
     kernel = w.shape[1]
     prev = state.get("conv") if state is not None else None
+    if activation in ("silu", "swish", "") and kernel > 1 and fla_kernel(x, FLA_CONV, "TPPLAN_FLA_CONV"):
+        return _fla_conv(x, w, prev, state, activation)
     if prev is None:
         prev = x.new_zeros(kernel - 1, x.shape[1])
     xx = torch.cat([prev.to(x.dtype), x], dim=0)
@@ -163,6 +192,28 @@ def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None
     from tpplan.runtime import kernels as ref  # the references dispatch here: imported when called
 
     return ref.unary(y.float(), activation).to(x.dtype)
+
+
+def _fla_conv(x: Tensor, w: Tensor, prev: Tensor | None, state: dict[str, Tensor] | None, activation: str) -> Tensor:
+    """fla's causal_conv1d on [1, T, C]; its initial state [1, C, K] holds the previous K-1 input rows in
+    columns 1..K-1 (oldest first; column 0 is never read). The carried state is taken from x directly."""
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    kernel = w.shape[1]
+    init = None
+    if prev is not None:
+        init = x.new_zeros(1, x.shape[1], kernel)
+        init[0, :, 1:] = prev.to(x.dtype).t()
+    if state is not None:
+        if x.shape[0] >= kernel - 1:
+            state["conv"] = x[-(kernel - 1) :]
+        else:
+            before = prev.to(x.dtype) if prev is not None else x.new_zeros(kernel - 1, x.shape[1])
+            state["conv"] = torch.cat([before, x])[-(kernel - 1) :]
+    with torch.no_grad():
+        y, _ = causal_conv1d(x.unsqueeze(0), w.to(x.dtype).contiguous(), None, initial_state=init,
+                             activation=activation or None)  # fmt: skip
+    return y[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,7 +323,13 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 def attn_res(prefix: Tensor, bank: Tensor, proj: Tensor, score_norm: Tensor, eps: float) -> Tensor:
-    """`kernels.attn_res` with one fp32 rows tensor: score_j = (row_j . w) * rstd(row_j)."""
+    """`kernels.attn_res` by fla's fused kernel, else with one fp32 rows tensor: score_j = (row_j . w) * rstd(row_j)."""
+    if prefix.dtype != torch.float32 and fla_kernel(prefix, FLA_ATTNRES, "TPPLAN_FLA_ATTNRES"):
+        from fla.ops.attnres import fused_attnres
+
+        sources = [bank[:, i].contiguous() for i in range(bank.shape[1])] + [prefix.contiguous()]
+        with torch.no_grad():
+            return fused_attnres(proj.reshape(-1), sources, score_norm.reshape(-1), rms_eps=eps)
     rows = torch.cat([bank, prefix[:, None, :]], dim=1).float()  # [T, r, H]
     h = rows.shape[-1]
     w = score_norm.float() * proj.float().reshape(-1)

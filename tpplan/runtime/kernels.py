@@ -40,6 +40,7 @@ from tpplan.runtime.kernels_moe import (
     attn_res,
     route,
     routed_experts,
+    router_logits,
 )
 from tpplan.runtime.kernels_recurrent import (
     chunk_gated_delta_rule,
@@ -77,6 +78,7 @@ __all__ = [
     "rope_cos_sin",
     "route",
     "routed_experts",
+    "router_logits",
     "short_conv",
     "slice_cols",
     "swiglu",

@@ -39,7 +39,7 @@ def route(
     top-k by the sum of each group's top-2) or softmax (Qwen). A dense matrix keeps the value a plain
     activation that an expert-parallel rank can slice by columns.
     """
-    logits = F.linear(x.float(), weight.float(), None if logit_bias is None else logit_bias.float())
+    logits = router_logits(x, weight, logit_bias)
     scores = torch.sigmoid(logits) if scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias.float()
     e = scores.shape[-1]
@@ -54,6 +54,12 @@ def route(
         w = w / (w.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
     w = w * scaling
     return torch.zeros_like(scores).scatter_(1, idx, w)
+
+
+def router_logits(x: Tensor, weight: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+    """[T, E] fp32 router logits from fp32 inputs, as the HF references compute them (the benchmark
+    swaps in the serving engines' half-precision GEMM with an fp32 result)."""
+    return F.linear(x.float(), weight.float(), None if logit_bias is None else logit_bias.float())
 
 
 def routed_experts(
@@ -125,4 +131,5 @@ __all__ = [
     "attn_res",
     "route",
     "routed_experts",
+    "router_logits",
 ]

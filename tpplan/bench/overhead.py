@@ -1,0 +1,67 @@
+"""Runtime overhead inside a plan's own run: how long the GPU waits on the host (GPU only).
+
+Why: a replay of single calls (`replay.py`) shows the cost of tpplan's wrappers around one kernel,
+not what a whole forward pass loses to Python between kernels. Here the plan runs its workload
+once more with no probe events, timed by two CUDA events around the pass (`pass_s`), and once
+under `torch.profiler` (CUDA activity only), whose kernel and copy intervals give the time the GPU
+was busy (`busy_s`, the union of the intervals). The runtime overhead is `pass_s / busy_s - 1`:
+the share of the pass the device spent idle waiting for the host to launch the next kernel (and,
+with several ranks, for a peer inside a collective, which the busy time counts as busy). The
+instrumented passes' batch total over `pass_s` gives the cost of the probe's own events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (any unit in, same unit out)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s  # type: ignore[operator]
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s  # type: ignore[operator]
+    return total
+
+
+def _device_intervals(prof: Any) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of every kernel, copy and set the profiler saw on the GPU."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for ev in prof.events():
+        if ev.device_type == DeviceType.CUDA and ev.time_range.elapsed_us() > 0:
+            out.append((float(ev.time_range.start), float(ev.time_range.end)))
+    return out
+
+
+def measure(run_pass: Callable[[], None]) -> dict[str, float]:
+    """Time `run_pass` (one whole pass of the workload, no probe) by events, then again under the
+    profiler for the GPU's busy time; seconds."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    run_pass()
+    b.record()
+    b.synchronize()
+    pass_s = a.elapsed_time(b) / 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_pass()
+        torch.cuda.synchronize()
+    iv = _device_intervals(prof)
+    busy_s = busy_seconds(iv) / 1e6
+    span_s = (max(e for _, e in iv) - min(s for s, _ in iv)) / 1e6 if iv else 0.0
+    return {"pass_s": pass_s, "busy_s": busy_s, "profiled_span_s": span_s, "kernels": float(len(iv))}
+
+
+__all__ = ["busy_seconds", "measure"]
