@@ -64,7 +64,8 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
             )
         )
         nore = _layers_without(r, "recurrence")
-        if nore and " no kernel profiles" in profiles_note(r):
+        plain_recurrence = any(o.category == "recurrence" and not (o.impl or "").startswith("fla") for o in r.ops)
+        if nore and plain_recurrence and " no kernel profiles" in profiles_note(r):
             w2 = max(abs(e) for _, e in nore)
             out.append(
                 _at_most(

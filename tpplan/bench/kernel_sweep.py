@@ -32,13 +32,24 @@ from typing import Any
 SWEEP_VERSION = 1
 
 
+# Sweep 2 ("ops" mode) times every call with the host ahead of the GPU (see `_timed`).
+HOST_AHEAD = [False]
+AHEAD_SLEEP_CYCLES = 40_000_000  # ~20 ms at the H200's 1.98 GHz: longer than the host takes to queue `reps` calls
+
+
 def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
     """Seconds per call of fn(i % sets), queued back to back as inside a model's run: events around
     `reps` calls (no host sync between them), the median of 3 such batches, after a warm-up per set.
 
     Timing one call at a time with a host sync between leaves the GPU idle between calls, and small
     kernels then measure launch latency and clock ramp-up too (seen on an H200: a [256, 7168] x
-    [7168, 2112] GEMM ran 24% slower timed alone than queued behind another kernel)."""
+    [7168, 2112] GEMM ran 24% slower timed alone than queued behind another kernel).
+
+    With `HOST_AHEAD` the GPU is first given ~20 ms of sleep, so the host has queued every call
+    before the GPU reaches them and the events measure GPU time alone: what an op takes inside a
+    run whose large kernels keep the GPU behind the host (a K3 8K pass on one H200 left the GPU
+    idle 2.9% of the time). Without it, an op whose Python and launches take longer than its
+    kernels measures the host (fla's short conv: 0.4 ms back to back, 0.19 ms inside the model)."""
     import torch
 
     for i in range(sets):
@@ -48,6 +59,8 @@ def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
     for _ in range(3):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
+        if HOST_AHEAD[0]:
+            torch.cuda._sleep(AHEAD_SLEEP_CYCLES)
         a.record()
         for i in range(reps):
             fn(i % sets)
@@ -91,14 +104,19 @@ def attention_points(
     return out
 
 
-def kda_points(heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128) -> list[dict[str, Any]]:
-    """fla chunk_kda with a carried state (a second chunk), gates fused, as `runtime.fast_kernels.kda`."""
+def kda_points(
+    heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128, deadline: float = float("inf")
+) -> list[dict[str, Any]]:
+    """fla chunk_kda with a carried state (a second chunk), gates fused, as `runtime.fast_kernels.kda`
+    (one fla build per head count, ~80 s: a head count is started only before `deadline`)."""
     import torch
 
     from tpplan.runtime import fast_kernels as F
 
     out = []
     for h in heads:
+        if time.perf_counter() > deadline:
+            return out
         for t in tokens:
             w = h * d
             q, k, v, f = (torch.randn(t, w, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -298,7 +316,9 @@ def experts_op_points(
     return out
 
 
-def run_sweep(out: Path, budget_s: float, families: dict[str, Callable[[], list[dict[str, Any]]]]) -> dict[str, Any]:
+def run_sweep(
+    out: Path, budget_s: float, families: dict[str, Callable[[], list[dict[str, Any]]]], timing: str = "back to back"
+) -> dict[str, Any]:
     """Run each family in order while the budget lasts; write `out` after each (partial runs keep data)."""
     import torch
 
@@ -307,6 +327,7 @@ def run_sweep(out: Path, budget_s: float, families: dict[str, Callable[[], list[
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timing": timing,
         "points": [],
         "skipped": [],
         "family_s": {},
@@ -359,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) > 2 and args[2] == "ops":  # sweep 2: the ops as the model's run calls them (see the docstring)
         kda_heads = tuple(int(h) for h in args[3].split(",")) if len(args) > 3 else (96, 12, 3)
         k3 = (3584, 3072)
+        HOST_AHEAD[0] = True
         families = {
             "attention_op": lambda: mla_op_points(k3_heads, tok, (0, 4096, 8192, 16384)),
             "experts_op": lambda: experts_op_points(
@@ -367,9 +389,11 @@ def main(argv: list[str] | None = None) -> None:
                 + [(256, 256, 8, 2304, 1024), (256, 64, 8, 2304, 1024)],
                 tok,
             ),  # Kimi-Linear's experts
-            "short_conv": lambda: conv_points((12288, 4096, 3072, 768, 384), tok),
+            "short_conv": lambda: conv_points((12288, 4096, 1536, 384), tok),
             "attn_res": lambda: attn_res_points(tok, (1, 2, 4, 8), 7168),
-            "kda_runtime": lambda: kda_points(kda_heads, (8192, 4096, 2048, 1024), reps=5),
+            "kda_runtime": lambda: kda_points(
+                kda_heads, (8192, 4096, 2048, 1024), reps=5, deadline=start + budget - 100
+            ),
         }
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
         families = {
@@ -380,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
             "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
             "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
         }
-    doc = run_sweep(out, budget, families)
+    doc = run_sweep(out, budget, families, timing="host ahead" if HOST_AHEAD[0] else "back to back")
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 
 

@@ -135,6 +135,12 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
     cascade = "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)"
     pad = ", v zero-padded to the q/k head dim"
     cascaded = fast and device.type == "cuda" and os.environ.get("TPPLAN_CASCADE_ATTN", "0") == "1"
+    conv = "torch conv1d (runtime fast path)"
+    if rt and RF.fla_has(RF.FLA_CONV) and os.environ.get("TPPLAN_FLA_CONV", "1") != "0":
+        conv = "fla.causal_conv1d"
+    attnres = "torch, fp32 rows in one pass"
+    if rt and RF.fla_has(RF.FLA_ATTNRES) and os.environ.get("TPPLAN_FLA_ATTNRES", "1") != "0":
+        attnres = "fla.fused_attnres (bank snapshots copied contiguous)"
     norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
     return {
         "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",
@@ -142,10 +148,10 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
         "gqa": (cascade if cascaded else sdpa) if rt or fast else "reference",
         "kda": "fla.chunk_kda" if fla else torch_delta,
         "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
-        "short_conv": "torch conv1d (runtime fast path)" if rt else "reference",
+        "short_conv": (conv if rt else "reference"),
         "experts": ("torch._grouped_mm" if grouped else "per-expert GEMM loop") if fast else "reference",
         "norm": norm if rt else "reference",
-        "attn_res": "torch, fp32 rows in one pass" if rt else "reference",
+        "attn_res": (attnres if rt else "reference"),
         "layout": "torch copy",
         "other": "torch",
     }
