@@ -350,8 +350,10 @@ def run_sweep(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tpplan.bench.kernel_sweep OUT.json BUDGET_S`: the sweep of docs/benchmarks.md (K3 and
-    Qwen3-Next shapes at TP1..TP32 per rank; heads per rank 96/TP for K3's KDA and MLA)."""
+    """`python -m tpplan.bench.kernel_sweep OUT.json BUDGET_S [MODE]`: the sweep of docs/benchmarks.md (K3
+    shapes at TP1..TP32 per rank; heads per rank 96/TP for K3's KDA and MLA). MODE `in-model-shapes`:
+    sweep 1's check at the TP1 bench's shapes; `ops [KDA_HEADS [FAMILIES]]`: sweep 2, the ops as the
+    model's run calls them, timed with the host ahead (KDA_HEADS e.g. 96,12,3; FAMILIES e.g. kda_runtime)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -404,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
             "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
             "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
         }
+    if len(args) > 4 and args[2] == "ops":  # a comma list of the families to run
+        families = {k: v for k, v in families.items() if k in args[4].split(",")}
     doc = run_sweep(out, budget, families, timing="host ahead" if HOST_AHEAD[0] else "back to back")
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 
