@@ -152,6 +152,9 @@ class RuntimeOverhead(_Strict):
     pass_s: float = Field(gt=0, description="the whole workload once, no probe events (slowest rank)")
     busy_s: float = Field(gt=0, description="union of the GPU's kernel and copy intervals in a profiled pass")
     kernels: int = Field(ge=0, description="kernels and copies the profiled pass ran (rank of pass_s)")
+    by_kernel: list[tuple[str, int, float]] = Field(
+        default_factory=list, description="the profiled pass's GPU time by kernel name: (name, calls, seconds), top 30"
+    )
 
     @property
     def overhead(self) -> float:

@@ -42,7 +42,22 @@ def _device_intervals(prof: Any) -> list[tuple[float, float]]:
     return out
 
 
-def measure(run_pass: Callable[[], None]) -> dict[str, float]:
+def kernel_table(prof: Any, top: int = 30) -> list[tuple[str, int, float]]:
+    """The profiled GPU work by kernel name: (name, calls, total seconds), largest first; names cut to 90
+    characters (template arguments make some run to thousands)."""
+    from torch.autograd import DeviceType
+
+    acc: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == DeviceType.CUDA:
+            a = acc.setdefault(ev.name[:90], [0, 0.0])
+            a[0] += 1
+            a[1] += ev.time_range.elapsed_us() / 1e6
+    rows = sorted(((k, int(n), s) for k, (n, s) in acc.items()), key=lambda r: -r[2])
+    return rows[:top]
+
+
+def measure(run_pass: Callable[[], None]) -> dict[str, Any]:
     """Time `run_pass` (one whole pass of the workload, no probe) by events, then again under the
     profiler for the GPU's busy time; seconds."""
     import torch
@@ -61,7 +76,8 @@ def measure(run_pass: Callable[[], None]) -> dict[str, float]:
     iv = _device_intervals(prof)
     busy_s = busy_seconds(iv) / 1e6
     span_s = (max(e for _, e in iv) - min(s for s, _ in iv)) / 1e6 if iv else 0.0
-    return {"pass_s": pass_s, "busy_s": busy_s, "profiled_span_s": span_s, "kernels": float(len(iv))}
+    return {"pass_s": pass_s, "busy_s": busy_s, "profiled_span_s": span_s, "kernels": float(len(iv)),
+            "by_kernel": kernel_table(prof)}  # fmt: skip
 
 
-__all__ = ["busy_seconds", "measure"]
+__all__ = ["busy_seconds", "kernel_table", "measure"]
