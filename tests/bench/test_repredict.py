@@ -96,3 +96,73 @@ def test_cli_repredict_writes_the_same_schema_and_needs_from(tmp_path: Path) -> 
     bad = subprocess.run([sys.executable, "-m", "tpplan", "bench", "--repredict"], capture_output=True, text=True,
                          env=env, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--from" in bad.stderr and "Traceback" not in bad.stderr
+
+
+SERVING = REPO / "docs/benchmarks/h200-2026-12-01b"
+
+
+@pytest.mark.parametrize(
+    ("run", "layers", "total"),
+    [
+        ("k3-tp1-seed-c8", {("kda+moe", 8192): -0.061, ("mla+moe", 8192): -0.100}, -0.081),
+        ("kl48-tp1-seed-c8", {("kda+moe", 8192): -0.106, ("mla+moe", 8192): -0.008}, -0.092),
+        ("k3-tp1-kernel-sweep", {("kda+moe", 12288): -0.046, ("mla+moe", 12288): -0.057,
+                                 ("kda+moe", 4096): -0.102, ("mla+moe", 1024): -0.518}, -0.109),
+    ],
+)
+def test_serving_kernel_runs_repredict_to_the_documented_out_of_sample_errors(
+    run: str, layers: dict[tuple[str, int], float], total: float
+) -> None:
+    """Sweep 2's physical models (`h200-serving`), judged in three model runs none of their points came
+    from (docs/benchmarks.md, "Serving kernels, sweep 2"): K3 at 8K, Kimi-Linear (another model), K3 at
+    1K-12K tokens with contexts up to 12K."""
+    got, tot, _ = _errors(SERVING / f"{run}.json", "h200-serving")
+    for key, want in layers.items():
+        assert got[key] == pytest.approx(want, abs=0.005), key
+    assert tot == pytest.approx(total, abs=0.005)
+
+
+def test_the_serving_preset_is_the_fit_of_the_recorded_sweep() -> None:
+    """Refitting the committed sweep-2 files gives the preset's constants and the held-out errors the
+    docs state (KDA held-out median 1.7%, attention with a cache 10.0%)."""
+    import statistics
+
+    from tpplan.bench.model_fit import fit_sweep
+    from tpplan.cost.topology import load_topology
+
+    pts = []
+    for name in ("sweep-ops-ahead.json", "sweep-kda-ahead.json"):
+        doc = json.loads((SERVING / name).read_text())
+        pts += [{**p, "timing": doc["timing"]} for p in doc["points"]]
+    res = fit_sweep(pts)
+    preset = load_topology("h200-serving").gpu.kernel_models
+    assert set(res["constants"]) == set(preset)
+    for name, consts in res["constants"].items():
+        for k, v in consts.items():
+            assert preset[name][k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-6)), (name, k)
+
+    def held(model: str) -> float:
+        rows = [r for r in res["points"] if r["model"] == model and r["set"] == "held-out"]
+        return statistics.median(abs(r["error"]) for r in rows)
+
+    assert held("kda") == pytest.approx(0.017, abs=0.002)
+    assert held("attention_prefix") == pytest.approx(0.100, abs=0.002)
+
+
+def test_a_preset_names_the_implementations_its_models_describe() -> None:
+    """`h200-serving` was fitted on fla's conv and AttnRes: a run that ran torch's conv keeps the roofline
+    for it, a run that ran fla's gets the fitted model (different prices for the same shape)."""
+    from tpplan.cost.kernel_models import KernelModels
+    from tpplan.cost.topology import load_topology
+
+    km = KernelModels(load_topology("h200-serving").gpu.kernel_models)
+    assert km.fitted_for("short_conv", "fla.causal_conv1d") and not km.fitted_for("short_conv", "torch conv1d")
+    old = KernelModels(load_topology("h200-kernel-models").gpu.kernel_models)  # no `impl`: FITTED_ON's
+    assert old.fitted_for("short_conv", "torch conv1d (runtime fast path)")
+    torch_run = repredict_one(H200 / "k3-tp1-seed-c8.json", "h200-serving").results
+    fla_run = repredict_one(SERVING / "k3-tp1-seed-c8.json", "h200-serving").results
+
+    def conv(r: object) -> float:
+        return next(o.predicted_s for o in r.ops if o.op == "q_conv1d")  # type: ignore[attr-defined]
+
+    assert conv(fla_run) != pytest.approx(conv(torch_run), rel=0.05)

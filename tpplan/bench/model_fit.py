@@ -20,6 +20,7 @@ from typing import Any
 from tpplan.cost import kernel_models as M
 
 # Which points are fitted on: the rest are held out (other heads per rank, tokens, contexts, experts).
+# Sweep 1 (kernels timed back to back, 2026-12-01 05:45 UTC):
 FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "attention": lambda p: p["heads"] in (96, 24, 6) and p["tokens"] in (2048, 8192) and p["context"] in (0, 16384),
     "kda": lambda p: p["heads"] in (96, 24, 6, 1) and p["tokens"] in (2048, 8192),
@@ -27,6 +28,22 @@ FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "short_conv": lambda p: p["channels"] in (12288, 768),
     "attn_res": lambda p: p["bank"] in (1, 4),
 }
+# Sweep 2 (the ops as the model's run calls them, timed with the host ahead of the GPU). Held out:
+# heads per rank 48/12/3 (TP2/TP8/TP32) for attention and 12 (TP8) for KDA, 1K and 4K tokens, contexts
+# 4K and 8K, experts per rank 128/32, the expert-parallel 224/56 and Kimi-Linear's experts (another
+# width, intermediate and top-k), conv channels 4096/384, 2 and 8 snapshots.
+FIT_SETS_OPS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "attention": lambda p: p["heads"] in (96, 24, 6) and p["tokens"] in (2048, 8192) and p["context"] in (0, 16384),
+    "kda": lambda p: p["heads"] in (96, 48, 3) and p["tokens"] in (2048, 8192),
+    "experts": lambda p: p["tokens"] in (2048, 8192) and p["width"] == 3584
+    and (p["experts"], p["experts_local"]) in ((256, 256), (64, 64), (896, 112)),
+    "short_conv": lambda p: p["channels"] in (12288, 1536),
+    "attn_res": lambda p: p["bank"] in (1, 4),
+}
+# The implementation sweep 2 timed, per model (recorded in the preset: `KernelModels.impl`).
+IMPLS_OPS = {"attention_causal": "torch SDPA", "attention_prefix": "torch SDPA", "kda": "fla.chunk_kda",
+             "experts": "torch._grouped_mm", "short_conv": "fla.causal_conv1d",
+             "attn_res": "fla.fused_attnres"}  # fmt: skip
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], iters: int = 4000) -> list[float]:
@@ -77,7 +94,7 @@ def _fit(
 def _attention(c: dict[str, float], p: dict[str, Any]) -> float:
     dv = max(p["dv"], p["dqk"])  # the runtime zero-pads a narrower v (MLA) for the flash kernels
     f = M.attention_flops(p["heads"], p["tokens"], p["context"], p["dqk"], dv)
-    return M.attention_s(c, p["heads"], p["tokens"], p["dqk"], dv, f)
+    return M.attention_s(c, p["heads"], p["tokens"], p["dqk"], dv, f, p["context"])
 
 
 def _kda(c: dict[str, float], p: dict[str, Any]) -> float:
@@ -85,7 +102,10 @@ def _kda(c: dict[str, float], p: dict[str, Any]) -> float:
 
 
 def _experts(c: dict[str, float], p: dict[str, Any]) -> float:
-    return M.experts_s({**c, "p": 1.0 + c["p1"]}, p["active"], p["width"], p["inter"], experts_compute_s(p))
+    t = M.experts_s({**c, "p": 1.0 + c["p1"]}, p["active"], p["width"], p["inter"], experts_compute_s(p))
+    if "route_TBps" in c:  # the whole op: routing traffic too (sweep 2)
+        t += M.routing_bytes(p["rows"], p["tokens"], p["width"], M.WEIGHTED_SUM) / (c["route_TBps"] * 1e12)
+    return t
 
 
 def experts_compute_s(p: dict[str, Any]) -> float:
@@ -105,7 +125,8 @@ def _conv(c: dict[str, float], p: dict[str, Any]) -> float:
 
 
 def _attn_res(c: dict[str, float], p: dict[str, Any]) -> float:
-    return M.stream_s(c, M.attn_res_bytes(p["tokens"], p["hidden"], p["bank"]))
+    impl = "fla.fused_attnres" if p.get("timing") == "host ahead" else None
+    return M.attn_res_s(c, p["tokens"], p["hidden"], p["bank"], impl)
 
 
 def conv_bytes(channels: int, tokens: int) -> float:
@@ -142,9 +163,18 @@ def measured_range(fam: str, pts: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+# Extra constants a sweep-2 model has: the attention with a cache, the KV-cache copy; the experts op, the
+# routing; fla's AttnRes, the snapshot copies.
+EXTRA_OPS = {"attention_prefix": (("c_s",), (1e-13,)), "experts": (("route_TBps",), (2.0,)),
+             "attn_res": (("copy_TBps",), (2.0,))}  # fmt: skip
+
+
 def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """Constants per model and the error of every point, tagged fit / held-out."""
-    consts: dict[str, dict[str, float]] = {}
+    """Constants per model and the error of every point, tagged fit / held-out. Points of sweep 2
+    (`timing` "host ahead") use its fit sets, extra constants and implementations."""
+    ops = bool(points) and all(p.get("timing") == "host ahead" for p in points)
+    fit_sets = FIT_SETS_OPS if ops else FIT_SETS
+    consts: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     sdpa = [p for p in points if p["family"] == "attention" and p.get("impl", "sdpa") == "sdpa"]
     groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {
@@ -160,15 +190,16 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
         for name, pts in parts:
             if not pts:
                 continue
-            fit_set = [p for p in pts if FIT_SETS[fam](p)]
-            c = _fit(fit_set, model, names, x0)
+            fit_set = [p for p in pts if fit_sets[fam](p)]
+            more_names, more_x0 = EXTRA_OPS.get(name, ((), ())) if ops else ((), ())
+            c = _fit(fit_set, model, (*names, *more_names), (*x0, *more_x0))
             if "p1" in c:
                 c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
-            consts[name] = c | measured_range(fam, pts)
+            consts[name] = c | measured_range(fam, pts) | ({"impl": IMPLS_OPS[name]} if ops else {})
             use = c if "p" not in c else {**c, "p1": c["p"] - 1.0}
             for p in pts:
                 pred = model(use, p)
-                rows.append({**p, "model": name, "set": "fit" if FIT_SETS[fam](p) else "held-out",
+                rows.append({**p, "model": name, "set": "fit" if fit_sets[fam](p) else "held-out",
                              "predicted_s": pred, "error": pred / p["seconds"] - 1.0})  # fmt: skip
     return {"constants": consts, "points": rows}
 
@@ -198,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     docs = [json.loads(Path(a).read_text()) for a in args[:-1]]
     doc = docs[0]
-    res = fit_sweep([p for d in docs for p in d["points"]])
+    res = fit_sweep([{**p, "timing": d.get("timing", "back to back")} for d in docs for p in d["points"]])
     res["source"] = {"sweeps": args[:-1], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
     Path(args[-1]).write_text(json.dumps(res, indent=1) + "\n")
     for row in error_table(res["points"], regime):
@@ -210,4 +241,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["FIT_SETS", "conv_bytes", "error_table", "fit_sweep", "nelder_mead", "regime"]
+__all__ = ["FIT_SETS", "FIT_SETS_OPS", "conv_bytes", "error_table", "fit_sweep", "nelder_mead", "regime"]

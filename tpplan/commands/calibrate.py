@@ -101,7 +101,8 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
         unknown = sorted(set(consts) - set(KernelModels.NAMES))
         if unknown:
             raise TpplanError(f"--kernel-models {models}", f"unknown models {unknown}", "pass a model_fit output")
-        gpu_upd["kernel_models"] = {k: {n: float(v) for n, v in c.items()} for k, c in consts.items()}
+        gpu_upd["kernel_models"] = {k: {n: v if isinstance(v, str) else float(v) for n, v in c.items()}
+                                    for k, c in consts.items()}  # fmt: skip
         notes.append(f"physical kernel models fitted in {models.name}")
     if quick:
         import torch

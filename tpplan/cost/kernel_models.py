@@ -6,20 +6,27 @@ Each model here has a form taken from what the kernel does, and constants fitted
 timings of the kernel (`tpplan.bench.kernel_sweep`, fit in `tpplan.bench.model_fit`); they are
 checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel models").
 
-- attention (SDPA over a KV cache, the runtime's `causal_attention`): t = a + b x rows + F / R,
-  with F the causal score + value FLOPs as executed (MLA's v zero-padded to the q/k head dim) and
-  rows = heads x tokens x (dqk + dv): the per-query work (load q, rescale, write o). Two constant
-  sets: no context and with context (the lower-right causal mask over a cache takes another
-  kernel, about 60% of the rate).
+- attention (the MLA/GQA op as the runtime runs it, SDPA inside): t = a + b x rows + c x cached
+  + F / R, with F the causal score + value FLOPs as executed (MLA's v zero-padded to the q/k head
+  dim), rows = heads x tokens x (dqk + dv) (the per-query work: rope, concatenations, padding,
+  the output) and cached = heads x context x (dqk + dv) (the KV-cache append copies the cached rows
+  once per call; `c` is absent, 0, in sets fitted on the kernel alone). Two constant sets: no
+  context and with context (the lower-right causal mask over a cache takes another kernel).
 - recurrence (fla's chunked KDA): t = smoothmax(floor, work), floor = c0 + c1 x T (the chain of
-  small per-chunk kernels, launch-bound) and work = b x heads x T, smoothmax(x, y) = (x^p + y^p)^(1/p).
+  small per-chunk kernels) and work = b x heads x T, smoothmax(x, y) = (x^p + y^p)^(1/p).
   Below some heads per rank the floor dominates and time stops shrinking with the work.
 - experts (grouped GEMM, `torch._grouped_mm`): t = c0 + smoothmax(weight bytes / BW, compute), with
   compute the GEMM table's time for the tile-padded per-expert shapes (`cost.gemm`): few tokens per
-  expert read every expert's weights (memory-bound), many are compute-bound at the GEMM rate.
+  expert read every expert's weights (memory-bound), many are compute-bound at the GEMM rate. The
+  routing around them is memory traffic (`routing_bytes`): with `route_TBps` in the set (fitted on
+  the whole op) at that rate, else at the HBM rate with the bytes of the fp32 combine.
 - short_conv: t = a + bytes / BW over the [T, C] input and output.
-- attn_res (K3's softmax over depth, the runtime's torch path): t = a + bytes / BW over the fp32
-  rows it builds, T x (snapshots + 1) x hidden x 4 bytes.
+- attn_res (K3's softmax over depth): t = a + bytes / BW, the bytes of the implementation the set
+  was fitted on (`attn_res_bytes`): the torch path's fp32 rows, or fla's fused kernel (each row
+  read once in bf16, plus the copies that make the bank's snapshots contiguous).
+
+Each set may name the implementation it was fitted on (`impl`, a string); a set without one was
+fitted on `FITTED_ON`'s. A recorded run's op that ran another implementation keeps the roofline.
 
 `KernelModels` holds the constants (`GpuSpec.kernel_models`, by model name); each `*_s` method
 returns None where the GPU has no constants for that kernel (the caller keeps its roofline).
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-Consts = Mapping[str, float]
+Consts = Mapping[str, float | str]
 
 
 def smoothmax(x: float, y: float, p: float) -> float:
@@ -51,36 +58,75 @@ def attention_flops(heads: int, tokens: int, context: int, dqk: int, dv: int) ->
     return 2.0 * heads * pairs * (dqk + dv)
 
 
-def attention_s(c: Consts, heads: int, tokens: int, dqk: int, dv: int, flops: float) -> float:
-    """a + b x heads x tokens x (dqk + dv) + F / R (constants of one branch)."""
-    return c["a_s"] + c["b_s"] * heads * tokens * (dqk + dv) + flops / (c["tflops"] * 1e12)
+def _f(c: Consts, name: str, default: float | None = None) -> float:
+    v = c.get(name, default)
+    if v is None or isinstance(v, str):
+        raise KeyError(name)
+    return float(v)
+
+
+def attention_s(c: Consts, heads: int, tokens: int, dqk: int, dv: int, flops: float, context: int = 0) -> float:
+    """a + b x heads x tokens x (dqk + dv) + c x heads x context x (dqk + dv) + F / R (one branch's constants)."""
+    per = heads * (dqk + dv)
+    return (_f(c, "a_s") + _f(c, "b_s") * per * tokens + _f(c, "c_s", 0.0) * per * context
+            + flops / (_f(c, "tflops") * 1e12))  # fmt: skip
 
 
 def recurrence_s(c: Consts, heads: int, tokens: int) -> float:
     """smoothmax(c0 + c1*T, b*heads*T) (see the module docstring)."""
-    floor = c["c0_s"] + c["c1_s"] * tokens
-    work = c["b_s"] * heads * tokens
-    return smoothmax(floor, work, c["p"])
+    floor = _f(c, "c0_s") + _f(c, "c1_s") * tokens
+    work = _f(c, "b_s") * heads * tokens
+    return smoothmax(floor, work, _f(c, "p"))
 
 
 def experts_s(c: Consts, active: int, width: int, inter: int, compute_s: float, weight_bytes: float = 2.0) -> float:
     """c0 + smoothmax(weights / BW, compute_s) for gate, up and down of `active` experts."""
     weights = active * 3.0 * width * inter * weight_bytes
-    return c["c0_s"] + smoothmax(weights / (c["TBps"] * 1e12), compute_s, c["p"])
+    return _f(c, "c0_s") + smoothmax(weights / (_f(c, "TBps") * 1e12), compute_s, _f(c, "p"))
 
 
-def attn_res_bytes(tokens: int, hidden: int, snapshots: float) -> float:
-    """The fp32 rows the attention residual builds: [T, snapshots + 1, hidden]."""
+# Routing traffic per routed row and per token, in units of `width` elements (bytes):
+# FP32_COMBINE: rows gathered in bf16 (read + write 4), outputs upcast and weighted in fp32 (2 + 4 + 4 + 4
+# + 4 for the scatter-add's read) ... 22 per row; the [T, W] fp32 result zeroed, read and cast (14 per token).
+# WEIGHTED_SUM (the bench's serving combine): gather (4), back to token order (4), the weighted sum's
+# read (2) per row; the bf16 result (2) per token.
+FP32_COMBINE = (22.0, 14.0)
+WEIGHTED_SUM = (10.0, 2.0)
+
+
+def routing_bytes(rows: int, tokens: int, width: int, per: tuple[float, float]) -> float:
+    return (rows * per[0] + tokens * per[1]) * width
+
+
+def attn_res_bytes(tokens: int, hidden: int, snapshots: float, impl: str | None = None) -> float:
+    """Bytes the attention residual moves over `snapshots` stored rows plus the prefix, [T, hidden] each.
+
+    torch path (default): the fp32 rows it builds, [T, snapshots + 1, hidden] x 4 bytes. fla's fused
+    kernel: every row read once in bf16 and the output written (2 x (snapshots + 2)), plus a bf16 copy
+    (read + write) of each snapshot when there are two or more (the bank is token-major)."""
+    if impl is not None and impl.startswith("fla"):
+        copies = snapshots if snapshots > 1 else 0.0
+        return 2.0 * tokens * hidden * (snapshots + 2.0 + 2.0 * copies)
     return 4.0 * tokens * (snapshots + 1.0) * hidden
 
 
+def attn_res_s(c: Consts, tokens: int, hidden: int, snapshots: float, impl: str | None = None) -> float:
+    """a + bytes / BW; with `copy_TBps` in the set (fla's kernel), the snapshot copies at their own rate:
+    a + kernel bytes / BW + copy bytes / copy BW (the copies are strided reads, the kernel streams)."""
+    if "copy_TBps" not in c:
+        return stream_s(c, attn_res_bytes(tokens, hidden, snapshots, impl))
+    copies = snapshots if snapshots > 1 else 0.0
+    kernel = 2.0 * tokens * hidden * (snapshots + 2.0)
+    return stream_s(c, kernel) + 4.0 * tokens * hidden * copies / (_f(c, "copy_TBps") * 1e12)
+
+
 def stream_s(c: Consts, nbytes: float) -> float:
-    """a + bytes / BW: a memory-bound kernel (short conv, routing gathers and scatters)."""
-    return c["a_s"] + nbytes / (c["TBps"] * 1e12)
+    """a + bytes / BW: a memory-bound kernel (short conv, attention residual)."""
+    return _f(c, "a_s") + nbytes / (_f(c, "TBps") * 1e12)
 
 
-# Kernel family (tpplan.bench.config.impl_class) -> the implementation the constants were fitted on
-# (`OpResult.impl` starts with it). A recorded run whose op ran something else keeps the roofline.
+# Kernel family (tpplan.bench.config.impl_class) -> the implementation a set without `impl` was
+# fitted on (`OpResult.impl` starts with it). A recorded run whose op ran something else keeps the roofline.
 FITTED_ON = {
     "mla": "torch SDPA",
     "gqa": "torch SDPA",
@@ -89,6 +135,9 @@ FITTED_ON = {
     "short_conv": "torch conv1d",
     "attn_res": "torch, fp32 rows",
 }
+# Kernel family -> the constant set that prices it.
+MODEL_OF = {"mla": "attention_causal", "gqa": "attention_causal", "kda": "kda", "experts": "experts",
+            "short_conv": "short_conv", "attn_res": "attn_res"}  # fmt: skip
 
 
 class KernelModels:
@@ -110,15 +159,23 @@ class KernelModels:
                 return True
         return False
 
-    @staticmethod
-    def fitted_for(family: str, impl: str | None) -> bool:
+    def impl(self, name: str, family: str) -> str | None:
+        """The implementation set `name` was fitted on (its `impl`, else `FITTED_ON[family]`)."""
+        c = self.consts.get(name)
+        v = None if c is None else c.get("impl")
+        return str(v) if isinstance(v, str) else FITTED_ON.get(family)
+
+    def fitted_for(self, family: str, impl: str | None) -> bool:
         """Whether the constants for `family` describe `impl` (None, unknown: no)."""
-        want = FITTED_ON.get(family)
+        name = MODEL_OF.get(family)
+        want = None if name is None else self.impl(name, family)
         return want is not None and impl is not None and impl.startswith(want)
 
-    def attention(self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float) -> float | None:
+    def attention(
+        self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float
+    ) -> float | None:  # fmt: skip
         c = self.consts.get("attention_prefix" if context > 0 else "attention_causal")
-        return None if c is None else attention_s(c, heads, tokens, dqk, dv, flops)
+        return None if c is None else attention_s(c, heads, tokens, dqk, dv, flops, context)
 
     def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
         c = self.consts.get(impl)
@@ -128,9 +185,17 @@ class KernelModels:
         c = self.consts.get("experts")
         return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes)
 
+    def routing(self, rows: int, tokens: int, width: int, hbm_Bps: float) -> float:
+        """The routing traffic around the grouped GEMMs: the fitted rate and the serving combine's bytes
+        where the experts set was fitted on the whole op (`route_TBps`), else the fp32 combine at HBM rate."""
+        c = self.consts.get("experts") or {}
+        if "route_TBps" in c:
+            return routing_bytes(rows, tokens, width, WEIGHTED_SUM) / (_f(c, "route_TBps") * 1e12)
+        return routing_bytes(rows, tokens, width, FP32_COMBINE) / hbm_Bps
+
     def attn_res(self, rows: int, hidden: int, snapshots: float) -> float | None:
         c = self.consts.get("attn_res")
-        return None if c is None else stream_s(c, attn_res_bytes(rows, hidden, snapshots))
+        return None if c is None else attn_res_s(c, rows, hidden, snapshots, self.impl("attn_res", "attn_res"))
 
     def stream(self, nbytes: float) -> float | None:
         c = self.consts.get("short_conv")
@@ -138,12 +203,18 @@ class KernelModels:
 
 
 __all__ = [
+    "FITTED_ON",
+    "FP32_COMBINE",
+    "MODEL_OF",
+    "WEIGHTED_SUM",
     "KernelModels",
     "attention_flops",
     "attention_s",
     "attn_res_bytes",
+    "attn_res_s",
     "experts_s",
     "recurrence_s",
+    "routing_bytes",
     "smoothmax",
     "stream_s",
 ]

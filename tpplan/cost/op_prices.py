@@ -210,7 +210,7 @@ class OpPrices:
         """The physical models, where they cover `family` as the run executed it (see __init__)."""
         if self.models is None:
             return None
-        if self.impls is not None and not KernelModels.fitted_for(family, self.impls.get(family)):
+        if self.impls is not None and not self.models.fitted_for(family, self.impls.get(family)):
             return None
         return self.models
 
@@ -218,14 +218,12 @@ class OpPrices:
         self, rows: int, active: int, width: int, inter: int, tokens: int, compute_s: float
     ) -> float | None:
         """Grouped GEMMs by the experts model (compute: the GEMM table at the tile-padded shapes) plus
-        the routing around them as memory traffic: rows gathered (bf16), outputs upcast and weighted
-        (fp32), scatter-added into [T, width] fp32."""
+        the routing around them as memory traffic (`KernelModels.routing`)."""
         m = self._model("experts")
         ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
         if ffn is None:
             return None
-        routing = (rows * width * 22.0 + tokens * width * 14.0) / self.hbm
-        return ffn + routing
+        return ffn + m.routing(rows, tokens, width, self.hbm)  # type: ignore[union-attr]
 
     def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
         op = d.op
@@ -294,7 +292,9 @@ class OpPrices:
             secs, cat = self._roofline(flops, nbytes), "elementwise"
             model = self._model("attn_res")
             phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
-            secs = secs if phys is None else phys
+            # The op also applies the output RMSNorm (`opkind_defs._attn_res_run`), which the sweeps time
+            # apart from the depth softmax: its [rows, hidden] read and write at the HBM roofline.
+            secs = secs if phys is None else phys + self._roofline(0.0, 2.0 * lg.hidden * rows * self.b)
             self._extrapolated = phys is not None and model is not None and model.extrapolated(
                 "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
         else:  # elementwise (norms, gates, short convolutions): memory-bound

@@ -102,9 +102,10 @@ class GpuSpec(_Strict):
     gemm_scale: float = Field(
         default=1.0, gt=0, description="this machine's GEMM rate / the table's (`tpplan calibrate --quick`)"
     )
-    kernel_models: dict[str, dict[str, float]] = Field(
+    kernel_models: dict[str, dict[str, float | str]] = Field(
         default_factory=dict,
-        description="fitted constants of the physical kernel models (cost.kernel_models); none = roofline",
+        description="fitted constants of the physical kernel models (cost.kernel_models; `impl`: what they "
+        "were fitted on); none = roofline",
     )
 
 
