@@ -53,11 +53,12 @@ def test_shipped_fit_is_the_fit_of_the_shipped_sweep() -> None:
 
 
 def test_fitted_for_matches_recorded_implementations_only() -> None:
-    assert M.KernelModels.fitted_for("kda", "fla.chunk_kda")
-    assert not M.KernelModels.fitted_for("kda", "tpplan batched chunked delta rule (torch)")
-    assert not M.KernelModels.fitted_for("mla", "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)")
-    assert not M.KernelModels.fitted_for("gdn", "fla.chunk_gated_delta_rule")  # no constants measured
-    assert not M.KernelModels.fitted_for("kda", None)
+    km = M.KernelModels(load_topology("h200-kernel-models").gpu.kernel_models)
+    assert km.fitted_for("kda", "fla.chunk_kda")
+    assert not km.fitted_for("kda", "tpplan batched chunked delta rule (torch)")
+    assert not km.fitted_for("mla", "flash x2 (KV-cache prefix + causal chunk, merged by log-sum-exp)")
+    assert not km.fitted_for("gdn", "fla.chunk_gated_delta_rule")  # no constants measured
+    assert not km.fitted_for("kda", None)
 
 
 def test_gemm_scale_multiplies_the_table_rate() -> None:

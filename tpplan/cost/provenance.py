@@ -42,6 +42,12 @@ class Provenance:
 # - "datasheet": section "Collectives on 2xH200", run A': the uncalibrated `h200x2` preset against
 #   60 measured collectives, median 13.9% (worst 45.0%). It is the only measured accuracy of a
 #   datasheet preset; compute on datasheet rooflines has not been measured against serving kernels.
+# - "modelled": section "Serving kernels, sweep 2": a topology whose compute comes from physical kernel
+#   models fitted on ops timed as the model's run calls them (every constant set names its `impl`),
+#   judged in three model runs none of the fitted points came from: median layer error 8.1% (worst
+#   10.8%) at 4K-12K tokens, out of sample. Its collectives keep datasheet rates.
+# - "modelled-sweep1": section "Serving kernels on one H200": sweep 1's models (bare kernels timed back
+#   to back), out of sample in the model's run: layers -21% to -46%, batches -22.5%/-23.8%.
 # - "measured": a measured time has no model error; its spread is the run's own (bench section).
 BANDS: dict[str, Provenance] = {
     "measured": Provenance("measured", "measured", 0.0, "measured on the GPU (run-to-run spread in the bench section)"),
@@ -52,6 +58,21 @@ BANDS: dict[str, Provenance] = {
         "worst layer error 2.1% on 2 x H200 after GEMM and kernel calibration, in-sample "
         "(docs/benchmarks.md, 'Results with measured GEMMs and kernel profiles'); out of sample, at shapes "
         "the fit did not see, layers came out 21-46% too fast ('Serving kernels on one H200')",
+    ),
+    "modelled": Provenance(
+        "modelled",
+        "physical kernel models (out-of-sample)",
+        0.081,
+        "median layer error 8.1% (worst 10.8%) on one H200, Kimi-K3 and Kimi-Linear-48B at TP1 with 4K-12K "
+        "tokens, out of sample (docs/benchmarks.md, 'Serving kernels, sweep 2'); batches of 2K tokens or "
+        "fewer ran 27-62% slower than predicted (host-bound); collectives at datasheet rates",
+    ),
+    "modelled-sweep1": Provenance(
+        "modelled-sweep1",
+        "physical kernel models, sweep 1 (out-of-sample)",
+        0.225,
+        "layers 21-46% and batches 22.5-23.8% too fast in the model's run on one H200, out of sample "
+        "(docs/benchmarks.md, 'Serving kernels on one H200'); superseded by sweep 2's models",
     ),
     "datasheet": Provenance(
         "datasheet",
@@ -68,13 +89,18 @@ def provenance(topology: Topology, gpus: int) -> Provenance:
 
     Calibrated in-sample only when the topology carries fitted collectives and kernel profiles
     (what `tpplan calibrate` writes) and the deployment stays inside the group it was fitted on;
-    anything larger, or a preset without those fits, is an extrapolation from datasheet figures.
+    a topology with physical kernel models has their out-of-sample band; anything else is an
+    extrapolation from datasheet figures.
     """
     fitted = topology.fitted
     if fitted and topology.gpu.kernel_profiles:
         group = max(f.group_size for f in fitted.values())
         if topology.nodes == 1 and gpus <= group:
             return BANDS["calibrated"]
+    models = topology.gpu.kernel_models
+    if models:
+        sweep2 = all(isinstance(c.get("impl"), str) for c in models.values())
+        return BANDS["modelled" if sweep2 else "modelled-sweep1"]
     return BANDS["datasheet"]
 
 
