@@ -325,6 +325,7 @@ def run_sweep(
     doc: dict[str, Any] = {
         "version": SWEEP_VERSION,
         "gpu": torch.cuda.get_device_name(),
+        "gpu_uuid": str(getattr(torch.cuda.get_device_properties(0), "uuid", "")),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "timing": timing,

@@ -98,6 +98,7 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
     out: dict[str, Any] = {
         "experts": sl.experts,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "gpu_uuids": _uuids(device),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "nccl_version": _nccl_version() if backend == "nccl" else None,
@@ -155,6 +156,20 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
         "layout": "torch copy",
         "other": "torch",
     }
+
+
+def _uuids(device: Any) -> list[str]:
+    """Every visible GPU's UUID (rank 0 reports; the ranks share one host), empty off CUDA."""
+    import torch
+
+    if device.type != "cuda":
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        u = getattr(torch.cuda.get_device_properties(i), "uuid", None)
+        if u is not None:
+            out.append(str(u))
+    return out
 
 
 def _nccl_version() -> str | None:
