@@ -131,8 +131,8 @@ class BenchMeta(_Strict):
     nccl_version: str | None = None
     cuda_version: str | None = None
     tpplan_version: str | None = None
-    gpu_uuids: list[str] = Field(
-        default_factory=list, description="the GPUs' UUIDs: tells runs on the same physical GPUs from others"
+    gpu_uuids: list[str] | None = Field(
+        default=None, description="the GPUs' UUIDs: tells runs on the same physical GPUs from others"
     )
 
 

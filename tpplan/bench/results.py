@@ -190,7 +190,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
         meta = BenchMeta(
             machine=socket.gethostname() or "unknown",
             gpu=raw["gpu"] or "unknown",
-            gpu_uuids=raw.get("gpu_uuids", []),
+            gpu_uuids=raw.get("gpu_uuids") or None,
             gpus=world,
             date=datetime.now(UTC).replace(microsecond=0),
             command=cfg.command,
