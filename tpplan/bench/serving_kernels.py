@@ -1,4 +1,4 @@
-"""Serving-class kernels for the benchmark, swapped in for two of the runtime's reference kernels.
+"""Serving-class kernels for the benchmark, swapped in for four of the runtime's reference kernels.
 
 The runtime's kernels (`tpplan.runtime.kernels`) are written to be obviously right, not fast:
 attention materialises the [heads, T, S] fp32 score matrix (tens of GB at 8K tokens of K3), and
