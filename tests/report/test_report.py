@@ -321,3 +321,22 @@ def test_memo_names_the_extrapolated_kernel_shapes():
     b = analyse("tiny-kimi-k3", load_topology("h200x2"), [load_workload("seed-c8")], predictor=predict_plan, tp=2,
                 search_top=0)  # fmt: skip
     assert "outside the shapes their sweep measured" not in build_memo(b).markdown
+
+
+@pytest.mark.parametrize(("pass_ms", "word"), [(102.0, "within"), (110.0, "over")])
+def test_memo_bench_section_reports_the_runtime_overhead_of_the_plans_own_run(pass_ms, word):
+    """With `bench --overhead` results the memo quotes the GPU's idle share from the recorded pass and
+    busy times, and its verdict against the 3% target follows the number."""
+    from tpplan.bench_results import RuntimeOverhead
+
+    topo = load_topology("h200x2")
+    bench = load_bench_results(Path(__file__).parent / "fixtures" / "bench_ok.json")
+    md0 = build_memo(analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2,
+                             search_top=0, bench=bench)).markdown  # fmt: skip
+    assert "GPU sat idle" not in md0
+    ro = RuntimeOverhead(pass_s=pass_ms / 1e3, busy_s=0.1, kernels=321)
+    bench = bench.model_copy(update={"runtime_overhead": ro})
+    md = build_memo(analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2,
+                            search_top=0, bench=bench)).markdown  # fmt: skip
+    assert f"GPU sat idle {pass_ms - 100:.1f}% of a pass" in md
+    assert f"{pass_ms:.1f} ms pass, 100.0 ms busy over 321 kernels" in md and f": {word} the target." in md

@@ -76,6 +76,15 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
                 "(target: at most +3%)."
             )
         )
+    ro = br.runtime_overhead
+    if ro is not None:
+        b.append(
+            Para(
+                f"Inside the plan's own run the GPU sat idle {100 * ro.overhead:.1f}% of a pass without probe "
+                f"events ({1e3 * ro.pass_s:.1f} ms pass, {1e3 * ro.busy_s:.1f} ms busy over {ro.kernels} kernels, "
+                f"profiled; target: at most 3%): {'within' if ro.overhead <= 0.03 else 'over'} the target."
+            )
+        )
     if pts:
         pngs[PNG_BENCH] = plots.predicted_vs_measured(pts, f"{br.plan} TP{br.tp}: predicted vs measured")
         b.append(Image(PNG_BENCH, "predicted against measured time per item", pngs[PNG_BENCH]))
