@@ -158,6 +158,9 @@ class RuntimeOverhead(_Strict):
     by_kernel: list[tuple[str, int, float]] = Field(
         default_factory=list, description="the profiled pass's GPU time by kernel name: (name, calls, seconds), top 30"
     )
+    clocks: dict[str, float] | None = Field(
+        default=None, description="NVML over the timed pass: sm_mhz_mean, sm_mhz_min, power_w_mean, temp_c_max, samples"
+    )
 
     @property
     def overhead(self) -> float:

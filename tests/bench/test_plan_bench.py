@@ -395,3 +395,34 @@ def test_the_runtime_overhead_target_is_judged_from_the_recorded_pass() -> None:
     row = next(c for c in checks([pb]) if "own run" in c.name)
     assert (row.value, row.ok) == ("+5.0%", False)
     assert "105.0 ms pass, 100.0 ms busy over 900 kernels" in row.detail
+
+
+def test_clock_sampler_summarises_the_samples_inside_a_window() -> None:
+    """The background sampler (NVML on a GPU; a fake reader here) time-stamps every reading, and a
+    window reports the mean and minimum SM clock, mean power and peak temperature inside it only."""
+    import time
+
+    from tpplan.bench.clocks import Sampler
+
+    values = iter([(1980.0, 500.0, 60.0), (1700.0, 700.0, 70.0)] + [(1500.0, 300.0, 50.0)] * 10_000)
+    with Sampler(lambda: next(values), period_s=0.001) as s:
+        time.sleep(0.05)
+    t0, t1 = s.samples[0][0], s.samples[1][0]
+    w = s.window(t0, t1)
+    assert w == {"sm_mhz_mean": 1840.0, "sm_mhz_min": 1700.0, "power_w_mean": 600.0, "temp_c_max": 70.0,
+                 "samples": 2}  # fmt: skip
+    assert s.window(t1 + 3600, t1 + 7200) is None
+    assert len(s.samples) > 2 and not s._thread.is_alive()
+
+
+def test_the_overhead_check_quotes_the_pass_clock_when_it_was_sampled() -> None:
+    from tpplan.bench.checks import checks
+    from tpplan.bench.results import from_files
+    from tpplan.bench_results import RuntimeOverhead
+
+    pb = from_files([GPU_RUN / "k3-baseline.json"])[0]
+    clocks = {"sm_mhz_mean": 1755.4, "sm_mhz_min": 1605.0, "power_w_mean": 612.0, "temp_c_max": 71.0, "samples": 9}
+    ro = RuntimeOverhead(pass_s=0.101, busy_s=0.1, kernels=9, clocks=clocks)
+    pb.results = pb.results.model_copy(update={"runtime_overhead": ro})
+    row = next(c for c in checks([pb]) if "own run" in c.name)
+    assert row.detail.endswith("; SM clock 1755 MHz mean, 1605 min, 612 W") and row.ok

@@ -115,7 +115,7 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
                     TARGET_OVERHEAD,
                     f"GPU idle share of one pass without probe events: {ro.pass_s * 1e3:.1f} ms pass, "
                     f"{ro.busy_s * 1e3:.1f} ms busy over {ro.kernels} kernels; the probed passes' batches "
-                    f"sum to {inst / ro.pass_s - 1:+.1%} of the pass",
+                    f"sum to {inst / ro.pass_s - 1:+.1%} of the pass{_clock_note(ro.clocks)}",
                     fmt="+.1%",
                 )
             )
@@ -182,6 +182,14 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
             )
         )
     return out
+
+
+def _clock_note(clocks: dict[str, float] | None) -> str:
+    """'; SM clock ... MHz mean, ... min, ... W' from a pass's NVML samples ('' without them)."""
+    if not clocks:
+        return ""
+    return (f"; SM clock {clocks['sm_mhz_mean']:.0f} MHz mean, {clocks['sm_mhz_min']:.0f} min, "
+            f"{clocks['power_w_mean']:.0f} W")  # fmt: skip
 
 
 def call_weighted_median_error(colls: Sequence[CollectiveResult]) -> float | None:

@@ -34,6 +34,15 @@ SWEEP_VERSION = 1
 
 # Sweep 2 ("ops" mode) times every call with the host ahead of the GPU (see `_timed`).
 HOST_AHEAD = [False]
+# A running `clocks.Sampler` (ops mode, where NVML is there): each timed point records its clock.
+SAMPLER: list[Any] = [None]
+_LAST_CLOCKS: list[dict[str, Any] | None] = [None]
+
+
+def _clocks() -> dict[str, Any]:
+    """The SM clock, power and temperature of the last timed point (empty without a sampler)."""
+    c = _LAST_CLOCKS[0]
+    return {} if c is None else {"clocks": c}
 AHEAD_SLEEP_CYCLES = 40_000_000  # ~20 ms at the H200's 1.98 GHz: longer than the host takes to queue `reps` calls
 
 
@@ -56,6 +65,7 @@ def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
         fn(i)
     torch.cuda.synchronize()
     per = []
+    t0 = time.perf_counter()
     for _ in range(3):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
@@ -67,6 +77,7 @@ def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
         b.record()
         b.synchronize()
         per.append(a.elapsed_time(b) / 1e3 / reps)
+    _LAST_CLOCKS[0] = None if SAMPLER[0] is None else SAMPLER[0].window(t0, time.perf_counter())
     return statistics.median(per)
 
 
@@ -133,8 +144,9 @@ def kda_points(
             call(0)
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
-            out.append({"family": "kda", "heads": h, "tokens": t, "dk": d, "dv": d,
-                        "seconds": _timed(call, reps, 1), "first_call_s": first})  # fmt: skip
+            secs = _timed(call, reps, 1)
+            out.append({"family": "kda", "heads": h, "tokens": t, "dk": d, "dv": d, "seconds": secs,
+                        "first_call_s": first, **_clocks()})  # fmt: skip
     return out
 
 
@@ -191,7 +203,7 @@ def conv_points(channels: Iterable[int], tokens: Iterable[int], reps: int = 7) -
             w = torch.randn(c, 1, 4, device="cuda", dtype=torch.bfloat16) * 0.3
             prev = torch.zeros(3, c, device="cuda", dtype=torch.bfloat16)
             secs = _timed(lambda _i, x=x, w=w, prev=prev: K.short_conv(x, w, {"conv": prev}), reps, 1)
-            out.append({"family": "short_conv", "channels": c, "tokens": t, "seconds": secs})
+            out.append({"family": "short_conv", "channels": c, "tokens": t, "seconds": secs, **_clocks()})
     return out
 
 
@@ -210,7 +222,7 @@ def attn_res_points(tokens: Iterable[int], banks: Iterable[int], hidden: int, re
             proj = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
             norm = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
             secs = _timed(lambda _i, a=prefix, b=bank, c=proj, d=norm: K.attn_res(a, b, c, d, 1e-5), reps, 1)
-            out.append({"family": "attn_res", "tokens": t, "bank": r, "hidden": hidden, "seconds": secs})
+            out.append({"family": "attn_res", "tokens": t, "bank": r, "hidden": hidden, "seconds": secs, **_clocks()})
     return out
 
 
@@ -276,7 +288,7 @@ def mla_op_points(
 
                 secs = _timed(call, reps, 1)
                 out.append({"family": "attention", "impl": "sdpa", "op": "mla_attention", "heads": h, "tokens": t,
-                            "context": ctx, "dqk": nope + rope, "dv": v_dim, "seconds": secs})  # fmt: skip
+                            "context": ctx, "dqk": nope + rope, "dv": v_dim, "seconds": secs, **_clocks()})  # fmt: skip
                 del q, kv, kr, kc, vc
     return out
 
@@ -310,7 +322,8 @@ def experts_op_points(
             secs = _timed(lambda _i, x=x, r=routing, ws=ws: grouped_routed_experts(x, r, *ws), reps, 1)
             out.append({"family": "experts", "op": "routed_experts", "experts": experts, "experts_local": local,
                         "top_k": top_k, "tokens": t, "rows": rows, "active": int((counts > 0).sum()),
-                        "max_rows": int(counts.max()), "width": width, "inter": inter, "seconds": secs})  # fmt: skip
+                        "max_rows": int(counts.max()), "width": width, "inter": inter, "seconds": secs,
+                        **_clocks()})  # fmt: skip
         del gate, up, down
         torch.cuda.empty_cache()
     return out
@@ -409,7 +422,15 @@ def main(argv: list[str] | None = None) -> None:
         }
     if len(args) > 4 and args[2] == "ops":  # a comma list of the families to run
         families = {k: v for k, v in families.items() if k in args[4].split(",")}
-    doc = run_sweep(out, budget, families, timing="host ahead" if HOST_AHEAD[0] else "back to back")
+    from tpplan.bench.clocks import Sampler, nvml_reader
+
+    read = nvml_reader() if HOST_AHEAD[0] else None
+    if read is None:
+        doc = run_sweep(out, budget, families, timing="host ahead" if HOST_AHEAD[0] else "back to back")
+    else:
+        with Sampler(read) as SAMPLER[0]:
+            doc = run_sweep(out, budget, families, timing="host ahead")
+        SAMPLER[0] = None
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 
 

@@ -57,18 +57,23 @@ def kernel_table(prof: Any, top: int = 30) -> list[tuple[str, int, float]]:
     return rows[:top]
 
 
-def measure(run_pass: Callable[[], None]) -> dict[str, Any]:
+def measure(run_pass: Callable[[], None], sampler: Any = None) -> dict[str, Any]:
     """Time `run_pass` (one whole pass of the workload, no probe) by events, then again under the
-    profiler for the GPU's busy time; seconds."""
+    profiler for the GPU's busy time; seconds. With a `clocks.Sampler` running, also the SM clock,
+    power and temperature over the timed pass (`clocks`)."""
+    import time
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
     a.record()
     run_pass()
     b.record()
     b.synchronize()
+    clocks = None if sampler is None else sampler.window(t0, time.perf_counter())
     pass_s = a.elapsed_time(b) / 1e3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_pass()
@@ -77,7 +82,7 @@ def measure(run_pass: Callable[[], None]) -> dict[str, Any]:
     busy_s = busy_seconds(iv) / 1e6
     span_s = (max(e for _, e in iv) - min(s for s, _ in iv)) / 1e6 if iv else 0.0
     return {"pass_s": pass_s, "busy_s": busy_s, "profiled_span_s": span_s, "kernels": float(len(iv)),
-            "by_kernel": kernel_table(prof)}  # fmt: skip
+            "by_kernel": kernel_table(prof), "clocks": clocks}  # fmt: skip
 
 
 __all__ = ["busy_seconds", "kernel_table", "measure"]

@@ -226,7 +226,8 @@ def _overhead(raw: dict[str, float] | None) -> schema.RuntimeOverhead | None:
     if not raw or raw["busy_s"] <= 0 or raw["pass_s"] <= 0:
         return None
     return schema.RuntimeOverhead(pass_s=raw["pass_s"], busy_s=raw["busy_s"], kernels=int(raw["kernels"]),
-                                  by_kernel=[tuple(r) for r in raw.get("by_kernel", [])])  # fmt: skip
+                                  by_kernel=[tuple(r) for r in raw.get("by_kernel", [])],
+                                  clocks=raw.get("clocks"))  # fmt: skip
 
 
 def _kernels_note(cfg: BenchConfig, raw: dict[str, Any]) -> str:

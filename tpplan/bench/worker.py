@@ -271,7 +271,14 @@ def _bench_plan(
             for b in batches:
                 run_batch(b, states)
 
-        overhead = measure(one_pass)
+        from tpplan.bench.clocks import Sampler, nvml_reader
+
+        read = nvml_reader(device.index or 0)
+        if read is None:
+            overhead = measure(one_pass)
+        else:
+            with Sampler(read) as sampler:
+                overhead = measure(one_pass, sampler)
     progress.update(task, description=f"{name}: replaying collectives")
     replay = replay_collectives(records[0], rank, world, device, cfg, clock)
     # Every rank ran the same sequence of intervals: gather their seconds by position.

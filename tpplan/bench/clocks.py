@@ -1,0 +1,75 @@
+"""SM clock, power and temperature sampled in the background while the GPU works (NVML, GPU only).
+
+Why: on one H200 the same flash-attention kernels ran 24-26% slower inside Kimi-K3's run than in
+an isolated sweep (docs/benchmarks.md, "Serving kernels, sweep 2"), and the clock under the run's
+sustained power is the candidate cause. A `Sampler` reads NVML every few milliseconds on its own
+thread; `window(t0, t1)` summarises the samples between two `time.perf_counter()` readings, so a
+sweep point and a whole profiled pass can each report the clock they ran at.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+Reading = tuple[float, float, float]  # (SM MHz, power W, temperature C)
+
+
+def nvml_reader(index: int = 0) -> Callable[[], Reading] | None:
+    """A reader of GPU `index`'s SM clock, power and temperature, or None without NVML."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # no driver, no GPU: no samples
+        return None
+
+    def read() -> Reading:
+        sm = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+        mw = pynvml.nvmlDeviceGetPowerUsage(h)
+        temp = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+        return float(sm), mw / 1000.0, float(temp)
+
+    return read
+
+
+class Sampler:
+    """Background samples of `read()` every `period_s`, time-stamped with `time.perf_counter()`."""
+
+    def __init__(self, read: Callable[[], Reading], period_s: float = 0.005) -> None:
+        self.read, self.period_s = read, period_s
+        self.samples: list[tuple[float, Reading]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), self.read()))
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def window(self, t0: float, t1: float) -> dict[str, Any] | None:
+        """Mean and minimum SM clock, mean power and peak temperature of the samples in [t0, t1]."""
+        got = [r for t, r in list(self.samples) if t0 <= t <= t1]
+        if not got:
+            return None
+        sm = [r[0] for r in got]
+        return {"sm_mhz_mean": statistics.fmean(sm), "sm_mhz_min": min(sm),
+                "power_w_mean": statistics.fmean(r[1] for r in got), "temp_c_max": max(r[2] for r in got),
+                "samples": len(got)}  # fmt: skip
+
+
+__all__ = ["Reading", "Sampler", "nvml_reader"]
