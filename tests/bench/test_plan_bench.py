@@ -161,6 +161,8 @@ def test_serving_kernels_equal_the_reference() -> None:
     assert len(set((r[:, :3] != 0).sum(1).tolist())) > 1
     want = K.routed_experts(x, r[:, :3], *part)
     assert torch.allclose(FK.grouped_routed_experts(x, r[:, :3], *part), want, atol=1e-5)
+    # every expert here and top_k known: the host-sync-free routing (top-k indices, scatter-add counts)
+    assert torch.allclose(FK.grouped_routed_experts(x, r, *w, top_k=2), ref, atol=1e-5)
     saved = dict(FK._GROUPED)
     try:
         FK._GROUPED["cpu"] = False  # the per-expert loop
@@ -249,9 +251,11 @@ def test_tiny_k3_forward_with_the_serving_kernels_equals_the_reference() -> None
     w = random_weights(graph, nu, seed=3)
     ids = torch.randint(0, graph.spec.vocab, (12,), generator=torch.Generator().manual_seed(3))
     ref = run_reference(graph, w, ids, chunk=5, numerics=nu)
+    FK._SYNC_FREE[0] = False
     with FK.installed():
         got = run_reference(graph, w, ids, chunk=5, numerics=nu)
     assert torch.allclose(got, ref, atol=1e-4 * float(ref.abs().max()))
+    assert FK.sync_free_routing_used()  # one rank holds every expert: the MoE routed without a host sync
 
 
 def test_outputs_are_one_file_per_plan_and_written_all_or_nothing(tmp_path: Path) -> None:

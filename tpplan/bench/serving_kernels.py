@@ -14,7 +14,8 @@ benchmark, with the same semantics (tests compare them on CPU):
   reference kernel.
 - `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop where it is unavailable), each token's rows weighted and summed in one batched
-  product with fp32 accumulation (the fused-MoE engines' combine).
+  product with fp32 accumulation (the fused-MoE engines' combine); with no host sync when the rank
+  holds every expert (the caller's `top_k` hint).
 - `router_logits` -> the router GEMM in the activations' half precision with an fp32 result, as
   engines run it (the reference, like HF, upcasts the activations first).
 - `chunk_gated_delta_rule` (KDA, Gated DeltaNet) -> `chunked_delta_rule`: the same chunked WY
@@ -44,15 +45,21 @@ from tpplan.runtime import kernels as K
 from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
 
 
-def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+def grouped_routed_experts(
+    x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor, top_k: int | None = None
+) -> Tensor:
     """Same contract as `kernels.routed_experts`: x [T, W], routing [T, E] combine weights (0 = not
     selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype.
 
     As the serving engines' fused MoE does it: rows gathered in expert order, grouped GEMMs in x's
     dtype, then each row weighted and the k rows of a token summed with fp32 accumulation (one
     batched [1, k] x [k, W] product per token, in place of an fp32 copy of every row and a
-    scatter-add). A batch whose tokens select different numbers of experts here (an expert-parallel
-    rank's columns) takes the scatter-add. `torch.nonzero` syncs with the host once per call."""
+    scatter-add). With `top_k` (every token selects exactly top_k columns: this rank holds every
+    expert) the routing comes from `topk` and never waits for the host; without it `torch.nonzero`
+    syncs once, and a batch whose tokens select different numbers of experts here (an
+    expert-parallel rank's columns) takes the scatter-add."""
+    if top_k is not None and 0 < top_k <= routing.shape[1]:
+        return _routed_without_sync(x, routing, gate, up, down, top_k)
     mask = routing != 0
     per_token = mask.sum(1)
     tok, exp = torch.nonzero(mask, as_tuple=True)  # token-major: a token's rows are adjacent
@@ -63,12 +70,40 @@ def grouped_routed_experts(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor,
     ys = expert_ffn(x[tok[order]], counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
     w = routing[tok, exp]
     if uniform:
-        rows = torch.empty_like(ys).index_copy_(0, order, ys)  # back to token-major
-        wk = w.reshape(-1, 1, k).to(torch.float32 if x.dtype == torch.float32 else x.dtype)
-        return torch.bmm(wk, rows.reshape(-1, k, ys.shape[1])).reshape(-1, ys.shape[1]).to(x.dtype)
+        return _weighted_sum(ys, order, w.reshape(-1, k), x.dtype)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     out.index_add_(0, tok[order], ys.float() * w[order, None].float())
     return out.to(x.dtype)
+
+
+_SYNC_FREE: list[bool] = [False]  # whether the host-sync-free routing ran in this process
+
+
+def _routed_without_sync(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor, k: int) -> Tensor:
+    """The uniform case with every shape known on the host: top-k indices per token, rows sorted by
+    expert with a stable argsort, per-expert counts by scatter-add (no host sync anywhere)."""
+    w, idx = routing.topk(k, dim=1)  # the selected weights are the k largest (all > 0)
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(routing.shape[1], dtype=torch.int64, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    ys = expert_ffn(x.index_select(0, order // k), counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
+    _SYNC_FREE[0] = True
+    return _weighted_sum(ys, order, w, x.dtype)
+
+
+def _weighted_sum(ys: Tensor, order: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows `ys` in expert order back to token order, then each token's k rows weighted by `w` [T, k]
+    and summed in one batched product."""
+    k = w.shape[1]
+    rows = torch.empty_like(ys).index_copy_(0, order, ys)
+    wk = w.reshape(-1, 1, k).to(torch.float32 if dtype == torch.float32 else dtype)
+    return torch.bmm(wk, rows.reshape(-1, k, ys.shape[1])).reshape(-1, ys.shape[1]).to(dtype)
+
+
+def sync_free_routing_used() -> bool:
+    """Whether the routed experts ran the host-sync-free path (`top_k` given) in this process."""
+    return _SYNC_FREE[0]
 
 
 def serving_router_logits(x: Tensor, weight: Tensor, logit_bias: Tensor | None = None) -> Tensor:
@@ -264,4 +299,5 @@ __all__ = [
     "grouped_routed_experts",
     "installed",
     "serving_router_logits",
+    "sync_free_routing_used",
 ]

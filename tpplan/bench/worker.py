@@ -116,11 +116,11 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
                 torch.cuda.empty_cache()
             progress.update(task, description=f"{name}: done", completed=per_plan + 1)
     out["grouped_gemm"] = serving_kernels.grouped_gemm_used().get(device.type)
-    out["impls"] = implementations(cfg.kernels, device, out["grouped_gemm"])
+    out["impls"] = implementations(cfg.kernels, device, out["grouped_gemm"], serving_kernels.sync_free_routing_used())
     return out if rank == 0 else None
 
 
-def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str, str]:
+def implementations(kernels: str, device: Any, grouped: bool | None, sync_free: bool = False) -> dict[str, str]:
     """What ran for each kernel family (`config.impl_class`) in this process: the runtime's fast paths
     apply on CUDA unless TPPLAN_FAST_KERNELS=0 (fla's where it imports), the bench's `--kernels fast`
     adds SDPA off CUDA, grouped expert GEMMs and the batched torch delta rule where fla is missing."""
@@ -142,6 +142,9 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
     attnres = "torch, fp32 rows in one pass"
     if rt and RF.fla_has(RF.FLA_ATTNRES) and os.environ.get("TPPLAN_FLA_ATTNRES", "1") != "0":
         attnres = "fla.fused_attnres (bank snapshots copied contiguous)"
+    experts = ("torch._grouped_mm" if grouped else "per-expert GEMM loop") + (
+        ", routed without a host sync" if sync_free else ""
+    )
     norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
     return {
         "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",
@@ -150,7 +153,7 @@ def implementations(kernels: str, device: Any, grouped: bool | None) -> dict[str
         "kda": "fla.chunk_kda" if fla else torch_delta,
         "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
         "short_conv": (conv if rt else "reference"),
-        "experts": ("torch._grouped_mm" if grouped else "per-expert GEMM loop") if fast else "reference",
+        "experts": experts if fast else "reference",
         "norm": norm if rt else "reference",
         "attn_res": (attnres if rt else "reference"),
         "layout": "torch copy",

@@ -318,7 +318,11 @@ def run_experts(op: Op, x: Any, routing: Any, w: Mapping[str, Any], K: Any) -> A
     """Routed experts with this rank's (stacked) weights; biases and gpt-oss's clamped SwiGLU from attrs."""
     clamp, scale_inputs = op.attrs.get("clamp"), bool(op.attrs.get("scale_inputs"))
     if not op.attrs.get("bias") and not clamp and not scale_inputs:  # the plain contract (a benchmark may swap it)
-        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"])
+        # Every token picks exactly top_k of the columns when this rank's routing holds all experts: a
+        # hint that lets a serving kernel route without a host sync (the reference does not need it).
+        every = routing.shape[-1] == int(op.attrs["experts"])
+        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"], top_k=int(op.attrs["top_k"]) if every
+                                else None)  # fmt: skip
     return K.routed_experts(
         x, routing, w["gate"], w["up"], w["down"], gate_bias=w.get("gate_bias"), up_bias=w.get("up_bias"),
         down_bias=w.get("down_bias"), clamp=tuple(clamp) if clamp else None,  # type: ignore[arg-type]

@@ -74,6 +74,7 @@ def routed_experts(
     down_bias: Tensor | None = None,
     clamp: tuple[float, float] | None = None,
     scale_inputs: bool = False,
+    top_k: int | None = None,
 ) -> Tensor:
     """Sum over selected experts of routing[t,e] * down_e(act(gate_e x, up_e x)), or with
     `scale_inputs` (Llama 4) of down_e(act(gate_e x', up_e x')) with x' = routing[t,e] * x.
@@ -82,7 +83,8 @@ def routed_experts(
     (an EP rank passes its column slice with its own experts). act is silu(g) * u, or with `clamp`
     = (alpha, limit) gpt-oss's g' * sigmoid(alpha g') * (u' + 1), g' = min(g, limit), u' = u clamped
     to [-limit, limit]. Optional biases [E, I] / [E, W] (gpt-oss); the down bias is scaled by the
-    routing weight like the rest of the expert's output.
+    routing weight like the rest of the expert's output. `top_k`: given when every token selects
+    exactly top_k of `routing`'s columns (a hint for kernels that avoid host syncs; unused here).
     """
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
     xf = x.float()
