@@ -10,9 +10,15 @@ of each TP size runs:
 - `kda`: fla's chunked KDA (state carried, gates fused in the kernel) by heads per rank and tokens,
   down to one head: as h one-head sequences (`kda_batched_points`, one build) or through
   `runtime.fast_kernels.kda` in the runtime's layout (`kda_points`, one build per head count);
-- `short_conv`, `attn_res`: the runtime's torch paths;
+- `short_conv`, `attn_res`: the runtime's paths (`kernels.short_conv`, `kernels.attn_res`: fla's
+  kernels on CUDA where fla has them, else torch);
 - `experts`: `bench.serving_kernels.expert_ffn` (`torch._grouped_mm`) by experts per rank and tokens
   routed (top-k of the model's experts, random router logits).
+
+Sweep 2 (`ops` mode) times the ops as the model's run calls them instead: the whole MLA op
+(`mla_op_points`), the whole routed-experts op with its routing (`experts_op_points`), KDA in the
+runtime's layout, conv and AttnRes, each with the host ahead of the GPU (`HOST_AHEAD`, see
+`_timed`) and, where NVML is there, the SM clock each point ran at (`clocks.Sampler`).
 
 Each point: a warm-up call (builds kernels; Triton's autotuning is cached in TRITON_CACHE_DIR),
 then the median of `reps` event-timed calls, each on one of several input sets in turn when the
