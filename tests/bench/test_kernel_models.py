@@ -97,3 +97,40 @@ def test_predictions_say_when_a_physical_model_priced_a_shape_its_sweep_never_me
     assert not kda(8192).extrapolated and kda(12288).extrapolated  # the sweep went to 8K tokens
     gemm = next(o for o in p.kind_time(res, ((12288, 0),)).ops if o.op == "q_proj")
     assert not gemm.extrapolated  # GEMMs come from the table, not a physical model
+
+
+def test_sweep_two_fits_the_norm_model_and_the_predictor_prices_norms_with_it() -> None:
+    """Synthetic RMSNorm points (sweep 2's timing) give back their constants with the held-out widths
+    predicted; a topology carrying them prices the norm ops by them (and flags widths outside the
+    measured range), while a topology without them keeps the roofline."""
+    from tpplan.cost.predict import predict_plan
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+
+    true = {"a_s": 6e-6, "TBps": 2.5}
+    pts = [{"family": "norm", "width": w, "tokens": t, "timing": "host ahead",
+            "seconds": M.stream_s(true, 4.0 * w * t)}
+           for w in (7168, 2304, 12288, 1536, 512) for t in (1024, 2048, 4096, 8192)]  # fmt: skip
+    res = fit_sweep(pts)
+    c = res["constants"]["norm"]
+    assert c["TBps"] == pytest.approx(2.5, rel=0.01) and c["impl"] == "fla fused rms_norm"
+    assert {r["set"] for r in res["points"]} == {"fit", "held-out"}
+    assert max(abs(r["error"]) for r in res["points"]) < 0.01
+
+    base = load_topology("h200x2")
+    fitted = base.model_copy(update={"gpu": base.gpu.model_copy(update={"kernel_models": {"norm": c}})})
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    plan = make_plan("baseline", graph, 1)
+
+    def norm_ops(topo: object) -> list[object]:
+        p = predict_plan(graph, plan, topo, tp=1, pp=1, tokens=4096)
+        return [o for k in p.kinds for o in k.ops if o.op in ("o_norm", "latent_norm", "q_a_layernorm")]
+
+    with_model, roofline = norm_ops(fitted), norm_ops(base)
+    assert with_model and len(with_model) == len(roofline)
+    for a, b in zip(with_model, roofline, strict=True):
+        assert a.seconds == pytest.approx(M.stream_s(c, a.bytes_per_rank), rel=1e-9)
+        assert a.seconds != pytest.approx(b.seconds, rel=1e-3)
+    tiny_width = any(o.extrapolated for o in with_model)  # tiny K3's widths are below the swept 512
+    assert tiny_width

@@ -17,7 +17,7 @@ of each TP size runs:
 
 Sweep 2 (`ops` mode) times the ops as the model's run calls them instead: the whole MLA op
 (`mla_op_points`), the whole routed-experts op with its routing (`experts_op_points`), KDA in the
-runtime's layout, conv and AttnRes, each with the host ahead of the GPU (`HOST_AHEAD`, see
+runtime's layout, conv, AttnRes and RMSNorm, each with the host ahead of the GPU (`HOST_AHEAD`, see
 `_timed`) and, where NVML is there, the SM clock each point ran at (`clocks.Sampler`).
 
 Each point: a warm-up call (builds kernels; Triton's autotuning is cached in TRITON_CACHE_DIR),
@@ -49,6 +49,8 @@ def _clocks() -> dict[str, Any]:
     """The SM clock, power and temperature of the last timed point (empty without a sampler)."""
     c = _LAST_CLOCKS[0]
     return {} if c is None else {"clocks": c}
+
+
 AHEAD_SLEEP_CYCLES = 40_000_000  # ~20 ms at the H200's 1.98 GHz: longer than the host takes to queue `reps` calls
 
 
@@ -210,6 +212,22 @@ def conv_points(channels: Iterable[int], tokens: Iterable[int], reps: int = 7) -
             prev = torch.zeros(3, c, device="cuda", dtype=torch.bfloat16)
             secs = _timed(lambda _i, x=x, w=w, prev=prev: K.short_conv(x, w, {"conv": prev}), reps, 1)
             out.append({"family": "short_conv", "channels": c, "tokens": t, "seconds": secs, **_clocks()})
+    return out
+
+
+def norm_points(widths: Iterable[int], tokens: Iterable[int], reps: int = 7) -> list[dict[str, Any]]:
+    """The runtime's RMSNorm (`runtime.kernels.rms_norm`: fla's fused kernel on CUDA) over [T, width]."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    out = []
+    for wd in widths:
+        for t in tokens:
+            x = torch.randn(t, wd, device="cuda", dtype=torch.bfloat16)
+            w = torch.ones(wd, device="cuda", dtype=torch.bfloat16)
+            secs = _timed(lambda _i, x=x, w=w: K.rms_norm(x, w, 1e-6), reps, 1)
+            out.append({"family": "norm", "width": wd, "tokens": t, "seconds": secs, **_clocks()})
     return out
 
 
@@ -413,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             ),  # Kimi-Linear's experts
             "short_conv": lambda: conv_points((12288, 4096, 1536, 384), tok),
             "attn_res": lambda: attn_res_points(tok, (1, 2, 4, 8), 7168),
+            "norm": lambda: norm_points((7168, 2304, 12288, 1536, 512), tok),
             "kda_runtime": lambda: kda_points(
                 kda_heads, (8192, 4096, 2048, 1024), reps=5, deadline=start + budget - 100
             ),
@@ -452,5 +471,6 @@ __all__ = [
     "kda_batched_points",
     "kda_points",
     "mla_op_points",
+    "norm_points",
     "run_sweep",
 ]

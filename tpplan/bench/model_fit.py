@@ -27,6 +27,7 @@ FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "experts": lambda p: p["experts_local"] in (448, 112, 28) and p["tokens"] in (2048, 8192) and p["inter"] == 3072,
     "short_conv": lambda p: p["channels"] in (12288, 768),
     "attn_res": lambda p: p["bank"] in (1, 4),
+    "norm": lambda p: p["width"] in (7168, 1536),
 }
 # Sweep 2 (the ops as the model's run calls them, timed with the host ahead of the GPU). Held out:
 # heads per rank 48/12/3 (TP2/TP8/TP32) for attention and 12 (TP8) for KDA, 1K and 4K tokens, contexts
@@ -35,15 +36,19 @@ FIT_SETS: dict[str, Callable[[dict[str, Any]], bool]] = {
 FIT_SETS_OPS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "attention": lambda p: p["heads"] in (96, 24, 6) and p["tokens"] in (2048, 8192) and p["context"] in (0, 16384),
     "kda": lambda p: p["heads"] in (96, 48, 3) and p["tokens"] in (2048, 8192),
-    "experts": lambda p: p["tokens"] in (2048, 8192) and p["width"] == 3584
-    and (p["experts"], p["experts_local"]) in ((256, 256), (64, 64), (896, 112)),
+    "experts": lambda p: (
+        p["tokens"] in (2048, 8192)
+        and p["width"] == 3584
+        and (p["experts"], p["experts_local"]) in ((256, 256), (64, 64), (896, 112))
+    ),
     "short_conv": lambda p: p["channels"] in (12288, 1536),
     "attn_res": lambda p: p["bank"] in (1, 4),
+    "norm": lambda p: p["width"] in (7168, 1536),
 }
 # The implementation sweep 2 timed, per model (recorded in the preset: `KernelModels.impl`).
 IMPLS_OPS = {"attention_causal": "torch SDPA", "attention_prefix": "torch SDPA", "kda": "fla.chunk_kda",
              "experts": "torch._grouped_mm", "short_conv": "fla.causal_conv1d",
-             "attn_res": "fla.fused_attnres"}  # fmt: skip
+             "attn_res": "fla.fused_attnres", "norm": "fla fused rms_norm"}  # fmt: skip
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], iters: int = 4000) -> list[float]:
@@ -129,6 +134,10 @@ def _attn_res(c: dict[str, float], p: dict[str, Any]) -> float:
     return M.attn_res_s(c, p["tokens"], p["hidden"], p["bank"], impl)
 
 
+def _norm(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.stream_s(c, conv_bytes(p["width"], p["tokens"]))
+
+
 def conv_bytes(channels: int, tokens: int) -> float:
     """bf16 [T, C] read and written (the K-1 carried rows aside)."""
     return 4.0 * channels * tokens
@@ -140,6 +149,7 @@ FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], t
     "experts": (_experts, ("c0_s", "TBps", "p1"), (5e-5, 3.3, 2.0)),
     "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
     "attn_res": (_attn_res, ("a_s", "TBps"), (5e-5, 1.0)),
+    "norm": (_norm, ("a_s", "TBps"), (5e-6, 2.0)),
 }
 
 
@@ -150,6 +160,7 @@ RANGES: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "experts": lambda p: {"experts": p["active"], "rows_per_expert": p["rows"] / p["active"]},
     "short_conv": lambda p: {"channels": p["channels"], "tokens": p["tokens"]},
     "attn_res": lambda p: {"tokens": p["tokens"], "snapshots": p["bank"]},
+    "norm": lambda p: {"width": p["width"], "tokens": p["tokens"]},
 }
 
 
@@ -184,6 +195,7 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
         "experts": [("experts", [p for p in points if p["family"] == "experts"])],
         "short_conv": [("short_conv", [p for p in points if p["family"] == "short_conv"])],
         "attn_res": [("attn_res", [p for p in points if p["family"] == "attn_res"])],
+        "norm": [("norm", [p for p in points if p["family"] == "norm"])],
     }  # fmt: skip
     for fam, parts in groups.items():
         model, names, x0 = FAMILIES[fam]
@@ -222,6 +234,8 @@ def regime(r: dict[str, Any]) -> str:
         return f"E/rank={r['experts_local']} I={r['inter']}"
     if r["family"] == "attn_res":
         return f"snapshots={r['bank']}"
+    if r["family"] == "norm":
+        return f"W={r['width']}"
     return f"C={r['channels']}"
 
 

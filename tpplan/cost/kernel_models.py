@@ -21,6 +21,7 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   routing around them is memory traffic (`routing_bytes`): with `route_TBps` in the set (fitted on
   the whole op) at that rate, else at the HBM rate with the bytes of the fp32 combine.
 - short_conv: t = a + bytes / BW over the [T, C] input and output.
+- norm (fla's fused RMSNorm): t = a + bytes / BW over the rows read and written.
 - attn_res (K3's softmax over depth): t = a + bytes / BW, the bytes of the implementation the set
   was fitted on (`attn_res_bytes`): the torch path's fp32 rows, or fla's fused kernel (each row
   read once in bf16, plus the copies that make the bank's snapshots contiguous).
@@ -134,16 +135,17 @@ FITTED_ON = {
     "experts": "torch._grouped_mm",
     "short_conv": "torch conv1d",
     "attn_res": "torch, fp32 rows",
+    "norm": "fla fused rms_norm",
 }
 # Kernel family -> the constant set that prices it.
 MODEL_OF = {"mla": "attention_causal", "gqa": "attention_causal", "kda": "kda", "experts": "experts",
-            "short_conv": "short_conv", "attn_res": "attn_res"}  # fmt: skip
+            "short_conv": "short_conv", "attn_res": "attn_res", "norm": "norm"}  # fmt: skip
 
 
 class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
-    NAMES = ("attention_causal", "attention_prefix", "kda", "experts", "short_conv", "attn_res")
+    NAMES = ("attention_causal", "attention_prefix", "kda", "experts", "short_conv", "attn_res", "norm")
 
     def __init__(self, consts: Mapping[str, Consts]) -> None:
         self.consts = consts
@@ -199,6 +201,10 @@ class KernelModels:
 
     def stream(self, nbytes: float) -> float | None:
         c = self.consts.get("short_conv")
+        return None if c is None else stream_s(c, nbytes)
+
+    def norm(self, nbytes: float) -> float | None:
+        c = self.consts.get("norm")
         return None if c is None else stream_s(c, nbytes)
 
 

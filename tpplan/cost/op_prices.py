@@ -308,6 +308,13 @@ class OpPrices:
                 channels = lg.values[op.output].width * d.compute_share
                 self._extrapolated = phys is not None and model is not None and model.extrapolated(
                     impl, channels=channels, tokens=t)  # fmt: skip
+            elif op.kind in (OpKind.NORM, OpKind.HEAD_NORM):  # a fused RMSNorm: its stream model, where fitted
+                model = self._model("norm")
+                phys = None if model is None else model.norm(nbytes)
+                secs = secs if phys is None else phys
+                width = lg.values[op.output].width * d.compute_share
+                self._extrapolated = phys is not None and model is not None and model.extrapolated(
+                    "norm", width=width, tokens=t)  # fmt: skip
         if not flops and not nbytes:
             redundant = False
         kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
