@@ -418,7 +418,14 @@ def test_clock_sampler_summarises_the_samples_inside_a_window() -> None:
     assert w == {"sm_mhz_mean": 1840.0, "sm_mhz_min": 1700.0, "power_w_mean": 600.0, "temp_c_max": 70.0,
                  "samples": 2}  # fmt: skip
     assert s.window(t1 + 3600, t1 + 7200) is None
-    assert len(s.samples) > 2 and not s._thread.is_alive()
+    assert len(s.samples) > 2 and not s._thread.is_alive() and s.error is None
+
+    def broken() -> tuple[float, float, float]:
+        raise RuntimeError("NVML: not supported")
+
+    with Sampler(broken, period_s=0.001) as bad:  # a reader that fails stops the sampling, not the run
+        bad._thread.join(5.0)
+    assert bad.samples == [] and bad.error == "RuntimeError: NVML: not supported"
 
 
 def test_the_overhead_check_quotes_the_pass_clock_when_it_was_sampled() -> None:

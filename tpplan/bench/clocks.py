@@ -45,12 +45,18 @@ class Sampler:
     def __init__(self, read: Callable[[], Reading], period_s: float = 0.005) -> None:
         self.read, self.period_s = read, period_s
         self.samples: list[tuple[float, Reading]] = []
+        self.error: str | None = None  # why sampling stopped early, if it did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter(), self.read()))
+            try:
+                reading = self.read()
+            except Exception as exc:  # e.g. NVML_ERROR_NOT_SUPPORTED: stop sampling, keep what was read
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+            self.samples.append((time.perf_counter(), reading))
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> Sampler:
