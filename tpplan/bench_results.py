@@ -139,12 +139,15 @@ class BenchMeta(_Strict):
 class TTFTExtrapolation(_Strict):
     """The whole-model TTFT on the target topology, from the measured slice."""
 
-    topology: str
+    topology: str = Field(description="for people, e.g. 'h200x8-ib400 x4 nodes (TP32)'")
     workload: str
     mean_s: float = Field(ge=0)
     p50_s: float = Field(ge=0)
     max_s: float = Field(ge=0)
     predicted_mean_s: float | None = Field(default=None, ge=0)
+    target: str | None = Field(default=None, description="the target topology's name (files since 2026-12-01)")
+    nodes: int | None = Field(default=None, ge=1, description="its nodes")
+    tp: int | None = Field(default=None, ge=1, description="the TP size extrapolated to")
 
 
 class RuntimeOverhead(_Strict):

@@ -196,6 +196,7 @@ def test_extrapolated_ttft_is_the_prediction_when_the_slice_measures_as_predicte
     wl = resolved_workload(cfg)
     same = extrapolate_ttft(cfg, wl, sl, "baseline", [], [])
     assert same.mean_s == pytest.approx(same.predicted_mean_s, rel=1e-9) and "TP32" in same.topology
+    assert (same.target, same.nodes, same.tp) == ("h200x8-ib400", 4, 32)
     # the slice's collectives measured twice as slow as predicted: only the communication scales
     coll = CollectiveResult(kind="all_reduce", shape=[8, 8], bytes=128, group_size=2, measured_s=2.0, predicted_s=1.0)
     op = OpResult(layer_kind="kda+moe", op="q_proj", category="gemm", tokens=8, measured_s=1.0, predicted_s=1.0)

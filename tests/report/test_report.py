@@ -307,6 +307,11 @@ def test_bench_ttft_is_compared_with_the_memos_prediction(measured_s):
     assert ("they differ" in text) == (abs(gap) > a.provenance.band)
     other = t.model_copy(update={"topology": "h200x8-ib400 x4 nodes (TP32)"})
     assert memo_vs_bench_ttft(a, other) == ""  # not a target the memo predicts: no comparison
+    # Files since 2026-12-01 name the target in fields; those decide, whatever the text says.
+    same = t.model_copy(update={"topology": "anything", "target": "h200x2", "nodes": 1, "tp": 2})
+    assert memo_vs_bench_ttft(a, same) == text
+    for wrong in ({"nodes": 2}, {"tp": 1}, {"target": "h200x8-ib400"}):
+        assert memo_vs_bench_ttft(a, same.model_copy(update=wrong)) == "", wrong
 
 
 def test_memo_names_the_extrapolated_kernel_shapes():

@@ -77,6 +77,9 @@ def extrapolate_ttft(
         p50_s=got.p50_s,
         max_s=got.max_s,
         predicted_mean_s=plain.ttft.mean_s if plain.ttft else None,
+        target=topo.name,
+        nodes=topo.nodes,
+        tp=tp,
     )
 
 
