@@ -16,6 +16,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import build_hf_model  # noqa: E402
+
 from tpplan.models.config import load_config_dict, spec_from_config  # noqa: E402
 from tpplan.models.graph import build_model_graph  # noqa: E402
 from tpplan.runtime.executor import run_reference  # noqa: E402
@@ -44,30 +46,7 @@ MODELS = {
 
 def _hf_model(preset: str, overrides: dict | None = None) -> torch.nn.Module:
     raw, _ = load_config_dict(preset)
-    raw = {**raw, **(overrides or {})}
-    cfg_cls, model_cls = (getattr(transformers, n) for n in MODELS[preset])
-    cfg = cfg_cls(**{k: v for k, v in raw.items() if k != "model_type"})
-    cfg._attn_implementation = "eager"
-    if getattr(cfg, "text_config", None) is not None:
-        cfg.text_config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = model_cls(cfg).float().eval()
-    # HF zero-inits some buffers/params; give them values so the test exercises them.
-    with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if "e_score_correction_bias" in name:
-                p.copy_(torch.randn_like(p) * 0.05)
-            elif "norm" in name and p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-            elif "A_log" in name or "dt_bias" in name:
-                p.copy_(torch.randn_like(p) * 0.5)
-            elif name.endswith("gate.weight") and p.dim() == 2:
-                p.copy_(torch.randn_like(p) * 0.2)
-            elif name.endswith(("_bias", ".bias", "sinks")):  # biases, sinks: HF zero-inits them
-                p.copy_(torch.randn_like(p) * 0.5)
-            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and "gpt_oss" in type(model).__module__:
-                p.copy_(torch.randn_like(p) * 0.3)  # large enough that the SwiGLU clamp is reached
-    return model
+    return build_hf_model(transformers, {**raw, **(overrides or {})}, MODELS[preset])
 
 
 YARN = {

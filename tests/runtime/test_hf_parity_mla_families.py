@@ -1,10 +1,10 @@
 """deepseek_v32, glm_moe_dsa, minimax_m2 and glm4_moe: the graph executor equals transformers 5.x.
 
 As `test_hf_parity.py`: the HF model is built from the tiny preset's config dict (no download), in
-fp32 eval mode with eager attention; its state dict goes through `normalize_names` and is checked
-against the graph's names and shapes. Zero-initialised HF buffers (router bias, norms, biases) get
-random values so they are exercised. Tolerance 1e-4 absolute on logits of magnitude ~0.5
-(float32 reordering; measured ~2e-7).
+fp32 eval mode with eager attention (`tests/hf_models.py`, shared); its state dict goes through
+`normalize_names` and is checked against the graph's names and shapes. Zero-initialised HF buffers
+(router bias, norms, biases) get random values so they are exercised. Tolerance 1e-4 absolute on
+logits of order one (float32 reordering).
 
 DSA: transformers' eager path folds the indexer's top-k into the attention mask in prefill too
 (`DeepseekV32Attention.forward`: `index_mask` scattered from the top-k, `masked_fill` on the mask),
@@ -21,6 +21,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
+
+from hf_models import build_hf_model  # noqa: E402
 
 from tpplan.models.config import load_config_dict, spec_from_config  # noqa: E402
 from tpplan.models.graph import build_model_graph  # noqa: E402
@@ -42,21 +44,8 @@ def _raw(preset: str, overrides: dict | None) -> dict:
 
 
 def _hf_logits(raw: dict, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    cfg_cls, model_cls = (getattr(transformers, n) for n in CLASSES[raw["model_type"]])
-    cfg = cfg_cls(**{k: v for k, v in raw.items() if k != "model_type"})
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = model_cls(cfg).float().eval()
+    model = build_hf_model(transformers, raw, CLASSES[raw["model_type"]])
     with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if "e_score_correction_bias" in name:
-                p.copy_(torch.randn_like(p) * 0.05)
-            elif "norm" in name and p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith(".bias"):
-                p.copy_(torch.randn_like(p) * 0.1)
-            elif name.endswith("gate.weight") and p.dim() == 2:
-                p.copy_(torch.randn_like(p) * 0.2)
         logits = model(input_ids=ids[None]).logits[0]
     return logits, normalize_names({k: v.detach() for k, v in model.state_dict().items()})
 
