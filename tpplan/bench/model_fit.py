@@ -130,7 +130,7 @@ def _conv(c: dict[str, float], p: dict[str, Any]) -> float:
 
 
 def _attn_res(c: dict[str, float], p: dict[str, Any]) -> float:
-    impl = "fla.fused_attnres" if p.get("timing") == "host ahead" else None
+    impl = IMPLS_OPS["attn_res"] if p.get("timing") == "host ahead" else None  # sweep 2 timed fla's kernel
     return M.attn_res_s(c, p["tokens"], p["hidden"], p["bank"], impl)
 
 

@@ -23,8 +23,8 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
 - short_conv: t = a + bytes / BW over the [T, C] input and output.
 - norm (fla's fused RMSNorm): t = a + bytes / BW over the rows read and written.
 - attn_res (K3's softmax over depth): t = a + bytes / BW, the bytes of the implementation the set
-  was fitted on (`attn_res_bytes`): the torch path's fp32 rows, or fla's fused kernel (each row
-  read once in bf16, plus the copies that make the bank's snapshots contiguous).
+  was fitted on (`attn_res_s`): the torch path's fp32 rows, or fla's fused kernel (each row read
+  once in bf16) plus the copies that make the bank's snapshots contiguous, at their own rate.
 
 Each set may name the implementation it was fitted on (`impl`, a string); a set without one was
 fitted on `FITTED_ON`'s. A recorded run's op that ran another implementation keeps the roofline.
@@ -99,23 +99,19 @@ def routing_bytes(rows: int, tokens: int, width: int, per: tuple[float, float]) 
     return (rows * per[0] + tokens * per[1]) * width
 
 
-def attn_res_bytes(tokens: int, hidden: int, snapshots: float, impl: str | None = None) -> float:
-    """Bytes the attention residual moves over `snapshots` stored rows plus the prefix, [T, hidden] each.
-
-    torch path (default): the fp32 rows it builds, [T, snapshots + 1, hidden] x 4 bytes. fla's fused
-    kernel: every row read once in bf16 and the output written (2 x (snapshots + 2)), plus a bf16 copy
-    (read + write) of each snapshot when there are two or more (the bank is token-major)."""
-    if impl is not None and impl.startswith("fla"):
-        copies = snapshots if snapshots > 1 else 0.0
-        return 2.0 * tokens * hidden * (snapshots + 2.0 + 2.0 * copies)
+def attn_res_bytes(tokens: int, hidden: int, snapshots: float) -> float:
+    """The fp32 rows the torch path builds over `snapshots` stored rows plus the prefix:
+    [T, snapshots + 1, hidden] x 4 bytes."""
     return 4.0 * tokens * (snapshots + 1.0) * hidden
 
 
 def attn_res_s(c: Consts, tokens: int, hidden: int, snapshots: float, impl: str | None = None) -> float:
-    """a + bytes / BW; with `copy_TBps` in the set (fla's kernel), the snapshot copies at their own rate:
-    a + kernel bytes / BW + copy bytes / copy BW (the copies are strided reads, the kernel streams)."""
-    if "copy_TBps" not in c:
-        return stream_s(c, attn_res_bytes(tokens, hidden, snapshots, impl))
+    """a + bytes / BW for the implementation the set was fitted on. fla's fused kernel: every row read
+    once in bf16 and the output written (2 x (snapshots + 2) x T x hidden bytes) at BW, plus a bf16 copy
+    (read + write) of each snapshot when there are two or more (the bank is token-major) at the copy
+    rate `copy_TBps` (strided reads; the kernel streams). The torch path: `attn_res_bytes` at BW."""
+    if impl is None or not impl.startswith("fla"):
+        return stream_s(c, attn_res_bytes(tokens, hidden, snapshots))
     copies = snapshots if snapshots > 1 else 0.0
     kernel = 2.0 * tokens * hidden * (snapshots + 2.0)
     return stream_s(c, kernel) + 4.0 * tokens * hidden * copies / (_f(c, "copy_TBps") * 1e12)
