@@ -137,10 +137,10 @@ def implementations(kernels: str, device: Any, grouped: bool | None, sync_free: 
     pad = ", v zero-padded to the q/k head dim"
     cascaded = fast and device.type == "cuda" and os.environ.get("TPPLAN_CASCADE_ATTN", "0") == "1"
     conv = "torch conv1d (runtime fast path)"
-    if rt and RF.fla_has(RF.FLA_CONV) and os.environ.get("TPPLAN_FLA_CONV", "1") != "0":
+    if rt and RF.fla_enabled(RF.FLA_CONV, "TPPLAN_FLA_CONV"):
         conv = "fla.causal_conv1d"
     attnres = "torch, fp32 rows in one pass"
-    if rt and RF.fla_has(RF.FLA_ATTNRES) and os.environ.get("TPPLAN_FLA_ATTNRES", "1") != "0":
+    if rt and RF.fla_enabled(RF.FLA_ATTNRES, "TPPLAN_FLA_ATTNRES"):
         attnres = "fla.fused_attnres (bank snapshots copied contiguous)"
     experts = ("torch._grouped_mm" if grouped else "per-expert GEMM loop") + (
         ", routed without a host sync" if sync_free else ""
@@ -274,14 +274,7 @@ def _bench_plan(
             for b in batches:
                 run_batch(b, states)
 
-        from tpplan.bench.clocks import Sampler, nvml_reader
-
-        read = nvml_reader(device.index or 0)
-        if read is None:
-            overhead = measure(one_pass)
-        else:
-            with Sampler(read) as sampler:
-                overhead = measure(one_pass, sampler)
+        overhead = measure(one_pass, device.index or 0)
     progress.update(task, description=f"{name}: replaying collectives")
     replay = replay_collectives(records[0], rank, world, device, cfg, clock)
     # Every rank ran the same sequence of intervals: gather their seconds by position.

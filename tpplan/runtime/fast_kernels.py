@@ -115,9 +115,14 @@ FLA_CONV = "fla.modules.causal_conv1d"
 FLA_ATTNRES = "fla.ops.attnres"
 
 
+def fla_enabled(module: str, switch: str) -> bool:
+    """fla has the kernel `module` and env `switch` does not turn it off (not "0")."""
+    return os.environ.get(switch, "1") != "0" and fla_has(module)
+
+
 def fla_kernel(x: Tensor, module: str, switch: str) -> bool:
-    """Take fla's kernel `module` for x: on CUDA, fla has it, and env `switch` is not "0"."""
-    return x.is_cuda and os.environ.get(switch, "1") != "0" and fla_has(module)
+    """Take fla's kernel `module` for x: on CUDA and `fla_enabled`."""
+    return x.is_cuda and fla_enabled(module, switch)
 
 
 # ----------------------------------------------------------------------------------------------
