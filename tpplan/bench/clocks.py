@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 Reading = tuple[float, float, float]  # (SM MHz, power W, temperature C)
@@ -78,4 +79,15 @@ class Sampler:
                 "samples": len(got)}  # fmt: skip
 
 
-__all__ = ["Reading", "Sampler", "nvml_reader"]
+@contextmanager
+def sampling(index: int = 0) -> Iterator[Sampler | None]:
+    """A running `Sampler` of GPU `index` for the block, or None where NVML is not there."""
+    read = nvml_reader(index)
+    if read is None:
+        yield None
+        return
+    with Sampler(read) as sampler:
+        yield sampler
+
+
+__all__ = ["Reading", "Sampler", "nvml_reader", "sampling"]

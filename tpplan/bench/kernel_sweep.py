@@ -447,15 +447,13 @@ def main(argv: list[str] | None = None) -> None:
         }
     if len(args) > 4 and args[2] == "ops":  # a comma list of the families to run
         families = {k: v for k, v in families.items() if k in args[4].split(",")}
-    from tpplan.bench.clocks import Sampler, nvml_reader
+    from contextlib import nullcontext
 
-    read = nvml_reader() if HOST_AHEAD[0] else None
-    if read is None:
+    from tpplan.bench.clocks import sampling
+
+    with sampling() if HOST_AHEAD[0] else nullcontext() as SAMPLER[0]:
         doc = run_sweep(out, budget, families, timing="host ahead" if HOST_AHEAD[0] else "back to back")
-    else:
-        with Sampler(read) as SAMPLER[0]:
-            doc = run_sweep(out, budget, families, timing="host ahead")
-        SAMPLER[0] = None
+    SAMPLER[0] = None
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 
 

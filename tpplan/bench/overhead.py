@@ -57,23 +57,26 @@ def kernel_table(prof: Any, top: int = 30) -> list[tuple[str, int, float]]:
     return rows[:top]
 
 
-def measure(run_pass: Callable[[], None], sampler: Any = None) -> dict[str, Any]:
+def measure(run_pass: Callable[[], None], gpu_index: int = 0) -> dict[str, Any]:
     """Time `run_pass` (one whole pass of the workload, no probe) by events, then again under the
-    profiler for the GPU's busy time; seconds. With a `clocks.Sampler` running, also the SM clock,
-    power and temperature over the timed pass (`clocks`)."""
+    profiler for the GPU's busy time; seconds. Where NVML is there, also the SM clock, power and
+    temperature of GPU `gpu_index` over the timed pass (`clocks`, `bench.clocks`)."""
     import time
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from tpplan.bench.clocks import sampling
+
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    a.record()
-    run_pass()
-    b.record()
-    b.synchronize()
-    clocks = None if sampler is None else sampler.window(t0, time.perf_counter())
+    with sampling(gpu_index) as sampler:
+        t0 = time.perf_counter()
+        a.record()
+        run_pass()
+        b.record()
+        b.synchronize()
+        clocks = None if sampler is None else sampler.window(t0, time.perf_counter())
     pass_s = a.elapsed_time(b) / 1e3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_pass()
