@@ -134,3 +134,23 @@ def test_sweep_two_fits_the_norm_model_and_the_predictor_prices_norms_with_it() 
         assert a.seconds != pytest.approx(b.seconds, rel=1e-3)
     tiny_width = any(o.extrapolated for o in with_model)  # tiny K3's widths are below the swept 512
     assert tiny_width
+
+
+def test_model_fit_writes_only_files_tpplan_wrote(tmp_path: Path) -> None:
+    """`python -m tpplan.bench.model_fit` refuses an output it did not write (one line, exit non-zero,
+    the file untouched) and may replace its own."""
+    sweep = tmp_path / "sweep.json"
+    pts = [{"family": "short_conv", "channels": c, "tokens": t, "seconds": 1e-5 + 4.0 * c * t / 2e12}
+           for c in (12288, 768, 3072) for t in (1024, 8192)]  # fmt: skip
+    sweep.write_text(json.dumps({"points": pts}))
+    foreign = tmp_path / "fit.json"
+    foreign.write_text("mine")
+    cmd = [sys.executable, "-m", "tpplan.bench.model_fit", str(sweep), str(foreign)]
+    bad = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode != 0 and "tpplan did not write it" in bad.stderr and "Traceback" not in bad.stderr
+    assert foreign.read_text() == "mine"
+    fresh = tmp_path / "new.json"
+    for _ in range(2):  # the second run replaces the file the first one wrote
+        ok = subprocess.run([*cmd[:-1], str(fresh)], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert ok.returncode == 0, ok.stderr
+    assert "short_conv" in json.loads(fresh.read_text())["constants"]

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tpplan.outputs import write_files
+
 SWEEP_VERSION = 1
 
 
@@ -382,7 +384,7 @@ def run_sweep(
             doc["skipped"].append(f"{name}: {type(exc).__name__}: {exc}")
         doc["family_s"][name] = round(time.perf_counter() - t0, 1)
         print(f"{name}: {doc['family_s'][name]} s, {len(doc['points'])} points", flush=True)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_files({out: json.dumps(doc, indent=1) + "\n"}, "OUT.json")  # recorded, so the next family may replace it
         torch.cuda.empty_cache()
     return doc
 
@@ -394,8 +396,14 @@ def main(argv: list[str] | None = None) -> None:
     model's run calls them, timed with the host ahead (KDA_HEADS e.g. 96,12,3; FAMILIES e.g. kda_runtime)."""
     import sys
 
+    from tpplan.errors import TpplanError
+    from tpplan.outputs import check_file
+
     args = sys.argv[1:] if argv is None else argv
-    out, budget = Path(args[0]), float(args[1])
+    try:
+        out, budget = check_file("OUT.json", args[0]), float(args[1])  # before any GPU work
+    except TpplanError as exc:
+        sys.exit(f"error: {exc}")
     from tpplan.bench.gemm_probe import probe
 
     def gemm() -> list[dict[str, Any]]:

@@ -240,12 +240,19 @@ def regime(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from tpplan.errors import TpplanError
+    from tpplan.outputs import check_file, write_files
+
     args = sys.argv[1:] if argv is None else argv
+    try:
+        out = check_file("OUT.json", args[-1])
+    except TpplanError as exc:
+        sys.exit(f"error: {exc}")
     docs = [json.loads(Path(a).read_text()) for a in args[:-1]]
     doc = docs[0]
     res = fit_sweep([{**p, "timing": d.get("timing", "back to back")} for d in docs for p in d["points"]])
     res["source"] = {"sweeps": args[:-1], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
-    Path(args[-1]).write_text(json.dumps(res, indent=1) + "\n")
+    write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
     for row in error_table(res["points"], regime):
         print(f"{row[0]:<38} {row[1]:<9} {row[2]:>4} median {row[3]:6.1%} worst {row[4]:6.1%}")
     print(json.dumps(res["constants"], indent=1))
