@@ -415,10 +415,14 @@ def test_clock_sampler_summarises_the_samples_inside_a_window() -> None:
         while len(s.samples) < 3 and time.perf_counter() < deadline:
             time.sleep(0.01)
     t0, t1 = s.samples[0][0], s.samples[1][0]
-    w = s.window(t0, t1)
+    w = s.window([(t0 + s.period_s * 1.5, t1)])  # a sample up to 1.5 periods before a span counts
     assert w == {"sm_mhz_mean": 1840.0, "sm_mhz_min": 1700.0, "power_w_mean": 600.0, "temp_c_max": 70.0,
                  "samples": 2}  # fmt: skip
-    assert s.window(t1 + 3600, t1 + 7200) is None
+    assert s.window([(t1 + 3600, t1 + 7200)]) is None
+    grid = Sampler(lambda: (0.0, 0.0, 0.0), period_s=0.1)  # spans: a sample 1.5 periods early counts
+    grid.samples = [(0.0, (1000.0, 1.0, 1.0)), (1.0, (1500.0, 2.0, 2.0)), (2.0, (2000.0, 3.0, 3.0))]
+    assert grid.window([(1.1, 1.5)])["sm_mhz_mean"] == 1500.0 and grid.window([(1.2, 1.5)]) is None
+    assert grid.window([(0.0, 0.0), (2.0, 2.0)])["sm_mhz_mean"] == 1500.0  # the union of the spans
     assert len(s.samples) > 2 and not s._thread.is_alive() and s.error is None
 
     def broken() -> tuple[float, float, float]:

@@ -68,9 +68,12 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
-    def window(self, t0: float, t1: float) -> dict[str, Any] | None:
-        """Mean and minimum SM clock, mean power and peak temperature of the samples in [t0, t1]."""
-        got = [r for t, r in list(self.samples) if t0 <= t <= t1]
+    def window(self, spans: list[tuple[float, float]]) -> dict[str, Any] | None:
+        """Mean and minimum SM clock, mean power and peak temperature of the samples in the spans
+        ((t0, t1) pairs of `time.perf_counter()`; a sample a period before a span still counts, so a
+        span shorter than the period gets the reading the GPU ran at when it began)."""
+        pad = self.period_s * 1.5
+        got = [r for t, r in list(self.samples) if any(t0 - pad <= t <= t1 for t0, t1 in spans)]
         if not got:
             return None
         sm = [r[0] for r in got]

@@ -54,6 +54,24 @@ def _clocks() -> dict[str, Any]:
 
 
 AHEAD_SLEEP_CYCLES = 40_000_000  # ~20 ms at the H200's 1.98 GHz: longer than the host takes to queue `reps` calls
+# What the GPU runs before each timed batch instead of the sleep (the "loaded" families): None = sleep.
+PREAMBLE: list[Callable[[], Any] | None] = [None]
+
+
+def gemm_load(ms: float = 150.0) -> Callable[[], Any]:
+    """A preamble of ~`ms` of bf16 8192^3 GEMMs (~1.4 ms each on an H200): the GPU at full power, as
+    inside a large model's run, before the timed calls (the sleep preamble leaves it near idle power)."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+    def run() -> None:
+        for _ in range(max(1, int(ms / 1.4))):
+            torch.mm(a, b, out=c)
+
+    return run
 
 
 def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
@@ -74,20 +92,23 @@ def _timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:
     for i in range(sets):
         fn(i)
     torch.cuda.synchronize()
-    per = []
-    t0 = time.perf_counter()
+    per, spans = [], []
     for _ in range(3):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
-        if HOST_AHEAD[0]:
+        if PREAMBLE[0] is not None:
+            PREAMBLE[0]()
+        elif HOST_AHEAD[0]:
             torch.cuda._sleep(AHEAD_SLEEP_CYCLES)
         a.record()
         for i in range(reps):
             fn(i % sets)
         b.record()
         b.synchronize()
-        per.append(a.elapsed_time(b) / 1e3 / reps)
-    _LAST_CLOCKS[0] = None if SAMPLER[0] is None else SAMPLER[0].window(t0, time.perf_counter())
+        t1, secs = time.perf_counter(), a.elapsed_time(b) / 1e3
+        spans.append((t1 - secs, t1))  # when the GPU ran the timed calls (not the preamble), host clock
+        per.append(secs / reps)
+    _LAST_CLOCKS[0] = None if SAMPLER[0] is None else SAMPLER[0].window(spans)
     return statistics.median(per)
 
 
@@ -355,6 +376,16 @@ def experts_op_points(
     return out
 
 
+def loaded(points: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """`points()` with the GPU-load preamble (`gemm_load`) before every timed batch, each row tagged
+    "preamble": "gemm" -- the same calls as the plain family, so the pair isolates power and clock."""
+    PREAMBLE[0] = gemm_load()
+    try:
+        return [{**r, "preamble": "gemm"} for r in points()]
+    finally:
+        PREAMBLE[0] = None
+
+
 def run_sweep(
     out: Path, budget_s: float, families: dict[str, Callable[[], list[dict[str, Any]]]], timing: str = "back to back"
 ) -> dict[str, Any]:
@@ -444,6 +475,9 @@ def main(argv: list[str] | None = None) -> None:
                 kda_heads, (8192, 4096, 2048, 1024), reps=5, deadline=start + budget - 100
             ),
         }
+        # The same calls behind a GEMM load instead of the sleep (`loaded`): power and clock as in a run.
+        families |= {f"{name}_loaded": (lambda f=families[name]: loaded(f))
+                     for name in ("attention_op", "experts_op", "norm", "attn_res", "kda_runtime")}  # fmt: skip
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
         families = {
             "experts_dense": lambda: (
@@ -454,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
             "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
         }
     if len(args) > 4 and args[2] == "ops":  # a comma list of the families to run
-        families = {k: v for k, v in families.items() if k in args[4].split(",")}
+        families = {k: families[k] for k in args[4].split(",") if k in families}  # in the order given
     from contextlib import nullcontext
 
     from tpplan.bench.clocks import sampling
@@ -476,6 +510,7 @@ __all__ = [
     "experts_op_points",
     "kda_batched_points",
     "kda_points",
+    "loaded",
     "mla_op_points",
     "norm_points",
     "run_sweep",

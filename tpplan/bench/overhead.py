@@ -76,7 +76,7 @@ def measure(run_pass: Callable[[], None], gpu_index: int = 0) -> dict[str, Any]:
         run_pass()
         b.record()
         b.synchronize()
-        clocks = None if sampler is None else sampler.window(t0, time.perf_counter())
+        clocks = None if sampler is None else sampler.window([(t0, time.perf_counter())])
     pass_s = a.elapsed_time(b) / 1e3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_pass()
