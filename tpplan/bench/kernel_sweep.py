@@ -476,8 +476,8 @@ def main(argv: list[str] | None = None) -> None:
             ),
         }
         # The same calls behind a GEMM load instead of the sleep (`loaded`): power and clock as in a run.
-        families |= {f"{name}_loaded": (lambda f=families[name]: loaded(f))
-                     for name in ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime")}  # fmt: skip
+        load = ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime")
+        families |= {f"{name}_loaded": (lambda f=families[name]: loaded(f)) for name in load}
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
         families = {
             "experts_dense": lambda: (
