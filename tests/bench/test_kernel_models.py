@@ -154,3 +154,39 @@ def test_model_fit_writes_only_files_tpplan_wrote(tmp_path: Path) -> None:
         ok = subprocess.run([*cmd[:-1], str(fresh)], capture_output=True, text=True, cwd=REPO, timeout=120)
         assert ok.returncode == 0, ok.stderr
     assert "short_conv" in json.loads(fresh.read_text())["constants"]
+
+
+def test_clock_factor_is_the_median_fit_ratio_and_prices_the_held_out_twins() -> None:
+    """Idle / loaded twins (same call, `preamble` on the loaded one): the factor is the median ratio of
+    the fit set's pairs only; every loaded point is priced as the boost model's time x factor."""
+    from tpplan.bench.clock_fit import fit_clock_factors, pairs
+
+    def pt(width: int, secs: float, loaded: bool) -> dict[str, object]:
+        return {"family": "norm", "width": width, "tokens": 4096, "seconds": secs} | (
+            {"preamble": "gemm"} if loaded else {}
+        )
+
+    idle = [pt(w, 1e-5 * w / 512, False) for w in (512, 1536, 7168, 12288)]
+    ratio = {512: 1.5, 1536: 1.1, 7168: 1.3, 12288: 1.2}
+    loaded = [pt(int(p["width"]), float(p["seconds"]) * ratio[int(p["width"])], True) for p in idle]
+    assert len(pairs(idle + loaded)) == 4 and pairs(idle) == []
+    fit_sets = {"norm": lambda p: p["width"] in (1536, 7168)}
+    got = fit_clock_factors(idle + loaded, {"norm": {}}, fit_sets, lambda c, p: 1e-5 * p["width"] / 512)
+    assert got["factors"] == {"norm": pytest.approx(1.2)}  # median of 1.1 and 1.3: held-out ratios left out
+    rows = {r["width"]: r for r in got["points"]}
+    assert rows[512]["set"] == "held-out" and rows[512]["error"] == pytest.approx(1.2 / 1.5 - 1)
+    assert rows[7168]["set"] == "fit" and rows[7168]["state"] == "power-capped"
+
+
+def test_a_set_with_a_clock_factor_prices_every_kernel_that_much_slower() -> None:
+    capped = M.KernelModels(load_topology("h200-serving-capped").gpu.kernel_models)
+    boost = M.KernelModels(load_topology("h200-serving").gpu.kernel_models)
+    assert capped.clock_state == "power-capped" and boost.clock_state == "boost"
+    k = capped.consts["norm"]["clock_factor"]
+    assert capped.norm(1e8) == pytest.approx(boost.norm(1e8) * k)
+    ka = capped.consts["attention_prefix"]["clock_factor"]
+    f = M.attention_flops(96, 8192, 8192, 192, 192)
+    shape = (96, 8192, 8192, 192, 192, f)
+    assert capped.attention(*shape) == pytest.approx(boost.attention(*shape) * ka)
+    kr = capped.consts["experts"]["clock_factor"]
+    assert capped.routing(1000, 100, 7168, 4.8e12) == pytest.approx(boost.routing(1000, 100, 7168, 4.8e12) * kr)

@@ -183,6 +183,7 @@ EXTRA_OPS = {"attention_prefix": (("c_s",), (1e-13,)), "experts": (("route_TBps"
 def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
     """Constants per model and the error of every point, tagged fit / held-out. Points of sweep 2
     (`timing` "host ahead") use its fit sets, extra constants and implementations."""
+    points = [p for p in points if "preamble" not in p]  # loaded twins price the capped state (clock_fit)
     ops = bool(points) and all(p.get("timing") == "host ahead" for p in points)
     fit_sets = FIT_SETS_OPS if ops else FIT_SETS
     consts: dict[str, dict[str, Any]] = {}
@@ -208,12 +209,17 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
             if "p1" in c:
                 c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
             consts[name] = c | measured_range(fam, pts) | ({"impl": IMPLS_OPS[name]} if ops else {})
-            use = c if "p" not in c else {**c, "p1": c["p"] - 1.0}
             for p in pts:
-                pred = model(use, p)
+                pred = boost_s(consts[name], p)
                 rows.append({**p, "model": name, "set": "fit" if fit_sets[fam](p) else "held-out",
                              "predicted_s": pred, "error": pred / p["seconds"] - 1.0})  # fmt: skip
     return {"constants": consts, "points": rows}
+
+
+def boost_s(consts: dict[str, Any], p: dict[str, Any]) -> float:
+    """A sweep point's time priced by a fitted constant set (as `fit_sweep` stores it)."""
+    c = {k: v for k, v in consts.items() if not isinstance(v, str)}
+    return FAMILIES[p["family"]][0](c if "p" not in c else {**c, "p1": c["p"] - 1.0}, p)
 
 
 def error_table(
@@ -243,18 +249,38 @@ def main(argv: list[str] | None = None) -> None:
     from tpplan.errors import TpplanError
     from tpplan.outputs import check_file, write_files
 
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
+    pair_files: list[str] = []
+    if "--clock-pairs" in args:  # the sweeps whose idle / loaded twins give the power-capped factors
+        i = args.index("--clock-pairs")
+        pair_files = args[i + 1].split(",")
+        del args[i : i + 2]
     try:
         out = check_file("OUT.json", args[-1])
     except TpplanError as exc:
         sys.exit(f"error: {exc}")
-    docs = [json.loads(Path(a).read_text()) for a in args[:-1]]
-    doc = docs[0]
-    res = fit_sweep([{**p, "timing": d.get("timing", "back to back")} for d in docs for p in d["points"]])
+    points = []
+    for arg in args[:-1]:  # SWEEP.json or SWEEP.json@family,family: only those families' points
+        path, _, fams = arg.partition("@")
+        d = json.loads(Path(path).read_text())
+        points += [{**p, "timing": d.get("timing", "back to back")} for p in d["points"]
+                   if not fams or p["family"] in fams.split(",")]  # fmt: skip
+    doc = json.loads(Path(args[0].partition("@")[0]).read_text())
+    res = fit_sweep(points)
     res["source"] = {"sweeps": args[:-1], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
+    if pair_files:
+        from tpplan.bench.clock_fit import fit_clock_factors
+
+        pts = [{**p, "timing": d.get("timing")} for f in pair_files for d in [json.loads(Path(f).read_text())]
+               for p in d["points"]]  # fmt: skip
+        capped = fit_clock_factors(pts, res["constants"], FIT_SETS_OPS, boost_s)
+        for name, k in capped["factors"].items():
+            res["constants"][name]["clock_factor"] = k
+        res["clock_state"], res["source"]["clock_pairs"] = "power-capped", pair_files
+        res["points"] += capped["points"]
     write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
-    for row in error_table(res["points"], regime):
-        print(f"{row[0]:<38} {row[1]:<9} {row[2]:>4} median {row[3]:6.1%} worst {row[4]:6.1%}")
+    for row in error_table(res["points"], lambda r: f"{regime(r)} {r.get('state', '')}".strip()):
+        print(f"{row[0]:<50} {row[1]:<9} {row[2]:>4} median {row[3]:6.1%} worst {row[4]:6.1%}")
     print(json.dumps(res["constants"], indent=1))
 
 
@@ -262,4 +288,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["FIT_SETS", "FIT_SETS_OPS", "conv_bytes", "error_table", "fit_sweep", "nelder_mead", "regime"]
+__all__ = ["FIT_SETS", "FIT_SETS_OPS", "boost_s", "conv_bytes", "error_table", "fit_sweep", "nelder_mead", "regime"]

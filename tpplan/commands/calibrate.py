@@ -94,7 +94,8 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
     notes = [base.notes or ""]
     if models is not None:
         try:
-            consts = json.loads(models.read_text())["constants"]
+            fit = json.loads(models.read_text())
+            consts = fit["constants"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise TpplanError(f"--kernel-models {models}", f"not a model fit ({exc})",
                               "pass the JSON `python -m tpplan.bench.model_fit` wrote") from None  # fmt: skip
@@ -103,7 +104,8 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
             raise TpplanError(f"--kernel-models {models}", f"unknown models {unknown}", "pass a model_fit output")
         gpu_upd["kernel_models"] = {k: {n: v if isinstance(v, str) else float(v) for n, v in c.items()}
                                     for k, c in consts.items()}  # fmt: skip
-        notes.append(f"physical kernel models fitted in {models.name}")
+        state = fit.get("clock_state", "boost") if isinstance(fit, dict) else "boost"
+        notes.append(f"physical kernel models fitted in {models.name} ({state} clock state)")
     if quick:
         import torch
 

@@ -26,6 +26,10 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   was fitted on (`attn_res_s`): the torch path's fp32 rows, or fla's fused kernel (each row read
   once in bf16) plus the copies that make the bank's snapshots contiguous, at their own rate.
 
+A set may carry `clock_factor`: its times are the boost-clock model's times that factor (the
+power-capped clock state, where a large model's prefill holds the GPU at its power limit and the SM
+clock ~25% below boost; measured per model in `tpplan.bench.clock_fit`). Without it, 1.
+
 Each set may name the implementation it was fitted on (`impl`, a string); a set without one was
 fitted on `FITTED_ON`'s. A recorded run's op that ran another implementation keeps the roofline.
 
@@ -117,6 +121,11 @@ def attn_res_s(c: Consts, tokens: int, hidden: int, snapshots: float, impl: str 
     return stream_s(c, kernel) + 4.0 * tokens * hidden * copies / (_f(c, "copy_TBps") * 1e12)
 
 
+def clock(c: Consts) -> float:
+    """The set's power-capped slowdown (`clock_factor`; 1 for a set fitted at boost clocks)."""
+    return _f(c, "clock_factor", 1.0)
+
+
 def stream_s(c: Consts, nbytes: float) -> float:
     """a + bytes / BW: a memory-bound kernel (short conv, attention residual)."""
     return _f(c, "a_s") + nbytes / (_f(c, "TBps") * 1e12)
@@ -146,6 +155,11 @@ class KernelModels:
     def __init__(self, consts: Mapping[str, Consts]) -> None:
         self.consts = consts
 
+    @property
+    def clock_state(self) -> str:
+        """The clock state: "power-capped" where any set carries a `clock_factor`, else "boost"."""
+        return "power-capped" if any("clock_factor" in c for c in self.consts.values()) else "boost"
+
     def extrapolated(self, name: str, **dims: float) -> bool:
         """True when any given dimension lies outside the range model `name` was measured over."""
         c = self.consts.get(name)
@@ -173,35 +187,36 @@ class KernelModels:
         self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float
     ) -> float | None:  # fmt: skip
         c = self.consts.get("attention_prefix" if context > 0 else "attention_causal")
-        return None if c is None else attention_s(c, heads, tokens, dqk, dv, flops, context)
+        return None if c is None else attention_s(c, heads, tokens, dqk, dv, flops, context) * clock(c)
 
     def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
         c = self.consts.get(impl)
-        return None if c is None else recurrence_s(c, heads, tokens)
+        return None if c is None else recurrence_s(c, heads, tokens) * clock(c)
 
     def experts(self, active: int, width: int, inter: int, compute_s: float, weight_bytes: float) -> float | None:
         c = self.consts.get("experts")
-        return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes)
+        return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes) * clock(c)
 
     def routing(self, rows: int, tokens: int, width: int, hbm_Bps: float) -> float:
         """The routing traffic around the grouped GEMMs: the fitted rate and the serving combine's bytes
         where the experts set was fitted on the whole op (`route_TBps`), else the fp32 combine at HBM rate."""
         c = self.consts.get("experts") or {}
         if "route_TBps" in c:
-            return routing_bytes(rows, tokens, width, WEIGHTED_SUM) / (_f(c, "route_TBps") * 1e12)
+            return routing_bytes(rows, tokens, width, WEIGHTED_SUM) / (_f(c, "route_TBps") * 1e12) * clock(c)
         return routing_bytes(rows, tokens, width, FP32_COMBINE) / hbm_Bps
 
     def attn_res(self, rows: int, hidden: int, snapshots: float) -> float | None:
         c = self.consts.get("attn_res")
-        return None if c is None else attn_res_s(c, rows, hidden, snapshots, self.impl("attn_res", "attn_res"))
+        impl = self.impl("attn_res", "attn_res")
+        return None if c is None else attn_res_s(c, rows, hidden, snapshots, impl) * clock(c)
 
     def stream(self, nbytes: float) -> float | None:
         c = self.consts.get("short_conv")
-        return None if c is None else stream_s(c, nbytes)
+        return None if c is None else stream_s(c, nbytes) * clock(c)
 
     def norm(self, nbytes: float) -> float | None:
         c = self.consts.get("norm")
-        return None if c is None else stream_s(c, nbytes)
+        return None if c is None else stream_s(c, nbytes) * clock(c)
 
 
 __all__ = [
@@ -214,6 +229,7 @@ __all__ = [
     "attention_s",
     "attn_res_bytes",
     "attn_res_s",
+    "clock",
     "experts_s",
     "recurrence_s",
     "routing_bytes",
