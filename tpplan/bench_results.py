@@ -162,7 +162,9 @@ class RuntimeOverhead(_Strict):
         default_factory=list, description="the profiled pass's GPU time by kernel name: (name, calls, seconds), top 30"
     )
     clocks: dict[str, float] | None = Field(
-        default=None, description="NVML over the timed pass: sm_mhz_mean, sm_mhz_min, power_w_mean, temp_c_max, samples"
+        default=None,
+        description="NVML over the timed pass: sm_mhz_mean, sm_mhz_min, power_w_mean, temp_c_max, samples; "
+        "the GPU's sm_mhz_max and power_limit_w",
     )
 
     @property

@@ -444,3 +444,19 @@ def test_the_overhead_check_quotes_the_pass_clock_when_it_was_sampled() -> None:
     pb.results = pb.results.model_copy(update={"runtime_overhead": ro})
     row = next(c for c in checks([pb]) if "own run" in c.name)
     assert row.detail.endswith("; SM clock 1755 MHz mean, 1605 min, 612 W") and row.ok
+
+
+def test_clock_state_and_the_note_when_a_run_and_its_topology_disagree() -> None:
+    """A pass under 90% of the GPU's highest SM clock ran power-capped; the busy-time check says so when
+    the topology's kernel models price the other state (and says nothing where they agree)."""
+    from tpplan.bench.checks import state_note
+    from tpplan.bench.clocks import clock_state
+
+    capped = {"sm_mhz_mean": 1545.0, "sm_mhz_min": 1455.0, "power_w_mean": 686.0, "sm_mhz_max": 1980.0}
+    boost = capped | {"sm_mhz_mean": 1972.0}
+    assert clock_state(capped) == "power-capped" and clock_state(boost) == "boost"
+    assert clock_state({"sm_mhz_mean": 1545.0}) is None and clock_state(None) is None
+    assert "was power-capped but h200-serving's kernel models price boost" in state_note(capped, "h200-serving")
+    assert state_note(capped, "h200-serving-capped") == "" and state_note(boost, "h200-serving") == ""
+    assert "was boost but" in state_note(boost, "h200-serving-capped")
+    assert state_note(capped, "h200x8-ib400") == ""  # no kernel models: no state priced

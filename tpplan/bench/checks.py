@@ -14,7 +14,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tpplan.bench.config import TARGET_COLLECTIVE_MEDIAN, TARGET_LAYER, TARGET_OVERHEAD, TARGET_SAVING
+from tpplan.bench.clocks import clock_state
+from tpplan.bench.config import TARGET_BATCH, TARGET_COLLECTIVE_MEDIAN, TARGET_LAYER, TARGET_OVERHEAD, TARGET_SAVING
 from tpplan.bench.results import PlanBench
 from tpplan.bench_results import BenchResults, CollectiveResult, LayerResult, OpResult, error_summary
 
@@ -119,6 +120,18 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
                     fmt="+.1%",
                 )
             )
+            pred = sum(b.predicted_s or 0.0 for b in r.batches)
+            if pred > 0:
+                out.append(
+                    _at_most(
+                        f"{pb.plan}: predicted GPU time vs busy time",
+                        abs(pred / ro.busy_s - 1.0),
+                        TARGET_BATCH,
+                        f"the batches' predicted sum {pred * 1e3:.1f} ms vs the GPU's busy time in one pass "
+                        f"{ro.busy_s * 1e3:.1f} ms ({pred / ro.busy_s - 1:+.1%}): the models price GPU time, the "
+                        f"overhead row is the host's share{state_note(ro.clocks, r.topology)}",
+                    )
+                )
     base = next((pb for pb in benches if pb.plan == "baseline"), None)
     if base is not None:
         bm = sum(b.measured_s for b in base.results.batches)
@@ -185,11 +198,35 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
 
 
 def _clock_note(clocks: dict[str, float] | None) -> str:
-    """'; SM clock ... MHz mean, ... min, ... W' from a pass's NVML samples ('' without them)."""
+    """'; SM clock ... MHz mean, ... min, ... W (state)' from a pass's NVML samples ('' without them)."""
     if not clocks:
         return ""
+    state = clock_state(clocks)
     return (f"; SM clock {clocks['sm_mhz_mean']:.0f} MHz mean, {clocks['sm_mhz_min']:.0f} min, "
-            f"{clocks['power_w_mean']:.0f} W")  # fmt: skip
+            f"{clocks['power_w_mean']:.0f} W" + ("" if state is None else f" ({state})"))  # fmt: skip
+
+
+def topology_clock_state(topology: str) -> str | None:
+    """The clock state a topology's kernel models price ("boost" / "power-capped"); None where it has
+    none or cannot be loaded here (a recorded run's topology file elsewhere)."""
+    from tpplan.cost.kernel_models import KernelModels
+    from tpplan.cost.topology import load_topology
+    from tpplan.errors import TpplanError
+
+    try:
+        models = load_topology(topology).gpu.kernel_models
+    except (TpplanError, OSError):
+        return None
+    return KernelModels(models).clock_state if models else None
+
+
+def state_note(clocks: dict[str, float] | None, topology: str) -> str:
+    """Where the run's measured clock state and the one its topology prices differ, say so ('' else)."""
+    ran, priced = clock_state(clocks), topology_clock_state(topology)
+    if ran is None or priced is None or ran == priced:
+        return ""
+    return (f"; the run was {ran} but {topology}'s kernel models price {priced} clocks: re-predict with a "
+            f"{ran} topology")  # fmt: skip
 
 
 def call_weighted_median_error(colls: Sequence[CollectiveResult]) -> float | None:

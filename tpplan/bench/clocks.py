@@ -82,6 +82,32 @@ class Sampler:
                 "samples": len(got)}  # fmt: skip
 
 
+def nvml_limits(index: int = 0) -> dict[str, float]:
+    """GPU `index`'s highest SM clock and enforced power limit ({} without NVML): what `clock_state`
+    judges a pass's readings against."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {"sm_mhz_max": float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0}  # fmt: skip
+    except Exception:  # no NVML, no driver, not supported: no limits
+        return {}
+
+
+CAPPED_BELOW = 0.9  # a pass whose mean SM clock is under 90% of the GPU's highest ran power-capped
+
+
+def clock_state(clocks: dict[str, float] | None) -> str | None:
+    """The clock state, "power-capped" or "boost", from a pass's readings (`sm_mhz_mean` against `sm_mhz_max`); None
+    where they were not recorded. Why it matters: the serving-kernel models come in both states
+    (`h200-serving`, `h200-serving-capped`), and the same kernels differ by 8-40% between them."""
+    if not clocks or "sm_mhz_max" not in clocks or "sm_mhz_mean" not in clocks:
+        return None
+    return "power-capped" if clocks["sm_mhz_mean"] < CAPPED_BELOW * clocks["sm_mhz_max"] else "boost"
+
+
 @contextmanager
 def sampling(index: int = 0) -> Iterator[Sampler | None]:
     """A running `Sampler` of GPU `index` for the block, or None where NVML is not there."""
@@ -93,4 +119,4 @@ def sampling(index: int = 0) -> Iterator[Sampler | None]:
         yield sampler
 
 
-__all__ = ["Reading", "Sampler", "nvml_reader", "sampling"]
+__all__ = ["CAPPED_BELOW", "Reading", "Sampler", "clock_state", "nvml_limits", "nvml_reader", "sampling"]

@@ -26,6 +26,7 @@ SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to
 TARGET_COLLECTIVE_MEDIAN = 0.05
 TARGET_LAYER = 0.10
 TARGET_OVERHEAD = 0.03
+TARGET_BATCH = 0.05  # batch totals, and one pass's predicted GPU time against its measured busy time
 TARGET_SAVING = 0.90
 
 

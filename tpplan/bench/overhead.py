@@ -66,7 +66,7 @@ def measure(run_pass: Callable[[], None], gpu_index: int = 0) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from tpplan.bench.clocks import sampling
+    from tpplan.bench.clocks import nvml_limits, sampling
 
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -77,6 +77,8 @@ def measure(run_pass: Callable[[], None], gpu_index: int = 0) -> dict[str, Any]:
         b.record()
         b.synchronize()
         clocks = None if sampler is None else sampler.window([(t0, time.perf_counter())])
+    if clocks is not None:
+        clocks |= nvml_limits(gpu_index)  # the state (`clocks.clock_state`) is judged against these
     pass_s = a.elapsed_time(b) / 1e3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_pass()
