@@ -460,3 +460,20 @@ def test_clock_state_and_the_note_when_a_run_and_its_topology_disagree() -> None
     assert state_note(capped, "h200-serving-capped") == "" and state_note(boost, "h200-serving") == ""
     assert "was boost but" in state_note(boost, "h200-serving-capped")
     assert state_note(capped, "h200x8-ib400") == ""  # no kernel models: no state priced
+
+
+def test_the_slice_the_bench_runs_is_priced_in_the_runs_dtype_not_the_checkpoints() -> None:
+    """DeepSeek-V3's checkpoint is fp8 (quantization_config); the bench runs bf16 weights, so its slice
+    drops the quantization and a GEMM is priced at the bf16 rate (fp8 pricing made the recorded
+    run's GEMMs look 40-55% slow). The full model keeps it, for the memo's own predictions."""
+    from tpplan.models.config import load_model
+
+    assert load_model("deepseek-v3").quant is not None
+    sl = build_slice("deepseek-v3")
+    assert sl.graph.spec.quant is None
+    from tpplan.bench.repredict import repredict_one
+
+    r = repredict_one(REPO / "docs/benchmarks/h200-2026-12-01d/ds3-tp1-seed-c8.json", "h200-serving").results
+    gemms = [o for o in r.ops if o.category == "gemm" and o.op != "router"]
+    meas, pred = sum(o.measured_s for o in gemms), sum(o.predicted_s or 0.0 for o in gemms)
+    assert abs(pred / meas - 1) < 0.15  # -45% when priced at fp8 (bf16: +12%, the run between clock states)
