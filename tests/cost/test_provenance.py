@@ -57,7 +57,7 @@ def test_ops_priced_outside_the_measured_shapes_are_marked_extrapolated(monkeypa
 
 
 def test_physical_kernel_models_carry_their_out_of_sample_band() -> None:
-    """Sweep 2's presets (every set names its implementation), in either clock state, have the 8.0%
+    """Sweep 2's presets (every set names its implementation), in either clock state, have the 6.8%
     band of docs/benchmarks.md; sweep 1's preset has its own, wider one; neither is called calibrated."""
     assert provenance(load_topology("h200-serving"), 1) is BANDS["modelled"]
     assert provenance(load_topology("h200-serving-capped"), 1) is BANDS["modelled"]

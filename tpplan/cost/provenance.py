@@ -44,11 +44,12 @@ class Provenance:
 #   datasheet preset; compute on datasheet rooflines has not been measured against serving kernels.
 # - "modelled": section "Serving kernels, sweep 2": a topology whose compute comes from physical kernel
 #   models fitted on ops timed as the model's run calls them (every constant set names its `impl`),
-#   judged in three model runs none of the fitted points came from: median layer error 8.0% (worst
-#   10.7%) at 4K-12K tokens with the boost-clock models, out of sample. Priced in the clock state
-#   each run measured (section "Clock state"), Kimi-K3's layers came within 1.1% (worst 5.6%); the
-#   band stays the state-blind figure, because a forward prediction does not know the state its
-#   deployment will run in (the wrong state costs 5.8-13.8%). Its collectives keep datasheet rates.
+#   judged in three model runs none of the fitted points came from: median layer error 6.8% (worst
+#   10.1%) at 4K-12K tokens with the boost-clock models, out of sample. Priced in the clock state
+#   each run measured (section "Clock state"), K3, Llama-3-70B and DeepSeek-V3 layers came within
+#   1.6% (worst 5.1%); the band stays the state-blind figure, because a forward prediction does not
+#   know the state its deployment will run in (the wrong state costs 5.5-13.8%). Its collectives
+#   keep datasheet rates.
 # - "modelled-sweep1": section "Serving kernels on one H200": sweep 1's models (bare kernels timed back
 #   to back), out of sample in the model's run: layers -21% to -46%, batches -22.5%/-23.8%.
 # - "measured": a measured time has no model error; its spread is the run's own (bench section).
@@ -65,11 +66,12 @@ BANDS: dict[str, Provenance] = {
     "modelled": Provenance(
         "modelled",
         "physical kernel models (out-of-sample)",
-        0.080,
-        "median layer error 8.0% (worst 10.7%) on one H200, Kimi-K3 and Kimi-Linear-48B at TP1 with 4K-12K "
+        0.068,
+        "median layer error 6.8% (worst 10.1%) on one H200, Kimi-K3 and Kimi-Linear-48B at TP1 with 4K-12K "
         "tokens and boost-clock models, out of sample (docs/benchmarks.md, 'Serving kernels, sweep 2'); in "
-        "the clock state each run measured, K3's layers within 1.1% (worst 5.6%, 'Clock state'); batches "
-        "of 2K tokens or fewer ran 21-62% slower than predicted (host-bound); collectives at datasheet rates",
+        "the clock state each run measured, K3, Llama-3-70B and DeepSeek-V3 layers within 1.6% (worst 5.1%, "
+        "'Clock state'); batches of 2K tokens or fewer ran 18-47% slower than predicted (host-bound); "
+        "collectives at datasheet rates",
     ),
     "modelled-sweep1": Provenance(
         "modelled-sweep1",
