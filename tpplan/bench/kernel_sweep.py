@@ -181,6 +181,49 @@ def kda_points(
     return out
 
 
+def gdn_points(
+    k_heads: Iterable[int], tokens: Iterable[int], v_per_k: int = 2, reps: int = 5, d: int = 128,
+    deadline: float = float("inf"),
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The whole Gated DeltaNet op as the model's run calls it (`runtime.kernels.gdn`: the short conv,
+    fla's chunk_gated_delta_rule with a carried state, the gated RMSNorm), Qwen3-Next's head dims;
+    `heads` is the v heads per rank (the recurrence's state is per v head). One fla build per head
+    count (~80 s): a head count is started only before `deadline`."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    out = []
+    for nk in k_heads:
+        if time.perf_counter() > deadline:
+            return out
+        hv = nk * v_per_k
+        conv_w = torch.randn(nk * (2 * d + v_per_k * d), 1, 4, device="cuda", dtype=torch.bfloat16) * 0.5
+        a_log = torch.empty(hv, device="cuda").uniform_(1.0, 16.0).log()
+        dtb = torch.empty(hv, device="cuda").uniform_(-4.0, -1.0)
+        norm = torch.ones(d, device="cuda", dtype=torch.bfloat16)
+        for t in tokens:
+            qkvz = torch.randn(t, nk * (2 * d + 2 * v_per_k * d), device="cuda", dtype=torch.bfloat16)
+            ba = torch.randn(t, nk * 2 * v_per_k, device="cuda", dtype=torch.bfloat16)
+            init = torch.zeros(hv, d, d, device="cuda")
+
+            w = {"conv_weight": conv_w, "a_log": a_log, "dt_bias": dtb, "norm_weight": norm}
+
+            def call(_i: int, qkvz=qkvz, ba=ba, init=init, w=w) -> Any:
+                return K.gdn(qkvz, ba, **w, eps=1e-6, k_head_dim=d, v_head_dim=d, v_per_k=v_per_k,
+                             state={"recurrent": init})  # fmt: skip
+
+            t0 = time.perf_counter()
+            call(0)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            secs = _timed(call, reps, 1)
+            out.append({"family": "gdn", "heads": hv, "k_heads": nk, "tokens": t, "dk": d, "dv": d,
+                        "seconds": secs, "first_call_s": first, **_clocks()})  # fmt: skip
+            del qkvz, ba, init
+    return out
+
+
 def kda_batched_points(
     heads: Iterable[int], tokens: Iterable[int], reps: int = 7, d: int = 128, deadline: float = float("inf")
 ) -> list[dict[str, Any]]:
@@ -475,8 +518,10 @@ def main(argv: list[str] | None = None) -> None:
                 kda_heads, (8192, 4096, 2048, 1024), reps=5, deadline=start + budget - 100
             ),
         }
+        # Qwen3-Next's GDN at 16 and 2 key heads per rank (TP1, TP8), two v heads each.
+        families["gdn"] = lambda: gdn_points((16, 2), (8192, 4096, 2048, 1024), deadline=start + budget - 100)
         # The same calls behind a GEMM load instead of the sleep (`loaded`): power and clock as in a run.
-        load = ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime")
+        load = ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime", "gdn")
         families |= {f"{name}_loaded": (lambda f=families[name]: loaded(f)) for name in load}
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
         families = {
@@ -508,6 +553,7 @@ __all__ = [
     "conv_points",
     "expert_points",
     "experts_op_points",
+    "gdn_points",
     "kda_batched_points",
     "kda_points",
     "loaded",

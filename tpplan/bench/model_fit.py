@@ -44,11 +44,13 @@ FIT_SETS_OPS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "short_conv": lambda p: p["channels"] in (12288, 1536),
     "attn_res": lambda p: p["bank"] in (1, 4),
     "norm": lambda p: p["width"] in (7168, 1536),
+    "gdn": lambda p: p["tokens"] in (2048, 8192),
 }
 # The implementation sweep 2 timed, per model (recorded in the preset: `KernelModels.impl`).
 IMPLS_OPS = {"attention_causal": "torch SDPA", "attention_prefix": "torch SDPA", "kda": "fla.chunk_kda",
              "experts": "torch._grouped_mm", "short_conv": "fla.causal_conv1d",
-             "attn_res": "fla.fused_attnres", "norm": "fla fused rms_norm"}  # fmt: skip
+             "attn_res": "fla.fused_attnres", "norm": "fla fused rms_norm",
+             "gdn": "fla.chunk_gated_delta_rule"}  # fmt: skip
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], iters: int = 4000) -> list[float]:
@@ -150,6 +152,7 @@ FAMILIES: dict[str, tuple[Callable[[dict[str, float], dict[str, Any]], float], t
     "short_conv": (_conv, ("a_s", "TBps"), (5e-5, 2.0)),
     "attn_res": (_attn_res, ("a_s", "TBps"), (5e-5, 1.0)),
     "norm": (_norm, ("a_s", "TBps"), (5e-6, 2.0)),
+    "gdn": (_kda, ("c0_s", "c1_s", "b_s", "p1"), (8e-4, 3e-8, 3e-9, 2.0)),  # the same chunked-scan form
 }
 
 
@@ -161,6 +164,7 @@ RANGES: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "short_conv": lambda p: {"channels": p["channels"], "tokens": p["tokens"]},
     "attn_res": lambda p: {"tokens": p["tokens"], "snapshots": p["bank"]},
     "norm": lambda p: {"width": p["width"], "tokens": p["tokens"]},
+    "gdn": lambda p: {"heads": p["heads"], "tokens": p["tokens"]},
 }
 
 
@@ -197,6 +201,7 @@ def fit_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
         "short_conv": [("short_conv", [p for p in points if p["family"] == "short_conv"])],
         "attn_res": [("attn_res", [p for p in points if p["family"] == "attn_res"])],
         "norm": [("norm", [p for p in points if p["family"] == "norm"])],
+        "gdn": [("gdn", [p for p in points if p["family"] == "gdn"])],
     }  # fmt: skip
     for fam, parts in groups.items():
         model, names, x0 = FAMILIES[fam]
@@ -234,7 +239,7 @@ def error_table(
 
 def regime(r: dict[str, Any]) -> str:
     """Heads per rank for attention and recurrences, experts per rank for experts, channels for convs."""
-    if r["family"] in ("attention", "kda"):
+    if r["family"] in ("attention", "kda", "gdn"):
         return f"h={r['heads']}"
     if r["family"] == "experts":
         return f"E/rank={r['experts_local']} I={r['inter']}"

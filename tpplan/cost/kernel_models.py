@@ -12,7 +12,8 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   the output) and cached = heads x context x (dqk + dv) (the KV-cache append copies the cached rows
   once per call; `c` is absent, 0, in sets fitted on the kernel alone). Two constant sets: no
   context and with context (the lower-right causal mask over a cache takes another kernel).
-- recurrence (fla's chunked KDA): t = smoothmax(floor, work), floor = c0 + c1 x T (the chain of
+- recurrence (fla's chunked KDA; Gated DeltaNet's whole op, its conv and gated norm included, by
+  v heads per rank): t = smoothmax(floor, work), floor = c0 + c1 x T (the chain of
   small per-chunk kernels) and work = b x heads x T, smoothmax(x, y) = (x^p + y^p)^(1/p).
   Below some heads per rank the floor dominates and time stops shrinking with the work.
 - experts (grouped GEMM, `torch._grouped_mm`): t = c0 + smoothmax(weight bytes / BW, compute), with
@@ -141,16 +142,17 @@ FITTED_ON = {
     "short_conv": "torch conv1d",
     "attn_res": "torch, fp32 rows",
     "norm": "fla fused rms_norm",
+    "gdn": "fla.chunk_gated_delta_rule",
 }
 # Kernel family -> the constant set that prices it.
 MODEL_OF = {"mla": "attention_causal", "gqa": "attention_causal", "kda": "kda", "experts": "experts",
-            "short_conv": "short_conv", "attn_res": "attn_res", "norm": "norm"}  # fmt: skip
+            "short_conv": "short_conv", "attn_res": "attn_res", "norm": "norm", "gdn": "gdn"}  # fmt: skip
 
 
 class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
-    NAMES = ("attention_causal", "attention_prefix", "kda", "experts", "short_conv", "attn_res", "norm")
+    NAMES = ("attention_causal", "attention_prefix", "kda", "gdn", "experts", "short_conv", "attn_res", "norm")
 
     def __init__(self, consts: Mapping[str, Consts]) -> None:
         self.consts = consts

@@ -277,7 +277,9 @@ class OpPrices:
             secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
             impl = str(op.attrs.get("impl"))
             model = self._model(impl)
-            h_rank = max(1, round(int(op.attrs.get("heads", 1)) * d.compute_share))
+            # GDN's state, and its work, is per v head (a key head serves v_heads / k_heads of them)
+            heads = int(op.attrs.get("v_heads", op.attrs.get("heads", 1)))
+            h_rank = max(1, round(heads * d.compute_share))
             phys = None if model is None else model.recurrence(impl, h_rank, t)
             secs = secs if phys is None else phys
             self._extrapolated = phys is not None and model is not None and model.extrapolated(
