@@ -100,6 +100,7 @@ def test_cli_repredict_writes_the_same_schema_and_needs_from(tmp_path: Path) -> 
 
 SERVING = REPO / "docs/benchmarks/h200-2026-12-01b"
 CLOCKS = REPO / "docs/benchmarks/h200-2026-12-01c"
+MORE = REPO / "docs/benchmarks/h200-2026-12-01d"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,7 @@ def _serving_fit_points() -> list[dict[str, object]]:
     """What `h200-serving` is fitted on: sweep 2's files and the norms of the clock sweep."""
     pts = []
     for path, only in ((SERVING / "sweep-ops-ahead.json", None), (SERVING / "sweep-kda-ahead.json", None),
-                       (CLOCKS / "sweep-clocks.json", "norm")):  # fmt: skip
+                       (CLOCKS / "sweep-clocks.json", "norm"), (MORE / "sweep-gdn.json", "gdn")):  # fmt: skip
         doc = json.loads(path.read_text())
         pts += [{**p, "timing": doc["timing"]} for p in doc["points"] if only in (None, p["family"])]
     return pts
@@ -195,8 +196,8 @@ def test_the_capped_preset_is_the_serving_fit_times_the_measured_clock_factors()
 
     boost = fit_sweep(_serving_fit_points())["constants"]
     pairs = []
-    for name in ("sweep-clocks.json", "sweep-clocks-b.json"):
-        doc = json.loads((CLOCKS / name).read_text())
+    for path in (CLOCKS / "sweep-clocks.json", CLOCKS / "sweep-clocks-b.json", MORE / "sweep-gdn.json"):
+        doc = json.loads(path.read_text())
         pairs += [{**p, "timing": doc["timing"]} for p in doc["points"]]
     capped = fit_clock_factors(pairs, boost, FIT_SETS_OPS, boost_s)
     preset = load_topology("h200-serving-capped").gpu.kernel_models
@@ -231,6 +232,12 @@ def test_the_capped_preset_is_the_serving_fit_times_the_measured_clock_factors()
          -0.008),
         ("../h200-2026-12-01d/ds3-tp1-seed-c8", "h200-serving", {("mla+moe", 8192): -0.051}, -0.059, -0.031),
         ("../h200-2026-12-01d/ds3-tp1-seed-c8", "h200-serving-capped", {("mla+moe", 8192): 0.076}, 0.066, 0.098),
+        # Gated DeltaNet models (14:06 UTC): Qwen3.6-27B capped (689 W, 1525 MHz; 48 v heads, 3 per key head,
+        # outside the GDN sweep's 4-32 and 2 per key head), Qwen3-Next host-bound at boost (472 W, 1980 MHz)
+        ("../h200-2026-12-01d/q36-tp1-seed-c8", "h200-serving-capped", {("gdn+dense", 8192): -0.019,
+         ("gqa+dense", 8192): -0.057}, -0.051, -0.010),
+        ("../h200-2026-12-01d/qnext-tp1-seed-c8", "h200-serving", {("gdn+moe", 8192): -0.300,
+         ("gqa+moe", 8192): -0.062}, -0.256, 0.086),
         # the wrong state, for contrast: K3 at boost clocks, Kimi-Linear capped
         ("k3-tp1-seed-c8", "h200-serving", {("mla+moe", 8192): -0.093}, -0.069, -0.055),
         ("kl48-tp1-seed-c8", "h200-serving-capped", {("mla+moe", 8192): 0.179}, -0.223, 0.138),

@@ -174,9 +174,11 @@ class KernelModels:
         return False
 
     def impl(self, name: str, family: str) -> str | None:
-        """The implementation set `name` was fitted on (its `impl`, else `FITTED_ON[family]`)."""
+        """The implementation set `name` was fitted on (its `impl`, else `FITTED_ON[family]`; None without one)."""
         c = self.consts.get(name)
-        v = None if c is None else c.get("impl")
+        if c is None:  # no constants for it: nothing was fitted
+            return None
+        v = c.get("impl")
         return str(v) if isinstance(v, str) else FITTED_ON.get(family)
 
     def fitted_for(self, family: str, impl: str | None) -> bool:
