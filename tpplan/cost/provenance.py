@@ -46,8 +46,8 @@ class Provenance:
 #   models fitted on ops timed as the model's run calls them (every constant set names its `impl`),
 #   judged in three model runs none of the fitted points came from: median layer error 6.8% (worst
 #   10.1%) at 4K-12K tokens with the boost-clock models, out of sample. Priced in the clock state
-#   each run measured (section "Clock state"), K3, Llama-3-70B and DeepSeek-V3 layers came within
-#   1.6% (worst 5.1%); the band stays the state-blind figure, because a forward prediction does not
+#   each run measured (section "Clock state"), K3, Llama-3-70B, DeepSeek-V3 and Qwen3.6-27B layers
+#   came within 2.1% (worst 5.7%); the band stays the state-blind figure, because a forward prediction does not
 #   know the state its deployment will run in (the wrong state costs 5.5-13.8%). Its collectives
 #   keep datasheet rates.
 # - "modelled-sweep1": section "Serving kernels on one H200": sweep 1's models (bare kernels timed back
@@ -69,7 +69,7 @@ BANDS: dict[str, Provenance] = {
         0.068,
         "median layer error 6.8% (worst 10.1%) on one H200, Kimi-K3 and Kimi-Linear-48B at TP1 with 4K-12K "
         "tokens and boost-clock models, out of sample (docs/benchmarks.md, 'Serving kernels, sweep 2'); in "
-        "the clock state each run measured, K3, Llama-3-70B and DeepSeek-V3 layers within 1.6% (worst 5.1%, "
+        "the clock state each run measured, the GPU-bound models' layers within 2.1% (worst 5.7%, "
         "'Clock state'); batches of 2K tokens or fewer ran 18-47% slower than predicted (host-bound); "
         "collectives at datasheet rates",
     ),
