@@ -151,6 +151,24 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
         finally:
             dist.destroy_process_group()
         return result if rank == 0 else None
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return _spawn(fn, spec, payload, _free_port())
+        except RankFailed as exc:
+            if PORT_TAKEN not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# A port found free can be taken by another process before rank 0's store binds it (seen on a CI
+# machine running two test workers): rank 0 then fails to listen, before any rank ran `fn`, and
+# the group is started again on another port.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "EADDRINUSE"
+
+
+def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> Any:
+    """Start `spec.nproc` local ranks with their store on `port`; rank 0's result (see run_group)."""
     import logging
 
     import torch.multiprocessing as mp
@@ -161,7 +179,7 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
         out = str(Path(tmp) / "rank0.pkl")
         ctx = mp.start_processes(
             _child,
-            args=(fn, spec, _free_port(), out, payload),
+            args=(fn, spec, port, out, payload),
             nprocs=spec.nproc,
             join=False,
             start_method="spawn",
