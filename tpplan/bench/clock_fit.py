@@ -48,18 +48,20 @@ def fit_clock_factors(
     point's error when priced as `boost_s(consts[model], point) x factor`, tagged fit / held-out."""
     by_model: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for idle, loaded in pairs(points):
-        if model_name(idle) in consts:
-            by_model.setdefault(model_name(idle), []).append((idle, loaded))
+        name = model_name(idle)
+        if name in consts:
+            by_model.setdefault(name, []).append((idle, loaded))
     factors: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name, got in sorted(by_model.items()):
-        fit = [lo["seconds"] / idle["seconds"] for idle, lo in got if fit_sets[idle["family"]](idle)]
+        in_fit = [fit_sets[idle["family"]](idle) for idle, _ in got]
+        fit = [lo["seconds"] / idle["seconds"] for (idle, lo), f in zip(got, in_fit, strict=True) if f]
         if not fit:
             continue
         factors[name] = statistics.median(fit)
-        for idle, lo in got:
+        for (idle, lo), f in zip(got, in_fit, strict=True):
             pred = boost_s(consts[name], lo) * factors[name]
-            tag = "fit" if fit_sets[idle["family"]](idle) else "held-out"
+            tag = "fit" if f else "held-out"
             rows.append({**lo, "model": name, "state": "power-capped", "set": tag, "idle_s": idle["seconds"],
                          "predicted_s": pred, "error": pred / lo["seconds"] - 1.0})  # fmt: skip
     return {"factors": factors, "points": rows}

@@ -1,10 +1,11 @@
 """SM clock, power and temperature sampled in the background while the GPU works (NVML, GPU only).
 
 Why: on one H200 the same flash-attention kernels ran 24-26% slower inside Kimi-K3's run than in
-an isolated sweep (docs/benchmarks.md, "Serving kernels, sweep 2"), and the clock under the run's
-sustained power is the candidate cause. A `Sampler` reads NVML every few milliseconds on its own
-thread; `window(t0, t1)` summarises the samples between two `time.perf_counter()` readings, so a
-sweep point and a whole profiled pass can each report the clock they ran at.
+an isolated sweep, and the readings taken here showed why: the run holds the GPU at its power
+limit, where the SM clock drops ~25% (docs/benchmarks.md, "Clock state"). A `Sampler` reads NVML
+every few milliseconds on its own thread; `window(spans)` summarises the samples inside spans of
+`time.perf_counter()`, so a sweep point and a whole profiled pass can each report the clock they
+ran at, and `clock_state` names the state a pass ran in.
 """
 
 from __future__ import annotations
@@ -19,17 +20,23 @@ from typing import Any
 Reading = tuple[float, float, float]  # (SM MHz, power W, temperature C)
 
 
-def nvml_reader(index: int = 0) -> Callable[[], Reading] | None:
-    """A reader of GPU `index`'s SM clock, power and temperature, or None without NVML."""
+def _nvml(index: int) -> tuple[Any, Any] | None:
+    """(the pynvml module, GPU `index`'s handle), or None without NVML, a driver or that GPU."""
     try:
         import pynvml  # nvidia-ml-py
-    except ImportError:
-        return None
-    try:
+
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-    except Exception:  # no driver, no GPU: no samples
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # not installed, no driver, no GPU
         return None
+
+
+def nvml_reader(index: int = 0) -> Callable[[], Reading] | None:
+    """A reader of GPU `index`'s SM clock, power and temperature, or None without NVML."""
+    got = _nvml(index)
+    if got is None:
+        return None
+    pynvml, h = got
 
     def read() -> Reading:
         sm = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
@@ -85,14 +92,14 @@ class Sampler:
 def nvml_limits(index: int = 0) -> dict[str, float]:
     """GPU `index`'s highest SM clock and enforced power limit ({} without NVML): what `clock_state`
     judges a pass's readings against."""
+    got = _nvml(index)
+    if got is None:
+        return {}
+    pynvml, h = got
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
         return {"sm_mhz_max": float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
                 "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0}  # fmt: skip
-    except Exception:  # no NVML, no driver, not supported: no limits
+    except Exception:  # not supported on this GPU: no limits
         return {}
 
 
@@ -100,8 +107,8 @@ CAPPED_BELOW = 0.9  # a pass whose mean SM clock is under 90% of the GPU's highe
 
 
 def clock_state(clocks: dict[str, float] | None) -> str | None:
-    """The clock state, "power-capped" or "boost", from a pass's readings (`sm_mhz_mean` against `sm_mhz_max`); None
-    where they were not recorded. Why it matters: the serving-kernel models come in both states
+    """The clock state, "power-capped" or "boost", from a pass's readings (`sm_mhz_mean` against
+    `sm_mhz_max`); None where they were not recorded. Why it matters: the serving-kernel models come in both states
     (`h200-serving`, `h200-serving-capped`), and the same kernels differ by 8-40% between them."""
     if not clocks or "sm_mhz_max" not in clocks or "sm_mhz_mean" not in clocks:
         return None

@@ -264,13 +264,14 @@ def main(argv: list[str] | None = None) -> None:
         out = check_file("OUT.json", args[-1])
     except TpplanError as exc:
         sys.exit(f"error: {exc}")
-    points = []
+    points, docs = [], []
     for arg in args[:-1]:  # SWEEP.json or SWEEP.json@family,family: only those families' points
         path, _, fams = arg.partition("@")
         d = json.loads(Path(path).read_text())
+        docs.append(d)
         points += [{**p, "timing": d.get("timing", "back to back")} for p in d["points"]
                    if not fams or p["family"] in fams.split(",")]  # fmt: skip
-    doc = json.loads(Path(args[0].partition("@")[0]).read_text())
+    doc = docs[0]
     res = fit_sweep(points)
     res["source"] = {"sweeps": args[:-1], "gpu": doc.get("gpu"), "date": doc.get("date"), "torch": doc.get("torch")}
     if pair_files:

@@ -104,8 +104,7 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
             raise TpplanError(f"--kernel-models {models}", f"unknown models {unknown}", "pass a model_fit output")
         gpu_upd["kernel_models"] = {k: {n: v if isinstance(v, str) else float(v) for n, v in c.items()}
                                     for k, c in consts.items()}  # fmt: skip
-        state = fit.get("clock_state", "boost") if isinstance(fit, dict) else "boost"
-        notes.append(f"physical kernel models fitted in {models.name} ({state} clock state)")
+        notes.append(f"physical kernel models fitted in {models.name} ({fit.get('clock_state', 'boost')} clock state)")
     if quick:
         import torch
 
