@@ -91,22 +91,6 @@ def _tiny_presets() -> list[str]:
     return [p for p in list_presets() if p.startswith("tiny-")]
 
 
-@pytest.fixture(scope="module")
-def one_rank_group():
-    import socket
-
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already formed in this process")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("model", _tiny_presets())
 def test_every_family_benches_with_the_fast_kernels(model: str, one_rank_group) -> None:
     """The whole bench pass of each tiny preset (`worker` on one gloo rank, then `build_results`),
