@@ -61,7 +61,7 @@ class Terminated(SystemExit):
 
 
 @contextmanager
-def _terminate_cleanly() -> Iterator[None]:
+def terminate_cleanly() -> Iterator[None]:
     """While writing, SIGTERM raises Terminated (as SIGINT raises KeyboardInterrupt), so the writers'
     cleanup runs. Only the main thread may set handlers, and a handler someone else set is kept."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
@@ -268,7 +268,7 @@ def write_files(files: Mapping[Path, str | bytes], option: str | None = None) ->
         if option is not None:
             for p in paths:
                 check_file(option, p)
-        with _terminate_cleanly():
+        with terminate_cleanly():
             _write_recorded({Path(p): c.encode("utf-8") if isinstance(c, str) else c for p, c in files.items()})
     except OSError:
         if option is None:
@@ -334,7 +334,7 @@ def write_dir(out: str | Path, files: Mapping[str, bytes], option: str = "--out"
     """
     command = command or FOLDER_WRITERS.get(option, option)
     target = check_dir(option, out, command)
-    with write_errors(option, target), _terminate_cleanly():
+    with write_errors(option, target), terminate_cleanly():
         return _replace_dir(target, files, command)
 
 

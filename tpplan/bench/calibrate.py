@@ -24,7 +24,7 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
-from tpplan.outputs import write_files
+from tpplan.outputs import terminate_cleanly, write_files
 from tpplan.runtime.group import GroupSpec, run_group
 from tpplan.runtime.hooks import before_collective
 
@@ -267,12 +267,13 @@ def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:
         if out.suffix.lower() == ".json"
         else topology_to_toml(topo, header)
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        if load_topology(tmp) != topo:
-            raise RuntimeError("written topology does not read back identically")
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    write_files({out: text})
+    with terminate_cleanly():  # SIGTERM removes the read-back copy too
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            if load_topology(tmp) != topo:
+                raise RuntimeError("written topology does not read back identically")
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        write_files({out: text})
