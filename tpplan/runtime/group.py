@@ -210,6 +210,12 @@ def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> 
         )
         try:
             exited, silent = _wait(ctx)
+        except BaseException:  # Ctrl-C or SIGTERM here: no rank outlives the run
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join()
+            raise
         finally:
             for f in ctx.error_files:  # torch's own record of a child's traceback; ours is rank*.err
                 Path(f).unlink(missing_ok=True)
