@@ -63,4 +63,3 @@ def print_failure(what: str, exc: Exception, hint: str | None = None, tail: str 
         text += f"; {hint}"
     text += tail
     console(stderr=True).print(f"[bold red]{what} failed:[/] {escape(text)}", soft_wrap=True)
-
