@@ -93,6 +93,21 @@ def test_a_full_disk_at_any_step_leaves_the_previous_state(tmp_path, monkeypatch
     assert failures >= 2  # at least the output's and the ledger's temporaries were hit
 
 
+def test_search_json_on_a_full_disk_keeps_the_previous_file_and_the_next_run_replaces_it(tmp_path, monkeypatch, capsys):
+    """The issue's case: `search --json` when the disk fills while the ledger is written."""
+    out = tmp_path / "out.json"
+    args = (*SEARCH, "--json", str(out))
+    write_files({out: '{"an": "earlier run"}\n'})  # tpplan's own file, with other content than this run's
+    before = _tree(tmp_path)
+    monkeypatch.setattr(outputs, "os", _FaultyOs("write", 1))  # 0: the output's temporary, 1: the ledger's
+    line = _one_line_error(*run_in_process(monkeypatch, capsys, *args))
+    monkeypatch.setattr(outputs, "os", os)
+    assert "No space left on device" in line and "nothing was written" in line
+    assert _tree(tmp_path) == before  # the previous file and ledger, no temporary
+    assert run_in_process(monkeypatch, capsys, *args)[0] == 0  # tpplan's own file: replaced
+    assert json.loads(out.read_text())["tp"] == 2
+
+
 def test_a_ledger_mid_write_accepts_the_old_and_the_new_content(tmp_path, monkeypatch):
     """Stopped between the ledger's rename and the output's (the riskiest point), both contents are tpplan's."""
     out = tmp_path / "out.json"
