@@ -2,8 +2,9 @@
 
 `fault_env("RANK:KIND")` is the environment that makes that rank raise before its first
 collective of KIND; `"RANK:KIND:hang"` makes it sleep instead, `"RANK:KIND:kill"` makes it SIGKILL
-itself (what the OOM killer does). Every rank imports this file (the
-runtime's `TPPLAN_RANK_HOOKS` seam, `tpplan.runtime.hooks`), which registers `_maybe_fault`.
+itself (what the OOM killer does), `"RANK:KIND:stop"` makes it SIGSTOP itself (as `kill -STOP` does).
+Every rank imports this file (the runtime's `TPPLAN_RANK_HOOKS` seam, `tpplan.runtime.hooks`), which
+registers `_maybe_fault`.
 Fault injection lives here only: tpplan itself registers no hook.
 """
 
@@ -34,6 +35,8 @@ def _maybe_fault(rank: int, kind: str) -> None:
             time.sleep(3600)
         if len(parts) > 2 and parts[2] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if len(parts) > 2 and parts[2] == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         raise RuntimeError(f"injected fault before {kind} ({FAULT_ENV}={spec})")
 
 

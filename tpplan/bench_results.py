@@ -13,13 +13,14 @@ import json
 import statistics
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpplan.errors import TpplanError, validated
 
-BENCH_SCHEMA_VERSION = 1
+BENCH_SCHEMA_VERSION = 2  # written; version 1 (no `inputs`) is still read
+READ_VERSIONS = (1, 2)
 
 CollectiveKindName = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
 DtypeName = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -173,10 +174,19 @@ class RuntimeOverhead(_Strict):
         return self.pass_s / self.busy_s - 1.0
 
 
+class BenchInputs(_Strict):
+    """What the run was given, by content, so that `bench --from R.json --repredict` needs no other
+    file and works from any folder (files since schema version 2)."""
+
+    config: dict[str, Any] = Field(description="the model's config.json (or preset) as the run read it")
+    workload: dict[str, Any] = Field(description="the workload file (or preset) as the run read it, "
+                                     "before --tokens/--chunk/--requests")  # fmt: skip
+
+
 class BenchResults(_Strict):
     """One `tpplan bench` run: one model slice, one plan, one TP size."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     meta: BenchMeta
     model: str
     plan: str
@@ -190,6 +200,7 @@ class BenchResults(_Strict):
     batches: list[BatchResult] = Field(default_factory=list)
     ttft: list[TTFTExtrapolation] = Field(default_factory=list)
     runtime_overhead: RuntimeOverhead | None = Field(default=None, description="bench --overhead")
+    inputs: BenchInputs | None = Field(default=None, description="the model config and workload by content")
 
     @model_validator(mode="after")
     def _not_empty(self) -> Self:
@@ -203,10 +214,10 @@ def parse_bench_results(data: object, where: str = "bench results") -> BenchResu
     if not isinstance(data, dict):
         raise TpplanError(where, "the top level is not a JSON object", "write one object (docs/bench-json.md)")
     version = data.get("schema_version")
-    if version != BENCH_SCHEMA_VERSION:
+    if type(version) is not int or version not in READ_VERSIONS:
         raise TpplanError(
             f"{where}: schema_version",
-            f"got {version!r}, this tpplan reads version {BENCH_SCHEMA_VERSION}",
+            f"got {version!r}, this tpplan reads versions {' and '.join(map(str, READ_VERSIONS))}",
             "regenerate the file with this tpplan's `tpplan bench`",
         )
     return validated(BenchResults, data, where, "fix '{field}' (schema: docs/bench-json.md)")
@@ -238,7 +249,9 @@ def error_summary(items: list[Timed]) -> dict[str, float | int | None]:
 
 __all__ = [
     "BENCH_SCHEMA_VERSION",
+    "READ_VERSIONS",
     "BatchResult",
+    "BenchInputs",
     "BenchMeta",
     "BenchResults",
     "CollectiveResult",

@@ -1,16 +1,32 @@
-"""Output paths: checked before any work starts, written atomically, never over what tpplan did not write.
+"""Output paths: checked before any work starts, written whole or not at all, never over what tpplan did not write.
 
 Every command that writes files checks each output path first (`check_file`, `check_dir`), so a
 bad path costs one line and exit 2 before minutes of work and leaves nothing behind. The writers
-(`write_files`, `write_dir`) go through a temporary file or folder beside the target and rename it
-into place; on any failure the temporary is removed and whatever was there before stays.
+(`write_files`, `write_dir`) go through temporaries beside the targets and rename them into place;
+on any failure (a full disk, SIGINT, SIGTERM) the temporaries are removed and what was there stays.
 
-A folder output (`report --out`) carries MARKER: the files tpplan put there and their SHA-256.
-An existing folder is replaced only when it is empty or holds exactly those files, unchanged;
-any other non-empty folder (notes, a git repository, an edited report) is refused, untouched.
+A folder output (`report --out`, `search --save`) carries MARKER: the command that wrote it and
+the files it put there with their SHA-256. An existing folder is replaced only when it is empty and
+writable, or holds exactly those files, unchanged, written by the same command; any other folder
+(notes, a git repository, an edited report, another command's output) is refused, untouched.
+A MARKER from an older tpplan names no command: it was written by `search --save` when it lists
+that command's `index.json`, otherwise by `report` (the only two folder writers then).
+
 A file output (`--json`, `--md`, `bench --out`, `calibrate --out`) is recorded with its SHA-256
-in LEDGER, a small file in the same folder; an existing file is replaced only when the ledger lists
-it unchanged (tpplan wrote it), any other existing file is refused, untouched.
+in LEDGER, a small file in the same folder; an existing file (even an empty one) is replaced only
+when the ledger lists its content (tpplan wrote it, unchanged since), any other is refused.
+Symbolic links are never outputs (tpplan would replace the link, not what it points to), and
+LEDGER and MARKER themselves are never outputs.
+
+`write_files` writes in this order, so that each failure leaves a state the next run accepts:
+1. every output's temporary and then every folder's new ledger temporary, each fsynced. The new
+   ledger accepts, for each name written, both the content recorded before and the new content.
+   A failure here (ENOSPC, a signal) removes every temporary: nothing new, nothing left.
+2. rename the ledgers, then the outputs. A failure between these renames leaves every output
+   either old or new, and the ledger accepts both: no file tpplan wrote is ever unrecorded.
+3. rename a compacted ledger (only the new contents) over it; best effort, since a ledger that
+   also accepts the previous content is harmless.
+SIGTERM during a write is turned into an exception (exit 143) so it cleans up as SIGINT does.
 No torch here: the planner's commands use it too.
 """
 
@@ -20,47 +36,95 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tpplan.errors import TpplanError
 
 MARKER = ".tpplan-output"
 LEDGER = ".tpplan-files"  # beside single-file outputs: the files tpplan wrote in this folder, with SHA-256
+_RESERVED = (MARKER, LEDGER)
+FOLDER_WRITERS = {"--out": "report", "--save": "search --save"}  # a folder option -> the command it belongs to
+_LEGACY_SEARCH_INDEX = "index.json"  # what an older `search --save` folder always held (tpplan.plans.files)
 
 
-def _ledger(folder: Path) -> dict[str, str]:
-    """name -> SHA-256 of the files tpplan wrote in `folder` (empty when it has no readable ledger)."""
+class Terminated(SystemExit):
+    """SIGTERM arrived while tpplan was writing; raised so that the writers clean up, then exit 143."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+@contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """While writing, SIGTERM raises Terminated (as SIGINT raises KeyboardInterrupt), so the writers'
+    cleanup runs. Only the main thread may set handlers, and a handler someone else set is kept."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fingerprint(files: Mapping[str, bytes]) -> dict[str, str]:
+    return {name: _sha256(data) for name, data in sorted(files.items())}
+
+
+def _ledger(folder: Path) -> dict[str, tuple[str, ...]]:
+    """name -> the SHA-256 digests tpplan wrote under that name in `folder` (empty: no readable ledger).
+    A value is one digest, or a list while a write is under way (see the module docstring)."""
     try:
         data = json.loads((folder / LEDGER).read_text(encoding="utf-8"))
-        files = data["files"]
-        return {str(k): str(v) for k, v in files.items()} if data.get("written_by") == "tpplan" else {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        if data.get("written_by") != "tpplan":
+            return {}
+        return {str(k): (str(v),) if isinstance(v, str) else tuple(str(d) for d in v) for k, v in data["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return {}
 
 
-def record_written(written: Mapping[Path, bytes]) -> None:
-    """Add the files just written (path -> the bytes written) with their SHA-256 to their folders'
-    ledgers, so that a later run may replace them and nothing else."""
-    by_folder: dict[Path, dict[str, bytes]] = {}
-    for path, data in written.items():
-        by_folder.setdefault(path.parent, {})[path.name] = data
-    for folder, contents in by_folder.items():
-        files = {**_ledger(folder), **_fingerprint(contents)}
-        text = json.dumps({"written_by": "tpplan", "files": dict(sorted(files.items()))}, indent=1) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f"{LEDGER}.", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+def _ledger_text(files: Mapping[str, tuple[str, ...]]) -> bytes:
+    shown = {k: v[0] if len(v) == 1 else list(v) for k, v in sorted(files.items())}
+    return (json.dumps({"written_by": "tpplan", "files": shown}, indent=1) + "\n").encode("utf-8")
+
+
+def _write_temp(folder: Path, prefix: str, data: bytes) -> Path:
+    """`data` in a new temporary file in `folder`, fsynced and world-readable; removed again on any error."""
+    fd, name = tempfile.mkstemp(prefix=prefix, dir=folder)
+    tmp = Path(name)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, folder / LEDGER)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def _written_by_tpplan(p: Path) -> bool:
-    digest = _ledger(p.parent).get(p.name)
-    return digest is not None and digest == _fingerprint({p.name: p.read_bytes()})[p.name]
+    digests = _ledger(p.parent).get(p.name, ())
+    return bool(digests) and _sha256(p.read_bytes()) in digests
 
 
 def _error(option: str, path: Path, reason: str, fix: str) -> TpplanError:
@@ -70,6 +134,17 @@ def _error(option: str, path: Path, reason: str, fix: str) -> TpplanError:
 def _no_write_bits(path: Path) -> bool:
     """Nobody may write here by its mode (checked by bits, so that it also holds for root)."""
     return not stat.S_IMODE(path.stat().st_mode) & 0o222
+
+
+def _check_name(option: str, path: Path) -> None:
+    """Not one of tpplan's own bookkeeping files, and not a symbolic link (dangling or not)."""
+    if path.name in _RESERVED:
+        raise _error(option, path, f"is the name of tpplan's own record ({path.name})", "pass another file name")
+    if path.is_symlink():
+        raise _error(
+            option, path, "is a symbolic link; tpplan never replaces one",
+            "pass the path it points to, or a new path",
+        )  # fmt: skip
 
 
 def _check_folder(option: str, path: Path, folder: Path) -> None:
@@ -95,8 +170,10 @@ def _check_folder(option: str, path: Path, folder: Path) -> None:
 
 
 def check_file(option: str, path: str | Path) -> Path:
-    """A file output: not a folder, not read-only, and its folder exists and is writable."""
+    """A file output: not a link, a folder or tpplan's record; not read-only; new or tpplan's own; its
+    folder exists and is writable."""
     p = Path(path)
+    _check_name(option, p)
     if p.is_dir():
         raise _error(option, p, "is a folder, not a file", f"pass a file path, e.g. {p / 'out.json'}")
     if p.exists():
@@ -104,7 +181,7 @@ def check_file(option: str, path: str | Path) -> Path:
             raise _error(option, p, "is not a regular file", "pass a path to a new or regular file")
         if _no_write_bits(p):
             raise _error(option, p, "is read-only", "make it writable (chmod u+w) or pass another path")
-        if p.stat().st_size and not _written_by_tpplan(p):
+        if not _written_by_tpplan(p):
             raise _error(
                 option, p, "exists and tpplan did not write it (or it changed since)",
                 "pass a new file path (or move this file away yourself); tpplan replaces only its own files",
@@ -113,44 +190,50 @@ def check_file(option: str, path: str | Path) -> Path:
     return p
 
 
-def _fingerprint(files: Mapping[str, bytes]) -> dict[str, str]:
-    return {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())}
-
-
-def _foreign(folder: Path) -> str | None:
-    """Why `folder` is not tpplan's to replace (None: it is empty, or tpplan's own unchanged output)."""
+def _foreign(folder: Path, command: str) -> str | None:
+    """Why `folder` is not `command`'s to replace (None: it is empty, or that command's unchanged output)."""
     entries = sorted(p.name for p in folder.iterdir())
     if not entries:
         return None
     marker = folder / MARKER
-    if not marker.is_file():
+    if not marker.is_file() or marker.is_symlink():
         shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
         return f"is not empty ({shown}) and tpplan did not write it"
     try:
-        listed = json.loads(marker.read_text(encoding="utf-8"))["files"]
-        assert isinstance(listed, dict)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        data = json.loads(marker.read_text(encoding="utf-8"))
+        listed, writer = data["files"], data.get("command")
+        assert isinstance(listed, dict) and (writer is None or isinstance(writer, str))
+    except (OSError, ValueError, KeyError, TypeError, AssertionError, AttributeError, RecursionError):
         return f"its {MARKER} file is not one tpplan wrote"
+    if writer is None:  # an older tpplan's marker: told apart by what the folder holds
+        writer = FOLDER_WRITERS["--save"] if _LEGACY_SEARCH_INDEX in listed else FOLDER_WRITERS["--out"]
+    if writer != command:
+        return f"was written by `tpplan {writer}`, not `tpplan {command}`"
     for name in entries:
         if name == MARKER:
             continue
         f = folder / name
         if name not in listed or not f.is_file() or f.is_symlink():
             return f"holds {name}, which tpplan did not write"
-        if hashlib.sha256(f.read_bytes()).hexdigest() != listed[name]:
+        if _sha256(f.read_bytes()) != listed[name]:
             return f"{name} was changed after tpplan wrote it"
     return None
 
 
-def check_dir(option: str, path: str | Path) -> Path:
-    """A folder output: new, empty, or tpplan's own earlier output (see MARKER); its parent writable."""
+def check_dir(option: str, path: str | Path, command: str | None = None) -> Path:
+    """A folder output: new, empty and writable, or `command`'s own earlier output (see MARKER); its
+    parent writable. `command` defaults to the one that owns `option` (FOLDER_WRITERS)."""
     p = Path(path)
+    command = command or FOLDER_WRITERS.get(option, option)
+    _check_name(option, p)
     if p.exists() and not p.is_dir():
         raise _error(option, p, "is a file, not a directory", "pass a folder path (a new one, or one tpplan wrote)")
     if p.is_dir() and Path.cwd().resolve().is_relative_to(p.resolve()):
         raise _error(option, p, "is the current folder or holds it", "pass a new folder path, e.g. --out report")
     if p.is_dir():
-        why = _foreign(p)
+        if _no_write_bits(p):
+            raise _error(option, p, "is a read-only folder", "make it writable (chmod u+w) or pass another path")
+        why = _foreign(p, command)
         if why is not None:
             raise _error(
                 option, p, f"{why}; tpplan replaces only its own earlier output",
@@ -171,56 +254,99 @@ def write_errors(option: str, path: Path) -> Iterator[None]:
 
 
 def write_files(files: Mapping[Path, str | bytes], option: str | None = None) -> None:
-    """Write every file to a temporary beside it, then rename them all; on any error none is left.
+    """Write every file whole, record it in its folder's ledger, or leave everything as it was.
 
-    With `option`, an OS error (disk full, permissions changed since the check) becomes a
-    TpplanError naming the option; without, it is re-raised as it is.
+    The order of the steps is the module docstring's. With `option`, each path is checked again
+    (it may have appeared during the work) and an OS error becomes a TpplanError naming the option;
+    without, the error is re-raised as it is.
     """
-    tmps: list[tuple[Path, Path]] = []
-    written: dict[Path, bytes] = {}
+    if not files:
+        return
+    paths = [Path(p) for p in files]
+    shown = paths[-1]
     try:
-        for path, content in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            tmps.append((Path(tmp), path))
-            data = written[path] = content.encode("utf-8") if isinstance(content, str) else content
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-        for tmp, path in tmps:
-            os.replace(tmp, path)
-        record_written(written)
-    except BaseException as exc:
-        for tmp, _ in tmps:
+        if option is not None:
+            for p in paths:
+                check_file(option, p)
+        with terminate_cleanly():
+            _write_recorded({Path(p): c.encode("utf-8") if isinstance(c, str) else c for p, c in files.items()})
+    except OSError:
+        if option is None:
+            raise
+        with write_errors(option, shown):
+            raise
+
+
+def _write_recorded(files: Mapping[Path, bytes]) -> None:
+    temps: dict[Path, Path] = {}  # target -> its temporary, while not yet renamed
+    by_folder: dict[Path, dict[str, bytes]] = {}
+    for path, data in files.items():
+        by_folder.setdefault(path.parent, {})[path.name] = data
+    final: dict[Path, dict[str, tuple[str, ...]]] = {}
+    try:
+        for path, data in files.items():
+            temps[path] = _write_temp(path.parent, f".{path.name}.", data)
+        for folder, contents in by_folder.items():
+            before = _ledger(folder)
+            new = {name: (digest,) for name, digest in _fingerprint(contents).items()}
+            final[folder] = {**before, **new}
+            pending = {**before, **{n: (*d, *(x for x in before.get(n, ()) if x not in d)) for n, d in new.items()}}
+            temps[folder / LEDGER] = _write_temp(folder, f"{LEDGER}.", _ledger_text(pending))
+        for folder in by_folder:  # ledgers first: they accept the old and the new content
+            os.replace(temps[folder / LEDGER], folder / LEDGER)
+            del temps[folder / LEDGER]
+            _fsync_folder(folder)
+        for path in files:
+            os.replace(temps[path], path)
+            del temps[path]
+    finally:
+        for tmp in temps.values():
             tmp.unlink(missing_ok=True)
-        if option is not None and isinstance(exc, OSError):
-            with write_errors(option, tmps[-1][1] if tmps else next(iter(files), Path("."))):
+    for folder, entries in final.items():  # best effort: a ledger that also accepts the old content is harmless
+        tmp = None
+        try:
+            tmp = _write_temp(folder, f"{LEDGER}.", _ledger_text(entries))
+            os.replace(tmp, folder / LEDGER)
+        except BaseException as exc:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            if not isinstance(exc, OSError):
                 raise
-        raise
 
 
-def write_dir(out: str | Path, files: Mapping[str, bytes], option: str = "--out") -> Path:
-    """Put `files` (name -> bytes) and MARKER in folder `out`, replacing only tpplan's own output.
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename durable before the next one depends on it (not every file system allows it)."""
+    with suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_dir(out: str | Path, files: Mapping[str, bytes], option: str = "--out", command: str | None = None) -> Path:
+    """Put `files` (name -> bytes) and MARKER in folder `out`, replacing only `command`'s own output.
 
     Checked again here (the folder may have changed during the work), written into a temporary
-    folder beside `out`, then renamed into place; an error removes the temporary folder and puts
-    an earlier output back, so a failed run leaves no half-written or empty folder.
+    folder beside `out`, then renamed into place; an error (SIGINT and SIGTERM included) removes the
+    temporary folder and puts an earlier output back, so a failed run leaves no half-written or
+    empty folder. `command` defaults to the one that owns `option` (FOLDER_WRITERS).
     """
-    target = check_dir(option, out)
-    with write_errors(option, target):
-        return _replace_dir(target, files)
+    command = command or FOLDER_WRITERS.get(option, option)
+    target = check_dir(option, out, command)
+    with write_errors(option, target), terminate_cleanly():
+        return _replace_dir(target, files, command)
 
 
-def _replace_dir(target: Path, files: Mapping[str, bytes]) -> Path:
+def _replace_dir(target: Path, files: Mapping[str, bytes], command: str) -> Path:
     parent = target.parent
-    marker = json.dumps({"written_by": "tpplan", "files": _fingerprint(files)}, indent=1) + "\n"
+    marker = {"written_by": "tpplan", "command": command, "files": _fingerprint(files)}
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     old: Path | None = None
     try:
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        (tmp / MARKER).write_text(marker, encoding="utf-8")
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=parent))
@@ -233,5 +359,9 @@ def _replace_dir(target: Path, files: Mapping[str, bytes]) -> Path:
             os.rename(old, target)  # put the earlier output back
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            shutil.rmtree(old)
+        except BaseException:
+            shutil.rmtree(old, ignore_errors=True)  # a signal mid-way: still nothing left
+            raise
     return target

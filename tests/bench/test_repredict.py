@@ -261,3 +261,91 @@ def test_clock_session_runs_repredict_to_the_documented_errors(
     row = next(c for c in checks([pb]) if "busy time" in c.name)
     assert row.value == f"{abs(busy):.1%}" and f"({busy:+.1%})" in row.detail
     assert row.ok is (abs(busy) <= 0.05)
+
+
+# --- re-prediction needs nothing but the results file (issue 20, item 12) -------------------------
+
+
+def _tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A real one-rank CPU bench of tiny-llama whose model and workload are relative paths from its
+    own folder, written as `tpplan bench` writes it."""
+    import importlib.resources
+
+    import torch
+
+    from tpplan.bench.config import BenchConfig, check_inputs
+    from tpplan.bench.results import build_results, results_json
+    from tpplan.bench.worker import worker
+
+    run = tmp_path / "run"
+    (run / "models").mkdir(parents=True)
+    preset = importlib.resources.files("tpplan.models").joinpath("presets", "tiny-llama.json")
+    (run / "models" / "tiny.json").write_text(preset.read_text())
+    wl = importlib.resources.files("tpplan.cost").joinpath("presets", "workload-seed-c8.toml")
+    (run / "wl.toml").write_text(wl.read_text())
+    monkeypatch.chdir(run)  # the run is started in its folder, so its paths are relative to it
+    cfg = BenchConfig(model="models/tiny.json", plans=("baseline",), workload="wl.toml", topology="h200x2",
+                      tokens=4, chunk=4, requests=1, iters=1, warmup=0, direct_iters=1, backend="gloo", nproc=1,
+                      progress=False, command="tpplan bench --model models/tiny.json --workload wl.toml --tokens 4 "
+                      "--chunk 4 --requests 1 --topology h200x2")  # fmt: skip
+    workload, _ = check_inputs(cfg, 1)
+    threads = torch.get_num_threads()
+    try:
+        raw = worker(0, 1, torch.device("cpu"), (cfg, workload, "gloo"))
+    finally:
+        torch.set_num_threads(threads)
+    (res,) = [b.results for b in build_results(cfg, workload, raw, 1, "gloo")]
+    (run / "r.json").write_text(results_json(res))
+    return run / "r.json"
+
+
+def _predictions(r: object) -> list[float | None]:
+    return [x.predicted_s for x in (*r.layers, *r.ops, *r.batches)]  # type: ignore[attr-defined]
+
+
+def test_repredict_from_another_folder_reads_the_recorded_inputs(tmp_path: Path, monkeypatch, one_rank_group) -> None:
+    path = _tiny_run(tmp_path, monkeypatch)
+    recorded = load_bench_results(path)
+    assert recorded.schema_version == 2 and recorded.inputs is not None
+    assert recorded.inputs.workload["input_len"] == 16384  # the file as read, before --tokens 4
+    (path.parent / "models" / "tiny.json").unlink()  # by content: the files are no longer needed
+    (path.parent / "wl.toml").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    again = repredict_one(path, None).results
+    assert again.topology == "h200x2" and again.model == "models/tiny.json"
+    assert _predictions(again) == pytest.approx(_predictions(recorded), rel=1e-9)  # the run's own predictions
+
+
+def test_an_older_file_reads_its_relative_paths_beside_it(tmp_path: Path, monkeypatch, one_rank_group) -> None:
+    """Schema version 1 (no `inputs`): the recorded relative model and workload paths are read from the
+    results file's folder, whatever the current folder; a file that is gone there is one line."""
+    from tpplan.errors import TpplanError
+
+    path = _tiny_run(tmp_path, monkeypatch)
+    data = json.loads(path.read_text())
+    data["schema_version"] = 1
+    del data["inputs"]
+    old = path.with_name("old.json")
+    old.write_text(json.dumps(data))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    again = repredict_one(old, None).results
+    assert _predictions(again) == pytest.approx(_predictions(load_bench_results(path)), rel=1e-9)
+    (path.parent / "wl.toml").unlink()
+    with pytest.raises(TpplanError, match=r"wl\.toml"):
+        repredict_one(old, None)
+
+
+def test_cli_repredict_runs_from_any_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The shipped runs re-predicted with the current folder outside the repository."""
+    from cli_helpers import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "again.json"
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "--from", str(PROFILED / "k3-baseline.json"), "--repredict",
+                           "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    assert load_bench_results(out).topology == "h200x2-runtime-kernels"

@@ -48,7 +48,8 @@ def _mutate(path, value):
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
-        (("schema_version",), 2, "schema_version"),
+        (("schema_version",), 3, "schema_version"),
+        (("schema_version",), True, "schema_version"),
         (("meta", "date"), "yesterday", "meta.date"),
         (("meta", "command"), KeyError, "meta.command"),
         (("collectives", 0, "measured_s"), -1.0, "collectives.0.measured_s"),

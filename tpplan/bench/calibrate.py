@@ -24,7 +24,7 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
-from tpplan.outputs import record_written
+from tpplan.outputs import terminate_cleanly, write_files
 from tpplan.runtime.group import GroupSpec, run_group
 from tpplan.runtime.hooks import before_collective
 
@@ -259,23 +259,21 @@ def calibrated_topology(base: Topology, res: CalibrationResult) -> Topology:
 
 
 def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:
-    """Write TOML (or JSON by suffix) to a temp file, check it loads, then rename over `out`."""
+    """Write TOML (or JSON by suffix) whole (`tpplan.outputs.write_files`), once a temporary copy of
+    the text beside `out` has been read back as the same topology."""
     out = Path(out)
     text = (
         topo.model_dump_json(indent=2, exclude_none=True)
         if out.suffix.lower() == ".json"
         else topology_to_toml(topo, header)
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if load_topology(tmp) != topo:
-            raise RuntimeError("written topology does not read back identically")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    record_written({out: text.encode("utf-8")})
+    with terminate_cleanly():  # SIGTERM removes the read-back copy too
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            if load_topology(tmp) != topo:
+                raise RuntimeError("written topology does not read back identically")
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        write_files({out: text})

@@ -63,9 +63,9 @@ class BenchConfig:
 # Input checks (parent process, before any rank starts)
 
 
-def resolved_workload(cfg: BenchConfig) -> Workload:
-    """The workload with --tokens/--chunk/--requests applied."""
-    wl = load_workload(cfg.workload)
+def resolved_workload(cfg: BenchConfig, base: Workload | None = None) -> Workload:
+    """The workload (`base`, or `cfg.workload` loaded) with --tokens/--chunk/--requests applied."""
+    wl = base if base is not None else load_workload(cfg.workload)
     upd: dict[str, Any] = {}
     if cfg.tokens is not None:
         if cfg.tokens < 1:

@@ -119,9 +119,12 @@ def _cut_moe(moe: MoESpec, experts: int) -> MoESpec:
     return dataclasses.replace(moe, experts=experts, top_k=top_k, n_group=n_group, topk_group=topk_group)
 
 
-def build_slice(model: str, layers: str | None = None, experts: int | None = None) -> ModelSlice:
-    """Cut `layers` (see `parse_layers`) out of `model`, keeping `experts` routed experts per MoE layer."""
-    full_spec = load_model(model)
+def build_slice(
+    model: str, layers: str | None = None, experts: int | None = None, spec: ModelSpec | None = None
+) -> ModelSlice:  # fmt: skip
+    """Cut `layers` (see `parse_layers`) out of `model`, keeping `experts` routed experts per MoE layer.
+    `spec`: the model already built (a recorded run's config, `bench.repredict`); else `model` is loaded."""
+    full_spec = spec if spec is not None else load_model(model)
     sel = parse_layers(layers, full_spec)
     picked = [full_spec.layers[i] for i in sel]
     moe_specs = [layer.mlp for layer in picked if isinstance(layer.mlp, MoESpec)]

@@ -4,7 +4,10 @@ Why: the measurements of a run stay true while the cost model changes; re-pricin
 whether a change to the model made its predictions better or worse where they were measured (a test
 re-predicts the shipped runs, docs/benchmarks/, so a change that breaks accuracy fails CI).
 
-The run is rebuilt from what its file recorded: the model slice (model, `--layers` from the recorded
+The run is rebuilt from what its file recorded, never from the current folder: the model config and
+the workload by content (`inputs`, files since schema version 2); in older files, the model, workload
+and topology names, a relative path among them read beside the results file first (where the run's
+files were kept with it), then as given. Then the model slice (`--layers` from the recorded
 command, the experts kept; its layer kinds must match), the workload with the command's
 `--tokens/--chunk/--requests`, the TP size and dtype, and each op's implementation (`OpResult.impl`;
 a physical kernel model prices an op only if it ran the kernel the model was fitted on, so files
@@ -15,6 +18,7 @@ batch segments; measurements, meta and replay times are kept as recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import statistics
 from collections import defaultdict
@@ -26,7 +30,9 @@ from tpplan.bench.config import BenchConfig, impl_class, resolved_workload
 from tpplan.bench.model_slice import build_slice
 from tpplan.bench.results import PlanBench
 from tpplan.bench_results import BenchResults, load_bench_results
-from tpplan.errors import TpplanError
+from tpplan.cost.workload import Workload
+from tpplan.errors import TpplanError, validated
+from tpplan.models.spec import ModelSpec
 
 # Options of the recorded command that shape the slice, the workload and the TTFT target.
 _OPTS = {"--layers": "layers", "--tokens": "tokens", "--chunk": "chunk", "--requests": "requests",
@@ -73,17 +79,22 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     from tpplan.plans.named import make_plan
 
     r = load_bench_results(path, "--from")
-    topo_name = topology or r.topology
+    topo_name = topology or (_beside(path, r.topology) if r.topology else None)
     if topo_name is None:
         raise TpplanError(f"--from {path}", "records no topology", "pass --topology to re-predict it")
     cfg = recorded_config(r, topo_name)
-    sl = build_slice(cfg.model, cfg.layers, cfg.experts)
+    if cfg.target_topology:
+        cfg = dataclasses.replace(cfg, target_topology=_beside(path, cfg.target_topology))
+    spec, base = _recorded_inputs(path, r)
+    if spec is None:
+        cfg = dataclasses.replace(cfg, model=_beside(path, cfg.model), workload=_beside(path, cfg.workload))
+    sl = build_slice(cfg.model, cfg.layers, cfg.experts, spec=spec)
     g = sl.graph
     if g.counts() != r.model_slice.layer_kinds:
         raise TpplanError(f"--from {path}", f"the recorded slice {r.model_slice.layer_kinds} is not the one "
                           f"rebuilt from its command ({g.counts()})", "re-run the bench")  # fmt: skip
     topo = load_topology(topo_name)
-    wl = resolved_workload(cfg)
+    wl = resolved_workload(cfg, base)
     dtype = cfg.dtype or ("bf16" if r.meta.nccl_version else "fp32")
     impls = _impls(r, g)
     plan = make_plan(r.plan, g, r.tp)
@@ -124,6 +135,28 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in schedule(wl)}
     note = "; ".join(f"{k}: {v}" for k, v in sorted(impls.items())) or "as recorded (no implementations recorded)"
     return PlanBench(r.plan, new, replay, contexts, [], [], f"re-predicted on `{topo_name}`; ran {note}")
+
+
+def _beside(results: Path, name: str) -> str:
+    """A recorded relative path as it lies beside the results file, when it does; else as recorded
+    (a preset name, an absolute path, or a path from the current folder)."""
+    if Path(name).is_absolute():
+        return name
+    there = results.parent / name
+    return str(there) if there.is_file() else name
+
+
+def _recorded_inputs(path: Path, r: BenchResults) -> tuple[ModelSpec | None, Workload | None]:
+    """The model spec and the workload from the file's `inputs` (None, None for older files)."""
+    if r.inputs is None:
+        return None, None
+    from tpplan.models.config import list_presets, spec_from_config
+
+    raw = r.inputs.config
+    name = r.model if r.model in list_presets() else str(raw.get("_name_or_path") or Path(r.model).stem)
+    spec = spec_from_config(raw, label=f"--from {path}: inputs.config", name=name)
+    wl = validated(Workload, r.inputs.workload, f"--from {path}: inputs.workload", "regenerate it with `tpplan bench`")
+    return spec, wl
 
 
 def repredict(paths: Sequence[Path], topology: str | None) -> list[PlanBench]:

@@ -31,7 +31,7 @@ from tpplan.bench_results import (
     OpResult,
     parse_bench_results,
 )
-from tpplan.cost.workload import Workload, schedule
+from tpplan.cost.workload import Workload, load_workload, schedule
 
 
 @dataclass
@@ -70,6 +70,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     sl = build_slice(cfg.model, cfg.layers, raw["experts"])
     g = sl.graph
     topo = load_topology(cfg.topology)
+    inputs = recorded_inputs(cfg)
     rpn = min(world, topo.gpus_per_node)
     dtype = raw["dtype"]
     batches = {b.index: b for b in schedule(wl)}
@@ -200,7 +201,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             tpplan_version=_version(),
         )
         res = BenchResults(
-            schema_version=1,
+            schema_version=schema.BENCH_SCHEMA_VERSION,
             meta=meta,
             model=cfg.model,
             plan=name,
@@ -216,10 +217,19 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             batches=batch_results,
             ttft=ttft,
             runtime_overhead=_overhead(pr.get("overhead")),
+            inputs=inputs,
         )
         contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}
         out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
+
+
+def recorded_inputs(cfg: BenchConfig) -> schema.BenchInputs:
+    """The model config and the workload by content, so that re-prediction needs no other file."""
+    from tpplan.models.config import load_config_dict
+
+    return schema.BenchInputs(config=load_config_dict(cfg.model)[0],
+                              workload=load_workload(cfg.workload).model_dump(mode="json"))  # fmt: skip
 
 
 def _overhead(raw: dict[str, float] | None) -> schema.RuntimeOverhead | None:

@@ -9,10 +9,12 @@ benchmark, with the same semantics (tests compare them on CPU):
 
 - `causal_attention` -> `tpplan.runtime.fast_kernels.causal_attention` (SDPA, flash on H100/H200
   with MLA's narrower V zero-padded), which the runtime itself uses only on CUDA; installed here
-  it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times. Calls
-  with a mask beyond causality (DSA's top-k, sliding window, attention chunk, sinks) keep the
-  reference kernel.
-- `routed_experts` -> tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
+  it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times. A
+  sliding window (Gemma 3, gpt-oss) or an attention chunk (Llama 4) runs SDPA with one boolean
+  [T, S] mask (`masked_attention`); DSA's top-k and gpt-oss's sinks keep the reference kernel, and
+  the results record it (`attention_variants_used`).
+- `routed_experts` -> every keyword the runtime passes (gpt-oss's biases and clamped SwiGLU, Llama 4's
+  routing-scaled inputs: `ExpertVariant`); tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop where it is unavailable), each token's rows weighted and summed in one batched
   product with fp32 accumulation (the fused-MoE engines' combine); with no host sync when the rank
   holds every expert (the caller's `top_k` hint).
@@ -35,6 +37,7 @@ import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -45,21 +48,48 @@ from tpplan.runtime import kernels as K
 from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
 
 
+@dataclass(frozen=True)
+class ExpertVariant:
+    """What a family's routed experts add to the plain SwiGLU: the runtime's `routed_experts` keywords.
+
+    gpt-oss: gate/up/down biases and the clamped SwiGLU (`clamp` = (alpha, limit)); Llama 4: the
+    routing weight scales each expert's input, not its output (`scale_inputs`)."""
+
+    gate_bias: Tensor | None = None
+    up_bias: Tensor | None = None
+    down_bias: Tensor | None = None
+    clamp: tuple[float, float] | None = None
+    scale_inputs: bool = False
+
+    def features(self) -> list[str]:
+        """The names `worker.implementations` records, for the variants that ran."""
+        out = ["biases"] if self.gate_bias is not None and self.up_bias is not None else []
+        out += ["down bias"] if self.down_bias is not None else []
+        out += ["clamped SwiGLU"] if self.clamp is not None else []
+        return out + (["routing-scaled inputs"] if self.scale_inputs else [])
+
+
 def grouped_routed_experts(
-    x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor, top_k: int | None = None
-) -> Tensor:
-    """Same contract as `kernels.routed_experts`: x [T, W], routing [T, E] combine weights (0 = not
-    selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype.
+    x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor, *, gate_bias: Tensor | None = None,
+    up_bias: Tensor | None = None, down_bias: Tensor | None = None, clamp: tuple[float, float] | None = None,
+    scale_inputs: bool = False, top_k: int | None = None,
+) -> Tensor:  # fmt: skip
+    """Same contract as `kernels.routed_experts` (every keyword included): x [T, W], routing [T, E]
+    combine weights (0 = not selected), gate/up [E, I, W], down [E, W, I]; returns [T, W] in x's dtype.
 
     As the serving engines' fused MoE does it: rows gathered in expert order, grouped GEMMs in x's
-    dtype, then each row weighted and the k rows of a token summed with fp32 accumulation (one
-    batched [1, k] x [k, W] product per token, in place of an fp32 copy of every row and a
-    scatter-add). With `top_k` (every token selects exactly top_k columns: this rank holds every
-    expert) the routing comes from `topk` and never waits for the host; without it `torch.nonzero`
-    syncs once, and a batch whose tokens select different numbers of experts here (an
-    expert-parallel rank's columns) takes the scatter-add."""
+    dtype (biases gathered per row, the activation `clamp` picks), then each row weighted and the k
+    rows of a token summed with fp32 accumulation (one batched [1, k] x [k, W] product per token, in
+    place of an fp32 copy of every row and a scatter-add); with `scale_inputs` the weight scales the
+    row before the GEMMs and the sum is unweighted. With `top_k` (every token selects exactly top_k
+    columns: this rank holds every expert) the routing comes from `topk` and never waits for the
+    host; without it `torch.nonzero` syncs once, and a batch whose tokens select different numbers
+    of experts here (an expert-parallel rank's columns) takes the scatter-add."""
+    variant = ExpertVariant(gate_bias, up_bias, down_bias, clamp, scale_inputs)
+    _VARIANTS.update(variant.features())
+    ws = (gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
     if top_k is not None and 0 < top_k <= routing.shape[1]:
-        return _routed_without_sync(x, routing, gate, up, down, top_k)
+        return _routed_without_sync(x, routing, ws, top_k, variant)
     mask = routing != 0
     per_token = mask.sum(1)
     tok, exp = torch.nonzero(mask, as_tuple=True)  # token-major: a token's rows are adjacent
@@ -67,8 +97,11 @@ def grouped_routed_experts(
     uniform = k > 0 and tok.numel() == k * x.shape[0] and bool((per_token == k).all())
     order = torch.argsort(exp, stable=True)
     counts = torch.bincount(exp, minlength=routing.shape[1])
-    ys = expert_ffn(x[tok[order]], counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
     w = routing[tok, exp]
+    xs = _expert_inputs(x[tok[order]], w[order], variant)
+    ys = expert_ffn(xs, counts, *ws, row_expert=exp[order], variant=variant)
+    if variant.scale_inputs:
+        w = torch.ones_like(w)
     if uniform:
         return _weighted_sum(ys, order, w.reshape(-1, k), x.dtype)
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32, device=x.device)
@@ -77,9 +110,16 @@ def grouped_routed_experts(
 
 
 _SYNC_FREE: list[bool] = [False]  # whether the host-sync-free routing ran in this process
+_VARIANTS: set[str] = set()  # ExpertVariant.features() of the calls in this process
 
 
-def _routed_without_sync(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, down: Tensor, k: int) -> Tensor:
+def _expert_inputs(xs: Tensor, row_w: Tensor, variant: ExpertVariant) -> Tensor:
+    """Rows in expert order, scaled by their routing weight (in fp32) when the family scales inputs."""
+    return (xs.float() * row_w[:, None].float()).to(xs.dtype) if variant.scale_inputs else xs
+
+
+def _routed_without_sync(x: Tensor, routing: Tensor, ws: tuple[Tensor, Tensor, Tensor], k: int,
+                         variant: ExpertVariant) -> Tensor:  # fmt: skip
     """The uniform case with every shape known on the host: top-k indices per token, rows sorted by
     expert with a stable argsort, per-expert counts by scatter-add (no host sync anywhere)."""
     w, idx = routing.topk(k, dim=1)  # the selected weights are the k largest (all > 0)
@@ -87,9 +127,10 @@ def _routed_without_sync(x: Tensor, routing: Tensor, gate: Tensor, up: Tensor, d
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(routing.shape[1], dtype=torch.int64, device=x.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
-    ys = expert_ffn(x.index_select(0, order // k), counts, gate.to(x.dtype), up.to(x.dtype), down.to(x.dtype))
+    xs = _expert_inputs(x.index_select(0, order // k), w.reshape(-1)[order], variant)
+    ys = expert_ffn(xs, counts, *ws, row_expert=flat[order], variant=variant)
     _SYNC_FREE[0] = True
-    return _weighted_sum(ys, order, w, x.dtype)
+    return _weighted_sum(ys, order, torch.ones_like(w) if variant.scale_inputs else w, x.dtype)
 
 
 def _weighted_sum(ys: Tensor, order: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
@@ -106,6 +147,11 @@ def sync_free_routing_used() -> bool:
     return _SYNC_FREE[0]
 
 
+def expert_variants_used() -> list[str]:
+    """The family variants the routed experts ran with in this process (biases, clamped SwiGLU, ...)."""
+    return sorted(_VARIANTS)
+
+
 def serving_router_logits(x: Tensor, weight: Tensor, logit_bias: Tensor | None = None) -> Tensor:
     """`kernels.router_logits` as engines run the router: one GEMM in x's half precision with an fp32
     result (no fp32 copy of the activations); fp32 inputs keep the reference."""
@@ -118,19 +164,30 @@ def serving_router_logits(x: Tensor, weight: Tensor, logit_bias: Tensor | None =
 _GROUPED: dict[str, bool] = {}  # device type -> torch._grouped_mm works there
 
 
-def expert_ffn(xs: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
-    """SwiGLU expert MLP on rows sorted by expert (`counts[e]` rows for expert e).
+def expert_ffn(
+    xs: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tensor, row_expert: Tensor | None = None,
+    variant: ExpertVariant | None = None,
+) -> Tensor:  # fmt: skip
+    """The expert MLP on rows sorted by expert (`counts[e]` rows for expert e; `row_expert` names each
+    row's expert, needed for `variant`'s biases): SwiGLU, or the variant's clamped form.
 
     One grouped GEMM per projection (`torch._grouped_mm`, CUTLASS on Hopper: no host sync, no
     per-expert launch), or, where that op is missing or refuses the shapes, a loop of per-expert
     GEMMs (one host sync for the counts)."""
+    v = variant or ExpertVariant()
+    biased = v.gate_bias is not None and v.up_bias is not None and row_expert is not None
     dev = xs.device.type
     if _GROUPED.get(dev, hasattr(torch, "_grouped_mm")):
         try:
             offs = counts.cumsum(0).to(torch.int32)
             g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
             u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs)
-            y = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+            if biased:
+                g = g + v.gate_bias[row_expert].to(g.dtype)  # type: ignore[index]
+                u = u + v.up_bias[row_expert].to(u.dtype)  # type: ignore[index]
+            y = torch._grouped_mm(_activation(g, u, v.clamp), down.transpose(-2, -1), offs=offs)
+            if v.down_bias is not None and row_expert is not None:
+                y = y + v.down_bias[row_expert].to(y.dtype)
             _GROUPED[dev] = True
             return y
         except (RuntimeError, NotImplementedError, TypeError):
@@ -140,9 +197,23 @@ def expert_ffn(xs: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tenso
     for e, c in enumerate(counts.tolist()):
         if c:
             xe = xs[start : start + c]
-            ys[start : start + c] = (F.silu(xe @ gate[e].t()) * (xe @ up[e].t())) @ down[e].t()
+            g, u = xe @ gate[e].t(), xe @ up[e].t()
+            if biased:
+                g, u = g + v.gate_bias[e].to(g.dtype), u + v.up_bias[e].to(u.dtype)  # type: ignore[index]
+            y = _activation(g, u, v.clamp) @ down[e].t()
+            ys[start : start + c] = y if v.down_bias is None else y + v.down_bias[e].to(y.dtype)
             start += c
     return ys
+
+
+def _activation(g: Tensor, u: Tensor, clamp: tuple[float, float] | None) -> Tensor:
+    """silu(g) * u, or gpt-oss's g' * sigmoid(alpha g') * (u' + 1) with g' = min(g, limit), u' in
+    [-limit, limit] (`kernels.routed_experts`' two activations)."""
+    if clamp is None:
+        return F.silu(g) * u
+    alpha, limit = clamp
+    g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+    return g * torch.sigmoid(alpha * g) * (u + 1)
 
 
 def grouped_gemm_used() -> dict[str, bool]:
@@ -257,22 +328,66 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     return runtime_fast.causal_attention(q, k, v, scale)
 
 
+MASKED_SDPA = "window/chunk: torch SDPA with a boolean mask"
+REFERENCE_FOR_TOPK = "top-k (DSA): reference"
+REFERENCE_FOR_SINKS = "sinks (gpt-oss): reference"
+_ATTENTION: set[str] = set()  # the attention variants that ran in this process ("causal", the three above)
+
+
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, *, window: int | None = None, chunk: int | None = None
+) -> Tensor:  # fmt: skip
+    """`kernels.causal_attention` with `window` and/or `chunk` by SDPA with a [T, S] boolean mask (the
+    same positions the reference masks), shared by every head: no [heads, T, S] fp32 score matrix."""
+    t, s = q.shape[0], k.shape[0]
+    qpos = torch.arange(s - t, s, device=q.device)[:, None]
+    kpos = torch.arange(s, device=q.device)[None, :]
+    allowed = kpos <= qpos
+    if window is not None:
+        allowed &= kpos > qpos - window
+    if chunk is not None:
+        allowed &= kpos >= (qpos // chunk) * chunk
+    qh, kh, vh = (z.transpose(0, 1).unsqueeze(0).to(q.dtype) for z in (q, k, v))  # [1, n, T|S, d]
+    with torch.no_grad():
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=scale)
+    return out[0].transpose(0, 1).reshape(t, -1)
+
+
+def attention_variants_used() -> list[str]:
+    """Which attention variants ran in this process under `installed`: "causal" (the serving path)
+    and the masked ones, each saying how it ran."""
+    return sorted(_ATTENTION)
+
+
 @contextmanager
 def installed(enabled: bool = True) -> Iterator[None]:
     """Swap the fast kernels into `tpplan.runtime.kernels` (which the executor and the plan runner
-    call through the module), restoring the reference ones on exit."""
+    call through the module), restoring the reference ones on exit. What ran is recorded from the
+    start of the block (`attention_variants_used`, `expert_variants_used`, `sync_free_routing_used`)."""
     if not enabled:
         yield
         return
+    _ATTENTION.clear()
+    _VARIANTS.clear()
+    _SYNC_FREE[0] = False
     reference = K.causal_attention
 
-    def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, **masks: object) -> Tensor:
+    def attention(
+        q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, *, window: int | None = None,
+        chunk: int | None = None, sinks: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
         # The serving path (`_attention`: SDPA, the cascade split on request) for plain causal
-        # attention; a call with a mask SDPA's causal path does not express (DSA's top-k `keep`, a
-        # sliding window, a chunk, sinks) runs the reference kernel rather than fail.
-        if keep is None and all(m is None for m in masks.values()):
-            return _attention(q, k, v, scale)
-        return reference(q, k, v, scale, keep, **masks)  # type: ignore[arg-type]
+        # attention, SDPA with a boolean mask for a sliding window or a chunk (Gemma 3, Llama 4);
+        # a call SDPA does not express (DSA's top-k `keep`, gpt-oss's sinks) runs the reference
+        # kernel rather than fail. `attention_variants_used` records which ran.
+        if keep is None and sinks is None:
+            if window is None and chunk is None:
+                _ATTENTION.add("causal")
+                return _attention(q, k, v, scale)
+            _ATTENTION.add(MASKED_SDPA)
+            return masked_attention(q, k, v, scale, window=window, chunk=chunk)
+        _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else REFERENCE_FOR_SINKS)
+        return reference(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
 
     swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts,
              "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits}  # fmt: skip
@@ -293,11 +408,15 @@ def installed(enabled: bool = True) -> Iterator[None]:
 
 
 __all__ = [
+    "ExpertVariant",
+    "attention_variants_used",
     "chunked_delta_rule",
     "expert_ffn",
+    "expert_variants_used",
     "grouped_gemm_used",
     "grouped_routed_experts",
     "installed",
+    "masked_attention",
     "serving_router_logits",
     "sync_free_routing_used",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import platform
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from tpplan.bench.config import BenchConfig, act_dtype
@@ -116,14 +117,25 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
                 torch.cuda.empty_cache()
             progress.update(task, description=f"{name}: done", completed=per_plan + 1)
     out["grouped_gemm"] = serving_kernels.grouped_gemm_used().get(device.type)
-    out["impls"] = implementations(cfg.kernels, device, out["grouped_gemm"], serving_kernels.sync_free_routing_used())
+    out["impls"] = implementations(
+        cfg.kernels, device, out["grouped_gemm"], serving_kernels.sync_free_routing_used(),
+        serving_kernels.attention_variants_used(), serving_kernels.expert_variants_used(),
+    )  # fmt: skip
     return out if rank == 0 else None
 
 
-def implementations(kernels: str, device: Any, grouped: bool | None, sync_free: bool = False) -> dict[str, str]:
+def implementations(
+    kernels: str, device: Any, grouped: bool | None, sync_free: bool = False, attention: Sequence[str] = (),
+    experts_with: Sequence[str] = (),
+) -> dict[str, str]:  # fmt: skip
     """What ran for each kernel family (`config.impl_class`) in this process: the runtime's fast paths
     apply on CUDA unless TPPLAN_FAST_KERNELS=0 (fla's where it imports), the bench's `--kernels fast`
-    adds SDPA off CUDA, grouped expert GEMMs and the batched torch delta rule where fla is missing."""
+    adds SDPA off CUDA, grouped expert GEMMs and the batched torch delta rule where fla is missing.
+
+    `attention`: the attention variants that ran (`serving_kernels.attention_variants_used`: "causal"
+    on the serving path, a window or chunk by SDPA, top-k or sinks by the reference), listed after the
+    serving path, or alone when no plain causal call ran; `experts_with`: the family variants the
+    routed experts ran with (biases, ...)."""
     import os
 
     from tpplan.runtime import fast_kernels as RF
@@ -145,11 +157,21 @@ def implementations(kernels: str, device: Any, grouped: bool | None, sync_free: 
     experts = ("torch._grouped_mm" if grouped else "per-expert GEMM loop") + (
         ", routed without a host sync" if sync_free else ""
     )
+    experts += "".join(f", {v}" for v in experts_with)
+    masked = [a for a in attention if a != "causal"] if fast else []
+
+    def attention_impl(serving: str) -> str:  # the serving path unless only masked variants ran, then those
+        return "; ".join(([serving] if not masked or "causal" in attention else []) + masked)
+
     norm = "fla fused rms_norm" if fla and os.environ.get("TPPLAN_FLA_NORMS", "1") != "0" else "torch rms_norm (fp32)"
     return {
         "gemm": "cuBLAS matmul" if device.type == "cuda" else "torch matmul",
-        "mla": (cascade + pad if cascaded else sdpa + (pad if rt else "")) if rt or fast else "reference",
-        "gqa": (cascade if cascaded else sdpa) if rt or fast else "reference",
+        "mla": attention_impl(
+            (cascade + pad if cascaded else sdpa + (pad if rt else "")) if rt or fast else "reference"
+        ),
+        "mla_dsa": attention_impl(sdpa + (pad if rt else "") if rt or fast else "reference"),
+        "dsa_indexer": "reference",  # no fast path: the runtime's torch top-k indexer
+        "gqa": attention_impl((cascade if cascaded else sdpa) if rt or fast else "reference"),
         "kda": "fla.chunk_kda" if fla else torch_delta,
         "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
         "short_conv": (conv if rt else "reference"),

@@ -1,5 +1,8 @@
 """One line for a failed multi-process run (verify, run, bench, calibrate), with a hint when the OS
-killed a rank: how much memory the run was predicted to need and a smaller setting to try."""
+killed a rank: how much memory the run was predicted to need and a smaller setting to try.
+
+The hint follows only `RankKilled` (a SIGKILL the run did not send); a rank that did not answer
+(`RankSilent`) or failed with an error is named as what was observed, with no guess at memory."""
 
 from __future__ import annotations
 
@@ -60,4 +63,3 @@ def print_failure(what: str, exc: Exception, hint: str | None = None, tail: str 
         text += f"; {hint}"
     text += tail
     console(stderr=True).print(f"[bold red]{what} failed:[/] {escape(text)}", soft_wrap=True)
-

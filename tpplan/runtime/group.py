@@ -2,7 +2,9 @@
 under torchrun.
 
 Used by `verify`, `run`, `bench` and `calibrate`. A rank that fails or hangs makes `run_group`
-raise `RankFailed` naming the rank that failed first. Each rank imports the hook modules
+raise `RankFailed` naming the rank that failed first, by what was observed: `RankKilled` when a rank
+died of a SIGKILL tpplan did not send (the OOM killer), `RankSilent` when ranks were still running
+without an error after a peer timed out waiting for them. Each rank imports the hook modules
 `tpplan.runtime.hooks` names before the work starts (the seam the tests inject faults through).
 torch is imported inside the functions so that importing this module stays cheap.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import socket
 import tempfile
@@ -42,6 +45,20 @@ class RankKilled(RankFailed):
         self.rank = rank
         super().__init__(
             f"rank {rank} was killed by the operating system ({signal_name}), most likely because it ran out of memory"
+        )
+
+
+class RankSilent(RankFailed):
+    """Ranks still running, without an error, when a peer gave up waiting for them: stopped (SIGSTOP),
+    deadlocked or too slow. Not a crash and not memory: what was observed is that they did not answer."""
+
+    def __init__(self, ranks: list[int], timeout_s: float, waiter: int) -> None:
+        self.ranks = ranks
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        super().__init__(
+            f"{who} did not answer within {timeout_s:g} s (rank {waiter} timed out waiting); stopped, deadlocked "
+            "or too slow. "
+            "Try a longer --timeout, or check that nothing stops the processes"
         )
 
 
@@ -141,15 +158,22 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         load_env_hooks()
-        device = _init(spec, rank, world)
         try:
+            device = _init(spec, rank, world)
             result = fn(rank, world, device, payload)
         except TpplanError:
             raise  # a bad input: the CLI prints it and exits 2
         except Exception as exc:
+            if PORT_TAKEN in str(exc):
+                port = os.environ.get("MASTER_PORT", "?")
+                raise TpplanError(
+                    f"MASTER_PORT {port}", f"is already taken on {os.environ.get('MASTER_ADDR', 'this machine')}",
+                    "pass a free port to torchrun (--master-port) or stop what holds it",
+                ) from None  # fmt: skip
             raise RankFailed(f"rank {rank}: {type(exc).__name__}: {exc}") from exc
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
         return result if rank == 0 else None
     for _ in range(PORT_ATTEMPTS - 1):
         try:
@@ -185,17 +209,67 @@ def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> 
             start_method="spawn",
         )
         try:
-            while not ctx.join():
-                pass
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            exited, silent = _wait(ctx)
+        except BaseException:  # Ctrl-C or SIGTERM here: no rank outlives the run
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join()
+            raise
+        finally:
+            for f in ctx.error_files:  # torch's own record of a child's traceback; ours is rank*.err
+                Path(f).unlink(missing_ok=True)
+        if exited:
             _raise_input_error(Path(tmp))
-            killed = _killed_rank(ctx, exc)
-            if killed is not None:
-                raise RankKilled(killed, "SIGKILL") from None
-            raise RankFailed(_first_failure(Path(tmp), exc)) from None
+            killed = [i for i in exited if ctx.processes[i].exitcode == -signal.SIGKILL]
+            if killed:  # SIGKILL that tpplan did not send: the rank exited so before anything was stopped
+                raise RankKilled(killed[0], "SIGKILL")
+            errors = _rank_errors(Path(tmp))
+            if silent and errors and TIMED_OUT.search(errors[0][2]):
+                raise RankSilent(silent, spec.timeout_s, errors[0][1])
+            raise RankFailed(_first_failure(errors, exited, ctx.processes))
         if not Path(out).exists():
             raise RankFailed("rank 0 returned no result")
         return pickle.loads(Path(out).read_bytes())
+
+
+PEER_EXIT_S = 3.0  # after a rank failed: how long its peers get to fail on their own (a closed connection)
+STOP_GRACE_S = 3.0  # then SIGTERM to those still running, and SIGKILL after this
+TIMED_OUT = re.compile(r"time(d)? ?out", re.IGNORECASE)
+
+
+def _wait(ctx: Any) -> tuple[list[int], list[int]]:
+    """Wait for every rank; on the first failure, stop the rest. (the ranks that exited non-zero by
+    themselves, the ranks still running PEER_EXIT_S later): both empty when every rank succeeded.
+
+    torch's `ProcessContext.join` is not used: it SIGKILLs a rank that ignores SIGTERM (a stopped one)
+    and then reports that as the rank's own death. Here only what each process did by itself counts."""
+    from multiprocessing.connection import wait
+
+    procs = ctx.processes
+    pending = {p.sentinel: i for i, p in enumerate(procs)}
+    while pending:
+        for sentinel in wait(list(pending)):
+            procs[pending.pop(sentinel)].join()
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+    else:
+        return [], []
+    end = time.monotonic() + PEER_EXIT_S
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    exited = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+    silent = [i for i, p in enumerate(procs) if p.is_alive()]
+    for i in silent:
+        procs[i].terminate()
+    end = time.monotonic() + STOP_GRACE_S
+    for i in silent:
+        procs[i].join(max(0.0, end - time.monotonic()))
+    for i in silent:
+        if procs[i].is_alive():
+            procs[i].kill()
+        procs[i].join()
+    return exited, silent
 
 
 def _raise_input_error(tmp: Path) -> None:
@@ -207,29 +281,28 @@ def _raise_input_error(tmp: Path) -> None:
             raise TpplanError(where, reason, fix)
 
 
-def _killed_rank(ctx: Any, exc: Exception) -> int | None:
-    """The rank the OS killed with SIGKILL, if one was: it left no error of its own behind.
-
-    Its peers then fail on a closed connection, and whichever exit `join` sees first becomes the
-    exception, so every process's exit code is checked, not only the exception's.
-    """
-    if getattr(exc, "signal_name", None) == "SIGKILL":
-        return int(getattr(exc, "error_index", 0))
-    for i, proc in enumerate(ctx.processes):
-        if proc.exitcode == -signal.SIGKILL:
-            return i
-    return None
-
-
-def _first_failure(tmp: Path, exc: Exception) -> str:
-    """Describe the failure: the earliest recorded rank error first, then the others."""
+def _rank_errors(tmp: Path) -> list[tuple[float, int, str]]:
+    """(when, rank, first line) of every error a rank recorded, earliest first."""
     errs = []
     for f in tmp.glob("rank*.err"):
         stamp, _, msg = f.read_text().partition("\n")
-        errs.append((float(stamp), int(f.stem[len("rank") :]), msg.strip().splitlines()[0]))
+        errs.append((float(stamp), int(f.stem[len("rank") :]), (msg.strip().splitlines() or [""])[0]))
+    return sorted(errs)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was ended by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was ended by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _first_failure(errs: list[tuple[float, int, str]], exited: list[int], procs: list[Any]) -> str:
+    """Describe the failure: the earliest recorded rank error first, then the others."""
     if not errs:
-        return f"rank {getattr(exc, 'error_index', '?')} died: {str(exc).strip()}"
-    errs.sort()
+        return "; ".join(f"rank {i} {_exit_text(procs[i].exitcode)} and left no error" for i in exited)
     _, rank, msg = errs[0]
     text = f"rank {rank} failed first: {msg}"
     if len(errs) > 1:
@@ -237,4 +310,4 @@ def _first_failure(tmp: Path, exc: Exception) -> str:
     return text
 
 
-__all__ = ["GroupSpec", "RankFailed", "RankKilled", "resolve_backend", "run_group", "under_torchrun"]
+__all__ = ["GroupSpec", "RankFailed", "RankKilled", "RankSilent", "resolve_backend", "run_group", "under_torchrun"]
