@@ -175,7 +175,7 @@ def moe_tp_vs_ep(
         "fit/AIC TP8",
         "fit/AIC EP8",
         "tpplan/AIC TP8",
-        "tpplan/AIC EP8",
+        "EP8",
     ]
     return _table(header, out), records
 
@@ -225,7 +225,7 @@ def gemm_compare(
                 row += [p.seconds * 1e6 if p else "-", ratio]
             out.append(row)
         say(f"GEMM {src.name}: {time.perf_counter() - t0:.1f} s")
-    header = ["engine", "MxKxN"] + [c for dt in dtypes for c in (f"AIC {dt} us", "tpplan/AIC")]
+    header = ["engine", "MxKxN"] + [c for dt in dtypes for c in (f"{dt} us", "tpplan/AIC")]
     return _table(header, out), records
 
 
@@ -329,6 +329,34 @@ def collectives_compare(
     return _table(header, out), records
 
 
+KIMI_K3 = {"hidden": 3584, "intermediate": 3072, "experts": 896, "top_k": 16}  # latent routed experts
+
+
+def k3_experts(system: str = "h200_sxm", tokens: int = 8192, say: Say = _say) -> str:
+    """Kimi-K3's latent routed experts, which AIC never measured: the fitted models per engine
+    (extrapolated) against tpplan's datasheet price, at TP8 and EP8."""
+    from tpplan.cost.sources.aic_fitted import AicFittedSource
+
+    gpu = load_topology("h200x8-ib400").gpu
+    out = []
+    for engine in AIC_ENGINES:
+        say(f"K3 experts {system}/{engine} ...")
+        fitted = AicFittedSource(system, engine)
+        measured = AicSource(system, engine)
+        for dtype in ("bf16", "fp8_block"):
+            row: list[object] = [engine, dtype]
+            for tp, ep in ((8, 1), (1, 8)):
+                shape = MoeShape(tokens, tp=tp, ep=ep, dtype=dtype, **KIMI_K3)  # type: ignore[arg-type]
+                if measured.moe(shape) is not None:
+                    raise AssertionError(f"{measured.name} has a row for K3: price it from there")
+                p = fitted.moe(shape)
+                ours = tpplan_experts_time(shape, gpu)
+                row += [p.seconds * 1e3 if p else "-", ours / p.seconds if p else "-"]
+            out.append(row)
+    header = ["engine", "dtype", "fit TP8 ms", "tpplan/fit", "fit EP8 ms", "tpplan/fit"]
+    return _table(header, out)
+
+
 def fit_errors(say: Say = _say) -> str:
     """In-sample and leave-one-model-out errors of the packaged fits (no AIC needed)."""
     from tpplan.cost.sources.aic_fitted import load_fits
@@ -363,6 +391,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "attention": lambda: attention_compare()[0],
     "collectives-h200": lambda: collectives_compare()[0],
     "collectives-rtxpro6000": lambda: collectives_compare("rtx_pro_6000_server", "pcie8-rtxpro6000")[0],
+    "k3-experts": k3_experts,
     "fits": fit_errors,
 }
 
