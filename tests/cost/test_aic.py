@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("aiconfigurator_core")
 
 from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, KernelSource, MoeShape
-from tpplan.cost.sources.aic import FAR, AicSource, aic_databases
+from tpplan.cost.sources.aic import FAR, AicSource, aic_databases, engine_source
 from tpplan.errors import TpplanError
 
 DSV3 = {"hidden": 7168, "intermediate": 2048, "experts": 256, "top_k": 8}
@@ -47,6 +47,9 @@ def test_bad_system_engine_or_version_is_one_line_naming_the_choices() -> None:
         AicSource("h999", "sglang")
     with pytest.raises(TpplanError, match="use one of"):
         AicSource("h200_sxm", "sglang", "0.0.1")
+    with pytest.raises(TpplanError, match="--engine"):
+        engine_source("h200_sxm", "tensorrt@1")
+    assert engine_source("h200", "vllm@0.24.0").name == "aic:h200_sxm/vllm@0.24.0"
 
 
 def test_deepseek_v3_experts_at_tp8_match_the_rows_aic_measured(h200: dict[str, AicSource]) -> None:

@@ -268,8 +268,13 @@ class AicSource:
         return latency_ms * 1e-3, non_silicon
 
     def table(self, family: TableFamily) -> Any:
-        """AIC's raw measured rows of one op family as the package binds them (nested mappings
-        ending in {"latency": ms, ...}; key order per family in docs/cost-model.md), or None."""
+        """AIC's raw measured rows of one op family as the package binds them, or None: nested
+        mappings ending in {"latency": ms, ...}, keyed (quant enums first, by their `.name`)
+        gemm: quant, m, n, k; context_attention: fmha quant, kv quant, kv heads (0 = as many as
+        q heads), head_dim, window, heads, tokens, batch; context_mla: fmha quant, kv quant, heads,
+        tokens, batch; moe: quant, distribution, top_k, experts, hidden, intermediate, tp, ep,
+        tokens; nccl: comm quant, op, GPUs, half elements; custom_allreduce: quant, GPUs, "AUTO",
+        half elements."""
         from aiconfigurator_core.sdk import operations as ops
 
         op_class, attr = {
@@ -360,6 +365,8 @@ class AicSource:
         except (KeyError, TypeError):
             return None
         heads = sorted(_keys(by_heads))
+        if not heads:
+            return None
         tokens = _union_keys([by_heads[h] for h in heads])
         batches = _union_keys(_children([by_heads[h] for h in heads]))
         out = max(
@@ -367,7 +374,7 @@ class AicSource:
             _outside(shape.tokens, tokens[0], tokens[-1]),
             _outside(shape.batch, batches[0], batches[-1]),
         )
-        if out > FAR or not heads:
+        if out > FAR:
             return None
         op = ContextAttention(
             "attn",
@@ -533,6 +540,19 @@ class AicSource:
         return self._price(got[0], got[1] or out > 1.0, detail)
 
 
+def engine_source(system: str, engine: str, **options: Any) -> AicSource:
+    """The source for a CLI-style engine spec, `sglang`, `vllm@0.24.0`, `trtllm@1.3.0rc20`, on one
+    AIC system (`options`: `AicSource`'s keywords)."""
+    name, _, version = engine.partition("@")
+    if name not in AIC_ENGINES:
+        raise TpplanError(
+            f"--engine {engine!r}",
+            "no such engine in the AIC database",
+            f"use one of {', '.join(AIC_ENGINES)}, optionally @version",
+        )
+    return AicSource(system, name, version or None, **options)
+
+
 __all__ = [
     "AIC_ENGINES",
     "FAR",
@@ -542,5 +562,6 @@ __all__ = [
     "aic_available",
     "aic_databases",
     "default_version",
+    "engine_source",
     "resolve_system",
 ]
