@@ -1,0 +1,567 @@
+"""NVIDIA AIConfigurator's measured per-engine kernel database as a `KernelSource`.
+
+AIConfigurator (PyPI `aiconfigurator-core`, Apache-2.0) ships tables of GEMM, context attention,
+MLA, MoE, NCCL and custom all-reduce latencies measured per GPU x engine x engine version. This
+module asks them through the package's own op-list API: `perf_database.get_database` loads a
+database, `EngineHandle.for_database` binds its compiled query engine, and each price is one op
+(`GEMM`, `ContextAttention`, `ContextMLA`, `MoE`, `NCCL`, `CustomAllReduce`) serialised with
+`build_ops_json` and evaluated by `EngineHandle.evaluate_ops_json` (the path
+`aiconfigurator_core/sdk/operations/README.md` names as canonical in 0.12.0). The raw table views
+the package binds (`PerfDatabase._<family>_data`, its documented data plane) are read only to know
+the measured range, so an answer can say whether it left it.
+
+`aiconfigurator_core` is imported lazily: this module imports without it, `aic_available()` says
+whether it is there, and constructing an `AicSource` without it is a one-line TpplanError.
+
+What an answer means:
+- None: the database has no row for this configuration (another dtype, MoE widths/experts/TP/EP it
+  never measured, an attention head_dim/kv-head/window layout it lacks, a multi-node or unmeasured
+  group size, send/recv), or the query lies more than `FAR` (4x) beyond the measured range of a
+  size axis (GEMM m/n/k, tokens, message bytes). The next source (the fitted models) then answers.
+- `extrapolated=True`: the query is inside 4x but outside the measured range of an axis, the
+  attention call has cached context (the tables are measured without a prefix), a dtype was
+  substituted (fp8 MoE priced from the fp8_block kernels), or the engine reported a non-silicon
+  provenance. Points between measured grid points are interpolated by the engine and count as
+  measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal
+
+from tpplan.cost.kernel_source import (
+    AttentionShape,
+    CollectiveShape,
+    GemmShape,
+    KernelPrice,
+    MoeShape,
+)
+from tpplan.errors import TpplanError
+
+AIC_ENGINES = ("sglang", "vllm", "trtllm")
+AIC_VERSION = "0.12.0"
+FAR = 4.0  # beyond this factor outside a measured size range a query gets no answer
+INSTALL_FIX = 'pip install "tpplan[aic]"'
+
+# tpplan's short GPU names for AIC's system names (AIC's own names are accepted as they are).
+SYSTEM_ALIASES = {
+    "h100": "h100_sxm",
+    "h200": "h200_sxm",
+    "b200": "b200_sxm",
+    "b300": "b300_sxm",
+    "rtxpro6000": "rtx_pro_6000_server",
+    "rtx_pro_6000": "rtx_pro_6000_server",
+}
+
+MoeDistribution = Literal["balanced", "power_law_1.01", "power_law_1.2"]
+AllReducePath = Literal["engine", "nccl"]
+TableFamily = Literal["gemm", "context_attention", "context_mla", "moe", "nccl", "custom_allreduce"]
+
+# tpplan dtype -> AIC quant names to try, in order (the first the table holds wins).
+_GEMM_QUANT = {
+    "bf16": ("bfloat16",),
+    "fp8": ("fp8",),
+    "fp8_block": ("fp8_block",),
+    "nvfp4": ("nvfp4",),
+    "int4": ("int4_wo",),
+    "mxfp4": (),
+}
+_MOE_QUANT = {
+    "bf16": ("bfloat16",),
+    "fp8": ("fp8", "fp8_block"),  # the engines' DeepSeek-style fp8 experts are block-scaled
+    "fp8_block": ("fp8_block",),
+    "nvfp4": ("nvfp4",),
+    "mxfp4": ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
+    "int4": ("int4_wo",),
+}
+_NCCL_OP = {
+    "all_reduce": "all_reduce",
+    "reduce_scatter": "reduce_scatter",
+    "all_gather": "all_gather",
+    "all_to_all": "alltoall",
+}
+_COMM_BYTES = 2  # AIC's comm tables count half-precision elements
+_MEASURED = ("silicon", "mixed")  # AIC provenances that rest on its measured rows
+
+
+def aic_available() -> bool:
+    """Whether `aiconfigurator-core` is importable (the optional extra `tpplan[aic]`)."""
+    if "aiconfigurator_core" in sys.modules:
+        return sys.modules["aiconfigurator_core"] is not None  # None: imports of it are blocked
+    try:
+        return importlib.util.find_spec("aiconfigurator_core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _require_aic(what: str) -> None:
+    if not aic_available():
+        raise TpplanError(what, "needs the AIConfigurator kernel database, which is not installed", INSTALL_FIX)
+
+
+def resolve_system(system: str) -> str:
+    """AIC's system name for `system` (an AIC name or one of `SYSTEM_ALIASES`)."""
+    return SYSTEM_ALIASES.get(system, system)
+
+
+@cache
+def aic_databases() -> dict[str, dict[str, list[str]]]:
+    """{system: {engine: [queryable versions]}} the installed package holds (no table is loaded)."""
+    _require_aic("AIC database list")
+    from aiconfigurator_core.sdk import perf_database
+
+    found = perf_database.get_supported_databases()
+    return {s: {e: list(v) for e, v in sorted(found[s].items())} for s in sorted(found)}
+
+
+@cache
+def default_version(system: str, engine: str) -> str | None:
+    """The version AIC itself serves by default for (system, engine): its 'current' slot, the
+    newest maintainer-completed collection (a newer 'next' slot, when listed, is a partial drop
+    backward-filled from current; ask for it by name)."""
+    _require_aic("AIC default version")
+    from aiconfigurator_core.sdk import perf_database
+
+    system = resolve_system(system)
+    held = aic_databases().get(system, {}).get(engine, [])
+    slots = perf_database.get_version_slots(system, engine)  # cheap: AIC's query_versions.yaml
+    if slots is not None and slots.get("current") in held:
+        return slots["current"]
+    return perf_database.get_latest_database_version(system, engine)  # lists every database again
+
+
+@dataclass
+class _Loaded:
+    db: Any
+    handle: Any
+    load_s: float
+    ranges: dict[str, Any] = field(default_factory=dict)
+
+
+@cache
+def _load(system: str, engine: str, version: str) -> _Loaded:
+    """Load one database and bind its query engine once per process (about 0.5 s; each op
+    family's tables load on first use, 0.5-3 s more)."""
+    from aiconfigurator_core.sdk import perf_database
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    t0 = time.perf_counter()
+    db = perf_database.get_database(system, engine, version)
+    if db is None:
+        raise TpplanError(
+            f"AIC database {system}/{engine}@{version}",
+            "the package could not load it",
+            f"use a version listed by tpplan.cost.sources.aic.aic_databases() ({INSTALL_FIX} for 0.12)",
+        )
+    handle = EngineHandle.for_database(db)
+    return _Loaded(db, handle, time.perf_counter() - t0)
+
+
+def _keys(d: Any) -> list[Any]:
+    return list(d.keys()) if d is not None and hasattr(d, "keys") else []
+
+
+def _union_keys(nodes: list[Any]) -> list[Any]:
+    out: set[Any] = set()
+    for n in nodes:
+        out.update(_keys(n))
+    return sorted(out)
+
+
+def _children(nodes: list[Any]) -> list[Any]:
+    return [n[k] for n in nodes for k in _keys(n)]
+
+
+def _outside(value: float, lo: float, hi: float) -> float:
+    """How many times outside [lo, hi] `value` lies (1.0 inside)."""
+    if value > hi:
+        return value / hi
+    if 0 < value < lo:
+        return lo / value
+    return 1.0
+
+
+class AicSource:
+    """Prices from AIConfigurator's database for one GPU system, engine and engine version.
+
+    `system`: an AIC system name (`aic_databases()` lists them: h100_sxm, h200_sxm, b200_sxm,
+    b300_sxm, gb200, gb300, rtx_pro_6000_server, ...) or a `SYSTEM_ALIASES` short name.
+    `engine`: sglang, vllm or trtllm. `version`: default `default_version(system, engine)`.
+    `moe_distribution`: the routed-token distribution of the MoE rows used (AIC measures balanced
+    and power-law 1.01 / 1.2 routing; tpplan prices uniform routing, so balanced by default).
+    `all_reduce`: "engine" prices an all-reduce with AIC's `CustomAllReduce` op (the TP all-reduce
+    its models charge; the engine's own kernel choice), "nccl" with the plain NCCL table.
+    `attention_extras`: AIC's context-attention op adds RoPE and the KV-cache write (~13 us on H200)
+    to the measured kernel; False (default) returns the kernel alone, since tpplan prices those ops
+    apart.
+    """
+
+    def __init__(
+        self,
+        system: str = "h200_sxm",
+        engine: str = "sglang",
+        version: str | None = None,
+        *,
+        moe_distribution: MoeDistribution = "balanced",
+        all_reduce: AllReducePath = "engine",
+        attention_extras: bool = False,
+    ) -> None:
+        _require_aic(f"kernel source aic:{system}/{engine}")
+        self.system = resolve_system(system)
+        known = aic_databases()
+        if self.system not in known:
+            raise TpplanError(
+                f"AIC system {system!r}", "the database has no such GPU system", f"use one of {', '.join(known)}"
+            )
+        if engine not in known[self.system]:
+            raise TpplanError(
+                f"AIC engine {engine!r}",
+                f"{self.system} has no data for it",
+                f"use one of {', '.join(known[self.system])}",
+            )
+        self.engine = engine
+        versions = known[self.system][engine]
+        self.version = version or default_version(self.system, engine) or versions[-1]
+        if self.version not in versions:
+            raise TpplanError(
+                f"AIC version {engine}@{self.version}",
+                f"{self.system} does not hold it",
+                f"use one of {', '.join(versions)}",
+            )
+        self.moe_distribution = moe_distribution
+        self.all_reduce = all_reduce
+        self.attention_extras = attention_extras
+        self.name = f"aic:{self.system}/{self.engine}@{self.version}"
+        self._loaded = _load(self.system, self.engine, self.version)
+
+    @property
+    def load_seconds(self) -> float:
+        """Seconds the database load and engine bind took (once per process)."""
+        return self._loaded.load_s
+
+    # ---- the package's query path ---------------------------------------------------------
+
+    def _evaluate(self, op: Any, *, batch: int, tokens: int, prefix: int = 0) -> tuple[float, bool] | None:
+        """(seconds, non-silicon) for one op, or None where the engine refuses the query."""
+        from aiconfigurator_core.sdk.engine import build_ops_json
+
+        handle = self._loaded.handle
+        try:
+            rows = handle.evaluate_ops_json(
+                build_ops_json([op]), is_context=True, batch_size=int(batch), s=int(tokens), prefix=int(prefix)
+            )
+        except Exception:  # the engine raises for shapes its tables cannot serve
+            return None
+        if not rows:
+            return None
+        _, latency_ms, _, provenance = rows[0]
+        if not math.isfinite(latency_ms) or latency_ms <= 0:
+            return None
+        # "mixed": a measured kernel plus a modelled part (AIC adds ~13 us to context attention)
+        non_silicon = provenance not in _MEASURED or handle.last_provenance() not in (None, "silicon")
+        return latency_ms * 1e-3, non_silicon
+
+    def table(self, family: TableFamily) -> Any:
+        """AIC's raw measured rows of one op family as the package binds them, or None: nested
+        mappings ending in {"latency": ms, ...}, keyed (quant enums first, by their `.name`)
+        gemm: quant, m, n, k; context_attention: fmha quant, kv quant, kv heads (0 = as many as
+        q heads), head_dim, window, heads, tokens, batch; context_mla: fmha quant, kv quant, heads,
+        tokens, batch; moe: quant, distribution, top_k, experts, hidden, intermediate, tp, ep,
+        tokens; nccl: comm quant, op, GPUs, half elements; custom_allreduce: quant, GPUs, "AUTO",
+        half elements."""
+        from aiconfigurator_core.sdk import operations as ops
+
+        op_class, attr = {
+            "gemm": (ops.GEMM, "_gemm_data"),
+            "context_attention": (ops.ContextAttention, "_context_attention_data"),
+            "context_mla": (ops.ContextMLA, "_context_mla_data"),
+            "moe": (ops.MoE, "_moe_data"),
+            "nccl": (ops.NCCL, "_nccl_data"),
+            "custom_allreduce": (ops.CustomAllReduce, "_custom_allreduce_data"),
+        }[family]
+        return self._view(op_class, attr)
+
+    def _view(self, op_class: Any, attr: str) -> Any:
+        db = self._loaded.db
+        op_class.load_data(db)
+        view = getattr(db, attr, None)
+        return view if view is not None and _keys(view) else None
+
+    def _price(self, seconds: float, extrapolated: bool, detail: str = "") -> KernelPrice:
+        return KernelPrice(seconds, self.name + (f":{detail}" if detail else ""), extrapolated)
+
+    @staticmethod
+    def _pick(view: Any, names: tuple[str, ...]) -> Any | None:
+        by_name = {getattr(k, "name", str(k)): k for k in _keys(view)}
+        for n in names:
+            if n in by_name:
+                return by_name[n]
+        return None
+
+    # ---- GEMM ------------------------------------------------------------------------------
+
+    def _gemm_range(self, quant: Any) -> tuple[list[int], list[int], list[int]]:
+        key = ("gemm", quant)
+        if key not in self._loaded.ranges:
+            from aiconfigurator_core.sdk.operations import GEMM
+
+            by_m = self._view(GEMM, "_gemm_data")[quant]
+            ms = sorted(_keys(by_m))
+            ns_nodes = [by_m[m] for m in ms]
+            ns = _union_keys(ns_nodes)
+            ks = _union_keys(_children(ns_nodes))
+            self._loaded.ranges[key] = (ms, ns, ks)
+        return self._loaded.ranges[key]
+
+    def gemm(self, shape: GemmShape) -> KernelPrice | None:
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.operations import GEMM
+
+        view = self._view(GEMM, "_gemm_data")
+        quant = self._pick(view, _GEMM_QUANT.get(shape.dtype, ())) if view is not None else None
+        if quant is None or min(shape.m, shape.k, shape.n) < 1:
+            return None
+        ms, ns, ks = self._gemm_range(quant)
+        out = max(_outside(shape.m, ms[0], ms[-1]), _outside(shape.n, ns[0], ns[-1]), _outside(shape.k, ks[0], ks[-1]))
+        if out > FAR:
+            return None
+        op = GEMM("gemm", 1.0, int(shape.n), int(shape.k), getattr(common.GEMMQuantMode, quant.name))
+        got = self._evaluate(op, batch=1, tokens=shape.m)
+        if got is None:
+            return None
+        return self._price(got[0], got[1] or out > 1.0, f"gemm-{quant.name}")
+
+    # ---- attention -------------------------------------------------------------------------
+
+    def attention(self, shape: AttentionShape) -> KernelPrice | None:
+        if shape.tokens < 1 or shape.heads < 1 or shape.batch < 1:
+            return None
+        if shape.kind == "mla":
+            return self._mla(shape)
+        return self._mha(shape)
+
+    def _mha(self, shape: AttentionShape) -> KernelPrice | None:
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.operations import ContextAttention
+
+        if shape.head_dim_qk != shape.head_dim_v or shape.kv_heads < 1 or shape.heads % shape.kv_heads:
+            return None
+        view = self._view(ContextAttention, "_context_attention_data")
+        fmha = self._pick(view, ("bfloat16",)) if view is not None else None
+        kv = self._pick(view[fmha], ("bfloat16",)) if fmha is not None else None
+        if kv is None:
+            return None
+        node = view[fmha][kv]
+        kv_key = 0 if shape.kv_heads == shape.heads else shape.kv_heads  # AIC keys MHA as 0 kv heads
+        window = shape.window or 0
+        try:
+            by_heads = node[kv_key][shape.head_dim_qk][window]
+        except (KeyError, TypeError):
+            return None
+        heads = sorted(_keys(by_heads))
+        if not heads:
+            return None
+        tokens = _union_keys([by_heads[h] for h in heads])
+        batches = _union_keys(_children([by_heads[h] for h in heads]))
+        out = max(
+            _outside(shape.heads, heads[0], heads[-1]),
+            _outside(shape.tokens, tokens[0], tokens[-1]),
+            _outside(shape.batch, batches[0], batches[-1]),
+        )
+        if out > FAR:
+            return None
+        op = ContextAttention(
+            "attn",
+            1.0,
+            int(shape.heads),
+            int(shape.kv_heads),
+            common.KVCacheQuantMode.bfloat16,
+            common.FMHAQuantMode.bfloat16,
+            window_size=int(window),
+            head_size=int(shape.head_dim_qk),
+        )
+        if self.engine != "trtllm":  # AIC's lane resolver knows no TRT-LLM lanes (its default lane serves)
+            from aiconfigurator_core.sdk.operations.attention import resolved_lane_order_for_op
+
+            op._lane_order = resolved_lane_order_for_op(self._loaded.db, "_context_attention_data", None)
+        got = self._evaluate(op, batch=shape.batch, tokens=shape.tokens, prefix=shape.context)
+        if got is None:
+            return None
+        seconds = got[0] if self.attention_extras else got[0] - self._attention_extras_s(shape)
+        return self._price(seconds, got[1] or out > 1.0 or shape.context > 0, "context-attention")
+
+    def _attention_extras_s(self, shape: AttentionShape) -> float:
+        """The fused-op extras AIC's ContextAttention adds to the measured kernel: RoPE on q and k and
+        the KV-cache write, each priced by its empirical memory-op formula (bytes / (HBM x scaling) +
+        a constant per op), times 1.1. Source: aiconfigurator `aic-core/rust/aiconfigurator-core/src/
+        operators/attention.rs`, `ContextAttentionOp::query` and `mem_op_latency_ms` (commit
+        11ea126dc9cd3e8a25bc3a4e26b1dc5c2c81f703). The byte counts there are per token row of one
+        head set, so on H200 the extras are ~13.2 us whatever the sequence length."""
+        gpu = self._loaded.db.system_spec["gpu"]
+
+        def mem_op(nbytes: float) -> float:
+            return (
+                nbytes / (gpu["mem_bw"] * gpu["mem_bw_empirical_scaling_factor"])
+                + gpu["mem_empirical_constant_latency"]
+            )
+
+        q = shape.heads * shape.head_dim_qk
+        kv = shape.kv_heads * shape.head_dim_qk
+        rope = 2.0 * mem_op(q * 2.0 + kv * 2.0)
+        kv_write = 2.0 * mem_op(kv * 2.0)  # bf16 FMHA: 2 bytes per element, k then v
+        return 1.1 * (rope + kv_write)
+
+    def _mla(self, shape: AttentionShape) -> KernelPrice | None:
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.operations import ContextMLA
+
+        if (shape.head_dim_qk, shape.head_dim_v) != (192, 128) or shape.window:
+            return None  # AIC's MLA kernels are DeepSeek's: 128 nope + 64 rope q/k dims, 128 v dims
+        view = self._view(ContextMLA, "_context_mla_data")
+        fmha = self._pick(view, ("bfloat16",)) if view is not None else None
+        kv = self._pick(view[fmha], ("bfloat16",)) if fmha is not None else None
+        if kv is None:
+            return None
+        by_heads = view[fmha][kv]
+        heads = sorted(_keys(by_heads))
+        tokens = _union_keys([by_heads[h] for h in heads])
+        batches = _union_keys(_children([by_heads[h] for h in heads]))
+        out = max(
+            _outside(shape.heads, heads[0], heads[-1]),
+            _outside(shape.tokens, tokens[0], tokens[-1]),
+            _outside(shape.batch, batches[0], batches[-1]),
+        )
+        if out > FAR:
+            return None
+        op = ContextMLA("mla", 1.0, int(shape.heads), common.KVCacheQuantMode.bfloat16, common.FMHAQuantMode.bfloat16)
+        got = self._evaluate(op, batch=shape.batch, tokens=shape.tokens, prefix=shape.context)
+        if got is None:
+            return None
+        return self._price(got[0], got[1] or out > 1.0 or shape.context > 0, "context-mla")
+
+    # ---- MoE -------------------------------------------------------------------------------
+
+    def moe_tokens(self, shape: MoeShape) -> tuple[str, list[int]] | None:
+        """(AIC quant name, measured token counts) for the shape's exact MoE configuration, or None
+        where the database never measured it."""
+        from aiconfigurator_core.sdk.operations import MoE
+
+        view = self._view(MoE, "_moe_data")
+        quant = self._pick(view, _MOE_QUANT.get(shape.dtype, ())) if view is not None else None
+        if quant is None:
+            return None
+        try:
+            node = view[quant][self.moe_distribution][shape.top_k][shape.experts][shape.hidden][shape.intermediate]
+            by_tokens = node[shape.tp][shape.ep]
+        except (KeyError, TypeError):
+            return None
+        tokens = sorted(_keys(by_tokens))
+        return (quant.name, tokens) if tokens else None
+
+    def moe(self, shape: MoeShape) -> KernelPrice | None:
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.operations import MoE
+
+        found = self.moe_tokens(shape)
+        if found is None or shape.tokens < 1:
+            return None
+        quant, tokens = found
+        out = _outside(shape.tokens, tokens[0], tokens[-1])
+        if out > FAR:
+            return None
+        op = MoE(
+            "moe",
+            1.0,
+            int(shape.hidden),
+            int(shape.intermediate),
+            int(shape.top_k),
+            int(shape.experts),
+            int(shape.tp),
+            int(shape.ep),
+            getattr(common.MoEQuantMode, quant),
+            self.moe_distribution,
+            1,
+        )
+        got = self._evaluate(op, batch=1, tokens=shape.tokens)
+        if got is None:
+            return None
+        substituted = quant != _MOE_QUANT[shape.dtype][0]
+        return self._price(got[0], got[1] or out > 1.0 or substituted, f"moe-{quant}-{self.moe_distribution}")
+
+    # ---- collectives -----------------------------------------------------------------------
+
+    def _comm_sizes(self, kind: str, ranks: int) -> tuple[Any, list[int]] | None:
+        """(op to build, measured sizes in elements) for one collective kind and group size."""
+        from aiconfigurator_core.sdk.operations import NCCL, CustomAllReduce
+
+        if kind == "all_reduce" and self.all_reduce == "engine":
+            view = self._view(CustomAllReduce, "_custom_allreduce_data")
+            half = self._pick(view, ("half",)) if view is not None else None
+            if half is None or ranks not in _keys(view[half]):
+                return None
+            sizes = _union_keys(_children([view[half][ranks]]))
+            return "custom", sizes
+        view = self._view(NCCL, "_nccl_data")
+        half = self._pick(view, ("half",)) if view is not None else None
+        op = _NCCL_OP.get(kind)
+        if half is None or op not in _keys(view[half]) or ranks not in _keys(view[half][op]):
+            return None
+        return "nccl", sorted(_keys(view[half][op][ranks]))
+
+    def collective(self, shape: CollectiveShape) -> KernelPrice | None:
+        from aiconfigurator_core.sdk import common
+        from aiconfigurator_core.sdk.operations import NCCL, CustomAllReduce
+
+        if shape.ranks < 2 or shape.ranks_per_node != shape.ranks or shape.nbytes <= 0:
+            return None  # AIC's comm tables are single-node
+        found = self._comm_sizes(shape.kind, shape.ranks)
+        if found is None:
+            return None
+        path, sizes = found
+        elements = max(1, round(shape.nbytes / _COMM_BYTES))
+        out = _outside(elements, sizes[0], sizes[-1])
+        if elements > sizes[-1] * FAR:
+            return None
+        if path == "custom":
+            op = CustomAllReduce("ar", 1.0, elements, int(shape.ranks))
+            detail = "custom-allreduce"
+        else:
+            op = NCCL("nccl", 1.0, _NCCL_OP[shape.kind], elements, int(shape.ranks), common.CommQuantMode.half)
+            detail = f"nccl-{_NCCL_OP[shape.kind]}"
+        got = self._evaluate(op, batch=1, tokens=1)
+        if got is None:
+            return None
+        return self._price(got[0], got[1] or out > 1.0, detail)
+
+
+def engine_source(system: str, engine: str, **options: Any) -> AicSource:
+    """The source for a CLI-style engine spec, `sglang`, `vllm@0.24.0`, `trtllm@1.3.0rc20`, on one
+    AIC system (`options`: `AicSource`'s keywords)."""
+    name, _, version = engine.partition("@")
+    if name not in AIC_ENGINES:
+        raise TpplanError(
+            f"--engine {engine!r}",
+            "no such engine in the AIC database",
+            f"use one of {', '.join(AIC_ENGINES)}, optionally @version",
+        )
+    return AicSource(system, name, version or None, **options)
+
+
+__all__ = [
+    "AIC_ENGINES",
+    "FAR",
+    "INSTALL_FIX",
+    "SYSTEM_ALIASES",
+    "AicSource",
+    "aic_available",
+    "aic_databases",
+    "default_version",
+    "engine_source",
+    "resolve_system",
+]
