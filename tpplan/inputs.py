@@ -68,7 +68,7 @@ def parse_json(text: str, where: str, fix: str) -> Any:
     try:
         data = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
-        reason = f"malformed or truncated JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        reason = f"malformed JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}; truncated?)"
         raise TpplanError(where, reason, fix) from None
     except _TooLong as exc:
         raise TpplanError(where, str(exc), fix) from None
