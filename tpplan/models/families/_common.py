@@ -8,7 +8,7 @@ overrides only what is its own (a different default, a required field, a family-
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     AliasChoices,
@@ -39,6 +39,8 @@ MAX_WIDTH = 2**24  # any width, head count, rank, window, expert count or layer 
 MAX_VOCAB = 2**22
 MAX_LAYERS = 2**12
 INT_MAXIMA = {"vocab_size": MAX_VOCAB, "num_hidden_layers": MAX_LAYERS, "max_position_embeddings": MAX_POSITIONS}
+# the router scorings the runtime implements (MoESpec.scoring); any other value is refused
+Scoring = Literal["sigmoid", "softmax"]
 # the MLP gate activations tpplan's runtime implements (HF spells SiLU both ways)
 SILU_ACTS = ("silu", "swish")
 
