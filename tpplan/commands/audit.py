@@ -146,6 +146,8 @@ def _print_audit(data: dict, wide: bool = False) -> None:
     )
     for note in data.get("not_modelled", ()):
         console.print(f"  not modelled: {note}", markup=False)
+    for note in data.get("defaulted", ()):
+        console.print(f"  defaulted: {note}", markup=False)
     t = Table(title="Whole model: communication per token per rank (ring, (N-1)/N included)")
     for col in (
         "plan",

@@ -105,7 +105,7 @@ def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = 
     _check_experts_planned(family.text_config(raw), spec, label)
     quant = parse_quantization(raw, label)
     numerics = numerics_from_config(raw, label)
-    return replace(spec, quant=quant or spec.quant, numerics=numerics, notes=(*defaulted, *spec.notes))
+    return replace(spec, quant=quant or spec.quant, numerics=numerics, defaulted=defaulted)
 
 
 def _check_experts_planned(text: Mapping[str, Any], spec: ModelSpec, label: str) -> None:

@@ -85,7 +85,7 @@ def _filled(text: Mapping[str, Any], model_type: str) -> tuple[dict[str, Any], s
 
 def with_transformers_defaults(raw: dict[str, Any], wrapped: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
     """`raw` with the missing fields transformers defaults filled in (in its `text_config` when
-    `wrapped`), and one audit note naming what was filled."""
+    `wrapped`), and one note per filled field for the audit (`ModelSpec.defaulted`)."""
     outer = str(raw.get("model_type"))
     text = raw.get("text_config")
     if wrapped and isinstance(text, dict):
@@ -96,5 +96,4 @@ def with_transformers_defaults(raw: dict[str, Any], wrapped: bool) -> tuple[dict
         new = {**raw, **fill}
     if not fill:
         return raw, ()
-    shown = ", ".join(f"{k}={v}" for k, v in fill.items())
-    return new, (f"missing config field(s) given transformers' {cls} defaults: {shown}",)
+    return new, tuple(f"{k} = {v!r} (absent from the config; transformers' {cls} default)" for k, v in fill.items())
