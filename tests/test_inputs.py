@@ -3,38 +3,20 @@ at once (no hang, no traceback), and the runtime uses the numerics of the file i
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_captured as run
 
 from tpplan.errors import TpplanError
 from tpplan.inputs import MAX_INPUT_BYTES, MAX_NESTING, load_json, parse_json, parse_toml
 from tpplan.models.config import load_config_dict, load_model
 
 TINY = load_config_dict("tiny-llama")[0]
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    """`tpplan ARGS` in this process: (exit code, stdout, stderr). An uncaught exception propagates."""
-    from tpplan import cli
-
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = ["tpplan", *args]
-    code = 0
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
 
 
 def refused(*args: str, match: str = "") -> str:
