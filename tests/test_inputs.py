@@ -219,7 +219,7 @@ def test_workloads_past_the_bounds_exit_2_at_once(tmp_path, text):
      ("search", "--tp", "2", "--pp", "0"), ("search", "--tp", "2", "--tokens", str(10**12))],
 )  # fmt: skip
 def test_cli_sizes_out_of_range_exit_2(args):
-    refused(args[0], "--model", "tiny-llama", *args[1:], match="must be between")
+    refused(args[0], "--model", "tiny-llama", *args[1:], match="must be at least 1 and at most")
 
 
 @pytest.fixture(scope="module")

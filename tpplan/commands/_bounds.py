@@ -19,7 +19,9 @@ def bounded(option: str, low: int, high: int) -> Callable[[int | None], int | No
 
     def check(value: int | None) -> int | None:
         if value is not None and not low <= value <= high:
-            raise TpplanError(f"{option} {value}", f"must be between {low} and {high}", f"pass {option} in that range")
+            raise TpplanError(
+                f"{option} {value}", f"must be at least {low} and at most {high}", f"pass {option} in that range"
+            )
         return value
 
     return check
