@@ -41,6 +41,12 @@ VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=6,
 )
+ROPE = st.fixed_dictionaries(
+    {"rope_type": st.sampled_from(["default", "linear", "llama3", "yarn", "dynamic", "longrope"]) | SCALARS},
+    optional={k: SCALARS for k in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+                                   "beta_fast", "mscale", "mscale_all_dim", "rope_theta", "partial_rotary_factor",
+                                   "truncate")},
+)  # fmt: skip
 PRESETS = ("tiny-llama", "tiny-deepseek-v3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-kimi-k3")
 RUNTIME_KEYS = ("rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
                 "tie_word_embeddings", "hidden_act", "scoring_func", "routed_scaling_factor", "norm_topk_prob",
@@ -68,6 +74,8 @@ def mutated_config(draw: st.DrawFn) -> dict:
         key = draw(st.sampled_from(sorted(target) + list(RUNTIME_KEYS)))
         if draw(st.booleans()) and key in target:
             target.pop(key)
+        elif key in ("rope_scaling", "rope_parameters") and draw(st.booleans()):
+            target[key] = draw(ROPE)
         else:
             target[key] = draw(VALUES)
     return raw

@@ -285,3 +285,13 @@ def test_bench_refuses_more_ranks_than_the_machine_holds(monkeypatch, tmp_path):
     line = refused("bench", "--model", "tiny-llama", "--plan", "baseline", "--nproc", "9", "--backend", "gloo",
                    "--out", str(out), match="9 local processes")  # fmt: skip
     assert "--force" in line and not out.exists()
+
+
+def test_k3_mla_layer_with_a_dense_mlp_builds(tmp_path):
+    """Found by the fuzz suite: the MLA output gate's value shadowed a dense MLP's `gate` (ValueError)."""
+    raw = load_config_dict("tiny-kimi-k3")[0]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**raw, "text_config": {**raw["text_config"], "moe_layer_freq": 2}}))
+    assert "mla+dense" in load_model(str(path)).layer_kinds()
+    code, _, err = run("audit", "--model", str(path), "--tp", "2")
+    assert code == 0, err

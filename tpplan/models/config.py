@@ -19,7 +19,7 @@ from tpplan.inputs import parse_json, read_text
 from tpplan.models.families import closest_family, family_for, supported_model_types
 from tpplan.models.families._common import EXPERT_COUNT_KEYS
 from tpplan.models.hf_defaults import with_transformers_defaults
-from tpplan.models.numerics import numerics_from_config
+from tpplan.models.numerics import check_numerics, numerics_from_config
 from tpplan.models.quant import parse_quantization
 from tpplan.models.spec import ModelSpec, MoESpec
 
@@ -101,6 +101,7 @@ def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = 
             f"tpplan reads {', '.join(supported_model_types())}; to add {model_type}, see docs/adding-a-family.md",
         )
     raw, defaulted = with_transformers_defaults(raw, wrapped=family.text_config(raw) is not raw)
+    check_numerics(raw, label)  # before the family's builder reads rope_parameters
     spec = family.build_spec(raw, label, name, str(model_type))
     _check_experts_planned(family.text_config(raw), spec, label)
     quant = parse_quantization(raw, label)

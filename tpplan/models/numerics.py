@@ -95,13 +95,22 @@ def check_rope(value: object, where: str) -> dict[str, Any] | None:
         if key in value and not (isinstance(got, int | float) and not isinstance(got, bool) and math.isfinite(got)
                                  and got > 0):  # fmt: skip
             raise TpplanError(f"{where}.{key}", f"must be a finite number > 0 (got {got!r})", f"correct {key}")
+    frac = value.get("partial_rotary_factor", 1.0)
+    if not (isinstance(frac, int | float) and not isinstance(frac, bool) and 0 < frac <= 1):
+        raise TpplanError(f"{where}.partial_rotary_factor", f"must be a number in (0, 1] (got {frac!r:.40})",
+                          "copy it from the checkpoint")  # fmt: skip
     if "truncate" in value and not isinstance(value["truncate"], bool):
         raise TpplanError(f"{where}.truncate", f"must be true or false (got {value['truncate']!r})", "correct it")
     return value
 
 
-def numerics_from_config(raw: Mapping[str, Any], label: str = "config") -> Numerics:
-    """Validated `Numerics` from a raw HF config dict (a wrapper such as K3: its `text_config`)."""
+def check_numerics(raw: Mapping[str, Any], label: str = "config") -> None:
+    """Refuse bad runtime fields before a family reads its config (its builder reads `rope_parameters`)."""
+    _validated(raw, label)
+
+
+def _validated(raw: Mapping[str, Any], label: str) -> tuple[Any, Mapping[str, Any], NumericsFields, bool]:
+    """(family, text config, its validated numerics fields, whether rope_parameters is per layer type)."""
     from tpplan.models.families import family_for
 
     family = family_for(str(raw.get("model_type")))
@@ -111,8 +120,15 @@ def numerics_from_config(raw: Mapping[str, Any], label: str = "config") -> Numer
     check_rope(f.rope_scaling, f"{where}: field 'rope_scaling'")
     params = f.rope_parameters or {}
     by_layer = "full_attention" in params or "sliding_attention" in params  # Gemma 3: one per layer type
-    for key, sub in (params.items() if by_layer else [("", params)] if f.rope_parameters is not None else []):
+    for key, sub in params.items() if by_layer else [("", params)] if f.rope_parameters is not None else []:
         check_rope(sub, f"{where}: field 'rope_parameters{'.' + key if key else ''}'")
+    return family, c, f, by_layer
+
+
+def numerics_from_config(raw: Mapping[str, Any], label: str = "config") -> Numerics:
+    """Validated `Numerics` from a raw HF config dict (a wrapper such as K3: its `text_config`)."""
+    family, c, f, by_layer = _validated(raw, label)
+    params = f.rope_parameters or {}
     scaling = f.rope_scaling or (None if by_layer else f.rope_parameters)
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None

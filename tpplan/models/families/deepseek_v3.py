@@ -155,7 +155,7 @@ def build_mla(
             "gate_sigmoid",
             OpKind.UNARY,
             ("gate_logits",),
-            "gate",
+            "attn_gate",  # not "gate": a dense MLP's gate_proj output in the same layer is "gate"
             n * a.v_dim,
             n,
             attrs={"fn": "sigmoid"},
@@ -164,7 +164,7 @@ def build_mla(
         b.op(
             "gate_mul",
             OpKind.MUL,
-            ("attn", "gate"),
+            ("attn", "attn_gate"),
             "attn_gated",
             n * a.v_dim,
             n,
