@@ -7,6 +7,7 @@ Under torchrun the processes exist already (the launcher started them), so nothi
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from tpplan.errors import TpplanError
 
@@ -35,8 +36,11 @@ def local_rank_limit(backend: str) -> tuple[int, str]:
     return max(2, cores) * CPU_RANKS_PER_CORE, f"{cores} CPU core(s), {CPU_RANKS_PER_CORE} gloo ranks per core"
 
 
-def check_local_ranks(option: str, ranks: int, backend: str, force: bool, predicted: str | None = None) -> None:
-    """Raise a TpplanError when `ranks` local processes exceed what this machine holds (unless `force`)."""
+def check_local_ranks(
+    option: str, ranks: int, backend: str, force: bool, predicted: Callable[[], str] | None = None
+) -> None:
+    """Raise a TpplanError when `ranks` local processes exceed what this machine holds (unless `force`);
+    `predicted()` words the run's predicted memory (called only when refusing: it reads the model)."""
     from tpplan.runtime.group import under_torchrun
 
     if force or under_torchrun():
@@ -44,7 +48,7 @@ def check_local_ranks(option: str, ranks: int, backend: str, force: bool, predic
     limit, why = local_rank_limit(backend)
     if ranks <= limit:
         return
-    memory = f"; {predicted.split('. Try ')[0]}" if predicted else ""
+    memory = f"; {predicted().split('. Try ')[0]}" if predicted is not None else ""
     raise TpplanError(
         f"{option} {ranks}",
         f"would start {ranks} local processes but this machine holds at most {limit} ({why}){memory}",

@@ -51,7 +51,9 @@ def run(
         from tpplan.commands._failure import verify_memory_hint
         from tpplan.commands._ranks import check_local_ranks
 
-        hint = verify_memory_hint(model, tp, dtype, weights is None, reference=False)
+        def hint() -> str:
+            return verify_memory_hint(model, tp, dtype, weights is None, reference=False)
+
         check_local_ranks("--tp", tp, backend.value, force, hint)
     graph = build_model_graph(load_model(model))
     check_legal(graph, make_plan(plan, graph, tp), tp)

@@ -156,7 +156,9 @@ def verify(
         from tpplan.commands._failure import verify_memory_hint
         from tpplan.commands._ranks import check_local_ranks
 
-        check_local_ranks("--tp", tp, backend.value, force, verify_memory_hint(model, tp, dtype, weights is None))
+        check_local_ranks(
+            "--tp", tp, backend.value, force, lambda: verify_memory_hint(model, tp, dtype, weights is None)
+        )
     graph = build_model_graph(load_model(model))
     names = list(dict.fromkeys(plan_name(p) for p in plan))
     if "legal" in names:
