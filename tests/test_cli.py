@@ -64,7 +64,7 @@ def _k3_with(**changes):
 
 
 BAD = {
-    "truncated": ('{"model_type": "deepseek_v3", "hidden_size": 71', "malformed or truncated JSON"),
+    "truncated": ('{"model_type": "deepseek_v3", "hidden_size": 71', "malformed JSON"),
     "not-object": ("[1, 2]", "expected a JSON object"),
     "unknown-type": ('{"model_type": "gpt9"}', "unknown model_type"),
     "no-type": ('{"hidden_size": 8}', "'model_type' is missing"),

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "tpplan"
 
 # The planner: plans, audits, prices and searches without torch, and imports nothing above it.
-PLANNER = ("models", "layout", "plans", "audit", "cost", "search", "errors", "dtypes", "bench_results")
+PLANNER = ("models", "layout", "plans", "audit", "cost", "search", "errors", "dtypes", "bench_results", "inputs")
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
 
 
@@ -148,7 +148,7 @@ def test_the_torch_block_works() -> None:
 
 # docs/design.md, "Layers and their rules", bottom up; a module imports only from its own rank or below.
 LAYERS = [
-    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress"),
+    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs"),
     ("models",),
     ("layout",),
     ("plans",),

@@ -92,7 +92,7 @@ def test_a_file_for_another_architecture_exits_2(saved, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     r = tpplan("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(bad))
-    assert r.returncode == 2 and "not a readable JSON file" in r.stderr
+    assert r.returncode == 2 and "malformed JSON" in r.stderr
     r = tpplan("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "no such file" in r.stderr
     # a decision naming an op this model lacks

@@ -233,4 +233,6 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
     }
     if spec.notes:  # only for models that have something tpplan leaves out
         out["not_modelled"] = list(spec.notes)
+    if spec.defaulted:  # only for configs missing fields transformers defaults
+        out["defaulted"] = list(spec.defaulted)
     return out

@@ -9,7 +9,6 @@ TpplanError naming the file and the field, so the CLI exits 2 instead of drawing
 
 from __future__ import annotations
 
-import json
 import statistics
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpplan.errors import TpplanError, validated
+from tpplan.inputs import load_json
 
 BENCH_SCHEMA_VERSION = 2  # written; version 1 (no `inputs`) is still read
 READ_VERSIONS = (1, 2)
@@ -225,18 +225,8 @@ def parse_bench_results(data: object, where: str = "bench results") -> BenchResu
 
 def load_bench_results(path: str | Path, option: str = "--bench") -> BenchResults:
     """Read and validate a results file; every problem is a TpplanError naming the option and file."""
-    p = Path(path)
-    if not p.is_file():
-        raise TpplanError(f"{option} {p}", "file not found", "pass the JSON file that `tpplan bench` wrote")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TpplanError(f"{option} {p}", f"cannot read it ({exc})", "pass a readable UTF-8 JSON file") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TpplanError(f"{option} {p}", f"malformed JSON ({exc})", "regenerate it with `tpplan bench`") from None
-    return parse_bench_results(data, str(p))
+    data = load_json(path, f"{option} {path}", "pass the JSON file that `tpplan bench` wrote (or regenerate it)")
+    return parse_bench_results(data, str(path))
 
 
 def error_summary(items: list[Timed]) -> dict[str, float | int | None]:

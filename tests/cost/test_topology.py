@@ -76,7 +76,7 @@ def test_bad_files_name_file_and_field(tmp_path) -> None:
         load_topology(_write(tmp_path, "x.toml", GOOD + "\nextra_field = 1\n"))
     with pytest.raises(TpplanError, match="no such preset"):
         load_topology("h900x8")
-    with pytest.raises(TpplanError, match="file not found"):
+    with pytest.raises(TpplanError, match="no such file"):
         load_topology(str(tmp_path / "missing.toml"))
 
 

@@ -76,7 +76,7 @@ def test_empty_measurements_and_non_objects():
 
 
 def test_missing_and_corrupt_files(tmp_path):
-    with pytest.raises(TpplanError, match="file not found"):
+    with pytest.raises(TpplanError, match="no such file"):
         load_bench_results(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema_version": 1, "meta": {')
@@ -84,7 +84,7 @@ def test_missing_and_corrupt_files(tmp_path):
         load_bench_results(bad)
     binary = tmp_path / "bin.json"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(TpplanError, match=r"cannot read it|malformed JSON"):
+    with pytest.raises(TpplanError, match=r"not UTF-8"):
         load_bench_results(binary)
 
 

@@ -79,7 +79,7 @@ def resolved_workload(cfg: BenchConfig, base: Workload | None = None) -> Workloa
         if cfg.requests < 1:
             raise TpplanError(f"--requests {cfg.requests}", "must be at least 1", "pass a positive count")
         upd["num_requests"] = cfg.requests
-    return wl.model_copy(update=upd) if upd else wl
+    return wl.with_overrides("--tokens/--chunk/--requests", **upd) if upd else wl
 
 
 def act_dtype(cfg: BenchConfig, backend: str) -> str:

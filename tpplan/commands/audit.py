@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
 from tpplan.placement import COLLECTIVE_SHORT
@@ -15,7 +16,7 @@ from tpplan.placement import COLLECTIVE_SHORT
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")
 ]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N", callback=TP_RANGE)]
 WideOpt = Annotated[
     bool, typer.Option("--wide", help="Show every column (wider than 100 columns; for wide terminals and files)")
 ]
@@ -58,9 +59,12 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--workload", "-w", help="Workload preset or .toml/.json file: adds TTFT (needs --topology)"),
         ] = None,
-        pp: Annotated[int, typer.Option("--pp", help="Pipeline stages (TP x PP GPUs); with --topology")] = 1,
+        pp: Annotated[
+            int, typer.Option("--pp", help="Pipeline stages (TP x PP GPUs); with --topology", callback=PP_RANGE)
+        ] = 1,
         nodes: Annotated[
-            int | None, typer.Option("--nodes", help="Override the topology's node count; with --topology")
+            int | None,
+            typer.Option("--nodes", help="Override the topology's node count; with --topology", callback=NODES_RANGE),
         ] = None,
         expert_dtype: ExpertDtypeOpt = None,
         wide: WideOpt = False,
@@ -142,6 +146,8 @@ def _print_audit(data: dict, wide: bool = False) -> None:
     )
     for note in data.get("not_modelled", ()):
         console.print(f"  not modelled: {note}", markup=False)
+    for note in data.get("defaulted", ()):
+        console.print(f"  defaulted: {note}", markup=False)
     t = Table(title="Whole model: communication per token per rank (ring, (N-1)/N included)")
     for col in (
         "plan",

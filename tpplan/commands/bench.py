@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from tpplan.commands._bounds import TOKENS_RANGE
 from tpplan.commands._options import ProgressOpt
 
 
@@ -34,7 +35,9 @@ def bench(
     experts: Annotated[
         int | None, typer.Option("--experts", help="routed experts kept per MoE layer (default: as many as fit)")
     ] = None,
-    tokens: Annotated[int | None, typer.Option("--tokens", help="override the workload's prompt length")] = None,
+    tokens: Annotated[
+        int | None, typer.Option("--tokens", help="override the workload's prompt length", callback=TOKENS_RANGE)
+    ] = None,
     chunk: Annotated[int | None, typer.Option("--chunk", help="override the workload's chunk size")] = None,
     requests: Annotated[int | None, typer.Option("--requests", help="override the workload's request count")] = None,
     iters: Annotated[int, typer.Option("--iters", help="timed passes over the workload's batches")] = 2,
@@ -73,6 +76,7 @@ def bench(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds before a stuck collective fails")] = 600,
     progress: ProgressOpt = True,
+    force: Annotated[bool, typer.Option("--force", help="Start more ranks than this machine holds")] = False,
 ) -> None:
     """Run plans on a representative model slice with real collectives; time every collective, op, layer and
     batch against the prediction; write the bench JSON (docs/bench-json.md) and a markdown table."""
@@ -124,6 +128,9 @@ def bench(
             import torch
 
             nproc = torch.cuda.device_count() if backend != "gloo" and torch.cuda.is_available() else 2
+        from tpplan.commands._ranks import check_local_ranks
+
+        check_local_ranks("--nproc", nproc, backend, force)
         plans = tuple(dict.fromkeys(plan_name(p) for p in plan))  # an alias runs under the plan's one name
         cfg = BenchConfig(
             model=model, plans=plans, workload=workload, topology=topology or "h200x2-calibrated", layers=layers,

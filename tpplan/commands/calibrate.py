@@ -77,7 +77,6 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
 
 def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> None:
     """--quick (GEMM probe -> gpu.gemm_scale) and/or --kernel-models (fitted constants -> gpu.kernel_models)."""
-    import json
     import statistics
 
     from rich.table import Table
@@ -93,12 +92,14 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
     gpu_upd: dict[str, object] = {}
     notes = [base.notes or ""]
     if models is not None:
+        from tpplan.inputs import load_json
+
+        fix = "pass the JSON `python -m tpplan.bench.model_fit` wrote"
+        fit = load_json(models, f"--kernel-models {models}", fix)
         try:
-            fit = json.loads(models.read_text())
             consts = fit["constants"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise TpplanError(f"--kernel-models {models}", f"not a model fit ({exc})",
-                              "pass the JSON `python -m tpplan.bench.model_fit` wrote") from None  # fmt: skip
+        except (KeyError, TypeError) as exc:
+            raise TpplanError(f"--kernel-models {models}", f"not a model fit ({exc})", fix) from None
         unknown = sorted(set(consts) - set(KernelModels.NAMES))
         if unknown:
             raise TpplanError(f"--kernel-models {models}", f"unknown models {unknown}", "pass a model_fit output")

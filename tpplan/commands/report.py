@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from tpplan.commands._bounds import TP_RANGE
 from tpplan.commands._options import ModelOpt, NodesOpt
 from tpplan.commands.audit import ExpertDtypeOpt
 
@@ -30,7 +31,9 @@ def register(app: typer.Typer) -> None:
         bench: Annotated[
             str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
         ] = None,
-        tp: Annotated[int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology")] = None,
+        tp: Annotated[
+            int | None, typer.Option("--tp", help="TP size; default: every GPU of the topology", callback=TP_RANGE)
+        ] = None,
         plan: Annotated[
             list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to compare; default: every named plan")
         ] = None,

@@ -29,6 +29,7 @@ def run(
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16")] = "bf16",
     repeat: Annotated[int, typer.Option("--repeat", help="Timed prefills")] = 3,
     timeout: TimeoutOpt = 300,
+    force: Annotated[bool, typer.Option("--force", help="Start more ranks than this machine holds")] = False,
 ) -> int:
     """Run a legal plan and print the prefill time and the collectives each rank issued."""
     from rich.table import Table
@@ -46,6 +47,14 @@ def run(
 
     if dtype not in ("fp32", "bf16"):
         raise TpplanError(f"--dtype {dtype}", "run uses fp32 or bf16", "pass --dtype bf16")
+    if not force:
+        from tpplan.commands._failure import verify_memory_hint
+        from tpplan.commands._ranks import check_local_ranks
+
+        def hint() -> str:
+            return verify_memory_hint(model, tp, dtype, weights is None, reference=False)
+
+        check_local_ranks("--tp", tp, backend.value, force, hint)
     graph = build_model_graph(load_model(model))
     check_legal(graph, make_plan(plan, graph, tp), tp)
     case = RunCase(model, plan, tokens, chunk, 0, dtype, str(weights) if weights else None, repeat)

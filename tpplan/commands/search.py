@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from tpplan.commands._bounds import PP_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
 from tpplan.commands._options import NodesOpt
@@ -48,10 +49,16 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--workload", "-w", help="Workload preset or file: rank by mean TTFT")
         ] = None,
         tp: Annotated[
-            int | None, typer.Option("--tp", help="TP size (default: every TP x PP split of the topology's GPUs)")
+            int | None,
+            typer.Option(
+                "--tp", help="TP size (default: every TP x PP split of the topology's GPUs)", callback=TP_RANGE
+            ),
         ] = None,
         pp: Annotated[
-            int | None, typer.Option("--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)")
+            int | None,
+            typer.Option(
+                "--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)", callback=PP_RANGE
+            ),
         ] = None,
         nodes: NodesOpt = None,
         memory_cap: Annotated[
@@ -68,7 +75,9 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--save", help="Write each ranked plan as DIR/plan-<rank>.json, for any command's --plan"),
         ] = None,
-        tokens: Annotated[int, typer.Option("--tokens", help="Batch size for forward time without a workload")] = 8192,
+        tokens: Annotated[
+            int, typer.Option("--tokens", help="Batch size for forward time without a workload", callback=TOKENS_RANGE)
+        ] = 8192,
         dtype: DtypeOpt = "bf16",
         expert_dtype: Annotated[
             str | None, typer.Option("--expert-dtype", help="Routed-expert weight dtype: bf16, fp8, mxfp4")

@@ -107,7 +107,12 @@ def verify(
     backend: BackendOpt = Backend.auto,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16 (both runs use it)")] = "fp32",
     seed: Annotated[int, typer.Option("--seed", help="Random weights and token ids")] = 0,
-    force: Annotated[bool, typer.Option("--force", help="Run an illegal plan anyway and show the mismatch")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Run an illegal plan anyway and show the mismatch; start more ranks than this machine holds"
+        ),
+    ] = False,
     timeout: TimeoutOpt = 300,
     out: Annotated[Path | None, typer.Option("--json", help="Also write a JSON summary here (atomic)")] = None,
     progress: Annotated[
@@ -147,6 +152,13 @@ def verify(
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else tp
     if world != tp:
         raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
+    if not force:
+        from tpplan.commands._failure import verify_memory_hint
+        from tpplan.commands._ranks import check_local_ranks
+
+        check_local_ranks(
+            "--tp", tp, backend.value, force, lambda: verify_memory_hint(model, tp, dtype, weights is None)
+        )
     graph = build_model_graph(load_model(model))
     names = list(dict.fromkeys(plan_name(p) for p in plan))
     if "legal" in names:

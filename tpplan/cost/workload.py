@@ -15,36 +15,61 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from tpplan.cost._files import read_mapping, validate
 from tpplan.errors import TpplanError
+from tpplan.inputs import parse_toml
+
+# Generous maxima, so a typo (input_len = 10**12) is refused at once instead of simulated for hours:
+# prompts up to 16M tokens, 100k requests, and at most MAX_BATCHES chunked-prefill batches in all.
+MAX_TOKENS = 2**24
+MAX_REQUESTS = 100_000
+MAX_CONCURRENCY = 2**16
+MAX_BATCHES = 100_000  # ~35 s of audit on one CPU core at 20k batches per 7 s
+
+Tokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
 
 
 class Workload(BaseModel):
     """A serving protocol: request shape, concurrency and the chunked-prefill budget."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = "custom"
-    input_len: int | None = Field(default=None, ge=1, description="prompt tokens per request")
-    output_len: int = Field(default=1, ge=1, description="only the first token is modelled")
-    concurrency: int = Field(ge=1, description="closed-loop clients")
-    chunk_size: int = Field(ge=1, description="max prefill tokens per batch")
-    num_requests: int | None = Field(default=None, ge=1, description="default: one wave")
-    input_lens: list[int] | None = Field(
-        default=None, description="optional per-request prompt lengths, cycled; overrides input_len"
+    input_len: Tokens | None = Field(default=None, description="prompt tokens per request")
+    output_len: Tokens = Field(default=1, description="only the first token is modelled")
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY, description="closed-loop clients")
+    chunk_size: Tokens = Field(description="max prefill tokens per batch")
+    num_requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS, description="default: one wave")
+    input_lens: list[Tokens] | None = Field(
+        default=None, max_length=MAX_REQUESTS, description="per-request prompt lengths, cycled; overrides input_len"
     )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.input_lens is not None and (not self.input_lens or min(self.input_lens) < 1):
+        if self.input_lens is not None and not self.input_lens:
             raise ValueError("input_lens must be a non-empty list of positive lengths")
         if self.input_len is None and self.input_lens is None:
             raise ValueError("give input_len (or input_lens)")
+        if self.num_requests is None and self.concurrency > MAX_REQUESTS:
+            raise ValueError(f"one wave of {self.concurrency} requests exceeds {MAX_REQUESTS}; set num_requests")
+        lens = self.input_lens or [self.input_len or 1]
+        requests = self.num_requests if self.num_requests is not None else self.concurrency
+        tokens = sum(lens) * requests // len(lens)  # about: the lengths are cycled
+        if tokens // self.chunk_size > MAX_BATCHES:
+            raise ValueError(
+                f"{requests} requests of ~{tokens // requests} tokens in chunks of {self.chunk_size} make more than "
+                f"{MAX_BATCHES} prefill batches; use fewer requests or a larger chunk_size"
+            )
         return self
+
+    def with_overrides(self, where: str, **fields: object) -> Workload:
+        """This workload with `fields` replaced and validated again (bounds included); `where` names
+        the options they came from."""
+        return validate(Workload, {**self.model_dump(), **fields}, where)
 
     @property
     def total_requests(self) -> int:
@@ -80,10 +105,9 @@ def load_workload(name_or_path: str) -> Workload:
             "no such preset or file",
             f"use one of {', '.join(list_workloads())} or a path to a .toml/.json file",
         )
-    import tomllib
-
     res = resources.files("tpplan.cost").joinpath("presets", f"workload-{name_or_path}.toml")
-    return validate(Workload, tomllib.loads(res.read_text()), f"preset {name_or_path}")
+    where = f"preset {name_or_path}"
+    return validate(Workload, parse_toml(res.read_text(encoding="utf-8"), where, "reinstall tpplan"), where)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ any problem becomes a `TpplanError` naming the file, the field and the fix.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
@@ -16,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from tpplan.errors import TpplanError
+from tpplan.inputs import parse_json, read_text
 from tpplan.models.families import closest_family, family_for, supported_model_types
 from tpplan.models.families._common import EXPERT_COUNT_KEYS
+from tpplan.models.hf_defaults import with_transformers_defaults
+from tpplan.models.numerics import check_numerics, numerics_from_config
 from tpplan.models.quant import parse_quantization
 from tpplan.models.spec import ModelSpec, MoESpec
 
@@ -34,41 +36,36 @@ def list_presets() -> list[str]:
     return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
 
 
-def _read_source(model: str) -> tuple[str, str]:
-    """Return (text, label) for a preset name or a path to a config.json (or its folder)."""
-    if model in list_presets():
-        path = resources.files("tpplan.models").joinpath(PRESET_DIR).joinpath(f"{model}.json")
-        return path.read_text(encoding="utf-8"), f"preset '{model}'"
+_CONFIG_FIX = "pass a preset name or an HF config.json (or the folder holding one)"
+
+
+def _config_path(model: str) -> Path:
+    """The config.json a `--model` value names (a file, or a folder holding config.json)."""
     p = Path(model)
     if p.is_dir():
-        p = p / "config.json"
-    if not p.exists():
+        if not (p / "config.json").exists():
+            raise TpplanError(f"--model {model}", f"no config.json in folder {p}", _CONFIG_FIX)
+        return p / "config.json"
+    if not p.exists() and not p.is_symlink():
         raise TpplanError(
             f"--model {model}",
             "no built-in preset has that name and no such file exists",
             f"use one of the presets ({', '.join(list_presets())}) or a path to an HF config.json",
         )
-    try:
-        return p.read_text(encoding="utf-8"), str(p)
-    except OSError as exc:
-        raise TpplanError(str(p), f"cannot read the file ({exc.strerror})", "check the path and permissions") from exc
-    except UnicodeDecodeError as exc:
-        raise TpplanError(
-            str(p), "the file is not UTF-8 text", "pass the model's config.json, not a weight file"
-        ) from exc
+    return p
 
 
 def load_config_dict(model: str) -> tuple[dict[str, Any], str]:
-    """Parse the JSON of a preset or config file; malformed JSON names the line and column."""
-    text, label = _read_source(model)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TpplanError(
-            label,
-            f"malformed or truncated JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
-            "re-download or repair the config.json; it must be one JSON object",
-        ) from exc
+    """The parsed JSON object of a preset or config file, read through `tpplan.inputs` (regular
+    files only, bounded size and nesting); every problem is a TpplanError naming the file."""
+    if model in list_presets():
+        label = f"preset '{model}'"
+        text = resources.files("tpplan.models").joinpath(PRESET_DIR).joinpath(f"{model}.json").read_text("utf-8")
+    else:
+        path = _config_path(model)
+        label = str(path)
+        text = read_text(path, label, _CONFIG_FIX)
+    raw = parse_json(text, label, "re-download or repair the config.json; it must be one JSON object")
     if not isinstance(raw, dict):
         raise TpplanError(label, f"expected a JSON object, got {type(raw).__name__}", "pass an HF config.json")
     return raw, label
@@ -103,10 +100,13 @@ def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = 
             f"({', '.join(closest.model_types)}: {why})",
             f"tpplan reads {', '.join(supported_model_types())}; to add {model_type}, see docs/adding-a-family.md",
         )
+    raw, defaulted = with_transformers_defaults(raw, wrapped=family.text_config(raw) is not raw)
+    check_numerics(raw, label)  # before the family's builder reads rope_parameters
     spec = family.build_spec(raw, label, name, str(model_type))
     _check_experts_planned(family.text_config(raw), spec, label)
     quant = parse_quantization(raw, label)
-    return replace(spec, quant=quant) if quant is not None else spec
+    numerics = numerics_from_config(raw, label)
+    return replace(spec, quant=quant or spec.quant, numerics=numerics, defaulted=defaulted)
 
 
 def _check_experts_planned(text: Mapping[str, Any], spec: ModelSpec, label: str) -> None:

@@ -1,15 +1,36 @@
 """Config facts the graph leaves out but exact execution needs (eps, RoPE, router scaling).
 
-Torch-free so a family can state its numerics next to its schema; the runtime reads them through
-`numerics_from_config`. Family-specific defaults (Qwen3-Next's zero-centred norm, MLA's
-interleaved RoPE and router bias) come from the family's `numerics` hook, not from an if-chain.
+Torch-free so a family can state its numerics next to its schema. `numerics_from_config` validates
+these fields (the runtime is the only stage that reads them, so nothing else would) with the same
+strictness as the family schemas: finite positive eps and RoPE base, a rope_scaling object whose
+type the runtime implements and which carries that type's parameters, strict booleans. The result
+lives on the `ModelSpec` (`spec.numerics`), so the runtime never re-reads a config by name.
+Family-specific defaults (Qwen3-Next's zero-centred norm, MLA's interleaved RoPE and router bias)
+come from the family's `numerics` hook, not from an if-chain.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool
+
+from tpplan.errors import TpplanError, validated
+
+MAX_POSITIONS = 2**31  # max_position_embeddings: Llama 4 Scout declares 10M; past 2^31 is nonsense
+
+# the RoPE scalings `tpplan.runtime.kernels_local.Rope` implements, and the parameters each needs
+ROPE_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor",),
+}
+_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "beta_fast",
+                 "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "rope_theta")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -30,24 +51,96 @@ class Numerics:
     embed_scale: float = 1.0  # Gemma: embeddings are multiplied by sqrt(hidden)
 
 
-def numerics_from_config(raw: Mapping[str, Any]) -> Numerics:
-    """Read `Numerics` from a raw HF config dict (a wrapper such as K3: its `text_config`)."""
+RENORMALIZE = AliasChoices("norm_topk_prob", "moe_renormalize")
+
+
+class NumericsFields(BaseModel):
+    """The runtime-only fields of any family's (text) config, validated strictly: no coercion."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True, strict=True, allow_inf_nan=False)
+
+    rms_norm_eps: float = Field(default=1e-6, gt=0, le=1)
+    rope_theta: float | None = Field(default=None, gt=0)
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_POSITIONS)
+    routed_scaling_factor: float | None = Field(default=None, gt=0)
+    renormalize: StrictBool | None = Field(default=None, validation_alias=RENORMALIZE)
+    tie_word_embeddings: StrictBool = False
+    rope_interleave: StrictBool | None = None
+    use_routing_bias: StrictBool | None = None
+    rope_scaling: dict[str, Any] | None = None
+    rope_parameters: dict[str, Any] | None = None
+
+
+def check_rope(value: object, where: str) -> dict[str, Any] | None:
+    """A rope_scaling / rope_parameters object the runtime can apply (None: no scaling)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        got = type(value).__name__
+        raise TpplanError(where, f"must be an object or null, not a {got}", "copy it from the checkpoint")
+    kind = value.get("rope_type", value.get("type", "default"))
+    if kind not in ROPE_PARAMETERS:
+        raise TpplanError(
+            f"{where}.rope_type",
+            f"{kind!r} is not a RoPE scaling tpplan's runtime implements ({', '.join(ROPE_PARAMETERS)})",
+            "use one of those, or leave the field out for unscaled RoPE",
+        )
+    for key in ROPE_PARAMETERS[kind]:
+        if key not in value:
+            raise TpplanError(f"{where}.{key}", f"a {kind} scaling needs {key} and it is missing", f"add {key}")
+    for key in _ROPE_NUMBERS:
+        got = value.get(key)
+        if key in value and got is None and key not in ROPE_PARAMETERS[kind]:
+            continue
+        if key in value and not (isinstance(got, int | float) and not isinstance(got, bool) and math.isfinite(got)
+                                 and got > 0):  # fmt: skip
+            raise TpplanError(f"{where}.{key}", f"must be a finite number > 0 (got {got!r})", f"correct {key}")
+    frac = value.get("partial_rotary_factor", 1.0)
+    if not (isinstance(frac, int | float) and not isinstance(frac, bool) and 0 < frac <= 1):
+        raise TpplanError(f"{where}.partial_rotary_factor", f"must be a number in (0, 1] (got {frac!r:.40})",
+                          "copy it from the checkpoint")  # fmt: skip
+    if "truncate" in value and not isinstance(value["truncate"], bool):
+        raise TpplanError(f"{where}.truncate", f"must be true or false (got {value['truncate']!r})", "correct it")
+    return value
+
+
+def check_numerics(raw: Mapping[str, Any], label: str = "config") -> None:
+    """Refuse bad runtime fields before a family reads its config (its builder reads `rope_parameters`)."""
+    _validated(raw, label)
+
+
+def _validated(raw: Mapping[str, Any], label: str) -> tuple[Any, Mapping[str, Any], NumericsFields, bool]:
+    """(family, text config, its validated numerics fields, whether rope_parameters is per layer type)."""
     from tpplan.models.families import family_for
 
     family = family_for(str(raw.get("model_type")))
     c = family.text_config(raw) if family is not None else raw
-    scaling = c.get("rope_scaling") or c.get("rope_parameters")
+    where = f"{label} (text_config)" if c is not raw else label
+    f = validated(NumericsFields, dict(c), where, "correct '{field}' in the config (see the model card's config.json)")
+    check_rope(f.rope_scaling, f"{where}: field 'rope_scaling'")
+    params = f.rope_parameters or {}
+    by_layer = "full_attention" in params or "sliding_attention" in params  # Gemma 3: one per layer type
+    for key, sub in params.items() if by_layer else [("", params)] if f.rope_parameters is not None else []:
+        check_rope(sub, f"{where}: field 'rope_parameters{'.' + key if key else ''}'")
+    return family, c, f, by_layer
+
+
+def numerics_from_config(raw: Mapping[str, Any], label: str = "config") -> Numerics:
+    """Validated `Numerics` from a raw HF config dict (a wrapper such as K3: its `text_config`)."""
+    family, c, f, by_layer = _validated(raw, label)
+    params = f.rope_parameters or {}
+    scaling = f.rope_scaling or (None if by_layer else f.rope_parameters)
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
-    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    theta = f.rope_theta or (None if by_layer else params.get("rope_theta")) or 10000.0
     fields: dict[str, Any] = {
-        "eps": float(c.get("rms_norm_eps", 1e-6)),
+        "eps": f.rms_norm_eps,
         "rope_theta": float(theta),
-        "rope_scaling": dict(scaling) if isinstance(scaling, dict) else None,
-        "max_position_embeddings": int(c.get("max_position_embeddings", 4096) or 4096),
-        "routed_scaling_factor": float(c.get("routed_scaling_factor", 1.0) or 1.0),
-        "renormalize": bool(c.get("norm_topk_prob", c.get("moe_renormalize", True))),
-        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "rope_scaling": dict(scaling) if scaling is not None else None,
+        "max_position_embeddings": f.max_position_embeddings or 4096,
+        "routed_scaling_factor": f.routed_scaling_factor or 1.0,
+        "renormalize": True if f.renormalize is None else f.renormalize,
+        "tie_embeddings": f.tie_word_embeddings,
     }
     if family is not None:
         fields.update(family.numerics(c))

@@ -85,7 +85,7 @@ def _fp8(q: Mapping[str, Any], label: str) -> WeightFormat:
     block = q.get("weight_block_size")
     if block is None:
         return WeightFormat("fp8", 8, "fp8", tensor_bytes=4)
-    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and 0 < b <= 2**16 for b in block)):
         raise TpplanError(
             f"{label}: field 'quantization_config.weight_block_size'",
             f"expected two positive integers, got {block!r}",
@@ -93,6 +93,15 @@ def _fp8(q: Mapping[str, Any], label: str) -> WeightFormat:
         )
     scale = 1 if q.get("scale_fmt") == "ue8m0" else 4
     return WeightFormat(f"fp8-block{block[0]}", 8, "fp8", block=(block[0], block[1]), scale_bytes=scale)
+
+
+def _small_int(value: object) -> int:
+    """A bit width or group size: a non-negative integer of at most 2^16 (TypeError/ValueError else)."""
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {value!r:.40}")
+    if not 0 <= value <= 2**16:
+        raise ValueError(f"{value} is out of range")
+    return value
 
 
 def _compressed(q: Mapping[str, Any], label: str) -> tuple[WeightFormat, tuple[str, ...]]:
@@ -103,20 +112,45 @@ def _compressed(q: Mapping[str, Any], label: str) -> tuple[WeightFormat, tuple[s
             "a compressed-tensors config needs at least one config group",
             "copy quantization_config from the checkpoint's config.json",
         )
-    first = next(iter(groups.values()))
-    w = first.get("weights") or {}
-    bits = int(w.get("num_bits", 8))
-    kind = str(w.get("type", "int"))
-    group = int(w.get("group_size") or 0)
-    acts = first.get("input_activations") or None
-    targets = tuple(first.get("targets") or ("Linear",))
+    try:
+        first = next(iter(groups.values()))
+        w = first.get("weights") or {}
+        bits = _small_int(w.get("num_bits", 8))
+        kind = str(w.get("type", "int"))
+        group = _small_int(w.get("group_size") or 0)
+        acts = first.get("input_activations") or None
+        act_bits = _small_int(acts.get("num_bits", 16)) if acts else 16
+        targets = tuple(str(t) for t in first.get("targets") or ("Linear",))
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise TpplanError(
+            f"{label}: field 'quantization_config.config_groups'",
+            f"not a compressed-tensors config group ({exc})",
+            "copy quantization_config from the checkpoint's config.json",
+        ) from None
     if kind == "float" and bits == 4:
         return WeightFormat("nvfp4", 4, "bf16", group=group or 16, scale_bytes=1, tensor_bytes=4), targets
     if kind == "float" and bits == 8:
-        compute = "fp8" if acts and int(acts.get("num_bits", 16)) == 8 else "bf16"
+        compute = "fp8" if act_bits == 8 else "bf16"
         return WeightFormat("fp8", 8, compute, group=group, scale_bytes=4 if group else 0, tensor_bytes=4), targets
     zero = 0 if w.get("symmetric", True) else 2
     return WeightFormat(f"int{bits}", bits, "bf16", group=group, scale_bytes=2 + zero), targets
+
+
+def _skipped(q: Mapping[str, Any], label: str) -> tuple[str, ...]:
+    """The module names a quantization leaves unconverted: a list of strings under any of its spellings."""
+    for key in ("modules_to_not_convert", "ignore", "exclude_modules"):
+        got = q.get(key)
+        if got is None:
+            continue
+        if not (isinstance(got, list) and all(isinstance(m, str) for m in got)):
+            raise TpplanError(
+                f"{label}: field 'quantization_config.{key}'",
+                f"must be a list of module names (strings), got {got!r:.60}",
+                "copy it from the checkpoint's config.json",
+            )
+        if got:
+            return tuple(got)
+    return ()
 
 
 def parse_quantization(raw: Mapping[str, Any], label: str) -> Quantization | None:
@@ -130,7 +164,7 @@ def parse_quantization(raw: Mapping[str, Any], label: str) -> Quantization | Non
     if not isinstance(q, dict):
         raise TpplanError(f"{label}: field 'quantization_config'", "expected an object", "copy it from the checkpoint")
     method = str(q.get("quant_method", "")).lower()
-    skip = tuple(q.get("modules_to_not_convert") or q.get("ignore") or q.get("exclude_modules") or ())
+    skip = _skipped(q, label)
     if method == "fp8":
         return Quantization(method, _fp8(q, label), skip)
     if method == "mxfp4":
@@ -139,7 +173,11 @@ def parse_quantization(raw: Mapping[str, Any], label: str) -> Quantization | Non
         fmt, targets = _compressed(q, label)
         return Quantization(method, fmt, skip, targets)
     if method == "modelopt" and str(q.get("quant_algo", "")).upper() == "NVFP4":
-        fmt = WeightFormat("nvfp4", 4, "bf16", group=int(q.get("group_size") or 16), scale_bytes=1, tensor_bytes=4)
+        group = q.get("group_size") or 16
+        if not (isinstance(group, int) and not isinstance(group, bool) and 1 <= group <= 2**16):
+            raise TpplanError(f"{label}: field 'quantization_config.group_size'", f"must be a positive integer, got "
+                              f"{group!r:.40}", "copy it from the checkpoint")  # fmt: skip
+        fmt = WeightFormat("nvfp4", 4, "bf16", group=group, scale_bytes=1, tensor_bytes=4)
         return Quantization(method, fmt, skip)
     raise TpplanError(
         f"{label}: field 'quantization_config.quant_method'",

@@ -8,9 +8,10 @@ a hidden width and one `LayerSpec` per layer (its token mixer and its MLP). The 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from tpplan.models.numerics import Numerics
 from tpplan.models.quant import Quantization
 
 AttnKind = Literal["mla", "kda", "gqa", "gdn"]
@@ -172,6 +173,10 @@ class ModelSpec:
     source: str = ""
     quant: Quantization | None = None  # the checkpoint's weight formats (quantization_config)
     notes: tuple[str, ...] = ()  # what the config has that tpplan does not model (shown by the audit)
+    defaulted: tuple[str, ...] = ()  # fields the config lacks, given transformers' defaults (shown by the audit)
+    # the validated runtime numerics of the config this spec was read from (`config.spec_from_config`);
+    # not compared: two specs of one architecture are the same plan problem whatever their eps
+    numerics: Numerics = field(default_factory=Numerics, compare=False)
 
     @property
     def num_layers(self) -> int:

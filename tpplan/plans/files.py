@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from tpplan.errors import TpplanError, validated
+from tpplan.inputs import load_json
 from tpplan.layout.plan import MoEMode, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
@@ -32,8 +33,14 @@ PLAN_FILE_VERSION = 1
 PLAN_FILE_SUFFIX = ".json"
 
 
+MAX_RANKS = 2**16  # TP, PP and EP sizes: far beyond any cluster tpplan prices
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+Size = Annotated[StrictInt, Field(ge=1, le=MAX_RANKS)]
 
 
 class Decisions(_Strict):
@@ -45,13 +52,21 @@ class Decisions(_Strict):
     replicate: list[str] = []
     token_shard: list[str] = []
     moe: Literal["tp", "ep", "a2a"] = "tp"
-    ep_size: int | None = None
+    ep_size: Size | None = None
+
+    @model_validator(mode="after")
+    def _ep_needs_its_size(self) -> Self:
+        if self.moe == "ep" and self.ep_size is None:
+            raise ValueError('moe "ep" needs ep_size (the number of expert groups, at least 1)')
+        if self.moe != "ep" and self.ep_size is not None:
+            raise ValueError(f'ep_size {self.ep_size} is given but moe is "{self.moe}", not "ep"')
+        return self
 
 
 class Deployment(_Strict):
-    tp: int
-    pp: int = 1
-    ep: int | None = None
+    tp: Size
+    pp: Size = 1
+    ep: Size | None = None
     moe: Literal["tp", "ep", "a2a"] = "tp"
 
 
@@ -64,7 +79,7 @@ class FoundFor(_Strict):
     dtype: str = "bf16"
     expert_dtype: str | None = None
     objective: str | None = None
-    rank: int | None = None
+    rank: StrictInt | None = Field(default=None, ge=1)
     score: float | None = None
 
 
@@ -118,17 +133,12 @@ def is_plan_file(name: str) -> bool:
 
 def read_plan_file(path: str | Path) -> PlanFile:
     """Parse and validate a plan file (TpplanError naming the file on any problem)."""
-    p = Path(path)
     where = f"--plan {path}"
-    if not p.is_file():
-        raise TpplanError(where, "no such file", "pass a plan file written by `tpplan search --save DIR`")
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        fix = "pass a file written by `tpplan search --save`"
-        raise TpplanError(where, f"not a readable JSON file ({e})", fix) from None
-    if not isinstance(raw, dict) or raw.get("schema_version") != PLAN_FILE_VERSION:
-        got = raw.get("schema_version") if isinstance(raw, dict) else None
+    fix = "pass a plan file written by `tpplan search --save DIR`"
+    raw = load_json(path, where, fix)
+    got = raw.get("schema_version") if isinstance(raw, dict) else None
+    # exactly the integer: 1.0 and true compare equal to 1 in Python but are not this schema's version
+    if not isinstance(raw, dict) or type(got) is not int or got != PLAN_FILE_VERSION:
         raise TpplanError(
             where,
             f"not a tpplan plan file of schema version {PLAN_FILE_VERSION} (schema_version {got!r})",
@@ -160,10 +170,18 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
     d = pf.decisions
     names = [*d.gather, *d.a2a, *d.replicate, *d.token_shard, *(q for pair in d.gather_for for q in pair)]
     for q in names:
-        kind, _, role = q.partition("/")
+        kind, slash, role = q.partition("/")
         lg = graph.kinds.get(kind)
         if lg is None:
-            continue  # a kind this model (a slice) does not have: the decision does not apply
+            if not slash or any(c in kind for c in "*?[") or kind in ff.layer_kinds:
+                continue  # a pattern, or a kind of the model it was found for that this one (a slice) lacks
+            raise TpplanError(
+                where,
+                f"its decision `{q}` names layer kind {kind!r}, which neither model {graph.spec.name} (layer kinds "
+                f"{', '.join(graph.kinds)}) nor the file's own model {ff.model} has",
+                f"name one of those layer kinds, or search this model: tpplan search --model {graph.spec.name} "
+                "... --save DIR",
+            )
         known = {op.role for op in lg.ops} | {f"layer.{v}" for v in lg.values}
         if role not in known:
             raise TpplanError(

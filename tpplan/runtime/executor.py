@@ -21,17 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tpplan.models.config import list_presets, load_config_dict
 from tpplan.models.graph import ModelGraph, Op, OpKind, Value
 from tpplan.models.opkinds import op_kind
 from tpplan.runtime import kernels as K
-from tpplan.runtime.weights import Numerics, numerics_from_config, params_for_op
+from tpplan.runtime.weights import Numerics, params_for_op
 
 
 @dataclass
@@ -51,13 +49,9 @@ class ExecContext:
 
 
 def numerics_for(graph: ModelGraph) -> Numerics:
-    """Re-read the config a graph came from (preset name or config path) for its numerics."""
-    spec = graph.spec
-    for source in (spec.name, spec.source):
-        if source in list_presets() or (source and Path(source).exists()):
-            raw, _ = load_config_dict(source)
-            return numerics_from_config(raw)
-    return Numerics(tie_embeddings=spec.tie_embeddings)
+    """The numerics validated with the config the graph was built from (never re-read by name:
+    a file's `_name_or_path` may name another model)."""
+    return graph.spec.numerics
 
 
 def layer_weights(op: Op, layer: int, weights: Mapping[str, Tensor], numerics: Numerics) -> dict[str, Tensor]:

@@ -8,11 +8,21 @@ overrides only what is its own (a different default, a required field, a family-
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from tpplan.errors import TpplanError, from_validation
+from tpplan.models.numerics import MAX_POSITIONS
 from tpplan.models.spec import GQASpec, LayerSpec, MLASpec, ModelSpec, MoESpec
 
 # MoE keys as different releases spell them; every family reads all of them (a config that names
@@ -22,11 +32,36 @@ EXPERTS = AliasChoices(*EXPERT_COUNT_KEYS)
 TOP_K = AliasChoices("num_experts_per_tok", "num_experts_per_token")
 SHARED_EXPERTS = AliasChoices("n_shared_experts", "num_shared_experts")
 
+# Generous maxima for the integers of a config: the largest real checkpoints are far below (hidden
+# 16384, intermediate ~53k, vocab ~262k, 128 layers, 512 experts); past these a value is nonsense
+# that would make the planner build absurd graphs or the cost model run for minutes.
+MAX_WIDTH = 2**24  # any width, head count, rank, window, expert count or layer index
+MAX_VOCAB = 2**22
+MAX_LAYERS = 2**12
+INT_MAXIMA = {"vocab_size": MAX_VOCAB, "num_hidden_layers": MAX_LAYERS, "max_position_embeddings": MAX_POSITIONS}
+# the router scorings the runtime implements (MoESpec.scoring); any other value is refused
+Scoring = Literal["sigmoid", "softmax"]
+# the MLP gate activations tpplan's runtime implements (HF spells SiLU both ways)
+SILU_ACTS = ("silu", "swish")
+
 
 class Raw(BaseModel):
-    """Base of raw config schemas: only the fields tpplan reads; everything else is ignored."""
+    """Base of raw config schemas: only the fields tpplan reads; everything else is ignored.
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    Strict: a value of the wrong type is refused, never coerced ("no" is not a boolean, "4096" not
+    an integer, 1e30 not an integer); floats must be finite; integers stay under `INT_MAXIMA`."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
+        limit = INT_MAXIMA.get(info.field_name or "", MAX_WIDTH)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > limit:
+                raise ValueError(f"{v} exceeds the largest value tpplan accepts here ({limit})")
+        return value
 
 
 class Decoder(Raw):
@@ -36,7 +71,20 @@ class Decoder(Raw):
     num_hidden_layers: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
-    tie_word_embeddings: bool = False
+    tie_word_embeddings: StrictBool = False
+    hidden_act: str = "silu"
+    ACT_FIELD: ClassVar[str] = "hidden_act"  # Gemma: hidden_activation
+    ACTS: ClassVar[tuple[str, ...]] = SILU_ACTS  # what the runtime implements for this family
+
+    def check_act(self, label: str) -> None:
+        """The MLP activation must be one the runtime implements (refused, never run as another)."""
+        got = getattr(self, self.ACT_FIELD)
+        if got not in self.ACTS:
+            raise TpplanError(
+                f"{label}: field '{self.ACT_FIELD}'",
+                f"{got!r} is not an activation tpplan's runtime implements for this family ({', '.join(self.ACTS)})",
+                f"use {self.ACTS[0]}",
+            )
 
     def model_spec(
         self, label: str, name: str, model_type: str, family: str, layers: tuple[LayerSpec, ...], **more: Any
@@ -162,10 +210,13 @@ def wrapped_text(
 def validate(schema: type[Raw], raw: dict[str, Any], label: str) -> Any:
     """`schema` from `raw`, or a `TpplanError` naming the file, the field and the fix."""
     try:
-        return schema.model_validate(raw)
+        out = schema.model_validate(raw)
     except ValidationError as exc:
         fix = "add or correct '{field}' in the config (see the model card's config.json)"
         raise from_validation(exc, label, fix) from None
+    if isinstance(out, Decoder):
+        out.check_act(label)
+    return out
 
 
 def qwen_moe_layer(index: int, step: int, dense_only: list[int]) -> bool:

@@ -20,6 +20,7 @@ from tpplan.models.families._common import (
     TOP_K,
     MLAFields,
     MoEFields,
+    Scoring,
     first_k_dense,
     moe_layer,
     text_config,
@@ -154,7 +155,7 @@ def build_mla(
             "gate_sigmoid",
             OpKind.UNARY,
             ("gate_logits",),
-            "gate",
+            "attn_gate",  # not "gate": a dense MLP's gate_proj output in the same layer is "gate"
             n * a.v_dim,
             n,
             attrs={"fn": "sigmoid"},
@@ -163,7 +164,7 @@ def build_mla(
         b.op(
             "gate_mul",
             OpKind.MUL,
-            ("attn", "gate"),
+            ("attn", "attn_gate"),
             "attn_gated",
             n * a.v_dim,
             n,
@@ -227,7 +228,7 @@ class RawMLAMoE(MLAFields, MoEFields):
     moe_layer_freq: int = Field(default=1, gt=0)
     n_group: int | None = Field(default=1, gt=0)
     topk_group: int | None = Field(default=1, gt=0)
-    scoring_func: str = "sigmoid"
+    scoring_func: Scoring = "sigmoid"
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -247,7 +248,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
             c.n_group or 1,
             c.topk_group or 1,
             shared_intermediate=(c.n_shared_experts or 0) * c.moe_intermediate_size,
-            scoring="sigmoid" if c.scoring_func == "sigmoid" else "softmax",
+            scoring=c.scoring_func,
         )
     first_k_dense(label, c.first_k_dense_replace, c.num_hidden_layers)
     layers = tuple(
@@ -305,7 +306,14 @@ def build_deepseek_v2(raw: dict[str, Any], label: str, name: str, model_type: st
     """As V3 but the router scores by softmax (no correction bias) and, under
     `topk_method: group_limited_greedy`, ranks expert groups by their best score."""
     spec = build_spec({"scoring_func": "softmax", **raw}, label, name, model_type)
-    greedy = raw.get("topk_method", "greedy") == "greedy"
+    method = raw.get("topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy"):
+        raise TpplanError(
+            f"{label}: field 'topk_method'",
+            f"{method!r:.40} is not a DeepSeek-V2 routing tpplan implements",
+            "use greedy or group_limited_greedy",
+        )
+    greedy = method == "greedy"
 
     def v2(m: Any) -> Any:
         if not isinstance(m, MoESpec):

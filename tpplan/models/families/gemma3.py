@@ -16,11 +16,10 @@ checkpoint names under `language_model.` are read as the text model's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
-from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import GQAFields, layer_windows, text_config, validate
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
@@ -35,7 +34,9 @@ class RawGemma3Text(GQAFields):
     layer_types: list[str] | None = None
     rope_local_base_freq: float | None = Field(default=None, gt=0)
     hidden_activation: str = "gelu_pytorch_tanh"
-    tie_word_embeddings: bool = True
+    tie_word_embeddings: StrictBool = True
+    ACT_FIELD: ClassVar[str] = "hidden_activation"
+    ACTS: ClassVar[tuple[str, ...]] = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
 def _rope_by_layer_type(text: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,12 +58,6 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     where = f"{label} (text_config)" if text is not raw else label
     c: RawGemma3Text = validate(RawGemma3Text, dict(text), where)
     c.kv_heads(where)
-    if c.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise TpplanError(
-            f"{where}: field 'hidden_activation'",
-            f"{c.hidden_activation!r} is not Gemma 3's gelu_pytorch_tanh",
-            "use gelu_pytorch_tanh",
-        )
     p = c.sliding_window_pattern
     types = c.layer_types or [
         "sliding_attention" if (i + 1) % p else "full_attention" for i in range(c.num_hidden_layers)

@@ -23,6 +23,7 @@ from tpplan.models.families._common import (
     MLAFields,
     MoEFields,
     Raw,
+    Scoring,
     moe_layer,
     text_config,
     validate,
@@ -232,7 +233,7 @@ class RawKimiLinear(MLAFields, MoEFields):
     moe_layer_freq: int = Field(default=1, gt=0)
     num_expert_group: int = Field(default=1, gt=0)
     topk_group: int = Field(default=1, gt=0)
-    moe_router_activation_func: str = "sigmoid"
+    moe_router_activation_func: Scoring = "sigmoid"
     # K3's latent MoE: SGLang and the released config say routed_expert_hidden_size.
     moe_latent_size: int | None = Field(default=None, gt=0, alias="routed_expert_hidden_size")
     latent_moe_use_norm: bool = True
@@ -297,7 +298,7 @@ def _kimi_linear_spec(raw: dict[str, Any], label: str, name: str, model_type: st
         c.num_expert_group,
         c.topk_group,
         shared_intermediate=c.num_shared_experts * (c.moe_intermediate_size or 0),
-        scoring="sigmoid" if c.moe_router_activation_func == "sigmoid" else "softmax",
+        scoring=c.moe_router_activation_func,
         latent=c.moe_latent_size,
         latent_norm=bool(c.moe_latent_size) and c.latent_moe_use_norm,
     )

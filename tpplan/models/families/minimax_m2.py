@@ -19,7 +19,7 @@ from pydantic import Field
 
 from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
-from tpplan.models.families._common import EXPERTS, TOP_K, GQAFields, routed_experts, validate
+from tpplan.models.families._common import EXPERTS, TOP_K, GQAFields, Scoring, routed_experts, validate
 from tpplan.models.families.gqa import gqa_kv_bytes
 from tpplan.models.graph import Builder, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
@@ -117,7 +117,7 @@ class RawMiniMaxM2(GQAFields):
     use_qk_norm: bool = True
     qk_norm_type: str = "per_layer"
     attn_type_list: list[int] | None = None
-    scoring_func: str = "sigmoid"
+    scoring_func: Scoring = "sigmoid"
     use_mtp: bool = False
     num_mtp_modules: int = Field(default=0, ge=0)
 
@@ -150,8 +150,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
             "a shared expert is not modelled for minimax_m2 (the released models have none)",
             "set shared_intermediate_size to 0",
         )
-    scoring = "sigmoid" if c.scoring_func == "sigmoid" else "softmax"
-    moe = routed_experts(label, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size, scoring=scoring)
+    moe = routed_experts(label, c.num_local_experts, c.num_experts_per_tok, c.intermediate_size, scoring=c.scoring_func)
     attn = WideNormGQASpec(c.num_attention_heads, c.num_key_value_heads, d, rotary, c.use_qk_norm)
     return c.model_spec(
         label,

@@ -1,0 +1,33 @@
+"""Ranges of the integer options that size the work (--tp, --pp, --nodes, --tokens), checked as
+typer parses them, so `--tokens 10**12` or `--nodes 10**23` is one line and exit 2 at once instead
+of minutes of work or a traceback. The option keeps its own help and default; this adds the range."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tpplan.errors import TpplanError
+
+MAX_TP = 4096  # ranks of one TP group: beyond any cluster tpplan prices
+MAX_PP = 1024
+MAX_NODES = 4096
+MAX_TOKENS = 2**24  # as the workload's prompt length (tpplan.cost.workload.MAX_TOKENS)
+
+
+def bounded(option: str, low: int, high: int) -> Callable[[int | None], int | None]:
+    """A typer callback refusing values of `option` outside [low, high] (None: not given, passes)."""
+
+    def check(value: int | None) -> int | None:
+        if value is not None and not low <= value <= high:
+            raise TpplanError(
+                f"{option} {value}", f"must be at least {low} and at most {high}", f"pass {option} in that range"
+            )
+        return value
+
+    return check
+
+
+TP_RANGE = bounded("--tp", 1, MAX_TP)
+PP_RANGE = bounded("--pp", 1, MAX_PP)
+NODES_RANGE = bounded("--nodes", 1, MAX_NODES)
+TOKENS_RANGE = bounded("--tokens", 1, MAX_TOKENS)
