@@ -116,7 +116,7 @@ def test_tp1_moves_nothing():
 
 def test_json_is_stable(k3):
     data = to_json(k3)
-    assert data["schema_version"] == 2 and data["tp"] == 32
+    assert data["schema_version"] == 3 and data["tp"] == 32
     assert data["topology"] is None and all("prediction" not in p for p in data["plans"])
     for p in data["plans"]:
         assert {"name", "legal", "layer_kinds", "comm_bytes_per_token_per_rank", "reasons"} <= set(p)

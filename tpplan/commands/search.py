@@ -123,13 +123,13 @@ def _print(data: dict, wide: bool = False) -> None:
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
         f"[bold]{data['model']}[/] at {', '.join(data['search']['deployments'])}"
-        + (f" on {data['topology']} ({data['nodes']} nodes)" if data["topology"] else "")
+        + (f" on {data['topology']} ({data['nodes']} x {data['gpus_per_node']} GPUs)" if data["topology"] else "")
         + (f", workload {data['workload']}" if data["workload"] else "")
         + f": ranked by {what}; "
         + ("best plan of each family (stream x reduce x MoE mode)" if data["mode"] == "per-family" else "all plans")
         + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
     )
-    t = Table(title="Ranked legal plans (deltas vs baseline)")
+    t = Table(title="Ranked legal plans (deltas vs baseline at the same TP x PP)")
     cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "comm vs base", "memory/rank", "replicated"]
     if not wide:  # low-value columns: the plan's name says how it was found; comm is in the JSON
         cols = [c for c in cols if c not in ("found by", "comm B/tok/rank", "comm vs base", "replicated")]
@@ -167,6 +167,16 @@ def _print(data: dict, wide: bool = False) -> None:
     show(console, t, wrap=("memory/rank",))
     if data.get("provenance"):
         console.print(provenance_line(data["provenance"]), markup=False)
+    others = [b for b in data.get("baselines", [])[1:] if b["delta_pct"] is not None]
+    if others:
+        ref = data["baseline"]["deployment"]
+        print_wrapped(
+            console,
+            "The deployment change alone (baseline there vs baseline at "
+            + f"{ref}): "
+            + "; ".join(f"{b['deployment']} {_pct(b['delta_pct'])}" for b in others)
+            + ".",
+        )
     if over and gpu is not None:
         capped = data["memory_cap_bytes"] is not None
         fixes = (

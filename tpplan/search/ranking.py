@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the stored dtype
 GIB = 2**30
 
 
@@ -196,6 +196,8 @@ def _evaluate(
         entry["forward_s"] = pr.forward_s
         entry["ttft"] = {"mean_s": pr.ttft.mean_s, "p50_s": pr.ttft.p50_s, "max_s": pr.ttft.max_s} if pr.ttft else None
         entry["memory_bytes_per_rank"] = {**asdict(m), "total": m.total}
+        # one figure: the weights of the fullest stage at this TP x PP, as the prediction holds them
+        entry["weight_bytes_per_rank"], entry["replicated_extra_bytes_per_rank"] = m.weights, m.replicated_extra
         if s.objective == "time":  # what plans are ranked by: predict's own figure
             entry["score"] = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
     return entry
@@ -454,11 +456,19 @@ def run_search(
         "expert_dtype": expert_dtype,
         "objective": obj_name,
     }
+    # Deltas compare like with like: each plan against baseline at its own TP x PP; what the
+    # deployment change alone does is baseline there against baseline at the reference deployment.
+    shape_bases: dict[str, dict[str, Any]] = {base_entry["deployment"]: base_entry}
     for entry, plan in ranked:
+        same = shape_bases.get(entry["deployment"])
+        if same is None:
+            same = shape_bases[entry["deployment"]] = _baseline(s, entry["tp"], entry["pp"])[0]
         entry["rank"] = len(plans) + 1
-        entry["delta_vs_baseline_pct"] = _pct(entry["score"], base_entry["score"])
+        entry["baseline_score"] = same["score"]
+        entry["delta_vs_baseline_pct"] = _pct(entry["score"], same["score"])
+        entry["deployment_delta_pct"] = _pct(same["score"], base_entry["score"])
         entry["comm_delta_vs_baseline_pct"] = _pct(
-            entry["comm_bytes_per_token_per_rank"], base_entry["comm_bytes_per_token_per_rank"]
+            entry["comm_bytes_per_token_per_rank"], same["comm_bytes_per_token_per_rank"]
         )
         plans.append(entry)
         files.append(
@@ -481,6 +491,7 @@ def run_search(
         "expert_dtype": expert_dtype,
         "topology": found_for["topology"],
         "nodes": found_for["nodes"],
+        "gpus_per_node": s.topo.gpus_per_node if s.topo is not None else None,
         "workload": found_for["workload"],
         "objective": obj_name,
         "score_unit": "s" if objective == "time" else "bytes per token per rank",
@@ -489,6 +500,10 @@ def run_search(
         "gpu_memory_bytes": s.topo.gpu.memory_GiB * GIB if s.topo is not None else None,
         "provenance": _provenance(s, grid, objective),
         "baseline": base_entry,
+        "baselines": [
+            {"deployment": d, "score": e["score"], "delta_pct": _pct(e["score"], base_entry["score"])}
+            for d, e in shape_bases.items()
+        ],
         "plans": plans,
         "excluded_over_cap": {
             "count": len(excluded),
