@@ -8,6 +8,7 @@ import typer
 
 from tpplan.commands._options import ModelOpt, NodesOpt
 from tpplan.commands.audit import ExpertDtypeOpt
+from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
         dp: Annotated[
             int, typer.Option("--dp", min=1, help="Data-parallel size the server runs (vLLM's MoE SP gate reads it)")
         ] = 1,
+        memory_cap: Annotated[str | None, typer.Option("--memory-cap", help=MEMORY_CAP_HELP)] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -91,6 +93,7 @@ def register(app: typer.Typer) -> None:
             current=current,
             prefill_cp=prefill_cp,
             dp=dp,
+            memory_cap_gib=memory_cap_value(memory_cap),
         )
         path = write_memo(build_memo(analysis, command), out)
         out_console = console()

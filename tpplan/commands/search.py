@@ -23,12 +23,18 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1f}%"
 
 
-def _cap(value: str | None) -> float | str | None:
-    """--memory-cap: absent = the GPU's memory ("gpu"), `none` = no cap, else GiB."""
+MEMORY_CAP_HELP = (
+    "Rank only plans whose predicted memory per rank is under this: GiB, 'gpu' (all of one GPU) or 'none'; "
+    "default: 90% of one GPU, leaving room for more KV cache than the workload's and the engine's buffers"
+)
+
+
+def memory_cap_value(value: str | None) -> float | str | None:
+    """--memory-cap: absent = 90% of one GPU ("serving"), `gpu` = all of it, `none` = no cap, else GiB."""
     if value is None:
-        return "gpu"
-    if value.strip().lower() == "none":
-        return None
+        return "serving"
+    if value.strip().lower() in ("none", "gpu"):
+        return None if value.strip().lower() == "none" else "gpu"
     try:
         return float(value)
     except ValueError:
@@ -56,9 +62,7 @@ def register(app: typer.Typer) -> None:
         nodes: NodesOpt = None,
         memory_cap: Annotated[
             str | None,
-            typer.Option(
-                "--memory-cap", help="Exclude plans above this memory per rank, GiB; default: one GPU's; none: no cap"
-            ),
+            typer.Option("--memory-cap", help=MEMORY_CAP_HELP),
         ] = None,
         top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
         json_file: Annotated[
@@ -98,7 +102,7 @@ def register(app: typer.Typer) -> None:
             pp=pp,
             nodes=nodes,
             workload=workload,
-            memory_cap_gib=_cap(memory_cap),
+            memory_cap_gib=memory_cap_value(memory_cap),
             top=top,
             tokens=tokens,
             dtype=dtype,

@@ -26,6 +26,7 @@ from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT, Collective
+from tpplan.plans.files import is_plan_file, read_plan_file
 from tpplan.plans.named import make_plan
 from tpplan.report.crossover import Crossover, crossovers
 from tpplan.report.engines import EngineRecipe, recipes
@@ -34,8 +35,8 @@ from tpplan.report.verdicts import BottomLine, NextStep, Verdict, bottom_line, j
 PredictFn = Callable[..., Any]
 
 # The named plans every memo compares; today's deployment (`--current`) joins them when it is
-# another plan (e.g. ep4, the seed's TP32 with EP4).
-REPORT_PLANS = (
+# another plan (e.g. ep4: TP32 with EP4).
+MEMO_PLANS = (
     "baseline",
     "input-scattered",
     "input-scattered+restore",
@@ -46,19 +47,47 @@ REPORT_PLANS = (
 )
 
 
-SearchFn = Callable[..., list[Plan]]
+@dataclass(frozen=True)
+class Found:
+    """One plan `tpplan search` ranked, at the TP x PP it was ranked at."""
+
+    plan: Plan
+    tp: int
+    pp: int
+    rank: int
+
+
+SearchFn = Callable[..., list[Found]]
 
 
 def load_search() -> SearchFn:
-    """A function returning the search's best plans (`tpplan.search`, imported when a memo searches)."""
-    from tpplan.search import RooflineObjective, search, ttft_shapes
+    """The best plans of `tpplan search` itself (`tpplan.search.run_search`: the same objective,
+    memory cap and TP x PP grid), imported when a memo searches."""
+    from tpplan.search import run_search
 
     def best(
-        graph: ModelGraph, n: int, topology: Topology, workload: Workload | None, dtype: str, top: int
-    ) -> list[Plan]:
-        shapes = ttft_shapes(workload) if workload is not None else ((8192, 1.0),)
-        result = search(graph, n, RooflineObjective(topology, shapes=shapes, dtype=dtype), top=top, dtype=dtype)
-        return [c.plan for c in result.candidates]
+        graph: ModelGraph,
+        topology: Topology,
+        workload: Workload | None,
+        *,
+        tp: int | None,
+        dtype: str,
+        expert_dtype: str | None,
+        memory_cap_gib: float | str | None,
+        top: int,
+    ) -> list[Found]:
+        outcome = run_search(
+            graph,
+            topology,
+            tp=tp,
+            workload=workload,
+            memory_cap_gib=memory_cap_gib,
+            top=top,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+        )
+        ranked = zip(outcome.data["plans"], outcome.plans, strict=True)
+        return [Found(plan, e["tp"], e["pp"], e["rank"]) for e, plan in ranked]
 
     return best
 
@@ -147,6 +176,7 @@ class Analysis:
     bottom: BottomLine | None = None
     same_as: dict[str, str] = field(default_factory=dict)  # variant key -> earlier key with equal decisions
     crossovers: list[Crossover] = field(default_factory=list)
+    memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
@@ -264,14 +294,26 @@ def ttft_mean(v: Variant, workload: str) -> float | None:
     return None if ttft is None else float(ttft.mean_s)
 
 
-def memory_fit(v: Variant) -> tuple[float, float, bool] | None:
-    """(predicted bytes per rank, GPU bytes, fits) from the first prediction, when predicted."""
+def memory_fit(v: Variant, limit: float = 0.0) -> tuple[float, float, bool] | None:
+    """(predicted bytes per rank, the limit, fits) from the first prediction, when predicted; the
+    limit is the memo's memory cap (`limit`) or else one GPU."""
     p = next(iter(v.predictions.values()), None)
     mem = getattr(p, "memory", None) if p is not None else None
-    gpu = float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
+    gpu = limit or float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
     if mem is None or not gpu:
         return None
     return float(mem.total), gpu, float(mem.total) <= gpu
+
+
+def held_weights(v: Variant) -> tuple[float, float]:
+    """(weight bytes, replicated extra bytes) per rank: the one figure audit, search and memo share
+    (`tpplan.audit.stage_weights`): the prediction's (fullest PP stage, `--expert-dtype`) when
+    predicted, else the audit's (stored dtype, PP 1)."""
+    p = next(iter(v.predictions.values()), None)
+    mem = getattr(p, "memory", None) if p is not None else None
+    if mem is not None:
+        return float(mem.weights), float(mem.replicated_extra)
+    return v.audit.weight_bytes_per_rank, v.audit.replicated_extra_bytes
 
 
 def kind_times(v: Variant) -> dict[str, float] | None:
@@ -361,8 +403,12 @@ def _plan_variants(graph: ModelGraph, names: list[str], asked: bool, n: int, dty
     has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
     for name in names:
         if name == "baseline" or asked:
-            pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
-            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype), main_tp=n))
+            tp, pp = n, 1
+            if is_plan_file(name):  # a saved plan is priced at the TP x PP it was found at
+                dep = read_plan_file(name).deployment
+                tp, pp = dep.tp, dep.pp
+            pl = make_plan(name, graph, tp)  # asked for: an unknown or impossible plan is the user's error
+            variants.append(Variant(pl, tp, pp, audit_plan(graph, pl, tp, dtype), main_tp=n))
             continue
         pa = _audit_or_none(graph, name, n, dtype)  # a default plan this model cannot run is left out
         if pa is not None and (has_moe or pa.plan.moe == "tp"):
@@ -404,6 +450,8 @@ def analyse(
     predictor: PredictFn | None = None,
     use_default_predictor: bool = True,
     search_top: int = 1,
+    search_fn: SearchFn | None = None,
+    memory_cap_gib: float | str | None = "serving",
     bench: BenchResults | None = None,
     current: str = "baseline",
     crossover_tokens: tuple[int, ...] | None = None,
@@ -431,20 +479,38 @@ def analyse(
             "Time, memory and TTFT predictions are turned off for this memo; "
             "the verdicts below rest on the audit's volumes, legality and memory."
         )
-    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or REPORT_PLANS)])), bool(plans), n, dtype)
+    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or MEMO_PLANS)])), bool(plans), n, dtype)
+    for v in variants:
+        if v.tp * v.pp > world:
+            raise TpplanError(
+                f"--plan {v.plan.extra.get('file', v.plan.name)}",
+                f"it was found at TP{v.tp} x PP{v.pp} ({v.tp * v.pp} GPUs); the topology has {world}",
+                "pass --nodes to give the topology that many GPUs",
+            )
     cur = _current_variant(graph, current, n, world, dtype, variants)
-    finder = load_search() if search_top > 0 and not plans else None
+    finder = search_fn or (load_search() if search_top > 0 and not plans else None)
     if finder is not None:
-        known = {repr(v.plan.describe()) for v in variants}
-        found = finder(graph, n, topology, workloads[0] if workloads else None, dtype, search_top)
-        for i, pl in enumerate(found, 1):
-            if repr(pl.describe()) in known:
-                continue  # the search's best is a named plan already in the memo
-            pl = pl.with_(name=f"search-{i}", title="found by search", summary=describe_plan(pl), found_by="search")
-            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype), main_tp=n))
+        found = finder(
+            graph,
+            topology,
+            workloads[0] if workloads else None,
+            tp=tp,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            memory_cap_gib=memory_cap_gib,
+            top=search_top,
+        )
+        for f in found:
+            pl = f.plan
+            same = [v for v in variants if v.tp == f.tp and v.pp == f.pp and v.plan.describe() == pl.describe()]
+            if same:
+                continue  # already in the memo at that shape
+            if pl.found_by == "search":
+                pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
+            variants.append(Variant(pl, f.tp, f.pp, audit_plan(graph, pl, f.tp, dtype), main_tp=n))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        for name in ("baseline", "sp-moe"):  # the seed's next steps 2 and 3, alone and together
+        for name in ("baseline", "sp-moe"):  # one node's TP, stages across nodes: with and without MoE a2a
             if not any(v.plan.name == name for v in variants) or any(
                 v.plan.name == name and v.tp == pp_tp and v.pp == pp for v in variants
             ):
@@ -452,6 +518,12 @@ def analyse(
             pa = _audit_or_none(graph, name, pp_tp, dtype)
             if pa is not None and pa.legal:
                 variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
+    # every delta compares like with like: a baseline at each shape a plan runs at
+    for tp_v, pp_v in dict.fromkeys((v.tp, v.pp) for v in list(variants)):
+        if not any(v.plan.name == "baseline" and v.tp == tp_v and v.pp == pp_v for v in variants):
+            pa = _audit_or_none(graph, "baseline", tp_v, dtype)
+            if pa is not None:
+                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n))
     chunk = workloads[0].chunk_size if workloads else 8192
     for v in variants:
         v.engines = recipes(
@@ -478,9 +550,16 @@ def analyse(
         kind = mla or next(iter(v.audit.kinds))
         return attn_formula(v.audit.kinds[kind].result, v.tp) if kind in v.audit.kinds else ""
 
-    gpu = topology.gpu.memory_GiB * 2**30
-    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), gpu) for v in variants]
-    steps = next_steps(variants, cur, wl, band, gpu)
+    from tpplan.search.ranking import memory_cap_gib_of
+
+    cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
+    limit = cap_gib * 2**30 if cap_gib is not None else float("inf")
+
+    def shape_base(v: Variant) -> Variant | None:
+        return next((b for b in variants if b.plan.name == "baseline" and (b.tp, b.pp) == (v.tp, v.pp)), None)
+
+    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), limit, shape_base(v)) for v in variants]
+    steps = next_steps(variants, cur, wl, band, limit)
     a = Analysis(
         graph.spec.name,
         graph,
@@ -511,5 +590,6 @@ def analyse(
             expert_dtype=expert_dtype,
             tokens=crossover_tokens,
         )
+    a.memory_cap_bytes = limit
     a.differences = differences(a, chunk)
     return a

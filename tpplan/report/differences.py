@@ -17,7 +17,7 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
-from tpplan.report.analysis import Analysis, Variant, ttft_mean
+from tpplan.report.analysis import Analysis, Variant, held_weights, ttft_mean
 from tpplan.report.engines import family
 
 Paragraph = tuple[str, str] | None
@@ -128,11 +128,11 @@ def redundant_latent(a: Analysis, chunk: int) -> Paragraph:
 def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
     """The repaired plan's replication price, when the repair replicated anything on this model."""
     ga = a.variant("gate-aware")
-    if ga is None or not ga.legal or not ga.audit.replicated_extra_bytes or ga.key in a.same_as:
+    if ga is None or not ga.legal or not held_weights(ga)[1] or ga.key in a.same_as:
         return None
     base, topo = a.current, a.topology
     vol = _pct(ga.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
-    share = ga.audit.replicated_extra_bytes / (topo.gpu.memory_GiB * 2**30)
+    share = held_weights(ga)[1] / (topo.gpu.memory_GiB * 2**30)
     pmem = getattr(_first_prediction(ga), "memory", None)
     bmem = getattr(_first_prediction(base), "memory", None)
     colls = ", ".join(f"{COLLECTIVE_SHORT[k]} x{c}" for k, c in sorted(ga.audit.collective_counts().items()))
@@ -140,8 +140,8 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
     mem = (
         f"predicted memory per rank {_gib(pmem.total)} vs {_gib(bmem.total)} under `{base.key}`"
         if pmem is not None and bmem is not None
-        else f"weights at {a.dtype}: {_gib(ga.audit.weight_bytes_per_rank)} per rank vs "
-        f"{_gib(base.audit.weight_bytes_per_rank)} under `{base.key}`"
+        else f"weights as stored: {_gib(held_weights(ga)[0])} per rank vs "
+        f"{_gib(held_weights(base)[0])} under `{base.key}`"
     )
     engines = [e for e in ga.engines if e.realises == "no"]
     ships = (
@@ -156,7 +156,7 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
         "the token-sharded hidden is replicated and its output all-to-all'd to head-sharded (here: "
         + ", ".join(f"`{o}`" for o in ops)
         + f"). It is legal and moves {vol:+.1f}% bytes per token per rank vs `{base.key}` ({colls} per forward) "
-        f"for +{_gib(ga.audit.replicated_extra_bytes)} of replicated weights per rank, {100 * share:.0f}% of a "
+        f"for +{_gib(held_weights(ga)[1])} of replicated weights per rank, {100 * share:.0f}% of a "
         f"{topo.gpu.memory_GiB:g} GiB {topo.gpu.name} ({mem}). That memory comes out of the KV cache."
         + ships
         + _ttft_sentence(a, ga),
@@ -183,7 +183,7 @@ def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
     text = (
         ("The seed recommended it without numbers. " if a.seed_model else "")
         + f"SP-MoE with DeepEP-style dispatch/combine (uniform routing, per-rank dedup) moves {vol:+.1f}% bytes per "
-        f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{_gib(moe_v.audit.replicated_extra_bytes)} per rank "
+        f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{_gib(held_weights(moe_v)[1])} per rank "
         f"of replicated {_moe_replicated(moe)}."
     )
     scat = a.variant("input-scattered")
@@ -226,7 +226,7 @@ def found_plan(a: Analysis, chunk: int) -> Paragraph:
         "A plan nobody named",
         f"The search (`tpplan.search`, roofline objective over the workload's batches) returns `{f.key}`: "
         f"{f.plan.summary} Predicted mean TTFT at {w0}: {ttft_mean(f, w0):.3f} s, for "
-        f"+{_gib(f.audit.replicated_extra_bytes)} of replicated weights per rank.{cmp}{ships}",
+        f"+{_gib(held_weights(f)[1])} of replicated weights per rank.{cmp}{ships}",
     )
 
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
-from tpplan.report.analysis import Analysis, kind_times, ttft_mean
+from tpplan.report.analysis import Analysis, held_weights, kind_times, ttft_mean
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
 
@@ -131,7 +131,7 @@ def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> 
                 "yes" if v.legal else "NO",
                 f"{v.audit.comm_bytes_per_token:,.0f}",
                 f"{v.audit.units:,.0f}",
-                _gib(v.audit.replicated_extra_bytes),
+                _gib(held_weights(v)[1]),
                 "-" if t is None else f"{t:.3f}",
                 "-" if t is None or t_ref is None else _pct(t, t_ref),
                 vd.headline,
