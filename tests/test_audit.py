@@ -154,7 +154,7 @@ def test_json_with_predictions(k3):
     small = audit(k3.graph, 32, ["gate-aware"])
     preds = predict_audit(small, load_topology("h200x8-ib400"), workload=load_workload("seed-c8"))
     data = to_json(small, preds)
-    assert data["topology"] == "h200x8-ib400" and data["workload"] == "seed-c8" and data["pp"] == 1
+    assert data["topology"] == "h200x8-ib400" and data["workload"] == "prompt16k-c8" and data["pp"] == 1
     for p in data["plans"]:
         pr = p["prediction"]
         assert pr["forward_s"] > 0 and set(pr["layer_kinds"]) == set(p["layer_kinds"])

@@ -96,7 +96,7 @@ def test_bad_config_files(case, tmp_path):
         (("--model", "kimi-k3", "--tp", "64"), "96 heads cannot be split evenly over 64 ranks"),
         (("--model", "kimi-k3", "--tp", "0"), "at least 1"),
         (("--model", "kimi-k3", "--tp", "8", "--plan", "nope"), "unknown plan"),
-        (("--model", "no-such-model", "--tp", "8"), "no built-in preset"),
+        (("--model", "no-such-model", "--tp", "8"), "no such preset or file"),
     ],
 )
 def test_bad_arguments(args, expect):
@@ -109,7 +109,7 @@ def test_audit_with_topology_and_workload():
     out = run(*args, check=True).stdout
     assert "Predicted on h200x8-ib400" in out and "TTFT mean" in out and "gate-aware" in out
     data = json.loads(run(*args, "--json", check=True).stdout)
-    assert data["schema_version"] == 2 and data["workload"] == "seed-c16"
+    assert data["schema_version"] == 3 and data["workload"] == "prompt16k-c16"
     pr = data["plans"][-1]["prediction"]
     assert pr["ttft"]["mean_s"] > 0 and pr["memory_bytes_per_rank"]["replicated_extra"] > 0
     pp = json.loads(

@@ -269,7 +269,7 @@ def test_cli_search_table_and_json(tmp_path):
     r = run(*common, "--workload", "seed-c8", "--memory-cap", "none", "--all", "--top", "6", "--json", str(out))
     assert r.returncode == 0, r.stderr
     free = json.loads(out.read_text())
-    assert free["schema_version"] == 2 and free["workload"] == "seed-c8" and free["memory_cap_bytes"] is None
+    assert free["schema_version"] == 3 and free["workload"] == "prompt16k-c8" and free["memory_cap_bytes"] is None
     # a cap just below the unconstrained best's memory: that plan must go, plans that fit must stay
     best = free["plans"][0]
     best_mem = best["memory_bytes_per_rank"]["total"]

@@ -168,7 +168,8 @@ def check_bottom_line(md: str, band: float) -> None:
     assert len(bottom) == 1, "exactly one bottom line"
     text = bottom[0]
     steps = list(table_by(md, "plan", "beyond band").values())
-    ttft = {k: float(r["mean s"]) for k, r in table_by(md, "plan", "mean s").items() if r.get("workload") == "seed-c8"}
+    rows = table_by(md, "plan", "mean s").items()
+    ttft = {k: float(r["mean s"]) for k, r in rows if r.get("workload") == "prompt16k-c8"}
     cur = re.search(r"today's deployment \(`--current`\): `([^`]+)`", md)
     assert cur is not None
     if text.startswith("**Switch"):

@@ -20,7 +20,9 @@ def register(app: typer.Typer) -> None:
         ),
         workload: Annotated[
             list[str] | None,
-            typer.Option("--workload", "-w", help="Workload preset(s) or file(s); default: seed-c8 and seed-c16"),
+            typer.Option(
+                "--workload", "-w", help="Workload preset(s) or file(s); default: prompt16k-c8 and prompt16k-c16"
+            ),
         ] = None,
         out: Annotated[
             str,
@@ -78,7 +80,7 @@ def register(app: typer.Typer) -> None:
 
         # Validate every input before anything is written.
         topo = load_topology(topology, nodes=nodes)
-        wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
+        wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         analysis = analyse(

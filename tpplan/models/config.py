@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, unknown_name
 from tpplan.models.families import closest_family, family_for, supported_model_types
 from tpplan.models.families._common import EXPERT_COUNT_KEYS
 from tpplan.models.quant import parse_quantization
@@ -41,13 +41,11 @@ def _read_source(model: str) -> tuple[str, str]:
         return path.read_text(encoding="utf-8"), f"preset '{model}'"
     p = Path(model)
     if p.is_dir():
+        if not (p / "config.json").exists():
+            raise TpplanError(f"--model {model}", "the folder has no config.json", "pass the folder holding it")
         p = p / "config.json"
     if not p.exists():
-        raise TpplanError(
-            f"--model {model}",
-            "no built-in preset has that name and no such file exists",
-            f"use one of the presets ({', '.join(list_presets())}) or a path to an HF config.json",
-        )
+        raise unknown_name("an HF config.json", model, list_presets(), "--model", "tpplan models")
     try:
         return p.read_text(encoding="utf-8"), str(p)
     except OSError as exc:
