@@ -153,5 +153,5 @@ def test_bad_topology_and_workload_files(tmp_path, opt, text, expect):
 def test_prediction_options_need_a_topology():
     r = run("audit", "--model", "kimi-k3", "--tp", "32", "--workload", "seed-c8")
     assert r.returncode == 2 and "need a topology" in r.stderr and "Traceback" not in r.stderr
-    r = run("audit", "--model", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--pp", "2")
+    r = run("audit", "--model", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--nodes", "4", "--pp", "2")
     assert r.returncode == 2 and "needs 64 GPUs" in r.stderr and "Traceback" not in r.stderr

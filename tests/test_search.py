@@ -302,7 +302,7 @@ def test_cli_search_table_and_json(tmp_path):
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--memory-cap", "lots"), "--memory-cap"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--pp", "0"), "--pp 0"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--pp", "5"), "--pp 5"),
-        (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--tp", "16", "--pp", "4"), "only 32 GPUs"),
+        (("--model", "kimi-k3", "-t", "h200x8-ib400", "--nodes", "4", "--tp", "16", "--pp", "4"), "only 32 GPUs"),
         (("--model", "tiny-llama", "--objective", "volume", "--tp", "2", "--pp", "2"), "--pp 2"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--objective", "fast"), "--objective"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--top", "0"), "--top"),

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._options import ModelOpt, NodesOpt
+from tpplan.commands._options import ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
 
@@ -14,7 +14,7 @@ from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
-        model: ModelOpt = "kimi-k3",
+        model: ModelOpt,
         topology: Annotated[str, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")] = (
             "h200x8-ib400"
         ),
@@ -68,7 +68,6 @@ def register(app: typer.Typer) -> None:
 
         from tpplan.bench_results import load_bench_results
         from tpplan.commands._console import console, show
-        from tpplan.cost.topology import load_topology
         from tpplan.cost.workload import load_workload
         from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
@@ -79,7 +78,7 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = load_topology(topology, nodes=nodes)
+        topo = load_cluster(topology, nodes, tp)
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""

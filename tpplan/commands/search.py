@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import NodesOpt
+from tpplan.commands._options import NodesOpt, load_cluster
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -46,7 +46,7 @@ def memory_cap_value(value: str | None) -> float | str | None:
 def register(app: typer.Typer) -> None:
     @app.command("search")
     def search_cmd(
-        model: ModelOpt = "kimi-k3",
+        model: ModelOpt,
         topology: Annotated[
             str | None, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")
         ] = None,
@@ -95,12 +95,16 @@ def register(app: typer.Typer) -> None:
             check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
+        topo = load_cluster(topology, nodes, tp * (pp or 1) if tp else None) if topology is not None else None
+        if topo is None and nodes is not None:
+            from tpplan.errors import TpplanError
+
+            raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
         outcome = run_search(
             model,
-            topology,
+            topo,
             tp=tp,
             pp=pp,
-            nodes=nodes,
             workload=workload,
             memory_cap_gib=memory_cap_value(memory_cap),
             top=top,

@@ -439,7 +439,8 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
 
     plots = load_plots()
     topo = a.topology
-    title = f"tpplan decision memo: {a.model} prefill on {topo.name} x{topo.nodes} (TP{a.tp})"
+    cluster = f"{topo.nodes} x {topo.gpus_per_node} GPUs"
+    title = f"tpplan decision memo: {a.model} prefill on {topo.name}, {cluster} (TP{a.tp})"
     pngs = _Pngs()
     blocks: list[Block] = []
     for section in (*SECTIONS, bench_section):

@@ -114,7 +114,8 @@ def how_sure(a: Analysis) -> Paragraph:
         return None
     p = a.provenance
     return (
-        f"Predicted times here are {p.label} for `{a.topology.name}` x{a.topology.nodes}: error band "
+        f"Predicted times here are {p.label} for `{a.topology.name}` "
+        f"({a.topology.nodes} x {a.topology.gpus_per_node} GPUs): error band "
         f"±{100 * p.band:.1f}% ({p.basis}). A predicted change inside the band is too close to call."
     )
 
