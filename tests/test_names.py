@@ -41,3 +41,37 @@ def test_no_close_name_points_at_the_listing_command():
 def test_a_folder_without_config_json_says_so(tmp_path):
     with pytest.raises(TpplanError, match=r"the folder has no config\.json"):
         load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(("command", "lister"), [("topologies", "list_topologies"), ("workloads", "list_workloads")])
+def test_listing_commands_show_every_preset_on_one_line(monkeypatch, capsys, command, lister):
+    from cli_helpers import run_cli
+
+    import tpplan.cost.topology as topology
+    import tpplan.cost.workload as workload
+
+    names = getattr(topology if command == "topologies" else workload, lister)()
+    code, out, _ = run_cli(monkeypatch, capsys, command)
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(rows) == len(names)  # one line per preset: no wrapped cells
+    assert [row.split("│")[1].strip() for row in rows] == names
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_model_and_tp_have_no_hidden_defaults(monkeypatch, capsys):
+    from cli_helpers import run_cli
+
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "qwen2-7b")
+    assert code == 2 and "--tp" in err and "32" not in err
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "--tp", "2")
+    assert code == 2 and "--model" in err
+
+
+def test_a_preset_cluster_is_one_node_unless_tp_needs_more():
+    from tpplan.commands._options import cluster_text, load_cluster
+
+    assert load_cluster("h200x8-ib400", None).nodes == 1
+    assert load_cluster("h200x8-ib400", None, gpus=32).nodes == 4
+    assert load_cluster("h200x8-ib400", 2, gpus=8).nodes == 2
+    assert cluster_text(load_cluster("h200x8-ib400", None, gpus=32)) == "h200x8-ib400 (4 x 8 GPUs)"
