@@ -194,7 +194,7 @@ class Analysis:
         return self.variant(self.current_key) or self.variants[0]
 
     @property
-    def seed_model(self) -> bool:
+    def asks_the_seed_question(self) -> bool:
         """The seed memo's model (Kimi-K3): only then does the memo speak of the seed."""
         return self.graph.spec.model_type == "kimi_k3"
 

@@ -114,7 +114,7 @@ def redundant_latent(a: Analysis, chunk: int) -> Paragraph:
             + (" although it moves more bytes: bytes alone cannot decide it" if more_bytes else "")
             + "; the whole-batch time (with launch latency and the rest of the layer) does."
         )
-    lead = "The seed counted bytes only. " if a.seed_model else "A byte count misses repeated compute. "
+    lead = "The seed counted bytes only. " if a.asks_the_seed_question else "A byte count misses repeated compute. "
     return (
         f"Redundant {qkv.op.name} compute under baseline",
         lead + f"Under baseline every rank runs `{qkv.op.name}` [{chunk}, {k_w}] x [{k_w}, {out_w}] on all "
@@ -149,7 +149,7 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
         if len(engines) == len(ga.engines)
         else " " + "; ".join(f"{e.engine}: {e.summary}" for e in ga.engines) + "."
     )
-    lead = "The seed asked for a gate-aware design but did not price it. " if a.seed_model else ""
+    lead = "The seed asked for a gate-aware design but did not price it. " if a.asks_the_seed_question else ""
     return (
         "The gate-aware plan: price and gain",
         lead + "tpplan finds it by repairing input-scattered: every column-parallel projection that would read "
@@ -181,7 +181,7 @@ def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
     base = a.current
     vol = _pct(moe_v.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
     text = (
-        ("The seed recommended it without numbers. " if a.seed_model else "")
+        ("The seed recommended it without numbers. " if a.asks_the_seed_question else "")
         + f"SP-MoE with DeepEP-style dispatch/combine (uniform routing, per-rank dedup) moves {vol:+.1f}% bytes per "
         f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{_gib(held_weights(moe_v)[1])} per rank "
         f"of replicated {_moe_replicated(moe)}."
@@ -199,7 +199,8 @@ def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
             )
         else:
             text += f"; input-scattered's own verdict here is {vd.status}, so little is lost."
-    return ("MoE all-to-all" + (" (the seed's next step 2)" if a.seed_model else ""), text + _ttft_sentence(a, moe_v))
+    title = "MoE all-to-all" + (" (the seed's next step 2)" if a.asks_the_seed_question else "")
+    return (title, text + _ttft_sentence(a, moe_v))
 
 
 def found_plan(a: Analysis, chunk: int) -> Paragraph:
@@ -257,7 +258,7 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
             t += f" `{other.key}`: {tt:.3f} s."
     link = "PCIe" if topo.intra.kind == "pcie" else "NVLink"
     return (
-        "Pipeline parallelism" + (" (the seed's next step 3)" if a.seed_model else ""),
+        "Pipeline parallelism" + (" (the seed's next step 3)" if a.asks_the_seed_question else ""),
         f"TP{pp.tp} x PP{pp.pp} keeps every tensor-parallel collective inside one {link} node: "
         f"{pp.audit.comm_bytes_per_token:,.0f} bytes per token per rank within the node vs "
         f"{a.baseline.audit.comm_bytes_per_token:,.0f} for baseline at TP{a.tp} across {topo.nodes} nodes, plus "

@@ -183,7 +183,7 @@ def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list
     base = a.boundary_rows[0].units
     title = (
         "The seed's table, re-derived from the model graph"
-        if a.seed_model
+        if a.asks_the_seed_question
         else ("The MLA layer's attention input, re-derived from the model graph")
     )
     return [
@@ -337,7 +337,7 @@ def differences_section(a: Analysis, command: str, plots: ModuleType, pngs: _Png
         return []
     title = (
         "Where tpplan's model differs from the seed's hand analysis"
-        if a.seed_model
+        if a.asks_the_seed_question
         else ("Where tpplan's model goes beyond a byte count")
     )
     b: list[Block] = [Heading(title)]
