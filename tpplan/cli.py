@@ -21,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+RUNTIME_MODULES = ("torch", "safetensors")  # what `tpplan[runtime]` installs: verify, run, bench, calibrate
 _COMMAND_MODULES = ("models_cmd", "audit", "calibrate", "verify", "search", "run", "bench", "report")
 
 
@@ -48,6 +49,15 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in RUNTIME_MODULES:
+            raise
+        what = f"tpplan {sys.argv[1]}" if len(sys.argv) > 1 else "this command"
+        err.print("[bold red]error:[/] ", end="", highlight=False)
+        line = f'{what}: needs {missing}, which is not installed. Fix: pip install "tpplan[runtime]"'
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
     except Exception as exc:
         # typer bundles its own click: match its usage errors by shape, not by class
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
