@@ -20,7 +20,7 @@ class TpplanError(Exception):
         self.where = where
         self.reason = reason
         self.fix = fix
-        super().__init__(f"{where}: {reason}. Fix: {fix}")
+        super().__init__(f"{where}: {reason.rstrip('.')}. Fix: {fix}")
 
 
 def _key(name: str) -> str:

@@ -121,7 +121,10 @@ def register(app: typer.Typer) -> None:
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)
             if written:
-                typer.echo(f"\nSaved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan.")
+                line = f"Saved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan."
+                out = make_console()
+                out.print()
+                print_wrapped(out, line)
 
 
 def _print(data: dict, wide: bool = False) -> None:
