@@ -42,7 +42,8 @@ def run_tty(args: list[str], cols: int = 100, timeout: float = 300) -> tuple[int
         out += data
     _, status = os.waitpid(pid, 0)
     text = ANSI.sub("", out.decode("utf-8", "replace")).replace("\r\n", "\n")
-    return os.waitstatus_to_exitcode(status), text.splitlines()
+    # a status line redrawn in place (\r) is one line per drawing
+    return os.waitstatus_to_exitcode(status), [part for line in text.split("\n") for part in line.split("\r")]
 
 
 def _fits(lines: list[str], cols: int = 100) -> None:

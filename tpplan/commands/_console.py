@@ -11,6 +11,9 @@ terminal's width, or WIDE columns in files and pipes.
 from __future__ import annotations
 
 import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -147,3 +150,22 @@ def print_wrapped(out: Console, line: str, indent: int = 4) -> None:
         markup=False,
         soft_wrap=True,
     )
+
+
+@contextmanager
+def steps(what: str) -> Iterator[Callable[[str], None]]:
+    """A status line on stderr, in a terminal, naming the step a long command is at and the seconds
+    so far (`report` and `search` take 10-45 s); silent in files and pipes, so logs and tests see
+    only the result. Yields the function a command passes to the API as its `progress`."""
+    err = Console(stderr=True, highlight=False)
+    if not err.is_terminal:
+        yield lambda _step: None
+        return
+    t0 = time.perf_counter()
+    with err.status(f"{what} ...") as status:
+
+        def say(step: str) -> None:
+            status.update(f"{what}: {step} ({time.perf_counter() - t0:.0f} s)")
+
+        yield say
+    err.print(f"{what}: done in {time.perf_counter() - t0:.1f} s", markup=False)

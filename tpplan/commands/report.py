@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         from rich.text import Text
 
         from tpplan.bench_results import load_bench_results
-        from tpplan.commands._console import console, show
+        from tpplan.commands._console import console, show, steps
         from tpplan.cost.workload import load_workload
         from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
@@ -82,21 +82,24 @@ def register(app: typer.Typer) -> None:
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-        analysis = analyse(
-            model,
-            topo,
-            wls,
-            tp=tp,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            plans=plan,
-            bench=results,
-            current=current,
-            prefill_cp=prefill_cp,
-            dp=dp,
-            memory_cap_gib=memory_cap_value(memory_cap),
-        )
-        path = write_memo(build_memo(analysis, command), out)
+        with steps(f"tpplan report {model}") as say:
+            analysis = analyse(
+                model,
+                topo,
+                wls,
+                tp=tp,
+                dtype=dtype,
+                expert_dtype=expert_dtype,
+                plans=plan,
+                bench=results,
+                current=current,
+                prefill_cp=prefill_cp,
+                dp=dp,
+                memory_cap_gib=memory_cap_value(memory_cap),
+                progress=say,
+            )
+            say("writing report.md, report.html and the plots")
+            path = write_memo(build_memo(analysis, command), out)
         out_console = console()
         out_console.print(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         table = Table(title="Verdict per plan (reasons and formulas in report.md)")

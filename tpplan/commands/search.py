@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_wrapped, show
+from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import NodesOpt, load_cluster
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
@@ -100,20 +100,22 @@ def register(app: typer.Typer) -> None:
             from tpplan.errors import TpplanError
 
             raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
-        outcome = run_search(
-            model,
-            topo,
-            tp=tp,
-            pp=pp,
-            workload=workload,
-            memory_cap_gib=memory_cap_value(memory_cap),
-            top=top,
-            tokens=tokens,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            objective=objective,
-            all_plans=all_plans,
-        )
+        with steps(f"tpplan search {model}") as say:
+            outcome = run_search(
+                model,
+                topo,
+                tp=tp,
+                pp=pp,
+                workload=workload,
+                memory_cap_gib=memory_cap_value(memory_cap),
+                top=top,
+                tokens=tokens,
+                dtype=dtype,
+                expert_dtype=expert_dtype,
+                objective=objective,
+                all_plans=all_plans,
+                progress=say,
+            )
         data = outcome.data
         if json_file is not None:
             write_files({json_file: json.dumps(data, indent=2)}, "--json")

@@ -457,10 +457,12 @@ def analyse(
     crossover_tokens: tuple[int, ...] | None = None,
     prefill_cp: int = 1,
     dp: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
-    data-parallel size) are server settings the engine gates read."""
+    data-parallel size) are server settings the engine gates read. `progress` is told each step."""
+    say = progress or (lambda _step: None)
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.report.differences import differences
@@ -490,6 +492,7 @@ def analyse(
     cur = _current_variant(graph, current, n, world, dtype, variants)
     finder = search_fn or (load_search() if search_top > 0 and not plans else None)
     if finder is not None:
+        say("searching plans (as tpplan search)")
         found = finder(
             graph,
             topology,
@@ -525,7 +528,8 @@ def analyse(
             if pa is not None:
                 variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n))
     chunk = workloads[0].chunk_size if workloads else 8192
-    for v in variants:
+    for i, v in enumerate(variants, 1):
+        say(f"predicting plan {i} of {len(variants)} ({v.key})")
         v.engines = recipes(
             v.plan,
             graph.spec,
@@ -581,6 +585,7 @@ def analyse(
         same,
     )
     if fn is not None:
+        say("thresholds: where each plan overtakes baseline")
         a.crossovers = crossovers(
             graph,
             [v.plan for v in variants if v.pp == 1 and v.tp == n and v.legal],
@@ -591,5 +596,6 @@ def analyse(
             tokens=crossover_tokens,
         )
     a.memory_cap_bytes = limit
+    say("where the model differs from a volume-only analysis")
     a.differences = differences(a, chunk)
     return a

@@ -20,6 +20,7 @@ runs this same search (`run_search`). The JSON is documented in docs/search-json
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -379,7 +380,9 @@ def _search_one(n: int, p: int, cutoff: float = float("inf")) -> _Deployed | tup
         return (e.where, e.reason, e.fix)
 
 
-def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tuple[str, str, str]]:
+def _search_all(
+    s: _Setup, grid: list[tuple[int, int]], say: Callable[[str], None] = lambda _step: None
+) -> list[_Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
     can still rank (`cutoff`: the `top`-th best score of the deployments before it)."""
@@ -393,14 +396,17 @@ def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tupl
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         # fork only a single-threaded process (forking threads can deadlock the child)
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
                 futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                for done, _ in enumerate(as_completed(futures), 1):
+                    say(f"searched {done} of {len(grid)} deployments")
                 return [f.result() for f in futures]
         out: list[_Deployed | tuple[str, str, str]] = []
         scores: list[float] = []
-        for n, p in grid:
+        for i, (n, p) in enumerate(grid):
+            say(f"searching {_label(n, p)} ({i + 1} of {len(grid)})")
             cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
             got = _search_one(n, p, cutoff)
             out.append(got)
@@ -435,12 +441,15 @@ def run_search(
     expert_dtype: str | None = None,
     objective: str = "time",
     all_plans: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> SearchOutcome:
     """Search every deployment, rank the plans that fit, and make each a plan file.
 
     `memory_cap_gib`: GiB per rank; "serving" (default) is SERVING_SHARE of the topology's GPU memory,
     "gpu" all of it (no cap without a topology); None is no cap. `model`, `topology` and `workload`
-    are names/paths or the loaded objects (`tpplan report` passes those)."""
+    are names/paths or the loaded objects (`tpplan report` passes those). `progress` is told each
+    step (the CLI shows it in a terminal)."""
+    say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
     s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans)
@@ -453,7 +462,8 @@ def run_search(
             raise TpplanError("--tp", "the TP size must be at least 1", "pass --tp 1 or more")
     results: list[_Deployed] = []
     skipped: list[dict[str, Any]] = []
-    searched = _search_all(s, grid)
+    say(f"searching {len(grid)} deployment(s): {', '.join(_label(n, p) for n, p in grid)}")
+    searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # model load, every deployment's search and its plans' checks
     for (n, p), got in zip(grid, searched, strict=True):
         if isinstance(got, _Deployed):
@@ -464,6 +474,7 @@ def run_search(
         skipped.append({"deployment": _label(n, p), "why": got[1]})  # a TP size the model does not split over
     if not results:
         raise TpplanError("--tp/--pp", "the model splits over none of the deployments searched", "pass --tp")
+    say("pricing the best plans and their baselines")
     ref = grid[[_label(n, p) for n, p in grid].index(results[0].label)]
     base_entry, base_behaviour = _baseline(s, *ref)
     obj_name = results[0].objective
