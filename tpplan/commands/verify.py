@@ -117,8 +117,8 @@ def verify(
         float | None,
         typer.Option(
             "--tolerance",
-            help="Max error / max |reference| per tensor (default 1e-4 fp32, 5e-2 bf16). At real widths on GPU "
-            "fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
+            help="Max error / max |reference| per tensor (default 1e-4 fp32, 1e-1 bf16, 2e-2 fp16). At real widths "
+            "on GPU fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
         ),
     ] = None,
 ) -> int:
