@@ -35,3 +35,14 @@ def test_a_plan_at_another_shape_is_split_into_deployment_and_plan_change():
     assert same_shape, "a baseline at the current deployment's shape is in the memo"
     other = a.verdict("sp-moe")
     assert other is not None and "of which the deployment change" in other.headline, other.headline
+
+
+def test_the_memo_time_per_kind_sums_to_the_audit_forward_time():
+    from tpplan.report.analysis import kind_times
+
+    topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
+    a = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"])
+    v = a.baseline  # every layer of a kind sees the same input under baseline, so kinds x counts is exact
+    pred = v.predictions[wl.name]
+    assert pred.final_comm_s > 0  # the reduction before the final norm, which the table left out
+    assert sum(kind_times(v).values()) == pytest.approx(pred.forward_s, rel=1e-12)

@@ -317,11 +317,14 @@ def held_weights(v: Variant) -> tuple[float, float]:
 
 
 def kind_times(v: Variant) -> dict[str, float] | None:
-    """Predicted seconds per layer kind for one batch (kind time x layers of that kind)."""
+    """Predicted seconds per layer kind for one batch (kind time x layers of that kind), plus the
+    final reduction and the stage sends: they sum to the prediction's `forward_s`, audit's forward."""
     p = next(iter(v.predictions.values()), None)
     if p is None:
         return None
     out = {k.kind: float(k.total_s) * int(k.count) for k in p.kinds}
+    if getattr(p, "final_comm_s", 0.0):  # the reduction before the final norm: part of forward_s
+        out["final reduce"] = float(p.final_comm_s)
     if getattr(p, "stage_comm_s", 0.0):
         out["pipeline send/recv"] = float(p.stage_comm_s)
     return out
