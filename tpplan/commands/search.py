@@ -180,6 +180,16 @@ def _print(data: dict, wide: bool = False) -> None:
     show(console, t, wrap=("memory/rank",))
     if data.get("provenance"):
         console.print(provenance_line(data["provenance"]), markup=False)
+    scores = [p["score"] for p in data["plans"]]
+    prov = data.get("provenance") or {}
+    if len(scores) > 1 and prov.get("band") and scores[0] > 0:
+        spread = (max(scores) - min(scores)) / scores[0]
+        if spread < prov["band"]:
+            print_wrapped(
+                console,
+                f"The {len(scores)} ranked plans lie within {100 * spread:.1f}% of each other, inside the "
+                f"±{100 * prov['band']:.1f}% band: the Decisions below say how they differ.",
+            )
     others = [b for b in data.get("baselines", [])[1:] if b["delta_pct"] is not None]
     if others:
         ref = data["baseline"]["deployment"]
