@@ -182,7 +182,9 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
             f"note: plan file {path} was found for {ff.model} at {found}; applying its decisions to "
             f"{graph.spec.name} at TP{n} (the audit checks them there)"
         )
-        print(textwrap.fill(note, 100, subsequent_indent="  ", break_on_hyphens=False), file=sys.stderr)
+        if sys.stderr.isatty():  # a terminal: 100 columns; a file or pipe: one line
+            note = textwrap.fill(note, 100, subsequent_indent="  ", break_on_hyphens=False)
+        print(note, file=sys.stderr)
     moe: MoEMode = d.moe
     return Plan(
         pf.name,
