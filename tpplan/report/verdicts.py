@@ -286,7 +286,12 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
         if alt is not None:
             text += (
                 f" With today's SGLang flags the best is `{alt.key}`: -{100 * alt.rel:.1f}% ({alt.gain:.3f} s), "
-                "also beyond the band."
+                "also beyond the band"
+            )
+            text += (
+                "; its conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(alt.conditions, 1)) + "."
+                if alt.conditions
+                else "."
             )
     return BottomLine("switch", top.key, text)
 
