@@ -46,3 +46,16 @@ def test_the_memo_time_per_kind_sums_to_the_audit_forward_time():
     pred = v.predictions[wl.name]
     assert pred.final_comm_s > 0  # the reduction before the final norm, which the table left out
     assert sum(kind_times(v).values()) == pytest.approx(pred.forward_s, rel=1e-12)
+
+
+def test_search_deltas_are_against_baseline_at_the_same_shape():
+    data = run_search("tiny-kimi-k3", "h200x8-ib400", nodes=1, workload="prompt16k-c8", top=4).data
+    bases = {b["deployment"]: b for b in data["baselines"]}
+    assert data["baselines"][0]["deployment"] == data["baseline"]["deployment"]
+    assert any(p["deployment"] != data["baseline"]["deployment"] for p in data["plans"]), "the case needs PP plans"
+    for p in data["plans"]:
+        same = bases[p["deployment"]]
+        assert p["baseline_score"] == same["score"]
+        assert p["delta_vs_baseline_pct"] == pytest.approx(100 * (p["score"] - same["score"]) / same["score"], abs=0.01)
+        ref = data["baseline"]["score"]
+        assert p["deployment_delta_pct"] == pytest.approx(100 * (same["score"] - ref) / ref, abs=0.01)
