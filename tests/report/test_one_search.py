@@ -24,6 +24,10 @@ def test_search_and_report_name_the_same_best_plan(model, tp):
     assert top.plan.describe() == plan.describe(), (top.key, entry["name"])
     assert top.predictions[wl.name].ttft.mean_s == pytest.approx(entry["score"], rel=1e-9)
     assert a.bottom is not None and a.bottom.target in (top.key, a.current.key)
+    from tpplan.search.ranking import SERVING_SHARE
+
+    assert a.memory_cap_bytes == pytest.approx(SERVING_SHARE * topo.gpu.memory_GiB * 2**30)  # search's own cap
+    assert best.data["memory_cap_bytes"] == pytest.approx(a.memory_cap_bytes)
 
 
 def test_a_plan_at_another_shape_is_split_into_deployment_and_plan_change():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tpplan.models.spec import MLASpec
 from tpplan.placement import S_TOK, R
 from tpplan.report.analysis import Analysis
 from tpplan.report.verdicts import STATUS_WORDS
@@ -23,7 +24,9 @@ def _rel(x: float, base: float) -> str:
 
 
 def _has_mla(a: Analysis) -> bool:
-    return any(lg.spec.attn.kind == "mla" for lg in a.graph.kinds.values())
+    """MLA attention (DeepSeek's, and the MLA-based DSA of DeepSeek-V3.2): what input-scattered is for."""
+    attns = [lg.spec.attn for lg in a.graph.kinds.values()]
+    return any(isinstance(x, MLASpec) or isinstance(getattr(x, "mla", None), MLASpec) for x in attns)
 
 
 def question(a: Analysis) -> Paragraph:
