@@ -116,7 +116,7 @@ def test_tp1_moves_nothing():
 
 def test_json_is_stable(k3):
     data = to_json(k3)
-    assert data["schema_version"] == 2 and data["tp"] == 32
+    assert data["schema_version"] == 3 and data["tp"] == 32
     assert data["topology"] is None and all("prediction" not in p for p in data["plans"])
     for p in data["plans"]:
         assert {"name", "legal", "layer_kinds", "comm_bytes_per_token_per_rank", "reasons"} <= set(p)
@@ -154,7 +154,7 @@ def test_json_with_predictions(k3):
     small = audit(k3.graph, 32, ["gate-aware"])
     preds = predict_audit(small, load_topology("h200x8-ib400"), workload=load_workload("seed-c8"))
     data = to_json(small, preds)
-    assert data["topology"] == "h200x8-ib400" and data["workload"] == "seed-c8" and data["pp"] == 1
+    assert data["topology"] == "h200x8-ib400" and data["workload"] == "prompt16k-c8" and data["pp"] == 1
     for p in data["plans"]:
         pr = p["prediction"]
         assert pr["forward_s"] > 0 and set(pr["layer_kinds"]) == set(p["layer_kinds"])

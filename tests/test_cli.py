@@ -96,7 +96,7 @@ def test_bad_config_files(case, tmp_path):
         (("--model", "kimi-k3", "--tp", "64"), "96 heads cannot be split evenly over 64 ranks"),
         (("--model", "kimi-k3", "--tp", "0"), "at least 1"),
         (("--model", "kimi-k3", "--tp", "8", "--plan", "nope"), "unknown plan"),
-        (("--model", "no-such-model", "--tp", "8"), "no built-in preset"),
+        (("--model", "no-such-model", "--tp", "8"), "no such preset or file"),
     ],
 )
 def test_bad_arguments(args, expect):
@@ -109,7 +109,7 @@ def test_audit_with_topology_and_workload():
     out = run(*args, check=True).stdout
     assert "Predicted on h200x8-ib400" in out and "TTFT mean" in out and "gate-aware" in out
     data = json.loads(run(*args, "--json", check=True).stdout)
-    assert data["schema_version"] == 2 and data["workload"] == "seed-c16"
+    assert data["schema_version"] == 3 and data["workload"] == "prompt16k-c16"
     pr = data["plans"][-1]["prediction"]
     assert pr["ttft"]["mean_s"] > 0 and pr["memory_bytes_per_rank"]["replicated_extra"] > 0
     pp = json.loads(
@@ -153,5 +153,5 @@ def test_bad_topology_and_workload_files(tmp_path, opt, text, expect):
 def test_prediction_options_need_a_topology():
     r = run("audit", "--model", "kimi-k3", "--tp", "32", "--workload", "seed-c8")
     assert r.returncode == 2 and "need a topology" in r.stderr and "Traceback" not in r.stderr
-    r = run("audit", "--model", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--pp", "2")
+    r = run("audit", "--model", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--nodes", "4", "--pp", "2")
     assert r.returncode == 2 and "needs 64 GPUs" in r.stderr and "Traceback" not in r.stderr

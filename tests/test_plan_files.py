@@ -182,12 +182,14 @@ def test_grid_ranks_every_deployment_by_predicted_time():
         assert alone["plans"][0]["ttft"]["mean_s"] == pytest.approx(alone["plans"][0]["score"])
 
 
-def test_memory_cap_defaults_to_the_gpu():
+def test_memory_cap_defaults_to_the_serving_share_of_the_gpu():
     """Llama-3-70B at TP1 does not fit one H200 (bf16 weights alone are ~131 GiB, plus KV and head):
-    by default nothing is ranked; with the cap lifted the same search ranks plans."""
+    by default (90% of the GPU) nothing is ranked; with the cap lifted the same search ranks plans."""
+    from tpplan.search.ranking import SERVING_SHARE
+
     capped = run_search("llama-3-70b", "h200x8-ib400", tp=1, nodes=1, workload="seed-c8", top=2).data
     gpu = load_topology("h200x8-ib400").gpu.memory_GiB * 2**30
-    assert capped["memory_cap_bytes"] == gpu
+    assert capped["memory_cap_bytes"] == pytest.approx(SERVING_SHARE * gpu)
     assert capped["baseline"]["memory_bytes_per_rank"]["total"] > gpu
     assert capped["plans"] == []
     free = run_search("llama-3-70b", "h200x8-ib400", tp=1, nodes=1, workload="seed-c8", top=2, memory_cap_gib=None)

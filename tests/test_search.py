@@ -269,7 +269,7 @@ def test_cli_search_table_and_json(tmp_path):
     r = run(*common, "--workload", "seed-c8", "--memory-cap", "none", "--all", "--top", "6", "--json", str(out))
     assert r.returncode == 0, r.stderr
     free = json.loads(out.read_text())
-    assert free["schema_version"] == 2 and free["workload"] == "seed-c8" and free["memory_cap_bytes"] is None
+    assert free["schema_version"] == 3 and free["workload"] == "prompt16k-c8" and free["memory_cap_bytes"] is None
     # a cap just below the unconstrained best's memory: that plan must go, plans that fit must stay
     best = free["plans"][0]
     best_mem = best["memory_bytes_per_rank"]["total"]
@@ -302,7 +302,7 @@ def test_cli_search_table_and_json(tmp_path):
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--memory-cap", "lots"), "--memory-cap"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--pp", "0"), "--pp 0"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--pp", "5"), "--pp 5"),
-        (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--tp", "16", "--pp", "4"), "only 32 GPUs"),
+        (("--model", "kimi-k3", "-t", "h200x8-ib400", "--nodes", "4", "--tp", "16", "--pp", "4"), "only 32 GPUs"),
         (("--model", "tiny-llama", "--objective", "volume", "--tp", "2", "--pp", "2"), "--pp 2"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--objective", "fast"), "--objective"),
         (("--model", "kimi-k3", "--topology", "h200x8-ib400", "--top", "0"), "--top"),

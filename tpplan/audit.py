@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from tpplan.dtypes import DTYPE_BYTES
+from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, Violation, propagate_model
 from tpplan.layout.transitions import TRANSITIONS
 from tpplan.models.config import load_model
-from tpplan.models.graph import ModelGraph, build_model_graph
+from tpplan.models.graph import ModelGraph, OpKind, build_model_graph
+from tpplan.models.quant import op_weights
 from tpplan.placement import P
 from tpplan.plans.named import NAMED_PLANS, make_plan
 
@@ -38,7 +39,73 @@ class PredictionJSON(Protocol):
 
     def to_json(self) -> dict[str, object]: ...
 
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3  # 3: weight figures in the stored dtype, embedding included, per PP stage
+
+
+class StoredWeights:
+    """Stored bytes per weight element of each op, as the checkpoint holds it: the config's
+    `quantization_config` read (`tpplan.models.quant`), the rest in the activation dtype, and
+    `expert_dtype` (`--expert-dtype`) overriding the routed experts. The one place every memory
+    figure (audit, prediction, search, memo) takes weight bytes from."""
+
+    def __init__(self, graph: ModelGraph, dtype: str = "bf16", expert_dtype: str | None = None) -> None:
+        if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
+            raise TpplanError(
+                f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+            )
+        self.graph = graph
+        self.dtype_bytes = float(DTYPE_BYTES[dtype])
+        self.op_weights = op_weights(graph)
+        self.expert_override = expert_dtype is not None
+        self.expert_bytes = WEIGHT_BITS[expert_dtype or dtype] / 8.0
+        self.experts_fp8 = False  # the checkpoint's experts run their GEMMs at the FP8 rate
+        for (kind, name), w in self.op_weights.items():
+            op = next(o for o in graph.kinds[kind].ops if o.name == name)
+            if op.kind is OpKind.EXPERTS and not self.expert_override:
+                self.expert_bytes = w.full_bytes / op.weight_numel
+                self.experts_fp8 = w.fmt.compute == "fp8"
+
+    def per_element(self, kind: str, op: object) -> float:
+        """Stored bytes per weight element of `op` in layer kind `kind` (scales included)."""
+        if op.kind is OpKind.EXPERTS:  # type: ignore[attr-defined]
+            return self.expert_bytes
+        w = self.op_weights.get((kind, op.name))  # type: ignore[attr-defined]
+        return w.full_bytes / op.weight_numel if w is not None else self.dtype_bytes  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class WeightMemory:
+    """Weight bytes one rank of one pipeline stage holds, in the stored dtype: every layer of the
+    stage under the plan, plus the vocab-parallel embedding (first stage) and LM head (last stage,
+    or the first when tied). `replicated_extra` is part of `weights`: what replication costs beyond
+    sharding those ops over TP, shown apart because it is a plan's price."""
+
+    weights: float
+    replicated_extra: float
+
+
+def stage_weights(
+    pa: PlanAudit, graph: ModelGraph, stages: Sequence[range], stored: StoredWeights
+) -> list[WeightMemory]:
+    """Per pipeline stage (`stages`: the layers each holds), the weight memory one rank holds."""
+    spec, n = graph.spec, pa.n
+    embed = spec.vocab * spec.hidden / n * stored.dtype_bytes  # vocab-parallel embedding and head
+    out = []
+    for s, rng in enumerate(stages):
+        weights = extra = 0.0
+        for j in rng:
+            res = pa.layer_results[j]
+            for d in res.decisions:
+                wb = stored.per_element(res.kind, d.op)
+                weights += d.weight_elements_per_rank * wb
+                if d.split == "replicated" and d.op.split.value in ("col", "row"):
+                    extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
+        if s == 0:
+            weights += embed
+        if s == len(stages) - 1 and (not spec.tie_embeddings or len(stages) > 1):
+            weights += embed
+        out.append(WeightMemory(weights, extra))
+    return out
 
 
 @dataclass
@@ -61,8 +128,8 @@ class PlanAudit:
     layer_results: list[LayerResult]
     final_elements_per_token: float
     final_units: float
-    weight_bytes_per_rank: float
-    replicated_extra_bytes: float  # what replication costs beyond the sharded baseline
+    weight_bytes_per_rank: float  # stored dtype, whole model on one stage (PP 1), embedding included
+    replicated_extra_bytes: float  # what replication costs beyond the sharded baseline (part of the above)
     violations: list[Violation] = field(default_factory=list)
 
     @property
@@ -121,13 +188,10 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
             elif v.layer_kind not in merged[key].layer_kind.split(", "):
                 merged[key] = replace(merged[key], layer_kind=f"{merged[key].layer_kind}, {v.layer_kind}")
     violations = list(merged.values())
-    weight = replicated_extra = 0.0
-    for r in results:
-        for d in r.decisions:
-            weight += d.weight_elements_per_rank * nbytes
-            if d.split == "replicated" and d.op.split.value in ("col", "row"):
-                replicated_extra += (d.op.weight_numel - d.op.weight_numel / n) * nbytes
-    return PlanAudit(plan, n, nbytes, kinds, results, final_el, final_units, weight, replicated_extra, violations)
+    pa = PlanAudit(plan, n, nbytes, kinds, results, final_el, final_units, 0.0, 0.0, violations)
+    (whole,) = stage_weights(pa, graph, [range(len(results))], StoredWeights(graph, dtype))
+    pa.weight_bytes_per_rank, pa.replicated_extra_bytes = whole.weights, whole.replicated_extra
+    return pa
 
 
 @dataclass
@@ -215,7 +279,11 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
         )
         if by_plan:
             pred = by_plan.get(pa.plan.name)
-            out_plans[-1]["prediction"] = pred.to_json() if pred is not None else None
+            out_plans[-1]["prediction"] = pj = pred.to_json() if pred is not None else None
+            if pj is not None:  # one figure: the prediction's (its PP stage, its --expert-dtype)
+                mem = pj["memory_bytes_per_rank"]
+                out_plans[-1]["weight_bytes_per_rank"] = mem["weights"]
+                out_plans[-1]["replicated_extra_bytes_per_rank"] = mem["replicated_extra"]
     first = next(iter(by_plan.values()), None)
     out: dict[str, object] = {
         "schema_version": JSON_SCHEMA_VERSION,

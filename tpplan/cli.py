@@ -21,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+RUNTIME_MODULES = ("torch", "safetensors")  # what `tpplan[runtime]` installs: verify, run, bench, calibrate
 _COMMAND_MODULES = ("models_cmd", "audit", "calibrate", "verify", "search", "run", "bench", "report")
 
 
@@ -42,12 +43,25 @@ def main() -> None:
     except TpplanError as exc:
         from rich.markup import escape
 
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        # one line in files and pipes (grep-able); wrapped at the terminal's width, at most 100, in a terminal
+        tty = err.is_terminal
+        width = min(err.width, 100) if tty else None
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=not tty, width=width)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
+    except ImportError as exc:
+        from rich.markup import escape
+
+        missing = (exc.name or "").split(".")[0]
+        if missing not in RUNTIME_MODULES:
+            raise
+        what = f"tpplan {sys.argv[1]}" if len(sys.argv) > 1 else "this command"
+        line = f'{what}: needs {missing}, which is not installed. Fix: pip install "tpplan[runtime]"'
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        sys.exit(2)
     except Exception as exc:
         # typer bundles its own click: match its usage errors by shape, not by class
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):

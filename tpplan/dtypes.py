@@ -9,6 +9,9 @@ from __future__ import annotations
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 """Bytes per element of the activation dtypes a plan is audited and priced in (short names)."""
 
+WEIGHT_BITS = {"bf16": 16.0, "fp16": 16.0, "fp32": 32.0, "fp8": 8.0, "mxfp4": 4.25}  # mxfp4: 4 bits + e8m0/32
+"""Stored bits per weight element of the formats `--expert-dtype` names (scales included)."""
+
 TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
 """Short name -> torch's name."""
 
@@ -27,4 +30,4 @@ def dtype_name(dtype: str) -> str:
     return name
 
 
-__all__ = ["DTYPE_BYTES", "SHORT_NAMES", "TORCH_DTYPE_BYTES", "TORCH_NAMES", "dtype_name"]
+__all__ = ["DTYPE_BYTES", "SHORT_NAMES", "TORCH_DTYPE_BYTES", "TORCH_NAMES", "WEIGHT_BITS", "dtype_name"]

@@ -20,7 +20,27 @@ class TpplanError(Exception):
         self.where = where
         self.reason = reason
         self.fix = fix
-        super().__init__(f"{where}: {reason}. Fix: {fix}")
+        super().__init__(f"{where}: {reason.rstrip('.')}. Fix: {fix}")
+
+
+def _key(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def unknown_name(what: str, name: str, known: list[str], where: str, listing: str) -> TpplanError:
+    """The error for a preset name nobody has: the closest names (case, dashes and dots ignored;
+    difflib's similarity) as "did you mean", else the command that lists them all (`listing`)."""
+    import difflib
+
+    by_key = {_key(k): k for k in known}
+    exact = [by_key[_key(name)]] if _key(name) in by_key else []
+    close = [by_key[k] for k in difflib.get_close_matches(_key(name), list(by_key), n=3, cutoff=0.6)]
+    close = list(dict.fromkeys(exact + close))
+    also = f"`{listing}` lists them all"
+    if close:
+        more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
+        return TpplanError(f"{where} {name}", "no such preset or file", f"did you mean {close[0]}?{more}; {also}")
+    return TpplanError(f"{where} {name}", "no such preset or file", f"{also}, or pass the path of {what} file")
 
 
 def from_validation(exc: ValidationError, where: str, fix: str) -> TpplanError:

@@ -11,7 +11,7 @@ from tpplan.errors import TpplanError
 
 
 def test_presets() -> None:
-    assert {"seed-c8", "seed-c16"} <= set(list_workloads())
+    assert {"prompt16k-c8", "prompt16k-c16"} <= set(list_workloads())
     w = load_workload("seed-c16")
     assert (w.input_len, w.output_len, w.concurrency, w.chunk_size) == (16384, 1, 16, 8192)
     assert w.total_requests == 16

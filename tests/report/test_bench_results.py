@@ -96,7 +96,7 @@ def test_cli_bad_bench_exits_2_without_output(tmp_path, monkeypatch, capsys, kin
     elif kind == "schema":
         bench.write_text(json.dumps(_mutate(("meta", "gpus"), "two")))
     out = tmp_path / "memo"
-    code, err = run_in_process(monkeypatch, capsys, "report", "--bench", str(bench), "--out", str(out))
+    code, err = run_in_process(monkeypatch, capsys, "report", "-m", "kimi-k3", "--bench", str(bench), "--out", str(out))
     assert code == 2 and "Traceback" not in err
     assert "--bench" in err or "bench.json" in err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".memo")]

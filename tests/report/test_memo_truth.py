@@ -157,7 +157,7 @@ def check_engine_sentences(md: str) -> None:
         if "No engine flag realises it" in body and "gate-aware" in t:
             assert set(engines["gate-aware"].values()) == {"no"}, engines["gate-aware"]
     bottom = next((p for p in paragraphs(section(md, "Answer")) if p.startswith("**Switch")), "")
-    m = re.match(r"\*\*Switch from `[^`]+` to `([^`]+)`", bottom)
+    m = re.match(r"\*\*Switch(?:, if its conditions hold,)? from `[^`]+` to `([^`]+)`", bottom)
     if m and "SGLang flags realise it" in bottom:
         assert engines[m[1]]["SGLang"] == "yes"
 
@@ -168,16 +168,20 @@ def check_bottom_line(md: str, band: float) -> None:
     assert len(bottom) == 1, "exactly one bottom line"
     text = bottom[0]
     steps = list(table_by(md, "plan", "beyond band").values())
-    ttft = {k: float(r["mean s"]) for k, r in table_by(md, "plan", "mean s").items() if r.get("workload") == "seed-c8"}
+    rows = table_by(md, "plan", "mean s").items()
+    ttft = {k: float(r["mean s"]) for k, r in rows if r.get("workload") == "prompt16k-c8"}
     cur = re.search(r"today's deployment \(`--current`\): `([^`]+)`", md)
     assert cur is not None
     if text.startswith("**Switch"):
-        m = re.match(r"\*\*Switch from `([^`]+)` to `([^`]+)`\*\*: predicted mean TTFT at \S+ ([\d.]+) s vs ([\d.]+) s "
-                     r"\(-([\d.]+)%\)", text)  # fmt: skip
+        m = re.match(r"\*\*Switch(?:, if its conditions hold,)? from `([^`]+)` to `([^`]+)`\*\*: predicted mean TTFT "
+                     r"at \S+ ([\d.]+) s vs ([\d.]+) s \(-([\d.]+)%\)", text)  # fmt: skip
         assert m, text
         assert m[1] == cur[1] and steps and steps[0]["plan"].strip("`") == m[2] and steps[0]["beyond band"] == "yes"
         assert float(m[3]) == ttft[m[2]] and float(m[4]) == ttft[m[1]]
         assert float(m[5]) / 100 > band
+        verdict = table_by(md, "plan", "verdict").get(m[2], {}).get("verdict")
+        if verdict == "CONDITIONAL":  # a conditional plan is never recommended without its conditions
+            assert "if its conditions hold" in text and "Conditions: (1)" in text, text
     else:
         assert f"**Keep `{cur[1]}`" in text
         assert not steps or steps[0]["beyond band"] != "yes", "a step beyond the band, but the memo keeps"

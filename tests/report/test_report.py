@@ -132,8 +132,8 @@ def test_with_predictions_time_and_ttft_sections():
     assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png", "crossover.png"} <= set(memo.pngs)
     assert "## Thresholds: where a plan overtakes baseline" in memo.markdown
     ttft = _section(memo.markdown, "TTFT per plan")
-    assert "| `baseline` | seed-c8 |" in ttft and "| `baseline` | seed-c16 |" in ttft
-    assert "predicted mean TTFT gain at seed-c8" in memo.markdown
+    assert "| `baseline` | prompt16k-c8 |" in ttft and "| `baseline` | prompt16k-c16 |" in ttft
+    assert "predicted mean TTFT gain at prompt16k-c8" in memo.markdown
     assert "The time predictor counts" in memo.markdown
     pp = a.variant("baseline TP8xPP4")
     assert pp is not None and pp.predictions and "pipeline send/recv" in memo.markdown
@@ -157,14 +157,14 @@ def test_cli_writes_all_files(tmp_path):
         (("--model", "no-such-model"), "no-such-model"),
         (("--topology", "no-such-topo"), "no such preset or file"),
         (("--workload", "no-such-wl"), "no such preset or file"),
-        (("--tp", "64"), "only 32 GPUs"),
+        (("--nodes", "4", "--tp", "64"), "only 32 GPUs"),
         (("--plan", "no-such-plan"), "unknown plan"),
         (("--expert-dtype", "int3"), "unknown weight dtype"),
     ],
 )
 def test_bad_inputs_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsys, args, message):
     out = tmp_path / "memo"
-    code, err = run_in_process(monkeypatch, capsys, "report", "--out", str(out), *args)
+    code, err = run_in_process(monkeypatch, capsys, "report", "--out", str(out), "--model", "kimi-k3", *args)
     assert code == 2, err
     assert message in err.replace("\n", " ") and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
@@ -246,7 +246,7 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
     assert all("TTFT" in s.basis for s in a.next_steps)
     assert a.bottom is not None and a.bottom.action == "switch" and a.bottom.target == steps[0]
     md = build_memo(a).markdown
-    assert "The time predictor counts" in md and "| `sp-moe TP8xPP4` | seed-c16 |" in md
+    assert "The time predictor counts" in md and "| `sp-moe TP8xPP4` | prompt16k-c16 |" in md
     found = [v for v in a.variants if v.plan.found_by == "search"]
     if found:  # the search's best, when it is not a named plan: legal, described, compared
         assert found[0].legal and "### A plan nobody named" in md and f"`{found[0].key}`" in md
@@ -298,7 +298,8 @@ def test_bench_ttft_is_compared_with_the_memos_prediction(measured_s):
     topo = load_topology("h200x2")
     bench = load_bench_results(Path(__file__).parent / "fixtures" / "bench_ok.json")
     a = analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2, search_top=0, bench=bench)
-    memo_s = next(v for v in a.variants if v.plan.name == "baseline" and v.tp == 2).predictions["seed-c8"].ttft.mean_s
+    base = next(v for v in a.variants if v.plan.name == "baseline" and v.tp == 2)
+    memo_s = base.predictions["prompt16k-c8"].ttft.mean_s
     t = bench.ttft[0].model_copy(update={"topology": "h200x2 (TP2)", "mean_s": memo_s * (measured_s or 1.0)})
     text = memo_vs_bench_ttft(a, t)
     gap = t.mean_s / memo_s - 1.0

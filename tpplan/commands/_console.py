@@ -11,6 +11,9 @@ terminal's width, or WIDE columns in files and pipes.
 from __future__ import annotations
 
 import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -33,6 +36,7 @@ def console(*, wide: bool = False, stderr: bool = False) -> Console:
 
 
 TEXT = 24  # a column whose widest cell is wider than this and has spaces is text: it wraps first
+FOLD = 14  # no column is folded narrower than this to make a table fit
 
 
 def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
@@ -41,8 +45,9 @@ def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
     rich would shrink every column alike and fold numbers mid-digit. Here, when the table is too
     wide, text columns (a cell wider than TEXT, with spaces) wrap between words; if that is not
     enough, headers wrap between words; then the columns named in `wrap`, then every other column
-    whose cells have spaces (e.g. "48.0 GiB"). A cell without spaces is never broken, nothing is
-    cut with an ellipsis, and a table that cannot fit is printed at its minimum width, not cropped.
+    whose cells have spaces (e.g. "48.0 GiB"); last, the widest cells without spaces (long plan
+    names) fold onto the next line. Nothing is cut with an ellipsis, and a table that still cannot
+    fit is printed at its minimum width, not cropped.
     """
     big = out.options.update_width(10 * WIDE)
     for col in table.columns:
@@ -75,6 +80,16 @@ def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
         total = sum(wants.values())
         for key, want in wants.items():
             widths[key] += min(want, spare * want // total) if spare > 0 else 0
+        # Last resort: long names without spaces (a found plan's name) fold onto the next line,
+        # widest first, down to FOLD columns each, rather than the table leaving the 100 columns.
+        over = sum(widths.values()) - room
+        for col, *_ in sorted(cols, key=lambda c: -widths[id(c[0])]):
+            if over <= 0:
+                break
+            cut = min(over, widths[id(col)] - FOLD)
+            if cut > 0:
+                widths[id(col)] -= cut
+                over -= cut
         for col, *_ in cols:
             col.width = widths[id(col)]
     need = Measurement.get(out, big, table).minimum
@@ -135,3 +150,22 @@ def print_wrapped(out: Console, line: str, indent: int = 4) -> None:
         markup=False,
         soft_wrap=True,
     )
+
+
+@contextmanager
+def steps(what: str) -> Iterator[Callable[[str], None]]:
+    """A status line on stderr, in a terminal, naming the step a long command is at and the seconds
+    so far (`report` and `search` take 10-45 s); silent in files and pipes, so logs and tests see
+    only the result. Yields the function a command passes to the API as its `progress`."""
+    err = Console(stderr=True, highlight=False)
+    if not err.is_terminal:
+        yield lambda _step: None
+        return
+    t0 = time.perf_counter()
+    with err.status(f"{what} ...") as status:
+
+        def say(step: str) -> None:
+            status.update(f"{what}: {step} ({time.perf_counter() - t0:.0f} s)")
+
+        yield say
+    err.print(f"{what}: done in {time.perf_counter() - t0:.1f} s", markup=False)

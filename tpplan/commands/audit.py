@@ -11,19 +11,24 @@ from rich.table import Table
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
+from tpplan.commands._options import ModelOpt, cluster_text, load_cluster
 from tpplan.placement import COLLECTIVE_SHORT
 
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Preset name (see `tpplan models`) or path to config.json")
+TpOpt = Annotated[
+    int | None,
+    typer.Option("--tp", help="Tensor-parallel size N (default with --topology: GPUs per node)", callback=TP_RANGE),
 ]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size N", callback=TP_RANGE)]
 WideOpt = Annotated[
     bool, typer.Option("--wide", help="Show every column (wider than 100 columns; for wide terminals and files)")
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation dtype for byte counts: bf16, fp16, fp32, fp8")]
 ExpertDtypeOpt = Annotated[
     str | None,
-    typer.Option("--expert-dtype", help="Routed-expert weight dtype for memory: bf16, fp8, mxfp4 (default --dtype)"),
+    typer.Option(
+        "--expert-dtype",
+        help="Routed-expert weight dtype: bf16, fp8, mxfp4 (default: as the config's quantization_config stores "
+        "them, else --dtype)",
+    ),
 ]
 
 
@@ -42,8 +47,8 @@ def _pct(x: float | None) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_cmd(
-        model: ModelOpt = "kimi-k3",
-        tp: TpOpt = 32,
+        model: ModelOpt,
+        tp: TpOpt = None,
         plan: Annotated[
             list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to audit; default: all named")
         ] = None,
@@ -64,7 +69,11 @@ def register(app: typer.Typer) -> None:
         ] = 1,
         nodes: Annotated[
             int | None,
-            typer.Option("--nodes", help="Override the topology's node count; with --topology", callback=NODES_RANGE),
+            typer.Option(
+                "--nodes",
+                help="Nodes of the topology (default: as many as TP x PP needs); with --topology",
+                callback=NODES_RANGE,
+            ),
         ] = None,
         expert_dtype: ExpertDtypeOpt = None,
         wide: WideOpt = False,
@@ -89,11 +98,13 @@ def register(app: typer.Typer) -> None:
         predictions = None
         topo = wl = None
         if topology:
-            from tpplan.cost.topology import load_topology
             from tpplan.cost.workload import load_workload
 
-            topo = load_topology(topology, nodes=nodes)
+            topo = load_cluster(topology, nodes, tp * pp if tp else None)
             wl = load_workload(workload) if workload else None
+            tp = tp or topo.gpus_per_node
+        elif tp is None:
+            raise TpplanError("--tp", "no TP size given", "pass --tp N (or --topology T: TP = its GPUs per node)")
         result = audit(model, tp, plan, dtype)
         if topo is not None:
             from tpplan.cost.predict import predict_audit
@@ -107,14 +118,15 @@ def register(app: typer.Typer) -> None:
             return
         _print_audit(data, wide)
         if predictions:
-            _print_predictions(data, wide)
+            assert topo is not None
+            _print_predictions(data, wide, cluster_text(topo))
         if crossover:
             _print_crossover(data["crossover"])
 
     @app.command("explain")
     def explain_cmd(
-        model: ModelOpt = "kimi-k3",
-        tp: TpOpt = 32,
+        model: ModelOpt,
+        tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N", callback=TP_RANGE)],
         plan: Annotated[str, typer.Option("--plan", "-p", help="Plan to explain")] = "baseline",
         dtype: DtypeOpt = "bf16",
     ) -> None:
@@ -251,11 +263,12 @@ def over_note(gpu_bytes: float, fixes: str) -> str:
     )
 
 
-def _print_predictions(data: dict, wide: bool = False) -> None:
+def _print_predictions(data: dict, wide: bool = False, cluster: str | None = None) -> None:
     console = make_console(wide=wide)
     first = next(p["prediction"] for p in data["plans"] if p.get("prediction"))
     head = (
-        f"Predicted on {first['topology']}: TP{first['tp']} x PP{first['pp']}, one batch of {first['tokens']} tokens"
+        f"Predicted on {cluster or first['topology']}: TP{first['tp']} x PP{first['pp']}, one batch of "
+        f"{first['tokens']} tokens"
         + (f", workload {first['workload']}" if first["workload"] else "")
     )
     t = Table(title=head + " (ms per batch; memory per rank)")

@@ -7,20 +7,23 @@ from typing import Annotated
 import typer
 
 from tpplan.commands._bounds import TP_RANGE
-from tpplan.commands._options import ModelOpt, NodesOpt
+from tpplan.commands._options import ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
+from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
 
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
-        model: ModelOpt = "kimi-k3",
+        model: ModelOpt,
         topology: Annotated[str, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")] = (
             "h200x8-ib400"
         ),
         workload: Annotated[
             list[str] | None,
-            typer.Option("--workload", "-w", help="Workload preset(s) or file(s); default: seed-c8 and seed-c16"),
+            typer.Option(
+                "--workload", "-w", help="Workload preset(s) or file(s); default: prompt16k-c8 and prompt16k-c16"
+            ),
         ] = None,
         out: Annotated[
             str,
@@ -57,6 +60,7 @@ def register(app: typer.Typer) -> None:
         dp: Annotated[
             int, typer.Option("--dp", min=1, help="Data-parallel size the server runs (vLLM's MoE SP gate reads it)")
         ] = 1,
+        memory_cap: Annotated[str | None, typer.Option("--memory-cap", help=MEMORY_CAP_HELP)] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -66,8 +70,7 @@ def register(app: typer.Typer) -> None:
         from rich.text import Text
 
         from tpplan.bench_results import load_bench_results
-        from tpplan.commands._console import console, show
-        from tpplan.cost.topology import load_topology
+        from tpplan.commands._console import console, show, steps
         from tpplan.cost.workload import load_workload
         from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
@@ -78,24 +81,28 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = load_topology(topology, nodes=nodes)
-        wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
+        topo = load_cluster(topology, nodes, tp)
+        wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-        analysis = analyse(
-            model,
-            topo,
-            wls,
-            tp=tp,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            plans=plan,
-            bench=results,
-            current=current,
-            prefill_cp=prefill_cp,
-            dp=dp,
-        )
-        path = write_memo(build_memo(analysis, command), out)
+        with steps(f"tpplan report {model}") as say:
+            analysis = analyse(
+                model,
+                topo,
+                wls,
+                tp=tp,
+                dtype=dtype,
+                expert_dtype=expert_dtype,
+                plans=plan,
+                bench=results,
+                current=current,
+                prefill_cp=prefill_cp,
+                dp=dp,
+                memory_cap_gib=memory_cap_value(memory_cap),
+                progress=say,
+            )
+            say("writing report.md, report.html and the plots")
+            path = write_memo(build_memo(analysis, command), out)
         out_console = console()
         out_console.print(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         table = Table(title="Verdict per plan (reasons and formulas in report.md)")

@@ -11,8 +11,8 @@ from rich.table import Table
 
 from tpplan.commands._bounds import PP_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import NodesOpt
+from tpplan.commands._console import print_wrapped, show, steps
+from tpplan.commands._options import NodesOpt, load_cluster
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -24,12 +24,18 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1f}%"
 
 
-def _cap(value: str | None) -> float | str | None:
-    """--memory-cap: absent = the GPU's memory ("gpu"), `none` = no cap, else GiB."""
+MEMORY_CAP_HELP = (
+    "Rank only plans whose predicted memory per rank is under this: GiB, 'gpu' (all of one GPU) or 'none'; "
+    "default: 90% of one GPU, leaving room for more KV cache than the workload's and the engine's buffers"
+)
+
+
+def memory_cap_value(value: str | None) -> float | str | None:
+    """--memory-cap: absent = 90% of one GPU ("serving"), `gpu` = all of it, `none` = no cap, else GiB."""
     if value is None:
-        return "gpu"
-    if value.strip().lower() == "none":
-        return None
+        return "serving"
+    if value.strip().lower() in ("none", "gpu"):
+        return None if value.strip().lower() == "none" else "gpu"
     try:
         return float(value)
     except ValueError:
@@ -41,7 +47,7 @@ def _cap(value: str | None) -> float | str | None:
 def register(app: typer.Typer) -> None:
     @app.command("search")
     def search_cmd(
-        model: ModelOpt = "kimi-k3",
+        model: ModelOpt,
         topology: Annotated[
             str | None, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")
         ] = None,
@@ -63,9 +69,7 @@ def register(app: typer.Typer) -> None:
         nodes: NodesOpt = None,
         memory_cap: Annotated[
             str | None,
-            typer.Option(
-                "--memory-cap", help="Exclude plans above this memory per rank, GiB; default: one GPU's; none: no cap"
-            ),
+            typer.Option("--memory-cap", help=MEMORY_CAP_HELP),
         ] = None,
         top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
         json_file: Annotated[
@@ -100,21 +104,27 @@ def register(app: typer.Typer) -> None:
             check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        outcome = run_search(
-            model,
-            topology,
-            tp=tp,
-            pp=pp,
-            nodes=nodes,
-            workload=workload,
-            memory_cap_gib=_cap(memory_cap),
-            top=top,
-            tokens=tokens,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            objective=objective,
-            all_plans=all_plans,
-        )
+        topo = load_cluster(topology, nodes, tp * (pp or 1) if tp else None) if topology is not None else None
+        if topo is None and nodes is not None:
+            from tpplan.errors import TpplanError
+
+            raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
+        with steps(f"tpplan search {model}") as say:
+            outcome = run_search(
+                model,
+                topo,
+                tp=tp,
+                pp=pp,
+                workload=workload,
+                memory_cap_gib=memory_cap_value(memory_cap),
+                top=top,
+                tokens=tokens,
+                dtype=dtype,
+                expert_dtype=expert_dtype,
+                objective=objective,
+                all_plans=all_plans,
+                progress=say,
+            )
         data = outcome.data
         if json_file is not None:
             write_files({json_file: json.dumps(data, indent=2)}, "--json")
@@ -122,7 +132,10 @@ def register(app: typer.Typer) -> None:
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)
             if written:
-                typer.echo(f"\nSaved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan.")
+                line = f"Saved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan."
+                out = make_console()
+                out.print()
+                print_wrapped(out, line)
 
 
 def _print(data: dict, wide: bool = False) -> None:
@@ -132,13 +145,13 @@ def _print(data: dict, wide: bool = False) -> None:
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
         f"[bold]{data['model']}[/] at {', '.join(data['search']['deployments'])}"
-        + (f" on {data['topology']} ({data['nodes']} nodes)" if data["topology"] else "")
+        + (f" on {data['topology']} ({data['nodes']} x {data['gpus_per_node']} GPUs)" if data["topology"] else "")
         + (f", workload {data['workload']}" if data["workload"] else "")
         + f": ranked by {what}; "
         + ("best plan of each family (stream x reduce x MoE mode)" if data["mode"] == "per-family" else "all plans")
         + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
     )
-    t = Table(title="Ranked legal plans (deltas vs baseline)")
+    t = Table(title="Ranked legal plans (deltas vs baseline at the same TP x PP)")
     cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "comm vs base", "memory/rank", "replicated"]
     if not wide:  # low-value columns: the plan's name says how it was found; comm is in the JSON
         cols = [c for c in cols if c not in ("found by", "comm B/tok/rank", "comm vs base", "replicated")]
@@ -176,6 +189,26 @@ def _print(data: dict, wide: bool = False) -> None:
     show(console, t, wrap=("memory/rank",))
     if data.get("provenance"):
         console.print(provenance_line(data["provenance"]), markup=False)
+    scores = [p["score"] for p in data["plans"]]
+    prov = data.get("provenance") or {}
+    if len(scores) > 1 and prov.get("band") and scores[0] > 0:
+        spread = (max(scores) - min(scores)) / scores[0]
+        if spread < prov["band"]:
+            print_wrapped(
+                console,
+                f"The {len(scores)} ranked plans lie within {100 * spread:.1f}% of each other, inside the "
+                f"±{100 * prov['band']:.1f}% band: the Decisions below say how they differ.",
+            )
+    others = [b for b in data.get("baselines", [])[1:] if b["delta_pct"] is not None]
+    if others:
+        ref = data["baseline"]["deployment"]
+        print_wrapped(
+            console,
+            "The deployment change alone (baseline there vs baseline at "
+            + f"{ref}): "
+            + "; ".join(f"{b['deployment']} {_pct(b['delta_pct'])}" for b in others)
+            + ".",
+        )
     if over and gpu is not None:
         capped = data["memory_cap_bytes"] is not None
         fixes = (

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import show
+from tpplan.commands._console import print_wrapped, show
 from tpplan.commands._options import (
     Backend,
     BackendOpt,
@@ -33,14 +33,14 @@ def _mib(b: float) -> str:
 
 
 def _print_result(console: Any, res: Any) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     case = res.case
     status = "[bold green]PASS[/]" if res.passed else "[bold red]FAIL[/]"
     console.print(f"\n{status}  {case.label}  (TP{res.n}, {res.seconds:.1f}s)")
     if not res.legal:
-        console.print(f"  illegal plan: {escape(res.reason)}", soft_wrap=True)
+        reason = res.reason if len(res.reason) <= 600 else res.reason[:600].rsplit(" ", 1)[0] + " ..."
+        print_wrapped(console, f"  illegal plan: {reason} (`tpplan audit --plan {case.plan}` lists every edge)")
     worst: dict[tuple[int, str], Any] = {}
     for e in res.errors:
         key = (e.layer, e.value)
@@ -122,8 +122,8 @@ def verify(
         float | None,
         typer.Option(
             "--tolerance",
-            help="Max error / max |reference| per tensor (default 1e-4 fp32, 5e-2 bf16). At real widths on GPU "
-            "fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
+            help="Max error / max |reference| per tensor (default 1e-4 fp32, 1e-1 bf16, 2e-2 fp16). At real widths "
+            "on GPU fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
         ),
     ] = None,
 ) -> int:
@@ -167,10 +167,13 @@ def verify(
     for name in dict.fromkeys(names):
         pa = audit_plan(graph, make_plan(name, graph, tp), tp)
         if not pa.legal and not force:
+            v, more = pa.violations[0], len(pa.violations) - 1
+            edge = f"[{v.layer_kind}] {v.op} receives `{v.value}` {v.got} but needs {v.needs}"
             raise TpplanError(
                 f"--plan {name} (--tp {tp})",
-                f"the audit calls this plan illegal: {pa.violations[0].sentence()}",
-                "pick a legal plan (tpplan audit lists them), or pass --force to run it and see the mismatch",
+                f"the audit calls this plan illegal: {edge}" + (f", and {more} more edge(s)" if more else ""),
+                f"`tpplan audit --model {model} --tp {tp} --plan {name}` explains each edge and its fix; pick a "
+                "legal plan, or pass --force to run it and see the mismatch",
             )
     dtype_name(dtype)
     if weights is not None and not weights.is_dir():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from tpplan.audit import PlanAudit, audit_plan
+from tpplan.audit import PlanAudit, StoredWeights, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_bytes
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
 from tpplan.cost.kernel_models import KernelModels
@@ -23,14 +23,13 @@ from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
 from tpplan.cost.segments import Segments, masked_pairs
 from tpplan.cost.stages import bank_snapshots, stage_layers
 from tpplan.cost.topology import KernelProfile, Topology
-from tpplan.dtypes import DTYPE_BYTES
+from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
 from tpplan.layout.transitions import collective_transition
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
-from tpplan.models.quant import op_weights
 from tpplan.placement import S_COL, S_TOK, P
 
 # Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
@@ -41,7 +40,6 @@ ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kerne
 RECURRENCE_EFFICIENCY = 0.0125
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
 EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
-WEIGHT_BITS = {"bf16": 16.0, "fp16": 16.0, "fp32": 32.0, "fp8": 8.0, "mxfp4": 4.25}  # mxfp4: 4 bits + e8m0/32
 
 _GEMM_CACHE: dict[tuple[object, ...], float] = {}  # gemm_time per (GPU, shape, dtype), shared by every plan
 
@@ -90,7 +88,6 @@ class OpPrices:
         self.counts = graph.counts()
         self.b = DTYPE_BYTES[dtype]
         self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
-        self.expert_bytes = WEIGHT_BITS[expert_dtype or dtype] / 8.0
         self._init_weight_formats(expert_dtype)
         self.rpn = min(tp, g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
@@ -110,22 +107,17 @@ class OpPrices:
     # -- compute ---------------------------------------------------------------------------
     def _init_weight_formats(self, expert_dtype: str | None) -> None:
         """Weight bytes and GEMM dtype per op from the checkpoint's quantization_config
-        (`tpplan.models.quant`); `--expert-dtype` overrides the routed experts' format."""
-        self.op_weights = op_weights(self.graph)
-        self.expert_override = expert_dtype is not None
-        self.experts_gemm_dtype = self.gemm_dtype
-        for (kind, name), w in self.op_weights.items():
-            op = next(o for o in self.graph.kinds[kind].ops if o.name == name)
-            if op.kind is OpKind.EXPERTS and not self.expert_override:
-                self.expert_bytes = w.full_bytes / op.weight_numel
-                self.experts_gemm_dtype = "fp8" if w.fmt.compute == "fp8" else self.gemm_dtype
+        (`tpplan.audit.StoredWeights`, the one place memory figures take them from); `--expert-dtype`
+        overrides the routed experts' format."""
+        self.stored = StoredWeights(self.graph, self.dtype, expert_dtype)
+        self.op_weights = self.stored.op_weights
+        self.expert_override = self.stored.expert_override
+        self.expert_bytes = self.stored.expert_bytes
+        self.experts_gemm_dtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
 
     def weight_elem_bytes(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
-        if op.kind is OpKind.EXPERTS:
-            return self.expert_bytes
-        w = self.op_weights.get((kind, op.name))
-        return w.full_bytes / op.weight_numel if w is not None else self.b
+        return self.stored.per_element(kind, op)
 
     def _gemm_format(self, kind: str, op: Op) -> tuple[str, float | None]:
         """(GEMM dtype, weight bytes per element where a weight-only format changes them, else None)."""

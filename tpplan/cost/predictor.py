@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from tpplan.audit import PlanAudit
+from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.collectives import collective_time
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.prediction import KindTime, MemoryBreakdown
@@ -115,30 +115,19 @@ class Predictor(OpPrices):
     def memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
         """Per rank, for the stage that needs the most."""
         spec = self.graph.spec
-        n, b = self.tp, self.b
         if workload is not None:
             seqs = [workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency)]
             chunk = min(workload.chunk_size, max(seqs))
         else:
             seqs, chunk = [tokens], tokens
-        results = self.audit.layer_results
-        embed = spec.vocab * spec.hidden / n * b  # vocab-parallel embedding and head
         best: MemoryBreakdown | None = None
+        held = stage_weights(self.audit, self.graph, self.stages, self.stored)  # the one weight figure
         for s, rng in enumerate(self.stages):
-            weights = extra = kv = state = 0.0
+            kv = state = 0.0
             for j in rng:
-                res = results[j]
-                for d in res.decisions:
-                    wb = self.weight_elem_bytes(res.kind, d.op)
-                    weights += d.weight_elements_per_rank * wb
-                    if d.split == "replicated" and d.op.split.value in ("col", "row"):
-                        extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
                 kv += self.kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
-            if s == 0:
-                weights += embed
-            if s == len(self.stages) - 1 and (not spec.tie_embeddings or len(self.stages) > 1):
-                weights += embed
+            weights, extra = held[s].weights, held[s].replicated_extra
             acts = self._activations(rng, chunk)
             m = MemoryBreakdown(weights, extra, acts, kv, state)
             if best is None or m.total > best.total:

@@ -16,7 +16,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpplan.cost._files import read_mapping, validate
-from tpplan.errors import TpplanError
+from tpplan.errors import unknown_name
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
 COLLECTIVE_KINDS: tuple[str, ...] = (
@@ -223,11 +223,8 @@ def load_topology(name_or_path: str, nodes: int | None = None) -> Topology:
         where = str(path)
     else:
         if name_or_path not in list_topologies():
-            raise TpplanError(
-                f"topology {name_or_path!r}",
-                "no such preset or file",
-                f"use one of {', '.join(list_topologies())} or a path to a .toml/.json file",
-            )
+            known = list_topologies()
+            raise unknown_name("a .toml/.json topology", name_or_path, known, "--topology", "tpplan topologies")
         res = resources.files("tpplan.cost").joinpath(_PRESETS, f"{name_or_path}.toml")
         import tomllib
 

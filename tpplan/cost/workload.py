@@ -20,7 +20,7 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from tpplan.cost._files import read_mapping, validate
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import parse_toml
 
 # Generous maxima, so a typo (input_len = 10**12) is refused at once instead of simulated for hours:
@@ -94,17 +94,25 @@ def list_workloads() -> list[str]:
     )
 
 
+WORKLOAD_ALIASES = {"seed-c8": "prompt16k-c8", "seed-c16": "prompt16k-c16"}
+"""Old preset names (the seed memo's) -> the names that say what the workload is."""
+
+
+def canonical_workload(name: str) -> str:
+    """A preset's current name for an old one (`seed-c8` -> `prompt16k-c8`), else `name` itself."""
+    return WORKLOAD_ALIASES.get(name, name)
+
+
 def load_workload(name_or_path: str) -> Workload:
-    """Load a preset by name or a .toml/.json file; bad files raise TpplanError naming the field."""
+    """Load a preset by name (an old name in WORKLOAD_ALIASES too) or a .toml/.json file; bad files
+    raise TpplanError naming the field."""
     path = Path(name_or_path)
     if path.suffix.lower() in (".toml", ".json") or path.exists():
         return validate(Workload, read_mapping(path), str(path))
+    name_or_path = canonical_workload(name_or_path)
     if name_or_path not in list_workloads():
-        raise TpplanError(
-            f"workload {name_or_path!r}",
-            "no such preset or file",
-            f"use one of {', '.join(list_workloads())} or a path to a .toml/.json file",
-        )
+        known = list_workloads() + list(WORKLOAD_ALIASES)
+        raise unknown_name("a .toml/.json workload", name_or_path, known, "--workload", "tpplan workloads")
     res = resources.files("tpplan.cost").joinpath("presets", f"workload-{name_or_path}.toml")
     where = f"preset {name_or_path}"
     return validate(Workload, parse_toml(res.read_text(encoding="utf-8"), where, "reinstall tpplan"), where)

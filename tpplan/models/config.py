@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import parse_json, read_text
 from tpplan.models.families import closest_family, family_for, supported_model_types
 from tpplan.models.families._common import EXPERT_COUNT_KEYS
@@ -47,11 +47,7 @@ def _config_path(model: str) -> Path:
             raise TpplanError(f"--model {model}", f"no config.json in folder {p}", _CONFIG_FIX)
         return p / "config.json"
     if not p.exists() and not p.is_symlink():
-        raise TpplanError(
-            f"--model {model}",
-            "no built-in preset has that name and no such file exists",
-            f"use one of the presets ({', '.join(list_presets())}) or a path to an HF config.json",
-        )
+        raise unknown_name("an HF config.json", model, list_presets(), "--model", "tpplan models")
     return p
 
 

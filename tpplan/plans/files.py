@@ -189,14 +189,20 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
                 f"found for {ff.model}; its decision `{q}` names no op of model {graph.spec.name}",
                 f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
             )
-    key = (path, graph.spec.name, n)
+    key = (path, graph.spec.name, 0)  # one note per file and model, whatever TP sizes it is audited at
     if (ff.model != graph.spec.name or pf.deployment.tp != n) and key not in _NOTED:
         _NOTED.add(key)
-        print(
-            f"note: plan file {path} was found for {ff.model} at TP{pf.deployment.tp}; applying its decisions to "
-            f"{graph.spec.name} at TP{n} (the audit checks them there)",
-            file=sys.stderr,
+        import textwrap
+
+        dep = pf.deployment
+        found = f"TP{dep.tp}" + (f" x PP{dep.pp}" if dep.pp > 1 else "")
+        note = (
+            f"note: plan file {path} was found for {ff.model} at {found}; applying its decisions to "
+            f"{graph.spec.name} at TP{n} (the audit checks them there)"
         )
+        if sys.stderr.isatty():  # a terminal: 100 columns; a file or pipe: one line
+            note = textwrap.fill(note, 100, subsequent_indent="  ", break_on_hyphens=False)
+        print(note, file=sys.stderr)
     moe: MoEMode = d.moe
     return Plan(
         pf.name,

@@ -26,6 +26,7 @@ from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT, Collective
+from tpplan.plans.files import is_plan_file, read_plan_file
 from tpplan.plans.named import make_plan
 from tpplan.report.crossover import Crossover, crossovers
 from tpplan.report.engines import EngineRecipe, recipes
@@ -34,8 +35,8 @@ from tpplan.report.verdicts import BottomLine, NextStep, Verdict, bottom_line, j
 PredictFn = Callable[..., Any]
 
 # The named plans every memo compares; today's deployment (`--current`) joins them when it is
-# another plan (e.g. ep4, the seed's TP32 with EP4).
-REPORT_PLANS = (
+# another plan (e.g. ep4: TP32 with EP4).
+MEMO_PLANS = (
     "baseline",
     "input-scattered",
     "input-scattered+restore",
@@ -46,19 +47,47 @@ REPORT_PLANS = (
 )
 
 
-SearchFn = Callable[..., list[Plan]]
+@dataclass(frozen=True)
+class Found:
+    """One plan `tpplan search` ranked, at the TP x PP it was ranked at."""
+
+    plan: Plan
+    tp: int
+    pp: int
+    rank: int
+
+
+SearchFn = Callable[..., list[Found]]
 
 
 def load_search() -> SearchFn:
-    """A function returning the search's best plans (`tpplan.search`, imported when a memo searches)."""
-    from tpplan.search import RooflineObjective, search, ttft_shapes
+    """The best plans of `tpplan search` itself (`tpplan.search.run_search`: the same objective,
+    memory cap and TP x PP grid), imported when a memo searches."""
+    from tpplan.search import run_search
 
     def best(
-        graph: ModelGraph, n: int, topology: Topology, workload: Workload | None, dtype: str, top: int
-    ) -> list[Plan]:
-        shapes = ttft_shapes(workload) if workload is not None else ((8192, 1.0),)
-        result = search(graph, n, RooflineObjective(topology, shapes=shapes, dtype=dtype), top=top, dtype=dtype)
-        return [c.plan for c in result.candidates]
+        graph: ModelGraph,
+        topology: Topology,
+        workload: Workload | None,
+        *,
+        tp: int | None,
+        dtype: str,
+        expert_dtype: str | None,
+        memory_cap_gib: float | str | None,
+        top: int,
+    ) -> list[Found]:
+        outcome = run_search(
+            graph,
+            topology,
+            tp=tp,
+            workload=workload,
+            memory_cap_gib=memory_cap_gib,
+            top=top,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+        )
+        ranked = zip(outcome.data["plans"], outcome.plans, strict=True)
+        return [Found(plan, e["tp"], e["pp"], e["rank"]) for e, plan in ranked]
 
     return best
 
@@ -147,6 +176,7 @@ class Analysis:
     bottom: BottomLine | None = None
     same_as: dict[str, str] = field(default_factory=dict)  # variant key -> earlier key with equal decisions
     crossovers: list[Crossover] = field(default_factory=list)
+    memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
@@ -164,7 +194,7 @@ class Analysis:
         return self.variant(self.current_key) or self.variants[0]
 
     @property
-    def seed_model(self) -> bool:
+    def asks_the_seed_question(self) -> bool:
         """The seed memo's model (Kimi-K3): only then does the memo speak of the seed."""
         return self.graph.spec.model_type == "kimi_k3"
 
@@ -264,22 +294,37 @@ def ttft_mean(v: Variant, workload: str) -> float | None:
     return None if ttft is None else float(ttft.mean_s)
 
 
-def memory_fit(v: Variant) -> tuple[float, float, bool] | None:
-    """(predicted bytes per rank, GPU bytes, fits) from the first prediction, when predicted."""
+def memory_fit(v: Variant, limit: float = 0.0) -> tuple[float, float, bool] | None:
+    """(predicted bytes per rank, the limit, fits) from the first prediction, when predicted; the
+    limit is the memo's memory cap (`limit`) or else one GPU."""
     p = next(iter(v.predictions.values()), None)
     mem = getattr(p, "memory", None) if p is not None else None
-    gpu = float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
+    gpu = limit or float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
     if mem is None or not gpu:
         return None
     return float(mem.total), gpu, float(mem.total) <= gpu
 
 
+def held_weights(v: Variant) -> tuple[float, float]:
+    """(weight bytes, replicated extra bytes) per rank: the one figure audit, search and memo share
+    (`tpplan.audit.stage_weights`): the prediction's (fullest PP stage, `--expert-dtype`) when
+    predicted, else the audit's (stored dtype, PP 1)."""
+    p = next(iter(v.predictions.values()), None)
+    mem = getattr(p, "memory", None) if p is not None else None
+    if mem is not None:
+        return float(mem.weights), float(mem.replicated_extra)
+    return v.audit.weight_bytes_per_rank, v.audit.replicated_extra_bytes
+
+
 def kind_times(v: Variant) -> dict[str, float] | None:
-    """Predicted seconds per layer kind for one batch (kind time x layers of that kind)."""
+    """Predicted seconds per layer kind for one batch (kind time x layers of that kind), plus the
+    final reduction and the stage sends: they sum to the prediction's `forward_s`, audit's forward."""
     p = next(iter(v.predictions.values()), None)
     if p is None:
         return None
     out = {k.kind: float(k.total_s) * int(k.count) for k in p.kinds}
+    if getattr(p, "final_comm_s", 0.0):  # the reduction before the final norm: part of forward_s
+        out["final reduce"] = float(p.final_comm_s)
     if getattr(p, "stage_comm_s", 0.0):
         out["pipeline send/recv"] = float(p.stage_comm_s)
     return out
@@ -361,8 +406,12 @@ def _plan_variants(graph: ModelGraph, names: list[str], asked: bool, n: int, dty
     has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
     for name in names:
         if name == "baseline" or asked:
-            pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
-            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype), main_tp=n))
+            tp, pp = n, 1
+            if is_plan_file(name):  # a saved plan is priced at the TP x PP it was found at
+                dep = read_plan_file(name).deployment
+                tp, pp = dep.tp, dep.pp
+            pl = make_plan(name, graph, tp)  # asked for: an unknown or impossible plan is the user's error
+            variants.append(Variant(pl, tp, pp, audit_plan(graph, pl, tp, dtype), main_tp=n))
             continue
         pa = _audit_or_none(graph, name, n, dtype)  # a default plan this model cannot run is left out
         if pa is not None and (has_moe or pa.plan.moe == "tp"):
@@ -404,15 +453,19 @@ def analyse(
     predictor: PredictFn | None = None,
     use_default_predictor: bool = True,
     search_top: int = 1,
+    search_fn: SearchFn | None = None,
+    memory_cap_gib: float | str | None = "serving",
     bench: BenchResults | None = None,
     current: str = "baseline",
     crossover_tokens: tuple[int, ...] | None = None,
     prefill_cp: int = 1,
     dp: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
-    data-parallel size) are server settings the engine gates read."""
+    data-parallel size) are server settings the engine gates read. `progress` is told each step."""
+    say = progress or (lambda _step: None)
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.report.differences import differences
@@ -431,20 +484,39 @@ def analyse(
             "Time, memory and TTFT predictions are turned off for this memo; "
             "the verdicts below rest on the audit's volumes, legality and memory."
         )
-    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or REPORT_PLANS)])), bool(plans), n, dtype)
+    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or MEMO_PLANS)])), bool(plans), n, dtype)
+    for v in variants:
+        if v.tp * v.pp > world:
+            raise TpplanError(
+                f"--plan {v.plan.extra.get('file', v.plan.name)}",
+                f"it was found at TP{v.tp} x PP{v.pp} ({v.tp * v.pp} GPUs); the topology has {world}",
+                "pass --nodes to give the topology that many GPUs",
+            )
     cur = _current_variant(graph, current, n, world, dtype, variants)
-    finder = load_search() if search_top > 0 and not plans else None
+    finder = search_fn or (load_search() if search_top > 0 and not plans else None)
     if finder is not None:
-        known = {repr(v.plan.describe()) for v in variants}
-        found = finder(graph, n, topology, workloads[0] if workloads else None, dtype, search_top)
-        for i, pl in enumerate(found, 1):
-            if repr(pl.describe()) in known:
-                continue  # the search's best is a named plan already in the memo
-            pl = pl.with_(name=f"search-{i}", title="found by search", summary=describe_plan(pl), found_by="search")
-            variants.append(Variant(pl, n, 1, audit_plan(graph, pl, n, dtype), main_tp=n))
+        say("searching plans (as tpplan search)")
+        found = finder(
+            graph,
+            topology,
+            workloads[0] if workloads else None,
+            tp=tp,
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            memory_cap_gib=memory_cap_gib,
+            top=search_top,
+        )
+        for f in found:
+            pl = f.plan
+            same = [v for v in variants if v.tp == f.tp and v.pp == f.pp and v.plan.describe() == pl.describe()]
+            if same:
+                continue  # already in the memo at that shape
+            if pl.found_by == "search":
+                pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
+            variants.append(Variant(pl, f.tp, f.pp, audit_plan(graph, pl, f.tp, dtype), main_tp=n))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        for name in ("baseline", "sp-moe"):  # the seed's next steps 2 and 3, alone and together
+        for name in ("baseline", "sp-moe"):  # one node's TP, stages across nodes: with and without MoE a2a
             if not any(v.plan.name == name for v in variants) or any(
                 v.plan.name == name and v.tp == pp_tp and v.pp == pp for v in variants
             ):
@@ -452,8 +524,15 @@ def analyse(
             pa = _audit_or_none(graph, name, pp_tp, dtype)
             if pa is not None and pa.legal:
                 variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
+    # every delta compares like with like: a baseline at each shape a plan runs at
+    for tp_v, pp_v in dict.fromkeys((v.tp, v.pp) for v in list(variants)):
+        if not any(v.plan.name == "baseline" and v.tp == tp_v and v.pp == pp_v for v in variants):
+            pa = _audit_or_none(graph, "baseline", tp_v, dtype)
+            if pa is not None:
+                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n))
     chunk = workloads[0].chunk_size if workloads else 8192
-    for v in variants:
+    for i, v in enumerate(variants, 1):
+        say(f"predicting plan {i} of {len(variants)} ({v.key})")
         v.engines = recipes(
             v.plan,
             graph.spec,
@@ -478,9 +557,16 @@ def analyse(
         kind = mla or next(iter(v.audit.kinds))
         return attn_formula(v.audit.kinds[kind].result, v.tp) if kind in v.audit.kinds else ""
 
-    gpu = topology.gpu.memory_GiB * 2**30
-    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), gpu) for v in variants]
-    steps = next_steps(variants, cur, wl, band, gpu)
+    from tpplan.search.ranking import memory_cap_gib_of
+
+    cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
+    limit = cap_gib * 2**30 if cap_gib is not None else float("inf")
+
+    def shape_base(v: Variant) -> Variant | None:
+        return next((b for b in variants if b.plan.name == "baseline" and (b.tp, b.pp) == (v.tp, v.pp)), None)
+
+    verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), limit, shape_base(v)) for v in variants]
+    steps = next_steps(variants, cur, wl, band, limit)
     a = Analysis(
         graph.spec.name,
         graph,
@@ -502,6 +588,7 @@ def analyse(
         same,
     )
     if fn is not None:
+        say("thresholds: where each plan overtakes baseline")
         a.crossovers = crossovers(
             graph,
             [v.plan for v in variants if v.pp == 1 and v.tp == n and v.legal],
@@ -511,5 +598,7 @@ def analyse(
             expert_dtype=expert_dtype,
             tokens=crossover_tokens,
         )
+    a.memory_cap_bytes = limit
+    say("where the model differs from a volume-only analysis")
     a.differences = differences(a, chunk)
     return a

@@ -10,6 +10,7 @@ from types import ModuleType
 
 from tpplan.bench_results import TTFTExtrapolation, error_summary
 from tpplan.cost.provenance import recorded_provenance
+from tpplan.cost.workload import canonical_workload
 from tpplan.report.analysis import Analysis, ttft_mean
 from tpplan.report.doc import Block, Heading, Image, Para, Table
 
@@ -132,7 +133,7 @@ def memo_vs_bench_ttft(a: Analysis, t: TTFTExtrapolation) -> str:
     else:  # older files name the target in text only: "<topology>[ xN nodes] (TP<n>)"
         same_topology = t.topology.startswith(f"{a.topology.name} ") and t.topology.endswith(f"(TP{a.tp})")
     v = next((v for v in a.variants if v.plan.name == br.plan and v.tp == a.tp and v.pp == 1), None)
-    memo_s = ttft_mean(v, t.workload) if v is not None and same_topology else None
+    memo_s = ttft_mean(v, canonical_workload(t.workload)) if v is not None and same_topology else None
     if memo_s is None or memo_s <= 0:
         return ""
     gap = t.mean_s / memo_s - 1.0

@@ -17,7 +17,7 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
-from tpplan.report.analysis import Analysis, Variant, ttft_mean
+from tpplan.report.analysis import Analysis, Variant, held_weights, ttft_mean
 from tpplan.report.engines import family
 
 Paragraph = tuple[str, str] | None
@@ -114,7 +114,7 @@ def redundant_latent(a: Analysis, chunk: int) -> Paragraph:
             + (" although it moves more bytes: bytes alone cannot decide it" if more_bytes else "")
             + "; the whole-batch time (with launch latency and the rest of the layer) does."
         )
-    lead = "The seed counted bytes only. " if a.seed_model else "A byte count misses repeated compute. "
+    lead = "The seed counted bytes only. " if a.asks_the_seed_question else "A byte count misses repeated compute. "
     return (
         f"Redundant {qkv.op.name} compute under baseline",
         lead + f"Under baseline every rank runs `{qkv.op.name}` [{chunk}, {k_w}] x [{k_w}, {out_w}] on all "
@@ -128,11 +128,11 @@ def redundant_latent(a: Analysis, chunk: int) -> Paragraph:
 def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
     """The repaired plan's replication price, when the repair replicated anything on this model."""
     ga = a.variant("gate-aware")
-    if ga is None or not ga.legal or not ga.audit.replicated_extra_bytes or ga.key in a.same_as:
+    if ga is None or not ga.legal or not held_weights(ga)[1] or ga.key in a.same_as:
         return None
     base, topo = a.current, a.topology
     vol = _pct(ga.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
-    share = ga.audit.replicated_extra_bytes / (topo.gpu.memory_GiB * 2**30)
+    share = held_weights(ga)[1] / (topo.gpu.memory_GiB * 2**30)
     pmem = getattr(_first_prediction(ga), "memory", None)
     bmem = getattr(_first_prediction(base), "memory", None)
     colls = ", ".join(f"{COLLECTIVE_SHORT[k]} x{c}" for k, c in sorted(ga.audit.collective_counts().items()))
@@ -140,8 +140,8 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
     mem = (
         f"predicted memory per rank {_gib(pmem.total)} vs {_gib(bmem.total)} under `{base.key}`"
         if pmem is not None and bmem is not None
-        else f"weights at {a.dtype}: {_gib(ga.audit.weight_bytes_per_rank)} per rank vs "
-        f"{_gib(base.audit.weight_bytes_per_rank)} under `{base.key}`"
+        else f"weights as stored: {_gib(held_weights(ga)[0])} per rank vs "
+        f"{_gib(held_weights(base)[0])} under `{base.key}`"
     )
     engines = [e for e in ga.engines if e.realises == "no"]
     ships = (
@@ -149,14 +149,14 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
         if len(engines) == len(ga.engines)
         else " " + "; ".join(f"{e.engine}: {e.summary}" for e in ga.engines) + "."
     )
-    lead = "The seed asked for a gate-aware design but did not price it. " if a.seed_model else ""
+    lead = "The seed asked for a gate-aware design but did not price it. " if a.asks_the_seed_question else ""
     return (
         "The gate-aware plan: price and gain",
         lead + "tpplan finds it by repairing input-scattered: every column-parallel projection that would read "
         "the token-sharded hidden is replicated and its output all-to-all'd to head-sharded (here: "
         + ", ".join(f"`{o}`" for o in ops)
         + f"). It is legal and moves {vol:+.1f}% bytes per token per rank vs `{base.key}` ({colls} per forward) "
-        f"for +{_gib(ga.audit.replicated_extra_bytes)} of replicated weights per rank, {100 * share:.0f}% of a "
+        f"for +{_gib(held_weights(ga)[1])} of replicated weights per rank, {100 * share:.0f}% of a "
         f"{topo.gpu.memory_GiB:g} GiB {topo.gpu.name} ({mem}). That memory comes out of the KV cache."
         + ships
         + _ttft_sentence(a, ga),
@@ -181,9 +181,9 @@ def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
     base = a.current
     vol = _pct(moe_v.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
     text = (
-        ("The seed recommended it without numbers. " if a.seed_model else "")
+        ("The seed recommended it without numbers. " if a.asks_the_seed_question else "")
         + f"SP-MoE with DeepEP-style dispatch/combine (uniform routing, per-rank dedup) moves {vol:+.1f}% bytes per "
-        f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{_gib(moe_v.audit.replicated_extra_bytes)} per rank "
+        f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{_gib(held_weights(moe_v)[1])} per rank "
         f"of replicated {_moe_replicated(moe)}."
     )
     scat = a.variant("input-scattered")
@@ -199,7 +199,8 @@ def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
             )
         else:
             text += f"; input-scattered's own verdict here is {vd.status}, so little is lost."
-    return ("MoE all-to-all" + (" (the seed's next step 2)" if a.seed_model else ""), text + _ttft_sentence(a, moe_v))
+    title = "MoE all-to-all" + (" (the seed's next step 2)" if a.asks_the_seed_question else "")
+    return (title, text + _ttft_sentence(a, moe_v))
 
 
 def found_plan(a: Analysis, chunk: int) -> Paragraph:
@@ -226,7 +227,7 @@ def found_plan(a: Analysis, chunk: int) -> Paragraph:
         "A plan nobody named",
         f"The search (`tpplan.search`, roofline objective over the workload's batches) returns `{f.key}`: "
         f"{f.plan.summary} Predicted mean TTFT at {w0}: {ttft_mean(f, w0):.3f} s, for "
-        f"+{_gib(f.audit.replicated_extra_bytes)} of replicated weights per rank.{cmp}{ships}",
+        f"+{_gib(held_weights(f)[1])} of replicated weights per rank.{cmp}{ships}",
     )
 
 
@@ -257,7 +258,7 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
             t += f" `{other.key}`: {tt:.3f} s."
     link = "PCIe" if topo.intra.kind == "pcie" else "NVLink"
     return (
-        "Pipeline parallelism" + (" (the seed's next step 3)" if a.seed_model else ""),
+        "Pipeline parallelism" + (" (the seed's next step 3)" if a.asks_the_seed_question else ""),
         f"TP{pp.tp} x PP{pp.pp} keeps every tensor-parallel collective inside one {link} node: "
         f"{pp.audit.comm_bytes_per_token:,.0f} bytes per token per rank within the node vs "
         f"{a.baseline.audit.comm_bytes_per_token:,.0f} for baseline at TP{a.tp} across {topo.nodes} nodes, plus "

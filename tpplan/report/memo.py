@@ -14,7 +14,7 @@ from types import ModuleType
 
 from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
-from tpplan.report.analysis import Analysis, kind_times, ttft_mean
+from tpplan.report.analysis import Analysis, held_weights, kind_times, ttft_mean
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
 
@@ -131,7 +131,7 @@ def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> 
                 "yes" if v.legal else "NO",
                 f"{v.audit.comm_bytes_per_token:,.0f}",
                 f"{v.audit.units:,.0f}",
-                _gib(v.audit.replicated_extra_bytes),
+                _gib(held_weights(v)[1]),
                 "-" if t is None else f"{t:.3f}",
                 "-" if t is None or t_ref is None else _pct(t, t_ref),
                 vd.headline,
@@ -183,7 +183,7 @@ def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list
     base = a.boundary_rows[0].units
     title = (
         "The seed's table, re-derived from the model graph"
-        if a.seed_model
+        if a.asks_the_seed_question
         else ("The MLA layer's attention input, re-derived from the model graph")
     )
     return [
@@ -337,7 +337,7 @@ def differences_section(a: Analysis, command: str, plots: ModuleType, pngs: _Png
         return []
     title = (
         "Where tpplan's model differs from the seed's hand analysis"
-        if a.seed_model
+        if a.asks_the_seed_question
         else ("Where tpplan's model goes beyond a byte count")
     )
     b: list[Block] = [Heading(title)]
@@ -439,7 +439,8 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
 
     plots = load_plots()
     topo = a.topology
-    title = f"tpplan decision memo: {a.model} prefill on {topo.name} x{topo.nodes} (TP{a.tp})"
+    cluster = f"{topo.nodes} x {topo.gpus_per_node} GPUs"
+    title = f"tpplan decision memo: {a.model} prefill on {topo.name}, {cluster} (TP{a.tp})"
     pngs = _Pngs()
     blocks: list[Block] = []
     for section in (*SECTIONS, bench_section):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tpplan.models.spec import MLASpec
 from tpplan.placement import S_TOK, R
 from tpplan.report.analysis import Analysis
 from tpplan.report.verdicts import STATUS_WORDS
@@ -22,9 +23,23 @@ def _rel(x: float, base: float) -> str:
     return f"{100 * (x - base) / base:+.1f}%" if base else "n/a"
 
 
+def _has_mla(a: Analysis) -> bool:
+    """MLA attention (DeepSeek's, and the MLA-based DSA of DeepSeek-V3.2): what input-scattered is for."""
+    attns = [lg.spec.attn for lg in a.graph.kinds.values()]
+    return any(isinstance(x, MLASpec) or isinstance(getattr(x, "mla", None), MLASpec) for x in attns)
+
+
 def question(a: Analysis) -> Paragraph:
-    """Does SGLang's input-scattered prefill pay off here? The word is the verdict table's status."""
+    """Does SGLang's input-scattered prefill pay off here? The word is the verdict table's status.
+    Asked only of a model with MLA, the attention SGLang's input-scattered path was written for;
+    other models get the neutral question the bottom line answers."""
     vd = a.verdict("input-scattered")
+    if not _has_mla(a):
+        t = a.topology
+        return (
+            f"**Which prefill plan should {a.model} run on {t.name} ({t.nodes} x {t.gpus_per_node} GPUs), against "
+            f"today's `{a.current.key}`?** The bottom line below answers; every plan's verdict is in the table."
+        )
     if vd is None:
         return None
     return (
@@ -40,7 +55,7 @@ def broken_edges(a: Analysis) -> Paragraph:
         return None
     roots = [x for x in v.audit.violations if not x.consequence_of]
     ops = ", ".join(sorted({f"{x.op} ({x.layer_kind})" for x in roots}))
-    text = f"The edges that break it: {ops}."
+    text = f"The edges that break {'it' if _has_mla(a) else '`input-scattered`'}: {ops}."
     if roots and all(x.got is S_TOK and x.needs is R for x in roots):
         inputs = sorted({f"`{x.value}`" for x in roots})
         text += (
@@ -78,7 +93,7 @@ def boundary_units(a: Analysis) -> Paragraph:
     parts = [
         f"`{r.plan}` {r.units:g} ({_rel(r.units, r0.units)}, {'legal' if r.legal else 'illegal'} here)" for r in rest
     ]
-    lead = "in relative units (the seed's)" if a.seed_model else "in relative units (all-reduce = 2W)"
+    lead = "in relative units (the seed's)" if a.asks_the_seed_question else "in relative units (all-reduce = 2W)"
     return f"Per MLA layer, {lead}: the all-reduce (`{r0.plan}`) costs {r0.units:g}; " + "; ".join(parts) + "."
 
 
@@ -114,7 +129,8 @@ def how_sure(a: Analysis) -> Paragraph:
         return None
     p = a.provenance
     return (
-        f"Predicted times here are {p.label} for `{a.topology.name}` x{a.topology.nodes}: error band "
+        f"Predicted times here are {p.label} for `{a.topology.name}` "
+        f"({a.topology.nodes} x {a.topology.gpus_per_node} GPUs): error band "
         f"±{100 * p.band:.1f}% ({p.basis}). A predicted change inside the band is too close to call."
     )
 

@@ -47,6 +47,7 @@ class NextStep:
     engine: str
     engine_ok: bool  # an engine flag realises it as is
     clear: bool  # the gain exceeds the error band (always False on a volume basis)
+    conditions: tuple[str, ...] = ()  # what must hold for it to run as predicted (engine support, memory)
 
     @property
     def timed(self) -> bool:
@@ -87,6 +88,25 @@ def engine_refusal(e: EngineRecipe) -> str | None:
     return f"{e.engine} would accept the flags and silently fall back to the all-reduce path: {what}"
 
 
+def conditions(v: Variant) -> tuple[str, ...]:
+    """What must hold for the plan to run as predicted, in words: the engine conditions that fail
+    or that tpplan did not check (SGLang's recipe). Replicated weights are a price, stated apart."""
+    out: list[str] = []
+    sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
+    if sgl is None or sgl.realises == "no":
+        why = f": {sgl.summary}" if sgl else ""
+        out.append(f"an engine that runs these decisions (no SGLang flag realises them{why})")
+    elif sgl.realises == "partly":
+        out.append(f"SGLang's flags realise it only partly ({sgl.summary})")
+    if sgl is not None and sgl.realises != "no":
+        for c in sgl.conditions:
+            if c.effect not in ("refuses", "skips silently") or c.met is True:
+                continue
+            state = "fails here; " if c.met is False else "" if "not checked" in c.text else "not checked; "
+            out.append(f"SGLang: {c.text} ({state}if not, SGLang {c.effect})")
+    return tuple(out)
+
+
 def judge(
     v: Variant,
     ref: Variant,
@@ -95,20 +115,27 @@ def judge(
     band: Provenance,
     same_as: str | None = None,
     gpu_bytes: float = 0.0,
+    shape_base: Variant | None = None,
 ) -> Verdict:
-    """One plan's verdict against today's deployment `ref` (`gpu_bytes`: memory of one GPU, for
-    the weights-only check when there is no memory prediction)."""
-    from tpplan.report.analysis import memory_fit, ttft_mean
+    """One plan's verdict against today's deployment `ref` (`gpu_bytes`: the memory limit per rank,
+    the memo's --memory-cap, also for the weights-only check when there is no memory prediction).
+    When `v` runs at another TP x PP than `ref`, `shape_base` (baseline at `v`'s shape) splits the
+    change into the deployment's and the plan's."""
+    from tpplan.report.analysis import held_weights, memory_fit, ttft_mean
 
     vol = _pct(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
-    fit = memory_fit(v)
+    fit = memory_fit(v, gpu_bytes)
+    weights, extra = held_weights(v)
     if v is ref:
         note: tuple[str, ...] = ()
         if fit is not None and not fit[2]:
-            note = (f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}: lower --expert-dtype",)
-        elif fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
             note = (
-                f"weights alone take {_gib(v.audit.weight_bytes_per_rank)} per rank, more than the GPU's "
+                f"predicted memory {_gib(fit[0])} per rank exceeds the limit of {_gib(fit[1])}: lower "
+                "--expert-dtype, or raise --memory-cap",
+            )
+        elif fit is None and gpu_bytes and weights > gpu_bytes:
+            note = (
+                f"weights alone take {_gib(weights)} per rank, more than the limit of "
                 f"{_gib(gpu_bytes)}: raise TP or lower the weight dtype",
             )
         return Verdict(
@@ -129,13 +156,19 @@ def judge(
             f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({_pct(t_v, t_r):+.1f}%; "
             f"band ±{100 * band.band:.1f}%, {band.label})"
         )
+        t_s = ttft_mean(shape_base, wl) if shape_base is not None and shape_base is not v else None
+        if t_s is not None and (v.tp, v.pp) != (ref.tp, ref.pp):
+            head += (
+                f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {_pct(t_s, t_r):+.1f}% "
+                f"and the plan at the same shape (vs `{shape_base.key}`) {_pct(t_v, t_s):+.1f}%"
+            )
     elif v.prediction_error:
         head += f"; not predicted ({v.prediction_error})"
     reasons: list[str] = []
     if same_as:
         reasons.append(f"same decisions as `{same_as}` on this model: same numbers, same engine verdict")
-    if v.audit.replicated_extra_bytes:
-        reasons.append(f"replicates weights: +{_gib(v.audit.replicated_extra_bytes)} per rank")
+    if extra:
+        reasons.append(f"replicates weights: +{_gib(extra)} per rank")
     sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
     refusal = engine_refusal(sgl) if sgl is not None else None
     if refusal:
@@ -143,13 +176,10 @@ def judge(
     elif sgl is not None and sgl.realises == "no":
         reasons.append(f"no SGLang flag realises it: {sgl.summary}")
     if fit is not None and not fit[2]:
-        reasons.insert(0, f"predicted memory {_gib(fit[0])} per rank exceeds the GPU's {_gib(fit[1])}")
+        reasons.insert(0, f"predicted memory {_gib(fit[0])} per rank exceeds the limit of {_gib(fit[1])}")
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
-    if fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
-        reasons.insert(
-            0,
-            f"weights alone take {_gib(v.audit.weight_bytes_per_rank)} per rank, more than the GPU's {_gib(gpu_bytes)}",
-        )
+    if fit is None and gpu_bytes and weights > gpu_bytes:
+        reasons.insert(0, f"weights alone take {_gib(weights)} per rank, more than the limit of {_gib(gpu_bytes)}")
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
     if timed:
         assert t_v is not None and t_r is not None
@@ -169,7 +199,10 @@ def judge(
         return Verdict(v.key, "NO", head + " (more bytes, no time prediction)", tuple(reasons), formula)
     elif vol == 0:
         return Verdict(v.key, "OPEN", head + " (same traffic: only time can tell)", tuple(reasons), formula)
-    status = "CONDITIONAL" if v.audit.replicated_extra_bytes or not engine_ok(sgl) else "YES"
+    conds = conditions(v)
+    status = "CONDITIONAL" if conds or extra else "YES"
+    if conds:
+        reasons.append("conditions: " + "; ".join(conds))
     return Verdict(v.key, status, head, tuple(reasons), formula)
 
 
@@ -178,17 +211,17 @@ def next_steps(
 ) -> list[NextStep]:
     """Legal plans that fit and beat today's deployment, ranked by predicted TTFT gain (by bytes
     saved when there is no time prediction; other parallel shapes are then left out)."""
-    from tpplan.report.analysis import memory_fit, ttft_mean
+    from tpplan.report.analysis import held_weights, memory_fit, ttft_mean
 
     steps: list[NextStep] = []
     t_r = ttft_mean(ref, wl) if wl else None
     for v in variants:
         if v is ref or not v.legal:
             continue
-        fit = memory_fit(v)
+        fit = memory_fit(v, gpu_bytes)
         if fit is not None and not fit[2]:
             continue
-        if fit is None and gpu_bytes and v.audit.weight_bytes_per_rank > gpu_bytes:
+        if fit is None and gpu_bytes and held_weights(v)[0] > gpu_bytes:
             continue
         t_v = ttft_mean(v, wl) if wl else None
         if t_v is not None and t_r is not None:
@@ -201,13 +234,16 @@ def next_steps(
             basis = "communication bytes saved (no time prediction)"
         if gain <= 0:
             continue
-        extra = v.audit.replicated_extra_bytes
-        price = f"+{_gib(extra)} weights/rank" if extra else "none"
+        extra = held_weights(v)[1]
+        price = f"+{_gib(extra)} of replicated weights per rank" if extra else "none"
         sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
         ok = engine_ok(sgl)
         engine = "SGLang flags exist" if ok else (engine_refusal(sgl) or sgl.summary) if sgl else ""
         clear = "TTFT" in basis and not within_band(rel, band.band)
-        steps.append(NextStep(v.key, gain, rel, basis, price, engine, ok, clear))
+        conds = conditions(v)
+        if extra:  # CONDITIONAL on its replication too: say so in the bottom line
+            conds += (f"the engine replicates those weights (+{_gib(extra)} per rank, in the predicted memory)",)
+        steps.append(NextStep(v.key, gain, rel, basis, price, engine, ok, clear, conds))
     return sorted(steps, key=lambda s: -s.gain)
 
 
@@ -238,15 +274,24 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
             "call; measure it before switching.",
         )
     text = f"**Switch from {cur} to `{top.key}`**: {numbers}, beyond the {band_txt}; price: {top.price}."
+    if top.conditions:
+        text = text.replace("**Switch from", "**Switch, if its conditions hold, from", 1)
+        text += " Conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(top.conditions, 1)) + "."
     if top.engine_ok:
         text += " SGLang flags realise it; Engine flags below lists the conditions they need."
     else:
-        text += f" No engine runs it as is ({top.engine})."
+        if not top.conditions:
+            text += f" No engine runs it as is ({top.engine})."
         alt = next((s for s in steps if s.engine_ok and s.clear), None)
         if alt is not None:
             text += (
                 f" With today's SGLang flags the best is `{alt.key}`: -{100 * alt.rel:.1f}% ({alt.gain:.3f} s), "
-                "also beyond the band."
+                "also beyond the band"
+            )
+            text += (
+                "; its conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(alt.conditions, 1)) + "."
+                if alt.conditions
+                else "."
             )
     return BottomLine("switch", top.key, text)
 

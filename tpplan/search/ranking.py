@@ -7,19 +7,26 @@ from all deployments are ranked together by what `predict_plan` says of them: me
 with a workload) or forward time. Within a deployment the search is exact for forward time at any
 PP and for mean TTFT at PP 1; at PP > 1 it picks plans by the unpipelined TTFT (docs/design.md).
 
-Memory. With a topology, the cap defaults to one GPU's memory: a plan that does not fit is never
-ranked (`memory_cap_gib=None`, the CLI's `--memory-cap none`, lifts it). Without a topology there is
-no memory to fit, so no cap unless one is given. The JSON is documented in docs/search-json.md.
+Memory. With a topology, the cap defaults to SERVING_SHARE (90%) of one GPU's memory (`"serving"`):
+the predicted memory already holds the workload's own KV cache at its concurrency, and the rest is
+what a serving engine keeps besides weights, activations and that KV cache (more KV blocks than one
+wave needs, CUDA graphs, NCCL buffers, allocator slack); vLLM itself uses 0.92 of a GPU by default
+(`CacheConfig.gpu_memory_utilization`, vllm/config/cache.py at 002f10e0). A plan over the cap is
+never ranked; `"gpu"` caps at the whole GPU and `memory_cap_gib=None` (`--memory-cap none`) lifts
+the cap. Without a topology there is no memory to fit, so no cap unless one is given. `tpplan report`
+runs this same search (`run_search`). The JSON is documented in docs/search-json.md.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.cost.provenance import provenance
+from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
@@ -32,8 +39,9 @@ if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the stored dtype
 GIB = 2**30
+SERVING_SHARE = 0.9  # the default memory cap: this share of one GPU (see the module docstring)
 
 
 @dataclass
@@ -43,6 +51,7 @@ class SearchOutcome:
 
     data: dict[str, Any]
     plan_files: list[PlanFile] = field(default_factory=list)
+    plans: list[Plan] = field(default_factory=list)  # the ranked plans themselves, same order
 
 
 @dataclass
@@ -103,15 +112,24 @@ def deployments(graph: ModelGraph, topo: Topology | None, tp: int | None, pp: in
     return out
 
 
+def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float | None:
+    """The memory cap in GiB per rank: "serving" SERVING_SHARE of one GPU, "gpu" all of it (None
+    without a topology), None no cap, else the number given. `search` and `report` both read it here."""
+    if value in ("gpu", "serving"):
+        share = 1.0 if value == "gpu" else SERVING_SHARE
+        return topo.gpu.memory_GiB * share if topo is not None else None
+    return float(value) if value is not None else None
+
+
 def _label(tp: int, pp: int) -> str:
     return f"TP{tp}" + (f"xPP{pp}" if pp > 1 else "")
 
 
 def _setup(
-    model: str,
-    topology: str | None,
+    model: str | ModelGraph,
+    topology: str | Topology | None,
     nodes: int | None,
-    workload: str | None,
+    workload: str | Workload | None,
     memory_cap_gib: float | str | None,
     top: int,
     tokens: int,
@@ -128,28 +146,33 @@ def _setup(
         raise TpplanError(f"--objective {objective}", "unknown objective", "choose time or volume")
     if top < 1:
         raise TpplanError(f"--top {top}", "must be at least 1", "ask for one plan or more")
-    if isinstance(memory_cap_gib, str) and memory_cap_gib != "gpu":
+    if isinstance(memory_cap_gib, str) and memory_cap_gib not in ("gpu", "serving"):
         raise TpplanError(f"--memory-cap {memory_cap_gib}", "not a size", "give GiB per rank (e.g. 140) or none")
     if isinstance(memory_cap_gib, float | int) and memory_cap_gib <= 0:
         raise TpplanError(f"--memory-cap {memory_cap_gib}", "must be positive", "give GiB per rank, e.g. 140")
     if tokens < 1:
         raise TpplanError(f"--tokens {tokens}", "must be positive", "give the batch size in tokens, e.g. 8192")
-    graph = build_model_graph(load_model(model))
+    if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
+        raise TpplanError(
+            f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+        )
+    graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     topo = wl = None
-    if topology is not None:
+    if isinstance(topology, str):
         from tpplan.cost.topology import load_topology
 
         topo = load_topology(topology, nodes)
+    elif topology is not None:
+        topo = topology if nodes is None else topology.with_nodes(nodes)
     elif objective == "time" or workload:
         raise TpplanError("--topology", "predicted time needs a topology", "add --topology (e.g. h200x8-ib400)")
-    if workload is not None:
+    if isinstance(workload, str):
         from tpplan.cost.workload import load_workload
 
         wl = load_workload(workload)
-    if memory_cap_gib == "gpu":
-        cap_gib = topo.gpu.memory_GiB if topo is not None else None
     else:
-        cap_gib = float(memory_cap_gib) if memory_cap_gib is not None else None
+        wl = workload
+    cap_gib = memory_cap_gib_of(memory_cap_gib, topo)
     cap = cap_gib * GIB if cap_gib is not None else None
     return _Setup(graph, topo, wl, cap, cap_gib, objective, tokens, dtype, expert_dtype, top, all_plans)
 
@@ -196,6 +219,8 @@ def _evaluate(
         entry["forward_s"] = pr.forward_s
         entry["ttft"] = {"mean_s": pr.ttft.mean_s, "p50_s": pr.ttft.p50_s, "max_s": pr.ttft.max_s} if pr.ttft else None
         entry["memory_bytes_per_rank"] = {**asdict(m), "total": m.total}
+        # one figure: the weights of the fullest stage at this TP x PP, as the prediction holds them
+        entry["weight_bytes_per_rank"], entry["replicated_extra_bytes_per_rank"] = m.weights, m.replicated_extra
         if s.objective == "time":  # what plans are ranked by: predict's own figure
             entry["score"] = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
     return entry
@@ -355,7 +380,9 @@ def _search_one(n: int, p: int, cutoff: float = float("inf")) -> _Deployed | tup
         return (e.where, e.reason, e.fix)
 
 
-def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tuple[str, str, str]]:
+def _search_all(
+    s: _Setup, grid: list[tuple[int, int]], say: Callable[[str], None] = lambda _step: None
+) -> list[_Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
     can still rank (`cutoff`: the `top`-th best score of the deployments before it)."""
@@ -369,14 +396,17 @@ def _search_all(s: _Setup, grid: list[tuple[int, int]]) -> list[_Deployed | tupl
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         # fork only a single-threaded process (forking threads can deadlock the child)
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
                 futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                for done, _ in enumerate(as_completed(futures), 1):
+                    say(f"searched {done} of {len(grid)} deployments")
                 return [f.result() for f in futures]
         out: list[_Deployed | tuple[str, str, str]] = []
         scores: list[float] = []
-        for n, p in grid:
+        for i, (n, p) in enumerate(grid):
+            say(f"searching {_label(n, p)} ({i + 1} of {len(grid)})")
             cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
             got = _search_one(n, p, cutoff)
             out.append(got)
@@ -397,25 +427,29 @@ def _provenance(s: _Setup, grid: list[tuple[int, int]], objective: str) -> dict[
 
 
 def run_search(
-    model: str,
-    topology: str | None,
+    model: str | ModelGraph,
+    topology: str | Topology | None,
     *,
     tp: int | None = None,
     pp: int | None = None,
     nodes: int | None = None,
-    workload: str | None = None,
-    memory_cap_gib: float | str | None = "gpu",
+    workload: str | Workload | None = None,
+    memory_cap_gib: float | str | None = "serving",
     top: int = 10,
     tokens: int = 8192,
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     objective: str = "time",
     all_plans: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> SearchOutcome:
     """Search every deployment, rank the plans that fit, and make each a plan file.
 
-    `memory_cap_gib`: GiB per rank; "gpu" (default) is the topology's GPU memory (no cap without a
-    topology); None is no cap."""
+    `memory_cap_gib`: GiB per rank; "serving" (default) is SERVING_SHARE of the topology's GPU memory,
+    "gpu" all of it (no cap without a topology); None is no cap. `model`, `topology` and `workload`
+    are names/paths or the loaded objects (`tpplan report` passes those). `progress` is told each
+    step (the CLI shows it in a terminal)."""
+    say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
     s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans)
@@ -428,7 +462,8 @@ def run_search(
             raise TpplanError("--tp", "the TP size must be at least 1", "pass --tp 1 or more")
     results: list[_Deployed] = []
     skipped: list[dict[str, Any]] = []
-    searched = _search_all(s, grid)
+    say(f"searching {len(grid)} deployment(s): {', '.join(_label(n, p) for n, p in grid)}")
+    searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # model load, every deployment's search and its plans' checks
     for (n, p), got in zip(grid, searched, strict=True):
         if isinstance(got, _Deployed):
@@ -439,6 +474,7 @@ def run_search(
         skipped.append({"deployment": _label(n, p), "why": got[1]})  # a TP size the model does not split over
     if not results:
         raise TpplanError("--tp/--pp", "the model splits over none of the deployments searched", "pass --tp")
+    say("pricing the best plans and their baselines")
     ref = grid[[_label(n, p) for n, p in grid].index(results[0].label)]
     base_entry, base_behaviour = _baseline(s, *ref)
     obj_name = results[0].objective
@@ -446,6 +482,7 @@ def run_search(
     base_entry["same_as_named"] = _named(s, base_entry["tp"]).get(base_behaviour)
     plans: list[dict[str, Any]] = []
     files: list[PlanFile] = []
+    ranked_plans: list[Plan] = []
     found_for = {
         "topology": s.topo.name if s.topo is not None else None,
         "nodes": s.topo.nodes if s.topo is not None else None,
@@ -454,13 +491,22 @@ def run_search(
         "expert_dtype": expert_dtype,
         "objective": obj_name,
     }
+    # Deltas compare like with like: each plan against baseline at its own TP x PP; what the
+    # deployment change alone does is baseline there against baseline at the reference deployment.
+    shape_bases: dict[str, dict[str, Any]] = {base_entry["deployment"]: base_entry}
     for entry, plan in ranked:
+        same = shape_bases.get(entry["deployment"])
+        if same is None:
+            same = shape_bases[entry["deployment"]] = _baseline(s, entry["tp"], entry["pp"])[0]
         entry["rank"] = len(plans) + 1
-        entry["delta_vs_baseline_pct"] = _pct(entry["score"], base_entry["score"])
+        entry["baseline_score"] = same["score"]
+        entry["delta_vs_baseline_pct"] = _pct(entry["score"], same["score"])
+        entry["deployment_delta_pct"] = _pct(same["score"], base_entry["score"])
         entry["comm_delta_vs_baseline_pct"] = _pct(
-            entry["comm_bytes_per_token_per_rank"], base_entry["comm_bytes_per_token_per_rank"]
+            entry["comm_bytes_per_token_per_rank"], same["comm_bytes_per_token_per_rank"]
         )
         plans.append(entry)
+        ranked_plans.append(plan)
         files.append(
             plan_file_data(
                 plan,
@@ -481,6 +527,7 @@ def run_search(
         "expert_dtype": expert_dtype,
         "topology": found_for["topology"],
         "nodes": found_for["nodes"],
+        "gpus_per_node": s.topo.gpus_per_node if s.topo is not None else None,
         "workload": found_for["workload"],
         "objective": obj_name,
         "score_unit": "s" if objective == "time" else "bytes per token per rank",
@@ -489,12 +536,17 @@ def run_search(
         "gpu_memory_bytes": s.topo.gpu.memory_GiB * GIB if s.topo is not None else None,
         "provenance": _provenance(s, grid, objective),
         "baseline": base_entry,
+        "baselines": [
+            {"deployment": d, "score": e["score"], "delta_pct": _pct(e["score"], base_entry["score"])}
+            for d, e in shape_bases.items()
+        ],
         "plans": plans,
         "excluded_over_cap": {
             "count": len(excluded),
             "reason": (
                 f"memory per rank above the cap of {s.cap_gib:g} GiB"
                 + (", one GPU's memory" if memory_cap_gib == "gpu" else "")
+                + (f", {SERVING_SHARE:.0%} of one GPU's memory" if memory_cap_gib == "serving" else "")
                 + " (weights incl. replication, KV cache, recurrent state, embedding/head, and the activations"
                 f" of one chunk; {reserve / GIB:.2f} GiB reserved for them in the search)"
                 if s.cap is not None
@@ -510,7 +562,7 @@ def run_search(
             "seconds": round(search_s, 3),
         },
     }
-    return SearchOutcome(data, files)
+    return SearchOutcome(data, files, ranked_plans)
 
 
 def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, Any]:
@@ -518,4 +570,12 @@ def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, 
     return run_search(model, topology, **kwargs).data
 
 
-__all__ = ["JSON_SCHEMA_VERSION", "SearchOutcome", "deployments", "run_search", "search_report"]
+__all__ = [
+    "JSON_SCHEMA_VERSION",
+    "SERVING_SHARE",
+    "SearchOutcome",
+    "deployments",
+    "memory_cap_gib_of",
+    "run_search",
+    "search_report",
+]
