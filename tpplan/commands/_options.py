@@ -25,9 +25,20 @@ BackendOpt = Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else g
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress")]
 
+# -- GPU model and cluster (the two halves of a topology; tpplan.cost.gpu / tpplan.cost.cluster) ----------
+_GPU_HELP = "GPU model preset (e.g. h200-measured, h200-datasheet) or .toml file: replaces the topology's GPU"
+_CLUSTER_HELP = (
+    "Cluster preset (e.g. h200x8-ib400) or .toml file: replaces the topology's cluster, and its GPU where the "
+    "cluster names one"
+)
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help=_GPU_HELP)]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)]
+
 __all__ = [
     "Backend",
     "BackendOpt",
+    "ClusterOpt",
+    "GpuOpt",
     "ModelOpt",
     "NodesOpt",
     "PrefillTokensOpt",

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
+from tpplan.commands._options import ClusterOpt, GpuOpt
 from tpplan.placement import COLLECTIVE_SHORT
 
 ModelOpt = Annotated[
@@ -64,6 +65,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         expert_dtype: ExpertDtypeOpt = None,
         wide: WideOpt = False,
+        gpu: GpuOpt = None,
+        cluster: ClusterOpt = None,
         crossover: Annotated[
             bool,
             typer.Option(
@@ -76,7 +79,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
 
-        if (workload or pp != 1 or expert_dtype or nodes or crossover) and not topology:
+        if (workload or pp != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
             raise TpplanError(
                 "--workload/--pp/--nodes/--expert-dtype/--crossover",
                 "predictions need a topology",
@@ -84,11 +87,11 @@ def register(app: typer.Typer) -> None:
             )
         predictions = None
         topo = wl = None
-        if topology:
-            from tpplan.cost.topology import load_topology
+        if topology or cluster or gpu:
+            from tpplan.cost.topology import select_topology
             from tpplan.cost.workload import load_workload
 
-            topo = load_topology(topology, nodes=nodes)
+            topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster)
             wl = load_workload(workload) if workload else None
         result = audit(model, tp, plan, dtype)
         if topo is not None:

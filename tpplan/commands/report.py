@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._options import ModelOpt, NodesOpt
+from tpplan.commands._options import ClusterOpt, GpuOpt, ModelOpt, NodesOpt
 from tpplan.commands.audit import ExpertDtypeOpt
 
 
@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "baseline",
         nodes: NodesOpt = None,
+        gpu: GpuOpt = None,
+        cluster: ClusterOpt = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: ExpertDtypeOpt = None,
         prefill_cp: Annotated[
@@ -64,7 +66,7 @@ def register(app: typer.Typer) -> None:
 
         from tpplan.bench_results import load_bench_results
         from tpplan.commands._console import console, show
-        from tpplan.cost.topology import load_topology
+        from tpplan.cost.topology import select_topology
         from tpplan.cost.workload import load_workload
         from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
@@ -75,7 +77,8 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = load_topology(topology, nodes=nodes)
+        topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster)
+        assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""

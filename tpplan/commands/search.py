@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import NodesOpt
+from tpplan.commands._options import ClusterOpt, GpuOpt, NodesOpt
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -54,6 +54,8 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option("--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)")
         ] = None,
         nodes: NodesOpt = None,
+        gpu: GpuOpt = None,
+        cluster: ClusterOpt = None,
         memory_cap: Annotated[
             str | None,
             typer.Option(
@@ -97,6 +99,8 @@ def register(app: typer.Typer) -> None:
             tp=tp,
             pp=pp,
             nodes=nodes,
+            gpu=gpu,
+            cluster=cluster,
             workload=workload,
             memory_cap_gib=_cap(memory_cap),
             top=top,

@@ -17,6 +17,7 @@ import math
 
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.cost.collectives import collective_time, nccl_bytes
+from tpplan.cost.deployment import Deployment
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
 from tpplan.cost.kernel_models import KernelModels
 from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
@@ -64,23 +65,11 @@ class OpPrices:
         expert_dtype: str | None,
         audit: PlanAudit | None = None,
         impls: dict[str, str] | None = None,
+        *,
+        deployment: Deployment | None = None,
     ) -> None:
-        if tp < 1 or pp < 1:
-            raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
-        if tp * pp > topo.world_size:
-            raise TpplanError(
-                f"--tp {tp} --pp {pp}",
-                f"needs {tp * pp} GPUs, topology {topo.name} has {topo.world_size} "
-                f"({topo.nodes} x {topo.gpus_per_node})",
-                "use a smaller TP/PP or a topology with more nodes",
-            )
+        self.deployment = (deployment or Deployment(tp, pp)).check(topo)
         g = topo.gpus_per_node
-        if tp > g and tp % g:
-            raise TpplanError(
-                f"--tp {tp}",
-                f"a TP group larger than a node must fill whole nodes of {g} GPUs",
-                f"use a multiple of {g}",
-            )
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
                 f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
