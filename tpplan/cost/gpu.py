@@ -132,6 +132,7 @@ class GpuSpec(Strict):
         default=RECURRENCE_EFFICIENCY, gt=0, le=1, description="chunked delta-rule roofline: fraction of the peak"
     )
     software: str = Field(default="", description="the stack its measured figures ran on (torch, fla, engine)")
+    system: str = Field(default="", description="its name in kernel databases (AIC: h200_sxm, ...), for --engine")
     sources: list[SourceRef] = Field(default_factory=list, description="kernel sources asked first, in order")
     provenance: dict[str, str] = Field(
         default_factory=dict, description="op class (gemm, attention, moe, recurrence, elementwise) -> source"
@@ -153,6 +154,7 @@ NEW_FIELDS_DEFAULTS: dict[str, object] = {
     "attn_efficiency": ATTN_EFFICIENCY,
     "recurrence_efficiency": RECURRENCE_EFFICIENCY,
     "software": "",
+    "system": "",
     "sources": [],
     "provenance": {},
 }

@@ -89,12 +89,15 @@ def batch_time(
     context: int = 0,
     dtype: str = "bf16",
     expert_dtype: str | None = None,
+    engine: str | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
-    the whole model; with PP, the sum of the stages and their sends (one chunk, no pipelining)."""
+    the whole model; with PP, the sum of the stages and their sends (one chunk, no pipelining).
+    `engine` ("sglang@0.5.14"): price kernels from that engine's measured database where it has them."""
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
-    return cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype).latency(((n_tokens, context),))
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine)
+    return p.latency(((n_tokens, context),))
 
 
 def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
@@ -128,12 +131,14 @@ def predict_plan(
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     audit: PlanAudit | None = None,
+    engine: str | None = None,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
-    workload) TTFT, for one plan at TP `tp` x PP `pp` on `topology`."""
+    workload) TTFT, for one plan at TP `tp` x PP `pp` on `topology` (kernels from `engine`'s
+    measured database where it has them, e.g. "sglang@0.5.14")."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit)
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine)
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -170,6 +175,7 @@ def predict_audit(
     workload: Workload | None = None,
     tokens: int | None = None,
     expert_dtype: str | None = None,
+    engine: str | None = None,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
     workload's chunk size (8192 without a workload)."""
@@ -186,6 +192,7 @@ def predict_audit(
             dtype=a.dtype,
             expert_dtype=expert_dtype,
             audit=pa,
+            engine=engine,
         )
         for pa in a.plans
     ]
