@@ -64,11 +64,20 @@ def test_old_single_file_and_composed_preset_price_the_same_hardware(tmp_path) -
 
 def test_the_measured_h200_prices_every_h200_cluster_by_default() -> None:
     measured = load_gpu("h200-measured")
-    assert measured.kernel_models == load_topology("h200-serving").gpu.kernel_models
+    serving = load_topology("h200-serving").gpu.kernel_models
+    for name, consts in measured.kernel_models.items():
+        if name.startswith("attention"):  # the same intercept, split into the kernel's and tpplan's host overhead
+            assert consts["a_s"] + consts["host_s"] == pytest.approx(serving[name]["a_s"], rel=1e-12)
+            assert {k: v for k, v in consts.items() if k not in ("a_s", "host_s")} == {
+                k: v for k, v in serving[name].items() if k != "a_s"
+            }
+        else:
+            assert consts == serving[name], name
     for name in ("h200x8-ib400", "h200x8-ib400-nvls"):
         assert load_topology(name).gpu == measured, name
         assert load_cluster(name).gpu == "h200-measured"
-    assert load_gpu("h200-measured-capped").kernel_models == load_topology("h200-serving-capped").gpu.kernel_models
+    capped = load_topology("h200-serving-capped").gpu.kernel_models
+    assert load_gpu("h200-measured-capped").kernel_models["experts"] == capped["experts"]
     assert {"h200-datasheet", "h200-measured", "h100-datasheet", "rtxpro6000-datasheet"} <= set(list_gpus())
     assert {"h200x8-ib400", "pcie8-rtxpro6000"} <= set(list_clusters())
 
@@ -148,3 +157,18 @@ def test_deployment_is_checked_once_against_the_cluster() -> None:
         Deployment(12).check(topo)
     with pytest.raises(TpplanError, match="must divide"):
         Deployment(8, ep=3).check(topo)
+
+
+def test_host_overhead_is_charged_only_for_tpplans_own_runtime() -> None:
+    """h200-measured's attention: the kernel's per-call cost for a forward prediction (a serving engine),
+    plus tpplan's host overhead when a recorded run of tpplan's runtime is re-predicted (impls given)."""
+    from tpplan.cost.kernel_models import KernelModels
+
+    consts = load_gpu("h200-measured").kernel_models
+    serving = load_topology("h200-serving").gpu.kernel_models
+    args = (8, 1024, 0, 192, 192, 1e9)
+    engine = KernelModels(consts, charge_host=False).attention(*args)
+    runtime = KernelModels(consts, charge_host=True).attention(*args)
+    assert engine is not None and runtime is not None
+    assert runtime - engine == pytest.approx(consts["attention_causal"]["host_s"], rel=1e-9)
+    assert runtime == pytest.approx(KernelModels(serving, charge_host=False).attention(*args), rel=1e-12)

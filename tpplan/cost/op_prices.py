@@ -94,7 +94,9 @@ class OpPrices:
         self.profiles = topo.gpu.kernel_profiles
         # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
         # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
-        self.models = KernelModels(topo.gpu.kernel_models) if topo.gpu.kernel_models else None
+        # Host overhead of tpplan's runtime (`host_s` of a set) is charged only where a recorded run of it is priced.
+        models = topo.gpu.kernel_models
+        self.models = KernelModels(models, charge_host=impls is not None) if models else None
         self.impls = impls
         self._extrapolated = False  # set by op_time for the op it prices
         block = graph.spec.attn_res_block_size
