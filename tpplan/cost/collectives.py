@@ -189,12 +189,15 @@ def curve_time(curve: CollectiveCurve, nbytes: float) -> float:
     raise AssertionError("unreachable: points are ascending")
 
 
+CURVE_SUFFIX = "-curve"  # a measured curve's algorithm, as a prediction names it ("nvls-curve")
+
+
 def _curves(topo: Topology, kind: str, nbytes: float, n: int, rpn: int) -> dict[str, float]:
     """Time per algorithm of the topology's measured curves for this kind, group and placement."""
     out: dict[str, float] = {}
     for c in topo.curves:
         if c.kind == kind and c.ranks == n and (c.ranks_per_node or min(n, topo.gpus_per_node)) == rpn:
-            out[c.algorithm] = curve_time(c, nbytes)
+            out[f"{c.algorithm}{CURVE_SUFFIX}"] = curve_time(c, nbytes)
     return out
 
 
@@ -238,6 +241,8 @@ def collective_time(
     fit = topo.fitted.get(kind)  # type: ignore[call-overload]
     measured = _curves(topo, kind, float(nbytes), group_size, rpn) if topo.curves else {}
     fitted_curve = _interpolate_curve(fit, nbytes, group_size) if fit is not None and m == 1 else None
+    if algorithm is not None and f"{algorithm}{CURVE_SUFFIX}" in measured:
+        algorithm = f"{algorithm}{CURVE_SUFFIX}"
     if measured and (algorithm is None or algorithm in measured):
         cands = measured
     elif fitted_curve is not None:
