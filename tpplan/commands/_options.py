@@ -31,13 +31,19 @@ _CLUSTER_HELP = (
     "Cluster preset (e.g. h200x8-ib400) or .toml file: replaces the topology's cluster, and its GPU where the "
     "cluster names one"
 )
+_ENGINE_HELP = (
+    "Serving engine whose measured kernels price compute where its database has them: sglang, vllm or trtllm, "
+    "optionally @version (needs tpplan[aic])"
+)
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help=_GPU_HELP)]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help=_ENGINE_HELP)]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)]
 
 __all__ = [
     "Backend",
     "BackendOpt",
     "ClusterOpt",
+    "EngineOpt",
     "GpuOpt",
     "ModelOpt",
     "NodesOpt",

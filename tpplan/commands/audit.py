@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import ClusterOpt, GpuOpt
+from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt
 from tpplan.placement import COLLECTIVE_SHORT
 
 ModelOpt = Annotated[
@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
         wide: WideOpt = False,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
+        engine: EngineOpt = None,
         crossover: Annotated[
             bool,
             typer.Option(
@@ -87,11 +88,11 @@ def register(app: typer.Typer) -> None:
             )
         predictions = None
         topo = wl = None
-        if topology or cluster or gpu:
+        if topology or cluster or gpu or engine:
             from tpplan.cost.topology import select_topology
             from tpplan.cost.workload import load_workload
 
-            topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster)
+            topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster, engine=engine)
             wl = load_workload(workload) if workload else None
         result = audit(model, tp, plan, dtype)
         if topo is not None:

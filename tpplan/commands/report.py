@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._options import ClusterOpt, GpuOpt, ModelOpt, NodesOpt
+from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, ModelOpt, NodesOpt
 from tpplan.commands.audit import ExpertDtypeOpt
 
 
@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
+        engine: EngineOpt = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: ExpertDtypeOpt = None,
         prefill_cp: Annotated[
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster)
+        topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster, engine=engine)
         assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["seed-c8", "seed-c16"])]
         results = load_bench_results(bench) if bench else None

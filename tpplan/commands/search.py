@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import ClusterOpt, GpuOpt, NodesOpt
+from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, NodesOpt
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
+        engine: EngineOpt = None,
         memory_cap: Annotated[
             str | None,
             typer.Option(
@@ -101,6 +102,7 @@ def register(app: typer.Typer) -> None:
             nodes=nodes,
             gpu=gpu,
             cluster=cluster,
+            engine=engine,
             workload=workload,
             memory_cap_gib=_cap(memory_cap),
             top=top,

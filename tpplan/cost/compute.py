@@ -69,14 +69,7 @@ def kernel_sources(gpu: GpuSpec, engine: str | None = None) -> tuple[KernelSourc
     hit = _SOURCES.get(key)
     if hit is not None:
         return hit
-    refs = list(gpu.sources)
-    if engine is not None:
-        name, version = parse_engine(engine)
-        if not gpu.system:
-            raise TpplanError(f"--engine {engine}", f"GPU model {gpu.name!r} names no database system",
-                              'add system = "h200_sxm" (or its AIC name) to the GPU model')  # fmt: skip
-        refs += [SourceRef(kind=k, system=gpu.system, engine=name, version=version or "")
-                 for k in ("aic", "aic-fitted")]  # fmt: skip
+    refs = list((gpu.with_engine(engine) if engine is not None else gpu).sources)
     built: list[KernelSource] = []
     for ref in refs:
         try:

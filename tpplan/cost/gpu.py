@@ -138,6 +138,23 @@ class GpuSpec(Strict):
         default_factory=dict, description="op class (gemm, attention, moe, recurrence, elementwise) -> source"
     )
 
+    def with_engine(self, engine: str) -> GpuSpec:
+        """This GPU model running `engine`'s kernels ("sglang@0.5.14"): NVIDIA AIConfigurator's measured
+        tables for its `system` and the models fitted on them, asked before its own figures."""
+        from tpplan.cost.compute import parse_engine
+
+        name, version = parse_engine(engine)
+        if not self.system:
+            from tpplan.errors import TpplanError
+
+            raise TpplanError(f"--engine {engine}", f"GPU model {self.name!r} names no kernel-database system",
+                              'add system = "h200_sxm" (its AIC name) to the GPU model')  # fmt: skip
+        refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
+                for k in ("aic", "aic-fitted")]  # fmt: skip
+        stack = f"{engine} kernels (AIConfigurator database, {self.system})"
+        stack += f" over {self.software}" if self.software else ""
+        return self.model_copy(update={"sources": [*refs, *self.sources], "software": stack})
+
     def source_of(self, op_class: str) -> str:
         """Where this GPU model's prices for `op_class` come from, in words."""
         if op_class in self.provenance:

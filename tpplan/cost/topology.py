@@ -216,16 +216,33 @@ def load_topology(
 
 
 def select_topology(
-    topology: str | None, nodes: int | None = None, *, gpu: str | None = None, cluster: str | None = None
+    topology: str | None,
+    nodes: int | None = None,
+    *,
+    gpu: str | None = None,
+    cluster: str | None = None,
+    engine: str | None = None,
 ) -> Topology | None:
-    """The topology the CLI's `--topology`, `--cluster`, `--gpu` and `--nodes` name (None: none given).
+    """The topology the CLI's `--topology`, `--cluster`, `--gpu`, `--engine` and `--nodes` name
+    (None: none given).
 
-    `--cluster` alone is the cluster with the GPU it names; `--gpu` needs one of the other two."""
+    `--cluster` alone is the cluster with the GPU it names; `--gpu` and `--engine` need one of the two.
+    `--engine` makes the GPU model run that engine's kernels (`GpuSpec.with_engine`); its sources are
+    built here, so a missing `tpplan[aic]` extra or an unknown version is one line before any work."""
     if topology is None and cluster is None:
-        if gpu is not None:
-            raise TpplanError(f"--gpu {gpu}", "a GPU model needs a cluster to run in", "add --cluster or --topology")
+        for flag, value in (("--gpu", gpu), ("--engine", engine)):
+            if value is not None:
+                raise TpplanError(f"{flag} {value}", "a GPU model needs a cluster to run in",
+                                  "add --cluster or --topology")  # fmt: skip
         return None
-    return load_topology(topology if topology is not None else cluster, nodes, gpu=gpu, cluster=cluster)  # type: ignore[arg-type]
+    topo = load_topology(topology if topology is not None else cluster, nodes, gpu=gpu, cluster=cluster)  # type: ignore[arg-type]
+    if engine is None:
+        return topo
+    from tpplan.cost.compute import kernel_sources
+
+    topo = topo.model_copy(update={"gpu": topo.gpu.with_engine(engine), "name": f"{topo.name}/{engine}"})
+    kernel_sources(topo.gpu)
+    return topo
 
 
 def _toml_value(v: object) -> str:

@@ -121,6 +121,7 @@ def _setup(
     all_plans: bool,
     gpu: str | None = None,
     cluster: str | None = None,
+    engine: str | None = None,
 ) -> _Setup:
     """Every input checked before any search runs (TpplanError: exit 2)."""
     from tpplan.models.config import load_model
@@ -138,10 +139,10 @@ def _setup(
         raise TpplanError(f"--tokens {tokens}", "must be positive", "give the batch size in tokens, e.g. 8192")
     graph = build_model_graph(load_model(model))
     topo = wl = None
-    if topology is not None or cluster is not None or gpu is not None:
+    if topology is not None or cluster is not None or gpu is not None or engine is not None:
         from tpplan.cost.topology import select_topology
 
-        topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster)
+        topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster, engine=engine)
     elif objective == "time" or workload:
         raise TpplanError("--topology", "predicted time needs a topology", "add --topology (e.g. h200x8-ib400)")
     if workload is not None:
@@ -415,6 +416,7 @@ def run_search(
     all_plans: bool = False,
     gpu: str | None = None,
     cluster: str | None = None,
+    engine: str | None = None,
 ) -> SearchOutcome:
     """Search every deployment, rank the plans that fit, and make each a plan file.
 
@@ -423,7 +425,7 @@ def run_search(
     t0 = time.perf_counter()
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
     s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans,
-               gpu, cluster)  # fmt: skip
+               gpu, cluster, engine)  # fmt: skip
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"--pp {pp}", "pipeline stages do not change bytes per token", "drop --pp or rank by time")
     grid = deployments(s.graph, s.topo, tp, pp) if objective == "time" or tp is not None else None
