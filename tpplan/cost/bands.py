@@ -2,7 +2,7 @@
 
 A predicted time is a sum of op prices and collective prices, each from one source (a kernel
 source's table, the GEMM table, a fitted kernel model, a roofline, a calibrated curve). The
-out-of-sample error of each (class, source) pair is in a data file (`presets/bands.toml`, citing
+out-of-sample error of each (class, source) pair is in a data file (`presets/bands/errors.toml`, citing
 docs/benchmarks.md and issue 25 for every figure; the AIC adapter's leave-one-model-out errors
 replace entries as they come), and the band of a prediction is their mean weighted by each part's
 share of the predicted time: the error if every part missed by its own error in the same direction,
@@ -43,8 +43,8 @@ class BandPart:
 
 @cache
 def error_table() -> dict[str, dict[str, tuple[float, str]]]:
-    """class -> source key -> (error, basis), from presets/bands.toml."""
-    raw = tomllib.loads(resources.files("tpplan.cost").joinpath("presets", "bands.toml").read_text(encoding="utf-8"))
+    """class -> source key -> (error, basis), from presets/bands/errors.toml."""
+    raw = tomllib.loads(resources.files("tpplan.cost").joinpath("presets", "bands", "errors.toml").read_text(encoding="utf-8"))
     out: dict[str, dict[str, tuple[float, str]]] = {}
     for klass, entries in raw["compute"].items():
         out[klass] = {k: (float(v["error"]), str(v["basis"])) for k, v in entries.items()}

@@ -119,7 +119,7 @@ def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
         out.append(Para(
             f"This memo's band, ±{100 * a.provenance.band:.1f}%, is the sum over the op classes and collectives "
             "of the current deployment's predicted time of (share of the time x out-of-sample error of that class "
-            "and source); the errors and their bases are in tpplan/cost/presets/bands.toml."
+            "and source); the errors and their bases are in tpplan/cost/presets/bands/errors.toml."
         ))  # fmt: skip
         part_rows = tuple(
             (p.klass, p.source, f"{100 * p.share:.1f}%", f"±{100 * p.error:.1f}%", f"{100 * p.share * p.error:.2f}%")
