@@ -44,7 +44,8 @@ class BandPart:
 @cache
 def error_table() -> dict[str, dict[str, tuple[float, str]]]:
     """class -> source key -> (error, basis), from presets/bands/errors.toml."""
-    raw = tomllib.loads(resources.files("tpplan.cost").joinpath("presets", "bands", "errors.toml").read_text(encoding="utf-8"))
+    text = resources.files("tpplan.cost").joinpath("presets", "bands", "errors.toml").read_text(encoding="utf-8")
+    raw = tomllib.loads(text)
     out: dict[str, dict[str, tuple[float, str]]] = {}
     for klass, entries in raw["compute"].items():
         out[klass] = {k: (float(v["error"]), str(v["basis"])) for k, v in entries.items()}

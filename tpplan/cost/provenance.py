@@ -126,7 +126,7 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
     if not parts:
         return base
     label = f"{base.label}, band composed per op class and source"
-    basis = "share-weighted out-of-sample errors of the classes and sources summed (tpplan/cost/presets/bands/errors.toml)"
+    basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
     return Provenance(base.key, label, band, basis, tuple(parts))
 
 
