@@ -2,13 +2,19 @@
 
 The audit (`tpplan.audit`) says, per layer kind, how each op runs under a plan (its strategy, the
 share of the op's work one rank does, its weight per rank) and which collectives the plan issues.
-The cost model turns that into seconds and bytes on a `Topology`, in these modules:
+The cost model turns that into seconds and bytes on a `Topology` (a GPU model, `cost/gpu.py`, in a
+cluster, `cost/cluster.py`, for a `Deployment`, `cost/deployment.py`), in these modules:
 
-- `cost/op_prices.py`: one op's compute (GEMMs at the per-rank shape, grouped experts, attention,
-  recurrences, memory-bound ops; kernel models and measured profiles) and one collective's time;
+- the two pricers: `cost/compute.py` (one op class at one per-rank shape on a GPU model: its kernel
+  sources first, then the GEMM table, kernel models, rooflines) and `cost/comm.py` (one collective
+  of a size on a group of the cluster: a source, measured curves, fitted constants, the link model);
+- `cost/op_prices.py`: a plan's op decisions and collectives turned into those pricers' shapes
+  (GEMMs at the per-rank shape, grouped experts, attention, recurrences, memory-bound ops; measured
+  profiles on top);
 - `cost/predictor.py`: those prices summed into a layer, the pipeline stages (boundary sends, the
   chunked-prefill bubble) and the memory per rank (weights, activations, KV cache, state);
-- `cost/prediction.py`: the results (`PlanPrediction`) and their JSON;
+- `cost/prediction.py`: the results (`PlanPrediction`) and their JSON; `cost/pricing.py`: the same
+  prices one at a time for a search; `cost/bands.py`, `cost/provenance.py`: how sure a time is;
 - `cost/segments.py`, `cost/stages.py`: batch shapes and the pipeline's stages;
 - this module: the public API, `predict_plan`, `predict_audit`, `predict_many`, `batch_time`,
   `pipeline_ttft` and `plan_gemm_shapes`.
