@@ -172,3 +172,12 @@ def test_host_overhead_is_charged_only_for_tpplans_own_runtime() -> None:
     assert engine is not None and runtime is not None
     assert runtime - engine == pytest.approx(consts["attention_causal"]["host_s"], rel=1e-9)
     assert runtime == pytest.approx(KernelModels(serving, charge_host=False).attention(*args), rel=1e-12)
+
+
+def test_a_calibrated_topology_file_serves_as_a_gpu_model(tmp_path) -> None:
+    """What `tpplan calibrate` writes (a whole topology) gives its [gpu] table to --gpu: the measured
+    2-GPU models on a 4 x 8 cluster in one option."""
+    serving = load_topology("h200-serving")
+    path = _write(tmp_path, "mine.toml", topology_to_toml(serving))
+    t = select_topology("h200x8-ib400", 4, gpu=path)
+    assert t is not None and t.gpu == serving.gpu and t.world_size == 32 and t.name.endswith("+mine")
