@@ -181,3 +181,21 @@ def test_a_calibrated_topology_file_serves_as_a_gpu_model(tmp_path) -> None:
     path = _write(tmp_path, "mine.toml", topology_to_toml(serving))
     t = select_topology("h200x8-ib400", 4, gpu=path)
     assert t is not None and t.gpu == serving.gpu and t.world_size == 32 and t.name.endswith("+mine")
+
+
+def test_cli_gpu_and_cluster_options(monkeypatch, capsys) -> None:
+    from tests.cli_helpers import run_cli
+
+    base = ("audit", "-m", "tiny-llama", "--tp", "2", "--json")
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--cluster", "pcie8-rtxpro6000", "--nodes", "1")
+    assert code == 0, err
+    import json
+
+    preds = [p["prediction"] for p in json.loads(out)["plans"] if p.get("prediction")]
+    assert preds and all(p["topology"] == "pcie8-rtxpro6000" for p in preds)
+    code, out, err = run_cli(monkeypatch, capsys, *base, "-t", "h200x8-ib400", "--gpu", "h100-datasheet")
+    assert code == 0, err
+    assert all(p["prediction"]["topology"] == "h200x8-ib400+h100-datasheet" for p in json.loads(out)["plans"]
+               if p.get("prediction"))  # fmt: skip
+    code, _out, err = run_cli(monkeypatch, capsys, *base, "--gpu", "h100-datasheet")
+    assert code == 2 and "needs a cluster" in err and len(err.strip().splitlines()) == 1
