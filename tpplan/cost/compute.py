@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
+from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time, has_table
 from tpplan.cost.gpu import GpuSpec, SourceRef
 from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
 from tpplan.errors import TpplanError
@@ -91,6 +91,8 @@ class ComputePricer:
         self.sources = tuple(sources)
         self.hbm = gpu.hbm_TBps * 1e12
         self._key = repr(gpu)
+        # The formula's own name: the GEMM table where the GPU has one, else the analytic curve.
+        self.gemm_source = GEMM_TABLE if has_table(gpu) else GEMM_ANALYTIC
 
     def _ask(self, method: str, shape: object) -> KernelPrice | None:
         for src in self.sources:
@@ -108,13 +110,6 @@ class ComputePricer:
         if asked is not None:
             return asked
         return KernelPrice(self.formula_gemm(shape.m, shape.k, shape.n, shape.dtype, weight_bytes), self.gemm_source)
-
-    @property
-    def gemm_source(self) -> str:
-        """The formula's own name: the GEMM table where the GPU has one, else the analytic curve."""
-        from tpplan.cost.gemm import _pick_table
-
-        return GEMM_TABLE if _pick_table(self.gpu, None) is not None else GEMM_ANALYTIC
 
     def formula_gemm(self, m: int, k: int, n: int, dtype: str, weight_bytes: float | None = None) -> float:
         """tpplan's GEMM formula, memoised across pricers of the same GPU (plans share most shapes)."""

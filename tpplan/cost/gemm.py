@@ -156,6 +156,11 @@ def _pick_table(gpu: GpuSpec, table: TableLike | None) -> list[GemmPoint] | None
     return list(pts) if gpu.name == name else None
 
 
+def has_table(gpu: GpuSpec) -> bool:
+    """Whether GEMMs on `gpu` come from a measured table (its own or the packaged one), not the curve."""
+    return _pick_table(gpu, None) is not None
+
+
 def achieved_tflops(
     M: int, K: int, N: int, gpu: GpuSpec, dtype: Dtype = "bf16", table: TableLike | None = None
 ) -> float:
