@@ -184,6 +184,7 @@ class PlanPrediction:
                             "seconds": o.seconds,
                             "redundant": o.redundant,
                             "extrapolated": o.extrapolated,
+                            "source": o.source,
                             "shape": list(o.shape) if o.shape else None,
                         }
                         for o in k.ops
