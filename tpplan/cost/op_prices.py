@@ -45,7 +45,6 @@ EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
 WEIGHT_BITS = {"bf16": 16.0, "fp16": 16.0, "fp32": 32.0, "fp8": 8.0, "mxfp4": 4.25}  # mxfp4: 4 bits + e8m0/32
 
 
-
 class OpPrices:
     """The prices of one plan's ops and collectives at TP `tp` x PP `pp` on a topology, for one
     batch at a time: `op_time` (one op decision), `collective` (one collective), `layout_copy` (the
@@ -82,11 +81,10 @@ class OpPrices:
         self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
         self.expert_bytes = WEIGHT_BITS[expert_dtype or dtype] / 8.0
         self._init_weight_formats(expert_dtype)
-        self.rpn = min(tp, g)
+        self.rpn = self.deployment.ranks_per_node(g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
         self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
-        self.gpu_key = repr(topo.gpu)
         # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.
         self.engine = engine
         self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
