@@ -67,7 +67,11 @@ def test_fp8_gemms_run_at_the_fp8_rate_and_expert_dtype_overrides():
     def op_s(p, name):
         return next(o.seconds for kt in p.kinds for o in kt.ops if o.op == name and kt.kind == "mla+moe")
 
-    assert op_s(fp8, "q_b_proj") < 0.75 * op_s(ref, "q_b_proj")  # compute-bound GEMM at the FP8 peak
+    # compute-bound GEMM at the FP8 rate: faster than bf16, not twice (K = 1536: fp8_factor ~0.65, issue 25)
+    from tpplan.cost.gemm import fp8_factor
+
+    ratio = op_s(fp8, "q_b_proj") / op_s(ref, "q_b_proj")
+    assert ratio == pytest.approx(1 / (2 * fp8_factor(1536, 3072)), rel=0.05) and ratio < 0.8
     over = predict_plan(graph, make_plan("baseline", graph, 8), topo, tp=8, tokens=16, expert_dtype="bf16")
     small = predict_plan(graph, make_plan("baseline", graph, 8), topo, tp=8, tokens=16)
     experts = graph.kinds["mla+moe"].mlp.ops

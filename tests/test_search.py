@@ -262,7 +262,7 @@ def run(*args):
 
 def test_cli_search_table_and_json(tmp_path):
     out = tmp_path / "s.json"
-    common = ("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400", "--nodes", "1", "--tp", "4")
+    common = ("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400-datasheet", "--nodes", "1", "--tp", "4")
     r = run(*common, "--top", "3")
     assert r.returncode == 0, r.stderr
     assert "Ranked legal plans" in r.stdout and "base" in r.stdout

@@ -459,7 +459,7 @@ def test_clock_state_and_the_note_when_a_run_and_its_topology_disagree() -> None
     assert "was power-capped but h200-serving's kernel models price boost" in state_note(capped, "h200-serving")
     assert state_note(capped, "h200-serving-capped") == "" and state_note(boost, "h200-serving") == ""
     assert "was boost but" in state_note(boost, "h200-serving-capped")
-    assert state_note(capped, "h200x8-ib400") == ""  # no kernel models: no state priced
+    assert state_note(capped, "h200x8-ib400-datasheet") == ""  # no kernel models: no state priced
 
 
 def test_the_slice_the_bench_runs_is_priced_in_the_runs_dtype_not_the_checkpoints() -> None:

@@ -6,6 +6,7 @@ from tpplan.cost.gemm import (
     achieved_tflops,
     analytic_efficiency,
     default_gemm_table,
+    fp8_factor,
     gemm_bytes,
     gemm_flops,
     gemm_time,
@@ -64,11 +65,24 @@ def test_interpolation_is_monotone_between_measured_m() -> None:
 def test_fp8_uses_table_efficiency_and_memory_bound_floor() -> None:
     bf = achieved_tflops(2048, 7168, 2112, H200, "bf16")
     fp = achieved_tflops(2048, 7168, 2112, H200, "fp8")
-    assert fp == pytest.approx(bf * 2, rel=0.01)
+    # the bf16 efficiency x the fp8 peak x the measured fp8 shape factor (issue 25's anchors)
+    assert fp == pytest.approx(bf * 2 * fp8_factor(7168, 2112), rel=0.01)
+    assert 0.4 * 2 * bf < fp < 0.88 * 2 * bf
     # a skinny GEMM is memory-bound: time >= bytes / bandwidth
     t = gemm_time(1, 8192, 8192, H200)
     assert t >= gemm_bytes(1, 8192, 8192) / (H200.hbm_TBps * 1e12)
     assert gemm_flops(2, 3, 4) == 48
+
+
+def test_fp8_factor_has_the_measured_anchors() -> None:
+    """Issue 25: fp8 reaches 0.85-0.92 of (bf16 efficiency x fp8 peak) at large shapes, ~0.4 at N or K = 512."""
+    assert fp8_factor(512, 8192) == fp8_factor(8192, 512) == pytest.approx(0.40)
+    assert 0.85 <= fp8_factor(8192, 8192) <= 0.92 and fp8_factor(4096, 4096) == fp8_factor(16384, 7168)
+    dims = [512, 768, 1024, 2048, 3072, 4096]
+    factors = [fp8_factor(d, 8192) for d in dims]
+    assert factors == sorted(factors) and len(set(factors)) == len(factors)
+    big = achieved_tflops(8192, 8192, 8192, H200, "fp8")
+    assert big == pytest.approx(min(1.0, achieved_tflops(8192, 8192, 8192, H200) / 989) * 1979 * fp8_factor(8192, 8192))
 
 
 def test_analytic_fallback_for_gpus_without_table() -> None:

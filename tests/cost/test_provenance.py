@@ -15,7 +15,7 @@ def test_provenance_follows_the_topology() -> None:
     calibrated = load_topology("h200x2-runtime-kernels")
     assert provenance(calibrated, 2) is BANDS["calibrated"]
     assert provenance(calibrated, 4) is BANDS["datasheet"]  # beyond the group it was fitted on
-    assert provenance(load_topology("h200x8-ib400", nodes=4), 32) is BANDS["datasheet"]
+    assert provenance(load_topology("h200x8-ib400-datasheet", nodes=4), 32) is BANDS["datasheet"]
 
 
 def test_audit_and_search_json_carry_it(tmp_path, monkeypatch, capsys) -> None:
@@ -28,7 +28,7 @@ def test_audit_and_search_json_carry_it(tmp_path, monkeypatch, capsys) -> None:
     assert "Times: calibrated on this machine (in-sample)" in " ".join(out.split())
     out2 = tmp_path / "s.json"
     search = ["search", "-m", "tiny-llama", "--tp", "2", "--json", str(out2)]
-    code, out, err = run_cli(monkeypatch, capsys, *search, "-t", "h200x8-ib400")
+    code, out, err = run_cli(monkeypatch, capsys, *search, "-t", "h200x8-ib400-datasheet")
     assert code == 0, err
     data = json.loads(out2.read_text())
     assert data["provenance"]["key"] == "datasheet" and data["provenance"]["band"] == BANDS["datasheet"].band
@@ -52,7 +52,7 @@ def test_ops_priced_outside_the_measured_shapes_are_marked_extrapolated(monkeypa
     assert listed and sorted(listed) == sorted(flagged)
     code, out, err = run_cli(monkeypatch, capsys, *base, "-t", "h200-kernel-models")
     assert f"kernel models priced {len(set(listed))} op(s) outside" in " ".join(out.split())
-    code, out, err = run_cli(monkeypatch, capsys, *base, "-t", "h200x8-ib400", "--json")
+    code, out, err = run_cli(monkeypatch, capsys, *base, "-t", "h200x8-ib400-datasheet", "--json")
     assert all(not p["prediction"]["extrapolated_ops"] for p in json.loads(out)["plans"] if p.get("prediction"))
 
 

@@ -39,18 +39,28 @@ BackendOpt = Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else g
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress")]
 
-def load_cluster(topology: str, nodes: int | None, gpus: int | None = None) -> Topology:
-    """The topology with a node count nobody has to guess: `--nodes`, a topology file's own, or for
-    a preset as many nodes as `gpus` (TP x PP) need, else one node (a preset's file says 4 only as
-    the seed memo's example; `cluster_text` prints what was used)."""
-    from tpplan.cost.topology import load_topology
+def load_cluster(
+    topology: str | None,
+    nodes: int | None,
+    gpus: int | None = None,
+    *,
+    gpu: str | None = None,
+    cluster: str | None = None,
+    engine: str | None = None,
+) -> Topology | None:
+    """The topology `--topology`/`--cluster`/`--gpu`/`--engine` name (None: none given), with a node
+    count nobody has to guess: `--nodes`, a file's own, or for a preset as many nodes as `gpus`
+    (TP x PP) need, else one node (`cluster_text` prints what was used)."""
+    from tpplan.cost.topology import select_topology
 
-    topo = load_topology(topology, nodes=nodes)
-    is_file = Path(topology).suffix.lower() in (".toml", ".json") or Path(topology).exists()
-    if nodes is None and not is_file:
-        need = max(1, -(-gpus // topo.gpus_per_node)) if gpus else 1
-        topo = topo.with_nodes(need) if need != topo.nodes else topo
-    return topo
+    topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster, engine=engine)
+    named = topology if topology is not None else cluster
+    if topo is None or named is None or nodes is not None:
+        return topo
+    if Path(named).suffix.lower() in (".toml", ".json") or Path(named).exists():
+        return topo  # a file's own node count
+    need = max(1, -(-gpus // topo.gpus_per_node)) if gpus else 1
+    return topo.with_nodes(need) if need != topo.nodes else topo
 
 
 def cluster_text(topo: Topology) -> str:
@@ -58,9 +68,26 @@ def cluster_text(topo: Topology) -> str:
     return f"{topo.name} ({topo.nodes} x {topo.gpus_per_node} GPUs)"
 
 
+# -- GPU model and cluster (the two halves of a topology; tpplan.cost.gpu / tpplan.cost.cluster) ----------
+_GPU_HELP = "GPU model preset (e.g. h200-measured, h200-datasheet) or .toml file: replaces the topology's GPU"
+_CLUSTER_HELP = (
+    "Cluster preset (e.g. h200x8-ib400) or .toml file: replaces the topology's cluster, and its GPU where the "
+    "cluster names one"
+)
+_ENGINE_HELP = (
+    "Serving engine whose measured kernels price compute where its database has them: sglang, vllm or trtllm, "
+    "optionally @version (needs tpplan[aic])"
+)
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help=_GPU_HELP)]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help=_ENGINE_HELP)]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)]
+
 __all__ = [
     "Backend",
     "BackendOpt",
+    "ClusterOpt",
+    "EngineOpt",
+    "GpuOpt",
     "ModelOpt",
     "NodesOpt",
     "PrefillTokensOpt",

@@ -11,7 +11,7 @@ from rich.table import Table
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import ModelOpt, cluster_text, load_cluster
+from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, ModelOpt, cluster_text, load_cluster
 from tpplan.placement import COLLECTIVE_SHORT
 
 TpOpt = Annotated[
@@ -77,6 +77,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         expert_dtype: ExpertDtypeOpt = None,
         wide: WideOpt = False,
+        gpu: GpuOpt = None,
+        cluster: ClusterOpt = None,
+        engine: EngineOpt = None,
         crossover: Annotated[
             bool,
             typer.Option(
@@ -89,7 +92,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
 
-        if (workload or pp != 1 or expert_dtype or nodes or crossover) and not topology:
+        if (workload or pp != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
             raise TpplanError(
                 "--workload/--pp/--nodes/--expert-dtype/--crossover",
                 "predictions need a topology",
@@ -97,10 +100,10 @@ def register(app: typer.Typer) -> None:
             )
         predictions = None
         topo = wl = None
-        if topology:
+        if topology or cluster or gpu or engine:
             from tpplan.cost.workload import load_workload
 
-            topo = load_cluster(topology, nodes, tp * pp if tp else None)
+            topo = load_cluster(topology, nodes, tp * pp if tp else None, gpu=gpu, cluster=cluster, engine=engine)
             wl = load_workload(workload) if workload else None
             tp = tp or topo.gpus_per_node
         elif tp is None:

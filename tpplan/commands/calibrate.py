@@ -128,6 +128,7 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
         gpu_upd["gemm_scale"] = scale
         notes.append(f"gemm_scale {scale:.3f} from `tpplan calibrate --quick` on {torch.cuda.get_device_name()}")
     topo = base.model_copy(update={"name": out.stem, "gpu": base.gpu.model_copy(update=gpu_upd),
+                                   "gpu_preset": None,  # the GPU is this machine's now, no longer the preset
                                    "notes": "; ".join(n for n in notes if n)})  # fmt: skip
     with write_errors("--out", out):
         write_topology_atomic(topo, out, f"written by `tpplan calibrate --quick/--kernel-models`: {topo.notes}")

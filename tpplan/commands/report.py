@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from tpplan.commands._bounds import TP_RANGE
-from tpplan.commands._options import ModelOpt, NodesOpt, load_cluster
+from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
 
@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "baseline",
         nodes: NodesOpt = None,
+        gpu: GpuOpt = None,
+        cluster: ClusterOpt = None,
+        engine: EngineOpt = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: ExpertDtypeOpt = None,
         prefill_cp: Annotated[
@@ -81,7 +84,8 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = load_cluster(topology, nodes, tp)
+        topo = load_cluster(topology, nodes, tp, gpu=gpu, cluster=cluster, engine=engine)
+        assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""

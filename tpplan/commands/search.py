@@ -12,7 +12,7 @@ from rich.table import Table
 from tpplan.commands._bounds import PP_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
-from tpplan.commands._options import NodesOpt, load_cluster
+from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         nodes: NodesOpt = None,
+        gpu: GpuOpt = None,
+        cluster: ClusterOpt = None,
+        engine: EngineOpt = None,
         memory_cap: Annotated[
             str | None,
             typer.Option("--memory-cap", help=MEMORY_CAP_HELP),
@@ -104,7 +107,8 @@ def register(app: typer.Typer) -> None:
             check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        topo = load_cluster(topology, nodes, tp * (pp or 1) if tp else None) if topology is not None else None
+        gpus = tp * (pp or 1) if tp else None
+        topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
 

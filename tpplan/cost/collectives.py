@@ -11,7 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from tpplan.cost.topology import COLLECTIVE_KINDS, AllReduceAlgorithm, FittedCollective, Topology
+from tpplan.cost.topology import COLLECTIVE_KINDS, AllReduceAlgorithm, CollectiveCurve, FittedCollective, Topology
 from tpplan.errors import TpplanError
 
 _GB = 1e9
@@ -174,6 +174,33 @@ def _interpolate_curve(fit: FittedCollective, nbytes: float, group_size: int) ->
     return None
 
 
+def curve_time(curve: CollectiveCurve, nbytes: float) -> float:
+    """A measured curve at `nbytes`: log-log between its points, the smallest point's time below them
+    (the latency floor), the largest point's bus bandwidth above them."""
+    pts = curve.points
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if nbytes >= pts[-1][0]:
+        return pts[-1][1] * nbytes / pts[-1][0]
+    for (x0, t0), (x1, t1) in itertools.pairwise(pts):
+        if x0 <= nbytes <= x1:
+            w = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+    raise AssertionError("unreachable: points are ascending")
+
+
+CURVE_SUFFIX = "-curve"  # a measured curve's algorithm, as a prediction names it ("nvls-curve")
+
+
+def _curves(topo: Topology, kind: str, nbytes: float, n: int, rpn: int) -> dict[str, float]:
+    """Time per algorithm of the topology's measured curves for this kind, group and placement."""
+    out: dict[str, float] = {}
+    for c in topo.curves:
+        if c.kind == kind and c.ranks == n and (c.ranks_per_node or min(n, topo.gpus_per_node)) == rpn:
+            out[f"{c.algorithm}{CURVE_SUFFIX}"] = curve_time(c, nbytes)
+    return out
+
+
 def collective_time(
     kind: str,
     nbytes: float,
@@ -181,11 +208,14 @@ def collective_time(
     topo: Topology,
     *,
     ranks_per_node: int | None = None,
+    algorithm: str | None = None,
 ) -> CollectiveEstimate:
     """Predict one collective of `nbytes` (nccl-tests size) over `group_size` ranks.
 
     A group spanning nodes puts `ranks_per_node` (default min(group_size, gpus_per_node)) on each.
-    Calibrated constants in `topo.fitted` replace the link model for one-node groups.
+    Measured `topo.curves` for this kind, group and placement price it first (fastest algorithm,
+    as NCCL's tuner picks); then calibrated constants in `topo.fitted` replace the link model for
+    one-node groups. `algorithm` asks for one algorithm by name (ring, tree, nvls, ...).
     """
     _check_kind(kind)
     if nbytes < 0:
@@ -209,9 +239,14 @@ def collective_time(
     if group_size == 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})
     fit = topo.fitted.get(kind)  # type: ignore[call-overload]
-    curve_time = _interpolate_curve(fit, nbytes, group_size) if fit is not None and m == 1 else None
-    if curve_time is not None:
-        cands = {"measured-curve": curve_time}
+    measured = _curves(topo, kind, float(nbytes), group_size, rpn) if topo.curves else {}
+    fitted_curve = _interpolate_curve(fit, nbytes, group_size) if fit is not None and m == 1 else None
+    if algorithm is not None and f"{algorithm}{CURVE_SUFFIX}" in measured:
+        algorithm = f"{algorithm}{CURVE_SUFFIX}"
+    if measured and (algorithm is None or algorithm in measured):
+        cands = measured
+    elif fitted_curve is not None:
+        cands = {"measured-curve": fitted_curve}
     elif fit is not None and m == 1:
         extra_steps = ring_steps(kind, group_size) - ring_steps(kind, fit.group_size)
         alpha = fit.alpha_us * _US + extra_steps * topo.intra.latency_us * _US
@@ -219,6 +254,11 @@ def collective_time(
         cands = {"fitted": max(0.0, alpha) + beta}
     else:
         cands = _candidates(kind, float(nbytes), group_size, rpn, m, _links(topo, rpn, fit, kind))
+    if algorithm is not None:
+        if algorithm not in cands:
+            raise TpplanError(f"algorithm {algorithm!r}", f"not available for {kind} on {group_size} ranks of "
+                              f"{topo.name}", f"use one of {', '.join(sorted(cands))}")  # fmt: skip
+        cands = {algorithm: cands[algorithm]}
     algorithm = min(cands, key=cands.__getitem__)
     t = cands[algorithm]
     algbw = nbytes / t / _GB

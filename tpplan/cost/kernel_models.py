@@ -27,6 +27,12 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   was fitted on (`attn_res_s`): the torch path's fp32 rows, or fla's fused kernel (each row read
   once in bf16) plus the copies that make the bank's snapshots contiguous, at their own rate.
 
+An attention set may carry `host_s`: then its `a_s` is the kernel's own fixed cost per call and
+`host_s` the host overhead of tpplan's runtime around it (Python, the launches of its small ops),
+charged only where tpplan's runtime is what is priced (a recorded run's re-prediction,
+`charge_host=True`); a serving engine's kernels (CUDA graphs, fused launches) do not pay it. A set
+without `host_s` has the overhead inside `a_s`, as fitted (the h200-serving presets).
+
 A set may carry `clock_factor`: its times are the boost-clock model's times that factor (the
 power-capped clock state, where a large model's prefill holds the GPU at its power limit and the SM
 clock ~25% below boost; measured per model in `tpplan.bench.clock_fit`). Without it, 1.
@@ -154,8 +160,9 @@ class KernelModels:
 
     NAMES = ("attention_causal", "attention_prefix", "kda", "gdn", "experts", "short_conv", "attn_res", "norm")
 
-    def __init__(self, consts: Mapping[str, Consts]) -> None:
+    def __init__(self, consts: Mapping[str, Consts], *, charge_host: bool = True) -> None:
         self.consts = consts
+        self.charge_host = charge_host
 
     @property
     def clock_state(self) -> str:
@@ -191,7 +198,10 @@ class KernelModels:
         self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float
     ) -> float | None:  # fmt: skip
         c = self.consts.get("attention_prefix" if context > 0 else "attention_causal")
-        return None if c is None else attention_s(c, heads, tokens, dqk, dv, flops, context) * clock(c)
+        if c is None:
+            return None
+        host = _f(c, "host_s", 0.0) if self.charge_host else 0.0
+        return (attention_s(c, heads, tokens, dqk, dv, flops, context) + host) * clock(c)
 
     def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
         c = self.consts.get(impl)

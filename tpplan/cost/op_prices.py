@@ -16,9 +16,14 @@ from __future__ import annotations
 import math
 
 from tpplan.audit import PlanAudit, StoredWeights, audit_plan
-from tpplan.cost.collectives import collective_time, nccl_bytes
-from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time
+from tpplan.cost.collectives import nccl_bytes
+from tpplan.cost.comm import price_collective
+from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
+from tpplan.cost.deployment import Deployment
+from tpplan.cost.gemm import gemm_bytes
+from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
 from tpplan.cost.kernel_models import KernelModels
+from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelSource, MoeShape
 from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
 from tpplan.cost.segments import Segments, masked_pairs
 from tpplan.cost.stages import bank_snapshots, stage_layers
@@ -32,16 +37,10 @@ from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.placement import S_COL, S_TOK, P
 
-# Named assumptions (docs/cost-model.md). Efficiencies are fractions of the GPU's dense peak.
-ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
-# Chunked gated delta rule: fla_core 0.6.0 `chunk_kda` on one H200 (bf16, 48 heads x 128, 8192 tokens in
-# two chunks with carried state) took 4.16 ms for 51.5 GFLOP of the graph's count, 1.25% of the dense peak
-# (docs/benchmarks/h200x2-2026-11-30/fla-kda-check.json). The 0.25 assumed before was 20x too fast.
-RECURRENCE_EFFICIENCY = 0.0125
+# Named assumptions (docs/cost-model.md). The roofline efficiencies belong to a GPU model
+# (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
 EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
-
-_GEMM_CACHE: dict[tuple[object, ...], float] = {}  # gemm_time per (GPU, shape, dtype), shared by every plan
 
 
 class OpPrices:
@@ -62,23 +61,13 @@ class OpPrices:
         expert_dtype: str | None,
         audit: PlanAudit | None = None,
         impls: dict[str, str] | None = None,
+        *,
+        deployment: Deployment | None = None,
+        engine: str | None = None,
+        sources: tuple[KernelSource, ...] | None = None,
     ) -> None:
-        if tp < 1 or pp < 1:
-            raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
-        if tp * pp > topo.world_size:
-            raise TpplanError(
-                f"--tp {tp} --pp {pp}",
-                f"needs {tp * pp} GPUs, topology {topo.name} has {topo.world_size} "
-                f"({topo.nodes} x {topo.gpus_per_node})",
-                "use a smaller TP/PP or a topology with more nodes",
-            )
+        self.deployment = (deployment or Deployment(tp, pp)).check(topo)
         g = topo.gpus_per_node
-        if tp > g and tp % g:
-            raise TpplanError(
-                f"--tp {tp}",
-                f"a TP group larger than a node must fill whole nodes of {g} GPUs",
-                f"use a multiple of {g}",
-            )
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
                 f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
@@ -89,15 +78,20 @@ class OpPrices:
         self.b = DTYPE_BYTES[dtype]
         self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
-        self.rpn = min(tp, g)
+        self.rpn = self.deployment.ranks_per_node(g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
         self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
-        self.gpu_key = repr(topo.gpu)
+        # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.
+        self.engine = engine
+        self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
+        self._source: str | None = None  # set by op_time: what priced the op it prices
         self.profiles = topo.gpu.kernel_profiles
         # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
         # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
-        self.models = KernelModels(topo.gpu.kernel_models) if topo.gpu.kernel_models else None
+        # Host overhead of tpplan's runtime (`host_s` of a set) is charged only where a recorded run of it is priced.
+        models = topo.gpu.kernel_models
+        self.models = KernelModels(models, charge_host=impls is not None) if models else None
         self.impls = impls
         self._extrapolated = False  # set by op_time for the op it prices
         block = graph.spec.attn_res_block_size
@@ -114,6 +108,9 @@ class OpPrices:
         self.expert_override = self.stored.expert_override
         self.expert_bytes = self.stored.expert_bytes
         self.experts_gemm_dtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
+        # The experts' stored format, as a kernel source's MoE shape names it.
+        fmt = expert_dtype or ("fp8" if self.experts_gemm_dtype == "fp8" else "bf16")
+        self.moe_dtype = "mxfp4" if self.expert_bytes < 0.75 else ("fp8" if fmt == "fp8" else fmt)
 
     def weight_elem_bytes(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
@@ -129,23 +126,20 @@ class OpPrices:
         return self.gemm_dtype, w.full_bytes / op.weight_numel
 
     def _gemm(self, m: int, k: int, n: int, dtype: str | None = None, weight_bytes: float | None = None) -> float:
-        """gemm_time, memoised across predictors of the same GPU (plans share most shapes).
+        """One GEMM through the compute pricer: a kernel source's price, else the GEMM table's
+        (`ComputePricer.formula_gemm`, memoised across predictors of the same GPU).
 
         `weight_bytes`: a weight-only format (int4, mxfp4) computes at `dtype` but reads its packed
-        weight, so its memory bound uses those bytes (memory-bound at small M)."""
+        weight, so its memory bound uses those bytes (memory-bound at small M); tpplan's formula
+        prices it (a source's shape has no packed-weight bytes)."""
         dt = dtype or self.gemm_dtype
-        key = (self.gpu_key, m, k, n, dt, weight_bytes)
-        hit = _GEMM_CACHE.get(key)
-        if hit is None:
-            if weight_bytes is None:
-                hit = gemm_time(m, k, n, self.topo.gpu, dt)  # type: ignore[arg-type]
-            else:
-                rate = achieved_tflops(m, k, n, self.topo.gpu, dt) * 1e12  # type: ignore[arg-type]
-                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))  # type: ignore[arg-type]
-                hit = max(2.0 * m * k * n / rate, moved / self.hbm)
-            if len(_GEMM_CACHE) < 200_000:
-                _GEMM_CACHE[key] = hit
-        return hit
+        if not self.compute.sources or weight_bytes is not None:
+            self._source = self.compute.gemm_source
+            return self.compute.formula_gemm(m, k, n, dt, weight_bytes)
+        price = self.compute.gemm(GemmShape(m, k, n, dt))  # type: ignore[arg-type]
+        self._source = price.source
+        self._extrapolated = self._extrapolated or price.extrapolated
+        return price.seconds
 
     def _rows(self, d: OpDecision, t: int) -> int:
         """Token rows one rank processes for this op."""
@@ -196,7 +190,16 @@ class OpPrices:
         phys = self._physical_experts(m_use, active, ew, i_loc, t, t_compute)
         if phys is not None and self.models is not None:
             self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
-        return (secs if phys is None else phys), flops, nbytes, (m_use, ew, 2 * i_loc)
+            self._source = KERNEL_MODEL
+        secs = secs if phys is None else phys
+        if self.compute.sources:
+            tp_, ep_ = {"a2a": (1, n), "ep": (n // (self.plan.ep_size or 1), self.plan.ep_size or 1)}.get(
+                str(d.split), (n, 1))  # fmt: skip
+            moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)  # type: ignore[arg-type]
+            price = self.compute.moe(moe)
+            if price is not None:
+                secs, self._source, self._extrapolated = price.seconds, price.source, price.extrapolated
+        return secs, flops, nbytes, (m_use, ew, 2 * i_loc)
 
     def _model(self, family: str) -> KernelModels | None:
         """The physical models, where they cover `family` as the run executed it (see __init__)."""
@@ -224,6 +227,7 @@ class OpPrices:
         redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
         shape = None
         self._extrapolated = False
+        self._source = ROOFLINE
         cost = cost_class(op)
         if cost == "gemm":
             out, inp = op.weight_shape
@@ -252,21 +256,25 @@ class OpPrices:
             flops = op.ctx_flops_per_token * pairs * share
             kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
             _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
-            secs, cat = self._roofline(flops, nbytes, ATTN_EFFICIENCY), "attention"
-            model = self._model(str(op.attrs.get("impl")))
+            secs, cat = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), "attention"
+            impl = str(op.attrs.get("impl"))
+            model = self._model(impl)
+            heads = int(op.attrs.get("heads", 1))
+            h_rank = max(1, round(heads * share))
+            dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
             if model is not None:
-                heads = int(op.attrs.get("heads", 1))
-                h_rank = max(1, round(heads * share))
-                dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
                 dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
                 phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
                 secs = secs if phys is None else phys
                 name = "attention_prefix" if ctx > 0 else "attention_causal"
                 self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t,
                                                                                context=ctx)  # fmt: skip
+                self._source = ROOFLINE if phys is None else KERNEL_MODEL
+            if self.compute.sources:
+                secs = self._sourced_attention(op, impl, h_rank, dqk, dv, share, segs, secs)
         elif cost == "recurrence":
             flops, nbytes = self._elementwise(lg, d, t)
-            secs, cat = self._roofline(flops, nbytes, RECURRENCE_EFFICIENCY), "recurrence"
+            secs, cat = self._roofline(flops, nbytes, self.topo.gpu.recurrence_efficiency), "recurrence"
             impl = str(op.attrs.get("impl"))
             model = self._model(impl)
             # GDN's state, and its work, is per v head (a key head serves v_heads / k_heads of them)
@@ -274,6 +282,7 @@ class OpPrices:
             h_rank = max(1, round(heads * d.compute_share))
             phys = None if model is None else model.recurrence(impl, h_rank, t)
             secs = secs if phys is None else phys
+            self._source = ROOFLINE if phys is None else KERNEL_MODEL
             self._extrapolated = phys is not None and model is not None and model.extrapolated(
                 impl, heads=h_rank, tokens=t)  # fmt: skip
         elif cost == "free":
@@ -289,6 +298,7 @@ class OpPrices:
             # The op also applies the output RMSNorm (`opkind_defs._attn_res_run`), which the sweeps time
             # apart from the depth softmax: its [rows, hidden] read and write at the HBM roofline.
             secs = secs if phys is None else phys + self._roofline(0.0, 2.0 * lg.hidden * rows * self.b)
+            self._source = ROOFLINE if phys is None else KERNEL_MODEL
             self._extrapolated = phys is not None and model is not None and model.extrapolated(
                 "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
         else:  # elementwise (norms, gates, short convolutions): memory-bound
@@ -299,6 +309,7 @@ class OpPrices:
                 model = self._model(impl)
                 phys = None if model is None else model.stream(nbytes)
                 secs = secs if phys is None else phys
+                self._source = ROOFLINE if phys is None else KERNEL_MODEL
                 channels = lg.values[op.output].width * d.compute_share
                 self._extrapolated = phys is not None and model is not None and model.extrapolated(
                     impl, channels=channels, tokens=t)  # fmt: skip
@@ -306,6 +317,7 @@ class OpPrices:
                 model = self._model("norm")
                 phys = None if model is None else model.norm(nbytes)
                 secs = secs if phys is None else phys
+                self._source = ROOFLINE if phys is None else KERNEL_MODEL
                 width = lg.values[op.output].width * d.compute_share
                 self._extrapolated = phys is not None and model is not None and model.extrapolated(
                     "norm", width=width, tokens=t)  # fmt: skip
@@ -313,8 +325,27 @@ class OpPrices:
             redundant = False
         kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
         measured = self._profiled(kernel, op.name, secs)
+        source = PROFILE if measured != secs else (None if cost == "free" else self._source)
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
-                      self._extrapolated)  # fmt: skip
+                      self._extrapolated, source)  # fmt: skip
+
+    def _sourced_attention(
+        self, op: Op, impl: str, heads: int, dqk: int, dv: int, share: float, segs: Segments, secs: float
+    ) -> float:
+        """The attention call's price from a kernel source where one answers, else `secs` unchanged.
+        Per request: the batch's new and cached tokens split evenly over its segments."""
+        batch = max(1, len(segs))
+        t = sum(n for n, _ in segs)
+        ctx = sum(c for _, c in segs)
+        kv = max(1, round(int(op.attrs.get("kv_heads", op.attrs.get("heads", 1))) * share))
+        window = op.attrs.get("window")
+        shape = AttentionShape(max(1, t // batch), ctx // batch, heads, heads if impl == "mla" else kv, dqk, dv,
+                               "mla" if impl == "mla" else "mha", int(window) if window else None, batch)  # fmt: skip
+        price = self.compute.attention(shape)
+        if price is None:
+            return secs
+        self._source, self._extrapolated = price.source, price.extrapolated
+        return price.seconds
 
     def _profiled(self, kernel: str | None, op_name: str, modelled: float) -> float:
         """`modelled` through the measured profile for this op (its own, 'kind:op name', first, else its
@@ -331,7 +362,7 @@ class OpPrices:
         """One collective of `kind` on the TP group (as it sits on the nodes) for a batch of `t`
         tokens, whose ring volume per rank is `elements_per_token` x t; sized as nccl-tests does."""
         nbytes = nccl_bytes(kind, elements_per_token * t, self.tp, self.b)
-        est = collective_time(kind, nbytes, self.tp, self.topo, ranks_per_node=self.rpn)
+        est = price_collective(kind, nbytes, self.tp, self.topo, ranks_per_node=self.rpn, sources=self.compute.sources)
         return CollectiveTime(layer_kind, label, kind, region, nbytes, est.time_s, est.algorithm)
 
     def layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
@@ -348,8 +379,10 @@ class OpPrices:
         nbytes = elements * self.b
         modelled = self._roofline(0.0, nbytes)
         secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
+        source = PROFILE if secs != modelled else ROOFLINE
         return OpTime(
-            lg.kind, name, "layout", "elementwise", 0.0, nbytes, secs, False, None, LAYOUT_COPY_KERNEL, modelled
+            lg.kind, name, "layout", "elementwise", 0.0, nbytes, secs, False, None, LAYOUT_COPY_KERNEL, modelled,
+            False, source,
         )
 
 

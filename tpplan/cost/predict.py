@@ -2,13 +2,19 @@
 
 The audit (`tpplan.audit`) says, per layer kind, how each op runs under a plan (its strategy, the
 share of the op's work one rank does, its weight per rank) and which collectives the plan issues.
-The cost model turns that into seconds and bytes on a `Topology`, in these modules:
+The cost model turns that into seconds and bytes on a `Topology` (a GPU model, `cost/gpu.py`, in a
+cluster, `cost/cluster.py`, for a `Deployment`, `cost/deployment.py`), in these modules:
 
-- `cost/op_prices.py`: one op's compute (GEMMs at the per-rank shape, grouped experts, attention,
-  recurrences, memory-bound ops; kernel models and measured profiles) and one collective's time;
+- the two pricers: `cost/compute.py` (one op class at one per-rank shape on a GPU model: its kernel
+  sources first, then the GEMM table, kernel models, rooflines) and `cost/comm.py` (one collective
+  of a size on a group of the cluster: a source, measured curves, fitted constants, the link model);
+- `cost/op_prices.py`: a plan's op decisions and collectives turned into those pricers' shapes
+  (GEMMs at the per-rank shape, grouped experts, attention, recurrences, memory-bound ops; measured
+  profiles on top);
 - `cost/predictor.py`: those prices summed into a layer, the pipeline stages (boundary sends, the
   chunked-prefill bubble) and the memory per rank (weights, activations, KV cache, state);
-- `cost/prediction.py`: the results (`PlanPrediction`) and their JSON;
+- `cost/prediction.py`: the results (`PlanPrediction`) and their JSON; `cost/pricing.py`: the same
+  prices one at a time for a search; `cost/bands.py`, `cost/provenance.py`: how sure a time is;
 - `cost/segments.py`, `cost/stages.py`: batch shapes and the pipeline's stages;
 - this module: the public API, `predict_plan`, `predict_audit`, `predict_many`, `batch_time`,
   `pipeline_ttft` and `plan_gemm_shapes`.
@@ -89,12 +95,15 @@ def batch_time(
     context: int = 0,
     dtype: str = "bf16",
     expert_dtype: str | None = None,
+    engine: str | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
-    the whole model; with PP, the sum of the stages and their sends (one chunk, no pipelining)."""
+    the whole model; with PP, the sum of the stages and their sends (one chunk, no pipelining).
+    `engine` ("sglang@0.5.14"): price kernels from that engine's measured database where it has them."""
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
-    return cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype).latency(((n_tokens, context),))
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine)
+    return p.latency(((n_tokens, context),))
 
 
 def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
@@ -128,12 +137,14 @@ def predict_plan(
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     audit: PlanAudit | None = None,
+    engine: str | None = None,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
-    workload) TTFT, for one plan at TP `tp` x PP `pp` on `topology`."""
+    workload) TTFT, for one plan at TP `tp` x PP `pp` on `topology` (kernels from `engine`'s
+    measured database where it has them, e.g. "sglang@0.5.14")."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit)
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine)
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -170,6 +181,7 @@ def predict_audit(
     workload: Workload | None = None,
     tokens: int | None = None,
     expert_dtype: str | None = None,
+    engine: str | None = None,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
     workload's chunk size (8192 without a workload)."""
@@ -186,6 +198,7 @@ def predict_audit(
             dtype=a.dtype,
             expert_dtype=expert_dtype,
             audit=pa,
+            engine=engine,
         )
         for pa in a.plans
     ]

@@ -32,6 +32,7 @@ class OpTime:
     kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
     extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
+    source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
@@ -183,6 +184,7 @@ class PlanPrediction:
                             "seconds": o.seconds,
                             "redundant": o.redundant,
                             "extrapolated": o.extrapolated,
+                            "source": o.source,
                             "shape": list(o.shape) if o.shape else None,
                         }
                         for o in k.ops

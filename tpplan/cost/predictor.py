@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from tpplan.audit import PlanAudit, stage_weights
-from tpplan.cost.collectives import collective_time
+from tpplan.cost.comm import price_collective
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.prediction import KindTime, MemoryBreakdown
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
@@ -79,9 +79,10 @@ class Predictor(OpPrices):
         g = self.topo.gpus_per_node
         dst = next(i for i, r in enumerate(self.stages) if layer in r)  # stage s holds ranks [s*tp, (s+1)*tp)
         rpn = 1 if ((dst - 1) * self.tp) // g != (dst * self.tp) // g else 2
-        secs = collective_time("send_recv", per_rank, 2, self.topo, ranks_per_node=rpn).time_s
+        secs = price_collective("send_recv", per_rank, 2, self.topo, ranks_per_node=rpn).time_s
         if self.plan.stream is not S_TOK and self.tp > 1:
-            secs += collective_time("all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn).time_s
+            secs += price_collective("all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn,
+                                     sources=self.compute.sources).time_s
         return secs
 
     def stage_times(self, segs: Segments) -> tuple[list[float], list[float], float]:
@@ -183,14 +184,15 @@ _CACHE_MAX = 512
 
 
 def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
-                     expert_dtype: str | None, audit: PlanAudit | None = None) -> Predictor:  # fmt: skip
-    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, dtype): the scheduler calls
+                     expert_dtype: str | None, audit: PlanAudit | None = None, *,
+                     engine: str | None = None) -> Predictor:  # fmt: skip
+    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, dtype, engine): the scheduler calls
     batch_time per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype)
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
-    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit)
+    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine)
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs

@@ -41,10 +41,11 @@ class Pricer:
         pp: int = 1,
         dtype: str = "bf16",
         expert_dtype: str | None = None,
+        engine: str | None = None,
     ) -> None:
         self.graph, self.topology, self.tp, self.pp = graph, topology, tp, pp
-        self.dtype, self.expert_dtype = dtype, expert_dtype
-        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype)
+        self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
+        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, engine=engine)
         self._by_plan: dict[tuple[str, int | None, Placement], Predictor] = {("tp", None, R): self._base}
 
     @property
@@ -58,8 +59,9 @@ class Pricer:
         if hit is None:
             plan: Plan = baseline().with_(moe=moe, ep_size=key[1], stream=stream)
             hit = Predictor(
-                self.graph, plan, self.topology, self.tp, self.pp, self.dtype, self.expert_dtype, audit=self._base.audit
-            )
+                self.graph, plan, self.topology, self.tp, self.pp, self.dtype, self.expert_dtype,
+                audit=self._base.audit, sources=self._base.compute.sources,
+            )  # fmt: skip
             self._by_plan[key] = hit
         return hit
 

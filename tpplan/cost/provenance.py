@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpplan.cost.bands import BandPart, prediction_band
 from tpplan.cost.topology import Topology, load_topology
 from tpplan.errors import TpplanError
 
@@ -23,10 +24,14 @@ class Provenance:
     label: str
     band: float  # relative error of a predicted time (0.139 = 13.9%)
     basis: str  # what the band was measured on (in-sample or out-of-sample, which machine)
+    parts: tuple[BandPart, ...] = ()  # a composed band's (class, source) parts, largest share first
 
     def to_json(self) -> dict[str, object]:
         """Plain data for the JSON outputs (`provenance` in audit, search and bench JSON)."""
-        return {"key": self.key, "label": self.label, "band": self.band, "basis": self.basis}
+        out: dict[str, object] = {"key": self.key, "label": self.label, "band": self.band, "basis": self.basis}
+        if self.parts:
+            out["parts"] = [p.to_json() for p in self.parts]
+        return out
 
     def short(self) -> str:
         """One phrase for a table title: the label and the band, e.g. `extrapolated ... (±13.9%)`."""
@@ -110,6 +115,21 @@ def provenance(topology: Topology, gpus: int) -> Provenance:
     return BANDS["datasheet"]
 
 
+def composed_provenance(base: Provenance, prediction: object) -> Provenance:
+    """`base` (the topology's provenance) with the band composed from the prediction's parts: each op
+    class and collective's out-of-sample error weighted by its share of the predicted time
+    (`cost.bands`). A measured or calibrated (in-sample) provenance keeps its own band; so does a
+    prediction without per-op times (a stand-in predictor)."""
+    if base.key in ("measured", "calibrated") or not getattr(prediction, "kinds", None):
+        return base
+    band, parts = prediction_band(prediction)
+    if not parts:
+        return base
+    label = f"{base.label}, band composed per op class and source"
+    basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
+    return Provenance(base.key, label, band, basis, tuple(parts))
+
+
 def recorded_provenance(topology: str, gpus: int) -> Provenance | None:
     """The provenance of predictions a results file recorded on topology `topology` (a preset name
     or path) for `gpus` GPUs; None when this build cannot load that topology."""
@@ -124,4 +144,4 @@ def within_band(gain: float, band: float) -> bool:
     return abs(gain) <= band
 
 
-__all__ = ["BANDS", "Provenance", "provenance", "recorded_provenance", "within_band"]
+__all__ = ["BANDS", "Provenance", "composed_provenance", "provenance", "recorded_provenance", "within_band"]

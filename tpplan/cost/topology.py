@@ -1,187 +1,57 @@
-"""Cluster topology: GPUs, intra-node links, inter-node network, constants fitted by calibration.
+"""A topology: one GPU model (`cost.gpu`) in one cluster (`cost.cluster`), the pair a prediction prices.
 
-Bandwidths here are *achievable* figures (what NCCL's busbw reaches), not datasheet peaks: a plan's
-predicted time is only as good as these numbers, and datasheet peaks overstate NCCL by 20-40%.
-Units: GB/s = 1e9 bytes/s, Gb/s = 1e9 bits/s, TB/s = 1e12 bytes/s, latency in microseconds.
+A topology file is either small, naming the two (`gpu = "h200-measured"`, `cluster = "h200x8-ib400"`,
+presets or paths), or the single file of before the split, with an inline `[gpu]` table and the
+cluster's fields at the top (every recorded run and `tpplan calibrate` output is one). A cluster file
+that names its GPU (`gpu = "..."`) is a topology as well. `load_topology` reads all three and lets
+`--gpu`/`--cluster` replace either half; the result is one flat, validated `Topology`.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from tpplan.cost._files import read_mapping, validate
-from tpplan.errors import unknown_name
-
-CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
-COLLECTIVE_KINDS: tuple[str, ...] = (
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "all_to_all",
-    "send_recv",
+from tpplan.cost.cluster import (
+    CLUSTER_FIELDS,
+    COLLECTIVE_KINDS,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_US,
+    AllReduceAlgorithm,
+    Cluster,
+    CollectiveCurve,
+    CollectiveKind,
+    FittedCollective,
+    InterLink,
+    IntraLink,
 )
+from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef, Strict
+from tpplan.errors import TpplanError, unknown_name
+from tpplan.inputs import parse_toml
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Topology(Strict):
+    """Nodes x GPUs with their links; `fitted` (from calibration) and `curves` (measured) override the
+    link model. `gpu_preset`/`cluster_preset` name the halves it was composed from, if any."""
 
-
-class GemmPoint(_Strict):
-    """One measured GEMM: C[M,N] = A[M,K] @ B[K,N] reached `tflops` (dense, the GPU's own dtype)."""
-
-    M: int = Field(ge=1)
-    K: int = Field(ge=1)
-    N: int = Field(ge=1)
-    tflops: float = Field(gt=0)
-    dtype: Literal["bf16", "fp8"] = "bf16"
-
-
-class KernelProfile(_Strict):
-    """Measured speed of one kernel class (norms, the recurrence, attention, ...) on this GPU.
-
-    Written by `tpplan calibrate --kernels-from` from a bench run. `points` pairs the cost model's
-    own estimate of an op (roofline seconds) with the time the kernel really took, sorted by the
-    estimate; `apply` maps a new estimate through them. The estimate is the key because it already
-    carries the op's shape, share and dtype, so one curve serves every plan and token count.
-    """
-
-    points: list[tuple[float, float]] = Field(min_length=1, description="(modelled s, measured s), ascending")
-    samples: int = Field(default=0, ge=0, description="ops measured to build the curve")
-    source: str = ""
-
-    @model_validator(mode="after")
-    def _ascending(self) -> Self:
-        xs = [x for x, _ in self.points]
-        if any(x <= 0 or y <= 0 for x, y in self.points) or xs != sorted(xs) or len(set(xs)) != len(xs):
-            raise ValueError("points must be positive (modelled s, measured s) pairs with rising modelled s")
-        return self
-
-    def apply(self, modelled_s: float) -> float:
-        """Measured-equivalent seconds for an op the model estimates at `modelled_s`.
-
-        Inside the measured range: log-log interpolation between the neighbouring points. Outside:
-        the nearest point's measured/modelled ratio (kernels settle to a constant fraction of the
-        roofline at large sizes; at small ones the launch floor is in the estimate already).
-        """
-        if modelled_s <= 0:
-            return 0.0
-        pts = self.points
-        if modelled_s <= pts[0][0]:
-            return modelled_s * pts[0][1] / pts[0][0]
-        if modelled_s >= pts[-1][0]:
-            return modelled_s * pts[-1][1] / pts[-1][0]
-        for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-            if x0 <= modelled_s <= x1:
-                f = math.log(modelled_s / x0) / math.log(x1 / x0)
-                return math.exp(math.log(y0) + f * math.log(y1 / y0))
-        raise AssertionError("unreachable: points are ascending")
-
-
-class GpuSpec(_Strict):
-    """Per-GPU roofline numbers (dense, no sparsity) and optional measured GEMM and kernel tables."""
-
-    name: str
-    bf16_tflops: float = Field(gt=0, description="peak dense bf16 TFLOP/s")
-    fp8_tflops: float = Field(gt=0, description="peak dense fp8 TFLOP/s")
-    hbm_TBps: float = Field(gt=0, description="memory bandwidth, TB/s")
-    memory_GiB: float = Field(gt=0)
-    sm_count: int = Field(default=132, ge=1, description="SMs, for the analytic GEMM curve")
-    gemm_table: list[GemmPoint] | None = Field(
-        default=None, description="measured shapes; None = packaged table for its GPU or analytic"
-    )
-    kernel_profiles: dict[str, KernelProfile] = Field(
-        default_factory=dict,
-        description="measured kernel classes (key: op kind, or 'kind:op name'); none = roofline estimates",
-    )
-    gemm_scale: float = Field(
-        default=1.0, gt=0, description="this machine's GEMM rate / the table's (`tpplan calibrate --quick`)"
-    )
-    kernel_models: dict[str, dict[str, float | str]] = Field(
-        default_factory=dict,
-        description="fitted constants of the physical kernel models (cost.kernel_models; `impl`: what they "
-        "were fitted on); none = roofline",
-    )
-
-
-class AllReduceAlgorithm(_Strict):
-    """An intra-node all-reduce algorithm the stack runs besides NCCL's ring (NVLS in-switch
-    reduction, a one-shot/two-shot custom all-reduce, ...), priced with its own constants:
-    time = launch + latency_us + 2(n-1)/n * size / busbw_GBps (nccl-tests' busbw convention), for
-    sizes up to `max_bytes` and groups of `min_ranks` to `max_ranks`. Reduce-scatter and all-gather keep
-    the ring. Declaring none keeps the ring alone (every datasheet preset today)."""
-
-    name: str = Field(min_length=1, description="e.g. 'nvls', 'one-shot'; shown as the chosen algorithm")
-    busbw_GBps: float = Field(gt=0, description="achievable all-reduce busbw of this algorithm")
-    latency_us: float = Field(ge=0, description="fixed cost of one call beyond launch_us")
-    max_bytes: float | None = Field(default=None, gt=0, description="largest size it runs at; None = any")
-    max_ranks: int | None = Field(default=None, ge=2, description="largest group it runs on; None = any")
-    min_ranks: int = Field(default=2, ge=2, description="smallest group it beats the ring on (NVLS: from 5-8 GPUs)")
-    source: str = ""
-
-
-class IntraLink(_Strict):
-    """Link between GPUs of one node, as one GPU sees it (per direction)."""
-
-    kind: Literal["nvlink", "pcie"]
-    bandwidth_GBps: float = Field(gt=0, description="achievable per-GPU unidirectional busbw")
-    latency_us: float = Field(ge=0, description="per ring step / hop")
-    all_reduce: list[AllReduceAlgorithm] = Field(
-        default_factory=list,
-        description="intra-node all-reduce algorithms besides the ring; none = NCCL ring only",
-    )
-
-
-class InterLink(_Strict):
-    """Node-to-node network. Aggregate per node = nics * Gb/s / 8 * efficiency."""
-
-    nics_per_node: int = Field(ge=1)
-    nic_Gbps: float = Field(gt=0)
-    latency_us: float = Field(ge=0, description="per hop, host-to-host")
-    efficiency: float = Field(default=0.9, gt=0, le=1, description="achievable / line rate")
-
-    @property
-    def nic_GBps(self) -> float:
-        """Achievable bytes/s of one NIC, in GB/s."""
-        return self.nic_Gbps / 8.0 * self.efficiency
-
-
-class FittedCollective(_Strict):
-    """Constants fitted by `tpplan calibrate` for one collective kind on one node.
-
-    Model: time = alpha_us + busfactor(kind, n) * size / busbw_GBps, where alpha_us was measured at
-    `group_size` ranks (rescaled by ring steps for other group sizes). `curve` keeps the measured
-    (bytes, seconds) points: within their range and at the same group size, the prediction
-    interpolates them (NCCL switches protocol and channel count with size, which one alpha and one
-    bandwidth cannot follow); outside it, the alpha-beta line extrapolates.
-    """
-
-    alpha_us: float = Field(ge=0)
-    busbw_GBps: float = Field(gt=0)
-    group_size: int = Field(ge=2)
-    backend: str = "nccl"
-    points: int = Field(default=0, ge=0)
-    max_rel_err: float = Field(default=0.0, ge=0)
-    curve: list[tuple[float, float]] = Field(default_factory=list)
-
-
-class Topology(_Strict):
-    """Nodes x GPUs with their links; `fitted` (from calibration) overrides the link model."""
-
-    name: str
-    nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
+    name: str = Field(min_length=1)
+    nodes: int = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     gpu: GpuSpec
     intra: IntraLink
     inter: InterLink | None = None
-    launch_us: float = Field(default=20.0, ge=0, description="fixed per-call cost of one collective (launch, sync)")
+    launch_us: float = Field(default=20.0, ge=0, le=MAX_US, description="fixed per-call cost of one collective")
     fitted: dict[CollectiveKind, FittedCollective] = Field(default_factory=dict)
+    curves: list[CollectiveCurve] = Field(default_factory=list)
     notes: str = ""
+    provenance: str = Field(default="", description="where the cluster's link figures and curves come from")
+    gpu_preset: str | None = Field(default=None, description="the GPU model preset or file it names")
+    cluster_preset: str | None = Field(default=None, description="the cluster preset or file it names")
 
     @model_validator(mode="after")
     def _network_when_multinode(self) -> Self:
@@ -194,17 +64,38 @@ class Topology(_Strict):
         """Total GPUs."""
         return self.nodes * self.gpus_per_node
 
+    @property
+    def cluster(self) -> Cluster:
+        """The cluster half, as its own object."""
+        fields = {k: getattr(self, k) for k in CLUSTER_FIELDS}
+        return Cluster(name=self.cluster_preset or self.name, notes=self.notes, provenance=self.provenance,
+                       gpu=self.gpu_preset, **fields)  # fmt: skip
+
     def with_nodes(self, nodes: int) -> Topology:
         """Same hardware, another node count (validated)."""
+        _check_network(self.name, nodes, self.inter is not None, self.gpus_per_node)
         return validate(Topology, {**self.model_dump(), "nodes": nodes}, f"topology {self.name}")
+
+    @classmethod
+    def compose(cls, gpu: GpuSpec, cluster: Cluster, name: str | None = None, *, nodes: int | None = None) -> Topology:
+        """`gpu` in `cluster` (with `nodes` nodes): the pair a prediction prices."""
+        n = cluster.nodes if nodes is None else nodes
+        _check_network(name or cluster.name, n, cluster.inter is not None, cluster.gpus_per_node)
+        data = {k: getattr(cluster, k) for k in CLUSTER_FIELDS}
+        data.update(nodes=n, name=name or cluster.name, gpu=gpu, notes=cluster.notes, provenance=cluster.provenance,
+                    cluster_preset=cluster.name)  # fmt: skip
+        return validate(cls, data, f"topology {name or cluster.name}")
 
 
 _PRESETS = "presets"
+_GPUS = "gpus"
+_CLUSTERS = "clusters"
 
 
-def list_topologies() -> list[str]:
-    """Names of the packaged topology presets."""
+def _preset_names(sub: str | None) -> list[str]:
     root = resources.files("tpplan.cost").joinpath(_PRESETS)
+    if sub is not None:
+        root = root.joinpath(sub)
     return sorted(
         p.name[: -len(".toml")]
         for p in root.iterdir()
@@ -212,27 +103,152 @@ def list_topologies() -> list[str]:
     )
 
 
-def load_topology(name_or_path: str, nodes: int | None = None) -> Topology:
-    """Load a preset by name or a .toml/.json file; `nodes` overrides the node count.
+def list_topologies() -> list[str]:
+    """Names of the packaged topology presets."""
+    return _preset_names(None)
+
+
+def list_gpus() -> list[str]:
+    """Names of the packaged GPU model presets."""
+    return _preset_names(_GPUS)
+
+
+def list_clusters() -> list[str]:
+    """Names of the packaged cluster presets."""
+    return _preset_names(_CLUSTERS)
+
+
+def _read(what: str, name_or_path: str, sub: str | None, names: list[str]) -> tuple[dict[str, Any], str]:
+    """(data, where) of a preset `name_or_path` under presets/`sub`, or of a .toml/.json file."""
+    path = Path(name_or_path)
+    if path.suffix.lower() in (".toml", ".json") or path.exists():
+        return read_mapping(path), str(path)
+    if name_or_path not in names:
+        option, listing = _LISTINGS[what]
+        raise unknown_name(f"a .toml/.json {what}", name_or_path, names, option, listing)
+    parts = (_PRESETS, sub, f"{name_or_path}.toml") if sub else (_PRESETS, f"{name_or_path}.toml")
+    res = resources.files("tpplan.cost").joinpath(*parts)
+    where = f"{what} preset {name_or_path}"
+    return parse_toml(res.read_text(encoding="utf-8"), where, "reinstall tpplan"), where
+
+
+# The option that names a preset of each kind, and the command that lists them.
+_LISTINGS = {
+    "topology": ("--topology", "tpplan topologies"),
+    "GPU model": ("--gpu", "tpplan topologies"),
+    "cluster": ("--cluster", "tpplan topologies"),
+}
+
+
+def _gpu_data(ref: str) -> dict[str, Any]:
+    data, where = _read("GPU model", ref, _GPUS, list_gpus())
+    data = data.get("gpu", data) if isinstance(data.get("gpu"), dict) else data  # a topology file: its [gpu]
+    return validate(GpuSpec, data, where).model_dump()
+
+
+def load_gpu(name_or_path: str) -> GpuSpec:
+    """A GPU model preset (presets/gpus/) or file; a topology file gives its [gpu] table."""
+    return GpuSpec.model_validate(_gpu_data(name_or_path))
+
+
+def _cluster_data(ref: str) -> tuple[dict[str, Any], str]:
+    data, where = _read("cluster", ref, _CLUSTERS, list_clusters())
+    if isinstance(data.get("gpu"), dict):  # a whole old-style topology used as a cluster: its cluster half
+        data = {k: v for k, v in data.items() if k != "gpu"}
+    return data, where
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    """A cluster preset (presets/clusters/) or file."""
+    data, where = _cluster_data(name_or_path)
+    data = {k: v for k, v in data.items() if k not in ("gpu_preset", "cluster_preset")}
+    return validate(Cluster, data, where)
+
+
+def _check_network(name: str, nodes: int, has_inter: bool, gpus_per_node: int) -> None:
+    """One line, before any validation dump: a multi-node count on a cluster without a network."""
+    if not 1 <= nodes <= MAX_NODES:
+        raise TpplanError(f"--nodes {nodes}", f"must be 1 to {MAX_NODES}", "pass a node count in that range")
+    if nodes > 1 and not has_inter:
+        raise TpplanError(
+            f"topology {name} with {nodes} nodes",
+            f"its cluster is one node of {gpus_per_node} GPUs with no [inter] network between nodes",
+            "add a multi-node cluster (e.g. --cluster h200x8-ib400: 8 measured H200 per node) or drop --nodes",
+        )
+
+
+def load_topology(
+    name_or_path: str, nodes: int | None = None, *, gpu: str | None = None, cluster: str | None = None
+) -> Topology:
+    """Load a topology preset, file, or cluster (preset or file, with its default GPU); `cluster`
+    (preset or file) replaces its cluster and, where the cluster names one, its GPU; `gpu` (preset or
+    file) replaces the GPU model; `nodes` the node count.
 
     Every validation problem becomes a TpplanError naming the file and the field.
     """
-    path = Path(name_or_path)
-    if path.suffix.lower() in (".toml", ".json") or path.exists():
-        data = read_mapping(path)
-        where = str(path)
+    topologies = list_topologies()
+    if name_or_path not in topologies and name_or_path in list_clusters() and not Path(name_or_path).exists():
+        data: dict[str, Any] = {"cluster": name_or_path}
+        where = f"cluster preset {name_or_path}"
     else:
-        if name_or_path not in list_topologies():
-            known = list_topologies()
-            raise unknown_name("a .toml/.json topology", name_or_path, known, "--topology", "tpplan topologies")
-        res = resources.files("tpplan.cost").joinpath(_PRESETS, f"{name_or_path}.toml")
-        import tomllib
-
-        data = tomllib.loads(res.read_text(encoding="utf-8"))
-        where = f"preset {name_or_path}"
+        data, where = _read("topology", name_or_path, None, topologies)
+    data = dict(data)
+    if isinstance(data.get("cluster"), str):
+        cdata, _ = _cluster_data(data["cluster"])
+        data = {**cdata, **{k: v for k, v in data.items() if k != "cluster"}, "cluster_preset": data["cluster"]}
+        data.setdefault("name", data["cluster_preset"])
+    if cluster is not None and cluster != data.get("cluster_preset"):
+        cdata, _ = _cluster_data(cluster)
+        kept = {k: v for k, v in data.items() if k not in CLUSTER_FIELDS}
+        fabric = {k: v for k, v in cdata.items() if k in CLUSTER_FIELDS}
+        name = f"{data.get('name', cluster)}@{Path(cluster).stem}"
+        data = {**kept, **fabric, "cluster_preset": cluster, "name": name}
+        if isinstance(cdata.get("gpu"), str):  # the cluster names the GPU it holds
+            data["gpu"] = cdata["gpu"]
+    if gpu is not None:
+        data["gpu"] = gpu
+    if isinstance(data.get("gpu"), str):
+        ref = data["gpu"]
+        data["gpu"], data["gpu_preset"] = _gpu_data(ref), ref
+        if gpu is not None:
+            data["name"] = f"{data.get('name', ref)}+{Path(ref).stem}"
     if nodes is not None:
-        data = {**data, "nodes": nodes}
+        data["nodes"] = nodes
+    n = data.get("nodes")
+    if isinstance(n, int) and not isinstance(n, bool) and (nodes is not None or isinstance(data.get("intra"), dict)):
+        _check_network(str(data.get("name", name_or_path)), n, data.get("inter") is not None,
+                       data.get("gpus_per_node") if isinstance(data.get("gpus_per_node"), int) else 0)  # fmt: skip
     return validate(Topology, data, where)
+
+
+def select_topology(
+    topology: str | None,
+    nodes: int | None = None,
+    *,
+    gpu: str | None = None,
+    cluster: str | None = None,
+    engine: str | None = None,
+) -> Topology | None:
+    """The topology the CLI's `--topology`, `--cluster`, `--gpu`, `--engine` and `--nodes` name
+    (None: none given).
+
+    `--cluster` alone is the cluster with the GPU it names; `--gpu` and `--engine` need one of the two.
+    `--engine` makes the GPU model run that engine's kernels (`GpuSpec.with_engine`); its sources are
+    built here, so a missing `tpplan[aic]` extra or an unknown version is one line before any work."""
+    if topology is None and cluster is None:
+        for flag, value in (("--gpu", gpu), ("--engine", engine)):
+            if value is not None:
+                raise TpplanError(f"{flag} {value}", "a GPU model needs a cluster to run in",
+                                  "add --cluster or --topology")  # fmt: skip
+        return None
+    topo = load_topology(topology if topology is not None else cluster, nodes, gpu=gpu, cluster=cluster)  # type: ignore[arg-type]
+    if engine is None:
+        return topo
+    from tpplan.cost.compute import kernel_sources
+
+    topo = topo.model_copy(update={"gpu": topo.gpu.with_engine(engine), "name": f"{topo.name}/{engine}"})
+    kernel_sources(topo.gpu)
+    return topo
 
 
 def _toml_value(v: object) -> str:
@@ -283,5 +299,37 @@ def topology_to_toml(topo: Topology, header: str = "") -> str:
     data = topo.model_dump(mode="json", exclude_none=True)
     if not data["intra"].get("all_reduce"):
         data["intra"].pop("all_reduce", None)  # no declaration: files read as before
+    for key, default in NEW_FIELDS_DEFAULTS.items():  # fields added with the GPU/cluster split, at defaults
+        if data["gpu"].get(key) == default:
+            data["gpu"].pop(key, None)
+    for key, default in (("curves", []), ("provenance", "")):
+        if data.get(key) == default:
+            data.pop(key, None)
     _toml_table(data, "", out)
     return "\n".join(out).lstrip("\n") + "\n"
+
+
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "AllReduceAlgorithm",
+    "Cluster",
+    "CollectiveCurve",
+    "CollectiveKind",
+    "FittedCollective",
+    "GemmPoint",
+    "GpuModel",
+    "GpuSpec",
+    "InterLink",
+    "IntraLink",
+    "KernelProfile",
+    "SourceRef",
+    "Topology",
+    "list_clusters",
+    "list_gpus",
+    "list_topologies",
+    "load_cluster",
+    "load_gpu",
+    "load_topology",
+    "select_topology",
+    "topology_to_toml",
+]

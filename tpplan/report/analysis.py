@@ -16,7 +16,7 @@ from typing import Any
 
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.bench_results import BenchResults
-from tpplan.cost.provenance import BANDS, Provenance, provenance
+from tpplan.cost.provenance import BANDS, Provenance, composed_provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
@@ -551,6 +551,8 @@ def analyse(
     sweep = volume_sweep(graph, named, tp_sizes(graph, world, n), dtype)
     wl = workloads[0].name if workloads else None
     band = provenance(topology, cur.tp * cur.pp)
+    if wl is not None and wl in cur.predictions:  # the band of what the current deployment's time sums
+        band = composed_provenance(band, cur.predictions[wl])
     same = _same_decisions(variants)
 
     def formula(v: Variant) -> str:

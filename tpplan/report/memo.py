@@ -101,20 +101,39 @@ def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
         (
             p.label,
             f"±{100 * p.band:.1f}%" if p.key != "measured" else "-",
-            "**this memo**" if p is a.provenance else "",
+            "**this memo**" if p is a.provenance or (a.provenance.parts and p.key == a.provenance.key) else "",
             p.basis,
         )
         for p in BANDS.values()
     )
-    return [
+    out: list[Block] = [
         Heading("How sure"),
         Para(
             "Every predicted time below is labelled by where it comes from. The band is the measured error of such "
             "predictions; a verdict whose predicted gain (or loss) lies inside it is TOO CLOSE (to call), not YES "
             "or NO. Measured times (the bench section) carry no model band."
         ),
-        Table(("provenance", "band", "applies", "measured on"), rows, (1,)),
     ]
+    parts = a.provenance.parts
+    if parts:  # the band composed from what the current deployment's predicted time sums
+        out.append(Para(
+            f"This memo's band, ±{100 * a.provenance.band:.1f}%, is the sum over the op classes and collectives "
+            "of the current deployment's predicted time of (share of the time x out-of-sample error of that class "
+            "and source); the errors and their bases are in tpplan/cost/presets/bands/errors.toml."
+        ))  # fmt: skip
+        part_rows = tuple(
+            (p.klass, p.source, f"{100 * p.share:.1f}%", f"±{100 * p.error:.1f}%", f"{100 * p.share * p.error:.2f}%")
+            for p in parts
+        )
+        out.append(Table(("class", "priced by", "share of time", "error", "adds"), part_rows, (2, 3, 4)))
+        gpu = a.topology.gpu
+        if gpu.provenance:
+            out.append(Para(f"Compute on GPU model `{a.topology.gpu_preset or gpu.name}`: " + "; ".join(
+                f"{k}: {v}" for k, v in gpu.provenance.items()) + "."))  # fmt: skip
+        out.append(Para("Basis of each error: " + "; ".join(
+            f"{p.klass}/{p.source}: {p.basis}" for p in parts) + "."))  # fmt: skip
+    out.append(Table(("provenance", "band", "applies", "measured on"), rows, (1,)))
+    return out
 
 
 def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:

@@ -137,6 +137,9 @@ def _setup(
     expert_dtype: str | None,
     objective: str,
     all_plans: bool,
+    gpu: str | None = None,
+    cluster: str | None = None,
+    engine: str | None = None,
 ) -> _Setup:
     """Every input checked before any search runs (TpplanError: exit 2)."""
     from tpplan.models.config import load_model
@@ -158,10 +161,10 @@ def _setup(
         )
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     topo = wl = None
-    if isinstance(topology, str):
-        from tpplan.cost.topology import load_topology
+    if isinstance(topology, str) or (topology is None and (cluster or gpu or engine)):
+        from tpplan.cost.topology import select_topology
 
-        topo = load_topology(topology, nodes)
+        topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster, engine=engine)
     elif topology is not None:
         topo = topology if nodes is None else topology.with_nodes(nodes)
     elif objective == "time" or workload:
@@ -442,6 +445,9 @@ def run_search(
     objective: str = "time",
     all_plans: bool = False,
     progress: Callable[[str], None] | None = None,
+    gpu: str | None = None,
+    cluster: str | None = None,
+    engine: str | None = None,
 ) -> SearchOutcome:
     """Search every deployment, rank the plans that fit, and make each a plan file.
 
@@ -452,7 +458,8 @@ def run_search(
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
-    s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans)
+    s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans,
+               gpu, cluster, engine)  # fmt: skip
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"--pp {pp}", "pipeline stages do not change bytes per token", "drop --pp or rank by time")
     grid = deployments(s.graph, s.topo, tp, pp) if objective == "time" or tp is not None else None

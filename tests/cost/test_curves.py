@@ -1,0 +1,90 @@
+"""Collectives as measured curves in a cluster file: points per kind x algorithm x ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tpplan.cost.bands import collective_key
+from tpplan.cost.collectives import collective_time
+from tpplan.cost.comm import price_collective
+from tpplan.cost.kernel_source import KernelPrice
+from tpplan.cost.topology import load_topology
+from tpplan.errors import TpplanError
+
+MiB = 2**20
+CLUSTER = """name = "h200x8-curves"
+nodes = 1
+gpus_per_node = 8
+gpu = "h200-datasheet"
+
+[intra]
+kind = "nvlink"
+bandwidth_GBps = 360.0
+latency_us = 1.0
+
+[[curves]]
+kind = "all_reduce"
+algorithm = "nvls"
+ranks = 8
+points = [[1048576, 20e-6], [4194304, 35e-6], [67108864, 300e-6]]
+source = "test points"
+
+[[curves]]
+kind = "all_reduce"
+algorithm = "ring"
+ranks = 8
+points = [[1048576, 30e-6], [67108864, 400e-6]]
+"""
+
+
+@pytest.fixture
+def topo(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(CLUSTER)
+    return load_topology(str(p))
+
+
+def test_curves_interpolate_floor_and_extrapolate_at_their_bus_bandwidth(topo) -> None:
+    at = collective_time("all_reduce", 2 * MiB, 8, topo)
+    assert at.algorithm == "nvls-curve"  # the faster measured algorithm, as NCCL's tuner picks
+    want = math.exp(math.log(20e-6) + 0.5 * (math.log(35e-6) - math.log(20e-6)))  # 2 MiB: halfway in log size
+    assert at.time_s == pytest.approx(want, rel=1e-9)
+    assert collective_time("all_reduce", 4096, 8, topo).time_s == pytest.approx(20e-6)  # the latency floor
+    assert collective_time("all_reduce", 128 * MiB, 8, topo).time_s == pytest.approx(600e-6)  # last point's busbw
+    ring = collective_time("all_reduce", 2 * MiB, 8, topo, algorithm="ring")
+    assert ring.algorithm == "ring-curve" and ring.time_s > at.time_s
+    assert collective_key(at.algorithm) == "curve" and collective_key("ring") == "link-model"
+
+
+def test_kinds_and_groups_without_a_curve_keep_the_link_model(topo) -> None:
+    rs = collective_time("reduce_scatter", 2 * MiB, 8, topo)
+    assert rs.algorithm == "ring" and set(rs.candidates) == {"ring"}
+    assert collective_time("all_reduce", 2 * MiB, 4, topo).algorithm == "ring"
+    with pytest.raises(TpplanError, match="not available"):
+        collective_time("all_reduce", 2 * MiB, 8, topo, algorithm="tree")
+
+
+def test_bad_curves_are_refused(tmp_path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(CLUSTER.replace("[4194304, 35e-6], ", "[4194304, 35e-6], [2097152, 40e-6], "))
+    with pytest.raises(TpplanError, match="rising bytes"):
+        load_topology(str(p))
+
+
+class _Nccl:
+    """A stand-in kernel source that prices only 8-rank all-reduces."""
+
+    name = "table"
+
+    def collective(self, shape):
+        return KernelPrice(1e-4, "table:nccl") if shape.kind == "all_reduce" and shape.ranks == 8 else None
+
+
+def test_a_kernel_source_prices_collectives_first(topo) -> None:
+    got = price_collective("all_reduce", 2 * MiB, 8, topo, sources=(_Nccl(),))
+    assert got.time_s == 1e-4 and got.algorithm == "table:nccl"
+    assert price_collective("all_gather", 2 * MiB, 8, topo, sources=(_Nccl(),)) == collective_time(
+        "all_gather", 2 * MiB, 8, topo
+    )

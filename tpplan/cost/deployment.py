@@ -1,0 +1,72 @@
+"""A deployment: how many GPUs of a cluster a model runs on and how they split it (TP x PP x EP x DP).
+
+One object instead of loose ints, validated once against the cluster it runs on, so every pricer
+downstream can trust that the groups fit: a TP group larger than a node fills whole nodes, the
+GPUs it needs exist, an EP group divides the TP group it splits the experts over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from tpplan.errors import TpplanError
+
+
+class _Fabric(Protocol):
+    name: str
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def world_size(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """TP `tp` x PP `pp` (x DP `dp` replicas), routed experts split EP `ep` inside each TP group."""
+
+    tp: int
+    pp: int = 1
+    ep: int | None = None
+    dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment occupies."""
+        return self.tp * self.pp * self.dp
+
+    def nodes(self, gpus_per_node: int) -> int:
+        """Nodes it uses on a cluster of `gpus_per_node` GPUs per node."""
+        return math.ceil(self.gpus / gpus_per_node)
+
+    def ranks_per_node(self, gpus_per_node: int) -> int:
+        """TP ranks that share one node."""
+        return min(self.tp, gpus_per_node)
+
+    def check(self, cluster: _Fabric) -> Deployment:
+        """Itself, after checking it fits `cluster` (a `Cluster` or `Topology`); a TpplanError else."""
+        tp, pp, dp = self.tp, self.pp, self.dp
+        if tp < 1 or pp < 1 or dp < 1:
+            raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
+        if self.gpus > cluster.world_size:
+            raise TpplanError(
+                f"--tp {tp} --pp {pp}" + (f" x DP {dp}" if dp > 1 else ""),
+                f"needs {self.gpus} GPUs, topology {cluster.name} has {cluster.world_size} "
+                f"({cluster.nodes} x {cluster.gpus_per_node})",
+                "use a smaller TP/PP or a topology with more nodes",
+            )
+        g = cluster.gpus_per_node
+        if tp > g and tp % g:
+            raise TpplanError(
+                f"--tp {tp}",
+                f"a TP group larger than a node must fill whole nodes of {g} GPUs",
+                f"use a multiple of {g}",
+            )
+        if self.ep is not None and (self.ep < 1 or tp % self.ep):
+            raise TpplanError(f"EP {self.ep}", f"must divide TP {tp}", f"use a divisor of {tp}")
+        return self
+
+
+__all__ = ["Deployment"]

@@ -1,0 +1,190 @@
+"""A GPU model: what one GPU computes, on which software stack, and from which kernel sources.
+
+Everything that belongs to a GPU lives here, apart from the cluster it sits in (`cost.cluster`):
+datasheet figures, a measured GEMM table, fitted physical kernel models, measured kernel profiles,
+the efficiencies the roofline fallbacks use, and the kernel sources (`cost.kernel_source`) asked
+first. Each figure's origin is in `provenance` (op class -> where its prices come from), so a memo
+can say which op class was priced from what.
+
+Every number is bounded and finite: a GPU model is user input (`--gpu FILE`), and a bandwidth of
+1e-300 or a TFLOP/s of inf would make every later price meaningless.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Default roofline efficiencies (fractions of the dense peak) for GPUs whose model names none.
+ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
+# Chunked gated delta rule: fla_core 0.6.0 `chunk_kda` on one H200 (bf16, 48 heads x 128, 8192 tokens in
+# two chunks with carried state) took 4.16 ms for 51.5 GFLOP of the graph's count, 1.25% of the dense peak
+# (docs/benchmarks/h200x2-2026-11-30/fla-kda-check.json). The 0.25 assumed before was 20x too fast.
+RECURRENCE_EFFICIENCY = 0.0125
+
+# Bounds shared by the GPU and cluster types: far beyond any real part, tight enough to refuse nonsense.
+MAX_TFLOPS = 1e5
+MAX_TBPS = 1e3
+MAX_GIB = 1e6
+MIN_RATE = 1e-3  # below 1 GFLOP/s or 1 GB/s a figure is a typo, not a GPU
+
+
+class Strict(BaseModel):
+    """Frozen, no unknown fields, no inf/nan: the base of every hardware type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class GemmPoint(Strict):
+    """One measured GEMM: C[M,N] = A[M,K] @ B[K,N] reached `tflops` (dense, the GPU's own dtype)."""
+
+    M: int = Field(ge=1, le=2**31)
+    K: int = Field(ge=1, le=2**31)
+    N: int = Field(ge=1, le=2**31)
+    tflops: float = Field(gt=0, le=MAX_TFLOPS)
+    dtype: Literal["bf16", "fp8"] = "bf16"
+
+
+class KernelProfile(Strict):
+    """Measured speed of one kernel class (norms, the recurrence, attention, ...) on this GPU.
+
+    Written by `tpplan calibrate --kernels-from` from a bench run. `points` pairs the cost model's
+    own estimate of an op (roofline seconds) with the time the kernel really took, sorted by the
+    estimate; `apply` maps a new estimate through them. The estimate is the key because it already
+    carries the op's shape, share and dtype, so one curve serves every plan and token count.
+    """
+
+    points: list[tuple[float, float]] = Field(min_length=1, description="(modelled s, measured s), ascending")
+    samples: int = Field(default=0, ge=0, description="ops measured to build the curve")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _ascending(self) -> Self:
+        xs = [x for x, _ in self.points]
+        if any(x <= 0 or y <= 0 for x, y in self.points) or xs != sorted(xs) or len(set(xs)) != len(xs):
+            raise ValueError("points must be positive (modelled s, measured s) pairs with rising modelled s")
+        return self
+
+    def apply(self, modelled_s: float) -> float:
+        """Measured-equivalent seconds for an op the model estimates at `modelled_s`.
+
+        Inside the measured range: log-log interpolation between the neighbouring points. Outside:
+        the nearest point's measured/modelled ratio (kernels settle to a constant fraction of the
+        roofline at large sizes; at small ones the launch floor is in the estimate already).
+        """
+        if modelled_s <= 0:
+            return 0.0
+        pts = self.points
+        if modelled_s <= pts[0][0]:
+            return modelled_s * pts[0][1] / pts[0][0]
+        if modelled_s >= pts[-1][0]:
+            return modelled_s * pts[-1][1] / pts[-1][0]
+        for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+            if x0 <= modelled_s <= x1:
+                f = math.log(modelled_s / x0) / math.log(x1 / x0)
+                return math.exp(math.log(y0) + f * math.log(y1 / y0))
+        raise AssertionError("unreachable: points are ascending")
+
+
+class SourceRef(Strict):
+    """A kernel source a GPU model asks before its own formulas (`cost.sources`): `kind` names the
+    adapter ("aic": NVIDIA AIConfigurator's database, needs `tpplan[aic]`), the rest its arguments."""
+
+    kind: str = Field(min_length=1, description="adapter: 'aic'")
+    system: str = Field(default="", description="the database's GPU system name, e.g. 'h200_sxm'")
+    engine: str = Field(default="", description="serving engine whose kernels were measured: sglang, vllm, trtllm")
+    version: str = Field(default="", description="engine version of the measured tables")
+
+
+class GpuSpec(Strict):
+    """One GPU model: roofline numbers (dense, no sparsity), the software stack its measurements ran
+    on, optional measured GEMM and kernel tables, fitted kernel models and kernel sources, and where
+    each came from (`provenance`, op class -> source)."""
+
+    name: str = Field(min_length=1)
+    bf16_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense bf16 TFLOP/s")
+    fp8_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense fp8 TFLOP/s")
+    hbm_TBps: float = Field(ge=MIN_RATE, le=MAX_TBPS, description="memory bandwidth, TB/s")
+    memory_GiB: float = Field(ge=MIN_RATE, le=MAX_GIB)
+    sm_count: int = Field(default=132, ge=1, le=100_000, description="SMs, for the analytic GEMM curve")
+    gemm_table: list[GemmPoint] | None = Field(
+        default=None, description="measured shapes; None = packaged table for its GPU or analytic"
+    )
+    kernel_profiles: dict[str, KernelProfile] = Field(
+        default_factory=dict,
+        description="measured kernel classes (key: op kind, or 'kind:op name'); none = roofline estimates",
+    )
+    gemm_scale: float = Field(
+        default=1.0, ge=1e-3, le=1e3, description="this machine's GEMM rate / the table's (`tpplan calibrate --quick`)"
+    )
+    kernel_models: dict[str, dict[str, float | str]] = Field(
+        default_factory=dict,
+        description="fitted constants of the physical kernel models (cost.kernel_models; `impl`: what they "
+        "were fitted on); none = roofline",
+    )
+    attn_efficiency: float = Field(
+        default=ATTN_EFFICIENCY, gt=0, le=1, description="attention roofline: fraction of the dense peak"
+    )
+    recurrence_efficiency: float = Field(
+        default=RECURRENCE_EFFICIENCY, gt=0, le=1, description="chunked delta-rule roofline: fraction of the peak"
+    )
+    software: str = Field(default="", description="the stack its measured figures ran on (torch, fla, engine)")
+    system: str = Field(default="", description="its name in kernel databases (AIC: h200_sxm, ...), for --engine")
+    sources: list[SourceRef] = Field(default_factory=list, description="kernel sources asked first, in order")
+    provenance: dict[str, str] = Field(
+        default_factory=dict, description="op class (gemm, attention, moe, recurrence, elementwise) -> source"
+    )
+
+    def with_engine(self, engine: str) -> GpuSpec:
+        """This GPU model running `engine`'s kernels ("sglang@0.5.14"): NVIDIA AIConfigurator's measured
+        tables for its `system` and the models fitted on them, asked before its own figures."""
+        from tpplan.cost.compute import parse_engine
+
+        name, version = parse_engine(engine)
+        if not self.system:
+            from tpplan.errors import TpplanError
+
+            raise TpplanError(f"--engine {engine}", f"GPU model {self.name!r} names no kernel-database system",
+                              'add system = "h200_sxm" (its AIC name) to the GPU model')  # fmt: skip
+        refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
+                for k in ("aic", "aic-fitted")]  # fmt: skip
+        stack = f"{engine} kernels (AIConfigurator database, {self.system})"
+        stack += f" over {self.software}" if self.software else ""
+        return self.model_copy(update={"sources": [*refs, *self.sources], "software": stack})
+
+    def source_of(self, op_class: str) -> str:
+        """Where this GPU model's prices for `op_class` come from, in words."""
+        if op_class in self.provenance:
+            return self.provenance[op_class]
+        if op_class == "gemm":
+            return "GEMM table" if self.gemm_table else "packaged H200 GEMM table where the name matches, else analytic"
+        return "physical kernel models" if self.kernel_models else "datasheet roofline"
+
+
+GpuModel = GpuSpec  # the name the issue uses; one type
+
+# Fields a GPU file written before the split never had: left out of written files at their defaults.
+NEW_FIELDS_DEFAULTS: dict[str, object] = {
+    "attn_efficiency": ATTN_EFFICIENCY,
+    "recurrence_efficiency": RECURRENCE_EFFICIENCY,
+    "software": "",
+    "system": "",
+    "sources": [],
+    "provenance": {},
+}
+
+
+__all__ = [
+    "ATTN_EFFICIENCY",
+    "NEW_FIELDS_DEFAULTS",
+    "RECURRENCE_EFFICIENCY",
+    "GemmPoint",
+    "GpuModel",
+    "GpuSpec",
+    "KernelProfile",
+    "SourceRef",
+    "Strict",
+]
