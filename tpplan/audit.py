@@ -14,9 +14,9 @@ from typing import Protocol
 
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
+from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, Violation, propagate_model
-from tpplan.layout.transitions import TRANSITIONS
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, build_model_graph
 from tpplan.placement import P
@@ -101,7 +101,7 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     # The last block's output is reduced into the stream before the final norm.
     final_el = final_units = 0.0
     if delta is P:
-        final = TRANSITIONS[(P, plan.stream)]  # all-reduce into R, reduce-scatter into S(tok)
+        final = stream_reduction(plan)  # all-reduce into R, reduce-scatter into S(tok) (DP SUM_LEN: all-reduce)
         final_el = final.elements_per_rank(graph.hidden, 0, n)
         final_units = final.relative_units(graph.hidden, 0, n)
     counts = graph.counts()

@@ -25,6 +25,7 @@ from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
@@ -66,7 +67,7 @@ class Predictor(OpPrices):
         el = self.audit.final_elements_per_token
         if not el:
             return 0.0
-        kind = "all_reduce" if self.plan.stream is R else "reduce_scatter"
+        kind = stream_reduction(self.plan).collective.value  # type: ignore[union-attr]
         return self.collective("final", "final", kind, "mlp_side", el, t).seconds
 
     def boundary(self, layer: int, t: int) -> float:
@@ -123,6 +124,7 @@ class Predictor(OpPrices):
             seqs, chunk = [tokens], tokens
         results = self.audit.layer_results
         embed = spec.vocab * spec.hidden / n * b  # vocab-parallel embedding and head
+        embed_in = spec.vocab * spec.hidden * b if self.plan.dp_attention else embed  # DP: whole table per rank
         best: MemoryBreakdown | None = None
         for s, rng in enumerate(self.stages):
             weights = extra = kv = state = 0.0
@@ -136,7 +138,7 @@ class Predictor(OpPrices):
                 kv += self.kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
             if s == 0:
-                weights += embed
+                weights += embed_in
             if s == len(self.stages) - 1 and (not spec.tie_embeddings or len(self.stages) > 1):
                 weights += embed
             acts = self._activations(rng, chunk)
