@@ -255,6 +255,20 @@ def _mlp_side_linears(graph: ModelGraph) -> frozenset[str]:
     )
 
 
+def _experts_inputs(graph: ModelGraph) -> frozenset[tuple[str, str]]:
+    """(producer, routed experts) for every input of every routed-experts op: the hidden (or K3's
+    latent) and the routing, gathered for the experts only."""
+    out = set()
+    for kind, lg in graph.kinds.items():
+        producer = {op.output: op for op in lg.ops}
+        for op in lg.ops:
+            if op.kind is OpKind.EXPERTS:
+                for v in op.inputs:
+                    src = f"{kind}/{producer[v].role}" if v in producer else f"{kind}/layer.{v}"
+                    out.add((src, f"{kind}/{op.role}"))
+    return frozenset(out)
+
+
 def dp_attention(graph: ModelGraph, padding: str = "sum_len") -> Plan:
     """SGLang `--enable-dp-attention` with TP MoE: attention replicated on each rank's own requests,
     the normed MLP input gathered, the MLP/MoE under TP, its output reduced into the rank's rows."""
@@ -309,7 +323,7 @@ def vllm_dp_ep(graph: ModelGraph, n: int) -> Plan:
         "experts (E/N per rank) see every rank's tokens by all-gather and return a reduce-scatter.",
         stream=S_TOK,
         reduce=S_TOK,
-        gather_for=frozenset({("*/layer.mlp_in", "*/moe.experts"), ("*/moe.router", "*/moe.experts")}),
+        gather_for=_experts_inputs(graph),
         replicate=_attention_linears(graph) | _mlp_side_linears(graph),
         moe="ep",
         ep_size=n,
