@@ -150,12 +150,18 @@ class Predictor(OpPrices):
 
     def kv_per_token(self, attn: object) -> float:
         """KV cache bytes per token of one layer on one rank, as its token mixer states it
-        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads)."""
+        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
+        DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
+        tokens when the requests are spread evenly (docs/design.md, "DP attention")."""
+        if self.plan.dp_attention:
+            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp  # type: ignore[attr-defined]
         return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)  # type: ignore[attr-defined]
 
     def state_per_seq(self, attn: object) -> float:
         """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
         token mixer states it (`Mixer.state_bytes`: delta-rule state in fp32 plus short-conv tails)."""
+        if self.plan.dp_attention:  # every head of its own sequences: 1/N of them, spread evenly
+            return mixer(attn.kind).state_bytes(attn, 1, self.b, STATE_BYTES) / self.tp  # type: ignore[attr-defined]
         return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)  # type: ignore[attr-defined]
 
     def _activations(self, rng: range, t: int) -> float:
