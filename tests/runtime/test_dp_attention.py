@@ -195,3 +195,28 @@ def test_dp_attention_with_transformers_weights_equals_transformers_per_request(
     cases = [VerifyCase(model, p, tokens=tokens, seed=seed, weights=str(tmp_path)) for p in plans]
     results = verify_cases(cases, nproc=2, timeout_s=120)
     assert all(r.passed for r in results), [_explain(r) for r in results]
+
+
+def test_search_ranks_the_dp_plans_beside_found_ones_and_their_files_keep_the_decision(tmp_path) -> None:
+    """`run_search(dp_attention=True)`: the named DP plans enter the ranking with the figure every
+    ranked plan has (volume: the audit's bytes per token); the search's own plans are unchanged,
+    and a saved plan file loads back with its `dp_attention`."""
+    from tpplan.plans.files import load_plan_file, save_plan_dir
+    from tpplan.search.ranking import run_search
+
+    without = run_search("tiny-deepseek-v3", None, tp=2, objective="volume", top=8)
+    with_dp = run_search("tiny-deepseek-v3", None, tp=2, objective="volume", top=8, dp_attention=True)
+    g = _graph("tiny-deepseek-v3")
+    by_name = {e["name"]: e for e in with_dp.data["plans"]}
+    for name in DP_PLANS:
+        assert by_name[name]["score"] == pytest.approx(audit_plan(g, make_plan(name, g, 2), 2).comm_bytes_per_token)
+    found = [e["name"] for e in without.data["plans"] if e["found_by"] == "search"]
+    assert [e["name"] for e in with_dp.data["plans"] if e["found_by"] == "search"] == found[: len(
+        [e for e in with_dp.data["plans"] if e["found_by"] == "search"])]  # fmt: skip
+    scores = [e["score"] for e in with_dp.data["plans"]]
+    assert scores == sorted(scores)
+    i = next(i for i, e in enumerate(with_dp.data["plans"]) if e["name"] == "dp-attention")
+    path = save_plan_dir(tmp_path / "plans", with_dp.plan_files)[i]
+    back = load_plan_file(str(path), g, 2)
+    assert back.dp_attention == "sum_len"
+    assert audit_plan(g, back, 2).comm_bytes_per_token == by_name["dp-attention"]["score"]

@@ -46,6 +46,7 @@ class Decisions(_Strict):
     token_shard: list[str] = []
     moe: Literal["tp", "ep", "a2a"] = "tp"
     ep_size: int | None = None
+    dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
 
 
 class Deployment(_Strict):
@@ -96,6 +97,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "token_shard": sorted(plan.token_shard),
             "moe": plan.moe,
             "ep_size": plan.ep_size if plan.moe == "ep" else None,
+            "dp_attention": plan.dp_attention,
         }
     )
     return PlanFile(
@@ -193,6 +195,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         token_shard=frozenset(d.token_shard),
         moe=moe,
         ep_size=d.ep_size,
+        dp_attention=d.dp_attention,
         engine_notes=tuple(pf.engine_notes),
         found_by=pf.found_by,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},
