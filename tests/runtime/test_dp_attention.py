@@ -220,3 +220,19 @@ def test_search_ranks_the_dp_plans_beside_found_ones_and_their_files_keep_the_de
     back = load_plan_file(str(path), g, 2)
     assert back.dp_attention == "sum_len"
     assert audit_plan(g, back, 2).comm_bytes_per_token == by_name["dp-attention"]["score"]
+
+
+@pytest.mark.parametrize(("width", "n", "tokens"), [(64, 2, 6), (64, 4, 7), (48, 4, 3)])
+def test_dp_transition_volume_equals_schedule_bytes(width: int, n: int, tokens: int) -> None:
+    """SUM_LEN's all-reduces move the [T, W] buffer of every rank's rows: the planner's ring volume
+    equals the schedule's buffer through ring_sent_bytes (no padding: T rows, not N*ceil(T/N))."""
+    from tpplan.layout.schedule import ring_sent_bytes
+
+    for move in DP_TRANSITIONS.values():
+        assert move.collective is not None
+        shape = move.call_shape(width, 0, n, tokens)
+        assert shape == (tokens, width)
+        assert ring_sent_bytes(move.collective.value, tokens * width * 2, n) == pytest.approx(
+            move.elements_per_rank(width, 0, n, tokens) * 2
+        )
+        assert move.layout_copy("v", width, 0, n, tokens) is None
