@@ -127,6 +127,8 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
             weight += d.weight_elements_per_rank * nbytes
             if d.split == "replicated" and d.op.split.value in ("col", "row"):
                 replicated_extra += (d.op.weight_numel - d.op.weight_numel / n) * nbytes
+    if plan.dp_attention:  # every DP rank looks up its own tokens in the whole embedding table
+        replicated_extra += graph.spec.vocab * graph.hidden * (n - 1) / n * nbytes
     return PlanAudit(plan, n, nbytes, kinds, results, final_el, final_units, weight, replicated_extra, violations)
 
 

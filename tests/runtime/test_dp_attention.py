@@ -100,9 +100,12 @@ def test_dp_memory_prices_whole_attention_weights_and_embedding_and_own_kv() -> 
         base, dp = (make_plan(p, g, n) for p in ("baseline", "dp-attention"))
         mb, md = (cached_predictor(g, p, topo, n, 1, "bf16", None).memory(None, 64) for p in (base, dp))
         assert md.replicated_extra > 0 == mb.replicated_extra
-        # The whole embedding: (N-1)/N of the table more per rank, besides the attention weights.
+        # The whole embedding: (N-1)/N of the table more per rank, besides the attention weights,
+        # and the audit's replication price says the same.
         table = g.spec.vocab * g.hidden * b
-        assert md.weights - mb.weights == pytest.approx(md.replicated_extra + table * (n - 1) / n)
+        assert md.weights - mb.weights == pytest.approx(md.replicated_extra)
+        assert md.replicated_extra == pytest.approx(audit_plan(g, dp, n).replicated_extra_bytes)
+        assert md.replicated_extra > table * (n - 1) / n  # the attention weights come on top
         # KV: with every head, 1/N of the tokens. GQA at TP2 splits its 2 KV heads, the same bytes;
         # MLA caches its latent whole on every rank under TP: DP divides it by N.
         if model == "tiny-qwen3":

@@ -139,6 +139,7 @@ class Predictor(OpPrices):
                 state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
             if s == 0:
                 weights += embed_in
+                extra += embed_in - embed  # DP attention: the whole table, not its vocab slice
             if s == len(self.stages) - 1 and (not spec.tie_embeddings or len(self.stages) > 1):
                 weights += embed
             acts = self._activations(rng, chunk)
