@@ -26,6 +26,7 @@ CASES = {
         "yes", ("--tensor-parallel-size 1", "--data-parallel-size 8", "--enable-expert-parallel",
                 "--all2all-backend allgather_reducescatter"),
     ),
+    "vllm-dp": ("no", (), "yes", ("--tensor-parallel-size 1", "--data-parallel-size 8")),
 }  # fmt: skip
 
 
@@ -40,3 +41,5 @@ def test_dp_plans_engine_lines(name: str) -> None:
         assert recipe.realises == ok, (recipe.engine, recipe.summary)
         assert all(f in recipe.args for f in flags), (recipe.engine, recipe.args)
         assert bool(recipe.command()) == (ok != "no")
+    if name == "vllm-dp":
+        assert "--enable-expert-parallel" not in vllm_recipe(plan, spec, tp=8).args

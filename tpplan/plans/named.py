@@ -221,7 +221,7 @@ __all__ = [
 # rank's tokens and scatters back. The attention-side weights are found per graph, so these plans
 # take the graph like gate-aware does.
 
-DP_PLANS = ("dp-attention", "dp-attention-maxlen", "dp-attention+a2a", "vllm-dp-ep")
+DP_PLANS = ("dp-attention", "dp-attention-maxlen", "dp-attention+a2a", "vllm-dp-ep", "vllm-dp")
 
 SGLANG_DP_NOTE = (
     "SGLang: --enable-dp-attention --dp-size N (attention TP = tp/dp = 1); extend batches over more than one DP "
@@ -311,11 +311,23 @@ def dp_attention_a2a(graph: ModelGraph) -> Plan:
     )
 
 
-def vllm_dp_ep(graph: ModelGraph, n: int) -> Plan:
+def vllm_dp_ep(graph: ModelGraph, n: int, expert_parallel: bool = True) -> Plan:
     """vLLM `--data-parallel-size N --enable-expert-parallel` (TP 1 per DP rank) with the default
     all-gather/reduce-scatter all2all backend (`AgRsAll2AllManager`): every weight but the routed
     experts is replicated and runs on the rank's own tokens; the MoE input and the routing are
-    all-gathered for the experts (E/N per rank), their output reduce-scattered back."""
+    all-gathered for the experts (E/N per rank), their output reduce-scattered back. Without
+    `--enable-expert-parallel` (`vllm-dp`) the routed experts are split by TP over the N ranks
+    instead (`FusedMoEParallelConfig.make` flattens TP across DP), gathered the same way."""
+    if not expert_parallel:
+        return vllm_dp_ep(graph, n).with_(
+            name="vllm-dp",
+            title="vLLM DP (routed experts TP over the DP ranks)",
+            summary="Every rank runs everything but the routed experts on its own requests; the routed experts, "
+            "split by TP over the N ranks, see every rank's tokens by all-gather and return a reduce-scatter.",
+            moe="tp",
+            ep_size=None,
+            engine_notes=("vLLM: --data-parallel-size N (TP 1, no --enable-expert-parallel)",),
+        )
     return Plan(
         "vllm-dp-ep",
         "vLLM DP + EP (all-gather / reduce-scatter dispatch)",
@@ -345,4 +357,6 @@ def make_dp_plan(name: str, graph: ModelGraph, n: int) -> Plan | None:
         return dp_attention_a2a(graph)
     if name == "vllm-dp-ep":
         return vllm_dp_ep(graph, n)
+    if name == "vllm-dp":
+        return vllm_dp_ep(graph, n, expert_parallel=False)
     return None

@@ -37,7 +37,7 @@ def dp_family(plan: Plan) -> str | None:
     if plan.moe == "a2a":
         return "dp-attention+a2a"
     if plan.gather_for and not plan.gather:  # only the experts see every rank's tokens
-        return "vllm-dp-ep"
+        return "vllm-dp-ep" if plan.moe == "ep" else "vllm-dp"
     if plan.moe == "ep":
         return "dp-attention+ep"
     return "dp-attention" if plan.dp_attention == "sum_len" else "dp-attention-maxlen"
@@ -64,11 +64,11 @@ def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], tp: int) -> E
     elif fam == "dp-attention+ep":
         args += [f"--ep-size {plan.ep_size}", "--moe-a2a-backend none"]
         summary = f"DP attention, EP{plan.ep_size} experts on the all-reduce-gathered tokens"
-    elif fam == "vllm-dp-ep":
+    elif fam in ("vllm-dp-ep", "vllm-dp"):
         return EngineRecipe(
             "SGLang", plan.name, tuple(args), "no",
-            f"SGLang gathers the whole MLP input (router and shared experts on every token); the closest is "
-            f"dp-attention+ep{tp}",
+            "SGLang gathers the whole MLP input (router and shared experts on every token); the closest is "
+            + (f"dp-attention+ep{tp}" if fam == "vllm-dp-ep" else "dp-attention"),
         )  # fmt: skip
     else:
         args.append("--moe-a2a-backend none")
@@ -104,6 +104,10 @@ def vllm_dp_recipe(plan: Plan, spec: ModelSpec, tp: int, chunk: int) -> EngineRe
         )
         return EngineRecipe("vLLM", plan.name, args, "yes", "DP attention, EP experts by all-gather/reduce-scatter",
                             conds, notes)  # fmt: skip
+    if fam == "vllm-dp":
+        return EngineRecipe("vLLM", plan.name, tuple(base), "yes",
+                            "DP attention; routed experts TP over the DP ranks (FusedMoEParallelConfig.make flattens "
+                            "TP across DP), gathered by all-gather, reduce-scattered back", conds[:1])  # fmt: skip
     if fam == "dp-attention+a2a":
         args = (*base, "--enable-expert-parallel", "--all2all-backend deepep_high_throughput")
         return EngineRecipe("vLLM", plan.name, args, "partly",
