@@ -14,9 +14,9 @@ from typing import Protocol
 
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
+from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, Violation, propagate_model
-from tpplan.layout.transitions import TRANSITIONS
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, OpKind, build_model_graph
 from tpplan.models.quant import op_weights
@@ -90,6 +90,9 @@ def stage_weights(
     """Per pipeline stage (`stages`: the layers each holds), the weight memory one rank holds."""
     spec, n = graph.spec, pa.n
     embed = spec.vocab * spec.hidden / n * stored.dtype_bytes  # vocab-parallel embedding and head
+    # DP attention: every rank looks its own tokens up in the whole embedding table (the head stays
+    # vocab-parallel); the table beyond its vocab slice is replication (docs/design.md, "DP attention").
+    embed_in = spec.vocab * spec.hidden * stored.dtype_bytes if pa.plan.dp_attention else embed
     out = []
     for s, rng in enumerate(stages):
         weights = extra = 0.0
@@ -101,7 +104,8 @@ def stage_weights(
                 if d.split == "replicated" and d.op.split.value in ("col", "row"):
                     extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
         if s == 0:
-            weights += embed
+            weights += embed_in
+            extra += embed_in - embed
         if s == len(stages) - 1 and (not spec.tie_embeddings or len(stages) > 1):
             weights += embed
         out.append(WeightMemory(weights, extra))
@@ -168,7 +172,7 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     # The last block's output is reduced into the stream before the final norm.
     final_el = final_units = 0.0
     if delta is P:
-        final = TRANSITIONS[(P, plan.stream)]  # all-reduce into R, reduce-scatter into S(tok)
+        final = stream_reduction(plan)  # all-reduce into R, reduce-scatter into S(tok) (DP SUM_LEN: all-reduce)
         final_el = final.elements_per_rank(graph.hidden, 0, n)
         final_units = final.relative_units(graph.hidden, 0, n)
     counts = graph.counts()

@@ -96,6 +96,10 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--all", help="Exact top-K over all plans (slower), not the best of each plan family"),
         ] = False,
+        dp_attention: Annotated[
+            bool,
+            typer.Option("--dp-attention", help="Also rank the named DP-attention plans (docs/design.md)"),
+        ] = False,
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
@@ -127,6 +131,7 @@ def register(app: typer.Typer) -> None:
                 expert_dtype=expert_dtype,
                 objective=objective,
                 all_plans=all_plans,
+                dp_attention=dp_attention,
                 progress=say,
             )
         data = outcome.data

@@ -30,9 +30,9 @@ from tpplan.cost.stages import bank_snapshots, stage_layers
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
+from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
-from tpplan.layout.transitions import collective_transition
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.placement import S_COL, S_TOK, P
@@ -372,7 +372,8 @@ class OpPrices:
         if c.internal:
             return None
         val = lg.values[c.value]
-        copy = collective_transition(c.collective, c.src, c.dst).layout_copy(c.value, val.width, val.heads, self.tp, t)
+        move = planned_transition(self.plan, c.collective, c.src, c.dst)  # DP SUM_LEN: its all-reduce moves
+        copy = move.layout_copy(c.value, val.width, val.heads, self.tp, t)
         if copy is None:
             return None
         name, elements = copy.name, copy.elements

@@ -25,6 +25,7 @@ from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
@@ -66,7 +67,7 @@ class Predictor(OpPrices):
         el = self.audit.final_elements_per_token
         if not el:
             return 0.0
-        kind = "all_reduce" if self.plan.stream is R else "reduce_scatter"
+        kind = stream_reduction(self.plan).collective.value  # type: ignore[union-attr]
         return self.collective("final", "final", kind, "mlp_side", el, t).seconds
 
     def boundary(self, layer: int, t: int) -> float:
@@ -138,12 +139,18 @@ class Predictor(OpPrices):
 
     def kv_per_token(self, attn: object) -> float:
         """KV cache bytes per token of one layer on one rank, as its token mixer states it
-        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads)."""
+        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
+        DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
+        tokens when the requests are spread evenly (docs/design.md, "DP attention")."""
+        if self.plan.dp_attention:
+            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp  # type: ignore[attr-defined]
         return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)  # type: ignore[attr-defined]
 
     def state_per_seq(self, attn: object) -> float:
         """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
         token mixer states it (`Mixer.state_bytes`: delta-rule state in fp32 plus short-conv tails)."""
+        if self.plan.dp_attention:  # every head of its own sequences: 1/N of them, spread evenly
+            return mixer(attn.kind).state_bytes(attn, 1, self.b, STATE_BYTES) / self.tp  # type: ignore[attr-defined]
         return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)  # type: ignore[attr-defined]
 
     def _activations(self, rng: range, t: int) -> float:

@@ -14,6 +14,10 @@ A plan does not list collectives one by one. It states a few decisions, and the 
 - `token_shard`: replicated ops that run on the rank's own tokens (a free slice of R).
 - `moe`: routed experts under tensor parallelism `tp`, expert parallelism without all-to-all
   `ep` (each rank holds E/ep experts, each split over N/ep ranks), or all-to-all dispatch `a2a`.
+- `dp_attention`: data-parallel attention (`tpplan.layout.dp_attention`): each rank's token-sharded
+  rows are whole requests of its own, so token mixers run on them; the value names how the engine
+  gathers and scatters around the MLP/MoE (`max_len`: all-gather / reduce-scatter of buffers
+  padded to the longest rank; `sum_len`: all-reduce of a zero-filled buffer of every rank's rows).
 
 Every op and producer is matched by a pattern against its qualified role
 `<layer kind>/<role>`, e.g. `mla+moe/mla.g_proj`; `*/mla.g_proj` matches it in every layer kind.
@@ -33,6 +37,7 @@ from tpplan.errors import TpplanError
 from tpplan.placement import S_TOK, Placement, R
 
 MoEMode = Literal["tp", "ep", "a2a"]
+DpPadding = Literal["max_len", "sum_len"]
 
 
 def _match(patterns: Iterable[str], qualified: str) -> bool:
@@ -79,6 +84,7 @@ class Plan:
     token_shard: frozenset[str] = frozenset()
     moe: MoEMode = "tp"
     ep_size: int | None = None
+    dp_attention: DpPadding | None = None
     engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
     found_by: str = "named"  # "named" or "search"
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
@@ -116,7 +122,7 @@ class Plan:
             "replicate": sorted(self.replicate),
             "token_shard": sorted(self.token_shard),
             "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
-        }
+        } | ({"dp_attention": self.dp_attention} if self.dp_attention else {})
 
 
 # The baseline and its EP variant live beside Plan, not with the other named plans
@@ -149,4 +155,4 @@ def with_ep(plan: Plan, ep: int) -> Plan:
     )
 
 
-__all__ = ["S_TOK", "MoEMode", "Plan", "R", "baseline", "with_ep"]
+__all__ = ["S_TOK", "DpPadding", "MoEMode", "Plan", "R", "baseline", "with_ep"]

@@ -16,9 +16,10 @@ import math
 from dataclasses import dataclass, field
 
 from tpplan.errors import TpplanError
+from tpplan.layout.dp_attention import embedding_placement, mixer_strategies, planned_transition, sum_len
 from tpplan.layout.plan import Plan
 from tpplan.layout.rules import Strategy, strategies, why_needed
-from tpplan.layout.transitions import collective_transition, transition
+from tpplan.layout.transitions import transition
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 from tpplan.placement import (
     S_COL,
@@ -283,7 +284,7 @@ class LayerWalk:
         self.done[(value, dst)] = dst
         lg, n = self.lg, self.n
         width, heads = lg.values[value].width, lg.values[value].heads
-        move = collective_transition(coll, src, dst)
+        move = planned_transition(self.plan, coll, src, dst)
         prod = self.producer_of[value].name if value in self.producer_of else value
         self.res.comms.append(
             CommEvent(
@@ -326,14 +327,17 @@ class LayerWalk:
             prod = producer_of.get(v)
             prod_q = qual(prod) if prod else f"{lg.kind}/layer.{v}"
             if p in (S_TOK, S_COL) and (plan.gathers(prod_q) or plan.gathers_for(prod_q, q)):
-                emit(Collective.ALL_GATHER, v, p, R, op, "the plan all-gathers it")
+                if p is S_TOK and sum_len(plan):
+                    emit(Collective.ALL_REDUCE, v, p, R, op, "DP gather: every rank's rows into a zero buffer, summed")
+                else:
+                    emit(Collective.ALL_GATHER, v, p, R, op, "the plan all-gathers it")
                 p = R
             elif p is S_TOK and plan.a2a_of(prod_q):
                 emit(Collective.ALL_TO_ALL, v, p, S_COL, op, "the plan moves it to head-sharded by all-to-all")
                 p = S_COL
             received.append(p)
         # 2. the cheapest strategy the received placements satisfy
-        options = strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q))
+        options = mixer_strategies(op, strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q)), plan)
         is_stream_add = op.reduces_into_stream
         best: tuple[float, Strategy] | None = None
         for opt in options:
@@ -362,7 +366,7 @@ class LayerWalk:
             strat = best[1]
             for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
                 if got is P and need is not P:
-                    coll = Collective.ALL_REDUCE if need is R else Collective.REDUCE_SCATTER
+                    coll = Collective.ALL_REDUCE if need is R or sum_len(plan) else Collective.REDUCE_SCATTER
                     why = (
                         "reduce the block output into the residual stream"
                         if is_stream_add
@@ -482,8 +486,8 @@ def propagate_model(graph: ModelGraph, plan: Plan, n: int, dtype_bytes: int = 2)
     output is a partial sum (vocab-parallel). Raises TpplanError when a split cannot divide."""
     for lg in graph.kinds.values():
         check_divisible(lg, plan, n)
-    walk = ModelWalk([], {}, {}, P)
-    delta = P
+    delta = embedding_placement(plan)
+    walk = ModelWalk([], {}, {}, delta)
     for i, kind in enumerate(graph.layer_kinds):
         key = (kind, str(delta))
         if key not in walk.by_entry:

@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
+from tpplan.layout.dp_attention import planned_transition, stream_reduction
 from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns, propagate_model
-from tpplan.layout.transitions import TRANSITIONS, collective_transition
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
 from tpplan.placement import S_TOK, Collective, P, Placement
 
@@ -130,7 +130,7 @@ def fallback_plan(plan: Plan) -> Plan | None:
     """The plan a chunk too small to scatter runs instead: the baseline with `plan`'s experts where
     they stay (TP or EP), so no weight moves. None for MoE all-to-all: there a rank without real
     tokens simply dispatches nothing (as DeepEP does), so padding is enough."""
-    if plan.moe == "a2a":
+    if plan.moe == "a2a" or plan.dp_attention:  # a DP rank without tokens runs an idle (padded) batch
         return None
     base = baseline()
     return with_ep(base, plan.ep_size or 1) if plan.moe == "ep" else base
@@ -214,10 +214,10 @@ def chunk_calls(
                 continue
             val = lg.values[c.value]
             dt = value_dtype(lg, c.value, act)
-            calls.append(_uniform_call(chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, dt))
+            calls.append(_uniform_call(plan, chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, dt))
     last = results[-1].exit_delta if results else P
     if last is P:  # the last block's output, reduced into the stream before the final norm
-        final = TRANSITIONS[(P, plan.stream)]
+        final = stream_reduction(plan)
         assert final.collective is not None
         shape = final.call_shape(graph.hidden, 0, n, tokens)
         nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[act]
@@ -227,10 +227,10 @@ def chunk_calls(
 
 
 def _uniform_call(
-    chunk: int, layer: int, kind: Collective, name: str, src: Placement, dst: Placement, val: Value, n: int,
+    plan: Plan, chunk: int, layer: int, kind: Collective, name: str, src: Placement, dst: Placement, val: Value, n: int,
     tokens: int, dt: str,
 ) -> CollectiveCall:  # fmt: skip
-    shape = collective_transition(kind, src, dst).call_shape(val.width, val.heads, n, tokens)
+    shape = planned_transition(plan, kind, src, dst).call_shape(val.width, val.heads, n, tokens)
     nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[dt]
     return CollectiveCall(chunk, layer, kind.value, name, shape, dt, nbytes, ring_sent_bytes(kind, nbytes, n))
 

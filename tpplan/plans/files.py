@@ -53,6 +53,7 @@ class Decisions(_Strict):
     token_shard: list[str] = []
     moe: Literal["tp", "ep", "a2a"] = "tp"
     ep_size: Size | None = None
+    dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
 
     @model_validator(mode="after")
     def _ep_needs_its_size(self) -> Self:
@@ -111,6 +112,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "token_shard": sorted(plan.token_shard),
             "moe": plan.moe,
             "ep_size": plan.ep_size if plan.moe == "ep" else None,
+            "dp_attention": plan.dp_attention,
         }
     )
     return PlanFile(
@@ -217,6 +219,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         token_shard=frozenset(d.token_shard),
         moe=moe,
         ep_size=d.ep_size,
+        dp_attention=d.dp_attention,
         engine_notes=tuple(pf.engine_notes),
         found_by=pf.found_by,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},

@@ -189,10 +189,13 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         return gate_aware(graph, n)
     if name == "input-scattered+restore":
         return restore_hidden(graph, n)
+    dp = make_dp_plan(name, graph, n)
+    if dp is not None:
+        return dp
     raise TpplanError(
         f"--plan {name}",
         "unknown plan",
-        f"choose one of {', '.join(ALL_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
+        f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
         "or a plan file (*.json) from `tpplan search --save DIR`",
     )
 
@@ -210,3 +213,150 @@ __all__ = [
     "sp_moe",
     "with_ep",
 ]
+
+
+# ----------------------------------------------------------------------------------------------
+# DP attention (docs/design.md, "DP attention"; `tpplan.layout.dp_attention`). Each rank runs
+# attention on its own requests with whole attention weights; the MLP/MoE side gathers every
+# rank's tokens and scatters back. The attention-side weights are found per graph, so these plans
+# take the graph like gate-aware does.
+
+DP_PLANS = ("dp-attention", "dp-attention-maxlen", "dp-attention+a2a", "vllm-dp-ep", "vllm-dp")
+
+SGLANG_DP_NOTE = (
+    "SGLang: --enable-dp-attention --dp-size N (attention TP = tp/dp = 1); extend batches over more than one DP "
+    "rank use DpPaddingMode.SUM_LEN (dp_attention.py get_dp_padding_mode): the gather all-reduces a zero-filled "
+    "buffer of every rank's rows and the MoE all-reduces before dp_scatter"
+)
+
+SGLANG_DP_MAXLEN_NOTE = (
+    "SGLang pads to the longest DP rank (DpPaddingMode.MAX_LEN: all_gather_into_tensor, then "
+    "dp_reduce_scatter_tensor) for extend batches only with the pplx all-to-all backend, "
+    "SGLANG_DEEPEP_V2_FORCE_MAX_LEN, or a hybrid-SSM model with an idle rank; other prefill batches use SUM_LEN"
+)
+
+
+def _attention_linears(graph: ModelGraph) -> frozenset[str]:
+    """Qualified roles of every attention-side linear (they are replicated under DP attention)."""
+    return frozenset(
+        f"{kind}/{op.role}"
+        for kind, lg in graph.kinds.items()
+        for op in lg.ops
+        if op.kind is OpKind.LINEAR and lg.region_of(op) == "attn_side"
+    )
+
+
+def _mlp_side_linears(graph: ModelGraph) -> frozenset[str]:
+    return frozenset(
+        f"{kind}/{op.role}"
+        for kind, lg in graph.kinds.items()
+        for op in lg.ops
+        if op.kind in (OpKind.LINEAR, OpKind.ROUTER) and lg.region_of(op) == "mlp_side"
+    )
+
+
+def _experts_inputs(graph: ModelGraph) -> frozenset[tuple[str, str]]:
+    """(producer, routed experts) for every input of every routed-experts op: the hidden (or K3's
+    latent) and the routing, gathered for the experts only."""
+    out = set()
+    for kind, lg in graph.kinds.items():
+        producer = {op.output: op for op in lg.ops}
+        for op in lg.ops:
+            if op.kind is OpKind.EXPERTS:
+                for v in op.inputs:
+                    src = f"{kind}/{producer[v].role}" if v in producer else f"{kind}/layer.{v}"
+                    out.add((src, f"{kind}/{op.role}"))
+    return frozenset(out)
+
+
+def dp_attention(graph: ModelGraph, padding: str = "sum_len") -> Plan:
+    """SGLang `--enable-dp-attention` with TP MoE: attention replicated on each rank's own requests,
+    the normed MLP input gathered, the MLP/MoE under TP, its output reduced into the rank's rows."""
+    name = "dp-attention" if padding == "sum_len" else "dp-attention-maxlen"
+    how = (
+        "all-reduce of a zero-filled buffer of every rank's rows (SUM_LEN), MoE output all-reduced and sliced"
+        if padding == "sum_len"
+        else "all-gather of buffers padded to the longest rank (MAX_LEN), MoE output reduce-scattered"
+    )
+    return Plan(
+        name,
+        f"DP attention ({'SUM_LEN' if padding == 'sum_len' else 'MAX_LEN'})",
+        f"Each rank runs attention with whole weights on its own requests; the MLP input is gathered by {how}.",
+        stream=S_TOK,
+        gather=frozenset({"*/layer.mlp_in"}),
+        replicate=_attention_linears(graph),
+        dp_attention="sum_len" if padding == "sum_len" else "max_len",
+        engine_notes=(SGLANG_DP_NOTE if padding == "sum_len" else SGLANG_DP_MAXLEN_NOTE,),
+    )
+
+
+def dp_attention_a2a(graph: ModelGraph) -> Plan:
+    """SGLang `--enable-dp-attention --moe-a2a-backend deepep`: MoE layers dispatch each rank's own
+    tokens by all-to-all (router and shared experts on local tokens); dense layers stay TP on the
+    gathered tokens (SUM_LEN gather)."""
+    return Plan(
+        "dp-attention+a2a",
+        "DP attention, all-to-all experts",
+        "Attention on each rank's own requests; MoE by all-to-all dispatch/combine of the rank's tokens (shared "
+        "experts and router replicated); dense MLPs all-reduce-gathered (SUM_LEN) under TP.",
+        stream=S_TOK,
+        gather=frozenset({"*+dense/layer.mlp_in"}),
+        replicate=_attention_linears(graph) | {"*moe*/moe.shared_*", "*/moe.router", "*/moe.latent_*"},
+        moe="a2a",
+        dp_attention="sum_len",
+        engine_notes=(
+            "SGLang: --enable-dp-attention --dp-size N --moe-a2a-backend deepep; dense layers keep the FULL MLP "
+            "mode (all-reduce gather) unless --moe-dense-tp-size 1",
+        ),
+    )
+
+
+def vllm_dp_ep(graph: ModelGraph, n: int, expert_parallel: bool = True) -> Plan:
+    """vLLM `--data-parallel-size N --enable-expert-parallel` (TP 1 per DP rank) with the default
+    all-gather/reduce-scatter all2all backend (`AgRsAll2AllManager`): every weight but the routed
+    experts is replicated and runs on the rank's own tokens; the MoE input and the routing are
+    all-gathered for the experts (E/N per rank), their output reduce-scattered back. Without
+    `--enable-expert-parallel` (`vllm-dp`) the routed experts are split by TP over the N ranks
+    instead (`FusedMoEParallelConfig.make` flattens TP across DP), gathered the same way."""
+    if not expert_parallel:
+        return vllm_dp_ep(graph, n).with_(
+            name="vllm-dp",
+            title="vLLM DP (routed experts TP over the DP ranks)",
+            summary="Every rank runs everything but the routed experts on its own requests; the routed experts, "
+            "split by TP over the N ranks, see every rank's tokens by all-gather and return a reduce-scatter.",
+            moe="tp",
+            ep_size=None,
+            engine_notes=("vLLM: --data-parallel-size N (TP 1, no --enable-expert-parallel)",),
+        )
+    return Plan(
+        "vllm-dp-ep",
+        "vLLM DP + EP (all-gather / reduce-scatter dispatch)",
+        "Every rank runs attention, dense MLPs, shared experts and the router on its own requests; the routed "
+        "experts (E/N per rank) see every rank's tokens by all-gather and return a reduce-scatter.",
+        stream=S_TOK,
+        reduce=S_TOK,
+        gather_for=_experts_inputs(graph),
+        replicate=_attention_linears(graph) | _mlp_side_linears(graph),
+        moe="ep",
+        ep_size=n,
+        dp_attention="max_len",
+        engine_notes=(
+            "vLLM: --data-parallel-size N --enable-expert-parallel (TP 1); all_gatherv/reduce_scatterv move each "
+            "rank's exact token count, equal to tpplan's padded buffers when the ranks are balanced",
+        ),
+    )
+
+
+def make_dp_plan(name: str, graph: ModelGraph, n: int) -> Plan | None:
+    """The DP-attention plan `name` names, or None when it names none."""
+    if name == "dp-attention":
+        return dp_attention(graph)
+    if name == "dp-attention-maxlen":
+        return dp_attention(graph, "max_len")
+    if name == "dp-attention+a2a":
+        return dp_attention_a2a(graph)
+    if name == "vllm-dp-ep":
+        return vllm_dp_ep(graph, n)
+    if name == "vllm-dp":
+        return vllm_dp_ep(graph, n, expert_parallel=False)
+    return None

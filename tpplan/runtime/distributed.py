@@ -56,7 +56,7 @@ tokens than ranks runs the baseline plan instead, keeping its TP/EP experts (see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -64,6 +64,7 @@ from torch import Tensor
 
 from tpplan.audit import audit_plan
 from tpplan.errors import TpplanError
+from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
@@ -78,7 +79,7 @@ from tpplan.runtime.hooks import before_collective
 from tpplan.runtime.observe import RunObserver
 from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, shard_model
 from tpplan.runtime.trace import Comm, TraceEvent, Tracer
-from tpplan.runtime.transitions import RUNTIME_TRANSITIONS, Move
+from tpplan.runtime.transitions import RUNTIME_DP_TRANSITIONS, RUNTIME_TRANSITIONS, Move
 from tpplan.runtime.weights import Numerics
 
 
@@ -181,18 +182,21 @@ class PlanRunner:
         self._counts_ahead: dict[str, tuple[Tensor, Tensor, Any]] = {}  # MoE counts exchanged after the router
         self.state = RunState()
         self.chunk_index = 0
+        self.dp_position = 0  # DP attention: tokens of this rank's own requests processed so far
         rope = K.Rope(self.numerics.rope_theta, self.numerics.rope_interleave, self.numerics.rope_scaling,
                       self.numerics.max_position_embeddings)  # fmt: skip
         self.rope = rope
 
     def _shard(self, results: list[LayerResult], plan: Plan) -> ModelShard:
         return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics,
-                           ep_size=plan.ep_size, device=self.device, dtype=self.dtype)  # fmt: skip
+                           ep_size=plan.ep_size, device=self.device, dtype=self.dtype,
+                           whole_embedding=bool(plan.dp_attention))  # fmt: skip
 
     def reset(self) -> None:
         """Forget the carried state and the trace: the next prefill starts a new sequence."""
         self.state = RunState()
         self.chunk_index = 0
+        self.dp_position = 0
         self.tracer.calls.clear()
         self.tracer.events.clear()
         self.tracer.copies.clear()
@@ -222,7 +226,7 @@ class PlanRunner:
         rows = padded_rows(t, self.n)[1] if stream is S_TOK else t
         h = self.graph.hidden
         resid = Held(torch.zeros(rows, h, device=self.device, dtype=self.dtype), stream)
-        delta = Held(self._embed(ids, shard), P)
+        delta = self._dp_embed(ids, shard, rows) if plan.dp_attention else Held(self._embed(ids, shard), P)
         bank = Held(resid.t.new_zeros(rows, 0, h), stream)
         block = self.graph.spec.attn_res_block_size
         for i, kind in enumerate(self.graph.layer_kinds):
@@ -246,13 +250,19 @@ class PlanRunner:
             if not (delta.pl is P or (delta.pl is R and stream is S_TOK)):
                 raise PlanViolation(f"the last block's output is {delta.pl} but the stream is {stream}")
             final = Move(self.comm, "final", 0, t, layout=self._layout)
-            delta = Held(RUNTIME_TRANSITIONS[(delta.pl, stream)](final, delta.t), stream)
+            call = RUNTIME_TRANSITIONS[(delta.pl, stream)]
+            if delta.pl is P:  # DP attention's SUM_LEN reduces by all-reduce, then keeps the rank's rows
+                call = RUNTIME_DP_TRANSITIONS.get((P, stream, stream_reduction(plan).collective), call)  # type: ignore[arg-type]
+            delta = Held(call(final, delta.t), stream)
         final = resid.t + delta.t
         if block:
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
                                shard.top["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
         hidden = K.rms_norm(final, shard.top["model.norm.weight"], nu.eps, nu.norm_offset)
         self.state.position += t
+        if plan.dp_attention:
+            lo, hi = token_range(t, self.n, self.rank)
+            self.dp_position += hi - lo
         self.chunk_index += 1
         return Held(hidden, stream)
 
@@ -265,6 +275,14 @@ class PlanRunner:
             res = layer_results(self.graph, base, self.n)
             self._fallback = (base, res, self._shard(res, base))
         return self._fallback
+
+    def _dp_embed(self, ids: Tensor, shard: ModelShard, rows: int) -> Held:
+        """DP attention: the rank looks up its own requests' tokens in the whole table (padded rows zero)."""
+        lo, hi = token_range(ids.numel(), self.n, self.rank)
+        out = shard.embed.new_zeros(rows, shard.embed.shape[1])
+        out[: hi - lo] = shard.embed[ids[lo:hi]]
+        nu = self.numerics
+        return Held(out * nu.embed_scale if nu.embed_scale != 1.0 else out, S_TOK)
 
     def _embed(self, ids: Tensor, shard: ModelShard) -> Tensor:
         """Vocab-parallel lookup: rows this rank holds, zeros elsewhere (a partial sum)."""
@@ -345,7 +363,10 @@ class PlanRunner:
         if move is not None and (move.free or key in named):
             m = Move(self.comm, v, value.heads if value is not None else 0, tokens, key in self._planned,
                      v in self._reduce_inplace, self._layout)  # fmt: skip
-            out = Held(RUNTIME_TRANSITIONS[(src, dst)](m, held.t), dst)
+            call = RUNTIME_TRANSITIONS[(src, dst)]
+            if key in named:  # DP attention's SUM_LEN: the same placements moved by an all-reduce
+                call = RUNTIME_DP_TRANSITIONS.get((src, dst, named[key].collective), call)
+            out = Held(call(m, held.t), dst)
         if out is None:
             raise PlanViolation(
                 f"layer {self.tracer.layer} {op.name}: `{v}` is {src} but needs {dst}, and plan "
@@ -373,10 +394,27 @@ class PlanRunner:
         tensors = [h.t for h in ins]
         if op.kind is OpKind.EXPERTS and dec.split == "a2a" and self.n > 1:
             return Held(self._moe_a2a(op, tensors[0], tensors[1], w, tokens), S_TOK)
+        if op.kind is OpKind.TOKEN_MIX and dec.strategy.output is S_TOK:
+            return Held(self._mix_own_requests(op, tensors, w, state, ctx, tokens), S_TOK)
         if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
             owned, _, _ = expert_ownership(int(op.attrs["experts"]), "ep", self.n, self.rank, self.plan.ep_size)
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
         return Held(execute_op(op, tensors, w, state, ctx), dec.strategy.output)
+
+    def _mix_own_requests(
+        self, op: Op, tensors: list[Tensor], w: dict[str, Tensor], state: dict[str, Any], ctx: ExecContext,
+        tokens: int,
+    ) -> Tensor:  # fmt: skip
+        """DP attention: a token mixer over this rank's own request only, its real rows at the
+        request's own positions (padding rows stay out of the KV cache and the recurrent state)."""
+        lo, hi = token_range(tokens, self.n, self.rank)
+        rows, real = tensors[0].shape[0], hi - lo
+        width = ctx.values[op.output].width
+        out = tensors[0].new_zeros(rows, width)
+        if real:
+            pos = torch.arange(self.dp_position, self.dp_position + real, device=self.device)
+            out[:real] = execute_op(op, [x[:real] for x in tensors], w, state, replace(ctx, positions=pos))
+        return out
 
     def _counts_ahead_routing(
         self, lg: LayerGraph, res: LayerResult, named: dict[tuple[str, Placement], CommEvent]

@@ -172,8 +172,10 @@ def shard_model(
     ep_size: int | None = None,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    whole_embedding: bool = False,
 ) -> ModelShard:
-    """Materialise rank `rank`'s shard of every op under the per-layer decisions in `layers`."""
+    """Materialise rank `rank`'s shard of every op under the per-layer decisions in `layers`
+    (`whole_embedding`: every rank holds the whole table, as DP attention does)."""
     dev = device or torch.device("cpu")
     ops: dict[tuple[int, str], dict[str, Tensor]] = {}
     for i, res in enumerate(layers):
@@ -181,8 +183,10 @@ def shard_model(
             cuts = op_cuts(dec.op, dec, n, rank, numerics, ep_size)
             ops[(i, dec.op.name)] = load_op(dec.op, i, cuts, source, numerics, dev, dtype)
     vocab = graph.spec.vocab
-    per = -(-vocab // n)
+    per = vocab if whole_embedding else -(-vocab // n)
     lo, hi = min(rank * per, vocab), min((rank + 1) * per, vocab)
+    if whole_embedding:
+        lo, hi = 0, vocab
     embed = source.get("model.embed_tokens.weight", Cut(0, ((lo, hi),))).to(device=dev, dtype=dtype)
     top = {"model.norm.weight": source.get("model.norm.weight", FULL).to(device=dev, dtype=dtype)}
     if graph.spec.attn_res_block_size:

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tpplan.layout.schedule import padded_rows
+from tpplan.layout.dp_attention import DP_TRANSITIONS
+from tpplan.layout.schedule import padded_rows, token_range
 from tpplan.layout.transitions import TRANSITIONS
-from tpplan.placement import S_COL, S_TOK, P, Placement, R
+from tpplan.placement import S_COL, S_TOK, Collective, P, Placement, R
 from tpplan.runtime.shard import head_range
 from tpplan.runtime.trace import Comm
 
@@ -110,4 +111,30 @@ if RUNTIME_TRANSITIONS.keys() != TRANSITIONS.keys():  # pragma: no cover - a tab
     )
 
 
-__all__ = ["RUNTIME_TRANSITIONS", "Move"]
+
+
+def _dp_gather_by_sum(m: Move, x: Tensor) -> Tensor:
+    """SGLang's `_dp_gather_via_all_reduce`: my real rows into a zero-filled [T, W] buffer at my
+    offset, summed over the ranks (every rank ends with every rank's rows)."""
+    c = m.comm
+    lo, hi = token_range(m.tokens, c.n, c.rank)
+    full = x.new_zeros(m.tokens, *x.shape[1:])
+    full[lo:hi] = x[: hi - lo]
+    return c.all_reduce(full, m.value, planned=m.planned, inplace=True)
+
+
+def _all_reduce_keep_rows(m: Move, x: Tensor) -> Tensor:
+    """The MoE's all-reduce over all T rows, then `dp_scatter`: keep my rows (padded to ceil(T/N))."""
+    return _keep_rows(m, _all_reduce(m, x))
+
+
+RUNTIME_DP_TRANSITIONS: dict[tuple[Placement, Placement, Collective], Callable[[Move, Tensor], Tensor]] = {
+    (S_TOK, R, Collective.ALL_REDUCE): _dp_gather_by_sum,
+    (P, S_TOK, Collective.ALL_REDUCE): _all_reduce_keep_rows,
+}
+
+if RUNTIME_DP_TRANSITIONS.keys() != DP_TRANSITIONS.keys():  # pragma: no cover - edited on one side only
+    raise ImportError("runtime and planner DP transitions differ")
+
+
+__all__ = ["RUNTIME_DP_TRANSITIONS", "RUNTIME_TRANSITIONS", "Move"]

@@ -142,14 +142,12 @@ def _random(model: str, seed: int) -> Any:
 
 
 def _reference(
-    graph: Any, weights: Any, ids: Any, chunk: int | None, nu: Any, device: Any, dtype: Any
+    graph: Any, weights: Any, ids: Any, chunk: int | None, nu: Any, device: Any, dtype: Any, dp_ranks: int = 0
 ) -> dict[str, Any]:
     """Single-process run in the sharded run's dtype: taps[(chunk, layer, value)], hidden per chunk,
-    routes[(chunk, layer)]."""
-    import torch
-
-    from tpplan.models.graph import OpKind
-    from tpplan.runtime.executor import RunState, forward_chunk, layer_weights
+    routes[(chunk, layer)]. `dp_ranks` (DP attention): the batch is that many requests, each run
+    on its own (see `tpplan.layout.dp_attention`)."""
+    from tpplan.runtime.executor import layer_weights
 
     w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
     resolved = {
@@ -157,12 +155,45 @@ def _reference(
         for i, kind in enumerate(graph.layer_kinds)
         for op in graph.kinds[kind].ops
     }
+    step = chunk or ids.numel()
+    pieces = [ids[s : s + step] for s in range(0, ids.numel(), step)]
+    if dp_ranks:  # DP attention: rank r's request is its token range of every chunk, run on its own
+        from tpplan.layout.schedule import token_range
+
+        per_request = []
+        for r in range(dp_ranks):
+            mine = [p[slice(*token_range(p.numel(), dp_ranks, r))] for p in pieces]
+            per_request.append(_reference_pieces(graph, w, resolved, mine, nu))
+        return _concat_requests(per_request, len(pieces), w)
+    return _reference_pieces(graph, w, resolved, pieces, nu)
+
+
+def _concat_requests(parts: list[dict[str, Any]], chunks: int, w: dict[str, Any]) -> dict[str, Any]:
+    """One reference from every DP rank's own: each chunk's rows in rank order (the global order)."""
+    import torch
+
+    taps = {k: torch.cat([p["taps"][k] for p in parts if k in p["taps"]]) for k in parts[0]["taps"]}
+    routes = {k: [row for p in parts for row in p["routes"].get(k, [])] for k in parts[0]["routes"]}
+    hidden = [torch.cat([p["hidden"][c] for p in parts]) for c in range(chunks)]
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).float().cpu()
+    return {"taps": taps, "hidden": hidden, "routes": routes, "head": head}
+
+
+def _reference_pieces(graph: Any, w: Any, resolved: Any, pieces: list[Any], nu: Any) -> dict[str, Any]:
+    """One sequence fed chunk by chunk (`pieces`), state carried; an empty piece yields empty rows."""
+    import torch
+
+    from tpplan.models.graph import OpKind
+    from tpplan.runtime.executor import RunState, forward_chunk
+
     st = RunState()
     taps: dict[tuple[int, int, str], Any] = {}
     routes: dict[tuple[int, int], list[list[int]]] = {}
     hidden = []
-    step = chunk or ids.numel()
-    for c, s in enumerate(range(0, ids.numel(), step)):
+    for c, piece in enumerate(pieces):
+        if not piece.numel():
+            hidden.append(torch.zeros(0, graph.hidden))
+            continue
 
         def observe(i: int, env: dict[str, Any], c: int = c) -> None:
             taps[(c, i, "resid_out")] = env["resid_out"].float().cpu()
@@ -173,7 +204,7 @@ def _reference(
                     r = env[op.inputs[1]]
                     routes[(c, i)] = [torch.nonzero(row).flatten().tolist() for row in r.cpu()]
 
-        hidden.append(forward_chunk(graph, w, resolved, ids[s : s + step], st, nu, True, observe).float().cpu())
+        hidden.append(forward_chunk(graph, w, resolved, piece, st, nu, True, observe).float().cpu())
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).float().cpu()
     return {"taps": taps, "hidden": hidden, "routes": routes, "head": head}
 
@@ -244,12 +275,13 @@ def run_case(
     ids = torch.randint(0, graph.spec.vocab, (case.tokens,), generator=gen)
     ref = None
     if rank == 0:  # the same reference serves every plan of a batch of cases
-        key = (case.model, case.tokens, case.chunk, case.seed, case.weights, str(device), act)
+        dp_ranks = n if plan.dp_attention and n > 1 else 0
+        key = (case.model, case.tokens, case.chunk, case.seed, case.weights, str(device), act, dp_ranks)
         if _REF_CACHE.get("key") != key:
             say("reference forward (one process, full weights)")
             _REF_CACHE.clear()
             _REF_CACHE["key"] = key
-            _REF_CACHE["ref"] = _reference(graph, full, ids.to(device), case.chunk, nu, device, dtype)
+            _REF_CACHE["ref"] = _reference(graph, full, ids.to(device), case.chunk, nu, device, dtype, dp_ranks)
         ref = _REF_CACHE["ref"]
     say(f"plan forward on {n} rank(s)")
     comm = make_comm(rank, n)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tpplan.audit import PlanAudit, audit_plan
@@ -67,6 +67,7 @@ class _Setup:
     expert_dtype: str | None
     top: int
     all_plans: bool
+    dp_attention: bool = False  # also rank the named DP-attention plans (`_dp_entries`)
 
 
 def _pct(value: float, base: float) -> float | None:
@@ -324,7 +325,39 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
         if worst_act <= reserve or attempt:
             break
         reserve = worst_act
+    if s.dp_attention:
+        for entry, plan, beh in _dp_entries(s, tp, pp, excluded):
+            kept.setdefault(str(entry["name"]), (entry, plan, beh))
     return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, _label(tp, pp))
+
+
+def _dp_entries(
+    s: _Setup, tp: int, pp: int, excluded: dict[str, dict[str, Any]]
+) -> list[tuple[dict[str, Any], Plan, Behaviour]]:
+    """The named DP-attention plans (docs/design.md, "DP attention"), ranked beside the search's:
+    the search's space has no DP global choice, so these are scored outside it, by the figure
+    ranked plans are ranked by (`predict_plan`'s time, or the audit's bytes per token, which is
+    the volume objective's score), and kept only when legal and within the memory cap."""
+    from tpplan.plans.named import DP_PLANS, make_plan
+
+    out = []
+    for name in DP_PLANS:
+        try:
+            plan = make_plan(name, s.graph, tp)
+            pa = audit_plan(s.graph, plan, tp, s.dtype)
+        except TpplanError:
+            continue
+        if not pa.legal:
+            continue
+        score = pa.comm_bytes_per_token
+        entry = _evaluate(s, plan, pa, Cost(score, pa.weight_bytes_per_rank), tp, pp)
+        mem = entry.get("memory_bytes_per_rank")
+        if s.cap is not None and mem is not None and mem["total"] > s.cap:
+            excluded[name] = {"name": name, "deployment": _label(tp, pp), "memory_bytes_per_rank": mem["total"],
+                              "score": entry["score"], "why": "memory"}  # fmt: skip
+            continue
+        out.append((entry, plan, behaviour(pa)))
+    return out
 
 
 def _baseline(s: _Setup, tp: int, pp: int) -> tuple[dict[str, Any], Behaviour]:
@@ -448,6 +481,7 @@ def run_search(
     gpu: str | None = None,
     cluster: str | None = None,
     engine: str | None = None,
+    dp_attention: bool = False,
 ) -> SearchOutcome:
     """Search every deployment, rank the plans that fit, and make each a plan file.
 
@@ -460,6 +494,7 @@ def run_search(
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
     s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans,
                gpu, cluster, engine)  # fmt: skip
+    s = replace(s, dp_attention=dp_attention)
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"--pp {pp}", "pipeline stages do not change bytes per token", "drop --pp or rank by time")
     grid = deployments(s.graph, s.topo, tp, pp) if objective == "time" or tp is not None else None

@@ -131,6 +131,10 @@ def family(plan: Plan) -> str:
     same = _references().get(_decisions(plan))
     if same is not None:
         return same
+    if plan.dp_attention:
+        from tpplan.report.engines.dp_attention import dp_family
+
+        return dp_family(plan) or "custom"
     if plan.moe == "ep":
         return "ep"
     if _is_sp_moe(plan):

@@ -121,6 +121,10 @@ def sglang_recipe(
     base.append(f"--chunked-prefill-size {chunk}")
     if nodes > 1:
         base += [f"--nnodes {nodes}", f"--node-rank <0..{nodes - 1}>", "--dist-init-addr <head-ip>:<port>"]
+    if plan.dp_attention:
+        from tpplan.report.engines.dp_attention import sglang_dp_recipe
+
+        return sglang_dp_recipe(plan, spec, base, tp)
     moe = _moe(spec)
     mla = _mla(spec)
     conds: list[Condition] = []

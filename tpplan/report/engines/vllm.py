@@ -108,6 +108,10 @@ def vllm_recipe(
     dp: int = 1,
 ) -> EngineRecipe:
     """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`."""
+    if plan.dp_attention:
+        from tpplan.report.engines.dp_attention import vllm_dp_recipe
+
+        return vllm_dp_recipe(plan, spec, tp, chunk)
     fam = family(plan)
     base = [f"--tensor-parallel-size {tp}"]
     if pp > 1:
