@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "tpplan"
 
 # The planner: plans, audits, prices and searches without torch, and imports nothing above it.
-PLANNER = ("models", "layout", "plans", "audit", "cost", "search", "errors", "dtypes", "bench_results")
+PLANNER = ("models", "layout", "plans", "engines", "audit", "cost", "search", "errors", "dtypes", "bench_results")
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
 
 
@@ -151,7 +151,7 @@ LAYERS = [
     ("errors", "dtypes", "placement", "bench_results", "outputs", "progress"),
     ("models",),
     ("layout",),
-    ("plans",),
+    ("plans", "engines"),
     ("audit",),
     ("cost",),
     ("search",),

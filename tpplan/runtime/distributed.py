@@ -247,6 +247,9 @@ class PlanRunner:
                 raise PlanViolation(f"the last block's output is {delta.pl} but the stream is {stream}")
             final = Move(self.comm, "final", 0, t, layout=self._layout)
             delta = Held(RUNTIME_TRANSITIONS[(delta.pl, stream)](final, delta.t), stream)
+        if resid.pl is R and stream is S_TOK:  # the last add folded the stream back to every row
+            mine = Move(self.comm, "resid", 0, t, layout=self._layout)
+            resid = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](mine, resid.t), stream)
         final = resid.t + delta.t
         if block:
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
@@ -342,7 +345,13 @@ class PlanRunner:
         value = lg.values.get(v)
         move = transition(src, dst)
         out: Held | None = None
-        if move is not None and (move.free or key in named):
+        if (src, dst) == (S_TOK, P) and dec.strategy.output is R and op.reduces_into_stream:
+            # A folded residual add (the plan's `fold`): my rows of the stream, zeros elsewhere.
+            lo, hi = token_range(tokens, self.n, self.rank)
+            folded = held.t.new_zeros(tokens, *held.t.shape[1:])
+            folded[lo:hi] = held.t[: hi - lo]
+            out = Held(folded, P)
+        elif move is not None and (move.free or key in named):
             m = Move(self.comm, v, value.heads if value is not None else 0, tokens, key in self._planned,
                      v in self._reduce_inplace, self._layout)  # fmt: skip
             out = Held(RUNTIME_TRANSITIONS[(src, dst)](m, held.t), dst)
@@ -376,6 +385,11 @@ class PlanRunner:
         if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
             owned, _, _ = expert_ownership(int(op.attrs["experts"]), "ep", self.n, self.rank, self.plan.ep_size)
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
+        if op.reduces_into_stream and dec.strategy.output is R and all(p is P for p in dec.strategy.inputs):
+            # A folded residual add: one all-reduce of (block output + my stream rows) over every row.
+            total = execute_op(op, tensors, w, state, ctx)
+            planned = (op.output, R) in self._planned
+            return Held(self.comm.all_reduce(total, op.output, planned=planned, inplace=True), R)
         return Held(execute_op(op, tensors, w, state, ctx), dec.strategy.output)
 
     def _counts_ahead_routing(
