@@ -54,6 +54,14 @@ def register(app: typer.Typer) -> None:
         dp: Annotated[
             int, typer.Option("--dp", min=1, help="Data-parallel size the server runs (vLLM's MoE SP gate reads it)")
         ] = 1,
+        engine: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--engine",
+                help="Engine version the flags are judged against: sglang@VERSION or vllm@VERSION (repeat for "
+                "both; default: each engine's current release in tpplan's engine data)",
+            ),
+        ] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -91,6 +99,7 @@ def register(app: typer.Typer) -> None:
             current=current,
             prefill_cp=prefill_cp,
             dp=dp,
+            engines=engine,
         )
         path = write_memo(build_memo(analysis, command), out)
         out_console = console()

@@ -296,7 +296,7 @@ SGL_LAYERNORM_SP = Mode(
     not_wired=(
         NotWired(
             ("llama", "deepseek_v3", "kimi_k3", "kimi_linear", "qwen3_moe"),
-            "baseline",
+            "refused",
             "architectures outside SP_SUPPORTED_ARCHITECTURES (Qwen3ForCausalLM and Muse Spark) are refused "
             "by validate_layernorm_sp",
             LNSP_HOOK,
