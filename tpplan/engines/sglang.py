@@ -222,22 +222,23 @@ SGL_SP_MOE = Mode(
             "model",
             (),
             "refuses",
-            _rel("python/sglang/srt/server_args.py", "_handle_a2a_moe"),
+            Source.unread(REPO, "python/sglang/srt/layers/moe/", "a2a backend on a dense model"),
             "has_moe",
         ),
         Gate(
-            "ep_size is set to tp_size by the a2a backend (all experts over all TP ranks)",
+            "ep_size is set to tp_size by the a2a backend (all experts over all TP ranks): a post-process after "
+            "parsing (prepare_server_args still returns the --ep-size given, default 1)",
             "server arg",
             ("--moe-a2a-backend", "--ep-size"),
             "adjusts",
-            _rel("python/sglang/srt/server_args.py", "_handle_a2a_moe"),
+            _rel("python/sglang/srt/arg_groups/overrides.py", "_a2a_ep_size (run by moe_hook)"),
         ),
         Gate(
             "the experts divide over the TP ranks",
             "model",
             ("--tp-size",),
             "refuses",
-            _rel("python/sglang/srt/server_args.py", "_handle_a2a_moe"),
+            Source.unread(REPO, "python/sglang/srt/layers/moe/", "expert placement over EP ranks"),
             "experts_divide_tp",
         ),
         Gate(
@@ -262,7 +263,7 @@ SGL_SP_MOE = Mode(
     fallback="without the fused collectives SGLang logs 'K3 SP collective requires ...; using NCCL' and runs "
     "NCCL's RS/AG; without SGLANG_K3_SP_ATTN_RES the default path above runs",
     fallback_source=_rel(K3SP, "_init_state"),
-    derived=("ep_size = tp_size (_handle_a2a_moe)", "--deepep-mode normal disables CUDA graphs"),
+    derived=("ep_size = tp_size (arg_groups/overrides.py _a2a_ep_size, after parsing)",),
 )
 
 # --------------------------------------------------------------------------------------------
