@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.engines.gates import Deployment, evaluate
+from tpplan.engines.gates import Deployment, evaluate, mla_of
 from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, Source, Wiring
 from tpplan.engines.sglang import SGLANG_0_5_23, SGLANG_OLDER
 from tpplan.engines.vllm import VLLM_0_33_0, VLLM_OLDER
 from tpplan.errors import TpplanError
-from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
+from tpplan.models.spec import ModelSpec, MoESpec
 
 ENGINES: dict[str, EngineVersion] = {e.key: e for e in (SGLANG_0_5_23, SGLANG_OLDER, VLLM_0_33_0, VLLM_OLDER)}
 DEFAULT_ENGINES = (SGLANG_0_5_23.key, VLLM_0_33_0.key)  # the current releases
@@ -92,7 +92,7 @@ def judge(mode: Mode, d: Deployment) -> tuple[GateResult, ...]:
 def widths(spec: ModelSpec) -> dict[str, int]:
     """The width keys engine dataflows use, for one model."""
     out = {"hidden": spec.hidden, "2*hidden": 2 * spec.hidden}
-    mla = next((layer.attn for layer in spec.layers if isinstance(layer.attn, MLASpec)), None)
+    mla = mla_of(spec)
     if mla is not None:
         out["qkv_latent"] = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.rope_dim
     moe = next((layer.mlp for layer in spec.layers if isinstance(layer.mlp, MoESpec)), None)

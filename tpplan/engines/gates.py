@@ -42,8 +42,13 @@ def gpu_sm(gpu: str) -> int | None:
     return None
 
 
-def _mla(spec: ModelSpec) -> MLASpec | None:
-    return next((layer.attn for layer in spec.layers if isinstance(layer.attn, MLASpec)), None)
+def mla_of(spec: ModelSpec) -> MLASpec | None:
+    """The model's MLA (also the one inside a DSA attention), if any."""
+    for layer in spec.layers:
+        attn = getattr(layer.attn, "mla", layer.attn)
+        if isinstance(attn, MLASpec):
+            return attn
+    return None
 
 
 def _moe(spec: ModelSpec) -> MoESpec | None:
@@ -74,7 +79,7 @@ def _no_prefill_cp(d: Deployment) -> Result:
 
 
 def _mla_q_lora(d: Deployment) -> Result:
-    mla = _mla(d.spec)
+    mla = mla_of(d.spec)
     if mla is None:
         return False, "no MLA in this model"
     return mla.q_lora_rank is not None, f"q_lora_rank {mla.q_lora_rank}"
@@ -170,4 +175,4 @@ def evaluate(check: str | None, d: Deployment) -> Result:
     return CHECKS[check](d)
 
 
-__all__ = ["CHECKS", "DSA_MODEL_TYPES", "Deployment", "evaluate", "gpu_sm"]
+__all__ = ["CHECKS", "DSA_MODEL_TYPES", "Deployment", "evaluate", "gpu_sm", "mla_of"]
