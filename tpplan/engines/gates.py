@@ -63,11 +63,11 @@ def _tp_gt_1(d: Deployment) -> Result:
 
 
 def _pp_is_1(d: Deployment) -> Result:
-    return d.pp == 1, f"PP{d.pp}"
+    return d.pp == 1, f"pipeline-parallel size {d.pp}"
 
 
 def _dp_gt_1(d: Deployment) -> Result:
-    return d.dp > 1, f"DP{d.dp}"
+    return d.dp > 1, f"data-parallel size {d.dp}"
 
 
 def _no_dp_attention(d: Deployment) -> Result:
@@ -81,7 +81,7 @@ def _no_prefill_cp(d: Deployment) -> Result:
 def _mla_q_lora(d: Deployment) -> Result:
     mla = mla_of(d.spec)
     if mla is None:
-        return False, "no MLA in this model"
+        return False, "no q_lora_rank latent in this model"
     return mla.q_lora_rank is not None, f"q_lora_rank {mla.q_lora_rank}"
 
 

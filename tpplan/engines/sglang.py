@@ -122,7 +122,7 @@ SGL_INPUT_SCATTERED = Mode(
         Wiring(
             model_types=("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"),
             architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"),
-            layers="every layer with MLA and q_lora_rank",
+            layers="every layer whose attention has a q_lora_rank latent",
             dataflow=DSV3_INPUT_SCATTERED,
             plan="sglang-input-scattered",
             source=DSV2,
@@ -321,7 +321,7 @@ SGL_LAYERNORM_SP = Mode(
             "refuses",
             LNSP_HOOK,
         ),
-        Gate("pipeline parallelism off (pp_size 1)", "server arg", ("--pp-size",), "refuses", LNSP_HOOK, "pp_is_1"),
+        Gate("no pipeline stages (pp_size 1)", "server arg", ("--pp-size",), "refuses", LNSP_HOOK, "pp_is_1"),
         Gate("prefill (EXTEND) batches only", "batch", (), "per batch", LNSP),
     ),
     fallback="a failed check raises ValueError at startup",
