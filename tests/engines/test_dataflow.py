@@ -182,3 +182,13 @@ def test_engine_selection_rejects_unknown_versions():
     assert select("sglang").key == "sglang@0.5.23" and select("VLLM").key == "vllm@0.33.0"
     with pytest.raises(TpplanError, match=r"sglang@0\.5\.23"):
         select("sglang@0.4.0")
+
+
+def test_docs_engines_md_is_rendered_from_the_data():
+    from pathlib import Path
+
+    from tpplan.engines.doc import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
+    assert doc.read_text() == render(), "stale docs/engines.md: run `python -m tpplan.engines.doc > docs/engines.md`"
+    assert "RS(hidden) + AG(QKV latent) + AR(hidden)" in render()

@@ -169,16 +169,31 @@ K3SP = "python/sglang/srt/layers/communication/k3_sp_collective.py"
 K3_SP_DEFAULT = (
     Op("attention-residual aggregation + input_layernorm", "T"),
     Op("attention (head-parallel), o_proj", "T"),
-    Comm("RS", "o_proj partial sum onto the rank's T/N rows", "hidden", _rel(K3, "reduce_scatter_res")),
+    Comm(
+        "RS",
+        "o_proj partial sum onto the rank's T/N rows",
+        "hidden",
+        _rel(K3, "_k3_reduce_scatter_add (k3_sp_collective.reduce_scatter_res)"),
+    ),
     Op("post-attention aggregation and norm, router, latent projections, shared experts", "T/N"),
     Comm("A2A", "DeepEP dispatch/combine of the MoE latent", "moe_latent", _rel(K3, "KimiK3DecoderLayer")),
-    Comm("AG", "the MoE output added to the residual, back to every row", "hidden", _rel(K3, "_sp_all_gather_rows")),
+    Comm(
+        "AG",
+        "the MoE output added to the residual, back to every row",
+        "hidden",
+        _rel(K3, "_stage_facts (attn_tp_gather = k3_sp_collective.all_gather, before the read)"),
+    ),
 )
 K3_SP_ATTN_RES = (
     Op("attention-residual aggregation + input_layernorm on the rank's bank slice", "T/N"),
     Comm("AG", "the normed attention input", "hidden", _rel(K3, "_carries_bank_slices")),
     Op("attention (head-parallel), o_proj", "T"),
-    Comm("RS", "o_proj partial sum onto the rank's T/N rows", "hidden", _rel(K3, "reduce_scatter_res")),
+    Comm(
+        "RS",
+        "o_proj partial sum onto the rank's T/N rows",
+        "hidden",
+        _rel(K3, "_k3_reduce_scatter_add (k3_sp_collective.reduce_scatter_res)"),
+    ),
     Op("post-attention aggregation and norm, router, latent projections, shared experts", "T/N"),
     Comm("A2A", "DeepEP dispatch/combine of the MoE latent", "moe_latent", _rel(K3, "KimiK3DecoderLayer")),
 )
@@ -271,6 +286,8 @@ SGL_SP_MOE = Mode(
 
 LNSP_HOOK = _rel("python/sglang/srt/arg_groups/layernorm_sp_hook.py", "validate_layernorm_sp")
 LNSP = _rel("python/sglang/srt/layers/layernorm_sp.py", "initialize_layernorm_sp / runs_sp")
+LNSP_AG = _rel("python/sglang/srt/layers/layernorm_sp.py", "column_parallel_g_matmul (all-gather inside the GEMM)")
+LNSP_RS = _rel("python/sglang/srt/layers/layernorm_sp.py", "row_parallel_gbar_matmul (reduce-scatter out of the GEMM)")
 SGL_LAYERNORM_SP = Mode(
     name="layernorm-sp",
     flags=("--enable-layernorm-sp",),
@@ -281,13 +298,13 @@ SGL_LAYERNORM_SP = Mode(
             architectures=("Qwen3ForCausalLM",),
             layers="every layer (EXTEND batches)",
             dataflow=(
-                Comm("RS", "block output onto T/N rows", "hidden", LNSP),
+                Comm("RS", "the previous block's output onto T/N rows", "hidden", LNSP_RS),
                 Op("input_layernorm (fused residual add)", "T/N"),
-                Comm("AG", "normed attention input", "hidden", LNSP),
+                Comm("AG", "normed attention input", "hidden", LNSP_AG),
                 Op("qkv_proj, attention, o_proj", "T"),
-                Comm("RS", "o_proj partial sum", "hidden", LNSP),
+                Comm("RS", "o_proj partial sum", "hidden", LNSP_RS),
                 Op("post_attention_layernorm", "T/N"),
-                Comm("AG", "normed MLP input", "hidden", LNSP),
+                Comm("AG", "normed MLP input", "hidden", LNSP_AG),
                 Op("gate_up_proj, down_proj", "T"),
             ),
             plan="sequence-parallel",
