@@ -95,7 +95,7 @@ def _engine(ev: EngineVersion) -> list[str]:
         f"- chunks of one prompt: {p.chunks_of_one_request}",
         f"- stage boundary: {p.boundary}",
         f"- sources: {'; '.join(s.cite() for s in (p.source, *p.more_sources))}",
-        f"- tpplan's PP prediction assumes: {p.assumption}.",
+        f"- what tpplan assumes: {p.assumption}.",
         "",
     ]
     return out

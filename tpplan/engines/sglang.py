@@ -413,9 +413,10 @@ PIPELINE = PipelineSchedule(
     boundary="PPProxyTensors (hidden_states and residual, full rows) sent point-to-point; --enable-layernorm-sp "
     "is refused with PP and K3's bank slices require PP 1",
     source=_rel("python/sglang/srt/managers/scheduler_pp_mixin.py", "event_loop_pp / init_pp_loop_state"),
-    assumption="tpplan's PP prediction assumes an ideal pipeline of the prompt's chunks over the stages "
-    "(chunk k+1 enters stage 0 when chunk k leaves it) with full-row boundary sends; SGLang's scheduler runs "
-    "pp_size micro-batches in flight, which is that schedule only when every chunk is its own micro-batch",
+    assumption="tpplan's PP prediction (cost/predict.py pipeline_ttft) assumes batches enter stage 0 one "
+    "slowest-stage interval apart, the chunks of one request pipelining too, with full-row boundary sends; "
+    "SGLang's scheduler runs pp_size + pp_async_batch_depth micro-batches in flight, which matches it only "
+    "when every chunk is its own micro-batch and consecutive chunks of a prompt overlap (not traced in its code)",
     more_sources=(_rel("python/sglang/srt/managers/scheduler.py", "Scheduler (chunked_req in PP)"),),
 )
 

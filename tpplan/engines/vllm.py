@@ -208,8 +208,10 @@ PIPELINE = PipelineSchedule(
     "PP (DeepSeek-V2 MoE SP requires PP 1; Kimi-K3's SP asserts 'Currently, SP is not supported with PP'), so no "
     "sequence-parallel shards cross a stage boundary in this release",
     source=_rel("vllm/config/vllm.py", "VllmConfig.max_concurrent_batches"),
-    assumption="tpplan's PP prediction assumes an ideal pipeline of the prompt's chunks over the stages with "
-    "full-row boundary sends, which vLLM's batch queue of pp_size batches allows when each chunk is its own batch",
+    assumption="tpplan's PP prediction (cost/predict.py pipeline_ttft) assumes batches enter stage 0 one "
+    "slowest-stage interval apart, the chunks of one request pipelining too, with full-row boundary sends; "
+    "vLLM's batch queue holds pp_size batches, which matches it only when every chunk is its own batch and "
+    "consecutive chunks of a prompt overlap (not traced in its scheduler)",
     more_sources=(
         _rel("vllm/v1/engine/core.py", "EngineCore.step_with_batch_queue"),
         _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiK3Model.forward"),

@@ -437,7 +437,12 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
             f"{ev.engine} {ev.version}: {p.in_flight}; chunks of one prompt: {p.chunks_of_one_request}; stage "
             f"boundary: {p.boundary} ({p.source.cite()})."
         )
-    assumed = " ".join(f"{select(k).engine}: {select(k).pipeline.assumption}." for k in a.engines)
+    assumed = (
+        select(a.engines[0]).pipeline.assumption.split("; ")[0]
+        + "; "
+        + "; ".join(select(k).pipeline.assumption.split("; ", 2)[-1] for k in a.engines)
+        + "."
+    )
     return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]
 
 
