@@ -3,8 +3,8 @@ the plan says (issue 24).
 
 SGLang's `prepare_server_args` runs on a CPU machine: install `sglang==0.5.23` with `--no-deps` plus
 its import-time dependencies (docs/engines.md, "Checking launch lines"), or point
-`TPPLAN_SGLANG_PATH` at a folder holding them. Without SGLang the test is skipped. vLLM's
-`EngineArgs` is not checked: see docs/engines.md.
+`TPPLAN_SGLANG_PATH` at a folder holding them; vLLM's `EngineArgs` likewise (`TPPLAN_VLLM_PATH`,
+docs/engines.md). Without an engine its tests are skipped.
 """
 
 from __future__ import annotations
@@ -120,3 +120,76 @@ def test_sglang_parses_every_line_with_the_plans_settings():
         assert got["ep_size"] == (int(ep[1]) if ep else 1), line
         if backend and backend[1] == "deepep":
             assert any("_a2a_ep_size" in c.source for c in e.conditions), "the memo must say what SGLang derives"
+
+
+VLLM_LAUNCH = "vllm serve"
+VLLM_PROBE = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
+parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+out = []
+for argv in json.loads(sys.stdin.read()):
+    e = EngineArgs.from_cli_args(parser.parse_args(argv))
+    out.append({k: getattr(e, k) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                                            "enable_expert_parallel", "all2all_backend", "max_num_batched_tokens")})
+print("RESULT " + json.dumps(out, default=str))
+"""
+
+
+def _vllm_env() -> dict[str, str]:
+    extra = os.environ.get("TPPLAN_VLLM_PATH", "")
+    path = os.pathsep.join(p for p in (extra, os.environ.get("PYTHONPATH", "")) if p)
+    # The PyPI wheel is a CUDA build; on a machine without a GPU its DeviceConfig cannot infer a
+    # device unless told to take the CPU platform (parsing only; nothing runs).
+    return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
+
+
+@pytest.mark.slow  # one vLLM import in a subprocess; needs the optional install
+def test_vllm_parses_every_line_with_the_plans_settings(tmp_path):
+    code = "from vllm.engine.arg_utils import EngineArgs"
+    if subprocess.run([sys.executable, "-c", code], env=_vllm_env(), capture_output=True).returncode:
+        pytest.skip("vllm is not importable (install vllm==0.33.0 --no-deps and its import-time deps)")
+    cases = []
+    for model, nodes, tp in CASES:
+        a = analyse(model, load_topology("h200x8-ib400", nodes=nodes), [load_workload("seed-c8")], tp=tp,
+                    expert_dtype="mxfp4", use_default_predictor=False, search_top=0)  # fmt: skip
+        cases += [(v, e) for v in a.variants for e in v.engines if e.engine == "vLLM" and e.command()]
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    argv = []
+    for _, e in cases:
+        words = shlex.split(e.command(str(tmp_path)))  # a local folder: the parser looks nothing up
+        assert " ".join(words[:2]) == VLLM_LAUNCH
+        argv.append(["--model", words[2], *words[3:]])
+    res = subprocess.run([sys.executable, "-c", VLLM_PROBE], input=json.dumps(argv), env=_vllm_env(),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    parsed = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    for (v, e), got in zip(cases, parsed, strict=True):
+        args = " ".join(e.args)
+        assert got["tensor_parallel_size"] == v.tp and got["pipeline_parallel_size"] == v.pp, args
+        dp = re.search(r"--data-parallel-size (\d+)", args)
+        assert got["data_parallel_size"] == (int(dp[1]) if dp else 1), args
+        assert got["enable_expert_parallel"] is ("--enable-expert-parallel" in args), args
+        backend = re.search(r"--all2all-backend (\S+)", args)
+        if backend:
+            assert got["all2all_backend"] == backend[1], args
+
+
+@pytest.mark.slow
+def test_vllm_0_33_refuses_the_sequence_parallelism_pass_config(tmp_path):
+    """The engine data says vLLM 0.33.0 has no `pass_config.enable_sp`: its own parser must refuse it."""
+    from tpplan.engines import select
+
+    assert not select("vllm@0.33.0").mode("sp-pass").exists
+    code = "from vllm.engine.arg_utils import EngineArgs"
+    if subprocess.run([sys.executable, "-c", code], env=_vllm_env(), capture_output=True).returncode:
+        pytest.skip("vllm is not importable")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    probe = (
+        "from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser\n"
+        "p = EngineArgs.add_cli_args(FlexibleArgumentParser())\n"
+        f"EngineArgs.from_cli_args(p.parse_args(['--model', {str(tmp_path)!r}, '--tensor-parallel-size', '8', "
+        "'--compilation-config', '{\"pass_config\": {\"enable_sp\": true}}']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", probe], env=_vllm_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "enable_sp" in res.stderr

@@ -35,8 +35,13 @@ pyzmq, ipython, traitlets, aiohttp, multidict, attrs, yarl, propcache, aiohappye
 frozenlist; or point `TPPLAN_SGLANG_PATH` at a folder holding them. The parser returns the given
 `--ep-size` (default 1) with an a2a backend: SGLang sets ep_size = tp_size in a later post-process
 (`arg_groups/overrides.py` `_a2a_ep_size`), which the memo states as an `adjusts` condition.
-vLLM's `EngineArgs` is not checked: the 0.33.0 wheel is a CUDA build whose import needs its
-compiled extensions and a matching torch (not tried further here).
+`test_vllm_parses_every_line_with_the_plans_settings` does the same with vLLM 0.33.0's `EngineArgs`
+(also `slow`, skipped without vLLM): `pip install --no-deps vllm==0.33.0` plus, with `--no-deps`, the
+SGLang list above and apache-tvm-ffi, cachetools, cbor2, cloudpickle, fastapi, llguidance, openai,
+openai-harmony, opentelemetry-api, partial-json-parser, prometheus-client, py-cpuinfo, sniffio,
+uvloop, xgrammar (or `TPPLAN_VLLM_PATH`). The wheel is a CUDA build: on a machine without a GPU its
+DeviceConfig cannot infer a device, so the test sets `VLLM_TARGET_DEVICE=cpu` (parsing only). A
+second test checks that 0.33.0's parser refuses `pass_config.enable_sp`, as its engine entry says.
 """
 
 
