@@ -105,8 +105,10 @@ def test_every_family_and_plan_audits(preset, plan):
     if plan in ("baseline", "sequence-parallel", "latent-scattered", "gate-aware", "input-scattered+restore"):
         assert pa.legal, [v.sentence() for v in pa.violations]
     assert pa.comm_bytes_per_token > 0
-    # one reduction at least per block output
-    assert sum(pa.collective_counts().values()) >= graph.spec.num_layers
+    # one reduction at least per block output (an illegal folded add never reaches its all-reduce: its
+    # block output, downstream of the illegal edge, is not a partial sum)
+    if pa.legal or not make_plan(plan, graph, 2).fold:
+        assert sum(pa.collective_counts().values()) >= graph.spec.num_layers
 
 
 def test_tp1_moves_nothing():

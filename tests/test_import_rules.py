@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "tpplan"
 
 # The planner: plans, audits, prices and searches without torch, and imports nothing above it.
-PLANNER = ("models", "layout", "plans", "audit", "cost", "search", "errors", "dtypes", "bench_results", "inputs")
+PLANNER = (
+    "models", "layout", "plans", "engines", "audit", "cost", "search", "errors", "dtypes", "bench_results", "inputs"
+)
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
 
 
@@ -151,7 +153,7 @@ LAYERS = [
     ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs"),
     ("models",),
     ("layout",),
-    ("plans",),
+    ("plans", "engines"),
     ("audit",),
     ("cost",),
     ("search",),

@@ -1,7 +1,8 @@
-"""Engine flags per plan and the engines' static conditions (sources in tpplan/report/engines/__init__.py)."""
+"""Engine flags per plan, judged against the versioned engine data (tpplan/engines, docs/engines.md)."""
 
 from __future__ import annotations
 
+from tpplan.engines import select
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -13,34 +14,57 @@ def _setup(model: str, tp: int, plan: str):
     return make_plan(plan, graph, tp), graph.spec
 
 
-def test_k3_input_scattered_passes_the_gate_but_regathers_the_hidden():
-    plan, spec = _setup("kimi-k3", 32, "input-scattered")
-    r = sglang_recipe(plan, spec, tp=32, nodes=4)
-    assert "--enable-attn-tp-input-scattered" in r.args and "--moe-a2a-backend none" in r.args
-    assert not r.blocked and r.realises == "partly"
-    assert any("fetch_hidden_states" in n and "input-scattered+restore" in n for n in r.notes)
-    assert "--nnodes 4" in r.command()
+def _failed(r):
+    return [c for c in r.conditions if c.met is False]
 
 
-def test_input_scattered_without_q_lora_is_silently_skipped():
-    plan, spec = _setup("kimi-linear-48b", 4, "input-scattered")
-    r = sglang_recipe(plan, spec, tp=4)
-    failed = [c for c in r.conditions if c.met is False]
-    assert r.blocked and failed[0].effect == "skips silently" and "q_lora_rank" in failed[0].text
+def test_k3_input_scattered_does_nothing_and_says_so_with_its_source():
+    """kimi_k3.py never enters maybe_input_scattered: whatever input-scattered plan tpplan names, the
+    SGLang flag runs the all-reduce baseline on K3, and the recipe says so before anything else."""
+    for name in ("sglang-input-scattered", "input-scattered", "input-scattered+restore"):
+        plan, spec = _setup("kimi-k3", 32, name)
+        r = sglang_recipe(plan, spec, tp=32, nodes=4)
+        assert r.realises == "no" and "does nothing on kimi_k3" in r.summary
+        assert "does not wire --enable-attn-tp-input-scattered for kimi_k3" in r.path
+        assert "kimi_k3.py" in r.path and "0.5.23" in r.path
 
 
-def test_deepseek_input_scattered_is_fully_realised():
-    plan, spec = _setup("deepseek-v3", 8, "input-scattered")
+def test_deepseek_v3_runs_sglang_input_scattered_not_tpplans():
+    plan, spec = _setup("deepseek-v3", 8, "sglang-input-scattered")
     r = sglang_recipe(plan, spec, tp=8)
-    assert r.realises == "yes" and not r.blocked and not r.notes
+    assert r.realises == "yes" and not r.blocked
+    assert "--enable-attn-tp-input-scattered" in r.args and "--moe-a2a-backend none" in r.args
+    assert "AR(hidden)" in r.summary and "wires --enable-attn-tp-input-scattered for deepseek_v3" in r.path
+    mine, _ = _setup("deepseek-v3", 8, "input-scattered")
+    m = sglang_recipe(mine, spec, tp=8)
+    assert m.realises == "no" and "runs `sglang-input-scattered`" in m.summary
 
 
-def test_moe_a2a_flags_and_ep_adjustment():
+def test_input_scattered_gates_decided_from_the_deployment():
+    plan, spec = _setup("deepseek-v3", 8, "sglang-input-scattered")
+    cp = sglang_recipe(plan, spec, tp=8, cp=2)
+    assert (
+        cp.blocked and [c.effect for c in _failed(cp)] == ["runs baseline"] and "prefill context" in _failed(cp)[0].text
+    )
+    odd = sglang_recipe(plan, spec, tp=8, chunk=8190)
+    assert odd.blocked and [c.effect for c in _failed(odd)] == ["asserts"]
+    assert "tp_reduce_scatter" in _failed(odd)[0].source
+    dsa_plan, dsa = _setup("deepseek-v3.2", 8, "sglang-input-scattered")
+    r = sglang_recipe(dsa_plan, dsa, tp=8)
+    assert r.blocked and any("DSA" in c.text for c in _failed(r))  # not "no q_lora_rank"
+    assert not any("q_lora" in c.text for c in _failed(r))
+
+
+def test_sp_moe_flags_derivations_and_k3_variants():
     plan, spec = _setup("kimi-k3", 32, "sp-moe")
-    sgl, vl = recipes(plan, spec, tp=32, nodes=4)
+    sgl, vl = recipes(plan, spec, tp=32, nodes=4, gpu="NVIDIA H200")
     assert "--moe-a2a-backend deepep" in sgl.args
-    assert any("ep_size is forced to tp_size" in c.text and c.effect == "adjusts" for c in sgl.conditions)
-    assert any("input-scattered attention is off" in n for n in sgl.notes)
+    assert any("_a2a_ep_size" in c.source and c.effect == "adjusts" for c in sgl.conditions)
+    # On H200 the fused SP collectives are off, so tpplan's norm-on-shard sp-moe is not what SGLang runs.
+    assert sgl.realises == "partly" and "default path" in sgl.summary and not sgl.env
+    b300, _ = _setup("kimi-k3", 8, "sp-moe")
+    on = sglang_recipe(b300, spec, tp=8, gpu="NVIDIA B300 SXM6")
+    assert on.env == ("SGLANG_K3_SP_ATTN_RES=1",) and on.command().startswith("SGLANG_K3_SP_ATTN_RES=1 python")
     assert "--enable-expert-parallel" in vl.args and "--all2all-backend deepep_high_throughput" in vl.args
 
 
@@ -59,113 +83,79 @@ def test_ep_without_a2a_and_pipeline():
 def test_plans_no_engine_ships():
     for name in ("gate-aware", "latent-scattered"):
         plan, spec = _setup("kimi-k3", 32, name)
-        sgl, vl = recipes(plan, spec, tp=32)
-        assert sgl.realises == "no" and vl.realises == "no" and sgl.command() == ""
+        assert all(r.realises == "no" for r in recipes(plan, spec, tp=32))
 
 
-def test_layernorm_sp_allowlist():
-    plan, spec = _setup("kimi-k3", 32, "sequence-parallel")
-    r = sglang_recipe(plan, spec, tp=32)
-    assert r.blocked and "--enable-layernorm-sp" in r.args
-    assert '"enable_sp": true' in " ".join(vllm_recipe(plan, spec, tp=32).args)
+def test_layernorm_sp_allowlist_refuses_other_architectures():
+    plan, spec = _setup("qwen3-32b", 8, "sequence-parallel")
+    assert sglang_recipe(plan, spec, tp=8).realises == "yes"
+    plan, spec = _setup("llama-3-70b", 8, "sequence-parallel")
+    r = sglang_recipe(plan, spec, tp=8)
+    assert r.realises == "no" and r.blocked and "refuses to start" in r.path
+    pp = sglang_recipe(plan, load_model("qwen3-32b"), tp=8, pp=2)
+    assert any(c.effect == "refuses" and "pipeline" in c.text for c in _failed(pp))
+
+
+def test_vllm_sequence_parallel_pass_by_version():
+    """0.33.0 has no pass (its config refuses enable_sp); the older revision gates it by GPU, hidden
+    size and tokens per batch, with the sp_min_token_num override and the warning named."""
+    plan, spec = _setup("llama-3-70b", 8, "sequence-parallel")
+    now = vllm_recipe(plan, spec, tp=8, gpu="NVIDIA H200")
+    assert now.realises == "no" and "no sequence-parallelism compile pass" in now.summary
+    old = select("vllm@main@000fc94b")
+    h200 = vllm_recipe(plan, spec, tp=8, gpu="NVIDIA H200", chunk=8192, engine=old)
+    assert h200.realises == "yes" and any("sp_min_token_num" in c.text for c in h200.conditions)
+    small = vllm_recipe(plan, spec, tp=8, gpu="NVIDIA H200", chunk=2048, engine=old)
+    assert small.realises == "no" and any("does not reach" in c.text for c in _failed(small))
+    rtx = vllm_recipe(plan, spec, tp=8, gpu="NVIDIA RTX PRO 6000", engine=old)
+    assert rtx.realises == "no" and any("no threshold for sm120" in c.text for c in _failed(rtx))
+    qwen, q = _setup("qwen3-32b", 8, "sequence-parallel")
+    warn = vllm_recipe(qwen, q, tp=8, gpu="NVIDIA H200", engine=old)
+    assert any("hidden_size too small" in c.text for c in warn.conditions) and warn.realises == "no"
 
 
 def test_found_plans_that_replicate_attention_projections_need_code():
-    plan, spec = _setup("kimi-k3", 32, "sp-moe")
-    found = plan.with_(name="search-1", found_by="search", a2a=frozenset({"mla+moe/mla.g_proj"}))
-    assert sglang_recipe(found, spec, tp=32).realises == "no"
-    only_moe = plan.with_(name="search-2", found_by="search")
-    assert "--moe-a2a-backend deepep" in sglang_recipe(only_moe, spec, tp=32).args
-
-
-def test_vllm_sequence_parallel_thresholds_by_gpu_generation():
-    """vLLM applies SP only on sm90/sm100 GPUs, for hidden >= 8192 and batches above its token threshold."""
-    plan, spec = _setup("llama-3-70b", 8, "sequence-parallel")  # hidden 8192
-    h200 = vllm_recipe(plan, spec, tp=8, chunk=8192, gpu="NVIDIA H200")
-    assert h200.realises == "partly" and not any(c.met is False for c in h200.conditions)
-    assert any("batches of at least 4,096 tokens" in c.text for c in h200.conditions)  # 8 MiB x 8 / (8192 x 2)
-    small = vllm_recipe(plan, spec, tp=8, chunk=2048, gpu="NVIDIA H200")
-    assert small.realises == "no" and any("does not" in c.text for c in small.conditions if c.met is False)
-    pcie = vllm_recipe(plan, spec, tp=8, gpu="NVIDIA RTX PRO 6000 Blackwell")
-    assert pcie.realises == "no" and any("sm120" in c.text for c in pcie.conditions if c.met is False)
-    plan_k3, spec_k3 = _setup("kimi-k3", 32, "sequence-parallel")  # hidden 7168 < 8192
-    assert vllm_recipe(plan_k3, spec_k3, tp=32, gpu="NVIDIA H200").realises == "no"
+    plan, spec = _setup("kimi-k3", 8, "gate-aware")
+    r = sglang_recipe(plan, spec, tp=8)
+    assert r.realises == "no" and "needs code" in r.summary
 
 
 def test_a2a_plan_with_input_scattered_attention_is_not_sglang_sp_moe():
-    """MoE all-to-all beside a scattered attention input is no SGLang path (the a2a backend turns
-    input-scattered off): such a plan needs code, whatever it is called."""
     plan, spec = _setup("deepseek-v3", 8, "sp-moe")
     mixed = plan.with_(gather=frozenset({"mla+moe/mla.qkv_a"}))
     assert family(mixed) == "custom" and sglang_recipe(mixed, spec, tp=8).realises == "no"
     exact = plan.with_(
         name="x", gather=frozenset({"mla+moe/layer.attn_in"}), replicate=frozenset({"mla+moe/moe.router"})
     )
-    assert family(exact) == "sp-moe"  # exact roles inside SP-MoE's patterns: the same engine path
+    assert family(exact) == "sp-moe"
 
 
-def test_prefill_cp_skips_input_scattered_and_k3_refuses_it():
-    """construction.py builds no input-scattered steps under prefill CP; Kimi-K3's linear-attention
-    prefill CP hook rejects the flag outright. Without CP the same gate passes."""
-    plan, spec = _setup("kimi-k3", 8, "input-scattered")
-    assert not sglang_recipe(plan, spec, tp=8).blocked
-    r = sglang_recipe(plan, spec, tp=8, cp=2)
-    failed = {c.effect for c in r.conditions if c.met is False}
-    assert r.blocked and failed == {"skips silently", "refuses"}
-    assert "--enable-prefill-cp" in r.args
-    ds_plan, ds = _setup("deepseek-v3", 8, "input-scattered")
-    d = sglang_recipe(ds_plan, ds, tp=8, cp=2)
-    assert d.blocked and {c.effect for c in d.conditions if c.met is False} == {"skips silently"}
-
-
-def test_k3_sp_collective_falls_back_to_nccl_outside_sm103_tp4_tp8():
-    plan, spec = _setup("kimi-k3", 8, "sp-moe")
-    ok = sglang_recipe(plan, spec, tp=8, gpu="NVIDIA B300 SXM6")
-    k3 = [c for c in ok.conditions if "K3's fused SP" in c.text]
-    assert k3 and all(c.met is not False for c in k3) and not any("NCCL here" in n for n in ok.notes)
-    h200 = sglang_recipe(plan, spec, tp=8, gpu="NVIDIA H200")
-    failed = [c for c in h200.conditions if c.met is False]
-    assert [c.effect for c in failed] == ["falls back"] and "SM103" in failed[0].text
-    assert h200.realises == "yes" and not h200.blocked and "NCCL" in h200.summary
-    plan32, _ = _setup("kimi-k3", 32, "sp-moe")
-    tp32 = sglang_recipe(plan32, spec, tp=32, nodes=4, gpu="NVIDIA GB300")
-    assert [c.text for c in tp32.conditions if c.met is False] == [
-        "K3's fused SP collectives cover attention-TP groups of 4 or 8 ranks (here 32)"
-    ]
-    ds_plan, ds = _setup("deepseek-v3", 8, "sp-moe")
-    assert not any("K3's fused SP" in c.text for c in sglang_recipe(ds_plan, ds, tp=8, gpu="B300").conditions)
-
-
-def test_vllm_sequence_parallel_moe_needs_data_parallel():
+def test_vllm_moe_sp_needs_dp_tp_and_pp_1():
     plan, spec = _setup("deepseek-v3", 8, "sp-moe")
     dp1 = vllm_recipe(plan, spec, tp=8)
-    failed = [c for c in dp1.conditions if c.met is False]
-    assert dp1.blocked and len(failed) == 1 and "data-parallel size > 1" in failed[0].text
-    assert "replicated batch" in dp1.summary
+    assert dp1.blocked and ["data-parallel size > 1" in c.text for c in _failed(dp1)] == [True]
     dp2 = vllm_recipe(plan, spec, tp=4, dp=2)
-    assert not dp2.blocked and "--data-parallel-size 2" in dp2.args
-    assert dp2.realises == "partly" and "all-reduced" in dp2.summary  # AR then chunk, not the plan's RS
-    tp1 = vllm_recipe(plan, spec, tp=1, dp=8)
-    assert [c.text for c in tp1.conditions if c.met is False] == ["tensor-parallel size > 1 (here 1)"]
+    assert not dp2.blocked and "--data-parallel-size 2" in dp2.args and dp2.realises == "partly"
+    assert any("dense layers" in n for n in dp2.notes)  # where tpplan's sp-moe differs from vLLM's
+    pp = vllm_recipe(plan, spec, tp=4, dp=2, pp=2)
+    assert pp.blocked and any("pipeline-parallel size 1" in c.text for c in _failed(pp))
 
 
-def test_report_passes_prefill_cp_and_dp_to_the_gates():
-    """`tpplan report --prefill-cp/--dp` reach the engines' gates: the memo names the refusal only
-    when the server setting triggers it, and a blocked flag keeps the model's own dataflow verdict."""
+def test_report_passes_prefill_cp_dp_and_engine_versions_to_the_recipes():
     from tpplan.cost.topology import load_topology
     from tpplan.report.analysis import analyse
 
     topo = load_topology("h200x8-ib400", nodes=1)
-    plain = analyse("tiny-kimi-k3", topo, [], tp=2, plans=["input-scattered+restore", "sp-moe"], search_top=0)
-    cp = analyse("tiny-kimi-k3", topo, [], tp=2, plans=["input-scattered+restore", "sp-moe"], search_top=0,
-                 prefill_cp=2, dp=2)  # fmt: skip
+    kw = {"tp": 2, "plans": ["sglang-input-scattered", "sp-moe"], "search_top": 0}
+    plain = analyse("tiny-deepseek-v3", topo, [], **kw)
+    cp = analyse("tiny-deepseek-v3", topo, [], prefill_cp=2, dp=2, engines=["sglang@main@7665ff96"], **kw)
+    assert plain.engines == ("sglang@0.5.23", "vllm@0.33.0") and cp.engines == ("sglang@main@7665ff96", "vllm@0.33.0")
 
-    def sgl(a, name):
+    def pair(a, name):
         v = next(v for v in a.variants if v.plan.name == name and v.pp == 1)
         return next(r for r in v.engines if r.engine == "SGLang"), next(r for r in v.engines if r.engine == "vLLM")
 
-    (s0, _), (s1, _) = sgl(plain, "input-scattered+restore"), sgl(cp, "input-scattered+restore")
-    assert not s0.blocked and s1.blocked and s0.realises == s1.realises == "yes"
-    assert "--enable-prefill-cp" in " ".join(s1.args) and "--enable-prefill-cp" not in " ".join(s0.args)
-    (_, v0), (_, v1) = sgl(plain, "sp-moe"), sgl(cp, "sp-moe")
+    (s0, _), (s1, _) = pair(plain, "sglang-input-scattered"), pair(cp, "sglang-input-scattered")
+    assert not s0.blocked and s1.blocked and s1.version == "sglang@main@7665ff96"
+    (_, v0), (_, v1) = pair(plain, "sp-moe"), pair(cp, "sp-moe")
     assert "--data-parallel-size 2" in " ".join(v1.args) and "--data-parallel-size" not in " ".join(v0.args)

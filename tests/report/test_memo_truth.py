@@ -247,10 +247,46 @@ def check_terms(a: object, md: str) -> None:
             assert hit is None, f"{hit[0]!r} in a memo for a model without {feature}: ...{where!r}"
 
 
+# The engine-path sentences the memo prints (tpplan/report/engines/base.py path_sentence), and the
+# engine data's mode each flag names.
+PATH_SENTENCE = re.compile(r"(SGLang|vLLM) (\S+) (wires|does not wire) (.+?) for (\w+)")
+FLAG_MODE = {
+    "--enable-attn-tp-input-scattered": "input-scattered",
+    "--enable-layernorm-sp": "layernorm-sp",
+    "SP-MoE": "sp-moe",
+    "MoE sequence parallelism": "moe-sp",
+    "the sequence-parallelism pass": "sp-pass",
+}
+RUNS_PLAN = re.compile(r"--enable-attn-tp-input-scattered runs `([\w+-]+)` on (\w+)")
+
+
+def check_engine_paths(a: object, md: str) -> None:
+    """No memo sentence says an engine runs a path its data says it does not: every "wires" / "does
+    not wire" sentence and every "the flag runs `plan`" agrees with tpplan.engines for the model."""
+    from tpplan.engines import path_for, select
+
+    spec = a.graph.spec  # type: ignore[attr-defined]
+    seen = 0
+    for engine, version, verb, flag, model_type in PATH_SENTENCE.findall(md):
+        assert model_type == spec.model_type, f"{engine} sentence about {model_type} in a {spec.model_type} memo"
+        mode = select(f"{engine}@{version}").mode(FLAG_MODE[flag])
+        assert mode is not None, (engine, version, flag)
+        wired = path_for(mode, spec).wired
+        assert wired == (verb == "wires"), f"memo: {engine} {version} {verb} {flag} for {model_type}; data: {wired}"
+        seen += 1
+    for plan, model_type in RUNS_PLAN.findall(md):
+        mode = select(a.engines[0]).mode("input-scattered")  # type: ignore[attr-defined]
+        assert path_for(mode, spec).runs_plan == plan, f"memo: the flag runs {plan} on {model_type}"
+    assert "really runs input-scattered+restore" not in md  # the claim issue 24 found false
+    if a.variant("sglang-input-scattered") is not None:  # type: ignore[attr-defined]
+        assert seen, "the memo never says what SGLang does with --enable-attn-tp-input-scattered here"
+
+
 def check_all(a: object, md: str) -> None:
     check_answer_word(md)
     check_legality_sentences(md)
     check_engine_sentences(md)
+    check_engine_paths(a, md)
     check_bottom_line(md, a.provenance.band)  # type: ignore[attr-defined]
     check_numbers(md)
     check_terms(a, md)
@@ -279,6 +315,15 @@ def test_k3_with_todays_deployment():
     assert a.bottom.action == "switch"
 
 
+def test_k3_memo_starts_from_what_the_engine_does_with_the_flag():
+    """Issue 24: the K3 memo's answer opens with SGLang not wiring the flag for K3 (with its source),
+    before legality and volumes."""
+    _, md = memo_for("kimi-k3")
+    answer = md.split("## Answer", 1)[1].split("\n## ", 1)[0]
+    first = answer.strip().split("\n\n")[0]
+    assert "does not wire --enable-attn-tp-input-scattered for kimi_k3" in first and "kimi_k3.py" in first
+
+
 def test_identical_decisions_get_identical_engine_verdicts():
     """On DeepSeek-V3 gate-aware repairs nothing: same decisions as input-scattered, same verdicts."""
     a, _ = memo_for("deepseek-v3")
@@ -301,12 +346,17 @@ def test_the_checks_can_fail():
         ),
         "units": re.sub(r"`latent-scattered` 16448 \(\+14\.7%", "`latent-scattered` 9280 (-35.3%", md),
         "term": md + "\nK3's attention-residual bank.\n",
+        "engine path": md.replace(
+            "SGLang 0.5.23 wires --enable-attn-tp-input-scattered for deepseek_v3",
+            "SGLang 0.5.23 does not wire --enable-attn-tp-input-scattered for deepseek_v3",
+        ),
     }
     checks = {
         "answer word": check_answer_word,
         "legality": check_legality_sentences,
         "units": check_numbers,
         "term": lambda m: check_terms(a, m),
+        "engine path": lambda m: check_engine_paths(a, m),
     }
     for name, text in bad.items():
         assert text != md, name

@@ -114,8 +114,10 @@ def test_engine_flags_in_memo(k3_md):
     assert "--enable-attn-tp-input-scattered" in eng and "--moe-a2a-backend deepep" in eng
     assert "--enable-expert-parallel --all2all-backend deepep_high_throughput" in eng
     assert "--tp-size 8 --pp-size 4" in eng and "--pipeline-parallel-size 4" in eng
-    assert "input-scattered+restore" in eng  # K3's gate passes but the hidden is re-gathered
-    assert "adapters/attention.py" in eng
+    assert "input-scattered+restore" in eng
+    # SGLang never enters input-scattered on K3 (kimi_k3.py): the memo says so, with the source
+    assert "does not wire --enable-attn-tp-input-scattered for kimi_k3" in eng and "kimi_k3.py" in eng
+    assert "Pipeline parallelism as the engines schedule it" in eng and "scheduler_pp_mixin.py" in eng
 
 
 def test_volume_vs_tp_table(k3_4x8):

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from tpplan.commands._bounds import TP_RANGE
-from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
+from tpplan.commands._options import ClusterOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
 
@@ -51,7 +51,6 @@ def register(app: typer.Typer) -> None:
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
-        engine: EngineOpt = None,
         dtype: Annotated[str, typer.Option("--dtype", help="Activation dtype: bf16, fp16, fp32, fp8")] = "bf16",
         expert_dtype: ExpertDtypeOpt = None,
         prefill_cp: Annotated[
@@ -64,6 +63,15 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--dp", min=1, help="Data-parallel size the server runs (vLLM's MoE SP gate reads it)")
         ] = 1,
         memory_cap: Annotated[str | None, typer.Option("--memory-cap", help=MEMORY_CAP_HELP)] = None,
+        engine: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--engine",
+                help="Serving engine and version, sglang@VERSION or vllm@VERSION (repeat for both): the memo judges "
+                "the flags against each (default: each engine's current release in tpplan's engine data); the first "
+                "one's measured kernels price compute (needs tpplan[aic]; the database's nearest version)",
+            ),
+        ] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -84,7 +92,7 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = load_cluster(topology, nodes, tp, gpu=gpu, cluster=cluster, engine=engine)
+        topo = load_cluster(topology, nodes, tp, gpu=gpu, cluster=cluster, engine=engine[0] if engine else None)
         assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
@@ -103,6 +111,7 @@ def register(app: typer.Typer) -> None:
                 prefill_cp=prefill_cp,
                 dp=dp,
                 memory_cap_gib=memory_cap_value(memory_cap),
+                engines=engine,
                 progress=say,
             )
             say("writing report.md, report.html and the plots")

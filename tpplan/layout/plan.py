@@ -12,6 +12,11 @@ A plan does not list collectives one by one. It states a few decisions, and the 
 - `a2a`: producers whose token-sharded output is moved to head-sharded by an all-to-all.
 - `replicate`: ops whose weight every rank holds whole (a memory price, reported).
 - `token_shard`: replicated ops that run on the rank's own tokens (a free slice of R).
+- `fold`: residual adds (`layer.attn_add` / `layer.mlp_add`) that fold the stream's token shard
+  into the block output's partial sum (each rank writes its own rows, zeros elsewhere) and
+  all-reduce that sum over every row: the stream leaves the add replicated. One all-reduce replaces
+  the reduce-scatter, the token-sharded add and an all-gather (SGLang's input-scattered MLP side,
+  `_tp_all_reduce_with_scattered_residual`; docs/engines.md).
 - `moe`: routed experts under tensor parallelism `tp`, expert parallelism without all-to-all
   `ep` (each rank holds E/ep experts, each split over N/ep ranks), or all-to-all dispatch `a2a`.
 - `dp_attention`: data-parallel attention (`tpplan.layout.dp_attention`): each rank's token-sharded
@@ -82,6 +87,7 @@ class Plan:
     a2a: frozenset[str] = frozenset()
     replicate: frozenset[str] = frozenset()
     token_shard: frozenset[str] = frozenset()
+    fold: frozenset[str] = frozenset()
     moe: MoEMode = "tp"
     ep_size: int | None = None
     dp_attention: DpPadding | None = None
@@ -108,11 +114,16 @@ class Plan:
     def shards_tokens(self, op: str) -> bool:
         return _match(self.token_shard, op)
 
+    def folds(self, op: str) -> bool:
+        return _match(self.fold, op)
+
     def with_(self, **changes: object) -> Plan:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, object]:
-        """The decisions, as plain data (for JSON and for showing a found plan)."""
+        """The decisions, as plain data (for JSON and for showing a found plan); `fold` appears only
+        where the plan folds an add (no searched plan does)."""
+        folded = {"fold": sorted(self.fold)} if self.fold else {}
         return {
             "stream": str(self.stream),
             "reduce": str(self.reduce),
@@ -122,6 +133,7 @@ class Plan:
             "replicate": sorted(self.replicate),
             "token_shard": sorted(self.token_shard),
             "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
+            **folded,
         } | ({"dp_attention": self.dp_attention} if self.dp_attention else {})
 
 

@@ -302,6 +302,29 @@ class LayerWalk:
             )
         )
 
+    def _fold(self, op: Op, received: list[Placement]) -> bool:
+        """A folded residual add (the plan's `fold`): a token-sharded stream input becomes a partial
+        sum for free (each rank's rows, zeros elsewhere), the block output is already one, and one
+        all-reduce of their sum over every row leaves the stream replicated. False (the ordinary
+        rules decide) unless the inputs are exactly a token-sharded or replicated stream and a
+        partial sum."""
+        if op.kind is not OpKind.ADD or sorted(map(str, received)) not in (
+            sorted([str(S_TOK), str(P)]),
+            sorted([str(R), str(P)]),
+        ):
+            return False
+        self.emit(
+            Collective.ALL_REDUCE, op.output, P, R, op,
+            "all-reduce the block output over every row with the rank's stream rows folded in",
+        )  # fmt: skip
+        strat = Strategy((P,) * len(op.inputs), R)
+        self.res.placements[op.output] = R
+        parents = [self.tainted[v] for v in op.inputs if v in self.tainted]
+        if parents:
+            self.tainted[op.output] = parents[0]
+        self.res.decisions.append(OpDecision(op, str(op.split), strat, tuple(received), 1.0, 0, True))
+        return True
+
     def step(self) -> None:
         """Walk the next op."""
         op = self.ops[self.index]
@@ -336,6 +359,8 @@ class LayerWalk:
                 emit(Collective.ALL_TO_ALL, v, p, S_COL, op, "the plan moves it to head-sharded by all-to-all")
                 p = S_COL
             received.append(p)
+        if op.reduces_into_stream and plan.folds(q) and self._fold(op, received):
+            return
         # 2. the cheapest strategy the received placements satisfy
         options = mixer_strategies(op, strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q)), plan)
         is_stream_add = op.reduces_into_stream

@@ -51,6 +51,7 @@ class Decisions(_Strict):
     a2a: list[str] = []
     replicate: list[str] = []
     token_shard: list[str] = []
+    fold: list[str] = []  # residual adds folded into an all-reduce (docs/design.md); search never writes it
     moe: Literal["tp", "ep", "a2a"] = "tp"
     ep_size: Size | None = None
     dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
@@ -110,6 +111,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "a2a": sorted(plan.a2a),
             "replicate": sorted(plan.replicate),
             "token_shard": sorted(plan.token_shard),
+            "fold": sorted(plan.fold),
             "moe": plan.moe,
             "ep_size": plan.ep_size if plan.moe == "ep" else None,
             "dp_attention": plan.dp_attention,
@@ -217,6 +219,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         a2a=frozenset(d.a2a),
         replicate=frozenset(d.replicate),
         token_shard=frozenset(d.token_shard),
+        fold=frozenset(d.fold),
         moe=moe,
         ep_size=d.ep_size,
         dp_attention=d.dp_attention,

@@ -20,22 +20,47 @@ from tpplan.plans.files import is_plan_file, load_plan_file
 # The MLA ops that produce the QKV latent (fused qkv_a with q_lora, kv_a without).
 LATENT = frozenset({"*/mla.qkv_a", "*/mla.kv_a"})
 
-SGLANG_INPUT_SCATTERED_GATES = (
-    "SGLang enables --enable-attn-tp-input-scattered only when tp > 1, the model's MLA has q_lora_rank, "
-    "DP attention is off, moe_a2a_backend is none, and only for extend (prefill) batches; tokens are padded "
-    "to a multiple of tp, and batches too small to scatter fall back to the all-reduce path"
-)
+
+def engine_notes(engine: str, mode: str) -> tuple[str, ...]:
+    """One line per gate of an engine mode, from the engine data (`tpplan.engines`): the static
+    conditions an audit lists beside legality, with their sources. Never hand-written prose."""
+    from tpplan.engines import select
+
+    m = select(engine).mode(mode)
+    if m is None:
+        return ()
+    return tuple(f"{select(engine).key}: {g.text} (if not: {g.effect}; {g.source.cite()})" for g in m.gates)
 
 
 def input_scattered() -> Plan:
+    """tpplan's own input-scattered idea: both hidden norms on the rank's tokens (RS + AG around each
+    block, the latent gathered instead of the attention input). No engine runs it: SGLang's
+    --enable-attn-tp-input-scattered is `sglang-input-scattered`."""
     return Plan(
         "input-scattered",
-        "SGLang input-scattered",
+        "input-scattered, both norms on local tokens",
         "Reduce-scatter the block output by token, norm on local tokens, token-local qkv_a, all-gather the "
         "QKV latent; the MLP input is all-gathered.",
         stream=S_TOK,
         gather=LATENT | {"*/layer.mlp_in"},
-        engine_notes=(SGLANG_INPUT_SCATTERED_GATES,),
+    )
+
+
+def sglang_input_scattered() -> Plan:
+    """SGLang's --enable-attn-tp-input-scattered as its code runs it (tpplan.engines.sglang): the
+    layer input reduce-scattered, input_layernorm and qkv_a on local tokens, the QKV latent
+    all-gathered, then one all-reduce of o_proj's partial sum with the rank's residual rows folded
+    in; the post-attention norm and the MLP run on every row: RS(H) + AG(latent) + AR(H)."""
+    return Plan(
+        "sglang-input-scattered",
+        "SGLang input-scattered",
+        "Reduce-scatter the layer input by token, input norm and qkv_a on local tokens, all-gather the QKV "
+        "latent; all-reduce o_proj's output with the residual rows folded in; post-attention norm and MLP on "
+        "every row.",
+        stream=S_TOK,
+        gather=LATENT,
+        fold=frozenset({"*/layer.mlp_add"}),
+        engine_notes=engine_notes("sglang", "input-scattered"),
     )
 
 
@@ -74,13 +99,8 @@ def sp_moe(name: str = "sp-moe") -> Plan:
         gather=frozenset({"*/layer.attn_in", "*+dense/layer.mlp_in"}),
         replicate=frozenset({"*moe*/moe.shared_*", "*/moe.router", "*/moe.latent_*"}),
         moe="a2a",
-        engine_notes=(
-            "SGLang: --moe-a2a-backend deepep (or megamoe for K3) with SP-MoE; this disables "
-            "input-scattered, whose static gate requires moe_a2a_backend=none",
-        ),
+        engine_notes=engine_notes("sglang", "sp-moe"),
     )
-
-
 
 
 def repair(
@@ -151,7 +171,7 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
-EXTRA_PLANS = ("input-scattered+restore", "sp-moe")
+EXTRA_PLANS = ("input-scattered+restore", "sp-moe", "sglang-input-scattered")
 ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed name
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
@@ -182,6 +202,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         "latent-scattered": latent_scattered,
         "sequence-parallel": sequence_parallel,
         "sp-moe": sp_moe,
+        "sglang-input-scattered": sglang_input_scattered,
     }
     if name in simple:
         return simple[name]()
@@ -207,9 +228,11 @@ __all__ = [
     "EXTRA_PLANS",
     "NAMED_PLANS",
     "S_COL",
+    "engine_notes",
     "make_plan",
     "plan_name",
     "repair",
+    "sglang_input_scattered",
     "sp_moe",
     "with_ep",
 ]

@@ -38,6 +38,7 @@ PredictFn = Callable[..., Any]
 # another plan (e.g. ep4: TP32 with EP4).
 MEMO_PLANS = (
     "baseline",
+    "sglang-input-scattered",
     "input-scattered",
     "input-scattered+restore",
     "latent-scattered",
@@ -177,6 +178,7 @@ class Analysis:
     same_as: dict[str, str] = field(default_factory=dict)  # variant key -> earlier key with equal decisions
     crossovers: list[Crossover] = field(default_factory=list)
     memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
+    engines: tuple[str, ...] = ()  # the engine versions the recipes were judged against (engine@version)
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
@@ -461,11 +463,17 @@ def analyse(
     prefill_cp: int = 1,
     dp: int = 1,
     progress: Callable[[str], None] | None = None,
+    engines: list[str] | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
-    data-parallel size) are server settings the engine gates read. `progress` is told each step."""
+    data-parallel size) are server settings the engine gates read; `engines` the engine versions
+    (`sglang@0.5.23`, `vllm@0.33.0`; default: each engine's current release, tpplan.engines).
+    `progress` is told each step."""
+    from tpplan.engines import select_pair
+
     say = progress or (lambda _step: None)
+    pair = select_pair(engines)
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.report.differences import differences
@@ -543,6 +551,7 @@ def analyse(
             gpu=topology.gpu.name,
             prefill_cp=prefill_cp,
             dp=dp,
+            engines=pair,
         )
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
@@ -588,6 +597,7 @@ def analyse(
         band,
         bottom_line(steps, cur, wl, band),
         same,
+        engines=(pair[0].key, pair[1].key),
     )
     if fn is not None:
         say("thresholds: where each plan overtakes baseline")

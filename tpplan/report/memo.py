@@ -396,17 +396,19 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
     b: list[Block] = [
         Heading("Engine flags"),
         Para(
-            "Flags that realise each plan, and the engine's own static conditions. `FAILS` under `skips silently` "
-            "means the server starts and quietly runs the all-reduce path; under `refuses`, the server does not "
-            "start; under `falls back`, it runs the plan with the same collectives on a slower path (NCCL instead of "
-            "a fused kernel); `keep` conditions depend on other settings. The engine verdict follows a plan's "
-            "decisions, not its name. Sources are repository paths in `tpplan/report/engines/__init__.py`."
+            f"Judged against {' and '.join(f'`{k}`' for k in a.engines)} (tpplan's engine data, `tpplan/engines/`; "
+            "`--engine sglang@VERSION` or `vllm@VERSION` selects another version; docs/engines.md lists them with "
+            "their sources). Flags that realise each plan, and the engine's own conditions. Under `FAILS`: "
+            "`runs baseline` means the server starts and runs the all-reduce path; `refuses`, it does not start; "
+            "`asserts`, a batch that fails it stops the server; `falls back`, it runs the same collectives on a "
+            "slower path (NCCL instead of a fused kernel); `keep` conditions depend on settings the memo cannot "
+            "see. The engine verdict follows a plan's decisions, not its name; each condition names its source."
         ),
     ]
     rows = [
         (
             f"`{v.key}`",
-            e.engine,
+            e.version or e.engine,
             e.realises + (" (blocked)" if e.blocked else ""),
             "`" + " ".join(e.args) + "`" if e.realises != "no" else "-",
             e.summary,
@@ -419,12 +421,15 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
     shown = [("today's deployment", a.current)]
     if nxt is not None and nxt is not a.current:
         shown.append(("the bottom line's choice", nxt))
-    scat = a.variant("input-scattered")
-    if scat is not None and all(scat is not v for _, v in shown):
-        shown.append(("input-scattered", scat))
+    for name in ("sglang-input-scattered", "input-scattered"):
+        scat = a.variant(name)
+        if scat is not None and all(scat is not v for _, v in shown):
+            shown.append((name, scat))
     for title, v in shown:
         b.append(Heading(f"{title}: {v.key}", 3))
         for e in v.engines:
+            if e.path:
+                b.append(Para(e.path))
             if e.realises == "no":
                 b.append(Para(f"{e.engine}: no flag; {e.summary}."))
                 continue
@@ -432,7 +437,32 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
             items = [c.line() for c in e.conditions] + list(e.notes)
             if items:
                 b.append(Bullets(tuple(items)))
+    b += _pipeline_engines(a)
     return b
+
+
+def _pipeline_engines(a: Analysis) -> list[Block]:
+    """How each engine schedules PP for prefill, and the behaviour tpplan's PP prediction assumes;
+    only where the memo has a PP deployment."""
+    if not any(v.pp > 1 for v in a.variants):
+        return []
+    from tpplan.engines import select
+
+    items = []
+    for key in a.engines:
+        ev = select(key)
+        p = ev.pipeline
+        items.append(
+            f"{ev.engine} {ev.version}: {p.in_flight}; chunks of one prompt: {p.chunks_of_one_request}; stage "
+            f"boundary: {p.boundary} ({p.source.cite()})."
+        )
+    assumed = (
+        select(a.engines[0]).pipeline.assumption.split("; ")[0]
+        + "; "
+        + "; ".join(select(k).pipeline.assumption.split("; ", 2)[-1] for k in a.engines)
+        + "."
+    )
+    return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]
 
 
 SECTIONS = (

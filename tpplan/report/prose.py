@@ -29,22 +29,37 @@ def _has_mla(a: Analysis) -> bool:
     return any(isinstance(x, MLASpec) or isinstance(getattr(x, "mla", None), MLASpec) for x in attns)
 
 
+def engine_path(a: Analysis) -> Paragraph:
+    """What SGLang really runs with --enable-attn-tp-input-scattered on this model class, with its
+    source (the engine data, tpplan.engines), before any legality or volume."""
+    v = a.variant("sglang-input-scattered")
+    sgl = next((e for e in v.engines if e.engine == "SGLang"), None) if v is not None else None
+    if sgl is None or not sgl.path:
+        return None
+    text = f"**What the engine runs ({sgl.version}).** {sgl.path}"
+    if sgl.realises == "yes":
+        text += f" Its dataflow: {sgl.summary}; the plan `sglang-input-scattered` is that dataflow, op by op."
+    return text
+
+
 def question(a: Analysis) -> Paragraph:
-    """Does SGLang's input-scattered prefill pay off here? The word is the verdict table's status.
+    """Does SGLang's input-scattered prefill pay off here? The word is the verdict table's status of
+    the plan equal to what the flag runs (`sglang-input-scattered`), else tpplan's `input-scattered`.
     Asked only of a model with MLA, the attention SGLang's input-scattered path was written for;
     other models get the neutral question the bottom line answers."""
-    vd = a.verdict("input-scattered")
     if not _has_mla(a):
         t = a.topology
         return (
             f"**Which prefill plan should {a.model} run on {t.name} ({t.nodes} x {t.gpus_per_node} GPUs), against "
             f"today's `{a.current.key}`?** The bottom line below answers; every plan's verdict is in the table."
         )
+    key = "sglang-input-scattered" if a.verdict("sglang-input-scattered") is not None else "input-scattered"
+    vd = a.verdict(key)
     if vd is None:
         return None
     return (
         f"**Does SGLang's input-scattered (TP reduce-scatter) prefill pay off for {a.model} at TP{a.tp}, against "
-        f"today's `{a.current.key}`?** **{STATUS_WORDS[vd.status]}** ({vd.status}): {vd.headline}."
+        f"today's `{a.current.key}`?** **{STATUS_WORDS[vd.status]}** ({vd.status}, `{key}`): {vd.headline}."
     )
 
 
@@ -141,6 +156,7 @@ def bottom(a: Analysis) -> Paragraph:
 
 
 ANSWER: tuple[Callable[[Analysis], Paragraph], ...] = (
+    engine_path,
     question,
     broken_edges,
     gate_quote,

@@ -78,14 +78,25 @@ def engine_ok(e: EngineRecipe | None) -> bool:
 
 
 def engine_refusal(e: EngineRecipe) -> str | None:
-    """What the engine does with the flag when one of its static conditions fails, plainly."""
-    failed = [c for c in e.conditions if c.met is False and c.effect in ("refuses", "skips silently")]
+    """What the engine does with the flag when one of its conditions fails, plainly (the effect is
+    the engine data's: tpplan.engines)."""
+    failed = [c for c in e.conditions if c.met is False and c.effect in ("refuses", "runs baseline", "asserts")]
     if not failed:
         return None
     what = "; ".join(c.text for c in failed)
     if any(c.effect == "refuses" for c in failed):
         return f"{e.engine} would refuse the flags: {what}"
-    return f"{e.engine} would accept the flags and silently fall back to the all-reduce path: {what}"
+    if any(c.effect == "asserts" for c in failed):
+        return f"{e.engine} would start and stop on an assertion: {what}"
+    return f"{e.engine} would accept the flags and run the all-reduce path instead: {what}"
+
+
+def deciding_engine(engines: list[EngineRecipe]) -> EngineRecipe | None:
+    """The engine a verdict cites: the first whose flags run the plan as is (SGLang before vLLM), else
+    SGLang's recipe (its refusal or summary is the reason); verdicts judge both engines."""
+    return next((e for e in engines if engine_ok(e)), None) or next(
+        (e for e in engines if e.engine == "SGLang"), engines[0] if engines else None
+    )
 
 
 def conditions(v: Variant) -> tuple[str, ...]:
@@ -169,12 +180,12 @@ def judge(
         reasons.append(f"same decisions as `{same_as}` on this model: same numbers, same engine verdict")
     if extra:
         reasons.append(f"replicates weights: +{_gib(extra)} per rank")
-    sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
-    refusal = engine_refusal(sgl) if sgl is not None else None
+    sgl = deciding_engine(v.engines)
+    refusal = engine_refusal(sgl) if sgl is not None and not engine_ok(sgl) else None
     if refusal:
         reasons.append(refusal)
     elif sgl is not None and sgl.realises == "no":
-        reasons.append(f"no SGLang flag realises it: {sgl.summary}")
+        reasons.append(f"no engine flag realises it: {sgl.summary}")
     if fit is not None and not fit[2]:
         reasons.insert(0, f"predicted memory {_gib(fit[0])} per rank exceeds the limit of {_gib(fit[1])}")
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
@@ -236,9 +247,9 @@ def next_steps(
             continue
         extra = held_weights(v)[1]
         price = f"+{_gib(extra)} of replicated weights per rank" if extra else "none"
-        sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
+        sgl = deciding_engine(v.engines)
         ok = engine_ok(sgl)
-        engine = "SGLang flags exist" if ok else (engine_refusal(sgl) or sgl.summary) if sgl else ""
+        engine = f"{sgl.engine} flags exist" if ok and sgl else (engine_refusal(sgl) or sgl.summary) if sgl else ""
         clear = "TTFT" in basis and not within_band(rel, band.band)
         conds = conditions(v)
         if extra:  # CONDITIONAL on its replication too: say so in the bottom line
@@ -278,14 +289,15 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
         text = text.replace("**Switch from", "**Switch, if its conditions hold, from", 1)
         text += " Conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(top.conditions, 1)) + "."
     if top.engine_ok:
-        text += " SGLang flags realise it; Engine flags below lists the conditions they need."
+        who = top.engine.removesuffix(" flags exist")
+        text += f" {who} flags realise it; Engine flags below lists the conditions they need."
     else:
         if not top.conditions:
             text += f" No engine runs it as is ({top.engine})."
         alt = next((s for s in steps if s.engine_ok and s.clear), None)
         if alt is not None:
             text += (
-                f" With today's SGLang flags the best is `{alt.key}`: -{100 * alt.rel:.1f}% ({alt.gain:.3f} s), "
+                f" With today's engine flags the best is `{alt.key}`: -{100 * alt.rel:.1f}% ({alt.gain:.3f} s), "
                 "also beyond the band"
             )
             text += (

@@ -254,6 +254,9 @@ class PlanRunner:
             if delta.pl is P:  # DP attention's SUM_LEN reduces by all-reduce, then keeps the rank's rows
                 call = RUNTIME_DP_TRANSITIONS.get((P, stream, stream_reduction(plan).collective), call)  # type: ignore[arg-type]
             delta = Held(call(final, delta.t), stream)
+        if resid.pl is R and stream is S_TOK:  # the last add folded the stream back to every row
+            mine = Move(self.comm, "resid", 0, t, layout=self._layout)
+            resid = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](mine, resid.t), stream)
         final = resid.t + delta.t
         if block:
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
@@ -360,7 +363,13 @@ class PlanRunner:
         value = lg.values.get(v)
         move = transition(src, dst)
         out: Held | None = None
-        if move is not None and (move.free or key in named):
+        if (src, dst) == (S_TOK, P) and dec.strategy.output is R and op.reduces_into_stream:
+            # A folded residual add (the plan's `fold`): my rows of the stream, zeros elsewhere.
+            lo, hi = token_range(tokens, self.n, self.rank)
+            folded = held.t.new_zeros(tokens, *held.t.shape[1:])
+            folded[lo:hi] = held.t[: hi - lo]
+            out = Held(folded, P)
+        elif move is not None and (move.free or key in named):
             m = Move(self.comm, v, value.heads if value is not None else 0, tokens, key in self._planned,
                      v in self._reduce_inplace, self._layout)  # fmt: skip
             call = RUNTIME_TRANSITIONS[(src, dst)]
@@ -399,6 +408,11 @@ class PlanRunner:
         if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
             owned, _, _ = expert_ownership(int(op.attrs["experts"]), "ep", self.n, self.rank, self.plan.ep_size)
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
+        if op.reduces_into_stream and dec.strategy.output is R and all(p is P for p in dec.strategy.inputs):
+            # A folded residual add: one all-reduce of (block output + my stream rows) over every row.
+            total = execute_op(op, tensors, w, state, ctx)
+            planned = (op.output, R) in self._planned
+            return Held(self.comm.all_reduce(total, op.output, planned=planned, inplace=True), R)
         return Held(execute_op(op, tensors, w, state, ctx), dec.strategy.output)
 
     def _mix_own_requests(

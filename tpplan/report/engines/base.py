@@ -1,6 +1,7 @@
 """Shared pieces of the engine recipes: the condition and recipe types, the plan's engine family
-(decided from its decisions), and the GPU generation from its name. Sources: see the package
-docstring (`tpplan/report/engines/__init__.py`)."""
+(decided from its decisions), and the GPU generation from its name. Every engine fact comes from
+the versioned engine data (`tpplan.engines`); this package only turns it into launch lines and
+report sentences."""
 
 from __future__ import annotations
 
@@ -8,34 +9,23 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
+from tpplan.engines import GateResult, Path
+from tpplan.engines.gates import gpu_sm
+from tpplan.engines.schema import Effect, EngineVersion
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
 
-# What the engine does when a condition fails: "refuses" (the server does not start), "skips
-# silently" (it starts and runs the all-reduce path), "falls back" (it runs the same collectives on
-# a slower path, e.g. NCCL instead of a fused kernel: the plan runs, only its speed changes),
-# "adjusts" (it changes another setting), "keep" (a setting outside the plan to leave as stated).
-Effect = Literal["refuses", "skips silently", "falls back", "adjusts", "keep"]
-
-SRC_SGL_ATTN = "sgl-project/sglang python/sglang/srt/layers/communicator/adapters/attention.py"
-SRC_SGL_ARGS = "sgl-project/sglang python/sglang/srt/server_args.py"
-SRC_SGL_COMM = "sgl-project/sglang python/sglang/srt/layers/communicator/__init__.py"
-SRC_SGL_SP = "sgl-project/sglang python/sglang/srt/layers/layernorm_sp.py"
-SRC_SGL_CONSTR = "sgl-project/sglang python/sglang/srt/layers/communicator/construction.py"
-SRC_SGL_LACP = "sgl-project/sglang python/sglang/srt/arg_groups/linear_attn_cp_hook.py"
-SRC_SGL_K3SP = "sgl-project/sglang python/sglang/srt/layers/k3_sp_collective.py"
-SRC_VLLM_MOE = "vllm-project/vllm vllm/model_executor/models/nemotron_h.py"
-SRC_VLLM_PAR = "vllm-project/vllm vllm/config/parallel.py"
-SRC_VLLM_SP = "vllm-project/vllm vllm/compilation/passes/fusion/sequence_parallelism.py"
+# Effects that stop a plan: the server refuses, runs the all-reduce path instead, or stops on an assertion.
+BLOCKING: tuple[Effect, ...] = ("refuses", "runs baseline", "asserts")
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One static condition of the engine, and whether this model/plan meets it."""
+    """One gate of the engine data, decided for this model and deployment (met None: keep it)."""
 
     text: str
-    met: bool | None  # None: depends on settings outside the plan; keep them as stated
-    effect: Effect  # what the engine does when it is not met
+    met: bool | None
+    effect: Effect
     source: str
 
     def line(self) -> str:
@@ -43,10 +33,17 @@ class Condition:
         mark = {True: "ok", False: "FAILS", None: "keep"}[self.met]
         return f"[{mark}] {self.text} (if not: {self.effect}; {self.source})"
 
+    @classmethod
+    def of(cls, r: GateResult) -> Condition:
+        text = r.gate.text + (f" (here: {r.detail})" if r.detail else "")
+        return cls(text, r.met, r.gate.effect, r.gate.source.cite())
+
 
 @dataclass(frozen=True)
 class EngineRecipe:
-    """The flags for one engine and plan, and what could stop them from doing what they say."""
+    """The flags for one engine version and plan, and what could stop them from doing what they say.
+    `path` is what the engine does with the flag on this model class, in one sentence with its
+    source (the memo puts it before legality and volumes)."""
 
     engine: str
     plan: str
@@ -55,22 +52,39 @@ class EngineRecipe:
     summary: str
     conditions: tuple[Condition, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    version: str = ""
+    path: str = ""
+    env: tuple[str, ...] = ()  # environment variables the launch line sets (NAME=value)
+    launcher: str = ""
 
     @property
     def blocked(self) -> bool:
-        """True when a condition this model/plan fails makes the engine refuse or skip the plan."""
-        return any(c.met is False and c.effect in ("refuses", "skips silently") for c in self.conditions)
+        """True when a condition this model/plan fails makes the engine refuse, skip or stop the plan."""
+        return any(c.met is False and c.effect in BLOCKING for c in self.conditions)
 
     def command(self, model_path: str = "<model-path>") -> str:
         """The launch command line (multi-node placeholders in angle brackets)."""
         if self.realises == "no":
             return ""
-        head = (
-            f"python -m sglang.launch_server --model-path {model_path}"
-            if self.engine == "SGLang"
-            else f"vllm serve {model_path}"
+        head = (self.launcher or "python -m sglang.launch_server --model-path {model}").format(model=model_path)
+        return " ".join([*self.env, head, *self.args])
+
+
+def path_sentence(ev: EngineVersion, flag: str, spec: ModelSpec, path: Path) -> str:
+    """What `ev` does with `flag` on this model class, in one sentence with its source."""
+    if path.wiring is not None:
+        w = path.wiring
+        return (
+            f"{ev.engine} {ev.version} wires {flag} for {spec.model_type} ({', '.join(w.architectures) or 'see data'}; "
+            f"{w.layers}; {w.source.cite()})."
         )
-        return " ".join([head, *self.args])
+    nw = path.not_wired
+    assert nw is not None
+    head = f"{ev.engine} {ev.version} does not wire {flag} for {spec.model_type}"
+    if nw.runs == "refused":
+        return f"{head}: the server refuses to start, because {nw.why} ({nw.source.cite()})."
+    runs = "the all-reduce baseline" if nw.runs == "baseline" else f"`{nw.runs}`"
+    return f"{head}: it runs {runs}, because {nw.why} ({nw.source.cite()})."
 
 
 def _mla(spec: ModelSpec) -> MLASpec | None:
@@ -88,10 +102,18 @@ def _decisions(plan: Plan) -> tuple[object, ...]:
 
 
 def _references() -> dict[tuple[object, ...], str]:
-    from tpplan.plans.named import baseline, input_scattered, latent_scattered, sequence_parallel, sp_moe
+    from tpplan.plans.named import (
+        baseline,
+        input_scattered,
+        latent_scattered,
+        sequence_parallel,
+        sglang_input_scattered,
+        sp_moe,
+    )
 
     refs = (
         ("baseline", baseline()),
+        ("sglang-input-scattered", sglang_input_scattered()),
         ("input-scattered", input_scattered()),
         ("latent-scattered", latent_scattered()),
         ("sequence-parallel", sequence_parallel()),
@@ -143,6 +165,8 @@ def family(plan: Plan) -> str:
         return "custom"
     if plan.token_shard:
         return "latent-scattered"
+    if plan.fold:
+        return "custom"
     if plan.stream != plan.reduce or plan.gather:
         return "input-scattered+restore" if plan.gather_for else "input-scattered"
     return "baseline"
@@ -167,20 +191,6 @@ def _needs_code(plan: Plan) -> str:
     if plan.a2a:
         parts.append(f"all-to-all the outputs of {ops(plan.a2a)} to head-sharded")
     return "needs code: " + "; ".join(parts or ["the plan's decisions"]) + "; no engine flag does this"
-
-
-def gpu_sm(gpu: str) -> int | None:
-    """CUDA compute capability (90, 100, 103, 120) from a GPU's marketing name, when known."""
-    name = gpu.upper()
-    if "H100" in name or "H200" in name or "H20" in name:
-        return 90
-    if "B300" in name:  # also GB300
-        return 103
-    if "B200" in name:  # also GB200
-        return 100
-    if "RTX PRO 6000" in name or "RTX 50" in name:
-        return 120
-    return None
 
 
 def gpu_capability(gpu: str) -> int | None:

@@ -49,7 +49,7 @@ def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], tp: int) -> E
     moe = _moe(spec)
     args = [*base, f"--dp-size {tp}", "--enable-dp-attention"]
     conds = [
-        Condition("dp_size == tp_size (attention TP 1: whole attention weights per rank)", True, "keep", SRC_SGL_DP),
+        Condition("dp_size == tp_size (attention TP 1: whole attention weights per rank)", True, "adjusts", SRC_SGL_DP),
         Condition(
             "extend batches over more than one DP rank run DpPaddingMode.SUM_LEN (all-reduce gather)",
             fam != "dp-attention-maxlen",

@@ -1,99 +1,14 @@
-"""vLLM flags per plan and the static conditions vLLM checks (sources: package docstring)."""
+"""vLLM launch lines per plan, judged against the engine data (`tpplan.engines.vllm`)."""
 
 from __future__ import annotations
 
+from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines.schema import EngineVersion, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
-from tpplan.report.engines.base import (
-    SRC_VLLM_MOE,
-    SRC_VLLM_PAR,
-    SRC_VLLM_SP,
-    Condition,
-    EngineRecipe,
-    _moe,
-    _needs_code,
-    family,
-    gpu_capability,
-)
+from tpplan.report.engines.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 
-# vLLM's sequence-parallelism gate (`get_sequence_parallelism_threshold` in SRC_VLLM_SP): per CUDA
-# compute-capability family, the smallest hidden size and the smallest all-reduce per GPU (MiB) for
-# which the pass applies; a capability without an entry (e.g. sm120, RTX PRO 6000) gets no SP.
-VLLM_SP_MIN_HIDDEN = {90: 8192, 100: 8192}
-VLLM_SP_MIN_MIB_PER_GPU = {90: 8, 100: 32}  # sm100 was 64 MiB in an earlier revision of the file
-
-
-def _vllm_sp_gate(spec: ModelSpec, tp: int, chunk: int, gpu: str) -> tuple[Condition, ...]:
-    cap = gpu_capability(gpu)
-    if cap is None:
-        return (
-            Condition(
-                f"vLLM has an SP threshold for this GPU ({gpu or 'unknown'}: generation not known)",
-                None,
-                "skips silently",
-                SRC_VLLM_SP,
-            ),
-        )
-    if cap not in VLLM_SP_MIN_HIDDEN:
-        return (
-            Condition(
-                f"vLLM has an SP threshold for sm{cap} ({gpu}); it has one only for sm90 and sm100",
-                False,
-                "skips silently",
-                SRC_VLLM_SP,
-            ),
-        )
-    hidden = spec.hidden
-    min_tokens = VLLM_SP_MIN_MIB_PER_GPU[cap] * 2**20 * tp // (hidden * 2)
-    return (
-        Condition(
-            f"hidden size {hidden} >= {VLLM_SP_MIN_HIDDEN[cap]} (vLLM's minimum on sm{cap})",
-            hidden >= VLLM_SP_MIN_HIDDEN[cap],
-            "skips silently",
-            SRC_VLLM_SP,
-        ),
-        Condition(
-            f"batches of at least {min_tokens:,} tokens ({VLLM_SP_MIN_MIB_PER_GPU[cap]} MiB per GPU x TP{tp} "
-            f"/ (hidden x 2 B)); the {chunk}-token chunk "
-            + ("reaches it" if chunk >= min_tokens else "does not: every batch keeps the all-reduce"),
-            chunk >= min_tokens,
-            "skips silently",
-            SRC_VLLM_SP,
-        ),
-    )
-
-
-# All-to-all backends for which vLLM's `ParallelConfig.use_sequence_parallel_moe` holds (SRC_VLLM_PAR;
-# pplx is left out on purpose: it handles duplicated tokens itself).
-VLLM_SP_MOE_BACKENDS = ("allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency", "mori")
-
-
-def _vllm_sp_moe_gate(spec: ModelSpec, tp: int, dp: int, backend: str) -> tuple[Condition, ...]:
-    """vLLM's model-level MoE sequence parallelism (`use_sequence_parallel_moe`): without it every
-    TP rank of an EP deployment dispatches the same replicated tokens."""
-    return (
-        Condition(
-            f"data-parallel size > 1 for MoE sequence parallelism (here DP {dp}); at DP 1 vLLM keeps "
-            "use_sequence_parallel_moe off and every TP rank dispatches the whole replicated batch",
-            dp > 1,
-            "skips silently",
-            SRC_VLLM_PAR,
-        ),
-        Condition(f"tensor-parallel size > 1 (here {tp})", tp > 1, "skips silently", SRC_VLLM_PAR),
-        Condition(
-            f"--all2all-backend one of {', '.join(VLLM_SP_MOE_BACKENDS)} (here {backend})",
-            backend in VLLM_SP_MOE_BACKENDS,
-            "skips silently",
-            SRC_VLLM_PAR,
-        ),
-        Condition(
-            f"the model's MoE block reads is_sequence_parallel (DeepSeek-V2/V3, Qwen MoE, Nemotron-H; "
-            f"per model file, {spec.model_type or 'this model'} not checked)",
-            None,
-            "skips silently",
-            SRC_VLLM_MOE,
-        ),
-    )
+SRC_PAR = Source("vllm-project/vllm", "vllm/config/parallel.py", "ParallelConfig", "0.33.0 (PyPI wheel)")
 
 
 def vllm_recipe(
@@ -106,12 +21,16 @@ def vllm_recipe(
     chunk: int = 8192,
     gpu: str = "",
     dp: int = 1,
+    engine: EngineVersion | None = None,
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`."""
+    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
+    judged against `engine` (default: the current release)."""
     if plan.dp_attention:
         from tpplan.report.engines.dp_attention import vllm_dp_recipe
 
         return vllm_dp_recipe(plan, spec, tp, chunk)
+    ev = engine or ENGINES[DEFAULT_ENGINES[1]]
+    d = Deployment(spec, tp, pp, dp, 1, chunk, gpu, nodes)
     fam = family(plan)
     base = [f"--tensor-parallel-size {tp}"]
     if pp > 1:
@@ -119,64 +38,65 @@ def vllm_recipe(
     base += ["--enable-chunked-prefill", f"--max-num-batched-tokens {chunk}"]
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
+    kw = {"version": ev.key, "launcher": ev.launcher}
     moe = _moe(spec)
     if fam == "sp-moe":
-        backend = "deepep_high_throughput"
+        mode = ev.mode("moe-sp")
+        assert mode is not None
+        path = path_for(mode, spec)
         conds = (
-            Condition("the model has routed experts", moe is not None, "refuses", SRC_VLLM_PAR),
-            Condition("EP spans all TP x DP ranks (there is no separate EP size)", True, "adjusts", SRC_VLLM_PAR),
-            *_vllm_sp_moe_gate(spec, tp, dp, backend),
+            Condition("the model has routed experts", moe is not None, "refuses", SRC_PAR.cite()),
+            *(Condition.of(r) for r in judge(mode, d)),
         )
         dp_args = (f"--data-parallel-size {dp}",) if dp > 1 else ()
-        args = (*base, *dp_args, "--enable-expert-parallel", f"--all2all-backend {backend}")
+        args = (*base, *dp_args, *mode.flags)
         on = all(c.met is not False for c in conds)
-        summary = (
-            "expert parallel with DeepEP; attention output all-reduced, then each TP rank dispatches its "
-            "own chunk and the MoE output is all-gathered"
-            if on
-            else "expert parallel with DeepEP, but MoE sequence parallelism is off: every TP rank "
-            "dispatches the whole replicated batch"
-        )
-        notes = (
-            "vLLM's MoE sequence parallelism is model-level: the MoE block chunks the replicated (all-reduced) "
-            "hidden per TP rank and all-gathers its output, so the attention side stays an all-reduce, not "
-            f"the plan's reduce-scatter ({SRC_VLLM_MOE}).",
-        )
-        return EngineRecipe("vLLM", plan.name, args, "partly", summary, conds, notes)
+        w = path.wiring
+        if w is None:
+            summary = f"expert parallel; {spec.model_type} does not wire MoE sequence parallelism"
+        elif w.plan == plan.name:
+            summary = f"{mode.summary} ({w.layers})" if on else (
+                "expert parallel, but MoE sequence parallelism is off (a gate fails): every TP rank dispatches the "
+                "whole replicated batch"
+            )  # fmt: skip
+        else:
+            summary = f"expert parallel with MoE sequence parallelism, but not this plan's dataflow ({w.layers})"
+        return EngineRecipe(
+            "vLLM", plan.name, args, "partly", summary, conds, w.differences if w else (),
+            path=path_sentence(ev, "MoE sequence parallelism", spec, path), **kw,
+        )  # fmt: skip
     if fam == "ep":
         return EngineRecipe(
-            "vLLM",
-            plan.name,
-            (*base, "--enable-expert-parallel"),
-            "partly",
+            "vLLM", plan.name, (*base, "--enable-expert-parallel"), "partly",
             f"vLLM's EP size is TP x DP ({tp}), not {plan.ep_size}: EP{plan.ep_size} inside TP{tp} has no flag",
-            (Condition("EP size equals TP x DP", plan.ep_size == tp, "adjusts", SRC_VLLM_PAR),),
-        )
+            (Condition("EP size equals TP x DP", plan.ep_size == tp, "adjusts", SRC_PAR.cite()),), **kw,
+        )  # fmt: skip
     if fam == "sequence-parallel":
-        cfg = """--compilation-config '{"pass_config": {"enable_sp": true}}'"""
-        conds = (
-            *_vllm_sp_gate(spec, tp, chunk, gpu),
-            Condition(
-                "the model's all-reduce + RMSNorm matches the pass's patterns (checked at compile time)",
-                None,
-                "skips silently",
-                SRC_VLLM_SP,
-            ),
-        )
+        mode = ev.mode("sp-pass")
+        assert mode is not None
+        conds = tuple(Condition.of(r) for r in judge(mode, d))
+        if not mode.exists:
+            return EngineRecipe(
+                "vLLM", plan.name, tuple(base), "no",
+                f"vLLM {ev.version} has no sequence-parallelism compile pass ({mode.gates[0].source.cite()})",
+                conds, path=f"vLLM {ev.version}: {mode.gates[0].text} ({mode.gates[0].source.cite()}).", **kw,
+            )  # fmt: skip
+        path = path_for(mode, spec)
         blocked = any(c.met is False for c in conds)
         return EngineRecipe(
-            "vLLM",
-            plan.name,
-            (*base, cfg),
-            "no" if blocked else "partly",
-            "compile pass rewriting AR + RMSNorm into RS + norm + AG where the pattern matches",
-            conds,
-            ("earlier vLLM releases spell the pass_config key `enable_sequence_parallelism`",),
-        )
+            "vLLM", plan.name, (*base, *mode.flags), "no" if blocked or not path.wired else "yes",
+            mode.summary, conds, path=path_sentence(ev, "the sequence-parallelism pass", spec, path), **kw,
+        )  # fmt: skip
     if fam == "custom":
-        return EngineRecipe("vLLM", plan.name, tuple(base), "no", _needs_code(plan), (), ())
-    if fam in ("input-scattered", "input-scattered+restore", "latent-scattered", "gate-aware"):
+        return EngineRecipe("vLLM", plan.name, tuple(base), "no", _needs_code(plan), **kw)
+    if fam in (
+        "sglang-input-scattered",
+        "input-scattered",
+        "input-scattered+restore",
+        "latent-scattered",
+        "gate-aware",
+    ):
         return EngineRecipe(
-            "vLLM", plan.name, tuple(base), "no", "vLLM has no input-scattered attention path; needs code", (), ()
+            "vLLM", plan.name, tuple(base), "no", "vLLM has no input-scattered attention path; needs code", **kw
         )
-    return EngineRecipe("vLLM", plan.name, tuple(base), "yes", "Megatron TP (the default)")
+    return EngineRecipe("vLLM", plan.name, tuple(base), "yes", "Megatron TP (the default)", **kw)

@@ -1,0 +1,118 @@
+"""docs/engines.md, rendered from the engine data (tests/engines keep the checked-in file current:
+`python -m tpplan.engines.doc > docs/engines.md`)."""
+
+from __future__ import annotations
+
+from tpplan.engines import ENGINES
+from tpplan.engines.schema import Comm, EngineVersion, Mode
+
+INTRO = """# Engines as they run
+
+What SGLang and vLLM really do with the flags tpplan's memo prints, per engine version and model
+class, read from the engines' code. This file is rendered from the engine data (`tpplan/engines/`:
+`sglang.py`, `vllm.py`, schema in `schema.py`); regenerate it with
+`python -m tpplan.engines.doc > docs/engines.md`. Every fact names the file, the function and the
+version or commit read; `source: unread` marks a statement nobody checked in the code.
+
+`tpplan report --engine sglang@VERSION --engine vllm@VERSION` judges the memo's flags against one
+of the versions below; the default is each engine's current release (the first of each engine).
+An engine-named plan equals the engine's dataflow op by op for every model class that wires the
+flag (`tests/engines/test_dataflow.py` holds the per-layer collectives to tables transcribed from
+the code); a model class that does not wire it runs the engine's actual path, and the memo says so
+first, with its source.
+
+Rows: `T` every token of the batch on every rank, `T/N` the rank's share. Widths: `hidden` H,
+`qkv_latent` q_lora_rank + kv_lora_rank + rope dim (2112 on DeepSeek-V3), `moe_latent` the MoE's
+latent width (K3), `moe_input` what the experts read.
+
+## Checking launch lines with the engines' own parsers
+
+`tests/engines/test_engine_parsers.py` feeds every SGLang launch line the memo prints to SGLang's
+`prepare_server_args` (a `slow` test, skipped when SGLang is not importable). It runs on a CPU
+machine with `pip install --no-deps sglang==0.5.23` plus these import-time dependencies (also
+`--no-deps`): orjson, psutil, pybase64, requests, urllib3, certifi, triton, starlette, msgspec,
+pyzmq, ipython, traitlets, aiohttp, multidict, attrs, yarl, propcache, aiohappyeyeballs, aiosignal,
+frozenlist; or point `TPPLAN_SGLANG_PATH` at a folder holding them. The parser returns the given
+`--ep-size` (default 1) with an a2a backend: SGLang sets ep_size = tp_size in a later post-process
+(`arg_groups/overrides.py` `_a2a_ep_size`), which the memo states as an `adjusts` condition.
+`test_vllm_parses_every_line_with_the_plans_settings` does the same with vLLM 0.33.0's `EngineArgs`
+(also `slow`, skipped without vLLM): `pip install --no-deps vllm==0.33.0` plus, with `--no-deps`, the
+SGLang list above and apache-tvm-ffi, cachetools, cbor2, cloudpickle, fastapi, llguidance, openai,
+openai-harmony, opentelemetry-api, partial-json-parser, prometheus-client, py-cpuinfo, sniffio,
+uvloop, xgrammar (or `TPPLAN_VLLM_PATH`). The wheel is a CUDA build: on a machine without a GPU its
+DeviceConfig cannot infer a device, so the test sets `VLLM_TARGET_DEVICE=cpu` (parsing only). A
+second test checks that 0.33.0's parser refuses `pass_config.enable_sp`, as its engine entry says.
+"""
+
+
+def _mode(m: Mode) -> list[str]:
+    out = [f"### `{m.name}`: {m.summary}", ""]
+    if not m.exists:
+        out += ["This version has no such mode.", ""]
+    if m.flags:
+        out += ["Flags: " + ", ".join(f"`{f}`" for f in m.flags) + ".", ""]
+    for w in m.wiring:
+        arch = ", ".join(w.architectures) or "-"
+        plan = f"tpplan plan `{w.plan}`" if w.plan else "no tpplan plan equals it"
+        out += [f"**{', '.join(w.model_types)}** ({arch}), {w.layers}; {plan}. Source: {w.source.cite()}.", ""]
+        if w.dataflow:
+            out += ["| step | rows / collective | tensor | width | source |", "| --- | --- | --- | --- | --- |"]
+            for s in w.dataflow:
+                if isinstance(s, Comm):
+                    out.append(f"| **{s.collective}** | collective | {s.tensor} | {s.width} | {s.source.cite()} |")
+                else:
+                    out.append(f"| {s.name} | {s.rows} | | | |")
+            out.append("")
+        else:
+            out += ["Per-layer dataflow: source: unread.", ""]
+        out += [f"- differs in tpplan: {d}" for d in w.differences]
+        if w.differences:
+            out.append("")
+    for n in m.not_wired:
+        runs = "the server refuses" if n.runs == "refused" else f"runs `{n.runs}`"
+        out += [f"**Not wired: {', '.join(n.model_types)}**: {runs}; {n.why} ({n.source.cite()}).", ""]
+    if m.gates:
+        out += ["| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
+        for g in m.gates:
+            keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+            out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+        out.append("")
+    if m.fallback != "-":
+        out += [f"Fallback: {m.fallback} ({m.fallback_source.cite()}).", ""]
+    out += [f"Derived by the engine: {d}." for d in m.derived]
+    if m.derived:
+        out.append("")
+    return out
+
+
+def _engine(ev: EngineVersion) -> list[str]:
+    p = ev.pipeline
+    out = [f"## `{ev.key}`: {ev.released}", ""]
+    out += [f"Note: {n}" for n in ev.notes]
+    if ev.notes:
+        out.append("")
+    for m in ev.modes:
+        out += _mode(m)
+    out += [
+        "### Pipeline parallelism as this engine schedules it",
+        "",
+        f"- in flight: {p.in_flight}",
+        f"- chunks of one prompt: {p.chunks_of_one_request}",
+        f"- stage boundary: {p.boundary}",
+        f"- sources: {'; '.join(s.cite() for s in (p.source, *p.more_sources))}",
+        f"- what tpplan assumes: {p.assumption}.",
+        "",
+    ]
+    return out
+
+
+def render() -> str:
+    """The whole of docs/engines.md."""
+    lines = [INTRO]
+    for ev in ENGINES.values():
+        lines += _engine(ev)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render(), end="")

@@ -1,0 +1,173 @@
+"""The schema of engine knowledge: what an engine version does with a flag, as data with sources.
+
+Every fact cites the engine's file, function and the version or commit it was read at (`Source`);
+a fact nobody read says so (`Source.unread`). Per engine version (`EngineVersion`) there are modes
+(`Mode`: a flag or a set of flags), each with the model classes that wire it (`Wiring`: the
+per-layer dataflow as ops on full or scattered rows and the collectives, with their tensors and
+widths), the gates that decide whether it runs (`Gate`, one structured form for every engine
+condition: server arguments, environment variables, the model, the batch, the GPU), and what runs
+otherwise (`fallback`). How the engine pipelines prefill chunks over PP stages is `PipelineSchedule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# What the engine does when a gate fails:
+# "refuses": the server does not start (an argument check raises);
+# "runs baseline": it starts and runs the all-reduce path (it may log an info line);
+# "asserts": it starts, and a batch that fails the gate stops it with an assertion error;
+# "falls back": the same collectives on a slower path (NCCL instead of a fused kernel);
+# "adjusts": it changes another setting (the memo says what it derives);
+# "per batch": it decides per batch (prefill batches take the mode, others do not).
+Effect = Literal["refuses", "runs baseline", "asserts", "falls back", "adjusts", "per batch"]
+
+# Where a gate's input comes from.
+Setting = Literal["server arg", "env", "model", "batch", "gpu", "build"]
+
+Rows = Literal["T", "T/N"]  # every token of the batch, or the rank's share
+CollectiveName = Literal["AR", "RS", "AG", "A2A"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a fact was read: repository, file, function, and the version or commit read."""
+
+    repo: str  # "sgl-project/sglang", "vllm-project/vllm"
+    path: str  # inside the repository (for a release: inside its wheel, same layout as `python/`)
+    function: str
+    ref: str  # "0.5.23 (PyPI wheel)" or "commit 4eb3ad5a"
+    read: bool = True  # False: nobody read it; the fact is a statement to check, not a finding
+
+    def cite(self) -> str:
+        """One short citation for a report line."""
+        if not self.read:
+            return f"source: unread ({self.repo} {self.path})"
+        return f"{self.repo} {self.path} `{self.function}` @ {self.ref}"
+
+    @classmethod
+    def unread(cls, repo: str, path: str, what: str) -> Source:
+        return cls(repo, path, what, "unread", read=False)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of the engine's per-layer dataflow that runs on a token set (`rows`)."""
+
+    name: str  # the engine's module name, e.g. "input_layernorm", "fused_qkv_a_proj_with_mqa"
+    rows: Rows
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One collective of the engine's per-layer dataflow: its tensor and width."""
+
+    collective: CollectiveName
+    tensor: str  # the engine's words for what moves, e.g. "o_proj partial sum + residual slice"
+    width: str  # a width key `widths()` resolves per model: "hidden", "qkv_latent", "2*hidden", ...
+    source: Source
+
+
+Step = Op | Comm
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """A model class that wires the mode, and the per-layer dataflow it then runs."""
+
+    model_types: tuple[str, ...]  # tpplan's `ModelSpec.model_type` values it covers
+    architectures: tuple[str, ...]  # the engine's model classes (HF `architectures`)
+    layers: str  # which layers run the dataflow: "every layer", "MoE layers", ...
+    dataflow: tuple[Step, ...]
+    plan: str | None  # the tpplan plan whose per-layer collectives equal `dataflow` (None: no plan does)
+    source: Source
+    differences: tuple[str, ...] = ()  # what tpplan's plan does differently, outside the per-layer table
+
+
+@dataclass(frozen=True)
+class NotWired:
+    """Model classes that do not enter the mode: what they run instead, and why, with its source."""
+
+    model_types: tuple[str, ...]
+    runs: str  # the tpplan plan the engine really runs for them ("baseline")
+    why: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One condition of the engine. `check` names a predicate in `tpplan.engines.gates` that decides
+    it from the deployment (None: it depends on a setting the memo cannot see; keep it as stated)."""
+
+    text: str
+    setting: Setting
+    keys: tuple[str, ...]  # the server arguments / environment variables that drive it
+    effect: Effect
+    source: Source
+    check: str | None = None
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A flag (or set of flags) of one engine version."""
+
+    name: str  # "input-scattered", "sp-moe", "layernorm-sp", "moe-sp", "sp-pass", "dp-attention", ...
+    flags: tuple[str, ...]  # what the launch line adds (besides TP/PP/chunk)
+    summary: str
+    wiring: tuple[Wiring, ...]
+    not_wired: tuple[NotWired, ...]
+    gates: tuple[Gate, ...]
+    fallback: str
+    fallback_source: Source
+    exists: bool = True  # False: this version has no such mode (the flag is refused or ignored)
+    derived: tuple[str, ...] = ()  # settings the engine's parser derives from these flags
+
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    """How the engine runs PP for prefill: micro-batches in flight, chunk pipelining, the boundary."""
+
+    in_flight: str  # e.g. "pp_size + pp_async_batch_depth micro-batches (default pp_size)"
+    chunks_of_one_request: str  # whether consecutive chunks of one prompt overlap across stages
+    boundary: str  # what crosses a stage boundary, and whether sequence-parallel shards do
+    source: Source
+    assumption: str  # the behaviour tpplan's PP prediction assumes, in one sentence
+    more_sources: tuple[Source, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineVersion:
+    """One engine at one version: its modes and its PP schedule."""
+
+    engine: Literal["SGLang", "vLLM"]
+    version: str  # "0.5.23", or "main@<commit>" for a revision read from the repository
+    released: str  # what this version is ("current PyPI release, 2026-10"; "older main revision")
+    launcher: str  # "python -m sglang.launch_server --model-path {model}", "vllm serve {model}"
+    modes: tuple[Mode, ...]
+    pipeline: PipelineSchedule
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def key(self) -> str:
+        return f"{self.engine.lower()}@{self.version}"
+
+    def mode(self, name: str) -> Mode | None:
+        return next((m for m in self.modes if m.name == name), None)
+
+
+__all__ = [
+    "Comm",
+    "Effect",
+    "EngineVersion",
+    "Gate",
+    "Mode",
+    "NotWired",
+    "Op",
+    "PipelineSchedule",
+    "Rows",
+    "Setting",
+    "Source",
+    "Step",
+    "Wiring",
+]

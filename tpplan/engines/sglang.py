@@ -1,0 +1,493 @@
+"""SGLang, as read: the current release (0.5.23, its PyPI wheel's sources) and an older main
+revision (the `layers/communicator/` package, commits from the code index) where behaviour differs.
+
+Paths of the release are those of the repository (`python/sglang/...`); in 0.5.23 the layer
+communicator is `python/sglang/srt/layers/layer_boundary/`, earlier `layers/communicator/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, PipelineSchedule, Source, Wiring
+
+REPO = "sgl-project/sglang"
+REL = "0.5.23 (PyPI wheel)"
+LB = "python/sglang/srt/layers/layer_boundary"
+OLD = "python/sglang/srt/layers/communicator"
+
+
+def _rel(path: str, function: str) -> Source:
+    return Source(REPO, path, function, REL)
+
+
+def _old(path: str, function: str, commit: str) -> Source:
+    return Source(REPO, path, function, f"commit {commit[:8]}")
+
+
+# --------------------------------------------------------------------------------------------
+# --enable-attn-tp-input-scattered
+
+INIT_CONTEXT = _rel(f"{LB}/adapters/attention.py", "AttnTpContext.init_context")
+CONFIGURED = _rel(f"{LB}/layout.py", "input_scattered_configured")
+PER_BATCH = _rel(f"{LB}/adapters/attention.py", "AttnTpContext.use_input_scattered")
+RS_ASSERT = _rel(f"{LB}/ops.py", "tp_reduce_scatter")
+LATENT_AG = _rel(f"{LB}/adapters/attention.py", "AttentionInputs.fetch_qkv_latent")
+FOLD_AR = _rel(f"{LB}/prepare.py", "_tp_sum_with_residual_read -> _tp_all_reduce_with_scattered_residual")
+DSV2 = _rel("python/sglang/srt/models/deepseek_v2.py", "DeepseekV2ForCausalLM (init_context, maybe_input_scattered)")
+
+DSV3_INPUT_SCATTERED = (
+    Comm("RS", "the previous FFN's partial sum, onto the rank's T/N rows", "hidden", RS_ASSERT),
+    Op("input_layernorm (fused residual add, residual slice)", "T/N"),
+    Op("fused_qkv_a_proj_with_mqa", "T/N"),
+    Comm("AG", "the QKV latent (q_lora + kv_lora + rope)", "qkv_latent", LATENT_AG),
+    Op("q_b_proj, kv_b_proj, attention, o_proj (head-parallel)", "T"),
+    Comm("AR", "o_proj partial sum with the rank's residual slice folded into its rows", "hidden", FOLD_AR),
+    Op("post_attention_layernorm", "T"),
+    Op("MLP / MoE (tensor parallel; leaves its sum for the next layer's reduce-scatter)", "T"),
+)
+
+_INPUT_SCATTERED_GATES = (
+    Gate(
+        "--enable-attn-tp-input-scattered is set",
+        "server arg",
+        ("--enable-attn-tp-input-scattered",),
+        "runs baseline",
+        CONFIGURED,
+    ),
+    Gate("tensor parallelism (tp_size > 1)", "server arg", ("--tp-size",), "runs baseline", CONFIGURED, "tp_gt_1"),
+    Gate("DP attention off", "server arg", ("--enable-dp-attention",), "runs baseline", CONFIGURED, "no_dp_attention"),
+    Gate(
+        "no prefill context parallelism sharding tokens (attn_cp_size > 1 with --enable-prefill-cp)",
+        "server arg",
+        ("--attn-cp-size", "--enable-prefill-cp"),
+        "runs baseline",
+        CONFIGURED,
+        "no_prefill_cp",
+    ),
+    Gate("--moe-a2a-backend none", "server arg", ("--moe-a2a-backend",), "runs baseline", CONFIGURED),
+    Gate(
+        "dense FFN not fully data-parallel (--moe-dense-tp-size is not 1)",
+        "server arg",
+        ("--moe-dense-tp-size",),
+        "runs baseline",
+        CONFIGURED,
+    ),
+    Gate("CUDA or NPU", "gpu", (), "runs baseline", INIT_CONTEXT),
+    Gate(
+        "the attention has a q_lora_rank latent (fused qkv_a)", "model", (), "runs baseline", INIT_CONTEXT, "mla_q_lora"
+    ),
+    Gate(
+        "not a DSA model (DeepSeek-V3.2 / GLM-5 sparse attention) unless MHC pre-gathers",
+        "model",
+        (),
+        "runs baseline",
+        INIT_CONTEXT,
+        "not_dsa",
+    ),
+    Gate(
+        "prefill CUDA graph backend is not tc_piecewise (the release's default prefill backend is "
+        "`disabled`, so no flag is needed)",
+        "server arg",
+        ("--cuda-graph-backend-prefill",),
+        "runs baseline",
+        INIT_CONTEXT,
+    ),
+    Gate(
+        "speculative algorithm is not EAGLE3", "server arg", ("--speculative-algorithm",), "runs baseline", INIT_CONTEXT
+    ),
+    Gate(
+        "per batch: extend (prefill) batches only, not target-verify, not two-batch-overlap, input_ids set",
+        "batch",
+        ("--enable-two-batch-overlap", "--speculative-algorithm"),
+        "per batch",
+        PER_BATCH,
+    ),
+    Gate(
+        "every prefill batch's token count is a multiple of TP: tp_reduce_scatter asserts T % tp == 0 "
+        "(no padding and no all-reduce fallback for such batches was found in the release)",
+        "batch",
+        ("--chunked-prefill-size",),
+        "asserts",
+        RS_ASSERT,
+        "chunk_divides_tp",
+    ),
+)
+
+SGL_INPUT_SCATTERED = Mode(
+    name="input-scattered",
+    flags=("--enable-attn-tp-input-scattered", "--moe-a2a-backend none"),
+    summary="RS(hidden) + AG(QKV latent) + AR(hidden) per layer: only input_layernorm and qkv_a on T/N",
+    wiring=(
+        Wiring(
+            model_types=("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"),
+            architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"),
+            layers="every layer whose attention has a q_lora_rank latent",
+            dataflow=DSV3_INPUT_SCATTERED,
+            plan="sglang-input-scattered",
+            source=DSV2,
+            differences=(
+                "the last layer's FFN all-reduces instead of leaving its sum (hands_on_partial is False on "
+                "the last layer); tpplan reduce-scatters it into the final norm",
+            ),
+        ),
+    ),
+    not_wired=(
+        NotWired(
+            ("kimi_k3",),
+            "baseline",
+            "kimi_k3.py builds its own attention-residual layers and never enters "
+            "AttnTpContext.maybe_input_scattered or init_context, so the flag changes nothing",
+            _rel("python/sglang/srt/models/kimi_k3.py", "KimiK3DecoderLayer._run_self_attn"),
+        ),
+        NotWired(
+            ("kimi_linear",),
+            "baseline",
+            "kimi_linear.py declares its stages without a QKV-latent hook and never enters "
+            "maybe_input_scattered, so the flag changes nothing",
+            _rel("python/sglang/srt/models/kimi_linear.py", "KimiDecoderLayer (declare_attn/declare_ffn)"),
+        ),
+        NotWired(
+            ("qwen3", "qwen3_moe", "llama", "mistral", "qwen2"),
+            "baseline",
+            "only deepseek_v2.py, deepseek_v4.py, glm4_moe_lite.py, glm5_next.py and kimi_k25_eagle3.py enter "
+            "maybe_input_scattered; GQA models have no q_lora latent",
+            _rel("python/sglang/srt/models/", "grep maybe_input_scattered"),
+        ),
+    ),
+    gates=_INPUT_SCATTERED_GATES,
+    fallback="a failed static gate logs 'attn_tp_input_scattered is not enabled while other conditions are "
+    "not met' (info) and every layer runs the all-reduce path",
+    fallback_source=INIT_CONTEXT,
+)
+
+# --------------------------------------------------------------------------------------------
+# K3 SP-MoE: --moe-a2a-backend deepep|megamoe with attention TP
+
+K3 = "python/sglang/srt/models/kimi_k3.py"
+K3SP = "python/sglang/srt/layers/communication/k3_sp_collective.py"
+K3_SP_DEFAULT = (
+    Op("attention-residual aggregation + input_layernorm", "T"),
+    Op("attention (head-parallel), o_proj", "T"),
+    Comm(
+        "RS",
+        "o_proj partial sum onto the rank's T/N rows",
+        "hidden",
+        _rel(K3, "_k3_reduce_scatter_add (k3_sp_collective.reduce_scatter_res)"),
+    ),
+    Op("post-attention aggregation and norm, router, latent projections, shared experts", "T/N"),
+    Comm("A2A", "DeepEP dispatch/combine of the MoE latent", "moe_latent", _rel(K3, "KimiK3DecoderLayer")),
+    Comm(
+        "AG",
+        "the MoE output added to the residual, back to every row",
+        "hidden",
+        _rel(K3, "_stage_facts (attn_tp_gather = k3_sp_collective.all_gather, before the read)"),
+    ),
+)
+K3_SP_ATTN_RES = (
+    Op("attention-residual aggregation + input_layernorm on the rank's bank slice", "T/N"),
+    Comm("AG", "the normed attention input", "hidden", _rel(K3, "_carries_bank_slices")),
+    Op("attention (head-parallel), o_proj", "T"),
+    Comm(
+        "RS",
+        "o_proj partial sum onto the rank's T/N rows",
+        "hidden",
+        _rel(K3, "_k3_reduce_scatter_add (k3_sp_collective.reduce_scatter_res)"),
+    ),
+    Op("post-attention aggregation and norm, router, latent projections, shared experts", "T/N"),
+    Comm("A2A", "DeepEP dispatch/combine of the MoE latent", "moe_latent", _rel(K3, "KimiK3DecoderLayer")),
+)
+
+SGL_SP_MOE = Mode(
+    name="sp-moe",
+    flags=("--moe-a2a-backend deepep", "--deepep-mode normal"),
+    summary="MoE on the rank's own rows with DeepEP dispatch/combine; attention TP reduce-scatters o_proj",
+    wiring=(
+        Wiring(
+            model_types=("kimi_k3",),
+            architectures=("KimiK3ForCausalLM",),
+            layers="MoE layers (dense layers keep the all-reduce path)",
+            dataflow=K3_SP_DEFAULT,
+            plan=None,
+            source=_rel(K3, "_shards_moe_rows / KimiK3DecoderLayer.forward"),
+            differences=(
+                "tpplan has no plan equal to this default path: its `sp-moe` runs the attention-residual "
+                "aggregation and input norm on T/N and all-gathers the normed input, which is SGLang's "
+                "SGLANG_K3_SP_ATTN_RES=1 variant; the default keeps the bank on every row, which tpplan's "
+                "one stream placement cannot express",
+            ),
+        ),
+        Wiring(
+            model_types=("kimi_k3",),
+            architectures=("KimiK3ForCausalLM",),
+            layers="MoE layers, with SGLANG_K3_SP_ATTN_RES=1 and the fused SP collectives on",
+            dataflow=K3_SP_ATTN_RES,
+            plan="sp-moe",
+            source=_rel(K3, "_carries_bank_slices"),
+            differences=(
+                "dense layers (before the first MoE layer) keep the all-reduce path in SGLang; tpplan's "
+                "`sp-moe` reduce-scatters them too",
+            ),
+        ),
+    ),
+    not_wired=(),
+    gates=(
+        Gate(
+            "the model has routed experts",
+            "model",
+            (),
+            "refuses",
+            Source.unread(REPO, "python/sglang/srt/layers/moe/", "a2a backend on a dense model"),
+            "has_moe",
+        ),
+        Gate(
+            "ep_size is set to tp_size by the a2a backend (all experts over all TP ranks): a post-process after "
+            "parsing (prepare_server_args still returns the --ep-size given, default 1)",
+            "server arg",
+            ("--moe-a2a-backend", "--ep-size"),
+            "adjusts",
+            _rel("python/sglang/srt/arg_groups/overrides.py", "_a2a_ep_size (run by moe_hook)"),
+        ),
+        Gate(
+            "the experts divide over the TP ranks",
+            "model",
+            ("--tp-size",),
+            "refuses",
+            Source.unread(REPO, "python/sglang/srt/layers/moe/", "expert placement over EP ranks"),
+            "experts_divide_tp",
+        ),
+        Gate(
+            "norm-on-shard variant only with SGLANG_K3_SP_ATTN_RES=1, the fused SP collectives on, PP 1, every "
+            "layer from the first MoE layer on a MoE layer, no EAGLE3/DFlash",
+            "env",
+            ("SGLANG_K3_SP_ATTN_RES", "--pp-size"),
+            "runs baseline",
+            _rel(K3, "_carries_bank_slices"),
+        ),
+        Gate(
+            "fused SP reduce-scatter/all-gather: SM100 or SM103, attention-TP group of 4, 8 or 16, "
+            "--moe-a2a-backend megamoe or deepep, CustomAllReduceV2 with multicast, SGLANG_K3_SP_COLLECTIVE "
+            "not 0; otherwise NCCL",
+            "gpu",
+            ("SGLANG_K3_SP_COLLECTIVE", "--moe-a2a-backend"),
+            "falls back",
+            _rel(K3SP, "_init_state"),
+            "k3_sp_collective",
+        ),
+    ),
+    fallback="without the fused collectives SGLang logs 'K3 SP collective requires ...; using NCCL' and runs "
+    "NCCL's RS/AG; without SGLANG_K3_SP_ATTN_RES the default path above runs",
+    fallback_source=_rel(K3SP, "_init_state"),
+    derived=("ep_size = tp_size (arg_groups/overrides.py _a2a_ep_size, after parsing)",),
+)
+
+# --------------------------------------------------------------------------------------------
+# --enable-layernorm-sp
+
+LNSP_HOOK = _rel("python/sglang/srt/arg_groups/layernorm_sp_hook.py", "validate_layernorm_sp")
+LNSP = _rel("python/sglang/srt/layers/layernorm_sp.py", "initialize_layernorm_sp / runs_sp")
+LNSP_AG = _rel("python/sglang/srt/layers/layernorm_sp.py", "column_parallel_g_matmul (all-gather inside the GEMM)")
+LNSP_RS = _rel("python/sglang/srt/layers/layernorm_sp.py", "row_parallel_gbar_matmul (reduce-scatter out of the GEMM)")
+SGL_LAYERNORM_SP = Mode(
+    name="layernorm-sp",
+    flags=("--enable-layernorm-sp",),
+    summary="Megatron sequence parallelism on prefill: RS + AG around each block, norms on T/N",
+    wiring=(
+        Wiring(
+            model_types=("qwen3",),
+            architectures=("Qwen3ForCausalLM",),
+            layers="every layer (EXTEND batches)",
+            dataflow=(
+                Comm("RS", "the previous block's output onto T/N rows", "hidden", LNSP_RS),
+                Op("input_layernorm (fused residual add)", "T/N"),
+                Comm("AG", "normed attention input", "hidden", LNSP_AG),
+                Op("qkv_proj, attention, o_proj", "T"),
+                Comm("RS", "o_proj partial sum", "hidden", LNSP_RS),
+                Op("post_attention_layernorm", "T/N"),
+                Comm("AG", "normed MLP input", "hidden", LNSP_AG),
+                Op("gate_up_proj, down_proj", "T"),
+            ),
+            plan="sequence-parallel",
+            source=LNSP,
+        ),
+    ),
+    not_wired=(
+        NotWired(
+            ("llama", "deepseek_v3", "kimi_k3", "kimi_linear", "qwen3_moe"),
+            "refused",
+            "architectures outside SP_SUPPORTED_ARCHITECTURES (Qwen3ForCausalLM and Muse Spark) are refused "
+            "by validate_layernorm_sp",
+            LNSP_HOOK,
+        ),
+    ),
+    gates=(
+        Gate(
+            "architecture in SP_SUPPORTED_ARCHITECTURES (Qwen3ForCausalLM, Muse Spark)",
+            "model",
+            (),
+            "refuses",
+            LNSP_HOOK,
+            "layernorm_sp_arch",
+        ),
+        Gate("tp_size > 1", "server arg", ("--tp-size",), "refuses", LNSP_HOOK, "tp_gt_1"),
+        Gate("no DP attention", "server arg", ("--enable-dp-attention",), "refuses", LNSP_HOOK, "no_dp_attention"),
+        Gate(
+            "no speculative decoding (Muse Spark DFLASH excepted)",
+            "server arg",
+            ("--speculative-algorithm",),
+            "refuses",
+            LNSP_HOOK,
+        ),
+        Gate("no pipeline stages (pp_size 1)", "server arg", ("--pp-size",), "refuses", LNSP_HOOK, "pp_is_1"),
+        Gate("prefill (EXTEND) batches only", "batch", (), "per batch", LNSP),
+    ),
+    fallback="a failed check raises ValueError at startup",
+    fallback_source=LNSP_HOOK,
+)
+
+# --------------------------------------------------------------------------------------------
+# --enable-dp-attention (recorded for the DP-attention plans; tpplan has no such plan here yet)
+
+DPA = "python/sglang/srt/layers/dp_attention.py"
+SGL_DP_ATTENTION = Mode(
+    name="dp-attention",
+    flags=("--enable-dp-attention", "--dp-size <dp>"),
+    summary="attention on each DP rank's own requests (attention TP = tp/dp); the MLP/MoE input gathered over "
+    "the DP ranks and its output scattered back",
+    wiring=(
+        Wiring(
+            model_types=("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe"),
+            architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK3ForCausalLM"),
+            layers="every layer",
+            dataflow=(
+                Op("input_layernorm, attention on the DP rank's own tokens (attention TP inside the DP group)", "T/N"),
+                Comm(
+                    "AR",
+                    "o_proj partial sum over the attention-TP group",
+                    "hidden",
+                    _rel(f"{LB}/ops.py", "CommunicateSummableTensorPairFn"),
+                ),
+                Comm(
+                    "AG",
+                    "MLP input gathered over DP: extend batches over several DP ranks use SUM_LEN (every "
+                    "rank's rows in its slot of a sum-length buffer, then an all-reduce); MAX_LEN (padded to the "
+                    "longest rank, all_gather_into_tensor) only with pplx, SGLANG_DEEPEP_V2_FORCE_MAX_LEN or idle "
+                    "ranks of hybrid-SSM models",
+                    "hidden",
+                    _rel(DPA, "DpPaddingMode.get_dp_padding_mode"),
+                ),
+                Op("MLP / MoE over all TP ranks", "T"),
+                Comm(
+                    "RS",
+                    "MLP output back to each DP rank's tokens (dp_reduce_scatter_tensor under MAX_LEN, "
+                    "reduce_scatterv or all-reduce + dp_scatter otherwise)",
+                    "hidden",
+                    _rel(f"{LB}/ops.py", "_reduce_and_redistribute_output_step"),
+                ),
+            ),
+            plan=None,
+            source=_rel(DPA, "dp_gather_partial / dp_scatter / dp_reduce_scatter_tensor"),
+            differences=("no tpplan plan yet: the DP-attention plan family is being added separately",),
+        ),
+    ),
+    not_wired=(),
+    gates=(
+        Gate(
+            "input-scattered, layernorm-SP and SP-MoE's attention-TP scatter are off under DP attention",
+            "server arg",
+            ("--enable-dp-attention",),
+            "adjusts",
+            CONFIGURED,
+        ),
+    ),
+    fallback="-",
+    fallback_source=_rel(DPA, "DpPaddingMode"),
+)
+
+PIPELINE = PipelineSchedule(
+    in_flight="pp_size + pp_async_batch_depth micro-batches (--pp-async-batch-depth, default 0), scheduled "
+    "round-robin; each stage receives micro-batch i from the previous one (sync recv) and sends on (async send)",
+    chunks_of_one_request="a chunked request's chunks are scheduled into successive micro-batches ('context "
+    "pipeline parallelism' in scheduler.py's filter of the last batch); whether chunk k+1 of one request may "
+    "start on stage 0 before chunk k has left the last stage was not traced in the code",
+    boundary="PPProxyTensors (hidden_states and residual, full rows) sent point-to-point; --enable-layernorm-sp "
+    "is refused with PP and K3's bank slices require PP 1",
+    source=_rel("python/sglang/srt/managers/scheduler_pp_mixin.py", "event_loop_pp / init_pp_loop_state"),
+    assumption="tpplan's PP prediction (cost/predict.py pipeline_ttft) assumes batches enter stage 0 one "
+    "slowest-stage interval apart, the chunks of one request pipelining too, with full-row boundary sends; "
+    "SGLang's scheduler runs pp_size + pp_async_batch_depth micro-batches in flight, which matches it only "
+    "when every chunk is its own micro-batch and consecutive chunks of a prompt overlap (not traced in its code)",
+    more_sources=(_rel("python/sglang/srt/managers/scheduler.py", "Scheduler (chunked_req in PP)"),),
+)
+
+SGLANG_0_5_23 = EngineVersion(
+    engine="SGLang",
+    version="0.5.23",
+    released="current PyPI release (2026-10); sources read from its wheel",
+    launcher="python -m sglang.launch_server --model-path {model}",
+    modes=(SGL_INPUT_SCATTERED, SGL_SP_MOE, SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
+    pipeline=PIPELINE,
+)
+
+# --------------------------------------------------------------------------------------------
+# An older main revision (layers/communicator/): the dataflow is the same, some gates differ.
+
+_OLD_ATTN = _old(
+    f"{OLD}/adapters/attention.py", "AttnTpContext.init_context", "7665ff96bba8e757ca0078f762d67ad9389cd75d"
+)
+_OLD_OPS = _old(
+    f"{OLD}/ops.py",
+    "_mlp_input_residual_into_sum -> _tp_all_reduce_with_scattered_residual",
+    "4eb3ad5a3d5efab835a93d05b922757f5fdeb539",
+)
+_OLD_K3SP = _old("python/sglang/srt/layers/k3_sp_collective.py", "_init_state", "10e1be0e")
+_OLD_RS = _old(f"{OLD}/ops.py", "tp_reduce_scatter", "4eb3ad5a3d5efab835a93d05b922757f5fdeb539")
+
+
+def _older_input_scattered() -> Mode:
+    def cite(step):  # the same dataflow, read at the older commits
+        if isinstance(step, Comm):
+            src = {"RS": _OLD_RS, "AR": _OLD_OPS}.get(step.collective, _OLD_ATTN)
+            return replace(step, source=src)
+        return step
+
+    w = SGL_INPUT_SCATTERED.wiring[0]
+    gates = tuple(replace(g, source=_OLD_RS if g.source is RS_ASSERT else _OLD_ATTN) for g in SGL_INPUT_SCATTERED.gates)
+    return replace(
+        SGL_INPUT_SCATTERED,
+        wiring=(replace(w, dataflow=tuple(cite(s) for s in w.dataflow), source=_OLD_ATTN),),
+        gates=gates,
+        fallback_source=_OLD_ATTN,
+    )
+
+
+def _older_sp_moe() -> Mode:
+    gates = tuple(
+        replace(
+            g,
+            text="fused SP reduce-scatter/all-gather: SM103 only (B300/GB300), attention-TP group of 4 or 8, "
+            "--moe-a2a-backend megamoe or deepep, CustomAllReduceV2 with multicast, a tuning table for the device "
+            "at hidden 7168, SGLANG_K3_SP_COLLECTIVE not 0; otherwise NCCL",
+            source=_OLD_K3SP,
+            check="k3_sp_collective_sm103",
+        )
+        if g.check == "k3_sp_collective"
+        else g
+        for g in SGL_SP_MOE.gates
+    )
+    return replace(SGL_SP_MOE, gates=gates, fallback_source=_OLD_K3SP)
+
+
+SGLANG_OLDER = EngineVersion(
+    engine="SGLang",
+    version="main@7665ff96",
+    released="an older main revision (layers/communicator/ package), read through the code index",
+    launcher="python -m sglang.launch_server --model-path {model}",
+    modes=(_older_input_scattered(), _older_sp_moe(), SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
+    pipeline=PIPELINE,
+    notes=(
+        "layernorm-SP, DP attention and the PP scheduler were read in 0.5.23 only; this revision reuses them unchecked",
+    ),
+)
+
+__all__ = ["SGLANG_0_5_23", "SGLANG_OLDER"]

@@ -1,0 +1,337 @@
+"""vLLM, as read: the current release (0.33.0, its PyPI wheel's sources) and an older main revision
+(read through the code index) that still had the sequence-parallelism compile pass."""
+
+from __future__ import annotations
+
+from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, PipelineSchedule, Source, Wiring
+
+REPO = "vllm-project/vllm"
+REL = "0.33.0 (PyPI wheel)"
+
+
+def _rel(path: str, function: str) -> Source:
+    return Source(REPO, path, function, REL)
+
+
+def _old(path: str, function: str, commit: str) -> Source:
+    return Source(REPO, path, function, f"commit {commit[:8]}")
+
+
+PAR = _rel("vllm/config/parallel.py", "ParallelConfig.use_sequence_parallel_moe")
+DSV2 = "vllm/model_executor/models/deepseek_v2.py"
+DS_LAYER = _rel(DSV2, "DeepseekV2DecoderLayer.__init__ / forward")
+DS_MODEL = _rel(DSV2, "DeepseekV2Model.forward")
+SP_MOE_BACKENDS = (
+    "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+    "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "nixl_ep",
+)  # fmt: skip
+
+_MOE_SP_GATES = (
+    Gate(
+        f"--all2all-backend one of {', '.join(SP_MOE_BACKENDS)}",
+        "server arg",
+        ("--all2all-backend",),
+        "runs baseline",
+        PAR,
+        "vllm_sp_moe_backend",
+    ),
+    Gate("--enable-expert-parallel", "server arg", ("--enable-expert-parallel",), "runs baseline", PAR),
+    Gate("tensor-parallel size > 1", "server arg", ("--tensor-parallel-size",), "runs baseline", PAR, "tp_gt_1"),
+    Gate(
+        "data-parallel size > 1 (at DP 1 every TP rank dispatches the whole replicated batch)",
+        "server arg",
+        ("--data-parallel-size",),
+        "runs baseline",
+        PAR,
+        "dp_gt_1",
+    ),
+    Gate(
+        "pipeline-parallel size 1 (DeepseekV2DecoderLayer turns MoE SP off with PP: 'enable SP MoE with PP "
+        "after the PP boundary logic can safely send/receive sequence-parallel hidden_states')",
+        "server arg",
+        ("--pipeline-parallel-size",),
+        "runs baseline",
+        DS_LAYER,
+        "pp_is_1",
+    ),
+)
+
+VLLM_MOE_SP = Mode(
+    name="moe-sp",
+    flags=("--enable-expert-parallel", "--all2all-backend deepep_high_throughput"),
+    summary="DeepSeek-V2 family MoE layers sequence-parallel: norms and MoE on T/N, attention input all-gathered, "
+    "o_proj output reduce-scattered",
+    wiring=(
+        Wiring(
+            model_types=("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"),
+            architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"),
+            layers="MoE layers after the first (each entered with T/N rows)",
+            dataflow=(
+                Op("input_layernorm (fused residual add on the shard)", "T/N"),
+                Comm("AG", "normed attention input", "hidden", DS_LAYER),
+                Op("MLA attention, o_proj (reduce_results=False)", "T"),
+                Comm("RS", "o_proj partial sum, padded to a multiple of TP", "hidden", DS_LAYER),
+                Op("post_attention_layernorm, router, shared experts", "T/N"),
+                Comm("A2A", "expert dispatch/combine from the rank's own rows", "moe_input", DS_LAYER),
+            ),
+            plan="sp-moe",
+            source=DS_LAYER,
+            differences=(
+                "dense layers (first_k_dense_replace) are not SP in vLLM: they all-reduce twice; tpplan's `sp-moe` "
+                "reduce-scatters and all-gathers them",
+                "the first MoE layer after a dense one enters with full rows: no all-gather, norm on every row",
+                "before a non-SP layer and before the final norm vLLM all-gathers hidden and residual together "
+                "(2 x hidden wide, DeepseekV2Model.forward)",
+            ),
+        ),
+        Wiring(
+            model_types=("kimi_k3",),
+            architectures=("KimiK3ForConditionalGeneration",),
+            layers="MoE layers (vllm/models/kimi_k3/nvidia)",
+            dataflow=(),
+            plan=None,
+            source=_rel("vllm/models/kimi_k3/nvidia/model.py", "KimiK3DecoderLayer.__init__ (use_sequence_parallel)"),
+            differences=(
+                "the per-layer dataflow was not transcribed (source: unread beyond the gate: PP 1, "
+                "--enable-expert-parallel, TP > 1, and DeepGEMM MegaMoE or DP > 1)",
+            ),
+        ),
+        Wiring(
+            model_types=("qwen3_moe",),
+            architectures=("Qwen3MoeForCausalLM",),
+            layers="MoE layers",
+            dataflow=(
+                Comm(
+                    "AR",
+                    "o_proj partial sum (attention is not SP)",
+                    "hidden",
+                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
+                ),
+                Op("MoE block: the rank's chunk of the replicated hidden (sequence_parallel_chunk)", "T/N"),
+                Comm(
+                    "A2A",
+                    "expert dispatch/combine",
+                    "moe_input",
+                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
+                ),
+                Comm(
+                    "AG",
+                    "MoE output back to every row",
+                    "hidden",
+                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
+                ),
+            ),
+            plan=None,
+            source=_rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock"),
+            differences=("no tpplan plan all-gathers an a2a MoE output into a replicated stream",),
+        ),
+    ),
+    not_wired=(
+        NotWired(("qwen3", "llama", "mistral", "qwen2"), "baseline", "dense models have no MoE block to shard", PAR),
+    ),
+    gates=_MOE_SP_GATES,
+    fallback="with a gate off the MoE block keeps replicated tokens (every TP rank dispatches the whole batch) and "
+    "the attention all-reduces",
+    fallback_source=DS_LAYER,
+    derived=("the EP group spans all TP x DP ranks (no separate EP size)",),
+)
+
+VLLM_NO_SP_PASS = Mode(
+    name="sp-pass",
+    flags=("""--compilation-config '{"pass_config": {"enable_sp": true}}'""",),
+    summary="the release has no sequence-parallelism compile pass",
+    wiring=(),
+    not_wired=(),
+    gates=(
+        Gate(
+            "pass_config has no `enable_sp` field in this release and config dataclasses forbid extra fields, so "
+            "the compilation config is rejected",
+            "server arg",
+            ("--compilation-config",),
+            "refuses",
+            _rel("vllm/config/compilation.py", "PassConfig (@config, extra='forbid' in vllm/config/utils.py)"),
+            "never",
+        ),
+    ),
+    fallback="-",
+    fallback_source=_rel("vllm/config/compilation.py", "PassConfig"),
+    exists=False,
+)
+
+VLLM_DP_EP = Mode(
+    name="dp-ep",
+    flags=("--data-parallel-size <dp>", "--enable-expert-parallel", "--all2all-backend <backend>"),
+    summary="attention per DP rank (TP inside each DP group); experts over TP x DP ranks",
+    wiring=(
+        Wiring(
+            model_types=("deepseek_v3", "deepseek_v2", "kimi_k2", "qwen3_moe", "kimi_k3"),
+            architectures=(),
+            layers="MoE layers",
+            dataflow=(
+                Op("attention on the DP rank's own requests", "T/N"),
+                Comm(
+                    "AG",
+                    "allgather_reducescatter: all_gatherv of hidden and router logits with per-rank sizes "
+                    "(no max-length padding)",
+                    "hidden",
+                    _rel("vllm/distributed/device_communicators/all2all.py", "AgRsAll2AllManager.dispatch"),
+                ),
+                Op("experts", "T"),
+                Comm(
+                    "RS",
+                    "reduce_scatterv back to each DP rank's rows",
+                    "hidden",
+                    _rel("vllm/distributed/device_communicators/all2all.py", "AgRsAll2AllManager.combine"),
+                ),
+            ),
+            plan=None,
+            source=_rel("vllm/distributed/device_communicators/all2all.py", "AgRsAll2AllManager"),
+            differences=(
+                "no tpplan plan yet: the DP-attention plan family is being added separately; DeepEP "
+                "backends dispatch by all-to-all instead",
+            ),
+        ),
+    ),
+    not_wired=(),
+    gates=(),
+    fallback="-",
+    fallback_source=_rel("vllm/forward_context.py", "DPMetadata"),
+)
+
+PIPELINE = PipelineSchedule(
+    in_flight="max_concurrent_batches = pipeline_parallel_size batches in the engine core's batch queue "
+    "(pp_size + 1 with async scheduling on the V2 model runner)",
+    chunks_of_one_request="the scheduler fills the batch queue before it waits on the oldest batch "
+    "(step_with_batch_queue); whether the next chunk of one prompt is scheduled while its previous chunk is in "
+    "flight was not traced in the scheduler (source: unread)",
+    boundary="IntermediateTensors with hidden_states and residual on full rows; sequence parallelism is off with "
+    "PP (DeepSeek-V2 MoE SP requires PP 1; Kimi-K3's SP asserts 'Currently, SP is not supported with PP'), so no "
+    "sequence-parallel shards cross a stage boundary in this release",
+    source=_rel("vllm/config/vllm.py", "VllmConfig.max_concurrent_batches"),
+    assumption="tpplan's PP prediction (cost/predict.py pipeline_ttft) assumes batches enter stage 0 one "
+    "slowest-stage interval apart, the chunks of one request pipelining too, with full-row boundary sends; "
+    "vLLM's batch queue holds pp_size batches, which matches it only when every chunk is its own batch and "
+    "consecutive chunks of a prompt overlap (not traced in its scheduler)",
+    more_sources=(
+        _rel("vllm/v1/engine/core.py", "EngineCore.step_with_batch_queue"),
+        _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiK3Model.forward"),
+    ),
+)
+
+VLLM_0_33_0 = EngineVersion(
+    engine="vLLM",
+    version="0.33.0",
+    released="current PyPI release (2026-11); sources read from its wheel",
+    launcher="vllm serve {model}",
+    modes=(VLLM_MOE_SP, VLLM_NO_SP_PASS, VLLM_DP_EP),
+    pipeline=PIPELINE,
+)
+
+# --------------------------------------------------------------------------------------------
+# An older main revision with the compile pass.
+
+OLD_VLLM = "000fc94b754f66aeb60ef5acf1ea2e94cdc65164"
+OLD_SP = "7d7e95dc9bb08b248a9baca355347f52a6b27558"
+POST_INIT = _old("vllm/config/vllm.py", "VllmConfig.__post_init__", OLD_VLLM)
+APPLICABLE = _old(
+    "vllm/compilation/passes/fusion/sequence_parallelism.py", "SequenceParallelismPass.is_applicable_for_range", OLD_SP
+)
+THRESHOLD = Source(
+    REPO,
+    "vllm/compilation/passes/fusion/sequence_parallelism.py",
+    "get_sequence_parallelism_threshold (SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB)",
+    "later index revisions (commits not given by the index)",
+)
+
+VLLM_SP_PASS = Mode(
+    name="sp-pass",
+    flags=("""--compilation-config '{"pass_config": {"enable_sp": true}}'""",),
+    summary="a torch.compile pattern pass rewriting all-reduce + RMSNorm into RS + norm on T/N + AG",
+    wiring=(
+        Wiring(
+            model_types=("qwen3", "llama", "mistral", "qwen2"),
+            architectures=("Qwen3ForCausalLM", "LlamaForCausalLM"),
+            layers="every all-reduce followed by an RMSNorm (matched at compile time)",
+            dataflow=(
+                Comm("RS", "block output (the all-reduce it replaced)", "hidden", APPLICABLE),
+                Op("input_layernorm (fused residual add)", "T/N"),
+                Comm("AG", "normed attention input", "hidden", APPLICABLE),
+                Op("qkv_proj, attention, o_proj", "T"),
+                Comm("RS", "o_proj partial sum", "hidden", APPLICABLE),
+                Op("post_attention_layernorm", "T/N"),
+                Comm("AG", "normed MLP input", "hidden", APPLICABLE),
+                Op("gate_up_proj, down_proj", "T"),
+            ),
+            plan="sequence-parallel",
+            source=_old(
+                "vllm/compilation/passes/fusion/sequence_parallelism.py",
+                "MiddleAllReduceRMSNormPattern.replacement",
+                OLD_SP,
+            ),
+        ),
+    ),
+    not_wired=(),
+    gates=(
+        Gate(
+            "enable_sp is off unless set (OPTIMIZATION_LEVEL_00 sets it False; the other levels were not read)",
+            "server arg",
+            ("--compilation-config", "-O"),
+            "runs baseline",
+            Source(REPO, "vllm/config/vllm.py", "OPTIMIZATION_LEVEL_00", f"commit {OLD_VLLM[:8]}"),
+        ),
+        Gate(
+            "async TP (pass_config.fuse_gemm_comms) forces enable_sp on",
+            "server arg",
+            ("--compilation-config",),
+            "adjusts",
+            POST_INIT,
+        ),
+        Gate(
+            "tensor-parallel size > 1, else a warning and SP off",
+            "server arg",
+            ("--tensor-parallel-size",),
+            "runs baseline",
+            POST_INIT,
+            "tp_gt_1",
+        ),
+        Gate(
+            "batches of at least pass_config.sp_min_token_num tokens; unset, the heuristic computes it (revision "
+            "7d7e95dc: no threshold; later: CUDA sm90 hidden >= 8192 and 8 MiB per GPU, sm100 family hidden >= "
+            "8192 and 64 then 32 MiB, XPU hidden >= 4096 and 8 MiB); where it returns None vLLM logs a warning "
+            "('Model hidden_size too small for the SP threshold heuristic, disabling') and turns SP off",
+            "server arg",
+            ("--compilation-config",),
+            "runs baseline",
+            THRESHOLD,
+            "vllm_sp_threshold",
+        ),
+        Gate(
+            "VLLM_COMPILE mode (a warning otherwise: the pass runs inside Inductor)",
+            "server arg",
+            ("--compilation-config", "-O"),
+            "runs baseline",
+            POST_INIT,
+        ),
+        Gate(
+            "full-graph compilation (no splitting ops), or a single compile size divisible by TP",
+            "server arg",
+            ("--compilation-config",),
+            "runs baseline",
+            APPLICABLE,
+        ),
+    ),
+    fallback="where the pattern does not match or a gate is off, the all-reduce stays (warnings as above)",
+    fallback_source=POST_INIT,
+)
+
+VLLM_OLDER = EngineVersion(
+    engine="vLLM",
+    version="main@000fc94b",
+    released="an older main revision with the sequence-parallelism pass, read through the code index",
+    launcher="vllm serve {model}",
+    modes=(VLLM_MOE_SP, VLLM_SP_PASS, VLLM_DP_EP),
+    pipeline=PIPELINE,
+    notes=("MoE SP, DP+EP and the PP scheduler were read in 0.33.0 only; this revision reuses them unchecked",),
+)
+
+__all__ = ["SP_MOE_BACKENDS", "VLLM_0_33_0", "VLLM_OLDER"]
