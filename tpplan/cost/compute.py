@@ -59,7 +59,21 @@ def build_source(ref: SourceRef) -> KernelSource:
     except ImportError as exc:
         raise TpplanError(f"kernel source {ref.kind}", f"this build cannot load it ({exc})",
                           'pip install "tpplan[aic]"') from None  # fmt: skip
-    return factory(ref.system, ref.engine or "sglang", ref.version or None)  # type: ignore[no-any-return]
+    return factory(ref.system, ref.engine or "sglang", _held_version(ref))  # type: ignore[no-any-return]
+
+
+def _held_version(ref: SourceRef) -> str | None:
+    """The version `ref` asks for where the database holds it, else None (the database's default for
+    the engine): `--engine sglang@0.5.23` names the engine the memo judges, and AIConfigurator's tables
+    were measured on other releases (0.5.14); the source's name says which one priced the kernels."""
+    if ref.kind != "aic" or not ref.version:
+        return ref.version or None
+    from tpplan.cost.sources.aic import aic_available, aic_databases, resolve_system
+
+    if not aic_available():
+        return ref.version  # the adapter's own one-line error names the missing extra
+    held = aic_databases().get(resolve_system(ref.system), {}).get(ref.engine or "sglang", [])
+    return ref.version if ref.version in held else None
 
 
 def kernel_sources(gpu: GpuSpec, engine: str | None = None) -> tuple[KernelSource, ...]:
