@@ -141,7 +141,7 @@ def _leaf_paths(data: dict, prefix: tuple = ()) -> list[tuple]:
 
 
 TOPOLOGY = _preset("h200x8-ib400.toml")
-WORKLOAD = _preset("workload-seed-c8.toml")
+WORKLOAD = _preset("workload-prompt16k-c8.toml")
 
 
 def _mutate(base: dict, edits: list) -> dict:
@@ -175,7 +175,7 @@ def test_mutated_topologies_and_workloads(which, edits, command):
 
 @settings(FUZZ, max_examples=15 * SCALE)
 @given(
-    which=st.sampled_from(["h200x8-ib400.toml", "workload-seed-c8.toml"]),
+    which=st.sampled_from(["h200x8-ib400.toml", "workload-prompt16k-c8.toml"]),
     cuts=st.lists(st.tuples(st.integers(0, 2000), st.binary(max_size=4)), min_size=1, max_size=3),
 )
 def test_byte_mutated_toml(which, cuts):

@@ -39,7 +39,7 @@ def test_no_close_name_points_at_the_listing_command():
 
 
 def test_a_folder_without_config_json_says_so(tmp_path):
-    with pytest.raises(TpplanError, match=r"the folder has no config\.json"):
+    with pytest.raises(TpplanError, match=r"no config\.json in folder"):
         load_model(str(tmp_path))
 
 

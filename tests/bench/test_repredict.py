@@ -281,7 +281,7 @@ def _tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (run / "models").mkdir(parents=True)
     preset = importlib.resources.files("tpplan.models").joinpath("presets", "tiny-llama.json")
     (run / "models" / "tiny.json").write_text(preset.read_text())
-    wl = importlib.resources.files("tpplan.cost").joinpath("presets", "workload-seed-c8.toml")
+    wl = importlib.resources.files("tpplan.cost").joinpath("presets", "workload-prompt16k-c8.toml")
     (run / "wl.toml").write_text(wl.read_text())
     monkeypatch.chdir(run)  # the run is started in its folder, so its paths are relative to it
     cfg = BenchConfig(model="models/tiny.json", plans=("baseline",), workload="wl.toml", topology="h200x2",

@@ -111,7 +111,8 @@ def test_cluster_fields_are_bounded(tmp_path, field: str, value: str) -> None:
     text = text.replace(f"_old_{field} = ", "# ")
     with pytest.raises(TpplanError) as exc:
         load_topology(_write(tmp_path, "t.toml", text))
-    assert "\n" not in str(exc.value) and len(str(exc.value)) < 300
+    msg = str(exc.value).replace(str(tmp_path), "<tmp>")  # the length of the line, not of pytest's tmp path
+    assert "\n" not in msg and len(msg) < 300
 
 
 @pytest.mark.parametrize(

@@ -273,9 +273,9 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
                 assert o.bytes_per_rank == (tokens + t) * w * b  # read [T, W], write [T_pad, W]
     # S(col) -> R all-gather (no named plan issues one): the gathered blocks interleaved, unless one head
     lg = k3.kinds["mla+moe"]
-    w = lg.values["gate"].width
-    ag = CommEvent(Collective.ALL_GATHER, "gate", w, S_COL, R, "g_proj", "o_proj", "attn_side", "", 1.0, 1.0)
+    w = lg.values["attn_gate"].width
+    ag = CommEvent(Collective.ALL_GATHER, "attn_gate", w, S_COL, R, "g_proj", "o_proj", "attn_side", "", 1.0, 1.0)
     o = ga.layout_copy(lg, ag, t)
-    assert o is not None and (o.op, o.role, o.bytes_per_rank) == ("unpack:gate", "layout", 2 * t * w * b)
-    one_head = replace(lg, values={**lg.values, "gate": Value("gate", 128, 1)})
+    assert o is not None and (o.op, o.role, o.bytes_per_rank) == ("unpack:attn_gate", "layout", 2 * t * w * b)
+    one_head = replace(lg, values={**lg.values, "attn_gate": Value("attn_gate", 128, 1)})
     assert ga.layout_copy(one_head, replace(ag, width=128), t) is None  # rank 0's block is the whole value
