@@ -44,7 +44,8 @@ def engine_path(a: Analysis) -> Paragraph:
 
 def question(a: Analysis) -> Paragraph:
     """Does SGLang's input-scattered prefill pay off here? The word is the verdict table's status of
-    the plan equal to what the flag runs (`sglang-input-scattered`), else tpplan's `input-scattered`.
+    the plan equal to what the flag runs (`sglang-input-scattered`) where SGLang wires the flag for the
+    model class, else tpplan's `input-scattered`.
     Asked only of a model with MLA, the attention SGLang's input-scattered path was written for;
     other models get the neutral question the bottom line answers."""
     if not _has_mla(a):
@@ -53,7 +54,11 @@ def question(a: Analysis) -> Paragraph:
             f"**Which prefill plan should {a.model} run on {t.name} ({t.nodes} x {t.gpus_per_node} GPUs), against "
             f"today's `{a.current.key}`?** The bottom line below answers; every plan's verdict is in the table."
         )
-    key = "sglang-input-scattered" if a.verdict("sglang-input-scattered") is not None else "input-scattered"
+    v = a.variant("sglang-input-scattered")
+    sgl = next((e for e in v.engines if e.engine == "SGLang"), None) if v is not None else None
+    # The engine's own dataflow where SGLang wires the flag for this model class; where it does not (the
+    # flag runs the baseline, said by `engine_path`), the question is tpplan's input-scattered rewrite.
+    key = "sglang-input-scattered" if sgl is not None and sgl.realises == "yes" else "input-scattered"
     vd = a.verdict(key)
     if vd is None:
         return None
