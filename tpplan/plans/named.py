@@ -67,7 +67,7 @@ def sglang_input_scattered() -> Plan:
 def latent_scattered() -> Plan:
     return Plan(
         "latent-scattered",
-        "seed prototype",
+        "latent token-sharding (prototype)",
         "Keep the hidden all-reduce; token-shard the replicated qkv_a GEMM and all-gather the latent.",
         gather=LATENT,
         token_shard=LATENT,
