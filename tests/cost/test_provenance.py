@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_helpers import run_cli
 
 from tpplan.cost.provenance import BANDS, provenance
@@ -31,7 +32,12 @@ def test_audit_and_search_json_carry_it(tmp_path, monkeypatch, capsys) -> None:
     code, out, err = run_cli(monkeypatch, capsys, *search, "-t", "h200x8-ib400-datasheet")
     assert code == 0, err
     data = json.loads(out2.read_text())
-    assert data["provenance"]["key"] == "datasheet" and data["provenance"]["band"] == BANDS["datasheet"].band
+    prov = data["provenance"]
+    assert prov["key"] == "datasheet" and prov["parts"]
+    # composed per op class and source as the memo's band is, and the widest of the shown predictions'
+    assert prov["band"] == pytest.approx(sum(p["share"] * p["error"] for p in prov["parts"]))
+    assert prov["band"] == max(e["provenance"]["band"] for e in [data["baseline"], *data["plans"]])
+    assert prov["band"] != BANDS["datasheet"].band
     assert "Times: extrapolated from datasheet figures" in " ".join(out.split())
     code, out, err = run_cli(monkeypatch, capsys, *search, "--objective", "volume")
     assert code == 0, err

@@ -48,7 +48,7 @@ from tpplan.cost.prediction import (
     PlanPrediction,
 )
 from tpplan.cost.predictor import STATE_BYTES, Predictor, cached_predictor
-from tpplan.cost.provenance import provenance
+from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens, masked_pairs, segments_of
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width, stage_layers
 from tpplan.cost.topology import Topology
@@ -152,7 +152,7 @@ def predict_plan(
     for kind, ks in p.audit.kinds.items():
         kt = p.kind_time(ks.result, segs)
         kinds.append(KindTime(kind, counts[kind], kt.ops, kt.collectives))
-    return PlanPrediction(
+    pred = PlanPrediction(
         plan=p.audit.plan,
         tp=tp,
         pp=pp,
@@ -171,6 +171,10 @@ def predict_plan(
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
         provenance=provenance(topology, tp * pp),
     )
+    # The band of what this prediction sums (each op class and collective's out-of-sample error by its
+    # share of the time), the same figure the memo uses: audit, search and report state one band.
+    pred.provenance = composed_provenance(pred.provenance, pred)  # type: ignore[arg-type]
+    return pred
 
 
 def predict_audit(

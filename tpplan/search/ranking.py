@@ -227,6 +227,7 @@ def _evaluate(
         entry["weight_bytes_per_rank"], entry["replicated_extra_bytes_per_rank"] = m.weights, m.replicated_extra
         if s.objective == "time":  # what plans are ranked by: predict's own figure
             entry["score"] = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
+        entry["provenance"] = pr.provenance.to_json() if pr.provenance is not None else None
     return entry
 
 
@@ -453,11 +454,17 @@ def _search_all(
         _GRID_SETUP = None
 
 
-def _provenance(s: _Setup, grid: list[tuple[int, int]], objective: str) -> dict[str, object] | None:
-    """How the ranked times were made (None for byte volumes, which are exact counts): every
-    deployment of the grid uses all its GPUs, so one label holds for the whole ranking."""
+def _provenance(
+    s: _Setup, grid: list[tuple[int, int]], objective: str, entries: list[dict[str, Any]]
+) -> dict[str, object] | None:
+    """How the ranked times were made (None for byte volumes, which are exact counts): the widest
+    band of the shown predictions (each composed per op class and source, as the memo's), else the
+    topology's for the grid."""
     if objective != "time" or s.topo is None:
         return None
+    shown = [e["provenance"] for e in entries if e.get("provenance")]
+    if shown:
+        return max(shown, key=lambda v: float(v["band"]))  # type: ignore[no-any-return]
     worst = max((provenance(s.topo, n * p) for n, p in grid), key=lambda v: v.band)
     return worst.to_json()
 
@@ -576,7 +583,7 @@ def run_search(
         "mode": "all" if all_plans else "per-family",
         "memory_cap_bytes": s.cap,
         "gpu_memory_bytes": s.topo.gpu.memory_GiB * GIB if s.topo is not None else None,
-        "provenance": _provenance(s, grid, objective),
+        "provenance": _provenance(s, grid, objective, [base_entry, *plans]),
         "baseline": base_entry,
         "baselines": [
             {"deployment": d, "score": e["score"], "delta_pct": _pct(e["score"], base_entry["score"])}
