@@ -187,6 +187,21 @@ def _outside(value: float, lo: float, hi: float) -> float:
     return 1.0
 
 
+def _reach(by_heads: Any, shape: AttentionShape) -> float | None:
+    """How far `shape` lies outside an attention table's measured heads, tokens and batches (the
+    largest factor; 1.0 inside), or None where the table has no rows."""
+    heads = sorted(_keys(by_heads))
+    if not heads:
+        return None
+    tokens = _union_keys([by_heads[h] for h in heads])
+    batches = _union_keys(_children([by_heads[h] for h in heads]))
+    return max(
+        _outside(shape.heads, heads[0], heads[-1]),
+        _outside(shape.tokens, tokens[0], tokens[-1]),
+        _outside(shape.batch, batches[0], batches[-1]),
+    )
+
+
 class AicSource:
     """Prices from AIConfigurator's database for one GPU system, engine and engine version.
 
@@ -364,17 +379,8 @@ class AicSource:
             by_heads = node[kv_key][shape.head_dim_qk][window]
         except (KeyError, TypeError):
             return None
-        heads = sorted(_keys(by_heads))
-        if not heads:
-            return None
-        tokens = _union_keys([by_heads[h] for h in heads])
-        batches = _union_keys(_children([by_heads[h] for h in heads]))
-        out = max(
-            _outside(shape.heads, heads[0], heads[-1]),
-            _outside(shape.tokens, tokens[0], tokens[-1]),
-            _outside(shape.batch, batches[0], batches[-1]),
-        )
-        if out > FAR:
+        out = _reach(by_heads, shape)
+        if out is None or out > FAR:
             return None
         op = ContextAttention(
             "attn",
@@ -428,16 +434,8 @@ class AicSource:
         kv = self._pick(view[fmha], ("bfloat16",)) if fmha is not None else None
         if kv is None:
             return None
-        by_heads = view[fmha][kv]
-        heads = sorted(_keys(by_heads))
-        tokens = _union_keys([by_heads[h] for h in heads])
-        batches = _union_keys(_children([by_heads[h] for h in heads]))
-        out = max(
-            _outside(shape.heads, heads[0], heads[-1]),
-            _outside(shape.tokens, tokens[0], tokens[-1]),
-            _outside(shape.batch, batches[0], batches[-1]),
-        )
-        if out > FAR:
+        out = _reach(view[fmha][kv], shape)
+        if out is None or out > FAR:
             return None
         op = ContextMLA("mla", 1.0, int(shape.heads), common.KVCacheQuantMode.bfloat16, common.FMHAQuantMode.bfloat16)
         got = self._evaluate(op, batch=shape.batch, tokens=shape.tokens, prefix=shape.context)
