@@ -68,6 +68,16 @@ def test_model_and_tp_have_no_hidden_defaults(monkeypatch, capsys):
     assert code == 2 and "--model" in err
 
 
+def test_bench_runs_no_model_it_was_not_given(monkeypatch, capsys, tmp_path):
+    """A bench run without --model is one line naming it (it ran kimi-k3 before); --from needs none."""
+    from cli_helpers import run_cli
+
+    out = tmp_path / "r.json"
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "-p", "baseline", "--backend", "gloo", "--out", str(out))
+    assert code == 2 and "--model" in err and "kimi" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_a_preset_cluster_is_one_node_unless_tp_needs_more():
     from tpplan.commands._options import cluster_text, load_cluster
 

@@ -18,8 +18,10 @@ def bench(
         Path | None, typer.Option("--out", "-o", help="results JSON (several plans: <stem>-<plan>.json)")
     ] = None,
     plan: Annotated[list[str] | None, typer.Option("--plan", "-p", help="plan to run (repeatable)")] = None,
-    model: Annotated[str, typer.Option("--model", "-m", help="preset name or config.json")] = "kimi-k3",
-    workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "seed-c8",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="preset name or config.json (a run needs it)")
+    ] = None,
+    workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "prompt16k-c8",
     topology: Annotated[
         str | None,
         typer.Option(
@@ -124,6 +126,8 @@ def bench(
     else:
         if out is None or not plan:
             raise TpplanError("--out/--plan", "a run needs both", "pass --plan NAME ... --out FILE (or --from FILES)")
+        if model is None:
+            raise TpplanError("--model", "a run needs a model", "pass --model M (`tpplan models` lists presets)")
         if nproc is None:
             import torch
 
