@@ -14,6 +14,7 @@ lacks that free step, so the algebra is conservative there rather than wrong.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -235,6 +236,7 @@ def apply(
 # The property
 
 
+@pytest.mark.slow
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_legal_plans_compute_the_unsharded_values_and_violations_break_them(case):

@@ -83,6 +83,7 @@ def test_family_presets_cover_every_family():
 
 
 @pytest.mark.parametrize(("family", "preset"), sorted(FAMILY_PRESET.items()))
+@pytest.mark.slow
 def test_search_and_report_run_on_every_family(family, preset, capsys, monkeypatch, tmp_path):
     # no memory cap: GLM-5.1 in bf16 fits no 8-GPU plan, and the ranking is what is under test here
     rc, _, err = run_cli(monkeypatch, capsys, "search", "--model", preset, "--tp", "8", *PREDICT,

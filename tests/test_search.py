@@ -184,6 +184,7 @@ AT_CAP = [(2014, CASES[6], 3), (403123852, CASES[3], 1), (632770586, CASES[6], 2
 @given(seed=st.integers(0, 2**31), case=st.sampled_from(CASES), top=st.integers(1, 6))
 @example(seed=AT_CAP[0][0], case=AT_CAP[0][1], top=AT_CAP[0][2])
 @example(seed=AT_CAP[1][0], case=AT_CAP[1][1], top=AT_CAP[1][2])
+@pytest.mark.slow
 def test_search_equals_brute_force_random_weights(seed, case, top):
     model, n, opts = case
     check_against_brute(model, n, opts, RandomObjective(seed), top)
@@ -207,6 +208,7 @@ def test_plan_exactly_at_the_memory_cap_fits(seed, case, top):
     assert all(close(a.score, b.score) for a, b in zip(res.candidates, capped, strict=False))
 
 
+@pytest.mark.slow
 def test_per_family_best_is_the_optimum():
     obj = RandomObjective(3)
     for model, n, opts in CASES:
@@ -260,6 +262,7 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", "tpplan", "search", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cli_search_table_and_json(tmp_path):
     out = tmp_path / "s.json"
     common = ("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400-datasheet", "--nodes", "1", "--tp", "4")

@@ -68,6 +68,7 @@ def test_audit_numbers_stay_whole(monkeypatch, capsys, preset):
         assert f"{p['prediction']['forward_s'] * 1e3:,.1f}" in out
 
 
+@pytest.mark.slow
 def test_report_verdicts_fit(tmp_path, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "report", *K3[:2], *K3[4:], "--out", str(tmp_path / "memo"))
     assert code == 0, err

@@ -100,6 +100,7 @@ def test_sweep_sizes_are_aligned() -> None:
         assert c % grain == 0 and c % 2 == 0
 
 
+@pytest.mark.slow
 def test_calibrate_gloo_writes_loadable_topology(tmp_path) -> None:
     out = tmp_path / "topo.toml"
     r = _cli(["calibrate", *TINY, "--out", str(out), "--collectives",
@@ -119,6 +120,7 @@ def test_calibrate_gloo_writes_loadable_topology(tmp_path) -> None:
     ("fault", "needle"),
     [("1:all_gather", "injected fault"), ("1:all_reduce:hang", "rank 1 did not answer within 2 s")],
 )
+@pytest.mark.slow
 def test_failed_or_stuck_child_exits_nonzero_without_output(tmp_path, fault, needle) -> None:
     out = tmp_path / "topo.toml"
     r = _cli(
@@ -137,6 +139,7 @@ def test_bad_base_topology_is_a_user_error(tmp_path) -> None:
     assert "no such preset" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_collective_check_runs_on_cpu(tmp_path) -> None:
     out = tmp_path / "check.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

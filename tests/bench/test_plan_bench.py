@@ -34,6 +34,7 @@ def _cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: floa
                           timeout=timeout)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_ones(tmp_path: Path) -> None:
     out, md = tmp_path / "r.json", tmp_path / "t.md"
     plans = ["baseline", "latent-scattered", "sp-moe", "gate-aware"]
@@ -118,6 +119,7 @@ def test_bad_inputs_exit_2_without_output(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_named_and_nothing_is_written(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     proc = _cli(

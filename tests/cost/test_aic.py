@@ -52,6 +52,7 @@ def test_bad_system_engine_or_version_is_one_line_naming_the_choices() -> None:
     assert engine_source("h200", "vllm@0.24.0").name == "aic:h200_sxm/vllm@0.24.0"
 
 
+@pytest.mark.slow
 def test_deepseek_v3_experts_at_tp8_match_the_rows_aic_measured(h200: dict[str, AicSource]) -> None:
     """Exact rows: the source must return them (within 15%, the issue's bar) at 1K-16K tokens."""
     for engine, src in h200.items():

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_report_html_renders_without_console_errors(tmp_path):
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
@@ -40,6 +41,7 @@ def test_report_html_renders_without_console_errors(tmp_path):
     assert page["title"].startswith("tpplan decision memo: kimi-k3")
 
 
+@pytest.mark.slow
 def test_the_checker_sees_errors(tmp_path):
     bad = tmp_path / "bad.html"
     bad.write_text('<!DOCTYPE html><html><body><script>console.error("boom")</script><img src="x.png"></body></html>')

@@ -142,6 +142,7 @@ def test_with_predictions_time_and_ttft_sections():
     assert a.predictor_note is None
 
 
+@pytest.mark.slow
 def test_cli_writes_all_files(tmp_path):
     out = tmp_path / "memo"
     r = run("report", "--model", "kimi-k3", "--topology", "h200x8-ib400", "--out", str(out))
@@ -273,6 +274,7 @@ EXAMPLES = {  # directory -> (command, topology, bench file)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.slow
 def test_checked_in_example_is_current(name):
     """docs/examples/<name>/report.md is what its documented command writes today."""
     pytest.importorskip("tpplan.cost.predict")

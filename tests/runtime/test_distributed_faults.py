@@ -48,6 +48,7 @@ def _rank_sum(rank: int, world: int, device: object, payload: int) -> int:
     return int(t.item())
 
 
+@pytest.mark.slow
 def test_a_port_taken_before_the_store_binds_it_starts_the_group_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process can take the free port between `_free_port` and rank 0's store (seen on CI):
     rank 0 fails to listen (EADDRINUSE) before any rank runs `fn`, and the group starts again on a
