@@ -75,7 +75,9 @@ def test_file_plan_has_the_searched_decisions(saved):
 
 def test_round_trip_of_a_named_plan_with_every_decision_kind(tmp_path):
     graph = build_model_graph(load_model("tiny-kimi-k3"))
-    for name in ("gate-aware", "input-scattered+restore", "sp-moe", "latent-scattered", "sequence-parallel+ep2"):
+    for name in (
+        "gate-aware", "input-scattered+restore", "sp-moe", "sglang-sp-moe", "latent-scattered", "sequence-parallel+ep2",
+    ):  # fmt: skip
         plan = make_plan(name, graph, 2)
         pf = plan_file_data(plan, graph, {"rank": 1}, 2)
         path = tmp_path / f"{name}.json"

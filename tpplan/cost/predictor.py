@@ -158,8 +158,9 @@ class Predictor(OpPrices):
         delta and the AttnRes bank) plus the largest live set of one op (its inputs and output)."""
         n, b, h = self.tp, self.b, self.graph.hidden
         rows_stream = t if self.plan.stream is R else math.ceil(t / n)
+        rows_bank = t if self.plan.bank_placement is R else math.ceil(t / n)
         bank = bank_snapshots(self.graph, rng.stop)  # the most the bank holds inside this stage
-        stream = (2 + bank) * rows_stream * h * b
+        stream = (2 * rows_stream + bank * rows_bank) * h * b
         peak = 0.0
         seen: set[int] = set()
         for j in rng:

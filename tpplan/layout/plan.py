@@ -19,6 +19,9 @@ A plan does not list collectives one by one. It states a few decisions, and the 
   `_tp_all_reduce_with_scattered_residual`; docs/engines.md).
 - `moe`: routed experts under tensor parallelism `tp`, expert parallelism without all-to-all
   `ep` (each rank holds E/ep experts, each split over N/ep ranks), or all-to-all dispatch `a2a`.
+- `bank`: where K3's attention-residual bank of block snapshots lives (None: with the stream). R under
+  an S(tok) stream is SGLang's default K3 SP-MoE: every rank writes every row of the bank, the
+  attention-side aggregation reads all of it, the MLP-side one its own rows (a free slice).
 - `dp_attention`: data-parallel attention (`tpplan.layout.dp_attention`): each rank's token-sharded
   rows are whole requests of its own, so token mixers run on them; the value names how the engine
   gathers and scatters around the MLP/MoE (`max_len`: all-gather / reduce-scatter of buffers
@@ -91,9 +94,15 @@ class Plan:
     moe: MoEMode = "tp"
     ep_size: int | None = None
     dp_attention: DpPadding | None = None
+    bank: Placement | None = None  # where K3's attention-residual bank lives (None: with the stream)
     engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
     found_by: str = "named"  # "named" or "search"
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def bank_placement(self) -> Placement:
+        """Where K3's attention-residual bank lives: the plan's `bank`, else the stream's placement."""
+        return self.bank if self.bank is not None else self.stream
 
     def gathers(self, producer: str) -> bool:
         return _match(self.gather, producer)
@@ -121,9 +130,10 @@ class Plan:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, object]:
-        """The decisions, as plain data (for JSON and for showing a found plan); `fold` appears only
-        where the plan folds an add (no searched plan does)."""
+        """The decisions, as plain data (for JSON and for showing a found plan); `fold` and `bank` appear
+        only where the plan sets them (no searched plan does)."""
         folded = {"fold": sorted(self.fold)} if self.fold else {}
+        banked = {"bank": str(self.bank)} if self.bank is not None else {}
         return {
             "stream": str(self.stream),
             "reduce": str(self.reduce),
@@ -134,6 +144,7 @@ class Plan:
             "token_shard": sorted(self.token_shard),
             "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
             **folded,
+            **banked,
         } | ({"dp_attention": self.dp_attention} if self.dp_attention else {})
 
 

@@ -260,7 +260,7 @@ class LayerWalk:
         self.n = n
         self.dtype_bytes = dtype_bytes
         self.res = LayerResult(lg.kind, n)
-        self.res.placements.update({"resid": plan.stream, "delta": delta, "bank": plan.stream})
+        self.res.placements.update({"resid": plan.stream, "delta": delta, "bank": plan.bank_placement})
         self.producer_of: dict[str, Op] = _producers(lg)
         self.tainted: dict[str, str] = {}  # value -> illegal op it descends from
         self.done: dict[tuple[str, Placement], Placement] = {}  # conversions issued: (value, dst) -> dst

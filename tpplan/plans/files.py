@@ -55,6 +55,7 @@ class Decisions(_Strict):
     moe: Literal["tp", "ep", "a2a"] = "tp"
     ep_size: Size | None = None
     dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
+    bank: Literal["R", "S(tok)"] | None = None  # K3's attention-residual bank (None: with the stream)
 
     @model_validator(mode="after")
     def _ep_needs_its_size(self) -> Self:
@@ -115,6 +116,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "moe": plan.moe,
             "ep_size": plan.ep_size if plan.moe == "ep" else None,
             "dp_attention": plan.dp_attention,
+            "bank": plan.bank.value if plan.bank is not None else None,
         }
     )
     return PlanFile(
@@ -223,6 +225,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         moe=moe,
         ep_size=d.ep_size,
         dp_attention=d.dp_attention,
+        bank=_placement(d.bank) if d.bank is not None else None,
         engine_notes=tuple(pf.engine_notes),
         found_by=pf.found_by,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},

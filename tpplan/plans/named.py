@@ -85,19 +85,50 @@ def sequence_parallel() -> Plan:
     )
 
 
+SP_MOE_REPLICATED = frozenset({"*moe*/moe.shared_*", "*/moe.router", "*/moe.latent_*"})
+
+
 def sp_moe(name: str = "sp-moe") -> Plan:
-    """SGLang's K3 "SP-MoE" mode: attention input all-gathered, o_proj output reduce-scattered, MoE
-    on the rank's own rows with DeepEP-style all-to-all dispatch/combine. `make_plan` also
-    accepts its older name `moe-a2a` (see ALIASES) but always returns it as `sp-moe`."""
+    """SP-MoE with the norms on the rank's rows: the normed attention input all-gathered, o_proj's
+    output reduce-scattered, MoE on the rank's own rows with all-to-all dispatch/combine. On K3 this
+    is SGLang's SGLANG_K3_SP_ATTN_RES=1 variant (bank on the rank's rows; it needs the fused SP
+    collectives), on DeepSeek-V3 vLLM's MoE sequence parallelism; SGLang's default K3 path is
+    `sglang-sp-moe`. `make_plan` also accepts its older name `moe-a2a` (see ALIASES)."""
     return Plan(
         name,
-        "SP-MoE with all-to-all experts",
-        "All-gather before attention, reduce-scatter after o_proj, MoE on local tokens with all-to-all "
-        "dispatch/combine (DeepEP-style), shared experts replicated.",
+        "SP-MoE with all-to-all experts, norms on local tokens",
+        "All-gather the normed input before attention, reduce-scatter after o_proj, MoE on local tokens with "
+        "all-to-all dispatch/combine (DeepEP-style), shared experts replicated.",
         stream=S_TOK,
         reduce=S_TOK,
         gather=frozenset({"*/layer.attn_in", "*+dense/layer.mlp_in"}),
-        replicate=frozenset({"*moe*/moe.shared_*", "*/moe.router", "*/moe.latent_*"}),
+        replicate=SP_MOE_REPLICATED,
+        moe="a2a",
+        engine_notes=engine_notes("sglang", "sp-moe"),
+    )
+
+
+def sglang_sp_moe() -> Plan:
+    """SGLang's K3 SP-MoE as it runs by default (`--moe-a2a-backend deepep|megamoe` with attention TP,
+    SGLANG_K3_SP_ATTN_RES unset; tpplan.engines.sglang): the previous MoE layer's output is added on
+    the rank's rows and the stream all-gathered (the FFN exit's `update_attn_tp_gather_output`), the
+    attention-residual aggregation and input norm run on every row against a bank every rank holds
+    whole (`bank=R`), o_proj's sum is reduce-scattered, and the post-attention aggregation, norm,
+    router, latent projections, shared experts and the all-to-all MoE run on the rank's rows. Layers
+    before the first MoE layer (and the first MoE layer's entry) keep the all-reduce path: the adds
+    fold the stream shard into one all-reduce."""
+    return Plan(
+        "sglang-sp-moe",
+        "SGLang SP-MoE (default: bank on every row)",
+        "All-gather the stream after the MoE output add; attention-residual aggregation and input norm on "
+        "every row; reduce-scatter o_proj's output; post-attention aggregation, norm and all-to-all MoE on local "
+        "tokens; dense layers all-reduce.",
+        stream=S_TOK,
+        reduce=S_TOK,
+        bank=R,
+        gather=frozenset({"*+moe/layer.attn_add"}),
+        fold=frozenset({"*/layer.attn_add", "*+dense/layer.mlp_add"}),
+        replicate=SP_MOE_REPLICATED,
         moe="a2a",
         engine_notes=engine_notes("sglang", "sp-moe"),
     )
@@ -171,7 +202,7 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
-EXTRA_PLANS = ("input-scattered+restore", "sp-moe", "sglang-input-scattered")
+EXTRA_PLANS = ("input-scattered+restore", "sp-moe", "sglang-input-scattered", "sglang-sp-moe")
 ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed name
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
@@ -203,6 +234,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         "sequence-parallel": sequence_parallel,
         "sp-moe": sp_moe,
         "sglang-input-scattered": sglang_input_scattered,
+        "sglang-sp-moe": sglang_sp_moe,
     }
     if name in simple:
         return simple[name]()
@@ -233,6 +265,7 @@ __all__ = [
     "plan_name",
     "repair",
     "sglang_input_scattered",
+    "sglang_sp_moe",
     "sp_moe",
     "with_ep",
 ]

@@ -227,7 +227,9 @@ class PlanRunner:
         h = self.graph.hidden
         resid = Held(torch.zeros(rows, h, device=self.device, dtype=self.dtype), stream)
         delta = self._dp_embed(ids, shard, rows) if plan.dp_attention else Held(self._embed(ids, shard), P)
-        bank = Held(resid.t.new_zeros(rows, 0, h), stream)
+        bank_pl = plan.bank_placement  # K3's snapshot bank: with the stream, or on every row (sglang-sp-moe)
+        bank_rows = padded_rows(t, self.n)[1] if bank_pl is S_TOK else t
+        bank = Held(resid.t.new_zeros(bank_rows, 0, h), bank_pl)
         block = self.graph.spec.attn_res_block_size
         for i, kind in enumerate(self.graph.layer_kinds):
             lg = self.graph.kinds[kind]
@@ -259,6 +261,8 @@ class PlanRunner:
             resid = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](mine, resid.t), stream)
         final = resid.t + delta.t
         if block:
+            if bank.pl is R and stream is S_TOK:  # a bank on every row: the rank's rows of it (a free slice)
+                bank = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](Move(self.comm, "bank", 0, t), bank.t), S_TOK)
             final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
                                shard.top["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
         hidden = K.rms_norm(final, shard.top["model.norm.weight"], nu.eps, nu.norm_offset)
@@ -339,10 +343,23 @@ class PlanRunner:
             if op.output in ahead:
                 self._exchange_counts_ahead(ahead[op.output], env[op.output].t, tokens)
             if boundary and op.kind is OpKind.ATTN_RES and op in lg.entry:
-                stream = str(op.attrs.get("norm_of", op.inputs[1]))
-                bank = env["bank"]
-                env["bank"] = Held(torch.cat([bank.t, env[stream].t[:, None, :]], dim=1), bank.pl)
-                env[stream] = Held(torch.zeros_like(env[stream].t), env[stream].pl)
+                self._snapshot(op, env, done, tokens)
+
+    def _snapshot(self, op: Op, env: dict[str, Held], done: dict[tuple[str, Placement], Held], tokens: int) -> None:
+        """A block boundary: the running prefix the AttnRes just read is frozen into the bank, in the
+        bank's placement (the gathered prefix where the bank is on every row and the stream is not),
+        and the prefix restarts from zero in every form this layer holds it."""
+        stream = str(op.attrs.get("norm_of", op.inputs[1]))
+        bank, held = env["bank"], env[stream]
+        snap = held if held.pl is bank.pl else done.get((stream, bank.pl))
+        if snap is None and (held.pl, bank.pl) == (R, S_TOK):
+            snap = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](Move(self.comm, stream, 0, tokens), held.t), S_TOK)
+        if snap is None:
+            raise PlanViolation(f"layer {self.tracer.layer}: the bank is {bank.pl} but `{stream}` is only {held.pl}")
+        env["bank"] = Held(torch.cat([bank.t, snap.t[:, None, :]], dim=1), bank.pl)
+        env[stream] = Held(torch.zeros_like(held.t), held.pl)
+        for key in [k for k in done if k[0] == stream]:
+            done[key] = Held(torch.zeros_like(done[key].t), done[key].pl)
 
     def _wrong_slices(self, op: Op, dec: OpDecision, env: dict[str, Held], planned: set[tuple[str, Placement]]) -> bool:
         """True where a forced run (verify --force) replaces the repair's input all-gather by the wrong slice gather."""
