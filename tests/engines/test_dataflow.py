@@ -26,15 +26,18 @@ PRESET = {
     "kimi_linear": "kimi-linear-48b",
     "qwen3": "qwen3-32b",
     "llama": "llama-3-70b",
+    "qwen3_moe": "tiny-qwen3-moe",
 }
 TP = 8
+TP_OF = {"qwen3_moe": 2}  # the tiny preset's 4 heads
 
 
 @cache
 def _walk(model_type: str, plan: str):
     spec = load_model(PRESET[model_type])
     graph = build_model_graph(spec)
-    return spec, propagate_model(graph, make_plan(plan, graph, TP), TP)
+    tp = TP_OF.get(model_type, TP)
+    return spec, propagate_model(graph, make_plan(plan, graph, tp), tp)
 
 
 def _layer_collectives(model_type: str, plan: str, kinds: str, entry: str) -> dict[str, list[tuple[str, int]]]:
@@ -69,6 +72,31 @@ VLLM_SP_PASS_LLAMA = [("RS", 8192), ("AG", 8192), ("RS", 8192), ("AG", 8192)]
 # vLLM 0.33.0 model_executor/models/deepseek_v2.py DeepseekV2DecoderLayer.forward, a MoE layer
 # entered sequence-parallel: AG(normed H) before attention, RS(H) after it, MoE all-to-all.
 VLLM_DSV3_MOE_SP = [("AG", 7168), ("RS", 7168), ("A2A", 7168)]
+# SGLang 0.5.23, Kimi-K3 with --moe-a2a-backend deepep and attention TP, SGLANG_K3_SP_ATTN_RES unset (or
+# the fused SP collectives off: H200, TP32), a MoE layer after a MoE layer (tpplan's layer boundary):
+#   layer_boundary/boundary.py _select_exit_move -> ops.update_attn_tp_gather_output: the previous MoE
+#   output written into the residual on the rank's rows, then gathered, AG(H), because the next
+#   attention read needs every row (residual/attn_bank.py _AttnReadout.reads_after_attn_tp_gather =
+#   not reads_slices; the index holds the same at attn_bank.py commit 0b306229);
+#   models/kimi_k3.py _k3_reduce_scatter_add / boundary.py _attn_tp_reduce_scatter_update_read: o_proj's
+#   sum onto the rank's rows, RS(H); the latent MoE's DeepEP dispatch/combine, A2A(3584, K3's latent).
+SGLANG_K3_SP_MOE = [("AG", 7168), ("RS", 7168), ("A2A", 3584)]
+# SGLang 0.5.23, DeepSeek-V3 (and Kimi-Linear) with --moe-a2a-backend deepep: the generic stage boundaries.
+#   layers/moe/utils.py is_moe_input_scattered_across_dp_ranks + layer_boundary/factories.py _resolve_ffn:
+#   the sparse FFN on the rank's rows; boundary.py _select_entry_step: input_layernorm on the rank's rows
+#   then attn_tp_gather_input, AG(normed H); _attn_tp_reduce_scatter_update_read, RS(H); DeepEP, A2A(H).
+SGLANG_DSV3_A2A = [("AG", 7168), ("RS", 7168), ("A2A", 7168)]
+SGLANG_KIMI_LINEAR_A2A = [("AG", 2304), ("RS", 2304), ("A2A", 2304)]
+SGLANG_QWEN3_MOE_A2A = [("AG", 64), ("RS", 64), ("A2A", 64)]  # Qwen3MoeDecoderLayer.stage_facts, tiny (H = 64)
+# vLLM 0.33.0 models/kimi_k3/nvidia/model.py KimiDecoderLayer.forward (use_sequence_parallel), a MoE
+# layer: attn_res + input norm on the shard, sp_all_gather AG(H), attention, sp_reduce_scatter RS(H),
+# KimiMoE.forward: the latent dispatched from the shard, A2A(3584).
+VLLM_K3_SP = [("AG", 7168), ("RS", 7168), ("A2A", 3584)]
+# vLLM 0.33.0 model_executor/models/qwen3_moe.py Qwen3MoeSparseMoeBlock.forward (use_sequence_parallel_moe),
+# at tpplan's layer boundary: the previous block's tensor_model_parallel_all_gather AG(H); o_proj
+# (RowParallelLinear, reduce_results=True) AR(H); sequence_parallel_chunk then the experts' A2A(H).
+# tiny-qwen3-moe (H = 64): tpplan has no Qwen3-MoE preset at real widths.
+VLLM_QWEN3_MOE_SP = [("AG", 64), ("AR", 64), ("A2A", 64)]
 # The engines' all-reduce path (SGLang's and vLLM's Megatron TP): AR after o_proj, AR after the MLP.
 BASELINE = {"deepseek_v3": 7168, "qwen3": 5120, "llama": 8192}
 
@@ -82,6 +110,19 @@ TRANSCRIBED = {
     ("sglang@main@7665ff96", "layernorm-sp", "qwen3"): SGLANG_QWEN3_LAYERNORM_SP,
     ("vllm@main@000fc94b", "moe-sp", "deepseek_v3"): VLLM_DSV3_MOE_SP,
     ("vllm@main@000fc94b", "sp-pass", "qwen3"): SGLANG_QWEN3_LAYERNORM_SP,  # the same RS + AG pattern at 5120
+    ("sglang@0.5.23", "sp-moe", "kimi_k3"): SGLANG_K3_SP_MOE,
+    ("sglang@0.5.23", "sp-moe", "deepseek_v3"): SGLANG_DSV3_A2A,
+    ("sglang@0.5.23", "sp-moe", "kimi_linear"): SGLANG_KIMI_LINEAR_A2A,
+    ("sglang@0.5.23", "sp-moe", "qwen3_moe"): SGLANG_QWEN3_MOE_A2A,
+    ("vllm@0.33.0", "moe-sp", "kimi_k3"): VLLM_K3_SP,
+    ("vllm@0.33.0", "moe-sp", "qwen3_moe"): VLLM_QWEN3_MOE_SP,
+    # The older revisions reuse the release's SP-MoE / MoE-SP reading (their notes say so).
+    ("sglang@main@7665ff96", "sp-moe", "kimi_k3"): SGLANG_K3_SP_MOE,
+    ("sglang@main@7665ff96", "sp-moe", "deepseek_v3"): SGLANG_DSV3_A2A,
+    ("sglang@main@7665ff96", "sp-moe", "kimi_linear"): SGLANG_KIMI_LINEAR_A2A,
+    ("sglang@main@7665ff96", "sp-moe", "qwen3_moe"): SGLANG_QWEN3_MOE_A2A,
+    ("vllm@main@000fc94b", "moe-sp", "kimi_k3"): VLLM_K3_SP,
+    ("vllm@main@000fc94b", "moe-sp", "qwen3_moe"): VLLM_QWEN3_MOE_SP,
 }
 # Which layers of tpplan's graph the engine's per-layer table describes, and their entry placement.
 LAYERS = {
@@ -89,6 +130,7 @@ LAYERS = {
     "layernorm-sp": ("*", "P"),
     "sp-pass": ("*", "P"),
     "moe-sp": ("*+moe", "S(tok)"),
+    "sp-moe": ("*+moe", "S(tok)"),
 }
 
 
@@ -192,3 +234,38 @@ def test_docs_engines_md_is_rendered_from_the_data():
     doc = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
     assert doc.read_text() == render(), "stale docs/engines.md: run `python -m tpplan.engines.doc > docs/engines.md`"
     assert "RS(hidden) + AG(QKV latent) + AR(hidden)" in render()
+
+
+def test_sglang_k3_sp_moe_keeps_the_bank_on_every_row():
+    """SGLang's default K3 SP-MoE (`sglang-sp-moe`): the attention-side aggregation runs on every row
+    against a bank every rank holds whole, the MLP-side one on the rank's rows; dense layers and the
+    first MoE layer's entry keep the all-reduce path (kimi_k3.py `_sp_moe` only on MoE layers). The
+    norm-on-shard `sp-moe` is the SGLANG_K3_SP_ATTN_RES=1 variant."""
+    spec, walk = _walk("kimi_k3", "sglang-sp-moe")
+    h, latent = spec.hidden, 3584
+    by = {(k, e): [(c.collective.short, c.width) for c in r.comms if not c.value.endswith(":dispatch")]
+          for (k, e), r in walk.by_entry.items()}  # fmt: skip
+    assert by[("kda+dense", "P")] == [("AR", h), ("AR", h)]
+    assert by[("kda+moe", "P")] == [("AR", h), ("RS", h), ("A2A", latent)]  # the first MoE layer
+    res = walk.by_entry[("mla+moe", "S(tok)")]
+    assert str(res.placements["bank"]) == "R" and str(res.placements["x"]) == "R"  # aggregation on T
+    assert str(res.placements["y"]) == "S(tok)"  # post-attention aggregation on T/N
+    share = {d.op.name: d.compute_share for d in res.decisions}
+    assert share["attn_attn_res"] == 1.0 and share["mlp_attn_res"] == 1 / TP
+    # The SGLANG_K3_SP_ATTN_RES=1 variant moves the same bytes but gathers another tensor: the normed
+    # input (its aggregation and norm on T/N, the bank on the rank's rows), not the stream.
+    variant = path_for(select("sglang@0.5.23").mode("sp-moe"), spec, variant=1).wiring
+    assert variant.plan == "sp-moe" and collectives(variant.dataflow, spec) == SGLANG_K3_SP_MOE
+    shard = _walk("kimi_k3", "sp-moe")[1].by_entry[("mla+moe", "S(tok)")]
+    assert str(shard.placements["x"]) == str(shard.placements["bank"]) == "S(tok)"
+    gathered = {r.comms[0].value for r in (res, shard)}
+    assert gathered == {"resid_mid", "x"}
+
+
+def test_every_engine_named_plan_is_a_plan_tpplan_builds():
+    """Each wiring's `plan` is one `make_plan` builds (a typo would make the memo name a plan nobody runs)."""
+    from tpplan.plans.named import ALL_PLANS
+
+    named = {w.plan for ev in ENGINES.values() for m in ev.modes for w in m.wiring if w.plan}
+    named |= {n.runs for ev in ENGINES.values() for m in ev.modes for n in m.not_wired} - {"refused"}
+    assert {"sglang-sp-moe", "vllm-moe-chunk", "sp-moe"} <= named and named <= set(ALL_PLANS)

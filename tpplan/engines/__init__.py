@@ -89,6 +89,14 @@ def judge(mode: Mode, d: Deployment) -> tuple[GateResult, ...]:
     return tuple(GateResult(g, *evaluate(g.check, d)) for g in mode.gates)
 
 
+def engine_plans(spec: ModelSpec, engines: tuple[str, ...] = DEFAULT_ENGINES) -> tuple[str, ...]:
+    """The tpplan plans the engines' data names as what a mode runs on this model class (in order,
+    once each): what a memo must price beside its own plans, so it compares what the engines run."""
+    modes = [m for key in engines for m in ENGINES[key].modes]
+    names = [w.plan for m in modes for w in m.wiring if w.plan and spec.model_type in w.model_types]
+    return tuple(dict.fromkeys(names))
+
+
 def widths(spec: ModelSpec) -> dict[str, int]:
     """The width keys engine dataflows use, for one model."""
     out = {"hidden": spec.hidden, "2*hidden": 2 * spec.hidden}
@@ -115,6 +123,7 @@ __all__ = [
     "GateResult",
     "Path",
     "collectives",
+    "engine_plans",
     "judge",
     "path_for",
     "select",

@@ -112,6 +112,8 @@ def _layernorm_sp_arch(d: Deployment) -> Result:
 
 def _k3_sp(sms: tuple[int, ...], tps: tuple[int, ...]) -> Callable[[Deployment], Result]:
     def check(d: Deployment) -> Result:
+        if d.spec.model_type != "kimi_k3":
+            return None, f"K3's collectives; {d.spec.model_type} runs NCCL's"
         sm = gpu_sm(d.gpu)
         where = f"{d.gpu or 'GPU unknown'}" + (f" (sm{sm})" if sm else "") + f", TP{d.tp}"
         if sm is None:

@@ -84,6 +84,16 @@ class Wiring:
     source: Source
     differences: tuple[str, ...] = ()  # what tpplan's plan does differently, outside the per-layer table
 
+    def steps_text(self) -> str:
+        """The per-layer dataflow in one line: each op with its rows, each collective with its width key."""
+        words = (
+            f"{s.collective}({s.width}) of {s.tensor.split(' (')[0]}"
+            if isinstance(s, Comm)
+            else f"{s.name} on {s.rows}"
+            for s in self.dataflow
+        )
+        return "; ".join(words)
+
 
 @dataclass(frozen=True)
 class NotWired:

@@ -21,6 +21,9 @@ PAR = _rel("vllm/config/parallel.py", "ParallelConfig.use_sequence_parallel_moe"
 DSV2 = "vllm/model_executor/models/deepseek_v2.py"
 DS_LAYER = _rel(DSV2, "DeepseekV2DecoderLayer.__init__ / forward")
 DS_MODEL = _rel(DSV2, "DeepseekV2Model.forward")
+K3_LAYER = _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiDecoderLayer.__init__ (use_sequence_parallel) / forward")
+K3_MOE = _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiMoE.forward")
+QWEN3_MOE = _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward")
 SP_MOE_BACKENDS = (
     "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
     "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "nixl_ep",
@@ -87,43 +90,59 @@ VLLM_MOE_SP = Mode(
         Wiring(
             model_types=("kimi_k3",),
             architectures=("KimiK3ForConditionalGeneration",),
-            layers="MoE layers (vllm/models/kimi_k3/nvidia)",
-            dataflow=(),
-            plan=None,
-            source=_rel("vllm/models/kimi_k3/nvidia/model.py", "KimiK3DecoderLayer.__init__ (use_sequence_parallel)"),
+            layers="every layer (K3's own gate, KimiDecoderLayer.__init__: PP 1, --enable-expert-parallel, TP > 1, "
+            "and --moe-backend deep_gemm_mega_moe or DP > 1; it does not check use_sequence_parallel_moe's "
+            "all2all-backend list); the MoE layers entered on the rank's rows",
+            dataflow=(
+                Op(
+                    "attention-residual aggregation + input_layernorm on the rank's rows (bank on the shard)",
+                    "T/N",
+                ),
+                Comm("AG", "the normed attention input (sp_all_gather, padding removed)", "hidden", K3_LAYER),
+                Op("attention (KDA or MLA), o_proj (reduce_results=False)", "T"),
+                Comm("RS", "o_proj partial sum, padded to a multiple of TP (sp_reduce_scatter)", "hidden", K3_LAYER),
+                Op("post-attention aggregation and norm, router, latent down projection, shared experts", "T/N"),
+                Comm("A2A", "expert dispatch/combine of the MoE latent from the rank's rows", "moe_latent", K3_MOE),
+            ),
+            plan="sp-moe",
+            source=K3_LAYER,
             differences=(
-                "the per-layer dataflow was not transcribed (source: unread beyond the gate: PP 1, "
-                "--enable-expert-parallel, TP > 1, and DeepGEMM MegaMoE or DP > 1)",
+                "the dense layer's MLP is replicated and runs on the rank's rows without a collective "
+                "(KimiMLP; VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT shards it with an all-gather and a reduce-scatter); "
+                "tpplan's `sp-moe` all-gathers its input and reduce-scatters its output",
+                "the embedding is all-reduced then sliced (sp_shard, KimiLinearModel.forward); tpplan reduce-scatters "
+                "it; the output aggregation runs on the rank's rows and the stream is all-gathered before the final "
+                "norm (in compute_logits); tpplan norms the rank's rows",
             ),
         ),
         Wiring(
             model_types=("qwen3_moe",),
             architectures=("Qwen3MoeForCausalLM",),
-            layers="MoE layers",
+            layers="MoE layers entered after a MoE layer (the first layer takes the embedding's all-reduce)",
             dataflow=(
                 Comm(
-                    "AR",
-                    "o_proj partial sum (attention is not SP)",
-                    "hidden",
-                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
-                ),
-                Op("MoE block: the rank's chunk of the replicated hidden (sequence_parallel_chunk)", "T/N"),
-                Comm(
-                    "A2A",
-                    "expert dispatch/combine",
-                    "moe_input",
-                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
-                ),
-                Comm(
                     "AG",
-                    "MoE output back to every row",
+                    "the previous MoE block's output back to every row (tensor_model_parallel_all_gather, padding cut)",
                     "hidden",
-                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward"),
+                    QWEN3_MOE,
                 ),
+                Op("input_layernorm (fused residual add), qkv_proj, attention", "T"),
+                Comm(
+                    "AR",
+                    "o_proj partial sum (RowParallelLinear, reduce_results=True: attention is not SP)",
+                    "hidden",
+                    _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeAttention.__init__ (o_proj)"),
+                ),
+                Op("post_attention_layernorm", "T"),
+                Op("MoE block: the rank's chunk of the replicated hidden (sequence_parallel_chunk), gate", "T/N"),
+                Comm("A2A", "expert dispatch/combine from the chunk", "moe_input", QWEN3_MOE),
             ),
-            plan=None,
-            source=_rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock"),
-            differences=("no tpplan plan all-gathers an a2a MoE output into a replicated stream",),
+            plan="vllm-moe-chunk",
+            source=QWEN3_MOE,
+            differences=(
+                "the chunk pads T to a multiple of TP and the gather cuts the padding (sequence_parallel_chunk_impl); "
+                "tpplan pads its token shard the same way",
+            ),
         ),
     ),
     not_wired=(

@@ -134,6 +134,24 @@ def sglang_sp_moe() -> Plan:
     )
 
 
+def vllm_moe_chunk() -> Plan:
+    """vLLM's MoE sequence parallelism for the models that chunk inside the MoE block (Qwen3-MoE:
+    `Qwen3MoeSparseMoeBlock.forward`, tpplan.engines.vllm): attention stays Megatron TP (o_proj
+    all-reduced, norms on every row); the MoE block takes the rank's chunk of the replicated hidden
+    (`sequence_parallel_chunk`, a free slice), routes and dispatches it by all-to-all, and all-gathers
+    its output back to every row before the next residual add."""
+    return Plan(
+        "vllm-moe-chunk",
+        "vLLM MoE on the rank's chunk, output all-gathered",
+        "All-reduce after o_proj; the MoE block takes the rank's chunk of the replicated hidden, routes and "
+        "dispatches it by all-to-all, and all-gathers its output before the next residual add.",
+        moe="a2a",
+        gather=frozenset({"*/layer.delta"}),
+        replicate=SP_MOE_REPLICATED,
+        token_shard=frozenset({"*/moe.router", "*moe*/moe.shared_*"}),
+    )
+
+
 def repair(
     graph: ModelGraph, plan: Plan, n: int, how: str, name: str, title: str, summary: str, max_rounds: int = 12
 ) -> Plan:
@@ -202,7 +220,7 @@ def restore_hidden(graph: ModelGraph, n: int) -> Plan:
 
 
 NAMED_PLANS = ("baseline", "input-scattered", "latent-scattered", "sequence-parallel", "gate-aware")
-EXTRA_PLANS = ("input-scattered+restore", "sp-moe", "sglang-input-scattered", "sglang-sp-moe")
+EXTRA_PLANS = ("input-scattered+restore", "sp-moe", "sglang-input-scattered", "sglang-sp-moe", "vllm-moe-chunk")
 ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed name
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
@@ -235,6 +253,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         "sp-moe": sp_moe,
         "sglang-input-scattered": sglang_input_scattered,
         "sglang-sp-moe": sglang_sp_moe,
+        "vllm-moe-chunk": vllm_moe_chunk,
     }
     if name in simple:
         return simple[name]()
@@ -267,6 +286,7 @@ __all__ = [
     "sglang_input_scattered",
     "sglang_sp_moe",
     "sp_moe",
+    "vllm_moe_chunk",
     "with_ep",
 ]
 

@@ -20,6 +20,7 @@ from tpplan.cost.provenance import BANDS, Provenance, composed_provenance, prove
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
+from tpplan.engines import engine_plans
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
@@ -492,7 +493,9 @@ def analyse(
             "Time, memory and TTFT predictions are turned off for this memo; "
             "the verdicts below rest on the audit's volumes, legality and memory."
         )
-    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or MEMO_PLANS)])), bool(plans), n, dtype)
+    # The memo's own plans, then the plans the engines' data says they run on this model class.
+    names = plans or [*MEMO_PLANS, *engine_plans(graph.spec, (pair[0].key, pair[1].key))]
+    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *names])), bool(plans), n, dtype)
     for v in variants:
         if v.tp * v.pp > world:
             raise TpplanError(
@@ -524,7 +527,7 @@ def analyse(
             variants.append(Variant(pl, f.tp, f.pp, audit_plan(graph, pl, f.tp, dtype), main_tp=n))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
-        for name in ("baseline", "sp-moe"):  # one node's TP, stages across nodes: with and without MoE a2a
+        for name in ("baseline", "sp-moe", "sglang-sp-moe"):  # one node's TP, stages across nodes; MoE a2a
             if not any(v.plan.name == name for v in variants) or any(
                 v.plan.name == name and v.tp == pp_tp and v.pp == pp for v in variants
             ):

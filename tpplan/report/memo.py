@@ -425,6 +425,10 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
         scat = a.variant(name)
         if scat is not None and all(scat is not v for _, v in shown):
             shown.append((name, scat))
+    # What --moe-a2a-backend deepep runs on this model class (its path sentence names the default dataflow).
+    a2a = next((v for v in map(a.variant, ("sglang-sp-moe", "sp-moe")) if v is not None), None)
+    if a2a is not None and all(a2a is not v for _, v in shown):
+        shown.append(("SGLang's MoE all-to-all path", a2a))
     for title, v in shown:
         b.append(Heading(f"{title}: {v.key}", 3))
         for e in v.engines:

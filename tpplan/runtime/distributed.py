@@ -247,6 +247,8 @@ class PlanRunner:
             if observe is not None:
                 observe(i, env)
         self.tracer.layer = len(self.graph.layer_kinds)
+        if delta.pl is S_TOK and stream is R:  # the last MoE output left on the rank's rows (vllm-moe-chunk):
+            stream = S_TOK  # the final add and norm run there, on a free slice of the stream
         if delta.pl is not stream:  # the last block's output, moved into the stream before the final norm
             # P: reduced; R under an S(tok) stream (a sandwich norm already reduced it): a free slice.
             if not (delta.pl is P or (delta.pl is R and stream is S_TOK)):

@@ -108,12 +108,16 @@ def _references() -> dict[tuple[object, ...], str]:
         latent_scattered,
         sequence_parallel,
         sglang_input_scattered,
+        sglang_sp_moe,
         sp_moe,
+        vllm_moe_chunk,
     )
 
     refs = (
         ("baseline", baseline()),
         ("sglang-input-scattered", sglang_input_scattered()),
+        ("sglang-sp-moe", sglang_sp_moe()),
+        ("vllm-moe-chunk", vllm_moe_chunk()),
         ("input-scattered", input_scattered()),
         ("latent-scattered", latent_scattered()),
         ("sequence-parallel", sequence_parallel()),

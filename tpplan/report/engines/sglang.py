@@ -63,42 +63,67 @@ def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, bas
 
 
 def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> EngineRecipe:
+    """`--moe-a2a-backend deepep` on this model class: the wiring SGLang runs by default (its first),
+    whether this plan is that path, the K3 norm-on-shard variant, or neither; the sentence names the
+    default path's dataflow and, for K3, whether its RS/AG run on the fused collectives or on NCCL."""
     mode = ev.mode("sp-moe")
     assert mode is not None
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
     common = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
-    wired = [w for w in mode.wiring if d.spec.model_type in w.model_types]
+    mt = d.spec.model_type
+    wired = [w for w in mode.wiring if mt in w.model_types]
     if not wired:
+        path = path_for(mode, d.spec)
+        nw = path.not_wired
+        if nw is not None and nw.source.read:
+            return EngineRecipe(
+                "SGLang", plan.name, tuple(base), "no", f"--moe-a2a-backend deepep does nothing on {mt} ({nw.why})",
+                path=path_sentence(ev, "SP-MoE", d.spec, path), **common,
+            )  # fmt: skip
         return EngineRecipe(
             "SGLang", plan.name, args, "partly",
             "DeepEP dispatch/combine; the engine data has no transcribed per-layer dataflow of "
-            f"--moe-a2a-backend deepep for {d.spec.model_type} (source: unread)",
-            path=f"SGLang {ev.version}: --moe-a2a-backend deepep on {d.spec.model_type} is not transcribed in tpplan's "
+            f"--moe-a2a-backend deepep for {mt} (source: unread)",
+            path=f"SGLang {ev.version}: --moe-a2a-backend deepep on {mt} is not transcribed in tpplan's "
             "engine data (source: unread).",
             **common,
         )  # fmt: skip
     equal = next((w for w in wired if w.plan == plan.name), None)
     default = wired[0]
     fused = next((r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")), None)
-    variant_on = equal is not None and equal is not default and (fused is None or fused.met is not False)
+    nccl = fused is not None and fused.met is False
+    how = (
+        f"; here its reduce-scatter and all-gather run on NCCL, not K3's fused SP collectives ({fused.detail} "
+        f"fails their gate; {fused.gate.source.cite()})"
+        if nccl and fused is not None
+        else ""
+    )
     sentence = (
-        f"SGLang {ev.version} wires SP-MoE for {d.spec.model_type} ({default.layers}; {default.source.cite()}); its "
-        f"default path is: {'; '.join(default.differences) or default.layers}."
+        f"SGLang {ev.version} wires SP-MoE for {mt} ({default.source.cite()}): by default it runs `{default.plan}` "
+        f"on {default.layers}, per layer: {default.steps_text()}{how}."
     )
     if equal is default:
-        return EngineRecipe("SGLang", plan.name, args, "yes", mode.summary, path=sentence, **common)
+        return EngineRecipe(
+            "SGLang", plan.name, args, "yes", mode.summary, notes=default.differences, path=sentence, **common
+        )
+    variant_on = equal is not None and not nccl
     if variant_on:
         return EngineRecipe(
             "SGLang", plan.name, args, "partly",
             f"{mode.summary}; this plan is SGLang's {equal.layers} path (set the environment variable)",
             notes=equal.differences, path=sentence, env=("SGLANG_K3_SP_ATTN_RES=1",), **common,
         )  # fmt: skip
+    if equal is not None:
+        return EngineRecipe(
+            "SGLang", plan.name, args, "partly",
+            f"{mode.summary}; this plan's norm-on-shard attention input needs the fused SP collectives, which this "
+            f"GPU/TP does not have: SGLang runs its default path `{default.plan}` instead",
+            notes=equal.differences, path=sentence, **common,
+        )  # fmt: skip
     return EngineRecipe(
         "SGLang", plan.name, args, "partly",
-        f"{mode.summary}; this plan's norm-on-shard attention input needs the fused SP collectives, which this "
-        "GPU/TP does not have: SGLang runs its default path instead",
-        notes=equal.differences if equal else (), path=sentence, **common,
+        f"{mode.summary}; SGLang runs `{default.plan}` on {mt}, not this plan's dataflow", path=sentence, **common,
     )  # fmt: skip
 
 
@@ -133,9 +158,15 @@ def sglang_recipe(
     if fam in ("sglang-input-scattered", "input-scattered", "input-scattered+restore"):
         r = _input_scattered(ev, plan, fam, d, base)
         return replace(r, conditions=(*pp_cond, *r.conditions))
-    if fam == "sp-moe":
+    if fam in ("sp-moe", "sglang-sp-moe"):
         r = _sp_moe(ev, plan, d, base)
         return replace(r, conditions=(*pp_cond, *r.conditions))
+    if fam == "vllm-moe-chunk":
+        return EngineRecipe(
+            "SGLang", plan.name, tuple(base), "no",
+            "no SGLang flag keeps the attention all-reduce and all-gathers a chunked MoE's output (vLLM's "
+            "Qwen3-MoE path); --moe-a2a-backend deepep runs `sp-moe`", **kw,
+        )  # fmt: skip
     if fam == "ep" and moe is not None:
         ep = plan.ep_size or tp
         return EngineRecipe(

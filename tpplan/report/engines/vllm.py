@@ -40,7 +40,13 @@ def vllm_recipe(
         base.append("--distributed-executor-backend ray")
     kw = {"version": ev.key, "launcher": ev.launcher}
     moe = _moe(spec)
-    if fam == "sp-moe":
+    if fam == "sglang-sp-moe":
+        return EngineRecipe(
+            "vLLM", plan.name, tuple(base), "no",
+            "no vLLM flag all-gathers the stream before the input norm under MoE all-to-all (SGLang's default K3 "
+            "SP-MoE); vLLM's MoE sequence parallelism norms on the rank's rows (`sp-moe`)", **kw,
+        )  # fmt: skip
+    if fam in ("sp-moe", "vllm-moe-chunk"):
         mode = ev.mode("moe-sp")
         assert mode is not None
         path = path_for(mode, spec)
