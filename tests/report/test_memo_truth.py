@@ -158,8 +158,8 @@ def check_engine_sentences(md: str) -> None:
             assert set(engines["gate-aware"].values()) == {"no"}, engines["gate-aware"]
     bottom = next((p for p in paragraphs(section(md, "Answer")) if p.startswith("**Switch")), "")
     m = re.match(r"\*\*Switch(?:, if its conditions hold,)? from `[^`]+` to `([^`]+)`", bottom)
-    if m and "SGLang flags realise it" in bottom:
-        assert engines[m[1]]["SGLang"] == "yes"
+    if m and "SGLang flags realise it" in bottom:  # the engine column names the version (sglang@...)
+        assert [r for e, r in engines[m[1]].items() if e.lower().startswith("sglang")] == ["yes"], engines[m[1]]
 
 
 def check_bottom_line(md: str, band: float) -> None:
@@ -258,6 +258,7 @@ FLAG_MODE = {
     "the sequence-parallelism pass": "sp-pass",
 }
 RUNS_PLAN = re.compile(r"--enable-attn-tp-input-scattered runs `([\w+-]+)` on (\w+)")
+SP_MOE_DEFAULT = re.compile(r"wires SP-MoE for (\w+) .*?: by default it runs `([\w+-]+)`")
 
 
 def check_engine_paths(a: object, md: str) -> None:
@@ -277,6 +278,14 @@ def check_engine_paths(a: object, md: str) -> None:
     for plan, model_type in RUNS_PLAN.findall(md):
         mode = select(a.engines[0]).mode("input-scattered")  # type: ignore[attr-defined]
         assert path_for(mode, spec).runs_plan == plan, f"memo: the flag runs {plan} on {model_type}"
+    for model_type, plan in SP_MOE_DEFAULT.findall(md):
+        mode = select(a.engines[0]).mode("sp-moe")  # type: ignore[attr-defined]
+        assert path_for(mode, spec).runs_plan == plan, f"memo: deepep runs {plan} by default on {model_type}"
+    for v in a.variants:  # type: ignore[attr-defined]
+        for e in v.engines:  # the norm-on-shard K3 variant only where its fused collectives run
+            if "SGLANG_K3_SP_ATTN_RES=1" in e.env:
+                fused = [c for c in e.conditions if "fused SP" in c.text]
+                assert fused and all(c.met is True for c in fused), (v.key, fused)
     assert "really runs input-scattered+restore" not in md  # the claim issue 24 found false
     if a.variant("sglang-input-scattered") is not None:  # type: ignore[attr-defined]
         assert seen, "the memo never says what SGLang does with --enable-attn-tp-input-scattered here"
@@ -324,6 +333,21 @@ def test_k3_memo_starts_from_what_the_engine_does_with_the_flag():
     assert "does not wire --enable-attn-tp-input-scattered for kimi_k3" in first and "kimi_k3.py" in first
 
 
+def test_k3_memo_says_what_deepep_runs_on_h200():
+    """Issue 24: with --moe-a2a-backend deepep on H200 at TP32, SGLang runs K3's default SP-MoE path
+    (the bank on every row: `sglang-sp-moe`) on NCCL, not the fused SP collectives; the memo prices
+    that plan, says so with its source, and never prints the SGLANG_K3_SP_ATTN_RES=1 variant's line."""
+    a, md = memo_for("kimi-k3")
+    engines = section(md, "Engine flags")
+    said = re.findall(r"wires SP-MoE for kimi_k3 .*?: by default it runs `sglang-sp-moe`.*?run on NCCL.*", engines)
+    assert said and all("k3_sp_collective.py" in x and re.search(r"H200 \(sm90\), TP\d+ fails", x) for x in said)
+    assert any("TP32 fails" in x for x in said)  # today's shape; the TP8 x PP4 choice fails on sm90 too
+    assert "SGLANG_K3_SP_ATTN_RES=1 python" not in md
+    sgl = next(e for e in a.variant("sglang-sp-moe").engines if e.engine == "SGLang")
+    assert sgl.realises == "yes" and "--moe-a2a-backend deepep" in sgl.args
+    assert "| `sglang-sp-moe` |" in section(md, "Answer") + section(md, "Verdicts") + md
+
+
 def test_identical_decisions_get_identical_engine_verdicts():
     """On DeepSeek-V3 gate-aware repairs nothing: same decisions as input-scattered, same verdicts."""
     a, _ = memo_for("deepseek-v3")
@@ -350,6 +374,7 @@ def test_the_checks_can_fail():
             "SGLang 0.5.23 wires --enable-attn-tp-input-scattered for deepseek_v3",
             "SGLang 0.5.23 does not wire --enable-attn-tp-input-scattered for deepseek_v3",
         ),
+        "deepep path": md.replace("by default it runs `sp-moe`", "by default it runs `sglang-sp-moe`"),
     }
     checks = {
         "answer word": check_answer_word,
@@ -357,6 +382,7 @@ def test_the_checks_can_fail():
         "units": check_numbers,
         "term": lambda m: check_terms(a, m),
         "engine path": lambda m: check_engine_paths(a, m),
+        "deepep path": lambda m: check_engine_paths(a, m),
     }
     for name, text in bad.items():
         assert text != md, name
