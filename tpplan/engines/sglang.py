@@ -233,8 +233,8 @@ SGL_SP_MOE = Mode(
         Wiring(
             model_types=("kimi_k3",),
             architectures=("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM"),
-            layers="MoE layers (dense layers keep the all-reduce path); SGLANG_K3_SP_ATTN_RES unset, or the fused "
-            "SP collectives off (H200, TP32): the attention-residual bank on every row",
+            layers="MoE layers (dense layers keep the all-reduce path), SGLANG_K3_SP_ATTN_RES unset or the fused "
+            "SP collectives off: the attention-residual bank on every row",
             dataflow=K3_SP_DEFAULT,
             plan="sglang-sp-moe",
             source=_rel(K3, "_shards_moe_rows / _stage_facts / KimiK3DecoderLayer.forward"),

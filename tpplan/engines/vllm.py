@@ -90,9 +90,9 @@ VLLM_MOE_SP = Mode(
         Wiring(
             model_types=("kimi_k3",),
             architectures=("KimiK3ForConditionalGeneration",),
-            layers="every layer (K3's own gate, KimiDecoderLayer.__init__: PP 1, --enable-expert-parallel, TP > 1, "
-            "and --moe-backend deep_gemm_mega_moe or DP > 1; it does not check use_sequence_parallel_moe's "
-            "all2all-backend list); the MoE layers entered on the rank's rows",
+            layers="every layer, MoE layers entered on the rank's rows; K3's own gate (KimiDecoderLayer.__init__): "
+            "PP 1, --enable-expert-parallel, TP > 1, and --moe-backend deep_gemm_mega_moe or DP > 1, without "
+            "use_sequence_parallel_moe's all2all-backend list",
             dataflow=(
                 Op(
                     "attention-residual aggregation + input_layernorm on the rank's rows (bank on the shard)",
