@@ -97,6 +97,7 @@ class Plan:
     bank: Placement | None = None  # where K3's attention-residual bank lives (None: with the stream)
     engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
     found_by: str = "named"  # "named" or "search"
+    notes: tuple[str, ...] = field(default=(), compare=False)  # for the user: where the plan came from
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     @property
