@@ -269,3 +269,13 @@ def test_every_engine_named_plan_is_a_plan_tpplan_builds():
     named = {w.plan for ev in ENGINES.values() for m in ev.modes for w in m.wiring if w.plan}
     named |= {n.runs for ev in ENGINES.values() for m in ev.modes for n in m.not_wired} - {"refused"}
     assert {"sglang-sp-moe", "vllm-moe-chunk", "sp-moe"} <= named and named <= set(ALL_PLANS)
+
+
+def test_memos_price_the_plans_the_engines_run_on_the_model_class():
+    """`engine_plans`: what the memo adds beside its own plans, from the engine data only."""
+    from tpplan.engines import engine_plans
+
+    assert "sglang-sp-moe" in engine_plans(load_model("kimi-k3"))
+    assert "vllm-moe-chunk" in engine_plans(load_model("tiny-qwen3-moe"))
+    assert "sglang-sp-moe" not in engine_plans(load_model("deepseek-v3"))  # SGLang runs sp-moe there
+    assert not {"sglang-sp-moe", "vllm-moe-chunk"} & set(engine_plans(load_model("llama-3-70b")))
