@@ -137,7 +137,9 @@ class Plan:
             "token_shard": sorted(self.token_shard),
             "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
             **folded,
-        } | ({"dp_attention": self.dp_attention} if self.dp_attention else {})
+        } | ({"dp_attention": self.dp_attention} if self.dp_attention else {}) | (
+            {"overlap": self.overlap} if self.overlap else {}
+        )
 
 
 # The baseline and its EP variant live beside Plan, not with the other named plans
