@@ -126,8 +126,7 @@ class Plan:
     def describe(self) -> dict[str, object]:
         """The decisions, as plain data (for JSON and for showing a found plan); `fold` appears only
         where the plan folds an add (no searched plan does)."""
-        folded = {"fold": sorted(self.fold)} if self.fold else {}
-        return {
+        out: dict[str, object] = {
             "stream": str(self.stream),
             "reduce": str(self.reduce),
             "gather": sorted(self.gather),
@@ -136,10 +135,14 @@ class Plan:
             "replicate": sorted(self.replicate),
             "token_shard": sorted(self.token_shard),
             "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
-            **folded,
-        } | ({"dp_attention": self.dp_attention} if self.dp_attention else {}) | (
-            {"overlap": self.overlap} if self.overlap else {}
-        )
+        }
+        if self.fold:
+            out["fold"] = sorted(self.fold)
+        if self.dp_attention:
+            out["dp_attention"] = self.dp_attention
+        if self.overlap:
+            out["overlap"] = self.overlap
+        return out
 
 
 # The baseline and its EP variant live beside Plan, not with the other named plans
