@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Sequence
 
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time, has_table
-from tpplan.cost.gpu import GpuSpec, SourceRef
+from tpplan.cost.gpu import ENGINES, GpuSpec, SourceRef, parse_engine
 from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
 from tpplan.errors import TpplanError
 
@@ -28,7 +28,6 @@ SOURCE_ADAPTERS: dict[str, tuple[str, str]] = {
     "aic": ("tpplan.cost.sources.aic", "AicSource"),
     "aic-fitted": ("tpplan.cost.sources.aic_fitted", "AicFittedSource"),
 }
-ENGINES = ("sglang", "vllm", "trtllm")
 
 # Names of tpplan's own pricing, as `KernelPrice.source` and `OpTime.source` carry them.
 GEMM_TABLE = "gemm-table"
@@ -39,14 +38,6 @@ PROFILE = "kernel-profile"
 
 _GEMM_CACHE: dict[tuple[object, ...], float] = {}  # formula GEMM seconds per (GPU, shape, dtype, weight bytes)
 _SOURCES: dict[tuple[object, ...], tuple[KernelSource, ...]] = {}
-
-
-def parse_engine(engine: str) -> tuple[str, str | None]:
-    """'sglang@0.5.14' -> ('sglang', '0.5.14'); 'vllm' -> ('vllm', None)."""
-    name, _, version = engine.partition("@")
-    if name not in ENGINES:
-        raise TpplanError(f"--engine {engine}", "unknown serving engine", f"use one of {', '.join(ENGINES)}[@version]")
-    return name, version or None
 
 
 def build_source(ref: SourceRef) -> KernelSource:

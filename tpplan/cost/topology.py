@@ -30,6 +30,7 @@ from tpplan.cost.cluster import (
     InterLink,
     IntraLink,
 )
+from tpplan.cost.compute import kernel_sources
 from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef, Strict
 from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import parse_toml
@@ -244,8 +245,6 @@ def select_topology(
     topo = load_topology(topology if topology is not None else cluster, nodes, gpu=gpu, cluster=cluster)  # type: ignore[arg-type]
     if engine is None:
         return topo
-    from tpplan.cost.compute import kernel_sources
-
     topo = topo.model_copy(update={"gpu": topo.gpu.with_engine(engine), "name": f"{topo.name}/{engine}"})
     kernel_sources(topo.gpu)
     return topo

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpplan.models.cuts import FULL, Cut
-from tpplan.models.graph import Op, OpKind, Value, WeightSplit
 from tpplan.models.numerics import Numerics
 from tpplan.models.opkind_types import (
     TRUE,
@@ -25,6 +24,7 @@ from tpplan.models.opkind_types import (
     no_params,
     same_placement,
 )
+from tpplan.models.ops import Op, OpKind, Value, WeightSplit
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
 
 # ----------------------------------------------------------------------------------------------

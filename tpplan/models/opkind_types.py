@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpplan.models.cuts import FULL, Cut
-from tpplan.models.graph import Op, OpKind, Value
 from tpplan.models.numerics import Numerics
+from tpplan.models.ops import Op, OpKind, Value
 from tpplan.placement import S_TOK, Placement, R
 
 Params = dict[str, tuple[str, tuple[int, ...]]]  # local key -> (name under model.layers.{i}., full shape)

@@ -16,7 +16,6 @@ The types are `models/opkind_types.py`, the per-kind definitions and their table
 
 from __future__ import annotations
 
-from tpplan.models.graph import Op, OpKind
 from tpplan.models.numerics import Numerics
 from tpplan.models.opkind_defs import OP_KINDS, run_experts
 from tpplan.models.opkind_types import (
@@ -31,6 +30,7 @@ from tpplan.models.opkind_types import (
     mixer,
     register_mixer,
 )
+from tpplan.models.ops import Op, OpKind
 
 
 def op_kind(kind: OpKind) -> OpKindDef:

@@ -27,8 +27,8 @@ from tpplan.models.families._common import (
     validate,
     wrapped_text,
 )
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
 
 # ----------------------------------------------------------------------------------------------

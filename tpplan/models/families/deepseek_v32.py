@@ -27,8 +27,8 @@ from tpplan.models.families import Family, register
 from tpplan.models.families._common import Raw, validate
 from tpplan.models.families.deepseek_v3 import build_mla, mla_kv_bytes, mla_numerics, run_mla
 from tpplan.models.families.deepseek_v3 import build_spec as build_v3_spec
-from tpplan.models.graph import Builder, Op, OpKind, Value, WeightSplit
 from tpplan.models.opkinds import Mixer, Params, Strategy, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, Value, WeightSplit
 from tpplan.models.spec import LayerSpec, MLASpec, ModelSpec
 from tpplan.placement import Placement, R
 

@@ -28,8 +28,8 @@ from tpplan.models.families._common import (
 )
 from tpplan.models.families.deepseek_v32 import mtp_note
 from tpplan.models.families.gqa import build_gqa, gqa_kv_bytes
-from tpplan.models.graph import Builder
 from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.ops import Builder
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 

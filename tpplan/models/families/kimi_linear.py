@@ -30,8 +30,8 @@ from tpplan.models.families._common import (
     wrapped_text,
 )
 from tpplan.models.families.deepseek_v3 import mla_numerics
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, KDASpec, LayerSpec, ModelSpec
 
 STATE_ELEM_BYTES = 4  # the delta-rule state is kept in fp32

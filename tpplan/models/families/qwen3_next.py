@@ -18,8 +18,8 @@ from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, Cut, head_range
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import GQAFields, MoEFields, qwen_moe_layer, validate
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, GDNSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
 
 # ----------------------------------------------------------------------------------------------
