@@ -50,7 +50,7 @@ def build_source(ref: SourceRef) -> KernelSource:
     except ImportError as exc:
         raise TpplanError(f"kernel source {ref.kind}", f"this build cannot load it ({exc})",
                           'pip install "tpplan[aic]"') from None  # fmt: skip
-    return factory(ref.system, ref.engine or "sglang", _held_version(ref))  # type: ignore[no-any-return]
+    return factory(ref.system, ref.engine or "sglang", _held_version(ref))
 
 
 def _held_version(ref: SourceRef) -> str | None:

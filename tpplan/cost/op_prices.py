@@ -20,6 +20,7 @@ from tpplan.cost.collectives import nccl_bytes
 from tpplan.cost.comm import price_collective
 from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
 from tpplan.cost.deployment import Deployment
+from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
 from tpplan.cost.kernel_models import KernelModels
@@ -76,7 +77,7 @@ class OpPrices:
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
         self.counts = graph.counts()
         self.b = DTYPE_BYTES[dtype]
-        self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
+        self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
         self.rpn = self.deployment.ranks_per_node(g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
@@ -107,7 +108,7 @@ class OpPrices:
         self.op_weights = self.stored.op_weights
         self.expert_override = self.stored.expert_override
         self.expert_bytes = self.stored.expert_bytes
-        self.experts_gemm_dtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
+        self.experts_gemm_dtype: GemmDtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
         # The experts' stored format, as a kernel source's MoE shape names it.
         fmt = expert_dtype or ("fp8" if self.experts_gemm_dtype == "fp8" else "bf16")
         self.moe_dtype = "mxfp4" if self.expert_bytes < 0.75 else ("fp8" if fmt == "fp8" else fmt)
@@ -161,8 +162,8 @@ class OpPrices:
     def _experts(self, d: OpDecision, t: int) -> tuple[float, float, float, tuple[int, int, int]]:
         """Grouped expert GEMMs (gate+up, then down) on one rank: rows routed to its experts."""
         op = d.op
-        e, k = int(op.attrs["experts"]), int(op.attrs["top_k"])
-        ew, inter = int(op.attrs["width"]), int(op.attrs["intermediate"])
+        e, k = op.int_attr("experts"), op.int_attr("top_k")
+        ew, inter = op.int_attr("width"), op.int_attr("intermediate")
         n = self.tp
         if d.split == "a2a":
             e_loc, i_loc, rows = e // n, inter, t * k / n
@@ -259,7 +260,7 @@ class OpPrices:
             secs, cat = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), "attention"
             impl = str(op.attrs.get("impl"))
             model = self._model(impl)
-            heads = int(op.attrs.get("heads", 1))
+            heads = op.int_attr("heads", 1)
             h_rank = max(1, round(heads * share))
             dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
             if model is not None:
@@ -278,7 +279,7 @@ class OpPrices:
             impl = str(op.attrs.get("impl"))
             model = self._model(impl)
             # GDN's state, and its work, is per v head (a key head serves v_heads / k_heads of them)
-            heads = int(op.attrs.get("v_heads", op.attrs.get("heads", 1)))
+            heads = op.int_attr("v_heads", op.int_attr("heads", 1))
             h_rank = max(1, round(heads * d.compute_share))
             phys = None if model is None else model.recurrence(impl, h_rank, t)
             secs = secs if phys is None else phys
@@ -337,10 +338,10 @@ class OpPrices:
         batch = max(1, len(segs))
         t = sum(n for n, _ in segs)
         ctx = sum(c for _, c in segs)
-        kv = max(1, round(int(op.attrs.get("kv_heads", op.attrs.get("heads", 1))) * share))
-        window = op.attrs.get("window")
+        kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))
+        window = op.int_attr("window") if op.attrs.get("window") else None
         shape = AttentionShape(max(1, t // batch), ctx // batch, heads, heads if impl == "mla" else kv, dqk, dv,
-                               "mla" if impl == "mla" else "mha", int(window) if window else None, batch)  # fmt: skip
+                               "mla" if impl == "mla" else "mha", window, batch)  # fmt: skip
         price = self.compute.attention(shape)
         if price is None:
             return secs

@@ -173,7 +173,7 @@ class Predictor(OpPrices):
                 live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
                 if d.op.kind is OpKind.EXPERTS:
                     _, _, _, (m, _, n2) = self._experts(d, t)
-                    live += m * (int(d.op.attrs["width"]) + n2 + n2 // 2) * b  # gathered rows + intermediates
+                    live += m * (d.op.int_attr("width") + n2 + n2 // 2) * b  # gathered rows + intermediates
                 peak = max(peak, live)
         return stream + peak
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeGuard
 
 from pydantic import Field, model_validator
 
@@ -216,9 +216,10 @@ def load_topology(
     if nodes is not None:
         data["nodes"] = nodes
     n = data.get("nodes")
+    per_node = data.get("gpus_per_node")
     if isinstance(n, int) and not isinstance(n, bool) and (nodes is not None or isinstance(data.get("intra"), dict)):
         _check_network(str(data.get("name", name_or_path)), n, data.get("inter") is not None,
-                       data.get("gpus_per_node") if isinstance(data.get("gpus_per_node"), int) else 0)  # fmt: skip
+                       per_node if isinstance(per_node, int) else 0)  # fmt: skip
     return validate(Topology, data, where)
 
 
@@ -283,12 +284,12 @@ def _toml_table(data: dict[str, object], prefix: str, out: list[str]) -> None:
         if isinstance(v, dict):
             _toml_table(v, key, out)
         elif _is_table_list(v):
-            for item in v:  # type: ignore[union-attr]
+            for item in v:
                 out.append(f"\n[[{key}]]")
                 out.extend(f"{ik} = {_toml_value(iv)}" for ik, iv in item.items())
 
 
-def _is_table_list(v: object) -> bool:
+def _is_table_list(v: object) -> TypeGuard[list[dict[str, object]]]:
     return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
 

@@ -76,8 +76,8 @@ def check_rope(value: object, where: str) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        got = type(value).__name__
-        raise TpplanError(where, f"must be an object or null, not a {got}", "copy it from the checkpoint")
+        kind_of = type(value).__name__
+        raise TpplanError(where, f"must be an object or null, not a {kind_of}", "copy it from the checkpoint")
     kind = value.get("rope_type", value.get("type", "default"))
     if kind not in ROPE_PARAMETERS:
         raise TpplanError(

@@ -7,8 +7,10 @@ builders), so the builders can import these without importing the assembly that 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import SupportsFloat, SupportsInt
 
 from tpplan.models.spec import LayerSpec
 
@@ -73,6 +75,35 @@ class Op:
         the residual add, or a sandwich norm on the block output (Gemma). It reduces to the plan's
         stream placement (all-reduce for R, reduce-scatter for S(tok)), not to the `reduce` target."""
         return self.role.startswith("layer.") and (self.kind is OpKind.ADD or bool(self.attrs.get("block_output")))
+
+    def int_attr(self, key: str, default: int | None = None) -> int:
+        """`attrs[key]` as an int. Attrs hold the builders' mixed facts (counts, names, flags, layouts),
+        so each reader names the kind it expects and a wrong one fails here, not in arithmetic."""
+        value = self.attrs.get(key, default)
+        if not isinstance(value, SupportsInt):
+            raise TypeError(f"op {self.name}: attrs[{key!r}] is {value!r}, not a number")
+        return int(value)
+
+    def float_attr(self, key: str, default: float | None = None) -> float:
+        """`attrs[key]` as a float (see `int_attr`)."""
+        value = self.attrs.get(key, default)
+        if not isinstance(value, SupportsFloat):
+            raise TypeError(f"op {self.name}: attrs[{key!r}] is {value!r}, not a number")
+        return float(value)
+
+    def parts(self) -> Mapping[str, int]:
+        """A fused projection's parts: HF weight name -> its rows, in order (empty: not fused)."""
+        value = self.attrs.get("parts") or {}
+        if not isinstance(value, Mapping):
+            raise TypeError(f"op {self.name}: attrs['parts'] is {value!r}, not a name -> rows mapping")
+        return value
+
+    def head_blocks(self) -> Sequence[Sequence[int]]:
+        """Per part, the row blocks of one head group ([q, k, v] dims: Qwen3-Next's in_proj_qkvz)."""
+        value = self.attrs.get("head_blocks", ())
+        if not isinstance(value, Sequence):
+            raise TypeError(f"op {self.name}: attrs['head_blocks'] is {value!r}, not a list of blocks")
+        return value
 
     @property
     def weight_numel(self) -> int:

@@ -18,7 +18,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _table(header: list[str], rows: list[list[object]]) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     def cell(v: object) -> str:
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
@@ -346,7 +346,7 @@ def k3_experts(system: str = "h200_sxm", tokens: int = 8192, say: Say = _say) ->
         for dtype in ("bf16", "fp8_block"):
             row: list[object] = [engine, dtype]
             for tp, ep in ((8, 1), (1, 8)):
-                shape = MoeShape(tokens, tp=tp, ep=ep, dtype=dtype, **KIMI_K3)  # type: ignore[arg-type]
+                shape = MoeShape(tokens, tp=tp, ep=ep, dtype=dtype, **KIMI_K3)
                 if measured.moe(shape) is not None:
                     raise AssertionError(f"{measured.name} has a row for K3: price it from there")
                 p = fitted.moe(shape)

@@ -27,7 +27,7 @@ from tpplan.models.families._common import (
     validate,
     wrapped_text,
 )
-from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.opkinds import Kernels, Mixer, RunCtx, State, Tensor, Weights, register_mixer
 from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
 
@@ -182,11 +182,11 @@ def _latent_norm(b: Builder, part: str) -> None:
     b.ops[-1].attrs["latent_eps"] = True
 
 
-def run_mla(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def run_mla(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     """MLA core on this rank's heads: widths from the graph's values, RoPE unless NoPE (Kimi-Linear)."""
     a = op.attrs
     q, kv, k_rope = inputs[:3]
-    n = int(a["heads"])
+    n = op.int_attr("heads")
     rope_dim = k_rope.shape[1]
     qk = ctx.per_head(op.inputs[0], n)
     nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
