@@ -31,6 +31,7 @@ from tpplan.plans.named import make_plan
 from tpplan.report.crossover import Crossover, crossovers
 from tpplan.report.engines import EngineRecipe, recipes
 from tpplan.report.verdicts import BottomLine, NextStep, Verdict, bottom_line, judge, next_steps
+from tpplan.units import GIB
 
 PredictFn = Callable[..., Any]
 
@@ -203,14 +204,6 @@ class Analysis:
     @property
     def first_workload(self) -> str | None:
         return self.workloads[0].name if self.workloads else None
-
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:,.1f} GiB"
-
-
-def _pct(x: float, base: float) -> float:
-    return 0.0 if not base else 100.0 * (x - base) / base
 
 
 def attn_formula(res: LayerResult, n: int) -> str:
@@ -571,7 +564,7 @@ def analyse(
     from tpplan.search.ranking import memory_cap_gib_of
 
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
-    limit = cap_gib * 2**30 if cap_gib is not None else float("inf")
+    limit = cap_gib * GIB if cap_gib is not None else float("inf")
 
     def shape_base(v: Variant) -> Variant | None:
         return next((b for b in variants if b.plan.name == "baseline" and (b.tp, b.pp) == (v.tp, v.pp)), None)
