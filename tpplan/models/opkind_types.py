@@ -51,7 +51,7 @@ class ShardCtx:
 
     split: str  # col | row | replicated | none, or the MoE mode tp | ep | a2a
     output: Placement
-    n: int
+    tp: int
     rank: int
     ep_size: int | None = None
 
@@ -135,7 +135,7 @@ class OpKindDef:
     """Everything tpplan knows about one op kind, in one place.
 
     rule(op, split, values, prefer_tokens) -> strategies in order of preference;
-    why(op, needed, got, n) -> a sentence for the audit, or None (generic wording);
+    why(op, needed, got, tp) -> a sentence for the audit, or None (generic wording);
     cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
     params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
     run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.

@@ -114,7 +114,7 @@ def _indexer_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
     return [Strategy((R,) * len(op.inputs), R)]
 
 
-def _indexer_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+def _indexer_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
     return (
         "the indexer scores each query against every earlier token's key and takes the top-k of a sum over "
         "all its heads, so it needs every token's key and weights (its top-k is not a per-rank partial result)"

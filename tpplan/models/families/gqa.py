@@ -147,7 +147,7 @@ def _gqa_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     out = dict.fromkeys(params, FULL)
     if "sinks" in params:
         heads = op.int_attr("heads")
-        out["sinks"] = head_cut(0, heads, heads, sc.n, sc.rank)
+        out["sinks"] = head_cut(0, heads, heads, sc.tp, sc.rank)
     return out
 
 

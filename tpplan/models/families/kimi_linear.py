@@ -40,7 +40,7 @@ STATE_ELEM_BYTES = 4  # the delta-rule state is kept in fp32
 
 
 def _conv_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
-    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.n, sc.rank)}
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.tp, sc.rank)}
 
 
 register_mixer(
@@ -185,8 +185,8 @@ def _kda_params(op: Op, numerics: Any) -> Params:
 def _kda_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     heads, d = op.int_attr("heads"), op.int_attr("head_dim")
     return {
-        "A_log": head_cut(0, heads, heads, sc.n, sc.rank),
-        "dt_bias": head_cut(0, heads * d, heads, sc.n, sc.rank),
+        "A_log": head_cut(0, heads, heads, sc.tp, sc.rank),
+        "dt_bias": head_cut(0, heads * d, heads, sc.tp, sc.rank),
     }
 
 

@@ -103,7 +103,7 @@ def _gdn_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     """The conv's channels are [q (all heads) | k (all heads) | v (all heads)]: three ranges per rank."""
     nk, nv = op.int_attr("k_heads"), op.int_attr("v_heads")
     dk, dv = op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
-    lo, hi = head_range(nk, sc.n, sc.rank)
+    lo, hi = head_range(nk, sc.tp, sc.rank)
     r = nv // nk
     conv = Cut(0, ((lo * dk, hi * dk), (nk * dk + lo * dk, nk * dk + hi * dk),
                    (2 * nk * dk + lo * r * dv, 2 * nk * dk + hi * r * dv)))  # fmt: skip
