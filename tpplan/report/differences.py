@@ -17,8 +17,8 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
-from tpplan.report.analysis import Analysis, Variant, held_weights, ttft_mean
 from tpplan.report.engines import family
+from tpplan.report.results import Analysis, Variant, held_weights, ttft_mean
 from tpplan.units import GIB, gib, pct_change
 
 Paragraph = tuple[str, str] | None

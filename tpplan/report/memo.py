@@ -14,9 +14,9 @@ from types import ModuleType
 
 from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
-from tpplan.report.analysis import Analysis, held_weights, kind_times, ttft_mean
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
+from tpplan.report.results import Analysis, held_weights, kind_times, ttft_mean
 from tpplan.units import gib, pct_change, signed_pct
 
 PNG_VOLUME = "volume_vs_tp.png"

@@ -8,61 +8,10 @@ or does not fit in GPU memory is never a YES. The rules are written out in docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from tpplan.cost.provenance import Provenance, within_band
 from tpplan.report.engines import EngineRecipe
+from tpplan.report.results import BottomLine, NextStep, Variant, Verdict, held_weights, memory_fit, ttft_mean
 from tpplan.units import gib, pct_change
-
-if TYPE_CHECKING:
-    from tpplan.report.analysis import Variant
-
-# Verdict statuses and the word the memo's answer uses for each.
-STATUS_WORDS = {
-    "reference": "It is today's deployment",
-    "YES": "Yes",
-    "NO": "No",
-    "CONDITIONAL": "Yes, with conditions",
-    "TOO CLOSE": "Too close to call",
-    "OPEN": "Open",
-}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    key: str
-    status: str  # one of STATUS_WORDS
-    headline: str
-    reasons: tuple[str, ...]
-    formula: str
-
-
-@dataclass(frozen=True)
-class NextStep:
-    key: str
-    gain: float  # seconds (predicted TTFT) or fraction of bytes (volume basis)
-    rel: float  # gain as a fraction of today's value
-    basis: str
-    price: str
-    engine: str
-    engine_ok: bool  # an engine flag realises it as is
-    clear: bool  # the gain exceeds the error band (always False on a volume basis)
-    conditions: tuple[str, ...] = ()  # what must hold for it to run as predicted (engine support, memory)
-
-    @property
-    def timed(self) -> bool:
-        return "TTFT" in self.basis
-
-    def gain_text(self) -> str:
-        return f"{self.gain:.3f} s ({100 * self.rel:.1f}%)" if self.timed else f"{100 * self.gain:.1f}% bytes"
-
-
-@dataclass(frozen=True)
-class BottomLine:
-    action: str  # "switch" | "keep"
-    target: str  # the variant to run next (today's when keeping)
-    text: str
 
 
 def engine_ok(e: EngineRecipe | None) -> bool:
@@ -125,7 +74,6 @@ def judge(
     the memo's --memory-cap, also for the weights-only check when there is no memory prediction).
     When `v` runs at another TP x PP than `ref`, `shape_base` (baseline at `v`'s shape) splits the
     change into the deployment's and the plan's."""
-    from tpplan.report.analysis import held_weights, memory_fit, ttft_mean
 
     vol = pct_change(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
     fit = memory_fit(v, gpu_bytes)
@@ -215,7 +163,6 @@ def next_steps(
 ) -> list[NextStep]:
     """Legal plans that fit and beat today's deployment, ranked by predicted TTFT gain (by bytes
     saved when there is no time prediction; other parallel shapes are then left out)."""
-    from tpplan.report.analysis import held_weights, memory_fit, ttft_mean
 
     steps: list[NextStep] = []
     t_r = ttft_mean(ref, wl) if wl else None
@@ -253,7 +200,6 @@ def next_steps(
 
 def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Provenance) -> BottomLine:
     """Switch to the best next step when its predicted gain exceeds the error band, else keep."""
-    from tpplan.report.analysis import ttft_mean
 
     cur = f"`{ref.key}`"
     band_txt = f"±{100 * band.band:.1f}% error band of predictions {band.label}"
@@ -301,4 +247,4 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
     return BottomLine("switch", top.key, text)
 
 
-__all__ = ["STATUS_WORDS", "BottomLine", "NextStep", "Verdict", "bottom_line", "engine_ok", "judge", "next_steps"]
+__all__ = ["bottom_line", "engine_ok", "judge", "next_steps"]
