@@ -18,7 +18,7 @@ from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, Violation, propagate_model
 from tpplan.models.config import load_model
-from tpplan.models.graph import ModelGraph, OpKind, build_model_graph
+from tpplan.models.graph import ModelGraph, Op, OpKind, build_model_graph
 from tpplan.models.quant import op_weights
 from tpplan.placement import P
 from tpplan.plans.named import NAMED_PLANS, make_plan
@@ -66,12 +66,12 @@ class StoredWeights:
                 self.expert_bytes = w.full_bytes / op.weight_numel
                 self.experts_fp8 = w.fmt.compute == "fp8"
 
-    def per_element(self, kind: str, op: object) -> float:
+    def per_element(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` in layer kind `kind` (scales included)."""
-        if op.kind is OpKind.EXPERTS:  # type: ignore[attr-defined]
+        if op.kind is OpKind.EXPERTS:
             return self.expert_bytes
-        w = self.op_weights.get((kind, op.name))  # type: ignore[attr-defined]
-        return w.full_bytes / op.weight_numel if w is not None else self.dtype_bytes  # type: ignore[attr-defined]
+        w = self.op_weights.get((kind, op.name))
+        return w.full_bytes / op.weight_numel if w is not None else self.dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def collective_time(
         )
     if group_size == 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})
-    fit = topo.fitted.get(kind)  # type: ignore[call-overload]
+    fit = topo.fitted.get(kind)  # type: ignore[call-overload]  # kind: a Collective value, typed str
     measured = _curves(topo, kind, float(nbytes), group_size, rpn) if topo.curves else {}
     fitted_curve = _interpolate_curve(fit, nbytes, group_size) if fit is not None and m == 1 else None
     if algorithm is not None and f"{algorithm}{CURVE_SUFFIX}" in measured:

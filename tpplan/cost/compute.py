@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
+from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time, has_table
 from tpplan.cost.gpu import ENGINES, GpuSpec, SourceRef, parse_engine
 from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
@@ -118,15 +119,15 @@ class ComputePricer:
 
     def formula_gemm(self, m: int, k: int, n: int, dtype: str, weight_bytes: float | None = None) -> float:
         """tpplan's GEMM formula, memoised across pricers of the same GPU (plans share most shapes)."""
-        dt = "fp8" if dtype in ("fp8", "fp8_block") else "bf16"
+        dt: GemmDtype = "fp8" if dtype in ("fp8", "fp8_block") else "bf16"
         key = (self._key, m, k, n, dt, weight_bytes)
         hit = _GEMM_CACHE.get(key)
         if hit is None:
             if weight_bytes is None:
-                hit = gemm_time(m, k, n, self.gpu, dt)  # type: ignore[arg-type]
+                hit = gemm_time(m, k, n, self.gpu, dt)
             else:
-                rate = achieved_tflops(m, k, n, self.gpu, dt) * 1e12  # type: ignore[arg-type]
-                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))  # type: ignore[arg-type]
+                rate = achieved_tflops(m, k, n, self.gpu, dt) * 1e12
+                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))
                 hit = max(2.0 * m * k * n / rate, moved / self.hbm)
             if len(_GEMM_CACHE) < 200_000:
                 _GEMM_CACHE[key] = hit

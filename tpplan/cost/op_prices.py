@@ -117,7 +117,7 @@ class OpPrices:
         """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
         return self.stored.per_element(kind, op)
 
-    def _gemm_format(self, kind: str, op: Op) -> tuple[str, float | None]:
+    def _gemm_format(self, kind: str, op: Op) -> tuple[GemmDtype, float | None]:
         """(GEMM dtype, weight bytes per element where a weight-only format changes them, else None)."""
         w = self.op_weights.get((kind, op.name))
         if w is None:
@@ -126,7 +126,7 @@ class OpPrices:
             return "fp8", None
         return self.gemm_dtype, w.full_bytes / op.weight_numel
 
-    def _gemm(self, m: int, k: int, n: int, dtype: str | None = None, weight_bytes: float | None = None) -> float:
+    def _gemm(self, m: int, k: int, n: int, dtype: GemmDtype | None = None, weight_bytes: float | None = None) -> float:
         """One GEMM through the compute pricer: a kernel source's price, else the GEMM table's
         (`ComputePricer.formula_gemm`, memoised across predictors of the same GPU).
 
@@ -137,7 +137,7 @@ class OpPrices:
         if not self.compute.sources or weight_bytes is not None:
             self._source = self.compute.gemm_source
             return self.compute.formula_gemm(m, k, n, dt, weight_bytes)
-        price = self.compute.gemm(GemmShape(m, k, n, dt))  # type: ignore[arg-type]
+        price = self.compute.gemm(GemmShape(m, k, n, dt))
         self._source = price.source
         self._extrapolated = self._extrapolated or price.extrapolated
         return price.seconds
@@ -196,6 +196,7 @@ class OpPrices:
         if self.compute.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // (self.plan.ep_size or 1), self.plan.ep_size or 1)}.get(
                 str(d.split), (n, 1))  # fmt: skip
+            # moe_dtype: a KernelDtype by construction (mxfp4, fp8 or the checked --expert-dtype), typed str
             moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)  # type: ignore[arg-type]
             price = self.compute.moe(moe)
             if price is not None:
@@ -217,9 +218,9 @@ class OpPrices:
         the routing around them as memory traffic (`KernelModels.routing`)."""
         m = self._model("experts")
         ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
-        if ffn is None:
+        if m is None or ffn is None:
             return None
-        return ffn + m.routing(rows, tokens, width, self.hbm)  # type: ignore[union-attr]
+        return ffn + m.routing(rows, tokens, width, self.hbm)
 
     def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
         op = d.op
@@ -245,7 +246,7 @@ class OpPrices:
             shape = (m, kk, nn)
             gd, wb = self._gemm_format(lg.kind, op)
             secs = self._gemm(m, kk, nn, gd, wb) if m else 0.0
-            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)  # type: ignore[arg-type]
+            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
             flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(d, t)
@@ -253,7 +254,7 @@ class OpPrices:
         elif cost == "attention":
             share = d.compute_share
             if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
-                pairs, ctx = masked_pairs(segs, op.attrs.get("window"), op.attrs.get("chunk"))  # type: ignore[arg-type]
+                pairs, ctx = masked_pairs(segs, op.optional_int_attr("window"), op.optional_int_attr("chunk"))
             flops = op.ctx_flops_per_token * pairs * share
             kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
             _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)

@@ -237,13 +237,14 @@ def select_topology(
     `--cluster` alone is the cluster with the GPU it names; `--gpu` and `--engine` need one of the two.
     `--engine` makes the GPU model run that engine's kernels (`GpuSpec.with_engine`); its sources are
     built here, so a missing `tpplan[aic]` extra or an unknown version is one line before any work."""
-    if topology is None and cluster is None:
+    source = topology if topology is not None else cluster
+    if source is None:
         for flag, value in (("--gpu", gpu), ("--engine", engine)):
             if value is not None:
                 raise TpplanError(f"{flag} {value}", "a GPU model needs a cluster to run in",
                                   "add --cluster or --topology")  # fmt: skip
         return None
-    topo = load_topology(topology if topology is not None else cluster, nodes, gpu=gpu, cluster=cluster)  # type: ignore[arg-type]
+    topo = load_topology(source, nodes, gpu=gpu, cluster=cluster)
     if engine is None:
         return topo
     topo = topo.model_copy(update={"gpu": topo.gpu.with_engine(engine), "name": f"{topo.name}/{engine}"})

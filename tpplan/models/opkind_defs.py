@@ -329,7 +329,7 @@ def run_experts(op: Op, x: Tensor, routing: Tensor, w: Weights, K: Kernels) -> T
                                 else None)  # fmt: skip
     return K.routed_experts(
         x, routing, w["gate"], w["up"], w["down"], gate_bias=w.get("gate_bias"), up_bias=w.get("up_bias"),
-        down_bias=w.get("down_bias"), clamp=tuple(clamp) if clamp else None,  # type: ignore[arg-type]
+        down_bias=w.get("down_bias"), clamp=tuple(clamp) if isinstance(clamp, list | tuple) and clamp else None,
         scale_inputs=scale_inputs,
     )  # fmt: skip
 

@@ -91,6 +91,10 @@ class Op:
             raise TypeError(f"op {self.name}: attrs[{key!r}] is {value!r}, not a number")
         return float(value)
 
+    def optional_int_attr(self, key: str) -> int | None:
+        """`attrs[key]` as an int, or None where the op has none (a window, a chunk: unset means off)."""
+        return None if self.attrs.get(key) is None else self.int_attr(key)
+
     def parts(self) -> Mapping[str, int]:
         """A fused projection's parts: HF weight name -> its rows, in order (empty: not fused)."""
         value = self.attrs.get("parts") or {}
@@ -179,6 +183,7 @@ class Builder:
             raise ValueError(f"op {name}: value {out!r} is already produced in this layer; give it another name")
         self.value(out, out_width, out_heads)
         role = kw.pop("role", f"{self.prefix}.{name}")
+        # `kw` are Op's own fields, named by the helpers above; mypy cannot check them through **kw.
         self.ops.append(Op(name=name, kind=kind, inputs=inputs, output=out, role=role, **kw))  # type: ignore[arg-type]
         return out
 

@@ -64,9 +64,9 @@ def tpplan_experts_time(shape: MoeShape, gpu: GpuSpec) -> float:
     m_use = max(1, round(rows))
     secs = 0.0
     for kk, nn in ((shape.hidden, 2 * i_loc), (i_loc, shape.hidden)):
-        act = gemm_bytes(m_use, kk, nn, dt) - kk * nn * wbytes  # type: ignore[arg-type]
+        act = gemm_bytes(m_use, kk, nn, dt) - kk * nn * wbytes  # type: ignore[arg-type]  # dt: bf16 or fp8, typed str
         t_mem = (act + active * kk * nn * wbytes) / (gpu.hbm_TBps * 1e12)
-        secs += max(gemm_time(m_pad, kk, nn, gpu, dt), t_mem)  # type: ignore[arg-type]
+        secs += max(gemm_time(m_pad, kk, nn, gpu, dt), t_mem)  # type: ignore[arg-type]  # dt: bf16 or fp8, typed str
     return secs
 
 
@@ -150,7 +150,7 @@ def moe_tp_vs_ep(
                 rec[f"{key}_aic"] = p.seconds if p else math.nan
                 rec[f"{key}_fit_oos"] = fit if fit is not None else math.nan
                 rec[f"{key}_tpplan"] = tpplan_experts_time(shape, gpu)
-            rec["engine"] = engine  # type: ignore[assignment]
+            rec["engine"] = engine  # type: ignore[assignment]  # a record of numbers and one name
             records.append(rec)
             out.append(
                 [
@@ -208,7 +208,7 @@ def gemm_compare(
         for m, k, n in GEMM_SHAPES:
             row: list[object] = [engine, f"{m}x{k}x{n}"]
             for dt in dtypes:
-                p = src.gemm(GemmShape(m, k, n, dt))  # type: ignore[arg-type]
+                p = src.gemm(GemmShape(m, k, n, dt))  # type: ignore[arg-type]  # dt: a KernelDtype, typed str
                 ours = gemm_time(m, k, n, gpu, "bf16" if dt == "bf16" else "fp8")
                 ratio = ours / p.seconds if p else math.nan
                 records.append(
@@ -293,7 +293,7 @@ def collectives_compare(
             for n in ranks:
                 ratios = []
                 for size in COLLECTIVE_SIZES:
-                    p = src.collective(CollectiveShape(kind, size, n, n))  # type: ignore[arg-type]
+                    p = src.collective(CollectiveShape(kind, size, n, n))  # type: ignore[arg-type]  # kind: a Collective value, typed str
                     if p is None:
                         continue
                     ours = collective_time(kind, size, n, topo, ranks_per_node=n).time_s

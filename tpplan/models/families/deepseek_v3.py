@@ -222,6 +222,7 @@ class RawMLAMoE(MLAFields, MoEFields):
     """deepseek_v3 / kimi_k2 (DeepseekV3ForCausalLM)."""
 
     intermediate_size: int = Field(gt=0)
+    # widens MoEFields' required field (pydantic allows it; mypy calls it unsafe)
     num_experts_per_tok: int | None = Field(default=None, gt=0, validation_alias=TOP_K)  # type: ignore[assignment]
     n_shared_experts: int | None = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)

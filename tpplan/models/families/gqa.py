@@ -182,7 +182,8 @@ register_mixer(
 class RawGQA(GQAFields, MoEFields):
     """llama / qwen3 / qwen3_moe / mistral (and their MoE variants under any expert-count spelling)."""
 
-    num_key_value_heads: int | None = Field(default=None, gt=0)  # type: ignore[assignment]  # absent: MHA
+    # absent: MHA. A pydantic field may widen its base's type (the base requires it); mypy calls that unsafe.
+    num_key_value_heads: int | None = Field(default=None, gt=0)  # type: ignore[assignment]
     intermediate_size: int = Field(gt=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)
