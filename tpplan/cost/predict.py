@@ -57,7 +57,6 @@ from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.models.opkinds import kernel_key
-from tpplan.units import GIB
 
 
 def plan_gemm_shapes(graph: ModelGraph, tp: int, topo: Topology, dtype: str = "bf16") -> list[tuple[int, int]]:
@@ -169,7 +168,7 @@ def predict_plan(
         workload=workload.name if workload is not None else None,
         stage_s=[s + x for s, x in zip(stage_s, sends, strict=True)],
         final_comm_s=final,
-        gpu_memory_bytes=topology.gpu.memory_GiB * GIB,
+        gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
         provenance=provenance(topology, tp * pp),
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its

@@ -41,7 +41,7 @@ class Predictor(OpPrices):
     the arguments)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # OpPrices' arguments, forwarded as given
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
