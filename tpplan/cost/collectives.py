@@ -7,6 +7,7 @@ all_to_all = one rank's whole send buffer, send_recv = the message. See docs/cos
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -191,11 +192,20 @@ def _latency_fit(points: tuple[tuple[float, float], ...]) -> float:
     return min(max(0.0, alpha), min(t for _, t in pts))
 
 
+_ALPHA: dict[int, tuple[CollectiveCurve, float]] = {}  # id(curve) -> (curve, alpha): curves are frozen
+
+
 def curve_latency_s(curve: CollectiveCurve) -> float:
     """A curve's latency term alpha (seconds): the intercept of the least-squares line
     time = alpha + size / B through its 1-4 MiB points (the two smallest points where it has no
     1-4 MiB rows), clamped to [0, their smallest time]."""
-    return _latency_fit(tuple((float(x), float(t)) for x, t in curve.points))
+    held = _ALPHA.get(id(curve))
+    if held is None or held[0] is not curve:
+        held = (curve, _latency_fit(tuple((float(x), float(t)) for x, t in curve.points)))
+        if len(_ALPHA) > 4096:
+            _ALPHA.clear()
+        _ALPHA[id(curve)] = held
+    return held[1]
 
 
 def curve_time(curve: CollectiveCurve, nbytes: float) -> float:
@@ -209,11 +219,10 @@ def curve_time(curve: CollectiveCurve, nbytes: float) -> float:
         return alpha + nbytes * (t_lo - alpha) / x_lo if t_lo > alpha else t_lo
     if nbytes >= x_hi:
         return alpha + nbytes * (t_hi - alpha) / x_hi if t_hi > alpha else t_hi * nbytes / x_hi
-    for (x0, t0), (x1, t1) in itertools.pairwise(pts):
-        if x0 <= nbytes <= x1:
-            w = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
-    raise AssertionError("unreachable: points are ascending")
+    i = bisect.bisect_left(pts, nbytes, key=lambda p: p[0])  # pts[i - 1][0] < nbytes <= pts[i][0]
+    (x0, t0), (x1, t1) = pts[i - 1], pts[i]
+    w = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
 
 
 CURVE_SUFFIX = "-curve"  # a measured curve's algorithm, as a prediction names it ("nvls-curve")

@@ -71,6 +71,11 @@ def other_collection() -> list[Row]:
     return rows
 
 
+def _short(name: str) -> str:
+    """A set's name without its NCCL version (every shipped set is 2.29.2): the AIC system."""
+    return curve_set(name)["system"]
+
+
 def _curves(name: str) -> Iterable[CollectiveCurve]:
     return (CollectiveCurve.model_validate(c) for c in curve_set(name)["curves"])
 
@@ -83,7 +88,7 @@ def leave_one_size_out(names: Iterable[str]) -> list[Row]:
                 x, t = c.points[i]
                 if (r := _range(x)) is not None:
                     rest = c.model_copy(update={"points": c.points[:i] + c.points[i + 1 :]})
-                    rows.append((f"{name} leave-one-size-out", c.kind, c.ranks, r, curve_time(rest, x), t))
+                    rows.append((f"{_short(name)} leave-one-size-out", c.kind, c.ranks, r, curve_time(rest, x), t))
     return rows
 
 
@@ -94,19 +99,21 @@ def fallback(names: Iterable[str]) -> list[Row]:
             cut = c.model_copy(update={"points": [p for p in c.points if 8 * MiB <= p[0] <= 128 * MiB]})
             for x, t in c.points:
                 if (x < 8 * MiB or x > 128 * MiB) and (r := _range(x)) is not None:
-                    rows.append((f"{name} cut to 8-128 MiB", c.kind, c.ranks, r, curve_time(cut, x), t))
+                    rows.append((f"{_short(name)} cut to 8-128 MiB", c.kind, c.ranks, r, curve_time(cut, x), t))
     return rows
 
 
 def latency_fit_in_sample(names: Iterable[str]) -> list[Row]:
-    """The alpha-beta line fitted to the 1-4 MiB rows, at those rows (in sample)."""
+    """The least-squares line through the 1-4 MiB rows (its intercept is the latency term), at those rows."""
     rows: list[Row] = []
     for name in names:
         for c in _curves(name):
             pts = [(x, t) for x, t in c.points if MiB <= x <= 4 * MiB]
+            mx, mt = statistics.fmean(x for x, _ in pts), statistics.fmean(t for _, t in pts)
+            slope = sum((x - mx) * (t - mt) for x, t in pts) / sum((x - mx) ** 2 for x, _ in pts)
             alpha = curve_latency_s(c)
-            inv_b = statistics.fmean((t - alpha) / x for x, t in pts)
-            rows.extend((f"{name} alpha-beta at 1-4 MiB", c.kind, c.ranks, "1-4", alpha + x * inv_b, t) for x, t in pts)
+            label = f"{_short(name)} alpha-beta at 1-4 MiB"
+            rows.extend((label, c.kind, c.ranks, "1-4", alpha + slope * x, t) for x, t in pts)
     return rows
 
 
@@ -145,6 +152,21 @@ def _cell(errs: list[float]) -> str:
     return f"{100 * statistics.median(abs(e) for e in errs):.1f} / {100 * max(errs, key=abs):+.1f}"
 
 
+def cell_summary(rows: list[Row]) -> str:
+    """Per label: the largest cell median (kind x GPUs x size range) and how many cells exceed 10%."""
+    cells: dict[str, dict[tuple[str, int, str], list[float]]] = {}
+    for label, kind, ranks, r, pred, meas in rows:
+        cells.setdefault(label, {}).setdefault((kind, ranks, r), []).append(abs(pred / meas - 1))
+    out = ["| on | cells | largest cell median | cells over 10% median |", "|---|---|---|---|"]
+    for label, by in sorted(cells.items()):
+        meds = {k: statistics.median(v) for k, v in by.items()}
+        worst = max(meds, key=meds.__getitem__)
+        over = sum(m > 0.10 for m in meds.values())
+        out.append(f"| {label} | {len(meds)} | {100 * meds[worst]:.1f}% ({worst[0]} {worst[1]} GPUs {worst[2]} MiB) "
+                   f"| {over} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def summary(rows: list[Row]) -> str:
     errs = [abs(p / m - 1) for *_, p, m in rows]
     return f"{len(errs)} rows: median {statistics.median(errs):.1%}, worst {max(errs):.1%}"
@@ -159,7 +181,7 @@ def main() -> None:
         ("Latency term at 1-4 MiB (in sample)", latency_fit_in_sample(shipped)),
         ("2 x H200 probe (out of sample)", anchors()),
     ):
-        print(f"### {title}: {summary(rows)}\n\n{table(rows)}\n")
+        print(f"### {title}: {summary(rows)}\n\n{cell_summary(rows)}\n\n{table(rows)}\n")
 
 
 if __name__ == "__main__":
