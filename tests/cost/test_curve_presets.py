@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -142,16 +143,37 @@ def test_curve_set_names_and_skips_are_checked(tmp_path) -> None:
             load_cluster(str(path))
 
 
+def test_an_engine_all_reduce_set_adds_its_own_algorithm(tmp_path) -> None:
+    """Opt-in: SGLang's CUDA-graph custom all-reduce on 8 H200 (13.05 us at 1 MiB in AIC's table)
+    beats NCCL's 26.14 us there and is NCCL itself at 256 MiB (1.053 vs 1.053 ms)."""
+    path = tmp_path / "c.toml"
+    text = (resources.files("tpplan.cost") / "presets" / "clusters" / "h200x8-ib400-nvls.toml").read_text()
+    both = 'curve_sets = ["h200_sxm-nccl-2.29.2", "h200_sxm-sglang-graph-0.5.14-allreduce"]'
+    path.write_text(text.replace('curve_sets = ["h200_sxm-nccl-2.29.2"]', both))
+    topo = load_topology(str(path), nodes=1)
+    small = collective_time("all_reduce", MiB, 8, topo)
+    assert small.algorithm == "sglang-custom-graph-curve" and small.time_s == pytest.approx(13.051e-6, rel=1e-3)
+    assert small.candidates["nccl-curve"] == pytest.approx(26.14e-6, rel=1e-3)
+    big = collective_time("all_reduce", 256 * MiB, 8, topo)
+    assert big.candidates["sglang-custom-graph-curve"] == pytest.approx(big.candidates["nccl-curve"], rel=0.01)
+    assert collective_time("reduce_scatter", MiB, 8, topo).algorithm == "nccl-curve"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None, reason="needs aiconfigurator-core")
 def test_shipped_sets_are_the_packaged_tables() -> None:
     """With the package installed: every shipped point is AIC's table row (bytes = 2 x half elements)."""
-    from tpplan.cost.sources.aic_curves import nccl_points
+    from tpplan.cost.sources.aic_curves import engine_ar_points, nccl_points
 
     for name in list_curve_sets():
         data = curve_set(name)
-        table = nccl_points(data["system"], data["nccl"])
-        assert {(c["kind"], c["ranks"]) for c in data["curves"]} == set(table)
+        if "nccl" in data:
+            table, key = nccl_points(data["system"], data["nccl"]), "kind"
+        else:
+            engine, version = data["engine"].split("@")
+            table, key = engine_ar_points(data["system"], engine, version), "algorithm"
         for c in data["curves"]:
-            want = table[(c["kind"], c["ranks"])]
+            want = table[(c[key], c["ranks"])]
             assert [x for x, _ in c["points"]] == [x for x, _ in want]
             assert [t for _, t in c["points"]] == pytest.approx([t for _, t in want], rel=1e-9)
+        if "nccl" in data:
+            assert {(c["kind"], c["ranks"]) for c in data["curves"]} == set(table)

@@ -7,6 +7,7 @@ network access. A cluster file says
 
     curve_sets = ["h200_sxm-nccl-2.29.2"]                          # every curve of the set
     curve_sets = [{ name = "h200_sxm-nccl-2.29.2", skip = ["all_reduce@8"] }]   # all but these
+    curve_sets = ["h200_sxm-nccl-2.29.2", "h200_sxm-sglang-eager-0.5.14-allreduce"]  # plus an engine AR
 
 and loading expands the names into the cluster's `curves` (its own `[[curves]]` first), so a
 topology, its TOML dump and every pricer see plain `CollectiveCurve`s.
@@ -62,12 +63,13 @@ def expand_curve_sets(data: dict[str, Any], where: str) -> dict[str, Any]:
     for ref in refs:
         spec = validated(CurveSetRef, {"name": ref} if isinstance(ref, str) else ref, where,
                          "correct field 'curve_sets.{field}' in " + where)  # fmt: skip
-        held = {f"{c['kind']}@{c['ranks']}": c for c in curve_set(spec.name)["curves"]}
-        unknown = sorted(set(spec.skip) - set(held))
+        held = curve_set(spec.name)["curves"]
+        keys = list(dict.fromkeys(f"{c['kind']}@{c['ranks']}" for c in held))
+        unknown = sorted(set(spec.skip) - set(keys))
         if unknown:
             raise TpplanError(f"{where}: curve_sets {spec.name} skip {unknown[0]!r}", "the set has no such curve",
-                              f"use one of {', '.join(held)}")  # fmt: skip
-        curves.extend(c for key, c in held.items() if key not in spec.skip)
+                              f"use one of {', '.join(keys)}")  # fmt: skip
+        curves.extend(c for c in held if f"{c['kind']}@{c['ranks']}" not in spec.skip)
     return {**{k: v for k, v in data.items() if k != "curve_sets"}, "curves": curves}
 
 

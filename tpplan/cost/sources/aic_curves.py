@@ -27,6 +27,15 @@ HALF_BYTES = 2
 
 # (AIC system, NCCL version) pairs shipped: the newest complete collection of each system a preset uses.
 SHIPPED = (("h200_sxm", "2.29.2"), ("rtx_pro_6000_server", "2.29.2"), ("b300_sxm", "2.29.2"), ("gb300", "2.29.2"))
+# (AIC system, engine, version) of the engines' own all-reduce tables shipped as opt-in sets: the
+# engine's custom all-reduce (one-shot/two-shot kernels at small sizes, NCCL above its limit),
+# eager (as prefill runs it) and CUDA-graph captured where the table has both.
+SHIPPED_ENGINE_AR = (
+    ("h200_sxm", "sglang", "0.5.14"),
+    ("h200_sxm", "vllm", "0.24.0"),
+    ("h200_sxm", "trtllm", "1.3.0rc20"),
+    ("rtx_pro_6000_server", "sglang", "0.5.14"),
+)
 
 
 def _aic_root() -> Path:
@@ -62,6 +71,49 @@ def nccl_points(system: str, nccl: str) -> dict[tuple[str, int], list[tuple[floa
     return out
 
 
+def engine_ar_points(system: str, engine: str, version: str) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    """{(algorithm, ranks): [(bytes, seconds), ...]} of one engine's custom all-reduce table
+    (bf16 elements, so bytes = 2 x message_size); algorithm = engine + its backend (eager, graph)."""
+    import pandas as pd
+
+    table = pd.read_parquet(_aic_root() / system / "comm" / engine / version / "custom_allreduce_perf.parquet")
+    backend = table["backend"] if "backend" in table else table["implementation"]
+    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for (name, ranks), rows in table.assign(algo=backend).groupby(["algo", "num_gpus"]):
+        mode = f"-{str(name).split('_')[-1]}" if "_" in str(name) else ""  # sglang_eager -> -eager
+        by_size: dict[int, list[float]] = {}
+        for size, ms in zip(rows.message_size, rows.latency, strict=True):
+            by_size.setdefault(int(size), []).append(float(ms))
+        out[(f"{engine}-custom{mode}", int(ranks))] = [
+            (float(size * HALF_BYTES), statistics.median(ms) * 1e-3) for size, ms in sorted(by_size.items())
+        ]
+    return out
+
+
+def engine_ar_sets(system: str, engine: str, version: str) -> list[dict[str, Any]]:
+    """The opt-in curve sets of one engine's all-reduce table (kind all_reduce only), one per
+    backend (eager, CUDA graph) so a cluster names the one its engine runs (fastest would win)."""
+    aic = aic_version()
+    source = f"aiconfigurator-core {aic}: {system} {engine} {version} (custom_allreduce_perf.parquet, bf16)"
+    by_algo: dict[str, list[dict[str, Any]]] = {}
+    for (algo, ranks), pts in sorted(engine_ar_points(system, engine, version).items()):
+        points = [[x, round(t, 12)] for x, t in pts]
+        curve = {"kind": "all_reduce", "algorithm": algo, "ranks": ranks, "points": points, "source": source}
+        by_algo.setdefault(algo, []).append(curve)
+    return [
+        {
+            "name": f"{system}-{algo.replace('-custom', '')}-{version}-allreduce",
+            "source": source,
+            "aic_version": aic,
+            "system": system,
+            "engine": f"{engine}@{version}",
+            "notes": "single node; the engine's all-reduce path (custom kernels, NCCL above their limit); opt-in",
+            "curves": curves,
+        }
+        for algo, curves in by_algo.items()
+    ]
+
+
 def curve_set(system: str, nccl: str) -> dict[str, Any]:
     """The JSON curve set of one table: provenance plus one curve per kind x group size."""
     version = aic_version()
@@ -93,8 +145,9 @@ def _dumps(data: dict[str, Any]) -> str:
 def main() -> None:
     out_dir = Path(str(resources.files("tpplan.cost").joinpath("presets", "curves")))
     out_dir.mkdir(exist_ok=True)
-    for system, nccl in SHIPPED:
-        data = curve_set(system, nccl)
+    sets = [curve_set(system, nccl) for system, nccl in SHIPPED]
+    sets += [one for spec in SHIPPED_ENGINE_AR for one in engine_ar_sets(*spec)]
+    for data in sets:
         path = out_dir / f"{data['name']}.json"
         path.write_text(_dumps(data), encoding="utf-8")
         print(f"{path}: {len(data['curves'])} curves")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tpplan.cost.cluster import CollectiveCurve
 from tpplan.cost.collectives import collective_time, curve_latency_s, curve_time
-from tpplan.cost.curve_sets import curve_set
+from tpplan.cost.curve_sets import curve_set, list_curve_sets
 from tpplan.cost.sources.aic_curves import nccl_points
 from tpplan.cost.topology import load_topology
 
@@ -72,8 +72,9 @@ def other_collection() -> list[Row]:
 
 
 def _short(name: str) -> str:
-    """A set's name without its NCCL version (every shipped set is 2.29.2): the AIC system."""
-    return curve_set(name)["system"]
+    """A set's name without its NCCL version (every shipped NCCL set is 2.29.2): the AIC system."""
+    data = curve_set(name)
+    return data["system"] if "nccl" in data else name.removesuffix("-allreduce")
 
 
 def _curves(name: str) -> Iterable[CollectiveCurve]:
@@ -173,6 +174,7 @@ def summary(rows: list[Row]) -> str:
 
 
 def main() -> None:
+    engine_sets = [n for n in list_curve_sets() if n.endswith("-allreduce")]
     shipped = ("h200_sxm-nccl-2.29.2", "rtx_pro_6000_server-nccl-2.29.2", "b300_sxm-nccl-2.29.2", "gb300-nccl-2.29.2")
     for title, rows in (
         ("Other collection (out of sample)", other_collection()),
@@ -180,6 +182,7 @@ def main() -> None:
         ("Alpha-beta fallback, curve cut to 8-128 MiB (out of sample)", fallback(shipped)),
         ("Latency term at 1-4 MiB (in sample)", latency_fit_in_sample(shipped)),
         ("2 x H200 probe (out of sample)", anchors()),
+        ("Engine all-reduce sets, leave one size out (out of sample)", leave_one_size_out(engine_sets)),
     ):
         print(f"### {title}: {summary(rows)}\n\n{cell_summary(rows)}\n\n{table(rows)}\n")
 
