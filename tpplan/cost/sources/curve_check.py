@@ -7,13 +7,15 @@ prints the tables of docs/benchmarks.md ("Collectives as measured curves"):
   it has none) against another NCCL collection of the same system in AIC (H200: NCCL 2.26.2 and
   2.23; B300 and GB300: 2.27), measured in a separate run with another NCCL version;
 - leave one size out, out of sample on the held-out row: each interior point of a shipped curve
-  priced from the curve without it (so interpolation across a 4x gap);
+  priced from the curve without it (so interpolation across a 4x gap), for the NCCL sets and,
+  separately, the opt-in engine all-reduce sets;
 - alpha-beta fallback, out of sample: a curve cut to 8-128 MiB prices the 1-4 MiB rows (latency
   term from its two smallest points) and the 256-512 MiB rows (its largest point's line);
 - the independent 2 x H200 probe (tests/data/anchors/h200x2_nccl_probe.json: torch.distributed,
-  NCCL 2.28.9, NVLS off), out of sample.
+  NCCL 2.28.9, NVLS off), out of sample;
+- in sample: the 1-4 MiB line whose intercept is each curve's latency term, at those rows.
 
-Errors are |predicted / measured - 1|; size ranges are 1-4, 8-32 and 64-512 MiB.
+Errors are predicted / measured - 1 (medians of their size); size ranges are 1-4, 8-32 and 64-512 MiB.
 """
 
 from __future__ import annotations
