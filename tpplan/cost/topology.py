@@ -31,6 +31,7 @@ from tpplan.cost.cluster import (
     IntraLink,
 )
 from tpplan.cost.compute import kernel_sources
+from tpplan.cost.curve_sets import expand_curve_sets
 from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef, Strict
 from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import parse_toml
@@ -154,6 +155,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
 
 def _cluster_data(ref: str) -> tuple[dict[str, Any], str]:
     data, where = _read("cluster", ref, _CLUSTERS, list_clusters())
+    data = expand_curve_sets(data, where)
     if isinstance(data.get("gpu"), dict):  # a whole old-style topology used as a cluster: its cluster half
         data = {k: v for k, v in data.items() if k != "gpu"}
     return data, where
@@ -193,7 +195,7 @@ def load_topology(
         where = f"cluster preset {name_or_path}"
     else:
         data, where = _read("topology", name_or_path, None, topologies)
-    data = dict(data)
+    data = expand_curve_sets(dict(data), where)
     if isinstance(data.get("cluster"), str):
         cdata, _ = _cluster_data(data["cluster"])
         data = {**cdata, **{k: v for k, v in data.items() if k != "cluster"}, "cluster_preset": data["cluster"]}
