@@ -209,7 +209,8 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     name = plan_name(name)
     over = OVERLAP_PATTERN.fullmatch(name)
     if over:
-        return overlapped(make_plan(over["base"], graph, n), over["overlap"], graph)  # type: ignore[arg-type]
+        mode: OverlapName = "tbo" if over["overlap"] == "tbo" else "dbo"
+        return overlapped(make_plan(over["base"], graph, n), mode, graph)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
