@@ -103,9 +103,12 @@ def register(app: typer.Typer) -> None:
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
+        from tpplan.cost.workload import load_workload
+        from tpplan.models.config import load_model
+        from tpplan.models.graph import build_model_graph
         from tpplan.outputs import check_dir, check_file, write_files
         from tpplan.plans.files import save_plan_dir
-        from tpplan.search import run_search
+        from tpplan.search import search_plans
 
         if json_file is not None:
             check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
@@ -118,12 +121,13 @@ def register(app: typer.Typer) -> None:
 
             raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
         with steps(f"tpplan search {model}") as say:
-            outcome = run_search(
-                model,
+            graph = build_model_graph(load_model(model))
+            outcome = search_plans(
+                graph,
                 topo,
                 tp=tp,
                 pp=pp,
-                workload=workload,
+                workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,
                 tokens=tokens,
@@ -134,7 +138,7 @@ def register(app: typer.Typer) -> None:
                 dp_attention=dp_attention,
                 progress=say,
             )
-        data = outcome.data
+        data = outcome.to_json()
         if json_file is not None:
             write_files({json_file: json.dumps(data, indent=2)}, "--json")
         _print(data, wide)
