@@ -1,0 +1,75 @@
+"""The stages hand objects on (issue 22): a search audits each plan once, the baseline of every
+deployment exactly once, and the memo's search, predictions and crossovers reuse its audits."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import tpplan.audit
+import tpplan.cost.op_prices
+from tpplan.audit import Audits, _decisions_only
+from tpplan.cost.topology import load_topology
+from tpplan.cost.workload import load_workload
+from tpplan.models.config import load_model
+from tpplan.models.graph import build_model_graph
+from tpplan.plans.named import baseline
+
+
+@pytest.fixture
+def audits_counted(monkeypatch):
+    """Every audit tpplan makes (through `Audits` or a predictor without one), counted per
+    (plan decisions, TP, dtype); forked search workers are turned off so every audit is seen."""
+    calls: Counter = Counter()
+    real = tpplan.audit.audit_plan
+
+    def counting(graph, plan, n, dtype="bf16"):
+        calls[(_decisions_only(plan), n, dtype)] += 1
+        return real(graph, plan, n, dtype)
+
+    monkeypatch.setattr(tpplan.audit, "audit_plan", counting)
+    monkeypatch.setattr(tpplan.cost.op_prices, "audit_plan", counting)
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    return calls
+
+
+def test_a_search_audits_every_plan_once_and_each_baseline_exactly_once(audits_counted):
+    from tpplan.search import search_plans
+
+    graph = build_model_graph(load_model("tiny-deepseek-v3"))
+    topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
+    audits = Audits(graph)
+    out = search_plans(graph, topo, workload=wl, top=3, audits=audits)
+    assert len(out.stats.deployments) == 2, "the case needs a grid (TP2, TP1xPP2)"
+    for tp, _ in out.grid:
+        assert audits_counted[(_decisions_only(baseline()), tp, "bf16")] == 1, f"baseline at TP{tp}"
+    assert audits_counted and max(audits_counted.values()) == 1, audits_counted.most_common(2)
+    assert sum(audits_counted.values()) == len(audits)  # every audit made went into the one Audits
+    # the ranked plans' audits are the ones handed on, under the plan each is shown as
+    for r in out.ranked:
+        assert r.audit is audits.of(r.plan, r.tp) or r.audit.layer_results is audits.of(r.plan, r.tp).layer_results
+        assert r.audit.plan == r.plan
+
+
+def test_the_memo_reuses_its_searchs_audits(audits_counted):
+    from tpplan.report.analysis import analyse
+
+    graph = build_model_graph(load_model("tiny-deepseek-v3"))
+    topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
+    a = analyse(graph, topo, [wl], search_top=2)
+    assert a.next_steps, "the search's best beats baseline here (tests/report/test_one_search.py)"
+    assert audits_counted and max(audits_counted.values()) == 1, audits_counted.most_common(3)
+
+
+def test_audits_relabel_a_plan_without_auditing_it_again(audits_counted):
+    graph = build_model_graph(load_model("tiny-llama"))
+    audits = Audits(graph)
+    first = audits.of(baseline(), 2)
+    renamed = baseline().with_(name="search-1", title="found by search", found_by="search")
+    again = audits.of(renamed, 2)
+    assert again.plan == renamed and first.plan == baseline()
+    assert again.layer_results is first.layer_results
+    assert sum(audits_counted.values()) == 1
+    assert audits.of(baseline(), 1) is not first and sum(audits_counted.values()) == 2  # another TP: its own
