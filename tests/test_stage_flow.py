@@ -73,3 +73,21 @@ def test_audits_relabel_a_plan_without_auditing_it_again(audits_counted):
     assert again.layer_results is first.layer_results
     assert sum(audits_counted.values()) == 1
     assert audits.of(baseline(), 1) is not first and sum(audits_counted.values()) == 2  # another TP: its own
+
+
+def test_the_library_example_in_the_design_notes_runs(capsys):
+    """docs/design.md, "Library API": the example runs as printed, and says what it computed."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    section = text.split("## Library API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    scope: dict[str, object] = {}
+    exec(compile(code[1], "docs/design.md", "exec"), scope)
+    best, found, pred = scope["best"], scope["found"], scope["pred"]
+    assert best.rank == 1 and best.score <= found.baseline.score  # the search's best beats baseline TP2
+    assert pred.ttft.mean_s == pytest.approx(found.baseline.score, rel=1e-12)  # the same prediction
+    assert scope["data"]["plans"][0]["name"] == best.plan.name
+    assert f"{best.plan.name} at {best.deployment}" in capsys.readouterr().out
