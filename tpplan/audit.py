@@ -52,7 +52,7 @@ class StoredWeights:
     def __init__(self, graph: ModelGraph, dtype: str = "bf16", expert_dtype: str | None = None) -> None:
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
-                f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
             )
         self.graph = graph
         self.dtype_bytes = float(DTYPE_BYTES[dtype])

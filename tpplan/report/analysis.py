@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
@@ -32,7 +32,10 @@ from tpplan.report.crossover import Crossover, crossovers
 from tpplan.report.engines import EngineRecipe, recipes
 from tpplan.report.verdicts import BottomLine, NextStep, Verdict, bottom_line, judge, next_steps
 
-PredictFn = Callable[..., Any]
+if TYPE_CHECKING:
+    from tpplan.cost.prediction import PlanPrediction
+
+PredictFn = Callable[..., "PlanPrediction"]  # `predict_plan`'s signature
 
 # The named plans every memo compares; today's deployment (`--current`) joins them when it is
 # another plan (e.g. ep4: TP32 with EP4).
@@ -127,7 +130,7 @@ class Variant:
     tp: int
     pp: int
     audit: PlanAudit
-    predictions: dict[str, Any] = field(default_factory=dict)  # workload name -> PlanPrediction
+    predictions: dict[str, PlanPrediction] = field(default_factory=dict)  # workload name -> its prediction
     prediction_error: str | None = None
     engines: list[EngineRecipe] = field(default_factory=list)
     main_tp: int = 0  # the report's main TP size; 0: this variant's own
