@@ -91,3 +91,29 @@ def test_the_library_example_in_the_design_notes_runs(capsys):
     assert pred.ttft.mean_s == pytest.approx(found.baseline.score, rel=1e-12)  # the same prediction
     assert scope["data"]["plans"][0]["name"] == best.plan.name
     assert f"{best.plan.name} at {best.deployment}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"objective": "fast"}, "objective=fast"),
+        ({"top": 0}, "top=0"),
+        ({"memory_cap_gib": -1.0}, "memory_cap_gib=-1.0"),
+        ({"tp": 3}, "tp=3"),
+        ({"pp": 99}, "pp=99"),
+        ({"expert_dtype": "int3"}, "expert_dtype=int3"),
+    ],
+)
+def test_library_errors_name_the_argument_and_the_cli_its_flag(options, field):
+    """The library speaks of its arguments (`tp=3`), never of CLI flags; `cli.as_flags` turns them
+    into the options the user typed (`--tp 3`)."""
+    from tpplan.cli import FLAG_OF, as_flags
+    from tpplan.errors import TpplanError
+    from tpplan.search import search_plans
+
+    graph = build_model_graph(load_model("tiny-llama"))
+    with pytest.raises(TpplanError) as info:
+        search_plans(graph, load_topology("h200x2"), **options)
+    assert field in info.value.where and "--" not in str(info.value), str(info.value)
+    name, _, value = field.partition("=")
+    assert as_flags(info.value).where.startswith(f"{FLAG_OF[name]} {value}"), as_flags(info.value).where
