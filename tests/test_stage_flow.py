@@ -117,3 +117,30 @@ def test_library_errors_name_the_argument_and_the_cli_its_flag(options, field):
     assert field in info.value.where and "--" not in str(info.value), str(info.value)
     name, _, value = field.partition("=")
     assert as_flags(info.value).where.startswith(f"{FLAG_OF[name]} {value}"), as_flags(info.value).where
+
+
+@pytest.mark.slow  # writes a whole memo (plots included): about 10 s on one core
+def test_search_and_report_call_the_one_search_with_objects(monkeypatch, capsys, tmp_path):
+    """`tpplan search` and `tpplan report` both run `search_plans`, handed a graph and topology
+    (the CLI resolved the names), and each runs it once."""
+    from cli_helpers import run_cli
+
+    import tpplan.search
+    from tpplan.cost.topology import Topology
+    from tpplan.models.graph import ModelGraph
+
+    real, seen = tpplan.search.search_plans, []
+
+    def spy(graph, topology, **options):
+        seen.append((type(graph), type(topology), options.get("workload")))
+        return real(graph, topology, **options)
+
+    monkeypatch.setattr(tpplan.search, "search_plans", spy)
+    common = ("--model", "tiny-deepseek-v3", "--topology", "h200x2")
+    code, _, err = run_cli(monkeypatch, capsys, "search", *common, "--workload", "prompt16k-c8", "--top", "2")
+    assert code == 0, err
+    code, _, err = run_cli(monkeypatch, capsys, "report", *common, "--workload", "prompt16k-c8",
+                           "--out", str(tmp_path / "memo"))  # fmt: skip
+    assert code == 0, err
+    assert len(seen) == 2 and all(g is ModelGraph and t is Topology for g, t, _ in seen), seen
+    assert all(w is not None and w.name == "prompt16k-c8" for _, _, w in seen)
