@@ -201,8 +201,8 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
 
 
 def _decisions_only(plan: Plan) -> Plan:
-    """`plan` without its labels (name, words, how it was found, engine notes): what an audit reads."""
-    return plan.with_(name="", title="", summary="", found_by="named", engine_notes=())
+    """`plan` without its labels (name, words, how it was found, notes): what an audit reads."""
+    return plan.with_(name="", title="", summary="", found_by="named", engine_notes=(), notes=())
 
 
 class Audits:
@@ -222,13 +222,13 @@ class Audits:
         hit = self._by_key.get(key)
         if hit is None:
             hit = self._by_key[key] = audit_plan(self.graph, plan, tp, dtype)
-        return hit if hit.plan == plan else replace(hit, plan=plan)
+        return hit if hit.plan is plan else replace(hit, plan=plan)  # its own plan, notes and labels
 
     def add(self, pa: PlanAudit, dtype: str) -> PlanAudit:
         """Keep an audit made elsewhere (a forked search worker's) for later stages; the kept one
         wins when both exist."""
         kept = self._by_key.setdefault((_decisions_only(pa.plan), pa.n, dtype), pa)
-        return kept if kept.plan == pa.plan else replace(kept, plan=pa.plan)
+        return kept if kept.plan is pa.plan else replace(kept, plan=pa.plan)
 
     def __len__(self) -> int:
         return len(self._by_key)
