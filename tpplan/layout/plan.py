@@ -119,12 +119,12 @@ class Plan:
         return _match(self.fold, op)
 
     def with_(self, **changes: object) -> Plan:
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)  # type: ignore[arg-type]  # Plan's fields by name: unchecked through **
 
     def describe(self) -> dict[str, object]:
         """The decisions, as plain data (for JSON and for showing a found plan); `fold` appears only
         where the plan folds an add (no searched plan does)."""
-        folded = {"fold": sorted(self.fold)} if self.fold else {}
+        folded: dict[str, object] = {"fold": sorted(self.fold)} if self.fold else {}
         return {
             "stream": str(self.stream),
             "reduce": str(self.reduce),

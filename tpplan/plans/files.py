@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -28,7 +28,7 @@ from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
 from tpplan.placement import S_TOK, Placement, R
 
-PLAN_FILE_VERSION = 1
+PLAN_FILE_VERSION: Final = 1
 PLAN_FILE_SUFFIX = ".json"
 
 

@@ -16,6 +16,8 @@ from tpplan.audit import PlanAudit
 from tpplan.layout.plan import Plan
 from tpplan.search.naming import Behaviour
 from tpplan.search.objectives import Cost
+from tpplan.units import GIB
+from tpplan.units import pct_change_json as pct
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
@@ -24,13 +26,7 @@ if TYPE_CHECKING:
     from tpplan.plans.files import PlanFile
 
 JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the stored dtype
-GIB = 2**30
 SERVING_SHARE = 0.9  # the default memory cap: this share of one GPU (tpplan.search.ranking's docstring)
-
-
-def pct(value: float, base: float) -> float | None:
-    """`value` against `base` in percent (rounded to 0.01), None without a base."""
-    return None if not base else round(100.0 * (value - base) / base, 2)
 
 
 def deployment_label(tp: int, pp: int) -> str:
@@ -263,5 +259,4 @@ __all__ = [
     "SearchOutcome",
     "SearchStats",
     "deployment_label",
-    "pct",
 ]
