@@ -64,6 +64,17 @@ class Predictor(OpPrices):
         self._kind_cache[key] = kt
         return kt
 
+    def layers_seconds(self, results: list[LayerResult], segs: Segments) -> float:
+        """Consecutive layers of one batch: their sum, or as the plan's micro-batch overlap runs them."""
+        if self.plan.overlap is None:
+            return sum(self.kind_time(r, segs).total_s for r in results)
+        from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
+        from tpplan.engines.overlap import overlap_named
+
+        engine = overlap_named(self.plan.overlap)
+        costs = OverlapCosts(self.topo.gpu.sm_count, engine.comm_sms)
+        return overlapped_seconds(self.kind_time, results, segs, engine, costs)
+
     def final_comm(self, t: int) -> float:
         el = self.audit.final_elements_per_token
         if not el:
@@ -96,7 +107,7 @@ class Predictor(OpPrices):
         results = self.audit.layer_results
         stage_s, sends = [], []
         for i, rng in enumerate(self.stages):
-            stage_s.append(sum(self.kind_time(results[j], segs).total_s for j in rng))
+            stage_s.append(self.layers_seconds([results[j] for j in rng], segs))
             sends.append(self.boundary(rng.stop, t) if i + 1 < len(self.stages) else 0.0)
         final = self.final_comm(t)
         stage_s[-1] += final

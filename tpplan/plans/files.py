@@ -54,9 +54,12 @@ class Decisions(_Strict):
     moe: Literal["tp", "ep", "a2a"] = "tp"
     ep_size: Size | None = None
     dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
+    overlap: Literal["tbo", "dbo"] | None = None  # an engine's micro-batch overlap (tpplan.engines.overlap)
 
     @model_validator(mode="after")
     def _ep_needs_its_size(self) -> Self:
+        if self.overlap is not None and self.moe != "a2a":
+            raise ValueError(f'overlap "{self.overlap}" hides the MoE all-to-all, but moe is "{self.moe}", not "a2a"')
         if self.moe == "ep" and self.ep_size is None:
             raise ValueError('moe "ep" needs ep_size (the number of expert groups, at least 1)')
         if self.moe != "ep" and self.ep_size is not None:
@@ -114,6 +117,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "moe": plan.moe,
             "ep_size": plan.ep_size if plan.moe == "ep" else None,
             "dp_attention": plan.dp_attention,
+            "overlap": plan.overlap,
         }
     )
     return PlanFile(
@@ -213,6 +217,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         moe=moe,
         ep_size=d.ep_size,
         dp_attention=d.dp_attention,
+        overlap=d.overlap,
         engine_notes=tuple(pf.engine_notes),
         found_by=pf.found_by,
         notes=notes,
