@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,11 @@ from tpplan.units import signed_pct
 
 def _ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:,.1f}"
+
+
+class OverlapChoice(StrEnum):
+    tbo = "tbo"
+    dbo = "dbo"
 
 
 MEMORY_CAP_HELP = (
@@ -103,6 +109,14 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--dp-attention", help="Also rank the named DP-attention plans (docs/design.md)"),
         ] = False,
+        overlap: Annotated[
+            OverlapChoice | None,
+            typer.Option(
+                "--overlap",
+                help="Also rank each all-to-all plan under an engine's micro-batch overlap: tbo (SGLang "
+                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); docs/cost-model.md",
+            ),
+        ] = None,
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
@@ -138,6 +152,7 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
+                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
                 progress=say,
             )
         data = outcome.to_json()

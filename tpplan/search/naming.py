@@ -73,7 +73,7 @@ def behaviour(pa: PlanAudit) -> Behaviour:
             seen[id(r)] = hit
         return hit
 
-    return (p.moe, p.ep_size if p.moe == "ep" else None, tuple(layer(r) for r in pa.layer_results))
+    return (p.moe, p.ep_size if p.moe == "ep" else None, p.overlap, tuple(layer(r) for r in pa.layer_results))
 
 
 def named_behaviours(graph: ModelGraph, n: int, dtype: str, audits: Audits | None = None) -> dict[Behaviour, str]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tpplan.audit import Audits, PlanAudit
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
+from tpplan.layout.plan import OverlapName
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
@@ -71,6 +72,7 @@ class _Setup:
     all_plans: bool
     dp_attention: bool
     audits: Audits
+    overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
 
     def baseline_audit(self, tp: int) -> PlanAudit:
@@ -245,6 +247,9 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
     if s.dp_attention:
         for got in _dp_entries(s, tp, pp, excluded):
             kept.setdefault(got.plan.name, got)
+    if s.overlap is not None:
+        for got in _overlap_entries(s, list(kept.values()), tp, pp):
+            kept.setdefault(got.plan.name, got)
     return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, _label(tp, pp))
 
 
@@ -269,6 +274,22 @@ def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded]) -> l
             excluded[name] = Excluded(name, _label(tp, pp), got.score, memory_bytes=total, why="memory")
             continue
         out.append(got)
+    return out
+
+
+def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> list[RankedPlan]:
+    """Each kept plan with all-to-all experts once more under the engine's micro-batch overlap
+    (`<plan>+tbo` / `+dbo`, docs/cost-model.md), ranked beside it: the overlap changes no byte, only
+    the predicted time, so it is scored after the search, like the DP plans. Same memory."""
+    from tpplan.plans.named import overlapped
+
+    assert s.overlap is not None
+    out = []
+    for got in ranked:
+        if got.plan.moe != "a2a" or got.plan.overlap is not None:
+            continue
+        plan = overlapped(got.plan, s.overlap, s.graph)
+        out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp))
     return out
 
 
@@ -380,6 +401,7 @@ def search_plans(
     objective: str = "time",
     all_plans: bool = False,
     dp_attention: bool = False,
+    overlap: OverlapName | None = None,
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SearchOutcome:
@@ -390,14 +412,21 @@ def search_plans(
     memory, "gpu" all of it (no cap without a topology); None is no cap. `objective`: "time"
     (predicted mean TTFT with a workload, else forward time of `tokens`; needs a topology) or
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
-    memo's to share them. `progress` is told each step."""
+    memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
+    engine's micro-batch overlap. `progress` is told each step."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
-               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept)  # fmt: skip
+               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap)  # fmt: skip
+    if overlap is not None:
+        from tpplan.engines.overlap import overlap_named
+
+        why = overlap_named(overlap).refusal(graph.spec.model_type)
+        if why is not None:
+            raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"pp={pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
     grid = deployments(graph, topology, tp, pp) if objective == "time" or tp is not None else None
