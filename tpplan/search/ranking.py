@@ -361,13 +361,30 @@ def _dp_entries(
     return out
 
 
+_BASELINES: dict[tuple[int, int], tuple[dict[str, Any], Behaviour]] = {}
+
+
 def _baseline(s: _Setup, tp: int, pp: int) -> tuple[dict[str, Any], Behaviour]:
-    """Megatron TP at this deployment, for reference: its entry and behaviour."""
+    """Megatron TP at this deployment, for reference: its entry and behaviour (once per search)."""
     from tpplan.plans.named import baseline as baseline_plan
 
-    pa = audit_plan(s.graph, baseline_plan(), tp, s.dtype)
-    cost = plan_cost(_objective(s, tp, pp), s.graph, pa)
-    return _evaluate(s, pa.plan, pa, cost, tp, pp), behaviour(pa)
+    hit = _BASELINES.get((tp, pp))
+    if hit is None:
+        pa = audit_plan(s.graph, baseline_plan(), tp, s.dtype)
+        cost = plan_cost(_objective(s, tp, pp), s.graph, pa)
+        hit = _BASELINES[(tp, pp)] = (_evaluate(s, pa.plan, pa, cost, tp, pp), behaviour(pa))
+    return hit
+
+
+def _while_searching(s: _Setup, grid: list[tuple[int, int]]) -> None:
+    """The parent's share while forked workers search: the reference deployment's baseline and
+    named plans, which the answer needs after the search (a core is idle at the grid's tail).
+    A model that does not split there says so after the search, as before."""
+    try:
+        _baseline(s, *grid[0])
+        _named(s, grid[0][0])
+    except TpplanError:
+        pass
 
 
 _NAMED: dict[tuple[int, str, str], dict[Any, str]] = {}
@@ -435,8 +452,12 @@ def _search_all(
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
+            if s.topo is not None and s.objective == "time":  # imported once, before forking, not per worker
+                import tpplan.cost.predict
+                import tpplan.cost.pricing  # noqa: F401
             with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
                 futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
                     say(f"searched {done} of {len(grid)} deployments")
                 return [f.result() for f in futures]
@@ -499,6 +520,7 @@ def run_search(
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
+    _BASELINES.clear()
     s = _setup(model, topology, nodes, workload, memory_cap_gib, top, tokens, dtype, expert_dtype, objective, all_plans,
                gpu, cluster, engine)  # fmt: skip
     s = replace(s, dp_attention=dp_attention)
