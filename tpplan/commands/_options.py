@@ -118,4 +118,3 @@ CpRecurrenceOpt = Annotated[
     typer.Option("--cp-recurrence", help="Under --cp, linear attention's state hand-off: scan or serial",
                  callback=_recurrence),
 ]  # fmt: skip
-

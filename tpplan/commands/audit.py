@@ -322,8 +322,7 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
         f"Predicted on {cluster or first['topology']}: TP{first['tp']}"
         + (f" x CP{first['cp']}" if first.get("cp", 1) > 1 else "")
         + f" x PP{first['pp']}, one batch of "
-        f"{first['tokens']} tokens"
-        + (f", workload {first['workload']}" if first["workload"] else "")
+        f"{first['tokens']} tokens" + (f", workload {first['workload']}" if first["workload"] else "")
     )
     t = Table(title=head + " (ms per batch; memory per rank)")
     cols = ["plan", "legal", "forward", "compute", "TP comm", "stage send", "redundant", "memory", "replicated", "KV"]

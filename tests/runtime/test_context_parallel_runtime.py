@@ -1,0 +1,80 @@
+"""Context parallelism executed for real: CP 2 and 4 gloo ranks (TP 1 each) against the one-process
+reference and transformers, every rank's traced CP calls against the planner's `cp_calls`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tpplan.layout.context_parallel import audit_cp, cp_calls, model_split, rank_positions
+from tpplan.models.config import load_model
+from tpplan.models.graph import build_model_graph
+from tpplan.runtime.context_parallel import verify_cp
+
+FAMILIES = ("tiny-llama", "tiny-deepseek-v3", "tiny-qwen3-next", "tiny-kimi-k3", "tiny-kimi-linear")
+
+
+def _calls(calls) -> list[tuple]:
+    return [(c.layer, c.kind, c.op, c.value, c.nbytes) for c in calls]
+
+
+def test_predicted_calls_follow_the_split_and_the_ranks_role() -> None:
+    """Fast: what the trace will be compared to (all-gathers padded to the longest rank; rank 0
+    receives no state)."""
+    g = build_model_graph(load_model("tiny-kimi-k3"))
+    a = audit_cp(g, 1, 4, "serial")
+    assert model_split(a) == "contiguous"
+    first, second = cp_calls(g, a, 19, 4, 0), cp_calls(g, a, 19, 4, 1)
+    assert {c.kind for c in first} == {"all_gather"}  # the MLA latent gathers only
+    assert {c.kind for c in second} == {"all_gather", "send_recv"}
+    rows = max(len(rank_positions(19, 4, r, "contiguous")) for r in range(4))
+    latent = next(c for c in first if c.kind == "all_gather")
+    assert latent.nbytes == 4 * rows * (16 + 8) * 4  # kv_lora 16 + rope 8, fp32, 4 ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_equals_the_unsharded_model_and_traces_the_prediction(cp: int) -> None:
+    results = verify_cp(list(FAMILIES), cp, tokens=19, timeout_s=300)
+    assert [r["model"] for r in results] == list(FAMILIES)
+    for r in results:
+        assert r["max_abs_hidden"] < 1e-4 and r["max_rel_logits"] < 1e-5, r["model"]
+        assert len(r["traced"]) == cp
+        for traced, predicted in zip(r["traced"], r["predicted"], strict=True):
+            assert traced and _calls(traced) == _calls(predicted), r["model"]
+
+
+HF = {
+    "tiny-llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "tiny-deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "tiny-qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+}
+
+
+@pytest.mark.slow
+def test_cp_with_transformers_weights_equals_transformers(tmp_path) -> None:
+    """Transformers' own model on the whole sequence gives the logits the CP run (2 ranks, the same
+    weights read from safetensors) assembles from its ranks' rows."""
+    transformers = pytest.importorskip("transformers")
+    from hf_models import build_hf_model
+    from safetensors.torch import save_file
+
+    from tpplan.models.config import load_config_dict
+    from tpplan.runtime.weights import normalize_names
+
+    folders = {}
+    models = {}
+    for name, classes in HF.items():
+        raw, _ = load_config_dict(name)
+        hf = build_hf_model(transformers, raw, classes)
+        weights = normalize_names({k: v.detach().contiguous() for k, v in hf.state_dict().items()})
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file(weights, str(folder / "model.safetensors"))
+        folders[name], models[name] = str(folder), hf
+    results = verify_cp(list(HF), 2, tokens=13, seed=3, weights=folders, timeout_s=300)
+    for r in results:
+        with torch.no_grad():
+            theirs = models[r["model"]](input_ids=r["ids"][None]).logits[0]
+        assert (r["logits"] - theirs).abs().max().item() < 1e-4, r["model"]
+        assert r["max_rel_logits"] < 1e-5
