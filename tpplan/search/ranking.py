@@ -2,7 +2,9 @@
 
 Deployments. With a topology and neither `--tp` nor `--pp`, every TP x PP split of the topology's
 GPUs (TP x PP = nodes x GPUs per node; a TP group larger than a node fills whole nodes) is searched,
-each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. Plans
+each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. Context
+parallelism (`layout.context_parallel`): where the model's token mixers allow it, TP x CP for CP in
+2, 4, 8 without PP is searched too; `--cp N` fixes the CP size (every TP x PP split of the rest). Plans
 from all deployments are ranked together by what `predict_plan` says of them: mean TTFT (pipelined,
 with a workload) or forward time. Within a deployment the search is exact for forward time at any
 PP and for mean TTFT at PP 1; at PP > 1 it picks plans by the unpipelined TTFT (docs/design.md).
@@ -74,42 +76,64 @@ def _pct(value: float, base: float) -> float | None:
     return None if not base else round(100.0 * (value - base) / base, 2)
 
 
-def deployments(graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None) -> list[tuple[int, int]]:
-    """(TP, PP) pairs to search: the ones asked for, or every split of the topology's GPUs,
-    widest TP first (the first is the reference the baseline is taken at)."""
+def deployments(
+    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None = None
+) -> list[tuple[int, int, int]]:
+    """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
+    widest TP first (the first is the reference the baseline is taken at); without `cp`, the TP x CP
+    splits without PP for CP in `CP_SIZES` where the model's mixers have a CP method."""
+    from tpplan.layout.context_parallel import CP_SIZES, audit_cp
+
     layers = graph.spec.num_layers
     if pp is not None and (pp < 1 or pp > layers):
         raise TpplanError(f"--pp {pp}", f"must be between 1 and the model's {layers} layers", "pass a smaller --pp")
+    if cp is not None and cp < 1:
+        raise TpplanError(f"--cp {cp}", "the CP size must be at least 1", "pass --cp 1 or more")
+    c = cp or 1
     if topo is None:
         if pp not in (None, 1):
             raise TpplanError(f"--pp {pp}", "pipeline stages need a topology to price", "add --topology")
+        if c > 1:
+            raise TpplanError(f"--cp {c}", "context parallelism is priced in time: it needs a topology",
+                              "add --topology")  # fmt: skip
         if tp is None or tp < 1:
             raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
-        return [(tp, 1)]
+        return [(tp, 1, 1)]
     world, gpn = topo.world_size, topo.gpus_per_node
+    if c > 1 and not audit_cp(graph, tp or 1, c).legal:
+        raise TpplanError(f"--cp {c}", "; ".join(audit_cp(graph, tp or 1, c).reasons), "search without --cp")
+    if world % c:
+        raise TpplanError(f"--cp {c}", f"does not divide the topology's {world} GPUs", "pass a divisor")
     if tp is not None or pp is not None:
         p = pp or 1
-        n = tp if tp is not None else world // p
-        if tp is None and world % p:
+        n = tp if tp is not None else world // (p * c)
+        if tp is None and world % (p * c):
             raise TpplanError(f"--pp {p}", f"does not divide the topology's {world} GPUs", "pass --tp as well")
         if n < 1:
             raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
-        if n * p > world:
+        if n * p * c > world:
             raise TpplanError(
-                f"--tp {n}" + (f" --pp {p}" if p > 1 else ""),
+                f"--tp {n}" + (f" --pp {p}" if p > 1 else "") + (f" --cp {c}" if c > 1 else ""),
                 f"topology {topo.name} has only {world} GPUs ({topo.nodes} x {gpn})",
-                "use a smaller --tp/--pp or more --nodes",
+                "use a smaller --tp/--pp/--cp or more --nodes",
             )
         if n > gpn and n % gpn:
             why = f"a TP group larger than a node must fill whole nodes of {gpn} GPUs"
             raise TpplanError(f"--tp {n}", why, f"use a multiple of {gpn}")
-        return [(n, p)]
+        return [(n, p, c)]
     out = []
-    for n in range(world, 0, -1):
-        p = world // n
-        if world % n or p > layers or (n > gpn and n % gpn):
+    share = world // c
+    for n in range(share, 0, -1):
+        p = share // n
+        if share % n or p > layers or (n > gpn and n % gpn):
             continue
-        out.append((n, p))
+        out.append((n, p, c))
+    if cp is None:
+        for k in CP_SIZES[1:]:
+            n = world // k
+            if world % k or n < 1 or (n > gpn and n % gpn) or not audit_cp(graph, n, k).legal:
+                continue
+            out.append((n, 1, k))
     return out
 
 
@@ -122,8 +146,8 @@ def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float
     return float(value) if value is not None else None
 
 
-def _label(tp: int, pp: int) -> str:
-    return f"TP{tp}" + (f"xPP{pp}" if pp > 1 else "")
+def _label(tp: int, pp: int, cp: int = 1) -> str:
+    return f"TP{tp}" + (f"xCP{cp}" if cp > 1 else "") + (f"xPP{pp}" if pp > 1 else "")
 
 
 def _setup(
@@ -182,7 +206,7 @@ def _setup(
 
 
 def _evaluate(
-    s: _Setup, plan: Plan, pa: PlanAudit, cost: Cost, tp: int, pp: int
+    s: _Setup, plan: Plan, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1
 ) -> dict[str, Any]:
     """One plan's entry: the audit's volumes and, with a topology, `predict_plan`'s time and memory."""
     entry: dict[str, Any] = {
@@ -190,7 +214,8 @@ def _evaluate(
         "name": plan.name,
         "tp": tp,
         "pp": pp,
-        "deployment": _label(tp, pp),
+        "cp": cp,
+        "deployment": _label(tp, pp, cp),
         "title": plan.title,
         "summary": plan.summary,
         "found_by": plan.found_by,
@@ -218,6 +243,7 @@ def _evaluate(
             dtype=s.dtype,
             expert_dtype=s.expert_dtype,
             audit=pa,
+            cp=cp,
         )
         m = pr.memory
         entry["forward_s"] = pr.forward_s
@@ -244,12 +270,12 @@ class _Deployed:
     label: str
 
 
-def _objective(s: _Setup, tp: int, pp: int) -> Objective:
+def _objective(s: _Setup, tp: int, pp: int, cp: int = 1) -> Objective:
     if s.objective == "time":
         assert s.topo is not None
         from tpplan.cost.pricing import Pricer
 
-        pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype)
+        pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype, cp=cp)
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -261,7 +287,7 @@ def _lower_bound(s: _Setup, score: float, pp: int) -> float:
     return score / pp if s.wl is not None and pp > 1 else score
 
 
-def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")) -> _Deployed:
+def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1) -> _Deployed:
     """Search one (TP, PP); re-audit and predict its best plans until `top` fit, or until what the
     next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
@@ -272,7 +298,8 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
     from tpplan.plans.named import baseline as baseline_plan
 
     graph, cap, top = s.graph, s.cap, s.top
-    obj = _objective(s, tp, pp)
+    obj = _objective(s, tp, pp, cp)
+    label = _label(tp, pp, cp)
     audit_plan(graph, baseline_plan(), tp, s.dtype)  # raises (a clear TpplanError) if the model does not split over tp
     reserve = 0.0
     kept: dict[str, tuple[dict[str, Any], Plan, Behaviour]] = {}
@@ -296,7 +323,7 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
                 name,
                 {
                     "name": name,
-                    "deployment": _label(tp, pp),
+                    "deployment": label,
                     "search_memory_bytes_per_rank": c.memory,
                     "score": c.score,
                 },
@@ -309,13 +336,13 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
             pa = audit_plan(graph, plan, tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            entry = _evaluate(s, plan, pa, c.cost, tp, pp)
+            entry = _evaluate(s, plan, pa, c.cost, tp, pp, cp)
             mem = entry.get("memory_bytes_per_rank")
             if cap is not None and mem is not None and mem["total"] > cap:
                 worst_act = max(worst_act, float(mem["activations"]))
                 excluded[name] = {
                     "name": name,
-                    "deployment": _label(tp, pp),
+                    "deployment": label,
                     "memory_bytes_per_rank": mem["total"],
                     "score": entry["score"],
                     "why": "activations",
@@ -327,13 +354,13 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
             break
         reserve = worst_act
     if s.dp_attention:
-        for entry, plan, beh in _dp_entries(s, tp, pp, excluded):
+        for entry, plan, beh in _dp_entries(s, tp, pp, excluded, cp):
             kept.setdefault(str(entry["name"]), (entry, plan, beh))
-    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, _label(tp, pp))
+    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
 
 def _dp_entries(
-    s: _Setup, tp: int, pp: int, excluded: dict[str, dict[str, Any]]
+    s: _Setup, tp: int, pp: int, excluded: dict[str, dict[str, Any]], cp: int = 1
 ) -> list[tuple[dict[str, Any], Plan, Behaviour]]:
     """The named DP-attention plans (docs/design.md, "DP attention"), ranked beside the search's:
     the search's space has no DP global choice, so these are scored outside it, by the figure
@@ -351,23 +378,23 @@ def _dp_entries(
         if not pa.legal:
             continue
         score = pa.comm_bytes_per_token
-        entry = _evaluate(s, plan, pa, Cost(score, pa.weight_bytes_per_rank), tp, pp)
+        entry = _evaluate(s, plan, pa, Cost(score, pa.weight_bytes_per_rank), tp, pp, cp)
         mem = entry.get("memory_bytes_per_rank")
         if s.cap is not None and mem is not None and mem["total"] > s.cap:
-            excluded[name] = {"name": name, "deployment": _label(tp, pp), "memory_bytes_per_rank": mem["total"],
+            excluded[name] = {"name": name, "deployment": _label(tp, pp, cp), "memory_bytes_per_rank": mem["total"],
                               "score": entry["score"], "why": "memory"}  # fmt: skip
             continue
         out.append((entry, plan, behaviour(pa)))
     return out
 
 
-def _baseline(s: _Setup, tp: int, pp: int) -> tuple[dict[str, Any], Behaviour]:
+def _baseline(s: _Setup, tp: int, pp: int, cp: int = 1) -> tuple[dict[str, Any], Behaviour]:
     """Megatron TP at this deployment, for reference: its entry and behaviour."""
     from tpplan.plans.named import baseline as baseline_plan
 
     pa = audit_plan(s.graph, baseline_plan(), tp, s.dtype)
-    cost = plan_cost(_objective(s, tp, pp), s.graph, pa)
-    return _evaluate(s, pa.plan, pa, cost, tp, pp), behaviour(pa)
+    cost = plan_cost(_objective(s, tp, pp, cp), s.graph, pa)
+    return _evaluate(s, pa.plan, pa, cost, tp, pp, cp), behaviour(pa)
 
 
 _NAMED: dict[tuple[int, str, str], dict[Any, str]] = {}
@@ -407,18 +434,18 @@ def _name_ranked(
 _GRID_SETUP: _Setup | None = None  # what forked grid workers search (inherited, not pickled)
 
 
-def _search_one(n: int, p: int, cutoff: float = float("inf")) -> _Deployed | tuple[str, str, str]:
+def _search_one(n: int, p: int, cutoff: float = float("inf"), c: int = 1) -> _Deployed | tuple[str, str, str]:
     """One deployment; a model that does not split over it gives the error's (where, reason, fix),
     which, unlike the exception, crosses a process boundary."""
     assert _GRID_SETUP is not None
     try:
-        return _search_deployment(_GRID_SETUP, n, p, cutoff)
+        return _search_deployment(_GRID_SETUP, n, p, cutoff, c)
     except TpplanError as e:
         return (e.where, e.reason, e.fix)
 
 
 def _search_all(
-    s: _Setup, grid: list[tuple[int, int]], say: Callable[[str], None] = lambda _step: None
+    s: _Setup, grid: list[tuple[int, int, int]], say: Callable[[str], None] = lambda _step: None
 ) -> list[_Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
@@ -436,16 +463,16 @@ def _search_all(
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             with ProcessPoolExecutor(min(len(grid), cores), mp_context=mp.get_context("fork")) as pool:
-                futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                futures = [pool.submit(_search_one, n, p, float("inf"), c) for n, p, c in grid]
                 for done, _ in enumerate(as_completed(futures), 1):
                     say(f"searched {done} of {len(grid)} deployments")
                 return [f.result() for f in futures]
         out: list[_Deployed | tuple[str, str, str]] = []
         scores: list[float] = []
-        for i, (n, p) in enumerate(grid):
-            say(f"searching {_label(n, p)} ({i + 1} of {len(grid)})")
+        for i, (n, p, c) in enumerate(grid):
+            say(f"searching {_label(n, p, c)} ({i + 1} of {len(grid)})")
             cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
-            got = _search_one(n, p, cutoff)
+            got = _search_one(n, p, cutoff, c)
             out.append(got)
             if isinstance(got, _Deployed):
                 scores += [e["score"] for e, _, _ in got.entries]
@@ -455,7 +482,7 @@ def _search_all(
 
 
 def _provenance(
-    s: _Setup, grid: list[tuple[int, int]], objective: str, entries: list[dict[str, Any]]
+    s: _Setup, grid: list[tuple[int, int, int]], objective: str, entries: list[dict[str, Any]]
 ) -> dict[str, object] | None:
     """How the ranked times were made (None for byte volumes, which are exact counts): the widest
     band of the shown predictions (each composed per op class and source, as the memo's), else the
@@ -465,7 +492,7 @@ def _provenance(
     shown = [e["provenance"] for e in entries if e.get("provenance")]
     if shown:
         return max(shown, key=lambda v: float(v["band"]))  # type: ignore[no-any-return]
-    worst = max((provenance(s.topo, n * p) for n, p in grid), key=lambda v: v.band)
+    worst = max((provenance(s.topo, n * p * c) for n, p, c in grid), key=lambda v: v.band)
     return worst.to_json()
 
 
@@ -489,13 +516,15 @@ def run_search(
     cluster: str | None = None,
     engine: str | None = None,
     dp_attention: bool = False,
+    cp: int | None = None,
 ) -> SearchOutcome:
     """Search every deployment, rank the plans that fit, and make each a plan file.
 
     `memory_cap_gib`: GiB per rank; "serving" (default) is SERVING_SHARE of the topology's GPU memory,
     "gpu" all of it (no cap without a topology); None is no cap. `model`, `topology` and `workload`
     are names/paths or the loaded objects (`tpplan report` passes those). `progress` is told each
-    step (the CLI shows it in a terminal)."""
+    step (the CLI shows it in a terminal). `cp`: search only that context-parallel size (default: CP 1
+    at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _NAMED.clear()  # one search at a time (keys hold the graph's id, which a later graph may reuse)
@@ -504,27 +533,31 @@ def run_search(
     s = replace(s, dp_attention=dp_attention)
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"--pp {pp}", "pipeline stages do not change bytes per token", "drop --pp or rank by time")
-    grid = deployments(s.graph, s.topo, tp, pp) if objective == "time" or tp is not None else None
-    if grid is None:  # volume without --tp: every GPU of the topology in one TP group (as before)
-        grid = [(s.topo.world_size if s.topo is not None else 0, 1)]
+    if objective == "volume" and cp not in (None, 1):
+        raise TpplanError(f"--cp {cp}", "context parallelism is priced in time, not bytes per token",
+                          "drop --cp or rank by time")  # fmt: skip
+    if objective == "time" or tp is not None:
+        grid = deployments(s.graph, s.topo, tp, pp, cp if objective == "time" else 1)
+    else:  # volume without --tp: every GPU of the topology in one TP group (as before)
+        grid = [(s.topo.world_size if s.topo is not None else 0, 1, 1)]
         if grid[0][0] < 1:
             raise TpplanError("--tp", "the TP size must be at least 1", "pass --tp 1 or more")
     results: list[_Deployed] = []
     skipped: list[dict[str, Any]] = []
-    say(f"searching {len(grid)} deployment(s): {', '.join(_label(n, p) for n, p in grid)}")
+    say(f"searching {len(grid)} deployment(s): {', '.join(_label(*g) for g in grid)}")
     searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # model load, every deployment's search and its plans' checks
-    for (n, p), got in zip(grid, searched, strict=True):
+    for (n, p, c), got in zip(grid, searched, strict=True):
         if isinstance(got, _Deployed):
             results.append(got)
             continue
         if len(grid) == 1:
             raise TpplanError(*got)
-        skipped.append({"deployment": _label(n, p), "why": got[1]})  # a TP size the model does not split over
+        skipped.append({"deployment": _label(n, p, c), "why": got[1]})  # a TP size the model does not split over
     if not results:
         raise TpplanError("--tp/--pp", "the model splits over none of the deployments searched", "pass --tp")
     say("pricing the best plans and their baselines")
-    ref = grid[[_label(n, p) for n, p in grid].index(results[0].label)]
+    ref = grid[[_label(*g) for g in grid].index(results[0].label)]
     base_entry, base_behaviour = _baseline(s, *ref)
     obj_name = results[0].objective
     ranked = _name_ranked(s, sorted((e for r in results for e in r.entries), key=lambda e: e[0]["score"]), top)
@@ -546,7 +579,7 @@ def run_search(
     for entry, plan in ranked:
         same = shape_bases.get(entry["deployment"])
         if same is None:
-            same = shape_bases[entry["deployment"]] = _baseline(s, entry["tp"], entry["pp"])[0]
+            same = shape_bases[entry["deployment"]] = _baseline(s, entry["tp"], entry["pp"], entry["cp"])[0]
         entry["rank"] = len(plans) + 1
         entry["baseline_score"] = same["score"]
         entry["delta_vs_baseline_pct"] = _pct(entry["score"], same["score"])
@@ -563,6 +596,7 @@ def run_search(
                 {**found_for, "rank": entry["rank"], "score": entry["score"]},
                 entry["tp"],
                 entry["pp"],
+                entry["cp"],
             )
         )
     excluded = [e for r in results for e in r.excluded.values()]
@@ -572,6 +606,7 @@ def run_search(
         "model": s.graph.spec.name,
         "tp": grid[0][0],
         "pp": grid[0][1],
+        "cp": grid[0][2],
         "dtype": dtype,
         "expert_dtype": expert_dtype,
         "topology": found_for["topology"],
@@ -604,7 +639,7 @@ def run_search(
             "plans": excluded,
         },
         "search": {
-            "deployments": [_label(n, p) for n, p in grid],
+            "deployments": [_label(*g) for g in grid],
             "skipped": skipped,
             "families": sum(r.families for r in results),
             "walk_steps": sum(r.walks for r in results),
