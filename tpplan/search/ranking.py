@@ -300,7 +300,14 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
     graph, cap, top = s.graph, s.cap, s.top
     obj = _objective(s, tp, pp, cp)
     label = _label(tp, pp, cp)
-    audit_plan(graph, baseline_plan(), tp, s.dtype)  # raises (a clear TpplanError) if the model does not split over tp
+    base = audit_plan(graph, baseline_plan(), tp, s.dtype)  # a clear TpplanError if the model does not split over tp
+    if cp > 1 and cap is not None:
+        # CP keeps every CP group's TP x PP weights: baseline's (no replication, the least any plan
+        # holds) with KV, state and embedding is a floor on every plan's memory; over the cap, none fits.
+        floor = plan_cost(obj, graph, base).memory
+        if floor > cap:
+            over = {"name": "every plan", "deployment": label, "search_memory_bytes_per_rank": floor, "why": "floor"}
+            return _Deployed([], {"every plan": over}, 0.0, 0, 0, obj.name, label)
     reserve = 0.0
     kept: dict[str, tuple[dict[str, Any], Plan, Behaviour]] = {}
     excluded: dict[str, dict[str, Any]] = {}
