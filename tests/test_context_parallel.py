@@ -153,3 +153,28 @@ def test_audit_cli_shows_and_bounds_cp(monkeypatch, capsys) -> None:
     assert code == 2 and "--cp-recurrence ring" in err
     code, out, _ = run_cli(monkeypatch, capsys, "explain", "--model", "tiny-qwen3-next", "--tp", "2", "--cp", "4")
     assert code == 0 and "two-pass scan" in out and "all-gathers K and V" in out
+
+
+@pytest.mark.parametrize("model", ["kimi-k3", "deepseek-v3", "qwen3-next-80b", "llama-3-70b"])
+def test_the_issues_models_audit_and_price_at_cp_2_4_8(model: str) -> None:
+    g = _graph(model)
+    topo = load_topology("h200x8-ib400", nodes=8)
+    plain = predict_plan(g, baseline(), topo, tp=8, tokens=16384)
+    for cp in (2, 4, 8):
+        a = audit_cp(g, 8, cp)
+        assert a.legal, a.reasons
+        pr = predict_plan(g, baseline(), topo, tp=8, cp=cp, tokens=16384)
+        assert pr.legal and pr.memory.kv_cache == pytest.approx(plain.memory.kv_cache / cp)
+        assert all(any(c.region == "cp" for c in k.collectives) == bool(a.kinds[k.kind].exchanges) for k in pr.kinds)
+
+
+def test_search_lists_cp_deployments_over_the_memory_floor_without_searching_them() -> None:
+    from tpplan.search import search_report
+
+    data = search_report("tiny-llama", "h200x8-ib400", nodes=1, top=2, memory_cap_gib=1e-5, tokens=4096)
+    floors = {e["deployment"] for e in data["excluded_over_cap"]["plans"] if e.get("why") == "floor"}
+    assert floors == {"TP4xCP2", "TP2xCP4", "TP1xCP8"}
+    assert not data["plans"]
+    data = search_report("tiny-llama", "h200x8-ib400", nodes=1, top=3, tokens=65536, cp=2)
+    assert data["search"]["deployments"] == ["TP4xCP2", "TP2xCP2xPP2"]  # PP4 > its layers
+    assert all(p["cp"] == 2 for p in data["plans"])
