@@ -78,3 +78,30 @@ def test_cp_with_transformers_weights_equals_transformers(tmp_path) -> None:
             theirs = models[r["model"]](input_ids=r["ids"][None]).logits[0]
         assert (r["logits"] - theirs).abs().max().item() < 1e-4, r["model"]
         assert r["max_rel_logits"] < 1e-5
+
+
+def test_verify_cp_refuses_what_it_does_not_execute(monkeypatch, capsys) -> None:
+    from tests.cli_helpers import run_cli
+
+    refused = [
+        (["--tp", "2", "--cp", "2"], "TP 1 only"),
+        (["--tp", "1", "--cp", "2", "--chunk", "4"], "--chunk"),
+        (["--tp", "1", "--cp", "2", "--dtype", "bf16"], "fp32 on gloo"),
+    ]
+    for args, word in refused:
+        code, _, err = run_cli(monkeypatch, capsys, "verify", "--model", "tiny-llama", "--plan", "baseline", *args)
+        assert code == 2 and word in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_verify_cli_runs_cp(monkeypatch, capsys) -> None:
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    code, out, _ = run_cli(monkeypatch, capsys, "verify", "--model", "tiny-kimi-k3", "--tp", "1", "--cp", "2",
+                           "--plan", "baseline", "--tokens", "12", "--json")  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and data["passed"]
+    (r,) = data["results"]
+    assert r["trace_matches_per_rank"] == [True, True] and r["traced_calls"] == r["predicted_calls"] > 0
