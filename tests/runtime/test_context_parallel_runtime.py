@@ -44,6 +44,20 @@ def test_cp_equals_the_unsharded_model_and_traces_the_prediction(cp: int) -> Non
             assert traced and _calls(traced) == _calls(predicted), r["model"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [2, 4])
+def test_kda_two_pass_scan_equals_the_unsharded_model(cp: int) -> None:
+    """The two-pass scan (local scan, all-gather of chunk state + transition, correction) on the
+    KDA families: the same numbers, and one all-gather per KDA layer where the serial run sends."""
+    results = verify_cp(["tiny-kimi-k3", "tiny-kimi-linear"], cp, tokens=19, recurrence="scan", timeout_s=300)
+    for r in results:
+        assert r["max_abs_hidden"] < 1e-4 and r["max_rel_logits"] < 1e-5, r["model"]
+        for traced, predicted in zip(r["traced"], r["predicted"], strict=True):
+            assert _calls(traced) == _calls(predicted), r["model"]
+            assert not [c for c in traced if c.kind == "send_recv" and c.value in ("state", "conv_tail")]
+        assert any(c.value == "state+transition" for c in r["traced"][0])
+
+
 HF = {
     "tiny-llama": ("LlamaConfig", "LlamaForCausalLM"),
     "tiny-deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),

@@ -34,12 +34,13 @@ def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: 
                           "pass --dtype fp32 --backend gloo")  # fmt: skip
 
 
-def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, timeout: float) -> dict[str, Any]:
+def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, timeout: float,
+           recurrence: str = "serial") -> dict[str, Any]:  # fmt: skip
     """Run and summarise: `passed`, the errors, the trace per rank against the prediction."""
     from tpplan.runtime.context_parallel import verify_cp
 
     (r,) = verify_cp([model], cp, tokens=tokens, seed=seed, weights={model: str(weights)} if weights else None,
-                     timeout_s=timeout)  # fmt: skip
+                     timeout_s=timeout, recurrence=recurrence)  # fmt: skip
     matches = [_calls(t) == _calls(p) for t, p in zip(r["traced"], r["predicted"], strict=True)]
     by_kind = Counter((c.kind, c.nbytes) for calls in r["traced"] for c in calls)
     predicted = Counter((c.kind, c.nbytes) for calls in r["predicted"] for c in calls)
@@ -48,6 +49,7 @@ def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, ti
         "cp": cp,
         "tokens": tokens,
         "split": r["split"],
+        "recurrence": recurrence,
         "max_abs_hidden_error": r["max_abs_hidden"],
         "max_rel_logits_error": r["max_rel_logits"],
         "tolerance": TOLERANCE,

@@ -21,6 +21,7 @@ from tpplan.commands._options import (
     Backend,
     BackendOpt,
     CpOpt,
+    CpRecurrenceOpt,
     ModelOpt,
     PrefillTokensOpt,
     ProcessesOpt,
@@ -131,6 +132,7 @@ def verify(
         ),
     ] = None,
     cp: CpOpt = 1,
+    cp_recurrence: CpRecurrenceOpt = "serial",
 ) -> int:
     """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
     check_json_target(json_target)  # before the run: a bad path costs one line, not minutes
@@ -151,7 +153,7 @@ def verify(
         raise TpplanError("--tokens/--chunk", "must be positive", "pass --tokens 64 (and --chunk 16)")
     if cp > 1:  # context parallelism: CP N ranks of TP 1 (commands/_verify_cp.py)
         return _verify_cp(model, cp, tp, plan, tokens, chunk, dtype, backend.value, seed, weights, timeout,
-                          force, json_target)  # fmt: skip
+                          force, json_target, cp_recurrence)  # fmt: skip
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else tp
     if world != tp:
         raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
@@ -213,7 +215,7 @@ def verify(
 
 def _verify_cp(model: str, cp: int, tp: int, plans: list[str], tokens: int, chunk: int | None, dtype: str,
                backend: str, seed: int, weights: Path | None, timeout: float, force: bool,
-               json_target: str | None) -> int:  # fmt: skip
+               json_target: str | None, recurrence: str) -> int:  # fmt: skip
     from tpplan.commands._ranks import check_local_ranks
     from tpplan.commands._verify_cp import check_cp_args, print_cp, run_cp
     from tpplan.errors import TpplanError
@@ -224,7 +226,7 @@ def _verify_cp(model: str, cp: int, tp: int, plans: list[str], tokens: int, chun
         raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
     check_local_ranks("--cp", cp, "gloo", force)
     try:
-        summary = run_cp(model, cp, tokens, seed, weights, timeout)
+        summary = run_cp(model, cp, tokens, seed, weights, timeout, recurrence)
     except RankFailed as exc:
         from tpplan.commands._failure import print_failure
 

@@ -12,13 +12,14 @@ planner's `CpExchange`s say:
 - KDA / Gated DeltaNet: the serial hand-off: rank r receives rank r-1's final recurrent state
   (GDN: and its conv tail, the halo) in the kernel's own chunked-prefill state, runs its chunk and
   sends its state on; KDA's separate short convolutions receive the previous rank's last
-  conv_kernel-1 inputs (the halo; posted at once by every rank, no chain).
+  conv_kernel-1 inputs (the halo; posted at once by every rank, no chain). With
+  `recurrence="scan"`, KDA runs the two-pass scan instead (`CpRunner._scan`): local scan, an
+  all-gather of every rank's chunk state and transition, a correction pass (GDN: serial only).
 
 The attention call reuses the reference kernel as it is: the queries are placed at their absolute
 positions in a [T, ...] buffer of zeros and the causal kernel runs over the gathered keys; rows of
 other ranks' queries are discarded. That repeats attention work (the runtime checks numbers and
-collectives, not speed; the cost model prices the zigzag rank's own pairs). The two-pass scan is
-priced by the planner but not executed here (`recurrence="scan"` is refused).
+collectives, not speed; the cost model prices the zigzag rank's own pairs).
 
 Every CP collective is recorded as a `CpCall` (all-gathers on every rank, sends on the receiving
 rank), which must equal `layout.context_parallel.cp_calls`, the planner's prediction.
@@ -56,11 +57,15 @@ class CpRunner:
         numerics: Numerics | None = None,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
+        recurrence: str = "serial",
     ) -> None:
-        self.graph, self.cp, self.rank = graph, cp, rank
-        self.audit = audit_cp(graph, 1, cp, "serial")
+        self.graph, self.cp, self.rank, self.recurrence = graph, cp, rank, recurrence
+        self.audit = audit_cp(graph, 1, cp, recurrence)  # type: ignore[arg-type]
         if not self.audit.legal:
             raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
+        if recurrence == "scan" and any(op.attrs.get("impl") == "gdn" for lg in graph.kinds.values() for op in lg.ops):
+            raise TpplanError("--cp-recurrence scan", "the two-pass scan is executed for KDA only (GDN's v sits "
+                              "inside its fused input)", "pass --cp-recurrence serial")  # fmt: skip
         self.split = model_split(self.audit)
         self.nu = numerics or numerics_for(graph)
         dev = device or torch.device("cpu")
@@ -137,6 +142,8 @@ class CpRunner:
             return execute_op(op, [self._place(ins[0]), kv_full, rope_full], w, {}, self.full_ctx)[self._mine()]
         if impl == "short_conv":
             return execute_op(op, ins, w, self._halo(op, ins[0]), ctx)
+        if impl == "kda" and self.recurrence == "scan":
+            return self._scan(op, ins, w, ctx)
         if impl in ("kda", "gdn"):
             state = self._receive_state(op, ins[0])
             out = execute_op(op, ins, w, state, ctx)
@@ -146,6 +153,31 @@ class CpRunner:
                         dist.send(state[key].contiguous(), self.rank + 1)
             return out
         raise TpplanError(f"--cp {self.cp}", f"{op.name} ({impl}) has no CP execution", "run without CP")
+
+    def _scan(self, op: Op, ins: list[Tensor], w: Mapping[str, Tensor], ctx: ExecContext) -> Tensor:
+        """KDA by the two-pass scan. The delta rule is linear in (initial state, v) jointly, so
+        run(S0, v) = run(0, v) + run(S0, 0): pass 1 is the local scan from a zero state (output and
+        final state S_loc) and the chunk's transition P = run(I, 0)'s final state (dk x dk per head);
+        every rank's (S_loc, P) is all-gathered, S_in(r) = P_{r-1} S_in(r-1) + S_loc_{r-1}, and the
+        correction run(S_in, 0) is added to the local output."""
+        q, k, v, f, beta = ins
+        heads, d = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+        local: dict[str, Tensor] = {}
+        out = execute_op(op, ins, w, local, ctx)
+        zero_v = torch.zeros_like(v)
+        trans = {"recurrent": torch.eye(d, device=v.device).expand(heads, d, d).clone()}
+        execute_op(op, [q, k, zero_v, f, beta], w, trans, ctx)
+        mine = torch.cat([local["recurrent"].reshape(-1), trans["recurrent"].reshape(-1).float()])
+        both = mine.new_empty(self.cp * mine.numel())
+        self.calls.append(CpCall(self._layer, "all_gather", op.name, "state+transition", both.numel() * 4))
+        _AG(both, mine.contiguous())
+        parts = both.view(self.cp, 2, heads, d, d)
+        s_in = torch.zeros(heads, d, d, device=v.device)
+        for j in range(self.rank):
+            s_in = torch.einsum("hab,hbv->hav", parts[j, 1], s_in) + parts[j, 0]
+        if self.rank == 0:
+            return out
+        return out + execute_op(op, [q, k, zero_v, f, beta], w, {"recurrent": s_in}, ctx)
 
     def _mine(self) -> Tensor:
         return torch.tensor(self.positions[self.rank], dtype=torch.long)
@@ -230,7 +262,7 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
     weights = load_safetensors(path, graph, nu) if path else random_weights(graph, nu, seed=payload["seed"])
     ids = torch.randint(0, graph.spec.vocab, (payload["tokens"],),
                         generator=torch.Generator().manual_seed(payload["seed"] + 1))  # fmt: skip
-    runner = CpRunner(graph, world, rank, weights, numerics=nu, device=device)
+    runner = CpRunner(graph, world, rank, weights, numerics=nu, device=device, recurrence=payload["recurrence"])
     hidden, mine = runner.prefill(ids)
     logits = runner.logits(hidden)
     parts: list[Any] = [None] * world
@@ -260,13 +292,14 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
 
 
 def verify_cp(models: list[str], cp: int, *, tokens: int = 16, seed: int = 0, weights: dict[str, str] | None = None,
-              timeout_s: float = 120.0) -> list[dict[str, Any]]:  # fmt: skip
+              timeout_s: float = 120.0, recurrence: str = "serial") -> list[dict[str, Any]]:  # fmt: skip
     """Run each of `models` at CP `cp` on `cp` local gloo ranks (one group for all) and compare with
     the one-process reference: the assembled final hidden and logits, and every rank's traced CP
     calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights."""
     from tpplan.runtime.group import GroupSpec, run_group
 
-    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m)} for m in models]
+    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": recurrence}
+               for m in models]  # fmt: skip
     return run_group(_worker, GroupSpec("gloo", cp, timeout_s), payload)
 
 
