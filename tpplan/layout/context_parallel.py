@@ -154,10 +154,9 @@ def _producer(lg: LayerGraph, value: str) -> Op | None:
 def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recurrence) -> list[CpExchange] | str:
     """The CP exchanges of one token mixer, or the reason it has none."""
     impl = str(op.attrs.get("impl"))
-    a = op.attrs
     if impl == "gqa":
         k, v = op.inputs[1], op.inputs[2]
-        kv_heads = int(a.get("kv_heads", a.get("heads", 1)))
+        kv_heads = op.int_attr("kv_heads", op.int_attr("heads", 1))
         share = _per_rank_heads(kv_heads, tp) / kv_heads
         width = (lg.values[k].width + lg.values[v].width) * share
         return [CpExchange(op.name, "kv_all_gather", "all_gather", (k, v), per_token=width)]
@@ -170,9 +169,9 @@ def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recur
         return [CpExchange(op.name, "latent_all_gather", "all_gather", (latent, rope), per_token=width)]
     if impl in ("kda", "gdn"):
         if impl == "kda":
-            heads, dk, dv = int(a["heads"]), int(a["head_dim"]), int(a["head_dim"])
+            heads, dk, dv = op.int_attr("heads"), op.int_attr("head_dim"), op.int_attr("head_dim")
         else:
-            heads, dk, dv = int(a["v_heads"]), int(a["k_head_dim"]), int(a["v_head_dim"])
+            heads, dk, dv = op.int_attr("v_heads"), op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
         h = heads / tp
         out: list[CpExchange] = []
         if recurrence == "serial":
@@ -182,14 +181,14 @@ def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recur
             out.append(CpExchange(op.name, "state_scan", "all_gather", ("state", "transition"),
                                   per_seq=h * (dk * dv + dk * dk), elem_bytes=STATE_ELEM_BYTES))  # fmt: skip
         if impl == "gdn":  # GDN's conv runs inside the mixer op on q, k, v
-            kernel = int(a.get("kernel", 1))
-            channels = (2 * int(a["k_heads"]) * dk + heads * dv) / tp
+            kernel = op.int_attr("kernel", 1)
+            channels = (2 * op.int_attr("k_heads") * dk + heads * dv) / tp
             if kernel > 1:
                 out.append(CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",),
                                       per_seq=(kernel - 1) * channels))  # fmt: skip
         return out
     if impl == "short_conv":
-        kernel = int(a.get("kernel", 1))
+        kernel = op.int_attr("kernel", 1)
         if kernel <= 1:
             return []
         width = lg.values[op.inputs[0]].width / tp
