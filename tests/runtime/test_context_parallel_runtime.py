@@ -98,7 +98,7 @@ def test_verify_cp_refuses_what_it_does_not_execute(monkeypatch, capsys) -> None
     from tests.cli_helpers import run_cli
 
     refused = [
-        (["--tp", "2", "--cp", "2"], "TP 1 only"),
+        (["--tp", "1", "--cp", "2", "--plan", "sp-moe"], "one plan"),
         (["--tp", "1", "--cp", "2", "--chunk", "4"], "--chunk"),
         (["--tp", "1", "--cp", "2", "--dtype", "bf16"], "fp32 on gloo"),
     ]

@@ -1,4 +1,4 @@
-"""`tpplan verify --cp N`: a context-parallel deployment (TP 1 x CP N) run for real on gloo.
+"""`tpplan verify --cp N`: a context-parallel deployment (TP 1 x CP N, or TP x CP) run for real on gloo.
 
 Rank r holds its share of the prompt's tokens (`tpplan.layout.context_parallel`); the assembled
 final hidden and logits are compared with the single-process model, and every rank's CP calls
@@ -22,16 +22,31 @@ def _calls(calls: list[Any]) -> list[tuple[object, ...]]:
 
 def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: str, backend: str) -> None:
     """What a CP run supports, each refusal one line (exit 2)."""
-    if tp != 1:
-        raise TpplanError(f"--tp {tp} --cp {cp}", "the runtime executes CP groups of TP 1 only",
-                          "pass --tp 1 (the planner prices TP x CP: tpplan audit --cp)")  # fmt: skip
-    if any(p != "baseline" for p in plans):
-        raise TpplanError(f"--plan {' '.join(plans)}", "at TP 1 every plan is the baseline", "pass --plan baseline")
+    if len(plans) != 1 or (tp == 1 and plans[0] != "baseline"):
+        raise TpplanError(f"--plan {' '.join(plans)}", "a CP run verifies one plan (at TP 1 only the baseline)",
+                          "pass one --plan (baseline at --tp 1)")  # fmt: skip
     if chunk is not None:
         raise TpplanError("--chunk", "chunked prefill under CP is not executed", "drop --chunk")
     if dtype != "fp32" or backend not in ("auto", "gloo"):
         raise TpplanError(f"--dtype {dtype} --backend {backend}", "CP runs fp32 on gloo (CPU)",
                           "pass --dtype fp32 --backend gloo")  # fmt: skip
+
+
+def run_tp_cp(model: str, plan: str, tp: int, cp: int, tokens: int, seed: int, timeout: float,
+              recurrence: str = "serial") -> dict[str, Any]:  # fmt: skip
+    """TP `tp` x CP `cp` (random weights): the final hidden, CP calls per rank against `cp_calls`, TP
+    calls against `predict_schedule`."""
+    from tpplan.runtime.context_parallel import verify_tp_cp
+
+    r = verify_tp_cp(model, tp, cp, plan=plan, tokens=tokens, seed=seed, recurrence=recurrence, timeout_s=timeout)
+    matches = [_calls(t) == _calls(p) for t, p in zip(r["cp_traced"], r["cp_predicted"], strict=True)]
+    return {
+        "model": model, "plan": plan, "tp": tp, "cp": cp, "tokens": tokens, "recurrence": recurrence,
+        "max_rel_hidden_error": r["max_rel_hidden"], "tolerance": TOLERANCE,
+        "trace_matches_per_rank": matches, "tp_trace_matches_per_rank": r["tp_trace_matches"],
+        "traced_calls": sum(len(t) for t in r["cp_traced"]), "predicted_calls": sum(len(p) for p in r["cp_predicted"]),
+        "passed": r["max_rel_hidden"] <= TOLERANCE and all(matches) and all(r["tp_trace_matches"]),
+    }  # fmt: skip
 
 
 def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, timeout: float,
@@ -64,6 +79,15 @@ def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, ti
 
 def print_cp(console: Any, s: dict[str, Any]) -> None:
     status = "[bold green]PASS[/]" if s["passed"] else "[bold red]FAIL[/]"
+    if "tp" in s:  # TP x CP
+        cp_ok = "all ranks" if all(s["trace_matches_per_rank"]) else "[red]differs[/]"
+        tp_ok = "all ranks" if all(s["tp_trace_matches_per_rank"]) else "[red]differs[/]"
+        console.print(f"{status}  {s['model']} {s['plan']} TP{s['tp']} x CP{s['cp']}, {s['tokens']} tokens")
+        console.print(f"  final hidden max rel error vs the single-process model {s['max_rel_hidden_error']:.3e} "
+                      f"(tolerance {s['tolerance']:g}); CP calls {s['traced_calls']} traced, "
+                      f"{s['predicted_calls']} predicted, equal: {cp_ok}; "
+                      f"TP calls == predict_schedule: {tp_ok}")  # fmt: skip
+        return
     console.print(f"{status}  {s['model']} CP{s['cp']} (TP 1), {s['tokens']} tokens, {s['split']} split")
     console.print(f"  logits max rel error vs the single-process model {s['max_rel_logits_error']:.3e} "
                   f"(tolerance {s['tolerance']:g}); final hidden max abs {s['max_abs_hidden_error']:.3e}")  # fmt: skip

@@ -217,16 +217,21 @@ def _verify_cp(model: str, cp: int, tp: int, plans: list[str], tokens: int, chun
                backend: str, seed: int, weights: Path | None, timeout: float, force: bool,
                json_target: str | None, recurrence: str) -> int:  # fmt: skip
     from tpplan.commands._ranks import check_local_ranks
-    from tpplan.commands._verify_cp import check_cp_args, print_cp, run_cp
+    from tpplan.commands._verify_cp import check_cp_args, print_cp, run_cp, run_tp_cp
     from tpplan.errors import TpplanError
     from tpplan.runtime.group import RankFailed
 
     check_cp_args(cp, tp, plans, chunk, dtype, backend)
     if weights is not None and not weights.is_dir():
         raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
-    check_local_ranks("--cp", cp, "gloo", force)
+    check_local_ranks("--tp x --cp", tp * cp, "gloo", force)
+    if tp > 1 and weights is not None:
+        raise TpplanError("--weights", "a TP x CP run uses random weights", "drop --weights, or pass --tp 1")
     try:
-        summary = run_cp(model, cp, tokens, seed, weights, timeout, recurrence)
+        if tp > 1:
+            summary = run_tp_cp(model, plans[0], tp, cp, tokens, seed, timeout, recurrence)
+        else:
+            summary = run_cp(model, cp, tokens, seed, weights, timeout, recurrence)
     except RankFailed as exc:
         from tpplan.commands._failure import print_failure
 
