@@ -52,13 +52,15 @@ class Pricer:
         dtype: str = "bf16",
         expert_dtype: str | None = None,
         engine: str | None = None,
+        audit: PlanAudit | None = None,
         cp: int = 1,
         cp_recurrence: str = "scan",
     ) -> None:
+        """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise)."""
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
         self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
-        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, engine=engine,
+        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
                                deployment=self.deployment)  # fmt: skip
         self.cp_audit = self._base.cp_audit
         self._by_plan: dict[tuple[str, int | None, Placement], Predictor] = {("tp", None, R): self._base}
