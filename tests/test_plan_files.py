@@ -156,12 +156,12 @@ def test_deployment_grid():
     k3 = build_model_graph(load_model("kimi-k3"))
     topo = load_topology("h200x8-ib400")  # 4 nodes x 8
     splits = [(32, 1, 1), (16, 2, 1), (8, 4, 1), (4, 8, 1), (2, 16, 1), (1, 32, 1)]
-    assert deployments(k3, topo, None, None) == [*splits, (16, 1, 2), (8, 1, 4), (4, 1, 8)]  # + TP x CP
+    assert deployments(k3, topo, None, None) == [*splits, (8, 1, 4), (4, 1, 8)]  # + TP x CP, TP in one node
     assert deployments(k3, topo, None, 4) == [(8, 4, 1)]
     assert deployments(k3, topo, 8, None) == [(8, 1, 1)]
     assert deployments(k3, topo, None, None, cp=4) == [(8, 1, 4), (4, 2, 4), (2, 4, 4), (1, 8, 4)]
     assert deployments(k3, topo, 8, None, cp=2) == [(8, 1, 2)]
-    # 24 GPUs: TP12 would span one and a half nodes, so it is not a split (nor TP12 x CP2)
+    # 24 GPUs: TP12 would span one and a half nodes, so it is not a split (TP12 x CP2: TP over a node)
     three = [(24, 1, 1), (8, 3, 1), (6, 4, 1), (4, 6, 1), (3, 8, 1), (2, 12, 1), (1, 24, 1), (6, 1, 4), (3, 1, 8)]
     assert deployments(k3, topo.with_nodes(3), None, None) == three
     assert deployments(k3, None, 4, None) == [(4, 1, 1)]

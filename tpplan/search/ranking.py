@@ -86,7 +86,8 @@ def deployments(
 ) -> list[tuple[int, int, int]]:
     """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
     widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
-    TP x CP splits without PP for CP in `CP_SIZES` where the model's mixers have a CP method."""
+    TP x CP splits without PP for CP in `CP_SIZES`, TP inside one node, where the model's mixers have
+    a CP method."""
     from tpplan.layout.context_parallel import CP_SIZES, audit_cp
 
     layers = graph.spec.num_layers
@@ -133,10 +134,10 @@ def deployments(
         if share % n or p > layers or (n > gpn and n % gpn):
             continue
         out.append((n, p, c))
-    if cp is None:
+    if cp is None:  # TP x CP with the TP group inside one node (CP spans the nodes); `cp` searches any split
         for k in CP_SIZES[1:]:
             n = world // k
-            if world % k or n < 1 or (n > gpn and n % gpn) or not audit_cp(graph, n, k).legal:
+            if world % k or n < 1 or n > gpn or not audit_cp(graph, n, k).legal:
                 continue
             out.append((n, 1, k))
     return out
