@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,11 @@ from tpplan.units import signed_pct
 
 def _ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:,.1f}"
+
+
+class OverlapChoice(StrEnum):
+    tbo = "tbo"
+    dbo = "dbo"
 
 
 MEMORY_CAP_HELP = (
@@ -103,12 +109,23 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--dp-attention", help="Also rank the named DP-attention plans (docs/design.md)"),
         ] = False,
+        overlap: Annotated[
+            OverlapChoice | None,
+            typer.Option(
+                "--overlap",
+                help="Also rank each all-to-all plan under an engine's micro-batch overlap: tbo (SGLang "
+                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); docs/cost-model.md",
+            ),
+        ] = None,
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
+        from tpplan.cost.workload import load_workload
+        from tpplan.models.config import load_model
+        from tpplan.models.graph import build_model_graph
         from tpplan.outputs import check_dir
         from tpplan.plans.files import save_plan_dir
-        from tpplan.search import run_search
+        from tpplan.search import search_plans
 
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
@@ -120,12 +137,13 @@ def register(app: typer.Typer) -> None:
 
             raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
         with steps(f"tpplan search {model}") as say:
-            outcome = run_search(
-                model,
+            graph = build_model_graph(load_model(model))
+            outcome = search_plans(
+                graph,
                 topo,
                 tp=tp,
                 pp=pp,
-                workload=workload,
+                workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,
                 tokens=tokens,
@@ -134,9 +152,10 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
+                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
                 progress=say,
             )
-        data = outcome.data
+        data = outcome.to_json()
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

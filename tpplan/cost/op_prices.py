@@ -71,7 +71,7 @@ class OpPrices:
         g = topo.gpus_per_node
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
-                f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
             )
         self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, tp, pp, dtype
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from tpplan.audit import Audit, PlanAudit
@@ -173,8 +174,7 @@ def predict_plan(
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
     # share of the time), the same figure the memo uses: audit, search and report state one band.
-    pred.provenance = composed_provenance(pred.provenance, pred)  # type: ignore[arg-type]
-    return pred
+    return replace(pred, provenance=composed_provenance(pred.provenance, pred))  # type: ignore[arg-type]
 
 
 def predict_audit(

@@ -42,10 +42,12 @@ class Pricer:
         dtype: str = "bf16",
         expert_dtype: str | None = None,
         engine: str | None = None,
+        audit: PlanAudit | None = None,
     ) -> None:
+        """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise)."""
         self.graph, self.topology, self.tp, self.pp = graph, topology, tp, pp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
-        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, engine=engine)
+        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine)
         self._by_plan: dict[tuple[str, int | None, Placement], Predictor] = {("tp", None, R): self._base}
 
     @property

@@ -207,14 +207,14 @@ class PredictObjective:
 
     With PP > 1 the score adds the stage sends (which depend on the plan only through its stream
     placement): the forward time is still exact; with a workload it is the unpipelined TTFT (the
-    pipelined one is not linear in layer times; `search_report` ranks deployments by
+    pipelined one is not linear in layer times; `search_plans` ranks deployments by
     `predict_plan`'s).
 
     Memory is the additive part of predict's memory per rank: weights (experts at their weight
     dtype), KV cache, recurrent state, embedding and head. With PP > 1 it is a bound on the fullest
     stage: each layer kind counted at its largest count in one stage (`memory_layer_counts`), and the
     largest stage's KV, state and embedding. Activations (the peak of one chunk) are not additive;
-    `search_report` checks them on the ranked plans.
+    `search_plans` checks them on the ranked plans.
     """
 
     def __init__(self, pricer: Pricer, *, workload: Workload | None = None, tokens: int = 8192) -> None:
