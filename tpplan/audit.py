@@ -86,6 +86,17 @@ class WeightMemory:
     replicated_extra: float
 
 
+def _layer_weight_terms(res: LayerResult, stored: StoredWeights, n: int) -> tuple[list[float], list[float]]:
+    """One layer's weight bytes per rank, op by op, and what replication adds, op by op."""
+    weights, extra = [], []
+    for d in res.decisions:
+        wb = stored.per_element(res.kind, d.op)
+        weights.append(d.weight_elements_per_rank * wb)
+        if d.split == "replicated" and d.op.split.value in ("col", "row"):
+            extra.append((d.op.weight_numel - d.op.weight_numel / n) * wb)
+    return weights, extra
+
+
 def stage_weights(
     pa: PlanAudit, graph: ModelGraph, stages: Sequence[range], stored: StoredWeights
 ) -> list[WeightMemory]:
@@ -95,16 +106,21 @@ def stage_weights(
     # DP attention: every rank looks its own tokens up in the whole embedding table (the head stays
     # vocab-parallel); the table beyond its vocab slice is replication (docs/design.md, "DP attention").
     embed_in = spec.vocab * spec.hidden * stored.dtype_bytes if pa.plan.dp_attention else embed
+    # Layers of a kind mostly share one result: its per-op terms are computed once and added in
+    # layer order (the same additions as op by op, so the figure is bit-for-bit the same).
+    terms: dict[int, tuple[list[float], list[float]]] = {}
     out = []
     for s, rng in enumerate(stages):
         weights = extra = 0.0
         for j in rng:
             res = pa.layer_results[j]
-            for d in res.decisions:
-                wb = stored.per_element(res.kind, d.op)
-                weights += d.weight_elements_per_rank * wb
-                if d.split == "replicated" and d.op.split.value in ("col", "row"):
-                    extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
+            hit = terms.get(id(res))
+            if hit is None:
+                hit = terms[id(res)] = _layer_weight_terms(res, stored, n)
+            for t in hit[0]:
+                weights += t
+            for t in hit[1]:
+                extra += t
         if s == 0:
             weights += embed_in
             extra += embed_in - embed

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
-from tpplan.cost.provenance import composed_provenance, provenance
+from tpplan.cost.provenance import Provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
@@ -424,9 +424,10 @@ def analyse(
     named = [v.plan.name for v in variants if v.pp == 1 and v.tp == n and v.plan.found_by != "search"]
     sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
     wl = workloads[0].name if workloads else None
-    band = provenance(topology, cur.tp * cur.pp)
-    if wl is not None and wl in cur.predictions:  # the band of what the current deployment's time sums
-        band = composed_provenance(band, cur.predictions[wl])
+    # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
+    # a prediction that carries none (a stand-in predictor's) or none at all has the topology's.
+    held = getattr(cur.predictions.get(wl), "provenance", None) if wl is not None else None
+    band = held if isinstance(held, Provenance) else provenance(topology, cur.tp * cur.pp)
     same = _same_decisions(variants)
 
     def formula(v: Variant) -> str:
