@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tpplan.commands._bounds import PP_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
@@ -77,6 +77,13 @@ def register(app: typer.Typer) -> None:
                 "--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)", callback=PP_RANGE
             ),
         ] = None,
+        cp: Annotated[
+            int | None,
+            typer.Option(
+                "--cp", help="Context-parallel size (default: CP 1 at every split, and TP x CP for CP 2, 4, 8)",
+                callback=CP_RANGE,
+            ),
+        ] = None,
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
@@ -130,7 +137,7 @@ def register(app: typer.Typer) -> None:
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        gpus = tp * (pp or 1) if tp else None
+        gpus = tp * (pp or 1) * (cp or 1) if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
@@ -143,6 +150,7 @@ def register(app: typer.Typer) -> None:
                 topo,
                 tp=tp,
                 pp=pp,
+                cp=cp,
                 workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,

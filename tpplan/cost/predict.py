@@ -97,13 +97,16 @@ def batch_time(
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     engine: str | None = None,
+    cp: int = 1,
+    cp_recurrence: str = "scan",
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
     the whole model; with PP, the sum of the stages and their sends (one chunk, no pipelining).
     `engine` ("sglang@0.5.14"): price kernels from that engine's measured database where it has them."""
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine)
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
+                         cp_recurrence=cp_recurrence)  # fmt: skip
     return p.latency(((n_tokens, context),))
 
 
@@ -139,13 +142,17 @@ def predict_plan(
     expert_dtype: str | None = None,
     audit: PlanAudit | None = None,
     engine: str | None = None,
+    cp: int = 1,
+    cp_recurrence: str = "scan",
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
-    workload) TTFT, for one plan at TP `tp` x PP `pp` on `topology` (kernels from `engine`'s
-    measured database where it has them, e.g. "sglang@0.5.14")."""
+    workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
+    measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
+    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`)."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine)
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
+                         cp_recurrence=cp_recurrence)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -157,7 +164,7 @@ def predict_plan(
         plan=p.audit.plan,
         tp=tp,
         pp=pp,
-        legal=p.audit.legal,
+        legal=p.audit.legal and p.cp_audit.legal,
         tokens=tokens,
         context=0,
         kinds=kinds,
@@ -170,7 +177,8 @@ def predict_plan(
         stage_s=[s + x for s, x in zip(stage_s, sends, strict=True)],
         final_comm_s=final,
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
-        provenance=provenance(topology, tp * pp),
+        provenance=provenance(topology, tp * pp * cp),
+        cp=cp,
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
     # share of the time), the same figure the memo uses: audit, search and report state one band.
@@ -186,6 +194,8 @@ def predict_audit(
     tokens: int | None = None,
     expert_dtype: str | None = None,
     engine: str | None = None,
+    cp: int = 1,
+    cp_recurrence: str = "scan",
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
     workload's chunk size (8192 without a workload)."""
@@ -203,6 +213,8 @@ def predict_audit(
             expert_dtype=expert_dtype,
             audit=pa,
             engine=engine,
+            cp=cp,
+            cp_recurrence=cp_recurrence,
         )
         for pa in a.plans
     ]

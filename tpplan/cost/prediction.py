@@ -116,6 +116,7 @@ class PlanPrediction:
     final_comm_s: float = 0.0  # the reduction before the final norm
     gpu_memory_bytes: float = 0.0
     provenance: Provenance | None = None  # how the times were made and the error band that applies
+    cp: int = 1  # context-parallel size: TP groups per stage, each on 1/cp of the tokens
 
     @property
     def compute_s(self) -> float:
@@ -160,6 +161,7 @@ class PlanPrediction:
             "workload": self.workload,
             "tp": self.tp,
             "pp": self.pp,
+            "cp": self.cp,
             "tokens": self.tokens,
             "context": self.context,
             "forward_s": self.forward_s,

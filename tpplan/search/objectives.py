@@ -271,7 +271,7 @@ class PredictObjective:
         return hit
 
     def _fixed_seconds(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> float:
-        """The final reduction and, with PP, the stage sends, for the batches priced."""
+        """The final reduction and, with PP, the stage sends, with CP, the CP exchanges, for the batches priced."""
         pr = self.pricer
         secs = 0.0
         coll = _final_collective(stream, final_delta)
@@ -280,6 +280,8 @@ class PredictObjective:
                 secs += w * pr.final_reduce_time(coll, ring_elements_per_rank(coll, graph.hidden, n), segs)
             if self.pp > 1:
                 secs += w * pr.stage_sends_time(stream, segs)
+            if pr.cp > 1:  # context parallelism's exchanges: fixed by the graph and TP, not by the plan
+                secs += w * sum(k * pr.cp_exchange_time(kind, segs) for kind, k in graph.counts().items())
         return secs
 
     def _state_memory(self) -> float:

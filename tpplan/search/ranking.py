@@ -74,7 +74,7 @@ class _Setup:
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
-    baselines: dict[tuple[int, int], RankedPlan] = field(default_factory=dict)  # (TP, PP) -> its baseline, priced
+    baselines: dict[tuple[int, int, int], RankedPlan] = field(default_factory=dict)  # (TP, PP, CP) -> baseline
 
     def baseline_audit(self, tp: int) -> PlanAudit:
         from tpplan.plans.named import baseline as baseline_plan
@@ -82,42 +82,65 @@ class _Setup:
         return self.audits.of(baseline_plan(), tp, self.dtype)
 
 
-def deployments(graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None) -> list[tuple[int, int]]:
-    """(TP, PP) pairs to search: the ones asked for, or every split of the topology's GPUs,
-    widest TP first (the first is the reference the baseline is taken at)."""
+def deployments(
+    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None = None
+) -> list[tuple[int, int, int]]:
+    """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
+    widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
+    TP x CP splits without PP for CP in `CP_SIZES`, TP inside one node, where the model's mixers have
+    a CP method."""
+    from tpplan.layout.context_parallel import CP_SIZES, audit_cp
+
     layers = graph.spec.num_layers
     if pp is not None and (pp < 1 or pp > layers):
         raise TpplanError(f"pp={pp}", f"must be between 1 and the model's {layers} layers", "use a smaller pp")
+    if cp is not None and cp < 1:
+        raise TpplanError(f"cp={cp}", "the CP size must be at least 1", "use cp=1 or more")
+    c = cp or 1
     if topo is None:
         if pp not in (None, 1):
             raise TpplanError(f"pp={pp}", "pipeline stages need a topology to price", "pass a topology")
+        if c > 1:
+            raise TpplanError(f"cp={c}", "context parallelism is priced in time: it needs a topology",
+                              "pass a topology")  # fmt: skip
         if tp is None or tp < 1:
             raise TpplanError(f"tp={tp}", "the TP size must be at least 1", "use tp=1 or more")
-        return [(tp, 1)]
+        return [(tp, 1, 1)]
     world, gpn = topo.world_size, topo.gpus_per_node
+    if c > 1 and not audit_cp(graph, tp or 1, c).legal:
+        raise TpplanError(f"cp={c}", "; ".join(audit_cp(graph, tp or 1, c).reasons), "search without cp")
+    if world % c:
+        raise TpplanError(f"cp={c}", f"does not divide the topology's {world} GPUs", "use a divisor")
     if tp is not None or pp is not None:
         p = pp or 1
-        n = tp if tp is not None else world // p
-        if tp is None and world % p:
+        n = tp if tp is not None else world // (p * c)
+        if tp is None and world % (p * c):
             raise TpplanError(f"pp={p}", f"does not divide the topology's {world} GPUs", "give tp as well")
         if n < 1:
             raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
-        if n * p > world:
+        if n * p * c > world:
             raise TpplanError(
-                f"tp={n}" + (f" pp={p}" if p > 1 else ""),
+                f"tp={n}" + (f" pp={p}" if p > 1 else "") + (f" cp={c}" if c > 1 else ""),
                 f"topology {topo.name} has only {world} GPUs ({topo.nodes} x {gpn})",
-                "use a smaller tp/pp or a topology with more nodes",
+                "use a smaller tp/pp/cp or a topology with more nodes",
             )
         if n > gpn and n % gpn:
             why = f"a TP group larger than a node must fill whole nodes of {gpn} GPUs"
             raise TpplanError(f"tp={n}", why, f"use a multiple of {gpn}")
-        return [(n, p)]
+        return [(n, p, c)]
     out = []
-    for n in range(world, 0, -1):
-        p = world // n
-        if world % n or p > layers or (n > gpn and n % gpn):
+    share = world // c
+    for n in range(share, 0, -1):
+        p = share // n
+        if share % n or p > layers or (n > gpn and n % gpn):
             continue
-        out.append((n, p))
+        out.append((n, p, c))
+    if cp is None:  # TP x CP with the TP group inside one node (CP spans the nodes); `cp` searches any split
+        for k in CP_SIZES[1:]:
+            n = world // k
+            if world % k or n < 1 or n > gpn or not audit_cp(graph, n, k).legal:
+                continue
+            out.append((n, 1, k))
     return out
 
 
@@ -158,19 +181,19 @@ def _check(
         raise TpplanError("topology=None", "predicted time needs a topology", "pass one (e.g. h200x8-ib400)")
 
 
-def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int) -> RankedPlan:
+def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1) -> RankedPlan:
     """One plan's result: the audit's volumes and, with a topology, `predict_plan`'s time and memory
     (the audit handed in: the prediction does not audit again)."""
     if s.topo is None:
-        return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa))
+        return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa), cp=cp)
     from tpplan.cost.predict import predict_plan
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                      expert_dtype=s.expert_dtype, audit=pa)  # fmt: skip
+                      expert_dtype=s.expert_dtype, audit=pa, cp=cp)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
-    return RankedPlan(pa.plan, tp, pp, pa, cost, score, pr, behaviour(pa))
+    return RankedPlan(pa.plan, tp, pp, pa, cost, score, pr, behaviour(pa), cp=cp)
 
 
 @dataclass
@@ -186,13 +209,13 @@ class _Deployed:
     label: str
 
 
-def _objective(s: _Setup, tp: int, pp: int) -> Objective:
+def _objective(s: _Setup, tp: int, pp: int, cp: int = 1) -> Objective:
     if s.objective == "time":
         assert s.topo is not None
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp))  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -204,8 +227,8 @@ def _lower_bound(s: _Setup, score: float, pp: int) -> float:
     return score / pp if s.wl is not None and pp > 1 else score
 
 
-def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")) -> _Deployed:
-    """Search one (TP, PP); audit and predict its best plans until `top` fit, or until what the
+def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1) -> _Deployed:
+    """Search one (TP, PP, CP); audit and predict its best plans until `top` fit, or until what the
     next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
     Activations (one chunk's peak) are not additive: the search caps the rest. A ranked plan that
@@ -213,8 +236,16 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
     with the largest such activations reserved, and the plans that fit from both runs are kept.
     """
     graph, cap, top = s.graph, s.cap, s.top
-    s.baseline_audit(tp)  # raises (a clear TpplanError) if the model does not split over tp
-    obj = _objective(s, tp, pp)
+    base = s.baseline_audit(tp)  # raises (a clear TpplanError) if the model does not split over tp
+    obj = _objective(s, tp, pp, cp)
+    label = _label(tp, pp, cp)
+    if cp > 1 and cap is not None:
+        # CP keeps every CP group's TP x PP weights: baseline's (no replication, the least any plan
+        # holds) with KV, state and embedding is a floor on every plan's memory; over the cap, none fits.
+        floor = plan_cost(obj, graph, base).memory
+        if floor > cap:
+            over = Excluded("every plan", label, None, search_memory_bytes=floor, why="floor")
+            return _Deployed([], {"every plan": over}, 0.0, 0, 0, obj.name, label)
     reserve = 0.0
     kept: dict[str, RankedPlan] = {}
     excluded: dict[str, Excluded] = {}
@@ -226,7 +257,7 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
             name, _, _ = describe(c.glob, c.configs)
-            excluded.setdefault(name, Excluded(name, _label(tp, pp), c.score, search_memory_bytes=c.memory))
+            excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
         for c in res.candidates:
             if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
                 break
@@ -234,11 +265,11 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            got = _evaluate(s, pa, c.cost, tp, pp)
+            got = _evaluate(s, pa, c.cost, tp, pp, cp)
             mem = got.prediction.memory if got.prediction is not None else None
             if cap is not None and mem is not None and mem.total > cap:
                 worst_act = max(worst_act, float(mem.activations))
-                excluded[name] = Excluded(name, _label(tp, pp), got.score, memory_bytes=mem.total, why="activations")
+                excluded[name] = Excluded(name, label, got.score, memory_bytes=mem.total, why="activations")
                 continue
             fitted += 1
             kept.setdefault(name, got)
@@ -246,15 +277,15 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
             break
         reserve = worst_act
     if s.dp_attention:
-        for got in _dp_entries(s, tp, pp, excluded):
+        for got in _dp_entries(s, tp, pp, excluded, cp):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
         for got in _overlap_entries(s, list(kept.values()), tp, pp):
             kept.setdefault(got.plan.name, got)
-    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, _label(tp, pp))
+    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
 
-def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded]) -> list[RankedPlan]:
+def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: int = 1) -> list[RankedPlan]:
     """The named DP-attention plans (docs/design.md, "DP attention"), ranked beside the search's:
     the search's space has no DP global choice, so these are scored outside it, by the figure
     ranked plans are ranked by (`predict_plan`'s time, or the audit's bytes per token, which is
@@ -269,10 +300,10 @@ def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded]) -> l
             continue
         if not pa.legal:
             continue
-        got = _evaluate(s, pa, Cost(pa.comm_bytes_per_token, pa.weight_bytes_per_rank), tp, pp)
+        got = _evaluate(s, pa, Cost(pa.comm_bytes_per_token, pa.weight_bytes_per_rank), tp, pp, cp)
         total = got.memory_total
         if s.cap is not None and total is not None and total > s.cap:
-            excluded[name] = Excluded(name, _label(tp, pp), got.score, memory_bytes=total, why="memory")
+            excluded[name] = Excluded(name, _label(tp, pp, cp), got.score, memory_bytes=total, why="memory")
             continue
         out.append(got)
     return out
@@ -290,11 +321,11 @@ def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> l
         if got.plan.moe != "a2a" or got.plan.overlap is not None:
             continue
         plan = overlapped(got.plan, s.overlap, s.graph)
-        out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp))
+        out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp))
     return out
 
 
-def _while_searching(s: _Setup, grid: list[tuple[int, int]]) -> None:
+def _while_searching(s: _Setup, grid: list[tuple[int, int, int]]) -> None:
     """The parent's share while forked workers search: the reference deployment's baseline and
     named plans, which the answer needs after the search (a core is idle at the grid's tail).
     A model that does not split there says so after the search, as before."""
@@ -305,12 +336,13 @@ def _while_searching(s: _Setup, grid: list[tuple[int, int]]) -> None:
         pass
 
 
-def _baseline(s: _Setup, tp: int, pp: int) -> RankedPlan:
+def _baseline(s: _Setup, tp: int, pp: int, cp: int = 1) -> RankedPlan:
     """Megatron TP at this deployment, for reference (priced once per search)."""
-    hit = s.baselines.get((tp, pp))
+    hit = s.baselines.get((tp, pp, cp))
     if hit is None:
         pa = s.baseline_audit(tp)
-        hit = s.baselines[(tp, pp)] = _evaluate(s, pa, plan_cost(_objective(s, tp, pp), s.graph, pa), tp, pp)
+        cost = plan_cost(_objective(s, tp, pp, cp), s.graph, pa)
+        hit = s.baselines[(tp, pp, cp)] = _evaluate(s, pa, cost, tp, pp, cp)
     return hit
 
 
@@ -345,12 +377,12 @@ def _name_ranked(s: _Setup, ranked: list[RankedPlan], top: int) -> list[RankedPl
 _GRID_SETUP: _Setup | None = None  # what forked grid workers search (inherited, not pickled)
 
 
-def _search_one(n: int, p: int, cutoff: float = float("inf")) -> _Deployed | tuple[str, str, str]:
+def _search_one(n: int, p: int, cutoff: float = float("inf"), c: int = 1) -> _Deployed | tuple[str, str, str]:
     """One deployment; a model that does not split over it gives the error's (where, reason, fix),
     which, unlike the exception, crosses a process boundary."""
     assert _GRID_SETUP is not None
     try:
-        return _search_deployment(_GRID_SETUP, n, p, cutoff)
+        return _search_deployment(_GRID_SETUP, n, p, cutoff, c)
     except TpplanError as e:
         return (e.where, e.reason, e.fix)
 
@@ -367,7 +399,7 @@ def _worker_gc() -> None:
 
 
 def _search_all(
-    s: _Setup, grid: list[tuple[int, int]], say: Callable[[str], None] = lambda _step: None
+    s: _Setup, grid: list[tuple[int, int, int]], say: Callable[[str], None] = lambda _step: None
 ) -> list[_Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
@@ -386,7 +418,7 @@ def _search_all(
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
-            for n, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
+            for n, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
                 with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
                     s.baseline_audit(n)
             if s.topo is not None and s.objective == "time":  # imported once, before forking, not per worker
@@ -394,7 +426,7 @@ def _search_all(
                 import tpplan.cost.pricing  # noqa: F401
             workers = min(len(grid), cores)
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_gc) as pool:
-                futures = [pool.submit(_search_one, n, p) for n, p in grid]
+                futures = [pool.submit(_search_one, n, p, float("inf"), c) for n, p, c in grid]
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
                     say(f"searched {done} of {len(grid)} deployments")
@@ -405,10 +437,10 @@ def _search_all(
             return out
         out = []
         scores: list[float] = []
-        for i, (n, p) in enumerate(grid):
-            say(f"searching {_label(n, p)} ({i + 1} of {len(grid)})")
+        for i, (n, p, c) in enumerate(grid):
+            say(f"searching {_label(n, p, c)} ({i + 1} of {len(grid)})")
             cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
-            got = _search_one(n, p, cutoff)
+            got = _search_one(n, p, cutoff, c)
             out.append(got)
             if isinstance(got, _Deployed):
                 scores += [r.score for r in got.entries]
@@ -435,6 +467,7 @@ def search_plans(
     overlap: OverlapName | None = None,
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
+    cp: int | None = None,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -444,7 +477,8 @@ def search_plans(
     (predicted mean TTFT with a workload, else forward time of `tokens`; needs a topology) or
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
-    engine's micro-batch overlap. `progress` is told each step."""
+    engine's micro-batch overlap. `progress` is told each step. `cp`: only that context-parallel size
+    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
@@ -460,28 +494,33 @@ def search_plans(
             raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"pp={pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
-    grid = deployments(graph, topology, tp, pp) if objective == "time" or tp is not None else None
+    if objective == "volume" and cp not in (None, 1):
+        raise TpplanError(f"cp={cp}", "context parallelism is priced in time, not bytes per token",
+                          "drop cp or rank by time")  # fmt: skip
+    grid: list[tuple[int, int, int]] | None = None
+    if objective == "time" or tp is not None:
+        grid = deployments(graph, topology, tp, pp, cp if objective == "time" else 1)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
-        grid = [(topology.world_size if topology is not None else 0, 1)]
+        grid = [(topology.world_size if topology is not None else 0, 1, 1)]
         if grid[0][0] < 1:
             raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
     results: list[_Deployed] = []
     skipped: list[tuple[str, str]] = []
-    say(f"searching {len(grid)} deployment(s): {', '.join(_label(n, p) for n, p in grid)}")
+    say(f"searching {len(grid)} deployment(s): {', '.join(_label(*g) for g in grid)}")
     searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # every deployment's search and its plans' checks
-    for (n, p), got in zip(grid, searched, strict=True):
+    for (n, p, c), got in zip(grid, searched, strict=True):
         if isinstance(got, _Deployed):
             results.append(got)
             continue
         if len(grid) == 1:
             raise TpplanError(*got)
-        skipped.append((_label(n, p), got[1]))  # a TP size the model does not split over
+        skipped.append((_label(n, p, c), got[1]))  # a TP size the model does not split over
     if not results:
         raise TpplanError(f"tp={tp} pp={pp}", "the model splits over none of the deployments searched",
                           "give a tp it splits over")  # fmt: skip
     say("pricing the best plans and their baselines")
-    ref = grid[[_label(n, p) for n, p in grid].index(results[0].label)]
+    ref = grid[[_label(*g) for g in grid].index(results[0].label)]
     base = _baseline(s, *ref)
     base = replace(base, same_as_named=_named(s, base.tp).get(base.behaviour))
     ranked = _name_ranked(s, sorted((r for d in results for r in d.entries), key=lambda r: r.score), top)
@@ -492,7 +531,7 @@ def search_plans(
     for r in ranked:
         same = shape_bases.get(r.deployment)
         if same is None:
-            same = shape_bases[r.deployment] = _baseline(s, r.tp, r.pp)
+            same = shape_bases[r.deployment] = _baseline(s, r.tp, r.pp, r.cp)
         shown.append(replace(r, rank=len(shown) + 1, baseline=same, reference=base))
     found_for = {
         "topology": topology.name if topology is not None else None,
@@ -502,7 +541,8 @@ def search_plans(
         "expert_dtype": expert_dtype,
         "objective": results[0].objective,
     }
-    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score}, r.tp, r.pp) for r in shown]
+    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score}, r.tp, r.pp, r.cp)
+             for r in shown]  # fmt: skip
     return SearchOutcome(
         model=graph.spec.name,
         graph_layer_kinds=tuple(graph.kinds),
@@ -522,7 +562,7 @@ def search_plans(
         ranked=tuple(shown),
         excluded=tuple(e for d in results for e in d.excluded.values()),
         stats=SearchStats(
-            tuple(_label(n, p) for n, p in grid),
+            tuple(_label(*g) for g in grid),
             tuple(skipped),
             sum(d.families for d in results),
             sum(d.walks for d in results),

@@ -29,9 +29,9 @@ JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the 
 SERVING_SHARE = 0.9  # the default memory cap: this share of one GPU (tpplan.search.ranking's docstring)
 
 
-def deployment_label(tp: int, pp: int) -> str:
-    """`TP8`, `TP8xPP4`: how a search names a deployment."""
-    return f"TP{tp}" + (f"xPP{pp}" if pp > 1 else "")
+def deployment_label(tp: int, pp: int, cp: int = 1) -> str:
+    """`TP8`, `TP8xPP4`, `TP8xCP4`: how a search names a deployment (CP: context parallelism)."""
+    return f"TP{tp}" + (f"xCP{cp}" if cp > 1 else "") + (f"xPP{pp}" if pp > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,11 @@ class RankedPlan:
     rank: int | None = None
     baseline: RankedPlan | None = None
     reference: RankedPlan | None = None
+    cp: int = 1  # context-parallel size of the deployment (layout.context_parallel)
 
     @property
     def deployment(self) -> str:
-        return deployment_label(self.tp, self.pp)
+        return deployment_label(self.tp, self.pp, self.cp)
 
     @property
     def memory_total(self) -> float | None:
@@ -83,6 +84,7 @@ class RankedPlan:
             "name": plan.name,
             "tp": self.tp,
             "pp": self.pp,
+            "cp": self.cp,
             "deployment": self.deployment,
             "title": plan.title,
             "summary": plan.summary,
@@ -116,11 +118,12 @@ class RankedPlan:
 @dataclass(frozen=True)
 class Excluded:
     """A plan that would have ranked but is over the memory cap: by the search's own sum
-    (`why` None), by its activations once predicted ("activations"), or a named DP plan ("memory")."""
+    (`why` None), by its activations once predicted ("activations"), a named DP plan ("memory"), or
+    every plan of a CP deployment whose baseline memory is over the cap ("floor", no score: not searched)."""
 
     name: str
     deployment: str
-    score: float
+    score: float | None
     search_memory_bytes: float | None = None
     memory_bytes: float | None = None  # predicted
     why: str | None = None
@@ -156,7 +159,7 @@ class SearchOutcome:
 
     model: str
     graph_layer_kinds: tuple[str, ...]
-    grid: tuple[tuple[int, int], ...]
+    grid: tuple[tuple[int, int, int], ...]  # (TP, PP, CP) per deployment searched
     topology: Topology | None
     workload: Workload | None
     dtype: str
@@ -196,7 +199,7 @@ class SearchOutcome:
             return max(bands, key=lambda v: v.band).to_json()
         from tpplan.cost.provenance import provenance
 
-        return max((provenance(self.topology, n * p) for n, p in self.grid), key=lambda v: v.band).to_json()
+        return max((provenance(self.topology, n * p * c) for n, p, c in self.grid), key=lambda v: v.band).to_json()
 
     def _cap_reason(self) -> str | None:
         if self.memory_cap_bytes is None:
@@ -217,6 +220,7 @@ class SearchOutcome:
             "model": self.model,
             "tp": self.grid[0][0],
             "pp": self.grid[0][1],
+            "cp": self.grid[0][2],
             "dtype": self.dtype,
             "expert_dtype": self.expert_dtype,
             "topology": topo.name if topo is not None else None,
