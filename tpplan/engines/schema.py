@@ -126,14 +126,23 @@ class Mode:
 
 @dataclass(frozen=True)
 class PipelineSchedule:
-    """How the engine runs PP for prefill: micro-batches in flight, chunk pipelining, the boundary."""
+    """How the engine runs PP for prefill: micro-batches in flight, chunk pipelining, the boundary.
 
-    in_flight: str  # e.g. "pp_size + pp_async_batch_depth micro-batches (default pp_size)"
+    The structured fields (`extra_in_flight`, `chunks_overlap`, `boundary_gathers`) are what tpplan's
+    PP TTFT model reads (`tpplan.cost.pipeline`, which also words the assumption the memo prints);
+    the prose beside each says the same with the engine's words, and each fact has its own source."""
+
+    in_flight: str  # how many micro-batches are in flight, and what gates the next one
+    extra_in_flight: int  # micro-batches in flight beyond pp_size, at the launch line's defaults
+    source: Source  # of the in-flight fact
     chunks_of_one_request: str  # whether consecutive chunks of one prompt overlap across stages
+    chunks_overlap: bool  # chunk k+1 of a prompt may enter stage 0 while chunk k is still in the pipeline
+    chunks_source: Source
     boundary: str  # what crosses a stage boundary, and whether sequence-parallel shards do
-    source: Source
-    assumption: str  # the behaviour tpplan's PP prediction assumes, in one sentence
+    boundary_gathers: bool  # each TP rank sends 1/N of every tensor; the next stage all-gathers it over TP
+    boundary_source: Source
     more_sources: tuple[Source, ...] = ()
+    not_modelled: tuple[str, ...] = ()  # engine settings the TTFT model leaves at their defaults
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.bench_results import BenchResults
+from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.provenance import BANDS, Provenance, composed_provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
@@ -179,6 +180,7 @@ class Analysis:
     crossovers: list[Crossover] = field(default_factory=list)
     memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
     engines: tuple[str, ...] = ()  # the engine versions the recipes were judged against (engine@version)
+    pp_engine: str = ""  # the engine whose PP schedule priced PP TTFT (the first --engine; "": the default)
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
@@ -274,8 +276,11 @@ def _predict(
     workloads: list[Workload],
     dtype: str,
     expert_dtype: str | None,
+    pipeline: PipelineModel | None = None,
 ) -> None:
-    extra = {"expert_dtype": expert_dtype} if expert_dtype else {}
+    extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
+    if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
+        extra["pipeline"] = pipeline
     for wl in workloads:
         try:
             v.predictions[wl.name] = fn(
@@ -474,6 +479,7 @@ def analyse(
 
     say = progress or (lambda _step: None)
     pair = select_pair(engines)
+    pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.report.differences import differences
@@ -554,7 +560,7 @@ def analyse(
             engines=pair,
         )
         if fn is not None:
-            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
+            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.pp == 1 and v.tp == n and v.plan.found_by != "search"]
     sweep = volume_sweep(graph, named, tp_sizes(graph, world, n), dtype)
@@ -598,6 +604,7 @@ def analyse(
         bottom_line(steps, cur, wl, band),
         same,
         engines=(pair[0].key, pair[1].key),
+        pp_engine=pp_schedule.engine,
     )
     if fn is not None:
         say("thresholds: where each plan overtakes baseline")
