@@ -5,6 +5,8 @@ prefill batch holds at most `chunk_size` tokens; a request that does not fit is 
 remainder goes first in the next batch. Clients are closed-loop: `concurrency` of them submit at
 t = 0 and each submits its next request when the previous one gets its first token. Decode (the
 output tokens after the first) is out of scope: it neither delays prefill nor the next request.
+With pipeline parallelism the batches run through the stages in order, at most the engine's
+micro-batches in flight (`simulate_pipeline`; `tpplan.cost.pipeline` takes the engine's schedule).
 """
 
 from __future__ import annotations
