@@ -155,3 +155,12 @@ def test_the_boundary_is_gathered_as_the_engines_do(k3) -> None:
     )
     # K3 sends the stream with its residual folded in plus the bank (both engines' forward), not 2H + bank
     assert stage_boundary_width(k3, 23) == 3 * 7168
+
+
+def test_each_engines_schedule_fields_say_what_its_prose_says() -> None:
+    for ev in ENGINES.values():
+        p = ev.pipeline
+        assert p.chunks_overlap == p.chunks_of_one_request.startswith("they pipeline"), ev.key
+        assert p.boundary_gathers == ("all-gathers it" in p.boundary), ev.key
+        assert p.extra_in_flight == 0 and "pp_size" in p.in_flight, ev.key  # the launch lines' defaults
+        assert "1/N slice" in p.boundary and "ceil(end_layer / block)" in p.boundary, ev.key
