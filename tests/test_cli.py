@@ -155,3 +155,17 @@ def test_prediction_options_need_a_topology():
     assert r.returncode == 2 and "need a topology" in r.stderr and "Traceback" not in r.stderr
     r = run("audit", "--model", "kimi-k3", "--tp", "32", "-t", "h200x8-ib400", "--nodes", "4", "--pp", "2")
     assert r.returncode == 2 and "needs 64 GPUs" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_json_means_the_same_on_audit_and_search(tmp_path):
+    """`--json` alone or `--json -` prints the object and nothing else; `--json FILE` writes FILE and
+    the tables still print."""
+    audit = ("audit", "--model", "tiny-llama", "--tp", "2")
+    search = ("search", "--model", "tiny-llama", "--tp", "2", "--objective", "volume", "--top", "2")
+    for args in (audit, search):
+        for flag in (["--json"], ["--json", "-"], ["--json", "--wide"]):
+            r = run(*args, *flag, check=True)
+            assert json.loads(r.stdout)["model"] == "tiny-llama"
+        out = tmp_path / f"{args[0]}.json"
+        r = run(*args, "--json", str(out), check=True)
+        assert json.loads(out.read_text())["model"] == "tiny-llama" and not r.stdout.lstrip().startswith("{")

@@ -107,7 +107,9 @@ def test_a_file_is_reusable_on_the_same_architecture_with_a_note(saved):
     d, _ = saved
     r = tpplan("audit", "--model", "kimi-k3", "--tp", "32", "--plan", str(d / "plan-1.json"), "--json")
     assert r.returncode == 0, r.stderr
-    assert "found for tiny-kimi-k3 at TP2" in r.stderr and "kimi-k3 at TP32" in r.stderr
+    said = " ".join(r.stderr.split())  # wrapped at 100 columns, in a pipe too
+    assert "found for tiny-kimi-k3 at TP2;" in said and "kimi-k3 at TP32" in said
+    assert said.count("note: plan file") == 1 and max(map(len, r.stderr.splitlines())) <= 100
     assert len(json.loads(r.stdout)["plans"]) == 2  # baseline and the file's plan
 
 
@@ -195,3 +197,13 @@ def test_memory_cap_defaults_to_the_serving_share_of_the_gpu():
     free = run_search("llama-3-70b", "h200x8-ib400", tp=1, nodes=1, workload="seed-c8", top=2, memory_cap_gib=None)
     assert free.data["memory_cap_bytes"] is None and free.data["plans"]
     assert all(p["memory_bytes_per_rank"]["total"] > gpu for p in free.data["plans"])
+
+
+def test_the_note_names_the_pipeline_stages_the_file_was_found_at(saved, tmp_path):
+    d, _ = saved
+    f = json.loads((d / "plan-1.json").read_text())
+    f["deployment"]["pp"] = 2
+    (tmp_path / "pp.json").write_text(json.dumps(f))
+    r = tpplan("audit", "--model", "kimi-k3", "--tp", "32", "--plan", str(tmp_path / "pp.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "found for tiny-kimi-k3 at TP2 x PP2;" in " ".join(r.stderr.split())

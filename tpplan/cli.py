@@ -35,11 +35,21 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def json_without_file(argv: list[str]) -> list[str]:
+    """`--json` given no FILE means `--json -` (print the JSON): typer has no options whose value is
+    optional, so the CLI fills it in. No FILE = the last word, or the next word is another option."""
+    out = list(argv)
+    for i, word in enumerate(argv):
+        if word == "--json" and (i + 1 == len(argv) or (argv[i + 1].startswith("-") and argv[i + 1] != "-")):
+            out[i] = "--json=-"
+    return out
+
+
 def main() -> None:
     """Run the CLI; user errors print one clear message and exit 2 without a traceback."""
     err = Console(stderr=True)
     try:
-        rc = app(standalone_mode=False)
+        rc = app(args=json_without_file(sys.argv[1:]), standalone_mode=False)
     except TpplanError as exc:
         from rich.markup import escape
 

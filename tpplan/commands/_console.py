@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Column, Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from tpplan.layout.plan import Plan
 
 WIDTH = 100
 WIDE = 250
@@ -150,6 +154,14 @@ def print_wrapped(out: Console, line: str, indent: int = 4) -> None:
         markup=False,
         soft_wrap=True,
     )
+
+
+def print_plan_notes(plans: Iterable[Plan]) -> None:
+    """What the planner noted about the plans' origin (a plan file found for another model or shape),
+    each note once however many times its plan was built, on stderr so stdout stays the result."""
+    err = console(stderr=True)
+    for note in dict.fromkeys(n for p in plans for n in p.notes):
+        print_wrapped(err, f"note: {note}", indent=2)
 
 
 @contextmanager

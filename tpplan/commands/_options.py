@@ -39,6 +39,44 @@ BackendOpt = Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else g
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress")]
 
+JSON_TO_STDOUT = "-"  # `--json -`: the JSON object is all that goes to standard output
+
+
+def json_option(schema_doc: str) -> typer.models.OptionInfo:
+    """`--json FILE` means the same on every command: write one JSON object to FILE, or with `-` print
+    it to standard output in place of the tables (so a pipe gets JSON and nothing else)."""
+    return typer.Option(
+        "--json",
+        metavar="FILE",
+        help=f"Write one JSON object ({schema_doc}) to FILE; `--json -` prints it instead of the tables",
+    )
+
+
+def check_json_target(target: str | None) -> Path | None:
+    """The file `--json` names, checked before any work (None: no file, either none or standard output)."""
+    from tpplan.outputs import check_file
+
+    if target is None or target == JSON_TO_STDOUT:
+        return None
+    return check_file("--json", target)
+
+
+def emit_json(target: str | None, data: object) -> bool:
+    """Write `data` where `--json` says; True when it went to standard output (the caller prints no table)."""
+    import json
+
+    from tpplan.outputs import write_files
+
+    if target is None:
+        return False
+    text = json.dumps(data, indent=2)
+    if target == JSON_TO_STDOUT:
+        typer.echo(text)
+        return True
+    write_files({Path(target): text}, "--json")
+    return False
+
+
 def load_cluster(
     topology: str | None,
     nodes: int | None,

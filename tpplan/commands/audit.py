@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -10,8 +9,18 @@ from rich.table import Table
 
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_wrapped, show
-from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, ModelOpt, cluster_text, load_cluster
+from tpplan.commands._console import print_plan_notes, print_wrapped, show
+from tpplan.commands._options import (
+    ClusterOpt,
+    EngineOpt,
+    GpuOpt,
+    ModelOpt,
+    check_json_target,
+    cluster_text,
+    emit_json,
+    json_option,
+    load_cluster,
+)
 from tpplan.placement import COLLECTIVE_SHORT
 
 TpOpt = Annotated[
@@ -52,7 +61,7 @@ def register(app: typer.Typer) -> None:
         plan: Annotated[
             list[str] | None, typer.Option("--plan", "-p", help="Plan(s) to audit; default: all named")
         ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/audit-json.md)")] = False,
+        json_target: Annotated[str | None, json_option("docs/audit-json.md")] = None,
         dtype: DtypeOpt = "bf16",
         topology: Annotated[
             str | None,
@@ -92,6 +101,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
 
+        check_json_target(json_target)
         if (workload or pp != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
             raise TpplanError(
                 "--workload/--pp/--nodes/--expert-dtype/--crossover",
@@ -109,6 +119,7 @@ def register(app: typer.Typer) -> None:
         elif tp is None:
             raise TpplanError("--tp", "no TP size given", "pass --tp N (or --topology T: TP = its GPUs per node)")
         result = audit(model, tp, plan, dtype)
+        print_plan_notes(pa.plan for pa in result.plans)
         if topo is not None:
             from tpplan.cost.predict import predict_audit
 
@@ -116,8 +127,7 @@ def register(app: typer.Typer) -> None:
         data = to_json(result, predictions)
         if crossover and topo is not None:
             data["crossover"] = _crossover_rows(result, topo, expert_dtype)
-        if as_json:
-            typer.echo(json.dumps(data, indent=2))
+        if emit_json(json_target, data):
             return
         _print_audit(data, wide)
         if predictions:
@@ -271,8 +281,7 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
     first = next(p["prediction"] for p in data["plans"] if p.get("prediction"))
     head = (
         f"Predicted on {cluster or first['topology']}: TP{first['tp']} x PP{first['pp']}, one batch of "
-        f"{first['tokens']} tokens"
-        + (f", workload {first['workload']}" if first["workload"] else "")
+        f"{first['tokens']} tokens" + (f", workload {first['workload']}" if first["workload"] else "")
     )
     t = Table(title=head + " (ms per batch; memory per rank)")
     cols = ["plan", "legal", "forward", "compute", "TP comm", "stage send", "redundant", "memory", "replicated", "KV"]

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from tpplan.commands._console import print_plan_notes
 from tpplan.commands._options import (
     Backend,
     BackendOpt,
@@ -56,7 +57,9 @@ def run(
 
         check_local_ranks("--tp", tp, backend.value, force, hint)
     graph = build_model_graph(load_model(model))
-    check_legal(graph, make_plan(plan, graph, tp), tp)
+    the_plan = make_plan(plan, graph, tp)
+    print_plan_notes([the_plan])
+    check_legal(graph, the_plan, tp)
     case = RunCase(model, plan, tokens, chunk, 0, dtype, str(weights) if weights else None, repeat)
     try:
         res = run_plan(case, backend=backend.value, nproc=tp, timeout_s=timeout)

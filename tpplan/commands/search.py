@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +11,16 @@ from rich.table import Table
 from tpplan.commands._bounds import PP_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
-from tpplan.commands._options import ClusterOpt, EngineOpt, GpuOpt, NodesOpt, load_cluster
+from tpplan.commands._options import (
+    ClusterOpt,
+    EngineOpt,
+    GpuOpt,
+    NodesOpt,
+    check_json_target,
+    emit_json,
+    json_option,
+    load_cluster,
+)
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 
 
@@ -75,9 +83,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--memory-cap", help=MEMORY_CAP_HELP),
         ] = None,
         top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
-        json_file: Annotated[
-            Path | None, typer.Option("--json", help="Also write the result as JSON (docs/search-json.md)")
-        ] = None,
+        json_target: Annotated[str | None, json_option("docs/search-json.md")] = None,
         save: Annotated[
             Path | None,
             typer.Option("--save", help="Write each ranked plan as DIR/plan-<rank>.json, for any command's --plan"),
@@ -103,12 +109,11 @@ def register(app: typer.Typer) -> None:
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
-        from tpplan.outputs import check_dir, check_file, write_files
+        from tpplan.outputs import check_dir
         from tpplan.plans.files import save_plan_dir
         from tpplan.search import run_search
 
-        if json_file is not None:
-            check_file("--json", json_file)  # before the search: a bad path costs one line, not a run
+        check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
         gpus = tp * (pp or 1) if tp else None
@@ -135,14 +140,14 @@ def register(app: typer.Typer) -> None:
                 progress=say,
             )
         data = outcome.data
-        if json_file is not None:
-            write_files({json_file: json.dumps(data, indent=2)}, "--json")
-        _print(data, wide)
+        to_stdout = emit_json(json_target, data)
+        if not to_stdout:
+            _print(data, wide)
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)
             if written:
                 line = f"Saved {len(written)} plan(s) to {save}/ (best: {written[0]}); pass one to any --plan."
-                out = make_console()
+                out = make_console(stderr=to_stdout)  # standard output holds only the JSON then
                 out.print()
                 print_wrapped(out, line)
 

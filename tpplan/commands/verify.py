@@ -10,13 +10,12 @@ kind; exits 1 when any check fails, 2 when a plan is illegal (unless --force) or
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_wrapped, show
+from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
     Backend,
     BackendOpt,
@@ -25,6 +24,9 @@ from tpplan.commands._options import (
     ProcessesOpt,
     TimeoutOpt,
     WeightsOpt,
+    check_json_target,
+    emit_json,
+    json_option,
 )
 
 
@@ -114,7 +116,7 @@ def verify(
         ),
     ] = False,
     timeout: TimeoutOpt = 300,
-    out: Annotated[Path | None, typer.Option("--json", help="Also write a JSON summary here (atomic)")] = None,
+    json_target: Annotated[str | None, json_option("a summary per plan; atomic")] = None,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="A line on stderr per plan and step")
     ] = True,
@@ -128,12 +130,7 @@ def verify(
     ] = None,
 ) -> int:
     """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
-    import json
-
-    from tpplan.outputs import check_file, write_files
-
-    if out is not None:
-        check_file("--json", out)  # before the run: a bad path costs one line, not minutes
+    check_json_target(json_target)  # before the run: a bad path costs one line, not minutes
 
     from tpplan.audit import audit_plan
     from tpplan.dtypes import dtype_name
@@ -166,6 +163,7 @@ def verify(
         names += [p for p in ALL_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
     for name in dict.fromkeys(names):
         pa = audit_plan(graph, make_plan(name, graph, tp), tp)
+        print_plan_notes([pa.plan])
         if not pa.legal and not force:
             v, more = pa.violations[0], len(pa.violations) - 1
             edge = f"[{v.layer_kind}] {v.op} receives `{v.value}` {v.got} but needs {v.needs}"
@@ -196,14 +194,14 @@ def verify(
         return 1
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         return 0
+    ok = all(r.passed for r in results)
+    if emit_json(json_target, {"results": [_summary(r) for r in results], "passed": ok}):
+        return 0 if ok else 1
     console = make_console()
     for res in results:
         _print_result(console, res)
-    ok = all(r.passed for r in results)
     console.print(f"\n{'[bold green]all passed[/]' if ok else '[bold red]FAILED[/]'}: "
                   f"{sum(r.passed for r in results)}/{len(results)} plans")  # fmt: skip
-    if out is not None:
-        write_files({out: json.dumps({"results": [_summary(r) for r in results], "passed": ok}, indent=2)}, "--json")
     return 0 if ok else 1
 
 

@@ -93,6 +93,7 @@ class Plan:
     dp_attention: DpPadding | None = None
     engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
     found_by: str = "named"  # "named" or "search"
+    notes: tuple[str, ...] = field(default=(), compare=False)  # for the user: where the plan came from
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     def gathers(self, producer: str) -> bool:

@@ -16,7 +16,6 @@ has no decisions for, or without an op a decision names, is another architecture
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
@@ -155,9 +154,6 @@ def _placement(v: str) -> Placement:
     return S_TOK if v == str(S_TOK) else R
 
 
-_NOTED: set[tuple[str, str, int]] = set()
-
-
 def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
     """The plan a file holds, checked against the model it is about to be applied to."""
     pf = read_plan_file(path)
@@ -193,20 +189,14 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
                 f"found for {ff.model}; its decision `{q}` names no op of model {graph.spec.name}",
                 f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
             )
-    key = (path, graph.spec.name, 0)  # one note per file and model, whatever TP sizes it is audited at
-    if (ff.model != graph.spec.name or pf.deployment.tp != n) and key not in _NOTED:
-        _NOTED.add(key)
-        import textwrap
-
-        dep = pf.deployment
+    notes: tuple[str, ...] = ()
+    dep = pf.deployment
+    if ff.model != graph.spec.name or dep.tp != n:
         found = f"TP{dep.tp}" + (f" x PP{dep.pp}" if dep.pp > 1 else "")
-        note = (
-            f"note: plan file {path} was found for {ff.model} at {found}; applying its decisions to "
-            f"{graph.spec.name} at TP{n} (the audit checks them there)"
+        notes = (
+            f"plan file {path} was found for {ff.model} at {found}; applying its decisions to "
+            f"{graph.spec.name} at TP{n} (the audit checks them there)",
         )
-        if sys.stderr.isatty():  # a terminal: 100 columns; a file or pipe: one line
-            note = textwrap.fill(note, 100, subsequent_indent="  ", break_on_hyphens=False)
-        print(note, file=sys.stderr)
     moe: MoEMode = d.moe
     return Plan(
         pf.name,
@@ -225,6 +215,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         dp_attention=d.dp_attention,
         engine_notes=tuple(pf.engine_notes),
         found_by=pf.found_by,
+        notes=notes,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},
     )
 
