@@ -42,34 +42,11 @@ class PipelineModel:
 
     def in_flight(self, pp: int) -> int:
         """Micro-batches the engine keeps in the pipeline at PP `pp`."""
-        return pp + self.schedule.extra_in_flight
+        return self.schedule.in_flight_at(pp)
 
     def assumption(self, pp: int | None = None) -> str:
-        """The behaviour the PP prediction assumes, in one sentence, from the same fields it prices
-        (`pp` None: in words of pp_size)."""
-        extra = self.schedule.extra_in_flight
-        flight = ("pp_size" if pp is None else f"pp_size {pp}") + (f" + {extra}" if extra else "")
-        count = "pp_size" + (f" + {extra}" if extra else "") if pp is None else str(self.in_flight(pp))
-        chunks = (
-            "a request's chunks pipeline across the stages (chunk k+1 enters stage 0 while chunk k is still in the "
-            "pipeline, so C equal chunks over P equal stages take (C + P - 1) stage times and a one-chunk request "
-            "gets no overlap)"
-            if self.chunks_overlap
-            else "a request's next chunk waits until its previous chunk has left the last stage (only other "
-            "requests fill the pipeline)"
-        )
-        boundary = (
-            "each TP rank sends its 1/N slice of the boundary tensors and the next stage all-gathers them over TP, "
-            "a token-sharded stream included"
-            if self.boundary_gathers
-            else "each TP rank sends its own rows and a token-sharded stream is not re-gathered"
-        )
-        return (
-            f"PP TTFT is priced as {self.label} schedules prefill: at most {count} micro-batches in "
-            f"flight ({flight}), formed when stage 0 is free from the requests that have arrived; {chunks}; the "
-            f"stages run micro-batches in order, each waiting for the stage ahead to finish the one before it; "
-            f"{boundary} (the engine's PP schedule as tpplan.engines records it, each fact with its source)"
-        )
+        """The behaviour the PP prediction assumes, in one sentence, from the same fields it prices."""
+        return self.schedule.assumption(self.label, pp)
 
 
 def pipeline_model(engine: str | None = None) -> PipelineModel:

@@ -86,8 +86,6 @@ def _mode(m: Mode) -> list[str]:
 
 
 def _engine(ev: EngineVersion) -> list[str]:
-    from tpplan.cost.pipeline import pipeline_model  # the sentence the memo prints, from the same data
-
     p = ev.pipeline
     out = [f"## `{ev.key}`: {ev.released}", ""]
     out += [f"Note: {n}" for n in ev.notes]
@@ -103,7 +101,7 @@ def _engine(ev: EngineVersion) -> list[str]:
         f"- stage boundary: {p.boundary} ({p.boundary_source.cite()})",
         f"- more sources: {'; '.join(s.cite() for s in p.more_sources)}",
         *(f"- not modelled: {n}" for n in p.not_modelled),
-        f"- what tpplan assumes with `--engine {ev.key}`: {pipeline_model(ev.key).assumption()}.",
+        f"- what tpplan assumes with `--engine {ev.key}`: {p.assumption(ev.engine + ' ' + ev.version)}.",
         "",
     ]
     return out
