@@ -164,3 +164,16 @@ def test_each_engines_schedule_fields_say_what_its_prose_says() -> None:
         assert p.boundary_gathers == ("all-gathers it" in p.boundary), ev.key
         assert p.extra_in_flight == 0 and "pp_size" in p.in_flight, ev.key  # the launch lines' defaults
         assert "1/N slice" in p.boundary and "ceil(end_layer / block)" in p.boundary, ev.key
+
+
+def test_pp_ttft_crosses_over_with_concurrency(k3) -> None:
+    # as the public K3 reports describe (the issue: SGLang PP8 x TP1 against TP8 on GB300): one-chunk prompts get
+    # no overlap, so PP loses alone and wins once concurrent requests fill the pipeline
+    def ttft(tp: int, pp: int, c: int) -> float:
+        wl = Workload(input_len=8192, concurrency=c, chunk_size=8192)
+        pr = predict_plan(k3, make_plan("baseline", k3, tp), TOPO, tp=tp, pp=pp, workload=wl, expert_dtype="mxfp4")
+        assert pr.ttft is not None
+        return pr.ttft.mean_s
+
+    assert ttft(4, 8, 1) > ttft(32, 1, 1)
+    assert ttft(4, 8, 16) < ttft(32, 1, 16)
