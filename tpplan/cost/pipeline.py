@@ -11,6 +11,7 @@ object for the memo, so the sentence and the prices cannot drift apart. Formulas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from tpplan.cost.segments import segments_of
@@ -49,6 +50,7 @@ class PipelineModel:
         return self.schedule.assumption(self.label, pp)
 
 
+@lru_cache(maxsize=32)
 def pipeline_model(engine: str | None = None) -> PipelineModel:
     """The PP schedule of `engine` (`sglang@0.5.23`, `vllm`, ...; None: the default engine).
     Bad input: TpplanError naming the engine versions tpplan has data for."""
