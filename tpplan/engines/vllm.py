@@ -203,7 +203,8 @@ PIPELINE = PipelineSchedule(
     "step_with_batch_queue schedules a new batch while the queue has room and otherwise blocks on the oldest, so a "
     "batch enters only once the one pp_size earlier has finished; pp_size + 1 when async scheduling runs on the V2 "
     "model runner, which the Ray executor of the memo's multi-node line turns off (it does not override "
-    "supports_async_scheduling, and VllmConfig.__post_init__ then disables async scheduling)",
+    "supports_async_scheduling, and VllmConfig.__post_init__ then disables async scheduling); the V0 engine's "
+    "virtual engines are gone (no virtual_engine anywhere in the 0.33.0 wheel)",
     extra_in_flight=0,
     source=_rel("vllm/config/vllm.py", "VllmConfig.max_concurrent_batches"),
     chunks_of_one_request="they pipeline: Scheduler._update_after_schedule advances num_computed_tokens when a chunk "
