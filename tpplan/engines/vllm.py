@@ -231,6 +231,9 @@ PIPELINE = PipelineSchedule(
         "the multiprocessing executor with the V2 model runner keeps pp_size + 1 batches in flight (the model "
         "keeps pp_size, as with the Ray executor)",
         "the engine core's CPU time per step (scheduling, output processing) is not priced",
+        "--max-num-seqs is taken not to bind: every waiting request fits a batch's token budget",
+        "vllm-project/vllm PR 54347 (open, not in 0.33.0) would keep Kimi-K3's sequence-parallel shards across the "
+        "boundary with no TP all-gather on the receiver (a schedule with boundary_gathers False prices that)",
     ),
 )
 
