@@ -36,6 +36,7 @@ def test_the_memo_states_the_schedule_that_priced_pp(engines) -> None:
     assert model.engine == a.pp_engine == expected
     md = build_memo(a).markdown
     assert model.assumption(2) + "." in md
+    assert f"Not priced ({model.label}): " + "; ".join(model.schedule.not_modelled) + "." in md
     assert md.count("PP TTFT is priced as ") == 1  # one engine's behaviour, not both
     other = "SGLang 0.5.23" if expected.startswith("vllm") else "vLLM 0.33.0"
     assert f"PP TTFT is priced as {other}" not in md

@@ -461,6 +461,8 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
         )
     model = pipeline_model(a.pp_engine or None)
     assumed = model.assumption(pps[0].pp) + "."
+    if model.schedule.not_modelled:
+        assumed += f" Not priced ({model.label}): " + "; ".join(model.schedule.not_modelled) + "."
     return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]
 
 
