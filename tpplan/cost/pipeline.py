@@ -3,8 +3,9 @@
 `pipeline_model("vllm@0.33.0")` picks an engine version's `PipelineSchedule` (tpplan.engines; the
 default is the current SGLang release, the memo's default engine). `pipeline_ttft` runs a workload's
 chunked-prefill batches through the stages as that engine does (`cost.workload.simulate_pipeline`: a
-flow shop with the engine's micro-batches in flight), and `PipelineModel.assumption` words the same
-object for the memo, so the sentence and the prices cannot drift apart. Formulas: docs/cost-model.md
+flow shop with the engine's micro-batches in flight), and `PipelineModel.assumption` (worded by
+`PipelineSchedule.assumption` from the fields this module reads) says the same for the memo, so the
+sentence and the prices cannot drift apart. Formulas: docs/cost-model.md
 ("Pipeline parallelism").
 """
 
