@@ -10,10 +10,9 @@ import pytest
 from tpplan.cost.predict import cached_tokens, masked_pairs, predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
-from tpplan.models.config import load_config_dict, load_model, spec_from_config
+from tpplan.models.config import load_config_dict, load_model, numerics_from_config, spec_from_config
 from tpplan.models.cuts import FULL
 from tpplan.models.graph import build_model_graph
-from tpplan.models.numerics import numerics_from_config
 from tpplan.models.opkinds import ShardCtx, op_kind, params_for_op
 from tpplan.placement import S_COL, P
 from tpplan.plans.named import make_plan

@@ -320,11 +320,6 @@ def test_cli_bad_inputs_exit_2(args, needle):
     assert needle in r.stderr and "Traceback" not in r.stderr
 
 
-def test_search_imports_no_torch():
-    code = "import sys, tpplan.search, tpplan.commands.search; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 def test_predict_objective_scores_equal_predict_plan():
     """The search's score is predict's forward time, or with a workload its mean TTFT."""
     from tpplan.cost.predict import predict_plan

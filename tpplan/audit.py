@@ -18,10 +18,11 @@ from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, Violation, propagate_model
 from tpplan.models.config import load_model
-from tpplan.models.graph import ModelGraph, OpKind, build_model_graph
+from tpplan.models.graph import ModelGraph, Op, OpKind, build_model_graph
 from tpplan.models.quant import op_weights
 from tpplan.placement import P
 from tpplan.plans.named import NAMED_PLANS, make_plan
+from tpplan.units import pct_change_json
 
 
 class PredictionJSON(Protocol):
@@ -65,12 +66,12 @@ class StoredWeights:
                 self.expert_bytes = w.full_bytes / op.weight_numel
                 self.experts_fp8 = w.fmt.compute == "fp8"
 
-    def per_element(self, kind: str, op: object) -> float:
+    def per_element(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` in layer kind `kind` (scales included)."""
-        if op.kind is OpKind.EXPERTS:  # type: ignore[attr-defined]
+        if op.kind is OpKind.EXPERTS:
             return self.expert_bytes
-        w = self.op_weights.get((kind, op.name))  # type: ignore[attr-defined]
-        return w.full_bytes / op.weight_numel if w is not None else self.dtype_bytes  # type: ignore[attr-defined]
+        w = self.op_weights.get((kind, op.name))
+        return w.full_bytes / op.weight_numel if w is not None else self.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -220,10 +221,6 @@ def audit(model: str | ModelGraph, n: int, plans: list[str] | None = None, dtype
     return Audit(graph.spec.name, graph, n, dtype, audits)
 
 
-def _pct(value: float, base: float) -> float | None:
-    return None if not base else round(100.0 * (value - base) / base, 2)
-
-
 def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> dict[str, object]:
     """The stable audit JSON (schema documented in docs/audit-json.md); `predictions` (one per plan,
     from `tpplan.cost.predict.predict_audit`) add time, memory and TTFT beside the volumes."""
@@ -241,7 +238,7 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
                 "legal": r.legal,
                 "reasons": [v.sentence() for v in r.violations],
                 "attn_input_units": r.units("attn_side"),
-                "attn_input_delta_pct": _pct(r.units("attn_side"), base_units),
+                "attn_input_delta_pct": pct_change_json(r.units("attn_side"), base_units),
                 "layer_units": r.units(),
                 "comm_bytes_per_token_per_rank": r.elements_per_token() * pa.dtype_bytes,
                 "collectives": [
@@ -275,7 +272,7 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
                 "layer_kinds": kinds,
                 "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
                 "comm_units_per_token": pa.units,
-                "comm_delta_pct": _pct(pa.comm_bytes_per_token, base_bytes),
+                "comm_delta_pct": pct_change_json(pa.comm_bytes_per_token, base_bytes),
                 "collectives_per_forward": pa.collective_counts(),
                 "weight_bytes_per_rank": pa.weight_bytes_per_rank,
                 "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
@@ -284,8 +281,8 @@ def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> di
         if by_plan:
             pred = by_plan.get(pa.plan.name)
             out_plans[-1]["prediction"] = pj = pred.to_json() if pred is not None else None
-            if pj is not None:  # one figure: the prediction's (its PP stage, its --expert-dtype)
-                mem = pj["memory_bytes_per_rank"]
+            # one figure: the prediction's (its PP stage, its --expert-dtype)
+            if pj is not None and isinstance(mem := pj["memory_bytes_per_rank"], dict):
                 out_plans[-1]["weight_bytes_per_rank"] = mem["weights"]
                 out_plans[-1]["replicated_extra_bytes_per_rank"] = mem["replicated_extra"]
     first = next(iter(by_plan.values()), None)

@@ -303,13 +303,13 @@ def _write_recorded(files: Mapping[Path, bytes]) -> None:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
     for folder, entries in final.items():  # best effort: a ledger that also accepts the old content is harmless
-        tmp = None
+        ledger_tmp: Path | None = None
         try:
-            tmp = _write_temp(folder, f"{LEDGER}.", _ledger_text(entries))
-            os.replace(tmp, folder / LEDGER)
+            ledger_tmp = _write_temp(folder, f"{LEDGER}.", _ledger_text(entries))
+            os.replace(ledger_tmp, folder / LEDGER)
         except BaseException as exc:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
+            if ledger_tmp is not None:
+                ledger_tmp.unlink(missing_ok=True)
             if not isinstance(exc, OSError):
                 raise
 

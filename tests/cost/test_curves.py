@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tpplan.cost.bands import collective_key
-from tpplan.cost.collectives import collective_time
+from tpplan.cost.collectives import collective_time, curve_latency_s
 from tpplan.cost.comm import price_collective
 from tpplan.cost.kernel_source import KernelPrice
 from tpplan.cost.topology import load_topology
@@ -46,13 +46,18 @@ def topo(tmp_path):
     return load_topology(str(p))
 
 
-def test_curves_interpolate_floor_and_extrapolate_at_their_bus_bandwidth(topo) -> None:
+def test_curves_interpolate_inside_and_follow_the_alpha_beta_line_outside(topo) -> None:
     at = collective_time("all_reduce", 2 * MiB, 8, topo)
     assert at.algorithm == "nvls-curve"  # the faster measured algorithm, as NCCL's tuner picks
     want = math.exp(math.log(20e-6) + 0.5 * (math.log(35e-6) - math.log(20e-6)))  # 2 MiB: halfway in log size
     assert at.time_s == pytest.approx(want, rel=1e-9)
-    assert collective_time("all_reduce", 4096, 8, topo).time_s == pytest.approx(20e-6)  # the latency floor
-    assert collective_time("all_reduce", 128 * MiB, 8, topo).time_s == pytest.approx(600e-6)  # last point's busbw
+    # The latency term: the line through the 1 and 4 MiB points, 20 us and 35 us, meets 0 bytes at 15 us.
+    alpha = 20e-6 - (35e-6 - 20e-6) / 3
+    assert curve_latency_s(topo.curves[0]) == pytest.approx(alpha, rel=1e-9)
+    below = alpha + 4096 * (20e-6 - alpha) / MiB  # the line from alpha to the smallest point
+    assert collective_time("all_reduce", 4096, 8, topo).time_s == pytest.approx(below, rel=1e-9)
+    above = alpha + 128 * MiB * (300e-6 - alpha) / (64 * MiB)  # the line from alpha through the largest point
+    assert collective_time("all_reduce", 128 * MiB, 8, topo).time_s == pytest.approx(above, rel=1e-9)
     ring = collective_time("all_reduce", 2 * MiB, 8, topo, algorithm="ring")
     assert ring.algorithm == "ring-curve" and ring.time_s > at.time_s
     assert collective_key(at.algorithm) == "curve" and collective_key("ring") == "link-model"

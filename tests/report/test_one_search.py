@@ -42,7 +42,7 @@ def test_a_plan_at_another_shape_is_split_into_deployment_and_plan_change():
 
 
 def test_the_memo_time_per_kind_sums_to_the_audit_forward_time():
-    from tpplan.report.analysis import kind_times
+    from tpplan.report.results import kind_times
 
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
     a = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"])

@@ -22,6 +22,7 @@ from tpplan.commands._options import (
     load_cluster,
 )
 from tpplan.placement import COLLECTIVE_SHORT
+from tpplan.units import signed_pct
 
 TpOpt = Annotated[
     int | None,
@@ -47,10 +48,6 @@ def _fmt_bytes(b: float) -> str:
             return f"{b:,.1f} {unit}" if unit != "B" else f"{b:,.0f} B"
         b /= 1024
     return f"{b:,.1f} GiB"
-
-
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"{x:+.1f}%"
 
 
 def register(app: typer.Typer) -> None:
@@ -190,7 +187,7 @@ def _print_audit(data: dict, wide: bool = False) -> None:
             p["name"],
             "yes" if p["legal"] else "[red]NO[/]",
             f"{p['comm_bytes_per_token_per_rank']:,.0f}",
-            _pct(p["comm_delta_pct"]),
+            signed_pct(p["comm_delta_pct"]),
             f"{p['comm_units_per_token']:,.0f}",
             counts,
             _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
@@ -210,7 +207,7 @@ def _print_audit(data: dict, wide: bool = False) -> None:
                 f"{kind} x{info['count']}",
                 "yes" if info["legal"] else "[red]NO[/]",
                 f"{info['attn_input_units']:g}",
-                _pct(info["attn_input_delta_pct"]),
+                signed_pct(info["attn_input_delta_pct"]),
                 f"{info['layer_units']:g}",
                 colls,
             )

@@ -22,14 +22,11 @@ from tpplan.commands._options import (
     load_cluster,
 )
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
+from tpplan.units import signed_pct
 
 
 def _ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:,.1f}"
-
-
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"{x:+.1f}%"
 
 
 MEMORY_CAP_HELP = (
@@ -189,9 +186,9 @@ def _print(data: dict, wide: bool = False) -> None:
             "plan": p["name"] + (f" {p['deployment']}" if grid else ""),
             "found by": found,
             what: score,
-            "vs base": _pct(p.get("delta_vs_baseline_pct")),
+            "vs base": signed_pct(p.get("delta_vs_baseline_pct")),
             "comm B/tok/rank": f"{p['comm_bytes_per_token_per_rank']:,.0f}",
-            "comm vs base": _pct(p.get("comm_delta_vs_baseline_pct")),
+            "comm vs base": signed_pct(p.get("comm_delta_vs_baseline_pct")),
             "memory/rank": _fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else ""),
             "replicated": _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         }
@@ -220,7 +217,7 @@ def _print(data: dict, wide: bool = False) -> None:
             console,
             "The deployment change alone (baseline there vs baseline at "
             + f"{ref}): "
-            + "; ".join(f"{b['deployment']} {_pct(b['delta_pct'])}" for b in others)
+            + "; ".join(f"{b['deployment']} {signed_pct(b['delta_pct'])}" for b in others)
             + ".",
         )
     if over and gpu is not None:

@@ -7,9 +7,11 @@ all_to_all = one rank's whole send buffer, send_recv = the message. See docs/cos
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import cache
 
 from tpplan.cost.topology import COLLECTIVE_KINDS, AllReduceAlgorithm, CollectiveCurve, FittedCollective, Topology
 from tpplan.errors import TpplanError
@@ -174,19 +176,53 @@ def _interpolate_curve(fit: FittedCollective, nbytes: float, group_size: int) ->
     return None
 
 
+LATENCY_FIT_BYTES = (2**20, 4 * 2**20)  # the rows a curve's latency term is fitted to: 1-4 MiB
+
+
+@cache
+def _latency_fit(points: tuple[tuple[float, float], ...]) -> float:
+    pts = [(x, t) for x, t in points if LATENCY_FIT_BYTES[0] <= x <= LATENCY_FIT_BYTES[1]]
+    if len(pts) < 2:
+        pts = list(points[:2])  # no 1-4 MiB rows: the two smallest points
+    n = len(pts)
+    mx, mt = sum(x for x, _ in pts) / n, sum(t for _, t in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (t - mt) for x, t in pts) / sxx if sxx > 0 else 0.0
+    alpha = mt - slope * mx if slope > 0 else min(t for _, t in pts)
+    return min(max(0.0, alpha), min(t for _, t in pts))
+
+
+_ALPHA: dict[int, tuple[CollectiveCurve, float]] = {}  # id(curve) -> (curve, alpha): curves are frozen
+
+
+def curve_latency_s(curve: CollectiveCurve) -> float:
+    """A curve's latency term alpha (seconds): the intercept of the least-squares line
+    time = alpha + size / B through its 1-4 MiB points (the two smallest points where it has no
+    1-4 MiB rows), clamped to [0, their smallest time]."""
+    held = _ALPHA.get(id(curve))
+    if held is None or held[0] is not curve:
+        held = (curve, _latency_fit(tuple((float(x), float(t)) for x, t in curve.points)))
+        if len(_ALPHA) > 4096:
+            _ALPHA.clear()
+        _ALPHA[id(curve)] = held
+    return held[1]
+
+
 def curve_time(curve: CollectiveCurve, nbytes: float) -> float:
-    """A measured curve at `nbytes`: log-log between its points, the smallest point's time below them
-    (the latency floor), the largest point's bus bandwidth above them."""
+    """A measured curve at `nbytes`: log-log between its points; outside them the alpha-beta line
+    alpha + size / B with alpha fitted to the 1-4 MiB points (`curve_latency_s`) and B chosen so the
+    line meets the nearest end point, so the price is continuous there."""
     pts = curve.points
-    if nbytes <= pts[0][0]:
-        return pts[0][1]
-    if nbytes >= pts[-1][0]:
-        return pts[-1][1] * nbytes / pts[-1][0]
-    for (x0, t0), (x1, t1) in itertools.pairwise(pts):
-        if x0 <= nbytes <= x1:
-            w = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
-    raise AssertionError("unreachable: points are ascending")
+    alpha = curve_latency_s(curve)
+    (x_lo, t_lo), (x_hi, t_hi) = pts[0], pts[-1]
+    if nbytes <= x_lo:
+        return alpha + nbytes * (t_lo - alpha) / x_lo if t_lo > alpha else t_lo
+    if nbytes >= x_hi:
+        return alpha + nbytes * (t_hi - alpha) / x_hi if t_hi > alpha else t_hi * nbytes / x_hi
+    i = bisect.bisect_left(pts, nbytes, key=lambda p: p[0])  # pts[i - 1][0] < nbytes <= pts[i][0]
+    (x0, t0), (x1, t1) = pts[i - 1], pts[i]
+    w = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
 
 
 CURVE_SUFFIX = "-curve"  # a measured curve's algorithm, as a prediction names it ("nvls-curve")
@@ -238,7 +274,7 @@ def collective_time(
         )
     if group_size == 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})
-    fit = topo.fitted.get(kind)  # type: ignore[call-overload]
+    fit = topo.fitted.get(kind)  # type: ignore[call-overload]  # kind: a Collective value, typed str
     measured = _curves(topo, kind, float(nbytes), group_size, rpn) if topo.curves else {}
     fitted_curve = _interpolate_curve(fit, nbytes, group_size) if fit is not None and m == 1 else None
     if algorithm is not None and f"{algorithm}{CURVE_SUFFIX}" in measured:

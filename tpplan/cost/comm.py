@@ -30,7 +30,7 @@ def price_collective(
     """One collective of `nbytes` (nccl-tests size) on `group_size` ranks of `topo`'s cluster."""
     rpn = ranks_per_node if ranks_per_node is not None else min(group_size, topo.gpus_per_node)
     if sources and algorithm is None and group_size > 1 and nbytes > 0:
-        shape = CollectiveShape(kind, float(nbytes), group_size, rpn)  # type: ignore[arg-type]
+        shape = CollectiveShape(kind, float(nbytes), group_size, rpn)  # type: ignore[arg-type]  # kind: a Collective value, typed str
         for src in sources:
             price = src.collective(shape)
             if price is not None:

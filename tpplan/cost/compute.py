@@ -18,8 +18,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
+from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import achieved_tflops, gemm_bytes, gemm_time, has_table
-from tpplan.cost.gpu import GpuSpec, SourceRef
+from tpplan.cost.gpu import ENGINES, GpuSpec, SourceRef, parse_engine
 from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
 from tpplan.errors import TpplanError
 
@@ -28,7 +29,6 @@ SOURCE_ADAPTERS: dict[str, tuple[str, str]] = {
     "aic": ("tpplan.cost.sources.aic", "AicSource"),
     "aic-fitted": ("tpplan.cost.sources.aic_fitted", "AicFittedSource"),
 }
-ENGINES = ("sglang", "vllm", "trtllm")
 
 # Names of tpplan's own pricing, as `KernelPrice.source` and `OpTime.source` carry them.
 GEMM_TABLE = "gemm-table"
@@ -41,14 +41,6 @@ _GEMM_CACHE: dict[tuple[object, ...], float] = {}  # formula GEMM seconds per (G
 _SOURCES: dict[tuple[object, ...], tuple[KernelSource, ...]] = {}
 
 
-def parse_engine(engine: str) -> tuple[str, str | None]:
-    """'sglang@0.5.14' -> ('sglang', '0.5.14'); 'vllm' -> ('vllm', None)."""
-    name, _, version = engine.partition("@")
-    if name not in ENGINES:
-        raise TpplanError(f"--engine {engine}", "unknown serving engine", f"use one of {', '.join(ENGINES)}[@version]")
-    return name, version or None
-
-
 def build_source(ref: SourceRef) -> KernelSource:
     """The adapter `ref` names, constructed (a missing extra is the adapter's own one-line error)."""
     if ref.kind not in SOURCE_ADAPTERS:
@@ -59,7 +51,7 @@ def build_source(ref: SourceRef) -> KernelSource:
     except ImportError as exc:
         raise TpplanError(f"kernel source {ref.kind}", f"this build cannot load it ({exc})",
                           'pip install "tpplan[aic]"') from None  # fmt: skip
-    return factory(ref.system, ref.engine or "sglang", _held_version(ref))  # type: ignore[no-any-return]
+    return factory(ref.system, ref.engine or "sglang", _held_version(ref))
 
 
 def _held_version(ref: SourceRef) -> str | None:
@@ -127,15 +119,15 @@ class ComputePricer:
 
     def formula_gemm(self, m: int, k: int, n: int, dtype: str, weight_bytes: float | None = None) -> float:
         """tpplan's GEMM formula, memoised across pricers of the same GPU (plans share most shapes)."""
-        dt = "fp8" if dtype in ("fp8", "fp8_block") else "bf16"
+        dt: GemmDtype = "fp8" if dtype in ("fp8", "fp8_block") else "bf16"
         key = (self._key, m, k, n, dt, weight_bytes)
         hit = _GEMM_CACHE.get(key)
         if hit is None:
             if weight_bytes is None:
-                hit = gemm_time(m, k, n, self.gpu, dt)  # type: ignore[arg-type]
+                hit = gemm_time(m, k, n, self.gpu, dt)
             else:
-                rate = achieved_tflops(m, k, n, self.gpu, dt) * 1e12  # type: ignore[arg-type]
-                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))  # type: ignore[arg-type]
+                rate = achieved_tflops(m, k, n, self.gpu, dt) * 1e12
+                moved = gemm_bytes(m, k, n, dt) + k * n * (weight_bytes - (1 if dt == "fp8" else 2))
                 hit = max(2.0 * m * k * n / rate, moved / self.hbm)
             if len(_GEMM_CACHE) < 200_000:
                 _GEMM_CACHE[key] = hit

@@ -15,9 +15,12 @@ from tpplan.errors import TpplanError
 
 
 class _Fabric(Protocol):
-    name: str
-    nodes: int
-    gpus_per_node: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...
 
     @property
     def world_size(self) -> int: ...

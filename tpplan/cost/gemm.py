@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-from tpplan.cost.topology import GemmPoint, GpuSpec
+from tpplan.cost.gpu import GemmPoint, GpuSpec
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 

@@ -18,6 +18,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tpplan.errors import TpplanError
+
 # Default roofline efficiencies (fractions of the dense peak) for GPUs whose model names none.
 ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
 # Chunked gated delta rule: fla_core 0.6.0 `chunk_kda` on one H200 (bf16, 48 heads x 128, 8192 tokens in
@@ -30,6 +32,16 @@ MAX_TFLOPS = 1e5
 MAX_TBPS = 1e3
 MAX_GIB = 1e6
 MIN_RATE = 1e-3  # below 1 GFLOP/s or 1 GB/s a figure is a typo, not a GPU
+
+ENGINES = ("sglang", "vllm", "trtllm")  # engines whose kernels a measured database holds (`--engine`)
+
+
+def parse_engine(engine: str) -> tuple[str, str | None]:
+    """'sglang@0.5.14' -> ('sglang', '0.5.14'); 'vllm' -> ('vllm', None)."""
+    name, _, version = engine.partition("@")
+    if name not in ENGINES:
+        raise TpplanError(f"--engine {engine}", "unknown serving engine", f"use one of {', '.join(ENGINES)}[@version]")
+    return name, version or None
 
 
 class Strict(BaseModel):
@@ -141,12 +153,8 @@ class GpuSpec(Strict):
     def with_engine(self, engine: str) -> GpuSpec:
         """This GPU model running `engine`'s kernels ("sglang@0.5.14"): NVIDIA AIConfigurator's measured
         tables for its `system` and the models fitted on them, asked before its own figures."""
-        from tpplan.cost.compute import parse_engine
-
         name, version = parse_engine(engine)
         if not self.system:
-            from tpplan.errors import TpplanError
-
             raise TpplanError(f"--engine {engine}", f"GPU model {self.name!r} names no kernel-database system",
                               'add system = "h200_sxm" (its AIC name) to the GPU model')  # fmt: skip
         refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")

@@ -176,7 +176,7 @@ class KernelModels:
             return False
         for dim, v in dims.items():
             lo, hi = c.get(f"min_{dim}"), c.get(f"max_{dim}")
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
+            if (isinstance(lo, int | float) and v < lo) or (isinstance(hi, int | float) and v > hi):
                 return True
         return False
 

@@ -20,6 +20,7 @@ from tpplan.cost.collectives import nccl_bytes
 from tpplan.cost.comm import price_collective
 from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
 from tpplan.cost.deployment import Deployment
+from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
 from tpplan.cost.kernel_models import KernelModels
@@ -76,7 +77,7 @@ class OpPrices:
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
         self.counts = graph.counts()
         self.b = DTYPE_BYTES[dtype]
-        self.gemm_dtype = "fp8" if dtype == "fp8" else "bf16"
+        self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
         self.rpn = self.deployment.ranks_per_node(g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
@@ -107,7 +108,7 @@ class OpPrices:
         self.op_weights = self.stored.op_weights
         self.expert_override = self.stored.expert_override
         self.expert_bytes = self.stored.expert_bytes
-        self.experts_gemm_dtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
+        self.experts_gemm_dtype: GemmDtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
         # The experts' stored format, as a kernel source's MoE shape names it.
         fmt = expert_dtype or ("fp8" if self.experts_gemm_dtype == "fp8" else "bf16")
         self.moe_dtype = "mxfp4" if self.expert_bytes < 0.75 else ("fp8" if fmt == "fp8" else fmt)
@@ -116,7 +117,7 @@ class OpPrices:
         """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
         return self.stored.per_element(kind, op)
 
-    def _gemm_format(self, kind: str, op: Op) -> tuple[str, float | None]:
+    def _gemm_format(self, kind: str, op: Op) -> tuple[GemmDtype, float | None]:
         """(GEMM dtype, weight bytes per element where a weight-only format changes them, else None)."""
         w = self.op_weights.get((kind, op.name))
         if w is None:
@@ -125,7 +126,7 @@ class OpPrices:
             return "fp8", None
         return self.gemm_dtype, w.full_bytes / op.weight_numel
 
-    def _gemm(self, m: int, k: int, n: int, dtype: str | None = None, weight_bytes: float | None = None) -> float:
+    def _gemm(self, m: int, k: int, n: int, dtype: GemmDtype | None = None, weight_bytes: float | None = None) -> float:
         """One GEMM through the compute pricer: a kernel source's price, else the GEMM table's
         (`ComputePricer.formula_gemm`, memoised across predictors of the same GPU).
 
@@ -136,7 +137,7 @@ class OpPrices:
         if not self.compute.sources or weight_bytes is not None:
             self._source = self.compute.gemm_source
             return self.compute.formula_gemm(m, k, n, dt, weight_bytes)
-        price = self.compute.gemm(GemmShape(m, k, n, dt))  # type: ignore[arg-type]
+        price = self.compute.gemm(GemmShape(m, k, n, dt))
         self._source = price.source
         self._extrapolated = self._extrapolated or price.extrapolated
         return price.seconds
@@ -161,8 +162,8 @@ class OpPrices:
     def _experts(self, d: OpDecision, t: int) -> tuple[float, float, float, tuple[int, int, int]]:
         """Grouped expert GEMMs (gate+up, then down) on one rank: rows routed to its experts."""
         op = d.op
-        e, k = int(op.attrs["experts"]), int(op.attrs["top_k"])
-        ew, inter = int(op.attrs["width"]), int(op.attrs["intermediate"])
+        e, k = op.int_attr("experts"), op.int_attr("top_k")
+        ew, inter = op.int_attr("width"), op.int_attr("intermediate")
         n = self.tp
         if d.split == "a2a":
             e_loc, i_loc, rows = e // n, inter, t * k / n
@@ -195,6 +196,7 @@ class OpPrices:
         if self.compute.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // (self.plan.ep_size or 1), self.plan.ep_size or 1)}.get(
                 str(d.split), (n, 1))  # fmt: skip
+            # moe_dtype: a KernelDtype by construction (mxfp4, fp8 or the checked --expert-dtype), typed str
             moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)  # type: ignore[arg-type]
             price = self.compute.moe(moe)
             if price is not None:
@@ -216,9 +218,9 @@ class OpPrices:
         the routing around them as memory traffic (`KernelModels.routing`)."""
         m = self._model("experts")
         ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
-        if ffn is None:
+        if m is None or ffn is None:
             return None
-        return ffn + m.routing(rows, tokens, width, self.hbm)  # type: ignore[union-attr]
+        return ffn + m.routing(rows, tokens, width, self.hbm)
 
     def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
         op = d.op
@@ -244,7 +246,7 @@ class OpPrices:
             shape = (m, kk, nn)
             gd, wb = self._gemm_format(lg.kind, op)
             secs = self._gemm(m, kk, nn, gd, wb) if m else 0.0
-            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)  # type: ignore[arg-type]
+            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
             flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(d, t)
@@ -252,14 +254,14 @@ class OpPrices:
         elif cost == "attention":
             share = d.compute_share
             if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
-                pairs, ctx = masked_pairs(segs, op.attrs.get("window"), op.attrs.get("chunk"))  # type: ignore[arg-type]
+                pairs, ctx = masked_pairs(segs, op.optional_int_attr("window"), op.optional_int_attr("chunk"))
             flops = op.ctx_flops_per_token * pairs * share
             kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
             _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
             secs, cat = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), "attention"
             impl = str(op.attrs.get("impl"))
             model = self._model(impl)
-            heads = int(op.attrs.get("heads", 1))
+            heads = op.int_attr("heads", 1)
             h_rank = max(1, round(heads * share))
             dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
             if model is not None:
@@ -278,7 +280,7 @@ class OpPrices:
             impl = str(op.attrs.get("impl"))
             model = self._model(impl)
             # GDN's state, and its work, is per v head (a key head serves v_heads / k_heads of them)
-            heads = int(op.attrs.get("v_heads", op.attrs.get("heads", 1)))
+            heads = op.int_attr("v_heads", op.int_attr("heads", 1))
             h_rank = max(1, round(heads * d.compute_share))
             phys = None if model is None else model.recurrence(impl, h_rank, t)
             secs = secs if phys is None else phys
@@ -337,10 +339,10 @@ class OpPrices:
         batch = max(1, len(segs))
         t = sum(n for n, _ in segs)
         ctx = sum(c for _, c in segs)
-        kv = max(1, round(int(op.attrs.get("kv_heads", op.attrs.get("heads", 1))) * share))
-        window = op.attrs.get("window")
+        kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))
+        window = op.int_attr("window") if op.attrs.get("window") else None
         shape = AttentionShape(max(1, t // batch), ctx // batch, heads, heads if impl == "mla" else kv, dqk, dv,
-                               "mla" if impl == "mla" else "mha", int(window) if window else None, batch)  # fmt: skip
+                               "mla" if impl == "mla" else "mha", window, batch)  # fmt: skip
         price = self.compute.attention(shape)
         if price is None:
             return secs

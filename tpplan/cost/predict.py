@@ -17,7 +17,7 @@ cluster, `cost/cluster.py`, for a `Deployment`, `cost/deployment.py`), in these 
   prices one at a time for a search; `cost/bands.py`, `cost/provenance.py`: how sure a time is;
 - `cost/segments.py`, `cost/stages.py`: batch shapes and the pipeline's stages;
 - this module: the public API, `predict_plan`, `predict_audit`, `predict_many`, `batch_time`,
-  and `plan_gemm_shapes` (`pipeline_ttft`, PP TTFT as the engine schedules it: `cost/pipeline.py`).
+  `pipeline_ttft` (PP TTFT as the engine schedules it: `cost/pipeline.py`) and `plan_gemm_shapes`.
 
 Formulas and assumptions: docs/cost-model.md ("Prediction"). Torch-free; cheap after the first call
 (times are cached per distinct layer result and batch shape), because a search prices hundreds of
@@ -39,7 +39,7 @@ from tpplan.cost.op_prices import (
     WEIGHT_BITS,
     OpPrices,
 )
-from tpplan.cost.pipeline import DEFAULT_PP_ENGINE, PipelineModel, pipeline_model, pipeline_ttft
+from tpplan.cost.pipeline import DEFAULT_PP_ENGINE, PipelineModel, pipeline_model
 from tpplan.cost.prediction import (
     LAYOUT_COPY_KERNEL,
     CollectiveTime,
@@ -53,7 +53,7 @@ from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens, masked_pairs, segments_of
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width, stage_layers
 from tpplan.cost.topology import Topology
-from tpplan.cost.workload import Workload
+from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_pipeline, simulate_ttft
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
@@ -106,6 +106,22 @@ def batch_time(
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, pipeline=pipeline)
     return p.latency(((n_tokens, context),))
+
+
+def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
+    """TTFT of `workload` on the predictor's stages as its engine (`p.pipeline`, `cost/pipeline.py`)
+    schedules them (pp = 1: batches one after another). Each stage holds a batch for its compute, its
+    TP collectives and its send into the next stage (the last one also for the reduction before the
+    final norm)."""
+    if p.pp == 1:
+        return simulate_ttft(workload, lambda b: p.latency(segments_of(b)))
+    m = p.pipeline
+
+    def stages(batch: PrefillBatch) -> list[float]:
+        stage_s, sends, _ = p.stage_times(segments_of(batch))
+        return [s + x for s, x in zip(stage_s, sends, strict=True)]
+
+    return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.pp), chunks_overlap=m.chunks_overlap)
 
 
 def predict_plan(

@@ -32,6 +32,7 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.opkinds import mixer
+from tpplan.models.spec import AttnSpec
 from tpplan.placement import S_COL, S_TOK, Placement, R
 
 STATE_BYTES = 4  # KDA/GDN recurrent state is kept in fp32 (conv state in the activation dtype)
@@ -66,11 +67,22 @@ class Predictor(OpPrices):
         self._kind_cache[key] = kt
         return kt
 
+    def layers_seconds(self, results: list[LayerResult], segs: Segments) -> float:
+        """Consecutive layers of one batch: their sum, or as the plan's micro-batch overlap runs them."""
+        if self.plan.overlap is None:
+            return sum(self.kind_time(r, segs).total_s for r in results)
+        from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
+        from tpplan.engines.overlap import overlap_named
+
+        engine = overlap_named(self.plan.overlap)
+        costs = OverlapCosts(self.topo.gpu.sm_count, engine.comm_sms)
+        return overlapped_seconds(self.kind_time, results, segs, engine, costs)
+
     def final_comm(self, t: int) -> float:
         el = self.audit.final_elements_per_token
         if not el:
             return 0.0
-        kind = stream_reduction(self.plan).collective.value  # type: ignore[union-attr]
+        kind = stream_reduction(self.plan).collective.value  # type: ignore[union-attr]  # a partial sum into the stream always reduces
         return self.collective("final", "final", kind, "mlp_side", el, t).seconds
 
     def boundary(self, layer: int, t: int) -> float:
@@ -99,7 +111,7 @@ class Predictor(OpPrices):
         results = self.audit.layer_results
         stage_s, sends = [], []
         for i, rng in enumerate(self.stages):
-            stage_s.append(sum(self.kind_time(results[j], segs).total_s for j in rng))
+            stage_s.append(self.layers_seconds([results[j] for j in rng], segs))
             sends.append(self.boundary(rng.stop, t) if i + 1 < len(self.stages) else 0.0)
         final = self.final_comm(t)
         stage_s[-1] += final
@@ -136,21 +148,21 @@ class Predictor(OpPrices):
         assert best is not None
         return best
 
-    def kv_per_token(self, attn: object) -> float:
+    def kv_per_token(self, attn: AttnSpec) -> float:
         """KV cache bytes per token of one layer on one rank, as its token mixer states it
         (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
         DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
         tokens when the requests are spread evenly (docs/design.md, "DP attention")."""
         if self.plan.dp_attention:
-            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp  # type: ignore[attr-defined]
-        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)  # type: ignore[attr-defined]
+            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp
+        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)
 
-    def state_per_seq(self, attn: object) -> float:
+    def state_per_seq(self, attn: AttnSpec) -> float:
         """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
         token mixer states it (`Mixer.state_bytes`: delta-rule state in fp32 plus short-conv tails)."""
         if self.plan.dp_attention:  # every head of its own sequences: 1/N of them, spread evenly
-            return mixer(attn.kind).state_bytes(attn, 1, self.b, STATE_BYTES) / self.tp  # type: ignore[attr-defined]
-        return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)  # type: ignore[attr-defined]
+            return mixer(attn.kind).state_bytes(attn, 1, self.b, STATE_BYTES) / self.tp
+        return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)
 
     def _activations(self, rng: range, t: int) -> float:
         """Peak activation bytes of one chunk: the stream tensors that live across layers (resid,
@@ -172,7 +184,7 @@ class Predictor(OpPrices):
                 live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
                 if d.op.kind is OpKind.EXPERTS:
                     _, _, _, (m, _, n2) = self._experts(d, t)
-                    live += m * (int(d.op.attrs["width"]) + n2 + n2 // 2) * b  # gathered rows + intermediates
+                    live += m * (d.op.int_attr("width") + n2 + n2 // 2) * b  # gathered rows + intermediates
                 peak = max(peak, live)
         return stream + peak
 

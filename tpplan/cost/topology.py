@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeGuard
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,8 @@ from tpplan.cost.cluster import (
     InterLink,
     IntraLink,
 )
+from tpplan.cost.compute import kernel_sources
+from tpplan.cost.curve_sets import expand_curve_sets
 from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef, Strict
 from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import parse_toml
@@ -153,6 +155,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
 
 def _cluster_data(ref: str) -> tuple[dict[str, Any], str]:
     data, where = _read("cluster", ref, _CLUSTERS, list_clusters())
+    data = expand_curve_sets(data, where)
     if isinstance(data.get("gpu"), dict):  # a whole old-style topology used as a cluster: its cluster half
         data = {k: v for k, v in data.items() if k != "gpu"}
     return data, where
@@ -192,7 +195,7 @@ def load_topology(
         where = f"cluster preset {name_or_path}"
     else:
         data, where = _read("topology", name_or_path, None, topologies)
-    data = dict(data)
+    data = expand_curve_sets(dict(data), where)
     if isinstance(data.get("cluster"), str):
         cdata, _ = _cluster_data(data["cluster"])
         data = {**cdata, **{k: v for k, v in data.items() if k != "cluster"}, "cluster_preset": data["cluster"]}
@@ -215,9 +218,10 @@ def load_topology(
     if nodes is not None:
         data["nodes"] = nodes
     n = data.get("nodes")
+    per_node = data.get("gpus_per_node")
     if isinstance(n, int) and not isinstance(n, bool) and (nodes is not None or isinstance(data.get("intra"), dict)):
         _check_network(str(data.get("name", name_or_path)), n, data.get("inter") is not None,
-                       data.get("gpus_per_node") if isinstance(data.get("gpus_per_node"), int) else 0)  # fmt: skip
+                       per_node if isinstance(per_node, int) else 0)  # fmt: skip
     return validate(Topology, data, where)
 
 
@@ -235,17 +239,16 @@ def select_topology(
     `--cluster` alone is the cluster with the GPU it names; `--gpu` and `--engine` need one of the two.
     `--engine` makes the GPU model run that engine's kernels (`GpuSpec.with_engine`); its sources are
     built here, so a missing `tpplan[aic]` extra or an unknown version is one line before any work."""
-    if topology is None and cluster is None:
+    source = topology if topology is not None else cluster
+    if source is None:
         for flag, value in (("--gpu", gpu), ("--engine", engine)):
             if value is not None:
                 raise TpplanError(f"{flag} {value}", "a GPU model needs a cluster to run in",
                                   "add --cluster or --topology")  # fmt: skip
         return None
-    topo = load_topology(topology if topology is not None else cluster, nodes, gpu=gpu, cluster=cluster)  # type: ignore[arg-type]
+    topo = load_topology(source, nodes, gpu=gpu, cluster=cluster)
     if engine is None:
         return topo
-    from tpplan.cost.compute import kernel_sources
-
     topo = topo.model_copy(update={"gpu": topo.gpu.with_engine(engine), "name": f"{topo.name}/{engine}"})
     kernel_sources(topo.gpu)
     return topo
@@ -284,12 +287,12 @@ def _toml_table(data: dict[str, object], prefix: str, out: list[str]) -> None:
         if isinstance(v, dict):
             _toml_table(v, key, out)
         elif _is_table_list(v):
-            for item in v:  # type: ignore[union-attr]
+            for item in v:
                 out.append(f"\n[[{key}]]")
                 out.extend(f"{ik} = {_toml_value(iv)}" for ik, iv in item.items())
 
 
-def _is_table_list(v: object) -> bool:
+def _is_table_list(v: object) -> TypeGuard[list[dict[str, object]]]:
     return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tpplan.engines import ENGINES
+from tpplan.engines.overlap import DEEPEP_SMS, OVERLAPS
 from tpplan.engines.schema import Comm, EngineVersion, Mode
 
 INTRO = """# Engines as they run
@@ -107,11 +108,47 @@ def _engine(ev: EngineVersion) -> list[str]:
     return out
 
 
+def _overlaps() -> list[str]:
+    """The engines' micro-batch overlaps (`tpplan.engines.overlap`): plans `<plan>+tbo`, `<plan>+dbo`."""
+    out = [
+        "## Micro-batch overlap: SGLang two-batch overlap, vLLM dual-batch overlap",
+        "",
+        "Plans `<plan>+tbo` and `<plan>+dbo` (any plan with all-to-all experts). Both engines split a prefill",
+        "batch in two and run the halves' MoE layers as three stages each, cut at the all-to-all (router",
+        "and dispatch | experts and combine | shared experts and output), in the order A0 B0 A1 B1 A2 B2,",
+        "so one half's all-to-all runs on the communication SMs while the other computes",
+        "(`tpplan/cost/overlap.py` simulates that order).",
+        "",
+    ]
+    for o in OVERLAPS.values():
+        models = ", ".join(o.model_types) if o.model_types is not None else "every model with all-to-all experts"
+        out += [
+            f"### `+{o.name}`: {o.engine}, {', '.join(f'`{f}`' for f in o.flags)}",
+            "",
+            f"- staged MoE layers: {models} ({o.schedule_source.cite()})",
+            f"- dense layers: {o.dense_layers}",
+            f"- split: {o.split}; below {o.min_tokens} tokens the batch runs whole ({o.split_source.cite()})",
+            f"- SMs: the all-to-all keeps {o.comm_sms}; DeepGEMM runs on the rest ({o.sms_source.cite()}; "
+            f"{DEEPEP_SMS.cite()})",
+        ]
+        if o.raises_for:
+            out.append(f"- raises NotImplementedError for: {', '.join(o.raises_for)}")
+        if o.assumption:
+            out.append(f"- what tpplan assumes: {o.assumption}")
+        out += ["", "| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
+        for g in o.gates:
+            keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+            out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+        out.append("")
+    return out
+
+
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
     for ev in ENGINES.values():
         lines += _engine(ev)
+    lines += _overlaps()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -43,6 +43,7 @@ from tpplan.placement import S_TOK, Placement, R
 
 MoEMode = Literal["tp", "ep", "a2a"]
 DpPadding = Literal["max_len", "sum_len"]
+OverlapName = Literal["tbo", "dbo"]  # the engines' micro-batch overlaps (tpplan.engines.overlap)
 
 
 def _match(patterns: Iterable[str], qualified: str) -> bool:
@@ -91,6 +92,7 @@ class Plan:
     moe: MoEMode = "tp"
     ep_size: int | None = None
     dp_attention: DpPadding | None = None
+    overlap: OverlapName | None = None  # two micro-batches, one's all-to-all under the other's compute
     engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
     found_by: str = "named"  # "named" or "search"
     notes: tuple[str, ...] = field(default=(), compare=False)  # for the user: where the plan came from
@@ -119,13 +121,12 @@ class Plan:
         return _match(self.fold, op)
 
     def with_(self, **changes: object) -> Plan:
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)  # type: ignore[arg-type]  # Plan's fields by name: unchecked through **
 
     def describe(self) -> dict[str, object]:
         """The decisions, as plain data (for JSON and for showing a found plan); `fold` appears only
         where the plan folds an add (no searched plan does)."""
-        folded = {"fold": sorted(self.fold)} if self.fold else {}
-        return {
+        out: dict[str, object] = {
             "stream": str(self.stream),
             "reduce": str(self.reduce),
             "gather": sorted(self.gather),
@@ -134,8 +135,14 @@ class Plan:
             "replicate": sorted(self.replicate),
             "token_shard": sorted(self.token_shard),
             "moe": self.moe if self.moe != "ep" else f"ep{self.ep_size}",
-            **folded,
-        } | ({"dp_attention": self.dp_attention} if self.dp_attention else {})
+        }
+        if self.fold:
+            out["fold"] = sorted(self.fold)
+        if self.dp_attention:
+            out["dp_attention"] = self.dp_attention
+        if self.overlap:
+            out["overlap"] = self.overlap
+        return out
 
 
 # The baseline and its EP variant live beside Plan, not with the other named plans
@@ -148,6 +155,26 @@ def baseline() -> Plan:
         "baseline",
         "Megatron TP",
         "All-reduce the hidden after o_proj and after the MLP/MoE; every token-local op runs on every rank.",
+    )
+
+
+def with_overlap(plan: Plan, overlap: OverlapName) -> Plan:
+    """The plan run as two interleaved micro-batches (`tpplan.engines.overlap`: SGLang's `tbo`, vLLM's
+    `dbo`), whose MoE all-to-alls hide behind the other micro-batch's compute. Same collectives and
+    bytes; only the schedule, and so the time, changes. Needs an all-to-all MoE to overlap."""
+    if plan.moe != "a2a":
+        raise TpplanError(
+            f"{plan.name}+{overlap}",
+            f"micro-batch overlap hides the MoE all-to-all, and plan {plan.name} has none (MoE mode {plan.moe})",
+            f"overlap a plan with all-to-all experts, e.g. dp-attention+a2a+{overlap} or sp-moe+{overlap}",
+        )
+    what = {"tbo": "SGLang two-batch overlap", "dbo": "vLLM dual-batch overlap"}[overlap]
+    return plan.with_(
+        name=f"{plan.name}+{overlap}",
+        title=f"{plan.title}, {what}",
+        summary=f"{plan.summary} Two micro-batches interleaved: each one's dispatch and combine run while the "
+        "other computes.",
+        overlap=overlap,
     )
 
 
@@ -168,4 +195,4 @@ def with_ep(plan: Plan, ep: int) -> Plan:
     )
 
 
-__all__ = ["S_TOK", "DpPadding", "MoEMode", "Plan", "R", "baseline", "with_ep"]
+__all__ = ["S_TOK", "DpPadding", "MoEMode", "OverlapName", "Plan", "R", "baseline", "with_ep", "with_overlap"]

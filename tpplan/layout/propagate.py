@@ -171,7 +171,7 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
     for op in lg.ops:
         qual = f"{lg.kind}/{op.role}"
         if op.kind is OpKind.EXPERTS:
-            experts = int(op.attrs["experts"])
+            experts = op.int_attr("experts")
             if plan.moe == "ep":
                 ep = plan.ep_size or 1
                 if n % ep or experts % ep or (op.split_heads % (n // ep)):
@@ -430,8 +430,8 @@ class LayerWalk:
             tainted[op.output] = parents[0] if parents else op.name
         # 3. work inside the op: MoE dispatch and combine
         if op.kind is OpKind.EXPERTS and split == "a2a" and legal and n > 1:
-            width, experts = int(op.attrs["width"]), int(op.attrs["experts"])
-            frac = moe_remote_fraction(experts, int(op.attrs["top_k"]), n)
+            width, experts = op.int_attr("width"), op.int_attr("experts")
+            frac = moe_remote_fraction(experts, op.int_attr("top_k"), n)
             # The dispatch carries each row's combine weights for the destination's E/N experts as
             # extra columns of the same buffer (one launch); the combine returns W-wide rows.
             extra = moe_weight_columns(experts // n, dtype_bytes)

@@ -208,9 +208,8 @@ def chunk_calls(
             if c.internal:
                 if c.value.endswith(":dispatch"):
                     op = next(o for o in lg.ops if o.kind is OpKind.EXPERTS)
-                    a = op.attrs
-                    calls += _moe_calls(chunk, i, lg, op.inputs[0], int(a["width"]), int(a["experts"]),
-                                        int(a["top_k"]), n, rank, tokens, act, (routes or {}).get(i))  # fmt: skip
+                    calls += _moe_calls(chunk, i, lg, op.inputs[0], op.int_attr("width"), op.int_attr("experts"),
+                                        op.int_attr("top_k"), n, rank, tokens, act, (routes or {}).get(i))  # fmt: skip
                 continue
             val = lg.values[c.value]
             dt = value_dtype(lg, c.value, act)

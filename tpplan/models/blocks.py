@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tpplan.models.graph import Builder, OpKind, WeightSplit
+from tpplan.models.ops import Builder, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, MoESpec
 
 

@@ -14,12 +14,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tpplan.errors import TpplanError, unknown_name
+from tpplan.errors import TpplanError, unknown_name, validated
 from tpplan.inputs import parse_json, read_text
-from tpplan.models.families import closest_family, family_for, supported_model_types
+from tpplan.models.families import Family, closest_family, family_for, supported_model_types
 from tpplan.models.families._common import EXPERT_COUNT_KEYS
 from tpplan.models.hf_defaults import with_transformers_defaults
-from tpplan.models.numerics import check_numerics, numerics_from_config
+from tpplan.models.numerics import Numerics, NumericsFields, check_rope
 from tpplan.models.quant import parse_quantization
 from tpplan.models.spec import ModelSpec, MoESpec
 
@@ -116,3 +116,48 @@ def _check_experts_planned(text: Mapping[str, Any], spec: ModelSpec, label: str)
             "check the fields that place MoE layers (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, "
             "mlp_only_layers); tpplan never plans a model with experts as dense",
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Runtime numerics, with the family's own defaults
+
+
+def check_numerics(raw: Mapping[str, Any], label: str = "config") -> None:
+    """Refuse bad runtime fields before a family reads its config (its builder reads `rope_parameters`)."""
+    _validated(raw, label)
+
+
+def _validated(raw: Mapping[str, Any], label: str) -> tuple[Family | None, Mapping[str, Any], NumericsFields, bool]:
+    """(family, text config, its validated numerics fields, whether rope_parameters is per layer type)."""
+    family = family_for(str(raw.get("model_type")))
+    c = family.text_config(raw) if family is not None else raw
+    where = f"{label} (text_config)" if c is not raw else label
+    f = validated(NumericsFields, dict(c), where, "correct '{field}' in the config (see the model card's config.json)")
+    check_rope(f.rope_scaling, f"{where}: field 'rope_scaling'")
+    params = f.rope_parameters or {}
+    by_layer = "full_attention" in params or "sliding_attention" in params  # Gemma 3: one per layer type
+    for key, sub in params.items() if by_layer else [("", params)] if f.rope_parameters is not None else []:
+        check_rope(sub, f"{where}: field 'rope_parameters{'.' + key if key else ''}'")
+    return family, c, f, by_layer
+
+
+def numerics_from_config(raw: Mapping[str, Any], label: str = "config") -> Numerics:
+    """Validated `Numerics` from a raw HF config dict (a wrapper such as K3: its `text_config`)."""
+    family, c, f, by_layer = _validated(raw, label)
+    params = f.rope_parameters or {}
+    scaling = f.rope_scaling or (None if by_layer else f.rope_parameters)
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    theta = f.rope_theta or (None if by_layer else params.get("rope_theta")) or 10000.0
+    fields: dict[str, Any] = {
+        "eps": f.rms_norm_eps,
+        "rope_theta": float(theta),
+        "rope_scaling": dict(scaling) if scaling is not None else None,
+        "max_position_embeddings": f.max_position_embeddings or 4096,
+        "routed_scaling_factor": f.routed_scaling_factor or 1.0,
+        "renormalize": True if f.renormalize is None else f.renormalize,
+        "tie_embeddings": f.tie_word_embeddings,
+    }
+    if family is not None:
+        fields.update(family.numerics(c))
+    return Numerics(**fields)

@@ -29,37 +29,37 @@ class Cut:
 FULL = Cut()
 
 
-def head_range(heads: int, n: int, rank: int) -> tuple[int, int]:
-    """The heads [lo, hi) rank `rank` of `n` owns; one shared head each when N exceeds the heads."""
-    if heads % n == 0:
-        k = heads // n
+def head_range(heads: int, tp: int, rank: int) -> tuple[int, int]:
+    """The heads [lo, hi) rank `rank` of `tp` ranks owns; one shared head each when TP exceeds the heads."""
+    if heads % tp == 0:
+        k = heads // tp
         return rank * k, (rank + 1) * k
-    if n % heads == 0:
-        h = rank // (n // heads)
+    if tp % heads == 0:
+        h = rank // (tp // heads)
         return h, h + 1
     raise TpplanError(
-        f"--tp {n}", f"{heads} heads cannot be split over {n} ranks", "use a TP size that divides the heads"
+        f"--tp {tp}", f"{heads} heads cannot be split over {tp} ranks", "use a TP size that divides the heads"
     )
 
 
-def head_cut(dim: int, size: int, heads: int, n: int, rank: int) -> Cut:
+def head_cut(dim: int, size: int, heads: int, tp: int, rank: int) -> Cut:
     """Rows (dim 0) or columns (dim 1) of `size` made of `heads` equal heads."""
-    lo, hi = head_range(heads, n, rank)
+    lo, hi = head_range(heads, tp, rank)
     per = size // heads
     return Cut(dim, ((lo * per, hi * per),))
 
 
-def expert_ownership(experts: int, mode: str, n: int, rank: int, ep_size: int | None) -> tuple[range, int, int]:
+def expert_ownership(experts: int, mode: str, tp: int, rank: int, ep_size: int | None) -> tuple[range, int, int]:
     """(experts this rank holds, its slice index and slice count of each expert's intermediate)."""
-    if n <= 1:
+    if tp <= 1:
         return range(experts), 0, 1
     if mode == "a2a":
-        per = experts // n
+        per = experts // tp
         return range(rank * per, (rank + 1) * per), 0, 1
     if mode == "ep":
         ep = ep_size or 1
-        inner = n // ep
+        inner = tp // ep
         group, part = rank // inner, rank % inner
         per = experts // ep
         return range(group * per, (group + 1) * per), part, inner
-    return range(experts), rank, n
+    return range(experts), rank, tp

@@ -1,10 +1,11 @@
 """Config facts the graph leaves out but exact execution needs (eps, RoPE, router scaling).
 
-Torch-free so a family can state its numerics next to its schema. `numerics_from_config` validates
-these fields (the runtime is the only stage that reads them, so nothing else would) with the same
-strictness as the family schemas: finite positive eps and RoPE base, a rope_scaling object whose
-type the runtime implements and which carries that type's parameters, strict booleans. The result
-lives on the `ModelSpec` (`spec.numerics`), so the runtime never re-reads a config by name.
+Torch-free so a family can state its numerics next to its schema. `numerics_from_config` (in
+`tpplan.models.config`, which knows the family registry) validates these fields (the runtime is the
+only stage that reads them, so nothing else would) with the same strictness as the family schemas:
+finite positive eps and RoPE base, a rope_scaling object whose type the runtime implements and which
+carries that type's parameters, strict booleans. The result lives on the `ModelSpec`
+(`spec.numerics`), so the runtime never re-reads a config by name.
 Family-specific defaults (Qwen3-Next's zero-centred norm, MLA's interleaved RoPE and router bias)
 come from the family's `numerics` hook, not from an if-chain.
 """
@@ -12,13 +13,12 @@ come from the family's `numerics` hook, not from an if-chain.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool
 
-from tpplan.errors import TpplanError, validated
+from tpplan.errors import TpplanError
 
 MAX_POSITIONS = 2**31  # max_position_embeddings: Llama 4 Scout declares 10M; past 2^31 is nonsense
 
@@ -76,8 +76,8 @@ def check_rope(value: object, where: str) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        got = type(value).__name__
-        raise TpplanError(where, f"must be an object or null, not a {got}", "copy it from the checkpoint")
+        kind_of = type(value).__name__
+        raise TpplanError(where, f"must be an object or null, not a {kind_of}", "copy it from the checkpoint")
     kind = value.get("rope_type", value.get("type", "default"))
     if kind not in ROPE_PARAMETERS:
         raise TpplanError(
@@ -102,46 +102,3 @@ def check_rope(value: object, where: str) -> dict[str, Any] | None:
     if "truncate" in value and not isinstance(value["truncate"], bool):
         raise TpplanError(f"{where}.truncate", f"must be true or false (got {value['truncate']!r})", "correct it")
     return value
-
-
-def check_numerics(raw: Mapping[str, Any], label: str = "config") -> None:
-    """Refuse bad runtime fields before a family reads its config (its builder reads `rope_parameters`)."""
-    _validated(raw, label)
-
-
-def _validated(raw: Mapping[str, Any], label: str) -> tuple[Any, Mapping[str, Any], NumericsFields, bool]:
-    """(family, text config, its validated numerics fields, whether rope_parameters is per layer type)."""
-    from tpplan.models.families import family_for
-
-    family = family_for(str(raw.get("model_type")))
-    c = family.text_config(raw) if family is not None else raw
-    where = f"{label} (text_config)" if c is not raw else label
-    f = validated(NumericsFields, dict(c), where, "correct '{field}' in the config (see the model card's config.json)")
-    check_rope(f.rope_scaling, f"{where}: field 'rope_scaling'")
-    params = f.rope_parameters or {}
-    by_layer = "full_attention" in params or "sliding_attention" in params  # Gemma 3: one per layer type
-    for key, sub in params.items() if by_layer else [("", params)] if f.rope_parameters is not None else []:
-        check_rope(sub, f"{where}: field 'rope_parameters{'.' + key if key else ''}'")
-    return family, c, f, by_layer
-
-
-def numerics_from_config(raw: Mapping[str, Any], label: str = "config") -> Numerics:
-    """Validated `Numerics` from a raw HF config dict (a wrapper such as K3: its `text_config`)."""
-    family, c, f, by_layer = _validated(raw, label)
-    params = f.rope_parameters or {}
-    scaling = f.rope_scaling or (None if by_layer else f.rope_parameters)
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
-        scaling = None
-    theta = f.rope_theta or (None if by_layer else params.get("rope_theta")) or 10000.0
-    fields: dict[str, Any] = {
-        "eps": f.rms_norm_eps,
-        "rope_theta": float(theta),
-        "rope_scaling": dict(scaling) if scaling is not None else None,
-        "max_position_embeddings": f.max_position_embeddings or 4096,
-        "routed_scaling_factor": f.routed_scaling_factor or 1.0,
-        "renormalize": True if f.renormalize is None else f.renormalize,
-        "tie_embeddings": f.tie_word_embeddings,
-    }
-    if family is not None:
-        fields.update(family.numerics(c))
-    return Numerics(**fields)

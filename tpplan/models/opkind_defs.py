@@ -7,24 +7,28 @@ split RMSNorm). Look-ups are `models/opkinds.py`; torch is imported lazily (`ass
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from tpplan.models.cuts import FULL, Cut
-from tpplan.models.graph import Op, OpKind, Value, WeightSplit
 from tpplan.models.numerics import Numerics
 from tpplan.models.opkind_types import (
     TRUE,
     Cuts,
+    Kernels,
     Mixer,
     OpKindDef,
     Params,
+    RunCtx,
     ShardCtx,
+    State,
     Strategy,
+    Tensor,
+    Weights,
     const_cost,
     mixer,
     no_params,
     same_placement,
 )
+from tpplan.models.ops import Op, OpKind, Value, WeightSplit
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
 
 # ----------------------------------------------------------------------------------------------
@@ -41,13 +45,13 @@ def _linear_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens:
     return same_placement(1, (S_TOK, R, P) if prefer_tokens else (R, S_TOK, P))
 
 
-def _linear_why(op: Op, needed: Placement, got: Placement, n: int) -> str | None:
+def _linear_why(op: Op, needed: Placement, got: Placement, tp: int) -> str | None:
     if needed is R:
-        if n and op.split_heads and op.split_heads % n == 0 and len(op.weight_shape) == 2:
+        if tp and op.split_heads and op.split_heads % tp == 0 and len(op.weight_shape) == 2:
             out, inp = op.weight_shape
             return (
-                f"it is column-parallel: each rank owns {op.split_heads // n} of {op.split_heads} heads/columns "
-                f"(a [{out // n}, {inp}] slice of the weight) and must apply it to every token; from "
+                f"it is column-parallel: each rank owns {op.split_heads // tp} of {op.split_heads} heads/columns "
+                f"(a [{out // tp}, {inp}] slice of the weight) and must apply it to every token; from "
                 f"token-sharded input a rank can only make its own slice for its own tokens, and gathering those "
                 f"slices would mix different ranks' heads"
             )
@@ -61,7 +65,7 @@ def _linear_why(op: Op, needed: Placement, got: Placement, n: int) -> str | None
 
 
 def _linear_params(op: Op, numerics: Numerics) -> Params:
-    parts = op.attrs.get("parts")
+    parts = op.parts()
     if not parts:  # fused rows, e.g. MLA's qkv_a = q_a_proj ++ kv_a_proj_with_mqa
         out = {"weight": (op.weight, op.weight_shape)}
         if op.attrs.get("bias"):  # y = x W^T + b (Qwen2's q/k/v)
@@ -80,15 +84,15 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     if sc.split == "col" and "head_blocks" in op.attrs:
         return _head_block_cuts(op, sc)
     if sc.split == "col":
-        rows = head_cut(0, shape[0], op.split_heads, sc.n, sc.rank)
+        rows = head_cut(0, shape[0], op.split_heads, sc.tp, sc.rank)
         return {"weight": rows} | ({"bias": rows} if "bias" in params else {})
     if sc.split == "row":  # partial sums: the bias is added once, by rank 0
-        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.n, sc.rank)}
+        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.tp, sc.rank)}
         return cols | ({"bias": FULL} if "bias" in params and sc.rank == 0 else {})
     return dict.fromkeys(params, FULL)
 
 
-def _linear_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _linear_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     y = K.linear(inputs[0], w["weight"])
     return y + w["bias"].to(y.dtype) if "bias" in w else y
 
@@ -98,9 +102,9 @@ def _head_block_cuts(op: Op, sc: ShardCtx) -> Cuts:
     e.g. Qwen3.5's in_proj_qkv = [q heads | k heads | v heads]): a rank keeps its heads of each block."""
     from tpplan.models.cuts import head_range
 
-    lo, hi = head_range(op.split_heads, sc.n, sc.rank)
+    lo, hi = head_range(op.split_heads, sc.tp, sc.rank)
     out: Cuts = {}
-    for j, blocks in enumerate(op.attrs["head_blocks"]):
+    for j, blocks in enumerate(op.head_blocks()):
         ranges, off = [], 0
         for per in blocks:
             ranges.append((off + lo * per, off + hi * per))
@@ -109,19 +113,19 @@ def _head_block_cuts(op: Op, sc: ShardCtx) -> Cuts:
     return out
 
 
-def _linear_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+def _linear_assemble(op: Op, got: dict[str, Tensor]) -> dict[str, Tensor]:
     if "parts" not in op.attrs:
         return got
     import torch
 
-    parts = [got[f"part{j}"] for j in range(len(op.attrs["parts"]))]
+    parts = [got[f"part{j}"] for j in range(len(op.parts()))]
     if "head_blocks" not in op.attrs:
         return {"weight": torch.cat(parts, dim=0)}
     # Interleave the blocks per head group: [block0 of head g, block1 of head g, ...] for each held
     # head g, the layout a per-key-head-group fused projection (Qwen3-Next's in_proj_qkvz) has.
     cols = parts[0].shape[1]
     pieces = []
-    for w, blocks in zip(parts, op.attrs["head_blocks"], strict=True):
+    for w, blocks in zip(parts, op.head_blocks(), strict=True):
         heads = w.shape[0] // sum(blocks)
         pieces += [blk.reshape(heads, -1) for blk in torch.split(w, [heads * per for per in blocks], dim=0)]
     return {"weight": torch.cat(pieces, dim=1).reshape(-1, cols)}
@@ -135,7 +139,7 @@ def _true_rows_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
     return same_placement(len(op.inputs), (S_TOK, R) if prefer_tokens else TRUE)
 
 
-def _whole_row_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+def _whole_row_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
     if got is P:
         return "it is non-linear in its input, so it needs true values, not partial sums"
     return "it reads the whole feature row of each token"
@@ -145,21 +149,21 @@ def _elementwise_rule(op: Op, split: str, values: Mapping[str, Value], prefer_to
     return same_placement(len(op.inputs), (R, S_TOK, S_COL))
 
 
-def _elementwise_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+def _elementwise_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
     return "an elementwise op needs both operands in the same placement, split the same way"
 
 
-def _norm_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _norm_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     nu = ctx.numerics
     eps = nu.latent_eps if op.attrs.get("latent_eps") else nu.eps
     return K.rms_norm(inputs[0], w["weight"], eps, nu.norm_offset)
 
 
-def _head_norm_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _head_norm_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     a = op.attrs
     gate = inputs[1] if len(inputs) > 1 else None
     return K.head_rms_norm(
-        inputs[0], w["weight"], ctx.numerics.eps, int(a["head_dim"]), gate, str(a.get("gate", "sigmoid"))
+        inputs[0], w["weight"], ctx.numerics.eps, op.int_attr("head_dim"), gate, str(a.get("gate", "sigmoid"))
     )
 
 
@@ -169,11 +173,11 @@ def _slice_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: 
     return same_placement(1, (R, S_TOK, P))
 
 
-def _slice_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _slice_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     a = op.attrs
     if a.get("gated_query"):
-        return K.gated_query_split(inputs[0], int(a["head_dim"]), bool(a.get("gate", False)))
-    return K.slice_cols(inputs[0], int(a["start"]), ctx.values[op.output].width)
+        return K.gated_query_split(inputs[0], op.int_attr("head_dim"), bool(a.get("gate", False)))
+    return K.slice_cols(inputs[0], op.int_attr("start"), ctx.values[op.output].width)
 
 
 def _mul_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
@@ -187,7 +191,7 @@ def _mul_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bo
     return out
 
 
-def _mul_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _mul_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     other = inputs[1].sigmoid() if op.attrs.get("sigmoid_second") else inputs[1]
     return inputs[0] * other
 
@@ -216,9 +220,9 @@ def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
     return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
 
 
-def _token_mix_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+def _token_mix_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
     own = _mix(op).why if "impl" in op.attrs else None
-    said = own(op, needed, got, n) if own is not None else None
+    said = own(op, needed, got, tp) if own is not None else None
     if said is not None:
         return said
     return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
@@ -243,17 +247,17 @@ def _router_params(op: Op, numerics: Numerics) -> Params:
     return out
 
 
-def _router_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _router_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     a, nu = op.attrs, ctx.numerics
     if a.get("scalar_gate"):
         return K.linear(inputs[0], w["weight"])
     return K.route(
         inputs[0],
         w["weight"],
-        top_k=int(a["top_k"]),
+        top_k=op.int_attr("top_k"),
         scoring=str(a["scoring"]),
-        n_group=int(a["n_group"]),
-        topk_group=int(a["topk_group"]),
+        n_group=op.int_attr("n_group"),
+        topk_group=op.int_attr("topk_group"),
         bias=w.get("bias"),
         logit_bias=w.get("logit_bias"),
         renormalize=nu.renormalize,
@@ -270,7 +274,7 @@ def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
 
 def _experts_params(op: Op, numerics: Numerics) -> Params:
     a, w = op.attrs, op.weight
-    e, wid, inter = a["experts"], a["width"], a["intermediate"]
+    e, wid, inter = op.int_attr("experts"), op.int_attr("width"), op.int_attr("intermediate")
     out: Params = {}
     for j in range(e):
         out[f"gate.{j}"] = (f"{w}.{j}.gate_proj.weight", (inter, wid))
@@ -287,8 +291,8 @@ def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     from tpplan.errors import TpplanError
     from tpplan.models.cuts import expert_ownership
 
-    owned, part, parts = expert_ownership(int(op.attrs["experts"]), sc.split, sc.n, sc.rank, sc.ep_size)
-    inter = int(op.attrs["intermediate"])
+    owned, part, parts = expert_ownership(op.int_attr("experts"), sc.split, sc.tp, sc.rank, sc.ep_size)
+    inter = op.int_attr("intermediate")
     if inter % parts:
         raise TpplanError(f"{op.name}", f"intermediate {inter} does not split over {parts}", "change TP/EP")
     rows = Cut(0, ((part * inter // parts, (part + 1) * inter // parts),)) if parts > 1 else FULL
@@ -306,7 +310,7 @@ def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     return out
 
 
-def _experts_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+def _experts_assemble(op: Op, got: dict[str, Tensor]) -> dict[str, Tensor]:
     import torch
 
     owned = sorted({int(key.split(".")[1]) for key in got})
@@ -314,18 +318,18 @@ def _experts_assemble(op: Op, got: dict[str, Any]) -> dict[str, Any]:
     return {p: torch.stack([got[f"{p}.{j}"] for j in owned]) for p in parts if f"{p}.{owned[0]}" in got}
 
 
-def run_experts(op: Op, x: Any, routing: Any, w: Mapping[str, Any], K: Any) -> Any:
+def run_experts(op: Op, x: Tensor, routing: Tensor, w: Weights, K: Kernels) -> Tensor:
     """Routed experts with this rank's (stacked) weights; biases and gpt-oss's clamped SwiGLU from attrs."""
     clamp, scale_inputs = op.attrs.get("clamp"), bool(op.attrs.get("scale_inputs"))
     if not op.attrs.get("bias") and not clamp and not scale_inputs:  # the plain contract (a benchmark may swap it)
         # Every token picks exactly top_k of the columns when this rank's routing holds all experts: a
         # hint that lets a serving kernel route without a host sync (the reference does not need it).
-        every = routing.shape[-1] == int(op.attrs["experts"])
-        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"], top_k=int(op.attrs["top_k"]) if every
+        every = routing.shape[-1] == op.int_attr("experts")
+        return K.routed_experts(x, routing, w["gate"], w["up"], w["down"], top_k=op.int_attr("top_k") if every
                                 else None)  # fmt: skip
     return K.routed_experts(
         x, routing, w["gate"], w["up"], w["down"], gate_bias=w.get("gate_bias"), up_bias=w.get("up_bias"),
-        down_bias=w.get("down_bias"), clamp=tuple(clamp) if clamp else None,  # type: ignore[arg-type]
+        down_bias=w.get("down_bias"), clamp=tuple(clamp) if isinstance(clamp, list | tuple) and clamp else None,
         scale_inputs=scale_inputs,
     )  # fmt: skip
 
@@ -345,7 +349,7 @@ def _attn_res_params(op: Op, numerics: Numerics) -> Params:
     }
 
 
-def _attn_res_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _attn_res_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     eps = ctx.numerics.eps
     mixed = K.attn_res(inputs[1], inputs[0], w["proj"], w["score_norm"], eps)
     return K.rms_norm(mixed, w["out_norm"], eps)
@@ -361,7 +365,7 @@ def _mean_sq_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
     return [Strategy((S_COL,) * k, P), Strategy((R,) * k, R), Strategy((S_TOK,) * k, S_TOK)]
 
 
-def _mean_sq_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _mean_sq_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     return K.mean_square(inputs, [ctx.values[v].width for v in op.inputs], ctx.tp)
 
 
@@ -373,7 +377,7 @@ def _rms_scale_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
     ]
 
 
-def _rms_scale_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+def _rms_scale_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
     return "it scales each token's row by the norm statistic of that same token, so both must be split the same way"
 
 
@@ -382,11 +386,11 @@ def _rms_scale_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
 
     if sc.output is not S_COL:
         return dict.fromkeys(params, FULL)
-    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.n, sc.rank)}
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.tp, sc.rank)}
 
 
-def _rms_scale_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
-    col = int(op.attrs.get("column", 0))
+def _rms_scale_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
+    col = op.int_attr("column", 0)
     return K.rms_scale(inputs[0], inputs[1][:, col : col + 1], w["weight"], ctx.numerics.eps)
 
 

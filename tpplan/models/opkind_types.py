@@ -13,9 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpplan.models.cuts import FULL, Cut
-from tpplan.models.graph import Op, OpKind, Value
 from tpplan.models.numerics import Numerics
+from tpplan.models.ops import Op, OpKind, Value
 from tpplan.placement import S_TOK, Placement, R
+
+# The runtime half of an op kind (`run`, `assemble`) computes on torch tensors with the runtime's
+# kernels. The planner never imports torch or `tpplan.runtime`, not even for types (the layer rules,
+# tests/test_import_rules.py), so these name what the runtime passes and are Any on purpose.
+Tensor = Any  # a torch.Tensor
+Kernels = Any  # the module `tpplan.runtime.kernels`, handed in by the executor
+RunCtx = Any  # the executor's per-layer context (`tpplan.runtime.executor`: numerics, rope, positions, values)
+Weights = Mapping[str, Tensor]  # local weight key -> this rank's part
+State = dict[str, Any]  # what a mixer carries from chunk to chunk (KV cache, recurrent state), by name
+RunFn = Callable[[Op, list[Tensor], Weights, State, RunCtx, Kernels], Tensor]  # run(op, inputs, w, state, ctx, K)
 
 Params = dict[str, tuple[str, tuple[int, ...]]]  # local key -> (name under model.layers.{i}., full shape)
 Cuts = dict[str, Cut]  # local key -> the part a rank keeps (missing key: not held)
@@ -41,7 +51,7 @@ class ShardCtx:
 
     split: str  # col | row | replicated | none, or the MoE mode tp | ep | a2a
     output: Placement
-    n: int
+    tp: int
     rank: int
     ep_size: int | None = None
 
@@ -71,7 +81,7 @@ def full_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     return dict.fromkeys(params, FULL)
 
 
-def as_is(op: Op, got: dict[str, Any]) -> dict[str, Any]:
+def as_is(op: Op, got: dict[str, Tensor]) -> dict[str, Tensor]:
     return got
 
 
@@ -87,7 +97,7 @@ class Mixer:
 
     name: str
     cost: str
-    run: Callable[..., Any]
+    run: RunFn
     build: Callable[..., str] | None = None
     params: Callable[[Op, Numerics], Params] = own_weight
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
@@ -125,7 +135,7 @@ class OpKindDef:
     """Everything tpplan knows about one op kind, in one place.
 
     rule(op, split, values, prefer_tokens) -> strategies in order of preference;
-    why(op, needed, got, n) -> a sentence for the audit, or None (generic wording);
+    why(op, needed, got, tp) -> a sentence for the audit, or None (generic wording);
     cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
     params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
     run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.
@@ -133,13 +143,13 @@ class OpKindDef:
 
     kind: OpKind
     rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]]
-    run: Callable[..., Any]
+    run: RunFn
     cost: Callable[[Op], str]
     why: Callable[[Op, Placement, Placement, int], str | None] = lambda op, needed, got, n: None
     profiled: bool = True
     params: Callable[[Op, Numerics], Params] = own_weight
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
-    assemble: Callable[[Op, dict[str, Any]], dict[str, Any]] = as_is
+    assemble: Callable[[Op, dict[str, Tensor]], dict[str, Tensor]] = as_is
 
 
 def const_cost(name: str) -> Callable[[Op], str]:
@@ -151,11 +161,17 @@ __all__ = [
     "COST_CLASSES",
     "TRUE",
     "Cuts",
+    "Kernels",
     "Mixer",
     "OpKindDef",
     "Params",
+    "RunCtx",
+    "RunFn",
     "ShardCtx",
+    "State",
     "Strategy",
+    "Tensor",
+    "Weights",
     "as_is",
     "const_cost",
     "full_cuts",

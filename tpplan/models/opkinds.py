@@ -16,21 +16,27 @@ The types are `models/opkind_types.py`, the per-kind definitions and their table
 
 from __future__ import annotations
 
-from tpplan.models.graph import Op, OpKind
 from tpplan.models.numerics import Numerics
 from tpplan.models.opkind_defs import OP_KINDS, run_experts
 from tpplan.models.opkind_types import (
     COST_CLASSES,
     TRUE,
     Cuts,
+    Kernels,
     Mixer,
     OpKindDef,
     Params,
+    RunCtx,
+    RunFn,
     ShardCtx,
+    State,
     Strategy,
+    Tensor,
+    Weights,
     mixer,
     register_mixer,
 )
+from tpplan.models.ops import Op, OpKind
 
 
 def op_kind(kind: OpKind) -> OpKindDef:
@@ -72,11 +78,17 @@ __all__ = [
     "OP_KINDS",
     "TRUE",
     "Cuts",
+    "Kernels",
     "Mixer",
     "OpKindDef",
     "Params",
+    "RunCtx",
+    "RunFn",
     "ShardCtx",
+    "State",
     "Strategy",
+    "Tensor",
+    "Weights",
     "cost_class",
     "kernel_key",
     "mixer",

@@ -9,7 +9,7 @@ a hidden width and one `LayerSpec` per layer (its token mixer and its MLP). The 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from tpplan.models.numerics import Numerics
 from tpplan.models.quant import Quantization
@@ -144,7 +144,15 @@ class MoESpec:
     kind: Literal["moe"] = "moe"
 
 
-AttnSpec = MLASpec | KDASpec | GQASpec | GDNSpec
+class MixerSpec(Protocol):
+    """What any token mixer's spec has: a family may introduce its own (DSA, biased or wide-norm GQA),
+    registered with its mixer under `kind` (`opkinds.register_mixer`)."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+AttnSpec = MLASpec | KDASpec | GQASpec | GDNSpec | MixerSpec  # the built-in four, or a family's own
 MlpSpec = DenseMLPSpec | MoESpec
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -28,7 +28,7 @@ from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
 from tpplan.placement import S_TOK, Placement, R
 
-PLAN_FILE_VERSION = 1
+PLAN_FILE_VERSION: Final = 1
 PLAN_FILE_SUFFIX = ".json"
 
 
@@ -54,9 +54,12 @@ class Decisions(_Strict):
     moe: Literal["tp", "ep", "a2a"] = "tp"
     ep_size: Size | None = None
     dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
+    overlap: Literal["tbo", "dbo"] | None = None  # an engine's micro-batch overlap (tpplan.engines.overlap)
 
     @model_validator(mode="after")
     def _ep_needs_its_size(self) -> Self:
+        if self.overlap is not None and self.moe != "a2a":
+            raise ValueError(f'overlap "{self.overlap}" hides the MoE all-to-all, but moe is "{self.moe}", not "a2a"')
         if self.moe == "ep" and self.ep_size is None:
             raise ValueError('moe "ep" needs ep_size (the number of expert groups, at least 1)')
         if self.moe != "ep" and self.ep_size is not None:
@@ -114,6 +117,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "moe": plan.moe,
             "ep_size": plan.ep_size if plan.moe == "ep" else None,
             "dp_attention": plan.dp_attention,
+            "overlap": plan.overlap,
         }
     )
     return PlanFile(
@@ -213,6 +217,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         moe=moe,
         ep_size=d.ep_size,
         dp_attention=d.dp_attention,
+        overlap=d.overlap,
         engine_notes=tuple(pf.engine_notes),
         found_by=pf.found_by,
         notes=notes,

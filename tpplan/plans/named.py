@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from tpplan.errors import TpplanError
-from tpplan.layout.plan import Plan, baseline, with_ep
+from tpplan.layout.plan import OverlapName, Plan, baseline, with_ep, with_overlap
 from tpplan.layout.propagate import propagate
 from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
 from tpplan.placement import S_COL, S_TOK, R
@@ -176,6 +176,23 @@ ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed 
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
+# "<plan>+tbo" / "<plan>+dbo": the plan under an engine's micro-batch overlap (tpplan.engines.overlap).
+OVERLAP_PATTERN = re.compile(r"(?P<base>.+)\+(?P<overlap>tbo|dbo)")
+
+
+def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph) -> Plan:
+    """`plan` under the engine overlap `overlap`, refused where the engine does not run it for this model."""
+    from tpplan.engines.overlap import overlap_named
+
+    engine = overlap_named(overlap)
+    why = engine.refusal(graph.spec.model_type)
+    if why is not None:
+        raise TpplanError(
+            f"--plan {plan.name}+{overlap}",
+            f"{engine.engine} does not overlap micro-batches with {' '.join(engine.flags)}: {why}",
+            "drop +tbo (or price vLLM's dual-batch overlap: +dbo)",
+        )
+    return with_overlap(plan, overlap)
 
 
 def plan_name(name: str) -> str:
@@ -190,6 +207,10 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     if is_plan_file(name):
         return load_plan_file(name, graph, n)
     name = plan_name(name)
+    over = OVERLAP_PATTERN.fullmatch(name)
+    if over:
+        mode: OverlapName = "tbo" if over["overlap"] == "tbo" else "dbo"
+        return overlapped(make_plan(over["base"], graph, n), mode, graph)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
@@ -217,6 +238,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         f"--plan {name}",
         "unknown plan",
         f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
+        "<plan>+tbo or <plan>+dbo (micro-batch overlap), "
         "or a plan file (*.json) from `tpplan search --save DIR`",
     )
 
@@ -227,6 +249,7 @@ __all__ = [
     "EP_PATTERN",
     "EXTRA_PLANS",
     "NAMED_PLANS",
+    "OVERLAP_PATTERN",
     "S_COL",
     "engine_notes",
     "make_plan",

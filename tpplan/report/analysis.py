@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tpplan.audit import PlanAudit, audit_plan
 from tpplan.bench_results import BenchResults
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
-from tpplan.cost.provenance import BANDS, Provenance, composed_provenance, provenance
+from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
@@ -29,9 +29,12 @@ from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT, Collective
 from tpplan.plans.files import is_plan_file, read_plan_file
 from tpplan.plans.named import make_plan
-from tpplan.report.crossover import Crossover, crossovers
-from tpplan.report.engines import EngineRecipe, recipes
-from tpplan.report.verdicts import BottomLine, NextStep, Verdict, bottom_line, judge, next_steps
+from tpplan.report.crossover import crossovers
+from tpplan.report.differences import differences
+from tpplan.report.engines import recipes
+from tpplan.report.results import Analysis, BoundaryRow, Variant
+from tpplan.report.verdicts import bottom_line, judge, next_steps
+from tpplan.units import GIB
 
 PredictFn = Callable[..., Any]
 
@@ -118,103 +121,6 @@ def load_predictor() -> PredictFn:
     return predict_plan
 
 
-@dataclass
-class Variant:
-    """One plan at one parallel shape (TP x PP) with its audit, predictions and engine flags."""
-
-    plan: Plan
-    tp: int
-    pp: int
-    audit: PlanAudit
-    predictions: dict[str, Any] = field(default_factory=dict)  # workload name -> PlanPrediction
-    prediction_error: str | None = None
-    engines: list[EngineRecipe] = field(default_factory=list)
-    main_tp: int = 0  # the report's main TP size; 0: this variant's own
-
-    @property
-    def key(self) -> str:
-        """Readable label: the plan name, plus the shape when it is not the report's main one."""
-        if self.pp > 1:
-            return f"{self.plan.name} TP{self.tp}xPP{self.pp}"
-        return self.plan.name if self.tp == (self.main_tp or self.tp) else f"{self.plan.name} TP{self.tp}"
-
-    @property
-    def legal(self) -> bool:
-        return self.audit.legal
-
-
-@dataclass(frozen=True)
-class BoundaryRow:
-    """One row of the hand-derived attention-input table (path, its formula and units), beside the
-    plan that realises it and the units and formula tpplan derives from the graph."""
-
-    path: str
-    hand_formula: str
-    hand_units: int
-    plan: str
-    units: float
-    legal: bool
-    formula: str
-
-
-@dataclass
-class Analysis:
-    model: str
-    graph: ModelGraph
-    topology: Topology
-    workloads: list[Workload]
-    tp: int
-    dtype: str
-    variants: list[Variant]
-    volume_vs_tp: dict[str, list[tuple[int, float]]]
-    boundary_rows: list[BoundaryRow]
-    verdicts: list[Verdict]
-    next_steps: list[NextStep]
-    differences: list[tuple[str, str]]  # (title, paragraph with numbers)
-    predictor_note: str | None
-    bench: BenchResults | None = None
-    current_key: str = "baseline"
-    provenance: Provenance = BANDS["datasheet"]
-    bottom: BottomLine | None = None
-    same_as: dict[str, str] = field(default_factory=dict)  # variant key -> earlier key with equal decisions
-    crossovers: list[Crossover] = field(default_factory=list)
-    memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
-    engines: tuple[str, ...] = ()  # the engine versions the recipes were judged against (engine@version)
-    pp_engine: str = ""  # the engine whose PP schedule priced PP TTFT (the first --engine; "": the default)
-
-    def variant(self, key: str) -> Variant | None:
-        return next((v for v in self.variants if v.key == key), None)
-
-    def verdict(self, key: str) -> Verdict | None:
-        return next((x for x in self.verdicts if x.key == key), None)
-
-    @property
-    def baseline(self) -> Variant:
-        return self.variants[0]
-
-    @property
-    def current(self) -> Variant:
-        """Today's deployment (`--current`): the reference every verdict is judged against."""
-        return self.variant(self.current_key) or self.variants[0]
-
-    @property
-    def asks_the_seed_question(self) -> bool:
-        """The seed memo's model (Kimi-K3): only then does the memo speak of the seed."""
-        return self.graph.spec.model_type == "kimi_k3"
-
-    @property
-    def first_workload(self) -> str | None:
-        return self.workloads[0].name if self.workloads else None
-
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:,.1f} GiB"
-
-
-def _pct(x: float, base: float) -> float:
-    return 0.0 if not base else 100.0 * (x - base) / base
-
-
 def attn_formula(res: LayerResult, n: int) -> str:
     """The seed's unit arithmetic for one layer's attention-input boundary, e.g.
     `RS(delta 7168) + AG(qkv_latent 2112) = 7168 + 2112 = 9280`."""
@@ -292,57 +198,6 @@ def _predict(
             v.prediction_error = f"{type(exc).__name__}: {exc}"
             v.predictions.clear()
             return
-
-
-def ttft_mean(v: Variant, workload: str) -> float | None:
-    """Predicted mean TTFT of a variant under a workload, when predicted."""
-    p = v.predictions.get(workload)
-    ttft = getattr(p, "ttft", None) if p is not None else None
-    return None if ttft is None else float(ttft.mean_s)
-
-
-def memory_fit(v: Variant, limit: float = 0.0) -> tuple[float, float, bool] | None:
-    """(predicted bytes per rank, the limit, fits) from the first prediction, when predicted; the
-    limit is the memo's memory cap (`limit`) or else one GPU."""
-    p = next(iter(v.predictions.values()), None)
-    mem = getattr(p, "memory", None) if p is not None else None
-    gpu = limit or float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
-    if mem is None or not gpu:
-        return None
-    return float(mem.total), gpu, float(mem.total) <= gpu
-
-
-def held_weights(v: Variant) -> tuple[float, float]:
-    """(weight bytes, replicated extra bytes) per rank: the one figure audit, search and memo share
-    (`tpplan.audit.stage_weights`): the prediction's (fullest PP stage, `--expert-dtype`) when
-    predicted, else the audit's (stored dtype, PP 1)."""
-    p = next(iter(v.predictions.values()), None)
-    mem = getattr(p, "memory", None) if p is not None else None
-    if mem is not None:
-        return float(mem.weights), float(mem.replicated_extra)
-    return v.audit.weight_bytes_per_rank, v.audit.replicated_extra_bytes
-
-
-def kind_times(v: Variant) -> dict[str, float] | None:
-    """Predicted seconds per layer kind for one batch (kind time x layers of that kind), plus the
-    final reduction and the stage sends: they sum to the prediction's `forward_s`, audit's forward."""
-    p = next(iter(v.predictions.values()), None)
-    if p is None:
-        return None
-    out = {k.kind: float(k.total_s) * int(k.count) for k in p.kinds}
-    if getattr(p, "final_comm_s", 0.0):  # the reduction before the final norm: part of forward_s
-        out["final reduce"] = float(p.final_comm_s)
-    if getattr(p, "stage_comm_s", 0.0):
-        out["pipeline send/recv"] = float(p.stage_comm_s)
-    return out
-
-
-def redundant_seconds(v: Variant) -> float | None:
-    """Predicted seconds per batch spent on ops every rank repeats on every token."""
-    p = next(iter(v.predictions.values()), None)
-    if p is None:
-        return None
-    return sum(float(o.seconds) * int(k.count) for k in p.kinds for o in k.ops if o.redundant)
 
 
 _TP_PP = re.compile(r"(?i)\bTP(\d+)(?:\s*[x\u00d7]\s*PP(\d+))?\b")
@@ -482,7 +337,6 @@ def analyse(
     pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.report.differences import differences
 
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     world = topology.world_size
@@ -577,7 +431,7 @@ def analyse(
     from tpplan.search.ranking import memory_cap_gib_of
 
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
-    limit = cap_gib * 2**30 if cap_gib is not None else float("inf")
+    limit = cap_gib * GIB if cap_gib is not None else float("inf")
 
     def shape_base(v: Variant) -> Variant | None:
         return next((b for b in variants if b.plan.name == "baseline" and (b.tp, b.pp) == (v.tp, v.pp)), None)

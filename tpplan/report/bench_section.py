@@ -11,8 +11,8 @@ from types import ModuleType
 from tpplan.bench_results import TTFTExtrapolation, error_summary
 from tpplan.cost.provenance import recorded_provenance
 from tpplan.cost.workload import canonical_workload
-from tpplan.report.analysis import Analysis, ttft_mean
 from tpplan.report.doc import Block, Heading, Image, Para, Table
+from tpplan.report.results import Analysis, ttft_mean
 
 PNG_BENCH = "predicted_vs_measured.png"
 

@@ -17,18 +17,11 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
-from tpplan.report.analysis import Analysis, Variant, held_weights, ttft_mean
 from tpplan.report.engines import family
+from tpplan.report.results import Analysis, Variant, held_weights, ttft_mean
+from tpplan.units import GIB, gib, pct_change
 
 Paragraph = tuple[str, str] | None
-
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:,.1f} GiB"
-
-
-def _pct(x: float, base: float) -> float:
-    return 0.0 if not base else 100.0 * (x - base) / base
 
 
 def _first_prediction(v: Variant | None) -> object | None:
@@ -42,7 +35,7 @@ def _ttft_sentence(a: Analysis, v: Variant) -> str:
     t, t0 = (ttft_mean(v, w), ttft_mean(ref, w)) if w else (None, None)
     if t is None or t0 is None:
         return ""
-    return f" Predicted mean TTFT at {w}: {t:.3f} s vs {t0:.3f} s for today's `{ref.key}` ({_pct(t, t0):+.1f}%)."
+    return f" Predicted mean TTFT at {w}: {t:.3f} s vs {t0:.3f} s for today's `{ref.key}` ({pct_change(t, t0):+.1f}%)."
 
 
 def _redundant_breakdown(a: Analysis, base: Variant) -> str:
@@ -131,17 +124,17 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
     if ga is None or not ga.legal or not held_weights(ga)[1] or ga.key in a.same_as:
         return None
     base, topo = a.current, a.topology
-    vol = _pct(ga.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
-    share = held_weights(ga)[1] / (topo.gpu.memory_GiB * 2**30)
+    vol = pct_change(ga.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
+    share = held_weights(ga)[1] / (topo.gpu.memory_GiB * GIB)
     pmem = getattr(_first_prediction(ga), "memory", None)
     bmem = getattr(_first_prediction(base), "memory", None)
     colls = ", ".join(f"{COLLECTIVE_SHORT[k]} x{c}" for k, c in sorted(ga.audit.collective_counts().items()))
     ops = sorted({r.rsplit(".", 1)[-1] for r in ga.plan.replicate})
     mem = (
-        f"predicted memory per rank {_gib(pmem.total)} vs {_gib(bmem.total)} under `{base.key}`"
+        f"predicted memory per rank {gib(pmem.total)} vs {gib(bmem.total)} under `{base.key}`"
         if pmem is not None and bmem is not None
-        else f"weights as stored: {_gib(held_weights(ga)[0])} per rank vs "
-        f"{_gib(held_weights(base)[0])} under `{base.key}`"
+        else f"weights as stored: {gib(held_weights(ga)[0])} per rank vs "
+        f"{gib(held_weights(base)[0])} under `{base.key}`"
     )
     engines = [e for e in ga.engines if e.realises == "no"]
     ships = (
@@ -156,7 +149,7 @@ def gate_aware_price(a: Analysis, chunk: int) -> Paragraph:
         "the token-sharded hidden is replicated and its output all-to-all'd to head-sharded (here: "
         + ", ".join(f"`{o}`" for o in ops)
         + f"). It is legal and moves {vol:+.1f}% bytes per token per rank vs `{base.key}` ({colls} per forward) "
-        f"for +{_gib(held_weights(ga)[1])} of replicated weights per rank, {100 * share:.0f}% of a "
+        f"for +{gib(held_weights(ga)[1])} of replicated weights per rank, {100 * share:.0f}% of a "
         f"{topo.gpu.memory_GiB:g} GiB {topo.gpu.name} ({mem}). That memory comes out of the KV cache."
         + ships
         + _ttft_sentence(a, ga),
@@ -179,11 +172,11 @@ def moe_all_to_all(a: Analysis, chunk: int) -> Paragraph:
     if moe_v is None or moe is None or not moe_v.legal:
         return None
     base = a.current
-    vol = _pct(moe_v.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
+    vol = pct_change(moe_v.audit.comm_bytes_per_token, base.audit.comm_bytes_per_token)
     text = (
         ("The seed recommended it without numbers. " if a.asks_the_seed_question else "")
         + f"SP-MoE with DeepEP-style dispatch/combine (uniform routing, per-rank dedup) moves {vol:+.1f}% bytes per "
-        f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{_gib(held_weights(moe_v)[1])} per rank "
+        f"token per rank vs `{base.key}` at TP{moe_v.tp}, for +{gib(held_weights(moe_v)[1])} per rank "
         f"of replicated {_moe_replicated(moe)}."
     )
     scat = a.variant("input-scattered")
@@ -227,7 +220,7 @@ def found_plan(a: Analysis, chunk: int) -> Paragraph:
         "A plan nobody named",
         f"The search (`tpplan.search`, roofline objective over the workload's batches) returns `{f.key}`: "
         f"{f.plan.summary} Predicted mean TTFT at {w0}: {ttft_mean(f, w0):.3f} s, for "
-        f"+{_gib(held_weights(f)[1])} of replicated weights per rank.{cmp}{ships}",
+        f"+{gib(held_weights(f)[1])} of replicated weights per rank.{cmp}{ships}",
     )
 
 

@@ -14,9 +14,10 @@ from types import ModuleType
 
 from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
-from tpplan.report.analysis import Analysis, held_weights, kind_times, ttft_mean
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
+from tpplan.report.results import Analysis, held_weights, kind_times, ttft_mean
+from tpplan.units import gib, pct_change, signed_pct
 
 PNG_VOLUME = "volume_vs_tp.png"
 PNG_TIME = "time_per_layer_kind.png"
@@ -46,18 +47,10 @@ class Memo:
     pngs: dict[str, bytes]
 
 
-def _gib(b: float) -> str:
-    return f"{b / 2**30:,.1f} GiB"
-
-
 def _label(a: Analysis, key: str) -> str:
     """Plot label: illegal plans are marked so a short bar is not read as a recommendation."""
     v = a.variant(key)
     return f"{key}\n(ILLEGAL)" if v is not None and not v.legal else key
-
-
-def _pct(x: float, base: float) -> str:
-    return f"{100 * (x - base) / base:+.1f}%" if base else "-"
 
 
 class _Pngs(dict[str, bytes]):
@@ -150,9 +143,9 @@ def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> 
                 "yes" if v.legal else "NO",
                 f"{v.audit.comm_bytes_per_token:,.0f}",
                 f"{v.audit.units:,.0f}",
-                _gib(held_weights(v)[1]),
+                gib(held_weights(v)[1]),
                 "-" if t is None else f"{t:.3f}",
-                "-" if t is None or t_ref is None else _pct(t, t_ref),
+                "-" if t is None or not t_ref else signed_pct(pct_change(t, t_ref)),
                 vd.headline,
             )
         )
@@ -225,7 +218,7 @@ def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list
                     f"{r.hand_units}",
                     f"`{r.plan}`",
                     f"{r.units:g}",
-                    _pct(r.units, base),
+                    signed_pct(pct_change(r.units, base)) if base else "-",
                     "yes" if r.legal else "NO",
                     f"`{r.formula}`",
                 )
@@ -302,7 +295,7 @@ def ttft_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> l
                     f"{t.p50_s:.3f}",
                     f"{t.max_s:.3f}",
                     f"{t.throughput_tok_s:,.0f}",
-                    _gib(mem.total) if mem is not None else "-",
+                    gib(mem.total) if mem is not None else "-",
                     "yes" if v.legal else "NO",
                 )
             )

@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 from tpplan.models.spec import MLASpec
 from tpplan.placement import S_TOK, R
-from tpplan.report.analysis import Analysis
-from tpplan.report.verdicts import STATUS_WORDS
+from tpplan.report.results import STATUS_WORDS, Analysis
 
 Paragraph = str | None
 

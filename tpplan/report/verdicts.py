@@ -8,68 +8,10 @@ or does not fit in GPU memory is never a YES. The rules are written out in docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from tpplan.cost.provenance import Provenance, within_band
 from tpplan.report.engines import EngineRecipe
-
-if TYPE_CHECKING:
-    from tpplan.report.analysis import Variant
-
-# Verdict statuses and the word the memo's answer uses for each.
-STATUS_WORDS = {
-    "reference": "It is today's deployment",
-    "YES": "Yes",
-    "NO": "No",
-    "CONDITIONAL": "Yes, with conditions",
-    "TOO CLOSE": "Too close to call",
-    "OPEN": "Open",
-}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    key: str
-    status: str  # one of STATUS_WORDS
-    headline: str
-    reasons: tuple[str, ...]
-    formula: str
-
-
-@dataclass(frozen=True)
-class NextStep:
-    key: str
-    gain: float  # seconds (predicted TTFT) or fraction of bytes (volume basis)
-    rel: float  # gain as a fraction of today's value
-    basis: str
-    price: str
-    engine: str
-    engine_ok: bool  # an engine flag realises it as is
-    clear: bool  # the gain exceeds the error band (always False on a volume basis)
-    conditions: tuple[str, ...] = ()  # what must hold for it to run as predicted (engine support, memory)
-
-    @property
-    def timed(self) -> bool:
-        return "TTFT" in self.basis
-
-    def gain_text(self) -> str:
-        return f"{self.gain:.3f} s ({100 * self.rel:.1f}%)" if self.timed else f"{100 * self.gain:.1f}% bytes"
-
-
-@dataclass(frozen=True)
-class BottomLine:
-    action: str  # "switch" | "keep"
-    target: str  # the variant to run next (today's when keeping)
-    text: str
-
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:,.1f} GiB"
-
-
-def _pct(x: float, base: float) -> float:
-    return 0.0 if not base else 100.0 * (x - base) / base
+from tpplan.report.results import BottomLine, NextStep, Variant, Verdict, held_weights, memory_fit, ttft_mean
+from tpplan.units import gib, pct_change
 
 
 def engine_ok(e: EngineRecipe | None) -> bool:
@@ -132,22 +74,21 @@ def judge(
     the memo's --memory-cap, also for the weights-only check when there is no memory prediction).
     When `v` runs at another TP x PP than `ref`, `shape_base` (baseline at `v`'s shape) splits the
     change into the deployment's and the plan's."""
-    from tpplan.report.analysis import held_weights, memory_fit, ttft_mean
 
-    vol = _pct(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
+    vol = pct_change(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
     fit = memory_fit(v, gpu_bytes)
     weights, extra = held_weights(v)
     if v is ref:
         note: tuple[str, ...] = ()
         if fit is not None and not fit[2]:
             note = (
-                f"predicted memory {_gib(fit[0])} per rank exceeds the limit of {_gib(fit[1])}: lower "
+                f"predicted memory {gib(fit[0])} per rank exceeds the limit of {gib(fit[1])}: lower "
                 "--expert-dtype, or raise --memory-cap",
             )
         elif fit is None and gpu_bytes and weights > gpu_bytes:
             note = (
-                f"weights alone take {_gib(weights)} per rank, more than the limit of "
-                f"{_gib(gpu_bytes)}: raise TP or lower the weight dtype",
+                f"weights alone take {gib(weights)} per rank, more than the limit of "
+                f"{gib(gpu_bytes)}: raise TP or lower the weight dtype",
             )
         return Verdict(
             v.key, "reference", "today's deployment (--current): every other plan is judged against it", note, formula
@@ -164,14 +105,14 @@ def judge(
     if timed:
         assert t_v is not None and t_r is not None
         head += (
-            f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({_pct(t_v, t_r):+.1f}%; "
+            f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({pct_change(t_v, t_r):+.1f}%; "
             f"band ±{100 * band.band:.1f}%, {band.label})"
         )
         t_s = ttft_mean(shape_base, wl) if shape_base is not None and shape_base is not v else None
         if t_s is not None and (v.tp, v.pp) != (ref.tp, ref.pp):
             head += (
-                f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {_pct(t_s, t_r):+.1f}% "
-                f"and the plan at the same shape (vs `{shape_base.key}`) {_pct(t_v, t_s):+.1f}%"
+                f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {pct_change(t_s, t_r):+.1f}% "
+                f"and the plan at the same shape (vs `{shape_base.key}`) {pct_change(t_v, t_s):+.1f}%"
             )
     elif v.prediction_error:
         head += f"; not predicted ({v.prediction_error})"
@@ -179,7 +120,7 @@ def judge(
     if same_as:
         reasons.append(f"same decisions as `{same_as}` on this model: same numbers, same engine verdict")
     if extra:
-        reasons.append(f"replicates weights: +{_gib(extra)} per rank")
+        reasons.append(f"replicates weights: +{gib(extra)} per rank")
     sgl = deciding_engine(v.engines)
     refusal = engine_refusal(sgl) if sgl is not None and not engine_ok(sgl) else None
     if refusal:
@@ -187,10 +128,10 @@ def judge(
     elif sgl is not None and sgl.realises == "no":
         reasons.append(f"no engine flag realises it: {sgl.summary}")
     if fit is not None and not fit[2]:
-        reasons.insert(0, f"predicted memory {_gib(fit[0])} per rank exceeds the limit of {_gib(fit[1])}")
+        reasons.insert(0, f"predicted memory {gib(fit[0])} per rank exceeds the limit of {gib(fit[1])}")
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
     if fit is None and gpu_bytes and weights > gpu_bytes:
-        reasons.insert(0, f"weights alone take {_gib(weights)} per rank, more than the limit of {_gib(gpu_bytes)}")
+        reasons.insert(0, f"weights alone take {gib(weights)} per rank, more than the limit of {gib(gpu_bytes)}")
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
     if timed:
         assert t_v is not None and t_r is not None
@@ -222,7 +163,6 @@ def next_steps(
 ) -> list[NextStep]:
     """Legal plans that fit and beat today's deployment, ranked by predicted TTFT gain (by bytes
     saved when there is no time prediction; other parallel shapes are then left out)."""
-    from tpplan.report.analysis import held_weights, memory_fit, ttft_mean
 
     steps: list[NextStep] = []
     t_r = ttft_mean(ref, wl) if wl else None
@@ -246,21 +186,20 @@ def next_steps(
         if gain <= 0:
             continue
         extra = held_weights(v)[1]
-        price = f"+{_gib(extra)} of replicated weights per rank" if extra else "none"
+        price = f"+{gib(extra)} of replicated weights per rank" if extra else "none"
         sgl = deciding_engine(v.engines)
         ok = engine_ok(sgl)
         engine = f"{sgl.engine} flags exist" if ok and sgl else (engine_refusal(sgl) or sgl.summary) if sgl else ""
         clear = "TTFT" in basis and not within_band(rel, band.band)
         conds = conditions(v)
         if extra:  # CONDITIONAL on its replication too: say so in the bottom line
-            conds += (f"the engine replicates those weights (+{_gib(extra)} per rank, in the predicted memory)",)
+            conds += (f"the engine replicates those weights (+{gib(extra)} per rank, in the predicted memory)",)
         steps.append(NextStep(v.key, gain, rel, basis, price, engine, ok, clear, conds))
     return sorted(steps, key=lambda s: -s.gain)
 
 
 def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Provenance) -> BottomLine:
     """Switch to the best next step when its predicted gain exceeds the error band, else keep."""
-    from tpplan.report.analysis import ttft_mean
 
     cur = f"`{ref.key}`"
     band_txt = f"±{100 * band.band:.1f}% error band of predictions {band.label}"
@@ -308,4 +247,4 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
     return BottomLine("switch", top.key, text)
 
 
-__all__ = ["STATUS_WORDS", "BottomLine", "NextStep", "Verdict", "bottom_line", "engine_ok", "judge", "next_steps"]
+__all__ = ["bottom_line", "engine_ok", "judge", "next_steps"]

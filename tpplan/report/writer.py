@@ -14,8 +14,9 @@ from tpplan.bench_results import BenchResults
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.outputs import write_dir
-from tpplan.report.analysis import Analysis, PredictFn, analyse
+from tpplan.report.analysis import PredictFn, analyse
 from tpplan.report.memo import Memo, build_memo
+from tpplan.report.results import Analysis
 
 
 def write_memo(memo: Memo, out: str | Path) -> Path:

@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tpplan.runtime.activations import unary
+
 FLA_OPS = frozenset({"kda", "gdn"})
 _DISABLED = [0]
 _FORCED = [0]
@@ -194,9 +196,7 @@ def short_conv(x: Tensor, weight: Tensor, state: dict[str, Tensor] | None = None
     y = F.conv1d(xx.t().unsqueeze(0), w.unsqueeze(1).to(x.dtype), groups=w.shape[0])[0].t()
     if not activation:
         return y.contiguous()
-    from tpplan.runtime import kernels as ref  # the references dispatch here: imported when called
-
-    return ref.unary(y.float(), activation).to(x.dtype)
+    return unary(y.float(), activation).to(x.dtype)
 
 
 def _fla_conv(x: Tensor, w: Tensor, prev: Tensor | None, state: dict[str, Tensor] | None, activation: str) -> Tensor:

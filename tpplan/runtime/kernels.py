@@ -15,6 +15,7 @@ call it.
 
 from __future__ import annotations
 
+from tpplan.runtime.activations import unary
 from tpplan.runtime.kernels_attention import (
     causal_attention,
     dsa_indexer,
@@ -34,7 +35,6 @@ from tpplan.runtime.kernels_local import (
     rope_cos_sin,
     slice_cols,
     swiglu,
-    unary,
 )
 from tpplan.runtime.kernels_moe import (
     attn_res,

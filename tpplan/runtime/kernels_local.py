@@ -82,14 +82,6 @@ def gated_query_split(q_full: Tensor, head_dim: int, gate: bool) -> Tensor:
     return part.reshape(t, -1)
 
 
-def unary(x: Tensor, fn: str) -> Tensor:
-    if fn == "sigmoid":
-        return torch.sigmoid(x)
-    if fn == "silu":
-        return F.silu(x)
-    raise ValueError(f"unknown unary fn {fn!r}")
-
-
 def swiglu(gate: Tensor, up: Tensor, act: str = "silu") -> Tensor:
     """act(gate) * up: SwiGLU (silu), or Gemma's GeGLU (gelu_tanh, HF's gelu_pytorch_tanh)."""
     if act == "gelu_tanh":
@@ -206,5 +198,4 @@ __all__ = [
     "rope_cos_sin",
     "slice_cols",
     "swiglu",
-    "unary",
 ]

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tpplan.runtime import fast_kernels as _fast  # GPU fast paths: one-line hooks marked `# fast:`
-from tpplan.runtime.kernels_local import head_rms_norm, unary
+from tpplan.runtime.activations import unary
+from tpplan.runtime.kernels_local import head_rms_norm
 
 # ----------------------------------------------------------------------------------------------
 # Short convolution and gated delta rule (KDA, Gated DeltaNet)

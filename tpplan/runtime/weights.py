@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from tpplan.errors import TpplanError
+from tpplan.models.config import numerics_from_config
 from tpplan.models.graph import ModelGraph
-from tpplan.models.numerics import Numerics, numerics_from_config
+from tpplan.models.numerics import Numerics
 from tpplan.models.opkinds import params_for_op
 
 __all__ = [

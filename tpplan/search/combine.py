@@ -242,7 +242,9 @@ def _combine(
         merged: list[tuple[Cost, tuple[_Partial, ...]]] = [(const, ())]
         for kd in kinds:
             cs, cm = counts[0][kd], counts[1][kd]  # layers the score counts, layers the memory counts
-            items = [(Cost(p.cost.score * cs, p.cost.memory * cm), (p,)) for p in per_kind[kd].by_exit[exit_of[kd]]]
+            items: list[tuple[Cost, tuple[_Partial, ...]]] = [
+                (Cost(p.cost.score * cs, p.cost.memory * cm), (p,)) for p in per_kind[kd].by_exit[exit_of[kd]]
+            ]
             merged = merge(merged, items, k)
         for cost, parts in merged:
             cfgs = tuple(p.cfg for p in parts)

@@ -34,13 +34,13 @@ from tpplan.plans.files import PlanFile, plan_file_data
 from tpplan.search.combine import search
 from tpplan.search.naming import Behaviour, behaviour, describe, named_behaviours
 from tpplan.search.objectives import Cost, Objective, PredictObjective, VolumeObjective, plan_cost
+from tpplan.units import GIB, pct_change_json
 
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
 JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the stored dtype
-GIB = 2**30
 SERVING_SHARE = 0.9  # the default memory cap: this share of one GPU (see the module docstring)
 
 
@@ -68,10 +68,6 @@ class _Setup:
     top: int
     all_plans: bool
     dp_attention: bool = False  # also rank the named DP-attention plans (`_dp_entries`)
-
-
-def _pct(value: float, base: float) -> float | None:
-    return None if not base else round(100.0 * (value - base) / base, 2)
 
 
 def deployments(graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None) -> list[tuple[int, int]]:
@@ -370,7 +366,7 @@ def _baseline(s: _Setup, tp: int, pp: int) -> tuple[dict[str, Any], Behaviour]:
     return _evaluate(s, pa.plan, pa, cost, tp, pp), behaviour(pa)
 
 
-_NAMED: dict[tuple[int, str, str], dict[Any, str]] = {}
+_NAMED: dict[tuple[int, int, str], dict[Any, str]] = {}
 
 
 def _named(s: _Setup, tp: int) -> dict[Any, str]:
@@ -464,7 +460,7 @@ def _provenance(
         return None
     shown = [e["provenance"] for e in entries if e.get("provenance")]
     if shown:
-        return max(shown, key=lambda v: float(v["band"]))  # type: ignore[no-any-return]
+        return max(shown, key=lambda v: float(v["band"]))
     worst = max((provenance(s.topo, n * p) for n, p in grid), key=lambda v: v.band)
     return worst.to_json()
 
@@ -549,9 +545,9 @@ def run_search(
             same = shape_bases[entry["deployment"]] = _baseline(s, entry["tp"], entry["pp"])[0]
         entry["rank"] = len(plans) + 1
         entry["baseline_score"] = same["score"]
-        entry["delta_vs_baseline_pct"] = _pct(entry["score"], same["score"])
-        entry["deployment_delta_pct"] = _pct(same["score"], base_entry["score"])
-        entry["comm_delta_vs_baseline_pct"] = _pct(
+        entry["delta_vs_baseline_pct"] = pct_change_json(entry["score"], same["score"])
+        entry["deployment_delta_pct"] = pct_change_json(same["score"], base_entry["score"])
+        entry["comm_delta_vs_baseline_pct"] = pct_change_json(
             entry["comm_bytes_per_token_per_rank"], same["comm_bytes_per_token_per_rank"]
         )
         plans.append(entry)
@@ -586,7 +582,7 @@ def run_search(
         "provenance": _provenance(s, grid, objective, [base_entry, *plans]),
         "baseline": base_entry,
         "baselines": [
-            {"deployment": d, "score": e["score"], "delta_pct": _pct(e["score"], base_entry["score"])}
+            {"deployment": d, "score": e["score"], "delta_pct": pct_change_json(e["score"], base_entry["score"])}
             for d, e in shape_bases.items()
         ],
         "plans": plans,

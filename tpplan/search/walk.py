@@ -157,7 +157,7 @@ class KindSolver:
                 self.prefixes[pkey] = (self._rebase(self.prefixes[rkey][0], base), 0, False)
             else:
                 start = LayerWalk(self.lg, make_search_plan(base, []), self.n, P, self.dtype_bytes)
-                init = {(): [_Partial(ZERO, KindConfig(self.lg.kind), start)]}
+                init: States = {(): [_Partial(ZERO, KindConfig(self.lg.kind), start)]}
                 states, saw = self._run(base, init, 0, self.split)
                 self.prefixes[pkey] = (states, 0, saw)
         states, _, saw_prefix = self.prefixes[pkey]

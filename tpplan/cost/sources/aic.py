@@ -141,7 +141,8 @@ class _Loaded:
     db: Any
     handle: Any
     load_s: float
-    ranges: dict[str, Any] = field(default_factory=dict)
+    # (op, AIC's quant mode: its own untyped enum) -> the measured (m, n, k) axes
+    ranges: dict[tuple[str, Any], tuple[list[int], list[int], list[int]]] = field(default_factory=dict)
 
 
 @cache

@@ -8,7 +8,7 @@ overrides only what is its own (a different default, a required field, a family-
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -207,7 +207,10 @@ def wrapped_text(
     return text
 
 
-def validate(schema: type[Raw], raw: dict[str, Any], label: str) -> Any:
+RawT = TypeVar("RawT", bound=Raw)
+
+
+def validate(schema: type[RawT], raw: dict[str, Any], label: str) -> RawT:
     """`schema` from `raw`, or a `TpplanError` naming the file, the field and the fix."""
     try:
         out = schema.model_validate(raw)

@@ -27,8 +27,8 @@ from tpplan.models.families._common import (
     validate,
     wrapped_text,
 )
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
-from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.opkinds import Kernels, Mixer, RunCtx, State, Tensor, Weights, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, LayerSpec, MLASpec, ModelSpec, MoESpec
 
 # ----------------------------------------------------------------------------------------------
@@ -182,11 +182,11 @@ def _latent_norm(b: Builder, part: str) -> None:
     b.ops[-1].attrs["latent_eps"] = True
 
 
-def run_mla(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def run_mla(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     """MLA core on this rank's heads: widths from the graph's values, RoPE unless NoPE (Kimi-Linear)."""
     a = op.attrs
     q, kv, k_rope = inputs[:3]
-    n = int(a["heads"])
+    n = op.int_attr("heads")
     rope_dim = k_rope.shape[1]
     qk = ctx.per_head(op.inputs[0], n)
     nope, v_dim = qk - rope_dim, ctx.per_head(op.output, n)
@@ -222,6 +222,7 @@ class RawMLAMoE(MLAFields, MoEFields):
     """deepseek_v3 / kimi_k2 (DeepseekV3ForCausalLM)."""
 
     intermediate_size: int = Field(gt=0)
+    # widens MoEFields' required field (pydantic allows it; mypy calls it unsafe)
     num_experts_per_tok: int | None = Field(default=None, gt=0, validation_alias=TOP_K)  # type: ignore[assignment]
     n_shared_experts: int | None = Field(default=0, ge=0, validation_alias=SHARED_EXPERTS)
     first_k_dense_replace: int = Field(default=0, ge=0)

@@ -27,8 +27,8 @@ from tpplan.models.families import Family, register
 from tpplan.models.families._common import Raw, validate
 from tpplan.models.families.deepseek_v3 import build_mla, mla_kv_bytes, mla_numerics, run_mla
 from tpplan.models.families.deepseek_v3 import build_spec as build_v3_spec
-from tpplan.models.graph import Builder, Op, OpKind, Value, WeightSplit
-from tpplan.models.opkinds import Mixer, Params, Strategy, register_mixer
+from tpplan.models.opkinds import Kernels, Mixer, Params, RunCtx, State, Strategy, Tensor, Weights, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, Value, WeightSplit
 from tpplan.models.spec import LayerSpec, MLASpec, ModelSpec
 from tpplan.placement import Placement, R
 
@@ -114,7 +114,7 @@ def _indexer_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
     return [Strategy((R,) * len(op.inputs), R)]
 
 
-def _indexer_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
+def _indexer_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
     return (
         "the indexer scores each query against every earlier token's key and takes the top-k of a sum over "
         "all its heads, so it needs every token's key and weights (its top-k is not a per-rank partial result)"
@@ -122,16 +122,16 @@ def _indexer_why(op: Op, needed: Placement, got: Placement, n: int) -> str:
 
 
 def _indexer_params(op: Op, numerics: Any) -> Params:
-    d = int(op.attrs["head_dim"])
+    d = op.int_attr("head_dim")
     return {"k_norm": (op.weight, (d,)), "k_norm_bias": ("self_attn.indexer.k_norm.bias", (d,))}
 
 
-def _run_indexer(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _run_indexer(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     a = op.attrs
     rope = replace(ctx.rope, interleave=bool(a["interleave"]))
     return K.dsa_indexer(
-        *inputs, head_dim=int(a["head_dim"]), rope_dim=int(a["rope_dim"]), positions=ctx.positions, rope=rope,
-        topk=int(a["topk"]), k_norm_weight=w["k_norm"], k_norm_bias=w["k_norm_bias"], cache=state,
+        *inputs, head_dim=op.int_attr("head_dim"), rope_dim=op.int_attr("rope_dim"), positions=ctx.positions, rope=rope,
+        topk=op.int_attr("topk"), k_norm_weight=w["k_norm"], k_norm_bias=w["k_norm_bias"], cache=state,
     )  # fmt: skip
 
 

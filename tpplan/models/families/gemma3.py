@@ -26,7 +26,7 @@ from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 
 class RawGemma3Text(GQAFields):
-    head_dim: int = Field(default=256, gt=0)  # type: ignore[assignment]
+    head_dim: int = Field(default=256, gt=0)
     intermediate_size: int = Field(gt=0)
     query_pre_attn_scalar: float = Field(default=256, gt=0)
     sliding_window: int | None = Field(default=4096, gt=0)

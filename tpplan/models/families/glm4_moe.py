@@ -28,8 +28,8 @@ from tpplan.models.families._common import (
 )
 from tpplan.models.families.deepseek_v32 import mtp_note
 from tpplan.models.families.gqa import build_gqa, gqa_kv_bytes
-from tpplan.models.graph import Builder
 from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.ops import Builder
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 
@@ -68,7 +68,7 @@ register_mixer(
 
 class RawGlm4Moe(GQAFields, MoEFields):
     intermediate_size: int = Field(gt=0)
-    moe_intermediate_size: int = Field(gt=0)  # type: ignore[assignment]
+    moe_intermediate_size: int = Field(gt=0)
     num_experts: int = Field(gt=0, validation_alias=EXPERTS)
     num_experts_per_tok: int = Field(gt=0, validation_alias=TOP_K)
     n_shared_experts: int = Field(default=1, ge=0, validation_alias=SHARED_EXPERTS)

@@ -7,7 +7,6 @@ names, the kernel call (optional per-head q/k RMSNorm, partial rotary) and the K
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -16,8 +15,8 @@ from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, head_cut
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import GQAFields, MoEFields, qwen_moe_layer, validate
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
-from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
+from tpplan.models.opkinds import Cuts, Kernels, Mixer, Params, RunCtx, ShardCtx, State, Tensor, Weights, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 # ----------------------------------------------------------------------------------------------
@@ -134,12 +133,12 @@ def _attention_note(a: GQASpec) -> str:
 
 
 def _gqa_params(op: Op, numerics: Any) -> Params:
-    d = op.attrs["head_dim"]
+    d = op.int_attr("head_dim")
     out: Params = {}
     if op.attrs["qk_norm"]:
         out = {"q_norm": ("self_attn.q_norm.weight", (d,)), "k_norm": ("self_attn.k_norm.weight", (d,))}
     if op.attrs.get("sinks"):
-        out["sinks"] = ("self_attn.sinks", (int(op.attrs["heads"]),))
+        out["sinks"] = ("self_attn.sinks", (op.int_attr("heads"),))
     return out
 
 
@@ -147,18 +146,19 @@ def _gqa_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     """Head-sharded: q/k norms are per head_dim (shared by every head), sinks are one per query head."""
     out = dict.fromkeys(params, FULL)
     if "sinks" in params:
-        heads = int(op.attrs["heads"])
-        out["sinks"] = head_cut(0, heads, heads, sc.n, sc.rank)
+        heads = op.int_attr("heads")
+        out["sinks"] = head_cut(0, heads, heads, sc.tp, sc.rank)
     return out
 
 
-def _gqa_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
+def _gqa_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     a, nu = op.attrs, ctx.numerics
     rope = ctx.rope
     if a.get("rope_theta"):  # a layer with its own unscaled RoPE base (Gemma 3's local layers)
-        rope = K.Rope(float(a["rope_theta"]), rope.interleave, None, rope.max_position_embeddings)
+        rope = K.Rope(op.float_attr("rope_theta"), rope.interleave, None, rope.max_position_embeddings)
     return K.gqa_attention(
-        *inputs, head_dim=int(a["head_dim"]), positions=ctx.positions, rope=rope, rotary_dim=int(a["rotary_dim"]),
+        *inputs, head_dim=op.int_attr("head_dim"), positions=ctx.positions, rope=rope,
+        rotary_dim=op.int_attr("rotary_dim"),
         q_norm=w.get("q_norm"), k_norm=w.get("k_norm"), eps=nu.eps, norm_offset=nu.norm_offset, cache=state,
         window=a.get("window"), chunk=a.get("chunk"), sinks=w.get("sinks"), scale=a.get("scale"),
         qk_l2norm=bool(a.get("qk_l2norm")), temperature=a.get("temperature"),
@@ -182,7 +182,8 @@ register_mixer(
 class RawGQA(GQAFields, MoEFields):
     """llama / qwen3 / qwen3_moe / mistral (and their MoE variants under any expert-count spelling)."""
 
-    num_key_value_heads: int | None = Field(default=None, gt=0)  # type: ignore[assignment]  # absent: MHA
+    # absent: MHA. A pydantic field may widen its base's type (the base requires it); mypy calls that unsafe.
+    num_key_value_heads: int | None = Field(default=None, gt=0)  # type: ignore[assignment]
     intermediate_size: int = Field(gt=0)
     decoder_sparse_step: int = Field(default=1, gt=0)
     mlp_only_layers: list[int] = Field(default_factory=list)

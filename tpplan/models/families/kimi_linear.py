@@ -10,7 +10,6 @@ latent MoE and block attention residuals, all read from its `text_config`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -30,8 +29,8 @@ from tpplan.models.families._common import (
     wrapped_text,
 )
 from tpplan.models.families.deepseek_v3 import mla_numerics
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
-from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
+from tpplan.models.opkinds import Cuts, Kernels, Mixer, Params, RunCtx, ShardCtx, State, Tensor, Weights, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, KDASpec, LayerSpec, ModelSpec
 
 STATE_ELEM_BYTES = 4  # the delta-rule state is kept in fp32
@@ -41,7 +40,7 @@ STATE_ELEM_BYTES = 4  # the delta-rule state is kept in fp32
 
 
 def _conv_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
-    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.n, sc.rank)}
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.tp, sc.rank)}
 
 
 register_mixer(
@@ -178,21 +177,21 @@ def build_kda(b: Builder, a: KDASpec, x: str) -> str:
 
 
 def _kda_params(op: Op, numerics: Any) -> Params:
-    n, d = op.attrs["heads"], op.attrs["head_dim"]
+    n, d = op.int_attr("heads"), op.int_attr("head_dim")
     base = op.weight.rsplit(".", 1)[0]
     return {"A_log": (op.weight, (n,)), "dt_bias": (f"{base}.dt_bias", (n * d,))}
 
 
 def _kda_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
-    heads, d = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+    heads, d = op.int_attr("heads"), op.int_attr("head_dim")
     return {
-        "A_log": head_cut(0, heads, heads, sc.n, sc.rank),
-        "dt_bias": head_cut(0, heads * d, heads, sc.n, sc.rank),
+        "A_log": head_cut(0, heads, heads, sc.tp, sc.rank),
+        "dt_bias": head_cut(0, heads * d, heads, sc.tp, sc.rank),
     }
 
 
-def _kda_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
-    return K.kda(*inputs, head_dim=int(op.attrs["head_dim"]), a_log=w["A_log"], dt_bias=w["dt_bias"], state=state)
+def _kda_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
+    return K.kda(*inputs, head_dim=op.int_attr("head_dim"), a_log=w["A_log"], dt_bias=w["dt_bias"], state=state)
 
 
 def _kda_state_bytes(attn: KDASpec, tp: int, b: float, state_bytes: float) -> float:

@@ -21,8 +21,8 @@ from tpplan.errors import TpplanError
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import EXPERTS, TOP_K, GQAFields, Scoring, routed_experts, validate
 from tpplan.models.families.gqa import gqa_kv_bytes
-from tpplan.models.graph import Builder, OpKind, WeightSplit
 from tpplan.models.opkinds import Mixer, register_mixer
+from tpplan.models.ops import Builder, OpKind, WeightSplit
 from tpplan.models.spec import GQASpec, LayerSpec, ModelSpec
 
 

@@ -9,7 +9,6 @@ output gate, q/k norm and partial rotary; its RMSNorms are zero-centred (1 + w).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
@@ -18,8 +17,8 @@ from tpplan.errors import TpplanError
 from tpplan.models.cuts import FULL, Cut, head_range
 from tpplan.models.families import Family, register
 from tpplan.models.families._common import GQAFields, MoEFields, qwen_moe_layer, validate
-from tpplan.models.graph import Builder, Op, OpKind, WeightSplit
-from tpplan.models.opkinds import Cuts, Mixer, Params, ShardCtx, register_mixer
+from tpplan.models.opkinds import Cuts, Kernels, Mixer, Params, RunCtx, ShardCtx, State, Tensor, Weights, register_mixer
+from tpplan.models.ops import Builder, Op, OpKind, WeightSplit
 from tpplan.models.spec import DenseMLPSpec, GDNSpec, GQASpec, LayerSpec, ModelSpec, MoESpec
 
 # ----------------------------------------------------------------------------------------------
@@ -91,7 +90,7 @@ def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
 
 
 def _gdn_params(op: Op, numerics: Any) -> Params:
-    hv, dv = op.attrs["v_heads"], op.attrs["v_head_dim"]
+    hv, dv = op.int_attr("v_heads"), op.int_attr("v_head_dim")
     return {
         "conv": (op.weight, op.weight_shape),
         "A_log": ("linear_attn.A_log", (hv,)),
@@ -102,9 +101,9 @@ def _gdn_params(op: Op, numerics: Any) -> Params:
 
 def _gdn_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     """The conv's channels are [q (all heads) | k (all heads) | v (all heads)]: three ranges per rank."""
-    a = op.attrs
-    nk, nv, dk, dv = int(a["k_heads"]), int(a["v_heads"]), int(a["k_head_dim"]), int(a["v_head_dim"])
-    lo, hi = head_range(nk, sc.n, sc.rank)
+    nk, nv = op.int_attr("k_heads"), op.int_attr("v_heads")
+    dk, dv = op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
+    lo, hi = head_range(nk, sc.tp, sc.rank)
     r = nv // nk
     conv = Cut(0, ((lo * dk, hi * dk), (nk * dk + lo * dk, nk * dk + hi * dk),
                    (2 * nk * dk + lo * r * dv, 2 * nk * dk + hi * r * dv)))  # fmt: skip
@@ -112,12 +111,11 @@ def _gdn_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     return {"conv": conv, "A_log": vh, "dt_bias": vh, "norm": FULL}
 
 
-def _gdn_run(op: Op, inputs: list[Any], w: Mapping[str, Any], state: dict[str, Any], ctx: Any, K: Any) -> Any:
-    a = op.attrs
+def _gdn_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     return K.gdn(
         inputs[0], inputs[1], conv_weight=w["conv"], a_log=w["A_log"], dt_bias=w["dt_bias"], norm_weight=w["norm"],
-        eps=ctx.numerics.eps, k_head_dim=int(a["k_head_dim"]), v_head_dim=int(a["v_head_dim"]),
-        v_per_k=int(a["v_heads"]) // int(a["k_heads"]), state=state,
+        eps=ctx.numerics.eps, k_head_dim=op.int_attr("k_head_dim"), v_head_dim=op.int_attr("v_head_dim"),
+        v_per_k=op.int_attr("v_heads") // op.int_attr("k_heads"), state=state,
     )  # fmt: skip
 
 
@@ -142,7 +140,7 @@ register_mixer(
 class RawGatedHybrid(GQAFields, MoEFields):
     """The fields Qwen3-Next and Qwen3.5 share: gated GQA every few layers, Gated DeltaNet between."""
 
-    head_dim: int = Field(gt=0)  # type: ignore[assignment]
+    head_dim: int = Field(gt=0)
     full_attention_interval: int = Field(default=4, gt=0)
     layer_types: list[str] | None = None
     linear_num_key_heads: int = Field(gt=0)

@@ -146,6 +146,19 @@ def _is_sp_moe(plan: Plan) -> bool:
     )
 
 
+def dp_family(plan: Plan) -> str | None:
+    """The DP-attention family of a plan (None: not a DP plan), from its decisions."""
+    if not plan.dp_attention:
+        return None
+    if plan.moe == "a2a":
+        return "dp-attention+a2a"
+    if plan.gather_for and not plan.gather:  # only the experts see every rank's tokens
+        return "vllm-dp-ep" if plan.moe == "ep" else "vllm-dp"
+    if plan.moe == "ep":
+        return "dp-attention+ep"
+    return "dp-attention" if plan.dp_attention == "sum_len" else "dp-attention-maxlen"
+
+
 def family(plan: Plan) -> str:
     """The engine-level family of a plan, decided from its decisions, never from its name:
     two plans with the same decisions get the same engine verdict. A plan that matches no engine
@@ -154,8 +167,6 @@ def family(plan: Plan) -> str:
     if same is not None:
         return same
     if plan.dp_attention:
-        from tpplan.report.engines.dp_attention import dp_family
-
         return dp_family(plan) or "custom"
     if plan.moe == "ep":
         return "ep"

@@ -22,25 +22,12 @@ from __future__ import annotations
 
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
-from tpplan.report.engines.base import Condition, EngineRecipe, _moe
+from tpplan.report.engines.base import Condition, EngineRecipe, _moe, dp_family
 
 SRC_SGL_DP = "sgl-project/sglang python/sglang/srt/layers/dp_attention.py@00161092"
 SRC_SGL_DP_COMM = "sgl-project/sglang python/sglang/srt/layers/communicator.py@fd3907ee"
 SRC_VLLM_AGRS = "vllm-project/vllm vllm/distributed/device_communicators/all2all.py@00143004"
 SRC_VLLM_FMOE = "vllm-project/vllm vllm/model_executor/layers/fused_moe/config.py@00c1c6a2"
-
-
-def dp_family(plan: Plan) -> str | None:
-    """The DP-attention family of a plan (None: not a DP plan), from its decisions."""
-    if not plan.dp_attention:
-        return None
-    if plan.moe == "a2a":
-        return "dp-attention+a2a"
-    if plan.gather_for and not plan.gather:  # only the experts see every rank's tokens
-        return "vllm-dp-ep" if plan.moe == "ep" else "vllm-dp"
-    if plan.moe == "ep":
-        return "dp-attention+ep"
-    return "dp-attention" if plan.dp_attention == "sum_len" else "dp-attention-maxlen"
 
 
 def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], tp: int) -> EngineRecipe:
@@ -120,4 +107,4 @@ def vllm_dp_recipe(plan: Plan, spec: ModelSpec, tp: int, chunk: int) -> EngineRe
     )  # fmt: skip
 
 
-__all__ = ["dp_family", "sglang_dp_recipe", "vllm_dp_recipe"]
+__all__ = ["sglang_dp_recipe", "vllm_dp_recipe"]

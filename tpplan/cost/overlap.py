@@ -1,0 +1,233 @@
+"""Micro-batch overlap priced as the engines schedule it (`tpplan.engines.overlap`): two micro-batches
+interleaved stage by stage on one compute stream, each one's MoE all-to-all on the communication
+SMs while the other computes.
+
+The price is a simulation of that order, not max(compute, communication): stage k of micro-batch A,
+then stage k of B; a stage that waits for its all-to-all blocks the compute stream until it lands;
+all-to-alls run one after another on the communication SMs in the order they were launched. What
+the overlap costs the compute side is explicit (`OverlapCosts`): DeepGEMM kernels run on the SMs the
+all-to-all leaves (both engines set its SM count), and the other kernels share HBM with it (the
+slowdowns the one-GPU probe measured beside a collective-rate load, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from tpplan.cost.prediction import KindTime, OpTime
+from tpplan.cost.segments import Segments, batch_pairs
+from tpplan.engines.overlap import MicroBatchOverlap
+from tpplan.layout.propagate import LayerResult
+
+TWO_CHUNK_THRESHOLD = 0.48  # SGLang's tbo_token_distribution_threshold default (server_args)
+
+# What the engines' GEMMs and experts run through under the overlap: both cut DeepGEMM's SM count.
+SM_BOUND = frozenset({"gemm", "moe"})
+
+
+@dataclass(frozen=True)
+class OverlapCosts:
+    """How much slower compute runs beside an all-to-all, per op category, and the all-to-all beside
+    compute. Defaults: SM-bound ops lose the all-to-all's SMs (engine source); attention and
+    memory-bound ops the slowdown measured beside a 1000 GB/s paced load on one H200 (median of the
+    two runs, docs/benchmarks/h200-2026-12-01e); the all-to-all keeps its own SMs and is assumed
+    not to slow (not measured: the probe's load had no reserved SMs)."""
+
+    sm_count: int
+    comm_sms: int
+    attention: float = 1.02  # causal SDPA 8K: 1.06 / 0.98
+    memory_bound: float = 1.17  # RMSNorm chain: 1.17 / 1.17
+    comm: float = 1.0
+
+    def factor(self, category: str) -> float:
+        if category in SM_BOUND:
+            return self.sm_count / max(1, self.sm_count - self.comm_sms)
+        if category == "attention":
+            return self.attention
+        if category in ("elementwise", "recurrence"):
+            return self.memory_bound
+        return 1.0
+
+
+@dataclass(frozen=True)
+class MoeStages:
+    """One micro-batch of one MoE layer, cut where the engines cut it (seconds)."""
+
+    pre: float  # from the layer input through the router (and any blocking TP collective there)
+    dispatch: float
+    experts: float
+    combine: float
+    shared: float  # computed before waiting for the combine
+    post: float  # after the combine lands: the expert sum, the residual add
+
+
+def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> MoeStages | None:
+    """A MoE layer's time for one micro-batch as the engine's three stages (None: no all-to-all MoE).
+
+    Ops keep their graph order: everything before the routed experts is `pre`, the shared-expert ops
+    after them `shared`, the rest `post`. Collectives other than the all-to-all stay on the compute
+    stream where they are needed (a TP all-gather before attention is `pre`)."""
+    experts = next((i for i, o in enumerate(kt.ops) if o.category == "moe"), None)  # the routed experts
+    dispatch = [c for c in kt.collectives if c.kind == "all_to_all" and ":dispatch[" in c.label]
+    combine = [c for c in kt.collectives if c.kind == "all_to_all" and ":combine[" in c.label]
+    if experts is None or not dispatch or not combine:
+        return None
+
+    def cost(ops: Sequence[OpTime]) -> float:
+        return sum(o.seconds * costs.factor(o.category) for o in ops)
+
+    after = kt.ops[experts + 1 :]
+    shared = [o for o in after if shared_first and o.op.startswith("shared_")]
+    rest = [o for o in after if o not in shared]
+    blocking = sum(c.seconds for c in kt.collectives if c.kind != "all_to_all")
+    return MoeStages(
+        pre=cost(kt.ops[:experts]) + blocking,
+        dispatch=sum(c.seconds for c in dispatch) * costs.comm,
+        experts=cost([kt.ops[experts]]),
+        combine=sum(c.seconds for c in combine) * costs.comm,
+        shared=cost(shared),
+        post=cost(rest),
+    )
+
+
+Item = tuple[str, float, str]  # ("compute", seconds, "") | ("launch", seconds, key) | ("wait", 0, key)
+
+
+def _stages(mb: Sequence[MoeStages], tag: str) -> list[list[Item]]:
+    """One micro-batch's stages over consecutive layers: [pre, launch dispatch], [wait, experts,
+    launch combine], [shared, wait, post, next layer's pre, launch its dispatch], ..."""
+    stages: list[list[Item]] = [[]]
+    for i, s in enumerate(mb):
+        d, c = f"{tag}{i}d", f"{tag}{i}c"
+        stages[-1] += [("compute", s.pre, ""), ("launch", s.dispatch, d)]
+        stages.append([("wait", 0.0, d), ("compute", s.experts, ""), ("launch", s.combine, c)])
+        stages.append([("compute", s.shared, ""), ("wait", 0.0, c), ("compute", s.post, "")])
+    return stages
+
+
+def two_microbatch_seconds(a: Sequence[MoeStages], b: Sequence[MoeStages]) -> float:
+    """Seconds for consecutive MoE layers (`a[i]`, `b[i]`: layer i of micro-batch A and B) run in the
+    engines' order: stage k of A, then stage k of B (SGLang `execute_overlapped_operations` with
+    prefill's delta_stages 0; vLLM's two micro-batch threads switch at the same all-to-all points).
+
+    One compute stream; the all-to-alls queue on the communication SMs in launch order."""
+    compute = comm = 0.0
+    landed: dict[str, float] = {}
+    sa, sb = _stages(a, "a"), _stages(b, "b")
+    for stage_a, stage_b in zip(sa, sb, strict=True):
+        for what, seconds, key in (*stage_a, *stage_b):
+            if what == "compute":
+                compute += seconds
+            elif what == "launch":
+                comm = max(comm, compute) + seconds
+                landed[key] = comm
+            else:
+                compute = max(compute, landed[key])
+    return max(compute, comm)
+
+
+def sequential_seconds(stages: Sequence[MoeStages]) -> float:
+    """The same layers without overlap: every stage and all-to-all one after another."""
+    return sum(s.pre + s.dispatch + s.experts + s.combine + s.shared + s.post for s in stages)
+
+
+def _cut(segs: Segments, at: int) -> tuple[Segments, Segments]:
+    """Split a batch at token `at`: a request that straddles it is cut in two, and the second part
+    sees the first part as context (what both engines' attention metadata give the second half)."""
+    left: list[tuple[int, int]] = []
+    right: list[tuple[int, int]] = []
+    seen = 0
+    for n, ctx in segs:
+        if seen + n <= at:
+            left.append((n, ctx))
+        elif seen >= at:
+            right.append((n, ctx))
+        else:
+            k = at - seen
+            left.append((k, ctx))
+            right.append((n - k, ctx + k))
+        seen += n
+    return tuple(left), tuple(right)
+
+
+def split_batch(segs: Segments, engine: MicroBatchOverlap) -> tuple[Segments, Segments] | None:
+    """The two micro-batches the engine makes of a prefill batch (None: it runs the batch whole).
+
+    SGLang (`_split_extend_seqs`): between requests at the most balanced token sum, unless that
+    leaves a side outside [0.48, 0.52] of the tokens: then at the token midpoint. vLLM
+    (`maybe_create_ubatch_slices`): at the token midpoint, from `dbo_prefill_token_threshold` tokens."""
+    total = sum(n for n, _ in segs)
+    if total < max(2, engine.min_tokens):
+        return None
+    if engine.name == "dbo":
+        return _cut(segs, total // 2)
+    best, best_diff, acc = 0, float("inf"), 0
+    for i in range(1, len(segs)):
+        acc += segs[i - 1][0]
+        diff = abs(acc - (total - acc))
+        if diff > best_diff:
+            break
+        best, best_diff = i, diff
+    left = sum(n for n, _ in segs[:best])
+    if left < total * TWO_CHUNK_THRESHOLD or left > total * (1 - TWO_CHUNK_THRESHOLD):
+        return _cut(segs, total // 2)
+    return tuple(segs[:best]), tuple(segs[best:])
+
+
+KindTimeOf = Callable[[LayerResult, Segments], KindTime]
+
+
+def _half(half: KindTime, whole: KindTime, share: float) -> KindTime:
+    """A micro-batch's layer time with its attention at `share` of the whole batch's: the engines' flash
+    kernels run the half that follows a cut request with that part as prefix at the causal rate, which
+    tpplan's own prefix-attention kernel model (fitted on its SDPA path) does not describe."""
+    whole_attn = {o.op: o.seconds for o in whole.ops if o.category == "attention"}
+    ops = [replace(o, seconds=whole_attn[o.op] * share) if o.op in whole_attn else o for o in half.ops]
+    return KindTime(half.kind, half.count, ops, half.collectives)
+
+
+def overlapped_seconds(
+    kind_time: KindTimeOf,
+    results: Sequence[LayerResult],
+    segs: Segments,
+    engine: MicroBatchOverlap,
+    costs: OverlapCosts,
+) -> float:
+    """Seconds for these consecutive layers of one batch under the engine's micro-batch overlap.
+
+    MoE layers with an all-to-all run staged (`two_microbatch_seconds`, each run of consecutive ones
+    simulated together); the others as the engine runs them: SGLang on the whole batch, vLLM as the
+    two micro-batches in turn. A batch the engine does not split is priced as without overlap."""
+    halves = split_batch(segs, engine)
+    if halves is None:
+        return sum(kind_time(r, segs).total_s for r in results)
+    a_segs, b_segs = halves
+    pairs = batch_pairs(segs)[1]
+    share_a = batch_pairs(a_segs)[1] / pairs if pairs else 0.5
+    total = 0.0
+    run_a: list[MoeStages] = []
+    run_b: list[MoeStages] = []
+
+    def flush() -> float:
+        secs = two_microbatch_seconds(run_a, run_b) if run_a else 0.0
+        run_a.clear()
+        run_b.clear()
+        return secs
+
+    for r in results:
+        whole = kind_time(r, segs)
+        a = _half(kind_time(r, a_segs), whole, share_a)
+        b = _half(kind_time(r, b_segs), whole, 1.0 - share_a)
+        shared_first = engine.shared_experts_before_combine_wait
+        sa, sb = moe_stages(a, costs, shared_first), moe_stages(b, costs, shared_first)
+        if sa is not None and sb is not None:
+            run_a.append(sa)
+            run_b.append(sb)
+            continue
+        total += flush()
+        if engine.dense_layers == "whole batch":
+            total += whole.total_s
+        else:
+            total += a.total_s + b.total_s
+    return total + flush()
