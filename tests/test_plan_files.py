@@ -41,7 +41,8 @@ def test_save_writes_one_file_per_ranked_plan(saved):
     for entry, p in zip(data["plans"], index["plans"], strict=True):
         f = json.loads((d / p["file"]).read_text())
         assert f["schema_version"] == 1 and f["name"] == entry["name"]
-        assert f["deployment"] == {"tp": 2, "pp": 1, "ep": f["decisions"]["ep_size"], "moe": f["decisions"]["moe"]}
+        ep, moe = f["decisions"]["ep_size"], f["decisions"]["moe"]
+        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "ep": ep, "moe": moe}
         assert f["found_for"]["model"] == "tiny-kimi-k3" and f["found_for"]["topology"] == "h200x8-ib400"
         assert f["found_for"]["rank"] == entry["rank"]
 
@@ -154,13 +155,20 @@ def test_verify_runs_the_saved_best_plan_on_cpu(saved):
 def test_deployment_grid():
     k3 = build_model_graph(load_model("kimi-k3"))
     topo = load_topology("h200x8-ib400")  # 4 nodes x 8
-    assert deployments(k3, topo, None, None) == [(32, 1), (16, 2), (8, 4), (4, 8), (2, 16), (1, 32)]
-    assert deployments(k3, topo, None, 4) == [(8, 4)]
-    assert deployments(k3, topo, 8, None) == [(8, 1)]
-    # 24 GPUs: TP12 would span one and a half nodes, so it is not a split
-    three = [(24, 1), (8, 3), (6, 4), (4, 6), (3, 8), (2, 12), (1, 24)]
+    splits = [(32, 1, 1), (16, 2, 1), (8, 4, 1), (4, 8, 1), (2, 16, 1), (1, 32, 1)]
+    assert deployments(k3, topo, None, None) == [*splits, (8, 1, 4), (4, 1, 8)]  # + TP x CP, TP in one node
+    assert deployments(k3, topo, None, 4) == [(8, 4, 1)]
+    assert deployments(k3, topo, 8, None) == [(8, 1, 1)]
+    assert deployments(k3, topo, None, None, cp=4) == [(8, 1, 4), (4, 2, 4), (2, 4, 4), (1, 8, 4)]
+    assert deployments(k3, topo, 8, None, cp=2) == [(8, 1, 2)]
+    # 24 GPUs: TP12 would span one and a half nodes, so it is not a split (TP12 x CP2: TP over a node)
+    three = [(24, 1, 1), (8, 3, 1), (6, 4, 1), (4, 6, 1), (3, 8, 1), (2, 12, 1), (1, 24, 1), (6, 1, 4), (3, 1, 8)]
     assert deployments(k3, topo.with_nodes(3), None, None) == three
-    assert deployments(k3, None, 4, None) == [(4, 1)]
+    assert deployments(k3, None, 4, None) == [(4, 1, 1)]
+    dsa = build_model_graph(load_model("deepseek-v3.2"))  # DSA's indexer has no CP method: no CP splits
+    assert all(c == 1 for _, _, c in deployments(dsa, topo, None, None))
+    with pytest.raises(TpplanError, match="no context-parallel method"):
+        deployments(dsa, topo, None, None, cp=2)
     with pytest.raises(TpplanError, match="only 32 GPUs"):
         deployments(k3, topo, 16, 4)
 
@@ -172,14 +180,17 @@ def test_grid_ranks_every_deployment_by_predicted_time():
 
     common = {"nodes": 1, "workload": "seed-c8", "top": 3}
     grid = search_report("tiny-kimi-k3", "h200x8-ib400", **common)
-    assert grid["search"]["deployments"] == ["TP8", "TP4xPP2", "TP2xPP4"]  # PP8 > its 6 layers
+    # PP8 > its 6 layers; then TP x CP for CP 2, 4, 8
+    assert grid["search"]["deployments"] == ["TP8", "TP4xPP2", "TP2xPP4", "TP4xCP2", "TP2xCP4", "TP1xCP8"]
     best = grid["plans"][0]
     assert [p["score"] for p in grid["plans"]] == sorted(p["score"] for p in grid["plans"])
     skipped = {e["deployment"]: e["why"] for e in grid["search"]["skipped"]}
     assert "4 heads cannot be split evenly over 8 ranks" in skipped["TP8"]  # the model splits over 4 at most
+    import re
+
     for label in set(grid["search"]["deployments"]) - set(skipped):
-        tp, _, pp = label.removeprefix("TP").partition("xPP")
-        alone = search_report("tiny-kimi-k3", "h200x8-ib400", tp=int(tp), pp=int(pp or 1), **common)
+        tp, cp, pp = re.fullmatch(r"TP(\d+)(?:xCP(\d+))?(?:xPP(\d+))?", label).groups()
+        alone = search_report("tiny-kimi-k3", "h200x8-ib400", tp=int(tp), pp=int(pp or 1), cp=int(cp or 1), **common)
         assert alone["plans"][0]["score"] >= best["score"] - 1e-12, label
         assert alone["plans"][0]["ttft"]["mean_s"] == pytest.approx(alone["plans"][0]["score"])
 

@@ -176,6 +176,34 @@ def test_search_equals_brute_force_with_pipeline_stages(case):
     check_against_brute(model, n, opts, obj)
 
 
+_SLOW = pytest.mark.slow
+CP_CASES = [
+    pytest.param(CASES[0], 2, "scan", id="tiny-llama-tp2-cp2"),
+    pytest.param(CASES[6], 4, "scan", id="tiny-kimi-k3-tp2-cp4-scan", marks=_SLOW),
+    pytest.param(CASES[6], 2, "serial", id="tiny-kimi-k3-tp2-cp2-serial", marks=_SLOW),
+    pytest.param(CASES[4], 2, "scan", id="tiny-qwen3-next-tp2-cp2-scan"),
+]
+
+
+@pytest.mark.parametrize(("case", "cp", "rec"), CP_CASES)
+def test_search_equals_brute_force_with_context_parallelism(case, cp, rec):
+    """With CP every op is priced on the slowest CP rank's share of the batch and the CP exchanges go
+    into `fixed`: the search still equals brute force, and its score equals predict_plan's at that CP."""
+    from tpplan.cost.predict import predict_plan
+
+    model, n, opts = case
+    topo = load_topology("h200x8-ib400").with_nodes(2)
+    obj = PredictObjective(Pricer(graph_of(model), topo, n, cp=cp, cp_recurrence=rec), tokens=2048)
+    check_against_brute(model, n, opts, obj)
+    res = search(graph_of(model), n, obj, top=2, per_family=True)
+    plain = PredictObjective(Pricer(graph_of(model), topo, n), tokens=2048)
+    for c in res.candidates:
+        pr = predict_plan(graph_of(model), c.plan, topo, tp=n, cp=cp, cp_recurrence=rec, tokens=2048)
+        assert close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)
+        assert pr.cp == cp and any(x.region == "cp" for k in pr.kinds for x in k.collectives)
+        assert c.score != plan_cost(plain, graph_of(model), audit_plan(graph_of(model), c.plan, n)).score
+
+
 # plans exactly at the memory cap whose memory the search summed a few ulp higher (see below)
 AT_CAP = [(2014, CASES[6], 3), (403123852, CASES[3], 1), (632770586, CASES[6], 2)]
 

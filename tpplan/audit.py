@@ -2,8 +2,9 @@
 
 `audit_plan` runs the propagation over every layer (cached per layer kind and entry
 placement), adds the reduction before the final norm, and sums volumes per token per rank.
-`audit` does it for several plans and adds deltas against the baseline. Everything here is pure
-Python; `to_json` gives the stable JSON documented in docs/audit-json.md.
+`audit` does it for several plans and adds deltas against the baseline; `Audits` keeps them, one
+per (plan, TP, dtype) of a graph, for the stages after it (prediction, search, report) to share.
+Everything here is pure Python; `to_json` gives the stable JSON documented in docs/audit-json.md.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class StoredWeights:
     def __init__(self, graph: ModelGraph, dtype: str = "bf16", expert_dtype: str | None = None) -> None:
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
-                f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
             )
         self.graph = graph
         self.dtype_bytes = float(DTYPE_BYTES[dtype])
@@ -85,6 +86,17 @@ class WeightMemory:
     replicated_extra: float
 
 
+def _layer_weight_terms(res: LayerResult, stored: StoredWeights, n: int) -> tuple[list[float], list[float]]:
+    """One layer's weight bytes per rank, op by op, and what replication adds, op by op."""
+    weights, extra = [], []
+    for d in res.decisions:
+        wb = stored.per_element(res.kind, d.op)
+        weights.append(d.weight_elements_per_rank * wb)
+        if d.split == "replicated" and d.op.split.value in ("col", "row"):
+            extra.append((d.op.weight_numel - d.op.weight_numel / n) * wb)
+    return weights, extra
+
+
 def stage_weights(
     pa: PlanAudit, graph: ModelGraph, stages: Sequence[range], stored: StoredWeights
 ) -> list[WeightMemory]:
@@ -94,16 +106,21 @@ def stage_weights(
     # DP attention: every rank looks its own tokens up in the whole embedding table (the head stays
     # vocab-parallel); the table beyond its vocab slice is replication (docs/design.md, "DP attention").
     embed_in = spec.vocab * spec.hidden * stored.dtype_bytes if pa.plan.dp_attention else embed
+    # Layers of a kind mostly share one result: its per-op terms are computed once and added in
+    # layer order (the same additions as op by op, so the figure is bit-for-bit the same).
+    terms: dict[int, tuple[list[float], list[float]]] = {}
     out = []
     for s, rng in enumerate(stages):
         weights = extra = 0.0
         for j in rng:
             res = pa.layer_results[j]
-            for d in res.decisions:
-                wb = stored.per_element(res.kind, d.op)
-                weights += d.weight_elements_per_rank * wb
-                if d.split == "replicated" and d.op.split.value in ("col", "row"):
-                    extra += (d.op.weight_numel - d.op.weight_numel / n) * wb
+            hit = terms.get(id(res))
+            if hit is None:
+                hit = terms[id(res)] = _layer_weight_terms(res, stored, n)
+            for t in hit[0]:
+                weights += t
+            for t in hit[1]:
+                extra += t
         if s == 0:
             weights += embed_in
             extra += embed_in - embed
@@ -113,7 +130,7 @@ def stage_weights(
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class KindSummary:
     kind: str
     count: int
@@ -124,8 +141,10 @@ class KindSummary:
         return self.result.legal
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanAudit:
+    """One plan audited over every layer at TP `n`: its legality, communication and weights."""
+
     plan: Plan
     n: int
     dtype_bytes: int
@@ -164,9 +183,9 @@ class PlanAudit:
 def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> PlanAudit:
     """Audit one plan over every layer of the model."""
     if n < 1:
-        raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
+        raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
     if dtype not in DTYPE_BYTES:
-        raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+        raise TpplanError(f"dtype={dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
     nbytes = DTYPE_BYTES[dtype]
     walk = propagate_model(graph, plan, n, nbytes)
     cache, results, seen_by_kind, delta = walk.by_entry, walk.results, walk.entries, walk.exit_delta
@@ -195,11 +214,44 @@ def audit_plan(graph: ModelGraph, plan: Plan, n: int, dtype: str = "bf16") -> Pl
     violations = list(merged.values())
     pa = PlanAudit(plan, n, nbytes, kinds, results, final_el, final_units, 0.0, 0.0, violations)
     (whole,) = stage_weights(pa, graph, [range(len(results))], StoredWeights(graph, dtype))
-    pa.weight_bytes_per_rank, pa.replicated_extra_bytes = whole.weights, whole.replicated_extra
-    return pa
+    return replace(pa, weight_bytes_per_rank=whole.weights, replicated_extra_bytes=whole.replicated_extra)
 
 
-@dataclass
+def _decisions_only(plan: Plan) -> Plan:
+    """`plan` without its labels (name, words, how it was found, notes): what an audit reads."""
+    return plan.with_(name="", title="", summary="", found_by="named", engine_notes=(), notes=())
+
+
+class Audits:
+    """The audits of one graph, each computed once per (plan decisions, TP, dtype) and handed to
+    every stage that needs it (search, prediction, report): an object passed along, not a global.
+
+    A plan that differs from an audited one only in its labels (a found plan renamed after the
+    named plan it rediscovers, `search-1` in a memo) gets the same audit under its own plan."""
+
+    def __init__(self, graph: ModelGraph) -> None:
+        self.graph = graph
+        self._by_key: dict[tuple[Plan, int, str], PlanAudit] = {}
+
+    def of(self, plan: Plan, tp: int, dtype: str = "bf16") -> PlanAudit:
+        """The audit of `plan` at TP `tp` (computed on first use; TpplanError as `audit_plan`)."""
+        key = (_decisions_only(plan), tp, dtype)
+        hit = self._by_key.get(key)
+        if hit is None:
+            hit = self._by_key[key] = audit_plan(self.graph, plan, tp, dtype)
+        return hit if hit.plan is plan else replace(hit, plan=plan)  # its own plan, notes and labels
+
+    def add(self, pa: PlanAudit, dtype: str) -> PlanAudit:
+        """Keep an audit made elsewhere (a forked search worker's) for later stages; the kept one
+        wins when both exist."""
+        kept = self._by_key.setdefault((_decisions_only(pa.plan), pa.n, dtype), pa)
+        return kept if kept.plan is pa.plan else replace(kept, plan=pa.plan)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+@dataclass(frozen=True)
 class Audit:
     model: str
     graph: ModelGraph
@@ -211,14 +263,18 @@ class Audit:
         return next((p for p in self.plans if p.plan.name == "baseline"), None)
 
 
-def audit(model: str | ModelGraph, n: int, plans: list[str] | None = None, dtype: str = "bf16") -> Audit:
-    """Audit the named plans (all of them by default) for a preset name, config path or graph."""
+def audit(
+    model: str | ModelGraph, n: int, plans: list[str] | None = None, dtype: str = "bf16", audits: Audits | None = None
+) -> Audit:
+    """Audit the named plans (all of them by default) for a preset name, config path or graph;
+    `audits` keeps them for the stages after (and reuses any it holds)."""
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     names = plans or list(NAMED_PLANS)
     if "baseline" not in names:
         names = ["baseline", *names]
-    audits = [audit_plan(graph, make_plan(name, graph, n), n, dtype) for name in dict.fromkeys(names)]
-    return Audit(graph.spec.name, graph, n, dtype, audits)
+    kept = audits if audits is not None and audits.graph is graph else Audits(graph)
+    audits_ = [kept.of(make_plan(name, graph, n), n, dtype) for name in dict.fromkeys(names)]
+    return Audit(graph.spec.name, graph, n, dtype, audits_)
 
 
 def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> dict[str, object]:

@@ -6,6 +6,7 @@ commands need torch import it lazily inside the command, so `tpplan audit` never
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
@@ -34,6 +35,31 @@ def _register_commands() -> None:
 
 _register_commands()
 
+# The library's errors name what they were given as `field=value` (`tp=7`, `memory_cap_gib=-1`); at
+# the CLI's edge they name the option that set it (`--tp 7`, `--memory-cap -1`).
+FLAG_OF = {
+    "tp": "--tp",
+    "pp": "--pp",
+    "dtype": "--dtype",
+    "expert_dtype": "--expert-dtype",
+    "memory_cap_gib": "--memory-cap",
+    "objective": "--objective",
+    "top": "--top",
+    "tokens": "--tokens",
+    "topology": "--topology",
+}
+_FIELD = re.compile(r"\b(" + "|".join(FLAG_OF) + r")=(\S*)")
+
+
+def as_flags(exc: TpplanError) -> TpplanError:
+    """`exc` with each `field=value` it names written as the CLI option (`value` None: the option alone)."""
+
+    def flag(m: re.Match[str]) -> str:
+        value = m[2].rstrip(",.;")
+        return FLAG_OF[m[1]] + ("" if value in ("", "None") else f" {value}") + m[2][len(value) :]
+
+    return TpplanError(_FIELD.sub(flag, exc.where), _FIELD.sub(flag, exc.reason), _FIELD.sub(flag, exc.fix))
+
 
 def json_without_file(argv: list[str]) -> list[str]:
     """`--json` given no FILE means `--json -` (print the JSON): typer has no options whose value is
@@ -53,10 +79,11 @@ def main() -> None:
     except TpplanError as exc:
         from rich.markup import escape
 
+        shown = as_flags(exc)
         # one line in files and pipes (grep-able); wrapped at the terminal's width, at most 100, in a terminal
         tty = err.is_terminal
         width = min(err.width, 100) if tty else None
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=not tty, width=width)
+        err.print(f"[bold red]error:[/] {escape(str(shown))}", highlight=False, soft_wrap=not tty, width=width)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

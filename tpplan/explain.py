@@ -12,6 +12,7 @@ the collectives issued on its inputs. Illegal ops are marked with `!!` and their
 
 from __future__ import annotations
 
+from tpplan.layout.context_parallel import CpAudit
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import OpKind
 from tpplan.placement import Placement
@@ -56,4 +57,25 @@ def explain_layer(res: LayerResult, width_of: dict[str, int]) -> list[str]:
             lines.append(f"      illegal: {v.reason}")
             for fix in v.fixes:
                 lines.append(f"      fix: {fix}")
+    return lines
+
+
+def explain_cp(cpa: CpAudit, kind: str) -> list[str]:
+    """Lines saying how a layer kind runs under context parallelism: its token split and what each
+    token mixer exchanges over the CP group (`tpplan.layout.context_parallel`)."""
+    ck = cpa.kinds[kind]
+    split = {"zigzag": "zigzag (rank i: chunks i and 2c-1-i of 2c)", "contiguous": "contiguous (rank r: the r-th 1/c)",
+             "none": "no token mixer needs the others' tokens"}[ck.split]  # fmt: skip
+    lines = [f"CP{cpa.cp}: tokens split {split}"]
+    words = {
+        "kv_all_gather": "all-gathers K and V over the CP group",
+        "latent_all_gather": "all-gathers the compressed latent (kv_lora + rope key) over the CP group",
+        "state_scan": "two-pass scan: local scan, all-gather of chunk states and transitions, correction",
+        "state_serial": f"serial hand-off: waits for the previous rank's final state ({cpa.cp - 1} steps in a chain)",
+        "conv_halo": "receives the previous rank's last conv_kernel-1 inputs (halo)",
+    }
+    for x in ck.exchanges:
+        size = f"{x.per_token:g} per token" if x.per_token else f"{x.per_seq:g} per sequence"
+        lines.append(f"  {x.op}: {words[x.method]} ({'+'.join(x.values)}, {size} per TP rank)")
+    lines.extend(f"!! CP illegal: {r}" for r in ck.reasons)
     return lines

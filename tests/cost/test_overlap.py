@@ -101,3 +101,26 @@ def test_overlap_pays_off_across_nodes_and_not_inside_one():
         t0 = predict_plan(g, base, topo, tp=tp, tokens=8192).forward_s
         t1 = predict_plan(g, over, topo, tp=tp, tokens=8192).forward_s
         assert (t1 < t0) is wins, (nodes, t0, t1)
+
+
+def test_search_ranks_each_all_to_all_plan_also_under_the_overlap():
+    from tpplan.cost.topology import select_topology
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.search import search_plans
+
+    g = build_model_graph(load_model("deepseek-v3"))
+    topo = select_topology("h200x8-ib400", 4)
+    out = search_plans(g, topo, tp=32, pp=1, top=6, dp_attention=True, overlap="tbo")
+    by_name = {r.plan.name: r for r in out.ranked}
+    over = [r for r in out.ranked if r.plan.overlap == "tbo"]
+    assert over, list(by_name)
+    for r in over:
+        assert r.plan.moe == "a2a" and r.plan.describe()["overlap"] == "tbo"
+        base = by_name.get(r.plan.name.removesuffix("+tbo"))
+        if base is not None:  # same bytes, and across 4 nodes a shorter forward
+            assert base.audit.comm_bytes_per_token == r.audit.comm_bytes_per_token
+            assert r.score < base.score
+    k3 = build_model_graph(load_model("kimi-k3"))
+    with pytest.raises(TpplanError, match="never splits"):
+        search_plans(k3, topo, tp=32, pp=1, top=2, overlap="tbo")

@@ -63,3 +63,16 @@ def test_search_deltas_are_against_baseline_at_the_same_shape():
         assert p["delta_vs_baseline_pct"] == pytest.approx(100 * (p["score"] - same["score"]) / same["score"], abs=0.01)
         ref = data["baseline"]["score"]
         assert p["deployment_delta_pct"] == pytest.approx(100 * (same["score"] - ref) / ref, abs=0.01)
+
+
+def test_the_memo_band_is_the_current_predictions_own_band():
+    """The memo reads the band `predict_plan` composed for today's deployment; without predictions
+    (no predictor) it is the topology's provenance."""
+    from tpplan.cost.provenance import provenance
+
+    topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
+    a = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"])
+    own = a.current.predictions[wl.name].provenance
+    assert own.parts and a.provenance is own  # composed per op class and source, not the topology's flat band
+    bare = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"], use_default_predictor=False)
+    assert not bare.current.predictions and bare.provenance is provenance(topo, 2)

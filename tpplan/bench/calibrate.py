@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import to_json
+
 from tpplan.cost.collectives import bus_factor
 from tpplan.cost.topology import (
     COLLECTIVE_KINDS,
@@ -263,7 +265,7 @@ def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:
     the text beside `out` has been read back as the same topology."""
     out = Path(out)
     text = (
-        topo.model_dump_json(indent=2, exclude_none=True)
+        to_json(topo.file_data(), indent=2).decode()
         if out.suffix.lower() == ".json"
         else topology_to_toml(topo, header)
     )

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpplan.commands._bounds import NODES_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.commands._bounds import CP_RANGE, NODES_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.errors import TpplanError
 
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
@@ -136,3 +137,22 @@ __all__ = [
     "cluster_text",
     "load_cluster",
 ]
+
+
+def _recurrence(value: str) -> str:
+    if value not in ("scan", "serial"):
+        raise TpplanError(f"--cp-recurrence {value}", "unknown way to hand the recurrent state on",
+                          "use scan (two-pass scan) or serial (rank by rank)")  # fmt: skip
+    return value
+
+
+CpOpt = Annotated[
+    int,
+    typer.Option("--cp", help="Context-parallel size: CP groups of TP ranks, each on 1/CP of the tokens",
+                 callback=CP_RANGE),
+]  # fmt: skip
+CpRecurrenceOpt = Annotated[
+    str,
+    typer.Option("--cp-recurrence", help="Under --cp, linear attention's state hand-off: scan or serial",
+                 callback=_recurrence),
+]  # fmt: skip

@@ -12,6 +12,8 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
     ClusterOpt,
+    CpOpt,
+    CpRecurrenceOpt,
     EngineOpt,
     GpuOpt,
     ModelOpt,
@@ -73,11 +75,13 @@ def register(app: typer.Typer) -> None:
         pp: Annotated[
             int, typer.Option("--pp", help="Pipeline stages (TP x PP GPUs); with --topology", callback=PP_RANGE)
         ] = 1,
+        cp: CpOpt = 1,
+        cp_recurrence: CpRecurrenceOpt = "scan",
         nodes: Annotated[
             int | None,
             typer.Option(
                 "--nodes",
-                help="Nodes of the topology (default: as many as TP x PP needs); with --topology",
+                help="Nodes of the topology (default: as many as TP x CP x PP needs); with --topology",
                 callback=NODES_RANGE,
             ),
         ] = None,
@@ -110,7 +114,7 @@ def register(app: typer.Typer) -> None:
         if topology or cluster or gpu or engine:
             from tpplan.cost.workload import load_workload
 
-            topo = load_cluster(topology, nodes, tp * pp if tp else None, gpu=gpu, cluster=cluster, engine=engine)
+            topo = load_cluster(topology, nodes, tp * pp * cp if tp else None, gpu=gpu, cluster=cluster, engine=engine)
             wl = load_workload(workload) if workload else None
             tp = tp or topo.gpus_per_node
         elif tp is None:
@@ -120,13 +124,20 @@ def register(app: typer.Typer) -> None:
         if topo is not None:
             from tpplan.cost.predict import predict_audit
 
-            predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype)
+            predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
+                                        cp_recurrence=cp_recurrence)  # fmt: skip
         data = to_json(result, predictions)
+        if cp > 1:
+            from tpplan.layout.context_parallel import audit_cp
+
+            data["context_parallel"] = audit_cp(result.graph, result.n, cp, cp_recurrence).to_json()  # type: ignore[arg-type]
         if crossover and topo is not None:
             data["crossover"] = _crossover_rows(result, topo, expert_dtype)
         if emit_json(json_target, data):
             return
         _print_audit(data, wide)
+        if cp > 1:
+            print_cp(data["context_parallel"], data["tp"])
         if predictions:
             assert topo is not None
             _print_predictions(data, wide, cluster_text(topo))
@@ -139,12 +150,16 @@ def register(app: typer.Typer) -> None:
         tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N", callback=TP_RANGE)],
         plan: Annotated[str, typer.Option("--plan", "-p", help="Plan to explain")] = "baseline",
         dtype: DtypeOpt = "bf16",
+        cp: CpOpt = 1,
+        cp_recurrence: CpRecurrenceOpt = "scan",
     ) -> None:
         """Show one layer of each kind as a dataflow with placements and collectives."""
         from tpplan.audit import audit
-        from tpplan.explain import explain_layer
+        from tpplan.explain import explain_cp, explain_layer
+        from tpplan.layout.context_parallel import audit_cp
 
         result = audit(model, tp, [plan], dtype)
+        cpa = audit_cp(result.graph, tp, cp, cp_recurrence) if cp > 1 else None  # type: ignore[arg-type]
         pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
         console = make_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
@@ -157,6 +172,9 @@ def register(app: typer.Typer) -> None:
             )
             for line in explain_layer(ks.result, widths):
                 print_wrapped(console, line, 6)
+            if cpa is not None:
+                for line in explain_cp(cpa, kind):
+                    print_wrapped(console, line, 6)
 
 
 def _print_audit(data: dict, wide: bool = False) -> None:
@@ -225,6 +243,30 @@ def _print_audit(data: dict, wide: bool = False) -> None:
             print_wrapped(console, f"  note (engine gate, not legality): {note}")
 
 
+def print_cp(cp: dict, tp: int) -> None:
+    """The context-parallel table: per layer kind, its token split and what its mixers exchange over
+    the CP group (per TP rank; `tpplan.layout.context_parallel`)."""
+    console = make_console()
+    t = Table(title=f"Context parallel: CP{cp['cp']} groups of TP{tp}, recurrence by {cp['recurrence']} "
+                    "(per TP rank; AG units/tok = W)")  # fmt: skip
+    for col in ("layer kind", "split", "legal", "AG units/tok", "CP exchanges per layer"):
+        t.add_column(col, justify="right" if col == "AG units/tok" else "left")
+    for kind, info in cp["kinds"].items():
+        xs = " + ".join(_cp_label(x) for x in info["exchanges"]) or "none (own tokens only)"
+        t.add_row(kind, info["split"], "yes" if info["legal"] else "[red]NO[/]", f"{info['units_per_token']:g}", xs)
+    show(console, t)
+    for r in cp["reasons"]:
+        print_wrapped(console, f"  - CP: {r}")
+
+
+def _cp_label(x: dict) -> str:
+    kind = {"all_gather": "AG", "send_recv": "SR"}[x["collective"]]
+    what = "+".join(x["values"])
+    size = f"{x['elements_per_token']:g}/tok" if x["elements_per_token"] else f"{x['elements_per_seq']:g}/seq"
+    chain = f" x{x['serial_steps']} serial" if x["serial_steps"] else ""
+    return f"{kind}({what} {size}){chain}"
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:,.1f}"
 
@@ -277,7 +319,9 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
     console = make_console(wide=wide)
     first = next(p["prediction"] for p in data["plans"] if p.get("prediction"))
     head = (
-        f"Predicted on {cluster or first['topology']}: TP{first['tp']} x PP{first['pp']}, one batch of "
+        f"Predicted on {cluster or first['topology']}: TP{first['tp']}"
+        + (f" x CP{first['cp']}" if first.get("cp", 1) > 1 else "")
+        + f" x PP{first['pp']}, one batch of "
         f"{first['tokens']} tokens" + (f", workload {first['workload']}" if first["workload"] else "")
     )
     t = Table(title=head + " (ms per batch; memory per rank)")

@@ -83,6 +83,8 @@ def register(app: typer.Typer) -> None:
         from tpplan.bench_results import load_bench_results
         from tpplan.commands._console import console, show, steps
         from tpplan.cost.workload import load_workload
+        from tpplan.models.config import load_model
+        from tpplan.models.graph import build_model_graph
         from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
         from tpplan.report.memo import build_memo, load_plots
@@ -99,7 +101,7 @@ def register(app: typer.Typer) -> None:
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         with steps(f"tpplan report {model}") as say:
             analysis = analyse(
-                model,
+                build_model_graph(load_model(model)),
                 topo,
                 wls,
                 tp=tp,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from tpplan.commands._bounds import PP_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
@@ -27,6 +28,11 @@ from tpplan.units import signed_pct
 
 def _ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:,.1f}"
+
+
+class OverlapChoice(StrEnum):
+    tbo = "tbo"
+    dbo = "dbo"
 
 
 MEMORY_CAP_HELP = (
@@ -71,6 +77,13 @@ def register(app: typer.Typer) -> None:
                 "--pp", help="Pipeline stages (default: every TP x PP split; with --tp: 1)", callback=PP_RANGE
             ),
         ] = None,
+        cp: Annotated[
+            int | None,
+            typer.Option(
+                "--cp", help="Context-parallel size (default: CP 1 at every split, and TP x CP for CP 2, 4, 8)",
+                callback=CP_RANGE,
+            ),
+        ] = None,
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
@@ -103,29 +116,42 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--dp-attention", help="Also rank the named DP-attention plans (docs/design.md)"),
         ] = False,
+        overlap: Annotated[
+            OverlapChoice | None,
+            typer.Option(
+                "--overlap",
+                help="Also rank each all-to-all plan under an engine's micro-batch overlap: tbo (SGLang "
+                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); docs/cost-model.md",
+            ),
+        ] = None,
         wide: WideOpt = False,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
+        from tpplan.cost.workload import load_workload
+        from tpplan.models.config import load_model
+        from tpplan.models.graph import build_model_graph
         from tpplan.outputs import check_dir
         from tpplan.plans.files import save_plan_dir
-        from tpplan.search import run_search
+        from tpplan.search import search_plans
 
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        gpus = tp * (pp or 1) if tp else None
+        gpus = tp * (pp or 1) * (cp or 1) if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
 
             raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
         with steps(f"tpplan search {model}") as say:
-            outcome = run_search(
-                model,
+            graph = build_model_graph(load_model(model))
+            outcome = search_plans(
+                graph,
                 topo,
                 tp=tp,
                 pp=pp,
-                workload=workload,
+                cp=cp,
+                workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,
                 tokens=tokens,
@@ -134,9 +160,10 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
+                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
                 progress=say,
             )
-        data = outcome.data
+        data = outcome.to_json()
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

@@ -10,6 +10,7 @@ kind; exits 1 when any check fails, 2 when a plan is illegal (unless --force) or
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +20,8 @@ from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
     Backend,
     BackendOpt,
+    CpOpt,
+    CpRecurrenceOpt,
     ModelOpt,
     PrefillTokensOpt,
     ProcessesOpt,
@@ -128,6 +131,8 @@ def verify(
             "on GPU fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
         ),
     ] = None,
+    cp: CpOpt = 1,
+    cp_recurrence: CpRecurrenceOpt = "serial",
 ) -> int:
     """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
     check_json_target(json_target)  # before the run: a bad path costs one line, not minutes
@@ -146,6 +151,9 @@ def verify(
         raise TpplanError(f"--dtype {dtype}", "verify runs fp32 or bf16", "pass --dtype fp32 or --dtype bf16")
     if tokens < 1 or (chunk is not None and chunk < 1):
         raise TpplanError("--tokens/--chunk", "must be positive", "pass --tokens 64 (and --chunk 16)")
+    if cp > 1:  # context parallelism: CP N ranks of TP 1 (commands/_verify_cp.py)
+        return _verify_cp(model, cp, tp, plan, tokens, chunk, dtype, backend.value, seed, weights, timeout,
+                          force, json_target, cp_recurrence)  # fmt: skip
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else tp
     if world != tp:
         raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
@@ -203,6 +211,36 @@ def verify(
     console.print(f"\n{'[bold green]all passed[/]' if ok else '[bold red]FAILED[/]'}: "
                   f"{sum(r.passed for r in results)}/{len(results)} plans")  # fmt: skip
     return 0 if ok else 1
+
+
+def _verify_cp(model: str, cp: int, tp: int, plans: list[str], tokens: int, chunk: int | None, dtype: str,
+               backend: str, seed: int, weights: Path | None, timeout: float, force: bool,
+               json_target: str | None, recurrence: str) -> int:  # fmt: skip
+    from tpplan.commands._ranks import check_local_ranks
+    from tpplan.commands._verify_cp import check_cp_args, print_cp, run_cp, run_tp_cp
+    from tpplan.errors import TpplanError
+    from tpplan.runtime.group import RankFailed
+
+    check_cp_args(cp, tp, plans, chunk, dtype, backend)
+    if weights is not None and not weights.is_dir():
+        raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
+    check_local_ranks("--tp x --cp", tp * cp, "gloo", force)
+    if tp > 1 and weights is not None:
+        raise TpplanError("--weights", "a TP x CP run uses random weights", "drop --weights, or pass --tp 1")
+    try:
+        if tp > 1:
+            summary = run_tp_cp(model, plans[0], tp, cp, tokens, seed, timeout, recurrence)
+        else:
+            summary = run_cp(model, cp, tokens, seed, weights, timeout, recurrence)
+    except RankFailed as exc:
+        from tpplan.commands._failure import print_failure
+
+        print_failure("verify", exc)
+        return 1
+    if emit_json(json_target, {"results": [summary], "passed": summary["passed"]}):
+        return 0 if summary["passed"] else 1
+    print_cp(make_console(), summary)
+    return 0 if summary["passed"] else 1
 
 
 def register(app: typer.Typer) -> None:

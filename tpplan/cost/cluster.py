@@ -109,9 +109,9 @@ class CollectiveCurve(Strict):
         return self
 
 
-class Cluster(Strict):
-    """Nodes x GPUs with their links, launch cost, fitted constants and measured curves. It names the
-    GPU model it holds by default (`gpu`: a GPU preset or file; `--gpu` overrides it)."""
+class Fabric(Strict):
+    """What a cluster and a topology (`cost.topology`) both are: nodes x GPUs, the links inside and
+    between nodes, the launch cost, fitted constants and measured curves, declared and checked once."""
 
     name: str = Field(min_length=1)
     nodes: int = Field(ge=1, le=MAX_NODES)
@@ -121,9 +121,6 @@ class Cluster(Strict):
     launch_us: float = Field(default=20.0, ge=0, le=MAX_US, description="fixed per-call cost of one collective")
     fitted: dict[CollectiveKind, FittedCollective] = Field(default_factory=dict)
     curves: list[CollectiveCurve] = Field(default_factory=list)
-    gpu: str | None = Field(default=None, description="the GPU model preset or file this cluster holds by default")
-    notes: str = ""
-    provenance: str = Field(default="", description="where the link figures and curves come from")
 
     @model_validator(mode="after")
     def _network_when_multinode(self) -> Self:
@@ -137,7 +134,17 @@ class Cluster(Strict):
         return self.nodes * self.gpus_per_node
 
 
-CLUSTER_FIELDS: tuple[str, ...] = ("nodes", "gpus_per_node", "intra", "inter", "launch_us", "fitted", "curves")
+class Cluster(Fabric):
+    """Nodes x GPUs with their links, launch cost, fitted constants and measured curves. It names the
+    GPU model it holds by default (`gpu`: a GPU preset or file; `--gpu` overrides it)."""
+
+    gpu: str | None = Field(default=None, description="the GPU model preset or file this cluster holds by default")
+    notes: str = ""
+    provenance: str = Field(default="", description="where the link figures and curves come from")
+
+
+# The fabric's fields but its name: what a topology takes from its cluster and gives back
+CLUSTER_FIELDS: tuple[str, ...] = tuple(k for k in Fabric.model_fields if k != "name")
 
 __all__ = [
     "CLUSTER_FIELDS",
@@ -146,6 +153,7 @@ __all__ = [
     "Cluster",
     "CollectiveCurve",
     "CollectiveKind",
+    "Fabric",
     "FittedCollective",
     "InterLink",
     "IntraLink",

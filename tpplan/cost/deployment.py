@@ -1,4 +1,4 @@
-"""A deployment: how many GPUs of a cluster a model runs on and how they split it (TP x PP x EP x DP).
+"""A deployment: how many GPUs of a cluster a model runs on and how they split it (TP x CP x PP x EP x DP).
 
 One object instead of loose ints, validated once against the cluster it runs on, so every pricer
 downstream can trust that the groups fit: a TP group larger than a node fills whole nodes, the
@@ -28,17 +28,21 @@ class _Fabric(Protocol):
 
 @dataclass(frozen=True)
 class Deployment:
-    """TP `tp` x PP `pp` (x DP `dp` replicas), routed experts split EP `ep` inside each TP group."""
+    """TP `tp` x CP `cp` x PP `pp` (x DP `dp` replicas), routed experts split EP `ep` inside each TP
+    group. CP: `cp` TP groups per stage, each on its share of the tokens (`layout.context_parallel`);
+    ranks are ordered stage, CP, TP, so a TP group keeps consecutive GPUs."""
 
     tp: int
     pp: int = 1
     ep: int | None = None
     dp: int = 1
+    cp: int = 1
+    cp_recurrence: str = "scan"  # how linear attention hands its state on under CP: "scan" or "serial"
 
     @property
     def gpus(self) -> int:
         """GPUs the deployment occupies."""
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     def nodes(self, gpus_per_node: int) -> int:
         """Nodes it uses on a cluster of `gpus_per_node` GPUs per node."""
@@ -50,15 +54,16 @@ class Deployment:
 
     def check(self, cluster: _Fabric) -> Deployment:
         """Itself, after checking it fits `cluster` (a `Cluster` or `Topology`); a TpplanError else."""
-        tp, pp, dp = self.tp, self.pp, self.dp
-        if tp < 1 or pp < 1 or dp < 1:
-            raise TpplanError(f"--tp {tp} --pp {pp}", "sizes must be at least 1", "pass positive sizes")
+        tp, pp, dp, cp = self.tp, self.pp, self.dp, self.cp
+        if tp < 1 or pp < 1 or dp < 1 or cp < 1:
+            raise TpplanError(f"--tp {tp} --pp {pp}" + (f" --cp {cp}" if cp != 1 else ""), "sizes must be at least 1",
+                              "pass positive sizes")  # fmt: skip
         if self.gpus > cluster.world_size:
             raise TpplanError(
-                f"--tp {tp} --pp {pp}" + (f" x DP {dp}" if dp > 1 else ""),
+                f"--tp {tp} --pp {pp}" + (f" --cp {cp}" if cp > 1 else "") + (f" x DP {dp}" if dp > 1 else ""),
                 f"needs {self.gpus} GPUs, topology {cluster.name} has {cluster.world_size} "
                 f"({cluster.nodes} x {cluster.gpus_per_node})",
-                "use a smaller TP/PP or a topology with more nodes",
+                "use a smaller TP/CP/PP or a topology with more nodes",
             )
         g = cluster.gpus_per_node
         if tp > g and tp % g:

@@ -31,6 +31,7 @@ from tpplan.cost.stages import bank_snapshots, stage_layers
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
+from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
@@ -45,7 +46,7 @@ EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
 
 
 class OpPrices:
-    """The prices of one plan's ops and collectives at TP `tp` x PP `pp` on a topology, for one
+    """The prices of one plan's ops and collectives at TP `tp` x PP `pp` (x CP: `deployment`) on a topology, for one
     batch at a time: `op_time` (one op decision), `collective` (one collective), `layout_copy` (the
     runtime's copy around one), `weight_elem_bytes` (a weight's stored bytes per element).
     `Predictor` sums them into layers, stages and memory; `cost.pricing.Pricer` hands them to a
@@ -71,10 +72,14 @@ class OpPrices:
         g = topo.gpus_per_node
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
-                f"--expert-dtype {expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
             )
         self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, tp, pp, dtype
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
+        # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
+        self.cp = self.deployment.cp
+        self.cp_audit = audit_cp(graph, tp, self.cp, self.deployment.cp_recurrence)  # type: ignore[arg-type]
+        self.cp_split = model_split(self.cp_audit)
         self.counts = graph.counts()
         self.b = DTYPE_BYTES[dtype]
         self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from tpplan.audit import Audit, PlanAudit
@@ -97,6 +98,8 @@ def batch_time(
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     engine: str | None = None,
+    cp: int = 1,
+    cp_recurrence: str = "scan",
     pipeline: PipelineModel | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
@@ -104,7 +107,8 @@ def batch_time(
     `engine` ("sglang@0.5.14"): price kernels from that engine's measured database where it has them."""
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, pipeline=pipeline)
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
+                         cp_recurrence=cp_recurrence, pipeline=pipeline)  # fmt: skip
     return p.latency(((n_tokens, context),))
 
 
@@ -137,15 +141,19 @@ def predict_plan(
     expert_dtype: str | None = None,
     audit: PlanAudit | None = None,
     engine: str | None = None,
+    cp: int = 1,
+    cp_recurrence: str = "scan",
     pipeline: PipelineModel | None = None,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
-    workload) TTFT, for one plan at TP `tp` x PP `pp` on `topology` (kernels from `engine`'s
-    measured database where it has them, e.g. "sglang@0.5.14"; PP scheduled and its boundaries
-    sent as `pipeline`'s engine does, default the current SGLang release: `cost/pipeline.py`)."""
+    workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
+    measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
+    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`); PP scheduled and
+    its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`)."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
+    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
+                         cp_recurrence=cp_recurrence, pipeline=pipeline)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -157,7 +165,7 @@ def predict_plan(
         plan=p.audit.plan,
         tp=tp,
         pp=pp,
-        legal=p.audit.legal,
+        legal=p.audit.legal and p.cp_audit.legal,
         tokens=tokens,
         context=0,
         kinds=kinds,
@@ -170,12 +178,12 @@ def predict_plan(
         stage_s=[s + x for s, x in zip(stage_s, sends, strict=True)],
         final_comm_s=final,
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
-        provenance=provenance(topology, tp * pp),
+        provenance=provenance(topology, tp * pp * cp),
+        cp=cp,
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
     # share of the time), the same figure the memo uses: audit, search and report state one band.
-    pred.provenance = composed_provenance(pred.provenance, pred)  # type: ignore[arg-type]
-    return pred
+    return replace(pred, provenance=composed_provenance(pred.provenance, pred))  # type: ignore[arg-type]
 
 
 def predict_audit(
@@ -187,6 +195,8 @@ def predict_audit(
     tokens: int | None = None,
     expert_dtype: str | None = None,
     engine: str | None = None,
+    cp: int = 1,
+    cp_recurrence: str = "scan",
     pipeline: PipelineModel | None = None,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
@@ -205,6 +215,8 @@ def predict_audit(
             expert_dtype=expert_dtype,
             audit=pa,
             engine=engine,
+            cp=cp,
+            cp_recurrence=cp_recurrence,
             pipeline=pipeline,
         )
         for pa in a.plans

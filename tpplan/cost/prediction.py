@@ -51,7 +51,7 @@ class CollectiveTime:
     algorithm: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class KindTime:
     """Time of one layer of a kind (compute and communication are not overlapped)."""
 
@@ -78,7 +78,7 @@ class KindTime:
         return sum(o.seconds for o in self.ops if o.redundant)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per rank on the fullest pipeline stage. `replicated_extra` is part of `weights`
     (what replication costs beyond sharding), shown separately because it is a plan's price."""
@@ -94,8 +94,11 @@ class MemoryBreakdown:
         return self.weights + self.activations + self.kv_cache + self.recurrent_state
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanPrediction:
+    """One plan's prediction at TP `tp` x PP `pp` on a topology: what `predict_plan` hands on (its
+    one serializer is `to_json`)."""
+
     plan: Plan
     tp: int
     pp: int
@@ -113,6 +116,7 @@ class PlanPrediction:
     final_comm_s: float = 0.0  # the reduction before the final norm
     gpu_memory_bytes: float = 0.0
     provenance: Provenance | None = None  # how the times were made and the error band that applies
+    cp: int = 1  # context-parallel size: TP groups per stage, each on 1/cp of the tokens
 
     @property
     def compute_s(self) -> float:
@@ -157,6 +161,7 @@ class PlanPrediction:
             "workload": self.workload,
             "tp": self.tp,
             "pp": self.pp,
+            "cp": self.cp,
             "tokens": self.tokens,
             "context": self.context,
             "forward_s": self.forward_s,

@@ -20,6 +20,8 @@ import math
 
 from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.comm import price_collective
+from tpplan.cost.context_parallel import cp_extras, local_segments
+from tpplan.cost.deployment import Deployment
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.prediction import KindTime, MemoryBreakdown
@@ -49,11 +51,12 @@ class Predictor(OpPrices):
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
     def kind_time(self, res: LayerResult, segs: Segments) -> KindTime:
-        t, pairs, ctx = batch_pairs(segs)
         key = (id(res), segs)
         hit = self._kind_cache.get(key)
         if hit is not None:
             return hit
+        full, segs = segs, local_segments(segs, self.cp, self.cp_split)  # CP: the slowest rank's share
+        t, pairs, ctx = batch_pairs(segs)
         lg = self.graph.kinds[res.kind]
         ops = [self.op_time(lg, d, t, pairs, ctx, segs) for d in res.decisions]
         colls = []
@@ -63,6 +66,10 @@ class Predictor(OpPrices):
             copy = self.layout_copy(lg, c, t)
             if copy is not None:
                 ops.append(copy)
+        if self.cp > 1:
+            cp_ops, cp_colls = cp_extras(self, self.cp_audit.kinds[res.kind], ops, full)
+            ops.extend(cp_ops)
+            colls.extend(cp_colls)
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt
@@ -107,7 +114,7 @@ class Predictor(OpPrices):
         hit = self._stage_cache.get(segs)
         if hit is not None:
             return hit
-        t = sum(n for n, _ in segs)
+        t = sum(math.ceil(n / self.cp) for n, _ in segs)  # a CP rank's rows
         results = self.audit.layer_results
         stage_s, sends = [], []
         for i, rng in enumerate(self.stages):
@@ -141,7 +148,7 @@ class Predictor(OpPrices):
                 kv += self.kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
             weights, extra = held[s].weights, held[s].replicated_extra
-            acts = self._activations(rng, chunk)
+            acts = self._activations(rng, math.ceil(chunk / self.cp))
             m = MemoryBreakdown(weights, extra, acts, kv, state)
             if best is None or m.total > best.total:
                 best = m
@@ -152,10 +159,13 @@ class Predictor(OpPrices):
         """KV cache bytes per token of one layer on one rank, as its token mixer states it
         (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
         DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
-        tokens when the requests are spread evenly (docs/design.md, "DP attention")."""
+        tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: a rank keeps its
+        own tokens' KV, 1/cp of them (as vllm-ascend's PCP guide says it shards the KV by sequence; SGLang's
+        `cp_allgather_and_save_kv_cache` writes the gathered KV into every CP rank's pool, which this
+        understates: docs/design.md, "Context parallelism")."""
         if self.plan.dp_attention:
-            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp
-        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b)
+            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp / self.cp
+        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b) / self.cp
 
     def state_per_seq(self, attn: AttnSpec) -> float:
         """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
@@ -203,16 +213,19 @@ _CACHE_MAX = 512
 
 def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
                      expert_dtype: str | None, audit: PlanAudit | None = None, *,
-                     engine: str | None = None, pipeline: PipelineModel | None = None) -> Predictor:  # fmt: skip
-    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, dtype, engine, PP schedule): the
+                     engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan",
+                     pipeline: PipelineModel | None = None) -> Predictor:  # fmt: skip
+    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp, dtype, engine, PP schedule): the
     scheduler calls batch_time per batch. (A recorded run's implementations, `bench --repredict`,
     build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, pipeline)
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, pipeline)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
-    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
+    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
+    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep,
+                  pipeline=pipeline)  # fmt: skip
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs

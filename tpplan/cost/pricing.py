@@ -10,14 +10,24 @@ cannot drift apart:
 - `collective_time` and `layout_copy_time`: one collective, and the runtime's copy around it;
 - `final_reduce_time`: the reduction before the final norm; `stage_sends_time`: PP's boundaries;
 - `kv_bytes_per_token`, `state_bytes_per_seq`, `embedding_bytes`: the state and weights outside
-  the plan's decisions.
+  the plan's decisions;
+- `cp_exchange_time`: with context parallelism, one layer's CP collectives (they depend on the
+  graph and TP, not on the plan's decisions); every other price is then the slowest CP rank's, on
+  its share of the batch (`cost.context_parallel.local_segments`), and a recurrence's own price
+  includes the state hand-off's extra pass (scan correction or serial chain), as `predict_plan`
+  lists them beside it.
 
 Batches are `Segments`: (new tokens, context) per request, as `tpplan.cost.segments` states them.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from tpplan.audit import PlanAudit
+from tpplan.cost.context_parallel import cp_extras, local_segments
+from tpplan.cost.deployment import Deployment
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments, batch_pairs
@@ -30,7 +40,7 @@ from tpplan.plans.named import baseline
 
 
 class Pricer:
-    """Per-op, per-collective and per-state prices at TP `tp` x PP `pp` on `topology`."""
+    """Per-op, per-collective and per-state prices at TP `tp` x CP `cp` x PP `pp` on `topology`."""
 
     def __init__(
         self,
@@ -42,10 +52,17 @@ class Pricer:
         dtype: str = "bf16",
         expert_dtype: str | None = None,
         engine: str | None = None,
+        audit: PlanAudit | None = None,
+        cp: int = 1,
+        cp_recurrence: str = "scan",
     ) -> None:
-        self.graph, self.topology, self.tp, self.pp = graph, topology, tp, pp
+        """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise)."""
+        self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
-        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, engine=engine)
+        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
+        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
+                               deployment=self.deployment)  # fmt: skip
+        self.cp_audit = self._base.cp_audit
         self._by_plan: dict[tuple[str, int | None, Placement], Predictor] = {("tp", None, R): self._base}
 
     @property
@@ -60,7 +77,7 @@ class Pricer:
             plan: Plan = baseline().with_(moe=moe, ep_size=key[1], stream=stream)
             hit = Predictor(
                 self.graph, plan, self.topology, self.tp, self.pp, self.dtype, self.expert_dtype,
-                audit=self._base.audit, sources=self._base.compute.sources,
+                audit=self._base.audit, sources=self._base.compute.sources, deployment=self.deployment,
             )  # fmt: skip
             self._by_plan[key] = hit
         return hit
@@ -69,8 +86,37 @@ class Pricer:
         """One op of one layer as decided (`d.split` is the MoE mode for routed experts; `ep_size`
         the EP size when it is `ep`), for one batch of `segs`."""
         pred = self._for("ep", ep_size) if d.split == "ep" else self._base
-        t, pairs, ctx = batch_pairs(segs)
-        return pred.op_time(lg, d, t, pairs, ctx, segs)  # segs: a windowed/chunked mask's pairs
+        local = self._local(segs)
+        t, pairs, ctx = batch_pairs(local)
+        ot = pred.op_time(lg, d, t, pairs, ctx, local)  # segs: a windowed/chunked mask's pairs
+        factor = self._state_factor(lg.kind, d.op.name)
+        return replace(ot, seconds=ot.seconds * (1 + factor)) if factor else ot
+
+    def _local(self, segs: Segments) -> Segments:
+        """The slowest CP rank's share of a batch (the batch itself without CP)."""
+        return local_segments(segs, self.cp, self._base.cp_split)
+
+    def _rows(self, segs: Segments) -> int:
+        return sum(math.ceil(n / self.cp) for n, _ in segs)
+
+    def _state_factor(self, kind: str, op: str) -> int:
+        """Extra local passes of a recurrence under CP: 1 (scan correction), cp-1 (serial chain), else 0
+        (`cost.context_parallel.cp_extras` lists them as ops of their own)."""
+        if self.cp <= 1:
+            return 0
+        for x in self.cp_audit.kinds[kind].exchanges:
+            if x.op == op and x.method == "state_scan":
+                return 1
+            if x.op == op and x.method == "state_serial":
+                return self.cp - 1
+        return 0
+
+    def cp_exchange_time(self, kind: str, segs: Segments) -> float:
+        """One layer of `kind`'s CP collectives for one batch (0 without CP)."""
+        if self.cp <= 1:
+            return 0.0
+        _, colls = cp_extras(self._base, self.cp_audit.kinds[kind], [], segs)
+        return sum(c.seconds for c in colls)
 
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
@@ -79,24 +125,24 @@ class Pricer:
 
     def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
         """One collective of a layer for one batch (the TP group as it sits on the nodes)."""
-        t = sum(n for n, _ in segs)
+        t = self._rows(segs)
         return self._base.collective(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
 
     def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
         """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
-        op = self._base.layout_copy(lg, c, sum(n for n, _ in segs))
+        op = self._base.layout_copy(lg, c, self._rows(segs))
         return op.seconds if op is not None else 0.0
 
     def final_reduce_time(self, collective: Collective, elements_per_token: float, segs: Segments) -> float:
         """The reduction of the last layer's partial sum before the final norm."""
-        t = sum(n for n, _ in segs)
+        t = self._rows(segs)
         return self._base.collective("final", "final", collective.value, "mlp_side", elements_per_token, t).seconds
 
     def stage_sends_time(self, stream: Placement, segs: Segments) -> float:
         """Every pipeline-stage boundary's send (and re-gather unless the stream is token-sharded)
         for one batch; 0 without PP. Depends on the plan only through its stream placement."""
         pred = self._for("tp", None, stream)
-        t = sum(n for n, _ in segs)
+        t = self._rows(segs)
         return sum(pred.boundary(rng.stop, t) for rng in pred.stages[:-1])
 
     def stage_layers(self) -> list[range]:

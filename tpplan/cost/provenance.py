@@ -127,7 +127,20 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
         return base
     label = f"{base.label}, band composed per op class and source"
     basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
-    return Provenance(base.key, label, band, basis, tuple(parts))
+    return Provenance(base.key, label, band, basis + _aic_fallback_note(parts), tuple(parts))
+
+
+def _aic_fallback_note(parts: list[BandPart]) -> str:
+    """Where a class priced from AIC's database came from a table AIC loaded low-fidelity fallback
+    rows for (its warning, routed off stderr by `cost.sources.aic`), one clause saying which."""
+    from tpplan.cost.sources.aic import TABLE_CLASS, fallback_tables
+
+    aic_classes = {p.klass for p in parts if p.source == "aic"}
+    used = sorted(t for t in fallback_tables() if TABLE_CLASS.get(t) in aic_classes)
+    if not used:
+        return ""
+    tables = ", ".join(t.removesuffix("_perf.parquet") for t in used)
+    return f"; AIC served low-fidelity fallback rows (framework-implicit, may differ from the engine) for {tables}"
 
 
 def recorded_provenance(topology: str, gpus: int) -> Provenance | None:

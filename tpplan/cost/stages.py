@@ -12,7 +12,7 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
     """Contiguous layer ranges per stage, vLLM/SGLang's default partition: L // pp each, the
     remainder added to the stages just before the last one (the last stage also holds the head)."""
     if pp < 1 or pp > num_layers:
-        raise TpplanError(f"--pp {pp}", f"must be between 1 and the {num_layers} layers", "choose a smaller PP size")
+        raise TpplanError(f"pp={pp}", f"must be between 1 and the {num_layers} layers", "choose a smaller PP size")
     sizes = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):
         sizes[-i] += 1

@@ -11,60 +11,48 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Self, TypeGuard
+from typing import Any, TypeGuard
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from tpplan.cost._files import read_mapping, validate
 from tpplan.cost.cluster import (
     CLUSTER_FIELDS,
     COLLECTIVE_KINDS,
-    MAX_GPUS_PER_NODE,
     MAX_NODES,
-    MAX_US,
     AllReduceAlgorithm,
     Cluster,
     CollectiveCurve,
     CollectiveKind,
+    Fabric,
     FittedCollective,
     InterLink,
     IntraLink,
 )
 from tpplan.cost.compute import kernel_sources
 from tpplan.cost.curve_sets import expand_curve_sets
-from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef, Strict
+from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef
 from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import parse_toml
 
 
-class Topology(Strict):
-    """Nodes x GPUs with their links; `fitted` (from calibration) and `curves` (measured) override the
-    link model. `gpu_preset`/`cluster_preset` name the halves it was composed from, if any."""
+class Topology(Fabric):
+    """One GPU model in a fabric (`cost.cluster.Fabric`: nodes x GPUs with their links); `fitted`
+    (from calibration) and `curves` (measured) override the link model. `gpu_preset`/`cluster_preset`
+    name the halves it was composed from, if any."""
 
-    name: str = Field(min_length=1)
-    nodes: int = Field(ge=1, le=MAX_NODES)
-    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     gpu: GpuSpec
-    intra: IntraLink
-    inter: InterLink | None = None
-    launch_us: float = Field(default=20.0, ge=0, le=MAX_US, description="fixed per-call cost of one collective")
-    fitted: dict[CollectiveKind, FittedCollective] = Field(default_factory=dict)
-    curves: list[CollectiveCurve] = Field(default_factory=list)
     notes: str = ""
     provenance: str = Field(default="", description="where the cluster's link figures and curves come from")
     gpu_preset: str | None = Field(default=None, description="the GPU model preset or file it names")
     cluster_preset: str | None = Field(default=None, description="the cluster preset or file it names")
 
-    @model_validator(mode="after")
-    def _network_when_multinode(self) -> Self:
-        if self.nodes > 1 and self.inter is None:
-            raise ValueError("nodes > 1 needs an [inter] network section")
-        return self
-
-    @property
-    def world_size(self) -> int:
-        """Total GPUs."""
-        return self.nodes * self.gpus_per_node
+    def file_data(self) -> dict[str, Any]:
+        """Plain data as topology files hold it: the GPU before the fabric's links, the order files
+        had before `Fabric` was factored out (the base class's fields come first in the model)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        head = [k for k in ("name", "nodes", "gpus_per_node") if k in data]
+        return {**{k: data[k] for k in head}, "gpu": data["gpu"], **data}
 
     @property
     def cluster(self) -> Cluster:
@@ -299,7 +287,7 @@ def _is_table_list(v: object) -> TypeGuard[list[dict[str, object]]]:
 def topology_to_toml(topo: Topology, header: str = "") -> str:
     """Serialise a topology to TOML that `load_topology` reads back unchanged."""
     out = [f"# {line}" for line in header.splitlines()]
-    data = topo.model_dump(mode="json", exclude_none=True)
+    data = topo.file_data()
     if not data["intra"].get("all_reduce"):
         data["intra"].pop("all_reduce", None)  # no declaration: files read as before
     for key, default in NEW_FIELDS_DEFAULTS.items():  # fields added with the GPU/cluster split, at defaults

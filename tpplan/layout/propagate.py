@@ -262,6 +262,7 @@ class LayerWalk:
         self.res = LayerResult(lg.kind, n)
         self.res.placements.update({"resid": plan.stream, "delta": delta, "bank": plan.stream})
         self.producer_of: dict[str, Op] = _producers(lg)
+        self.names = _kind_names(lg)
         self.tainted: dict[str, str] = {}  # value -> illegal op it descends from
         self.done: dict[tuple[str, Placement], Placement] = {}  # conversions issued: (value, dst) -> dst
         self.index = 0  # the next op to walk
@@ -273,6 +274,7 @@ class LayerWalk:
         r = self.res
         w.res = LayerResult(r.kind, r.n, dict(r.placements), list(r.decisions), list(r.comms), list(r.violations))
         w.producer_of, w.tainted, w.done, w.index = self.producer_of, dict(self.tainted), dict(self.done), self.index
+        w.names = self.names
         return w
 
     def qual(self, op: Op) -> str:
@@ -330,13 +332,13 @@ class LayerWalk:
         op = self.ops[self.index]
         self.index += 1
         lg, plan, n, res = self.lg, self.plan, self.n, self.res
-        pl, tainted, producer_of, emit, qual = res.placements, self.tainted, self.producer_of, self.emit, self.qual
+        pl, tainted, emit, names = res.placements, self.tainted, self.emit, self.names
         dtype_bytes = self.dtype_bytes
 
         def region(op: Op) -> str:
             return _region(lg, op)
 
-        q = qual(op)
+        q = names.op_q[op.name]
         if op.kind is OpKind.EXPERTS:
             split: str = plan.moe
         elif op.kind in (OpKind.LINEAR, OpKind.ROUTER) and plan.replicates(q):
@@ -347,8 +349,7 @@ class LayerWalk:
         received: list[Placement] = []
         for v in op.inputs:
             p = pl[v]
-            prod = producer_of.get(v)
-            prod_q = qual(prod) if prod else f"{lg.kind}/layer.{v}"
+            prod_q = names.prod_q.get(v) or f"{lg.kind}/layer.{v}"
             if p in (S_TOK, S_COL) and (plan.gathers(prod_q) or plan.gathers_for(prod_q, q)):
                 if p is S_TOK and sum_len(plan):
                     emit(Collective.ALL_REDUCE, v, p, R, op, "DP gather: every rank's rows into a zero buffer, summed")
@@ -362,7 +363,12 @@ class LayerWalk:
         if op.reduces_into_stream and plan.folds(q) and self._fold(op, received):
             return
         # 2. the cheapest strategy the received placements satisfy
-        options = mixer_strategies(op, strategies(op, split, lg.values, prefer_tokens=plan.shards_tokens(q)), plan)
+        prefer_tokens = plan.shards_tokens(q)
+        rule_key = (op.name, split, prefer_tokens)
+        rules = names.rules.get(rule_key)
+        if rules is None:
+            rules = names.rules[rule_key] = strategies(op, split, lg.values, prefer_tokens=prefer_tokens)
+        options = mixer_strategies(op, rules, plan)
         is_stream_add = op.reduces_into_stream
         best: tuple[float, Strategy] | None = None
         for opt in options:
@@ -382,7 +388,7 @@ class LayerWalk:
                     cost = math.inf
                     break
             if cost < math.inf:
-                if plan.shards_tokens(q):  # explicit preference: take the first that fits
+                if prefer_tokens:  # explicit preference: take the first that fits
                     best = (cost, opt)
                     break
                 if best is None or cost < best[0]:
@@ -477,6 +483,28 @@ def _producers(lg: LayerGraph) -> dict[str, Op]:
 
 
 _PRODUCERS: dict[int, tuple[LayerGraph, dict[str, Op]]] = {}
+
+
+@dataclass
+class _KindNames:
+    """What every step of a walk over one layer kind looks up, computed once per layer graph:
+    qualified names (`<kind>/<role>`, what plans match) and each op's strategies per weight split."""
+
+    op_q: dict[str, str]  # op name -> its qualified name
+    prod_q: dict[str, str]  # value -> its producer's qualified name
+    rules: dict[tuple[str, str, bool], list[Strategy]] = field(default_factory=dict)  # (op, split, prefer_tokens)
+
+
+_NAMES: dict[int, tuple[LayerGraph, _KindNames]] = {}
+
+
+def _kind_names(lg: LayerGraph) -> _KindNames:
+    cached = _NAMES.get(id(lg))
+    if cached is None or cached[0] is not lg:
+        op_q = {op.name: f"{lg.kind}/{op.role}" for op in lg.ops}
+        cached = (lg, _KindNames(op_q, {op.output: op_q[op.name] for op in lg.ops}))
+        _NAMES[id(lg)] = cached
+    return cached[1]
 _REGIONS: dict[int, tuple[LayerGraph, dict[str, str]]] = {}
 
 

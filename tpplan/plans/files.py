@@ -70,6 +70,7 @@ class Decisions(_Strict):
 class Deployment(_Strict):
     tp: Size
     pp: Size = 1
+    cp: Size = 1  # context-parallel groups per stage (layout.context_parallel); absent in older files
     ep: Size | None = None
     moe: Literal["tp", "ep", "a2a"] = "tp"
 
@@ -101,8 +102,10 @@ class PlanFile(_Strict):
     found_for: FoundFor
 
 
-def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1) -> PlanFile:
-    """The file for `plan`, ranked at TP `tp` x PP `pp` on `graph` (`found_for`: topology,
+def plan_file_data(
+    plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1, cp: int = 1
+) -> PlanFile:
+    """The file for `plan`, ranked at TP `tp` x CP `cp` x PP `pp` on `graph` (`found_for`: topology,
     workload, dtype, expert_dtype, objective, rank, score)."""
     decisions = Decisions.model_validate(
         {
@@ -128,7 +131,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
         found_by=plan.found_by,
         engine_notes=list(plan.engine_notes),
         decisions=decisions,
-        deployment=Deployment(tp=tp, pp=pp, ep=decisions.ep_size, moe=plan.moe),
+        deployment=Deployment(tp=tp, pp=pp, cp=cp, ep=decisions.ep_size, moe=plan.moe),
         found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
     )
 

@@ -12,12 +12,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tpplan.audit import PlanAudit, audit_plan
+from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
-from tpplan.cost.provenance import composed_provenance, provenance
+from tpplan.cost.provenance import Provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
@@ -36,7 +36,10 @@ from tpplan.report.results import Analysis, BoundaryRow, Variant
 from tpplan.report.verdicts import bottom_line, judge, next_steps
 from tpplan.units import GIB
 
-PredictFn = Callable[..., Any]
+if TYPE_CHECKING:
+    from tpplan.cost.prediction import PlanPrediction
+
+PredictFn = Callable[..., "PlanPrediction"]  # `predict_plan`'s signature
 
 # The named plans every memo compares; today's deployment (`--current`) joins them when it is
 # another plan (e.g. ep4: TP32 with EP4).
@@ -66,9 +69,10 @@ SearchFn = Callable[..., list[Found]]
 
 
 def load_search() -> SearchFn:
-    """The best plans of `tpplan search` itself (`tpplan.search.run_search`: the same objective,
-    memory cap and TP x PP grid), imported when a memo searches."""
-    from tpplan.search import run_search
+    """The best plans of `tpplan search` itself (`tpplan.search.search_plans`, the one search: the
+    same objective, memory cap and TP x PP grid), imported when a memo searches; its audits are
+    the memo's (`audits`)."""
+    from tpplan.search import search_plans
 
     def best(
         graph: ModelGraph,
@@ -80,19 +84,21 @@ def load_search() -> SearchFn:
         expert_dtype: str | None,
         memory_cap_gib: float | str | None,
         top: int,
+        audits: Audits | None = None,
     ) -> list[Found]:
-        outcome = run_search(
+        outcome = search_plans(
             graph,
             topology,
-            tp=tp,
             workload=workload,
+            tp=tp,
             memory_cap_gib=memory_cap_gib,
             top=top,
             dtype=dtype,
             expert_dtype=expert_dtype,
+            audits=audits,
+            cp=1,  # the memo prices its variants at TP x PP; CP deployments are not in its rows yet
         )
-        ranked = zip(outcome.data["plans"], outcome.plans, strict=True)
-        return [Found(plan, e["tp"], e["pp"], e["rank"]) for e, plan in ranked]
+        return [Found(r.plan, r.tp, r.pp, r.rank or i) for i, r in enumerate(outcome.ranked, 1)]
 
     return best
 
@@ -145,9 +151,9 @@ def _mla_kind(graph: ModelGraph) -> str | None:
     return next((k for k, lg in graph.kinds.items() if isinstance(lg.spec.attn, MLASpec)), None)
 
 
-def _audit_or_none(graph: ModelGraph, name: str, n: int, dtype: str) -> PlanAudit | None:
+def _audit_or_none(audits: Audits, name: str, n: int, dtype: str) -> PlanAudit | None:
     try:
-        return audit_plan(graph, make_plan(name, graph, n), n, dtype)
+        return audits.of(make_plan(name, audits.graph, n), n, dtype)
     except TpplanError:
         return None
 
@@ -159,15 +165,14 @@ def tp_sizes(graph: ModelGraph, world: int, tp: int) -> list[int]:
     return sorted({*sizes, tp})
 
 
-def volume_sweep(
-    graph: ModelGraph, names: list[str], sizes: list[int], dtype: str
-) -> dict[str, list[tuple[int, float]]]:
-    """Bytes per token per rank of each plan at each TP size it can run at (legal or not)."""
+def volume_sweep(audits: Audits, names: list[str], sizes: list[int], dtype: str) -> dict[str, list[tuple[int, float]]]:
+    """Bytes per token per rank of each plan at each TP size it can run at (legal or not), from
+    `audits` (of the memo's graph)."""
     out: dict[str, list[tuple[int, float]]] = {}
     for name in names:
         pts = []
         for n in sizes:
-            pa = _audit_or_none(graph, name, n, dtype)
+            pa = _audit_or_none(audits, name, n, dtype)
             if pa is not None:
                 pts.append((n, pa.comm_bytes_per_token))
         out[name] = pts
@@ -189,9 +194,8 @@ def _predict(
         extra["pipeline"] = pipeline
     for wl in workloads:
         try:
-            v.predictions[wl.name] = fn(
-                graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=dtype, **extra
-            )
+            v.predictions[wl.name] = fn(graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size,
+                                        dtype=dtype, audit=v.audit, **extra)  # fmt: skip
         except (TpplanError, NotImplementedError, ValueError) as exc:
             if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.pp == 1:
                 raise  # the baseline always predicts: a failure here is a bad input (e.g. --expert-dtype)
@@ -227,8 +231,9 @@ def parse_current(text: str) -> tuple[str, int | None, int]:
     return name, tp, pp
 
 
-def _current_variant(graph: ModelGraph, text: str, n: int, world: int, dtype: str, variants: list[Variant]) -> Variant:
+def _current_variant(audits: Audits, text: str, n: int, world: int, dtype: str, variants: list[Variant]) -> Variant:
     """Today's deployment: an existing variant with the same plan and shape, else a new one."""
+    graph = audits.graph
     name, tp, pp = parse_current(text)
     tp = tp or n
     if tp * pp > world:
@@ -244,7 +249,7 @@ def _current_variant(graph: ModelGraph, text: str, n: int, world: int, dtype: st
     same = next((v for v in variants if v.tp == tp and v.pp == pp and v.plan.describe() == plan.describe()), None)
     if same is not None:
         return same
-    v = Variant(plan, tp, pp, audit_plan(graph, plan, tp, dtype), main_tp=n)
+    v = Variant(plan, tp, pp, audits.of(plan, tp, dtype), main_tp=n)
     variants.append(v)
     return v
 
@@ -263,7 +268,8 @@ def _same_decisions(variants: list[Variant]) -> dict[str, str]:
     return out
 
 
-def _plan_variants(graph: ModelGraph, names: list[str], asked: bool, n: int, dtype: str) -> list[Variant]:
+def _plan_variants(audits: Audits, names: list[str], asked: bool, n: int, dtype: str) -> list[Variant]:
+    graph = audits.graph
     variants: list[Variant] = []
     has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
     for name in names:
@@ -273,9 +279,9 @@ def _plan_variants(graph: ModelGraph, names: list[str], asked: bool, n: int, dty
                 dep = read_plan_file(name).deployment
                 tp, pp = dep.tp, dep.pp
             pl = make_plan(name, graph, tp)  # asked for: an unknown or impossible plan is the user's error
-            variants.append(Variant(pl, tp, pp, audit_plan(graph, pl, tp, dtype), main_tp=n))
+            variants.append(Variant(pl, tp, pp, audits.of(pl, tp, dtype), main_tp=n))
             continue
-        pa = _audit_or_none(graph, name, n, dtype)  # a default plan this model cannot run is left out
+        pa = _audit_or_none(audits, name, n, dtype)  # a default plan this model cannot run is left out
         if pa is not None and (has_moe or pa.plan.moe == "tp"):
             variants.append(Variant(pa.plan, n, 1, pa, main_tp=n))
     return variants
@@ -324,12 +330,14 @@ def analyse(
     dp: int = 1,
     progress: Callable[[str], None] | None = None,
     engines: list[str] | None = None,
+    audits: Audits | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
     data-parallel size) are server settings the engine gates read; `engines` the engine versions
     (`sglang@0.5.23`, `vllm@0.33.0`; default: each engine's current release, tpplan.engines).
-    `progress` is told each step."""
+    `progress` is told each step. Every plan is audited once (`audits`, of `model`'s graph: the
+    search, the predictions and the volume sweep share them)."""
     from tpplan.engines import select_pair
 
     say = progress or (lambda _step: None)
@@ -339,6 +347,7 @@ def analyse(
     from tpplan.models.graph import build_model_graph
 
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
+    audits = audits if audits is not None and audits.graph is graph else Audits(graph)
     world = topology.world_size
     n = tp or world
     if n > world:
@@ -352,7 +361,7 @@ def analyse(
             "Time, memory and TTFT predictions are turned off for this memo; "
             "the verdicts below rest on the audit's volumes, legality and memory."
         )
-    variants = _plan_variants(graph, list(dict.fromkeys(["baseline", *(plans or MEMO_PLANS)])), bool(plans), n, dtype)
+    variants = _plan_variants(audits, list(dict.fromkeys(["baseline", *(plans or MEMO_PLANS)])), bool(plans), n, dtype)
     for v in variants:
         if v.tp * v.pp > world:
             raise TpplanError(
@@ -360,7 +369,7 @@ def analyse(
                 f"it was found at TP{v.tp} x PP{v.pp} ({v.tp * v.pp} GPUs); the topology has {world}",
                 "pass --nodes to give the topology that many GPUs",
             )
-    cur = _current_variant(graph, current, n, world, dtype, variants)
+    cur = _current_variant(audits, current, n, world, dtype, variants)
     finder = search_fn or (load_search() if search_top > 0 and not plans else None)
     if finder is not None:
         say("searching plans (as tpplan search)")
@@ -373,6 +382,7 @@ def analyse(
             expert_dtype=expert_dtype,
             memory_cap_gib=memory_cap_gib,
             top=search_top,
+            audits=audits,
         )
         for f in found:
             pl = f.plan
@@ -381,7 +391,7 @@ def analyse(
                 continue  # already in the memo at that shape
             if pl.found_by == "search":
                 pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
-            variants.append(Variant(pl, f.tp, f.pp, audit_plan(graph, pl, f.tp, dtype), main_tp=n))
+            variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n))
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
         for name in ("baseline", "sp-moe"):  # one node's TP, stages across nodes: with and without MoE a2a
@@ -389,13 +399,13 @@ def analyse(
                 v.plan.name == name and v.tp == pp_tp and v.pp == pp for v in variants
             ):
                 continue
-            pa = _audit_or_none(graph, name, pp_tp, dtype)
+            pa = _audit_or_none(audits, name, pp_tp, dtype)
             if pa is not None and pa.legal:
                 variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
     # every delta compares like with like: a baseline at each shape a plan runs at
     for tp_v, pp_v in dict.fromkeys((v.tp, v.pp) for v in list(variants)):
         if not any(v.plan.name == "baseline" and v.tp == tp_v and v.pp == pp_v for v in variants):
-            pa = _audit_or_none(graph, "baseline", tp_v, dtype)
+            pa = _audit_or_none(audits, "baseline", tp_v, dtype)
             if pa is not None:
                 variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n))
     chunk = workloads[0].chunk_size if workloads else 8192
@@ -417,11 +427,12 @@ def analyse(
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.pp == 1 and v.tp == n and v.plan.found_by != "search"]
-    sweep = volume_sweep(graph, named, tp_sizes(graph, world, n), dtype)
+    sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
     wl = workloads[0].name if workloads else None
-    band = provenance(topology, cur.tp * cur.pp)
-    if wl is not None and wl in cur.predictions:  # the band of what the current deployment's time sums
-        band = composed_provenance(band, cur.predictions[wl])
+    # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
+    # a prediction that carries none (a stand-in predictor's) or none at all has the topology's.
+    held = getattr(cur.predictions.get(wl), "provenance", None) if wl is not None else None
+    band = held if isinstance(held, Provenance) else provenance(topology, cur.tp * cur.pp)
     same = _same_decisions(variants)
 
     def formula(v: Variant) -> str:
@@ -470,6 +481,7 @@ def analyse(
             dtype=dtype,
             expert_dtype=expert_dtype,
             tokens=crossover_tokens,
+            audits=audits,
         )
     a.memory_cap_bytes = limit
     say("where the model differs from a volume-only analysis")

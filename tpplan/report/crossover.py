@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tpplan.audit import Audits
 from tpplan.cost.topology import Topology
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
@@ -97,18 +98,22 @@ def crossovers(
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     tokens: tuple[int, ...] | None = None,
+    audits: Audits | None = None,
 ) -> list[Crossover]:
-    """Per plan (other than baseline) and layer kind, plus the whole model: where it beats baseline."""
+    """Per plan (other than baseline) and layer kind, plus the whole model: where it beats baseline
+    (`audits`, of `graph`: the plans' audits when the caller has them)."""
     from tpplan.cost.predict import predict_plan
 
     grid = tuple(sorted(set(tokens or TOKENS)))
+    kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     if topology.world_size < tp:
         topology = topology.with_nodes(math.ceil(tp / topology.gpus_per_node))
 
     def times(plan: Plan) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for t in grid:
-            p = predict_plan(graph, plan, topology, tp=tp, tokens=t, dtype=dtype, expert_dtype=expert_dtype)
+            p = predict_plan(graph, plan, topology, tp=tp, tokens=t, dtype=dtype, expert_dtype=expert_dtype,
+                             audit=kept.of(plan, tp, dtype))  # fmt: skip
             for k in p.kinds:
                 out.setdefault(k.kind, []).append(float(k.total_s))
             out.setdefault(WHOLE, []).append(float(p.forward_s))

@@ -10,7 +10,7 @@ none of those imports another to reach a type.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpplan.audit import PlanAudit
 from tpplan.bench_results import BenchResults
@@ -21,6 +21,9 @@ from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover
 from tpplan.report.engines import EngineRecipe
+
+if TYPE_CHECKING:
+    from tpplan.cost.prediction import PlanPrediction
 
 # Verdict statuses and the word the memo's answer uses for each.
 STATUS_WORDS = {
@@ -77,7 +80,7 @@ class Variant:
     tp: int
     pp: int
     audit: PlanAudit
-    predictions: dict[str, Any] = field(default_factory=dict)  # workload name -> PlanPrediction
+    predictions: dict[str, PlanPrediction] = field(default_factory=dict)  # workload name -> its prediction
     prediction_error: str | None = None
     engines: list[EngineRecipe] = field(default_factory=list)
     main_tp: int = 0  # the report's main TP size; 0: this variant's own

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -96,6 +96,16 @@ class PlanViolation(RuntimeError):
 
 
 Observer = Callable[[int, dict[str, Held]], None]
+
+
+class ContextHook(Protocol):
+    """What a context-parallel deployment adds to a TP group's run (`runtime.context_parallel`)."""
+
+    def own_positions(self, tokens: int) -> Tensor: ...
+
+    def mix(
+        self, runner: PlanRunner, op: Op, tensors: list[Tensor], w: dict[str, Tensor], ctx: ExecContext
+    ) -> Tensor: ...
 
 
 class _Traced(Comm):
@@ -160,6 +170,7 @@ class PlanRunner:
         dtype: torch.dtype = torch.float32,
         force: bool = False,
         observer: RunObserver | None = None,
+        context_parallel: ContextHook | None = None,
     ) -> None:
         legal = audit_plan(graph, plan, n, "fp32").legal
         if not force:
@@ -186,6 +197,10 @@ class PlanRunner:
         rope = K.Rope(self.numerics.rope_theta, self.numerics.rope_interleave, self.numerics.rope_scaling,
                       self.numerics.max_position_embeddings)  # fmt: skip
         self.rope = rope
+        # Context parallelism (`runtime.context_parallel`): this TP group holds only the tokens at
+        # `own_positions(t)`, and every token mixer runs through `mix`, which reaches the CP peers.
+        self.context_parallel = context_parallel
+        self.env: dict[str, Held] = {}  # the current layer's values (what a CP mixer may read besides its inputs)
 
     def _shard(self, results: list[LayerResult], plan: Plan) -> ModelShard:
         return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics,
@@ -221,6 +236,8 @@ class PlanRunner:
         self.tracer.chunk = self.chunk_index
         nu = self.numerics
         positions = torch.arange(self.state.position, self.state.position + t, device=self.device)
+        if self.context_parallel is not None:
+            positions = self.context_parallel.own_positions(t).to(self.device)
         ctx = ExecContext(nu, positions, rope=self.rope, tp=self.n)
         stream = plan.stream
         rows = padded_rows(t, self.n)[1] if stream is S_TOK else t
@@ -311,6 +328,7 @@ class PlanRunner:
             v for (v, dst) in named if dst is R and v not in read_as_partial and (v, S_TOK) not in named
         }
         ahead = self._counts_ahead_routing(lg, res, named) if self.n > 1 else {}
+        self.env = env
         for j in self._op_order(lg, res, named, ahead):
             op, dec = lg.ops[j], res.decisions[j]
             w = shard.ops[(i, op.name)]
@@ -401,6 +419,8 @@ class PlanRunner:
         ctx: ExecContext, tokens: int,
     ) -> Held:  # fmt: skip
         tensors = [h.t for h in ins]
+        if op.kind is OpKind.TOKEN_MIX and self.context_parallel is not None:
+            return Held(self.context_parallel.mix(self, op, tensors, w, ctx), dec.strategy.output)
         if op.kind is OpKind.EXPERTS and dec.split == "a2a" and self.n > 1:
             return Held(self._moe_a2a(op, tensors[0], tensors[1], w, tokens), S_TOK)
         if op.kind is OpKind.TOKEN_MIX and dec.strategy.output is S_TOK:

@@ -10,8 +10,10 @@ The package, in the order a search runs:
 - `walk`: one layer kind optimised for every global choice (`KindSolver`);
 - `combine`: the kinds combined over the real layer order under the memory cap (`search`);
 - `naming`: names and words for found plans, and recognising named plans;
-- `ranking`: `tpplan search`'s answer: every TP x PP deployment searched, ranked plans re-audited
-  and predicted, each also a plan file (`run_search`, `search_report`).
+- `ranking`: `tpplan search`'s and the memo's one search: every TP x PP deployment searched, the
+  ranked plans audited once and predicted, each also a plan file (`search_plans`; `run_search`
+  resolves names first);
+- `results`: what it hands on, typed (`SearchOutcome`, `RankedPlan`), and their one JSON.
 
 docs/design.md ("Search") has the argument for exactness; tests/test_search.py checks it against
 brute force.
@@ -32,7 +34,8 @@ from tpplan.search.objectives import (
     ttft_batches,
     ttft_shapes,
 )
-from tpplan.search.ranking import JSON_SCHEMA_VERSION, SearchOutcome, deployments, run_search, search_report
+from tpplan.search.ranking import deployments, run_search, search_plans, search_report
+from tpplan.search.results import JSON_SCHEMA_VERSION, Excluded, RankedPlan, SearchOutcome, SearchStats
 from tpplan.search.space import (
     GlobalChoice,
     KindConfig,
@@ -48,13 +51,16 @@ __all__ = [
     "ZERO",
     "Candidate",
     "Cost",
+    "Excluded",
     "GlobalChoice",
     "KindConfig",
     "Objective",
     "PredictObjective",
+    "RankedPlan",
     "RooflineObjective",
     "SearchOutcome",
     "SearchResult",
+    "SearchStats",
     "SpaceOptions",
     "VolumeObjective",
     "behaviour",
@@ -70,6 +76,7 @@ __all__ = [
     "plan_cost",
     "run_search",
     "search",
+    "search_plans",
     "search_report",
     "skyline",
     "ttft_batches",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
-from tpplan.audit import audit_plan
+from tpplan.audit import Audits
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
@@ -105,6 +105,7 @@ def search(
     options: SpaceOptions | None = None,
     dtype: str = "bf16",
     per_family: bool = False,
+    audits: Audits | None = None,
 ) -> SearchResult:
     """The `top` best legal plans under `objective`, memory per rank at most `memory_cap` bytes.
 
@@ -113,14 +114,16 @@ def search(
     order allows is priced; fronts are merged under the cap. Plans of equal score and memory rank
     as one. `per_family`: instead of the k best plans overall (mostly variants of the best one),
     the best plan of each family (stream x reduce x MoE mode), ranked; the first is still the
-    optimum, and it needs only Pareto fronts (k = 1), so it is much faster.
+    optimum, and it needs only Pareto fronts (k = 1), so it is much faster. `audits` (of `graph`)
+    are used and kept for the plans audited whole.
     """
     if n < 1:
-        raise TpplanError(f"--tp {n}", "the TP size must be at least 1", "pass --tp 1 or more")
+        raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
     if top < 1:
-        raise TpplanError(f"--top {top}", "must be at least 1", "ask for one plan or more")
+        raise TpplanError(f"top={top}", "must be at least 1", "ask for one plan or more")
     if dtype not in DTYPE_BYTES:
-        raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+        raise TpplanError(f"dtype={dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+    kept = audits if audits is not None else Audits(graph)
     opts = options or SpaceOptions()
     nbytes = DTYPE_BYTES[dtype]
     k = 1 if per_family else top
@@ -145,7 +148,7 @@ def search(
         if gc.reduce is not R and all(not f.used_reduce for f in per_kind.values()):
             continue  # no op ever meets a partial sum outside the stream: the same plans as reduce=R
         found = _combine(graph, gc, per_kind, (counts, mem_counts), order, objective, n, k, nbytes)
-        found = [_settle_at_cap(c, memory_cap, graph, n, objective, dtype) for c in found]
+        found = [_settle_at_cap(c, memory_cap, kept, n, objective, dtype) for c in found]
         if per_family and found:
             found.sort(key=lambda c: (c.score, c.memory))
             fits = [c for c in found if memory_cap is None or c.memory <= memory_cap]
@@ -175,7 +178,7 @@ def search(
     )
 
 
-def _settle_at_cap(c: Candidate, cap: float | None, graph: ModelGraph, n: int, obj: Objective, dtype: str) -> Candidate:
+def _settle_at_cap(c: Candidate, cap: float | None, audits: Audits, n: int, obj: Objective, dtype: str) -> Candidate:
     """A candidate whose memory is within rounding of the cap, priced as a whole plan.
 
     The search sums memory per kind times layer count (EP fronts shifted), in another order than
@@ -185,7 +188,7 @@ def _settle_at_cap(c: Candidate, cap: float | None, graph: ModelGraph, n: int, o
     """
     if cap is None or abs(c.memory - cap) > 1e-9 * max(1.0, abs(cap)):
         return c
-    return replace(c, cost=plan_cost(obj, graph, audit_plan(graph, c.plan, n, dtype)))
+    return replace(c, cost=plan_cost(obj, audits.graph, audits.of(c.plan, n, dtype)))
 
 
 def _reprice(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from tpplan.audit import PlanAudit, audit_plan
+from tpplan.audit import Audits, PlanAudit
 from tpplan.errors import TpplanError
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph
@@ -73,17 +73,19 @@ def behaviour(pa: PlanAudit) -> Behaviour:
             seen[id(r)] = hit
         return hit
 
-    return (p.moe, p.ep_size if p.moe == "ep" else None, tuple(layer(r) for r in pa.layer_results))
+    return (p.moe, p.ep_size if p.moe == "ep" else None, p.overlap, tuple(layer(r) for r in pa.layer_results))
 
 
-def named_behaviours(graph: ModelGraph, n: int, dtype: str) -> dict[Behaviour, str]:
-    """The behaviour of every legal named plan at TP n, to the plan's name (the first of equals)."""
+def named_behaviours(graph: ModelGraph, n: int, dtype: str, audits: Audits | None = None) -> dict[Behaviour, str]:
+    """The behaviour of every legal named plan at TP n, to the plan's name (the first of equals);
+    `audits` (of `graph`) are used and kept."""
     from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan
 
+    kept = audits if audits is not None else Audits(graph)
     out: dict[Behaviour, str] = {}
     for name in dict.fromkeys(NAMED_PLANS + EXTRA_PLANS):
         try:
-            pa = audit_plan(graph, make_plan(name, graph, n), n, dtype)
+            pa = kept.of(make_plan(name, graph, n), n, dtype)
         except TpplanError:
             continue
         if pa.legal:

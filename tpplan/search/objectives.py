@@ -207,14 +207,14 @@ class PredictObjective:
 
     With PP > 1 the score adds the stage sends (which depend on the plan only through its stream
     placement): the forward time is still exact; with a workload it is the unpipelined TTFT (the
-    pipelined one is not linear in layer times; `search_report` ranks deployments by
+    pipelined one is not linear in layer times; `search_plans` ranks deployments by
     `predict_plan`'s).
 
     Memory is the additive part of predict's memory per rank: weights (experts at their weight
     dtype), KV cache, recurrent state, embedding and head. With PP > 1 it is a bound on the fullest
     stage: each layer kind counted at its largest count in one stage (`memory_layer_counts`), and the
     largest stage's KV, state and embedding. Activations (the peak of one chunk) are not additive;
-    `search_report` checks them on the ranked plans.
+    `search_plans` checks them on the ranked plans.
     """
 
     def __init__(self, pricer: Pricer, *, workload: Workload | None = None, tokens: int = 8192) -> None:
@@ -271,7 +271,7 @@ class PredictObjective:
         return hit
 
     def _fixed_seconds(self, graph: ModelGraph, stream: Placement, final_delta: Placement, n: int) -> float:
-        """The final reduction and, with PP, the stage sends, for the batches priced."""
+        """The final reduction and, with PP, the stage sends, with CP, the CP exchanges, for the batches priced."""
         pr = self.pricer
         secs = 0.0
         coll = _final_collective(stream, final_delta)
@@ -280,6 +280,8 @@ class PredictObjective:
                 secs += w * pr.final_reduce_time(coll, ring_elements_per_rank(coll, graph.hidden, n), segs)
             if self.pp > 1:
                 secs += w * pr.stage_sends_time(stream, segs)
+            if pr.cp > 1:  # context parallelism's exchanges: fixed by the graph and TP, not by the plan
+                secs += w * sum(k * pr.cp_exchange_time(kind, segs) for kind, k in graph.counts().items())
         return secs
 
     def _state_memory(self) -> float:

@@ -9,9 +9,17 @@ the constants ship in `presets/aic-fitted.json`, so pricing needs neither the pa
 tables). Every answer is flagged `extrapolated=True`: it is a fit, judged leave-one-model-out
 (errors in `docs/benchmarks.md` and in the file, per class).
 
-MoE kernel classes are split by TP-only (ep = 1) and EP (ep > 1), because the engines' kernels
-rank the two differently (SGLang/vLLM's fused Triton MoE is 2.5-2.7x slower at EP8 than TP8 on
-DeepSeek-V3 fp8 at 8K tokens, TRT-LLM's 3.9x faster), which no single shape-only model reproduces.
+MoE: one class per AIC quant x split (`moe_mode`: tp, ep, tp_ep), fitted on the rows of that
+class's dominant kernel (`kernel` in the file: SGLang's fused Triton MoE, vLLM's FlashInfer CUTLASS
+or Triton experts, TRT-LLM's CUTLASS MoE, ...). The model is the work one rank does for the experts
+that get tokens (`ExpertLoads`): a per-call cost, a per-active-expert cost, the active experts'
+weight read (what makes EP and TP differ: EP8 reads 1/8 of the experts at full width, TP8 all of
+them at 1/8 width), useful FLOPs, the FLOPs wasted padding each expert's rows to a 64-row tile (the
+efficiency that rises with tokens per expert), and per-row gather/scatter and activation costs.
+Priced shapes assume balanced routing. AIC's rows do not always have it: its "balanced" logits
+put every DeepSeek-V3 token's grouped top-k on tied scores, and SGLang's and vLLM's grouped top-k
+then send 4 of its 8 pairs to experts 0-3 (`tpplan.cost.sources.aic_fit.collector_loads`, which
+the fit uses to know what work each row measured; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ MOE_TILE_M = 64  # rows of one expert-GEMM tile: tokens per expert are padded to
 
 MOE_FEATURES = (
     "call",
-    "experts_per_rank",
     "active_experts",
+    "weights",
     "flops",
     "tile_waste_flops",
-    "weights",
     "routed_rows",
     "all_rows",
+    "intermediate_rows",
 )
 ATTENTION_FEATURES = ("call", "flops", "bytes", "query_rows")
 
@@ -60,32 +68,52 @@ def moe_mode(tp: int, ep: int) -> str:
     return "ep" if tp == 1 else "tp_ep"
 
 
-def moe_features(tokens: float, hidden: int, inter: int, experts: int, top_k: int, tp: int, ep: int) -> list[float]:
-    """Work of one MoE layer on one rank under balanced routing (gated experts: 3 H x I/tp GEMMs).
+ExpertLoads = tuple[tuple[int, float], ...]  # (how many local experts, rows each), experts with rows only
 
-    call: fixed per-call cost; experts_per_rank: per-local-expert scheduling; active_experts: experts
-    that get tokens (balanced routing spreads the rank's routed pairs over min(experts, pairs) of
-    them); flops: useful MACs x2; tile_waste_flops: the extra work of padding each active expert's
-    tokens to a tile; weights: weight elements the active experts read; routed_rows/all_rows:
-    activation rows gathered and scattered for this rank's routed pairs / for every routed pair
-    (kernels that scan all pairs regardless of EP)."""
-    experts_r = experts / ep
-    inter_r = inter / tp
+
+def balanced_loads(tokens: float, experts: int, top_k: int, ep: int) -> ExpertLoads:
+    """One rank's expert loads under balanced routing: its tokens x top_k / ep routed pairs spread
+    over min(local experts, pairs) experts."""
     pairs_r = tokens * top_k / ep
-    active = min(experts_r, pairs_r)
-    per_active = pairs_r / active if active > 0 else 0.0
-    padded = math.ceil(per_active / MOE_TILE_M) * MOE_TILE_M if per_active > 0 else 0
-    flops = 6.0 * pairs_r * hidden * inter_r
-    waste = 6.0 * active * max(0.0, padded - per_active) * hidden * inter_r
+    active = min(experts // ep, math.ceil(pairs_r)) if pairs_r > 0 else 0
+    return ((active, pairs_r / active),) if active else ()
+
+
+def moe_features(
+    tokens: float,
+    hidden: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+    tp: int,
+    ep: int,
+    loads: ExpertLoads | None = None,
+) -> list[float]:
+    """Work of one MoE layer on one rank (gated experts: 3 H x I/tp GEMMs per expert), in the order
+    of `MOE_FEATURES`; `loads` default `balanced_loads`.
+
+    call: fixed per-call cost; active_experts: experts with rows (per-expert scheduling); weights:
+    weight elements those experts read; flops: useful MACs x2; tile_waste_flops: the extra work of
+    padding each active expert's rows to a `MOE_TILE_M` tile; routed_rows: activation elements of
+    the rank's routed rows (gather, scatter); all_rows: activation elements of every routed pair of
+    the batch (kernels that scan all pairs whatever the EP); intermediate_rows: the rank's rows x
+    I/tp (activation and its quantisation)."""
+    if loads is None:
+        loads = balanced_loads(tokens, experts, top_k, ep)
+    inter_r = inter / tp
+    active = sum(n for n, _ in loads)
+    rows = sum(n * r for n, r in loads)
+    padding = sum(n * (math.ceil(r / MOE_TILE_M) * MOE_TILE_M - r) for n, r in loads if r > 0)
+    gemm = 6.0 * hidden * inter_r
     return [
         1.0,
-        experts_r,
-        active,
-        flops,
-        waste,
+        float(active),
         3.0 * active * hidden * inter_r,
-        pairs_r * hidden,
+        gemm * rows,
+        gemm * padding,
+        rows * hidden,
         tokens * top_k * hidden,
+        rows * inter_r,
     ]
 
 
@@ -117,6 +145,7 @@ class FittedClass:
     rows: int
     in_sample: dict[str, float]
     out_of_sample: dict[str, float]
+    kernel: str = ""
 
     def seconds(self, x: list[float]) -> float:
         return sum(c * v for c, v in zip(self.coef, x, strict=True)) * 1e-3
@@ -129,10 +158,23 @@ def load_fits() -> dict:
     return json.loads(text)
 
 
+def routing_groups() -> dict[tuple[int, int, int, int], tuple[int, int]]:
+    """{(hidden, intermediate, experts, top-k): (groups, top groups)}: the grouped-top-k MoE models of
+    the AIC version the fit file was made from (whose collector routing the fit replayed)."""
+    rows = load_fits().get("moe_routing", {}).get("grouped_configs", [])
+    return {(r[0], r[1], r[2], r[3]): (r[4], r[5]) for r in rows}
+
+
 def _classes(entry: dict) -> dict[str, FittedClass]:
     return {
         name: FittedClass(
-            tuple(c["features"]), tuple(c["coef"]), c["max_tokens"], c["rows"], c["in_sample"], c["out_of_sample"]
+            tuple(c["features"]),
+            tuple(c["coef"]),
+            c["max_tokens"],
+            c["rows"],
+            c["in_sample"],
+            c["out_of_sample"],
+            c.get("kernel", ""),
         )
         for name, c in entry.items()
     }
@@ -165,8 +207,11 @@ class AicFittedSource:
         self.version = self.key.split("@", 1)[1]
         self.name = f"aic-fit:{self.key}"
         entry = fits[self.key]
-        self.moe_classes = _classes(entry.get("moe", {}))
-        self.attention_classes = _classes(entry.get("attention", {}))
+        # a class fitted on other features than this code computes (an older file) is not used
+        self.moe_classes = {k: c for k, c in _classes(entry.get("moe", {})).items() if c.features == MOE_FEATURES}
+        self.attention_classes = {
+            k: c for k, c in _classes(entry.get("attention", {})).items() if c.features == ATTENTION_FEATURES
+        }
 
     def gemm(self, shape: GemmShape) -> KernelPrice | None:
         return None
@@ -205,9 +250,12 @@ __all__ = [
     "FIT_FILE",
     "MOE_FEATURES",
     "AicFittedSource",
+    "ExpertLoads",
     "FittedClass",
     "attention_features",
+    "balanced_loads",
     "load_fits",
     "moe_features",
     "moe_mode",
+    "routing_groups",
 ]

@@ -105,9 +105,11 @@ def databases(say: Say = _say) -> str:
 def moe_tp_vs_ep(
     system: str = "h200_sxm", tokens: tuple[int, ...] = (1024, 4096, 8192, 16384), say: Say = _say
 ) -> tuple[str, list[dict[str, float]]]:
-    """DeepSeek-V3 fp8 (block) experts at TP8 and EP8 per engine: AIC's rows, tpplan's datasheet
-    price, and the fitted model with DeepSeek-V3 held out of its fit (out-of-sample)."""
-    from tpplan.cost.sources.aic_fit import fit_nnls, moe_rows
+    """DeepSeek-V3 fp8 (block) experts at TP8 and EP8 per engine: AIC's rows; the fitted model with
+    DeepSeek-V3's configuration held out of its fit (OUT-OF-SAMPLE), fed the routing AIC's collector
+    gave the row (`collector_loads`) and, in "bal.", balanced routing; tpplan's datasheet price."""
+    from tpplan.cost.sources.aic_fit import DEEPSEEK_V3 as DSV3_KEY
+    from tpplan.cost.sources.aic_fit import collector_routing, held_out_fit, moe_rows
     from tpplan.cost.sources.aic_fitted import moe_features, moe_mode
 
     gpu = load_topology("h200x8-ib400").gpu
@@ -116,39 +118,18 @@ def moe_tp_vs_ep(
         t0 = time.perf_counter()
         src = AicSource(system, engine)
         rows = moe_rows(src, quants=("fp8_block",))
-        held = (DEEPSEEK_V3["hidden"], DEEPSEEK_V3["intermediate"], DEEPSEEK_V3["experts"], DEEPSEEK_V3["top_k"])
-        coefs = {}
-        for mode in ("tp", "ep"):
-            r = [x for x in rows.get(f"fp8_block/{mode}", []) if x[0] != held]
-            coefs[mode] = fit_nnls(np.array([x[1] for x in r]), np.array([x[2] for x in r])) if r else None
+        coefs = {mode: held_out_fit(rows[f"fp8_block/{mode}"][1], DSV3_KEY) for mode in ("tp", "ep")}
         for t in tokens:
             rec: dict[str, float] = {"tokens": t}
             for tp, ep in ((8, 1), (1, 8)):
                 shape = MoeShape(t, tp=tp, ep=ep, dtype="fp8_block", **DEEPSEEK_V3)
                 p = src.moe(shape)
-                c = coefs[moe_mode(tp, ep)]
-                fit = (
-                    None
-                    if c is None
-                    else float(
-                        np.array(
-                            moe_features(
-                                t,
-                                tp=tp,
-                                ep=ep,
-                                hidden=shape.hidden,
-                                inter=shape.intermediate,
-                                experts=shape.experts,
-                                top_k=shape.top_k,
-                            )
-                        )
-                        @ c
-                    )
-                    * 1e-3
-                )
+                coef = coefs[moe_mode(tp, ep)]
                 key = "tp8" if tp == 8 else "ep8"
+                for label, loads in (("fit_oos", collector_routing(engine, DSV3_KEY, t, ep)), ("fit_bal", None)):
+                    x = moe_features(t, *DSV3_KEY, tp, ep, loads=loads)
+                    rec[f"{key}_{label}"] = float(np.array(x) @ coef) * 1e-3
                 rec[f"{key}_aic"] = p.seconds if p else math.nan
-                rec[f"{key}_fit_oos"] = fit if fit is not None else math.nan
                 rec[f"{key}_tpplan"] = tpplan_experts_time(shape, gpu)
             rec["engine"] = engine  # type: ignore[assignment]  # a record of numbers and one name
             records.append(rec)
@@ -161,6 +142,7 @@ def moe_tp_vs_ep(
                     rec["tp8_aic"] / rec["ep8_aic"],
                     rec["tp8_fit_oos"] / rec["tp8_aic"],
                     rec["ep8_fit_oos"] / rec["ep8_aic"],
+                    rec["tp8_fit_bal"] / rec["ep8_fit_bal"],
                     rec["tp8_tpplan"] / rec["tp8_aic"],
                     rec["ep8_tpplan"] / rec["ep8_aic"],
                 ]
@@ -173,11 +155,36 @@ def moe_tp_vs_ep(
         "EP8 ms",
         "TP8/EP8",
         "fit/AIC TP8",
-        "fit/AIC EP8",
-        "tpplan/AIC TP8",
+        "EP8",
+        "bal. TP/EP",
+        "tpplan TP8",
         "EP8",
     ]
     return _table(header, out), records
+
+
+def moe_routing(system: str = "h200_sxm", tokens: int = 8192, say: Say = _say) -> str:
+    """DeepSeek-V3 fp8 (block) experts at EP1..EP256 per engine over their EP1 time, beside the share
+    of the batch's routed pairs that AIC's collector routing gives rank 0 (`collector_routing`):
+    grouped top-k (SGLang's and vLLM's collectors) and plain top-k (TRT-LLM's)."""
+    from tpplan.cost.sources.aic_fit import DEEPSEEK_V3 as DSV3_KEY
+    from tpplan.cost.sources.aic_fit import collector_routing
+
+    say(f"MoE routing {system} ...")
+    srcs = {e: AicSource(system, e) for e in AIC_ENGINES}
+    out = []
+    for ep in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        row: list[object] = [ep]
+        for src in srcs.values():
+            one = src.moe(MoeShape(tokens, tp=1, ep=1, dtype="fp8_block", **DEEPSEEK_V3))
+            this = src.moe(MoeShape(tokens, tp=1, ep=ep, dtype="fp8_block", **DEEPSEEK_V3))
+            row.append(this.seconds / one.seconds if this and one else "-")
+        for engine in ("vllm", "trtllm"):
+            loads = collector_routing(engine, DSV3_KEY, tokens, ep)
+            row.append(sum(n * r for n, r in loads) / (tokens * DSV3_KEY[3]))
+        out.append(row)
+    header = ["EP", *(f"{e} EP/EP1" for e in AIC_ENGINES), "rank-0 pairs grouped", "plain"]
+    return _table(header, out)
 
 
 GEMM_SHAPES = (
@@ -359,42 +366,79 @@ def k3_experts(system: str = "h200_sxm", tokens: int = 8192, say: Say = _say) ->
     return _table(header, out)
 
 
-def fit_errors(say: Say = _say) -> str:
-    """In-sample and leave-one-model-out errors of the packaged fits (no AIC needed)."""
+def _cell(errors: dict | None, key: str) -> object:
+    return errors[key] if errors and errors.get(key) is not None else "-"
+
+
+def fit_errors(system: str = "h200_sxm", say: Say = _say) -> str:
+    """In-sample and leave-one-model-out errors of the packaged fits on `system` (each engine at the
+    version AIC serves by default), per class, and for MoE on DeepSeek-V3's rows held out (no AIC
+    needed)."""
     from tpplan.cost.sources.aic_fitted import load_fits
 
     say("reading the fit file ...")
     rows = []
     for key, entry in load_fits()["fits"].items():
+        if not key.startswith(f"{system}/"):
+            continue
         for family in ("moe", "attention"):
             for cls, c in entry.get(family, {}).items():
-                oos = c["out_of_sample"]
+                ins, oos, ds = c["in_sample"], c["out_of_sample"], c.get("focus_out_of_sample")
                 rows.append(
                     [
-                        key,
+                        key.split("/", 1)[1].split("@")[0],
                         cls,
                         c["rows"],
                         c["groups"],
-                        c["in_sample"]["median"],
-                        c["in_sample"]["p90"],
-                        oos["median"] if oos["median"] is not None else "-",
-                        oos["p90"] if oos["p90"] is not None else "-",
+                        *(_cell(e, k) for e in (ins, oos, ds) for k in ("median", "p90")),
                     ]
                 )
-    return _table(
-        ["system/engine@version", "class", "rows", "models", "in median", "in p90", "LOMO median", "LOMO p90"], rows
-    )
+    header = ["engine", "class", "rows", "models", "in", "in p90", "LOMO", "LOMO p90", "DSv3", "p90"]
+    return _table(header, rows)
+
+
+def fit_summary(say: Say = _say) -> str:
+    """Per system x engine of the packaged fits: medians over the MoE classes of the in-sample and
+    leave-one-model-out median errors, their range, and DeepSeek-V3 held out; attention mha/mla."""
+    from tpplan.cost.sources.aic_fitted import load_fits
+
+    say("reading the fit file ...")
+
+    def med(values: list[float]) -> str:
+        return f"{statistics.median(values):.3f}" if values else "-"
+
+    rows = []
+    for key, entry in load_fits()["fits"].items():
+        moe = list(entry.get("moe", {}).values())
+        lomo = [c["out_of_sample"]["median"] for c in moe if c["out_of_sample"]["median"] is not None]
+        ds = [c["focus_out_of_sample"]["median"] for c in moe if "focus_out_of_sample" in c]
+        attn = entry.get("attention", {})
+        rows.append(
+            [
+                key.split("@")[0],
+                len(moe),
+                med([c["in_sample"]["median"] for c in moe]),
+                med(lomo),
+                f"{min(lomo):.2f}-{max(lomo):.2f}" if lomo else "-",
+                med(ds),
+                "/".join(f"{attn[k]['out_of_sample']['median']:.3f}" for k in ("mha", "mla") if k in attn),
+            ]
+        )
+    header = ["system/engine", "MoE classes", "MoE in", "MoE LOMO", "LOMO range", "DSv3 LOMO", "attn LOMO"]
+    return _table(header, rows)
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
     "databases": databases,
     "moe": lambda: moe_tp_vs_ep()[0],
+    "moe-routing": moe_routing,
     "gemm": lambda: gemm_compare()[0],
     "attention": lambda: attention_compare()[0],
     "collectives-h200": lambda: collectives_compare()[0],
     "collectives-rtxpro6000": lambda: collectives_compare("rtx_pro_6000_server", "pcie8-rtxpro6000")[0],
     "k3-experts": k3_experts,
     "fits": fit_errors,
+    "fit-summary": fit_summary,
 }
 
 

@@ -1,0 +1,106 @@
+"""Context parallelism priced: a CP rank's share of a batch, and what CP adds to a layer.
+
+Under CP `c` (`tpplan.layout.context_parallel`) every op of a layer runs on the rank's own tokens,
+so a layer is priced at the slowest CP rank's batch (`local_segments`), written as the segments its
+attention calls see: under the zigzag split two chunks of n/2c tokens per request, each after the
+keys before it (its context: the gathered K/V of earlier chunks), 1/c of the request's causal pairs
+on every rank; under the contiguous split a hybrid with linear attention uses, the last rank's n/c
+tokens after (c-1)n/c keys, (2c-1)/c^2 of the pairs. Every attention pricer (roofline, kernel
+models, kernel sources) then reads the right work, and every other op the rank's rows.
+
+What CP adds (`cp_extras`), per layer, on the CP group (peers `tp` GPUs apart, so `c` ranks
+share a node only while tp x c fits in one):
+- every all-gather of K/V or of the MLA latent: the c ranks' rows padded to the longest rank (as
+  SGLang's `cp_all_gather_reorganized_into_tensor` pads to `max_rank_len`), through the collective
+  pricer (`cost.comm.price_collective`);
+- the linear-attention state: the two-pass scan's all-gather of each rank's state and chunk
+  transition plus a correction pass priced as one more local recurrence (an assumption: the
+  correction applies the incoming state to every local token, about the inter-chunk half of a
+  chunked scan, counted whole), or the serial chain: c-1 further local recurrences and c-1 sends
+  one after another on the critical path;
+- the short convolution's halo: one send/recv of conv_kernel-1 rows per request.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from tpplan.cost.comm import price_collective
+from tpplan.cost.prediction import CollectiveTime, OpTime
+from tpplan.cost.segments import Segments
+from tpplan.layout.context_parallel import CpExchange, CpKind, chunk_bounds, zigzag_chunks
+
+if TYPE_CHECKING:
+    from tpplan.cost.op_prices import OpPrices
+
+
+def local_segments(segs: Segments, cp: int, split: str) -> Segments:
+    """The slowest CP rank's share of a batch, as the attention calls it makes: under zigzag, rank 0's
+    two chunks of each request (chunk 0 after the request's context, chunk 2c-1 after all but the
+    last chunk; every rank computes the same causal pairs, SGLang's `kv_len_prev`/`kv_len_next` calls);
+    under the contiguous split, the last rank's chunk after the first c-1 (the most keys)."""
+    if cp <= 1:
+        return segs
+    out: list[tuple[int, int]] = []
+    for n, ctx in segs:
+        if split == "zigzag":
+            bounds = chunk_bounds(n, 2 * cp)
+            for i in zigzag_chunks(cp, 0):
+                start, stop = bounds[i]
+                if stop > start:
+                    out.append((stop - start, ctx + start))
+        else:
+            start, stop = chunk_bounds(n, cp)[-1]
+            out.append((stop - start, ctx + start))
+    return tuple(out)
+
+
+def cp_ranks_per_node(tp: int, cp: int, gpus_per_node: int) -> int:
+    """CP peers that share a node: they sit `tp` GPUs apart (TP innermost)."""
+    if tp >= gpus_per_node:
+        return 1
+    return max(1, min(cp, gpus_per_node // tp))
+
+
+def exchange_bytes(x: CpExchange, cp: int, segs: Segments, b: float) -> float:
+    """nccl-tests size of one exchange for a batch: an all-gather's whole output (every rank's rows,
+    padded to the longest), a send/recv's message."""
+    eb = x.elem_bytes if x.elem_bytes is not None else b
+    rows = sum(math.ceil(n / cp) for n, _ in segs)
+    seqs = len(segs)
+    if x.collective == "all_gather":
+        return cp * (x.per_token * rows + x.per_seq * seqs) * eb
+    return (x.per_token * rows + x.per_seq * seqs) * eb
+
+
+def cp_extras(
+    prices: OpPrices, ck: CpKind, local_ops: list[OpTime], segs: Segments
+) -> tuple[list[OpTime], list[CollectiveTime]]:
+    """The ops and collectives CP adds to one layer of kind `ck` (the layer's own ops already priced
+    at the local batch, `local_ops`)."""
+    cp = prices.cp
+    ops: list[OpTime] = []
+    colls: list[CollectiveTime] = []
+    rpn = cp_ranks_per_node(prices.tp, cp, prices.topo.gpus_per_node)
+    for x in ck.exchanges:
+        nbytes = exchange_bytes(x, cp, segs, prices.b)
+        kind = x.collective
+        est = price_collective(kind, nbytes, 2 if kind == "send_recv" else cp, prices.topo,
+                               ranks_per_node=min(rpn, 2) if kind == "send_recv" else rpn,
+                               sources=prices.compute.sources)  # fmt: skip
+        steps = max(1, x.chain)
+        colls.append(CollectiveTime(ck.kind, x.label(), kind, "cp", nbytes, est.time_s * steps, est.algorithm))
+        if x.method in ("state_scan", "state_serial"):
+            rec = next((o for o in local_ops if o.op == x.op), None)
+            if rec is None:
+                continue
+            factor = cp - 1 if x.method == "state_serial" else 1
+            name = "cp_chain_wait" if x.method == "state_serial" else "cp_scan_correction"
+            ops.append(OpTime(ck.kind, f"{x.op}:{name}", rec.role, rec.category, rec.flops_per_rank * factor,
+                              rec.bytes_per_rank * factor, rec.seconds * factor, False, None, None,
+                              rec.seconds * factor, rec.extrapolated, rec.source))  # fmt: skip
+    return ops, colls
+
+
+__all__ = ["cp_extras", "cp_ranks_per_node", "exchange_bytes", "local_segments"]

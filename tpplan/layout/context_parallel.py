@@ -1,0 +1,334 @@
+"""Context parallelism (CP): the deployment's token axis, per layer kind, derived from the graph.
+
+A deployment of TP x CP x PP ranks runs `cp` groups of `tp` ranks on every pipeline stage (rank
+order stage-major, then CP, then TP: a TP group stays on consecutive GPUs, a CP group's peers sit
+`tp` GPUs apart). Each CP rank holds its share of every prompt's tokens and runs the plan's TP
+decisions inside its TP group on those tokens only: the plan algebra (`layout/plan.py`) is
+unchanged by CP, which is why CP is a deployment argument like PP, not a plan decision. What CP
+adds is, per token mixer, how attention sees the rest of the sequence (`CpExchange`):
+
+- softmax attention (MHA/GQA, `gqa`): all-gather of K and V (the rank's TP share of the KV heads)
+  over the CP group; tokens are assigned by **zigzag** chunks for causal balance: the sequence is
+  cut into 2c chunks and rank i holds chunks i and 2c-1-i, so every rank computes the same number
+  of causal (query, key) pairs. SGLang `python/sglang/srt/layers/utils/cp_utils.py` @ 0220422f
+  (`can_cp_split`: at least 2 x cp_size tokens per sequence; `cp_split_and_rebuild_data`: split
+  into 2 x cp_size blocks, `zigzag_index`; `cp_allgather_and_save_kv_cache`: K/V all-gathered over
+  the attention-CP group);
+- MLA (`mla`): all-gather of the compressed latent (kv_lora_rank + the rope key) instead of the
+  up-projected K/V, the same zigzag split (SGLang, same file: `mla_use_prefill_cp`, "absorbed MLA"
+  under zigzag; the MHA one-shot form only for the contiguous strategy);
+- linear attention (`kda`, `gdn`): contiguous chunks (rank r holds the r-th 1/c of the sequence)
+  and the recurrent state handed on, either **serially** (rank r waits for rank r-1's final state:
+  a chain of c local scans and c-1 sends on the critical path) or by the **two-pass scan** (local
+  scan from a zero state, all-gather of every rank's chunk state and chunk transition, then a
+  correction pass with the incoming state); plus the short convolution's halo: the previous
+  rank's last conv_kernel-1 inputs (a send/recv). The issue's description of SGLang's contiguous
+  KDA strategy; its code was NOT read here (not found in the search index), so the two-pass payload
+  (state + transition per head) and the correction's price are tpplan's assumptions;
+- MLP/MoE layers run on the rank's own tokens with no CP collective.
+
+A mixer without a CP method (DSA's indexer, whose top-k runs over every key) makes CP illegal
+for the model: the audit says which op and why. vLLM's prefill context parallel size (PCP) was
+not read in vLLM's own tree here (the search index held only a fork's utilities): unread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tpplan.errors import TpplanError
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
+
+SGLANG_CP_UTILS = "python/sglang/srt/layers/utils/cp_utils.py@0220422fc0009bb4316f8a540e777d85dce156f3"
+CP_SIZES = (1, 2, 4, 8)  # what the search offers
+MAX_CP = 64  # the CLI's bound (commands/_bounds.py)
+STATE_ELEM_BYTES = 4  # recurrent state is exchanged in fp32, as it is kept (cost.predictor.STATE_BYTES)
+
+Recurrence = Literal["scan", "serial"]
+Method = Literal["kv_all_gather", "latent_all_gather", "state_scan", "state_serial", "conv_halo"]
+Split = Literal["zigzag", "contiguous", "none"]
+
+
+@dataclass(frozen=True)
+class CpExchange:
+    """What one token mixer of a layer moves over the CP group, per TP rank.
+
+    `per_token`: elements a rank contributes per token it holds (an all-gather's row width);
+    `per_seq`: elements per sequence, independent of its length (a state, a halo);
+    `elem_bytes`: None for the activation dtype, else fixed (fp32 state); `chain`: sends that run one
+    after another on the critical path (the serial recurrence's c-1), 0 when all run at once."""
+
+    op: str
+    method: Method
+    collective: Literal["all_gather", "send_recv"]
+    values: tuple[str, ...]
+    per_token: float = 0.0
+    per_seq: float = 0.0
+    elem_bytes: float | None = None
+    chain: int = 0
+
+    def label(self) -> str:
+        what = "+".join(self.values)
+        kind = {"all_gather": "AG", "send_recv": "SR"}[self.collective]
+        width = f"{self.per_token:g}/tok" if self.per_token else f"{self.per_seq:g}/seq"
+        return f"CP-{kind}({what} {width})"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "op": self.op,
+            "method": self.method,
+            "collective": self.collective,
+            "values": list(self.values),
+            "elements_per_token": self.per_token,
+            "elements_per_seq": self.per_seq,
+            "elem_bytes": self.elem_bytes,
+            "serial_steps": self.chain,
+        }
+
+
+@dataclass(frozen=True)
+class CpKind:
+    """One layer kind under CP: how its tokens are split and what its mixers exchange."""
+
+    kind: str
+    split: Split
+    exchanges: tuple[CpExchange, ...] = ()
+    reasons: tuple[str, ...] = ()  # why CP cannot run this kind (empty: legal)
+
+    @property
+    def legal(self) -> bool:
+        return not self.reasons
+
+    def units_per_token(self) -> float:
+        """Relative units per token (AG: W, as the TP table counts them); per-sequence exchanges are
+        not per token and are left out."""
+        return sum(x.per_token for x in self.exchanges if x.collective == "all_gather")
+
+
+@dataclass(frozen=True)
+class CpAudit:
+    """CP at size `cp` over TP `tp` groups for a whole model."""
+
+    cp: int
+    tp: int
+    recurrence: Recurrence
+    kinds: dict[str, CpKind] = field(default_factory=dict)
+
+    @property
+    def legal(self) -> bool:
+        return all(k.legal for k in self.kinds.values())
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"[{k.kind}] {r}" for k in self.kinds.values() for r in k.reasons]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "cp": self.cp,
+            "recurrence": self.recurrence,
+            "legal": self.legal,
+            "reasons": self.reasons,
+            "kinds": {
+                k: {
+                    "split": v.split,
+                    "legal": v.legal,
+                    "units_per_token": v.units_per_token(),
+                    "exchanges": [x.to_json() for x in v.exchanges],
+                }
+                for k, v in self.kinds.items()
+            },
+        }
+
+
+def _per_rank_heads(heads: int, tp: int) -> float:
+    """Heads one TP rank holds (fewer heads than ranks: one each, replicated, as the engines do)."""
+    return max(1.0, heads / tp)
+
+
+def _producer(lg: LayerGraph, value: str) -> Op | None:
+    return next((o for o in lg.ops if o.output == value), None)
+
+
+def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recurrence) -> list[CpExchange] | str:
+    """The CP exchanges of one token mixer, or the reason it has none."""
+    impl = str(op.attrs.get("impl"))
+    if impl == "gqa":
+        k, v = op.inputs[1], op.inputs[2]
+        kv_heads = op.int_attr("kv_heads", op.int_attr("heads", 1))
+        share = _per_rank_heads(kv_heads, tp) / kv_heads
+        width = (lg.values[k].width + lg.values[v].width) * share
+        return [CpExchange(op.name, "kv_all_gather", "all_gather", (k, v), per_token=width)]
+    if impl == "mla":
+        kv_b = _producer(lg, op.inputs[1])
+        if kv_b is None or not kv_b.inputs:
+            return "its K/V has no producer in the graph, so the latent to gather is unknown"
+        latent, rope = kv_b.inputs[0], op.inputs[2]
+        width = lg.values[latent].width + lg.values[rope].width  # shared by every head: not split by TP
+        return [CpExchange(op.name, "latent_all_gather", "all_gather", (latent, rope), per_token=width)]
+    if impl in ("kda", "gdn"):
+        if impl == "kda":
+            heads, dk, dv = op.int_attr("heads"), op.int_attr("head_dim"), op.int_attr("head_dim")
+        else:
+            heads, dk, dv = op.int_attr("v_heads"), op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
+        h = heads / tp
+        out: list[CpExchange] = []
+        if recurrence == "serial":
+            out.append(CpExchange(op.name, "state_serial", "send_recv", ("state",), per_seq=h * dk * dv,
+                                  elem_bytes=STATE_ELEM_BYTES, chain=cp - 1))  # fmt: skip
+        else:  # every rank's final state and its chunk's transition (dk x dk per head), all-gathered
+            out.append(CpExchange(op.name, "state_scan", "all_gather", ("state", "transition"),
+                                  per_seq=h * (dk * dv + dk * dk), elem_bytes=STATE_ELEM_BYTES))  # fmt: skip
+        if impl == "gdn":  # GDN's conv runs inside the mixer op on q, k, v
+            kernel = op.int_attr("kernel", 1)
+            channels = (2 * op.int_attr("k_heads") * dk + heads * dv) / tp
+            if kernel > 1:
+                out.append(CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",),
+                                      per_seq=(kernel - 1) * channels))  # fmt: skip
+        return out
+    if impl == "short_conv":
+        kernel = op.int_attr("kernel", 1)
+        if kernel <= 1:
+            return []
+        width = lg.values[op.inputs[0]].width / tp
+        return [CpExchange(op.name, "conv_halo", "send_recv", (op.inputs[0],), per_seq=(kernel - 1) * width)]
+    return (f"{op.name} ({impl}) has no context-parallel method: tpplan knows K/V or latent all-gather for "
+            "softmax attention and the state hand-off for KDA/GDN; run it without --cp")  # fmt: skip
+
+
+def _split_of(exchanges: list[CpExchange]) -> Split:
+    methods = {x.method for x in exchanges}
+    if methods & {"kv_all_gather", "latent_all_gather"}:
+        return "zigzag"
+    if methods:
+        return "contiguous"
+    return "none"
+
+
+def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan") -> CpAudit:
+    """Per layer kind: its token split and CP exchanges at CP `cp` over TP `tp`, from the graph.
+
+    A layer kind with both softmax and linear attention cannot take both splits; none of the
+    families has one (a hybrid's kinds are either), so such a kind is refused with its reason."""
+    if cp < 1:
+        raise TpplanError(f"--cp {cp}", "the CP size must be at least 1", "pass --cp 1 or more")
+    kinds: dict[str, CpKind] = {}
+    for kind, lg in graph.kinds.items():
+        xs: list[CpExchange] = []
+        reasons: list[str] = []
+        if cp > 1:
+            for op in lg.ops:
+                if op.kind is not OpKind.TOKEN_MIX:
+                    continue
+                got = _mixer_exchanges(lg, op, tp, cp, recurrence)
+                if isinstance(got, str):
+                    reasons.append(got)
+                else:
+                    xs.extend(got)
+        split = _split_of(xs)
+        methods = {x.method for x in xs}
+        if methods & {"kv_all_gather", "latent_all_gather"} and methods & {"state_scan", "state_serial"}:
+            reasons.append("softmax and linear attention in one layer need a zigzag and a contiguous split at once")
+        kinds[kind] = CpKind(kind, split, tuple(xs), tuple(reasons))
+    return CpAudit(cp, tp, recurrence, kinds)
+
+
+def zigzag_chunks(cp: int, rank: int) -> tuple[int, int]:
+    """The two of 2*cp chunks CP rank `rank` holds: i and 2cp-1-i (causal work balanced)."""
+    return rank, 2 * cp - 1 - rank
+
+
+def chunk_bounds(tokens: int, pieces: int) -> list[tuple[int, int]]:
+    """[start, stop) of `pieces` near-equal contiguous pieces of `tokens` (the first ones longer)."""
+    base, extra = divmod(tokens, pieces)
+    out, start = [], 0
+    for i in range(pieces):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def rank_positions(tokens: int, cp: int, rank: int, split: Split) -> list[int]:
+    """The absolute positions CP rank `rank` holds of a `tokens`-long sequence under `split`."""
+    if cp == 1 or split == "none":
+        return list(range(tokens))
+    if split == "zigzag":
+        bounds = chunk_bounds(tokens, 2 * cp)
+        return [p for i in zigzag_chunks(cp, rank) for p in range(*bounds[i])]
+    start, stop = chunk_bounds(tokens, cp)[rank]
+    return list(range(start, stop))
+
+
+def model_split(audit: CpAudit) -> Split:
+    """One token split for the whole model: the residual stream of a rank must hold the same tokens
+    in every layer, so a model mixing softmax (zigzag) and linear (contiguous) attention kinds uses
+    the contiguous split (attention then loses the causal balance: `causal_imbalance`)."""
+    splits = {k.split for k in audit.kinds.values()} - {"none"}
+    if not splits:
+        return "none"
+    return "contiguous" if "contiguous" in splits else "zigzag"
+
+
+def local_tokens(tokens: int, cp: int) -> int:
+    """Tokens the most loaded CP rank holds (both splits round up the same way: ceil(T/c))."""
+    return math.ceil(tokens / cp)
+
+
+def causal_imbalance(cp: int, split: Split) -> float:
+    """The slowest rank's causal pairs over the mean (1 under zigzag: balanced; the last of c contiguous
+    chunks holds (2c-1)/c of the mean's pairs)."""
+    if cp == 1 or split != "contiguous":
+        return 1.0
+    return (2 * cp - 1) / cp
+
+
+@dataclass(frozen=True)
+class CpCall:
+    """One CP collective one rank issues (what the runtime's trace records, torch-free)."""
+
+    layer: int
+    kind: str  # all_gather | send_recv (recorded by the receiving rank)
+    op: str
+    value: str
+    nbytes: float
+
+
+def cp_calls(graph: ModelGraph, audit: CpAudit, tokens: int, b: float, rank: int) -> list[CpCall]:
+    """The CP collectives rank `rank` issues for one `tokens`-long sequence, in order: each all-gather
+    over every rank's rows padded to the longest rank, each received state or halo (rank 0 receives
+    none). The runtime's trace must equal this list (`tpplan.runtime.context_parallel`)."""
+    split = model_split(audit)
+    rows = max(len(rank_positions(tokens, audit.cp, r, split)) for r in range(audit.cp))
+    out: list[CpCall] = []
+    for i, kind in enumerate(graph.layer_kinds):
+        for x in audit.kinds[kind].exchanges:
+            eb = x.elem_bytes if x.elem_bytes is not None else b
+            value = "+".join(x.values)
+            if x.collective == "all_gather":
+                size = audit.cp * (x.per_token * rows + x.per_seq) * eb
+                out.append(CpCall(i, "all_gather", x.op, value, size))
+            elif rank > 0:
+                out.append(CpCall(i, "send_recv", x.op, value, (x.per_token * rows + x.per_seq) * eb))
+    return out
+
+
+__all__ = [
+    "CP_SIZES",
+    "MAX_CP",
+    "SGLANG_CP_UTILS",
+    "CpAudit",
+    "CpCall",
+    "CpExchange",
+    "CpKind",
+    "Recurrence",
+    "audit_cp",
+    "causal_imbalance",
+    "chunk_bounds",
+    "cp_calls",
+    "local_tokens",
+    "model_split",
+    "rank_positions",
+    "zigzag_chunks",
+]

@@ -1,0 +1,452 @@
+"""Execute a context-parallel deployment for real on torch.distributed: CP N ranks of TP 1
+(`CpRunner`, `verify_cp`), or TP x CP (`TpCpHook` in each TP group's `PlanRunner`, `verify_tp_cp`).
+
+Each rank holds its share of one sequence's tokens, as `tpplan.layout.context_parallel` splits
+them (zigzag chunks i and 2N-1-i for softmax-attention models, contiguous for linear attention),
+with the whole model's weights, and walks every layer's graph with the single-process kernels
+(`executor.execute_op`) on its own rows. Only token mixers see other ranks' tokens, exactly as the
+planner's `CpExchange`s say:
+
+- GQA: this rank's K and V (one tensor, K beside V) are all-gathered over the CP group, padded to
+  the longest rank; MLA: the normed KV latent beside the rope key (kv_lora + rope wide), and every
+  rank up-projects the gathered latent with `kv_b_proj` itself;
+- KDA / Gated DeltaNet: the serial hand-off: rank r receives rank r-1's final recurrent state
+  (GDN: and its conv tail, the halo) in the kernel's own chunked-prefill state, runs its chunk and
+  sends its state on; KDA's separate short convolutions receive the previous rank's last
+  conv_kernel-1 inputs (the halo; posted at once by every rank, no chain). With
+  `recurrence="scan"`, KDA runs the two-pass scan instead (`CpRunner._scan`): local scan, an
+  all-gather of every rank's chunk state and transition, a correction pass (GDN: serial only).
+
+The attention call reuses the reference kernel as it is: the queries are placed at their absolute
+positions in a [T, ...] buffer of zeros and the causal kernel runs over the gathered keys; rows of
+other ranks' queries are discarded. That repeats attention work (the runtime checks numbers and
+collectives, not speed; the cost model prices the zigzag rank's own pairs).
+
+Every CP collective is recorded as a `CpCall` (all-gathers on every rank, sends on the receiving
+rank), which must equal `layout.context_parallel.cp_calls`, the planner's prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tpplan.errors import TpplanError
+from tpplan.layout.context_parallel import CpCall, audit_cp, model_split, rank_positions
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
+from tpplan.runtime import kernels as K
+from tpplan.runtime.executor import ExecContext, execute_op, layer_weights, numerics_for
+from tpplan.runtime.weights import Numerics
+
+_AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class _Mixers:
+    """The token mixers of one CP rank: what they exchange with the CP peers (the same rank of the
+    TP group next door). Subclasses set `cp`, `rank` (the CP rank), `tp`, `group` (the CP process
+    group, None for the world), `recurrence`, `positions`, `tokens`, `rows`, `full_ctx`, `calls`,
+    `_layer`, and say where CP rank r sits (`_peer`) and where a layer's other op weights are."""
+
+    cp: int
+    rank: int
+    tp: int = 1
+    group: Any = None
+    recurrence: str
+    positions: list[list[int]]
+    tokens: int
+    rows: int
+    full_ctx: ExecContext
+    calls: list[CpCall]
+    _layer: int
+
+    def _peer(self, r: int) -> int:
+        return r
+
+    def _weights_of(self, op: Op) -> Mapping[str, Tensor]:
+        raise NotImplementedError
+
+    def _layout(self, tokens: int, split: str) -> None:
+        self.positions = [rank_positions(tokens, self.cp, r, split) for r in range(self.cp)]
+        self.tokens, self.rows = tokens, max(len(p) for p in self.positions)
+
+    # -- token mixers --------------------------------------------------------------------------
+    def _mix(self, lg: LayerGraph, op: Op, env: Mapping[str, Tensor], ins: list[Tensor], w: Mapping[str, Tensor],
+             ctx: ExecContext) -> Tensor:  # fmt: skip
+        impl = str(op.attrs.get("impl"))
+        if impl == "gqa":
+            k, v = ins[1], ins[2]
+            kv = self._gather(torch.cat([k, v], dim=1), op, f"{op.inputs[1]}+{op.inputs[2]}")
+            full = [self._place(ins[0]), kv[:, : k.shape[1]], kv[:, k.shape[1] :]]
+            return execute_op(op, full, w, {}, self.full_ctx)[self._mine()]
+        if impl == "mla":
+            kv_b = next(o for o in lg.ops if o.output == op.inputs[1])
+            latent, rope = env[kv_b.inputs[0]], ins[2]
+            both = self._gather(torch.cat([latent, rope], dim=1), op, f"{kv_b.inputs[0]}+{op.inputs[2]}")
+            lat_full, rope_full = both[:, : latent.shape[1]], both[:, latent.shape[1] :]
+            kv_full = execute_op(kv_b, [lat_full], self._weights_of(kv_b), {}, self.full_ctx)
+            return execute_op(op, [self._place(ins[0]), kv_full, rope_full], w, {}, self.full_ctx)[self._mine()]
+        if impl == "short_conv":
+            return execute_op(op, ins, w, self._halo(op, ins[0]), ctx)
+        if impl == "kda" and self.recurrence == "scan":
+            return self._scan(op, ins, w, ctx)
+        if impl in ("kda", "gdn"):
+            state = self._receive_state(op, ins[0])
+            out = execute_op(op, ins, w, state, ctx)
+            if self.rank + 1 < self.cp:
+                for key in ("recurrent", "conv"):
+                    if key in state:
+                        dist.send(state[key].contiguous(), self._peer(self.rank + 1))
+            return out
+        raise TpplanError(f"--cp {self.cp}", f"{op.name} ({impl}) has no CP execution", "run without CP")
+
+    def _scan(self, op: Op, ins: list[Tensor], w: Mapping[str, Tensor], ctx: ExecContext) -> Tensor:
+        """KDA by the two-pass scan. The delta rule is linear in (initial state, v) jointly, so
+        run(S0, v) = run(0, v) + run(S0, 0): pass 1 is the local scan from a zero state (output and
+        final state S_loc) and the chunk's transition P = run(I, 0)'s final state (dk x dk per head);
+        every rank's (S_loc, P) is all-gathered, S_in(r) = P_{r-1} S_in(r-1) + S_loc_{r-1}, and the
+        correction run(S_in, 0) is added to the local output."""
+        q, k, v, f, beta = ins
+        heads, d = int(op.attrs["heads"]) // self.tp, int(op.attrs["head_dim"])
+        local: dict[str, Tensor] = {}
+        out = execute_op(op, ins, w, local, ctx)
+        zero_v = torch.zeros_like(v)
+        trans = {"recurrent": torch.eye(d, device=v.device).expand(heads, d, d).clone()}
+        execute_op(op, [q, k, zero_v, f, beta], w, trans, ctx)
+        mine = torch.cat([local["recurrent"].reshape(-1), trans["recurrent"].reshape(-1).float()])
+        both = mine.new_empty(self.cp * mine.numel())
+        self.calls.append(CpCall(self._layer, "all_gather", op.name, "state+transition", both.numel() * 4))
+        _AG(both, mine.contiguous(), group=self.group)
+        parts = both.view(self.cp, 2, heads, d, d)
+        s_in = torch.zeros(heads, d, d, device=v.device)
+        for j in range(self.rank):
+            s_in = torch.einsum("hab,hbv->hav", parts[j, 1], s_in) + parts[j, 0]
+        if self.rank == 0:
+            return out
+        return out + execute_op(op, [q, k, zero_v, f, beta], w, {"recurrent": s_in}, ctx)
+
+    def _mine(self) -> Tensor:
+        return torch.tensor(self.positions[self.rank], dtype=torch.long)
+
+    def _place(self, x: Tensor) -> Tensor:
+        """This rank's rows at their absolute positions in a [T, W] buffer of zeros (placeholder queries)."""
+        full = x.new_zeros(self.tokens, *x.shape[1:])
+        full[self._mine()] = x
+        return full
+
+    def _gather(self, x: Tensor, op: Op, value: str) -> Tensor:
+        """All-gather every rank's rows of `x` (padded to the longest rank), in position order [T, W]."""
+        padded = torch.cat([x, x.new_zeros(self.rows - x.shape[0], *x.shape[1:])]) if x.shape[0] < self.rows else x
+        out = x.new_empty(self.cp * self.rows, *x.shape[1:])
+        self.calls.append(CpCall(self._layer, "all_gather", op.name, value, out.numel() * out.element_size()))
+        _AG(out, padded.contiguous(), group=self.group)
+        full = x.new_empty(self.tokens, *x.shape[1:])
+        for r, pos in enumerate(self.positions):
+            full[torch.tensor(pos, dtype=torch.long)] = out[r * self.rows : r * self.rows + len(pos)]
+        return full
+
+    def _halo(self, op: Op, x: Tensor) -> dict[str, Tensor]:
+        """The short conv's state for this rank: the previous rank's last kernel-1 inputs (rank 0: none)."""
+        k = int(op.attrs.get("kernel", 1)) - 1
+        if k <= 0:
+            return {}
+        if x.shape[0] < k:
+            raise TpplanError(f"--cp {self.cp}", f"a rank holds {x.shape[0]} tokens, fewer than {op.name}'s "
+                              f"halo of {k}", "use more tokens or a smaller CP")  # fmt: skip
+        reqs = []
+        if self.rank + 1 < self.cp:
+            reqs.append(dist.isend(x[-k:].contiguous(), self._peer(self.rank + 1)))
+        state: dict[str, Tensor] = {}
+        if self.rank > 0:
+            buf = x.new_empty(k, x.shape[1])
+            reqs.append(dist.irecv(buf, self._peer(self.rank - 1)))
+            state["conv"] = buf
+            self.calls.append(CpCall(self._layer, "send_recv", op.name, op.inputs[0], buf.numel() * buf.element_size()))
+        for r in reqs:
+            r.wait()
+        return state
+
+    def _receive_state(self, op: Op, like: Tensor) -> dict[str, Tensor]:
+        """Rank r-1's final state (and GDN's conv tail), as the kernel keeps it between chunks."""
+        if self.rank == 0:
+            return {}
+        a = op.attrs
+        tp = self.tp
+        if a["impl"] == "kda":
+            shapes = {"recurrent": ((int(a["heads"]) // tp, int(a["head_dim"]), int(a["head_dim"])), torch.float32)}
+        else:
+            dk, dv, kh, vh = int(a["k_head_dim"]), int(a["v_head_dim"]), int(a["k_heads"]), int(a["v_heads"])
+            shapes = {"recurrent": ((vh // tp, dk, dv), torch.float32)}
+            if int(a.get("kernel", 1)) > 1:
+                shapes["conv"] = ((int(a["kernel"]) - 1, (2 * kh * dk + vh * dv) // tp), like.dtype)
+        state: dict[str, Tensor] = {}
+        for key, (shape, dt) in shapes.items():
+            buf = torch.empty(shape, dtype=dt, device=like.device)
+            dist.recv(buf, self._peer(self.rank - 1))
+            value = "state" if key == "recurrent" else "conv_tail"
+            self.calls.append(CpCall(self._layer, "send_recv", op.name, value, buf.numel() * buf.element_size()))
+            state[key] = buf
+        return state
+
+
+class CpRunner(_Mixers):
+    """One CP rank of a TP 1 x CP `cp` deployment (the default process group is the CP group)."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        cp: int,
+        rank: int,
+        weights: Mapping[str, Tensor],
+        *,
+        numerics: Numerics | None = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        recurrence: str = "serial",
+    ) -> None:
+        self.graph, self.cp, self.rank, self.recurrence = graph, cp, rank, recurrence
+        self.audit = audit_cp(graph, 1, cp, recurrence)  # type: ignore[arg-type]
+        if not self.audit.legal:
+            raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
+        if recurrence == "scan" and any(op.attrs.get("impl") == "gdn" for lg in graph.kinds.values() for op in lg.ops):
+            raise TpplanError("--cp-recurrence scan", "the two-pass scan is executed for KDA only (GDN's v sits "
+                              "inside its fused input)", "pass --cp-recurrence serial")  # fmt: skip
+        self.split = model_split(self.audit)
+        self.nu = numerics or numerics_for(graph)
+        dev = device or torch.device("cpu")
+        self.w = {k: v.to(device=dev, dtype=dtype) for k, v in weights.items()}
+        self.resolved = {
+            (i, op.name): layer_weights(op, i, self.w, self.nu)
+            for i, kind in enumerate(graph.layer_kinds)
+            for op in graph.kinds[kind].ops
+        }
+        self.calls: list[CpCall] = []
+        self._layer = 0
+
+    def _weights_of(self, op: Op) -> Mapping[str, Tensor]:
+        return self.resolved[(self._layer, op.name)]
+
+    # -- the forward ---------------------------------------------------------------------------
+    def prefill(self, ids: Tensor) -> tuple[Tensor, list[int]]:
+        """This rank's final normed hidden rows of one sequence `ids` and the positions they hold."""
+        ids = ids.reshape(-1)
+        t = ids.numel()
+        self._layout(t, self.split)
+        mine = self.positions[self.rank]
+        pos = torch.tensor(mine, dtype=torch.long, device=ids.device)
+        nu = self.nu
+        rope = K.Rope(nu.rope_theta, nu.rope_interleave, nu.rope_scaling, nu.max_position_embeddings)
+        ctx = ExecContext(nu, pos, rope=rope)
+        self.full_ctx = ExecContext(nu, torch.arange(t, device=ids.device), rope=rope)
+        emb = self.w["model.embed_tokens.weight"][ids[pos]] * nu.embed_scale
+        resid, delta = emb, torch.zeros_like(emb)
+        block = self.graph.spec.attn_res_block_size
+        bank = emb.new_zeros(len(mine), 0, emb.shape[1])
+        for i, kind in enumerate(self.graph.layer_kinds):
+            lg = self.graph.kinds[kind]
+            self._layer = ctx.layer = self.full_ctx.layer = i
+            ctx.values = self.full_ctx.values = lg.values
+            env: dict[str, Tensor] = {"resid": resid, "delta": delta, "bank": bank}
+            for op in lg.ops:
+                w = self.resolved[(i, op.name)]
+                if op.kind is OpKind.TOKEN_MIX:
+                    out = self._mix(lg, op, env, [env[n] for n in op.inputs], w, ctx)
+                else:
+                    out = execute_op(op, [env[n] for n in op.inputs], w, {}, ctx)
+                env[op.output] = out
+                if op.kind is OpKind.ATTN_RES and op in lg.entry and block and i % block == 0:
+                    stream = str(op.attrs.get("norm_of", op.inputs[1]))
+                    bank = torch.cat([bank, env[stream][:, None, :]], dim=1)
+                    env["bank"] = bank
+                    env[stream] = torch.zeros_like(env[stream])
+            resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
+            delta = env["mlp_out"]
+        final = resid + delta
+        if block:
+            final = K.attn_res(final, bank, self.w["model.output_attn_res_proj.weight"],
+                               self.w["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
+        return K.rms_norm(final, self.w["model.norm.weight"], nu.eps, nu.norm_offset), mine
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        return K.linear(hidden, head)
+
+
+
+class TpCpHook(_Mixers):
+    """TP `tp` x CP `cp`: one TP group's `PlanRunner` (its own process group) on its CP rank's tokens,
+    its token mixers reaching the same TP rank of the other CP groups (`PlanRunner.context_parallel`).
+    World rank = cp_rank * tp + tp_rank; `groups` from `cp_groups`."""
+
+    def __init__(self, graph: ModelGraph, tp: int, cp: int, world_rank: int, cp_group: Any, tokens: int,
+                 numerics: Numerics, recurrence: str = "serial") -> None:  # fmt: skip
+        self.graph, self.tp, self.cp, self.recurrence = graph, tp, cp, recurrence
+        self.rank, self.tp_rank = divmod(world_rank, tp)
+        self.group = cp_group
+        self.audit = audit_cp(graph, tp, cp, recurrence)  # type: ignore[arg-type]
+        if not self.audit.legal:
+            raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
+        self.split = model_split(self.audit)
+        self._layout(tokens, self.split)
+        nu = numerics
+        rope = K.Rope(nu.rope_theta, nu.rope_interleave, nu.rope_scaling, nu.max_position_embeddings)
+        self.full_ctx = ExecContext(nu, torch.arange(tokens), rope=rope, tp=tp)
+        self.calls = []
+        self._layer = 0
+        self._runner: Any = None
+
+    def _peer(self, r: int) -> int:
+        return r * self.tp + self.tp_rank
+
+    def _weights_of(self, op: Op) -> Mapping[str, Tensor]:
+        return self._runner.shard.ops[(self._layer, op.name)]
+
+    def own_positions(self, tokens: int) -> Tensor:
+        mine = self.positions_of_rank()
+        if tokens != len(mine):
+            raise TpplanError("--chunk", "chunked prefill under CP is not executed", "run the prompt in one chunk")
+        return torch.tensor(mine, dtype=torch.long)
+
+    def positions_of_rank(self) -> list[int]:
+        return self.positions[self.rank]
+
+    def mix(self, runner: Any, op: Op, tensors: list[Tensor], w: dict[str, Tensor], ctx: ExecContext) -> Tensor:
+        self._runner, self._layer = runner, ctx.layer
+        self.full_ctx.layer, self.full_ctx.values = ctx.layer, ctx.values
+        lg = self.graph.kinds[self.graph.layer_kinds[ctx.layer]]
+        env = {k: h.t for k, h in runner.env.items()}
+        return self._mix(lg, op, env, tensors, w, ctx)
+
+
+def cp_groups(tp: int, cp: int, world_rank: int) -> tuple[Any, Any]:
+    """(this rank's TP group, its CP group); every rank creates every group, in the same order."""
+    tp_groups = [dist.new_group(list(range(c * tp, (c + 1) * tp))) for c in range(cp)]
+    cp_groups_ = [dist.new_group([c * tp + t for c in range(cp)]) for t in range(tp)]
+    c, t = divmod(world_rank, tp)
+    return tp_groups[c], cp_groups_[t]
+
+
+def _tp_worker(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """One rank of `verify_tp_cp`: a TP group's PlanRunner under CP, assembled and checked on rank 0."""
+    from tpplan.layout.context_parallel import cp_calls
+    from tpplan.layout.schedule import predict_schedule
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+    from tpplan.runtime.distributed import PlanRunner, full_value, make_comm
+    from tpplan.runtime.executor import run_reference
+    from tpplan.runtime.shard import DictSource
+    from tpplan.runtime.weights import random_weights
+
+    torch.set_num_threads(1)
+    tp, cp, t = payload["tp"], world // payload["tp"], payload["tokens"]
+    graph = build_model_graph(load_model(payload["model"]))
+    nu = numerics_for(graph)
+    weights = random_weights(graph, nu, seed=payload["seed"])
+    ids = torch.randint(0, graph.spec.vocab, (t,), generator=torch.Generator().manual_seed(payload["seed"] + 1))
+    tp_group, cp_group = cp_groups(tp, cp, rank)
+    hook = TpCpHook(graph, tp, cp, rank, cp_group, t, nu, payload["recurrence"])
+    plan = make_plan(payload["plan"], graph, tp)
+    comm = make_comm(hook.tp_rank, tp, group=tp_group)
+    runner = PlanRunner(graph, plan, tp, hook.tp_rank, DictSource(weights), comm=comm, numerics=nu,
+                        context_parallel=hook)  # fmt: skip
+    mine = hook.positions_of_rank()
+    (held,) = runner.prefill(ids[torch.tensor(mine)])
+    hidden = full_value(comm, held, 0, len(mine))
+    tp_calls = [(c.kind, c.value, tuple(c.shape), c.bytes) for c in runner.tracer.calls]
+    sched = predict_schedule(graph, plan, tp, len(mine), rank=hook.tp_rank)
+    tp_pred = [(c.kind, c.value, tuple(c.shape), c.bytes) for ch in sched for c in ch.calls]
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, (mine, hidden, hook.calls, tp_calls == tp_pred))
+    if rank != 0:
+        return None
+    full = torch.empty(t, hidden.shape[1])
+    for mine_r, h, _, _ in parts:
+        full[mine_r] = h
+    ref = run_reference(graph, weights, ids, numerics=nu, return_hidden=True)
+    b = torch.empty((), dtype=torch.float32).element_size()
+    return {
+        "model": payload["model"],
+        "max_rel_hidden": ((full - ref).abs().max() / ref.abs().max()).item(),
+        "cp_traced": [p[2] for p in parts],
+        "cp_predicted": [cp_calls(graph, hook.audit, t, b, r // tp) for r in range(world)],
+        "tp_trace_matches": [p[3] for p in parts],
+    }
+
+
+def verify_tp_cp(model: str, tp: int, cp: int, *, plan: str = "baseline", tokens: int = 16, seed: int = 0,
+                 recurrence: str = "serial", timeout_s: float = 120.0) -> dict[str, Any]:  # fmt: skip
+    """Run `model` under `plan` at TP `tp` x CP `cp` on tp x cp gloo ranks against the one-process
+    model: the final hidden, every rank's CP calls against `cp_calls`, its TP calls against
+    `predict_schedule` at its own token count."""
+    from tpplan.runtime.group import GroupSpec, run_group
+
+    payload = {"model": model, "tp": tp, "plan": plan, "tokens": tokens, "seed": seed, "recurrence": recurrence}
+    return run_group(_tp_worker, GroupSpec("gloo", tp * cp, timeout_s), payload)
+
+
+def _worker(rank: int, world: int, device: Any, payload: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Every case of `verify_cp` on this rank."""
+    torch.set_num_threads(1)
+    return [_case(rank, world, device, case) for case in payload]
+
+
+def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """One case on one rank: run, then gather every rank's rows and trace to rank 0 (untraced)."""
+    from tpplan.layout.context_parallel import cp_calls
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.runtime.executor import run_reference
+    from tpplan.runtime.weights import load_safetensors, random_weights
+
+    graph = build_model_graph(load_model(payload["model"]))
+    nu = numerics_for(graph)
+    path = payload.get("weights")
+    weights = load_safetensors(path, graph, nu) if path else random_weights(graph, nu, seed=payload["seed"])
+    ids = torch.randint(0, graph.spec.vocab, (payload["tokens"],),
+                        generator=torch.Generator().manual_seed(payload["seed"] + 1))  # fmt: skip
+    runner = CpRunner(graph, world, rank, weights, numerics=nu, device=device, recurrence=payload["recurrence"])
+    hidden, mine = runner.prefill(ids)
+    logits = runner.logits(hidden)
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, (mine, hidden, logits, runner.calls))
+    if rank != 0:
+        return None
+    t = ids.numel()
+    full_h = torch.empty(t, hidden.shape[1])
+    full_l = torch.empty(t, logits.shape[1])
+    for pos, h, lg, _ in parts:
+        full_h[pos], full_l[pos] = h, lg
+    ref_h = run_reference(graph, weights, ids, numerics=nu, return_hidden=True)
+    ref_l = run_reference(graph, weights, ids, numerics=nu)
+    b = torch.empty((), dtype=torch.float32).element_size()
+    predicted = [cp_calls(graph, runner.audit, t, b, r) for r in range(world)]
+    return {
+        "model": payload["model"],
+        "ids": ids,
+        "hidden": full_h,
+        "logits": full_l,
+        "max_abs_hidden": (full_h - ref_h).abs().max().item(),
+        "max_rel_logits": ((full_l - ref_l).abs().max() / ref_l.abs().max()).item(),
+        "traced": [p[3] for p in parts],
+        "predicted": predicted,
+        "split": runner.split,
+    }
+
+
+def verify_cp(models: list[str], cp: int, *, tokens: int = 16, seed: int = 0, weights: dict[str, str] | None = None,
+              timeout_s: float = 120.0, recurrence: str = "serial") -> list[dict[str, Any]]:  # fmt: skip
+    """Run each of `models` at CP `cp` on `cp` local gloo ranks (one group for all) and compare with
+    the one-process reference: the assembled final hidden and logits, and every rank's traced CP
+    calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights."""
+    from tpplan.runtime.group import GroupSpec, run_group
+
+    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": recurrence}
+               for m in models]  # fmt: skip
+    return run_group(_worker, GroupSpec("gloo", cp, timeout_s), payload)
+
+
+__all__ = ["CpRunner", "TpCpHook", "cp_groups", "verify_cp", "verify_tp_cp"]
