@@ -5,6 +5,7 @@ from tpplan.cost.workload import (
     list_workloads,
     load_workload,
     schedule,
+    simulate_pipeline,
     simulate_ttft,
 )
 from tpplan.errors import TpplanError
@@ -85,14 +86,14 @@ def test_bad_workload_files(tmp_path) -> None:
         load_workload(str(p))
 
 
-def test_finish_delay_pipelines_batches_and_delays_resubmission() -> None:
-    # a pipeline: batches enter every 1.0 s, each leaves 0.5 s after its slot ends
+def test_a_second_stage_pipelines_batches_and_delays_resubmission() -> None:
+    # two stages (1.0 s, 0.5 s): batches enter every 1.0 s and each leaves 0.5 s after stage 0
     w = Workload(input_len=8192, concurrency=2, chunk_size=8192, num_requests=3)
-    r = simulate_ttft(w, lambda _b: 1.0, lambda _b: 0.5)
+    r = simulate_pipeline(w, lambda _b: (1.0, 0.5), in_flight=2)
     assert r.ttft_s == pytest.approx([1.5, 2.5, 2.0])  # request 2 arrives when request 0 is out (1.5)
     assert r.arrival_s == pytest.approx([0, 0, 1.5])
     assert [b.start_s for b in r.batches] == pytest.approx([0, 1, 2])
     assert r.makespan_s == pytest.approx(3.5)
     one = Workload(input_len=8192, concurrency=1, chunk_size=8192, num_requests=2)
-    r1 = simulate_ttft(one, lambda _b: 1.0, lambda _b: 0.5)
+    r1 = simulate_pipeline(one, lambda _b: (1.0, 0.5), in_flight=2)
     assert r1.ttft_s == pytest.approx([1.5, 1.5]) and r1.batches[1].start_s == pytest.approx(1.5)  # idle gap

@@ -196,7 +196,9 @@ def test_every_fact_cites_a_file_function_and_version():
             for s in sources:
                 assert s.repo in ("sgl-project/sglang", "vllm-project/vllm") and s.path and s.function, s
                 assert s.read is False or s.ref, s
-        assert ev.pipeline.source.read and ev.pipeline.assumption
+        pl = ev.pipeline  # each PP-schedule fact read, with its own file and function
+        for s in (pl.source, pl.chunks_source, pl.boundary_source, *pl.more_sources):
+            assert s.read and s.repo in ("sgl-project/sglang", "vllm-project/vllm") and s.path and s.function, s
 
 
 def test_versions_differ_where_the_code_differs():

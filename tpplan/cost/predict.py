@@ -17,7 +17,7 @@ cluster, `cost/cluster.py`, for a `Deployment`, `cost/deployment.py`), in these 
   prices one at a time for a search; `cost/bands.py`, `cost/provenance.py`: how sure a time is;
 - `cost/segments.py`, `cost/stages.py`: batch shapes and the pipeline's stages;
 - this module: the public API, `predict_plan`, `predict_audit`, `predict_many`, `batch_time`,
-  `pipeline_ttft` and `plan_gemm_shapes`.
+  `pipeline_ttft` (PP TTFT as the engine schedules it: `cost/pipeline.py`) and `plan_gemm_shapes`.
 
 Formulas and assumptions: docs/cost-model.md ("Prediction"). Torch-free; cheap after the first call
 (times are cached per distinct layer result and batch shape), because a search prices hundreds of
@@ -40,6 +40,7 @@ from tpplan.cost.op_prices import (
     WEIGHT_BITS,
     OpPrices,
 )
+from tpplan.cost.pipeline import DEFAULT_PP_ENGINE, PipelineModel, pipeline_model
 from tpplan.cost.prediction import (
     LAYOUT_COPY_KERNEL,
     CollectiveTime,
@@ -53,7 +54,7 @@ from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens, masked_pairs, segments_of
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width, stage_layers
 from tpplan.cost.topology import Topology
-from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_ttft
+from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_pipeline, simulate_ttft
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
@@ -99,6 +100,7 @@ def batch_time(
     engine: str | None = None,
     cp: int = 1,
     cp_recurrence: str = "scan",
+    pipeline: PipelineModel | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
     the whole model; with PP, the sum of the stages and their sends (one chunk, no pipelining).
@@ -106,27 +108,24 @@ def batch_time(
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence)  # fmt: skip
+                         cp_recurrence=cp_recurrence, pipeline=pipeline)  # fmt: skip
     return p.latency(((n_tokens, context),))
 
 
 def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
-    """TTFT with chunked prefill pipelined over the stages.
+    """TTFT of `workload` on the predictor's stages as its engine (`p.pipeline`, `cost/pipeline.py`)
+    schedules them (pp = 1: batches one after another). Each stage holds a batch for its compute, its
+    TP collectives and its send into the next stage (the last one also for the reduction before the
+    final norm)."""
+    if p.pp == 1:
+        return simulate_ttft(workload, lambda b: p.latency(segments_of(b)))
+    m = p.pipeline
 
-    Batches enter stage 0 one slowest-stage interval apart (chunks of one request pipeline too: a
-    chunk needs only the earlier chunks' KV/state on the same stage). A batch leaves the last stage
-    `fill = latency - interval` after its slot ends; its requests finish (and closed-loop clients
-    resubmit) then. With pp = 1, fill = 0 and this is the plain schedule.
-    """
+    def stages(batch: PrefillBatch) -> list[float]:
+        stage_s, sends, _ = p.stage_times(segments_of(batch))
+        return [s + x for s, x in zip(stage_s, sends, strict=True)]
 
-    def slot(batch: PrefillBatch) -> float:
-        return p.interval(segments_of(batch))
-
-    def fill(batch: PrefillBatch) -> float:
-        segs = segments_of(batch)
-        return p.latency(segs) - p.interval(segs)
-
-    return simulate_ttft(workload, slot, fill if p.pp > 1 else None)
+    return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.pp), chunks_overlap=m.chunks_overlap)
 
 
 def predict_plan(
@@ -144,15 +143,17 @@ def predict_plan(
     engine: str | None = None,
     cp: int = 1,
     cp_recurrence: str = "scan",
+    pipeline: PipelineModel | None = None,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
     workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
     measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
-    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`)."""
+    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`); PP scheduled and
+    its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`)."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence)  # fmt: skip
+                         cp_recurrence=cp_recurrence, pipeline=pipeline)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -196,6 +197,7 @@ def predict_audit(
     engine: str | None = None,
     cp: int = 1,
     cp_recurrence: str = "scan",
+    pipeline: PipelineModel | None = None,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
     workload's chunk size (8192 without a workload)."""
@@ -215,6 +217,7 @@ def predict_audit(
             engine=engine,
             cp=cp,
             cp_recurrence=cp_recurrence,
+            pipeline=pipeline,
         )
         for pa in a.plans
     ]
@@ -228,6 +231,7 @@ def predict_many(graph: ModelGraph, plans: Sequence[Plan], topology: Topology, *
 
 __all__ = [
     "ATTN_EFFICIENCY",
+    "DEFAULT_PP_ENGINE",
     "EXPERT_M_TILE",
     "KERNEL_FLOOR_S",
     "LAYOUT_COPY_KERNEL",
@@ -239,6 +243,7 @@ __all__ = [
     "MemoryBreakdown",
     "OpPrices",
     "OpTime",
+    "PipelineModel",
     "PlanPrediction",
     "Predictor",
     "Segments",
@@ -249,6 +254,7 @@ __all__ = [
     "cached_tokens",
     "kernel_key",
     "masked_pairs",
+    "pipeline_model",
     "pipeline_ttft",
     "plan_gemm_shapes",
     "predict_audit",

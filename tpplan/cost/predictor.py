@@ -7,7 +7,8 @@ the TTFT scheduler asks for every prefill batch):
 - `kind_time`: one layer of a kind, its ops and its collectives (compute and communication are not
   overlapped);
 - pipeline parallelism: contiguous stages, stage-boundary send/recv of what really crosses (the
-  hidden stream and, for K3, the attention-residual bank); `latency` and `interval` of a batch;
+  hidden stream and, for K3, the attention-residual bank), the engine's boundary send
+  (`cost/pipeline.py`); `latency` of a batch and its `stage_times`;
 - `memory` per rank: weights under the plan, activations of one chunk, KV cache, recurrent state.
 
 Formulas and assumptions: docs/cost-model.md ("Prediction").
@@ -22,6 +23,7 @@ from tpplan.cost.comm import price_collective
 from tpplan.cost.context_parallel import cp_extras, local_segments
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.op_prices import OpPrices
+from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.prediction import KindTime, MemoryBreakdown
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width
@@ -42,8 +44,9 @@ class Predictor(OpPrices):
     """A plan's time per layer, per stage and per batch, and its memory per rank (`OpPrices` for
     the arguments)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, pipeline: PipelineModel | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.pipeline = pipeline or pipeline_model()  # the engine whose PP schedule and boundary send apply
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
 
@@ -91,8 +94,9 @@ class Predictor(OpPrices):
 
     def boundary(self, layer: int, t: int) -> float:
         """Send/recv into the stage starting at `layer`: each TP rank sends its 1/N slice to its peer
-        (SGLang's send_tensor_dict with all_gather_group), the receivers all-gather it unless the
-        plan keeps the stream token-sharded (then every rank sends just its own rows)."""
+        and the receivers all-gather it over TP, as both engines do (SGLang's send_tensor_dict and
+        vLLM's isend_tensor_dict with all_gather_group; `self.pipeline.boundary_gathers`). A schedule
+        that does not gather skips the all-gather when the plan keeps the stream token-sharded."""
         width = stage_boundary_width(self.graph, layer)
         total = t * width * self.b
         per_rank = total / self.tp
@@ -100,7 +104,7 @@ class Predictor(OpPrices):
         dst = next(i for i, r in enumerate(self.stages) if layer in r)  # stage s holds ranks [s*tp, (s+1)*tp)
         rpn = 1 if ((dst - 1) * self.tp) // g != (dst * self.tp) // g else 2
         secs = price_collective("send_recv", per_rank, 2, self.topo, ranks_per_node=rpn).time_s
-        if self.plan.stream is not S_TOK and self.tp > 1:
+        if self.tp > 1 and (self.pipeline.boundary_gathers or self.plan.stream is not S_TOK):
             secs += price_collective("all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn,
                                      sources=self.compute.sources).time_s
         return secs
@@ -126,11 +130,6 @@ class Predictor(OpPrices):
         """One batch through every stage (no pipelining): what batch_time returns."""
         stage_s, sends, _ = self.stage_times(segs)
         return sum(stage_s) + sum(sends)
-
-    def interval(self, segs: Segments) -> float:
-        """Steady-state spacing of batches entering a pipeline: the slowest stage (its send included)."""
-        stage_s, sends, _ = self.stage_times(segs)
-        return max(s + x for s, x in zip(stage_s, sends, strict=True))
 
     # -- memory ----------------------------------------------------------------------------------
     def memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
@@ -215,15 +214,19 @@ _CACHE_MAX = 512
 
 def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
                      expert_dtype: str | None, audit: PlanAudit | None = None, *,
-                     engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan") -> Predictor:  # fmt: skip
-    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp, dtype, engine): the scheduler calls
-    batch_time per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence)
+                     engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan",
+                     pipeline: PipelineModel | None = None) -> Predictor:  # fmt: skip
+    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp, dtype, engine, PP schedule): the
+    scheduler calls batch_time per batch. (A recorded run's implementations, `bench --repredict`,
+    build their own.)"""
+    pipeline = pipeline or pipeline_model()
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, pipeline)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
     dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
-    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep)
+    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep,
+                  pipeline=pipeline)  # fmt: skip
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs

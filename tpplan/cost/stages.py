@@ -33,10 +33,14 @@ def bank_snapshots(graph: ModelGraph, layer: int) -> int:
 
 
 def stage_boundary_width(graph: ModelGraph, layer: int) -> int:
-    """Features per token that cross into a stage starting at `layer`: SGLang's PP proxy tensors
-    carry `hidden_states` and `residual` (2H), and K3 adds the attention-residual bank (one H-wide
-    snapshot per block started so far)."""
-    return (2 + bank_snapshots(graph, layer)) * graph.hidden
+    """Features per token that cross into a stage starting at `layer`. Both engines send
+    `hidden_states` and `residual` (2H); with attention residuals (Kimi-K3) they send the stream with
+    its residual folded in (H) and the attention-residual bank, one H-wide snapshot per block started
+    so far (SGLang 0.5.23 `KimiK3LinearModel.forward`: `residual_batch.fold` + `to_pp` and
+    `attn_res_bank`; vLLM 0.33.0 `KimiLinearModel.forward`: hidden_states + prefix sum, and the bank
+    as `residual`; `tpplan.engines` cites both)."""
+    bank = bank_snapshots(graph, layer)
+    return (1 + bank) * graph.hidden if graph.spec.attn_res_block_size else 2 * graph.hidden
 
 
 

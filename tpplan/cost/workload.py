@@ -5,13 +5,15 @@ prefill batch holds at most `chunk_size` tokens; a request that does not fit is 
 remainder goes first in the next batch. Clients are closed-loop: `concurrency` of them submit at
 t = 0 and each submits its next request when the previous one gets its first token. Decode (the
 output tokens after the first) is out of scope: it neither delays prefill nor the next request.
+With pipeline parallelism the batches run through the stages in order, at most the engine's
+micro-batches in flight (`simulate_pipeline`; `tpplan.cost.pipeline` takes the engine's schedule).
 """
 
 from __future__ import annotations
 
 import heapq
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -165,13 +167,21 @@ class TTFTResult:
 
 
 BatchTime = Callable[[PrefillBatch], float]
+StageTimes = Callable[[PrefillBatch], Sequence[float]]
+"""Seconds one batch holds each pipeline stage, in order (a stage's send into the next included)."""
 
 
-def _run(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | None = None) -> TTFTResult:
-    """Event-driven closed-loop simulation; arrivals only matter at batch boundaries.
+def _run(
+    workload: Workload, stage_times: StageTimes, in_flight: int | None = None, chunks_overlap: bool = True
+) -> TTFTResult:
+    """Event-driven closed-loop simulation of chunked prefill over pipeline stages (one stage: no PP).
 
-    `finish_delay(batch)`: time from the end of the batch's slot until its tokens are out (a
-    pipeline's fill: the next batch may start before this one leaves the last stage)."""
+    The scheduler forms the next batch when stage 0 is free and, with `in_flight` = M, once the batch M
+    places earlier has left the last stage (the engine's micro-batches in flight); requests that have
+    arrived by then join the queue. Stages run batches in order (a flow shop): a batch starts stage k
+    when it has left stage k-1 and stage k has finished the batch before it. A request's TTFT ends
+    when the batch holding its last chunk leaves the last stage; its client resubmits then. With
+    `chunks_overlap` False a request's next chunk waits until its previous chunk has left the pipeline."""
     total = workload.total_requests
     arrivals: list[tuple[float, int]] = [(0.0, rid) for rid in range(min(total, workload.concurrency))]
     heapq.heapify(arrivals)
@@ -180,17 +190,25 @@ def _run(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | No
     done_s: dict[int, float] = {}
     waiting: list[int] = []  # FCFS order; a partially prefilled request stays at the front
     progress: dict[int, int] = {}
+    out_at: dict[int, float] = {}  # when each request's latest chunk leaves the pipeline
     batches: list[PrefillBatch] = []
+    stage_free: list[float] = []
     now = 0.0
     while len(done_s) < total:
+        if stage_free:
+            now = max(now, stage_free[0])
+        if in_flight is not None and len(batches) >= in_flight:
+            now = max(now, batches[-in_flight].end_s)
         while arrivals and arrivals[0][0] <= now:
             waiting.append(heapq.heappop(arrivals)[1])
-        if not waiting:
-            now = arrivals[0][0]  # idle until the next client submits
+        ready = [r for r in waiting if chunks_overlap or out_at.get(r, 0.0) <= now]
+        if not ready:  # idle until a client submits or a request's chunk is out
+            later = [arrivals[0][0]] if arrivals else []
+            now = min(later + [out_at[r] for r in waiting if out_at.get(r, 0.0) > now])
             continue
         budget = workload.chunk_size
         segs: list[Segment] = []
-        for rid in waiting:
+        for rid in ready:
             if budget == 0:
                 break
             pos = progress.get(rid, 0)
@@ -198,20 +216,25 @@ def _run(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | No
             segs.append(Segment(rid, pos, take))
             budget -= take
         draft = PrefillBatch(len(batches), tuple(segs), now, now)
-        dt = float(batch_time(draft))
-        if dt < 0:
-            raise TpplanError("batch_time", f"returned {dt} s for batch {draft.index}", "return >= 0")
-        now += dt
-        out = now + (float(finish_delay(draft)) if finish_delay is not None else 0.0)
-        batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, out))
+        times = [float(t) for t in stage_times(draft)]
+        if not times or min(times) < 0:
+            raise TpplanError("stage_times", f"returned {times} s for batch {draft.index}", "return >= 0 per stage")
+        if not stage_free:
+            stage_free = [0.0] * len(times)
+        t = now
+        for k, dt in enumerate(times):  # flow shop: in order through every stage
+            t = max(t, stage_free[k]) + dt
+            stage_free[k] = t
+        batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, t))
         for s in segs:
             progress[s.request_id] = s.start_pos + s.n_tokens
+            out_at[s.request_id] = t
             if progress[s.request_id] == workload.prompt_len(s.request_id):
                 waiting.remove(s.request_id)
-                done_s[s.request_id] = out
+                done_s[s.request_id] = t
                 if next_id < total:  # the client submits its next request at once
-                    heapq.heappush(arrivals, (out, next_id))
-                    arrival_s[next_id] = out
+                    heapq.heappush(arrivals, (t, next_id))
+                    arrival_s[next_id] = t
                     next_id += 1
     ids = range(total)
     return TTFTResult(
@@ -226,12 +249,23 @@ def _run(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | No
 def schedule(workload: Workload, batch_time: BatchTime | None = None) -> list[PrefillBatch]:
     """The prefill batches the chunked-prefill scheduler runs, in order (unit time per batch
     unless `batch_time` is given; closed-loop arrivals depend on it)."""
-    return list(_run(workload, batch_time or (lambda _b: 1.0)).batches)
+    bt = batch_time or (lambda _b: 1.0)
+    return list(_run(workload, lambda b: (bt(b),)).batches)
 
 
-def simulate_ttft(workload: Workload, batch_time: BatchTime, finish_delay: BatchTime | None = None) -> TTFTResult:
-    """TTFT per request: from its submission to the end of the batch holding its last chunk.
+def simulate_ttft(workload: Workload, batch_time: BatchTime) -> TTFTResult:
+    """TTFT per request without pipeline stages: from its submission to the end of the batch
+    holding its last chunk, batches one after another."""
+    return _run(workload, lambda b: (batch_time(b),))
 
-    With pipeline parallelism `batch_time` is the spacing of batches entering the first stage and
-    `finish_delay` the rest of the way through the pipeline (tpplan.cost.predict.pipeline_ttft)."""
-    return _run(workload, batch_time, finish_delay)
+
+def simulate_pipeline(
+    workload: Workload, stage_times: StageTimes, *, in_flight: int, chunks_overlap: bool = True
+) -> TTFTResult:
+    """TTFT per request with chunked prefill over pipeline stages, as an engine schedules it:
+    `stage_times(batch)` the seconds the batch holds each stage, at most `in_flight` batches in the
+    pipeline, chunks of one prompt overlapping across stages unless `chunks_overlap` is False
+    (`tpplan.cost.pipeline` takes these from the engine data)."""
+    if in_flight < 1:
+        raise TpplanError("in_flight", f"must be >= 1, got {in_flight}", "pass the engine's micro-batches in flight")
+    return _run(workload, stage_times, in_flight, chunks_overlap)

@@ -97,11 +97,12 @@ def _engine(ev: EngineVersion) -> list[str]:
     out += [
         "### Pipeline parallelism as this engine schedules it",
         "",
-        f"- in flight: {p.in_flight}",
-        f"- chunks of one prompt: {p.chunks_of_one_request}",
-        f"- stage boundary: {p.boundary}",
-        f"- sources: {'; '.join(s.cite() for s in (p.source, *p.more_sources))}",
-        f"- what tpplan assumes: {p.assumption}.",
+        f"- in flight: {p.in_flight} ({p.source.cite()})",
+        f"- chunks of one prompt: {p.chunks_of_one_request} ({p.chunks_source.cite()})",
+        f"- stage boundary: {p.boundary} ({p.boundary_source.cite()})",
+        f"- more sources: {'; '.join(s.cite() for s in p.more_sources)}",
+        *(f"- not modelled: {n}" for n in p.not_modelled),
+        f"- what tpplan assumes with `--engine {ev.key}`: {p.assumption(ev.engine + ' ' + ev.version)}.",
         "",
     ]
     return out

@@ -136,14 +136,55 @@ class Mode:
 
 @dataclass(frozen=True)
 class PipelineSchedule:
-    """How the engine runs PP for prefill: micro-batches in flight, chunk pipelining, the boundary."""
+    """How the engine runs PP for prefill: micro-batches in flight, chunk pipelining, the boundary.
 
-    in_flight: str  # e.g. "pp_size + pp_async_batch_depth micro-batches (default pp_size)"
+    The structured fields (`extra_in_flight`, `chunks_overlap`, `boundary_gathers`) are what tpplan's
+    PP TTFT model reads (`tpplan.cost.pipeline`, which also words the assumption the memo prints);
+    the prose beside each says the same with the engine's words, and each fact has its own source."""
+
+    in_flight: str  # how many micro-batches are in flight, and what gates the next one
+    extra_in_flight: int  # micro-batches in flight beyond pp_size, at the launch line's defaults
+    source: Source  # of the in-flight fact
     chunks_of_one_request: str  # whether consecutive chunks of one prompt overlap across stages
+    chunks_overlap: bool  # chunk k+1 of a prompt may enter stage 0 while chunk k is still in the pipeline
+    chunks_source: Source
     boundary: str  # what crosses a stage boundary, and whether sequence-parallel shards do
-    source: Source
-    assumption: str  # the behaviour tpplan's PP prediction assumes, in one sentence
+    boundary_gathers: bool  # each TP rank sends 1/N of every tensor; the next stage all-gathers it over TP
+    boundary_source: Source
     more_sources: tuple[Source, ...] = ()
+    not_modelled: tuple[str, ...] = ()  # engine settings the TTFT model leaves at their defaults
+
+    def in_flight_at(self, pp: int) -> int:
+        """Micro-batches in flight at PP `pp`."""
+        return pp + self.extra_in_flight
+
+    def assumption(self, engine: str, pp: int | None = None) -> str:
+        """What tpplan's PP TTFT model (`tpplan.cost.pipeline`, which reads these same fields) assumes of
+        `engine` ("SGLang 0.5.23"), in one sentence (`pp` None: in words of pp_size)."""
+        extra = self.extra_in_flight
+        plus = f" + {extra}" if extra else ""
+        count = f"pp_size{plus}" if pp is None else str(self.in_flight_at(pp))
+        flight = ("pp_size" if pp is None else f"pp_size {pp}") + plus
+        chunks = (
+            "a request's chunks pipeline across the stages (chunk k+1 enters stage 0 while chunk k is still in the "
+            "pipeline, so C equal chunks over P equal stages take (C + P - 1) stage times and a one-chunk request "
+            "gets no overlap)"
+            if self.chunks_overlap
+            else "a request's next chunk waits until its previous chunk has left the last stage (only other "
+            "requests fill the pipeline)"
+        )
+        boundary = (
+            "each TP rank sends its 1/N slice of the boundary tensors and the next stage all-gathers them over TP, "
+            "a token-sharded stream included"
+            if self.boundary_gathers
+            else "each TP rank sends its own rows and a token-sharded stream is not re-gathered"
+        )
+        return (
+            f"PP TTFT is priced as {engine} schedules prefill: at most {count} micro-batches in flight ({flight}), "
+            f"formed when stage 0 is free from the requests that have arrived; {chunks}; the stages run "
+            f"micro-batches in order, each waiting for the stage ahead to finish the one before it; {boundary} "
+            "(the engine's PP schedule as tpplan.engines records it, each fact with its source)"
+        )
 
 
 @dataclass(frozen=True)

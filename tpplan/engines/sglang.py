@@ -495,20 +495,44 @@ SGL_DP_ATTENTION = Mode(
     fallback_source=_rel(DPA, "DpPaddingMode"),
 )
 
+PP_MIXIN = "python/sglang/srt/managers/scheduler_pp_mixin.py"
 PIPELINE = PipelineSchedule(
-    in_flight="pp_size + pp_async_batch_depth micro-batches (--pp-async-batch-depth, default 0), scheduled "
-    "round-robin; each stage receives micro-batch i from the previous one (sync recv) and sends on (async send)",
-    chunks_of_one_request="a chunked request's chunks are scheduled into successive micro-batches ('context "
-    "pipeline parallelism' in scheduler.py's filter of the last batch); whether chunk k+1 of one request may "
-    "start on stage 0 before chunk k has left the last stage was not traced in the code",
-    boundary="PPProxyTensors (hidden_states and residual, full rows) sent point-to-point; --enable-layernorm-sp "
-    "is refused with PP and K3's bank slices require PP 1",
-    source=_rel("python/sglang/srt/managers/scheduler_pp_mixin.py", "event_loop_pp / init_pp_loop_state"),
-    assumption="tpplan's PP prediction (cost/predict.py pipeline_ttft) assumes batches enter stage 0 one "
-    "slowest-stage interval apart, the chunks of one request pipelining too, with full-row boundary sends; "
-    "SGLang's scheduler runs pp_size + pp_async_batch_depth micro-batches in flight, which matches it only "
-    "when every chunk is its own micro-batch and consecutive chunks of a prompt overlap (not traced in its code)",
-    more_sources=(_rel("python/sglang/srt/managers/scheduler.py", "Scheduler (chunked_req in PP)"),),
+    in_flight="pp_size + pp_async_batch_depth micro-batches (--pp-async-batch-depth, default 0): the event loop "
+    "walks pp_loop_size micro-batch slots; after launching micro-batch i, stage 0 receives and processes the outputs "
+    "of the micro-batch pp_loop_size - 1 slots back before it schedules the next one, so a micro-batch enters only "
+    "once the one pp_loop_size earlier has left the last stage",
+    extra_in_flight=0,
+    source=_rel(PP_MIXIN, "event_loop_pp / init_pp_loop_state / _pp_send_recv_and_preprocess_output_tensors"),
+    chunks_of_one_request="they pipeline: a chunked request stays Scheduler.chunked_req, and the next micro-batch's "
+    "get_new_batch_prefill adds its next chunk at once, without the previous chunk's result (Req."
+    "inflight_middle_chunks counts the chunks in flight); a micro-batch holds at most --chunked-prefill-size tokens, "
+    "the chunked request first, then waiting requests first-come first-served (PrefillAdder), at most "
+    "pp_max_micro_batch_size requests (default max_running_requests // pp_size)",
+    chunks_overlap=True,
+    chunks_source=_rel("python/sglang/srt/managers/scheduler.py", "Scheduler._get_new_batch_prefill_raw"),
+    boundary="PPProxyTensors point-to-point: send_tensor_dict(all_gather_group=attn_tp_group) sends each "
+    "attention-TP rank's 1/N slice of every tensor and the next stage's recv_tensor_dict all-gathers it over "
+    "attention TP, so a token-sharded stream is gathered too (to_pp completes every owed sum before transport); "
+    "the tensors are hidden_states and residual, for Kimi-K3 the stream head alone (its residual folded in) plus "
+    "attn_res_bank, the [T, ceil(end_layer / block), H] snapshot bank",
+    boundary_gathers=True,
+    boundary_source=_rel("python/sglang/srt/distributed/parallel_state.py", "GroupCoordinator.send_tensor_dict"),
+    more_sources=(
+        _old(PP_MIXIN, "event_loop_pp (the same pp_loop_size slots, an older revision)", "00ff98d34dc4ce18f0"),
+        _rel(f"{LB}/residual/batch.py", "to_pp / fold"),
+        _rel("python/sglang/srt/models/kimi_k3.py", "KimiK3LinearModel.forward"),
+        _rel("python/sglang/srt/layers/attn_residual.py", "AttnResidual.__init__"),
+    ),
+    not_modelled=(
+        "--enable-dynamic-chunking (off by default) resizes chunks under PP to even out their times",
+        "PP turns the overlap schedule off (arg_groups/overrides.py _pipeline_parallel_overlap_disable): the "
+        "scheduler's CPU time per micro-batch is not priced",
+        "the PD-disaggregated prefill loop (event_loop_pp_disagg_prefill) and its KV transfer: sgl-project/sglang "
+        "issue 34815 (open) reports a load-independent ~31 s TTFT p50 at PP8 x TP1 against 2.33 s at TP8 on Kimi-K3, "
+        "cause not established; the model predicts no such floor",
+        "pp_max_micro_batch_size (default max_running_requests // pp_size) is taken not to bind: every waiting "
+        "request fits a micro-batch's token budget",
+    ),
 )
 
 SGLANG_0_5_23 = EngineVersion(

@@ -218,22 +218,41 @@ VLLM_DP_EP = Mode(
 )
 
 PIPELINE = PipelineSchedule(
-    in_flight="max_concurrent_batches = pipeline_parallel_size batches in the engine core's batch queue "
-    "(pp_size + 1 with async scheduling on the V2 model runner)",
-    chunks_of_one_request="the scheduler fills the batch queue before it waits on the oldest batch "
-    "(step_with_batch_queue); whether the next chunk of one prompt is scheduled while its previous chunk is in "
-    "flight was not traced in the scheduler (source: unread)",
-    boundary="IntermediateTensors with hidden_states and residual on full rows; sequence parallelism is off with "
-    "PP (DeepSeek-V2 MoE SP requires PP 1; Kimi-K3's SP asserts 'Currently, SP is not supported with PP'), so no "
-    "sequence-parallel shards cross a stage boundary in this release",
+    in_flight="max_concurrent_batches = pipeline_parallel_size batches in the engine core's batch queue: "
+    "step_with_batch_queue schedules a new batch while the queue has room and otherwise blocks on the oldest, so a "
+    "batch enters only once the one pp_size earlier has finished; pp_size + 1 when async scheduling runs on the V2 "
+    "model runner, which the Ray executor of the memo's multi-node line turns off (it does not override "
+    "supports_async_scheduling, and VllmConfig.__post_init__ then disables async scheduling); the V0 engine's "
+    "virtual engines are gone (no virtual_engine anywhere in the 0.33.0 wheel)",
+    extra_in_flight=0,
     source=_rel("vllm/config/vllm.py", "VllmConfig.max_concurrent_batches"),
-    assumption="tpplan's PP prediction (cost/predict.py pipeline_ttft) assumes batches enter stage 0 one "
-    "slowest-stage interval apart, the chunks of one request pipelining too, with full-row boundary sends; "
-    "vLLM's batch queue holds pp_size batches, which matches it only when every chunk is its own batch and "
-    "consecutive chunks of a prompt overlap (not traced in its scheduler)",
+    chunks_of_one_request="they pipeline: Scheduler._update_after_schedule advances num_computed_tokens when a chunk "
+    "is scheduled ('allowing us to schedule the prefill request again immediately in the next scheduling step'), so "
+    "the next chunk joins the next batch while the previous one is in flight; a batch holds at most "
+    "--max-num-batched-tokens, running requests first, then waiting ones first-come first-served",
+    chunks_overlap=True,
+    chunks_source=_rel("vllm/v1/core/sched/scheduler.py", "Scheduler._update_after_schedule / Scheduler.schedule"),
+    boundary="IntermediateTensors point-to-point: Worker.execute_model's isend_tensor_dict(all_gather_group="
+    "get_tp_group()) sends each TP rank's 1/N slice of every tensor and the next stage's irecv_tensor_dict "
+    "all-gathers it over TP; sequence parallelism is off with PP (DeepSeek-V2 MoE SP requires PP 1; Kimi-K3's "
+    "use_sequence_parallel requires pipeline_parallel_size == 1 and asserts 'Currently, SP is not supported with "
+    "PP'), so no sequence-parallel shard crosses a boundary; Kimi-K3 sends hidden_states (its prefix sum folded in) "
+    "and, as residual, the [T, ceil(end_layer / block), H] attention-residual bank",
+    boundary_gathers=True,
+    boundary_source=_rel("vllm/v1/worker/gpu_worker.py", "Worker.execute_model"),
     more_sources=(
         _rel("vllm/v1/engine/core.py", "EngineCore.step_with_batch_queue"),
-        _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiK3Model.forward"),
+        _rel("vllm/config/vllm.py", "VllmConfig.__post_init__ (async scheduling off for the Ray executor)"),
+        _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiLinearModel.__init__ / forward"),
+        _old("vllm/models/kimi_k3/nvidia/model.py", "KimiLinearModel.forward (SP off with PP)", "006193b5a9a7957c"),
+    ),
+    not_modelled=(
+        "the multiprocessing executor with the V2 model runner keeps pp_size + 1 batches in flight (the model "
+        "keeps pp_size, as with the Ray executor)",
+        "the engine core's CPU time per step (scheduling, output processing) is not priced",
+        "--max-num-seqs is taken not to bind: every waiting request fits a batch's token budget",
+        "vllm-project/vllm PR 54347 (open, not in 0.33.0) would keep Kimi-K3's sequence-parallel shards across the "
+        "boundary with no TP all-gather on the receiver (a schedule with boundary_gathers False prices that)",
     ),
 )
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
+from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.provenance import Provenance, provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
@@ -187,8 +188,11 @@ def _predict(
     workloads: list[Workload],
     dtype: str,
     expert_dtype: str | None,
+    pipeline: PipelineModel | None = None,
 ) -> None:
-    extra = {"expert_dtype": expert_dtype} if expert_dtype else {}
+    extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
+    if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
+        extra["pipeline"] = pipeline
     for wl in workloads:
         try:
             v.predictions[wl.name] = fn(graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size,
@@ -339,6 +343,7 @@ def analyse(
 
     say = progress or (lambda _step: None)
     pair = select_pair(engines)
+    pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
 
@@ -422,7 +427,7 @@ def analyse(
             engines=pair,
         )
         if fn is not None:
-            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype)
+            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.pp == 1 and v.tp == n and v.plan.found_by != "search"]
     sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
@@ -467,6 +472,7 @@ def analyse(
         bottom_line(steps, cur, wl, band),
         same,
         engines=(pair[0].key, pair[1].key),
+        pp_engine=pp_schedule.engine,
     )
     if fn is not None:
         say("thresholds: where each plan overtakes baseline")

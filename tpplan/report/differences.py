@@ -237,8 +237,9 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
     banks = [bank_snapshots(g, s) for s in starts]
     nbytes = DTYPE_BYTES[a.dtype]
     what = "hidden state and residual"
-    if any(banks):
-        what += f", plus the attention-residual bank ({min(banks)}-{max(banks)} snapshots of {g.hidden})"
+    if g.spec.attn_res_block_size:  # the stream with its residual folded in, and the bank (cost/stages.py)
+        what = f"stream (its residual folded in), plus the attention-residual bank ({min(banks)}-{max(banks)} snapshots"
+        what += f" of {g.hidden})"
     t = _ttft_sentence(a, pp)
     if not t and pp.prediction_error:
         t = f" Not predicted: {pp.prediction_error}."

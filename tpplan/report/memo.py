@@ -439,10 +439,12 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
 
 
 def _pipeline_engines(a: Analysis) -> list[Block]:
-    """How each engine schedules PP for prefill, and the behaviour tpplan's PP prediction assumes;
-    only where the memo has a PP deployment."""
-    if not any(v.pp > 1 for v in a.variants):
+    """How each engine schedules PP for prefill, and the behaviour tpplan's PP prediction assumes
+    (worded from the schedule that priced it: `cost.pipeline`); only where the memo has a PP deployment."""
+    pps = [v for v in a.variants if v.pp > 1]
+    if not pps:
         return []
+    from tpplan.cost.pipeline import pipeline_model
     from tpplan.engines import select
 
     items = []
@@ -450,15 +452,14 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
         ev = select(key)
         p = ev.pipeline
         items.append(
-            f"{ev.engine} {ev.version}: {p.in_flight}; chunks of one prompt: {p.chunks_of_one_request}; stage "
-            f"boundary: {p.boundary} ({p.source.cite()})."
+            f"{ev.engine} {ev.version}: in flight: {p.in_flight} ({p.source.cite()}); chunks of one prompt: "
+            f"{p.chunks_of_one_request} ({p.chunks_source.cite()}); stage boundary: {p.boundary} "
+            f"({p.boundary_source.cite()})."
         )
-    assumed = (
-        select(a.engines[0]).pipeline.assumption.split("; ")[0]
-        + "; "
-        + "; ".join(select(k).pipeline.assumption.split("; ", 2)[-1] for k in a.engines)
-        + "."
-    )
+    model = pipeline_model(a.pp_engine or None)
+    assumed = model.assumption(pps[0].pp) + "."
+    if model.schedule.not_modelled:
+        assumed += f" Not priced ({model.label}): " + "; ".join(model.schedule.not_modelled) + "."
     return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]
 
 

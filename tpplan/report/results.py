@@ -134,6 +134,7 @@ class Analysis:
     crossovers: list[Crossover] = field(default_factory=list)
     memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
     engines: tuple[str, ...] = ()  # the engine versions the recipes were judged against (engine@version)
+    pp_engine: str = ""  # the engine whose PP schedule priced PP TTFT (the first --engine; "": the default)
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)

@@ -235,8 +235,9 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
             text += f" No engine runs it as is ({top.engine})."
         alt = next((s for s in steps if s.engine_ok and s.clear), None)
         if alt is not None:
+            took = f" ({(t_r or 0.0) - alt.gain:.3f} s vs {t_r:.3f} s)" if t_r is not None else ""
             text += (
-                f" With today's engine flags the best is `{alt.key}`: -{100 * alt.rel:.1f}% ({alt.gain:.3f} s), "
+                f" With today's engine flags the best is `{alt.key}`: -{100 * alt.rel:.1f}%{took}, "
                 "also beyond the band"
             )
             text += (

@@ -1,0 +1,56 @@
+"""PP TTFT as the serving engine schedules it: the engine data's PP schedule as a pipeline model.
+
+`pipeline_model("vllm@0.33.0")` picks an engine version's `PipelineSchedule` (tpplan.engines; the
+default is the current SGLang release, the memo's default engine). `cost.predict.pipeline_ttft` runs a
+workload's chunked-prefill batches through the stages as that engine does (`cost.workload.
+simulate_pipeline`: a flow shop with the engine's micro-batches in flight), and `PipelineModel.assumption` (worded by
+`PipelineSchedule.assumption` from the fields this module reads) says the same for the memo, so the
+sentence and the prices cannot drift apart. Formulas: docs/cost-model.md
+("Pipeline parallelism").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tpplan.engines import DEFAULT_ENGINES, select
+from tpplan.engines.schema import PipelineSchedule
+
+DEFAULT_PP_ENGINE = DEFAULT_ENGINES[0]  # the memo's default engine: SGLang's current release
+
+
+@dataclass(frozen=True)
+class PipelineModel:
+    """One engine version's PP prefill schedule, as the TTFT model reads it."""
+
+    engine: str  # "sglang@0.5.23"
+    label: str  # "SGLang 0.5.23"
+    schedule: PipelineSchedule
+
+    @property
+    def chunks_overlap(self) -> bool:
+        return self.schedule.chunks_overlap
+
+    @property
+    def boundary_gathers(self) -> bool:
+        return self.schedule.boundary_gathers
+
+    def in_flight(self, pp: int) -> int:
+        """Micro-batches the engine keeps in the pipeline at PP `pp`."""
+        return self.schedule.in_flight_at(pp)
+
+    def assumption(self, pp: int | None = None) -> str:
+        """The behaviour the PP prediction assumes, in one sentence, from the same fields it prices."""
+        return self.schedule.assumption(self.label, pp)
+
+
+@lru_cache(maxsize=32)
+def pipeline_model(engine: str | None = None) -> PipelineModel:
+    """The PP schedule of `engine` (`sglang@0.5.23`, `vllm`, ...; None: the default engine).
+    Bad input: TpplanError naming the engine versions tpplan has data for."""
+    ev = select(engine or DEFAULT_PP_ENGINE)
+    return PipelineModel(ev.key, f"{ev.engine} {ev.version}", ev.pipeline)
+
+
+__all__ = ["DEFAULT_PP_ENGINE", "PipelineModel", "pipeline_model"]
