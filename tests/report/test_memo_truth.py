@@ -188,7 +188,9 @@ def check_bottom_line(md: str, band: float) -> None:
         if "With today's engine flags" in text:  # the engine-flag alternative's figures are its own row's
             assert alt, text
             assert float(alt[3]) == ttft[alt[1]] and float(alt[4]) == ttft[m[1]], (alt.groups(), ttft)
-            assert abs(float(alt[2]) - 100 * (1 - ttft[alt[1]] / ttft[m[1]])) < 0.06, alt.groups()
+            t_alt, t_cur = ttft[alt[1]], ttft[m[1]]
+            slack = 0.06 + 100 * 0.0005 * (1 / t_alt + 1 / t_cur)  # both printed to the millisecond
+            assert abs(float(alt[2]) - 100 * (1 - t_alt / t_cur)) < slack, alt.groups()
     else:
         assert f"**Keep `{cur[1]}`" in text
         assert not steps or steps[0]["beyond band"] != "yes", "a step beyond the band, but the memo keeps"
