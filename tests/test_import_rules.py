@@ -86,16 +86,7 @@ def test_no_cycles_between_top_level_packages() -> None:
     for mod, deps in GRAPH.items():
         edges.setdefault(_layer(mod), set()).update(_layer(d) for d in deps if "." in d and _layer(d) != _layer(mod))
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in edges.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    cycles = sorted((a, b) for a, bs in edges.items() for b in bs if a in reach(b))
+    cycles = sorted((a, b) for a, bs in edges.items() for b in bs if a in _reach(edges, b))
     assert not cycles, f"package cycles (A imports B, B reaches A): {cycles}"
 
 

@@ -39,7 +39,7 @@ from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import CpCall, audit_cp, model_split, rank_positions
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.runtime import kernels as K
-from tpplan.runtime.executor import ExecContext, execute_op, layer_weights, numerics_for
+from tpplan.runtime.executor import ExecContext, execute_op, layer_weights, numerics_for, take_bank_snapshot
 from tpplan.runtime.weights import Numerics
 
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -257,11 +257,7 @@ class CpRunner(_Mixers):
                 else:
                     out = execute_op(op, [env[n] for n in op.inputs], w, {}, ctx)
                 env[op.output] = out
-                if op.kind is OpKind.ATTN_RES and op in lg.entry and block and i % block == 0:
-                    stream = str(op.attrs.get("norm_of", op.inputs[1]))
-                    bank = torch.cat([bank, env[stream][:, None, :]], dim=1)
-                    env["bank"] = bank
-                    env[stream] = torch.zeros_like(env[stream])
+                bank = take_bank_snapshot(op, lg, env, bank, block, i)
             resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
             delta = env["mlp_out"]
         final = resid + delta

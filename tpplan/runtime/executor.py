@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tpplan.models.graph import ModelGraph, Op, OpKind, Value
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, Value
 from tpplan.models.opkinds import op_kind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.weights import Numerics, params_for_op
@@ -109,6 +109,19 @@ def run_reference(
     return torch.cat(outs, dim=0)
 
 
+def take_bank_snapshot(op: Op, lg: LayerGraph, env: dict[str, Tensor], bank: Tensor, block: int, layer: int) -> Tensor:
+    """K3's block boundary, on one process's full tensors: at the entry attention-residual op of a
+    layer that opens a block, the stream it normed joins the bank and restarts at zero (in `env`).
+    Returns the bank, grown or as it was."""
+    if not (op.kind is OpKind.ATTN_RES and op in lg.entry and block and layer % block == 0):
+        return bank
+    stream = str(op.attrs.get("norm_of", op.inputs[1]))
+    bank = torch.cat([bank, env[stream][:, None, :]], dim=1)
+    env["bank"] = bank
+    env[stream] = torch.zeros_like(env[stream])
+    return bank
+
+
 def forward_chunk(
     graph: ModelGraph,
     weights: Mapping[str, Tensor],
@@ -139,11 +152,7 @@ def forward_chunk(
                 op, [env[n] for n in op.inputs], resolved[(i, op.name)], st.ops.setdefault((i, op.name), {}), ctx
             )
             env[op.output] = out
-            if op.kind is OpKind.ATTN_RES and op in lg.entry and block and i % block == 0:
-                stream = str(op.attrs.get("norm_of", op.inputs[1]))
-                bank = torch.cat([bank, env[stream][:, None, :]], dim=1)
-                env["bank"] = bank
-                env[stream] = torch.zeros_like(env[stream])
+            bank = take_bank_snapshot(op, lg, env, bank, block, i)
         resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
         delta = env["mlp_out"]
         if observe is not None:
