@@ -20,8 +20,6 @@ from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.engines.overlap import MicroBatchOverlap
 from tpplan.layout.propagate import LayerResult
 
-TWO_CHUNK_THRESHOLD = 0.48  # SGLang's tbo_token_distribution_threshold default (server_args)
-
 # What the engines' GEMMs and experts run through under the overlap: both cut DeepGEMM's SM count.
 SM_BOUND = frozenset({"gemm", "moe"})
 
@@ -160,7 +158,7 @@ def split_batch(segs: Segments, engine: MicroBatchOverlap) -> tuple[Segments, Se
     total = sum(n for n, _ in segs)
     if total < max(2, engine.min_tokens):
         return None
-    if engine.name == "dbo":
+    if engine.balance is None:
         return _cut(segs, total // 2)
     best, best_diff, acc = 0, float("inf"), 0
     for i in range(1, len(segs)):
@@ -170,7 +168,7 @@ def split_batch(segs: Segments, engine: MicroBatchOverlap) -> tuple[Segments, Se
             break
         best, best_diff = i, diff
     left = sum(n for n, _ in segs[:best])
-    if left < total * TWO_CHUNK_THRESHOLD or left > total * (1 - TWO_CHUNK_THRESHOLD):
+    if left < total * engine.balance or left > total * (1 - engine.balance):
         return _cut(segs, total // 2)
     return tuple(segs[:best]), tuple(segs[best:])
 

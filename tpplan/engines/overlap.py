@@ -19,20 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tpplan.engines import sglang, vllm
 from tpplan.engines.schema import Gate, Source
-
-SGL = "sgl-project/sglang"
-SGL_REL = "0.5.23 (PyPI wheel)"
-VLLM = "vllm-project/vllm"
-VLLM_REL = "0.33.0 (PyPI wheel)"
 
 
 def _sgl(path: str, function: str) -> Source:
-    return Source(SGL, f"python/sglang/srt/{path}", function, SGL_REL)
+    return Source(sglang.REPO, f"python/sglang/srt/{path}", function, sglang.REL)
 
 
 def _vllm(path: str, function: str) -> Source:
-    return Source(VLLM, f"vllm/{path}", function, VLLM_REL)
+    return Source(vllm.REPO, f"vllm/{path}", function, vllm.REL)
 
 
 DEEPEP_SMS = Source("deepseek-ai/DeepEP", "deep_ep/buffer.py", "Buffer.num_sms = 20", "commit 04b06f7a")
@@ -56,6 +52,7 @@ class MicroBatchOverlap:
     raises_for: tuple[str, ...]  # models whose forward asks for the staged path and gets an error
     dense_layers: DenseLayers  # SGLang runs dense layers on the whole batch; vLLM runs both halves in turn
     split: str  # how a prefill batch splits into the two micro-batches
+    balance: float | None  # split between requests unless a side then holds less than this share; None: midpoint
     min_tokens: int  # a batch with fewer tokens runs whole (no overlap)
     comm_sms: int  # SMs the all-to-all kernels hold; DeepGEMM kernels run on the rest
     shared_experts_before_combine_wait: bool  # stage 2 computes the shared experts before waiting
@@ -96,6 +93,7 @@ SGLANG_TBO = MicroBatchOverlap(
         "by requests at the balanced token sum; when that leaves either side outside 48-52% of the tokens "
         "(tbo_token_distribution_threshold 0.48), at the token midpoint, one request cut in two"
     ),
+    balance=0.48,  # tbo_token_distribution_threshold's default (server_args)
     min_tokens=2,
     comm_sms=20,
     shared_experts_before_combine_wait=True,
@@ -158,6 +156,7 @@ VLLM_DBO = MicroBatchOverlap(
     raises_for=(),
     dense_layers="two halves in turn",
     split="at the token midpoint of the padded batch (a request may be cut in two)",
+    balance=None,
     min_tokens=512,  # dbo_prefill_token_threshold
     comm_sms=20,  # VLLM_DBO_COMM_SMS
     shared_experts_before_combine_wait=True,
