@@ -21,8 +21,8 @@ makes moot; the knobs form a tree, and the "full product of knobs" is the set of
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import MoEMode, Plan
@@ -30,6 +30,9 @@ from tpplan.layout.propagate import LayerResult, LayerWalk, check_divisible
 from tpplan.layout.rules import strategies
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
+
+if TYPE_CHECKING:
+    from tpplan.search.memo import StepDelta, StepMemo
 
 
 @dataclass(frozen=True)
@@ -59,30 +62,39 @@ class KindConfig:
 
     def add(self, choice: str, **sets: Iterable[object]) -> KindConfig:
         """This config with one more choice: `sets` name the decision sets it adds to."""
-        grown = {k: getattr(self, k) | frozenset(v) for k, v in sets.items()}
-        return replace(self, choices=(*self.choices, choice), **grown)
+        grown = {k: getattr(self, k) for k in DECISION_SETS}
+        for k, v in sets.items():
+            grown[k] = grown[k] | frozenset(v)
+        return KindConfig(self.kind, **grown, choices=(*self.choices, choice))  # the walk's hot path: no `replace`
+
+    def extended(self, choices: tuple[str, ...], sets: Iterable[tuple[str, frozenset[Any]]]) -> KindConfig:
+        """This config with more choices, and more decisions in the sets named."""
+        grown = {k: getattr(self, k) for k in DECISION_SETS}
+        for k, v in sets:
+            grown[k] = grown[k] | v
+        return KindConfig(self.kind, **grown, choices=self.choices + choices)
+
+
+DECISION_SETS = ("gather", "gather_for", "a2a", "replicate", "token_shard")
 
 
 def make_search_plan(g: GlobalChoice, configs: Sequence[KindConfig], name: str = "", summary: str = "") -> Plan:
     """The Plan a global choice and one config per kind stand for."""
-
-    def union(attr: str) -> frozenset[Any]:
-        if len(configs) == 1:  # the walk's case: one kind's config, its sets as they are
-            own: frozenset[Any] = getattr(configs[0], attr)
-            return own
-        return frozenset().union(*(getattr(c, attr) for c in configs))
-
+    if len(configs) == 1:  # the walk's case: one kind's config, its sets as they are
+        sets: dict[str, frozenset[Any]] = {k: getattr(configs[0], k) for k in DECISION_SETS}
+    else:
+        sets = {k: frozenset().union(*(getattr(c, k) for c in configs)) for k in DECISION_SETS}
     return Plan(
         name or "search",
         "found by search",
         summary,
         stream=g.stream,
         reduce=g.reduce,
-        gather=union("gather"),
-        gather_for=union("gather_for"),
-        a2a=union("a2a"),
-        replicate=union("replicate"),
-        token_shard=union("token_shard"),
+        gather=sets["gather"],
+        gather_for=sets["gather_for"],
+        a2a=sets["a2a"],
+        replicate=sets["replicate"],
+        token_shard=sets["token_shard"],
         moe=g.moe,
         ep_size=g.ep_size,
         found_by="search",
@@ -125,6 +137,11 @@ class KindIndex:
             for v in op.inputs:
                 self.consumers.setdefault(v, []).append(op)
         self.producer_q = {op.output: f"{lg.kind}/{op.role}" for op in lg.ops}
+        self.op_q = {op.name: f"{lg.kind}/{op.role}" for op in lg.ops}
+        # each op's inputs with their producers' qualified names (a layer input: `<kind>/layer.<value>`)
+        self.inputs_q = {
+            op.name: tuple((v, self.producer_q.get(v) or f"{lg.kind}/layer.{v}") for v in op.inputs) for op in lg.ops
+        }
         self._accepts: dict[tuple[str, str, int, Placement], bool] = {}
 
     def accepts(self, op: Op, split: str, position: int, placement: Placement) -> bool:
@@ -158,9 +175,17 @@ class SpaceOptions:
     gather_for: bool = True
 
 
+Branch = tuple[KindConfig, LayerWalk, "StepDelta | None"]  # a branch: its config, its walk, its step
+
+
 def _expand(
-    walk: LayerWalk, cfg: KindConfig, g: GlobalChoice, opts: SpaceOptions, index: KindIndex
-) -> tuple[list[tuple[KindConfig, LayerWalk]], bool]:
+    walk: LayerWalk,
+    cfg: KindConfig,
+    g: GlobalChoice,
+    opts: SpaceOptions,
+    index: KindIndex,
+    memo: StepMemo | None = None,
+) -> tuple[list[Branch], bool]:
     """Walk the next op under every choice its sites offer; return the legal branches.
 
     Sites, in order: the consumer site (an input it cannot use: gather it for this op, or
@@ -169,6 +194,8 @@ def _expand(
     keep it, gather it for all consumers, or all-to-all it to heads). Gathers and all-to-alls of
     an output only change what later ops receive, so they reuse the walk that produced it.
     Also says whether the op received a partial sum (where the reduce target could matter).
+    With a `memo` (the search), steps are replayed from it and each branch carries its step's
+    delta; without (`enumerate_kind`, the reference), every step is walked and the delta is None.
     """
     lg, n = walk.lg, walk.n
     op = walk.ops[walk.index]
@@ -181,15 +208,17 @@ def _expand(
         p = walk.producer_of.get(v)
         return q(p) if p else f"{kind}/layer.{v}"
 
-    def stepped(c: KindConfig) -> LayerWalk:
+    def stepped(c: KindConfig) -> tuple[LayerWalk, StepDelta | None]:
+        if memo is not None:
+            return memo.step(walk, c)
         w = walk.copy(make_search_plan(g, [c]) if c is not cfg else None)
         w.step()
-        return w
+        return w, None
 
-    first = stepped(cfg)
+    first, first_delta = stepped(cfg)
     d = first.res.decisions[-1]
     saw_p = P in d.inputs_received and not _is_stream_add(op)
-    branches: list[tuple[KindConfig, LayerWalk]] = []
+    branches: list[Branch] = []
     bad = [
         (v, got)
         for k, (v, got) in enumerate(zip(op.inputs, d.inputs_received, strict=True))
@@ -208,11 +237,11 @@ def _expand(
         ):
             cands.append(cfg.add(f"replicate {op.name} (runs on local tokens)", replicate=[q(op)]))
         for c in cands:
-            w = stepped(c)
+            w, delta = stepped(c)
             if w.res.decisions[-1].legal:
-                branches.append((c, w))
+                branches.append((c, w, delta))
     elif d.legal:
-        branches.append((cfg, first))
+        branches.append((cfg, first, first_delta))
     if (
         opts.token_shard
         and n > 1
@@ -221,25 +250,27 @@ def _expand(
         and d.inputs_received
         and d.inputs_received[0] is R
     ):
-        more = []
-        for c, _ in branches:
+        more: list[Branch] = []
+        for c, _, _ in branches:
             c2 = c.add(f"{op.name} on local tokens only", token_shard=[q(op)])
-            w = stepped(c2)
+            w, delta = stepped(c2)
             if w.res.decisions[-1].legal:
-                more.append((c2, w))
+                more.append((c2, w, delta))
         branches += more
-    out: list[tuple[KindConfig, LayerWalk]] = []
+    out: list[Branch] = []
     v = op.output
     later = [c for c in index.consumers.get(v, []) if not _is_stream_add(c)]
-    for c, w in branches:
-        out.append((c, w))
+    for c, w, delta in branches:
+        out.append((c, w, delta))
         if w.res.placements.get(v) is not S_TOK or not later or _is_stream_add(op) or n == 1:
             continue
+        # a gather or all-to-all of the output changes only what later ops receive: the same walk
+        # (under the memo walks are never stepped in place and their own plan is never read: shared)
         c2 = c.add(f"all-gather {v}", gather=[q(op)])
-        out.append((c2, w.copy(make_search_plan(g, [c2]))))
+        out.append((c2, w if memo is not None else w.copy(make_search_plan(g, [c2])), delta))
         if opts.a2a and any(index.accepts(o, _default_split(o, g), o.inputs.index(v), S_COL) for o in later):
             c3 = c.add(f"all-to-all {v} to heads", a2a=[q(op)])
-            out.append((c3, w.copy(make_search_plan(g, [c3]))))
+            out.append((c3, w if memo is not None else w.copy(make_search_plan(g, [c3])), delta))
     return out, saw_p
 
 
@@ -260,5 +291,5 @@ def enumerate_kind(
         if walk.index == len(walk.ops):
             leaves.append((cfg, walk.res))
             continue
-        stack.extend(reversed(_expand(walk, cfg, g, opts, index)[0]))
+        stack.extend((c, w) for c, w, _ in reversed(_expand(walk, cfg, g, opts, index)[0]))
     return leaves

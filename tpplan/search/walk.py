@@ -9,19 +9,21 @@ of (score, memory) survives. What is left is grouped by the placement the layer 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 
 from tpplan.layout.propagate import LayerWalk
 from tpplan.models.graph import LayerGraph
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, skyline
+from tpplan.search.memo import StepDelta, StepMemo
 from tpplan.search.objectives import ZERO, Cost, Objective
 from tpplan.search.space import (
     GlobalChoice,
     KindConfig,
     KindIndex,
     SpaceOptions,
-    _expand,
     _has_experts,
     make_search_plan,
 )
@@ -31,24 +33,19 @@ from tpplan.search.space import (
 class _Partial:
     cost: Cost
     cfg: KindConfig
-    walk: LayerWalk
-    sig: int = 0  # behaviour so far: two partials with equal sig produced the same layer result
+    walk: LayerWalk  # shared between partials: never stepped in place (`StepMemo.step` copies)
 
 
 StateKey = tuple[object, ...]
 States = dict[StateKey, list[_Partial]]
 
 
-def _step_sig(before: LayerWalk, after: LayerWalk) -> int:
-    d = after.res.decisions[-1]
-    comms = tuple((c.collective, c.value, c.dst) for c in after.res.comms[len(before.res.comms) :])
-    return hash((d.op.name, d.split, d.strategy, d.inputs_received, comms))
-
-
 def _dedupe(parts: list[_Partial]) -> list[_Partial]:
     """One partial per cost: branches in the same state with the same (score, memory) have
     completions of equal cost, so they rank as one plan; keep the one with the fewest decisions
     (`gather x` over three `gather x for ...` that issue the same single all-gather)."""
+    if len(parts) == 1:
+        return parts
     best: dict[tuple[float, float], _Partial] = {}
     for p in parts:
         key = cost_key(p.cost)
@@ -58,23 +55,39 @@ def _dedupe(parts: list[_Partial]) -> list[_Partial]:
     return list(best.values())
 
 
-def _step_cost(obj: Objective, kind: str, before: LayerWalk, after: LayerWalk, g: GlobalChoice) -> Cost:
-    n = after.n
-    total = obj.op_cost(kind, after.res.decisions[-1], n, g)
-    for c in after.res.comms[len(before.res.comms) :]:
+def _step_cost(obj: Objective, kind: str, step: StepDelta, n: int, g: GlobalChoice) -> Cost:
+    """The objective's price of one step: its op decision, then the collectives it issued."""
+    total = obj.op_cost(kind, step.decision, n, g)
+    for c in step.comms:
         total = total + obj.comm_cost(kind, c, n)
     return total
 
 
-def _state_key(
-    walk: LayerWalk, cfg: KindConfig, live: tuple[tuple[str, str], ...], live_set: frozenset[str]
-) -> StateKey:
+@dataclass(frozen=True)
+class _Live:
+    """The values still read after one op: those already placed (`placed` reads their placements
+    in one call), their producers' qualified names, and all of them by name."""
+
+    placed: Callable[[dict[str, Placement]], object]
+    producers: frozenset[str]
+    names: frozenset[str]
+
+
+def _state_key(walk: LayerWalk, cfg: KindConfig, live: _Live) -> StateKey:
     """What the ops ahead can see: each live value's placement and whether its producer is gathered
-    or all-to-all'd (`live`: (value, producer's qualified name) pairs), and the conversions issued."""
-    pl, gather, a2a = walk.res.placements, cfg.gather, cfg.a2a
-    out = tuple((v, pl.get(v), qn in gather, qn in a2a) for v, qn in live)
-    done = tuple(sorted((v, str(dst)) for (v, dst) in walk.done if v in live_set))
-    return (out, done)
+    or all-to-all'd, and the conversions issued. (A live value not yet produced has no placement
+    and no decision of its producer yet, the same in every branch, so it is left out.)"""
+    done = frozenset(key for key in walk.done if key[0] in live.names) if walk.done else frozenset()
+    return (live.placed(walk.res.placements), cfg.gather & live.producers, cfg.a2a & live.producers, done)
+
+
+def _live_after(lg: LayerGraph, index: KindIndex, last_use: dict[str, int], i: int) -> _Live:
+    live = sorted(v for v, last in last_use.items() if last > i)
+    produced = {op.output for op in lg.ops[: i + 1]}
+    placed = [v for v in live if v in produced or v not in index.producer_q]  # walked, or a layer input
+    getter: Callable[[dict[str, Placement]], object] = itemgetter(*placed) if placed else (lambda _pl: ())
+    producers = frozenset(index.producer_q[v] for v in placed if v in index.producer_q)
+    return _Live(getter, producers, frozenset(live))
 
 
 @dataclass
@@ -93,6 +106,8 @@ class KindSolver:
     The walk up to the MLP block does not depend on the MoE mode, so its surviving branches are
     computed once per (stream, reduce) and continued per mode. A part of the walk in which no op
     ever receives a partial sum behaves the same under either reduce target, so it is reused.
+    Each op is stepped once per distinct situation under each global choice and replayed after
+    that (`StepMemo`), with its price.
     """
 
     def __init__(self, lg: LayerGraph, n: int, obj: Objective, k: int, opts: SpaceOptions, dtype_bytes: int = 2):
@@ -102,41 +117,38 @@ class KindSolver:
         for i, op in enumerate(lg.ops):
             for v in op.inputs:
                 self.last_use[v] = i
-        # values still read after op i, with their producers' qualified names (for `_state_key`)
-        self.live = []
-        for i in range(len(lg.ops)):
-            live = sorted(v for v, last in self.last_use.items() if last > i)
-            self.live.append((tuple((v, self.index.producer_q.get(v, "")) for v in live), frozenset(live)))
+        # values still read after op i (for `_state_key`)
+        self.live = [_live_after(lg, self.index, self.last_use, i) for i in range(len(lg.ops))]
         self.split = len(lg.entry) + len(lg.attn.ops) + len(lg.middle)  # first op of the MLP block
         self.prefixes: dict[tuple[Placement, Placement], tuple[States, int, bool]] = {}
         self.fronts: dict[tuple[Placement, Placement, str], KindFront] = {}
+        self.memos: dict[GlobalChoice, StepMemo] = {}
         self.walks = 0
 
     def _run(self, g: GlobalChoice, states: States, i0: int, i1: int) -> tuple[States, bool]:
-        lg, k, obj, ops = self.lg, self.k, self.obj, self.lg.ops
+        lg, k, obj, ops, n = self.lg, self.k, self.obj, self.lg.ops, self.n
+        memo = self.memos.get(g)
+        if memo is None:
+            memo = self.memos[g] = StepMemo(g, self.index, self.opts)
         saw_p = False
         for i in range(i0, i1):
-            live, live_set = self.live[i]
+            live = self.live[i]
+            last = i == len(ops) - 1  # after the last op only the hand-over matters
             nxt: States = {}
             for bucket in states.values():
                 for part in bucket:
-                    branches, p_in = _expand(part.walk, part.cfg, g, self.opts, self.index)
+                    branches, p_in = memo.expand(part.walk, part.cfg)
                     saw_p = saw_p or p_in
-                    for cfg, w in branches:
+                    for cfg, w, step in branches:
+                        assert step is not None  # the memo gives every branch its step
                         self.walks += 1
-                        cost = part.cost + _step_cost(obj, lg.kind, part.walk, w, g)
-                        last = i == len(ops) - 1  # after the last op only the hand-over matters
-                        key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live, live_set)
-                        sig = hash((part.sig, _step_sig(part.walk, w)))
-                        nxt.setdefault(key, []).append(_Partial(cost, cfg, w, sig))
+                        price = step.cost
+                        if price is None:
+                            price = step.cost = _step_cost(obj, lg.kind, step, n, g)
+                        key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live)
+                        nxt.setdefault(key, []).append(_Partial(part.cost + price, cfg, w))
             states = {key: skyline(_dedupe(b), k, lambda p: p.cost) for key, b in nxt.items()}
         return states, saw_p
-
-    def _rebase(self, states: States, g: GlobalChoice) -> States:
-        return {
-            key: [_Partial(p.cost, p.cfg, p.walk.copy(make_search_plan(g, [p.cfg])), p.sig) for p in bucket]
-            for key, bucket in states.items()
-        }
 
     def front(self, g: GlobalChoice) -> KindFront:
         """The k-Pareto front of this kind under `g` (EP sizes share the TP front; see `_reprice`)."""
@@ -154,14 +166,15 @@ class KindSolver:
         if pkey not in self.prefixes:
             rkey = (g.stream, R)
             if g.reduce is not R and rkey in self.prefixes and not self.prefixes[rkey][2]:
-                self.prefixes[pkey] = (self._rebase(self.prefixes[rkey][0], base), 0, False)
+                # no op met a partial sum: the same branches (a walk's own plan is never read again)
+                self.prefixes[pkey] = (self.prefixes[rkey][0], 0, False)
             else:
                 start = LayerWalk(self.lg, make_search_plan(base, []), self.n, P, self.dtype_bytes)
                 init: States = {(): [_Partial(ZERO, KindConfig(self.lg.kind), start)]}
                 states, saw = self._run(base, init, 0, self.split)
                 self.prefixes[pkey] = (states, 0, saw)
         states, _, saw_prefix = self.prefixes[pkey]
-        states, saw_suffix = self._run(base, self._rebase(states, base), self.split, len(self.lg.ops))
+        states, saw_suffix = self._run(base, states, self.split, len(self.lg.ops))
         by_exit: dict[Placement, list[_Partial]] = {}
         for bucket in states.values():
             for part in bucket:

@@ -1,0 +1,155 @@
+"""Replaying a layer kind's walk: each op's branches worked out once per distinct situation.
+
+The search walks one layer kind's ops thousands of times (every surviving branch, every global
+choice), and most of those steps repeat one already taken: the op sees the same inputs, placed the
+same way, under the same decisions. `StepMemo` keys a step by what it reads and replays the
+recorded outcome onto a copy of the walk; it does the same for a whole expansion (`_expand`: every
+branch the op's sites offer). The search stays exact: a replayed walk is the walk a real step
+gives, which tests/test_search.py checks against the unreplayed enumeration (`enumerate_kind`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpplan.layout.propagate import CommEvent, LayerWalk, OpDecision, Violation
+from tpplan.placement import Placement
+from tpplan.search.space import (
+    DECISION_SETS,
+    Branch,
+    GlobalChoice,
+    KindConfig,
+    KindIndex,
+    SpaceOptions,
+    _expand,
+    make_search_plan,
+)
+
+StepKey = tuple[object, ...]
+
+
+@dataclass
+class StepDelta:
+    """What walking one op did to a walk: the op's output placement, its decision, the collectives
+    it issued, the conversions it recorded as done, and (an illegal op) its violations. `cost` is the
+    search's price of the step, filled in by the first walk that needs it (one objective per memo)."""
+
+    output: str
+    placement: Placement
+    decision: OpDecision
+    comms: tuple[CommEvent, ...]
+    done: tuple[tuple[tuple[str, Placement], Placement], ...]
+    violations: tuple[Violation, ...]
+    tainted: tuple[tuple[str, str], ...]
+    cost: Any = None
+
+    def applied(self, walk: LayerWalk) -> LayerWalk:
+        """A copy of `walk` (at this delta's op) one op further, as `LayerWalk.step` would leave it."""
+        w = walk.copy()
+        res = w.res
+        res.placements[self.output] = self.placement
+        res.decisions.append(self.decision)
+        if self.comms:
+            res.comms.extend(self.comms)
+        if self.done:
+            w.done.update(self.done)
+        if self.violations:
+            res.violations.extend(self.violations)
+            w.tainted.update(self.tainted)
+        w.index += 1
+        return w
+
+
+# A recorded expansion: did the op receive a partial sum, and per branch the choices it appends
+# to the config, the decisions it adds to each set, and its step.
+Move = tuple[tuple[str, ...], tuple[tuple[str, frozenset[Any]], ...], StepDelta]
+
+
+class StepMemo:
+    """The steps and expansions of one layer kind's walks under one global choice and one space.
+
+    A step (`LayerWalk.step`) reads, besides what the global choice fixes (stream, reduce, MoE mode;
+    a search plan has no DP attention, fold or bank of its own): the op; for each input its
+    placement, whether the config gathers or all-to-alls its producer or gathers it for this op, and
+    the conversions of it already issued (`walk.done`); whether the config replicates or token-shards
+    the op. That is the key (`key`). Walks that agree on it get the same decision, collectives and
+    output placement, and the same branches from `_expand` (whose sites are decided by that step and
+    by the graph), each adding the same decisions about this op to the config. A walk downstream of
+    an illegal op (never continued by the search) is stepped as it is. Walks handed out are never
+    stepped in place, and a walk's own plan is not read again (a step builds it from the config),
+    so branches share walks.
+    """
+
+    def __init__(self, g: GlobalChoice, index: KindIndex, opts: SpaceOptions) -> None:
+        self.g, self.index, self.opts = g, index, opts
+        self.deltas: dict[StepKey, StepDelta] = {}
+        self.expansions: dict[StepKey, tuple[bool, tuple[Move, ...]]] = {}
+
+    def key(self, walk: LayerWalk, cfg: KindConfig) -> StepKey:
+        op = walk.ops[walk.index]
+        q = self.index.op_q[op.name]
+        pl, done = walk.res.placements, walk.done
+        ins = tuple(
+            (
+                pl[v],
+                pq in cfg.gather,
+                (pq, q) in cfg.gather_for,
+                pq in cfg.a2a,
+                tuple(dst for (u, dst) in done if u == v) if done else (),
+            )
+            for v, pq in self.index.inputs_q[op.name]
+        )
+        return (walk.index, q in cfg.replicate, q in cfg.token_shard, ins)
+
+    def step(self, walk: LayerWalk, cfg: KindConfig) -> tuple[LayerWalk, StepDelta]:
+        """A copy of `walk` one op further under `cfg`, and what that op did."""
+        key = None if walk.tainted else self.key(walk, cfg)
+        delta = self.deltas.get(key) if key is not None else None
+        if delta is not None:
+            return delta.applied(walk), delta
+        w = walk.copy(make_search_plan(self.g, [cfg]))
+        res = w.res
+        n_comms, n_viol, done0, taint0 = len(res.comms), len(res.violations), set(w.done), set(w.tainted)
+        w.step()
+        out = walk.ops[walk.index].output
+        delta = StepDelta(
+            out,
+            res.placements[out],
+            res.decisions[-1],
+            tuple(res.comms[n_comms:]),
+            tuple((k, d) for k, d in w.done.items() if k not in done0),
+            tuple(res.violations[n_viol:]),
+            tuple((v, t) for v, t in w.tainted.items() if v not in taint0),
+        )
+        if key is not None:
+            self.deltas[key] = delta
+        return w, delta
+
+    def expand(self, walk: LayerWalk, cfg: KindConfig) -> tuple[list[Branch], bool]:
+        """`_expand(walk, cfg, ...)`: the legal branches at the walk's next op, and whether it
+        received a partial sum."""
+        key = None if walk.tainted else self.key(walk, cfg)
+        hit = self.expansions.get(key) if key is not None else None
+        if hit is None:
+            branches, saw_p = _expand(walk, cfg, self.g, self.opts, self.index, self)
+            if key is not None:
+                self.expansions[key] = (saw_p, tuple(_move(cfg, c, d) for c, _, d in branches))
+            return branches, saw_p
+        saw_p, moves = hit
+        out: list[Branch] = []
+        walks: dict[int, LayerWalk] = {}
+        for choices, sets, delta in moves:
+            w = walks.get(id(delta))
+            if w is None:
+                w = walks[id(delta)] = delta.applied(walk)
+            out.append((cfg.extended(choices, sets), w, delta))
+        return out, saw_p
+
+
+def _move(before: KindConfig, after: KindConfig, delta: StepDelta | None) -> Move:
+    """What a branch added to its config (every decision a branch adds is about the op it is at,
+    so none was in the config before)."""
+    assert delta is not None  # `_expand` under a memo gives every branch its step
+    grown = tuple((k, getattr(after, k) - getattr(before, k)) for k in DECISION_SETS)
+    return (after.choices[len(before.choices) :], tuple((k, v) for k, v in grown if v), delta)
