@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from tpplan.audit import Audits
 from tpplan.dtypes import DTYPE_BYTES
@@ -21,7 +22,7 @@ from tpplan.layout.propagate import LayerWalk
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, merge
-from tpplan.search.objectives import ZERO, Cost, Objective, memory_layer_counts, plan_cost
+from tpplan.search.objectives import Cost, Objective, memory_layer_counts, plan_cost
 from tpplan.search.space import (
     GlobalChoice,
     KindConfig,
@@ -38,10 +39,14 @@ from tpplan.search.walk import KindFront, KindSolver, _Partial
 class Candidate:
     """One ranked plan: its decisions, its cost under the objective, and what the search knows."""
 
-    plan: Plan
     cost: Cost
     glob: GlobalChoice
     configs: tuple[KindConfig, ...]
+
+    @cached_property
+    def plan(self) -> Plan:
+        """The plan these decisions stand for (made only for the candidates that are looked at)."""
+        return make_search_plan(self.glob, self.configs)
 
     @property
     def score(self) -> float:
@@ -225,7 +230,7 @@ def _combine(
     out: list[Candidate] = []
     for exits in itertools.product(*(list(per_kind[kd].by_exit) for kd in kinds)):
         exit_of = dict(zip(kinds, exits, strict=True))
-        const = ZERO
+        score = memory = 0.0  # the corrections summed layer by layer (as `Cost` sums would, in floats)
         ok = True
         for i in range(1, len(order)):
             d = exit_of[order[i - 1]]
@@ -238,10 +243,10 @@ def _combine(
             if fix is None:
                 ok = False
                 break
-            const = const + fix
+            score, memory = score + fix.score, memory + fix.memory
         if not ok:
             continue
-        const = const + obj.fixed(graph, g.stream, exit_of[order[-1]] if order else P, n)
+        const = Cost(score, memory) + obj.fixed(graph, g.stream, exit_of[order[-1]] if order else P, n)
         merged: list[tuple[Cost, tuple[_Partial, ...]]] = [(const, ())]
         for kd in kinds:
             cs, cm = counts[0][kd], counts[1][kd]  # layers the score counts, layers the memory counts
@@ -250,7 +255,5 @@ def _combine(
             ]
             merged = merge(merged, items, k)
         for cost, parts in merged:
-            cfgs = tuple(p.cfg for p in parts)
-            plan = make_search_plan(g, cfgs)
-            out.append(Candidate(plan, cost, g, cfgs))
+            out.append(Candidate(cost, g, tuple(p.cfg for p in parts)))
     return out
