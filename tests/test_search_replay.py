@@ -38,7 +38,7 @@ def graph_of(model: str):
     return build_model_graph(load_model(model))
 
 
-def replayed_leaves(lg, g, n, opts, memo):
+def replayed_leaves(lg, g, n, memo):
     """Every leaf of the kind's tree under `g`, walked through the memo (the order `enumerate_kind`
     uses), and how many expansions it asked the memo for."""
     leaves, asked = [], 0
@@ -48,7 +48,7 @@ def replayed_leaves(lg, g, n, opts, memo):
         if walk.index == len(walk.ops):
             leaves.append((cfg, walk.res))
             continue
-        branches, _ = memo.expand(walk, cfg)
+        branches, _ = memo.expand(walk, cfg, g)
         asked += 1
         stack.extend((c, w) for c, w, _ in reversed(branches))
     return leaves, asked
@@ -62,12 +62,13 @@ def facts(leaves):
 def test_replayed_walks_equal_real_ones(model, n, opts):
     graph = graph_of(model)
     replays = 0
-    for g in global_choices(graph, n, streams=opts.streams):
-        if g.moe == "ep":  # walked as "tp" by the search (the EP front is the TP front repriced)
-            continue
-        for lg in graph.kinds.values():
-            memo = StepMemo(g, KindIndex(lg), opts)
-            got, asked = replayed_leaves(lg, g, n, opts, memo)
+    for lg in graph.kinds.values():
+        memo = StepMemo(KindIndex(lg), opts)  # one memo for every global choice, as the search keeps it
+        for g in global_choices(graph, n, streams=opts.streams):
+            if g.moe == "ep":  # walked as "tp" by the search (the EP front is the TP front repriced)
+                continue
+            recorded = len(memo.expansions)
+            got, asked = replayed_leaves(lg, g, n, memo)
             assert facts(got) == facts(enumerate_kind(lg, g, n, opts)), (model, g, lg.kind)
-            replays += asked - len(memo.expansions)
+            replays += asked - (len(memo.expansions) - recorded)
     assert replays > 0  # most expansions were replayed, not walked

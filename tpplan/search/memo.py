@@ -10,11 +10,12 @@ gives, which tests/test_search.py checks against the unreplayed enumeration (`en
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpplan.layout.propagate import CommEvent, LayerWalk, OpDecision, Violation
-from tpplan.placement import Placement
+from tpplan.models.graph import Op, OpKind
+from tpplan.placement import P, Placement
 from tpplan.search.space import (
     DECISION_SETS,
     Branch,
@@ -32,8 +33,9 @@ StepKey = tuple[object, ...]
 @dataclass
 class StepDelta:
     """What walking one op did to a walk: the op's output placement, its decision, the collectives
-    it issued, the conversions it recorded as done, and (an illegal op) its violations. `cost` is the
-    search's price of the step, filled in by the first walk that needs it (one objective per memo)."""
+    it issued, the conversions it recorded as done, and (an illegal op) its violations. `costs`: the
+    search's price of the step under each global choice, filled in by the first walk that needs it
+    (one objective per memo)."""
 
     output: str
     placement: Placement
@@ -42,7 +44,7 @@ class StepDelta:
     done: tuple[tuple[tuple[str, Placement], Placement], ...]
     violations: tuple[Violation, ...]
     tainted: tuple[tuple[str, str], ...]
-    cost: Any = None
+    costs: dict[GlobalChoice, Any] = field(default_factory=dict)
 
     def applied(self, walk: LayerWalk) -> LayerWalk:
         """A copy of `walk` (at this delta's op) one op further, as `LayerWalk.step` would leave it."""
@@ -67,26 +69,32 @@ Move = tuple[tuple[str, ...], tuple[tuple[str, frozenset[Any]], ...], StepDelta]
 
 
 class StepMemo:
-    """The steps and expansions of one layer kind's walks under one global choice and one space.
+    """The steps and expansions of one layer kind's walks under every global choice, in one space.
 
-    A step (`LayerWalk.step`) reads, besides what the global choice fixes (stream, reduce, MoE mode;
-    a search plan has no DP attention, fold or bank of its own): the op; for each input its
-    placement, whether the config gathers or all-to-alls its producer or gathers it for this op, and
-    the conversions of it already issued (`walk.done`); whether the config replicates or token-shards
-    the op. That is the key (`key`). Walks that agree on it get the same decision, collectives and
-    output placement, and the same branches from `_expand` (whose sites are decided by that step and
-    by the graph), each adding the same decisions about this op to the config. A walk downstream of
-    an illegal op (never continued by the search) is stepped as it is. Walks handed out are never
-    stepped in place, and a walk's own plan is not read again (a step builds it from the config),
-    so branches share walks.
+    A step (`LayerWalk.step`) reads: the op; for each input its placement, whether the config
+    gathers or all-to-alls its producer or gathers it for this op, and the conversions of it already
+    issued (`walk.done`); whether the config replicates or token-shards the op; of the global choice
+    only the MoE mode (an experts op) and, where an input is a partial sum, the stream and reduce
+    targets (a search plan has no DP attention, fold or bank of its own). `_expand` reads besides
+    only the MoE mode where a consumer of the op's output is an experts op. That is the key (`key`).
+    Walks that agree on it get the same decision, collectives and output placement, and the same
+    branches from `_expand`, each adding the same decisions about this op to the config. A walk
+    downstream of an illegal op (never continued by the search) is stepped as it is. Walks handed
+    out are never stepped in place, and a walk's own plan is not read again (a step builds it from
+    the config), so branches share walks.
     """
 
-    def __init__(self, g: GlobalChoice, index: KindIndex, opts: SpaceOptions) -> None:
-        self.g, self.index, self.opts = g, index, opts
+    def __init__(self, index: KindIndex, opts: SpaceOptions) -> None:
+        self.index, self.opts = index, opts
         self.deltas: dict[StepKey, StepDelta] = {}
         self.expansions: dict[StepKey, tuple[bool, tuple[Move, ...]]] = {}
 
-    def key(self, walk: LayerWalk, cfg: KindConfig) -> StepKey:
+        def reads_moe(op: Op) -> bool:  # an experts op, or one whose output an experts op reads
+            return any(o.kind is OpKind.EXPERTS for o in (op, *index.consumers.get(op.output, ())))
+
+        self.reads_moe = {op.name: reads_moe(op) for op in index.lg.ops}
+
+    def key(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> StepKey:
         op = walk.ops[walk.index]
         q = self.index.op_q[op.name]
         pl, done = walk.res.placements, walk.done
@@ -100,15 +108,23 @@ class StepMemo:
             )
             for v, pq in self.index.inputs_q[op.name]
         )
-        return (walk.index, q in cfg.replicate, q in cfg.token_shard, ins)
+        partial = any(x[0] is P for x in ins)
+        return (
+            walk.index,
+            q in cfg.replicate,
+            q in cfg.token_shard,
+            ins,
+            (g.stream, g.reduce) if partial else None,
+            g.moe if self.reads_moe[op.name] else None,
+        )
 
-    def step(self, walk: LayerWalk, cfg: KindConfig) -> tuple[LayerWalk, StepDelta]:
-        """A copy of `walk` one op further under `cfg`, and what that op did."""
-        key = None if walk.tainted else self.key(walk, cfg)
+    def step(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[LayerWalk, StepDelta]:
+        """A copy of `walk` one op further under `cfg` and `g`, and what that op did."""
+        key = None if walk.tainted else self.key(walk, cfg, g)
         delta = self.deltas.get(key) if key is not None else None
         if delta is not None:
             return delta.applied(walk), delta
-        w = walk.copy(make_search_plan(self.g, [cfg]))
+        w = walk.copy(make_search_plan(g, [cfg]))
         res = w.res
         n_comms, n_viol, done0, taint0 = len(res.comms), len(res.violations), set(w.done), set(w.tainted)
         w.step()
@@ -126,13 +142,13 @@ class StepMemo:
             self.deltas[key] = delta
         return w, delta
 
-    def expand(self, walk: LayerWalk, cfg: KindConfig) -> tuple[list[Branch], bool]:
-        """`_expand(walk, cfg, ...)`: the legal branches at the walk's next op, and whether it
+    def expand(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[list[Branch], bool]:
+        """`_expand(walk, cfg, g, ...)`: the legal branches at the walk's next op, and whether it
         received a partial sum."""
-        key = None if walk.tainted else self.key(walk, cfg)
+        key = None if walk.tainted else self.key(walk, cfg, g)
         hit = self.expansions.get(key) if key is not None else None
         if hit is None:
-            branches, saw_p = _expand(walk, cfg, self.g, self.opts, self.index, self)
+            branches, saw_p = _expand(walk, cfg, g, self.opts, self.index, self)
             if key is not None:
                 self.expansions[key] = (saw_p, tuple(_move(cfg, c, d) for c, _, d in branches))
             return branches, saw_p

@@ -210,7 +210,7 @@ def _expand(
 
     def stepped(c: KindConfig) -> tuple[LayerWalk, StepDelta | None]:
         if memo is not None:
-            return memo.step(walk, c)
+            return memo.step(walk, c, g)
         w = walk.copy(make_search_plan(g, [c]) if c is not cfg else None)
         w.step()
         return w, None

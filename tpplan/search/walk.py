@@ -122,14 +122,11 @@ class KindSolver:
         self.split = len(lg.entry) + len(lg.attn.ops) + len(lg.middle)  # first op of the MLP block
         self.prefixes: dict[tuple[Placement, Placement], tuple[States, int, bool]] = {}
         self.fronts: dict[tuple[Placement, Placement, str], KindFront] = {}
-        self.memos: dict[GlobalChoice, StepMemo] = {}
+        self.memo = StepMemo(self.index, opts)
         self.walks = 0
 
     def _run(self, g: GlobalChoice, states: States, i0: int, i1: int) -> tuple[States, bool]:
-        lg, k, obj, ops, n = self.lg, self.k, self.obj, self.lg.ops, self.n
-        memo = self.memos.get(g)
-        if memo is None:
-            memo = self.memos[g] = StepMemo(g, self.index, self.opts)
+        lg, k, obj, ops, n, memo = self.lg, self.k, self.obj, self.lg.ops, self.n, self.memo
         saw_p = False
         for i in range(i0, i1):
             live = self.live[i]
@@ -137,14 +134,14 @@ class KindSolver:
             nxt: States = {}
             for bucket in states.values():
                 for part in bucket:
-                    branches, p_in = memo.expand(part.walk, part.cfg)
+                    branches, p_in = memo.expand(part.walk, part.cfg, g)
                     saw_p = saw_p or p_in
                     for cfg, w, step in branches:
                         assert step is not None  # the memo gives every branch its step
                         self.walks += 1
-                        price = step.cost
+                        price = step.costs.get(g)
                         if price is None:
-                            price = step.cost = _step_cost(obj, lg.kind, step, n, g)
+                            price = step.costs[g] = _step_cost(obj, lg.kind, step, n, g)
                         key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live)
                         nxt.setdefault(key, []).append(_Partial(part.cost + price, cfg, w))
             states = {key: skyline(_dedupe(b), k, lambda p: p.cost) for key, b in nxt.items()}
