@@ -10,7 +10,9 @@ gives, which tests/test_search.py checks against the unreplayed enumeration (`en
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from tpplan.layout.propagate import CommEvent, LayerWalk, OpDecision, Violation
@@ -63,6 +65,26 @@ class StepDelta:
         return w
 
 
+class _Reads:
+    """What a step of one op reads, as lookups: its inputs' placements (in one call), their
+    producers, the (producer, this op) pairs a config may gather for it, the conversions of its
+    inputs a walk may have issued, and whether it reads the MoE mode (an experts op, or one whose
+    output an experts op reads)."""
+
+    __slots__ = ("conversions", "gathered_for", "moe", "placements", "producers", "q")
+
+    def __init__(self, op: Op, index: KindIndex) -> None:
+        names = [v for v, _ in index.inputs_q[op.name]]
+        self.q = index.op_q[op.name]
+        self.placements: Callable[[dict[str, Placement]], tuple[Placement, ...]] = (
+            itemgetter(*names) if len(names) > 1 else lambda pl: tuple(pl[v] for v in names)
+        )
+        self.producers = frozenset(pq for _, pq in index.inputs_q[op.name])
+        self.gathered_for = frozenset((pq, self.q) for pq in self.producers)
+        self.conversions = frozenset((v, dst) for v in names for dst in Placement)
+        self.moe = any(o.kind is OpKind.EXPERTS for o in (op, *index.consumers.get(op.output, ())))
+
+
 # A recorded expansion: did the op receive a partial sum, and per branch the choices it appends
 # to the config, the decisions it adds to each set, and its step.
 Move = tuple[tuple[str, ...], tuple[tuple[str, frozenset[Any]], ...], StepDelta]
@@ -89,33 +111,22 @@ class StepMemo:
         self.deltas: dict[StepKey, StepDelta] = {}
         self.expansions: dict[StepKey, tuple[bool, tuple[Move, ...]]] = {}
 
-        def reads_moe(op: Op) -> bool:  # an experts op, or one whose output an experts op reads
-            return any(o.kind is OpKind.EXPERTS for o in (op, *index.consumers.get(op.output, ())))
-
-        self.reads_moe = {op.name: reads_moe(op) for op in index.lg.ops}
+        self.reads = [_Reads(op, index) for op in index.lg.ops]
 
     def key(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> StepKey:
-        op = walk.ops[walk.index]
-        q = self.index.op_q[op.name]
-        pl, done = walk.res.placements, walk.done
-        ins = tuple(
-            (
-                pl[v],
-                pq in cfg.gather,
-                (pq, q) in cfg.gather_for,
-                pq in cfg.a2a,
-                tuple(dst for (u, dst) in done if u == v) if done else (),
-            )
-            for v, pq in self.index.inputs_q[op.name]
-        )
-        partial = any(x[0] is P for x in ins)
+        r = self.reads[walk.index]
+        placed = r.placements(walk.res.placements)
         return (
             walk.index,
-            q in cfg.replicate,
-            q in cfg.token_shard,
-            ins,
-            (g.stream, g.reduce) if partial else None,
-            g.moe if self.reads_moe[op.name] else None,
+            placed,
+            cfg.gather & r.producers,
+            cfg.a2a & r.producers,
+            cfg.gather_for & r.gathered_for,
+            r.conversions.intersection(walk.done),
+            r.q in cfg.replicate,
+            r.q in cfg.token_shard,
+            (g.stream, g.reduce) if P in placed else None,
+            g.moe if r.moe else None,
         )
 
     def step(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[LayerWalk, StepDelta]:
