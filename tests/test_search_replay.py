@@ -48,7 +48,7 @@ def replayed_leaves(lg, g, n, memo):
         if walk.index == len(walk.ops):
             leaves.append((cfg, walk.res))
             continue
-        branches, _ = memo.expand(walk, cfg, g)
+        branches, _, _ = memo.expand(walk, cfg, g)
         asked += 1
         stack.extend((c, w) for c, w, _ in reversed(branches))
     return leaves, asked

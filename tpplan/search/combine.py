@@ -19,7 +19,7 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerWalk
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, merge
 from tpplan.search.objectives import Cost, Objective, memory_layer_counts, plan_cost
@@ -206,10 +206,12 @@ def _reprice(
     for e, parts in front.by_exit.items():
         new = []
         for p in parts:
-            d = next(x for x in p.walk.res.decisions if x.op.kind is OpKind.EXPERTS)
+            d = p.experts
+            assert d is not None  # a kind with experts: every branch walked its experts op
             shift = obj.op_cost(lg.kind, replace(d, split=g.moe), n, g)
             back = obj.op_cost(lg.kind, d, n, base)
-            new.append(_Partial(p.cost + Cost(shift.score - back.score, shift.memory - back.memory), p.cfg, p.walk))
+            delta = Cost(shift.score - back.score, shift.memory - back.memory)
+            new.append(_Partial(p.cost + delta, p.cfg, p.walk, d))
         out[e] = new
     return KindFront(front.kind, out, 0, front.used_reduce)
 

@@ -153,16 +153,18 @@ class StepMemo:
             self.deltas[key] = delta
         return w, delta
 
-    def expand(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[list[Branch], bool]:
-        """`_expand(walk, cfg, g, ...)`: the legal branches at the walk's next op, and whether it
-        received a partial sum."""
+    def expand(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[list[Branch], bool, tuple[Move, ...]]:
+        """`_expand(walk, cfg, g, ...)`: the legal branches at the walk's next op, whether it
+        received a partial sum, and per branch what it adds to the config (`Move`: the same for
+        every config in the walk's state)."""
         key = None if walk.tainted else self.key(walk, cfg, g)
         hit = self.expansions.get(key) if key is not None else None
         if hit is None:
             branches, saw_p = _expand(walk, cfg, g, self.opts, self.index, self)
+            moves = tuple(_move(cfg, c, d) for c, _, d in branches)
             if key is not None:
-                self.expansions[key] = (saw_p, tuple(_move(cfg, c, d) for c, _, d in branches))
-            return branches, saw_p
+                self.expansions[key] = (saw_p, moves)
+            return branches, saw_p, moves
         saw_p, moves = hit
         out: list[Branch] = []
         walks: dict[int, LayerWalk] = {}
@@ -171,7 +173,7 @@ class StepMemo:
             if w is None:
                 w = walks[id(delta)] = delta.applied(walk)
             out.append((cfg.extended(choices, sets), w, delta))
-        return out, saw_p
+        return out, saw_p, moves
 
 
 def _move(before: KindConfig, after: KindConfig, delta: StepDelta | None) -> Move:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 
-from tpplan.layout.propagate import LayerWalk
-from tpplan.models.graph import LayerGraph
+from tpplan.layout.propagate import LayerWalk, OpDecision
+from tpplan.models.graph import LayerGraph, OpKind
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, skyline
 from tpplan.search.memo import StepDelta, StepMemo
@@ -31,9 +31,14 @@ from tpplan.search.space import (
 
 @dataclass
 class _Partial:
+    """A branch of the walk: its cost and config so far, the decision its experts op took (None
+    before it, or in a kind without one), and a walk in its state: its own, or that of the first
+    branch that reached the same state, whose future is the same (never stepped in place)."""
+
     cost: Cost
     cfg: KindConfig
-    walk: LayerWalk  # shared between partials: never stepped in place (`StepMemo.step` copies)
+    walk: LayerWalk
+    experts: OpDecision | None = None
 
 
 StateKey = tuple[object, ...]
@@ -133,17 +138,26 @@ class KindSolver:
             last = i == len(ops) - 1  # after the last op only the hand-over matters
             nxt: States = {}
             for bucket in states.values():
+                # every branch in one state has the same future: its first branch is expanded, and
+                # the others take the same moves into the same states with their own costs and configs
+                first = bucket[0]
+                branches, p_in, moves = memo.expand(first.walk, first.cfg, g)
+                saw_p = saw_p or p_in
+                steps = []
+                for cfg, w, step in branches:
+                    assert step is not None  # the memo gives every branch its step
+                    price = step.costs.get(g)
+                    if price is None:
+                        price = step.costs[g] = _step_cost(obj, lg.kind, step, n, g)
+                    key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live)
+                    experts = step.decision if step.decision.op.kind is OpKind.EXPERTS else None
+                    steps.append((nxt.setdefault(key, []), cfg, w, price, experts))
                 for part in bucket:
-                    branches, p_in = memo.expand(part.walk, part.cfg, g)
-                    saw_p = saw_p or p_in
-                    for cfg, w, step in branches:
-                        assert step is not None  # the memo gives every branch its step
-                        self.walks += 1
-                        price = step.costs.get(g)
-                        if price is None:
-                            price = step.costs[g] = _step_cost(obj, lg.kind, step, n, g)
-                        key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live)
-                        nxt.setdefault(key, []).append(_Partial(part.cost + price, cfg, w))
+                    for (into, cfg, w, price, experts), (choices, sets, _) in zip(steps, moves, strict=True):
+                        own = cfg if part is first else part.cfg.extended(choices, sets)
+                        took = experts if experts is not None else part.experts
+                        into.append(_Partial(part.cost + price, own, w, took))
+                self.walks += len(bucket) * len(steps)
             states = {key: skyline(_dedupe(b), k, lambda p: p.cost) for key, b in nxt.items()}
         return states, saw_p
 
