@@ -133,9 +133,11 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
 def _aic_fallback_note(parts: list[BandPart]) -> str:
     """Where a class priced from AIC's database came from a table AIC loaded low-fidelity fallback
     rows for (its warning, routed off stderr by `cost.sources.aic`), one clause saying which."""
+    aic_classes = {p.klass for p in parts if p.source == "aic"}
+    if not aic_classes:  # nothing priced from AIC: its module (and what it imports) is not needed
+        return ""
     from tpplan.cost.sources.aic import TABLE_CLASS, fallback_tables
 
-    aic_classes = {p.klass for p in parts if p.source == "aic"}
     used = sorted(t for t in fallback_tables() if TABLE_CLASS.get(t) in aic_classes)
     if not used:
         return ""
