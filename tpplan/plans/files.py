@@ -72,6 +72,7 @@ class Deployment(_Strict):
     tp: Size
     pp: Size = 1
     cp: Size = 1  # context-parallel groups per stage (layout.context_parallel); absent in older files
+    replicas: Size = 1  # identical copies of the TP x CP x PP deployment; the plan is one replica's
     ep: Size | None = None
     moe: Literal["tp", "ep", "a2a"] = "tp"
 
@@ -104,10 +105,12 @@ class PlanFile(_Strict):
 
 
 def plan_file_data(
-    plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1, cp: int = 1
+    plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1, cp: int = 1,
+    replicas: int = 1,
 ) -> PlanFile:
-    """The file for `plan`, ranked at TP `tp` x CP `cp` x PP `pp` on `graph` (`found_for`: topology,
-    workload, dtype, expert_dtype, objective, rank, score)."""
+    """The file for `plan`, ranked at `replicas` x (TP `tp` x CP `cp` x PP `pp`) on `graph` (`found_for`:
+    topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs the same plan,
+    so the file is one replica's (`verify` checks one)."""
     decisions = Decisions.model_validate(
         {
             "stream": plan.stream.value,
@@ -133,7 +136,7 @@ def plan_file_data(
         found_by=plan.found_by,
         engine_notes=list(plan.engine_notes),
         decisions=decisions,
-        deployment=Deployment(tp=tp, pp=pp, cp=cp, ep=decisions.ep_size, moe=plan.moe),
+        deployment=Deployment(tp=tp, pp=pp, cp=cp, replicas=replicas, ep=decisions.ep_size, moe=plan.moe),
         found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
     )
 
