@@ -332,9 +332,7 @@ class ReplicaShare:
     makespan_s: float
 
 
-def simulate_replicas(
-    workload: Workload, replicas: int, simulate: Callable[[Workload], TTFTResult]
-) -> TTFTResult:
+def simulate_replicas(workload: Workload, replicas: int, simulate: Callable[[Workload], TTFTResult]) -> TTFTResult:
     """TTFT of `workload` on `replicas` identical replicas, each scheduling its share
     (`replica_workloads`) by `simulate`: per request in the workload's order (replica r's j-th
     request is request r + j R), so the mean is over all requests; batches of every replica,

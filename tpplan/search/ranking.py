@@ -168,7 +168,7 @@ def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
     if gpn % one and one % gpn:
         raise TpplanError(where, f"a replica of {one} GPUs would straddle nodes of {gpn} GPUs",
                           f"use replicas of a divisor or a multiple of {gpn} GPUs")  # fmt: skip
-    return _ReplicaGpus(f"{topo.name} / {replicas}", max(1, one // gpn), gpn, one)
+    return _ReplicaGpus(f"{topo.name} / {replicas} replicas", max(1, one // gpn), gpn, one)
 
 
 def deployment_grid(
