@@ -209,6 +209,12 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
             f"plan file {path} was found for {ff.model} at {found}; applying its decisions to "
             f"{graph.spec.name} at TP{n} (the audit checks them there)",
         )
+    if dep.replicas > 1:  # every replica runs the same plan: what is checked or run is one of them
+        notes += (
+            f"plan file {path} was ranked for {dep.replicas} replicas of TP{dep.tp}"
+            + (f" x PP{dep.pp}" if dep.pp > 1 else "")
+            + "; its decisions are one replica's, and audit, verify and run check one replica",
+        )
     moe: MoEMode = d.moe
     return Plan(
         pf.name,
@@ -257,7 +263,8 @@ def save_plan_dir(path: Path, files: list[PlanFile]) -> list[Path]:
     for rank, pf in enumerate(files, start=1):
         name = plan_file_name(rank)
         contents[name] = (pf.model_dump_json(indent=2) + "\n").encode()
-        entries.append({"rank": rank, "file": name, "name": pf.name, "tp": pf.deployment.tp, "pp": pf.deployment.pp})
+        dep = pf.deployment
+        entries.append({"rank": rank, "file": name, "name": pf.name, "tp": dep.tp, "pp": dep.pp, "replicas": dep.replicas})
     index = {"written_by": INDEX_MARK, "schema_version": PLAN_FILE_VERSION, "plans": entries}
     contents[INDEX_NAME] = (json.dumps(index, indent=2) + "\n").encode()
     write_dir(path, contents, "--save")
