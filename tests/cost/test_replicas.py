@@ -115,8 +115,9 @@ def test_search_offers_replicas_and_shows_them(monkeypatch, capsys, tmp_path):
     assert code == 0, err
     saved = json.loads((tmp_path / "s" / "plan-1.json").read_text(encoding="utf-8"))
     assert saved["deployment"]["replicas"] == 4  # the file is one replica's plan; a command using it says so
-    code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-kimi-k3", "--tp", str(saved["deployment"]["tp"]),
-                           "--plan", str(tmp_path / "s" / "plan-1.json"))  # fmt: skip
+    tp = str(saved["deployment"]["tp"])
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-kimi-k3", "--tp", tp, "--plan",
+                           str(tmp_path / "s" / "plan-1.json"))  # fmt: skip
     assert code == 0 and "4 replicas" in err and "check one replica" in " ".join(err.split())
     assert max(len(line) for line in out.splitlines()) <= 100
     assert "4x TP2" in out and "Replicas (4x)" in out  # the note that says what a replica's figures are

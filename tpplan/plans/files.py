@@ -105,7 +105,12 @@ class PlanFile(_Strict):
 
 
 def plan_file_data(
-    plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1, cp: int = 1,
+    plan: Plan,
+    graph: ModelGraph,
+    found_for: dict[str, object],
+    tp: int,
+    pp: int = 1,
+    cp: int = 1,
     replicas: int = 1,
 ) -> PlanFile:
     """The file for `plan`, ranked at `replicas` x (TP `tp` x CP `cp` x PP `pp`) on `graph` (`found_for`:
@@ -264,7 +269,9 @@ def save_plan_dir(path: Path, files: list[PlanFile]) -> list[Path]:
         name = plan_file_name(rank)
         contents[name] = (pf.model_dump_json(indent=2) + "\n").encode()
         dep = pf.deployment
-        entries.append({"rank": rank, "file": name, "name": pf.name, "tp": dep.tp, "pp": dep.pp, "replicas": dep.replicas})
+        entries.append(
+            {"rank": rank, "file": name, "name": pf.name, "tp": dep.tp, "pp": dep.pp, "replicas": dep.replicas}
+        )
     index = {"written_by": INDEX_MARK, "schema_version": PLAN_FILE_VERSION, "plans": entries}
     contents[INDEX_NAME] = (json.dumps(index, indent=2) + "\n").encode()
     write_dir(path, contents, "--save")
