@@ -382,7 +382,7 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
     if r > 1:
         console.print(
             f"Replicas: times and memory per rank are one replica's; TTFT is over every request, the workload's "
-            f"requests split between the {r} replicas (each its own scheduler; docs/cost-model.md, \"Replicas\").",
+            f'requests split between the {r} replicas (each its own scheduler; docs/cost-model.md, "Replicas").',
             markup=False,
         )
     extrapolated = sorted({op for p in data["plans"] for op in (p.get("prediction") or {}).get("extrapolated_ops", [])})
