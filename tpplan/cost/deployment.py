@@ -17,7 +17,9 @@ from typing import Protocol
 from tpplan.errors import TpplanError
 
 
-class _Fabric(Protocol):
+class Fabric(Protocol):
+    """What a deployment is checked against: a `Cluster`, a `Topology`, or one replica's share of one."""
+
     @property
     def name(self) -> str: ...
     @property
@@ -61,7 +63,7 @@ class Deployment:
         """TP ranks that share one node."""
         return min(self.tp, gpus_per_node)
 
-    def check(self, cluster: _Fabric) -> Deployment:
+    def check(self, cluster: Fabric) -> Deployment:
         """Itself, after checking it fits `cluster` (a `Cluster` or `Topology`); a TpplanError else."""
         tp, pp, r, cp = self.tp, self.pp, self.replicas, self.cp
         where = f"--tp {tp} --pp {pp}" + (f" --cp {cp}" if cp != 1 else "") + (f" --replicas {r}" if r != 1 else "")
@@ -93,4 +95,4 @@ class Deployment:
         return self
 
 
-__all__ = ["Deployment"]
+__all__ = ["Deployment", "Fabric"]

@@ -144,7 +144,7 @@ class PlanPrediction:
 
     def to_json(self) -> dict[str, object]:
         """Plain data for `tpplan audit --json` (docs/audit-json.md, `prediction`)."""
-        ttft = None
+        ttft: dict[str, object] | None = None
         if self.ttft is not None:
             t = self.ttft
             ttft = {

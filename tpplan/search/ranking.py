@@ -2,7 +2,9 @@
 
 Deployments. With a topology and neither `--tp` nor `--pp`, every TP x PP split of the topology's
 GPUs (TP x PP = nodes x GPUs per node; a TP group larger than a node fills whole nodes) is searched,
-each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. Plans
+each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. With a
+workload (and neither fixed) also R replicas of each split of GPUs / R for every R dividing the GPUs
+(`deployment_grid`; `--replicas R` fixes R): the requests split between them. Plans
 from all deployments are ranked together by what `predict_plan` says of them: mean TTFT (pipelined,
 with a workload) or forward time. Within a deployment the search is exact for forward time at any
 PP and for mean TTFT at PP 1; at PP > 1 it picks plans by the unpipelined TTFT (docs/design.md).
@@ -51,6 +53,7 @@ from tpplan.search.results import (
 from tpplan.search.results import deployment_label as _label
 
 if TYPE_CHECKING:
+    from tpplan.cost.deployment import Fabric
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
@@ -83,7 +86,7 @@ class _Setup:
 
 
 def deployments(
-    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None = None
+    graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
 ) -> list[tuple[int, int, int]]:
     """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
     widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
@@ -196,7 +199,8 @@ def deployment_grid(
             from tpplan.cost.workload import replica_workloads
 
             replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
-        return [(n, p, c, replicas) for n, p, c in deployments(graph, _replica_gpus(topo, replicas), tp, pp, cp)]  # type: ignore[arg-type]
+        share = _replica_gpus(topo, replicas)
+        return [(n, p, c, replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
     grid = [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
     if replicas == 1 or topo is None or workload is None or tp is not None or pp is not None:
         return grid
@@ -204,7 +208,7 @@ def deployment_grid(
     for r in range(2, min(most, topo.world_size) + 1):
         try:
             share = _replica_gpus(topo, r)
-            grid += [(n, p, c, r) for n, p, c in deployments(graph, share, None, None, cp)]  # type: ignore[arg-type]
+            grid += [(n, p, c, r) for n, p, c in deployments(graph, share, None, None, cp)]
         except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
             continue
     return grid
@@ -589,13 +593,13 @@ def search_plans(
     say(f"searching {len(grid)} deployment(s): {', '.join(_label(*g) for g in grid)}")
     searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # every deployment's search and its plans' checks
-    for (n, p, c, r), got in zip(grid, searched, strict=True):
+    for g, got in zip(grid, searched, strict=True):
         if isinstance(got, _Deployed):
             results.append(got)
             continue
         if len(grid) == 1:
             raise TpplanError(*got)
-        skipped.append((_label(n, p, c, r), got[1]))  # a TP size the model does not split over
+        skipped.append((_label(*g), got[1]))  # a TP size the model does not split over
     if not results:
         raise TpplanError(f"tp={tp} pp={pp}", "the model splits over none of the deployments searched",
                           "give a tp it splits over")  # fmt: skip
