@@ -287,9 +287,10 @@ def replica_workloads(workload: Workload, replicas: int) -> tuple[Workload, ...]
     It is what both engines' default routers do when prompts are alike and R divides the concurrency:
     SGLang's DP controller deals requests round-robin (`load_balance_method` "auto" resolves to
     "round_robin" outside PD, `DataParallelController.round_robin_scheduler`, SGLang 0.5.23), and
-    vLLM's DP client sends each request to the engine with the fewest waiting + running requests
-    (`DPLBAsyncMPClient.get_core_engine_for_request`, vLLM 0.33.0): a closed-loop client's next
-    request then goes back to the replica that just freed a slot. Otherwise (mixed lengths, R not
+    vLLM's DP client sends each request to the least-loaded engine (score: the larger of its own
+    in-flight count x clients and the engine's waiting + running, ties rotated;
+    `DPLBAsyncMPClient.get_core_engine_for_request`, vLLM 0.33.0 g4ba787ec9): a closed-loop client's
+    next request then goes back to the replica that just freed a slot. Otherwise (mixed lengths, R not
     dividing C) it is an approximation: the engines route by arrival order or load at the time.
     Every replica needs a client and a request: R above the concurrency or the requests is refused."""
     if replicas < 1:
