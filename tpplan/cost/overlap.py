@@ -7,7 +7,7 @@ then stage k of B; a stage that waits for its all-to-all blocks the compute stre
 all-to-alls run one after another on the communication SMs in the order they were launched. What
 the overlap costs the compute side is explicit (`OverlapCosts`): DeepGEMM kernels run on the SMs the
 all-to-all leaves (both engines set its SM count), and the other kernels share HBM with it (the
-slowdowns the one-GPU probe measured beside a collective-rate load, docs/benchmarks.md).
+slowdowns measured on one H200 beside a kernel holding the all-to-all's 20 SMs, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,16 +27,25 @@ SM_BOUND = frozenset({"gemm", "moe"})
 @dataclass(frozen=True)
 class OverlapCosts:
     """How much slower compute runs beside an all-to-all, per op category, and the all-to-all beside
-    compute. Defaults: SM-bound ops lose the all-to-all's SMs (engine source); attention and
-    memory-bound ops the slowdown measured beside a 1000 GB/s paced load on one H200 (median of the
-    two runs, docs/benchmarks/h200-2026-12-01e); the all-to-all keeps its own SMs and is assumed
-    not to slow (not measured: the probe's load had no reserved SMs)."""
+    compute, as measured on one H200 (docs/benchmarks.md, "Compute beside a kernel that holds 20 SMs";
+    files docs/benchmarks/h200-2026-12-02b): a persistent side kernel held 20 of the 132 SMs, as
+    DeepEP's all-to-all does, and copied at 100 or 300 GB/s (a link's rate) while each op ran.
+
+    - SM-bound ops (GEMMs, routed experts) lose the all-to-all's SMs: sm_count / (sm_count -
+      comm_sms), because the engines tell DeepGEMM its SM count (engine source). cuBLAS, which is
+      not told, measured 1.14-1.29 at GEMMs of 0.5-1 ms (this rule: 1.18) but 1.40-1.76 below
+      0.4 ms, and batched bf16 experts 1.36-1.40: a kernel not told the SM count is slower than this.
+    - attention: 1.13 (causal SDPA at 8K tokens, 1.09-1.19 over 4 points);
+    - memory-bound ops (norms, elementwise, recurrences): 1.49 (an RMSNorm chain, 1.41-1.57);
+    - the all-to-all itself: 1.03 (its bytes/s beside the 12 ops, median of 48 points, 1.00-1.08):
+      on SMs of its own, at a link's rate, it hardly slows.
+    Measured on H200 only; other GPUs use the same figures (not measured)."""
 
     sm_count: int
     comm_sms: int
-    attention: float = 1.02  # causal SDPA 8K: 1.06 / 0.98
-    memory_bound: float = 1.17  # RMSNorm chain: 1.17 / 1.17
-    comm: float = 1.0
+    attention: float = 1.13
+    memory_bound: float = 1.49
+    comm: float = 1.03
 
     def factor(self, category: str) -> float:
         if category in SM_BOUND:
