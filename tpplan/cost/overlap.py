@@ -58,15 +58,38 @@ class OverlapCosts:
 
 
 @dataclass(frozen=True)
+class Work:
+    """Compute on the compute stream: its seconds with the GPU to itself, and with an all-to-all
+    running beside it the whole time (`OverlapCosts`). The simulation charges the second only for
+    the part that really runs beside an all-to-all."""
+
+    alone: float
+    beside: float
+
+    def seconds(self, overlapped: float) -> float:
+        """Wall seconds when an all-to-all runs beside it for the first `overlapped` seconds."""
+        if overlapped >= self.beside or self.beside <= 0.0:
+            return self.beside
+        return overlapped + self.alone * (1.0 - overlapped / self.beside)
+
+
+Compute = float | Work  # a plain float: the same seconds beside an all-to-all as alone
+
+
+def _work(c: Compute) -> Work:
+    return c if isinstance(c, Work) else Work(c, c)
+
+
+@dataclass(frozen=True)
 class MoeStages:
     """One micro-batch of one MoE layer, cut where the engines cut it (seconds)."""
 
-    pre: float  # from the layer input through the router (and any blocking TP collective there)
+    pre: Compute  # from the layer input through the router (and any blocking TP collective there)
     dispatch: float
-    experts: float
+    experts: Compute
     combine: float
-    shared: float  # computed before waiting for the combine
-    post: float  # after the combine lands: the expert sum, the residual add
+    shared: Compute  # computed before waiting for the combine
+    post: Compute  # after the combine lands: the expert sum, the residual add
 
 
 def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> MoeStages | None:
@@ -81,15 +104,16 @@ def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> 
     if experts is None or not dispatch or not combine:
         return None
 
-    def cost(ops: Sequence[OpTime]) -> float:
-        return sum(o.seconds * costs.factor(o.category) for o in ops)
+    def cost(ops: Sequence[OpTime], extra: float = 0.0) -> Work:
+        alone = sum(o.seconds for o in ops) + extra
+        return Work(alone, sum(o.seconds * costs.factor(o.category) for o in ops) + extra)
 
     after = kt.ops[experts + 1 :]
     shared = [o for o in after if shared_first and o.op.startswith("shared_")]
     rest = [o for o in after if o not in shared]
     blocking = sum(c.seconds for c in kt.collectives if c.kind != "all_to_all")
     return MoeStages(
-        pre=cost(kt.ops[:experts]) + blocking,
+        pre=cost(kt.ops[:experts], blocking),
         dispatch=sum(c.seconds for c in dispatch) * costs.comm,
         experts=cost([kt.ops[experts]]),
         combine=sum(c.seconds for c in combine) * costs.comm,
@@ -98,7 +122,7 @@ def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> 
     )
 
 
-Item = tuple[str, float, str]  # ("compute", seconds, "") | ("launch", seconds, key) | ("wait", 0, key)
+Item = tuple[str, Compute, str]  # ("compute", work, "") | ("launch", seconds, key) | ("wait", 0, key)
 
 
 def _stages(mb: Sequence[MoeStages], tag: str) -> list[list[Item]]:
@@ -118,16 +142,19 @@ def two_microbatch_seconds(a: Sequence[MoeStages], b: Sequence[MoeStages]) -> fl
     engines' order: stage k of A, then stage k of B (SGLang `execute_overlapped_operations` with
     prefill's delta_stages 0; vLLM's two micro-batch threads switch at the same all-to-all points).
 
-    One compute stream; the all-to-alls queue on the communication SMs in launch order."""
+    One compute stream; the all-to-alls queue on the communication SMs in launch order. Compute runs
+    at its `beside` rate while an all-to-all is in flight and at its `alone` rate once none is (the
+    queue is busy from the last launch until `comm`), so a short all-to-all slows only the compute
+    it really overlaps."""
     compute = comm = 0.0
     landed: dict[str, float] = {}
     sa, sb = _stages(a, "a"), _stages(b, "b")
     for stage_a, stage_b in zip(sa, sb, strict=True):
         for what, seconds, key in (*stage_a, *stage_b):
             if what == "compute":
-                compute += seconds
+                compute += _work(seconds).seconds(max(0.0, comm - compute))
             elif what == "launch":
-                comm = max(comm, compute) + seconds
+                comm = max(comm, compute) + _work(seconds).alone
                 landed[key] = comm
             else:
                 compute = max(compute, landed[key])
@@ -135,8 +162,17 @@ def two_microbatch_seconds(a: Sequence[MoeStages], b: Sequence[MoeStages]) -> fl
 
 
 def sequential_seconds(stages: Sequence[MoeStages]) -> float:
-    """The same layers without overlap: every stage and all-to-all one after another."""
-    return sum(s.pre + s.dispatch + s.experts + s.combine + s.shared + s.post for s in stages)
+    """The same layers without overlap: every stage and all-to-all one after another (nothing runs
+    beside the compute, so at its `alone` rate)."""
+    return sum(
+        _work(s.pre).alone
+        + s.dispatch
+        + _work(s.experts).alone
+        + s.combine
+        + _work(s.shared).alone
+        + _work(s.post).alone
+        for s in stages
+    )
 
 
 def _cut(segs: Segments, at: int) -> tuple[Segments, Segments]:
