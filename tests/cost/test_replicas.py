@@ -144,3 +144,25 @@ def test_the_default_grid_offers_every_replica_count_that_divides_the_gpus():
     assert deployment_grid(graph, topo, 16, None, replicas=2, workload=wl) == [(16, 1, 1, 2)]
     with pytest.raises(TpplanError, match="does not divide"):
         deployment_grid(graph, topo, None, None, replicas=3, workload=wl)
+
+
+def test_pipelined_replicas_are_each_a_pipeline_on_their_share():
+    """With PP each replica runs the engine's pipelined schedule on its share: two TP2 x PP2 replicas
+    of 6 clients have exactly the TTFT of one TP2 x PP2 with 3 clients (prompts alike), unlike one
+    TP2 x PP2 with all 6, and the memory per rank is that of the share (half the KV cache)."""
+    from tpplan.cost.predict import predict_plan
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import baseline
+
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    topo = load_topology("h200x8-ib400").with_nodes(1)
+    wl = Workload(name="six", input_len=2048, concurrency=6, chunk_size=512)
+    share = wl.with_overrides("three", concurrency=3)
+    two = predict_plan(graph, baseline(), topo, tp=2, pp=2, workload=wl, replicas=2)
+    alone = predict_plan(graph, baseline(), topo, tp=2, pp=2, workload=share)
+    every = predict_plan(graph, baseline(), topo, tp=2, pp=2, workload=wl)
+    assert two.ttft is not None and alone.ttft is not None and every.ttft is not None
+    assert two.ttft.mean_s == pytest.approx(alone.ttft.mean_s) and two.ttft.max_s == pytest.approx(alone.ttft.max_s)
+    assert two.ttft.mean_s < every.ttft.mean_s
+    assert two.memory == alone.memory and two.memory.kv_cache == pytest.approx(every.memory.kv_cache / 2)
