@@ -1,4 +1,4 @@
-"""The search's replayed walks (`tpplan.search.memo.StepMemo`) against real ones.
+"""The search's replayed walks (`tpplan.search.replay.StepMemo`) against real ones.
 
 `enumerate_kind` steps every op of every branch for real (`LayerWalk.step`); the replay memo steps
 an op once per distinct situation and copies the outcome after that. Walking the whole decision
@@ -18,7 +18,7 @@ from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.placement import P
 from tpplan.search import SpaceOptions, enumerate_kind, global_choices, make_search_plan
-from tpplan.search.memo import StepMemo
+from tpplan.search.replay import StepMemo
 from tpplan.search.space import KindConfig, KindIndex
 
 SMALL = SpaceOptions(replicate=False, token_shard=False, gather_for=False)

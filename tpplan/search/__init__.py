@@ -8,6 +8,7 @@ The package, in the order a search runs:
   (`PredictObjective` through the cost model's public `tpplan.cost.pricing.Pricer`);
 - `fronts`: k-Pareto fronts of (score, memory);
 - `walk`: one layer kind optimised for every global choice (`KindSolver`);
+- `replay`: the walk's steps worked out once per distinct situation and replayed (`StepMemo`);
 - `combine`: the kinds combined over the real layer order under the memory cap (`search`);
 - `naming`: names and words for found plans, and recognising named plans;
 - `ranking`: `tpplan search`'s and the memo's one search: every TP x PP deployment searched, the

@@ -21,18 +21,15 @@ makes moot; the knobs form a tree, and the "full product of knobs" is the set of
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import MoEMode, Plan
-from tpplan.layout.propagate import LayerResult, LayerWalk, check_divisible
+from tpplan.layout.propagate import CommEvent, LayerResult, LayerWalk, OpDecision, Violation, check_divisible
 from tpplan.layout.rules import strategies
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
-
-if TYPE_CHECKING:
-    from tpplan.search.memo import StepDelta, StepMemo
 
 
 @dataclass(frozen=True)
@@ -175,7 +172,46 @@ class SpaceOptions:
     gather_for: bool = True
 
 
-Branch = tuple[KindConfig, LayerWalk, "StepDelta | None"]  # a branch: its config, its walk, its step
+@dataclass
+class StepDelta:
+    """What walking one op did to a walk: the op's output placement, its decision, the collectives
+    it issued, the conversions it recorded as done, and (an illegal op) its violations. `costs`: the
+    search's price of the step under each global choice, filled in by the first walk that needs it
+    (one objective per memo)."""
+
+    output: str
+    placement: Placement
+    decision: OpDecision
+    comms: tuple[CommEvent, ...]
+    done: tuple[tuple[tuple[str, Placement], Placement], ...]
+    violations: tuple[Violation, ...]
+    tainted: tuple[tuple[str, str], ...]
+    costs: dict[GlobalChoice, Any] = field(default_factory=dict)
+
+    def applied(self, walk: LayerWalk) -> LayerWalk:
+        """A copy of `walk` (at this delta's op) one op further, as `LayerWalk.step` would leave it."""
+        w = walk.copy()
+        res = w.res
+        res.placements[self.output] = self.placement
+        res.decisions.append(self.decision)
+        if self.comms:
+            res.comms.extend(self.comms)
+        if self.done:
+            w.done.update(self.done)
+        if self.violations:
+            res.violations.extend(self.violations)
+            w.tainted.update(self.tainted)
+        w.index += 1
+        return w
+
+
+class Stepper(Protocol):
+    """What steps walks for `_expand` instead of `LayerWalk.step` (`tpplan.search.replay.StepMemo`)."""
+
+    def step(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[LayerWalk, StepDelta]: ...
+
+
+Branch = tuple[KindConfig, LayerWalk, StepDelta | None]  # a branch: its config, its walk, its step
 
 
 def _expand(
@@ -184,7 +220,7 @@ def _expand(
     g: GlobalChoice,
     opts: SpaceOptions,
     index: KindIndex,
-    memo: StepMemo | None = None,
+    memo: Stepper | None = None,
 ) -> tuple[list[Branch], bool]:
     """Walk the next op under every choice its sites offer; return the legal branches.
 

@@ -4,7 +4,9 @@ Per global choice, a kind's ops are walked in order carrying every branch of its
 (`tpplan.search.space`); illegal branches are cut at the op that breaks. After each op, branches
 that agree on everything the ops ahead can see have identical futures, so only their k-Pareto front
 of (score, memory) survives. What is left is grouped by the placement the layer hands the next one
-(`KindFront`), which is all the combination across kinds needs (`tpplan.search.combine`).
+(`KindFront`), which is all the combination across kinds needs (`tpplan.search.combine`). The
+branches in one state are expanded once, and each expansion is replayed from `tpplan.search.replay`
+after its first walk.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from tpplan.layout.propagate import LayerWalk, OpDecision
 from tpplan.models.graph import LayerGraph, OpKind
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, skyline
-from tpplan.search.memo import StepDelta, StepMemo
 from tpplan.search.objectives import ZERO, Cost, Objective
+from tpplan.search.replay import StepMemo
 from tpplan.search.space import (
     GlobalChoice,
     KindConfig,
     KindIndex,
     SpaceOptions,
+    StepDelta,
     _has_experts,
     make_search_plan,
 )

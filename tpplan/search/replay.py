@@ -11,11 +11,10 @@ gives, which tests/test_search.py checks against the unreplayed enumeration (`en
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from tpplan.layout.propagate import CommEvent, LayerWalk, OpDecision, Violation
+from tpplan.layout.propagate import LayerWalk
 from tpplan.models.graph import Op, OpKind
 from tpplan.placement import P, Placement
 from tpplan.search.space import (
@@ -25,44 +24,12 @@ from tpplan.search.space import (
     KindConfig,
     KindIndex,
     SpaceOptions,
+    StepDelta,
     _expand,
     make_search_plan,
 )
 
 StepKey = tuple[object, ...]
-
-
-@dataclass
-class StepDelta:
-    """What walking one op did to a walk: the op's output placement, its decision, the collectives
-    it issued, the conversions it recorded as done, and (an illegal op) its violations. `costs`: the
-    search's price of the step under each global choice, filled in by the first walk that needs it
-    (one objective per memo)."""
-
-    output: str
-    placement: Placement
-    decision: OpDecision
-    comms: tuple[CommEvent, ...]
-    done: tuple[tuple[tuple[str, Placement], Placement], ...]
-    violations: tuple[Violation, ...]
-    tainted: tuple[tuple[str, str], ...]
-    costs: dict[GlobalChoice, Any] = field(default_factory=dict)
-
-    def applied(self, walk: LayerWalk) -> LayerWalk:
-        """A copy of `walk` (at this delta's op) one op further, as `LayerWalk.step` would leave it."""
-        w = walk.copy()
-        res = w.res
-        res.placements[self.output] = self.placement
-        res.decisions.append(self.decision)
-        if self.comms:
-            res.comms.extend(self.comms)
-        if self.done:
-            w.done.update(self.done)
-        if self.violations:
-            res.violations.extend(self.violations)
-            w.tainted.update(self.tainted)
-        w.index += 1
-        return w
 
 
 class _Reads:
