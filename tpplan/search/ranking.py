@@ -421,6 +421,19 @@ def _while_searching(s: _Setup, grid: list[Grid]) -> None:
         pass
 
 
+def _at_the_tail(s: _Setup, done: list[_Deployed | tuple[str, str, str]]) -> None:
+    """The parent's share once a core idles at the grid's tail: the named plans' behaviours and the
+    baselines at the deployments whose plans rank best so far, which the answer needs after the
+    search if they stay there (each is computed once per search either way)."""
+    import contextlib
+
+    leaders = sorted((r for d in done if isinstance(d, _Deployed) for r in d.entries), key=lambda r: r.score)
+    for r in leaders[: s.top]:
+        with contextlib.suppress(TpplanError):
+            _named(s, r.tp)
+            _baseline(s, r.tp, r.pp, r.cp, r.replicas)
+
+
 def _baseline(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
     """Megatron TP at this deployment, for reference (priced once per search)."""
     hit = s.baselines.get((tp, pp, cp, replicas))
@@ -517,6 +530,8 @@ def _search_all(
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
                     say(f"searched {done} of {len(grid)} deployments")
+                    if done < len(futures) and len(futures) - done < workers:  # a core idles at the tail
+                        _at_the_tail(s, [f.result() for f in futures if f.done()])
                 out = [f.result() for f in futures]
             for got in out:
                 if isinstance(got, _Deployed):
