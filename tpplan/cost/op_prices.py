@@ -147,6 +147,12 @@ class OpPrices:
         self._extrapolated = self._extrapolated or price.extrapolated
         return price.seconds
 
+    def gemm_at(self, kind: str, op: Op, m: int, k: int, n: int) -> float:
+        """`op`'s GEMM at another shape (async TP's T/N-row chunks), through the pricer and weight format
+        `op_time` uses, before any measured kernel profile."""
+        gd, wb = self._gemm_format(kind, op)
+        return self._gemm(m, k, n, gd, wb) if m else 0.0
+
     def _rows(self, d: OpDecision, t: int) -> int:
         """Token rows one rank processes for this op."""
         if d.strategy.output is S_TOK or S_TOK in d.strategy.inputs:

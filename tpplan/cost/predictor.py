@@ -75,9 +75,13 @@ class Predictor(OpPrices):
         return kt
 
     def layers_seconds(self, results: list[LayerResult], segs: Segments) -> float:
-        """Consecutive layers of one batch: their sum, or as the plan's micro-batch overlap runs them."""
+        """Consecutive layers of one batch: their sum, or as the plan's overlap (micro-batch, async TP) runs them."""
         if self.plan.overlap is None:
             return sum(self.kind_time(r, segs).total_s for r in results)
+        if self.plan.overlap == "asynctp":  # GEMM + collective fusion (cost/async_tp.py)
+            from tpplan.cost.async_tp import fused_layers_seconds
+
+            return fused_layers_seconds(self, results, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
         from tpplan.engines.overlap import overlap_named
 
