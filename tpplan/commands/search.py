@@ -33,6 +33,7 @@ def _ms(x: float | None) -> str:
 class OverlapChoice(StrEnum):
     tbo = "tbo"
     dbo = "dbo"
+    asynctp = "asynctp"
 
 
 MEMORY_CAP_HELP = (
@@ -121,7 +122,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--overlap",
                 help="Also rank each all-to-all plan under an engine's micro-batch overlap: tbo (SGLang "
-                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); docs/cost-model.md",
+                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); or each plan with GEMMs next to its "
+                "all-gathers / reduce-scatters with them fused: asynctp (TP inside a node); docs/cost-model.md",
             ),
         ] = None,
         wide: WideOpt = False,
@@ -160,7 +162,7 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
-                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
+                overlap=None if overlap is None else {"tbo": "tbo", "dbo": "dbo", "asynctp": "asynctp"}[overlap.value],
                 progress=say,
             )
         data = outcome.to_json()

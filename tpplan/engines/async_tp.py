@@ -70,6 +70,12 @@ VOLUME = (
     "the reduce-scatter stacks N partial chunks and sums them in a separate kernel"
 )
 
+# What tpplan's runtime does with a fused plan (gloo and tpplan's NCCL calls have no symmetric memory).
+VERIFY_NOTE = (
+    "async TP changes how the collectives run, not what they compute or how many bytes they move: `verify` "
+    "executes the un-fused plan (gloo has no symmetric memory), its all-gathers and reduce-scatters as collectives"
+)
+
 
 @dataclass(frozen=True)
 class FusedGemmCollective:
@@ -204,6 +210,7 @@ __all__ = [
     "FUSIONS",
     "RS_DECOMPOSITION",
     "SGLANG_ASYNC_TP",
+    "VERIFY_NOTE",
     "VLLM_GEMM_RS",
     "VOLUME",
     "FusedGemmCollective",

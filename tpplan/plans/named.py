@@ -228,10 +228,6 @@ EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
 # "<plan>+tbo" / "<plan>+dbo": the plan under an engine's micro-batch overlap (tpplan.engines.overlap);
 # "<plan>+asynctp": its GEMMs fused with their all-gathers / reduce-scatters (tpplan.engines.async_tp).
 OVERLAP_PATTERN = re.compile(r"(?P<base>.+)\+(?P<overlap>tbo|dbo|asynctp)")
-VERIFY_UNFUSED = (
-    "async TP changes how the collectives run, not what they compute or how many bytes they move: `verify` on "
-    "gloo (no symmetric memory) executes the un-fused plan, its NCCL-style all-gathers and reduce-scatters"
-)
 
 
 def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph, n: int | None = None) -> Plan:
@@ -259,7 +255,7 @@ def async_tp(plan: Plan, graph: ModelGraph, n: int) -> Plan:
     fused symmetric-memory op (`tpplan.layout.fused_gemm`, priced by `tpplan.cost.async_tp`); refused, one
     line, where the plan has no such pair. Same collectives and bytes; the engine notes say how the fused
     ops move them and which engine flag runs it for this model."""
-    from tpplan.engines.async_tp import ASYNC_TP, VOLUME, launch_flags
+    from tpplan.engines.async_tp import ASYNC_TP, VERIFY_NOTE, VOLUME, launch_flags
     from tpplan.layout.fused_gemm import async_tp_refusal, model_pairs
     from tpplan.layout.propagate import propagate_model
 
@@ -279,16 +275,17 @@ def async_tp(plan: Plan, graph: ModelGraph, n: int) -> Plan:
     return plan.with_(
         name=name,
         title=f"{plan.title}, async TP",
-        summary=f"{plan.summary} Each all-gather runs inside the GEMM that reads it and each reduce-scatter inside "
-        "the GEMM that feeds it, in TP chunks, each chunk's peer copy under another chunk's GEMM.",
+        summary=f"{plan.summary} Async TP: each all-gather into a GEMM and each GEMM into a reduce-scatter runs as "
+        "one op, in TP chunks, each chunk's peer copy under another chunk's GEMM.",
         overlap="asynctp",
         engine_notes=(
             *plan.engine_notes,
             f"async TP fuses {ag} all-gather -> GEMM and {len(pairs) - ag} GEMM -> reduce-scatter pairs per forward "
-            f"(torch {ASYNC_TP.ops[0].function.split('-> ')[-1]}, ...); volume: {VOLUME}",
+            f"({ASYNC_TP.engine} calls torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter); "
+            f"volume: {VOLUME}",
             f"engine flags for {graph.spec.model_type}: {engines}",
         ),
-        notes=(*plan.notes, VERIFY_UNFUSED),
+        notes=(*plan.notes, VERIFY_NOTE),
     )
 
 

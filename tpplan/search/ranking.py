@@ -311,16 +311,23 @@ def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: 
 
 def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> list[RankedPlan]:
     """Each kept plan with all-to-all experts once more under the engine's micro-batch overlap
-    (`<plan>+tbo` / `+dbo`, docs/cost-model.md), ranked beside it: the overlap changes no byte, only
-    the predicted time, so it is scored after the search, like the DP plans. Same memory."""
+    (`<plan>+tbo` / `+dbo`, docs/cost-model.md), or each kept plan with a collective next to a GEMM once
+    more with the two fused (`<plan>+asynctp`; only where the TP group shares one NVLink node), ranked
+    beside it: the overlap changes no byte, only the predicted time, so it is scored after the search,
+    like the DP plans. Same memory."""
     from tpplan.plans.named import overlapped
 
     assert s.overlap is not None
+    if s.overlap == "asynctp" and (s.topo is None or tp > s.topo.gpus_per_node or s.topo.intra.kind != "nvlink"):
+        return []  # volume has no time to save; across nodes the fused ops cannot reach their peers
     out = []
     for got in ranked:
-        if got.plan.moe != "a2a" or got.plan.overlap is not None:
+        if got.plan.overlap is not None or (s.overlap != "asynctp" and got.plan.moe != "a2a"):
             continue
-        plan = overlapped(got.plan, s.overlap, s.graph)
+        try:
+            plan = overlapped(got.plan, s.overlap, s.graph, tp)
+        except TpplanError:  # async TP: nothing to fuse in this plan
+            continue
         out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp))
     return out
 
@@ -477,8 +484,9 @@ def search_plans(
     (predicted mean TTFT with a workload, else forward time of `tokens`; needs a topology) or
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
-    engine's micro-batch overlap. `progress` is told each step. `cp`: only that context-parallel size
-    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it)."""
+    engine's micro-batch overlap, "asynctp" every kept plan with something to fuse under async TP.
+    `progress` is told each step. `cp`: only that context-parallel size (default: CP 1 at every TP x PP
+    split, and TP x CP for CP 2, 4, 8 where the model allows it)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
@@ -486,7 +494,7 @@ def search_plans(
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap)  # fmt: skip
-    if overlap is not None:
+    if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in _overlap_entries
         from tpplan.engines.overlap import overlap_named
 
         why = overlap_named(overlap).refusal(graph.spec.model_type)
