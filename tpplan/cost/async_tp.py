@@ -8,8 +8,9 @@ copies share the NVLink (one at a time). So chunk k+1's copy runs under chunk k'
 all-gather's shard copy into its symmetric buffer; the reduce-scatter's first GEMM) and the drain (the
 all-gather's last GEMM; the reduce-scatter's sum of the N partials) are exposed, and the chunk GEMMs
 (T/N rows) are priced by the compute pricer at that shape, so they run at the efficiency of a smaller
-GEMM. Copies are priced at the NVLink's latency and bandwidth (`peer_copy_seconds`), local copies and the
-partial sum at the HBM roofline, barriers at the link latency.
+GEMM (never faster than 1/N of the whole: the search's bound relies on it). Copies are priced at the
+NVLink's latency and bandwidth (`peer_copy_seconds`), local copies and the partial sum at the HBM
+roofline, barriers at the link latency.
 
 What the overlap costs the GEMMs beside a copy is one named parameter (`AsyncTpCosts.gemm_beside_copy`,
 default 1.0: torch's copies are `copy_` calls whose engine, copy engine or SMs, the Python does not fix).
@@ -38,9 +39,15 @@ GEMM_BESIDE_COPY = 1.0
 @dataclass(frozen=True)
 class AsyncTpCosts:
     """What the overlap costs: every chunk GEMM of a fused op runs `gemm_beside_copy` times slower
-    (a chunk with no copy beside it too: the first of a reduce-scatter, the last of an all-gather)."""
+    (a chunk with no copy beside it too: the first of a reduce-scatter, the last of an all-gather).
+    At least 1: the search's bound (`tpplan.search.async_tp`) needs a fused pair to take at least its
+    GEMMs' unfused time."""
 
     gemm_beside_copy: float = GEMM_BESIDE_COPY
+
+    def __post_init__(self) -> None:
+        if self.gemm_beside_copy < 1.0:
+            raise ValueError(f"gemm_beside_copy {self.gemm_beside_copy} < 1: a GEMM beside a copy is not faster")
 
 
 def all_gather_matmul_seconds(n: int, gemm: float, copy: float, local_copy: float, barrier: float) -> float:
@@ -117,7 +124,8 @@ def pair_seconds(
         rows = math.ceil(m / n)  # SGLang pads T to a multiple of N: every chunk has ceil(T/N) rows
         scale = o.seconds / o.modelled_s if o.modelled_s else 1.0  # a measured profile's correction, kept
         chunk_gemm += p.gemm_at(gemm_kt.kind, ops[o.op], rows, k, nn) * scale
-    chunk_gemm *= costs.gemm_beside_copy
+    # a chunk never runs faster than its share of the whole GEMM (GEMMs do not speed up with fewer rows)
+    chunk_gemm = max(chunk_gemm, sum(o.seconds for o in gemms) / n) * costs.gemm_beside_copy
     chunk_bytes = rows * res.comms[pair.comm].width * p.b
     copy = peer_copy_seconds(p, chunk_bytes)
     barrier = p.topo.intra.latency_us * 1e-6

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tpplan.audit import Audits, PlanAudit
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
-from tpplan.layout.plan import OverlapName
+from tpplan.layout.plan import OverlapName, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
@@ -280,7 +280,7 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
         for got in _dp_entries(s, tp, pp, excluded, cp):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
-        for got in _overlap_entries(s, list(kept.values()), tp, pp):
+        for got in _overlap_entries(s, list(kept.values()), tp, pp, cp):
             kept.setdefault(got.plan.name, got)
     return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
@@ -309,27 +309,76 @@ def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: 
     return out
 
 
-def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> list[RankedPlan]:
+def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int, cp: int = 1) -> list[RankedPlan]:
     """Each kept plan with all-to-all experts once more under the engine's micro-batch overlap
-    (`<plan>+tbo` / `+dbo`, docs/cost-model.md), or each kept plan with a collective next to a GEMM once
-    more with the two fused (`<plan>+asynctp`; only where the TP group shares one NVLink node), ranked
-    beside it: the overlap changes no byte, only the predicted time, so it is scored after the search,
-    like the DP plans. Same memory."""
+    (`<plan>+tbo` / `+dbo`, docs/cost-model.md), ranked beside it: the overlap changes no byte, only
+    the predicted time, so it is scored after the search, like the DP plans. Same memory. Async TP:
+    `_async_tp_entries`."""
     from tpplan.plans.named import overlapped
 
     assert s.overlap is not None
-    if s.overlap == "asynctp" and (s.topo is None or tp > s.topo.gpus_per_node or s.topo.intra.kind != "nvlink"):
-        return []  # volume has no time to save; across nodes the fused ops cannot reach their peers
+    if s.overlap == "asynctp":
+        return _async_tp_entries(s, ranked, tp, pp, cp)
     out = []
     for got in ranked:
-        if got.plan.overlap is not None or (s.overlap != "asynctp" and got.plan.moe != "a2a"):
+        if got.plan.moe != "a2a" or got.plan.overlap is not None:
             continue
-        try:
-            plan = overlapped(got.plan, s.overlap, s.graph, tp)
-        except TpplanError:  # async TP: nothing to fuse in this plan
-            continue
+        plan = overlapped(got.plan, s.overlap, s.graph)
         out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp))
     return out
+
+
+def _async_tp_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int, cp: int) -> list[RankedPlan]:
+    """Each kept plan with something to fuse once more under async TP (`<plan>+asynctp`); with `--all`
+    (`all_plans`) also every other plan whose fused time could beat the best so far: plans in order of
+    a lower bound of their fused time (`tpplan.search.async_tp.FusableFree`) until the bound reaches
+    the best, so the best fused plan of the deployment is found as brute force finds it. Only with a
+    time objective and the TP group inside one NVLink node (across nodes the ops cannot reach their
+    peers)."""
+    from tpplan.plans.named import async_tp
+    from tpplan.search.async_tp import FusableFree
+
+    if s.objective != "time" or s.topo is None or tp > s.topo.gpus_per_node or s.topo.intra.kind != "nvlink":
+        return []
+    seen = {r.plan.name for r in ranked}
+    out: list[RankedPlan] = []
+
+    def fuse(plan: Plan, cost: Cost) -> float:
+        """Rank `plan` fused (if it has a pair and fits the cap); its score, or infinity."""
+        try:
+            fused = async_tp(plan, s.graph, tp)
+        except TpplanError:  # nothing to fuse in this plan
+            return float("inf")
+        got = _evaluate(s, s.audits.of(fused, tp, s.dtype), cost, tp, pp, cp)
+        if s.cap is not None and got.memory_total is not None and got.memory_total > s.cap:
+            return float("inf")
+        out.append(got)
+        return got.score
+
+    if not ranked:  # fusing changes no memory: where no plan fits, no fused plan does
+        return out
+    best = min(r.score for r in ranked)
+    for got in ranked:
+        if got.plan.overlap is None:
+            best = min(best, fuse(got.plan, got.search_cost))
+    if not s.all_plans:  # the best of each family, fused: fast, and not a proof (docs/design.md)
+        return out
+    base = _objective(s, tp, pp, cp)
+    bound, k = FusableFree(base, s.graph), s.top  # plans per walk, doubled while the bound allows better
+    while True:
+        res = search(s.graph, tp, bound, top=k, memory_cap=s.cap, dtype=s.dtype, audits=s.audits)
+        for c in res.candidates:
+            if _lower_bound(s, c.score, pp) >= best:
+                return out
+            name, short, summary = describe(c.glob, c.configs)
+            if name in seen:
+                continue
+            seen.add(name)
+            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
+            best = min(best, fuse(pa.plan, plan_cost(base, s.graph, pa)))
+        if len(res.candidates) < k:
+            return out
+        k *= 2
 
 
 def _while_searching(s: _Setup, grid: list[tuple[int, int, int]]) -> None:
