@@ -19,18 +19,17 @@ default 1.0: torch's copies are `copy_` calls whose engine, copy engine or SMs, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from tpplan.cost.op_prices import KERNEL_FLOOR_S, OpPrices
 from tpplan.cost.prediction import KindTime, OpTime
 from tpplan.cost.segments import Segments
 from tpplan.errors import TpplanError
 from tpplan.layout.fused_gemm import FusedPair, fused_pairs
 from tpplan.layout.propagate import LayerResult
 
-if TYPE_CHECKING:
-    from tpplan.cost.predictor import Predictor
+KindTimeOf = Callable[[LayerResult, Segments], KindTime]  # `Predictor.kind_time`
 
 # The one place the compute slowdown beside a concurrent copy lives (the one-GPU probe replaces it).
 GEMM_BESIDE_COPY = 1.0
@@ -82,20 +81,18 @@ def matmul_reduce_scatter_seconds(n: int, gemm: float, copy: float, reduce: floa
     return max(stream) + barrier + reduce
 
 
-def peer_copy_seconds(p: Predictor, nbytes: float) -> float:
+def peer_copy_seconds(p: OpPrices, nbytes: float) -> float:
     """One `copy_` out of a peer's symmetric buffer: the NVLink's latency and per-GPU bandwidth. No NCCL
     call overhead (`launch_us`): the copy is queued on a stream like a kernel, ahead of the GPU."""
     intra = p.topo.intra
     return intra.latency_us * 1e-6 + nbytes / (intra.bandwidth_GBps * 1e9) if nbytes > 0 else 0.0
 
 
-def _hbm(p: Predictor, nbytes: float) -> float:
-    from tpplan.cost.op_prices import KERNEL_FLOOR_S
-
+def _hbm(p: OpPrices, nbytes: float) -> float:
     return max(nbytes / p.hbm, KERNEL_FLOOR_S) if nbytes > 0 else 0.0
 
 
-def check_one_domain(p: Predictor) -> None:
+def check_one_domain(p: OpPrices) -> None:
     """The fused ops read peers' symmetric buffers: the TP group must share one NVLink domain."""
     topo = p.topo
     if p.tp > topo.gpus_per_node or p.rpn < p.tp or topo.intra.kind != "nvlink":
@@ -109,7 +106,7 @@ def check_one_domain(p: Predictor) -> None:
 
 
 def pair_seconds(
-    p: Predictor, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts
+    p: OpPrices, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts
 ) -> tuple[float, float]:
     """(fused, unfused) seconds of one pair of layer `res` (priced `kt`): the chunk pipeline, and the GEMMs
     plus the NCCL collective that the layer's price holds for them (`gemm_kt`: the layer holding the GEMM)."""
@@ -137,8 +134,9 @@ def pair_seconds(
 
 
 def fused_layers_seconds(
-    p: Predictor, results: Sequence[LayerResult], segs: Segments, costs: AsyncTpCosts | None = None
-) -> float:
+    p: OpPrices, kind_time: KindTimeOf, results: Sequence[LayerResult], segs: Segments,
+    costs: AsyncTpCosts | None = None,
+) -> float:  # fmt: skip
     """Seconds for these consecutive layers of one batch with every fused pair run as its chunk pipeline
     (the layer's other ops and collectives as before). A reduce-scatter whose GEMM ran before the first
     of `results` (a pipeline stage's first layer) stays unfused."""
@@ -147,7 +145,7 @@ def fused_layers_seconds(
     total = 0.0
     prev: tuple[LayerResult, KindTime] | None = None
     for r in results:
-        kt = p.kind_time(r, segs)
+        kt = kind_time(r, segs)
         total += kt.total_s
         for pair in fused_pairs(r, prev[0] if prev is not None else None):
             gemm_kt = prev[1] if pair.from_previous and prev is not None else kt

@@ -81,7 +81,7 @@ class Predictor(OpPrices):
         if self.plan.overlap == "asynctp":  # GEMM + collective fusion (cost/async_tp.py)
             from tpplan.cost.async_tp import fused_layers_seconds
 
-            return fused_layers_seconds(self, results, segs)
+            return fused_layers_seconds(self, self.kind_time, results, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
         from tpplan.engines.overlap import overlap_named
 
