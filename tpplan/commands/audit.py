@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -25,6 +25,9 @@ from tpplan.commands._options import (
 )
 from tpplan.placement import COLLECTIVE_SHORT
 from tpplan.units import signed_pct
+
+if TYPE_CHECKING:
+    from tpplan.audit import PlanAudit
 
 TpOpt = Annotated[
     int | None,
@@ -163,6 +166,7 @@ def register(app: typer.Typer) -> None:
         pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
         console = make_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
+        fused = _fused_lines(pa) if pa.plan.overlap == "asynctp" else {}
         for kind, ks in pa.kinds.items():
             widths = {v: val.width for v, val in result.graph.kinds[kind].values.items()}
             status = "legal" if ks.legal else "ILLEGAL"
@@ -172,9 +176,26 @@ def register(app: typer.Typer) -> None:
             )
             for line in explain_layer(ks.result, widths):
                 print_wrapped(console, line, 6)
+            for line in fused.get(kind, []):
+                print_wrapped(console, f"  async TP: {line}", 6)
             if cpa is not None:
                 for line in explain_cp(cpa, kind):
                     print_wrapped(console, line, 6)
+
+
+def _fused_lines(pa: PlanAudit) -> dict[str, list[str]]:
+    """Per layer kind, its collectives async TP fuses with GEMMs (`tpplan.layout.fused_gemm`), as the
+    kind's second layer of that kind sees them (its entry reduce-scatter has a GEMM before it)."""
+    from tpplan.layout.fused_gemm import describe_pair, model_pairs
+
+    results = pa.layer_results
+    out: dict[str, list[str]] = {}
+    for i, pairs in enumerate(model_pairs(results)):
+        kind = results[i].kind
+        lines = [describe_pair(p, results[i], results[i - 1] if i else None) for p in pairs]
+        if len(lines) > len(out.get(kind, [])):
+            out[kind] = lines
+    return out
 
 
 def _print_audit(data: dict, wide: bool = False) -> None:
