@@ -13,7 +13,7 @@ What the read releases do with it:
   GEMM into the reduce-scatter) whenever the linear is eligible; there is no flag for SP without
   the fusion. Muse Spark takes CUTLASS kernels instead (not priced here).
 - vLLM 0.33.0: no async-TP or sequence-parallelism compile pass (`PassConfig` has neither field:
-  `VLLM_NO_SP_PASS`); its one GEMM + reduce-scatter kernel (`VLLM_ENABLE_GEMM_RS=1`, Kimi-K3 and
+  `tpplan.engines.vllm.VLLM_NO_SP_PASS`); its one GEMM + reduce-scatter kernel (`VLLM_ENABLE_GEMM_RS=1`, Kimi-K3 and
   DeepSeek-V4.1 projections) is an SM100 CUTLASS kernel that H100/H200 never run (`VLLM_GEMM_RS`).
 
 The pricer (`tpplan.cost.async_tp`) simulates torch's chunk pipeline; this module holds what the
@@ -158,7 +158,7 @@ VLLM_GEMM_RS = FusedGemmCollective(
     name="gemm-rs",
     engine="vLLM 0.33.0",
     flags=("VLLM_ENABLE_GEMM_RS=1",),
-    mode=vllm.VLLM_NO_SP_PASS,
+    mode=vllm.VLLM_MOE_SP,  # the RS mode binds only where K3 runs sequence-parallel (use_sequence_parallel)
     model_types=("kimi_k3",),  # and DeepSeek-V4.1's wo_b (not a tpplan model)
     model_gate=_vllm("models/kimi_k3/nvidia/model.py", "maybe_init_gemm_rs_ar"),
     otherwise=f"the release has no async-TP compile pass ({NO_VLLM_PASS.cite()})",
