@@ -267,3 +267,16 @@ def test_verify_runs_the_fused_plan_unfused_and_equal():
     assert plain.passed and fused.passed
     assert [c.key() for c in fused.traced[0]] == [c.key() for c in plain.traced[0]]  # the same collectives
     assert any(c.kind == "reduce_scatter" for c in fused.traced[0])
+
+
+def test_the_engine_flags_that_realise_it_per_model():
+    from tpplan.engines.async_tp import SGLANG_ASYNC_TP, launch_flags
+
+    assert launch_flags("qwen3")["SGLang 0.5.23"] == ("--enable-layernorm-sp",)
+    assert "only for qwen3" in launch_flags("llama")["SGLang 0.5.23"]
+    assert "pipeline stages" in str(launch_flags("qwen3", pp=2)["SGLang 0.5.23"])
+    vllm = launch_flags("qwen3")["vLLM 0.33.0"]
+    assert isinstance(vllm, str) and "no async-TP compile pass" in vllm
+    assert "SM100" in str(launch_flags("kimi_k3")["vLLM 0.33.0"])  # a Blackwell CUTLASS kernel, not priced
+    # the fusion's gates follow the mode's (--enable-layernorm-sp's own checks come first)
+    assert SGLANG_ASYNC_TP.all_gates[0].text.startswith("architecture in SP_SUPPORTED_ARCHITECTURES")
