@@ -152,6 +152,12 @@ SGLANG_ASYNC_TP = FusedGemmCollective(
 
 _GEMM_RS = "model_executor/kernels/linear/cute_dsl/gemm_rs_ar.py"
 NO_VLLM_PASS = _vllm("compilation/passes/pass_manager.py", "PostGradPassManager.configure (no async-TP / SP pass)")
+# Before the release, main had the pass (read at the index's commit): AsyncTPPass, on top of
+# SequenceParallelismPass (`pass_config.enable_sp`, `fuse_gemm_comms`), replaced mm -> vllm.reduce_scatter
+# by fused_matmul_reduce_scatter and vllm.all_gather -> mm by fused_all_gather_matmul (FP8 scaled-mm
+# variants for bf16 models only); with piecewise splitting ops it applied only to compile sizes divisible by TP.
+OLD_VLLM_PASS = Source(vllm.REPO, "vllm/compilation/collective_fusion.py", "AsyncTPPass (is_applicable)",
+                       "commit 0248dcdf")  # fmt: skip
 # registered as a custom op, called by nothing in the release (a remnant of the removed pass)
 UNUSED_VLLM_OP = _vllm("distributed/parallel_state.py", "patched_fused_scaled_matmul_reduce_scatter")
 VLLM_GEMM_RS = FusedGemmCollective(

@@ -9,6 +9,7 @@ from tpplan.engines.async_tp import (
     AG_PIPELINE,
     FUSIONS,
     NO_VLLM_PASS,
+    OLD_VLLM_PASS,
     PEERS,
     RS_DECOMPOSITION,
     RS_PIPELINE,
@@ -169,7 +170,9 @@ def _async_tp() -> list[str]:
         f"- peers: every rank maps its peers' buffers; {PEERS.cite()}: one NVLink domain (a node here)",
         f"- vLLM 0.33.0 has no async-TP or sequence-parallelism pass ({NO_VLLM_PASS.cite()}); the op "
         f"`vllm.patched_fused_scaled_matmul_reduce_scatter` is registered and called by nothing "
-        f"({UNUSED_VLLM_OP.cite()})",
+        f"({UNUSED_VLLM_OP.cite()}). Earlier main had one: `pass_config.fuse_gemm_comms` on top of "
+        f"`enable_sp`, the same two torch ops (and FP8 scaled-mm variants for bf16 models), with piecewise "
+        f"compilation only for sizes divisible by TP ({OLD_VLLM_PASS.cite()})",
         "",
     ]
     for f in FUSIONS:
