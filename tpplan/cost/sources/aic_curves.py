@@ -26,7 +26,8 @@ ALGORITHM = "nccl"  # NCCL's own algorithm choice (its tuner's default), as AIC 
 HALF_BYTES = 2
 
 # (AIC system, NCCL version) pairs shipped: the newest complete collection of each system a preset uses.
-SHIPPED = (("h200_sxm", "2.29.2"), ("rtx_pro_6000_server", "2.29.2"), ("b300_sxm", "2.29.2"), ("gb300", "2.29.2"))
+SHIPPED = (("h200_sxm", "2.29.2"), ("h100_sxm", "2.29.2"), ("rtx_pro_6000_server", "2.29.2"), ("b300_sxm", "2.29.2"),
+           ("gb300", "2.29.2"))
 # (AIC system, engine, version) of the engines' own all-reduce tables shipped as opt-in sets: the
 # engine's custom all-reduce (one-shot/two-shot kernels at small sizes, NCCL above its limit),
 # eager (as prefill runs it) and CUDA-graph captured where the table has both.
