@@ -30,15 +30,18 @@ def test_the_listing_names_each_presets_curve_sets_and_their_source(monkeypatch,
     (nvls_one, nvls_across) = rows["h200x8-ib400-nvls"]
     assert "h200_sxm-nccl-2.29.2" in nvls_one and "AIC 0.12.0" in nvls_one and "no all_reduce" not in nvls_one
     assert "all_reduce 16/32, 8/node" in nvls_across and "nccl-tests#309" in nvls_across
-    (ring,) = rows["h100x8-ib400"]
-    assert "h100_sxm-nccl-2.29.2" in ring and "no all_reduce@8" in ring
+    for preset, system in (("h100x8-ib400", "h100_sxm"), ("h200x8-ib400", "h200_sxm")):
+        measured, derived = rows[preset]
+        assert f"{system}-nccl-2.29.2 " in measured and "no all_reduce@8" in measured
+        assert "all_reduce 8 GPUs (derived)" in derived and f"{system}-nccl-2.29.2-ring8" in derived
 
 
 def test_rows_follow_the_loaded_curves_not_the_preset_name() -> None:
     topo = load_topology("h200x8-ib400")
     kept = topo.model_copy(update={"curves": [c for c in topo.curves if c.kind != "all_gather"]})
-    (row,) = curve_rows("x", kept)
+    row, ring = curve_rows("x", kept)
     assert row[1] == "2/4/8 GPUs, no all_gather@2, no all_gather@4, no all_gather@8, no all_reduce@8"
+    assert ring[1:] == ("all_reduce 8 GPUs (derived)", "h200_sxm-nccl-2.29.2-ring8", "AIC 0.12.0")
     assert curve_rows("x", topo.model_copy(update={"curves": []})) == []
     own = topo.model_copy(update={"curves": [topo.curves[0].model_copy(update={"source": "my probe"})]})
     assert curve_rows("x", own) == [("x", f"{topo.curves[0].kind} 2 GPUs", "its own [[curves]]", "the topology file")]

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
 
 def curve_rows(name: str, topo: Any) -> list[tuple[str, str, str, str]]:
-    """(preset, groups, curve set, who measured it) for each curve set a topology prices collectives from."""
+    """(preset, groups, curve set, its source) for each curve set a topology prices collectives from."""
     from tpplan.cost.curve_sets import curve_set, list_curve_sets
 
     owner = {(c["source"], c["kind"], c["algorithm"], c["ranks"]): n for n in list_curve_sets()
@@ -81,13 +81,13 @@ def curve_rows(name: str, topo: Any) -> list[tuple[str, str, str, str]]:
         what = (f"{kinds[0]} " if len(kinds) == 1 else "") + "/".join(map(str, ranks))
         what += f", {topo.gpus_per_node}/node" if across else " GPUs"
         left_out = sorted({(c["kind"], c["ranks"]) for c in data["curves"]} - keys)
-        what += "".join(f", no {k}@{r}" for k, r in left_out)
+        what += "".join(f", no {k}@{r}" for k, r in left_out) + (" (derived)" if "derived" in data else "")
         rows.append((name, what, data["name"], _measured_by(data)))
     return rows
 
 
 def _measured_by(data: dict[str, Any]) -> str:
-    """AIC's version for a set extracted from AIConfigurator, else the published run's issue."""
+    """AIC's version for a set extracted (or derived) from AIConfigurator, else the published run's issue."""
     if "aic_version" in data:
         return f"AIC {data['aic_version']}"
     if "url" in data:  # https://github.com/NVIDIA/nccl-tests/issues/309 -> nccl-tests#309
@@ -99,7 +99,7 @@ def _measured_by(data: dict[str, Any]) -> str:
 def _curve_table(names: list[str], load: Callable[[str], Any]) -> Table:
     table = Table(title="Measured collective curves (priced first; other collectives: link model or fitted)",
                   box=box.SIMPLE, pad_edge=False)  # fmt: skip
-    for col in ("preset", "groups priced from curves", "curve set", "measured by"):
+    for col in ("preset", "groups priced from curves", "curve set", "source"):
         table.add_column(col, no_wrap=True)
     for name in names:
         for row in curve_rows(name, load(name)):
