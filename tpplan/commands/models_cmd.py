@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
 from tpplan.commands._console import console, show
+
+if TYPE_CHECKING:
+    from tpplan.cost.cluster import Fabric
 
 
 def register(app: typer.Typer) -> None:
@@ -64,7 +67,7 @@ def register(app: typer.Typer) -> None:
         show(console(), table)
 
 
-def curve_rows(name: str, topo: Any) -> list[tuple[str, str, str, str]]:
+def curve_rows(name: str, topo: Fabric) -> list[tuple[str, str, str, str]]:
     """(preset, groups, curve set, its source) for each curve set a topology prices collectives from."""
     from tpplan.cost.curve_sets import curve_set, list_curve_sets
 
@@ -96,7 +99,7 @@ def _measured_by(data: dict[str, Any]) -> str:
     return "the topology file"
 
 
-def _curve_table(names: list[str], load: Callable[[str], Any]) -> Table:
+def _curve_table(names: list[str], load: Callable[[str], Fabric]) -> Table:
     table = Table(title="Measured collective curves (priced first; other collectives: link model or fitted)",
                   box=box.SIMPLE, pad_edge=False)  # fmt: skip
     for col in ("preset", "groups priced from curves", "curve set", "source"):
