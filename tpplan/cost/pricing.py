@@ -55,11 +55,12 @@ class Pricer:
         audit: PlanAudit | None = None,
         cp: int = 1,
         cp_recurrence: str = "scan",
+        cp_layers: str = "all",
     ) -> None:
         """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise)."""
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
-        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
+        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers)
         self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
                                deployment=self.deployment)  # fmt: skip
         self.cp_audit = self._base.cp_audit
@@ -93,18 +94,23 @@ class Pricer:
         return replace(ot, seconds=ot.seconds * (1 + factor)) if factor else ot
 
     def _local(self, segs: Segments) -> Segments:
-        """The slowest CP rank's share of a batch (the batch itself without CP)."""
-        return local_segments(segs, self.cp, self._base.cp_split)
+        """The slowest CP rank's share of a batch (the batch itself without CP, or under `--cp-layers mla`)."""
+        return local_segments(segs, self._base.cp, self._base.cp_split)
 
     def _rows(self, segs: Segments) -> int:
-        return sum(math.ceil(n / self.cp) for n, _ in segs)
+        return sum(math.ceil(n / self._base.cp) for n, _ in segs)
 
     def _state_factor(self, kind: str, op: str) -> int:
-        """Extra local passes of a recurrence under CP: 1 (scan correction), cp-1 (serial chain), else 0
+        """Extra local passes of an op under CP: a recurrence's 1 (scan correction) or cp-1 (serial chain),
+        `--cp-layers mla`'s K/V expansion n-1 (every rank expands every key), else 0
         (`cost.context_parallel.cp_extras` lists them as ops of their own)."""
         if self.cp <= 1:
             return 0
-        for x in self.cp_audit.kinds[kind].exchanges:
+        ck = self.cp_audit.kinds[kind]
+        for name, times in ck.replicated:
+            if name == op:
+                return times - 1
+        for x in ck.exchanges:
             if x.op == op and x.method == "state_scan":
                 return 1
             if x.op == op and x.method == "state_serial":
@@ -126,10 +132,14 @@ class Pricer:
     def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
         """One collective of a layer for one batch (the TP group as it sits on the nodes)."""
         t = self._rows(segs)
+        if c.value in self.cp_audit.kinds[layer_kind].replaces:  # `--cp-layers mla`: a CP exchange replaces it
+            return CollectiveTime(layer_kind, c.label, c.collective.value, c.region, 0.0, 0.0, "replaced by CP")
         return self._base.collective(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
 
     def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
         """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
+        if c.value in self.cp_audit.kinds[lg.kind].replaces:
+            return 0.0
         op = self._base.layout_copy(lg, c, self._rows(segs))
         return op.seconds if op is not None else 0.0
 
