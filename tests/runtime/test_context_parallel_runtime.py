@@ -140,3 +140,19 @@ def test_tp2_x_cp2_runs_the_plan_in_each_tp_group(model: str, plan: str) -> None
     assert all(r["tp_trace_matches"])
     assert all(_same(a, b) for a, b in zip(r["cp_traced"], r["cp_predicted"], strict=True))
     assert any(r["cp_traced"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [2, 4])
+def test_mla_only_cp_equals_the_unsharded_model_and_gathers_only_the_attention_output(cp: int) -> None:
+    """`--cp-layers mla` at TP = CP (attention TP 1): KDA/MoE on the full sequence, MLA attention on the
+    rank's zigzag rows; the same numbers, and one all-gather of o_proj's rows per MLA layer, as predicted."""
+    models = ["tiny-kimi-k3", "tiny-deepseek-v3"] if cp == 2 else ["tiny-kimi-k3"]  # each case under ~20 s
+    results = verify_cp(models, cp, tokens=19, layers="mla", timeout_s=300)
+    for r in results:
+        assert r["max_abs_hidden"] < 1e-4 and r["max_rel_logits"] < 1e-5, r["model"]
+        g = build_model_graph(load_model(r["model"]))
+        mla_layers = [i for i, k in enumerate(g.layer_kinds) if k.startswith("mla")]
+        for traced, predicted in zip(r["traced"], r["predicted"], strict=True):
+            assert _calls(traced) == _calls(predicted), r["model"]
+            assert [c.layer for c in traced] == mla_layers and {c.value for c in traced} == {"attn_out"}

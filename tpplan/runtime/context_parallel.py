@@ -206,9 +206,11 @@ class CpRunner(_Mixers):
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         recurrence: str = "serial",
+        layers: str = "all",
     ) -> None:
         self.graph, self.cp, self.rank, self.recurrence = graph, cp, rank, recurrence
-        self.audit = audit_cp(graph, 1, cp, recurrence)  # type: ignore[arg-type]
+        # `all`: TP 1 x CP cp; `mla` (context_parallel_mla.py): TP = CP = cp, attention TP 1
+        self.audit = audit_cp(graph, cp if layers == "mla" else 1, cp, recurrence, layers)  # type: ignore[arg-type]
         if not self.audit.legal:
             raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
         if recurrence == "scan" and any(op.attrs.get("impl") == "gdn" for lg in graph.kinds.values() for op in lg.ops):
@@ -404,7 +406,13 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
     weights = load_safetensors(path, graph, nu) if path else random_weights(graph, nu, seed=payload["seed"])
     ids = torch.randint(0, graph.spec.vocab, (payload["tokens"],),
                         generator=torch.Generator().manual_seed(payload["seed"] + 1))  # fmt: skip
-    runner = CpRunner(graph, world, rank, weights, numerics=nu, device=device, recurrence=payload["recurrence"])
+    layers = payload.get("layers", "all")
+    if layers == "mla":
+        from tpplan.runtime.context_parallel_mla import MlaOnlyCpRunner as runner_class
+    else:
+        runner_class = CpRunner
+    runner = runner_class(graph, world, rank, weights, numerics=nu, device=device, recurrence=payload["recurrence"],
+                          layers=layers)  # fmt: skip
     hidden, mine = runner.prefill(ids)
     logits = runner.logits(hidden)
     parts: list[Any] = [None] * world
@@ -434,14 +442,16 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
 
 
 def verify_cp(models: list[str], cp: int, *, tokens: int = 16, seed: int = 0, weights: dict[str, str] | None = None,
-              timeout_s: float = 120.0, recurrence: str = "serial") -> list[dict[str, Any]]:  # fmt: skip
+              timeout_s: float = 120.0, recurrence: str = "serial",
+              layers: str = "all") -> list[dict[str, Any]]:  # fmt: skip
     """Run each of `models` at CP `cp` on `cp` local gloo ranks (one group for all) and compare with
     the one-process reference: the assembled final hidden and logits, and every rank's traced CP
-    calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights."""
+    calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights.
+    `layers="mla"`: only the MLA attention token-sharded, TP = CP = `cp` (`context_parallel_mla`)."""
     from tpplan.runtime.group import GroupSpec, run_group
 
-    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": recurrence}
-               for m in models]  # fmt: skip
+    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": recurrence,
+                "layers": layers} for m in models]  # fmt: skip
     return run_group(_worker, GroupSpec("gloo", cp, timeout_s), payload)
 
 
