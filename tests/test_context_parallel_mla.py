@@ -123,3 +123,19 @@ def test_audit_and_explain_show_the_mla_mode(monkeypatch, capsys) -> None:
     code, _, err = run_cli(monkeypatch, capsys, "verify", "--model", "tiny-kimi-k3", "--tp", "1", "--cp", "2",
                            "--cp-layers", "mla", "--plan", "baseline")  # fmt: skip
     assert code == 2 and "--tp 2 --cp 2" in err
+
+
+def test_search_equals_brute_force_and_predict_plan_with_mla_only_cp() -> None:
+    """The search prices `--cp-layers mla` through the same Pricer: the replaced collective at zero, the
+    gather in `fixed`, the K/V expansion's extra passes on the op: still exact against brute force, and
+    each score equals predict_plan's."""
+    from tests.test_search import CASES, check_against_brute, close, graph_of
+    from tpplan.search import PredictObjective, search
+
+    model, n, opts = CASES[6]  # tiny-kimi-k3 at TP 2
+    topo = load_topology("h200x8-ib400", nodes=1)
+    obj = PredictObjective(Pricer(graph_of(model), topo, n, cp=2, cp_layers="mla"), tokens=2048)
+    check_against_brute(model, n, opts, obj)
+    for c in search(graph_of(model), n, obj, top=2, per_family=True).candidates:
+        pr = predict_plan(graph_of(model), c.plan, topo, tp=n, cp=2, cp_layers="mla", tokens=2048)
+        assert close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)

@@ -156,3 +156,20 @@ def test_mla_only_cp_equals_the_unsharded_model_and_gathers_only_the_attention_o
         for traced, predicted in zip(r["traced"], r["predicted"], strict=True):
             assert _calls(traced) == _calls(predicted), r["model"]
             assert [c.layer for c in traced] == mla_layers and {c.value for c in traced} == {"attn_out"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [2, 4])
+def test_gdn_two_pass_scan_equals_the_unsharded_model_and_the_serial_hand_off(cp: int) -> None:
+    """Qwen3-Next's Gated DeltaNet by the two-pass scan: the conv halo posted by every rank at once, then
+    one all-gather of every rank's state and transition per layer, as predicted, and no state sent on;
+    the same logits as the one-process model and as the serial hand-off."""
+    scan, serial = verify_cp(["tiny-qwen3-next"], cp, tokens=19, recurrence=("scan", "serial"), timeout_s=300)
+    assert scan["max_abs_hidden"] < 1e-4 and scan["max_rel_logits"] < 1e-5
+    assert (scan["logits"] - serial["logits"]).abs().max() <= 1e-5 * serial["logits"].abs().max()
+    for rank, (traced, predicted) in enumerate(zip(scan["traced"], scan["predicted"], strict=True)):
+        assert _calls(traced) == _calls(predicted)
+        assert not [c for c in traced if c.value == "state"]
+        assert len([c for c in traced if c.value == "state+transition"]) == len(
+            [k for k in build_model_graph(load_model("tiny-qwen3-next")).layer_kinds if k.startswith("gdn")])
+        assert bool([c for c in traced if c.value == "conv_tail"]) == (rank > 0)

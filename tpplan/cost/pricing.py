@@ -129,16 +129,20 @@ class Pricer:
         (quantization_config; routed experts at the expert dtype)."""
         return d.weight_elements_per_rank * self._base.weight_elem_bytes(lg.kind, d.op)
 
+    def replaced_by_cp(self, layer_kind: str, c: CommEvent) -> bool:
+        """Whether a CP exchange takes this collective's place (`--cp-layers mla`: o_proj's), so it costs 0."""
+        return c.value in self.cp_audit.kinds[layer_kind].replaces
+
     def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
         """One collective of a layer for one batch (the TP group as it sits on the nodes)."""
         t = self._rows(segs)
-        if c.value in self.cp_audit.kinds[layer_kind].replaces:  # `--cp-layers mla`: a CP exchange replaces it
+        if self.replaced_by_cp(layer_kind, c):
             return CollectiveTime(layer_kind, c.label, c.collective.value, c.region, 0.0, 0.0, "replaced by CP")
         return self._base.collective(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
 
     def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
         """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
-        if c.value in self.cp_audit.kinds[lg.kind].replaces:
+        if self.replaced_by_cp(lg.kind, c):
             return 0.0
         op = self._base.layout_copy(lg, c, self._rows(segs))
         return op.seconds if op is not None else 0.0

@@ -230,8 +230,9 @@ def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recur
             kernel = op.int_attr("kernel", 1)
             channels = (2 * op.int_attr("k_heads") * dk + heads * dv) / tp
             if kernel > 1:
-                out.append(CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",),
-                                      per_seq=(kernel - 1) * channels))  # fmt: skip
+                halo = CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",), per_seq=(kernel - 1) * channels)
+                # serial: the tail rides after the state; scan: the conv needs the halo before the local pass
+                out.insert(len(out) if recurrence == "serial" else 0, halo)
         return out
     if impl == "short_conv":
         kernel = op.int_attr("kernel", 1)

@@ -14,8 +14,9 @@ planner's `CpExchange`s say:
   (GDN: and its conv tail, the halo) in the kernel's own chunked-prefill state, runs its chunk and
   sends its state on; KDA's separate short convolutions receive the previous rank's last
   conv_kernel-1 inputs (the halo; posted at once by every rank, no chain). With
-  `recurrence="scan"`, KDA runs the two-pass scan instead (`CpRunner._scan`): local scan, an
-  all-gather of every rank's chunk state and transition, a correction pass (GDN: serial only).
+  `recurrence="scan"`, KDA and GDN run the two-pass scan instead (`_scan`, `_scan_gdn`): local scan,
+  an all-gather of every rank's chunk state and transition, a correction pass (GDN's conv halo is
+  then posted at once by every rank before its local pass, as KDA's short convs' are).
 
 The attention call reuses the reference kernel as it is: the queries are placed at their absolute
 positions in a [T, ...] buffer of zeros and the causal kernel runs over the gathered keys; rows of
@@ -93,6 +94,8 @@ class _Mixers:
             return execute_op(op, ins, w, self._halo(op, ins[0]), ctx)
         if impl == "kda" and self.recurrence == "scan":
             return self._scan(op, ins, w, ctx)
+        if impl == "gdn" and self.recurrence == "scan":
+            return self._scan_gdn(op, ins, w, ctx)
         if impl in ("kda", "gdn"):
             state = self._receive_state(op, ins[0])
             out = execute_op(op, ins, w, state, ctx)
@@ -116,17 +119,73 @@ class _Mixers:
         zero_v = torch.zeros_like(v)
         trans = {"recurrent": torch.eye(d, device=v.device).expand(heads, d, d).clone()}
         execute_op(op, [q, k, zero_v, f, beta], w, trans, ctx)
-        mine = torch.cat([local["recurrent"].reshape(-1), trans["recurrent"].reshape(-1).float()])
+        parts = self._exchange_states(op, local["recurrent"], trans["recurrent"])
+        if self.rank == 0:
+            return out
+        return out + execute_op(op, [q, k, zero_v, f, beta], w, {"recurrent": self._incoming_state(parts)}, ctx)
+
+    def _exchange_states(self, op: Op, local: Tensor, trans: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """All-gather every rank's (final state from zero, chunk transition), fp32, as one flat tensor."""
+        mine = torch.cat([local.reshape(-1).float(), trans.reshape(-1).float()])
         both = mine.new_empty(self.cp * mine.numel())
         self.calls.append(CpCall(self._layer, "all_gather", op.name, "state+transition", both.numel() * 4))
         _AG(both, mine.contiguous(), group=self.group)
-        parts = both.view(self.cp, 2, heads, d, d)
-        s_in = torch.zeros(heads, d, d, device=v.device)
-        for j in range(self.rank):
-            s_in = torch.einsum("hab,hbv->hav", parts[j, 1], s_in) + parts[j, 0]
-        if self.rank == 0:
-            return out
-        return out + execute_op(op, [q, k, zero_v, f, beta], w, {"recurrent": s_in}, ctx)
+        parts = both.view(self.cp, -1)
+        n = local.numel()
+        return [(p[:n].view_as(local), p[n:].view_as(trans)) for p in parts]
+
+    def _incoming_state(self, parts: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """S_in(r) = P_{r-1} S_in(r-1) + S_loc_{r-1} from S_in(0) = 0, over the ranks before this one."""
+        s_in = torch.zeros_like(parts[0][0])
+        for s_loc, p in parts[: self.rank]:
+            s_in = torch.einsum("hab,hbv->hav", p, s_in) + s_loc
+        return s_in
+
+    def _scan_gdn(self, op: Op, ins: list[Tensor], w: Mapping[str, Tensor], ctx: ExecContext) -> Tensor:
+        """Gated DeltaNet by the two-pass scan. Its v sits inside the fused qkvz input, so the op is run
+        in its parts (`kernels.gdn`'s own): the conv with the previous rank's halo (its last kernel-1
+        pre-conv rows, sent by every rank at once), then the delta rule, which is linear in (initial
+        state, v) jointly as KDA's is (`_scan`): the local pass from a zero state, the transition
+        run(I, v=0) [v heads, dk, dk], the all-gather, and the correction run(S_in, v=0) added to
+        the recurrence's output before the gated norm."""
+        qkvz, ba = ins
+        a = op.attrs
+        dk, dv = int(a["k_head_dim"]), int(a["v_head_dim"])
+        r = int(a["v_heads"]) // int(a["k_heads"])
+        conv_w, eps = w["conv"], ctx.numerics.eps
+        kernel = int(conv_w.shape[-1])
+        conv_state: dict[str, Tensor] = {}
+        if kernel > 1:  # the halo: this rank's last kernel-1 pre-conv rows go to the next rank
+            if qkvz.shape[0] < kernel - 1:
+                raise TpplanError(f"--cp {self.cp}", f"a rank holds {qkvz.shape[0]} tokens, fewer than "
+                                  f"{op.name}'s halo of {kernel - 1}", "use more tokens or a smaller CP")  # fmt: skip
+            tail: dict[str, Tensor] = {}
+            K.gdn_conv_inputs(qkvz[-(kernel - 1) :], ba[-(kernel - 1) :], conv_w, dk, dv, r, tail)
+            reqs = []
+            if self.rank + 1 < self.cp:
+                reqs.append(dist.isend(tail["conv"].contiguous(), self._peer(self.rank + 1)))
+            if self.rank > 0:
+                buf = torch.empty_like(tail["conv"])
+                reqs.append(dist.irecv(buf, self._peer(self.rank - 1)))
+                conv_state["conv"] = buf
+                nbytes = buf.numel() * buf.element_size()
+                self.calls.append(CpCall(self._layer, "send_recv", op.name, "conv_tail", nbytes))
+            for q in reqs:
+                q.wait()
+        qc, kc, vc, z, b, ag = K.gdn_conv_inputs(qkvz, ba, conv_w, dk, dv, r, conv_state)
+        hv = b.shape[1]
+
+        def rule(v: Tensor, state: dict[str, Tensor]) -> Tensor:
+            return K.gdn_delta_rule(qc, kc, v, b, ag, w["A_log"], w["dt_bias"], r, state, 64)
+
+        local: dict[str, Tensor] = {}
+        o = rule(vc, local)
+        trans = {"recurrent": torch.eye(dk, device=qkvz.device).expand(hv, dk, dk).clone()}
+        rule(vc.new_zeros(vc.shape[0], hv * dk), trans)
+        parts = self._exchange_states(op, local["recurrent"], trans["recurrent"])
+        if self.rank > 0:
+            o = o + rule(torch.zeros_like(vc), {"recurrent": self._incoming_state(parts)})
+        return K.head_rms_norm(o, w["norm"], eps, dv, gate=z, gate_fn="silu").to(qkvz.dtype)
 
     def _mine(self) -> Tensor:
         return torch.tensor(self.positions[self.rank], dtype=torch.long)
@@ -213,9 +272,6 @@ class CpRunner(_Mixers):
         self.audit = audit_cp(graph, cp if layers == "mla" else 1, cp, recurrence, layers)  # type: ignore[arg-type]
         if not self.audit.legal:
             raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
-        if recurrence == "scan" and any(op.attrs.get("impl") == "gdn" for lg in graph.kinds.values() for op in lg.ops):
-            raise TpplanError("--cp-recurrence scan", "the two-pass scan is executed for KDA only (GDN's v sits "
-                              "inside its fused input)", "pass --cp-recurrence serial")  # fmt: skip
         self.split = model_split(self.audit)
         self.nu = numerics or numerics_for(graph)
         dev = device or torch.device("cpu")
@@ -442,16 +498,18 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
 
 
 def verify_cp(models: list[str], cp: int, *, tokens: int = 16, seed: int = 0, weights: dict[str, str] | None = None,
-              timeout_s: float = 120.0, recurrence: str = "serial",
+              timeout_s: float = 120.0, recurrence: str | tuple[str, ...] = "serial",
               layers: str = "all") -> list[dict[str, Any]]:  # fmt: skip
     """Run each of `models` at CP `cp` on `cp` local gloo ranks (one group for all) and compare with
     the one-process reference: the assembled final hidden and logits, and every rank's traced CP
     calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights.
-    `layers="mla"`: only the MLA attention token-sharded, TP = CP = `cp` (`context_parallel_mla`)."""
+    `layers="mla"`: only the MLA attention token-sharded, TP = CP = `cp` (`context_parallel_mla`).
+    Several `recurrence`s: one case per model and recurrence, in that order, in one process group."""
     from tpplan.runtime.group import GroupSpec, run_group
 
-    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": recurrence,
-                "layers": layers} for m in models]  # fmt: skip
+    ways = (recurrence,) if isinstance(recurrence, str) else recurrence
+    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": rec,
+                "layers": layers} for m in models for rec in ways]  # fmt: skip
     return run_group(_worker, GroupSpec("gloo", cp, timeout_s), payload)
 
 
