@@ -139,3 +139,23 @@ def test_search_equals_brute_force_and_predict_plan_with_mla_only_cp() -> None:
     for c in search(graph_of(model), n, obj, top=2, per_family=True).candidates:
         pr = predict_plan(graph_of(model), c.plan, topo, tp=n, cp=2, cp_layers="mla", tokens=2048)
         assert close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)
+
+
+def test_search_offers_the_mla_mode_inside_each_tp_group_where_legal(monkeypatch, capsys) -> None:
+    from tpplan.search import search_report
+    from tpplan.search.cp_grid import mla_deployments
+
+    g = _graph("tiny-kimi-k3")
+    assert mla_deployments(g, [(8, 1, 1), (4, 2, 1), (1, 8, 1)], None) == [(8, 1, 2), (8, 1, 4), (8, 1, 8),
+                                                                           (4, 2, 2), (4, 2, 4)]  # fmt: skip
+    assert mla_deployments(g, [(8, 1, 1), (4, 2, 1)], 8) == [(8, 1, 8)]
+    with pytest.raises(TpplanError, match="has none"):
+        mla_deployments(_graph("tiny-llama"), [(8, 1, 1)], None)
+    data = search_report("tiny-kimi-k3", "h200x8-ib400", nodes=1, tp=4, pp=1, cp=4, cp_layers="mla", top=2,
+                         tokens=4096)  # fmt: skip
+    assert data["search"]["deployments"] == ["TP4xCP4"]
+    assert data["plans"] and all(p["cp"] == 4 for p in data["plans"])
+    code, out, _ = run_cli(monkeypatch, capsys, "search", "--model", "tiny-kimi-k3", "--topology", "h200x8-ib400",
+                           "--nodes", "1", "--tp", "4", "--pp", "1", "--cp", "4", "--cp-layers", "mla", "--top", "1",
+                           "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["cp_layers"] == "mla"

@@ -14,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpLayersOpt,
     EngineOpt,
     GpuOpt,
     NodesOpt,
@@ -84,6 +85,7 @@ def register(app: typer.Typer) -> None:
                 callback=CP_RANGE,
             ),
         ] = None,
+        cp_layers: CpLayersOpt = "all",
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
@@ -137,7 +139,7 @@ def register(app: typer.Typer) -> None:
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        gpus = tp * (pp or 1) * (cp or 1) if tp else None
+        gpus = tp * (pp or 1) * (cp or 1 if cp_layers == "all" else 1) if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
@@ -151,6 +153,7 @@ def register(app: typer.Typer) -> None:
                 tp=tp,
                 pp=pp,
                 cp=cp,
+                cp_layers=cp_layers,
                 workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,
@@ -164,6 +167,8 @@ def register(app: typer.Typer) -> None:
                 progress=say,
             )
         data = outcome.to_json()
+        if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
+            data["cp_layers"] = cp_layers
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

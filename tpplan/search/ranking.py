@@ -73,6 +73,7 @@ class _Setup:
     dp_attention: bool
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
+    cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[tuple[int, int, int], RankedPlan] = field(default_factory=dict)  # (TP, PP, CP) -> baseline
 
@@ -189,7 +190,7 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
     from tpplan.cost.predict import predict_plan
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                      expert_dtype=s.expert_dtype, audit=pa, cp=cp)  # fmt: skip
+                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -215,7 +216,7 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1) -> Objective:
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp)  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -468,6 +469,7 @@ def search_plans(
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
     cp: int | None = None,
+    cp_layers: str = "all",
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -478,14 +480,17 @@ def search_plans(
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
     engine's micro-batch overlap. `progress` is told each step. `cp`: only that context-parallel size
-    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it)."""
+    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it).
+    `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
+    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
-               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap)  # fmt: skip
+               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
+               cp_layers=cp_layers)  # fmt: skip
     if overlap is not None:
         from tpplan.engines.overlap import overlap_named
 
@@ -499,7 +504,12 @@ def search_plans(
                           "drop cp or rank by time")  # fmt: skip
     grid: list[tuple[int, int, int]] | None = None
     if objective == "time" or tp is not None:
-        grid = deployments(graph, topology, tp, pp, cp if objective == "time" else 1)
+        if cp_layers == "mla" and objective == "time":
+            from tpplan.search.cp_grid import mla_deployments
+
+            grid = mla_deployments(graph, deployments(graph, topology, tp, pp, 1), cp)
+        else:
+            grid = deployments(graph, topology, tp, pp, cp if objective == "time" else 1)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
         grid = [(topology.world_size if topology is not None else 0, 1, 1)]
         if grid[0][0] < 1:
