@@ -9,7 +9,7 @@ import torch
 from tpplan.layout.context_parallel import audit_cp, cp_calls, model_split, rank_positions
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
-from tpplan.runtime.context_parallel import verify_cp
+from tpplan.runtime.context_parallel_verify import verify_cp
 
 FAMILIES = ("tiny-llama", "tiny-deepseek-v3", "tiny-qwen3-next", "tiny-kimi-k3", "tiny-kimi-linear")
 
@@ -133,7 +133,7 @@ def test_tp2_x_cp2_runs_the_plan_in_each_tp_group(model: str, plan: str) -> None
     """TP 2 inside each of 2 CP groups (4 gloo ranks): the TP group's PlanRunner on its CP rank's
     tokens, its mixers reaching the other group's same TP rank. Numbers as the unsharded model; CP
     calls as `cp_calls` at TP 2; TP calls as `predict_schedule` at the rank's own token count."""
-    from tpplan.runtime.context_parallel import verify_tp_cp
+    from tpplan.runtime.context_parallel_verify import verify_tp_cp
 
     r = verify_tp_cp(model, 2, 2, plan=plan, tokens=16, timeout_s=300)
     assert r["max_rel_hidden"] < 1e-5

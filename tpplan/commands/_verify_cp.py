@@ -3,7 +3,7 @@
 Rank r holds its share of the prompt's tokens (`tpplan.layout.context_parallel`); the assembled
 final hidden and logits are compared with the single-process model, and every rank's CP calls
 (kind, op, value, bytes, in order) with the planner's `cp_calls`
-(`tpplan.runtime.context_parallel.verify_cp`)."""
+(`tpplan.runtime.context_parallel_verify.verify_cp`)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def run_tp_cp(model: str, plan: str, tp: int, cp: int, tokens: int, seed: int, t
               recurrence: str = "serial") -> dict[str, Any]:  # fmt: skip
     """TP `tp` x CP `cp` (random weights): the final hidden, CP calls per rank against `cp_calls`, TP
     calls against `predict_schedule`."""
-    from tpplan.runtime.context_parallel import verify_tp_cp
+    from tpplan.runtime.context_parallel_verify import verify_tp_cp
 
     r = verify_tp_cp(model, tp, cp, plan=plan, tokens=tokens, seed=seed, recurrence=recurrence, timeout_s=timeout)
     matches = [_calls(t) == _calls(p) for t, p in zip(r["cp_traced"], r["cp_predicted"], strict=True)]
@@ -56,7 +56,7 @@ def run_tp_cp(model: str, plan: str, tp: int, cp: int, tokens: int, seed: int, t
 def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, timeout: float,
            recurrence: str = "serial", layers: str = "all") -> dict[str, Any]:  # fmt: skip
     """Run and summarise: `passed`, the errors, the trace per rank against the prediction."""
-    from tpplan.runtime.context_parallel import verify_cp
+    from tpplan.runtime.context_parallel_verify import verify_cp
 
     (r,) = verify_cp([model], cp, tokens=tokens, seed=seed, weights={model: str(weights)} if weights else None,
                      timeout_s=timeout, recurrence=recurrence, layers=layers)  # fmt: skip
