@@ -98,6 +98,7 @@ def load_search() -> SearchFn:
             expert_dtype=expert_dtype,
             audits=audits,
             cp=1,  # the memo prices its variants at TP x PP; CP deployments are not in its rows yet
+            replicas=1,  # nor replica deployments (`RankedPlan.replicas`; `Found` has no field for them)
         )
         return [Found(r.plan, r.tp, r.pp, r.rank or i) for i, r in enumerate(outcome.ranked, 1)]
 

@@ -15,12 +15,14 @@ from tpplan.models.graph import ModelGraph
 
 
 def mla_deployments(
-    graph: ModelGraph, splits: list[tuple[int, int, int]], cp: int | None
-) -> list[tuple[int, int, int]]:
-    """(TP, PP, CP) for each of `splits` (CP 1 points) with CP `cp` (default each of CP_SIZES above 1)
-    inside its TP group, where CP divides TP and the model has MLA layers; TpplanError when none is."""
+    graph: ModelGraph, splits: list[tuple[int, int, int, int]], cp: int | None
+) -> list[tuple[int, int, int, int]]:
+    """(TP, PP, CP, replicas) for each of `splits` (CP 1 points of the search's grid) with CP `cp`
+    (default each of CP_SIZES above 1) inside its TP group, where CP divides TP and the model has MLA
+    layers; TpplanError when none is."""
     sizes = (cp,) if cp is not None else CP_SIZES[1:]
-    out = [(n, p, k) for n, p, _ in splits for k in sizes if k > 1 and audit_cp(graph, n, k, layers="mla").legal]
+    legal = [(n, p, k, r) for n, p, _, r in splits for k in sizes if k > 1]
+    out = [g for g in legal if audit_cp(graph, g[0], g[2], layers="mla").legal]
     if not out:
         n, k = (splits[0][0] if splits else 1), sizes[0]
         why = audit_cp(graph, n, k, layers="mla").reasons or [f"CP {k} is not above 1"]
