@@ -256,6 +256,14 @@ VLLM_PCP = CpPath(
             _vllm("config/parallel.py", "ParallelConfig (post-init checks)"),
         ),
         Gate(
+            "a prefill is split only while it fills the 2 x PCP chunks: with DCP > 1 a shorter one is replicated on "
+            "every rank; decodes are replicated (owner-sharded without DCP)",
+            "batch",
+            ("--prefill-context-parallel-size",),
+            "per batch",
+            _vllm("v1/worker/gpu/pcp_manager.py", "PCPManager.replicated_requests, _iter_rank_chunks"),
+        ),
+        Gate(
             "full CUDA graphs only for decode-only routines",
             "server arg",
             ("-cc.cudagraph_mode",),
