@@ -180,7 +180,9 @@ SGLANG_K3_FULL_SEQUENCE = CpPath(
     ),
     ffn="KDA and MoE layers run the full sequence on every rank with the usual TP-T collectives",
     kv_per_rank="replicated",
-    kv_source=_pr(38344, "Motivation (full-sequence CP)", "2026-09-07"),
+    kv_source=_pr(
+        38344, "Motivation (inferred: every rank holds the full sequence, so its latent cache)", "2026-09-07"
+    ),
     gates=(),
     sources=(
         _pr(38344, "Motivation: full-sequence CP, A = tp / cp, CP8 removes the MLA o_proj all-reduce", "2026-09-07"),
