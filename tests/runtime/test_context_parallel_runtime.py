@@ -126,16 +126,19 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "plan"), [("tiny-llama", "baseline"), ("tiny-llama", "sequence-parallel"),
-                                             ("tiny-deepseek-v3", "baseline"), ("tiny-kimi-k3", "baseline"),
-                                             ("tiny-qwen3-next", "baseline")])  # fmt: skip
-def test_tp2_x_cp2_runs_the_plan_in_each_tp_group(model: str, plan: str) -> None:
+@pytest.mark.parametrize(("model", "plan", "rec"), [("tiny-llama", "baseline", "serial"),
+                                                    ("tiny-llama", "sequence-parallel", "serial"),
+                                                    ("tiny-deepseek-v3", "baseline", "serial"),
+                                                    ("tiny-kimi-k3", "baseline", "serial"),
+                                                    ("tiny-qwen3-next", "baseline", "scan")])  # fmt: skip
+def test_tp2_x_cp2_runs_the_plan_in_each_tp_group(model: str, plan: str, rec: str) -> None:
     """TP 2 inside each of 2 CP groups (4 gloo ranks): the TP group's PlanRunner on its CP rank's
     tokens, its mixers reaching the other group's same TP rank. Numbers as the unsharded model; CP
-    calls as `cp_calls` at TP 2; TP calls as `predict_schedule` at the rank's own token count."""
+    calls as `cp_calls` at TP 2; TP calls as `predict_schedule` at the rank's own token count.
+    Qwen3-Next by the two-pass scan (GDN's heads split over TP inside it)."""
     from tpplan.runtime.context_parallel_verify import verify_tp_cp
 
-    r = verify_tp_cp(model, 2, 2, plan=plan, tokens=16, timeout_s=300)
+    r = verify_tp_cp(model, 2, 2, plan=plan, tokens=16, recurrence=rec, timeout_s=300)
     assert r["max_rel_hidden"] < 1e-5
     assert all(r["tp_trace_matches"])
     assert all(_same(a, b) for a, b in zip(r["cp_traced"], r["cp_predicted"], strict=True))
