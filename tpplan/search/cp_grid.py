@@ -3,8 +3,10 @@
 Under `mla` (SGLang PR #38344's full-sequence CP, `tpplan.layout.context_parallel`) CP adds no GPU:
 TP8 x CP8 runs on the TP group's 8 GPUs, the MLA attention at TP 8/8 = 1 on 1/8 of the queries. So
 the grid is the CP 1 splits again, each with every CP size that divides its TP where the model has
-MLA layers. (The default grid keeps `all`, the CP groups of TP ranks beside each other; one grid
-that holds both needs its points to carry the layer set.)
+MLA layers. It is asked for (`search --cp-layers mla`), not in the default grid, as replicas and
+overlap are: each CP size is another grid of walks (K3 on 4x8 H200: 12 deployments, 9.6 s user CPU
+at load 6, against the default's 5 s), and the default grid's points would have to carry the
+layer set to hold both.
 """
 
 from __future__ import annotations
