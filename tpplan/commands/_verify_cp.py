@@ -23,9 +23,12 @@ def _calls(calls: list[Any]) -> list[tuple[object, ...]]:
 def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: str, backend: str,
                   layers: str = "all") -> None:  # fmt: skip
     """What a CP run supports, each refusal one line (exit 2)."""
-    if layers == "mla" and (tp != cp or plans != ["baseline"]):
-        raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "an MLA-only CP run executes the baseline at "
-                          "TP = CP (attention TP 1, CP inside the TP group)", f"pass --tp {cp} --cp {cp}")  # fmt: skip
+    if layers == "mla" and tp != cp:
+        raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "an MLA-only CP run executes TP = CP "
+                          "(attention TP 1, the CP group inside the TP group)", f"pass --tp {cp} --cp {cp}")  # fmt: skip
+    if layers == "mla" and plans != ["baseline"]:
+        raise TpplanError(f"--plan {' '.join(plans)}", "an MLA-only CP run executes the baseline (its other layers "
+                          "at TP 1 on every rank)", "pass --plan baseline")  # fmt: skip
     if len(plans) != 1 or (tp == 1 and plans[0] != "baseline"):
         raise TpplanError(f"--plan {' '.join(plans)}", "a CP run verifies one plan (at TP 1 only the baseline)",
                           "pass one --plan (baseline at --tp 1)")  # fmt: skip
