@@ -25,7 +25,8 @@ def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: 
     """What a CP run supports, each refusal one line (exit 2)."""
     if layers == "mla" and tp != cp:
         raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "an MLA-only CP run executes TP = CP "
-                          "(attention TP 1, the CP group inside the TP group)", f"pass --tp {cp} --cp {cp}")  # fmt: skip
+                          "(attention TP 1, the CP group inside the TP group)",
+                          f"pass --tp {cp} --cp {cp}")  # fmt: skip
     if layers == "mla" and plans != ["baseline"]:
         raise TpplanError(f"--plan {' '.join(plans)}", "an MLA-only CP run executes the baseline (its other layers "
                           "at TP 1 on every rank)", "pass --plan baseline")  # fmt: skip
