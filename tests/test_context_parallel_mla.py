@@ -87,7 +87,13 @@ def test_mla_mode_prices_the_gather_instead_of_the_all_reduce_and_replicates_the
         assert a.total_s == pytest.approx(b.total_s)
     assert cp8.memory.kv_cache == pytest.approx(tp8.memory.kv_cache)  # every rank caches the whole sequence
     pricer = Pricer(g, topo, 8, cp=8, cp_layers="mla")  # the search's prices agree with predict_plan's
+    plain = Pricer(g, topo, 8)
     res = pricer.baseline_audit.kinds["mla+moe"].result
+    lg = g.kinds["mla+moe"]
+    more = sum(pricer.weight_bytes(lg, d) - plain.weight_bytes(lg, d) for d in res.decisions)
+    o_proj = next(d for d in res.decisions if d.op.name == "o_proj")
+    assert pricer.weight_bytes(lg, o_proj) == pytest.approx(8 * plain.weight_bytes(lg, o_proj))  # all 96 heads
+    assert more > 0 and cp8.memory.weights - tp8.memory.weights == pytest.approx(g.counts()["mla+moe"] * more)
     replaced = next(c for c in res.comms if c.value == "attn_out")
     assert pricer.collective_time("mla+moe", replaced, ((16384, 0),)).seconds == 0.0
     assert pricer.cp_exchange_time("mla+moe", ((16384, 0),)) == pytest.approx(gather.seconds)

@@ -27,7 +27,8 @@ TP-shaped GEMMs, an approximation), except the K/V expansion each rank runs for 
 A = tp/c ranks' heads (`CpKind.replicated`: c times its TP share, the extra priced as an op). The
 plan's collective on the attention output is dropped (`CpKind.replaces`) for an all-reduce over the
 A attention-TP ranks of the rank's ceil(n/c) rows (none at A = 1) and the all-gather of those rows
-over the c CP ranks, peers A GPUs apart.
+over the c CP ranks, peers A GPUs apart. Memory: a rank holds the attention half's weights at
+attention TP A, c times the plan's TP share of each sharded one (`cp_weight_elements`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tpplan.cost.comm import price_collective
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.segments import Segments
 from tpplan.layout.context_parallel import CpExchange, CpKind, chunk_bounds, zigzag_chunks
+from tpplan.layout.propagate import OpDecision
 
 if TYPE_CHECKING:
     from tpplan.cost.op_prices import OpPrices
@@ -63,6 +65,16 @@ def local_segments(segs: Segments, cp: int, split: str) -> Segments:
             start, stop = chunk_bounds(n, cp)[-1]
             out.append((stop - start, ctx + start))
     return tuple(out)
+
+
+def cp_weight_elements(ck: CpKind, cp: int, d: OpDecision) -> float:
+    """Weight elements one rank holds for an op decision: under `--cp-layers mla` an MLA layer's attention
+    ops run at attention TP tp/cp, so a rank holds cp times the plan's TP share of a sharded weight (all of
+    it at tp = cp); every other op its plan share."""
+    w = d.weight_elements_per_rank
+    if d.op.name not in ck.attention_ops:
+        return w
+    return min(float(d.op.weight_numel), w * cp)
 
 
 def cp_ranks_per_node(tp: int, cp: int, gpus_per_node: int) -> int:
@@ -124,4 +136,4 @@ def cp_extras(
     return ops, colls
 
 
-__all__ = ["cp_extras", "cp_ranks_per_node", "exchange_bytes", "local_segments"]
+__all__ = ["cp_extras", "cp_ranks_per_node", "cp_weight_elements", "exchange_bytes", "local_segments"]

@@ -20,7 +20,7 @@ import math
 
 from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.comm import price_collective
-from tpplan.cost.context_parallel import cp_extras, local_segments
+from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
@@ -159,12 +159,30 @@ class Predictor(OpPrices):
                 kv += self.kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
             weights, extra = held[s].weights, held[s].replicated_extra
+            wide = self._attention_tp_weights(rng)  # `--cp-layers mla`: MLA attention weights at TP tp/cp
+            weights, extra = weights + wide, extra + wide
             acts = self._activations(rng, math.ceil(chunk / self.cp))
             m = MemoryBreakdown(weights, extra, acts, kv, state)
             if best is None or m.total > best.total:
                 best = m
         assert best is not None
         return best
+
+    def _attention_tp_weights(self, rng: range) -> float:
+        """Weight bytes a rank holds beyond the plan's TP share under `--cp-layers mla` (the MLA layers'
+        attention at attention TP tp/cp, `cost.context_parallel.cp_weight_elements`); 0 otherwise."""
+        cpa = self.cp_audit
+        if cpa.layers != "mla" or cpa.cp <= 1:
+            return 0.0
+        total = 0.0
+        for j in rng:
+            res = self.audit.layer_results[j]
+            ck = cpa.kinds[res.kind]
+            for d in res.decisions:
+                if d.op.name in ck.attention_ops:
+                    more = cp_weight_elements(ck, cpa.cp, d) - d.weight_elements_per_rank
+                    total += more * self.weight_elem_bytes(res.kind, d.op)
+        return total
 
     def kv_per_token(self, attn: AttnSpec) -> float:
         """KV cache bytes per token of one layer on one rank, as its token mixer states it

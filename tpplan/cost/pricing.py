@@ -26,7 +26,7 @@ import math
 from dataclasses import replace
 
 from tpplan.audit import PlanAudit
-from tpplan.cost.context_parallel import cp_extras, local_segments
+from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.predictor import Predictor
@@ -131,7 +131,8 @@ class Pricer:
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
         (quantization_config; routed experts at the expert dtype)."""
-        return d.weight_elements_per_rank * self._base.weight_elem_bytes(lg.kind, d.op)
+        elements = cp_weight_elements(self.cp_audit.kinds[lg.kind], self.cp, d)  # `--cp-layers mla`: attention TP
+        return elements * self._base.weight_elem_bytes(lg.kind, d.op)
 
     def replaced_by_cp(self, layer_kind: str, c: CommEvent) -> bool:
         """Whether a CP exchange takes this collective's place (`--cp-layers mla`: o_proj's), so it costs 0."""

@@ -125,6 +125,7 @@ class CpKind:
     reasons: tuple[str, ...] = ()  # why CP cannot run this kind (empty: legal)
     replaces: tuple[str, ...] = ()  # values whose plan collectives the CP exchanges replace (`mla` mode)
     replicated: tuple[tuple[str, int], ...] = ()  # (op, n): each rank runs n times the op's TP share (`mla`)
+    attention_ops: tuple[str, ...] = ()  # `mla`: ops whose weights a rank holds at attention TP tp/cp
 
     @property
     def legal(self) -> bool:
@@ -182,6 +183,7 @@ class CpAudit:
                     "exchanges": [x.to_json() for x in v.exchanges],
                     "replaces_plan_collectives_on": list(v.replaces),
                     "replicated_ops": {op: n for op, n in v.replicated},
+                    "attention_tp_weights": list(v.attention_ops),
                 }
                 for k, v in self.kinds.items()
             },
@@ -284,7 +286,11 @@ def _audit_mla_only(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence)
         if attn_tp > 1:  # o_proj's partial sums over the A attention-TP ranks, on this rank's rows
             xs.append(CpExchange(name, "attn_tp_all_reduce", "all_reduce", (out,), per_token=width, group="attn_tp"))
         xs.append(CpExchange(name, "output_all_gather", "all_gather", (out,), per_token=width))
-        kinds[kind] = CpKind(kind, "zigzag", tuple(xs), replaces=(out,), replicated=((kv_b.name, cp),))
+        add = next(o for o in lg.middle if o.kind is OpKind.ADD)
+        half = lg.ops[: lg.ops.index(add)]  # the attention half: every rank holds its heads at attention TP
+        held = tuple(o.name for o in half if o.weight_numel)
+        kinds[kind] = CpKind(kind, "zigzag", tuple(xs), replaces=(out,), replicated=((kv_b.name, cp),),
+                             attention_ops=held)  # fmt: skip
     if cp > 1 and all(k.split == "none" for k in kinds.values()):
         model_reasons.append("--cp-layers mla shards only MLA layers and this model has none: use --cp-layers all")
     return CpAudit(cp, tp, recurrence, kinds, "mla", tuple(model_reasons))
