@@ -123,4 +123,4 @@ def test_nvls_preset_prices_eight_rank_all_reduces_from_the_measured_nvls_curve(
     for kind, n in (("all_reduce", 4), ("reduce_scatter", 8), ("all_gather", 8), ("all_to_all", 8)):
         assert collective_time(kind, size, n, nvls) == collective_time(kind, size, n, ring), (kind, n)
     assert collective_time("reduce_scatter", size, 32, nvls) == collective_time("reduce_scatter", size, 32, ring)
-    assert collective_time("all_reduce", size, 32, nvls).algorithm == "nccl-curve"
+    assert collective_time("all_reduce", size, 32, nvls).algorithm == "nccl-ib-curve"  # across nodes: nccl-tests#309

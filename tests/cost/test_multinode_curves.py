@@ -45,7 +45,7 @@ def test_the_set_is_the_published_rows_and_cites_them() -> None:
 @pytest.mark.parametrize(("ranks", "mib", "us"), [(16, 1, 71.47), (16, 512, 2355.1), (32, 64, 574.4)])
 def test_the_nvls_preset_prices_those_groups_from_the_runs(ranks: int, mib: int, us: float) -> None:
     est = collective_time("all_reduce", mib * MiB, ranks, load_topology("h200x8-ib400-nvls", nodes=4))
-    assert est.algorithm == "nccl-curve" and est.time_s == pytest.approx(us * 1e-6, rel=1e-9)
+    assert est.algorithm == "nccl-ib-curve" and est.time_s == pytest.approx(us * 1e-6, rel=1e-9)
 
 
 def test_other_placements_kinds_and_the_nvls_off_presets_keep_the_link_model() -> None:
@@ -55,7 +55,7 @@ def test_other_placements_kinds_and_the_nvls_off_presets_keep_the_link_model() -
     assert collective_time("reduce_scatter", 64 * MiB, 16, nvls).algorithm == "ring"
     for name in ("h200x8-ib400", "h100x8-ib400"):  # NVLS off: the published runs are NCCL's NVLS-on default
         assert not [c for c in load_topology(name).curves if c.ranks > 8]
-        assert collective_time("all_reduce", 64 * MiB, 16, load_topology(name, nodes=2)).algorithm != "nccl-curve"
+        assert collective_time("all_reduce", 64 * MiB, 16, load_topology(name, nodes=2)).algorithm != "nccl-ib-curve"
 
 
 def test_another_cluster_out_of_sample() -> None:
