@@ -16,6 +16,7 @@ from tpplan.engines.async_tp import (
     UNUSED_VLLM_OP,
     VOLUME,
 )
+from tpplan.engines.context_parallel import CP_PATHS
 from tpplan.engines.overlap import DEEPEP_SMS, OVERLAPS
 from tpplan.engines.schema import Comm, EngineVersion, Mode
 
@@ -193,6 +194,41 @@ def _async_tp() -> list[str]:
     return out
 
 
+def _context_parallel() -> list[str]:
+    """The engines' prefill-CP paths (`tpplan.engines.context_parallel`) against tpplan's `--cp-layers` modes."""
+    out = [
+        "## Prefill context parallelism",
+        "",
+        "What each engine shards, gathers and keeps per CP rank (`tpplan/engines/context_parallel.py`).",
+        "tpplan's modes: `--cp-layers all` (every layer on the rank's tokens, a TP group per CP rank) and",
+        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). With `--engine sglang` or",
+        "`--engine vllm` a CP rank's KV cache holds the whole sequence (both engines write the gathered K/V",
+        "into every rank's cache); without an engine tpplan counts KV / cp.",
+        "",
+    ]
+    for p in CP_PATHS:
+        where = "" if p.in_release else " (open PR, not in the release)"
+        out += [
+            f"### {p.engine}: {p.name}{where}",
+            "",
+            f"- flags: {', '.join(f'`{f}`' for f in p.flags)}; models: {p.models}",
+            f"- token-sharded: {p.token_sharded}; split: {p.split}",
+            f"- exchange: {p.exchange}",
+            f"- FFN / MoE: {p.ffn}",
+            f"- KV per rank: {p.kv_per_rank} ({p.kv_source.cite()})",
+            f"- sources: {'; '.join(s.cite() for s in p.sources)}",
+            f"- tpplan mode: {f'`--cp-layers {p.tpplan_mode}`' if p.tpplan_mode else 'none'}",
+            *(f"- differs: {d}" for d in p.differences),
+        ]
+        if p.gates:
+            out += ["", "| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
+            for g in p.gates:
+                keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+                out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+        out.append("")
+    return out
+
+
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
@@ -200,6 +236,7 @@ def render() -> str:
         lines += _engine(ev)
     lines += _overlaps()
     lines += _async_tp()
+    lines += _context_parallel()
     return "\n".join(lines).rstrip() + "\n"
 
 
