@@ -9,6 +9,7 @@ column-parallel weights that would read token-sharded input and all-to-all'ing t
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan, baseline, with_ep, with_overlap
@@ -303,8 +304,8 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     name = plan_name(name)
     over = OVERLAP_PATTERN.fullmatch(name)
     if over:
-        modes: dict[str, OverlapName] = {"tbo": "tbo", "dbo": "dbo", "asynctp": "asynctp"}
-        return overlapped(make_plan(over["base"], graph, n), modes[over["overlap"]], graph, n)
+        mode = cast(OverlapName, over["overlap"])  # the pattern admits only the OverlapName values
+        return overlapped(make_plan(over["base"], graph, n), mode, graph, n)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
