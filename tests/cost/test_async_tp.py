@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tpplan.cost.async_tp import AsyncTpCosts, all_gather_matmul_seconds, matmul_reduce_scatter_seconds, pair_seconds
+from tpplan.cost.async_tp import (
+    GEMM_BESIDE_COPY,
+    AsyncTpCosts,
+    all_gather_matmul_seconds,
+    matmul_reduce_scatter_seconds,
+    pair_seconds,
+)
 from tpplan.errors import TpplanError
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
@@ -141,6 +147,7 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
         ops = [src.ops[i] for i in pair.gemms]
         gemm = sum(p.gemm_at(lg.kind, next(o for o in lg.ops if o.name == x.op), rows, *x.shape[1:]) for x in ops)
         gemm = max(gemm, sum(o.seconds for o in ops) / 8)  # never faster than its share of the whole GEMM
+        gemm *= GEMM_BESIDE_COPY  # each chunk GEMM beside a copy, as measured on one H200
         copy = lat + chunk_bytes / link
         if pair.pattern == "ag_gemm":
             want = all_gather_matmul_seconds(8, gemm, copy, max(2 * chunk_bytes / p.hbm, KERNEL_FLOOR_S), lat)
@@ -280,3 +287,17 @@ def test_the_engine_flags_that_realise_it_per_model():
     assert "SM100" in str(launch_flags("kimi_k3")["vLLM 0.33.0"])  # a Blackwell CUTLASS kernel, not priced
     # the fusion's gates follow the mode's (--enable-layernorm-sp's own checks come first)
     assert SGLANG_ASYNC_TP.all_gates[0].text.startswith("architecture in SP_SUPPORTED_ARCHITECTURES")
+
+
+def test_the_gemm_slowdown_beside_a_copy_is_the_h200_measurement():
+    """GEMM_BESIDE_COPY is the median slowdown of the multi-wave GEMMs (over 0.12 ms) beside a paced
+    copy-engine copy, two runs on one H200: a new measurement that moves it must move the constant.
+    One-wave GEMMs (under 0.12 ms) lose an SM to the pacing kernel and are left out."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    runs = Path(__file__).parents[2] / "docs/benchmarks/h200-2026-12-02d"
+    rows = [r for f in ("copy.json", "copy-repeat.json") for r in json.loads((runs / f).read_text())["rows"]]
+    gemms = [r["op_slowdown"] for r in rows if r["op"].startswith("gemm") and r["op_alone_s"] > 1.2e-4]
+    assert len(gemms) == 28 and round(statistics.median(gemms), 2) == GEMM_BESIDE_COPY

@@ -12,8 +12,11 @@ GEMM (never faster than 1/N of the whole: the search's bound relies on it). Copi
 NVLink's latency and bandwidth (`peer_copy_seconds`), local copies and the partial sum at the HBM
 roofline, barriers at the link latency.
 
-What the overlap costs the GEMMs beside a copy is one named parameter (`AsyncTpCosts.gemm_beside_copy`,
-default 1.0: torch's copies are `copy_` calls whose engine, copy engine or SMs, the Python does not fix).
+What the overlap costs the GEMMs beside a copy is one named parameter (`AsyncTpCosts.gemm_beside_copy`):
+1.08, measured on one H200 beside a copy-engine copy paced to 200-400 GB/s (docs/benchmarks.md, "GEMMs
+beside a copy-engine copy"; torch's copies are `copy_` calls between device tensors, which CUDA runs on
+a copy engine for contiguous same-dtype tensors). The copies' own slowdown beside the GEMMs was not
+measured (the pacing kernel itself waits for SMs there): they are priced at the link's rate.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from tpplan.layout.propagate import LayerResult
 
 KindTimeOf = Callable[[LayerResult, Segments], KindTime]  # `Predictor.kind_time`
 
-# The one place the compute slowdown beside a concurrent copy lives (the one-GPU probe replaces it).
-GEMM_BESIDE_COPY = 1.0
+# The one place the compute slowdown beside a concurrent copy lives: the median of 28 multi-wave GEMMs
+# (0.13-1 ms, bf16 and fp8) beside a paced copy-engine copy on one H200, 0.98-1.32 (h200-2026-12-02d).
+GEMM_BESIDE_COPY = 1.08
 
 
 @dataclass(frozen=True)
