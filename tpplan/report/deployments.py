@@ -1,0 +1,161 @@
+"""The deployments ranked: TP, PP, CP and their mixes (and micro-batch overlap where the memo prices
+it), one row per deployment of the search's grid, each with a reason computed from its priced parts.
+
+A row is the fastest plan the memo priced at that deployment (baseline is priced at every deployment
+of the grid; the search's best and the memo's plans join where they run there) that fits under the
+memory cap; a deployment where nothing fits is listed after the ranked ones with what puts it over
+the cap. The reason compares the row with the reference deployment (the grid's first, the widest TP,
+where the search takes its baseline): one chunk's compute, TP collectives, CP exchanges and stage
+sends, and the mean TTFT the workload's schedule makes of them.
+
+Hook for replicas (R copies of a deployment serving the requests between them): a row is keyed by
+`DeploymentKey` (TP, PP, CP, overlap); a replica count belongs there when the search's grid has it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpplan.report.results import Variant, ttft_mean
+from tpplan.units import GIB
+
+DeploymentKey = tuple[int, int, int, str | None]  # (TP, PP, CP, overlap name)
+
+
+def key_of(v: Variant) -> DeploymentKey:
+    return v.tp, v.pp, v.cp, v.plan.overlap
+
+
+def label_of(key: DeploymentKey) -> str:
+    from tpplan.search.results import deployment_label
+
+    tp, pp, cp, overlap = key
+    return deployment_label(tp, pp, cp) + (f"+{overlap}" if overlap else "")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """One chunk through every layer, split by what it is made of (seconds, from the prediction)."""
+
+    compute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    stage_s: float
+
+    @property
+    def forward_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.cp_comm_s + self.stage_s
+
+
+def parts(v: Variant, workload: str) -> Parts | None:
+    p = v.predictions.get(workload)
+    if p is None:
+        return None
+    cp = sum(c.seconds * k.count for k in p.kinds for c in k.collectives if c.region == "cp")
+    return Parts(float(p.compute_s), float(p.comm_s) - cp, cp, float(p.stage_comm_s))
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    key: DeploymentKey
+    variant: str  # the memo variant's key
+    ttft_s: float | None
+    memory_bytes: float | None
+    fits: bool
+    rank: int | None  # among the deployments that fit (1 = fastest); None: over the cap or not predicted
+    reason: str
+    flags: tuple[str, ...]  # one line per engine: its flags, or "no engine flag (why)"
+
+    @property
+    def label(self) -> str:
+        return label_of(self.key)
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:+,.1f} ms"
+
+
+def _over_cap(v: Variant, limit: float, workload: str) -> str:
+    p = v.predictions[workload]
+    m = p.memory
+    over = (m.total - limit) / GIB
+    text = (
+        f"over the memory cap by {over:,.1f} GiB: {m.total / GIB:,.1f} GiB per rank against {limit / GIB:,.1f} GiB "
+        f"(weights {m.weights / GIB:,.1f}, KV cache {m.kv_cache / GIB:,.1f}, recurrent state "
+        f"{m.recurrent_state / GIB:,.2f}, activations {m.activations / GIB:,.1f} GiB)"
+    )
+    if m.weights > limit:
+        copy = f"a TP{v.tp} share of every layer" + (f" on each of the {v.cp} CP groups" if v.cp > 1 else "")
+        text += f"; the weights alone exceed it ({copy}" + (f", over {v.pp} stages" if v.pp > 1 else "") + ")"
+    return text
+
+
+def _reason(v: Variant, ref: Variant | None, workload: str, chunk: int) -> str:
+    mine = parts(v, workload)
+    t = ttft_mean(v, workload)
+    if mine is None or t is None:
+        return f"not predicted ({v.prediction_error})" if v.prediction_error else "not predicted"
+    if ref is None or ref is v:
+        return (
+            f"the reference deployment: one {chunk:,}-token chunk {mine.forward_s * 1e3:,.1f} ms (compute "
+            f"{mine.compute_s * 1e3:,.1f}, TP collectives {mine.tp_comm_s * 1e3:,.1f} ms); mean TTFT {t:.3f} s"
+        )
+    base = parts(ref, workload)
+    t0 = ttft_mean(ref, workload)
+    assert base is not None and t0 is not None
+    terms = [
+        f"compute {_ms(mine.compute_s - base.compute_s)}",
+        f"TP collectives {_ms(mine.tp_comm_s - base.tp_comm_s)}",
+    ]
+    if mine.cp_comm_s or base.cp_comm_s:
+        terms.append(f"CP exchanges {_ms(mine.cp_comm_s - base.cp_comm_s)}")
+    if mine.stage_s or base.stage_s:
+        terms.append(f"stage sends {_ms(mine.stage_s - base.stage_s)}")
+    text = (
+        f"vs `{ref.deployment}`, one {chunk:,}-token chunk through every layer: " + ", ".join(terms)
+        + f" ({mine.forward_s * 1e3:,.1f} vs {base.forward_s * 1e3:,.1f} ms); mean TTFT {t:.3f} vs {t0:.3f} s"
+        + f" ({100 * (t - t0) / t0:+.1f}%)"
+    )  # fmt: skip
+    if v.pp > 1:
+        text += f", the {v.pp} stages pipelining chunks and requests"
+    return text
+
+
+def rank_deployments(
+    variants: list[Variant],
+    grid: list[DeploymentKey],
+    workload: str,
+    limit: float,
+    chunk: int,
+) -> list[DeploymentRow]:
+    """One row per deployment in `grid` (and per overlap priced there): the fastest legal variant that
+    fits under `limit` bytes per rank at `workload`, ranked; then the deployments where none fits."""
+    keys = list(dict.fromkeys([*grid, *(key_of(v) for v in variants if v.legal and key_of(v)[:3] in
+                                        {k[:3] for k in grid})]))  # fmt: skip
+    chosen: dict[DeploymentKey, tuple[Variant, bool]] = {}
+    for key in keys:
+        here = [v for v in variants if key_of(v) == key and v.legal and ttft_mean(v, workload) is not None]
+        if not here:
+            continue
+        fit = [v for v in here if v.predictions[workload].memory.total <= limit]
+        if fit:
+            chosen[key] = (min(fit, key=lambda v: ttft_mean(v, workload) or 0.0), True)
+        else:
+            chosen[key] = (min(here, key=lambda v: v.predictions[workload].memory.total), False)
+    ref_key = grid[0] if grid else None
+    ref = chosen.get(ref_key)[0] if ref_key in chosen else None  # type: ignore[index]
+    ranked = sorted((k for k, (_, ok) in chosen.items() if ok), key=lambda k: ttft_mean(chosen[k][0], workload) or 0.0)
+    rows: list[DeploymentRow] = []
+    for i, key in enumerate(ranked, 1):
+        v, _ = chosen[key]
+        rows.append(DeploymentRow(key, v.key, ttft_mean(v, workload), v.predictions[workload].memory.total, True, i,
+                                  _reason(v, ref, workload, chunk), tuple(f.text() for f in v.flags)))  # fmt: skip
+    for key, (v, ok) in chosen.items():
+        if ok:
+            continue
+        rows.append(DeploymentRow(key, v.key, ttft_mean(v, workload), v.predictions[workload].memory.total, False,
+                                  None, _over_cap(v, limit, workload), tuple(f.text() for f in v.flags)))  # fmt: skip
+    return rows
+
+
+__all__ = ["DeploymentKey", "DeploymentRow", "Parts", "key_of", "label_of", "parts", "rank_deployments"]

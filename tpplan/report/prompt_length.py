@@ -1,0 +1,153 @@
+"""Thresholds in prompt length: from which prompt length CP (per CP size) beats the best CP-1
+deployment, and where TP x PP overtakes TP alone.
+
+Each deployment's plan (the deployment row's, `deployments.rank_deployments` at the first workload)
+is priced by `predict_plan` at a grid of prompt lengths, the first workload's concurrency, chunk and
+request count kept; at each length a deployment counts only while its predicted memory fits under
+the cap (so a group "stops fitting" where its last deployment goes over). The best of a group at a
+length is its fastest fitting deployment; crossings are interpolated in log(prompt length) as
+`report/crossover.py` does for tokens per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpplan.cost.workload import Workload
+from tpplan.report.crossover import Crossover, crossing
+from tpplan.report.results import Variant
+
+PROMPT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+@dataclass(frozen=True)
+class LengthPoint:
+    """One deployment's plan at one prompt length."""
+
+    variant: str
+    deployment: str
+    length: int
+    ttft_s: float
+    memory_bytes: float
+    fits: bool
+
+
+@dataclass(frozen=True)
+class GroupRace:
+    """A group of deployments (`name`, e.g. "CP4") against another (`against`, e.g. "best CP-1") over
+    the prompt lengths: the best fitting member of each at every length (None: none fits)."""
+
+    name: str
+    against: str
+    lengths: tuple[int, ...]
+    mine: tuple[LengthPoint | None, ...]
+    other: tuple[LengthPoint | None, ...]
+
+    @property
+    def crossover(self) -> Crossover | None:
+        """Where `name` becomes faster, over the longest run of lengths at which both groups fit."""
+        run: list[int] = []
+        best: list[int] = []
+        for i, (m, o) in enumerate(zip(self.mine, self.other, strict=True)):
+            if m is not None and o is not None:
+                run.append(i)
+                if len(run) > len(best):
+                    best = list(run)
+            else:
+                run = []
+        if len(best) < 2:
+            return None
+        lengths = tuple(self.lengths[i] for i in best)
+        mine = [self.mine[i].ttft_s for i in best]  # type: ignore[union-attr]
+        other = [self.other[i].ttft_s for i in best]  # type: ignore[union-attr]
+        return crossing(self.name, "prompt length", lengths, mine, other)
+
+    @property
+    def fits_from_to(self) -> tuple[int, int] | None:
+        """The shortest and longest length at which some member of the group fits (None: never)."""
+        ok = [t for t, m in zip(self.lengths, self.mine, strict=True) if m is not None]
+        return (ok[0], ok[-1]) if ok else None
+
+    def sentence(self, cap_gib: float | None) -> str:
+        """One sentence, every figure from the points above."""
+        lo, hi = self.lengths[0], self.lengths[-1]
+        cap = f"the memory cap of {cap_gib:,.1f} GiB" if cap_gib is not None else "GPU memory"
+        span = self.fits_from_to
+        if span is None:
+            return f"{self.name} fits under {cap} at no prompt length from {lo:,} to {hi:,} tokens."
+        c = self.crossover
+        if c is None:
+            both = sum(1 for m, o in zip(self.mine, self.other, strict=True) if m is not None and o is not None)
+            return f"{self.name} and the {self.against} both fit at {both} prompt length(s): no threshold to draw."
+        text = f"{self.name} against the {self.against}: {c.describe().replace('tokens', 'prompt tokens')}"
+        m_at = {p.length: p for p in self.mine if p is not None}
+        o_at = {p.length: p for p in self.other if p is not None}
+        ends = [t for t in (c.tokens[0], c.tokens[-1]) if t in m_at and t in o_at]
+        text += " (" + "; ".join(
+            f"at {t:,}: {m_at[t].ttft_s:.3f} s `{m_at[t].deployment}` vs {o_at[t].ttft_s:.3f} s `{o_at[t].deployment}`"
+            for t in dict.fromkeys(ends)
+        ) + ")"  # fmt: skip
+        if span[1] < hi:
+            nxt = self.lengths[self.lengths.index(span[1]) + 1]
+            text += f"; from {nxt:,} prompt tokens no {self.name} deployment fits under {cap}"
+        elif span[0] > lo:
+            text += f"; below {span[0]:,} prompt tokens none fits"
+        return text + "."
+
+
+def at_length(w: Workload, length: int) -> Workload:
+    """The workload with every prompt `length` tokens long (concurrency, chunk and requests kept)."""
+    return w.with_overrides(f"prompt length {length}", name=f"{w.name}@{length}", input_len=length, input_lens=None)
+
+
+def price_lengths(
+    variants: list[Variant],
+    workload: Workload,
+    predict: Callable[[Variant, Workload], tuple[float, float] | None],
+    limit: float,
+    lengths: tuple[int, ...] = PROMPT_LENGTHS,
+) -> dict[str, list[LengthPoint]]:
+    """Each variant (by key) at every length: `predict` gives (mean TTFT s, memory bytes per rank)."""
+    out: dict[str, list[LengthPoint]] = {}
+    for v in variants:
+        pts = []
+        for t in lengths:
+            got = predict(v, at_length(workload, t))
+            if got is not None:
+                pts.append(LengthPoint(v.key, v.deployment, t, got[0], got[1], got[1] <= limit))
+        out[v.key] = pts
+    return out
+
+
+def _best(points: list[list[LengthPoint]], lengths: tuple[int, ...]) -> tuple[LengthPoint | None, ...]:
+    out = []
+    for t in lengths:
+        here = [p for pts in points for p in pts if p.length == t and p.fits]
+        out.append(min(here, key=lambda p: p.ttft_s) if here else None)
+    return tuple(out)
+
+
+def races(
+    variants: list[Variant], points: dict[str, list[LengthPoint]], lengths: tuple[int, ...] = PROMPT_LENGTHS
+) -> list[GroupRace]:
+    """CP c (for each CP size priced) against the best CP-1 deployment; TP x PP against TP alone.
+    Micro-batch overlap rows are left out: they are the same deployment with another schedule."""
+    plain = [v for v in variants if v.plan.overlap is None and v.key in points]
+
+    def group(pred: Callable[[Variant], bool]) -> list[list[LengthPoint]]:
+        return [points[v.key] for v in plain if pred(v)]
+
+    cp1 = _best(group(lambda v: v.cp == 1), lengths)
+    out = []
+    for c in sorted({v.cp for v in plain if v.cp > 1}):
+        out.append(GroupRace(f"CP{c}", "best CP-1 deployment", lengths, _best(group(lambda v, c=c: v.cp == c), lengths),
+                             cp1))  # fmt: skip
+    if any(v.pp > 1 and v.cp == 1 for v in plain):
+        tp_only = _best(group(lambda v: v.pp == 1 and v.cp == 1), lengths)
+        out.append(GroupRace("TP x PP", "best TP-only deployment", lengths,
+                             _best(group(lambda v: v.pp > 1 and v.cp == 1), lengths), tp_only))  # fmt: skip
+    return out
+
+
+__all__ = ["PROMPT_LENGTHS", "GroupRace", "LengthPoint", "at_length", "price_lengths", "races"]
