@@ -9,7 +9,7 @@ import typer
 from tpplan.commands._bounds import TP_RANGE
 from tpplan.commands._options import ClusterOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
-from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
+from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
 
 
 def register(app: typer.Typer) -> None:
@@ -72,6 +72,14 @@ def register(app: typer.Typer) -> None:
                 "one's measured kernels price compute (needs tpplan[aic]; the database's nearest version)",
             ),
         ] = None,
+        overlap: Annotated[
+            OverlapChoice | None,
+            typer.Option(
+                "--overlap",
+                help="Also rank each all-to-all plan under an engine's micro-batch overlap, as `tpplan search "
+                "--overlap` does (default: off, as there): tbo (SGLang) or dbo (vLLM)",
+            ),
+        ] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -114,6 +122,7 @@ def register(app: typer.Typer) -> None:
                 dp=dp,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 engines=engine,
+                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
                 progress=say,
             )
             say("writing report.md, report.html and the plots")

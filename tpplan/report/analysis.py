@@ -32,7 +32,7 @@ from tpplan.placement import COLLECTIVE_SHORT, Collective
 from tpplan.plans.files import is_plan_file, read_plan_file
 from tpplan.plans.named import make_plan
 from tpplan.report.crossover import crossovers
-from tpplan.report.deployments import rank_deployments
+from tpplan.report.deployments import Parts, rank_deployments, workload_parts
 from tpplan.report.differences import differences
 from tpplan.report.engines import recipes
 from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
@@ -378,7 +378,8 @@ def analyse(
         raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
     if dtype not in DTYPE_BYTES:
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
-    fn = predictor or (load_predictor() if use_default_predictor else None)
+    predict_fn = load_predictor() if use_default_predictor else None
+    fn = predictor or predict_fn
     note = None
     if fn is None:
         note = (
@@ -537,8 +538,21 @@ def analyse(
         a.search_best = (best_found.plan.name, deployment_label(best_found.tp, best_found.pp, best_found.cp))
     if fn is not None and grid:
         keys = [(tp_g, pp_g, cp_g, None) for tp_g, pp_g, cp_g in grid]
+
+        def parts_of(v: Variant, w: str) -> Parts | None:
+            """The priced parts of `v`'s prediction at `w` (only when `predict_plan` made it)."""
+            p = v.predictions.get(w)
+            if fn is not predict_fn or p is None or p.ttft is None:
+                return None
+            from tpplan.cost.predictor import cached_predictor
+            from tpplan.cost.segments import segments_of
+
+            pred = cached_predictor(graph, v.plan, topology, v.tp, v.pp, dtype, expert_dtype, v.audit, cp=v.cp,
+                                    pipeline=pp_schedule if v.pp > 1 else None)  # fmt: skip
+            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches])
+
         for w in workloads:
-            a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, w.chunk_size)
+            a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of)
         if prompt_lengths and workloads:
             say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
             rows = [r for r in a.deployments[workloads[0].name]]

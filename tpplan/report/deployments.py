@@ -14,10 +14,16 @@ Hook for replicas (R copies of a deployment serving the requests between them): 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tpplan.report.results import Variant, ttft_mean
 from tpplan.units import GIB
+
+if TYPE_CHECKING:
+    from tpplan.cost.predictor import Predictor
+    from tpplan.cost.segments import Segments
 
 DeploymentKey = tuple[int, int, int, str | None]  # (TP, PP, CP, overlap name)
 
@@ -35,24 +41,41 @@ def label_of(key: DeploymentKey) -> str:
 
 @dataclass(frozen=True)
 class Parts:
-    """One chunk through every layer, split by what it is made of (seconds, from the prediction)."""
+    """A workload's prefill batches through every layer on one rank (one CP rank, every PP stage),
+    summed and split by what they are made of (seconds): what the TTFT schedule then overlaps."""
 
+    batches: int
     compute_s: float
     tp_comm_s: float
     cp_comm_s: float
     stage_s: float
 
     @property
-    def forward_s(self) -> float:
+    def total_s(self) -> float:
         return self.compute_s + self.tp_comm_s + self.cp_comm_s + self.stage_s
 
 
-def parts(v: Variant, workload: str) -> Parts | None:
-    p = v.predictions.get(workload)
-    if p is None:
-        return None
-    cp = sum(c.seconds * k.count for k in p.kinds for c in k.collectives if c.region == "cp")
-    return Parts(float(p.compute_s), float(p.comm_s) - cp, cp, float(p.stage_comm_s))
+PartsFn = Callable[[Variant, str], "Parts | None"]
+
+
+def workload_parts(predictor: Predictor, batches: list[Segments]) -> Parts:
+    """`predictor`'s priced parts of every batch (`Predictor.kind_time` per layer; stage sends and the
+    final reduction from `stage_times`), summed."""
+    comp = tp = cp = stage = 0.0
+    results = predictor.audit.layer_results
+    for segs in batches:
+        for res in results:
+            kt = predictor.kind_time(res, segs)
+            comp += kt.compute_s
+            for c in kt.collectives:
+                if c.region == "cp":
+                    cp += c.seconds
+                else:
+                    tp += c.seconds
+        _, sends, final = predictor.stage_times(segs)
+        stage += sum(sends)
+        tp += final
+    return Parts(len(batches), comp, tp, cp, stage)
 
 
 @dataclass(frozen=True)
@@ -90,19 +113,23 @@ def _over_cap(v: Variant, limit: float, workload: str) -> str:
     return text
 
 
-def _reason(v: Variant, ref: Variant | None, workload: str, chunk: int) -> str:
+def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> str:
     mine = parts(v, workload)
     t = ttft_mean(v, workload)
-    if mine is None or t is None:
+    if t is None:
         return f"not predicted ({v.prediction_error})" if v.prediction_error else "not predicted"
+    if mine is None:
+        return f"mean TTFT {t:.3f} s (its parts were not priced)"
     if ref is None or ref is v:
         return (
-            f"the reference deployment: one {chunk:,}-token chunk {mine.forward_s * 1e3:,.1f} ms (compute "
-            f"{mine.compute_s * 1e3:,.1f}, TP collectives {mine.tp_comm_s * 1e3:,.1f} ms); mean TTFT {t:.3f} s"
+            f"the reference deployment: its {mine.batches} prefill batches through every layer "
+            f"{mine.total_s * 1e3:,.1f} ms (compute {mine.compute_s * 1e3:,.1f}, TP collectives "
+            f"{mine.tp_comm_s * 1e3:,.1f} ms); mean TTFT {t:.3f} s"
         )
     base = parts(ref, workload)
     t0 = ttft_mean(ref, workload)
-    assert base is not None and t0 is not None
+    if base is None or t0 is None:
+        return f"mean TTFT {t:.3f} s (the reference `{ref.deployment}` was not priced)"
     terms = [
         f"compute {_ms(mine.compute_s - base.compute_s)}",
         f"TP collectives {_ms(mine.tp_comm_s - base.tp_comm_s)}",
@@ -112,12 +139,13 @@ def _reason(v: Variant, ref: Variant | None, workload: str, chunk: int) -> str:
     if mine.stage_s or base.stage_s:
         terms.append(f"stage sends {_ms(mine.stage_s - base.stage_s)}")
     text = (
-        f"vs `{ref.deployment}`, one {chunk:,}-token chunk through every layer: " + ", ".join(terms)
-        + f" ({mine.forward_s * 1e3:,.1f} vs {base.forward_s * 1e3:,.1f} ms); mean TTFT {t:.3f} vs {t0:.3f} s"
+        f"vs `{ref.deployment}`, the workload's prefill batches through every layer (one CP rank, every PP stage "
+        "summed): " + ", ".join(terms)
+        + f" ({mine.total_s * 1e3:,.1f} vs {base.total_s * 1e3:,.1f} ms); mean TTFT {t:.3f} vs {t0:.3f} s"
         + f" ({100 * (t - t0) / t0:+.1f}%)"
     )  # fmt: skip
     if v.pp > 1:
-        text += f", the {v.pp} stages pipelining chunks and requests"
+        text += f", the {v.pp} stages running those batches in a pipeline"
     return text
 
 
@@ -126,7 +154,7 @@ def rank_deployments(
     grid: list[DeploymentKey],
     workload: str,
     limit: float,
-    chunk: int,
+    parts: PartsFn,
 ) -> list[DeploymentRow]:
     """One row per deployment in `grid` (and per overlap priced there): the fastest legal variant that
     fits under `limit` bytes per rank at `workload`, ranked; then the deployments where none fits."""
@@ -149,7 +177,7 @@ def rank_deployments(
     for i, key in enumerate(ranked, 1):
         v, _ = chosen[key]
         rows.append(DeploymentRow(key, v.key, ttft_mean(v, workload), v.predictions[workload].memory.total, True, i,
-                                  _reason(v, ref, workload, chunk), tuple(f.text() for f in v.flags)))  # fmt: skip
+                                  _reason(v, ref, workload, parts), tuple(f.text() for f in v.flags)))  # fmt: skip
     for key, (v, ok) in chosen.items():
         if ok:
             continue
@@ -158,4 +186,4 @@ def rank_deployments(
     return rows
 
 
-__all__ = ["DeploymentKey", "DeploymentRow", "Parts", "key_of", "label_of", "parts", "rank_deployments"]
+__all__ = ["DeploymentKey", "DeploymentRow", "Parts", "key_of", "label_of", "rank_deployments", "workload_parts"]

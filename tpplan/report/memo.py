@@ -508,4 +508,3 @@ def _extrapolated(a: Analysis) -> str:
         f" The topology's kernel models priced {len(ops)} op(s) outside the shapes their sweep measured "
         f"(extrapolated, less sure than the band says): {shown}."
     )
-

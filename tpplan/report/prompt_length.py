@@ -43,13 +43,22 @@ class GroupRace:
     lengths: tuple[int, ...]
     mine: tuple[LengthPoint | None, ...]
     other: tuple[LengthPoint | None, ...]
+    mine_uncapped: tuple[LengthPoint | None, ...] = ()  # the same, memory ignored (what the cap costs)
 
     @property
     def crossover(self) -> Crossover | None:
         """Where `name` becomes faster, over the longest run of lengths at which both groups fit."""
+        return self._cross(self.mine)
+
+    @property
+    def uncapped_crossover(self) -> Crossover | None:
+        """Where `name` would become faster if its deployments' memory were not capped."""
+        return self._cross(self.mine_uncapped) if self.mine_uncapped else None
+
+    def _cross(self, mine_pts: tuple[LengthPoint | None, ...]) -> Crossover | None:
         run: list[int] = []
         best: list[int] = []
-        for i, (m, o) in enumerate(zip(self.mine, self.other, strict=True)):
+        for i, (m, o) in enumerate(zip(mine_pts, self.other, strict=True)):
             if m is not None and o is not None:
                 run.append(i)
                 if len(run) > len(best):
@@ -59,7 +68,7 @@ class GroupRace:
         if len(best) < 2:
             return None
         lengths = tuple(self.lengths[i] for i in best)
-        mine = [self.mine[i].ttft_s for i in best]  # type: ignore[union-attr]
+        mine = [mine_pts[i].ttft_s for i in best]  # type: ignore[union-attr]
         other = [self.other[i].ttft_s for i in best]  # type: ignore[union-attr]
         return crossing(self.name, "prompt length", lengths, mine, other)
 
@@ -75,7 +84,12 @@ class GroupRace:
         cap = f"the memory cap of {cap_gib:,.1f} GiB" if cap_gib is not None else "GPU memory"
         span = self.fits_from_to
         if span is None:
-            return f"{self.name} fits under {cap} at no prompt length from {lo:,} to {hi:,} tokens."
+            text = f"{self.name} fits under {cap} at no prompt length from {lo:,} to {hi:,} tokens"
+            u = self.uncapped_crossover
+            if u is not None:
+                text += (f"; with the memory not capped it would be {u.describe().replace('tokens', 'prompt tokens')} "
+                         f"against the {self.against}")  # fmt: skip
+            return text + "."
         c = self.crossover
         if c is None:
             both = sum(1 for m, o in zip(self.mine, self.other, strict=True) if m is not None and o is not None)
@@ -120,10 +134,12 @@ def price_lengths(
     return out
 
 
-def _best(points: list[list[LengthPoint]], lengths: tuple[int, ...]) -> tuple[LengthPoint | None, ...]:
+def _best(
+    points: list[list[LengthPoint]], lengths: tuple[int, ...], fits_only: bool = True
+) -> tuple[LengthPoint | None, ...]:
     out = []
     for t in lengths:
-        here = [p for pts in points for p in pts if p.length == t and p.fits]
+        here = [p for pts in points for p in pts if p.length == t and (p.fits or not fits_only)]
         out.append(min(here, key=lambda p: p.ttft_s) if here else None)
     return tuple(out)
 
@@ -141,8 +157,9 @@ def races(
     cp1 = _best(group(lambda v: v.cp == 1), lengths)
     out = []
     for c in sorted({v.cp for v in plain if v.cp > 1}):
-        out.append(GroupRace(f"CP{c}", "best CP-1 deployment", lengths, _best(group(lambda v, c=c: v.cp == c), lengths),
-                             cp1))  # fmt: skip
+        mine = group(lambda v, c=c: v.cp == c)
+        out.append(GroupRace(f"CP{c}", "best CP-1 deployment", lengths, _best(mine, lengths), cp1,
+                             _best(mine, lengths, fits_only=False)))  # fmt: skip
     if any(v.pp > 1 and v.cp == 1 for v in plain):
         tp_only = _best(group(lambda v: v.pp == 1 and v.cp == 1), lengths)
         out.append(GroupRace("TP x PP", "best TP-only deployment", lengths,
