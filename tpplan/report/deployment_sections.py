@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from tpplan.report.deployments import label_of
+from tpplan.report.deployments import fig, label_of
 from tpplan.report.doc import Block, Bullets, Heading, Para, Table
 from tpplan.report.results import Analysis
 from tpplan.units import gib, pct_change, signed_pct
@@ -16,7 +16,7 @@ _Pngs = dict[str, Any]
 
 
 def _ttft_cell(t: float | None) -> str:
-    return "-" if t is None else f"{t:.3f}"
+    return "-" if t is None else fig(t)
 
 
 def deployments_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
@@ -103,7 +103,7 @@ def prompt_length_section(a: Analysis, command: str, plots: ModuleType, pngs: _P
     by = {k: {p.length: p for p in a.length_points[k]} for k in keys}
     heads = [next(iter(by[k].values())).deployment for k in keys]
     rows = tuple(
-        (f"{t:,}", *(("-" if (p := by[k].get(t)) is None else f"{p.ttft_s:.3f}" + ("" if p.fits else " (over)"))
+        (f"{t:,}", *(("-" if (p := by[k].get(t)) is None else fig(p.ttft_s) + ("" if p.fits else " (over)"))
                      for k in keys))
         for t in lengths
     )  # fmt: skip

@@ -14,6 +14,7 @@ Hook for replicas (R copies of a deployment serving the requests between them): 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -94,8 +95,15 @@ class DeploymentRow:
         return label_of(self.key)
 
 
+def fig(x: float, sign: bool = False) -> str:
+    """Four significant digits without an exponent (`21.92`, `0.001234`, `11,104`): the memo's
+    deployment figures span tiny test models and Kimi-K3 at 128K."""
+    digits = 0 if x == 0 else max(0, 3 - math.floor(math.log10(abs(x))))
+    return f"{x:{'+' if sign else ''},.{digits}f}"
+
+
 def _ms(x: float) -> str:
-    return f"{x * 1e3:+,.1f} ms"
+    return f"{fig(x * 1e3, sign=True)} ms"
 
 
 def _over_cap(v: Variant, limit: float, workload: str) -> str:
@@ -119,17 +127,17 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
     if t is None:
         return f"not predicted ({v.prediction_error})" if v.prediction_error else "not predicted"
     if mine is None:
-        return f"mean TTFT {t:.3f} s (its parts were not priced)"
+        return f"mean TTFT {fig(t)} s (its parts were not priced)"
     if ref is None or ref is v:
         return (
             f"the reference deployment: its {mine.batches} prefill batches through every layer "
-            f"{mine.total_s * 1e3:,.1f} ms (compute {mine.compute_s * 1e3:,.1f}, TP collectives "
-            f"{mine.tp_comm_s * 1e3:,.1f} ms); mean TTFT {t:.3f} s"
+            f"{fig(mine.total_s * 1e3)} ms (compute {fig(mine.compute_s * 1e3)}, TP collectives "
+            f"{fig(mine.tp_comm_s * 1e3)} ms); mean TTFT {fig(t)} s"
         )
     base = parts(ref, workload)
     t0 = ttft_mean(ref, workload)
     if base is None or t0 is None:
-        return f"mean TTFT {t:.3f} s (the reference `{ref.deployment}` was not priced)"
+        return f"mean TTFT {fig(t)} s (the reference `{ref.deployment}` was not priced)"
     terms = [
         f"compute {_ms(mine.compute_s - base.compute_s)}",
         f"TP collectives {_ms(mine.tp_comm_s - base.tp_comm_s)}",
@@ -141,7 +149,7 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
     text = (
         f"vs `{ref.deployment}`, the workload's prefill batches through every layer (one CP rank, every PP stage "
         "summed): " + ", ".join(terms)
-        + f" ({mine.total_s * 1e3:,.1f} vs {base.total_s * 1e3:,.1f} ms); mean TTFT {t:.3f} vs {t0:.3f} s"
+        + f" ({fig(mine.total_s * 1e3)} vs {fig(base.total_s * 1e3)} ms); mean TTFT {fig(t)} vs {fig(t0)} s"
         + f" ({100 * (t - t0) / t0:+.1f}%)"
     )  # fmt: skip
     if v.pp > 1:
@@ -186,4 +194,4 @@ def rank_deployments(
     return rows
 
 
-__all__ = ["DeploymentKey", "DeploymentRow", "Parts", "key_of", "label_of", "rank_deployments", "workload_parts"]
+__all__ = ["DeploymentKey", "DeploymentRow", "Parts", "fig", "key_of", "label_of", "rank_deployments", "workload_parts"]

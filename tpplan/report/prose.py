@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tpplan.models.spec import MLASpec
 from tpplan.placement import S_TOK, R
+from tpplan.report.deployments import fig
 from tpplan.report.results import STATUS_WORDS, Analysis, ttft_mean
 from tpplan.units import GIB
 
@@ -166,7 +167,7 @@ def one_answer(a: Analysis) -> Paragraph:
     over = f"micro-batch overlap `{a.overlap}` ranked too" if a.overlap else "micro-batch overlap off, its default"
     return (
         f"**One answer.** `tpplan search` on the same inputs (its grid of {len(a.grid)} TP x CP x PP deployments; "
-        f"{over}) ranks `{name}` at `{dep}` first" + (f": predicted mean TTFT {t:.3f} s at {w}." if t else ".")
+        f"{over}) ranks `{name}` at `{dep}` first" + (f": predicted mean TTFT {fig(t)} s at {w}." if t else ".")
     )
 
 
@@ -176,7 +177,7 @@ def deployment_ranking(a: Analysis) -> Paragraph:
         return None
     parts = []
     for w, rows in a.deployments.items():
-        ranked = ", ".join(f"{r.rank}. `{r.label}` {r.ttft_s:.3f} s" for r in rows if r.rank is not None)
+        ranked = ", ".join(f"{r.rank}. `{r.label}` {fig(r.ttft_s or 0.0)} s" for r in rows if r.rank is not None)
         over = [r for r in rows if not r.fits and r.memory_bytes is not None]
         text = f"at `{w}`: {ranked or 'none fits'}"
         if over:

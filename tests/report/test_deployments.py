@@ -1,0 +1,185 @@
+"""The memo's deployment rows (issue 23): `tpplan report` searches `tpplan search`'s own TP x CP x PP
+grid and names the same best deployment, a CP one included; its deployment ranking, reasons, engine
+flags and prompt-length thresholds read true against the values beside them."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from unittest.mock import patch
+
+import pytest
+
+from tpplan.cost.topology import load_topology
+from tpplan.cost.workload import load_workload
+from tpplan.engines.context_parallel import deployment_flags
+from tpplan.report.analysis import analyse
+from tpplan.report.memo import build_memo
+from tpplan.report.prompt_length import at_length
+from tpplan.search import run_search
+
+LENGTHS = (4096, 16384, 65536, 131072)
+NUM = r"[-+]?[\d,]+(?:\.\d+)?"
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+@cache
+def _memo(model: str, workload: str, cap: float | str | None = "serving", overlap: str | None = None):
+    topo = load_topology("h200x2")
+    a = analyse(model, topo, [load_workload(workload)], memory_cap_gib=cap, prompt_lengths=LENGTHS, overlap=overlap)
+    from tpplan.report import plots
+
+    names = ("volume_vs_tp", "stacked_time", "grouped_bars", "crossover", "predicted_vs_measured")
+    with patch.multiple(plots, **{n: (lambda *args, **kw: b"") for n in names}):
+        return a, build_memo(a).markdown
+
+
+def _section(md: str, title: str) -> str:
+    start = md.find(f"\n## {title}")
+    assert start >= 0, title
+    nxt = md.find("\n## ", start + 4)
+    return md[start : nxt if nxt > 0 else len(md)]
+
+
+def _table(text: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in r.strip("|").split("|")] for r in rows[2:]]
+
+
+@pytest.mark.parametrize(("workload", "winner_cp"), [("prompt128k-c1", 2), ("prompt16k-c8", 1)])
+def test_search_and_report_name_the_same_best_deployment(workload, winner_cp):
+    """The long prompt makes a CP deployment the search's best; the 16K one a CP-1 deployment."""
+    best = run_search("tiny-deepseek-v3", load_topology("h200x2"), workload=load_workload(workload), top=1).ranked[0]
+    assert best.cp == winner_cp, (best.deployment, "the case needs this winner")
+    a, md = _memo("tiny-deepseek-v3", workload)
+    assert a.search_best is not None and a.search_best[1] == best.deployment
+    v = next(v for v in a.variants if v.plan.name == a.search_best[0] and v.deployment == best.deployment)
+    assert v.plan.describe() == best.plan.describe()
+    assert v.predictions[workload].ttft.mean_s == pytest.approx(best.score, rel=1e-9)
+    top = a.deployments[workload][0]
+    assert top.rank == 1 and top.label == best.deployment  # the ranking's first row is the search's best
+    assert f"ranks `{a.search_best[0]}` at `{best.deployment}` first" in md
+
+
+def test_overlap_is_searched_only_when_asked_as_tpplan_search_does():
+    topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
+    plain = run_search("tiny-deepseek-v3", topo, workload=wl, top=1).ranked[0]
+    dbo = run_search("tiny-deepseek-v3", topo, workload=wl, top=1, overlap="dbo").ranked[0]
+    a_plain, _ = _memo("tiny-deepseek-v3", "prompt16k-c8")
+    a_dbo, md = _memo("tiny-deepseek-v3", "prompt16k-c8", overlap="dbo")
+    assert not any(v.plan.overlap for v in a_plain.variants)
+    assert a_plain.search_best[1] == plain.deployment
+    assert a_dbo.search_best == (a_dbo.search_best[0], dbo.deployment)
+    assert (dbo.plan.overlap == "dbo") == a_dbo.search_best[0].endswith("+dbo")
+    assert "micro-batch overlap `dbo` ranked too" in md
+
+
+def test_the_ranking_sentence_is_the_ranking_table():
+    _a, md = _memo("tiny-deepseek-v3", "prompt128k-c1")
+    table = _table(_section(md, "Deployments ranked").split("### At `prompt128k-c1`")[1].split("\n- ")[0])
+    ranked = [(r[0], r[1].strip("`"), r[3]) for r in table if r[0] != "-"]
+    answer = _section(md, "Answer")
+    sentence = re.search(r"at `prompt128k-c1`: (.*?)(?:; over the memory cap|\.\n)", answer)
+    assert sentence is not None
+    said = re.findall(rf"(\d+)\. `([^`]+)` ({NUM}) s", sentence.group(1))
+    assert said == ranked
+    times = [_num(t) for _, _, t in said]
+    assert times == sorted(times)
+
+
+def test_each_reason_adds_up_and_a_single_request_is_its_batches():
+    """The reason's parts are the prediction's: their sum is the total it prints, and with one request
+    and no PP that total is the request's TTFT (its batches run one after another)."""
+    a, md = _memo("tiny-deepseek-v3", "prompt128k-c1")
+    rows = {r.label: r for r in a.deployments["prompt128k-c1"]}
+    ref = rows["TP2"]
+    ref_total = re.search(rf"through every layer ({NUM}) ms", ref.reason)
+    assert ref_total is not None and _num(ref_total.group(1)) == pytest.approx(1e3 * ref.ttft_s, rel=1e-3)
+    for label, r in rows.items():
+        if label == "TP2":
+            continue
+        m = re.search(rf": (.*) \(({NUM}) vs ({NUM}) ms\); mean TTFT ({NUM}) vs ({NUM}) s", r.reason)
+        assert m is not None, r.reason
+        deltas = [_num(x) for x in re.findall(rf"({NUM}) ms", m.group(1))]
+        total, ref_ms = _num(m.group(2)), _num(m.group(3))
+        assert ref_ms == _num(ref_total.group(1))
+        assert sum(deltas) == pytest.approx(total - ref_ms, abs=2e-3 * (total + ref_ms))  # 4 digits each
+        assert _num(m.group(4)) == pytest.approx(r.ttft_s, rel=1e-3)
+        if r.key[1] == 1:  # one request, no PP: the batches' sum is its TTFT
+            assert total == pytest.approx(1e3 * r.ttft_s, rel=1e-3)
+        if r.key[2] > 1:
+            assert "CP exchanges +" in r.reason  # CP adds its all-gathers
+        assert f"`{label}`: {r.reason}" in md
+
+
+def test_cp_rows_carry_each_engines_flags():
+    a, _ = _memo("tiny-deepseek-v3", "prompt128k-c1")
+    cp = next(r for r in a.deployments["prompt128k-c1"] if r.key[2] == 2)
+    sgl, vll = cp.flags
+    assert "`--tp-size 2 --attn-cp-size 2 --enable-prefill-cp --cp-strategy zigzag`" in sgl  # --tp-size: TP x CP
+    assert "`--tensor-parallel-size 1 --prefill-context-parallel-size 2`" in vll
+    # Kimi-K3's SGLang model file has no prefill CP; vLLM's PCP needs MLA in every attention layer
+    k3 = deployment_flags("SGLang", "kimi_k3", False, 8, 1, 4)
+    assert not k3.realised and "kimi_k3.py" in k3.text()
+    assert not deployment_flags("vLLM", "kimi_k3", False, 8, 1, 4).realised
+    assert deployment_flags("vLLM", "deepseek_v3", True, 8, 1, 4).args == (
+        "--tensor-parallel-size 8", "--prefill-context-parallel-size 4")  # fmt: skip
+    tbo = deployment_flags("SGLang", "kimi_k3", False, 8, 4, 1, "tbo")
+    assert not tbo.realised and "NotImplementedError" not in tbo.why  # K3's forward never splits the batch
+    assert deployment_flags("vLLM", "kimi_k3", False, 8, 4, 1, "dbo").args[-1] == "--enable-dbo"
+
+
+def test_the_prompt_length_thresholds_follow_the_table():
+    """Each end of the CP threshold sentence's intervals lies where the table's best CP and best CP-1
+    times change order (one end per change), and the times it quotes are the table's."""
+    _a, md = _memo("tiny-deepseek-v3", "prompt16k-c8")
+    sec = _section(md, "Prompt length")
+    table = _table(sec)
+    head = next(line for line in sec.splitlines() if line.startswith("|"))
+    cols = {h.strip().strip("`"): i for i, h in enumerate(head.strip("|").split("|"))}
+    cp_cols = [i for h, i in cols.items() if "xCP" in h]
+    cp1_cols = [i for h, i in cols.items() if h != "prompt tokens" and "xCP" not in h]
+    assert cp_cols and cp1_cols
+    faster = [min(_num(r[i]) for i in cp_cols) < min(_num(r[i]) for i in cp1_cols) for r in table]
+    lengths = [_num(r[0]) for r in table]
+    m = re.search(
+        r"CP2 against the best CP-1 deployment: ((?:faster|never faster|always faster) .*?)prompt tokens", sec
+    )
+    assert m is not None, sec
+    ends = [_num(x) for x in re.findall(NUM, m.group(1).split("(")[0])]
+    flips = [i for i in range(1, len(lengths)) if faster[i - 1] != faster[i]]
+    assert len(ends) == len(flips), (m.group(1), faster)
+    for x, i in zip(ends, flips, strict=True):
+        assert lengths[i - 1] <= x <= lengths[i]
+    assert ("up to" in m.group(1)) == faster[0]
+    quoted = re.findall(rf"at ({NUM}): ({NUM}) s `([^`]+)` vs ({NUM}) s\s+`([^`]+)`", sec)
+    assert quoted
+    for length, t_cp, dep_cp, t_1, dep_1 in quoted:
+        row = table[lengths.index(_num(length))]
+        assert row[cols[dep_cp]] == t_cp and row[cols[dep_1]] == t_1
+
+
+def test_a_deployment_over_the_cap_says_by_how_much():
+    """With a cap between the deployments' memories, the ones above it are listed with the excess the
+    table's memory column implies, in the reason and in the answer."""
+    a0, _ = _memo("tiny-deepseek-v3", "prompt16k-c8", None)
+    mems = sorted(r.memory_bytes for r in a0.deployments["prompt16k-c8"])
+    cap_gib = (mems[0] + mems[-1]) / 2 / 2**30
+    a, md = _memo("tiny-deepseek-v3", "prompt16k-c8", cap_gib)
+    over = [r for r in a.deployments["prompt16k-c8"] if not r.fits]
+    assert over and all(r.rank is None for r in over)
+    answer = _section(md, "Answer")
+    for r in over:
+        excess = (r.memory_bytes - a.memory_cap_bytes) / 2**30
+        assert f"over the memory cap by {excess:,.1f} GiB" in r.reason
+        assert f"`{r.label}` by {excess:,.1f} GiB" in answer
+    assert all(r.memory_bytes <= a.memory_cap_bytes for r in a.deployments["prompt16k-c8"] if r.fits)
+
+
+def test_at_length_keeps_the_protocol():
+    w = load_workload("prompt16k-c8")
+    w2 = at_length(w, 131072)
+    assert (w2.input_len, w2.concurrency, w2.chunk_size, w2.total_requests) == (131072, 8, 8192, 8)
