@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from tpplan.report.deployments import fig, label_of
 from tpplan.report.doc import Block, Bullets, Heading, Para, Table
 from tpplan.report.results import Analysis
+from tpplan.report.rows import fig, label_of
 from tpplan.units import gib, pct_change, signed_pct
 
 _Pngs = dict[str, Any]

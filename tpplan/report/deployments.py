@@ -14,30 +14,21 @@ Hook for replicas (R copies of a deployment serving the requests between them): 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpplan.report.results import Variant, ttft_mean
+from tpplan.report.rows import DeploymentKey, DeploymentRow, fig
 from tpplan.units import GIB
 
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
     from tpplan.cost.segments import Segments
 
-DeploymentKey = tuple[int, int, int, str | None]  # (TP, PP, CP, overlap name)
-
 
 def key_of(v: Variant) -> DeploymentKey:
     return v.tp, v.pp, v.cp, v.plan.overlap
-
-
-def label_of(key: DeploymentKey) -> str:
-    from tpplan.search.results import deployment_label
-
-    tp, pp, cp, overlap = key
-    return deployment_label(tp, pp, cp) + (f"+{overlap}" if overlap else "")
 
 
 @dataclass(frozen=True)
@@ -77,29 +68,6 @@ def workload_parts(predictor: Predictor, batches: list[Segments]) -> Parts:
         stage += sum(sends)
         tp += final
     return Parts(len(batches), comp, tp, cp, stage)
-
-
-@dataclass(frozen=True)
-class DeploymentRow:
-    key: DeploymentKey
-    variant: str  # the memo variant's key
-    ttft_s: float | None
-    memory_bytes: float | None
-    fits: bool
-    rank: int | None  # among the deployments that fit (1 = fastest); None: over the cap or not predicted
-    reason: str
-    flags: tuple[str, ...]  # one line per engine: its flags, or "no engine flag (why)"
-
-    @property
-    def label(self) -> str:
-        return label_of(self.key)
-
-
-def fig(x: float, sign: bool = False) -> str:
-    """Four significant digits without an exponent (`21.92`, `0.001234`, `11,104`): the memo's
-    deployment figures span tiny test models and Kimi-K3 at 128K."""
-    digits = 0 if x == 0 else max(0, 3 - math.floor(math.log10(abs(x))))
-    return f"{x:{'+' if sign else ''},.{digits}f}"
 
 
 def _ms(x: float) -> str:
@@ -194,4 +162,4 @@ def rank_deployments(
     return rows
 
 
-__all__ = ["DeploymentKey", "DeploymentRow", "Parts", "fig", "key_of", "label_of", "rank_deployments", "workload_parts"]
+__all__ = ["Parts", "key_of", "rank_deployments", "workload_parts"]

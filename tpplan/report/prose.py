@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from tpplan.models.spec import MLASpec
 from tpplan.placement import S_TOK, R
-from tpplan.report.deployments import fig
 from tpplan.report.results import STATUS_WORDS, Analysis, ttft_mean
+from tpplan.report.rows import fig
 from tpplan.units import GIB
 
 Paragraph = str | None

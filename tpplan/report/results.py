@@ -25,8 +25,7 @@ from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
-    from tpplan.report.deployments import DeploymentRow
-    from tpplan.report.prompt_length import GroupRace, LengthPoint
+    from tpplan.report.rows import DeploymentRow, GroupRace, LengthPoint
 
 # Verdict statuses and the word the memo's answer uses for each.
 STATUS_WORDS = {
