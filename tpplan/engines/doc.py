@@ -143,12 +143,38 @@ def _overlaps() -> list[str]:
     return out
 
 
+def _prefill_cp() -> list[str]:
+    """The engines' prefill context parallelism (`tpplan.engines.context_parallel`): the memo's CP rows."""
+    from tpplan.engines.context_parallel import PREFILL_CP, deployment_flags
+
+    out = [
+        "## Prefill context parallelism: the flags of a TP x CP deployment",
+        "",
+        "The memo's deployment rows quote these (`tpplan/engines/context_parallel.py`; the module's docstring has",
+        "the readings). TP8 x CP4 on a model the engine splits:",
+        "",
+    ]
+    for c in PREFILL_CP.values():
+        f = deployment_flags(c.engine.split()[0], "deepseek_v3", True, 8, 1, 4)
+        runs = "every model whose attention layers are all MLA" if c.mla_only else ", ".join(c.model_types or ())
+        out += [
+            f"### {c.engine}: `{' '.join(f.args)}`",
+            "",
+            f"- flags: {c.flags_source.cite()}",
+            f"- splits prefill tokens for: {runs}; otherwise {c.unwired} ({c.unwired_source.cite()})",
+            *(f"- differs from tpplan's CP: {d}" for d in c.differences),
+            "",
+        ]
+    return out
+
+
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
     for ev in ENGINES.values():
         lines += _engine(ev)
     lines += _overlaps()
+    lines += _prefill_cp()
     return "\n".join(lines).rstrip() + "\n"
 
 
