@@ -183,3 +183,53 @@ def test_at_length_keeps_the_protocol():
     w = load_workload("prompt16k-c8")
     w2 = at_length(w, 131072)
     assert (w2.input_len, w2.concurrency, w2.chunk_size, w2.total_requests) == (131072, 8, 8192, 8)
+
+
+@pytest.mark.slow
+def test_kimi_k3_on_4x8_h200_ranks_tp_pp_and_cp_at_16k_and_128k():
+    """Issue 23's done-when: for K3 on 4 x 8 H200 at 16K and 128K prompts the memo ranks TP, PP, CP and
+    their mixes, each with a reason computed from its priced parts (about 15 s: the search, and every
+    deployment priced at both workloads)."""
+    wls = [load_workload("prompt16k-c8"), load_workload("prompt128k-c4")]
+    a = analyse("kimi-k3", load_topology("h200x8-ib400", nodes=4), wls, expert_dtype="mxfp4", current="TP32+EP4",
+                prompt_lengths=None)  # fmt: skip
+    for w in wls:
+        rows = a.deployments[w.name]
+        labels = {r.label for r in rows}
+        assert {"TP32", "TP8xPP4", "TP8xCP4", "TP4xCP8"} <= labels  # TP, TP x PP, TP x CP
+        ranked = [r for r in rows if r.rank is not None]
+        assert [r.rank for r in ranked] == list(range(1, len(ranked) + 1))
+        assert [r.ttft_s for r in ranked] == sorted(r.ttft_s for r in ranked)
+        for r in rows:
+            assert r.reason and r.flags
+            if r.fits and r.label != "TP32":
+                assert r.reason.startswith("vs `TP32`") and "compute" in r.reason and "TP collectives" in r.reason
+        for r in (r for r in rows if r.key[2] > 1):  # CP: over the cap by its weights (tpplan's CP memory)
+            v = a.variant(r.variant)
+            assert not r.fits and v is not None
+            assert v.predictions[w.name].memory.weights > a.memory_cap_bytes
+            assert "the weights alone exceed it" in r.reason
+            assert all("no engine flag" in f for f in r.flags)  # kimi_k3: no prefill CP in either engine
+
+
+def test_a_race_says_where_each_side_stops_fitting():
+    from tpplan.report.rows import GroupRace, LengthPoint
+
+    lengths = (1024, 4096, 16384, 65536)
+
+    def pts(times, dep, fit_until):
+        return tuple(
+            LengthPoint(dep, dep, t, s, 1.0, True) if t <= fit_until else None
+            for t, s in zip(lengths, times, strict=True)
+        )
+
+    race = GroupRace("CP2", "best CP-1 deployment", lengths, pts((2.0, 1.0, 0.5, 0.1), "TP4xCP2", 16384),
+                     pts((1.0, 1.5, 1.0, 1.0), "TP8", 65536))  # fmt: skip
+    text = race.sentence(100.0)
+    x = float(re.search(rf"faster from ({NUM}) prompt tokens", text).group(1).replace(",", ""))
+    assert 1024 < x < 4096  # 2.0 vs 1.0 at 1K, 1.0 vs 1.5 at 4K: the order flips between them
+    assert "from 65,536 prompt tokens no CP2 deployment fits under the memory cap of 100.0 GiB" in text
+    none = GroupRace("CP4", "best CP-1 deployment", lengths, (None,) * 4, pts((1.0,) * 4, "TP8", 65536),
+                     pts((0.5,) * 4, "TP2xCP4", 65536))  # fmt: skip
+    assert none.sentence(None).startswith("CP4 fits under GPU memory at no prompt length from 1,024 to 65,536")
+    assert "with the memory not capped it would be always faster" in none.sentence(None)

@@ -139,8 +139,7 @@ class GroupRace:
     @property
     def fits_from_to(self) -> tuple[int, int] | None:
         """The shortest and longest length at which some member of the group fits (None: never)."""
-        ok = [t for t, m in zip(self.lengths, self.mine, strict=True) if m is not None]
-        return (ok[0], ok[-1]) if ok else None
+        return _span(self.lengths, self.mine)
 
     def sentence(self, cap_gib: float | None) -> str:
         """One sentence, every figure from the points above."""
@@ -166,12 +165,23 @@ class GroupRace:
             f"`{o_at[t].deployment}`"
             for t in dict.fromkeys(ends)
         )
-        if span[1] < hi:
-            nxt = self.lengths[self.lengths.index(span[1]) + 1]
-            text += f"; from {nxt:,} prompt tokens no {self.name} deployment fits under {cap}"
-        elif span[0] > lo:
-            text += f"; below {span[0]:,} prompt tokens none fits"
+        for who, got in (
+            (f"{self.name} deployment", span),
+            (self.against.removeprefix("best "), _span(self.lengths, self.other)),
+        ):
+            if got is None:
+                continue
+            if got[1] < hi:
+                nxt = self.lengths[self.lengths.index(got[1]) + 1]
+                text += f"; from {nxt:,} prompt tokens no {who} fits under {cap}"
+            elif got[0] > lo:
+                text += f"; below {got[0]:,} prompt tokens no {who} fits under {cap}"
         return text + "."
+
+
+def _span(lengths: tuple[int, ...], pts: tuple[LengthPoint | None, ...]) -> tuple[int, int] | None:
+    ok = [t for t, p in zip(lengths, pts, strict=True) if p is not None]
+    return (ok[0], ok[-1]) if ok else None
 
 
 __all__ = ["Crossings", "DeploymentKey", "DeploymentRow", "GroupRace", "LengthPoint", "crossings", "fig", "label_of"]
