@@ -446,6 +446,13 @@ def analyse(
             pa = _audit_or_none(audits, name, shape[0], dtype)
             if pa is not None and pa.legal:
                 variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2]))
+    if overlap is not None:  # --overlap: each all-to-all plan once more under the engine's micro-batch overlap
+        from tpplan.plans.named import overlapped
+
+        for v in [v for v in variants if v.plan.moe == "a2a" and v.plan.overlap is None and v.legal]:
+            pl = overlapped(v.plan, overlap, graph)  # the search refused an overlap the engine does not run
+            if not any(x.shape == v.shape and x.plan.describe() == pl.describe() for x in variants):
+                variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp))
     # every delta compares like with like: a baseline at each shape a plan runs at, and at every
     # deployment the search searched (the deployment ranking's rows)
     for tp_v, pp_v, cp_v in dict.fromkeys([*(v.shape for v in list(variants)), *grid]):
