@@ -243,3 +243,19 @@ def test_a_race_says_where_each_side_stops_fitting():
                      pts((0.5,) * 4, "TP2xCP4", 65536))  # fmt: skip
     assert none.sentence(None).startswith("CP4 fits under GPU memory at no prompt length from 1,024 to 65,536")
     assert "with the memory not capped it would be always faster" in none.sentence(None)
+
+
+def test_where_a_deployment_stops_fitting_is_the_tables_over_mark():
+    """With a cap between a deployment's memory at the shortest and the longest prompt, the memo says
+    from which length it stops fitting, and the table marks exactly those lengths `(over)`."""
+    a0, _ = _memo("tiny-deepseek-v3", "prompt16k-c8", None)
+    pts = next(iter(a0.length_points.values()))
+    cap_gib = (pts[0].memory_bytes + pts[-1].memory_bytes) / 2 / 2**30
+    _a, md = _memo("tiny-deepseek-v3", "prompt16k-c8", cap_gib)
+    sec = _section(md, "Prompt length")
+    m = re.search(rf"`([^`]+)` stops fitting from ({NUM}) prompt tokens", sec)
+    assert m is not None, sec
+    head = next(line for line in sec.splitlines() if line.startswith("|"))
+    col = [h.strip().strip("`") for h in head.strip("|").split("|")].index(m.group(1))
+    for row in _table(sec):
+        assert row[col].endswith("(over)") == (_num(row[0]) >= _num(m.group(2))), row

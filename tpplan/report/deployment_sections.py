@@ -4,6 +4,7 @@ and engine flags (`deployments.py`), why CP deployments do not fit, and the prom
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import ModuleType
 from typing import Any
 
@@ -120,4 +121,22 @@ def prompt_length_section(a: Analysis, command: str, plots: ModuleType, pngs: _P
         ),
         Table(("prompt tokens", *(f"`{h}`" for h in heads)), rows, tuple(range(len(heads) + 1))),
         Bullets(tuple(r.sentence(cap) for r in a.length_races)),
+        *([Para(stops)] if (stops := _where_fit_ends(a)) else []),
     ]
+
+
+def _where_fit_ends(a: Analysis) -> str | None:
+    """Each deployment whose plan fits at some prompt lengths and not at others: where that changes."""
+    cap = a.memory_cap_bytes
+    parts = []
+    for pts in a.length_points.values():
+        for p, q in pairwise(pts):
+            if p.fits != q.fits:
+                now, was = ("stops fitting", "fits") if p.fits else ("fits", "does not fit")
+                parts.append(
+                    f"`{q.deployment}` {now} from {q.length:,} prompt tokens ({gib(q.memory_bytes)} per rank; at "
+                    f"{p.length:,} it {was}: {gib(p.memory_bytes)})"
+                )
+    if not parts:
+        return None
+    return f"Where the memory cap ({gib(cap)}) changes what fits: " + "; ".join(parts) + "."
