@@ -419,7 +419,7 @@ def analyse(
             pl = f.plan
             same = [v for v in variants if v.shape == (f.tp, f.pp, f.cp) and v.plan.describe() == pl.describe()]
             if same:
-                best_found = best_found or f
+                best_found = best_found or replace(f, plan=same[0].plan)  # under the memo's name for it
                 continue  # already in the memo at that shape
             if pl.found_by == "search":
                 pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
