@@ -42,7 +42,7 @@ def test_save_writes_one_file_per_ranked_plan(saved):
         f = json.loads((d / p["file"]).read_text())
         assert f["schema_version"] == 1 and f["name"] == entry["name"]
         ep, moe = f["decisions"]["ep_size"], f["decisions"]["moe"]
-        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "ep": ep, "moe": moe}
+        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "replicas": 1, "ep": ep, "moe": moe}
         assert f["found_for"]["model"] == "tiny-kimi-k3" and f["found_for"]["topology"] == "h200x8-ib400"
         assert f["found_for"]["rank"] == entry["rank"]
 
@@ -182,8 +182,12 @@ def test_grid_ranks_every_deployment_by_predicted_time():
 
     common = {"nodes": 1, "workload": "seed-c8", "top": 3}
     grid = search_report("tiny-kimi-k3", "h200x8-ib400", **common)
-    # PP8 > its 6 layers; then TP x CP for CP 2, 4, 8
-    assert grid["search"]["deployments"] == ["TP8", "TP4xPP2", "TP2xPP4", "TP4xCP2", "TP2xCP4", "TP1xCP8"]
+    # PP8 > its 6 layers; then TP x CP for CP 2, 4, 8; then 2, 4 and 8 replicas of the splits of 4, 2, 1 GPUs
+    assert grid["search"]["deployments"] == [
+        "TP8", "TP4xPP2", "TP2xPP4", "TP4xCP2", "TP2xCP4", "TP1xCP8",
+        "2x TP4", "2x TP2xPP2", "2x TP1xPP4", "2x TP2xCP2", "2x TP1xCP4", "4x TP2", "4x TP1xPP2", "4x TP1xCP2",
+        "8x TP1",
+    ]  # fmt: skip
     best = grid["plans"][0]
     assert [p["score"] for p in grid["plans"]] == sorted(p["score"] for p in grid["plans"])
     skipped = {e["deployment"]: e["why"] for e in grid["search"]["skipped"]}
@@ -191,8 +195,9 @@ def test_grid_ranks_every_deployment_by_predicted_time():
     import re
 
     for label in set(grid["search"]["deployments"]) - set(skipped):
-        tp, cp, pp = re.fullmatch(r"TP(\d+)(?:xCP(\d+))?(?:xPP(\d+))?", label).groups()
-        alone = search_report("tiny-kimi-k3", "h200x8-ib400", tp=int(tp), pp=int(pp or 1), cp=int(cp or 1), **common)
+        r, tp, cp, pp = re.fullmatch(r"(?:(\d+)x )?TP(\d+)(?:xCP(\d+))?(?:xPP(\d+))?", label).groups()
+        alone = search_report("tiny-kimi-k3", "h200x8-ib400", tp=int(tp), pp=int(pp or 1), cp=int(cp or 1),
+                              replicas=int(r or 1), **common)  # fmt: skip
         assert alone["plans"][0]["score"] >= best["score"] - 1e-12, label
         assert alone["plans"][0]["ttft"]["mean_s"] == pytest.approx(alone["plans"][0]["score"])
 

@@ -204,6 +204,37 @@ def test_search_equals_brute_force_with_context_parallelism(case, cp, rec):
         assert c.score != plan_cost(plain, graph_of(model), audit_plan(graph_of(model), c.plan, n)).score
 
 
+REPLICA_CASES = [
+    pytest.param(CASES[0], id="tiny-llama-tp2"),
+    pytest.param(CASES[2], id="tiny-qwen3-moe-tp2"),
+    pytest.param(CASES[6], id="tiny-kimi-k3-tp2"),
+]
+
+
+@pytest.mark.parametrize("case", REPLICA_CASES)
+def test_search_equals_brute_force_with_replicas(case):
+    """Two replicas of TP n: the mean TTFT is over both replicas' requests, each replica scheduling its
+    own share (uneven here: 5 clients, 11 requests of mixed length); still linear in the batch times,
+    so the search equals brute force, its score is predict_plan's at replicas=2, and it is below one
+    replica serving every request."""
+    from tpplan.cost.predict import predict_plan
+    from tpplan.cost.workload import Workload
+
+    model, n, opts = case
+    graph = graph_of(model)
+    topo = load_topology("h200x8-ib400").with_nodes(1)
+    wl = Workload(name="mixed", input_lens=[300, 1200, 700], concurrency=5, num_requests=11, chunk_size=1024)
+    obj = PredictObjective(Pricer(graph, topo, n, replicas=2), workload=wl)
+    check_against_brute(model, n, opts, obj)
+    one = PredictObjective(Pricer(graph, topo, n), workload=wl)
+    for c in search(graph, n, obj, top=2, per_family=True).candidates:
+        pr = predict_plan(graph, c.plan, topo, tp=n, workload=wl, replicas=2)
+        assert pr.replicas == 2 and pr.ttft is not None and len(pr.ttft.ttft_s) == 11
+        assert close(c.score, pr.ttft.mean_s), (c.plan.name, c.score, pr.ttft.mean_s)
+        assert close(c.memory, pr.memory.total - pr.memory.activations), (c.memory, pr.memory)
+        assert c.score < plan_cost(one, graph, audit_plan(graph, c.plan, n)).score
+
+
 # plans exactly at the memory cap whose memory the search summed a few ulp higher (see below)
 AT_CAP = [(2014, CASES[6], 3), (403123852, CASES[3], 1), (632770586, CASES[6], 2)]
 

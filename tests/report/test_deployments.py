@@ -75,13 +75,13 @@ def test_overlap_is_searched_only_when_asked_as_tpplan_search_does():
     assert a_dbo.search_best == (a_dbo.search_best[0], dbo.deployment)
     assert (dbo.plan.overlap == "dbo") == a_dbo.search_best[0].endswith("+dbo")
     assert "micro-batch overlap `dbo` ranked too" in md
-    rows = [r for r in a_dbo.deployments["prompt16k-c8"] if r.key[3] == "dbo"]
+    rows = [r for r in a_dbo.deployments["prompt16k-c8"] if r.key[4] == "dbo"]
     assert rows, "an overlap row per deployment where an all-to-all plan runs"
     for r in rows:
         assert r.label.endswith("+dbo") and "--enable-dbo`" in r.flags[1]  # vLLM's flag
         assert "no engine flag (--enable-dbo is vLLM 0.33.0's)" in r.flags[0]
         m = re.search(rf"without the overlap: ({NUM}) vs ({NUM}) s", r.reason)
-        bare = next(v for v in a_dbo.variants if v.shape == r.key[:3] and v.plan.name == r.variant.split("+dbo")[0])
+        bare = next(v for v in a_dbo.variants if v.shape == r.key[:4] and v.plan.name == r.variant.split("+dbo")[0])
         assert m is not None and _num(m.group(2)) == pytest.approx(
             bare.predictions["prompt16k-c8"].ttft.mean_s, rel=1e-3
         )

@@ -6,6 +6,9 @@ SMs and HBM bandwidth from the compute it hides behind. Pricing overlap as perfe
 two) overstates its gain; this probe measures, per op class, the compute's time alone and with a side
 stream busy with each load, and the load's own throughput alone and while the compute runs:
 
+- `sm20_full`, `sm20_300GBps`, `sm20_100GBps`, `sm32_full`: one persistent kernel holding 20 (or 32)
+  SMs for the whole call, copying flat out or paced to a link's rate (`tpplan.bench.sm_load`): an
+  all-to-all or ring collective as the engines run them, on SMs of its own,
 - `copy_engine_full`: device-to-device copy of a 1 GiB buffer, back to back,
 - `copy_kernel_full`: an elementwise add over 1 GiB, back to back (SM kernels, as NCCL's ring
   channels are, but on every SM the scheduler gives it),
@@ -19,7 +22,8 @@ warm-up; the side stream is given enough queued work to cover the whole timed wi
 Run on a GPU machine (torch only, no other dependency):
     python -m tpplan.bench.overlap_probe --out overlap.json
 The JSON holds per (op, load): alone and concurrent seconds per call, the slowdown, and the load's
-bytes/s alone and concurrent. Nothing here is used by the cost model yet (docs/benchmarks.md).
+bytes/s alone and concurrent; `tpplan.cost.overlap.OverlapCosts` takes its defaults from the
+held-SM rows (docs/benchmarks.md, "Compute beside a kernel that holds 20 SMs").
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1 << 30
+SM_IDS: dict[str, Any] = {}  # load name -> the SM ids its programs last ran on (sm_load's loads)
 
 
 def _ops(torch: Any) -> dict[str, Callable[[], Any]]:
@@ -47,6 +52,11 @@ def _ops(torch: Any) -> dict[str, Callable[[], Any]]:
     x, w = r(8192, 7168, device=dev, dtype=bf), r(7168, device=dev, dtype=bf)
     ea, eb = r(32, 512, 7168, device=dev, dtype=bf), r(32, 7168, 1024, device=dev, dtype=bf)
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    f8 = torch.float8_e4m3fn
+    fa, fb = a1.to(f8), r(6144, 7168, device=dev, dtype=bf).to(f8).t()  # _scaled_mm wants B column-major
+    one = torch.tensor(1.0, device=dev)
+    g_a = a1  # row slices of the 8192-row input: M = 1024 .. 8192 at K = 7168
+    g_b = {2112: b2, 6144: b1}
 
     def norm() -> Any:
         xf = x.float()
@@ -55,6 +65,10 @@ def _ops(torch: Any) -> dict[str, Callable[[], Any]]:
     return {
         "gemm_8192x7168x6144": lambda: a1 @ b1,
         "gemm_2048x7168x2112": lambda: a2 @ b2,
+        **{f"gemm_{m}x7168x{n}": (lambda m=m, n=n: g_a[:m] @ g_b[n]) for m in (1024, 4096) for n in (2112, 6144)},
+        "gemm_2048x7168x6144": lambda: g_a[:2048] @ g_b[6144],
+        "gemm_8192x7168x2112": lambda: g_a[:8192] @ g_b[2112],
+        "gemm_fp8_8192x7168x6144": lambda: torch._scaled_mm(fa, fb, one, one, out_dtype=bf),
         "attention_causal_8k_h32_d128": lambda: sdpa(q, k, v, is_causal=True),
         "rmsnorm_8192x7168": norm,
         "experts_bmm_32x512x7168x1024": lambda: torch.bmm(ea, eb),
@@ -81,7 +95,13 @@ def _loads(torch: Any) -> dict[str, tuple[Callable[[], Any], float]]:
 
         return run
 
+    from tpplan.bench.sm_load import sm_load
+
+    held = {f"sm{c}_{'full' if r is None else f'{r / 1e9:.0f}GBps'}": sm_load(torch, c, r)
+            for c, r in ((20, None), (20, 300e9), (20, 100e9), (32, None))}  # fmt: skip
+    SM_IDS.update({k: v[2] for k, v in held.items()})
     return {
+        **{k: (v[0], v[1]) for k, v in held.items()},
         "copy_engine_full": (lambda: dst.copy_(src), 2.0 * GIB),
         "copy_kernel_full": (lambda: dst.add_(src), 3.0 * GIB),
         "paced_1000GBps": (paced(1000.0), chunk_bytes),
@@ -174,18 +194,24 @@ def main(argv: list[str] | None = None) -> int:
             load_reps = max(3, round(args.window_ms / 1e3 / load_alone[load_name]))
             load_alone[load_name], _ = _concurrent(torch, fn, load_reps, None, 1.0, 0.0)
             both_load, _ = _concurrent(torch, fn, load_reps, op, alone, load_alone[load_name] * load_reps)
+            distinct = len(set(SM_IDS[load_name].tolist())) if load_name in SM_IDS else None
             rows.append({
                 "op": op_name, "load": load_name, "reps": reps,
                 "op_alone_s": alone, "op_concurrent_s": both_op, "op_slowdown": both_op / alone,
                 "load_alone_GBps": nbytes / load_alone[load_name] / 1e9,
                 "load_concurrent_GBps": nbytes / both_load / 1e9,
+                "load_distinct_sms": distinct,
             })  # fmt: skip
             r = rows[-1]
             print(f"{op_name:32s} {load_name:13s} op x{r['op_slowdown']:.2f}  load "
                   f"{r['load_alone_GBps']:6.0f} -> {r['load_concurrent_GBps']:6.0f} GB/s "
-                  f"[{time.time() - t_start:5.1f} s]", file=sys.stderr, flush=True)  # fmt: skip
+                  f"sms {distinct} [{time.time() - t_start:5.1f} s]", file=sys.stderr, flush=True)  # fmt: skip
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date}
+    distinct = {k: len(set(v.tolist())) for k, v in SM_IDS.items()}
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date,
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+            "held_load_distinct_sms": distinct}  # fmt: skip
+    print(f"held loads ran on distinct SMs: {distinct}", file=sys.stderr)
     write_files({out: json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"}, "--out")
     return 0
 

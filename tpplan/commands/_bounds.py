@@ -1,4 +1,4 @@
-"""Ranges of the integer options that size the work (--tp, --pp, --cp, --nodes, --tokens), checked as
+"""Ranges of the integer options that size the work (--tp, --pp, --cp, --replicas, --nodes, --tokens), checked as
 typer parses them, so `--tokens 10**12` or `--nodes 10**23` is one line and exit 2 at once instead
 of minutes of work or a traceback. The option keeps its own help and default; this adds the range."""
 
@@ -11,6 +11,7 @@ from tpplan.errors import TpplanError
 MAX_TP = 4096  # ranks of one TP group: beyond any cluster tpplan prices
 MAX_PP = 1024
 MAX_CP = 64  # context-parallel groups per stage (tpplan.layout.context_parallel.MAX_CP)
+MAX_REPLICAS = 4096  # copies of a deployment (each needs a client of the workload: at most its concurrency)
 MAX_NODES = 4096
 MAX_TOKENS = 2**24  # as the workload's prompt length (tpplan.cost.workload.MAX_TOKENS)
 
@@ -31,5 +32,6 @@ def bounded(option: str, low: int, high: int) -> Callable[[int | None], int | No
 TP_RANGE = bounded("--tp", 1, MAX_TP)
 PP_RANGE = bounded("--pp", 1, MAX_PP)
 CP_RANGE = bounded("--cp", 1, MAX_CP)
+REPLICAS_RANGE = bounded("--replicas", 1, MAX_REPLICAS)
 NODES_RANGE = bounded("--nodes", 1, MAX_NODES)
 TOKENS_RANGE = bounded("--tokens", 1, MAX_TOKENS)

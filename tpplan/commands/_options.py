@@ -115,7 +115,7 @@ _CLUSTER_HELP = (
 )
 _ENGINE_HELP = (
     "Serving engine whose measured kernels price compute where its database has them: sglang, vllm or trtllm, "
-    "optionally @version (needs tpplan[aic])"
+    "optionally @version (needs the aic extra: pip install 'tpplan\\[aic]')"
 )
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help=_GPU_HELP)]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help=_ENGINE_HELP)]

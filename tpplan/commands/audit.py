@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, TP_RANGE
+from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
@@ -32,6 +32,15 @@ TpOpt = Annotated[
 ]
 WideOpt = Annotated[
     bool, typer.Option("--wide", help="Show every column (wider than 100 columns; for wide terminals and files)")
+]
+ReplicasOpt = Annotated[
+    int,
+    typer.Option(
+        "--replicas",
+        help="Identical copies of the TP x CP x PP deployment, the workload's requests split between them "
+        "(each on GPUs of its own; memory per rank is one replica's); with --topology",
+        callback=REPLICAS_RANGE,
+    ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation dtype for byte counts: bf16, fp16, fp32, fp8")]
 ExpertDtypeOpt = Annotated[
@@ -77,11 +86,12 @@ def register(app: typer.Typer) -> None:
         ] = 1,
         cp: CpOpt = 1,
         cp_recurrence: CpRecurrenceOpt = "scan",
+        replicas: ReplicasOpt = 1,
         nodes: Annotated[
             int | None,
             typer.Option(
                 "--nodes",
-                help="Nodes of the topology (default: as many as TP x CP x PP needs); with --topology",
+                help="Nodes of the topology (default: as many as replicas x TP x CP x PP need); with --topology",
                 callback=NODES_RANGE,
             ),
         ] = None,
@@ -103,9 +113,9 @@ def register(app: typer.Typer) -> None:
         from tpplan.errors import TpplanError
 
         check_json_target(json_target)
-        if (workload or pp != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
+        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
             raise TpplanError(
-                "--workload/--pp/--nodes/--expert-dtype/--crossover",
+                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover",
                 "predictions need a topology",
                 "add --topology (e.g. h200x8-ib400)",
             )
@@ -114,8 +124,13 @@ def register(app: typer.Typer) -> None:
         if topology or cluster or gpu or engine:
             from tpplan.cost.workload import load_workload
 
-            topo = load_cluster(topology, nodes, tp * pp * cp if tp else None, gpu=gpu, cluster=cluster, engine=engine)
+            gpus = tp * pp * cp * replicas if tp else None
+            topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
             wl = load_workload(workload) if workload else None
+            if wl is not None and replicas > 1:
+                from tpplan.cost.workload import replica_workloads
+
+                replica_workloads(wl, replicas)  # more replicas than clients: one line before any work
             tp = tp or topo.gpus_per_node
         elif tp is None:
             raise TpplanError("--tp", "no TP size given", "pass --tp N (or --topology T: TP = its GPUs per node)")
@@ -125,7 +140,7 @@ def register(app: typer.Typer) -> None:
             from tpplan.cost.predict import predict_audit
 
             predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
-                                        cp_recurrence=cp_recurrence)  # fmt: skip
+                                        cp_recurrence=cp_recurrence, replicas=replicas)  # fmt: skip
         data = to_json(result, predictions)
         if cp > 1:
             from tpplan.layout.context_parallel import audit_cp
@@ -318,8 +333,11 @@ def over_note(gpu_bytes: float, fixes: str) -> str:
 def _print_predictions(data: dict, wide: bool = False, cluster: str | None = None) -> None:
     console = make_console(wide=wide)
     first = next(p["prediction"] for p in data["plans"] if p.get("prediction"))
+    r = first.get("replicas", 1)
     head = (
-        f"Predicted on {cluster or first['topology']}: TP{first['tp']}"
+        f"Predicted on {cluster or first['topology']}: "
+        + (f"{r} replicas of " if r > 1 else "")
+        + f"TP{first['tp']}"
         + (f" x CP{first['cp']}" if first.get("cp", 1) > 1 else "")
         + f" x PP{first['pp']}, one batch of "
         f"{first['tokens']} tokens" + (f", workload {first['workload']}" if first["workload"] else "")
@@ -361,6 +379,12 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
         t.add_row(*(cells[c] for c in cols))
     show(console, t, wrap=("memory",))
     console.print(provenance_line(first.get("provenance")), markup=False)
+    if r > 1:
+        console.print(
+            f"Replicas: times and memory per rank are one replica's; TTFT is over every request, the workload's "
+            f'requests split between the {r} replicas (each its own scheduler; docs/cost-model.md, "Replicas").',
+            markup=False,
+        )
     extrapolated = sorted({op for p in data["plans"] for op in (p.get("prediction") or {}).get("extrapolated_ops", [])})
     if extrapolated:
         console.print(

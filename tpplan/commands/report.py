@@ -69,7 +69,8 @@ def register(app: typer.Typer) -> None:
                 "--engine",
                 help="Serving engine and version, sglang@VERSION or vllm@VERSION (repeat for both): the memo judges "
                 "the flags against each (default: each engine's current release in tpplan's engine data); the first "
-                "one's measured kernels price compute (needs tpplan[aic]; the database's nearest version)",
+                "one's measured kernels price compute (needs the aic extra, pip install 'tpplan\\[aic]'; the "
+                "database's nearest version)",
             ),
         ] = None,
         overlap: Annotated[

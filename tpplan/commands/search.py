@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, REPLICAS_RANGE, TOKENS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
@@ -84,6 +84,15 @@ def register(app: typer.Typer) -> None:
                 callback=CP_RANGE,
             ),
         ] = None,
+        replicas: Annotated[
+            int | None,
+            typer.Option(
+                "--replicas",
+                help="Copies of each deployment, the workload's requests split between them (default: 1, and with "
+                "--workload and no --tp/--pp every count dividing the GPUs)",
+                callback=REPLICAS_RANGE,
+            ),
+        ] = None,
         nodes: NodesOpt = None,
         gpu: GpuOpt = None,
         cluster: ClusterOpt = None,
@@ -137,7 +146,7 @@ def register(app: typer.Typer) -> None:
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        gpus = tp * (pp or 1) * (cp or 1) if tp else None
+        gpus = tp * (pp or 1) * (cp or 1) * (replicas or 1) if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
@@ -151,6 +160,7 @@ def register(app: typer.Typer) -> None:
                 tp=tp,
                 pp=pp,
                 cp=cp,
+                replicas=replicas,
                 workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,
@@ -237,6 +247,14 @@ def _print(data: dict, wide: bool = False) -> None:
                 f"The {len(scores)} ranked plans lie within {100 * spread:.1f}% of each other, inside the "
                 f"±{100 * prov['band']:.1f}% band: the Decisions below say how they differ.",
             )
+    reps = sorted({p.get("replicas", 1) for p in data["plans"]} - {1})
+    if reps:
+        print_wrapped(
+            console,
+            f"Replicas ({', '.join(f'{r}x' for r in reps)}): copies of the deployment on GPUs of their own; the mean "
+            "TTFT is over every request, the requests split between the replicas (docs/cost-model.md, "
+            "\"Replicas\"); memory per rank, the plan and a --save file are one replica's (verify checks one).",
+        )
     others = [b for b in data.get("baselines", [])[1:] if b["delta_pct"] is not None]
     if others:
         ref = data["baseline"]["deployment"]

@@ -1,8 +1,11 @@
-"""A deployment: how many GPUs of a cluster a model runs on and how they split it (TP x CP x PP x EP x DP).
+"""A deployment: how many GPUs of a cluster a model runs on and how they split it (R x TP x CP x PP x EP).
 
 One object instead of loose ints, validated once against the cluster it runs on, so every pricer
 downstream can trust that the groups fit: a TP group larger than a node fills whole nodes, the
-GPUs it needs exist, an EP group divides the TP group it splits the experts over.
+GPUs it needs exist, an EP group divides the TP group it splits the experts over, and `replicas`
+identical copies of the TP x CP x PP deployment each sit on GPUs of their own, placed alike on the
+nodes (so one replica's prices are every replica's; the workload's requests are split between them
+by `tpplan.cost.workload.replica_workloads`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Protocol
 from tpplan.errors import TpplanError
 
 
-class _Fabric(Protocol):
+class Fabric(Protocol):
+    """What a deployment is checked against: a `Cluster`, a `Topology`, or one replica's share of one."""
+
     @property
     def name(self) -> str: ...
     @property
@@ -28,21 +33,27 @@ class _Fabric(Protocol):
 
 @dataclass(frozen=True)
 class Deployment:
-    """TP `tp` x CP `cp` x PP `pp` (x DP `dp` replicas), routed experts split EP `ep` inside each TP
-    group. CP: `cp` TP groups per stage, each on its share of the tokens (`layout.context_parallel`);
-    ranks are ordered stage, CP, TP, so a TP group keeps consecutive GPUs."""
+    """`replicas` x (TP `tp` x CP `cp` x PP `pp`), routed experts split EP `ep` inside each TP group.
+    CP: `cp` TP groups per stage, each on its share of the tokens (`layout.context_parallel`); ranks
+    are ordered replica, stage, CP, TP, so a TP group keeps consecutive GPUs and a replica its own
+    block of `replica_gpus` (a TP16 replica on nodes of 8 holds two whole nodes)."""
 
     tp: int
     pp: int = 1
     ep: int | None = None
-    dp: int = 1
+    replicas: int = 1  # identical copies, each serving its share of the requests
     cp: int = 1
     cp_recurrence: str = "scan"  # how linear attention hands its state on under CP: "scan" or "serial"
 
     @property
+    def replica_gpus(self) -> int:
+        """GPUs one replica occupies (TP x CP x PP)."""
+        return self.tp * self.cp * self.pp
+
+    @property
     def gpus(self) -> int:
-        """GPUs the deployment occupies."""
-        return self.tp * self.cp * self.pp * self.dp
+        """GPUs the deployment occupies, every replica's."""
+        return self.replica_gpus * self.replicas
 
     def nodes(self, gpus_per_node: int) -> int:
         """Nodes it uses on a cluster of `gpus_per_node` GPUs per node."""
@@ -52,20 +63,27 @@ class Deployment:
         """TP ranks that share one node."""
         return min(self.tp, gpus_per_node)
 
-    def check(self, cluster: _Fabric) -> Deployment:
+    def check(self, cluster: Fabric) -> Deployment:
         """Itself, after checking it fits `cluster` (a `Cluster` or `Topology`); a TpplanError else."""
-        tp, pp, dp, cp = self.tp, self.pp, self.dp, self.cp
-        if tp < 1 or pp < 1 or dp < 1 or cp < 1:
-            raise TpplanError(f"--tp {tp} --pp {pp}" + (f" --cp {cp}" if cp != 1 else ""), "sizes must be at least 1",
-                              "pass positive sizes")  # fmt: skip
+        tp, pp, r, cp = self.tp, self.pp, self.replicas, self.cp
+        where = f"--tp {tp} --pp {pp}" + (f" --cp {cp}" if cp != 1 else "") + (f" --replicas {r}" if r != 1 else "")
+        if tp < 1 or pp < 1 or r < 1 or cp < 1:
+            raise TpplanError(where, "sizes must be at least 1", "pass positive sizes")
         if self.gpus > cluster.world_size:
             raise TpplanError(
-                f"--tp {tp} --pp {pp}" + (f" --cp {cp}" if cp > 1 else "") + (f" x DP {dp}" if dp > 1 else ""),
+                where,
                 f"needs {self.gpus} GPUs, topology {cluster.name} has {cluster.world_size} "
                 f"({cluster.nodes} x {cluster.gpus_per_node})",
-                "use a smaller TP/CP/PP or a topology with more nodes",
+                "use a smaller TP/CP/PP, fewer replicas or a topology with more nodes",
             )
         g = cluster.gpus_per_node
+        one = self.replica_gpus
+        if r > 1 and g % one and one % g:  # replicas placed alike: each in a share of a node, or whole nodes
+            raise TpplanError(
+                where,
+                f"a replica of {one} GPUs would straddle nodes of {g} GPUs, so the replicas would not be alike",
+                f"use replicas of a divisor or a multiple of {g} GPUs",
+            )
         if tp > g and tp % g:
             raise TpplanError(
                 f"--tp {tp}",
@@ -77,4 +95,4 @@ class Deployment:
         return self
 
 
-__all__ = ["Deployment"]
+__all__ = ["Deployment", "Fabric"]

@@ -7,7 +7,7 @@ then stage k of B; a stage that waits for its all-to-all blocks the compute stre
 all-to-alls run one after another on the communication SMs in the order they were launched. What
 the overlap costs the compute side is explicit (`OverlapCosts`): DeepGEMM kernels run on the SMs the
 all-to-all leaves (both engines set its SM count), and the other kernels share HBM with it (the
-slowdowns the one-GPU probe measured beside a collective-rate load, docs/benchmarks.md).
+slowdowns measured on one H200 beside a kernel holding the all-to-all's 20 SMs, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,16 +27,25 @@ SM_BOUND = frozenset({"gemm", "moe"})
 @dataclass(frozen=True)
 class OverlapCosts:
     """How much slower compute runs beside an all-to-all, per op category, and the all-to-all beside
-    compute. Defaults: SM-bound ops lose the all-to-all's SMs (engine source); attention and
-    memory-bound ops the slowdown measured beside a 1000 GB/s paced load on one H200 (median of the
-    two runs, docs/benchmarks/h200-2026-12-01e); the all-to-all keeps its own SMs and is assumed
-    not to slow (not measured: the probe's load had no reserved SMs)."""
+    compute, as measured on one H200 (docs/benchmarks.md, "Compute beside a kernel that holds 20 SMs";
+    files docs/benchmarks/h200-2026-12-02b): a persistent side kernel held 20 of the 132 SMs, as
+    DeepEP's all-to-all does, and copied at 100 or 300 GB/s (a link's rate) while each op ran.
+
+    - SM-bound ops (GEMMs, routed experts) lose the all-to-all's SMs: sm_count / (sm_count -
+      comm_sms), because the engines tell DeepGEMM its SM count (engine source). cuBLAS, which is
+      not told, measured 1.14-1.29 at GEMMs of 0.5-1 ms (this rule: 1.18) but 1.40-1.76 below
+      0.4 ms, and batched bf16 experts 1.36-1.40: a kernel not told the SM count is slower than this.
+    - attention: 1.13 (causal SDPA at 8K tokens, 1.09-1.19 over 4 points);
+    - memory-bound ops (norms, elementwise, recurrences): 1.49 (an RMSNorm chain, 1.41-1.57);
+    - the all-to-all itself: 1.03 (its bytes/s beside the 12 ops, median of 48 points, 1.00-1.08):
+      on SMs of its own, at a link's rate, it hardly slows.
+    Measured on H200 only; other GPUs use the same figures (not measured)."""
 
     sm_count: int
     comm_sms: int
-    attention: float = 1.02  # causal SDPA 8K: 1.06 / 0.98
-    memory_bound: float = 1.17  # RMSNorm chain: 1.17 / 1.17
-    comm: float = 1.0
+    attention: float = 1.13
+    memory_bound: float = 1.49
+    comm: float = 1.03
 
     def factor(self, category: str) -> float:
         if category in SM_BOUND:
@@ -49,15 +58,38 @@ class OverlapCosts:
 
 
 @dataclass(frozen=True)
+class Work:
+    """Compute on the compute stream: its seconds with the GPU to itself, and with an all-to-all
+    running beside it the whole time (`OverlapCosts`). The simulation charges the second only for
+    the part that really runs beside an all-to-all."""
+
+    alone: float
+    beside: float
+
+    def seconds(self, overlapped: float) -> float:
+        """Wall seconds when an all-to-all runs beside it for the first `overlapped` seconds."""
+        if overlapped >= self.beside or self.beside <= 0.0:
+            return self.beside
+        return overlapped + self.alone * (1.0 - overlapped / self.beside)
+
+
+Compute = float | Work  # a plain float: the same seconds beside an all-to-all as alone
+
+
+def _work(c: Compute) -> Work:
+    return c if isinstance(c, Work) else Work(c, c)
+
+
+@dataclass(frozen=True)
 class MoeStages:
     """One micro-batch of one MoE layer, cut where the engines cut it (seconds)."""
 
-    pre: float  # from the layer input through the router (and any blocking TP collective there)
+    pre: Compute  # from the layer input through the router (and any blocking TP collective there)
     dispatch: float
-    experts: float
+    experts: Compute
     combine: float
-    shared: float  # computed before waiting for the combine
-    post: float  # after the combine lands: the expert sum, the residual add
+    shared: Compute  # computed before waiting for the combine
+    post: Compute  # after the combine lands: the expert sum, the residual add
 
 
 def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> MoeStages | None:
@@ -72,15 +104,16 @@ def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> 
     if experts is None or not dispatch or not combine:
         return None
 
-    def cost(ops: Sequence[OpTime]) -> float:
-        return sum(o.seconds * costs.factor(o.category) for o in ops)
+    def cost(ops: Sequence[OpTime], extra: float = 0.0) -> Work:
+        alone = sum(o.seconds for o in ops) + extra
+        return Work(alone, sum(o.seconds * costs.factor(o.category) for o in ops) + extra)
 
     after = kt.ops[experts + 1 :]
     shared = [o for o in after if shared_first and o.op.startswith("shared_")]
     rest = [o for o in after if o not in shared]
     blocking = sum(c.seconds for c in kt.collectives if c.kind != "all_to_all")
     return MoeStages(
-        pre=cost(kt.ops[:experts]) + blocking,
+        pre=cost(kt.ops[:experts], blocking),
         dispatch=sum(c.seconds for c in dispatch) * costs.comm,
         experts=cost([kt.ops[experts]]),
         combine=sum(c.seconds for c in combine) * costs.comm,
@@ -89,7 +122,7 @@ def moe_stages(kt: KindTime, costs: OverlapCosts, shared_first: bool = True) -> 
     )
 
 
-Item = tuple[str, float, str]  # ("compute", seconds, "") | ("launch", seconds, key) | ("wait", 0, key)
+Item = tuple[str, Compute, str]  # ("compute", work, "") | ("launch", seconds, key) | ("wait", 0, key)
 
 
 def _stages(mb: Sequence[MoeStages], tag: str) -> list[list[Item]]:
@@ -109,16 +142,19 @@ def two_microbatch_seconds(a: Sequence[MoeStages], b: Sequence[MoeStages]) -> fl
     engines' order: stage k of A, then stage k of B (SGLang `execute_overlapped_operations` with
     prefill's delta_stages 0; vLLM's two micro-batch threads switch at the same all-to-all points).
 
-    One compute stream; the all-to-alls queue on the communication SMs in launch order."""
+    One compute stream; the all-to-alls queue on the communication SMs in launch order. Compute runs
+    at its `beside` rate while an all-to-all is in flight and at its `alone` rate once none is (the
+    queue is busy from the last launch until `comm`), so a short all-to-all slows only the compute
+    it really overlaps."""
     compute = comm = 0.0
     landed: dict[str, float] = {}
     sa, sb = _stages(a, "a"), _stages(b, "b")
     for stage_a, stage_b in zip(sa, sb, strict=True):
         for what, seconds, key in (*stage_a, *stage_b):
             if what == "compute":
-                compute += seconds
+                compute += _work(seconds).seconds(max(0.0, comm - compute))
             elif what == "launch":
-                comm = max(comm, compute) + seconds
+                comm = max(comm, compute) + _work(seconds).alone
                 landed[key] = comm
             else:
                 compute = max(compute, landed[key])
@@ -126,8 +162,17 @@ def two_microbatch_seconds(a: Sequence[MoeStages], b: Sequence[MoeStages]) -> fl
 
 
 def sequential_seconds(stages: Sequence[MoeStages]) -> float:
-    """The same layers without overlap: every stage and all-to-all one after another."""
-    return sum(s.pre + s.dispatch + s.experts + s.combine + s.shared + s.post for s in stages)
+    """The same layers without overlap: every stage and all-to-all one after another (nothing runs
+    beside the compute, so at its `alone` rate)."""
+    return sum(
+        _work(s.pre).alone
+        + s.dispatch
+        + _work(s.experts).alone
+        + s.combine
+        + _work(s.shared).alone
+        + _work(s.post).alone
+        for s in stages
+    )
 
 
 def _cut(segs: Segments, at: int) -> tuple[Segments, Segments]:

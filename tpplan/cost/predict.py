@@ -54,7 +54,14 @@ from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens, masked_pairs, segments_of
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width, stage_layers
 from tpplan.cost.topology import Topology
-from tpplan.cost.workload import PrefillBatch, TTFTResult, Workload, simulate_pipeline, simulate_ttft
+from tpplan.cost.workload import (
+    PrefillBatch,
+    TTFTResult,
+    Workload,
+    simulate_pipeline,
+    simulate_replicas,
+    simulate_ttft,
+)
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
@@ -116,7 +123,12 @@ def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
     """TTFT of `workload` on the predictor's stages as its engine (`p.pipeline`, `cost/pipeline.py`)
     schedules them (pp = 1: batches one after another). Each stage holds a batch for its compute, its
     TP collectives and its send into the next stage (the last one also for the reduction before the
-    final norm)."""
+    final norm). With replicas (`p.deployment.replicas`), each replica schedules its share of the
+    requests (`tpplan.cost.workload.replica_workloads`) and the result is over all of them."""
+    return simulate_replicas(workload, p.deployment.replicas, lambda share: _one_replica_ttft(p, share))
+
+
+def _one_replica_ttft(p: Predictor, workload: Workload) -> TTFTResult:
     if p.pp == 1:
         return simulate_ttft(workload, lambda b: p.latency(segments_of(b)))
     m = p.pipeline
@@ -144,16 +156,20 @@ def predict_plan(
     cp: int = 1,
     cp_recurrence: str = "scan",
     pipeline: PipelineModel | None = None,
+    replicas: int = 1,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
     workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
     measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
     hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`); PP scheduled and
-    its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`)."""
+    its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
+    `replicas`: that many identical copies of the deployment, the workload's requests split between
+    them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
+    TTFT over every request."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, pipeline=pipeline)  # fmt: skip
+                         cp_recurrence=cp_recurrence, pipeline=pipeline, replicas=replicas)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -180,6 +196,7 @@ def predict_plan(
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
         provenance=provenance(topology, tp * pp * cp),
         cp=cp,
+        replicas=replicas,
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
     # share of the time), the same figure the memo uses: audit, search and report state one band.
@@ -198,9 +215,10 @@ def predict_audit(
     cp: int = 1,
     cp_recurrence: str = "scan",
     pipeline: PipelineModel | None = None,
+    replicas: int = 1,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
-    workload's chunk size (8192 without a workload)."""
+    workload's chunk size (8192 without a workload); `replicas` as `predict_plan`."""
     t = tokens or (workload.chunk_size if workload is not None else 8192)
     return [
         predict_plan(
@@ -218,6 +236,7 @@ def predict_audit(
             cp=cp,
             cp_recurrence=cp_recurrence,
             pipeline=pipeline,
+            replicas=replicas,
         )
         for pa in a.plans
     ]

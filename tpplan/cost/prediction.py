@@ -7,7 +7,7 @@ prices ops and collectives, `cost/predictor.py` sums them into layers, stages an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from tpplan.cost.provenance import Provenance
 from tpplan.cost.workload import TTFTResult
@@ -117,6 +117,7 @@ class PlanPrediction:
     gpu_memory_bytes: float = 0.0
     provenance: Provenance | None = None  # how the times were made and the error band that applies
     cp: int = 1  # context-parallel size: TP groups per stage, each on 1/cp of the tokens
+    replicas: int = 1  # identical copies of the deployment, the workload's requests split between them
 
     @property
     def compute_s(self) -> float:
@@ -143,7 +144,7 @@ class PlanPrediction:
 
     def to_json(self) -> dict[str, object]:
         """Plain data for `tpplan audit --json` (docs/audit-json.md, `prediction`)."""
-        ttft = None
+        ttft: dict[str, object] | None = None
         if self.ttft is not None:
             t = self.ttft
             ttft = {
@@ -155,6 +156,8 @@ class PlanPrediction:
                 "batches": len(t.batches),
                 "requests": len(t.ttft_s),
             }
+            if t.replicas:  # each replica's share (its own scheduler): requests, prefill tokens, TTFT
+                ttft["per_replica"] = [asdict(share) for share in t.replicas]
         m = self.memory
         return {
             "topology": self.topology,
@@ -162,6 +165,7 @@ class PlanPrediction:
             "tp": self.tp,
             "pp": self.pp,
             "cp": self.cp,
+            "replicas": self.replicas,
             "tokens": self.tokens,
             "context": self.context,
             "forward_s": self.forward_s,

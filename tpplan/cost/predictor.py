@@ -28,7 +28,7 @@ from tpplan.cost.prediction import KindTime, MemoryBreakdown
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width
 from tpplan.cost.topology import Topology
-from tpplan.cost.workload import Workload
+from tpplan.cost.workload import Workload, replica_workloads
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
@@ -133,7 +133,14 @@ class Predictor(OpPrices):
 
     # -- memory ----------------------------------------------------------------------------------
     def memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
-        """Per rank, for the stage that needs the most."""
+        """Per rank, for the stage that needs the most; with replicas, of the replica whose share of
+        the workload needs the most (every replica holds the same weights)."""
+        r = self.deployment.replicas
+        if workload is None or r == 1:
+            return self._memory(workload, tokens)
+        return max((self._memory(w, tokens) for w in replica_workloads(workload, r)), key=lambda m: m.total)
+
+    def _memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
         spec = self.graph.spec
         if workload is not None:
             seqs = [workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency)]
@@ -215,16 +222,16 @@ _CACHE_MAX = 512
 def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
                      expert_dtype: str | None, audit: PlanAudit | None = None, *,
                      engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan",
-                     pipeline: PipelineModel | None = None) -> Predictor:  # fmt: skip
-    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp, dtype, engine, PP schedule): the
-    scheduler calls batch_time per batch. (A recorded run's implementations, `bench --repredict`,
-    build their own.)"""
+                     pipeline: PipelineModel | None = None, replicas: int = 1) -> Predictor:  # fmt: skip
+    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp, replicas, dtype, engine, PP
+    schedule): the scheduler calls batch_time per batch. (A recorded run's implementations, `bench
+    --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, pipeline)
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, pipeline, replicas)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
-    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
+    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, replicas=replicas)
     p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep,
                   pipeline=pipeline)  # fmt: skip
     if len(_CACHE) >= _CACHE_MAX:

@@ -55,11 +55,14 @@ class Pricer:
         audit: PlanAudit | None = None,
         cp: int = 1,
         cp_recurrence: str = "scan",
+        replicas: int = 1,
     ) -> None:
-        """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise)."""
+        """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise).
+        `replicas`: identical copies of the deployment (prices are one replica's; the search splits
+        the workload between them, `tpplan.cost.workload.replica_workloads`)."""
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
-        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence)
+        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, replicas=replicas)
         self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
                                deployment=self.deployment)  # fmt: skip
         self.cp_audit = self._base.cp_audit

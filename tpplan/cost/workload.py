@@ -7,11 +7,14 @@ t = 0 and each submits its next request when the previous one gets its first tok
 output tokens after the first) is out of scope: it neither delays prefill nor the next request.
 With pipeline parallelism the batches run through the stages in order, at most the engine's
 micro-batches in flight (`simulate_pipeline`; `tpplan.cost.pipeline` takes the engine's schedule).
+With R replicas of a deployment the requests are split between them (`replica_workloads`, the
+routing rule stated there) and each replica runs this scheduler on its share (`simulate_replicas`).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -153,6 +156,7 @@ class TTFTResult:
     batches: tuple[PrefillBatch, ...]
     makespan_s: float
     prefill_tokens: int
+    replicas: tuple[ReplicaShare, ...] = ()  # each replica's share, when several served the workload
     mean_s: float = field(init=False)
     p50_s: float = field(init=False)
     max_s: float = field(init=False)
@@ -269,3 +273,94 @@ def simulate_pipeline(
     if in_flight < 1:
         raise TpplanError("in_flight", f"must be >= 1, got {in_flight}", "pass the engine's micro-batches in flight")
     return _run(workload, stage_times, in_flight, chunks_overlap)
+
+
+# -- replicas: the requests split between identical copies of a deployment -------------------------
+
+
+def replica_workloads(workload: Workload, replicas: int) -> tuple[Workload, ...]:
+    """Each replica's share of `workload` when `replicas` identical copies of a deployment serve it.
+
+    Routing rule modelled: client c of the closed loop is served by replica c mod R, and replica r
+    serves requests r, r + R, r + 2R, ... of the workload in its own submission order (so their
+    prompt lengths), each replica a closed loop of its own with its own chunked-prefill scheduler.
+    It is what both engines' default routers do when prompts are alike and R divides the concurrency:
+    SGLang's DP controller deals requests round-robin (`load_balance_method` "auto" resolves to
+    "round_robin" outside PD, `DataParallelController.round_robin_scheduler`, SGLang 0.5.23), and
+    vLLM's DP client sends each request to the least-loaded engine (score: the larger of its own
+    in-flight count x clients and the engine's waiting + running, ties rotated;
+    `DPLBAsyncMPClient.get_core_engine_for_request`, vLLM 0.33.0 g4ba787ec9): a closed-loop client's
+    next request then goes back to the replica that just freed a slot. Otherwise (mixed lengths, R not
+    dividing C) it is an approximation: the engines route by arrival order or load at the time.
+    Every replica needs a client and a request: R above the concurrency or the requests is refused."""
+    if replicas < 1:
+        raise TpplanError(f"replicas {replicas}", "must be at least 1", "pass 1 or more replicas")
+    if replicas == 1:
+        return (workload,)
+    clients, total = workload.concurrency, workload.total_requests
+    if replicas > min(clients, total):
+        raise TpplanError(
+            f"replicas {replicas}",
+            f"workload {workload.name} has {clients} concurrent clients and {total} requests: some replicas "
+            "would get none",
+            f"use at most {min(clients, total)} replicas",
+        )
+    lens = workload.input_lens or [workload.prompt_len(0)]
+    period = len(lens) // math.gcd(len(lens), replicas)  # replica r's prompts repeat after this many
+    out = []
+    for r in range(replicas):
+        mine = [lens[(r + j * replicas) % len(lens)] for j in range(period)]
+        out.append(
+            workload.with_overrides(
+                f"workload {workload.name}, replica {r}",
+                concurrency=len(range(r, clients, replicas)),
+                num_requests=len(range(r, total, replicas)),
+                input_len=None,
+                input_lens=mine,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ReplicaShare:
+    """One replica's part of a workload: its requests, clients, prefill tokens and TTFT."""
+
+    requests: int
+    concurrency: int
+    prefill_tokens: int
+    mean_s: float
+    makespan_s: float
+
+
+def simulate_replicas(workload: Workload, replicas: int, simulate: Callable[[Workload], TTFTResult]) -> TTFTResult:
+    """TTFT of `workload` on `replicas` identical replicas, each scheduling its share
+    (`replica_workloads`) by `simulate`: per request in the workload's order (replica r's j-th
+    request is request r + j R), so the mean is over all requests; batches of every replica,
+    request ids the workload's, by start time; the makespan the last replica's."""
+    shares = replica_workloads(workload, replicas)
+    if len(shares) == 1:
+        return simulate(workload)
+    results = [simulate(w) for w in shares]
+    ttft: dict[int, float] = {}
+    arrival: dict[int, float] = {}
+    batches: list[PrefillBatch] = []
+    for r, res in enumerate(results):
+        for j, (t, a) in enumerate(zip(res.ttft_s, res.arrival_s, strict=True)):
+            ttft[r + j * replicas], arrival[r + j * replicas] = t, a
+        for b in res.batches:
+            segs = tuple(Segment(r + s.request_id * replicas, s.start_pos, s.n_tokens) for s in b.segments)
+            batches.append(PrefillBatch(b.index, segs, b.start_s, b.end_s))
+    batches.sort(key=lambda b: (b.start_s, b.end_s))
+    ids = range(workload.total_requests)
+    return TTFTResult(
+        ttft_s=tuple(ttft[i] for i in ids),
+        arrival_s=tuple(arrival[i] for i in ids),
+        batches=tuple(batches),
+        makespan_s=max(res.makespan_s for res in results),
+        prefill_tokens=sum(res.prefill_tokens for res in results),
+        replicas=tuple(
+            ReplicaShare(w.total_requests, w.concurrency, res.prefill_tokens, res.mean_s, res.makespan_s)
+            for w, res in zip(shares, results, strict=True)
+        ),
+    )

@@ -105,6 +105,7 @@ class DeploymentFlags:
     args: tuple[str, ...]  # empty: no engine flag realises it
     why: str  # what is missing or different ("" when the flags realise it as priced)
     source: str  # the citation behind the CP and overlap parts
+    replicas: int = 1  # separate servers, each launched with `args` (a router in front splits the requests)
 
     @property
     def realised(self) -> bool:
@@ -114,14 +115,23 @@ class DeploymentFlags:
         if not self.args:
             return f"{self.engine}: no engine flag ({self.why})"
         tail = f" ({self.why})" if self.why else ""
-        return f"{self.engine}: `{' '.join(self.args)}`{tail}"
+        each = f"{self.replicas} servers, each " if self.replicas > 1 else ""
+        return f"{self.engine}: {each}`{' '.join(self.args)}`{tail}"
 
 
 def deployment_flags(
-    engine: str, model_type: str, all_mla: bool, tp: int, pp: int, cp: int, overlap: str | None = None
+    engine: str,
+    model_type: str,
+    all_mla: bool,
+    tp: int,
+    pp: int,
+    cp: int,
+    overlap: str | None = None,
+    replicas: int = 1,
 ) -> DeploymentFlags:
     """`engine` ("SGLang" or "vLLM")'s flags for TP `tp` x CP `cp` x PP `pp` (and a micro-batch
-    overlap `tbo`/`dbo`) on a model of `model_type` (`all_mla`: every attention layer is MLA)."""
+    overlap `tbo`/`dbo`) on a model of `model_type` (`all_mla`: every attention layer is MLA); `replicas`
+    separate servers of it (the router that splits the requests between them is not read here)."""
     cp_rec = PREFILL_CP[engine]
     cites: list[str] = []
     why: list[str] = []
@@ -153,7 +163,7 @@ def deployment_flags(
             return DeploymentFlags(cp_rec.engine, (), refused, ov.schedule_source.cite())
         args += list(ov.flags)
         cites.append(ov.schedule_source.cite())
-    return DeploymentFlags(cp_rec.engine, tuple(args), "; ".join(why), "; ".join(cites))
+    return DeploymentFlags(cp_rec.engine, tuple(args), "; ".join(why), "; ".join(cites), replicas)
 
 
 __all__ = ["PREFILL_CP", "SGLANG_PREFILL_CP", "VLLM_PREFILL_CP", "DeploymentFlags", "PrefillCp", "deployment_flags"]

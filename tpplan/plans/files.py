@@ -72,6 +72,7 @@ class Deployment(_Strict):
     tp: Size
     pp: Size = 1
     cp: Size = 1  # context-parallel groups per stage (layout.context_parallel); absent in older files
+    replicas: Size = 1  # identical copies of the TP x CP x PP deployment; the plan is one replica's
     ep: Size | None = None
     moe: Literal["tp", "ep", "a2a"] = "tp"
 
@@ -104,10 +105,17 @@ class PlanFile(_Strict):
 
 
 def plan_file_data(
-    plan: Plan, graph: ModelGraph, found_for: dict[str, object], tp: int, pp: int = 1, cp: int = 1
+    plan: Plan,
+    graph: ModelGraph,
+    found_for: dict[str, object],
+    tp: int,
+    pp: int = 1,
+    cp: int = 1,
+    replicas: int = 1,
 ) -> PlanFile:
-    """The file for `plan`, ranked at TP `tp` x CP `cp` x PP `pp` on `graph` (`found_for`: topology,
-    workload, dtype, expert_dtype, objective, rank, score)."""
+    """The file for `plan`, ranked at `replicas` x (TP `tp` x CP `cp` x PP `pp`) on `graph` (`found_for`:
+    topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs the same plan,
+    so the file is one replica's (`verify` checks one)."""
     decisions = Decisions.model_validate(
         {
             "stream": plan.stream.value,
@@ -133,7 +141,7 @@ def plan_file_data(
         found_by=plan.found_by,
         engine_notes=list(plan.engine_notes),
         decisions=decisions,
-        deployment=Deployment(tp=tp, pp=pp, cp=cp, ep=decisions.ep_size, moe=plan.moe),
+        deployment=Deployment(tp=tp, pp=pp, cp=cp, replicas=replicas, ep=decisions.ep_size, moe=plan.moe),
         found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
     )
 
@@ -206,6 +214,12 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
             f"plan file {path} was found for {ff.model} at {found}; applying its decisions to "
             f"{graph.spec.name} at TP{n} (the audit checks them there)",
         )
+    if dep.replicas > 1:  # every replica runs the same plan: what is checked or run is one of them
+        notes += (
+            f"plan file {path} was ranked for {dep.replicas} replicas of TP{dep.tp}"
+            + (f" x PP{dep.pp}" if dep.pp > 1 else "")
+            + "; its decisions are one replica's, and audit, verify and run check one replica",
+        )
     moe: MoEMode = d.moe
     return Plan(
         pf.name,
@@ -254,7 +268,10 @@ def save_plan_dir(path: Path, files: list[PlanFile]) -> list[Path]:
     for rank, pf in enumerate(files, start=1):
         name = plan_file_name(rank)
         contents[name] = (pf.model_dump_json(indent=2) + "\n").encode()
-        entries.append({"rank": rank, "file": name, "name": pf.name, "tp": pf.deployment.tp, "pp": pf.deployment.pp})
+        dep = pf.deployment
+        entries.append(
+            {"rank": rank, "file": name, "name": pf.name, "tp": dep.tp, "pp": dep.pp, "replicas": dep.replicas}
+        )
     index = {"written_by": INDEX_MARK, "schema_version": PLAN_FILE_VERSION, "plans": entries}
     contents[INDEX_NAME] = (json.dumps(index, indent=2) + "\n").encode()
     write_dir(path, contents, "--save")

@@ -70,6 +70,7 @@ class Found:
     rank: int
     cp: int = 1
     score: float | None = None  # what the search ranked it by (mean TTFT s with a workload)
+    replicas: int = 1  # identical copies of the deployment, the requests split between them
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Searched:
     """What the memo keeps of `tpplan search`'s answer: its ranked plans and the deployments searched."""
 
     found: list[Found]
-    grid: list[tuple[int, int, int]]  # (TP, PP, CP), the search's own order (its first: the reference)
+    grid: list[tuple[int, int, int, int]]  # (TP, PP, CP, replicas), the search's order (its first: the reference)
 
 
 SearchFn = Callable[..., Searched]
@@ -112,9 +113,10 @@ def load_search() -> SearchFn:
             dtype=dtype,
             expert_dtype=expert_dtype,
             audits=audits,
-            overlap=overlap,  # the search's default grid (cp=None): TP x PP splits and TP x CP
+            overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits, TP x CP, replicas
         )
-        found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score) for i, r in enumerate(outcome.ranked, 1)]
+        found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
+                 for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
         return Searched(found, [tuple(g) for g in outcome.grid])  # type: ignore[misc]
 
     return best
@@ -209,6 +211,8 @@ def _predict(
     extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
     if v.cp > 1:
         extra["cp"] = v.cp
+    if v.replicas > 1:
+        extra["replicas"] = v.replicas
     if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
         extra["pipeline"] = pipeline
     for wl in workloads:
@@ -216,7 +220,7 @@ def _predict(
             v.predictions[wl.name] = fn(graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size,
                                         dtype=dtype, audit=v.audit, **extra)  # fmt: skip
         except (TpplanError, NotImplementedError, ValueError) as exc:
-            if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.shape[1:] == (1, 1):
+            if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.shape[1:] == (1, 1, 1):
                 raise  # the baseline always predicts: a failure here is a bad input (e.g. --expert-dtype)
             v.prediction_error = f"{type(exc).__name__}: {exc}"
             v.predictions.clear()
@@ -265,7 +269,7 @@ def _current_variant(audits: Audits, text: str, n: int, world: int, dtype: str, 
         plan = make_plan(name, graph, tp)
     except TpplanError as exc:
         raise TpplanError(f"--current {text}", exc.reason, exc.fix) from None
-    same = next((v for v in variants if v.shape == (tp, pp, 1) and v.plan.describe() == plan.describe()), None)
+    same = next((v for v in variants if v.shape == (tp, pp, 1, 1) and v.plan.describe() == plan.describe()), None)
     if same is not None:
         return same
     v = Variant(plan, tp, pp, audits.of(plan, tp, dtype), main_tp=n)
@@ -398,7 +402,7 @@ def analyse(
             )
     cur = _current_variant(audits, current, n, world, dtype, variants)
     finder = search_fn or (load_search() if search_top > 0 and not plans else None)
-    grid: list[tuple[int, int, int]] = []
+    grid: list[tuple[int, int, int, int]] = []
     best_found: Found | None = None
     if finder is not None:
         say("searching plans (as tpplan search)")
@@ -417,13 +421,15 @@ def analyse(
         grid = searched.grid
         for f in searched.found:
             pl = f.plan
-            same = [v for v in variants if v.shape == (f.tp, f.pp, f.cp) and v.plan.describe() == pl.describe()]
+            shape = (f.tp, f.pp, f.cp, f.replicas)
+            same = [v for v in variants if v.shape == shape and v.plan.describe() == pl.describe()]
             if same:
                 best_found = best_found or replace(f, plan=same[0].plan)  # under the memo's name for it
                 continue  # already in the memo at that shape
             if pl.found_by == "search":
                 pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
-            variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp))
+            variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp,
+                                    replicas=f.replicas))  # fmt: skip
             best_found = best_found or replace(f, plan=pl)
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
@@ -437,7 +443,10 @@ def analyse(
                 variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
     # the engines' MoE all-to-all plans at every other deployment of the search's grid, so each
     # deployment row ranks more than baseline (the search's best joins where it runs)
-    for shape in grid[1:] if len(grid) > 1 else []:
+    # one copy of each deployment: replicas (R copies, the requests split) are rows where the search found
+    # its best there; a row per R is for the replica rows to come (`deployments.DeploymentKey` has R)
+    single = [g for g in grid if g[3] == 1]
+    for shape in single[1:]:
         for name in ("sp-moe", "sglang-sp-moe"):
             if not any(v.plan.name == name for v in variants) or any(
                 v.plan.name == name and v.shape == shape for v in variants
@@ -445,21 +454,22 @@ def analyse(
                 continue
             pa = _audit_or_none(audits, name, shape[0], dtype)
             if pa is not None and pa.legal:
-                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2]))
+                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2]))  # one replica
     if overlap is not None:  # --overlap: each all-to-all plan once more under the engine's micro-batch overlap
         from tpplan.plans.named import overlapped
 
         for v in [v for v in variants if v.plan.moe == "a2a" and v.plan.overlap is None and v.legal]:
             pl = overlapped(v.plan, overlap, graph)  # the search refused an overlap the engine does not run
             if not any(x.shape == v.shape and x.plan.describe() == pl.describe() for x in variants):
-                variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp))
+                variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp,
+                                        replicas=v.replicas))  # fmt: skip
     # every delta compares like with like: a baseline at each shape a plan runs at, and at every
     # deployment the search searched (the deployment ranking's rows)
-    for tp_v, pp_v, cp_v in dict.fromkeys([*(v.shape for v in list(variants)), *grid]):
-        if not any(v.plan.name == "baseline" and v.shape == (tp_v, pp_v, cp_v) for v in variants):
+    for tp_v, pp_v, cp_v, r_v in dict.fromkeys([*(v.shape for v in list(variants)), *single]):
+        if not any(v.plan.name == "baseline" and v.shape == (tp_v, pp_v, cp_v, r_v) for v in variants):
             pa = _audit_or_none(audits, "baseline", tp_v, dtype)
             if pa is not None:
-                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v))
+                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v, replicas=r_v))
     chunk = workloads[0].chunk_size if workloads else 8192
     all_mla = all(isinstance(lg.spec.attn, MLASpec) for lg in graph.kinds.values())
     for i, v in enumerate(variants, 1):
@@ -476,12 +486,12 @@ def analyse(
             dp=dp,
             engines=pair,
         )
-        v.flags = [deployment_flags(e, graph.spec.model_type, all_mla, v.tp, v.pp, v.cp, v.plan.overlap)
+        v.flags = [deployment_flags(e, graph.spec.model_type, all_mla, v.tp, v.pp, v.cp, v.plan.overlap, v.replicas)
                    for e in ("SGLang", "vLLM")]  # fmt: skip
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
     mla = _mla_kind(graph)
-    named = [v.plan.name for v in variants if v.shape == (n, 1, 1) and v.plan.found_by != "search"]
+    named = [v.plan.name for v in variants if v.shape == (n, 1, 1, 1) and v.plan.found_by != "search"]
     sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
     wl = workloads[0].name if workloads else None
     # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
@@ -530,7 +540,7 @@ def analyse(
         say("thresholds: where each plan overtakes baseline")
         a.crossovers = crossovers(
             graph,
-            [v.plan for v in variants if v.shape == (n, 1, 1) and v.legal],
+            [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal],
             topology,
             tp=n,
             dtype=dtype,
@@ -542,9 +552,10 @@ def analyse(
     a.grid = grid
     a.overlap = overlap
     if best_found is not None:
-        a.search_best = (best_found.plan.name, deployment_label(best_found.tp, best_found.pp, best_found.cp))
+        f = best_found
+        a.search_best = (f.plan.name, deployment_label(f.tp, f.pp, f.cp, f.replicas))
     if fn is not None and grid:
-        keys = [(tp_g, pp_g, cp_g, None) for tp_g, pp_g, cp_g in grid]
+        keys = [(*g, None) for g in single]
 
         def parts_of(v: Variant, w: str) -> Parts | None:
             """The priced parts of `v`'s prediction at `w` (only when `predict_plan` made it)."""
@@ -555,11 +566,11 @@ def analyse(
             from tpplan.cost.segments import segments_of
 
             pred = cached_predictor(graph, v.plan, topology, v.tp, v.pp, dtype, expert_dtype, v.audit, cp=v.cp,
-                                    pipeline=pp_schedule if v.pp > 1 else None)  # fmt: skip
-            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches])
+                                    pipeline=pp_schedule if v.pp > 1 else None, replicas=v.replicas)  # fmt: skip
+            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
 
         for w in workloads:
-            a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of)
+            a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of, grid)
         if prompt_lengths and workloads:
             say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
             rows = [r for r in a.deployments[workloads[0].name]]
@@ -569,6 +580,8 @@ def analyse(
                 extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
                 if v.cp > 1:
                     extra["cp"] = v.cp
+                if v.replicas > 1:
+                    extra["replicas"] = v.replicas
                 if v.pp > 1:
                     extra["pipeline"] = pp_schedule
                 try:

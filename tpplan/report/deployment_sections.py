@@ -74,7 +74,7 @@ def _cp_memory_note(a: Analysis) -> str | None:
     over = [r for r in rows if r.key[2] > 1 and not r.fits]
     if not over:
         return None
-    ref = next((r for r in rows if r.key[:3] == tuple(a.grid[0])), None) if a.grid else None
+    ref = next((r for r in rows if r.key[:4] == tuple(a.grid[0])), None) if a.grid else None
     parts = []
     for r in over:
         v = a.variant(r.variant)

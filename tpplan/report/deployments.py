@@ -9,7 +9,9 @@ where the search takes its baseline): one chunk's compute, TP collectives, CP ex
 sends, and the mean TTFT the workload's schedule makes of them.
 
 Hook for replicas (R copies of a deployment serving the requests between them): a row is keyed by
-`DeploymentKey` (TP, PP, CP, overlap); a replica count belongs there when the search's grid has it.
+`DeploymentKey` (TP, PP, CP, replicas, overlap). Today a replicas row is there where the search's
+best is R copies of a deployment (so the ranking's first row is the search's best); rows for every R
+of the search's grid are the hook for the replica work (`tpplan.search.ranking.deployment_grid`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def key_of(v: Variant) -> DeploymentKey:
-    return v.tp, v.pp, v.cp, v.plan.overlap
+    return (*v.shape, v.plan.overlap)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Parts:
     tp_comm_s: float
     cp_comm_s: float
     stage_s: float
+    replicas: int = 1
 
     @property
     def total_s(self) -> float:
@@ -50,9 +53,10 @@ class Parts:
 PartsFn = Callable[[Variant, str], "Parts | None"]
 
 
-def workload_parts(predictor: Predictor, batches: list[Segments]) -> Parts:
+def workload_parts(predictor: Predictor, batches: list[Segments], replicas: int = 1) -> Parts:
     """`predictor`'s priced parts of every batch (`Predictor.kind_time` per layer; stage sends and the
-    final reduction from `stage_times`), summed."""
+    final reduction from `stage_times`), summed; with replicas, over every replica's batches and
+    divided by their number (one replica's share when the requests split evenly)."""
     comp = tp = cp = stage = 0.0
     results = predictor.audit.layer_results
     for segs in batches:
@@ -67,7 +71,8 @@ def workload_parts(predictor: Predictor, batches: list[Segments]) -> Parts:
         _, sends, final = predictor.stage_times(segs)
         stage += sum(sends)
         tp += final
-    return Parts(len(batches), comp, tp, cp, stage)
+    r = max(1, replicas)
+    return Parts(len(batches), comp / r, tp / r, cp / r, stage / r, r)
 
 
 def _ms(x: float) -> str:
@@ -116,7 +121,8 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
         terms.append(f"stage sends {_ms(mine.stage_s - base.stage_s)}")
     text = (
         f"vs `{ref.deployment}`, the workload's prefill batches through every layer (one CP rank, every PP stage "
-        "summed): " + ", ".join(terms)
+        + ("summed" if mine.replicas == 1 else f"summed; every replica's batches over the {mine.replicas} replicas")
+        + "): " + ", ".join(terms)
         + f" ({fig(mine.total_s * 1e3)} vs {fig(base.total_s * 1e3)} ms); mean TTFT {fig(t)} vs {fig(t0)} s"
         + f" ({100 * (t - t0) / t0:+.1f}%)"
     )  # fmt: skip
@@ -131,11 +137,12 @@ def rank_deployments(
     workload: str,
     limit: float,
     parts: PartsFn,
+    searched: list[tuple[int, int, int, int]] | None = None,
 ) -> list[DeploymentRow]:
     """One row per deployment in `grid` (and per overlap priced there): the fastest legal variant that
     fits under `limit` bytes per rank at `workload`, ranked; then the deployments where none fits."""
-    keys = list(dict.fromkeys([*grid, *(key_of(v) for v in variants if v.legal and key_of(v)[:3] in
-                                        {k[:3] for k in grid})]))  # fmt: skip
+    shapes = {k[:4] for k in grid} | set(searched or ())  # the search's deployments, replicas included
+    keys = list(dict.fromkeys([*grid, *(key_of(v) for v in variants if v.legal and key_of(v)[:4] in shapes)]))
     chosen: dict[DeploymentKey, tuple[Variant, bool]] = {}
     for key in keys:
         here = [v for v in variants if key_of(v) == key and v.legal and ttft_mean(v, workload) is not None]

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from tpplan.report.crossover import log_crossing
 
-DeploymentKey = tuple[int, int, int, str | None]  # (TP, PP, CP, overlap name)
+DeploymentKey = tuple[int, int, int, int, str | None]  # (TP, PP, CP, replicas, overlap name)
 
 
 def label_of(key: DeploymentKey) -> str:
     from tpplan.search.results import deployment_label
 
-    tp, pp, cp, overlap = key
-    return deployment_label(tp, pp, cp) + (f"+{overlap}" if overlap else "")
+    tp, pp, cp, replicas, overlap = key
+    return deployment_label(tp, pp, cp, replicas) + (f"+{overlap}" if overlap else "")
 
 
 @dataclass(frozen=True)

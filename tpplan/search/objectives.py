@@ -171,23 +171,26 @@ class RooflineObjective:
         return Cost(score, embed)
 
 
-def ttft_batches(workload: Workload) -> list[tuple[tuple[tuple[int, int], ...], float]]:
+def ttft_batches(workload: Workload, replicas: int = 1) -> list[tuple[tuple[tuple[int, int], ...], float]]:
     """(batch segments, weight) pairs whose weighted sum of batch times is the mean TTFT.
 
     The closed-loop FCFS schedule does not depend on how long batches take (a client resubmits at
     a batch boundary), so TTFT_i is the sum of the times of the batches between its arrival and
     its last chunk, and the mean TTFT is linear in batch times with these weights. Segments are
-    (new tokens, context) per request, as `tpplan.cost.predict` prices them.
+    (new tokens, context) per request, as `tpplan.cost.predict` prices them. With `replicas`, each
+    replica's share (`replica_workloads`) is its own schedule and the mean is over all requests:
+    a replica's weights scaled by its share of them, still linear in the (identical) batch times.
     """
-    from tpplan.cost.workload import simulate_ttft
+    from tpplan.cost.workload import replica_workloads, simulate_ttft
 
-    res = simulate_ttft(workload, lambda _b: 1.0)
-    done = [a + t for a, t in zip(res.arrival_s, res.ttft_s, strict=True)]
     out: dict[tuple[tuple[int, int], ...], float] = {}
-    for b in res.batches:
-        inside = sum(1 for a, e in zip(res.arrival_s, done, strict=True) if a <= b.start_s and b.end_s <= e)
-        segs = tuple((sg.n_tokens, sg.start_pos) for sg in b.segments)
-        out[segs] = out.get(segs, 0.0) + inside / len(done)
+    for share in replica_workloads(workload, replicas):
+        res = simulate_ttft(share, lambda _b: 1.0)
+        done = [a + t for a, t in zip(res.arrival_s, res.ttft_s, strict=True)]
+        for b in res.batches:
+            inside = sum(1 for a, e in zip(res.arrival_s, done, strict=True) if a <= b.start_s and b.end_s <= e)
+            segs = tuple((sg.n_tokens, sg.start_pos) for sg in b.segments)
+            out[segs] = out.get(segs, 0.0) + inside / workload.total_requests
     return list(out.items())
 
 
@@ -220,7 +223,8 @@ class PredictObjective:
     def __init__(self, pricer: Pricer, *, workload: Workload | None = None, tokens: int = 8192) -> None:
         self.pricer, self.workload = pricer, workload
         self.graph, self.pp = pricer.graph, pricer.pp
-        self.batches = ttft_batches(workload) if workload is not None else [(((tokens, 0),), 1.0)]
+        self.replicas = pricer.deployment.replicas  # the workload split between them (memory: the fullest's)
+        self.batches = ttft_batches(workload, self.replicas) if workload is not None else [(((tokens, 0),), 1.0)]
         self.name = "mean TTFT" if workload is not None else f"forward time ({tokens} tokens)"
         self.memory_layer_counts: dict[str, int] | None = None
         if self.pp > 1:
@@ -287,16 +291,20 @@ class PredictObjective:
     def _state_memory(self) -> float:
         """KV cache, recurrent state, embedding and head on the fullest stage (no plan changes them)."""
         pr, spec, wl = self.pricer, self.graph.spec, self.workload
-        if wl is not None:
-            seqs = [wl.prompt_len(i) + wl.output_len for i in range(wl.concurrency)]
+        if wl is not None:  # with replicas, each replica's own clients (the fullest counts)
+            from tpplan.cost.workload import replica_workloads
+
+            shares = [[w.prompt_len(i) + w.output_len for i in range(w.concurrency)]
+                      for w in replica_workloads(wl, self.replicas)]  # fmt: skip
         else:
-            seqs = [sum(t for t, _ in self.batches[0][0])]
+            shares = [[sum(t for t, _ in self.batches[0][0])]]
         embed = pr.embedding_bytes()
         stages = pr.stage_layers()
         memory = 0.0
-        for s, rng in enumerate(stages):
-            mem = sum(pr.kv_bytes_per_token(j) * sum(seqs) + pr.state_bytes_per_seq(j) * len(seqs) for j in rng)
-            mem += embed if s == 0 else 0.0
-            mem += embed if s == len(stages) - 1 and (not spec.tie_embeddings or len(stages) > 1) else 0.0
-            memory = max(memory, mem)
+        for seqs in shares:
+            for s, rng in enumerate(stages):
+                mem = sum(pr.kv_bytes_per_token(j) * sum(seqs) + pr.state_bytes_per_seq(j) * len(seqs) for j in rng)
+                mem += embed if s == 0 else 0.0
+                mem += embed if s == len(stages) - 1 and (not spec.tie_embeddings or len(stages) > 1) else 0.0
+                memory = max(memory, mem)
         return memory

@@ -2,7 +2,9 @@
 
 Deployments. With a topology and neither `--tp` nor `--pp`, every TP x PP split of the topology's
 GPUs (TP x PP = nodes x GPUs per node; a TP group larger than a node fills whole nodes) is searched,
-each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. Plans
+each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. With a
+workload (and neither fixed) also R replicas of each split of GPUs / R for every R dividing the GPUs
+(`deployment_grid`; `--replicas R` fixes R): the requests split between them. Plans
 from all deployments are ranked together by what `predict_plan` says of them: mean TTFT (pipelined,
 with a workload) or forward time. Within a deployment the search is exact for forward time at any
 PP and for mean TTFT at PP 1; at PP > 1 it picks plans by the unpipelined TTFT (docs/design.md).
@@ -51,6 +53,7 @@ from tpplan.search.results import (
 from tpplan.search.results import deployment_label as _label
 
 if TYPE_CHECKING:
+    from tpplan.cost.deployment import Fabric
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
@@ -74,7 +77,7 @@ class _Setup:
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
-    baselines: dict[tuple[int, int, int], RankedPlan] = field(default_factory=dict)  # (TP, PP, CP) -> baseline
+    baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
     def baseline_audit(self, tp: int) -> PlanAudit:
         from tpplan.plans.named import baseline as baseline_plan
@@ -83,7 +86,7 @@ class _Setup:
 
 
 def deployments(
-    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None = None
+    graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
 ) -> list[tuple[int, int, int]]:
     """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
     widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
@@ -144,6 +147,73 @@ def deployments(
     return out
 
 
+Grid = tuple[int, int, int, int]
+"""One deployment a search covers: (TP, PP, CP, replicas)."""
+
+
+@dataclass(frozen=True)
+class _ReplicaGpus:
+    """The GPUs one of `replicas` replicas gets of a topology, as `deployments` enumerates splits of
+    them: whole nodes, or a share of one node (replicas alike: `Deployment.check`)."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+
+
+def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
+    world, gpn = topo.world_size, topo.gpus_per_node
+    where = f"replicas={replicas}"
+    if world % replicas:
+        raise TpplanError(where, f"does not divide the topology's {world} GPUs", "use a divisor of the GPUs")
+    one = world // replicas
+    if gpn % one and one % gpn:
+        raise TpplanError(where, f"a replica of {one} GPUs would straddle nodes of {gpn} GPUs",
+                          f"use replicas of a divisor or a multiple of {gpn} GPUs")  # fmt: skip
+    return _ReplicaGpus(f"{topo.name} / {replicas} replicas", max(1, one // gpn), gpn, one)
+
+
+def deployment_grid(
+    graph: ModelGraph,
+    topo: Topology | None,
+    tp: int | None,
+    pp: int | None,
+    cp: int | None = None,
+    replicas: int | None = None,
+    workload: Workload | None = None,
+) -> list[Grid]:
+    """(TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
+    its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). Without it:
+    R = 1 (`deployments`), and, with a workload and neither `tp` nor `pp` given, every R > 1 that
+    divides the GPUs into replicas placed alike, at most the workload's concurrency (each replica
+    serves its own clients: `tpplan.cost.workload.replica_workloads`). Without a workload there are
+    no requests to split: a replica's forward time is its deployment's, so R > 1 only when asked."""
+    if replicas is not None and replicas < 1:
+        raise TpplanError(f"replicas={replicas}", "must be at least 1", "use replicas=1 or more")
+    if replicas is not None and replicas > 1:
+        if topo is None:
+            raise TpplanError(f"replicas={replicas}", "replicas split a workload's requests in time: they need a "
+                              "topology", "pass a topology")  # fmt: skip
+        if workload is not None:
+            from tpplan.cost.workload import replica_workloads
+
+            replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
+        share = _replica_gpus(topo, replicas)
+        return [(n, p, c, replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
+    grid = [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+    if replicas == 1 or topo is None or workload is None or tp is not None or pp is not None:
+        return grid
+    most = min(workload.concurrency, workload.total_requests)
+    for r in range(2, min(most, topo.world_size) + 1):
+        try:
+            share = _replica_gpus(topo, r)
+            grid += [(n, p, c, r) for n, p, c in deployments(graph, share, None, None, cp)]
+        except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
+            continue
+    return grid
+
+
 def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float | None:
     """The memory cap in GiB per rank: "serving" SERVING_SHARE of one GPU, "gpu" all of it (None
     without a topology), None no cap, else the number given. `search` and `report` both read it here."""
@@ -181,19 +251,19 @@ def _check(
         raise TpplanError("topology=None", "predicted time needs a topology", "pass one (e.g. h200x8-ib400)")
 
 
-def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1) -> RankedPlan:
+def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
     """One plan's result: the audit's volumes and, with a topology, `predict_plan`'s time and memory
     (the audit handed in: the prediction does not audit again)."""
     if s.topo is None:
-        return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa), cp=cp)
+        return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa), cp=cp, replicas=replicas)
     from tpplan.cost.predict import predict_plan
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                      expert_dtype=s.expert_dtype, audit=pa, cp=cp)  # fmt: skip
+                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, replicas=replicas)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
-    return RankedPlan(pa.plan, tp, pp, pa, cost, score, pr, behaviour(pa), cp=cp)
+    return RankedPlan(pa.plan, tp, pp, pa, cost, score, pr, behaviour(pa), cp=cp, replicas=replicas)
 
 
 @dataclass
@@ -209,13 +279,13 @@ class _Deployed:
     label: str
 
 
-def _objective(s: _Setup, tp: int, pp: int, cp: int = 1) -> Objective:
+def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> Objective:
     if s.objective == "time":
         assert s.topo is not None
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp)  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp, replicas=replicas)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -227,8 +297,10 @@ def _lower_bound(s: _Setup, score: float, pp: int) -> float:
     return score / pp if s.wl is not None and pp > 1 else score
 
 
-def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1) -> _Deployed:
-    """Search one (TP, PP, CP); audit and predict its best plans until `top` fit, or until what the
+def _search_deployment(
+    s: _Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1, replicas: int = 1
+) -> _Deployed:
+    """Search one (TP, PP, CP, replicas); audit and predict its best plans until `top` fit, or until what the
     next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
     Activations (one chunk's peak) are not additive: the search caps the rest. A ranked plan that
@@ -237,11 +309,12 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
     """
     graph, cap, top = s.graph, s.cap, s.top
     base = s.baseline_audit(tp)  # raises (a clear TpplanError) if the model does not split over tp
-    obj = _objective(s, tp, pp, cp)
-    label = _label(tp, pp, cp)
-    if cp > 1 and cap is not None:
-        # CP keeps every CP group's TP x PP weights: baseline's (no replication, the least any plan
-        # holds) with KV, state and embedding is a floor on every plan's memory; over the cap, none fits.
+    obj = _objective(s, tp, pp, cp, replicas)
+    label = _label(tp, pp, cp, replicas)
+    if (cp > 1 or replicas > 1) and cap is not None:
+        # CP keeps every CP group's TP x PP weights, a replica all of them: baseline's (no replication,
+        # the least any plan holds) with KV, state and embedding is a floor on every plan's memory;
+        # over the cap, none fits.
         floor = plan_cost(obj, graph, base).memory
         if floor > cap:
             over = Excluded("every plan", label, None, search_memory_bytes=floor, why="floor")
@@ -265,7 +338,7 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            got = _evaluate(s, pa, c.cost, tp, pp, cp)
+            got = _evaluate(s, pa, c.cost, tp, pp, cp, replicas)
             mem = got.prediction.memory if got.prediction is not None else None
             if cap is not None and mem is not None and mem.total > cap:
                 worst_act = max(worst_act, float(mem.activations))
@@ -277,7 +350,7 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
             break
         reserve = worst_act
     if s.dp_attention:
-        for got in _dp_entries(s, tp, pp, excluded, cp):
+        for got in _dp_entries(s, tp, pp, excluded, cp, replicas):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
         for got in _overlap_entries(s, list(kept.values()), tp, pp):
@@ -285,7 +358,9 @@ def _search_deployment(s: _Setup, tp: int, pp: int, cutoff: float = float("inf")
     return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
 
-def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: int = 1) -> list[RankedPlan]:
+def _dp_entries(
+    s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: int = 1, replicas: int = 1
+) -> list[RankedPlan]:
     """The named DP-attention plans (docs/design.md, "DP attention"), ranked beside the search's:
     the search's space has no DP global choice, so these are scored outside it, by the figure
     ranked plans are ranked by (`predict_plan`'s time, or the audit's bytes per token, which is
@@ -300,10 +375,10 @@ def _dp_entries(s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: 
             continue
         if not pa.legal:
             continue
-        got = _evaluate(s, pa, Cost(pa.comm_bytes_per_token, pa.weight_bytes_per_rank), tp, pp, cp)
+        got = _evaluate(s, pa, Cost(pa.comm_bytes_per_token, pa.weight_bytes_per_rank), tp, pp, cp, replicas)
         total = got.memory_total
         if s.cap is not None and total is not None and total > s.cap:
-            excluded[name] = Excluded(name, _label(tp, pp, cp), got.score, memory_bytes=total, why="memory")
+            excluded[name] = Excluded(name, _label(tp, pp, cp, replicas), got.score, memory_bytes=total, why="memory")
             continue
         out.append(got)
     return out
@@ -321,11 +396,11 @@ def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> l
         if got.plan.moe != "a2a" or got.plan.overlap is not None:
             continue
         plan = overlapped(got.plan, s.overlap, s.graph)
-        out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp))
+        out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp, got.replicas))
     return out
 
 
-def _while_searching(s: _Setup, grid: list[tuple[int, int, int]]) -> None:
+def _while_searching(s: _Setup, grid: list[Grid]) -> None:
     """The parent's share while forked workers search: the reference deployment's baseline and
     named plans, which the answer needs after the search (a core is idle at the grid's tail).
     A model that does not split there says so after the search, as before."""
@@ -336,13 +411,13 @@ def _while_searching(s: _Setup, grid: list[tuple[int, int, int]]) -> None:
         pass
 
 
-def _baseline(s: _Setup, tp: int, pp: int, cp: int = 1) -> RankedPlan:
+def _baseline(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
     """Megatron TP at this deployment, for reference (priced once per search)."""
-    hit = s.baselines.get((tp, pp, cp))
+    hit = s.baselines.get((tp, pp, cp, replicas))
     if hit is None:
         pa = s.baseline_audit(tp)
-        cost = plan_cost(_objective(s, tp, pp, cp), s.graph, pa)
-        hit = s.baselines[(tp, pp, cp)] = _evaluate(s, pa, cost, tp, pp, cp)
+        cost = plan_cost(_objective(s, tp, pp, cp, replicas), s.graph, pa)
+        hit = s.baselines[(tp, pp, cp, replicas)] = _evaluate(s, pa, cost, tp, pp, cp, replicas)
     return hit
 
 
@@ -377,12 +452,14 @@ def _name_ranked(s: _Setup, ranked: list[RankedPlan], top: int) -> list[RankedPl
 _GRID_SETUP: _Setup | None = None  # what forked grid workers search (inherited, not pickled)
 
 
-def _search_one(n: int, p: int, cutoff: float = float("inf"), c: int = 1) -> _Deployed | tuple[str, str, str]:
+def _search_one(
+    n: int, p: int, cutoff: float = float("inf"), c: int = 1, r: int = 1
+) -> _Deployed | tuple[str, str, str]:
     """One deployment; a model that does not split over it gives the error's (where, reason, fix),
     which, unlike the exception, crosses a process boundary."""
     assert _GRID_SETUP is not None
     try:
-        return _search_deployment(_GRID_SETUP, n, p, cutoff, c)
+        return _search_deployment(_GRID_SETUP, n, p, cutoff, c, r)
     except TpplanError as e:
         return (e.where, e.reason, e.fix)
 
@@ -399,7 +476,7 @@ def _worker_gc() -> None:
 
 
 def _search_all(
-    s: _Setup, grid: list[tuple[int, int, int]], say: Callable[[str], None] = lambda _step: None
+    s: _Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
 ) -> list[_Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
@@ -418,7 +495,7 @@ def _search_all(
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
-            for n, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
+            for n, _, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
                 with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
                     s.baseline_audit(n)
             if s.topo is not None and s.objective == "time":  # imported once, before forking, not per worker
@@ -426,7 +503,7 @@ def _search_all(
                 import tpplan.cost.pricing  # noqa: F401
             workers = min(len(grid), cores)
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_gc) as pool:
-                futures = [pool.submit(_search_one, n, p, float("inf"), c) for n, p, c in grid]
+                futures = [pool.submit(_search_one, n, p, float("inf"), c, r) for n, p, c, r in grid]
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
                     say(f"searched {done} of {len(grid)} deployments")
@@ -437,10 +514,10 @@ def _search_all(
             return out
         out = []
         scores: list[float] = []
-        for i, (n, p, c) in enumerate(grid):
-            say(f"searching {_label(n, p, c)} ({i + 1} of {len(grid)})")
+        for i, (n, p, c, r) in enumerate(grid):
+            say(f"searching {_label(n, p, c, r)} ({i + 1} of {len(grid)})")
             cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
-            got = _search_one(n, p, cutoff, c)
+            got = _search_one(n, p, cutoff, c, r)
             out.append(got)
             if isinstance(got, _Deployed):
                 scores += [r.score for r in got.entries]
@@ -468,6 +545,7 @@ def search_plans(
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
     cp: int | None = None,
+    replicas: int | None = None,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -478,7 +556,9 @@ def search_plans(
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
     engine's micro-batch overlap. `progress` is told each step. `cp`: only that context-parallel size
-    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it)."""
+    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it).
+    `replicas`: only that many copies of each deployment, the workload's requests split between them
+    (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
@@ -494,14 +574,18 @@ def search_plans(
             raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"pp={pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
+    if objective == "volume" and replicas not in (None, 1):
+        raise TpplanError(f"replicas={replicas}", "replicas split requests in time, not bytes per token",
+                          "drop replicas or rank by time")  # fmt: skip
     if objective == "volume" and cp not in (None, 1):
         raise TpplanError(f"cp={cp}", "context parallelism is priced in time, not bytes per token",
                           "drop cp or rank by time")  # fmt: skip
-    grid: list[tuple[int, int, int]] | None = None
+    grid: list[Grid] | None = None
     if objective == "time" or tp is not None:
-        grid = deployments(graph, topology, tp, pp, cp if objective == "time" else 1)
+        grid = deployment_grid(graph, topology, tp, pp, cp if objective == "time" else 1, replicas,
+                               workload if objective == "time" else None)  # fmt: skip
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
-        grid = [(topology.world_size if topology is not None else 0, 1, 1)]
+        grid = [(topology.world_size if topology is not None else 0, 1, 1, 1)]
         if grid[0][0] < 1:
             raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
     results: list[_Deployed] = []
@@ -509,13 +593,13 @@ def search_plans(
     say(f"searching {len(grid)} deployment(s): {', '.join(_label(*g) for g in grid)}")
     searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # every deployment's search and its plans' checks
-    for (n, p, c), got in zip(grid, searched, strict=True):
+    for g, got in zip(grid, searched, strict=True):
         if isinstance(got, _Deployed):
             results.append(got)
             continue
         if len(grid) == 1:
             raise TpplanError(*got)
-        skipped.append((_label(n, p, c), got[1]))  # a TP size the model does not split over
+        skipped.append((_label(*g), got[1]))  # a TP size the model does not split over
     if not results:
         raise TpplanError(f"tp={tp} pp={pp}", "the model splits over none of the deployments searched",
                           "give a tp it splits over")  # fmt: skip
@@ -531,7 +615,7 @@ def search_plans(
     for r in ranked:
         same = shape_bases.get(r.deployment)
         if same is None:
-            same = shape_bases[r.deployment] = _baseline(s, r.tp, r.pp, r.cp)
+            same = shape_bases[r.deployment] = _baseline(s, r.tp, r.pp, r.cp, r.replicas)
         shown.append(replace(r, rank=len(shown) + 1, baseline=same, reference=base))
     found_for = {
         "topology": topology.name if topology is not None else None,
@@ -541,8 +625,8 @@ def search_plans(
         "expert_dtype": expert_dtype,
         "objective": results[0].objective,
     }
-    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score}, r.tp, r.pp, r.cp)
-             for r in shown]  # fmt: skip
+    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score}, r.tp, r.pp, r.cp,
+                            r.replicas) for r in shown]  # fmt: skip
     return SearchOutcome(
         model=graph.spec.name,
         graph_layer_kinds=tuple(graph.kinds),
@@ -613,7 +697,9 @@ def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, 
 __all__ = [
     "JSON_SCHEMA_VERSION",
     "SERVING_SHARE",
+    "Grid",
     "SearchOutcome",
+    "deployment_grid",
     "deployments",
     "memory_cap_gib_of",
     "run_search",

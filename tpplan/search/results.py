@@ -22,16 +22,18 @@ from tpplan.units import pct_change_json as pct
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
     from tpplan.cost.topology import Topology
-    from tpplan.cost.workload import Workload
+    from tpplan.cost.workload import TTFTResult, Workload
     from tpplan.plans.files import PlanFile
 
 JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the stored dtype
 SERVING_SHARE = 0.9  # the default memory cap: this share of one GPU (tpplan.search.ranking's docstring)
 
 
-def deployment_label(tp: int, pp: int, cp: int = 1) -> str:
-    """`TP8`, `TP8xPP4`, `TP8xCP4`: how a search names a deployment (CP: context parallelism)."""
-    return f"TP{tp}" + (f"xCP{cp}" if cp > 1 else "") + (f"xPP{pp}" if pp > 1 else "")
+def deployment_label(tp: int, pp: int, cp: int = 1, replicas: int = 1) -> str:
+    """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: how a search names a deployment (CP: context
+    parallelism; `2x`: two replicas of it, the requests split between them)."""
+    one = f"TP{tp}" + (f"xCP{cp}" if cp > 1 else "") + (f"xPP{pp}" if pp > 1 else "")
+    return f"{replicas}x {one}" if replicas > 1 else one
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,16 @@ class RankedPlan:
     baseline: RankedPlan | None = None
     reference: RankedPlan | None = None
     cp: int = 1  # context-parallel size of the deployment (layout.context_parallel)
+    replicas: int = 1  # identical copies of the TP x CP x PP deployment, the requests split between them
 
     @property
     def deployment(self) -> str:
-        return deployment_label(self.tp, self.pp, self.cp)
+        return deployment_label(self.tp, self.pp, self.cp, self.replicas)
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs of one replica (the memory per rank and the plan are one replica's)."""
+        return self.tp * self.cp * self.pp
 
     @property
     def memory_total(self) -> float | None:
@@ -75,6 +83,18 @@ class RankedPlan:
             return self.prediction.memory.weights, self.prediction.memory.replicated_extra
         return self.audit.weight_bytes_per_rank, self.audit.replicated_extra_bytes
 
+    def _volume(self, ttft: TTFTResult) -> dict[str, object]:
+        """What each replica moves over the workload and the total: its prefill tokens times the
+        audit's TP bytes per token per rank (one rank of a TP group, every layer; CP exchanges and PP
+        sends not counted), so the replicas' sum is what one copy would move for every token."""
+        per_token = self.audit.comm_bytes_per_token
+        tokens = [share.prefill_tokens for share in ttft.replicas] or [ttft.prefill_tokens]
+        return {
+            "prefill_tokens_per_replica": tokens,
+            "comm_bytes_per_rank_per_replica": [n * per_token for n in tokens],
+            "comm_bytes_per_rank_total": sum(tokens) * per_token,
+        }
+
     def to_json(self) -> dict[str, object]:
         """One entry of the search JSON (docs/search-json.md, `plans[]` and `baseline`)."""
         plan, pa = self.plan, self.audit
@@ -85,6 +105,7 @@ class RankedPlan:
             "tp": self.tp,
             "pp": self.pp,
             "cp": self.cp,
+            "replicas": self.replicas,
             "deployment": self.deployment,
             "title": plan.title,
             "summary": plan.summary,
@@ -104,6 +125,8 @@ class RankedPlan:
             t = pr.ttft
             out["forward_s"] = pr.forward_s
             out["ttft"] = {"mean_s": t.mean_s, "p50_s": t.p50_s, "max_s": t.max_s} if t is not None else None
+            if t is not None:
+                out["volume"] = self._volume(t)
             out["memory_bytes_per_rank"] = {**asdict(pr.memory), "total": pr.memory.total}
             out["provenance"] = pr.provenance.to_json() if pr.provenance is not None else None
         same, ref = self.baseline, self.reference
@@ -159,7 +182,7 @@ class SearchOutcome:
 
     model: str
     graph_layer_kinds: tuple[str, ...]
-    grid: tuple[tuple[int, int, int], ...]  # (TP, PP, CP) per deployment searched
+    grid: tuple[tuple[int, int, int, int], ...]  # (TP, PP, CP, replicas) per deployment searched
     topology: Topology | None
     workload: Workload | None
     dtype: str
@@ -199,7 +222,7 @@ class SearchOutcome:
             return max(bands, key=lambda v: v.band).to_json()
         from tpplan.cost.provenance import provenance
 
-        return max((provenance(self.topology, n * p * c) for n, p, c in self.grid), key=lambda v: v.band).to_json()
+        return max((provenance(self.topology, n * p * c) for n, p, c, _ in self.grid), key=lambda v: v.band).to_json()
 
     def _cap_reason(self) -> str | None:
         if self.memory_cap_bytes is None:
@@ -221,6 +244,7 @@ class SearchOutcome:
             "tp": self.grid[0][0],
             "pp": self.grid[0][1],
             "cp": self.grid[0][2],
+            "replicas": self.grid[0][3],
             "dtype": self.dtype,
             "expert_dtype": self.expert_dtype,
             "topology": topo.name if topo is not None else None,
