@@ -5,8 +5,9 @@ A row is the fastest plan the memo priced at that deployment (baseline is priced
 of the grid; the search's best and the memo's plans join where they run there) that fits under the
 memory cap; a deployment where nothing fits is listed after the ranked ones with what puts it over
 the cap. The reason compares the row with the reference deployment (the grid's first, the widest TP,
-where the search takes its baseline): one chunk's compute, TP collectives, CP exchanges and stage
-sends, and the mean TTFT the workload's schedule makes of them.
+where the search takes its baseline): the workload's own prefill batches through every layer, split
+into compute, TP collectives, CP exchanges and stage sends (`workload_parts`), and the mean TTFT the
+workload's schedule makes of them.
 
 Hook for replicas (R copies of a deployment serving the requests between them): a row is keyed by
 `DeploymentKey` (TP, PP, CP, replicas, overlap). Today a replicas row is there where the search's
