@@ -259,3 +259,19 @@ def test_where_a_deployment_stops_fitting_is_the_tables_over_mark():
     col = [h.strip().strip("`") for h in head.strip("|").split("|")].index(m.group(1))
     for row in _table(sec):
         assert row[col].endswith("(over)") == (_num(row[0]) >= _num(m.group(2))), row
+
+
+def test_why_cp_does_not_fit_quotes_the_cp_rows_memory():
+    from tpplan.units import gib
+
+    a0, _ = _memo("tiny-deepseek-v3", "prompt16k-c8", None)
+    rows = {r.label: r for r in a0.deployments["prompt16k-c8"]}
+    a, md = _memo("tiny-deepseek-v3", "prompt16k-c8", 0.99 * rows["TP1xCP2"].memory_bytes / 2**30)
+    cp = next(r for r in a.deployments["prompt16k-c8"] if r.label == "TP1xCP2")
+    assert not cp.fits
+    m = next(iter(a.variant(cp.variant).predictions.values())).memory
+    note = next(p for p in md.split("\n\n") if p.startswith("Why the CP deployments do not fit"))
+    assert f"`TP1xCP2` holds {gib(m.weights)} of weights per rank, {gib(m.kv_cache)} of KV cache and " in note
+    assert ("the weights alone exceed the cap" in note) == (m.weights > a.memory_cap_bytes)
+    assert f"against {gib(a.memory_cap_bytes)}" in note
+    assert "moe_ep_setup.py" in note and "pcp_shard_decode_requests" in note  # the engines' CP differences

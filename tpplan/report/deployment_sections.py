@@ -76,12 +76,17 @@ def _cp_memory_note(a: Analysis) -> str | None:
         return None
     ref = next((r for r in rows if r.key[:4] == tuple(a.grid[0])), None) if a.grid else None
     parts = []
+    weights_alone = True  # every over-cap CP row's weights exceed the cap by themselves
     for r in over:
         v = a.variant(r.variant)
         if v is None:
             continue
         m = next(iter(v.predictions.values())).memory
-        parts.append(f"`{r.label}` holds {gib(m.weights)} of weights per rank and {gib(m.kv_cache)} of KV cache")
+        weights_alone = weights_alone and m.weights > a.memory_cap_bytes
+        parts.append(
+            f"`{r.label}` holds {gib(m.weights)} of weights per rank, {gib(m.kv_cache)} of KV cache and "
+            f"{gib(m.activations)} of activations"
+        )
     ref_v = a.variant(ref.variant) if ref is not None else None
     ref_txt = ""
     if ref_v is not None and ref_v.predictions:
@@ -90,7 +95,8 @@ def _cp_memory_note(a: Analysis) -> str | None:
     diffs = "; ".join(f"{c.engine}: {d}" for c in PREFILL_CP.values() for d in c.differences)
     return (
         "Why the CP deployments do not fit: tpplan prices TP x CP as CP groups each holding a TP-wide share of "
-        "every layer, and each rank keeps 1/CP of the KV cache, so the weights decide: " + "; ".join(parts)
+        "every layer, and each rank keeps 1/CP of the KV cache"
+        + (", so the weights alone exceed the cap: " if weights_alone else ": ") + "; ".join(parts)
         + ref_txt + f", against {gib(a.memory_cap_bytes)}. The engines' CP differs from that model: {diffs}."
     )  # fmt: skip
 
