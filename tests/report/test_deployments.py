@@ -106,7 +106,7 @@ def test_each_reason_adds_up_and_a_single_request_is_its_batches():
     a, md = _memo("tiny-deepseek-v3", "prompt128k-c1")
     rows = {r.label: r for r in a.deployments["prompt128k-c1"]}
     ref = rows["TP2"]
-    ref_total = re.search(rf"through every layer ({NUM}) ms", ref.reason)
+    ref_total = re.search(rf"on one rank, every layer: ({NUM}) ms", ref.reason)
     assert ref_total is not None and _num(ref_total.group(1)) == pytest.approx(1e3 * ref.ttft_s, rel=1e-3)
     for label, r in rows.items():
         if label == "TP2":

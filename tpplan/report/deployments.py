@@ -36,8 +36,9 @@ def key_of(v: Variant) -> DeploymentKey:
 
 @dataclass(frozen=True)
 class Parts:
-    """A workload's prefill batches through every layer on one rank (one CP rank, every PP stage),
-    summed and split by what they are made of (seconds): what the TTFT schedule then overlaps."""
+    """A workload's prefill batches on one rank (one CP rank; with PP the mean stage; with replicas
+    one replica's share), summed and split by what they are made of (seconds): what the TTFT schedule
+    then overlaps."""
 
     batches: int
     compute_s: float
@@ -45,6 +46,7 @@ class Parts:
     cp_comm_s: float
     stage_s: float
     replicas: int = 1
+    stages: int = 1
 
     @property
     def total_s(self) -> float:
@@ -56,8 +58,9 @@ PartsFn = Callable[[Variant, str], "Parts | None"]
 
 def workload_parts(predictor: Predictor, batches: list[Segments], replicas: int = 1) -> Parts:
     """`predictor`'s priced parts of every batch (`Predictor.kind_time` per layer; stage sends and the
-    final reduction from `stage_times`), summed; with replicas, over every replica's batches and
-    divided by their number (one replica's share when the requests split evenly)."""
+    final reduction from `stage_times`), summed, per rank: over PP stages divided by their number (a
+    rank runs its stage's layers), with replicas over every replica's batches divided by their number
+    (one replica's share when the requests split evenly)."""
     comp = tp = cp = stage = 0.0
     results = predictor.audit.layer_results
     for segs in batches:
@@ -72,8 +75,8 @@ def workload_parts(predictor: Predictor, batches: list[Segments], replicas: int 
         _, sends, final = predictor.stage_times(segs)
         stage += sum(sends)
         tp += final
-    r = max(1, replicas)
-    return Parts(len(batches), comp / r, tp / r, cp / r, stage / r, r)
+    r = max(1, replicas) * max(1, len(predictor.stages))
+    return Parts(len(batches), comp / r, tp / r, cp / r, stage / r, max(1, replicas), len(predictor.stages))
 
 
 def _ms(x: float) -> str:
@@ -104,7 +107,7 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
         return f"mean TTFT {fig(t)} s (its parts were not priced)"
     if ref is None or ref is v:
         return (
-            f"the reference deployment: its {mine.batches} prefill batches through every layer "
+            f"the reference deployment: its {mine.batches} prefill batches on one rank, every layer: "
             f"{fig(mine.total_s * 1e3)} ms (compute {fig(mine.compute_s * 1e3)}, TP collectives "
             f"{fig(mine.tp_comm_s * 1e3)} ms); mean TTFT {fig(t)} s"
         )
@@ -121,8 +124,12 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
     if mine.stage_s or base.stage_s:
         terms.append(f"stage sends {_ms(mine.stage_s - base.stage_s)}")
     text = (
-        f"vs `{ref.deployment}`, the workload's prefill batches through every layer (one CP rank, every PP stage "
-        + ("summed" if mine.replicas == 1 else f"summed; every replica's batches over the {mine.replicas} replicas")
+        f"vs `{ref.deployment}`, the workload's prefill batches on one rank ("
+        + ", ".join(x for x in (
+            "one CP rank" if v.cp > 1 else "",
+            f"the mean of the {mine.stages} stages" if mine.stages > 1 else "",
+            f"a replica's share: every replica's batches over {mine.replicas}" if mine.replicas > 1 else "",
+        ) if x) + ("" if v.cp > 1 or mine.stages > 1 or mine.replicas > 1 else "every layer")
         + "): " + ", ".join(terms)
         + f" ({fig(mine.total_s * 1e3)} vs {fig(base.total_s * 1e3)} ms); mean TTFT {fig(t)} vs {fig(t0)} s"
         + f" ({100 * (t - t0) / t0:+.1f}%)"
@@ -130,6 +137,12 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
     if v.pp > 1:
         text += f", the {v.pp} stages running those batches in a pipeline"
     return text
+
+
+def _if_it_fit(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> str:
+    """An over-cap row's priced parts against the reference, as a ranked row's reason would read."""
+    r = _reason(v, ref, workload, parts)
+    return f"; were it to fit: {r}" if r.startswith("vs ") else ""
 
 
 def rank_deployments(
@@ -178,7 +191,8 @@ def rank_deployments(
         if ok:
             continue
         rows.append(DeploymentRow(key, v.key, ttft_mean(v, workload), v.predictions[workload].memory.total, False,
-                                  None, _over_cap(v, limit, workload), tuple(f.text() for f in v.flags)))  # fmt: skip
+                                  None, _over_cap(v, limit, workload) + _if_it_fit(v, ref, workload, parts),
+                                  tuple(f.text() for f in v.flags)))  # fmt: skip
     return rows
 
 
