@@ -124,7 +124,7 @@ def _reason(v: Variant, ref: Variant | None, workload: str, parts: PartsFn) -> s
     if mine.stage_s or base.stage_s:
         terms.append(f"stage sends {_ms(mine.stage_s - base.stage_s)}")
     text = (
-        f"vs `{ref.deployment}`, the workload's prefill batches on one rank ("
+        f"vs `{ref.deployment}` (`{ref.key}`), the workload's prefill batches on one rank ("
         + ", ".join(x for x in (
             "one CP rank" if v.cp > 1 else "",
             f"the mean of the {mine.stages} stages" if mine.stages > 1 else "",
