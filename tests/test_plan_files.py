@@ -181,7 +181,7 @@ def test_grid_ranks_every_deployment_by_predicted_time():
     from tpplan.search import search_report
 
     common = {"nodes": 1, "workload": "seed-c8", "top": 3}
-    grid = search_report("tiny-kimi-k3", "h200x8-ib400", **common)
+    grid = search_report("tiny-kimi-k3", "h200x8-ib400", replicas="all", **common)
     # PP8 > its 6 layers; then TP x CP for CP 2, 4, 8; then 2, 4 and 8 replicas of the splits of 4, 2, 1 GPUs
     assert grid["search"]["deployments"] == [
         "TP8", "TP4xPP2", "TP2xPP4", "TP4xCP2", "TP2xCP4", "TP1xCP8",

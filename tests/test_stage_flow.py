@@ -41,7 +41,7 @@ def test_a_search_audits_every_plan_once_and_each_baseline_exactly_once(audits_c
     graph = build_model_graph(load_model("tiny-deepseek-v3"))
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
     audits = Audits(graph)
-    out = search_plans(graph, topo, workload=wl, top=3, audits=audits)
+    out = search_plans(graph, topo, workload=wl, top=3, audits=audits, replicas="all")
     assert len(out.stats.deployments) == 4, "the case needs a grid (TP2, TP1xPP2, TP1xCP2, 2x TP1)"
     for tp, *_ in out.grid:
         assert audits_counted[(_decisions_only(baseline()), tp, "bf16")] == 1, f"baseline at TP{tp}"

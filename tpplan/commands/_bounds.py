@@ -5,6 +5,7 @@ of minutes of work or a traceback. The option keeps its own help and default; th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from tpplan.errors import TpplanError
 
@@ -34,4 +35,19 @@ PP_RANGE = bounded("--pp", 1, MAX_PP)
 CP_RANGE = bounded("--cp", 1, MAX_CP)
 REPLICAS_RANGE = bounded("--replicas", 1, MAX_REPLICAS)
 NODES_RANGE = bounded("--nodes", 1, MAX_NODES)
+
+
+def replica_count(value: str | None) -> int | Literal["all"] | None:
+    """`search --replicas`: a count in [1, MAX_REPLICAS], or "all" (every count that divides the GPUs)."""
+    if value is None:
+        return None
+    if value == "all":
+        return "all"
+    try:
+        count = int(value)
+    except ValueError:
+        raise TpplanError(
+            f"--replicas {value}", "is neither a count nor 'all'", "pass e.g. --replicas 2 or --replicas all"
+        ) from None
+    return REPLICAS_RANGE(count)
 TOKENS_RANGE = bounded("--tokens", 1, MAX_TOKENS)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tpplan.commands._bounds import CP_RANGE, PP_RANGE, REPLICAS_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE, replica_count
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
@@ -85,12 +85,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         replicas: Annotated[
-            int | None,
+            str | None,
             typer.Option(
                 "--replicas",
-                help="Copies of each deployment, the workload's requests split between them (default: 1, and with "
-                "--workload and no --tp/--pp every count dividing the GPUs)",
-                callback=REPLICAS_RANGE,
+                metavar="N|all",
+                help="Copies of each deployment, the workload's requests split between them: N, or 'all' for "
+                "every count dividing the GPUs (with --workload and no --tp/--pp) beside one copy (default: 1)",
             ),
         ] = None,
         nodes: NodesOpt = None,
@@ -146,7 +146,9 @@ def register(app: typer.Typer) -> None:
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
-        gpus = tp * (pp or 1) * (cp or 1) * (replicas or 1) if tp else None
+        reps = replica_count(replicas)
+        copies = reps if isinstance(reps, int) else 1
+        gpus = tp * (pp or 1) * (cp or 1) * copies if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
@@ -160,7 +162,7 @@ def register(app: typer.Typer) -> None:
                 tp=tp,
                 pp=pp,
                 cp=cp,
-                replicas=replicas,
+                replicas=reps,
                 workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,

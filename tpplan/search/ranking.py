@@ -2,9 +2,10 @@
 
 Deployments. With a topology and neither `--tp` nor `--pp`, every TP x PP split of the topology's
 GPUs (TP x PP = nodes x GPUs per node; a TP group larger than a node fills whole nodes) is searched,
-each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. With a
-workload (and neither fixed) also R replicas of each split of GPUs / R for every R dividing the GPUs
-(`deployment_grid`; `--replicas R` fixes R): the requests split between them. Plans
+each with every EP size its TP allows (the search's MoE modes); `--tp` and/or `--pp` fix one. Asked
+for (`--replicas all`, with a workload and neither fixed), also R replicas of each split of GPUs / R
+for every R dividing the GPUs (`deployment_grid`; `--replicas R` fixes R): the requests split
+between them. Plans
 from all deployments are ranked together by what `predict_plan` says of them: mean TTFT (pipelined,
 with a workload) or forward time. Within a deployment the search is exact for forward time at any
 PP and for mean TTFT at PP 1; at PP > 1 it picks plans by the unpipelined TTFT (docs/design.md).
@@ -30,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.dtypes import WEIGHT_BITS
@@ -180,15 +181,18 @@ def deployment_grid(
     tp: int | None,
     pp: int | None,
     cp: int | None = None,
-    replicas: int | None = None,
+    replicas: int | Literal["all"] | None = None,
     workload: Workload | None = None,
 ) -> list[Grid]:
     """(TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
-    its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). Without it:
-    R = 1 (`deployments`), and, with a workload and neither `tp` nor `pp` given, every R > 1 that
-    divides the GPUs into replicas placed alike, at most the workload's concurrency (each replica
-    serves its own clients: `tpplan.cost.workload.replica_workloads`). Without a workload there are
-    no requests to split: a replica's forward time is its deployment's, so R > 1 only when asked."""
+    its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
+    (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
+    that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
+    replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
+    there are no requests to split (a replica's forward time is its deployment's). Replicas are
+    asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
+    if replicas == "all":
+        return _all_replicas(graph, topo, tp, pp, cp, workload)
     if replicas is not None and replicas < 1:
         raise TpplanError(f"replicas={replicas}", "must be at least 1", "use replicas=1 or more")
     if replicas is not None and replicas > 1:
@@ -201,8 +205,14 @@ def deployment_grid(
             replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
         share = _replica_gpus(topo, replicas)
         return [(n, p, c, replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
+    return [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+
+
+def _all_replicas(
+    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None, workload: Workload | None
+) -> list[Grid]:
     grid = [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
-    if replicas == 1 or topo is None or workload is None or tp is not None or pp is not None:
+    if topo is None or workload is None or tp is not None or pp is not None:
         return grid
     most = min(workload.concurrency, workload.total_requests)
     for r in range(2, min(most, topo.world_size) + 1):
@@ -545,7 +555,7 @@ def search_plans(
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
     cp: int | None = None,
-    replicas: int | None = None,
+    replicas: int | Literal["all"] | None = None,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
