@@ -49,12 +49,21 @@ def _table(text: str) -> list[list[str]]:
     return [[c.strip() for c in r.strip("|").split("|")] for r in rows[2:]]
 
 
-@pytest.mark.parametrize(("workload", "winner"), [("prompt128k-c1", "TP1xCP2"), ("prompt16k-c8", "2x TP1")])
-def test_search_and_report_name_the_same_best_deployment(workload, winner):
-    """The long prompt makes a CP deployment the search's best; the 16K one with 8 clients two replicas."""
-    best = run_search("tiny-deepseek-v3", load_topology("h200x2"), workload=load_workload(workload), top=1).ranked[0]
+@pytest.mark.parametrize(
+    ("workload", "replicas", "winner"),
+    [("prompt128k-c1", None, "TP1xCP2"), ("prompt16k-c8", None, "TP1xPP2"), ("prompt16k-c8", "all", "2x TP1")],
+)
+def test_search_and_report_name_the_same_best_deployment(workload, replicas, winner):
+    """The long prompt makes a CP deployment the search's best, the 16K one a PP deployment, and, with
+    replicas asked for (`--replicas all`, both commands), two replicas."""
+    topo = load_topology("h200x2")
+    best = run_search("tiny-deepseek-v3", topo, workload=load_workload(workload), top=1, replicas=replicas).ranked[0]
     assert best.deployment == winner, "the case needs this winner"
-    a, md = _memo("tiny-deepseek-v3", workload)
+    if replicas is None:
+        a, md = _memo("tiny-deepseek-v3", workload)
+    else:
+        a = analyse("tiny-deepseek-v3", topo, [load_workload(workload)], replicas=replicas, prompt_lengths=None)
+        md = build_memo(a).markdown
     assert a.search_best is not None and a.search_best[1] == best.deployment
     v = next(v for v in a.variants if v.plan.name == a.search_best[0] and v.deployment == best.deployment)
     assert v.plan.describe() == best.plan.describe()

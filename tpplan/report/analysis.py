@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
@@ -102,6 +102,7 @@ def load_search() -> SearchFn:
         top: int,
         audits: Audits | None = None,
         overlap: OverlapName | None = None,
+        replicas: int | Literal["all"] | None = None,
     ) -> Searched:
         outcome = search_plans(
             graph,
@@ -113,7 +114,8 @@ def load_search() -> SearchFn:
             dtype=dtype,
             expert_dtype=expert_dtype,
             audits=audits,
-            overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits, TP x CP, replicas
+            overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
+            replicas=replicas,
         )
         found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
                  for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
@@ -356,6 +358,7 @@ def analyse(
     audits: Audits | None = None,
     overlap: OverlapName | None = None,
     prompt_lengths: tuple[int, ...] | None = PROMPT_LENGTHS,
+    replicas: int | Literal["all"] | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
@@ -364,7 +367,8 @@ def analyse(
     `progress` is told each step. Every plan is audited once (`audits`, of `model`'s graph: the
     search, the predictions and the volume sweep share them). The memo searches what `tpplan search`
     does with the same inputs: its TP x CP x PP grid and, like it, micro-batch overlap only when
-    `overlap` ("tbo", "dbo"; `--overlap`) asks; baseline is priced at every deployment of that grid
+    `overlap` ("tbo", "dbo"; `--overlap`) asks, and replicas only when `replicas` (R or "all";
+    `--replicas`) asks; baseline is priced at every deployment of that grid
     (the deployment ranking), and each deployment's plan at `prompt_lengths` (None: not)."""
     from tpplan.engines import select_pair
 
@@ -417,6 +421,7 @@ def analyse(
             top=search_top,
             audits=audits,
             overlap=overlap,
+            replicas=replicas,
         )
         grid = searched.grid
         for f in searched.found:
@@ -445,7 +450,8 @@ def analyse(
     # deployment row ranks more than baseline (the search's best joins where it runs)
     # one copy of each deployment: replicas (R copies, the requests split) are rows where the search found
     # its best there; a row per R is for the replica rows to come (`deployments.DeploymentKey` has R)
-    single = [g for g in grid if g[3] == 1]
+    fewest = min((g[3] for g in grid), default=1)
+    single = [g for g in grid if g[3] == fewest]
     for shape in single[1:]:
         for name in ("sp-moe", "sglang-sp-moe"):
             if not any(v.plan.name == name for v in variants) or any(
@@ -454,7 +460,7 @@ def analyse(
                 continue
             pa = _audit_or_none(audits, name, shape[0], dtype)
             if pa is not None and pa.legal:
-                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2]))  # one replica
+                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2], replicas=shape[3]))
     if overlap is not None:  # --overlap: each all-to-all plan once more under the engine's micro-batch overlap
         from tpplan.plans.named import overlapped
 
