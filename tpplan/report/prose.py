@@ -166,7 +166,9 @@ def one_answer(a: Analysis) -> Paragraph:
     t = ttft_mean(v, w) if v is not None and w else None
     over = f"micro-batch overlap `{a.overlap}` ranked too" if a.overlap else "micro-batch overlap off, its default"
     reps = sum(1 for g in a.grid if g[3] > 1)
-    grid = f"{len(a.grid) - reps} TP x CP x PP deployments" + (f" and {reps} of R replicas of one" if reps else "")
+    grid = f"{len(a.grid) - reps} TP x CP x PP deployments" + (
+        f" and {reps} of R replicas of one" if reps else ", one copy of each (replicas: --replicas)"
+    )
     return (
         f"**One answer.** `tpplan search` on the same inputs (its grid of {grid}; {over}) ranks `{name}` at "
         f"`{dep}` first" + (f": predicted mean TTFT {fig(t)} s at {w}." if t else ".")
