@@ -167,7 +167,7 @@ def one_answer(a: Analysis) -> Paragraph:
     over = f"micro-batch overlap `{a.overlap}` ranked too" if a.overlap else "micro-batch overlap off, its default"
     reps = sum(1 for g in a.grid if g[3] > 1)
     grid = f"{len(a.grid) - reps} TP x CP x PP deployments" + (
-        f" and {reps} of R replicas of one" if reps else ", one copy of each (replicas: --replicas)"
+        f" and {reps} of R replicas of one" if reps else ", one copy of each, replicas only with --replicas"
     )
     return (
         f"**One answer.** `tpplan search` on the same inputs (its grid of {grid}; {over}) ranks `{name}` at "
