@@ -12,7 +12,7 @@ import pytest
 
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
-from tpplan.engines.context_parallel import deployment_flags
+from tpplan.engines.launch import deployment_flags
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
 from tpplan.report.prompt_length import at_length
@@ -283,4 +283,4 @@ def test_why_cp_does_not_fit_quotes_the_cp_rows_memory():
     assert f"`TP1xCP2` holds {gib(m.weights)} of weights per rank, {gib(m.kv_cache)} of KV cache and " in note
     assert ("the weights alone exceed the cap" in note) == (m.weights > a.memory_cap_bytes)
     assert f"against {gib(a.memory_cap_bytes)}" in note
-    assert "moe_ep_setup.py" in note and "pcp_shard_decode_requests" in note  # the engines' CP differences
+    assert "layers/cp/zigzag.py" in note and "v1/attention/ops/pcp.py" in note  # the engines' KV per CP rank

@@ -14,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpLayersOpt,
     EngineOpt,
     GpuOpt,
     NodesOpt,
@@ -84,6 +85,7 @@ def register(app: typer.Typer) -> None:
                 callback=CP_RANGE,
             ),
         ] = None,
+        cp_layers: CpLayersOpt = "all",
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -148,7 +150,7 @@ def register(app: typer.Typer) -> None:
             check_dir("--save", save)
         reps = replica_count(replicas)
         copies = reps if isinstance(reps, int) else 1
-        gpus = tp * (pp or 1) * (cp or 1) * copies if tp else None
+        gpus = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
@@ -162,6 +164,7 @@ def register(app: typer.Typer) -> None:
                 tp=tp,
                 pp=pp,
                 cp=cp,
+                cp_layers=cp_layers,
                 replicas=reps,
                 workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
@@ -176,6 +179,8 @@ def register(app: typer.Typer) -> None:
                 progress=say,
             )
         data = outcome.to_json()
+        if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
+            data["cp_layers"] = cp_layers
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

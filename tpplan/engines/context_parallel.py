@@ -1,42 +1,26 @@
-"""Prefill context parallelism and the deployment flags, as the engines spell them, read from their
-sources: which flags launch a TP x CP x PP deployment (and a micro-batch overlap), which model
-classes the engine's prefill CP runs for, and what it does otherwise. The memo's deployment rows
-quote these; where no engine flag realises a deployment, the row says so.
+"""Prefill context parallelism as the engines run it, read from their wheels (and the open PRs).
 
-Read in the release wheels (SGLang 0.5.23, vLLM 0.33.0), paths as in the repositories:
+One `CpPath` per engine path: which layers see a token shard, how the rest of the sequence reaches
+attention (what is gathered, over which group), how the FFN/MoE runs, what a rank keeps in its KV
+cache, and the gates. `tpplan.layout.context_parallel` models two CP modes (`CpLayers`):
+"all" (every layer on the rank's tokens, the rank's TP group of `tp` GPUs per CP rank) and "mla"
+(SGLang PR #38344's full-sequence CP: only the MLA layers are token-sharded, inside the TP group);
+each path says which tpplan mode is closest and what differs (`differences`).
 
-- SGLang: `--attn-cp-size` and `--enable-prefill-cp`, with `--cp-strategy zigzag|interleave`
-  (`python/sglang/srt/arg_groups/fields/parallel.py`, the `attn_cp_size`, `enable_prefill_cp`,
-  `cp_strategy` fields); `--tp-size` is then the world size and must be divisible by
-  `attn_cp_size` (`arg_groups/parallel_hook.py` `handle_context_parallelism`: "The tp_size is the
-  world size"), so tpplan's TP8 x CP4 is `--tp-size 32 --attn-cp-size 4`; the MoE layers are
-  sharded over the whole `--tp-size` group (`model_executor/model_runner_components/moe_ep_setup.py`:
-  `moe_tp_size = tp_size // moe_ep_size // moe_dp_size`), not over a TP group per CP rank as tpplan's
-  CP deployment prices them; `--cp-strategy` must be set when `--enable-prefill-cp` is (same hook).
-  The model files that import `sglang.srt.layers.cp` (the token split) in 0.5.23: `deepseek_v2.py`
-  (DeepSeek-V2/V3, Kimi-K2), `deepseek_v4*.py`, `glm5_next.py`, `muse_spark.py`, `qwen4_exp.py`;
-  `kimi_k3.py` has only decode CP (`prepare_context_parallel_metadata_for_dcp`), so the prefill-CP
-  flags do not shard Kimi-K3's prefill tokens.
-- vLLM: `--prefill-context-parallel-size` (`vllm/engine/arg_utils.py` `EngineArgs`, the parallel
-  group), with `world_size = pipeline_parallel_size x tensor_parallel_size x
-  prefill_context_parallel_size` (`vllm/config/parallel.py` `ParallelConfig.__post_init__`), so TP8 x
-  CP4 is `--tensor-parallel-size 8 --prefill-context-parallel-size 4`. Every attention layer's
-  backend must support PCP or the worker stops on an assertion (`vllm/v1/worker/cp_utils.py`
-  `check_attention_cp_compatibility`); MLA implementations do (`MLAAttentionImpl.supports_pcp = True`,
-  `vllm/v1/attention/backend.py`), every other implementation keeps `AttentionImpl.supports_pcp =
-  False` (softmax GQA, and the linear-attention layers: `MambaBase` is an `AttentionLayerBase`,
-  `model_executor/layers/mamba/abstract.py`). Without decode CP the KV cache is replicated over the
-  PCP ranks (`ParallelConfig.pcp_shard_decode_requests`'s docstring: "PCP-only execution replicates
-  the KV cache").
+Memory: both engines write the gathered K/V (or latent) into every CP rank's cache, so a rank's KV is
+NOT 1/cp of the sequence's: `kv_sharded_over_cp` is what the predictor reads for `--engine`.
+Planner-level: no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from tpplan.engines import sglang, vllm
-from tpplan.engines.overlap import OVERLAPS
-from tpplan.engines.schema import Source
+from tpplan.engines.schema import Gate, Source
+
+KvPerRank = Literal["replicated", "sharded"]
 
 
 def _sgl(path: str, function: str) -> Source:
@@ -47,123 +31,298 @@ def _vllm(path: str, function: str) -> Source:
     return Source(vllm.REPO, f"vllm/{path}", function, vllm.REL)
 
 
-@dataclass(frozen=True)
-class PrefillCp:
-    """One engine's prefill context parallelism: its flags, the model classes it runs for, and what
-    differs from tpplan's CP deployment (`tpplan.layout.context_parallel`)."""
-
-    engine: str  # "SGLang 0.5.23"
-    flags_source: Source
-    model_types: tuple[str, ...] | None  # tpplan model types whose prefill it splits (None: decided per layer)
-    mla_only: bool  # every attention layer must be MLA (vLLM's backend check)
-    unwired: str  # what happens for another model, in the engine's terms
-    unwired_source: Source
-    differences: tuple[str, ...]  # where the engine's CP is not tpplan's priced CP
-
-    def runs(self, model_type: str, all_mla: bool) -> bool:
-        if self.mla_only:
-            return all_mla
-        return self.model_types is None or model_type in self.model_types
-
-
-SGLANG_PREFILL_CP = PrefillCp(
-    engine=f"SGLang {sglang.REL.split()[0]}",
-    flags_source=_sgl("arg_groups/fields/parallel.py", "attn_cp_size, enable_prefill_cp, cp_strategy"),
-    model_types=("deepseek_v2", "deepseek_v3", "kimi_k2"),
-    mla_only=False,
-    unwired="its forward never splits the prefill tokens (the model file does not import sglang.srt.layers.cp)",
-    unwired_source=_sgl("models/kimi_k3.py", "prepare_context_parallel_metadata_for_dcp (decode CP only)"),
-    differences=(
-        "--tp-size is the world size (TP x CP) and the MoE layers are sharded over all of it "
-        f"({_sgl('model_executor/model_runner_components/moe_ep_setup.py', 'moe_tp_size').cite()}), "
-        "where tpplan's CP deployment holds a TP-wide copy of the MoE weights per CP group",
-    ),
-)
-
-VLLM_PREFILL_CP = PrefillCp(
-    engine=f"vLLM {vllm.REL.split()[0]}",
-    flags_source=_vllm("engine/arg_utils.py", "EngineArgs.prefill_context_parallel_size"),
-    model_types=None,
-    mla_only=True,
-    unwired="the worker stops on an assertion: a non-MLA attention backend does not support PCP",
-    unwired_source=_vllm("v1/worker/cp_utils.py", "check_attention_cp_compatibility"),
-    differences=(
-        "without decode CP the KV cache is replicated over the PCP ranks "
-        f"({_vllm('config/parallel.py', 'ParallelConfig.pcp_shard_decode_requests').cite()}), "
-        "where tpplan keeps 1/CP of it per rank",
-    ),
-)
-
-PREFILL_CP = {"SGLang": SGLANG_PREFILL_CP, "vLLM": VLLM_PREFILL_CP}
+def _pr(number: int, what: str, date: str) -> Source:
+    """An open pull request read through the search index's description (its code is not in the index)."""
+    return Source(sglang.REPO, f"pull/{number}", what, f"PR #{number} description {date} (open; code not read)")
 
 
 @dataclass(frozen=True)
-class DeploymentFlags:
-    """The launch flags one engine takes for a deployment, or why none realise it."""
+class CpPath:
+    """One engine's prefill-CP path for a class of models."""
 
     engine: str
-    args: tuple[str, ...]  # empty: no engine flag realises it
-    why: str  # what is missing or different ("" when the flags realise it as priced)
-    source: str  # the citation behind the CP and overlap parts
-    replicas: int = 1  # separate servers, each launched with `args` (a router in front splits the requests)
-
-    @property
-    def realised(self) -> bool:
-        return bool(self.args)
-
-    def text(self) -> str:
-        if not self.args:
-            return f"{self.engine}: no engine flag ({self.why})"
-        tail = f" ({self.why})" if self.why else ""
-        each = f"{self.replicas} servers, each " if self.replicas > 1 else ""
-        return f"{self.engine}: {each}`{' '.join(self.args)}`{tail}"
-
-
-def deployment_flags(
-    engine: str,
-    model_type: str,
-    all_mla: bool,
-    tp: int,
-    pp: int,
-    cp: int,
-    overlap: str | None = None,
-    replicas: int = 1,
-) -> DeploymentFlags:
-    """`engine` ("SGLang" or "vLLM")'s flags for TP `tp` x CP `cp` x PP `pp` (and a micro-batch
-    overlap `tbo`/`dbo`) on a model of `model_type` (`all_mla`: every attention layer is MLA); `replicas`
-    separate servers of it (the router that splits the requests between them is not read here)."""
-    cp_rec = PREFILL_CP[engine]
-    cites: list[str] = []
-    why: list[str] = []
-    if engine == "SGLang":
-        args = [f"--tp-size {tp * cp}"]
-        if cp > 1:
-            args += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
-        if pp > 1:
-            args.append(f"--pp-size {pp}")
-    else:
-        args = [f"--tensor-parallel-size {tp}"]
-        if cp > 1:
-            args.append(f"--prefill-context-parallel-size {cp}")
-        if pp > 1:
-            args.append(f"--pipeline-parallel-size {pp}")
-    if cp > 1:
-        cites.append(cp_rec.flags_source.cite())
-        if not cp_rec.runs(model_type, all_mla):
-            return DeploymentFlags(cp_rec.engine, (), f"{cp_rec.unwired}; {cp_rec.unwired_source.cite()}",
-                                   cp_rec.unwired_source.cite())  # fmt: skip
-        why += list(cp_rec.differences)
-    if overlap is not None:
-        ov = OVERLAPS[overlap]
-        if not ov.engine.startswith(engine):
-            return DeploymentFlags(cp_rec.engine, (), f"{' '.join(ov.flags)} is {ov.engine}'s",
-                                   ov.schedule_source.cite())  # fmt: skip
-        refused = ov.refusal(model_type)
-        if refused is not None:
-            return DeploymentFlags(cp_rec.engine, (), refused, ov.schedule_source.cite())
-        args += list(ov.flags)
-        cites.append(ov.schedule_source.cite())
-    return DeploymentFlags(cp_rec.engine, tuple(args), "; ".join(why), "; ".join(cites), replicas)
+    name: str
+    flags: tuple[str, ...]
+    models: str
+    token_sharded: str  # which layers see only the rank's tokens
+    split: str
+    exchange: str  # what attention gathers and over which group
+    ffn: str  # how the MLP/MoE runs under CP
+    kv_per_rank: KvPerRank
+    kv_source: Source
+    gates: tuple[Gate, ...]
+    sources: tuple[Source, ...]
+    tpplan_mode: str | None  # the closest `--cp-layers` mode (None: tpplan has none)
+    differences: tuple[str, ...] = ()
+    in_release: bool = True  # False: an open PR, not in the wheel
 
 
-__all__ = ["PREFILL_CP", "SGLANG_PREFILL_CP", "VLLM_PREFILL_CP", "DeploymentFlags", "PrefillCp", "deployment_flags"]
+SGLANG_ZIGZAG = CpPath(
+    engine="SGLang 0.5.23",
+    name="prefill CP, zigzag (MLA / DSA / GQA attention)",
+    flags=("--enable-prefill-cp", "--attn-cp-size C", "--cp-strategy zigzag"),
+    models="models with an MLA, DSA or GQA attention backend that reach the CP strategy (see the gates)",
+    token_sharded="the residual stream and attention: every layer's attention runs on the rank's zigzag rows",
+    split="2C blocks per sequence (the first len % 2C one token longer); rank r holds blocks r and 2C-1-r",
+    exchange=(
+        "all-gather over the attention-CP group of the rank's K and V (GQA, K beside V) or of the MLA latent "
+        "(kv_lora + rope), padded to the longest rank, then reordered to token order; attention runs twice "
+        "(the early block, the late block) against the gathered keys"
+    ),
+    ffn=(
+        "MLA/DSA CP: the FFN input is all-gathered over attention CP and its output reduce-scattered back "
+        "there (the MoE runs the whole sequence over the TP group, tp_size = attn_tp x attn_cp); GQA CP "
+        "gathers over the MoE-CP group"
+    ),
+    kv_per_rank="replicated",
+    kv_source=_sgl("layers/cp/zigzag.py", "ZigzagCPStrategy.materialize_full_kv / materialize_full_mla_kv"),
+    gates=(
+        Gate(
+            "every extend sequence has at least 2 x attn_cp_size tokens, and the batch is a CP extend",
+            "batch",
+            ("--attn-cp-size",),
+            "per batch",
+            _sgl("layers/cp/zigzag.py", "ZigzagCPStrategy.can_apply"),
+        ),
+        Gate(
+            "attention backend fa3 / fa4 / flashinfer or trtllm_mha",
+            "server arg",
+            ("--attention-backend",),
+            "asserts",
+            _sgl("layers/cp/zigzag.py", "ZigzagCPStrategy.get_supported_attention_backend"),
+        ),
+        Gate(
+            "tp_size divisible by attn_dp_size x attn_cp_size (attention TP = tp / (dp x cp))",
+            "server arg",
+            ("--tp-size", "--attn-cp-size"),
+            "refuses",
+            _sgl("arg_groups/parallel_hook.py", "handle_context_parallelism"),
+        ),
+        Gate(
+            "--cp-strategy must be set with --enable-prefill-cp",
+            "server arg",
+            ("--cp-strategy",),
+            "refuses",
+            _sgl("arg_groups/parallel_hook.py", "handle_context_parallelism"),
+        ),
+        Gate(
+            "Nemotron-H refuses attn_cp_size > 1; LongCat-Flash refuses prefill CP; DeepSeek-V3.2 refuses zigzag "
+            "(interleave only); MiMo-V2 zigzag only; HIP: DeepSeek-V4 only",
+            "model",
+            ("--cp-strategy",),
+            "refuses",
+            _sgl("arg_groups/parallel_hook.py", "_boundary_parallelism_overrides, handle_context_parallelism"),
+        ),
+        Gate(
+            "--dcp-size > 1 refuses --enable-prefill-cp",
+            "server arg",
+            ("--dcp-size",),
+            "refuses",
+            _sgl("arg_groups/parallel_hook.py", "handle_decode_context_parallelism"),
+        ),
+    ),
+    sources=(
+        _sgl("layers/cp/zigzag.py", "ZigzagCPStrategy.build_metadata, _all_gather_reorganized, run_attention"),
+        _sgl("layers/layer_boundary/layout.py", "_cp_gathers_over_attn_cp, moe_gathers_over_moe_cp"),
+        _sgl("layers/utils/cp_utils.py", "(an import-only shim in 0.5.23: the legacy CP helpers were removed)"),
+    ),
+    tpplan_mode="all",
+    differences=(
+        "tpplan's `all` runs each CP rank's MLP/MoE on its own tokens at TP `tp` (weights replicated over the "
+        "CP ranks); SGLang gathers the FFN input over CP and runs it over tp x cp ranks: not modelled",
+        "KV per rank: tpplan with --engine sglang keeps the whole sequence's KV on every CP rank, as SGLang does",
+    ),
+)
+
+SGLANG_GROUP_SHARING = CpPath(
+    engine="SGLang 0.5.23",
+    name="CP-TP group sharing (hybrid linear-attention models)",
+    flags=("--enable-prefill-cp", "--attn-cp-size = --tp-size", "--cp-strategy zigzag|interleave"),
+    models="Glm5NextForConditionalGeneration (interleave), Qwen4ExpForConditionalGeneration (zigzag) only",
+    token_sharded="the residual stream, the softmax attention and the indexer",
+    split="zigzag (Qwen4Exp) or interleave (GLM-5-Next, token i on rank i mod C)",
+    exchange="softmax attention as the zigzag/interleave strategy; linear attention gathers the sequence",
+    ffn="MoE and linear attention keep their TP partition over the whole TP group (= the CP group)",
+    kv_per_rank="replicated",
+    kv_source=_sgl("layers/cp/zigzag.py", "ZigzagCPStrategy.materialize_full_kv"),
+    gates=(
+        Gate(
+            "attn_cp_size == tp_size; linear heads divisible by tp_size; no DCP, mixed chunk or moe-dp",
+            "server arg",
+            ("--attn-cp-size", "--tp-size"),
+            "refuses",
+            _sgl("arg_groups/cp_tp_group_sharing_hook.py", "resolve_cp_tp_group_sharing"),
+        ),
+        Gate(
+            "the architecture is in _SUPPORTED_MODELS (Kimi-K3, Kimi-Linear, Qwen3-Next are not)",
+            "model",
+            (),
+            "runs baseline",
+            _sgl("arg_groups/cp_tp_group_sharing_hook.py", "_SUPPORTED_MODELS"),
+        ),
+    ),
+    sources=(_sgl("arg_groups/fields/parallel.py", "enable_cp_tp_group_sharing (help text)"),),
+    tpplan_mode=None,
+    differences=("no tpplan family is one of its two architectures",),
+)
+
+SGLANG_K3_FULL_SEQUENCE = CpPath(
+    engine="SGLang PR #38344 (open)",
+    name="Kimi-K3 full-sequence CP: only the MLA layers token-sharded",
+    flags=("--tp-size T", "--attn-cp-size C", "--enable-prefill-cp", "--cp-strategy zigzag"),
+    models="KimiK3ForConditionalGeneration",
+    token_sharded="the MLA layers' attention only (zigzag), at attention TP width A = T / C",
+    split="zigzag, balanced causal work",
+    exchange=(
+        "none into attention (every rank holds the full sequence's hidden, so it expands K/V of every key "
+        "itself: the K/V expansion is replicated C times); the attention output rows are gathered back over "
+        "the CP group (tpplan: an all-gather of o_proj's output, after an all-reduce over A ranks when A > 1)"
+    ),
+    ffn="KDA and MoE layers run the full sequence on every rank with the usual TP-T collectives",
+    kv_per_rank="replicated",
+    kv_source=_pr(
+        38344, "Motivation (inferred: every rank holds the full sequence, so its latent cache)", "2026-09-07"
+    ),
+    gates=(),
+    sources=(
+        _pr(38344, "Motivation: full-sequence CP, A = tp / cp, CP8 removes the MLA o_proj all-reduce", "2026-09-07"),
+    ),
+    tpplan_mode="mla",
+    differences=(
+        "the PR's code is not in the search index: the output gather (all-gather of o_proj's rows) is tpplan's "
+        "reading of 'the MLA o_proj all-reduce disappears' with KDA/MoE on the full sequence",
+    ),
+    in_release=False,
+)
+
+SGLANG_KDA_CONTIGUOUS = CpPath(
+    engine="SGLang PR #34059 (open)",
+    name="KDA hybrids, contiguous strategy with the two-pass scan",
+    flags=("--enable-prefill-cp", "--attn-cp-size C", "--cp-strategy contiguous"),
+    models="Kimi-Linear / Kimi-K3 family (KDA hybrids)",
+    token_sharded="every layer: one contiguous block per rank",
+    split="contiguous (ContiguousCPStrategy), the layout linear layers need",
+    exchange=(
+        "KDA: FLA KCP's two-pass scan: one all-gather of each rank's chunk state transform per layer, "
+        "independent of length (~4 MiB fp32 per rank at H=32, K=V=128, /TP) plus a conv halo; MLA: the latent "
+        "all-gather, dispatched to MHA one-shot instead of absorbed MLA"
+    ),
+    ffn="not stated in the description read",
+    kv_per_rank="replicated",
+    kv_source=Source.unread(sglang.REPO, "pull/34059", "KV cache under the contiguous strategy"),
+    gates=(
+        Gate(
+            "attn_cp divides tp (any attn_tp x cp)",
+            "server arg",
+            ("--attn-cp-size",),
+            "refuses",
+            _pr(34059, "Serving integration", "2026-08-08"),
+        ),
+    ),
+    sources=(_pr(34059, "description: KDA state hand-off, ContiguousCPStrategy, attn_tp x cp", "2026-08-08"),),
+    tpplan_mode="all",
+    differences=("KV per rank under this PR was not read: tpplan assumes the engines' replicated cache",),
+    in_release=False,
+)
+
+VLLM_PCP = CpPath(
+    engine="vLLM 0.33.0",
+    name="prefill context parallel (PCP)",
+    flags=("--prefill-context-parallel-size C",),
+    models="MLA models only (the MRV2 PCP manager refuses others)",
+    token_sharded="every layer's attention: the rank's DualChunkSwap rows; decodes replicated or owner-sharded",
+    split="2C chunks of ceil(len / 2C) per prefill (the last ones shorter); rank r holds chunks r and 2C-1-r",
+    exchange=(
+        "the MLA latent (kv_c_normed + k_pe) all-gathered over the PCP group before the cache write; attention "
+        "at TP `tp` inside the PCP rank"
+    ),
+    ffn=(
+        "the MoE is sharded over TP x PCP (x DP); without EP the MoE runner all-gathers the PCP tokens to route; "
+        "with EP it uses the all-to-all kernels"
+    ),
+    kv_per_rank="replicated",
+    kv_source=_vllm("v1/attention/ops/pcp.py", "_gather_prefill_cache_inputs (every PCP rank keeps a replica)"),
+    gates=(
+        Gate(
+            "MLA models only; no encoder-decoder, multimodal inputs or LoRA",
+            "model",
+            (),
+            "refuses",
+            _vllm("v1/worker/gpu/pcp_manager.py", "PCPManager.validate_config"),
+        ),
+        Gate(
+            "PCP + DCP: sparse MLA only, dcp_comm_backend ag_rs, DCP in {1, PCP, TP x PCP}",
+            "server arg",
+            ("--decode-context-parallel-size",),
+            "refuses",
+            _vllm("config/parallel.py", "ParallelConfig (post-init checks)"),
+        ),
+        Gate(
+            "a prefill is split only while it fills the 2 x PCP chunks: with DCP > 1 a shorter one is replicated on "
+            "every rank; decodes are replicated (owner-sharded without DCP)",
+            "batch",
+            ("--prefill-context-parallel-size",),
+            "per batch",
+            _vllm("v1/worker/gpu/pcp_manager.py", "PCPManager.replicated_requests, _iter_rank_chunks"),
+        ),
+        Gate(
+            "full CUDA graphs only for decode-only routines",
+            "server arg",
+            ("-cc.cudagraph_mode",),
+            "refuses",
+            _vllm("v1/worker/gpu/pcp_manager.py", "PCPManager.validate_config"),
+        ),
+    ),
+    sources=(
+        _vllm("config/parallel.py", "ParallelConfig.prefill_context_parallel_size (PCP expands the world size)"),
+        _vllm("v1/worker/gpu/pcp_manager.py", "PCPManager._iter_rank_chunks, maybe_build_pcp_manager"),
+        _vllm("model_executor/layers/fused_moe/config.py", "FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp"),
+    ),
+    tpplan_mode="all",
+    differences=(
+        "tpplan's `all` runs the MoE on the rank's own tokens at TP `tp`; vLLM shards it over TP x PCP on "
+        "gathered tokens (or all-to-all with EP): not modelled",
+        "vLLM's chunks are ceil(len / 2C) long; tpplan's (and SGLang's) are near-equal",
+    ),
+)
+
+VLLM_DCP = CpPath(
+    engine="vLLM 0.33.0",
+    name="decode context parallel (DCP): not a prefill split",
+    flags=("--decode-context-parallel-size D",),
+    models="MLA and GQA backends that support DCP",
+    token_sharded="none in prefill: DCP shards the decode KV cache (interleaved) across D ranks",
+    split="KV interleaved by cp_kv_cache_interleave_size",
+    exchange="decode: query all-gather and output/LSE combine (ag_rs or a2a)",
+    ffn="unchanged",
+    kv_per_rank="sharded",
+    kv_source=_vllm("config/parallel.py", "ParallelConfig.decode_context_parallel_size"),
+    gates=(
+        Gate(
+            "without PCP, tp_size divisible by dcp_size (DCP reuses the TP ranks)",
+            "server arg",
+            ("--decode-context-parallel-size",),
+            "refuses",
+            _vllm("config/parallel.py", "ParallelConfig (post-init checks)"),
+        ),
+    ),
+    sources=(_vllm("config/parallel.py", "ParallelConfig.decode_context_parallel_size"),),
+    tpplan_mode=None,
+    differences=("decode is not priced by tpplan",),
+)
+
+CP_PATHS: tuple[CpPath, ...] = (SGLANG_ZIGZAG, SGLANG_GROUP_SHARING, SGLANG_K3_FULL_SEQUENCE, SGLANG_KDA_CONTIGUOUS,
+                                VLLM_PCP, VLLM_DCP)  # fmt: skip
+
+
+def kv_sharded_over_cp(engine: str | None) -> bool:
+    """Whether a CP rank keeps only its own tokens' KV under prefill CP: False for SGLang and vLLM (both write
+    the gathered K/V into every CP rank's cache: `SGLANG_ZIGZAG.kv_source`, `VLLM_PCP.kv_source`); True for
+    no engine (tpplan's own accounting: KV / cp, an engine that sharded its cache by sequence)."""
+    if engine is None:
+        return True
+    name = engine.split("@")[0].strip().lower()
+    return name not in ("sglang", "vllm")
+
+
+__all__ = ["CP_PATHS", "CpPath", "kv_sharded_over_cp"]

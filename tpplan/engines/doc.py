@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tpplan.engines import ENGINES
+from tpplan.engines.context_parallel import CP_PATHS
 from tpplan.engines.overlap import DEEPEP_SMS, OVERLAPS
 from tpplan.engines.schema import Comm, EngineVersion, Mode
 
@@ -143,28 +144,38 @@ def _overlaps() -> list[str]:
     return out
 
 
-def _prefill_cp() -> list[str]:
-    """The engines' prefill context parallelism (`tpplan.engines.context_parallel`): the memo's CP rows."""
-    from tpplan.engines.context_parallel import PREFILL_CP, deployment_flags
-
+def _context_parallel() -> list[str]:
+    """The engines' prefill-CP paths (`tpplan.engines.context_parallel`) against tpplan's `--cp-layers` modes."""
     out = [
-        "## Prefill context parallelism: the flags of a TP x CP deployment",
+        "## Prefill context parallelism",
         "",
-        "The memo's deployment rows quote these (`tpplan/engines/context_parallel.py`; the module's docstring has",
-        "the readings). TP8 x CP4 on a model the engine splits:",
+        "What each engine shards, gathers and keeps per CP rank (`tpplan/engines/context_parallel.py`).",
+        "tpplan's modes: `--cp-layers all` (every layer on the rank's tokens, a TP group per CP rank) and",
+        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). With `--engine sglang` or",
+        "`--engine vllm` a CP rank's KV cache holds the whole sequence (both engines write the gathered K/V",
+        "into every rank's cache); without an engine tpplan counts KV / cp.",
         "",
     ]
-    for c in PREFILL_CP.values():
-        f = deployment_flags(c.engine.split()[0], "deepseek_v3", True, 8, 1, 4)
-        runs = "every model whose attention layers are all MLA" if c.mla_only else ", ".join(c.model_types or ())
+    for p in CP_PATHS:
+        where = "" if p.in_release else " (open PR, not in the release)"
         out += [
-            f"### {c.engine}: `{' '.join(f.args)}`",
+            f"### {p.engine}: {p.name}{where}",
             "",
-            f"- flags: {c.flags_source.cite()}",
-            f"- splits prefill tokens for: {runs}; otherwise {c.unwired} ({c.unwired_source.cite()})",
-            *(f"- differs from tpplan's CP: {d}" for d in c.differences),
-            "",
+            f"- flags: {', '.join(f'`{f}`' for f in p.flags)}; models: {p.models}",
+            f"- token-sharded: {p.token_sharded}; split: {p.split}",
+            f"- exchange: {p.exchange}",
+            f"- FFN / MoE: {p.ffn}",
+            f"- KV per rank: {p.kv_per_rank} ({p.kv_source.cite()})",
+            f"- sources: {'; '.join(s.cite() for s in p.sources)}",
+            f"- tpplan mode: {f'`--cp-layers {p.tpplan_mode}`' if p.tpplan_mode else 'none'}",
+            *(f"- differs: {d}" for d in p.differences),
         ]
+        if p.gates:
+            out += ["", "| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
+            for g in p.gates:
+                keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+                out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+        out.append("")
     return out
 
 
@@ -174,7 +185,7 @@ def render() -> str:
     for ev in ENGINES.values():
         lines += _engine(ev)
     lines += _overlaps()
-    lines += _prefill_cp()
+    lines += _context_parallel()
     return "\n".join(lines).rstrip() + "\n"
 
 

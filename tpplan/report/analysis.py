@@ -22,7 +22,7 @@ from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import engine_plans
-from tpplan.engines.context_parallel import deployment_flags
+from tpplan.engines.launch import deployment_flags
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.layout.propagate import LayerResult

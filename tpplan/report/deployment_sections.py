@@ -68,7 +68,7 @@ def deployments_section(a: Analysis, command: str, plots: ModuleType, pngs: _Png
 
 def _cp_memory_note(a: Analysis) -> str | None:
     """Why the CP rows are over the cap, from their predicted memory, and how the engines' CP differs."""
-    from tpplan.engines.context_parallel import PREFILL_CP
+    from tpplan.engines.launch import PREFILL_CP
 
     rows = next(iter(a.deployments.values()), [])
     over = [r for r in rows if r.key[2] > 1 and not r.fits]
@@ -92,10 +92,13 @@ def _cp_memory_note(a: Analysis) -> str | None:
     if ref_v is not None and ref_v.predictions:
         rm = next(iter(ref_v.predictions.values())).memory
         ref_txt = f" (the reference `{ref.label}`: {gib(rm.weights)} of weights)"  # type: ignore[union-attr]
-    diffs = "; ".join(f"{c.engine}: {d}" for c in PREFILL_CP.values() for d in c.differences)
+    diffs = "; ".join(f"{c.engine}: {c.path.differences[0]}" for c in PREFILL_CP.values())
+    kv = "; ".join(f"{c.engine} keeps the whole sequence's KV on every CP rank ({c.path.kv_source.cite()})"
+                   for c in PREFILL_CP.values() if c.path.kv_per_rank == "replicated")  # fmt: skip
     return (
         "Why the CP deployments do not fit: tpplan prices TP x CP as CP groups each holding a TP-wide share of "
-        "every layer, and each rank keeps 1/CP of the KV cache"
+        "every layer, and each rank keeps 1/CP of the KV cache (the memo prices no engine's cache"
+        + (f": {kv}" if kv else "") + ")"
         + (", so the weights alone exceed the cap: " if weights_alone else ": ") + "; ".join(parts)
         + ref_txt + f", against {gib(a.memory_cap_bytes)}. The engines' CP differs from that model: {diffs}."
     )  # fmt: skip

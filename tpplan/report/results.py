@@ -17,7 +17,7 @@ from tpplan.bench_results import BenchResults
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
-from tpplan.engines.context_parallel import DeploymentFlags
+from tpplan.engines.launch import DeploymentFlags
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover

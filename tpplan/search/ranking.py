@@ -77,6 +77,7 @@ class _Setup:
     dp_attention: bool
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
+    cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
@@ -269,7 +270,8 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
     from tpplan.cost.predict import predict_plan
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, replicas=replicas)  # fmt: skip
+                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers,
+                      replicas=replicas)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -295,7 +297,7 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> O
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, replicas=replicas)  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, replicas=replicas)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -555,6 +557,7 @@ def search_plans(
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
     cp: int | None = None,
+    cp_layers: str = "all",
     replicas: int | Literal["all"] | None = None,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
@@ -567,6 +570,8 @@ def search_plans(
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
     engine's micro-batch overlap. `progress` is told each step. `cp`: only that context-parallel size
     (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it).
+    `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
+    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
     say = progress or (lambda _step: None)
@@ -575,7 +580,8 @@ def search_plans(
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
-               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap)  # fmt: skip
+               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
+               cp_layers=cp_layers)  # fmt: skip
     if overlap is not None:
         from tpplan.engines.overlap import overlap_named
 
@@ -592,8 +598,13 @@ def search_plans(
                           "drop cp or rank by time")  # fmt: skip
     grid: list[Grid] | None = None
     if objective == "time" or tp is not None:
-        grid = deployment_grid(graph, topology, tp, pp, cp if objective == "time" else 1, replicas,
+        mla = cp_layers == "mla" and objective == "time"
+        grid = deployment_grid(graph, topology, tp, pp, (1 if mla else cp) if objective == "time" else 1, replicas,
                                workload if objective == "time" else None)  # fmt: skip
+        if mla:
+            from tpplan.search.cp_grid import mla_deployments
+
+            grid = mla_deployments(graph, grid, cp)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
         grid = [(topology.world_size if topology is not None else 0, 1, 1, 1)]
         if grid[0][0] < 1:
