@@ -67,12 +67,22 @@ def explain_cp(cpa: CpAudit, kind: str) -> list[str]:
     split = {"zigzag": "zigzag (rank i: chunks i and 2c-1-i of 2c)", "contiguous": "contiguous (rank r: the r-th 1/c)",
              "none": "no token mixer needs the others' tokens"}[ck.split]  # fmt: skip
     lines = [f"CP{cpa.cp}: tokens split {split}"]
+    if cpa.layers == "mla":
+        lines = [f"CP{cpa.cp} inside TP{cpa.tp}, MLA layers only: " + (
+            f"attention on the rank's zigzag rows at attention TP {cpa.attn_tp}" if ck.split != "none"
+            else "the full sequence, TP as planned")]  # fmt: skip
+        for op, times in ck.replicated:
+            lines.append(f"  {op}: every rank expands K/V for every key ({times}x its TP share)")
+        for v in ck.replaces:
+            lines.append(f"  the plan's collective on {v} is replaced by the CP exchanges below")
     words = {
         "kv_all_gather": "all-gathers K and V over the CP group",
         "latent_all_gather": "all-gathers the compressed latent (kv_lora + rope key) over the CP group",
         "state_scan": "two-pass scan: local scan, all-gather of chunk states and transitions, correction",
         "state_serial": f"serial hand-off: waits for the previous rank's final state ({cpa.cp - 1} steps in a chain)",
         "conv_halo": "receives the previous rank's last conv_kernel-1 inputs (halo)",
+        "attn_tp_all_reduce": f"all-reduces its rows' partial sums over the {cpa.attn_tp} attention-TP ranks",
+        "output_all_gather": "all-gathers the attention output rows over the CP group (the full sequence again)",
     }
     for x in ck.exchanges:
         size = f"{x.per_token:g} per token" if x.per_token else f"{x.per_seq:g} per sequence"

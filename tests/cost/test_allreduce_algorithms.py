@@ -109,15 +109,18 @@ def test_toml_round_trip_with_and_without_declarations(tmp_path) -> None:
 def test_nvls_preset_prices_eight_rank_all_reduces_from_the_measured_nvls_curve() -> None:
     """h200x8-ib400-nvls: an 8-rank all-reduce inside a node is priced from NCCL's measured default
     on 8x H200 (NVLS; AIC's table: 319 us at 64 MiB, 565 us at 128 MiB), faster than the ring that
-    h200x8-ib400 keeps for it; everything else equals h200x8-ib400."""
+    h200x8-ib400 prices it with (NVLS off: a curve derived from the 4-GPU ring); everything else
+    inside a node equals h200x8-ib400 (across nodes its 16- and 32-GPU all-reduce comes from
+    published runs, tests/cost/test_multinode_curves.py)."""
     nvls, ring = load_topology("h200x8-ib400-nvls"), load_topology("h200x8-ib400")
     got = collective_time("all_reduce", 64 * MiB, 8, nvls)
     assert got.algorithm == "nccl-curve" and got.time_s == pytest.approx(320.0e-6, rel=0.01)
     assert collective_time("all_reduce", 128 * MiB, 8, nvls).time_s == pytest.approx(565.0e-6, rel=0.01)
     assert got.time_s < collective_time("all_reduce", 64 * MiB, 8, ring).time_s
     assert collective_time("all_reduce", 512 * MiB, 8, nvls).busbw_GBps == pytest.approx(460, rel=0.01)  # NVLS
-    assert collective_time("all_reduce", 64 * MiB, 8, ring).algorithm == "ring"
+    assert collective_time("all_reduce", 64 * MiB, 8, ring).algorithm == "ring-curve"  # derived NVLS-off ring
     size = 8192 * 7168 * 2  # one 8K-token hidden in bf16
     for kind, n in (("all_reduce", 4), ("reduce_scatter", 8), ("all_gather", 8), ("all_to_all", 8)):
         assert collective_time(kind, size, n, nvls) == collective_time(kind, size, n, ring), (kind, n)
-    assert collective_time("all_reduce", size, 32, nvls).time_s == collective_time("all_reduce", size, 32, ring).time_s
+    assert collective_time("reduce_scatter", size, 32, nvls) == collective_time("reduce_scatter", size, 32, ring)
+    assert collective_time("all_reduce", size, 32, nvls).algorithm == "nccl-ib-curve"  # across nodes: nccl-tests#309

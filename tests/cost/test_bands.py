@@ -49,3 +49,18 @@ def test_measured_and_datasheet_gpus_compose_different_bands() -> None:
     tiny = build_model_graph(load_model("tiny-llama"))
     pred = predict_plan(tiny, make_plan("baseline", tiny, 2), calibrated, tp=2, tokens=1024)
     assert composed_provenance(provenance(calibrated, 2), pred) is BANDS["calibrated"]  # in-sample keeps its own
+
+
+def test_derived_and_cross_node_curves_carry_their_own_error() -> None:
+    """The NVLS-off 8-GPU ring is derived, the 16/32-GPU curves come from another cluster's nccl-tests:
+    neither is priced with the single-node measured curves' 3.3%."""
+    from tpplan.cost.bands import collective_key
+    from tpplan.cost.collectives import collective_time
+
+    size = 8192 * 7168 * 2
+    ring = collective_time("all_reduce", size, 8, load_topology("h200x8-ib400")).algorithm
+    ib = collective_time("all_reduce", size, 16, load_topology("h200x8-ib400-nvls", nodes=2)).algorithm
+    table = error_table()["collectives"]
+    assert collective_key(ring) == "curve-derived-ring" and table["curve-derived-ring"][0] == 0.049
+    assert collective_key(ib) == "curve-across-nodes" and table["curve-across-nodes"][0] == 0.126
+    assert collective_key("nccl-curve") == "curve"

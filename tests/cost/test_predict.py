@@ -178,7 +178,7 @@ def test_collective_algorithm_follows_the_group(k3) -> None:
     assert ar.algorithm in ("tree", "hierarchical")
     assert ar.seconds == pytest.approx(collective_time("all_reduce", ar.nbytes, 32, TOPO).time_s)
     one = _kind(predict_plan(k3, make_plan("baseline", k3, 8), TOPO, tp=8, tokens=8192), "kda+moe")
-    assert one.collectives[0].algorithm == "ring"
+    assert one.collectives[0].algorithm == "ring-curve"  # one node: the NVLS-off ring (derived curve)
     data = TOPO.model_dump()
     data["inter"]["nics_per_node"] = 1  # a slow network: the intra-node reduce-scatter first pays off
     slow = type(TOPO).model_validate(data)

@@ -244,18 +244,28 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 EXAMPLE_BENCH = "docs/benchmarks/h200x2-2026-11-30-kernel-profiles/k3-baseline.json"
-EXAMPLES = {  # directory -> (command, topology, bench file)
+SEED = ("seed-c8", "seed-c16")
+EXAMPLES = {  # directory -> (command, topology, bench file, workloads)
     "kimi-k3-4x8": (
         "tpplan report --model kimi-k3 --topology h200x8-ib400 --nodes 4 --expert-dtype mxfp4 --current TP32+EP4 "
         f"--bench {EXAMPLE_BENCH} --out docs/examples/kimi-k3-4x8",
         "h200x8-ib400",
         EXAMPLE_BENCH,
+        SEED,
     ),
     "kimi-k3-pcie4x8": (
         "tpplan report --model kimi-k3 --topology pcie8-rtxpro6000 --nodes 4 --expert-dtype mxfp4 --current TP32+EP4 "
         "--out docs/examples/kimi-k3-pcie4x8",
         "pcie8-rtxpro6000",
         None,
+        SEED,
+    ),
+    "kimi-k3-4x8-long": (
+        "tpplan report --model kimi-k3 --topology h200x8-ib400 --nodes 4 --expert-dtype mxfp4 --current TP32+EP4 "
+        "-w prompt16k-c8 -w prompt128k-c4 --out docs/examples/kimi-k3-4x8-long",
+        "h200x8-ib400",
+        None,
+        ("prompt16k-c8", "prompt128k-c4"),
     ),
 }
 
@@ -265,9 +275,9 @@ EXAMPLES = {  # directory -> (command, topology, bench file)
 def test_checked_in_example_is_current(name):
     """docs/examples/<name>/report.md is what its documented command writes today."""
     pytest.importorskip("tpplan.cost.predict")
-    cmd, topology, bench_file = EXAMPLES[name]
+    cmd, topology, bench_file, workloads = EXAMPLES[name]
     topo = load_topology(topology, nodes=4)
-    wls = [load_workload("seed-c8"), load_workload("seed-c16")]
+    wls = [load_workload(w) for w in workloads]
     bench = load_bench_results(str(DOCS.parent / bench_file)) if bench_file else None
     a = analyse("kimi-k3", topo, wls, expert_dtype="mxfp4", bench=bench, current="TP32+EP4")
     md = build_memo(a, cmd).markdown

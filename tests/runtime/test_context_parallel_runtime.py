@@ -9,7 +9,7 @@ import torch
 from tpplan.layout.context_parallel import audit_cp, cp_calls, model_split, rank_positions
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
-from tpplan.runtime.context_parallel import verify_cp
+from tpplan.runtime.context_parallel_verify import verify_cp
 
 FAMILIES = ("tiny-llama", "tiny-deepseek-v3", "tiny-qwen3-next", "tiny-kimi-k3", "tiny-kimi-linear")
 
@@ -126,17 +126,53 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "plan"), [("tiny-llama", "baseline"), ("tiny-llama", "sequence-parallel"),
-                                             ("tiny-deepseek-v3", "baseline"), ("tiny-kimi-k3", "baseline"),
-                                             ("tiny-qwen3-next", "baseline")])  # fmt: skip
-def test_tp2_x_cp2_runs_the_plan_in_each_tp_group(model: str, plan: str) -> None:
+@pytest.mark.parametrize(("model", "plan", "rec"), [("tiny-llama", "baseline", "serial"),
+                                                    ("tiny-llama", "sequence-parallel", "serial"),
+                                                    ("tiny-deepseek-v3", "baseline", "serial"),
+                                                    ("tiny-kimi-k3", "baseline", "serial"),
+                                                    ("tiny-qwen3-next", "baseline", "scan")])  # fmt: skip
+def test_tp2_x_cp2_runs_the_plan_in_each_tp_group(model: str, plan: str, rec: str) -> None:
     """TP 2 inside each of 2 CP groups (4 gloo ranks): the TP group's PlanRunner on its CP rank's
     tokens, its mixers reaching the other group's same TP rank. Numbers as the unsharded model; CP
-    calls as `cp_calls` at TP 2; TP calls as `predict_schedule` at the rank's own token count."""
-    from tpplan.runtime.context_parallel import verify_tp_cp
+    calls as `cp_calls` at TP 2; TP calls as `predict_schedule` at the rank's own token count.
+    Qwen3-Next by the two-pass scan (GDN's heads split over TP inside it)."""
+    from tpplan.runtime.context_parallel_verify import verify_tp_cp
 
-    r = verify_tp_cp(model, 2, 2, plan=plan, tokens=16, timeout_s=300)
+    r = verify_tp_cp(model, 2, 2, plan=plan, tokens=16, recurrence=rec, timeout_s=300)
     assert r["max_rel_hidden"] < 1e-5
     assert all(r["tp_trace_matches"])
     assert all(_same(a, b) for a, b in zip(r["cp_traced"], r["cp_predicted"], strict=True))
     assert any(r["cp_traced"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [2, 4])
+def test_mla_only_cp_equals_the_unsharded_model_and_gathers_only_the_attention_output(cp: int) -> None:
+    """`--cp-layers mla` at TP = CP (attention TP 1): KDA/MoE on the full sequence, MLA attention on the
+    rank's zigzag rows; the same numbers, and one all-gather of o_proj's rows per MLA layer, as predicted."""
+    models = ["tiny-kimi-k3", "tiny-deepseek-v3"] if cp == 2 else ["tiny-kimi-k3"]  # each case under ~20 s
+    results = verify_cp(models, cp, tokens=19, layers="mla", timeout_s=300)
+    for r in results:
+        assert r["max_abs_hidden"] < 1e-4 and r["max_rel_logits"] < 1e-5, r["model"]
+        g = build_model_graph(load_model(r["model"]))
+        mla_layers = [i for i, k in enumerate(g.layer_kinds) if k.startswith("mla")]
+        for traced, predicted in zip(r["traced"], r["predicted"], strict=True):
+            assert _calls(traced) == _calls(predicted), r["model"]
+            assert [c.layer for c in traced] == mla_layers and {c.value for c in traced} == {"attn_out"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [2, 4])
+def test_gdn_two_pass_scan_equals_the_unsharded_model_and_the_serial_hand_off(cp: int) -> None:
+    """Qwen3-Next's Gated DeltaNet by the two-pass scan: the conv halo posted by every rank at once, then
+    one all-gather of every rank's state and transition per layer, as predicted, and no state sent on;
+    the same logits as the one-process model and as the serial hand-off."""
+    scan, serial = verify_cp(["tiny-qwen3-next"], cp, tokens=19, recurrence=("scan", "serial"), timeout_s=300)
+    assert scan["max_abs_hidden"] < 1e-4 and scan["max_rel_logits"] < 1e-5
+    assert (scan["logits"] - serial["logits"]).abs().max() <= 1e-5 * serial["logits"].abs().max()
+    for rank, (traced, predicted) in enumerate(zip(scan["traced"], scan["predicted"], strict=True)):
+        assert _calls(traced) == _calls(predicted)
+        assert not [c for c in traced if c.value == "state"]
+        assert len([c for c in traced if c.value == "state+transition"]) == len(
+            [k for k in build_model_graph(load_model("tiny-qwen3-next")).layer_kinds if k.startswith("gdn")])
+        assert bool([c for c in traced if c.value == "conv_tail"]) == (rank > 0)

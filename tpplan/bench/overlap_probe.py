@@ -86,6 +86,18 @@ def _loads(torch: Any) -> dict[str, tuple[Callable[[], Any], float]]:
     chunk = [torch.empty(32 << 20, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(2)]
     chunk_bytes = 3.0 * 64 * (1 << 20)
 
+    def copy_paced(target_GBps: float) -> Callable[[], None]:
+        """A copy-engine copy of 64 MiB, then an SM sleep: `target_GBps` of bytes moved on average, as
+        torch's async-TP decomposition copies one peer's chunk at a time (copy_ over NVLink)."""
+        piece_bytes = chunk[0].numel() * chunk[0].element_size()
+        gap_cycles = int(max(0.0, piece_bytes / (target_GBps * 1e9) - piece_bytes / 2.0e12) * 1.9e9)
+
+        def run() -> None:
+            chunk[0].copy_(chunk[1])
+            torch.cuda._sleep(gap_cycles)
+
+        return run
+
     def paced(target_GBps: float) -> Callable[[], None]:
         gap_cycles = int(max(0.0, chunk_bytes / (target_GBps * 1e9) - chunk_bytes / 4.0e12) * 1.9e9)
 
@@ -103,6 +115,8 @@ def _loads(torch: Any) -> dict[str, tuple[Callable[[], Any], float]]:
     return {
         **{k: (v[0], v[1]) for k, v in held.items()},
         "copy_engine_full": (lambda: dst.copy_(src), 2.0 * GIB),
+        "copy_engine_400GBps": (copy_paced(400.0), 64.0 * (1 << 20)),
+        "copy_engine_200GBps": (copy_paced(200.0), 64.0 * (1 << 20)),
         "copy_kernel_full": (lambda: dst.add_(src), 3.0 * GIB),
         "paced_1000GBps": (paced(1000.0), chunk_bytes),
         "paced_500GBps": (paced(500.0), chunk_bytes),
@@ -157,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--window-ms", type=float, default=60.0, help="timed window per point")
+    ap.add_argument("--loads", nargs="*", help="only these loads (default: all)")
     args = ap.parse_args(argv)
     from tpplan.errors import TpplanError
     from tpplan.outputs import check_file, write_files
@@ -172,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         print("overlap_probe: no CUDA device; run it on a GPU machine", file=sys.stderr)
         return 2
     ops, loads = _ops(torch), _loads(torch)
+    if args.loads:
+        loads = {k: v for k, v in loads.items() if k in args.loads}
     rows: list[dict[str, Any]] = []
     t_start = time.time()
     warm = ops["gemm_8192x7168x6144"]
@@ -207,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['load_alone_GBps']:6.0f} -> {r['load_concurrent_GBps']:6.0f} GB/s "
                   f"sms {distinct} [{time.time() - t_start:5.1f} s]", file=sys.stderr, flush=True)  # fmt: skip
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    distinct = {k: len(set(v.tolist())) for k, v in SM_IDS.items()}
+    distinct = {k: len(set(v.tolist())) for k, v in SM_IDS.items() if k in loads}
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date,
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
             "held_load_distinct_sms": distinct}  # fmt: skip

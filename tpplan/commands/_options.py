@@ -156,3 +156,17 @@ CpRecurrenceOpt = Annotated[
     typer.Option("--cp-recurrence", help="Under --cp, linear attention's state hand-off: scan or serial",
                  callback=_recurrence),
 ]  # fmt: skip
+
+
+def _cp_layers(value: str) -> str:
+    if value not in ("all", "mla"):
+        raise TpplanError(f"--cp-layers {value}", "unknown set of CP-sharded layers",
+                          "use all (every layer, TP x CP GPUs) or mla (MLA attention only, CP inside TP)")  # fmt: skip
+    return value
+
+
+CpLayersOpt = Annotated[
+    str,
+    typer.Option("--cp-layers", help="Under --cp, which layers see a token shard: all, or mla (only the MLA "
+                 "attention, the CP group inside the TP group: SGLang PR #38344)", callback=_cp_layers),
+]  # fmt: skip

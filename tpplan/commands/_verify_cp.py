@@ -3,7 +3,7 @@
 Rank r holds its share of the prompt's tokens (`tpplan.layout.context_parallel`); the assembled
 final hidden and logits are compared with the single-process model, and every rank's CP calls
 (kind, op, value, bytes, in order) with the planner's `cp_calls`
-(`tpplan.runtime.context_parallel.verify_cp`)."""
+(`tpplan.runtime.context_parallel_verify.verify_cp`)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ def _calls(calls: list[Any]) -> list[tuple[object, ...]]:
     return [(c.layer, c.kind, c.op, c.value, c.nbytes) for c in calls]
 
 
-def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: str, backend: str) -> None:
+def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: str, backend: str,
+                  layers: str = "all") -> None:  # fmt: skip
     """What a CP run supports, each refusal one line (exit 2)."""
+    if layers == "mla" and tp != cp:
+        raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "an MLA-only CP run executes TP = CP "
+                          "(attention TP 1, the CP group inside the TP group)",
+                          f"pass --tp {cp} --cp {cp}")  # fmt: skip
+    if layers == "mla" and plans != ["baseline"]:
+        raise TpplanError(f"--plan {' '.join(plans)}", "an MLA-only CP run executes the baseline (its other layers "
+                          "at TP 1 on every rank)", "pass --plan baseline")  # fmt: skip
     if len(plans) != 1 or (tp == 1 and plans[0] != "baseline"):
         raise TpplanError(f"--plan {' '.join(plans)}", "a CP run verifies one plan (at TP 1 only the baseline)",
                           "pass one --plan (baseline at --tp 1)")  # fmt: skip
@@ -36,7 +44,7 @@ def run_tp_cp(model: str, plan: str, tp: int, cp: int, tokens: int, seed: int, t
               recurrence: str = "serial") -> dict[str, Any]:  # fmt: skip
     """TP `tp` x CP `cp` (random weights): the final hidden, CP calls per rank against `cp_calls`, TP
     calls against `predict_schedule`."""
-    from tpplan.runtime.context_parallel import verify_tp_cp
+    from tpplan.runtime.context_parallel_verify import verify_tp_cp
 
     r = verify_tp_cp(model, tp, cp, plan=plan, tokens=tokens, seed=seed, recurrence=recurrence, timeout_s=timeout)
     matches = [_calls(t) == _calls(p) for t, p in zip(r["cp_traced"], r["cp_predicted"], strict=True)]
@@ -50,12 +58,12 @@ def run_tp_cp(model: str, plan: str, tp: int, cp: int, tokens: int, seed: int, t
 
 
 def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, timeout: float,
-           recurrence: str = "serial") -> dict[str, Any]:  # fmt: skip
+           recurrence: str = "serial", layers: str = "all") -> dict[str, Any]:  # fmt: skip
     """Run and summarise: `passed`, the errors, the trace per rank against the prediction."""
-    from tpplan.runtime.context_parallel import verify_cp
+    from tpplan.runtime.context_parallel_verify import verify_cp
 
     (r,) = verify_cp([model], cp, tokens=tokens, seed=seed, weights={model: str(weights)} if weights else None,
-                     timeout_s=timeout, recurrence=recurrence)  # fmt: skip
+                     timeout_s=timeout, recurrence=recurrence, layers=layers)  # fmt: skip
     matches = [_calls(t) == _calls(p) for t, p in zip(r["traced"], r["predicted"], strict=True)]
     by_kind = Counter((c.kind, c.nbytes) for calls in r["traced"] for c in calls)
     predicted = Counter((c.kind, c.nbytes) for calls in r["predicted"] for c in calls)
@@ -65,6 +73,7 @@ def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, ti
         "tokens": tokens,
         "split": r["split"],
         "recurrence": recurrence,
+        "layers": layers,
         "max_abs_hidden_error": r["max_abs_hidden"],
         "max_rel_logits_error": r["max_rel_logits"],
         "tolerance": TOLERANCE,
@@ -88,7 +97,8 @@ def print_cp(console: Any, s: dict[str, Any]) -> None:
                       f"{s['predicted_calls']} predicted, equal: {cp_ok}; "
                       f"TP calls == predict_schedule: {tp_ok}")  # fmt: skip
         return
-    console.print(f"{status}  {s['model']} CP{s['cp']} (TP 1), {s['tokens']} tokens, {s['split']} split")
+    shape = f"CP{s['cp']} inside TP{s['cp']}, MLA layers only" if s.get("layers") == "mla" else f"CP{s['cp']} (TP 1)"
+    console.print(f"{status}  {s['model']} {shape}, {s['tokens']} tokens, {s['split']} split")
     console.print(f"  logits max rel error vs the single-process model {s['max_rel_logits_error']:.3e} "
                   f"(tolerance {s['tolerance']:g}); final hidden max abs {s['max_abs_hidden_error']:.3e}")  # fmt: skip
     same = "all ranks" if all(s["trace_matches_per_rank"]) else "[red]differs[/]"

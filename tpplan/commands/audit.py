@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -12,6 +12,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
     ClusterOpt,
+    CpLayersOpt,
     CpOpt,
     CpRecurrenceOpt,
     EngineOpt,
@@ -25,6 +26,9 @@ from tpplan.commands._options import (
 )
 from tpplan.placement import COLLECTIVE_SHORT
 from tpplan.units import signed_pct
+
+if TYPE_CHECKING:
+    from tpplan.audit import PlanAudit
 
 TpOpt = Annotated[
     int | None,
@@ -86,6 +90,7 @@ def register(app: typer.Typer) -> None:
         ] = 1,
         cp: CpOpt = 1,
         cp_recurrence: CpRecurrenceOpt = "scan",
+        cp_layers: CpLayersOpt = "all",
         replicas: ReplicasOpt = 1,
         nodes: Annotated[
             int | None,
@@ -124,7 +129,7 @@ def register(app: typer.Typer) -> None:
         if topology or cluster or gpu or engine:
             from tpplan.cost.workload import load_workload
 
-            gpus = tp * pp * cp * replicas if tp else None
+            gpus = tp * pp * (cp if cp_layers == "all" else 1) * replicas if tp else None
             topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
             wl = load_workload(workload) if workload else None
             if wl is not None and replicas > 1:
@@ -140,12 +145,14 @@ def register(app: typer.Typer) -> None:
             from tpplan.cost.predict import predict_audit
 
             predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
-                                        cp_recurrence=cp_recurrence, replicas=replicas)  # fmt: skip
+                                        cp_recurrence=cp_recurrence, cp_layers=cp_layers,
+                                        replicas=replicas)  # fmt: skip
         data = to_json(result, predictions)
         if cp > 1:
             from tpplan.layout.context_parallel import audit_cp
 
-            data["context_parallel"] = audit_cp(result.graph, result.n, cp, cp_recurrence).to_json()  # type: ignore[arg-type]
+            cpa = audit_cp(result.graph, result.n, cp, cp_recurrence, cp_layers)  # type: ignore[arg-type]
+            data["context_parallel"] = cpa.to_json()
         if crossover and topo is not None:
             data["crossover"] = _crossover_rows(result, topo, expert_dtype)
         if emit_json(json_target, data):
@@ -167,6 +174,7 @@ def register(app: typer.Typer) -> None:
         dtype: DtypeOpt = "bf16",
         cp: CpOpt = 1,
         cp_recurrence: CpRecurrenceOpt = "scan",
+        cp_layers: CpLayersOpt = "all",
     ) -> None:
         """Show one layer of each kind as a dataflow with placements and collectives."""
         from tpplan.audit import audit
@@ -174,10 +182,11 @@ def register(app: typer.Typer) -> None:
         from tpplan.layout.context_parallel import audit_cp
 
         result = audit(model, tp, [plan], dtype)
-        cpa = audit_cp(result.graph, tp, cp, cp_recurrence) if cp > 1 else None  # type: ignore[arg-type]
+        cpa = audit_cp(result.graph, tp, cp, cp_recurrence, cp_layers) if cp > 1 else None  # type: ignore[arg-type]
         pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
         console = make_console()
         console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
+        fused = _fused_lines(pa) if pa.plan.overlap == "asynctp" else {}
         for kind, ks in pa.kinds.items():
             widths = {v: val.width for v, val in result.graph.kinds[kind].values.items()}
             status = "legal" if ks.legal else "ILLEGAL"
@@ -187,9 +196,26 @@ def register(app: typer.Typer) -> None:
             )
             for line in explain_layer(ks.result, widths):
                 print_wrapped(console, line, 6)
+            for line in fused.get(kind, []):
+                print_wrapped(console, f"  async TP: {line}", 6)
             if cpa is not None:
                 for line in explain_cp(cpa, kind):
                     print_wrapped(console, line, 6)
+
+
+def _fused_lines(pa: PlanAudit) -> dict[str, list[str]]:
+    """Per layer kind, its collectives async TP fuses with GEMMs (`tpplan.layout.fused_gemm`), as the
+    kind's second layer of that kind sees them (its entry reduce-scatter has a GEMM before it)."""
+    from tpplan.layout.fused_gemm import describe_pair, model_pairs
+
+    results = pa.layer_results
+    out: dict[str, list[str]] = {}
+    for i, pairs in enumerate(model_pairs(results)):
+        kind = results[i].kind
+        lines = [describe_pair(p, results[i], results[i - 1] if i else None) for p in pairs]
+        if len(lines) > len(out.get(kind, [])):
+            out[kind] = lines
+    return out
 
 
 def _print_audit(data: dict, wide: bool = False) -> None:
@@ -262,12 +288,21 @@ def print_cp(cp: dict, tp: int) -> None:
     """The context-parallel table: per layer kind, its token split and what its mixers exchange over
     the CP group (per TP rank; `tpplan.layout.context_parallel`)."""
     console = make_console()
-    t = Table(title=f"Context parallel: CP{cp['cp']} groups of TP{tp}, recurrence by {cp['recurrence']} "
-                    "(per TP rank; AG units/tok = W)")  # fmt: skip
+    if cp.get("layers") == "mla":
+        title = (f"Context parallel, MLA layers only: CP{cp['cp']} inside TP{tp} (MLA attention TP "
+                 f"{cp['attention_tp']}; per rank; AG units/tok = W)")  # fmt: skip
+    else:
+        title = (f"Context parallel: CP{cp['cp']} groups of TP{tp}, recurrence by {cp['recurrence']} "
+                 "(per TP rank; AG units/tok = W)")  # fmt: skip
+    t = Table(title=title)
     for col in ("layer kind", "split", "legal", "AG units/tok", "CP exchanges per layer"):
         t.add_column(col, justify="right" if col == "AG units/tok" else "left")
     for kind, info in cp["kinds"].items():
-        xs = " + ".join(_cp_label(x) for x in info["exchanges"]) or "none (own tokens only)"
+        xs = " + ".join(_cp_label(x) for x in info["exchanges"]) or (
+            "none (own tokens only)" if cp.get("layers", "all") == "all" else "none (the full sequence, TP as planned)"
+        )
+        if info.get("replaces_plan_collectives_on"):
+            xs += f", replacing the plan's collective on {'+'.join(info['replaces_plan_collectives_on'])}"
         t.add_row(kind, info["split"], "yes" if info["legal"] else "[red]NO[/]", f"{info['units_per_token']:g}", xs)
     show(console, t)
     for r in cp["reasons"]:
@@ -275,7 +310,7 @@ def print_cp(cp: dict, tp: int) -> None:
 
 
 def _cp_label(x: dict) -> str:
-    kind = {"all_gather": "AG", "send_recv": "SR"}[x["collective"]]
+    kind = {"all_gather": "AG", "send_recv": "SR", "all_reduce": "AR"}[x["collective"]]
     what = "+".join(x["values"])
     size = f"{x['elements_per_token']:g}/tok" if x["elements_per_token"] else f"{x['elements_per_seq']:g}/seq"
     chain = f" x{x['serial_steps']} serial" if x["serial_steps"] else ""

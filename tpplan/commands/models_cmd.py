@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import typer
+from rich import box
 from rich.table import Table
 
 from tpplan.commands._console import console, show
+
+if TYPE_CHECKING:
+    from tpplan.cost.cluster import Fabric
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +44,9 @@ def register(app: typer.Typer) -> None:
             gpu = t.gpu.name.removeprefix("NVIDIA ")
             node = f"{t.gpus_per_node} x {gpu}, {t.gpu.memory_GiB:g} GiB"
             table.add_row(name, node, f"{t.intra.kind} {t.intra.bandwidth_GBps:g} GB/s", inter)
-        show(console(), table)
+        out = console()
+        show(out, table)
+        show(out, _curve_table(list_topologies(), load_topology))
 
     @app.command("workloads")
     def workloads() -> None:
@@ -56,3 +65,46 @@ def register(app: typer.Typer) -> None:
                 name, prompt, str(w.concurrency), str(w.total_requests), f"{w.chunk_size:,}", old.get(name, "")
             )
         show(console(), table)
+
+
+def curve_rows(name: str, topo: Fabric) -> list[tuple[str, str, str, str]]:
+    """(preset, groups, curve set, its source) for each curve set a topology prices collectives from."""
+    from tpplan.cost.curve_sets import curve_set, list_curve_sets
+
+    owner = {(c["source"], c["kind"], c["algorithm"], c["ranks"]): n for n in list_curve_sets()
+             for c in curve_set(n)["curves"]}  # fmt: skip
+    held: dict[str, set[tuple[str, int]]] = {}
+    for c in topo.curves:
+        held.setdefault(owner.get((c.source, c.kind, c.algorithm, c.ranks), ""), set()).add((c.kind, c.ranks))
+    rows = []
+    for set_name, keys in held.items():
+        data = curve_set(set_name) if set_name else {"curves": [], "name": "its own [[curves]]"}
+        ranks, kinds = sorted({r for _, r in keys}), sorted({k for k, _ in keys})
+        across = ranks[-1] > topo.gpus_per_node
+        what = (f"{kinds[0]} " if len(kinds) == 1 else "") + "/".join(map(str, ranks))
+        what += f", {topo.gpus_per_node}/node" if across else " GPUs"
+        left_out = sorted({(c["kind"], c["ranks"]) for c in data["curves"]} - keys)
+        what += "".join(f", no {k}@{r}" for k, r in left_out) + (" (derived)" if "derived" in data else "")
+        rows.append((name, what, data["name"], _measured_by(data)))
+    return rows
+
+
+def _measured_by(data: dict[str, Any]) -> str:
+    """AIC's version for a set extracted (or derived) from AIConfigurator, else the published run's issue."""
+    if "aic_version" in data:
+        return f"AIC {data['aic_version']}"
+    if "url" in data:  # https://github.com/NVIDIA/nccl-tests/issues/309 -> nccl-tests#309
+        parts = data["url"].rstrip("/").split("/")
+        return f"{parts[-3]}#{parts[-1]}"
+    return "the topology file"
+
+
+def _curve_table(names: list[str], load: Callable[[str], Fabric]) -> Table:
+    table = Table(title="Measured collective curves (priced first; other collectives: link model or fitted)",
+                  box=box.SIMPLE, pad_edge=False)  # fmt: skip
+    for col in ("preset", "groups priced from curves", "curve set", "source"):
+        table.add_column(col, no_wrap=True)
+    for name in names:
+        for row in curve_rows(name, load(name)):
+            table.add_row(*row)
+    return table

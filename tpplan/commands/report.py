@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._bounds import TP_RANGE
+from tpplan.commands._bounds import TP_RANGE, replica_count
 from tpplan.commands._options import ClusterOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
-from tpplan.commands.search import MEMORY_CAP_HELP, memory_cap_value
+from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
 
 
 def register(app: typer.Typer) -> None:
@@ -73,6 +73,23 @@ def register(app: typer.Typer) -> None:
                 "database's nearest version)",
             ),
         ] = None,
+        overlap: Annotated[
+            OverlapChoice | None,
+            typer.Option(
+                "--overlap",
+                help="Also rank each all-to-all plan under an engine's micro-batch overlap, as `tpplan search "
+                "--overlap` does (default: off, as there): tbo (SGLang) or dbo (vLLM)",
+            ),
+        ] = None,
+        replicas: Annotated[
+            str | None,
+            typer.Option(
+                "--replicas",
+                metavar="N|all",
+                help="Search copies of each deployment as `tpplan search --replicas` does (default: one copy, "
+                "as there)",
+            ),
+        ] = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -98,6 +115,7 @@ def register(app: typer.Typer) -> None:
         topo = load_cluster(topology, nodes, tp, gpu=gpu, cluster=cluster, engine=engine[0] if engine else None)
         assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
+        reps = replica_count(replicas)
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         with steps(f"tpplan report {model}") as say:
@@ -115,6 +133,8 @@ def register(app: typer.Typer) -> None:
                 dp=dp,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 engines=engine,
+                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
+                replicas=reps,
                 progress=say,
             )
             say("writing report.md, report.html and the plots")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 from rich.table import Table
@@ -14,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpLayersOpt,
     EngineOpt,
     GpuOpt,
     NodesOpt,
@@ -25,6 +26,9 @@ from tpplan.commands._options import (
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 from tpplan.units import signed_pct
 
+if TYPE_CHECKING:
+    from tpplan.layout.plan import OverlapName
+
 
 def _ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:,.1f}"
@@ -33,6 +37,7 @@ def _ms(x: float | None) -> str:
 class OverlapChoice(StrEnum):
     tbo = "tbo"
     dbo = "dbo"
+    asynctp = "asynctp"
 
 
 MEMORY_CAP_HELP = (
@@ -84,6 +89,7 @@ def register(app: typer.Typer) -> None:
                 callback=CP_RANGE,
             ),
         ] = None,
+        cp_layers: CpLayersOpt = "all",
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -130,7 +136,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--overlap",
                 help="Also rank each all-to-all plan under an engine's micro-batch overlap: tbo (SGLang "
-                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); docs/cost-model.md",
+                "--enable-two-batch-overlap) or dbo (vLLM --enable-dbo); or each plan with GEMMs next to its "
+                "all-gathers / reduce-scatters with them fused: asynctp (TP inside a node); docs/cost-model.md",
             ),
         ] = None,
         wide: WideOpt = False,
@@ -148,7 +155,7 @@ def register(app: typer.Typer) -> None:
             check_dir("--save", save)
         reps = replica_count(replicas)
         copies = reps if isinstance(reps, int) else 1
-        gpus = tp * (pp or 1) * (cp or 1) * copies if tp else None
+        gpus = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else None
         topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
@@ -162,6 +169,7 @@ def register(app: typer.Typer) -> None:
                 tp=tp,
                 pp=pp,
                 cp=cp,
+                cp_layers=cp_layers,
                 replicas=reps,
                 workload=load_workload(workload) if workload else None,
                 memory_cap_gib=memory_cap_value(memory_cap),
@@ -172,10 +180,12 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
-                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
+                overlap=None if overlap is None else cast("OverlapName", overlap.value),
                 progress=say,
             )
         data = outcome.to_json()
+        if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
+            data["cp_layers"] = cp_layers
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

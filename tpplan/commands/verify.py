@@ -20,6 +20,7 @@ from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
     Backend,
     BackendOpt,
+    CpLayersOpt,
     CpOpt,
     CpRecurrenceOpt,
     ModelOpt,
@@ -133,6 +134,7 @@ def verify(
     ] = None,
     cp: CpOpt = 1,
     cp_recurrence: CpRecurrenceOpt = "serial",
+    cp_layers: CpLayersOpt = "all",
 ) -> int:
     """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
     check_json_target(json_target)  # before the run: a bad path costs one line, not minutes
@@ -153,7 +155,7 @@ def verify(
         raise TpplanError("--tokens/--chunk", "must be positive", "pass --tokens 64 (and --chunk 16)")
     if cp > 1:  # context parallelism: CP N ranks of TP 1 (commands/_verify_cp.py)
         return _verify_cp(model, cp, tp, plan, tokens, chunk, dtype, backend.value, seed, weights, timeout,
-                          force, json_target, cp_recurrence)  # fmt: skip
+                          force, json_target, cp_recurrence, cp_layers)  # fmt: skip
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else tp
     if world != tp:
         raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
@@ -215,23 +217,23 @@ def verify(
 
 def _verify_cp(model: str, cp: int, tp: int, plans: list[str], tokens: int, chunk: int | None, dtype: str,
                backend: str, seed: int, weights: Path | None, timeout: float, force: bool,
-               json_target: str | None, recurrence: str) -> int:  # fmt: skip
+               json_target: str | None, recurrence: str, layers: str = "all") -> int:  # fmt: skip
     from tpplan.commands._ranks import check_local_ranks
     from tpplan.commands._verify_cp import check_cp_args, print_cp, run_cp, run_tp_cp
     from tpplan.errors import TpplanError
     from tpplan.runtime.group import RankFailed
 
-    check_cp_args(cp, tp, plans, chunk, dtype, backend)
+    check_cp_args(cp, tp, plans, chunk, dtype, backend, layers)
     if weights is not None and not weights.is_dir():
         raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
-    check_local_ranks("--tp x --cp", tp * cp, "gloo", force)
+    check_local_ranks("--tp x --cp", tp * cp if layers == "all" else cp, "gloo", force)
     if tp > 1 and weights is not None:
         raise TpplanError("--weights", "a TP x CP run uses random weights", "drop --weights, or pass --tp 1")
     try:
-        if tp > 1:
+        if tp > 1 and layers == "all":
             summary = run_tp_cp(model, plans[0], tp, cp, tokens, seed, timeout, recurrence)
         else:
-            summary = run_cp(model, cp, tokens, seed, weights, timeout, recurrence)
+            summary = run_cp(model, cp, tokens, seed, weights, timeout, recurrence, layers)
     except RankFailed as exc:
         from tpplan.commands._failure import print_failure
 

@@ -19,6 +19,16 @@ share a node only while tp x c fits in one):
   chunked scan, counted whole), or the serial chain: c-1 further local recurrences and c-1 sends
   one after another on the critical path;
 - the short convolution's halo: one send/recv of conv_kernel-1 rows per request.
+
+Under `--cp-layers mla` (CP inside the TP group, `layout.context_parallel`) no layer's batch is split
+(`OpPrices.cp` is 1): every op keeps its TP price on the full sequence, which is what the MLA
+attention's own ops cost too (1/c of the queries x c times the heads per rank: the same FLOPs, at
+TP-shaped GEMMs, an approximation), except the K/V expansion each rank runs for every key with
+A = tp/c ranks' heads (`CpKind.replicated`: c times its TP share, the extra priced as an op). The
+plan's collective on the attention output is dropped (`CpKind.replaces`) for an all-reduce over the
+A attention-TP ranks of the rank's ceil(n/c) rows (none at A = 1) and the all-gather of those rows
+over the c CP ranks, peers A GPUs apart. Memory: a rank holds the attention half's weights at
+attention TP A, c times the plan's TP share of each sharded one (`cp_weight_elements`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from tpplan.cost.comm import price_collective
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.segments import Segments
 from tpplan.layout.context_parallel import CpExchange, CpKind, chunk_bounds, zigzag_chunks
+from tpplan.layout.propagate import OpDecision
 
 if TYPE_CHECKING:
     from tpplan.cost.op_prices import OpPrices
@@ -56,6 +67,16 @@ def local_segments(segs: Segments, cp: int, split: str) -> Segments:
     return tuple(out)
 
 
+def cp_weight_elements(ck: CpKind, cp: int, d: OpDecision) -> float:
+    """Weight elements one rank holds for an op decision: under `--cp-layers mla` an MLA layer's attention
+    ops run at attention TP tp/cp, so a rank holds cp times the plan's TP share of a sharded weight (all of
+    it at tp = cp); every other op its plan share."""
+    w = d.weight_elements_per_rank
+    if d.op.name not in ck.attention_ops:
+        return w
+    return min(float(d.op.weight_numel), w * cp)
+
+
 def cp_ranks_per_node(tp: int, cp: int, gpus_per_node: int) -> int:
     """CP peers that share a node: they sit `tp` GPUs apart (TP innermost)."""
     if tp >= gpus_per_node:
@@ -65,7 +86,7 @@ def cp_ranks_per_node(tp: int, cp: int, gpus_per_node: int) -> int:
 
 def exchange_bytes(x: CpExchange, cp: int, segs: Segments, b: float) -> float:
     """nccl-tests size of one exchange for a batch: an all-gather's whole output (every rank's rows,
-    padded to the longest), a send/recv's message."""
+    padded to the longest), an all-reduce's buffer or a send/recv's message (the rank's rows)."""
     eb = x.elem_bytes if x.elem_bytes is not None else b
     rows = sum(math.ceil(n / cp) for n, _ in segs)
     seqs = len(segs)
@@ -79,15 +100,19 @@ def cp_extras(
 ) -> tuple[list[OpTime], list[CollectiveTime]]:
     """The ops and collectives CP adds to one layer of kind `ck` (the layer's own ops already priced
     at the local batch, `local_ops`)."""
-    cp = prices.cp
+    audit = prices.cp_audit
+    cp, gpn = audit.cp, prices.topo.gpus_per_node
     ops: list[OpTime] = []
     colls: list[CollectiveTime] = []
-    rpn = cp_ranks_per_node(prices.tp, cp, prices.topo.gpus_per_node)
+    rpn = cp_ranks_per_node(audit.attn_tp, cp, gpn)  # peers attn_tp GPUs apart (`all`: attn_tp is tp)
     for x in ck.exchanges:
         nbytes = exchange_bytes(x, cp, segs, prices.b)
         kind = x.collective
-        est = price_collective(kind, nbytes, 2 if kind == "send_recv" else cp, prices.topo,
-                               ranks_per_node=min(rpn, 2) if kind == "send_recv" else rpn,
+        if x.group == "attn_tp":
+            ranks, on_node = audit.attn_tp, min(audit.attn_tp, gpn)
+        else:
+            ranks, on_node = (2, min(rpn, 2)) if kind == "send_recv" else (cp, rpn)
+        est = price_collective(kind, nbytes, ranks, prices.topo, ranks_per_node=on_node,
                                sources=prices.compute.sources)  # fmt: skip
         steps = max(1, x.chain)
         colls.append(CollectiveTime(ck.kind, x.label(), kind, "cp", nbytes, est.time_s * steps, est.algorithm))
@@ -100,7 +125,15 @@ def cp_extras(
             ops.append(OpTime(ck.kind, f"{x.op}:{name}", rec.role, rec.category, rec.flops_per_rank * factor,
                               rec.bytes_per_rank * factor, rec.seconds * factor, False, None, None,
                               rec.seconds * factor, rec.extrapolated, rec.source))  # fmt: skip
+    for name, times in ck.replicated:  # `mla`: each rank expands K/V for every key with A ranks' heads
+        rec = next((o for o in local_ops if o.op == name), None)
+        if rec is None or times <= 1:
+            continue
+        f = times - 1
+        ops.append(OpTime(ck.kind, f"{name}:cp_replicated", rec.role, rec.category, rec.flops_per_rank * f,
+                          rec.bytes_per_rank * f, rec.seconds * f, True, None, None, rec.seconds * f,
+                          rec.extrapolated, rec.source))  # fmt: skip
     return ops, colls
 
 
-__all__ = ["cp_extras", "cp_ranks_per_node", "exchange_bytes", "local_segments"]
+__all__ = ["cp_extras", "cp_ranks_per_node", "cp_weight_elements", "exchange_bytes", "local_segments"]

@@ -44,11 +44,12 @@ class Deployment:
     replicas: int = 1  # identical copies, each serving its share of the requests
     cp: int = 1
     cp_recurrence: str = "scan"  # how linear attention hands its state on under CP: "scan" or "serial"
+    cp_layers: str = "all"  # "all": every layer token-sharded; "mla": only MLA layers, CP inside the TP group
 
     @property
     def replica_gpus(self) -> int:
-        """GPUs one replica occupies (TP x CP x PP)."""
-        return self.tp * self.cp * self.pp
+        """GPUs one replica occupies (TP x CP x PP; `cp_layers="mla"`: the CP group is inside the TP group)."""
+        return self.tp * (self.cp if self.cp_layers == "all" else 1) * self.pp
 
     @property
     def gpus(self) -> int:
@@ -90,6 +91,9 @@ class Deployment:
                 f"a TP group larger than a node must fill whole nodes of {g} GPUs",
                 f"use a multiple of {g}",
             )
+        if self.cp_layers == "mla" and tp % cp:
+            raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "the CP group sits inside the TP group",
+                              f"use a CP that divides {tp}")  # fmt: skip
         if self.ep is not None and (self.ep < 1 or tp % self.ep):
             raise TpplanError(f"EP {self.ep}", f"must divide TP {tp}", f"use a divisor of {tp}")
         return self

@@ -77,8 +77,9 @@ class OpPrices:
         self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, tp, pp, dtype
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
         # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
-        self.cp = self.deployment.cp
-        self.cp_audit = audit_cp(graph, tp, self.cp, self.deployment.cp_recurrence)  # type: ignore[arg-type]
+        dep = self.deployment
+        self.cp_audit = audit_cp(graph, tp, dep.cp, dep.cp_recurrence, dep.cp_layers)  # type: ignore[arg-type]
+        self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
         self.cp_split = model_split(self.cp_audit)
         self.counts = graph.counts()
         self.b = DTYPE_BYTES[dtype]
@@ -146,6 +147,12 @@ class OpPrices:
         self._source = price.source
         self._extrapolated = self._extrapolated or price.extrapolated
         return price.seconds
+
+    def gemm_at(self, kind: str, op: Op, m: int, k: int, n: int) -> float:
+        """`op`'s GEMM at another shape (async TP's T/N-row chunks), through the pricer and weight format
+        `op_time` uses, before any measured kernel profile."""
+        gd, wb = self._gemm_format(kind, op)
+        return self._gemm(m, k, n, gd, wb) if m else 0.0
 
     def _rows(self, d: OpDecision, t: int) -> int:
         """Token rows one rank processes for this op."""

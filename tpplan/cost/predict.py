@@ -107,6 +107,7 @@ def batch_time(
     engine: str | None = None,
     cp: int = 1,
     cp_recurrence: str = "scan",
+    cp_layers: str = "all",
     pipeline: PipelineModel | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
@@ -115,7 +116,7 @@ def batch_time(
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, pipeline=pipeline)  # fmt: skip
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, pipeline=pipeline)  # fmt: skip
     return p.latency(((n_tokens, context),))
 
 
@@ -155,13 +156,15 @@ def predict_plan(
     engine: str | None = None,
     cp: int = 1,
     cp_recurrence: str = "scan",
+    cp_layers: str = "all",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
     workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
     measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
-    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`); PP scheduled and
+    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`), `cp_layers` which
+    layers CP shards ("all", or "mla": the MLA layers only, CP inside the TP group); PP scheduled and
     its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
     `replicas`: that many identical copies of the deployment, the workload's requests split between
     them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
@@ -169,7 +172,8 @@ def predict_plan(
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, pipeline=pipeline, replicas=replicas)  # fmt: skip
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, pipeline=pipeline,
+                         replicas=replicas)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -194,7 +198,7 @@ def predict_plan(
         stage_s=[s + x for s, x in zip(stage_s, sends, strict=True)],
         final_comm_s=final,
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
-        provenance=provenance(topology, tp * pp * cp),
+        provenance=provenance(topology, p.deployment.gpus),
         cp=cp,
         replicas=replicas,
     )
@@ -214,6 +218,7 @@ def predict_audit(
     engine: str | None = None,
     cp: int = 1,
     cp_recurrence: str = "scan",
+    cp_layers: str = "all",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
 ) -> list[PlanPrediction]:
@@ -235,6 +240,7 @@ def predict_audit(
             engine=engine,
             cp=cp,
             cp_recurrence=cp_recurrence,
+            cp_layers=cp_layers,
             pipeline=pipeline,
             replicas=replicas,
         )

@@ -20,7 +20,7 @@ import math
 
 from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.comm import price_collective
-from tpplan.cost.context_parallel import cp_extras, local_segments
+from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
@@ -29,6 +29,7 @@ from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
+from tpplan.engines.context_parallel import kv_sharded_over_cp
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
@@ -60,14 +61,17 @@ class Predictor(OpPrices):
         lg = self.graph.kinds[res.kind]
         ops = [self.op_time(lg, d, t, pairs, ctx, segs) for d in res.decisions]
         colls = []
+        ck = self.cp_audit.kinds[res.kind]
         for c in res.comms:
+            if c.value in ck.replaces:  # `--cp-layers mla`: the CP exchanges below take this collective's place
+                continue
             kind = c.collective.value
             colls.append(self.collective(res.kind, c.label, kind, c.region, c.elements_per_token, t))
             copy = self.layout_copy(lg, c, t)
             if copy is not None:
                 ops.append(copy)
-        if self.cp > 1:
-            cp_ops, cp_colls = cp_extras(self, self.cp_audit.kinds[res.kind], ops, full)
+        if self.cp_audit.cp > 1:
+            cp_ops, cp_colls = cp_extras(self, ck, ops, full)
             ops.extend(cp_ops)
             colls.extend(cp_colls)
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
@@ -75,9 +79,13 @@ class Predictor(OpPrices):
         return kt
 
     def layers_seconds(self, results: list[LayerResult], segs: Segments) -> float:
-        """Consecutive layers of one batch: their sum, or as the plan's micro-batch overlap runs them."""
+        """Consecutive layers of one batch: their sum, or as the plan's overlap (micro-batch, async TP) runs them."""
         if self.plan.overlap is None:
             return sum(self.kind_time(r, segs).total_s for r in results)
+        if self.plan.overlap == "asynctp":  # GEMM + collective fusion (cost/async_tp.py)
+            from tpplan.cost.async_tp import fused_layers_seconds
+
+            return fused_layers_seconds(self, self.kind_time, results, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
         from tpplan.engines.overlap import overlap_named
 
@@ -155,6 +163,8 @@ class Predictor(OpPrices):
                 kv += self.kv_per_token(spec.layers[j].attn) * cached_tokens(spec.layers[j].attn, seqs)
                 state += self.state_per_seq(spec.layers[j].attn) * len(seqs)
             weights, extra = held[s].weights, held[s].replicated_extra
+            wide = self._attention_tp_weights(rng)  # `--cp-layers mla`: MLA attention weights at TP tp/cp
+            weights, extra = weights + wide, extra + wide
             acts = self._activations(rng, math.ceil(chunk / self.cp))
             m = MemoryBreakdown(weights, extra, acts, kv, state)
             if best is None or m.total > best.total:
@@ -162,17 +172,33 @@ class Predictor(OpPrices):
         assert best is not None
         return best
 
+    def _attention_tp_weights(self, rng: range) -> float:
+        """Weight bytes a rank holds beyond the plan's TP share under `--cp-layers mla` (the MLA layers'
+        attention at attention TP tp/cp, `cost.context_parallel.cp_weight_elements`); 0 otherwise."""
+        cpa = self.cp_audit
+        if cpa.layers != "mla" or cpa.cp <= 1:
+            return 0.0
+        total = 0.0
+        for j in rng:
+            res = self.audit.layer_results[j]
+            ck = cpa.kinds[res.kind]
+            for d in res.decisions:
+                if d.op.name in ck.attention_ops:
+                    more = cp_weight_elements(ck, cpa.cp, d) - d.weight_elements_per_rank
+                    total += more * self.weight_elem_bytes(res.kind, d.op)
+        return total
+
     def kv_per_token(self, attn: AttnSpec) -> float:
         """KV cache bytes per token of one layer on one rank, as its token mixer states it
         (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
         DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
-        tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: a rank keeps its
-        own tokens' KV, 1/cp of them (as vllm-ascend's PCP guide says it shards the KV by sequence; SGLang's
-        `cp_allgather_and_save_kv_cache` writes the gathered KV into every CP rank's pool, which this
-        understates: docs/design.md, "Context parallelism")."""
+        tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: with `--engine`
+        sglang or vllm every CP rank keeps the whole sequence's KV (both write the gathered K/V into every
+        rank's cache, `tpplan.engines.context_parallel`); without an engine a rank keeps its own tokens', 1/cp."""
+        cp = self.cp if kv_sharded_over_cp(self.engine) else 1
         if self.plan.dp_attention:
-            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp / self.cp
-        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b) / self.cp
+            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp / cp
+        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b) / cp
 
     def state_per_seq(self, attn: AttnSpec) -> float:
         """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
@@ -221,17 +247,18 @@ _CACHE_MAX = 512
 
 def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
                      expert_dtype: str | None, audit: PlanAudit | None = None, *,
-                     engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan",
+                     engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan", cp_layers: str = "all",
                      pipeline: PipelineModel | None = None, replicas: int = 1) -> Predictor:  # fmt: skip
-    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp, replicas, dtype, engine, PP
-    schedule): the scheduler calls batch_time per batch. (A recorded run's implementations, `bench
+    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp and its layers, replicas, dtype, engine,
+    PP schedule): the scheduler calls batch_time per batch. (A recorded run's implementations, `bench
     --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, pipeline, replicas)
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, cp_layers, pipeline,
+           replicas)  # fmt: skip
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
-    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, replicas=replicas)
+    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers, replicas=replicas)
     p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep,
                   pipeline=pipeline)  # fmt: skip
     if len(_CACHE) >= _CACHE_MAX:

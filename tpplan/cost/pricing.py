@@ -26,7 +26,7 @@ import math
 from dataclasses import replace
 
 from tpplan.audit import PlanAudit
-from tpplan.cost.context_parallel import cp_extras, local_segments
+from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.predictor import Predictor
@@ -55,6 +55,7 @@ class Pricer:
         audit: PlanAudit | None = None,
         cp: int = 1,
         cp_recurrence: str = "scan",
+        cp_layers: str = "all",
         replicas: int = 1,
     ) -> None:
         """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise).
@@ -62,7 +63,8 @@ class Pricer:
         the workload between them, `tpplan.cost.workload.replica_workloads`)."""
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
-        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, replicas=replicas)
+        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers,
+                                     replicas=replicas)  # fmt: skip
         self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
                                deployment=self.deployment)  # fmt: skip
         self.cp_audit = self._base.cp_audit
@@ -96,18 +98,23 @@ class Pricer:
         return replace(ot, seconds=ot.seconds * (1 + factor)) if factor else ot
 
     def _local(self, segs: Segments) -> Segments:
-        """The slowest CP rank's share of a batch (the batch itself without CP)."""
-        return local_segments(segs, self.cp, self._base.cp_split)
+        """The slowest CP rank's share of a batch (the batch itself without CP, or under `--cp-layers mla`)."""
+        return local_segments(segs, self._base.cp, self._base.cp_split)
 
     def _rows(self, segs: Segments) -> int:
-        return sum(math.ceil(n / self.cp) for n, _ in segs)
+        return sum(math.ceil(n / self._base.cp) for n, _ in segs)
 
     def _state_factor(self, kind: str, op: str) -> int:
-        """Extra local passes of a recurrence under CP: 1 (scan correction), cp-1 (serial chain), else 0
+        """Extra local passes of an op under CP: a recurrence's 1 (scan correction) or cp-1 (serial chain),
+        `--cp-layers mla`'s K/V expansion n-1 (every rank expands every key), else 0
         (`cost.context_parallel.cp_extras` lists them as ops of their own)."""
         if self.cp <= 1:
             return 0
-        for x in self.cp_audit.kinds[kind].exchanges:
+        ck = self.cp_audit.kinds[kind]
+        for name, times in ck.replicated:
+            if name == op:
+                return times - 1
+        for x in ck.exchanges:
             if x.op == op and x.method == "state_scan":
                 return 1
             if x.op == op and x.method == "state_serial":
@@ -124,15 +131,24 @@ class Pricer:
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
         (quantization_config; routed experts at the expert dtype)."""
-        return d.weight_elements_per_rank * self._base.weight_elem_bytes(lg.kind, d.op)
+        elements = cp_weight_elements(self.cp_audit.kinds[lg.kind], self.cp, d)  # `--cp-layers mla`: attention TP
+        return elements * self._base.weight_elem_bytes(lg.kind, d.op)
+
+    def replaced_by_cp(self, layer_kind: str, c: CommEvent) -> bool:
+        """Whether a CP exchange takes this collective's place (`--cp-layers mla`: o_proj's), so it costs 0."""
+        return c.value in self.cp_audit.kinds[layer_kind].replaces
 
     def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
         """One collective of a layer for one batch (the TP group as it sits on the nodes)."""
         t = self._rows(segs)
+        if self.replaced_by_cp(layer_kind, c):
+            return CollectiveTime(layer_kind, c.label, c.collective.value, c.region, 0.0, 0.0, "replaced by CP")
         return self._base.collective(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
 
     def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
         """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
+        if self.replaced_by_cp(lg.kind, c):
+            return 0.0
         op = self._base.layout_copy(lg, c, self._rows(segs))
         return op.seconds if op is not None else 0.0
 

@@ -4,6 +4,19 @@
 from __future__ import annotations
 
 from tpplan.engines import ENGINES
+from tpplan.engines.async_tp import (
+    AG_DECOMPOSITION,
+    AG_PIPELINE,
+    FUSIONS,
+    NO_VLLM_PASS,
+    OLD_VLLM_PASS,
+    PEERS,
+    RS_DECOMPOSITION,
+    RS_PIPELINE,
+    UNUSED_VLLM_OP,
+    VOLUME,
+)
+from tpplan.engines.context_parallel import CP_PATHS
 from tpplan.engines.overlap import DEEPEP_SMS, OVERLAPS
 from tpplan.engines.schema import Comm, EngineVersion, Mode
 
@@ -143,12 +156,87 @@ def _overlaps() -> list[str]:
     return out
 
 
+def _async_tp() -> list[str]:
+    """GEMM + collective fusion (`tpplan.engines.async_tp`): plans `<plan>+asynctp`."""
+    out = [
+        "## Async TP: GEMM + collective fusion",
+        "",
+        "Plans `<plan>+asynctp` (any plan with an all-gather feeding a GEMM or a GEMM feeding a reduce-scatter:",
+        "the sequence-parallel plans; `tpplan/layout/fused_gemm.py`). Both patterns run as one PyTorch",
+        "symmetric-memory op whose work `tpplan/cost/async_tp.py` simulates chunk by chunk:",
+        "",
+        f"- all-gather -> GEMM: {AG_DECOMPOSITION} ({AG_PIPELINE.cite()})",
+        f"- GEMM -> reduce-scatter: {RS_DECOMPOSITION} ({RS_PIPELINE.cite()})",
+        f"- volume: {VOLUME}",
+        f"- peers: every rank maps its peers' buffers; {PEERS.cite()}: one NVLink domain (a node here)",
+        f"- vLLM 0.33.0 has no async-TP or sequence-parallelism pass ({NO_VLLM_PASS.cite()}); the op "
+        f"`vllm.patched_fused_scaled_matmul_reduce_scatter` is registered and called by nothing "
+        f"({UNUSED_VLLM_OP.cite()}). Earlier main had one: `pass_config.fuse_gemm_comms` on top of "
+        f"`enable_sp`, the same two torch ops (and FP8 scaled-mm variants for bf16 models), with piecewise "
+        f"compilation only for sizes divisible by TP ({OLD_VLLM_PASS.cite()})",
+        "",
+    ]
+    for f in FUSIONS:
+        priced = "what `+asynctp` prices" if f.priced else "recorded, not priced: not torch's chunk pipeline"
+        out += [
+            f"### {f.engine}: {', '.join(f'`{x}`' for x in f.flags)} ({priced})",
+            "",
+            f"- models: {', '.join(f.model_types)} ({f.model_gate.cite()})",
+            *(f"- fused op: {s.cite()}" for s in f.ops),
+            "",
+            "| gate | set by | if not | source |",
+            "| --- | --- | --- | --- |",
+        ]
+        for g in f.all_gates:
+            keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+            out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+        out.append("")
+    return out
+
+
+def _context_parallel() -> list[str]:
+    """The engines' prefill-CP paths (`tpplan.engines.context_parallel`) against tpplan's `--cp-layers` modes."""
+    out = [
+        "## Prefill context parallelism",
+        "",
+        "What each engine shards, gathers and keeps per CP rank (`tpplan/engines/context_parallel.py`).",
+        "tpplan's modes: `--cp-layers all` (every layer on the rank's tokens, a TP group per CP rank) and",
+        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). With `--engine sglang` or",
+        "`--engine vllm` a CP rank's KV cache holds the whole sequence (both engines write the gathered K/V",
+        "into every rank's cache); without an engine tpplan counts KV / cp.",
+        "",
+    ]
+    for p in CP_PATHS:
+        where = "" if p.in_release else " (open PR, not in the release)"
+        out += [
+            f"### {p.engine}: {p.name}{where}",
+            "",
+            f"- flags: {', '.join(f'`{f}`' for f in p.flags)}; models: {p.models}",
+            f"- token-sharded: {p.token_sharded}; split: {p.split}",
+            f"- exchange: {p.exchange}",
+            f"- FFN / MoE: {p.ffn}",
+            f"- KV per rank: {p.kv_per_rank} ({p.kv_source.cite()})",
+            f"- sources: {'; '.join(s.cite() for s in p.sources)}",
+            f"- tpplan mode: {f'`--cp-layers {p.tpplan_mode}`' if p.tpplan_mode else 'none'}",
+            *(f"- differs: {d}" for d in p.differences),
+        ]
+        if p.gates:
+            out += ["", "| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
+            for g in p.gates:
+                keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+                out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+        out.append("")
+    return out
+
+
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
     for ev in ENGINES.values():
         lines += _engine(ev)
     lines += _overlaps()
+    lines += _async_tp()
+    lines += _context_parallel()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -10,26 +10,41 @@ adds is, per token mixer, how attention sees the rest of the sequence (`CpExchan
 - softmax attention (MHA/GQA, `gqa`): all-gather of K and V (the rank's TP share of the KV heads)
   over the CP group; tokens are assigned by **zigzag** chunks for causal balance: the sequence is
   cut into 2c chunks and rank i holds chunks i and 2c-1-i, so every rank computes the same number
-  of causal (query, key) pairs. SGLang `python/sglang/srt/layers/utils/cp_utils.py` @ 0220422f
-  (`can_cp_split`: at least 2 x cp_size tokens per sequence; `cp_split_and_rebuild_data`: split
-  into 2 x cp_size blocks, `zigzag_index`; `cp_allgather_and_save_kv_cache`: K/V all-gathered over
-  the attention-CP group);
+  of causal (query, key) pairs. SGLang 0.5.23 wheel `srt/layers/cp/zigzag.py` (`ZigzagCPStrategy.
+  can_apply`: at least 2 x cp tokens per sequence; `build_metadata`: 2 x cp near-equal blocks,
+  `zigzag_index`; `_all_gather_reorganized`: K beside V all-gathered over the attention-CP group,
+  padded to the longest rank). `layers/utils/cp_utils.py`, cited here before, is an import-only shim
+  in 0.5.23 (the legacy helpers were removed);
 - MLA (`mla`): all-gather of the compressed latent (kv_lora_rank + the rope key) instead of the
-  up-projected K/V, the same zigzag split (SGLang, same file: `mla_use_prefill_cp`, "absorbed MLA"
-  under zigzag; the MHA one-shot form only for the contiguous strategy);
+  up-projected K/V, the same zigzag split (SGLang `ZigzagCPStrategy.materialize_full_mla_kv`; vLLM
+  0.33.0 PCP, MLA models only: `v1/attention/ops/pcp.py` `maybe_gather_mla_latent_cache_inputs`);
 - linear attention (`kda`, `gdn`): contiguous chunks (rank r holds the r-th 1/c of the sequence)
   and the recurrent state handed on, either **serially** (rank r waits for rank r-1's final state:
   a chain of c local scans and c-1 sends on the critical path) or by the **two-pass scan** (local
   scan from a zero state, all-gather of every rank's chunk state and chunk transition, then a
   correction pass with the incoming state); plus the short convolution's halo: the previous
-  rank's last conv_kernel-1 inputs (a send/recv). The issue's description of SGLang's contiguous
-  KDA strategy; its code was NOT read here (not found in the search index), so the two-pass payload
-  (state + transition per head) and the correction's price are tpplan's assumptions;
-- MLP/MoE layers run on the rank's own tokens with no CP collective.
+  rank's last conv_kernel-1 inputs (a send/recv). Neither engine's release has it: SGLang 0.5.23's
+  strategies are zigzag and interleave only (`layers/cp/base.py` `ContextParallelStrategyKind`);
+  the contiguous KDA strategy is SGLang PR #34059 (open; its description: FLA KCP's two-pass scan,
+  one length-independent all-gather of the state transform per layer, a conv halo), whose code
+  is not in the search index, so the payload (state + transition per head) and the correction's
+  price are tpplan's;
+- MLP/MoE layers run on the rank's own tokens with no CP collective (both engines differ here:
+  SGLang's MLA/DSA CP and vLLM's PCP gather the FFN input over CP and run it over TP x CP ranks,
+  `tpplan.engines.context_parallel`; not modelled).
+
+This is `--cp-layers all`. `--cp-layers mla` is SGLang PR #38344's "full-sequence CP" for Kimi-K3
+(open; read through its description): the CP group sits INSIDE the TP group of `tp` GPUs; only the
+MLA layers' attention is token-sharded (zigzag) at attention TP width A = tp/cp, every rank holding
+the full sequence's hidden and expanding K/V for every key itself (the K/V expansion, `kv_b_proj`,
+replicated cp times), while KDA and MoE layers run the full sequence with the plan's TP collectives.
+The plan's collective on the attention output (o_proj's all-reduce) is replaced by an all-reduce
+over the A attention-TP ranks of the rank's rows (none at A = 1) and an all-gather of those rows
+over the CP group (`CpKind.replaces`, `CpKind.replicated`).
 
 A mixer without a CP method (DSA's indexer, whose top-k runs over every key) makes CP illegal
-for the model: the audit says which op and why. vLLM's prefill context parallel size (PCP) was
-not read in vLLM's own tree here (the search index held only a fork's utilities): unread.
+for the model: the audit says which op and why. Engine paths, gates and KV per rank:
+`tpplan.engines.context_parallel` (docs/engines.md, "Prefill context parallelism").
 """
 
 from __future__ import annotations
@@ -41,13 +56,23 @@ from typing import Literal
 from tpplan.errors import TpplanError
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 
-SGLANG_CP_UTILS = "python/sglang/srt/layers/utils/cp_utils.py@0220422fc0009bb4316f8a540e777d85dce156f3"
+SGLANG_CP_UTILS = "python/sglang/srt/layers/cp/zigzag.py@0.5.23 (PyPI wheel)"  # where SGLang's zigzag CP lives
 CP_SIZES = (1, 2, 4, 8)  # what the search offers
 MAX_CP = 64  # the CLI's bound (commands/_bounds.py)
 STATE_ELEM_BYTES = 4  # recurrent state is exchanged in fp32, as it is kept (cost.predictor.STATE_BYTES)
 
 Recurrence = Literal["scan", "serial"]
-Method = Literal["kv_all_gather", "latent_all_gather", "state_scan", "state_serial", "conv_halo"]
+CpLayers = Literal["all", "mla"]  # every layer token-sharded, or only the MLA layers (CP inside the TP group)
+CP_LAYERS: tuple[CpLayers, ...] = ("all", "mla")
+Method = Literal[
+    "kv_all_gather",
+    "latent_all_gather",
+    "state_scan",
+    "state_serial",
+    "conv_halo",
+    "output_all_gather",
+    "attn_tp_all_reduce",
+]
 Split = Literal["zigzag", "contiguous", "none"]
 
 
@@ -62,16 +87,17 @@ class CpExchange:
 
     op: str
     method: Method
-    collective: Literal["all_gather", "send_recv"]
+    collective: Literal["all_gather", "send_recv", "all_reduce"]
     values: tuple[str, ...]
     per_token: float = 0.0
     per_seq: float = 0.0
     elem_bytes: float | None = None
     chain: int = 0
+    group: Literal["cp", "attn_tp"] = "cp"  # the CP group, or (`--cp-layers mla`) the A attention-TP ranks
 
     def label(self) -> str:
         what = "+".join(self.values)
-        kind = {"all_gather": "AG", "send_recv": "SR"}[self.collective]
+        kind = {"all_gather": "AG", "send_recv": "SR", "all_reduce": "AR"}[self.collective]
         width = f"{self.per_token:g}/tok" if self.per_token else f"{self.per_seq:g}/seq"
         return f"CP-{kind}({what} {width})"
 
@@ -85,6 +111,7 @@ class CpExchange:
             "elements_per_seq": self.per_seq,
             "elem_bytes": self.elem_bytes,
             "serial_steps": self.chain,
+            "group": self.group,
         }
 
 
@@ -96,6 +123,9 @@ class CpKind:
     split: Split
     exchanges: tuple[CpExchange, ...] = ()
     reasons: tuple[str, ...] = ()  # why CP cannot run this kind (empty: legal)
+    replaces: tuple[str, ...] = ()  # values whose plan collectives the CP exchanges replace (`mla` mode)
+    replicated: tuple[tuple[str, int], ...] = ()  # (op, n): each rank runs n times the op's TP share (`mla`)
+    attention_ops: tuple[str, ...] = ()  # `mla`: ops whose weights a rank holds at attention TP tp/cp
 
     @property
     def legal(self) -> bool:
@@ -115,18 +145,33 @@ class CpAudit:
     tp: int
     recurrence: Recurrence
     kinds: dict[str, CpKind] = field(default_factory=dict)
+    layers: CpLayers = "all"
+    model_reasons: tuple[str, ...] = ()  # why the mode cannot run this model at all
 
     @property
     def legal(self) -> bool:
-        return all(k.legal for k in self.kinds.values())
+        return not self.model_reasons and all(k.legal for k in self.kinds.values())
 
     @property
     def reasons(self) -> list[str]:
-        return [f"[{k.kind}] {r}" for k in self.kinds.values() for r in k.reasons]
+        return [*self.model_reasons, *(f"[{k.kind}] {r}" for k in self.kinds.values() for r in k.reasons)]
+
+    @property
+    def token_cp(self) -> int:
+        """How many ways every layer's tokens are split: `cp` under `all`, 1 under `mla` (only the MLA
+        attention sees a shard; the rest runs the full sequence)."""
+        return self.cp if self.layers == "all" else 1
+
+    @property
+    def attn_tp(self) -> int:
+        """The MLA attention's TP width under `mla` (tp / cp); `tp` under `all`."""
+        return self.tp // self.cp if self.layers == "mla" and self.cp <= self.tp else self.tp
 
     def to_json(self) -> dict[str, object]:
         return {
             "cp": self.cp,
+            "layers": self.layers,
+            "attention_tp": self.attn_tp,
             "recurrence": self.recurrence,
             "legal": self.legal,
             "reasons": self.reasons,
@@ -136,6 +181,9 @@ class CpAudit:
                     "legal": v.legal,
                     "units_per_token": v.units_per_token(),
                     "exchanges": [x.to_json() for x in v.exchanges],
+                    "replaces_plan_collectives_on": list(v.replaces),
+                    "replicated_ops": {op: n for op, n in v.replicated},
+                    "attention_tp_weights": list(v.attention_ops),
                 }
                 for k, v in self.kinds.items()
             },
@@ -184,8 +232,9 @@ def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recur
             kernel = op.int_attr("kernel", 1)
             channels = (2 * op.int_attr("k_heads") * dk + heads * dv) / tp
             if kernel > 1:
-                out.append(CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",),
-                                      per_seq=(kernel - 1) * channels))  # fmt: skip
+                halo = CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",), per_seq=(kernel - 1) * channels)
+                # serial: the tail rides after the state; scan: the conv needs the halo before the local pass
+                out.insert(len(out) if recurrence == "serial" else 0, halo)
         return out
     if impl == "short_conv":
         kernel = op.int_attr("kernel", 1)
@@ -206,13 +255,59 @@ def _split_of(exchanges: list[CpExchange]) -> Split:
     return "none"
 
 
-def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan") -> CpAudit:
+def attention_output(lg: LayerGraph) -> str | None:
+    """The value the attention half of a layer hands to the residual add in the middle (o_proj's output)."""
+    add = next((o for o in lg.middle if o.kind is OpKind.ADD), None)
+    if add is None:
+        return None
+    return next((v for v in add.inputs if (p := _producer(lg, v)) is not None and p.kind is not OpKind.ADD), None)
+
+
+def _audit_mla_only(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence) -> CpAudit:
+    """`--cp-layers mla`: the MLA layers' attention token-sharded inside the TP group (SGLang PR #38344)."""
+    model_reasons: list[str] = []
+    if tp % cp:
+        model_reasons.append(f"--cp-layers mla puts the CP group inside the TP group: CP {cp} must divide TP {tp}")
+    attn_tp = max(1, tp // cp)
+    kinds: dict[str, CpKind] = {}
+    for kind, lg in graph.kinds.items():
+        mla = next((o for o in lg.ops if o.kind is OpKind.TOKEN_MIX and o.attrs.get("impl") == "mla"), None)
+        if mla is None or cp == 1:
+            kinds[kind] = CpKind(kind, "none")
+            continue
+        out, kv_b = attention_output(lg), _producer(lg, mla.inputs[1])
+        if out is None or kv_b is None:
+            kinds[kind] = CpKind(kind, "zigzag", reasons=("its attention output or K/V expansion is not in the graph",))
+            continue
+        proj = _producer(lg, out)
+        name = proj.name if proj is not None else out
+        width = float(lg.values[out].width)
+        xs = []
+        if attn_tp > 1:  # o_proj's partial sums over the A attention-TP ranks, on this rank's rows
+            xs.append(CpExchange(name, "attn_tp_all_reduce", "all_reduce", (out,), per_token=width, group="attn_tp"))
+        xs.append(CpExchange(name, "output_all_gather", "all_gather", (out,), per_token=width))
+        add = next(o for o in lg.middle if o.kind is OpKind.ADD)
+        half = lg.ops[: lg.ops.index(add)]  # the attention half: every rank holds its heads at attention TP
+        held = tuple(o.name for o in half if o.weight_numel)
+        kinds[kind] = CpKind(kind, "zigzag", tuple(xs), replaces=(out,), replicated=((kv_b.name, cp),),
+                             attention_ops=held)  # fmt: skip
+    if cp > 1 and all(k.split == "none" for k in kinds.values()):
+        model_reasons.append("--cp-layers mla shards only MLA layers and this model has none: use --cp-layers all")
+    return CpAudit(cp, tp, recurrence, kinds, "mla", tuple(model_reasons))
+
+
+def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan", layers: CpLayers = "all") -> CpAudit:
     """Per layer kind: its token split and CP exchanges at CP `cp` over TP `tp`, from the graph.
 
     A layer kind with both softmax and linear attention cannot take both splits; none of the
-    families has one (a hybrid's kinds are either), so such a kind is refused with its reason."""
+    families has one (a hybrid's kinds are either), so such a kind is refused with its reason.
+    `layers="mla"`: only the MLA layers, the CP group inside the TP group (`_audit_mla_only`)."""
     if cp < 1:
         raise TpplanError(f"--cp {cp}", "the CP size must be at least 1", "pass --cp 1 or more")
+    if layers not in CP_LAYERS:
+        raise TpplanError(f"--cp-layers {layers}", "unknown CP layer set", f"choose one of {', '.join(CP_LAYERS)}")
+    if layers == "mla":
+        return _audit_mla_only(graph, tp, cp, recurrence)
     kinds: dict[str, CpKind] = {}
     for kind, lg in graph.kinds.items():
         xs: list[CpExchange] = []
@@ -309,12 +404,15 @@ def cp_calls(graph: ModelGraph, audit: CpAudit, tokens: int, b: float, rank: int
             if x.collective == "all_gather":
                 size = audit.cp * (x.per_token * rows + x.per_seq) * eb
                 out.append(CpCall(i, "all_gather", x.op, value, size))
+            elif x.collective == "all_reduce":
+                out.append(CpCall(i, "all_reduce", x.op, value, (x.per_token * rows + x.per_seq) * eb))
             elif rank > 0:
                 out.append(CpCall(i, "send_recv", x.op, value, (x.per_token * rows + x.per_seq) * eb))
     return out
 
 
 __all__ = [
+    "CP_LAYERS",
     "CP_SIZES",
     "MAX_CP",
     "SGLANG_CP_UTILS",
@@ -322,7 +420,9 @@ __all__ = [
     "CpCall",
     "CpExchange",
     "CpKind",
+    "CpLayers",
     "Recurrence",
+    "attention_output",
     "audit_cp",
     "causal_imbalance",
     "chunk_bounds",

@@ -46,7 +46,7 @@ from tpplan.placement import S_TOK, Placement, R
 
 MoEMode = Literal["tp", "ep", "a2a"]
 DpPadding = Literal["max_len", "sum_len"]
-OverlapName = Literal["tbo", "dbo"]  # the engines' micro-batch overlaps (tpplan.engines.overlap)
+OverlapName = Literal["tbo", "dbo", "asynctp"]  # micro-batch overlaps (engines.overlap), GEMM fusion (engines.async_tp)
 
 
 def _match(patterns: Iterable[str], qualified: str) -> bool:
@@ -96,7 +96,7 @@ class Plan:
     ep_size: int | None = None
     dp_attention: DpPadding | None = None
     bank: Placement | None = None  # where K3's attention-residual bank lives (None: with the stream)
-    overlap: OverlapName | None = None  # two micro-batches, one's all-to-all under the other's compute
+    overlap: OverlapName | None = None  # tbo/dbo: two micro-batches; asynctp: GEMMs fused with their collectives
     engine_notes: tuple[str, ...] = ()  # what an engine's own static gates say (not legality)
     found_by: str = "named"  # "named" or "search"
     notes: tuple[str, ...] = field(default=(), compare=False)  # for the user: where the plan came from

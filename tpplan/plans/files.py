@@ -55,11 +55,12 @@ class Decisions(_Strict):
     ep_size: Size | None = None
     dp_attention: Literal["max_len", "sum_len"] | None = None  # docs/design.md, "DP attention"
     bank: Literal["R", "S(tok)"] | None = None  # K3's attention-residual bank (None: with the stream)
-    overlap: Literal["tbo", "dbo"] | None = None  # an engine's micro-batch overlap (tpplan.engines.overlap)
+    # an engine's micro-batch overlap (tpplan.engines.overlap) or async TP's fused GEMMs (tpplan.engines.async_tp)
+    overlap: Literal["tbo", "dbo", "asynctp"] | None = None
 
     @model_validator(mode="after")
     def _ep_needs_its_size(self) -> Self:
-        if self.overlap is not None and self.moe != "a2a":
+        if self.overlap in ("tbo", "dbo") and self.moe != "a2a":
             raise ValueError(f'overlap "{self.overlap}" hides the MoE all-to-all, but moe is "{self.moe}", not "a2a"')
         if self.moe == "ep" and self.ep_size is None:
             raise ValueError('moe "ep" needs ep_size (the number of expert groups, at least 1)')
@@ -221,7 +222,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
             + "; its decisions are one replica's, and audit, verify and run check one replica",
         )
     moe: MoEMode = d.moe
-    return Plan(
+    plan = Plan(
         pf.name,
         pf.title,
         pf.summary,
@@ -243,6 +244,22 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         notes=notes,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},
     )
+    return _check_async_tp(plan, graph, n, where) if plan.overlap == "asynctp" else plan
+
+
+def _check_async_tp(plan: Plan, graph: ModelGraph, n: int, where: str) -> Plan:
+    """A file's async TP applied to this model at TP `n`: refused where its decisions leave nothing to
+    fuse here; else the plan with the note every `+asynctp` plan carries."""
+    from tpplan.engines.async_tp import VERIFY_NOTE
+    from tpplan.layout.fused_gemm import async_tp_refusal
+    from tpplan.layout.propagate import propagate_model
+
+    base = plan.with_(overlap=None)
+    why = async_tp_refusal(base, n, propagate_model(graph, base, n).results)
+    if why is not None:
+        raise TpplanError(where, f"its async TP fuses collectives into GEMMs, and {why} ({graph.spec.name}, TP{n})",
+                          "drop decisions.overlap, or search this model with --overlap asynctp")  # fmt: skip
+    return plan.with_(notes=(*plan.notes, VERIFY_NOTE))
 
 
 # ----------------------------------------------------------------------------------------------

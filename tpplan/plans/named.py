@@ -9,6 +9,7 @@ column-parallel weights that would read token-sharded input and all-to-all'ing t
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan, baseline, with_ep, with_overlap
@@ -225,12 +226,18 @@ ALL_PLANS = NAMED_PLANS + EXTRA_PLANS  # every plan make_plan builds by a fixed 
 ALIASES = {"moe-a2a": "sp-moe"}  # accepted by make_plan, never printed: the plan comes back under its one name
 # Parametrised families: "ep<k>" (baseline with EP<k> experts) and "<plan>+ep<k>".
 EP_PATTERN = re.compile(r"(?:(?P<base>.+)\+)?ep(?P<ep>\d+)")
-# "<plan>+tbo" / "<plan>+dbo": the plan under an engine's micro-batch overlap (tpplan.engines.overlap).
-OVERLAP_PATTERN = re.compile(r"(?P<base>.+)\+(?P<overlap>tbo|dbo)")
+# "<plan>+tbo" / "<plan>+dbo": the plan under an engine's micro-batch overlap (tpplan.engines.overlap);
+# "<plan>+asynctp": its GEMMs fused with their all-gathers / reduce-scatters (tpplan.engines.async_tp).
+OVERLAP_PATTERN = re.compile(r"(?P<base>.+)\+(?P<overlap>tbo|dbo|asynctp)")
 
 
-def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph) -> Plan:
-    """`plan` under the engine overlap `overlap`, refused where the engine does not run it for this model."""
+def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph, n: int | None = None) -> Plan:
+    """`plan` under the engine overlap `overlap`, refused where the engine does not run it for this model
+    (`+asynctp`, which needs the TP size `n`: where the plan has nothing to fuse)."""
+    if overlap == "asynctp":
+        if n is None:
+            raise TypeError("async TP needs the TP size")
+        return async_tp(plan, graph, n)
     from tpplan.engines.overlap import overlap_named
 
     engine = overlap_named(overlap)
@@ -242,6 +249,45 @@ def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph) -> Plan:
             "drop +tbo (or price vLLM's dual-batch overlap: +dbo)",
         )
     return with_overlap(plan, overlap)
+
+
+def async_tp(plan: Plan, graph: ModelGraph, n: int) -> Plan:
+    """`plan` with every all-gather feeding a GEMM and every GEMM feeding a reduce-scatter run as torch's
+    fused symmetric-memory op (`tpplan.layout.fused_gemm`, priced by `tpplan.cost.async_tp`); refused, one
+    line, where the plan has no such pair. Same collectives and bytes; the engine notes say how the fused
+    ops move them and which engine flag runs it for this model."""
+    from tpplan.engines.async_tp import ASYNC_TP, VERIFY_NOTE, VOLUME, launch_flags
+    from tpplan.layout.fused_gemm import async_tp_refusal, model_pairs
+    from tpplan.layout.propagate import propagate_model
+
+    name = f"{plan.name}+asynctp"
+    if plan.overlap is not None:
+        raise TpplanError(f"--plan {name}", f"plan {plan.name} already runs overlap {plan.overlap}; a plan takes one",
+                          f"use {plan.name} or {plan.name.rsplit('+', 1)[0]}+asynctp")  # fmt: skip
+    results = propagate_model(graph, plan, n).results
+    why = async_tp_refusal(plan, n, results)
+    if why is not None:
+        raise TpplanError(f"--plan {name} (--tp {n})", f"async TP fuses collectives into GEMMs, and {why}",
+                          "decorate a sequence-parallel plan, e.g. sequence-parallel+asynctp")  # fmt: skip
+    pairs = [p for layer in model_pairs(results) for p in layer]
+    ag = sum(p.pattern == "ag_gemm" for p in pairs)
+    flags = launch_flags(graph.spec.model_type)
+    engines = "; ".join(f"{e}: {' '.join(f) if isinstance(f, tuple) else 'none: ' + f}" for e, f in flags.items())
+    return plan.with_(
+        name=name,
+        title=f"{plan.title}, async TP",
+        summary=f"{plan.summary} Async TP: each all-gather into a GEMM and each GEMM into a reduce-scatter runs as "
+        "one op, in TP chunks, each chunk's peer copy under another chunk's GEMM.",
+        overlap="asynctp",
+        engine_notes=(
+            *plan.engine_notes,
+            f"async TP fuses {ag} all-gather -> GEMM and {len(pairs) - ag} GEMM -> reduce-scatter pairs per forward "
+            f"({ASYNC_TP.engine} calls torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter); "
+            f"volume: {VOLUME}",
+            f"engine flags for {graph.spec.model_type}: {engines}",
+        ),
+        notes=(*plan.notes, VERIFY_NOTE),
+    )
 
 
 def plan_name(name: str) -> str:
@@ -258,8 +304,8 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     name = plan_name(name)
     over = OVERLAP_PATTERN.fullmatch(name)
     if over:
-        mode: OverlapName = "tbo" if over["overlap"] == "tbo" else "dbo"
-        return overlapped(make_plan(over["base"], graph, n), mode, graph)
+        mode = cast(OverlapName, over["overlap"])  # the pattern admits only the OverlapName values
+        return overlapped(make_plan(over["base"], graph, n), mode, graph, n)
     ep = EP_PATTERN.fullmatch(name)
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
@@ -289,7 +335,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         f"--plan {name}",
         "unknown plan",
         f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
-        "<plan>+tbo or <plan>+dbo (micro-batch overlap), "
+        "<plan>+tbo or <plan>+dbo (micro-batch overlap), <plan>+asynctp (GEMM + collective fusion), "
         "or a plan file (*.json) from `tpplan search --save DIR`",
     )
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
@@ -22,8 +22,9 @@ from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import engine_plans
+from tpplan.engines.launch import deployment_flags
 from tpplan.errors import TpplanError
-from tpplan.layout.plan import Plan
+from tpplan.layout.plan import OverlapName, Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.models.graph import ModelGraph
 from tpplan.models.spec import MLASpec, MoESpec
@@ -31,10 +32,13 @@ from tpplan.placement import COLLECTIVE_SHORT, Collective
 from tpplan.plans.files import is_plan_file, read_plan_file
 from tpplan.plans.named import make_plan
 from tpplan.report.crossover import crossovers
+from tpplan.report.deployments import Parts, rank_deployments, workload_parts
 from tpplan.report.differences import differences
 from tpplan.report.engines import recipes
+from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant
 from tpplan.report.verdicts import bottom_line, judge, next_steps
+from tpplan.search.results import deployment_label
 from tpplan.units import GIB
 
 if TYPE_CHECKING:
@@ -58,21 +62,32 @@ MEMO_PLANS = (
 
 @dataclass(frozen=True)
 class Found:
-    """One plan `tpplan search` ranked, at the TP x PP it was ranked at."""
+    """One plan `tpplan search` ranked, at the TP x CP x PP it was ranked at."""
 
     plan: Plan
     tp: int
     pp: int
     rank: int
+    cp: int = 1
+    score: float | None = None  # what the search ranked it by (mean TTFT s with a workload)
+    replicas: int = 1  # identical copies of the deployment, the requests split between them
 
 
-SearchFn = Callable[..., list[Found]]
+@dataclass(frozen=True)
+class Searched:
+    """What the memo keeps of `tpplan search`'s answer: its ranked plans and the deployments searched."""
+
+    found: list[Found]
+    grid: list[tuple[int, int, int, int]]  # (TP, PP, CP, replicas), the search's order (its first: the reference)
+
+
+SearchFn = Callable[..., Searched]
 
 
 def load_search() -> SearchFn:
     """The best plans of `tpplan search` itself (`tpplan.search.search_plans`, the one search: the
-    same objective, memory cap and TP x PP grid), imported when a memo searches; its audits are
-    the memo's (`audits`)."""
+    same objective, memory cap, TP x CP x PP grid and overlap), imported when a memo searches; its
+    audits are the memo's (`audits`)."""
     from tpplan.search import search_plans
 
     def best(
@@ -86,7 +101,9 @@ def load_search() -> SearchFn:
         memory_cap_gib: float | str | None,
         top: int,
         audits: Audits | None = None,
-    ) -> list[Found]:
+        overlap: OverlapName | None = None,
+        replicas: int | Literal["all"] | None = None,
+    ) -> Searched:
         outcome = search_plans(
             graph,
             topology,
@@ -97,10 +114,12 @@ def load_search() -> SearchFn:
             dtype=dtype,
             expert_dtype=expert_dtype,
             audits=audits,
-            cp=1,  # the memo prices its variants at TP x PP; CP deployments are not in its rows yet
-            replicas=1,  # nor replica deployments (`RankedPlan.replicas`; `Found` has no field for them)
+            overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
+            replicas=replicas,
         )
-        return [Found(r.plan, r.tp, r.pp, r.rank or i) for i, r in enumerate(outcome.ranked, 1)]
+        found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
+                 for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
+        return Searched(found, [tuple(g) for g in outcome.grid])  # type: ignore[misc]
 
     return best
 
@@ -192,6 +211,10 @@ def _predict(
     pipeline: PipelineModel | None = None,
 ) -> None:
     extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
+    if v.cp > 1:
+        extra["cp"] = v.cp
+    if v.replicas > 1:
+        extra["replicas"] = v.replicas
     if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
         extra["pipeline"] = pipeline
     for wl in workloads:
@@ -199,7 +222,7 @@ def _predict(
             v.predictions[wl.name] = fn(graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size,
                                         dtype=dtype, audit=v.audit, **extra)  # fmt: skip
         except (TpplanError, NotImplementedError, ValueError) as exc:
-            if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.pp == 1:
+            if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.shape[1:] == (1, 1, 1):
                 raise  # the baseline always predicts: a failure here is a bad input (e.g. --expert-dtype)
             v.prediction_error = f"{type(exc).__name__}: {exc}"
             v.predictions.clear()
@@ -248,7 +271,7 @@ def _current_variant(audits: Audits, text: str, n: int, world: int, dtype: str, 
         plan = make_plan(name, graph, tp)
     except TpplanError as exc:
         raise TpplanError(f"--current {text}", exc.reason, exc.fix) from None
-    same = next((v for v in variants if v.tp == tp and v.pp == pp and v.plan.describe() == plan.describe()), None)
+    same = next((v for v in variants if v.shape == (tp, pp, 1, 1) and v.plan.describe() == plan.describe()), None)
     if same is not None:
         return same
     v = Variant(plan, tp, pp, audits.of(plan, tp, dtype), main_tp=n)
@@ -260,9 +283,9 @@ def _same_decisions(variants: list[Variant]) -> dict[str, str]:
     """Variants whose decisions equal an earlier variant's at the same shape (e.g. gate-aware on a
     model where input-scattered is legal: nothing to repair)."""
     out: dict[str, str] = {}
-    seen: dict[tuple[int, int, str], str] = {}
+    seen: dict[tuple[int, int, int, str], str] = {}
     for v in variants:
-        sig = (v.tp, v.pp, repr(v.plan.describe()))
+        sig = (v.tp, v.pp, v.cp, repr(v.plan.describe()))
         if sig in seen:
             out[v.key] = seen[sig]
         else:
@@ -333,13 +356,20 @@ def analyse(
     progress: Callable[[str], None] | None = None,
     engines: list[str] | None = None,
     audits: Audits | None = None,
+    overlap: OverlapName | None = None,
+    prompt_lengths: tuple[int, ...] | None = PROMPT_LENGTHS,
+    replicas: int | Literal["all"] | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
     data-parallel size) are server settings the engine gates read; `engines` the engine versions
     (`sglang@0.5.23`, `vllm@0.33.0`; default: each engine's current release, tpplan.engines).
     `progress` is told each step. Every plan is audited once (`audits`, of `model`'s graph: the
-    search, the predictions and the volume sweep share them)."""
+    search, the predictions and the volume sweep share them). The memo searches what `tpplan search`
+    does with the same inputs: its TP x CP x PP grid and, like it, micro-batch overlap only when
+    `overlap` ("tbo", "dbo"; `--overlap`) asks, and replicas only when `replicas` (R or "all";
+    `--replicas`) asks; baseline is priced at every deployment of that grid
+    (the deployment ranking), and each deployment's plan at `prompt_lengths` (None: not)."""
     from tpplan.engines import select_pair
 
     say = progress or (lambda _step: None)
@@ -356,7 +386,8 @@ def analyse(
         raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
     if dtype not in DTYPE_BYTES:
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
-    fn = predictor or (load_predictor() if use_default_predictor else None)
+    predict_fn = load_predictor() if use_default_predictor else None
+    fn = predictor or predict_fn
     note = None
     if fn is None:
         note = (
@@ -375,9 +406,11 @@ def analyse(
             )
     cur = _current_variant(audits, current, n, world, dtype, variants)
     finder = search_fn or (load_search() if search_top > 0 and not plans else None)
+    grid: list[tuple[int, int, int, int]] = []
+    best_found: Found | None = None
     if finder is not None:
         say("searching plans (as tpplan search)")
-        found = finder(
+        searched = finder(
             graph,
             topology,
             workloads[0] if workloads else None,
@@ -387,15 +420,22 @@ def analyse(
             memory_cap_gib=memory_cap_gib,
             top=search_top,
             audits=audits,
+            overlap=overlap,
+            replicas=replicas,
         )
-        for f in found:
+        grid = searched.grid
+        for f in searched.found:
             pl = f.plan
-            same = [v for v in variants if v.tp == f.tp and v.pp == f.pp and v.plan.describe() == pl.describe()]
+            shape = (f.tp, f.pp, f.cp, f.replicas)
+            same = [v for v in variants if v.shape == shape and v.plan.describe() == pl.describe()]
             if same:
+                best_found = best_found or replace(f, plan=same[0].plan)  # under the memo's name for it
                 continue  # already in the memo at that shape
             if pl.found_by == "search":
                 pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
-            variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n))
+            variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp,
+                                    replicas=f.replicas))  # fmt: skip
+            best_found = best_found or replace(f, plan=pl)
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
         for name in ("baseline", "sp-moe", "sglang-sp-moe"):  # one node's TP, stages across nodes; MoE a2a
@@ -406,13 +446,38 @@ def analyse(
             pa = _audit_or_none(audits, name, pp_tp, dtype)
             if pa is not None and pa.legal:
                 variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
-    # every delta compares like with like: a baseline at each shape a plan runs at
-    for tp_v, pp_v in dict.fromkeys((v.tp, v.pp) for v in list(variants)):
-        if not any(v.plan.name == "baseline" and v.tp == tp_v and v.pp == pp_v for v in variants):
+    # the engines' MoE all-to-all plans at every other deployment of the search's grid, so each
+    # deployment row ranks more than baseline (the search's best joins where it runs)
+    # one copy of each deployment: replicas (R copies, the requests split) are rows where the search found
+    # its best there; a row per R is for the replica rows to come (`deployments.DeploymentKey` has R)
+    fewest = min((g[3] for g in grid), default=1)
+    single = [g for g in grid if g[3] == fewest]
+    for shape in single[1:]:
+        for name in ("sp-moe", "sglang-sp-moe"):
+            if not any(v.plan.name == name for v in variants) or any(
+                v.plan.name == name and v.shape == shape for v in variants
+            ):
+                continue
+            pa = _audit_or_none(audits, name, shape[0], dtype)
+            if pa is not None and pa.legal:
+                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2], replicas=shape[3]))
+    if overlap is not None:  # --overlap: each all-to-all plan once more under the engine's micro-batch overlap
+        from tpplan.plans.named import overlapped
+
+        for v in [v for v in variants if v.plan.moe == "a2a" and v.plan.overlap is None and v.legal]:
+            pl = overlapped(v.plan, overlap, graph)  # the search refused an overlap the engine does not run
+            if not any(x.shape == v.shape and x.plan.describe() == pl.describe() for x in variants):
+                variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp,
+                                        replicas=v.replicas))  # fmt: skip
+    # every delta compares like with like: a baseline at each shape a plan runs at, and at every
+    # deployment the search searched (the deployment ranking's rows)
+    for tp_v, pp_v, cp_v, r_v in dict.fromkeys([*(v.shape for v in list(variants)), *single]):
+        if not any(v.plan.name == "baseline" and v.shape == (tp_v, pp_v, cp_v, r_v) for v in variants):
             pa = _audit_or_none(audits, "baseline", tp_v, dtype)
             if pa is not None:
-                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n))
+                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v, replicas=r_v))
     chunk = workloads[0].chunk_size if workloads else 8192
+    all_mla = all(isinstance(lg.spec.attn, MLASpec) for lg in graph.kinds.values())
     for i, v in enumerate(variants, 1):
         say(f"predicting plan {i} of {len(variants)} ({v.key})")
         v.engines = recipes(
@@ -423,14 +488,16 @@ def analyse(
             nodes=topology.nodes,
             chunk=chunk,
             gpu=topology.gpu.name,
-            prefill_cp=prefill_cp,
+            prefill_cp=max(prefill_cp, v.cp),
             dp=dp,
             engines=pair,
         )
+        v.flags = [deployment_flags(e, graph.spec.model_type, all_mla, v.tp, v.pp, v.cp, v.plan.overlap, v.replicas)
+                   for e in ("SGLang", "vLLM")]  # fmt: skip
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
     mla = _mla_kind(graph)
-    named = [v.plan.name for v in variants if v.pp == 1 and v.tp == n and v.plan.found_by != "search"]
+    named = [v.plan.name for v in variants if v.shape == (n, 1, 1, 1) and v.plan.found_by != "search"]
     sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
     wl = workloads[0].name if workloads else None
     # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
@@ -449,7 +516,7 @@ def analyse(
     limit = cap_gib * GIB if cap_gib is not None else float("inf")
 
     def shape_base(v: Variant) -> Variant | None:
-        return next((b for b in variants if b.plan.name == "baseline" and (b.tp, b.pp) == (v.tp, v.pp)), None)
+        return next((b for b in variants if b.plan.name == "baseline" and b.shape == v.shape), None)
 
     verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), limit, shape_base(v)) for v in variants]
     steps = next_steps(variants, cur, wl, band, limit)
@@ -479,7 +546,7 @@ def analyse(
         say("thresholds: where each plan overtakes baseline")
         a.crossovers = crossovers(
             graph,
-            [v.plan for v in variants if v.pp == 1 and v.tp == n and v.legal],
+            [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal],
             topology,
             tp=n,
             dtype=dtype,
@@ -488,6 +555,50 @@ def analyse(
             audits=audits,
         )
     a.memory_cap_bytes = limit
+    a.grid = grid
+    a.overlap = overlap
+    if best_found is not None:
+        f = best_found
+        a.search_best = (f.plan.name, deployment_label(f.tp, f.pp, f.cp, f.replicas))
+    if fn is not None and grid:
+        keys = [(*g, None) for g in single]
+
+        def parts_of(v: Variant, w: str) -> Parts | None:
+            """The priced parts of `v`'s prediction at `w` (only when `predict_plan` made it)."""
+            p = v.predictions.get(w)
+            if fn is not predict_fn or p is None or p.ttft is None:
+                return None
+            from tpplan.cost.predictor import cached_predictor
+            from tpplan.cost.segments import segments_of
+
+            pred = cached_predictor(graph, v.plan, topology, v.tp, v.pp, dtype, expert_dtype, v.audit, cp=v.cp,
+                                    pipeline=pp_schedule if v.pp > 1 else None, replicas=v.replicas)  # fmt: skip
+            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
+
+        for w in workloads:
+            a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of, grid)
+        if prompt_lengths and workloads:
+            say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
+            rows = [r for r in a.deployments[workloads[0].name]]
+            chosen = [v for r in rows if (v := a.variant(r.variant)) is not None]
+
+            def at(v: Variant, w: Workload) -> tuple[float, float] | None:
+                extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
+                if v.cp > 1:
+                    extra["cp"] = v.cp
+                if v.replicas > 1:
+                    extra["replicas"] = v.replicas
+                if v.pp > 1:
+                    extra["pipeline"] = pp_schedule
+                try:
+                    p = fn(graph, v.plan, topology, tp=v.tp, pp=v.pp, workload=w, tokens=w.chunk_size, dtype=dtype,
+                           audit=v.audit, **extra)  # fmt: skip
+                except (TpplanError, NotImplementedError, ValueError):
+                    return None
+                return (float(p.ttft.mean_s), float(p.memory.total)) if p.ttft is not None else None
+
+            a.length_points = price_lengths(chosen, workloads[0], at, limit, prompt_lengths)
+            a.length_races = races(chosen, a.length_points, prompt_lengths)
     say("where the model differs from a volume-only analysis")
     a.differences = differences(a, chunk)
     return a

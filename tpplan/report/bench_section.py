@@ -132,7 +132,7 @@ def memo_vs_bench_ttft(a: Analysis, t: TTFTExtrapolation) -> str:
         same_topology = (t.target, t.nodes, t.tp) == (a.topology.name, a.topology.nodes, a.tp)
     else:  # older files name the target in text only: "<topology>[ xN nodes] (TP<n>)"
         same_topology = t.topology.startswith(f"{a.topology.name} ") and t.topology.endswith(f"(TP{a.tp})")
-    v = next((v for v in a.variants if v.plan.name == br.plan and v.tp == a.tp and v.pp == 1), None)
+    v = next((v for v in a.variants if v.plan.name == br.plan and v.shape == (a.tp, 1, 1, 1)), None)
     memo_s = ttft_mean(v, canonical_workload(t.workload)) if v is not None and same_topology else None
     if memo_s is None or memo_s <= 0:
         return ""

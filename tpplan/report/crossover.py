@@ -69,7 +69,7 @@ class Crossover:
         }
 
 
-def _cross(t0: int, t1: int, d0: float, d1: float) -> float:
+def log_crossing(t0: int, t1: int, d0: float, d1: float) -> float:
     """Tokens where the difference d (baseline - plan) crosses zero, linear in log(tokens)."""
     f = d0 / (d0 - d1)
     return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
@@ -82,9 +82,9 @@ def crossing(plan: str, kind: str, tokens: tuple[int, ...], plan_s: list[float],
     up = down = None
     for i in range(1, len(d)):
         if up is None and not start and d[i - 1] <= 0 < d[i]:
-            up = _cross(tokens[i - 1], tokens[i], d[i - 1], d[i])
+            up = log_crossing(tokens[i - 1], tokens[i], d[i - 1], d[i])
         elif (start or up is not None) and d[i - 1] > 0 >= d[i]:
-            down = _cross(tokens[i - 1], tokens[i], d[i - 1], d[i])
+            down = log_crossing(tokens[i - 1], tokens[i], d[i - 1], d[i])
             break
     return Crossover(plan, kind, tokens, tuple(plan_s), tuple(base_s), start, up, down)
 
@@ -131,4 +131,4 @@ def crossovers(
     return result
 
 
-__all__ = ["TOKENS", "WHOLE", "Crossover", "crossing", "crossovers"]
+__all__ = ["TOKENS", "WHOLE", "Crossover", "crossing", "crossovers", "log_crossing"]

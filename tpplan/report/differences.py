@@ -203,7 +203,9 @@ def found_plan(a: Analysis, chunk: int) -> Paragraph:
     if not found or not w0 or ttft_mean(found[0], w0) is None:
         return None
     f = found[0]
-    named = [v for v in a.variants if v.pp == 1 and v.plan.found_by != "search" and v.legal and ttft_mean(v, w0)]
+    named = [
+        v for v in a.variants if v.shape == f.shape and v.plan.found_by != "search" and v.legal and ttft_mean(v, w0)
+    ]
     best = min(named, key=lambda v: ttft_mean(v, w0) or math.inf) if named else None
     cmp = (
         f" The best named plan at the same shape, `{best.key}`, is predicted at {ttft_mean(best, w0):.3f} s."

@@ -14,6 +14,7 @@ from types import ModuleType
 
 from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
+from tpplan.report.deployment_sections import deployments_section, prompt_length_section
 from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
 from tpplan.report.results import Analysis, held_weights, kind_times, ttft_mean
@@ -473,6 +474,8 @@ SECTIONS = (
     volume,
     kind_time,
     ttft_section,
+    deployments_section,
+    prompt_length_section,
     thresholds,
     differences_section,
     next_steps_section,

@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 from tpplan.models.spec import MLASpec
 from tpplan.placement import S_TOK, R
-from tpplan.report.results import STATUS_WORDS, Analysis
+from tpplan.report.results import STATUS_WORDS, Analysis, ttft_mean
+from tpplan.report.rows import fig
+from tpplan.units import GIB
 
 Paragraph = str | None
 
@@ -154,6 +156,50 @@ def how_sure(a: Analysis) -> Paragraph:
     )
 
 
+def one_answer(a: Analysis) -> Paragraph:
+    """The search's best, as `tpplan search` names it on the same inputs, and the memo's row for it."""
+    if a.search_best is None:
+        return None
+    name, dep = a.search_best
+    v = next((x for x in a.variants if x.plan.name == name and x.deployment == dep), None)
+    w = a.first_workload
+    t = ttft_mean(v, w) if v is not None and w else None
+    over = f"micro-batch overlap `{a.overlap}` ranked too" if a.overlap else "micro-batch overlap off, its default"
+    reps = sum(1 for g in a.grid if g[3] > 1)
+    grid = f"{len(a.grid) - reps} TP x CP x PP deployments" + (
+        f" and {reps} of R replicas of one" if reps else ", one copy of each, replicas only with --replicas"
+    )
+    return (
+        f"**One answer.** `tpplan search` on the same inputs (its grid of {grid}; {over}) ranks `{name}` at "
+        f"`{dep}` first" + (f": predicted mean TTFT {fig(t)} s at {w}." if t else ".")
+    )
+
+
+def deployment_ranking(a: Analysis) -> Paragraph:
+    """Per workload, the deployments in their ranked order with their mean TTFT, then those over the cap."""
+    if not a.deployments:
+        return None
+    parts = []
+    for w, rows in a.deployments.items():
+        ranked = ", ".join(f"{r.rank}. `{r.label}` {fig(r.ttft_s or 0.0)} s" for r in rows if r.rank is not None)
+        over = [r for r in rows if not r.fits and r.memory_bytes is not None]
+        text = f"at `{w}`: {ranked or 'none fits'}"
+        if over:
+            text += "; over the memory cap: " + ", ".join(
+                f"`{r.label}` by {((r.memory_bytes or 0.0) - a.memory_cap_bytes) / GIB:,.1f} GiB" for r in over
+            )
+        parts.append(text)
+    return "**Deployments ranked** (mean TTFT; reasons under Deployments ranked): " + "; ".join(parts) + "."
+
+
+def prompt_thresholds(a: Analysis) -> Paragraph:
+    """From which prompt length CP (per size) beats CP 1, and TP x PP beats TP (the race sentences)."""
+    if not a.length_races:
+        return None
+    cap = a.memory_cap_bytes / GIB if a.memory_cap_bytes != float("inf") else None
+    return "**By prompt length** (Prompt length, below): " + " ".join(r.sentence(cap) for r in a.length_races)
+
+
 def bottom(a: Analysis) -> Paragraph:
     """The computed bottom line: switch or keep, which, and why."""
     return a.bottom.text if a.bottom is not None else None
@@ -168,6 +214,9 @@ ANSWER: tuple[Callable[[Analysis], Paragraph], ...] = (
     legal_variants,
     same_decisions,
     how_sure,
+    one_answer,
+    deployment_ranking,
+    prompt_thresholds,
     bottom,
 )
 

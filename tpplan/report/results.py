@@ -17,6 +17,7 @@ from tpplan.bench_results import BenchResults
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.engines.launch import DeploymentFlags
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover
@@ -24,6 +25,7 @@ from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
+    from tpplan.report.rows import DeploymentRow, GroupRace, LengthPoint
 
 # Verdict statuses and the word the memo's answer uses for each.
 STATUS_WORDS = {
@@ -84,12 +86,27 @@ class Variant:
     prediction_error: str | None = None
     engines: list[EngineRecipe] = field(default_factory=list)
     main_tp: int = 0  # the report's main TP size; 0: this variant's own
+    cp: int = 1  # context-parallel size of the deployment (tpplan.layout.context_parallel)
+    replicas: int = 1  # identical copies of the deployment, the workload's requests split between them
+    flags: list[DeploymentFlags] = field(default_factory=list)  # each engine's TP x CP x PP (+overlap) flags
+
+    @property
+    def deployment(self) -> str:
+        """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: the search's name for the deployment (`deployment_label`)."""
+        from tpplan.search.results import deployment_label
+
+        return deployment_label(self.tp, self.pp, self.cp, self.replicas)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(TP, PP, CP, replicas): what "the same shape" compares."""
+        return self.tp, self.pp, self.cp, self.replicas
 
     @property
     def key(self) -> str:
         """Readable label: the plan name, plus the shape when it is not the report's main one."""
-        if self.pp > 1:
-            return f"{self.plan.name} TP{self.tp}xPP{self.pp}"
+        if self.pp > 1 or self.cp > 1 or self.replicas > 1:
+            return f"{self.plan.name} {self.deployment}"
         return self.plan.name if self.tp == (self.main_tp or self.tp) else f"{self.plan.name} TP{self.tp}"
 
     @property
@@ -135,6 +152,12 @@ class Analysis:
     memory_cap_bytes: float = float("inf")  # the limit verdicts and next steps apply (--memory-cap)
     engines: tuple[str, ...] = ()  # the engine versions the recipes were judged against (engine@version)
     pp_engine: str = ""  # the engine whose PP schedule priced PP TTFT (the first --engine; "": the default)
+    grid: list[tuple[int, int, int, int]] = field(default_factory=list)  # the search's (TP, PP, CP, replicas)
+    overlap: str | None = None  # the micro-batch overlap the search ranked too (--overlap), as `tpplan search`
+    search_best: tuple[str, str] | None = None  # (memo variant's plan name, deployment) of the search's best
+    deployments: dict[str, list[DeploymentRow]] = field(default_factory=dict)  # workload -> ranked deployments
+    length_points: dict[str, list[LengthPoint]] = field(default_factory=dict)  # variant key -> per prompt length
+    length_races: list[GroupRace] = field(default_factory=list)  # CP vs CP-1, TP x PP vs TP over prompt lengths
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)

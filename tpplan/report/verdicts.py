@@ -109,7 +109,7 @@ def judge(
             f"band ±{100 * band.band:.1f}%, {band.label})"
         )
         t_s = ttft_mean(shape_base, wl) if shape_base is not None and shape_base is not v else None
-        if t_s is not None and (v.tp, v.pp) != (ref.tp, ref.pp):
+        if t_s is not None and v.shape != ref.shape:
             head += (
                 f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {pct_change(t_s, t_r):+.1f}% "
                 f"and the plan at the same shape (vs `{shape_base.key}`) {pct_change(t_v, t_s):+.1f}%"
@@ -140,7 +140,7 @@ def judge(
             return Verdict(v.key, "TOO CLOSE", head + " (inside the band: too close to call)", tuple(reasons), formula)
         if gain < 0:
             return Verdict(v.key, "NO", head + " (slower)", tuple(reasons), formula)
-    elif v.pp != ref.pp or v.tp != ref.tp:
+    elif v.shape != ref.shape:
         head = (
             f"collectives per rank change with the shape ({v.audit.comm_bytes_per_token:,.0f} vs "
             f"{ref.audit.comm_bytes_per_token:,.0f} bytes per token per rank); bubble and stage sends need the "
@@ -177,7 +177,7 @@ def next_steps(
         t_v = ttft_mean(v, wl) if wl else None
         if t_v is not None and t_r is not None:
             gain, rel, basis = t_r - t_v, (t_r - t_v) / t_r, f"predicted mean TTFT gain at {wl}"
-        elif v.pp != ref.pp or v.tp != ref.tp or t_r is not None:
+        elif v.shape != ref.shape or t_r is not None:
             continue  # another shape, or not predicted while today's is: bytes are not comparable
         else:
             b0 = ref.audit.comm_bytes_per_token

@@ -1,5 +1,6 @@
 """Execute a context-parallel deployment for real on torch.distributed: CP N ranks of TP 1
-(`CpRunner`, `verify_cp`), or TP x CP (`TpCpHook` in each TP group's `PlanRunner`, `verify_tp_cp`).
+(`CpRunner`), or TP x CP (`TpCpHook` in each TP group's `PlanRunner`); `--cp-layers mla` in
+`context_parallel_mla`, the checks against the one-process model in `context_parallel_verify`.
 
 Each rank holds its share of one sequence's tokens, as `tpplan.layout.context_parallel` splits
 them (zigzag chunks i and 2N-1-i for softmax-attention models, contiguous for linear attention),
@@ -14,8 +15,9 @@ planner's `CpExchange`s say:
   (GDN: and its conv tail, the halo) in the kernel's own chunked-prefill state, runs its chunk and
   sends its state on; KDA's separate short convolutions receive the previous rank's last
   conv_kernel-1 inputs (the halo; posted at once by every rank, no chain). With
-  `recurrence="scan"`, KDA runs the two-pass scan instead (`CpRunner._scan`): local scan, an
-  all-gather of every rank's chunk state and transition, a correction pass (GDN: serial only).
+  `recurrence="scan"`, KDA and GDN run the two-pass scan instead (`_scan`, `_scan_gdn`): local scan,
+  an all-gather of every rank's chunk state and transition, a correction pass (GDN's conv halo is
+  then posted at once by every rank before its local pass, as KDA's short convs' are).
 
 The attention call reuses the reference kernel as it is: the queries are placed at their absolute
 positions in a [T, ...] buffer of zeros and the causal kernel runs over the gathered keys; rows of
@@ -93,6 +95,8 @@ class _Mixers:
             return execute_op(op, ins, w, self._halo(op, ins[0]), ctx)
         if impl == "kda" and self.recurrence == "scan":
             return self._scan(op, ins, w, ctx)
+        if impl == "gdn" and self.recurrence == "scan":
+            return self._scan_gdn(op, ins, w, ctx)
         if impl in ("kda", "gdn"):
             state = self._receive_state(op, ins[0])
             out = execute_op(op, ins, w, state, ctx)
@@ -116,17 +120,73 @@ class _Mixers:
         zero_v = torch.zeros_like(v)
         trans = {"recurrent": torch.eye(d, device=v.device).expand(heads, d, d).clone()}
         execute_op(op, [q, k, zero_v, f, beta], w, trans, ctx)
-        mine = torch.cat([local["recurrent"].reshape(-1), trans["recurrent"].reshape(-1).float()])
+        parts = self._exchange_states(op, local["recurrent"], trans["recurrent"])
+        if self.rank == 0:
+            return out
+        return out + execute_op(op, [q, k, zero_v, f, beta], w, {"recurrent": self._incoming_state(parts)}, ctx)
+
+    def _exchange_states(self, op: Op, local: Tensor, trans: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """All-gather every rank's (final state from zero, chunk transition), fp32, as one flat tensor."""
+        mine = torch.cat([local.reshape(-1).float(), trans.reshape(-1).float()])
         both = mine.new_empty(self.cp * mine.numel())
         self.calls.append(CpCall(self._layer, "all_gather", op.name, "state+transition", both.numel() * 4))
         _AG(both, mine.contiguous(), group=self.group)
-        parts = both.view(self.cp, 2, heads, d, d)
-        s_in = torch.zeros(heads, d, d, device=v.device)
-        for j in range(self.rank):
-            s_in = torch.einsum("hab,hbv->hav", parts[j, 1], s_in) + parts[j, 0]
-        if self.rank == 0:
-            return out
-        return out + execute_op(op, [q, k, zero_v, f, beta], w, {"recurrent": s_in}, ctx)
+        parts = both.view(self.cp, -1)
+        n = local.numel()
+        return [(p[:n].view_as(local), p[n:].view_as(trans)) for p in parts]
+
+    def _incoming_state(self, parts: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """S_in(r) = P_{r-1} S_in(r-1) + S_loc_{r-1} from S_in(0) = 0, over the ranks before this one."""
+        s_in = torch.zeros_like(parts[0][0])
+        for s_loc, p in parts[: self.rank]:
+            s_in = torch.einsum("hab,hbv->hav", p, s_in) + s_loc
+        return s_in
+
+    def _scan_gdn(self, op: Op, ins: list[Tensor], w: Mapping[str, Tensor], ctx: ExecContext) -> Tensor:
+        """Gated DeltaNet by the two-pass scan. Its v sits inside the fused qkvz input, so the op is run
+        in its parts (`kernels.gdn`'s own): the conv with the previous rank's halo (its last kernel-1
+        pre-conv rows, sent by every rank at once), then the delta rule, which is linear in (initial
+        state, v) jointly as KDA's is (`_scan`): the local pass from a zero state, the transition
+        run(I, v=0) [v heads, dk, dk], the all-gather, and the correction run(S_in, v=0) added to
+        the recurrence's output before the gated norm."""
+        qkvz, ba = ins
+        a = op.attrs
+        dk, dv = int(a["k_head_dim"]), int(a["v_head_dim"])
+        r = int(a["v_heads"]) // int(a["k_heads"])
+        conv_w, eps = w["conv"], ctx.numerics.eps
+        kernel = int(conv_w.shape[-1])
+        conv_state: dict[str, Tensor] = {}
+        if kernel > 1:  # the halo: this rank's last kernel-1 pre-conv rows go to the next rank
+            if qkvz.shape[0] < kernel - 1:
+                raise TpplanError(f"--cp {self.cp}", f"a rank holds {qkvz.shape[0]} tokens, fewer than "
+                                  f"{op.name}'s halo of {kernel - 1}", "use more tokens or a smaller CP")  # fmt: skip
+            tail: dict[str, Tensor] = {}
+            K.gdn_conv_inputs(qkvz[-(kernel - 1) :], ba[-(kernel - 1) :], conv_w, dk, dv, r, tail)
+            reqs = []
+            if self.rank + 1 < self.cp:
+                reqs.append(dist.isend(tail["conv"].contiguous(), self._peer(self.rank + 1)))
+            if self.rank > 0:
+                buf = torch.empty_like(tail["conv"])
+                reqs.append(dist.irecv(buf, self._peer(self.rank - 1)))
+                conv_state["conv"] = buf
+                nbytes = buf.numel() * buf.element_size()
+                self.calls.append(CpCall(self._layer, "send_recv", op.name, "conv_tail", nbytes))
+            for q in reqs:
+                q.wait()
+        qc, kc, vc, z, b, ag = K.gdn_conv_inputs(qkvz, ba, conv_w, dk, dv, r, conv_state)
+        hv = b.shape[1]
+
+        def rule(v: Tensor, state: dict[str, Tensor]) -> Tensor:
+            return K.gdn_delta_rule(qc, kc, v, b, ag, w["A_log"], w["dt_bias"], r, state, 64)
+
+        local: dict[str, Tensor] = {}
+        o = rule(vc, local)
+        trans = {"recurrent": torch.eye(dk, device=qkvz.device).expand(hv, dk, dk).clone()}
+        rule(vc.new_zeros(vc.shape[0], hv * dk), trans)
+        parts = self._exchange_states(op, local["recurrent"], trans["recurrent"])
+        if self.rank > 0:
+            o = o + rule(torch.zeros_like(vc), {"recurrent": self._incoming_state(parts)})
+        return K.head_rms_norm(o, w["norm"], eps, dv, gate=z, gate_fn="silu").to(qkvz.dtype)
 
     def _mine(self) -> Tensor:
         return torch.tensor(self.positions[self.rank], dtype=torch.long)
@@ -206,14 +266,13 @@ class CpRunner(_Mixers):
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         recurrence: str = "serial",
+        layers: str = "all",
     ) -> None:
         self.graph, self.cp, self.rank, self.recurrence = graph, cp, rank, recurrence
-        self.audit = audit_cp(graph, 1, cp, recurrence)  # type: ignore[arg-type]
+        # `all`: TP 1 x CP cp; `mla` (context_parallel_mla.py): TP = CP = cp, attention TP 1
+        self.audit = audit_cp(graph, cp if layers == "mla" else 1, cp, recurrence, layers)  # type: ignore[arg-type]
         if not self.audit.legal:
             raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
-        if recurrence == "scan" and any(op.attrs.get("impl") == "gdn" for lg in graph.kinds.values() for op in lg.ops):
-            raise TpplanError("--cp-recurrence scan", "the two-pass scan is executed for KDA only (GDN's v sits "
-                              "inside its fused input)", "pass --cp-recurrence serial")  # fmt: skip
         self.split = model_split(self.audit)
         self.nu = numerics or numerics_for(graph)
         dev = device or torch.device("cpu")
@@ -271,7 +330,6 @@ class CpRunner(_Mixers):
         return K.linear(hidden, head)
 
 
-
 class TpCpHook(_Mixers):
     """TP `tp` x CP `cp`: one TP group's `PlanRunner` (its own process group) on its CP rank's tokens,
     its token mixers reaching the same TP rank of the other CP groups (`PlanRunner.context_parallel`).
@@ -325,124 +383,4 @@ def cp_groups(tp: int, cp: int, world_rank: int) -> tuple[Any, Any]:
     return tp_groups[c], cp_groups_[t]
 
 
-def _tp_worker(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """One rank of `verify_tp_cp`: a TP group's PlanRunner under CP, assembled and checked on rank 0."""
-    from tpplan.layout.context_parallel import cp_calls
-    from tpplan.layout.schedule import predict_schedule
-    from tpplan.models.config import load_model
-    from tpplan.models.graph import build_model_graph
-    from tpplan.plans.named import make_plan
-    from tpplan.runtime.distributed import PlanRunner, full_value, make_comm
-    from tpplan.runtime.executor import run_reference
-    from tpplan.runtime.shard import DictSource
-    from tpplan.runtime.weights import random_weights
-
-    torch.set_num_threads(1)
-    tp, cp, t = payload["tp"], world // payload["tp"], payload["tokens"]
-    graph = build_model_graph(load_model(payload["model"]))
-    nu = numerics_for(graph)
-    weights = random_weights(graph, nu, seed=payload["seed"])
-    ids = torch.randint(0, graph.spec.vocab, (t,), generator=torch.Generator().manual_seed(payload["seed"] + 1))
-    tp_group, cp_group = cp_groups(tp, cp, rank)
-    hook = TpCpHook(graph, tp, cp, rank, cp_group, t, nu, payload["recurrence"])
-    plan = make_plan(payload["plan"], graph, tp)
-    comm = make_comm(hook.tp_rank, tp, group=tp_group)
-    runner = PlanRunner(graph, plan, tp, hook.tp_rank, DictSource(weights), comm=comm, numerics=nu,
-                        context_parallel=hook)  # fmt: skip
-    mine = hook.positions_of_rank()
-    (held,) = runner.prefill(ids[torch.tensor(mine)])
-    hidden = full_value(comm, held, 0, len(mine))
-    tp_calls = [(c.kind, c.value, tuple(c.shape), c.bytes) for c in runner.tracer.calls]
-    sched = predict_schedule(graph, plan, tp, len(mine), rank=hook.tp_rank)
-    tp_pred = [(c.kind, c.value, tuple(c.shape), c.bytes) for ch in sched for c in ch.calls]
-    parts: list[Any] = [None] * world
-    dist.all_gather_object(parts, (mine, hidden, hook.calls, tp_calls == tp_pred))
-    if rank != 0:
-        return None
-    full = torch.empty(t, hidden.shape[1])
-    for mine_r, h, _, _ in parts:
-        full[mine_r] = h
-    ref = run_reference(graph, weights, ids, numerics=nu, return_hidden=True)
-    b = torch.empty((), dtype=torch.float32).element_size()
-    return {
-        "model": payload["model"],
-        "max_rel_hidden": ((full - ref).abs().max() / ref.abs().max()).item(),
-        "cp_traced": [p[2] for p in parts],
-        "cp_predicted": [cp_calls(graph, hook.audit, t, b, r // tp) for r in range(world)],
-        "tp_trace_matches": [p[3] for p in parts],
-    }
-
-
-def verify_tp_cp(model: str, tp: int, cp: int, *, plan: str = "baseline", tokens: int = 16, seed: int = 0,
-                 recurrence: str = "serial", timeout_s: float = 120.0) -> dict[str, Any]:  # fmt: skip
-    """Run `model` under `plan` at TP `tp` x CP `cp` on tp x cp gloo ranks against the one-process
-    model: the final hidden, every rank's CP calls against `cp_calls`, its TP calls against
-    `predict_schedule` at its own token count."""
-    from tpplan.runtime.group import GroupSpec, run_group
-
-    payload = {"model": model, "tp": tp, "plan": plan, "tokens": tokens, "seed": seed, "recurrence": recurrence}
-    return run_group(_tp_worker, GroupSpec("gloo", tp * cp, timeout_s), payload)
-
-
-def _worker(rank: int, world: int, device: Any, payload: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    """Every case of `verify_cp` on this rank."""
-    torch.set_num_threads(1)
-    return [_case(rank, world, device, case) for case in payload]
-
-
-def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """One case on one rank: run, then gather every rank's rows and trace to rank 0 (untraced)."""
-    from tpplan.layout.context_parallel import cp_calls
-    from tpplan.models.config import load_model
-    from tpplan.models.graph import build_model_graph
-    from tpplan.runtime.executor import run_reference
-    from tpplan.runtime.weights import load_safetensors, random_weights
-
-    graph = build_model_graph(load_model(payload["model"]))
-    nu = numerics_for(graph)
-    path = payload.get("weights")
-    weights = load_safetensors(path, graph, nu) if path else random_weights(graph, nu, seed=payload["seed"])
-    ids = torch.randint(0, graph.spec.vocab, (payload["tokens"],),
-                        generator=torch.Generator().manual_seed(payload["seed"] + 1))  # fmt: skip
-    runner = CpRunner(graph, world, rank, weights, numerics=nu, device=device, recurrence=payload["recurrence"])
-    hidden, mine = runner.prefill(ids)
-    logits = runner.logits(hidden)
-    parts: list[Any] = [None] * world
-    dist.all_gather_object(parts, (mine, hidden, logits, runner.calls))
-    if rank != 0:
-        return None
-    t = ids.numel()
-    full_h = torch.empty(t, hidden.shape[1])
-    full_l = torch.empty(t, logits.shape[1])
-    for pos, h, lg, _ in parts:
-        full_h[pos], full_l[pos] = h, lg
-    ref_h = run_reference(graph, weights, ids, numerics=nu, return_hidden=True)
-    ref_l = run_reference(graph, weights, ids, numerics=nu)
-    b = torch.empty((), dtype=torch.float32).element_size()
-    predicted = [cp_calls(graph, runner.audit, t, b, r) for r in range(world)]
-    return {
-        "model": payload["model"],
-        "ids": ids,
-        "hidden": full_h,
-        "logits": full_l,
-        "max_abs_hidden": (full_h - ref_h).abs().max().item(),
-        "max_rel_logits": ((full_l - ref_l).abs().max() / ref_l.abs().max()).item(),
-        "traced": [p[3] for p in parts],
-        "predicted": predicted,
-        "split": runner.split,
-    }
-
-
-def verify_cp(models: list[str], cp: int, *, tokens: int = 16, seed: int = 0, weights: dict[str, str] | None = None,
-              timeout_s: float = 120.0, recurrence: str = "serial") -> list[dict[str, Any]]:  # fmt: skip
-    """Run each of `models` at CP `cp` on `cp` local gloo ranks (one group for all) and compare with
-    the one-process reference: the assembled final hidden and logits, and every rank's traced CP
-    calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights."""
-    from tpplan.runtime.group import GroupSpec, run_group
-
-    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": recurrence}
-               for m in models]  # fmt: skip
-    return run_group(_worker, GroupSpec("gloo", cp, timeout_s), payload)
-
-
-__all__ = ["CpRunner", "TpCpHook", "cp_groups", "verify_cp", "verify_tp_cp"]
+__all__ = ["CpRunner", "TpCpHook", "cp_groups"]

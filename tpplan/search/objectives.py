@@ -234,7 +234,7 @@ class PredictObjective:
                 for kind in self.graph.kinds
             }
         self._ops: dict[tuple[object, ...], Cost] = {}
-        self._comms: dict[tuple[str, str, float], float] = {}
+        self._comms: dict[tuple[str, str, float, bool], float] = {}
         self._copies: dict[tuple[object, ...], float] = {}
         self._fixed: dict[tuple[Placement, Placement, int], Cost] = {}
 
@@ -249,7 +249,7 @@ class PredictObjective:
         return hit
 
     def comm_cost(self, kind: str, c: CommEvent, n: int) -> Cost:
-        key = (kind, c.collective.value, c.elements_per_token)
+        key = (kind, c.collective.value, c.elements_per_token, self.pricer.replaced_by_cp(kind, c))
         hit = self._comms.get(key)
         if hit is None:
             hit = sum(w * self.pricer.collective_time(kind, c, segs).seconds for segs, w in self.batches)

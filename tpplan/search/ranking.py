@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tpplan.audit import Audits, PlanAudit
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
-from tpplan.layout.plan import OverlapName
+from tpplan.layout.plan import OverlapName, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
@@ -77,6 +77,7 @@ class _Setup:
     dp_attention: bool
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
+    cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
@@ -269,7 +270,8 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
     from tpplan.cost.predict import predict_plan
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, replicas=replicas)  # fmt: skip
+                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers,
+                      replicas=replicas)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -295,7 +297,7 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> O
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, replicas=replicas)  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, replicas=replicas)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -363,7 +365,7 @@ def _search_deployment(
         for got in _dp_entries(s, tp, pp, excluded, cp, replicas):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
-        for got in _overlap_entries(s, list(kept.values()), tp, pp):
+        for got in _overlap_entries(s, list(kept.values()), tp, pp, cp, replicas):
             kept.setdefault(got.plan.name, got)
     return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
@@ -394,13 +396,18 @@ def _dp_entries(
     return out
 
 
-def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> list[RankedPlan]:
+def _overlap_entries(
+    s: _Setup, ranked: list[RankedPlan], tp: int, pp: int, cp: int = 1, replicas: int = 1
+) -> list[RankedPlan]:
     """Each kept plan with all-to-all experts once more under the engine's micro-batch overlap
     (`<plan>+tbo` / `+dbo`, docs/cost-model.md), ranked beside it: the overlap changes no byte, only
-    the predicted time, so it is scored after the search, like the DP plans. Same memory."""
+    the predicted time, so it is scored after the search, like the DP plans. Same memory. Async TP:
+    `_async_tp_entries`."""
     from tpplan.plans.named import overlapped
 
     assert s.overlap is not None
+    if s.overlap == "asynctp":
+        return _async_tp_entries(s, ranked, tp, pp, cp, replicas)
     out = []
     for got in ranked:
         if got.plan.moe != "a2a" or got.plan.overlap is not None:
@@ -408,6 +415,61 @@ def _overlap_entries(s: _Setup, ranked: list[RankedPlan], tp: int, pp: int) -> l
         plan = overlapped(got.plan, s.overlap, s.graph)
         out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp, got.replicas))
     return out
+
+
+def _async_tp_entries(
+    s: _Setup, ranked: list[RankedPlan], tp: int, pp: int, cp: int, replicas: int
+) -> list[RankedPlan]:
+    """Each kept plan with something to fuse once more under async TP (`<plan>+asynctp`); with `--all`
+    (`all_plans`) also every other plan whose fused time could beat the best so far: plans in order of
+    a lower bound of their fused time (`tpplan.search.async_tp.FusableFree`) until the bound reaches
+    the best, so the best fused plan of the deployment is found as brute force finds it. Only with a
+    time objective and the TP group inside one NVLink node (across nodes the ops cannot reach their
+    peers)."""
+    from tpplan.plans.named import async_tp
+    from tpplan.search.async_tp import FusableFree
+
+    if s.objective != "time" or s.topo is None or tp > s.topo.gpus_per_node or s.topo.intra.kind != "nvlink":
+        return []
+    seen = {r.plan.name for r in ranked}
+    out: list[RankedPlan] = []
+
+    def fuse(plan: Plan, cost: Cost) -> float:
+        """Rank `plan` fused (if it has a pair and fits the cap); its score, or infinity."""
+        try:
+            fused = async_tp(plan, s.graph, tp)
+        except TpplanError:  # nothing to fuse in this plan
+            return float("inf")
+        got = _evaluate(s, s.audits.of(fused, tp, s.dtype), cost, tp, pp, cp, replicas)
+        if s.cap is not None and got.memory_total is not None and got.memory_total > s.cap:
+            return float("inf")
+        out.append(got)
+        return got.score
+
+    if not ranked:  # fusing changes no memory: where no plan fits, no fused plan does
+        return out
+    best = min(r.score for r in ranked)
+    for got in ranked:
+        if got.plan.overlap is None:
+            best = min(best, fuse(got.plan, got.search_cost))
+    if not s.all_plans:  # the best of each family, fused: fast, and not a proof (docs/design.md)
+        return out
+    base = _objective(s, tp, pp, cp, replicas)
+    bound, k = FusableFree(base, s.graph), s.top  # plans per walk, doubled while the bound allows better
+    while True:
+        res = search(s.graph, tp, bound, top=k, memory_cap=s.cap, dtype=s.dtype, audits=s.audits)
+        for c in res.candidates:
+            if _lower_bound(s, c.score, pp) >= best:
+                return out
+            name, short, summary = describe(c.glob, c.configs)
+            if name in seen:
+                continue
+            seen.add(name)
+            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
+            best = min(best, fuse(pa.plan, plan_cost(base, s.graph, pa)))
+        if len(res.candidates) < k:
+            return out
+        k *= 2
 
 
 def _while_searching(s: _Setup, grid: list[Grid]) -> None:
@@ -570,6 +632,7 @@ def search_plans(
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
     cp: int | None = None,
+    cp_layers: str = "all",
     replicas: int | Literal["all"] | None = None,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
@@ -580,8 +643,11 @@ def search_plans(
     (predicted mean TTFT with a workload, else forward time of `tokens`; needs a topology) or
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
-    engine's micro-batch overlap. `progress` is told each step. `cp`: only that context-parallel size
-    (default: CP 1 at every TP x PP split, and TP x CP for CP 2, 4, 8 where the model allows it).
+    engine's micro-batch overlap, "asynctp" every kept plan with something to fuse under async TP.
+    `progress` is told each step. `cp`: only that context-parallel size (default: CP 1 at every TP x PP
+    split, and TP x CP for CP 2, 4, 8 where the model allows it).
+    `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
+    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
     say = progress or (lambda _step: None)
@@ -590,8 +656,9 @@ def search_plans(
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
-               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap)  # fmt: skip
-    if overlap is not None:
+               tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
+               cp_layers=cp_layers)  # fmt: skip
+    if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in _overlap_entries
         from tpplan.engines.overlap import overlap_named
 
         why = overlap_named(overlap).refusal(graph.spec.model_type)
@@ -607,8 +674,13 @@ def search_plans(
                           "drop cp or rank by time")  # fmt: skip
     grid: list[Grid] | None = None
     if objective == "time" or tp is not None:
-        grid = deployment_grid(graph, topology, tp, pp, cp if objective == "time" else 1, replicas,
+        mla = cp_layers == "mla" and objective == "time"
+        grid = deployment_grid(graph, topology, tp, pp, (1 if mla else cp) if objective == "time" else 1, replicas,
                                workload if objective == "time" else None)  # fmt: skip
+        if mla:
+            from tpplan.search.cp_grid import mla_deployments
+
+            grid = mla_deployments(graph, grid, cp)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
         grid = [(topology.world_size if topology is not None else 0, 1, 1, 1)]
         if grid[0][0] < 1:

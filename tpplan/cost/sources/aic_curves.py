@@ -26,7 +26,13 @@ ALGORITHM = "nccl"  # NCCL's own algorithm choice (its tuner's default), as AIC 
 HALF_BYTES = 2
 
 # (AIC system, NCCL version) pairs shipped: the newest complete collection of each system a preset uses.
-SHIPPED = (("h200_sxm", "2.29.2"), ("rtx_pro_6000_server", "2.29.2"), ("b300_sxm", "2.29.2"), ("gb300", "2.29.2"))
+SHIPPED = (
+    ("h200_sxm", "2.29.2"),
+    ("h100_sxm", "2.29.2"),
+    ("rtx_pro_6000_server", "2.29.2"),
+    ("b300_sxm", "2.29.2"),
+    ("gb300", "2.29.2"),
+)
 # (AIC system, engine, version) of the engines' own all-reduce tables shipped as opt-in sets: the
 # engine's custom all-reduce (one-shot/two-shot kernels at small sizes, NCCL above its limit),
 # eager (as prefill runs it) and CUDA-graph captured where the table has both.
@@ -114,6 +120,47 @@ def engine_ar_sets(system: str, engine: str, version: str) -> list[dict[str, Any
     ]
 
 
+# (AIC system, NCCL version) whose 8-GPU ring all-reduce (NVLS off) is derived from its 4-GPU ring curve
+SHIPPED_RING8 = (("h200_sxm", "2.29.2"), ("h100_sxm", "2.29.2"))
+RING_LL_MAX = 2**20  # NCCL's 8-GPU all-reduce on NVSwitch runs Ring/LL up to 1 MiB, NVLS from 2 MiB
+RING8_DELTA_BYTES = (2**18, 2**19, 2**20)  # where both measured curves are ring: the extra latency is fitted there
+
+
+def ring8_points(system: str, nccl: str) -> tuple[list[tuple[float, float]], float]:
+    """The 8-GPU all-reduce with NVLS off, derived from one AIC table (docs/benchmarks.md, "The
+    8-GPU all-reduce with NVLS off"): up to 1 MiB the measured 8-GPU points (NCCL runs the ring
+    there even with NVLS on); above, the 4-GPU curve (a ring: NCCL does not pick NVLS at 4 GPUs)
+    at the same bus bandwidth, time x (2*7/8)/(2*3/4), plus the fixed extra time of the four more
+    ranks' ring steps, the median of measured 8-GPU minus scaled 4-GPU over 256 KiB-1 MiB.
+    Returns (points, that extra time in seconds)."""
+    table = nccl_points(system, nccl)
+    four, eight = dict(table[("all_reduce", 4)]), dict(table[("all_reduce", 8)])
+    scale = (2 * 7 / 8) / (2 * 3 / 4)
+    delta = statistics.median(eight[x] - scale * four[x] for x in RING8_DELTA_BYTES)
+    points = [(x, eight[x] if x <= RING_LL_MAX else scale * four[x] + delta) for x in sorted(eight)]
+    return points, delta
+
+
+def ring8_set(system: str, nccl: str) -> dict[str, Any]:
+    """The derived NVLS-off 8-GPU all-reduce of one table as a curve set of one curve."""
+    version = aic_version()
+    points, delta = ring8_points(system, nccl)
+    source = (f"derived from aiconfigurator-core {version}: {system} NCCL {nccl} (nccl_perf.parquet, half): "
+              f"8-GPU all-reduce <= 1 MiB, above it the 4-GPU curve at equal busbw + {delta * 1e6:.2f} us")  # fmt: skip
+    curve = {"kind": "all_reduce", "algorithm": "ring", "ranks": 8,
+             "points": [[x, round(t, 12)] for x, t in points], "source": source}  # fmt: skip
+    return {
+        "name": f"{system}-nccl-{nccl}-ring8",
+        "source": source,
+        "aic_version": version,
+        "system": system,
+        "nccl": nccl,
+        "derived": "ring8",
+        "notes": "single node, NVLS off (NCCL_NVLS_ENABLE=0): derived, not measured; docs/benchmarks.md judges it",
+        "curves": [curve],
+    }
+
+
 def curve_set(system: str, nccl: str) -> dict[str, Any]:
     """The JSON curve set of one table: provenance plus one curve per kind x group size."""
     version = aic_version()
@@ -146,6 +193,7 @@ def main() -> None:
     out_dir = Path(str(resources.files("tpplan.cost").joinpath("presets", "curves")))
     out_dir.mkdir(exist_ok=True)
     sets = [curve_set(system, nccl) for system, nccl in SHIPPED]
+    sets += [ring8_set(system, nccl) for system, nccl in SHIPPED_RING8]
     sets += [one for spec in SHIPPED_ENGINE_AR for one in engine_ar_sets(*spec)]
     for data in sets:
         path = out_dir / f"{data['name']}.json"

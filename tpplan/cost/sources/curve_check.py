@@ -5,7 +5,7 @@ prints the tables of docs/benchmarks.md ("Collectives as measured curves"):
 
 - other collection, out of sample: each cluster preset's price (its curves, or the link model where
   it has none) against another NCCL collection of the same system in AIC (H200: NCCL 2.26.2 and
-  2.23; B300 and GB300: 2.27), measured in a separate run with another NCCL version;
+  2.23; H100: 2.27.3 and 2.23; B300 and GB300: 2.27), measured in a separate run with another NCCL version;
 - leave one size out, out of sample on the held-out row: each interior point of a shipped curve
   priced from the curve without it (so interpolation across a 4x gap), for the NCCL sets and,
   separately, the opt-in engine all-reduce sets;
@@ -13,7 +13,13 @@ prints the tables of docs/benchmarks.md ("Collectives as measured curves"):
   term from its two smallest points) and the 256-512 MiB rows (its largest point's line);
 - the independent 2 x H200 probe (tests/data/anchors/h200x2_nccl_probe.json: torch.distributed,
   NCCL 2.28.9, NVLS off), out of sample;
-- in sample: the 1-4 MiB line whose intercept is each curve's latency term, at those rows.
+- in sample: the 1-4 MiB line whose intercept is each curve's latency term, at those rows;
+- the NVLS-off 8-GPU ring derived from a table's 4-GPU curve (`aic_curves.ring8_points`), out of
+  sample on the systems whose 8-GPU all-reduce is a measured ring (A100: NVSwitch without NVLS;
+  the RTX PRO 6000 server: PCIe), and against the published NVLS-off figures at 8-16 GiB;
+- across nodes (the published set h100x8-ndr400-nccl-2.26.2, NVIDIA/nccl-tests#309): leave one size
+  out, and out of sample against another cluster's runs in that thread
+  (tests/data/anchors/h100x8_allreduce_nccl_tests_309.json), with the link model beside it.
 
 Errors are predicted / measured - 1 (medians of their size); size ranges are 1-4, 8-32 and 64-512 MiB.
 """
@@ -28,7 +34,7 @@ from pathlib import Path
 from tpplan.cost.cluster import CollectiveCurve
 from tpplan.cost.collectives import collective_time, curve_latency_s, curve_time
 from tpplan.cost.curve_sets import curve_set, list_curve_sets
-from tpplan.cost.sources.aic_curves import nccl_points
+from tpplan.cost.sources.aic_curves import RING_LL_MAX, SHIPPED, nccl_points, ring8_points
 from tpplan.cost.topology import load_topology
 
 MiB = 2**20
@@ -38,10 +44,20 @@ KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 PRESETS = (
     ("h200x8-ib400-nvls", "h200_sxm", ("2.26.2", "2.23")),
     ("h200x8-ib400", "h200_sxm", ("2.26.2",)),
+    ("h100x8-ib400", "h100_sxm", ("2.27.3", "2.23")),
     ("b300x8-ib800", "b300_sxm", ("2.27",)),
     ("gb300-nvl72", "gb300", ("2.27",)),
 )
 ANCHOR = Path(__file__).resolve().parents[3] / "tests" / "data" / "anchors" / "h200x2_nccl_probe.json"
+RING8_MEASURED = (("a100_sxm", "2.27.3"), ("rtx_pro_6000_server", "2.29.2"))  # 8-GPU all-reduce is a ring there
+GiB = 2**30
+PUBLISHED_NVLS_OFF = (  # (preset, bytes, busbw GB/s, where): 8-GPU all-reduce, NCCL_NVLS_ENABLE=0
+    ("h200x8-ib400", 8 * GiB, 365.6, "stas00/ml-engineering network/README.md @744d01e1 (8x H200, NCCL 2.27.7)"),
+    ("h200x8-ib400", 16 * GiB, 367.2, "stas00/ml-engineering network/README.md @744d01e1 (8x H200, NCCL 2.27.7)"),
+    ("h100x8-ib400", 16 * GiB, 368.76, "NVIDIA/nccl-tests#309, qoofyk (8x H100, NCCL 2.26.2)"),
+)
+MULTINODE_SET = "h100x8-ndr400-nccl-2.26.2"
+OTHER_CLUSTER = ANCHOR.with_name("h100x8_allreduce_nccl_tests_309.json")
 ANCHOR_ROWS = (("ar_hidden", "all_reduce", 7168, 1), ("rs_hidden", "reduce_scatter", 7168, 1),
                ("ag_hidden", "all_gather", 7168, 1), ("ag_latent", "all_gather", 2112, 1),
                ("a2a_gate", "all_to_all", 12288, 2))  # fmt: skip
@@ -76,6 +92,8 @@ def other_collection() -> list[Row]:
 def _short(name: str) -> str:
     """A set's name without its NCCL version (every shipped NCCL set is 2.29.2): the AIC system."""
     data = curve_set(name)
+    if "aic_version" not in data:
+        return name  # a published run
     return data["system"] if "nccl" in data else name.removesuffix("-allreduce")
 
 
@@ -132,6 +150,49 @@ def anchors() -> list[Row]:
     return rows
 
 
+def ring8_derivation() -> list[Row]:
+    """The derivation applied to systems whose measured 8-GPU all-reduce is a ring, at the sizes where
+    the derived curve is the 4-GPU one (above 1 MiB): each predicted row against the measured one."""
+    rows: list[Row] = []
+    for system, nccl in RING8_MEASURED:
+        eight = dict(nccl_points(system, nccl)[("all_reduce", 8)])
+        for x, t in ring8_points(system, nccl)[0]:
+            if x > RING_LL_MAX and (r := _range(x)) is not None:
+                rows.append((f"ring8 derivation on {system} NCCL {nccl}", "all_reduce", 8, r, t, eight[x]))
+    return rows
+
+
+def published_nvls_off() -> str:
+    """The NVLS-off presets' 8-GPU all-reduce busbw at the published sizes (above the curve's points:
+    its tail line) against the published figure."""
+    out = ["| preset | size | priced busbw | published | error | where |", "|---|---|---|---|---|---|"]
+    for preset, size, busbw, where in PUBLISHED_NVLS_OFF:
+        est = collective_time("all_reduce", size, 8, load_topology(preset, nodes=1))
+        out.append(f"| {preset} | {size // GiB} GiB | {est.busbw_GBps:.1f} GB/s | {busbw} GB/s | "
+                   f"{100 * (busbw / est.busbw_GBps - 1):+.1f}% | {where} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def across_nodes() -> list[Row]:
+    """The 16- and 32-GPU all-reduce (8 per node) of another cluster in nccl-tests#309, priced by the
+    NVLS preset's published curves and by the link model the NVLS-off presets keep, and the set's own
+    cluster priced by that link model. Measured = the smaller of out-of-place and in-place times."""
+    rows: list[Row] = []
+    other = json.loads(OTHER_CLUSTER.read_text())["rows"]
+    own = curve_set(MULTINODE_SET)["raw"]
+    cases = (("h200x8-ib400-nvls vs nccl-tests#309 other cluster", "h200x8-ib400-nvls", other),
+             ("h200x8-ib400 link model vs nccl-tests#309 other cluster", "h200x8-ib400", other),
+             ("h200x8-ib400 link model vs nccl-tests#309 curve set's cluster", "h200x8-ib400", own))  # fmt: skip
+    for label, preset, table_rows in cases:
+        for n, pts in table_rows.items():
+            topo = load_topology(preset, nodes=int(n) // 8)
+            for x, oop, ip in pts:
+                if (r := _range(x)) is not None:
+                    est = collective_time("all_reduce", x, int(n), topo, ranks_per_node=8)
+                    rows.append((label, "all_reduce", int(n), r, est.time_s, min(oop, ip) * 1e-6))
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     """Markdown, one table per label: median and worst error (%) per kind x GPUs and size range."""
     groups: dict[str, dict[tuple[str, int], dict[str, list[float]]]] = {}
@@ -177,7 +238,7 @@ def summary(rows: list[Row]) -> str:
 
 def main() -> None:
     engine_sets = [n for n in list_curve_sets() if n.endswith("-allreduce")]
-    shipped = ("h200_sxm-nccl-2.29.2", "rtx_pro_6000_server-nccl-2.29.2", "b300_sxm-nccl-2.29.2", "gb300-nccl-2.29.2")
+    shipped = tuple(f"{system}-nccl-{nccl}" for system, nccl in SHIPPED)
     for title, rows in (
         ("Other collection (out of sample)", other_collection()),
         ("Leave one size out (out of sample)", leave_one_size_out(shipped)),
@@ -185,8 +246,12 @@ def main() -> None:
         ("Latency term at 1-4 MiB (in sample)", latency_fit_in_sample(shipped)),
         ("2 x H200 probe (out of sample)", anchors()),
         ("Engine all-reduce sets, leave one size out (out of sample)", leave_one_size_out(engine_sets)),
+        ("NVLS-off 8-GPU ring derived from the 4-GPU curve (out of sample)", ring8_derivation()),
+        ("Across nodes: published set, leave one size out (out of sample)", leave_one_size_out([MULTINODE_SET])),
+        ("Across nodes: another cluster, and the link model (out of sample)", across_nodes()),
     ):
         print(f"### {title}: {summary(rows)}\n\n{cell_summary(rows)}\n\n{table(rows)}\n")
+    print(f"### NVLS-off 8-GPU all-reduce at published sizes (out of sample)\n\n{published_nvls_off()}\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,149 @@
+"""The launch flags of a deployment, as each engine spells them: TP x CP x PP (x R replicas, and a
+micro-batch overlap), or why no engine flag realises it. The memo's deployment rows quote them.
+
+The engines' CP paths themselves (what is gathered, KV per rank, gates, open PRs) are
+`tpplan.engines.context_parallel` (`CP_PATHS`); this module adds what a launch line needs, read in
+the release wheels (SGLang 0.5.23, vLLM 0.33.0), paths as in the repositories:
+
+- SGLang: `--tp-size` is the world size under CP and must be divisible by `attn_cp_size`
+  (`python/sglang/srt/arg_groups/parallel_hook.py` `handle_context_parallelism`: "The tp_size is
+  the world size"), so tpplan's TP8 x CP4 is `--tp-size 32 --attn-cp-size 4`; the flags are the
+  `attn_cp_size`, `enable_prefill_cp` and `cp_strategy` fields (`arg_groups/fields/parallel.py`). The
+  model files that import `sglang.srt.layers.cp` (the token split) in 0.5.23 are `deepseek_v2.py`
+  (DeepSeek-V2/V3, Kimi-K2), `deepseek_v4*.py`, `glm5_next.py`, `muse_spark.py`, `qwen4_exp.py`;
+  `kimi_k3.py` has only decode CP (`prepare_context_parallel_metadata_for_dcp`): Kimi-K3's prefill CP
+  is an open PR (`context_parallel.SGLANG_K3_FULL_SEQUENCE`).
+- vLLM: `--prefill-context-parallel-size` (`vllm/engine/arg_utils.py` `EngineArgs`), with
+  `world_size = pipeline_parallel_size x tensor_parallel_size x prefill_context_parallel_size`
+  (`vllm/config/parallel.py` `ParallelConfig.__post_init__`), so TP8 x CP4 is
+  `--tensor-parallel-size 8 --prefill-context-parallel-size 4`; MLA models only
+  (`context_parallel.VLLM_PCP`'s gate).
+- Replicas: R separate servers, each with the one deployment's flags (the router in front of them
+  was not read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpplan.engines import sglang
+from tpplan.engines.context_parallel import SGLANG_ZIGZAG, VLLM_PCP, CpPath
+from tpplan.engines.overlap import OVERLAPS
+from tpplan.engines.schema import Source
+
+SGLANG_CP_MODEL_FILES = Source(
+    sglang.REPO,
+    "python/sglang/srt/models/",
+    "the model files importing sglang.srt.layers.cp (kimi_k3.py: prepare_context_parallel_metadata_for_dcp only)",
+    sglang.REL,
+)
+
+
+@dataclass(frozen=True)
+class PrefillCpSupport:
+    """Which tpplan model types an engine's released prefill-CP path splits, and what else happens."""
+
+    path: CpPath
+    model_types: tuple[str, ...] | None  # None: decided by the attention (`mla_only`)
+    mla_only: bool
+    unwired: str
+    unwired_source: Source
+
+    @property
+    def engine(self) -> str:
+        return self.path.engine
+
+    def runs(self, model_type: str, all_mla: bool) -> bool:
+        if self.mla_only:
+            return all_mla
+        return self.model_types is None or model_type in self.model_types
+
+
+PREFILL_CP = {
+    "SGLang": PrefillCpSupport(
+        SGLANG_ZIGZAG,
+        ("deepseek_v2", "deepseek_v3", "kimi_k2"),
+        False,
+        "its forward never splits the prefill tokens (the model file does not import sglang.srt.layers.cp)",
+        SGLANG_CP_MODEL_FILES,
+    ),
+    "vLLM": PrefillCpSupport(
+        VLLM_PCP,
+        None,
+        True,
+        f"{VLLM_PCP.gates[0].text}: the server {VLLM_PCP.gates[0].effect} the flag",
+        VLLM_PCP.gates[0].source,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DeploymentFlags:
+    """The launch flags one engine takes for a deployment, or why none realise it."""
+
+    engine: str
+    args: tuple[str, ...]  # empty: no engine flag realises it
+    why: str  # what is missing or different ("" when the flags realise it as priced)
+    source: str  # the citation behind the CP and overlap parts
+    replicas: int = 1  # separate servers, each launched with `args`
+
+    @property
+    def realised(self) -> bool:
+        return bool(self.args)
+
+    def text(self) -> str:
+        if not self.args:
+            return f"{self.engine}: no engine flag ({self.why})"
+        tail = f" ({self.why})" if self.why else ""
+        each = f"{self.replicas} servers, each " if self.replicas > 1 else ""
+        return f"{self.engine}: {each}`{' '.join(self.args)}`{tail}"
+
+
+def deployment_flags(
+    engine: str,
+    model_type: str,
+    all_mla: bool,
+    tp: int,
+    pp: int,
+    cp: int,
+    overlap: str | None = None,
+    replicas: int = 1,
+) -> DeploymentFlags:
+    """`engine` ("SGLang" or "vLLM")'s flags for TP `tp` x CP `cp` x PP `pp` (and a micro-batch
+    overlap `tbo`/`dbo`) on a model of `model_type` (`all_mla`: every attention layer is MLA); `replicas`
+    separate servers of it."""
+    support = PREFILL_CP[engine]
+    cites: list[str] = []
+    why: list[str] = []
+    if engine == "SGLang":
+        args = [f"--tp-size {tp * cp}"]
+        if cp > 1:
+            args += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
+        if pp > 1:
+            args.append(f"--pp-size {pp}")
+    else:
+        args = [f"--tensor-parallel-size {tp}"]
+        if cp > 1:
+            args.append(f"--prefill-context-parallel-size {cp}")
+        if pp > 1:
+            args.append(f"--pipeline-parallel-size {pp}")
+    if cp > 1:
+        cites.append(support.path.sources[0].cite())
+        if not support.runs(model_type, all_mla):
+            reason = f"{support.unwired}; {support.unwired_source.cite()}"
+            return DeploymentFlags(support.engine, (), reason, support.unwired_source.cite())
+        why.append(support.path.differences[0])  # where the engine's CP is not tpplan's priced CP
+    if overlap is not None:
+        ov = OVERLAPS[overlap]
+        if not ov.engine.startswith(engine):
+            return DeploymentFlags(support.engine, (), f"{' '.join(ov.flags)} is {ov.engine}'s",
+                                   ov.schedule_source.cite())  # fmt: skip
+        refused = ov.refusal(model_type)
+        if refused is not None:
+            return DeploymentFlags(support.engine, (), refused, ov.schedule_source.cite())
+        args += list(ov.flags)
+        cites.append(ov.schedule_source.cite())
+    return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites), replicas)
+
+
+__all__ = ["PREFILL_CP", "SGLANG_CP_MODEL_FILES", "DeploymentFlags", "PrefillCpSupport", "deployment_flags"]
