@@ -41,7 +41,15 @@ from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import CpCall, audit_cp, model_split, rank_positions
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.runtime import kernels as K
-from tpplan.runtime.executor import ExecContext, execute_op, layer_weights, numerics_for, take_bank_snapshot
+from tpplan.runtime.executor import (
+    ExecContext,
+    execute_op,
+    final_hidden,
+    layer_weights,
+    lm_head,
+    numerics_for,
+    take_bank_snapshot,
+)
 from tpplan.runtime.weights import Numerics
 
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -319,15 +327,10 @@ class CpRunner(_Mixers):
                 bank = take_bank_snapshot(op, lg, env, bank, block, i)
             resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
             delta = env["mlp_out"]
-        final = resid + delta
-        if block:
-            final = K.attn_res(final, bank, self.w["model.output_attn_res_proj.weight"],
-                               self.w["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
-        return K.rms_norm(final, self.w["model.norm.weight"], nu.eps, nu.norm_offset), mine
+        return final_hidden(self.w, nu, resid, delta, bank, block), mine
 
     def logits(self, hidden: Tensor) -> Tensor:
-        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
-        return K.linear(hidden, head)
+        return K.linear(hidden, lm_head(self.w))
 
 
 class TpCpHook(_Mixers):

@@ -21,7 +21,7 @@ from tpplan.layout.context_parallel import attention_output
 from tpplan.models.graph import OpKind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.context_parallel import CpRunner
-from tpplan.runtime.executor import ExecContext, execute_op, take_bank_snapshot
+from tpplan.runtime.executor import ExecContext, execute_op, final_hidden, take_bank_snapshot
 
 
 class MlaOnlyCpRunner(CpRunner):
@@ -74,11 +74,7 @@ class MlaOnlyCpRunner(CpRunner):
                 bank = take_bank_snapshot(op, lg, env, bank, block, i)
             resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
             delta = env["mlp_out"]
-        final = resid + delta
-        if block:
-            final = K.attn_res(final, bank, self.w["model.output_attn_res_proj.weight"],
-                               self.w["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
-        return K.rms_norm(final, self.w["model.norm.weight"], nu.eps, nu.norm_offset), list(range(t))
+        return final_hidden(self.w, nu, resid, delta, bank, block), list(range(t))
 
 
 __all__ = ["MlaOnlyCpRunner"]

@@ -74,7 +74,7 @@ from tpplan.models.opkinds import run_experts
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.plans.named import repair
 from tpplan.runtime import kernels as K
-from tpplan.runtime.executor import ExecContext, RunState, execute_op, numerics_for
+from tpplan.runtime.executor import ExecContext, RunState, execute_op, final_hidden, numerics_for
 from tpplan.runtime.hooks import before_collective
 from tpplan.runtime.observe import RunObserver
 from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, shard_model
@@ -278,13 +278,9 @@ class PlanRunner:
         if resid.pl is R and stream is S_TOK:  # the last add folded the stream back to every row
             mine = Move(self.comm, "resid", 0, t, layout=self._layout)
             resid = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](mine, resid.t), stream)
-        final = resid.t + delta.t
-        if block:
-            if bank.pl is R and stream is S_TOK:  # a bank on every row: the rank's rows of it (a free slice)
-                bank = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](Move(self.comm, "bank", 0, t), bank.t), S_TOK)
-            final = K.attn_res(final, bank.t, shard.top["model.output_attn_res_proj.weight"],
-                               shard.top["model.output_attn_res_norm.weight"], nu.eps)  # fmt: skip
-        hidden = K.rms_norm(final, shard.top["model.norm.weight"], nu.eps, nu.norm_offset)
+        if block and bank.pl is R and stream is S_TOK:  # a bank on every row: the rank's rows of it (a free slice)
+            bank = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](Move(self.comm, "bank", 0, t), bank.t), S_TOK)
+        hidden = final_hidden(shard.top, nu, resid.t, delta.t, bank.t, block)
         self.state.position += t
         if plan.dp_attention:
             lo, hi = token_range(t, self.n, self.rank)

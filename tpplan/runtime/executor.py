@@ -122,6 +122,28 @@ def take_bank_snapshot(op: Op, lg: LayerGraph, env: dict[str, Tensor], bank: Ten
     return bank
 
 
+def final_hidden(
+    weights: Mapping[str, Tensor], nu: Numerics, resid: Tensor, delta: Tensor, bank: Tensor, block: int
+) -> Tensor:
+    """The last layer's stream and delta summed, K3's output attention-residual over the bank (block >
+    0), then the final norm: every runner's last step."""
+    final = resid + delta
+    if block:
+        final = K.attn_res(
+            final,
+            bank,
+            weights["model.output_attn_res_proj.weight"],
+            weights["model.output_attn_res_norm.weight"],
+            nu.eps,
+        )
+    return K.rms_norm(final, weights["model.norm.weight"], nu.eps, nu.norm_offset)
+
+
+def lm_head(weights: Mapping[str, Tensor]) -> Tensor:
+    """The output projection: `lm_head`, or the embedding where the model ties them."""
+    return weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+
+
 def forward_chunk(
     graph: ModelGraph,
     weights: Mapping[str, Tensor],
@@ -157,18 +179,8 @@ def forward_chunk(
         delta = env["mlp_out"]
         if observe is not None:
             observe(i, env)
-    final = resid + delta
-    if block:
-        final = K.attn_res(
-            final,
-            bank,
-            weights["model.output_attn_res_proj.weight"],
-            weights["model.output_attn_res_norm.weight"],
-            nu.eps,
-        )
-    hidden = K.rms_norm(final, weights["model.norm.weight"], nu.eps, nu.norm_offset)
+    hidden = final_hidden(weights, nu, resid, delta, bank, block)
     st.position += t
     if return_hidden:
         return hidden
-    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-    return K.linear(hidden, head)
+    return K.linear(hidden, lm_head(weights))

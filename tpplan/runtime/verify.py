@@ -172,10 +172,12 @@ def _concat_requests(parts: list[dict[str, Any]], chunks: int, w: dict[str, Any]
     """One reference from every DP rank's own: each chunk's rows in rank order (the global order)."""
     import torch
 
+    from tpplan.runtime.executor import lm_head
+
     taps = {k: torch.cat([p["taps"][k] for p in parts if k in p["taps"]]) for k in parts[0]["taps"]}
     routes = {k: [row for p in parts for row in p["routes"].get(k, [])] for k in parts[0]["routes"]}
     hidden = [torch.cat([p["hidden"][c] for p in parts]) for c in range(chunks)]
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).float().cpu()
+    head = lm_head(w).float().cpu()
     return {"taps": taps, "hidden": hidden, "routes": routes, "head": head}
 
 
@@ -184,7 +186,7 @@ def _reference_pieces(graph: Any, w: Any, resolved: Any, pieces: list[Any], nu: 
     import torch
 
     from tpplan.models.graph import OpKind
-    from tpplan.runtime.executor import RunState, forward_chunk
+    from tpplan.runtime.executor import RunState, forward_chunk, lm_head
 
     st = RunState()
     taps: dict[tuple[int, int, str], Any] = {}
@@ -205,7 +207,7 @@ def _reference_pieces(graph: Any, w: Any, resolved: Any, pieces: list[Any], nu: 
                     routes[(c, i)] = [torch.nonzero(row).flatten().tolist() for row in r.cpu()]
 
         hidden.append(forward_chunk(graph, w, resolved, piece, st, nu, True, observe).float().cpu())
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).float().cpu()
+    head = lm_head(w).float().cpu()
     return {"taps": taps, "hidden": hidden, "routes": routes, "head": head}
 
 
