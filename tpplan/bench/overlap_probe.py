@@ -123,12 +123,12 @@ def _loads(torch: Any) -> dict[str, tuple[Callable[[], Any], float]]:
     }
 
 
-def _time(torch: Any, fn: Callable[[], Any], reps: int, stream: Any = None) -> float:
-    """Seconds per call: events around `reps` queued calls on `stream`, median of 3 batches."""
+def time_calls(torch: Any, fn: Callable[[], Any], reps: int, stream: Any = None, batches: int = 3) -> float:
+    """Seconds per call: events around `reps` queued calls on `stream`, median of `batches` batches."""
     stream = stream or torch.cuda.current_stream()
     out = []
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for _ in range(batches):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record(stream)
             for _ in range(reps):
@@ -139,7 +139,7 @@ def _time(torch: Any, fn: Callable[[], Any], reps: int, stream: Any = None) -> f
     return statistics.median(out)
 
 
-def _concurrent(torch: Any, op: Callable[[], Any], reps: int, load: Callable[[], Any] | None, load_s: float,
+def time_beside(torch: Any, op: Callable[[], Any], reps: int, load: Callable[[], Any] | None, load_s: float,
                 window_s: float) -> tuple[float, float]:  # fmt: skip
     """(op seconds per call, load seconds per call): `op` timed on the main stream while the side
     stream's queue of `load` (1.5x the window) covers the whole timed window; the load's figure runs
@@ -199,18 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, (fn, _bytes) in loads.items():
         for _ in range(3):
             fn()
-        load_alone[name] = _time(torch, fn, 5)
+        load_alone[name] = time_calls(torch, fn, 5)
     for op_name, op in ops.items():
         for _ in range(5):
             op()
-        reps = max(5, round(args.window_ms / 1e3 / _time(torch, op, 5)))
+        reps = max(5, round(args.window_ms / 1e3 / time_calls(torch, op, 5)))
         for load_name, (fn, nbytes) in loads.items():
-            alone, _ = _concurrent(torch, op, reps, None, 1.0, 0.0)  # again per load: the clock drifts
-            both_op, _ = _concurrent(torch, op, reps, fn, load_alone[load_name], alone * reps)
+            alone, _ = time_beside(torch, op, reps, None, 1.0, 0.0)  # again per load: the clock drifts
+            both_op, _ = time_beside(torch, op, reps, fn, load_alone[load_name], alone * reps)
             # roles swapped: the load timed over a window the op's queue covers whole
             load_reps = max(3, round(args.window_ms / 1e3 / load_alone[load_name]))
-            load_alone[load_name], _ = _concurrent(torch, fn, load_reps, None, 1.0, 0.0)
-            both_load, _ = _concurrent(torch, fn, load_reps, op, alone, load_alone[load_name] * load_reps)
+            load_alone[load_name], _ = time_beside(torch, fn, load_reps, None, 1.0, 0.0)
+            both_load, _ = time_beside(torch, fn, load_reps, op, alone, load_alone[load_name] * load_reps)
             distinct = len(set(SM_IDS[load_name].tolist())) if load_name in SM_IDS else None
             rows.append({
                 "op": op_name, "load": load_name, "reps": reps,

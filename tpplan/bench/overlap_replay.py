@@ -35,6 +35,7 @@ from typing import Any
 
 Ops = list[tuple[str, str, Callable[[], Any]]]  # (name, cost-model category, one call)
 STAGES = ("pre", "experts", "shared", "post")
+REPS = 20  # calls per timed batch of one op
 
 
 def _half_layer(torch: Any, tokens: int) -> dict[str, Ops]:
@@ -68,45 +69,6 @@ def _half_layer(torch: Any, tokens: int) -> dict[str, Ops]:
         "shared": [("shared_up", "gemm", lambda: x @ w_su), ("shared_down", "gemm", lambda: sh_mid @ w_sd)],
         "post": [("residual", "elementwise", lambda: x.add(x))],
     }
-
-
-def _seconds(torch: Any, fn: Callable[[], Any], reps: int = 20) -> float:
-    """Seconds per call: CUDA events around `reps` calls, median of 5."""
-    out = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            fn()
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1) / 1e3 / reps)
-    return statistics.median(out)
-
-
-def _beside(torch: Any, fn: Callable[[], Any], held: Callable[[], Any], held_s: float, reps: int = 20) -> float:
-    """Seconds per call of `fn` while the side stream runs the held-SM load the whole time."""
-    side = torch.cuda.Stream()
-    out = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(20_000_000)
-        side.wait_stream(torch.cuda.current_stream())
-        window = reps * _seconds_cache.get(id(fn), held_s)
-        with torch.cuda.stream(side):
-            for _ in range(max(2, int(1.5 * window / held_s) + 1)):
-                held()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            fn()
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) / 1e3 / reps)
-    return statistics.median(out)
-
-
-_seconds_cache: dict[int, float] = {}
 
 
 def _run(
@@ -214,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("overlap_replay: no CUDA device; run it on a GPU machine", file=sys.stderr)
         return 2
+    from tpplan.bench.overlap_probe import time_beside, time_calls
     from tpplan.bench.sm_load import sm_load
     from tpplan.cost.overlap import OverlapCosts
 
@@ -226,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             fn()
     torch.cuda.synchronize()
     held, _, _ = sm_load(torch, 20, 100e9, call_s=0.004)
-    held_s = _seconds(torch, held, 5)
-    alone = {}
-    for name, _, fn in every:
-        alone[name] = _seconds(torch, fn)
-        _seconds_cache[id(fn)] = alone[name]
-    slowdown = {name: _beside(torch, fn, held, held_s) / alone[name] for name, _, fn in every}
+    held_s = time_calls(torch, held, 5, batches=5)
+    alone = {name: time_calls(torch, fn, REPS, batches=5) for name, _, fn in every}
+    slowdown = {  # the op timed while the held load runs the whole window, median of 3
+        name: statistics.median(time_beside(torch, fn, REPS, held, held_s, REPS * alone[name])[0] for _ in range(3))
+        / alone[name]
+        for name, _, fn in every
+    }
     for name, cat, _ in every:
         print(f"{name:12s} {cat:11s} {alone[name] * 1e3:7.3f} ms  x{slowdown[name]:.2f} beside 20 held SMs "
               f"(model x{costs.factor(cat):.2f})", file=sys.stderr)  # fmt: skip
@@ -241,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         # each all-to-all lasts `ratio` x a quarter of the layer's compute (two all-to-alls per half)
         comm_target = ratio * compute_s / 4
         comm, _, _ = sm_load(torch, 20, 100e9, call_s=comm_target)
-        comm_s = _seconds(torch, comm, 10)
+        comm_s = time_calls(torch, comm, 10, batches=5)
         layers = [(half, half)] * args.layers
 
         measured = statistics.median(_run(torch, layers, comm, True) for _ in range(5))
