@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tpplan.engines import ENGINES
 from tpplan.engines.async_tp import (
     AG_DECOMPOSITION,
@@ -18,7 +20,7 @@ from tpplan.engines.async_tp import (
 )
 from tpplan.engines.context_parallel import CP_PATHS
 from tpplan.engines.overlap import DEEPEP_SMS, OVERLAPS
-from tpplan.engines.schema import Comm, EngineVersion, Mode
+from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode
 
 INTRO = """# Engines as they run
 
@@ -59,6 +61,15 @@ second test checks that 0.33.0's parser refuses `pass_config.enable_sp`, as its 
 """
 
 
+
+def _gate_table(gates: Sequence[Gate]) -> list[str]:
+    """A markdown table of gates: what, set by which keys (or setting), what happens if not, source."""
+    out = ["| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
+    for g in gates:
+        keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
+        out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+    return out
+
 def _mode(m: Mode) -> list[str]:
     out = [f"### `{m.name}`: {m.summary}", ""]
     if not m.exists:
@@ -86,11 +97,7 @@ def _mode(m: Mode) -> list[str]:
         runs = "the server refuses" if n.runs == "refused" else f"runs `{n.runs}`"
         out += [f"**Not wired: {', '.join(n.model_types)}**: {runs}; {n.why} ({n.source.cite()}).", ""]
     if m.gates:
-        out += ["| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
-        for g in m.gates:
-            keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
-            out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
-        out.append("")
+        out += [*_gate_table(m.gates), ""]
     if m.fallback != "-":
         out += [f"Fallback: {m.fallback} ({m.fallback_source.cite()}).", ""]
     out += [f"Derived by the engine: {d}." for d in m.derived]
@@ -148,11 +155,7 @@ def _overlaps() -> list[str]:
             out.append(f"- raises NotImplementedError for: {', '.join(o.raises_for)}")
         if o.assumption:
             out.append(f"- what tpplan assumes: {o.assumption}")
-        out += ["", "| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
-        for g in o.gates:
-            keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
-            out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
-        out.append("")
+        out += ["", *_gate_table(o.gates), ""]
     return out
 
 
@@ -184,13 +187,9 @@ def _async_tp() -> list[str]:
             f"- models: {', '.join(f.model_types)} ({f.model_gate.cite()})",
             *(f"- fused op: {s.cite()}" for s in f.ops),
             "",
-            "| gate | set by | if not | source |",
-            "| --- | --- | --- | --- |",
+            *_gate_table(f.all_gates),
+            "",
         ]
-        for g in f.all_gates:
-            keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
-            out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
-        out.append("")
     return out
 
 
@@ -221,10 +220,7 @@ def _context_parallel() -> list[str]:
             *(f"- differs: {d}" for d in p.differences),
         ]
         if p.gates:
-            out += ["", "| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
-            for g in p.gates:
-                keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
-                out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
+            out += ["", *_gate_table(p.gates)]
         out.append("")
     return out
 
