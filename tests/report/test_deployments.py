@@ -149,6 +149,11 @@ def test_cp_rows_carry_each_engines_flags():
     tbo = deployment_flags("SGLang", "kimi_k3", False, 8, 4, 1, "tbo")
     assert not tbo.realised and "NotImplementedError" not in tbo.why  # K3's forward never splits the batch
     assert deployment_flags("vLLM", "kimi_k3", False, 8, 4, 1, "dbo").args[-1] == "--enable-dbo"
+    # async TP: SGLang's layernorm-SP path runs it for Qwen3 only; vLLM 0.33.0 has no such pass
+    fused = deployment_flags("SGLang", "qwen3", False, 8, 1, 1, "asynctp")
+    assert fused.args == ("--tp-size 8", "--enable-layernorm-sp"), fused
+    assert not deployment_flags("SGLang", "llama", False, 8, 1, 1, "asynctp").realised
+    assert not deployment_flags("vLLM", "qwen3", False, 8, 1, 1, "asynctp").realised
 
 
 def test_the_prompt_length_thresholds_follow_the_table():

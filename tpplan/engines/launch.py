@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpplan.engines import sglang
+from tpplan.engines.async_tp import FUSIONS, launch_flags
 from tpplan.engines.context_parallel import SGLANG_ZIGZAG, VLLM_PCP, CpPath
 from tpplan.engines.overlap import OVERLAPS
 from tpplan.engines.schema import Source
@@ -110,8 +111,8 @@ def deployment_flags(
     replicas: int = 1,
 ) -> DeploymentFlags:
     """`engine` ("SGLang" or "vLLM")'s flags for TP `tp` x CP `cp` x PP `pp` (and a micro-batch
-    overlap `tbo`/`dbo`) on a model of `model_type` (`all_mla`: every attention layer is MLA); `replicas`
-    separate servers of it."""
+    overlap `tbo`/`dbo`, or async TP's fused GEMMs `asynctp`) on a model of `model_type` (`all_mla`:
+    every attention layer is MLA); `replicas` separate servers of it."""
     support = PREFILL_CP[engine]
     cites: list[str] = []
     why: list[str] = []
@@ -133,7 +134,14 @@ def deployment_flags(
             reason = f"{support.unwired}; {support.unwired_source.cite()}"
             return DeploymentFlags(support.engine, (), reason, support.unwired_source.cite())
         why.append(support.path.differences[0])  # where the engine's CP is not tpplan's priced CP
-    if overlap is not None:
+    if overlap == "asynctp":  # GEMM + collective fusion: the engine's fused ops, not a micro-batch overlap
+        fused = next(f for f in FUSIONS if f.engine.startswith(engine))
+        realised = launch_flags(model_type, pp)[fused.engine]
+        if isinstance(realised, str):
+            return DeploymentFlags(support.engine, (), realised, fused.model_gate.cite())
+        args += list(realised)
+        cites.append(fused.model_gate.cite())
+    elif overlap is not None:
         ov = OVERLAPS[overlap]
         if not ov.engine.startswith(engine):
             return DeploymentFlags(support.engine, (), f"{' '.join(ov.flags)} is {ov.engine}'s",
