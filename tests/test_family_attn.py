@@ -73,7 +73,10 @@ def test_bias_enters_a_partial_sum_once():
     assert {k for k in a2a if k.startswith("down_bias")} == {f"down_bias.{j}" for j in range(4, 8)}
     ep = [_cuts(ex, "ep", P, 4, r, ep=2) for r in range(4)]  # ranks 0,1: experts 0-3; 2,3: 4-7
     assert [sorted(k for k in c if k.startswith("down_bias")) for c in ep] == [
-        [f"down_bias.{j}" for j in range(4)], [], [f"down_bias.{j}" for j in range(4, 8)], []
+        [f"down_bias.{j}" for j in range(4)],
+        [],
+        [f"down_bias.{j}" for j in range(4, 8)],
+        [],
     ]
 
 
@@ -178,7 +181,8 @@ def test_sandwich_norm_reduces_to_the_stream():
     for plan, coll in (("baseline", "AR"), ("sequence-parallel", "RS")):
         res = audit_plan(g, make_plan(plan, g, 8), 8).kinds["swa+dense"].result
         assert {c.label for c in res.comms if c.value.endswith("_raw")} == {
-            f"{coll} attn_out_raw[2560]", f"{coll} mlp_out_raw[2560]"
+            f"{coll} attn_out_raw[2560]",
+            f"{coll} mlp_out_raw[2560]",
         }
 
 

@@ -15,7 +15,17 @@ ROOT = Path(__file__).resolve().parents[1] / "tpplan"
 
 # The planner: plans, audits, prices and searches without torch, and imports nothing above it.
 PLANNER = (
-    "models", "layout", "plans", "engines", "audit", "cost", "search", "errors", "dtypes", "bench_results", "inputs",
+    "models",
+    "layout",
+    "plans",
+    "engines",
+    "audit",
+    "cost",
+    "search",
+    "errors",
+    "dtypes",
+    "bench_results",
+    "inputs",
     "units",
 )
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
@@ -63,11 +73,7 @@ def test_the_scan_sees_imports() -> None:
 
 
 def test_planner_never_imports_report_runtime_or_bench() -> None:
-    bad = {
-        mod: sorted(m for m in deps if _in(m, ABOVE_PLANNER))
-        for mod, deps in GRAPH.items()
-        if _in(mod, PLANNER)
-    }
+    bad = {mod: sorted(m for m in deps if _in(m, ABOVE_PLANNER)) for mod, deps in GRAPH.items() if _in(mod, PLANNER)}
     assert not {m: d for m, d in bad.items() if d}
 
 

@@ -41,6 +41,7 @@ class PredictionJSON(Protocol):
 
     def to_json(self) -> dict[str, object]: ...
 
+
 JSON_SCHEMA_VERSION = 3  # 3: weight figures in the stored dtype, embedding included, per PP stage
 
 

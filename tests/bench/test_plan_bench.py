@@ -122,9 +122,7 @@ def test_bad_inputs_exit_2_without_output(
 @pytest.mark.slow
 def test_a_failing_rank_is_named_and_nothing_is_written(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    proc = _cli(
-        [*TINY, "--plan", "baseline", "--timeout", "60", "--out", str(out)], fault_env("1:all_reduce")
-    )
+    proc = _cli([*TINY, "--plan", "baseline", "--timeout", "60", "--out", str(out)], fault_env("1:all_reduce"))
     assert proc.returncode == 1
     assert "rank 1" in proc.stderr and "injected fault" in proc.stderr
     assert list(tmp_path.iterdir()) == []

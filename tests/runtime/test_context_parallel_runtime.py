@@ -174,5 +174,6 @@ def test_gdn_two_pass_scan_equals_the_unsharded_model_and_the_serial_hand_off(cp
         assert _calls(traced) == _calls(predicted)
         assert not [c for c in traced if c.value == "state"]
         assert len([c for c in traced if c.value == "state+transition"]) == len(
-            [k for k in build_model_graph(load_model("tiny-qwen3-next")).layer_kinds if k.startswith("gdn")])
+            [k for k in build_model_graph(load_model("tiny-qwen3-next")).layer_kinds if k.startswith("gdn")]
+        )
         assert bool([c for c in traced if c.value == "conv_tail"]) == (rank > 0)

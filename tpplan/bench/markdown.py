@@ -203,8 +203,6 @@ def anchor_rows(benches: Sequence[PlanBench], anchor: Path) -> list[str]:
     return [*out, ""]
 
 
-
-
 def ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:.3f}"
 
@@ -215,5 +213,3 @@ def us(x: float | None) -> str:
 
 def err(meas: float, pred: float | None) -> str:
     return "" if not pred else f"{(pred - meas) / meas:+.1%}"
-
-

@@ -73,6 +73,4 @@ def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
     return build_results(cfg, wl, raw, world, backend)
 
 
-
-
 __all__ = ["run_bench"]

@@ -125,5 +125,3 @@ def argspec(args: Sequence[Any]) -> tuple[Any, ...]:
         else:
             out.append(a)
     return tuple(out)
-
-

@@ -166,4 +166,3 @@ def combine(
         if entry["kind"] == "coll":
             entry["replay"] = by_key.get(replay_key(records[0][entry["pos"]]))
     return {"sites": sites, "replay": replay, "trace": trace0, "fallbacks": fallbacks, "iters": iters, "plan": plan}
-

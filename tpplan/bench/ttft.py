@@ -81,5 +81,3 @@ def extrapolate_ttft(
         nodes=topo.nodes,
         tp=tp,
     )
-
-

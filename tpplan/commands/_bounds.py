@@ -50,4 +50,6 @@ def replica_count(value: str | None) -> int | Literal["all"] | None:
             f"--replicas {value}", "is neither a count nor 'all'", "pass e.g. --replicas 2 or --replicas all"
         ) from None
     return REPLICAS_RANGE(count)
+
+
 TOKENS_RANGE = bounded("--tokens", 1, MAX_TOKENS)

@@ -166,13 +166,19 @@ def calibrate(
     ] = None,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="seconds-long GEMM probe: this GPU's rate / the shape table's, as gpu.gemm_scale "
-                     "on --base-topology (no collectives)"),
+        typer.Option(
+            "--quick",
+            help="seconds-long GEMM probe: this GPU's rate / the shape table's, as gpu.gemm_scale "
+            "on --base-topology (no collectives)",
+        ),
     ] = False,
     kernel_models: Annotated[
         Path | None,
-        typer.Option("--kernel-models", help="fitted physical kernel models (tpplan.bench.model_fit JSON) to put "
-                     "on --base-topology (no GPU needed)"),
+        typer.Option(
+            "--kernel-models",
+            help="fitted physical kernel models (tpplan.bench.model_fit JSON) to put "
+            "on --base-topology (no GPU needed)",
+        ),
     ] = None,
 ) -> None:
     """Measure collectives over a size sweep, fit alpha/busbw per kind, write a topology file.

@@ -85,7 +85,8 @@ def register(app: typer.Typer) -> None:
         cp: Annotated[
             int | None,
             typer.Option(
-                "--cp", help="Context-parallel size (default: CP 1 at every split, and TP x CP for CP 2, 4, 8)",
+                "--cp",
+                help="Context-parallel size (default: CP 1 at every split, and TP x CP for CP 2, 4, 8)",
                 callback=CP_RANGE,
             ),
         ] = None,
@@ -265,7 +266,7 @@ def _print(data: dict, wide: bool = False) -> None:
             console,
             f"Replicas ({', '.join(f'{r}x' for r in reps)}): copies of the deployment on GPUs of their own; the mean "
             "TTFT is over every request, the requests split between the replicas (docs/cost-model.md, "
-            "\"Replicas\"); memory per rank, the plan and a --save file are one replica's (verify checks one).",
+            '"Replicas"); memory per rank, the plan and a --save file are one replica\'s (verify checks one).',
         )
     others = [b for b in data.get("baselines", [])[1:] if b["delta_pct"] is not None]
     if others:

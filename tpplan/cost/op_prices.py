@@ -396,10 +396,20 @@ class OpPrices:
         secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
         source = PROFILE if secs != modelled else ROOFLINE
         return OpTime(
-            lg.kind, name, "layout", "elementwise", 0.0, nbytes, secs, False, None, LAYOUT_COPY_KERNEL, modelled,
-            False, source,
+            lg.kind,
+            name,
+            "layout",
+            "elementwise",
+            0.0,
+            nbytes,
+            secs,
+            False,
+            None,
+            LAYOUT_COPY_KERNEL,
+            modelled,
+            False,
+            source,
         )
-
 
 
 __all__ = [

@@ -113,8 +113,9 @@ class Predictor(OpPrices):
         rpn = 1 if ((dst - 1) * self.tp) // g != (dst * self.tp) // g else 2
         secs = price_collective("send_recv", per_rank, 2, self.topo, ranks_per_node=rpn).time_s
         if self.tp > 1 and (self.pipeline.boundary_gathers or self.plan.stream is not S_TOK):
-            secs += price_collective("all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn,
-                                     sources=self.compute.sources).time_s
+            secs += price_collective(
+                "all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn, sources=self.compute.sources
+            ).time_s
         return secs
 
     def stage_times(self, segs: Segments) -> tuple[list[float], list[float], float]:
@@ -265,7 +266,6 @@ def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs
     return p
-
 
 
 __all__ = ["STATE_BYTES", "Predictor", "cached_predictor"]

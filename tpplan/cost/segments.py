@@ -48,7 +48,6 @@ def cached_tokens(attn: object, seqs: list[int]) -> int:
     return sum(min(s, limit) if limit else s for s in seqs)
 
 
-
 def segments_of(batch: PrefillBatch) -> Segments:
     """A scheduled prefill batch's segments."""
     return tuple((s.n_tokens, s.start_pos) for s in batch.segments)

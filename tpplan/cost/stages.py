@@ -43,5 +43,4 @@ def stage_boundary_width(graph: ModelGraph, layer: int) -> int:
     return (1 + bank) * graph.hidden if graph.spec.attn_res_block_size else 2 * graph.hidden
 
 
-
 __all__ = ["bank_snapshots", "stage_boundary_width", "stage_layers"]

@@ -61,7 +61,6 @@ second test checks that 0.33.0's parser refuses `pass_config.enable_sp`, as its 
 """
 
 
-
 def _gate_table(gates: Sequence[Gate]) -> list[str]:
     """A markdown table of gates: what, set by which keys (or setting), what happens if not, source."""
     out = ["| gate | set by | if not | source |", "| --- | --- | --- | --- |"]
@@ -69,6 +68,7 @@ def _gate_table(gates: Sequence[Gate]) -> list[str]:
         keys = ", ".join(f"`{k}`" for k in g.keys) or g.setting
         out.append(f"| {g.text} | {keys} | {g.effect} | {g.source.cite()} |")
     return out
+
 
 def _mode(m: Mode) -> list[str]:
     out = [f"### `{m.name}`: {m.summary}", ""]

@@ -505,6 +505,8 @@ def _kind_names(lg: LayerGraph) -> _KindNames:
         cached = (lg, _KindNames(op_q, {op.output: op_q[op.name] for op in lg.ops}))
         _NAMES[id(lg)] = cached
     return cached[1]
+
+
 _REGIONS: dict[int, tuple[LayerGraph, dict[str, str]]] = {}
 
 

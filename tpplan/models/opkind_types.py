@@ -156,7 +156,6 @@ def const_cost(name: str) -> Callable[[Op], str]:
     return lambda op: name
 
 
-
 __all__ = [
     "COST_CLASSES",
     "TRUE",

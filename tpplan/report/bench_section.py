@@ -115,8 +115,7 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
             Para(
                 f"Whole-model TTFT on `{t.topology}` at `{t.workload}`, extrapolated from the slice's measured/"
                 f"predicted ratios (tpplan's own runtime kernels, not a serving engine): mean {t.mean_s:.3f} s{pred}, "
-                f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s."
-                + memo_vs_bench_ttft(a, t)
+                f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s." + memo_vs_bench_ttft(a, t)
             )
         )
     return b

@@ -237,8 +237,7 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
         if alt is not None:
             took = f" ({(t_r or 0.0) - alt.gain:.3f} s vs {t_r:.3f} s)" if t_r is not None else ""
             text += (
-                f" With today's engine flags the best is `{alt.key}`: -{100 * alt.rel:.1f}%{took}, "
-                "also beyond the band"
+                f" With today's engine flags the best is `{alt.key}`: -{100 * alt.rel:.1f}%{took}, also beyond the band"
             )
             text += (
                 "; its conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(alt.conditions, 1)) + "."

@@ -111,8 +111,6 @@ if RUNTIME_TRANSITIONS.keys() != TRANSITIONS.keys():  # pragma: no cover - a tab
     )
 
 
-
-
 def _dp_gather_by_sum(m: Move, x: Tensor) -> Tensor:
     """SGLang's `_dp_gather_via_all_reduce`: my real rows into a zero-filled [T, W] buffer at my
     offset, summed over the ranks (every rank ends with every rank's rows)."""

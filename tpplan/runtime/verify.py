@@ -343,9 +343,7 @@ def _progress(rank: int, cases: list[VerifyCase], enabled: bool) -> Callable[[in
     return note
 
 
-def _worker(
-    rank: int, world: int, device: Any, payload: tuple[list[VerifyCase], bool]
-) -> list[CaseResult | None]:
+def _worker(rank: int, world: int, device: Any, payload: tuple[list[VerifyCase], bool]) -> list[CaseResult | None]:
     import torch
 
     cases, progress = payload

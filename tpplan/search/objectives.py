@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
+
 @dataclass(frozen=True)
 class Cost:
     """A score to minimise (seconds for time objectives) and memory per rank in bytes."""
