@@ -134,7 +134,7 @@ def curve_rows(name: str, topo: Fabric) -> list[tuple[str, str, str, str]]:
         held.setdefault(owner.get((c.source, c.kind, c.algorithm, c.ranks), ""), set()).add((c.kind, c.ranks))
     rows = []
     for set_name, keys in held.items():
-        data = curve_set(set_name) if set_name else {"curves": [], "name": "its own [[curves]]"}
+        data: dict[str, Any] = curve_set(set_name) if set_name else {"curves": [], "name": "its own [[curves]]"}
         ranks, kinds = sorted({r for _, r in keys}), sorted({k for k, _ in keys})
         across = ranks[-1] > topo.gpus_per_node
         what = (f"{kinds[0]} " if len(kinds) == 1 else "") + "/".join(map(str, ranks))
