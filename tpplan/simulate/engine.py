@@ -68,7 +68,7 @@ def engine_loop(
 def workload_arrivals(workload: Workload) -> ClosedLoop:
     """A closed-loop workload's requests as the loop takes them (prompts cycled, its cached share)."""
     lens = workload.input_lens or [workload.prompt_len(0)]
-    shapes = [Shape(n, workload.output_len) for n in lens]
+    shapes = [Shape(n, workload.output_len, workload.cached_share) for n in lens]
     return closed_loop(workload.concurrency, shapes, workload.total_requests)
 
 
