@@ -113,8 +113,8 @@ def judge(
             f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({pct_change(t_v, t_r):+.1f}%; "
             f"band ±{100 * band.band:.1f}%, {band.label})"
         )
-        t_s = ttft_mean(shape_base, wl) if shape_base is not None and shape_base is not v else None
-        if t_s is not None and v.shape != ref.shape:
+        t_s = ttft_mean(shape_base, wl) if wl and shape_base is not None and shape_base is not v else None
+        if t_s is not None and shape_base is not None and v.shape != ref.shape:
             head += (
                 f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {pct_change(t_s, t_r):+.1f}% "
                 f"and the plan at the same shape (vs `{shape_base.key}`) {pct_change(t_v, t_s):+.1f}%"

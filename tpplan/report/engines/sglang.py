@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
 from tpplan.engines.launch import size_flags
@@ -36,17 +37,9 @@ def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, bas
     sentence = path_sentence(ev, FLAG, d.spec, path)
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
-    common = {"version": ev.key, "path": sentence, "launcher": ev.launcher, "conditions": conds}
-    if fam == "sglang-input-scattered" and path.wired:
-        return EngineRecipe(
-            "SGLang",
-            plan.name,
-            args,
-            "yes",
-            mode.summary,
-            notes=path.wiring.differences,
-            **common,  # type: ignore[union-attr]
-        )
+    common: dict[str, Any] = {"version": ev.key, "path": sentence, "launcher": ev.launcher, "conditions": conds}
+    if fam == "sglang-input-scattered" and path.wiring is not None:
+        return EngineRecipe("SGLang", plan.name, args, "yes", mode.summary, notes=path.wiring.differences, **common)
     if not path.wired:
         return EngineRecipe(
             "SGLang", plan.name, tuple(base), "no",
@@ -67,7 +60,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
     assert mode is not None
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
-    common = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
+    common: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
     mt = d.spec.model_type
     wired = [w for w in mode.wiring if mt in w.model_types]
     if not wired:
@@ -104,8 +97,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
         return EngineRecipe(
             "SGLang", plan.name, args, "yes", mode.summary, notes=default.differences, path=sentence, **common
         )
-    variant_on = equal is not None and not nccl
-    if variant_on:
+    if equal is not None and not nccl:
         return EngineRecipe(
             "SGLang", plan.name, args, "partly",
             f"{mode.summary}; this plan is SGLang's {equal.layers} path (set the environment variable)",
@@ -149,7 +141,7 @@ def sglang_recipe(
 
         return sglang_dp_recipe(plan, spec, base, tp)
     moe = _moe(spec)
-    kw = {"version": ev.key, "launcher": ev.launcher}
+    kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     pp_cond = (
         Condition(f"the model's SGLang implementation supports --pp-size ({spec.model_type} not checked)", None,
                   "refuses", Source.unread("sgl-project/sglang", "python/sglang/srt/models/", "PP support").cite()),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
 from tpplan.engines.launch import size_flags
 from tpplan.engines.schema import EngineVersion, Source
@@ -38,7 +40,7 @@ def vllm_recipe(
     base += ["--enable-chunked-prefill", f"--max-num-batched-tokens {chunk}"]
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
-    kw = {"version": ev.key, "launcher": ev.launcher}
+    kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     moe = _moe(spec)
     if fam == "sglang-sp-moe":
         return EngineRecipe(
