@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines.launch import size_flags
 from tpplan.engines.schema import EngineVersion, Mode, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
@@ -18,11 +19,7 @@ SRC_ARGS = Source(
 
 
 def _base(tp: int, pp: int, cp: int, chunk: int, nodes: int) -> list[str]:
-    base = [f"--tp-size {tp}"]
-    if pp > 1:
-        base.append(f"--pp-size {pp}")
-    if cp > 1:
-        base += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
+    base = size_flags("SGLang", tp, pp, cp)  # --tp-size is the world size under CP (engines/launch.py)
     base.append(f"--chunked-prefill-size {chunk}")
     if nodes > 1:
         base += [f"--nnodes {nodes}", f"--node-rank <0..{nodes - 1}>", "--dist-init-addr <head-ip>:<port>"]
@@ -130,11 +127,13 @@ def sglang_recipe(
     gpu: str = "",
     cp: int = 1,
     engine: EngineVersion | None = None,
+    prefill_cp: int | None = None,
 ) -> EngineRecipe:
-    """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`, judged
-    against `engine` (default: the current release); `cp` > 1 runs prefill context parallelism."""
+    """SGLang flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`) over `nodes` nodes of `gpu`, judged
+    against `engine` (default: the current release); `prefill_cp` is the prefill CP the gates read (default
+    `cp`; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
     ev = engine or ENGINES[DEFAULT_ENGINES[0]]
-    d = Deployment(spec, tp, pp, 1, cp, chunk, gpu, nodes)
+    d = Deployment(spec, tp, pp, 1, prefill_cp or cp, chunk, gpu, nodes)
     fam = family(plan)
     base = _base(tp, pp, cp, chunk, nodes)
     if plan.dp_attention:
