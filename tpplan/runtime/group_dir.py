@@ -63,7 +63,7 @@ def _stale(folder: Path) -> bool:
 
 def remove_stale() -> list[Path]:
     """Remove the group folders of runs that are no longer running (see the module docstring)."""
-    removed = []
+    removed: list[Path] = []
     root = Path(tempfile.gettempdir())
     try:
         candidates = [p for p in root.iterdir() if p.name.startswith(PREFIX)]
