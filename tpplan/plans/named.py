@@ -331,13 +331,22 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     dp = make_dp_plan(name, graph, n)
     if dp is not None:
         return dp
-    raise TpplanError(
-        f"--plan {name}",
-        "unknown plan",
-        f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
-        "<plan>+tbo or <plan>+dbo (micro-batch overlap), <plan>+asynctp (GEMM + collective fusion), "
-        "or a plan file (*.json) from `tpplan search --save DIR`",
-    )
+    raise _unknown_plan(name)
+
+
+def _unknown_plan(name: str) -> TpplanError:
+    """A mistyped plan gets "did you mean" (difflib, as preset names do); only a name close to none
+    gets the whole list of forms."""
+    import difflib
+
+    known = list(ALL_PLANS + DP_PLANS + tuple(ALIASES))
+    close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
+    forms = ("ep<k> or <plan>+ep<k> (expert parallelism), <plan>+tbo or <plan>+dbo (micro-batch overlap), "
+             "<plan>+asynctp (GEMM + collective fusion), or a plan file (*.json) from `tpplan search --save DIR`")  # fmt: skip
+    if close:
+        more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
+        return TpplanError(f"--plan {name}", "unknown plan", f"did you mean {close[0]}?{more}")
+    return TpplanError(f"--plan {name}", "unknown plan", f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, {forms}")
 
 
 __all__ = [
