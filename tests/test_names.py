@@ -33,7 +33,9 @@ def test_a_typo_gets_did_you_mean_not_the_whole_list(load, typo, meant):
     assert f"did you mean {meant}?" in msg and len(msg) < 250, msg
 
 
-@pytest.mark.parametrize(("typo", "meant"), [("sp-mo", "sp-moe"), ("gate-awre", "gate-aware"), ("Baseline", "baseline")])
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("sp-mo", "sp-moe"), ("gate-awre", "gate-aware"), ("Baseline", "baseline")]
+)
 def test_a_plan_typo_gets_did_you_mean_not_the_whole_list(monkeypatch, capsys, typo, meant):
     """Issue 33: a mistyped --plan printed every plan and form (~600 characters); now the closest name."""
     from cli_helpers import run_cli

@@ -341,8 +341,10 @@ def _unknown_plan(name: str) -> TpplanError:
 
     known = list(ALL_PLANS + DP_PLANS + tuple(ALIASES))
     close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
-    forms = ("ep<k> or <plan>+ep<k> (expert parallelism), <plan>+tbo or <plan>+dbo (micro-batch overlap), "
-             "<plan>+asynctp (GEMM + collective fusion), or a plan file (*.json) from `tpplan search --save DIR`")  # fmt: skip
+    forms = (
+        "ep<k> or <plan>+ep<k> (expert parallelism), <plan>+tbo or <plan>+dbo (micro-batch overlap), "
+        "<plan>+asynctp (GEMM + collective fusion), or a plan file (*.json) from `tpplan search --save DIR`"
+    )
     if close:
         more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
         return TpplanError(f"--plan {name}", "unknown plan", f"did you mean {close[0]}?{more}")
