@@ -127,9 +127,10 @@ def sglang_sp_moe(attn_res: bool = True) -> Plan:
         else "All-gather the stream after the MoE output add; input norm on every row; reduce-scatter o_proj's "
         "output; post-attention norm and all-to-all MoE on local tokens; dense layers all-reduce."
     )
+    title = "SGLang SP-MoE (default: bank on every row)" if attn_res else "SGLang-style SP-MoE (gather at MoE exit)"
     return Plan(
         "sglang-sp-moe",
-        "SGLang SP-MoE (default: bank on every row)" if attn_res else "SGLang-style SP-MoE (stream gathered at MoE exit)",
+        title,
         words,
         stream=S_TOK,
         reduce=S_TOK,
