@@ -47,6 +47,8 @@ FLAG_OF = {
     "top": "--top",
     "tokens": "--tokens",
     "topology": "--topology",
+    "arrival_rate": "--arrival-rate",
+    "requests": "--requests",
 }
 _FIELD = re.compile(r"\b(" + "|".join(FLAG_OF) + r")=(\S*)")
 
