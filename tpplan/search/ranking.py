@@ -81,6 +81,11 @@ class _Setup:
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
+    @property
+    def has_moe(self) -> bool:
+        """Whether the model has MoE layers (a found plan's words speak of experts only then)."""
+        return any(layer.mlp.kind == "moe" for layer in self.graph.spec.layers)
+
     def baseline_audit(self, tp: int) -> PlanAudit:
         from tpplan.plans.named import baseline as baseline_plan
 
@@ -341,12 +346,12 @@ def _search_deployment(
         families, walks = res.globals_searched, walks + res.walks
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
-            name, _, _ = describe(c.glob, c.configs)
+            name, _, _ = describe(c.glob, c.configs, s.has_moe)
             excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
         for c in res.candidates:
             if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
                 break
-            name, short, summary = describe(c.glob, c.configs)
+            name, short, summary = describe(c.glob, c.configs, s.has_moe)
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
@@ -461,7 +466,7 @@ def _async_tp_entries(
         for c in res.candidates:
             if _lower_bound(s, c.score, pp) >= best:
                 return out
-            name, short, summary = describe(c.glob, c.configs)
+            name, short, summary = describe(c.glob, c.configs, s.has_moe)
             if name in seen:
                 continue
             seen.add(name)
