@@ -554,17 +554,6 @@ def _search_one(
         return (e.where, e.reason, e.fix)
 
 
-def _worker_gc() -> None:
-    """A forked worker's garbage collector: what it inherited (the model graph, the price tables) is
-    frozen rather than scanned by every full collection, and young objects are collected in larger
-    batches. The walk allocates many short-lived containers; this takes about 10% off its CPU
-    (docs/benchmarks.md, "Search command speed"). The worker exits after the search."""
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
-
-
 def _search_all(
     s: _Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
 ) -> list[_Deployed | tuple[str, str, str]]:
@@ -583,7 +572,9 @@ def _search_all(
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         # fork only a single-threaded process (forking threads can deadlock the child)
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
+
+            from tpplan.search.pool import forked_pool
 
             for n, _, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
                 with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
@@ -592,7 +583,7 @@ def _search_all(
                 import tpplan.cost.predict
                 import tpplan.cost.pricing  # noqa: F401
             workers = min(len(grid), cores)
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_gc) as pool:
+            with forked_pool(workers) as pool:
                 futures = [pool.submit(_search_one, n, p, float("inf"), c, r) for n, p, c, r in grid]
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
