@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -136,8 +136,8 @@ def register(app: typer.Typer) -> None:
                 from tpplan.cost.workload import replica_workloads
 
                 replica_workloads(wl, replicas)  # more replicas than clients: one line before any work
-            tp = tp or topo.gpus_per_node
-        elif tp is None:
+            tp = tp or (topo.gpus_per_node if topo is not None else None)
+        if tp is None:
             raise TpplanError("--tp", "no TP size given", "pass --tp N (or --topology T: TP = its GPUs per node)")
         result = audit(model, tp, plan, dtype)
         print_plan_notes(pa.plan for pa in result.plans)
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
             predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
                                         cp_recurrence=cp_recurrence, cp_layers=cp_layers,
                                         replicas=replicas)  # fmt: skip
-        data = to_json(result, predictions)
+        data: dict[str, Any] = to_json(result, predictions)
         if cp > 1:
             from tpplan.layout.context_parallel import audit_cp
 

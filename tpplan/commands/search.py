@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -25,9 +25,6 @@ from tpplan.commands._options import (
 )
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
 from tpplan.units import signed_pct
-
-if TYPE_CHECKING:
-    from tpplan.layout.plan import OverlapName
 
 
 def _ms(x: float | None) -> str:
@@ -181,7 +178,7 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
-                overlap=None if overlap is None else cast("OverlapName", overlap.value),
+                overlap=None if overlap is None else overlap.value,
                 progress=say,
             )
         data = outcome.to_json()

@@ -118,7 +118,12 @@ class GpuSpec(Strict):
 
     name: str = Field(min_length=1)
     bf16_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense bf16 TFLOP/s")
-    fp8_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense fp8 TFLOP/s")
+    fp8_tflops: float | None = Field(
+        default=None,
+        ge=MIN_RATE,
+        le=MAX_TFLOPS,
+        description="peak dense fp8 TFLOP/s; none (A100, A30): no fp8 tensor cores, fp8 GEMMs priced as bf16 ones",
+    )
     hbm_TBps: float = Field(ge=MIN_RATE, le=MAX_TBPS, description="memory bandwidth, TB/s")
     memory_GiB: float = Field(ge=MIN_RATE, le=MAX_GIB)
     sm_count: int = Field(default=132, ge=1, le=100_000, description="SMs, for the analytic GEMM curve")
@@ -149,6 +154,20 @@ class GpuSpec(Strict):
     provenance: dict[str, str] = Field(
         default_factory=dict, description="op class (gemm, attention, moe, recurrence, elementwise) -> source"
     )
+
+    @property
+    def has_fp8(self) -> bool:
+        """Whether the GPU has fp8 tensor cores (a datasheet fp8 figure)."""
+        return self.fp8_tflops is not None
+
+    def gemm_dtype(self, dtype: Literal["bf16", "fp8"]) -> Literal["bf16", "fp8"]:
+        """The dtype a GEMM asked in `dtype` runs in here: without fp8 tensor cores an fp8 GEMM runs
+        in bf16 (fp8 weights dequantized to bf16 before the multiply; their bytes stay fp8)."""
+        return dtype if dtype != "fp8" or self.has_fp8 else "bf16"
+
+    def peak_tflops(self, dtype: Literal["bf16", "fp8"]) -> float:
+        """Dense peak of the tensor cores a GEMM in `dtype` runs on (`gemm_dtype`)."""
+        return self.fp8_tflops if self.gemm_dtype(dtype) == "fp8" and self.fp8_tflops else self.bf16_tflops
 
     def with_engine(self, engine: str) -> GpuSpec:
         """This GPU model running `engine`'s kernels ("sglang@0.5.14"): NVIDIA AIConfigurator's measured

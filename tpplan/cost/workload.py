@@ -52,6 +52,9 @@ class Workload(BaseModel):
     input_lens: list[Tokens] | None = Field(
         default=None, max_length=MAX_REQUESTS, description="per-request prompt lengths, cycled; overrides input_len"
     )
+    cached_share: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="share of each prompt already in the prefix cache (not computed)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -80,6 +83,12 @@ class Workload(BaseModel):
     def total_requests(self) -> int:
         """Requests in the run; one wave (= concurrency) when num_requests is not set."""
         return self.num_requests if self.num_requests is not None else self.concurrency
+
+    def cached_len(self, request_id: int) -> int:
+        """Prompt tokens of request `request_id` the prefix cache already holds: its cached share, rounded
+        down, at most all but one (the engines always compute the last prompt token)."""
+        n = self.prompt_len(request_id)
+        return min(n - 1, int(n * self.cached_share))
 
     def prompt_len(self, request_id: int) -> int:
         """Prompt length of request `request_id`."""
@@ -215,7 +224,7 @@ def _run(
         for rid in ready:
             if budget == 0:
                 break
-            pos = progress.get(rid, 0)
+            pos = progress.get(rid, workload.cached_len(rid))  # a cached prefix is context, not work
             take = min(budget, workload.prompt_len(rid) - pos)
             segs.append(Segment(rid, pos, take))
             budget -= take

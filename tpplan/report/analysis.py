@@ -22,7 +22,6 @@ from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import engine_plans
-from tpplan.engines.launch import deployment_flags
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.layout.propagate import LayerResult
@@ -477,23 +476,10 @@ def analyse(
             if pa is not None:
                 variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v, replicas=r_v))
     chunk = workloads[0].chunk_size if workloads else 8192
-    all_mla = all(isinstance(lg.spec.attn, MLASpec) for lg in graph.kinds.values())
     for i, v in enumerate(variants, 1):
         say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(
-            v.plan,
-            graph.spec,
-            tp=v.tp,
-            pp=v.pp,
-            nodes=topology.nodes,
-            chunk=chunk,
-            gpu=topology.gpu.name,
-            prefill_cp=max(prefill_cp, v.cp),
-            dp=dp,
-            engines=pair,
-        )
-        v.flags = [deployment_flags(e, graph.spec.model_type, all_mla, v.tp, v.pp, v.cp, v.plan.overlap, v.replicas)
-                   for e in ("SGLang", "vLLM")]  # fmt: skip
+        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
+                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
         if fn is not None:
             _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
     mla = _mla_kind(graph)

@@ -164,6 +164,14 @@ def aic_databases() -> dict[str, dict[str, list[str]]]:
     return {s: {e: list(v) for e, v in sorted(found[s].items())} for s in sorted(found)}
 
 
+def system_tables(system: str) -> dict[str, list[str]] | None:
+    """{engine: [versions]} of the kernel tables the installed AIConfigurator holds for `system`
+    ({} where it ships none, as for h100_pcie and l4 in 0.12.0); None when it is not installed."""
+    if not system or not aic_available():
+        return None
+    return aic_databases().get(resolve_system(system), {})
+
+
 @cache
 def default_version(system: str, engine: str) -> str | None:
     """The version AIC itself serves by default for (system, engine): its 'current' slot, the
@@ -607,4 +615,5 @@ __all__ = [
     "default_version",
     "engine_source",
     "resolve_system",
+    "system_tables",
 ]

@@ -4,7 +4,7 @@ AIC measures MoE kernels only at the widths, expert counts, top-k and TP x EP sp
 it supports, and attention only at the head layouts those models have. Kimi-K3's latent MoE widths
 or a head count it never ran get no row. This source prices them from a small linear model per
 (GPU system, engine, kernel class) whose features are the physical work of the call, fitted with
-non-negative coefficients on AIC's rows for that engine (`tpplan.cost.sources.aic_fit` fits them;
+non-negative coefficients on AIC's rows for that engine (`tools.aic_fit` fits them;
 the constants ship in `presets/aic-fitted.json`, so pricing needs neither the package nor its
 tables). Every answer is flagged `extrapolated=True`: it is a fit, judged leave-one-model-out
 (errors in `docs/benchmarks.md` and in the file, per class).
@@ -18,7 +18,7 @@ them at 1/8 width), useful FLOPs, the FLOPs wasted padding each expert's rows to
 efficiency that rises with tokens per expert), and per-row gather/scatter and activation costs.
 Priced shapes assume balanced routing. AIC's rows do not always have it: its "balanced" logits
 put every DeepSeek-V3 token's grouped top-k on tied scores, and SGLang's and vLLM's grouped top-k
-then send 4 of its 8 pairs to experts 0-3 (`tpplan.cost.sources.aic_fit.collector_loads`, which
+then send 4 of its 8 pairs to experts 0-3 (`tools.aic_fit.collector_loads`, which
 the fit uses to know what work each row measured; docs/benchmarks.md).
 """
 
@@ -153,7 +153,7 @@ class FittedClass:
 
 @cache
 def load_fits() -> dict:
-    """The packaged fit file (fitted on AIC rows by `python -m tpplan.cost.sources.aic_fit`)."""
+    """The packaged fit file (fitted on AIC rows by `python -m tools.aic_fit`)."""
     text = resources.files("tpplan.cost").joinpath("presets", FIT_FILE).read_text(encoding="utf-8")
     return json.loads(text)
 
@@ -200,7 +200,7 @@ class AicFittedSource:
             raise TpplanError(
                 f"AIC fit {self.system}/{engine}" + (f"@{version}" if version else ""),
                 f"{FIT_FILE} holds no fit for it",
-                f"use one of {', '.join(sorted(fits))}, or refit with python -m tpplan.cost.sources.aic_fit",
+                f"use one of {', '.join(sorted(fits))}, or refit with python -m tools.aic_fit (from a tpplan checkout)",
             )
         self.key = keys[0]
         self.engine = engine

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines.launch import size_flags
 from tpplan.engines.schema import EngineVersion, Mode, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
@@ -17,11 +19,7 @@ SRC_ARGS = Source(
 
 
 def _base(tp: int, pp: int, cp: int, chunk: int, nodes: int) -> list[str]:
-    base = [f"--tp-size {tp}"]
-    if pp > 1:
-        base.append(f"--pp-size {pp}")
-    if cp > 1:
-        base += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
+    base = size_flags("SGLang", tp, pp, cp)  # --tp-size is the world size under CP (engines/launch.py)
     base.append(f"--chunked-prefill-size {chunk}")
     if nodes > 1:
         base += [f"--nnodes {nodes}", f"--node-rank <0..{nodes - 1}>", "--dist-init-addr <head-ip>:<port>"]
@@ -39,17 +37,9 @@ def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, bas
     sentence = path_sentence(ev, FLAG, d.spec, path)
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
-    common = {"version": ev.key, "path": sentence, "launcher": ev.launcher, "conditions": conds}
-    if fam == "sglang-input-scattered" and path.wired:
-        return EngineRecipe(
-            "SGLang",
-            plan.name,
-            args,
-            "yes",
-            mode.summary,
-            notes=path.wiring.differences,
-            **common,  # type: ignore[union-attr]
-        )
+    common: dict[str, Any] = {"version": ev.key, "path": sentence, "launcher": ev.launcher, "conditions": conds}
+    if fam == "sglang-input-scattered" and path.wiring is not None:
+        return EngineRecipe("SGLang", plan.name, args, "yes", mode.summary, notes=path.wiring.differences, **common)
     if not path.wired:
         return EngineRecipe(
             "SGLang", plan.name, tuple(base), "no",
@@ -70,7 +60,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
     assert mode is not None
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
-    common = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
+    common: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
     mt = d.spec.model_type
     wired = [w for w in mode.wiring if mt in w.model_types]
     if not wired:
@@ -108,8 +98,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
         return EngineRecipe(
             "SGLang", plan.name, args, "yes", mode.summary, notes=default.differences, path=sentence, **common
         )
-    variant_on = equal is not None and not nccl
-    if variant_on:
+    if equal is not None and not nccl:
         return EngineRecipe(
             "SGLang", plan.name, args, "partly",
             f"{mode.summary}; this plan is SGLang's {equal.layers} path (set the environment variable)",
@@ -150,11 +139,13 @@ def sglang_recipe(
     gpu: str = "",
     cp: int = 1,
     engine: EngineVersion | None = None,
+    prefill_cp: int | None = None,
 ) -> EngineRecipe:
-    """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`, judged
-    against `engine` (default: the current release); `cp` > 1 runs prefill context parallelism."""
+    """SGLang flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`) over `nodes` nodes of `gpu`, judged
+    against `engine` (default: the current release); `prefill_cp` is the prefill CP the gates read (default
+    `cp`; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
     ev = engine or ENGINES[DEFAULT_ENGINES[0]]
-    d = Deployment(spec, tp, pp, 1, cp, chunk, gpu, nodes)
+    d = Deployment(spec, tp, pp, 1, prefill_cp or cp, chunk, gpu, nodes)
     fam = family(plan)
     base = _base(tp, pp, cp, chunk, nodes)
     if plan.dp_attention:
@@ -162,7 +153,7 @@ def sglang_recipe(
 
         return sglang_dp_recipe(plan, spec, base, tp)
     moe = _moe(spec)
-    kw = {"version": ev.key, "launcher": ev.launcher}
+    kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     pp_cond = (_pp_condition(ev, spec.model_type),) if pp > 1 else ()
     if fam in ("sglang-input-scattered", "input-scattered", "input-scattered+restore"):
         r = _input_scattered(ev, plan, fam, d, base)

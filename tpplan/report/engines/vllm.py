@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines.launch import size_flags
 from tpplan.engines.schema import EngineVersion, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
@@ -22,8 +25,9 @@ def vllm_recipe(
     gpu: str = "",
     dp: int = 1,
     engine: EngineVersion | None = None,
+    cp: int = 1,
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
+    """vLLM flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
     judged against `engine` (default: the current release)."""
     if plan.dp_attention:
         from tpplan.report.engines.dp_attention import vllm_dp_recipe
@@ -32,13 +36,11 @@ def vllm_recipe(
     ev = engine or ENGINES[DEFAULT_ENGINES[1]]
     d = Deployment(spec, tp, pp, dp, 1, chunk, gpu, nodes)
     fam = family(plan)
-    base = [f"--tensor-parallel-size {tp}"]
-    if pp > 1:
-        base.append(f"--pipeline-parallel-size {pp}")
+    base = size_flags("vLLM", tp, pp, cp)
     base += ["--enable-chunked-prefill", f"--max-num-batched-tokens {chunk}"]
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
-    kw = {"version": ev.key, "launcher": ev.launcher}
+    kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     moe = _moe(spec)
     if fam == "sglang-sp-moe":
         return EngineRecipe(
