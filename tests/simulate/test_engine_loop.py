@@ -118,5 +118,5 @@ def test_the_serving_summary_brackets_its_ttft_with_the_fixed_costs_band(tmp_pat
         Arrival(requests=0)
     with pytest.raises(TpplanError, match="takes its prompts from a workload"):
         arrivals_for(Arrival(rate=1.0), None)
-    with pytest.raises(TpplanError, match="context of 1000"):
-        arrivals_for(Arrival(), wl, max_context=1000)
+    with pytest.raises(TpplanError, match="context of 500"):
+        arrivals_for(Arrival(trace=str(trace)), None, max_context=500)

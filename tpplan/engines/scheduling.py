@@ -134,7 +134,6 @@ SGLANG_0_5_23 = SchedulerRules(
     not_modelled=(
         "decode batches: SGLang runs prefill first, so a waiting prompt never waits for decode, but decode holds "
         "running-request slots and KV that can stop admission (--max-running-requests, the KV pool)",
-        "--enable-dynamic-chunking (off by default) resizes chunks under PP",
     ),
 )
 

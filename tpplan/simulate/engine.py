@@ -32,9 +32,13 @@ class EngineLoop:
     costs: Overheads
     config: LoopConfig
 
+    pp: int = 1
+
     def conditions(self) -> tuple[str, ...]:
-        """What the loop does not model for this engine, and the fixed costs it assumes, in words."""
-        return (*self.rules.not_modelled, *self.pipeline.schedule.not_modelled, self.costs.describe())
+        """What the loop does not model for this engine (under PP its PP schedule's too), and the fixed
+        costs it assumes, in words."""
+        pp_lines = self.pipeline.schedule.not_modelled if self.pp > 1 else ()
+        return (*self.rules.not_modelled, *pp_lines, self.costs.describe())
 
 
 def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
@@ -63,7 +67,7 @@ def engine_loop(
         step_overhead_s=costs.step_s,
         request_in_s=costs.request_s,
     )
-    return EngineLoop(pipeline, rules, costs, config)
+    return EngineLoop(pipeline, rules, costs, config, deployment.pp)
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:

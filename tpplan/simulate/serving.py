@@ -47,18 +47,14 @@ class Arrival:
 
 
 def arrivals_for(arrival: Arrival, workload: Workload | None, max_context: int | None = None) -> Arrivals:
-    """The requests `arrival` describes; Poisson and the closed loop take their prompts from `workload`."""
+    """The requests `arrival` describes; Poisson and the closed loop take their prompts from `workload`.
+    `max_context` bounds a trace's prompts (a workload's are taken as its author set them, as the cost
+    model always has)."""
     if arrival.trace is not None:
         return load_trace(arrival.trace, max_context)
     if workload is None:
         raise TpplanError(
             "arrivals", "a closed loop or a rate takes its prompts from a workload", "give a workload, or a trace file"
-        )
-    if max_context is not None and max(workload.input_lens or [workload.prompt_len(0)]) > max_context:
-        raise TpplanError(
-            f"workload {workload.name}",
-            f"has prompts longer than the model's context of {max_context}",
-            "use shorter prompts",
         )
     n = arrival.requests or workload.total_requests
     if arrival.rate is None:
@@ -69,7 +65,7 @@ def arrivals_for(arrival: Arrival, workload: Workload | None, max_context: int |
 
 
 def _run(p: Predictor, arrivals: Arrivals, loop: EngineLoop, cfg: LoopConfig | None = None) -> LoopResult:
-    return serve(p, arrivals, loop if cfg is None else EngineLoop(loop.pipeline, loop.rules, loop.costs, cfg))
+    return serve(p, arrivals, loop if cfg is None else replace(loop, config=cfg))
 
 
 def serving_summary(

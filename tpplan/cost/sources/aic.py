@@ -32,8 +32,9 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, wraps
 from typing import Any, Literal
 
 from tpplan.cost.kernel_source import (
@@ -43,6 +44,7 @@ from tpplan.cost.kernel_source import (
     KernelPrice,
     MoeShape,
 )
+from tpplan.cost.sources.aic_cache import answer_file
 from tpplan.errors import TpplanError
 
 AIC_ENGINES = ("sglang", "vllm", "trtllm")
@@ -156,12 +158,18 @@ def resolve_system(system: str) -> str:
 
 @cache
 def aic_databases() -> dict[str, dict[str, list[str]]]:
-    """{system: {engine: [queryable versions]}} the installed package holds (no table is loaded)."""
+    """{system: {engine: [queryable versions]}} the installed package holds (no table is loaded;
+    kept in the answer cache, `aic_cache`, since listing them takes seconds)."""
     _require_aic("AIC database list")
-    from aiconfigurator_core.sdk import perf_database
+    listing = answer_file("databases")
+    held, found = listing.get("supported")
+    if not held:
+        from aiconfigurator_core.sdk import perf_database
 
-    found = perf_database.get_supported_databases()
-    return {s: {e: list(v) for e, v in sorted(found[s].items())} for s in sorted(found)}
+        raw = perf_database.get_supported_databases()
+        found = {s: {e: list(v) for e, v in sorted(raw[s].items())} for s in sorted(raw)}
+        listing.put("supported", found)
+    return found
 
 
 def system_tables(system: str) -> dict[str, list[str]] | None:
@@ -178,14 +186,21 @@ def default_version(system: str, engine: str) -> str | None:
     newest maintainer-completed collection (a newer 'next' slot, when listed, is a partial drop
     backward-filled from current; ask for it by name)."""
     _require_aic("AIC default version")
+    system = resolve_system(system)
+    listing = answer_file("databases")
+    known, version = listing.get(f"default:{system}/{engine}")
+    if known:
+        return version
     from aiconfigurator_core.sdk import perf_database
 
-    system = resolve_system(system)
     held = aic_databases().get(system, {}).get(engine, [])
     slots = perf_database.get_version_slots(system, engine)  # cheap: AIC's query_versions.yaml
     if slots is not None and slots.get("current") in held:
-        return slots["current"]
-    return perf_database.get_latest_database_version(system, engine)  # lists every database again
+        version = slots["current"]
+    else:
+        version = perf_database.get_latest_database_version(system, engine)  # lists every database again
+    listing.put(f"default:{system}/{engine}", version)
+    return version
 
 
 @dataclass
@@ -255,6 +270,29 @@ def _reach(by_heads: Any, shape: AttentionShape) -> float | None:
     )
 
 
+Shape = GemmShape | AttentionShape | MoeShape | CollectiveShape
+_Query = Callable[["AicSource", Any], "KernelPrice | None"]
+
+
+def _remembered(query: _Query) -> _Query:
+    """`query` answered from the on-disk answer cache where it holds the question, else asked of
+    the database and the answer (or its absence) kept, with any fallback tables loading it logged."""
+
+    @wraps(query)
+    def ask(self: AicSource, shape: Any) -> KernelPrice | None:
+        key = f"{query.__name__}|{self.moe_distribution}|{self.all_reduce}|{int(self.attention_extras)}|{shape!r}"
+        held, answer = self._answers.get(key)
+        if held:
+            return None if answer is None else KernelPrice(float(answer[0]), str(answer[1]), bool(answer[2]))
+        before = set(_FALLBACKS)
+        price = query(self, shape)
+        logged = {t: f for t, f in _FALLBACKS.items() if t not in before}
+        self._answers.put(key, None if price is None else [price.seconds, price.source, price.extrapolated], logged)
+        return price
+
+    return ask
+
+
 class AicSource:
     """Prices from AIConfigurator's database for one GPU system, engine and engine version.
 
@@ -306,7 +344,14 @@ class AicSource:
         self.all_reduce = all_reduce
         self.attention_extras = attention_extras
         self.name = f"aic:{self.system}/{self.engine}@{self.version}"
-        self._loaded = _load(self.system, self.engine, self.version)
+        self._answers = answer_file(f"{self.system}-{self.engine}-{self.version}")
+        for table, path in self._answers.fallbacks.items():  # what loading its tables logged, when they were
+            _FALLBACKS.setdefault(table, path)
+
+    @property
+    def _loaded(self) -> _Loaded:
+        """The database and its query engine, loaded on the first question the answer cache lacks."""
+        return _load(self.system, self.engine, self.version)
 
     @property
     def load_seconds(self) -> float:
@@ -387,6 +432,7 @@ class AicSource:
             self._loaded.ranges[key] = (ms, ns, ks)
         return self._loaded.ranges[key]
 
+    @_remembered
     def gemm(self, shape: GemmShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import GEMM
@@ -407,6 +453,7 @@ class AicSource:
 
     # ---- attention -------------------------------------------------------------------------
 
+    @_remembered
     def attention(self, shape: AttentionShape) -> KernelPrice | None:
         if shape.tokens < 1 or shape.heads < 1 or shape.batch < 1:
             return None
@@ -515,6 +562,7 @@ class AicSource:
         tokens = sorted(_keys(by_tokens))
         return (quant.name, tokens) if tokens else None
 
+    @_remembered
     def moe(self, shape: MoeShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import MoE
@@ -565,6 +613,7 @@ class AicSource:
             return None
         return "nccl", sorted(_keys(view[half][op][ranks]))
 
+    @_remembered
     def collective(self, shape: CollectiveShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import NCCL, CustomAllReduce
