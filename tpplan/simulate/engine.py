@@ -55,13 +55,14 @@ def pp_unpriced(pipeline: PipelineModel) -> tuple[str, ...]:
 
 def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
     """Whether the engine schedules the next step while the GPU runs this one, on this deployment:
-    SGLang's overlap schedule is off under PP; vLLM's async scheduling needs the multiprocessing
-    executor, and a replica over several nodes runs the Ray executor (the launch line's), which has none."""
+    SGLang's overlap schedule is off under PP; vLLM keeps async scheduling on every executor its launch
+    lines use, the Ray executor of a replica over several nodes included (`gpus_per_node` is kept for
+    the engines whose rule depends on the nodes)."""
     if not rules.cpu_overlap:
         return False
     if rules.key.startswith("sglang@"):
         return deployment.pp == 1
-    return deployment.replica_gpus <= gpus_per_node
+    return True
 
 
 def engine_loop(
