@@ -47,6 +47,7 @@ FLAG_OF = {
     "top": "--top",
     "tokens": "--tokens",
     "topology": "--topology",
+    "cp_kv": "--cp-kv",
 }
 _FIELD = re.compile(r"\b(" + "|".join(FLAG_OF) + r")=(\S*)")
 
