@@ -16,6 +16,12 @@ NOT_DEPLOYMENT = {
     "--objective": "the memo ranks by predicted time, search's default objective",
     "--all": "the memo takes the search's best of each family, search's default mode",
     "--wide": "a terminal-table width switch",
+    # the workload's arrivals for search's serving block (the engine's loop, tpplan.simulate); not a deployment
+    # option, and the memo has no serving section yet
+    "--arrival-rate": "arrivals, not the deployment (search's serving block)",
+    "--trace": "arrivals, not the deployment (search's serving block)",
+    "--requests": "arrivals, not the deployment (search's serving block)",
+    "--seed": "arrivals, not the deployment (search's serving block)",
 }
 
 

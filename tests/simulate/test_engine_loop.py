@@ -34,7 +34,7 @@ def predictor(tp: int, pp: int, replicas: int = 1, engine: str = "sglang@0.5.23"
 @pytest.mark.parametrize("engine", ["sglang@0.5.23", "vllm@0.33.0"])
 def test_without_fixed_costs_the_loop_prices_ttft_as_the_cost_model_does(tp, pp, replicas, engine) -> None:  # type: ignore[no-untyped-def]
     p = predictor(tp, pp, replicas, engine)
-    wl = Workload(input_lens=[3000, 700, 5000], concurrency=4, num_requests=9, chunk_size=2048)
+    wl = Workload(input_lens=[3000, 700, 5000], concurrency=4, num_requests=9, chunk_size=2048, cached_share=0.3)
     loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, 8, fixed_costs=False)
     got = serve(p, workload_arrivals(wl), loop)
     assert got.ttfts == pytest.approx(list(pipeline_ttft(p, wl).ttft_s), rel=1e-12)
@@ -54,7 +54,8 @@ def test_a_short_prompt_gets_the_fixed_costs_as_its_floor() -> None:
 def test_which_deployments_overlap_the_scheduler_with_the_gpu() -> None:
     sgl, vll = scheduler_rules("sglang@0.5.23"), scheduler_rules("vllm@0.33.0")
     assert cpu_overlaps(sgl, Deployment(8), 8) and not cpu_overlaps(sgl, Deployment(8, pp=2), 8)
-    assert cpu_overlaps(vll, Deployment(4, pp=2), 8) and not cpu_overlaps(vll, Deployment(8, pp=2), 8)
+    # vLLM keeps async scheduling under the Ray executor of a two-node replica (RayExecutorV2 is a MultiprocExecutor)
+    assert cpu_overlaps(vll, Deployment(4, pp=2), 8) and cpu_overlaps(vll, Deployment(8, pp=2), 8)
     p = predictor(1, 2)
     assert engine_loop(p.pipeline, p.deployment, 8192, 8).costs.step_s == STEP_CPU.value_s
 
@@ -78,3 +79,44 @@ def test_the_cost_model_doc_states_the_fixed_costs_as_the_data_does() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "cost-model.md").read_text()
     for m in (REQUEST_ROUND_TRIP, STEP_CPU, STEP_CPU_OVERLAPPED):
         assert f"- {m.quantity}: {m.cite()}" in doc
+
+
+def test_a_workload_s_cached_share_starts_each_prompt_past_its_cached_prefix() -> None:
+    p = predictor(2, 1)
+    cold = Workload(input_len=4000, concurrency=2, chunk_size=8192)
+    warm = cold.with_overrides("test", cached_share=0.75)
+    res = pipeline_ttft(p, warm)
+    assert [(s.start_pos, s.n_tokens) for b in res.batches for s in b.segments] == [(3000, 1000)] * 2
+    assert res.mean_s < pipeline_ttft(p, cold).mean_s
+
+
+def test_the_serving_summary_brackets_its_ttft_with_the_fixed_costs_band(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tpplan.simulate.serving import Arrival, arrivals_for, serving_summary
+
+    p = predictor(1, 2, 2)
+    wl = Workload(input_lens=[300, 2000], concurrency=4, chunk_size=1024)
+    closed = arrivals_for(Arrival(requests=10), wl)
+    rate = arrivals_for(Arrival(rate=50.0, requests=30, seed=3), wl)
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens\n0,100\n0.01,900\n")
+    assert (
+        len(closed.requests) == 10
+        and len(rate.requests) == 30
+        and len(arrivals_for(Arrival(trace=str(trace)), None).requests) == 2
+    )
+    res, out = serving_summary(p, rate, wl.chunk_size, 8, per_request=True)
+    ttft, band = out["ttft"], out["ttft_band"]
+    assert isinstance(ttft, dict) and isinstance(band, dict)
+    for key in ("mean_s", "p50_s", "p90_s", "p99_s"):
+        assert band[key][0] < ttft[key] < band[key][1]
+    assert out["idealised_mean_s"] < ttft["mean_s"] == res.mean_s
+    assert out["settings"]["in_flight"] == 2 and len(out["requests"]) == 30  # type: ignore[index]
+    assert any("prefill first" in c or "decode" in c for c in out["conditions"])  # type: ignore[union-attr]
+    with pytest.raises(TpplanError, match="arrival_rate and trace"):
+        Arrival(rate=1.0, trace="x.csv")
+    with pytest.raises(TpplanError, match="requests=0"):
+        Arrival(requests=0)
+    with pytest.raises(TpplanError, match="takes its prompts from a workload"):
+        arrivals_for(Arrival(rate=1.0), None)
+    with pytest.raises(TpplanError, match="context of 500"):
+        arrivals_for(Arrival(trace=str(trace)), None, max_context=500)

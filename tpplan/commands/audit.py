@@ -27,6 +27,17 @@ from tpplan.commands._options import (
     load_cluster,
 )
 from tpplan.commands._plan_deployment import print_deployment_notes, resolve
+from tpplan.commands._serving import (
+    ArrivalRateOpt,
+    RequestsOpt,
+    SeedOpt,
+    TraceOpt,
+    arrival_of,
+    asked,
+    print_serving,
+    serving_arrivals,
+    serving_block,
+)
 from tpplan.placement import COLLECTIVE_SHORT
 from tpplan.units import signed_pct
 
@@ -116,6 +127,10 @@ def register(app: typer.Typer) -> None:
                 "--crossover", help="Tokens per step at which each plan overtakes baseline, per layer kind (--topology)"
             ),
         ] = False,
+        arrival_rate: ArrivalRateOpt = None,
+        trace: TraceOpt = None,
+        requests: RequestsOpt = None,
+        seed: SeedOpt = 0,
     ) -> None:
         """Check plans op by op against the model's real layer graph and count their communication;
         with --topology (and --workload) also predict time, memory and TTFT."""
@@ -123,9 +138,13 @@ def register(app: typer.Typer) -> None:
         from tpplan.errors import TpplanError
 
         check_json_target(json_target)
-        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
+        arrival = arrival_of(arrival_rate, trace, requests, seed)
+        serving_asked = asked(arrival_rate, trace, requests)
+        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked) and not (
+            topology or cluster
+        ):
             raise TpplanError(
-                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover",
+                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover/--arrival-rate/--trace/--requests",
                 "predictions need a topology",
                 "add --topology (e.g. h200x8-ib400)",
             )
@@ -163,6 +182,13 @@ def register(app: typer.Typer) -> None:
                                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
                                         replicas=replicas)  # fmt: skip
         data: dict[str, Any] = to_json(result, predictions)
+        arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
+        if arrivals is not None and topo is not None:
+            for pa, entry in zip(result.plans, data["plans"], strict=True):
+                entry["serving"] = serving_block(result.graph, pa.plan, topo, arrivals, wl, tp=result.n, pp=pp,
+                                                 dtype=result.dtype, expert_dtype=expert_dtype, cp=cp,
+                                                 cp_recurrence=cp_recurrence, cp_layers=cp_layers, replicas=replicas,
+                                                 per_request=True)  # fmt: skip
         if cp > 1:
             from tpplan.layout.context_parallel import audit_cp
 
@@ -180,6 +206,8 @@ def register(app: typer.Typer) -> None:
             _print_predictions(data, wide, cluster_text(topo))
         if crossover:
             _print_crossover(data["crossover"])
+        if arrivals is not None:
+            print_serving(data["plans"])
 
     @app.command("explain")
     def explain_cmd(

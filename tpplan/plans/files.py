@@ -27,6 +27,7 @@ from tpplan.layout.plan import MoEMode, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
 from tpplan.placement import S_TOK, Placement, R
+from tpplan.plans.decisions import check_decisions, exact_decisions
 
 PLAN_FILE_VERSION: Final = 1
 PLAN_FILE_SUFFIX = ".json"
@@ -120,7 +121,9 @@ class PlanFile(_Strict):
 def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], deployment: Deployment) -> PlanFile:
     """The file for `plan`, ranked at `deployment` (its sizes and CP mode; EP and MoE mode are the plan's) on
     `graph` (`found_for`: topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs
-    the same plan, so the decisions are one replica's (`verify` checks one)."""
+    the same plan, so the decisions are one replica's (`verify` checks one). Patterns are written as the exact
+    op names they match on `graph` (a file names every op exactly: `tpplan.plans.decisions`)."""
+    plan = exact_decisions(plan, graph)
     decisions = Decisions.model_validate(
         {
             "stream": plan.stream.value,
@@ -190,27 +193,6 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
             f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
         )
     d = pf.decisions
-    names = [*d.gather, *d.a2a, *d.replicate, *d.token_shard, *(q for pair in d.gather_for for q in pair)]
-    for q in names:
-        kind, slash, role = q.partition("/")
-        lg = graph.kinds.get(kind)
-        if lg is None:
-            if not slash or any(c in kind for c in "*?[") or kind in ff.layer_kinds:
-                continue  # a pattern, or a kind of the model it was found for that this one (a slice) lacks
-            raise TpplanError(
-                where,
-                f"its decision `{q}` names layer kind {kind!r}, which neither model {graph.spec.name} (layer kinds "
-                f"{', '.join(graph.kinds)}) nor the file's own model {ff.model} has",
-                f"name one of those layer kinds, or search this model: tpplan search --model {graph.spec.name} "
-                "... --save DIR",
-            )
-        known = {op.role for op in lg.ops} | {f"layer.{v}" for v in lg.values}
-        if role not in known:
-            raise TpplanError(
-                where,
-                f"found for {ff.model}; its decision `{q}` names no op of model {graph.spec.name}",
-                f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
-            )
     notes: tuple[str, ...] = ()
     dep = pf.deployment
     if ff.model != graph.spec.name or dep.tp != n:
@@ -248,6 +230,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         notes=notes,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},
     )
+    check_decisions(plan, graph, ff.layer_kinds, where)
     return _check_async_tp(plan, graph, n, where) if plan.overlap == "asynctp" else plan
 
 

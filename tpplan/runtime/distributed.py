@@ -483,7 +483,13 @@ class PlanRunner:
                 continue
             routing = op.inputs[1]
             start = index.get(routing)
-            if start is None or dec.strategy.inputs[1] is not S_TOK:
+            # the router's own output must be the rank's rows: from R (stream R, slice taken at the experts)
+            # its first rows are rank 0's, and the counts would be every rank's tokens (issue 35)
+            if (
+                start is None
+                or dec.strategy.inputs[1] is not S_TOK
+                or res.decisions[start].strategy.output is not S_TOK
+            ):
                 continue
             if not any(converted & set(o.inputs) for o in lg.ops[start + 1 : j + 1]):
                 out[routing] = op

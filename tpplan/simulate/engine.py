@@ -32,20 +32,25 @@ class EngineLoop:
     costs: Overheads
     config: LoopConfig
 
+    pp: int = 1
+
     def conditions(self) -> tuple[str, ...]:
-        """What the loop does not model for this engine, and the fixed costs it assumes, in words."""
-        return (*self.rules.not_modelled, *self.pipeline.schedule.not_modelled, self.costs.describe())
+        """What the loop does not model for this engine (under PP its PP schedule's too), and the fixed
+        costs it assumes, in words."""
+        pp_lines = self.pipeline.schedule.not_modelled if self.pp > 1 else ()
+        return (*self.rules.not_modelled, *pp_lines, self.costs.describe())
 
 
 def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
     """Whether the engine schedules the next step while the GPU runs this one, on this deployment:
-    SGLang's overlap schedule is off under PP; vLLM's async scheduling needs the multiprocessing
-    executor, and a replica over several nodes runs the Ray executor (the launch line's), which has none."""
+    SGLang's overlap schedule is off under PP; vLLM keeps async scheduling on every executor its launch
+    lines use, the Ray executor of a replica over several nodes included (`gpus_per_node` is kept for
+    the engines whose rule depends on the nodes)."""
     if not rules.cpu_overlap:
         return False
     if rules.key.startswith("sglang@"):
         return deployment.pp == 1
-    return deployment.replica_gpus <= gpus_per_node
+    return True
 
 
 def engine_loop(
@@ -62,13 +67,13 @@ def engine_loop(
         step_overhead_s=costs.step_s,
         request_in_s=costs.request_s,
     )
-    return EngineLoop(pipeline, rules, costs, config)
+    return EngineLoop(pipeline, rules, costs, config, deployment.pp)
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:
     """A closed-loop workload's requests as the loop takes them (prompts cycled, its cached share)."""
     lens = workload.input_lens or [workload.prompt_len(0)]
-    shapes = [Shape(n, workload.output_len) for n in lens]
+    shapes = [Shape(n, workload.output_len, workload.cached_share) for n in lens]
     return closed_loop(workload.concurrency, shapes, workload.total_requests)
 
 
