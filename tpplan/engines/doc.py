@@ -136,7 +136,7 @@ def _engine(ev: EngineVersion) -> list[str]:
         "",
         f"- in flight: {p.in_flight} ({p.source.cite()})",
         f"- chunks of one prompt: {p.chunks_of_one_request} ({p.chunks_source.cite()})",
-        f"- stage boundary: {p.boundary} ({p.boundary_source.cite()})",
+        f"- stage boundary: {p.boundary_for()} ({p.boundary_source.cite()})",
         f"- more sources: {'; '.join(s.cite() for s in p.more_sources)}",
         *(f"- not modelled: {n}" for n in p.not_modelled),
         f"- what tpplan assumes with `--engine {ev.key}`: {p.assumption(ev.engine + ' ' + ev.version)}.",
