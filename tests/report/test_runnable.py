@@ -74,6 +74,8 @@ def _bottom_target(a) -> None:
         e = next(x for x in target.engines if x.engine == launch[1])
         assert e.runs and f"`{' '.join(e.args)}`" in b.text
         assert_realises(e, target.parallel)
+        step = next(s for s in a.next_steps if s.key == b.target)  # its full price: memory against the card
+        assert f"price: {step.price}." in b.text and step.price.startswith("memory per rank ")
     top = a.next_steps[0]
     if not top.engine_ok:
         assert f"The fastest predicted, `{top.key}`" in b.text and "needs code" in b.text

@@ -218,9 +218,9 @@ def _context_parallel() -> list[str]:
         "",
         "What each engine shards, gathers and keeps per CP rank (`tpplan/engines/context_parallel.py`).",
         "tpplan's modes: `--cp-layers all` (every layer on the rank's tokens, a TP group per CP rank) and",
-        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). With `--engine sglang` or",
-        "`--engine vllm` a CP rank's KV cache holds the whole sequence (both engines write the gathered K/V",
-        "into every rank's cache); without an engine tpplan counts KV / cp.",
+        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). By default a CP rank's KV",
+        "cache holds the whole sequence, as both engines keep it (they write the gathered K/V into every rank's",
+        "cache: `--cp-kv engines`); `--cp-kv sharded` asks for tpplan's own count, KV / cp.",
         "",
     ]
     for p in CP_PATHS:
