@@ -118,6 +118,9 @@ class PlanPrediction:
     provenance: Provenance | None = None  # how the times were made and the error band that applies
     cp: int = 1  # context-parallel size: TP groups per stage, each on 1/cp of the tokens
     replicas: int = 1  # identical copies of the deployment, the workload's requests split between them
+    # what the serving loop that priced `ttft` does not model for its engine (empty: the cost model's own
+    # idealised schedule; `tpplan.simulate.serving.with_serving_loop` fills it); not in the JSON
+    serving_conditions: tuple[str, ...] = ()
 
     @property
     def compute_s(self) -> float:

@@ -35,10 +35,20 @@ class EngineLoop:
     pp: int = 1
 
     def conditions(self) -> tuple[str, ...]:
-        """What the loop does not model for this engine (under PP its PP schedule's too), and the fixed
-        costs it assumes, in words."""
-        pp_lines = self.pipeline.schedule.not_modelled if self.pp > 1 else ()
-        return (*self.rules.not_modelled, *pp_lines, self.costs.describe())
+        """What the loop does not model for this engine and where its fixed costs come from, in words
+        without figures (a memo's conditions; under PP a pointer to the PP schedule's own list,
+        `pp_unpriced`, which the memo prints with its figures; the costs' figures: `costs.describe()`)."""
+        pp_lines = (PP_POINTER,) if self.pp > 1 and pp_unpriced(self.pipeline) else ()
+        return (*self.rules.not_modelled, *pp_lines, self.costs.condition())
+
+
+PP_POINTER = 'what the engine\'s PP schedule leaves unpriced (under "Pipeline parallelism as the engines schedule it")'
+
+
+def pp_unpriced(pipeline: PipelineModel) -> tuple[str, ...]:
+    """The PP schedule's settings the loop leaves out. The loop prices the scheduler's CPU per step
+    (`simulate.overheads`), so the schedule's note that the CPU time is not priced is dropped here."""
+    return tuple(c for c in pipeline.schedule.not_modelled if "CPU time" not in c)
 
 
 def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
@@ -81,4 +91,4 @@ def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
     return simulate(arrivals, predictor_prices(p), loop.config, replicas=p.deployment.replicas)
 
 
-__all__ = ["EngineLoop", "cpu_overlaps", "engine_loop", "serve", "workload_arrivals"]
+__all__ = ["PP_POINTER", "EngineLoop", "cpu_overlaps", "engine_loop", "pp_unpriced", "serve", "workload_arrivals"]
