@@ -55,7 +55,7 @@ def test_replicas_and_overlap_are_in_the_line():
     sgl, vll = _recipes("tiny-deepseek-v3", "sp-moe+dbo", dep)
     assert sgl.realises == "no" and "--enable-dbo is vLLM" in sgl.summary  # SGLang has no DBO
     assert "--enable-dbo" in vll.args and vll.replicas == 2
-    assert vll.line().startswith("vLLM 0.33.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
+    assert vll.line().startswith("vLLM 0.34.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
 
 
 def test_cp_layers_mla_has_no_released_flag():

@@ -33,6 +33,7 @@ class OpTime:
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
     extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
     source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
+    note: str | None = None  # where its weight format was priced from other rows (`OpPrices._moe_note`)
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives

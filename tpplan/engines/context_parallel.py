@@ -226,7 +226,7 @@ SGLANG_KDA_CONTIGUOUS = CpPath(
 )
 
 VLLM_PCP = CpPath(
-    engine="vLLM 0.33.0",
+    engine=f"vLLM {vllm.VERSION}",
     name="prefill context parallel (PCP)",
     flags=("--prefill-context-parallel-size C",),
     models="MLA models only (the MRV2 PCP manager refuses others)",
@@ -287,7 +287,7 @@ VLLM_PCP = CpPath(
 )
 
 VLLM_DCP = CpPath(
-    engine="vLLM 0.33.0",
+    engine=f"vLLM {vllm.VERSION}",
     name="decode context parallel (DCP): not a prefill split",
     flags=("--decode-context-parallel-size D",),
     models="MLA and GQA backends that support DCP",

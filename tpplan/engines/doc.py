@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpplan.engines import ENGINES
+from tpplan.engines import ENGINES, vllm
 from tpplan.engines.async_tp import (
     AG_DECOMPOSITION,
     AG_PIPELINE,
@@ -114,6 +114,23 @@ def _engine(ev: EngineVersion) -> list[str]:
         out.append("")
     for m in ev.modes:
         out += _mode(m)
+    if ev.collectives is not None:
+        c = ev.collectives
+        out += [
+            f"### NCCL's NVLS at the launch line's defaults (`{c.setting}`)",
+            "",
+            f"{c.text} ({c.source.cite()}). tpplan prices in-node collectives from the cluster's own curves, "
+            "fitted constants and declared algorithms (`tpplan/cost/comm.py`); `--engine` adds the engine's "
+            "tables only where the cluster states nothing, so a cluster priced with NVLS should be launched with "
+            + (", ".join(f"`{f}`" for f in c.enable) or "NCCL's default")
+            + " to run what was priced.",
+            "",
+        ]
+    if ev.supports:
+        out += ["### Options only some model classes run", "", "| option | model types | how | source |",
+                "| --- | --- | --- | --- |"]  # fmt: skip
+        out += [f"| `{s.option}` | {', '.join(s.model_types)} | {s.how} | {s.source.cite()} |" for s in ev.supports]
+        out.append("")
     out += [
         "### Pipeline parallelism as this engine schedules it",
         "",
@@ -172,7 +189,8 @@ def _async_tp() -> list[str]:
         f"- GEMM -> reduce-scatter: {RS_DECOMPOSITION} ({RS_PIPELINE.cite()})",
         f"- volume: {VOLUME}",
         f"- peers: every rank maps its peers' buffers; {PEERS.cite()}: one NVLink domain (a node here)",
-        f"- vLLM 0.33.0 has no async-TP or sequence-parallelism pass ({NO_VLLM_PASS.cite()}); the op "
+        f"- vLLM {vllm.VERSION} (and 0.33.0) has no async-TP or sequence-parallelism pass "
+        f"({NO_VLLM_PASS.cite()}); the op "
         f"`vllm.patched_fused_scaled_matmul_reduce_scatter` is registered and called by nothing "
         f"({UNUSED_VLLM_OP.cite()}). Earlier main had one: `pass_config.fuse_gemm_comms` on top of "
         f"`enable_sp`, the same two torch ops (and FP8 scaled-mm variants for bf16 models), with piecewise "

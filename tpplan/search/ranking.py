@@ -81,6 +81,11 @@ class _Setup:
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
+    @property
+    def has_moe(self) -> bool:
+        """Whether the model has MoE layers (a found plan's words speak of experts only then)."""
+        return any(layer.mlp.kind == "moe" for layer in self.graph.spec.layers)
+
     def baseline_audit(self, tp: int) -> PlanAudit:
         from tpplan.plans.named import baseline as baseline_plan
 
@@ -345,12 +350,12 @@ def _search_deployment(
         families, walks = res.globals_searched, walks + res.walks
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
-            name, _, _ = describe(c.glob, c.configs)
+            name, _, _ = describe(c.glob, c.configs, s.has_moe)
             excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
         for c in res.candidates:
             if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
                 break
-            name, short, summary = describe(c.glob, c.configs)
+            name, short, summary = describe(c.glob, c.configs, s.has_moe)
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
@@ -465,7 +470,7 @@ def _async_tp_entries(
         for c in res.candidates:
             if _lower_bound(s, c.score, pp) >= best:
                 return out
-            name, short, summary = describe(c.glob, c.configs)
+            name, short, summary = describe(c.glob, c.configs, s.has_moe)
             if name in seen:
                 continue
             seen.add(name)
@@ -553,17 +558,6 @@ def _search_one(
         return (e.where, e.reason, e.fix)
 
 
-def _worker_gc() -> None:
-    """A forked worker's garbage collector: what it inherited (the model graph, the price tables) is
-    frozen rather than scanned by every full collection, and young objects are collected in larger
-    batches. The walk allocates many short-lived containers; this takes about 10% off its CPU
-    (docs/benchmarks.md, "Search command speed"). The worker exits after the search."""
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
-
-
 def _search_all(
     s: _Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
 ) -> list[_Deployed | tuple[str, str, str]]:
@@ -582,7 +576,9 @@ def _search_all(
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         # fork only a single-threaded process (forking threads can deadlock the child)
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
+
+            from tpplan.search.pool import forked_pool
 
             for n, _, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
                 with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
@@ -591,7 +587,7 @@ def _search_all(
                 import tpplan.cost.predict
                 import tpplan.cost.pricing  # noqa: F401
             workers = min(len(grid), cores)
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_gc) as pool:
+            with forked_pool(workers) as pool:
                 futures = [pool.submit(_search_one, n, p, float("inf"), c, r) for n, p, c, r in grid]
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):

@@ -34,12 +34,14 @@ class EngineLoop:
 
     pp: int = 1
 
-    def conditions(self) -> tuple[str, ...]:
-        """What the loop does not model for this engine and where its fixed costs come from, in words
-        without figures (a memo's conditions; under PP a pointer to the PP schedule's own list,
-        `pp_unpriced`, which the memo prints with its figures; the costs' figures: `costs.describe()`)."""
-        pp_lines = (PP_POINTER,) if self.pp > 1 and pp_unpriced(self.pipeline) else ()
-        return (*self.rules.not_modelled, *pp_lines, self.costs.condition())
+    def conditions(self, figures: bool = True) -> tuple[str, ...]:
+        """What the loop does not model for this engine (under PP its PP schedule's unpriced settings,
+        `pp_unpriced`) and where its fixed costs come from. `figures` False: in words without figures
+        (a memo's conditions), the PP settings as a pointer to the memo's PP section that lists them."""
+        pp = pp_unpriced(self.pipeline) if self.pp > 1 else ()
+        if not figures:
+            return (*self.rules.not_modelled, *((PP_POINTER,) if pp else ()), self.costs.condition())
+        return (*self.rules.not_modelled, *pp, self.costs.describe())
 
 
 PP_POINTER = 'what the engine\'s PP schedule leaves unpriced (under "Pipeline parallelism as the engines schedule it")'
@@ -53,13 +55,14 @@ def pp_unpriced(pipeline: PipelineModel) -> tuple[str, ...]:
 
 def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
     """Whether the engine schedules the next step while the GPU runs this one, on this deployment:
-    SGLang's overlap schedule is off under PP; vLLM's async scheduling needs the multiprocessing
-    executor, and a replica over several nodes runs the Ray executor (the launch line's), which has none."""
+    SGLang's overlap schedule is off under PP; vLLM keeps async scheduling on every executor its launch
+    lines use, the Ray executor of a replica over several nodes included (`gpus_per_node` is kept for
+    the engines whose rule depends on the nodes)."""
     if not rules.cpu_overlap:
         return False
     if rules.key.startswith("sglang@"):
         return deployment.pp == 1
-    return deployment.replica_gpus <= gpus_per_node
+    return True
 
 
 def engine_loop(

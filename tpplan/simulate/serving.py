@@ -98,7 +98,6 @@ def serving_summary(
             "sources": [m.url for m in loop.costs.sources],
         },
         "conditions": list(loop.conditions()),
-        "fixed_costs": loop.costs.describe(),
     }
     if per_request:
         out["requests"] = [t.to_json() for t in res.timelines]
@@ -125,7 +124,7 @@ def with_serving_loop(predict: PredictFn) -> PredictFn:
                              pipeline=kw.get("pipeline"), replicas=kw.get("replicas", 1))  # fmt: skip
         loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
         res = serve(p, workload_arrivals(wl), loop)
-        return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions())
+        return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
 
     return run
 
