@@ -47,6 +47,7 @@ FLAG_OF = {
     "top": "--top",
     "tokens": "--tokens",
     "topology": "--topology",
+    "cp_kv": "--cp-kv",
     "arrival_rate": "--arrival-rate",
     "requests": "--requests",
 }

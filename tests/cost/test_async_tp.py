@@ -245,11 +245,11 @@ def test_search_with_asynctp_finds_the_brute_force_best(tmp_path):
 
 def test_plan_file_round_trip_keeps_the_fusion_and_rechecks_it(tmp_path):
     from tpplan.plans.decisions import exact_decisions
-    from tpplan.plans.files import load_plan_file, plan_file_data
+    from tpplan.plans.files import Deployment, load_plan_file, plan_file_data
 
     g = graph("tiny-qwen3")
     plan = make_plan("sequence-parallel+asynctp", g, 2)
-    pf = plan_file_data(plan, g, {"topology": "h200x2"}, tp=2)
+    pf = plan_file_data(plan, g, {"topology": "h200x2"}, Deployment(tp=2))
     path = tmp_path / "plan.json"
     path.write_text(pf.model_dump_json())
     back = load_plan_file(str(path), g, 2)

@@ -298,4 +298,4 @@ def test_why_cp_does_not_fit_quotes_the_cp_rows_memory():
     assert f"`TP1xCP2` holds {gib(m.weights)} of weights per rank, {gib(m.kv_cache)} of KV cache and " in note
     assert ("the weights alone exceed the cap" in note) == (m.weights > a.memory_cap_bytes)
     assert f"against {gib(a.memory_cap_bytes)}" in note
-    assert "layers/cp/zigzag.py" in note and "v1/attention/ops/pcp.py" in note  # the engines' KV per CP rank
+    assert "the whole sequence's KV cache on every CP rank, as the engines keep it" in note  # `--cp-kv engines`

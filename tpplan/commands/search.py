@@ -14,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpKvOpt,
     CpLayersOpt,
     EngineOpt,
     GpuOpt,
@@ -99,6 +100,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         cp_layers: CpLayersOpt = "all",
+        cp_kv: CpKvOpt = "engines",
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -191,6 +193,7 @@ def register(app: typer.Typer) -> None:
                 pp=pp,
                 cp=cp,
                 cp_layers=cp_layers,
+                cp_kv=cp_kv,
                 replicas=reps,
                 workload=wl,
                 memory_cap_gib=memory_cap_value(memory_cap),
@@ -210,9 +213,11 @@ def register(app: typer.Typer) -> None:
             for r, entry in zip(outcome.ranked, entries, strict=True):
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
-                                                 replicas=r.replicas)  # fmt: skip
+                                                 cp_kv=cp_kv, replicas=r.replicas)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
+        if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
+            data["cp_kv"] = cp_kv
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

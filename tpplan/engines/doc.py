@@ -136,7 +136,7 @@ def _engine(ev: EngineVersion) -> list[str]:
         "",
         f"- in flight: {p.in_flight} ({p.source.cite()})",
         f"- chunks of one prompt: {p.chunks_of_one_request} ({p.chunks_source.cite()})",
-        f"- stage boundary: {p.boundary} ({p.boundary_source.cite()})",
+        f"- stage boundary: {p.boundary_for()} ({p.boundary_source.cite()})",
         f"- more sources: {'; '.join(s.cite() for s in p.more_sources)}",
         *(f"- not modelled: {n}" for n in p.not_modelled),
         f"- what tpplan assumes with `--engine {ev.key}`: {p.assumption(ev.engine + ' ' + ev.version)}.",
@@ -218,9 +218,9 @@ def _context_parallel() -> list[str]:
         "",
         "What each engine shards, gathers and keeps per CP rank (`tpplan/engines/context_parallel.py`).",
         "tpplan's modes: `--cp-layers all` (every layer on the rank's tokens, a TP group per CP rank) and",
-        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). With `--engine sglang` or",
-        "`--engine vllm` a CP rank's KV cache holds the whole sequence (both engines write the gathered K/V",
-        "into every rank's cache); without an engine tpplan counts KV / cp.",
+        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). By default a CP rank's KV",
+        "cache holds the whole sequence, as both engines keep it (they write the gathered K/V into every rank's",
+        "cache: `--cp-kv engines`); `--cp-kv sharded` asks for tpplan's own count, KV / cp.",
         "",
     ]
     for p in CP_PATHS:

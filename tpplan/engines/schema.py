@@ -153,6 +153,15 @@ class PipelineSchedule:
     boundary_source: Source
     more_sources: tuple[Source, ...] = ()
     not_modelled: tuple[str, ...] = ()  # engine settings the TTFT model leaves at their defaults
+    # (model_types, clause): what crosses the boundary for those models only (K3's attention-residual
+    # bank), each clause with its leading separator; a memo prints only its own model's (`boundary_for`)
+    boundary_models: tuple[tuple[tuple[str, ...], str], ...] = ()
+
+    def boundary_for(self, model_type: str | None = None) -> str:
+        """`boundary` with the clauses for `model_type` (None: every model's, as docs/engines.md lists them)."""
+        return self.boundary + "".join(
+            c for types, c in self.boundary_models if model_type is None or model_type in types
+        )
 
     def in_flight_at(self, pp: int) -> int:
         """Micro-batches in flight at PP `pp`."""

@@ -586,8 +586,14 @@ PIPELINE = PipelineSchedule(
     boundary="PPProxyTensors point-to-point: send_tensor_dict(all_gather_group=attn_tp_group) sends each "
     "attention-TP rank's 1/N slice of every tensor and the next stage's recv_tensor_dict all-gathers it over "
     "attention TP, so a token-sharded stream is gathered too (to_pp completes every owed sum before transport); "
-    "the tensors are hidden_states and residual, for Kimi-K3 the stream head alone (its residual folded in) plus "
-    "attn_res_bank, the [T, ceil(end_layer / block), H] snapshot bank",
+    "the tensors are hidden_states and residual",
+    boundary_models=(
+        (
+            ("kimi_k3",),
+            ", for Kimi-K3 the stream head alone (its residual folded in) plus "
+            "attn_res_bank, the [T, ceil(end_layer / block), H] snapshot bank",
+        ),
+    ),
     boundary_gathers=True,
     boundary_source=_rel("python/sglang/srt/distributed/parallel_state.py", "GroupCoordinator.send_tensor_dict"),
     more_sources=(

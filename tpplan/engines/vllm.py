@@ -264,8 +264,14 @@ PIPELINE = PipelineSchedule(
     "get_tp_group()) sends each TP rank's 1/N slice of every tensor and the next stage's irecv_tensor_dict "
     "all-gathers it over TP; sequence parallelism is off with PP (DeepSeek-V2 MoE SP requires PP 1; Kimi-K3's "
     "use_sequence_parallel requires pipeline_parallel_size == 1 and asserts 'Currently, SP is not supported with "
-    "PP'), so no sequence-parallel shard crosses a boundary; Kimi-K3 sends hidden_states (its prefix sum folded in) "
-    "and, as residual, the [T, ceil(end_layer / block), H] attention-residual bank",
+    "PP'), so no sequence-parallel shard crosses a boundary",
+    boundary_models=(
+        (
+            ("kimi_k3",),
+            "; Kimi-K3 sends hidden_states (its prefix sum folded in) "
+            "and, as residual, the [T, ceil(end_layer / block), H] attention-residual bank",
+        ),
+    ),
     boundary_gathers=True,
     boundary_source=_rel("vllm/v1/worker/gpu_worker.py", "Worker.execute_model"),
     more_sources=(

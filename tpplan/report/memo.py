@@ -463,12 +463,13 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
     from tpplan.engines import select
 
     items = []
+    model_type = a.graph.spec.model_type  # a boundary clause for another model (K3's bank) is not printed
     for key in a.engines:
         ev = select(key)
         p = ev.pipeline
         items.append(
             f"{ev.engine} {ev.version}: in flight: {p.in_flight} ({p.source.cite()}); chunks of one prompt: "
-            f"{p.chunks_of_one_request} ({p.chunks_source.cite()}); stage boundary: {p.boundary} "
+            f"{p.chunks_of_one_request} ({p.chunks_source.cite()}); stage boundary: {p.boundary_for(model_type)} "
             f"({p.boundary_source.cite()})."
         )
     model = pipeline_model(a.pp_engine or None)

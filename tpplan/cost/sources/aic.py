@@ -326,7 +326,9 @@ class AicSource:
         known = aic_databases()
         if self.system not in known:
             raise TpplanError(
-                f"AIC system {system!r}", "the database has no such GPU system", f"use one of {', '.join(known)}"
+                f"AIC system {system!r}",
+                f"AIConfigurator {AIC_VERSION} holds no kernel tables for this GPU system",
+                f"drop --engine, or use a GPU model whose system has tables ({', '.join(known)}; `tpplan gpus`)",
             )
         if engine not in known[self.system]:
             raise TpplanError(
