@@ -43,6 +43,8 @@ from tpplan.units import signed_pct
 
 if TYPE_CHECKING:
     from tpplan.audit import PlanAudit
+    from tpplan.cost.topology import Topology
+    from tpplan.models.graph import ModelGraph
 
 TpOpt = Annotated[
     int | None,
@@ -210,6 +212,7 @@ def register(app: typer.Typer) -> None:
         if predictions:
             assert topo is not None
             _print_predictions(data, wide, cluster_text(topo))
+            print_fp8_note(topo, result.graph, dtype, expert_dtype)
         if crossover:
             _print_crossover(data["crossover"])
         if arrivals is not None:
@@ -406,6 +409,16 @@ def _print_crossover(rows: list[dict[str, object]]) -> None:
 # detail of the memory, TTFT and communication columns. The default tables fit 100 columns.
 _WIDE_ONLY = {"compute", "replicated", "KV", "p50 s", "max s"}
 _WIDE_ONLY_PER_LAYER = {"collectives"}
+
+
+def print_fp8_note(topo: Topology, graph: ModelGraph, dtype: str, expert_dtype: str | None) -> None:
+    """Under predicted times: that fp8 GEMMs were priced as bf16 ones, where the GPU has no fp8."""
+    from tpplan.cost.gpu import fp8_fallback_note
+
+    quant = graph.spec.quant
+    note = fp8_fallback_note(topo.gpu, dtype, expert_dtype, quant is not None and quant.fmt.compute == "fp8")
+    if note:
+        print_wrapped(make_console(), note, indent=2)
 
 
 def provenance_line(prov: dict | None) -> str:
