@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from tpplan.cost.workload import PrefillBatch, TTFTResult
+from tpplan.cost.workload import PrefillBatch, ReplicaShare, TTFTResult
 from tpplan.simulate.requests import Request
 
 
@@ -60,6 +60,7 @@ class LoopResult:
 
     timelines: tuple[Timeline, ...]
     steps: tuple[PrefillBatch, ...]
+    shares: tuple[ReplicaShare, ...] = ()  # each replica's part, when several served the requests
     ttfts: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +109,7 @@ class LoopResult:
             batches=self.steps,
             makespan_s=self.makespan_s,
             prefill_tokens=sum(t.request.prompt_tokens for t in self.timelines),
+            replicas=self.shares,
         )
 
 
