@@ -176,11 +176,12 @@ def register(app: typer.Typer) -> None:
         result = audit(model, tp, plan, dtype)
         print_plan_notes(pa.plan for pa in result.plans)
         if topo is not None:
+            from tpplan.cost.kv_capacity import kv_engines_for
             from tpplan.cost.predict import predict_audit
 
             predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
                                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
-                                        replicas=replicas)  # fmt: skip
+                                        replicas=replicas, kv_engines=kv_engines_for(engine))  # fmt: skip
         data: dict[str, Any] = to_json(result, predictions)
         arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
         if arrivals is not None and topo is not None:
