@@ -127,7 +127,19 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
         return base
     label = f"{base.label}, band composed per op class and source"
     basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
-    return Provenance(base.key, label, band, basis + _aic_fallback_note(parts) + format_note(prediction), tuple(parts))
+    notes = _aic_fallback_note(parts) + format_note(prediction) + _engine_collectives_note(parts)
+    return Provenance(base.key, label, band, basis + notes, tuple(parts))
+
+
+def _engine_collectives_note(parts: list[BandPart]) -> str:
+    """Where an engine's tables priced collectives, one clause saying they only added what the cluster lacks
+    (`cost.comm.cluster_states`): the cluster's own curves, fitted constants and declared algorithms win."""
+    if not any(p.klass == "collectives" and p.source == "aic" for p in parts):
+        return ""
+    return (
+        "; collectives the cluster has no measured curve, fitted constant or declared algorithm for were priced from "
+        "the --engine tables (AIC); the cluster's own collective data priced the rest"
+    )
 
 
 def format_note(prediction: object) -> str:

@@ -374,7 +374,7 @@ def analyse(
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
     data-parallel size) are server settings the engine gates read; `engines` the engine versions
-    (`sglang@0.5.23`, `vllm@0.33.0`; default: each engine's current release, tpplan.engines).
+    (`sglang@0.5.23`, `vllm@0.34.0`; default: each engine's current release, tpplan.engines).
     `progress` is told each step. Every plan is audited once (`audits`, of `model`'s graph: the
     search, the predictions and the volume sweep share them). The memo searches what `tpplan search`
     does with the same inputs: its TP x CP x PP grid and, like it, micro-batch overlap only when
