@@ -83,10 +83,10 @@ def test_mla_caches_the_latent_whole_on_every_rank() -> None:
 def test_sglang_linear_attention_hybrid_splits_state_slots_first() -> None:
     p = _predictor("tiny-qwen3-next", 2)
     spec = p.graph.spec
-    full = [l.attn for l in spec.layers if l.attn.kind == "gqa"]
+    full = [layer.attn for layer in spec.layers if layer.attn.kind == "gqa"]
     assert 0 < len(full) < len(spec.layers)
     cell = sum(max(1, a.kv_heads // 2) * 2 * a.head_dim * 2 for a in full)
-    slot = sum(mixer(l.attn.kind).state_bytes(l.attn, 2, 2, STATE_BYTES) for l in spec.layers)
+    slot = sum(mixer(layer.attn.kind).state_bytes(layer.attn, 2, 2, STATE_BYTES) for layer in spec.layers)
     assert slot > 0
     c = kv_capacity(p, "sglang@0.5.23", LONG)
     rest = 79.6 * GIB * _sglang_fraction(79.6 * 1024, 2, 1, False) - c.weights
@@ -99,7 +99,7 @@ def test_sglang_linear_attention_hybrid_splits_state_slots_first() -> None:
 def test_sliding_window_hybrid_sizes_both_pools() -> None:
     p = _predictor("tiny-gpt-oss", 2)
     spec = p.graph.spec
-    windows = [l.attn.window for l in spec.layers if l.attn.window]
+    windows = [layer.attn.window for layer in spec.layers if layer.attn.window]
     assert windows and len(windows) < len(spec.layers)
     per_layer = max(1, spec.layers[0].attn.kv_heads // 2) * 2 * spec.layers[0].attn.head_dim * 2
     n_swa = len(windows)
@@ -124,10 +124,10 @@ def test_vllm_blocks_from_the_profiled_budget(engine: str, block: int) -> None:
     c = kv_capacity(p, engine, LONG)
     peak = c.settings["activation_peak_bytes"]
     card = 79.6 * GIB
-    if engine == "vllm@0.34.0":  # extensible: headroom - max(1 GiB, 0.75 peak) - peak, utilization 1.0
-        kv = card - c.weights - max(GIB, 0.75 * peak) - peak
-    else:  # ceil(total x 0.92) - weights - peak (CUDA graphs and non-torch memory not estimated)
-        kv = card * 0.92 - c.weights - peak
+    # 0.34.0, extensible: headroom - max(1 GiB, 0.75 peak) - peak at utilization 1.0; 0.33.0: ceil(total x 0.92)
+    # - weights - peak (CUDA graphs and non-torch memory not estimated)
+    extensible = engine == "vllm@0.34.0"
+    kv = card - c.weights - max(GIB, 0.75 * peak) - peak if extensible else card * 0.92 - c.weights - peak
     assert c.pool_bytes == pytest.approx(kv)
     assert c.tokens == int(kv // (block * cell)) * block
     assert c.batch == min(int(kv // (math.ceil(LONG / block) * block * cell)), 1024)
