@@ -487,7 +487,9 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
         }
         t.add_row(*(cells[c] for c in cols))
     show(console, t, wrap=("memory",))
-    console.print(provenance_line(first.get("provenance")), markup=False)
+    # the question's band: the baseline's prediction, as search and the memo state it (question_provenance)
+    ref = next((p["prediction"] for p in data["plans"] if p["name"] == "baseline" and p.get("prediction")), first)
+    console.print(provenance_line(ref.get("provenance")), markup=False)
     if r > 1:
         console.print(
             f"Replicas: times and memory per rank are one replica's; TTFT is over every request, the workload's "
