@@ -12,6 +12,8 @@ import html
 import re
 from dataclasses import dataclass, field
 
+from tpplan.text import plain
+
 
 @dataclass(frozen=True)
 class Heading:
@@ -76,7 +78,7 @@ def to_markdown(title: str, blocks: list[Block]) -> str:
             out += [f"```{b.lang}", b.text.rstrip("\n"), "```", ""]
         elif isinstance(b, Image):
             out += [f"![{b.alt}]({b.name})", ""]
-    return "\n".join(out).rstrip("\n") + "\n"
+    return plain("\n".join(out).rstrip("\n") + "\n", keep_lines=True)  # names from inputs as text (issue 35)
 
 
 _INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
@@ -142,4 +144,4 @@ def to_html(title: str, blocks: list[Block]) -> str:
             data = base64.b64encode(b.png).decode("ascii")
             out.append(f'<figure><img alt="{html.escape(b.alt)}" src="data:image/png;base64,{data}"></figure>')
     out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return plain("\n".join(out) + "\n", keep_lines=True)  # names from inputs as text (issue 35)
