@@ -28,6 +28,7 @@ PLANNER = (
     "bench_results",
     "inputs",
     "units",
+    "signals",
 )
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
 
@@ -193,7 +194,7 @@ def test_the_torch_block_works() -> None:
 
 # docs/design.md, "Layers and their rules", bottom up; a module imports only from its own rank or below.
 LAYERS = [
-    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units", "text"),
+    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units", "signals", "text"),
     ("models",),
     ("layout",),
     ("plans", "engines"),

@@ -117,7 +117,7 @@ def test_a_gpu_typo_points_to_tpplan_gpus():
 def test_engine_on_a_gpu_whose_system_has_no_tables_is_one_line(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-qwen3", "--tp", "2", "--topology",
                            "h200x8-ib400", "--gpu", "l4-datasheet", "--engine", "sglang")  # fmt: skip
-    assert code == 2 and "l4" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "no kernel tables" in err and "`tpplan gpus`" in err and len(err.strip().splitlines()) == 1
 
 
 def test_gpus_table_fits_100_columns(monkeypatch, capsys):

@@ -171,14 +171,44 @@ def print_plan_notes(plans: Iterable[Plan]) -> None:
         print_wrapped(err, f"note: {note}", indent=2)
 
 
+# In a file or pipe (CI logs, `2>&1 | tee`, a job's log) a long command prints plain progress lines:
+# none for a command done within QUIET_S, then at most one line every EVERY_S.
+QUIET_S = 3.0
+EVERY_S = 5.0
+
+
+class PlainSteps:
+    """`steps` off a terminal: a step becomes one plain stderr line at a modest rate (no live
+    display, which a log would get as nothing until the end)."""
+
+    def __init__(self, err: Console, what: str) -> None:
+        self.err, self.what = err, what
+        self.t0 = self.last = time.perf_counter()
+        self.said = 0
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        if now - self.t0 < QUIET_S or (self.said and now - self.last < EVERY_S):
+            return
+        self.err.print(f"{self.what}: {step} ({now - self.t0:.0f} s)", markup=False, soft_wrap=True)
+        self.last, self.said = now, self.said + 1
+
+    def done(self) -> None:
+        if self.said:
+            self.err.print(f"{self.what}: done in {time.perf_counter() - self.t0:.1f} s", markup=False)
+
+
 @contextmanager
 def steps(what: str) -> Iterator[Callable[[str], None]]:
-    """A status line on stderr, in a terminal, naming the step a long command is at and the seconds
-    so far (`report` and `search` take 10-45 s); silent in files and pipes, so logs and tests see
-    only the result. Yields the function a command passes to the API as its `progress`."""
+    """Progress of a long command on stderr, naming the step it is at and the seconds so far
+    (`report` and `search` take 10-45 s): a status line in a terminal, plain lines in a file or pipe
+    once the command has run QUIET_S (so a quick run's log holds only the result). Yields the
+    function a command passes to the API as its `progress`."""
     err = TextConsole(stderr=True)
     if not err.is_terminal:
-        yield lambda _step: None
+        plain = PlainSteps(err, what)
+        yield plain
+        plain.done()
         return
     t0 = time.perf_counter()
     with err.status(Text(f"{what} ...")) as status:  # Text: a status string would be parsed as markup

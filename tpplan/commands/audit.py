@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show, styled
 from tpplan.commands._options import (
     ClusterOpt,
+    CpKvOpt,
     CpLayersOpt,
     CpOpt,
     CpRecurrenceOpt,
@@ -24,6 +26,18 @@ from tpplan.commands._options import (
     emit_json,
     json_option,
     load_cluster,
+)
+from tpplan.commands._plan_deployment import print_deployment_notes, resolve
+from tpplan.commands._serving import (
+    ArrivalRateOpt,
+    RequestsOpt,
+    SeedOpt,
+    TraceOpt,
+    arrival_of,
+    asked,
+    print_serving,
+    serving_arrivals,
+    serving_block,
 )
 from tpplan.placement import COLLECTIVE_SHORT
 from tpplan.units import signed_pct
@@ -69,6 +83,7 @@ def _fmt_bytes(b: float) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_cmd(
+        ctx: typer.Context,
         model: ModelOpt,
         tp: TpOpt = None,
         plan: Annotated[
@@ -100,6 +115,7 @@ def register(app: typer.Typer) -> None:
         cp: CpOpt = 1,
         cp_recurrence: CpRecurrenceOpt = "scan",
         cp_layers: CpLayersOpt = "all",
+        cp_kv: CpKvOpt = "engines",
         replicas: ReplicasOpt = 1,
         nodes: Annotated[
             int | None,
@@ -120,6 +136,10 @@ def register(app: typer.Typer) -> None:
                 "--crossover", help="Tokens per step at which each plan overtakes baseline, per layer kind (--topology)"
             ),
         ] = False,
+        arrival_rate: ArrivalRateOpt = None,
+        trace: TraceOpt = None,
+        requests: RequestsOpt = None,
+        seed: SeedOpt = 0,
     ) -> None:
         """Check plans op by op against the model's real layer graph and count their communication;
         with --topology (and --workload) also predict time, memory and TTFT."""
@@ -127,12 +147,26 @@ def register(app: typer.Typer) -> None:
         from tpplan.errors import TpplanError
 
         check_json_target(json_target)
-        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
+        arrival = arrival_of(arrival_rate, trace, requests, seed)
+        serving_asked = asked(arrival_rate, trace, requests)
+        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked) and not (
+            topology or cluster
+        ):
             raise TpplanError(
-                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover",
+                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover/--arrival-rate/--trace/--requests",
                 "predictions need a topology",
                 "add --topology (e.g. h200x8-ib400)",
             )
+        # a plan file's deployment where no flag sets it (commands/_plan_deployment.py)
+        d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence,
+                                "cp_layers": cp_layers, "cp_kv": cp_kv, "replicas": replicas})  # fmt: skip
+        tp, pp, cp, replicas = d["tp"], d["pp"], d["cp"], d["replicas"]  # type: ignore[assignment]
+        cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
+        print_deployment_notes(d)
+        if (pp != 1 or replicas != 1) and not (topology or cluster):  # from the file: legality and bytes only
+            why = (f"without --topology the audit checks legality and bytes per token, which PP {pp} and "
+                   f"{replicas} replica(s) do not change; add --topology to predict time and memory there")  # fmt: skip
+            print_deployment_notes(replace(d, notes=(why,)))
         predictions = None
         topo = wl = None
         if topology or cluster or gpu or engine:
@@ -154,9 +188,16 @@ def register(app: typer.Typer) -> None:
             from tpplan.cost.predict import predict_audit
 
             predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
-                                        cp_recurrence=cp_recurrence, cp_layers=cp_layers,
+                                        cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
                                         replicas=replicas)  # fmt: skip
         data: dict[str, Any] = to_json(result, predictions)
+        arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
+        if arrivals is not None and topo is not None:
+            for pa, entry in zip(result.plans, data["plans"], strict=True):
+                entry["serving"] = serving_block(result.graph, pa.plan, topo, arrivals, wl, tp=result.n, pp=pp,
+                                                 dtype=result.dtype, expert_dtype=expert_dtype, cp=cp,
+                                                 cp_recurrence=cp_recurrence, cp_layers=cp_layers, replicas=replicas,
+                                                 per_request=True)  # fmt: skip
         if cp > 1:
             from tpplan.layout.context_parallel import audit_cp
 
@@ -174,11 +215,16 @@ def register(app: typer.Typer) -> None:
             _print_predictions(data, wide, cluster_text(topo))
         if crossover:
             _print_crossover(data["crossover"])
+        if arrivals is not None:
+            print_serving(data["plans"])
 
     @app.command("explain")
     def explain_cmd(
+        ctx: typer.Context,
         model: ModelOpt,
-        tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N", callback=TP_RANGE)],
+        tp: Annotated[
+            int | None, typer.Option("--tp", help="Tensor-parallel size N (default: a plan file's)", callback=TP_RANGE)
+        ] = None,
         plan: Annotated[str, typer.Option("--plan", "-p", help="Plan to explain")] = "baseline",
         dtype: DtypeOpt = "bf16",
         cp: CpOpt = 1,
@@ -187,8 +233,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show one layer of each kind as a dataflow with placements and collectives."""
         from tpplan.audit import audit
+        from tpplan.errors import TpplanError
         from tpplan.explain import explain_cp, explain_layer
         from tpplan.layout.context_parallel import audit_cp
+
+        d = resolve(ctx, [plan], {"tp": tp, "cp": cp, "cp_recurrence": cp_recurrence, "cp_layers": cp_layers})
+        tp, cp = d["tp"], d["cp"]  # type: ignore[assignment]
+        cp_recurrence, cp_layers = d["cp_recurrence"], d["cp_layers"]  # type: ignore[assignment]
+        if tp is None:
+            raise TpplanError("--tp", "no TP size given", "pass --tp N (or a plan file, which holds its own)")
+        print_deployment_notes(d)
 
         result = audit(model, tp, [plan], dtype)
         cpa = audit_cp(result.graph, tp, cp, cp_recurrence, cp_layers) if cp > 1 else None  # type: ignore[arg-type]

@@ -197,7 +197,8 @@ class GpuSpec(Strict):
                               f"pass one of those, or {name} alone for its current release")  # fmt: skip
         refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
                 for k in ("aic", "aic-fitted")]  # fmt: skip
-        stack = f"{engine} kernels (AIConfigurator database, {self.system})"
+        stack = f"{engine} kernels (AIConfigurator database, {self.system}; in-node collectives from it only where "
+        stack += "the cluster has no measured curve, fitted constant or declared algorithm)"
         stack += f" over {self.software}" if self.software else ""
         return self.model_copy(update={"sources": [*refs, *self.sources], "software": stack})
 

@@ -163,6 +163,36 @@ def judge(
     return Verdict(v.key, status, head, tuple(reasons), formula)
 
 
+def switch_price(v: Variant, ref: Variant) -> str:
+    """What a switch from `ref` to `v` costs per rank: its predicted memory against today's and the card's
+    capacity, with its parts (weights, replicated weights among them, KV cache for the workload's tokens,
+    recurrent state, activations), the room it leaves the engine for more KV blocks, and the GPUs it takes.
+    Without a memory prediction: the replicated weights the audit counts."""
+    p, q = next(iter(v.predictions.values()), None), next(iter(ref.predictions.values()), None)
+    m, m0 = getattr(p, "memory", None), getattr(q, "memory", None)
+    card = float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
+    if m is None or m0 is None or not card:
+        extra = held_weights(v)[1]
+        return (
+            f"+{gib(extra)} of replicated weights per rank" if extra else "no replicated weights (memory not predicted)"
+        )
+    parts = [
+        f"weights {gib(m.weights)}" + (f", {gib(m.replicated_extra)} of them replicated" if m.replicated_extra else "")
+    ]
+    parts.append(f"KV cache {gib(m.kv_cache)} for the workload's tokens")
+    if m.recurrent_state:
+        parts.append(f"recurrent state {gib(m.recurrent_state)}")
+    parts.append(f"activations {gib(m.activations)}")
+    text = (
+        f"memory per rank {gib(m0.total)} -> {gib(m.total)} of the card's {gib(card)} ({'; '.join(parts)}), leaving "
+        f"{gib(card - m.total)} for more KV blocks and the engine's buffers ({gib(card - m0.total)} today)"
+    )
+    gpus, gpus0 = v.parallel.gpus, ref.parallel.gpus
+    if gpus != gpus0:
+        text += f"; {gpus} GPUs instead of {gpus0}"
+    return text
+
+
 def next_steps(
     variants: list[Variant], ref: Variant, wl: str | None, band: Provenance, gpu_bytes: float = 0.0
 ) -> list[NextStep]:
@@ -191,7 +221,7 @@ def next_steps(
         if gain <= 0:
             continue
         extra = held_weights(v)[1]
-        price = f"+{gib(extra)} of replicated weights per rank" if extra else "none"
+        price = switch_price(v, ref)
         sgl = deciding_engine(v.engines)
         ok = engine_ok(sgl)
         engine = sgl.line() if ok and sgl else f"needs code: no engine runs it as is ({no_engine(v)})"
