@@ -66,11 +66,13 @@ def test_a_terminal_gets_tpplans_own_styles_but_no_markup_or_controls_from_names
 def test_names_in_plan_workload_and_cluster_files_are_text(tmp_path):
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.files import plan_file_data
+    from tpplan.plans.files import Deployment, plan_file_data
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model("tiny-llama"))
-    data = json.loads(plan_file_data(make_plan("sequence-parallel", graph, 2), graph, {}, 2).model_dump_json())
+    data = json.loads(
+        plan_file_data(make_plan("sequence-parallel", graph, 2), graph, {}, Deployment(tp=2)).model_dump_json()
+    )
     data.update(name=f"[/]{CSI_CLEAR}", title=LINK, summary=OSC_TITLE)
     (tmp_path / "plan.json").write_text(json.dumps(data))
     (tmp_path / "w.toml").write_text(
@@ -170,11 +172,11 @@ def test_curve_points_near_float_max_are_refused(tmp_path):
 def test_a_100000_character_plan_name_is_refused_at_validation(tmp_path):
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.files import plan_file_data
+    from tpplan.plans.files import Deployment, plan_file_data
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model("tiny-llama"))
-    data = json.loads(plan_file_data(make_plan("baseline", graph, 2), graph, {}, 2).model_dump_json())
+    data = json.loads(plan_file_data(make_plan("baseline", graph, 2), graph, {}, Deployment(tp=2)).model_dump_json())
     data["name"] = "p" * 100_000
     (tmp_path / "p.json").write_text(json.dumps(data))
     code, out, err = run("audit", "--model", "tiny-llama", "--tp", "2", "--plan", str(tmp_path / "p.json"))
