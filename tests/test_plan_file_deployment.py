@@ -86,3 +86,17 @@ def test_files_of_two_deployments_in_one_run_are_refused(saved, monkeypatch, cap
     code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-kimi-k3", "--plan", str(f), "--plan", str(g))
     assert code == 2
     assert "TP2xPP4 and TP2xPP2" in " ".join(err.split())
+
+
+@pytest.mark.slow
+def test_verify_takes_the_tp_from_the_file(saved):
+    """`verify --plan FILE` without --tp runs the file's TP group (2 gloo ranks) and says PP 4 is not run."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    f, _ = saved
+    r = subprocess.run([sys.executable, "-m", "tpplan", "verify", "--model", "tiny-kimi-k3", "--plan", str(f),
+                        "--tokens", "32", "--chunk", "16"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all passed: 1/1 plans" in r.stdout and "does not run --pp 4" in " ".join(r.stderr.split())

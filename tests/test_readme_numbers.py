@@ -49,6 +49,16 @@ def test_each_quoted_output_line_is_what_the_command_prints(args, quoted):
     assert not stale, f"docs/concepts.md quotes lines `tpplan {' '.join(args)}` no longer prints: {stale[:5]}"
 
 
+def test_readme_quoted_audit_numbers_are_current():
+    """The README's "What it answers" block paraphrases an audit's lines: each number it quotes is printed."""
+    ((args, quoted),) = _quoted_runs(README)
+    code, out, err = run_captured(*args)
+    assert code == 0, err
+    numbers = re.findall(r"[-+]?\d[\d,.]*\d%?|\d", "\n".join(quoted))
+    flat = " ".join(out.split())
+    assert numbers and not [n for n in numbers if n not in flat], [n for n in numbers if n not in flat]
+
+
 def test_concepts_read_together_figures_are_current():
     """The paragraph under the K3 audit: forward times and their change against baseline, recomputed."""
     import json

@@ -125,3 +125,18 @@ def test_sglang_nvls_default_is_recorded():
     assert c is not None and c.nvls is False and "--enable-nccl-nvls" in c.enable
     assert c.source.function.startswith("_set_envs_and_config")
     assert select("vllm@0.34.0").collectives.nvls is None
+
+
+def test_vllm_pp_support_is_read_per_model_class(k3):
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+    from tpplan.report.engines.vllm import vllm_recipe
+
+    r = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), k3, tp=8, pp=4)
+    pp = next(c for c in r.conditions if "--pipeline-parallel-size" in c.text)
+    assert pp.met is True and "KimiK3ForConditionalGeneration (SupportsPP)" in pp.source and "0.34.0" in pp.source
+    mixtral = load_model("tiny-mixtral")
+    r = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), mixtral, tp=2, pp=2)
+    assert next(c for c in r.conditions if "--pipeline-parallel-size" in c.text).met is None
+    assert not any("--pipeline-parallel-size" in c.text for c in vllm_recipe(
+        make_plan("baseline", build_model_graph(k3), 8), k3, tp=8).conditions)  # fmt: skip

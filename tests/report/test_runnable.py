@@ -58,6 +58,11 @@ def test_replicas_and_overlap_are_in_the_line():
     assert vll.line().startswith("vLLM 0.34.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
 
 
+def test_dp_attention_lines_name_the_engine_version():
+    for e in _recipes("tiny-deepseek-v3", "vllm-dp-ep", Deployment(2)):
+        assert e.version and e.line().startswith(f"{e.engine} {e.version.partition('@')[2]}: ")
+
+
 def test_cp_layers_mla_has_no_released_flag():
     sgl, vll = _recipes("tiny-deepseek-v3", "baseline", Deployment(2, cp=2, cp_layers="mla"))
     assert sgl.realises == vll.realises == "no" and "PR #38344" in sgl.summary

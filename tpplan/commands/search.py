@@ -36,7 +36,15 @@ from tpplan.commands._serving import (
     serving_arrivals,
     serving_block,
 )
-from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
+from tpplan.commands.audit import (
+    DtypeOpt,
+    ModelOpt,
+    WideOpt,
+    _fmt_bytes,
+    over_note,
+    print_fp8_note,
+    provenance_line,
+)
 from tpplan.units import signed_pct
 
 
@@ -226,6 +234,8 @@ def register(app: typer.Typer) -> None:
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)
+            if topo is not None:
+                print_fp8_note(topo, graph, dtype, expert_dtype)
             print_serving(data["plans"], "deployment")  # type: ignore[arg-type]
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)

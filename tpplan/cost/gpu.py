@@ -211,6 +211,18 @@ class GpuSpec(Strict):
         return "physical kernel models" if self.kernel_models else "datasheet roofline"
 
 
+def fp8_fallback_note(gpu: GpuSpec, dtype: str, expert_dtype: str | None, checkpoint_fp8: bool) -> str | None:
+    """The sentence a table of predicted times carries when fp8 GEMMs (fp8 activations, fp8 experts,
+    or a checkpoint stored in fp8 with fp8 compute: `checkpoint_fp8`) run on a GPU without fp8 tensor
+    cores, which prices them as bf16 GEMMs (`gemm_dtype`); None when nothing asks for fp8 or it has it."""
+    if gpu.has_fp8 or not (dtype == "fp8" or expert_dtype == "fp8" or checkpoint_fp8):
+        return None
+    return (
+        f"fp8: {gpu.name} has no fp8 tensor cores; the fp8 GEMMs are priced as bf16 ones at its "
+        f"{gpu.bf16_tflops:g} TFLOP/s peak (the fp8 weights dequantized; their bytes and memory as stored)."
+    )
+
+
 GpuModel = GpuSpec  # the name the issue uses; one type
 
 # Fields a GPU file written before the split never had: left out of written files at their defaults.
@@ -234,4 +246,5 @@ __all__ = [
     "KernelProfile",
     "SourceRef",
     "Strict",
+    "fp8_fallback_note",
 ]
