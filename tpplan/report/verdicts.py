@@ -186,13 +186,8 @@ def switch_price(v: Variant, ref: Variant) -> str:
     parts.append(f"activations {gib(m.activations)}")
     text = f"memory per rank {gib(m0.total)} -> {gib(m.total)} of the card's {gib(card)} ({'; '.join(parts)})"
     room = kv_room(v, ref)
-    text += (
-        f"; {room}"
-        if room
-        else (
-            f", leaving {gib(card - m.total)} for more KV blocks and the engine's buffers ({gib(card - m0.total)} today)"
-        )
-    )
+    left, left0 = gib(card - m.total), gib(card - m0.total)
+    text += f"; {room}" if room else f", leaving {left} for more KV blocks and the engine's buffers ({left0} today)"
     gpus, gpus0 = v.parallel.gpus, ref.parallel.gpus
     if gpus != gpus0:
         text += f"; {gpus} GPUs instead of {gpus0}"
