@@ -94,3 +94,31 @@ def test_decode_summary_counts_tokens_per_gpu_and_per_user() -> None:
     assert d["output_tok_s_per_gpu"] == pytest.approx(20 / end / 2)
     assert d["mean_decode_batch"] == 4
     assert d["output_tok_s_per_user"] == pytest.approx(1 / res.timelines[0].tpot_s)
+
+
+def test_cached_prices_price_a_decode_step_at_its_mean_context_exactly_when_linear() -> None:
+    from tpplan.simulate.prices import CachedPrices
+
+    cached = CachedPrices(price)
+    for segs in [((1, 5), (1, 9)), ((1, 1000), (1, 3001), (1, 77)), ((300, 10), (1, 70000), (1, 65000))]:
+        assert cached(segs) == pytest.approx(price(segs))
+    nonlinear = CachedPrices(lambda segs: [max(c for _, c in segs) ** 0.5])  # priced at the mean context
+    assert nonlinear(((1, 100), (1, 300))) == pytest.approx([200**0.5], rel=1e-3)
+
+
+def test_audit_json_carries_decode_per_request(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"arrival_s": {i * 0.01}, "prompt_tokens": 256, "output_tokens": 20}}\n'
+                             for i in range(6)))  # fmt: skip
+    args = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--plan", "baseline", "--json", "-")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--trace", str(trace))
+    assert code == 0, err
+    d = json.loads(out)["plans"][0]["serving"]["decode"]
+    assert d["output_tokens"] == 120 and len(d["requests"]) == 6
+    assert all(r["latency_s"] == pytest.approx(r["ttft_s"] + 19 * r["tpot_s"]) for r in d["requests"])
+    assert d["tpot_s"]["p50"] <= d["tpot_s"]["p90"] <= d["tpot_s"]["p99"]
+    assert "scheduler.py" in d["settings"]["rule"] and d["settings"]["mixed_steps"] is False

@@ -244,7 +244,7 @@ class _Replica:
                 self.first_step[i],
                 self.prefill_end[i],
                 self.prefill_end[i] + out,
-                self.done_at[i] + out,
+                self.done_at[i] + out if self.cfg.decode or r.output_tokens == 1 else math.nan,
             )
             for i, r in enumerate(self.reqs)
         ]

@@ -57,7 +57,7 @@ class Timeline:
         return {"id": r.id, "replica": self.replica, "arrival_s": self.arrival_s, "prompt_tokens": r.prompt_tokens,
                 "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "wait_s": self.wait_s,
                 "ttft_s": self.ttft_s, "tpot_s": None if math.isnan(tpot) else tpot,
-                "latency_s": self.latency_s}  # fmt: skip
+                "latency_s": None if math.isnan(self.latency_s) else self.latency_s}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
