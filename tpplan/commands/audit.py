@@ -181,12 +181,13 @@ def register(app: typer.Typer) -> None:
             result = audit(model, tp, plan, dtype)
             print_plan_notes(pa.plan for pa in result.plans)
             if topo is not None:
+                from tpplan.cost.kv_capacity import kv_engines_for
                 from tpplan.cost.predict import predict_audit
 
                 say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
                 predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
                                             cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
-                                            replicas=replicas)  # fmt: skip
+                                            replicas=replicas, kv_engines=kv_engines_for(engine))  # fmt: skip
             data: dict[str, Any] = to_json(result, predictions)
             arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
             if arrivals is not None and topo is not None:
@@ -486,7 +487,9 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
         }
         t.add_row(*(cells[c] for c in cols))
     show(console, t, wrap=("memory",))
-    console.print(provenance_line(first.get("provenance")), markup=False)
+    # the question's band: the baseline's prediction, as search and the memo state it (question_provenance)
+    ref = next((p["prediction"] for p in data["plans"] if p["name"] == "baseline" and p.get("prediction")), first)
+    console.print(provenance_line(ref.get("provenance")), markup=False)
     if r > 1:
         console.print(
             f"Replicas: times and memory per rank are one replica's; TTFT is over every request, the workload's "

@@ -142,6 +142,15 @@ def _engine_collectives_note(parts: list[BandPart]) -> str:
     )
 
 
+def question_provenance(reference: object, topology: Topology, gpus: int) -> Provenance:
+    """The one band of a question, whichever command asks: the composed band of its reference
+    prediction (the current deployment's: baseline at the reference TP x PP unless the memo is told
+    `--current`), which `predict_plan` composed; the topology's where there is none (a stand-in
+    predictor's). Audit, search and the memo all state this figure (tests/test_one_band.py)."""
+    held = getattr(reference, "provenance", None)
+    return held if isinstance(held, Provenance) else provenance(topology, gpus)
+
+
 def format_note(prediction: object) -> str:
     """Where an op's weight format (block-scaled fp8, mxfp4, ...) was not priced from rows of that
     format, one clause per format and op class saying what priced it (`OpTime.note`)."""
@@ -178,4 +187,13 @@ def within_band(gain: float, band: float) -> bool:
     return abs(gain) <= band
 
 
-__all__ = ["BANDS", "Provenance", "composed_provenance", "provenance", "recorded_provenance", "within_band"]
+__all__ = [
+    "BANDS",
+    "Provenance",
+    "composed_provenance",
+    "format_note",
+    "provenance",
+    "question_provenance",
+    "recorded_provenance",
+    "within_band",
+]
