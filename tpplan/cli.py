@@ -54,6 +54,7 @@ FLAG_OF = {
     "cp_layers": "--cp-layers",
     "plan": "--plan",
     "engine": "--engine",
+    "weights": "--weights",
     "nodes": "--nodes",
     "workload": "--workload",
     "force": "--force",

@@ -193,7 +193,7 @@ class GpuSpec(Strict):
         known = engine_versions(name, self.system)
         if version is not None and version not in known:  # else it would be priced as another version
             listed = ", ".join(f"{name}@{v}" for v in known) or "none"
-            raise TpplanError(f"--engine {engine}", f"tpplan knows no {name} version {version} (it knows {listed})",
+            raise TpplanError(f"engine={engine}", f"tpplan knows no {name} version {version} (it knows {listed})",
                               f"pass one of those, or {name} alone for its current release")  # fmt: skip
         refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
                 for k in ("aic", "aic-fitted")]  # fmt: skip

@@ -24,7 +24,7 @@ from tpplan.errors import TpplanError
 from tpplan.inputs import check_path
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
-FIX = "point --weights at a folder of real *.safetensors files (re-export the checkpoint with safetensors if needed)"
+FIX = "point weights= at a folder of real *.safetensors files (re-export the checkpoint with safetensors if needed)"
 
 
 def check_folder(folder: Path | None) -> None:
@@ -32,9 +32,9 @@ def check_folder(folder: Path | None) -> None:
     checked in the command before any rank starts."""
     if folder is None:
         return
-    check_path(folder, f"--weights {folder}", FIX)
+    check_path(folder, f"weights={folder}", FIX)
     if not folder.is_dir():
-        raise TpplanError(f"--weights {folder}", "not a folder", "pass the folder holding the *.safetensors files")
+        raise TpplanError(f"weights={folder}", "not a folder", "pass the folder holding the *.safetensors files")
     checkpoint_files(folder)
 
 
@@ -51,7 +51,7 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
 def check_file(path: Path) -> None:
     """Refuse `path` unless it is a regular file laid out as safetensors (header length, JSON header,
     every tensor's data offsets inside the file), read without blocking."""
-    where = f"--weights: {path}"
+    where = f"weights={path}"
     try:
         st = os.stat(path)  # follows links: /dev/zero behind one is a device here
     except FileNotFoundError:
@@ -122,7 +122,7 @@ def open_checkpoint(path: Path) -> Iterator[Any]:
         with safe_open(str(path), framework="pt") as fh:
             yield fh
     except SafetensorError as exc:
-        raise TpplanError(f"--weights: {path}", f"safetensors cannot read it ({str(exc)[:200]})", FIX) from None
+        raise TpplanError(f"weights={path}", f"safetensors cannot read it ({str(exc)[:200]})", FIX) from None
 
 
 __all__ = ["check_file", "check_folder", "checkpoint_files", "open_checkpoint"]
