@@ -16,7 +16,7 @@ from tpplan.layout.propagate import propagate_model
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.decisions import exact_decisions
-from tpplan.plans.files import load_plan_file, plan_file_data, save_plan_dir
+from tpplan.plans.files import Deployment, load_plan_file, plan_file_data, save_plan_dir
 from tpplan.plans.named import make_plan
 from tpplan.search import deployments, run_search
 
@@ -44,7 +44,8 @@ def test_save_writes_one_file_per_ranked_plan(saved):
         f = json.loads((d / p["file"]).read_text())
         assert f["schema_version"] == 1 and f["name"] == entry["name"]
         ep, moe = f["decisions"]["ep_size"], f["decisions"]["moe"]
-        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "replicas": 1, "ep": ep, "moe": moe}
+        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "replicas": 1, "ep": ep, "moe": moe, "cp_layers": "all",
+                                   "cp_recurrence": "scan", "cp_kv": "engines"}  # fmt: skip
         assert f["found_for"]["model"] == "tiny-kimi-k3" and f["found_for"]["topology"] == "h200x8-ib400"
         assert f["found_for"]["rank"] == entry["rank"]
 
@@ -82,7 +83,7 @@ def test_round_trip_of_a_named_plan_with_every_decision_kind(tmp_path):
         "gate-aware", "input-scattered+restore", "sp-moe", "sglang-sp-moe", "latent-scattered", "sequence-parallel+ep2",
     ):  # fmt: skip
         plan = make_plan(name, graph, 2)
-        pf = plan_file_data(plan, graph, {"rank": 1}, 2)
+        pf = plan_file_data(plan, graph, {"rank": 1}, Deployment(tp=2))
         path = tmp_path / f"{name}.json"
         path.write_text(pf.model_dump_json())
         back = load_plan_file(str(path), graph, 2)
@@ -139,7 +140,10 @@ def test_save_never_touches_a_directory_it_did_not_write(tmp_path):
 
 def test_save_replaces_only_its_own_earlier_output(tmp_path):
     graph = build_model_graph(load_model("tiny-kimi-k3"))
-    files = [plan_file_data(make_plan(n, graph, 2), graph, {}, 2) for n in ("baseline", "sp-moe", "gate-aware")]
+    files = [
+        plan_file_data(make_plan(n, graph, 2), graph, {}, Deployment(tp=2))
+        for n in ("baseline", "sp-moe", "gate-aware")
+    ]
     d = tmp_path / "out"
     save_plan_dir(d, files)
     listed = [".tpplan-output", "index.json", "plan-1.json", "plan-2.json", "plan-3.json"]
@@ -241,7 +245,9 @@ def test_the_note_names_the_pipeline_stages_the_file_was_found_at(saved, tmp_pat
 @pytest.fixture(scope="module")
 def sp_file() -> dict:
     graph = build_model_graph(load_model("tiny-kimi-k3"))
-    return json.loads(plan_file_data(make_plan("sequence-parallel", graph, 2), graph, {}, 2).model_dump_json())
+    return json.loads(
+        plan_file_data(make_plan("sequence-parallel", graph, 2), graph, {}, Deployment(tp=2)).model_dump_json()
+    )
 
 
 @pytest.mark.parametrize(
@@ -292,7 +298,7 @@ def test_a_wildcard_gather_exits_2_on_the_command_line(sp_file, tmp_path):
 
 def test_a_bank_on_a_model_without_one_and_a_huge_name_are_refused_briefly(tmp_path):
     graph = build_model_graph(load_model("tiny-llama"))
-    data = json.loads(plan_file_data(make_plan("baseline", graph, 2), graph, {}, 2).model_dump_json())
+    data = json.loads(plan_file_data(make_plan("baseline", graph, 2), graph, {}, Deployment(tp=2)).model_dump_json())
     data["decisions"]["bank"] = "R"
     path = tmp_path / "bank.json"
     path.write_text(json.dumps(data))

@@ -33,3 +33,27 @@ def test_k3_only_steps_only_in_k3_words():
     assert "attention-residual aggregation" in k3.summary
     assert "aggregation" not in ds.summary and "bank" not in ds.title
     assert k3.describe() == ds.describe()  # the same decisions, in other words
+
+
+def test_a_pp_stage_boundary_speaks_of_k3s_bank_only_for_k3():
+    from tpplan.engines import select
+
+    for key in ("sglang@0.5.23", "vllm@0.33.0"):
+        p = select(key).pipeline
+        k3, llama = p.boundary_for("kimi_k3"), p.boundary_for("llama")
+        assert "bank" not in llama and "bank" in k3 and k3.startswith(llama), key
+        assert p.boundary_for() == p.boundary_for("kimi_k3")  # docs/engines.md lists every model's
+
+
+def test_a_dense_memo_never_speaks_of_k3_steps_or_moe_experts():
+    from tpplan.cost.predict import predict_plan
+    from tpplan.cost.topology import load_topology
+    from tpplan.cost.workload import load_workload
+    from tpplan.report.analysis import analyse
+    from tpplan.report.memo import build_memo
+
+    a = analyse("tiny-llama", load_topology("h200x2"), [load_workload("prompt16k-c8")], predictor=predict_plan)
+    md = build_memo(a).markdown
+    assert "stage boundary" in md  # the memo has a PP deployment, so the engines' PP boundary is printed
+    for words in ("attention-residual", "attn_res_bank", "MoE experts"):
+        assert words not in md, words

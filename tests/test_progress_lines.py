@@ -44,3 +44,48 @@ def test_search_in_a_pipe_prints_its_steps_on_stderr(monkeypatch, capsys):
     assert any(line.startswith("tpplan search tiny-qwen3: searching") for line in lines), err
     assert lines[-1].startswith("tpplan search tiny-qwen3: done in")
     assert "searching" not in out  # stdout stays the result
+
+
+def test_a_long_single_step_is_repeated_while_it_runs(monkeypatch):
+    """One step that takes long (loading kernel tables) still shows in a log, from the ticking thread."""
+    import time
+
+    monkeypatch.setattr(_console, "QUIET_S", 0.0)
+    monkeypatch.setattr(_console, "EVERY_S", 0.05)
+    buf = io.StringIO()
+    say = PlainSteps(Console(file=buf, width=100), "tpplan audit m", tick=0.01)
+    say("loading the kernel tables")
+    time.sleep(0.3)
+    say.done()
+    lines = buf.getvalue().splitlines()
+    assert sum("loading the kernel tables" in line for line in lines) >= 3, lines
+    n = len(buf.getvalue())
+    time.sleep(0.1)
+    assert len(buf.getvalue()) == n  # done() stopped the thread
+
+
+def test_a_failed_run_stops_the_progress_thread(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(_console, "QUIET_S", 0.0)
+    try:
+        with _console.steps("tpplan audit m") as say:
+            say("auditing")
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    for t in threading.enumerate():
+        if t.name == "tpplan-steps":
+            t.join(timeout=2)
+            assert not t.is_alive()
+
+
+def test_audit_in_a_pipe_prints_its_steps(monkeypatch, capsys):
+    monkeypatch.setattr(_console, "QUIET_S", 0.0)
+    monkeypatch.setattr(_console, "EVERY_S", 0.0)
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-qwen3", "--tp", "2", "--topology",
+                           "h200x8-ib400", "--workload", "prompt16k-c8")  # fmt: skip
+    assert code == 0
+    assert "tpplan audit tiny-qwen3: pricing" in err and err.splitlines()[-1].startswith(
+        "tpplan audit tiny-qwen3: done"
+    )

@@ -47,10 +47,30 @@ FLAG_OF = {
     "top": "--top",
     "tokens": "--tokens",
     "topology": "--topology",
+    "cp_kv": "--cp-kv",
     "arrival_rate": "--arrival-rate",
     "requests": "--requests",
+    "cp": "--cp",
+    "cp_layers": "--cp-layers",
+    "plan": "--plan",
+    "engine": "--engine",
+    "nodes": "--nodes",
+    "workload": "--workload",
+    "force": "--force",
+    "chunk": "--chunk",
+    "experts": "--experts",
+    "iters": "--iters",
+    "warmup": "--warmup",
+    "kernels": "--kernels",
+    "kernels_from": "--kernels-from",
+    "target_topology": "--target-topology",
+    "nproc": "--nproc",
+    "backend": "--backend",
+    "from_files": "--from",
 }
-_FIELD = re.compile(r"\b(" + "|".join(FLAG_OF) + r")=(\S*)")
+_NAMES = "|".join(sorted(FLAG_OF, key=len, reverse=True))
+# a value runs to the next space, or to a `/` that starts the next field (`iters=/warmup=`)
+_FIELD = re.compile(rf"\b({_NAMES})=((?:(?!/(?:{_NAMES})=)\S)*)")
 
 
 def as_flags(exc: TpplanError) -> TpplanError:

@@ -98,11 +98,27 @@ def test_a_gpu_without_fp8_prices_fp8_gemms_as_bf16():
     assert achieved_tflops(8192, 7168, 2048, h100, "fp8") > achieved_tflops(8192, 7168, 2048, h100, "bf16")
 
 
-def test_an_fp8_checkpoint_on_a100_is_priced_not_refused(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-deepseek-v3", "--tp", "2", "--topology",
-                             "h200x8-ib400", "--gpu", "a100-sxm-datasheet", "--workload", "prompt16k-c8")  # fmt: skip
+def test_fp8_on_a100_is_priced_not_refused_and_said(monkeypatch, capsys):
+    args = ["audit", "--model", "tiny-deepseek-v3", "--tp", "2", "--topology", "h200x8-ib400", "--workload",
+            "prompt16k-c8", "--expert-dtype", "fp8"]  # fmt: skip
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--gpu", "a100-sxm-datasheet")
     assert code == 0, err
-    assert "TTFT" in out
+    said = " ".join(out.split())
+    assert "TTFT" in said and "fp8: NVIDIA A100 SXM has no fp8 tensor cores" in said and "312 TFLOP/s" in said
+    code, out, _ = run_cli(monkeypatch, capsys, *args, "--gpu", "h100-datasheet")
+    assert code == 0 and "no fp8 tensor cores" not in out
+    code, out, _ = run_cli(monkeypatch, capsys, *args[:-2], "--gpu", "a100-sxm-datasheet")  # nothing asks fp8
+    assert code == 0 and "no fp8 tensor cores" not in out
+
+
+def test_the_fp8_note_follows_what_asks_for_fp8():
+    from tpplan.cost.gpu import fp8_fallback_note
+
+    a100, h100 = load_gpu("a100-sxm-datasheet"), load_gpu("h100-datasheet")
+    assert fp8_fallback_note(a100, "bf16", None, checkpoint_fp8=True)  # DeepSeek-V3's fp8 checkpoint
+    assert fp8_fallback_note(a100, "fp8", None, checkpoint_fp8=False)
+    assert fp8_fallback_note(a100, "bf16", None, checkpoint_fp8=False) is None
+    assert fp8_fallback_note(h100, "fp8", "fp8", checkpoint_fp8=True) is None
 
 
 def test_a_gpu_typo_points_to_tpplan_gpus():
@@ -117,7 +133,7 @@ def test_a_gpu_typo_points_to_tpplan_gpus():
 def test_engine_on_a_gpu_whose_system_has_no_tables_is_one_line(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-qwen3", "--tp", "2", "--topology",
                            "h200x8-ib400", "--gpu", "l4-datasheet", "--engine", "sglang")  # fmt: skip
-    assert code == 2 and "l4" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "no kernel tables" in err and "`tpplan gpus`" in err and len(err.strip().splitlines()) == 1
 
 
 def test_gpus_table_fits_100_columns(monkeypatch, capsys):

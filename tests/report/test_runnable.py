@@ -55,7 +55,12 @@ def test_replicas_and_overlap_are_in_the_line():
     sgl, vll = _recipes("tiny-deepseek-v3", "sp-moe+dbo", dep)
     assert sgl.realises == "no" and "--enable-dbo is vLLM" in sgl.summary  # SGLang has no DBO
     assert "--enable-dbo" in vll.args and vll.replicas == 2
-    assert vll.line().startswith("vLLM 0.33.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
+    assert vll.line().startswith("vLLM 0.34.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
+
+
+def test_dp_attention_lines_name_the_engine_version():
+    for e in _recipes("tiny-deepseek-v3", "vllm-dp-ep", Deployment(2)):
+        assert e.version and e.line().startswith(f"{e.engine} {e.version.partition('@')[2]}: ")
 
 
 def test_cp_layers_mla_has_no_released_flag():
@@ -74,6 +79,8 @@ def _bottom_target(a) -> None:
         e = next(x for x in target.engines if x.engine == launch[1])
         assert e.runs and f"`{' '.join(e.args)}`" in b.text
         assert_realises(e, target.parallel)
+        step = next(s for s in a.next_steps if s.key == b.target)  # its full price: memory against the card
+        assert f"price: {step.price}." in b.text and step.price.startswith("memory per rank ")
     top = a.next_steps[0]
     if not top.engine_ok:
         assert f"The fastest predicted, `{top.key}`" in b.text and "needs code" in b.text

@@ -54,7 +54,8 @@ def test_a_short_prompt_gets_the_fixed_costs_as_its_floor() -> None:
 def test_which_deployments_overlap_the_scheduler_with_the_gpu() -> None:
     sgl, vll = scheduler_rules("sglang@0.5.23"), scheduler_rules("vllm@0.33.0")
     assert cpu_overlaps(sgl, Deployment(8), 8) and not cpu_overlaps(sgl, Deployment(8, pp=2), 8)
-    assert cpu_overlaps(vll, Deployment(4, pp=2), 8) and not cpu_overlaps(vll, Deployment(8, pp=2), 8)
+    # vLLM keeps async scheduling under the Ray executor of a two-node replica (RayExecutorV2 is a MultiprocExecutor)
+    assert cpu_overlaps(vll, Deployment(4, pp=2), 8) and cpu_overlaps(vll, Deployment(8, pp=2), 8)
     p = predictor(1, 2)
     assert engine_loop(p.pipeline, p.deployment, 8192, 8).costs.step_s == STEP_CPU.value_s
 
@@ -119,3 +120,21 @@ def test_the_serving_summary_brackets_its_ttft_with_the_fixed_costs_band(tmp_pat
         arrivals_for(Arrival(rate=1.0), None)
     with pytest.raises(TpplanError, match="context of 500"):
         arrivals_for(Arrival(trace=str(trace)), None, max_context=500)
+
+
+def test_with_serving_loop_replaces_the_ttft_by_the_loop_s_and_names_its_conditions() -> None:
+    from tpplan.cost.predict import predict_plan
+    from tpplan.simulate.serving import with_serving_loop
+
+    p = predictor(1, 2)
+    wl = Workload(input_lens=[3000, 700], concurrency=3, num_requests=6, chunk_size=2048)
+    args = (p.graph, p.plan, p.topo)
+    kw = {"tp": 1, "pp": 2, "workload": wl, "tokens": 2048, "pipeline": pipeline_model("sglang@0.5.23")}
+    bare = predict_plan(*args, **kw)
+    looped = with_serving_loop(predict_plan)(*args, **kw)
+    loop = engine_loop(p.pipeline, p.deployment, 2048, p.topo.gpus_per_node)
+    assert looped.ttft is not None and bare.ttft is not None and looped.forward_s == bare.forward_s
+    assert looped.ttft.mean_s == serve(p, workload_arrivals(wl), loop).mean_s > bare.ttft.mean_s
+    words = looped.serving_conditions
+    assert words == loop.conditions(figures=False) and not any(ch.isdigit() for ch in words[-1])
+    assert any("Pipeline parallelism" in c for c in words) and not bare.serving_conditions

@@ -257,7 +257,7 @@ def calibrated_topology(base: Topology, res: CalibrationResult) -> Topology:
         )
     gpu = base.gpu.model_copy(update={"gemm_table": res.gemm}) if res.gemm else base.gpu
     notes = f"calibrated on {res.world} x {res.device_name} with {res.backend}; hardware specs from {base.name}"
-    fitted = {**base.fitted, **res.fitted}
+    fitted: dict[str, FittedCollective] = {**{str(k): v for k, v in base.fitted.items()}, **res.fitted}
     return base.model_copy(update={"name": f"{base.name}-calibrated", "gpu": gpu, "fitted": fitted, "notes": notes})
 
 

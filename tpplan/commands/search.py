@@ -14,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpKvOpt,
     CpLayersOpt,
     EngineOpt,
     GpuOpt,
@@ -34,7 +35,15 @@ from tpplan.commands._serving import (
     serving_arrivals,
     serving_block,
 )
-from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
+from tpplan.commands.audit import (
+    DtypeOpt,
+    ModelOpt,
+    WideOpt,
+    _fmt_bytes,
+    over_note,
+    print_fp8_note,
+    provenance_line,
+)
 from tpplan.units import signed_pct
 
 
@@ -99,6 +108,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         cp_layers: CpLayersOpt = "all",
+        cp_kv: CpKvOpt = "engines",
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -190,6 +200,7 @@ def register(app: typer.Typer) -> None:
                 pp=pp,
                 cp=cp,
                 cp_layers=cp_layers,
+                cp_kv=cp_kv,
                 replicas=reps,
                 workload=wl,
                 memory_cap_gib=memory_cap_value(memory_cap),
@@ -212,10 +223,14 @@ def register(app: typer.Typer) -> None:
                                                  replicas=r.replicas)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
+        if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
+            data["cp_kv"] = cp_kv
         check_json_target(json_target, *saved)  # again, together: either may have changed during the search
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)
+            if topo is not None:
+                print_fp8_note(topo, graph, dtype, expert_dtype)
             print_serving(data["plans"], "deployment")  # type: ignore[arg-type]
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)

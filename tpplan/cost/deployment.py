@@ -45,6 +45,9 @@ class Deployment:
     cp: int = 1
     cp_recurrence: str = "scan"  # how linear attention hands its state on under CP: "scan" or "serial"
     cp_layers: str = "all"  # "all": every layer token-sharded; "mla": only MLA layers, CP inside the TP group
+    # KV per CP rank: "engines" (default): the whole sequence's, as SGLang and vLLM keep it; "sharded": tpplan's
+    # own 1/cp (`tpplan.engines.context_parallel.kv_cp_share`)
+    cp_kv: str = "engines"
 
     @property
     def replica_gpus(self) -> int:
@@ -87,12 +90,12 @@ class Deployment:
             )
         if tp > g and tp % g:
             raise TpplanError(
-                f"--tp {tp}",
+                f"tp={tp}",
                 f"a TP group larger than a node must fill whole nodes of {g} GPUs",
                 f"use a multiple of {g}",
             )
         if self.cp_layers == "mla" and tp % cp:
-            raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "the CP group sits inside the TP group",
+            raise TpplanError(f"tp={tp} cp={cp} cp_layers=mla", "the CP group sits inside the TP group",
                               f"use a CP that divides {tp}")  # fmt: skip
         if self.ep is not None and (self.ep < 1 or tp % self.ep):
             raise TpplanError(f"EP {self.ep}", f"must divide TP {tp}", f"use a divisor of {tp}")

@@ -178,7 +178,8 @@ class GpuSpec(Strict):
                               'add system = "h200_sxm" (its AIC name) to the GPU model')  # fmt: skip
         refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
                 for k in ("aic", "aic-fitted")]  # fmt: skip
-        stack = f"{engine} kernels (AIConfigurator database, {self.system})"
+        stack = f"{engine} kernels (AIConfigurator database, {self.system}; in-node collectives from it only where "
+        stack += "the cluster has no measured curve, fitted constant or declared algorithm)"
         stack += f" over {self.software}" if self.software else ""
         return self.model_copy(update={"sources": [*refs, *self.sources], "software": stack})
 
@@ -189,6 +190,18 @@ class GpuSpec(Strict):
         if op_class == "gemm":
             return "GEMM table" if self.gemm_table else "packaged H200 GEMM table where the name matches, else analytic"
         return "physical kernel models" if self.kernel_models else "datasheet roofline"
+
+
+def fp8_fallback_note(gpu: GpuSpec, dtype: str, expert_dtype: str | None, checkpoint_fp8: bool) -> str | None:
+    """The sentence a table of predicted times carries when fp8 GEMMs (fp8 activations, fp8 experts,
+    or a checkpoint stored in fp8 with fp8 compute: `checkpoint_fp8`) run on a GPU without fp8 tensor
+    cores, which prices them as bf16 GEMMs (`gemm_dtype`); None when nothing asks for fp8 or it has it."""
+    if gpu.has_fp8 or not (dtype == "fp8" or expert_dtype == "fp8" or checkpoint_fp8):
+        return None
+    return (
+        f"fp8: {gpu.name} has no fp8 tensor cores; the fp8 GEMMs are priced as bf16 ones at its "
+        f"{gpu.bf16_tflops:g} TFLOP/s peak (the fp8 weights dequantized; their bytes and memory as stored)."
+    )
 
 
 GpuModel = GpuSpec  # the name the issue uses; one type
@@ -214,4 +227,5 @@ __all__ = [
     "KernelProfile",
     "SourceRef",
     "Strict",
+    "fp8_fallback_note",
 ]

@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from tpplan.audit import Audit, PlanAudit
+from tpplan.cost.kv_capacity import DEFAULT_KV_ENGINES, kv_capacity
 from tpplan.cost.op_prices import (
     ATTN_EFFICIENCY,
     EXPERT_M_TILE,
@@ -108,6 +109,7 @@ def batch_time(
     cp: int = 1,
     cp_recurrence: str = "scan",
     cp_layers: str = "all",
+    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
@@ -116,7 +118,7 @@ def batch_time(
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, pipeline=pipeline)  # fmt: skip
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, pipeline=pipeline)  # fmt: skip
     return p.latency(((n_tokens, context),))
 
 
@@ -141,6 +143,13 @@ def _one_replica_ttft(p: Predictor, workload: Workload) -> TTFTResult:
     return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.pp), chunks_overlap=m.chunks_overlap)
 
 
+def longest_request(workload: Workload | None) -> int | None:
+    """Prompt + output tokens of the workload's longest request: the length a decode batch must hold KV for."""
+    if workload is None:
+        return None
+    return max(workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency))
+
+
 def predict_plan(
     graph: ModelGraph,
     plan: Plan,
@@ -157,22 +166,26 @@ def predict_plan(
     cp: int = 1,
     cp_recurrence: str = "scan",
     cp_layers: str = "all",
+    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
+    kv_engines: tuple[str, ...] = DEFAULT_KV_ENGINES,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
     workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
     measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
     hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`), `cp_layers` which
-    layers CP shards ("all", or "mla": the MLA layers only, CP inside the TP group); PP scheduled and
+    layers CP shards ("all", or "mla": the MLA layers only, CP inside the TP group), `cp_kv` the KV a CP rank
+    keeps ("engines": the whole sequence's, as SGLang and vLLM do; "sharded": 1/cp); PP scheduled and
     its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
     `replicas`: that many identical copies of the deployment, the workload's requests split between
     them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
-    TTFT over every request."""
+    TTFT over every request. `kv_engines`: the engine versions whose KV capacity per rank it states
+    (`tpplan.cost.kv_capacity`), with the decode batch each admits at the workload's longest request."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, pipeline=pipeline,
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, pipeline=pipeline,
                          replicas=replicas)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
@@ -201,6 +214,7 @@ def predict_plan(
         provenance=provenance(topology, p.deployment.gpus),
         cp=cp,
         replicas=replicas,
+        kv_capacity=tuple(kv_capacity(p, e, longest_request(workload)) for e in kv_engines),
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
     # share of the time), the same figure the memo uses: audit, search and report state one band.
@@ -219,8 +233,10 @@ def predict_audit(
     cp: int = 1,
     cp_recurrence: str = "scan",
     cp_layers: str = "all",
+    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
+    kv_engines: tuple[str, ...] = DEFAULT_KV_ENGINES,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
     workload's chunk size (8192 without a workload); `replicas` as `predict_plan`."""
@@ -241,8 +257,10 @@ def predict_audit(
             cp=cp,
             cp_recurrence=cp_recurrence,
             cp_layers=cp_layers,
+            cp_kv=cp_kv,
             pipeline=pipeline,
             replicas=replicas,
+            kv_engines=kv_engines,
         )
         for pa in a.plans
     ]
@@ -278,6 +296,7 @@ __all__ = [
     "cached_predictor",
     "cached_tokens",
     "kernel_key",
+    "longest_request",
     "masked_pairs",
     "pipeline_model",
     "pipeline_ttft",

@@ -3,7 +3,7 @@ micro-batch overlap), or why no engine flag realises it. The memo's deployment r
 
 The engines' CP paths themselves (what is gathered, KV per rank, gates, open PRs) are
 `tpplan.engines.context_parallel` (`CP_PATHS`); this module adds what a launch line needs, read in
-the release wheels (SGLang 0.5.23, vLLM 0.33.0), paths as in the repositories:
+the release wheels (SGLang 0.5.23, vLLM 0.33.0 and 0.34.0), paths as in the repositories:
 
 - SGLang: `--tp-size` is the world size under CP and must be divisible by `attn_cp_size`
   (`python/sglang/srt/arg_groups/parallel_hook.py` `handle_context_parallelism`: "The tp_size is

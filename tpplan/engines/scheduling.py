@@ -196,15 +196,17 @@ def _vllm_rules(version: str, overlap_text: str) -> SchedulerRules:
 
 VLLM_0_33_0 = _vllm_rules(
     "0.33.0",
-    "async scheduling is on by default where the executor supports it (multiprocessing and uniprocess executors; "
-    "the Ray executor does not), so the engine core schedules the next step while the current one runs; with "
-    "async scheduling max_concurrent_batches is pp_size + 1 only on the V2 model runner",
+    "async scheduling is on by default where the executor supports it (the multiprocessing and uniprocess "
+    "executors, and the Ray executor: RayExecutorV2 subclasses MultiprocExecutor and keeps "
+    "supports_async_scheduling True), so the engine core schedules the next step while the current one runs; "
+    "with async scheduling max_concurrent_batches is pp_size + 1 only on the V2 model runner (the default)",
 )
 VLLM_0_34_0 = _vllm_rules(
     "0.34.0",
-    "async scheduling is on by default where the executor supports it (multiprocessing and uniprocess executors; "
-    "the Ray executor does not), so the engine core schedules the next step while the current one runs; with "
-    "async scheduling max_concurrent_batches is pp_size + 1 on either model runner",
+    "async scheduling is on by default where the executor supports it (the multiprocessing and uniprocess "
+    "executors, and the Ray executor: RayExecutorV2 subclasses MultiprocExecutor and keeps "
+    "supports_async_scheduling True), so the engine core schedules the next step while the current one runs; "
+    "with async scheduling max_concurrent_batches is pp_size + 1 (0.34.0 has no V1 model runner)",
 )
 
 RULES: dict[str, SchedulerRules] = {r.key: r for r in (SGLANG_0_5_23, VLLM_0_33_0, VLLM_0_34_0)}

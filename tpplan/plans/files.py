@@ -71,12 +71,24 @@ class Decisions(_Strict):
 
 
 class Deployment(_Strict):
+    """The whole deployment a plan was ranked at; audit, explain, verify and report take it from the file
+    (a flag that differs overrides it, with a note: `tpplan.commands._plan_deployment`)."""
+
     tp: Size
     pp: Size = 1
     cp: Size = 1  # context-parallel groups per stage (layout.context_parallel); absent in older files
     replicas: Size = 1  # identical copies of the TP x CP x PP deployment; the plan is one replica's
     ep: Size | None = None
     moe: Literal["tp", "ep", "a2a"] = "tp"
+    cp_layers: Literal["all", "mla"] = "all"  # which layers CP token-shards ("mla": CP inside the TP group)
+    cp_recurrence: Literal["scan", "serial"] = "scan"  # linear attention's state hand-off under CP
+    cp_kv: Literal["engines", "sharded"] = "engines"  # the KV a CP rank keeps (engines.context_parallel)
+
+    def label(self) -> str:
+        """`TP8xPP4`, `TP8xCP4 (mla)`, `2x TP16`: the deployment in words."""
+        text = f"TP{self.tp}" + (f"xCP{self.cp}" if self.cp > 1 else "") + (f"xPP{self.pp}" if self.pp > 1 else "")
+        text += f" (cp-layers {self.cp_layers})" if self.cp > 1 and self.cp_layers != "all" else ""
+        return f"{self.replicas}x {text}" if self.replicas > 1 else text
 
 
 class FoundFor(_Strict):
@@ -106,19 +118,11 @@ class PlanFile(_Strict):
     found_for: FoundFor
 
 
-def plan_file_data(
-    plan: Plan,
-    graph: ModelGraph,
-    found_for: dict[str, object],
-    tp: int,
-    pp: int = 1,
-    cp: int = 1,
-    replicas: int = 1,
-) -> PlanFile:
-    """The file for `plan`, ranked at `replicas` x (TP `tp` x CP `cp` x PP `pp`) on `graph` (`found_for`:
-    topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs the same plan,
-    so the file is one replica's (`verify` checks one). Patterns are written as the exact op names they
-    match on `graph` (a file names every op exactly: `tpplan.plans.decisions`)."""
+def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], deployment: Deployment) -> PlanFile:
+    """The file for `plan`, ranked at `deployment` (its sizes and CP mode; EP and MoE mode are the plan's) on
+    `graph` (`found_for`: topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs
+    the same plan, so the decisions are one replica's (`verify` checks one). Patterns are written as the exact
+    op names they match on `graph` (a file names every op exactly: `tpplan.plans.decisions`)."""
     plan = exact_decisions(plan, graph)
     decisions = Decisions.model_validate(
         {
@@ -145,7 +149,7 @@ def plan_file_data(
         found_by=plan.found_by,
         engine_notes=list(plan.engine_notes),
         decisions=decisions,
-        deployment=Deployment(tp=tp, pp=pp, cp=cp, replicas=replicas, ep=decisions.ep_size, moe=plan.moe),
+        deployment=deployment.model_copy(update={"ep": decisions.ep_size, "moe": plan.moe}),
         found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
     )
 
@@ -280,6 +284,7 @@ def save_plan_dir(path: Path, files: list[PlanFile]) -> list[Path]:
 
 __all__ = [
     "PLAN_FILE_VERSION",
+    "Deployment",
     "PlanFile",
     "is_plan_file",
     "load_plan_file",

@@ -164,6 +164,7 @@ class Analysis:
     pp_engine: str = ""  # the engine whose PP schedule priced PP TTFT (the first --engine; "": the default)
     grid: list[tuple[int, int, int, int]] = field(default_factory=list)  # the search's (TP, PP, CP, replicas)
     overlap: str | None = None  # the micro-batch overlap the search ranked too (--overlap), as `tpplan search`
+    cp_kv: str = "engines"  # the KV a CP rank keeps in the predictions (`engines.context_parallel.CP_KV_MODES`)
     search_best: tuple[str, str] | None = None  # (memo variant's plan name, deployment) of the search's best
     deployments: dict[str, list[DeploymentRow]] = field(default_factory=dict)  # workload -> ranked deployments
     length_points: dict[str, list[LengthPoint]] = field(default_factory=dict)  # variant key -> per prompt length

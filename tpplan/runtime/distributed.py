@@ -146,10 +146,10 @@ def check_legal(graph: ModelGraph, plan: Plan, n: int) -> None:
     if not pa.legal:
         first = pa.violations[0]
         raise TpplanError(
-            f"--plan {plan.name} (--tp {n})",
+            f"plan={plan.name} (tp={n})",
             f"the audit calls this plan illegal: {first.sentence()}"
             + (f" (+{len(pa.violations) - 1} more)" if len(pa.violations) > 1 else ""),
-            "pick a legal plan (tpplan audit lists them), or pass --force to run it and see the mismatch",
+            "pick a legal plan (tpplan audit lists them), or pass force= to run it and see the mismatch",
         )
 
 
@@ -601,7 +601,7 @@ def _repaired(graph: ModelGraph, plan: Plan, n: int) -> Plan:
     """The illegal `plan` made legal by all-gathers: the placements a forced run follows."""
     fixed = repair(graph, plan, n, "gather", plan.name, plan.title, plan.summary)
     if not audit_plan(graph, fixed, n, "fp32").legal:
-        raise TpplanError(f"--plan {plan.name} --force", "no all-gather repair makes this plan runnable", "")
+        raise TpplanError(f"plan={plan.name} force=", "no all-gather repair makes this plan runnable", "")
     return fixed
 
 

@@ -38,6 +38,7 @@ from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.models.graph import ModelGraph
+from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
 from tpplan.search.naming import Behaviour, behaviour, describe, named_behaviours
@@ -78,6 +79,7 @@ class _Setup:
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
+    cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
@@ -276,7 +278,7 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
                       expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers,
-                      replicas=replicas)  # fmt: skip
+                      cp_kv=s.cp_kv, replicas=replicas)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -302,7 +304,8 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> O
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, replicas=replicas)  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
+                        replicas=replicas)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -630,6 +633,7 @@ def search_plans(
     cp: int | None = None,
     cp_layers: str = "all",
     replicas: int | Literal["all"] | None = None,
+    cp_kv: str = "engines",
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -643,7 +647,8 @@ def search_plans(
     `progress` is told each step. `cp`: only that context-parallel size (default: CP 1 at every TP x PP
     split, and TP x CP for CP 2, 4, 8 where the model allows it).
     `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
-    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`).
+    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
+    ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
     say = progress or (lambda _step: None)
@@ -653,7 +658,7 @@ def search_plans(
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
-               cp_layers=cp_layers)  # fmt: skip
+               cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in _overlap_entries
         from tpplan.engines.overlap import overlap_named
 
@@ -718,8 +723,11 @@ def search_plans(
         "expert_dtype": expert_dtype,
         "objective": results[0].objective,
     }
-    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score}, r.tp, r.pp, r.cp,
-                            r.replicas) for r in shown]  # fmt: skip
+    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score},
+                            FileDeployment(tp=r.tp, pp=r.pp, cp=r.cp, replicas=r.replicas, cp_layers=s.cp_layers,
+                                           cp_kv=s.cp_kv)) for r in shown]  # fmt: skip
+    # each deployment's best plan, as the ranking names it: the one figure per deployment every command shows
+    best_each = [_name_ranked(s, [min(d.entries, key=lambda r: r.score)], 1)[0] for d in results if d.entries]
     return SearchOutcome(
         model=graph.spec.name,
         graph_layer_kinds=tuple(graph.kinds),
@@ -737,6 +745,7 @@ def search_plans(
         baseline=base,
         baselines=tuple(shape_bases.values()),
         ranked=tuple(shown),
+        deployment_best=tuple(best_each),
         excluded=tuple(e for d in results for e in d.excluded.values()),
         stats=SearchStats(
             tuple(_label(*g) for g in grid),

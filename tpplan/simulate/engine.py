@@ -34,22 +34,35 @@ class EngineLoop:
 
     pp: int = 1
 
-    def conditions(self) -> tuple[str, ...]:
-        """What the loop does not model for this engine (under PP its PP schedule's too), and the fixed
-        costs it assumes, in words."""
-        pp_lines = self.pipeline.schedule.not_modelled if self.pp > 1 else ()
-        return (*self.rules.not_modelled, *pp_lines, self.costs.describe())
+    def conditions(self, figures: bool = True) -> tuple[str, ...]:
+        """What the loop does not model for this engine (under PP its PP schedule's unpriced settings,
+        `pp_unpriced`) and where its fixed costs come from. `figures` False: in words without figures
+        (a memo's conditions), the PP settings as a pointer to the memo's PP section that lists them."""
+        pp = pp_unpriced(self.pipeline) if self.pp > 1 else ()
+        if not figures:
+            return (*self.rules.not_modelled, *((PP_POINTER,) if pp else ()), self.costs.condition())
+        return (*self.rules.not_modelled, *pp, self.costs.describe())
+
+
+PP_POINTER = 'what the engine\'s PP schedule leaves unpriced (under "Pipeline parallelism as the engines schedule it")'
+
+
+def pp_unpriced(pipeline: PipelineModel) -> tuple[str, ...]:
+    """The PP schedule's settings the loop leaves out. The loop prices the scheduler's CPU per step
+    (`simulate.overheads`), so the schedule's note that the CPU time is not priced is dropped here."""
+    return tuple(c for c in pipeline.schedule.not_modelled if "CPU time" not in c)
 
 
 def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
     """Whether the engine schedules the next step while the GPU runs this one, on this deployment:
-    SGLang's overlap schedule is off under PP; vLLM's async scheduling needs the multiprocessing
-    executor, and a replica over several nodes runs the Ray executor (the launch line's), which has none."""
+    SGLang's overlap schedule is off under PP; vLLM keeps async scheduling on every executor its launch
+    lines use, the Ray executor of a replica over several nodes included (`gpus_per_node` is kept for
+    the engines whose rule depends on the nodes)."""
     if not rules.cpu_overlap:
         return False
     if rules.key.startswith("sglang@"):
         return deployment.pp == 1
-    return deployment.replica_gpus <= gpus_per_node
+    return True
 
 
 def engine_loop(
@@ -81,4 +94,4 @@ def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
     return simulate(arrivals, predictor_prices(p), loop.config, replicas=p.deployment.replicas)
 
 
-__all__ = ["EngineLoop", "cpu_overlaps", "engine_loop", "serve", "workload_arrivals"]
+__all__ = ["PP_POINTER", "EngineLoop", "cpu_overlaps", "engine_loop", "pp_unpriced", "serve", "workload_arrivals"]

@@ -86,6 +86,16 @@ class Overheads:
             Overheads(req.high_s, step.high_s, self.cpu_overlap, self.sources),
         )
 
+    def condition(self) -> str:
+        """The same in words, without figures (a memo's condition; the figures are in the JSON and docs)."""
+        if not self.sources:
+            return "no per-request or per-step costs (the idealised loop)"
+        how = "overlapped with the GPU" if self.cpu_overlap else "not overlapped with the GPU"
+        return (
+            "the per-request and per-step scheduler costs (here " + how + ") are public measurements of other "
+            'setups, not of this deployment (docs/cost-model.md, "Serving loop")'
+        )
+
     def describe(self) -> str:
         """One line for a memo's conditions: the costs and their sources."""
         if not self.sources:

@@ -9,11 +9,17 @@ prefill throughput, the engine's settings and what the loop does not model for i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
-from tpplan.cost.predictor import Predictor
+from tpplan.cost.prediction import PlanPrediction
+from tpplan.cost.predictor import Predictor, cached_predictor
+from tpplan.cost.topology import Topology
 from tpplan.cost.workload import MAX_REQUESTS, Workload
 from tpplan.errors import TpplanError
+from tpplan.layout.plan import Plan
+from tpplan.models.graph import ModelGraph
 from tpplan.simulate.engine import EngineLoop, engine_loop, serve, workload_arrivals
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Shape, poisson
@@ -98,4 +104,29 @@ def serving_summary(
     return res, out
 
 
-__all__ = ["Arrival", "arrivals_for", "serving_summary"]
+PredictFn = Callable[..., PlanPrediction]
+
+
+def with_serving_loop(predict: PredictFn) -> PredictFn:
+    """`predict` (`predict_plan`'s signature) with each prediction's TTFT taken from the engine's serving
+    loop (fixed costs included) over the workload's closed loop, on the prediction's own step prices,
+    and what the loop leaves out for that engine in `serving_conditions`: what the memo ranks and
+    judges deployments by."""
+
+    def run(graph: ModelGraph, plan: Plan, topo: Topology, **kw: Any) -> PlanPrediction:
+        pred = predict(graph, plan, topo, **kw)
+        wl: Workload | None = kw.get("workload")
+        if wl is None or pred.ttft is None:
+            return pred
+        p = cached_predictor(graph, plan, topo, kw["tp"], kw.get("pp", 1), kw.get("dtype", "bf16"),
+                             kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"), cp=kw.get("cp", 1),
+                             cp_recurrence=kw.get("cp_recurrence", "scan"), cp_layers=kw.get("cp_layers", "all"),
+                             pipeline=kw.get("pipeline"), replicas=kw.get("replicas", 1))  # fmt: skip
+        loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
+        res = serve(p, workload_arrivals(wl), loop)
+        return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
+
+    return run
+
+
+__all__ = ["Arrival", "arrivals_for", "serving_summary", "with_serving_loop"]

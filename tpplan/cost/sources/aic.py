@@ -19,8 +19,9 @@ What an answer means:
   group size, send/recv), or the query lies more than `FAR` (4x) beyond the measured range of a
   size axis (GEMM m/n/k, tokens, message bytes). The next source (the fitted models) then answers.
 - `extrapolated=True`: the query is inside 4x but outside the measured range of an axis, the
-  attention call has cached context (the tables are measured without a prefix), a dtype was
-  substituted (fp8 MoE priced from the fp8_block kernels), or the engine reported a non-silicon
+  attention call has cached context (the tables are measured without a prefix), the table lacks
+  the weight format and another's rows stood in (block-scaled fp8 for per-tensor fp8 or the
+  reverse; the price's name says so: `kernel_source.stand_in`), or the engine reported a non-silicon
   provenance. Points between measured grid points are interpolated by the engine and count as
   measured.
 """
@@ -43,6 +44,7 @@ from tpplan.cost.kernel_source import (
     GemmShape,
     KernelPrice,
     MoeShape,
+    stand_in,
 )
 from tpplan.cost.sources.aic_cache import answer_file
 from tpplan.errors import TpplanError
@@ -66,22 +68,23 @@ MoeDistribution = Literal["balanced", "power_law_1.01", "power_law_1.2"]
 AllReducePath = Literal["engine", "nccl"]
 TableFamily = Literal["gemm", "context_attention", "context_mla", "moe", "nccl", "custom_allreduce"]
 
-# tpplan dtype -> AIC quant names to try, in order (the first the table holds wins).
+# tpplan dtype -> AIC quant names of that format, then rows that stand in where a table lacks it
+# (the price then names the stand-in and counts as extrapolated: `kernel_source.stand_in`).
 _GEMM_QUANT = {
-    "bf16": ("bfloat16",),
-    "fp8": ("fp8",),
-    "fp8_block": ("fp8_block",),
-    "nvfp4": ("nvfp4",),
-    "int4": ("int4_wo",),
-    "mxfp4": (),
+    "bf16": (("bfloat16",), ()),
+    "fp8": (("fp8",), ("fp8_block",)),  # per-tensor (or per-channel) scales
+    "fp8_block": (("fp8_block",), ("fp8",)),  # DeepSeek-style 128x128 block scales
+    "nvfp4": (("nvfp4",), ()),
+    "int4": (("int4_wo",), ()),
+    "mxfp4": ((), ()),
 }
 _MOE_QUANT = {
-    "bf16": ("bfloat16",),
-    "fp8": ("fp8", "fp8_block"),  # the engines' DeepSeek-style fp8 experts are block-scaled
-    "fp8_block": ("fp8_block",),
-    "nvfp4": ("nvfp4",),
-    "mxfp4": ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
-    "int4": ("int4_wo",),
+    "bf16": (("bfloat16",), ()),
+    "fp8": (("fp8",), ("fp8_block",)),
+    "fp8_block": (("fp8_block",), ("fp8",)),
+    "nvfp4": (("nvfp4", "w4a16_nvfp4", "nvfp4_wo"), ()),
+    "mxfp4": (("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"), ()),
+    "int4": (("int4_wo",), ()),
 }
 _NCCL_OP = {
     "all_reduce": "all_reduce",
@@ -323,7 +326,9 @@ class AicSource:
         known = aic_databases()
         if self.system not in known:
             raise TpplanError(
-                f"AIC system {system!r}", "the database has no such GPU system", f"use one of {', '.join(known)}"
+                f"AIC system {system!r}",
+                f"AIConfigurator {AIC_VERSION} holds no kernel tables for this GPU system",
+                f"drop engine=, or use a GPU model whose system has tables ({', '.join(known)}; `tpplan gpus`)",
             )
         if engine not in known[self.system]:
             raise TpplanError(
@@ -438,7 +443,8 @@ class AicSource:
         from aiconfigurator_core.sdk.operations import GEMM
 
         view = self._view(GEMM, "_gemm_data")
-        quant = self._pick(view, _GEMM_QUANT.get(shape.dtype, ())) if view is not None else None
+        matching, stand_ins = _GEMM_QUANT.get(shape.dtype, ((), ()))
+        quant = self._pick(view, matching + stand_ins) if view is not None else None
         if quant is None or min(shape.m, shape.k, shape.n) < 1:
             return None
         ms, ns, ks = self._gemm_range(quant)
@@ -449,7 +455,8 @@ class AicSource:
         got = self._evaluate(op, batch=1, tokens=shape.m)
         if got is None:
             return None
-        return self._price(got[0], got[1] or out > 1.0, f"gemm-{quant.name}")
+        other = stand_in(quant.name, shape.dtype, matching)
+        return self._price(got[0], got[1] or out > 1.0 or bool(other), f"gemm-{quant.name}{other}")
 
     # ---- attention -------------------------------------------------------------------------
 
@@ -551,7 +558,7 @@ class AicSource:
         from aiconfigurator_core.sdk.operations import MoE
 
         view = self._view(MoE, "_moe_data")
-        quant = self._pick(view, _MOE_QUANT.get(shape.dtype, ())) if view is not None else None
+        quant = self._pick(view, sum(_MOE_QUANT.get(shape.dtype, ((), ())), ())) if view is not None else None
         if quant is None:
             return None
         try:
@@ -590,8 +597,8 @@ class AicSource:
         got = self._evaluate(op, batch=1, tokens=shape.tokens)
         if got is None:
             return None
-        substituted = quant != _MOE_QUANT[shape.dtype][0]
-        return self._price(got[0], got[1] or out > 1.0 or substituted, f"moe-{quant}-{self.moe_distribution}")
+        other = stand_in(quant, shape.dtype, _MOE_QUANT[shape.dtype][0])
+        return self._price(got[0], got[1] or out > 1.0 or bool(other), f"moe-{quant}-{self.moe_distribution}{other}")
 
     # ---- collectives -----------------------------------------------------------------------
 
@@ -646,7 +653,7 @@ def engine_source(system: str, engine: str, **options: Any) -> AicSource:
     name, _, version = engine.partition("@")
     if name not in AIC_ENGINES:
         raise TpplanError(
-            f"--engine {engine!r}",
+            f"engine={engine!r}",
             "no such engine in the AIC database",
             f"use one of {', '.join(AIC_ENGINES)}, optionally @version",
         )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, KernelPrice, MoeShape
+from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, KernelPrice, MoeShape, stand_in
 from tpplan.errors import TpplanError
 
 FIT_FILE = "aic-fitted.json"
@@ -49,14 +49,15 @@ MOE_FEATURES = (
 )
 ATTENTION_FEATURES = ("call", "flops", "bytes", "query_rows")
 
-# tpplan dtype -> the AIC MoE quant classes a fit may exist for, in order (same as the AIC source).
+# tpplan dtype -> the AIC MoE quant classes of that format, then classes that stand in where no fit
+# of the format exists (the price names the stand-in: `kernel_source.stand_in`); as the AIC source.
 MOE_CLASSES = {
-    "bf16": ("bfloat16",),
-    "fp8": ("fp8", "fp8_block"),
-    "fp8_block": ("fp8_block",),
-    "nvfp4": ("nvfp4",),
-    "mxfp4": ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
-    "int4": ("int4_wo",),
+    "bf16": (("bfloat16",), ()),
+    "fp8": (("fp8",), ("fp8_block",)),
+    "fp8_block": (("fp8_block",), ("fp8",)),
+    "nvfp4": (("nvfp4", "w4a16_nvfp4", "nvfp4_wo"), ()),
+    "mxfp4": (("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"), ()),
+    "int4": (("int4_wo",), ()),
 }
 
 
@@ -224,7 +225,7 @@ class AicFittedSource:
         fitted = next(
             (
                 self.moe_classes[f"{q}/{mode}"]
-                for q in MOE_CLASSES.get(shape.dtype, ())
+                for q in sum(MOE_CLASSES.get(shape.dtype, ((), ())), ())
                 if f"{q}/{mode}" in self.moe_classes
             ),
             None,
@@ -232,7 +233,9 @@ class AicFittedSource:
         if fitted is None or shape.tokens < 1 or shape.tokens > fitted.max_tokens * FAR:
             return None
         x = moe_features(shape.tokens, shape.hidden, shape.intermediate, shape.experts, shape.top_k, shape.tp, shape.ep)
-        return KernelPrice(fitted.seconds(x), f"{self.name}:moe-{fitted_name(self.moe_classes, fitted)}", True)
+        name = fitted_name(self.moe_classes, fitted)
+        other = stand_in(name.split("/", 1)[0], shape.dtype, MOE_CLASSES[shape.dtype][0])
+        return KernelPrice(fitted.seconds(x), f"{self.name}:moe-{name}{other}", True)
 
     def attention(self, shape: AttentionShape) -> KernelPrice | None:
         fitted = self.attention_classes.get(shape.kind)

@@ -46,6 +46,7 @@ def recipes(
         sglang_recipe(plan, spec, prefill_cp=max(prefill_cp, d.cp), engine=sgl, **sizes, **where),
         vllm_recipe(plan, spec, dp=dp, engine=vll, **sizes, **where),
     ]
+    out = [r if r.version else replace(r, version=ev.key) for r, ev in zip(out, (sgl, vll), strict=True)]
     return [whole_deployment(r, plan, spec, d) for r in out]
 
 

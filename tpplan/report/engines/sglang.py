@@ -81,7 +81,8 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
         )  # fmt: skip
     equal = next((w for w in wired if w.plan == plan.name), None)
     default = wired[0]
-    fused = next((r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")), None)
+    fused_gates = [r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")]
+    fused = next((r for r in fused_gates if r.met is False), fused_gates[0] if fused_gates else None)
     nccl = fused is not None and fused.met is False
     how = (
         f"; here its reduce-scatter and all-gather run on NCCL, not K3's fused SP collectives ({fused.detail} "
@@ -116,6 +117,17 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
     )  # fmt: skip
 
 
+def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
+    """Whether the model's SGLang class runs --pp-size: read per model file where the engine data has it."""
+    read = ev.support("--pp-size", model_type)
+    if read is not None:
+        return Condition(f"the model's SGLang implementation supports --pp-size ({model_type}: {read.how})", True,
+                         "refuses", read.source.cite())  # fmt: skip
+    unread = Source.unread("sgl-project/sglang", "python/sglang/srt/models/", "PP support")
+    return Condition(f"the model's SGLang implementation supports --pp-size ({model_type} not checked)", None,
+                     "refuses", unread.cite())  # fmt: skip
+
+
 def sglang_recipe(
     plan: Plan,
     spec: ModelSpec,
@@ -142,10 +154,7 @@ def sglang_recipe(
         return sglang_dp_recipe(plan, spec, base, tp)
     moe = _moe(spec)
     kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
-    pp_cond = (
-        Condition(f"the model's SGLang implementation supports --pp-size ({spec.model_type} not checked)", None,
-                  "refuses", Source.unread("sgl-project/sglang", "python/sglang/srt/models/", "PP support").cite()),
-    ) if pp > 1 else ()  # fmt: skip
+    pp_cond = (_pp_condition(ev, spec.model_type),) if pp > 1 else ()
     if fam in ("sglang-input-scattered", "input-scattered", "input-scattered+restore"):
         r = _input_scattered(ev, plan, fam, d, base)
         return replace(r, conditions=(*pp_cond, *r.conditions))
