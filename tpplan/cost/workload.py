@@ -183,6 +183,7 @@ class PrefillBatch:
     segments: tuple[Segment, ...]
     start_s: float = 0.0
     end_s: float = 0.0
+    decode_tokens: int = 0  # decode tokens the same step ran (the serving loop's decode; segments are prefill)
 
     @property
     def n_tokens(self) -> int:

@@ -308,6 +308,9 @@ DIFFERENCES = (
     "config's state dtype",
     "SGLang floors tokens to its page size and vLLM's hybrid allocator pads KV-cache groups to one page size; "
     "neither is modelled (a few tokens, more for hybrids)",
+    "only the launch line's defaults are sized: an explicit --mem-fraction-static, --gpu-memory-utilization, "
+    "--max-running-requests or --max-num-seqs, speculative decoding (draft weights and KV), PD-disaggregated modes "
+    "and DeepEP buffers are not modelled",
     "SGLang's running-request estimate needs the model's context length, which tpplan does not keep: the lower "
     "clamp, 2048, is used",
 )
