@@ -9,10 +9,9 @@ from functools import cache
 
 import pytest
 
-from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
-from tpplan.report.analysis import analyse
+from tpplan.report.analysis import analyse, load_predictor
 from tpplan.report.kernel_sources import KernelSensitivity, SourceAnswer
 from tpplan.report.prose import answer
 
@@ -54,16 +53,17 @@ def test_the_memo_prices_its_answer_from_every_source_with_each_engines_own_figu
     assert ks.sources == ["default", "sglang", "vllm", "trtllm"]
     cur = a.variant(ks.current)
     assert cur is a.current and a.bottom is not None
+    predict = load_predictor()  # the memo's: predict_plan with the engine's serving loop
     for key in ks.targets:
         tgt = a.variant(key)
         assert tgt is not None
         own = ks.of(key, "default")
         assert own is not None and own.current_s == cur.predictions[wl.name].ttft.mean_s
         assert own.target_s == tgt.predictions[wl.name].ttft.mean_s
-        for name in ks.sources[1:]:  # each engine's figure is predict_plan under that engine's tables
+        for name in ks.sources[1:]:  # each engine's figure is the memo's predictor under that engine's tables
             s = ks.of(key, name)
-            p = predict_plan(a.graph, tgt.plan, topo, tp=tgt.tp, pp=tgt.pp, workload=wl, tokens=wl.chunk_size,
-                             engine=name, audit=tgt.audit, cp=tgt.cp, replicas=tgt.replicas)  # fmt: skip
+            p = predict(a.graph, tgt.plan, topo, tp=tgt.tp, pp=tgt.pp, workload=wl, tokens=wl.chunk_size,
+                        engine=name, audit=tgt.audit, cp=tgt.cp, replicas=tgt.replicas)  # fmt: skip
             assert s is not None and s.target_s == pytest.approx(p.ttft.mean_s, rel=1e-9), name
             assert f"aic:h200_sxm/{name}@" in p.provenance.label  # times say which tables priced them
     said = any("kernel-price source changes this answer" in p for p in answer(a))
