@@ -10,7 +10,7 @@ import re
 import sys
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
 from tpplan.errors import TpplanError
 
@@ -54,6 +54,7 @@ FLAG_OF = {
     "cp_layers": "--cp-layers",
     "plan": "--plan",
     "engine": "--engine",
+    "weights": "--weights",
     "nodes": "--nodes",
     "workload": "--workload",
     "force": "--force",
@@ -83,6 +84,15 @@ def as_flags(exc: TpplanError) -> TpplanError:
     return TpplanError(_FIELD.sub(flag, exc.where), _FIELD.sub(flag, exc.reason), _FIELD.sub(flag, exc.fix))
 
 
+def usage_error(exc: Exception) -> TpplanError:
+    """click's usage error (its usage line, a hint and the message on four lines) as one line: the
+    command, what was wrong, and where the options are listed."""
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None) or "tpplan"
+    reason = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]  # click's, matched by shape
+    return TpplanError(command, reason, f"`{command} --help` lists its options")
+
+
 def json_without_file(argv: list[str]) -> list[str]:
     """`--json` given no FILE means `--json -` (print the JSON): typer has no options whose value is
     optional, so the CLI fills it in. No FILE = the last word, or the next word is another option."""
@@ -107,36 +117,35 @@ def main() -> None:
 
 
 def _main() -> None:
-    err = Console(stderr=True)
-    try:
-        rc = app(args=json_without_file(sys.argv[1:]), standalone_mode=False)
-    except TpplanError as exc:
-        from rich.markup import escape
+    from tpplan.text import TextConsole
 
+    err = TextConsole(stderr=True)
+    try:
+        rc = app(args=json_without_file(sys.argv[1:]), prog_name="tpplan", standalone_mode=False)
+    except TpplanError as exc:
         shown = as_flags(exc)
         # one line in files and pipes (grep-able); wrapped at the terminal's width, at most 100, in a terminal
         tty = err.is_terminal
         width = min(err.width, 100) if tty else None
-        err.print(f"[bold red]error:[/] {escape(str(shown))}", highlight=False, soft_wrap=not tty, width=width)
+        err.print(f"[bold red]error:[/] {escape(str(shown))}", markup=True, soft_wrap=not tty, width=width)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
     except ImportError as exc:
-        from rich.markup import escape
-
         missing = (exc.name or "").split(".")[0]
         if missing not in RUNTIME_MODULES:
             raise
         what = f"tpplan {sys.argv[1]}" if len(sys.argv) > 1 else "this command"
         line = f'{what}: needs {missing}, which is not installed. Fix: pip install "tpplan[runtime]"'
-        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
         sys.exit(2)
     except Exception as exc:
         # typer bundles its own click: match its usage errors by shape, not by class
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            usage = as_flags(usage_error(exc))
+            err.print(f"[bold red]error:[/] {escape(str(usage))}", markup=True, soft_wrap=True)
             sys.exit(2)
         raise
     if isinstance(rc, int) and rc:

@@ -157,3 +157,20 @@ def test_engine_choice_and_bad_version() -> None:
     assert kv_engines_for("trtllm") == ("sglang@0.5.23", "vllm@0.34.0")
     with pytest.raises(TpplanError, match="no KV-sizing facts"):
         kv_capacity(_predictor("tiny-llama", 1), "vllm@0.1.0")
+
+
+def test_audit_json_carries_both_engines_capacity(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    out = tmp_path / "a.json"
+    args = ("audit", "--model", "tiny-llama", "--tp", "2", "-t", "h100x8-ib400", "-w", "seed-c8", "-p", "baseline")
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--json", str(out))
+    assert code == 0, err
+    caps = json.loads(out.read_text())["plans"][0]["prediction"]["kv_capacity"]
+    assert [c["engine"] for c in caps] == ["sglang@0.5.23", "vllm@0.34.0"]
+    p = _predictor("tiny-llama", 2)
+    want = kv_capacity(p, "sglang@0.5.23", caps[0]["seq_len"])
+    assert caps[0]["kv_tokens_per_rank"] == want.tokens and caps[0]["decode_batch"] == want.batch
+    assert any("handle_gpu_memory_settings" in s and "0.5.23" in s for s in caps[0]["sources"])

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE, replica_count
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE, named, replica_count
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_wrapped, show, steps
+from tpplan.commands._console import print_wrapped, show, steps, styled
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -82,10 +83,14 @@ def register(app: typer.Typer) -> None:
     def search_cmd(
         model: ModelOpt,
         topology: Annotated[
-            str | None, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")
+            str | None,
+            typer.Option("--topology", "-t", help="Topology preset or .toml/.json file", callback=named("--topology")),
         ] = None,
         workload: Annotated[
-            str | None, typer.Option("--workload", "-w", help="Workload preset or file: rank by mean TTFT")
+            str | None,
+            typer.Option(
+                "--workload", "-w", help="Workload preset or file: rank by mean TTFT", callback=named("--workload")
+            ),
         ] = None,
         tp: Annotated[
             int | None,
@@ -169,13 +174,12 @@ def register(app: typer.Typer) -> None:
         from tpplan.cost.workload import load_workload
         from tpplan.models.config import load_model
         from tpplan.models.graph import build_model_graph
-        from tpplan.outputs import check_dir
+        from tpplan.outputs import Output
         from tpplan.plans.files import save_plan_dir
         from tpplan.search import search_plans
 
-        check_json_target(json_target)  # before the search: a bad path costs one line, not a run
-        if save is not None:
-            check_dir("--save", save)
+        saved = [Output("--save", save, folder=True)] if save is not None else []
+        check_json_target(json_target, *saved)  # before the search: a bad path costs one line, not a run
         arrival = arrival_of(arrival_rate, trace, requests, seed)
         reps = replica_count(replicas)
         copies = reps if isinstance(reps, int) else 1
@@ -221,11 +225,12 @@ def register(app: typer.Typer) -> None:
             for r, entry in zip(outcome.ranked, entries, strict=True):
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
-                                                 replicas=r.replicas)  # fmt: skip
+                                                 cp_kv=cp_kv, replicas=r.replicas)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
             data["cp_kv"] = cp_kv
+        check_json_target(json_target, *saved)  # again, together: either may have changed during the search
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)
@@ -247,12 +252,17 @@ def _print(data: dict, wide: bool = False) -> None:
     grid = len(data["search"]["deployments"]) > 1  # several TP x PP deployments: name each plan's
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
-        f"[bold]{data['model']}[/] at {', '.join(data['search']['deployments'])}"
-        + (f" on {data['topology']} ({data['nodes']} x {data['gpus_per_node']} GPUs)" if data["topology"] else "")
-        + (f", workload {data['workload']}" if data["workload"] else "")
+        f"[bold]{escape(data['model'])}[/] at {', '.join(data['search']['deployments'])}"
+        + (
+            f" on {escape(data['topology'])} ({data['nodes']} x {data['gpus_per_node']} GPUs)"
+            if data["topology"]
+            else ""
+        )
+        + (f", workload {escape(data['workload'])}" if data["workload"] else "")
         + f": ranked by {what}; "
         + ("best plan of each family (stream x reduce x MoE mode)" if data["mode"] == "per-family" else "all plans")
-        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
+        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s",
+        markup=True,
     )
     t = Table(title="Ranked legal plans (deltas vs baseline at the same TP x PP)")
     cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "comm vs base", "memory/rank", "replicated"]
@@ -281,7 +291,7 @@ def _print(data: dict, wide: bool = False) -> None:
             "vs base": signed_pct(p.get("delta_vs_baseline_pct")),
             "comm B/tok/rank": f"{p['comm_bytes_per_token_per_rank']:,.0f}",
             "comm vs base": signed_pct(p.get("comm_delta_vs_baseline_pct")),
-            "memory/rank": _fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else ""),
+            "memory/rank": styled(_fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else "")),
             "replicated": _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         }
         t.add_row(*(cells[c] for c in cols))
@@ -343,7 +353,8 @@ def _print(data: dict, wide: bool = False) -> None:
     if not data["plans"]:
         console.print(
             "[red]No legal plan fits.[/] Use more GPUs (--nodes), a smaller --expert-dtype, or --memory-cap none "
-            "to rank plans that do not fit."
+            "to rank plans that do not fit.",
+            markup=True,
         )
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:

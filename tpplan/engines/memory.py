@@ -233,9 +233,9 @@ def _vllm_common(v: str) -> tuple[Fact, ...]:
             _vllm(v, "config/model.py", "ModelConfig.get_num_kv_heads"),
         ),
         Fact(
-            "a sliding-window layer holds cdiv(min(sliding_window - 1 + tokens in flight, max_len), block_size) + 1 "
-            "blocks per request",
-            _vllm(v, "v1/kv_cache_interface.py", "SlidingWindowSpec.max_num_blocks_per_req"),
+            "a sliding-window layer holds at most cdiv(min(sliding_window - 1 + tokens in flight, max_model_len), "
+            "block_size) + 1 blocks per request (the admission cap; tpplan takes one decode token in flight)",
+            _vllm(v, "v1/kv_cache_interface.py", "SlidingWindowSpec.max_admission_blocks_per_request"),
         ),
         Fact(
             "max_num_seqs unset (OpenAI server): 1024 on GPUs of 70 GiB and more except A100 and GB10 (and at "
@@ -306,8 +306,13 @@ DIFFERENCES = (
     "largest op's live set), not a profiled peak",
     "recurrent state is tpplan's (delta-rule state in fp32 plus conv tails); the engine sizes it from the model "
     "config's state dtype",
+    "vLLM's admission gate may charge a sliding-window request for window - 1 + every token in flight (chunked "
+    "prefill), where tpplan counts a decode step's one",
     "SGLang floors tokens to its page size and vLLM's hybrid allocator pads KV-cache groups to one page size; "
     "neither is modelled (a few tokens, more for hybrids)",
+    "only the launch line's defaults are sized: an explicit --mem-fraction-static, --gpu-memory-utilization, "
+    "--max-running-requests or --max-num-seqs, speculative decoding (draft weights and KV), PD-disaggregated modes "
+    "and DeepEP buffers are not modelled",
     "SGLang's running-request estimate needs the model's context length, which tpplan does not keep: the lower "
     "clamp, 2048, is used",
 )

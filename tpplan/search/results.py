@@ -128,6 +128,7 @@ class RankedPlan:
             if t is not None:
                 out["volume"] = self._volume(t)
             out["memory_bytes_per_rank"] = {**asdict(pr.memory), "total": pr.memory.total}
+            out["kv_capacity"] = [c.to_json() for c in pr.kv_capacity]
             out["provenance"] = pr.provenance.to_json() if pr.provenance is not None else None
         same, ref = self.baseline, self.reference
         if self.rank is not None and same is not None and ref is not None:
