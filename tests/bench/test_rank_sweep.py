@@ -102,3 +102,18 @@ def test_checkerboard_holds_out_part_of_every_bucket_and_the_fit_recovers_consta
     table = bucket_table(res["points"])
     assert {r["bucket"] for r in table} == {"h 1-2", "h 3-4", "h 5-8", "h 9-16", "h 17-32", "h 33+"}
     assert max(r["worst"] for r in table) < 0.02
+
+
+@pytest.mark.slow
+def test_docs_tables_are_the_checked_in_fit() -> None:
+    """docs/benchmarks.md's per-rank tables are what `rank_fit` renders from the checked-in fit."""
+    import json
+    from pathlib import Path
+
+    from tpplan.bench.rank_fit import inherited_markdown, markdown_tables
+
+    root = Path(__file__).resolve().parents[2]
+    fit = json.loads((root / "docs/benchmarks/h100-2026-12-06/rank-fit.json").read_text())
+    doc = (root / "docs/benchmarks.md").read_text()
+    for tag, text in (("rank-fit", markdown_tables(fit)), ("rank-inherit", inherited_markdown(fit))):
+        assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text

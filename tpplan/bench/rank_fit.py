@@ -277,3 +277,49 @@ def kernel_models_toml(consts: dict[str, dict[str, Any]]) -> str:
         out += [f"{k} = {json.dumps(v) if isinstance(v, str) else repr(float(v))}" for k, v in c.items()]
         out.append("")
     return "\n".join(out)
+
+
+TOKEN_COLUMNS = ("1K", "2K", "4K", "8K", "16K", "32K")
+
+
+def markdown_tables(fit: dict[str, Any]) -> str:
+    """docs/benchmarks.md's tables of a fit (`fit_rank_sweep` + `bucket_table`): per set and heads bucket (or
+    expert split), the held-out median / worst |error| in each tokens bucket; the fit part's errors apart."""
+    cells: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    for r in fit["table"]:
+        cells[(r["model"], r["bucket"])][r["tokens"]] = f"{100 * r['median']:.0f} / {100 * r['worst']:.0f}"
+    lines = ["| set | heads per rank / split | " + " | ".join(TOKEN_COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(TOKEN_COLUMNS)]  # fmt: skip
+    for (model, b), row in sorted(cells.items()):
+        lines.append(f"| {model} | {b or 'all'} | " + " | ".join(row.get(t, "") for t in TOKEN_COLUMNS) + " |")
+    lines += ["", "| set | points fitted | fit median / worst | points held out | held-out median / worst |",
+              "|---|---:|---|---:|---|"]  # fmt: skip
+    sets: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p in fit["points"]:
+        sets[p["model"]][p["set"]].append(abs(p["error"]))
+    for model, parts in sorted(sets.items()):
+        f, h = parts.get("fit", [0.0]), parts.get("held-out", [0.0])
+        lines.append(f"| {model} | {len(parts.get('fit', []))} | {100 * statistics.median(f):.1f}% / "
+                     f"{100 * max(f):.1f}% | {len(parts.get('held-out', []))} | {100 * statistics.median(h):.1f}% / "
+                     f"{100 * max(h):.1f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def inherited_markdown(fit: dict[str, Any], src: str = "h200-measured", dst: str = "h100-datasheet") -> str:
+    """The inheritance rule's out-of-sample table: `src`'s kernel models scaled to `dst`'s datasheet
+    (`cost.gpu_inherit`), and unscaled, against every point of this GPU's sweep (median / worst |error|)."""
+    from tpplan.cost.gpu_inherit import scaled_kernel_models
+    from tpplan.cost.topology import load_gpu
+
+    a, b = load_gpu(src), load_gpu(dst)
+    scaled = {(r["model"], r["bucket"]): r for r in inherited_errors(fit["points"], scaled_kernel_models(a, b))}
+    plain = {(r["model"], r["bucket"]): r for r in inherited_errors(fit["points"], a.kernel_models)}
+    lines = [
+        f"| set | heads per rank / split | points | {src} scaled to {dst} | {src} unscaled |",
+        "|---|---|---:|---|---|",
+    ]
+    for key, r in sorted(scaled.items()):
+        p = plain[key]
+        lines.append(f"| {key[0]} | {key[1] or 'all'} | {r['n']} | {100 * r['median']:.1f}% / {100 * r['worst']:.0f}% "
+                     f"| {100 * p['median']:.1f}% / {100 * p['worst']:.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
