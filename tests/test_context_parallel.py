@@ -112,9 +112,11 @@ def test_cp_prices_local_tokens_gathers_and_shards_the_kv() -> None:
     g = _graph("llama-3-70b")
     one = predict_plan(g, baseline(), topo, tp=2, tokens=32768)
     two = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=32768)
+    mine = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=32768, cp_kv="sharded")
     assert two.cp == 4 and one.cp == 1
     assert two.forward_s < one.forward_s
-    assert two.memory.kv_cache == pytest.approx(one.memory.kv_cache / 4)
+    assert two.memory.kv_cache == pytest.approx(one.memory.kv_cache)  # as the engines keep it (default)
+    assert mine.memory.kv_cache == pytest.approx(one.memory.kv_cache / 4)  # tpplan's own, asked for
     k1, k4 = one.kinds[0], two.kinds[0]
     cp_colls = [c for c in k4.collectives if c.region == "cp"]
     assert len(cp_colls) == 1 and not [c for c in k1.collectives if c.region == "cp"]
@@ -163,7 +165,7 @@ def test_the_issues_models_audit_and_price_at_cp_2_4_8(model: str) -> None:
     for cp in (2, 4, 8):
         a = audit_cp(g, 8, cp)
         assert a.legal, a.reasons
-        pr = predict_plan(g, baseline(), topo, tp=8, cp=cp, tokens=16384)
+        pr = predict_plan(g, baseline(), topo, tp=8, cp=cp, tokens=16384, cp_kv="sharded")
         assert pr.legal and pr.memory.kv_cache == pytest.approx(plain.memory.kv_cache / cp)
         assert all(any(c.region == "cp" for c in k.collectives) == bool(a.kinds[k.kind].exchanges) for k in pr.kinds)
 

@@ -11,7 +11,7 @@ from tpplan.cost.deployment import Deployment
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
-from tpplan.engines.context_parallel import CP_PATHS, kv_sharded_over_cp
+from tpplan.engines.context_parallel import CP_PATHS, kv_cp_share
 from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import audit_cp, cp_calls, rank_positions
 from tpplan.models.config import load_model
@@ -100,12 +100,17 @@ def test_mla_mode_prices_the_gather_instead_of_the_all_reduce_and_replicates_the
 
 
 def test_engines_keep_the_whole_sequences_kv_on_every_cp_rank() -> None:
-    assert not kv_sharded_over_cp("sglang@0.5.23") and not kv_sharded_over_cp("vllm") and kv_sharded_over_cp(None)
+    """Issue 33, item 3: CP is priced as the engines run it by default (the whole sequence's KV on every CP
+    rank), whatever kernel source prices compute; tpplan's own 1/cp only with cp_kv="sharded"."""
+    assert kv_cp_share("engines", 4) == 1 and kv_cp_share("sharded", 4) == 4
     g = _graph("llama-3-70b")
     topo = load_topology("h200x8-ib400", nodes=1)
-    mine = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192)
-    sgl = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192, engine="sglang@0.5.23")
-    assert sgl.memory.kv_cache == pytest.approx(4 * mine.memory.kv_cache)
+    default = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192)
+    mine = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192, cp_kv="sharded")
+    tp2 = predict_plan(g, baseline(), topo, tp=2, tokens=8192)
+    assert default.memory.kv_cache == pytest.approx(4 * mine.memory.kv_cache) == pytest.approx(tp2.memory.kv_cache)
+    with pytest.raises(TpplanError, match="cp_kv=half"):
+        predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192, cp_kv="half")
     modes = {p.tpplan_mode for p in CP_PATHS}
     assert modes == {"all", "mla", None}
     assert all(p.kv_source.read or p.kv_source.ref == "unread" for p in CP_PATHS)

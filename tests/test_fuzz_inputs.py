@@ -100,11 +100,13 @@ def test_mutated_configs(raw, command):
 def _plan_file() -> dict:
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.files import plan_file_data
+    from tpplan.plans.files import Deployment, plan_file_data
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model("tiny-qwen3-moe"))
-    return json.loads(plan_file_data(make_plan("sp-moe", graph, 2), graph, {"rank": 1}, 2).model_dump_json())
+    return json.loads(
+        plan_file_data(make_plan("sp-moe", graph, 2), graph, {"rank": 1}, Deployment(tp=2)).model_dump_json()
+    )
 
 
 PLAN = _plan_file()

@@ -22,11 +22,13 @@ PLANNER = (
     "audit",
     "cost",
     "search",
+    "simulate",
     "errors",
     "dtypes",
     "bench_results",
     "inputs",
     "units",
+    "signals",
 )
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
 
@@ -192,12 +194,13 @@ def test_the_torch_block_works() -> None:
 
 # docs/design.md, "Layers and their rules", bottom up; a module imports only from its own rank or below.
 LAYERS = [
-    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units"),
+    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units", "signals"),
     ("models",),
     ("layout",),
     ("plans", "engines"),
     ("audit",),
     ("cost",),
+    ("simulate",),
     ("search",),
     ("report", "explain"),
     ("runtime",),

@@ -33,6 +33,17 @@ def test_a_typo_gets_did_you_mean_not_the_whole_list(load, typo, meant):
     assert f"did you mean {meant}?" in msg and len(msg) < 250, msg
 
 
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("sp-mo", "sp-moe"), ("gate-awre", "gate-aware"), ("Baseline", "baseline")]
+)
+def test_a_plan_typo_gets_did_you_mean_not_the_whole_list(monkeypatch, capsys, typo, meant):
+    """Issue 33: a mistyped --plan printed every plan and form (~600 characters); now the closest name."""
+    from cli_helpers import run_cli
+
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-qwen3", "--tp", "2", "--plan", typo)
+    assert code == 2 and f"did you mean {meant}?" in err and len(err) < 150, err
+
+
 def test_no_close_name_points_at_the_listing_command():
     with pytest.raises(TpplanError, match="`tpplan models` lists them all"):
         load_model("zzqqxx")

@@ -12,9 +12,11 @@ import pytest
 from tpplan.audit import audit_plan
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
+from tpplan.layout.propagate import propagate_model
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
-from tpplan.plans.files import load_plan_file, plan_file_data, save_plan_dir
+from tpplan.plans.decisions import exact_decisions
+from tpplan.plans.files import Deployment, load_plan_file, plan_file_data, save_plan_dir
 from tpplan.plans.named import make_plan
 from tpplan.search import deployments, run_search
 
@@ -42,7 +44,8 @@ def test_save_writes_one_file_per_ranked_plan(saved):
         f = json.loads((d / p["file"]).read_text())
         assert f["schema_version"] == 1 and f["name"] == entry["name"]
         ep, moe = f["decisions"]["ep_size"], f["decisions"]["moe"]
-        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "replicas": 1, "ep": ep, "moe": moe}
+        assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "replicas": 1, "ep": ep, "moe": moe, "cp_layers": "all",
+                                   "cp_recurrence": "scan", "cp_kv": "engines"}  # fmt: skip
         assert f["found_for"]["model"] == "tiny-kimi-k3" and f["found_for"]["topology"] == "h200x8-ib400"
         assert f["found_for"]["rank"] == entry["rank"]
 
@@ -80,11 +83,17 @@ def test_round_trip_of_a_named_plan_with_every_decision_kind(tmp_path):
         "gate-aware", "input-scattered+restore", "sp-moe", "sglang-sp-moe", "latent-scattered", "sequence-parallel+ep2",
     ):  # fmt: skip
         plan = make_plan(name, graph, 2)
-        pf = plan_file_data(plan, graph, {"rank": 1}, 2)
+        pf = plan_file_data(plan, graph, {"rank": 1}, Deployment(tp=2))
         path = tmp_path / f"{name}.json"
         path.write_text(pf.model_dump_json())
         back = load_plan_file(str(path), graph, 2)
-        assert back == plan, name  # every decision survives (Plan equality compares them all)
+        # every decision survives (Plan equality compares them all), its patterns as the exact ops they match
+        assert back == exact_decisions(plan, graph), name
+        assert not any(c in q for q in back.gather | back.replicate | back.token_shard for c in "*?["), name
+        same = [r.comms for r in propagate_model(graph, back, 2).results] == [
+            r.comms for r in propagate_model(graph, plan, 2).results
+        ]
+        assert same, name  # and means the same collectives
 
 
 def test_a_file_for_another_architecture_exits_2(saved, tmp_path):
@@ -131,7 +140,10 @@ def test_save_never_touches_a_directory_it_did_not_write(tmp_path):
 
 def test_save_replaces_only_its_own_earlier_output(tmp_path):
     graph = build_model_graph(load_model("tiny-kimi-k3"))
-    files = [plan_file_data(make_plan(n, graph, 2), graph, {}, 2) for n in ("baseline", "sp-moe", "gate-aware")]
+    files = [
+        plan_file_data(make_plan(n, graph, 2), graph, {}, Deployment(tp=2))
+        for n in ("baseline", "sp-moe", "gate-aware")
+    ]
     d = tmp_path / "out"
     save_plan_dir(d, files)
     listed = [".tpplan-output", "index.json", "plan-1.json", "plan-2.json", "plan-3.json"]
@@ -225,3 +237,75 @@ def test_the_note_names_the_pipeline_stages_the_file_was_found_at(saved, tmp_pat
     r = tpplan("audit", "--model", "kimi-k3", "--tp", "32", "--plan", str(tmp_path / "pp.json"), "--json")
     assert r.returncode == 0, r.stderr
     assert "found for tiny-kimi-k3 at TP2 x PP2;" in " ".join(r.stderr.split())
+
+
+# -- decisions checked against the model's real ops (issue 35) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def sp_file() -> dict:
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    return json.loads(
+        plan_file_data(make_plan("sequence-parallel", graph, 2), graph, {}, Deployment(tp=2)).model_dump_json()
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("gather", ["*"], r"decisions\.gather\[0\]: '\*' is a pattern.*Fix: list the \d+ op\(s\) it matches"),
+        ("gather", ["abc"], r"decisions\.gather\[0\]: 'abc' is not a qualified op name"),
+        ("gather", [""], r"decisions\.gather\[0\]: '' is not a qualified op name"),
+        ("a2a", ["P"], r"decisions\.a2a\[0\]: 'P' is not a qualified op name"),
+        ("replicate", ["S(col)"], r"decisions\.replicate\[0\]: 'S\(col\)' is not a qualified op name"),
+        ("replicate", ["mla"], r"is not a qualified op name"),
+        ("gather", ["kda+dense/kda.q_prj"], r"has no op 'kda\.q_prj'.*did you mean kda\+dense/kda\.q_proj"),
+        ("gather", ["gqa+dense/gqa.q_proj"], r"names layer kind 'gqa\+dense', which model tiny-kimi-k3 does not"),
+        ("replicate", ["kda+dense/layer.attn_add"], r"is not an op with a weight.*Fix: drop it from"),
+        ("fold", ["kda+dense/kda.q_proj"], r"decisions\.fold\[0\]: 'kda\+dense/kda\.q_proj' is not a residual add"),
+        ("gather", ["kda+dense/layer.bank"], r"moves K3's attention-residual bank.*decisions\.bank"),
+        ("a2a", ["kda+dense/layer.attn_in"], r"decisions\.a2a: 'kda\+dense/layer\.attn_in' is in both gather and a2a"),
+        (
+            "gather_for",
+            [["kda+dense/kda.q_proj", "kda+dense/dense.down_proj"]],
+            r"gather_for\[0\]: 'kda\+dense/dense\.down_proj' does not read the output of 'kda\+dense/kda\.q_proj'",
+        ),
+    ],
+)
+def test_a_decision_naming_no_real_op_is_refused(sp_file, tmp_path, field, value, says):
+    """Each of these was silently ignored (or, `*`, called legal and computed wrong): now exit 2, one line."""
+    graph = build_model_graph(load_model("tiny-kimi-k3"))
+    data = json.loads(json.dumps(sp_file))
+    data["decisions"][field] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TpplanError, match=says) as err:
+        load_plan_file(str(path), graph, 2)
+    assert str(err.value).startswith(f"--plan {path}: decisions.{field}")
+
+
+def test_a_wildcard_gather_exits_2_on_the_command_line(sp_file, tmp_path):
+    from cli_helpers import run_captured
+
+    data = json.loads(json.dumps(sp_file))
+    data["decisions"]["gather"] = ["*"]
+    path = tmp_path / "star.json"
+    path.write_text(json.dumps(data))
+    code, out, err = run_captured("audit", "--model", "tiny-kimi-k3", "--tp", "2", "--plan", str(path))
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "decisions.gather[0]" in err and "is a pattern" in err
+
+
+def test_a_bank_on_a_model_without_one_and_a_huge_name_are_refused_briefly(tmp_path):
+    graph = build_model_graph(load_model("tiny-llama"))
+    data = json.loads(plan_file_data(make_plan("baseline", graph, 2), graph, {}, Deployment(tp=2)).model_dump_json())
+    data["decisions"]["bank"] = "R"
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TpplanError, match=r"decisions\.bank: model tiny-llama has no attention-residual bank"):
+        load_plan_file(str(path), graph, 2)
+    data["decisions"].update(bank=None, gather=["x" * 1_500_000])
+    path.write_text(json.dumps(data))
+    with pytest.raises(TpplanError, match=r"1,500,002 characters") as err:
+        load_plan_file(str(path), graph, 2)
+    assert len(str(err.value)) < 600  # the bad value is quoted cut short, never whole

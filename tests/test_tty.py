@@ -64,7 +64,8 @@ def saved_plans(tmp_path_factory):
 
 def test_audit_with_saved_plans_fits(saved_plans):
     plans = [x for p in saved_plans for x in ("--plan", str(p))]
-    code, lines = run_tty(["audit", "-m", "tiny-kimi-k3", "--tp", "2", *plans, "-t", "h200x2", "-w", "prompt16k-c8"])
+    code, lines = run_tty(["audit", "-m", "tiny-kimi-k3", "--tp", "2", "--pp", "1", "--cp", "1", *plans, "-t", "h200x2",
+                           "-w", "prompt16k-c8"])  # fmt: skip
     assert code == 0, "\n".join(lines)
     _fits(lines)
 

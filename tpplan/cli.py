@@ -47,6 +47,9 @@ FLAG_OF = {
     "top": "--top",
     "tokens": "--tokens",
     "topology": "--topology",
+    "cp_kv": "--cp-kv",
+    "arrival_rate": "--arrival-rate",
+    "requests": "--requests",
 }
 _FIELD = re.compile(r"\b(" + "|".join(FLAG_OF) + r")=(\S*)")
 
@@ -72,7 +75,19 @@ def json_without_file(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """Run the CLI; user errors print one clear message and exit 2 without a traceback."""
+    """Run the CLI; user errors print one clear message and exit 2 without a traceback. SIGINT,
+    SIGTERM and SIGHUP unwind the command (its cleanup runs whole, `tpplan.signals`) and exit 130,
+    143 and 129; a second signal during that cleanup changes nothing."""
+    from tpplan.signals import exit_cleanly
+
+    try:
+        with exit_cleanly():
+            _main()
+    except KeyboardInterrupt:  # one that click did not turn into Abort (it came during click's own handling)
+        sys.exit(130)
+
+
+def _main() -> None:
     err = Console(stderr=True)
     try:
         rc = app(args=json_without_file(sys.argv[1:]), standalone_mode=False)

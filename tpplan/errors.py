@@ -23,6 +23,21 @@ class TpplanError(Exception):
         super().__init__(f"{where}: {reason.rstrip('.')}. Fix: {fix}")
 
 
+QUOTE_LIMIT = 80  # characters of a bad value an error quotes (a 1.5 MB value is named by its length)
+
+
+def shown(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`value` quoted for an error line: its repr, cut to `limit` characters with how long it was."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 1]}\u2026 ({len(text):,} characters)"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}\u2026"
+
+
 def _key(name: str) -> str:
     return "".join(c for c in name.lower() if c.isalnum())
 
@@ -51,12 +66,12 @@ def from_validation(exc: ValidationError, where: str, fix: str) -> TpplanError:
     count of further problems is given so nobody expects the next run to be clean.
     """
     first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "(root)"
+    field = _cut(".".join(str(p) for p in first["loc"]) or "(root)", QUOTE_LIMIT)  # a key may be the bad value
     if first["type"] == "missing":
         reason = f"required field '{field}' is missing"
     else:
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        reason = f"field '{field}' is invalid: {msg[:1].lower()}{msg[1:]} (got {first.get('input')!r})"
+        msg = _cut(str(first["msg"]).removeprefix("Value error, "), 4 * QUOTE_LIMIT)
+        reason = f"field '{field}' is invalid: {msg[:1].lower()}{msg[1:]} (got {shown(first.get('input'))})"
     more = exc.error_count() - 1
     if more:
         reason += f"; {more} more problem(s) follow once this is fixed"

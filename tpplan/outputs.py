@@ -26,7 +26,8 @@ LEDGER and MARKER themselves are never outputs.
    either old or new, and the ledger accepts both: no file tpplan wrote is ever unrecorded.
 3. rename a compacted ledger (only the new contents) over it; best effort, since a ledger that
    also accepts the previous content is harmless.
-SIGTERM during a write is turned into an exception (exit 143) so it cleans up as SIGINT does.
+SIGTERM and SIGHUP during a write are turned into an exception (exit 143, 129) so they clean up as
+SIGINT does (`tpplan.signals.exit_cleanly`).
 No torch here: the planner's commands use it too.
 """
 
@@ -36,46 +37,20 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tpplan.errors import TpplanError
+from tpplan.signals import exit_cleanly
 
 MARKER = ".tpplan-output"
 LEDGER = ".tpplan-files"  # beside single-file outputs: the files tpplan wrote in this folder, with SHA-256
 _RESERVED = (MARKER, LEDGER)
 FOLDER_WRITERS = {"--out": "report", "--save": "search --save"}  # a folder option -> the command it belongs to
 _LEGACY_SEARCH_INDEX = "index.json"  # what an older `search --save` folder always held (tpplan.plans.files)
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while tpplan was writing; raised so that the writers clean up, then exit 143."""
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
-
-
-@contextmanager
-def terminate_cleanly() -> Iterator[None]:
-    """While writing, SIGTERM raises Terminated (as SIGINT raises KeyboardInterrupt), so the writers'
-    cleanup runs. Only the main thread may set handlers, and a handler someone else set is kept."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def _raise(signum: int, frame: object) -> None:
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _sha256(data: bytes) -> str:
@@ -268,7 +243,7 @@ def write_files(files: Mapping[Path, str | bytes], option: str | None = None) ->
         if option is not None:
             for p in paths:
                 check_file(option, p)
-        with terminate_cleanly():
+        with exit_cleanly():
             _write_recorded({Path(p): c.encode("utf-8") if isinstance(c, str) else c for p, c in files.items()})
     except OSError:
         if option is None:
@@ -334,7 +309,7 @@ def write_dir(out: str | Path, files: Mapping[str, bytes], option: str = "--out"
     """
     command = command or FOLDER_WRITERS.get(option, option)
     target = check_dir(option, out, command)
-    with write_errors(option, target), terminate_cleanly():
+    with write_errors(option, target), exit_cleanly():
         return _replace_dir(target, files, command)
 
 

@@ -43,7 +43,7 @@ def test_the_database_lists_the_gpus_of_the_issue() -> None:
 
 
 def test_bad_system_engine_or_version_is_one_line_naming_the_choices() -> None:
-    with pytest.raises(TpplanError, match=r"use one of .*h200_sxm"):
+    with pytest.raises(TpplanError, match=r"has tables .*h200_sxm"):
         AicSource("h999", "sglang")
     with pytest.raises(TpplanError, match="use one of"):
         AicSource("h200_sxm", "sglang", "0.0.1")
@@ -88,7 +88,7 @@ def test_fitted_experts_out_of_sample_on_deepseek_v3(h200: dict[str, AicSource])
     its TP8/EP8 rows at 1K-16K tokens from the work each row measured (AIC's collector routing):
     out-of-sample median within 15% on every engine, and TP vs EP at 8K ranked as the rows rank them.
     (Before the routing was replayed the medians were 0.38 SGLang, 0.40 vLLM, and vLLM ranked wrong.)"""
-    from tpplan.cost.sources.aic_fit import held_out_fit, moe_rows
+    from tools.aic_fit import held_out_fit, moe_rows
 
     for engine, src in h200.items():
         rows = moe_rows(src, quants=("fp8_block",))
@@ -114,7 +114,7 @@ def test_the_ep8_slowdown_is_aics_routing_of_deepseek_v3(h200: dict[str, AicSour
     difference is the routing AIC's collector produced: DeepSeek-V3's grouped top-k over its tied
     logits sends 5 of each token's 8 pairs to EP8's rank 0, and the EP rows scale as that load does
     (EP2 as slow as EP1, 4-5x less work than EP1 only at EP128-256)."""
-    from tpplan.cost.sources.aic_fit import collector_routing
+    from tools.aic_fit import collector_routing
 
     src = h200[engine]
 

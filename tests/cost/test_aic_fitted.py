@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from tools.aic_fit import DEEPSEEK_V3, collector_loads, collector_routing
 from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelSource, MoeShape
-from tpplan.cost.sources.aic_fit import DEEPSEEK_V3, collector_loads, collector_routing
 from tpplan.cost.sources.aic_fitted import (
     AicFittedSource,
     attention_features,

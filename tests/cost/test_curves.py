@@ -87,9 +87,32 @@ class _Nccl:
         return KernelPrice(1e-4, "table:nccl") if shape.kind == "all_reduce" and shape.ranks == 8 else None
 
 
-def test_a_kernel_source_prices_collectives_first(topo) -> None:
-    got = price_collective("all_reduce", 2 * MiB, 8, topo, sources=(_Nccl(),))
-    assert got.time_s == 1e-4 and got.algorithm == "table:nccl"
+class _Every:
+    """A stand-in engine table that prices every collective (as AIC's NVLS-on NCCL tables would)."""
+
+    name = "table"
+
+    def collective(self, shape):
+        return KernelPrice(1e-9, "table:nccl")
+
+
+def test_a_kernel_source_adds_collectives_only_where_the_cluster_states_none(topo) -> None:
+    """The cluster's measured 8-rank all-reduce keeps its price under an engine's table (an NVLS-off curve is
+    not replaced by an NVLS-on table); where the cluster has only its link model, the table adds the price."""
+    kept = price_collective("all_reduce", 2 * MiB, 8, topo, sources=(_Every(),))
+    assert kept == collective_time("all_reduce", 2 * MiB, 8, topo) and kept.algorithm.endswith("-curve")
+    added = price_collective("all_reduce", 2 * MiB, 4, topo, sources=(_Nccl(), _Every()))
+    assert added.time_s == 1e-9 and added.algorithm == "table:nccl"
     assert price_collective("all_gather", 2 * MiB, 8, topo, sources=(_Nccl(),)) == collective_time(
         "all_gather", 2 * MiB, 8, topo
     )
+
+
+def test_engine_tables_keep_an_nvls_off_clusters_all_reduce() -> None:
+    """h200x8-ib400 (NVLS off: its 8-GPU all-reduce is the derived ring curve) prices the same 8-rank
+    all-reduce with or without an engine's tables; h200x8-ib400-nvls keeps its NVLS-on curve."""
+    for preset in ("h200x8-ib400", "h200x8-ib400-nvls"):
+        t = load_topology(preset)
+        for size in (256 * 1024, 32 * MiB):
+            own = collective_time("all_reduce", size, 8, t)
+            assert price_collective("all_reduce", size, 8, t, sources=(_Every(),)) == own, (preset, size)

@@ -86,8 +86,8 @@ def test_chunks_that_do_not_overlap_wait_for_their_previous_chunk() -> None:
 def test_engine_selection() -> None:
     assert pipeline_model().engine == DEFAULT_PP_ENGINE == "sglang@0.5.23"
     v = pipeline_model("vllm")
-    assert v.engine == "vllm@0.33.0" and v.schedule is ENGINES["vllm@0.33.0"].pipeline
-    assert "vLLM 0.33.0" in v.assumption(4) and "at most 4 micro-batches in flight" in v.assumption(4)
+    assert v.engine == "vllm@0.34.0" and v.schedule is ENGINES["vllm@0.34.0"].pipeline
+    assert "vLLM 0.34.0" in v.assumption(4) and "at most 5 micro-batches in flight (pp_size 4 + 1)" in v.assumption(4)
     with pytest.raises(TpplanError, match="--engine trtllm@1"):
         pipeline_model("trtllm@1")
     # the sentence follows the fields the simulation reads
@@ -126,8 +126,9 @@ def test_k3_pp_ttft_is_the_flow_shop_of_its_stage_times(k3) -> None:
 
 
 def test_k3_engines_agree_where_their_schedules_agree(k3) -> None:
-    # SGLang 0.5.23 and vLLM 0.33.0 both keep pp_size micro-batches in flight, pipeline a prompt's chunks and
-    # gather the boundary over TP: the same TTFT; a schedule whose chunks do not overlap is slower at C=1
+    # SGLang 0.5.23 keeps pp_size micro-batches in flight and vLLM 0.33.0 pp_size + 1; both pipeline a prompt's
+    # chunks and gather the boundary over TP: at C=1 (two chunks, fewer than either limit) the same TTFT; a
+    # schedule whose chunks do not overlap is slower at C=1
     plan = make_plan("baseline", k3, 8)
     w = Workload(input_len=16384, concurrency=1, chunk_size=8192)
     sgl = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w, pipeline=pipeline_model("sglang@0.5.23"))
@@ -162,7 +163,9 @@ def test_each_engines_schedule_fields_say_what_its_prose_says() -> None:
         p = ev.pipeline
         assert p.chunks_overlap == p.chunks_of_one_request.startswith("they pipeline"), ev.key
         assert p.boundary_gathers == ("all-gathers it" in p.boundary), ev.key
-        assert p.extra_in_flight == 0 and "pp_size" in p.in_flight, ev.key  # the launch lines' defaults
+        # the launch lines' defaults: SGLang pp_size (pp_async_batch_depth 0); vLLM pp_size + 1 (async scheduling)
+        assert p.extra_in_flight == (0 if ev.engine == "SGLang" else 1), ev.key
+        assert ("pp_size + 1" in p.in_flight or "pipeline_parallel_size + 1" in p.in_flight) == (p.extra_in_flight == 1)
         assert "1/N slice" in p.boundary and "ceil(end_layer / block)" in p.boundary, ev.key
 
 

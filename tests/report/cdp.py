@@ -130,8 +130,13 @@ class _Pipe:
             os.close(self._from_child_r)
 
 
+VIEWPORT = (1280, 800)  # a laptop screen, CSS pixels: the "first screens" are measured in its height
+
+
 def load_page(binary: str, html_file: Path, timeout: float = 30) -> dict[str, Any]:
-    """Open `html_file`; return {'errors': [...], 'images': n, 'broken_images': n, 'h2': n, 'title': str}."""
+    """Open `html_file` in a VIEWPORT window; return {'errors': [...], 'images': n, 'broken_images': n,
+    'h2': n, 'title': str, 'scripts': n, 'first_image_top': px, 'page_height': px, 'literal_backticks':
+    [text of elements whose rendered text shows a backtick]}."""
     with tempfile.TemporaryDirectory(prefix="tpplan-chromium-") as profile:
         pipe = _Pipe(binary, profile)
         try:
@@ -139,6 +144,8 @@ def load_page(binary: str, html_file: Path, timeout: float = 30) -> dict[str, An
             session = pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             for domain in ("Runtime.enable", "Log.enable", "Page.enable"):
                 pipe.call(domain, session=session)
+            metrics = {"width": VIEWPORT[0], "height": VIEWPORT[1], "deviceScaleFactor": 1, "mobile": False}
+            pipe.call("Emulation.setDeviceMetricsOverride", metrics, session=session)
             pipe.call("Page.navigate", {"url": html_file.resolve().as_uri()}, session=session)
             if pipe.wait_event("Page.loadEventFired", timeout) is None:
                 raise TimeoutError(f"{html_file} did not finish loading in {timeout} s")
@@ -147,7 +154,11 @@ def load_page(binary: str, html_file: Path, timeout: float = 30) -> dict[str, An
                 "JSON.stringify({images: document.images.length,"
                 " broken_images: Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).length,"
                 " h2: document.querySelectorAll('h2').length, title: document.title,"
-                " scripts: document.scripts.length})"
+                " scripts: document.scripts.length,"
+                " first_image_top: document.images.length ? document.images[0].getBoundingClientRect().top : -1,"
+                " page_height: document.documentElement.scrollHeight,"
+                " literal_backticks: Array.from(document.querySelectorAll('strong, h1, h2, h3, p, li, td'))"
+                ".filter(e => e.innerText.includes('`')).map(e => e.innerText.slice(0, 80))})"
             )
             res = pipe.call("Runtime.evaluate", {"expression": expr, "returnByValue": True}, session=session)
             facts = json.loads(res["result"]["value"])

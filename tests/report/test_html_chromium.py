@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cdp import chromium_binary, load_page
+from cdp import VIEWPORT, chromium_binary, load_page
 
 from tpplan.bench_results import load_bench_results
 from tpplan.cost.predict import predict_plan
@@ -39,6 +39,10 @@ def test_report_html_renders_without_console_errors(tmp_path):
     assert page["images"] == len(memo.pngs) and page["broken_images"] == 0
     assert page["h2"] >= 9 and page["scripts"] == 0
     assert page["title"].startswith("tpplan decision memo: kimi-k3")
+    # issue 33: the answer and the plots on the first screens (the first plot was below 13,000 px, the
+    # verdict table alone ~11,000 px tall), and no literal backticks in bold or headings
+    assert 0 < page["first_image_top"] < 3 * VIEWPORT[1], page["first_image_top"]
+    assert page["literal_backticks"] == []
 
 
 @pytest.mark.slow

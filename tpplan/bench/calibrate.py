@@ -26,9 +26,10 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
-from tpplan.outputs import terminate_cleanly, write_files
+from tpplan.outputs import write_files
 from tpplan.runtime.group import GroupSpec, run_group
 from tpplan.runtime.hooks import before_collective
+from tpplan.signals import exit_cleanly
 
 # GEMM sweep: the (K, N) of the shapes in presets/h200_gemm_shapes.json, four token counts
 # (`--gemm-model` adds the shapes a model's named plans produce, at six token counts).
@@ -256,7 +257,7 @@ def calibrated_topology(base: Topology, res: CalibrationResult) -> Topology:
         )
     gpu = base.gpu.model_copy(update={"gemm_table": res.gemm}) if res.gemm else base.gpu
     notes = f"calibrated on {res.world} x {res.device_name} with {res.backend}; hardware specs from {base.name}"
-    fitted = {**base.fitted, **res.fitted}
+    fitted: dict[str, FittedCollective] = {**{str(k): v for k, v in base.fitted.items()}, **res.fitted}
     return base.model_copy(update={"name": f"{base.name}-calibrated", "gpu": gpu, "fitted": fitted, "notes": notes})
 
 
@@ -269,7 +270,7 @@ def write_topology_atomic(topo: Topology, out: Path, header: str = "") -> None:
         if out.suffix.lower() == ".json"
         else topology_to_toml(topo, header)
     )
-    with terminate_cleanly():  # SIGTERM removes the read-back copy too
+    with exit_cleanly():  # SIGTERM or SIGHUP removes the read-back copy too
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent or ".")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:

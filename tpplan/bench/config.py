@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpplan.bench.model_slice import ModelSlice, build_slice
-from tpplan.cost.workload import Workload, load_workload
+from tpplan.cost.workload import Workload, check_priceable, load_workload
 from tpplan.errors import TpplanError
 
 DTYPE_SHORT = {
@@ -79,7 +79,10 @@ def resolved_workload(cfg: BenchConfig, base: Workload | None = None) -> Workloa
         if cfg.requests < 1:
             raise TpplanError(f"--requests {cfg.requests}", "must be at least 1", "pass a positive count")
         upd["num_requests"] = cfg.requests
-    return wl.with_overrides("--tokens/--chunk/--requests", **upd) if upd else wl
+    if not upd:
+        return wl
+    where = "--tokens/--chunk/--requests"
+    return check_priceable(wl.with_overrides(where, **upd), where)
 
 
 def act_dtype(cfg: BenchConfig, backend: str) -> str:

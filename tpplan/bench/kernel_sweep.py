@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         families["gdn"] = lambda: gdn_points((16, 2), (8192, 4096, 2048, 1024), deadline=start + budget - 100)
         # The same calls behind a GEMM load instead of the sleep (`loaded`): power and clock as in a run.
         load = ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime", "gdn")
-        families |= {f"{name}_loaded": (lambda f=families[name]: loaded(f)) for name in load}
+        families |= {f"{name}_loaded": partial(loaded, families[name]) for name in load}
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
         families = {
             "experts_dense": lambda: (

@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def _ops(torch: Any) -> dict[str, Callable[[], Any]]:
     return {
         "gemm_8192x7168x6144": lambda: a1 @ b1,
         "gemm_2048x7168x2112": lambda: a2 @ b2,
-        **{f"gemm_{m}x7168x{n}": (lambda m=m, n=n: g_a[:m] @ g_b[n]) for m in (1024, 4096) for n in (2112, 6144)},
+        **{f"gemm_{m}x7168x{n}": partial(torch.matmul, g_a[:m], g_b[n]) for m in (1024, 4096) for n in (2112, 6144)},
         "gemm_2048x7168x6144": lambda: g_a[:2048] @ g_b[6144],
         "gemm_8192x7168x2112": lambda: g_a[:8192] @ g_b[2112],
         "gemm_fp8_8192x7168x6144": lambda: torch._scaled_mm(fa, fb, one, one, out_dtype=bf),
@@ -156,8 +157,9 @@ def time_beside(torch: Any, op: Callable[[], Any], reps: int, load: Callable[[],
     side.wait_stream(main)
     with torch.cuda.stream(side):
         s0.record(side)
-        for _ in range(n_load if load is not None else 0):
-            load()
+        if load is not None:
+            for _ in range(n_load):
+                load()
         s1.record(side)
     m0.record(main)
     for _ in range(reps):
@@ -224,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['load_alone_GBps']:6.0f} -> {r['load_concurrent_GBps']:6.0f} GB/s "
                   f"sms {distinct} [{time.time() - t_start:5.1f} s]", file=sys.stderr, flush=True)  # fmt: skip
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    distinct = {k: len(set(v.tolist())) for k, v in SM_IDS.items() if k in loads}
+    held_sms = {k: len(set(v.tolist())) for k, v in SM_IDS.items() if k in loads}
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date,
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-            "held_load_distinct_sms": distinct}  # fmt: skip
-    print(f"held loads ran on distinct SMs: {distinct}", file=sys.stderr)
+            "held_load_distinct_sms": held_sms}  # fmt: skip
+    print(f"held loads ran on distinct SMs: {held_sms}", file=sys.stderr)
     write_files({out: json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"}, "--out")
     return 0
 

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,9 @@ def _run(
         out: list[list[Callable[[], None]]] = [[]]
         for i, mb in enumerate(mbs):
             d, c = f"{tag}{i}d", f"{tag}{i}c"
-            out[-1] += [lambda mb=mb: compute(mb["pre"]), lambda d=d: launch(d)]
-            out.append([lambda d=d: wait(d), lambda mb=mb: compute(mb["experts"]), lambda c=c: launch(c)])
-            out.append([lambda mb=mb: compute(mb["shared"]), lambda c=c: wait(c), lambda mb=mb: compute(mb["post"])])
+            out[-1] += [partial(compute, mb["pre"]), partial(launch, d)]
+            out.append([partial(wait, d), partial(compute, mb["experts"]), partial(launch, c)])
+            out.append([partial(compute, mb["shared"]), partial(wait, c), partial(compute, mb["post"])])
         return out
 
     torch.cuda.synchronize()

@@ -116,7 +116,7 @@ def argspec(args: Sequence[Any]) -> tuple[Any, ...]:
     """Tensors as ("tensor", shape, dtype), lists as int tuples: what a replay needs to rebuild the call."""
     import torch
 
-    out = []
+    out: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             out.append(("tensor", tuple(a.shape), str(a.dtype).removeprefix("torch.")))

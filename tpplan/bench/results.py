@@ -232,7 +232,7 @@ def recorded_inputs(cfg: BenchConfig) -> schema.BenchInputs:
                               workload=load_workload(cfg.workload).model_dump(mode="json"))  # fmt: skip
 
 
-def _overhead(raw: dict[str, float] | None) -> schema.RuntimeOverhead | None:
+def _overhead(raw: dict[str, Any] | None) -> schema.RuntimeOverhead | None:
     if not raw or raw["busy_s"] <= 0 or raw["pass_s"] <= 0:
         return None
     return schema.RuntimeOverhead(pass_s=raw["pass_s"], busy_s=raw["busy_s"], kernels=int(raw["kernels"]),

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tpplan.bench.sweep_timing import last_clocks, timed
+from tpplan.bench.sweep_timing import each_call, last_clocks, timed
 
 
 def attention_points(
@@ -26,7 +26,7 @@ def attention_points(
     from tpplan.runtime import fast_kernels as F
 
     fn = cascade_attention if impl == "cascade" else F.causal_attention
-    out = []
+    out: list[dict[str, Any]] = []
     for dqk, dv in dims:
         for h in heads:
             for t in tokens:
@@ -35,7 +35,7 @@ def attention_points(
                     q = torch.randn(t, h, dqk, device="cuda", dtype=torch.bfloat16)
                     k = torch.randn(s, h, dqk, device="cuda", dtype=torch.bfloat16)
                     v = torch.randn(s, h, dv, device="cuda", dtype=torch.bfloat16)
-                    secs = timed(lambda _i, q=q, k=k, v=v, d=dqk: fn(q, k, v, d**-0.5), reps, 1)
+                    secs = timed(each_call(fn, q, k, v, dqk**-0.5), reps, 1)
                     row = {"family": "attention", "impl": impl, "heads": h, "tokens": t, "context": ctx, "dqk": dqk,
                            "dv": dv, "seconds": secs}  # fmt: skip
                     if impl == "cascade" and h in (96, 3) and t in (1024, 8192):
@@ -56,7 +56,7 @@ def kda_points(
 
     from tpplan.runtime import fast_kernels as F
 
-    out = []
+    out: list[dict[str, Any]] = []
     for h in heads:
         if time.perf_counter() > deadline:
             return out
@@ -94,7 +94,7 @@ def gdn_points(
 
     from tpplan.runtime import kernels as K
 
-    out = []
+    out: list[dict[str, Any]] = []
     for nk in k_heads:
         if time.perf_counter() > deadline:
             return out
@@ -137,7 +137,7 @@ def kda_batched_points(
     import torch
     from fla.ops.kda import chunk_kda
 
-    out = []
+    out: list[dict[str, Any]] = []
     for t in tokens:
         for h in heads:
             if time.perf_counter() > deadline:
@@ -171,13 +171,13 @@ def conv_points(channels: Iterable[int], tokens: Iterable[int], reps: int = 7) -
 
     from tpplan.runtime import kernels as K
 
-    out = []
+    out: list[dict[str, Any]] = []
     for c in channels:
         for t in tokens:
             x = torch.randn(t, c, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(c, 1, 4, device="cuda", dtype=torch.bfloat16) * 0.3
             prev = torch.zeros(3, c, device="cuda", dtype=torch.bfloat16)
-            secs = timed(lambda _i, x=x, w=w, prev=prev: K.short_conv(x, w, {"conv": prev}), reps, 1)
+            secs = timed(each_call(K.short_conv, x, w, {"conv": prev}), reps, 1)
             out.append({"family": "short_conv", "channels": c, "tokens": t, "seconds": secs, **last_clocks()})
     return out
 
@@ -188,12 +188,12 @@ def norm_points(widths: Iterable[int], tokens: Iterable[int], reps: int = 7) -> 
 
     from tpplan.runtime import kernels as K
 
-    out = []
+    out: list[dict[str, Any]] = []
     for wd in widths:
         for t in tokens:
             x = torch.randn(t, wd, device="cuda", dtype=torch.bfloat16)
             w = torch.ones(wd, device="cuda", dtype=torch.bfloat16)
-            secs = timed(lambda _i, x=x, w=w: K.rms_norm(x, w, 1e-6), reps, 1)
+            secs = timed(each_call(K.rms_norm, x, w, 1e-6), reps, 1)
             out.append({"family": "norm", "width": wd, "tokens": t, "seconds": secs, **last_clocks()})
     return out
 
@@ -205,14 +205,14 @@ def attn_res_points(tokens: Iterable[int], banks: Iterable[int], hidden: int, re
 
     from tpplan.runtime import kernels as K
 
-    out = []
+    out: list[dict[str, Any]] = []
     for r in banks:
         for t in tokens:
             prefix = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
             bank = torch.randn(t, r, hidden, device="cuda", dtype=torch.bfloat16)
             proj = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
             norm = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
-            secs = timed(lambda _i, a=prefix, b=bank, c=proj, d=norm: K.attn_res(a, b, c, d, 1e-5), reps, 1)
+            secs = timed(each_call(K.attn_res, prefix, bank, proj, norm, 1e-5), reps, 1)
             out.append(
                 {"family": "attn_res", "tokens": t, "bank": r, "hidden": hidden, "seconds": secs, **last_clocks()}
             )
@@ -228,7 +228,7 @@ def expert_points(
 
     from tpplan.bench.serving_kernels import expert_ffn, grouped_gemm_used
 
-    out = []
+    out: list[dict[str, Any]] = []
     for e_loc in experts_local:
         gate = torch.randn(e_loc, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
         up = torch.randn(e_loc, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -242,7 +242,7 @@ def expert_points(
                 continue
             xs = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
             ws = (gate, up, down)
-            secs = timed(lambda _i, xs=xs, counts=counts, ws=ws: expert_ffn(xs, counts, *ws), reps, 1)
+            secs = timed(each_call(expert_ffn, xs, counts, *ws), reps, 1)
             out.append({"family": "experts", "experts_local": e_loc, "tokens": t, "rows": rows,
                         "active": int((counts > 0).sum()), "max_rows": int(counts.max()), "width": width,
                         "inter": inter, "seconds": secs, "grouped": grouped_gemm_used().get("cuda")})  # fmt: skip
@@ -263,7 +263,7 @@ def mla_op_points(
     from tpplan.runtime import kernels as K
 
     rp = K.Rope(theta=50000.0)
-    out = []
+    out: list[dict[str, Any]] = []
     for h in heads:
         for t in tokens:
             for ctx in contexts:
@@ -298,7 +298,7 @@ def experts_op_points(
 
     from tpplan.bench.serving_kernels import grouped_routed_experts
 
-    out = []
+    out: list[dict[str, Any]] = []
     for experts, local, top_k, width, inter in shapes:
         gate = torch.randn(local, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
         up = torch.randn(local, inter, width, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -313,7 +313,7 @@ def experts_op_points(
                 continue
             x = torch.randn(t, width, device="cuda", dtype=torch.bfloat16)
             ws = (gate, up, down)
-            secs = timed(lambda _i, x=x, r=routing, ws=ws: grouped_routed_experts(x, r, *ws), reps, 1)
+            secs = timed(each_call(grouped_routed_experts, x, routing, *ws), reps, 1)
             out.append({"family": "experts", "op": "routed_experts", "experts": experts, "experts_local": local,
                         "top_k": top_k, "tokens": t, "rows": rows, "active": int((counts > 0).sum()),
                         "max_rows": int(counts.max()), "width": width, "inter": inter, "seconds": secs,

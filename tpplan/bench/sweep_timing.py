@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 # Sweep 2 ("ops" mode) times every call with the host ahead of the GPU (see `timed`).
@@ -44,6 +45,16 @@ def gemm_load(ms: float = 150.0) -> Callable[[], Any]:
             torch.mm(a, b, out=c)
 
     return run
+
+
+def each_call(fn: Callable[..., Any], *args: Any) -> Callable[[int], Any]:
+    """`fn(*args)` as `timed` calls it (the set index unused), its arguments bound now: a sweep loop
+    passes it on without a default-argument lambda."""
+    return partial(_call_bound, fn, args)
+
+
+def _call_bound(fn: Callable[..., Any], args: tuple[Any, ...], _set: int) -> Any:
+    return fn(*args)
 
 
 def timed(fn: Callable[[int], Any], reps: int, sets: int) -> float:

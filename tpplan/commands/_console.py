@@ -11,6 +11,7 @@ terminal's width, or WIDE columns in files and pipes.
 from __future__ import annotations
 
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -164,14 +165,71 @@ def print_plan_notes(plans: Iterable[Plan]) -> None:
         print_wrapped(err, f"note: {note}", indent=2)
 
 
+# In a file or pipe (CI logs, `2>&1 | tee`, a job's log) a long command prints plain progress lines:
+# none for a command done within QUIET_S, then at most one line every EVERY_S.
+QUIET_S = 3.0
+EVERY_S = 5.0
+TICK_S = 0.5  # how often a long step is looked at (a line still comes at most every EVERY_S)
+
+
+class PlainSteps:
+    """`steps` off a terminal: the step a command is at, as one plain stderr line at a modest rate
+    (no live display, which a log would get as nothing until the end). With `tick` (seconds) a
+    background thread repeats the current step while one step runs long (loading kernel tables)."""
+
+    def __init__(self, err: Console, what: str, tick: float | None = None) -> None:
+        self.err, self.what = err, what
+        self.t0 = self.last = time.perf_counter()
+        self.said = 0
+        self.step = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if tick:
+            threading.Thread(target=self._tick, args=(tick,), daemon=True, name="tpplan-steps").start()
+
+    def __call__(self, step: str) -> None:
+        self.step = step
+        self._say()
+
+    def _say(self) -> None:
+        with self._lock:
+            now = time.perf_counter()
+            if not self.step or now - self.t0 < QUIET_S or (self.said and now - self.last < EVERY_S):
+                return
+            self.err.print(f"{self.what}: {self.step} ({now - self.t0:.0f} s)", markup=False, soft_wrap=True)
+            self.last, self.said = now, self.said + 1
+
+    def _tick(self, tick: float) -> None:
+        while not self._stop.wait(tick):
+            self._say()
+
+    def stop(self) -> None:
+        """No more lines (the thread ends); call on every exit, a failed run's included."""
+        self._stop.set()
+
+    def done(self) -> None:
+        self.stop()
+        with self._lock:
+            if self.said:
+                self.err.print(f"{self.what}: done in {time.perf_counter() - self.t0:.1f} s", markup=False)
+
+
 @contextmanager
 def steps(what: str) -> Iterator[Callable[[str], None]]:
-    """A status line on stderr, in a terminal, naming the step a long command is at and the seconds
-    so far (`report` and `search` take 10-45 s); silent in files and pipes, so logs and tests see
-    only the result. Yields the function a command passes to the API as its `progress`."""
+    """Progress of a long command on stderr, naming the step it is at and the seconds so far
+    (`report` and `search` take 10-45 s, `audit --engine` loads kernel tables for seconds): a status
+    line in a terminal, plain lines in a file or pipe once the command has run QUIET_S (so a quick
+    run's log holds only the result). Yields the function a command passes to the API as its
+    `progress`."""
     err = Console(stderr=True, highlight=False)
     if not err.is_terminal:
-        yield lambda _step: None
+        plain = PlainSteps(err, what, tick=TICK_S)
+        try:
+            yield plain
+        except BaseException:
+            plain.stop()
+            raise
+        plain.done()
         return
     t0 = time.perf_counter()
     with err.status(f"{what} ...") as status:
@@ -180,4 +238,5 @@ def steps(what: str) -> Iterator[Callable[[str], None]]:
             status.update(f"{what}: {step} ({time.perf_counter() - t0:.0f} s)")
 
         yield say
-    err.print(f"{what}: done in {time.perf_counter() - t0:.1f} s", markup=False)
+    if time.perf_counter() - t0 >= QUIET_S:  # the status line is gone: say how long a long run took
+        err.print(f"{what}: done in {time.perf_counter() - t0:.1f} s", markup=False)

@@ -170,3 +170,20 @@ CpLayersOpt = Annotated[
     typer.Option("--cp-layers", help="Under --cp, which layers see a token shard: all, or mla (only the MLA "
                  "attention, the CP group inside the TP group: SGLang PR #38344)", callback=_cp_layers),
 ]  # fmt: skip
+
+
+def _cp_kv(value: str) -> str:
+    from tpplan.engines.context_parallel import CP_KV_MODES
+
+    if value not in CP_KV_MODES:
+        raise TpplanError(f"--cp-kv {value}", "unknown KV cache mode under CP",
+                          "use engines (the whole sequence's KV on every CP rank) or sharded (1/CP)")  # fmt: skip
+    return value
+
+
+CpKvOpt = Annotated[
+    str,
+    typer.Option("--cp-kv", help="Under CP, the KV cache a rank keeps: engines (default: the whole sequence's, "
+                 "as SGLang and vLLM do) or sharded (its own tokens', 1/CP: tpplan's own accounting)",
+                 callback=_cp_kv),
+]  # fmt: skip

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_plan_notes, print_wrapped, show
+from tpplan.commands._console import print_plan_notes, print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpKvOpt,
     CpLayersOpt,
     CpOpt,
     CpRecurrenceOpt,
@@ -24,11 +26,25 @@ from tpplan.commands._options import (
     json_option,
     load_cluster,
 )
+from tpplan.commands._plan_deployment import print_deployment_notes, resolve
+from tpplan.commands._serving import (
+    ArrivalRateOpt,
+    RequestsOpt,
+    SeedOpt,
+    TraceOpt,
+    arrival_of,
+    asked,
+    print_serving,
+    serving_arrivals,
+    serving_block,
+)
 from tpplan.placement import COLLECTIVE_SHORT
 from tpplan.units import signed_pct
 
 if TYPE_CHECKING:
     from tpplan.audit import PlanAudit
+    from tpplan.cost.topology import Topology
+    from tpplan.models.graph import ModelGraph
 
 TpOpt = Annotated[
     int | None,
@@ -68,6 +84,7 @@ def _fmt_bytes(b: float) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_cmd(
+        ctx: typer.Context,
         model: ModelOpt,
         tp: TpOpt = None,
         plan: Annotated[
@@ -91,6 +108,7 @@ def register(app: typer.Typer) -> None:
         cp: CpOpt = 1,
         cp_recurrence: CpRecurrenceOpt = "scan",
         cp_layers: CpLayersOpt = "all",
+        cp_kv: CpKvOpt = "engines",
         replicas: ReplicasOpt = 1,
         nodes: Annotated[
             int | None,
@@ -111,6 +129,10 @@ def register(app: typer.Typer) -> None:
                 "--crossover", help="Tokens per step at which each plan overtakes baseline, per layer kind (--topology)"
             ),
         ] = False,
+        arrival_rate: ArrivalRateOpt = None,
+        trace: TraceOpt = None,
+        requests: RequestsOpt = None,
+        seed: SeedOpt = 0,
     ) -> None:
         """Check plans op by op against the model's real layer graph and count their communication;
         with --topology (and --workload) also predict time, memory and TTFT."""
@@ -118,43 +140,70 @@ def register(app: typer.Typer) -> None:
         from tpplan.errors import TpplanError
 
         check_json_target(json_target)
-        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover) and not (topology or cluster):
+        arrival = arrival_of(arrival_rate, trace, requests, seed)
+        serving_asked = asked(arrival_rate, trace, requests)
+        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked) and not (
+            topology or cluster
+        ):
             raise TpplanError(
-                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover",
+                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover/--arrival-rate/--trace/--requests",
                 "predictions need a topology",
                 "add --topology (e.g. h200x8-ib400)",
             )
-        predictions = None
-        topo = wl = None
-        if topology or cluster or gpu or engine:
-            from tpplan.cost.workload import load_workload
+        # a plan file's deployment where no flag sets it (commands/_plan_deployment.py)
+        d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence,
+                                "cp_layers": cp_layers, "cp_kv": cp_kv, "replicas": replicas})  # fmt: skip
+        tp, pp, cp, replicas = d["tp"], d["pp"], d["cp"], d["replicas"]  # type: ignore[assignment]
+        cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
+        print_deployment_notes(d)
+        if (pp != 1 or replicas != 1) and not (topology or cluster):  # from the file: legality and bytes only
+            why = (f"without --topology the audit checks legality and bytes per token, which PP {pp} and "
+                   f"{replicas} replica(s) do not change; add --topology to predict time and memory there")  # fmt: skip
+            print_deployment_notes(replace(d, notes=(why,)))
+        with steps(f"tpplan audit {model}") as say:  # progress on stderr for a long one (--engine, serving)
+            predictions = None
+            topo = wl = None
+            if topology or cluster or gpu or engine:
+                from tpplan.cost.workload import load_workload
 
-            gpus = tp * pp * (cp if cp_layers == "all" else 1) * replicas if tp else None
-            topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
-            wl = load_workload(workload) if workload else None
-            if wl is not None and replicas > 1:
-                from tpplan.cost.workload import replica_workloads
+                gpus = tp * pp * (cp if cp_layers == "all" else 1) * replicas if tp else None
+                say("loading the topology" + (f" and the {engine} kernel tables" if engine else ""))
+                topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
+                wl = load_workload(workload) if workload else None
+                if wl is not None and replicas > 1:
+                    from tpplan.cost.workload import replica_workloads
 
-                replica_workloads(wl, replicas)  # more replicas than clients: one line before any work
-            tp = tp or topo.gpus_per_node
-        elif tp is None:
-            raise TpplanError("--tp", "no TP size given", "pass --tp N (or --topology T: TP = its GPUs per node)")
-        result = audit(model, tp, plan, dtype)
-        print_plan_notes(pa.plan for pa in result.plans)
-        if topo is not None:
-            from tpplan.cost.predict import predict_audit
+                    replica_workloads(wl, replicas)  # more replicas than clients: one line before any work
+                tp = tp or (topo.gpus_per_node if topo is not None else None)
+            if tp is None:
+                raise TpplanError("--tp", "no TP size given", "pass --tp N (or --topology T: TP = its GPUs per node)")
+            say("auditing the plans")
+            result = audit(model, tp, plan, dtype)
+            print_plan_notes(pa.plan for pa in result.plans)
+            if topo is not None:
+                from tpplan.cost.predict import predict_audit
 
-            predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
-                                        cp_recurrence=cp_recurrence, cp_layers=cp_layers,
-                                        replicas=replicas)  # fmt: skip
-        data = to_json(result, predictions)
-        if cp > 1:
-            from tpplan.layout.context_parallel import audit_cp
+                say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
+                predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
+                                            cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
+                                            replicas=replicas)  # fmt: skip
+            data: dict[str, Any] = to_json(result, predictions)
+            arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
+            if arrivals is not None and topo is not None:
+                say("running the serving loop")
+                for pa, entry in zip(result.plans, data["plans"], strict=True):
+                    entry["serving"] = serving_block(result.graph, pa.plan, topo, arrivals, wl, tp=result.n, pp=pp,
+                                                     dtype=result.dtype, expert_dtype=expert_dtype, cp=cp,
+                                                     cp_recurrence=cp_recurrence, cp_layers=cp_layers,
+                                                     replicas=replicas, per_request=True)  # fmt: skip
+            if cp > 1:
+                from tpplan.layout.context_parallel import audit_cp
 
-            cpa = audit_cp(result.graph, result.n, cp, cp_recurrence, cp_layers)  # type: ignore[arg-type]
-            data["context_parallel"] = cpa.to_json()
-        if crossover and topo is not None:
-            data["crossover"] = _crossover_rows(result, topo, expert_dtype)
+                cpa = audit_cp(result.graph, result.n, cp, cp_recurrence, cp_layers)  # type: ignore[arg-type]
+                data["context_parallel"] = cpa.to_json()
+            if crossover and topo is not None:
+                say("thresholds: where each plan overtakes baseline")
+                data["crossover"] = _crossover_rows(result, topo, expert_dtype)
         if emit_json(json_target, data):
             return
         _print_audit(data, wide)
@@ -163,13 +212,19 @@ def register(app: typer.Typer) -> None:
         if predictions:
             assert topo is not None
             _print_predictions(data, wide, cluster_text(topo))
+            print_fp8_note(topo, result.graph, dtype, expert_dtype)
         if crossover:
             _print_crossover(data["crossover"])
+        if arrivals is not None:
+            print_serving(data["plans"])
 
     @app.command("explain")
     def explain_cmd(
+        ctx: typer.Context,
         model: ModelOpt,
-        tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size N", callback=TP_RANGE)],
+        tp: Annotated[
+            int | None, typer.Option("--tp", help="Tensor-parallel size N (default: a plan file's)", callback=TP_RANGE)
+        ] = None,
         plan: Annotated[str, typer.Option("--plan", "-p", help="Plan to explain")] = "baseline",
         dtype: DtypeOpt = "bf16",
         cp: CpOpt = 1,
@@ -178,8 +233,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show one layer of each kind as a dataflow with placements and collectives."""
         from tpplan.audit import audit
+        from tpplan.errors import TpplanError
         from tpplan.explain import explain_cp, explain_layer
         from tpplan.layout.context_parallel import audit_cp
+
+        d = resolve(ctx, [plan], {"tp": tp, "cp": cp, "cp_recurrence": cp_recurrence, "cp_layers": cp_layers})
+        tp, cp = d["tp"], d["cp"]  # type: ignore[assignment]
+        cp_recurrence, cp_layers = d["cp_recurrence"], d["cp_layers"]  # type: ignore[assignment]
+        if tp is None:
+            raise TpplanError("--tp", "no TP size given", "pass --tp N (or a plan file, which holds its own)")
+        print_deployment_notes(d)
 
         result = audit(model, tp, [plan], dtype)
         cpa = audit_cp(result.graph, tp, cp, cp_recurrence, cp_layers) if cp > 1 else None  # type: ignore[arg-type]
@@ -346,6 +409,16 @@ def _print_crossover(rows: list[dict[str, object]]) -> None:
 # detail of the memory, TTFT and communication columns. The default tables fit 100 columns.
 _WIDE_ONLY = {"compute", "replicated", "KV", "p50 s", "max s"}
 _WIDE_ONLY_PER_LAYER = {"collectives"}
+
+
+def print_fp8_note(topo: Topology, graph: ModelGraph, dtype: str, expert_dtype: str | None) -> None:
+    """Under predicted times: that fp8 GEMMs were priced as bf16 ones, where the GPU has no fp8."""
+    from tpplan.cost.gpu import fp8_fallback_note
+
+    quant = graph.spec.quant
+    note = fp8_fallback_note(topo.gpu, dtype, expert_dtype, quant is not None and quant.fmt.compute == "fp8")
+    if note:
+        print_wrapped(make_console(), note, indent=2)
 
 
 def provenance_line(prov: dict | None) -> str:

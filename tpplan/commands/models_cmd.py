@@ -1,18 +1,21 @@
-"""`tpplan models`, `tpplan topologies`, `tpplan workloads`: list the built-in presets, one line each."""
+"""`tpplan models`, `tpplan gpus`, `tpplan topologies`, `tpplan workloads`: list the built-in presets,
+one line each."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
 from tpplan.commands._console import console, show
+from tpplan.commands._options import check_json_target, emit_json, json_option
 
 if TYPE_CHECKING:
     from tpplan.cost.cluster import Fabric
+    from tpplan.cost.gpu import GpuSpec
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +32,34 @@ def register(app: typer.Typer) -> None:
             kinds = ", ".join(f"{k} x{c}" for k, c in spec.count_kinds().items())
             table.add_row(name, spec.model_type, str(spec.hidden), str(spec.num_layers), kinds)
         show(console(), table)
+
+    @app.command("gpus")
+    def gpus(json_target: Annotated[str | None, json_option("one entry per GPU model")] = None) -> None:
+        """List the GPU model presets (use with --gpu; or pass a .toml file): figures and kernel sources."""
+        from tpplan.cost.topology import list_gpus, load_gpu
+
+        check_json_target(json_target)
+        rows = [gpu_row(name, load_gpu(name)) for name in list_gpus()]
+        if emit_json(json_target, {"gpus": rows}):
+            return
+        table = Table(title="GPU models (--gpu NAME; one .toml in tpplan/cost/presets/gpus/ each); dense TFLOP/s",
+                      box=box.SIMPLE, pad_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
+        for col in ("preset", "GPU", "GiB", "TB/s", "bf16", "fp8", "--engine tables", "figures"):
+            table.add_column(col, justify="left" if col in ("preset", "GPU", "figures") or "-" in col else "right")
+        for r in rows:
+            fp8 = "none" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:g}"
+            table.add_row(r["preset"], r["name"].removeprefix("NVIDIA "), f"{r['memory_GiB']:g}", f"{r['hbm_TBps']:g}",
+                          f"{r['bf16_tflops']:g}", fp8, _tables_text(r["engine_tables"]),
+                          "datasheet" if r["figures"] == "datasheet" else "measured")  # fmt: skip
+        out = console()
+        show(out, table)
+        out.print(
+            "fp8 none: no fp8 tensor cores; fp8 GEMMs are priced at the bf16 peak (fp8 weights dequantized). "
+            "--engine tables: AIConfigurator's measured kernels for the GPU's system (`tpplan[aic]`). "
+            "figures: datasheet, or measured on the stack the preset names; every figure's source is in the "
+            "preset's .toml (`tpplan gpus --json`: the same, with each op class's source).",
+            markup=False,
+        )
 
     @app.command("topologies")
     def topologies() -> None:
@@ -67,6 +98,31 @@ def register(app: typer.Typer) -> None:
         show(console(), table)
 
 
+def gpu_row(preset: str, gpu: GpuSpec) -> dict[str, Any]:
+    """One GPU model as `tpplan gpus` lists it (and its JSON): figures, kernel tables, their source."""
+    from tpplan.cost.sources.aic import system_tables
+
+    return {
+        "preset": preset,
+        "name": gpu.name,
+        "memory_GiB": gpu.memory_GiB,
+        "hbm_TBps": gpu.hbm_TBps,
+        "bf16_tflops": gpu.bf16_tflops,
+        "fp8_tflops": gpu.fp8_tflops,
+        "system": gpu.system,
+        "engine_tables": system_tables(gpu.system),
+        "figures": gpu.software or "datasheet",
+        "provenance": dict(gpu.provenance),
+    }
+
+
+def _tables_text(tables: dict[str, list[str]] | None) -> str:
+    """'sglang vllm trtllm', 'none' (the database ships no tables) or why it cannot tell."""
+    if tables is None:
+        return "tpplan[aic] not installed"
+    return ",".join(tables) if tables else "none"
+
+
 def curve_rows(name: str, topo: Fabric) -> list[tuple[str, str, str, str]]:
     """(preset, groups, curve set, its source) for each curve set a topology prices collectives from."""
     from tpplan.cost.curve_sets import curve_set, list_curve_sets
@@ -78,7 +134,7 @@ def curve_rows(name: str, topo: Fabric) -> list[tuple[str, str, str, str]]:
         held.setdefault(owner.get((c.source, c.kind, c.algorithm, c.ranks), ""), set()).add((c.kind, c.ranks))
     rows = []
     for set_name, keys in held.items():
-        data = curve_set(set_name) if set_name else {"curves": [], "name": "its own [[curves]]"}
+        data: dict[str, Any] = curve_set(set_name) if set_name else {"curves": [], "name": "its own [[curves]]"}
         ranks, kinds = sorted({r for _, r in keys}), sorted({k for k, _ in keys})
         across = ranks[-1] > topo.gpus_per_node
         what = (f"{kinds[0]} " if len(kinds) == 1 else "") + "/".join(map(str, ranks))

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._bounds import TP_RANGE, replica_count
-from tpplan.commands._options import ClusterOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TP_RANGE, replica_count
+from tpplan.commands._options import ClusterOpt, CpKvOpt, CpLayersOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
 
@@ -15,6 +15,7 @@ from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_va
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
+        ctx: typer.Context,
         model: ModelOpt,
         topology: Annotated[str, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")] = (
             "h200x8-ib400"
@@ -78,9 +79,29 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--overlap",
                 help="Also rank each all-to-all plan under an engine's micro-batch overlap, as `tpplan search "
-                "--overlap` does (default: off, as there): tbo (SGLang) or dbo (vLLM)",
+                "--overlap` does (default: off, as there): tbo (SGLang) or dbo (vLLM); or asynctp (fused GEMMs)",
             ),
         ] = None,
+        pp: Annotated[
+            int | None,
+            typer.Option(
+                "--pp", help="Search only this many pipeline stages, as `tpplan search --pp`", callback=PP_RANGE
+            ),
+        ] = None,
+        cp: Annotated[
+            int | None,
+            typer.Option(
+                "--cp", help="Search only this context-parallel size, as `tpplan search --cp`", callback=CP_RANGE
+            ),
+        ] = None,
+        cp_layers: CpLayersOpt = "all",
+        cp_kv: CpKvOpt = "engines",
+        dp_attention: Annotated[
+            bool,
+            typer.Option(
+                "--dp-attention", help="Also rank the named DP-attention plans, as `tpplan search --dp-attention`"
+            ),
+        ] = False,
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -112,10 +133,20 @@ def register(app: typer.Typer) -> None:
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
-        topo = load_cluster(topology, nodes, tp, gpu=gpu, cluster=cluster, engine=engine[0] if engine else None)
+        from tpplan.commands._plan_deployment import file_deployment, flag_given
+
+        saved = file_deployment(plan)  # a plan file is priced at its whole deployment (report/analysis.py)
+        if saved is not None and not flag_given(ctx, "cp_kv"):
+            cp_kv = saved[1].cp_kv  # and at the KV mode it was ranked with
+        reps = replica_count(replicas)
+        copies = reps if isinstance(reps, int) else 1
+        gpus = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else None  # as search's
+        if saved is not None and tp is None:  # a preset with as many nodes as the file's deployment needs
+            f = saved[1]
+            gpus = f.tp * f.pp * (f.cp if f.cp_layers == "all" else 1) * f.replicas
+        topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine[0] if engine else None)
         assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
-        reps = replica_count(replicas)
         results = load_bench_results(bench) if bench else None
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         with steps(f"tpplan report {model}") as say:
@@ -133,8 +164,13 @@ def register(app: typer.Typer) -> None:
                 dp=dp,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 engines=engine,
-                overlap=None if overlap is None else ("tbo" if overlap is OverlapChoice.tbo else "dbo"),
+                overlap=None if overlap is None else overlap.value,
                 replicas=reps,
+                pp=pp,
+                cp=cp,
+                cp_layers=cp_layers,
+                cp_kv=cp_kv,
+                dp_attention=dp_attention,
                 progress=say,
             )
             say("writing report.md, report.html and the plots")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -14,6 +14,7 @@ from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps
 from tpplan.commands._options import (
     ClusterOpt,
+    CpKvOpt,
     CpLayersOpt,
     EngineOpt,
     GpuOpt,
@@ -23,11 +24,27 @@ from tpplan.commands._options import (
     json_option,
     load_cluster,
 )
-from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt, _fmt_bytes, over_note, provenance_line
+from tpplan.commands._serving import (
+    ArrivalRateOpt,
+    RequestsOpt,
+    SeedOpt,
+    TraceOpt,
+    arrival_of,
+    asked,
+    print_serving,
+    serving_arrivals,
+    serving_block,
+)
+from tpplan.commands.audit import (
+    DtypeOpt,
+    ModelOpt,
+    WideOpt,
+    _fmt_bytes,
+    over_note,
+    print_fp8_note,
+    provenance_line,
+)
 from tpplan.units import signed_pct
-
-if TYPE_CHECKING:
-    from tpplan.layout.plan import OverlapName
 
 
 def _ms(x: float | None) -> str:
@@ -91,6 +108,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         cp_layers: CpLayersOpt = "all",
+        cp_kv: CpKvOpt = "engines",
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -142,6 +160,10 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         wide: WideOpt = False,
+        arrival_rate: ArrivalRateOpt = None,
+        trace: TraceOpt = None,
+        requests: RequestsOpt = None,
+        seed: SeedOpt = 0,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them."""
         from tpplan.cost.workload import load_workload
@@ -154,6 +176,7 @@ def register(app: typer.Typer) -> None:
         check_json_target(json_target)  # before the search: a bad path costs one line, not a run
         if save is not None:
             check_dir("--save", save)
+        arrival = arrival_of(arrival_rate, trace, requests, seed)
         reps = replica_count(replicas)
         copies = reps if isinstance(reps, int) else 1
         gpus = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else None
@@ -162,8 +185,15 @@ def register(app: typer.Typer) -> None:
             from tpplan.errors import TpplanError
 
             raise TpplanError("--nodes", "nodes need a topology", "add --topology (e.g. h200x8-ib400)")
+        if topo is None and asked(arrival_rate, trace, requests):
+            from tpplan.errors import TpplanError
+
+            raise TpplanError("--arrival-rate/--trace/--requests", "the serving loop needs a topology",
+                              "add --topology (e.g. h200x8-ib400)")  # fmt: skip
         with steps(f"tpplan search {model}") as say:
             graph = build_model_graph(load_model(model))
+            wl = load_workload(workload) if workload else None
+            arrivals = serving_arrivals(arrival, wl, graph) if topo is not None else None
             outcome = search_plans(
                 graph,
                 topo,
@@ -171,8 +201,9 @@ def register(app: typer.Typer) -> None:
                 pp=pp,
                 cp=cp,
                 cp_layers=cp_layers,
+                cp_kv=cp_kv,
                 replicas=reps,
-                workload=load_workload(workload) if workload else None,
+                workload=wl,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top,
                 tokens=tokens,
@@ -181,15 +212,26 @@ def register(app: typer.Typer) -> None:
                 objective=objective,
                 all_plans=all_plans,
                 dp_attention=dp_attention,
-                overlap=None if overlap is None else cast("OverlapName", overlap.value),
+                overlap=None if overlap is None else overlap.value,
                 progress=say,
             )
         data = outcome.to_json()
+        if arrivals is not None and topo is not None:
+            entries: list[dict[str, object]] = data["plans"]  # type: ignore[assignment]
+            for r, entry in zip(outcome.ranked, entries, strict=True):
+                entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
+                                                 expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
+                                                 replicas=r.replicas)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
+        if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
+            data["cp_kv"] = cp_kv
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)
+            if topo is not None:
+                print_fp8_note(topo, graph, dtype, expert_dtype)
+            print_serving(data["plans"], "deployment")  # type: ignore[arg-type]
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)
             if written:

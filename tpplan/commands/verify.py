@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tpplan.commands._bounds import TP_RANGE
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show
 from tpplan.commands._options import (
@@ -25,13 +26,13 @@ from tpplan.commands._options import (
     CpRecurrenceOpt,
     ModelOpt,
     PrefillTokensOpt,
-    ProcessesOpt,
     TimeoutOpt,
     WeightsOpt,
     check_json_target,
     emit_json,
     json_option,
 )
+from tpplan.commands._plan_deployment import print_deployment_notes, resolve
 
 
 def _mib(b: float) -> str:
@@ -102,11 +103,15 @@ def _summary(res: Any) -> dict[str, Any]:
 
 
 def verify(
+    ctx: typer.Context,
     model: ModelOpt,
-    tp: ProcessesOpt,
     plan: Annotated[
         list[str], typer.Option("--plan", "-p", help="Plan(s) to verify; 'legal' = every legal named plan")
     ],
+    tp: Annotated[
+        int | None,
+        typer.Option("--tp", help="Tensor-parallel size N (processes; default: a plan file's)", callback=TP_RANGE),
+    ] = None,
     weights: WeightsOpt = None,
     tokens: PrefillTokensOpt = 64,
     chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size (state carried)")] = None,
@@ -147,6 +152,12 @@ def verify(
     from tpplan.plans.named import ALL_PLANS, make_plan, plan_name
     from tpplan.runtime.group import RankFailed, under_torchrun
 
+    d = resolve(ctx, plan, {"tp": tp, "cp": cp, "cp_recurrence": cp_recurrence, "cp_layers": cp_layers})
+    tp, cp = d["tp"], d["cp"]  # type: ignore[assignment]
+    cp_recurrence, cp_layers = d["cp_recurrence"], d["cp_layers"]  # type: ignore[assignment]
+    if tp is None:
+        raise TpplanError("--tp", "no TP size given", "pass --tp N (or a plan file, which holds its own)")
+    print_deployment_notes(d)
     if tp < 1:
         raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
     if dtype not in ("fp32", "bf16"):

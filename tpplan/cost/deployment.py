@@ -45,6 +45,9 @@ class Deployment:
     cp: int = 1
     cp_recurrence: str = "scan"  # how linear attention hands its state on under CP: "scan" or "serial"
     cp_layers: str = "all"  # "all": every layer token-sharded; "mla": only MLA layers, CP inside the TP group
+    # KV per CP rank: "engines" (default): the whole sequence's, as SGLang and vLLM keep it; "sharded": tpplan's
+    # own 1/cp (`tpplan.engines.context_parallel.kv_cp_share`)
+    cp_kv: str = "engines"
 
     @property
     def replica_gpus(self) -> int:

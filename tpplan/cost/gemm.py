@@ -76,7 +76,7 @@ def analytic_efficiency(M: int, K: int, N: int, sm_count: int = 132) -> float:
 
 
 def _peak(gpu: GpuSpec, dtype: Dtype) -> float:
-    return gpu.fp8_tflops if dtype == "fp8" else gpu.bf16_tflops
+    return gpu.peak_tflops(dtype)
 
 
 def _as_points(table: TableLike) -> list[GemmPoint]:
@@ -167,10 +167,12 @@ def achieved_tflops(
     """Compute rate this GEMM shape reaches: table (GPU's own, given, or packaged) else analytic.
 
     A bf16 table (or the analytic curve) serves fp8 by its efficiency (rate / bf16 peak) times the
-    fp8 peak times `fp8_factor` (measured fp8 kernels reach 0.4-0.9 of that, by shape).
+    fp8 peak times `fp8_factor` (measured fp8 kernels reach 0.4-0.9 of that, by shape). On a GPU
+    without fp8 tensor cores (`GpuSpec.fp8_tflops` none) an fp8 GEMM is priced as a bf16 one.
     """
     if min(M, K, N) < 1:
         raise TpplanError("gemm shape", f"M, K, N must be >= 1, got {(M, K, N)}", "fix the shape")
+    dtype = gpu.gemm_dtype(dtype)  # fp8 on a GPU without fp8 tensor cores runs as bf16
     pts = _pick_table(gpu, table)
     fp8 = fp8_factor(K, N) if dtype == "fp8" else 1.0
     if pts is None:

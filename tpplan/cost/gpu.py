@@ -118,7 +118,12 @@ class GpuSpec(Strict):
 
     name: str = Field(min_length=1)
     bf16_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense bf16 TFLOP/s")
-    fp8_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense fp8 TFLOP/s")
+    fp8_tflops: float | None = Field(
+        default=None,
+        ge=MIN_RATE,
+        le=MAX_TFLOPS,
+        description="peak dense fp8 TFLOP/s; none (A100, A30): no fp8 tensor cores, fp8 GEMMs priced as bf16 ones",
+    )
     hbm_TBps: float = Field(ge=MIN_RATE, le=MAX_TBPS, description="memory bandwidth, TB/s")
     memory_GiB: float = Field(ge=MIN_RATE, le=MAX_GIB)
     sm_count: int = Field(default=132, ge=1, le=100_000, description="SMs, for the analytic GEMM curve")
@@ -155,6 +160,20 @@ class GpuSpec(Strict):
         default_factory=dict, description="op class (gemm, attention, moe, recurrence, elementwise) -> source"
     )
 
+    @property
+    def has_fp8(self) -> bool:
+        """Whether the GPU has fp8 tensor cores (a datasheet fp8 figure)."""
+        return self.fp8_tflops is not None
+
+    def gemm_dtype(self, dtype: Literal["bf16", "fp8"]) -> Literal["bf16", "fp8"]:
+        """The dtype a GEMM asked in `dtype` runs in here: without fp8 tensor cores an fp8 GEMM runs
+        in bf16 (fp8 weights dequantized to bf16 before the multiply; their bytes stay fp8)."""
+        return dtype if dtype != "fp8" or self.has_fp8 else "bf16"
+
+    def peak_tflops(self, dtype: Literal["bf16", "fp8"]) -> float:
+        """Dense peak of the tensor cores a GEMM in `dtype` runs on (`gemm_dtype`)."""
+        return self.fp8_tflops if self.gemm_dtype(dtype) == "fp8" and self.fp8_tflops else self.bf16_tflops
+
     def with_engine(self, engine: str) -> GpuSpec:
         """This GPU model running `engine`'s kernels ("sglang@0.5.14"): NVIDIA AIConfigurator's measured
         tables for its `system` and the models fitted on them, asked before its own figures."""
@@ -164,7 +183,8 @@ class GpuSpec(Strict):
                               'add system = "h200_sxm" (its AIC name) to the GPU model')  # fmt: skip
         refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
                 for k in ("aic", "aic-fitted")]  # fmt: skip
-        stack = f"{engine} kernels (AIConfigurator database, {self.system})"
+        stack = f"{engine} kernels (AIConfigurator database, {self.system}; in-node collectives from it only where "
+        stack += "the cluster has no measured curve, fitted constant or declared algorithm)"
         stack += f" over {self.software}" if self.software else ""
         return self.model_copy(update={"sources": [*refs, *self.sources], "software": stack})
 
@@ -175,6 +195,18 @@ class GpuSpec(Strict):
         if op_class == "gemm":
             return "GEMM table" if self.gemm_table else "packaged H200 GEMM table where the name matches, else analytic"
         return "physical kernel models" if self.kernel_models else "datasheet roofline"
+
+
+def fp8_fallback_note(gpu: GpuSpec, dtype: str, expert_dtype: str | None, checkpoint_fp8: bool) -> str | None:
+    """The sentence a table of predicted times carries when fp8 GEMMs (fp8 activations, fp8 experts,
+    or a checkpoint stored in fp8 with fp8 compute: `checkpoint_fp8`) run on a GPU without fp8 tensor
+    cores, which prices them as bf16 GEMMs (`gemm_dtype`); None when nothing asks for fp8 or it has it."""
+    if gpu.has_fp8 or not (dtype == "fp8" or expert_dtype == "fp8" or checkpoint_fp8):
+        return None
+    return (
+        f"fp8: {gpu.name} has no fp8 tensor cores; the fp8 GEMMs are priced as bf16 ones at its "
+        f"{gpu.bf16_tflops:g} TFLOP/s peak (the fp8 weights dequantized; their bytes and memory as stored)."
+    )
 
 
 GpuModel = GpuSpec  # the name the issue uses; one type
@@ -201,4 +233,5 @@ __all__ = [
     "KernelProfile",
     "SourceRef",
     "Strict",
+    "fp8_fallback_note",
 ]

@@ -73,6 +73,15 @@ class CollectiveShape:
     ranks_per_node: int
 
 
+STAND_IN = " (stand-in for {wanted})"  # appended to a source's name where rows of another format priced a shape
+
+
+def stand_in(used: str, wanted: str, matching: tuple[str, ...]) -> str:
+    """The suffix a source's price name carries where the rows it used (`used`, a table's format name)
+    are not among those of the asked format (`matching`), so the memo can say which format priced it."""
+    return "" if used in matching else STAND_IN.format(wanted=wanted)
+
+
 @dataclass(frozen=True)
 class KernelPrice:
     """Seconds for one call, the source that gave them, and whether the source extrapolated."""
@@ -98,10 +107,12 @@ class KernelSource(Protocol):
 
 
 __all__ = [
+    "STAND_IN",
     "AttentionShape",
     "CollectiveShape",
     "GemmShape",
     "KernelPrice",
     "KernelSource",
     "MoeShape",
+    "stand_in",
 ]

@@ -24,7 +24,8 @@ from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
 from tpplan.cost.kernel_models import KernelModels
-from tpplan.cost.kernel_source import AttentionShape, GemmShape, KernelSource, MoeShape
+from tpplan.cost.kernel_source import STAND_IN, AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
+from tpplan.cost.kernel_source import GemmDtype as KernelDtype
 from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
 from tpplan.cost.segments import Segments, masked_pairs
 from tpplan.cost.stages import bank_snapshots, stage_layers
@@ -37,12 +38,27 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
+from tpplan.models.quant import WeightFormat
 from tpplan.placement import S_COL, S_TOK, P
 
 # Named assumptions (docs/cost-model.md). The roofline efficiencies belong to a GPU model
 # (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
 EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
+
+
+def kernel_dtype(fmt: WeightFormat | None, compute: GemmDtype) -> KernelDtype:
+    """The format a kernel source's rows are asked for, from the checkpoint's weight format:
+    block-scaled fp8 (`weight_block_size`), per-tensor/per-channel fp8, mxfp4, nvfp4, int4; else
+    (no format, int8) the dtype the GEMM computes in."""
+    if fmt is None:
+        return compute
+    if fmt.compute == "fp8":
+        return "fp8_block" if fmt.block else "fp8"
+    for name in ("mxfp4", "nvfp4", "int4"):
+        if fmt.name.startswith(name):
+            return name
+    return compute
 
 
 class OpPrices:
@@ -87,7 +103,7 @@ class OpPrices:
         self._init_weight_formats(expert_dtype)
         self.rpn = self.deployment.ranks_per_node(g)
         self.stages = stage_layers(graph.spec.num_layers, pp)
-        self.peak = (topo.gpu.fp8_tflops if dtype == "fp8" else topo.gpu.bf16_tflops) * 1e12
+        self.peak = topo.gpu.peak_tflops("fp8" if dtype == "fp8" else "bf16") * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
         # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.
         self.engine = engine
@@ -109,41 +125,62 @@ class OpPrices:
     def _init_weight_formats(self, expert_dtype: str | None) -> None:
         """Weight bytes and GEMM dtype per op from the checkpoint's quantization_config
         (`tpplan.audit.StoredWeights`, the one place memory figures take them from); `--expert-dtype`
-        overrides the routed experts' format."""
+        overrides the routed experts' format. A kernel source is asked for the rows of the format
+        the config names (`kernel_dtype`: block-scaled or per-tensor fp8, mxfp4, nvfp4, int4)."""
         self.stored = StoredWeights(self.graph, self.dtype, expert_dtype)
         self.op_weights = self.stored.op_weights
         self.expert_override = self.stored.expert_override
         self.expert_bytes = self.stored.expert_bytes
         self.experts_gemm_dtype: GemmDtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
-        # The experts' stored format, as a kernel source's MoE shape names it.
-        fmt = expert_dtype or ("fp8" if self.experts_gemm_dtype == "fp8" else "bf16")
-        self.moe_dtype = "mxfp4" if self.expert_bytes < 0.75 else ("fp8" if fmt == "fp8" else fmt)
+        experts = next((w.fmt for (k, name), w in self.op_weights.items() if self._is_experts(k, name)), None)
+        if expert_dtype is not None:  # --expert-dtype names a format without its scales' layout
+            self.moe_dtype: KernelDtype = {"fp8": "fp8", "mxfp4": "mxfp4"}.get(expert_dtype, "bf16")  # type: ignore[assignment]
+        else:
+            self.moe_dtype = kernel_dtype(experts, self.experts_gemm_dtype)
+        self._note: str | None = None  # set by op_time: where the op's format was priced from other rows
+
+    def _is_experts(self, kind: str, name: str) -> bool:
+        return any(o.name == name and o.kind is OpKind.EXPERTS for o in self.graph.kinds[kind].ops)
 
     def weight_elem_bytes(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
         return self.stored.per_element(kind, op)
 
-    def _gemm_format(self, kind: str, op: Op) -> tuple[GemmDtype, float | None]:
-        """(GEMM dtype, weight bytes per element where a weight-only format changes them, else None)."""
+    def _gemm_format(self, kind: str, op: Op) -> tuple[GemmDtype, float | None, KernelDtype]:
+        """(GEMM dtype of tpplan's formula, weight bytes per element where a weight-only format changes
+        them, else None, the format a kernel source is asked for)."""
         w = self.op_weights.get((kind, op.name))
         if w is None:
-            return self.gemm_dtype, None
+            return self.gemm_dtype, None, self.gemm_dtype
         if w.fmt.compute == "fp8":
-            return "fp8", None
-        return self.gemm_dtype, w.full_bytes / op.weight_numel
+            return "fp8", None, kernel_dtype(w.fmt, "fp8")
+        return self.gemm_dtype, w.full_bytes / op.weight_numel, kernel_dtype(w.fmt, self.gemm_dtype)
 
-    def _gemm(self, m: int, k: int, n: int, dtype: GemmDtype | None = None, weight_bytes: float | None = None) -> float:
-        """One GEMM through the compute pricer: a kernel source's price, else the GEMM table's
-        (`ComputePricer.formula_gemm`, memoised across predictors of the same GPU).
+    def _gemm(
+        self,
+        m: int,
+        k: int,
+        n: int,
+        dtype: GemmDtype | None = None,
+        weight_bytes: float | None = None,
+        kernel: KernelDtype | None = None,
+    ) -> float:
+        """One GEMM through the compute pricer: a kernel source's price for the weight format `kernel`
+        (default `dtype`), else the GEMM table's (`ComputePricer.formula_gemm`, memoised across
+        predictors of the same GPU).
 
         `weight_bytes`: a weight-only format (int4, mxfp4) computes at `dtype` but reads its packed
-        weight, so its memory bound uses those bytes (memory-bound at small M); tpplan's formula
-        prices it (a source's shape has no packed-weight bytes)."""
+        weight, so tpplan's formula bounds it by those bytes (memory-bound at small M)."""
         dt = dtype or self.gemm_dtype
-        if not self.compute.sources or weight_bytes is not None:
+        if not self.compute.sources:
             self._source = self.compute.gemm_source
             return self.compute.formula_gemm(m, k, n, dt, weight_bytes)
-        price = self.compute.gemm(GemmShape(m, k, n, dt))
+        fmt = kernel or dt
+        price = self.compute.gemm(GemmShape(m, k, n, fmt), weight_bytes)
+        if fmt != "bf16" and price.source == self.compute.gemm_source:
+            self._note = f"{fmt} GEMMs: no engine row at some shapes, tpplan's {dt} GEMM formula"
+        elif STAND_IN.format(wanted=fmt) in price.source:
+            self._note = f"{fmt} GEMMs: the engine's tables lack {fmt}, {price.source} stood in"
         self._source = price.source
         self._extrapolated = self._extrapolated or price.extrapolated
         return price.seconds
@@ -151,8 +188,8 @@ class OpPrices:
     def gemm_at(self, kind: str, op: Op, m: int, k: int, n: int) -> float:
         """`op`'s GEMM at another shape (async TP's T/N-row chunks), through the pricer and weight format
         `op_time` uses, before any measured kernel profile."""
-        gd, wb = self._gemm_format(kind, op)
-        return self._gemm(m, k, n, gd, wb) if m else 0.0
+        gd, wb, kd = self._gemm_format(kind, op)
+        return self._gemm(m, k, n, gd, wb, kd) if m else 0.0
 
     def _rows(self, d: OpDecision, t: int) -> int:
         """Token rows one rank processes for this op."""
@@ -194,7 +231,7 @@ class OpPrices:
             gd = self.experts_gemm_dtype
             act = gemm_bytes(m_use, kk, nn, gd) - kk * nn * (1 if gd == "fp8" else 2)
             f = 2.0 * m_use * kk * nn
-            t_pad = self._gemm(m_pad, kk, nn, gd)
+            t_pad = self._gemm(m_pad, kk, nn, gd, kernel=self.moe_dtype)
             t_mem = (act + weights) / self.hbm
             secs += max(t_pad, t_mem)
             t_compute += t_pad
@@ -210,12 +247,21 @@ class OpPrices:
         if self.compute.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // (self.plan.ep_size or 1), self.plan.ep_size or 1)}.get(
                 str(d.split), (n, 1))  # fmt: skip
-            # moe_dtype: a KernelDtype by construction (mxfp4, fp8 or the checked --expert-dtype), typed str
-            moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)  # type: ignore[arg-type]
+            moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)
             price = self.compute.moe(moe)
             if price is not None:
                 secs, self._source, self._extrapolated = price.seconds, price.source, price.extrapolated
+            self._note = self._moe_note(price)
         return secs, flops, nbytes, (m_use, ew, 2 * i_loc)
+
+    def _moe_note(self, price: KernelPrice | None) -> str | None:
+        """Where the experts' format was not priced from rows of that format, what priced it."""
+        fmt = self.moe_dtype
+        if price is None:
+            return None if fmt == "bf16" else f"{fmt} experts: no engine row at this shape, tpplan's formula"
+        if STAND_IN.format(wanted=fmt) in price.source:
+            return f"{fmt} experts: the engine's tables lack {fmt}, {price.source} stood in"
+        return None
 
     def _model(self, family: str) -> KernelModels | None:
         """The physical models, where they cover `family` as the run executed it (see __init__)."""
@@ -245,6 +291,7 @@ class OpPrices:
         shape = None
         self._extrapolated = False
         self._source = ROOFLINE
+        self._note = None
         cost = cost_class(op)
         if cost == "gemm":
             out, inp = op.weight_shape
@@ -259,8 +306,8 @@ class OpPrices:
             else:
                 kk, nn = inp, out
             shape = (m, kk, nn)
-            gd, wb = self._gemm_format(lg.kind, op)
-            secs = self._gemm(m, kk, nn, gd, wb) if m else 0.0
+            gd, wb, kd = self._gemm_format(lg.kind, op)
+            secs = self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0
             nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
             flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
@@ -344,7 +391,7 @@ class OpPrices:
         measured = self._profiled(kernel, op.name, secs)
         source = PROFILE if measured != secs else (None if cost == "free" else self._source)
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
-                      self._extrapolated, source)  # fmt: skip
+                      self._extrapolated, source, self._note)  # fmt: skip
 
     def _sourced_attention(
         self, op: Op, impl: str, heads: int, dqk: int, dv: int, share: float, segs: Segments, secs: float

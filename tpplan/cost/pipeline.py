@@ -1,6 +1,6 @@
 """PP TTFT as the serving engine schedules it: the engine data's PP schedule as a pipeline model.
 
-`pipeline_model("vllm@0.33.0")` picks an engine version's `PipelineSchedule` (tpplan.engines; the
+`pipeline_model("vllm@0.34.0")` picks an engine version's `PipelineSchedule` (tpplan.engines; the
 default is the current SGLang release, the memo's default engine). `cost.predict.pipeline_ttft` runs a
 workload's chunked-prefill batches through the stages as that engine does (`cost.workload.
 simulate_pipeline`: a flow shop with the engine's micro-batches in flight), and `PipelineModel.assumption` (worded by

@@ -108,6 +108,7 @@ def batch_time(
     cp: int = 1,
     cp_recurrence: str = "scan",
     cp_layers: str = "all",
+    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
@@ -116,7 +117,7 @@ def batch_time(
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, pipeline=pipeline)  # fmt: skip
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, pipeline=pipeline)  # fmt: skip
     return p.latency(((n_tokens, context),))
 
 
@@ -157,6 +158,7 @@ def predict_plan(
     cp: int = 1,
     cp_recurrence: str = "scan",
     cp_layers: str = "all",
+    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
 ) -> PlanPrediction:
@@ -164,7 +166,8 @@ def predict_plan(
     workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
     measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
     hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`), `cp_layers` which
-    layers CP shards ("all", or "mla": the MLA layers only, CP inside the TP group); PP scheduled and
+    layers CP shards ("all", or "mla": the MLA layers only, CP inside the TP group), `cp_kv` the KV a CP rank
+    keeps ("engines": the whole sequence's, as SGLang and vLLM do; "sharded": 1/cp); PP scheduled and
     its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
     `replicas`: that many identical copies of the deployment, the workload's requests split between
     them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
@@ -172,7 +175,7 @@ def predict_plan(
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, pipeline=pipeline,
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, pipeline=pipeline,
                          replicas=replicas)  # fmt: skip
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
@@ -219,6 +222,7 @@ def predict_audit(
     cp: int = 1,
     cp_recurrence: str = "scan",
     cp_layers: str = "all",
+    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
 ) -> list[PlanPrediction]:
@@ -241,6 +245,7 @@ def predict_audit(
             cp=cp,
             cp_recurrence=cp_recurrence,
             cp_layers=cp_layers,
+            cp_kv=cp_kv,
             pipeline=pipeline,
             replicas=replicas,
         )

@@ -33,6 +33,7 @@ class OpTime:
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
     extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
     source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
+    note: str | None = None  # where its weight format was priced from other rows (`OpPrices._moe_note`)
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
@@ -118,6 +119,9 @@ class PlanPrediction:
     provenance: Provenance | None = None  # how the times were made and the error band that applies
     cp: int = 1  # context-parallel size: TP groups per stage, each on 1/cp of the tokens
     replicas: int = 1  # identical copies of the deployment, the workload's requests split between them
+    # what the serving loop that priced `ttft` does not model for its engine (empty: the cost model's own
+    # idealised schedule; `tpplan.simulate.serving.with_serving_loop` fills it); not in the JSON
+    serving_conditions: tuple[str, ...] = ()
 
     @property
     def compute_s(self) -> float:

@@ -29,7 +29,7 @@ from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.stages import bank_snapshots, stage_boundary_width
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
-from tpplan.engines.context_parallel import kv_sharded_over_cp
+from tpplan.engines.context_parallel import kv_cp_share
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
@@ -193,10 +193,10 @@ class Predictor(OpPrices):
         """KV cache bytes per token of one layer on one rank, as its token mixer states it
         (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
         DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
-        tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: with `--engine`
-        sglang or vllm every CP rank keeps the whole sequence's KV (both write the gathered K/V into every
-        rank's cache, `tpplan.engines.context_parallel`); without an engine a rank keeps its own tokens', 1/cp."""
-        cp = self.cp if kv_sharded_over_cp(self.engine) else 1
+        tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: by default every CP
+        rank keeps the whole sequence's KV, as SGLang and vLLM do; with `cp_kv="sharded"` (`--cp-kv sharded`)
+        its own tokens', 1/cp (`tpplan.engines.context_parallel.kv_cp_share`)."""
+        cp = kv_cp_share(self.deployment.cp_kv, self.cp)
         if self.plan.dp_attention:
             return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp / cp
         return mixer(attn.kind).kv_bytes(attn, self.tp, self.b) / cp
@@ -249,17 +249,18 @@ _CACHE_MAX = 512
 def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
                      expert_dtype: str | None, audit: PlanAudit | None = None, *,
                      engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan", cp_layers: str = "all",
-                     pipeline: PipelineModel | None = None, replicas: int = 1) -> Predictor:  # fmt: skip
+                     cp_kv: str = "engines", pipeline: PipelineModel | None = None,
+                     replicas: int = 1) -> Predictor:  # fmt: skip
     """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp and its layers, replicas, dtype, engine,
     PP schedule): the scheduler calls batch_time per batch. (A recorded run's implementations, `bench
     --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, cp_layers, pipeline,
-           replicas)  # fmt: skip
+    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, cp_layers, cp_kv,
+           pipeline, replicas)  # fmt: skip
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
-    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers, replicas=replicas)
+    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, replicas=replicas)
     p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep,
                   pipeline=pipeline)  # fmt: skip
     if len(_CACHE) >= _CACHE_MAX:

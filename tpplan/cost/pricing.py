@@ -56,6 +56,7 @@ class Pricer:
         cp: int = 1,
         cp_recurrence: str = "scan",
         cp_layers: str = "all",
+        cp_kv: str = "engines",
         replicas: int = 1,
     ) -> None:
         """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise).
@@ -64,7 +65,7 @@ class Pricer:
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
         self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers,
-                                     replicas=replicas)  # fmt: skip
+                                     cp_kv=cp_kv, replicas=replicas)  # fmt: skip
         self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
                                deployment=self.deployment)  # fmt: skip
         self.cp_audit = self._base.cp_audit

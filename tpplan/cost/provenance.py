@@ -127,7 +127,14 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
         return base
     label = f"{base.label}, band composed per op class and source"
     basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
-    return Provenance(base.key, label, band, basis + _aic_fallback_note(parts), tuple(parts))
+    return Provenance(base.key, label, band, basis + _aic_fallback_note(parts) + format_note(prediction), tuple(parts))
+
+
+def format_note(prediction: object) -> str:
+    """Where an op's weight format (block-scaled fp8, mxfp4, ...) was not priced from rows of that
+    format, one clause per format and op class saying what priced it (`OpTime.note`)."""
+    notes = sorted({o.note for kt in getattr(prediction, "kinds", ()) for o in kt.ops if getattr(o, "note", None)})
+    return "; weight formats priced from other rows: " + "; ".join(notes) if notes else ""
 
 
 def _aic_fallback_note(parts: list[BandPart]) -> str:

@@ -125,7 +125,7 @@ def _read(what: str, name_or_path: str, sub: str | None, names: list[str]) -> tu
 # The option that names a preset of each kind, and the command that lists them.
 _LISTINGS = {
     "topology": ("--topology", "tpplan topologies"),
-    "GPU model": ("--gpu", "tpplan topologies"),
+    "GPU model": ("--gpu", "tpplan gpus"),
     "cluster": ("--cluster", "tpplan topologies"),
 }
 

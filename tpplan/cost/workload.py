@@ -33,7 +33,12 @@ from tpplan.inputs import parse_toml
 MAX_TOKENS = 2**24
 MAX_REQUESTS = 100_000
 MAX_CONCURRENCY = 2**16
-MAX_BATCHES = 100_000  # ~35 s of audit on one CPU core at 20k batches per 7 s
+MAX_BATCHES = 100_000  # scheduled batches: the scheduler itself takes ~1 s for these
+# Distinct batches (new tokens and context per request) that a workload may need priced: each one is
+# priced once per plan and deployment (then cached), ~3-15 ms for audit's plans and ~10-40 ms for a
+# search's on a 64-93-layer model (docs/cost-model.md, "Workload size"), so this keeps a command's
+# pricing to seconds. Chunks of 7 tokens of 16K prompts made 16,385 of them: 105 s and 2.7 GB.
+MAX_PRICED_BATCHES = 256
 
 Tokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
 
@@ -51,6 +56,9 @@ class Workload(BaseModel):
     num_requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS, description="default: one wave")
     input_lens: list[Tokens] | None = Field(
         default=None, max_length=MAX_REQUESTS, description="per-request prompt lengths, cycled; overrides input_len"
+    )
+    cached_share: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="share of each prompt already in the prefix cache (not computed)"
     )
 
     @model_validator(mode="after")
@@ -81,6 +89,12 @@ class Workload(BaseModel):
         """Requests in the run; one wave (= concurrency) when num_requests is not set."""
         return self.num_requests if self.num_requests is not None else self.concurrency
 
+    def cached_len(self, request_id: int) -> int:
+        """Prompt tokens of request `request_id` the prefix cache already holds: its cached share, rounded
+        down, at most all but one (the engines always compute the last prompt token)."""
+        n = self.prompt_len(request_id)
+        return min(n - 1, int(n * self.cached_share))
+
     def prompt_len(self, request_id: int) -> int:
         """Prompt length of request `request_id`."""
         if self.input_lens:
@@ -110,10 +124,10 @@ def canonical_workload(name: str) -> str:
 
 def load_workload(name_or_path: str) -> Workload:
     """Load a preset by name (an old name in WORKLOAD_ALIASES too) or a .toml/.json file; bad files
-    raise TpplanError naming the field."""
+    raise TpplanError naming the field, and so does one too large to price (`check_priceable`)."""
     path = Path(name_or_path)
     if path.suffix.lower() in (".toml", ".json") or path.exists():
-        return validate(Workload, read_mapping(path), str(path))
+        return check_priceable(validate(Workload, read_mapping(path), str(path)), str(path))
     name_or_path = canonical_workload(name_or_path)
     if name_or_path not in list_workloads():
         known = list_workloads() + list(WORKLOAD_ALIASES)
@@ -121,6 +135,35 @@ def load_workload(name_or_path: str) -> Workload:
     res = resources.files("tpplan.cost").joinpath("presets", f"workload-{name_or_path}.toml")
     where = f"preset {name_or_path}"
     return validate(Workload, parse_toml(res.read_text(encoding="utf-8"), where, "reinstall tpplan"), where)
+
+
+def distinct_batches(workload: Workload) -> int:
+    """How many different prefill batches (new tokens and context of each request in it) the
+    workload's schedule holds, or a bound on it of at most MAX_PRICED_BATCHES. The cheap bound first:
+    a batch is either full or ends every request in it, so there are at most tokens / chunk_size +
+    requests batches; only above the limit is the schedule made (unit batch times) and counted."""
+    requests = workload.total_requests
+    tokens = sum(workload.prompt_len(i) for i in range(requests))
+    bound = -(-tokens // workload.chunk_size) + requests
+    if bound <= MAX_PRICED_BATCHES:
+        return bound
+    return len({tuple((s.n_tokens, s.start_pos) for s in b.segments) for b in schedule(workload)})
+
+
+def check_priceable(workload: Workload, where: str) -> Workload:
+    """`workload`, unless pricing its batches would take minutes (more than MAX_PRICED_BATCHES
+    distinct ones): then a TpplanError naming `where`, the limit and the fix."""
+    n = distinct_batches(workload)
+    if n <= MAX_PRICED_BATCHES:
+        return workload
+    longest = max(workload.input_lens or [workload.prompt_len(0)])
+    suggest = min(1 << (-(-longest // 64) - 1).bit_length(), MAX_TOKENS)  # a power of two: <= 64 chunks a prompt
+    raise TpplanError(
+        where,
+        f"its prefill schedule has {n} different batches (prompts of up to {longest} tokens in chunks of "
+        f"{workload.chunk_size}); tpplan prices at most {MAX_PRICED_BATCHES}, each once per plan",
+        f"use a larger chunk_size (e.g. {suggest}; engines use 2048-16384) or fewer different prompt lengths",
+    )
 
 
 @dataclass(frozen=True)
@@ -192,7 +235,7 @@ def _run(
     next_id = len(arrivals)
     arrival_s: dict[int, float] = {rid: t for t, rid in arrivals}
     done_s: dict[int, float] = {}
-    waiting: list[int] = []  # FCFS order; a partially prefilled request stays at the front
+    waiting: dict[int, None] = {}  # FCFS order (a dict: O(1) removal); a partially prefilled request stays first
     progress: dict[int, int] = {}
     out_at: dict[int, float] = {}  # when each request's latest chunk leaves the pipeline
     batches: list[PrefillBatch] = []
@@ -204,21 +247,12 @@ def _run(
         if in_flight is not None and len(batches) >= in_flight:
             now = max(now, batches[-in_flight].end_s)
         while arrivals and arrivals[0][0] <= now:
-            waiting.append(heapq.heappop(arrivals)[1])
-        ready = [r for r in waiting if chunks_overlap or out_at.get(r, 0.0) <= now]
-        if not ready:  # idle until a client submits or a request's chunk is out
+            waiting[heapq.heappop(arrivals)[1]] = None
+        segs = _fill(workload, waiting, progress, None if chunks_overlap else out_at, now)
+        if not segs:  # idle until a client submits or a request's chunk is out
             later = [arrivals[0][0]] if arrivals else []
             now = min(later + [out_at[r] for r in waiting if out_at.get(r, 0.0) > now])
             continue
-        budget = workload.chunk_size
-        segs: list[Segment] = []
-        for rid in ready:
-            if budget == 0:
-                break
-            pos = progress.get(rid, 0)
-            take = min(budget, workload.prompt_len(rid) - pos)
-            segs.append(Segment(rid, pos, take))
-            budget -= take
         draft = PrefillBatch(len(batches), tuple(segs), now, now)
         times = [float(t) for t in stage_times(draft)]
         if not times or min(times) < 0:
@@ -234,7 +268,7 @@ def _run(
             progress[s.request_id] = s.start_pos + s.n_tokens
             out_at[s.request_id] = t
             if progress[s.request_id] == workload.prompt_len(s.request_id):
-                waiting.remove(s.request_id)
+                del waiting[s.request_id]
                 done_s[s.request_id] = t
                 if next_id < total:  # the client submits its next request at once
                     heapq.heappush(arrivals, (t, next_id))
@@ -248,6 +282,26 @@ def _run(
         makespan_s=max(b.end_s for b in batches),
         prefill_tokens=sum(workload.prompt_len(i) for i in ids),
     )
+
+
+def _fill(
+    workload: Workload, waiting: dict[int, None], progress: dict[int, int], out_at: dict[int, float] | None, now: float
+) -> list[Segment]:
+    """The next batch's segments: waiting requests in FCFS order until the chunk budget is spent (with
+    `out_at`, only those whose previous chunk has left the pipeline by `now`). It stops there, so a
+    batch costs its own segments, not the length of the queue."""
+    budget = workload.chunk_size
+    segs: list[Segment] = []
+    for rid in waiting:
+        if budget == 0:
+            break
+        if out_at is not None and out_at.get(rid, 0.0) > now:
+            continue
+        pos = progress.get(rid, workload.cached_len(rid))  # a cached prefix is context, not work
+        take = min(budget, workload.prompt_len(rid) - pos)
+        segs.append(Segment(rid, pos, take))
+        budget -= take
+    return segs
 
 
 def schedule(workload: Workload, batch_time: BatchTime | None = None) -> list[PrefillBatch]:

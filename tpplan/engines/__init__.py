@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from tpplan.engines.gates import Deployment, evaluate, mla_of
 from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, Source, Wiring
 from tpplan.engines.sglang import SGLANG_0_5_23, SGLANG_OLDER
-from tpplan.engines.vllm import VLLM_0_33_0, VLLM_OLDER
+from tpplan.engines.vllm import VLLM_0_33_0, VLLM_0_34_0, VLLM_OLDER
 from tpplan.errors import TpplanError
 from tpplan.models.spec import ModelSpec, MoESpec
 
-ENGINES: dict[str, EngineVersion] = {e.key: e for e in (SGLANG_0_5_23, SGLANG_OLDER, VLLM_0_33_0, VLLM_OLDER)}
-DEFAULT_ENGINES = (SGLANG_0_5_23.key, VLLM_0_33_0.key)  # the current releases
+ENGINES: dict[str, EngineVersion] = {
+    e.key: e for e in (SGLANG_0_5_23, SGLANG_OLDER, VLLM_0_34_0, VLLM_0_33_0, VLLM_OLDER)
+}
+DEFAULT_ENGINES = (SGLANG_0_5_23.key, VLLM_0_34_0.key)  # the current releases
 
 
 def select(value: str) -> EngineVersion:
-    """The engine version `value` names: `sglang@0.5.23`, `vllm@0.33.0`, or an engine alone (its current
+    """The engine version `value` names: `sglang@0.5.23`, `vllm@0.34.0`, or an engine alone (its current
     release). Bad input: TpplanError naming the choices."""
     key = value.strip().lower()
     if "@" not in key:

@@ -12,7 +12,7 @@ What the read releases do with it:
   torch ops from the participant linears (qkv / gate_up: all-gather into the GEMM; o_proj / down:
   GEMM into the reduce-scatter) whenever the linear is eligible; there is no flag for SP without
   the fusion. Muse Spark takes CUTLASS kernels instead (not priced here).
-- vLLM 0.33.0: no async-TP or sequence-parallelism compile pass (`PassConfig` has neither field:
+- vLLM 0.34.0 (and 0.33.0): no async-TP or sequence-parallelism compile pass (`PassConfig` has neither field:
   `tpplan.engines.vllm.VLLM_NO_SP_PASS`); its one GEMM + reduce-scatter kernel (`VLLM_ENABLE_GEMM_RS=1`, Kimi-K3 and
   DeepSeek-V4.1 projections) is an SM100 CUTLASS kernel that H100/H200 never run (`VLLM_GEMM_RS`).
 
@@ -162,7 +162,7 @@ OLD_VLLM_PASS = Source(vllm.REPO, "vllm/compilation/collective_fusion.py", "Asyn
 UNUSED_VLLM_OP = _vllm("distributed/parallel_state.py", "patched_fused_scaled_matmul_reduce_scatter")
 VLLM_GEMM_RS = FusedGemmCollective(
     name="gemm-rs",
-    engine="vLLM 0.33.0",
+    engine=f"vLLM {vllm.VERSION}",
     flags=("VLLM_ENABLE_GEMM_RS=1",),
     mode=vllm.VLLM_MOE_SP,  # the RS mode binds only where K3 runs sequence-parallel (use_sequence_parallel)
     model_types=("kimi_k3",),  # and DeepSeek-V4.1's wo_b (not a tpplan model)

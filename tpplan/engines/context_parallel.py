@@ -8,7 +8,8 @@ cache, and the gates. `tpplan.layout.context_parallel` models two CP modes (`CpL
 each path says which tpplan mode is closest and what differs (`differences`).
 
 Memory: both engines write the gathered K/V (or latent) into every CP rank's cache, so a rank's KV is
-NOT 1/cp of the sequence's: `kv_sharded_over_cp` is what the predictor reads for `--engine`.
+NOT 1/cp of the sequence's: `kv_cp_share` is what the predictor reads (the engines' way by default; tpplan's
+own 1/cp only with `--cp-kv sharded`).
 Planner-level: no torch.
 """
 
@@ -19,6 +20,7 @@ from typing import Literal
 
 from tpplan.engines import sglang, vllm
 from tpplan.engines.schema import Gate, Source
+from tpplan.errors import TpplanError
 
 KvPerRank = Literal["replicated", "sharded"]
 
@@ -226,7 +228,7 @@ SGLANG_KDA_CONTIGUOUS = CpPath(
 )
 
 VLLM_PCP = CpPath(
-    engine="vLLM 0.33.0",
+    engine=f"vLLM {vllm.VERSION}",
     name="prefill context parallel (PCP)",
     flags=("--prefill-context-parallel-size C",),
     models="MLA models only (the MRV2 PCP manager refuses others)",
@@ -287,7 +289,7 @@ VLLM_PCP = CpPath(
 )
 
 VLLM_DCP = CpPath(
-    engine="vLLM 0.33.0",
+    engine=f"vLLM {vllm.VERSION}",
     name="decode context parallel (DCP): not a prefill split",
     flags=("--decode-context-parallel-size D",),
     models="MLA and GQA backends that support DCP",
@@ -315,14 +317,20 @@ CP_PATHS: tuple[CpPath, ...] = (SGLANG_ZIGZAG, SGLANG_GROUP_SHARING, SGLANG_K3_F
                                 VLLM_PCP, VLLM_DCP)  # fmt: skip
 
 
-def kv_sharded_over_cp(engine: str | None) -> bool:
-    """Whether a CP rank keeps only its own tokens' KV under prefill CP: False for SGLang and vLLM (both write
-    the gathered K/V into every CP rank's cache: `SGLANG_ZIGZAG.kv_source`, `VLLM_PCP.kv_source`); True for
-    no engine (tpplan's own accounting: KV / cp, an engine that sharded its cache by sequence)."""
-    if engine is None:
-        return True
-    name = engine.split("@")[0].strip().lower()
-    return name not in ("sglang", "vllm")
+CP_KV_MODES = {
+    "engines": "every CP rank keeps the whole sequence's KV, as SGLang and vLLM do (both write the gathered "
+    f"K/V into every CP rank's cache: {SGLANG_ZIGZAG.kv_source.cite()}; {VLLM_PCP.kv_source.cite()})",
+    "sharded": "each CP rank keeps only its own tokens' KV (1/CP): tpplan's own accounting, an engine that "
+    "shards its cache by sequence, which neither SGLang nor vLLM does",
+}
 
 
-__all__ = ["CP_PATHS", "CpPath", "kv_sharded_over_cp"]
+def kv_cp_share(mode: str, cp: int) -> int:
+    """What a CP rank's KV cache is divided by under prefill CP of size `cp`: 1 in the engines' mode (the
+    default, `CP_KV_MODES["engines"]`), `cp` in tpplan's own `sharded` mode (asked for with `--cp-kv sharded`)."""
+    if mode not in CP_KV_MODES:
+        raise TpplanError(f"cp_kv={mode}", "unknown KV mode under CP", f"use one of {', '.join(CP_KV_MODES)}")
+    return cp if mode == "sharded" else 1
+
+
+__all__ = ["CP_KV_MODES", "CP_PATHS", "CpPath", "kv_cp_share"]

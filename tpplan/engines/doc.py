@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpplan.engines import ENGINES
+from tpplan.engines import ENGINES, vllm
 from tpplan.engines.async_tp import (
     AG_DECOMPOSITION,
     AG_PIPELINE,
@@ -114,12 +114,29 @@ def _engine(ev: EngineVersion) -> list[str]:
         out.append("")
     for m in ev.modes:
         out += _mode(m)
+    if ev.collectives is not None:
+        c = ev.collectives
+        out += [
+            f"### NCCL's NVLS at the launch line's defaults (`{c.setting}`)",
+            "",
+            f"{c.text} ({c.source.cite()}). tpplan prices in-node collectives from the cluster's own curves, "
+            "fitted constants and declared algorithms (`tpplan/cost/comm.py`); `--engine` adds the engine's "
+            "tables only where the cluster states nothing, so a cluster priced with NVLS should be launched with "
+            + (", ".join(f"`{f}`" for f in c.enable) or "NCCL's default")
+            + " to run what was priced.",
+            "",
+        ]
+    if ev.supports:
+        out += ["### Options only some model classes run", "", "| option | model types | how | source |",
+                "| --- | --- | --- | --- |"]  # fmt: skip
+        out += [f"| `{s.option}` | {', '.join(s.model_types)} | {s.how} | {s.source.cite()} |" for s in ev.supports]
+        out.append("")
     out += [
         "### Pipeline parallelism as this engine schedules it",
         "",
         f"- in flight: {p.in_flight} ({p.source.cite()})",
         f"- chunks of one prompt: {p.chunks_of_one_request} ({p.chunks_source.cite()})",
-        f"- stage boundary: {p.boundary} ({p.boundary_source.cite()})",
+        f"- stage boundary: {p.boundary_for()} ({p.boundary_source.cite()})",
         f"- more sources: {'; '.join(s.cite() for s in p.more_sources)}",
         *(f"- not modelled: {n}" for n in p.not_modelled),
         f"- what tpplan assumes with `--engine {ev.key}`: {p.assumption(ev.engine + ' ' + ev.version)}.",
@@ -172,7 +189,8 @@ def _async_tp() -> list[str]:
         f"- GEMM -> reduce-scatter: {RS_DECOMPOSITION} ({RS_PIPELINE.cite()})",
         f"- volume: {VOLUME}",
         f"- peers: every rank maps its peers' buffers; {PEERS.cite()}: one NVLink domain (a node here)",
-        f"- vLLM 0.33.0 has no async-TP or sequence-parallelism pass ({NO_VLLM_PASS.cite()}); the op "
+        f"- vLLM {vllm.VERSION} (and 0.33.0) has no async-TP or sequence-parallelism pass "
+        f"({NO_VLLM_PASS.cite()}); the op "
         f"`vllm.patched_fused_scaled_matmul_reduce_scatter` is registered and called by nothing "
         f"({UNUSED_VLLM_OP.cite()}). Earlier main had one: `pass_config.fuse_gemm_comms` on top of "
         f"`enable_sp`, the same two torch ops (and FP8 scaled-mm variants for bf16 models), with piecewise "
@@ -200,9 +218,9 @@ def _context_parallel() -> list[str]:
         "",
         "What each engine shards, gathers and keeps per CP rank (`tpplan/engines/context_parallel.py`).",
         "tpplan's modes: `--cp-layers all` (every layer on the rank's tokens, a TP group per CP rank) and",
-        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). With `--engine sglang` or",
-        "`--engine vllm` a CP rank's KV cache holds the whole sequence (both engines write the gathered K/V",
-        "into every rank's cache); without an engine tpplan counts KV / cp.",
+        "`--cp-layers mla` (only the MLA layers token-sharded, inside the TP group). By default a CP rank's KV",
+        "cache holds the whole sequence, as both engines keep it (they write the gathered K/V into every rank's",
+        "cache: `--cp-kv engines`); `--cp-kv sharded` asks for tpplan's own count, KV / cp.",
         "",
     ]
     for p in CP_PATHS:

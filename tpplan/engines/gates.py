@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tpplan.engines.sglang import K3_SP_TABLES
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
 
 DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa"})  # DeepSeek sparse attention (DSA/NSA)
@@ -89,10 +90,10 @@ def _not_dsa(d: Deployment) -> Result:
     return d.spec.model_type not in DSA_MODEL_TYPES, d.spec.model_type
 
 
-def _chunk_divides_tp(d: Deployment) -> Result:
-    if d.chunk % d.tp:
-        return False, f"a {d.chunk}-token chunk is not a multiple of TP{d.tp}"
-    return None, f"full {d.chunk}-token chunks divide by TP{d.tp}; a prompt's last chunk must too"
+def _input_scattered_pads(d: Deployment) -> Result:
+    padded = -(-d.chunk // d.tp) * d.tp
+    extra = f" ({padded - d.chunk} dummy rows)" if padded != d.chunk else ""
+    return True, f"a {d.chunk}-token chunk runs as {padded} rows at TP{d.tp}{extra}"
 
 
 def _has_moe(d: Deployment) -> Result:
@@ -121,6 +122,40 @@ def _k3_sp(sms: tuple[int, ...], tps: tuple[int, ...]) -> Callable[[Deployment],
         return sm in sms and d.tp in tps, where
 
     return check
+
+
+def k3_sp_table_device(gpu: str) -> str | None:
+    """The device name a GPU's K3 SP tuning table is filed under (torch's device name), when tpplan can
+    tell: GB300 and GB200 superchips by name; HGX B200/B300 report other names, which have no table."""
+    name = gpu.upper()
+    for device in ("GB300", "GB200"):
+        if device in name:
+            return f"NVIDIA {device}"
+    return gpu or None
+
+
+def _k3_sp_table(d: Deployment) -> Result:
+    if d.spec.model_type != "kimi_k3":
+        return None, f"K3's collectives; {d.spec.model_type} runs NCCL's"
+    if not d.gpu:
+        return None, f"GPU unknown, TP{d.tp}"
+    device = k3_sp_table_device(d.gpu)
+    found = (device, d.tp) in K3_SP_TABLES
+    return found, f"{d.gpu}, TP{d.tp}: " + ("a table ships" if found else "no table ships for it")
+
+
+def _k3_sp_bucket(d: Deployment) -> Result:
+    if d.spec.model_type != "kimi_k3":
+        return None, f"K3's collectives; {d.spec.model_type} runs NCCL's"
+    key = (k3_sp_table_device(d.gpu), d.tp)
+    if key not in K3_SP_TABLES:
+        return None, f"no table for {d.gpu or 'GPU unknown'} at TP{d.tp}"
+    nccl_from = K3_SP_TABLES[key]
+    if nccl_from is None:
+        return True, f"every bucket of the {d.gpu} TP{d.tp} table is fused"
+    if d.chunk >= nccl_from:
+        return False, f"a {d.chunk}-token chunk is at or above the {nccl_from}-token bucket, which picks NCCL"
+    return True, f"a {d.chunk}-token chunk is below the {nccl_from}-token bucket that picks NCCL"
 
 
 def _vllm_sp_moe_backend(d: Deployment) -> Result:
@@ -158,12 +193,14 @@ CHECKS: dict[str, Callable[[Deployment], Result]] = {
     "no_prefill_cp": _no_prefill_cp,
     "mla_q_lora": _mla_q_lora,
     "not_dsa": _not_dsa,
-    "chunk_divides_tp": _chunk_divides_tp,
+    "input_scattered_pads": _input_scattered_pads,
     "has_moe": _has_moe,
     "experts_divide_tp": _experts_divide_tp,
     "layernorm_sp_arch": _layernorm_sp_arch,
     "k3_sp_collective": _k3_sp((100, 103), (4, 8, 16)),
     "k3_sp_collective_sm103": _k3_sp((103,), (4, 8)),
+    "k3_sp_collective_table": _k3_sp_table,
+    "k3_sp_collective_bucket": _k3_sp_bucket,
     "vllm_sp_moe_backend": _vllm_sp_moe_backend,
     "vllm_sp_threshold": _vllm_sp_threshold,
     "never": _never,
@@ -177,4 +214,4 @@ def evaluate(check: str | None, d: Deployment) -> Result:
     return CHECKS[check](d)
 
 
-__all__ = ["CHECKS", "DSA_MODEL_TYPES", "Deployment", "evaluate", "gpu_sm", "mla_of"]
+__all__ = ["CHECKS", "DSA_MODEL_TYPES", "Deployment", "evaluate", "gpu_sm", "k3_sp_table_device", "mla_of"]

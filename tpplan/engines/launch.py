@@ -3,7 +3,7 @@ micro-batch overlap), or why no engine flag realises it. The memo's deployment r
 
 The engines' CP paths themselves (what is gathered, KV per rank, gates, open PRs) are
 `tpplan.engines.context_parallel` (`CP_PATHS`); this module adds what a launch line needs, read in
-the release wheels (SGLang 0.5.23, vLLM 0.33.0), paths as in the repositories:
+the release wheels (SGLang 0.5.23, vLLM 0.33.0 and 0.34.0), paths as in the repositories:
 
 - SGLang: `--tp-size` is the world size under CP and must be divisible by `attn_cp_size`
   (`python/sglang/srt/arg_groups/parallel_hook.py` `handle_context_parallelism`: "The tp_size is
@@ -100,6 +100,25 @@ class DeploymentFlags:
         return f"{self.engine}: {each}`{' '.join(self.args)}`{tail}"
 
 
+def size_flags(engine: str, tp: int, pp: int, cp: int) -> list[str]:
+    """`engine` ("SGLang" or "vLLM")'s flags for the sizes TP `tp` x CP `cp` x PP `pp` alone (SGLang's
+    `--tp-size` is the world size under CP; see the module docstring); whether the engine runs that CP on a
+    model is `deployment_flags`'s question."""
+    if engine == "SGLang":
+        args = [f"--tp-size {tp * cp}"]
+        if cp > 1:
+            args += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
+        if pp > 1:
+            args.append(f"--pp-size {pp}")
+        return args
+    args = [f"--tensor-parallel-size {tp}"]
+    if cp > 1:
+        args.append(f"--prefill-context-parallel-size {cp}")
+    if pp > 1:
+        args.append(f"--pipeline-parallel-size {pp}")
+    return args
+
+
 def deployment_flags(
     engine: str,
     model_type: str,
@@ -116,18 +135,7 @@ def deployment_flags(
     support = PREFILL_CP[engine]
     cites: list[str] = []
     why: list[str] = []
-    if engine == "SGLang":
-        args = [f"--tp-size {tp * cp}"]
-        if cp > 1:
-            args += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
-        if pp > 1:
-            args.append(f"--pp-size {pp}")
-    else:
-        args = [f"--tensor-parallel-size {tp}"]
-        if cp > 1:
-            args.append(f"--prefill-context-parallel-size {cp}")
-        if pp > 1:
-            args.append(f"--pipeline-parallel-size {pp}")
+    args = size_flags(engine, tp, pp, cp)
     if cp > 1:
         cites.append(support.path.sources[0].cite())
         if not support.runs(model_type, all_mla):
@@ -154,4 +162,11 @@ def deployment_flags(
     return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites), replicas)
 
 
-__all__ = ["PREFILL_CP", "SGLANG_CP_MODEL_FILES", "DeploymentFlags", "PrefillCpSupport", "deployment_flags"]
+__all__ = [
+    "PREFILL_CP",
+    "SGLANG_CP_MODEL_FILES",
+    "DeploymentFlags",
+    "PrefillCpSupport",
+    "deployment_flags",
+    "size_flags",
+]

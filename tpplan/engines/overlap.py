@@ -99,10 +99,11 @@ SGLANG_TBO = MicroBatchOverlap(
     shared_experts_before_combine_wait=True,
     gates=(
         Gate(
-            "needs an all-to-all MoE backend (--moe-a2a-backend deepep, ...); without one only the "
-            "DeepSeek-V4 DP path runs it",
+            "refused when --moe-a2a-backend is none and attention DP is off (attn_dp_size 1, no EP scale "
+            "joiner): it needs an all-to-all MoE backend or attention DP (the non-EP DP TP-MoE path, "
+            "DeepSeek-V4's, which overlaps the DP all_gatherv / reduce_scatterv)",
             "server arg",
-            ("--enable-two-batch-overlap", "--moe-a2a-backend"),
+            ("--enable-two-batch-overlap", "--moe-a2a-backend", "--attn-dp-size", "--enable-dp-attention"),
             "refuses",
             _sgl("arg_groups/validation_hook.py", "check_two_batch_overlap"),
         ),
@@ -150,7 +151,7 @@ SGLANG_TBO = MicroBatchOverlap(
 
 VLLM_DBO = MicroBatchOverlap(
     name="dbo",
-    engine="vLLM 0.33.0",
+    engine=f"vLLM {vllm.VERSION}",
     flags=("--enable-dbo",),
     model_types=None,  # the yields live in the fused-MoE all-to-all, not in a model class
     raises_for=(),

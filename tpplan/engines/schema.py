@@ -11,8 +11,8 @@ otherwise (`fallback`). How the engine pipelines prefill chunks over PP stages i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, Literal
 
 # What the engine does when a gate fails:
 # "refuses": the server does not start (an argument check raises);
@@ -153,6 +153,15 @@ class PipelineSchedule:
     boundary_source: Source
     more_sources: tuple[Source, ...] = ()
     not_modelled: tuple[str, ...] = ()  # engine settings the TTFT model leaves at their defaults
+    # (model_types, clause): what crosses the boundary for those models only (K3's attention-residual
+    # bank), each clause with its leading separator; a memo prints only its own model's (`boundary_for`)
+    boundary_models: tuple[tuple[tuple[str, ...], str], ...] = ()
+
+    def boundary_for(self, model_type: str | None = None) -> str:
+        """`boundary` with the clauses for `model_type` (None: every model's, as docs/engines.md lists them)."""
+        return self.boundary + "".join(
+            c for types, c in self.boundary_models if model_type is None or model_type in types
+        )
 
     def in_flight_at(self, pp: int) -> int:
         """Micro-batches in flight at PP `pp`."""
@@ -188,6 +197,29 @@ class PipelineSchedule:
 
 
 @dataclass(frozen=True)
+class Support:
+    """A launch option the engine runs only for the model classes that implement it (`--pp-size`), read
+    in those classes' files: which tpplan model types have it, how, and where."""
+
+    option: str  # "--pp-size"
+    model_types: tuple[str, ...]
+    how: str  # what the model class does to support it, in the engine's words
+    source: Source
+
+
+@dataclass(frozen=True)
+class CollectiveDefault:
+    """What the engine's launcher sets for NCCL's in-node collectives at its defaults, with the
+    flags that change it: a cluster priced with another setting prices collectives the server does not run."""
+
+    setting: str  # "NCCL_NVLS_ENABLE"
+    nvls: bool | None  # NVLS at the launch line's defaults (None: the engine leaves it to NCCL's own default)
+    text: str
+    enable: tuple[str, ...]  # flags that turn NVLS on where the default keeps it off
+    source: Source
+
+
+@dataclass(frozen=True)
 class EngineVersion:
     """One engine at one version: its modes and its PP schedule."""
 
@@ -198,6 +230,8 @@ class EngineVersion:
     modes: tuple[Mode, ...]
     pipeline: PipelineSchedule
     notes: tuple[str, ...] = field(default_factory=tuple)
+    supports: tuple[Support, ...] = ()  # options only some model classes implement (read per model file)
+    collectives: CollectiveDefault | None = None  # NCCL's NVLS as the launcher leaves it (None: not read)
 
     @property
     def key(self) -> str:
@@ -206,8 +240,26 @@ class EngineVersion:
     def mode(self, name: str) -> Mode | None:
         return next((m for m in self.modes if m.name == name), None)
 
+    def support(self, option: str, model_type: str) -> Support | None:
+        """The read record that `model_type`'s model class implements `option` (None: not read here)."""
+        return next((s for s in self.supports if s.option == option and model_type in s.model_types), None)
+
+
+def recite(record: Any, old_ref: str, new_ref: str) -> Any:
+    """`record` (any engine record, or a tuple of them) with every Source read at `old_ref` cited at
+    `new_ref` instead: for a release whose files were diffed against the one read and found unchanged
+    where the record cites them (what changed is replaced by the caller, read at the new release)."""
+    if isinstance(record, Source):
+        return replace(record, ref=new_ref) if record.ref == old_ref else record
+    if isinstance(record, tuple):
+        return tuple(recite(x, old_ref, new_ref) for x in record)
+    if is_dataclass(record) and not isinstance(record, type):
+        return replace(record, **{f.name: recite(getattr(record, f.name), old_ref, new_ref) for f in fields(record)})
+    return record
+
 
 __all__ = [
+    "CollectiveDefault",
     "Comm",
     "Effect",
     "EngineVersion",
@@ -220,5 +272,7 @@ __all__ = [
     "Setting",
     "Source",
     "Step",
+    "Support",
     "Wiring",
+    "recite",
 ]

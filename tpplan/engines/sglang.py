@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, PipelineSchedule, Source, Wiring
+from tpplan.engines.schema import (
+    CollectiveDefault,
+    Comm,
+    EngineVersion,
+    Gate,
+    Mode,
+    NotWired,
+    Op,
+    PipelineSchedule,
+    Source,
+    Support,
+    Wiring,
+)
 
 REPO = "sgl-project/sglang"
 REL = "0.5.23 (PyPI wheel)"
@@ -31,13 +43,20 @@ def _old(path: str, function: str, commit: str) -> Source:
 INIT_CONTEXT = _rel(f"{LB}/adapters/attention.py", "AttnTpContext.init_context")
 CONFIGURED = _rel(f"{LB}/layout.py", "input_scattered_configured")
 PER_BATCH = _rel(f"{LB}/adapters/attention.py", "AttnTpContext.use_input_scattered")
-RS_ASSERT = _rel(f"{LB}/ops.py", "tp_reduce_scatter")
+RS_TP = _rel(f"{LB}/ops.py", "tp_reduce_scatter")
+# The eager forward pads an input-scattered extend batch to a multiple of tp_size before the model runs
+# (ModelRunner._prepare_eager_forward_batch calls it when no MLP-sync pass does; prepare_mlp_sync_batch pads
+# each rank's count to a multiple of attn_tp_size the same way).
+PAD_TO_TP = _rel(
+    "python/sglang/srt/model_executor/forward_batch_info.py",
+    "ForwardBatch.prepare_attn_tp_scatter_input -> _pad_inputs_to_size",
+)
 LATENT_AG = _rel(f"{LB}/adapters/attention.py", "AttentionInputs.fetch_qkv_latent")
 FOLD_AR = _rel(f"{LB}/prepare.py", "_tp_sum_with_residual_read -> _tp_all_reduce_with_scattered_residual")
 DSV2 = _rel("python/sglang/srt/models/deepseek_v2.py", "DeepseekV2ForCausalLM (init_context, maybe_input_scattered)")
 
 DSV3_INPUT_SCATTERED = (
-    Comm("RS", "the previous FFN's partial sum, onto the rank's T/N rows", "hidden", RS_ASSERT),
+    Comm("RS", "the previous FFN's partial sum, onto the rank's T/N rows", "hidden", RS_TP),
     Op("input_layernorm (fused residual add, residual slice)", "T/N"),
     Op("fused_qkv_a_proj_with_mqa", "T/N"),
     Comm("AG", "the QKV latent (q_lora + kv_lora + rope)", "qkv_latent", LATENT_AG),
@@ -104,13 +123,13 @@ _INPUT_SCATTERED_GATES = (
         PER_BATCH,
     ),
     Gate(
-        "every prefill batch's token count is a multiple of TP: tp_reduce_scatter asserts T % tp == 0 "
-        "(no padding and no all-reduce fallback for such batches was found in the release)",
+        "every prefill batch is padded to a multiple of TP before the layers run (ceil(T / tp) x tp rows, up to "
+        "tp - 1 dummy rows), so tp_reduce_scatter's T % tp == 0 assertion holds for every chunk length",
         "batch",
         ("--chunked-prefill-size",),
-        "asserts",
-        RS_ASSERT,
-        "chunk_divides_tp",
+        "adjusts",
+        PAD_TO_TP,
+        "input_scattered_pads",
     ),
 )
 
@@ -165,6 +184,35 @@ SGL_INPUT_SCATTERED = Mode(
 # K3 SP-MoE: --moe-a2a-backend deepep|megamoe with attention TP
 
 K3 = "python/sglang/srt/models/kimi_k3.py"
+
+# The K3 SP collectives' tuning tables in the 0.5.23 wheel (python/sglang/kernels/ops/communication/configs/
+# sp_collective/world={tp},H=7168,device_name={torch.cuda.get_device_name with spaces as _}.json), read one
+# by one: (device, attention-TP size) -> the first token bucket whose reduce-scatter picks "nccl" (None:
+# every bucket picks a fused strategy). The bucket used is the largest at or below the batch's tokens.
+K3_SP_TABLES: dict[tuple[str, int], int | None] = {
+    ("NVIDIA GB300", 4): 9364,  # 9364 and 16384: nccl (the per-rank shard exceeds the 32 MiB slot)
+    ("NVIDIA GB300", 8): 8192,  # 8192 and 16384: nccl ("NCCL won standalone collectives at T=8192 and T=16384")
+    ("NVIDIA GB300", 16): None,  # push to 256, pull from 512 through 16384
+    ("NVIDIA GB200", 16): None,  # push to 256, pull from 512 through 16384
+}
+K3_SP_TABLE_LIST = ", ".join(f"{d.removeprefix('NVIDIA ')} TP{tp}" for d, tp in K3_SP_TABLES)
+K3_SP_NCCL_LIST = "; ".join(
+    f"{d.removeprefix('NVIDIA ')} TP{tp} from {n} tokens" for (d, tp), n in K3_SP_TABLES.items() if n is not None
+)
+K3_SP_TABLE_SOURCE = Source(
+    REPO,
+    "python/sglang/kernels/ops/communication/sp_collective.py + configs/sp_collective/*.json",
+    "_table / get_dispatch (called by k3_sp_collective._init_state with num_tokens 1)",
+    REL,
+)
+K3_SP_BUCKET_SOURCE = Source(
+    REPO,
+    "python/sglang/kernels/ops/communication/sp_collective.py + configs/sp_collective/*.json",
+    "get_dispatch (nearest bucket at or below the tokens; strategy 'nccl' returns None)",
+    REL,
+)
+
+
 K3SP = "python/sglang/srt/layers/communication/k3_sp_collective.py"
 BANK = f"{LB}/residual/attn_bank.py"
 FACTORIES = f"{LB}/factories.py"
@@ -364,8 +412,28 @@ SGL_SP_MOE = Mode(
             _rel(K3SP, "_init_state"),
             "k3_sp_collective",
         ),
+        Gate(
+            "fused SP collectives also need a tuning table for the exact device name and attention-TP size; the "
+            f"release ships {K3_SP_TABLE_LIST} (hidden 7168); any other device (HGX B200/B300 included) or TP logs "
+            "'K3 SP collective has no tuning table for ...; using NCCL'",
+            "gpu",
+            ("--tp-size",),
+            "falls back",
+            K3_SP_TABLE_SOURCE,
+            "k3_sp_collective_table",
+        ),
+        Gate(
+            "per batch, the table's bucket at or below the batch's token count picks the strategy, and some "
+            f"buckets pick NCCL: {K3_SP_NCCL_LIST}",
+            "batch",
+            ("--chunked-prefill-size",),
+            "per batch",
+            K3_SP_BUCKET_SOURCE,
+            "k3_sp_collective_bucket",
+        ),
     ),
-    fallback="without the fused collectives SGLang logs 'K3 SP collective requires ...; using NCCL' and runs "
+    fallback="without the fused collectives SGLang logs 'K3 SP collective requires ...; using NCCL' (or 'has no "
+    "tuning table for <device>; using NCCL') and runs "
     "NCCL's RS/AG of the same default path (bank on every row: `sglang-sp-moe`); without SGLANG_K3_SP_ATTN_RES "
     "(or without the fused collectives, which the variant needs) the default path runs",
     fallback_source=_rel(K3SP, "_init_state"),
@@ -437,7 +505,7 @@ SGL_LAYERNORM_SP = Mode(
 )
 
 # --------------------------------------------------------------------------------------------
-# --enable-dp-attention (recorded for the DP-attention plans; tpplan has no such plan here yet)
+# --enable-dp-attention (tpplan prices it at attention TP 1: plans dp-attention, dp-attention-maxlen, dp-attention+a2a)
 
 DPA = "python/sglang/srt/layers/dp_attention.py"
 SGL_DP_ATTENTION = Mode(
@@ -478,7 +546,12 @@ SGL_DP_ATTENTION = Mode(
             ),
             plan=None,
             source=_rel(DPA, "dp_gather_partial / dp_scatter / dp_reduce_scatter_tensor"),
-            differences=("no tpplan plan yet: the DP-attention plan family is being added separately",),
+            differences=(
+                "tpplan's DP-attention plans (`dp-attention`: SUM_LEN gather, `dp-attention-maxlen`: MAX_LEN, "
+                "`dp-attention+a2a`: DeepEP MoE; tpplan.plans.named, flags from tpplan.report.engines.dp_attention) "
+                "run attention TP 1 (--dp-size equal to --tp-size), where the attention-TP all-reduce above "
+                "vanishes; attention TP > 1 inside a DP group (dp < tp) has no tpplan plan",
+            ),
         ),
     ),
     not_wired=(),
@@ -513,8 +586,14 @@ PIPELINE = PipelineSchedule(
     boundary="PPProxyTensors point-to-point: send_tensor_dict(all_gather_group=attn_tp_group) sends each "
     "attention-TP rank's 1/N slice of every tensor and the next stage's recv_tensor_dict all-gathers it over "
     "attention TP, so a token-sharded stream is gathered too (to_pp completes every owed sum before transport); "
-    "the tensors are hidden_states and residual, for Kimi-K3 the stream head alone (its residual folded in) plus "
-    "attn_res_bank, the [T, ceil(end_layer / block), H] snapshot bank",
+    "the tensors are hidden_states and residual",
+    boundary_models=(
+        (
+            ("kimi_k3",),
+            ", for Kimi-K3 the stream head alone (its residual folded in) plus "
+            "attn_res_bank, the [T, ceil(end_layer / block), H] snapshot bank",
+        ),
+    ),
     boundary_gathers=True,
     boundary_source=_rel("python/sglang/srt/distributed/parallel_state.py", "GroupCoordinator.send_tensor_dict"),
     more_sources=(
@@ -535,6 +614,39 @@ PIPELINE = PipelineSchedule(
     ),
 )
 
+# --pp-size: SGLang starts any model with pp_size > 1; a model class runs PP when its backbone splits its
+# layers over the PP ranks (make_pp_layers: start_layer / end_layer, PPMissingLayer for the rest) and passes
+# PPProxyTensors between stages. Read per model file of the release (tpplan's model types only).
+_PP_HOW = "{cls} splits its layers over the PP ranks (make_pp_layers; PPMissingLayer outside the rank's range) and "
+_PP_HOW += "its forward takes and returns PPProxyTensors between stages"
+PP_SUPPORT = tuple(
+    Support(
+        "--pp-size",
+        types,
+        _PP_HOW.format(cls=cls),
+        _rel(f"python/sglang/srt/models/{file}", f"{cls}.__init__ / forward"),
+    )
+    for types, cls, file in (
+        (("kimi_k3",), "KimiK3LinearModel", "kimi_k3.py"),
+        (("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"), "DeepseekV2Model", "deepseek_v2.py"),
+        (("qwen3", "qwen2"), "Qwen2Model (Qwen3Model's base)", "qwen2.py"),
+        (("qwen3_moe",), "Qwen2MoeModel (Qwen3MoeModel's base)", "qwen2_moe.py"),
+        (("llama",), "LlamaModel", "llama.py"),
+        (("kimi_linear",), "KimiLinearModel", "kimi_linear.py"),
+    )
+)
+
+# NCCL's NVLS: the launcher writes NCCL_NVLS_ENABLE before NCCL starts, "0" unless a flag asks for NVLS.
+NCCL_NVLS = CollectiveDefault(
+    setting="NCCL_NVLS_ENABLE",
+    nvls=False,
+    text="the launcher sets NCCL_NVLS_ENABLE=0 (NVLink SHARP off) unless NCCL_NVLS_ENABLE is already in the "
+    "environment, or --enable-nccl-nvls or --enable-symm-mem is passed (either sets it to 1, overriding the "
+    "environment); both flags default to False",
+    enable=("--enable-nccl-nvls",),
+    source=_rel("python/sglang/srt/entrypoints/engine.py", "_set_envs_and_config (enable_nccl_nvls, enable_symm_mem)"),
+)
+
 SGLANG_0_5_23 = EngineVersion(
     engine="SGLang",
     version="0.5.23",
@@ -542,6 +654,8 @@ SGLANG_0_5_23 = EngineVersion(
     launcher="python -m sglang.launch_server --model-path {model}",
     modes=(SGL_INPUT_SCATTERED, SGL_SP_MOE, SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
     pipeline=PIPELINE,
+    supports=PP_SUPPORT,
+    collectives=NCCL_NVLS,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -567,7 +681,10 @@ def _older_input_scattered() -> Mode:
         return step
 
     w = SGL_INPUT_SCATTERED.wiring[0]
-    gates = tuple(replace(g, source=_OLD_RS if g.source is RS_ASSERT else _OLD_ATTN) for g in SGL_INPUT_SCATTERED.gates)
+    pads = Source.unread(REPO, "python/sglang/srt/model_executor/forward_batch_info.py", "padding to TP at 7665ff96")
+    gates = tuple(
+        replace(g, source=pads if g.check == "input_scattered_pads" else _OLD_ATTN) for g in SGL_INPUT_SCATTERED.gates
+    )
     return replace(
         SGL_INPUT_SCATTERED,
         wiring=(replace(w, dataflow=tuple(cite(s) for s in w.dataflow), source=_OLD_ATTN),),
@@ -577,6 +694,7 @@ def _older_input_scattered() -> Mode:
 
 
 def _older_sp_moe() -> Mode:
+    read_in_release = ("k3_sp_collective_table", "k3_sp_collective_bucket")  # the table files of 0.5.23's wheel
     gates = tuple(
         replace(
             g,
@@ -589,6 +707,7 @@ def _older_sp_moe() -> Mode:
         if g.check == "k3_sp_collective"
         else g
         for g in SGL_SP_MOE.gates
+        if g.check not in read_in_release
     )
     return replace(SGL_SP_MOE, gates=gates, fallback_source=_OLD_K3SP)
 

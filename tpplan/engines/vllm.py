@@ -1,12 +1,33 @@
-"""vLLM, as read: the current release (0.33.0, its PyPI wheel's sources) and an older main revision
-(read through the code index) that still had the sequence-parallelism compile pass."""
+"""vLLM, as read: the current release (0.34.0, its PyPI wheel's sources), the release before it (0.33.0,
+read first; 0.34.0 was diffed against it function by function wherever a record cites a file) and an
+older main revision (read through the code index) that still had the sequence-parallelism compile pass.
+
+The records below are 0.34.0's; `VLLM_0_33_0` re-cites them at 0.33.0 and replaces what differs there
+(the all2all backend list, the PP batches in flight)."""
 
 from __future__ import annotations
 
-from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, PipelineSchedule, Source, Wiring
+from dataclasses import replace
+
+from tpplan.engines.schema import (
+    CollectiveDefault,
+    Comm,
+    EngineVersion,
+    Gate,
+    Mode,
+    NotWired,
+    Op,
+    PipelineSchedule,
+    Source,
+    Support,
+    Wiring,
+    recite,
+)
 
 REPO = "vllm-project/vllm"
-REL = "0.33.0 (PyPI wheel)"
+VERSION = "0.34.0"  # the current release; the records below cite it
+REL = f"{VERSION} (PyPI wheel)"
+REL_33 = "0.33.0 (PyPI wheel)"
 
 
 def _rel(path: str, function: str) -> Source:
@@ -26,8 +47,9 @@ K3_MOE = _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiMoE.forward")
 QWEN3_MOE = _rel("vllm/model_executor/models/qwen3_moe.py", "Qwen3MoeSparseMoeBlock.forward")
 SP_MOE_BACKENDS = (
     "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
-    "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "nixl_ep",
+    "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "mori", "nixl_ep",
 )  # fmt: skip
+SP_MOE_BACKENDS_0_33 = tuple(b for b in SP_MOE_BACKENDS if b != "mori")  # "mori" is new in 0.34.0
 
 _MOE_SP_GATES = (
     Gate(
@@ -206,8 +228,9 @@ VLLM_DP_EP = Mode(
             plan=None,
             source=_rel("vllm/distributed/device_communicators/all2all.py", "AgRsAll2AllManager"),
             differences=(
-                "no tpplan plan yet: the DP-attention plan family is being added separately; DeepEP "
-                "backends dispatch by all-to-all instead",
+                "tpplan's `vllm-dp-ep` (this allgather_reducescatter dataflow with --enable-expert-parallel) and "
+                "`vllm-dp` (routed experts TP over the DP ranks; tpplan.plans.named.vllm_dp_ep) run TP 1 per DP rank; "
+                "TP > 1 inside a DP rank has no tpplan plan, and DeepEP backends dispatch by all-to-all instead",
             ),
         ),
     ),
@@ -217,14 +240,19 @@ VLLM_DP_EP = Mode(
     fallback_source=_rel("vllm/forward_context.py", "DPMetadata"),
 )
 
+ASYNC_DEFAULT = _rel("vllm/config/vllm.py", "VllmConfig.__post_init__ (async_scheduling None -> True)")
+RAY_EXECUTOR = _rel("vllm/v1/executor/ray_executor_v2.py", "RayExecutorV2(MultiprocExecutor) (no override)")
+MP_ASYNC = _rel("vllm/v1/executor/multiproc_executor.py", "MultiprocExecutor.supports_async_scheduling -> True")
 PIPELINE = PipelineSchedule(
-    in_flight="max_concurrent_batches = pipeline_parallel_size batches in the engine core's batch queue: "
-    "step_with_batch_queue schedules a new batch while the queue has room and otherwise blocks on the oldest, so a "
-    "batch enters only once the one pp_size earlier has finished; pp_size + 1 when async scheduling runs on the V2 "
-    "model runner, which the Ray executor of the memo's multi-node line turns off (it does not override "
-    "supports_async_scheduling, and VllmConfig.__post_init__ then disables async scheduling); the V0 engine's "
-    "virtual engines are gone (no virtual_engine anywhere in the 0.33.0 wheel)",
-    extra_in_flight=0,
+    in_flight="max_concurrent_batches = pipeline_parallel_size + 1 batches in the engine core's batch queue "
+    "whenever async scheduling is on (the V1 model runner is gone in 0.34.0), and VllmConfig.__post_init__ turns "
+    "it on by default unless the executor does not support it, the model is a pooling model, or ROCm DeepEP "
+    "high-throughput DBO runs: the Ray executor (--distributed-executor-backend ray, RayExecutorV2, a "
+    "MultiprocExecutor subclass that keeps supports_async_scheduling True) and the multiprocessing executor both "
+    "keep it; --no-async-scheduling gives pipeline_parallel_size. step_with_batch_queue schedules a new batch "
+    "while the queue has room and otherwise blocks on the oldest, so a batch enters only once the one "
+    "pp_size + 1 earlier has finished",
+    extra_in_flight=1,
     source=_rel("vllm/config/vllm.py", "VllmConfig.max_concurrent_batches"),
     chunks_of_one_request="they pipeline: Scheduler._update_after_schedule advances num_computed_tokens when a chunk "
     "is scheduled ('allowing us to schedule the prefill request again immediately in the next scheduling step'), so "
@@ -236,34 +264,119 @@ PIPELINE = PipelineSchedule(
     "get_tp_group()) sends each TP rank's 1/N slice of every tensor and the next stage's irecv_tensor_dict "
     "all-gathers it over TP; sequence parallelism is off with PP (DeepSeek-V2 MoE SP requires PP 1; Kimi-K3's "
     "use_sequence_parallel requires pipeline_parallel_size == 1 and asserts 'Currently, SP is not supported with "
-    "PP'), so no sequence-parallel shard crosses a boundary; Kimi-K3 sends hidden_states (its prefix sum folded in) "
-    "and, as residual, the [T, ceil(end_layer / block), H] attention-residual bank",
+    "PP'), so no sequence-parallel shard crosses a boundary",
+    boundary_models=(
+        (
+            ("kimi_k3",),
+            "; Kimi-K3 sends hidden_states (its prefix sum folded in) "
+            "and, as residual, the [T, ceil(end_layer / block), H] attention-residual bank",
+        ),
+    ),
     boundary_gathers=True,
     boundary_source=_rel("vllm/v1/worker/gpu_worker.py", "Worker.execute_model"),
     more_sources=(
         _rel("vllm/v1/engine/core.py", "EngineCore.step_with_batch_queue"),
-        _rel("vllm/config/vllm.py", "VllmConfig.__post_init__ (async scheduling off for the Ray executor)"),
+        ASYNC_DEFAULT,
+        RAY_EXECUTOR,
+        MP_ASYNC,
         _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiLinearModel.__init__ / forward"),
         _old("vllm/models/kimi_k3/nvidia/model.py", "KimiLinearModel.forward (SP off with PP)", "006193b5a9a7957c"),
     ),
     not_modelled=(
-        "the multiprocessing executor with the V2 model runner keeps pp_size + 1 batches in flight (the model "
-        "keeps pp_size, as with the Ray executor)",
         "the engine core's CPU time per step (scheduling, output processing) is not priced",
         "--max-num-seqs is taken not to bind: every waiting request fits a batch's token budget",
-        "vllm-project/vllm PR 54347 (open, not in 0.33.0) would keep Kimi-K3's sequence-parallel shards across the "
-        "boundary with no TP all-gather on the receiver (a schedule with boundary_gathers False prices that)",
+        "vllm-project/vllm PR 54347 (open, not in 0.33.0 or 0.34.0) would keep Kimi-K3's sequence-parallel shards "
+        "across the boundary with no TP all-gather on the receiver (boundary_gathers False would price that)",
     ),
 )
 
-VLLM_0_33_0 = EngineVersion(
+# --pipeline-parallel-size: ModelConfig.verify_with_parallel_config refuses PP (NotImplementedError) for a model
+# class that does not implement SupportsPP; these tpplan model types' classes do, in 0.33.0 and 0.34.0.
+PP_SUPPORT = tuple(
+    Support("--pipeline-parallel-size", types, f"{cls} implements SupportsPP", _rel(path, f"{cls} (SupportsPP)"))
+    for types, cls, path in (
+        (("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"), "DeepseekV2ForCausalLM",
+         "vllm/model_executor/models/deepseek_v2.py"),
+        (("qwen3",), "Qwen3ForCausalLM", "vllm/model_executor/models/qwen3.py"),
+        (("qwen3_moe",), "Qwen3MoeForCausalLM", "vllm/model_executor/models/qwen3_moe.py"),
+        (("llama",), "LlamaForCausalLM", "vllm/model_executor/models/llama.py"),
+        (("kimi_k3",), "KimiK3ForConditionalGeneration", "vllm/models/kimi_k3/nvidia/model.py"),
+        (("kimi_linear",), "KimiLinearForCausalLM", "vllm/models/kimi_k3/nvidia/model.py"),
+    )
+)  # fmt: skip
+
+# vLLM leaves NCCL_NVLS_ENABLE alone on the serving path: the wheel sets it only in batch-invariant mode
+# (model_executor/determinism/batch_invariant.py) and, in 0.34.0, the CUDA-checkpoint executor.
+NCCL_NVLS = CollectiveDefault(
+    setting="NCCL_NVLS_ENABLE",
+    nvls=None,
+    text="the server does not set NCCL_NVLS_ENABLE (only batch-invariant mode sets it to 0, and in 0.34.0 the "
+    "CUDA-checkpoint executor): NCCL's own default applies, NVLS where the system supports multicast",
+    enable=(),
+    source=_rel("vllm/model_executor/determinism/batch_invariant.py", "grep of the wheel for NCCL_NVLS_ENABLE"),
+)
+
+BATCH_DEFAULTS = _rel("vllm/engine/arg_utils.py", "EngineArgs.get_batch_defaults")
+VLLM_0_34_0 = EngineVersion(
     engine="vLLM",
-    version="0.33.0",
-    released="current PyPI release (2026-11); sources read from its wheel",
+    version=VERSION,
+    released="current PyPI release (built 2026-11-16); sources read from its wheel, diffed against 0.33.0",
     launcher="vllm serve {model}",
     modes=(VLLM_MOE_SP, VLLM_NO_SP_PASS, VLLM_DP_EP),
     pipeline=PIPELINE,
+    notes=(
+        "changed from 0.33.0 where tpplan's records cite: ParallelConfig.use_sequence_parallel_moe adds the "
+        "`mori` all2all backend; VllmConfig.max_concurrent_batches is pp_size + 1 under async scheduling with no "
+        "model-runner condition (0.33.0: only on the V2 model runner, its default); KimiDecoderLayer.__init__ "
+        "builds DSA attention for layers a dsa_config names (Kimi-K3's preset has none); every other cited "
+        "function is unchanged",
+        "chunked-prefill budget unchanged: --max-num-batched-tokens defaults to 8192 for the API server on GPUs "
+        f"of at least 70 GiB other than A100, 16384 from 160 GiB, else 2048 ({BATCH_DEFAULTS.cite()}, the same "
+        "function in 0.33.0); Scheduler.schedule now applies long_prefill_token_threshold only with chunked "
+        "prefill on",
+    ),
+    supports=PP_SUPPORT,
+    collectives=NCCL_NVLS,
 )
+
+
+def _release_0_33() -> EngineVersion:
+    """0.33.0: 0.34.0's records re-cited (the diff found the cited functions unchanged), with 0.33.0's own
+    all2all backend list and PP in-flight rule."""
+    old = recite(VLLM_0_34_0, REL, REL_33)
+    moe_sp = old.mode("moe-sp")
+    assert moe_sp is not None
+    backends = replace(moe_sp.gates[0], text=f"--all2all-backend one of {', '.join(SP_MOE_BACKENDS_0_33)}")
+    moe_sp = replace(moe_sp, gates=(backends, *moe_sp.gates[1:]))
+    v1_runner = Source(REPO, "vllm/config/vllm.py", "VllmConfig.__post_init__ (v1_async_sched_incompat)", REL_33)
+    pipeline = replace(
+        old.pipeline,
+        in_flight="max_concurrent_batches = pipeline_parallel_size + 1 batches in the engine core's batch queue "
+        "when async scheduling runs on the V2 model runner, which is the default (use_v2_model_runner, unless "
+        "VLLM_USE_V2_MODEL_RUNNER=0 or a feature it lacks); VllmConfig.__post_init__ turns async scheduling on for "
+        "every executor that supports it, the Ray executor included (RayExecutorV2 is a MultiprocExecutor "
+        "subclass that keeps supports_async_scheduling True); on the V1 model runner PP turns async scheduling "
+        "off and pipeline_parallel_size batches are in flight; step_with_batch_queue schedules a new batch while "
+        "the queue has room and otherwise blocks on the oldest; the V0 engine's virtual engines are gone (no "
+        "virtual_engine anywhere in the 0.33.0 wheel)",
+        more_sources=(*old.pipeline.more_sources, v1_runner),
+        not_modelled=(
+            "the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) keeps pipeline_parallel_size batches in flight "
+            "under PP (async scheduling off)",
+            *old.pipeline.not_modelled,
+        ),
+    )
+    return replace(
+        old,
+        version="0.33.0",
+        released="previous PyPI release (built 2026-11-01); sources read from its wheel",
+        modes=(moe_sp, *old.modes[1:]),
+        pipeline=pipeline,
+        notes=(),
+    )
+
+
+VLLM_0_33_0 = _release_0_33()
 
 # --------------------------------------------------------------------------------------------
 # An older main revision with the compile pass.
@@ -367,9 +480,9 @@ VLLM_OLDER = EngineVersion(
     version="main@000fc94b",
     released="an older main revision with the sequence-parallelism pass, read through the code index",
     launcher="vllm serve {model}",
-    modes=(VLLM_MOE_SP, VLLM_SP_PASS, VLLM_DP_EP),
-    pipeline=PIPELINE,
+    modes=(VLLM_0_33_0.modes[0], VLLM_SP_PASS, VLLM_0_33_0.modes[2]),
+    pipeline=VLLM_0_33_0.pipeline,
     notes=("MoE SP, DP+EP and the PP scheduler were read in 0.33.0 only; this revision reuses them unchecked",),
 )
 
-__all__ = ["SP_MOE_BACKENDS", "VLLM_0_33_0", "VLLM_OLDER"]
+__all__ = ["REL_33", "SP_MOE_BACKENDS", "SP_MOE_BACKENDS_0_33", "VERSION", "VLLM_0_33_0", "VLLM_0_34_0", "VLLM_OLDER"]

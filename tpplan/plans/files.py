@@ -27,6 +27,7 @@ from tpplan.layout.plan import MoEMode, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
 from tpplan.placement import S_TOK, Placement, R
+from tpplan.plans.decisions import check_decisions, exact_decisions
 
 PLAN_FILE_VERSION: Final = 1
 PLAN_FILE_SUFFIX = ".json"
@@ -70,12 +71,24 @@ class Decisions(_Strict):
 
 
 class Deployment(_Strict):
+    """The whole deployment a plan was ranked at; audit, explain, verify and report take it from the file
+    (a flag that differs overrides it, with a note: `tpplan.commands._plan_deployment`)."""
+
     tp: Size
     pp: Size = 1
     cp: Size = 1  # context-parallel groups per stage (layout.context_parallel); absent in older files
     replicas: Size = 1  # identical copies of the TP x CP x PP deployment; the plan is one replica's
     ep: Size | None = None
     moe: Literal["tp", "ep", "a2a"] = "tp"
+    cp_layers: Literal["all", "mla"] = "all"  # which layers CP token-shards ("mla": CP inside the TP group)
+    cp_recurrence: Literal["scan", "serial"] = "scan"  # linear attention's state hand-off under CP
+    cp_kv: Literal["engines", "sharded"] = "engines"  # the KV a CP rank keeps (engines.context_parallel)
+
+    def label(self) -> str:
+        """`TP8xPP4`, `TP8xCP4 (mla)`, `2x TP16`: the deployment in words."""
+        text = f"TP{self.tp}" + (f"xCP{self.cp}" if self.cp > 1 else "") + (f"xPP{self.pp}" if self.pp > 1 else "")
+        text += f" (cp-layers {self.cp_layers})" if self.cp > 1 and self.cp_layers != "all" else ""
+        return f"{self.replicas}x {text}" if self.replicas > 1 else text
 
 
 class FoundFor(_Strict):
@@ -105,18 +118,12 @@ class PlanFile(_Strict):
     found_for: FoundFor
 
 
-def plan_file_data(
-    plan: Plan,
-    graph: ModelGraph,
-    found_for: dict[str, object],
-    tp: int,
-    pp: int = 1,
-    cp: int = 1,
-    replicas: int = 1,
-) -> PlanFile:
-    """The file for `plan`, ranked at `replicas` x (TP `tp` x CP `cp` x PP `pp`) on `graph` (`found_for`:
-    topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs the same plan,
-    so the file is one replica's (`verify` checks one)."""
+def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], deployment: Deployment) -> PlanFile:
+    """The file for `plan`, ranked at `deployment` (its sizes and CP mode; EP and MoE mode are the plan's) on
+    `graph` (`found_for`: topology, workload, dtype, expert_dtype, objective, rank, score). Every replica runs
+    the same plan, so the decisions are one replica's (`verify` checks one). Patterns are written as the exact
+    op names they match on `graph` (a file names every op exactly: `tpplan.plans.decisions`)."""
+    plan = exact_decisions(plan, graph)
     decisions = Decisions.model_validate(
         {
             "stream": plan.stream.value,
@@ -142,7 +149,7 @@ def plan_file_data(
         found_by=plan.found_by,
         engine_notes=list(plan.engine_notes),
         decisions=decisions,
-        deployment=Deployment(tp=tp, pp=pp, cp=cp, replicas=replicas, ep=decisions.ep_size, moe=plan.moe),
+        deployment=deployment.model_copy(update={"ep": decisions.ep_size, "moe": plan.moe}),
         found_for=FoundFor.model_validate({"model": graph.spec.name, "layer_kinds": list(graph.kinds), **found_for}),
     )
 
@@ -186,27 +193,6 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
             f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
         )
     d = pf.decisions
-    names = [*d.gather, *d.a2a, *d.replicate, *d.token_shard, *(q for pair in d.gather_for for q in pair)]
-    for q in names:
-        kind, slash, role = q.partition("/")
-        lg = graph.kinds.get(kind)
-        if lg is None:
-            if not slash or any(c in kind for c in "*?[") or kind in ff.layer_kinds:
-                continue  # a pattern, or a kind of the model it was found for that this one (a slice) lacks
-            raise TpplanError(
-                where,
-                f"its decision `{q}` names layer kind {kind!r}, which neither model {graph.spec.name} (layer kinds "
-                f"{', '.join(graph.kinds)}) nor the file's own model {ff.model} has",
-                f"name one of those layer kinds, or search this model: tpplan search --model {graph.spec.name} "
-                "... --save DIR",
-            )
-        known = {op.role for op in lg.ops} | {f"layer.{v}" for v in lg.values}
-        if role not in known:
-            raise TpplanError(
-                where,
-                f"found for {ff.model}; its decision `{q}` names no op of model {graph.spec.name}",
-                f"search this model: tpplan search --model {graph.spec.name} ... --save DIR",
-            )
     notes: tuple[str, ...] = ()
     dep = pf.deployment
     if ff.model != graph.spec.name or dep.tp != n:
@@ -244,6 +230,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         notes=notes,
         extra={"file": str(path), "deployment": pf.deployment.model_dump()},
     )
+    check_decisions(plan, graph, ff.layer_kinds, where)
     return _check_async_tp(plan, graph, n, where) if plan.overlap == "asynctp" else plan
 
 
@@ -297,6 +284,7 @@ def save_plan_dir(path: Path, files: list[PlanFile]) -> list[Path]:
 
 __all__ = [
     "PLAN_FILE_VERSION",
+    "Deployment",
     "PlanFile",
     "is_plan_file",
     "load_plan_file",

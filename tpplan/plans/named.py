@@ -109,7 +109,7 @@ def sp_moe(name: str = "sp-moe") -> Plan:
     )
 
 
-def sglang_sp_moe() -> Plan:
+def sglang_sp_moe(attn_res: bool = True) -> Plan:
     """SGLang's K3 SP-MoE as it runs by default (`--moe-a2a-backend deepep|megamoe` with attention TP,
     SGLANG_K3_SP_ATTN_RES unset; tpplan.engines.sglang): the previous MoE layer's output is added on
     the rank's rows and the stream all-gathered (the FFN exit's `update_attn_tp_gather_output`), the
@@ -117,13 +117,21 @@ def sglang_sp_moe() -> Plan:
     whole (`bank=R`), o_proj's sum is reduce-scattered, and the post-attention aggregation, norm,
     router, latent projections, shared experts and the all-to-all MoE run on the rank's rows. Layers
     before the first MoE layer (and the first MoE layer's entry) keep the all-reduce path: the adds
-    fold the stream shard into one all-reduce."""
-    return Plan(
-        "sglang-sp-moe",
-        "SGLang SP-MoE (default: bank on every row)",
+    fold the stream shard into one all-reduce. `attn_res` False: the words for a model without K3's
+    attention residuals (the same decisions; there is no bank and no aggregation to speak of)."""
+    words = (
         "All-gather the stream after the MoE output add; attention-residual aggregation and input norm on "
         "every row; reduce-scatter o_proj's output; post-attention aggregation, norm and all-to-all MoE on local "
-        "tokens; dense layers all-reduce.",
+        "tokens; dense layers all-reduce."
+        if attn_res
+        else "All-gather the stream after the MoE output add; input norm on every row; reduce-scatter o_proj's "
+        "output; post-attention norm and all-to-all MoE on local tokens; dense layers all-reduce."
+    )
+    title = "SGLang SP-MoE (default: bank on every row)" if attn_res else "SGLang-style SP-MoE (gather at MoE exit)"
+    return Plan(
+        "sglang-sp-moe",
+        title,
+        words,
         stream=S_TOK,
         reduce=S_TOK,
         bank=R,
@@ -295,6 +303,19 @@ def plan_name(name: str) -> str:
     return ALIASES.get(name, name)
 
 
+def ffn_words(graph: ModelGraph) -> str:
+    """The feed-forward blocks `graph` has, as a plan's words name them: "MLP", "MoE" or "MLP/MoE"."""
+    kinds = {layer.mlp.kind for layer in graph.spec.layers}
+    return "MLP/MoE" if len(kinds) > 1 else "MoE" if "moe" in kinds else "MLP"
+
+
+def in_model_words(plan: Plan, graph: ModelGraph) -> Plan:
+    """`plan` with its summary naming only the feed-forward blocks the model has (a dense model's
+    baseline all-reduces "after the MLP", not "after the MLP/MoE")."""
+    words = ffn_words(graph)
+    return plan if words == "MLP/MoE" else plan.with_(summary=plan.summary.replace("MLP/MoE", words))
+
+
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     """The plan a `--plan` value names, for this model and TP size: a named plan (an alias builds it
     under its one name), `ep<k>`, `<plan>+ep<k>`, or a plan file (`*.json`, written by
@@ -319,11 +340,12 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         "sequence-parallel": sequence_parallel,
         "sp-moe": sp_moe,
         "sglang-input-scattered": sglang_input_scattered,
-        "sglang-sp-moe": sglang_sp_moe,
         "vllm-moe-chunk": vllm_moe_chunk,
     }
+    if name == "sglang-sp-moe":
+        return sglang_sp_moe(attn_res=bool(graph.spec.attn_res_block_size))
     if name in simple:
-        return simple[name]()
+        return in_model_words(simple[name](), graph)
     if name == "gate-aware":
         return gate_aware(graph, n)
     if name == "input-scattered+restore":
@@ -331,13 +353,24 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     dp = make_dp_plan(name, graph, n)
     if dp is not None:
         return dp
-    raise TpplanError(
-        f"--plan {name}",
-        "unknown plan",
-        f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, ep<k> or <plan>+ep<k> (expert parallelism), "
-        "<plan>+tbo or <plan>+dbo (micro-batch overlap), <plan>+asynctp (GEMM + collective fusion), "
-        "or a plan file (*.json) from `tpplan search --save DIR`",
+    raise _unknown_plan(name)
+
+
+def _unknown_plan(name: str) -> TpplanError:
+    """A mistyped plan gets "did you mean" (difflib, as preset names do); only a name close to none
+    gets the whole list of forms."""
+    import difflib
+
+    known = list(ALL_PLANS + DP_PLANS + tuple(ALIASES))
+    close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
+    forms = (
+        "ep<k> or <plan>+ep<k> (expert parallelism), <plan>+tbo or <plan>+dbo (micro-batch overlap), "
+        "<plan>+asynctp (GEMM + collective fusion), or a plan file (*.json) from `tpplan search --save DIR`"
     )
+    if close:
+        more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
+        return TpplanError(f"--plan {name}", "unknown plan", f"did you mean {close[0]}?{more}")
+    return TpplanError(f"--plan {name}", "unknown plan", f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, {forms}")
 
 
 __all__ = [

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
@@ -22,7 +22,6 @@ from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import engine_plans
-from tpplan.engines.launch import deployment_flags
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.layout.propagate import LayerResult
@@ -103,6 +102,7 @@ def load_search() -> SearchFn:
         audits: Audits | None = None,
         overlap: OverlapName | None = None,
         replicas: int | Literal["all"] | None = None,
+        **deployment: Any,
     ) -> Searched:
         outcome = search_plans(
             graph,
@@ -116,6 +116,7 @@ def load_search() -> SearchFn:
             audits=audits,
             overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
             replicas=replicas,
+            **deployment,  # pp, cp, cp_layers, cp_kv, dp_attention: as `tpplan search` takes them
         )
         found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
                  for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
@@ -209,10 +210,13 @@ def _predict(
     dtype: str,
     expert_dtype: str | None,
     pipeline: PipelineModel | None = None,
+    cp_kv: str = "engines",
 ) -> None:
     extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
+    if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for (stand-in predictors lack it)
+        extra["cp_kv"] = cp_kv
     if v.cp > 1:
-        extra["cp"] = v.cp
+        extra.update(cp=v.cp, cp_layers=v.cp_layers)
     if v.replicas > 1:
         extra["replicas"] = v.replicas
     if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
@@ -299,12 +303,14 @@ def _plan_variants(audits: Audits, names: list[str], asked: bool, n: int, dtype:
     has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
     for name in names:
         if name == "baseline" or asked:
-            tp, pp = n, 1
-            if is_plan_file(name):  # a saved plan is priced at the TP x PP it was found at
+            if is_plan_file(name):  # a saved plan is priced at the whole deployment it was ranked at
                 dep = read_plan_file(name).deployment
-                tp, pp = dep.tp, dep.pp
-            pl = make_plan(name, graph, tp)  # asked for: an unknown or impossible plan is the user's error
-            variants.append(Variant(pl, tp, pp, audits.of(pl, tp, dtype), main_tp=n))
+                pl = make_plan(name, graph, dep.tp)
+                variants.append(Variant(pl, dep.tp, dep.pp, audits.of(pl, dep.tp, dtype), main_tp=n, cp=dep.cp,
+                                        replicas=dep.replicas, cp_layers=dep.cp_layers))  # fmt: skip
+                continue
+            pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
+            variants.append(Variant(pl, n, 1, audits.of(pl, n, dtype), main_tp=n))
             continue
         pa = _audit_or_none(audits, name, n, dtype)  # a default plan this model cannot run is left out
         if pa is not None and (has_moe or pa.plan.moe == "tp"):
@@ -359,17 +365,25 @@ def analyse(
     overlap: OverlapName | None = None,
     prompt_lengths: tuple[int, ...] | None = PROMPT_LENGTHS,
     replicas: int | Literal["all"] | None = None,
+    pp: int | None = None,
+    cp: int | None = None,
+    cp_layers: str = "all",
+    cp_kv: str = "engines",
+    dp_attention: bool = False,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
     data-parallel size) are server settings the engine gates read; `engines` the engine versions
-    (`sglang@0.5.23`, `vllm@0.33.0`; default: each engine's current release, tpplan.engines).
+    (`sglang@0.5.23`, `vllm@0.34.0`; default: each engine's current release, tpplan.engines).
     `progress` is told each step. Every plan is audited once (`audits`, of `model`'s graph: the
     search, the predictions and the volume sweep share them). The memo searches what `tpplan search`
     does with the same inputs: its TP x CP x PP grid and, like it, micro-batch overlap only when
     `overlap` ("tbo", "dbo"; `--overlap`) asks, and replicas only when `replicas` (R or "all";
     `--replicas`) asks; baseline is priced at every deployment of that grid
-    (the deployment ranking), and each deployment's plan at `prompt_lengths` (None: not)."""
+    (the deployment ranking), and each deployment's plan at `prompt_lengths` (None: not). `pp`, `cp`,
+    `cp_layers` and `dp_attention` restrict or widen the search's grid as `tpplan search`'s options do;
+    `cp_kv` is the KV a CP rank keeps ("engines", default: the whole sequence's, as SGLang and vLLM do;
+    "sharded": tpplan's own 1/cp)."""
     from tpplan.engines import select_pair
 
     say = progress or (lambda _step: None)
@@ -381,7 +395,8 @@ def analyse(
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     audits = audits if audits is not None and audits.graph is graph else Audits(graph)
     world = topology.world_size
-    n = tp or world
+    files = [read_plan_file(p).deployment for p in plans or () if is_plan_file(p)]
+    n = tp or (files[0].tp if files else world)  # a memo about a saved plan: its TP is the main one
     if n > world:
         raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
     if dtype not in DTYPE_BYTES:
@@ -398,10 +413,10 @@ def analyse(
     names = plans or [*MEMO_PLANS, *engine_plans(graph.spec, (pair[0].key, pair[1].key))]
     variants = _plan_variants(audits, list(dict.fromkeys(["baseline", *names])), bool(plans), n, dtype)
     for v in variants:
-        if v.tp * v.pp > world:
+        if v.parallel.gpus > world:
             raise TpplanError(
                 f"--plan {v.plan.extra.get('file', v.plan.name)}",
-                f"it was found at TP{v.tp} x PP{v.pp} ({v.tp * v.pp} GPUs); the topology has {world}",
+                f"it was found at {v.deployment} ({v.parallel.gpus} GPUs); the topology has {world}",
                 "pass --nodes to give the topology that many GPUs",
             )
     cur = _current_variant(audits, current, n, world, dtype, variants)
@@ -422,6 +437,11 @@ def analyse(
             audits=audits,
             overlap=overlap,
             replicas=replicas,
+            pp=pp,
+            cp=cp,
+            cp_layers=cp_layers,
+            cp_kv=cp_kv,
+            dp_attention=dp_attention,
         )
         grid = searched.grid
         for f in searched.found:
@@ -434,7 +454,7 @@ def analyse(
             if pl.found_by == "search":
                 pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
             variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp,
-                                    replicas=f.replicas))  # fmt: skip
+                                    replicas=f.replicas, cp_layers=cp_layers))  # fmt: skip
             best_found = best_found or replace(f, plan=pl)
     if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
         pp_tp, pp = topology.gpus_per_node, topology.nodes
@@ -460,7 +480,8 @@ def analyse(
                 continue
             pa = _audit_or_none(audits, name, shape[0], dtype)
             if pa is not None and pa.legal:
-                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2], replicas=shape[3]))
+                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2], replicas=shape[3],
+                                        cp_layers=cp_layers))  # fmt: skip
     if overlap is not None:  # --overlap: each all-to-all plan once more under the engine's micro-batch overlap
         from tpplan.plans.named import overlapped
 
@@ -468,34 +489,21 @@ def analyse(
             pl = overlapped(v.plan, overlap, graph)  # the search refused an overlap the engine does not run
             if not any(x.shape == v.shape and x.plan.describe() == pl.describe() for x in variants):
                 variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp,
-                                        replicas=v.replicas))  # fmt: skip
+                                        replicas=v.replicas, cp_layers=v.cp_layers))  # fmt: skip
     # every delta compares like with like: a baseline at each shape a plan runs at, and at every
     # deployment the search searched (the deployment ranking's rows)
     for tp_v, pp_v, cp_v, r_v in dict.fromkeys([*(v.shape for v in list(variants)), *single]):
         if not any(v.plan.name == "baseline" and v.shape == (tp_v, pp_v, cp_v, r_v) for v in variants):
             pa = _audit_or_none(audits, "baseline", tp_v, dtype)
             if pa is not None:
-                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v, replicas=r_v))
+                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v, replicas=r_v, cp_layers=cp_layers))
     chunk = workloads[0].chunk_size if workloads else 8192
-    all_mla = all(isinstance(lg.spec.attn, MLASpec) for lg in graph.kinds.values())
     for i, v in enumerate(variants, 1):
         say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(
-            v.plan,
-            graph.spec,
-            tp=v.tp,
-            pp=v.pp,
-            nodes=topology.nodes,
-            chunk=chunk,
-            gpu=topology.gpu.name,
-            prefill_cp=max(prefill_cp, v.cp),
-            dp=dp,
-            engines=pair,
-        )
-        v.flags = [deployment_flags(e, graph.spec.model_type, all_mla, v.tp, v.pp, v.cp, v.plan.overlap, v.replicas)
-                   for e in ("SGLang", "vLLM")]  # fmt: skip
+        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
+                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
         if fn is not None:
-            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule)
+            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule, cp_kv)
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.shape == (n, 1, 1, 1) and v.plan.found_by != "search"]
     sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
@@ -557,6 +565,7 @@ def analyse(
     a.memory_cap_bytes = limit
     a.grid = grid
     a.overlap = overlap
+    a.cp_kv = cp_kv
     if best_found is not None:
         f = best_found
         a.search_best = (f.plan.name, deployment_label(f.tp, f.pp, f.cp, f.replicas))
@@ -572,7 +581,8 @@ def analyse(
             from tpplan.cost.segments import segments_of
 
             pred = cached_predictor(graph, v.plan, topology, v.tp, v.pp, dtype, expert_dtype, v.audit, cp=v.cp,
-                                    pipeline=pp_schedule if v.pp > 1 else None, replicas=v.replicas)  # fmt: skip
+                                    cp_layers=v.cp_layers, cp_kv=cp_kv, pipeline=pp_schedule if v.pp > 1 else None,
+                                    replicas=v.replicas)  # fmt: skip
             return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
 
         for w in workloads:
@@ -584,8 +594,10 @@ def analyse(
 
             def at(v: Variant, w: Workload) -> tuple[float, float] | None:
                 extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
+                if cp_kv != "engines":
+                    extra["cp_kv"] = cp_kv
                 if v.cp > 1:
-                    extra["cp"] = v.cp
+                    extra.update(cp=v.cp, cp_layers=v.cp_layers)
                 if v.replicas > 1:
                     extra["replicas"] = v.replicas
                 if v.pp > 1:

@@ -37,7 +37,7 @@ def deployments_section(a: Analysis, command: str, plots: ModuleType, pngs: _Png
             "the engines' MoE all-to-all plans and the search's best where they run). Each reason compares one chunk's "
             f"predicted parts with the reference deployment `{ref}` (the search's first, where it takes its baseline); "
             "a deployment where nothing fits is listed after the ranked ones with what puts it over the cap. "
-            f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)."
+            f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)." + cp_kv_sentence(a)
         ),
     ]
     for w, rows in a.deployments.items():
@@ -64,6 +64,19 @@ def deployments_section(a: Analysis, command: str, plots: ModuleType, pngs: _Png
     if cp_note:
         b.append(Para(cp_note))
     return b
+
+
+def cp_kv_sentence(a: Analysis) -> str:
+    """Which KV cache a CP rank is priced with (`--cp-kv`), where the grid has CP deployments."""
+    from tpplan.engines.context_parallel import CP_KV_MODES
+
+    if not any(g[2] > 1 for g in a.grid):
+        return ""
+    other = "sharded" if a.cp_kv == "engines" else "engines"
+    return (
+        f" CP memory is priced with `--cp-kv {a.cp_kv}`: {CP_KV_MODES[a.cp_kv]} (`--cp-kv {other}`: "
+        f"{CP_KV_MODES[other].split(' (')[0].split(':')[0]})."
+    )
 
 
 def _cp_memory_note(a: Analysis) -> str | None:
@@ -93,12 +106,12 @@ def _cp_memory_note(a: Analysis) -> str | None:
         rm = next(iter(ref_v.predictions.values())).memory
         ref_txt = f" (the reference `{ref.label}`: {gib(rm.weights)} of weights)"  # type: ignore[union-attr]
     diffs = "; ".join(f"{c.engine}: {c.path.differences[0]}" for c in PREFILL_CP.values())
-    kv = "; ".join(f"{c.engine} keeps the whole sequence's KV on every CP rank ({c.path.kv_source.cite()})"
-                   for c in PREFILL_CP.values() if c.path.kv_per_rank == "replicated")  # fmt: skip
+    kv = "the whole sequence's KV cache on every CP rank, as the engines keep it" if a.cp_kv == "engines" else (
+        "1/CP of the KV cache on each rank (`--cp-kv sharded`: tpplan's own accounting, no engine's)"
+    )  # fmt: skip
     return (
         "Why the CP deployments do not fit: tpplan prices TP x CP as CP groups each holding a TP-wide share of "
-        "every layer, and each rank keeps 1/CP of the KV cache (the memo prices no engine's cache"
-        + (f": {kv}" if kv else "") + ")"
+        f"every layer, with {kv}"
         + (", so the weights alone exceed the cap: " if weights_alone else ": ") + "; ".join(parts)
         + ref_txt + f", against {gib(a.memory_cap_bytes)}. The engines' CP differs from that model: {diffs}."
     )  # fmt: skip

@@ -186,13 +186,13 @@ def rank_deployments(
                     f"overlap: {fig(t)} vs {fig(t0)} s ({100 * (t - t0) / t0:+.1f}%)"
                 )
         rows.append(DeploymentRow(key, v.key, ttft_mean(v, workload), v.predictions[workload].memory.total, True, i,
-                                  reason, tuple(f.text() for f in v.flags)))  # fmt: skip
+                                  reason, tuple(v.flags)))  # fmt: skip
     for key, (v, ok) in chosen.items():
         if ok:
             continue
         rows.append(DeploymentRow(key, v.key, ttft_mean(v, workload), v.predictions[workload].memory.total, False,
                                   None, _over_cap(v, limit, workload) + _if_it_fit(v, ref, workload, parts),
-                                  tuple(f.text() for f in v.flags)))  # fmt: skip
+                                  tuple(v.flags)))  # fmt: skip
     return rows
 
 

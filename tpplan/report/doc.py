@@ -50,7 +50,19 @@ class Image:
     png: bytes = field(repr=False, default=b"")
 
 
-Block = Heading | Para | Bullets | Table | Code | Image
+@dataclass(frozen=True)
+class Fold:
+    """Blocks a reader opens on demand: folded (`<details>`) in HTML, written out in markdown."""
+
+    summary: str
+    blocks: tuple[Block, ...]
+
+
+Block = Heading | Para | Bullets | Table | Code | Image | Fold
+
+# In HTML a table longer than this is folded under a one-line summary, so the answer and the plots
+# stay on the first screens (a K3 memo's verdict table alone was ~11,000 px tall); markdown keeps it open.
+FOLD_ROWS = 12
 
 
 def _md_cell(text: str) -> str:
@@ -59,9 +71,15 @@ def _md_cell(text: str) -> str:
 
 def to_markdown(title: str, blocks: list[Block]) -> str:
     """GitHub-flavoured markdown; images are referenced by file name."""
-    out = [f"# {title}", ""]
+    return "\n".join([f"# {title}", "", *_markdown_lines(blocks)]).rstrip("\n") + "\n"
+
+
+def _markdown_lines(blocks: list[Block] | tuple[Block, ...]) -> list[str]:
+    out: list[str] = []
     for b in blocks:
-        if isinstance(b, Heading):
+        if isinstance(b, Fold):
+            out += _markdown_lines(b.blocks)
+        elif isinstance(b, Heading):
             out += ["#" * b.level + " " + b.text, ""]
         elif isinstance(b, Para):
             out += [b.text, ""]
@@ -76,13 +94,14 @@ def to_markdown(title: str, blocks: list[Block]) -> str:
             out += [f"```{b.lang}", b.text.rstrip("\n"), "```", ""]
         elif isinstance(b, Image):
             out += [f"![{b.alt}]({b.name})", ""]
-    return "\n".join(out).rstrip("\n") + "\n"
+    return out
 
 
 _INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
 
 
 def _inline_html(text: str) -> str:
+    """`code` and **bold** as HTML; a bold run's own code spans are rendered too (no literal backticks)."""
     parts: list[str] = []
     pos = 0
     for m in _INLINE.finditer(text):
@@ -90,7 +109,7 @@ def _inline_html(text: str) -> str:
         if m.group(1) is not None:
             parts.append(f"<code>{html.escape(m.group(1))}</code>")
         else:
-            parts.append(f"<strong>{html.escape(m.group(2))}</strong>")
+            parts.append(f"<strong>{_inline_html(m.group(2))}</strong>")
         pos = m.end()
     parts.append(html.escape(text[pos:]))
     return "".join(parts)
@@ -105,6 +124,7 @@ td.r{text-align:right;font-variant-numeric:tabular-nums}
 code{background:#f1f3f5;padding:0 0.2rem;border-radius:3px}
 pre{background:#f6f8fa;padding:0.7rem;overflow-x:auto;border-radius:4px}
 img{max-width:100%;height:auto;border:1px solid #e1e4e8;margin:0.4rem 0}
+details{margin:0.4rem 0 1rem}summary{cursor:pointer;color:#0b5cad}
 """
 
 
@@ -117,8 +137,34 @@ def to_html(title: str, blocks: list[Block]) -> str:
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
     ]
+    out += _html_lines(blocks)
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _html_table(b: Table) -> str:
+    head = "".join(f"<th>{_inline_html(h)}</th>" for h in b.headers)
+    rows = []
+    for row in b.rows:
+        cells = "".join(
+            f'<td class="r">{_inline_html(c)}</td>' if i in b.align_right else f"<td>{_inline_html(c)}</td>"
+            for i, c in enumerate(row)
+        )
+        rows.append(f"<tr>{cells}</tr>")
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    if len(b.rows) <= FOLD_ROWS:
+        return table
+    return f"<details><summary>Table: {len(b.rows)} rows (open to read)</summary>{table}</details>"
+
+
+def _html_lines(blocks: list[Block] | tuple[Block, ...]) -> list[str]:
+    out: list[str] = []
     for b in blocks:
-        if isinstance(b, Heading):
+        if isinstance(b, Fold):
+            out.append(f"<details><summary>{_inline_html(b.summary)}</summary>")
+            out += _html_lines(b.blocks)
+            out.append("</details>")
+        elif isinstance(b, Heading):
             lvl = min(max(b.level, 2), 6)
             out.append(f"<h{lvl}>{_inline_html(b.text)}</h{lvl}>")
         elif isinstance(b, Para):
@@ -127,19 +173,10 @@ def to_html(title: str, blocks: list[Block]) -> str:
             tag = "ol" if b.ordered else "ul"
             out.append(f"<{tag}>" + "".join(f"<li>{_inline_html(i)}</li>" for i in b.items) + f"</{tag}>")
         elif isinstance(b, Table):
-            head = "".join(f"<th>{_inline_html(h)}</th>" for h in b.headers)
-            rows = []
-            for row in b.rows:
-                cells = "".join(
-                    f'<td class="r">{_inline_html(c)}</td>' if i in b.align_right else f"<td>{_inline_html(c)}</td>"
-                    for i, c in enumerate(row)
-                )
-                rows.append(f"<tr>{cells}</tr>")
-            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            out.append(_html_table(b))
         elif isinstance(b, Code):
             out.append(f"<pre><code>{html.escape(b.text)}</code></pre>")
         elif isinstance(b, Image):
             data = base64.b64encode(b.png).decode("ascii")
             out.append(f'<figure><img alt="{html.escape(b.alt)}" src="data:image/png;base64,{data}"></figure>')
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return out

@@ -1,10 +1,12 @@
 """Lay the analysis out as the decision memo: answer first, then the evidence.
 
-Order: the question and the answer (prose.py), how sure the predictions are, the per-plan
-verdicts with their formulas, the per-MLA-layer table re-derived, volumes, times, TTFT, the
-thresholds (crossover.py), where tpplan's richer model differs (differences.py), the ranked next
-steps, the engine flags, and, when a benchmark file is given, measured against predicted. Each
-section is one function returning blocks; `build_memo` only concatenates them.
+Order: the question and the answer (prose.py), then the plots a reader checks it against (TTFT,
+time per layer kind, volume), how sure the predictions are, the per-plan verdicts with their
+formulas, the per-MLA-layer table re-derived, the thresholds (crossover.py), where tpplan's richer
+model differs (differences.py), the ranked next steps, the engine flags, and, when a benchmark file
+is given, measured against predicted. Each section is one function returning blocks; `build_memo`
+only concatenates them. In HTML long tables and the per-plan reasons are folded (`doc.Fold`,
+`doc.FOLD_ROWS`) so the answer and the plots are on the first screens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from types import ModuleType
 from tpplan.cost.provenance import BANDS
 from tpplan.errors import TpplanError
 from tpplan.report.deployment_sections import deployments_section, prompt_length_section
-from tpplan.report.doc import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
+from tpplan.report.doc import Block, Bullets, Code, Fold, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
 from tpplan.report.results import Analysis, held_weights, kind_times, ttft_mean
 from tpplan.units import gib, pct_change, signed_pct
@@ -48,10 +50,17 @@ class Memo:
     pngs: dict[str, bytes]
 
 
-def _label(a: Analysis, key: str) -> str:
-    """Plot label: illegal plans are marked so a short bar is not read as a recommendation."""
-    v = a.variant(key)
-    return f"{key}\n(ILLEGAL)" if v is not None and not v.legal else key
+def _priced(a: Analysis, keys: list[str]) -> tuple[list[str], Para | None]:
+    """The plans a time plot shows: the legal ones. An illegal plan computes another function, so its
+    predicted time is no price; the plot leaves it out and a line says which were left out."""
+    illegal = [k for k in keys if (v := a.variant(k)) is not None and not v.legal]
+    if not illegal:
+        return keys, None
+    names = ", ".join(f"`{k}`" for k in illegal)
+    return [k for k in keys if k not in illegal], Para(
+        f"Not plotted: {names} ({'it is' if len(illegal) == 1 else 'they are'} illegal: the result would be "
+        "wrong, so a predicted time is no price; the table below keeps the rows, marked `NO`)."
+    )
 
 
 class _Pngs(dict[str, bytes]):
@@ -187,7 +196,7 @@ def per_plan(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
         b.append(Para(v.plan.summary))
         if items:
             b.append(Bullets(tuple(items)))
-    return b
+    return [Fold(f"Each plan: what it does, its formula and its reasons ({len(a.variants)} plans)", tuple(b))]
 
 
 def mla_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
@@ -250,11 +259,13 @@ def kind_time(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list
     if not times:
         return [*b, Para("Not available: needs the time predictor (see the note above).")]
     chunk = a.workloads[0].chunk_size if a.workloads else 0
+    shown, left_out = _priced(a, list(times))
     pngs[PNG_TIME] = plots.stacked_time(
-        {_label(a, k): t for k, t in times.items()}, f"predicted time of one {chunk}-token batch, by layer kind"
+        {k: times[k] for k in shown}, f"predicted time of one {chunk}-token batch, by layer kind"
     )
     kinds = sorted({k for t in times.values() for k in t})
-    b.append(Image(PNG_TIME, "stacked predicted time per layer kind per plan", pngs[PNG_TIME]))
+    b.append(Image(PNG_TIME, "stacked predicted time per layer kind per legal plan", pngs[PNG_TIME]))
+    b += [left_out] if left_out else []
     b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)." + _extrapolated(a)))
     b.append(
         Table(
@@ -275,10 +286,12 @@ def ttft_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> l
     ttft = {k: t for k, t in ttft.items() if t}
     if not ttft:
         return [*b, Para("Not available: needs the time predictor (see the note above).")]
+    shown, left_out = _priced(a, list(ttft))
     pngs[PNG_TTFT] = plots.grouped_bars(
-        {_label(a, k): t for k, t in ttft.items()}, "predicted mean TTFT per plan", "mean TTFT (s)"
+        {k: ttft[k] for k in shown}, "predicted mean TTFT per legal plan", "mean TTFT (s)"
     )
-    b.append(Image(PNG_TTFT, "predicted mean TTFT per plan per workload", pngs[PNG_TTFT]))
+    b.append(Image(PNG_TTFT, "predicted mean TTFT per legal plan per workload", pngs[PNG_TTFT]))
+    b += [left_out] if left_out else []
     b.append(Para(f"Predicted, {a.provenance.label} (band ±{100 * a.provenance.band:.1f}%)." + _extrapolated(a)))
     rows = []
     for v in a.variants:
@@ -449,12 +462,13 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
     from tpplan.engines import select
 
     items = []
+    model_type = a.graph.spec.model_type  # a boundary clause for another model (K3's bank) is not printed
     for key in a.engines:
         ev = select(key)
         p = ev.pipeline
         items.append(
             f"{ev.engine} {ev.version}: in flight: {p.in_flight} ({p.source.cite()}); chunks of one prompt: "
-            f"{p.chunks_of_one_request} ({p.chunks_source.cite()}); stage boundary: {p.boundary} "
+            f"{p.chunks_of_one_request} ({p.chunks_source.cite()}); stage boundary: {p.boundary_for(model_type)} "
             f"({p.boundary_source.cite()})."
         )
     model = pipeline_model(a.pp_engine or None)
@@ -467,13 +481,13 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
 SECTIONS = (
     intro,
     answer_section,
+    ttft_section,
+    kind_time,
+    volume,
     how_sure,
     verdict_table,
     per_plan,
     mla_table,
-    volume,
-    kind_time,
-    ttft_section,
     deployments_section,
     prompt_length_section,
     thresholds,

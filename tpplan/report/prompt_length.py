@@ -12,6 +12,7 @@ length is its fastest fitting deployment; crossings are interpolated in log(prom
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from tpplan.cost.workload import Workload
 from tpplan.report.results import Variant
@@ -54,6 +55,10 @@ def _best(
     return tuple(out)
 
 
+def _has_cp(cp: int, v: Variant) -> bool:
+    return v.cp == cp
+
+
 def races(
     variants: list[Variant], points: dict[str, list[LengthPoint]], lengths: tuple[int, ...] = PROMPT_LENGTHS
 ) -> list[GroupRace]:
@@ -67,7 +72,7 @@ def races(
     cp1 = _best(group(lambda v: v.cp == 1), lengths)
     out = []
     for c in sorted({v.cp for v in plain if v.cp > 1}):
-        mine = group(lambda v, c=c: v.cp == c)
+        mine = group(partial(_has_cp, c))
         out.append(GroupRace(f"CP{c}", "best CP-1 deployment", lengths, _best(mine, lengths), cp1,
                              _best(mine, lengths, fits_only=False)))  # fmt: skip
     if any(v.pp > 1 and v.cp == 1 for v in plain):

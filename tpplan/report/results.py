@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from tpplan.audit import PlanAudit
 from tpplan.bench_results import BenchResults
+from tpplan.cost.deployment import Deployment
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
-from tpplan.engines.launch import DeploymentFlags
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover
@@ -88,7 +88,17 @@ class Variant:
     main_tp: int = 0  # the report's main TP size; 0: this variant's own
     cp: int = 1  # context-parallel size of the deployment (tpplan.layout.context_parallel)
     replicas: int = 1  # identical copies of the deployment, the workload's requests split between them
-    flags: list[DeploymentFlags] = field(default_factory=list)  # each engine's TP x CP x PP (+overlap) flags
+    cp_layers: str = "all"  # which layers CP token-shards ("mla": only MLA attention, CP inside the TP group)
+
+    @property
+    def parallel(self) -> Deployment:
+        """The deployment as the cost model and the engine recipes take it."""
+        return Deployment(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=self.cp_layers)
+
+    @property
+    def flags(self) -> list[str]:
+        """Each engine's launch line for the whole deployment, or why it has none (`EngineRecipe.line`)."""
+        return [e.line() for e in self.engines]
 
     @property
     def deployment(self) -> str:
@@ -154,6 +164,7 @@ class Analysis:
     pp_engine: str = ""  # the engine whose PP schedule priced PP TTFT (the first --engine; "": the default)
     grid: list[tuple[int, int, int, int]] = field(default_factory=list)  # the search's (TP, PP, CP, replicas)
     overlap: str | None = None  # the micro-batch overlap the search ranked too (--overlap), as `tpplan search`
+    cp_kv: str = "engines"  # the KV a CP rank keeps in the predictions (`engines.context_parallel.CP_KV_MODES`)
     search_best: tuple[str, str] | None = None  # (memo variant's plan name, deployment) of the search's best
     deployments: dict[str, list[DeploymentRow]] = field(default_factory=dict)  # workload -> ranked deployments
     length_points: dict[str, list[LengthPoint]] = field(default_factory=dict)  # variant key -> per prompt length

@@ -41,22 +41,27 @@ def deciding_engine(engines: list[EngineRecipe]) -> EngineRecipe | None:
     )
 
 
+def no_engine(v: Variant) -> str:
+    """Why no engine runs the plan at its deployment as is, engine by engine."""
+    return "; ".join(
+        f"{x.engine}: " + (f"only partly ({x.summary})" if x.realises == "partly" else engine_refusal(x) or x.summary)
+        for x in v.engines
+    )
+
+
 def conditions(v: Variant) -> tuple[str, ...]:
-    """What must hold for the plan to run as predicted, in words: the engine conditions that fail
-    or that tpplan did not check (SGLang's recipe). Replicated weights are a price, stated apart."""
+    """What must hold for the plan to run as predicted, in words: an engine that runs it at its deployment
+    when none does (each engine's reason), else the conditions of the engine that runs it that tpplan did
+    not check. Replicated weights are a price, stated apart."""
+    e = deciding_engine(v.engines)
+    if e is None or not engine_ok(e):
+        return (f"an engine that runs it at {v.deployment} (none does as is: {no_engine(v)})",)
     out: list[str] = []
-    sgl = next((e for e in v.engines if e.engine == "SGLang"), None)
-    if sgl is None or sgl.realises == "no":
-        why = f": {sgl.summary}" if sgl else ""
-        out.append(f"an engine that runs these decisions (no SGLang flag realises them{why})")
-    elif sgl.realises == "partly":
-        out.append(f"SGLang's flags realise it only partly ({sgl.summary})")
-    if sgl is not None and sgl.realises != "no":
-        for c in sgl.conditions:
-            if c.effect not in ("refuses", "skips silently") or c.met is True:
-                continue
-            state = "fails here; " if c.met is False else "" if "not checked" in c.text else "not checked; "
-            out.append(f"SGLang: {c.text} ({state}if not, SGLang {c.effect})")
+    for c in e.conditions:
+        if c.effect not in ("refuses", "skips silently") or c.met is True:
+            continue
+        state = "fails here; " if c.met is False else "" if "not checked" in c.text else "not checked; "
+        out.append(f"{e.engine}: {c.text} ({state}if not, {e.engine} {c.effect})")
     return tuple(out)
 
 
@@ -108,8 +113,8 @@ def judge(
             f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({pct_change(t_v, t_r):+.1f}%; "
             f"band ±{100 * band.band:.1f}%, {band.label})"
         )
-        t_s = ttft_mean(shape_base, wl) if shape_base is not None and shape_base is not v else None
-        if t_s is not None and v.shape != ref.shape:
+        t_s = ttft_mean(shape_base, wl) if wl and shape_base is not None and shape_base is not v else None
+        if t_s is not None and shape_base is not None and v.shape != ref.shape:
             head += (
                 f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {pct_change(t_s, t_r):+.1f}% "
                 f"and the plan at the same shape (vs `{shape_base.key}`) {pct_change(t_v, t_s):+.1f}%"
@@ -158,6 +163,36 @@ def judge(
     return Verdict(v.key, status, head, tuple(reasons), formula)
 
 
+def switch_price(v: Variant, ref: Variant) -> str:
+    """What a switch from `ref` to `v` costs per rank: its predicted memory against today's and the card's
+    capacity, with its parts (weights, replicated weights among them, KV cache for the workload's tokens,
+    recurrent state, activations), the room it leaves the engine for more KV blocks, and the GPUs it takes.
+    Without a memory prediction: the replicated weights the audit counts."""
+    p, q = next(iter(v.predictions.values()), None), next(iter(ref.predictions.values()), None)
+    m, m0 = getattr(p, "memory", None), getattr(q, "memory", None)
+    card = float(getattr(p, "gpu_memory_bytes", 0.0) or 0.0)
+    if m is None or m0 is None or not card:
+        extra = held_weights(v)[1]
+        return (
+            f"+{gib(extra)} of replicated weights per rank" if extra else "no replicated weights (memory not predicted)"
+        )
+    parts = [
+        f"weights {gib(m.weights)}" + (f", {gib(m.replicated_extra)} of them replicated" if m.replicated_extra else "")
+    ]
+    parts.append(f"KV cache {gib(m.kv_cache)} for the workload's tokens")
+    if m.recurrent_state:
+        parts.append(f"recurrent state {gib(m.recurrent_state)}")
+    parts.append(f"activations {gib(m.activations)}")
+    text = (
+        f"memory per rank {gib(m0.total)} -> {gib(m.total)} of the card's {gib(card)} ({'; '.join(parts)}), leaving "
+        f"{gib(card - m.total)} for more KV blocks and the engine's buffers ({gib(card - m0.total)} today)"
+    )
+    gpus, gpus0 = v.parallel.gpus, ref.parallel.gpus
+    if gpus != gpus0:
+        text += f"; {gpus} GPUs instead of {gpus0}"
+    return text
+
+
 def next_steps(
     variants: list[Variant], ref: Variant, wl: str | None, band: Provenance, gpu_bytes: float = 0.0
 ) -> list[NextStep]:
@@ -186,12 +221,12 @@ def next_steps(
         if gain <= 0:
             continue
         extra = held_weights(v)[1]
-        price = f"+{gib(extra)} of replicated weights per rank" if extra else "none"
+        price = switch_price(v, ref)
         sgl = deciding_engine(v.engines)
         ok = engine_ok(sgl)
-        engine = f"{sgl.engine} flags exist" if ok and sgl else (engine_refusal(sgl) or sgl.summary) if sgl else ""
+        engine = sgl.line() if ok and sgl else f"needs code: no engine runs it as is ({no_engine(v)})"
         clear = "TTFT" in basis and not within_band(rel, band.band)
-        conds = conditions(v)
+        conds = conditions(v) if ok else ()
         if extra:  # CONDITIONAL on its replication too: say so in the bottom line
             conds += (f"the engine replicates those weights (+{gib(extra)} per rank, in the predicted memory)",)
         steps.append(NextStep(v.key, gain, rel, basis, price, engine, ok, clear, conds))
@@ -199,7 +234,8 @@ def next_steps(
 
 
 def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Provenance) -> BottomLine:
-    """Switch to the best next step when its predicted gain exceeds the error band, else keep."""
+    """Switch to the best next step an engine runs when its predicted gain exceeds the error band, else keep;
+    a faster step that needs code is named after it, never recommended."""
 
     cur = f"`{ref.key}`"
     band_txt = f"±{100 * band.band:.1f}% error band of predictions {band.label}"
@@ -214,37 +250,29 @@ def bottom_line(steps: list[NextStep], ref: Variant, wl: str | None, band: Prove
             "per rank, but without a time prediction bytes alone do not decide.",
         )
     t_r = ttft_mean(ref, wl) if wl else None
-    t_top = (t_r or 0.0) - top.gain
-    numbers = f"predicted mean TTFT at {wl} {t_top:.3f} s vs {t_r:.3f} s (-{100 * top.rel:.1f}%)"
-    if not top.clear:
-        return BottomLine(
-            "keep",
-            ref.key,
-            f"**Keep {cur}**: the best next step, `{top.key}`, is {numbers}, inside the {band_txt}: too close to "
-            "call; measure it before switching.",
+
+    def numbers(s: NextStep) -> str:
+        return f"predicted mean TTFT at {wl} {(t_r or 0.0) - s.gain:.3f} s vs {t_r:.3f} s (-{100 * s.rel:.1f}%)"
+
+    run = next((s for s in steps if s.engine_ok), None)
+    needs = "" if top.engine_ok else (
+        f" The fastest predicted, `{top.key}` ({numbers(top)}, {'beyond' if top.clear else 'inside'} the band), "
+        f"{top.engine}."
+    )  # fmt: skip
+    if run is None or not run.clear:
+        close = (
+            f"the best step an engine runs, `{run.key}`, is {numbers(run)}, inside the {band_txt}: too close to call; "
+            "measure it before switching."
+            if run is not None
+            else "no step an engine runs beats it."
         )
-    text = f"**Switch from {cur} to `{top.key}`**: {numbers}, beyond the {band_txt}; price: {top.price}."
-    if top.conditions:
+        return BottomLine("keep", ref.key, f"**Keep {cur}**: {close}{needs}")
+    text = f"**Switch from {cur} to `{run.key}`**: {numbers(run)}, beyond the {band_txt}; price: {run.price}."
+    if run.conditions:
         text = text.replace("**Switch from", "**Switch, if its conditions hold, from", 1)
-        text += " Conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(top.conditions, 1)) + "."
-    if top.engine_ok:
-        who = top.engine.removesuffix(" flags exist")
-        text += f" {who} flags realise it; Engine flags below lists the conditions they need."
-    else:
-        if not top.conditions:
-            text += f" No engine runs it as is ({top.engine})."
-        alt = next((s for s in steps if s.engine_ok and s.clear), None)
-        if alt is not None:
-            took = f" ({(t_r or 0.0) - alt.gain:.3f} s vs {t_r:.3f} s)" if t_r is not None else ""
-            text += (
-                f" With today's engine flags the best is `{alt.key}`: -{100 * alt.rel:.1f}%{took}, also beyond the band"
-            )
-            text += (
-                "; its conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(alt.conditions, 1)) + "."
-                if alt.conditions
-                else "."
-            )
-    return BottomLine("switch", top.key, text)
+        text += " Conditions: " + "; ".join(f"({i}) {c}" for i, c in enumerate(run.conditions, 1)) + "."
+    text += f" Launch: {run.engine}; Engine flags below lists the conditions it needs.{needs}"
+    return BottomLine("switch", run.key, text)
 
 
 __all__ = ["bottom_line", "engine_ok", "judge", "next_steps"]

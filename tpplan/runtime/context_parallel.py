@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import CpCall, audit_cp, model_split, rank_positions
+from tpplan.layout.context_parallel import CpCall, Split, audit_cp, model_split, rank_positions
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import (
@@ -79,7 +79,7 @@ class _Mixers:
     def _weights_of(self, op: Op) -> Mapping[str, Tensor]:
         raise NotImplementedError
 
-    def _layout(self, tokens: int, split: str) -> None:
+    def _layout(self, tokens: int, split: Split) -> None:
         self.positions = [rank_positions(tokens, self.cp, r, split) for r in range(self.cp)]
         self.tokens, self.rows = tokens, max(len(p) for p in self.positions)
 
@@ -122,7 +122,7 @@ class _Mixers:
         every rank's (S_loc, P) is all-gathered, S_in(r) = P_{r-1} S_in(r-1) + S_loc_{r-1}, and the
         correction run(S_in, 0) is added to the local output."""
         q, k, v, f, beta = ins
-        heads, d = int(op.attrs["heads"]) // self.tp, int(op.attrs["head_dim"])
+        heads, d = op.int_attr("heads") // self.tp, op.int_attr("head_dim")
         local: dict[str, Tensor] = {}
         out = execute_op(op, ins, w, local, ctx)
         zero_v = torch.zeros_like(v)
@@ -158,9 +158,8 @@ class _Mixers:
         run(I, v=0) [v heads, dk, dk], the all-gather, and the correction run(S_in, v=0) added to
         the recurrence's output before the gated norm."""
         qkvz, ba = ins
-        a = op.attrs
-        dk, dv = int(a["k_head_dim"]), int(a["v_head_dim"])
-        r = int(a["v_heads"]) // int(a["k_heads"])
+        dk, dv = op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
+        r = op.int_attr("v_heads") // op.int_attr("k_heads")
         conv_w, eps = w["conv"], ctx.numerics.eps
         kernel = int(conv_w.shape[-1])
         conv_state: dict[str, Tensor] = {}
@@ -218,7 +217,7 @@ class _Mixers:
 
     def _halo(self, op: Op, x: Tensor) -> dict[str, Tensor]:
         """The short conv's state for this rank: the previous rank's last kernel-1 inputs (rank 0: none)."""
-        k = int(op.attrs.get("kernel", 1)) - 1
+        k = op.int_attr("kernel", 1) - 1
         if k <= 0:
             return {}
         if x.shape[0] < k:
@@ -241,15 +240,17 @@ class _Mixers:
         """Rank r-1's final state (and GDN's conv tail), as the kernel keeps it between chunks."""
         if self.rank == 0:
             return {}
-        a = op.attrs
         tp = self.tp
-        if a["impl"] == "kda":
-            shapes = {"recurrent": ((int(a["heads"]) // tp, int(a["head_dim"]), int(a["head_dim"])), torch.float32)}
+        shapes: dict[str, tuple[tuple[int, ...], Any]]
+        if op.attrs["impl"] == "kda":
+            heads, d = op.int_attr("heads"), op.int_attr("head_dim")
+            shapes = {"recurrent": ((heads // tp, d, d), torch.float32)}
         else:
-            dk, dv, kh, vh = int(a["k_head_dim"]), int(a["v_head_dim"]), int(a["k_heads"]), int(a["v_heads"])
+            dk, dv = op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
+            kh, vh = op.int_attr("k_heads"), op.int_attr("v_heads")
             shapes = {"recurrent": ((vh // tp, dk, dv), torch.float32)}
-            if int(a.get("kernel", 1)) > 1:
-                shapes["conv"] = ((int(a["kernel"]) - 1, (2 * kh * dk + vh * dv) // tp), like.dtype)
+            if op.int_attr("kernel", 1) > 1:
+                shapes["conv"] = ((op.int_attr("kernel") - 1, (2 * kh * dk + vh * dv) // tp), like.dtype)
         state: dict[str, Tensor] = {}
         for key, (shape, dt) in shapes.items():
             buf = torch.empty(shape, dtype=dt, device=like.device)

@@ -441,7 +441,7 @@ class PlanRunner:
         if op.kind is OpKind.TOKEN_MIX and dec.strategy.output is S_TOK:
             return Held(self._mix_own_requests(op, tensors, w, state, ctx, tokens), S_TOK)
         if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
-            owned, _, _ = expert_ownership(int(op.attrs["experts"]), "ep", self.n, self.rank, self.plan.ep_size)
+            owned, _, _ = expert_ownership(op.int_attr("experts"), "ep", self.n, self.rank, self.plan.ep_size)
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
         if op.reduces_into_stream and dec.strategy.output is R and all(p is P for p in dec.strategy.inputs):
             # A folded residual add: one all-reduce of (block output + my stream rows) over every row.
@@ -483,7 +483,13 @@ class PlanRunner:
                 continue
             routing = op.inputs[1]
             start = index.get(routing)
-            if start is None or dec.strategy.inputs[1] is not S_TOK:
+            # the router's own output must be the rank's rows: from R (stream R, slice taken at the experts)
+            # its first rows are rank 0's, and the counts would be every rank's tokens (issue 35)
+            if (
+                start is None
+                or dec.strategy.inputs[1] is not S_TOK
+                or res.decisions[start].strategy.output is not S_TOK
+            ):
                 continue
             if not any(converted & set(o.inputs) for o in lg.ops[start + 1 : j + 1]):
                 out[routing] = op
@@ -538,7 +544,7 @@ class PlanRunner:
     def _moe_hits(self, op: Op, routing: Tensor, tokens: int) -> tuple[Tensor, Tensor]:
         """[real, n] mask (token t goes to rank j) and the per-rank send counts, on the device."""
         n = self.n
-        per = int(op.attrs["experts"]) // n
+        per = op.int_attr("experts") // n
         lo, hi = token_range(tokens, n, self.rank)
         hit = (routing[: hi - lo].reshape(hi - lo, n, per) != 0).any(-1)
         return hit, hit.sum(0)
@@ -548,7 +554,7 @@ class PlanRunner:
         combine (sum) the returned rows. Padding rows are not sent."""
         n, c = self.n, self.comm
         name = op.inputs[0]
-        experts = int(op.attrs["experts"])
+        experts = op.int_attr("experts")
         per = experts // n
         lo, hi = token_range(tokens, n, self.rank)
         real = hi - lo

@@ -109,7 +109,9 @@ def run_reference(
     return torch.cat(outs, dim=0)
 
 
-def take_bank_snapshot(op: Op, lg: LayerGraph, env: dict[str, Tensor], bank: Tensor, block: int, layer: int) -> Tensor:
+def take_bank_snapshot(
+    op: Op, lg: LayerGraph, env: dict[str, Tensor], bank: Tensor, block: int | None, layer: int
+) -> Tensor:
     """K3's block boundary, on one process's full tensors: at the entry attention-residual op of a
     layer that opens a block, the stream it normed joins the bank and restarts at zero (in `env`).
     Returns the bank, grown or as it was."""
@@ -123,7 +125,7 @@ def take_bank_snapshot(op: Op, lg: LayerGraph, env: dict[str, Tensor], bank: Ten
 
 
 def final_hidden(
-    weights: Mapping[str, Tensor], nu: Numerics, resid: Tensor, delta: Tensor, bank: Tensor, block: int
+    weights: Mapping[str, Tensor], nu: Numerics, resid: Tensor, delta: Tensor, bank: Tensor, block: int | None
 ) -> Tensor:
     """The last layer's stream and delta summed, K3's output attention-residual over the bank (block >
     0), then the final norm: every runner's last step."""

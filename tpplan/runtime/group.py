@@ -17,7 +17,6 @@ import pickle
 import re
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tpplan.errors import TpplanError
+from tpplan.runtime import group_dir
 from tpplan.runtime.hooks import load_env_hooks
 
 INPUT_ERROR = "tpplan-input-error: "  # a rank's error file: the TpplanError's where/reason/fix follow
@@ -52,12 +52,12 @@ class RankSilent(RankFailed):
     """Ranks still running, without an error, when a peer gave up waiting for them: stopped (SIGSTOP),
     deadlocked or too slow. Not a crash and not memory: what was observed is that they did not answer."""
 
-    def __init__(self, ranks: list[int], timeout_s: float, waiter: int) -> None:
+    def __init__(self, ranks: list[int], timeout_s: float, waiter: int | None) -> None:
         self.ranks = ranks
         who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        seen = f"rank {waiter} timed out waiting" if waiter is not None else "after rank 0 had returned the result"
         super().__init__(
-            f"{who} did not answer within {timeout_s:g} s (rank {waiter} timed out waiting); stopped, deadlocked "
-            "or too slow. "
+            f"{who} did not answer within {timeout_s:g} s ({seen}); stopped, deadlocked or too slow. "
             "Try a longer --timeout, or check that nothing stops the processes"
         )
 
@@ -122,9 +122,12 @@ def _init(spec: GroupSpec, rank: int, world: int, own_store: bool = False) -> An
 
 
 def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, out: str,
-           payload: Any) -> None:  # fmt: skip
+           payload: Any, parent: int) -> None:  # fmt: skip
     import torch.distributed as dist
 
+    from tpplan.signals import die_with_parent
+
+    die_with_parent(parent)  # a rank never outlives the command that started it, however it ended
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
     try:
         load_env_hooks()
@@ -199,17 +202,17 @@ def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> 
 
     # torch logs a warning per peer it terminates after a failure; the error below says it once
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="tpplan-group-") as tmp:
+    with group_dir.make() as tmp:
         out = str(Path(tmp) / "rank0.pkl")
         ctx = mp.start_processes(
             _child,
-            args=(fn, spec, port, out, payload),
+            args=(fn, spec, port, out, payload, os.getpid()),
             nprocs=spec.nproc,
             join=False,
             start_method="spawn",
         )
         try:
-            exited, silent = _wait(ctx)
+            exited, silent = _wait(ctx, spec.timeout_s)
         except BaseException:  # Ctrl-C or SIGTERM here: no rank outlives the run
             for proc in ctx.processes:
                 if proc.is_alive():
@@ -228,6 +231,8 @@ def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> 
             if silent and errors and TIMED_OUT.search(errors[0][2]):
                 raise RankSilent(silent, spec.timeout_s, errors[0][1])
             raise RankFailed(_first_failure(errors, exited, ctx.processes))
+        if silent:  # every rank that ended succeeded, and these never ended
+            raise RankSilent(silent, spec.timeout_s, None)
         if not Path(out).exists():
             raise RankFailed("rank 0 returned no result")
         return pickle.loads(Path(out).read_bytes())
@@ -238,9 +243,11 @@ STOP_GRACE_S = 3.0  # then SIGTERM to those still running, and SIGKILL after thi
 TIMED_OUT = re.compile(r"time(d)? ?out", re.IGNORECASE)
 
 
-def _wait(ctx: Any) -> tuple[list[int], list[int]]:
+def _wait(ctx: Any, timeout_s: float) -> tuple[list[int], list[int]]:
     """Wait for every rank; on the first failure, stop the rest. (the ranks that exited non-zero by
     themselves, the ranks still running PEER_EXIT_S later): both empty when every rank succeeded.
+    Once rank 0 has returned the result, the others get `timeout_s` (the collectives' own bound) to
+    finish too: a rank stopped (SIGSTOP) after that would otherwise be waited for forever.
 
     torch's `ProcessContext.join` is not used: it SIGKILLs a rank that ignores SIGTERM (a stopped one)
     and then reports that as the rank's own death. Here only what each process did by itself counts."""
@@ -248,11 +255,15 @@ def _wait(ctx: Any) -> tuple[list[int], list[int]]:
 
     procs = ctx.processes
     pending = {p.sentinel: i for i, p in enumerate(procs)}
+    end: float | None = None  # set when the first rank has finished
     while pending:
-        for sentinel in wait(list(pending)):
+        ready = wait(list(pending), None if end is None else max(0.0, end - time.monotonic()))
+        for sentinel in ready:
             procs[pending.pop(sentinel)].join()
-        if any(p.exitcode not in (None, 0) for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs) or (end is not None and not ready):
             break
+        if end is None and procs[0].exitcode == 0:
+            end = time.monotonic() + timeout_s
     else:
         return [], []
     end = time.monotonic() + PEER_EXIT_S

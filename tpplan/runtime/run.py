@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tpplan.layout.schedule import CollectiveCall
@@ -51,7 +52,7 @@ def _worker(rank: int, world: int, device: Any, case: RunCase) -> RunResult | No
         torch.set_num_threads(1)
     graph = _graph(case.model)
     nu = numerics_for(graph)
-    source: Any = SafetensorsSource(case.weights, graph, nu) if case.weights else DictSource(
+    source: Any = SafetensorsSource(Path(case.weights), graph, nu) if case.weights else DictSource(
         _random(case.model, case.seed))  # fmt: skip
     runner = PlanRunner(graph, _plan(case.model, case.plan, world), world, rank, source, comm=make_comm(rank, world),
                         numerics=nu, device=device, dtype=getattr(torch, dtype_name(case.dtype)))  # fmt: skip

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ class CaseResult:
         t = bytes_by_kind(self.traced[rank]) if self.traced else {}
         p = bytes_by_kind(self.predicted[rank]) if self.predicted else {}
         kinds = sorted(set(t) | set(p))
-        return [(k, *t.get(k, (0, 0.0)), *p.get(k, (0, 0.0))) for k in kinds]  # type: ignore[misc]
+        return [(k, *t.get(k, (0, 0.0)), *p.get(k, (0, 0.0))) for k in kinds]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def _worker(rank: int, world: int, device: Any, payload: tuple[list[VerifyCase],
     for i, case in enumerate(cases):
         t0 = time.perf_counter()
         note(i, f"{case.label} on {world} rank(s)")
-        out.append(run_case(case, rank, world, device, lambda msg, i=i: note(i, msg)))
+        out.append(run_case(case, rank, world, device, partial(note, i)))
         res = out[-1]
         if res is not None:
             note(i, f"{'PASS' if res.passed else 'FAIL'} in {time.perf_counter() - t0:.1f} s")

@@ -27,8 +27,9 @@ def _short_choice(choice: str) -> tuple[str, str]:
     return "tok", choice.split()[0]
 
 
-def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, str]:
-    """(name, one-line decisions, summary in words) for a searched plan."""
+def describe(g: GlobalChoice, configs: Sequence[KindConfig], has_moe: bool = True) -> tuple[str, str, str]:
+    """(name, one-line decisions, summary in words) for a searched plan; the words speak of MoE
+    experts only for a model that has them (`has_moe`)."""
     stream = "scattered" if g.stream is S_TOK else "replicated"
     groups: dict[str, list[str]] = {"ag": [], "rep": [], "a2a": [], "tok": []}
     for cfg in configs:
@@ -54,6 +55,9 @@ def describe(g: GlobalChoice, configs: Sequence[KindConfig]) -> tuple[str, str, 
     if g.reduce is S_TOK:
         head += "; other partial sums reduce-scattered"
     per_kind = [f"{c.kind}: " + ", ".join(c.choices) for c in configs if c.choices]
+    if not has_moe:
+        summary = f"{head}." + (" " + ". ".join(per_kind) + "." if per_kind else "")
+        return name, short or "no scattering decisions", summary
     summary = f"{head}; {moe_words}." + (" " + ". ".join(per_kind) + "." if per_kind else "")
     return name, (short or "no scattering decisions") + f" | {moe_words}", summary
 

@@ -181,15 +181,25 @@ def ttft_batches(workload: Workload, replicas: int = 1) -> list[tuple[tuple[tupl
     (new tokens, context) per request, as `tpplan.cost.predict` prices them. With `replicas`, each
     replica's share (`replica_workloads`) is its own schedule and the mean is over all requests:
     a replica's weights scaled by its share of them, still linear in the (identical) batch times.
+    Batches run one after another, so the batches a request waits through are a run of consecutive
+    ones: found by bisection, counted with a difference array (batches + requests, not their product).
     """
+    from bisect import bisect_left, bisect_right
+    from itertools import accumulate
+
     from tpplan.cost.workload import replica_workloads, simulate_ttft
 
     out: dict[tuple[tuple[int, int], ...], float] = {}
     for share in replica_workloads(workload, replicas):
         res = simulate_ttft(share, lambda _b: 1.0)
-        done = [a + t for a, t in zip(res.arrival_s, res.ttft_s, strict=True)]
-        for b in res.batches:
-            inside = sum(1 for a, e in zip(res.arrival_s, done, strict=True) if a <= b.start_s and b.end_s <= e)
+        starts, ends = [b.start_s for b in res.batches], [b.end_s for b in res.batches]  # both ascending
+        steps = [0] * (len(res.batches) + 1)  # request i waits through batches first..last: +1 there, -1 after
+        for a, t in zip(res.arrival_s, res.ttft_s, strict=True):
+            first, stop = bisect_left(starts, a), bisect_right(ends, a + t)
+            if first < stop:
+                steps[first] += 1
+                steps[stop] -= 1
+        for b, inside in zip(res.batches, accumulate(steps), strict=False):
             segs = tuple((sg.n_tokens, sg.start_pos) for sg in b.segments)
             out[segs] = out.get(segs, 0.0) + inside / workload.total_requests
     return list(out.items())

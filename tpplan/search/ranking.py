@@ -38,6 +38,7 @@ from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.models.graph import ModelGraph
+from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
 from tpplan.search.naming import Behaviour, behaviour, describe, named_behaviours
@@ -78,8 +79,14 @@ class _Setup:
     audits: Audits
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
+    cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
+
+    @property
+    def has_moe(self) -> bool:
+        """Whether the model has MoE layers (a found plan's words speak of experts only then)."""
+        return any(layer.mlp.kind == "moe" for layer in self.graph.spec.layers)
 
     def baseline_audit(self, tp: int) -> PlanAudit:
         from tpplan.plans.named import baseline as baseline_plan
@@ -271,7 +278,7 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
 
     pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
                       expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers,
-                      replicas=replicas)  # fmt: skip
+                      cp_kv=s.cp_kv, replicas=replicas)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -297,7 +304,8 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> O
         from tpplan.cost.pricing import Pricer
 
         pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, replicas=replicas)  # fmt: skip
+                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
+                        replicas=replicas)  # fmt: skip
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
@@ -341,12 +349,12 @@ def _search_deployment(
         families, walks = res.globals_searched, walks + res.walks
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
-            name, _, _ = describe(c.glob, c.configs)
+            name, _, _ = describe(c.glob, c.configs, s.has_moe)
             excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
         for c in res.candidates:
             if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
                 break
-            name, short, summary = describe(c.glob, c.configs)
+            name, short, summary = describe(c.glob, c.configs, s.has_moe)
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
@@ -461,7 +469,7 @@ def _async_tp_entries(
         for c in res.candidates:
             if _lower_bound(s, c.score, pp) >= best:
                 return out
-            name, short, summary = describe(c.glob, c.configs)
+            name, short, summary = describe(c.glob, c.configs, s.has_moe)
             if name in seen:
                 continue
             seen.add(name)
@@ -549,17 +557,6 @@ def _search_one(
         return (e.where, e.reason, e.fix)
 
 
-def _worker_gc() -> None:
-    """A forked worker's garbage collector: what it inherited (the model graph, the price tables) is
-    frozen rather than scanned by every full collection, and young objects are collected in larger
-    batches. The walk allocates many short-lived containers; this takes about 10% off its CPU
-    (docs/benchmarks.md, "Search command speed"). The worker exits after the search."""
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
-
-
 def _search_all(
     s: _Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
 ) -> list[_Deployed | tuple[str, str, str]]:
@@ -578,7 +575,9 @@ def _search_all(
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         # fork only a single-threaded process (forking threads can deadlock the child)
         if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
+
+            from tpplan.search.pool import forked_pool
 
             for n, _, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
                 with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
@@ -587,7 +586,7 @@ def _search_all(
                 import tpplan.cost.predict
                 import tpplan.cost.pricing  # noqa: F401
             workers = min(len(grid), cores)
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_worker_gc) as pool:
+            with forked_pool(workers) as pool:
                 futures = [pool.submit(_search_one, n, p, float("inf"), c, r) for n, p, c, r in grid]
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
@@ -634,6 +633,7 @@ def search_plans(
     cp: int | None = None,
     cp_layers: str = "all",
     replicas: int | Literal["all"] | None = None,
+    cp_kv: str = "engines",
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -647,7 +647,8 @@ def search_plans(
     `progress` is told each step. `cp`: only that context-parallel size (default: CP 1 at every TP x PP
     split, and TP x CP for CP 2, 4, 8 where the model allows it).
     `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
-    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`).
+    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
+    ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
     say = progress or (lambda _step: None)
@@ -657,7 +658,7 @@ def search_plans(
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
-               cp_layers=cp_layers)  # fmt: skip
+               cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in _overlap_entries
         from tpplan.engines.overlap import overlap_named
 
@@ -722,8 +723,9 @@ def search_plans(
         "expert_dtype": expert_dtype,
         "objective": results[0].objective,
     }
-    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score}, r.tp, r.pp, r.cp,
-                            r.replicas) for r in shown]  # fmt: skip
+    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score},
+                            FileDeployment(tp=r.tp, pp=r.pp, cp=r.cp, replicas=r.replicas, cp_layers=s.cp_layers,
+                                           cp_kv=s.cp_kv)) for r in shown]  # fmt: skip
     return SearchOutcome(
         model=graph.spec.name,
         graph_layer_kinds=tuple(graph.kinds),

@@ -19,8 +19,9 @@ What an answer means:
   group size, send/recv), or the query lies more than `FAR` (4x) beyond the measured range of a
   size axis (GEMM m/n/k, tokens, message bytes). The next source (the fitted models) then answers.
 - `extrapolated=True`: the query is inside 4x but outside the measured range of an axis, the
-  attention call has cached context (the tables are measured without a prefix), a dtype was
-  substituted (fp8 MoE priced from the fp8_block kernels), or the engine reported a non-silicon
+  attention call has cached context (the tables are measured without a prefix), the table lacks
+  the weight format and another's rows stood in (block-scaled fp8 for per-tensor fp8 or the
+  reverse; the price's name says so: `kernel_source.stand_in`), or the engine reported a non-silicon
   provenance. Points between measured grid points are interpolated by the engine and count as
   measured.
 """
@@ -32,8 +33,9 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, wraps
 from typing import Any, Literal
 
 from tpplan.cost.kernel_source import (
@@ -42,7 +44,9 @@ from tpplan.cost.kernel_source import (
     GemmShape,
     KernelPrice,
     MoeShape,
+    stand_in,
 )
+from tpplan.cost.sources.aic_cache import answer_file
 from tpplan.errors import TpplanError
 
 AIC_ENGINES = ("sglang", "vllm", "trtllm")
@@ -64,22 +68,23 @@ MoeDistribution = Literal["balanced", "power_law_1.01", "power_law_1.2"]
 AllReducePath = Literal["engine", "nccl"]
 TableFamily = Literal["gemm", "context_attention", "context_mla", "moe", "nccl", "custom_allreduce"]
 
-# tpplan dtype -> AIC quant names to try, in order (the first the table holds wins).
+# tpplan dtype -> AIC quant names of that format, then rows that stand in where a table lacks it
+# (the price then names the stand-in and counts as extrapolated: `kernel_source.stand_in`).
 _GEMM_QUANT = {
-    "bf16": ("bfloat16",),
-    "fp8": ("fp8",),
-    "fp8_block": ("fp8_block",),
-    "nvfp4": ("nvfp4",),
-    "int4": ("int4_wo",),
-    "mxfp4": (),
+    "bf16": (("bfloat16",), ()),
+    "fp8": (("fp8",), ("fp8_block",)),  # per-tensor (or per-channel) scales
+    "fp8_block": (("fp8_block",), ("fp8",)),  # DeepSeek-style 128x128 block scales
+    "nvfp4": (("nvfp4",), ()),
+    "int4": (("int4_wo",), ()),
+    "mxfp4": ((), ()),
 }
 _MOE_QUANT = {
-    "bf16": ("bfloat16",),
-    "fp8": ("fp8", "fp8_block"),  # the engines' DeepSeek-style fp8 experts are block-scaled
-    "fp8_block": ("fp8_block",),
-    "nvfp4": ("nvfp4",),
-    "mxfp4": ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
-    "int4": ("int4_wo",),
+    "bf16": (("bfloat16",), ()),
+    "fp8": (("fp8",), ("fp8_block",)),
+    "fp8_block": (("fp8_block",), ("fp8",)),
+    "nvfp4": (("nvfp4", "w4a16_nvfp4", "nvfp4_wo"), ()),
+    "mxfp4": (("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"), ()),
+    "int4": (("int4_wo",), ()),
 }
 _NCCL_OP = {
     "all_reduce": "all_reduce",
@@ -156,12 +161,26 @@ def resolve_system(system: str) -> str:
 
 @cache
 def aic_databases() -> dict[str, dict[str, list[str]]]:
-    """{system: {engine: [queryable versions]}} the installed package holds (no table is loaded)."""
+    """{system: {engine: [queryable versions]}} the installed package holds (no table is loaded;
+    kept in the answer cache, `aic_cache`, since listing them takes seconds)."""
     _require_aic("AIC database list")
-    from aiconfigurator_core.sdk import perf_database
+    listing = answer_file("databases")
+    held, found = listing.get("supported")
+    if not held:
+        from aiconfigurator_core.sdk import perf_database
 
-    found = perf_database.get_supported_databases()
-    return {s: {e: list(v) for e, v in sorted(found[s].items())} for s in sorted(found)}
+        raw = perf_database.get_supported_databases()
+        found = {s: {e: list(v) for e, v in sorted(raw[s].items())} for s in sorted(raw)}
+        listing.put("supported", found)
+    return found
+
+
+def system_tables(system: str) -> dict[str, list[str]] | None:
+    """{engine: [versions]} of the kernel tables the installed AIConfigurator holds for `system`
+    ({} where it ships none, as for h100_pcie and l4 in 0.12.0); None when it is not installed."""
+    if not system or not aic_available():
+        return None
+    return aic_databases().get(resolve_system(system), {})
 
 
 @cache
@@ -170,14 +189,21 @@ def default_version(system: str, engine: str) -> str | None:
     newest maintainer-completed collection (a newer 'next' slot, when listed, is a partial drop
     backward-filled from current; ask for it by name)."""
     _require_aic("AIC default version")
+    system = resolve_system(system)
+    listing = answer_file("databases")
+    known, version = listing.get(f"default:{system}/{engine}")
+    if known:
+        return version
     from aiconfigurator_core.sdk import perf_database
 
-    system = resolve_system(system)
     held = aic_databases().get(system, {}).get(engine, [])
     slots = perf_database.get_version_slots(system, engine)  # cheap: AIC's query_versions.yaml
     if slots is not None and slots.get("current") in held:
-        return slots["current"]
-    return perf_database.get_latest_database_version(system, engine)  # lists every database again
+        version = slots["current"]
+    else:
+        version = perf_database.get_latest_database_version(system, engine)  # lists every database again
+    listing.put(f"default:{system}/{engine}", version)
+    return version
 
 
 @dataclass
@@ -247,6 +273,29 @@ def _reach(by_heads: Any, shape: AttentionShape) -> float | None:
     )
 
 
+Shape = GemmShape | AttentionShape | MoeShape | CollectiveShape
+_Query = Callable[["AicSource", Any], "KernelPrice | None"]
+
+
+def _remembered(query: _Query) -> _Query:
+    """`query` answered from the on-disk answer cache where it holds the question, else asked of
+    the database and the answer (or its absence) kept, with any fallback tables loading it logged."""
+
+    @wraps(query)
+    def ask(self: AicSource, shape: Any) -> KernelPrice | None:
+        key = f"{query.__name__}|{self.moe_distribution}|{self.all_reduce}|{int(self.attention_extras)}|{shape!r}"
+        held, answer = self._answers.get(key)
+        if held:
+            return None if answer is None else KernelPrice(float(answer[0]), str(answer[1]), bool(answer[2]))
+        before = set(_FALLBACKS)
+        price = query(self, shape)
+        logged = {t: f for t, f in _FALLBACKS.items() if t not in before}
+        self._answers.put(key, None if price is None else [price.seconds, price.source, price.extrapolated], logged)
+        return price
+
+    return ask
+
+
 class AicSource:
     """Prices from AIConfigurator's database for one GPU system, engine and engine version.
 
@@ -277,7 +326,9 @@ class AicSource:
         known = aic_databases()
         if self.system not in known:
             raise TpplanError(
-                f"AIC system {system!r}", "the database has no such GPU system", f"use one of {', '.join(known)}"
+                f"AIC system {system!r}",
+                f"AIConfigurator {AIC_VERSION} holds no kernel tables for this GPU system",
+                f"drop --engine, or use a GPU model whose system has tables ({', '.join(known)}; `tpplan gpus`)",
             )
         if engine not in known[self.system]:
             raise TpplanError(
@@ -298,7 +349,14 @@ class AicSource:
         self.all_reduce = all_reduce
         self.attention_extras = attention_extras
         self.name = f"aic:{self.system}/{self.engine}@{self.version}"
-        self._loaded = _load(self.system, self.engine, self.version)
+        self._answers = answer_file(f"{self.system}-{self.engine}-{self.version}")
+        for table, path in self._answers.fallbacks.items():  # what loading its tables logged, when they were
+            _FALLBACKS.setdefault(table, path)
+
+    @property
+    def _loaded(self) -> _Loaded:
+        """The database and its query engine, loaded on the first question the answer cache lacks."""
+        return _load(self.system, self.engine, self.version)
 
     @property
     def load_seconds(self) -> float:
@@ -379,12 +437,14 @@ class AicSource:
             self._loaded.ranges[key] = (ms, ns, ks)
         return self._loaded.ranges[key]
 
+    @_remembered
     def gemm(self, shape: GemmShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import GEMM
 
         view = self._view(GEMM, "_gemm_data")
-        quant = self._pick(view, _GEMM_QUANT.get(shape.dtype, ())) if view is not None else None
+        matching, stand_ins = _GEMM_QUANT.get(shape.dtype, ((), ()))
+        quant = self._pick(view, matching + stand_ins) if view is not None else None
         if quant is None or min(shape.m, shape.k, shape.n) < 1:
             return None
         ms, ns, ks = self._gemm_range(quant)
@@ -395,10 +455,12 @@ class AicSource:
         got = self._evaluate(op, batch=1, tokens=shape.m)
         if got is None:
             return None
-        return self._price(got[0], got[1] or out > 1.0, f"gemm-{quant.name}")
+        other = stand_in(quant.name, shape.dtype, matching)
+        return self._price(got[0], got[1] or out > 1.0 or bool(other), f"gemm-{quant.name}{other}")
 
     # ---- attention -------------------------------------------------------------------------
 
+    @_remembered
     def attention(self, shape: AttentionShape) -> KernelPrice | None:
         if shape.tokens < 1 or shape.heads < 1 or shape.batch < 1:
             return None
@@ -496,7 +558,7 @@ class AicSource:
         from aiconfigurator_core.sdk.operations import MoE
 
         view = self._view(MoE, "_moe_data")
-        quant = self._pick(view, _MOE_QUANT.get(shape.dtype, ())) if view is not None else None
+        quant = self._pick(view, sum(_MOE_QUANT.get(shape.dtype, ((), ())), ())) if view is not None else None
         if quant is None:
             return None
         try:
@@ -507,6 +569,7 @@ class AicSource:
         tokens = sorted(_keys(by_tokens))
         return (quant.name, tokens) if tokens else None
 
+    @_remembered
     def moe(self, shape: MoeShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import MoE
@@ -534,8 +597,8 @@ class AicSource:
         got = self._evaluate(op, batch=1, tokens=shape.tokens)
         if got is None:
             return None
-        substituted = quant != _MOE_QUANT[shape.dtype][0]
-        return self._price(got[0], got[1] or out > 1.0 or substituted, f"moe-{quant}-{self.moe_distribution}")
+        other = stand_in(quant, shape.dtype, _MOE_QUANT[shape.dtype][0])
+        return self._price(got[0], got[1] or out > 1.0 or bool(other), f"moe-{quant}-{self.moe_distribution}{other}")
 
     # ---- collectives -----------------------------------------------------------------------
 
@@ -557,6 +620,7 @@ class AicSource:
             return None
         return "nccl", sorted(_keys(view[half][op][ranks]))
 
+    @_remembered
     def collective(self, shape: CollectiveShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import NCCL, CustomAllReduce
@@ -607,4 +671,5 @@ __all__ = [
     "default_version",
     "engine_source",
     "resolve_system",
+    "system_tables",
 ]

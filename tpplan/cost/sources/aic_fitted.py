@@ -4,7 +4,7 @@ AIC measures MoE kernels only at the widths, expert counts, top-k and TP x EP sp
 it supports, and attention only at the head layouts those models have. Kimi-K3's latent MoE widths
 or a head count it never ran get no row. This source prices them from a small linear model per
 (GPU system, engine, kernel class) whose features are the physical work of the call, fitted with
-non-negative coefficients on AIC's rows for that engine (`tpplan.cost.sources.aic_fit` fits them;
+non-negative coefficients on AIC's rows for that engine (`tools.aic_fit` fits them;
 the constants ship in `presets/aic-fitted.json`, so pricing needs neither the package nor its
 tables). Every answer is flagged `extrapolated=True`: it is a fit, judged leave-one-model-out
 (errors in `docs/benchmarks.md` and in the file, per class).
@@ -18,7 +18,7 @@ them at 1/8 width), useful FLOPs, the FLOPs wasted padding each expert's rows to
 efficiency that rises with tokens per expert), and per-row gather/scatter and activation costs.
 Priced shapes assume balanced routing. AIC's rows do not always have it: its "balanced" logits
 put every DeepSeek-V3 token's grouped top-k on tied scores, and SGLang's and vLLM's grouped top-k
-then send 4 of its 8 pairs to experts 0-3 (`tpplan.cost.sources.aic_fit.collector_loads`, which
+then send 4 of its 8 pairs to experts 0-3 (`tools.aic_fit.collector_loads`, which
 the fit uses to know what work each row measured; docs/benchmarks.md).
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, KernelPrice, MoeShape
+from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, KernelPrice, MoeShape, stand_in
 from tpplan.errors import TpplanError
 
 FIT_FILE = "aic-fitted.json"
@@ -49,14 +49,15 @@ MOE_FEATURES = (
 )
 ATTENTION_FEATURES = ("call", "flops", "bytes", "query_rows")
 
-# tpplan dtype -> the AIC MoE quant classes a fit may exist for, in order (same as the AIC source).
+# tpplan dtype -> the AIC MoE quant classes of that format, then classes that stand in where no fit
+# of the format exists (the price names the stand-in: `kernel_source.stand_in`); as the AIC source.
 MOE_CLASSES = {
-    "bf16": ("bfloat16",),
-    "fp8": ("fp8", "fp8_block"),
-    "fp8_block": ("fp8_block",),
-    "nvfp4": ("nvfp4",),
-    "mxfp4": ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"),
-    "int4": ("int4_wo",),
+    "bf16": (("bfloat16",), ()),
+    "fp8": (("fp8",), ("fp8_block",)),
+    "fp8_block": (("fp8_block",), ("fp8",)),
+    "nvfp4": (("nvfp4", "w4a16_nvfp4", "nvfp4_wo"), ()),
+    "mxfp4": (("w4a8_mxfp4_mxfp8", "w4a16_mxfp4"), ()),
+    "int4": (("int4_wo",), ()),
 }
 
 
@@ -153,7 +154,7 @@ class FittedClass:
 
 @cache
 def load_fits() -> dict:
-    """The packaged fit file (fitted on AIC rows by `python -m tpplan.cost.sources.aic_fit`)."""
+    """The packaged fit file (fitted on AIC rows by `python -m tools.aic_fit`)."""
     text = resources.files("tpplan.cost").joinpath("presets", FIT_FILE).read_text(encoding="utf-8")
     return json.loads(text)
 
@@ -200,7 +201,7 @@ class AicFittedSource:
             raise TpplanError(
                 f"AIC fit {self.system}/{engine}" + (f"@{version}" if version else ""),
                 f"{FIT_FILE} holds no fit for it",
-                f"use one of {', '.join(sorted(fits))}, or refit with python -m tpplan.cost.sources.aic_fit",
+                f"use one of {', '.join(sorted(fits))}, or refit with python -m tools.aic_fit (from a tpplan checkout)",
             )
         self.key = keys[0]
         self.engine = engine
@@ -224,7 +225,7 @@ class AicFittedSource:
         fitted = next(
             (
                 self.moe_classes[f"{q}/{mode}"]
-                for q in MOE_CLASSES.get(shape.dtype, ())
+                for q in sum(MOE_CLASSES.get(shape.dtype, ((), ())), ())
                 if f"{q}/{mode}" in self.moe_classes
             ),
             None,
@@ -232,7 +233,9 @@ class AicFittedSource:
         if fitted is None or shape.tokens < 1 or shape.tokens > fitted.max_tokens * FAR:
             return None
         x = moe_features(shape.tokens, shape.hidden, shape.intermediate, shape.experts, shape.top_k, shape.tp, shape.ep)
-        return KernelPrice(fitted.seconds(x), f"{self.name}:moe-{fitted_name(self.moe_classes, fitted)}", True)
+        name = fitted_name(self.moe_classes, fitted)
+        other = stand_in(name.split("/", 1)[0], shape.dtype, MOE_CLASSES[shape.dtype][0])
+        return KernelPrice(fitted.seconds(x), f"{self.name}:moe-{name}{other}", True)
 
     def attention(self, shape: AttentionShape) -> KernelPrice | None:
         fitted = self.attention_classes.get(shape.kind)

@@ -10,12 +10,16 @@ is each engine's current release (`tpplan.engines.DEFAULT_ENGINES`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from tpplan.cost.deployment import Deployment
 from tpplan.engines import select_pair
+from tpplan.engines.context_parallel import SGLANG_K3_FULL_SEQUENCE
+from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
 from tpplan.engines.schema import EngineVersion
 from tpplan.layout.plan import Plan
-from tpplan.models.spec import ModelSpec
+from tpplan.models.spec import MLASpec, ModelSpec
 from tpplan.report.engines.base import Condition, EngineRecipe, family, gpu_capability
 from tpplan.report.engines.sglang import sglang_recipe
 from tpplan.report.engines.vllm import vllm_recipe
@@ -24,20 +28,61 @@ from tpplan.report.engines.vllm import vllm_recipe
 def recipes(
     plan: Plan,
     spec: ModelSpec,
+    deployment: Deployment,
     *,
     prefill_cp: int = 1,
     dp: int = 1,
     engines: tuple[EngineVersion, EngineVersion] | None = None,
-    **deployment: Any,
+    **where: Any,
 ) -> list[EngineRecipe]:
-    """Both engines' recipes for one plan at one `deployment` (tp, pp, nodes, chunk, gpu: see
-    `sglang_recipe`); `prefill_cp` is SGLang's prefill context parallelism, `dp` vLLM's data-parallel
-    size (each engine's gates read the one it has); `engines` the (SGLang, vLLM) versions."""
+    """Both engines' recipes for one plan at one `deployment` (TP, PP, CP and its layers, replicas; `where`:
+    nodes, chunk, gpu: see `sglang_recipe`); `prefill_cp` is SGLang's prefill context parallelism the gates
+    read, `dp` vLLM's data-parallel size; `engines` the (SGLang, vLLM) versions. Each recipe realises the
+    whole deployment or says why no flag does (`whole_deployment`)."""
     sgl, vll = engines or select_pair(None)
-    return [
-        sglang_recipe(plan, spec, cp=prefill_cp, engine=sgl, **deployment),
-        vllm_recipe(plan, spec, dp=dp, engine=vll, **deployment),
+    d = deployment
+    sizes = {"tp": d.tp, "pp": d.pp, "cp": d.cp if d.cp_layers == "all" else 1}
+    out = [
+        sglang_recipe(plan, spec, prefill_cp=max(prefill_cp, d.cp), engine=sgl, **sizes, **where),
+        vllm_recipe(plan, spec, dp=dp, engine=vll, **sizes, **where),
     ]
+    out = [r if r.version else replace(r, version=ev.key) for r, ev in zip(out, (sgl, vll), strict=True)]
+    return [whole_deployment(r, plan, spec, d) for r in out]
 
 
-__all__ = ["Condition", "EngineRecipe", "family", "gpu_capability", "recipes", "sglang_recipe", "vllm_recipe"]
+def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Deployment) -> DeploymentFlags:
+    """The engine's flags for the deployment's sizes, CP, replicas and overlap (`engines.launch`), or why none."""
+    if d.cp > 1 and d.cp_layers == "mla":  # CP inside the TP group: only an open SGLang PR has it
+        path = SGLANG_K3_FULL_SEQUENCE
+        why = f"CP inside the TP group (--cp-layers mla) is {path.engine}, in no release"
+        return DeploymentFlags(engine, (), why, path.sources[0].cite())
+    if plan.dp_attention and (d.pp > 1 or d.cp > 1):
+        return DeploymentFlags(engine, (), "tpplan's engine data has not read DP attention beside PP or CP", "")
+    all_mla = all(isinstance(layer.attn, MLASpec) for layer in spec.layers)
+    return deployment_flags(engine, spec.model_type, all_mla, d.tp, d.pp, d.cp, plan.overlap, d.replicas)
+
+
+def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Deployment) -> EngineRecipe:
+    """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
+    does not run its CP, overlap or CP mode (the reason said), else its overlap flags added and its replicas
+    (R servers) and CP difference noted."""
+    flags = _deployment_flags(r.engine, plan, spec, d)
+    if not flags.realised:
+        if r.realises == "no":
+            return replace(r, summary=f"{r.summary}; and {flags.why}", replicas=d.replicas)
+        return replace(r, realises="no", summary=flags.why, replicas=d.replicas)
+    extra = flags.args[len(size_flags(r.engine, d.tp, d.pp, d.cp)) :]  # the overlap's flags
+    args = r.args if r.realises == "no" else (*r.args, *(a for a in extra if a not in r.args))
+    return replace(r, args=args, replicas=d.replicas, deployment_note=flags.why)
+
+
+__all__ = [
+    "Condition",
+    "EngineRecipe",
+    "family",
+    "gpu_capability",
+    "recipes",
+    "sglang_recipe",
+    "vllm_recipe",
+    "whole_deployment",
+]

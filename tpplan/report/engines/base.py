@@ -56,6 +56,8 @@ class EngineRecipe:
     path: str = ""
     env: tuple[str, ...] = ()  # environment variables the launch line sets (NAME=value)
     launcher: str = ""
+    replicas: int = 1  # separate servers, each launched with `args` (the requests split between them)
+    deployment_note: str = ""  # where the engine runs the deployment (e.g. its CP) otherwise than tpplan prices it
 
     @property
     def blocked(self) -> bool:
@@ -67,7 +69,27 @@ class EngineRecipe:
         if self.realises == "no":
             return ""
         head = (self.launcher or "python -m sglang.launch_server --model-path {model}").format(model=model_path)
-        return " ".join([*self.env, head, *self.args])
+        line = " ".join([*self.env, head, *self.args])
+        if self.replicas > 1:
+            return f"# {self.replicas} servers, each on GPUs of its own, the requests split between them:\n{line}"
+        return line
+
+    @property
+    def runs(self) -> bool:
+        """An engine runs the plan at its deployment as is: its flags realise it and no condition stops them."""
+        return self.realises == "yes" and not self.blocked
+
+    def line(self) -> str:
+        """One launch line for a deployment row: the flags (every replica's), or why there are none."""
+        name = f"{self.engine} {self.version.partition('@')[2]}".strip()
+        if self.realises == "no":
+            return f"{name}: no engine flag ({self.summary})"
+        each = f"{self.replicas} servers, each " if self.replicas > 1 else ""
+        tail = "" if self.realises == "yes" else f" (realises it only partly: {self.summary})"
+        if self.blocked:
+            tail += " (a condition fails: Engine flags)"
+        note = f" ({self.deployment_note})" if self.deployment_note else ""
+        return f"{name}: {each}`{' '.join((*self.env, *self.args))}`{tail}{note}"
 
 
 def path_sentence(ev: EngineVersion, flag: str, spec: ModelSpec, path: Path) -> str:

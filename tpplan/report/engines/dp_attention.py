@@ -20,6 +20,8 @@ Sources (commit as the search index stored the file):
 
 from __future__ import annotations
 
+from typing import Literal
+
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
 from tpplan.report.engines.base import Condition, EngineRecipe, _moe, dp_family
@@ -69,7 +71,7 @@ def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], tp: int) -> E
         f"After the MoE, SGLang reduce-scatters only under MAX_LEN padding; under SUM_LEN the MoE all-reduces "
         f"and dp_scatter copies the rank's rows ({SRC_SGL_DP_COMM}).",
     )
-    realises = "partly" if fam == "dp-attention-maxlen" else "yes"
+    realises: Literal["yes", "partly"] = "partly" if fam == "dp-attention-maxlen" else "yes"
     return EngineRecipe("SGLang", plan.name, tuple(args), realises, summary, tuple(conds), notes)
 
 

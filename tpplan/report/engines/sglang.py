@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines.launch import size_flags
 from tpplan.engines.schema import EngineVersion, Mode, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
@@ -17,11 +19,7 @@ SRC_ARGS = Source(
 
 
 def _base(tp: int, pp: int, cp: int, chunk: int, nodes: int) -> list[str]:
-    base = [f"--tp-size {tp}"]
-    if pp > 1:
-        base.append(f"--pp-size {pp}")
-    if cp > 1:
-        base += [f"--attn-cp-size {cp}", "--enable-prefill-cp", "--cp-strategy zigzag"]
+    base = size_flags("SGLang", tp, pp, cp)  # --tp-size is the world size under CP (engines/launch.py)
     base.append(f"--chunked-prefill-size {chunk}")
     if nodes > 1:
         base += [f"--nnodes {nodes}", f"--node-rank <0..{nodes - 1}>", "--dist-init-addr <head-ip>:<port>"]
@@ -39,17 +37,9 @@ def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, bas
     sentence = path_sentence(ev, FLAG, d.spec, path)
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
-    common = {"version": ev.key, "path": sentence, "launcher": ev.launcher, "conditions": conds}
-    if fam == "sglang-input-scattered" and path.wired:
-        return EngineRecipe(
-            "SGLang",
-            plan.name,
-            args,
-            "yes",
-            mode.summary,
-            notes=path.wiring.differences,
-            **common,  # type: ignore[union-attr]
-        )
+    common: dict[str, Any] = {"version": ev.key, "path": sentence, "launcher": ev.launcher, "conditions": conds}
+    if fam == "sglang-input-scattered" and path.wiring is not None:
+        return EngineRecipe("SGLang", plan.name, args, "yes", mode.summary, notes=path.wiring.differences, **common)
     if not path.wired:
         return EngineRecipe(
             "SGLang", plan.name, tuple(base), "no",
@@ -70,7 +60,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
     assert mode is not None
     conds = _conditions(mode, d)
     args = (*base, *mode.flags)
-    common = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
+    common: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher, "conditions": conds}
     mt = d.spec.model_type
     wired = [w for w in mode.wiring if mt in w.model_types]
     if not wired:
@@ -91,7 +81,8 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
         )  # fmt: skip
     equal = next((w for w in wired if w.plan == plan.name), None)
     default = wired[0]
-    fused = next((r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")), None)
+    fused_gates = [r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")]
+    fused = next((r for r in fused_gates if r.met is False), fused_gates[0] if fused_gates else None)
     nccl = fused is not None and fused.met is False
     how = (
         f"; here its reduce-scatter and all-gather run on NCCL, not K3's fused SP collectives ({fused.detail} "
@@ -107,8 +98,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
         return EngineRecipe(
             "SGLang", plan.name, args, "yes", mode.summary, notes=default.differences, path=sentence, **common
         )
-    variant_on = equal is not None and not nccl
-    if variant_on:
+    if equal is not None and not nccl:
         return EngineRecipe(
             "SGLang", plan.name, args, "partly",
             f"{mode.summary}; this plan is SGLang's {equal.layers} path (set the environment variable)",
@@ -127,6 +117,17 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
     )  # fmt: skip
 
 
+def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
+    """Whether the model's SGLang class runs --pp-size: read per model file where the engine data has it."""
+    read = ev.support("--pp-size", model_type)
+    if read is not None:
+        return Condition(f"the model's SGLang implementation supports --pp-size ({model_type}: {read.how})", True,
+                         "refuses", read.source.cite())  # fmt: skip
+    unread = Source.unread("sgl-project/sglang", "python/sglang/srt/models/", "PP support")
+    return Condition(f"the model's SGLang implementation supports --pp-size ({model_type} not checked)", None,
+                     "refuses", unread.cite())  # fmt: skip
+
+
 def sglang_recipe(
     plan: Plan,
     spec: ModelSpec,
@@ -138,11 +139,13 @@ def sglang_recipe(
     gpu: str = "",
     cp: int = 1,
     engine: EngineVersion | None = None,
+    prefill_cp: int | None = None,
 ) -> EngineRecipe:
-    """SGLang flags for `plan` on `spec` at TP `tp` (x PP `pp`) over `nodes` nodes of `gpu`, judged
-    against `engine` (default: the current release); `cp` > 1 runs prefill context parallelism."""
+    """SGLang flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`) over `nodes` nodes of `gpu`, judged
+    against `engine` (default: the current release); `prefill_cp` is the prefill CP the gates read (default
+    `cp`; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
     ev = engine or ENGINES[DEFAULT_ENGINES[0]]
-    d = Deployment(spec, tp, pp, 1, cp, chunk, gpu, nodes)
+    d = Deployment(spec, tp, pp, 1, prefill_cp or cp, chunk, gpu, nodes)
     fam = family(plan)
     base = _base(tp, pp, cp, chunk, nodes)
     if plan.dp_attention:
@@ -150,11 +153,8 @@ def sglang_recipe(
 
         return sglang_dp_recipe(plan, spec, base, tp)
     moe = _moe(spec)
-    kw = {"version": ev.key, "launcher": ev.launcher}
-    pp_cond = (
-        Condition(f"the model's SGLang implementation supports --pp-size ({spec.model_type} not checked)", None,
-                  "refuses", Source.unread("sgl-project/sglang", "python/sglang/srt/models/", "PP support").cite()),
-    ) if pp > 1 else ()  # fmt: skip
+    kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
+    pp_cond = (_pp_condition(ev, spec.model_type),) if pp > 1 else ()
     if fam in ("sglang-input-scattered", "input-scattered", "input-scattered+restore"):
         r = _input_scattered(ev, plan, fam, d, base)
         return replace(r, conditions=(*pp_cond, *r.conditions))

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines import vllm as vllm_data
+from tpplan.engines.launch import size_flags
 from tpplan.engines.schema import EngineVersion, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
 from tpplan.report.engines.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 
-SRC_PAR = Source("vllm-project/vllm", "vllm/config/parallel.py", "ParallelConfig", "0.33.0 (PyPI wheel)")
+SRC_PAR = Source(vllm_data.REPO, "vllm/config/parallel.py", "ParallelConfig", vllm_data.REL)
+
+
+def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
+    """Whether the model's vLLM class implements SupportsPP (else --pipeline-parallel-size is refused)."""
+    read = ev.support("--pipeline-parallel-size", model_type)
+    if read is not None:
+        return Condition(f"the model's vLLM class supports --pipeline-parallel-size ({model_type}: {read.how})", True,
+                         "refuses", read.source.cite())  # fmt: skip
+    unread = Source.unread(vllm_data.REPO, "vllm/model_executor/models/", "SupportsPP")
+    return Condition(f"the model's vLLM class supports --pipeline-parallel-size ({model_type} not checked)", None,
+                     "refuses", unread.cite())  # fmt: skip
 
 
 def vllm_recipe(
@@ -22,23 +38,42 @@ def vllm_recipe(
     gpu: str = "",
     dp: int = 1,
     engine: EngineVersion | None = None,
+    cp: int = 1,
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
-    judged against `engine` (default: the current release)."""
+    """vLLM flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
+    judged against `engine` (default: the current release); with PP, whether the model class supports it."""
     if plan.dp_attention:
         from tpplan.report.engines.dp_attention import vllm_dp_recipe
 
         return vllm_dp_recipe(plan, spec, tp, chunk)
     ev = engine or ENGINES[DEFAULT_ENGINES[1]]
+    r = _family_recipe(ev, plan, spec, tp=tp, pp=pp, nodes=nodes, chunk=chunk, gpu=gpu, dp=dp, cp=cp)
+    if pp == 1 or not r.args:
+        return r
+    return replace(r, conditions=(_pp_condition(ev, spec.model_type), *r.conditions))
+
+
+def _family_recipe(
+    ev: EngineVersion,
+    plan: Plan,
+    spec: ModelSpec,
+    *,
+    tp: int,
+    pp: int,
+    nodes: int,
+    chunk: int,
+    gpu: str,
+    dp: int,
+    cp: int,
+) -> EngineRecipe:
+    """The flags for the plan's family, judged against `ev` (vllm_recipe adds the PP condition)."""
     d = Deployment(spec, tp, pp, dp, 1, chunk, gpu, nodes)
     fam = family(plan)
-    base = [f"--tensor-parallel-size {tp}"]
-    if pp > 1:
-        base.append(f"--pipeline-parallel-size {pp}")
+    base = size_flags("vLLM", tp, pp, cp)
     base += ["--enable-chunked-prefill", f"--max-num-batched-tokens {chunk}"]
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
-    kw = {"version": ev.key, "launcher": ev.launcher}
+    kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     moe = _moe(spec)
     if fam == "sglang-sp-moe":
         return EngineRecipe(

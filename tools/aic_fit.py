@@ -30,7 +30,7 @@ heads, head_dim, window); for MLA one head count. Each is held out in turn, the 
 held-out rows predicted; the pooled held-out errors are the out-of-sample figures. The final
 constants are fitted on all rows.
 
-    python -m tpplan.cost.sources.aic_fit [--systems h200_sxm,...] [--engines sglang,...] [--out FILE]
+    python -m tools.aic_fit [--systems h200_sxm,...] [--engines sglang,...] [--out FILE]
 
 writes `tpplan/cost/presets/aic-fitted.json` by default and prints progress per system x engine.
 """
@@ -307,7 +307,7 @@ def build(systems: tuple[str, ...], engines: tuple[str, ...], say: Callable[[str
     return {
         "about": (
             f"Physical models fitted on AIConfigurator {AIC_VERSION} rows (balanced MoE routing as AIC's "
-            "collectors produce it, bf16 attention), by tpplan.cost.sources.aic_fit. Prices from these "
+            "collectors produce it, bf16 attention), by tools.aic_fit. Prices from these "
             "are extrapolated and assume balanced routing: in_sample and out_of_sample "
             "(leave-one-model-out) are median / p90 relative errors on those rows."
         ),
@@ -323,7 +323,7 @@ def build(systems: tuple[str, ...], engines: tuple[str, ...], say: Callable[[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpplan.cost.sources.aic_fit", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.aic_fit", description=__doc__.split("\n")[0])
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
     parser.add_argument("--engines", default=",".join(AIC_ENGINES))
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "presets" / FIT_FILE))

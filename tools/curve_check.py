@@ -1,6 +1,6 @@
 """Dev script: judge the shipped collective curves against measurements they were not built from.
 
-`python -m tpplan.cost.sources.curve_check` (needs `aiconfigurator-core` for the other collections)
+`python -m tools.curve_check` (needs `aiconfigurator-core` for the other collections)
 prints the tables of docs/benchmarks.md ("Collectives as measured curves"):
 
 - other collection, out of sample: each cluster preset's price (its curves, or the link model where

@@ -1,0 +1,67 @@
+"""The arrival options of `tpplan audit` and `tpplan search`: the serving JSON they add, and one line with
+exit 2 for each bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+
+AUDIT = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--plan", "baseline")
+
+
+def test_audit_with_a_rate_carries_ttft_percentiles_per_request(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = run_cli(monkeypatch, capsys, *AUDIT, "-w", "prompt16k-c8", "--arrival-rate", "20",
+                             "--requests", "50", "--seed", "4", "--json", "-")  # fmt: skip
+    assert code == 0, err
+    s = json.loads(out)["plans"][0]["serving"]
+    t = s["ttft"]
+    assert s["engine"] == "sglang@0.5.23" and t["requests"] == len(s["requests"]) == 50
+    assert t["p50_s"] <= t["p90_s"] <= t["p99_s"] <= t["max_s"] and s["idealised_mean_s"] < t["mean_s"]
+    again = json.loads(run_cli(monkeypatch, capsys, *AUDIT, "-w", "prompt16k-c8", "--arrival-rate", "20",
+                               "--requests", "50", "--seed", "4", "--json", "-")[1])  # fmt: skip
+    assert again["plans"][0]["serving"] == s  # deterministic for a seed
+
+
+def test_audit_with_a_trace_and_the_text_table(monkeypatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 512}\n{"arrival_s": 0.001, "prompt_tokens": 1024}\n')
+    code, out, err = run_cli(monkeypatch, capsys, *AUDIT, "--trace", str(trace))
+    assert code == 0, err
+    assert "Serving loop (sglang@0.5.23)" in out and "Not modelled for this engine" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--arrival-rate", "0", "-w", "prompt16k-c8"), "--arrival-rate 0.0"),
+        (("--arrival-rate", "-3", "-w", "prompt16k-c8"), "--arrival-rate -3.0"),
+        (("--arrival-rate", "5"), "takes its prompts from a workload"),
+        (("--requests", "0", "-w", "prompt16k-c8"), "--requests 0"),
+        (("--trace", "missing.jsonl"), "trace missing.jsonl: no such file"),
+    ],
+)
+def test_bad_arrival_input_is_one_line_and_exit_2(monkeypatch, capsys, extra, says) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = run_cli(monkeypatch, capsys, *AUDIT, *extra)
+    assert code == 2 and says in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_arrival_options_need_a_topology(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "-m", "tiny-llama", "--tp", "2", "--arrival-rate", "3")
+    assert code == 2 and "predictions need a topology" in err
+
+
+def test_search_carries_the_serving_loop_per_ranked_deployment(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    args = ("search", "-m", "tiny-llama", "-t", "h200x8-ib400", "-w", "prompt16k-c8", "--top", "3", "--json", "-")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--arrival-rate", "10", "--requests", "40")
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    assert plans and all(p["serving"]["ttft"]["requests"] == 40 and "requests" not in p["serving"] for p in plans)
+    pp = [p for p in plans if p["pp"] > 1]
+    assert all(not p["serving"]["settings"]["cpu_overlap"] for p in pp)  # SGLang: no overlap schedule under PP
+    code, _, err = run_cli(monkeypatch, capsys, "search", "-m", "tiny-llama", "--tp", "2", "--objective", "volume",
+                           "--arrival-rate", "3")  # fmt: skip
+    assert code == 2 and "needs a topology" in err

@@ -1,0 +1,42 @@
+"""Time the serving loop (`tpplan.simulate`) on a 10,000-request trace: docs/benchmarks.md, "Serving loop".
+
+Usage: `python tools/bench_serving_loop.py [--requests N]`. Prices are a fixed linear function of the
+step's tokens, so this times the loop itself (step formation, pipeline, timelines, percentiles), not
+the cost model; each form is run 3 times and the best wall time printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from tpplan.simulate.loop import LoopConfig, simulate
+from tpplan.simulate.requests import Shape, closed_loop, poisson
+
+SHAPES = [Shape(2000), Shape(500, cached_share=0.5), Shape(8000), Shape(30000)]
+
+
+def linear(stages: int):  # type: ignore[no-untyped-def]
+    return lambda segs: [0.002 + sum(n for n, _ in segs) * 2e-6] * stages
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=10_000)
+    n = ap.parse_args().requests
+    cases = {
+        "poisson 20/s, 1 stage, 8192-token steps": (poisson(20.0, SHAPES, n, seed=1), 1, LoopConfig(8192, 1)),
+        "poisson 20/s, 4 stages, 5 in flight": (poisson(20.0, SHAPES, n, seed=1), 4, LoopConfig(8192, 5)),
+        "closed loop C=64, 2 replicas x 4 stages": (closed_loop(64, SHAPES, n), 4, LoopConfig(8192, 5)),
+    }
+    for name, (arrivals, stages, cfg) in cases.items():
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            res = simulate(arrivals, linear(stages), cfg, replicas=2 if "replicas" in name else 1)
+            best = min(best, time.perf_counter() - t0)
+        print(f"{name}: {n} requests, {len(res.steps)} steps, {best:.3f} s (p99 TTFT {res.p(99):.3f} s)")
+
+
+if __name__ == "__main__":
+    main()

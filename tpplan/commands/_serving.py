@@ -1,0 +1,121 @@
+"""The arrival options of audit, search and report, and the `serving` JSON block they add per deployment.
+
+`--arrival-rate R` (Poisson, seeded by `--seed`), `--trace FILE` (JSONL or CSV), `--requests N`
+(how many; default the workload's), or neither: the workload's closed loop. Each deployment then
+gets the engine's serving loop (`tpplan.simulate.serving`) over its own step prices: TTFT mean,
+p50, p90, p99 and the rest (docs/audit-json.md, `serving`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from tpplan.cost.topology import Topology
+    from tpplan.cost.workload import Workload
+    from tpplan.layout.plan import Plan
+    from tpplan.models.graph import ModelGraph
+    from tpplan.simulate.requests import Arrivals
+    from tpplan.simulate.serving import Arrival
+
+ArrivalRateOpt = Annotated[
+    float | None,
+    typer.Option("--arrival-rate", help="Requests per second, Poisson (the workload's prompts): TTFT percentiles"),
+]
+TraceOpt = Annotated[
+    str | None,
+    typer.Option("--trace", help="Request trace, .jsonl or .csv: arrival_s, prompt_tokens[, output_tokens, ...]"),
+]
+RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests to simulate (default: the workload's)")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the Poisson arrivals")]
+
+
+def arrival_of(rate: float | None, trace: str | None, requests: int | None, seed: int) -> Arrival:
+    """The arrival process the options name (neither rate nor trace: the workload's closed loop)."""
+    from tpplan.simulate.serving import Arrival
+
+    return Arrival(rate=rate, trace=trace, requests=requests, seed=seed)
+
+
+def asked(rate: float | None, trace: str | None, requests: int | None) -> bool:
+    """Whether any arrival option was given (they need a topology, and a rate needs a workload)."""
+    return rate is not None or trace is not None or requests is not None
+
+
+def serving_arrivals(arrival: Arrival, workload: Workload | None, graph: ModelGraph) -> Arrivals | None:
+    """The requests to simulate, or None when there is no arrival process (no workload, no trace)."""
+    from tpplan.simulate.serving import arrivals_for
+
+    if workload is None and arrival.trace is None and arrival.rate is None:
+        return None
+    return arrivals_for(arrival, workload, graph.spec.numerics.max_position_embeddings)
+
+
+def chunk_tokens(workload: Workload | None, engine: str, topo: Topology) -> int:
+    """The step budget: the workload's chunk size (the launch line sets it), else the engine's default on this GPU."""
+    from tpplan.engines.scheduling import scheduler_rules
+
+    if workload is not None:
+        return workload.chunk_size
+    return scheduler_rules(engine).budget.default_tokens(topo.gpu.memory_GiB, topo.gpu.name)
+
+
+def serving_block(
+    graph: ModelGraph, plan: Plan, topo: Topology, arrivals: Arrivals, workload: Workload | None, *, tp: int,
+    pp: int = 1, dtype: str = "bf16", expert_dtype: str | None = None, engine: str | None = None, cp: int = 1,
+    cp_recurrence: str = "scan", cp_layers: str = "all", replicas: int = 1, per_request: bool = False,
+) -> dict[str, object]:  # fmt: skip
+    """The `serving` JSON of one deployment, its step prices the prediction's own (the same predictor,
+    from `cached_predictor`'s cache, as `predict_plan` made with these arguments)."""
+    from tpplan.cost.predictor import cached_predictor
+    from tpplan.simulate.serving import serving_summary
+
+    p = cached_predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, replicas=replicas)  # fmt: skip
+    chunk = chunk_tokens(workload, p.pipeline.engine, topo)
+    return serving_summary(p, arrivals, chunk, topo.gpus_per_node, per_request=per_request)[1]
+
+
+def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None:
+    """The serving loop's TTFT per deployment, one row each, and the arrival process it ran."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from tpplan.commands._console import console, print_wrapped, show
+
+    rows = [e for e in entries if e.get("serving")]
+    if not rows:
+        return
+    first = rows[0]["serving"]
+    assert isinstance(first, dict)
+    t = Table(title=f"Serving loop ({first['engine']}): TTFT in ms, with the fixed costs' band for the mean")
+    for col in (label, "mean", "band", "p50", "p90", "p99", "queueing", "idealised mean"):
+        t.add_column(col, justify="left" if col == label else "right")
+    for e in rows:
+        s = e["serving"]
+        assert isinstance(s, dict)
+        tt, band = s["ttft"], s["ttft_band"]["mean_s"]
+        ms = {k: f"{tt[k] * 1e3:,.1f}" for k in ("mean_s", "p50_s", "p90_s", "p99_s")}
+        span = f"{band[0] * 1e3:,.1f}-{band[1] * 1e3:,.1f}"
+        name = Text(str(e.get("deployment") or e.get("name")))
+        t.add_row(name, ms["mean_s"], span, ms["p50_s"], ms["p90_s"], ms["p99_s"], f"{tt['queue_share']:.0%}",
+                  f"{s['idealised_mean_s'] * 1e3:,.1f}")  # fmt: skip
+    out = console()
+    show(out, t)
+    seen = dict.fromkeys(str(c) for e in rows for c in e["serving"]["conditions"])  # type: ignore[index]
+    print_wrapped(out, "Not modelled for this engine: " + "; ".join(seen))
+
+
+__all__ = [
+    "ArrivalRateOpt",
+    "RequestsOpt",
+    "SeedOpt",
+    "TraceOpt",
+    "arrival_of",
+    "asked",
+    "print_serving",
+    "serving_arrivals",
+    "serving_block",
+]

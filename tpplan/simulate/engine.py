@@ -1,0 +1,97 @@
+"""One engine version's serving loop for one deployment: the loop's settings from the engine's data.
+
+`engine_loop(predictor.pipeline, deployment, chunk_tokens, gpus_per_node)` reads the engine's PP
+schedule (`tpplan.engines`: micro-batches in flight, whether a prompt's chunks pipeline), its
+scheduler rules (`tpplan.engines.scheduling`: whether the CPU overlaps the GPU) and the fixed costs
+(`simulate.overheads`), and says what the loop leaves out for that engine (`conditions`: what a memo
+puts into a recommendation's conditions). `serve` runs the loop over a predictor's step prices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpplan.cost.deployment import Deployment
+from tpplan.cost.pipeline import PipelineModel
+from tpplan.cost.predictor import Predictor
+from tpplan.cost.workload import Workload
+from tpplan.engines.scheduling import SchedulerRules, scheduler_rules
+from tpplan.simulate.loop import LoopConfig, simulate
+from tpplan.simulate.overheads import NONE, Overheads, overheads
+from tpplan.simulate.prices import predictor_prices
+from tpplan.simulate.requests import Arrivals, ClosedLoop, Shape, closed_loop
+from tpplan.simulate.results import LoopResult
+
+
+@dataclass(frozen=True)
+class EngineLoop:
+    """The loop settings of one engine version on one deployment, and where they come from."""
+
+    pipeline: PipelineModel
+    rules: SchedulerRules
+    costs: Overheads
+    config: LoopConfig
+
+    pp: int = 1
+
+    def conditions(self, figures: bool = True) -> tuple[str, ...]:
+        """What the loop does not model for this engine (under PP its PP schedule's unpriced settings,
+        `pp_unpriced`) and where its fixed costs come from. `figures` False: in words without figures
+        (a memo's conditions), the PP settings as a pointer to the memo's PP section that lists them."""
+        pp = pp_unpriced(self.pipeline) if self.pp > 1 else ()
+        if not figures:
+            return (*self.rules.not_modelled, *((PP_POINTER,) if pp else ()), self.costs.condition())
+        return (*self.rules.not_modelled, *pp, self.costs.describe())
+
+
+PP_POINTER = 'what the engine\'s PP schedule leaves unpriced (under "Pipeline parallelism as the engines schedule it")'
+
+
+def pp_unpriced(pipeline: PipelineModel) -> tuple[str, ...]:
+    """The PP schedule's settings the loop leaves out. The loop prices the scheduler's CPU per step
+    (`simulate.overheads`), so the schedule's note that the CPU time is not priced is dropped here."""
+    return tuple(c for c in pipeline.schedule.not_modelled if "CPU time" not in c)
+
+
+def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
+    """Whether the engine schedules the next step while the GPU runs this one, on this deployment:
+    SGLang's overlap schedule is off under PP; vLLM keeps async scheduling on every executor its launch
+    lines use, the Ray executor of a replica over several nodes included (`gpus_per_node` is kept for
+    the engines whose rule depends on the nodes)."""
+    if not rules.cpu_overlap:
+        return False
+    if rules.key.startswith("sglang@"):
+        return deployment.pp == 1
+    return True
+
+
+def engine_loop(
+    pipeline: PipelineModel, deployment: Deployment, chunk_tokens: int, gpus_per_node: int, *, fixed_costs: bool = True
+) -> EngineLoop:
+    """The loop of `pipeline`'s engine version on `deployment` with steps of `chunk_tokens`;
+    `fixed_costs` False leaves the per-request and per-step costs out (the idealised loop)."""
+    rules = scheduler_rules(pipeline.engine)
+    costs = overheads(cpu_overlaps(rules, deployment, gpus_per_node)) if fixed_costs else NONE
+    config = LoopConfig(
+        chunk_tokens=chunk_tokens,
+        in_flight=pipeline.in_flight(deployment.pp),
+        chunks_overlap=pipeline.chunks_overlap,
+        step_overhead_s=costs.step_s,
+        request_in_s=costs.request_s,
+    )
+    return EngineLoop(pipeline, rules, costs, config, deployment.pp)
+
+
+def workload_arrivals(workload: Workload) -> ClosedLoop:
+    """A closed-loop workload's requests as the loop takes them (prompts cycled, its cached share)."""
+    lens = workload.input_lens or [workload.prompt_len(0)]
+    shapes = [Shape(n, workload.output_len, workload.cached_share) for n in lens]
+    return closed_loop(workload.concurrency, shapes, workload.total_requests)
+
+
+def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
+    """The loop over the predictor's per-stage step prices, on its deployment's replicas."""
+    return simulate(arrivals, predictor_prices(p), loop.config, replicas=p.deployment.replicas)
+
+
+__all__ = ["PP_POINTER", "EngineLoop", "cpu_overlaps", "engine_loop", "pp_unpriced", "serve", "workload_arrivals"]

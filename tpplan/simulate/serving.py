@@ -1,0 +1,132 @@
+"""The serving loop as audit, search and report ask for it: an arrival process and one summary per deployment.
+
+`Arrival` is what the user asked for (the workload's closed loop, Poisson at a rate, or a trace);
+`arrivals_for` turns it into requests; `serving_summary` runs the engine's loop on a predictor's
+step prices and returns what the JSON carries (docs/audit-json.md, `serving`): TTFT mean and
+percentiles with the fixed costs' band, the idealised loop's mean beside it, the queueing share,
+prefill throughput, the engine's settings and what the loop does not model for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tpplan.cost.prediction import PlanPrediction
+from tpplan.cost.predictor import Predictor, cached_predictor
+from tpplan.cost.topology import Topology
+from tpplan.cost.workload import MAX_REQUESTS, Workload
+from tpplan.errors import TpplanError
+from tpplan.layout.plan import Plan
+from tpplan.models.graph import ModelGraph
+from tpplan.simulate.engine import EngineLoop, engine_loop, serve, workload_arrivals
+from tpplan.simulate.loop import LoopConfig
+from tpplan.simulate.requests import Arrivals, ClosedLoop, Shape, poisson
+from tpplan.simulate.results import LoopResult
+from tpplan.simulate.trace import load_trace
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """How requests arrive: the workload's closed loop (neither rate nor trace), Poisson at `rate`
+    requests/s (the workload's prompts, `requests` of them, drawn with `seed`), or a trace file."""
+
+    rate: float | None = None
+    trace: str | None = None
+    requests: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and self.trace is not None:
+            raise TpplanError("arrival_rate and trace", "are two arrival processes", "give one of them")
+        if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
+            raise TpplanError(f"requests={self.requests}", f"must be 1 to {MAX_REQUESTS}", "pass a request count")
+
+    def to_json(self, arrivals: Arrivals) -> dict[str, object]:
+        n = len(arrivals.requests)
+        if isinstance(arrivals, ClosedLoop):
+            return {"kind": "closed", "concurrency": arrivals.concurrency, "requests": n}
+        if self.trace is not None:
+            return {"kind": "trace", "file": self.trace, "requests": n}
+        return {"kind": "poisson", "rate_per_s": self.rate, "seed": self.seed, "requests": n}
+
+
+def arrivals_for(arrival: Arrival, workload: Workload | None, max_context: int | None = None) -> Arrivals:
+    """The requests `arrival` describes; Poisson and the closed loop take their prompts from `workload`.
+    `max_context` bounds a trace's prompts (a workload's are taken as its author set them, as the cost
+    model always has)."""
+    if arrival.trace is not None:
+        return load_trace(arrival.trace, max_context)
+    if workload is None:
+        raise TpplanError(
+            "arrivals", "a closed loop or a rate takes its prompts from a workload", "give a workload, or a trace file"
+        )
+    n = arrival.requests or workload.total_requests
+    if arrival.rate is None:
+        return workload_arrivals(workload.with_overrides(f"workload {workload.name}", num_requests=n))
+    lens = workload.input_lens or [workload.prompt_len(0)]
+    shapes = [Shape(x, workload.output_len, workload.cached_share) for x in lens]
+    return poisson(arrival.rate, shapes, n, arrival.seed)
+
+
+def _run(p: Predictor, arrivals: Arrivals, loop: EngineLoop, cfg: LoopConfig | None = None) -> LoopResult:
+    return serve(p, arrivals, loop if cfg is None else replace(loop, config=cfg))
+
+
+def serving_summary(
+    p: Predictor, arrivals: Arrivals, chunk_tokens: int, gpus_per_node: int, *, per_request: bool = False
+) -> tuple[LoopResult, dict[str, object]]:
+    """The engine's loop (`p.pipeline`'s engine) on `p`'s deployment: the result and its JSON summary."""
+    loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node)
+    res = _run(p, arrivals, loop)
+    ideal = _run(p, arrivals, engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, fixed_costs=False))
+    low, high = (_run(p, arrivals, loop, replace(loop.config, step_overhead_s=c.step_s, request_in_s=c.request_s))
+                 for c in loop.costs.band())  # fmt: skip
+    out: dict[str, object] = {
+        "engine": p.pipeline.engine,
+        "ttft": res.summary(),
+        "ttft_band": {k: [low.summary()[k], high.summary()[k]] for k in ("mean_s", "p50_s", "p90_s", "p99_s")},
+        "idealised_mean_s": ideal.mean_s,
+        "settings": {
+            "chunk_tokens": chunk_tokens,
+            "in_flight": loop.config.in_flight,
+            "chunks_overlap": loop.config.chunks_overlap,
+            "cpu_overlap": loop.costs.cpu_overlap,
+            "request_s": loop.costs.request_s,
+            "step_s": loop.costs.step_s,
+            "sources": [m.url for m in loop.costs.sources],
+        },
+        "conditions": list(loop.conditions()),
+    }
+    if per_request:
+        out["requests"] = [t.to_json() for t in res.timelines]
+    return res, out
+
+
+PredictFn = Callable[..., PlanPrediction]
+
+
+def with_serving_loop(predict: PredictFn) -> PredictFn:
+    """`predict` (`predict_plan`'s signature) with each prediction's TTFT taken from the engine's serving
+    loop (fixed costs included) over the workload's closed loop, on the prediction's own step prices,
+    and what the loop leaves out for that engine in `serving_conditions`: what the memo ranks and
+    judges deployments by."""
+
+    def run(graph: ModelGraph, plan: Plan, topo: Topology, **kw: Any) -> PlanPrediction:
+        pred = predict(graph, plan, topo, **kw)
+        wl: Workload | None = kw.get("workload")
+        if wl is None or pred.ttft is None:
+            return pred
+        p = cached_predictor(graph, plan, topo, kw["tp"], kw.get("pp", 1), kw.get("dtype", "bf16"),
+                             kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"), cp=kw.get("cp", 1),
+                             cp_recurrence=kw.get("cp_recurrence", "scan"), cp_layers=kw.get("cp_layers", "all"),
+                             pipeline=kw.get("pipeline"), replicas=kw.get("replicas", 1))  # fmt: skip
+        loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
+        res = serve(p, workload_arrivals(wl), loop)
+        return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
+
+    return run
+
+
+__all__ = ["Arrival", "arrivals_for", "serving_summary", "with_serving_loop"]
