@@ -3,9 +3,10 @@
 `fault_env("RANK:KIND")` is the environment that makes that rank raise before its first
 collective of KIND; `"RANK:KIND:hang"` makes it sleep instead, `"RANK:KIND:kill"` makes it SIGKILL
 itself (what the OOM killer does), `"RANK:KIND:stop"` makes it SIGSTOP itself (as `kill -STOP` does).
-Every rank imports this file (the runtime's `TPPLAN_RANK_HOOKS` seam, `tpplan.runtime.hooks`), which
-registers `_maybe_fault`.
-Fault injection lives here only: tpplan itself registers no hook.
+Every rank imports this file at start-up (tests/rank_hooks/sitecustomize.py, which `fault_env` puts on
+PYTHONPATH), which registers `_maybe_fault` on the runtime's collective hook (`tpplan.runtime.hooks`).
+Fault injection lives here only: tpplan itself registers no hook and imports no module its
+environment names.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import signal
 import time
 from pathlib import Path
 
-from tpplan.runtime.hooks import HOOKS_ENV, add_collective_hook
+from tpplan.runtime.hooks import add_collective_hook
 
 FAULT_ENV = "TPPLAN_TEST_FAULT"
+HOOK_DIR = Path(__file__).resolve().parent / "rank_hooks"  # its sitecustomize imports this file
+REPO = Path(__file__).resolve().parents[1]
 
 
 def fault_env(spec: str) -> dict[str, str]:
-    """Environment variables that load this hook into every rank and make it inject `spec`."""
-    return {HOOKS_ENV: str(Path(__file__).resolve()), FAULT_ENV: spec}
+    """Environment variables that load this hook into every process started with them (the CLI and
+    its ranks) and make it inject `spec`. The repository stays on the path (this checkout's tpplan)."""
+    path = os.pathsep.join(p for p in (str(HOOK_DIR), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, FAULT_ENV: spec}
 
 
 def _maybe_fault(rank: int, kind: str) -> None:

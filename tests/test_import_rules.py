@@ -194,7 +194,7 @@ def test_the_torch_block_works() -> None:
 
 # docs/design.md, "Layers and their rules", bottom up; a module imports only from its own rank or below.
 LAYERS = [
-    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units", "signals"),
+    ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units", "signals", "text"),
     ("models",),
     ("layout",),
     ("plans", "engines"),

@@ -143,6 +143,8 @@ def test_gpt_oss_modules_to_not_convert_must_be_strings(tmp_path):
         ("max_position_embeddings", "x", "max_position_embeddings"),
         ("rope_scaling", {"rope_type": "yarn"}, "needs factor"),
         ("rope_scaling", [1, 2], "rope_scaling"),
+        ("rope_scaling", {"rope_type": ["yarn"], "factor": 2.0}, "rope_type: ['yarn'] is not a RoPE scaling"),
+        ("rope_parameters", {"rope_type": {"a": 1}}, "rope_type: {'a': 1} is not a RoPE scaling"),
         ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "not a RoPE scaling"),
         ("tie_word_embeddings", "no", "tie_word_embeddings"),
         ("hidden_act", "gelu", "hidden_act"),

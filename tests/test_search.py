@@ -335,6 +335,9 @@ def test_cli_search_table_and_json(tmp_path):
     # a cap just below the unconstrained best's memory: that plan must go, plans that fit must stay
     best = free["plans"][0]
     best_mem = best["memory_bytes_per_rank"]["total"]
+    kv = {c["engine"]: c for c in best["kv_capacity"]}  # the engines' KV pools (tests/cost/test_kv_capacity.py)
+    assert set(kv) == {"sglang@0.5.23", "vllm@0.34.0"}
+    assert all(c["seq_len"] == 16385 and c["decode_batch"] >= 1 for c in kv.values())
     fits = [p for p in free["plans"] if p["memory_bytes_per_rank"]["total"] < best_mem]
     assert fits, "the case needs a plan below the best one's memory"
     cap_gib = (best_mem - 1.0) / 2**30

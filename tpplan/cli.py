@@ -10,7 +10,7 @@ import re
 import sys
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
 from tpplan.errors import TpplanError
 
@@ -50,8 +50,28 @@ FLAG_OF = {
     "cp_kv": "--cp-kv",
     "arrival_rate": "--arrival-rate",
     "requests": "--requests",
+    "cp": "--cp",
+    "cp_layers": "--cp-layers",
+    "plan": "--plan",
+    "engine": "--engine",
+    "weights": "--weights",
+    "nodes": "--nodes",
+    "workload": "--workload",
+    "force": "--force",
+    "chunk": "--chunk",
+    "experts": "--experts",
+    "iters": "--iters",
+    "warmup": "--warmup",
+    "kernels": "--kernels",
+    "kernels_from": "--kernels-from",
+    "target_topology": "--target-topology",
+    "nproc": "--nproc",
+    "backend": "--backend",
+    "from_files": "--from",
 }
-_FIELD = re.compile(r"\b(" + "|".join(FLAG_OF) + r")=(\S*)")
+_NAMES = "|".join(sorted(FLAG_OF, key=len, reverse=True))
+# a value runs to the next space, or to a `/` that starts the next field (`iters=/warmup=`)
+_FIELD = re.compile(rf"\b({_NAMES})=((?:(?!/(?:{_NAMES})=)\S)*)")
 
 
 def as_flags(exc: TpplanError) -> TpplanError:
@@ -62,6 +82,15 @@ def as_flags(exc: TpplanError) -> TpplanError:
         return FLAG_OF[m[1]] + ("" if value in ("", "None") else f" {value}") + m[2][len(value) :]
 
     return TpplanError(_FIELD.sub(flag, exc.where), _FIELD.sub(flag, exc.reason), _FIELD.sub(flag, exc.fix))
+
+
+def usage_error(exc: Exception) -> TpplanError:
+    """click's usage error (its usage line, a hint and the message on four lines) as one line: the
+    command, what was wrong, and where the options are listed."""
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None) or "tpplan"
+    reason = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]  # click's, matched by shape
+    return TpplanError(command, reason, f"`{command} --help` lists its options")
 
 
 def json_without_file(argv: list[str]) -> list[str]:
@@ -88,36 +117,35 @@ def main() -> None:
 
 
 def _main() -> None:
-    err = Console(stderr=True)
-    try:
-        rc = app(args=json_without_file(sys.argv[1:]), standalone_mode=False)
-    except TpplanError as exc:
-        from rich.markup import escape
+    from tpplan.text import TextConsole
 
+    err = TextConsole(stderr=True)
+    try:
+        rc = app(args=json_without_file(sys.argv[1:]), prog_name="tpplan", standalone_mode=False)
+    except TpplanError as exc:
         shown = as_flags(exc)
         # one line in files and pipes (grep-able); wrapped at the terminal's width, at most 100, in a terminal
         tty = err.is_terminal
         width = min(err.width, 100) if tty else None
-        err.print(f"[bold red]error:[/] {escape(str(shown))}", highlight=False, soft_wrap=not tty, width=width)
+        err.print(f"[bold red]error:[/] {escape(str(shown))}", markup=True, soft_wrap=not tty, width=width)
         sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
     except ImportError as exc:
-        from rich.markup import escape
-
         missing = (exc.name or "").split(".")[0]
         if missing not in RUNTIME_MODULES:
             raise
         what = f"tpplan {sys.argv[1]}" if len(sys.argv) > 1 else "this command"
         line = f'{what}: needs {missing}, which is not installed. Fix: pip install "tpplan[runtime]"'
-        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
         sys.exit(2)
     except Exception as exc:
         # typer bundles its own click: match its usage errors by shape, not by class
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            usage = as_flags(usage_error(exc))
+            err.print(f"[bold red]error:[/] {escape(str(usage))}", markup=True, soft_wrap=True)
             sys.exit(2)
         raise
     if isinstance(rc, int) and rc:

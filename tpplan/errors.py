@@ -17,10 +17,11 @@ class TpplanError(Exception):
     """
 
     def __init__(self, where: str, reason: str, fix: str) -> None:
-        self.where = where
-        self.reason = reason
-        self.fix = fix
-        super().__init__(f"{where}: {reason.rstrip('.')}. Fix: {fix}")
+        # a part quoting an input (a path, a name) is cut: one line, never a megabyte of it
+        self.where = _cut(where, 6 * QUOTE_LIMIT)
+        self.reason = _cut(reason, 25 * QUOTE_LIMIT)
+        self.fix = _cut(fix, 12 * QUOTE_LIMIT)
+        super().__init__(f"{self.where}: {self.reason.rstrip('.')}. Fix: {self.fix}")
 
 
 QUOTE_LIMIT = 80  # characters of a bad value an error quotes (a 1.5 MB value is named by its length)

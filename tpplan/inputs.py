@@ -23,6 +23,24 @@ from tpplan.errors import TpplanError
 MAX_INPUT_BYTES = 64 * 2**20  # the largest real input (a bench results file) is a few MiB
 MAX_NESTING = 64  # configs and plan files nest 3-5 levels
 MAX_INT_DIGITS = 40  # 2^128 has 39 digits; no field of any input needs more
+NAME_MAX = 255  # bytes in one file name (Linux, macOS): longer, and every stat raises ENAMETOOLONG
+PATH_MAX = 4096  # bytes in a whole path (Linux)
+# Names an input file gives things (a plan, workload, cluster, GPU, model): shown in tables, legends and
+# plot titles; a 100,000-character name made matplotlib fail to allocate (issue 35). Bounded at validation.
+NAME_CHARS = 200
+
+
+def check_path(path: str | Path, where: str, fix: str) -> None:
+    """Refuse a path no file can have: a name over NAME_MAX bytes, a path over PATH_MAX, a NUL byte.
+    pathlib's `exists()` and `is_dir()` raise on those (ENAMETOOLONG, ValueError) instead of saying no."""
+    raw = os.fsencode(path)
+    if b"\0" in raw:
+        raise TpplanError(where, "contains a NUL byte, which no file name can", fix)
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > NAME_MAX:
+        raise TpplanError(where, f"has a name of {longest:,} bytes; a file name holds at most {NAME_MAX}", fix)
+    if len(raw) > PATH_MAX:
+        raise TpplanError(where, f"is {len(raw):,} bytes long; a path holds at most {PATH_MAX}", fix)
 
 
 def read_text(path: str | Path, where: str, fix: str) -> str:
@@ -49,6 +67,8 @@ def read_text(path: str | Path, where: str, fix: str) -> str:
             data = f.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise TpplanError(where, f"cannot read it ({_why(exc)})", fix) from None
+    if data is None:  # a non-blocking read with nothing ready (/proc/kmsg): a stream, not a file's content
+        raise TpplanError(where, "has nothing to read without waiting (a kernel or device stream, not a file)", fix)
     if len(data) > MAX_INPUT_BYTES:
         raise TpplanError(where, f"is more than the {_mib(MAX_INPUT_BYTES)} tpplan reads", fix)
     return decode(data, where, fix)

@@ -44,6 +44,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tpplan.errors import TpplanError
+from tpplan.inputs import check_path
 from tpplan.signals import exit_cleanly
 
 MARKER = ".tpplan-output"
@@ -113,6 +114,7 @@ def _no_write_bits(path: Path) -> bool:
 
 def _check_name(option: str, path: Path) -> None:
     """Not one of tpplan's own bookkeeping files, and not a symbolic link (dangling or not)."""
+    check_path(path, f"{option} {path}", "pass a shorter path")
     if path.name in _RESERVED:
         raise _error(option, path, f"is the name of tpplan's own record ({path.name})", "pass another file name")
     if path.is_symlink():

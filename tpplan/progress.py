@@ -14,7 +14,9 @@ from rich.progress import Progress, ProgressColumn
 
 def progress(enabled: bool, *columns: str | ProgressColumn) -> Any:
     """A `rich.progress.Progress` on stderr, or `LineProgress` when stderr is a file or pipe."""
-    console = Console(stderr=True, highlight=False)
+    from tpplan.text import TextConsole
+
+    console = TextConsole(stderr=True)  # names as text: no markup, no control characters (tpplan.text)
     if enabled and not console.is_terminal:
         return LineProgress(console)
     return Progress(*columns, disable=not enabled, console=console)

@@ -47,7 +47,7 @@ def test_bad_system_engine_or_version_is_one_line_naming_the_choices() -> None:
         AicSource("h999", "sglang")
     with pytest.raises(TpplanError, match="use one of"):
         AicSource("h200_sxm", "sglang", "0.0.1")
-    with pytest.raises(TpplanError, match="--engine"):
+    with pytest.raises(TpplanError, match="engine="):
         engine_source("h200_sxm", "tensorrt@1")
     assert engine_source("h200", "vllm@0.24.0").name == "aic:h200_sxm/vllm@0.24.0"
 

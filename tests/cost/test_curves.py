@@ -116,3 +116,13 @@ def test_engine_tables_keep_an_nvls_off_clusters_all_reduce() -> None:
         for size in (256 * 1024, 32 * MiB):
             own = collective_time("all_reduce", size, 8, t)
             assert price_collective("all_reduce", size, 8, t, sources=(_Every(),)) == own, (preset, size)
+
+
+def test_the_provenance_says_when_engine_tables_priced_collectives() -> None:
+    from tpplan.cost.bands import BandPart
+    from tpplan.cost.provenance import _engine_collectives_note
+
+    aic = BandPart("collectives", "aic", 0.2, 0.1, "AIC NCCL table")
+    curve = BandPart("collectives", "curve", 0.2, 0.1, "measured curve")
+    assert "--engine tables" in _engine_collectives_note([curve, aic])
+    assert _engine_collectives_note([curve, BandPart("gemm", "aic", 0.6, 0.1, "AIC GEMM")]) == ""

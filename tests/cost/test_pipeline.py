@@ -88,7 +88,7 @@ def test_engine_selection() -> None:
     v = pipeline_model("vllm")
     assert v.engine == "vllm@0.34.0" and v.schedule is ENGINES["vllm@0.34.0"].pipeline
     assert "vLLM 0.34.0" in v.assumption(4) and "at most 5 micro-batches in flight (pp_size 4 + 1)" in v.assumption(4)
-    with pytest.raises(TpplanError, match="--engine trtllm@1"):
+    with pytest.raises(TpplanError, match="engine=trtllm@1"):
         pipeline_model("trtllm@1")
     # the sentence follows the fields the simulation reads
     deeper = replace(pipeline_model(), schedule=replace(pipeline_model().schedule, extra_in_flight=1))

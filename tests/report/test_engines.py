@@ -161,3 +161,13 @@ def test_report_passes_prefill_cp_dp_and_engine_versions_to_the_recipes():
     assert not s0.blocked and s1.blocked and s1.version == "sglang@main@7665ff96"
     (_, v0), (_, v1) = pair(plain, "sp-moe"), pair(cp, "sp-moe")
     assert "--data-parallel-size 2" in " ".join(v1.args) and "--data-parallel-size" not in " ".join(v0.args)
+
+
+def test_an_ep_plan_that_also_replicates_or_gathers_needs_code():
+    """A search plan with expert parallelism and its own gathers/replications is no engine's EP path:
+    `--ep-size` realises only EP on the baseline's stream (the K3 TP16xPP2 best needed code)."""
+    plan, spec = _setup("deepseek-v3", 8, "baseline")
+    ep = plan.with_(name="x", moe="ep", ep_size=8)
+    assert family(ep) == "ep"
+    mixed = ep.with_(replicate=frozenset({"mla+moe/moe.shared_up_proj"}), gather=frozenset({"mla+moe/mla.qkv_a"}))
+    assert family(mixed) == "custom" and sglang_recipe(mixed, spec, tp=8).realises == "no"

@@ -82,4 +82,14 @@ def test_the_price_of_a_switch_is_its_memory():
         assert s.price.startswith(f"memory per rank {gib(ref.total)} -> {gib(m.total)} of the card's "
                                   f"{gib(p.gpu_memory_bytes)} (weights {gib(m.weights)}")  # fmt: skip
         assert f"KV cache {gib(m.kv_cache)} for the workload's tokens" in s.price
-        assert f"leaving {gib(p.gpu_memory_bytes - m.total)} for more KV blocks" in s.price
+        # the room left is the deciding engine's own KV pool in tokens and the decode batch it admits
+        from tpplan.report.verdicts import deciding_engine
+
+        e = deciding_engine(a.variant(s.key).engines)
+        c = next(x for x in p.kv_capacity if e is not None and x.engine.startswith(e.engine.lower() + "@"))
+        c0 = next(x for x in next(iter(a.current.predictions.values())).kv_capacity if x.engine == c.engine)
+        assert f"{c.label} at its defaults sizes the KV pool to {c.tokens:,} tokens per rank ({c0.tokens:,} today)" in (
+            s.price
+        )
+        assert f"a decode batch of {c.batch:,} requests of {c.seq_len:,} tokens ({c0.batch:,} today" in s.price
+        assert "for more KV blocks" not in s.price

@@ -49,37 +49,6 @@ def _rank_sum(rank: int, world: int, device: object, payload: int) -> int:
 
 
 @pytest.mark.slow
-def test_a_port_taken_before_the_store_binds_it_starts_the_group_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process can take the free port between `_free_port` and rank 0's store (seen on CI):
-    rank 0 fails to listen (EADDRINUSE) before any rank runs `fn`, and the group starts again on a
-    new port instead of failing the run."""
-    import socket
-
-    from tpplan.runtime import group
-
-    held = socket.socket()
-    held.bind(("127.0.0.1", 0))
-    held.listen()
-    ports = iter([held.getsockname()[1]])
-    real = group._free_port
-    monkeypatch.setattr(group, "_free_port", lambda: next(ports, None) or real())
-    try:
-        assert group.run_group(_rank_sum, group.GroupSpec("gloo", 2, 60), 10) == 21
-    finally:
-        held.close()
-    monkeypatch.setattr(group, "PORT_ATTEMPTS", 1)
-    held = socket.socket()
-    held.bind(("127.0.0.1", 0))
-    held.listen()
-    ports = iter([held.getsockname()[1]])
-    try:
-        with pytest.raises(RankFailed, match="EADDRINUSE"):
-            group.run_group(_rank_sum, group.GroupSpec("gloo", 2, 60), 10)
-    finally:
-        held.close()
-
-
-@pytest.mark.slow
 def test_a_stopped_rank_is_named_as_not_answering_not_as_out_of_memory() -> None:
     """SIGSTOP: the stopped rank never answers; its peer times out. torch's own join would SIGKILL the
     stopped rank after 30 s and that used to read as the OS killing it for memory."""

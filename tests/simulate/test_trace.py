@@ -45,6 +45,7 @@ def test_jsonl_and_csv_give_the_same_requests_and_later_requests_of_a_prefix_fin
         ("t.jsonl", '{"arrival_s": 1e12, "prompt_tokens": 5}\n', "line 1: arrival_s: field 'arrival_s'"),
         ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": 0}\n', "line 1: prompt_tokens: field 'prompt_tokens'"),
         ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": 9000}\n', "exceed the model's context of 4096"),
+        ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": 4000, "output_tokens": 98}\n', "run past the model's context"),
         ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "extra": 1}\n', "line 1: extra: field 'extra'"),
         ("t.jsonl", '{"arrival_s": 0, "prompt_tokens": 5, "prefix_tokens": 9, "prefix_id": "a"}\n', "exceed prompt"),
         ("t.jsonl", "[1, 2]\n", "line 1: is a list"),

@@ -196,7 +196,7 @@ def _progress(enabled: bool) -> Any:
 
     from tpplan.progress import progress
 
-    return progress(enabled, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    return progress(enabled, TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn())
 
 
 def _time_gemm(m: int, k: int, n: int, device: Any, iters: int, warmup: int) -> GemmPoint:

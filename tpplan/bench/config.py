@@ -69,15 +69,15 @@ def resolved_workload(cfg: BenchConfig, base: Workload | None = None) -> Workloa
     upd: dict[str, Any] = {}
     if cfg.tokens is not None:
         if cfg.tokens < 1:
-            raise TpplanError(f"--tokens {cfg.tokens}", "must be at least 1", "pass a positive prompt length")
+            raise TpplanError(f"tokens={cfg.tokens}", "must be at least 1", "pass a positive prompt length")
         upd.update(input_len=cfg.tokens, input_lens=None)
     if cfg.chunk is not None:
         if cfg.chunk < 1:
-            raise TpplanError(f"--chunk {cfg.chunk}", "must be at least 1", "pass a positive chunk size")
+            raise TpplanError(f"chunk={cfg.chunk}", "must be at least 1", "pass a positive chunk size")
         upd["chunk_size"] = cfg.chunk
     if cfg.requests is not None:
         if cfg.requests < 1:
-            raise TpplanError(f"--requests {cfg.requests}", "must be at least 1", "pass a positive count")
+            raise TpplanError(f"requests={cfg.requests}", "must be at least 1", "pass a positive count")
         upd["num_requests"] = cfg.requests
     if not upd:
         return wl
@@ -89,7 +89,7 @@ def act_dtype(cfg: BenchConfig, backend: str) -> str:
     """Activation/weight dtype name: bf16 on NCCL, fp32 on gloo (CPU), unless given."""
     name = cfg.dtype or ("bf16" if backend == "nccl" else "fp32")
     if name not in ("bf16", "fp16", "fp32"):
-        raise TpplanError(f"--dtype {name}", "unsupported", "use bf16, fp16 or fp32")
+        raise TpplanError(f"dtype={name}", "unsupported", "use bf16, fp16 or fp32")
     return name
 
 
@@ -100,17 +100,17 @@ def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
     from tpplan.plans.named import make_plan
 
     if not cfg.plans:
-        raise TpplanError("--plan", "no plan given", "pass --plan NAME (repeatable)")
+        raise TpplanError("plan=", "no plan given", "pass plan=NAME (repeatable)")
     if cfg.iters < 1 or cfg.warmup < 0 or cfg.direct_iters < 1:
-        raise TpplanError("--iters/--warmup", "iters must be >= 1 and warmup >= 0", "pass sensible counts")
+        raise TpplanError("iters=/warmup=", "iters must be >= 1 and warmup >= 0", "pass sensible counts")
     if cfg.kernels not in ("fast", "reference"):
-        raise TpplanError(f"--kernels {cfg.kernels}", "unknown kernel set", "use fast or reference")
+        raise TpplanError(f"kernels={cfg.kernels}", "unknown kernel set", "use fast or reference")
     wl = resolved_workload(cfg)
     topo = load_topology(cfg.topology)
     target = load_topology(cfg.target_topology, cfg.target_nodes) if cfg.target_topology is not None else None
     if world > topo.world_size:
         raise TpplanError(
-            f"--topology {cfg.topology}",
+            f"topology={cfg.topology}",
             f"has {topo.world_size} GPUs, the run uses {world} ranks",
             "predict on a topology with at least as many GPUs (e.g. a calibrated one from `tpplan calibrate`)",
         )
@@ -121,7 +121,7 @@ def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
         if not pa.legal:
             first = pa.violations[0].sentence()
             raise TpplanError(
-                f"--plan {name} (TP{world})",
+                f"plan={name} (TP{world})",
                 f"the audit calls this plan illegal: {first}",
                 "bench legal plans only (`tpplan audit` lists them)",
             )
@@ -130,12 +130,12 @@ def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
             pa = audit_plan(sl.full, make_plan(name, sl.full, target.world_size), target.world_size, "bf16")
             if not pa.legal:
                 raise TpplanError(
-                    f"--plan {name} --target-topology {cfg.target_topology}",
+                    f"plan={name} target_topology={cfg.target_topology}",
                     f"illegal for the whole model at TP{target.world_size}: {pa.violations[0].sentence()}",
-                    "pick another target topology or drop --target-topology",
+                    "pick another target topology or drop target_topology=",
                 )
     if cfg.experts is not None and sl.experts is not None and sl.experts % world:
-        raise TpplanError(f"--experts {cfg.experts}", f"must be divisible by the {world} ranks", "pick a multiple")
+        raise TpplanError(f"experts={cfg.experts}", f"must be divisible by the {world} ranks", "pick a multiple")
     return wl, sl
 
 

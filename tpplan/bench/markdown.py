@@ -11,6 +11,7 @@ from tpplan.bench.checks import checks, profiles_note
 from tpplan.bench.results import PlanBench
 from tpplan.bench.ttft import TTFT_METHOD
 from tpplan.bench_results import OpResult, error_summary
+from tpplan.text import plain
 
 
 def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> str:
@@ -36,7 +37,7 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
     for pb in benches:
         lines += _plan_markdown(pb)
     lines += _summary_markdown(benches)
-    return "\n".join(lines) + "\n"
+    return plain("\n".join(lines) + "\n", keep_lines=True)  # names from inputs as text (issue 35)
 
 
 def _provenance(topology: str, gpus: int) -> str:

@@ -134,7 +134,7 @@ def build_slice(
         most = max(m.experts for m in moe_specs)
         kept = most if experts is None else experts
         if kept < 1 or kept > most:
-            raise TpplanError(f"--experts {experts}", f"must be between 1 and the model's {most}", "pick fewer")
+            raise TpplanError(f"experts={experts}", f"must be between 1 and the model's {most}", "pick fewer")
         new = []
         for layer in picked:
             if isinstance(layer.mlp, MoESpec):

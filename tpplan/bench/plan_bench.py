@@ -54,10 +54,10 @@ def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.nproc
     if world < 1:
-        raise TpplanError(f"--nproc {cfg.nproc}", "must be at least 1", "pass the number of GPUs to use")
+        raise TpplanError(f"nproc={cfg.nproc}", "must be at least 1", "pass the number of GPUs to use")
     backend = resolve_backend(cfg.backend)
     if backend not in ("nccl", "gloo"):
-        raise TpplanError(f"--backend {cfg.backend}", "unknown backend", "use nccl, gloo or auto")
+        raise TpplanError(f"backend={cfg.backend}", "unknown backend", "use nccl, gloo or auto")
     wl, _ = check_inputs(cfg, world)
     act_dtype(cfg, backend)
     if backend == "nccl" and not under_torchrun():
@@ -65,7 +65,7 @@ def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
 
         have = torch.cuda.device_count()
         if have < world:
-            raise TpplanError(f"--nproc {world}", f"needs {world} GPUs, {have} visible", "use fewer ranks or gloo")
+            raise TpplanError(f"nproc={world}", f"needs {world} GPUs, {have} visible", "use fewer ranks or gloo")
     spec = GroupSpec(backend, world, cfg.timeout_s)
     raw = run_group(worker, spec, (cfg, wl, backend))
     if raw is None:

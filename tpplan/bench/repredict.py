@@ -78,10 +78,10 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     from tpplan.cost.workload import schedule
     from tpplan.plans.named import make_plan
 
-    r = load_bench_results(path, "--from")
+    r = load_bench_results(path, "from_files=")
     topo_name = topology or (_beside(path, r.topology) if r.topology else None)
     if topo_name is None:
-        raise TpplanError(f"--from {path}", "records no topology", "pass --topology to re-predict it")
+        raise TpplanError(f"from_files={path}", "records no topology", "pass topology= to re-predict it")
     cfg = recorded_config(r, topo_name)
     if cfg.target_topology:
         cfg = dataclasses.replace(cfg, target_topology=_beside(path, cfg.target_topology))
@@ -91,7 +91,7 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     sl = build_slice(cfg.model, cfg.layers, cfg.experts, spec=spec)
     g = sl.graph
     if g.counts() != r.model_slice.layer_kinds:
-        raise TpplanError(f"--from {path}", f"the recorded slice {r.model_slice.layer_kinds} is not the one "
+        raise TpplanError(f"from_files={path}", f"the recorded slice {r.model_slice.layer_kinds} is not the one "
                           f"rebuilt from its command ({g.counts()})", "re-run the bench")  # fmt: skip
     topo = load_topology(topo_name)
     wl = resolved_workload(cfg, base)
@@ -155,7 +155,9 @@ def _recorded_inputs(path: Path, r: BenchResults) -> tuple[ModelSpec | None, Wor
     raw = r.inputs.config
     name = r.model if r.model in list_presets() else str(raw.get("_name_or_path") or Path(r.model).stem)
     spec = spec_from_config(raw, label=f"--from {path}: inputs.config", name=name)
-    wl = validated(Workload, r.inputs.workload, f"--from {path}: inputs.workload", "regenerate it with `tpplan bench`")
+    wl = validated(
+        Workload, r.inputs.workload, f"from_files={path}: inputs.workload", "regenerate it with `tpplan bench`"
+    )
     return spec, wl
 
 

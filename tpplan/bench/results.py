@@ -295,7 +295,7 @@ def from_files(paths: Sequence[Path]) -> list[PlanBench]:
 
     out = []
     for p in paths:
-        r = load_bench_results(p, "--from")
+        r = load_bench_results(p, "from_files=")
         replay = {i: c.replay_s for i, c in enumerate(r.collectives) if c.replay_s}
         out.append(PlanBench(r.plan, r, replay, {}, [], [], "as recorded in the results files"))
     return out

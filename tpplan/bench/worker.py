@@ -212,7 +212,9 @@ def _progress(enabled: bool) -> Any:
 
     from tpplan.progress import progress
 
-    return progress(enabled, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return progress(
+        enabled, TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    )
 
 
 def _bench_plan(

@@ -5,7 +5,7 @@ of minutes of work or a traceback. The option keeps its own help and default; th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from tpplan.errors import TpplanError
 
@@ -35,6 +35,21 @@ PP_RANGE = bounded("--pp", 1, MAX_PP)
 CP_RANGE = bounded("--cp", 1, MAX_CP)
 REPLICAS_RANGE = bounded("--replicas", 1, MAX_REPLICAS)
 NODES_RANGE = bounded("--nodes", 1, MAX_NODES)
+
+
+def named(option: str) -> Callable[[Any], Any]:
+    """A typer callback refusing an empty value of `option` (`--topology ""`), which the commands would
+    otherwise read as "not given" and run without it; for a repeatable option, any empty value."""
+
+    def check(value: Any) -> Any:
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            raise TpplanError(
+                f'{option} ""', "is empty", f"give {option} a value (a preset or a file), or leave it out"
+            )
+        return value
+
+    return check
 
 
 def replica_count(value: str | None) -> int | Literal["all"] | None:

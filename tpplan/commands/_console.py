@@ -23,6 +23,8 @@ from rich.padding import Padding
 from rich.table import Column, Table
 from rich.text import Text
 
+from tpplan.text import TextConsole
+
 if TYPE_CHECKING:
     from tpplan.layout.plan import Plan
 
@@ -37,7 +39,12 @@ def console(*, wide: bool = False, stderr: bool = False) -> Console:
         width = max(probe.width, WIDTH) if probe.is_terminal else WIDE
     else:
         width = min(probe.width, WIDTH) if probe.is_terminal else WIDTH
-    return Console(width=width, highlight=False, stderr=stderr)
+    return TextConsole(width=width, stderr=stderr)
+
+
+def styled(markup: str) -> Text:
+    """A cell or line whose markup is tpplan's own (`"[red]NO[/]"`): what a TextConsole would print literally."""
+    return Text.from_markup(markup)
 
 
 TEXT = 24  # a column whose widest cell is wider than this and has spaces is text: it wraps first
@@ -221,7 +228,7 @@ def steps(what: str) -> Iterator[Callable[[str], None]]:
     line in a terminal, plain lines in a file or pipe once the command has run QUIET_S (so a quick
     run's log holds only the result). Yields the function a command passes to the API as its
     `progress`."""
-    err = Console(stderr=True, highlight=False)
+    err = TextConsole(stderr=True)
     if not err.is_terminal:
         plain = PlainSteps(err, what, tick=TICK_S)
         try:
@@ -232,10 +239,10 @@ def steps(what: str) -> Iterator[Callable[[str], None]]:
         plain.done()
         return
     t0 = time.perf_counter()
-    with err.status(f"{what} ...") as status:
+    with err.status(Text(f"{what} ...")) as status:  # Text: a status string would be parsed as markup
 
         def say(step: str) -> None:
-            status.update(f"{what}: {step} ({time.perf_counter() - t0:.0f} s)")
+            status.update(Text(f"{what}: {step} ({time.perf_counter() - t0:.0f} s)"))
 
         yield say
     if time.perf_counter() - t0 >= QUIET_S:  # the status line is gone: say how long a long run took

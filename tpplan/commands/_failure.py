@@ -62,4 +62,4 @@ def print_failure(what: str, exc: Exception, hint: str | None = None, tail: str 
     if isinstance(exc, RankKilled) and hint:
         text += f"; {hint}"
     text += tail
-    console(stderr=True).print(f"[bold red]{what} failed:[/] {escape(text)}", soft_wrap=True)
+    console(stderr=True).print(f"[bold red]{what} failed:[/] {escape(text)}", soft_wrap=True, markup=True)

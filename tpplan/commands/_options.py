@@ -3,13 +3,14 @@ the same thing about them. A command's own default goes after the annotation (`=
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpplan.commands._bounds import CP_RANGE, NODES_RANGE, TOKENS_RANGE, TP_RANGE
+from tpplan.commands._bounds import CP_RANGE, NODES_RANGE, TOKENS_RANGE, TP_RANGE, named
 from tpplan.errors import TpplanError
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def load_cluster(
     named = topology if topology is not None else cluster
     if topo is None or named is None or nodes is not None:
         return topo
-    if Path(named).suffix.lower() in (".toml", ".json") or Path(named).exists():
+    if Path(named).suffix.lower() in (".toml", ".json") or os.path.exists(named):  # os.path: no raise
         return topo  # a file's own node count
     need = max(1, -(-gpus // topo.gpus_per_node)) if gpus else 1
     return topo.with_nodes(need) if need != topo.nodes else topo
@@ -117,9 +118,9 @@ _ENGINE_HELP = (
     "Serving engine whose measured kernels price compute where its database has them: sglang, vllm or trtllm, "
     "optionally @version (needs the aic extra: pip install 'tpplan\\[aic]')"
 )
-GpuOpt = Annotated[str | None, typer.Option("--gpu", help=_GPU_HELP)]
-EngineOpt = Annotated[str | None, typer.Option("--engine", help=_ENGINE_HELP)]
-ClusterOpt = Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help=_GPU_HELP, callback=named("--gpu"))]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help=_ENGINE_HELP, callback=named("--engine"))]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP, callback=named("--cluster"))]
 
 __all__ = [
     "Backend",

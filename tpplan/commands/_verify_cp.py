@@ -11,6 +11,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from tpplan.errors import TpplanError
 
 TOLERANCE = 1e-4  # fp32: max |error| / max |reference| of the logits
@@ -91,17 +93,18 @@ def print_cp(console: Any, s: dict[str, Any]) -> None:
     if "tp" in s:  # TP x CP
         cp_ok = "all ranks" if all(s["trace_matches_per_rank"]) else "[red]differs[/]"
         tp_ok = "all ranks" if all(s["tp_trace_matches_per_rank"]) else "[red]differs[/]"
-        console.print(f"{status}  {s['model']} {s['plan']} TP{s['tp']} x CP{s['cp']}, {s['tokens']} tokens")
+        head = f"{escape(s['model'])} {escape(s['plan'])} TP{s['tp']} x CP{s['cp']}, {s['tokens']} tokens"
+        console.print(f"{status}  {head}", markup=True)
         console.print(f"  final hidden max rel error vs the single-process model {s['max_rel_hidden_error']:.3e} "
                       f"(tolerance {s['tolerance']:g}); CP calls {s['traced_calls']} traced, "
                       f"{s['predicted_calls']} predicted, equal: {cp_ok}; "
-                      f"TP calls == predict_schedule: {tp_ok}")  # fmt: skip
+                      f"TP calls == predict_schedule: {tp_ok}", markup=True)  # fmt: skip
         return
     shape = f"CP{s['cp']} inside TP{s['cp']}, MLA layers only" if s.get("layers") == "mla" else f"CP{s['cp']} (TP 1)"
-    console.print(f"{status}  {s['model']} {shape}, {s['tokens']} tokens, {s['split']} split")
+    console.print(f"{status}  {escape(s['model'])} {shape}, {s['tokens']} tokens, {s['split']} split", markup=True)
     console.print(f"  logits max rel error vs the single-process model {s['max_rel_logits_error']:.3e} "
                   f"(tolerance {s['tolerance']:g}); final hidden max abs {s['max_abs_hidden_error']:.3e}")  # fmt: skip
     same = "all ranks" if all(s["trace_matches_per_rank"]) else "[red]differs[/]"
     console.print(f"  CP calls traced {s['traced_calls']} ({s['traced_bytes']:,.0f} B) vs predicted "
                   f"{s['predicted_calls']} ({s['predicted_bytes']:,.0f} B), all ranks; "
-                  f"trace == prediction (kind, op, value, bytes, order): {same}")  # fmt: skip
+                  f"trace == prediction (kind, op, value, bytes, order): {same}", markup=True)  # fmt: skip

@@ -6,11 +6,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE
+from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE, named
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_plan_notes, print_wrapped, show, steps
+from tpplan.commands._console import print_plan_notes, print_wrapped, show, steps, styled
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -95,12 +96,20 @@ def register(app: typer.Typer) -> None:
         topology: Annotated[
             str | None,
             typer.Option(
-                "--topology", "-t", help="Topology preset or .toml/.json file: adds predicted time and memory"
+                "--topology",
+                "-t",
+                help="Topology preset or .toml/.json file: adds predicted time and memory",
+                callback=named("--topology"),
             ),
         ] = None,
         workload: Annotated[
             str | None,
-            typer.Option("--workload", "-w", help="Workload preset or .toml/.json file: adds TTFT (needs --topology)"),
+            typer.Option(
+                "--workload",
+                "-w",
+                help="Workload preset or .toml/.json file: adds TTFT (needs --topology)",
+                callback=named("--workload"),
+            ),
         ] = None,
         pp: Annotated[
             int, typer.Option("--pp", help="Pipeline stages (TP x PP GPUs); with --topology", callback=PP_RANGE)
@@ -181,12 +190,13 @@ def register(app: typer.Typer) -> None:
             result = audit(model, tp, plan, dtype)
             print_plan_notes(pa.plan for pa in result.plans)
             if topo is not None:
+                from tpplan.cost.kv_capacity import kv_engines_for
                 from tpplan.cost.predict import predict_audit
 
                 say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
                 predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
                                             cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
-                                            replicas=replicas)  # fmt: skip
+                                            replicas=replicas, kv_engines=kv_engines_for(engine))  # fmt: skip
             data: dict[str, Any] = to_json(result, predictions)
             arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
             if arrivals is not None and topo is not None:
@@ -248,14 +258,16 @@ def register(app: typer.Typer) -> None:
         cpa = audit_cp(result.graph, tp, cp, cp_recurrence, cp_layers) if cp > 1 else None  # type: ignore[arg-type]
         pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
         console = make_console()
-        console.print(f"[bold]{pa.plan.name}[/] ({pa.plan.title}) on {result.model}, TP{tp}: {pa.plan.summary}")
+        console.print(f"[bold]{escape(pa.plan.name)}[/] ({escape(pa.plan.title)}) on {escape(result.model)}, TP{tp}: "
+                      f"{escape(pa.plan.summary)}", markup=True)  # fmt: skip
         fused = _fused_lines(pa) if pa.plan.overlap == "asynctp" else {}
         for kind, ks in pa.kinds.items():
             widths = {v: val.width for v, val in result.graph.kinds[kind].values.items()}
             status = "legal" if ks.legal else "ILLEGAL"
             console.print(
                 f"\n[bold]{kind}[/] x{ks.count}: {status}; attention-input boundary "
-                f"{ks.result.units('attn_side'):g} units, whole layer {ks.result.units():g} units"
+                f"{ks.result.units('attn_side'):g} units, whole layer {ks.result.units():g} units",
+                markup=True,
             )
             for line in explain_layer(ks.result, widths):
                 print_wrapped(console, line, 6)
@@ -284,9 +296,10 @@ def _fused_lines(pa: PlanAudit) -> dict[str, list[str]]:
 def _print_audit(data: dict, wide: bool = False) -> None:
     console = make_console(wide=wide)
     console.print(
-        f"[bold]{data['model']}[/] ({data['model_type']}, hidden {data['hidden']}, {data['layers']} layers: "
+        f"[bold]{escape(data['model'])}[/] ({data['model_type']}, hidden {data['hidden']}, {data['layers']} layers: "
         + ", ".join(f"{k} x{c}" for k, c in data["layer_kind_counts"].items())
-        + f") at TP{data['tp']}, {data['dtype']}"
+        + f") at TP{data['tp']}, {data['dtype']}",
+        markup=True,
     )
     for note in data.get("not_modelled", ()):
         console.print(f"  not modelled: {note}", markup=False)
@@ -307,7 +320,7 @@ def _print_audit(data: dict, wide: bool = False) -> None:
         counts = " ".join(f"{COLLECTIVE_SHORT[k]}x{v}" for k, v in sorted(p["collectives_per_forward"].items()))
         t.add_row(
             p["name"],
-            "yes" if p["legal"] else "[red]NO[/]",
+            styled("yes" if p["legal"] else "[red]NO[/]"),
             f"{p['comm_bytes_per_token_per_rank']:,.0f}",
             signed_pct(p["comm_delta_pct"]),
             f"{p['comm_units_per_token']:,.0f}",
@@ -327,7 +340,7 @@ def _print_audit(data: dict, wide: bool = False) -> None:
             k.add_row(
                 p["name"],
                 f"{kind} x{info['count']}",
-                "yes" if info["legal"] else "[red]NO[/]",
+                styled("yes" if info["legal"] else "[red]NO[/]"),
                 f"{info['attn_input_units']:g}",
                 signed_pct(info["attn_input_delta_pct"]),
                 f"{info['layer_units']:g}",
@@ -336,7 +349,7 @@ def _print_audit(data: dict, wide: bool = False) -> None:
     show(console, k)
     for p in data["plans"]:
         if p["reasons"] or p["engine_notes"]:
-            console.print(f"\n[bold]{p['name']}[/]:")
+            console.print(f"\n[bold]{escape(p['name'])}[/]:", markup=True)
         roots = [r for r in p["reasons"] if "(follows from" not in r]
         follow = len(p["reasons"]) - len(roots)
         for r in roots:
@@ -366,7 +379,8 @@ def print_cp(cp: dict, tp: int) -> None:
         )
         if info.get("replaces_plan_collectives_on"):
             xs += f", replacing the plan's collective on {'+'.join(info['replaces_plan_collectives_on'])}"
-        t.add_row(kind, info["split"], "yes" if info["legal"] else "[red]NO[/]", f"{info['units_per_token']:g}", xs)
+        legal = styled("yes" if info["legal"] else "[red]NO[/]")
+        t.add_row(kind, info["split"], legal, f"{info['units_per_token']:g}", xs)
     show(console, t)
     for r in cp["reasons"]:
         print_wrapped(console, f"  - CP: {r}")
@@ -470,13 +484,13 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
             over = m["gpu"]
         cells = {
             "plan": p["name"],
-            "legal": "yes" if p["legal"] else "[red]NO[/]",
+            "legal": styled("yes" if p["legal"] else "[red]NO[/]"),
             "forward": _ms(pr["forward_s"]),
             "compute": _ms(pr["compute_s"]),
             "TP comm": _ms(pr["comm_s"]),
             "stage send": _ms(pr["stage_comm_s"]),
             "redundant": _ms(pr["redundant_compute_s"]),
-            "memory": _fmt_bytes(m["total"]) + ("" if m["fits"] else " [red](over)[/]"),
+            "memory": styled(_fmt_bytes(m["total"]) + ("" if m["fits"] else " [red](over)[/]")),
             "replicated": _fmt_bytes(m["replicated_extra"]),
             "KV": _fmt_bytes(m["kv_cache"]),
             "TTFT mean s": f"{ttft['mean_s']:.3f}" if ttft else "",
@@ -486,7 +500,9 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
         }
         t.add_row(*(cells[c] for c in cols))
     show(console, t, wrap=("memory",))
-    console.print(provenance_line(first.get("provenance")), markup=False)
+    # the question's band: the baseline's prediction, as search and the memo state it (question_provenance)
+    ref = next((p["prediction"] for p in data["plans"] if p["name"] == "baseline" and p.get("prediction")), first)
+    console.print(provenance_line(ref.get("provenance")), markup=False)
     if r > 1:
         console.print(
             f"Replicas: times and memory per rank are one replica's; TTFT is over every request, the workload's "

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._bounds import TOKENS_RANGE
+from tpplan.commands._bounds import TOKENS_RANGE, named
 from tpplan.commands._options import ProgressOpt
 
 
@@ -21,7 +21,9 @@ def bench(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="preset name or config.json (a run needs it)")
     ] = None,
-    workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset or file")] = "prompt16k-c8",
+    workload: Annotated[
+        str, typer.Option("--workload", "-w", help="workload preset or file", callback=named("--workload"))
+    ] = "prompt16k-c8",
     topology: Annotated[
         str | None,
         typer.Option(
@@ -29,6 +31,7 @@ def bench(
             "-t",
             help="topology the predictions use (a calibrated one; default "
             "h200x2-calibrated, with --repredict the one each run recorded)",
+            callback=named("--topology"),
         ),
     ] = None,
     layers: Annotated[

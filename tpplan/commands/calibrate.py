@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tpplan.commands._options import Backend, BackendOpt, ProgressOpt
+from tpplan.text import plain
 
 
 def _print_tables(res: object) -> None:
@@ -72,7 +73,7 @@ def _kernels_from(paths: list[Path], base_topology: str, out: Path) -> None:
     topo = topo.model_copy(update={"name": out.stem})  # a preset's name is its file's
     with write_errors("--out", out):
         write_topology_atomic(topo, out, f"written by `tpplan calibrate --kernels-from`: {topo.notes}")
-    typer.echo(f"wrote {out}")
+    typer.echo(plain(f"wrote {out}"))
 
 
 def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> None:
@@ -132,7 +133,7 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
                                    "notes": "; ".join(n for n in notes if n)})  # fmt: skip
     with write_errors("--out", out):
         write_topology_atomic(topo, out, f"written by `tpplan calibrate --quick/--kernel-models`: {topo.notes}")
-    typer.echo(f"wrote {out}")
+    typer.echo(plain(f"wrote {out}"))
 
 
 def calibrate(
@@ -250,7 +251,7 @@ def calibrate(
     header = f"written by `tpplan calibrate`: {topo.notes}"
     with write_errors("--out", out):
         write_topology_atomic(topo, out, header)
-    typer.echo(f"wrote {out}")
+    typer.echo(plain(f"wrote {out}"))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TP_RANGE, replica_count
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TP_RANGE, named, replica_count
 from tpplan.commands._options import ClusterOpt, CpKvOpt, CpLayersOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
@@ -17,13 +17,17 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         ctx: typer.Context,
         model: ModelOpt,
-        topology: Annotated[str, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")] = (
-            "h200x8-ib400"
-        ),
+        topology: Annotated[
+            str,
+            typer.Option("--topology", "-t", help="Topology preset or .toml/.json file", callback=named("--topology")),
+        ] = "h200x8-ib400",
         workload: Annotated[
             list[str] | None,
             typer.Option(
-                "--workload", "-w", help="Workload preset(s) or file(s); default: prompt16k-c8 and prompt16k-c16"
+                "--workload",
+                "-w",
+                help="Workload preset(s) or file(s); default: prompt16k-c8 and prompt16k-c16",
+                callback=named("--workload"),
             ),
         ] = None,
         out: Annotated[

@@ -56,6 +56,9 @@ def run(
             return verify_memory_hint(model, tp, dtype, weights is None, reference=False)
 
         check_local_ranks("--tp", tp, backend.value, force, hint)
+    from tpplan.runtime.checkpoint_files import check_folder
+
+    check_folder(weights)  # every *.safetensors file checked before any rank starts (a FIFO would block)
     graph = build_model_graph(load_model(model))
     the_plan = make_plan(plan, graph, tp)
     print_plan_notes([the_plan])

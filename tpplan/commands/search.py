@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE, replica_count
+from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE, named, replica_count
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_wrapped, show, steps
+from tpplan.commands._console import print_wrapped, show, steps, styled
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -82,10 +83,14 @@ def register(app: typer.Typer) -> None:
     def search_cmd(
         model: ModelOpt,
         topology: Annotated[
-            str | None, typer.Option("--topology", "-t", help="Topology preset or .toml/.json file")
+            str | None,
+            typer.Option("--topology", "-t", help="Topology preset or .toml/.json file", callback=named("--topology")),
         ] = None,
         workload: Annotated[
-            str | None, typer.Option("--workload", "-w", help="Workload preset or file: rank by mean TTFT")
+            str | None,
+            typer.Option(
+                "--workload", "-w", help="Workload preset or file: rank by mean TTFT", callback=named("--workload")
+            ),
         ] = None,
         tp: Annotated[
             int | None,
@@ -247,12 +252,17 @@ def _print(data: dict, wide: bool = False) -> None:
     grid = len(data["search"]["deployments"]) > 1  # several TP x PP deployments: name each plan's
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
     console.print(
-        f"[bold]{data['model']}[/] at {', '.join(data['search']['deployments'])}"
-        + (f" on {data['topology']} ({data['nodes']} x {data['gpus_per_node']} GPUs)" if data["topology"] else "")
-        + (f", workload {data['workload']}" if data["workload"] else "")
+        f"[bold]{escape(data['model'])}[/] at {', '.join(data['search']['deployments'])}"
+        + (
+            f" on {escape(data['topology'])} ({data['nodes']} x {data['gpus_per_node']} GPUs)"
+            if data["topology"]
+            else ""
+        )
+        + (f", workload {escape(data['workload'])}" if data["workload"] else "")
         + f": ranked by {what}; "
         + ("best plan of each family (stream x reduce x MoE mode)" if data["mode"] == "per-family" else "all plans")
-        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
+        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s",
+        markup=True,
     )
     t = Table(title="Ranked legal plans (deltas vs baseline at the same TP x PP)")
     cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "comm vs base", "memory/rank", "replicated"]
@@ -281,7 +291,7 @@ def _print(data: dict, wide: bool = False) -> None:
             "vs base": signed_pct(p.get("delta_vs_baseline_pct")),
             "comm B/tok/rank": f"{p['comm_bytes_per_token_per_rank']:,.0f}",
             "comm vs base": signed_pct(p.get("comm_delta_vs_baseline_pct")),
-            "memory/rank": _fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else ""),
+            "memory/rank": styled(_fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else "")),
             "replicated": _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
         }
         t.add_row(*(cells[c] for c in cols))
@@ -343,7 +353,8 @@ def _print(data: dict, wide: bool = False) -> None:
     if not data["plans"]:
         console.print(
             "[red]No legal plan fits.[/] Use more GPUs (--nodes), a smaller --expert-dtype, or --memory-cap none "
-            "to rank plans that do not fit."
+            "to rank plans that do not fit.",
+            markup=True,
         )
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:

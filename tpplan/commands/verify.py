@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from tpplan.commands._bounds import TP_RANGE
 from tpplan.commands._console import console as make_console
-from tpplan.commands._console import print_plan_notes, print_wrapped, show
+from tpplan.commands._console import print_plan_notes, print_wrapped, show, styled
 from tpplan.commands._options import (
     Backend,
     BackendOpt,
@@ -44,7 +45,7 @@ def _print_result(console: Any, res: Any) -> None:
 
     case = res.case
     status = "[bold green]PASS[/]" if res.passed else "[bold red]FAIL[/]"
-    console.print(f"\n{status}  {case.label}  (TP{res.n}, {res.seconds:.1f}s)")
+    console.print(Text.assemble("\n", styled(status), f"  {case.label}  (TP{res.n}, {res.seconds:.1f}s)"))
     if not res.legal:
         reason = res.reason if len(res.reason) <= 600 else res.reason[:600].rsplit(" ", 1)[0] + " ..."
         print_wrapped(console, f"  illegal plan: {reason} (`tpplan audit --plan {case.plan}` lists every edge)")
@@ -58,7 +59,7 @@ def _print_result(console: Any, res: Any) -> None:
     for col in ("layer", "value", "max abs", "rel", "ok"):
         t.add_column(col, justify="right")
     for (layer, value), e in sorted(worst.items()):
-        ok = "[green]yes[/]" if e.rel <= res.tolerance else "[red]NO[/]"
+        ok = styled("[green]yes[/]" if e.rel <= res.tolerance else "[red]NO[/]")
         name = "final" if value in ("hidden", "logits") else str(layer)
         t.add_row(name, value, f"{e.max_abs:.3e}", f"{e.rel:.3e}", ok)
     show(console, t)
@@ -68,15 +69,16 @@ def _print_result(console: Any, res: Any) -> None:
     for col in ("kind", "traced calls", "traced MiB", "predicted calls", "predicted MiB", "match"):
         b.add_column(col, justify="right")
     for kind, tc, tb, pc, pb in res.bytes_table(0):
-        b.add_row(kind, str(tc), _mib(tb), str(pc), _mib(pb), "[green]yes[/]" if (tc, tb) == (pc, pb) else "[red]NO[/]")
+        match = styled("[green]yes[/]" if (tc, tb) == (pc, pb) else "[red]NO[/]")
+        b.add_row(kind, str(tc), _mib(tb), str(pc), _mib(pb), match)
     show(console, b)
     unplanned = [c for c in res.traced[0] if not c.planned]
     if unplanned:
         console.print(f"  {len(unplanned)} collectives were not named by the plan (forced), e.g. "
                       f"{unplanned[0].kind} {unplanned[0].value} {list(unplanned[0].shape)}")  # fmt: skip
-    per_rank = "all ranks" if res.trace_matches else "[red]differs[/]"
-    console.print(f"  trace == prediction (kind, shape, dtype, bytes, order): {per_rank}; "
-                  f"fallback chunks traced {res.fallback_traced}, predicted {res.fallback_predicted}")  # fmt: skip
+    per_rank = styled("all ranks" if res.trace_matches else "[red]differs[/]")
+    console.print(Text.assemble("  trace == prediction (kind, shape, dtype, bytes, order): ", per_rank,
+                  f"; fallback chunks traced {res.fallback_traced}, predicted {res.fallback_predicted}"))  # fmt: skip
 
 
 def _summary(res: Any) -> dict[str, Any]:
@@ -195,8 +197,9 @@ def verify(
                 "legal plan, or pass --force to run it and see the mismatch",
             )
     dtype_name(dtype)
-    if weights is not None and not weights.is_dir():
-        raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
+    from tpplan.runtime.checkpoint_files import check_folder
+
+    check_folder(weights)  # every *.safetensors file checked before any rank starts (a FIFO would block)
 
     from tpplan.runtime.verify import VerifyCase, verify_cases
 
@@ -221,8 +224,8 @@ def verify(
     console = make_console()
     for res in results:
         _print_result(console, res)
-    console.print(f"\n{'[bold green]all passed[/]' if ok else '[bold red]FAILED[/]'}: "
-                  f"{sum(r.passed for r in results)}/{len(results)} plans")  # fmt: skip
+    verdict = styled("[bold green]all passed[/]" if ok else "[bold red]FAILED[/]")
+    console.print(Text.assemble("\n", verdict, f": {sum(r.passed for r in results)}/{len(results)} plans"))
     return 0 if ok else 1
 
 
@@ -235,8 +238,9 @@ def _verify_cp(model: str, cp: int, tp: int, plans: list[str], tokens: int, chun
     from tpplan.runtime.group import RankFailed
 
     check_cp_args(cp, tp, plans, chunk, dtype, backend, layers)
-    if weights is not None and not weights.is_dir():
-        raise TpplanError(f"--weights {weights}", "not a folder", "pass the folder holding the *.safetensors files")
+    from tpplan.runtime.checkpoint_files import check_folder
+
+    check_folder(weights)  # every *.safetensors file checked before any rank starts (a FIFO would block)
     check_local_ranks("--tp x --cp", tp * cp if layers == "all" else cp, "gloo", force)
     if tp > 1 and weights is not None:
         raise TpplanError("--weights", "a TP x CP run uses random weights", "drop --weights, or pass --tp 1")

@@ -103,7 +103,7 @@ def check_one_domain(p: OpPrices) -> None:
         where = (f"its TP{p.tp} group spans {math.ceil(p.tp / p.rpn)} nodes" if p.rpn < p.tp
                  else f"{topo.name}'s GPUs are linked by {topo.intra.kind}")  # fmt: skip
         raise TpplanError(
-            f"--plan {p.plan.name} (TP{p.tp} on {topo.name})",
+            f"plan={p.plan.name} (TP{p.tp} on {topo.name})",
             f"async TP reads every TP peer's symmetric buffer over NVLink, and {where}",
             f"keep the TP group inside one NVLink node (TP <= {topo.gpus_per_node}) or drop +asynctp",
         )

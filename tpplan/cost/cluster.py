@@ -17,6 +17,7 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from tpplan.cost.gpu import MIN_RATE, Strict
+from tpplan.inputs import NAME_CHARS
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
@@ -88,6 +89,10 @@ class FittedCollective(Strict):
     curve: list[tuple[float, float]] = Field(default_factory=list)
 
 
+CURVE_BYTES = (1, 2**50)  # a collective's message: 1 B to 1 PiB
+CURVE_S = (1e-9, 3600.0)  # its time: 1 ns to an hour
+
+
 class CollectiveCurve(Strict):
     """Measured times of one collective kind run by one algorithm on `ranks` GPUs (`ranks_per_node`
     of them per node; default: as many as fit on a node): (nccl-tests size in bytes, seconds),
@@ -106,6 +111,12 @@ class CollectiveCurve(Strict):
         xs = [x for x, _ in self.points]
         if any(x <= 0 or y <= 0 for x, y in self.points) or xs != sorted(xs) or len(set(xs)) != len(xs):
             raise ValueError("points must be positive (bytes, seconds) pairs with rising bytes")
+        # physical bounds: the latency fit squares sizes and divides by times, so 1e308 overflowed (issue 35)
+        bad = next(((x, y) for x, y in self.points if not (1 <= x <= CURVE_BYTES[1] and CURVE_S[0] <= y <= CURVE_S[1])),
+                   None)  # fmt: skip
+        if bad is not None:
+            raise ValueError(f"point {bad} is outside 1 B to {CURVE_BYTES[1]:.0e} B and {CURVE_S[0]:g} s to "
+                             f"{CURVE_S[1]:g} s, no collective's size or time")  # fmt: skip
         return self
 
 
@@ -113,7 +124,7 @@ class Fabric(Strict):
     """What a cluster and a topology (`cost.topology`) both are: nodes x GPUs, the links inside and
     between nodes, the launch cost, fitted constants and measured curves, declared and checked once."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=3 * NAME_CHARS)  # a topology@cluster name composes two
     nodes: int = Field(ge=1, le=MAX_NODES)
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     intra: IntraLink

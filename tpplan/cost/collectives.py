@@ -270,7 +270,7 @@ def collective_time(
         raise TpplanError(
             "group_size",
             f"{group_size} ranks at {rpn} per node need {m} nodes, topology {topo.name} has {topo.nodes}",
-            "use a smaller group, more ranks per node, or --nodes",
+            "use a smaller group, more ranks per node, or nodes=",
         )
     if group_size == 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})

@@ -90,12 +90,12 @@ class Deployment:
             )
         if tp > g and tp % g:
             raise TpplanError(
-                f"--tp {tp}",
+                f"tp={tp}",
                 f"a TP group larger than a node must fill whole nodes of {g} GPUs",
                 f"use a multiple of {g}",
             )
         if self.cp_layers == "mla" and tp % cp:
-            raise TpplanError(f"--tp {tp} --cp {cp} --cp-layers mla", "the CP group sits inside the TP group",
+            raise TpplanError(f"tp={tp} cp={cp} cp_layers=mla", "the CP group sits inside the TP group",
                               f"use a CP that divides {tp}")  # fmt: skip
         if self.ep is not None and (self.ep < 1 or tp % self.ep):
             raise TpplanError(f"EP {self.ep}", f"must divide TP {tp}", f"use a divisor of {tp}")

@@ -19,6 +19,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpplan.errors import TpplanError
+from tpplan.inputs import NAME_CHARS
 
 # Default roofline efficiencies (fractions of the dense peak) for GPUs whose model names none.
 ATTN_EFFICIENCY = 0.55  # causal prefill attention (FlashAttention-3 class kernels, head dim 128-192)
@@ -42,6 +43,19 @@ def parse_engine(engine: str) -> tuple[str, str | None]:
     if name not in ENGINES:
         raise TpplanError(f"--engine {engine}", "unknown serving engine", f"use one of {', '.join(ENGINES)}[@version]")
     return name, version or None
+
+
+def engine_versions(name: str, system: str) -> list[str]:
+    """The versions of engine `name` tpplan knows: those whose source it read (`tpplan.engines`) and
+    those the kernel database holds for GPU `system` (where the aic extra is installed)."""
+    from tpplan.engines import ENGINES as RECORDS
+
+    known = [key.partition("@")[2] for key in RECORDS if key.partition("@")[0] == name]
+    from tpplan.cost.sources.aic import aic_available, aic_databases, resolve_system
+
+    if aic_available():
+        known += aic_databases().get(resolve_system(system), {}).get(name, [])
+    return sorted(set(known))
 
 
 class Strict(BaseModel):
@@ -116,7 +130,7 @@ class GpuSpec(Strict):
     on, optional measured GEMM and kernel tables, fitted kernel models and kernel sources, and where
     each came from (`provenance`, op class -> source)."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=NAME_CHARS)
     bf16_tflops: float = Field(ge=MIN_RATE, le=MAX_TFLOPS, description="peak dense bf16 TFLOP/s")
     fp8_tflops: float | None = Field(
         default=None,
@@ -181,6 +195,11 @@ class GpuSpec(Strict):
         if not self.system:
             raise TpplanError(f"--engine {engine}", f"GPU model {self.name!r} names no kernel-database system",
                               'add system = "h200_sxm" (its AIC name) to the GPU model')  # fmt: skip
+        known = engine_versions(name, self.system)
+        if version is not None and version not in known:  # else it would be priced as another version
+            listed = ", ".join(f"{name}@{v}" for v in known) or "none"
+            raise TpplanError(f"engine={engine}", f"tpplan knows no {name} version {version} (it knows {listed})",
+                              f"pass one of those, or {name} alone for its current release")  # fmt: skip
         refs = [SourceRef(kind=k, system=self.system, engine=name, version=version or "")
                 for k in ("aic", "aic-fitted")]  # fmt: skip
         stack = f"{engine} kernels (AIConfigurator database, {self.system}; in-node collectives from it only where "

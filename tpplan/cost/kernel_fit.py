@@ -87,9 +87,9 @@ def fit_kernel_profiles(results: Sequence[BenchResults], source: str) -> dict[st
     samples = profile_samples(results)
     if not samples:
         raise TpplanError(
-            "--kernels-from",
+            "kernels_from=",
             "the results files hold no timed non-GEMM ops with an estimate",
-            "pass results of `tpplan bench` (a run with ops timed, e.g. --workload kernel-sweep)",
+            "pass results of `tpplan bench` (a run with ops timed, e.g. workload=kernel-sweep)",
         )
     return {
         key: KernelProfile(points=curve(pts), samples=len(pts), source=source) for key, pts in sorted(samples.items())

@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from tpplan.audit import Audit, PlanAudit
+from tpplan.cost.kv_capacity import DEFAULT_KV_ENGINES, kv_capacity
 from tpplan.cost.op_prices import (
     ATTN_EFFICIENCY,
     EXPERT_M_TILE,
@@ -142,6 +143,13 @@ def _one_replica_ttft(p: Predictor, workload: Workload) -> TTFTResult:
     return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.pp), chunks_overlap=m.chunks_overlap)
 
 
+def longest_request(workload: Workload | None) -> int | None:
+    """Prompt + output tokens of the workload's longest request: the length a decode batch must hold KV for."""
+    if workload is None:
+        return None
+    return max(workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency))
+
+
 def predict_plan(
     graph: ModelGraph,
     plan: Plan,
@@ -161,6 +169,7 @@ def predict_plan(
     cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
+    kv_engines: tuple[str, ...] = DEFAULT_KV_ENGINES,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
     workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
@@ -171,7 +180,8 @@ def predict_plan(
     its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
     `replicas`: that many identical copies of the deployment, the workload's requests split between
     them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
-    TTFT over every request."""
+    TTFT over every request. `kv_engines`: the engine versions whose KV capacity per rank it states
+    (`tpplan.cost.kv_capacity`), with the decode batch each admits at the workload's longest request."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
@@ -204,6 +214,7 @@ def predict_plan(
         provenance=provenance(topology, p.deployment.gpus),
         cp=cp,
         replicas=replicas,
+        kv_capacity=tuple(kv_capacity(p, e, longest_request(workload)) for e in kv_engines),
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
     # share of the time), the same figure the memo uses: audit, search and report state one band.
@@ -225,6 +236,7 @@ def predict_audit(
     cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
     replicas: int = 1,
+    kv_engines: tuple[str, ...] = DEFAULT_KV_ENGINES,
 ) -> list[PlanPrediction]:
     """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
     workload's chunk size (8192 without a workload); `replicas` as `predict_plan`."""
@@ -248,6 +260,7 @@ def predict_audit(
             cp_kv=cp_kv,
             pipeline=pipeline,
             replicas=replicas,
+            kv_engines=kv_engines,
         )
         for pa in a.plans
     ]
@@ -283,6 +296,7 @@ __all__ = [
     "cached_predictor",
     "cached_tokens",
     "kernel_key",
+    "longest_request",
     "masked_pairs",
     "pipeline_model",
     "pipeline_ttft",

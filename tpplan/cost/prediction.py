@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from tpplan.cost.provenance import Provenance
 from tpplan.cost.workload import TTFTResult
+from tpplan.engines.memory import KVCapacity
 from tpplan.layout.plan import Plan
 
 Category = str  # "gemm" | "attention" | "recurrence" | "moe" | "elementwise"
@@ -118,6 +119,8 @@ class PlanPrediction:
     gpu_memory_bytes: float = 0.0
     provenance: Provenance | None = None  # how the times were made and the error band that applies
     cp: int = 1  # context-parallel size: TP groups per stage, each on 1/cp of the tokens
+    # the KV cache per rank as each engine version sizes it (`tpplan.cost.kv_capacity`)
+    kv_capacity: tuple[KVCapacity, ...] = ()
     replicas: int = 1  # identical copies of the deployment, the workload's requests split between them
     # what the serving loop that priced `ttft` does not model for its engine (empty: the cost model's own
     # idealised schedule; `tpplan.simulate.serving.with_serving_loop` fills it); not in the JSON
@@ -228,6 +231,7 @@ class PlanPrediction:
                 "fits": self.fits,
             },
             "ttft": ttft,
+            "kv_capacity": [c.to_json() for c in self.kv_capacity],
         }
 
 

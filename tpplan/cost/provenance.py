@@ -127,7 +127,28 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
         return base
     label = f"{base.label}, band composed per op class and source"
     basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
-    return Provenance(base.key, label, band, basis + _aic_fallback_note(parts) + format_note(prediction), tuple(parts))
+    notes = _aic_fallback_note(parts) + format_note(prediction) + _engine_collectives_note(parts)
+    return Provenance(base.key, label, band, basis + notes, tuple(parts))
+
+
+def _engine_collectives_note(parts: list[BandPart]) -> str:
+    """Where an engine's tables priced collectives, one clause saying they only added what the cluster lacks
+    (`cost.comm.cluster_states`): the cluster's own curves, fitted constants and declared algorithms win."""
+    if not any(p.klass == "collectives" and p.source == "aic" for p in parts):
+        return ""
+    return (
+        "; collectives the cluster has no measured curve, fitted constant or declared algorithm for were priced from "
+        "the --engine tables (AIC); the cluster's own collective data priced the rest"
+    )
+
+
+def question_provenance(reference: object, topology: Topology, gpus: int) -> Provenance:
+    """The one band of a question, whichever command asks: the composed band of its reference
+    prediction (the current deployment's: baseline at the reference TP x PP unless the memo is told
+    `--current`), which `predict_plan` composed; the topology's where there is none (a stand-in
+    predictor's). Audit, search and the memo all state this figure (tests/test_one_band.py)."""
+    held = getattr(reference, "provenance", None)
+    return held if isinstance(held, Provenance) else provenance(topology, gpus)
 
 
 def format_note(prediction: object) -> str:
@@ -166,4 +187,13 @@ def within_band(gain: float, band: float) -> bool:
     return abs(gain) <= band
 
 
-__all__ = ["BANDS", "Provenance", "composed_provenance", "provenance", "recorded_provenance", "within_band"]
+__all__ = [
+    "BANDS",
+    "Provenance",
+    "composed_provenance",
+    "format_note",
+    "provenance",
+    "question_provenance",
+    "recorded_provenance",
+    "within_band",
+]

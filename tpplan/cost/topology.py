@@ -33,7 +33,7 @@ from tpplan.cost.compute import kernel_sources
 from tpplan.cost.curve_sets import expand_curve_sets
 from tpplan.cost.gpu import NEW_FIELDS_DEFAULTS, GemmPoint, GpuModel, GpuSpec, KernelProfile, SourceRef
 from tpplan.errors import TpplanError, unknown_name
-from tpplan.inputs import parse_toml
+from tpplan.inputs import check_path, parse_toml
 
 
 class Topology(Fabric):
@@ -110,11 +110,12 @@ def list_clusters() -> list[str]:
 
 def _read(what: str, name_or_path: str, sub: str | None, names: list[str]) -> tuple[dict[str, Any], str]:
     """(data, where) of a preset `name_or_path` under presets/`sub`, or of a .toml/.json file."""
+    option, listing = _LISTINGS[what]
+    check_path(name_or_path, f"{option} {name_or_path}", f"pass a {what} preset (`{listing}`) or a .toml/.json file")
     path = Path(name_or_path)
     if path.suffix.lower() in (".toml", ".json") or path.exists():
         return read_mapping(path), str(path)
     if name_or_path not in names:
-        option, listing = _LISTINGS[what]
         raise unknown_name(f"a .toml/.json {what}", name_or_path, names, option, listing)
     parts = (_PRESETS, sub, f"{name_or_path}.toml") if sub else (_PRESETS, f"{name_or_path}.toml")
     res = resources.files("tpplan.cost").joinpath(*parts)
@@ -185,18 +186,23 @@ def _check_network(name: str, nodes: int, has_inter: bool, gpus_per_node: int) -
 
 
 def load_topology(
-    name_or_path: str, nodes: int | None = None, *, gpu: str | None = None, cluster: str | None = None
-) -> Topology:
+    name_or_path: str, nodes: int | None = None, *, gpu: str | None = None, cluster: str | None = None,
+    option: str = "--topology",
+) -> Topology:  # fmt: skip
     """Load a topology preset, file, or cluster (preset or file, with its default GPU); `cluster`
     (preset or file) replaces its cluster and, where the cluster names one, its GPU; `gpu` (preset or
     file) replaces the GPU model; `nodes` the node count.
 
-    Every validation problem becomes a TpplanError naming the file and the field.
+    Every validation problem becomes a TpplanError naming the file and the field; `option` is the flag
+    that named `name_or_path` (`--cluster` where no `--topology` was given).
     """
     topologies = list_topologies()
+    check_path(name_or_path, f"{option} {name_or_path}", "pass a preset (`tpplan topologies`) or a .toml/.json file")
     if name_or_path not in topologies and name_or_path in list_clusters() and not Path(name_or_path).exists():
         data: dict[str, Any] = {"cluster": name_or_path}
         where = f"cluster preset {name_or_path}"
+    elif option == "--cluster" and name_or_path not in topologies:  # a cluster file, or a name no cluster has
+        data, where = _read("cluster", name_or_path, _CLUSTERS, list_clusters())
     else:
         data, where = _read("topology", name_or_path, None, topologies)
     data = expand_curve_sets(dict(data), where)
@@ -250,7 +256,8 @@ def select_topology(
                 raise TpplanError(f"{flag} {value}", "a GPU model needs a cluster to run in",
                                   "add --cluster or --topology")  # fmt: skip
         return None
-    topo = load_topology(source, nodes, gpu=gpu, cluster=cluster)
+    option = "--topology" if topology is not None else "--cluster"
+    topo = load_topology(source, nodes, gpu=gpu, cluster=cluster, option=option)
     if engine is None:
         return topo
     topo = topo.model_copy(update={"gpu": topo.gpu.with_engine(engine), "name": f"{topo.name}/{engine}"})

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from tpplan.cost._files import read_mapping, validate
 from tpplan.errors import TpplanError, unknown_name
-from tpplan.inputs import parse_toml
+from tpplan.inputs import NAME_CHARS, check_path, parse_toml
 
 # Generous maxima, so a typo (input_len = 10**12) is refused at once instead of simulated for hours:
 # prompts up to 16M tokens, 100k requests, and at most MAX_BATCHES chunked-prefill batches in all.
@@ -48,7 +48,7 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: str = "custom"
+    name: str = Field(default="custom", min_length=1, max_length=NAME_CHARS)
     input_len: Tokens | None = Field(default=None, description="prompt tokens per request")
     output_len: Tokens = Field(default=1, description="only the first token is modelled")
     concurrency: int = Field(ge=1, le=MAX_CONCURRENCY, description="closed-loop clients")
@@ -125,6 +125,7 @@ def canonical_workload(name: str) -> str:
 def load_workload(name_or_path: str) -> Workload:
     """Load a preset by name (an old name in WORKLOAD_ALIASES too) or a .toml/.json file; bad files
     raise TpplanError naming the field, and so does one too large to price (`check_priceable`)."""
+    check_path(name_or_path, f"--workload {name_or_path}", "pass a workload preset (`tpplan workloads`) or a file")
     path = Path(name_or_path)
     if path.suffix.lower() in (".toml", ".json") or path.exists():
         return check_priceable(validate(Workload, read_mapping(path), str(path)), str(path))
@@ -183,6 +184,7 @@ class PrefillBatch:
     segments: tuple[Segment, ...]
     start_s: float = 0.0
     end_s: float = 0.0
+    decode_tokens: int = 0  # decode tokens the same step ran (the serving loop's decode; segments are prefill)
 
     @property
     def n_tokens(self) -> int:

@@ -31,7 +31,7 @@ def select(value: str) -> EngineVersion:
     if "@" not in key:
         key = next((d for d in DEFAULT_ENGINES if d.startswith(f"{key}@")), key)
     if key not in ENGINES:
-        raise TpplanError(f"--engine {value}", "no engine data for that version", f"use one of {', '.join(ENGINES)}")
+        raise TpplanError(f"engine={value}", "no engine data for that version", f"use one of {', '.join(ENGINES)}")
     return ENGINES[key]
 
 

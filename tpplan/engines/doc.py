@@ -243,6 +243,25 @@ def _context_parallel() -> list[str]:
     return out
 
 
+def _kv_sizing() -> list[str]:
+    """How each engine version sizes its KV cache (`tpplan.engines.memory`), fact by fact with its source."""
+    from tpplan.engines.memory import MEMORY_ENGINES, memory_facts
+
+    out = [
+        "## KV cache sizing",
+        "",
+        "How each version turns the card's memory into KV tokens at its defaults (`tpplan/engines/memory.py`;",
+        "`tpplan/cost/kv_capacity.py` feeds it the cost model's weights, KV bytes and state per rank:",
+        'docs/cost-model.md, "KV capacity as the engines compute it").',
+        "",
+    ]
+    for key in MEMORY_ENGINES:
+        out += [f"### `{key}`", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in memory_facts(key)]
+        out.append("")
+    return out
+
+
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
@@ -251,6 +270,7 @@ def render() -> str:
     lines += _overlaps()
     lines += _async_tp()
     lines += _context_parallel()
+    lines += _kv_sizing()
     return "\n".join(lines).rstrip() + "\n"
 
 

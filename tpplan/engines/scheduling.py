@@ -77,6 +77,7 @@ class SchedulerRules:
     max_running: Fact
     more: tuple[Fact, ...] = ()
     not_modelled: tuple[str, ...] = ()  # what the loop leaves out for this engine: the memo's conditions
+    decode_step: Fact | None = None  # how a request decodes once its prompt is done (the loop's `decode`)
 
 
 _SGL_BUDGET = StepBudget(
@@ -130,6 +131,12 @@ SGLANG_0_5_23 = SchedulerRules(
             "with DP attention the per-rank chunked_prefill_size is divided by the attention-DP size",
             _sgl("arg_groups/parallel_hook.py", "_handle_data_parallelism"),
         ),
+    ),
+    decode_step=Fact(
+        "a finished prefill batch is merged into the running batch; when no prefill batch forms, the step decodes "
+        "one token of every running request (update_running_batch); prefill_decode_interval (default 0) would hold "
+        "prefill back for some decode steps",
+        _sgl("managers/scheduler.py", "Scheduler.get_next_batch_to_run / update_running_batch"),
     ),
     not_modelled=(
         "decode batches: SGLang runs prefill first, so a waiting prompt never waits for decode, but decode holds "
@@ -186,6 +193,13 @@ def _vllm_rules(version: str, overlap_text: str) -> SchedulerRules:
             "max_num_seqs unset: 1024 on H100/H200-class GPUs, 256 on others (OpenAI server), at most "
             "max_num_batched_tokens",
             _vllm(version, "engine/arg_utils.py", "EngineArgs.get_batch_defaults"),
+        ),
+        decode_step=Fact(
+            "the RUNNING requests are scheduled first, each decode request one token of the step's token budget "
+            "(an unfinished prompt its next chunk), then the WAITING ones while the budget, max_num_seqs and KV "
+            "blocks allow; with PP and async scheduling a request decodes at most once every pp_size steps "
+            "(next_decode_eligible_step)",
+            _vllm(version, "v1/core/sched/scheduler.py", "Scheduler.schedule"),
         ),
         not_modelled=(
             "decode tokens share vLLM's step budget with prefill chunks; the loop gives prefill the whole budget, "

@@ -303,9 +303,9 @@ def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan
     families has one (a hybrid's kinds are either), so such a kind is refused with its reason.
     `layers="mla"`: only the MLA layers, the CP group inside the TP group (`_audit_mla_only`)."""
     if cp < 1:
-        raise TpplanError(f"--cp {cp}", "the CP size must be at least 1", "pass --cp 1 or more")
+        raise TpplanError(f"cp={cp}", "the CP size must be at least 1", "pass cp=1 or more")
     if layers not in CP_LAYERS:
-        raise TpplanError(f"--cp-layers {layers}", "unknown CP layer set", f"choose one of {', '.join(CP_LAYERS)}")
+        raise TpplanError(f"cp_layers={layers}", "unknown CP layer set", f"choose one of {', '.join(CP_LAYERS)}")
     if layers == "mla":
         return _audit_mla_only(graph, tp, cp, recurrence)
     kinds: dict[str, CpKind] = {}

@@ -176,20 +176,20 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
                 ep = plan.ep_size or 1
                 if n % ep or experts % ep or (op.split_heads % (n // ep)):
                     raise TpplanError(
-                        f"plan '{plan.name}' (--tp {n})",
+                        f"plan '{plan.name}' (tp={n})",
                         f"EP size {ep} must divide the TP size {n} and the {experts} experts, and the expert "
                         f"width {op.split_heads} must divide over the remaining {n // ep}-way split",
                         "choose an EP size that divides both",
                     )
             elif plan.moe == "a2a" and experts % n:
                 raise TpplanError(
-                    f"plan '{plan.name}' (--tp {n})",
+                    f"plan '{plan.name}' (tp={n})",
                     f"{experts} experts do not divide over {n} ranks for all-to-all expert parallelism",
                     "use a TP/EP size that divides the expert count",
                 )
             elif plan.moe == "tp" and op.split_heads % n:
                 raise TpplanError(
-                    f"--tp {n}",
+                    f"tp={n}",
                     f"the expert intermediate width {op.split_heads} is not divisible by {n}",
                     "use a TP size that divides it, or an EP/all-to-all MoE plan",
                 )
@@ -205,7 +205,7 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
                 "heads" if op.split_heads < 8192 and op.name not in ("gate_proj", "up_proj", "down_proj") else "columns"
             )
             raise TpplanError(
-                f"--tp {n} ({lg.kind} layer, {op.name})",
+                f"tp={n} ({lg.kind} layer, {op.name})",
                 f"{op.split_heads} {what} cannot be split evenly over {n} ranks; each rank must own whole {what}",
                 f"use a TP size that divides {op.split_heads} (e.g. {', '.join(map(str, divisors[-6:]))})",
             )

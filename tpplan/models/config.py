@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tpplan.errors import TpplanError, unknown_name, validated
-from tpplan.inputs import parse_json, read_text
+from tpplan.inputs import NAME_CHARS, check_path, parse_json, read_text
 from tpplan.models.families import Family, closest_family, family_for, supported_model_types
 from tpplan.models.families._common import EXPERT_COUNT_KEYS
 from tpplan.models.hf_defaults import with_transformers_defaults
@@ -41,6 +41,7 @@ _CONFIG_FIX = "pass a preset name or an HF config.json (or the folder holding on
 
 def _config_path(model: str) -> Path:
     """The config.json a `--model` value names (a file, or a folder holding config.json)."""
+    check_path(model, f"--model {model}", _CONFIG_FIX)
     p = Path(model)
     if p.is_dir():
         if not (p / "config.json").exists():
@@ -71,6 +72,9 @@ def load_model(model: str) -> ModelSpec:
     """Load a preset name or config.json path into a validated `ModelSpec`."""
     raw, label = load_config_dict(model)
     name = model if model in list_presets() else str(raw.get("_name_or_path") or Path(model).stem)
+    if len(name) > 5 * NAME_CHARS:  # a checkpoint path is its name: longer than any real one
+        raise TpplanError(f"{label}: _name_or_path", f"is {len(name):,} characters; tpplan takes at most "
+                          f"{5 * NAME_CHARS}", "shorten it (it is the name tables and plots show)")  # fmt: skip
     return spec_from_config(raw, label=label, name=name)
 
 

@@ -38,7 +38,7 @@ def head_range(heads: int, tp: int, rank: int) -> tuple[int, int]:
         h = rank // (tp // heads)
         return h, h + 1
     raise TpplanError(
-        f"--tp {tp}", f"{heads} heads cannot be split over {tp} ranks", "use a TP size that divides the heads"
+        f"tp={tp}", f"{heads} heads cannot be split over {tp} ranks", "use a TP size that divides the heads"
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool
 
-from tpplan.errors import TpplanError
+from tpplan.errors import TpplanError, shown
 
 MAX_POSITIONS = 2**31  # max_position_embeddings: Llama 4 Scout declares 10M; past 2^31 is nonsense
 
@@ -79,10 +79,10 @@ def check_rope(value: object, where: str) -> dict[str, Any] | None:
         kind_of = type(value).__name__
         raise TpplanError(where, f"must be an object or null, not a {kind_of}", "copy it from the checkpoint")
     kind = value.get("rope_type", value.get("type", "default"))
-    if kind not in ROPE_PARAMETERS:
+    if not isinstance(kind, str) or kind not in ROPE_PARAMETERS:  # a list or dict is no name (and unhashable)
         raise TpplanError(
             f"{where}.rope_type",
-            f"{kind!r} is not a RoPE scaling tpplan's runtime implements ({', '.join(ROPE_PARAMETERS)})",
+            f"{shown(kind)} is not a RoPE scaling tpplan's runtime implements ({', '.join(ROPE_PARAMETERS)})",
             "use one of those, or leave the field out for unscaled RoPE",
         )
     for key in ROPE_PARAMETERS[kind]:
@@ -94,11 +94,11 @@ def check_rope(value: object, where: str) -> dict[str, Any] | None:
             continue
         if key in value and not (isinstance(got, int | float) and not isinstance(got, bool) and math.isfinite(got)
                                  and got > 0):  # fmt: skip
-            raise TpplanError(f"{where}.{key}", f"must be a finite number > 0 (got {got!r})", f"correct {key}")
+            raise TpplanError(f"{where}.{key}", f"must be a finite number > 0 (got {shown(got)})", f"correct {key}")
     frac = value.get("partial_rotary_factor", 1.0)
     if not (isinstance(frac, int | float) and not isinstance(frac, bool) and 0 < frac <= 1):
-        raise TpplanError(f"{where}.partial_rotary_factor", f"must be a number in (0, 1] (got {frac!r:.40})",
+        raise TpplanError(f"{where}.partial_rotary_factor", f"must be a number in (0, 1] (got {shown(frac)})",
                           "copy it from the checkpoint")  # fmt: skip
     if "truncate" in value and not isinstance(value["truncate"], bool):
-        raise TpplanError(f"{where}.truncate", f"must be true or false (got {value['truncate']!r})", "correct it")
+        raise TpplanError(f"{where}.truncate", f"must be true or false (got {shown(value['truncate'])})", "correct it")
     return value

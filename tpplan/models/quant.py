@@ -183,7 +183,7 @@ def parse_quantization(raw: Mapping[str, Any], label: str) -> Quantization | Non
         f"{label}: field 'quantization_config.quant_method'",
         f"quantization method {method or '(none)'!r} is not read by tpplan",
         "tpplan reads fp8 (block-wise), mxfp4, compressed-tensors (int4/int8/nvfp4) and modelopt NVFP4; "
-        "remove quantization_config and pass --expert-dtype to price the weights instead",
+        "remove quantization_config and pass expert_dtype= to price the weights instead",
     )
 
 

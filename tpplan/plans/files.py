@@ -22,7 +22,7 @@ from typing import Annotated, Final, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from tpplan.errors import TpplanError, validated
-from tpplan.inputs import load_json
+from tpplan.inputs import NAME_CHARS, load_json
 from tpplan.layout.plan import MoEMode, Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
@@ -108,9 +108,9 @@ class PlanFile(_Strict):
     """The schema of a plan file (docs/search-json.md, "Plan files")."""
 
     schema_version: Literal[1]
-    name: str
-    title: str
-    summary: str
+    name: str = Field(min_length=1, max_length=NAME_CHARS)
+    title: str = Field(max_length=20 * NAME_CHARS)
+    summary: str = Field(max_length=20 * NAME_CHARS)
     found_by: str
     engine_notes: list[str] = []
     decisions: Decisions

@@ -252,7 +252,7 @@ def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph, n: int | Non
     why = engine.refusal(graph.spec.model_type)
     if why is not None:
         raise TpplanError(
-            f"--plan {plan.name}+{overlap}",
+            f"plan={plan.name}+{overlap}",
             f"{engine.engine} does not overlap micro-batches with {' '.join(engine.flags)}: {why}",
             "drop +tbo (or price vLLM's dual-batch overlap: +dbo)",
         )
@@ -270,12 +270,12 @@ def async_tp(plan: Plan, graph: ModelGraph, n: int) -> Plan:
 
     name = f"{plan.name}+asynctp"
     if plan.overlap is not None:
-        raise TpplanError(f"--plan {name}", f"plan {plan.name} already runs overlap {plan.overlap}; a plan takes one",
+        raise TpplanError(f"plan={name}", f"plan {plan.name} already runs overlap {plan.overlap}; a plan takes one",
                           f"use {plan.name} or {plan.name.rsplit('+', 1)[0]}+asynctp")  # fmt: skip
     results = propagate_model(graph, plan, n).results
     why = async_tp_refusal(plan, n, results)
     if why is not None:
-        raise TpplanError(f"--plan {name} (--tp {n})", f"async TP fuses collectives into GEMMs, and {why}",
+        raise TpplanError(f"plan={name} (tp={n})", f"async TP fuses collectives into GEMMs, and {why}",
                           "decorate a sequence-parallel plan, e.g. sequence-parallel+asynctp")  # fmt: skip
     pairs = [p for layer in model_pairs(results) for p in layer]
     ag = sum(p.pattern == "ag_gemm" for p in pairs)
@@ -331,7 +331,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     if ep:
         base = make_plan(ep["base"] or "baseline", graph, n)
         if base.moe != "tp":
-            raise TpplanError(f"--plan {name}", f"plan {base.name} already uses MoE mode {base.moe}", "use ep<k> alone")
+            raise TpplanError(f"plan={name}", f"plan {base.name} already uses MoE mode {base.moe}", "use ep<k> alone")
         return with_ep(base, int(ep["ep"]))
     simple = {
         "baseline": baseline,
@@ -369,8 +369,8 @@ def _unknown_plan(name: str) -> TpplanError:
     )
     if close:
         more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
-        return TpplanError(f"--plan {name}", "unknown plan", f"did you mean {close[0]}?{more}")
-    return TpplanError(f"--plan {name}", "unknown plan", f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, {forms}")
+        return TpplanError(f"plan={name}", "unknown plan", f"did you mean {close[0]}?{more}")
+    return TpplanError(f"plan={name}", "unknown plan", f"choose one of {', '.join(ALL_PLANS + DP_PLANS)}, {forms}")
 
 
 __all__ = [

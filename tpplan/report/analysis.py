@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
-from tpplan.cost.provenance import Provenance, provenance
+from tpplan.cost.provenance import question_provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
@@ -66,7 +66,7 @@ class Found:
     plan: Plan
     tp: int
     pp: int
-    rank: int
+    rank: int  # 0: the best of its deployment, below the search's top plans
     cp: int = 1
     score: float | None = None  # what the search ranked it by (mean TTFT s with a workload)
     replicas: int = 1  # identical copies of the deployment, the requests split between them
@@ -120,6 +120,10 @@ def load_search() -> SearchFn:
         )
         found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
                  for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
+        # each deployment's best too, so the memo's deployment rows are the search's (not only its top plans)
+        shown = {(r.deployment, str(r.plan.describe())) for r in outcome.ranked}
+        found += [Found(r.plan, r.tp, r.pp, 0, r.cp, r.score, r.replicas) for r in outcome.deployment_best
+                  if (r.deployment, str(r.plan.describe())) not in shown]  # fmt: skip
         return Searched(found, [tuple(g) for g in outcome.grid])  # type: ignore[misc]
 
     return best
@@ -451,8 +455,9 @@ def analyse(
             if same:
                 best_found = best_found or replace(f, plan=same[0].plan)  # under the memo's name for it
                 continue  # already in the memo at that shape
-            if pl.found_by == "search":
-                pl = pl.with_(name=f"search-{f.rank}", title="found by search", summary=describe_plan(pl))
+            if pl.found_by == "search":  # rank 0: a deployment's best below the search's top plans
+                name = f"search-{f.rank}" if f.rank else "search-best"
+                pl = pl.with_(name=name, title="found by search", summary=describe_plan(pl))
             variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp,
                                     replicas=f.replicas, cp_layers=cp_layers))  # fmt: skip
             best_found = best_found or replace(f, plan=pl)
@@ -510,8 +515,7 @@ def analyse(
     wl = workloads[0].name if workloads else None
     # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
     # a prediction that carries none (a stand-in predictor's) or none at all has the topology's.
-    held = getattr(cur.predictions.get(wl), "provenance", None) if wl is not None else None
-    band = held if isinstance(held, Provenance) else provenance(topology, cur.tp * cur.pp)
+    band = question_provenance(cur.predictions.get(wl) if wl is not None else None, topology, cur.tp * cur.pp)
     same = _same_decisions(variants)
 
     def formula(v: Variant) -> str:

@@ -12,6 +12,8 @@ import html
 import re
 from dataclasses import dataclass, field
 
+from tpplan.text import plain
+
 
 @dataclass(frozen=True)
 class Heading:
@@ -71,7 +73,8 @@ def _md_cell(text: str) -> str:
 
 def to_markdown(title: str, blocks: list[Block]) -> str:
     """GitHub-flavoured markdown; images are referenced by file name."""
-    return "\n".join([f"# {title}", "", *_markdown_lines(blocks)]).rstrip("\n") + "\n"
+    text = "\n".join([f"# {title}", "", *_markdown_lines(blocks)]).rstrip("\n") + "\n"
+    return plain(text, keep_lines=True)  # names from inputs as text (issue 35)
 
 
 def _markdown_lines(blocks: list[Block] | tuple[Block, ...]) -> list[str]:
@@ -139,7 +142,7 @@ def to_html(title: str, blocks: list[Block]) -> str:
     ]
     out += _html_lines(blocks)
     out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return plain("\n".join(out) + "\n", keep_lines=True)  # names from inputs as text (issue 35)
 
 
 def _html_table(b: Table) -> str:

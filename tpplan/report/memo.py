@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from tpplan.cost.provenance import BANDS
+from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.errors import TpplanError
 from tpplan.report.deployment_sections import deployments_section, prompt_length_section
 from tpplan.report.doc import Block, Bullets, Code, Fold, Heading, Image, Para, Table, to_html, to_markdown
@@ -100,10 +100,18 @@ def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
     """The provenance table: which band applies to this memo's predicted times, and why."""
     if a.predictor_note:
         return []
+
+    def band_cell(p: Provenance) -> str:
+        if p.key == "measured":
+            return "-"
+        if a.provenance.parts and p.key == a.provenance.key:  # this memo's: the band composed from its parts
+            return f"±{100 * a.provenance.band:.1f}% (composed below; the source's own ±{100 * p.band:.1f}%)"
+        return f"±{100 * p.band:.1f}%"
+
     rows = tuple(
         (
             p.label,
-            f"±{100 * p.band:.1f}%" if p.key != "measured" else "-",
+            band_cell(p),
             "**this memo**" if p is a.provenance or (a.provenance.parts and p.key == a.provenance.key) else "",
             p.basis,
         )

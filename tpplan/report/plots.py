@@ -11,8 +11,11 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")
-
 import matplotlib.pyplot as plt
+
+# Labels and titles hold names from input files (plans, models): `$` in one is a dollar sign, not
+# the start of math text that matplotlib would parse (and refuse, a traceback) (issue 35).
+matplotlib.rcParams["text.parse_math"] = False
 
 _DPI = 110
 

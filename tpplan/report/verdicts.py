@@ -166,7 +166,8 @@ def judge(
 def switch_price(v: Variant, ref: Variant) -> str:
     """What a switch from `ref` to `v` costs per rank: its predicted memory against today's and the card's
     capacity, with its parts (weights, replicated weights among them, KV cache for the workload's tokens,
-    recurrent state, activations), the room it leaves the engine for more KV blocks, and the GPUs it takes.
+    recurrent state, activations), the KV pool the deciding engine sizes and the decode batch it admits
+    (`kv_room`; without one, the GiB left on the card), and the GPUs it takes.
     Without a memory prediction: the replicated weights the audit counts."""
     p, q = next(iter(v.predictions.values()), None), next(iter(ref.predictions.values()), None)
     m, m0 = getattr(p, "memory", None), getattr(q, "memory", None)
@@ -183,13 +184,33 @@ def switch_price(v: Variant, ref: Variant) -> str:
     if m.recurrent_state:
         parts.append(f"recurrent state {gib(m.recurrent_state)}")
     parts.append(f"activations {gib(m.activations)}")
-    text = (
-        f"memory per rank {gib(m0.total)} -> {gib(m.total)} of the card's {gib(card)} ({'; '.join(parts)}), leaving "
-        f"{gib(card - m.total)} for more KV blocks and the engine's buffers ({gib(card - m0.total)} today)"
-    )
+    text = f"memory per rank {gib(m0.total)} -> {gib(m.total)} of the card's {gib(card)} ({'; '.join(parts)})"
+    room = kv_room(v, ref)
+    left, left0 = gib(card - m.total), gib(card - m0.total)
+    text += f"; {room}" if room else f", leaving {left} for more KV blocks and the engine's buffers ({left0} today)"
     gpus, gpus0 = v.parallel.gpus, ref.parallel.gpus
     if gpus != gpus0:
         text += f"; {gpus} GPUs instead of {gpus0}"
+    return text
+
+
+def kv_room(v: Variant, ref: Variant) -> str | None:
+    """The KV pool the deciding engine sizes at its defaults for `v` against `ref` (`PlanPrediction.kv_capacity`,
+    `tpplan.cost.kv_capacity`): tokens per rank and the decode batch it admits at the workload's longest
+    request. None when the predictions carry no capacity for that engine."""
+    e = deciding_engine(v.engines)
+    p, q = next(iter(v.predictions.values()), None), next(iter(ref.predictions.values()), None)
+    caps, caps0 = getattr(p, "kv_capacity", ()), getattr(q, "kv_capacity", ())
+    name = e.engine.lower() if e is not None else "sglang"
+    c = next((x for x in caps if x.engine.startswith(f"{name}@")), caps[0] if caps else None)
+    c0 = next((x for x in caps0 if c is not None and x.engine == c.engine), None)
+    if c is None or c0 is None:
+        return None
+    text = f"{c.label} at its defaults sizes the KV pool to {c.tokens:,} tokens per rank ({c0.tokens:,} today)"
+    if c.batch is not None and c0.batch is not None:
+        text += (
+            f", a decode batch of {c.batch:,} requests of {c.seq_len:,} tokens ({c0.batch:,} today; bound by {c.bound})"
+        )
     return text
 
 

@@ -113,7 +113,7 @@ class _Mixers:
                     if key in state:
                         dist.send(state[key].contiguous(), self._peer(self.rank + 1))
             return out
-        raise TpplanError(f"--cp {self.cp}", f"{op.name} ({impl}) has no CP execution", "run without CP")
+        raise TpplanError(f"cp={self.cp}", f"{op.name} ({impl}) has no CP execution", "run without CP")
 
     def _scan(self, op: Op, ins: list[Tensor], w: Mapping[str, Tensor], ctx: ExecContext) -> Tensor:
         """KDA by the two-pass scan. The delta rule is linear in (initial state, v) jointly, so
@@ -165,7 +165,7 @@ class _Mixers:
         conv_state: dict[str, Tensor] = {}
         if kernel > 1:  # the halo: this rank's last kernel-1 pre-conv rows go to the next rank
             if qkvz.shape[0] < kernel - 1:
-                raise TpplanError(f"--cp {self.cp}", f"a rank holds {qkvz.shape[0]} tokens, fewer than "
+                raise TpplanError(f"cp={self.cp}", f"a rank holds {qkvz.shape[0]} tokens, fewer than "
                                   f"{op.name}'s halo of {kernel - 1}", "use more tokens or a smaller CP")  # fmt: skip
             tail: dict[str, Tensor] = {}
             K.gdn_conv_inputs(qkvz[-(kernel - 1) :], ba[-(kernel - 1) :], conv_w, dk, dv, r, tail)
@@ -221,7 +221,7 @@ class _Mixers:
         if k <= 0:
             return {}
         if x.shape[0] < k:
-            raise TpplanError(f"--cp {self.cp}", f"a rank holds {x.shape[0]} tokens, fewer than {op.name}'s "
+            raise TpplanError(f"cp={self.cp}", f"a rank holds {x.shape[0]} tokens, fewer than {op.name}'s "
                               f"halo of {k}", "use more tokens or a smaller CP")  # fmt: skip
         reqs = []
         if self.rank + 1 < self.cp:
@@ -281,7 +281,7 @@ class CpRunner(_Mixers):
         # `all`: TP 1 x CP cp; `mla` (context_parallel_mla.py): TP = CP = cp, attention TP 1
         self.audit = audit_cp(graph, cp if layers == "mla" else 1, cp, recurrence, layers)  # type: ignore[arg-type]
         if not self.audit.legal:
-            raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
+            raise TpplanError(f"cp={cp}", "; ".join(self.audit.reasons), "run this model without CP")
         self.split = model_split(self.audit)
         self.nu = numerics or numerics_for(graph)
         dev = device or torch.device("cpu")
@@ -346,7 +346,7 @@ class TpCpHook(_Mixers):
         self.group = cp_group
         self.audit = audit_cp(graph, tp, cp, recurrence)  # type: ignore[arg-type]
         if not self.audit.legal:
-            raise TpplanError(f"--cp {cp}", "; ".join(self.audit.reasons), "run this model without CP")
+            raise TpplanError(f"cp={cp}", "; ".join(self.audit.reasons), "run this model without CP")
         self.split = model_split(self.audit)
         self._layout(tokens, self.split)
         nu = numerics
@@ -365,7 +365,7 @@ class TpCpHook(_Mixers):
     def own_positions(self, tokens: int) -> Tensor:
         mine = self.positions_of_rank()
         if tokens != len(mine):
-            raise TpplanError("--chunk", "chunked prefill under CP is not executed", "run the prompt in one chunk")
+            raise TpplanError("chunk=", "chunked prefill under CP is not executed", "run the prompt in one chunk")
         return torch.tensor(mine, dtype=torch.long)
 
     def positions_of_rank(self) -> list[int]:

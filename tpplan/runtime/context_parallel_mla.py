@@ -59,9 +59,9 @@ class MlaOnlyCpRunner(CpRunner):
                     local.add(op.output)
                 elif local & set(op.inputs):
                     if out_value in env:  # past the gather, every op must read full rows again
-                        raise TpplanError(f"--cp {self.cp} --cp-layers mla", f"layer {i} ({kind}): {op.name} "
+                        raise TpplanError(f"cp={self.cp} cp_layers=mla", f"layer {i} ({kind}): {op.name} "
                                           "reads the rank's own rows past the attention output",
-                                          "use --cp-layers all")  # fmt: skip
+                                          "use cp_layers=all")  # fmt: skip
                     rows = [x if n in local else x[mine] for n, x in zip(op.inputs, ins, strict=True)]
                     out = execute_op(op, rows, w, {}, own_ctx)
                     local.add(op.output)

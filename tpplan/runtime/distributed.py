@@ -75,10 +75,11 @@ from tpplan.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.plans.named import repair
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import ExecContext, RunState, execute_op, final_hidden, numerics_for
+from tpplan.runtime.hooked_comm import make_comm
 from tpplan.runtime.hooks import before_collective
 from tpplan.runtime.observe import RunObserver
 from tpplan.runtime.shard import ModelShard, WeightSource, expert_ownership, shard_model
-from tpplan.runtime.trace import Comm, TraceEvent, Tracer
+from tpplan.runtime.trace import Comm, TraceEvent
 from tpplan.runtime.transitions import RUNTIME_DP_TRANSITIONS, RUNTIME_TRANSITIONS, Move
 from tpplan.runtime.weights import Numerics
 
@@ -108,48 +109,16 @@ class ContextHook(Protocol):
     ) -> Tensor: ...
 
 
-class _Traced(Comm):
-    """`Comm` whose traced calls run the collective hooks first (`tpplan.runtime.hooks`: tests kill or hang a rank)."""
-
-    def _hook(self, kind: str) -> None:
-        before_collective(self.rank, kind)
-
-    def all_reduce(self, x: Tensor, value: str, planned: bool = True, inplace: bool = False) -> Tensor:
-        self._hook("all_reduce")
-        return super().all_reduce(x, value, planned, inplace)
-
-    def reduce_scatter(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
-        self._hook("reduce_scatter")
-        return super().reduce_scatter(x, value, tokens, planned)
-
-    def all_gather_tokens(self, x: Tensor, value: str, tokens: int, planned: bool = True) -> Tensor:
-        self._hook("all_gather")
-        return super().all_gather_tokens(x, value, tokens, planned)
-
-    def all_gather_heads(self, x: Tensor, value: str, heads: int, planned: bool = True) -> Tensor:
-        self._hook("all_gather")
-        return super().all_gather_heads(x, value, heads, planned)
-
-    def tokens_to_heads(self, send: Tensor, value: str, heads: int, tokens: int, planned: bool = True) -> Tensor:
-        self._hook("all_to_all")
-        return super().tokens_to_heads(send, value, heads, tokens, planned)
-
-
-def make_comm(rank: int, n: int, group: object | None = None) -> Comm:
-    """Traced collectives for rank `rank` of `n` on `group` (default: the world group)."""
-    return _Traced(rank, n, Tracer(rank, n), group)
-
-
 def check_legal(graph: ModelGraph, plan: Plan, n: int) -> None:
     """Raise the audit's reason when `plan` is illegal for this model at TP `n`."""
     pa = audit_plan(graph, plan, n, "fp32")
     if not pa.legal:
         first = pa.violations[0]
         raise TpplanError(
-            f"--plan {plan.name} (--tp {n})",
+            f"plan={plan.name} (tp={n})",
             f"the audit calls this plan illegal: {first.sentence()}"
             + (f" (+{len(pa.violations) - 1} more)" if len(pa.violations) > 1 else ""),
-            "pick a legal plan (tpplan audit lists them), or pass --force to run it and see the mismatch",
+            "pick a legal plan (tpplan audit lists them), or pass force= to run it and see the mismatch",
         )
 
 
@@ -601,7 +570,7 @@ def _repaired(graph: ModelGraph, plan: Plan, n: int) -> Plan:
     """The illegal `plan` made legal by all-gathers: the placements a forced run follows."""
     fixed = repair(graph, plan, n, "gather", plan.name, plan.title, plan.summary)
     if not audit_plan(graph, fixed, n, "fp32").legal:
-        raise TpplanError(f"--plan {plan.name} --force", "no all-gather repair makes this plan runnable", "")
+        raise TpplanError(f"plan={plan.name} force=", "no all-gather repair makes this plan runnable", "")
     return fixed
 
 

@@ -4,9 +4,9 @@ under torchrun.
 Used by `verify`, `run`, `bench` and `calibrate`. A rank that fails or hangs makes `run_group`
 raise `RankFailed` naming the rank that failed first, by what was observed: `RankKilled` when a rank
 died of a SIGKILL tpplan did not send (the OOM killer), `RankSilent` when ranks were still running
-without an error after a peer timed out waiting for them. Each rank imports the hook modules
-`tpplan.runtime.hooks` names before the work starts (the seam the tests inject faults through).
-torch is imported inside the functions so that importing this module stays cheap.
+without an error after a peer timed out waiting for them. Spawned ranks meet through a file in their
+private folder and connect over the loopback interface: nothing listens on an outside address, no
+name is looked up. torch is imported inside the functions so that importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 
 from tpplan.errors import TpplanError
 from tpplan.runtime import group_dir
-from tpplan.runtime.hooks import load_env_hooks
 
 INPUT_ERROR = "tpplan-input-error: "  # a rank's error file: the TpplanError's where/reason/fix follow
 
@@ -85,19 +84,22 @@ def resolve_backend(backend: str) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 STORE_CONNECT_S = 60.0  # joining the rendezvous: a loaded machine starts processes slowly
+STORE_FILE = "rendezvous"  # spawned ranks' store: a file in the group's private temporary folder
 
 
-def _init(spec: GroupSpec, rank: int, world: int, own_store: bool = False) -> Any:
-    """Join the group. `own_store` (spawned ranks, whose port we picked): a store that waits
-    STORE_CONNECT_S for the others to start, so that a short `--timeout` bounds the collectives, not
-    process start-up on a busy machine."""
+def _loopback_interface() -> str:
+    """The loopback network interface's name (`lo` on Linux, `lo0` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n in ("lo", "lo0")), next((n for n in names if n.startswith("lo")), "lo"))
+
+
+def _init(spec: GroupSpec, rank: int, world: int, store_file: Path | None = None) -> Any:
+    """Join the group. `store_file` (spawned ranks): they meet through a file store in the group's
+    private folder, not a TCP store: nothing listens on any network address, and no rank resolves a
+    name (torch's TCP store client looks up the reverse name of every address it tries, a DNS query).
+    It waits STORE_CONNECT_S for the others to start, so that a short `--timeout` bounds the
+    collectives, not process start-up on a busy machine."""
     import torch
     import torch.distributed as dist
 
@@ -107,31 +109,26 @@ def _init(spec: GroupSpec, rank: int, world: int, own_store: bool = False) -> An
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     timeout = timedelta(seconds=spec.timeout_s)
-    if own_store:
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            world,
-            is_master=rank == 0,
-            timeout=timedelta(seconds=max(STORE_CONNECT_S, spec.timeout_s)),
-        )
+    if store_file is not None:
+        store = dist.FileStore(str(store_file), world)
+        store.set_timeout(timedelta(seconds=max(STORE_CONNECT_S, spec.timeout_s)))
         dist.init_process_group(spec.backend, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group(spec.backend, rank=rank, world_size=world, timeout=timeout)
     return device
 
 
-def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, port: int, out: str,
-           payload: Any, parent: int) -> None:  # fmt: skip
+def _child(local_rank: int, fn: Callable[..., Any], spec: GroupSpec, out: str, payload: Any, parent: int) -> None:
     import torch.distributed as dist
 
     from tpplan.signals import die_with_parent
 
     die_with_parent(parent)  # a rank never outlives the command that started it, however it ended
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
+    # A local group (issue 35): the ranks meet through a file (`_init`), and gloo connects them over the
+    # loopback interface, named so that it does not resolve the host's name (a DNS lookup) for an address.
+    os.environ.update(LOCAL_RANK=str(local_rank), GLOO_SOCKET_IFNAME=_loopback_interface())
     try:
-        load_env_hooks()
-        device = _init(spec, local_rank, spec.nproc, own_store=True)
+        device = _init(spec, local_rank, spec.nproc, Path(out).with_name(STORE_FILE))
         result = fn(local_rank, spec.nproc, device, payload)
         if local_rank == 0:
             Path(out).write_bytes(pickle.dumps(result))
@@ -160,7 +157,6 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
         import torch.distributed as dist
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        load_env_hooks()
         try:
             device = _init(spec, rank, world)
             result = fn(rank, world, device, payload)
@@ -178,24 +174,14 @@ def run_group(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
             if dist.is_initialized():
                 dist.destroy_process_group()
         return result if rank == 0 else None
-    for _ in range(PORT_ATTEMPTS - 1):
-        try:
-            return _spawn(fn, spec, payload, _free_port())
-        except RankFailed as exc:
-            if PORT_TAKEN not in str(exc):
-                raise
-    return _spawn(fn, spec, payload, _free_port())
+    return _spawn(fn, spec, payload)
 
 
-# A port found free can be taken by another process before rank 0's store binds it (seen on a CI
-# machine running two test workers): rank 0 then fails to listen, before any rank ran `fn`, and
-# the group is started again on another port.
-PORT_ATTEMPTS = 3
-PORT_TAKEN = "EADDRINUSE"
+PORT_TAKEN = "EADDRINUSE"  # under torchrun: its MASTER_PORT is another process's
 
 
-def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> Any:
-    """Start `spec.nproc` local ranks with their store on `port`; rank 0's result (see run_group)."""
+def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any) -> Any:
+    """Start `spec.nproc` local ranks meeting through a file store; rank 0's result (see run_group)."""
     import logging
 
     import torch.multiprocessing as mp
@@ -206,7 +192,7 @@ def _spawn(fn: Callable[..., Any], spec: GroupSpec, payload: Any, port: int) -> 
         out = str(Path(tmp) / "rank0.pkl")
         ctx = mp.start_processes(
             _child,
-            args=(fn, spec, port, out, payload, os.getpid()),
+            args=(fn, spec, out, payload, os.getpid()),
             nprocs=spec.nproc,
             join=False,
             start_method="spawn",

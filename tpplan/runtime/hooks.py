@@ -7,9 +7,9 @@ or block. The tests use it to make one rank fail or hang (tests/fault_injection.
 tpplan registers one, so production runs call an empty list.
 
 Ranks are separate processes (spawned, or started by torchrun), so a hook registered in the
-parent does not reach them: `TPPLAN_RANK_HOOKS` names modules (dotted names, or paths to .py
-files, comma-separated) that `tpplan.runtime.group` imports in every rank before the work
-starts; importing one registers its hooks.
+parent does not reach them. tpplan imports no module its environment names (the former
+`TPPLAN_RANK_HOOKS` did, in every rank: issue 35); the tests register theirs from a
+`sitecustomize` module they put on the ranks' PYTHONPATH (tests/rank_hooks/, `fault_injection.fault_env`).
 
 Watching a run (timing its layers, ops and collectives) is the other seam,
 `tpplan.runtime.observe`: an observer belongs to one `PlanRunner` and sees spans; a hook is
@@ -18,13 +18,7 @@ process-wide and acts before each collective (docs/design.md, "Layers and their 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 from collections.abc import Callable
-from pathlib import Path
-
-HOOKS_ENV = "TPPLAN_RANK_HOOKS"
 
 CollectiveHook = Callable[[int, str], None]
 """Called as hook(rank, kind) before a collective; kind is a `cost.topology.COLLECTIVE_KINDS` name."""
@@ -44,22 +38,4 @@ def before_collective(rank: int, kind: str) -> None:
         hook(rank, kind)
 
 
-def load_env_hooks() -> None:
-    """Import the modules `TPPLAN_RANK_HOOKS` names (once each), so that they register their hooks."""
-    for entry in filter(None, (e.strip() for e in os.environ.get(HOOKS_ENV, "").split(","))):
-        if entry in _loaded:
-            continue
-        _loaded.add(entry)
-        if entry.endswith(".py"):
-            path = Path(entry)
-            spec = importlib.util.spec_from_file_location(f"tpplan_rank_hook_{path.stem}", path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"{HOOKS_ENV}: cannot load {entry}")
-            spec.loader.exec_module(importlib.util.module_from_spec(spec))
-        else:
-            importlib.import_module(entry)
-
-
-_loaded: set[str] = set()
-
-__all__ = ["HOOKS_ENV", "CollectiveHook", "add_collective_hook", "before_collective", "load_env_hooks"]
+__all__ = ["CollectiveHook", "add_collective_hook", "before_collective"]

@@ -38,6 +38,7 @@ from tpplan.layout.propagate import LayerResult, OpDecision
 from tpplan.models.cuts import FULL, Cut, expert_ownership, head_cut, head_range
 from tpplan.models.graph import ModelGraph, Op
 from tpplan.models.opkinds import ShardCtx, op_kind
+from tpplan.runtime.checkpoint_files import checkpoint_files, open_checkpoint
 from tpplan.runtime.weights import Numerics, load_safetensors, normalize_names, params_for_op
 
 
@@ -81,13 +82,8 @@ class SafetensorsSource:
     _full: dict[str, Tensor] | None = None
 
     def __post_init__(self) -> None:
-        from safetensors import safe_open
-
-        files = sorted(Path(self.folder).glob("*.safetensors"))
-        if not files:
-            raise TpplanError(str(self.folder), "no *.safetensors files found", "point at the checkpoint folder")
-        for f in files:
-            with safe_open(str(f), framework="pt") as fh:
+        for f in checkpoint_files(self.folder):  # each checked first (issue 35)
+            with open_checkpoint(f) as fh:
                 for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
                     self._index[key] = f
         if any(_aliased(name) for name in self._index):
@@ -96,11 +92,9 @@ class SafetensorsSource:
     def get(self, name: str, cut: Cut) -> Tensor:
         if self._full is not None:
             return _apply(self._full[name], cut)
-        from safetensors import safe_open
-
         if name not in self._index:
             raise TpplanError(str(self.folder), f"tensor '{name}' is missing", "use a checkpoint made for this config")
-        with safe_open(str(self._index[name]), framework="pt") as fh:
+        with open_checkpoint(self._index[name]) as fh:
             if cut.full or name.endswith("A_log"):  # A_log may be stored [1, 1, n, 1]: tiny, read whole
                 return _apply(fh.get_tensor(name).reshape(-1) if name.endswith("A_log") else fh.get_tensor(name), cut)
             sl = fh.get_slice(name)

@@ -338,7 +338,10 @@ def _progress(rank: int, cases: list[VerifyCase], enabled: bool) -> Callable[[in
 
     def note(i: int, msg: str) -> None:
         if enabled and rank == 0:
-            print(f"verify [{i + 1}/{len(cases)}] {cases[i].plan}: {msg}", file=sys.stderr, flush=True)
+            from tpplan.text import plain
+
+            line = plain(f"verify [{i + 1}/{len(cases)}] {cases[i].plan}: {msg}")  # names as text (issue 35)
+            print(line, file=sys.stderr, flush=True)
 
     return note
 

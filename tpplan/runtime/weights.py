@@ -199,14 +199,11 @@ def load_safetensors(
     folder: str | Path, graph: ModelGraph, numerics: Numerics, dtype: torch.dtype | None = None
 ) -> dict[str, Tensor]:
     """Read every `*.safetensors` file of `folder` (safetensors only: no pickle), normalise names, check."""
-    from safetensors import safe_open
+    from tpplan.runtime.checkpoint_files import checkpoint_files, open_checkpoint
 
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise TpplanError(str(folder), "no *.safetensors files found", "point at the checkpoint folder")
     raw: dict[str, Tensor] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
+    for f in checkpoint_files(folder):  # each checked first: a FIFO or a pickle renamed is one line (issue 35)
+        with open_checkpoint(f) as fh:
             for key in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
                 raw[key] = fh.get_tensor(key)
     out = normalize_names(raw)

@@ -726,6 +726,8 @@ def search_plans(
     files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score},
                             FileDeployment(tp=r.tp, pp=r.pp, cp=r.cp, replicas=r.replicas, cp_layers=s.cp_layers,
                                            cp_kv=s.cp_kv)) for r in shown]  # fmt: skip
+    # each deployment's best plan, as the ranking names it: the one figure per deployment every command shows
+    best_each = [_name_ranked(s, [min(d.entries, key=lambda r: r.score)], 1)[0] for d in results if d.entries]
     return SearchOutcome(
         model=graph.spec.name,
         graph_layer_kinds=tuple(graph.kinds),
@@ -743,6 +745,7 @@ def search_plans(
         baseline=base,
         baselines=tuple(shape_bases.values()),
         ranked=tuple(shown),
+        deployment_best=tuple(best_each),
         excluded=tuple(e for d in results for e in d.excluded.values()),
         stats=SearchStats(
             tuple(_label(*g) for g in grid),

@@ -128,6 +128,7 @@ class RankedPlan:
             if t is not None:
                 out["volume"] = self._volume(t)
             out["memory_bytes_per_rank"] = {**asdict(pr.memory), "total": pr.memory.total}
+            out["kv_capacity"] = [c.to_json() for c in pr.kv_capacity]
             out["provenance"] = pr.provenance.to_json() if pr.provenance is not None else None
         same, ref = self.baseline, self.reference
         if self.rank is not None and same is not None and ref is not None:
@@ -199,6 +200,8 @@ class SearchOutcome:
     excluded: tuple[Excluded, ...]
     stats: SearchStats
     plan_files: list[PlanFile] = field(default_factory=list)  # one per ranked plan (`tpplan search --save`)
+    # the best plan of each deployment searched (grid order; the memo's "Deployments ranked" rows are these)
+    deployment_best: tuple[RankedPlan, ...] = ()
 
     @property
     def plans(self) -> list[Plan]:
@@ -211,18 +214,16 @@ class SearchOutcome:
         return self.to_json()
 
     def _provenance(self) -> dict[str, object] | None:
-        """How the ranked times were made (None for byte volumes, which are exact counts): the
-        widest band of the shown predictions (each composed per op class and source, as the
-        memo's), else the topology's for the grid."""
+        """How the ranked times were made (None for byte volumes, which are exact counts): the band of
+        the question, the reference deployment's baseline prediction composed per op class and source
+        (`cost.provenance.question_provenance`: the same figure audit and the memo state), else the
+        topology's for the reference deployment."""
         if not self.ranks_by_time or self.topology is None:
             return None
-        shown = [r.prediction.provenance for r in (self.baseline, *self.ranked) if r.prediction is not None]
-        bands = [p for p in shown if p is not None]
-        if bands:
-            return max(bands, key=lambda v: v.band).to_json()
-        from tpplan.cost.provenance import provenance
+        from tpplan.cost.provenance import question_provenance
 
-        return max((provenance(self.topology, n * p * c) for n, p, c, _ in self.grid), key=lambda v: v.band).to_json()
+        n, p, c, _ = self.grid[0]
+        return question_provenance(self.baseline.prediction, self.topology, n * p * c).to_json()
 
     def _cap_reason(self) -> str | None:
         if self.memory_cap_bytes is None:

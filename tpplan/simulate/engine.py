@@ -66,10 +66,21 @@ def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: i
 
 
 def engine_loop(
-    pipeline: PipelineModel, deployment: Deployment, chunk_tokens: int, gpus_per_node: int, *, fixed_costs: bool = True
+    pipeline: PipelineModel,
+    deployment: Deployment,
+    chunk_tokens: int,
+    gpus_per_node: int,
+    *,
+    fixed_costs: bool = True,
+    decode: bool = False,
+    max_running: int | None = None,
+    kv_tokens: int | None = None,
 ) -> EngineLoop:
     """The loop of `pipeline`'s engine version on `deployment` with steps of `chunk_tokens`;
-    `fixed_costs` False leaves the per-request and per-step costs out (the idealised loop)."""
+    `fixed_costs` False leaves the per-request and per-step costs out (the idealised loop). `decode`:
+    requests decode their output tokens, in steps formed as the engine forms them (`mixes_decode`: vLLM
+    shares each step's budget, SGLang runs prefill first), admitted under `max_running` and a KV pool
+    of `kv_tokens` per replica (None: unbounded)."""
     rules = scheduler_rules(pipeline.engine)
     costs = overheads(cpu_overlaps(rules, deployment, gpus_per_node)) if fixed_costs else NONE
     config = LoopConfig(
@@ -78,8 +89,22 @@ def engine_loop(
         chunks_overlap=pipeline.chunks_overlap,
         step_overhead_s=costs.step_s,
         request_in_s=costs.request_s,
+        decode=decode,
+        mixed=rules.mixes_decode,
+        max_running=max_running,
+        kv_tokens=kv_tokens,
     )
     return EngineLoop(pipeline, rules, costs, config, deployment.pp)
+
+
+DECODE_NOT_MODELLED = (
+    "decode steps are priced by the same per-step op prices as prefill at M = the decode batch, each request's "
+    "attention over its KV length; CUDA graphs change only the per-step scheduler cost, not the kernels' prices",
+    "speculative decoding and MTP (draft cost, accepted tokens per step) are not modelled: one token per step",
+    "admission reserves each request's prompt + output KV: no preemption, no SGLang new_token_ratio estimate",
+    "a decode step is priced at its requests' mean KV length (interpolated on a grid of 16 points per doubling)",
+)
+"""What the loop's decode leaves out, for every engine (docs/cost-model.md, "Serving loop")."""
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:
@@ -94,4 +119,13 @@ def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
     return simulate(arrivals, predictor_prices(p), loop.config, replicas=p.deployment.replicas)
 
 
-__all__ = ["PP_POINTER", "EngineLoop", "cpu_overlaps", "engine_loop", "pp_unpriced", "serve", "workload_arrivals"]
+__all__ = [
+    "DECODE_NOT_MODELLED",
+    "PP_POINTER",
+    "EngineLoop",
+    "cpu_overlaps",
+    "engine_loop",
+    "pp_unpriced",
+    "serve",
+    "workload_arrivals",
+]

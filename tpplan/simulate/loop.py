@@ -1,21 +1,29 @@
-"""The engine's serving loop for prefill: a deterministic discrete-event simulation of one replica.
+"""The engine's serving loop: a deterministic discrete-event simulation of one replica, prefill and decode.
 
 What it does, step by step (docs/cost-model.md, "Serving loop"):
-- a request is sent at its arrival time (closed loop: when a client's previous request got its first
-  token) and reaches the scheduler's queue `request_in_s` later (tokenise, hand over);
+- a request is sent at its arrival time (closed loop: when a client's previous request finished) and
+  reaches the scheduler's queue `request_in_s` later (tokenise, hand over);
 - the scheduler forms a step when stage 0 is free and fewer than `in_flight` steps are in the pipeline:
   first come first served, each waiting request takes as many of its remaining prompt tokens as the
   step's token budget (`chunk_tokens`) still holds, a request that does not fit is split and its rest
   goes first in the next step (both engines' chunked prefill, `tpplan.engines.scheduling`); with
   `chunks_overlap` off a request's next chunk waits until its previous one has left the last stage;
+- with `decode` on, a request whose prompt is done decodes one token per step until it has its
+  `output_tokens` (the prefill step gives the first): as vLLM schedules (`mixed`), every step takes the
+  running requests' decode tokens first and fills the rest of the budget with prefill chunks; as SGLang
+  does (`mixed` off), a step is a prefill step whenever one can form and a decode step of every running
+  request otherwise. A request is in at most one step in the pipeline at a time (PP micro-batches hold
+  different requests). A new request is admitted (its first chunk scheduled) only while fewer than
+  `max_running` are admitted and the KV pool (`kv_tokens`) holds its prompt and output; it keeps them
+  until it finishes (no preemption);
 - the step runs through the stages in order (a flow shop): it starts stage k when it has left stage
   k - 1 and stage k has finished the step before; the CPU's per-step cost (`step_overhead_s`: schedule,
   launch) is paid on stage 0 before its compute;
-- a request's first token reaches its client `request_out_s` after its last chunk leaves the last stage
-  (sample, detokenise, return).
+- a token reaches its client `request_out_s` after its step leaves the last stage (sample, detokenise,
+  return).
 Prices come from `StagePrices`: seconds per stage for a step's segments ((new tokens, context) per
-request; a cached prefix is context, so attention still reads it but no token of it is computed).
-Decode is not simulated here (it neither delays prefill steps nor holds batch slots).
+request; a cached prefix is context, so attention still reads it but no token of it is computed; a
+decode token is (1, its position)).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 from tpplan.cost.segments import Segments
 from tpplan.cost.workload import PrefillBatch, Segment
 from tpplan.errors import TpplanError
-from tpplan.simulate.requests import Arrivals, ClosedLoop, split_round_robin
+from tpplan.simulate.requests import Arrivals, ClosedLoop, Request, split_round_robin
 from tpplan.simulate.results import LoopResult, Timeline
 
 StagePrices = Callable[[Segments], Sequence[float]]
@@ -38,14 +46,18 @@ StagePrices = Callable[[Segments], Sequence[float]]
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """How one engine replica runs its loop: step budget, pipeline depth, overheads (seconds)."""
+    """How one engine replica runs its loop: step budget, pipeline depth, overheads (seconds), decode."""
 
     chunk_tokens: int  # prefill tokens per step (SGLang --chunked-prefill-size, vLLM max_num_batched_tokens)
     in_flight: int = 1  # steps in the pipeline at once (PP: the engine's micro-batches in flight)
     chunks_overlap: bool = True  # chunk k+1 of a prompt may enter stage 0 while chunk k is in the pipeline
     step_overhead_s: float = 0.0  # CPU schedule + launch per step, on stage 0
     request_in_s: float = 0.0  # per request, before the scheduler sees it
-    request_out_s: float = 0.0  # per request, after its last chunk: first-token sample, detokenise, return
+    request_out_s: float = 0.0  # per token, after its step: sample, detokenise, return
+    decode: bool = False  # requests decode their output tokens (off: a request ends at its first token)
+    mixed: bool = True  # decode tokens and prefill chunks share a step's budget (vLLM); off: prefill first (SGLang)
+    max_running: int | None = None  # admitted requests at once (SGLang --max-running-requests, vLLM max_num_seqs)
+    kv_tokens: int | None = None  # KV pool of the replica in tokens; a request holds prompt + output from admission
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.in_flight < 1:
@@ -54,6 +66,14 @@ class LoopConfig:
         costs = (self.step_overhead_s, self.request_in_s, self.request_out_s)
         if not all(math.isfinite(c) and c >= 0 for c in costs):
             raise TpplanError(f"overheads={costs}", "must be finite and >= 0", "pass non-negative seconds")
+        for name in ("max_running", "kv_tokens"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise TpplanError(f"{name}={v}", "must be at least 1", f"pass a positive {name} or none")
+
+    def kv_need(self, r: Request) -> int:
+        """KV tokens a request holds while admitted: its prompt and, with decode, its output."""
+        return r.prompt_tokens + (r.output_tokens if self.decode else 1)
 
 
 class _Replica:
@@ -65,9 +85,12 @@ class _Replica:
         n = len(self.reqs)
         self.sent = [r.arrival_s for r in self.reqs]
         self.progress = [r.prompt_tokens - r.new_tokens for r in self.reqs]  # next position to compute
-        self.out_at = [0.0] * n  # when the request's latest chunk leaves the pipeline
+        self.out_at = [0.0] * n  # when the request's latest step leaves the pipeline
         self.first_step = [math.nan] * n
         self.prefill_end = [math.nan] * n
+        self.done_at = [math.nan] * n  # when its last token's step leaves the pipeline
+        self.decoded = [0] * n  # output tokens so far (the prefill step gives the first)
+        self.itl: list[float] = []  # gaps between a request's successive tokens, every decode token
         self.closed = isinstance(arrivals, ClosedLoop)
         first = min(arrivals.concurrency, n) if isinstance(arrivals, ClosedLoop) else n
         if self.closed:
@@ -76,15 +99,41 @@ class _Replica:
         self.heap = [(self.sent[i] + cfg.request_in_s, i) for i in range(first)]
         heapq.heapify(self.heap)
         self.waiting: deque[int] = deque()
+        self.running: dict[int, None] = {}  # decoding requests, in the order they started decoding
+        self.limited = cfg.max_running is not None or cfg.kv_tokens is not None
+        self.admitted: set[int] = set()  # tracked only under a cap or a pool (`limited`)
+        self.kv_used = 0
+        self.releases: list[tuple[float, int]] = []  # (when a finished request frees its slot and KV, id)
         self.stage_free: list[float] = []
         self.steps: list[PrefillBatch] = []
         self.done = 0
 
-    def form_step(self, now: float) -> list[Segment]:
-        """First come first served under the token budget; a split request goes back to the front."""
-        budget, segs, back = self.cfg.chunk_tokens, [], []
+    def release(self, now: float) -> None:
+        """Free the slots and KV of the requests whose last step has left the pipeline by `now`."""
+        while self.releases and self.releases[0][0] <= now:
+            rid = heapq.heappop(self.releases)[1]
+            self.admitted.discard(rid)
+            self.kv_used -= self.cfg.kv_need(self.reqs[rid])
+
+    def admits(self, rid: int) -> bool:
+        """Whether a request not yet admitted fits the running-request cap and the KV pool now."""
+        cfg = self.cfg
+        if cfg.max_running is not None and len(self.admitted) >= cfg.max_running:
+            return False
+        return cfg.kv_tokens is None or self.kv_used + cfg.kv_need(self.reqs[rid]) <= cfg.kv_tokens
+
+    def prefill_chunks(self, now: float, budget: int) -> list[Segment]:
+        """First come first served under the token budget; a split request goes back to the front;
+        a request that is not admitted stops the queue (head of line)."""
+        segs, back = [], []
         while self.waiting and budget > 0:
-            rid = self.waiting.popleft()
+            rid = self.waiting[0]
+            if self.limited and rid not in self.admitted:
+                if not self.admits(rid):
+                    break
+                self.admitted.add(rid)
+                self.kv_used += self.cfg.kv_need(self.reqs[rid])
+            self.waiting.popleft()
             if not self.cfg.chunks_overlap and self.out_at[rid] > now:
                 back.append(rid)  # its previous chunk is still in the pipeline
                 continue
@@ -97,17 +146,38 @@ class _Replica:
         self.waiting.extendleft(reversed(back))
         return segs
 
+    def decode_tokens(self, now: float, budget: int | None) -> list[int]:
+        """The running requests that decode in this step (not in the pipeline), at most `budget`."""
+        out = [rid for rid in self.running if self.out_at[rid] <= now]
+        return out if budget is None else out[:budget]
+
+    def form_step(self, now: float) -> tuple[list[Segment], list[int]]:
+        """(prefill chunks, decoding requests) of the next step, as the engine forms it."""
+        self.release(now)
+        if self.cfg.mixed:
+            dec = self.decode_tokens(now, self.cfg.chunk_tokens)
+            return self.prefill_chunks(now, self.cfg.chunk_tokens - len(dec)), dec
+        segs = self.prefill_chunks(now, self.cfg.chunk_tokens)
+        return (segs, []) if segs else ([], self.decode_tokens(now, None))
+
     def next_event(self, now: float) -> float:
-        """When something can change while no step can form: an arrival, or a blocked chunk's exit."""
+        """When something can change while no step can form: an arrival, a request's step leaving the
+        pipeline, a finished request freeing its slot."""
         times = [self.heap[0][0]] if self.heap else []
         times += [self.out_at[r] for r in self.waiting if self.out_at[r] > now]
+        times += [self.out_at[r] for r in self.running if self.out_at[r] > now]
+        times += [self.releases[0][0]] if self.releases else []
         if not times:
             raise AssertionError("the loop stalled with requests unfinished")  # a bug, not an input
         return min(times)
 
-    def run_step(self, segs: list[Segment], now: float) -> None:
-        """Price the step, push it through the stages, and finish the requests whose last chunk it holds."""
-        times = [float(t) for t in self.prices(tuple((s.n_tokens, s.start_pos) for s in segs))]
+    def run_step(self, segs: list[Segment], dec: list[int], now: float) -> None:
+        """Price the step, push it through the stages, and advance its requests."""
+        reqs = self.reqs
+        shape = tuple((s.n_tokens, s.start_pos) for s in segs) + tuple(
+            (1, reqs[r].prompt_tokens + self.decoded[r] - 1) for r in dec
+        )
+        times = [float(t) for t in self.prices(shape)]
         if not times or min(times) < 0 or not all(map(math.isfinite, times)):
             raise TpplanError("stage prices", f"returned {times} s for step {len(self.steps)}", "return >= 0 per stage")
         times[0] += self.cfg.step_overhead_s
@@ -117,19 +187,32 @@ class _Replica:
         for k, dt in enumerate(times):
             t = max(t, self.stage_free[k]) + dt
             self.stage_free[k] = t
-        self.steps.append(PrefillBatch(len(self.steps), tuple(segs), now, t))
+        self.steps.append(PrefillBatch(len(self.steps), tuple(segs), now, t, len(dec)))
+        for rid in dec:
+            self.itl.append(t - self.out_at[rid])
+            self.out_at[rid] = t
+            self.decoded[rid] += 1
+            if self.decoded[rid] >= reqs[rid].output_tokens:
+                del self.running[rid]
+                self.finish(rid, t)
         for s in segs:
             rid = s.request_id
             if math.isnan(self.first_step[rid]):
                 self.first_step[rid] = now
             self.progress[rid] = s.start_pos + s.n_tokens
             self.out_at[rid] = t
-            if self.progress[rid] == self.reqs[rid].prompt_tokens:
-                self.finish(rid, t)
+            if self.progress[rid] == reqs[rid].prompt_tokens:
+                self.prefill_end[rid], self.decoded[rid] = t, 1
+                if self.cfg.decode and reqs[rid].output_tokens > 1:
+                    self.running[rid] = None
+                else:
+                    self.finish(rid, t)
 
     def finish(self, rid: int, t: float) -> None:
-        self.prefill_end[rid] = t
+        self.done_at[rid] = t
         self.done += 1
+        if self.limited:
+            heapq.heappush(self.releases, (t, rid))
         if self.closed and self.next_id < len(self.reqs):  # the client sends its next request at once
             nxt, self.next_id = self.next_id, self.next_id + 1
             self.sent[nxt] = t + self.cfg.request_out_s
@@ -144,25 +227,51 @@ class _Replica:
                 now = max(now, self.steps[-m].end_s)
             while self.heap and self.heap[0][0] <= now:
                 self.waiting.append(heapq.heappop(self.heap)[1])
-            segs = self.form_step(now)
-            if segs:
-                self.run_step(segs, now)
+            segs, dec = self.form_step(now)
+            if segs or dec:
+                self.run_step(segs, dec, now)
             else:
                 now = self.next_event(now)
 
     def timelines(self, replica: int) -> list[Timeline]:
-        out = self.cfg.request_out_s
-        return [Timeline(r, replica, self.sent[i], self.sent[i] + self.cfg.request_in_s, self.first_step[i],
-                         self.prefill_end[i], self.prefill_end[i] + out) for i, r in enumerate(self.reqs)]  # fmt: skip
+        out, into = self.cfg.request_out_s, self.cfg.request_in_s
+        return [
+            Timeline(
+                r,
+                replica,
+                self.sent[i],
+                self.sent[i] + into,
+                self.first_step[i],
+                self.prefill_end[i],
+                self.prefill_end[i] + out,
+                self.done_at[i] + out if self.cfg.decode or r.output_tokens == 1 else math.nan,
+            )
+            for i, r in enumerate(self.reqs)
+        ]
 
 
-def run_replica(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig) -> tuple[list[Timeline], list[PrefillBatch]]:
-    """One replica's loop over `arrivals`: each request's timeline (in request order) and the steps."""
+def _check_fits(arrivals: Arrivals, cfg: LoopConfig) -> None:
+    """A request whose KV does not fit the pool would never be admitted: refuse it up front."""
+    if cfg.kv_tokens is None:
+        return
+    big = max(arrivals.requests, key=cfg.kv_need)
+    if cfg.kv_need(big) > cfg.kv_tokens:
+        why = (f"needs {cfg.kv_need(big)} tokens of KV (prompt {big.prompt_tokens} + output {big.output_tokens}), "
+               f"more than the pool's {cfg.kv_tokens}")  # fmt: skip
+        raise TpplanError(f"request {big.id}", why, "shorten the request or give each replica more KV (a larger TP)")
+
+
+def run_replica(
+    arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig
+) -> tuple[list[Timeline], list[PrefillBatch], list[float]]:
+    """One replica's loop over `arrivals`: each request's timeline (in request order), the steps, and the
+    gaps between successive tokens (every decode token)."""
     if not arrivals.requests:
         raise TpplanError("requests", "there are none", "give at least one request")
+    _check_fits(arrivals, cfg)
     rep = _Replica(arrivals, prices, cfg)
     rep.run()
-    return rep.timelines(0), rep.steps
+    return rep.timelines(0), rep.steps, rep.itl
 
 
 def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, replicas: int = 1) -> LoopResult:
@@ -171,19 +280,21 @@ def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, replicas:
     arrivals' request ids."""
     lines: dict[int, Timeline] = {}
     steps: list[PrefillBatch] = []
+    itl: list[float] = []
     for r, (ids, share) in enumerate(split_round_robin(arrivals, replicas)):
-        tl, st = run_replica(share, prices, cfg)
+        tl, st, gaps = run_replica(share, prices, cfg)
+        itl += gaps
         for j, line in enumerate(tl):
             lines[ids[j]] = Timeline(arrivals.requests[ids[j]], r, *_times(line))
         for b in st:
             segs = tuple(Segment(ids[s.request_id], s.start_pos, s.n_tokens) for s in b.segments)
-            steps.append(PrefillBatch(b.index, segs, b.start_s, b.end_s))
+            steps.append(PrefillBatch(b.index, segs, b.start_s, b.end_s, b.decode_tokens))
     steps.sort(key=lambda b: (b.start_s, b.end_s))
-    return LoopResult(tuple(lines[i] for i in range(len(arrivals.requests))), tuple(steps))
+    return LoopResult(tuple(lines[i] for i in range(len(arrivals.requests))), tuple(steps), tuple(itl))
 
 
-def _times(t: Timeline) -> tuple[float, float, float, float, float]:
-    return t.arrival_s, t.queued_s, t.first_step_s, t.prefill_end_s, t.first_token_s
+def _times(t: Timeline) -> tuple[float, float, float, float, float, float]:
+    return t.arrival_s, t.queued_s, t.first_step_s, t.prefill_end_s, t.first_token_s, t.done_s
 
 
 __all__ = ["LoopConfig", "StagePrices", "run_replica", "simulate"]

@@ -4,30 +4,68 @@ The loop asks "what does a step of these segments cost on each stage?" for every
 the answer comes from the cost model's own pricing of a prefill batch (`Predictor.stage_times`:
 each stage's compute and TP collectives, its send into the next stage, the last stage's final
 reduction), never re-derived here. `CachedPrices` keeps each distinct step's answer, so a long
-trace of alike requests prices each step shape once.
+trace of alike requests prices each step shape once, and a decode step is priced at its requests'
+mean context (interpolated on a grid: `context_grid`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments
 from tpplan.simulate.loop import StagePrices
 
+EXACT_CONTEXT = 64  # decode steps whose mean context is at most this are priced at whole-token grid points
+GRID_PER_OCTAVE = 16  # above it, the mean context's grid points: 16 per doubling (4.4% apart)
+
+
+def context_grid(mean: float) -> tuple[int, int]:
+    """The grid points (lo, hi), lo <= mean <= hi, between which a decode step's price is interpolated."""
+    if mean <= EXACT_CONTEXT:
+        lo = math.floor(mean)
+        return lo, lo + 1
+    k = math.floor(math.log2(mean) * GRID_PER_OCTAVE)
+    lo, hi = round(2 ** (k / GRID_PER_OCTAVE)), round(2 ** ((k + 1) / GRID_PER_OCTAVE))
+    return min(lo, math.floor(mean)), max(hi, math.ceil(mean), lo + 1)
+
+
+def even_decode(batch: int, total_context: int) -> Segments:
+    """`batch` one-token segments whose contexts sum to `total_context`, as evenly as whole tokens allow."""
+    q, r = divmod(total_context, batch)
+    return ((1, q + 1),) * r + ((1, q),) * (batch - r)
+
 
 class CachedPrices:
-    """`prices(segments)` with each distinct step priced once."""
+    """`prices(segments)` with each distinct step priced once. A step's one-token segments (decode tokens)
+    are priced at their mean context: the price is interpolated linearly between the two nearest points of
+    `context_grid` (exact where the price is linear in the context read, as attention's bytes and pairs
+    are), so a decode step whose contexts grow by one token each step reuses the prices of the last."""
 
     def __init__(self, prices: StagePrices) -> None:
         self._prices = prices
         self._cache: dict[Segments, tuple[float, ...]] = {}
 
-    def __call__(self, segs: Segments) -> Sequence[float]:
+    def _exact(self, segs: Segments) -> tuple[float, ...]:
         hit = self._cache.get(segs)
         if hit is None:
             hit = self._cache[segs] = tuple(float(t) for t in self._prices(segs))
         return hit
+
+    def __call__(self, segs: Segments) -> Sequence[float]:
+        prefill = tuple(s for s in segs if s[0] > 1)
+        batch = len(segs) - len(prefill)
+        if batch == 0:
+            return self._exact(segs)
+        mean = sum(c for n, c in segs if n == 1) / batch
+        lo, hi = context_grid(mean)
+        a, b = (
+            self._exact(prefill + even_decode(batch, lo * batch)),
+            self._exact(prefill + even_decode(batch, hi * batch)),
+        )
+        w = (mean - lo) / (hi - lo)
+        return tuple(x + (y - x) * w for x, y in zip(a, b, strict=True))
 
     @property
     def distinct_steps(self) -> int:
@@ -46,4 +84,4 @@ def predictor_prices(p: Predictor) -> CachedPrices:
     return CachedPrices(stages)
 
 
-__all__ = ["CachedPrices", "predictor_prices"]
+__all__ = ["CachedPrices", "context_grid", "even_decode", "predictor_prices"]

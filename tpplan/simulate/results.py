@@ -29,10 +29,22 @@ class Timeline:
     first_step_s: float
     prefill_end_s: float
     first_token_s: float
+    done_s: float = math.nan  # its last token reaches the client (the first, without decode)
 
     @property
     def ttft_s(self) -> float:
         return self.first_token_s - self.arrival_s
+
+    @property
+    def latency_s(self) -> float:
+        """Arrival to the last token at the client."""
+        return self.done_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (NaN for a request of one output token)."""
+        n = self.request.output_tokens
+        return (self.done_s - self.first_token_s) / (n - 1) if n > 1 else math.nan
 
     @property
     def wait_s(self) -> float:
@@ -41,8 +53,11 @@ class Timeline:
 
     def to_json(self) -> dict[str, object]:
         r = self.request
+        tpot = self.tpot_s
         return {"id": r.id, "replica": self.replica, "arrival_s": self.arrival_s, "prompt_tokens": r.prompt_tokens,
-                "cached_tokens": r.cached_tokens, "wait_s": self.wait_s, "ttft_s": self.ttft_s}  # fmt: skip
+                "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens, "wait_s": self.wait_s,
+                "ttft_s": self.ttft_s, "tpot_s": None if math.isnan(tpot) else tpot,
+                "latency_s": None if math.isnan(self.latency_s) else self.latency_s}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -60,6 +75,7 @@ class LoopResult:
 
     timelines: tuple[Timeline, ...]
     steps: tuple[PrefillBatch, ...]
+    itl: tuple[float, ...] = ()  # every gap between a request's successive tokens (decode)
     ttfts: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,7 +101,7 @@ class LoopResult:
 
     @property
     def prefill_tokens(self) -> int:
-        """Tokens the steps computed (cached prefixes excluded)."""
+        """Prompt tokens the steps computed (cached prefixes and decode tokens excluded)."""
         return sum(s.n_tokens for s in self.steps)
 
     @property
@@ -100,6 +116,22 @@ class LoopResult:
                 "queue_share": self.queue_share, "prefill_tok_s": self.prefill_tok_s,
                 "makespan_s": self.makespan_s}  # fmt: skip
 
+    def decode_summary(self, gpus: int) -> dict[str, object] | None:
+        """TPOT, ITL and request latency (mean, p50/p90/p99), output tokens/s per GPU (the run's output
+        tokens over t = 0 to the last token, over `gpus`) and per user (1 / mean TPOT); None when no
+        request decodes (docs/audit-json.md, `serving.decode`)."""
+        tpots = [t.tpot_s for t in self.timelines if t.request.output_tokens > 1]
+        if not tpots or not self.itl:
+            return None
+        end = max(t.done_s for t in self.timelines)
+        out = sum(t.request.output_tokens for t in self.timelines)
+        dec = [s.decode_tokens for s in self.steps if s.decode_tokens]
+        return {"output_tokens": out, "decode_steps": len(dec), "mean_decode_batch": math.fsum(dec) / len(dec),
+                "tpot_s": _stats(tpots), "itl_s": _stats(list(self.itl)),
+                "latency_s": _stats([t.latency_s for t in self.timelines]),
+                "output_tok_s": out / end, "output_tok_s_per_gpu": out / end / gpus,
+                "output_tok_s_per_user": len(tpots) / math.fsum(tpots)}  # fmt: skip
+
     def as_ttft(self) -> TTFTResult:
         """The same run as the cost model's `TTFTResult` (what today's readers of TTFT take)."""
         return TTFTResult(
@@ -109,6 +141,11 @@ class LoopResult:
             makespan_s=self.makespan_s,
             prefill_tokens=sum(t.request.prompt_tokens for t in self.timelines),
         )
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"mean": math.fsum(values) / len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
+            "p99": percentile(values, 99)}  # fmt: skip
 
 
 __all__ = ["LoopResult", "Timeline", "percentile"]

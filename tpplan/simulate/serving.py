@@ -20,7 +20,7 @@ from tpplan.cost.workload import MAX_REQUESTS, Workload
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
-from tpplan.simulate.engine import EngineLoop, engine_loop, serve, workload_arrivals
+from tpplan.simulate.engine import DECODE_NOT_MODELLED, EngineLoop, engine_loop, serve, workload_arrivals
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Shape, poisson
 from tpplan.simulate.results import LoopResult
@@ -101,7 +101,37 @@ def serving_summary(
     }
     if per_request:
         out["requests"] = [t.to_json() for t in res.timelines]
+    dec = decode_block(p, arrivals, chunk_tokens, gpus_per_node, per_request=per_request)
+    if dec is not None:
+        out["decode"] = dec
     return res, out
+
+
+def decode_block(
+    p: Predictor, arrivals: Arrivals, chunk_tokens: int, gpus_per_node: int, *, per_request: bool = False
+) -> dict[str, object] | None:
+    """The same requests through the engine's loop with decode (docs/audit-json.md, `serving.decode`):
+    TTFT beside decode's steps, TPOT/ITL, request latency and output tokens/s; None when every request
+    has one output token."""
+    if all(r.output_tokens <= 1 for r in arrivals.requests):
+        return None
+    loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, decode=True)
+    res = serve(p, arrivals, loop)
+    summary = res.decode_summary(p.deployment.gpus)
+    if summary is None:
+        return None
+    rule = loop.rules.decode_step
+    out: dict[str, object] = {
+        **summary,
+        "ttft_s": {k: res.summary()[f"{k}_s"] for k in ("mean", "p50", "p90", "p99")},
+        "settings": {"mixed_steps": loop.config.mixed, "max_running": loop.config.max_running,
+                     "kv_tokens": loop.config.kv_tokens, "rule": None if rule is None else rule.source.cite()},
+        "conditions": [*DECODE_NOT_MODELLED, "no KV-pool or running-request cap (the engines' KV capacity is not "
+                       "yet fed to the loop)"] if loop.config.kv_tokens is None else list(DECODE_NOT_MODELLED),
+    }  # fmt: skip
+    if per_request:
+        out["requests"] = [t.to_json() for t in res.timelines]
+    return out
 
 
 PredictFn = Callable[..., PlanPrediction]
@@ -129,4 +159,4 @@ def with_serving_loop(predict: PredictFn) -> PredictFn:
     return run
 
 
-__all__ = ["Arrival", "arrivals_for", "serving_summary", "with_serving_loop"]
+__all__ = ["Arrival", "arrivals_for", "decode_block", "serving_summary", "with_serving_loop"]

@@ -94,6 +94,10 @@ def load_trace(path: str | Path, max_context: int | None = None) -> Timed:
         if max_context is not None and row.prompt_tokens > max_context:
             why = f"prompt_tokens {row.prompt_tokens} exceed the model's context of {max_context} tokens"
             raise TpplanError(f"trace {p} line {n}", why, "shorten the prompt or use a model with a longer context")
+        if max_context is not None and row.prompt_tokens + row.output_tokens - 1 > max_context:
+            why = (f"prompt_tokens {row.prompt_tokens} + output_tokens {row.output_tokens} run past the model's "
+                   f"context of {max_context} tokens")  # fmt: skip
+            raise TpplanError(f"trace {p} line {n}", why, "shorten the output or the prompt")
         cached = row.prefix_tokens if row.prefix_id in seen else 0
         if row.prefix_id is not None:
             seen.add(row.prefix_id)

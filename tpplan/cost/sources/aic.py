@@ -328,7 +328,7 @@ class AicSource:
             raise TpplanError(
                 f"AIC system {system!r}",
                 f"AIConfigurator {AIC_VERSION} holds no kernel tables for this GPU system",
-                f"drop --engine, or use a GPU model whose system has tables ({', '.join(known)}; `tpplan gpus`)",
+                f"drop engine=, or use a GPU model whose system has tables ({', '.join(known)}; `tpplan gpus`)",
             )
         if engine not in known[self.system]:
             raise TpplanError(
@@ -653,7 +653,7 @@ def engine_source(system: str, engine: str, **options: Any) -> AicSource:
     name, _, version = engine.partition("@")
     if name not in AIC_ENGINES:
         raise TpplanError(
-            f"--engine {engine!r}",
+            f"engine={engine!r}",
             "no such engine in the AIC database",
             f"use one of {', '.join(AIC_ENGINES)}, optionally @version",
         )

@@ -194,8 +194,9 @@ def family(plan: Plan) -> str:
         return same
     if plan.dp_attention:
         return dp_family(plan) or "custom"
-    if plan.moe == "ep":
-        return "ep"
+    if plan.moe == "ep":  # EP without all-to-all runs by flag only on the baseline's stream and reductions
+        plain = not (plan.replicate or plan.a2a or plan.gather or plan.gather_for or plan.token_shard or plan.fold)
+        return "ep" if plain and plan.stream == plan.reduce else "custom"
     if _is_sp_moe(plan):
         return "sp-moe"
     if plan.moe == "a2a" or plan.replicate or plan.a2a:

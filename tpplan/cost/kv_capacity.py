@@ -1,0 +1,185 @@
+"""KV capacity per rank as each engine version computes it, from the cost model's per-rank accounting.
+
+The engine's formulas (how the pool's bytes follow from the card, the weights and its reserve; the
+per-token cell; the running-request cap) are `tpplan.engines.memory`'s, each with its source. What
+they are fed is the cost model's one accounting of memory per rank: the weights each PP stage holds
+(`tpplan.audit.stage_weights`), the KV bytes per token of a layer (`Mixer.kv_bytes`, the figure
+`Predictor.kv_per_token` uses) and the recurrent state per sequence (`Mixer.state_bytes`), and, for vLLM's
+profiled activation peak, the predictor's activation estimate. `DIFFERENCES` says where that accounting
+and the engine's measurement differ. docs/cost-model.md ("KV capacity") has the formulas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tpplan.audit import stage_weights
+from tpplan.cost.predictor import STATE_BYTES, Predictor
+from tpplan.engines.context_parallel import kv_cp_share
+from tpplan.engines.memory import (
+    DIFFERENCES,
+    MAMBA_SLOTS_PER_REQUEST,
+    MEMORY_ENGINES,
+    MIB,
+    SWA_FULL_TOKENS_RATIO,
+    VLLM_MEMORY,
+    KVCapacity,
+    memory_facts,
+    sglang_mamba_split,
+    sglang_max_running,
+    sglang_reserve,
+)
+from tpplan.models.opkinds import mixer
+
+DEFAULT_KV_ENGINES = ("sglang@0.5.23", "vllm@0.34.0")  # the current releases (tpplan.engines.DEFAULT_ENGINES)
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One PP stage's per-rank figures, from the cost model's accounting."""
+
+    weights: float
+    full: float  # KV bytes per token, full-attention layers
+    windowed: float  # KV bytes per token, sliding-window / chunked layers
+    window: int  # the smallest window of those layers (0: none)
+    state: float  # recurrent state bytes per sequence
+
+
+def _stages(p: Predictor) -> list[_Stage]:
+    spec, dep = p.graph.spec, p.deployment
+    attn_tp = 1 if p.plan.dp_attention else p.tp  # DP attention: a rank keeps its own requests, every head
+    share = kv_cp_share(dep.cp_kv, p.cp)
+    held = stage_weights(p.audit, p.graph, p.stages, p.stored)
+    out = []
+    for s, rng in enumerate(p.stages):
+        full = windowed = state = 0.0
+        windows = []
+        for j in rng:
+            attn = spec.layers[j].attn
+            mx = mixer(attn.kind)
+            kv = mx.kv_bytes(attn, attn_tp, p.b) / share
+            limit = getattr(attn, "window", None) or getattr(attn, "chunk", None)
+            if limit:
+                windowed += kv
+                windows.append(int(limit))
+            else:
+                full += kv
+            state += mx.state_bytes(attn, attn_tp, p.b, STATE_BYTES)
+        out.append(_Stage(held[s].weights, full, windowed, min(windows, default=0), state))
+    return out
+
+
+def _attn_dp(p: Predictor) -> int:
+    return p.tp if p.plan.dp_attention else 1
+
+
+def _mla(p: Predictor) -> bool:
+    return any(layer.attn.kind in ("mla", "dsa") for layer in p.graph.spec.layers)
+
+
+def sglang_capacity(p: Predictor, seq_len: int | None) -> KVCapacity:
+    """SGLang 0.5.23 at its defaults: mem_fraction_static derived, pool = pre x fraction - weights."""
+    card = p.topo.gpu.memory_GiB * 2**30
+    res = sglang_reserve(card / MIB, p.tp, p.pp, mla=_mla(p), attn_dp=_attn_dp(p))
+    pre = card  # free memory before loading; the CUDA context and NCCL are not counted (DIFFERENCES)
+    best: tuple[int, int, int, float, _Stage] | None = None  # (tokens, swa tokens, slots, pool, stage)
+    for st in _stages(p):
+        rest = pre * res.mem_fraction_static - st.weights
+        slots = -1
+        if st.state > 0:
+            slots, rest = sglang_mamba_split(rest, st.state)
+        cell = st.full + SWA_FULL_TOKENS_RATIO * st.windowed if st.full and st.windowed else st.full or st.windowed
+        tokens = max(0, math.floor(rest / cell)) if cell else 0
+        swa = int(tokens * SWA_FULL_TOKENS_RATIO) if st.full and st.windowed else tokens
+        if best is None or tokens < best[0]:
+            best = (tokens, swa, slots, max(rest, 0.0), st)
+    assert best is not None
+    tokens, swa, slots, pool, st = best
+    attn_dp = _attn_dp(p)
+    cap = sglang_max_running(tokens, None, attn_dp)
+    bound = "max_running_requests"
+    if slots >= 0 and slots // MAMBA_SLOTS_PER_REQUEST < cap:
+        cap, bound = max(0, slots // MAMBA_SLOTS_PER_REQUEST), "state slots"
+    batch = None
+    if seq_len is not None:
+        fits = [tokens // seq_len] if st.full else []
+        if st.windowed:
+            fits.append(swa // min(seq_len, st.window))
+        by_pool = min(fits) if fits else cap
+        batch, bound = (by_pool, "KV pool") if by_pool < cap else (cap, bound)
+        batch *= attn_dp
+    settings = {"mem_fraction_static": res.mem_fraction_static, "chunked_prefill_size": res.chunked_prefill_size,
+                "cuda_graph_max_bs": res.decode_max_bs, "reserved_mib": res.reserved_mib}  # fmt: skip
+    return KVCapacity(
+        "sglang@0.5.23", card, st.weights, pre * (1 - res.mem_fraction_static),
+        f"(1 - mem_fraction_static {res.mem_fraction_static}) of the card: activations {res.activations_mib:,.0f} MiB, "
+        f"TP x PP {res.parallel_mib:,.0f} MiB, CUDA graphs {res.graphs_mib:,.0f} MiB"
+        + (f", 10 GiB floor +{res.floor_mib:,.0f} MiB" if res.floor_mib else ""),
+        pool, st.full or st.windowed, tokens, cap, seq_len, batch, bound if seq_len is not None else None,
+        settings, tuple(f.source.cite() for f in memory_facts("sglang@0.5.23")),
+    )  # fmt: skip
+
+
+def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0") -> KVCapacity:
+    """vLLM (0.33.0 or 0.34.0) at its defaults: the profiled figures into its KV bytes, then blocks."""
+    from tpplan.engines.scheduling import scheduler_rules
+
+    vm = VLLM_MEMORY[key]
+    card = p.topo.gpu.memory_GiB * 2**30
+    gib = p.topo.gpu.memory_GiB
+    step = scheduler_rules(key).budget.default_tokens(gib, p.topo.gpu.name)
+    peak = p.memory(None, step).activations  # tpplan's activation estimate at max_num_batched_tokens
+    bs = vm.block_size
+    cap = vm.max_num_seqs(gib, p.topo.gpu.name)
+    best: tuple[int, int | None, float, _Stage] | None = None
+    for st in _stages(p):
+        kv = vm.kv_bytes(card, st.weights, peak)
+        per_token = st.full or st.windowed
+        tokens = int(kv // (bs * per_token)) * bs if per_token else 0
+        fit: int | None = None
+        if seq_len is not None:
+            blocks = math.ceil(seq_len / bs)
+            need = blocks * bs * st.full + st.state
+            if st.windowed:
+                need += min(blocks, math.ceil(st.window / bs) + 1) * bs * st.windowed  # window - 1 + 1 in flight
+            fit = int(kv // need) if need else cap
+        if best is None or (fit if fit is not None else tokens) < (best[1] if best[1] is not None else best[0]):
+            best = (tokens, fit, kv, st)
+    assert best is not None
+    tokens, fit, kv, st = best
+    batch = bound = None
+    if fit is not None:
+        batch, bound = (fit, "KV pool") if fit < cap else (cap, "max_num_seqs")
+        batch *= _attn_dp(p)
+    settings = {"gpu_memory_utilization": vm.gpu_memory_utilization, "block_size": bs, "max_num_batched_tokens": step,
+                "activation_peak_bytes": peak}  # fmt: skip
+    return KVCapacity(
+        key, card, st.weights, card - st.weights - kv, vm.reserve_text(), kv, st.full or st.windowed, tokens, cap,
+        seq_len, batch, bound, settings, tuple(f.source.cite() for f in vm.facts),
+    )  # fmt: skip
+
+
+def kv_capacity(p: Predictor, engine: str, seq_len: int | None = None) -> KVCapacity:
+    """KV capacity per rank on `p`'s deployment as engine version `engine` computes it; `seq_len`: the
+    decode batch the pool admits at that prompt + output length (None: none)."""
+    memory_facts(engine)  # a TpplanError for a version whose sizing was not read
+    if engine.startswith("sglang@"):
+        return sglang_capacity(p, seq_len)
+    return vllm_capacity(p, seq_len, engine)
+
+
+def kv_engines_for(engine: str | None) -> tuple[str, ...]:
+    """The engine versions to size the KV cache for: the one `engine` names where its sizing was read
+    (`vllm`, `sglang@0.5.23`), else both current releases."""
+    if engine:
+        key = engine.strip().lower()
+        if "@" not in key:
+            key = next((d for d in DEFAULT_KV_ENGINES if d.startswith(f"{key}@")), key)
+        if key in MEMORY_ENGINES:
+            return (key,)
+    return DEFAULT_KV_ENGINES
+
+
+__all__ = ["DEFAULT_KV_ENGINES", "DIFFERENCES", "KVCapacity", "kv_capacity", "kv_engines_for", "sglang_capacity",
+           "vllm_capacity"]  # fmt: skip
