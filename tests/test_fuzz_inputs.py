@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpplan.models.config import load_config_dict
-from tpplan.outputs import LEDGER
+from tpplan.outputs import LEDGER, LOCK
 
 # TPPLAN_FUZZ_SCALE=20 TPPLAN_FUZZ_RANDOM=1 explores 20x more examples from a fresh seed (by hand, not in CI)
 SCALE = int(os.environ.get("TPPLAN_FUZZ_SCALE", "1"))
@@ -60,7 +60,7 @@ def check(args: list[str], folder: Path, inputs: set[str], json_out: Path | None
     if code == 2:
         assert len(err.strip().splitlines()) == 1, err
     left = {p.name for p in folder.iterdir()} - inputs
-    expected = {json_out.name, LEDGER} if json_out is not None and code == 0 else set()
+    expected = {json_out.name, LEDGER, LOCK} if json_out is not None and code == 0 else set()
     assert left == expected, (left, err)
     return code
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_in_process
 
-from tpplan.outputs import LEDGER, MARKER, check_dir
+from tpplan.outputs import LEDGER, LOCK, MARKER, check_dir
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 TINY_REPORT = ("report", "--model", "tiny-kimi-k3", "--topology", "h200x2", "--tp", "2", "--workload", "seed-c8")
@@ -190,7 +190,7 @@ def test_search_json_is_written_whole(tmp_path, monkeypatch, capsys):
         code, err = run_in_process(monkeypatch, capsys, *args)
         assert code == 0, err
         assert json.loads(out.read_text())["tp"] == 2
-        assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER, "search.json"]  # no temporaries
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER, LOCK, "search.json"]  # no temporaries
 
 
 @pytest.mark.parametrize("how", ["user-file", "edited"])

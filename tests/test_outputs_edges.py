@@ -17,7 +17,7 @@ from cli_helpers import run_in_process
 
 from tpplan import outputs
 from tpplan.errors import TpplanError
-from tpplan.outputs import LEDGER, MARKER, check_dir, check_file, write_dir, write_files
+from tpplan.outputs import LEDGER, LOCK, MARKER, check_dir, check_file, write_dir, write_files
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH = ("search", "-m", "tiny-kimi-k3", "-t", "h200x2")
@@ -79,7 +79,7 @@ def test_a_full_disk_at_any_step_leaves_the_previous_state(tmp_path, monkeypatch
         monkeypatch.setattr(outputs, "os", os)
         if faulty.calls <= at:  # every call of `step` has had its turn
             break
-        assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER, "other.json", "out.json"]  # no temporary
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER, LOCK, "other.json", "out.json"]  # no temporary
         if raised is not None:
             failures += 1
             assert "No space left on device" in raised and "nothing was written" in raised
@@ -154,12 +154,14 @@ else:
 """
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize(
     ("kind", "slowed", "nth"),
     [("file", "chmod", 1), ("file", "replace", 2), ("dir", "chmod", 1), ("dir", "rename", 2)],
     ids=["file:temporary", "file:between-renames", "dir:temporary", "dir:old-moved-away"],
 )
-def test_sigterm_while_writing_cleans_up_like_sigint(tmp_path, kind, slowed, nth):
+def test_sigterm_while_writing_cleans_up_like_sigint(tmp_path, kind, slowed, nth, sig):
+    """SIGTERM, and SIGHUP too (issue 35: it left partial temporaries), at each step of a write."""
     target = tmp_path / ("out.json" if kind == "file" else "report")
     proc = subprocess.Popen(
         [sys.executable, "-c", _SLOW_WRITE, kind, str(target), slowed, str(nth)],
@@ -167,14 +169,14 @@ def test_sigterm_while_writing_cleans_up_like_sigint(tmp_path, kind, slowed, nth
     )  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "writing\n", proc.stderr.read()  # type: ignore[union-attr]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
     finally:
         proc.kill()
         proc.wait()
     names = sorted(p.name for p in tmp_path.iterdir())
     if kind == "file":
-        assert names == [LEDGER, "out.json"]
+        assert names == [LEDGER, LOCK, "out.json"]
         assert target.read_text() == "old\n"
         check_file("--json", target)
     else:

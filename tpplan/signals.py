@@ -72,7 +72,7 @@ def exit_cleanly() -> Iterator[None]:
     later one is ignored, so that the cleanup the first one started runs whole. Only the main thread
     sets handlers; a handler someone else set, or a signal ignored from the start (a background job
     of a non-interactive shell ignores SIGINT), is left as it is. The handlers are put back on exit,
-    unless a signal came: the process is on its way out then, and a later one must not raise."""
+    unless a signal came: the process is on its way out then, and the signals stay ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -85,9 +85,10 @@ def exit_cleanly() -> Iterator[None]:
     try:
         yield
     finally:
-        if not _State.raised:  # after a signal they stay: one more during the way out changes nothing
-            for s, handler in before.items():
-                signal.signal(s, handler)
+        for s, handler in before.items():
+            # after a signal, ignored from here on: the process is on its way out, and Python's own
+            # shutdown would put the default back (a second Ctrl-C then killed it by SIGINT)
+            signal.signal(s, signal.SIG_IGN if _State.raised else handler)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from tpplan.errors import TpplanError
 
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
+    from tpplan.outputs import Output
 
 
 class Backend(StrEnum):
@@ -54,13 +55,15 @@ def json_option(schema_doc: str) -> typer.models.OptionInfo:
     )
 
 
-def check_json_target(target: str | None) -> Path | None:
-    """The file `--json` names, checked before any work (None: no file, either none or standard output)."""
-    from tpplan.outputs import check_file
+def check_json_target(target: str | None, *others: Output) -> Path | None:
+    """The file `--json` names, checked before any work together with the command's `others` outputs
+    (`tpplan.outputs.check_outputs`: not the same path, not inside a folder output); None: no file,
+    either none or standard output."""
+    from tpplan.outputs import Output, check_outputs
 
-    if target is None or target == JSON_TO_STDOUT:
-        return None
-    return check_file("--json", target)
+    mine = [Output("--json", target)] if target is not None and target != JSON_TO_STDOUT else []
+    paths = check_outputs(*mine, *others)
+    return paths[0] if mine else None
 
 
 def emit_json(target: str | None, data: object) -> bool:

@@ -65,7 +65,8 @@ def chunk_tokens(workload: Workload | None, engine: str, topo: Topology) -> int:
 def serving_block(
     graph: ModelGraph, plan: Plan, topo: Topology, arrivals: Arrivals, workload: Workload | None, *, tp: int,
     pp: int = 1, dtype: str = "bf16", expert_dtype: str | None = None, engine: str | None = None, cp: int = 1,
-    cp_recurrence: str = "scan", cp_layers: str = "all", replicas: int = 1, per_request: bool = False,
+    cp_recurrence: str = "scan", cp_layers: str = "all", cp_kv: str = "engines", replicas: int = 1,
+    per_request: bool = False,
 ) -> dict[str, object]:  # fmt: skip
     """The `serving` JSON of one deployment, its step prices the prediction's own (the same predictor,
     from `cached_predictor`'s cache, as `predict_plan` made with these arguments)."""
@@ -73,7 +74,7 @@ def serving_block(
     from tpplan.simulate.serving import serving_summary
 
     p = cached_predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, replicas=replicas)  # fmt: skip
+                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, replicas=replicas)  # fmt: skip
     chunk = chunk_tokens(workload, p.pipeline.engine, topo)
     return serving_summary(p, arrivals, chunk, topo.gpus_per_node, per_request=per_request)[1]
 

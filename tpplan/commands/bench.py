@@ -94,7 +94,7 @@ def bench(
     from tpplan.commands._console import console, print_markdown
     from tpplan.commands._failure import print_failure
     from tpplan.errors import TpplanError
-    from tpplan.outputs import check_file, write_files
+    from tpplan.outputs import Output, check_outputs, write_files
     from tpplan.plans.named import plan_name
     from tpplan.runtime.group import RankFailed
 
@@ -108,10 +108,8 @@ def bench(
         names = [load_bench_results(f, "--from").plan for f in from_files]
         if len(set(names)) < len(names):
             raise TpplanError("--out", "the --from files repeat a plan", "re-predict one run per plan at a time")
-    for p in output_paths(out, names).values() if out and (not from_files or repredict) else []:
-        check_file("--out", p)
-    if md is not None:
-        check_file("--md", md)
+    written = output_paths(out, names).values() if out and (not from_files or repredict) else []
+    check_outputs(*(Output("--out", p) for p in written), *([Output("--md", md)] if md is not None else []))
     if anchor is not None and not anchor.is_file():
         raise TpplanError(f"--anchor {anchor}", "file not found", "pass the probe JSON or leave --anchor out")
     files: dict[Path, str] = {}

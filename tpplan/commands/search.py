@@ -174,13 +174,12 @@ def register(app: typer.Typer) -> None:
         from tpplan.cost.workload import load_workload
         from tpplan.models.config import load_model
         from tpplan.models.graph import build_model_graph
-        from tpplan.outputs import check_dir
+        from tpplan.outputs import Output
         from tpplan.plans.files import save_plan_dir
         from tpplan.search import search_plans
 
-        check_json_target(json_target)  # before the search: a bad path costs one line, not a run
-        if save is not None:
-            check_dir("--save", save)
+        saved = [Output("--save", save, folder=True)] if save is not None else []
+        check_json_target(json_target, *saved)  # before the search: a bad path costs one line, not a run
         arrival = arrival_of(arrival_rate, trace, requests, seed)
         reps = replica_count(replicas)
         copies = reps if isinstance(reps, int) else 1
@@ -226,11 +225,12 @@ def register(app: typer.Typer) -> None:
             for r, entry in zip(outcome.ranked, entries, strict=True):
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
-                                                 replicas=r.replicas)  # fmt: skip
+                                                 cp_kv=cp_kv, replicas=r.replicas)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
             data["cp_kv"] = cp_kv
+        check_json_target(json_target, *saved)  # again, together: either may have changed during the search
         to_stdout = emit_json(json_target, data)
         if not to_stdout:
             _print(data, wide)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tpplan.cost.segments import Segments
-from tpplan.cost.workload import PrefillBatch, Segment
+from tpplan.cost.workload import PrefillBatch, ReplicaShare, Segment
 from tpplan.errors import TpplanError
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request, split_round_robin
 from tpplan.simulate.results import LoopResult, Timeline
@@ -281,16 +281,26 @@ def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, replicas:
     lines: dict[int, Timeline] = {}
     steps: list[PrefillBatch] = []
     itl: list[float] = []
+    shares: list[ReplicaShare] = []
     for r, (ids, share) in enumerate(split_round_robin(arrivals, replicas)):
         tl, st, gaps = run_replica(share, prices, cfg)
         itl += gaps
+        shares.append(_share(share, tl, st))
         for j, line in enumerate(tl):
             lines[ids[j]] = Timeline(arrivals.requests[ids[j]], r, *_times(line))
         for b in st:
             segs = tuple(Segment(ids[s.request_id], s.start_pos, s.n_tokens) for s in b.segments)
             steps.append(PrefillBatch(b.index, segs, b.start_s, b.end_s, b.decode_tokens))
     steps.sort(key=lambda b: (b.start_s, b.end_s))
-    return LoopResult(tuple(lines[i] for i in range(len(arrivals.requests))), tuple(steps), tuple(itl))
+    return LoopResult(tuple(lines[i] for i in range(len(arrivals.requests))), tuple(steps), tuple(itl),
+                      tuple(shares) if replicas > 1 else ())  # fmt: skip
+
+
+def _share(share: Arrivals, tl: list[Timeline], st: list[PrefillBatch]) -> ReplicaShare:
+    """One replica's part: requests, clients (a timed share: one per request), prompt tokens, TTFT, makespan."""
+    clients = share.concurrency if isinstance(share, ClosedLoop) else len(share.requests)
+    mean = math.fsum(t.ttft_s for t in tl) / len(tl)
+    return ReplicaShare(len(tl), clients, sum(t.request.prompt_tokens for t in tl), mean, max(b.end_s for b in st))
 
 
 def _times(t: Timeline) -> tuple[float, float, float, float, float, float]:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from tpplan.cost.workload import PrefillBatch, TTFTResult
+from tpplan.cost.workload import PrefillBatch, ReplicaShare, TTFTResult
 from tpplan.simulate.requests import Request
 
 
@@ -76,6 +76,7 @@ class LoopResult:
     timelines: tuple[Timeline, ...]
     steps: tuple[PrefillBatch, ...]
     itl: tuple[float, ...] = ()  # every gap between a request's successive tokens (decode)
+    shares: tuple[ReplicaShare, ...] = ()  # each replica's part, when several served the requests
     ttfts: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +141,7 @@ class LoopResult:
             batches=self.steps,
             makespan_s=self.makespan_s,
             prefill_tokens=sum(t.request.prompt_tokens for t in self.timelines),
+            replicas=self.shares,
         )
 
 

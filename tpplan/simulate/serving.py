@@ -151,6 +151,7 @@ def with_serving_loop(predict: PredictFn) -> PredictFn:
         p = cached_predictor(graph, plan, topo, kw["tp"], kw.get("pp", 1), kw.get("dtype", "bf16"),
                              kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"), cp=kw.get("cp", 1),
                              cp_recurrence=kw.get("cp_recurrence", "scan"), cp_layers=kw.get("cp_layers", "all"),
+                             cp_kv=kw.get("cp_kv", "engines"),
                              pipeline=kw.get("pipeline"), replicas=kw.get("replicas", 1))  # fmt: skip
         loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
         res = serve(p, workload_arrivals(wl), loop)
