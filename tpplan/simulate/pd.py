@@ -39,8 +39,7 @@ def kv_bytes_per_rank(p: Predictor, tokens: int) -> float:
     """KV bytes one rank of the fullest stage holds for a prompt of `tokens` tokens."""
     layers = p.graph.spec.layers
     return max(
-        sum(p.kv_per_token(layers[j].attn) * cached_tokens(layers[j].attn, [tokens]) for j in rng)
-        for rng in p.stages
+        sum(p.kv_per_token(layers[j].attn) * cached_tokens(layers[j].attn, [tokens]) for j in rng) for rng in p.stages
     )
 
 
