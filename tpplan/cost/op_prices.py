@@ -237,7 +237,9 @@ class OpPrices:
             t_compute += t_pad
             flops += f
             nbytes += act + weights
-        phys = self._physical_experts(m_use, active, ew, i_loc, t, t_compute)
+        # The tokens whose rows this rank combines: its own share under all-to-all, else every token.
+        tokens_here = math.ceil(t / n) if d.split == "a2a" else t
+        phys = self._physical_experts(m_use, active, ew, i_loc, tokens_here, t_compute)
         if phys is not None and self.models is not None:
             self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
             self._source = KERNEL_MODEL
@@ -273,12 +275,13 @@ class OpPrices:
         self, rows: int, active: int, width: int, inter: int, tokens: int, compute_s: float
     ) -> float | None:
         """Grouped GEMMs by the experts model (compute: the GEMM table at the tile-padded shapes) plus
-        the routing around them as memory traffic (`KernelModels.routing`)."""
+        the routing around them as memory traffic (`KernelModels.routing`): a serving engine's fused-MoE
+        combine where no recorded run of tpplan's runtime is priced (`impls` None), else the runtime's."""
         m = self._model("experts")
-        ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes)
+        ffn = None if m is None else m.experts(active, width, inter, compute_s, self.expert_bytes, rows)
         if m is None or ffn is None:
             return None
-        return ffn + m.routing(rows, tokens, width, self.hbm)
+        return ffn + m.routing(rows, tokens, width, self.hbm, fused=self.impls is None)
 
     def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
         op = d.op

@@ -58,6 +58,10 @@ class LoopConfig:
     mixed: bool = True  # decode tokens and prefill chunks share a step's budget (vLLM); off: prefill first (SGLang)
     max_running: int | None = None  # admitted requests at once (SGLang --max-running-requests, vLLM max_num_seqs)
     kv_tokens: int | None = None  # KV pool of the replica in tokens; a request holds prompt + output from admission
+    # P/D prefill pool: seconds to hand a finished prompt's KV to the decode side (its first token arrives
+    # after it), and whether the prefill engine blocks its last stage on the hand-off (`simulate.pd`)
+    handoff_s: Callable[[Request], float] | None = None
+    handoff_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.in_flight < 1:
@@ -88,6 +92,7 @@ class _Replica:
         self.out_at = [0.0] * n  # when the request's latest step leaves the pipeline
         self.first_step = [math.nan] * n
         self.prefill_end = [math.nan] * n
+        self.ready = [math.nan] * n  # when the first token can go out (after a P/D hand-off)
         self.done_at = [math.nan] * n  # when its last token's step leaves the pipeline
         self.decoded = [0] * n  # output tokens so far (the prefill step gives the first)
         self.itl: list[float] = []  # gaps between a request's successive tokens, every decode token
@@ -203,10 +208,24 @@ class _Replica:
             self.out_at[rid] = t
             if self.progress[rid] == reqs[rid].prompt_tokens:
                 self.prefill_end[rid], self.decoded[rid] = t, 1
+                self.ready[rid] = self.hand_off(rid, t)
                 if self.cfg.decode and reqs[rid].output_tokens > 1:
                     self.running[rid] = None
                 else:
-                    self.finish(rid, t)
+                    self.finish(rid, self.ready[rid])
+
+    def hand_off(self, rid: int, t: float) -> float:
+        """When request `rid`'s first token can go out: at once, or (P/D) once its KV reached the decode
+        side; a blocking engine holds its last stage until then, one hand-off after another."""
+        if self.cfg.handoff_s is None:
+            return t
+        h = float(self.cfg.handoff_s(self.reqs[rid]))
+        if not (math.isfinite(h) and h >= 0):
+            raise TpplanError("handoff_s", f"returned {h} s for request {rid}", "return >= 0 seconds")
+        if not self.cfg.handoff_blocks:
+            return t + h
+        self.stage_free[-1] = max(self.stage_free[-1], t) + h
+        return self.stage_free[-1]
 
     def finish(self, rid: int, t: float) -> None:
         self.done_at[rid] = t
@@ -243,7 +262,7 @@ class _Replica:
                 self.sent[i] + into,
                 self.first_step[i],
                 self.prefill_end[i],
-                self.prefill_end[i] + out,
+                self.ready[i] + out,
                 self.done_at[i] + out if self.cfg.decode or r.output_tokens == 1 else math.nan,
             )
             for i, r in enumerate(self.reqs)
