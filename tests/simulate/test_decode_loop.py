@@ -122,3 +122,5 @@ def test_audit_json_carries_decode_per_request(monkeypatch, capsys, tmp_path) ->
     assert all(r["latency_s"] == pytest.approx(r["ttft_s"] + 19 * r["tpot_s"]) for r in d["requests"])
     assert d["tpot_s"]["p50"] <= d["tpot_s"]["p90"] <= d["tpot_s"]["p99"]
     assert "scheduler.py" in d["settings"]["rule"] and d["settings"]["mixed_steps"] is False
+    assert d["admitted"] and d["settings"]["kv_capacity"].startswith("SGLang 0.5.23")
+    assert d["settings"]["max_running"] >= 1 and d["settings"]["kv_tokens"] >= 20 * 6
