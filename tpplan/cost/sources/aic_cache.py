@@ -13,7 +13,7 @@ its answer (written when the process or a forked worker ends, atomically: a temp
 
 Where: `$TPPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/tpplan/aic`, else `~/.cache/tpplan/aic`. Each file's
 name and header carry the installed `aiconfigurator-core` version and a digest of the adapter's
-source (this module and `aic.py`), so a new package or a changed adapter starts a new file and never
+source (this module, `aic.py` and the shapes of `kernel_source.py`), so a new package or a changed adapter starts a new file and never
 reads an old answer. Only files of this naming in that folder are written, and a new file replaces its predecessors
 (the same database's files of another version or adapter).
 A folder that cannot be written is not an error: the answers are then recomputed next time.
@@ -61,8 +61,8 @@ def adapter_digest() -> str:
     """Digest of the adapter code whose answers the files hold: a change to it starts new files."""
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for name in ("aic.py", "aic_cache.py"):
-        h.update((here / name).read_bytes())
+    for path in (here / "aic.py", here / "aic_cache.py", here.parent / "kernel_source.py"):
+        h.update(path.read_bytes())
     return h.hexdigest()[:12]
 
 
