@@ -252,3 +252,14 @@ def test_a_dollar_in_a_plan_name_is_a_dollar_in_the_plots():
 
     png = volume_vs_tp({"a$\\x$b [/]": [(2, 1.0), (4, 2.0)]}, "title $\\frac$")
     assert png.startswith(b"\x89PNG")
+
+
+def test_the_collective_check_prints_a_topologys_names_as_text(capsys):
+    pytest.importorskip("torch")
+    from tpplan.bench.collective_check import CheckReport, CheckRow, print_report
+
+    row = CheckRow("all_reduce", 8, 64, 1024, 2e-5, 2.2e-5, f"ring{CSI_CLEAR}{LINK}")
+    print_report(CheckReport(f"topo{OSC_TITLE}", 2, "gloo", (row,)))
+    out = capsys.readouterr().out
+    inert(out)
+    assert "topo\\x1b]0;pwned\\x07" in out

@@ -50,7 +50,8 @@ def test_audit_search_and_memo_state_one_memory_figure(tmp_path, model, nodes, t
     v = next(x for x in memo.variants if x.plan.name == entry["name"])
     assert (v.tp, v.pp) == (tp, pp), "a saved plan is priced at the TP x PP it was found at"
     md = build_memo(memo, "test").markdown
-    row = next(line for line in md.splitlines() if line.startswith(f"| `{v.key}`"))
+    verdicts = md.split("## Verdict per plan", 1)[1]  # the plots' tables come first and start with the key too
+    row = next(line for line in verdicts.splitlines() if line.startswith(f"| `{v.key}`"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5] == f"{extra / GIB:,.1f} GiB", row  # the verdict table's replicated column
     assert f"replicates weights: +{extra / GIB:,.1f} GiB per rank" in md

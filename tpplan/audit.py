@@ -17,7 +17,7 @@ from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
-from tpplan.layout.propagate import LayerResult, Violation, propagate_model
+from tpplan.layout.propagate import CommEvent, LayerResult, Violation, propagate_model
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, Op, OpKind, build_model_graph
 from tpplan.models.quant import op_weights
@@ -278,70 +278,78 @@ def audit(
     return Audit(graph.spec.name, graph, n, dtype, audits_)
 
 
+def _collective_json(c: CommEvent, dtype_bytes: int) -> dict[str, object]:
+    """One collective of a layer kind, as the audit JSON lists it."""
+    return {
+        "collective": c.collective.value,
+        "value": c.value,
+        "width": c.width,
+        "from": str(c.src),
+        "to": str(c.dst),
+        "region": c.region,
+        "producer": c.producer,
+        "consumer": c.consumer,
+        "bytes_per_token_per_rank": c.elements_per_token * dtype_bytes,
+        "units": c.units,
+        "reason": c.reason,
+    }
+
+
+def _kinds_json(pa: PlanAudit, base: PlanAudit | None) -> dict[str, object]:
+    """Each layer kind of one plan: legality, volumes beside the baseline's, and its collectives."""
+    kinds: dict[str, object] = {}
+    for kind, ks in pa.kinds.items():
+        r = ks.result
+        base_units = base.kinds[kind].result.units("attn_side") if base else 0.0
+        kinds[kind] = {
+            "count": ks.count,
+            "legal": r.legal,
+            "reasons": [v.sentence() for v in r.violations],
+            "attn_input_units": r.units("attn_side"),
+            "attn_input_delta_pct": pct_change_json(r.units("attn_side"), base_units),
+            "layer_units": r.units(),
+            "comm_bytes_per_token_per_rank": r.elements_per_token() * pa.dtype_bytes,
+            "collectives": [_collective_json(c, pa.dtype_bytes) for c in r.comms],
+        }
+    return kinds
+
+
+def _plan_json(pa: PlanAudit, base: PlanAudit | None, pred: PredictionJSON | None, priced: bool) -> dict[str, object]:
+    """One plan's entry; `priced` (predictions were given) adds its `prediction` (None: not priced)."""
+    base_bytes = base.comm_bytes_per_token if base else 0.0
+    out: dict[str, object] = {
+        "name": pa.plan.name,
+        "title": pa.plan.title,
+        "summary": pa.plan.summary,
+        "found_by": pa.plan.found_by,
+        "decisions": pa.plan.describe(),
+        "legal": pa.legal,
+        "reasons": [v.sentence() for v in pa.violations],
+        "engine_notes": list(pa.plan.engine_notes),
+        "layer_kinds": _kinds_json(pa, base),
+        "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
+        "comm_units_per_token": pa.units,
+        "comm_delta_pct": pct_change_json(pa.comm_bytes_per_token, base_bytes),
+        "collectives_per_forward": pa.collective_counts(),
+        "weight_bytes_per_rank": pa.weight_bytes_per_rank,
+        "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
+    }
+    if priced:
+        out["prediction"] = pj = pred.to_json() if pred is not None else None
+        # one figure: the prediction's (its PP stage, its expert_dtype)
+        if pj is not None and isinstance(mem := pj["memory_bytes_per_rank"], dict):
+            out["weight_bytes_per_rank"] = mem["weights"]
+            out["replicated_extra_bytes_per_rank"] = mem["replicated_extra"]
+    return out
+
+
 def to_json(a: Audit, predictions: Sequence[PredictionJSON] | None = None) -> dict[str, object]:
     """The stable audit JSON (schema documented in docs/audit-json.md); `predictions` (one per plan,
     from `tpplan.cost.predict.predict_audit`) add time, memory and TTFT beside the volumes."""
     by_plan = {p.plan.name: p for p in predictions or ()}
     base = a.baseline()
     spec = a.graph.spec
-    out_plans = []
-    for pa in a.plans:
-        kinds = {}
-        for kind, ks in pa.kinds.items():
-            r = ks.result
-            base_units = base.kinds[kind].result.units("attn_side") if base else 0.0
-            kinds[kind] = {
-                "count": ks.count,
-                "legal": r.legal,
-                "reasons": [v.sentence() for v in r.violations],
-                "attn_input_units": r.units("attn_side"),
-                "attn_input_delta_pct": pct_change_json(r.units("attn_side"), base_units),
-                "layer_units": r.units(),
-                "comm_bytes_per_token_per_rank": r.elements_per_token() * pa.dtype_bytes,
-                "collectives": [
-                    {
-                        "collective": c.collective.value,
-                        "value": c.value,
-                        "width": c.width,
-                        "from": str(c.src),
-                        "to": str(c.dst),
-                        "region": c.region,
-                        "producer": c.producer,
-                        "consumer": c.consumer,
-                        "bytes_per_token_per_rank": c.elements_per_token * pa.dtype_bytes,
-                        "units": c.units,
-                        "reason": c.reason,
-                    }
-                    for c in r.comms
-                ],
-            }
-        base_bytes = base.comm_bytes_per_token if base else 0.0
-        out_plans.append(
-            {
-                "name": pa.plan.name,
-                "title": pa.plan.title,
-                "summary": pa.plan.summary,
-                "found_by": pa.plan.found_by,
-                "decisions": pa.plan.describe(),
-                "legal": pa.legal,
-                "reasons": [v.sentence() for v in pa.violations],
-                "engine_notes": list(pa.plan.engine_notes),
-                "layer_kinds": kinds,
-                "comm_bytes_per_token_per_rank": pa.comm_bytes_per_token,
-                "comm_units_per_token": pa.units,
-                "comm_delta_pct": pct_change_json(pa.comm_bytes_per_token, base_bytes),
-                "collectives_per_forward": pa.collective_counts(),
-                "weight_bytes_per_rank": pa.weight_bytes_per_rank,
-                "replicated_extra_bytes_per_rank": pa.replicated_extra_bytes,
-            }
-        )
-        if by_plan:
-            pred = by_plan.get(pa.plan.name)
-            out_plans[-1]["prediction"] = pj = pred.to_json() if pred is not None else None
-            # one figure: the prediction's (its PP stage, its --expert-dtype)
-            if pj is not None and isinstance(mem := pj["memory_bytes_per_rank"], dict):
-                out_plans[-1]["weight_bytes_per_rank"] = mem["weights"]
-                out_plans[-1]["replicated_extra_bytes_per_rank"] = mem["replicated_extra"]
+    out_plans = [_plan_json(pa, base, by_plan.get(pa.plan.name), bool(by_plan)) for pa in a.plans]
     first = next(iter(by_plan.values()), None)
     out: dict[str, object] = {
         "schema_version": JSON_SCHEMA_VERSION,

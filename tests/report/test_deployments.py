@@ -51,11 +51,12 @@ def _table(text: str) -> list[list[str]]:
 
 @pytest.mark.parametrize(
     ("workload", "replicas", "winner"),
-    [("prompt128k-c1", None, "TP1xCP2"), ("prompt16k-c8", None, "TP1xPP2"), ("prompt16k-c8", "all", "2x TP1")],
+    [("prompt128k-c1", None, "TP1xCP2"), ("prompt16k-c8", None, "TP1xCP2"), ("prompt16k-c8", "all", "2x TP1")],
 )
 def test_search_and_report_name_the_same_best_deployment(workload, replicas, winner):
-    """The long prompt makes a CP deployment the search's best, the 16K one a PP deployment, and, with
-    replicas asked for (`--replicas all`, both commands), two replicas."""
+    """Both prompts make a CP deployment the search's best (under the serving loop SGLang's PP turns its
+    overlap schedule off, so each PP step pays the scheduler's CPU, which a tiny model's steps do not
+    hide), and, with replicas asked for (`--replicas all`, both commands), two replicas."""
     topo = load_topology("h200x2")
     best = run_search("tiny-deepseek-v3", topo, workload=load_workload(workload), top=1, replicas=replicas).ranked[0]
     assert best.deployment == winner, "the case needs this winner"
@@ -113,6 +114,15 @@ def test_the_ranking_sentence_is_the_ranking_table():
     assert times == sorted(times)
 
 
+def _compute_ttft(row) -> float:  # type: ignore[no-untyped-def]
+    """A single request's TTFT without the serving loop's fixed costs: its per-request cost and, at PP 1
+    (SGLang overlaps its scheduler with the GPU), the overlapped per-step cost of each of its batches."""
+    from tpplan.simulate.overheads import REQUEST_ROUND_TRIP, STEP_CPU_OVERLAPPED
+
+    batches = -(-131072 // 8192)  # prompt128k-c1: one request in chunks of 8K
+    return row.ttft_s - REQUEST_ROUND_TRIP.value_s - batches * STEP_CPU_OVERLAPPED.value_s
+
+
 def test_each_reason_adds_up_and_a_single_request_is_its_batches():
     """The reason's parts are the prediction's: their sum is the total it prints, and with one request
     and no PP that total is the request's TTFT (its batches run one after another)."""
@@ -120,7 +130,7 @@ def test_each_reason_adds_up_and_a_single_request_is_its_batches():
     rows = {r.label: r for r in a.deployments["prompt128k-c1"]}
     ref = rows["TP2"]
     ref_total = re.search(rf"on one rank, every layer: ({NUM}) ms", ref.reason)
-    assert ref_total is not None and _num(ref_total.group(1)) == pytest.approx(1e3 * ref.ttft_s, rel=1e-3)
+    assert ref_total is not None and _num(ref_total.group(1)) == pytest.approx(1e3 * _compute_ttft(ref), rel=1e-3)
     for label, r in rows.items():
         if label == "TP2":
             continue
@@ -131,8 +141,8 @@ def test_each_reason_adds_up_and_a_single_request_is_its_batches():
         assert ref_ms == _num(ref_total.group(1))
         assert sum(deltas) == pytest.approx(total - ref_ms, abs=2e-3 * (total + ref_ms))  # 4 digits each
         assert _num(m.group(4)) == pytest.approx(r.ttft_s, rel=1e-3)
-        if r.key[1] == 1:  # one request, no PP: the batches' sum is its TTFT
-            assert total == pytest.approx(1e3 * r.ttft_s, rel=1e-3)
+        if r.key[1] == 1:  # one request, no PP: the batches' sum is its TTFT less the engine's fixed costs
+            assert total == pytest.approx(1e3 * _compute_ttft(r), rel=1e-3)
         if r.key[2] > 1:
             assert "CP exchanges +" in r.reason  # CP adds its all-gathers
         assert f"`{label}`: {r.reason}" in md
@@ -182,7 +192,7 @@ def test_the_prompt_length_thresholds_follow_the_table():
     assert len(ends) == len(flips), (m.group(1), faster)
     for x, i in zip(ends, flips, strict=True):
         assert lengths[i - 1] <= x <= lengths[i]
-    assert ("up to" in m.group(1)) == faster[0]
+    assert ("up to" in m.group(1)) == (faster[0] and not all(faster))  # "always faster" has no end
     quoted = re.findall(rf"at ({NUM}): ({NUM}) s `([^`]+)` vs ({NUM}) s\s+`([^`]+)`", sec)
     assert quoted
     for length, t_cp, dep_cp, t_1, dep_1 in quoted:

@@ -148,3 +148,13 @@ def test_bad_prices_and_configs_name_the_input() -> None:
         LoopConfig(0)
     with pytest.raises(TpplanError, match="overheads"):
         LoopConfig(10, request_in_s=-0.1)
+
+
+def test_replicas_report_their_shares_as_the_cost_model_does() -> None:
+    reqs = closed_loop(4, [Shape(100), Shape(300)], 8)
+    res = simulate(reqs, per_100_tokens(), LoopConfig(1000), replicas=2)
+    shares = res.as_ttft().replicas
+    assert [(s.requests, s.concurrency, s.prefill_tokens) for s in shares] == [(4, 2, 400), (4, 2, 1200)]
+    # replica 0: two 100-token prompts per 2 s step, twice; replica 1: two 300-token prompts per 6 s step, twice
+    assert [(s.mean_s, s.makespan_s) for s in shares] == [(2.0, 4.0), (6.0, 12.0)]
+    assert simulate(reqs, per_100_tokens(), LoopConfig(1000)).shares == ()

@@ -41,159 +41,184 @@ def checks(benches: Sequence[PlanBench]) -> list[Check]:
     """Issue 5's targets on these results (see the module constants)."""
     out: list[Check] = []
     for pb in benches:
-        r = pb.results
-        cs = error_summary(list(r.collectives))
-        med = cs["median_abs_err"]
-        per_call = call_weighted_median_error(r.collectives)
-        out.append(
-            _at_most(
-                f"{pb.plan}: collective median |error|",
-                med,
-                TARGET_COLLECTIVE_MEDIAN,
-                f"{cs['n']} collectives, worst {cs['max_abs_err'] or 0:.1%}"
-                + ("" if per_call is None else f"; median over every call issued {per_call:.1%}"),
-            )
-        )
-        ls = error_summary(list(r.layers))
-        worst = ls["max_abs_err"]
-        out.append(
-            _at_most(
-                f"{pb.plan}: layer |error| (worst)",
-                worst,
-                TARGET_LAYER,
-                ", ".join(f"{x.layer_kind} {x.rel_error:+.1%}" for x in r.layers if x.rel_error is not None),
-            )
-        )
-        nore = _layers_without(r, "recurrence")
-        plain_recurrence = any(o.category == "recurrence" and not (o.impl or "").startswith("fla") for o in r.ops)
-        if nore and plain_recurrence and " no kernel profiles" in profiles_note(r):
-            w2 = max(abs(e) for _, e in nore)
-            out.append(
-                _at_most(
-                    f"{pb.plan}: layer |error| without the recurrence kernel",
-                    w2,
-                    TARGET_LAYER,
-                    "the recurrence runs a plain-torch chunked kernel, the model prices an fla-class one; "
-                    + ", ".join(f"{k} {e:+.1%}" for k, e in nore),
-                )
-            )
-        timed = [(i, c) for i, c in enumerate(r.collectives) if c.direct_s]
-        direct_all = sum(c.direct_s * c.iters for _, c in timed if c.direct_s)
-        inplan = sum(c.measured_s * c.iters for _, c in timed)
-        if direct_all > 0 and pb.runtime_s:
-            # weighted by how often the plan issues each collective
-            rt = sum(pb.runtime_s[i] * c.iters for i, c in timed if i in pb.runtime_s)
-            dr = sum(c.direct_s * c.iters for i, c in timed if i in pb.runtime_s and c.direct_s)
-            ov = rt / dr - 1
-            out.append(
-                _at_most(
-                    f"{pb.plan}: runtime overhead on collectives",
-                    ov,
-                    TARGET_OVERHEAD,
-                    "same tensors in a tight loop, runtime's Comm vs bare torch.distributed; "
-                    f"in the plan's own run the collectives took {inplan / direct_all - 1:+.1%} vs direct",
-                    fmt="+.1%",
-                )
-            )
-        elif direct_all > 0:  # from results files: only the in-plan times are kept
-            ov = inplan / direct_all - 1
-            out.append(
-                _at_most(
-                    f"{pb.plan}: collectives in the plan's run vs direct",
-                    ov,
-                    TARGET_OVERHEAD,
-                    "measured_s vs direct_s, weighted by calls (includes the ranks' skew and launch gaps)",
-                    fmt="+.1%",
-                )
-            )
-        ro = r.runtime_overhead
-        if ro is not None:
-            inst = sum(b.measured_s for b in r.batches)
-            out.append(
-                _at_most(
-                    f"{pb.plan}: runtime overhead in the plan's own run",
-                    ro.overhead,
-                    TARGET_OVERHEAD,
-                    f"GPU idle share of one pass without probe events: {ro.pass_s * 1e3:.1f} ms pass, "
-                    f"{ro.busy_s * 1e3:.1f} ms busy over {ro.kernels} kernels; the probed passes' batches "
-                    f"sum to {inst / ro.pass_s - 1:+.1%} of the pass{_clock_note(ro.clocks)}",
-                    fmt="+.1%",
-                )
-            )
-            pred = sum(b.predicted_s or 0.0 for b in r.batches)
-            if pred > 0:
-                out.append(
-                    _at_most(
-                        f"{pb.plan}: predicted GPU time vs busy time",
-                        abs(pred / ro.busy_s - 1.0),
-                        TARGET_BATCH,
-                        f"the batches' predicted sum {pred * 1e3:.1f} ms vs the GPU's busy time in one pass "
-                        f"{ro.busy_s * 1e3:.1f} ms ({pred / ro.busy_s - 1:+.1%}): the models price GPU time, the "
-                        f"overhead row is the host's share{state_note(ro.clocks, r.topology)}",
-                    )
-                )
+        out += _accuracy_checks(pb) + _overhead_checks(pb)
     base = next((pb for pb in benches if pb.plan == "baseline"), None)
     if base is not None:
         bm = sum(b.measured_s for b in base.results.batches)
         bp = sum(b.predicted_s or 0.0 for b in base.results.batches)
         for pb in benches:
-            if pb is base:
-                continue
-            m = sum(b.measured_s for b in pb.results.batches)
-            p = sum(b.predicted_s or 0.0 for b in pb.results.batches)
-            pred_saving, meas_saving = bp - p, bm - m
-            if pred_saving <= 0:
-                out.append(
-                    Check(
-                        f"{pb.plan}: saving vs baseline",
-                        f"predicted {pred_saving * 1e3:+.2f} ms",
-                        "n/a (not predicted to save)",
-                        None,
-                        f"measured saving {meas_saving * 1e3:+.2f} ms over the workload",
-                    )
-                )
-                continue
-            noise = saving_noise(base.results, pb.results)
-            if noise is not None and pred_saving < 2 * noise:
-                out.append(
-                    Check(
-                        f"{pb.plan}: measured / predicted saving vs baseline",
-                        f"predicted {pred_saving * 1e3:+.2f} ms",
-                        "n/a (below the run's resolution)",
-                        None,
-                        f"predicted saving < 2 sigma of the measured difference ({2 * noise * 1e3:.2f} ms, from the "
-                        f"spread of identical batches); measured {meas_saving * 1e3:+.2f} ms",
-                    )
-                )
-                continue
-            share = meas_saving / pred_saving
-            out.append(
-                Check(
-                    f"{pb.plan}: measured / predicted saving vs baseline",
-                    f"{share:.0%}",
-                    f">= {TARGET_SAVING:.0%}",
-                    share >= TARGET_SAVING,
-                    f"measured {meas_saving * 1e3:.2f} ms, predicted {pred_saving * 1e3:.2f} ms "
-                    "over the workload's batches",
-                )
-            )
-    ref = next((pb for pb in benches if pb.plan == "baseline"), None)
+            if pb is not base:
+                out += _saving_checks(base, pb, bm, bp)
     for pb in benches:
-        if ref is None or pb is ref:
-            continue
-        rows = layers_calibrated_on(ref.results, pb.results)
-        if not rows:
-            continue
-        err = max(rows, key=lambda row: abs(row[3]))[3]
+        if base is not None and pb is not base:
+            out += _calibrated_checks(base, pb)
+    return out
+
+
+def _accuracy_checks(pb: PlanBench) -> list[Check]:
+    """Collective and layer errors of one plan's run (and the layers without a plain recurrence kernel)."""
+    out: list[Check] = []
+    r = pb.results
+    cs = error_summary(list(r.collectives))
+    med = cs["median_abs_err"]
+    per_call = call_weighted_median_error(r.collectives)
+    out.append(
+        _at_most(
+            f"{pb.plan}: collective median |error|",
+            med,
+            TARGET_COLLECTIVE_MEDIAN,
+            f"{cs['n']} collectives, worst {cs['max_abs_err'] or 0:.1%}"
+            + ("" if per_call is None else f"; median over every call issued {per_call:.1%}"),
+        )
+    )
+    ls = error_summary(list(r.layers))
+    worst = ls["max_abs_err"]
+    out.append(
+        _at_most(
+            f"{pb.plan}: layer |error| (worst)",
+            worst,
+            TARGET_LAYER,
+            ", ".join(f"{x.layer_kind} {x.rel_error:+.1%}" for x in r.layers if x.rel_error is not None),
+        )
+    )
+    nore = _layers_without(r, "recurrence")
+    plain_recurrence = any(o.category == "recurrence" and not (o.impl or "").startswith("fla") for o in r.ops)
+    if nore and plain_recurrence and " no kernel profiles" in profiles_note(r):
+        w2 = max(abs(e) for _, e in nore)
         out.append(
             _at_most(
-                f"{pb.plan}: layer |error| with op speeds calibrated on baseline",
-                abs(err),
+                f"{pb.plan}: layer |error| without the recurrence kernel",
+                w2,
                 TARGET_LAYER,
-                "each op's measured/predicted ratio on the baseline run scales the same op here; "
-                + ", ".join(f"{k} {e:+.1%}" for k, _, _, e in rows),
+                "the recurrence runs a plain-torch chunked kernel, the model prices an fla-class one; "
+                + ", ".join(f"{k} {e:+.1%}" for k, e in nore),
             )
         )
+    return out
+
+
+def _overhead_checks(pb: PlanBench) -> list[Check]:
+    """The runtime's overhead on collectives and in the plan's own run, and GPU time vs predicted."""
+    out: list[Check] = []
+    r = pb.results
+    timed = [(i, c) for i, c in enumerate(r.collectives) if c.direct_s]
+    direct_all = sum(c.direct_s * c.iters for _, c in timed if c.direct_s)
+    inplan = sum(c.measured_s * c.iters for _, c in timed)
+    if direct_all > 0 and pb.runtime_s:
+        # weighted by how often the plan issues each collective
+        rt = sum(pb.runtime_s[i] * c.iters for i, c in timed if i in pb.runtime_s)
+        dr = sum(c.direct_s * c.iters for i, c in timed if i in pb.runtime_s and c.direct_s)
+        ov = rt / dr - 1
+        out.append(
+            _at_most(
+                f"{pb.plan}: runtime overhead on collectives",
+                ov,
+                TARGET_OVERHEAD,
+                "same tensors in a tight loop, runtime's Comm vs bare torch.distributed; "
+                f"in the plan's own run the collectives took {inplan / direct_all - 1:+.1%} vs direct",
+                fmt="+.1%",
+            )
+        )
+    elif direct_all > 0:  # from results files: only the in-plan times are kept
+        ov = inplan / direct_all - 1
+        out.append(
+            _at_most(
+                f"{pb.plan}: collectives in the plan's run vs direct",
+                ov,
+                TARGET_OVERHEAD,
+                "measured_s vs direct_s, weighted by calls (includes the ranks' skew and launch gaps)",
+                fmt="+.1%",
+            )
+        )
+    ro = r.runtime_overhead
+    if ro is not None:
+        inst = sum(b.measured_s for b in r.batches)
+        out.append(
+            _at_most(
+                f"{pb.plan}: runtime overhead in the plan's own run",
+                ro.overhead,
+                TARGET_OVERHEAD,
+                f"GPU idle share of one pass without probe events: {ro.pass_s * 1e3:.1f} ms pass, "
+                f"{ro.busy_s * 1e3:.1f} ms busy over {ro.kernels} kernels; the probed passes' batches "
+                f"sum to {inst / ro.pass_s - 1:+.1%} of the pass{_clock_note(ro.clocks)}",
+                fmt="+.1%",
+            )
+        )
+        pred = sum(b.predicted_s or 0.0 for b in r.batches)
+        if pred > 0:
+            out.append(
+                _at_most(
+                    f"{pb.plan}: predicted GPU time vs busy time",
+                    abs(pred / ro.busy_s - 1.0),
+                    TARGET_BATCH,
+                    f"the batches' predicted sum {pred * 1e3:.1f} ms vs the GPU's busy time in one pass "
+                    f"{ro.busy_s * 1e3:.1f} ms ({pred / ro.busy_s - 1:+.1%}): the models price GPU time, the "
+                    f"overhead row is the host's share{state_note(ro.clocks, r.topology)}",
+                )
+            )
+    return out
+
+
+def _saving_checks(base: PlanBench, pb: PlanBench, bm: float, bp: float) -> list[Check]:
+    """The measured share of the saving predicted vs the baseline (`bm`, `bp`: its measured and
+    predicted sums), or why it is not judged."""
+    out: list[Check] = []
+    m = sum(b.measured_s for b in pb.results.batches)
+    p = sum(b.predicted_s or 0.0 for b in pb.results.batches)
+    pred_saving, meas_saving = bp - p, bm - m
+    if pred_saving <= 0:
+        out.append(
+            Check(
+                f"{pb.plan}: saving vs baseline",
+                f"predicted {pred_saving * 1e3:+.2f} ms",
+                "n/a (not predicted to save)",
+                None,
+                f"measured saving {meas_saving * 1e3:+.2f} ms over the workload",
+            )
+        )
+        return out
+    noise = saving_noise(base.results, pb.results)
+    if noise is not None and pred_saving < 2 * noise:
+        out.append(
+            Check(
+                f"{pb.plan}: measured / predicted saving vs baseline",
+                f"predicted {pred_saving * 1e3:+.2f} ms",
+                "n/a (below the run's resolution)",
+                None,
+                f"predicted saving < 2 sigma of the measured difference ({2 * noise * 1e3:.2f} ms, from the "
+                f"spread of identical batches); measured {meas_saving * 1e3:+.2f} ms",
+            )
+        )
+        return out
+    share = meas_saving / pred_saving
+    out.append(
+        Check(
+            f"{pb.plan}: measured / predicted saving vs baseline",
+            f"{share:.0%}",
+            f">= {TARGET_SAVING:.0%}",
+            share >= TARGET_SAVING,
+            f"measured {meas_saving * 1e3:.2f} ms, predicted {pred_saving * 1e3:.2f} ms over the workload's batches",
+        )
+    )
+    return out
+
+
+def _calibrated_checks(ref: PlanBench, pb: PlanBench) -> list[Check]:
+    """The layer error once each op's speed is calibrated on the baseline run (`ref`)."""
+    out: list[Check] = []
+    rows = layers_calibrated_on(ref.results, pb.results)
+    if not rows:
+        return out
+    err = max(rows, key=lambda row: abs(row[3]))[3]
+    out.append(
+        _at_most(
+            f"{pb.plan}: layer |error| with op speeds calibrated on baseline",
+            abs(err),
+            TARGET_LAYER,
+            "each op's measured/predicted ratio on the baseline run scales the same op here; "
+            + ", ".join(f"{k} {e:+.1%}" for k, _, _, e in rows),
+        )
+    )
     return out
 
 

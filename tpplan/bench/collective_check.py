@@ -22,6 +22,7 @@ from tpplan.cost.collectives import collective_time, nccl_size
 from tpplan.cost.topology import load_topology
 from tpplan.runtime.group import GroupSpec, resolve_backend, run_group
 from tpplan.runtime.hooks import before_collective
+from tpplan.text import TextConsole
 
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 WIDTHS = (7168, 2112, 12288)
@@ -133,7 +134,6 @@ def run_check(
 
 def print_report(rep: CheckReport) -> None:
     """Rich table of predicted vs measured, then the median and worst error."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{rep.topology}: predicted vs measured ({rep.world} ranks, {rep.backend})")
@@ -145,7 +145,7 @@ def print_report(rep: CheckReport) -> None:
             r.kind, str(r.tokens), str(r.width), str(r.nbytes), f"{r.measured_s * 1e6:.1f}",
             f"{r.predicted_s * 1e6:.1f}", f"{r.rel_err:+.1%}", r.algorithm,
         )  # fmt: skip
-    console = Console()
+    console = TextConsole()  # the algorithm names come from the topology file: printed as text
     console.print(table)
     console.print(f"median |err| {rep.median_abs_err:.1%}, worst |err| {rep.worst_abs_err:.1%}")
 

@@ -61,9 +61,6 @@ def _coll_label(sl: ModelSlice, plan: Any, world: int, layer: int, value: str, k
 
 def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: int, backend: str) -> list[PlanBench]:
     """Measurements + predictions for the same slice and shapes -> one `BenchResults` per plan."""
-    import socket
-
-    from tpplan.cost.collectives import collective_time
     from tpplan.cost.predict import cached_predictor
     from tpplan.cost.topology import load_topology
 
@@ -71,109 +68,16 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     g = sl.graph
     topo = load_topology(cfg.topology)
     inputs = recorded_inputs(cfg)
-    rpn = min(world, topo.gpus_per_node)
     dtype = raw["dtype"]
     batches = {b.index: b for b in schedule(wl)}
     out = []
     for name, pr in raw["plans"].items():
         plan = pr["plan"]
         p = cached_predictor(g, plan, topo, world, 1, dtype, None)
-        results = p.audit.layer_results
-        sites = pr["sites"]
-        # -- predictions per site
-        op_acc: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
-        layer_acc: dict[tuple[str, int], list[Any]] = defaultdict(list)
-        batch_rows = []
-        coll_acc: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
-        for s in sites:
-            kind = s["kind"]
-            if kind == "batch":
-                b = batches[s["batch"]]
-                segs = tuple((x.n_tokens, x.start_pos) for x in b.segments)
-                batch_rows.append((b, statistics.median(s["seconds"]), p.latency(segs)))
-                continue
-            b = batches[s["batch"]]
-            seg = b.segments[s["seg"]]
-            segs1 = ((seg.n_tokens, seg.start_pos),)
-            if kind == "none" or s.get("dtype") == "int64":
-                continue  # identity with one rank; MoE count exchange (int64: not a schema dtype, 8 B per rank)
-            if kind == "coll":
-                lk = g.layer_kinds[s["layer"]] if s["layer"] < g.spec.num_layers else None
-                key = (lk, s["value"], s["coll"], s["shape"], s["dtype"])
-                coll_acc[key].append(s)
-                continue
-            lk = g.layer_kinds[s["layer"]]
-            kt = p.kind_time(results[s["layer"]], segs1)
-            med = statistics.median(s["seconds"])
-            comm = statistics.median(s["comm_s"])
-            if kind == "layer":
-                layer_acc[(lk, seg.n_tokens)].append((med, comm, kt.total_s))
-            else:
-                opt = next(o for o in kt.ops if o.op == s["name"])
-                op_acc[(lk, s["name"], seg.n_tokens)].append((med - comm, opt))
-        ops = []
-        for (lk, op_name, tokens), vals in op_acc.items():
-            meas = statistics.fmean(max(v[0], 1e-9) for v in vals)
-            pred = statistics.fmean(v[1].seconds for v in vals)
-            modelled = statistics.fmean(v[1].modelled_s or 0.0 for v in vals)
-            o0 = vals[0][1]
-            ops.append(
-                OpResult(
-                    layer_kind=lk,
-                    op=op_name,
-                    category=op_category(op_kind_name(g, lk, op_name), o0.category),
-                    tokens=tokens,
-                    flops=o0.flops_per_rank,
-                    measured_s=meas,
-                    predicted_s=pred if pred > 0 else None,
-                    iters=pr["iters"],
-                    kernel=o0.kernel,
-                    modelled_s=modelled if modelled > 0 else None,
-                    impl=raw.get("impls", {}).get(impl_class(g, lk, op_name)),
-                )
-            )
-        layers = []
-        for (lk, tokens), vals in layer_acc.items():
-            meas = statistics.fmean(v[0] for v in vals)
-            comm = statistics.fmean(v[1] for v in vals)
-            layers.append(
-                LayerResult(
-                    layer_kind=lk,
-                    tokens=tokens,
-                    measured_s=meas,
-                    predicted_s=statistics.fmean(v[2] for v in vals),
-                    comm_measured_s=comm,
-                    compute_measured_s=max(meas - comm, 0.0),
-                    iters=pr["iters"],
-                )
-            )
-        colls = []
-        runtime_s: dict[int, float] = {}
-        for key, group in coll_acc.items():
-            lk, value, kind, shape, dt = key
-            secs = [x for s in group for x in s["seconds"]]
-            nbytes = group[0]["bytes"]
-            est = collective_time(kind, float(nbytes), world, topo, ranks_per_node=rpn)
-            rep = next((s["replay"] for s in group if s.get("replay")), None)
-            colls.append(
-                CollectiveResult(
-                    kind=kind,
-                    label=_coll_label(sl, plan, world, group[0]["layer"], value, kind),
-                    layer_kind=lk,
-                    shape=list(shape),
-                    dtype=DTYPE_SHORT.get(dt, "fp32"),
-                    bytes=nbytes,
-                    group_size=world,
-                    measured_s=max(statistics.median(secs), 1e-9),
-                    predicted_s=est.time_s,
-                    iters=len(secs),
-                    algorithm=est.algorithm,
-                    direct_s=max(rep[1], 1e-9) if rep else None,
-                    replay_s=max(rep[0], 1e-9) if rep else None,
-                )
-            )
-            if rep:
-                runtime_s[len(colls) - 1] = rep[0]
+        op_acc, layer_acc, coll_acc, batch_rows = _sites(g, p, batches, pr["sites"])
+        ops = _op_results(g, op_acc, pr["iters"], raw.get("impls", {}))
+        layers = _layer_results(layer_acc, pr["iters"])
+        colls, runtime_s = _collective_results(sl, plan, world, topo, coll_acc)
         batch_results = [
             BatchResult(
                 index=b.index,
@@ -188,18 +92,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
         ttft = []
         if cfg.target_topology is not None:
             ttft.append(extrapolate_ttft(cfg, wl, sl, name, ops, colls))
-        meta = BenchMeta(
-            machine=socket.gethostname() or "unknown",
-            gpu=raw["gpu"] or "unknown",
-            gpu_uuids=raw.get("gpu_uuids") or None,
-            gpus=world,
-            date=datetime.now(UTC).replace(microsecond=0),
-            command=cfg.command,
-            torch_version=raw["torch_version"],
-            nccl_version=raw["nccl_version"],
-            cuda_version=raw["cuda_version"],
-            tpplan_version=_version(),
-        )
+        meta = _meta(cfg, raw, world)
         res = BenchResults(
             schema_version=schema.BENCH_SCHEMA_VERSION,
             meta=meta,
@@ -222,6 +115,147 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
         contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}
         out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
+
+
+def _sites(g: Any, p: Any, batches: dict[int, Any], sites: list[dict[str, Any]]) -> tuple[Any, Any, Any, Any]:
+    """The measured sites sorted by what they timed, each beside its prediction: per (kind, op,
+    tokens), per (kind, tokens), per collective site, and per batch."""
+    results = p.audit.layer_results
+    op_acc: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
+    layer_acc: dict[tuple[str, int], list[Any]] = defaultdict(list)
+    batch_rows = []
+    coll_acc: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
+    for s in sites:
+        kind = s["kind"]
+        if kind == "batch":
+            b = batches[s["batch"]]
+            segs = tuple((x.n_tokens, x.start_pos) for x in b.segments)
+            batch_rows.append((b, statistics.median(s["seconds"]), p.latency(segs)))
+            continue
+        b = batches[s["batch"]]
+        seg = b.segments[s["seg"]]
+        segs1 = ((seg.n_tokens, seg.start_pos),)
+        if kind == "none" or s.get("dtype") == "int64":
+            continue  # identity with one rank; MoE count exchange (int64: not a schema dtype, 8 B per rank)
+        if kind == "coll":
+            lk = g.layer_kinds[s["layer"]] if s["layer"] < g.spec.num_layers else None
+            key = (lk, s["value"], s["coll"], s["shape"], s["dtype"])
+            coll_acc[key].append(s)
+            continue
+        lk = g.layer_kinds[s["layer"]]
+        kt = p.kind_time(results[s["layer"]], segs1)
+        med = statistics.median(s["seconds"])
+        comm = statistics.median(s["comm_s"])
+        if kind == "layer":
+            layer_acc[(lk, seg.n_tokens)].append((med, comm, kt.total_s))
+        else:
+            opt = next(o for o in kt.ops if o.op == s["name"])
+            op_acc[(lk, s["name"], seg.n_tokens)].append((med - comm, opt))
+    return op_acc, layer_acc, coll_acc, batch_rows
+
+
+def _op_results(
+    g: Any, op_acc: dict[tuple[str, str, int], list[Any]], iters: int, impls: dict[str, str]
+) -> list[OpResult]:
+    """One row per (layer kind, op, tokens): the mean measured compute time beside the mean prediction."""
+    ops = []
+    for (lk, op_name, tokens), vals in op_acc.items():
+        meas = statistics.fmean(max(v[0], 1e-9) for v in vals)
+        pred = statistics.fmean(v[1].seconds for v in vals)
+        modelled = statistics.fmean(v[1].modelled_s or 0.0 for v in vals)
+        o0 = vals[0][1]
+        ops.append(
+            OpResult(
+                layer_kind=lk,
+                op=op_name,
+                category=op_category(op_kind_name(g, lk, op_name), o0.category),
+                tokens=tokens,
+                flops=o0.flops_per_rank,
+                measured_s=meas,
+                predicted_s=pred if pred > 0 else None,
+                iters=iters,
+                kernel=o0.kernel,
+                modelled_s=modelled if modelled > 0 else None,
+                impl=impls.get(impl_class(g, lk, op_name)),
+            )
+        )
+    return ops
+
+
+def _layer_results(layer_acc: dict[tuple[str, int], list[Any]], iters: int) -> list[LayerResult]:
+    """One row per (layer kind, tokens): measured time, its collective share, and the prediction."""
+    layers = []
+    for (lk, tokens), vals in layer_acc.items():
+        meas = statistics.fmean(v[0] for v in vals)
+        comm = statistics.fmean(v[1] for v in vals)
+        layers.append(
+            LayerResult(
+                layer_kind=lk,
+                tokens=tokens,
+                measured_s=meas,
+                predicted_s=statistics.fmean(v[2] for v in vals),
+                comm_measured_s=comm,
+                compute_measured_s=max(meas - comm, 0.0),
+                iters=iters,
+            )
+        )
+    return layers
+
+
+def _collective_results(
+    sl: Any, plan: Any, world: int, topo: Any, coll_acc: dict[tuple[Any, ...], list[Any]]
+) -> tuple[list[CollectiveResult], dict[int, float]]:
+    """One row per collective site with the link model's price, and the runtime-replay time of each
+    row that has one (by row index)."""
+    from tpplan.cost.collectives import collective_time
+
+    rpn = min(world, topo.gpus_per_node)
+    colls = []
+    runtime_s: dict[int, float] = {}
+    for key, group in coll_acc.items():
+        lk, value, kind, shape, dt = key
+        secs = [x for s in group for x in s["seconds"]]
+        nbytes = group[0]["bytes"]
+        est = collective_time(kind, float(nbytes), world, topo, ranks_per_node=rpn)
+        rep = next((s["replay"] for s in group if s.get("replay")), None)
+        colls.append(
+            CollectiveResult(
+                kind=kind,
+                label=_coll_label(sl, plan, world, group[0]["layer"], value, kind),
+                layer_kind=lk,
+                shape=list(shape),
+                dtype=DTYPE_SHORT.get(dt, "fp32"),
+                bytes=nbytes,
+                group_size=world,
+                measured_s=max(statistics.median(secs), 1e-9),
+                predicted_s=est.time_s,
+                iters=len(secs),
+                algorithm=est.algorithm,
+                direct_s=max(rep[1], 1e-9) if rep else None,
+                replay_s=max(rep[0], 1e-9) if rep else None,
+            )
+        )
+        if rep:
+            runtime_s[len(colls) - 1] = rep[0]
+    return colls, runtime_s
+
+
+def _meta(cfg: BenchConfig, raw: dict[str, Any], world: int) -> BenchMeta:
+    """Where and with what the run was measured."""
+    import socket
+
+    return BenchMeta(
+        machine=socket.gethostname() or "unknown",
+        gpu=raw["gpu"] or "unknown",
+        gpu_uuids=raw.get("gpu_uuids") or None,
+        gpus=world,
+        date=datetime.now(UTC).replace(microsecond=0),
+        command=cfg.command,
+        torch_version=raw["torch_version"],
+        nccl_version=raw["nccl_version"],
+        cuda_version=raw["cuda_version"],
+        tpplan_version=_version(),
+    )
 
 
 def recorded_inputs(cfg: BenchConfig) -> schema.BenchInputs:

@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
                 for pa, entry in zip(result.plans, data["plans"], strict=True):
                     entry["serving"] = serving_block(result.graph, pa.plan, topo, arrivals, wl, tp=result.n, pp=pp,
                                                      dtype=result.dtype, expert_dtype=expert_dtype, cp=cp,
-                                                     cp_recurrence=cp_recurrence, cp_layers=cp_layers,
+                                                     cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
                                                      replicas=replicas, per_request=True)  # fmt: skip
             if cp > 1:
                 from tpplan.layout.context_parallel import audit_cp

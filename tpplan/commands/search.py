@@ -225,7 +225,7 @@ def register(app: typer.Typer) -> None:
             for r, entry in zip(outcome.ranked, entries, strict=True):
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
-                                                 replicas=r.replicas)  # fmt: skip
+                                                 cp_kv=cp_kv, replicas=r.replicas)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for

@@ -147,10 +147,13 @@ def describe_plan(plan: Plan) -> str:
 
 
 def load_predictor() -> PredictFn:
-    """`tpplan.cost.predict.predict_plan` (imported when a memo predicts)."""
+    """`tpplan.cost.predict.predict_plan` (imported when a memo predicts), its TTFT from the engine's
+    serving loop (`tpplan.simulate.serving.with_serving_loop`: fixed costs, the engine's PP schedule and
+    CPU overlap), so the memo ranks and judges deployments by the simulated TTFT."""
     from tpplan.cost.predict import predict_plan
+    from tpplan.simulate.serving import with_serving_loop
 
-    return predict_plan
+    return with_serving_loop(predict_plan)
 
 
 def attn_formula(res: LayerResult, n: int) -> str:

@@ -20,6 +20,7 @@ from tpplan.report.deployment_sections import deployments_section, prompt_length
 from tpplan.report.doc import Block, Bullets, Code, Fold, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
 from tpplan.report.results import Analysis, held_weights, kind_times, ttft_mean
+from tpplan.simulate.engine import pp_unpriced
 from tpplan.units import gib, pct_change, signed_pct
 
 PNG_VOLUME = "volume_vs_tp.png"
@@ -481,8 +482,8 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
         )
     model = pipeline_model(a.pp_engine or None)
     assumed = model.assumption(pps[0].pp) + "."
-    if model.schedule.not_modelled:
-        assumed += f" Not priced ({model.label}): " + "; ".join(model.schedule.not_modelled) + "."
+    if unpriced := pp_unpriced(model):  # the serving loop prices the rest (tpplan.simulate)
+        assumed += f" Not priced ({model.label}): " + "; ".join(unpriced) + "."
     return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]
 
 

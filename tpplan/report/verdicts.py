@@ -248,6 +248,8 @@ def next_steps(
         engine = sgl.line() if ok and sgl else f"needs code: no engine runs it as is ({no_engine(v)})"
         clear = "TTFT" in basis and not within_band(rel, band.band)
         conds = conditions(v) if ok else ()
+        if ok and wl and (p := v.predictions.get(wl)) is not None:  # what the serving loop does not model
+            conds += tuple(getattr(p, "serving_conditions", ()))
         if extra:  # CONDITIONAL on its replication too: say so in the bottom line
             conds += (f"the engine replicates those weights (+{gib(extra)} per rank, in the predicted memory)",)
         steps.append(NextStep(v.key, gain, rel, basis, price, engine, ok, clear, conds))

@@ -275,10 +275,13 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
     if s.topo is None:
         return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa), cp=cp, replicas=replicas)
     from tpplan.cost.predict import predict_plan
+    from tpplan.simulate.serving import with_serving_loop
 
-    pr = predict_plan(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                      expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers,
-                      cp_kv=s.cp_kv, replicas=replicas)  # fmt: skip
+    # ranked by the engine's serving loop (fixed costs, CPU overlap, PP schedule), as the memo ranks
+    predict = with_serving_loop(predict_plan)
+    pr = predict(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
+                 expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
+                 replicas=replicas)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -313,7 +316,9 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> O
 def _lower_bound(s: _Setup, score: float, pp: int) -> float:
     """What `predict_plan` can say of a plan the search scored `score`, at least: the score itself
     (forward time, volume, or TTFT without PP), or with PP the unpipelined TTFT over `pp` (a batch
-    occupies a stage at least 1/pp of its trip through all of them)."""
+    occupies a stage at least 1/pp of its trip through all of them). With a workload the ranked TTFT is
+    the serving loop's, whose fixed costs only add to the idealised schedule's (taken, not proven, never
+    to shorten a request's TTFT)."""
     return score / pp if s.wl is not None and pp > 1 else score
 
 

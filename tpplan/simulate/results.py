@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from tpplan.cost.workload import PrefillBatch, TTFTResult
+from tpplan.cost.workload import PrefillBatch, ReplicaShare, TTFTResult
 from tpplan.simulate.requests import Request
 
 
@@ -60,9 +60,9 @@ class Timeline:
                 "latency_s": None if math.isnan(self.latency_s) else self.latency_s}  # fmt: skip
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float, is_sorted: bool = False) -> float:
     """The q-th percentile (0..100) of `values`, linear between order statistics."""
-    s = sorted(values)
+    s = values if is_sorted else sorted(values)
     pos = (len(s) - 1) * q / 100
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
@@ -76,6 +76,7 @@ class LoopResult:
     timelines: tuple[Timeline, ...]
     steps: tuple[PrefillBatch, ...]
     itl: tuple[float, ...] = ()  # every gap between a request's successive tokens (decode)
+    shares: tuple[ReplicaShare, ...] = ()  # each replica's part, when several served the requests
     ttfts: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -140,12 +141,15 @@ class LoopResult:
             batches=self.steps,
             makespan_s=self.makespan_s,
             prefill_tokens=sum(t.request.prompt_tokens for t in self.timelines),
+            replicas=self.shares,
         )
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"mean": math.fsum(values) / len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
-            "p99": percentile(values, 99)}  # fmt: skip
+    """Mean and p50/p90/p99, sorting once (an ITL list holds every decode token)."""
+    s = sorted(values)
+    return {"mean": math.fsum(s) / len(s), "p50": percentile(s, 50, True), "p90": percentile(s, 90, True),
+            "p99": percentile(s, 99, True)}  # fmt: skip
 
 
 __all__ = ["LoopResult", "Timeline", "percentile"]
