@@ -156,6 +156,11 @@ class GpuSpec(Strict):
         description="fitted constants of the physical kernel models (cost.kernel_models; `impl`: what they "
         "were fitted on); none = roofline",
     )
+    kernel_models_from: str = Field(
+        default="",
+        description="a measured GPU model of the same die whose kernel models this one inherits, scaled by "
+        "HBM bandwidth and compute (`cost.gpu_inherit`), where it has none of its own",
+    )
     attn_efficiency: float = Field(
         default=ATTN_EFFICIENCY, gt=0, le=1, description="attention roofline: fraction of the dense peak"
     )
@@ -227,6 +232,7 @@ GpuModel = GpuSpec  # the name the issue uses; one type
 
 # Fields a GPU file written before the split never had: left out of written files at their defaults.
 NEW_FIELDS_DEFAULTS: dict[str, object] = {
+    "kernel_models_from": "",
     "attn_efficiency": ATTN_EFFICIENCY,
     "recurrence_efficiency": RECURRENCE_EFFICIENCY,
     "software": "",

@@ -77,11 +77,21 @@ def _f(c: Consts, name: str, default: float | None = None) -> float:
     return float(v)
 
 
+ATTN_Q_BLOCK = 128  # query rows per flash-attention program (FA2/FA3 on Hopper: 128)
+
+
 def attention_s(c: Consts, heads: int, tokens: int, dqk: int, dv: int, flops: float, context: int = 0) -> float:
-    """a + b x heads x tokens x (dqk + dv) + c x heads x context x (dqk + dv) + F / R (one branch's constants)."""
+    """a + b x heads x tokens x (dqk + dv) + c x heads x context x (dqk + dv) + F / R (one branch's constants).
+
+    With `sm_tflops` in the set, F / R becomes smoothmax(F / R, chain / R_sm, p): at few heads per rank the
+    flash kernel has fewer query blocks than SMs, and the last (causal) block's pass over every key, on one
+    SM at `sm_tflops`, bounds the time (H100 per-rank sweep: 1 head at 8K tokens ran at 167 TFLOP/s)."""
     per = heads * (dqk + dv)
-    return (_f(c, "a_s") + _f(c, "b_s") * per * tokens + _f(c, "c_s", 0.0) * per * context
-            + flops / (_f(c, "tflops") * 1e12))  # fmt: skip
+    work = flops / (_f(c, "tflops") * 1e12)
+    if "sm_tflops" in c:
+        chain = 2.0 * ATTN_Q_BLOCK * (tokens + context) * (dqk + dv) / (_f(c, "sm_tflops") * 1e12)
+        work = smoothmax(work, chain, _f(c, "p"))
+    return _f(c, "a_s") + _f(c, "b_s") * per * tokens + _f(c, "c_s", 0.0) * per * context + work
 
 
 def recurrence_s(c: Consts, heads: int, tokens: int) -> float:
@@ -91,10 +101,16 @@ def recurrence_s(c: Consts, heads: int, tokens: int) -> float:
     return smoothmax(floor, work, _f(c, "p"))
 
 
-def experts_s(c: Consts, active: int, width: int, inter: int, compute_s: float, weight_bytes: float = 2.0) -> float:
-    """c0 + smoothmax(weights / BW, compute_s) for gate, up and down of `active` experts."""
-    weights = active * 3.0 * width * inter * weight_bytes
-    return _f(c, "c0_s") + smoothmax(weights / (_f(c, "TBps") * 1e12), compute_s, _f(c, "p"))
+def experts_s(
+    c: Consts, active: int, width: int, inter: int, compute_s: float, weight_bytes: float = 2.0, rows: float = 0.0
+) -> float:
+    """c0 + smoothmax(bytes / BW, compute_s) for gate, up and down of `active` experts. bytes: the weights,
+    plus (a set with `memory` = "weights+rows") the routed rows' bf16 traffic through both GEMMs
+    (read W, write 2I; read I, write W): at a TP32 slice (I = 96) the rows, not the weights, bound it."""
+    nbytes = active * 3.0 * width * inter * weight_bytes
+    if c.get("memory") == "weights+rows":
+        nbytes += rows * (2.0 * width + 3.0 * inter) * 2.0
+    return _f(c, "c0_s") + smoothmax(nbytes / (_f(c, "TBps") * 1e12), compute_s, _f(c, "p"))
 
 
 # Routing traffic per routed row and per token, in units of `width` elements (bytes):
@@ -102,8 +118,12 @@ def experts_s(c: Consts, active: int, width: int, inter: int, compute_s: float, 
 # + 4 for the scatter-add's read) ... 22 per row; the [T, W] fp32 result zeroed, read and cast (14 per token).
 # WEIGHTED_SUM (the bench's serving combine): gather (4), back to token order (4), the weighted sum's
 # read (2) per row; the bf16 result (2) per token.
+# FUSED_MOE (the engines' fused MoE, vLLM 0.34.0 `fused_moe.fused_experts_impl`): the gather rides in the first
+# GEMM's A loads (`offs_token // top_k`) and the second GEMM writes each row weighted in token order, so what is
+# left is `ops.moe_sum` over [T, top_k, W]: each row read (2) per row, the bf16 result (2) per token.
 FP32_COMBINE = (22.0, 14.0)
 WEIGHTED_SUM = (10.0, 2.0)
+FUSED_MOE = (2.0, 2.0)
 
 
 def routing_bytes(rows: int, tokens: int, width: int, per: tuple[float, float]) -> float:
@@ -207,14 +227,23 @@ class KernelModels:
         c = self.consts.get(impl)
         return None if c is None else recurrence_s(c, heads, tokens) * clock(c)
 
-    def experts(self, active: int, width: int, inter: int, compute_s: float, weight_bytes: float) -> float | None:
+    def experts(
+        self, active: int, width: int, inter: int, compute_s: float, weight_bytes: float, rows: float = 0.0
+    ) -> float | None:
         c = self.consts.get("experts")
-        return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes) * clock(c)
+        return None if c is None else experts_s(c, active, width, inter, compute_s, weight_bytes, rows) * clock(c)
 
-    def routing(self, rows: int, tokens: int, width: int, hbm_Bps: float) -> float:
-        """The routing traffic around the grouped GEMMs: the fitted rate and the serving combine's bytes
-        where the experts set was fitted on the whole op (`route_TBps`), else the fp32 combine at HBM rate."""
+    def routing(self, rows: int, tokens: int, width: int, hbm_Bps: float, fused: bool = False) -> float:
+        """The routing traffic around the grouped GEMMs. `fused` (a serving engine's fused MoE): only the
+        combine of the rank's rows into its tokens (`FUSED_MOE`), at the set's measured `combine_TBps`,
+        else at the HBM rate; it shrinks with the rows a rank computes (TP slices keep every row, EP and
+        all-to-all divide them). Otherwise (tpplan's runtime, re-predicted) the bench's gather, un-permute
+        and weighted sum at the fitted rate where the set was fitted on the whole op (`route_TBps`), else
+        the fp32 combine at HBM rate."""
         c = self.consts.get("experts") or {}
+        if fused:
+            rate = _f(c, "combine_TBps") * 1e12 if "combine_TBps" in c else hbm_Bps
+            return routing_bytes(rows, tokens, width, FUSED_MOE) / rate * clock(c)
         if "route_TBps" in c:
             return routing_bytes(rows, tokens, width, WEIGHTED_SUM) / (_f(c, "route_TBps") * 1e12) * clock(c)
         return routing_bytes(rows, tokens, width, FP32_COMBINE) / hbm_Bps
@@ -234,8 +263,10 @@ class KernelModels:
 
 
 __all__ = [
+    "ATTN_Q_BLOCK",
     "FITTED_ON",
     "FP32_COMBINE",
+    "FUSED_MOE",
     "MODEL_OF",
     "WEIGHTED_SUM",
     "KernelModels",

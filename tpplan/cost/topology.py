@@ -138,8 +138,24 @@ def _gpu_data(ref: str) -> dict[str, Any]:
 
 
 def load_gpu(name_or_path: str) -> GpuSpec:
-    """A GPU model preset (presets/gpus/) or file; a topology file gives its [gpu] table."""
-    return GpuSpec.model_validate(_gpu_data(name_or_path))
+    """A GPU model preset (presets/gpus/) or file; a topology file gives its [gpu] table. One that names
+    `kernel_models_from` and has no kernel models of its own gets that model's, scaled (`cost.gpu_inherit`)."""
+    return inherit_kernel_models(GpuSpec.model_validate(_gpu_data(name_or_path)))
+
+
+def inherit_kernel_models(gpu: GpuSpec) -> GpuSpec:
+    """`gpu` with the kernel models of the measured GPU model it names (`kernel_models_from`), scaled to it."""
+    if not gpu.kernel_models_from or gpu.kernel_models:
+        return gpu
+    from tpplan.cost.gpu_inherit import scaled_kernel_models
+
+    src = load_gpu(gpu.kernel_models_from)
+    if not src.kernel_models:
+        raise TpplanError(f"kernel_models_from = {gpu.kernel_models_from!r}", "that GPU model has no kernel models",
+                          "name a measured GPU model (e.g. h100-measured, h200-measured)")  # fmt: skip
+    note = f"kernel models of {src.name} ({gpu.kernel_models_from}) scaled by HBM bandwidth and compute"
+    prov = {k: note for k in ("attention", "moe", "recurrence", "elementwise")} | dict(gpu.provenance)
+    return gpu.model_copy(update={"kernel_models": scaled_kernel_models(src, gpu), "provenance": prov})
 
 
 def _cluster_data(ref: str) -> tuple[dict[str, Any], str]:
@@ -206,7 +222,7 @@ def load_topology(
         data["gpu"] = gpu
     if isinstance(data.get("gpu"), str):
         ref = data["gpu"]
-        data["gpu"], data["gpu_preset"] = _gpu_data(ref), ref
+        data["gpu"], data["gpu_preset"] = load_gpu(ref).model_dump(), ref
         if gpu is not None:
             data["name"] = f"{data.get('name', ref)}+{Path(ref).stem}"
     if nodes is not None:

@@ -1,0 +1,325 @@
+"""Fit the kernel models on part of the per-rank sweep (`rank_sweep`) and judge them on the held-out rest,
+by op class, heads-per-rank bucket and tokens bucket (issue 34).
+
+Why a checkerboard: the held-out points must sit in every heads and tokens bucket, so the split
+alternates over (shape, token count): a case whose shape index plus token index is even is fitted on,
+the rest is held out, and every bucket from TP1 to TP32 holds both. Repeated sweeps of one shape are
+merged first (median), so a shape is never both fitted and judged.
+
+The constants are fitted on the GPU time (the host ahead of the GPU: `seconds`), as the planner's other
+sets are; the back-to-back floors of the recurrences (the host's launch chain) are reported apart
+(`launch_floors`). `python -m tpplan.bench.rank_fit OUT.json SWEEP.json...` writes the constants, the
+errors of every point and the bucket table (docs/benchmarks/h100-2026-12-06/).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tpplan.bench import model_fit as MF
+from tpplan.bench.rank_shapes import heads_bucket, tokens_bucket
+from tpplan.bench.rank_sweep import TIMES
+from tpplan.cost import kernel_models as M
+
+ELEMENTWISE_PASSES = 3.0  # the planner's elementwise bytes: the inputs read and the output written
+
+
+def _elementwise(c: dict[str, float], p: dict[str, Any]) -> float:
+    return M.stream_s(c, ELEMENTWISE_PASSES * 2.0 * p["width"] * p["tokens"])
+
+
+def _attention(c: dict[str, float], p: dict[str, Any]) -> float:
+    return MF._attention({**c, "p": 1.0 + c["p1"]} if "p1" in c else c, p)  # sets without the chain: no p
+
+
+# The families this sweep fits: the model_fit forms (attention with its few-heads chain, `attention_s`),
+# plus the generic elementwise stream.
+FAMILIES = dict(MF.FAMILIES) | {
+    "attention": (_attention, ("a_s", "b_s", "tflops", "sm_tflops", "p1"), (2e-5, 1e-12, 600.0, 5.0, 2.0)),
+    "elementwise": (_elementwise, ("a_s", "TBps"), (5e-6, 2.0)),
+}
+RANGES = dict(MF.RANGES) | {"elementwise": lambda p: {"width": p["width"], "tokens": p["tokens"]}}
+# Set name -> (family, which points), in the order the planner's sets are named (`KernelModels.NAMES`).
+SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
+    "attention_causal": ("attention", lambda p: p["context"] == 0),
+    "attention_prefix": ("attention", lambda p: p["context"] > 0),
+    "kda": ("kda", lambda p: True),
+    "gdn": ("gdn", lambda p: True),
+    "short_conv": ("short_conv", lambda p: True),
+    "attn_res": ("attn_res", lambda p: True),
+    "norm": ("norm", lambda p: True),
+    "elementwise": ("elementwise", lambda p: p["op"] == "add"),
+    "swiglu": ("elementwise", lambda p: p["op"] == "silu_mul"),
+}
+EXTRA = {"attention_prefix": (("c_s",), (1e-13,)), "experts": (("route_TBps",), (2.0,)),
+         "attn_res": (("copy_TBps",), (2.0,))}  # fmt: skip
+IMPLS = dict(MF.IMPLS_OPS) | {"elementwise": "torch add", "swiglu": "torch silu(g) * u (unfused)"}
+
+
+def merge_repeats(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per case: the median of every timing over the sweeps that measured it, `repeats` kept."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        if p.get("skipped") or (p["family"] == "experts" and "grouped" not in p):
+            continue  # sweeps 1 and 3 ran every expert case after gpt-oss's refused 90-wide slice on the loop
+        key = json.dumps({k: v for k, v in sorted(p.items()) if k not in TIMES and k != "remeasured"})
+        groups[key].append(p)
+    out = []
+    for ps in groups.values():
+        merged = dict(ps[0])
+        for k in ("seconds", "b2b_s", "ffn_s", "combine_s"):
+            vals = [p[k] for p in ps if k in p]
+            if vals:
+                merged[k] = statistics.median(vals)
+        merged["repeats"] = [p["seconds"] for p in ps]
+        out.append(merged)
+    return out
+
+
+def _shape_key(p: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple((k, str(v)) for k, v in sorted(p.items()) if k not in (*TIMES, "tokens", "repeats", "remeasured"))
+
+
+def checkerboard(points: list[dict[str, Any]]) -> list[bool]:
+    """Fit (True) or held out (False) per point: (shape index + token index) even, within each family."""
+    out = []
+    shapes: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    tokens: dict[str, list[int]] = defaultdict(list)
+    for p in points:
+        fam = p["family"]
+        shapes[fam].append(_shape_key(p))
+        tokens[fam].append(p.get("tokens", p.get("m", 0)))
+    rank = {f: {s: i for i, s in enumerate(sorted(set(v)))} for f, v in shapes.items()}
+    trank = {f: {t: i for i, t in enumerate(sorted(set(v)))} for f, v in tokens.items()}
+    for p in points:
+        f = p["family"]
+        out.append((rank[f][_shape_key(p)] + trank[f][p.get("tokens", p.get("m", 0))]) % 2 == 0)
+    return out
+
+
+def _ffn(c: dict[str, float], p: dict[str, Any]) -> float:
+    cc = {**c, "p": 1.0 + c["p1"], "memory": "weights+rows"}
+    return M.experts_s(cc, p["active"], p["width"], p["inter"], MF.experts_compute_s(p), rows=p["rows"])
+
+
+def _route(c: dict[str, float], p: dict[str, Any]) -> float:
+    return p["ffn_pred_s"] + M.routing_bytes(p["rows"], p["tokens"], p["width"], M.WEIGHTED_SUM) / (
+        c["route_TBps"] * 1e12
+    )
+
+
+def _combine(c: dict[str, float], p: dict[str, Any]) -> float:
+    """The combine the sweep timed: every token's top-k rows (the token owner's moe_sum)."""
+    rows = p["tokens"] * p["top_k"]
+    return M.routing_bytes(rows, p["tokens"], p["width"], M.FUSED_MOE) / (c["combine_TBps"] * 1e12)
+
+
+def fit_experts(pts: list[dict[str, Any]], fit: list[bool]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experts set in three steps, each on the fit part: the grouped GEMMs alone (`ffn_s`: c0, TBps, p),
+    then the bench's routing around them (the whole op: `route_TBps`), then the fused-MoE engines'
+    combine alone (`combine_s`: `combine_TBps`). Errors: `experts` (the op), `experts_ffn`, `experts_combine`."""
+    sel = [(p, f) for p, f in zip(pts, fit, strict=True) if p["family"] == "experts" and p.get("grouped") is True]
+    if not sel:
+        return {}, []
+    ffn_pts = [{**p, "seconds": p["ffn_s"]} for p, f in sel]
+    c = MF._fit(
+        [q for q, (_, f) in zip(ffn_pts, sel, strict=True) if f], _ffn, ("c0_s", "TBps", "p1"), (5e-5, 3.0, 2.0)
+    )
+    # The whole op only where the rank holds every expert: the bench's expert-parallel path waits for the
+    # host (`torch.nonzero`) and takes an fp32 scatter-add, which no serving engine does (not modelled).
+    op_pts = [{**p, "ffn_pred_s": _ffn(c, p)} for p, _ in sel]
+    whole = [q for q, (_, f) in zip(op_pts, sel, strict=True) if f and q["local"] == q["experts"]]
+    c |= MF._fit(whole, _route, ("route_TBps",), (1.0,))
+    cmb_pts = [{**p, "seconds": p["combine_s"]} for p, _ in sel]
+    c |= MF._fit([q for q, (_, f) in zip(cmb_pts, sel, strict=True) if f], _combine, ("combine_TBps",), (1.0,))
+    consts = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"], "memory": "weights+rows"}
+    consts |= MF.measured_range("experts", [p for p, _ in sel]) | {"impl": IMPLS["experts"]}
+    rows = []
+    for name, fn, group in (
+        ("experts", _route, op_pts),
+        ("experts_ffn", _ffn, ffn_pts),
+        ("experts_combine", _combine, cmb_pts),
+    ):
+        for p, (_, f) in zip(group, sel, strict=True):
+            if name == "experts" and p["local"] != p["experts"]:
+                continue
+            pred = fn(c, p)
+            rows.append({**p, "model": name, "set": "fit" if f else "held-out", "predicted_s": pred,
+                         "error": pred / p["seconds"] - 1.0})  # fmt: skip
+    return consts, rows
+
+
+def fit_rank_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Constants per set (fitted on the checkerboard's fit part) and every point's error, tagged."""
+    pts = [{**p, "timing": "host ahead"} for p in merge_repeats(points)]
+    fit = checkerboard(pts)
+    consts: dict[str, dict[str, Any]] = {}
+    consts["experts"], rows = fit_experts(pts, fit)
+    for name, (fam, pick) in SETS.items():
+        sel = [(p, f) for p, f in zip(pts, fit, strict=True) if p["family"] == fam and pick(p) and p["seconds"] > 0]
+        if not sel:
+            continue
+        model, names, x0 = FAMILIES[fam]
+        more, more_x0 = EXTRA.get(name, ((), ()))
+        c = MF._fit([p for p, f in sel if f], model, (*names, *more), (*x0, *more_x0))
+        if "p1" in c:
+            c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
+        lo_hi = MF.measured_range(fam, [p for p, _ in sel]) if fam in MF.RANGES else _range(fam, [p for p, _ in sel])
+        consts[name] = c | lo_hi | {"impl": IMPLS.get(name, "")}
+        for p, f in sel:
+            pred = predict(consts[name], p)
+            rows.append({**p, "model": name, "set": "fit" if f else "held-out", "predicted_s": pred,
+                         "error": pred / p["seconds"] - 1.0})  # fmt: skip
+    return {"constants": consts, "points": rows, "launch_floors": launch_floors(pts)}
+
+
+def _range(fam: str, pts: list[dict[str, Any]]) -> dict[str, float]:
+    dims = [RANGES[fam](p) for p in pts]
+    return {f"{m}_{k}": float(fn(d[k] for d in dims)) for k in dims[0] for m, fn in (("min", min), ("max", max))}
+
+
+def predict(consts: dict[str, Any], p: dict[str, Any]) -> float:
+    """A point's time by a fitted set (as `fit_rank_sweep` stores it)."""
+    c = {k: v for k, v in consts.items() if not isinstance(v, str)}
+    return FAMILIES[p["family"]][0](c if "p" not in c else {**c, "p1": c["p"] - 1.0}, p)
+
+
+def bucket(p: dict[str, Any]) -> str:
+    """The regime an error is reported by: heads per rank (attention, recurrences) or the expert split."""
+    if p["family"] in ("attention", "kda", "gdn"):
+        return f"h {heads_bucket(p['heads'])}"
+    if p["family"] == "experts":
+        return str(p["split"])[:2] + ("32" if str(p["split"]).endswith("32") else "")
+    return ""
+
+
+def bucket_table(rows: list[dict[str, Any]], held_out: bool = True) -> list[dict[str, Any]]:
+    """Median and worst |error| per (set, heads bucket or split, tokens bucket), held-out points only."""
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if (r["set"] == "held-out") != held_out:
+            continue
+        groups[(r["model"], bucket(r), tokens_bucket(r["tokens"]))].append(abs(r["error"]))
+    return [{"model": m, "bucket": b, "tokens": t, "n": len(v), "median": statistics.median(v), "worst": max(v)}
+            for (m, b, t), v in sorted(groups.items())]  # fmt: skip
+
+
+def launch_floors(pts: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per family, the back-to-back time of its smallest-work cases (the host's launch chain): median,
+    min and max over the cases whose GPU time is under a third of it."""
+    out = {}
+    for fam in ("kda", "gdn", "norm", "short_conv"):
+        floor = [p["b2b_s"] for p in pts if p["family"] == fam and "b2b_s" in p and p["seconds"] < p["b2b_s"] / 3]
+        if floor:
+            out[fam] = {"median_s": statistics.median(floor), "min_s": min(floor), "max_s": max(floor), "n": len(floor)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tpplan.errors import TpplanError
+    from tpplan.outputs import check_file, write_files
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        out = check_file("OUT.json", args[0])
+    except (TpplanError, IndexError) as exc:
+        sys.exit(f"error: OUT.json SWEEP.json...: {exc}")
+    docs = [json.loads(Path(a).read_text()) for a in args[1:]]
+    res = fit_rank_sweep([p for d in docs for p in d["points"]])
+    res["table"] = bucket_table(res["points"])
+    res["source"] = {"sweeps": args[1:], "gpu": docs[0]["gpu"], "dates": [d["date"] for d in docs]}
+    write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
+    for r in res["table"]:
+        print(f"{r['model']:<18} {r['bucket']:<8} {r['tokens']:>4} n={r['n']:<3} median {r['median']:6.1%} "
+              f"worst {r['worst']:6.1%}")  # fmt: skip
+    print(json.dumps(res["launch_floors"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["FAMILIES", "SETS", "bucket", "bucket_table", "checkerboard", "fit_rank_sweep", "launch_floors",
+           "merge_repeats", "predict"]  # fmt: skip
+
+
+def inherited_errors(rows: list[dict[str, Any]], consts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every swept point priced by other constants (e.g. the H200's scaled to this GPU by
+    `cost.gpu_inherit`): median and worst |error| per set and bucket (all out of sample for them)."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        name = r["model"]
+        base = "experts" if name.startswith("experts") else name
+        if base not in consts or name in ("experts", "experts_combine"):
+            continue
+        c = consts[base]
+        if name == "experts_ffn":
+            cc = {k: v for k, v in c.items() if not isinstance(v, str) or k == "memory"}
+            pred = M.experts_s(cc, r["active"], r["width"], r["inter"], MF.experts_compute_s(r), rows=r["rows"])
+        else:
+            pred = predict(c, r)
+        groups[(name, bucket(r))].append(abs(pred / r["seconds"] - 1.0))
+    return [{"model": m, "bucket": b, "n": len(v), "median": statistics.median(v), "worst": max(v)}
+            for (m, b), v in sorted(groups.items())]  # fmt: skip
+
+
+def kernel_models_toml(consts: dict[str, dict[str, Any]]) -> str:
+    """The `[kernel_models.*]` tables of a GPU model preset from fitted constants (as `fit_rank_sweep` gives)."""
+    out = []
+    for name, c in consts.items():
+        out.append(f"[kernel_models.{name}]")
+        out += [f"{k} = {json.dumps(v) if isinstance(v, str) else repr(float(v))}" for k, v in c.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+TOKEN_COLUMNS = ("1K", "2K", "4K", "8K", "16K", "32K")
+
+
+def markdown_tables(fit: dict[str, Any]) -> str:
+    """docs/benchmarks.md's tables of a fit (`fit_rank_sweep` + `bucket_table`): per set and heads bucket (or
+    expert split), the held-out median / worst |error| in each tokens bucket; the fit part's errors apart."""
+    cells: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    for r in fit["table"]:
+        cells[(r["model"], r["bucket"])][r["tokens"]] = f"{100 * r['median']:.0f} / {100 * r['worst']:.0f}"
+    lines = ["| set | heads per rank / split | " + " | ".join(TOKEN_COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(TOKEN_COLUMNS)]  # fmt: skip
+    for (model, b), row in sorted(cells.items()):
+        lines.append(f"| {model} | {b or 'all'} | " + " | ".join(row.get(t, "") for t in TOKEN_COLUMNS) + " |")
+    lines += ["", "| set | points fitted | fit median / worst | points held out | held-out median / worst |",
+              "|---|---:|---|---:|---|"]  # fmt: skip
+    sets: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p in fit["points"]:
+        sets[p["model"]][p["set"]].append(abs(p["error"]))
+    for model, parts in sorted(sets.items()):
+        f, h = parts.get("fit", [0.0]), parts.get("held-out", [0.0])
+        lines.append(f"| {model} | {len(parts.get('fit', []))} | {100 * statistics.median(f):.1f}% / "
+                     f"{100 * max(f):.1f}% | {len(parts.get('held-out', []))} | {100 * statistics.median(h):.1f}% / "
+                     f"{100 * max(h):.1f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def inherited_markdown(fit: dict[str, Any], src: str = "h200-measured", dst: str = "h100-datasheet") -> str:
+    """The inheritance rule's out-of-sample table: `src`'s kernel models scaled to `dst`'s datasheet
+    (`cost.gpu_inherit`), and unscaled, against every point of this GPU's sweep (median / worst |error|)."""
+    from tpplan.cost.gpu_inherit import scaled_kernel_models
+    from tpplan.cost.topology import load_gpu
+
+    a, b = load_gpu(src), load_gpu(dst)
+    scaled = {(r["model"], r["bucket"]): r for r in inherited_errors(fit["points"], scaled_kernel_models(a, b))}
+    plain = {(r["model"], r["bucket"]): r for r in inherited_errors(fit["points"], a.kernel_models)}
+    lines = [
+        f"| set | heads per rank / split | points | {src} scaled to {dst} | {src} unscaled |",
+        "|---|---|---:|---|---|",
+    ]
+    for key, r in sorted(scaled.items()):
+        p = plain[key]
+        lines.append(f"| {key[0]} | {key[1] or 'all'} | {r['n']} | {100 * r['median']:.1f}% / {100 * r['worst']:.0f}% "
+                     f"| {100 * p['median']:.1f}% / {100 * p['worst']:.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,170 @@
+"""How `rank_sweep` times each op class: one runner per family, from cases to timed points.
+
+Each runner builds the inputs of one case, calls the kernel the bench's serving path uses for that op
+class, and returns the case with `rank_sweep.measure`'s times. fla's recurrences need CUDA; every other
+runner also runs (tiny cases) on the CPU for the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tpplan.bench.rank_sweep import DEVICE, Case, _randn, measure
+
+
+def run_attention(c: Case) -> dict[str, Any]:
+    """`runtime.fast_kernels.causal_attention` (SDPA flash, MLA's v padded, lower-right causal mask)."""
+    from tpplan.runtime import fast_kernels as F
+
+    h, t, s = c["heads"], c["tokens"], c["tokens"] + c["context"]
+    q, k, v = _randn(t, h, c["dqk"]), _randn(s, h, c["dqk"]), _randn(s, h, c["dv"])
+    return measure(lambda: F.causal_attention(q, k, v, c["dqk"] ** -0.5), both=False)
+
+
+def run_kda(c: Case) -> dict[str, Any]:
+    """fla chunk_kda as h one-head sequences (one build for every head count), the runtime's arguments."""
+    import torch
+    from fla.ops.kda import chunk_kda
+
+    h, t, d = c["heads"], c["tokens"], c["d"]
+    q, k, v, f = (_randn(h, t, 1, d) for _ in range(4))
+    beta = _randn(h, t, 1)
+    a_log = torch.empty(1, device=DEVICE[0]).uniform_(1.0, 16.0).log()
+    dt = torch.empty(d, device=DEVICE[0]).uniform_(-4.0, -1.0)
+    init = torch.zeros(h, 1, d, d, device=DEVICE[0])
+
+    def call() -> Any:
+        with torch.no_grad():
+            return chunk_kda(q, k, v, f, beta, scale=d**-0.5, initial_state=init, output_final_state=True,
+                             use_qk_l2norm_in_kernel=True, chunk_size=64, use_gate_in_kernel=True,
+                             use_beta_sigmoid_in_kernel=True, A_log=a_log, dt_bias=dt)  # fmt: skip
+
+    return measure(call)
+
+
+def run_gdn(c: Case) -> dict[str, Any]:
+    """Gated DeltaNet's whole op per rank: the short conv over q, k, v channels, fla's
+    chunk_gated_delta_rule (h v-head sequences of one head each, gates in the kernel) and the gated
+    RMSNorm, as `runtime.kernels.gdn` runs them (the layout changes between them left out)."""
+    import torch
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from tpplan.runtime import kernels as K
+
+    hv, t, d, r = c["heads"], c["tokens"], c["d"], c["v_per_k"]
+    ch = max(1, hv // r) * 2 * d + hv * d
+    x, w, prev = _randn(t, ch), _randn(ch, 1, 4, scale=0.3), torch.zeros(3, ch, device=DEVICE[0], dtype=torch.bfloat16)
+    q, k, v = (_randn(hv, t, 1, d) for _ in range(3))
+    a, b = _randn(hv, t, 1), _randn(hv, t, 1)
+    a_log = torch.empty(1, device=DEVICE[0]).uniform_(1.0, 16.0).log()
+    dtb = torch.empty(1, device=DEVICE[0]).uniform_(-4.0, -1.0)
+    init = torch.zeros(hv, 1, d, d, device=DEVICE[0])
+    o, z, nw = _randn(t, hv * d), _randn(t, hv * d), torch.ones(d, device=DEVICE[0], dtype=torch.bfloat16)
+
+    def call() -> Any:
+        K.short_conv(x, w, {"conv": prev})
+        with torch.no_grad():
+            chunk_gated_delta_rule(q, k, v, a, b, scale=d**-0.5, initial_state=init, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, chunk_size=64, use_gate_in_kernel=True,
+                                   use_beta_sigmoid_in_kernel=True, A_log=a_log, dt_bias=dtb)  # fmt: skip
+        return K.head_rms_norm(o, nw, 1e-6, d, gate=z, gate_fn="silu")
+
+    return measure(call)
+
+
+def run_experts(c: Case) -> dict[str, Any]:
+    """The routed-experts op as the bench runs it (`grouped_routed_experts`, random router logits, the
+    rank's first `local` experts), then its parts: the grouped GEMMs alone on the gathered rows
+    (`ffn_s`) and the fused-MoE engines' combine alone (`combine_s`: [T, k, W] rows weighted and summed)."""
+    import torch
+
+    from tpplan.bench import serving_kernels as SK
+    from tpplan.bench.serving_kernels import expert_ffn, grouped_routed_experts
+
+    # One shape that `torch._grouped_mm` refuses (an intermediate slice not a multiple of 8, e.g. gpt-oss's
+    # 2880 / 32 = 90) turns the per-expert loop on for the rest of the process: each case starts afresh
+    # and records which path it ran (`grouped`).
+    SK._GROUPED.clear()
+
+    e, loc, kk, wd, inter, t = c["experts"], c["local"], c["top_k"], c["width"], c["inter"], c["tokens"]
+    gate, up, down = (
+        _randn(loc, inter, wd, scale=0.02),
+        _randn(loc, inter, wd, scale=0.02),
+        _randn(loc, wd, inter, scale=0.02),
+    )
+    idx = torch.randn(t, e, device=DEVICE[0]).topk(kk, dim=1).indices
+    routing = torch.zeros(t, e, device=DEVICE[0]).scatter_(1, idx, 1.0 / kk)[:, :loc].contiguous()
+    counts = (routing != 0).sum(0)
+    rows = int(counts.sum())
+    if rows == 0:
+        return {"seconds": 0.0, "skipped": "no rows routed here"}
+    x = _randn(t, wd)
+    hint = kk if loc == e else None
+    res = measure(lambda: grouped_routed_experts(x, routing, gate, up, down, top_k=hint))
+    xs = _randn(rows, wd)
+    res["ffn_s"] = measure(lambda: expert_ffn(xs, counts, gate, up, down), both=False)["seconds"]
+    ys, wk = _randn(t, kk, wd), _randn(t, 1, kk)
+    res["combine_s"] = measure(lambda: torch.bmm(wk, ys), both=False)["seconds"]
+    res.update(rows=rows, active=int((counts > 0).sum()), max_rows=int(counts.max()),
+               grouped=SK.grouped_gemm_used().get(DEVICE[0]))  # fmt: skip
+    return res
+
+
+def run_norm(c: Case) -> dict[str, Any]:
+    """The runtime's RMSNorm (`runtime.kernels.rms_norm`: fla's fused kernel on CUDA) over [T, width]."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    x, w = _randn(c["tokens"], c["width"]), torch.ones(c["width"], device=DEVICE[0], dtype=_randn(1).dtype)
+    return measure(lambda: K.rms_norm(x, w, 1e-6))
+
+
+def run_conv(c: Case) -> dict[str, Any]:
+    """The runtime's short conv (`runtime.kernels.short_conv`, kernel 4, SiLU, carried state)."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    ch = c["channels"]
+    x, w = _randn(c["tokens"], ch), _randn(ch, 1, 4, scale=0.3)
+    prev = torch.zeros(3, ch, device=DEVICE[0], dtype=x.dtype)
+    return measure(lambda: K.short_conv(x, w, {"conv": prev}))
+
+
+def run_elementwise(c: Case) -> dict[str, Any]:
+    """torch's residual add and SwiGLU's silu(g) * u (unfused, as tpplan's runtime runs them) over [T, width]."""
+    import torch.nn.functional as F
+
+    a, b = _randn(c["tokens"], c["width"]), _randn(c["tokens"], c["width"])
+    fn = (lambda: a + b) if c["op"] == "add" else (lambda: F.silu(a) * b)
+    return measure(fn)
+
+
+def run_attn_res(c: Case) -> dict[str, Any]:
+    """K3's attention residual as the runtime runs it (`runtime.kernels.attn_res`)."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+
+    t, r, hd = c["tokens"], c["bank"], c["hidden"]
+    prefix, bank, proj = _randn(t, hd), _randn(t, r, hd), _randn(1, hd)
+    norm = torch.ones(hd, device=DEVICE[0], dtype=prefix.dtype)
+    return measure(lambda: K.attn_res(prefix, bank, proj, norm, 1e-5))
+
+
+def run_gemm(c: Case) -> dict[str, Any]:
+    """A bf16 GEMM [m, k] x [k, n] through torch.mm (cuBLAS), as the per-rank projection runs."""
+    import torch
+
+    a, b = _randn(c["m"], c["k"]), _randn(c["k"], c["n"])
+    return measure(lambda: torch.mm(a, b), both=False)
+
+
+RUNNERS: dict[str, Callable[[Case], dict[str, Any]]] = {
+    "attention": run_attention, "kda": run_kda, "gdn": run_gdn, "experts": run_experts, "norm": run_norm,
+    "short_conv": run_conv, "elementwise": run_elementwise, "attn_res": run_attn_res, "gemm": run_gemm,
+}  # fmt: skip
+
+__all__ = ["RUNNERS"]
