@@ -14,10 +14,12 @@ from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.requests import Shape, closed_loop, poisson
 
 SHAPES = [Shape(2000), Shape(500, cached_share=0.5), Shape(8000), Shape(30000)]
+DECODE_SHAPES = [Shape(2000, 200), Shape(500, 100, 0.5), Shape(8000, 300), Shape(30000, 200)]
 
 
 def linear(stages: int):  # type: ignore[no-untyped-def]
-    return lambda segs: [0.002 + sum(n for n, _ in segs) * 2e-6] * stages
+    """2 ms per step, 2 us per new token, 2 ns per context token read by a decode token."""
+    return lambda segs: [0.002 + sum(n * 2e-6 + (2e-9 * c if n == 1 else 0.0) for n, c in segs)] * stages
 
 
 def main() -> None:
@@ -28,6 +30,21 @@ def main() -> None:
         "poisson 20/s, 1 stage, 8192-token steps": (poisson(20.0, SHAPES, n, seed=1), 1, LoopConfig(8192, 1)),
         "poisson 20/s, 4 stages, 5 in flight": (poisson(20.0, SHAPES, n, seed=1), 4, LoopConfig(8192, 5)),
         "closed loop C=64, 2 replicas x 4 stages": (closed_loop(64, SHAPES, n), 4, LoopConfig(8192, 5)),
+        "decode (200 output tokens avg), poisson 20/s, 1 stage, vLLM mixed steps": (
+            poisson(20.0, DECODE_SHAPES, n, seed=1),
+            1,
+            LoopConfig(8192, 1, decode=True, max_running=256),
+        ),
+        "decode, poisson 20/s, 1 stage, SGLang prefill first": (
+            poisson(20.0, DECODE_SHAPES, n, seed=1),
+            1,
+            LoopConfig(8192, 1, decode=True, mixed=False, max_running=256),
+        ),
+        "decode, closed loop C=64, 2 replicas x 4 stages, mixed": (
+            closed_loop(64, DECODE_SHAPES, n),
+            4,
+            LoopConfig(8192, 5, decode=True),
+        ),
     }
     for name, (arrivals, stages, cfg) in cases.items():
         best = float("inf")
@@ -35,7 +52,9 @@ def main() -> None:
             t0 = time.perf_counter()
             res = simulate(arrivals, linear(stages), cfg, replicas=2 if "replicas" in name else 1)
             best = min(best, time.perf_counter() - t0)
-        print(f"{name}: {n} requests, {len(res.steps)} steps, {best:.3f} s (p99 TTFT {res.p(99):.3f} s)")
+        dec = res.decode_summary(1)
+        tpot = "" if dec is None else f", p99 TPOT {dec['tpot_s']['p99'] * 1e3:.2f} ms"  # type: ignore[index]
+        print(f"{name}: {n} requests, {len(res.steps)} steps, {best:.3f} s (p99 TTFT {res.p(99):.3f} s{tpot})")
 
 
 if __name__ == "__main__":

@@ -122,3 +122,16 @@ def test_audit_json_carries_decode_per_request(monkeypatch, capsys, tmp_path) ->
     assert all(r["latency_s"] == pytest.approx(r["ttft_s"] + 19 * r["tpot_s"]) for r in d["requests"])
     assert d["tpot_s"]["p50"] <= d["tpot_s"]["p90"] <= d["tpot_s"]["p99"]
     assert "scheduler.py" in d["settings"]["rule"] and d["settings"]["mixed_steps"] is False
+    assert d["admitted"] and d["settings"]["kv_capacity"].startswith("SGLang 0.5.23")
+    assert d["settings"]["max_running"] >= 1 and d["settings"]["kv_tokens"] >= 20 * 6
+
+
+def test_audit_text_prints_the_decode_table(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.cli_helpers import run_cli
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,128,8\n0.01,256,4\n")
+    args = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--plan", "baseline")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--trace", str(trace))
+    assert code == 0, err
+    assert "With decode: TTFT, TPOT and ITL" in out and "TPOT p99" in out and "Decode leaves out" in out

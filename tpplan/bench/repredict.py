@@ -29,7 +29,7 @@ from typing import Any
 from tpplan.bench.config import BenchConfig, impl_class, resolved_workload
 from tpplan.bench.model_slice import build_slice
 from tpplan.bench.results import PlanBench
-from tpplan.bench_results import BenchResults, load_bench_results
+from tpplan.bench_results import BenchResults, OpResult, load_bench_results
 from tpplan.cost.workload import Workload
 from tpplan.errors import TpplanError, validated
 from tpplan.models.spec import ModelSpec
@@ -110,16 +110,7 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
                 layer_pred[(res.kind, s.n_tokens)].append(kt.total_s)
                 for o in kt.ops:
                     op_pred[(res.kind, o.op, s.n_tokens)].append(o)
-    ops = []
-    for o in r.ops:
-        got = op_pred.get((o.layer_kind, o.op, o.tokens))
-        if not got:
-            ops.append(o.model_copy(update={"predicted_s": None, "modelled_s": None}))
-            continue
-        pred = statistics.fmean(x.seconds for x in got)
-        modelled = statistics.fmean(x.modelled_s or 0.0 for x in got)
-        ops.append(o.model_copy(update={"predicted_s": pred if pred > 0 else None,
-                                        "modelled_s": modelled if modelled > 0 else None}))  # fmt: skip
+    ops = [_repriced(o, op_pred.get((o.layer_kind, o.op, o.tokens))) for o in r.ops]
     layers = [x.model_copy(update={"predicted_s": statistics.fmean(layer_pred[(x.layer_kind, x.tokens)])})
               if layer_pred.get((x.layer_kind, x.tokens)) else x for x in r.layers]  # fmt: skip
     batches = [x.model_copy(update={"predicted_s": batch_pred.get(x.index, x.predicted_s)}) for x in r.batches]
@@ -135,6 +126,16 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in schedule(wl)}
     note = "; ".join(f"{k}: {v}" for k, v in sorted(impls.items())) or "as recorded (no implementations recorded)"
     return PlanBench(r.plan, new, replay, contexts, [], [], f"re-predicted on `{topo_name}`; ran {note}")
+
+
+def _repriced(o: OpResult, got: list[Any] | None) -> OpResult:
+    """A recorded op row with the new predictions (`got`: this op's priced ops; None: priced nowhere)."""
+    if not got:
+        return o.model_copy(update={"predicted_s": None, "modelled_s": None})
+    pred = statistics.fmean(x.seconds for x in got)
+    modelled = statistics.fmean(x.modelled_s or 0.0 for x in got)
+    return o.model_copy(update={"predicted_s": pred if pred > 0 else None,
+                                "modelled_s": modelled if modelled > 0 else None})  # fmt: skip
 
 
 def _beside(results: Path, name: str) -> str:

@@ -8,7 +8,7 @@ p50, p90, p99 and the rest (docs/audit-json.md, `serving`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -107,6 +107,41 @@ def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None
     show(out, t)
     seen = dict.fromkeys(str(c) for e in rows for c in e["serving"]["conditions"])  # type: ignore[index]
     print_wrapped(out, "Not modelled for this engine: " + "; ".join(seen))
+    _print_decode(rows, label)
+
+
+def _print_decode(rows: list[dict[str, object]], label: str) -> None:
+    """The same requests with decode (`serving.decode`): TTFT beside TPOT, ITL p99 and output tokens/s."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from tpplan.commands._console import console, print_wrapped, show
+
+    dec: list[tuple[dict[str, object], dict[str, Any]]] = []
+    for e in rows:
+        d = e["serving"].get("decode") if isinstance(e["serving"], dict) else None
+        if isinstance(d, dict):
+            dec.append((e, d))
+    if not dec:
+        return
+    t = Table(title="With decode: TTFT, TPOT and ITL in ms, output tokens/s")
+    for col in (label, "TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "ITL p99", "tok/s/GPU", "tok/s/user"):
+        t.add_column(col, justify="left" if col == label else "right")
+    refused = []
+    for e, d in dec:
+        name = str(e.get("deployment") or e.get("name"))
+        if not d["admitted"]:
+            refused.append(f"{name}: {d['reason']}")
+            continue
+        ms = [f"{d[k][q] * 1e3:,.2f}" for k, q in (("ttft_s", "mean"), ("ttft_s", "p99"), ("tpot_s", "mean"),
+                                                   ("tpot_s", "p99"), ("itl_s", "p99"))]  # fmt: skip
+        t.add_row(Text(name), *ms, f"{d['output_tok_s_per_gpu']:,.0f}", f"{d['output_tok_s_per_user']:,.0f}")
+    out = console()
+    if t.rows:
+        show(out, t)
+    for line in refused:
+        print_wrapped(out, f"Not admitted: {line}")
+    print_wrapped(out, "Decode leaves out: " + "; ".join(str(c) for c in dec[0][1].get("conditions", [])))
 
 
 __all__ = [

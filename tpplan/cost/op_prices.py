@@ -27,7 +27,7 @@ from tpplan.cost.kernel_models import KernelModels
 from tpplan.cost.kernel_source import STAND_IN, AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
 from tpplan.cost.kernel_source import GemmDtype as KernelDtype
 from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
-from tpplan.cost.segments import Segments, masked_pairs
+from tpplan.cost.segments import Segments, batch_pairs, masked_pairs
 from tpplan.cost.stages import bank_snapshots, stage_layers
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
@@ -40,6 +40,8 @@ from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.models.quant import WeightFormat
 from tpplan.placement import S_COL, S_TOK, P
+
+MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's latent (absorbed in decode)
 
 # Named assumptions (docs/cost-model.md). The roofline efficiencies belong to a GPU model
 # (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
@@ -323,6 +325,10 @@ class OpPrices:
             cat, redundant = "moe", False
         elif cost == "attention":
             share = d.compute_share
+            absorbed = self._absorbed_decode(lg, op, share, segs)
+            if absorbed is not None:  # MLA's decode tokens: priced apart, the rest as a prefill
+                segs = tuple(s for s in segs if s[0] > 1)
+                t, pairs, ctx = batch_pairs(segs)
             if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
                 pairs, ctx = masked_pairs(segs, op.optional_int_attr("window"), op.optional_int_attr("chunk"))
             flops = op.ctx_flops_per_token * pairs * share
@@ -334,7 +340,7 @@ class OpPrices:
             heads = op.int_attr("heads", 1)
             h_rank = max(1, round(heads * share))
             dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
-            if model is not None:
+            if model is not None and t > 0:
                 dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
                 phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
                 secs = secs if phys is None else phys
@@ -342,8 +348,12 @@ class OpPrices:
                 self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t,
                                                                                context=ctx)  # fmt: skip
                 self._source = ROOFLINE if phys is None else KERNEL_MODEL
-            if self.compute.sources:
+            if self.compute.sources and t > 0:
                 secs = self._sourced_attention(op, impl, h_rank, dqk, dv, share, segs, secs)
+            if absorbed is not None:
+                secs = (secs if segs else 0.0) + absorbed[0]
+                flops, nbytes = (flops + absorbed[1], nbytes + absorbed[2]) if segs else absorbed[1:]
+                self._source = ROOFLINE if not segs else self._source
         elif cost == "recurrence":
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes, self.topo.gpu.recurrence_efficiency), "recurrence"
@@ -400,6 +410,26 @@ class OpPrices:
         source = PROFILE if measured != secs else (None if cost == "free" else self._source)
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
                       self._extrapolated, source, self._note)  # fmt: skip
+
+    def _absorbed_decode(
+        self, lg: LayerGraph, op: Op, share: float, segs: Segments
+    ) -> tuple[float, float, float] | None:
+        """MLA attention of a step's decode tokens (one-token segments) as both engines run it
+        (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached latent (kv_lora + rope
+        wide, read once per request whatever the heads), each of this rank's heads scoring over the
+        latent and summing kv_lora-wide values; (seconds, flops, bytes) by the attention roofline.
+        None for other attention, or a step without decode tokens."""
+        if str(op.attrs.get("impl")) not in MLA_IMPLS or "kv_latent" not in lg.values:
+            return None
+        dec = [c for n, c in segs if n == 1]
+        if not dec:
+            return None
+        lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
+        heads = max(1, round(op.int_attr("heads", 1) * share))
+        keys = sum(dec) + len(dec)  # each decode token scores its context and itself
+        flops = 2.0 * heads * ((lora + rope) + lora) * keys
+        nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent read, q and out
+        return self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), flops, nbytes
 
     def _sourced_attention(
         self, op: Op, impl: str, heads: int, dqk: int, dv: int, share: float, segs: Segments, secs: float

@@ -125,7 +125,7 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
     band, parts = prediction_band(prediction)
     if not parts:
         return base
-    label = f"{base.label}, band composed per op class and source"
+    label = f"{base.label}, band composed per op class and source" + _kernel_tables(prediction)
     basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
     notes = _aic_fallback_note(parts) + format_note(prediction) + _engine_collectives_note(parts)
     return Provenance(base.key, label, band, basis + notes, tuple(parts))
@@ -156,6 +156,16 @@ def format_note(prediction: object) -> str:
     format, one clause per format and op class saying what priced it (`OpTime.note`)."""
     notes = sorted({o.note for kt in getattr(prediction, "kinds", ()) for o in kt.ops if getattr(o, "note", None)})
     return "; weight formats priced from other rows: " + "; ".join(notes) if notes else ""
+
+
+def _kernel_tables(prediction: object) -> str:
+    """Where an engine's kernel tables priced ops, a clause naming them, so times from different
+    kernel sources never carry the same label (`aic:h200_sxm/sglang@0.5.14`, its fitted models)."""
+    names = sorted(
+        {":".join(str(o.source).split(":", 2)[:2]) for kt in getattr(prediction, "kinds", ()) for o in kt.ops
+         if str(o.source).startswith(("aic:", "aic-fit:"))}
+    )  # fmt: skip
+    return f", kernels from {' and '.join(names)} where they have rows" if names else ""
 
 
 def _aic_fallback_note(parts: list[BandPart]) -> str:

@@ -223,6 +223,20 @@ VLLM_0_34_0 = _vllm_rules(
     "with async scheduling max_concurrent_batches is pp_size + 1 (0.34.0 has no V1 model runner)",
 )
 
+MLA_DECODE_ABSORBED = (
+    Fact(
+        "a step's decode tokens (num_decode_tokens) run forward_mqa, MQA over the cached latent with the key and "
+        "value up-projections absorbed into the query and the output; its prefill tokens run forward_mha",
+        _vllm("0.34.0", "model_executor/layers/attention/mla_attention.py", "MLAAttention.forward_impl"),
+    ),
+    Fact(
+        "a decode batch (not an extend) dispatches to the absorbed MLA method (_dispatch_mla_subtype); extends "
+        "without a prefix, or with prefixes past chunked_prefix_cache_threshold, run MHA",
+        _sgl("models/deepseek_common/attention_backend_handler.py", "_handle_attention_backend"),
+    ),
+)
+"""How both engines run MLA attention for decode tokens: what `cost.op_prices` prices them as."""
+
 RULES: dict[str, SchedulerRules] = {r.key: r for r in (SGLANG_0_5_23, VLLM_0_33_0, VLLM_0_34_0)}
 
 
@@ -233,4 +247,4 @@ def scheduler_rules(key: str) -> SchedulerRules:
     return RULES[key]
 
 
-__all__ = ["RULES", "BudgetTier", "Fact", "SchedulerRules", "StepBudget", "scheduler_rules"]
+__all__ = ["MLA_DECODE_ABSORBED", "RULES", "BudgetTier", "Fact", "SchedulerRules", "StepBudget", "scheduler_rules"]

@@ -13,6 +13,7 @@ really have), so every later problem is found too; those are marked as consequen
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tpplan.errors import TpplanError
@@ -328,28 +329,64 @@ class LayerWalk:
         return True
 
     def step(self) -> None:
-        """Walk the next op."""
+        """Walk the next op: the conversions the plan names for its inputs, the cheapest strategy those
+        placements satisfy (reducing partial sums it needs whole) or the violations where none does,
+        then the MoE traffic inside the op."""
         op = self.ops[self.index]
         self.index += 1
-        lg, plan, n, res = self.lg, self.plan, self.n, self.res
-        pl, tainted, emit, names = res.placements, self.tainted, self.emit, self.names
-        dtype_bytes = self.dtype_bytes
-
-        def region(op: Op) -> str:
-            return _region(lg, op)
-
-        q = names.op_q[op.name]
+        plan, n, res, tainted = self.plan, self.n, self.res, self.tainted
+        q = self.names.op_q[op.name]
         if op.kind is OpKind.EXPERTS:
             split: str = plan.moe
         elif op.kind in (OpKind.LINEAR, OpKind.ROUTER) and plan.replicates(q):
             split = WeightSplit.REPLICATED
         else:
             split = op.split
-        # 1. conversions the plan names for these edges
+        received = self._receive(op, q)  # 1. conversions the plan names for these edges
+        if op.reduces_into_stream and plan.folds(q) and self._fold(op, received):
+            return
+        # 2. the cheapest strategy the received placements satisfy
+        prefer_tokens = plan.shards_tokens(q)
+        rule_key = (op.name, split, prefer_tokens)
+        rules = self.names.rules.get(rule_key)
+        if rules is None:
+            rules = self.names.rules[rule_key] = strategies(op, split, self.lg.values, prefer_tokens=prefer_tokens)
+        options = mixer_strategies(op, rules, plan)
+        best = self._cheapest(op, received, options, prefer_tokens)
+        parents = [tainted[v] for v in op.inputs if v in tainted]
+        if best is not None:
+            strat, out, legal = best, best.output, True
+            self._reduce_partials(op, received, strat)
+            if parents:  # downstream of an illegal op, even where this op itself fits
+                tainted[op.output] = parents[0]
+        else:
+            strat, legal = min(options, key=lambda o: _misfit(received, o)), False
+            self._violations(op, received, strat, parents)
+            out = S_TOK if S_TOK in received else strat.output
+            tainted[op.output] = parents[0] if parents else op.name
+        # 3. work inside the op: MoE dispatch and combine
+        if op.kind is OpKind.EXPERTS and split == "a2a" and legal and n > 1:
+            self._moe_traffic(op)
+        res.placements[op.output] = out
+        res.decisions.append(
+            OpDecision(
+                op,
+                str(split),
+                strat,
+                tuple(received),
+                _share(op, strat, n, str(split)) if legal else 1.0,
+                _weight_elements(op, str(split), n, out, plan),
+                legal,
+            )
+        )
+
+    def _receive(self, op: Op, q: str) -> list[Placement]:
+        """Each input's placement after the conversions the plan names for that edge (emitted)."""
+        lg, plan, emit = self.lg, self.plan, self.emit
         received: list[Placement] = []
         for v in op.inputs:
-            p = pl[v]
-            prod_q = names.prod_q.get(v) or f"{lg.kind}/layer.{v}"
+            p = self.res.placements[v]
+            prod_q = self.names.prod_q.get(v) or f"{lg.kind}/layer.{v}"
             if p in (S_TOK, S_COL) and (plan.gathers(prod_q) or plan.gathers_for(prod_q, q)):
                 if p is S_TOK and sum_len(plan):
                     emit(Collective.ALL_REDUCE, v, p, R, op, "DP gather: every rank's rows into a zero buffer, summed")
@@ -360,15 +397,14 @@ class LayerWalk:
                 emit(Collective.ALL_TO_ALL, v, p, S_COL, op, "the plan moves it to head-sharded by all-to-all")
                 p = S_COL
             received.append(p)
-        if op.reduces_into_stream and plan.folds(q) and self._fold(op, received):
-            return
-        # 2. the cheapest strategy the received placements satisfy
-        prefer_tokens = plan.shards_tokens(q)
-        rule_key = (op.name, split, prefer_tokens)
-        rules = names.rules.get(rule_key)
-        if rules is None:
-            rules = names.rules[rule_key] = strategies(op, split, lg.values, prefer_tokens=prefer_tokens)
-        options = mixer_strategies(op, rules, plan)
+        return received
+
+    def _cheapest(
+        self, op: Op, received: list[Placement], options: Sequence[Strategy], prefer_tokens: bool
+    ) -> Strategy | None:
+        """The strategy the received placements reach most cheaply (free steps 1, reductions 2; the
+        first that fits where the plan prefers token sharding); None where none is reachable."""
+        plan = self.plan
         is_stream_add = op.reduces_into_stream
         best: tuple[float, Strategy] | None = None
         for opt in options:
@@ -389,89 +425,73 @@ class LayerWalk:
                     break
             if cost < math.inf:
                 if prefer_tokens:  # explicit preference: take the first that fits
-                    best = (cost, opt)
-                    break
+                    return opt
                 if best is None or cost < best[0]:
                     best = (cost, opt)
-        if best is not None:
-            strat = best[1]
-            for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
-                if got is P and need is not P:
-                    coll = Collective.ALL_REDUCE if need is R or sum_len(plan) else Collective.REDUCE_SCATTER
-                    why = (
-                        "reduce the block output into the residual stream"
-                        if is_stream_add
-                        else f"{op.name} needs the total over every rank's features"
-                        if strat.partial_to_need
-                        else f"{op.name} needs true values"
-                    )
-                    emit(coll, v, P, need, op, why)
-            out = strat.output
-            legal = True
-            parents = [tainted[v] for v in op.inputs if v in tainted]
-            if parents:  # downstream of an illegal op, even where this op itself fits
-                tainted[op.output] = parents[0]
-        else:
-            strat = min(options, key=lambda o: _misfit(received, o))
-            legal = False
-            parents = [tainted[v] for v in op.inputs if v in tainted]
-            for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
-                step = transition(got, need)
-                if got == need or (step is not None and step.free):
-                    continue
-                res.violations.append(
-                    Violation(
-                        lg.kind,
-                        op.name,
-                        op.role,
-                        v,
-                        got,
-                        need,
-                        why_needed(op, need, got, n),
-                        tuple(_fixes(lg, op, v, got, need, n, dtype_bytes)),
-                        consequence_of=parents[0] if parents else None,
-                    )
+        return best[1] if best is not None else None
+
+    def _reduce_partials(self, op: Op, received: list[Placement], strat: Strategy) -> None:
+        """Emit the reduction of every partial-sum input the strategy needs whole."""
+        for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
+            if got is P and need is not P:
+                coll = Collective.ALL_REDUCE if need is R or sum_len(self.plan) else Collective.REDUCE_SCATTER
+                why = (
+                    "reduce the block output into the residual stream"
+                    if op.reduces_into_stream
+                    else f"{op.name} needs the total over every rank's features"
+                    if strat.partial_to_need
+                    else f"{op.name} needs true values"
                 )
-            out = S_TOK if S_TOK in received else strat.output
-            tainted[op.output] = parents[0] if parents else op.name
-        # 3. work inside the op: MoE dispatch and combine
-        if op.kind is OpKind.EXPERTS and split == "a2a" and legal and n > 1:
-            width, experts = op.int_attr("width"), op.int_attr("experts")
-            frac = moe_remote_fraction(experts, op.int_attr("top_k"), n)
-            # The dispatch carries each row's combine weights for the destination's E/N experts as
-            # extra columns of the same buffer (one launch); the combine returns W-wide rows.
-            extra = moe_weight_columns(experts // n, dtype_bytes)
-            for name, w in (("dispatch", width + extra), ("combine", width)):
-                words = f" + {experts // n} fp32 routing weights ({extra} columns)" if w > width else ""
-                res.comms.append(
-                    CommEvent(
-                        Collective.ALL_TO_ALL,
-                        f"{op.inputs[0]}:{name}",
-                        w,
-                        S_TOK,
-                        S_TOK,
-                        op.name,
-                        op.name,
-                        region(op),
-                        f"MoE {name}: each token to the ranks of its top-{op.attrs['top_k']} experts "
-                        f"({frac:.0%} of ranks hit on average){words}",
-                        frac * w * (n - 1) / n,
-                        frac * w,
-                        internal=True,
-                    )
+                self.emit(coll, v, P, need, op, why)
+
+    def _violations(self, op: Op, received: list[Placement], strat: Strategy, parents: list[str]) -> None:
+        """One violation per input the nearest strategy cannot take as received (with its fixes)."""
+        lg, n = self.lg, self.n
+        for v, got, need in zip(op.inputs, received, strat.inputs, strict=True):
+            step = transition(got, need)
+            if got == need or (step is not None and step.free):
+                continue
+            self.res.violations.append(
+                Violation(
+                    lg.kind,
+                    op.name,
+                    op.role,
+                    v,
+                    got,
+                    need,
+                    why_needed(op, need, got, n),
+                    tuple(_fixes(lg, op, v, got, need, n, self.dtype_bytes)),
+                    consequence_of=parents[0] if parents else None,
                 )
-        pl[op.output] = out
-        res.decisions.append(
-            OpDecision(
-                op,
-                str(split),
-                strat,
-                tuple(received),
-                _share(op, strat, n, str(split)) if legal else 1.0,
-                _weight_elements(op, str(split), n, out, plan),
-                legal,
             )
-        )
+
+    def _moe_traffic(self, op: Op) -> None:
+        """The all-to-all dispatch and combine inside an all-to-all MoE op."""
+        n = self.n
+        width, experts = op.int_attr("width"), op.int_attr("experts")
+        frac = moe_remote_fraction(experts, op.int_attr("top_k"), n)
+        # The dispatch carries each row's combine weights for the destination's E/N experts as
+        # extra columns of the same buffer (one launch); the combine returns W-wide rows.
+        extra = moe_weight_columns(experts // n, self.dtype_bytes)
+        for name, w in (("dispatch", width + extra), ("combine", width)):
+            words = f" + {experts // n} fp32 routing weights ({extra} columns)" if w > width else ""
+            self.res.comms.append(
+                CommEvent(
+                    Collective.ALL_TO_ALL,
+                    f"{op.inputs[0]}:{name}",
+                    w,
+                    S_TOK,
+                    S_TOK,
+                    op.name,
+                    op.name,
+                    _region(self.lg, op),
+                    f"MoE {name}: each token to the ranks of its top-{op.attrs['top_k']} experts "
+                    f"({frac:.0%} of ranks hit on average){words}",
+                    frac * w * (n - 1) / n,
+                    frac * w,
+                    internal=True,
+                )
+            )
 
 
 def _producers(lg: LayerGraph) -> dict[str, Op]:

@@ -46,27 +46,10 @@ def dense_mlp(
 
 
 def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
+    """A MoE block as ops: router, routed experts (through a latent where the model has one), and the
+    shared experts beside them; returns the block output's name."""
     h = b.hidden
-    b.op(
-        "router",
-        OpKind.ROUTER,
-        (x,),
-        "routing",
-        m.experts,
-        weight=f"{prefix_hf}.{m.router}.weight",
-        weight_shape=(m.experts, h),
-        split=WeightSplit.REPLICATED,
-        flops_per_token=2.0 * h * m.experts,
-        attrs={
-            "top_k": m.top_k,
-            "scoring": m.scoring,
-            "n_group": m.n_group,
-            "topk_group": m.topk_group,
-            "logit_bias": m.router_bias,
-        }
-        | ({"group_score": m.group_score} if m.group_score != "top2_sum" else {}),
-        note=f"router: {m.scoring} scores over {m.experts} experts, top-{m.top_k}",
-    )
+    _router(b, m, x, prefix_hf)
     ew = h
     xin = x
     if m.latent:
@@ -106,28 +89,67 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
         f"{'clamped ' if m.clamp else ''}SwiGLU {ew}->{m.expert_intermediate}->{ew}"
         + (" with biases" if m.expert_bias else ""),
     )
-    routed = b.ops[-1].output
-    if m.latent:
-        if m.latent_norm:
-            b.norm(
-                "latent_norm",
-                "routed",
-                "routed_n",
-                f"{prefix_hf}.routed_expert_norm.weight",
-                note="RMSNorm of the summed expert output in the latent",
-            )
-            routed = "routed_n"
-        routed = b.linear(
-            "latent_up",
-            routed,
-            last or "routed_h",
-            h,
-            WeightSplit.REPLICATED,
-            weight=f"{prefix_hf}.routed_expert_up_proj.weight",
-            note="latent MoE up-projection (replicated)",
-        )
+    routed = _latent_up(b, m, prefix_hf, last) if m.latent else b.ops[-1].output
     if last:
         return last
+    shared = _shared_experts(b, m, x, prefix_hf)
+    b.op("moe_sum", OpKind.ADD, (routed, shared), "mlp_out", h, flops_per_token=h, note="routed + shared experts")
+    return "mlp_out"
+
+
+def _router(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> None:
+    """The router: scores over the experts, replicated on every rank."""
+    h = b.hidden
+    b.op(
+        "router",
+        OpKind.ROUTER,
+        (x,),
+        "routing",
+        m.experts,
+        weight=f"{prefix_hf}.{m.router}.weight",
+        weight_shape=(m.experts, h),
+        split=WeightSplit.REPLICATED,
+        flops_per_token=2.0 * h * m.experts,
+        attrs={
+            "top_k": m.top_k,
+            "scoring": m.scoring,
+            "n_group": m.n_group,
+            "topk_group": m.topk_group,
+            "logit_bias": m.router_bias,
+        }
+        | ({"group_score": m.group_score} if m.group_score != "top2_sum" else {}),
+        note=f"router: {m.scoring} scores over {m.experts} experts, top-{m.top_k}",
+    )
+
+
+def _latent_up(b: Builder, m: MoESpec, prefix_hf: str, last: str | None) -> str:
+    """The routed sum, normed where the model norms it, up from the latent to the hidden."""
+    h = b.hidden
+    routed = b.ops[-1].output
+    if m.latent_norm:
+        b.norm(
+            "latent_norm",
+            "routed",
+            "routed_n",
+            f"{prefix_hf}.routed_expert_norm.weight",
+            note="RMSNorm of the summed expert output in the latent",
+        )
+        routed = "routed_n"
+    routed = b.linear(
+        "latent_up",
+        routed,
+        last or "routed_h",
+        h,
+        WeightSplit.REPLICATED,
+        weight=f"{prefix_hf}.routed_expert_up_proj.weight",
+        note="latent MoE up-projection (replicated)",
+    )
+    return routed
+
+
+def _shared_experts(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
+    """The shared experts (a dense MLP), scaled by their gate where the model has one; the output's name."""
+    h = b.hidden
     shared = dense_mlp(
         b,
         DenseMLPSpec(m.shared_intermediate),
@@ -160,8 +182,7 @@ def moe(b: Builder, m: MoESpec, x: str, prefix_hf: str) -> str:
             attrs={"sigmoid_second": True, "broadcast": True},
             note="scale shared expert",
         )
-    b.op("moe_sum", OpKind.ADD, (routed, shared), "mlp_out", h, flops_per_token=h, note="routed + shared experts")
-    return "mlp_out"
+    return shared
 
 
 MlpBuilder = Callable[[Builder, Any, str], str]

@@ -34,6 +34,7 @@ from tpplan.report.crossover import crossovers
 from tpplan.report.deployments import Parts, rank_deployments, workload_parts
 from tpplan.report.differences import differences
 from tpplan.report.engines import recipes
+from tpplan.report.kernel_sources import sensitivity_of
 from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant
 from tpplan.report.verdicts import bottom_line, judge, next_steps
@@ -618,6 +619,9 @@ def analyse(
 
             a.length_points = price_lengths(chosen, workloads[0], at, limit, prompt_lengths)
             a.length_races = races(chosen, a.length_points, prompt_lengths)
+    if fn is not None and fn is predict_fn:
+        say("the answer under each kernel-price source")
+        a.kernel_sources = sensitivity_of(a, fn, pp_schedule, expert_dtype)
     say("where the model differs from a volume-only analysis")
     a.differences = differences(a, chunk)
     return a

@@ -97,6 +97,40 @@ def answer_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) ->
     return [Heading("Answer"), *(Para(x) for x in answer(a))]
 
 
+def kernel_source_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
+    """Today's deployment and the bottom line's target priced from each kernel-price source."""
+    ks = a.kernel_sources
+    if ks is None:
+        return []
+    off = ks.disagreeing()
+    rows = tuple(
+        (
+            f"`{s.target}`",
+            s.label + (" **(this memo)**" if s.name == ks.chosen else ""),
+            f"{s.current_s:.3f}",
+            f"{s.target_s:.3f}",
+            f"{100 * s.change:+.1f}%",
+            f"±{100 * s.band:.1f}%",
+            "yes" if s in off else "",
+        )
+        for s in ks.answers
+    )
+    head = ("plan", "kernel prices from", f"`{ks.current}` s", "plan s", "change", "band", "disagrees")
+    out: list[Block] = [
+        Heading("Kernel-price source"),
+        Para(
+            f"The bottom line's plan and each source's own best plan that an engine runs at today's shape, "
+            f"priced from each source of kernel prices (mean TTFT at {ks.workload}; collectives and everything "
+            f"else as the memo prices them). {ks.reason} A source disagrees where its change differs from this "
+            "memo's for the same plan by more than the two bands together."
+        ),
+        Table(head, rows, (2, 3, 4, 5)),
+    ]
+    if ks.skipped:
+        out.append(Para("Not compared: " + "; ".join(ks.skipped) + "."))
+    return out
+
+
 def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
     """The provenance table: which band applies to this memo's predicted times, and why."""
     if a.predictor_note:
@@ -497,6 +531,7 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
 SECTIONS = (
     intro,
     answer_section,
+    kernel_source_section,
     ttft_section,
     kind_time,
     volume,

@@ -205,6 +205,11 @@ def bottom(a: Analysis) -> Paragraph:
     return a.bottom.text if a.bottom is not None else None
 
 
+def kernel_source_disagreement(a: Analysis) -> Paragraph:
+    """Where the kernel-price sources disagree beyond their bands, the sentence saying so."""
+    return a.kernel_sources.sentence() if a.kernel_sources is not None else None
+
+
 ANSWER: tuple[Callable[[Analysis], Paragraph], ...] = (
     engine_path,
     question,
@@ -218,6 +223,7 @@ ANSWER: tuple[Callable[[Analysis], Paragraph], ...] = (
     deployment_ranking,
     prompt_thresholds,
     bottom,
+    kernel_source_disagreement,
 )
 
 

@@ -233,6 +233,20 @@ class PlanRunner:
             if observe is not None:
                 observe(i, env)
         self.tracer.layer = len(self.graph.layer_kinds)
+        stream, delta, resid, bank = self._into_stream(plan, stream, delta, resid, bank, t)
+        hidden = final_hidden(shard.top, nu, resid.t, delta.t, bank.t, block)
+        self.state.position += t
+        if plan.dp_attention:
+            lo, hi = token_range(t, self.n, self.rank)
+            self.dp_position += hi - lo
+        self.chunk_index += 1
+        return Held(hidden, stream)
+
+    def _into_stream(
+        self, plan: Plan, stream: Placement, delta: Held, resid: Held, bank: Held, t: int
+    ) -> tuple[Placement, Held, Held, Held]:
+        """After the last layer: the block output, the residual and the bank moved into the stream's
+        placement for the final add and norm (the stream itself may move to S(tok))."""
         if delta.pl is S_TOK and stream is R:  # the last MoE output left on the rank's rows (vllm-moe-chunk):
             stream = S_TOK  # the final add and norm run there, on a free slice of the stream
         if delta.pl is not stream:  # the last block's output, moved into the stream before the final norm
@@ -247,15 +261,11 @@ class PlanRunner:
         if resid.pl is R and stream is S_TOK:  # the last add folded the stream back to every row
             mine = Move(self.comm, "resid", 0, t, layout=self._layout)
             resid = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](mine, resid.t), stream)
-        if block and bank.pl is R and stream is S_TOK:  # a bank on every row: the rank's rows of it (a free slice)
+        if (
+            self.graph.spec.attn_res_block_size and bank.pl is R and stream is S_TOK
+        ):  # a bank on every row: the rank's rows of it (a free slice)
             bank = Held(RUNTIME_TRANSITIONS[(R, S_TOK)](Move(self.comm, "bank", 0, t), bank.t), S_TOK)
-        hidden = final_hidden(shard.top, nu, resid.t, delta.t, bank.t, block)
-        self.state.position += t
-        if plan.dp_attention:
-            lo, hi = token_range(t, self.n, self.rank)
-            self.dp_position += hi - lo
-        self.chunk_index += 1
-        return Held(hidden, stream)
+        return stream, delta, resid, bank
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -103,6 +103,11 @@ DECODE_NOT_MODELLED = (
     "speculative decoding and MTP (draft cost, accepted tokens per step) are not modelled: one token per step",
     "admission reserves each request's prompt + output KV: no preemption, no SGLang new_token_ratio estimate",
     "a decode step is priced at its requests' mean KV length (interpolated on a grid of 16 points per doubling)",
+    "routed experts at decode sizes are padded to 128-row tiles per active expert (tpplan's runtime kernel, which "
+    "its experts model was fitted on); the engines' fused MoE picks 16- to 64-row tiles at small M, so decode MoE "
+    "compute is overstated where it is not weight-bound",
+    "GQA/MHA decode attention is priced by the prefill attention pricer at the step's KV bytes and pairs; no "
+    "decode (split-KV) kernel was measured",
 )
 """What the loop's decode leaves out, for every engine (docs/cost-model.md, "Serving loop")."""
 

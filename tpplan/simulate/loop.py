@@ -58,6 +58,10 @@ class LoopConfig:
     mixed: bool = True  # decode tokens and prefill chunks share a step's budget (vLLM); off: prefill first (SGLang)
     max_running: int | None = None  # admitted requests at once (SGLang --max-running-requests, vLLM max_num_seqs)
     kv_tokens: int | None = None  # KV pool of the replica in tokens; a request holds prompt + output from admission
+    # P/D prefill pool: seconds to hand a finished prompt's KV to the decode side (its first token arrives
+    # after it), and whether the prefill engine blocks its last stage on the hand-off (`simulate.pd`)
+    handoff_s: Callable[[Request], float] | None = None
+    handoff_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.in_flight < 1:
@@ -88,8 +92,11 @@ class _Replica:
         self.out_at = [0.0] * n  # when the request's latest step leaves the pipeline
         self.first_step = [math.nan] * n
         self.prefill_end = [math.nan] * n
+        self.ready = [math.nan] * n  # when the first token can go out (after a P/D hand-off)
         self.done_at = [math.nan] * n  # when its last token's step leaves the pipeline
         self.decoded = [0] * n  # output tokens so far (the prefill step gives the first)
+        self.last_pos = [r.prompt_tokens - 1 for r in self.reqs]  # a decode token's position: this + decoded
+        self.outputs = [r.output_tokens for r in self.reqs]
         self.itl: list[float] = []  # gaps between a request's successive tokens, every decode token
         self.closed = isinstance(arrivals, ClosedLoop)
         first = min(arrivals.concurrency, n) if isinstance(arrivals, ClosedLoop) else n
@@ -148,7 +155,11 @@ class _Replica:
 
     def decode_tokens(self, now: float, budget: int | None) -> list[int]:
         """The running requests that decode in this step (not in the pipeline), at most `budget`."""
-        out = [rid for rid in self.running if self.out_at[rid] <= now]
+        if self.cfg.in_flight == 1:  # a step starts after the last one left: no request is in the pipeline
+            out = list(self.running)
+        else:
+            out_at = self.out_at
+            out = [rid for rid in self.running if out_at[rid] <= now]
         return out if budget is None else out[:budget]
 
     def form_step(self, now: float) -> tuple[list[Segment], list[int]]:
@@ -173,10 +184,8 @@ class _Replica:
 
     def run_step(self, segs: list[Segment], dec: list[int], now: float) -> None:
         """Price the step, push it through the stages, and advance its requests."""
-        reqs = self.reqs
-        shape = tuple((s.n_tokens, s.start_pos) for s in segs) + tuple(
-            (1, reqs[r].prompt_tokens + self.decoded[r] - 1) for r in dec
-        )
+        reqs, out_at, decoded, last = self.reqs, self.out_at, self.decoded, self.last_pos
+        shape = tuple([(s.n_tokens, s.start_pos) for s in segs] + [(1, last[r] + decoded[r]) for r in dec])
         times = [float(t) for t in self.prices(shape)]
         if not times or min(times) < 0 or not all(map(math.isfinite, times)):
             raise TpplanError("stage prices", f"returned {times} s for step {len(self.steps)}", "return >= 0 per stage")
@@ -188,13 +197,15 @@ class _Replica:
             t = max(t, self.stage_free[k]) + dt
             self.stage_free[k] = t
         self.steps.append(PrefillBatch(len(self.steps), tuple(segs), now, t, len(dec)))
-        for rid in dec:
-            self.itl.append(t - self.out_at[rid])
-            self.out_at[rid] = t
-            self.decoded[rid] += 1
-            if self.decoded[rid] >= reqs[rid].output_tokens:
-                del self.running[rid]
-                self.finish(rid, t)
+        if dec:
+            self.itl.extend([t - out_at[r] for r in dec])
+            outs = self.outputs
+            for rid in dec:
+                out_at[rid] = t
+                decoded[rid] += 1
+                if decoded[rid] >= outs[rid]:
+                    del self.running[rid]
+                    self.finish(rid, t)
         for s in segs:
             rid = s.request_id
             if math.isnan(self.first_step[rid]):
@@ -203,10 +214,24 @@ class _Replica:
             self.out_at[rid] = t
             if self.progress[rid] == reqs[rid].prompt_tokens:
                 self.prefill_end[rid], self.decoded[rid] = t, 1
+                self.ready[rid] = self.hand_off(rid, t)
                 if self.cfg.decode and reqs[rid].output_tokens > 1:
                     self.running[rid] = None
                 else:
-                    self.finish(rid, t)
+                    self.finish(rid, self.ready[rid])
+
+    def hand_off(self, rid: int, t: float) -> float:
+        """When request `rid`'s first token can go out: at once, or (P/D) once its KV reached the decode
+        side; a blocking engine holds its last stage until then, one hand-off after another."""
+        if self.cfg.handoff_s is None:
+            return t
+        h = float(self.cfg.handoff_s(self.reqs[rid]))
+        if not (math.isfinite(h) and h >= 0):
+            raise TpplanError("handoff_s", f"returned {h} s for request {rid}", "return >= 0 seconds")
+        if not self.cfg.handoff_blocks:
+            return t + h
+        self.stage_free[-1] = max(self.stage_free[-1], t) + h
+        return self.stage_free[-1]
 
     def finish(self, rid: int, t: float) -> None:
         self.done_at[rid] = t
@@ -243,7 +268,7 @@ class _Replica:
                 self.sent[i] + into,
                 self.first_step[i],
                 self.prefill_end[i],
-                self.prefill_end[i] + out,
+                self.ready[i] + out,
                 self.done_at[i] + out if self.cfg.decode or r.output_tokens == 1 else math.nan,
             )
             for i, r in enumerate(self.reqs)
@@ -288,6 +313,9 @@ def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, replicas:
         shares.append(_share(share, tl, st))
         for j, line in enumerate(tl):
             lines[ids[j]] = Timeline(arrivals.requests[ids[j]], r, *_times(line))
+        if replicas == 1:  # the share's ids are the arrivals' own
+            steps += st
+            continue
         for b in st:
             segs = tuple(Segment(ids[s.request_id], s.start_pos, s.n_tokens) for s in b.segments)
             steps.append(PrefillBatch(b.index, segs, b.start_s, b.end_s, b.decode_tokens))

@@ -115,23 +115,49 @@ def decode_block(
     has one output token."""
     if all(r.output_tokens <= 1 for r in arrivals.requests):
         return None
-    loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, decode=True)
-    res = serve(p, arrivals, loop)
+    cap, capacity = replica_kv(p)
+    running, pool = cap if cap is not None else (None, None)
+    loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, decode=True, max_running=running,
+                       kv_tokens=pool)  # fmt: skip
+    rule = loop.rules.decode_step
+    settings = {"mixed_steps": loop.config.mixed, "max_running": loop.config.max_running,
+                "kv_tokens": loop.config.kv_tokens, "kv_capacity": capacity,
+                "rule": None if rule is None else rule.source.cite()}  # fmt: skip
+    try:
+        res = serve(p, arrivals, loop)
+    except TpplanError as err:  # a request whose KV does not fit the pool alone: this deployment cannot serve it
+        return {"admitted": False, "reason": str(err), "settings": settings}
     summary = res.decode_summary(p.deployment.gpus)
     if summary is None:
         return None
-    rule = loop.rules.decode_step
+    conditions = list(DECODE_NOT_MODELLED)
+    if cap is None:
+        conditions.append("no KV-pool or running-request cap: the engine's KV sizing was not read for this version")
     out: dict[str, object] = {
+        "admitted": True,
         **summary,
         "ttft_s": {k: res.summary()[f"{k}_s"] for k in ("mean", "p50", "p90", "p99")},
-        "settings": {"mixed_steps": loop.config.mixed, "max_running": loop.config.max_running,
-                     "kv_tokens": loop.config.kv_tokens, "rule": None if rule is None else rule.source.cite()},
-        "conditions": [*DECODE_NOT_MODELLED, "no KV-pool or running-request cap (the engines' KV capacity is not "
-                       "yet fed to the loop)"] if loop.config.kv_tokens is None else list(DECODE_NOT_MODELLED),
-    }  # fmt: skip
+        "settings": settings,
+        "conditions": conditions,
+    }
     if per_request:
         out["requests"] = [t.to_json() for t in res.timelines]
     return out
+
+
+def replica_kv(p: Predictor) -> tuple[tuple[int, int] | None, str | None]:
+    """(running-request cap, KV tokens) of one replica as `p`'s engine version sizes them at its defaults
+    (`tpplan.cost.kv_capacity`: per rank; with DP attention each rank keeps its own requests, so the
+    replica holds attention-DP times both), and the capacity's label; (None, None) where the engine's
+    KV sizing was not read."""
+    from tpplan.cost.kv_capacity import kv_capacity
+
+    try:
+        kv = kv_capacity(p, p.pipeline.engine)
+    except TpplanError:
+        return None, None
+    dp = p.tp if p.plan.dp_attention else 1
+    return (max(1, kv.max_running * dp), max(1, kv.tokens * dp)), f"{kv.label}: {kv.tokens:,} tokens per rank"
 
 
 PredictFn = Callable[..., PlanPrediction]
@@ -160,4 +186,4 @@ def with_serving_loop(predict: PredictFn) -> PredictFn:
     return run
 
 
-__all__ = ["Arrival", "arrivals_for", "decode_block", "serving_summary", "with_serving_loop"]
+__all__ = ["Arrival", "arrivals_for", "decode_block", "replica_kv", "serving_summary", "with_serving_loop"]

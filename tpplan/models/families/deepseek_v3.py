@@ -43,79 +43,9 @@ def build_mla(
     n = a.heads
     qk = a.qk_head_dim
     if a.q_lora_rank:
-        b.linear(
-            "qkv_a",
-            x,
-            "qkv_latent",
-            a.latent_width,
-            WeightSplit.REPLICATED,
-            weight="self_attn.fused_qkv_a_proj_with_mqa.weight",
-            note="fused q_a_proj + kv_a_proj_with_mqa (token-local down-projection to the latent)",
-        )
-        b.ops[-1].attrs["parts"] = {
-            "self_attn.q_a_proj.weight": a.q_lora_rank,
-            "self_attn.kv_a_proj_with_mqa.weight": a.kv_lora_rank + a.rope_dim,
-        }
-        b.op(
-            "q_latent",
-            OpKind.SLICE,
-            ("qkv_latent",),
-            "q_latent",
-            a.q_lora_rank,
-            attrs={"start": 0},
-            note="q part of the latent",
-        )
-        b.op(
-            "kv_latent",
-            OpKind.SLICE,
-            ("qkv_latent",),
-            "kv_latent",
-            a.kv_lora_rank,
-            attrs={"start": a.q_lora_rank},
-            note="kv part of the latent",
-        )
-        b.op(
-            "k_rope",
-            OpKind.SLICE,
-            ("qkv_latent",),
-            "k_rope",
-            a.rope_dim,
-            attrs={"start": a.q_lora_rank + a.kv_lora_rank},
-            note="shared rope key",
-        )
-        _latent_norm(b, "q")
-        b.linear(
-            "q_b_proj",
-            "q_latent_n",
-            "q",
-            n * qk,
-            WeightSplit.COL,
-            heads=n,
-            weight="self_attn.q_b_proj.weight",
-            note="query up-projection, split by head",
-        )
+        _mla_q_lora(b, a, x)
     else:
-        b.linear(
-            "q_proj",
-            x,
-            "q",
-            n * qk,
-            WeightSplit.COL,
-            heads=n,
-            weight="self_attn.q_proj.weight",
-            note="query projection from the full hidden (no q_lora), split by head",
-        )
-        b.linear(
-            "kv_a",
-            x,
-            "kv_a_out",
-            a.kv_lora_rank + a.rope_dim,
-            WeightSplit.REPLICATED,
-            weight="self_attn.kv_a_proj_with_mqa.weight",
-            note="kv down-projection (token-local)",
-        )
-        b.op("kv_latent", OpKind.SLICE, ("kv_a_out",), "kv_latent", a.kv_lora_rank, attrs={"start": 0})
-        b.op("k_rope", OpKind.SLICE, ("kv_a_out",), "k_rope", a.rope_dim, attrs={"start": a.kv_lora_rank})
+        _mla_q_direct(b, a, x)
     _latent_norm(b, "kv")
     b.linear(
         "kv_b_proj",
@@ -139,41 +69,128 @@ def build_mla(
         attrs={"impl": impl, "heads": n, "rope": a.use_rope},
         note="causal softmax attention over all tokens of its heads",
     )
-    out = "attn"
-    if a.output_gate:
-        b.linear(
-            "g_proj",
-            x,
-            "gate_logits",
-            n * a.v_dim,
-            WeightSplit.COL,
-            heads=n,
-            weight="self_attn.g_proj.weight",
-            note="output gate projection from the full hidden, split by head",
-        )
-        b.op(
-            "gate_sigmoid",
-            OpKind.UNARY,
-            ("gate_logits",),
-            "attn_gate",  # not "gate": a dense MLP's gate_proj output in the same layer is "gate"
-            n * a.v_dim,
-            n,
-            attrs={"fn": "sigmoid"},
-            flops_per_token=n * a.v_dim,
-        )
-        b.op(
-            "gate_mul",
-            OpKind.MUL,
-            ("attn", "attn_gate"),
-            "attn_gated",
-            n * a.v_dim,
-            n,
-            flops_per_token=n * a.v_dim,
-            note="elementwise output gate",
-        )
-        out = "attn_gated"
+    out = _output_gate(b, a, x) if a.output_gate else "attn"
     b.out_proj(out, n)
     return "attn_out"
+
+
+def _mla_q_lora(b: Builder, a: MLASpec, x: str) -> None:
+    """The query through its own latent (q_lora): one fused down-projection for q and kv, sliced."""
+    n, qk = a.heads, a.qk_head_dim
+    assert a.q_lora_rank is not None  # called only for a config with a q latent
+    b.linear(
+        "qkv_a",
+        x,
+        "qkv_latent",
+        a.latent_width,
+        WeightSplit.REPLICATED,
+        weight="self_attn.fused_qkv_a_proj_with_mqa.weight",
+        note="fused q_a_proj + kv_a_proj_with_mqa (token-local down-projection to the latent)",
+    )
+    b.ops[-1].attrs["parts"] = {
+        "self_attn.q_a_proj.weight": a.q_lora_rank,
+        "self_attn.kv_a_proj_with_mqa.weight": a.kv_lora_rank + a.rope_dim,
+    }
+    b.op(
+        "q_latent",
+        OpKind.SLICE,
+        ("qkv_latent",),
+        "q_latent",
+        a.q_lora_rank,
+        attrs={"start": 0},
+        note="q part of the latent",
+    )
+    b.op(
+        "kv_latent",
+        OpKind.SLICE,
+        ("qkv_latent",),
+        "kv_latent",
+        a.kv_lora_rank,
+        attrs={"start": a.q_lora_rank},
+        note="kv part of the latent",
+    )
+    b.op(
+        "k_rope",
+        OpKind.SLICE,
+        ("qkv_latent",),
+        "k_rope",
+        a.rope_dim,
+        attrs={"start": a.q_lora_rank + a.kv_lora_rank},
+        note="shared rope key",
+    )
+    _latent_norm(b, "q")
+    b.linear(
+        "q_b_proj",
+        "q_latent_n",
+        "q",
+        n * qk,
+        WeightSplit.COL,
+        heads=n,
+        weight="self_attn.q_b_proj.weight",
+        note="query up-projection, split by head",
+    )
+
+
+def _mla_q_direct(b: Builder, a: MLASpec, x: str) -> None:
+    """The query projected from the full hidden (no q_lora); kv's own down-projection, sliced."""
+    n, qk = a.heads, a.qk_head_dim
+    b.linear(
+        "q_proj",
+        x,
+        "q",
+        n * qk,
+        WeightSplit.COL,
+        heads=n,
+        weight="self_attn.q_proj.weight",
+        note="query projection from the full hidden (no q_lora), split by head",
+    )
+    b.linear(
+        "kv_a",
+        x,
+        "kv_a_out",
+        a.kv_lora_rank + a.rope_dim,
+        WeightSplit.REPLICATED,
+        weight="self_attn.kv_a_proj_with_mqa.weight",
+        note="kv down-projection (token-local)",
+    )
+    b.op("kv_latent", OpKind.SLICE, ("kv_a_out",), "kv_latent", a.kv_lora_rank, attrs={"start": 0})
+    b.op("k_rope", OpKind.SLICE, ("kv_a_out",), "k_rope", a.rope_dim, attrs={"start": a.kv_lora_rank})
+
+
+def _output_gate(b: Builder, a: MLASpec, x: str) -> str:
+    """The sigmoid output gate on the attention (from the full hidden, split by head); its output's name."""
+    n = a.heads
+    b.linear(
+        "g_proj",
+        x,
+        "gate_logits",
+        n * a.v_dim,
+        WeightSplit.COL,
+        heads=n,
+        weight="self_attn.g_proj.weight",
+        note="output gate projection from the full hidden, split by head",
+    )
+    b.op(
+        "gate_sigmoid",
+        OpKind.UNARY,
+        ("gate_logits",),
+        "attn_gate",  # not "gate": a dense MLP's gate_proj output in the same layer is "gate"
+        n * a.v_dim,
+        n,
+        attrs={"fn": "sigmoid"},
+        flops_per_token=n * a.v_dim,
+    )
+    b.op(
+        "gate_mul",
+        OpKind.MUL,
+        ("attn", "attn_gate"),
+        "attn_gated",
+        n * a.v_dim,
+        n,
+        flops_per_token=n * a.v_dim,
+        note="elementwise output gate",
+    )
+    return "attn_gated"
 
 
 def _latent_norm(b: Builder, part: str) -> None:

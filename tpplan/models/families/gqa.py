@@ -24,64 +24,10 @@ from tpplan.models.spec import DenseMLPSpec, GQASpec, LayerSpec, ModelSpec
 
 
 def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
+    """Grouped-query attention as ops: q/k/v projections, the attention, its output gate and projection."""
     n, kv, d = a.heads, a.kv_heads, a.head_dim
-    q_width = n * d * (2 if a.output_gate else 1)
-    b.linear(
-        "q_proj",
-        x,
-        "q_full",
-        q_width,
-        WeightSplit.COL,
-        heads=n,
-        weight="self_attn.q_proj.weight",
-        note="query" + (" and output gate (doubled q_proj)" if a.output_gate else "") + ", split by head",
-    )
-    b.linear(
-        "k_proj",
-        x,
-        "k",
-        kv * d,
-        WeightSplit.COL,
-        heads=kv,
-        weight="self_attn.k_proj.weight",
-        note="key projection, split by KV head (replicated when TP exceeds the KV heads)",
-    )
-    b.linear(
-        "v_proj",
-        x,
-        "v",
-        kv * d,
-        WeightSplit.COL,
-        heads=kv,
-        weight="self_attn.v_proj.weight",
-        note="value projection, split by KV head",
-    )
-    if a.qkv_bias:
-        for op in b.ops[-3:]:
-            op.attrs["bias"] = True
-    q = "q_full"
-    if a.output_gate:
-        b.op(
-            "q_split",
-            OpKind.SLICE,
-            ("q_full",),
-            "q",
-            n * d,
-            n,
-            attrs={"gated_query": True, "head_dim": d},
-            note="query half of each head",
-        )
-        b.op(
-            "gate_split",
-            OpKind.SLICE,
-            ("q_full",),
-            "gate_logits",
-            n * d,
-            n,
-            attrs={"gated_query": True, "head_dim": d, "gate": True},
-            note="gate half of each head",
-        )
-        q = "q"
+    _gqa_projections(b, a, x)
+    q = _gqa_query_split(b, a) if a.output_gate else "q_full"
     b.op(
         "attention",
         OpKind.TOKEN_MIX,
@@ -119,6 +65,71 @@ def build_gqa(b: Builder, a: GQASpec, x: str) -> str:
     if a.o_bias:  # affine row-parallel output: rank 0 adds the bias to its partial sum
         b.ops[-1].attrs["bias"] = True
     return "attn_out"
+
+
+def _gqa_projections(b: Builder, a: GQASpec, x: str) -> None:
+    """q (doubled where it carries the output gate), k and v from the full hidden, split by (KV) head."""
+    n, kv, d = a.heads, a.kv_heads, a.head_dim
+    q_width = n * d * (2 if a.output_gate else 1)
+    b.linear(
+        "q_proj",
+        x,
+        "q_full",
+        q_width,
+        WeightSplit.COL,
+        heads=n,
+        weight="self_attn.q_proj.weight",
+        note="query" + (" and output gate (doubled q_proj)" if a.output_gate else "") + ", split by head",
+    )
+    b.linear(
+        "k_proj",
+        x,
+        "k",
+        kv * d,
+        WeightSplit.COL,
+        heads=kv,
+        weight="self_attn.k_proj.weight",
+        note="key projection, split by KV head (replicated when TP exceeds the KV heads)",
+    )
+    b.linear(
+        "v_proj",
+        x,
+        "v",
+        kv * d,
+        WeightSplit.COL,
+        heads=kv,
+        weight="self_attn.v_proj.weight",
+        note="value projection, split by KV head",
+    )
+    if a.qkv_bias:
+        for op in b.ops[-3:]:
+            op.attrs["bias"] = True
+
+
+def _gqa_query_split(b: Builder, a: GQASpec) -> str:
+    """The query and gate halves of each head of a gated q_proj; the query's name."""
+    n, d = a.heads, a.head_dim
+    b.op(
+        "q_split",
+        OpKind.SLICE,
+        ("q_full",),
+        "q",
+        n * d,
+        n,
+        attrs={"gated_query": True, "head_dim": d},
+        note="query half of each head",
+    )
+    b.op(
+        "gate_split",
+        OpKind.SLICE,
+        ("q_full",),
+        "gate_logits",
+        n * d,
+        n,
+        attrs={"gated_query": True, "head_dim": d, "gate": True},
+        note="gate half of each head",
+    )
+    return "q"
 
 
 def _attention_note(a: GQASpec) -> str:

@@ -57,7 +57,46 @@ register_mixer(
 
 
 def build_kda(b: Builder, a: KDASpec, x: str) -> str:
+    """Kimi Delta Attention as ops: q/k/v with their short convs, the gates, the recurrence and its gated norm."""
     n, d, w = a.heads, a.head_dim, a.width
+    _kda_qkv(b, a, x)
+    _kda_gates(b, a, x)
+    b.op(
+        "kda",
+        OpKind.TOKEN_MIX,
+        ("q_c", "k_c", "v_c", "f", "beta_logits"),
+        "o",
+        w,
+        n,
+        weight="self_attn.A_log",
+        weight_shape=(n,),
+        split=WeightSplit.COL,
+        split_heads=n,
+        flops_per_token=8.0 * n * d * d,
+        attrs={"impl": "kda", "heads": n, "head_dim": d},
+        note="chunked gated delta-rule recurrence over all tokens of its heads",
+    )
+    _kda_output_gate(b, a, x)
+    b.op(
+        "o_norm",
+        OpKind.HEAD_NORM,
+        ("o", "g_out"),
+        "o_n",
+        w,
+        n,
+        weight="self_attn.o_norm.weight",
+        weight_shape=(d,),
+        flops_per_token=6.0 * w,
+        attrs={"gate": "sigmoid", "head_dim": d},
+        note="gated RMSNorm per head",
+    )
+    b.out_proj("o_n", n)
+    return "attn_out"
+
+
+def _kda_qkv(b: Builder, a: KDASpec, x: str) -> None:
+    """q, k and v projected from the full hidden (split by head), each through its causal short conv."""
+    n, w = a.heads, a.width
     for p in ("q", "k", "v"):
         b.linear(
             f"{p}_proj",
@@ -84,6 +123,11 @@ def build_kda(b: Builder, a: KDASpec, x: str) -> str:
             attrs={"impl": "short_conv", "kernel": a.conv_kernel},
             note=f"depthwise causal short conv over {a.conv_kernel} neighbouring tokens",
         )
+
+
+def _kda_gates(b: Builder, a: KDASpec, x: str) -> None:
+    """The forget gate (low rank) and the per-head write strength beta."""
+    n, d, w = a.heads, a.head_dim, a.width
     b.linear(
         "f_a_proj",
         x,
@@ -113,21 +157,11 @@ def build_kda(b: Builder, a: KDASpec, x: str) -> str:
         weight="self_attn.b_proj.weight",
         note="per-head write strength beta",
     )
-    b.op(
-        "kda",
-        OpKind.TOKEN_MIX,
-        ("q_c", "k_c", "v_c", "f", "beta_logits"),
-        "o",
-        w,
-        n,
-        weight="self_attn.A_log",
-        weight_shape=(n,),
-        split=WeightSplit.COL,
-        split_heads=n,
-        flops_per_token=8.0 * n * d * d,
-        attrs={"impl": "kda", "heads": n, "head_dim": d},
-        note="chunked gated delta-rule recurrence over all tokens of its heads",
-    )
+
+
+def _kda_output_gate(b: Builder, a: KDASpec, x: str) -> None:
+    """The output gate `g_out`: full rank, or low rank down and up."""
+    n, d, w = a.heads, a.head_dim, a.width
     if a.full_rank_gate:
         b.linear(
             "g_proj",
@@ -159,21 +193,6 @@ def build_kda(b: Builder, a: KDASpec, x: str) -> str:
             weight="self_attn.g_b_proj.weight",
             note="output-gate up-projection, split by head",
         )
-    b.op(
-        "o_norm",
-        OpKind.HEAD_NORM,
-        ("o", "g_out"),
-        "o_n",
-        w,
-        n,
-        weight="self_attn.o_norm.weight",
-        weight_shape=(d,),
-        flops_per_token=6.0 * w,
-        attrs={"gate": "sigmoid", "head_dim": d},
-        note="gated RMSNorm per head",
-    )
-    b.out_proj("o_n", n)
-    return "attn_out"
 
 
 def _kda_params(op: Op, numerics: Any) -> Params:

@@ -25,7 +25,8 @@ from tpplan.models.spec import DenseMLPSpec, GDNSpec, GQASpec, LayerSpec, ModelS
 # Gated DeltaNet
 
 
-def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
+def _gdn_projections(b: Builder, a: GDNSpec, x: str) -> None:
+    """`qkvz` and `ba` from the hidden, split by key-head group (Qwen3.5's split tensors regrouped on load)."""
     nk = a.k_heads
     qkvz = 2 * a.key_dim + 2 * a.value_dim
     b.linear(
@@ -62,6 +63,12 @@ def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
             "linear_attn.in_proj_a.weight": a.v_heads,
         }
         b.ops[-1].attrs["head_blocks"] = [[r], [r]]
+
+
+def build_gdn(b: Builder, a: GDNSpec, x: str) -> str:
+    """Gated DeltaNet: the two input projections, the token mixer, and the output projection."""
+    nk = a.k_heads
+    _gdn_projections(b, a, x)
     conv_dim = 2 * a.key_dim + a.value_dim
     b.op(
         "gated_deltanet",

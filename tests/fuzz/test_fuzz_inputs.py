@@ -1,46 +1,20 @@
-"""Fuzzing the input edge (issue 20): mutated configs, plan files, topologies and workloads against
-audit, search and explain, in this process. Every run either succeeds (exit 0) or is refused with
-exit 2 and exactly one line on stderr; no traceback (an uncaught exception fails the test), and no
-file is left beside the inputs (a refused `--json` leaves nothing). Bounded and derandomized, so
-the examples are the same on every run and the file takes well under a minute on one CPU core."""
+"""Fuzzing the input edge (issues 20 and 35): mutated configs, plan files, topologies and workloads
+against audit, search and explain, in this process, held to `fuzzing.check`'s contract (exit 0 or
+one line naming the input with exit 2; no traceback; nothing left but the inputs and whole outputs)."""
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
-import tomllib
 from importlib import resources
 from pathlib import Path
 
-from cli_helpers import run_captured as run
-from hypothesis import HealthCheck, given, settings
+from fuzzing import FUZZ, SCALARS, SCALE, VALUES, check, leaf_paths, mutate, preset
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpplan.models.config import load_config_dict
-from tpplan.outputs import LEDGER, LOCK
 
-# TPPLAN_FUZZ_SCALE=20 TPPLAN_FUZZ_RANDOM=1 explores 20x more examples from a fresh seed (by hand, not in CI)
-SCALE = int(os.environ.get("TPPLAN_FUZZ_SCALE", "1"))
-FUZZ = settings(derandomize=not os.environ.get("TPPLAN_FUZZ_RANDOM"), deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))  # fmt: skip
-
-# values a careless or hostile file may hold: wrong types, out-of-range numbers, huge and deep ones
-SCALARS = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-3, 70),
-    st.sampled_from([0, -1, 2**31, 2**63, 10**30, 10**39]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([1e30, 1e-300, -0.0, 0.5]),
-    st.text(max_size=6),
-    st.sampled_from(["sigmoid", "softmax", "yarn", "silu", "no", "true", "64"]),
-)
-VALUES = st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=6,
-)
 ROPE = st.fixed_dictionaries(
     {"rope_type": st.sampled_from(["default", "linear", "llama3", "yarn", "dynamic", "longrope"]) | SCALARS},
     optional={k: SCALARS for k in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
@@ -51,18 +25,6 @@ PRESETS = ("tiny-llama", "tiny-deepseek-v3", "tiny-qwen3-moe", "tiny-gpt-oss", "
 RUNTIME_KEYS = ("rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
                 "tie_word_embeddings", "hidden_act", "scoring_func", "routed_scaling_factor", "norm_topk_prob",
                 "quantization_config", "model_type", "text_config", "layer_types", "_name_or_path")  # fmt: skip
-
-
-def check(args: list[str], folder: Path, inputs: set[str], json_out: Path | None = None) -> int:
-    """Run `args`; exit 0, or exit 2 with one stderr line; nothing but `inputs` (and a written --json) left."""
-    code, _, err = run(*args)
-    assert code in (0, 2), (code, err)
-    if code == 2:
-        assert len(err.strip().splitlines()) == 1, err
-    left = {p.name for p in folder.iterdir()} - inputs
-    expected = {json_out.name, LEDGER, LOCK} if json_out is not None and code == 0 else set()
-    assert left == expected, (left, err)
-    return code
 
 
 @st.composite
@@ -94,7 +56,7 @@ def test_mutated_configs(raw, command):
             args += ["--plan", "baseline"]
         if out is not None:
             args += ["--topology", "h200x8-ib400", "--json", str(out)]
-        check(args, folder, {"config.json"}, out)
+        check(args, folder, {"config.json"}, {"out.json"} if out is not None else ())
 
 
 def _plan_file() -> dict:
@@ -131,41 +93,20 @@ def test_mutated_plan_files(edits):
               {"plan.json"})  # fmt: skip
 
 
-def _preset(name: str) -> dict:
-    return tomllib.loads(resources.files("tpplan.cost").joinpath("presets", name).read_text(encoding="utf-8"))
-
-
-def _leaf_paths(data: dict, prefix: tuple = ()) -> list[tuple]:
-    out = []
-    for k, v in data.items():
-        out += _leaf_paths(v, (*prefix, k)) if isinstance(v, dict) else [(*prefix, k)]
-    return out
-
-
-TOPOLOGY = _preset("h200x8-ib400.toml")
-WORKLOAD = _preset("workload-prompt16k-c8.toml")
-
-
-def _mutate(base: dict, edits: list) -> dict:
-    data = json.loads(json.dumps(base))
-    for path, value in edits:
-        parent = data
-        for key in path[:-1]:
-            parent = parent[key]
-        parent[path[-1]] = value
-    return data
+TOPOLOGY = preset("h200x8-ib400.toml")
+WORKLOAD = preset("workload-prompt16k-c8.toml")
 
 
 @settings(FUZZ, max_examples=20 * SCALE)
 @given(
     which=st.sampled_from(["topology", "workload"]),
-    edits=st.lists(st.tuples(st.sampled_from(_leaf_paths(TOPOLOGY) + _leaf_paths(WORKLOAD)), VALUES), max_size=2),
+    edits=st.lists(st.tuples(st.sampled_from(leaf_paths(TOPOLOGY) + leaf_paths(WORKLOAD)), VALUES), max_size=2),
     command=st.sampled_from(["audit", "search"]),
 )
 def test_mutated_topologies_and_workloads(which, edits, command):
     base = TOPOLOGY if which == "topology" else WORKLOAD
-    mine = [(p, v) for p, v in edits if p in _leaf_paths(base)]
-    data = _mutate(base, mine)
+    mine = [(p, v) for p, v in edits if p in leaf_paths(base)]
+    data = mutate(base, mine)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = folder / f"{which}.json"

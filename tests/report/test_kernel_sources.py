@@ -1,0 +1,84 @@
+"""The memo shows how its answer depends on the kernel-price source (issue 33, item 2): today's
+deployment and the bottom line's target priced from the GPU model's own kernels and from each
+engine's tables, the memo's source named with its reason, and a sentence in the answer where the
+sources disagree by more than their bands."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from tpplan.cost.topology import load_topology
+from tpplan.cost.workload import load_workload
+from tpplan.report.analysis import analyse, load_predictor
+from tpplan.report.kernel_sources import KernelSensitivity, SourceAnswer
+from tpplan.report.prose import answer
+
+
+def _sens(*answers: SourceAnswer) -> KernelSensitivity:
+    return KernelSensitivity("baseline", ("sp-moe",), "w", "default", answers, "reason")
+
+
+def test_a_gpu_model_without_engine_tables_says_why_not_compared() -> None:
+    a = analyse("tiny-deepseek-v3", load_topology("h200x2"), [load_workload("prompt16k-c8")], prompt_lengths=None)
+    ks = a.kernel_sources
+    assert ks is not None and ks.sources == ["default"]
+    assert any("names no kernel-database system" in x for x in ks.skipped) and ks.sentence() is None
+
+
+def test_sources_disagree_only_beyond_both_bands() -> None:
+    mine = SourceAnswer("default", "own", "sp-moe", 6.0, 3.3, 0.08)  # -45%
+    near = SourceAnswer("trtllm", "trt", "sp-moe", 4.8, 2.5, 0.33)  # -48%: inside the bands
+    far = SourceAnswer("sglang", "sgl", "sp-moe", 4.5, 5.9, 0.28)  # +31%: 76 points apart, bands sum to 36
+    edge = SourceAnswer("vllm", "vl", "sp-moe", 1.0, 0.45 + 0.08 + 0.2, 0.2)  # exactly the bands apart: agrees
+    s = _sens(mine, near, far, edge)
+    assert s.disagreeing() == [far]
+    assert s.sentence() is not None and "+31.1%" in s.sentence() and "sgl" in s.sentence()
+    assert _sens(mine, near).sentence() is None
+
+
+@cache
+def _tiny():
+    topo, wl = load_topology("h200x8-ib400", nodes=1), load_workload("prompt16k-c8")
+    return topo, wl, analyse("tiny-deepseek-v3", topo, [wl], tp=2, prompt_lengths=None)
+
+
+@pytest.mark.slow
+def test_the_memo_prices_its_answer_from_every_source_with_each_engines_own_figures() -> None:
+    pytest.importorskip("aiconfigurator_core")
+    topo, wl, a = _tiny()
+    ks = a.kernel_sources
+    assert ks is not None and ks.chosen == "default"
+    assert ks.sources == ["default", "sglang", "vllm", "trtllm"]
+    cur = a.variant(ks.current)
+    assert cur is a.current and a.bottom is not None
+    predict = load_predictor()  # the memo's: predict_plan with the engine's serving loop
+    for key in ks.targets:
+        tgt = a.variant(key)
+        assert tgt is not None
+        own = ks.of(key, "default")
+        assert own is not None and own.current_s == cur.predictions[wl.name].ttft.mean_s
+        assert own.target_s == tgt.predictions[wl.name].ttft.mean_s
+        for name in ks.sources[1:]:  # each engine's figure is the memo's predictor under that engine's tables
+            s = ks.of(key, name)
+            p = predict(a.graph, tgt.plan, topo, tp=tgt.tp, pp=tgt.pp, workload=wl, tokens=wl.chunk_size,
+                        engine=name, audit=tgt.audit, cp=tgt.cp, replicas=tgt.replicas)  # fmt: skip
+            assert s is not None and s.target_s == pytest.approx(p.ttft.mean_s, rel=1e-9), name
+            assert f"aic:h200_sxm/{name}@" in p.provenance.label  # times say which tables priced them
+    said = any("kernel-price source changes this answer" in p for p in answer(a))
+    assert said == bool(ks.disagreeing())
+
+
+@pytest.mark.slow
+def test_deepseek_v3_at_tp8_says_the_answer_flips_with_the_engines_tables() -> None:
+    """The issue's case: the default kernels make sp-moe much faster than baseline, SGLang's tables slower."""
+    pytest.importorskip("aiconfigurator_core")
+    wl = load_workload("prompt16k-c8")
+    a = analyse("deepseek-v3", load_topology("h200x8-ib400", nodes=1), [wl], prompt_lengths=None)
+    ks = a.kernel_sources
+    assert ks is not None and ks.targets[0] == "sp-moe"
+    own, sgl = ks.of("sp-moe", "default"), ks.of("sp-moe", "sglang")
+    assert own is not None and sgl is not None
+    assert own.change < -own.band and sgl.change > 0 and sgl in ks.disagreeing()
+    assert any("kernel-price source changes this answer" in p for p in answer(a))

@@ -1,0 +1,64 @@
+"""A P/D prefill pool: requests come from a router one by one, each prefill instance runs the engine's
+loop, and a finished prompt's KV goes to the decode side over the cluster's fabric before its first
+token does.
+
+Hand-off time: each rank of the prefill instance sends its share of the prompt's KV (every layer of
+its stage, `Predictor.kv_per_token` x the prompt's tokens) to its peer on the decode side, all ranks at
+once, priced as a point-to-point send between nodes on the cluster (`cost.comm.price_collective`,
+"send_recv": the cluster's curve or link model). Whether the engine blocks on it is read from source:
+SGLang's prefill server does not (`DISAGG_SOURCE`), so the hand-off delays the first token, not the
+next step; the KV stays held meanwhile (KV capacity is not modelled here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from tpplan.cost.comm import price_collective
+from tpplan.cost.predictor import Predictor
+from tpplan.cost.segments import cached_tokens
+from tpplan.engines.schema import Source
+from tpplan.simulate.engine import EngineLoop
+from tpplan.simulate.loop import LoopConfig
+from tpplan.simulate.requests import Request
+
+DISAGG_SOURCE = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/disaggregation/prefill.py",
+    "SchedulerDisaggregationPrefillMixin.event_loop_normal_disagg_prefill / process_disagg_prefill_inflight_queue",
+    "0.5.23 (PyPI wheel)",
+)
+"""After each batch the loop polls the requests whose KV is in transfer (`disagg_prefill_inflight_queue`,
+KVPoll) and answers those done; it never waits for a transfer before the next batch."""
+HANDOFF_BLOCKS = {"sglang": False}  # engines whose prefill-side hand-off was read; vLLM's connector was not
+VLLM_UNREAD = Source.unread("vllm-project/vllm", "vllm/distributed/kv_transfer", "whether the prefill side blocks")
+
+
+def kv_bytes_per_rank(p: Predictor, tokens: int) -> float:
+    """KV bytes one rank of the fullest stage holds for a prompt of `tokens` tokens."""
+    layers = p.graph.spec.layers
+    return max(
+        sum(p.kv_per_token(layers[j].attn) * cached_tokens(layers[j].attn, [tokens]) for j in rng) for rng in p.stages
+    )
+
+
+def handoff(p: Predictor) -> Callable[[Request], float]:
+    """Seconds to send a request's KV from the prefill instance to the decode side, across nodes."""
+
+    def seconds(r: Request) -> float:
+        return price_collective("send_recv", kv_bytes_per_rank(p, r.prompt_tokens), 2, p.topo, ranks_per_node=1).time_s
+
+    return seconds
+
+
+def prefill_pool(loop: EngineLoop, p: Predictor) -> tuple[LoopConfig, str]:
+    """The engine's loop as a P/D prefill instance: the hand-off added, blocking as the engine does;
+    and the source of that (SGLang read; vLLM's connector not read: taken as not blocking, said so)."""
+    engine = loop.pipeline.engine.split("@")[0]
+    blocks = HANDOFF_BLOCKS.get(engine, False)
+    source = DISAGG_SOURCE if engine in HANDOFF_BLOCKS else VLLM_UNREAD
+    return replace(loop.config, handoff_s=handoff(p), handoff_blocks=blocks, decode=False), source.cite()
+
+
+__all__ = ["DISAGG_SOURCE", "handoff", "kv_bytes_per_rank", "prefill_pool"]
