@@ -266,7 +266,7 @@ def test_clock_session_runs_repredict_to_the_documented_errors(
 # --- re-prediction needs nothing but the results file (issue 20, item 12) -------------------------
 
 
-def _tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, topology: str = "h200x2") -> Path:
     """A real one-rank CPU bench of tiny-llama whose model and workload are relative paths from its
     own folder, written as `tpplan bench` writes it."""
     import importlib.resources
@@ -284,10 +284,10 @@ def _tiny_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     wl = importlib.resources.files("tpplan.cost").joinpath("presets", "workload-prompt16k-c8.toml")
     (run / "wl.toml").write_text(wl.read_text())
     monkeypatch.chdir(run)  # the run is started in its folder, so its paths are relative to it
-    cfg = BenchConfig(model="models/tiny.json", plans=("baseline",), workload="wl.toml", topology="h200x2",
+    cfg = BenchConfig(model="models/tiny.json", plans=("baseline",), workload="wl.toml", topology=topology,
                       tokens=4, chunk=4, requests=1, iters=1, warmup=0, direct_iters=1, backend="gloo", nproc=1,
                       progress=False, command="tpplan bench --model models/tiny.json --workload wl.toml --tokens 4 "
-                      "--chunk 4 --requests 1 --topology h200x2")  # fmt: skip
+                      f"--chunk 4 --requests 1 --topology {topology}")  # fmt: skip
     workload, _ = check_inputs(cfg, 1)
     threads = torch.get_num_threads()
     try:
@@ -349,3 +349,16 @@ def test_cli_repredict_runs_from_any_folder(tmp_path: Path, monkeypatch, capsys)
                            "--out", str(out))  # fmt: skip
     assert code == 0, err
     assert load_bench_results(out).topology == "h200x2-runtime-kernels"
+
+
+def test_the_run_time_prediction_is_the_re_prediction_with_kernel_models(
+    tmp_path: Path, monkeypatch, one_rank_group
+) -> None:
+    """A run priced on a topology with physical kernel models: `build_results` prices with the kernel
+    implementations the run recorded, as `repredict_one` does (issue 34: gemma's attention was 0.684 ms at
+    run time and 0.122 ms re-predicted), so one run has one prediction."""
+    path = _tiny_run(tmp_path, monkeypatch, topology="h200-serving")
+    recorded = load_bench_results(path)
+    assert recorded.topology == "h200-serving" and all(o.impl for o in recorded.ops)
+    again = repredict_one(path, None).results
+    assert _predictions(again) == pytest.approx(_predictions(recorded), rel=1e-9)

@@ -8,6 +8,7 @@ are used by the results, the checks and the markdown alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,3 +164,15 @@ def impl_class(graph: Any, layer_kind: str, op: str) -> str:
     if kind == "TOKEN_MIX":
         return str(o.attrs.get("impl", "other"))  # mla, gqa, kda, gdn, short_conv
     return {"EXPERTS": "experts", "NORM": "norm", "HEAD_NORM": "norm", "ATTN_RES": "attn_res"}.get(kind, "other")
+
+
+def kernel_impls(graph: Any, op_impls: Iterable[tuple[str, str, str | None]]) -> dict[str, str]:
+    """Kernel family -> implementation, from (layer kind, op, implementation) of a run's measured ops:
+    the map a recorded run is priced with (`OpPrices.impls`: a physical kernel model prices an op only
+    if it ran the kernel the model was fitted on). `build_results` and `repredict_one` both build it
+    here, so a run's prediction at run time equals its re-prediction."""
+    out: dict[str, str] = {}
+    for layer_kind, op, impl in op_impls:
+        if impl:
+            out.setdefault(impl_class(graph, layer_kind, op), impl)
+    return out

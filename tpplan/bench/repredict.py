@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tpplan.bench.config import BenchConfig, impl_class, resolved_workload
+from tpplan.bench.config import BenchConfig, kernel_impls, resolved_workload
 from tpplan.bench.model_slice import build_slice
 from tpplan.bench.results import PlanBench
 from tpplan.bench_results import BenchResults, OpResult, load_bench_results
@@ -60,15 +60,6 @@ def recorded_config(r: BenchResults, topology: str) -> BenchConfig:
                        **found)  # fmt: skip
 
 
-def _impls(r: BenchResults, graph: Any) -> dict[str, str]:
-    """Kernel family -> implementation, from the ops that recorded one (empty for older files)."""
-    out: dict[str, str] = {}
-    for o in r.ops:
-        if o.impl:
-            out.setdefault(impl_class(graph, o.layer_kind, o.op), o.impl)
-    return out
-
-
 def repredict_one(path: Path, topology: str | None) -> PlanBench:
     """One results file re-priced (see the module docstring)."""
     from tpplan.bench.ttft import extrapolate_ttft
@@ -96,7 +87,7 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     topo = load_topology(topo_name)
     wl = resolved_workload(cfg, base)
     dtype = cfg.dtype or ("bf16" if r.meta.nccl_version else "fp32")
-    impls = _impls(r, g)
+    impls = kernel_impls(g, ((o.layer_kind, o.op, o.impl) for o in r.ops))  # empty for older files
     plan = make_plan(r.plan, g, r.tp)
     p = Predictor(g, plan, topo, r.tp, 1, dtype, None, impls=impls)  # not cached: this run's kernels
     op_pred: dict[tuple[str, str, int], list[Any]] = defaultdict(list)

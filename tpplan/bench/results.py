@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from tpplan import bench_results as schema
-from tpplan.bench.config import DTYPE_SHORT, SHORT, BenchConfig, impl_class, op_category, op_kind_name
+from tpplan.bench.config import (
+    DTYPE_SHORT,
+    SHORT,
+    BenchConfig,
+    impl_class,
+    kernel_impls,
+    op_category,
+    op_kind_name,
+)
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.bench.ttft import extrapolate_ttft
 from tpplan.bench_results import (
@@ -61,7 +69,7 @@ def _coll_label(sl: ModelSlice, plan: Any, world: int, layer: int, value: str, k
 
 def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: int, backend: str) -> list[PlanBench]:
     """Measurements + predictions for the same slice and shapes -> one `BenchResults` per plan."""
-    from tpplan.cost.predict import cached_predictor
+    from tpplan.cost.predict import Predictor
     from tpplan.cost.topology import load_topology
 
     sl = build_slice(cfg.model, cfg.layers, raw["experts"])
@@ -73,7 +81,8 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     out = []
     for name, pr in raw["plans"].items():
         plan = pr["plan"]
-        p = cached_predictor(g, plan, topo, world, 1, dtype, None)
+        impls = _ran_impls(g, pr["sites"], raw.get("impls", {}))
+        p = Predictor(g, plan, topo, world, 1, dtype, None, impls=impls)  # not cached: this run's kernels
         op_acc, layer_acc, coll_acc, batch_rows = _sites(g, p, batches, pr["sites"])
         ops = _op_results(g, op_acc, pr["iters"], raw.get("impls", {}))
         layers = _layer_results(layer_acc, pr["iters"])
@@ -115,6 +124,13 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
         contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}
         out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
+
+
+def _ran_impls(g: Any, sites: list[dict[str, Any]], impls: dict[str, str]) -> dict[str, str]:
+    """The kernel implementations of the ops this plan's run timed, as `repredict_one` rebuilds them from
+    the written op rows (`config.kernel_impls`), so the run-time prediction is the re-prediction."""
+    ran = {(g.layer_kinds[s["layer"]], s["name"]) for s in sites if s["kind"] not in ("batch", "coll", "none", "layer")}
+    return kernel_impls(g, ((lk, op, impls.get(impl_class(g, lk, op))) for lk, op in sorted(ran)))
 
 
 def _sites(g: Any, p: Any, batches: dict[int, Any], sites: list[dict[str, Any]]) -> tuple[Any, Any, Any, Any]:
