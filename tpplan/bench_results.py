@@ -81,6 +81,10 @@ class OpResult(Timed):
     impl: str | None = Field(
         default=None, description="the implementation the op ran (e.g. 'fla.chunk_kda', 'torch._grouped_mm')"
     )
+    source: str | None = Field(
+        default=None,
+        description="what priced the prediction (`OpTime.source`: kernel-model, gemm-table, roofline, aic:..., ...)",
+    )
 
     @property
     def estimate_s(self) -> float | None:

@@ -360,5 +360,40 @@ def test_the_run_time_prediction_is_the_re_prediction_with_kernel_models(
     path = _tiny_run(tmp_path, monkeypatch, topology="h200-serving")
     recorded = load_bench_results(path)
     assert recorded.topology == "h200-serving" and all(o.impl for o in recorded.ops)
+    assert all(o.source for o in recorded.ops if o.predicted_s)  # what priced each op, for the markdown
     again = repredict_one(path, None).results
     assert _predictions(again) == pytest.approx(_predictions(recorded), rel=1e-9)
+
+
+def _provenance_line(pb: object) -> str:
+    from tpplan.bench.markdown import markdown
+
+    md = markdown([pb], {"run": SERVING / "k3-tp1-seed-c8.json"})  # type: ignore[list-item]
+    assert "roofline kernel estimates" not in md and "±6.8%" not in md
+    return next(line for line in md.splitlines() if line.startswith("- provenance of the predictions:"))
+
+
+def test_the_bench_markdown_names_what_priced_the_run_and_its_composed_band() -> None:
+    """Issue 34: the markdown said "roofline kernel estimates" and the kernel models' ±6.8% whatever priced
+    the ops. A run priced by h200-serving's kernel models names them as its largest source and carries
+    the band composed from its own sources; the same run on a datasheet topology names the roofline."""
+    from tpplan.cost.provenance import run_provenance
+
+    modelled = repredict_one(SERVING / "k3-tp1-seed-c8.json", "h200-serving")
+    assert all(o.source for o in modelled.results.ops if o.predicted_s)
+    line = _provenance_line(modelled)
+    assert line.startswith("- provenance of the predictions: ops priced by physical kernel models ")
+    p = run_provenance(modelled.results)
+    assert p is not None and p.band != pytest.approx(0.068) and f"(±{100 * p.band:.1f}%)" in line
+    assert {part.source for part in p.parts} >= {"kernel-model", "gemm-table"}
+    roofline = repredict_one(SERVING / "k3-tp1-seed-c8.json", "h200x2")
+    line = _provenance_line(roofline)
+    assert "roofline estimates" in line and "kernel models" not in line
+    recorded = _plan_bench(load_bench_results(SERVING / "k3-tp1-seed-c8.json"))
+    assert "sources are not recorded" in _provenance_line(recorded)  # a file from before op sources: it says so
+
+
+def _plan_bench(r: object) -> object:
+    from tpplan.bench.results import PlanBench
+
+    return PlanBench(plan=r.plan, results=r, runtime_s={}, batch_contexts={}, fallbacks=[], trace=[])  # type: ignore[attr-defined, arg-type]

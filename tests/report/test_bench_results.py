@@ -122,3 +122,18 @@ def test_memo_shows_measured_vs_predicted():
         and "| AG qkv_latent[2112] | 4096x2112 | 34,603,008 |" in md
     )
     assert "not a serving engine): mean 2.910 s (predicted 2.850 s)" in md
+
+
+def test_memo_bench_section_names_what_priced_the_run(tmp_path):
+    """Issue 34: the section said "roofline kernel estimates" for any run without kernel profiles; it now
+    names the sources the file's ops record and the band composed from them."""
+    data = _ok()
+    data["topology"] = "h200-serving"
+    for o in data["ops"]:
+        o["source"] = "kernel-model"
+    bench = parse_bench_results(data)
+    topo = load_topology("h200x8-ib400", nodes=4)
+    a = analyse("kimi-k3", topo, [load_workload("seed-c8")], use_default_predictor=False, search_top=0, bench=bench)
+    md = build_memo(a).markdown
+    assert "roofline" not in md.split("## Measured against predicted", 1)[1].split("\n\n", 2)[1]
+    assert "(predictions: ops priced by physical kernel models 100% (out-of-sample band composed" in md

@@ -83,7 +83,7 @@ def _accuracy_checks(pb: PlanBench) -> list[Check]:
     )
     nore = _layers_without(r, "recurrence")
     plain_recurrence = any(o.category == "recurrence" and not (o.impl or "").startswith("fla") for o in r.ops)
-    if nore and plain_recurrence and " no kernel profiles" in profiles_note(r):
+    if nore and plain_recurrence and not any(o.profiled for o in r.ops):
         w2 = max(abs(e) for _, e in nore)
         out.append(
             _at_most(
@@ -231,13 +231,15 @@ def _clock_note(clocks: dict[str, float] | None) -> str:
             f"{clocks['power_w_mean']:.0f} W" + ("" if state is None else f" ({state})"))  # fmt: skip
 
 
-def topology_clock_state(topology: str) -> str | None:
+def topology_clock_state(topology: str | None) -> str | None:
     """The clock state a topology's kernel models price ("boost" / "power-capped"); None where it has
-    none or cannot be loaded here (a recorded run's topology file elsewhere)."""
+    none, no topology was recorded, or it cannot be loaded here (a recorded run's topology file elsewhere)."""
     from tpplan.cost.kernel_models import KernelModels
     from tpplan.cost.topology import load_topology
     from tpplan.errors import TpplanError
 
+    if topology is None:
+        return None
     try:
         models = load_topology(topology).gpu.kernel_models
     except (TpplanError, OSError):
@@ -245,7 +247,7 @@ def topology_clock_state(topology: str) -> str | None:
     return KernelModels(models).clock_state if models else None
 
 
-def state_note(clocks: dict[str, float] | None, topology: str) -> str:
+def state_note(clocks: dict[str, float] | None, topology: str | None) -> str:
     """Where the run's measured clock state and the one its topology prices differ, say so ('' else)."""
     ran, priced = clock_state(clocks), topology_clock_state(topology)
     if ran is None or priced is None or ran == priced:
@@ -349,14 +351,6 @@ def _layers_without(r: BenchResults, category: str) -> list[tuple[str, float]]:
         if m > 0:
             out.append((layer.layer_kind, (p - m) / m))
     return out
-
-
-def profiles_note(r: BenchResults) -> str:
-    """Whether the predictions used measured kernel profiles (`OpResult.profiled`)."""
-    profiled = [o for o in r.ops if o.profiled]
-    if not profiled:
-        return " (roofline kernel estimates, no kernel profiles)"
-    return f" with measured kernel profiles for {len({o.kernel for o in profiled})} kernel classes"
 
 
 def checks_ok(benches: Sequence[PlanBench]) -> bool:

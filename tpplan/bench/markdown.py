@@ -7,10 +7,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpplan.bench.checks import checks, profiles_note
+from tpplan.bench.checks import checks
 from tpplan.bench.results import PlanBench
 from tpplan.bench.ttft import TTFT_METHOD
-from tpplan.bench_results import OpResult, error_summary
+from tpplan.bench_results import BenchResults, OpResult, error_summary
+from tpplan.cost.provenance import run_provenance
 from tpplan.text import plain
 
 
@@ -26,8 +27,8 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
         + (f", NCCL {m.nccl_version}" if m.nccl_version else "")
         + (f", CUDA {m.cuda_version}" if m.cuda_version else ""),
         f"- date: {m.date.isoformat()}; command: `{m.command}`",
-        f"- predictions: topology `{first.topology}`{profiles_note(first)}; kernels: {benches[0].kernels}",
-        f"- provenance of the predictions: {_provenance(first.topology, first.tp)}",
+        f"- predictions: topology `{first.topology}`; kernels: {benches[0].kernels}",
+        f"- provenance of the predictions: {_provenance(first)}",
         "- method: CUDA events after warm-up; ops/layers/batches = slowest rank, collectives = fastest rank "
         "(the others wait for it), median over passes; ops and layers are the mean over the workload's "
         "batches (the prediction likewise, at each batch's context); errors = (predicted - measured) / measured",
@@ -40,12 +41,10 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
     return plain("\n".join(lines) + "\n", keep_lines=True)  # names from inputs as text (issue 35)
 
 
-def _provenance(topology: str, gpus: int) -> str:
-    """How the predictions were made and the band that applies (`tpplan.cost.provenance`)."""
-    from tpplan.cost.provenance import recorded_provenance
-
-    p = recorded_provenance(topology, gpus)
-    return f"unknown (topology `{topology}` is not in this build)" if p is None else f"{p.short()}: {p.basis}"
+def _provenance(r: BenchResults) -> str:
+    """What priced the run's predictions and the band that applies, from its own rows (`run_provenance`)."""
+    p = run_provenance(r)
+    return f"unknown (topology `{r.topology}` is not in this build)" if p is None else f"{p.short()}: {p.basis}"
 
 
 def _plan_markdown(pb: PlanBench) -> list[str]:

@@ -104,7 +104,7 @@ def checkerboard(points: list[dict[str, Any]]) -> list[bool]:
 
 
 def _ffn(c: dict[str, float], p: dict[str, Any]) -> float:
-    cc = {**c, "p": 1.0 + c["p1"], "memory": "weights+rows"}
+    cc: dict[str, float | str] = {**c, "p": 1.0 + c["p1"], "memory": "weights+rows"}
     return M.experts_s(cc, p["active"], p["width"], p["inter"], MF.experts_compute_s(p), rows=p["rows"])
 
 

@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from tpplan.bench.rank_shapes import rank_shapes
@@ -136,7 +137,9 @@ def run_family(cases: list[Case], deadline: float) -> list[dict[str, Any]]:
         if time.perf_counter() > deadline:
             break
         again = [out[i]] + [{**_case(out[i]), **RUNNERS[out[i]["family"]](_case(out[i]))} for _ in range(2)]
-        merged = {k: statistics.median(r[k] for r in again) for k in ("seconds", "b2b_s") if k in out[i]}
+        merged: dict[str, Any] = {
+            k: statistics.median(r[k] for r in again) for k in ("seconds", "b2b_s") if k in out[i]
+        }
         out[i] = {**out[i], **merged, "remeasured": [r["seconds"] for r in again]}
     return out
 
@@ -184,7 +187,7 @@ def run(out_path: str, budget_s: float, families: list[str] | None = None) -> di
         doc["family_s"][name] = round(time.perf_counter() - t0, 1)
         doc["gpu_state_end"] = gpu_state()
         print(f"{name}: {doc['family_s'][name]} s, {len(pts)} points", flush=True)
-        write_files({out_path: json.dumps(doc, indent=1) + "\n"}, "OUT.json")
+        write_files({Path(out_path): json.dumps(doc, indent=1) + "\n"}, "OUT.json")
         torch.cuda.empty_cache()
     return doc
 

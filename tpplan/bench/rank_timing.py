@@ -12,7 +12,6 @@ from typing import Any
 
 DEVICE = ["cuda"]
 Case = dict[str, Any]
-Case = dict[str, Any]
 
 
 def _sync() -> None:

@@ -193,6 +193,7 @@ def _op_results(
                 kernel=o0.kernel,
                 modelled_s=modelled if modelled > 0 else None,
                 impl=impls.get(impl_class(g, lk, op_name)),
+                source=o0.source,
             )
         )
     return ops

@@ -10,10 +10,14 @@ number per provenance, so every verdict and the bottom line apply the same rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tpplan.cost.bands import BandPart, prediction_band
+from tpplan.cost.bands import COMPUTE_CLASSES, BandPart, collective_key, compose, prediction_band, source_key
 from tpplan.cost.topology import Topology, load_topology
 from tpplan.errors import TpplanError
+
+if TYPE_CHECKING:
+    from tpplan.bench_results import BenchResults
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,47 @@ def _aic_fallback_note(parts: list[BandPart]) -> str:
     return f"; AIC served low-fidelity fallback rows (framework-implicit, may differ from the engine) for {tables}"
 
 
+# What priced an op, in words (`bands.source_key` names; a kernel source's adapter prefix for engine tables).
+SOURCE_NAMES = {
+    "kernel-model": "physical kernel models",
+    "kernel-profile": "measured kernel profiles",
+    "gemm-table": "the GEMM table",
+    "gemm-analytic": "the analytic GEMM model",
+    "roofline": "roofline estimates",
+    "aic": "AIConfigurator's tables",
+    "aic-fit": "models fitted on AIConfigurator's tables",
+}
+
+
+def sources_phrase(seconds: dict[tuple[str, str], float]) -> str:
+    """Which sources priced a prediction's ops and their shares of its op time, largest first, e.g.
+    `physical kernel models 61%, the GEMM table 39%`; empty when no op time was priced."""
+    by_source: dict[str, float] = {}
+    for (klass, key), s in seconds.items():
+        if klass != "collectives" and s > 0:
+            by_source[key] = by_source.get(key, 0.0) + s
+    total = sum(by_source.values())
+    ranked = sorted(by_source.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{SOURCE_NAMES.get(k, k)} {100 * s / total:.0f}%" for k, s in ranked) if total > 0 else ""
+
+
+def priced_provenance(base: Provenance, seconds: dict[tuple[str, str], float]) -> Provenance:
+    """`base` (the topology's provenance) told by what really priced a prediction (`seconds`: predicted
+    seconds per (class, source key), `bands.prediction_seconds`'s form): its label names the sources
+    and their shares, and an out-of-sample band is composed from their errors (`bands.compose`), so a
+    prediction priced by roofline estimates never carries the kernel models' band, nor the reverse.
+    A measured or calibrated (in-sample) provenance keeps its own band."""
+    sources = sources_phrase(seconds)
+    if not sources:
+        return base
+    if base.key in ("measured", "calibrated"):
+        return Provenance(base.key, f"{base.label}; ops priced by {sources}", base.band, base.basis, base.parts)
+    band, parts = compose(seconds)
+    label = f"ops priced by {sources} (out-of-sample band composed per op class and source)"
+    basis = "share-weighted out-of-sample errors of the classes and sources summed (cost/presets/bands/errors.toml)"
+    return Provenance(base.key, label, band, basis, tuple(parts))
+
+
 def recorded_provenance(topology: str, gpus: int) -> Provenance | None:
     """The provenance of predictions a results file recorded on topology `topology` (a preset name
     or path) for `gpus` GPUs; None when this build cannot load that topology."""
@@ -190,6 +235,33 @@ def recorded_provenance(topology: str, gpus: int) -> Provenance | None:
         return provenance(load_topology(topology), gpus)
     except TpplanError:
         return None
+
+
+def run_provenance(r: BenchResults) -> Provenance | None:
+    """How a run's predictions were made, from its own rows: which sources priced its ops (each op row's
+    `source`) and the band composed from their errors (`priced_provenance`), each op and
+    collective row weighted once by its predicted time, as one layer of each kind. A file whose ops
+    record no source (before issue 34) keeps its topology's provenance and says the sources are not
+    recorded; None when this build cannot load the run's topology."""
+    base = recorded_provenance(r.topology, r.tp) if r.topology is not None else None
+    if base is None:
+        return None
+    if not any(o.source for o in r.ops):
+        kernels = {o.kernel for o in r.ops if o.profiled}
+        known = (
+            f"measured kernel profiles priced {len(kernels)} kernel classes, the other ops'" if kernels else "the ops'"
+        )
+        label = f"{base.label}; {known} sources are not recorded (re-predict: `bench --from FILE --repredict`)"
+        return Provenance(base.key, label, base.band, base.basis, base.parts)
+    seconds: dict[tuple[str, str], float] = {}
+    for o in r.ops:
+        klass = o.category if o.category in COMPUTE_CLASSES else "elementwise"
+        key = (klass, source_key(o.source))
+        seconds[key] = seconds.get(key, 0.0) + (o.predicted_s or 0.0)
+    for c in r.collectives:
+        key = ("collectives", collective_key(c.algorithm or "link-model"))
+        seconds[key] = seconds.get(key, 0.0) + (c.predicted_s or 0.0)
+    return priced_provenance(base, seconds)
 
 
 def within_band(gain: float, band: float) -> bool:
@@ -202,8 +274,11 @@ __all__ = [
     "Provenance",
     "composed_provenance",
     "format_note",
+    "priced_provenance",
     "provenance",
     "question_provenance",
     "recorded_provenance",
+    "run_provenance",
+    "sources_phrase",
     "within_band",
 ]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from tpplan.bench_results import TTFTExtrapolation, error_summary
-from tpplan.cost.provenance import recorded_provenance
+from tpplan.bench_results import BenchResults, TTFTExtrapolation, error_summary
+from tpplan.cost.provenance import run_provenance
 from tpplan.cost.workload import canonical_workload
 from tpplan.report.doc import Block, Heading, Image, Para, Table
 from tpplan.report.results import Analysis, ttft_mean
@@ -17,10 +17,11 @@ from tpplan.report.results import Analysis, ttft_mean
 PNG_BENCH = "predicted_vs_measured.png"
 
 
-def _provenance(topology: str | None, gpus: int) -> str:
-    """The provenance of the bench's predictions, when its topology is one this build knows."""
-    p = recorded_provenance(topology, gpus) if topology is not None else None
-    return f"topology {topology} not in this build: provenance unknown" if p is None else "predictions " + p.label
+def _provenance(r: BenchResults) -> str:
+    """What priced the bench's predictions and their band, from its own rows (`run_provenance`), when its
+    topology is one this build knows."""
+    p = run_provenance(r)
+    return f"topology {r.topology} not in this build: provenance unknown" if p is None else "predictions: " + p.short()
 
 
 def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, bytes]) -> list[Block]:
@@ -34,14 +35,8 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
         Para(
             f"`{br.meta.command}` on {br.meta.machine} ({br.meta.gpus} x {br.meta.gpu}), {br.meta.date:%Y-%m-%d}, "
             f"torch {br.meta.torch_version}, NCCL {br.meta.nccl_version or '?'}; plan `{br.plan}` TP{br.tp}; "
-            f"slice: {br.model_slice.description}; predictions on topology `{br.topology}`"
-            + (
-                " (its kernel profiles price the non-GEMM ops the bench really ran"
-                if any(o.profiled for o in br.ops)
-                else " (roofline kernel estimates"
-            )
-            + f"; {_provenance(br.topology, br.tp)}). Measured times are measured; the error columns are the "
-            "prediction's."
+            f"slice: {br.model_slice.description}; predictions on topology `{br.topology}` ({_provenance(br)}). "
+            "Measured times are measured; the error columns are the prediction's."
         )
     )
     rows: list[tuple[str, ...]] = []
