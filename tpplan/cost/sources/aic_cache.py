@@ -26,7 +26,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import hashlib
-import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -52,10 +52,20 @@ def cache_dir() -> Path:
 
 @cache
 def package_version() -> str:
-    """The installed aiconfigurator-core version ("none" where it is absent)."""
+    """The installed aiconfigurator-core version ("none" where it is absent): from its dist-info folder's
+    name beside the package (importing `importlib.metadata` alone costs ~0.07 s of an audit), else
+    from the package metadata."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None:
+        return "none"
+    for where in spec.submodule_search_locations or ():
+        for info in Path(where).parent.glob("aiconfigurator_core-*.dist-info"):
+            return info.name.removeprefix("aiconfigurator_core-").removesuffix(".dist-info")
+    from importlib import metadata
+
     try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
         return "none"
 
 
