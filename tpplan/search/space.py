@@ -20,7 +20,7 @@ makes moot; the knobs form a tree, and the "full product of knobs" is the set of
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -233,9 +233,7 @@ def _expand(
     With a `memo` (the search), steps are replayed from it and each branch carries its step's
     delta; without (`enumerate_kind`, the reference), every step is walked and the delta is None.
     """
-    lg, n = walk.lg, walk.n
-    op = walk.ops[walk.index]
-    kind = lg.kind
+    op, n, kind = walk.ops[walk.index], walk.n, walk.lg.kind
 
     def q(o: Op) -> str:
         return f"{kind}/{o.role}"
@@ -261,21 +259,8 @@ def _expand(
         if got in (S_TOK, S_COL) and not _is_stream_add(op) and not index.accepts(op, d.split, k, got)
     ]
     if bad and n > 1:
-        names = "+".join(v for v, _ in bad)
-        cands = []
-        if opts.gather_for:
-            cands.append(cfg.add(f"all-gather {names} for {op.name}", gather_for=[(prod_q(v), q(op)) for v, _ in bad]))
-        if (
-            opts.replicate
-            and op.kind is OpKind.LINEAR
-            and op.split in (WeightSplit.COL, WeightSplit.ROW)
-            and all(got is S_TOK for _, got in bad)
-        ):
-            cands.append(cfg.add(f"replicate {op.name} (runs on local tokens)", replicate=[q(op)]))
-        for c in cands:
-            w, delta = stepped(c)
-            if w.res.decisions[-1].legal:
-                branches.append((c, w, delta))
+        edges = [(prod_q(v), q(op)) for v, _ in bad]
+        branches += _consumer_site(cfg, op, q(op), bad, edges, opts, stepped)
     elif d.legal:
         branches.append((cfg, first, first_delta))
     if (
@@ -286,13 +271,65 @@ def _expand(
         and d.inputs_received
         and d.inputs_received[0] is R
     ):
-        more: list[Branch] = []
-        for c, _, _ in branches:
-            c2 = c.add(f"{op.name} on local tokens only", token_shard=[q(op)])
-            w, delta = stepped(c2)
-            if w.res.decisions[-1].legal:
-                more.append((c2, w, delta))
-        branches += more
+        branches += _token_shard_branches(branches, op, q(op), stepped)
+    return _producer_site(branches, op, q(op), g, opts, index, n, memo is not None), saw_p
+
+
+def _consumer_site(
+    cfg: KindConfig,
+    op: Op,
+    role: str,
+    bad: list[tuple[str, Placement]],
+    edges: list[tuple[str, str]],
+    opts: SpaceOptions,
+    stepped: Callable[[KindConfig], tuple[LayerWalk, StepDelta | None]],
+) -> list[Branch]:
+    """The consumer site: inputs `op` cannot use as received (`bad`, over `edges`) gathered for it, or
+    a split linear replicated to run on local tokens; the legal ones."""
+    names = "+".join(v for v, _ in bad)
+    cands = []
+    if opts.gather_for:
+        cands.append(cfg.add(f"all-gather {names} for {op.name}", gather_for=edges))
+    if (
+        opts.replicate
+        and op.kind is OpKind.LINEAR
+        and op.split in (WeightSplit.COL, WeightSplit.ROW)
+        and all(got is S_TOK for _, got in bad)
+    ):
+        cands.append(cfg.add(f"replicate {op.name} (runs on local tokens)", replicate=[role]))
+    out: list[Branch] = []
+    for c in cands:
+        w, delta = stepped(c)
+        if w.res.decisions[-1].legal:
+            out.append((c, w, delta))
+    return out
+
+
+def _token_shard_branches(
+    branches: list[Branch], op: Op, role: str, stepped: Callable[[KindConfig], tuple[LayerWalk, StepDelta | None]]
+) -> list[Branch]:
+    """The token-shard site: each branch again with the replicated linear `op` on local tokens only."""
+    more: list[Branch] = []
+    for c, _, _ in branches:
+        c2 = c.add(f"{op.name} on local tokens only", token_shard=[role])
+        w, delta = stepped(c2)
+        if w.res.decisions[-1].legal:
+            more.append((c2, w, delta))
+    return more
+
+
+def _producer_site(
+    branches: list[Branch],
+    op: Op,
+    role: str,
+    g: GlobalChoice,
+    opts: SpaceOptions,
+    index: KindIndex,
+    n: int,
+    memo: bool,
+) -> list[Branch]:
+    """The producer site: each branch, and where it leaves `op`'s output token-sharded for later ops,
+    that output all-gathered for all consumers or moved to heads by all-to-all."""
     out: list[Branch] = []
     v = op.output
     later = [c for c in index.consumers.get(v, []) if not _is_stream_add(c)]
@@ -302,12 +339,12 @@ def _expand(
             continue
         # a gather or all-to-all of the output changes only what later ops receive: the same walk
         # (under the memo walks are never stepped in place and their own plan is never read: shared)
-        c2 = c.add(f"all-gather {v}", gather=[q(op)])
-        out.append((c2, w if memo is not None else w.copy(make_search_plan(g, [c2])), delta))
+        c2 = c.add(f"all-gather {v}", gather=[role])
+        out.append((c2, w if memo else w.copy(make_search_plan(g, [c2])), delta))
         if opts.a2a and any(index.accepts(o, _default_split(o, g), o.inputs.index(v), S_COL) for o in later):
-            c3 = c.add(f"all-to-all {v} to heads", a2a=[q(op)])
-            out.append((c3, w if memo is not None else w.copy(make_search_plan(g, [c3])), delta))
-    return out, saw_p
+            c3 = c.add(f"all-to-all {v} to heads", a2a=[role])
+            out.append((c3, w if memo else w.copy(make_search_plan(g, [c3])), delta))
+    return out
 
 
 def enumerate_kind(
