@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
     from tpplan.report.kernel_sources import KernelSensitivity
     from tpplan.report.rows import DeploymentRow, GroupRace, LengthPoint
+    from tpplan.simulate.serving import Arrival
 
 # Verdict statuses and the word the memo's answer uses for each.
 STATUS_WORDS = {
@@ -171,6 +172,7 @@ class Analysis:
     length_points: dict[str, list[LengthPoint]] = field(default_factory=dict)  # variant key -> per prompt length
     length_races: list[GroupRace] = field(default_factory=list)  # CP vs CP-1, TP x PP vs TP over prompt lengths
     kernel_sources: KernelSensitivity | None = None  # the answer under each kernel-price source (report.kernel_sources)
+    arrival: Arrival | None = None  # the serving loop's arrivals (--arrival-rate, --trace); None: each workload's own
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
