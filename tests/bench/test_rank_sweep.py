@@ -52,8 +52,9 @@ def test_cases_cover_every_family_and_cap_attention() -> None:
 def test_runners_time_tiny_cases_on_cpu() -> None:
     pytest.importorskip("torch")
     from tpplan.bench import rank_sweep as R
+    from tpplan.bench.rank_timing import DEVICE
 
-    R.DEVICE[0] = "cpu"
+    DEVICE[0] = "cpu"
     cases = [
         {"family": "attention", "heads": 2, "dqk": 16, "dv": 8, "tokens": 32, "context": 16},
         {

@@ -319,16 +319,19 @@ def test_bench_ttft_is_compared_with_the_memos_prediction(measured_s):
 
 def test_memo_names_the_extrapolated_kernel_shapes():
     """A memo on a topology with physical kernel models names the ops they priced outside their
-    measured shapes, with the count the predictions carry; a datasheet topology's memo does not."""
+    measured shapes, with the count the predictions carry, also in "How sure"; on a GPU model without kernel
+    models only GEMMs below the GEMM table's shapes are."""
     topo = load_topology("h200-kernel-models")
     a = analyse("tiny-kimi-k3", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=1, search_top=0)
     ops = {op for v in a.variants for p in v.predictions.values() for op in p.extrapolated_ops}
     md = build_memo(a).markdown
     assert ops, "tiny K3 on the H200 kernel models should leave the measured shapes somewhere"
-    assert f"kernel models priced {len(ops)} op(s) outside the shapes their sweep measured" in md
+    assert f"{len(ops)} op(s) were priced outside the shapes their measurements cover" in md
+    assert f"Extrapolated: {len(ops)} op(s) of the plans compared" in md  # counted in "How sure" too
     b = analyse("tiny-kimi-k3", load_topology("h200x2"), [load_workload("seed-c8")], predictor=predict_plan, tp=2,
                 search_top=0)  # fmt: skip
-    assert "outside the shapes their sweep measured" not in build_memo(b).markdown
+    b_ops = [o for v in b.variants for p in v.predictions.values() for k in p.kinds for o in k.ops if o.extrapolated]
+    assert b_ops and all(o.category in ("gemm", "moe") and o.source == "gemm-table" for o in b_ops)  # GEMMs only
 
 
 @pytest.mark.parametrize(("pass_ms", "word"), [(102.0, "within"), (110.0, "over")])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tpplan.bench.rank_sweep import DEVICE, Case, _randn, measure
+from tpplan.bench.rank_timing import DEVICE, Case, _randn, measure
 
 
 def run_attention(c: Case) -> dict[str, Any]:

@@ -512,8 +512,9 @@ def _print_predictions(data: dict, wide: bool = False, cluster: str | None = Non
     extrapolated = sorted({op for p in data["plans"] for op in (p.get("prediction") or {}).get("extrapolated_ops", [])})
     if extrapolated:
         console.print(
-            f"Extrapolated: kernel models priced {len(extrapolated)} op(s) outside the shapes they were measured "
-            f"at ({', '.join(extrapolated[:6])}{', ...' if len(extrapolated) > 6 else ''}); those times are less sure.",
+            f"Extrapolated: {len(extrapolated)} op(s) priced outside the shapes their measurements cover (the "
+            f"GEMM table's, the kernel models' sweeps) ({', '.join(extrapolated[:6])}"
+            f"{', ...' if len(extrapolated) > 6 else ''}); those times are less sure.",
             markup=False,
         )
     if over is not None:

@@ -156,6 +156,16 @@ def _pick_table(gpu: GpuSpec, table: TableLike | None) -> list[GemmPoint] | None
     return list(pts) if gpu.name == name else None
 
 
+def measured_floor(gpu: GpuSpec) -> tuple[int, int, int] | None:
+    """The smallest M, K and N of the measured table that prices `gpu`'s GEMMs (None: the analytic curve).
+    Below any of them the table's rate is extrapolated (`_rate_at_m`): on one H100, small per-rank shapes
+    (K = 96, N = 64) ran up to 2.7x the time the H200 table gives (docs/benchmarks.md, "Per-rank kernel sweep")."""
+    pts = _pick_table(gpu, None)
+    if pts is None:
+        return None
+    return min(p.M for p in pts), min(p.K for p in pts), min(p.N for p in pts)
+
+
 def has_table(gpu: GpuSpec) -> bool:
     """Whether GEMMs on `gpu` come from a measured table (its own or the packaged one), not the curve."""
     return _pick_table(gpu, None) is not None

@@ -21,7 +21,7 @@ from tpplan.cost.comm import price_collective
 from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.gemm import Dtype as GemmDtype
-from tpplan.cost.gemm import gemm_bytes
+from tpplan.cost.gemm import gemm_bytes, measured_floor
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
 from tpplan.cost.kernel_models import KernelModels
 from tpplan.cost.kernel_source import STAND_IN, AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
@@ -112,6 +112,7 @@ class OpPrices:
         self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
         self._source: str | None = None  # set by op_time: what priced the op it prices
         self.profiles = topo.gpu.kernel_profiles
+        self.gemm_floor = measured_floor(topo.gpu)  # below it the GEMM table extrapolates
         # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
         # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
         # Host overhead of tpplan's runtime (`host_s` of a set) is charged only where a recorded run of it is priced.
@@ -176,6 +177,7 @@ class OpPrices:
         dt = dtype or self.gemm_dtype
         if not self.compute.sources:
             self._source = self.compute.gemm_source
+            self._extrapolated = self._extrapolated or self._below_table(m, k, n)
             return self.compute.formula_gemm(m, k, n, dt, weight_bytes)
         fmt = kernel or dt
         price = self.compute.gemm(GemmShape(m, k, n, fmt), weight_bytes)
@@ -184,8 +186,14 @@ class OpPrices:
         elif STAND_IN.format(wanted=fmt) in price.source:
             self._note = f"{fmt} GEMMs: the engine's tables lack {fmt}, {price.source} stood in"
         self._source = price.source
-        self._extrapolated = self._extrapolated or price.extrapolated
+        below = price.source == self.compute.gemm_source and self._below_table(m, k, n)
+        self._extrapolated = self._extrapolated or price.extrapolated or below
         return price.seconds
+
+    def _below_table(self, m: int, k: int, n: int) -> bool:
+        """Whether tpplan's GEMM table prices (m, k, n) below its smallest measured M, K or N (extrapolated)."""
+        f = self.gemm_floor
+        return f is not None and (m < f[0] or k < f[1] or n < f[2])
 
     def gemm_at(self, kind: str, op: Op, m: int, k: int, n: int) -> float:
         """`op`'s GEMM at another shape (async TP's T/N-row chunks), through the pricer and weight format

@@ -32,7 +32,7 @@ class OpTime:
     shape: tuple[int, int, int] | None = None  # (M, K, N) per rank for GEMMs (per expert group for MoE)
     kernel: str | None = None  # kernel class a measured profile may price (None: GEMMs, from the GEMM table)
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
-    extrapolated: bool = False  # a physical kernel model priced it outside the shapes its sweep measured
+    extrapolated: bool = False  # priced outside the measured shapes (a kernel model's sweep, the GEMM table's floor)
     source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
     note: str | None = None  # where its weight format was priced from other rows (`OpPrices._moe_note`)
 
@@ -146,7 +146,7 @@ class PlanPrediction:
 
     @property
     def extrapolated_ops(self) -> list[str]:
-        """`kind/op` of every op a physical kernel model priced outside the shapes its sweep measured."""
+        """`kind/op` of every op priced outside the shapes its measurements cover (kernel models, GEMM table)."""
         return [f"{k.kind}/{o.op}" for k in self.kinds for o in k.ops if o.extrapolated and o.seconds > 0]
 
     def to_json(self) -> dict[str, object]:

@@ -4,7 +4,7 @@ The same question priced from the GPU model's own kernel prices (the default: tp
 kernel models, GEMM table or datasheet roofline) and from each engine's measured kernel tables
 (AIConfigurator's SGLang, vLLM and TRT-LLM databases for the GPU's system, as `--engine` adds them)
 can give a different answer: on DeepSeek-V3 at TP8 the default made `sp-moe` 44.8% faster than
-baseline and SGLang's tables 34.7% slower. The memo prices today's deployment and the bottom line's
+baseline and SGLang's tables 34.7% slower (issue 33's figures). The memo prices today's deployment and the bottom line's
 target under every source, states which source its times come from and why, and says in the answer
 when the sources disagree by more than their bands.
 

@@ -181,6 +181,13 @@ def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
                 f"{k}: {v}" for k, v in gpu.provenance.items()) + "."))  # fmt: skip
         out.append(Para("Basis of each error: " + "; ".join(
             f"{p.klass}/{p.source}: {p.basis}" for p in parts) + "."))  # fmt: skip
+        extra = _extrapolated_ops(a)
+        if extra:
+            out.append(Para(
+                f"Extrapolated: {len(extra)} op(s) of the plans compared were priced outside the shapes their "
+                "measurements cover (GEMMs below the GEMM table's smallest M, K or N; kernel models outside the "
+                "ranges their sweep measured); the band above does not cover them."
+            ))  # fmt: skip
     out.append(Table(("provenance", "band", "applies", "measured on"), rows, (1,)))
     return out
 
@@ -559,13 +566,19 @@ def build_memo(a: Analysis, command: str = "") -> Memo:
     return Memo(title, to_markdown(title, blocks), to_html(title, blocks), dict(pngs))
 
 
+def _extrapolated_ops(a: Analysis) -> list[str]:
+    """`kind/op` of every op some compared prediction priced outside the shapes its measurements cover."""
+    return sorted({op for v in a.variants for p in v.predictions.values() for op in getattr(p, "extrapolated_ops", [])})
+
+
 def _extrapolated(a: Analysis) -> str:
-    """A sentence naming the ops a physical kernel model priced outside its measured shapes, if any."""
-    ops = sorted({op for v in a.variants for p in v.predictions.values() for op in getattr(p, "extrapolated_ops", [])})
+    """A sentence naming the ops priced outside the shapes their measurements cover, if any."""
+    ops = _extrapolated_ops(a)
     if not ops:
         return ""
     shown = ", ".join(f"`{o}`" for o in ops[:8]) + (", ..." if len(ops) > 8 else "")
     return (
-        f" The topology's kernel models priced {len(ops)} op(s) outside the shapes their sweep measured "
-        f"(extrapolated, less sure than the band says): {shown}."
+        f" {len(ops)} op(s) were priced outside the shapes their measurements cover (GEMMs below the GEMM "
+        f"table's smallest M, K or N; kernel models outside their sweep's ranges), extrapolated and less sure "
+        f"than the band says: {shown}."
     )

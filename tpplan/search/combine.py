@@ -122,12 +122,7 @@ def search(
     optimum, and it needs only Pareto fronts (k = 1), so it is much faster. `audits` (of `graph`)
     are used and kept for the plans audited whole.
     """
-    if n < 1:
-        raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
-    if top < 1:
-        raise TpplanError(f"top={top}", "must be at least 1", "ask for one plan or more")
-    if dtype not in DTYPE_BYTES:
-        raise TpplanError(f"dtype={dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+    _check_arguments(n, top, dtype)
     kept = audits if audits is not None else Audits(graph)
     opts = options or SpaceOptions()
     nbytes = DTYPE_BYTES[dtype]
@@ -143,31 +138,15 @@ def search(
     solvers = {kind: KindSolver(lg, n, objective, k, opts, nbytes) for kind, lg in graph.kinds.items()}
     pool: list[Candidate] = []
     for gc in globs:
-        per_kind: dict[str, KindFront] = {}
-        for kind, lg in graph.kinds.items():
-            front = solvers[kind].front(gc)
-            if gc.moe == "ep" and _has_experts(lg):
-                base_g = GlobalChoice(gc.stream, gc.reduce, "tp")
-                front = _reprice(front, lg, base_g, gc, n, objective)
-            per_kind[kind] = front
+        per_kind = _fronts(graph, solvers, gc, n, objective)
         if gc.reduce is not R and all(not f.used_reduce for f in per_kind.values()):
             continue  # no op ever meets a partial sum outside the stream: the same plans as reduce=R
         found = _combine(graph, gc, per_kind, (counts, mem_counts), order, objective, n, k, nbytes)
         found = [_settle_at_cap(c, memory_cap, kept, n, objective, dtype) for c in found]
         if per_family and found:
-            found.sort(key=lambda c: (c.score, c.memory))
-            fits = [c for c in found if memory_cap is None or c.memory <= memory_cap]
-            found = fits[:1] + ([found[0]] if found[0] not in fits[:1] else [])
+            found = _family_best(found, memory_cap)
         pool += found
-    pool.sort(key=lambda c: (c.score, c.memory, sum(len(x.choices) for x in c.configs)))
-    seen: set[tuple[float, float]] = set()
-    unique = []
-    for c in pool:  # plans of equal score and memory rank as one (the one with fewest decisions)
-        key = cost_key(c.cost)
-        if key not in seen:
-            seen.add(key)
-            unique.append(c)
-    pool = unique
+    pool = _ranked_once(pool)
     feasible = [c for c in pool if memory_cap is None or c.memory <= memory_cap]
     limit = top if not per_family else len(pool)
     over = [c for c in pool[:limit] if memory_cap is not None and c.memory > memory_cap]
@@ -181,6 +160,51 @@ def search(
         len(globs),
         sum(sv.walks for sv in solvers.values()),
     )
+
+
+def _fronts(
+    graph: ModelGraph, solvers: dict[str, KindSolver], gc: GlobalChoice, n: int, objective: Objective
+) -> dict[str, KindFront]:
+    """Each layer kind's front under the global choice `gc` (EP fronts re-priced from TP MoE's)."""
+    per_kind: dict[str, KindFront] = {}
+    for kind, lg in graph.kinds.items():
+        front = solvers[kind].front(gc)
+        if gc.moe == "ep" and _has_experts(lg):
+            base_g = GlobalChoice(gc.stream, gc.reduce, "tp")
+            front = _reprice(front, lg, base_g, gc, n, objective)
+        per_kind[kind] = front
+    return per_kind
+
+
+def _family_best(found: list[Candidate], memory_cap: float | None) -> list[Candidate]:
+    """A family's best plan within the cap, and its best overall where that one is over the cap."""
+    found = sorted(found, key=lambda c: (c.score, c.memory))
+    fits = [c for c in found if memory_cap is None or c.memory <= memory_cap]
+    return fits[:1] + ([found[0]] if found[0] not in fits[:1] else [])
+
+
+def _check_arguments(n: int, top: int, dtype: str) -> None:
+    """The search's own arguments, each error naming its field."""
+    if n < 1:
+        raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
+    if top < 1:
+        raise TpplanError(f"top={top}", "must be at least 1", "ask for one plan or more")
+    if dtype not in DTYPE_BYTES:
+        raise TpplanError(f"dtype={dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+
+
+def _ranked_once(pool: list[Candidate]) -> list[Candidate]:
+    """`pool` by score, then memory, then fewest decisions; plans of equal score and memory rank as
+    one (the one with fewest decisions)."""
+    pool = sorted(pool, key=lambda c: (c.score, c.memory, sum(len(x.choices) for x in c.configs)))
+    seen: set[tuple[float, float]] = set()
+    unique = []
+    for c in pool:
+        key = cost_key(c.cost)
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return unique
 
 
 def _settle_at_cap(c: Candidate, cap: float | None, audits: Audits, n: int, obj: Objective, dtype: str) -> Candidate:
