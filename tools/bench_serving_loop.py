@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from tpplan.simulate.loop import LoopConfig, simulate
-from tpplan.simulate.requests import Shape, closed_loop, poisson
+from tpplan.simulate.loop import LoopConfig, StagePrices, simulate
+from tpplan.simulate.requests import Arrivals, Shape, closed_loop, poisson
 
 SHAPES = [Shape(2000), Shape(500, cached_share=0.5), Shape(8000), Shape(30000)]
 DECODE_SHAPES = [Shape(2000, 200), Shape(500, 100, 0.5), Shape(8000, 300), Shape(30000, 200)]
 
 
-def linear(stages: int):  # type: ignore[no-untyped-def]
+def linear(stages: int) -> StagePrices:
     """2 ms per step, 2 us per new token, 2 ns per context token read by a decode token."""
     return lambda segs: [0.002 + sum(n * 2e-6 + (2e-9 * c if n == 1 else 0.0) for n, c in segs)] * stages
 
@@ -26,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=10_000)
     n = ap.parse_args().requests
-    cases = {
+    cases: dict[str, tuple[Arrivals, int, LoopConfig]] = {
         "poisson 20/s, 1 stage, 8192-token steps": (poisson(20.0, SHAPES, n, seed=1), 1, LoopConfig(8192, 1)),
         "poisson 20/s, 4 stages, 5 in flight": (poisson(20.0, SHAPES, n, seed=1), 4, LoopConfig(8192, 5)),
         "closed loop C=64, 2 replicas x 4 stages": (closed_loop(64, SHAPES, n), 4, LoopConfig(8192, 5)),

@@ -18,7 +18,10 @@ import statistics
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpplan.simulate.requests import Arrivals
 
 ROOT = Path(__file__).resolve().parents[1]
 POINTS = ROOT / "docs" / "benchmarks" / "serving-public.toml"
@@ -56,7 +59,7 @@ def regime(p: dict[str, Any]) -> str:
     return f"{p['engine']} {p['model']} {shape}, {prompt}, {'saturated' if p.get('request_rate') == 'inf' else load}"
 
 
-def _arrivals(p: dict[str, Any]):  # type: ignore[no-untyped-def]
+def _arrivals(p: dict[str, Any]) -> Arrivals:
     from tpplan.simulate.requests import Request, Shape, Timed, closed_loop, poisson
 
     prompt = round(p["prompt_tokens_mean"]) if p["prompt_tokens"] == "sharegpt" else int(p["prompt_tokens"])

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
@@ -37,6 +37,7 @@ from tpplan.report.engines import recipes
 from tpplan.report.kernel_sources import sensitivity_of
 from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant
+from tpplan.report.rows import DeploymentKey
 from tpplan.report.verdicts import bottom_line, judge, next_steps
 from tpplan.search.results import deployment_label
 from tpplan.units import GIB
@@ -143,7 +144,7 @@ def describe_plan(plan: Plan) -> str:
         ("token_shard", "token-shard"),
     ):
         if d[key]:
-            parts.append(f"{words}: " + ", ".join(f"`{x}`" for x in d[key]))  # type: ignore[union-attr]
+            parts.append(f"{words}: " + ", ".join(f"`{x}`" for x in cast("list[str]", d[key])))
     parts.append(f"MoE {d['moe']}")
     return "; ".join(parts) + "."
 
@@ -445,9 +446,9 @@ def analyse(
         for f in searched.found:
             pl = f.plan
             shape = (f.tp, f.pp, f.cp, f.replicas)
-            same = [v for v in variants if v.shape == shape and v.plan.describe() == pl.describe()]
-            if same:
-                best_found = best_found or replace(f, plan=same[0].plan)  # under the memo's name for it
+            alike = [v for v in variants if v.shape == shape and v.plan.describe() == pl.describe()]
+            if alike:
+                best_found = best_found or replace(f, plan=alike[0].plan)  # under the memo's name for it
                 continue  # already in the memo at that shape
             if pl.found_by == "search":  # rank 0: a deployment's best below the search's top plans
                 name = f"search-{f.rank}" if f.rank else "search-best"
@@ -569,7 +570,7 @@ def analyse(
         f = best_found
         a.search_best = (f.plan.name, deployment_label(f.tp, f.pp, f.cp, f.replicas))
     if fn is not None and grid:
-        keys = [(*g, None) for g in single]
+        keys: list[DeploymentKey] = [(*g, None) for g in single]
 
         def parts_of(v: Variant, w: str) -> Parts | None:
             """The priced parts of `v`'s prediction at `w` (only when `predict_plan` made it)."""
@@ -589,7 +590,7 @@ def analyse(
         if prompt_lengths and workloads and (arrival is None or arrival.trace is None):  # a trace has its own
             say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
             rows = [r for r in a.deployments[workloads[0].name]]
-            chosen = [v for r in rows if (v := a.variant(r.variant)) is not None]
+            chosen = [c for r in rows if (c := a.variant(r.variant)) is not None]
 
             def at(v: Variant, w: Workload) -> tuple[float, float] | None:
                 extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}

@@ -17,9 +17,9 @@ from tpplan.report.results import Analysis, ttft_mean
 PNG_BENCH = "predicted_vs_measured.png"
 
 
-def _provenance(topology: str, gpus: int) -> str:
+def _provenance(topology: str | None, gpus: int) -> str:
     """The provenance of the bench's predictions, when its topology is one this build knows."""
-    p = recorded_provenance(topology, gpus)
+    p = recorded_provenance(topology, gpus) if topology is not None else None
     return f"topology {topology} not in this build: provenance unknown" if p is None else "predictions " + p.label
 
 
@@ -44,7 +44,7 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
             "prediction's."
         )
     )
-    rows = []
+    rows: list[tuple[str, ...]] = []
     pts: list[tuple[str, float, float]] = []
     for name, items in (
         ("collective", br.collectives),

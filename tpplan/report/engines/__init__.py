@@ -41,7 +41,7 @@ def recipes(
     whole deployment or says why no flag does (`whole_deployment`)."""
     sgl, vll = engines or select_pair(None)
     d = deployment
-    sizes = {"tp": d.tp, "pp": d.pp, "cp": d.cp if d.cp_layers == "all" else 1}
+    sizes: dict[str, Any] = {"tp": d.tp, "pp": d.pp, "cp": d.cp if d.cp_layers == "all" else 1}
     out = [
         sglang_recipe(plan, spec, prefill_cp=max(prefill_cp, d.cp), engine=sgl, **sizes, **where),
         vllm_recipe(plan, spec, dp=dp, engine=vll, **sizes, **where),
