@@ -169,7 +169,9 @@ class Analysis:
     deployments: dict[str, list[DeploymentRow]] = field(default_factory=dict)  # workload -> ranked deployments
     length_points: dict[str, list[LengthPoint]] = field(default_factory=dict)  # variant key -> per prompt length
     length_races: list[GroupRace] = field(default_factory=list)  # CP vs CP-1, TP x PP vs TP over prompt lengths
-    kernel_sources: KernelSensitivity | None = None  # the answer under each kernel-price source (report.rows, computed by report.kernel_sources)
+    kernel_sources: KernelSensitivity | None = (
+        None  # the answer under each kernel-price source (report.rows, computed by report.kernel_sources)
+    )
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)
