@@ -14,7 +14,7 @@ BIG_MODULES = {  # module: its lines when this test came in, under active edit e
     "tpplan/search/ranking.py": 815,
     "tpplan/engines/sglang.py": 729,
     "tpplan/cost/sources/aic.py": 675,
-    "tpplan/report/analysis.py": 628,
+    "tpplan/report/analysis.py": 619,
 }
 
 
