@@ -17,6 +17,9 @@ import pytest
 
 from tpplan.signals import STOPPING, Terminated, deferred, exit_cleanly
 
+ROOT = Path(__file__).resolve().parents[1]
+SLOW_SEARCH = ROOT / "tests" / "slow_search"  # its sitecustomize slows each deployment of the search
+
 
 @pytest.fixture
 def handlers():
@@ -133,14 +136,15 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_during_ranking_ends_every_process_and_eof_arrives(sig: int, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tpplan", "search", "-m", "deepseek-v3", "--topology", "h200x8-ib400", "--nodes", "4"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SLOW_SEARCH), str(ROOT)]), "TPPLAN_TEST_SLOW_SEARCH": "60"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_reset_signals)  # fmt: skip
     end = time.monotonic() + 60
     while len(_children(proc.pid)) < 2 and time.monotonic() < end and proc.poll() is None:
         time.sleep(0.01)
     workers = _children(proc.pid)
     assert len(workers) >= 2, "the search forked no workers"
-    time.sleep(0.3)  # the workers are searching their deployments now
+    time.sleep(0.3)  # the workers are in their deployments now (each starts with a minute's sleep)
     proc.send_signal(sig)
     try:
         _, err = proc.communicate(timeout=30)  # end-of-file on both pipes: nothing holds them

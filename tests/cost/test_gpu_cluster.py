@@ -200,3 +200,23 @@ def test_cli_gpu_and_cluster_options(monkeypatch, capsys) -> None:
                if p.get("prediction"))  # fmt: skip
     code, _out, err = run_cli(monkeypatch, capsys, *base, "--gpu", "h100-datasheet")
     assert code == 2 and "needs a cluster" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [('cluster = ""', "cluster: is empty"), ('cluster = "h200x8-ib400"\ngpu = ""', "gpu: is empty"),
+     ('cluster = "h200x8-ib400"\ngpu = "nope"', "gpu nope: no such preset"),
+     ('cluster = "nope"', "cluster nope: ")],
+)  # fmt: skip
+def test_a_preset_a_topology_file_names_is_refused_naming_the_file_and_field(tmp_path, body, named):
+    """Found by the fuzz suite (issue 35): gpu = "" in a topology file was read as the current folder
+    ("error: .: unknown file type"), and a GPU name it lacked was blamed on a --gpu nobody passed."""
+    from tpplan.cost.topology import load_topology
+    from tpplan.errors import TpplanError
+
+    f = tmp_path / "t.toml"
+    f.write_text(f'name = "t"\n{body}\n')
+    with pytest.raises(TpplanError) as got:
+        load_topology(str(f))
+    assert str(got.value).startswith(f"{f}: {named}")
+    assert "--gpu" not in str(got.value).split(". Fix:")[0]

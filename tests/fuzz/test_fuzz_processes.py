@@ -32,8 +32,12 @@ def _default_signals() -> None:
         signal.signal(s, signal.SIG_DFL)
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _start(args: list[str], cwd: Path, slow_search: float = 0) -> subprocess.Popen:
+    """`tpplan ARGS` in `cwd`; with `slow_search`, each deployment the search's workers take starts
+    with that long a sleep (tests/slow_search), so that a signal can land while they rank."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "slow_search"), str(ROOT)])}
+    if slow_search:
+        env["TPPLAN_TEST_SLOW_SEARCH"] = str(slow_search)
     return subprocess.Popen([sys.executable, "-m", "tpplan", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=_default_signals)  # fmt: skip
 
@@ -61,12 +65,18 @@ def _gone(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from /proc")
 @settings(FUZZ, max_examples=6 * SCALE)
-@given(sig=st.sampled_from([signal.SIGTERM, signal.SIGHUP, signal.SIGINT]), delay=st.sampled_from([0.5, 1, 2, 3, 5]))
-def test_a_signal_at_any_moment_ends_every_process_and_leaves_outputs_whole_or_absent(sig, delay, tmp_path_factory):
+@given(
+    sig=st.sampled_from([signal.SIGTERM, signal.SIGHUP, signal.SIGINT]),
+    delay=st.sampled_from([0.5, 1, 2, 3, 5]),
+    slow=st.sampled_from([0, 3]),
+)
+def test_a_signal_at_any_moment_ends_every_process_and_leaves_outputs_whole_or_absent(
+    sig, delay, slow, tmp_path_factory
+):
     folder = tmp_path_factory.mktemp("run")
     args = ["search", "-m", "deepseek-v3", "--topology", "h200x8-ib400", "--nodes", "2", "--top", "3",
             "--json", "out.json", "--save", "saved"]  # fmt: skip
-    proc = _start(args, folder)
+    proc = _start(args, folder, slow)
     seen: set[int] = set()
     end = time.monotonic() + delay
     while time.monotonic() < end and proc.poll() is None:

@@ -3,6 +3,7 @@ the engines run it unless tpplan's own KV accounting is asked for."""
 
 from __future__ import annotations
 
+import pytest
 import typer
 
 from tpplan.cli import app
@@ -16,13 +17,8 @@ NOT_DEPLOYMENT = {
     "--objective": "the memo ranks by predicted time, search's default objective",
     "--all": "the memo takes the search's best of each family, search's default mode",
     "--wide": "a terminal-table width switch",
-    # the workload's arrivals for search's serving block (the engine's loop, tpplan.simulate); not a deployment
-    # option, and the memo has no serving section yet
-    "--arrival-rate": "arrivals, not the deployment (search's serving block)",
-    "--trace": "arrivals, not the deployment (search's serving block)",
-    "--requests": "arrivals, not the deployment (search's serving block)",
-    "--seed": "arrivals, not the deployment (search's serving block)",
 }
+ARRIVAL_OPTIONS = ("--arrival-rate", "--trace", "--requests", "--seed")
 
 
 def _options(name: str) -> dict[str, object]:
@@ -41,6 +37,58 @@ def test_report_takes_every_deployment_option_search_takes():
         s, r = search[opt], report[opt]
         assert s.type_descriptor.annotation is r.type_descriptor.annotation, opt  # type: ignore[attr-defined]
         assert getattr(s.callback, "__qualname__", None) == getattr(r.callback, "__qualname__", None), opt  # type: ignore[attr-defined]
+
+
+def test_report_audit_and_search_take_the_same_arrival_options():
+    """One definition (commands/_serving.py): the same type, default and help in all three commands."""
+    cmds = {name: _options(name) for name in ("report", "audit", "search")}
+    for opt in ARRIVAL_OPTIONS:
+        got = {name: o[opt] for name, o in cmds.items() if opt in o}
+        assert set(got) == set(cmds), f"{opt} only in {sorted(got)}"
+        kinds = {(p.type_descriptor.annotation, p.default, p.help) for p in got.values()}  # type: ignore[attr-defined]
+        assert len(kinds) == 1, (opt, kinds)
+
+
+def test_memo_ranks_by_the_arrival_process_it_names():
+    """A Poisson rate replaces each workload's closed loop in the memo's TTFTs and the memo says so."""
+    from tpplan.cost.topology import load_topology
+    from tpplan.cost.workload import load_workload
+    from tpplan.report.analysis import analyse
+    from tpplan.report.memo import build_memo
+    from tpplan.simulate.serving import Arrival
+
+    def memo(arrival):
+        a = analyse("tiny-llama", load_topology("h200x2"), [load_workload("prompt16k-c8")], tp=2, search_top=0,
+                    prompt_lengths=None, arrival=arrival)  # fmt: skip
+        return a, build_memo(a).markdown
+
+    closed, closed_text = memo(None)
+    poisson, text = memo(Arrival(rate=0.5, requests=12, seed=3))
+    assert "Poisson at 0.5 req/s, 12 requests, seed 3" in text and "Poisson" not in closed_text
+
+    def ttfts(a):
+        return {v.key: v.predictions["prompt16k-c8"].ttft.mean_s for v in a.variants if v.predictions}
+
+    assert ttfts(closed).keys() == ttfts(poisson).keys() and ttfts(closed)
+    assert all(ttfts(closed)[k] != ttfts(poisson)[k] for k in ttfts(closed))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--arrival-rate", "-1"), "--arrival-rate -1.0: must be a rate"),
+        (("--arrival-rate", "2", "--trace", "t.jsonl"), "give one of them"),
+        (("--requests", "0"), "--requests"),
+    ],
+)
+def test_report_refuses_a_bad_arrival_before_any_work(tmp_path, monkeypatch, capsys, args, message):
+    from tests.cli_helpers import run_in_process
+
+    out = tmp_path / "memo"
+    code, err = run_in_process(monkeypatch, capsys, "report", "--out", str(out), "--model", "tiny-llama",
+                               "--topology", "h200x2", "--tp", "2", *args)  # fmt: skip
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert message in err and not out.exists()
 
 
 def _cp_analysis(**kw):

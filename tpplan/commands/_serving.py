@@ -85,6 +85,7 @@ def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None
     from rich.text import Text
 
     from tpplan.commands._console import console, print_wrapped, show
+    from tpplan.report.rows import fig  # four significant digits: 8 columns of seconds-long TTFTs fit 100 columns
 
     rows = [e for e in entries if e.get("serving")]
     if not rows:
@@ -98,11 +99,11 @@ def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None
         s = e["serving"]
         assert isinstance(s, dict)
         tt, band = s["ttft"], s["ttft_band"]["mean_s"]
-        ms = {k: f"{tt[k] * 1e3:,.1f}" for k in ("mean_s", "p50_s", "p90_s", "p99_s")}
-        span = f"{band[0] * 1e3:,.1f}-{band[1] * 1e3:,.1f}"
+        ms = {k: fig(tt[k] * 1e3) for k in ("mean_s", "p50_s", "p90_s", "p99_s")}
+        span = f"{fig(band[0] * 1e3)}-{fig(band[1] * 1e3)}"
         name = Text(str(e.get("deployment") or e.get("name")))
         t.add_row(name, ms["mean_s"], span, ms["p50_s"], ms["p90_s"], ms["p99_s"], f"{tt['queue_share']:.0%}",
-                  f"{s['idealised_mean_s'] * 1e3:,.1f}")  # fmt: skip
+                  fig(s["idealised_mean_s"] * 1e3))  # fmt: skip
     out = console()
     show(out, t)
     seen = dict.fromkeys(str(c) for e in rows for c in e["serving"]["conditions"])  # type: ignore[index]
@@ -116,6 +117,7 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
     from rich.text import Text
 
     from tpplan.commands._console import console, print_wrapped, show
+    from tpplan.report.rows import fig
 
     dec: list[tuple[dict[str, object], dict[str, Any]]] = []
     for e in rows:
@@ -133,7 +135,7 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
         if not d["admitted"]:
             refused.append(f"{name}: {d['reason']}")
             continue
-        ms = [f"{d[k][q] * 1e3:,.2f}" for k, q in (("ttft_s", "mean"), ("ttft_s", "p99"), ("tpot_s", "mean"),
+        ms = [fig(d[k][q] * 1e3) for k, q in (("ttft_s", "mean"), ("ttft_s", "p99"), ("tpot_s", "mean"),
                                                    ("tpot_s", "p99"), ("itl_s", "p99"))]  # fmt: skip
         t.add_row(Text(name), *ms, f"{d['output_tok_s_per_gpu']:,.0f}", f"{d['output_tok_s_per_user']:,.0f}")
     out = console()

@@ -8,6 +8,7 @@ import typer
 
 from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TP_RANGE, named, replica_count
 from tpplan.commands._options import ClusterOpt, CpKvOpt, CpLayersOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
+from tpplan.commands._serving import ArrivalRateOpt, RequestsOpt, SeedOpt, TraceOpt, arrival_of, asked, serving_arrivals
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
 
@@ -115,6 +116,10 @@ def register(app: typer.Typer) -> None:
                 "as there)",
             ),
         ] = None,
+        arrival_rate: ArrivalRateOpt = None,
+        trace: TraceOpt = None,
+        requests: RequestsOpt = None,
+        seed: SeedOpt = 0,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
         import shlex
@@ -152,10 +157,14 @@ def register(app: typer.Typer) -> None:
         assert topo is not None  # --topology has a default
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
+        graph = build_model_graph(load_model(model))
+        arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
+        if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
+            serving_arrivals(arrival, wls[0], graph)
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         with steps(f"tpplan report {model}") as say:
             analysis = analyse(
-                build_model_graph(load_model(model)),
+                graph,
                 topo,
                 wls,
                 tp=tp,
@@ -175,6 +184,7 @@ def register(app: typer.Typer) -> None:
                 cp_layers=cp_layers,
                 cp_kv=cp_kv,
                 dp_attention=dp_attention,
+                arrival=arrival,
                 progress=say,
             )
             say("writing report.md, report.html and the plots")

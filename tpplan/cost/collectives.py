@@ -237,22 +237,10 @@ def _curves(topo: Topology, kind: str, nbytes: float, n: int, rpn: int) -> dict[
     return out
 
 
-def collective_time(
-    kind: str,
-    nbytes: float,
-    group_size: int,
-    topo: Topology,
-    *,
-    ranks_per_node: int | None = None,
-    algorithm: str | None = None,
-) -> CollectiveEstimate:
-    """Predict one collective of `nbytes` (nccl-tests size) over `group_size` ranks.
-
-    A group spanning nodes puts `ranks_per_node` (default min(group_size, gpus_per_node)) on each.
-    Measured `topo.curves` for this kind, group and placement price it first (fastest algorithm,
-    as NCCL's tuner picks); then calibrated constants in `topo.fitted` replace the link model for
-    one-node groups. `algorithm` asks for one algorithm by name (ring, tree, nvls, ...).
-    """
+def _placement(
+    kind: str, nbytes: float, group_size: int, topo: Topology, ranks_per_node: int | None
+) -> tuple[int, int]:
+    """The checked arguments of `collective_time`: ranks per node, and how many nodes the group spans."""
     _check_kind(kind)
     if nbytes < 0:
         raise TpplanError("nbytes", f"must be >= 0, got {nbytes}", "pass a message size in bytes")
@@ -272,6 +260,26 @@ def collective_time(
             f"{group_size} ranks at {rpn} per node need {m} nodes, topology {topo.name} has {topo.nodes}",
             "use a smaller group, more ranks per node, or nodes=",
         )
+    return rpn, m
+
+
+def collective_time(
+    kind: str,
+    nbytes: float,
+    group_size: int,
+    topo: Topology,
+    *,
+    ranks_per_node: int | None = None,
+    algorithm: str | None = None,
+) -> CollectiveEstimate:
+    """Predict one collective of `nbytes` (nccl-tests size) over `group_size` ranks.
+
+    A group spanning nodes puts `ranks_per_node` (default min(group_size, gpus_per_node)) on each.
+    Measured `topo.curves` for this kind, group and placement price it first (fastest algorithm,
+    as NCCL's tuner picks); then calibrated constants in `topo.fitted` replace the link model for
+    one-node groups. `algorithm` asks for one algorithm by name (ring, tree, nvls, ...).
+    """
+    rpn, m = _placement(kind, nbytes, group_size, topo, ranks_per_node)
     if group_size == 1 or nbytes == 0:
         return CollectiveEstimate(kind, nbytes, group_size, 0.0, "none", 0.0, 0.0, {})
     fit = topo.fitted.get(kind)  # type: ignore[call-overload]  # kind: a Collective value, typed str

@@ -9,9 +9,10 @@ that names its GPU (`gpu = "..."`) is a topology as well. `load_topology` reads 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from pydantic import Field
 
@@ -137,6 +138,20 @@ def _gpu_data(ref: str) -> dict[str, Any]:
     return validate(GpuSpec, data, where).model_dump()
 
 
+T = TypeVar("T")
+
+
+def _named_in(where: str, field: str, ref: str, load: Callable[[str], T]) -> T:
+    """`load(ref)` for a preset or file that field `field` of `where` names; its error names that
+    field (the user gave no option for it), and an empty name is refused as such."""
+    if not ref.strip():
+        raise TpplanError(f"{where}: {field}", "is empty", f"name a {field} preset or a .toml/.json file, or drop it")
+    try:
+        return load(ref)
+    except TpplanError as exc:
+        raise TpplanError(f"{where}: {field} {ref}", exc.reason, exc.fix) from None
+
+
 def load_gpu(name_or_path: str) -> GpuSpec:
     """A GPU model preset (presets/gpus/) or file; a topology file gives its [gpu] table. One that names
     `kernel_models_from` and has no kernel models of its own gets that model's, scaled (`cost.gpu_inherit`)."""
@@ -207,7 +222,7 @@ def load_topology(
         data, where = _read("topology", name_or_path, None, topologies)
     data = expand_curve_sets(dict(data), where)
     if isinstance(data.get("cluster"), str):
-        cdata, _ = _cluster_data(data["cluster"])
+        cdata, _ = _named_in(where, "cluster", data["cluster"], _cluster_data)
         data = {**cdata, **{k: v for k, v in data.items() if k != "cluster"}, "cluster_preset": data["cluster"]}
         data.setdefault("name", data["cluster_preset"])
     if cluster is not None and cluster != data.get("cluster_preset"):
@@ -222,7 +237,8 @@ def load_topology(
         data["gpu"] = gpu
     if isinstance(data.get("gpu"), str):
         ref = data["gpu"]
-        data["gpu"], data["gpu_preset"] = load_gpu(ref).model_dump(), ref
+        named = load_gpu(ref) if gpu is not None else _named_in(where, "gpu", ref, load_gpu)  # --gpu: its own errors
+        data["gpu"], data["gpu_preset"] = named.model_dump(), ref
         if gpu is not None:
             data["name"] = f"{data.get('name', ref)}+{Path(ref).stem}"
     if nodes is not None:

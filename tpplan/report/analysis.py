@@ -44,6 +44,7 @@ from tpplan.units import GIB
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
+    from tpplan.simulate.serving import Arrival
 
 PredictFn = Callable[..., "PlanPrediction"]  # `predict_plan`'s signature
 
@@ -148,14 +149,15 @@ def describe_plan(plan: Plan) -> str:
     return "; ".join(parts) + "."
 
 
-def load_predictor() -> PredictFn:
+def load_predictor(arrival: Arrival | None = None) -> PredictFn:
     """`tpplan.cost.predict.predict_plan` (imported when a memo predicts), its TTFT from the engine's
     serving loop (`tpplan.simulate.serving.with_serving_loop`: fixed costs, the engine's PP schedule and
-    CPU overlap), so the memo ranks and judges deployments by the simulated TTFT."""
+    CPU overlap) over `arrival` (None: each workload's closed loop), so the memo ranks and judges
+    deployments by the simulated TTFT."""
     from tpplan.cost.predict import predict_plan
     from tpplan.simulate.serving import with_serving_loop
 
-    return with_serving_loop(predict_plan)
+    return with_serving_loop(predict_plan, arrival)
 
 
 def attn_formula(res: LayerResult, n: int) -> str:
@@ -379,6 +381,7 @@ def analyse(
     cp_layers: str = "all",
     cp_kv: str = "engines",
     dp_attention: bool = False,
+    arrival: Arrival | None = None,
 ) -> Analysis:
     """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
     to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
@@ -392,7 +395,8 @@ def analyse(
     (the deployment ranking), and each deployment's plan at `prompt_lengths` (None: not). `pp`, `cp`,
     `cp_layers` and `dp_attention` restrict or widen the search's grid as `tpplan search`'s options do;
     `cp_kv` is the KV a CP rank keeps ("engines", default: the whole sequence's, as SGLang and vLLM do;
-    "sharded": tpplan's own 1/cp)."""
+    "sharded": tpplan's own 1/cp). `arrival` is the serving loop's arrival process (`--arrival-rate`,
+    `--trace`; None: each workload's closed loop)."""
     from tpplan.engines import select_pair
 
     say = progress or (lambda _step: None)
@@ -410,7 +414,7 @@ def analyse(
         raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
     if dtype not in DTYPE_BYTES:
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
-    predict_fn = load_predictor() if use_default_predictor else None
+    predict_fn = load_predictor(arrival) if use_default_predictor else None
     fn = predictor or predict_fn
     note = None
     if fn is None:
@@ -434,24 +438,10 @@ def analyse(
     best_found: Found | None = None
     if finder is not None:
         say("searching plans (as tpplan search)")
-        searched = finder(
-            graph,
-            topology,
-            workloads[0] if workloads else None,
-            tp=tp,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            memory_cap_gib=memory_cap_gib,
-            top=search_top,
-            audits=audits,
-            overlap=overlap,
-            replicas=replicas,
-            pp=pp,
-            cp=cp,
-            cp_layers=cp_layers,
-            cp_kv=cp_kv,
-            dp_attention=dp_attention,
-        )
+        searched = finder(graph, topology, workloads[0] if workloads else None, tp=tp, dtype=dtype,
+                          expert_dtype=expert_dtype, memory_cap_gib=memory_cap_gib, top=search_top, audits=audits,
+                          overlap=overlap, replicas=replicas, pp=pp, cp=cp, cp_layers=cp_layers, cp_kv=cp_kv,
+                          dp_attention=dp_attention)  # fmt: skip
         grid = searched.grid
         for f in searched.found:
             pl = f.plan
@@ -575,6 +565,7 @@ def analyse(
     a.grid = grid
     a.overlap = overlap
     a.cp_kv = cp_kv
+    a.arrival = arrival
     if best_found is not None:
         f = best_found
         a.search_best = (f.plan.name, deployment_label(f.tp, f.pp, f.cp, f.replicas))
@@ -596,7 +587,7 @@ def analyse(
 
         for w in workloads:
             a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of, grid)
-        if prompt_lengths and workloads:
+        if prompt_lengths and workloads and (arrival is None or arrival.trace is None):  # a trace has its own
             say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
             rows = [r for r in a.deployments[workloads[0].name]]
             chosen = [c for r in rows if (c := a.variant(r.variant)) is not None]

@@ -16,89 +16,16 @@ inside either band reconciles them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.errors import TpplanError
 from tpplan.report.results import Variant
+from tpplan.report.rows import KernelSensitivity, SourceAnswer
 
 DEFAULT = "default"
 ENGINE_KINDS = ("aic", "aic-fitted")  # the kernel sources `--engine` adds to a GPU model
-
-
-@dataclass(frozen=True)
-class SourceAnswer:
-    """Today's deployment and one target plan priced from one kernel-price source."""
-
-    name: str  # DEFAULT or an engine (sglang, vllm, trtllm)
-    label: str  # what priced the kernels, in words
-    target: str  # the target's variant key
-    current_s: float
-    target_s: float
-    band: float  # the composed band of today's deployment under this source
-
-    @property
-    def change(self) -> float:
-        """The target's change of mean TTFT against today's (negative: faster)."""
-        return (self.target_s - self.current_s) / self.current_s
-
-
-@dataclass(frozen=True)
-class KernelSensitivity:
-    """The answer under each source: the memo's target and each source's own best engine-run plan
-    at today's deployment shape, each priced from every source."""
-
-    current: str  # variant keys
-    targets: tuple[str, ...]  # the memo's target first
-    workload: str
-    chosen: str  # the source the memo's times come from
-    answers: tuple[SourceAnswer, ...]
-    reason: str
-    skipped: tuple[str, ...] = ()  # sources not compared, each with why
-
-    @property
-    def sources(self) -> list[str]:
-        return list(dict.fromkeys(s.name for s in self.answers))
-
-    def of(self, target: str, source: str) -> SourceAnswer | None:
-        return next((s for s in self.answers if s.target == target and s.name == source), None)
-
-    def disagreeing(self) -> list[SourceAnswer]:
-        """The answers whose change differs from the chosen source's for the same target by more
-        than both bands."""
-        out = []
-        for s in self.answers:
-            c = self.of(s.target, self.chosen)
-            if c is not None and s is not c and abs(s.change - c.change) > s.band + c.band:
-                out.append(s)
-        return out
-
-    def sentence(self) -> str | None:
-        """The answer's sentence where the sources disagree beyond their bands, else None."""
-        off = self.disagreeing()
-        if not off:
-            return None
-        parts = []
-        for target in dict.fromkeys(s.target for s in off):
-            c = self.of(target, self.chosen)
-            assert c is not None
-            others = "; ".join(
-                f"from {s.label} {100 * s.change:+.1f}% ({s.target_s:.3f} vs {s.current_s:.3f} s, "
-                f"band ±{100 * s.band:.1f}%)"
-                for s in off
-                if s.target == target
-            )
-            parts.append(
-                f"`{target}` against `{self.current}` at {self.workload} is {100 * c.change:+.1f}% from {c.label} "
-                f"(this memo's times, band ±{100 * c.band:.1f}%), but {others}"
-            )
-        return (
-            "**The kernel-price source changes this answer**: " + "; ".join(parts) + ". The differences are larger "
-            "than the two bands together, so which kernels the engine really runs decides it (Kernel-price source, "
-            "below)."
-        )
 
 
 def _source_label(name: str, topology: Topology) -> str:

@@ -86,6 +86,9 @@ def intro(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Blo
             + ")."
         )
     ]
+    if a.arrival is not None:  # asked for: the default, each workload's closed loop, is its C requests at once
+        b.append(Para(f"TTFT, its ranking and verdicts are the engine's serving loop with arrivals: "
+                      f"{a.arrival.describe()} (`--arrival-rate`, `--trace`, `--requests`, `--seed`)."))  # fmt: skip
     if command:
         b.append(Para(f"Regenerate with `{command}`."))
     if a.predictor_note:

@@ -25,8 +25,8 @@ from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
-    from tpplan.report.kernel_sources import KernelSensitivity
-    from tpplan.report.rows import DeploymentRow, GroupRace, LengthPoint
+    from tpplan.report.rows import DeploymentRow, GroupRace, KernelSensitivity, LengthPoint
+    from tpplan.simulate.serving import Arrival
 
 # Verdict statuses and the word the memo's answer uses for each.
 STATUS_WORDS = {
@@ -170,7 +170,10 @@ class Analysis:
     deployments: dict[str, list[DeploymentRow]] = field(default_factory=dict)  # workload -> ranked deployments
     length_points: dict[str, list[LengthPoint]] = field(default_factory=dict)  # variant key -> per prompt length
     length_races: list[GroupRace] = field(default_factory=list)  # CP vs CP-1, TP x PP vs TP over prompt lengths
-    kernel_sources: KernelSensitivity | None = None  # the answer under each kernel-price source (report.kernel_sources)
+    kernel_sources: KernelSensitivity | None = (
+        None  # the answer under each kernel-price source (report.rows, computed by report.kernel_sources)
+    )
+    arrival: Arrival | None = None  # the serving loop's arrivals (--arrival-rate, --trace); None: each workload's own
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)

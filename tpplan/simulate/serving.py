@@ -43,6 +43,15 @@ class Arrival:
         if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
             raise TpplanError(f"requests={self.requests}", f"must be 1 to {MAX_REQUESTS}", "pass a request count")
 
+    def describe(self) -> str:
+        """The arrival process in words, from its values (the memo says which one it ranked by)."""
+        if self.trace is not None:
+            return f"the requests of trace `{self.trace}`"
+        n = f"{self.requests:,} requests" if self.requests is not None else "each workload's requests"
+        if self.rate is None:
+            return f"each workload's closed loop at its concurrency, {n}"
+        return f"Poisson at {self.rate:g} req/s, {n}, seed {self.seed}"
+
     def to_json(self, arrivals: Arrivals) -> dict[str, object]:
         n = len(arrivals.requests)
         if isinstance(arrivals, ClosedLoop):
@@ -163,11 +172,11 @@ def replica_kv(p: Predictor) -> tuple[tuple[int, int] | None, str | None]:
 PredictFn = Callable[..., PlanPrediction]
 
 
-def with_serving_loop(predict: PredictFn) -> PredictFn:
+def with_serving_loop(predict: PredictFn, arrival: Arrival | None = None) -> PredictFn:
     """`predict` (`predict_plan`'s signature) with each prediction's TTFT taken from the engine's serving
-    loop (fixed costs included) over the workload's closed loop, on the prediction's own step prices,
-    and what the loop leaves out for that engine in `serving_conditions`: what the memo ranks and
-    judges deployments by."""
+    loop (fixed costs included) over `arrival` (None: the workload's closed loop), on the prediction's
+    own step prices, and what the loop leaves out for that engine in `serving_conditions`: what the
+    memo ranks and judges deployments by."""
 
     def run(graph: ModelGraph, plan: Plan, topo: Topology, **kw: Any) -> PlanPrediction:
         pred = predict(graph, plan, topo, **kw)
@@ -180,7 +189,9 @@ def with_serving_loop(predict: PredictFn) -> PredictFn:
                              cp_kv=kw.get("cp_kv", "engines"),
                              pipeline=kw.get("pipeline"), replicas=kw.get("replicas", 1))  # fmt: skip
         loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
-        res = serve(p, workload_arrivals(wl), loop)
+        ctx = graph.spec.numerics.max_position_embeddings
+        arrivals = workload_arrivals(wl) if arrival is None else arrivals_for(arrival, wl, ctx)
+        res = serve(p, arrivals, loop)
         return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
 
     return run
