@@ -113,7 +113,8 @@ def test_calibrate_gloo_writes_loadable_topology(tmp_path) -> None:
         assert fit.busbw_GBps > 0 and fit.group_size == 2 and fit.backend == "gloo"
     assert collective_time("all_reduce", 1e6, 2, topo).algorithm == "measured-curve"
     assert collective_time("all_reduce", 1e9, 2, topo).algorithm == "fitted"  # beyond the sweep
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tpplan-files", "topo.toml"]  # no temp files left
+    # no temp files left: the output, its ledger and the ledger's lock file (outputs.py keeps it)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tpplan-files", ".tpplan-files.lock", "topo.toml"]
 
 
 @pytest.mark.parametrize(
