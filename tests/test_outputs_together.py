@@ -169,14 +169,6 @@ def test_two_concurrent_writers_keep_every_ledger_entry(tmp_path):
 # --- a signal at the instant a temporary is created ----------------------------------------------
 
 
-@pytest.fixture
-def handlers():
-    before = {s: signal.getsignal(s) for s in STOPPING}
-    yield
-    for s, h in before.items():
-        signal.signal(s, h)
-
-
 def _signal_after(real, prefix: str):
     """`real` (mkstemp or mkdtemp), then a SIGTERM to this process when the temporary's name starts
     with `prefix`: it lands right after the temporary exists, before the caller has its name."""

@@ -21,15 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SLOW_SEARCH = ROOT / "tests" / "slow_search"  # its sitecustomize slows each deployment of the search
 
 
-@pytest.fixture
-def handlers():
-    """Put back the process's handlers: after a signal, `exit_cleanly` leaves its own in place."""
-    before = {s: signal.getsignal(s) for s in STOPPING}
-    yield
-    for s, h in before.items():
-        signal.signal(s, h)
-
-
 def test_sigterm_and_sighup_raise_terminated_with_their_exit_codes(handlers) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with pytest.raises(Terminated) as got, exit_cleanly():
