@@ -12,7 +12,7 @@ release (`tpplan.engines.DEFAULT_ENGINES`).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from tpplan.engines import select_pair
 from tpplan.engines.context_parallel import SGLANG_K3_FULL_SEQUENCE
@@ -22,29 +22,14 @@ from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
 from tpplan.engines.schema import EngineVersion
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.spec import MLASpec, ModelSpec
-
-
-class Sizes(Protocol):
-    """The sizes of a deployment a launch line must realise (`tpplan.cost.deployment.Deployment` has them;
-    the engines sit below cost, so they read them through this shape)."""
-
-    @property
-    def tp(self) -> int: ...
-    @property
-    def pp(self) -> int: ...
-    @property
-    def cp(self) -> int: ...
-    @property
-    def cp_layers(self) -> str: ...
-    @property
-    def replicas(self) -> int: ...
 
 
 def recipes(
     plan: Plan,
     spec: ModelSpec,
-    deployment: Sizes,
+    deployment: Mesh,
     *,
     prefill_cp: int = 1,
     dp: int = 1,
@@ -66,7 +51,7 @@ def recipes(
     return [whole_deployment(r, plan, spec, d) for r in out]
 
 
-def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Sizes) -> DeploymentFlags:
+def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> DeploymentFlags:
     """The engine's flags for the deployment's sizes, CP, replicas and overlap (`engines.launch`), or why none."""
     if d.cp > 1 and d.cp_layers == "mla":  # CP inside the TP group: only an open SGLang PR has it
         path = SGLANG_K3_FULL_SEQUENCE
@@ -78,7 +63,7 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Sizes) -> Dep
     return deployment_flags(engine, spec.model_type, all_mla, d.tp, d.pp, d.cp, plan.overlap, d.replicas)
 
 
-def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Sizes) -> EngineRecipe:
+def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
     """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
     does not run its CP, overlap or CP mode (the reason said), else its overlap flags added and its replicas
     (R servers) and CP difference noted."""
