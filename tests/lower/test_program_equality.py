@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
 from tpplan.layout.schedule import predict_schedule
 from tpplan.lower import Batch, KernelCall, lower
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -50,7 +50,7 @@ def test_kernels_and_collectives_equal_the_cost_models(model: str) -> None:
     checked = 0
     for n in (2, 4, 8):
         for name, plan in _plans(graph, n):
-            p = _predictor(graph, plan, Deployment(n))
+            p = _predictor(graph, plan, Mesh(n))
             if p is None:
                 continue
             segs = ((5 * n + 3, 0), (2 * n, 7))
@@ -82,13 +82,13 @@ def test_collectives_equal_the_runtime_schedule(model: str) -> None:
     checked = 0
     for n in (2, 4):
         for name, plan in _plans(graph, n):
-            if _predictor(graph, plan, Deployment(n)) is None:
+            if _predictor(graph, plan, Mesh(n)) is None:
                 continue
             for tokens in (4 * n, 4 * n + 1):
                 sched = predict_schedule(graph, plan, n, tokens, dtype="float32", rank=1)[0]
                 if sched.fallback:
                     continue
-                prog = lower(graph, plan, Deployment(n), Batch(((tokens, 0),), "float32", rank=1))
+                prog = lower(graph, plan, Mesh(n), Batch(((tokens, 0),), "float32", rank=1))
                 got = [(c.kind, c.value, c.shape, c.dtype, c.bytes, c.sent_bytes) for c in prog.collectives()]
                 want = [(c.kind, c.value, c.shape, c.dtype, c.bytes, c.sent_bytes) for c in sched.calls]
                 assert got == want, (model, name, n, tokens)
@@ -101,7 +101,7 @@ def test_moe_all_to_all_rows_from_routing_equal_the_schedule() -> None:
     plan = make_plan("sp-moe", graph, 2)
     routes = {layer: [[0, 1], [0, 5], [6, 7], [2, 7]] for layer in range(graph.spec.num_layers)}
     (s,) = predict_schedule(graph, plan, 2, 4, rank=0, routes={(0, k): v for k, v in routes.items()})
-    prog = lower(graph, plan, Deployment(2), Batch(((4, 0),), "float32", rank=0, routes=routes))
+    prog = lower(graph, plan, Mesh(2), Batch(((4, 0),), "float32", rank=0, routes=routes))
     assert [(c.value, c.shape, c.bytes, c.sent_bytes) for c in prog.collectives()] == [
         (c.value, c.shape, c.bytes, c.sent_bytes) for c in s.calls
     ]
@@ -115,7 +115,7 @@ def test_context_parallel_steps_equal_the_cost_models(model: str, cp: int, layer
     collectives an MLA layer's exchanges replace, as the cost model lists them."""
     graph = build_model_graph(load_model(model))
     for recurrence in ("scan", "serial"):
-        dep = Deployment(n, cp=cp, cp_layers=layers, cp_recurrence=recurrence)
+        dep = Mesh(n, cp=cp, cp_layers=layers, cp_recurrence=recurrence)
         p = _predictor(graph, make_plan("baseline", graph, n), dep)
         assert p is not None
         segs = ((37, 0), (20, 11))
@@ -136,7 +136,7 @@ PIPELINES = [("tiny-kimi-k3", "baseline", 2, 2), ("tiny-deepseek-v3", "sequence-
 @pytest.mark.parametrize(("model", "plan", "tp", "pp"), PIPELINES)
 def test_pipeline_stages_and_boundaries_equal_the_cost_models(model: str, plan: str, tp: int, pp: int) -> None:
     graph = build_model_graph(load_model(model))
-    dep = Deployment(tp, pp)
+    dep = Mesh(tp, pp)
     p = _predictor(graph, make_plan(plan, graph, tp), dep)
     assert p is not None
     prog = lower(graph, p.plan, dep, Batch(((1000, 0),), "bf16"), results=p.audit.layer_results, gpus_per_node=8)
@@ -149,9 +149,9 @@ def test_pipeline_stages_and_boundaries_equal_the_cost_models(model: str, plan: 
 
 def test_overlap_and_async_tp_are_named_in_the_program() -> None:
     graph = build_model_graph(load_model("tiny-deepseek-v3"))
-    tbo = lower(graph, make_plan("sp-moe+tbo", graph, 4), Deployment(4), Batch(((600, 0), (600, 0)), "bf16"))
+    tbo = lower(graph, make_plan("sp-moe+tbo", graph, 4), Mesh(4), Batch(((600, 0), (600, 0)), "bf16"))
     assert [m.segments for m in tbo.stages[0].micro_batches] == [((600, 0),), ((600, 0),)]
-    fused = lower(graph, make_plan("sequence-parallel+asynctp", graph, 4), Deployment(4), Batch(((64, 0),)))
+    fused = lower(graph, make_plan("sequence-parallel+asynctp", graph, 4), Mesh(4), Batch(((64, 0),)))
     assert fused.fused and {f.pattern for f in fused.fused} == {"ag_gemm", "gemm_rs"}
     gemms = {k.op for k in fused.layers[0].steps if isinstance(k, KernelCall) and k.cost_class == "gemm"}
     assert {g for f in fused.fused if f.layer == 0 and not f.from_previous for g in f.gemms} <= gemms

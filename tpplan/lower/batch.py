@@ -45,23 +45,23 @@ def masked_pairs(segs: Segments, window: int | None = None, chunk: int | None = 
     return pairs, read
 
 
-def local_segments(segs: Segments, cp: int, split: str) -> Segments:
-    """The slowest CP rank's share of a batch, as the attention calls it makes: under zigzag, rank 0's
-    two chunks of each request (chunk 0 after the request's context, chunk 2c-1 after all but the
+def local_segments(segs: Segments, ranks: int, split: str) -> Segments:
+    """The slowest CP rank's share of a batch dealt over `ranks` CP ranks, as the attention calls it
+    makes: under zigzag, rank 0's two chunks of each request (chunk 0 after the request's context, chunk 2c-1 after all but the
     last chunk; every rank computes the same causal pairs, SGLang's `kv_len_prev`/`kv_len_next` calls);
     under the contiguous split, the last rank's chunk after the first c-1 (the most keys)."""
-    if cp <= 1:
+    if ranks <= 1:
         return segs
     out: list[tuple[int, int]] = []
     for n, ctx in segs:
         if split == "zigzag":
-            bounds = chunk_bounds(n, 2 * cp)
-            for i in zigzag_chunks(cp, 0):
+            bounds = chunk_bounds(n, 2 * ranks)
+            for i in zigzag_chunks(ranks, 0):
                 start, stop = bounds[i]
                 if stop > start:
                     out.append((stop - start, ctx + start))
         else:
-            start, stop = chunk_bounds(n, cp)[-1]
+            start, stop = chunk_bounds(n, ranks)[-1]
             out.append((stop - start, ctx + start))
     return tuple(out)
 

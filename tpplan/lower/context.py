@@ -12,7 +12,7 @@ from tpplan.layout.context_parallel import CpAudit, audit_cp, model_split
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.lower.batch import Batch, Segments, batch_pairs, local_segments
-from tpplan.lower.program import MeshShape
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 
 
@@ -22,7 +22,7 @@ class Lowering:
 
     graph: ModelGraph
     plan: Plan
-    mesh: MeshShape
+    mesh: Mesh
     batch: Batch
     results: tuple[LayerResult, ...]  # propagation per layer, chained as the audit chains them
     gpus_per_node: int

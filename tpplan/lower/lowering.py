@@ -13,15 +13,16 @@ from tpplan.layout.propagate import LayerResult
 from tpplan.layout.schedule import layer_results
 from tpplan.lower.batch import Batch
 from tpplan.lower.context import Lowering
-from tpplan.lower.program import LayerProgram, MeshShape, MicroBatch, Program, StageProgram
+from tpplan.lower.program import LayerProgram, MicroBatch, Program, StageProgram
 from tpplan.lower.registry import passes
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 
 
 def lowering(
     graph: ModelGraph,
     plan: Plan,
-    mesh: MeshShape,
+    mesh: Mesh,
     batch: Batch,
     *,
     results: list[LayerResult] | None = None,
@@ -56,7 +57,7 @@ def lower_program(ctx: Lowering) -> Program:
 def lower(
     graph: ModelGraph,
     plan: Plan,
-    mesh: MeshShape,
+    mesh: Mesh,
     batch: Batch,
     *,
     results: list[LayerResult] | None = None,

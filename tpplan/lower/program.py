@@ -12,25 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from tpplan.layout.propagate import CommEvent, OpDecision
-
-
-class MeshShape(Protocol):
-    """What the lowering reads of a deployment (`tpplan.cost.deployment.Deployment` has it): the axes'
-    sizes and how CP splits the layers. A protocol so the lowering sits below the cost model."""
-
-    @property
-    def tp(self) -> int: ...
-    @property
-    def pp(self) -> int: ...
-    @property
-    def cp(self) -> int: ...
-    @property
-    def cp_recurrence(self) -> str: ...
-    @property
-    def cp_layers(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -218,7 +201,6 @@ __all__ = [
     "KernelCall",
     "LayerProgram",
     "LayoutCopy",
-    "MeshShape",
     "MicroBatch",
     "Program",
     "SendRecv",

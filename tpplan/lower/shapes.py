@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import OpDecision
 from tpplan.models.graph import OpKind
 from tpplan.placement import S_COL, S_TOK
@@ -34,24 +35,25 @@ def gemm_shape(d: OpDecision, tokens: int, n: int) -> tuple[int, int, int]:
     return m, inp, out
 
 
-def expert_share(d: OpDecision, tokens: int, n: int, ep_size: int | None) -> tuple[int, int, float]:
+def expert_share(d: OpDecision, tokens: int, n: int, plan: Plan) -> tuple[int, int, float]:
     """(experts, intermediate width, routed rows) one rank runs for the routed experts: all-to-all E/N
     experts whole on T*k/N rows; EP E/ep experts at 1/(N/ep) of the intermediate on T*k/ep rows; TP every
-    expert at 1/N of the intermediate on all T*k rows."""
+    expert at 1/N of the intermediate on all T*k rows (`plan`: its EP size)."""
     op = d.op
     e, k = op.int_attr("experts"), op.int_attr("top_k")
     inter = op.int_attr("intermediate")
     if d.split == "a2a":
         return e // n, inter, tokens * k / n
     if d.split == "ep":
-        ep = ep_size or 1
+        ep = plan.ep_size or 1
         return e // ep, inter // (n // ep), tokens * k / ep
     return e, inter // n, float(tokens * k)
 
 
-def experts_shape(d: OpDecision, tokens: int, n: int, ep_size: int | None) -> tuple[int, int, int]:
-    """(routed rows, width, 2 x intermediate) of the first grouped GEMM (gate+up) on one rank."""
-    _, inter, rows = expert_share(d, tokens, n, ep_size)
+def experts_shape(d: OpDecision, tokens: int, n: int, plan: Plan) -> tuple[int, int, int]:
+    """(routed rows, width, 2 x intermediate) of the first grouped GEMM (gate+up) on one rank (`plan`:
+    its EP size where the experts are split EP)."""
+    _, inter, rows = expert_share(d, tokens, n, plan)
     return max(1, round(rows)), d.op.int_attr("width"), 2 * inter
 
 

@@ -24,21 +24,23 @@ if TYPE_CHECKING:
 STATE_DTYPES = {4: "float32", 2: "bfloat16", 1: "float8_e4m3fn"}
 
 
-def cp_ranks_per_node(tp: int, cp: int, gpus_per_node: int) -> int:
-    """CP peers that share a node: they sit `tp` GPUs apart (TP innermost)."""
-    if tp >= gpus_per_node:
+def cp_ranks_per_node(stride: int, ranks: int, gpus_per_node: int) -> int:
+    """Peers of a CP group of `ranks` that share a node: they sit `stride` GPUs apart (the TP group's
+    size: TP innermost)."""
+    if stride >= gpus_per_node:
         return 1
-    return max(1, min(cp, gpus_per_node // tp))
+    return max(1, min(ranks, gpus_per_node // stride))
 
 
-def exchange_bytes(x: CpExchange, cp: int, segs: Segments, b: float) -> float:
-    """nccl-tests size of one exchange for a batch: an all-gather's whole output (every rank's rows,
-    padded to the longest), an all-reduce's buffer or a send/recv's message (the rank's rows)."""
+def exchange_bytes(x: CpExchange, ranks: int, segs: Segments, b: float) -> float:
+    """nccl-tests size of one exchange for a batch over `ranks` CP ranks: an all-gather's whole output
+    (every rank's rows, padded to the longest), an all-reduce's buffer or a send/recv's message (the
+    rank's rows)."""
     eb = x.elem_bytes if x.elem_bytes is not None else b
-    rows = sum(math.ceil(n / cp) for n, _ in segs)
+    rows = sum(math.ceil(n / ranks) for n, _ in segs)
     seqs = len(segs)
     if x.collective == "all_gather":
-        return cp * (x.per_token * rows + x.per_seq * seqs) * eb
+        return ranks * (x.per_token * rows + x.per_seq * seqs) * eb
     return (x.per_token * rows + x.per_seq * seqs) * eb
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tpplan.dtypes import TORCH_DTYPE_BYTES
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
 from tpplan.layout.schedule import ring_sent_bytes, value_dtype
 from tpplan.layout.transitions import TRANSITIONS, Transition
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
     from tpplan.lower.context import Lowering
 
 
-def kernel_call(d: OpDecision, tokens: int, n: int, ep_size: int | None, dtype: str) -> KernelCall:
-    """One op decision as the kernel a rank runs for a batch of `tokens` (its rows and per-rank shape).
+def kernel_call(d: OpDecision, tokens: int, n: int, plan: Plan, dtype: str) -> KernelCall:
+    """One op decision as the kernel a rank of a TP group of `n` runs for a batch of `tokens` (its rows
+    and per-rank shape; `plan`: its EP size for routed experts split EP).
     Redundant: every rank does the whole op on the same values (replicated inputs); ops on partial
     sums also run whole on every rank, but each on different data, and routed experts never repeat."""
     op = d.op
@@ -35,7 +37,7 @@ def kernel_call(d: OpDecision, tokens: int, n: int, ep_size: int | None, dtype: 
     if cost == "gemm":
         shape = gemm_shape(d, tokens, n)
     elif cost == "experts":
-        shape = experts_shape(d, tokens, n, ep_size)
+        shape = experts_shape(d, tokens, n, plan)
     redundant = n > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs and cost != "experts"
     rows = token_rows(d, tokens, n)
     return KernelCall(op.name, op.kind.value, cost, rows, shape, dtype, redundant, d)
@@ -75,7 +77,7 @@ def _layer(ctx: Lowering, layer: LayerProgram) -> LayerProgram:
     steps: list[Step] = []
     for d in res.decisions:
         steps += before.pop(d.op.name, [])
-        steps.append(kernel_call(d, ctx.tokens, ctx.tp, ctx.plan.ep_size, ctx.act))
+        steps.append(kernel_call(d, ctx.tokens, ctx.tp, ctx.plan, ctx.act))
     for rest in before.values():  # consumed after the layer (the next layer's stream)
         steps += rest
     return replace(layer, steps=layer.steps + tuple(steps))
