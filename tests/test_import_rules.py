@@ -29,6 +29,7 @@ PLANNER = (
     "inputs",
     "units",
     "signals",
+    "mesh",
 )
 ABOVE_PLANNER = ("report", "runtime", "bench", "commands", "cli", "explain")
 
@@ -195,6 +196,7 @@ def test_the_torch_block_works() -> None:
 # docs/design.md, "Layers and their rules", bottom up; a module imports only from its own rank or below.
 LAYERS = [
     ("errors", "dtypes", "placement", "bench_results", "outputs", "progress", "inputs", "units", "signals", "text"),
+    ("mesh",),
     ("models",),
     ("layout",),
     ("plans", "engines"),
