@@ -47,9 +47,10 @@ def masked_pairs(segs: Segments, window: int | None = None, chunk: int | None = 
 
 def local_segments(segs: Segments, ranks: int, split: str) -> Segments:
     """The slowest CP rank's share of a batch dealt over `ranks` CP ranks, as the attention calls it
-    makes: under zigzag, rank 0's two chunks of each request (chunk 0 after the request's context, chunk 2c-1 after all but the
-    last chunk; every rank computes the same causal pairs, SGLang's `kv_len_prev`/`kv_len_next` calls);
-    under the contiguous split, the last rank's chunk after the first c-1 (the most keys)."""
+    makes: under zigzag, rank 0's two chunks of each request (chunk 0 after the request's context, chunk
+    2c-1 after all but the last chunk; every rank computes the same causal pairs, SGLang's
+    `kv_len_prev`/`kv_len_next` calls); under the contiguous split, the last rank's chunk after the
+    first c-1 (the most keys)."""
     if ranks <= 1:
         return segs
     out: list[tuple[int, int]] = []
