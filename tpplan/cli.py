@@ -40,6 +40,7 @@ _register_commands()
 FLAG_OF = {
     "tp": "--tp",
     "pp": "--pp",
+    "replicas": "--replicas",
     "dtype": "--dtype",
     "expert_dtype": "--expert-dtype",
     "memory_cap_gib": "--memory-cap",
