@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpplan.mesh import Mesh
+
 if TYPE_CHECKING:
     from tpplan.simulate.requests import Arrivals
 
@@ -91,7 +93,7 @@ def predict(p: dict[str, Any]) -> Replay:
     graph = build_model_graph(load_model(p["model"]))
     tp, pp = int(p["tp"]), int(p["pp"])
     engine = ENGINES[p["engine"]]
-    pred = cached_predictor(graph, make_plan("baseline", graph, tp), topo, tp, pp, "bf16", None,
+    pred = cached_predictor(graph, make_plan("baseline", graph, tp), topo, Mesh(tp, pp=pp), "bf16", None,
                             pipeline=pipeline_model(engine))  # fmt: skip
     chunk = scheduler_rules(engine).budget.default_tokens(topo.gpu.memory_GiB, p["gpu"])
     res = serve(pred, _arrivals(p), engine_loop(pred.pipeline, pred.deployment, chunk, topo.gpus_per_node))

@@ -37,6 +37,7 @@ from tpplan.audit import Audits, PlanAudit
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
@@ -279,9 +280,9 @@ def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 
 
     # ranked by the engine's serving loop (fixed costs, CPU overlap, PP schedule), as the memo ranks
     predict = with_serving_loop(predict_plan)
-    pr = predict(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                 expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
-                 replicas=replicas)  # fmt: skip
+    mesh = Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv)
+    pr = predict(s.graph, pa.plan, s.topo, mesh=mesh, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
+                 expert_dtype=s.expert_dtype, audit=pa)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -306,9 +307,14 @@ def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> O
         assert s.topo is not None
         from tpplan.cost.pricing import Pricer
 
-        pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
-                        replicas=replicas)  # fmt: skip
+        pricer = Pricer(
+            s.graph,
+            s.topo,
+            Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv),
+            dtype=s.dtype,
+            expert_dtype=s.expert_dtype,
+            audit=s.baseline_audit(tp),
+        )
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
