@@ -22,6 +22,7 @@ from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import engine_plans
+from tpplan.engines.recipes import recipes
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.layout.propagate import LayerResult
@@ -33,7 +34,6 @@ from tpplan.plans.named import make_plan
 from tpplan.report.crossover import crossovers
 from tpplan.report.deployments import Parts, rank_deployments, workload_parts
 from tpplan.report.differences import differences
-from tpplan.report.engines import recipes
 from tpplan.report.kernel_sources import sensitivity_of
 from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant

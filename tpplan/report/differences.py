@@ -14,10 +14,10 @@ from collections.abc import Callable
 from tpplan.cost.collectives import collective_time
 from tpplan.cost.gemm import gemm_time
 from tpplan.dtypes import DTYPE_BYTES
+from tpplan.engines.recipes import family
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
-from tpplan.report.engines import family
 from tpplan.report.results import Analysis, Variant, held_weights, ttft_mean
 from tpplan.units import GIB, gib, pct_change
 

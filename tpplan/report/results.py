@@ -18,10 +18,10 @@ from tpplan.cost.deployment import Deployment
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.engines.recipes import EngineRecipe
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover
-from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
