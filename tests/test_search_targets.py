@@ -128,7 +128,7 @@ def test_the_front_holds_every_undominated_point_and_no_other(pts: list[tuple[in
 
 # -- the command ----------------------------------------------------------------------------------------------
 
-SEARCH = ("search", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--top", "1")
+SEARCH = ("search", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--top", "1", "--no-pd")
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +212,26 @@ def test_targets_need_a_workload_with_output_tokens(monkeypatch, capsys, tmp_pat
     assert code == 2 and "--ttft-target/--tpot-target: the requests' prompts and outputs come from a workload" in err
     code, _, err = run_cli(monkeypatch, capsys, *SEARCH, "-w", "prompt16k-c8", "--tpot-target", "50ms")
     assert code == 2 and "one output token: no TPOT to target" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_pd_deployments_rank_beside_the_aggregated_with_what_binds(monkeypatch, capsys, chat: str) -> None:  # type: ignore[no-untyped-def]
+    """With P/D (the default), pools of the meshes found, at the ratio the bound chose, rank beside the
+    aggregated deployment; what binds is the P/D bound's side, said with its figures."""
+    args = [a for a in SEARCH if a != "--no-pd"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "-w", chat, "--ttft-target", "1s", "--tpot-target", "0.65ms",
+                             "--json", "-")  # fmt: skip
+    assert code == 0, err
+    s = json.loads(out)["serving_search"]
+    pd = [d for d in s["deployments"] if d["kind"] == "disaggregated"]
+    assert pd and all(d["deployment"].startswith("P/D ") and d["decode_plan"] for d in pd)
+    for d in pd:
+        n_p, n_d = (int(x) for x in d["ratio"].split(":"))
+        run = d["disaggregated"]
+        assert run["ratio"] == d["ratio"] and run["gpus"] == 2 * n_p + 2 * n_d <= 8
+        assert d["binds"] == {"prefill": "prefill", "decode": "decode", "transfer": "KV transfer"}[run["binding"]]
+        assert d["why"].startswith(run["binding_text"])
+        p = d["best"] or d["closest"]
+        assert p["kind"] == "disaggregated" and p["gpus"] == run["gpus"]
+    ranked = [d["best"]["goodput_per_gpu"] for d in s["deployments"] if d["meets_targets"]]
+    assert ranked == sorted(ranked, reverse=True) and len(ranked) >= 1

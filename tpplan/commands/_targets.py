@@ -36,6 +36,11 @@ TpotTargetOpt = Annotated[
 TargetStatOpt = Annotated[
     str, typer.Option("--target-stat", help="Statistic of a target given without one: mean, p50, p90 or p99")
 ]
+PdOpt = Annotated[
+    bool,
+    typer.Option("--pd/--no-pd",
+                 help="Under targets, also rank P/D deployments: prefill and decode pools of the meshes found"),
+]  # fmt: skip
 GpusOpt = Annotated[
     int | None,
     typer.Option("--gpus", help="GPU budget of the search under targets, whole nodes (default: the topology's)"),
@@ -94,13 +99,14 @@ def budget_gpus(gpus: int | None, nodes: int | None) -> int | None:
 
 
 def serve_search(
-    outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, arrival: Arrival
+    outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, arrival: Arrival, pd: bool
 ) -> TargetsOutcome:
-    """The search's deployments served under the targets, at the rate of `--arrival-rate` if given."""
+    """The search's deployments served under the targets, at the rate of `--arrival-rate` if given; `pd`:
+    P/D deployments too."""
     from tpplan.search.under_targets import serve_under_targets
 
     return serve_under_targets(outcome, graph, workload, targets, arrival=arrival if arrival.rate is not None else None,
-                               requests=arrival.requests)  # fmt: skip
+                               requests=arrival.requests, disaggregated=pd)  # fmt: skip
 
 
 def print_targets(data: dict[str, Any]) -> None:
@@ -141,6 +147,7 @@ def print_targets(data: dict[str, Any]) -> None:
 
 __all__ = [
     "GpusOpt",
+    "PdOpt",
     "TargetStatOpt",
     "TpotTargetOpt",
     "TtftTargetOpt",

@@ -38,6 +38,7 @@ from tpplan.commands._serving import (
 )
 from tpplan.commands._targets import (
     GpusOpt,
+    PdOpt,
     TargetStatOpt,
     TpotTargetOpt,
     TtftTargetOpt,
@@ -184,6 +185,7 @@ def register(app: typer.Typer) -> None:
         tpot_target: TpotTargetOpt = None,
         target_stat: TargetStatOpt = "p90",
         gpus: GpusOpt = None,
+        pd: PdOpt = True,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them; under --ttft-target and/or
         --tpot-target, serve each deployment's best with decode and rank them by goodput per GPU."""
@@ -247,7 +249,7 @@ def register(app: typer.Typer) -> None:
             under = None
             if targets is not None and wl is not None:
                 say("serving each deployment's best plan under the targets")
-                under = serve_search(outcome, graph, wl, targets, arrival)
+                under = serve_search(outcome, graph, wl, targets, arrival, pd)
         data = outcome.to_json()
         if under is not None:
             data["serving_search"] = under.to_json()

@@ -105,6 +105,18 @@ class DeploymentAnswer:
     binds: Binds | None
     why: str
     pruned: bool = False  # the unloaded run already missed: no other load was tried
+    # P/D: `ranked` is the prefill pool's mesh and plan, this the decode pool's; the pools' instances n_P:n_D
+    decode_ranked: RankedPlan | None = None
+    ratio: str | None = None
+    pools: dict[str, object] | None = None  # the P/D run's JSON at the best (or closest) load
+
+    @property
+    def kind(self) -> str:
+        return "aggregated" if self.decode_ranked is None else "disaggregated"
+
+    @property
+    def label(self) -> str:
+        return self.points[0].deployment if self.points else self.ranked.deployment
 
     @property
     def closest(self) -> ServingPoint:
@@ -114,8 +126,11 @@ class DeploymentAnswer:
     def to_json(self, targets: Targets) -> dict[str, object]:
         near = self.closest
         return {
-            "deployment": self.points[0].deployment if self.points else self.ranked.deployment,
+            "deployment": self.label,
+            "kind": self.kind,
             "plan": self.ranked.plan.name,
+            "decode_plan": None if self.decode_ranked is None else self.decode_ranked.plan.name,
+            "ratio": self.ratio,
             "replicas": self.replicas,
             "admitted_batch": self.admitted_batch,
             "kv_tokens_per_replica": self.kv_tokens,
@@ -127,6 +142,7 @@ class DeploymentAnswer:
             "why": self.why,
             "pruned_by_bound": self.pruned,
             "loads": [p.to_json() for p in self.points],
+            "disaggregated": self.pools,
         }
 
 
@@ -167,7 +183,7 @@ class TargetsOutcome:
             "rate_per_s": self.rate,
             "waves": WAVES,
             "deployments": [a.to_json(self.targets) for a in self.answers],
-            "meets": [a.ranked.deployment for a in self.meeting],
+            "meets": [a.label for a in self.meeting],
             "closest": None if near is None else near.to_json(self.targets),
             "pareto_front": [p.to_json() for p in self.front],
             "skipped": [{"deployment": d, "why": w} for d, w in self.skipped],
@@ -219,10 +235,13 @@ class _Ask:
     deployments: tuple[RankedPlan, ...] = ()
 
 
-def _point(ask: _Ask, r: RankedPlan, res: LoopResult, load: Load, gpus: int) -> ServingPoint:
+def point_of(
+    targets: Targets, label: str, plan: str, kind: str, res: LoopResult, load: Load, gpus: int
+) -> ServingPoint:
+    """One run's figures under the targets (`gpus`: the GPUs that served it)."""
     tl = res.timelines
-    achieved = ask.targets.achieved(tl)
-    good, per_gpu = goodput(tl, ask.targets, gpus)
+    achieved = targets.achieved(tl)
+    good, per_gpu = goodput(tl, targets, gpus)
     dec = res.decode_summary(gpus) or {}
     summary = res.summary()
     stats = {k: float(summary[f"{k}_s"]) for k in ("mean", "p50", "p90", "p99")}
@@ -230,10 +249,13 @@ def _point(ask: _Ask, r: RankedPlan, res: LoopResult, load: Load, gpus: int) -> 
     end = max(t.done_s if not math.isnan(t.done_s) else t.first_token_s for t in tl)
     out_tok = sum(t.request.output_tokens for t in tl)
     user = float(dec.get("output_tok_s_per_user", math.nan))  # type: ignore[arg-type]
-    pt = ServingPoint(r.deployment, r.plan.name, "aggregated", gpus, load, len(tl), achieved, good, per_gpu,
-                      out_tok / end / gpus if end > 0 else 0.0, user, stats, tpot,  # type: ignore[arg-type]
-                      ask.targets.met(achieved), ask.targets.worst_ratio(achieved))  # fmt: skip
-    return pt
+    return ServingPoint(label, plan, kind, gpus, load, len(tl), achieved, good, per_gpu,
+                        out_tok / end / gpus if end > 0 else 0.0, user, stats, tpot,  # type: ignore[arg-type]
+                        targets.met(achieved), targets.worst_ratio(achieved))  # fmt: skip
+
+
+def _point(ask: _Ask, r: RankedPlan, res: LoopResult, load: Load, gpus: int) -> ServingPoint:
+    return point_of(ask.targets, r.deployment, r.plan.name, "aggregated", res, load, gpus)
 
 
 def _shapes(wl: Workload) -> list[Shape]:
@@ -412,12 +434,13 @@ def check_workload(targets: Targets, workload: Workload) -> None:
 
 def serve_under_targets(
     outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, *,
-    arrival: Arrival | None = None, requests: int | None = None,
+    arrival: Arrival | None = None, requests: int | None = None, disaggregated: bool = True,
 ) -> TargetsOutcome:  # fmt: skip
     """Each deployment's best plan (`outcome.deployment_best`, searched with `every_deployment`) served
     under `targets`: by the GPU budget (the topology's GPUs; `arrival` None or without a rate) or at
     `arrival`'s rate, `requests` per load where given; ranked by goodput per GPU where the targets are
-    met, else by how near they come."""
+    met, else by how near they come. `disaggregated`: also P/D deployments of the meshes found
+    (`search.disagg_targets`)."""
     from tpplan.errors import TpplanError
 
     t0 = time.perf_counter()
@@ -427,15 +450,19 @@ def serve_under_targets(
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
     rate = arrival.rate if arrival is not None else None
     ask = _Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
-               arrival if rate is not None else None, requests)  # fmt: skip
+               arrival if rate is not None else None, requests, outcome.deployment_best)  # fmt: skip
     outcome_best = outcome.deployment_best
     answers: list[DeploymentAnswer] = []
     skipped: list[tuple[str, str]] = []
-    for r, got in zip(outcome_best, _serve_all(ask, outcome_best), strict=True):
+    for r, got in zip(outcome_best, _serve_all(ask), strict=True):
         if isinstance(got, DeploymentAnswer):
             answers.append(got)
         else:  # a request whose KV does not fit the pool alone
             skipped.append((r.deployment, got))
+    if answers and disaggregated:  # P/D pools of the meshes the aggregated deployments use
+        from tpplan.search.disagg_targets import serve_disagg
+
+        answers += serve_disagg(ask, answers)
     answers.sort(key=_order)
     front = pareto_max([p for a in answers for p in a.points],
                        lambda p: (p.output_tok_s_per_gpu, p.output_tok_s_per_user))  # fmt: skip
@@ -458,15 +485,17 @@ def _serve_one(i: int, r: RankedPlan | None = None) -> DeploymentAnswer | str:
         return err.reason
 
 
-def _serve_all(ask: _Ask, deployments: tuple[RankedPlan, ...]) -> list[DeploymentAnswer | str]:
+def _serve_all(ask: _Ask) -> list[DeploymentAnswer | str]:
     """Every deployment served, on as many cores as there are (forked workers, as the search's own grid:
     `search.pool`), else in turn. A worker's answer carries its plan back; the parent keeps its own."""
     global _ASK
     import multiprocessing as mp
+
+    deployments = ask.deployments
     import os
     import threading
 
-    _ASK = replace(ask, deployments=deployments)
+    _ASK = ask
     try:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if min(len(deployments), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
