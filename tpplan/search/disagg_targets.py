@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpplan.search.results import RankedPlan
-from tpplan.search.under_targets import WAVES, Binds, DeploymentAnswer, Load, ServingPoint, admitted_batch, point_of
+from tpplan.search.serving_points import WAVES, Binds, DeploymentAnswer, Load, ServingPoint, admitted_batch, point_of
 
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
-    from tpplan.search.under_targets import _Ask
+    from tpplan.search.serving_points import Ask
     from tpplan.simulate.disagg import Capacity, DisaggDeployment, DisaggResult
 
 PAIRS = 2  # pairs of meshes simulated, those with the highest bound per GPU
@@ -68,15 +68,15 @@ def meshes(deployments: tuple[RankedPlan, ...]) -> list[RankedPlan]:
 
 
 def _pairs(
-    ask: _Ask, prefill: list[RankedPlan], decode: list[RankedPlan], predictor: dict[str, Predictor]
+    ask: Ask, prefill: list[RankedPlan], decode: list[RankedPlan], predictor: dict[str, Predictor]
 ) -> list[_Pair]:
     """Every (prefill, decode) pair that fits the budget, at its ratio, by bound per GPU, best first."""
     from tpplan.errors import TpplanError
-    from tpplan.search.under_targets import _shapes
+    from tpplan.search.serving_points import shapes_of
     from tpplan.simulate.disagg import DisaggDeployment, PoolSpec, capacity, ratios
     from tpplan.simulate.requests import closed_loop
 
-    shapes = _shapes(ask.workload)
+    shapes = shapes_of(ask.workload)
     probe = closed_loop(1, shapes, len(shapes))
     tpot = ask.targets.tpot.seconds if ask.targets.tpot is not None else None
     chunk = ask.workload.chunk_size
@@ -106,14 +106,14 @@ def _pairs(
     return out
 
 
-def serve_pair(ask: _Ask, pair: _Pair) -> DeploymentAnswer:
+def serve_pair(ask: Ask, pair: _Pair) -> DeploymentAnswer:
     """One pair served: alone first, then the budget's loads or the rate."""
-    from tpplan.search.under_targets import _shapes
+    from tpplan.search.serving_points import shapes_of
     from tpplan.simulate.disagg import serve_disaggregated
     from tpplan.simulate.requests import closed_loop
     from tpplan.simulate.serving import arrivals_for
 
-    shapes = _shapes(ask.workload)
+    shapes = shapes_of(ask.workload)
     dep = pair.dep
     plan = f"{pair.prefill.plan.name} / {pair.decode.plan.name}"
     runs: dict[int | None, DisaggResult] = {}
@@ -153,7 +153,7 @@ def _order(p: ServingPoint) -> float:
     return p.load.clients if p.load.clients is not None else math.inf
 
 
-def _loads(ask: _Ask, pair: _Pair, run: object) -> list[ServingPoint]:
+def _loads(ask: Ask, pair: _Pair, run: object) -> list[ServingPoint]:
     """Closed-loop loads up to the decode instances' batches, from the bound's batch up while met, down until."""
     from collections.abc import Callable
 
@@ -175,17 +175,17 @@ def _loads(ask: _Ask, pair: _Pair, run: object) -> list[ServingPoint]:
     return [tried[c] for c in sorted(tried)]
 
 
-def serve_disagg(ask: _Ask, aggregated: list[DeploymentAnswer]) -> list[DeploymentAnswer]:
+def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[DeploymentAnswer]:
     """The `PAIRS` best pairs as P/D deployments, served under the targets. Pools are drawn from the
     `POOLS` meshes with the shortest prefill TTFT (the search's score) for prefill and the `POOLS` with
     the most output tokens/s per GPU as aggregated deployments (at their best or closest load) for decode."""
-    from tpplan.search.under_targets import _predictor
+    from tpplan.search.serving_points import predictor_of
 
     every = meshes(ask.deployments)
     prefill = sorted(every, key=lambda r: r.score)[:POOLS]
     tok_s = {_mesh(a.ranked): a.closest.output_tok_s_per_gpu for a in aggregated}
     decode = sorted(every, key=lambda r: -tok_s.get(_mesh(r), 0.0))[:POOLS]
-    predictor = {_mesh(r): _predictor(ask, r, False) for r in (*prefill, *decode)}
+    predictor = {_mesh(r): predictor_of(ask, r, False) for r in (*prefill, *decode)}
     return [serve_pair(ask, pair) for pair in _pairs(ask, prefill, decode, predictor)[:PAIRS]]
 
 

@@ -26,124 +26,31 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from tpplan.search.fronts import pareto_max
 from tpplan.search.results import RankedPlan, SearchOutcome
-from tpplan.search.targets import Metric, Targets, goodput, seconds_text
+from tpplan.search.serving_points import (
+    WAVES,
+    Ask,
+    Binds,
+    DeploymentAnswer,
+    Load,
+    ServingPoint,
+    admitted_batch,
+    kv_need_of,
+    point_at,
+    predictor_of,
+    serve_aggregated,
+    shapes_of,
+)
+from tpplan.search.targets import Targets, seconds_text
 
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
-    from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
     from tpplan.models.graph import ModelGraph
-    from tpplan.simulate.requests import Arrivals, Shape
-    from tpplan.simulate.results import LoopResult
     from tpplan.simulate.serving import Arrival
-
-WAVES = 2  # closed-loop requests per client at each load: the first wave starts cold, the later ones steady
-Binds = Literal["prefill", "decode", "KV capacity", "running-request cap", "KV transfer"]
-
-
-@dataclass(frozen=True)
-class Load:
-    """How one run was loaded: closed-loop clients per replica, or Poisson at a rate over all replicas."""
-
-    clients: int | None = None
-    rate: float | None = None
-
-    def describe(self) -> str:
-        if self.clients is None:
-            return f"{self.rate:g} req/s"
-        return f"{self.clients} client" + ("s" if self.clients != 1 else "")
-
-
-@dataclass(frozen=True)
-class ServingPoint:
-    """One deployment at one load, as its requests met the targets. Figures per GPU are over `gpus`,
-    the GPUs that served the run: one replica's under a budget (the replicas serve alike, so its figures
-    per GPU are the deployment's; `clients` are one replica's), every replica's under a rate."""
-
-    deployment: str
-    plan: str
-    kind: str  # "aggregated" (one mesh serves prefill and decode) or "disaggregated"
-    gpus: int
-    load: Load
-    requests: int
-    achieved: dict[Metric, float]  # each target's statistic over the run
-    good: int  # requests meeting both targets by their own TTFT and TPOT
-    goodput_per_gpu: float  # good requests / s / GPU
-    output_tok_s_per_gpu: float
-    output_tok_s_per_user: float
-    ttft_s: dict[str, float]  # mean, p50, p90, p99
-    tpot_s: dict[str, float]
-    met: bool
-    worst_ratio: float  # the largest statistic / its ceiling (<= 1: met)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "deployment": self.deployment, "plan": self.plan, "kind": self.kind, "gpus": self.gpus,
-            "clients": self.load.clients, "rate_per_s": self.load.rate, "requests": self.requests,
-            "achieved_s": dict(self.achieved), "meets_targets": self.met, "good_requests": self.good,
-            "goodput_per_gpu": self.goodput_per_gpu, "output_tok_s_per_gpu": self.output_tok_s_per_gpu,
-            "output_tok_s_per_user": self.output_tok_s_per_user, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
-        }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class DeploymentAnswer:
-    """One deployment under the targets: every load tried, the best that meets them (None: none does),
-    the admitted batch and the KV pool it came from, what binds and why (a sentence from the figures)."""
-
-    ranked: RankedPlan
-    replicas: int  # copies of the deployment (`ranked.replicas`); under a budget one is served
-    points: tuple[ServingPoint, ...]
-    best: ServingPoint | None
-    admitted_batch: int | None  # decode batch one replica's KV pool and running cap admit; None: not read
-    kv_tokens: int | None
-    max_running: int | None
-    binds: Binds | None
-    why: str
-    pruned: bool = False  # the unloaded run already missed: no other load was tried
-    # P/D: `ranked` is the prefill pool's mesh and plan, this the decode pool's; the pools' instances n_P:n_D
-    decode_ranked: RankedPlan | None = None
-    ratio: str | None = None
-    pools: dict[str, object] | None = None  # the P/D run's JSON at the best (or closest) load
-
-    @property
-    def kind(self) -> str:
-        return "aggregated" if self.decode_ranked is None else "disaggregated"
-
-    @property
-    def label(self) -> str:
-        return self.points[0].deployment if self.points else self.ranked.deployment
-
-    @property
-    def closest(self) -> ServingPoint:
-        """The best load if one meets the targets, else the one nearest to meeting them."""
-        return self.best or min(self.points, key=lambda p: p.worst_ratio)
-
-    def to_json(self, targets: Targets) -> dict[str, object]:
-        near = self.closest
-        return {
-            "deployment": self.label,
-            "kind": self.kind,
-            "plan": self.ranked.plan.name,
-            "decode_plan": None if self.decode_ranked is None else self.decode_ranked.plan.name,
-            "ratio": self.ratio,
-            "replicas": self.replicas,
-            "admitted_batch": self.admitted_batch,
-            "kv_tokens_per_replica": self.kv_tokens,
-            "max_running_requests": self.max_running,
-            "meets_targets": self.best is not None,
-            "best": None if self.best is None else self.best.to_json(),
-            "closest": None if self.best is not None else {**near.to_json(), "misses_s": targets.misses(near.achieved)},
-            "binds": self.binds,
-            "why": self.why,
-            "pruned_by_bound": self.pruned,
-            "loads": [p.to_json() for p in self.points],
-            "disaggregated": self.pools,
-        }
 
 
 @dataclass(frozen=True)
@@ -218,83 +125,7 @@ def _achieved_text(targets: Targets, p: ServingPoint) -> str:
     return " and ".join(f"{tg.label} {seconds_text(p.achieved[tg.metric])}" for tg in targets.each)
 
 
-@dataclass
-class _Ask:
-    """What every deployment is served with."""
-
-    graph: ModelGraph
-    topo: Topology
-    workload: Workload
-    targets: Targets
-    dtype: str
-    expert_dtype: str | None
-    cp_layers: str
-    cp_kv: str
-    arrival: Arrival | None  # with a rate: Poisson at it; None: the budget's closed-loop sweep
-    requests: int | None
-    deployments: tuple[RankedPlan, ...] = ()
-
-
-def point_of(
-    targets: Targets, label: str, plan: str, kind: str, res: LoopResult, load: Load, gpus: int
-) -> ServingPoint:
-    """One run's figures under the targets (`gpus`: the GPUs that served it)."""
-    tl = res.timelines
-    achieved = targets.achieved(tl)
-    good, per_gpu = goodput(tl, targets, gpus)
-    dec = res.decode_summary(gpus) or {}
-    summary = res.summary()
-    stats = {k: float(summary[f"{k}_s"]) for k in ("mean", "p50", "p90", "p99")}
-    tpot = dec.get("tpot_s", dict.fromkeys(("mean", "p50", "p90", "p99"), math.nan))
-    end = max(t.done_s if not math.isnan(t.done_s) else t.first_token_s for t in tl)
-    out_tok = sum(t.request.output_tokens for t in tl)
-    user = float(dec.get("output_tok_s_per_user", math.nan))  # type: ignore[arg-type]
-    return ServingPoint(label, plan, kind, gpus, load, len(tl), achieved, good, per_gpu,
-                        out_tok / end / gpus if end > 0 else 0.0, user, stats, tpot,  # type: ignore[arg-type]
-                        targets.met(achieved), targets.worst_ratio(achieved))  # fmt: skip
-
-
-def _point(ask: _Ask, r: RankedPlan, res: LoopResult, load: Load, gpus: int) -> ServingPoint:
-    return point_of(ask.targets, r.deployment, r.plan.name, "aggregated", res, load, gpus)
-
-
-def _shapes(wl: Workload) -> list[Shape]:
-    from tpplan.simulate.requests import Shape
-
-    return [Shape(n, wl.output_len, wl.cached_share) for n in (wl.input_lens or [wl.prompt_len(0)])]
-
-
-def _predictor(ask: _Ask, r: RankedPlan, every_replica: bool) -> Predictor:
-    """`r`'s predictor: one replica of it, or `every_replica` (the requests split between them)."""
-    from tpplan.cost.predictor import cached_predictor
-
-    return cached_predictor(ask.graph, r.plan, ask.topo, r.tp, r.pp, ask.dtype, ask.expert_dtype, r.audit, cp=r.cp,
-                            cp_layers=ask.cp_layers, cp_kv=ask.cp_kv,
-                            replicas=r.replicas if every_replica else 1)  # fmt: skip
-
-
-def _serve(ask: _Ask, p: Predictor, arrivals: Arrivals, cap: tuple[int, int] | None) -> LoopResult:
-    from tpplan.simulate.engine import engine_loop, serve
-
-    running, pool = cap if cap is not None else (None, None)
-    loop = engine_loop(p.pipeline, p.deployment, ask.workload.chunk_size, ask.topo.gpus_per_node, decode=True,
-                       max_running=running, kv_tokens=pool)  # fmt: skip
-    return serve(p, arrivals, loop)
-
-
-def _need(shapes: list[Shape]) -> int:
-    return max(s.prompt_tokens + s.output_tokens for s in shapes)
-
-
-def admitted_batch(cap: tuple[int, int] | None, shapes: list[Shape]) -> int | None:
-    """The decode batch one replica admits: its running-request cap, or as many of the longest request
-    (prompt + output) as its KV pool holds, whichever is fewer (None: the engine's sizing not read)."""
-    if cap is None:
-        return None
-    return min(cap[0], cap[1] // _need(shapes))
-
-
-def serve_budget(ask: _Ask, r: RankedPlan) -> DeploymentAnswer:
+def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     """One replica of `r`'s deployment under the budget: one client alone first (the bound), then the
     loads 2, 4, ... clients up to the admitted batch, from the load the priced decode step suggests
     (`_first_guess`) up while the targets are met, or down until they are: the largest load that meets
@@ -302,9 +133,9 @@ def serve_budget(ask: _Ask, r: RankedPlan) -> DeploymentAnswer:
     from tpplan.simulate.requests import closed_loop
     from tpplan.simulate.serving import replica_kv
 
-    p = _predictor(ask, r, False)
+    p = predictor_of(ask, r, False)
     cap, _ = replica_kv(p)
-    shapes = _shapes(ask.workload)
+    shapes = shapes_of(ask.workload)
     batch = admitted_batch(cap, shapes)
     most = batch if batch is not None else 2**10
     loads = [c for c in (2**k for k in range(0, 31)) if c < most] + [most]
@@ -315,8 +146,8 @@ def serve_budget(ask: _Ask, r: RankedPlan) -> DeploymentAnswer:
         c = loads[i]
         if c not in tried:
             n = len(shapes) if c == 1 else ask.requests or WAVES * c
-            res = _serve(ask, p, closed_loop(c, shapes, max(n, c)), cap)
-            tried[c] = _point(ask, r, res, Load(clients=c), gpus)
+            res = serve_aggregated(ask, p, closed_loop(c, shapes, max(n, c)), cap)
+            tried[c] = point_at(ask, r, res, Load(clients=c), gpus)
         return tried[c]
 
     i = 0
@@ -334,14 +165,14 @@ def serve_budget(ask: _Ask, r: RankedPlan) -> DeploymentAnswer:
     best = max(met, key=lambda pt: pt.goodput_per_gpu) if met else None
     last = tried.get(loads[i + 1]) if best is not None and i + 1 < len(loads) else None
     binds, why = _binds(
-        ask.targets, [*points[:1], *(x for x in (best, last) if x is not None)], best, batch, cap, _need(shapes)
+        ask.targets, [*points[:1], *(x for x in (best, last) if x is not None)], best, batch, cap, kv_need_of(shapes)
     )
     pruned = not at(0).met and len(loads) > 1
     return DeploymentAnswer(r, r.replicas, tuple(points), best, batch, cap[1] if cap else None,
                             cap[0] if cap else None, binds, why, pruned)  # fmt: skip
 
 
-def _first_guess(ask: _Ask, p: Predictor, loads: list[int], alone: ServingPoint) -> int:
+def _first_guess(ask: Ask, p: Predictor, loads: list[int], alone: ServingPoint) -> int:
     """The load to try first: the most clients whose decode step, priced alone (each running request
     one token at the middle of its output, every stage in turn, the batch split over the engine's
     micro-batches in flight, the engine's CPU cost per step added) is within the TPOT target, and whose
@@ -354,7 +185,7 @@ def _first_guess(ask: _Ask, p: Predictor, loads: list[int], alone: ServingPoint)
     wl, tg = ask.workload, ask.targets
     cfg = engine_loop(p.pipeline, p.deployment, wl.chunk_size, ask.topo.gpus_per_node).config
     m = cfg.in_flight
-    ctx = max(s.prompt_tokens for s in _shapes(wl)) + wl.output_len // 2
+    ctx = max(s.prompt_tokens for s in shapes_of(wl)) + wl.output_len // 2
     best = 0
     for i, c in enumerate(loads):
         b = max(1, c // m)
@@ -369,29 +200,33 @@ def _first_guess(ask: _Ask, p: Predictor, loads: list[int], alone: ServingPoint)
     return best
 
 
-def serve_rate(ask: _Ask, r: RankedPlan) -> DeploymentAnswer:
+def serve_rate(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     """`r`'s whole deployment (its replicas) under Poisson arrivals at the asked rate; one client alone
     first (the bound: if it misses, the rate cannot be met)."""
     from tpplan.simulate.requests import closed_loop
     from tpplan.simulate.serving import arrivals_for, replica_kv
 
     assert ask.arrival is not None and ask.arrival.rate is not None
-    one = _predictor(ask, r, False)
+    one = predictor_of(ask, r, False)
     cap, _ = replica_kv(one)
-    shapes = _shapes(ask.workload)
+    shapes = shapes_of(ask.workload)
     batch = admitted_batch(cap, shapes)
-    alone = _point(
-        ask, r, _serve(ask, one, closed_loop(1, shapes, len(shapes)), cap), Load(clients=1), one.deployment.gpus
+    alone = point_at(
+        ask,
+        r,
+        serve_aggregated(ask, one, closed_loop(1, shapes, len(shapes)), cap),
+        Load(clients=1),
+        one.deployment.gpus,
     )
     if not alone.met:
-        binds, why = _binds(ask.targets, [alone], None, batch, cap, _need(shapes))
+        binds, why = _binds(ask.targets, [alone], None, batch, cap, kv_need_of(shapes))
         return DeploymentAnswer(r, r.replicas, (alone,), None, batch, cap[1] if cap else None, cap[0] if cap else None,
                                 binds, why, True)  # fmt: skip
-    p = _predictor(ask, r, True)
+    p = predictor_of(ask, r, True)
     arrivals = arrivals_for(ask.arrival, ask.workload, ask.graph.spec.numerics.max_position_embeddings)
-    pt = _point(ask, r, _serve(ask, p, arrivals, cap), Load(rate=ask.arrival.rate), p.deployment.gpus)
+    pt = point_at(ask, r, serve_aggregated(ask, p, arrivals, cap), Load(rate=ask.arrival.rate), p.deployment.gpus)
     best = pt if pt.met else None
-    binds, why = _binds(ask.targets, [alone, pt], best, batch, cap, _need(shapes))
+    binds, why = _binds(ask.targets, [alone, pt], best, batch, cap, kv_need_of(shapes))
     return DeploymentAnswer(
         r, r.replicas, (pt,), best, batch, cap[1] if cap else None, cap[0] if cap else None, binds, why
     )
@@ -449,7 +284,7 @@ def serve_under_targets(
     if topo is None:
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
     rate = arrival.rate if arrival is not None else None
-    ask = _Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
+    ask = Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
                arrival if rate is not None else None, requests, outcome.deployment_best)  # fmt: skip
     outcome_best = outcome.deployment_best
     answers: list[DeploymentAnswer] = []
@@ -470,7 +305,7 @@ def serve_under_targets(
                           tuple(skipped))  # fmt: skip
 
 
-_ASK: _Ask | None = None  # what forked workers serve (inherited, not pickled)
+_ASK: Ask | None = None  # what forked workers serve (inherited, not pickled)
 
 
 def _serve_one(i: int, r: RankedPlan | None = None) -> DeploymentAnswer | str:
@@ -485,7 +320,7 @@ def _serve_one(i: int, r: RankedPlan | None = None) -> DeploymentAnswer | str:
         return err.reason
 
 
-def _serve_all(ask: _Ask) -> list[DeploymentAnswer | str]:
+def _serve_all(ask: Ask) -> list[DeploymentAnswer | str]:
     """Every deployment served, on as many cores as there are (forked workers, as the search's own grid:
     `search.pool`), else in turn. A worker's answer carries its plan back; the parent keeps its own."""
     global _ASK
@@ -520,12 +355,7 @@ def _order(a: DeploymentAnswer) -> tuple[int, float]:
 
 
 __all__ = [
-    "WAVES",
-    "DeploymentAnswer",
-    "Load",
-    "ServingPoint",
     "TargetsOutcome",
-    "admitted_batch",
     "check_workload",
     "serve_under_targets",
 ]
