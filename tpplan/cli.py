@@ -50,6 +50,7 @@ FLAG_OF = {
     "topology": "--topology",
     "cp_kv": "--cp-kv",
     "arrival_rate": "--arrival-rate",
+    "pd": "--pd",
     "requests": "--requests",
     "cp": "--cp",
     "cp_layers": "--cp-layers",
