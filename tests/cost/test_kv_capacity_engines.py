@@ -17,6 +17,7 @@ import pytest
 from tpplan.cost.kv_capacity import kv_capacity
 from tpplan.cost.predictor import STATE_BYTES, cached_predictor
 from tpplan.cost.topology import select_topology
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.models.opkinds import mixer
@@ -30,7 +31,7 @@ PREFILL_SIZES = {8192: 8 + 14 + 8 + 8 + 12 + 8, 16384: 8 + 14 + 8 + 8 + 12 + 24}
 
 def _predictor(model: str, tp: int, gpu: str, pp: int = 1):
     topo = select_topology("h100x8-ib400", max(1, tp * pp // 8), gpu=gpu)
-    return cached_predictor(build_model_graph(load_model(model)), baseline(), topo, tp, pp, "bf16", None)
+    return cached_predictor(build_model_graph(load_model(model)), baseline(), topo, Mesh(tp, pp=pp), "bf16", None)
 
 
 def _fraction(gpu_mib: float, reserved_mib: float) -> float:
