@@ -16,6 +16,7 @@ from tpplan.cost.topology import load_topology
 from tpplan.layout.schedule import bytes_by_kind, ring_sent_bytes
 from tpplan.lower import Collective, LayerProgram, Lowering, Pass, added
 from tpplan.lower.schedule import predict_schedule
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -41,9 +42,9 @@ def test_the_cost_model_prices_the_toy_step() -> None:
     graph = build_model_graph(load_model("tiny-llama"))
     plan = make_plan("baseline", graph, 2)
     topo = load_topology("h200x2")
-    before = predict_plan(graph, plan, topo, tp=2, tokens=256)
+    before = predict_plan(graph, plan, topo, mesh=Mesh(2), tokens=256)
     with added(TOY):
-        after = predict_plan(graph, plan, topo, tp=2, tokens=256)
+        after = predict_plan(graph, plan, topo, mesh=Mesh(2), tokens=256)
     (kind,) = after.kinds
     toy = [c for c in kind.collectives if c.label == LABEL]
     assert len(toy) == 1 and toy[0].nbytes == 256 * WIDTH * 2 and toy[0].seconds > 0
@@ -85,6 +86,5 @@ def test_the_runtimes_expected_trace_expects_the_toy_calls() -> None:
 
 def _layer0(graph, plan) -> LayerProgram:  # type: ignore[no-untyped-def]
     from tpplan.lower import Batch, lower
-    from tpplan.mesh import Mesh
 
     return lower(graph, plan, Mesh(2), Batch(((5, 0),), "float32")).layers[0]
