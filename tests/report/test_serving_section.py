@@ -11,7 +11,8 @@ import pytest
 
 from tpplan.engines.serving_flags import memory_flags, pd_flags
 from tpplan.report.rows import fig
-from tpplan.report.serving_section import chosen_text, with_flags
+from tpplan.report.serving_memo import with_flags
+from tpplan.report.serving_section import chosen_text
 from tpplan.search.serving_points import DeploymentAnswer, Load, ServingPoint
 from tpplan.search.targets import Target, Targets, seconds_text
 

@@ -118,12 +118,12 @@ def with_serving(
     targets (every deployment whole, replicas of smaller splits unless `--replicas`), each deployment served."""
     from dataclasses import replace
 
-    from tpplan.report.serving_section import serving_memo
+    from tpplan.report.serving_memo import build_serving_memo
     from tpplan.search import search_plans
 
     outcome = search_plans(graph, topo, workload=workload, top=1, every_deployment=True,
                            replicas=replicas if replicas is not None else "all", audits=None, **search)  # fmt: skip
-    memo = serving_memo(outcome, graph, workload, targets, arrival=arrival,
+    memo = build_serving_memo(outcome, graph, workload, targets, arrival=arrival,
                         engines=tuple(engines) if engines else None, pd=pd)  # fmt: skip
     return replace(analysis, serving=memo)
 

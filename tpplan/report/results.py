@@ -26,7 +26,7 @@ from tpplan.report.crossover import Crossover
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
     from tpplan.report.rows import DeploymentRow, GroupRace, KernelSensitivity, LengthPoint
-    from tpplan.report.serving_section import ServingMemo
+    from tpplan.report.serving_memo import ServingMemo
     from tpplan.simulate.serving import Arrival
 
 # Verdict statuses and the word the memo's answer uses for each.
