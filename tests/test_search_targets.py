@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tests.cli_helpers import run_cli
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.search.fronts import pareto_max
 from tpplan.search.targets import Target, Targets, goodput, parse_duration, parse_target, seconds_text
 from tpplan.simulate.requests import Request
@@ -91,7 +92,7 @@ def test_goodput_on_a_served_tiny_model_matches_a_count_of_its_requests() -> Non
 
     graph = build_model_graph(load_model("tiny-llama"))
     topo = select_topology("h200x8-ib400", 1)
-    p = cached_predictor(graph, baseline(), topo, 2, 1, "bf16", None)
+    p = cached_predictor(graph, baseline(), topo, Mesh(2, pp=1), "bf16", None)
     loop = engine_loop(p.pipeline, p.deployment, 1024, 8, decode=True)
     res = serve(p, closed_loop(4, [Shape(512, 16), Shape(300, 5)], 12), loop)
     rows = [t.to_json() for t in res.timelines]

@@ -178,10 +178,11 @@ def shapes_of(wl: Workload) -> list[Shape]:
 def predictor_of(ask: Ask, r: RankedPlan, every_replica: bool) -> Predictor:
     """`r`'s predictor: one replica of it, or `every_replica` (the requests split between them)."""
     from tpplan.cost.predictor import cached_predictor
+    from tpplan.mesh import Mesh
 
-    return cached_predictor(ask.graph, r.plan, ask.topo, r.tp, r.pp, ask.dtype, ask.expert_dtype, r.audit, cp=r.cp,
-                            cp_layers=ask.cp_layers, cp_kv=ask.cp_kv,
-                            replicas=r.replicas if every_replica else 1)  # fmt: skip
+    mesh = Mesh(r.tp, pp=r.pp, replicas=r.replicas if every_replica else 1, cp=r.cp, cp_layers=ask.cp_layers,
+                cp_kv=ask.cp_kv)  # fmt: skip
+    return cached_predictor(ask.graph, r.plan, ask.topo, mesh, ask.dtype, ask.expert_dtype, r.audit)
 
 
 def serve_aggregated(ask: Ask, p: Predictor, arrivals: Arrivals, cap: tuple[int, int] | None) -> LoopResult:
