@@ -78,3 +78,17 @@ def test_every_decode_runner_times_tiny_cases_on_cpu() -> None:
         DEVICE[0] = "cuda"
     assert len(pts) == 4 and all(p["seconds"] > 0 for p in pts)
     assert pts[0]["splits"] == 2 and pts[3]["rows"] == 8
+
+
+def test_a_repeat_that_comes_back_without_a_time_keeps_the_first(monkeypatch) -> None:
+    """Random routing can leave an expert-parallel rank no rows in one repeat (no b2b time): the
+    re-measurement of a non-monotone case takes the medians it has (the H100 call's KeyError)."""
+    from tpplan.bench import rank_sweep as R
+
+    calls = iter([{"seconds": 2.0, "b2b_s": 2.0}, {"seconds": 1.0, "b2b_s": 1.0}, {"seconds": 0.0, "skipped": "x"},
+                  {"seconds": 3.0, "b2b_s": 3.0}, {"seconds": 1.0, "b2b_s": 1.0}, {"seconds": 1.0, "b2b_s": 1.0}])  # fmt: skip
+    runners = {"gemm_small": lambda c: next(calls)}
+    cases = [{"family": "gemm_small", "m": m, "k": 8, "n": 8} for m in (1, 2)]
+    pts = R.run_family(cases, float("inf"), runners)
+    assert pts[0]["remeasured"] == [2.0, 0.0, 3.0] and pts[0]["seconds"] == 2.0 and pts[0]["b2b_s"] == 2.0
+    assert pts[1]["remeasured"] == [1.0, 1.0, 1.0]

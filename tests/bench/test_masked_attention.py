@@ -11,7 +11,14 @@ from tpplan.bench import masked_attention as MA  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels_attention as KA  # noqa: E402
 
-SHAPES = [(37, 37, 8), (20, 53, 16), (40, 40, 12), (5, 90, 3)]  # (queries, keys, window): first chunk, cached keys
+SHAPES = [
+    (37, 37, 8),
+    (20, 53, 16),
+    (40, 40, 12),
+    (5, 90, 3),
+    (64, 64, 2),
+    (30, 40, 9),
+]  # (queries, keys, window): first chunk, cached keys
 
 
 def _qkv(t: int, s: int, seed: int, dv: int = 16):
@@ -30,8 +37,9 @@ def test_windowed_attention_is_the_masked_reference(t: int, s: int, w: int, with
     sinks = torch.randn(3) if with_sinks else None
     ref = KA.causal_attention(q, k, v, 0.25, window=w, sinks=sinks)
     assert not _close(KA.causal_attention(q, k, v, 0.25, sinks=sinks), ref)  # the window changes the result
+    assert _close(MA.windowed_attention(q, k, v, 0.25, w, sinks), ref)
     for block in (4, 8, None):
-        assert _close(MA.windowed_attention(q, k, v, 0.25, w, sinks, block=block), ref)
+        assert _close(MA.banded_attention(q, k, v, 0.25, w, sinks, block=block), ref)
 
 
 @pytest.mark.parametrize(("t", "s", "w"), SHAPES)
@@ -49,10 +57,15 @@ def test_sink_and_chunked_attention_are_the_reference(t: int, s: int, w: int) ->
 def test_the_windowed_kernel_reads_only_the_window() -> None:
     """Keys outside every query's window can hold anything (here NaN): the output does not see them."""
     q, k, v = _qkv(16, 64, 7)
-    ref = MA.windowed_attention(q, k, v, 0.25, 4, block=8)
+    for w in (4, 7):  # the first query (position 48) reads 49 - w .. 48
+        k2, v2 = k.clone(), v.clone()
+        k2[: 49 - w], v2[: 49 - w] = float("nan"), float("nan")
+        ref = MA.windowed_attention(q, k, v, 0.25, w)
+        assert torch.equal(MA.windowed_attention(q, k2, v2, 0.25, w), ref)
     k2, v2 = k.clone(), v.clone()
-    k2[:45], v2[:45] = float("nan"), float("nan")  # the first query (position 48) reads 45..48
-    assert torch.equal(MA.windowed_attention(q, k2, v2, 0.25, 4, block=8), ref)
+    k2[:45], v2[:45] = float("nan"), float("nan")
+    ref = MA.banded_attention(q, k, v, 0.25, 4, block=8)
+    assert torch.equal(MA.banded_attention(q, k2, v2, 0.25, 4, block=8), ref)
 
 
 def test_reference_scores_in_query_blocks_equal_the_one_shot_reference(monkeypatch) -> None:

@@ -6,9 +6,10 @@ a 128-token window at 8K tokens is 1/64 of it, so the bench measured many times 
 kernel does. Here each variant touches only the keys it may read, with the same semantics (the CPU tests
 compare them with the reference):
 
-- `windowed_attention` (Gemma, gpt-oss's sliding layers): queries in blocks of `block`, each block against
-  the `block + window - 1` keys its window reaches, gathered once for all blocks; one SDPA call with a
-  [blocks, block, keys] band mask (the memory-efficient kernel on CUDA).
+- `windowed_attention` (Gemma, gpt-oss's sliding layers): queries in blocks of window - 1, each block
+  against its own keys and the block before, two square causal flash calls (the second on reversed
+  rows) merged by log-sum-exp; `banded_attention` (a band mask, the memory-efficient kernel) for the
+  first window only.
 - `chunked_attention` (Llama 4): each chunk's queries against that chunk's keys only, causal, by the
   serving path (SDPA flash).
 - `sinks` (gpt-oss): a learned logit per head joins the softmax denominator and adds no value, so
@@ -81,12 +82,46 @@ def sink_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, sinks: Tensor)
     return apply_sinks(o, lse, sinks)[0, ..., :dv].transpose(0, 1).reshape(t, -1)
 
 
-def windowed_attention(
+def windowed_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window: int,
+                       sinks: Tensor | None = None) -> Tensor:  # fmt: skip
+    """`kernels.causal_attention(..., window=, sinks=)` by flash alone: queries in blocks of B = window - 1,
+    each block against its own B keys (causal) and the B keys before them, where a query at offset j may
+    read offsets r >= j: reversed in both, that is causal again (the two square flash calls merged by
+    their log-sum-exp). The first queries, whose window reaches before position 0, take `banded_attention`."""
+    t, s = q.shape[0], k.shape[0]
+    b = window - 1
+    head = min(t, max(0, b - (s - t))) if b >= 2 else t  # queries whose window starts before key 0
+    parts = (
+        [] if head == 0 else [banded_attention(q[:head], k[: s - t + head], v[: s - t + head], scale, window, sinks)]
+    )
+    rest = t - head
+    if rest == 0:
+        return parts[0]
+    n, dv, nb = q.shape[1], v.shape[-1], -(-rest // b)
+    first = s - t + head  # position of the first query here (>= b)
+    pad = nb * b - rest
+    kk = F.pad(k[first - b :], (0, 0, 0, 0, 0, pad)).reshape(nb + 1, b, n, -1).transpose(1, 2).to(q.dtype)
+    vv = F.pad(v[first - b :], (0, 0, 0, 0, 0, pad)).reshape(nb + 1, b, n, dv).transpose(1, 2).to(q.dtype)
+    qq = F.pad(q[head:], (0, 0, 0, 0, 0, pad)).reshape(nb, b, n, -1).transpose(1, 2)
+    with torch.no_grad():
+        o1, lse1 = _with_lse(qq, kk[1:], vv[1:], scale, None, True)  # own block, causal
+        o2, lse2 = _with_lse(qq.flip(2), kk[:-1].flip(2), vv[:-1].flip(2), scale, None, True)  # keys before it
+        o2, lse2 = o2.flip(2), lse2.flip(2)
+        lse = torch.logaddexp(lse1, lse2)
+        out = o1.float() * (lse1 - lse).exp()[..., None] + o2.float() * (lse2 - lse).exp()[..., None]
+        out = out.to(q.dtype) if sinks is None else apply_sinks(out.to(q.dtype), lse, sinks)
+    parts.append(out.transpose(1, 2).reshape(nb * b, n * dv)[:rest])
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def banded_attention(
     q: Tensor, k: Tensor, v: Tensor, scale: float, window: int, sinks: Tensor | None = None, block: int | None = None
 ) -> Tensor:  # fmt: skip
     """`kernels.causal_attention(..., window=, sinks=)`: q [T, n, d] the last T of S positions, each query at
     p reads keys (p - window, p]. Blocks of `block` queries read `block + window - 1` keys (a multiple of 16:
-    the memory-efficient kernel's bias alignment), front-padded with zeros the mask hides."""
+    the memory-efficient kernel's bias alignment), front-padded with zeros the mask hides; one SDPA call
+    with a band mask. Ran 3-14x the predicted window on an H100 (docs/benchmarks.md): `windowed_attention`
+    uses it only for the queries whose window starts before the first key."""
     t, s = q.shape[0], k.shape[0]
     n, dv = q.shape[1], v.shape[-1]
     blk = block or block_for(window)
@@ -131,4 +166,4 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, chunk: int,
     return torch.cat(outs)
 
 
-__all__ = ["apply_sinks", "block_for", "chunked_attention", "sink_attention", "windowed_attention"]
+__all__ = ["apply_sinks", "banded_attention", "block_for", "chunked_attention", "sink_attention", "windowed_attention"]

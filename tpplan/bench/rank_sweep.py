@@ -141,8 +141,8 @@ def run_family(cases: list[Case], deadline: float, runners: dict[str, Any] | Non
         if time.perf_counter() > deadline:
             break
         again = [out[i]] + [{**_case(out[i]), **RUNNERS[out[i]["family"]](_case(out[i]))} for _ in range(2)]
-        merged: dict[str, Any] = {
-            k: statistics.median(r[k] for r in again) for k in ("seconds", "b2b_s") if k in out[i]
+        merged: dict[str, Any] = {  # a repeat can differ in kind (random routing: no rows on this rank)
+            k: statistics.median(r[k] for r in again) for k in ("seconds", "b2b_s") if all(k in r for r in again)
         }
         out[i] = {**out[i], **merged, "remeasured": [r["seconds"] for r in again]}
     return out
