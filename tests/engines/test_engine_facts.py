@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpplan.engines import ENGINES, Deployment, judge, select
-from tpplan.engines.sglang import K3_SP_TABLES
+from tpplan.engines.sglang_sp_moe import K3_SP_TABLES
 from tpplan.models.config import load_model
 
 
@@ -56,9 +56,9 @@ def test_k3_sp_tables_are_the_wheel_files():
 
 
 def test_hgx_b300_memo_line_says_nccl(k3):
+    from tpplan.engines.recipes.sglang import sglang_recipe
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
-    from tpplan.report.engines.sglang import sglang_recipe
 
     plan = make_plan("sglang-sp-moe", build_model_graph(k3), 8)
     r = sglang_recipe(plan, k3, tp=8, gpu="NVIDIA B300", chunk=4096)
@@ -97,9 +97,9 @@ def test_dp_attention_wording_names_the_plans_tpplan_has():
 
 
 def test_kimi_k3_pp_support_is_read(k3):
+    from tpplan.engines.recipes.sglang import sglang_recipe
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
-    from tpplan.report.engines.sglang import sglang_recipe
 
     plan = make_plan("baseline", build_model_graph(k3), 8)
     r = sglang_recipe(plan, k3, tp=8, pp=4)
@@ -128,9 +128,9 @@ def test_sglang_nvls_default_is_recorded():
 
 
 def test_vllm_pp_support_is_read_per_model_class(k3):
+    from tpplan.engines.recipes.vllm import vllm_recipe
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
-    from tpplan.report.engines.vllm import vllm_recipe
 
     r = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), k3, tp=8, pp=4)
     pp = next(c for c in r.conditions if "--pipeline-parallel-size" in c.text)

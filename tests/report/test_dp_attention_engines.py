@@ -1,16 +1,16 @@
-"""The DP-attention plans' engine lines (`tpplan.report.engines.dp_attention`): the flags each engine
+"""The DP-attention plans' engine lines (`tpplan.engines.recipes.dp_attention`): the flags each engine
 needs, and which plan each engine really runs (SGLang prefill pads SUM_LEN, not MAX_LEN)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tpplan.engines.recipes.base import family
+from tpplan.engines.recipes.sglang import sglang_recipe
+from tpplan.engines.recipes.vllm import vllm_recipe
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
-from tpplan.report.engines.base import family
-from tpplan.report.engines.sglang import sglang_recipe
-from tpplan.report.engines.vllm import vllm_recipe
 
 CASES = {
     # plan: (SGLang realises, flags it must carry; vLLM realises, flags it must carry)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from tpplan.cost.deployment import Deployment
 from tpplan.engines import select
+from tpplan.engines.recipes import family, recipes, sglang_recipe, vllm_recipe
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
-from tpplan.report.engines import family, recipes, sglang_recipe, vllm_recipe
 
 
 def _setup(model: str, tp: int, plan: str):

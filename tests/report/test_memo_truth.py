@@ -259,7 +259,7 @@ def check_terms(a: object, md: str) -> None:
             assert hit is None, f"{hit[0]!r} in a memo for a model without {feature}: ...{where!r}"
 
 
-# The engine-path sentences the memo prints (tpplan/report/engines/base.py path_sentence), and the
+# The engine-path sentences the memo prints (tpplan/engines/recipes/base.py path_sentence), and the
 # engine data's mode each flag names.
 PATH_SENTENCE = re.compile(r"(SGLang|vLLM) (\S+) (wires|does not wire) (.+?) for (\w+)")
 FLAG_MODE = {

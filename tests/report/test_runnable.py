@@ -8,11 +8,11 @@ import re
 from tpplan.cost.deployment import Deployment
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
+from tpplan.engines.recipes import EngineRecipe, recipes
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
 from tpplan.report.analysis import analyse
-from tpplan.report.engines import EngineRecipe, recipes
 
 
 def _recipes(model: str, plan: str, dep: Deployment) -> list[EngineRecipe]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.engines import sglang, vllm
+from tpplan.engines import sglang, sglang_source, vllm
 from tpplan.engines.schema import Gate, Mode, Source
 
 TORCH = "pytorch/pytorch"
@@ -37,7 +37,7 @@ def _torch(function: str) -> Source:
 
 
 def _sgl(path: str, function: str) -> Source:
-    return Source(sglang.REPO, f"python/sglang/srt/{path}", function, sglang.REL)
+    return Source(sglang_source.REPO, f"python/sglang/srt/{path}", function, sglang_source.REL)
 
 
 def _vllm(path: str, function: str) -> Source:

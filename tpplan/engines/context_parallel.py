@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tpplan.engines import sglang, vllm
+from tpplan.engines import sglang_source, vllm
 from tpplan.engines.schema import Gate, Source
 from tpplan.errors import TpplanError
 
@@ -26,7 +26,7 @@ KvPerRank = Literal["replicated", "sharded"]
 
 
 def _sgl(path: str, function: str) -> Source:
-    return Source(sglang.REPO, f"python/sglang/srt/{path}", function, sglang.REL)
+    return Source(sglang_source.REPO, f"python/sglang/srt/{path}", function, sglang_source.REL)
 
 
 def _vllm(path: str, function: str) -> Source:
@@ -35,7 +35,7 @@ def _vllm(path: str, function: str) -> Source:
 
 def _pr(number: int, what: str, date: str) -> Source:
     """An open pull request read through the search index's description (its code is not in the index)."""
-    return Source(sglang.REPO, f"pull/{number}", what, f"PR #{number} description {date} (open; code not read)")
+    return Source(sglang_source.REPO, f"pull/{number}", what, f"PR #{number} description {date} (open; code not read)")
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ SGLANG_KDA_CONTIGUOUS = CpPath(
     ),
     ffn="not stated in the description read",
     kv_per_rank="replicated",
-    kv_source=Source.unread(sglang.REPO, "pull/34059", "KV cache under the contiguous strategy"),
+    kv_source=Source.unread(sglang_source.REPO, "pull/34059", "KV cache under the contiguous strategy"),
     gates=(
         Gate(
             "attn_cp divides tp (any attn_tp x cp)",

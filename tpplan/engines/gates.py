@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpplan.engines.sglang import K3_SP_TABLES
+from tpplan.engines.sglang_sp_moe import K3_SP_TABLES
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
 
 DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa"})  # DeepSeek sparse attention (DSA/NSA)

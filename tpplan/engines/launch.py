@@ -26,17 +26,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.engines import sglang
+from tpplan.engines import sglang_source
 from tpplan.engines.async_tp import FUSIONS, launch_flags
 from tpplan.engines.context_parallel import SGLANG_ZIGZAG, VLLM_PCP, CpPath
 from tpplan.engines.overlap import OVERLAPS
 from tpplan.engines.schema import Source
 
 SGLANG_CP_MODEL_FILES = Source(
-    sglang.REPO,
+    sglang_source.REPO,
     "python/sglang/srt/models/",
     "the model files importing sglang.srt.layers.cp (kimi_k3.py: prepare_context_parallel_metadata_for_dcp only)",
-    sglang.REL,
+    sglang_source.REL,
 )
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tpplan.engines import sglang, vllm
+from tpplan.engines import sglang_source, vllm
 from tpplan.engines.schema import Gate, Source
 
 
 def _sgl(path: str, function: str) -> Source:
-    return Source(sglang.REPO, f"python/sglang/srt/{path}", function, sglang.REL)
+    return Source(sglang_source.REPO, f"python/sglang/srt/{path}", function, sglang_source.REL)
 
 
 def _vllm(path: str, function: str) -> Source:

@@ -12,7 +12,7 @@ workload's schedule makes of them.
 Hook for replicas (R copies of a deployment serving the requests between them): a row is keyed by
 `DeploymentKey` (TP, PP, CP, replicas, overlap). Today a replicas row is there where the search's
 best is R copies of a deployment (so the ranking's first row is the search's best); rows for every R
-of the search's grid are the hook for the replica work (`tpplan.search.ranking.deployment_grid`).
+of the search's grid are the hook for the replica work (`tpplan.search.grid.deployment_grid`).
 """
 
 from __future__ import annotations

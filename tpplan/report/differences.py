@@ -14,10 +14,10 @@ from collections.abc import Callable
 from tpplan.cost.collectives import collective_time
 from tpplan.cost.gemm import gemm_time
 from tpplan.dtypes import DTYPE_BYTES
+from tpplan.engines.recipes import family
 from tpplan.models.graph import OpKind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
-from tpplan.report.engines import family
 from tpplan.report.results import Analysis, Variant, held_weights, ttft_mean
 from tpplan.units import GIB, gib, pct_change
 
@@ -239,7 +239,7 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
     banks = [bank_snapshots(g, s) for s in starts]
     nbytes = DTYPE_BYTES[a.dtype]
     what = "hidden state and residual"
-    if g.spec.attn_res_block_size:  # the stream with its residual folded in, and the bank (cost/stages.py)
+    if g.spec.attn_res_block_size:  # the stream with its residual folded in, and the bank (lower/stages.py)
         what = f"stream (its residual folded in), plus the attention-residual bank ({min(banks)}-{max(banks)} snapshots"
         what += f" of {g.hidden})"
     t = _ttft_sentence(a, pp)

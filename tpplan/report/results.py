@@ -18,10 +18,10 @@ from tpplan.cost.deployment import Deployment
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
+from tpplan.engines.recipes import EngineRecipe
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover
-from tpplan.report.engines import EngineRecipe
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
@@ -93,8 +93,9 @@ class Variant:
 
     @property
     def parallel(self) -> Deployment:
-        """The deployment as the cost model and the engine recipes take it."""
-        return Deployment(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=self.cp_layers)
+        """The deployment as the cost model and the engine recipes take it (the CP options only with CP)."""
+        cp_layers = self.cp_layers if self.cp > 1 else "all"
+        return Deployment(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=cp_layers)
 
     @property
     def flags(self) -> list[str]:

@@ -9,7 +9,7 @@ or does not fit in GPU memory is never a YES. The rules are written out in docs/
 from __future__ import annotations
 
 from tpplan.cost.provenance import Provenance, within_band
-from tpplan.report.engines import EngineRecipe
+from tpplan.engines.recipes import EngineRecipe
 from tpplan.report.results import BottomLine, NextStep, Variant, Verdict, held_weights, memory_fit, ttft_mean
 from tpplan.units import gib, pct_change
 

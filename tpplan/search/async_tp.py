@@ -7,7 +7,7 @@ every collective async TP could fuse priced at zero. Every fused pair runs at le
 GEMMs did unfused (`cost/async_tp.py`: a chunk never runs faster than its share of the whole GEMM, and
 the GEMMs beside the copies never run faster than alone), so a plan's fused time is at least its
 `FusableFree` score, and so is its plain time. Walking the plans in `FusableFree` order until the bound
-reaches the best time found (`tpplan.search.ranking._overlap_entries`) therefore finds the best fused
+reaches the best time found (`tpplan.search.variants.overlap_entries`) therefore finds the best fused
 plan of the deployment, as brute force does (tests/cost/test_async_tp.py).
 """
 

@@ -30,19 +30,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpplan.audit import Audits, PlanAudit
+from tpplan.audit import Audits
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
-from tpplan.layout.plan import OverlapName, Plan
+from tpplan.layout.plan import OverlapName
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
-from tpplan.search.naming import Behaviour, behaviour, describe, named_behaviours
-from tpplan.search.objectives import Cost, Objective, PredictObjective, VolumeObjective, plan_cost
+from tpplan.search.grid import Grid, deployment_grid, deployments, memory_cap_gib_of
+from tpplan.search.naming import describe
+from tpplan.search.objectives import plan_cost
 from tpplan.search.results import (
     GIB,
     JSON_SCHEMA_VERSION,
@@ -53,192 +54,12 @@ from tpplan.search.results import (
     SearchStats,
 )
 from tpplan.search.results import deployment_label as _label
+from tpplan.search.setup import Deployed, Setup, baseline_of, evaluate, lower_bound, named_of, objective_of
+from tpplan.search.variants import dp_entries, overlap_entries
 
 if TYPE_CHECKING:
-    from tpplan.cost.deployment import Fabric
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
-
-
-@dataclass
-class _Setup:
-    """One search's checked inputs, and what it keeps while it runs (audits, named behaviours)."""
-
-    graph: ModelGraph
-    topo: Topology | None
-    wl: Workload | None
-    cap: float | None
-    memory_cap: float | str | None  # as asked
-    objective: str
-    tokens: int
-    dtype: str
-    expert_dtype: str | None
-    top: int
-    all_plans: bool
-    dp_attention: bool
-    audits: Audits
-    overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
-    cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
-    cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
-    named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
-    baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
-
-    @property
-    def has_moe(self) -> bool:
-        """Whether the model has MoE layers (a found plan's words speak of experts only then)."""
-        return any(layer.mlp.kind == "moe" for layer in self.graph.spec.layers)
-
-    def baseline_audit(self, tp: int) -> PlanAudit:
-        from tpplan.plans.named import baseline as baseline_plan
-
-        return self.audits.of(baseline_plan(), tp, self.dtype)
-
-
-def deployments(
-    graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
-) -> list[tuple[int, int, int]]:
-    """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
-    widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
-    TP x CP splits without PP for CP in `CP_SIZES`, TP inside one node, where the model's mixers have
-    a CP method."""
-    from tpplan.layout.context_parallel import CP_SIZES, audit_cp
-
-    layers = graph.spec.num_layers
-    if pp is not None and (pp < 1 or pp > layers):
-        raise TpplanError(f"pp={pp}", f"must be between 1 and the model's {layers} layers", "use a smaller pp")
-    if cp is not None and cp < 1:
-        raise TpplanError(f"cp={cp}", "the CP size must be at least 1", "use cp=1 or more")
-    c = cp or 1
-    if topo is None:
-        if pp not in (None, 1):
-            raise TpplanError(f"pp={pp}", "pipeline stages need a topology to price", "pass a topology")
-        if c > 1:
-            raise TpplanError(f"cp={c}", "context parallelism is priced in time: it needs a topology",
-                              "pass a topology")  # fmt: skip
-        if tp is None or tp < 1:
-            raise TpplanError(f"tp={tp}", "the TP size must be at least 1", "use tp=1 or more")
-        return [(tp, 1, 1)]
-    world, gpn = topo.world_size, topo.gpus_per_node
-    if c > 1 and not audit_cp(graph, tp or 1, c).legal:
-        raise TpplanError(f"cp={c}", "; ".join(audit_cp(graph, tp or 1, c).reasons), "search without cp")
-    if world % c:
-        raise TpplanError(f"cp={c}", f"does not divide the topology's {world} GPUs", "use a divisor")
-    if tp is not None or pp is not None:
-        p = pp or 1
-        n = tp if tp is not None else world // (p * c)
-        if tp is None and world % (p * c):
-            raise TpplanError(f"pp={p}", f"does not divide the topology's {world} GPUs", "give tp as well")
-        if n < 1:
-            raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
-        if n * p * c > world:
-            raise TpplanError(
-                f"tp={n}" + (f" pp={p}" if p > 1 else "") + (f" cp={c}" if c > 1 else ""),
-                f"topology {topo.name} has only {world} GPUs ({topo.nodes} x {gpn})",
-                "use a smaller tp/pp/cp or a topology with more nodes",
-            )
-        if n > gpn and n % gpn:
-            why = f"a TP group larger than a node must fill whole nodes of {gpn} GPUs"
-            raise TpplanError(f"tp={n}", why, f"use a multiple of {gpn}")
-        return [(n, p, c)]
-    out = []
-    share = world // c
-    for n in range(share, 0, -1):
-        p = share // n
-        if share % n or p > layers or (n > gpn and n % gpn):
-            continue
-        out.append((n, p, c))
-    if cp is None:  # TP x CP with the TP group inside one node (CP spans the nodes); `cp` searches any split
-        for k in CP_SIZES[1:]:
-            n = world // k
-            if world % k or n < 1 or n > gpn or not audit_cp(graph, n, k).legal:
-                continue
-            out.append((n, 1, k))
-    return out
-
-
-Grid = tuple[int, int, int, int]
-"""One deployment a search covers: (TP, PP, CP, replicas)."""
-
-
-@dataclass(frozen=True)
-class _ReplicaGpus:
-    """The GPUs one of `replicas` replicas gets of a topology, as `deployments` enumerates splits of
-    them: whole nodes, or a share of one node (replicas alike: `Deployment.check`)."""
-
-    name: str
-    nodes: int
-    gpus_per_node: int
-    world_size: int
-
-
-def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
-    world, gpn = topo.world_size, topo.gpus_per_node
-    where = f"replicas={replicas}"
-    if world % replicas:
-        raise TpplanError(where, f"does not divide the topology's {world} GPUs", "use a divisor of the GPUs")
-    one = world // replicas
-    if gpn % one and one % gpn:
-        raise TpplanError(where, f"a replica of {one} GPUs would straddle nodes of {gpn} GPUs",
-                          f"use replicas of a divisor or a multiple of {gpn} GPUs")  # fmt: skip
-    return _ReplicaGpus(f"{topo.name} / {replicas} replicas", max(1, one // gpn), gpn, one)
-
-
-def deployment_grid(
-    graph: ModelGraph,
-    topo: Topology | None,
-    tp: int | None,
-    pp: int | None,
-    cp: int | None = None,
-    replicas: int | Literal["all"] | None = None,
-    workload: Workload | None = None,
-) -> list[Grid]:
-    """(TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
-    its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
-    (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
-    that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
-    replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
-    there are no requests to split (a replica's forward time is its deployment's). Replicas are
-    asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
-    if replicas == "all":
-        return _all_replicas(graph, topo, tp, pp, cp, workload)
-    if replicas is not None and replicas < 1:
-        raise TpplanError(f"replicas={replicas}", "must be at least 1", "use replicas=1 or more")
-    if replicas is not None and replicas > 1:
-        if topo is None:
-            raise TpplanError(f"replicas={replicas}", "replicas split a workload's requests in time: they need a "
-                              "topology", "pass a topology")  # fmt: skip
-        if workload is not None:
-            from tpplan.cost.workload import replica_workloads
-
-            replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
-        share = _replica_gpus(topo, replicas)
-        return [(n, p, c, replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
-    return [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
-
-
-def _all_replicas(
-    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None, workload: Workload | None
-) -> list[Grid]:
-    grid = [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
-    if topo is None or workload is None or tp is not None or pp is not None:
-        return grid
-    most = min(workload.concurrency, workload.total_requests)
-    for r in range(2, min(most, topo.world_size) + 1):
-        try:
-            share = _replica_gpus(topo, r)
-            grid += [(n, p, c, r) for n, p, c in deployments(graph, share, None, None, cp)]
-        except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
-            continue
-    return grid
-
-
-def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float | None:
-    """The memory cap in GiB per rank: "serving" SERVING_SHARE of one GPU, "gpu" all of it (None
-    without a topology), None no cap, else the number given. `search` and `report` both read it here."""
-    if value in ("gpu", "serving"):
-        share = 1.0 if value == "gpu" else SERVING_SHARE
-        return topo.gpu.memory_GiB * share if topo is not None else None
-    return float(value) if value is not None else None
 
 
 def _check(
@@ -269,62 +90,9 @@ def _check(
         raise TpplanError("topology=None", "predicted time needs a topology", "pass one (e.g. h200x8-ib400)")
 
 
-def _evaluate(s: _Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
-    """One plan's result: the audit's volumes and, with a topology, `predict_plan`'s time and memory
-    (the audit handed in: the prediction does not audit again)."""
-    if s.topo is None:
-        return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa), cp=cp, replicas=replicas)
-    from tpplan.cost.predict import predict_plan
-    from tpplan.simulate.serving import with_serving_loop
-
-    # ranked by the engine's serving loop (fixed costs, CPU overlap, PP schedule), as the memo ranks
-    predict = with_serving_loop(predict_plan)
-    pr = predict(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                 expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
-                 replicas=replicas)  # fmt: skip
-    score = cost.score
-    if s.objective == "time":  # what plans are ranked by: predict's own figure
-        score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
-    return RankedPlan(pa.plan, tp, pp, pa, cost, score, pr, behaviour(pa), cp=cp, replicas=replicas)
-
-
-@dataclass
-class _Deployed:
-    """What one deployment's search left: ranked plans, exclusions, stats."""
-
-    entries: list[RankedPlan]
-    excluded: dict[str, Excluded]
-    reserve: float
-    families: int
-    walks: int
-    objective: str
-    label: str
-
-
-def _objective(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> Objective:
-    if s.objective == "time":
-        assert s.topo is not None
-        from tpplan.cost.pricing import Pricer
-
-        pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
-                        replicas=replicas)  # fmt: skip
-        return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
-    return VolumeObjective(s.dtype)
-
-
-def _lower_bound(s: _Setup, score: float, pp: int) -> float:
-    """What `predict_plan` can say of a plan the search scored `score`, at least: the score itself
-    (forward time, volume, or TTFT without PP), or with PP the unpipelined TTFT over `pp` (a batch
-    occupies a stage at least 1/pp of its trip through all of them). With a workload the ranked TTFT is
-    the serving loop's, whose fixed costs only add to the idealised schedule's (taken, not proven, never
-    to shorten a request's TTFT)."""
-    return score / pp if s.wl is not None and pp > 1 else score
-
-
 def _search_deployment(
-    s: _Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1, replicas: int = 1
-) -> _Deployed:
+    s: Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1, replicas: int = 1
+) -> Deployed:
     """Search one (TP, PP, CP, replicas); audit and predict its best plans until `top` fit, or until what the
     next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
@@ -334,7 +102,7 @@ def _search_deployment(
     """
     graph, cap, top = s.graph, s.cap, s.top
     base = s.baseline_audit(tp)  # raises (a clear TpplanError) if the model does not split over tp
-    obj = _objective(s, tp, pp, cp, replicas)
+    obj = objective_of(s, tp, pp, cp, replicas)
     label = _label(tp, pp, cp, replicas)
     if (cp > 1 or replicas > 1) and cap is not None:
         # CP keeps every CP group's TP x PP weights, a replica all of them: baseline's (no replication,
@@ -343,7 +111,7 @@ def _search_deployment(
         floor = plan_cost(obj, graph, base).memory
         if floor > cap:
             over = Excluded("every plan", label, None, search_memory_bytes=floor, why="floor")
-            return _Deployed([], {"every plan": over}, 0.0, 0, 0, obj.name, label)
+            return Deployed([], {"every plan": over}, 0.0, 0, 0, obj.name, label)
     reserve = 0.0
     kept: dict[str, RankedPlan] = {}
     excluded: dict[str, Excluded] = {}
@@ -357,13 +125,13 @@ def _search_deployment(
             name, _, _ = describe(c.glob, c.configs, s.has_moe)
             excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
         for c in res.candidates:
-            if fitted >= top or _lower_bound(s, c.score, pp) >= cutoff:
+            if fitted >= top or lower_bound(s, c.score, pp) >= cutoff:
                 break
             name, short, summary = describe(c.glob, c.configs, s.has_moe)
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            got = _evaluate(s, pa, c.cost, tp, pp, cp, replicas)
+            got = evaluate(s, pa, c.cost, tp, pp, cp, replicas)
             mem = got.prediction.memory if got.prediction is not None else None
             if cap is not None and mem is not None and mem.total > cap:
                 worst_act = max(worst_act, float(mem.activations))
@@ -375,164 +143,45 @@ def _search_deployment(
             break
         reserve = worst_act
     if s.dp_attention:
-        for got in _dp_entries(s, tp, pp, excluded, cp, replicas):
+        for got in dp_entries(s, tp, pp, excluded, cp, replicas):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
-        for got in _overlap_entries(s, list(kept.values()), tp, pp, cp, replicas):
+        for got in overlap_entries(s, list(kept.values()), tp, pp, cp, replicas):
             kept.setdefault(got.plan.name, got)
-    return _Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
+    return Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
 
-def _dp_entries(
-    s: _Setup, tp: int, pp: int, excluded: dict[str, Excluded], cp: int = 1, replicas: int = 1
-) -> list[RankedPlan]:
-    """The named DP-attention plans (docs/design.md, "DP attention"), ranked beside the search's:
-    the search's space has no DP global choice, so these are scored outside it, by the figure
-    ranked plans are ranked by (`predict_plan`'s time, or the audit's bytes per token, which is
-    the volume objective's score), and kept only when legal and within the memory cap."""
-    from tpplan.plans.named import DP_PLANS, make_plan
-
-    out = []
-    for name in DP_PLANS:
-        try:
-            pa = s.audits.of(make_plan(name, s.graph, tp), tp, s.dtype)
-        except TpplanError:
-            continue
-        if not pa.legal:
-            continue
-        got = _evaluate(s, pa, Cost(pa.comm_bytes_per_token, pa.weight_bytes_per_rank), tp, pp, cp, replicas)
-        total = got.memory_total
-        if s.cap is not None and total is not None and total > s.cap:
-            excluded[name] = Excluded(name, _label(tp, pp, cp, replicas), got.score, memory_bytes=total, why="memory")
-            continue
-        out.append(got)
-    return out
-
-
-def _overlap_entries(
-    s: _Setup, ranked: list[RankedPlan], tp: int, pp: int, cp: int = 1, replicas: int = 1
-) -> list[RankedPlan]:
-    """Each kept plan with all-to-all experts once more under the engine's micro-batch overlap
-    (`<plan>+tbo` / `+dbo`, docs/cost-model.md), ranked beside it: the overlap changes no byte, only
-    the predicted time, so it is scored after the search, like the DP plans. Same memory. Async TP:
-    `_async_tp_entries`."""
-    from tpplan.plans.named import overlapped
-
-    assert s.overlap is not None
-    if s.overlap == "asynctp":
-        return _async_tp_entries(s, ranked, tp, pp, cp, replicas)
-    out = []
-    for got in ranked:
-        if got.plan.moe != "a2a" or got.plan.overlap is not None:
-            continue
-        plan = overlapped(got.plan, s.overlap, s.graph)
-        out.append(_evaluate(s, s.audits.of(plan, tp, s.dtype), got.search_cost, tp, pp, got.cp, got.replicas))
-    return out
-
-
-def _async_tp_entries(
-    s: _Setup, ranked: list[RankedPlan], tp: int, pp: int, cp: int, replicas: int
-) -> list[RankedPlan]:
-    """Each kept plan with something to fuse once more under async TP (`<plan>+asynctp`); with `--all`
-    (`all_plans`) also every other plan whose fused time could beat the best so far: plans in order of
-    a lower bound of their fused time (`tpplan.search.async_tp.FusableFree`) until the bound reaches
-    the best, so the best fused plan of the deployment is found as brute force finds it. Only with a
-    time objective and the TP group inside one NVLink node (across nodes the ops cannot reach their
-    peers)."""
-    from tpplan.plans.named import async_tp
-    from tpplan.search.async_tp import FusableFree
-
-    if s.objective != "time" or s.topo is None or tp > s.topo.gpus_per_node or s.topo.intra.kind != "nvlink":
-        return []
-    seen = {r.plan.name for r in ranked}
-    out: list[RankedPlan] = []
-
-    def fuse(plan: Plan, cost: Cost) -> float:
-        """Rank `plan` fused (if it has a pair and fits the cap); its score, or infinity."""
-        try:
-            fused = async_tp(plan, s.graph, tp)
-        except TpplanError:  # nothing to fuse in this plan
-            return float("inf")
-        got = _evaluate(s, s.audits.of(fused, tp, s.dtype), cost, tp, pp, cp, replicas)
-        if s.cap is not None and got.memory_total is not None and got.memory_total > s.cap:
-            return float("inf")
-        out.append(got)
-        return got.score
-
-    if not ranked:  # fusing changes no memory: where no plan fits, no fused plan does
-        return out
-    best = min(r.score for r in ranked)
-    for got in ranked:
-        if got.plan.overlap is None:
-            best = min(best, fuse(got.plan, got.search_cost))
-    if not s.all_plans:  # the best of each family, fused: fast, and not a proof (docs/design.md)
-        return out
-    base = _objective(s, tp, pp, cp, replicas)
-    bound, k = FusableFree(base, s.graph), s.top  # plans per walk, doubled while the bound allows better
-    while True:
-        res = search(s.graph, tp, bound, top=k, memory_cap=s.cap, dtype=s.dtype, audits=s.audits)
-        for c in res.candidates:
-            if _lower_bound(s, c.score, pp) >= best:
-                return out
-            name, short, summary = describe(c.glob, c.configs, s.has_moe)
-            if name in seen:
-                continue
-            seen.add(name)
-            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
-            best = min(best, fuse(pa.plan, plan_cost(base, s.graph, pa)))
-        if len(res.candidates) < k:
-            return out
-        k *= 2
-
-
-def _while_searching(s: _Setup, grid: list[Grid]) -> None:
+def _while_searching(s: Setup, grid: list[Grid]) -> None:
     """The parent's share while forked workers search: the reference deployment's baseline and
     named plans, which the answer needs after the search (a core is idle at the grid's tail).
     A model that does not split there says so after the search, as before."""
     try:
-        _baseline(s, *grid[0])
-        _named(s, grid[0][0])
+        baseline_of(s, *grid[0])
+        named_of(s, grid[0][0])
     except TpplanError:
         pass
 
 
-def _at_the_tail(s: _Setup, done: list[_Deployed | tuple[str, str, str]]) -> None:
+def _at_the_tail(s: Setup, done: list[Deployed | tuple[str, str, str]]) -> None:
     """The parent's share once a core idles at the grid's tail: the named plans' behaviours and the
     baselines at the deployments whose plans rank best so far, which the answer needs after the
     search if they stay there (each is computed once per search either way)."""
     import contextlib
 
-    leaders = sorted((r for d in done if isinstance(d, _Deployed) for r in d.entries), key=lambda r: r.score)
+    leaders = sorted((r for d in done if isinstance(d, Deployed) for r in d.entries), key=lambda r: r.score)
     for r in leaders[: s.top]:
         with contextlib.suppress(TpplanError):
-            _named(s, r.tp)
-            _baseline(s, r.tp, r.pp, r.cp, r.replicas)
+            named_of(s, r.tp)
+            baseline_of(s, r.tp, r.pp, r.cp, r.replicas)
 
 
-def _baseline(s: _Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
-    """Megatron TP at this deployment, for reference (priced once per search)."""
-    hit = s.baselines.get((tp, pp, cp, replicas))
-    if hit is None:
-        pa = s.baseline_audit(tp)
-        cost = plan_cost(_objective(s, tp, pp, cp, replicas), s.graph, pa)
-        hit = s.baselines[(tp, pp, cp, replicas)] = _evaluate(s, pa, cost, tp, pp, cp, replicas)
-    return hit
-
-
-def _named(s: _Setup, tp: int) -> dict[Behaviour, str]:
-    """The named plans' behaviours at TP `tp` (computed once per search and TP)."""
-    if tp not in s.named:
-        s.named[tp] = named_behaviours(s.graph, tp, s.dtype, audits=s.audits)
-    return s.named[tp]
-
-
-def _name_ranked(s: _Setup, ranked: list[RankedPlan], top: int) -> list[RankedPlan]:
+def _name_ranked(s: Setup, ranked: list[RankedPlan], top: int) -> list[RankedPlan]:
     """The best `top` plans, a rediscovered named plan shown under its name (once per deployment).
     Named plans are matched only here, for the plans shown: it costs an audit of each named plan."""
     out: list[RankedPlan] = []
     seen: set[tuple[str, str]] = set()
     for r in ranked:
-        same = _named(s, r.tp).get(r.behaviour)
+        same = named_of(s, r.tp).get(r.behaviour)
         if same:  # the search rediscovered a named plan: show it under its name
             plan = r.plan.with_(name=same, found_by="named")
             r = replace(r, plan=plan, audit=replace(r.audit, plan=plan))
@@ -547,12 +196,12 @@ def _name_ranked(s: _Setup, ranked: list[RankedPlan], top: int) -> list[RankedPl
     return out
 
 
-_GRID_SETUP: _Setup | None = None  # what forked grid workers search (inherited, not pickled)
+_GRID_SETUP: Setup | None = None  # what forked grid workers search (inherited, not pickled)
 
 
 def _search_one(
     n: int, p: int, cutoff: float = float("inf"), c: int = 1, r: int = 1
-) -> _Deployed | tuple[str, str, str]:
+) -> Deployed | tuple[str, str, str]:
     """One deployment; a model that does not split over it gives the error's (where, reason, fix),
     which, unlike the exception, crosses a process boundary."""
     assert _GRID_SETUP is not None
@@ -563,8 +212,8 @@ def _search_one(
 
 
 def _search_all(
-    s: _Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
-) -> list[_Deployed | tuple[str, str, str]]:
+    s: Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
+) -> list[Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
     can still rank (`cutoff`: the `top`-th best score of the deployments before it). Forked
@@ -600,17 +249,17 @@ def _search_all(
                         _at_the_tail(s, [f.result() for f in futures if f.done()])
                 out = [f.result() for f in futures]
             for got in out:
-                if isinstance(got, _Deployed):
+                if isinstance(got, Deployed):
                     got.entries = [replace(r, audit=s.audits.add(r.audit, s.dtype)) for r in got.entries]
             return out
         out = []
         scores: list[float] = []
         for i, (n, p, c, r) in enumerate(grid):
             say(f"searching {_label(n, p, c, r)} ({i + 1} of {len(grid)})")
-            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
+            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top and not s.every_deployment else float("inf")
             got = _search_one(n, p, cutoff, c, r)
             out.append(got)
-            if isinstance(got, _Deployed):
+            if isinstance(got, Deployed):
                 scores += [r.score for r in got.entries]
         return out
     finally:
@@ -639,6 +288,7 @@ def search_plans(
     cp_layers: str = "all",
     replicas: int | Literal["all"] | None = None,
     cp_kv: str = "engines",
+    every_deployment: bool = False,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -655,16 +305,18 @@ def search_plans(
     token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
     ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
-    (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
+    (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers).
+    `every_deployment`: each deployment searched whole for its best plan (`deployment_best`), none cut
+    off by the plans of earlier ones (the search under targets serves each deployment's best)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
-    s = _Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
+    s = Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
-               cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
-    if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in _overlap_entries
+               cp_layers=cp_layers, cp_kv=cp_kv, every_deployment=every_deployment)  # fmt: skip
+    if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
         from tpplan.engines.overlap import overlap_named
 
         why = overlap_named(overlap).refusal(graph.spec.model_type)
@@ -691,13 +343,13 @@ def search_plans(
         grid = [(topology.world_size if topology is not None else 0, 1, 1, 1)]
         if grid[0][0] < 1:
             raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
-    results: list[_Deployed] = []
+    results: list[Deployed] = []
     skipped: list[tuple[str, str]] = []
     say(f"searching {len(grid)} deployment(s): {', '.join(_label(*g) for g in grid)}")
     searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # every deployment's search and its plans' checks
     for g, got in zip(grid, searched, strict=True):
-        if isinstance(got, _Deployed):
+        if isinstance(got, Deployed):
             results.append(got)
             continue
         if len(grid) == 1:
@@ -708,8 +360,8 @@ def search_plans(
                           "give a tp it splits over")  # fmt: skip
     say("pricing the best plans and their baselines")
     ref = grid[[_label(*g) for g in grid].index(results[0].label)]
-    base = _baseline(s, *ref)
-    base = replace(base, same_as_named=_named(s, base.tp).get(base.behaviour))
+    base = baseline_of(s, *ref)
+    base = replace(base, same_as_named=named_of(s, base.tp).get(base.behaviour))
     ranked = _name_ranked(s, sorted((r for d in results for r in d.entries), key=lambda r: r.score), top)
     # Deltas compare like with like: each plan against baseline at its own TP x PP; what the
     # deployment change alone does is baseline there against baseline at the reference deployment.
@@ -718,7 +370,7 @@ def search_plans(
     for r in ranked:
         same = shape_bases.get(r.deployment)
         if same is None:
-            same = shape_bases[r.deployment] = _baseline(s, r.tp, r.pp, r.cp, r.replicas)
+            same = shape_bases[r.deployment] = baseline_of(s, r.tp, r.pp, r.cp, r.replicas)
         shown.append(replace(r, rank=len(shown) + 1, baseline=same, reference=base))
     found_for = {
         "topology": topology.name if topology is not None else None,
@@ -760,6 +412,8 @@ def search_plans(
             search_s,
         ),
         plan_files=files,
+        cp_layers=cp_layers,
+        cp_kv=cp_kv,
     )
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
 from tpplan.engines.launch import size_flags
+from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 from tpplan.engines.schema import EngineVersion, Mode, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
-from tpplan.report.engines.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 
 FLAG = "--enable-attn-tp-input-scattered"
 SRC_ARGS = Source(
@@ -149,7 +149,7 @@ def sglang_recipe(
     fam = family(plan)
     base = _base(tp, pp, cp, chunk, nodes)
     if plan.dp_attention:
-        from tpplan.report.engines.dp_attention import sglang_dp_recipe
+        from tpplan.engines.recipes.dp_attention import sglang_dp_recipe
 
         return sglang_dp_recipe(plan, spec, base, tp)
     moe = _moe(spec)

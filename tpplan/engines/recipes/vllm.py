@@ -8,10 +8,10 @@ from typing import Any
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
 from tpplan.engines import vllm as vllm_data
 from tpplan.engines.launch import size_flags
+from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 from tpplan.engines.schema import EngineVersion, Source
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
-from tpplan.report.engines.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 
 SRC_PAR = Source(vllm_data.REPO, "vllm/config/parallel.py", "ParallelConfig", vllm_data.REL)
 
@@ -43,7 +43,7 @@ def vllm_recipe(
     """vLLM flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
     judged against `engine` (default: the current release); with PP, whether the model class supports it."""
     if plan.dp_attention:
-        from tpplan.report.engines.dp_attention import vllm_dp_recipe
+        from tpplan.engines.recipes.dp_attention import vllm_dp_recipe
 
         return vllm_dp_recipe(plan, spec, tp, chunk)
     ev = engine or ENGINES[DEFAULT_ENGINES[1]]

@@ -2,10 +2,11 @@
 
 Every engine fact (what a flag does per model class, the per-layer dataflow, the gates with the
 server arguments and environment variables behind them, the fallback, how PP is scheduled) lives
-once, as versioned data with its sources, in `tpplan.engines` (docs/engines.md). This package turns
-that data into launch lines, report conditions and one sentence per engine on what it really runs
-for the model class at hand. `engines` selects the versions (`--engine sglang@0.5.23`); the default
-is each engine's current release (`tpplan.engines.DEFAULT_ENGINES`).
+once, as versioned data with its sources, in the modules beside this package (docs/engines.md).
+This package turns that data into launch lines, the conditions the report prints and one sentence
+per engine on what it really runs for the model class at hand; the report imports it from here.
+`engines` selects the versions (`--engine sglang@0.5.23`); the default is each engine's current
+release (`tpplan.engines.DEFAULT_ENGINES`).
 """
 
 from __future__ import annotations
@@ -13,22 +14,22 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tpplan.cost.deployment import Deployment
 from tpplan.engines import select_pair
 from tpplan.engines.context_parallel import SGLANG_K3_FULL_SEQUENCE
 from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
+from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_capability
+from tpplan.engines.recipes.sglang import sglang_recipe
+from tpplan.engines.recipes.vllm import vllm_recipe
 from tpplan.engines.schema import EngineVersion
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.spec import MLASpec, ModelSpec
-from tpplan.report.engines.base import Condition, EngineRecipe, family, gpu_capability
-from tpplan.report.engines.sglang import sglang_recipe
-from tpplan.report.engines.vllm import vllm_recipe
 
 
 def recipes(
     plan: Plan,
     spec: ModelSpec,
-    deployment: Deployment,
+    deployment: Mesh,
     *,
     prefill_cp: int = 1,
     dp: int = 1,
@@ -50,7 +51,7 @@ def recipes(
     return [whole_deployment(r, plan, spec, d) for r in out]
 
 
-def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Deployment) -> DeploymentFlags:
+def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> DeploymentFlags:
     """The engine's flags for the deployment's sizes, CP, replicas and overlap (`engines.launch`), or why none."""
     if d.cp > 1 and d.cp_layers == "mla":  # CP inside the TP group: only an open SGLang PR has it
         path = SGLANG_K3_FULL_SEQUENCE
@@ -62,7 +63,7 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Deployment) -
     return deployment_flags(engine, spec.model_type, all_mla, d.tp, d.pp, d.cp, plan.overlap, d.replicas)
 
 
-def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Deployment) -> EngineRecipe:
+def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
     """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
     does not run its CP, overlap or CP mode (the reason said), else its overlap flags added and its replicas
     (R servers) and CP difference noted."""

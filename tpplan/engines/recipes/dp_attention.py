@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, dp_family
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import ModelSpec
-from tpplan.report.engines.base import Condition, EngineRecipe, _moe, dp_family
 
 SRC_SGL_DP = "sgl-project/sglang python/sglang/srt/layers/dp_attention.py@00161092"
 SRC_SGL_DP_COMM = "sgl-project/sglang python/sglang/srt/layers/communicator.py@fd3907ee"

@@ -1,0 +1,134 @@
+"""No function below `commands/` takes the deployment as loose integers: it takes a `tpplan.mesh.Mesh`
+(or an object holding one). Issue 30.
+
+The rule, exactly: in every module of `tpplan/` except `tpplan/commands/` and `tpplan/cli.py`, no function,
+method or lambda has a parameter (positional, keyword-only, `*args` or `**kwargs`) named in `LOOSE`. The
+CLI reads the options and builds the one `Mesh`; everything below passes it on, checked once
+(`Mesh.check`), so a new axis is a field of one class and not a parameter threaded through 70 signatures.
+
+The names, and why these:
+- the axes' sizes: `tp`, `pp`, `cp`, `replicas` (`Mesh`'s fields), `ep` and `ep_size` (EP inside TP: the
+  mesh's `ep`, and the plan's `ep_size` where a function takes it loose), `dp` and `attn_dp` (data-parallel
+  and DP-attention sizes, derived from the mesh and the plan);
+- the CP options: `cp_layers`, `cp_recurrence`, `cp_kv` (`Mesh`'s fields: they decide the CP groups and the
+  KV a CP rank keeps).
+Not listed: `nodes` and `gpus_per_node` (the cluster's, not the mesh's: `Fabric`), `dp_attention` (a flag
+of the plan, `Plan.dp_attention`, which holds it), `chunk` (the scheduler's). Dataclass fields are not
+parameters and are not scanned; a record that carries the sizes should hold a `Mesh` all the same.
+
+A parameter that is a different concept but shares a name (an op kind's number of shards, the ranks a
+zigzag split deals over) is renamed to say what it is (`shards`, `ranks`), not hidden from the scan.
+
+`PENDING` holds, per module, how many such parameters it still has; the count may only go down (lower
+it in the commit that converts them, drop the entry at zero). The goal is an empty `PENDING`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
+LOOSE = frozenset(
+    {"tp", "pp", "cp", "replicas", "ep", "ep_size", "dp", "attn_dp", "cp_layers", "cp_recurrence", "cp_kv"}
+)
+
+PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 in 47 modules)
+    "audit.py": 1,
+    "bench/rank_shapes.py": 1,
+    "cost/context_parallel.py": 1,
+    "cost/pipeline.py": 2,
+    "cost/pricing.py": 2,
+    "cost/sources/aic_fitted.py": 5,
+    "cost/workload.py": 2,
+    "engines/async_tp.py": 2,
+    "engines/context_parallel.py": 1,
+    "engines/launch.py": 7,
+    "engines/memory.py": 5,
+    "engines/recipes/__init__.py": 1,
+    "engines/recipes/dp_attention.py": 2,
+    "engines/recipes/sglang.py": 6,
+    "engines/recipes/vllm.py": 8,
+    "engines/schema.py": 2,
+    "layout/context_parallel.py": 11,
+    "layout/plan.py": 1,
+    "lower/stages.py": 1,
+    "models/cuts.py": 4,
+    "models/families/deepseek_v3.py": 1,
+    "models/families/deepseek_v32.py": 2,
+    "models/families/glm4_moe.py": 1,
+    "models/families/gqa.py": 1,
+    "models/families/kimi_linear.py": 1,
+    "models/families/minimax_m2.py": 1,
+    "models/families/qwen3_next.py": 1,
+    "models/opkind_defs.py": 5,
+    "models/opkind_types.py": 2,
+    "report/analysis.py": 11,
+    "report/crossover.py": 1,
+    "report/deployments.py": 1,
+    "report/prompt_length.py": 1,
+    "report/writer.py": 1,
+    "runtime/context_parallel.py": 5,
+    "runtime/context_parallel_verify.py": 3,
+    "runtime/kernels_local.py": 1,
+    "runtime/shard.py": 2,
+    "search/cp_grid.py": 1,
+    "search/grid.py": 11,
+    "search/objectives.py": 1,
+    "search/ranking.py": 10,
+    "search/results.py": 4,
+    "search/setup.py": 15,
+    "search/variants.py": 12,
+    "simulate/loop.py": 1,
+    "simulate/requests.py": 1,
+}
+
+
+def loose_parameters(source: str) -> list[tuple[int, str, str]]:
+    """(line, function, parameter) for each parameter of `source`'s functions named in `LOOSE`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p)]
+            name = getattr(node, "name", "<lambda>")
+            found += [(p.lineno, name, p.arg) for p in params if p.arg in LOOSE]
+    return sorted(found)
+
+
+def library_modules() -> list[Path]:
+    return [
+        p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.relative_to(PACKAGE).parts[0] != "commands" and p.relative_to(PACKAGE).as_posix() != "cli.py"
+    ]
+
+
+def test_no_loose_mesh_integers_below_commands():
+    counts: Counter[str] = Counter()
+    where: dict[str, list[str]] = {}
+    for path in library_modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for line, func, param in loose_parameters(path.read_text()):
+            counts[rel] += 1
+            where.setdefault(rel, []).append(f"{rel}:{line}: {func}({param})")
+    over = [hit for rel, n in counts.items() if n > PENDING.get(rel, 0) for hit in where[rel]]
+    assert not over, "pass a tpplan.mesh.Mesh (or an object holding one), not its sizes:\n" + "\n".join(over)
+    stale = {rel: n for rel, n in PENDING.items() if counts[rel] < n}
+    assert not stale, f"fewer loose parameters than PENDING says; lower it to {dict(sorted(counts.items()))}"
+
+
+def test_the_scan_sees_every_kind_of_parameter():
+    """Positional, keyword-only, *args/**kwargs, methods, nested functions and lambdas; not other names."""
+    source = (
+        "def f(tp, /, pp, *cp, replicas=1, **cp_kv): pass\n"
+        "class C:\n"
+        "    async def g(self, mesh, *, ep_size=None):\n"
+        "        def h(dp): pass\n"
+        "        return lambda attn_dp: 0\n"
+        "def ok(mesh, nodes, chunk, tp_mesh, shards): pass\n"
+    )
+    assert [(line, param) for line, _, param in loose_parameters(source)] == [
+        (1, "cp"), (1, "cp_kv"), (1, "pp"), (1, "replicas"), (1, "tp"), (3, "ep_size"), (4, "dp"), (5, "attn_dp"),
+    ]  # fmt: skip

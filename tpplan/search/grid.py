@@ -1,0 +1,170 @@
+"""The deployments a search covers: every TP x PP (x CP) split of a topology's GPUs, and replicas of them.
+
+`deployments` lists (TP, PP, CP) for one set of GPUs, `deployment_grid` adds the replica counts
+(`Grid`: (TP, PP, CP, replicas)); `memory_cap_gib_of` reads the memory cap the search and the memo
+share. Split out of `ranking.py` (which searches each of them) along that seam.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from tpplan.errors import TpplanError
+from tpplan.models.graph import ModelGraph
+from tpplan.search.results import SERVING_SHARE
+
+if TYPE_CHECKING:
+    from tpplan.cost.deployment import Fabric
+    from tpplan.cost.topology import Topology
+    from tpplan.cost.workload import Workload
+
+
+def deployments(
+    graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
+) -> list[tuple[int, int, int]]:
+    """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
+    widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
+    TP x CP splits without PP for CP in `CP_SIZES`, TP inside one node, where the model's mixers have
+    a CP method."""
+    from tpplan.layout.context_parallel import CP_SIZES, audit_cp
+
+    layers = graph.spec.num_layers
+    if pp is not None and (pp < 1 or pp > layers):
+        raise TpplanError(f"pp={pp}", f"must be between 1 and the model's {layers} layers", "use a smaller pp")
+    if cp is not None and cp < 1:
+        raise TpplanError(f"cp={cp}", "the CP size must be at least 1", "use cp=1 or more")
+    c = cp or 1
+    if topo is None:
+        if pp not in (None, 1):
+            raise TpplanError(f"pp={pp}", "pipeline stages need a topology to price", "pass a topology")
+        if c > 1:
+            raise TpplanError(f"cp={c}", "context parallelism is priced in time: it needs a topology",
+                              "pass a topology")  # fmt: skip
+        if tp is None or tp < 1:
+            raise TpplanError(f"tp={tp}", "the TP size must be at least 1", "use tp=1 or more")
+        return [(tp, 1, 1)]
+    world, gpn = topo.world_size, topo.gpus_per_node
+    if c > 1 and not audit_cp(graph, tp or 1, c).legal:
+        raise TpplanError(f"cp={c}", "; ".join(audit_cp(graph, tp or 1, c).reasons), "search without cp")
+    if world % c:
+        raise TpplanError(f"cp={c}", f"does not divide the topology's {world} GPUs", "use a divisor")
+    if tp is not None or pp is not None:
+        p = pp or 1
+        n = tp if tp is not None else world // (p * c)
+        if tp is None and world % (p * c):
+            raise TpplanError(f"pp={p}", f"does not divide the topology's {world} GPUs", "give tp as well")
+        if n < 1:
+            raise TpplanError(f"tp={n}", "the TP size must be at least 1", "use tp=1 or more")
+        if n * p * c > world:
+            raise TpplanError(
+                f"tp={n}" + (f" pp={p}" if p > 1 else "") + (f" cp={c}" if c > 1 else ""),
+                f"topology {topo.name} has only {world} GPUs ({topo.nodes} x {gpn})",
+                "use a smaller tp/pp/cp or a topology with more nodes",
+            )
+        if n > gpn and n % gpn:
+            why = f"a TP group larger than a node must fill whole nodes of {gpn} GPUs"
+            raise TpplanError(f"tp={n}", why, f"use a multiple of {gpn}")
+        return [(n, p, c)]
+    out = []
+    share = world // c
+    for n in range(share, 0, -1):
+        p = share // n
+        if share % n or p > layers or (n > gpn and n % gpn):
+            continue
+        out.append((n, p, c))
+    if cp is None:  # TP x CP with the TP group inside one node (CP spans the nodes); `cp` searches any split
+        for k in CP_SIZES[1:]:
+            n = world // k
+            if world % k or n < 1 or n > gpn or not audit_cp(graph, n, k).legal:
+                continue
+            out.append((n, 1, k))
+    return out
+
+
+Grid = tuple[int, int, int, int]
+"""One deployment a search covers: (TP, PP, CP, replicas)."""
+
+
+@dataclass(frozen=True)
+class _ReplicaGpus:
+    """The GPUs one of `replicas` replicas gets of a topology, as `deployments` enumerates splits of
+    them: whole nodes, or a share of one node (replicas alike: `Deployment.check`)."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+
+
+def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
+    world, gpn = topo.world_size, topo.gpus_per_node
+    where = f"replicas={replicas}"
+    if world % replicas:
+        raise TpplanError(where, f"does not divide the topology's {world} GPUs", "use a divisor of the GPUs")
+    one = world // replicas
+    if gpn % one and one % gpn:
+        raise TpplanError(where, f"a replica of {one} GPUs would straddle nodes of {gpn} GPUs",
+                          f"use replicas of a divisor or a multiple of {gpn} GPUs")  # fmt: skip
+    return _ReplicaGpus(f"{topo.name} / {replicas} replicas", max(1, one // gpn), gpn, one)
+
+
+def deployment_grid(
+    graph: ModelGraph,
+    topo: Topology | None,
+    tp: int | None,
+    pp: int | None,
+    cp: int | None = None,
+    replicas: int | Literal["all"] | None = None,
+    workload: Workload | None = None,
+) -> list[Grid]:
+    """(TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
+    its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
+    (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
+    that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
+    replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
+    there are no requests to split (a replica's forward time is its deployment's). Replicas are
+    asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
+    if replicas == "all":
+        return _all_replicas(graph, topo, tp, pp, cp, workload)
+    if replicas is not None and replicas < 1:
+        raise TpplanError(f"replicas={replicas}", "must be at least 1", "use replicas=1 or more")
+    if replicas is not None and replicas > 1:
+        if topo is None:
+            raise TpplanError(f"replicas={replicas}", "replicas split a workload's requests in time: they need a "
+                              "topology", "pass a topology")  # fmt: skip
+        if workload is not None:
+            from tpplan.cost.workload import replica_workloads
+
+            replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
+        share = _replica_gpus(topo, replicas)
+        return [(n, p, c, replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
+    return [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+
+
+def _all_replicas(
+    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None, workload: Workload | None
+) -> list[Grid]:
+    grid = [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+    if topo is None or workload is None or tp is not None or pp is not None:
+        return grid
+    most = min(workload.concurrency, workload.total_requests)
+    for r in range(2, min(most, topo.world_size) + 1):
+        try:
+            share = _replica_gpus(topo, r)
+            grid += [(n, p, c, r) for n, p, c in deployments(graph, share, None, None, cp)]
+        except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
+            continue
+    return grid
+
+
+def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float | None:
+    """The memory cap in GiB per rank: "serving" SERVING_SHARE of one GPU, "gpu" all of it (None
+    without a topology), None no cap, else the number given. `search` and `report` both read it here."""
+    if value in ("gpu", "serving"):
+        share = 1.0 if value == "gpu" else SERVING_SHARE
+        return topo.gpu.memory_GiB * share if topo is not None else None
+    return float(value) if value is not None else None
+
+
+__all__ = ["Grid", "deployment_grid", "deployments", "memory_cap_gib_of"]
