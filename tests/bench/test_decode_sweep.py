@@ -85,8 +85,8 @@ def test_a_repeat_that_comes_back_without_a_time_keeps_the_first(monkeypatch) ->
     re-measurement of a non-monotone case takes the medians it has (the H100 call's KeyError)."""
     from tpplan.bench import rank_sweep as R
 
-    calls = iter([{"seconds": 2.0, "b2b_s": 2.0}, {"seconds": 1.0, "b2b_s": 1.0}, {"seconds": 0.0, "skipped": "x"},
-                  {"seconds": 3.0, "b2b_s": 3.0}, {"seconds": 1.0, "b2b_s": 1.0}, {"seconds": 1.0, "b2b_s": 1.0}])  # fmt: skip
+    times = [2.0, 1.0, None, 3.0, 1.0, 1.0]  # None: a repeat with no rows here
+    calls = iter({"seconds": 0.0, "skipped": "x"} if t is None else {"seconds": t, "b2b_s": t} for t in times)
     runners = {"gemm_small": lambda c: next(calls)}
     cases = [{"family": "gemm_small", "m": m, "k": 8, "n": 8} for m in (1, 2)]
     pts = R.run_family(cases, float("inf"), runners)

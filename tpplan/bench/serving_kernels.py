@@ -358,7 +358,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 MASKED_SDPA = "window and chunk: torch SDPA with a boolean mask"
-WINDOWED = "window: SDPA per query block over its window's keys (band mask)"
+WINDOWED = "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
 CHUNKED = "chunk: SDPA flash per attention chunk"
 SINKS = "sinks: flash with log-sum-exp, sinks applied after"
 REFERENCE_FOR_TOPK = "top-k (DSA): reference, scores in query blocks"
