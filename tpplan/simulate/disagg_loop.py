@@ -327,18 +327,31 @@ class _PD:
             t, i = heapq.heappop(queue)
             if t != wake[i]:
                 continue  # superseded by an earlier wake
-            inst = self.insts[i]
+            self.turns(i, t)
+
+    def turns(self, i: int, t: float) -> None:
+        """Instance `i` acts at `t`, and again at once while its next turn comes strictly before every other
+        instance's (nothing can reach it meanwhile): the order the queue would give, without its pushes."""
+        inst, queue, wake = self.insts[i], self.queue, self.wake
+        while True:
+            horizon = queue[0][0] if queue else math.inf
             e = inst.earliest(t)
             if e > t:
-                wake[i] = e
-                heapq.heappush(queue, (e, i))
-                continue
+                if e >= horizon:
+                    wake[i] = e
+                    heapq.heappush(queue, (e, i))
+                    return
+                t = e
             wake[i] = math.inf
-            nxt = inst.act(t)
-            if nxt < wake[i]:
-                wake[i] = nxt
-                if nxt < math.inf:
-                    heapq.heappush(queue, (nxt, i))
+            nxt = min(inst.act(t), wake[i])  # a delivery to itself may have set an earlier wake
+            horizon = queue[0][0] if queue else math.inf
+            if nxt < horizon and self.done < len(self.reqs):
+                t = nxt
+                continue
+            wake[i] = nxt
+            if nxt < math.inf:
+                heapq.heappush(queue, (nxt, i))
+            return
 
 
 def simulate_disaggregated(
