@@ -113,8 +113,7 @@ def _pool(graph: ModelGraph, plan: Plan, mesh: Mesh, plan_name: str | None, side
     try:
         mesh.check(topo)
         pool_plan = make_plan(plan_name or plan.name, graph, mesh.tp)
-        p = cached_predictor(graph, pool_plan, topo, mesh.tp, mesh.pp, dtype, expert_dtype, cp=mesh.cp,
-                             pipeline=pipeline_model(engine))  # fmt: skip
+        p = cached_predictor(graph, pool_plan, topo, mesh, dtype, expert_dtype, pipeline=pipeline_model(engine))
     except TpplanError as err:
         raise _inside(sides, err) from None
     return PoolSpec(p, chunk_tokens=chunk)

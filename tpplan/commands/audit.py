@@ -149,6 +149,7 @@ def register(app: typer.Typer) -> None:
         with --topology (and --workload) also predict time, memory and TTFT."""
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
+        from tpplan.mesh import Mesh
 
         check_json_target(json_target)
         arrival = arrival_of(arrival_rate, trace, requests, seed)
@@ -203,9 +204,10 @@ def register(app: typer.Typer) -> None:
                 from tpplan.cost.predict import predict_audit
 
                 say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
-                predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
-                                            cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
-                                            replicas=replicas, kv_engines=kv_engines_for(engine))  # fmt: skip
+                mesh = Mesh(result.n, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence,
+                            cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
+                predictions = predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
+                                            kv_engines=kv_engines_for(engine))  # fmt: skip
             data: dict[str, Any] = to_json(result, predictions)
             arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
             if arrivals is not None and topo is not None:
