@@ -12,9 +12,11 @@ from tpplan.bench_results import load_bench_results
 
 
 def layer_rows(paths: list[Path]) -> str:
-    """| run | card | slice | layer kind | tokens | measured ms | predicted ms | error | attention measured / predicted |"""
-    lines = ["| run | card | slice (what the card's memory cut) | layer kind | tokens | measured ms | predicted ms | "
-             "error | attention op: measured / predicted ms |", "|---|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    """One row per (run, layer kind, tokens): the card, the slice, measured and predicted ms, the error, and
+    the layer's attention ops measured / predicted."""
+    head = ("| run | card | slice (what the card's memory cut) | layer kind | tokens | measured ms | predicted ms | "
+            "error | attention op: measured / predicted ms |")  # fmt: skip
+    lines = [head, "|---|---|---|---|---:|---:|---:|---:|---|"]
     for path in paths:
         r = load_bench_results(path, "from_files=")
         cut = r.model_slice.sized or "nothing cut"
