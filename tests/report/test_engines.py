@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tpplan.cost.deployment import Deployment
 from tpplan.engines import select
 from tpplan.engines.recipes import family, recipes, sglang_recipe, vllm_recipe
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -57,7 +57,7 @@ def test_input_scattered_gates_decided_from_the_deployment():
 
 def test_sp_moe_flags_derivations_and_k3_variants():
     plan, spec = _setup("kimi-k3", 32, "sp-moe")
-    sgl, vl = recipes(plan, spec, Deployment(32), nodes=4, gpu="NVIDIA H200")
+    sgl, vl = recipes(plan, spec, Mesh(32), nodes=4, gpu="NVIDIA H200")
     assert "--moe-a2a-backend deepep" in sgl.args
     assert any("_a2a_ep_size" in c.source and c.effect == "adjusts" for c in sgl.conditions)
     # On H200 the fused SP collectives are off, so tpplan's norm-on-shard sp-moe is not what SGLang runs.
@@ -85,7 +85,7 @@ def test_ep_without_a2a_and_pipeline():
 def test_plans_no_engine_ships():
     for name in ("gate-aware", "latent-scattered"):
         plan, spec = _setup("kimi-k3", 32, name)
-        assert all(r.realises == "no" for r in recipes(plan, spec, Deployment(32)))
+        assert all(r.realises == "no" for r in recipes(plan, spec, Mesh(32)))
 
 
 def test_layernorm_sp_allowlist_refuses_other_architectures():
