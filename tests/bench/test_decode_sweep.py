@@ -117,3 +117,6 @@ def test_docs_tables_are_the_checked_in_runs_and_fit() -> None:
     assert block("decode-fit") == markdown(fit)
     other = markdown({"totals": fit["other"]["totals"], "buckets": []}).split("\n\n")[0] + "\n"
     assert block("decode-fit-other") == other
+    from tpplan.bench.decode_fit import gemm_formula_table, merged
+
+    assert block("decode-gemm-before") == gemm_formula_table(merged([str(d / "call6/decode-sweep-gemm.json")]))
