@@ -18,11 +18,22 @@ binds is the bound's side at the chosen ratio (prefill, decode or KV transfer), 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpplan.search.results import RankedPlan
-from tpplan.search.serving_points import WAVES, Binds, DeploymentAnswer, Load, ServingPoint, admitted_batch, point_of
+from tpplan.search.serving_points import (
+    WAVES,
+    Binds,
+    DeploymentAnswer,
+    Load,
+    ServingPoint,
+    admitted_batch,
+    largest_met,
+    load_ladder,
+    point_of,
+)
 
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
@@ -133,7 +144,7 @@ def serve_pair(ask: Ask, pair: _Pair) -> DeploymentAnswer:
     alone = run(1)
     points = [alone]
     if alone.met:
-        points = _loads(ask, pair, run) if ask.arrival is None else [alone, run(None)]
+        points = _loads(pair, run) if ask.arrival is None else [alone, run(None)]
     met = [pt for pt in points if pt.met]
     best = max(met, key=lambda pt: pt.goodput_per_gpu) if met else None
     shown = best or min(points, key=lambda pt: pt.worst_ratio)
@@ -153,25 +164,18 @@ def _order(p: ServingPoint) -> float:
     return p.load.clients if p.load.clients is not None else math.inf
 
 
-def _loads(ask: Ask, pair: _Pair, run: object) -> list[ServingPoint]:
-    """Closed-loop loads up to the decode instances' batches, from the bound's batch up while met, down until."""
-    from collections.abc import Callable
+def _loads(pair: _Pair, at: Callable[[int], ServingPoint]) -> list[ServingPoint]:
+    """Closed-loop loads 1, 2, 4, ... up to the decode instances' batches within the TPOT target (the
+    bound's), from that top one down (`largest_met`): the largest that meets the targets and the next."""
+    loads = load_ladder(max(1, pair.dep.decode.instances * pair.bound.decode_batch))
+    tried: dict[int, ServingPoint] = {}
 
-    at: Callable[[int], ServingPoint] = run  # type: ignore[assignment]
-    n_d = pair.dep.decode.instances
-    most = max(1, n_d * pair.bound.decode_batch)
-    loads = [c for c in (2**k for k in range(0, 31)) if c < most] + [most]
-    i = len(loads) - 1  # the bound's batch keeps the TPOT target: start there
-    tried = {loads[i]: at(loads[i])}
-    if tried[loads[i]].met:
-        pass
-    else:
-        while i > 0:
-            i -= 1
-            tried[loads[i]] = at(loads[i])
-            if tried[loads[i]].met:
-                break
-    tried.setdefault(1, at(1))
+    def point(i: int) -> ServingPoint:
+        tried.setdefault(loads[i], at(loads[i]))
+        return tried[loads[i]]
+
+    point(0)
+    largest_met(len(loads), lambda i: point(i).met, len(loads) - 1)
     return [tried[c] for c in sorted(tried)]
 
 

@@ -39,6 +39,8 @@ from tpplan.search.serving_points import (
     ServingPoint,
     admitted_batch,
     kv_need_of,
+    largest_met,
+    load_ladder,
     point_at,
     predictor_of,
     serve_aggregated,
@@ -128,8 +130,8 @@ def _achieved_text(targets: Targets, p: ServingPoint) -> str:
 def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     """One replica of `r`'s deployment under the budget: one client alone first (the bound), then the
     loads 2, 4, ... clients up to the admitted batch, from the load the priced decode step suggests
-    (`_first_guess`) up while the targets are met, or down until they are: the largest load that meets
-    them and the next one up, which misses (so what binds is seen)."""
+    (`_first_guess`; `largest_met`): the largest load that meets them and the next one up, which misses
+    (so what binds is seen)."""
     from tpplan.simulate.requests import closed_loop
     from tpplan.simulate.serving import replica_kv
 
@@ -138,7 +140,7 @@ def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     shapes = shapes_of(ask.workload)
     batch = admitted_batch(cap, shapes)
     most = batch if batch is not None else 2**10
-    loads = [c for c in (2**k for k in range(0, 31)) if c < most] + [most]
+    loads = load_ladder(most)
     gpus = p.deployment.gpus
     tried: dict[int, ServingPoint] = {}
 
@@ -152,14 +154,7 @@ def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
 
     i = 0
     if at(0).met and len(loads) > 1:
-        i = _first_guess(ask, p, loads, at(0))
-        if at(i).met:
-            while i + 1 < len(loads) and at(i + 1).met:
-                i += 1
-        else:
-            while i > 0 and not at(i - 1).met:
-                i -= 1
-            i -= 1
+        i = largest_met(len(loads), lambda j: at(j).met, _first_guess(ask, p, loads, at(0)))
     points = [tried[c] for c in sorted(tried)]
     met = [pt for pt in points if pt.met]
     best = max(met, key=lambda pt: pt.goodput_per_gpu) if met else None
