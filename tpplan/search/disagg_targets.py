@@ -10,7 +10,7 @@ GPU budget, the ratio whose bound per GPU is highest (then the most requests/s);
 fewest GPUs whose bound carries it. Only the `PAIRS` pairs with the highest bound per GPU are
 simulated (`serve_disaggregated`): one client alone first (the bound on TTFT and TPOT: a miss there is
 a miss under load), then, under a budget, closed-loop loads from the decode instances' batches within
-the TPOT target (the bound's) down by halves until one meets the targets; under a rate, Poisson at it. What
+the TPOT target (the bound's), searched from that top load (`largest_met`); under a rate, Poisson at it. What
 binds is the bound's side at the chosen ratio (prefill, decode or KV transfer), in its own words
 (`DisaggResult.binding_text`).
 """

@@ -13,8 +13,9 @@ the targets (`search.targets`). Two ways to ask:
 
 Cheap bounds first: a deployment whose one request alone (one client, nothing queued) already misses
 a target cannot meet it under load (taken: load adds queueing and larger decode batches, never a
-shorter step), so it is served at no other load. Under the budget the clients stop doubling at the
-first load that misses: TTFT and TPOT grow with the clients (taken, as the engines' own sweeps show).
+shorter step), so it is served at no other load. Under the budget the loads are searched for the
+largest that meets the targets (`serving_points.largest_met`: a bisection from the load a priced decode
+step suggests), TTFT and TPOT taken to grow with the clients (as the engines' own sweeps show).
 
 What binds a deployment at its answer: the KV pool (the admitted batch is the most clients its pool
 holds, so no more load can be tried), the engine's running-request cap, or the target the next load
