@@ -2,7 +2,7 @@
 search found, in the n_P:n_D ratio the budget or the rate calls for (`tpplan.simulate.disagg`).
 
 Candidates: pairs (prefill mesh, decode mesh) of the meshes of the search's deployments (one replica
-each, with the plan the search chose there): the `POOLS` with the shortest prefill TTFT for prefill,
+each, with the plan served there): the `POOLS` with the shortest TTFT of one client alone for prefill,
 the `POOLS` with the most output tokens/s per GPU served aggregated for decode. Each pair is first
 judged by `simulate.disagg.capacity`, the analytic bound (requests/s one prefill instance, one decode
 instance at the largest batch whose decode step keeps the TPOT target, and one link carry): under a
@@ -186,7 +186,8 @@ def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[Deploymen
     from tpplan.search.serving_points import predictor_of
 
     every = meshes(ask.deployments)
-    prefill = sorted(every, key=lambda r: r.score)[:POOLS]
+    alone = {_mesh(a.ranked): a.points[0].ttft_s["mean"] for a in aggregated if a.points}  # one client's TTFT
+    prefill = sorted(every, key=lambda r: alone.get(_mesh(r), math.inf))[:POOLS]
     tok_s = {_mesh(a.ranked): a.closest.output_tok_s_per_gpu for a in aggregated}
     decode = sorted(every, key=lambda r: -tok_s.get(_mesh(r), 0.0))[:POOLS]
     predictor = {_mesh(r): predictor_of(ask, r, False) for r in (*prefill, *decode)}

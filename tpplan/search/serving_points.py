@@ -94,6 +94,7 @@ class DeploymentAnswer:
     decode_ranked: RankedPlan | None = None
     ratio: str | None = None
     pools: dict[str, object] | None = None  # the P/D run's JSON at the best (or closest) load
+    searched: str | None = None  # the search's best plan, where the engine's flags do not realise it (baseline served)
 
     @property
     def kind(self) -> str:
@@ -115,6 +116,7 @@ class DeploymentAnswer:
             "kind": self.kind,
             "plan": self.ranked.plan.name,
             "decode_plan": None if self.decode_ranked is None else self.decode_ranked.plan.name,
+            "searched_plan": self.searched,
             "ratio": self.ratio,
             "replicas": self.replicas,
             "admitted_batch": self.admitted_batch,

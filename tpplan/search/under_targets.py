@@ -254,6 +254,32 @@ def _binds(
                   f"{seconds_text(tg.seconds)} target")  # fmt: skip
 
 
+def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ...]:
+    """The plan each deployment is served with: the search's best where the flags of the engine the loop
+    simulates realise it at that mesh (`engines.recipes`), else Megatron TP (baseline) there, which the
+    engines run by default; so every answer has a launch line (`DeploymentAnswer.searched` names the
+    search's plan where it was not served; the served copy has no score or prediction of its own)."""
+    from tpplan.audit import Audits
+    from tpplan.engines import select_pair
+    from tpplan.engines.recipes import recipes
+    from tpplan.mesh import Mesh
+    from tpplan.plans.named import baseline
+
+    audits = Audits(ask.graph)
+    out = []
+    for r in best:
+        one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
+        nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
+        rec = recipes(r.plan, ask.graph.spec, one, nodes=nodes, chunk=ask.workload.chunk_size,
+                      gpu=ask.topo.gpu.name, engines=select_pair(None))[0]  # fmt: skip  # SGLang: the loop's engine
+        if rec.runs:
+            out.append(r)
+            continue
+        pa = audits.of(baseline(), r.tp, ask.dtype)
+        out.append(replace(r, plan=pa.plan, audit=pa, score=math.nan, prediction=None))
+    return tuple(out)
+
+
 def check_workload(targets: Targets, workload: Workload) -> None:
     """A TPOT target needs requests with output tokens after the first (refused before any work)."""
     from tpplan.errors import TpplanError
@@ -281,13 +307,14 @@ def serve_under_targets(
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
     rate = arrival.rate if arrival is not None else None
     ask = Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
-               arrival if rate is not None else None, requests, outcome.deployment_best)  # fmt: skip
-    outcome_best = outcome.deployment_best
+               arrival if rate is not None else None, requests)  # fmt: skip
+    outcome_best = served_plans(ask, outcome.deployment_best)
+    ask = replace(ask, deployments=outcome_best)
     answers: list[DeploymentAnswer] = []
     skipped: list[tuple[str, str]] = []
-    for r, got in zip(outcome_best, _serve_all(ask), strict=True):
+    for r, s, got in zip(outcome.deployment_best, outcome_best, _serve_all(ask), strict=True):
         if isinstance(got, DeploymentAnswer):
-            answers.append(got)
+            answers.append(got if s is r else replace(got, searched=r.plan.name))
         else:  # a request whose KV does not fit the pool alone
             skipped.append((r.deployment, got))
     if answers and disaggregated:  # P/D pools of the meshes the aggregated deployments use
