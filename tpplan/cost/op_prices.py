@@ -17,7 +17,7 @@ import math
 
 from tpplan.audit import PlanAudit, StoredWeights, audit_plan
 from tpplan.cost.comm import price_collective
-from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
+from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
@@ -110,6 +110,7 @@ class OpPrices:
         self.engine = engine
         self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
         self._source: str | None = None  # set by op_time: what priced the op it prices
+        self._decode_source: str | None = None  # set by _decode_attention: what priced a step's decode tokens
         self.profiles = topo.gpu.kernel_profiles
         self.gemm_floor = measured_floor(topo.gpu)  # below it the GEMM table extrapolates
         # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
@@ -324,8 +325,8 @@ class OpPrices:
             cat, redundant = "moe", False
         elif cost == "attention":
             share = d.compute_share
-            absorbed = self._absorbed_decode(lg, op, share, segs)
-            if absorbed is not None:  # MLA's decode tokens: priced apart, the rest as a prefill
+            absorbed = self._decode_attention(lg, op, share, segs)
+            if absorbed is not None:  # decode tokens (MLA absorbed; GQA by its decode model): apart
                 segs = tuple(s for s in segs if s[0] > 1)
                 t, pairs, ctx = batch_pairs(segs)
             if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
@@ -352,7 +353,7 @@ class OpPrices:
             if absorbed is not None:
                 secs = (secs if segs else 0.0) + absorbed[0]
                 flops, nbytes = (flops + absorbed[1], nbytes + absorbed[2]) if segs else absorbed[1:]
-                self._source = ROOFLINE if not segs else self._source
+                self._source = self._decode_source if not segs else self._source
         elif cost == "recurrence":
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes, self.topo.gpu.recurrence_efficiency), "recurrence"
@@ -410,25 +411,42 @@ class OpPrices:
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
                       self._extrapolated, source, self._note)  # fmt: skip
 
-    def _absorbed_decode(
+    def _decode_attention(
         self, lg: LayerGraph, op: Op, share: float, segs: Segments
     ) -> tuple[float, float, float] | None:
-        """MLA attention of a step's decode tokens (one-token segments) as both engines run it
-        (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached latent (kv_lora + rope
-        wide, read once per request whatever the heads), each of this rank's heads scoring over the
-        latent and summing kv_lora-wide values; (seconds, flops, bytes) by the attention roofline.
-        None for other attention, or a step without decode tokens."""
-        if str(op.attrs.get("impl")) not in MLA_IMPLS or "kv_latent" not in lg.values:
-            return None
+        """A step's decode tokens (one-token segments) priced apart: (seconds, flops, bytes), or None (no
+        decode tokens; GQA without a `decode_gqa` model, which stays in the prefill pricing).
+
+        MLA as both engines run it (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached
+        latent (kv_lora + rope wide, read once per request whatever the heads), each of this rank's heads
+        scoring over the latent and summing kv_lora-wide values. GQA: each request's keys (its window or
+        chunk where it has one) read once per KV head of the rank. Priced by the GPU's measured decode
+        model (`KernelModels.decode`, the decode sweep) where it has one, else by the attention roofline."""
+        impl = str(op.attrs.get("impl"))
         dec = [c for n, c in segs if n == 1]
         if not dec:
             return None
-        lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
         heads = max(1, round(op.int_attr("heads", 1) * share))
-        keys = sum(dec) + len(dec)  # each decode token scores its context and itself
-        flops = 2.0 * heads * ((lora + rope) + lora) * keys
-        nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent read, q and out
-        return self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), flops, nbytes
+        m = self.models
+        if impl in MLA_IMPLS and "kv_latent" in lg.values:
+            lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
+            keys = sum(dec) + len(dec)  # each decode token scores its context and itself
+            flops = 2.0 * heads * ((lora + rope) + lora) * keys
+            nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q and out
+            phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)
+        elif impl == "gqa" and m is not None and "decode_gqa" in m.consts:
+            window, chunk = op.optional_int_attr("window"), op.optional_int_attr("chunk")
+            keys = sum(min(c + 1, window or c + 1, c % chunk + 1 if chunk else c + 1) for c in dec)
+            kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))
+            d = lg.values[op.inputs[0]].width // op.int_attr("heads", 1)
+            flops = 2.0 * heads * 2 * d * keys
+            nbytes = keys * kv * 2 * d * self.b
+            phys = m.decode("decode_gqa", nbytes, flops)
+        else:
+            return None
+        self._decode_source = ROOFLINE if phys is None else DECODE_MODEL
+        secs = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency) if phys is None else phys
+        return secs, flops, nbytes
 
     def _sourced_attention(
         self, op: Op, impl: str, heads: int, dqk: int, dv: int, share: float, segs: Segments, secs: float

@@ -105,10 +105,8 @@ class Variant:
 
     @property
     def deployment(self) -> str:
-        """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: the search's name for the deployment (`deployment_label`)."""
-        from tpplan.search.results import deployment_label
-
-        return deployment_label(self.tp, self.pp, self.cp, self.replicas)
+        """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: the search's name for the deployment (`Mesh.label`)."""
+        return self.parallel.label()
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
