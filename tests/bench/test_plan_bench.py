@@ -16,7 +16,7 @@ from tpplan.bench.model_slice import build_slice, parse_layers  # noqa: E402
 from tpplan.bench.results import output_paths, write_atomic  # noqa: E402
 from tpplan.bench_results import load_bench_results  # noqa: E402
 from tpplan.errors import TpplanError  # noqa: E402
-from tpplan.layout.schedule import predict_schedule  # noqa: E402
+from tpplan.lower.schedule import predict_schedule  # noqa: E402
 from tpplan.models.config import load_model  # noqa: E402
 from tpplan.plans.named import make_plan  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402

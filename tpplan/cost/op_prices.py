@@ -33,13 +33,15 @@ from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.lower.passes.tp_sp import layout_copy_step
+from tpplan.lower.program import Collective, KernelCall, LayoutCopy
+from tpplan.lower.shapes import expert_share
 from tpplan.lower.sizes import nccl_bytes
 from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.models.quant import WeightFormat
-from tpplan.placement import S_COL, S_TOK, P
 
 MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's latent (absorbed in decode)
 
@@ -201,12 +203,6 @@ class OpPrices:
         gd, wb, kd = self._gemm_format(kind, op)
         return self._gemm(m, k, n, gd, wb, kd) if m else 0.0
 
-    def _rows(self, d: OpDecision, t: int) -> int:
-        """Token rows one rank processes for this op."""
-        if d.strategy.output is S_TOK or S_TOK in d.strategy.inputs:
-            return math.ceil(t / self.tp)
-        return t
-
     def _elementwise(self, lg: LayerGraph, d: OpDecision, t: int, extra_bytes: float = 0.0) -> tuple[float, float]:
         op = d.op
         widths = sum(lg.values[v].width for v in op.inputs if v in lg.values) + lg.values[op.output].width
@@ -224,13 +220,7 @@ class OpPrices:
         e, k = op.int_attr("experts"), op.int_attr("top_k")
         ew, inter = op.int_attr("width"), op.int_attr("intermediate")
         n = self.tp
-        if d.split == "a2a":
-            e_loc, i_loc, rows = e // n, inter, t * k / n
-        elif d.split == "ep":
-            ep = self.plan.ep_size or 1
-            e_loc, i_loc, rows = e // ep, inter // (n // ep), t * k / ep
-        else:  # tp: every rank runs every expert on its slice of the intermediate
-            e_loc, i_loc, rows = e, inter // n, float(t * k)
+        e_loc, i_loc, rows = expert_share(d, t, n, self.plan)  # the lowering's per-rank share
         active = max(1, min(e_loc, math.ceil(rows)))
         per_expert = rows / active
         m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
@@ -293,36 +283,28 @@ class OpPrices:
             return None
         return ffn + m.routing(rows, tokens, width, self.hbm, fused=self.impls is None)
 
-    def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
+    def op_time(self, lg: LayerGraph, call: KernelCall, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
+        """One kernel step of the lowered program (`tpplan.lower.KernelCall`: its per-rank shape, rows and
+        whether every rank repeats it) priced for a batch of `t` tokens on this rank (`pairs`, `ctx`, `segs`:
+        what its attention sees)."""
+        d = call.decision
         op = d.op
-        # Redundant: every rank does the whole op on the same values (true replicated inputs).
-        # Ops on partial sums (P) also run whole on every rank, but each on different data.
-        redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
+        redundant = call.redundant
         shape = None
         self._extrapolated = False
         self._source = ROOFLINE
         self._note = None
         cost = cost_class(op)
         if cost == "gemm":
-            out, inp = op.weight_shape
-            m = self._rows(d, t)
-            wpr = d.weight_elements_per_rank
-            if m < t or d.split == "replicated" or op.kind is not OpKind.LINEAR:
-                kk, nn = inp, out
-            elif d.strategy.output is S_COL:
-                kk, nn = inp, max(1, wpr // inp)
-            elif d.split == "row":
-                kk, nn = max(1, wpr // out), out
-            else:
-                kk, nn = inp, out
-            shape = (m, kk, nn)
+            assert call.shape is not None  # a GEMM step's per-rank (M, K, N)
+            shape = m, kk, nn = call.shape
             gd, wb, kd = self._gemm_format(lg.kind, op)
             secs = self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0
             nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
             flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(d, t)
-            cat, redundant = "moe", False
+            cat = "moe"
         elif cost == "attention":
             share = d.compute_share
             absorbed = self._decode_attention(lg, op, share, segs)
@@ -371,7 +353,7 @@ class OpPrices:
             secs = flops = nbytes = 0.0
             cat = "elementwise"
         elif cost == "attn_res":
-            rows = self._rows(d, t)
+            rows = call.rows
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
@@ -474,7 +456,7 @@ class OpPrices:
         profile: KernelProfile | None = self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
         return profile.apply(modelled) if profile is not None else modelled
 
-    # -- communication -----------------------------------------------------------------------
+    # -- communication ---------------------------------------------------------------------
     def collective(
         self, layer_kind: str, label: str, kind: str, region: str, elements_per_token: float, t: int
     ) -> CollectiveTime:
@@ -484,37 +466,32 @@ class OpPrices:
         est = price_collective(kind, nbytes, self.tp, self.topo, ranks_per_node=self.rpn, sources=self.compute.sources)
         return CollectiveTime(layer_kind, label, kind, region, nbytes, est.time_s, est.algorithm)
 
+    def collective_step(self, layer_kind: str, step: Collective) -> CollectiveTime:
+        """One collective step of the lowered program: its priced bytes on its group as the group sits on
+        the nodes, times the calls it chains one after another."""
+        est = price_collective(step.kind, step.priced_bytes, step.group, self.topo, ranks_per_node=step.ranks_per_node,
+                               sources=self.compute.sources)  # fmt: skip
+        return CollectiveTime(layer_kind, step.label, step.kind, step.region, step.priced_bytes,
+                              est.time_s * step.chain, est.algorithm)  # fmt: skip
+
+    def copy_step(self, layer_kind: str, step: LayoutCopy) -> OpTime:
+        """The runtime's layout copy beside a collective (a `tpplan.lower.LayoutCopy` step): memory-bound
+        compute of its own, bytes = read + write of the local buffer."""
+        nbytes = step.elements * self.b
+        modelled = self._roofline(0.0, nbytes)
+        secs = self._profiled(LAYOUT_COPY_KERNEL, step.name, modelled)
+        source = PROFILE if secs != modelled else ROOFLINE
+        return OpTime(layer_kind, step.name, "layout", "elementwise", 0.0, nbytes, secs, False, None,
+                      LAYOUT_COPY_KERNEL, modelled, False, source)  # fmt: skip
+
     def layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
-        """The runtime's layout copy around collective `c`, if its transition needs one
-        (`Transition.layout_copy`: pack before an all-to-all or an uneven reduce-scatter, unpack after
-        a head all-gather): memory-bound compute of its own, bytes = read + write of the local buffer."""
+        """The runtime's layout copy around collective `c` for `t` tokens, if its transition needs one
+        (the lowering's `layout_copy_step`), priced by `copy_step`."""
         if c.internal:
             return None
-        val = lg.values[c.value]
         move = planned_transition(self.plan, c.collective, c.src, c.dst)  # DP SUM_LEN: its all-reduce moves
-        copy = move.layout_copy(c.value, val.width, val.heads, self.tp, t)
-        if copy is None:
-            return None
-        name, elements = copy.name, copy.elements
-        nbytes = elements * self.b
-        modelled = self._roofline(0.0, nbytes)
-        secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
-        source = PROFILE if secs != modelled else ROOFLINE
-        return OpTime(
-            lg.kind,
-            name,
-            "layout",
-            "elementwise",
-            0.0,
-            nbytes,
-            secs,
-            False,
-            None,
-            LAYOUT_COPY_KERNEL,
-            modelled,
-            False,
-            source,
-        )
+        step = layout_copy_step(lg, c, move, self.tp, t)
+        return None if step is None else self.copy_step(lg.kind, step)
 
 
 __all__ = [
