@@ -379,8 +379,7 @@ def search_plans(
         "objective": results[0].objective,
     }
     files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score},
-                            FileDeployment(tp=r.tp, pp=r.pp, cp=r.cp, replicas=r.replicas, cp_layers=s.cp_layers,
-                                           cp_kv=s.cp_kv)) for r in shown]  # fmt: skip
+                            FileDeployment.from_mesh(r.mesh)) for r in shown]  # fmt: skip
     # each deployment's best plan, as the ranking names it: the one figure per deployment every command shows
     best_each = [_name_ranked(s, [min(d.entries, key=lambda r: r.score)], 1)[0] for d in results if d.entries]
     return SearchOutcome(
