@@ -191,6 +191,10 @@ def write(text: str, doc: Path = DOC, markers: tuple[str, str] = (BEGIN, END)) -
     begin, end = markers
     old = doc.read_text(encoding="utf-8")
     if begin in old and end in old:
+        heading = text.split("\n")[1]  # the section's own heading follows its begin marker
+        if not old[old.index(begin) + len(begin) :].lstrip("\n").startswith(heading.split(":")[0]):
+            raise SystemExit(f"{doc}: the text after {begin} is not this tool's section (a merge put other text "
+                             "inside the markers?); move that text out of the markers and run again")  # fmt: skip
         new = old[: old.index(begin)] + text + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip("\n") + "\n\n" + text + "\n"
