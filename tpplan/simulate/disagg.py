@@ -51,7 +51,8 @@ SIDES = ("prefill", "decode", "transfer")
 SLACK = 0.10  # choose_ratio simulates the ratios whose bound is within 10% of the best one's
 MAX_SIMULATED = 4  # and at most this many of them
 PD_NOT_MODELLED = (
-    "a prompt's KV is sent after its last chunk, whole (SGLang sends each chunk's KV as it is computed)",
+    "SGLang: a chunk's share of the prompt's KV hand-off is in proportion to its new tokens (the link's latency "
+    "is charged once per prompt, not per chunk); vLLM reads the whole prompt's KV after its last chunk",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "requests go to instances round-robin; the engines' routers were not read",
 )
@@ -322,6 +323,7 @@ class DisaggResult:
             "transfer": {
                 "handoff_mean_s": run.handoff_mean_s,
                 "link_wait_mean_s": run.link_wait_mean_s,
+                "handoff_tail_mean_s": run.handoff_tail_mean_s,
                 "busy": list(run.link_busy),
                 "links": "prefill" if rule.push else "decode",
             },
