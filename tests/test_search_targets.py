@@ -236,3 +236,24 @@ def test_pd_deployments_rank_beside_the_aggregated_with_what_binds(monkeypatch, 
         assert p["kind"] == "disaggregated" and p["gpus"] == run["gpus"]
     ranked = [d["best"]["goodput_per_gpu"] for d in s["deployments"] if d["meets_targets"]]
     assert ranked == sorted(ranked, reverse=True) and len(ranked) >= 1
+
+
+def test_the_load_search_finds_the_largest_load_meeting_the_targets_and_serves_the_next() -> None:
+    """`largest_met` against every threshold, ladder length and first probe: the answer is the last load
+    that meets the targets (figures growing with the load), the load above it was served, and a ladder of
+    n loads costs at most about 2 log2(n) runs."""
+    from tpplan.search.serving_points import largest_met, load_ladder
+
+    assert load_ladder(138) == [1, 2, 4, 8, 16, 32, 64, 128, 138] and load_ladder(64) == [1, 2, 4, 8, 16, 32, 64]
+    for n in range(1, 14):
+        for last in range(n):
+            for first in range(n + 2):
+                probed: list[int] = []
+
+                def met(i: int, last: int = last, probed: list[int] = probed) -> bool:
+                    probed.append(i)
+                    return i <= last
+
+                assert largest_met(n, met, first) == last
+                assert last + 1 == n or last + 1 in probed
+                assert len(set(probed)) <= 2 * n.bit_length() + 1

@@ -98,7 +98,7 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> De
     its own activations push over the cap is excluded; if that happens, the search runs once more
     with the largest such activations reserved, and the plans that fit from both runs are kept.
     """
-    graph, cap, top, tp = s.graph, s.cap, s.top, mesh.tp
+    graph, cap, top, tp = s.graph, s.cap, 1 if s.every_deployment else s.top, mesh.tp
     base = s.baseline_audit(mesh)  # raises (a clear TpplanError) if the model does not split over tp
     obj = objective_of(s, mesh)
     label = mesh.label()
@@ -302,8 +302,8 @@ def search_plans(
     ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers).
-    `every_deployment`: each deployment searched whole for its best plan (`deployment_best`), none cut
-    off by the plans of earlier ones (the search under targets serves each deployment's best)."""
+    `every_deployment`: each deployment's best plan (`deployment_best`) and only it, none cut off by the
+    plans of earlier ones, so `ranked` holds each deployment's best (the search under targets serves them)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
