@@ -201,7 +201,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.models.graph import build_model_graph
         from tpplan.outputs import Output
         from tpplan.plans.files import save_plan_dir
-        from tpplan.search import search_plans
+        from tpplan.search import MeshAsk, search_plans
 
         saved = [Output("--save", save, folder=True)] if save is not None else []
         check_json_target(json_target, *saved)  # before the search: a bad path costs one line, not a run
@@ -234,12 +234,7 @@ def register(app: typer.Typer) -> None:
             outcome = search_plans(
                 graph,
                 topo,
-                tp=tp,
-                pp=pp,
-                cp=cp,
-                cp_layers=cp_layers,
-                cp_kv=cp_kv,
-                replicas=reps,
+                ask=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv),
                 workload=wl,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top if top is not None else (TARGETS_TOP if targets is not None else 10),
