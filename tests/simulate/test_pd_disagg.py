@@ -126,3 +126,24 @@ def test_the_chosen_ratio_is_the_brute_force_best_on_a_gpu_budget() -> None:
     key = (got.chosen.prefill.instances, got.chosen.decode.instances)
     assert every[key] >= 0.97 * best
     assert not math.isclose(min(every.values()), best, rel_tol=0.1)  # the ratio matters on this workload
+
+
+@pytest.mark.slow
+def test_for_a_rate_the_chosen_ratio_keeps_up_and_one_fewer_does_not() -> None:
+    """Poisson at 1.5x one prefill instance's bound: the chosen ratio's TTFT stays flat from the first
+    quarter of the requests to the last; with one prefill instance fewer the queue grows."""
+    pre, dec = PoolSpec(mesh(1)), PoolSpec(mesh(1))
+    one = DisaggDeployment(pre, dec)
+    shapes = [Shape(3000, 48)]
+    rate = 1.5 * capacity(one, poisson(1.0, shapes, 10)).prefill_rps
+    arr = poisson(rate, shapes, 2000, seed=2)
+    got = choose_ratio(pre, dec, arr, rate=rate)
+    assert got.binding == "prefill" and got.chosen.prefill.instances == 2
+
+    def growth(n_p: int, n_d: int) -> float:
+        ttfts = serve_disaggregated(one.with_ratio(n_p, n_d), arr).result.ttfts
+        q = len(ttfts) // 4
+        return sum(ttfts[-q:]) / sum(ttfts[:q])
+
+    assert growth(2, got.chosen.decode.instances) < 1.5  # 1.03 when written
+    assert growth(1, got.chosen.decode.instances) > 3  # 4.6 when written
