@@ -12,7 +12,7 @@ from rich.table import Table
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE, named
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show, steps, styled
-from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, print_pd
+from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, pd_engine, print_pd
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -155,6 +155,8 @@ def register(app: typer.Typer) -> None:
         arrival = arrival_of(arrival_rate, trace, requests, seed)
         serving_asked = asked(arrival_rate, trace, requests)
         sides = parse_pd(pd) if pd is not None else None
+        if sides is not None:
+            pd_engine(engine)  # an engine whose P/D hand-off was not read: one line before any work
         if sides is not None and not (workload or serving_asked):
             raise TpplanError(
                 "--pd", "prices serving, which needs requests", "add --workload (or --arrival-rate/--trace)"
