@@ -147,3 +147,18 @@ def test_for_a_rate_the_chosen_ratio_keeps_up_and_one_fewer_does_not() -> None:
 
     assert growth(2, got.chosen.decode.instances) < 1.5  # 1.03 when written
     assert growth(1, got.chosen.decode.instances) > 3  # 4.6 when written
+
+
+def test_a_trace_of_many_lengths_is_bounded_on_a_grid_of_few_shapes() -> None:
+    """300 distinct prompt lengths: the bound prices a few dozen grid shapes and stays within the grid's
+    spacing of the exact mix's (prefill seconds per request grow with the prompt)."""
+    from tpplan.simulate.disagg import MAX_SHAPES, _shapes
+    from tpplan.simulate.requests import Request, Timed
+
+    many = Timed(tuple(Request(i, 0.0, 3000 + 7 * i, 40) for i in range(300)))
+    grid = _shapes(many)
+    assert len(grid) < MAX_SHAPES and sum(grid.values()) == 300
+    assert all(p <= 3000 + 7 * 299 and p >= 0.95 * 3000 for p, _, _ in grid)
+    dep = DisaggDeployment(PoolSpec(mesh(1), 1), PoolSpec(mesh(1), 1))
+    few = Timed(tuple(Request(i, 0.0, 3000 + 7 * (i * 300 // 60), 40) for i in range(60)))  # <= 64 shapes: exact
+    assert capacity(dep, many).prefill_rps == pytest.approx(capacity(dep, few).prefill_rps, rel=0.06)
