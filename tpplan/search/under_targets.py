@@ -160,7 +160,7 @@ def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     met = [pt for pt in points if pt.met]
     best = max(met, key=lambda pt: pt.goodput_per_gpu) if met else None
     last = tried.get(loads[i + 1]) if best is not None and i + 1 < len(loads) else None
-    binds, why = _binds(
+    binds, why = what_binds(
         ask.targets, [*points[:1], *(x for x in (best, last) if x is not None)], best, batch, cap, kv_need_of(shapes)
     )
     pruned = not at(0).met and len(loads) > 1
@@ -215,20 +215,20 @@ def serve_rate(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
         one.deployment.gpus,
     )
     if not alone.met:
-        binds, why = _binds(ask.targets, [alone], None, batch, cap, kv_need_of(shapes))
+        binds, why = what_binds(ask.targets, [alone], None, batch, cap, kv_need_of(shapes))
         return DeploymentAnswer(r, r.replicas, (alone,), None, batch, cap[1] if cap else None, cap[0] if cap else None,
                                 binds, why, True)  # fmt: skip
     p = predictor_of(ask, r, True)
     arrivals = arrivals_for(ask.arrival, ask.workload, ask.graph.spec.numerics.max_position_embeddings)
     pt = point_at(ask, r, serve_aggregated(ask, p, arrivals, cap), Load(rate=ask.arrival.rate), p.deployment.gpus)
     best = pt if pt.met else None
-    binds, why = _binds(ask.targets, [alone, pt], best, batch, cap, kv_need_of(shapes))
+    binds, why = what_binds(ask.targets, [alone, pt], best, batch, cap, kv_need_of(shapes))
     return DeploymentAnswer(
         r, r.replicas, (pt,), best, batch, cap[1] if cap else None, cap[0] if cap else None, binds, why
     )
 
 
-def _binds(
+def what_binds(
     targets: Targets, points: list[ServingPoint], best: ServingPoint | None, batch: int | None,
     cap: tuple[int, int] | None, need: int,
 ) -> tuple[Binds | None, str]:  # fmt: skip
@@ -381,4 +381,5 @@ __all__ = [
     "TargetsOutcome",
     "check_workload",
     "serve_under_targets",
+    "what_binds",
 ]
