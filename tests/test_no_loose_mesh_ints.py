@@ -70,9 +70,7 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "runtime/context_parallel_verify.py": 3,
     "runtime/kernels_local.py": 1,
     "runtime/shard.py": 2,
-    "search/cp_grid.py": 1,
-    "search/grid.py": 4,
-    "search/objectives.py": 1,
+    "search/grid.py": 1,
     "simulate/loop.py": 1,
     "simulate/requests.py": 1,
 }
