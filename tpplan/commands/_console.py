@@ -26,6 +26,8 @@ from rich.text import Text
 from tpplan.text import TextConsole
 
 if TYPE_CHECKING:
+    from rich.status import Status
+
     from tpplan.layout.plan import Plan
 
 WIDTH = 100
@@ -190,9 +192,30 @@ class PlainSteps:
         self.said = 0
         self.step = ""
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        if tick:
-            threading.Thread(target=self._tick, args=(tick,), daemon=True, name="tpplan-steps").start()
+        self._tick_s, self._ended = tick, False
+        self._stop = threading.Event()  # the ticking thread's (a new one each time it starts)
+        self._thread: threading.Thread | None = None
+        self._start()
+
+    def _start(self) -> None:
+        if self._tick_s and not self._ended:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._tick, args=(self._tick_s, self._stop), daemon=True,
+                                            name="tpplan-steps")  # fmt: skip
+            self._thread.start()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No ticking thread while inside (`search.pool.pausable`: the search forks its workers then);
+        lines said meanwhile still print, and the thread starts again after."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        try:
+            yield
+        finally:
+            self._start()
 
     def __call__(self, step: str) -> None:
         self.step = step
@@ -206,12 +229,13 @@ class PlainSteps:
             self.err.print(f"{self.what}: {self.step} ({now - self.t0:.0f} s)", markup=False, soft_wrap=True)
             self.last, self.said = now, self.said + 1
 
-    def _tick(self, tick: float) -> None:
-        while not self._stop.wait(tick):
+    def _tick(self, tick: float, stop: threading.Event) -> None:
+        while not stop.wait(tick):
             self._say()
 
     def stop(self) -> None:
         """No more lines (the thread ends); call on every exit, a failed run's included."""
+        self._ended = True
         self._stop.set()
 
     def done(self) -> None:
@@ -222,17 +246,34 @@ class PlainSteps:
 
 
 @contextmanager
+def _status_paused(status: Status) -> Iterator[None]:
+    """rich's status line stopped and its refresh thread joined (rich's `stop` only tells the thread to
+    end), started again after: `search.pool.pausable`, for the search's fork."""
+    thread = status._live._refresh_thread  # rich keeps no public handle on it
+    status.stop()
+    if thread is not None:
+        thread.join()
+    try:
+        yield
+    finally:
+        status.start()
+
+
+@contextmanager
 def steps(what: str) -> Iterator[Callable[[str], None]]:
     """Progress of a long command on stderr, naming the step it is at and the seconds so far
     (`report` and `search` take 10-45 s, `audit --engine` loads kernel tables for seconds): a status
     line in a terminal, plain lines in a file or pipe once the command has run QUIET_S (so a quick
     run's log holds only the result). Yields the function a command passes to the API as its
     `progress`."""
+    from tpplan.search.pool import pausable
+
     err = TextConsole(stderr=True)
     if not err.is_terminal:
         plain = PlainSteps(err, what, tick=TICK_S)
         try:
-            yield plain
+            with pausable(plain.paused):  # the search's workers fork with the thread stopped
+                yield plain
         except BaseException:
             plain.stop()
             raise
@@ -244,6 +285,7 @@ def steps(what: str) -> Iterator[Callable[[str], None]]:
         def say(step: str) -> None:
             status.update(Text(f"{what}: {step} ({time.perf_counter() - t0:.0f} s)"))
 
-        yield say
+        with pausable(lambda: _status_paused(status)):
+            yield say
     if time.perf_counter() - t0 >= QUIET_S:  # the status line is gone: say how long a long run took
         err.print(f"{what}: done in {time.perf_counter() - t0:.1f} s", markup=False)

@@ -181,6 +181,9 @@ def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[Deploymen
     """The `PAIRS` best pairs as P/D deployments, served under the targets. Pools are drawn from the
     `POOLS` meshes with the shortest prefill TTFT (the search's score) for prefill and the `POOLS` with
     the most output tokens/s per GPU as aggregated deployments (at their best or closest load) for decode."""
+    from functools import partial
+
+    from tpplan.search.pool import forked_map
     from tpplan.search.serving_points import predictor_of
 
     every = meshes(ask.deployments)
@@ -189,7 +192,10 @@ def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[Deploymen
     tok_s = {_mesh(a.ranked): a.closest.output_tok_s_per_gpu for a in aggregated}
     decode = sorted(every, key=lambda r: -tok_s.get(_mesh(r), 0.0))[:POOLS]
     predictor = {_mesh(r): predictor_of(ask, r, False) for r in (*prefill, *decode)}
-    return [serve_pair(ask, pair) for pair in _pairs(ask, prefill, decode, predictor)[:PAIRS]]
+    pairs = _pairs(ask, prefill, decode, predictor)[:PAIRS]
+    got = forked_map([partial(serve_pair, ask, pair) for pair in pairs])  # a core each (`search.pool`)
+    # a worker's answer carries copies of the pair's plans back: the parent keeps its own
+    return [replace(a, ranked=p.prefill, decode_ranked=p.decode) for a, p in zip(got, pairs, strict=True)]
 
 
 __all__ = ["PAIRS", "POOLS", "meshes", "serve_disagg", "serve_pair"]

@@ -7,14 +7,49 @@ stdout and stderr open, so a caller waiting for end-of-file hung. Two guards: ea
 kernel for SIGKILL when its parent dies (`tpplan.signals.die_with_parent`, which also covers a
 SIGKILL to the parent), and a search stopped by an exception (KeyboardInterrupt, `Terminated`, an
 error) kills its workers at once instead of letting the pool wait for each to finish.
+
+Forking a process that runs other threads can deadlock the child (a lock a thread held at the fork
+stays held in the child forever), and the CLI always runs one: its progress display (a plain line
+ticker in a file or pipe, rich's refresh thread in a terminal). Such a thread registers itself with
+`pausable`; `forked_pool` stops and joins every registered thread, forks all its workers, then starts
+them again, so the parent keeps saying progress while the workers search. A thread nobody registered
+still makes the pool decline (it yields None: run the tasks in turn).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+Pause = Callable[[], AbstractContextManager[None]]
+_PAUSES: list[Pause] = []  # what stops this process's other threads for a fork (`pausable`)
+
+
+@contextmanager
+def pausable(pause: Pause) -> Iterator[None]:
+    """While inside, `forked_pool` enters `pause()` around its fork: it must stop and join a thread
+    of this process (a progress display's) and start it again when left, also on an exception."""
+    _PAUSES.append(pause)
+    try:
+        yield
+    finally:
+        _PAUSES.remove(pause)
+
+
+def fork_workers(tasks: int) -> int:
+    """How many forked workers `tasks` tasks get: one a core, at most one a task; 0 (run them in
+    turn) with one core or one task, or where processes cannot fork."""
+    import multiprocessing as mp
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(tasks, cores)
+    return workers if workers > 1 and "fork" in mp.get_all_start_methods() else 0
 
 
 def _worker_init(parent: int) -> None:
@@ -41,20 +76,69 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
 
 
 @contextmanager
-def forked_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of `workers` forked processes: shut down normally when the block ends, killed when an
-    exception (a signal's included) leaves it."""
+def _threads_paused() -> Iterator[None]:
+    """Every registered thread stopped while inside (`pausable`), started again after."""
+    with ExitStack() as paused:
+        for pause in list(_PAUSES):
+            paused.enter_context(pause())
+        yield
+
+
+def _fork(workers: int) -> ProcessPoolExecutor:
+    """`workers` processes forked now. A pool of the fork context starts all its workers at its first
+    task, so a no-op task forks them here, not at the caller's first `submit` (threads run by then)."""
     import multiprocessing as mp
 
     pool = ProcessPoolExecutor(
         workers, mp_context=mp.get_context("fork"), initializer=_worker_init, initargs=(os.getpid(),)
     )
+    pool.submit(int)
+    return pool
+
+
+@contextmanager
+def forked_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    """A pool of `workers` forked processes (None: this process runs a thread that cannot pause, so
+    the caller runs its tasks in turn): shut down normally when the block ends, killed when an
+    exception (a signal's included) leaves it."""
+    from tpplan.signals import deferred
+
+    pool = None
     try:
+        with _threads_paused():
+            if threading.active_count() == 1:
+                with deferred():  # a signal meanwhile is raised once `pool` is set: the workers are killed
+                    pool = _fork(workers)
         yield pool
     except BaseException:
-        _kill_workers(pool)
+        if pool is not None:
+            _kill_workers(pool)
         raise
-    pool.shutdown(wait=True)
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
-__all__ = ["forked_pool"]
+_CALLS: Sequence[Callable[[], Any]] = ()  # what `forked_map`'s workers run (inherited, not pickled)
+
+
+def _call(i: int) -> Any:
+    return _CALLS[i]()
+
+
+def forked_map(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Each call's result, in order: from forked workers where there are several cores and calls
+    (they inherit the calls, closures included; only the results are pickled back), else in turn."""
+    global _CALLS
+    workers = fork_workers(len(calls))
+    if workers:
+        _CALLS = calls
+        try:
+            with forked_pool(workers) as pool:
+                if pool is not None:
+                    return list(pool.map(_call, range(len(calls))))
+        finally:
+            _CALLS = ()
+    return [call() for call in calls]
+
+
+__all__ = ["Pause", "fork_workers", "forked_map", "forked_pool", "pausable"]

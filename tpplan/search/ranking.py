@@ -58,6 +58,8 @@ from tpplan.search.setup import Deployed, Setup, baseline_of, evaluate, lower_bo
 from tpplan.search.variants import dp_entries, overlap_entries
 
 if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
+
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
 
@@ -211,43 +213,19 @@ def _search_all(
     s: Setup, grid: list[Mesh], say: Callable[[str], None] = lambda _step: None
 ) -> list[Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
-    each one deployment) when the grid has several, else in turn, each evaluating only plans that
-    can still rank (`cutoff`: the `top`-th best score of the deployments before it). Forked
-    workers inherit the baselines' audits (made before the fork) and send back their plans'."""
+    each one deployment; `search.pool`) when the grid has several, else in turn, each evaluating only
+    plans that can still rank (`cutoff`: the `top`-th best score of the deployments before it)."""
     global _GRID_SETUP
-    import contextlib
-    import multiprocessing as mp
-    import os
-    import threading
+    from tpplan.search.pool import fork_workers, forked_pool
 
     _GRID_SETUP = s
     try:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        # fork only a single-threaded process (forking threads can deadlock the child)
-        if min(len(grid), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from concurrent.futures import as_completed
-
-            from tpplan.search.pool import forked_pool
-
-            for m in grid:  # audited here once, inherited by every worker (and the deltas after)
-                with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
-                    s.baseline_audit(m)
-            if s.topo is not None and s.objective == "time":  # imported once, before forking, not per worker
-                import tpplan.cost.predict
-                import tpplan.cost.pricing  # noqa: F401
-            workers = min(len(grid), cores)
+        workers = fork_workers(len(grid))
+        if workers:
+            _before_fork(s, grid)
             with forked_pool(workers) as pool:
-                futures = [pool.submit(_search_one, m, float("inf")) for m in grid]
-                _while_searching(s, grid)
-                for done, _ in enumerate(as_completed(futures), 1):
-                    say(f"searched {done} of {len(grid)} deployments")
-                    if done < len(futures) and len(futures) - done < workers:  # a core idles at the tail
-                        _at_the_tail(s, [f.result() for f in futures if f.done()])
-                out = [f.result() for f in futures]
-            for got in out:
-                if isinstance(got, Deployed):
-                    got.entries = [replace(r, audit=s.audits.add(r.audit, s.dtype)) for r in got.entries]
-            return out
+                if pool is not None:
+                    return _search_forked(s, grid, pool, workers, say)
         out = []
         scores: list[float] = []
         for i, m in enumerate(grid):
@@ -260,6 +238,38 @@ def _search_all(
         return out
     finally:
         _GRID_SETUP = None
+
+
+def _before_fork(s: Setup, grid: list[Mesh]) -> None:
+    """What every forked worker inherits rather than makes: the baselines' audits, the cost model's modules."""
+    import contextlib
+
+    for m in grid:
+        with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
+            s.baseline_audit(m)
+    if s.topo is not None and s.objective == "time":  # imported once, before forking, not per worker
+        import tpplan.cost.predict
+        import tpplan.cost.pricing  # noqa: F401
+
+
+def _search_forked(
+    s: Setup, grid: list[Mesh], pool: ProcessPoolExecutor, workers: int, say: Callable[[str], None]
+) -> list[Deployed | tuple[str, str, str]]:
+    """The grid searched by `pool`'s workers, while this process does its share and says progress;
+    the workers send back their plans' audits, added to the search's."""
+    from concurrent.futures import as_completed
+
+    futures = [pool.submit(_search_one, m, float("inf")) for m in grid]
+    _while_searching(s, grid)
+    for done, _ in enumerate(as_completed(futures), 1):
+        say(f"searched {done} of {len(grid)} deployments")
+        if done < len(futures) and len(futures) - done < workers:  # a core idles at the tail
+            _at_the_tail(s, [f.result() for f in futures if f.done()])
+    out = [f.result() for f in futures]
+    for got in out:
+        if isinstance(got, Deployed):
+            got.entries = [replace(r, audit=s.audits.add(r.audit, s.dtype)) for r in got.entries]
+    return out
 
 
 def search_plans(

@@ -328,17 +328,12 @@ def serve_under_targets(
                           tuple(skipped))  # fmt: skip
 
 
-_ASK: Ask | None = None  # what forked workers serve (inherited, not pickled)
-
-
-def _serve_one(i: int, r: RankedPlan | None = None) -> DeploymentAnswer | str:
-    """Deployment `i` of the forked workers' list (or `r` in this process); a refusal's reason as text."""
+def _serve_one(ask: Ask, r: RankedPlan) -> DeploymentAnswer | str:
+    """One deployment served under the targets; a refusal's reason as text."""
     from tpplan.errors import TpplanError
 
-    assert _ASK is not None
-    got = r if r is not None else _ASK.deployments[i]
     try:
-        return serve_rate(_ASK, got) if _ASK.arrival is not None else serve_budget(_ASK, got)
+        return serve_rate(ask, r) if ask.arrival is not None else serve_budget(ask, r)
     except TpplanError as err:
         return err.reason
 
@@ -346,28 +341,15 @@ def _serve_one(i: int, r: RankedPlan | None = None) -> DeploymentAnswer | str:
 def _serve_all(ask: Ask) -> list[DeploymentAnswer | str]:
     """Every deployment served, on as many cores as there are (forked workers, as the search's own grid:
     `search.pool`), else in turn. A worker's answer carries its plan back; the parent keeps its own."""
-    global _ASK
-    import multiprocessing as mp
+    from functools import partial
 
-    deployments = ask.deployments
-    import os
-    import threading
+    from tpplan.search.pool import forked_map
 
-    _ASK = ask
-    try:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if min(len(deployments), cores) > 1 and "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
-            from tpplan.search.pool import forked_pool
-
-            with forked_pool(min(len(deployments), cores)) as pool:
-                got = list(pool.map(_serve_one, range(len(deployments))))
-            return [
-                replace(g, ranked=r) if isinstance(g, DeploymentAnswer) else g
-                for g, r in zip(got, deployments, strict=True)
-            ]
-        return [_serve_one(i, r) for i, r in enumerate(deployments)]
-    finally:
-        _ASK = None
+    got = forked_map([partial(_serve_one, ask, r) for r in ask.deployments])
+    return [
+        replace(g, ranked=r) if isinstance(g, DeploymentAnswer) else g
+        for g, r in zip(got, ask.deployments, strict=True)
+    ]
 
 
 def _order(a: DeploymentAnswer) -> tuple[int, float]:
