@@ -184,6 +184,9 @@ def print_pd(entries: list[dict[str, object]], label: str = "plan") -> None:
         show(out, t)
     for line in notes:
         print_wrapped(out, line)
+    from tpplan.simulate.disagg import PD_NOT_MODELLED
+
+    print_wrapped(out, "P/D leaves out: " + "; ".join(PD_NOT_MODELLED))
 
 
 __all__ = ["PdOpt", "PdSides", "parse_pd", "pd_block", "pd_engine", "print_pd"]

@@ -51,8 +51,10 @@ SIDES = ("prefill", "decode", "transfer")
 SLACK = 0.10  # choose_ratio simulates the ratios whose bound is within 10% of the best one's
 MAX_SIMULATED = 4  # and at most this many of them
 PD_NOT_MODELLED = (
-    "SGLang: a chunk's share of the prompt's KV hand-off is in proportion to its new tokens (the link's latency "
-    "is charged once per prompt, not per chunk); vLLM reads the whole prompt's KV after its last chunk",
+    "SGLang's per-chunk KV sends: a chunk's part of the hand-off is its share of the prompt's new tokens (the "
+    "link's latency charged once per prompt, not per chunk)",
+    "the decode server reserves prompt + output KV at admission (SGLang reserves prompt + "
+    "num_reserved_decode_tokens and retracts when full; vLLM allocates as it decodes)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "requests go to instances round-robin; the engines' routers were not read",
 )
