@@ -53,8 +53,9 @@ MAX_SIMULATED = 4  # and at most this many of them
 PD_NOT_MODELLED = (
     "SGLang's per-chunk KV sends: a chunk's part of the hand-off is its share of the prompt's new tokens (the "
     "link's latency charged once per prompt, not per chunk)",
-    "the decode server reserves prompt + output KV at admission (SGLang reserves prompt + "
-    "num_reserved_decode_tokens and retracts when full; vLLM allocates as it decodes)",
+    "the decode server reserves prompt + output KV at admission (SGLang 0.5.23 reserves prompt + "
+    "num_reserved_decode_tokens, 512, in DecodePreallocQueue._prealloc_required_tokens and retracts when full; "
+    "vLLM 0.34.0 allocates each step's slots in Scheduler.schedule, allocate_slots)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "requests go to instances round-robin; the engines' routers were not read",
 )
