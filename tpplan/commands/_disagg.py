@@ -59,7 +59,7 @@ class PdSides:
 
 def _inside(sides: PdSides, err: TpplanError) -> TpplanError:
     """A library error about one side's mesh or plan, said of `--pd` (its `tp=3` is the side's tp3, not --tp)."""
-    unflag = re.compile(r"\b(tp|pp|cp|plan|pd)=")
+    unflag = re.compile(r"\b(tp|pp|cp|plan|pd|instances)=")
     where, reason, fix = (unflag.sub(r"\1 ", x) for x in (err.where, err.reason, err.fix))
     return TpplanError(f"--pd {sides.text}", f"{where}: {reason}", fix)
 

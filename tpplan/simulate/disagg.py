@@ -107,7 +107,7 @@ class DisaggDeployment:
                               "give both pools the same engine")  # fmt: skip
         topo = self.prefill.predictor.topo
         if self.gpus > topo.world_size:
-            raise TpplanError(f"pd={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
+            raise TpplanError(f"instances={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
                               "use fewer instances or a cluster with more nodes")  # fmt: skip
 
     @property
