@@ -585,7 +585,7 @@ def analyse(
                 v.audit,
                 pipeline=pp_schedule if v.pp > 1 else None,
             )
-            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
+            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches])
 
         for w in workloads:
             a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of, grid)
