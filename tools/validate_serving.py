@@ -6,8 +6,11 @@ fitted to these points: each is predicted with the presets, engine rules and fix
 and the section says so. A point is replayed as its page states it: model preset, GPU, TP x PP, the
 arrival process (Poisson at its rate, every request at t = 0 for rate "inf", or a closed loop at its
 concurrency), its request count, and prompt lengths (a ShareGPT run at its published mean prompt
-length: the per-request lengths are in the run's JSON, not in the point). Decode is left out (the
-loop's prefill steps only), so a regime where decode shares the step budget is under-predicted.
+length: the per-request lengths are in the run's JSON, not in the point). Where a point states its
+output length the loop decodes it (the engine's KV pool and running-request cap at its defaults);
+ShareGPT points without output lengths run the prefill steps only, so where decode shares the step
+budget there they are under-predicted. The decode points (TPOT, ITL, output throughput) are replayed by
+`tools.validate_decode`, whose section this command writes too.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tpplan.cost.predictor import Predictor
     from tpplan.simulate.requests import Arrivals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +33,13 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- validate_serving: begin -->", "<!-- validate_serving: end -->"
 STAT = {"ttft_mean_ms": "mean", "ttft_p50_ms": "p50", "ttft_p99_ms": "p99"}
 # the GPU each point names -> (cluster preset, GPU model preset): the nearest presets tpplan has
-GPUS = {"NVIDIA A100 40GB": ("h100x8-ib400", "a100-sxm-datasheet"), "NVIDIA H200": ("h200x8-ib400", None)}
+GPUS = {
+    "NVIDIA A100 40GB": ("h100x8-ib400", "a100-sxm-datasheet"),
+    "NVIDIA H200": ("h200x8-ib400", None),
+    "NVIDIA H100 80GB": ("h100x8-ib400", None),
+    "NVIDIA B200": ("h100x8-ib400", "b200-datasheet"),
+    "NVIDIA GB300 NVL72": ("gb300-nvl72", None),
+}
 ENGINES = {"vllm": "vllm@0.33.0", "sglang": "sglang@0.5.23"}  # the engine versions whose rules tpplan read
 CLOSED_LOOP_REQUESTS = 4  # requests per client where a closed-loop point does not state its count
 
@@ -63,39 +73,62 @@ def _arrivals(p: dict[str, Any]) -> Arrivals:
     from tpplan.simulate.requests import Request, Shape, Timed, closed_loop, poisson
 
     prompt = round(p["prompt_tokens_mean"]) if p["prompt_tokens"] == "sharegpt" else int(p["prompt_tokens"])
-    shape = Shape(prompt)
+    output = p["output_tokens"] if isinstance(p["output_tokens"], int) else 1
+    shape = Shape(prompt, output)
     if p.get("concurrency"):
         c = int(p["concurrency"])
         return closed_loop(c, [shape], int(p.get("num_requests") or CLOSED_LOOP_REQUESTS * c))
     n = int(p["num_requests"])
     if p["request_rate"] == "inf":
-        return Timed(tuple(Request(i, 0.0, prompt) for i in range(n)))
+        return Timed(tuple(Request(i, 0.0, prompt, output) for i in range(n)))
     return poisson(float(p["request_rate"]), [shape], n, seed=0)
 
 
-def predict(p: dict[str, Any]) -> Replay:
-    """The loop's TTFT statistic for point `p` (ms)."""
+def model_path(p: dict[str, Any]) -> str:
+    """A point's model: a tpplan preset, or a config.json path relative to the repository root."""
+    return str(ROOT / p["model"]) if p["model"].endswith(".json") else p["model"]
+
+
+def predictor_for(p: dict[str, Any], plan_name: str = "baseline") -> tuple[Predictor, int, int]:
+    """The predictor of point `p` as its page states it (model, GPU, TP x PP, engine, the checkpoint's
+    own weight formats), the engine's default step budget on that GPU, and the topology's GPUs per node."""
     from tpplan.cost.pipeline import pipeline_model
     from tpplan.cost.predictor import cached_predictor
     from tpplan.cost.topology import select_topology
     from tpplan.engines.scheduling import scheduler_rules
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.plans.named import make_plan
-    from tpplan.simulate.engine import engine_loop, serve
+    from tpplan.plans.named import make_dp_plan, make_plan
 
     cluster, gpu = next(v for g, v in GPUS.items() if p["gpu"].startswith(g))
-    nodes = max(1, math.ceil(int(p["gpus"]) / 8))
-    topo = select_topology(cluster, nodes, gpu=gpu)
+    topo = select_topology(cluster, 1, gpu=gpu)
     assert topo is not None
-    graph = build_model_graph(load_model(p["model"]))
+    if int(p["gpus"]) > topo.gpus_per_node:
+        topo = select_topology(cluster, math.ceil(int(p["gpus"]) / topo.gpus_per_node), gpu=gpu)
+        assert topo is not None
+    graph = build_model_graph(load_model(model_path(p)))
     tp, pp = int(p["tp"]), int(p["pp"])
     engine = ENGINES[p["engine"]]
-    pred = cached_predictor(graph, make_plan("baseline", graph, tp), topo, tp, pp, "bf16", None,
-                            pipeline=pipeline_model(engine))  # fmt: skip
+    plan = make_dp_plan(plan_name, graph, tp) or make_plan(plan_name, graph, tp)
+    pred = cached_predictor(graph, plan, topo, tp, pp, "bf16", None, pipeline=pipeline_model(engine))
     chunk = scheduler_rules(engine).budget.default_tokens(topo.gpu.memory_GiB, p["gpu"])
-    res = serve(pred, _arrivals(p), engine_loop(pred.pipeline, pred.deployment, chunk, topo.gpus_per_node))
+    return pred, chunk, topo.gpus_per_node
+
+
+def predict(p: dict[str, Any]) -> Replay:
+    """The loop's TTFT statistic for point `p` (ms); with decode (the engine's KV pool and running cap)
+    where the point states its output length, prefill steps only where it does not (ShareGPT)."""
+    from tpplan.simulate.engine import engine_loop, serve
+    from tpplan.simulate.serving import decode_block
+
+    pred, chunk, per_node = predictor_for(p)
     stat = STAT[p["metric"]]
+    if isinstance(p["output_tokens"], int) and p["output_tokens"] > 1:
+        dec = decode_block(pred, _arrivals(p), chunk, per_node)
+        assert dec is not None and dec["admitted"], dec
+        ttft: dict[str, float] = dec["ttft_s"]  # type: ignore[assignment]
+        return Replay(p, 1e3 * ttft[stat], regime(p))
+    res = serve(pred, _arrivals(p), engine_loop(pred.pipeline, pred.deployment, chunk, per_node))
     value = res.mean_s if stat == "mean" else res.p(50 if stat == "p50" else 99)
     return Replay(p, 1e3 * value, regime(p))
 
@@ -115,12 +148,12 @@ def section(replays: list[Replay], skipped: int) -> str:
         "costs as they are. Replayed as the pages state them; assumptions: GPUs tpplan has no preset for run on the",
         f"nearest one ({_gpu_text()}),",
         f"engine rules of {', '.join(sorted(set(ENGINES.values())))} for every version, ShareGPT prompts at their",
-        "published mean length, bf16 weights, the baseline plan, decode not simulated, closed loops without a stated",
+        "published mean length, the checkpoint's weight formats (bf16 elsewhere), the baseline plan, decode simulated",
+        "where the point states its output length (not for ShareGPT points), closed loops without a stated",
         f"request count at {CLOSED_LOOP_REQUESTS} requests per client. Error = predicted / measured - 1.",
-        "Known gaps these rows show: a closed-loop client sends its next request at the previous one's first",
-        "token (decode not simulated), so closed loops with long outputs (the 1K/1K DeepSeek points) are far more",
-        "loaded than the measured runs; saturated runs (rate inf) depend on the step budget, taken as the engine's",
-        "default for the GPU, and on decode sharing it.",
+        "Known gaps these rows show: a closed loop's pace follows the decode the loop prices (the 1K/1K DeepSeek",
+        "points: see the decode section below for its TPOT error); ShareGPT points run without decode, so saturated",
+        "runs (rate inf) there depend on the step budget alone, taken as the engine's default for the GPU.",
         f"{len(replays)} points replayed, {skipped} left out (incomplete, a TPOT metric, or no preset for the GPU).",
         "",
         "| regime | points | median abs error | worst error |",
@@ -139,25 +172,35 @@ def section(replays: list[Replay], skipped: int) -> str:
     return "\n".join([*lines, END])
 
 
-def write(text: str, doc: Path = DOC) -> None:
-    """Replace the generated section of `doc` (or append it)."""
+def write(text: str, doc: Path = DOC, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    """Replace the generated section of `doc` between `markers` (or append it)."""
+    begin, end = markers
     old = doc.read_text(encoding="utf-8")
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + text + old[old.index(END) + len(END) :]
+    if begin in old and end in old:
+        new = old[: old.index(begin)] + text + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip("\n") + "\n\n" + text + "\n"
     doc.write_text(new, encoding="utf-8")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="write the section into docs/benchmarks.md")
+def ttft_section() -> str:
+    """The TTFT section over every replayable point of serving-public.toml."""
     points = tomllib.loads(POINTS.read_text(encoding="utf-8"))["point"]
     chosen = [p for p in points if replayable(p)]
-    text = section([predict(p) for p in chosen], len(points) - len(chosen))
-    if ap.parse_args().write:
-        write(text)
-    print(text)
+    return section([predict(p) for p in chosen], len(points) - len(chosen))
+
+
+def main() -> None:
+    from tools import validate_decode
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write both sections into docs/benchmarks.md")
+    args = ap.parse_args()
+    ttft, decode = ttft_section(), validate_decode.run()
+    if args.write:
+        write(ttft)
+        write(decode, markers=(validate_decode.BEGIN, validate_decode.END))
+    print(ttft, decode, sep="\n\n")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ class LoopConfig:
 class _Replica:
     """The state of one replica's loop while it runs (`run_replica`)."""
 
-    def __init__(self, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig) -> None:
+    def __init__(self, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, seeded: bool = True) -> None:
+        """`seeded` False: no request arrives by itself (a P/D instance: `simulate.disagg_loop` delivers them)."""
         self.reqs = arrivals.requests
         self.prices, self.cfg = prices, cfg
         n = len(self.reqs)
@@ -98,8 +99,9 @@ class _Replica:
         self.last_pos = [r.prompt_tokens - 1 for r in self.reqs]  # a decode token's position: this + decoded
         self.outputs = [r.output_tokens for r in self.reqs]
         self.itl: list[float] = []  # gaps between a request's successive tokens, every decode token
-        self.closed = isinstance(arrivals, ClosedLoop)
+        self.closed = seeded and isinstance(arrivals, ClosedLoop)
         first = min(arrivals.concurrency, n) if isinstance(arrivals, ClosedLoop) else n
+        first = first if seeded else 0
         if self.closed:
             self.sent[:first] = [0.0] * first
         self.next_id = first
@@ -171,16 +173,30 @@ class _Replica:
         segs = self.prefill_chunks(now, self.cfg.chunk_tokens)
         return (segs, []) if segs else ([], self.decode_tokens(now, None))
 
-    def next_event(self, now: float) -> float:
+    def next_wake(self, now: float) -> float:
         """When something can change while no step can form: an arrival, a request's step leaving the
-        pipeline, a finished request freeing its slot."""
+        pipeline, a finished request freeing its slot; infinity when nothing inside the replica will."""
         times = [self.heap[0][0]] if self.heap else []
         times += [self.out_at[r] for r in self.waiting if self.out_at[r] > now]
         times += [self.out_at[r] for r in self.running if self.out_at[r] > now]
         times += [self.releases[0][0]] if self.releases else []
-        if not times:
+        return min(times, default=math.inf)
+
+    def next_event(self, now: float) -> float:
+        """`next_wake`, where a replica that runs alone must find one."""
+        t = self.next_wake(now)
+        if t == math.inf:
             raise AssertionError("the loop stalled with requests unfinished")  # a bug, not an input
-        return min(times)
+        return t
+
+    def earliest(self, now: float) -> float:
+        """The first time from `now` at which stage 0 and the pipeline's depth let a step start."""
+        if self.stage_free:
+            now = max(now, self.stage_free[0])
+        m = self.cfg.in_flight
+        if len(self.steps) >= m:
+            now = max(now, self.steps[-m].end_s)
+        return now
 
     def run_step(self, segs: list[Segment], dec: list[int], now: float) -> None:
         """Price the step, push it through the stages, and advance its requests."""

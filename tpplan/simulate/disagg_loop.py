@@ -1,0 +1,406 @@
+"""The P/D serving loop: the prefill instances and decode instances of one disaggregated deployment run
+together, each request's KV handed from one to the other as the engine hands it.
+
+Each instance is the engine's own loop (`simulate.loop`): a prefill instance forms chunked-prefill steps
+and never decodes; a decode instance admits a request into its KV pool and running-request cap
+(prompt + output reserved, no preemption, as the aggregated loop), takes it into its running batch once
+the KV has arrived, and decodes one token per request per step. A conservative co-simulation keeps them
+in step: the instance that can act earliest acts next, and what it causes elsewhere (a request reaching
+the prefill server, KV reaching the decode server, a client sending its next request) is delivered at a
+time no earlier than its own, so no instance ever acts before an event it should have seen.
+
+How a request crosses (`HandoffRule`, read from each engine's source):
+- SGLang 0.5.23: the router sends the request to both servers; the decode server reserves its KV first
+  (`DecodePreallocQueue.pop_preallocated`, FIFO while it fits), and only then does the prefill server
+  compute it (`PrefillBootstrapQueue.pop_bootstrapped`: at the default `optimistic_prefill_attempts` 0 a
+  request waits for that bootstrap); the prefill side pushes the KV after its last chunk; the decode server
+  merges the arrived request into its running batch and streams the prefill's first token;
+- vLLM 0.34.0 (NixlConnector, pull): the prefill server computes the prompt first; the decode server gets
+  the request with the prefill's block ids, allocates the prompt's blocks when it schedules it and reads
+  the KV asynchronously (`NixlPullConnectorScheduler.get_num_new_matched_tokens`); once read, it recomputes
+  the prompt's last token (`Scheduler._update_waiting_for_remote_kv`), which gives the first output token.
+The KV of one request crosses one link (the sending prefill instance's for a push, the reading decode
+instance's for a pull) in `handoff_s(request)` seconds; a link carries one request's KV at a time, in the
+order the transfers start. Requests go to instances round-robin (request i to prefill i mod n_P and decode
+i mod n_D; the engines' routers were not read: `ROUTER_UNREAD`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpplan.cost.workload import PrefillBatch
+from tpplan.engines.schema import Source
+from tpplan.errors import TpplanError
+from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
+from tpplan.simulate.requests import Arrivals, ClosedLoop, Request
+from tpplan.simulate.results import LoopResult, Timeline
+
+_SGL = "0.5.23 (PyPI wheel)"
+_VLLM = "0.34.0 (PyPI wheel)"
+
+
+@dataclass(frozen=True)
+class HandoffRule:
+    """How an engine version hands a request from its prefill server to its decode server."""
+
+    engine: str  # the version the rule was read from
+    decode_first: bool  # the decode server reserves the KV before the prefill server computes the prompt
+    first_token_on_decode: bool  # the decode server computes the first output token (else the prefill's streams)
+    push: bool  # the prefill side sends the KV over its link; else the decode side reads it over its own
+    sources: tuple[Source, ...]
+
+
+SGLANG_RULE = HandoffRule(
+    "sglang@0.5.23", decode_first=True, first_token_on_decode=False, push=True,
+    sources=(
+        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/decode.py",
+               "DecodePreallocQueue.pop_preallocated, SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",
+               _SGL),
+        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/prefill.py",
+               "PrefillBootstrapQueue.pop_bootstrapped / can_prefill_before_bootstrap", _SGL),
+        Source("sgl-project/sglang", "python/sglang/srt/arg_groups/fields/disagg.py",
+               "optimistic_prefill_attempts = 0, disaggregation_decode_allocation_policy = 'early'", _SGL),
+        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/mooncake/conn.py",
+               "MooncakeKVManager.transfer_worker / send_kvcache / send_kvcache_slice", _SGL),
+    ),
+)  # fmt: skip
+VLLM_RULE = HandoffRule(
+    "vllm@0.34.0", decode_first=False, first_token_on_decode=True, push=False,
+    sources=(
+        Source("vllm-project/vllm", "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
+               "NixlPullConnectorScheduler.get_num_new_matched_tokens / update_state_after_alloc", _VLLM),
+        Source("vllm-project/vllm", "vllm/v1/core/sched/scheduler.py",
+               "Scheduler._handle_blocked_waiting_request / _update_waiting_for_remote_kv", _VLLM),
+    ),
+)  # fmt: skip
+ROUTER_UNREAD = Source.unread(
+    "sgl-project/sgl-model-gateway and vllm's P/D proxy", "router", "which instance a request goes to"
+)
+
+
+def handoff_rule(engine: str) -> tuple[HandoffRule, str | None]:
+    """The rule of engine version `engine` and, where that version was not the one read, a note saying so."""
+    name = engine.split("@")[0]
+    rule = SGLANG_RULE if name == "sglang" else VLLM_RULE
+    if engine == rule.engine:
+        return rule, None
+    return rule, f"{engine}'s P/D hand-off was not read; {rule.engine}'s is used"
+
+
+@dataclass(frozen=True)
+class PoolLoop:
+    """One pool as the loop runs it: step prices of one instance, its loop settings, how many instances."""
+
+    prices: StagePrices
+    config: LoopConfig
+    instances: int
+
+
+@dataclass(frozen=True)
+class DisaggRun:
+    """The loop's result (timelines with TTFT at the client, every step of both pools, decode ITLs) and
+    what says which side binds: each pool's busy share per instance, each link's, the waits."""
+
+    result: LoopResult
+    prefill_busy: tuple[float, ...]  # share of the run each prefill instance has a step in flight
+    decode_busy: tuple[float, ...]
+    link_busy: tuple[float, ...]  # share of the run each link carries KV
+    handoff_mean_s: float  # seconds one request's KV takes on the link (no queueing)
+    link_wait_mean_s: float  # mean wait for a busy link
+    decode_admit_wait_mean_s: float  # mean wait at the decode server for KV room or a running slot
+
+
+class _Link:
+    """One instance's link for KV hand-offs: one transfer at a time, in the order they start."""
+
+    def __init__(self) -> None:
+        self.free = 0.0
+        self.busy = 0.0
+        self.wait = 0.0
+
+    def send(self, start: float, seconds: float) -> float:
+        begin = max(start, self.free)
+        self.wait += begin - start
+        self.free = begin + seconds
+        self.busy += seconds
+        return self.free
+
+
+class _Prefill(_Replica):
+    """A prefill instance: the engine's loop without decode; a finished prompt goes to the co-simulation."""
+
+    def __init__(self, sim: _PD, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig) -> None:
+        super().__init__(arrivals, prices, cfg, seeded=False)
+        self.sim = sim
+
+    def deliver(self, rid: int, t: float) -> None:
+        heapq.heappush(self.heap, (t, rid))
+
+    def act(self, now: float) -> float:
+        """One turn of the loop at `now`: take arrivals, form and run a step; when it can act again."""
+        while self.heap and self.heap[0][0] <= now:
+            self.waiting.append(heapq.heappop(self.heap)[1])
+        segs, _ = self.form_step(now)
+        if segs:
+            self.run_step(segs, [], now)
+            return self.earliest(now)
+        return self.next_wake(now)
+
+    def finish(self, rid: int, t: float) -> None:
+        self.done_at[rid] = t
+        self.done += 1
+        self.sim.prefilled(rid, t)
+
+
+_KV, _REQ = 0, 1  # a decode instance's events: the request's KV arrived; the request reached the server
+
+
+class _Decode(_Replica):
+    """A decode instance: admits requests into its KV pool and cap, runs the arrived ones' decode steps."""
+
+    def __init__(self, sim: _PD, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig) -> None:
+        super().__init__(arrivals, prices, cfg, seeded=False)
+        self.sim = sim
+        self.first_on_decode = sim.rule.first_token_on_decode
+        self.prealloc: deque[int] = deque()  # reached the server, waiting for KV room (FIFO)
+        self.arrived: deque[int] = deque()  # KV arrived, joining the running batch at the next step
+        self.events: list[tuple[float, int, int]] = []  # (when, _KV or _REQ, request)
+        self.seen_at = [math.nan] * len(self.reqs)
+        self.admit_at = [math.nan] * len(self.reqs)
+
+    def deliver(self, rid: int, t: float, kind: int) -> None:
+        heapq.heappush(self.events, (t, kind, rid))
+
+    def next_wake(self, now: float) -> float:
+        return min(super().next_wake(now), self.events[0][0] if self.events else math.inf)
+
+    def act(self, now: float) -> float:
+        self.release(now)
+        events = self.events
+        while events and events[0][0] <= now:
+            _, kind, rid = heapq.heappop(events)
+            if kind == _KV:
+                self.arrived.append(rid)
+            else:
+                self.seen_at[rid] = now
+                self.prealloc.append(rid)
+        while self.prealloc and self.admits(self.prealloc[0]):
+            rid = self.prealloc.popleft()
+            self.admitted.add(rid)
+            self.kv_used += self.cfg.kv_need(self.reqs[rid])
+            self.admit_at[rid] = now
+            self.sim.admitted(rid, now)
+        fresh = self.join(now)
+        dec = self.decode_tokens(now, None)
+        if not dec:
+            return self.next_wake(now)
+        before = len(self.itl)
+        self.run_step([], dec, now)
+        if fresh:  # their step gave the first token, not a gap between two
+            keep = [g for g, r in zip(self.itl[before:], dec, strict=False) if r not in fresh]
+            del self.itl[before:]
+            self.itl.extend(keep)
+            for rid in fresh:
+                self.ready[rid] = self.out_at[rid] if math.isnan(self.done_at[rid]) else self.done_at[rid]
+        return self.earliest(now)
+
+    def join(self, now: float) -> set[int]:
+        """The arrived requests into the running batch; those whose first token this server computes."""
+        fresh: set[int] = set()
+        while self.arrived:
+            rid = self.arrived.popleft()
+            self.out_at[rid] = now
+            if self.first_on_decode:
+                self.decoded[rid] = 0
+                self.running[rid] = None
+                fresh.add(rid)
+                continue
+            self.decoded[rid] = 1
+            self.ready[rid] = now
+            if self.outputs[rid] > 1:
+                self.running[rid] = None
+            else:
+                self.finish(rid, now)
+        return fresh
+
+    def finish(self, rid: int, t: float) -> None:
+        self.done_at[rid] = t
+        self.done += 1
+        heapq.heappush(self.releases, (t, rid))
+        self.sim.finished(rid, t)
+
+
+class _PD:
+    """The co-simulation of one P/D deployment (see the module docstring)."""
+
+    def __init__(
+        self, arrivals: Arrivals, prefill: PoolLoop, decode: PoolLoop, handoff_s: Callable[[Request], float],
+        rule: HandoffRule,
+    ) -> None:  # fmt: skip
+        self.reqs, self.rule = arrivals.requests, rule
+        self.pcfg, self.dcfg = prefill.config, decode.config
+        self.pre = [_Prefill(self, arrivals, prefill.prices, prefill.config) for _ in range(prefill.instances)]
+        self.dec = [_Decode(self, arrivals, decode.prices, decode.config) for _ in range(decode.instances)]
+        self.insts: list[_Prefill | _Decode] = [*self.pre, *self.dec]
+        self.links = [_Link() for _ in range(prefill.instances if rule.push else decode.instances)]
+        self.wake = [math.inf] * len(self.insts)
+        self.queue: list[tuple[float, int]] = []
+        self.handoff_s = handoff_s
+        self.handoff_cache: dict[int, float] = {}
+        self.sent = [math.nan] * len(self.reqs)
+        self.done = 0
+        self.closed = isinstance(arrivals, ClosedLoop)
+        first = min(arrivals.concurrency, len(self.reqs)) if isinstance(arrivals, ClosedLoop) else len(self.reqs)
+        self.next_id = first
+        for rid in range(first):
+            self.send(rid, 0.0 if self.closed else self.reqs[rid].arrival_s)
+
+    def notify(self, idx: int, t: float) -> None:
+        if t < self.wake[idx]:
+            self.wake[idx] = t
+            heapq.heappush(self.queue, (t, idx))
+
+    def to_prefill(self, rid: int, t: float) -> None:
+        p = rid % len(self.pre)
+        self.pre[p].deliver(rid, t)
+        self.notify(p, t)
+
+    def to_decode(self, rid: int, t: float, kind: int) -> None:
+        d = rid % len(self.dec)
+        self.dec[d].deliver(rid, t, kind)
+        self.notify(len(self.pre) + d, t)
+
+    def kv_seconds(self, rid: int) -> float:
+        r = self.reqs[rid]
+        h = self.handoff_cache.get(r.prompt_tokens)
+        if h is None:
+            h = self.handoff_cache[r.prompt_tokens] = float(self.handoff_s(r))
+            if not (math.isfinite(h) and h >= 0):
+                raise TpplanError("handoff_s", f"returned {h} s for request {rid}", "return >= 0 seconds")
+        return h
+
+    def send(self, rid: int, t: float) -> None:
+        """The client sends request `rid` at `t`: to the decode server first (SGLang) or the prefill (vLLM)."""
+        self.sent[rid] = t
+        if self.rule.decode_first:
+            self.to_decode(rid, t + self.dcfg.request_in_s, _REQ)
+        else:
+            self.to_prefill(rid, t + self.pcfg.request_in_s)
+
+    def admitted(self, rid: int, t: float) -> None:
+        """The decode server reserved `rid`'s KV at `t`: the prefill may start (SGLang) or the read (vLLM)."""
+        if self.rule.decode_first:
+            self.to_prefill(rid, max(t, self.sent[rid] + self.pcfg.request_in_s))
+        else:
+            link = self.links[rid % len(self.links)]
+            self.to_decode(rid, link.send(t, self.kv_seconds(rid)), _KV)
+
+    def prefilled(self, rid: int, t: float) -> None:
+        """The prompt's last chunk left the prefill instance at `t`: push its KV (SGLang), or pass the request
+        with its block ids to the decode server (vLLM)."""
+        if self.rule.decode_first:
+            link = self.links[rid % len(self.links)]
+            self.to_decode(rid, link.send(t, self.kv_seconds(rid)), _KV)
+        else:
+            self.to_decode(rid, t + self.pcfg.request_out_s + self.dcfg.request_in_s, _REQ)
+
+    def finished(self, rid: int, t: float) -> None:
+        self.done += 1
+        if self.closed and self.next_id < len(self.reqs):  # the client sends its next request
+            nxt, self.next_id = self.next_id, self.next_id + 1
+            self.send(nxt, t + self.dcfg.request_out_s)
+
+    def run(self) -> None:
+        n, queue, wake = len(self.reqs), self.queue, self.wake
+        while self.done < n:
+            if not queue:
+                raise AssertionError("the P/D loop stalled with requests unfinished")  # a bug, not an input
+            t, i = heapq.heappop(queue)
+            if t != wake[i]:
+                continue  # superseded by an earlier wake
+            inst = self.insts[i]
+            e = inst.earliest(t)
+            if e > t:
+                wake[i] = e
+                heapq.heappush(queue, (e, i))
+                continue
+            wake[i] = math.inf
+            nxt = inst.act(t)
+            if nxt < wake[i]:
+                wake[i] = nxt
+                if nxt < math.inf:
+                    heapq.heappush(queue, (nxt, i))
+
+
+def simulate_disaggregated(
+    arrivals: Arrivals, prefill: PoolLoop, decode: PoolLoop, handoff_s: Callable[[Request], float],
+    rule: HandoffRule = SGLANG_RULE,
+) -> DisaggRun:  # fmt: skip
+    """Every request of `arrivals` through the P/D deployment: its timeline (TTFT at the client, the
+    hand-off included as the engine realises it), every step of both pools, the decode ITLs, and each
+    side's busy share. The decode pool's `config.decode` must be on (a request holds prompt + output)."""
+    if not arrivals.requests:
+        raise TpplanError("requests", "there are none", "give at least one request")
+    if prefill.instances < 1 or decode.instances < 1:
+        raise TpplanError(f"instances={prefill.instances}:{decode.instances}", "each pool needs one instance or more",
+                          "pass n_P >= 1 and n_D >= 1")  # fmt: skip
+    if not decode.config.decode:
+        raise TpplanError("decode pool", "its loop config has decode off", "build it with decode=True")
+    _check_fits(arrivals, decode.config)
+    sim = _PD(arrivals, prefill, decode, handoff_s, rule)
+    sim.run()
+    return _outcome(sim)
+
+
+def _busy(steps: list[PrefillBatch], end: float) -> float:
+    """Share of [0, end] in which the instance has a step in flight (the union of its steps' spans)."""
+    total, reach = 0.0, 0.0
+    for s in sorted(steps, key=lambda b: b.start_s):
+        lo = max(s.start_s, reach)
+        if s.end_s > lo:
+            total += s.end_s - lo
+            reach = s.end_s
+    return total / end if end > 0 else 0.0
+
+
+def _outcome(sim: _PD) -> DisaggRun:
+    nP, nD = len(sim.pre), len(sim.dec)
+    rin, d_out = sim.pcfg.request_in_s, sim.dcfg.request_out_s
+    lines = []
+    for rid, r in enumerate(sim.reqs):
+        p, d = sim.pre[rid % nP], sim.dec[rid % nD]
+        lines.append(Timeline(r, rid % nD, sim.sent[rid], sim.sent[rid] + rin, p.first_step[rid],
+                              p.prefill_end[rid], d.ready[rid] + d_out, d.done_at[rid] + d_out))  # fmt: skip
+    steps = sorted((b for inst in sim.insts for b in inst.steps), key=lambda b: (b.start_s, b.end_s))
+    itl = tuple(g for d in sim.dec for g in d.itl)
+    res = LoopResult(tuple(lines), tuple(steps), itl)
+    end = max(t.done_s for t in lines)
+    waits = [d.admit_at[rid] - d.seen_at[rid] for rid in range(len(sim.reqs)) for d in (sim.dec[rid % nD],)]
+    n = len(sim.reqs)
+    handed = sum(sim.kv_seconds(rid) for rid in range(n))
+    return DisaggRun(
+        res,
+        tuple(_busy(p.steps, end) for p in sim.pre),
+        tuple(_busy(d.steps, end) for d in sim.dec),
+        tuple(link.busy / end if end > 0 else 0.0 for link in sim.links),
+        handed / n,
+        math.fsum(link.wait for link in sim.links) / n,
+        math.fsum(waits) / n,
+    )
+
+
+__all__ = [
+    "ROUTER_UNREAD",
+    "SGLANG_RULE",
+    "VLLM_RULE",
+    "DisaggRun",
+    "HandoffRule",
+    "PoolLoop",
+    "handoff_rule",
+    "simulate_disaggregated",
+]
