@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from tpplan.cost.collectives import nccl_bytes
 from tpplan.cost.predict import cached_predictor
 from tpplan.cost.topology import load_topology
 from tpplan.layout.schedule import predict_schedule, ring_sent_bytes
 from tpplan.layout.transitions import TRANSITIONS, transition
+from tpplan.lower.sizes import nccl_bytes
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.placement import S_COL, S_TOK, Collective, P, Placement, R

@@ -7,11 +7,11 @@ import pytest
 
 from tpplan.cost.pipeline import DEFAULT_PP_ENGINE, pipeline_model
 from tpplan.cost.predict import cached_predictor, predict_plan
-from tpplan.cost.stages import stage_boundary_width
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import Workload, simulate_pipeline, simulate_ttft
 from tpplan.engines import ENGINES
 from tpplan.errors import TpplanError
+from tpplan.lower.stages import stage_boundary_width
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan

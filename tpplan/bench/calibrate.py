@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from tpplan.cost.collectives import bus_factor
 from tpplan.cost.topology import (
     COLLECTIVE_KINDS,
     FittedCollective,
@@ -26,6 +25,7 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
+from tpplan.lower.sizes import bus_factor
 from tpplan.outputs import write_files
 from tpplan.runtime.group import GroupSpec, run_group
 from tpplan.runtime.hooks import before_collective

@@ -18,8 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from tpplan.cost.collectives import collective_time, nccl_size
+from tpplan.cost.collectives import collective_time
 from tpplan.cost.topology import load_topology
+from tpplan.lower.sizes import nccl_size
 from tpplan.runtime.group import GroupSpec, resolve_backend, run_group
 from tpplan.runtime.hooks import before_collective
 from tpplan.text import TextConsole

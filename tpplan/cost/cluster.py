@@ -18,9 +18,9 @@ from pydantic import Field, model_validator
 
 from tpplan.cost.gpu import MIN_RATE, Strict
 from tpplan.inputs import NAME_CHARS
+from tpplan.lower.sizes import COLLECTIVE_KINDS
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
-COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 
 MAX_GBPS = 1e6  # 1 PB/s per GPU: above any fabric
 MAX_US = 1e6  # one second of latency per call: above any network

@@ -13,62 +13,12 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 
-from tpplan.cost.topology import COLLECTIVE_KINDS, AllReduceAlgorithm, CollectiveCurve, FittedCollective, Topology
+from tpplan.cost.topology import AllReduceAlgorithm, CollectiveCurve, FittedCollective, Topology
 from tpplan.errors import TpplanError
+from tpplan.lower.sizes import bus_factor, check_kind
 
 _GB = 1e9
 _US = 1e-6
-
-
-def bus_factor(kind: str, n: int) -> float:
-    """nccl-tests' busbw/algbw factor: makes busbw comparable to link speed across group sizes."""
-    _check_kind(kind)
-    if n <= 1:
-        return 0.0 if kind != "send_recv" else 1.0
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if kind == "send_recv":
-        return 1.0
-    return (n - 1) / n  # reduce_scatter, all_gather, all_to_all
-
-
-def ring_volume_per_rank(kind: str, elements: float, n: int) -> float:
-    """Elements (or bytes) one rank sends for a collective over a logical tensor of `elements`.
-
-    `elements` is the logical activation T*W (docs/cost-model.md): all_reduce 2(n-1)/n,
-    reduce_scatter and all_gather (n-1)/n, all_to_all (n-1)/n^2
-    (each rank holds T*W/n and keeps 1/n of it), send_recv the whole message.
-    """
-    _check_kind(kind)
-    if n <= 1:
-        return 0.0 if kind != "send_recv" else float(elements)
-    if kind == "all_to_all":
-        return (n - 1) / (n * n) * elements
-    return bus_factor(kind, n) * elements
-
-
-def nccl_size(kind: str, elements: float, n: int) -> float:
-    """Map a logical T*W tensor to nccl-tests' size (all_to_all: the per-rank buffer)."""
-    _check_kind(kind)
-    return elements / n if kind == "all_to_all" else float(elements)
-
-
-def nccl_bytes(kind: str, sent_elements: float, n: int, dtype_bytes: float) -> float:
-    """nccl-tests size in bytes of a collective in which one rank sends `sent_elements` (ring
-    algorithms): the inverse of `ring_volume_per_rank`, then `nccl_size`."""
-    per_logical = ring_volume_per_rank(kind, 1.0, n)
-    if per_logical <= 0:
-        return 0.0
-    return nccl_size(kind, sent_elements / per_logical, n) * dtype_bytes
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in COLLECTIVE_KINDS:
-        raise TpplanError(
-            f"collective kind {kind!r}",
-            "unknown collective",
-            f"use one of {', '.join(COLLECTIVE_KINDS)}",
-        )
 
 
 def ring_steps(kind: str, n: int) -> int:
@@ -241,7 +191,7 @@ def _placement(
     kind: str, nbytes: float, group_size: int, topo: Topology, ranks_per_node: int | None
 ) -> tuple[int, int]:
     """The checked arguments of `collective_time`: ranks per node, and how many nodes the group spans."""
-    _check_kind(kind)
+    check_kind(kind)
     if nbytes < 0:
         raise TpplanError("nbytes", f"must be >= 0, got {nbytes}", "pass a message size in bytes")
     if group_size < 1:

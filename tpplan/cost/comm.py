@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpplan.cost.collectives import CollectiveEstimate, bus_factor, collective_time
+from tpplan.cost.collectives import CollectiveEstimate, collective_time
 from tpplan.cost.kernel_source import CollectiveShape, KernelSource
 from tpplan.cost.topology import Topology
+from tpplan.lower.sizes import bus_factor
 
 
 def price_collective(

@@ -33,38 +33,18 @@ attention TP A, c times the plan's TP share of each sharded one (`cp_weight_elem
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from tpplan.cost.comm import price_collective
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.segments import Segments
-from tpplan.layout.context_parallel import CpExchange, CpKind, chunk_bounds, zigzag_chunks
+from tpplan.layout.context_parallel import CpKind
 from tpplan.layout.propagate import OpDecision
+from tpplan.lower.batch import local_segments
+from tpplan.lower.passes.cp import cp_ranks_per_node, exchange_bytes
 
 if TYPE_CHECKING:
     from tpplan.cost.op_prices import OpPrices
-
-
-def local_segments(segs: Segments, cp: int, split: str) -> Segments:
-    """The slowest CP rank's share of a batch, as the attention calls it makes: under zigzag, rank 0's
-    two chunks of each request (chunk 0 after the request's context, chunk 2c-1 after all but the
-    last chunk; every rank computes the same causal pairs, SGLang's `kv_len_prev`/`kv_len_next` calls);
-    under the contiguous split, the last rank's chunk after the first c-1 (the most keys)."""
-    if cp <= 1:
-        return segs
-    out: list[tuple[int, int]] = []
-    for n, ctx in segs:
-        if split == "zigzag":
-            bounds = chunk_bounds(n, 2 * cp)
-            for i in zigzag_chunks(cp, 0):
-                start, stop = bounds[i]
-                if stop > start:
-                    out.append((stop - start, ctx + start))
-        else:
-            start, stop = chunk_bounds(n, cp)[-1]
-            out.append((stop - start, ctx + start))
-    return tuple(out)
 
 
 def cp_weight_elements(ck: CpKind, cp: int, d: OpDecision) -> float:
@@ -75,24 +55,6 @@ def cp_weight_elements(ck: CpKind, cp: int, d: OpDecision) -> float:
     if d.op.name not in ck.attention_ops:
         return w
     return min(float(d.op.weight_numel), w * cp)
-
-
-def cp_ranks_per_node(tp: int, cp: int, gpus_per_node: int) -> int:
-    """CP peers that share a node: they sit `tp` GPUs apart (TP innermost)."""
-    if tp >= gpus_per_node:
-        return 1
-    return max(1, min(cp, gpus_per_node // tp))
-
-
-def exchange_bytes(x: CpExchange, cp: int, segs: Segments, b: float) -> float:
-    """nccl-tests size of one exchange for a batch: an all-gather's whole output (every rank's rows,
-    padded to the longest), an all-reduce's buffer or a send/recv's message (the rank's rows)."""
-    eb = x.elem_bytes if x.elem_bytes is not None else b
-    rows = sum(math.ceil(n / cp) for n, _ in segs)
-    seqs = len(segs)
-    if x.collective == "all_gather":
-        return cp * (x.per_token * rows + x.per_seq * seqs) * eb
-    return (x.per_token * rows + x.per_seq * seqs) * eb
 
 
 def cp_extras(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 from tpplan.audit import PlanAudit, StoredWeights, audit_plan
-from tpplan.cost.collectives import nccl_bytes
 from tpplan.cost.comm import price_collective
 from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
 from tpplan.cost.deployment import Deployment
@@ -28,7 +27,6 @@ from tpplan.cost.kernel_source import STAND_IN, AttentionShape, GemmShape, Kerne
 from tpplan.cost.kernel_source import GemmDtype as KernelDtype
 from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, masked_pairs
-from tpplan.cost.stages import bank_snapshots, stage_layers
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.errors import TpplanError
@@ -36,6 +34,8 @@ from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.lower.sizes import nccl_bytes
+from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.models.quant import WeightFormat

@@ -19,6 +19,7 @@ from tpplan.cost.prediction import KindTime, OpTime
 from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.engines.overlap import MicroBatchOverlap
 from tpplan.layout.propagate import LayerResult
+from tpplan.lower.passes.overlap import split_batch
 
 # What the engines' GEMMs and experts run through under the overlap: both cut DeepGEMM's SM count.
 SM_BOUND = frozenset({"gemm", "moe"})
@@ -173,49 +174,6 @@ def sequential_seconds(stages: Sequence[MoeStages]) -> float:
         + _work(s.post).alone
         for s in stages
     )
-
-
-def _cut(segs: Segments, at: int) -> tuple[Segments, Segments]:
-    """Split a batch at token `at`: a request that straddles it is cut in two, and the second part
-    sees the first part as context (what both engines' attention metadata give the second half)."""
-    left: list[tuple[int, int]] = []
-    right: list[tuple[int, int]] = []
-    seen = 0
-    for n, ctx in segs:
-        if seen + n <= at:
-            left.append((n, ctx))
-        elif seen >= at:
-            right.append((n, ctx))
-        else:
-            k = at - seen
-            left.append((k, ctx))
-            right.append((n - k, ctx + k))
-        seen += n
-    return tuple(left), tuple(right)
-
-
-def split_batch(segs: Segments, engine: MicroBatchOverlap) -> tuple[Segments, Segments] | None:
-    """The two micro-batches the engine makes of a prefill batch (None: it runs the batch whole).
-
-    SGLang (`_split_extend_seqs`): between requests at the most balanced token sum, unless that
-    leaves a side outside [0.48, 0.52] of the tokens: then at the token midpoint. vLLM
-    (`maybe_create_ubatch_slices`): at the token midpoint, from `dbo_prefill_token_threshold` tokens."""
-    total = sum(n for n, _ in segs)
-    if total < max(2, engine.min_tokens):
-        return None
-    if engine.balance is None:
-        return _cut(segs, total // 2)
-    best, best_diff, acc = 0, float("inf"), 0
-    for i in range(1, len(segs)):
-        acc += segs[i - 1][0]
-        diff = abs(acc - (total - acc))
-        if diff > best_diff:
-            break
-        best, best_diff = i, diff
-    left = sum(n for n, _ in segs[:best])
-    if left < total * engine.balance or left > total * (1 - engine.balance):
-        return _cut(segs, total // 2)
-    return tuple(segs[:best]), tuple(segs[best:])
 
 
 KindTimeOf = Callable[[LayerResult, Segments], KindTime]

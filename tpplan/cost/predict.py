@@ -15,7 +15,7 @@ cluster, `cost/cluster.py`, for a `Deployment`, `cost/deployment.py`), in these 
   chunked-prefill bubble) and the memory per rank (weights, activations, KV cache, state);
 - `cost/prediction.py`: the results (`PlanPrediction`) and their JSON; `cost/pricing.py`: the same
   prices one at a time for a search; `cost/bands.py`, `cost/provenance.py`: how sure a time is;
-- `cost/segments.py`, `cost/stages.py`: batch shapes and the pipeline's stages;
+- `cost/segments.py`, `lower/stages.py`: batch shapes and the pipeline's stages;
 - this module: the public API, `predict_plan`, `predict_audit`, `predict_many`, `batch_time`,
   `pipeline_ttft` (PP TTFT as the engine schedules it: `cost/pipeline.py`) and `plan_gemm_shapes`.
 
@@ -53,7 +53,6 @@ from tpplan.cost.prediction import (
 from tpplan.cost.predictor import STATE_BYTES, Predictor, cached_predictor
 from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens, masked_pairs, segments_of
-from tpplan.cost.stages import bank_snapshots, stage_boundary_width, stage_layers
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import (
     PrefillBatch,
@@ -65,6 +64,7 @@ from tpplan.cost.workload import (
 )
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
+from tpplan.lower.stages import bank_snapshots, stage_boundary_width, stage_layers
 from tpplan.models.graph import ModelGraph
 from tpplan.models.opkinds import kernel_key
 

@@ -26,13 +26,13 @@ from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.prediction import KindTime, MemoryBreakdown
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
-from tpplan.cost.stages import bank_snapshots, stage_boundary_width
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
 from tpplan.engines.context_parallel import kv_cp_share
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
+from tpplan.lower.stages import bank_snapshots, stage_boundary_width
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.opkinds import mixer
 from tpplan.models.spec import AttnSpec

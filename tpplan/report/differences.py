@@ -239,7 +239,7 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
     banks = [bank_snapshots(g, s) for s in starts]
     nbytes = DTYPE_BYTES[a.dtype]
     what = "hidden state and residual"
-    if g.spec.attn_res_block_size:  # the stream with its residual folded in, and the bank (cost/stages.py)
+    if g.spec.attn_res_block_size:  # the stream with its residual folded in, and the bank (lower/stages.py)
         what = f"stream (its residual folded in), plus the attention-residual bank ({min(banks)}-{max(banks)} snapshots"
         what += f" of {g.hidden})"
     t = _ttft_sentence(a, pp)

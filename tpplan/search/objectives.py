@@ -149,7 +149,7 @@ class RooflineObjective:
         return Cost(score, d.weight_elements_per_rank * DTYPE_BYTES[self.dtype])
 
     def comm_cost(self, kind: str, c: CommEvent, n: int) -> Cost:
-        from tpplan.cost.collectives import nccl_size, ring_volume_per_rank
+        from tpplan.lower.sizes import nccl_size, ring_volume_per_rank
 
         coll = c.collective.value
         per_logical = ring_volume_per_rank(coll, 1.0, n)
