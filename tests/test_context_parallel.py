@@ -12,6 +12,7 @@ from tpplan.cost.context_parallel import exchange_bytes, local_segments
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.layout.context_parallel import audit_cp, causal_imbalance, chunk_bounds, model_split, rank_positions
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import baseline
@@ -110,9 +111,9 @@ def test_local_segments_are_the_slowest_ranks_attention_calls() -> None:
 def test_cp_prices_local_tokens_gathers_and_shards_the_kv() -> None:
     topo = load_topology("h200x8-ib400", nodes=1)
     g = _graph("llama-3-70b")
-    one = predict_plan(g, baseline(), topo, tp=2, tokens=32768)
-    two = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=32768)
-    mine = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=32768, cp_kv="sharded")
+    one = predict_plan(g, baseline(), topo, mesh=Mesh(2), tokens=32768)
+    two = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4), tokens=32768)
+    mine = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4, cp_kv="sharded"), tokens=32768)
     assert two.cp == 4 and one.cp == 1
     assert two.forward_s < one.forward_s
     assert two.memory.kv_cache == pytest.approx(one.memory.kv_cache)  # as the engines keep it (default)
@@ -130,8 +131,8 @@ def test_cp_prices_local_tokens_gathers_and_shards_the_kv() -> None:
 def test_serial_recurrence_waits_for_the_chain() -> None:
     topo = load_topology("h200x8-ib400", nodes=1)
     g = _graph("qwen3-next-80b")
-    scan = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=65536)
-    serial = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=65536, cp_recurrence="serial")
+    scan = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4), tokens=65536)
+    serial = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4, cp_recurrence="serial"), tokens=65536)
     kind = next(k for k in serial.kinds if k.kind.startswith("gdn"))
     wait = next(o for o in kind.ops if o.op.endswith("cp_chain_wait"))
     rec = next(o for o in kind.ops if o.op == "gated_deltanet")
@@ -161,11 +162,11 @@ def test_audit_cli_shows_and_bounds_cp(monkeypatch, capsys) -> None:
 def test_the_issues_models_audit_and_price_at_cp_2_4_8(model: str) -> None:
     g = _graph(model)
     topo = load_topology("h200x8-ib400", nodes=8)
-    plain = predict_plan(g, baseline(), topo, tp=8, tokens=16384)
+    plain = predict_plan(g, baseline(), topo, mesh=Mesh(8), tokens=16384)
     for cp in (2, 4, 8):
         a = audit_cp(g, 8, cp)
         assert a.legal, a.reasons
-        pr = predict_plan(g, baseline(), topo, tp=8, cp=cp, tokens=16384, cp_kv="sharded")
+        pr = predict_plan(g, baseline(), topo, mesh=Mesh(8, cp=cp, cp_kv="sharded"), tokens=16384)
         assert pr.legal and pr.memory.kv_cache == pytest.approx(plain.memory.kv_cache / cp)
         assert all(any(c.region == "cp" for c in k.collectives) == bool(a.kinds[k.kind].exchanges) for k in pr.kinds)
 

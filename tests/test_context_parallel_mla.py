@@ -14,6 +14,7 @@ from tpplan.cost.topology import load_topology
 from tpplan.engines.context_parallel import CP_PATHS, kv_cp_share
 from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import audit_cp, cp_calls, rank_positions
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import baseline
@@ -68,8 +69,8 @@ def test_predicted_calls_gather_the_attention_output_of_the_longest_zigzag_rank(
 def test_mla_mode_prices_the_gather_instead_of_the_all_reduce_and_replicates_the_kv_expansion() -> None:
     g = _graph("kimi-k3")
     topo = load_topology("h200x8-ib400", nodes=1)
-    tp8 = predict_plan(g, baseline(), topo, tp=8, tokens=16384)
-    cp8 = predict_plan(g, baseline(), topo, tp=8, cp=8, cp_layers="mla", tokens=16384)
+    tp8 = predict_plan(g, baseline(), topo, mesh=Mesh(8), tokens=16384)
+    cp8 = predict_plan(g, baseline(), topo, mesh=Mesh(8, cp=8, cp_layers="mla"), tokens=16384)
     k1 = next(k for k in tp8.kinds if k.kind == "mla+moe")
     k8 = next(k for k in cp8.kinds if k.kind == "mla+moe")
     labels1, labels8 = [c.label for c in k1.collectives], [c.label for c in k8.collectives]
@@ -86,8 +87,8 @@ def test_mla_mode_prices_the_gather_instead_of_the_all_reduce_and_replicates_the
         b = next(k for k in cp8.kinds if k.kind == kind)
         assert a.total_s == pytest.approx(b.total_s)
     assert cp8.memory.kv_cache == pytest.approx(tp8.memory.kv_cache)  # every rank caches the whole sequence
-    pricer = Pricer(g, topo, 8, cp=8, cp_layers="mla")  # the search's prices agree with predict_plan's
-    plain = Pricer(g, topo, 8)
+    pricer = Pricer(g, topo, Mesh(8, cp=8, cp_layers="mla"))  # the search's prices agree with predict_plan's
+    plain = Pricer(g, topo, Mesh(8))
     res = pricer.baseline_audit.kinds["mla+moe"].result
     lg = g.kinds["mla+moe"]
     more = sum(pricer.weight_bytes(lg, d) - plain.weight_bytes(lg, d) for d in res.decisions)
@@ -105,12 +106,12 @@ def test_engines_keep_the_whole_sequences_kv_on_every_cp_rank() -> None:
     assert kv_cp_share("engines", 4) == 1 and kv_cp_share("sharded", 4) == 4
     g = _graph("llama-3-70b")
     topo = load_topology("h200x8-ib400", nodes=1)
-    default = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192)
-    mine = predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192, cp_kv="sharded")
-    tp2 = predict_plan(g, baseline(), topo, tp=2, tokens=8192)
+    default = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4), tokens=8192)
+    mine = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4, cp_kv="sharded"), tokens=8192)
+    tp2 = predict_plan(g, baseline(), topo, mesh=Mesh(2), tokens=8192)
     assert default.memory.kv_cache == pytest.approx(4 * mine.memory.kv_cache) == pytest.approx(tp2.memory.kv_cache)
     with pytest.raises(TpplanError, match="cp_kv=half"):
-        predict_plan(g, baseline(), topo, tp=2, cp=4, tokens=8192, cp_kv="half")
+        predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4, cp_kv="half"), tokens=8192)
     modes = {p.tpplan_mode for p in CP_PATHS}
     assert modes == {"all", "mla", None}
     assert all(p.kv_source.read or p.kv_source.ref == "unread" for p in CP_PATHS)
@@ -145,10 +146,10 @@ def test_search_equals_brute_force_and_predict_plan_with_mla_only_cp() -> None:
 
     model, n, opts = CASES[6]  # tiny-kimi-k3 at TP 2
     topo = load_topology("h200x8-ib400", nodes=1)
-    obj = PredictObjective(Pricer(graph_of(model), topo, n, cp=2, cp_layers="mla"), tokens=2048)
+    obj = PredictObjective(Pricer(graph_of(model), topo, Mesh(n, cp=2, cp_layers="mla")), tokens=2048)
     check_against_brute(model, n, opts, obj)
     for c in search(graph_of(model), n, obj, top=2, per_family=True).candidates:
-        pr = predict_plan(graph_of(model), c.plan, topo, tp=n, cp=2, cp_layers="mla", tokens=2048)
+        pr = predict_plan(graph_of(model), c.plan, topo, mesh=Mesh(n, cp=2, cp_layers="mla"), tokens=2048)
         assert close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)
 
 

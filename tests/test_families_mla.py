@@ -9,6 +9,7 @@ from tpplan.audit import audit
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_config_dict, load_model, spec_from_config
 from tpplan.models.graph import OpKind, WeightSplit, build_model_graph
 from tpplan.placement import Collective
@@ -88,7 +89,9 @@ def test_minimax_qk_norm_is_an_all_reduce_the_algebra_prices():
         assert (Collective.ALL_REDUCE, "qk_ms", 2) in _comms(by[name], kind), name
     assert not [c for c in _comms(by["gate-aware"], kind) if c[1] == "qk_ms"]
     graph = res.graph
-    pred = predict_plan(graph, make_plan("baseline", graph, 8), load_topology("h200x8-ib400"), tp=8, tokens=8192)
+    pred = predict_plan(
+        graph, make_plan("baseline", graph, 8), load_topology("h200x8-ib400"), mesh=Mesh(8), tokens=8192
+    )
     stat = [c for k in pred.kinds for c in k.collectives if "qk_ms" in c.label]
     assert stat and all(c.seconds > 0 and c.nbytes == pytest.approx(8192 * 2 * 2) for c in stat)
 

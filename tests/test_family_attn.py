@@ -10,6 +10,7 @@ import pytest
 from tpplan.cost.predict import cached_tokens, masked_pairs, predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_config_dict, load_model, numerics_from_config, spec_from_config
 from tpplan.models.cuts import FULL
 from tpplan.models.graph import build_model_graph
@@ -102,7 +103,7 @@ def test_sliding_window_prices_attention_and_kv_by_the_window():
     batch its attention FLOPs are 128-key rows, not the causal triangle; its KV cache holds 128 tokens."""
     g = build_model_graph(load_model("gpt-oss-20b"))
     topo = load_topology("h200x8-ib400")
-    pred = predict_plan(g, make_plan("baseline", g, 8), topo, tp=8, tokens=8192)
+    pred = predict_plan(g, make_plan("baseline", g, 8), topo, mesh=Mesh(8), tokens=8192)
     flops = {k.kind: next(o.flops_per_rank for o in k.ops if o.op == "attention") for k in pred.kinds}
     full_pairs, swa_pairs = 8192 * 8193 // 2, 128 * 129 // 2 + (8192 - 128) * 128
     assert flops["gqa+moe"] / flops["swa+moe"] == pytest.approx(full_pairs / swa_pairs)
@@ -141,7 +142,7 @@ def test_mistral_sliding_window_is_priced():
     """A windowed Mistral's attention FLOPs and KV cache are those of the window, not the whole context."""
     topo = load_topology("h200x8-ib400")
     full, swa = (build_model_graph(_mistral(sliding_window=w)) for w in (None, 1024))
-    pf, ps = (predict_plan(g, make_plan("baseline", g, 8), topo, tp=8, tokens=8192) for g in (full, swa))
+    pf, ps = (predict_plan(g, make_plan("baseline", g, 8), topo, mesh=Mesh(8), tokens=8192) for g in (full, swa))
     flops_f = next(o.flops_per_rank for o in pf.kinds[0].ops if o.op == "attention")
     flops_s = next(o.flops_per_rank for o in ps.kinds[0].ops if o.op == "attention")
     assert flops_f / flops_s == pytest.approx((8192 * 8193 // 2) / (1024 * 1025 // 2 + (8192 - 1024) * 1024))
@@ -211,7 +212,7 @@ def test_gpt_oss_memory_follows_its_mxfp4_quantization_config():
     """gpt-oss-120b at TP1: MXFP4 experts (4 bits + one 8-bit scale per 32 values) and bf16 for what
     `modules_to_not_convert` leaves out (attention, router, embedding, head) give the ~65 GB checkpoint."""
     g = build_model_graph(load_model("gpt-oss-120b"))
-    pred = predict_plan(g, make_plan("baseline", g, 1), load_topology("h200x8-ib400"), tp=1, tokens=8192)
+    pred = predict_plan(g, make_plan("baseline", g, 1), load_topology("h200x8-ib400"), mesh=Mesh(1), tokens=8192)
     h, layers, experts, inter = 2880, 36, 128, 2880
     expert_params = layers * experts * 3 * h * inter
     attn_params = layers * h * (64 * 64 * 2 + 2 * 8 * 64)

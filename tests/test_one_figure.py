@@ -10,6 +10,7 @@ from tpplan.audit import audit, to_json
 from tpplan.cost.predict import predict_audit
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
+from tpplan.mesh import Mesh
 from tpplan.plans.files import save_plan_dir
 from tpplan.search import run_search
 
@@ -40,7 +41,7 @@ def test_audit_search_and_memo_state_one_memory_figure(tmp_path, model, nodes, t
     assert weights < most, f"{weights / GIB:.1f} GiB per rank: quantization or PP stages were not read"
 
     a = audit(model, tp, [str(plan_path)])
-    data = to_json(a, predict_audit(a, topo, pp=pp, workload=wl))
+    data = to_json(a, predict_audit(a, topo, mesh=Mesh(tp, pp=pp), workload=wl))
     got = data["plans"][-1]
     assert got["weight_bytes_per_rank"] == pytest.approx(weights, rel=1e-12)
     assert got["replicated_extra_bytes_per_rank"] == pytest.approx(extra, rel=1e-12)

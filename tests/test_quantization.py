@@ -7,6 +7,7 @@ import pytest
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_config_dict, load_model, spec_from_config
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -46,13 +47,13 @@ def _deepseek_v3_checkpoint_bytes(n: int) -> tuple[float, float]:
 def test_deepseek_v3_fp8_memory_per_rank_matches_the_checkpoint(n):
     graph = build_model_graph(load_model("deepseek-v3"))
     topo = load_topology("h200x8-ib400")
-    pred = predict_plan(graph, make_plan("baseline", graph, n), topo, tp=n, tokens=16)
+    pred = predict_plan(graph, make_plan("baseline", graph, n), topo, mesh=Mesh(n), tokens=16)
     expected, left_out = _deepseek_v3_checkpoint_bytes(n)
     assert pred.memory.weights == pytest.approx(expected - left_out, rel=1e-12)
     # The same model without its quantization_config holds every weight in bf16: about twice as much.
     raw, _ = load_config_dict("deepseek-v3")
     bf16 = build_model_graph(spec_from_config({k: v for k, v in raw.items() if k != "quantization_config"}))
-    unq = predict_plan(bf16, make_plan("baseline", bf16, n), topo, tp=n, tokens=16)
+    unq = predict_plan(bf16, make_plan("baseline", bf16, n), topo, mesh=Mesh(n), tokens=16)
     assert 1.9 < unq.memory.weights / pred.memory.weights < 2.0
 
 
@@ -61,8 +62,8 @@ def test_fp8_gemms_run_at_the_fp8_rate_and_expert_dtype_overrides():
     raw, _ = load_config_dict("deepseek-v3")
     bf16 = build_model_graph(spec_from_config({k: v for k, v in raw.items() if k != "quantization_config"}))
     topo = load_topology("h200x8-ib400")
-    fp8 = predict_plan(graph, make_plan("baseline", graph, 8), topo, tp=8, tokens=8192)
-    ref = predict_plan(bf16, make_plan("baseline", bf16, 8), topo, tp=8, tokens=8192)
+    fp8 = predict_plan(graph, make_plan("baseline", graph, 8), topo, mesh=Mesh(8), tokens=8192)
+    ref = predict_plan(bf16, make_plan("baseline", bf16, 8), topo, mesh=Mesh(8), tokens=8192)
 
     def op_s(p, name):
         return next(o.seconds for kt in p.kinds for o in kt.ops if o.op == name and kt.kind == "mla+moe")
@@ -72,8 +73,8 @@ def test_fp8_gemms_run_at_the_fp8_rate_and_expert_dtype_overrides():
 
     ratio = op_s(fp8, "q_b_proj") / op_s(ref, "q_b_proj")
     assert ratio == pytest.approx(1 / (2 * fp8_factor(1536, 3072)), rel=0.05) and ratio < 0.8
-    over = predict_plan(graph, make_plan("baseline", graph, 8), topo, tp=8, tokens=16, expert_dtype="bf16")
-    small = predict_plan(graph, make_plan("baseline", graph, 8), topo, tp=8, tokens=16)
+    over = predict_plan(graph, make_plan("baseline", graph, 8), topo, mesh=Mesh(8), tokens=16, expert_dtype="bf16")
+    small = predict_plan(graph, make_plan("baseline", graph, 8), topo, mesh=Mesh(8), tokens=16)
     experts = graph.kinds["mla+moe"].mlp.ops
     numel = next(o.weight_numel for o in experts if o.name == "experts")
     moe_layers = graph.counts()["mla+moe"]
@@ -85,9 +86,9 @@ def test_fp8_gemms_run_at_the_fp8_rate_and_expert_dtype_overrides():
 def test_k3_preset_fits_at_tp32_with_its_expert_format():
     graph = build_model_graph(load_model("kimi-k3"))
     topo = load_topology("h200x8-ib400", nodes=4)
-    pred = predict_plan(graph, make_plan("baseline", graph, 32), topo, tp=32, tokens=8192)
+    pred = predict_plan(graph, make_plan("baseline", graph, 32), topo, mesh=Mesh(32), tokens=8192)
     assert pred.memory.total < topo.gpu.memory_GiB * 2**30  # the README's first command: plans that fit
-    bf16 = predict_plan(graph, make_plan("baseline", graph, 32), topo, tp=32, tokens=8192, expert_dtype="bf16")
+    bf16 = predict_plan(graph, make_plan("baseline", graph, 32), topo, mesh=Mesh(32), tokens=8192, expert_dtype="bf16")
     assert bf16.memory.weights > 2.5 * pred.memory.weights
 
 
@@ -141,5 +142,5 @@ def test_kimi_k25_int4_experts_match_the_published_checkpoint():
     )  # fmt: skip
     expected = bf16 + moe_layers * e * 3 * int4
     graph = build_model_graph(load_model("kimi-k25"))
-    pred = predict_plan(graph, make_plan("baseline", graph, 1), load_topology("h200x8-ib400"), tp=1, tokens=16)
+    pred = predict_plan(graph, make_plan("baseline", graph, 1), load_topology("h200x8-ib400"), mesh=Mesh(1), tokens=16)
     assert pred.memory.weights == pytest.approx(expected, rel=1e-12)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from tpplan.audit import audit_plan
 from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.placement import S_TOK, P, R
@@ -162,7 +163,7 @@ def test_search_equals_brute_force(model, n, opts):
 def test_search_equals_brute_force_predict_objective():
     topo = load_topology("h200x8-ib400")
     for model, n, opts in CASES[:3]:
-        check_against_brute(model, n, opts, PredictObjective(Pricer(graph_of(model), topo, n), tokens=2048))
+        check_against_brute(model, n, opts, PredictObjective(Pricer(graph_of(model), topo, Mesh(n)), tokens=2048))
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[6]], ids=["tiny-llama", "tiny-qwen3-moe", "tiny-kimi-k3"])
@@ -171,7 +172,7 @@ def test_search_equals_brute_force_with_pipeline_stages(case):
     stage's bound; the search still equals brute force (which prices whole plans with `plan_cost`)."""
     model, n, opts = case
     topo = load_topology("h200x8-ib400")
-    obj = PredictObjective(Pricer(graph_of(model), topo, n, pp=2), tokens=2048)
+    obj = PredictObjective(Pricer(graph_of(model), topo, Mesh(n, pp=2)), tokens=2048)
     assert obj.memory_layer_counts is not None
     check_against_brute(model, n, opts, obj)
 
@@ -193,12 +194,12 @@ def test_search_equals_brute_force_with_context_parallelism(case, cp, rec):
 
     model, n, opts = case
     topo = load_topology("h200x8-ib400").with_nodes(2)
-    obj = PredictObjective(Pricer(graph_of(model), topo, n, cp=cp, cp_recurrence=rec), tokens=2048)
+    obj = PredictObjective(Pricer(graph_of(model), topo, Mesh(n, cp=cp, cp_recurrence=rec)), tokens=2048)
     check_against_brute(model, n, opts, obj)
     res = search(graph_of(model), n, obj, top=2, per_family=True)
-    plain = PredictObjective(Pricer(graph_of(model), topo, n), tokens=2048)
+    plain = PredictObjective(Pricer(graph_of(model), topo, Mesh(n)), tokens=2048)
     for c in res.candidates:
-        pr = predict_plan(graph_of(model), c.plan, topo, tp=n, cp=cp, cp_recurrence=rec, tokens=2048)
+        pr = predict_plan(graph_of(model), c.plan, topo, mesh=Mesh(n, cp=cp, cp_recurrence=rec), tokens=2048)
         assert close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)
         assert pr.cp == cp and any(x.region == "cp" for k in pr.kinds for x in k.collectives)
         assert c.score != plan_cost(plain, graph_of(model), audit_plan(graph_of(model), c.plan, n)).score
@@ -224,11 +225,11 @@ def test_search_equals_brute_force_with_replicas(case):
     graph = graph_of(model)
     topo = load_topology("h200x8-ib400").with_nodes(1)
     wl = Workload(name="mixed", input_lens=[300, 1200, 700], concurrency=5, num_requests=11, chunk_size=1024)
-    obj = PredictObjective(Pricer(graph, topo, n, replicas=2), workload=wl)
+    obj = PredictObjective(Pricer(graph, topo, Mesh(n, replicas=2)), workload=wl)
     check_against_brute(model, n, opts, obj)
-    one = PredictObjective(Pricer(graph, topo, n), workload=wl)
+    one = PredictObjective(Pricer(graph, topo, Mesh(n)), workload=wl)
     for c in search(graph, n, obj, top=2, per_family=True).candidates:
-        pr = predict_plan(graph, c.plan, topo, tp=n, workload=wl, replicas=2)
+        pr = predict_plan(graph, c.plan, topo, mesh=Mesh(n, replicas=2), workload=wl)
         assert pr.replicas == 2 and pr.ttft is not None and len(pr.ttft.ttft_s) == 11
         assert close(c.score, pr.ttft.mean_s), (c.plan.name, c.score, pr.ttft.mean_s)
         assert close(c.memory, pr.memory.total - pr.memory.activations), (c.memory, pr.memory)
@@ -298,7 +299,7 @@ def test_kimi_k3_finds_gate_aware_plan():
 def test_kimi_k3_predicted_search_all_legal_and_capped():
     graph = graph_of("kimi-k3")
     topo = load_topology("h200x8-ib400")
-    obj = PredictObjective(Pricer(graph, topo, 32, expert_dtype="mxfp4"))
+    obj = PredictObjective(Pricer(graph, topo, Mesh(32), expert_dtype="mxfp4"))
     free = search(graph, 32, obj, top=5, per_family=True)
     assert free.candidates[0].plan.stream is S_TOK
     for c in free.candidates:
@@ -390,19 +391,19 @@ def test_predict_objective_scores_equal_predict_plan():
     graph = graph_of("tiny-kimi-k3")
     topo = load_topology("h200x8-ib400").with_nodes(1)
     for wl in (None, load_workload("seed-c8")):
-        obj = PredictObjective(Pricer(graph, topo, 4), workload=wl, tokens=4096)
+        obj = PredictObjective(Pricer(graph, topo, Mesh(4)), workload=wl, tokens=4096)
         res = search(graph, 4, obj, top=4, per_family=True)
         for c in res.candidates:
-            pr = predict_plan(graph, c.plan, topo, tp=4, workload=wl, tokens=4096)
+            pr = predict_plan(graph, c.plan, topo, mesh=Mesh(4), workload=wl, tokens=4096)
             want = pr.ttft.mean_s if wl is not None else pr.forward_s
             assert close(c.score, want), (c.plan.name, c.score, want)
     # with PP the forward time (stages and their sends, one batch) is still exact, and the search's
     # memory bounds predict's fullest stage from above (weights, KV, state, embedding: no activations)
-    obj = PredictObjective(Pricer(graph, topo, 2, pp=3), tokens=4096)
+    obj = PredictObjective(Pricer(graph, topo, Mesh(2, pp=3)), tokens=4096)
     res = search(graph, 2, obj, top=4, per_family=True)
     assert res.candidates
     for c in res.candidates:
-        pr = predict_plan(graph, c.plan, topo, tp=2, pp=3, tokens=4096)
+        pr = predict_plan(graph, c.plan, topo, mesh=Mesh(2, pp=3), tokens=4096)
         assert pr.stage_comm_s > 0 and close(c.score, pr.forward_s), (c.plan.name, c.score, pr.forward_s)
         assert c.memory >= pr.memory.total - pr.memory.activations - 1e-6
 

@@ -13,6 +13,7 @@ from tpplan.cost.topology import load_topology
 from tpplan.layout.schedule import predict_schedule, ring_sent_bytes
 from tpplan.layout.transitions import TRANSITIONS, transition
 from tpplan.lower.sizes import nccl_bytes
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.placement import S_COL, S_TOK, Collective, P, Placement, R
@@ -71,7 +72,7 @@ def test_real_plans_event_by_event(model: str, plan: str, n: int) -> None:
     model's bytes and layout copy agree, event by event, at T a multiple of N and at T that is not."""
     graph = build_model_graph(load_model(model))
     p = make_plan(plan, graph, n)
-    pred = cached_predictor(graph, p, load_topology("h200x8-ib400"), n, 1, "bf16", None)
+    pred = cached_predictor(graph, p, load_topology("h200x8-ib400"), Mesh(n, pp=1), "bf16", None)
     seen = set()
     for tokens in (4 * n, 4 * n + 1):
         calls = [c for c in predict_schedule(graph, p, n, tokens, dtype="bf16")[0].calls if ":" not in c.value]
@@ -102,7 +103,9 @@ def test_named_plans_cover_every_collective_transition() -> None:
     used = set()
     for model, plan, n in REAL:
         graph = build_model_graph(load_model(model))
-        pa = cached_predictor(graph, make_plan(plan, graph, n), load_topology("h200x8-ib400"), n, 1, "bf16", None).audit
+        pa = cached_predictor(
+            graph, make_plan(plan, graph, n), load_topology("h200x8-ib400"), Mesh(n, pp=1), "bf16", None
+        ).audit
         used |= {(c.src, c.dst) for r in pa.layer_results for c in r.comms if not c.internal}
     assert used >= {(P, R), (P, S_TOK), (S_TOK, R), (S_TOK, S_COL)}
     assert used <= set(_collective_pairs())

@@ -30,7 +30,8 @@ Normalised, and only these, because they legitimately differ between two runs of
 Versions are not normalised: the only ones printed are the JSON schema version and the engines' and
 AIConfigurator's data versions, and a change of those changes prices, which is a difference to explain.
 AIConfigurator's answer cache is pointed at a fresh scratch folder for the run (`TPPLAN_CACHE_DIR`), so
-the engine commands price from AIConfigurator itself, not from an answer cached by older code.
+the engine commands price from AIConfigurator itself, not from an answer cached by older code;
+`--cache DIR` uses DIR instead (run twice with the same DIR to check the cached answers too).
 """
 
 from __future__ import annotations
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="only the quick subset (QUICK)")
     ap.add_argument("--subprocess", action="store_true", help="run each command as `python -m tpplan`")
     ap.add_argument("--no-memos", action="store_true", help="leave out the example memos")
+    ap.add_argument("--cache", metavar="DIR", help="AIC answer cache folder to use (default: a fresh scratch one)")
     ap.add_argument("names", nargs="*", help="commands to run (default: all)")
     args = ap.parse_args(argv)
     every = [*COMMANDS, *([] if args.no_memos else memo_commands())]
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown command name(s) {unknown}; known: {every}")
     cache = tempfile.TemporaryDirectory(prefix="tpplan-golden-cache-")
-    os.environ["TPPLAN_CACHE_DIR"] = cache.name  # price from AIConfigurator, not from a cached answer
+    os.environ["TPPLAN_CACHE_DIR"] = args.cache or cache.name  # by default AIC itself, not a cached answer
     try:
         if args.write:
             for name in names:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpplan.mesh import Mesh
+
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
     from tpplan.simulate.requests import Arrivals
@@ -110,7 +112,7 @@ def predictor_for(p: dict[str, Any], plan_name: str = "baseline") -> tuple[Predi
     tp, pp = int(p["tp"]), int(p["pp"])
     engine = ENGINES[p["engine"]]
     plan = make_dp_plan(plan_name, graph, tp) or make_plan(plan_name, graph, tp)
-    pred = cached_predictor(graph, plan, topo, tp, pp, "bf16", None, pipeline=pipeline_model(engine))
+    pred = cached_predictor(graph, plan, topo, Mesh(tp, pp=pp), "bf16", None, pipeline=pipeline_model(engine))
     chunk = scheduler_rules(engine).budget.default_tokens(topo.gpu.memory_GiB, p["gpu"])
     return pred, chunk, topo.gpus_per_node
 

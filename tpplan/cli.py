@@ -50,6 +50,7 @@ FLAG_OF = {
     "topology": "--topology",
     "cp_kv": "--cp-kv",
     "arrival_rate": "--arrival-rate",
+    "pd": "--pd",
     "requests": "--requests",
     "cp": "--cp",
     "cp_layers": "--cp-layers",
@@ -69,6 +70,9 @@ FLAG_OF = {
     "nproc": "--nproc",
     "backend": "--backend",
     "from_files": "--from",
+    "ttft_target": "--ttft-target",
+    "tpot_target": "--tpot-target",
+    "target_stat": "--target-stat",
 }
 _NAMES = "|".join(sorted(FLAG_OF, key=len, reverse=True))
 # a value runs to the next space, or to a `/` that starts the next field (`iters=/warmup=`)

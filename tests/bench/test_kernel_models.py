@@ -12,6 +12,7 @@ from tpplan.bench.model_fit import fit_sweep, nelder_mead
 from tpplan.cost import kernel_models as M
 from tpplan.cost.gemm import achieved_tflops
 from tpplan.cost.topology import load_topology
+from tpplan.mesh import Mesh
 
 REPO = Path(__file__).resolve().parents[2]
 FIT = REPO / "docs/benchmarks/h200-2026-12-01/kernel-models-fit.json"
@@ -88,7 +89,9 @@ def test_predictions_say_when_a_physical_model_priced_a_shape_its_sweep_never_me
     from tpplan.plans.named import make_plan
 
     g = build_slice("kimi-k3", None, 128).graph
-    p = cached_predictor(g, make_plan("baseline", g, 1), load_topology("h200-kernel-models"), 1, 1, "bf16", None)
+    p = cached_predictor(
+        g, make_plan("baseline", g, 1), load_topology("h200-kernel-models"), Mesh(1, pp=1), "bf16", None
+    )
     res = next(r for r in p.audit.layer_results if r.kind == "kda+moe")
 
     def kda(tokens: int) -> object:
@@ -124,7 +127,7 @@ def test_sweep_two_fits_the_norm_model_and_the_predictor_prices_norms_with_it() 
     plan = make_plan("baseline", graph, 1)
 
     def norm_ops(topo: object) -> list[object]:
-        p = predict_plan(graph, plan, topo, tp=1, pp=1, tokens=4096)
+        p = predict_plan(graph, plan, topo, mesh=Mesh(1, pp=1), tokens=4096)
         return [o for k in p.kinds for o in k.ops if o.op in ("o_norm", "latent_norm", "q_a_layernorm")]
 
     with_model, roofline = norm_ops(fitted), norm_ops(base)

@@ -17,7 +17,7 @@ import pytest
 from tests.cli_helpers import run_cli
 from tpplan.cost import provenance as prov
 from tpplan.cost.bands import BandPart
-from tpplan.cost.sources import aic
+from tpplan.cost.sources import aic_log
 
 AIC_LINES = ("low-fidelity", "aiconfigurator", "Loading database")
 COMMAND = ("audit", "--model", "qwen3-32b", "--topology", "h200x8-ib400", "--tp", "8", "--plan", "baseline",
@@ -35,10 +35,10 @@ def _warn_fallback(table: str) -> None:
 
 
 def test_aic_records_go_to_debug_logging_not_stderr(monkeypatch, capfd, caplog) -> None:
-    monkeypatch.setattr(aic, "_FALLBACKS", {})
-    aic.route_aic_logging()
-    aic.route_aic_logging()  # idempotent: one route, not two
-    assert sum(isinstance(h, aic._AicLogRoute) for h in logging.getLogger(aic.AIC_LOGGER).handlers) == 1
+    monkeypatch.setattr(aic_log, "_FALLBACKS", {})
+    aic_log.route_aic_logging()
+    aic_log.route_aic_logging()  # idempotent: one route, not two
+    assert sum(isinstance(h, aic_log._AicLogRoute) for h in logging.getLogger(aic_log.AIC_LOGGER).handlers) == 1
     with caplog.at_level(logging.DEBUG, logger="tpplan.aic"):
         _warn_fallback("mla_bmm_perf.parquet")  # a decode table tpplan never prices from
         _warn_fallback("moe_perf.parquet")
@@ -46,15 +46,15 @@ def test_aic_records_go_to_debug_logging_not_stderr(monkeypatch, capfd, caplog) 
     routed = [r for r in caplog.records if r.name == "tpplan.aic"]
     assert [r.levelno for r in routed] == [logging.DEBUG, logging.DEBUG]
     assert "moe_perf.parquet" in routed[1].getMessage()
-    assert aic.fallback_tables() == {"moe_perf.parquet": "/data/h200_sxm/moe_perf.parquet"}
+    assert aic_log.fallback_tables() == {"moe_perf.parquet": "/data/h200_sxm/moe_perf.parquet"}
 
 
 def test_the_provenance_names_a_fallback_table_only_where_it_priced_from_it(monkeypatch) -> None:
     parts = [BandPart("moe", "aic", 0.6, 0.1, ""), BandPart("gemm", "kernel-model", 0.4, 0.05, "")]
-    monkeypatch.setattr(aic, "_FALLBACKS", {"moe_perf.parquet": "x", "gemm_perf.parquet": "y"})
+    monkeypatch.setattr(aic_log, "_FALLBACKS", {"moe_perf.parquet": "x", "gemm_perf.parquet": "y"})
     note = prov._aic_fallback_note(parts)
     assert "low-fidelity fallback rows" in note and "for moe" in note and "gemm" not in note  # gemm: not AIC's
-    monkeypatch.setattr(aic, "_FALLBACKS", {"mla_bmm_perf.parquet": "z"})
+    monkeypatch.setattr(aic_log, "_FALLBACKS", {"mla_bmm_perf.parquet": "z"})
     assert prov._aic_fallback_note(parts) == ""
 
 
@@ -68,7 +68,7 @@ def test_a_command_pricing_from_aic_prints_no_aic_log_lines(monkeypatch, capsys)
     code, out, err = run_cli(monkeypatch, capsys, *COMMAND)
     assert code == 0 and _priced_from_aic(out)
     assert not [line for line in err.splitlines() if any(w in line for w in AIC_LINES)], err
-    assert "mla_bmm_perf.parquet" in aic._FALLBACKS  # AIC did warn (in this process), and it was routed
+    assert "mla_bmm_perf.parquet" in aic_log._FALLBACKS  # AIC did warn (in this process), and it was routed
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from tpplan.cost.async_tp import (
     pair_seconds,
 )
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -133,7 +134,7 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
 
     g, t = graph("qwen3-32b"), topo()
     plan = make_plan("sequence-parallel+asynctp", g, 8)
-    p = cached_predictor(g, plan, t, 8, 1, "bf16", None)
+    p = cached_predictor(g, plan, t, Mesh(8, pp=1), "bf16", None)
     r0, r1 = p.audit.layer_results[:2]
     segs = ((32768, 0),)
     kt0, kt1 = p.kind_time(r0, segs), p.kind_time(r1, segs)
@@ -176,9 +177,9 @@ def test_forward_time_is_the_plan_with_each_pair_replaced_by_its_pipeline():
     g, t = graph("qwen3-32b"), topo()
     base, fused = make_plan("sequence-parallel", g, 8), make_plan("sequence-parallel+asynctp", g, 8)
     tokens = 16384
-    t0 = predict_plan(g, base, t, tp=8, tokens=tokens).forward_s
-    t1 = predict_plan(g, fused, t, tp=8, tokens=tokens).forward_s
-    p = cached_predictor(g, fused, t, 8, 1, "bf16", None)
+    t0 = predict_plan(g, base, t, mesh=Mesh(8), tokens=tokens).forward_s
+    t1 = predict_plan(g, fused, t, mesh=Mesh(8), tokens=tokens).forward_s
+    p = cached_predictor(g, fused, t, Mesh(8, pp=1), "bf16", None)
     res, segs = p.audit.layer_results, ((tokens, 0),)
     delta = 0.0
     for i, pairs in enumerate(model_pairs(res)):
@@ -229,7 +230,7 @@ def test_search_with_asynctp_finds_the_brute_force_best(tmp_path):
         with contextlib.suppress(TpplanError):  # nothing to fuse
             variants.append(async_tp(plan.with_(name="x"), g, n))
         for v in variants:
-            secs = predict_plan(g, v, t, tp=n, tokens=tokens).forward_s
+            secs = predict_plan(g, v, t, mesh=Mesh(n), tokens=tokens).forward_s
             if secs < best:
                 best, best_fused = secs, v.overlap == "asynctp"
     out = search_plans(g, t, tp=n, pp=1, top=4, tokens=tokens, overlap="asynctp", memory_cap_gib=None, all_plans=True)

@@ -8,6 +8,7 @@ from tpplan.cost.bands import COMPUTE_CLASSES, compose, error_table, prediction_
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.provenance import BANDS, composed_provenance, provenance
 from tpplan.cost.topology import load_topology
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -36,7 +37,7 @@ def test_measured_and_datasheet_gpus_compose_different_bands() -> None:
     plan = make_plan("baseline", graph, 4)
     for name in ("h200x8-ib400", "h200x8-ib400-datasheet"):
         topo = load_topology(name, nodes=1)
-        pred = predict_plan(graph, plan, topo, tp=4, tokens=4096)
+        pred = predict_plan(graph, plan, topo, mesh=Mesh(4), tokens=4096)
         band, parts = prediction_band(pred)
         shares = {(p.klass, p.source): p.share for p in parts}
         assert sum(shares.values()) == pytest.approx(1.0)
@@ -47,7 +48,7 @@ def test_measured_and_datasheet_gpus_compose_different_bands() -> None:
         assert comp.band == pytest.approx(band) and comp.parts and comp.key == provenance(topo, 4).key
     calibrated = load_topology("h200x2-runtime-kernels")
     tiny = build_model_graph(load_model("tiny-llama"))
-    pred = predict_plan(tiny, make_plan("baseline", tiny, 2), calibrated, tp=2, tokens=1024)
+    pred = predict_plan(tiny, make_plan("baseline", tiny, 2), calibrated, mesh=Mesh(2), tokens=1024)
     assert composed_provenance(provenance(calibrated, 2), pred) is BANDS["calibrated"]  # in-sample keeps its own
 
 

@@ -7,14 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tpplan.cost.collectives import (
-    bus_factor,
-    collective_time,
-    nccl_size,
-    ring_volume_per_rank,
-)
+from tpplan.cost.collectives import collective_time
 from tpplan.cost.topology import FittedCollective, load_topology
 from tpplan.errors import TpplanError
+from tpplan.lower.sizes import bus_factor, nccl_size, ring_volume_per_rank
 
 # 2xH200 NCCL probe, copied into the repository (provenance: tests/data/anchors/README.md)
 ANCHOR = Path(__file__).resolve().parents[1] / "data" / "anchors" / "h200x2_nccl_probe.json"

@@ -14,6 +14,7 @@ from tpplan.cost.kernel_fit import curve, fit_kernel_profiles, profile_samples, 
 from tpplan.cost.predict import cached_predictor
 from tpplan.cost.topology import KernelProfile, load_topology, topology_to_toml
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.plans.named import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def _slice_ops(topo, plan_name: str, tokens: int, scale: dict[str, float]) -> li
     """The predictor's ops for the K3 slice at `tokens`, 'measured' at `scale[kernel]` x the estimate."""
     sl = build_slice("kimi-k3", None, 64)
     plan = make_plan(plan_name, sl.graph, 2)
-    p = cached_predictor(sl.graph, plan, topo, 2, 1, "bf16", None)
+    p = cached_predictor(sl.graph, plan, topo, Mesh(2, pp=1), "bf16", None)
     out = []
     for res in p.audit.layer_results[:2]:
         for o in p.kind_time(res, ((tokens, 0),)).ops:
@@ -123,7 +124,7 @@ def test_gemm_shapes_of_a_model_s_plans_cover_column_split_token_sharded_and_exp
     from tpplan.cost.predict import plan_gemm_shapes
 
     sl = build_slice("kimi-k3", None, 64)
-    shapes = set(plan_gemm_shapes(sl.graph, 2, load_topology("h200x2-calibrated")))
+    shapes = set(plan_gemm_shapes(sl.graph, Mesh(2), load_topology("h200x2-calibrated")))
     assert (7168, 6144) in shapes  # baseline: q_proj split by heads at TP2
     assert (7168, 12288) in shapes  # gate-aware / sp-moe: the whole projection on half the tokens
     assert {(3584, 3072), (1536, 3584)} <= shapes  # TP experts: gate+up and down on half the intermediate

@@ -9,6 +9,7 @@ from tpplan.cost.kernel_source import KernelPrice
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import select_topology
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -49,8 +50,8 @@ def test_engine_sources_price_first_and_fall_back_to_the_formulas(fake_aic) -> N
     engine_topo = select_topology("h200x8-ib400", 1, engine="sglang@0.5.14")
     assert plain_topo is not None and engine_topo is not None
     assert engine_topo.gpu.sources[0].engine == "sglang" and "sglang" in engine_topo.gpu.software
-    plain = predict_plan(graph, plan, plain_topo, tp=4, tokens=2048)
-    eng = predict_plan(graph, plan, engine_topo, tp=4, tokens=2048)
+    plain = predict_plan(graph, plan, plain_topo, mesh=Mesh(4), tokens=2048)
+    eng = predict_plan(graph, plan, engine_topo, mesh=Mesh(4), tokens=2048)
     ops = {(kt.kind, o.op): o for kt in eng.kinds for o in kt.ops}
     base = {(kt.kind, o.op): o for kt in plain.kinds for o in kt.ops}
     moe = [o for o in ops.values() if o.category == "moe"]
@@ -61,7 +62,7 @@ def test_engine_sources_price_first_and_fall_back_to_the_formulas(fake_aic) -> N
     assert wide and all(o.seconds == 1e-3 and o.source.startswith("fake:") for o in wide)
     assert narrow and all(o.source == "gemm-table" and o.seconds == base[(o.layer_kind, o.op)].seconds for o in narrow)
     # the same through the keyword: the GPU model of the plain topology, the engine named per call
-    kw = predict_plan(graph, plan, plain_topo, tp=4, tokens=2048, engine="sglang@0.5.14")
+    kw = predict_plan(graph, plan, plain_topo, mesh=Mesh(4), tokens=2048, engine="sglang@0.5.14")
     assert kw.forward_s == pytest.approx(eng.forward_s)
 
 

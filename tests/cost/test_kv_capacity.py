@@ -15,6 +15,7 @@ from tpplan.cost.predictor import STATE_BYTES, cached_predictor
 from tpplan.cost.topology import load_topology
 from tpplan.engines.memory import sglang_prefill_graph_sizes, sglang_reserve
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.models.opkinds import mixer
@@ -25,7 +26,9 @@ LONG = 1_000_000  # a request long enough that the pool, not the running-request
 
 
 def _predictor(model: str, tp: int, topo: str = "h100x8-ib400", pp: int = 1):
-    return cached_predictor(build_model_graph(load_model(model)), baseline(), load_topology(topo), tp, pp, "bf16", None)
+    return cached_predictor(
+        build_model_graph(load_model(model)), baseline(), load_topology(topo), Mesh(tp, pp=pp), "bf16", None
+    )
 
 
 def _sglang_fraction(gpu_mib: float, tp: int, pp: int, mla: bool) -> float:
@@ -143,7 +146,7 @@ def test_dp_attention_keeps_every_head_of_a_ranks_own_requests() -> None:
         plan = make_plan("dp-attention", g, 4)
     except TpplanError:
         pytest.skip("no dp-attention plan for this model")
-    p = cached_predictor(g, plan, topo, 4, 1, "bf16", None)
+    p = cached_predictor(g, plan, topo, Mesh(4, pp=1), "bf16", None)
     c = kv_capacity(p, "sglang@0.5.23", LONG)
     a = g.spec.layers[0].attn
     assert c.bytes_per_token == len(g.spec.layers) * (a.kv_lora_rank + a.rope_dim) * 2

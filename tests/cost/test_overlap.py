@@ -17,6 +17,7 @@ from tpplan.cost.overlap import (
 )
 from tpplan.engines.overlap import SGLANG_TBO, VLLM_DBO
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 
 def stages(pre=1.0, dispatch=0.5, experts=1.0, combine=0.5, shared=0.0, post=0.0) -> MoeStages:
@@ -124,8 +125,8 @@ def test_overlap_pays_off_across_nodes_and_not_inside_one():
         topo = select_topology("h200x8-ib400", nodes)
         base, over = make_plan("dp-attention+a2a", g, tp), make_plan("dp-attention+a2a+tbo", g, tp)
         assert audit_plan(g, base, tp).comm_bytes_per_token == audit_plan(g, over, tp).comm_bytes_per_token
-        t0 = predict_plan(g, base, topo, tp=tp, tokens=8192).forward_s
-        t1 = predict_plan(g, over, topo, tp=tp, tokens=8192).forward_s
+        t0 = predict_plan(g, base, topo, mesh=Mesh(tp), tokens=8192).forward_s
+        t1 = predict_plan(g, over, topo, mesh=Mesh(tp), tokens=8192).forward_s
         assert (t1 < t0) is wins, (nodes, t0, t1)
 
 

@@ -12,6 +12,7 @@ from tpplan.cost.workload import Workload, simulate_pipeline, simulate_ttft
 from tpplan.engines import ENGINES
 from tpplan.errors import TpplanError
 from tpplan.lower.stages import stage_boundary_width
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -109,8 +110,8 @@ def test_k3_pp_ttft_is_the_flow_shop_of_its_stage_times(k3) -> None:
     # one 16K prompt in two 8K chunks over TP8 x PP4: by hand from the two chunks' stage times
     plan = make_plan("baseline", k3, 8)
     w = Workload(input_len=16384, concurrency=1, chunk_size=8192)
-    pred = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w)
-    p = cached_predictor(k3, plan, TOPO, 8, 4, "bf16", None)
+    pred = predict_plan(k3, plan, TOPO, mesh=Mesh(8, pp=4), workload=w)
+    p = cached_predictor(k3, plan, TOPO, Mesh(8, pp=4), "bf16", None)
     a = [s + x for s, x in zip(*p.stage_times(((8192, 0),))[:2], strict=True)]
     b = [s + x for s, x in zip(*p.stage_times(((8192, 8192),))[:2], strict=True)]
     ta = tb = 0.0
@@ -121,7 +122,7 @@ def test_k3_pp_ttft_is_the_flow_shop_of_its_stage_times(k3) -> None:
     assert sum(a) < tb < sum(a) + sum(b)  # the two chunks overlap, and the second is not free
     # one chunk: no overlap, the forward through every stage
     w1 = Workload(input_len=8192, concurrency=1, chunk_size=8192)
-    one = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w1, tokens=8192)
+    one = predict_plan(k3, plan, TOPO, mesh=Mesh(8, pp=4), workload=w1, tokens=8192)
     assert one.ttft is not None and one.ttft.ttft_s == pytest.approx([one.forward_s])
 
 
@@ -131,13 +132,13 @@ def test_k3_engines_agree_where_their_schedules_agree(k3) -> None:
     # schedule whose chunks do not overlap is slower at C=1
     plan = make_plan("baseline", k3, 8)
     w = Workload(input_len=16384, concurrency=1, chunk_size=8192)
-    sgl = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w, pipeline=pipeline_model("sglang@0.5.23"))
-    vll = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w, pipeline=pipeline_model("vllm@0.33.0"))
+    sgl = predict_plan(k3, plan, TOPO, mesh=Mesh(8, pp=4), workload=w, pipeline=pipeline_model("sglang@0.5.23"))
+    vll = predict_plan(k3, plan, TOPO, mesh=Mesh(8, pp=4), workload=w, pipeline=pipeline_model("vllm@0.33.0"))
     assert sgl.ttft is not None and vll.ttft is not None
     assert sgl.ttft.ttft_s == pytest.approx(vll.ttft.ttft_s)
     m = pipeline_model()
     serial = replace(m, schedule=replace(m.schedule, chunks_overlap=False))
-    slow = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w, pipeline=serial)
+    slow = predict_plan(k3, plan, TOPO, mesh=Mesh(8, pp=4), workload=w, pipeline=serial)
     assert slow.ttft is not None and slow.ttft.mean_s > 1.3 * sgl.ttft.mean_s
 
 
@@ -145,14 +146,14 @@ def test_the_boundary_is_gathered_as_the_engines_do(k3) -> None:
     # both engines send 1/N per TP rank and all-gather on the next stage, a token-sharded stream (sp-moe)
     # included; a schedule that keeps shards across the boundary would skip that all-gather
     sp = make_plan("sp-moe", k3, 8)
-    gathered = predict_plan(k3, sp, TOPO, tp=8, pp=4, tokens=8192)
+    gathered = predict_plan(k3, sp, TOPO, mesh=Mesh(8, pp=4), tokens=8192)
     m = pipeline_model()
     shards = replace(m, schedule=replace(m.schedule, boundary_gathers=False))
-    kept = predict_plan(k3, sp, TOPO, tp=8, pp=4, tokens=8192, pipeline=shards)
+    kept = predict_plan(k3, sp, TOPO, mesh=Mesh(8, pp=4), tokens=8192, pipeline=shards)
     assert kept.stage_comm_s < gathered.stage_comm_s
     base = make_plan("baseline", k3, 8)  # a replicated stream is gathered either way
-    assert predict_plan(k3, base, TOPO, tp=8, pp=4, tokens=8192, pipeline=shards).stage_comm_s == pytest.approx(
-        predict_plan(k3, base, TOPO, tp=8, pp=4, tokens=8192).stage_comm_s
+    assert predict_plan(k3, base, TOPO, mesh=Mesh(8, pp=4), tokens=8192, pipeline=shards).stage_comm_s == pytest.approx(
+        predict_plan(k3, base, TOPO, mesh=Mesh(8, pp=4), tokens=8192).stage_comm_s
     )
     # K3 sends the stream with its residual folded in plus the bank (both engines' forward), not 2H + bank
     assert stage_boundary_width(k3, 23) == 3 * 7168
@@ -177,7 +178,9 @@ def test_pp_ttft_crosses_over_with_concurrency(k3) -> None:
     # no overlap, so PP loses alone and wins once concurrent requests fill the pipeline
     def ttft(tp: int, pp: int, c: int) -> float:
         wl = Workload(input_len=8192, concurrency=c, chunk_size=8192)
-        pr = predict_plan(k3, make_plan("baseline", k3, tp), TOPO, tp=tp, pp=pp, workload=wl, expert_dtype="mxfp4")
+        pr = predict_plan(
+            k3, make_plan("baseline", k3, tp), TOPO, mesh=Mesh(tp, pp=pp), workload=wl, expert_dtype="mxfp4"
+        )
         assert pr.ttft is not None
         return pr.ttft.mean_s
 

@@ -17,6 +17,7 @@ from tpplan.cost.predict import (
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import Workload, load_workload
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import NAMED_PLANS, make_plan
@@ -38,8 +39,8 @@ def _op(kind_time, name):
 
 
 def test_redundant_qkv_a_is_counted(k3) -> None:
-    base = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, tokens=8192)
-    proto = predict_plan(k3, make_plan("latent-scattered", k3, 32), TOPO, tp=32, tokens=8192)
+    base = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, mesh=Mesh(32), tokens=8192)
+    proto = predict_plan(k3, make_plan("latent-scattered", k3, 32), TOPO, mesh=Mesh(32), tokens=8192)
     qb, qp = _op(_kind(base, "mla+moe"), "qkv_a"), _op(_kind(proto, "mla+moe"), "qkv_a")
     assert qb.redundant and qb.shape == (8192, 7168, 2112)  # every rank runs the whole GEMM
     assert not qp.redundant and qp.shape == (256, 7168, 2112)  # token-sharded: 8192 / 32 rows
@@ -49,8 +50,8 @@ def test_redundant_qkv_a_is_counted(k3) -> None:
     assert not _op(_kind(base, "mla+moe"), "q_b_proj").redundant  # column-parallel: 1/N of the work
     # The issue's claim: on 2 H200s the saved GEMM outweighs the prototype's extra latent all-gather.
     box = load_topology("h200x2")
-    b2 = _kind(predict_plan(k3, make_plan("baseline", k3, 2), box, tp=2, tokens=8192), "mla+moe")
-    p2 = _kind(predict_plan(k3, make_plan("latent-scattered", k3, 2), box, tp=2, tokens=8192), "mla+moe")
+    b2 = _kind(predict_plan(k3, make_plan("baseline", k3, 2), box, mesh=Mesh(2), tokens=8192), "mla+moe")
+    p2 = _kind(predict_plan(k3, make_plan("latent-scattered", k3, 2), box, mesh=Mesh(2), tokens=8192), "mla+moe")
     saved = _op(b2, "qkv_a").seconds - _op(p2, "qkv_a").seconds
     gather = next(c for c in p2.collectives if "qkv_latent" in c.label)
     assert gather.kind == "all_gather" and saved > gather.seconds > 0
@@ -59,7 +60,8 @@ def test_redundant_qkv_a_is_counted(k3) -> None:
 
 def test_memory_price_of_replication(k3) -> None:
     preds = {
-        name: predict_plan(k3, make_plan(name, k3, 32), TOPO, tp=32, tokens=8192) for name in ("baseline", "gate-aware")
+        name: predict_plan(k3, make_plan(name, k3, 32), TOPO, mesh=Mesh(32), tokens=8192)
+        for name in ("baseline", "gate-aware")
     }
     ga = audit_plan(k3, make_plan("gate-aware", k3, 32), 32)
     assert preds["gate-aware"].memory.replicated_extra == pytest.approx(ga.replicated_extra_bytes)
@@ -76,7 +78,7 @@ def test_kv_cache_and_recurrent_state_by_hand() -> None:
     g = build_model_graph(load_model("tiny-kimi-k3"))
     w = Workload(input_len=100, output_len=1, concurrency=3, chunk_size=64)
     topo = load_topology("h200x2")
-    m = predict_plan(g, make_plan("baseline", g, 2), topo, tp=2, workload=w, tokens=64).memory
+    m = predict_plan(g, make_plan("baseline", g, 2), topo, mesh=Mesh(2), workload=w, tokens=64).memory
     assert m.kv_cache == 3 * (16 + 8) * 2 * (3 * 101)
     per_seq = 2 * 16 * 16 * STATE_BYTES + 3 * 32 * 3 * 2
     assert m.recurrent_state == 3 * per_seq * 3
@@ -87,7 +89,8 @@ def test_gqa_kv_cache_sharded_by_kv_heads() -> None:
     g = build_model_graph(load_model("llama-3-70b"))  # 80 layers, 8 KV heads of 128
     w = Workload(input_len=1000, concurrency=1, chunk_size=1000)
     kv = {
-        tp: predict_plan(g, make_plan("baseline", g, tp), TOPO, tp=tp, workload=w).memory.kv_cache for tp in (4, 8, 16)
+        tp: predict_plan(g, make_plan("baseline", g, tp), TOPO, mesh=Mesh(tp), workload=w).memory.kv_cache
+        for tp in (4, 8, 16)
     }
     assert kv[4] == 80 * 2 * (8 // 4) * 128 * 2 * 1001
     assert kv[8] == kv[4] / 2
@@ -96,12 +99,12 @@ def test_gqa_kv_cache_sharded_by_kv_heads() -> None:
 
 def test_ttft_schedule_uses_batch_time(k3) -> None:
     plan = make_plan("baseline", k3, 32)
-    b0 = batch_time(k3, plan, TOPO, tp=32, n_tokens=8192, context=0)
-    b1 = batch_time(k3, plan, TOPO, tp=32, n_tokens=8192, context=8192)
+    b0 = batch_time(k3, plan, TOPO, mesh=Mesh(32), n_tokens=8192, context=0)
+    b1 = batch_time(k3, plan, TOPO, mesh=Mesh(32), n_tokens=8192, context=8192)
     assert b1 > b0 > 0  # the second chunk attends over the first
     means = {}
     for c in (8, 16):
-        pred = predict_plan(k3, plan, TOPO, tp=32, workload=load_workload(f"seed-c{c}"))
+        pred = predict_plan(k3, plan, TOPO, mesh=Mesh(32), workload=load_workload(f"seed-c{c}"))
         t = pred.ttft
         assert t is not None and len(t.batches) == 2 * c
         assert list(t.ttft_s) == sorted(t.ttft_s)  # FCFS: later requests wait longer
@@ -120,7 +123,7 @@ def test_pp_stages_send_the_k3_bank(k3) -> None:
     assert [stage_boundary_width(k3, s) for s in (23, 46, 70)] == [3 * 7168, 5 * 7168, 7 * 7168]
     ds = build_model_graph(load_model("deepseek-v3"))
     assert stage_boundary_width(ds, 30) == 2 * 7168  # no bank without attention residuals
-    pred = predict_plan(k3, make_plan("baseline", k3, 8), TOPO, tp=8, pp=4, tokens=8192)
+    pred = predict_plan(k3, make_plan("baseline", k3, 8), TOPO, mesh=Mesh(8, pp=4), tokens=8192)
     expect = 0.0
     for s in (23, 46, 70):
         total = 8192 * stage_boundary_width(k3, s) * 2
@@ -129,22 +132,22 @@ def test_pp_stages_send_the_k3_bank(k3) -> None:
     assert pred.stage_comm_s == pytest.approx(expect)
     assert pred.forward_s == pytest.approx(sum(pred.stage_s))
     # a token-sharded stream is re-gathered too: both engines' receivers all-gather what crosses
-    sp = predict_plan(k3, make_plan("sp-moe", k3, 8), TOPO, tp=8, pp=4, tokens=8192)
+    sp = predict_plan(k3, make_plan("sp-moe", k3, 8), TOPO, mesh=Mesh(8, pp=4), tokens=8192)
     assert sp.stage_comm_s == pytest.approx(expect)
     # a stage holds a quarter of the layers at 4x the TP shard: weights per rank about the same
-    flat = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, tokens=8192)
+    flat = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, mesh=Mesh(32), tokens=8192)
     assert 0.8 < pred.memory.weights / flat.memory.weights < 1.3
 
 
 def test_pp_pipelines_chunks(k3) -> None:
     plan = make_plan("baseline", k3, 8)
     w = load_workload("seed-c8")
-    pp4 = predict_plan(k3, plan, TOPO, tp=8, pp=4, workload=w)
-    seq = predict_plan(k3, plan, TOPO, tp=32, workload=w)
+    pp4 = predict_plan(k3, plan, TOPO, mesh=Mesh(8, pp=4), workload=w)
+    seq = predict_plan(k3, plan, TOPO, mesh=Mesh(32), workload=w)
     t = pp4.ttft
     assert t is not None
     # request 0 = chunk 0 enters, then chunk 1 one slowest-stage interval later and runs to the end
-    lat1 = batch_time(k3, plan, TOPO, tp=8, pp=4, n_tokens=8192, context=8192)
+    lat1 = batch_time(k3, plan, TOPO, mesh=Mesh(8, pp=4), n_tokens=8192, context=8192)
     assert t.ttft_s[0] < lat1 + pp4.forward_s  # chunks overlap across stages
     assert t.ttft_s[0] > lat1
     assert t.ttft_s[-1] - t.ttft_s[0] < 0.5 * (seq.ttft.ttft_s[-1] - seq.ttft.ttft_s[0]) + lat1
@@ -152,7 +155,7 @@ def test_pp_pipelines_chunks(k3) -> None:
 
 def test_ep_vs_tp_memory_and_expert_time(k3) -> None:
     preds = {
-        name: predict_plan(k3, make_plan(name, k3, 32), TOPO, tp=32, tokens=8192)
+        name: predict_plan(k3, make_plan(name, k3, 32), TOPO, mesh=Mesh(32), tokens=8192)
         for name in ("baseline", "ep4", "sp-moe")
     }
     base, ep, a2a = preds["baseline"], preds["ep4"], preds["sp-moe"]
@@ -165,24 +168,24 @@ def test_ep_vs_tp_memory_and_expert_time(k3) -> None:
     assert e_ep.seconds < e_tp.seconds
     labels = [c.label for c in _kind(a2a, "kda+moe").collectives]
     assert any("dispatch" in lb for lb in labels) and any("combine" in lb for lb in labels)
-    mxfp4 = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, expert_dtype="mxfp4")
-    bf16 = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, expert_dtype="bf16")
+    mxfp4 = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, mesh=Mesh(32), expert_dtype="mxfp4")
+    bf16 = predict_plan(k3, make_plan("baseline", k3, 32), TOPO, mesh=Mesh(32), expert_dtype="bf16")
     assert mxfp4.memory.weights < 0.4 * bf16.memory.weights and mxfp4.fits and not bf16.fits
     assert base.memory.weights == mxfp4.memory.weights  # the preset's quantization_config: MXFP4 experts
 
 
 def test_collective_algorithm_follows_the_group(k3) -> None:
-    multi = _kind(predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, tokens=8192), "kda+moe")
+    multi = _kind(predict_plan(k3, make_plan("baseline", k3, 32), TOPO, mesh=Mesh(32), tokens=8192), "kda+moe")
     ar = multi.collectives[0]
     assert ar.kind == "all_reduce" and ar.nbytes == 8192 * 7168 * 2
     assert ar.algorithm in ("tree", "hierarchical")
     assert ar.seconds == pytest.approx(collective_time("all_reduce", ar.nbytes, 32, TOPO).time_s)
-    one = _kind(predict_plan(k3, make_plan("baseline", k3, 8), TOPO, tp=8, tokens=8192), "kda+moe")
+    one = _kind(predict_plan(k3, make_plan("baseline", k3, 8), TOPO, mesh=Mesh(8), tokens=8192), "kda+moe")
     assert one.collectives[0].algorithm == "ring-curve"  # one node: the NVLS-off ring (derived curve)
     data = TOPO.model_dump()
     data["inter"]["nics_per_node"] = 1  # a slow network: the intra-node reduce-scatter first pays off
     slow = type(TOPO).model_validate(data)
-    hier = _kind(predict_plan(k3, make_plan("baseline", k3, 32), slow, tp=32, tokens=8192), "kda+moe")
+    hier = _kind(predict_plan(k3, make_plan("baseline", k3, 32), slow, mesh=Mesh(32), tokens=8192), "kda+moe")
     assert hier.collectives[0].algorithm == "hierarchical"
 
 
@@ -190,13 +193,13 @@ def test_bad_sizes(k3) -> None:
     with pytest.raises(TpplanError, match="between 1 and the 93 layers"):
         stage_layers(93, 94)
     with pytest.raises(TpplanError, match="n_tokens"):
-        batch_time(k3, make_plan("baseline", k3, 8), TOPO, tp=8, n_tokens=0)
+        batch_time(k3, make_plan("baseline", k3, 8), TOPO, mesh=Mesh(8), n_tokens=0)
     with pytest.raises(TpplanError, match="needs 64 GPUs"):
-        predict_plan(k3, make_plan("baseline", k3, 32), TOPO, tp=32, pp=2)
+        predict_plan(k3, make_plan("baseline", k3, 32), TOPO, mesh=Mesh(32, pp=2))
     with pytest.raises(TpplanError, match="whole nodes"):
-        predict_plan(k3, make_plan("baseline", k3, 12), TOPO, tp=12)
+        predict_plan(k3, make_plan("baseline", k3, 12), TOPO, mesh=Mesh(12))
     with pytest.raises(TpplanError, match="unknown weight dtype"):
-        predict_plan(k3, make_plan("baseline", k3, 8), TOPO, tp=8, expert_dtype="int3")
+        predict_plan(k3, make_plan("baseline", k3, 8), TOPO, mesh=Mesh(8), expert_dtype="int3")
 
 
 def test_fast_enough_for_search(k3) -> None:
@@ -216,7 +219,7 @@ def test_every_family_and_plan_predicts(preset) -> None:
     for name in [*NAMED_PLANS, "sp-moe", "ep2", "input-scattered+restore"]:
         plan = make_plan(name, g, 2)
         for pp in (1, 2):
-            pred = predict_plan(g, plan, TOPO, tp=2, pp=pp, workload=w, tokens=256)
+            pred = predict_plan(g, plan, TOPO, mesh=Mesh(2, pp=pp), workload=w, tokens=256)
             assert pred.forward_s > 0 and pred.memory.total > 0 and pred.ttft is not None
             assert len(pred.stage_s) == pp and (pred.stage_comm_s > 0) == (pp > 1)
             assert all(o.seconds >= 0 for k in pred.kinds for o in k.ops)
@@ -235,7 +238,7 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
 
     box = load_topology("h200x2")
     t, b = 8192, 2
-    ga = cached_predictor(k3, make_plan("gate-aware", k3, 2), box, 2, 1, "bf16", None)
+    ga = cached_predictor(k3, make_plan("gate-aware", k3, 2), box, Mesh(2, pp=1), "bf16", None)
     n_pack = 0
     for res in ga.audit.layer_results:
         kt = ga.kind_time(res, ((t, 0),))
@@ -253,7 +256,7 @@ def test_layout_copies_are_priced_as_ops(k3) -> None:
     assert n_pack >= 6  # KDA q, k, v, f, beta, g_out (and MLA's gate)
     # baseline moves nothing between layouts; sequence-parallel pads its reduce-scatters only when T % N
     for name, tokens, want in (("baseline", t, 0), ("sequence-parallel", t, 0), ("sequence-parallel", t - 1, 2)):
-        p = cached_predictor(k3, make_plan(name, k3, 2), box, 2, 1, "bf16", None)
+        p = cached_predictor(k3, make_plan(name, k3, 2), box, Mesh(2, pp=1), "bf16", None)
         for res in p.audit.layer_results:
             kt = p.kind_time(res, ((tokens, 0),))
             layout = [o for o in kt.ops if o.role == "layout"]

@@ -9,6 +9,7 @@ from tpplan.audit import audit_plan
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -20,8 +21,8 @@ def test_windowed_attention_is_priced_by_the_pricer_as_by_predict(preset: str) -
     topo = load_topology("h200x8-ib400", nodes=1)
     pa = audit_plan(graph, make_plan("baseline", graph, 8), 8, "bf16")
     tokens = 8192
-    pred = predict_plan(graph, pa.plan, topo, tp=8, tokens=tokens, audit=pa)
-    pricer = Pricer(graph, topo, 8)
+    pred = predict_plan(graph, pa.plan, topo, mesh=Mesh(8), tokens=tokens, audit=pa)
+    pricer = Pricer(graph, topo, Mesh(8))
     checked = 0
     for kind, ks in pa.kinds.items():
         lg = graph.kinds[kind]

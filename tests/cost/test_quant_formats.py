@@ -11,6 +11,7 @@ from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.topology import load_topology
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_config_dict, load_model, spec_from_config
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -49,7 +50,7 @@ def _priced(monkeypatch: pytest.MonkeyPatch, graph, rec: Recorder, tp: int = 8):
     monkeypatch.setattr(op_prices, "kernel_sources", lambda gpu, engine=None: (rec,))
     # an engine name of its own per recorder: predictions are memoised per engine
     name = f"recorder-{id(rec)}"
-    return predict_plan(graph, make_plan("baseline", graph, tp), TOPO, tp=tp, tokens=4096, engine=name)
+    return predict_plan(graph, make_plan("baseline", graph, tp), TOPO, mesh=Mesh(tp), tokens=4096, engine=name)
 
 
 def _with_quant(preset: str, quant: dict | None):
@@ -103,7 +104,7 @@ def test_deepseek_v3_block_fp8_moe_at_tp8_8k_is_trtllms_block_scaled_row() -> No
     from tpplan.cost.sources.aic import AicSource
 
     graph = build_model_graph(load_model("deepseek-v3"))
-    pred = predict_plan(graph, make_plan("baseline", graph, 8), TOPO, tp=8, tokens=8192, engine="trtllm")
+    pred = predict_plan(graph, make_plan("baseline", graph, 8), TOPO, mesh=Mesh(8), tokens=8192, engine="trtllm")
     (experts,) = [o for kt in pred.kinds if kt.kind == "mla+moe" for o in kt.ops if o.category == "moe"]
     src = AicSource("h200_sxm", "trtllm")
     view = src.table("moe")

@@ -11,6 +11,7 @@ import pytest
 from tpplan.cost import kernel_models as M
 from tpplan.cost.topology import load_gpu
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 
 def test_fused_routing_is_the_combine_of_the_rank_rows() -> None:
@@ -33,7 +34,7 @@ def test_k3_tp32_experts_op_is_priced_as_the_fused_moe() -> None:
     topo = load_topology("h200x8-ib400", 4)
     times = {}
     for tp in (8, 32):
-        pred = predict_plan(g, baseline(), topo, tp=tp, tokens=8192)
+        pred = predict_plan(g, baseline(), topo, mesh=Mesh(tp), tokens=8192)
         times[tp] = next(o.seconds for k in pred.kinds if k.kind == "kda+moe" for o in k.ops if o.op == "experts")
     assert times[32] < 2.5e-3 and times[32] < times[8]
 

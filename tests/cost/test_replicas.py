@@ -13,6 +13,7 @@ from tpplan.cost.deployment import Deployment
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import Workload, load_workload, replica_workloads, simulate_replicas, simulate_ttft
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 
 def unit(_batch) -> float:
@@ -81,10 +82,10 @@ def test_two_tp16_replicas_beat_tp32_on_k3_4x8(workload, one_s, two_s):
     from tpplan.plans.named import baseline
 
     graph, topo, wl = _k3(), load_topology("h200x8-ib400").with_nodes(4), load_workload(workload)
-    tp32 = predict_plan(graph, baseline(), topo, tp=32, workload=wl)
-    two = predict_plan(graph, baseline(), topo, tp=16, workload=wl, replicas=2)
+    tp32 = predict_plan(graph, baseline(), topo, mesh=Mesh(32), workload=wl)
+    two = predict_plan(graph, baseline(), topo, mesh=Mesh(16, replicas=2), workload=wl)
     half = wl.with_overrides("half", concurrency=wl.concurrency // 2, num_requests=wl.total_requests // 2)
-    alone = predict_plan(graph, baseline(), topo, tp=16, workload=half)
+    alone = predict_plan(graph, baseline(), topo, mesh=Mesh(16), workload=half)
     assert two.ttft is not None and tp32.ttft is not None and alone.ttft is not None
     assert two.ttft.mean_s == pytest.approx(alone.ttft.mean_s) and two.memory.total == alone.memory.total
     assert (round(tp32.ttft.mean_s, 3), round(two.ttft.mean_s, 3)) == (one_s, two_s)
@@ -161,9 +162,9 @@ def test_pipelined_replicas_are_each_a_pipeline_on_their_share():
     topo = load_topology("h200x8-ib400").with_nodes(1)
     wl = Workload(name="six", input_len=2048, concurrency=6, chunk_size=512)
     share = wl.with_overrides("three", concurrency=3)
-    two = predict_plan(graph, baseline(), topo, tp=2, pp=2, workload=wl, replicas=2)
-    alone = predict_plan(graph, baseline(), topo, tp=2, pp=2, workload=share)
-    every = predict_plan(graph, baseline(), topo, tp=2, pp=2, workload=wl)
+    two = predict_plan(graph, baseline(), topo, mesh=Mesh(2, pp=2, replicas=2), workload=wl)
+    alone = predict_plan(graph, baseline(), topo, mesh=Mesh(2, pp=2), workload=share)
+    every = predict_plan(graph, baseline(), topo, mesh=Mesh(2, pp=2), workload=wl)
     assert two.ttft is not None and alone.ttft is not None and every.ttft is not None
     assert two.ttft.mean_s == pytest.approx(alone.ttft.mean_s) and two.ttft.max_s == pytest.approx(alone.ttft.max_s)
     assert two.ttft.mean_s < every.ttft.mean_s

@@ -36,7 +36,7 @@ def _plans(graph, n):  # type: ignore[no-untyped-def]
 
 def _predictor(graph, plan, dep):  # type: ignore[no-untyped-def]
     try:
-        p = Predictor(graph, plan, TOPO, dep.tp, dep.pp, "bf16", None, deployment=dep)
+        p = Predictor(graph, plan, TOPO, dep, "bf16", None)
     except TpplanError:  # the model does not split this way
         return None
     return p if p.audit.legal else None

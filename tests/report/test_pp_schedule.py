@@ -25,7 +25,7 @@ def test_the_memo_states_the_schedule_that_priced_pp(engines) -> None:
     seen = []
 
     def recording(*args, **kw):
-        seen.append((kw["pp"], kw.get("pipeline")))
+        seen.append((kw["mesh"].pp, kw.get("pipeline")))
         return predict_plan(*args, **kw)
 
     wl = Workload(name="w", input_len=512, concurrency=2, chunk_size=256)

@@ -15,6 +15,7 @@ import torch
 from tpplan.audit import audit_plan
 from tpplan.layout.dp_attention import DP_TRANSITIONS, priced_tokens, rank_tokens
 from tpplan.layout.schedule import predict_schedule
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import OpKind, build_model_graph
 from tpplan.placement import S_TOK
@@ -98,7 +99,7 @@ def test_dp_memory_prices_whole_attention_weights_and_embedding_and_own_kv() -> 
         g = _graph(model)
         n, b = 2, 2
         base, dp = (make_plan(p, g, n) for p in ("baseline", "dp-attention"))
-        mb, md = (cached_predictor(g, p, topo, n, 1, "bf16", None).memory(None, 64) for p in (base, dp))
+        mb, md = (cached_predictor(g, p, topo, Mesh(n, pp=1), "bf16", None).memory(None, 64) for p in (base, dp))
         assert md.replicated_extra > 0 == mb.replicated_extra
         # The whole embedding: (N-1)/N of the table more per rank, besides the attention weights,
         # and the audit's replication price says the same.

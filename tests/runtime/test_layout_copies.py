@@ -17,6 +17,7 @@ from tpplan.audit import audit  # noqa: E402
 from tpplan.cost.predict import cached_predictor  # noqa: E402
 from tpplan.cost.topology import load_topology  # noqa: E402
 from tpplan.layout.schedule import chunk_sizes, falls_back  # noqa: E402
+from tpplan.mesh import Mesh  # noqa: E402
 from tpplan.models.config import load_model  # noqa: E402
 from tpplan.models.graph import build_model_graph  # noqa: E402
 from tpplan.plans.named import make_plan  # noqa: E402
@@ -31,7 +32,7 @@ def _predicted_copies(model: str, plan_name: str, n: int, tokens: int, chunk: in
     """(chunk, layer, op) of every layout op the cost model prices, for the chunks that run the plan."""
     graph = build_model_graph(load_model(model))
     plan = make_plan(plan_name, graph, n)
-    p = cached_predictor(graph, plan, load_topology("h200x8-ib400"), n, 1, "fp32", None)
+    p = cached_predictor(graph, plan, load_topology("h200x8-ib400"), Mesh(n, pp=1), "fp32", None)
     out = []
     for c, t in enumerate(chunk_sizes(tokens, chunk)):
         if falls_back(graph, plan, n, t):

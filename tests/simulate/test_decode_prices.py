@@ -13,6 +13,7 @@ import pytest
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.topology import load_topology
 from tpplan.engines.scheduling import MLA_DECODE_ABSORBED
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -21,7 +22,9 @@ from tpplan.plans.named import make_plan
 @functools.cache
 def predictor(model: str, tp: int = 2) -> Predictor:
     graph = build_model_graph(load_model(model))
-    return cached_predictor(graph, make_plan("baseline", graph, tp), load_topology("h200x8-ib400"), tp, 1, "bf16", None)
+    return cached_predictor(
+        graph, make_plan("baseline", graph, tp), load_topology("h200x8-ib400"), Mesh(tp, pp=1), "bf16", None
+    )
 
 
 def ops(p: Predictor, segs: tuple[tuple[int, int], ...], kind: int = -1) -> dict[str, float]:

@@ -14,6 +14,7 @@ from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import Workload
 from tpplan.engines.scheduling import RULES, scheduler_rules
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -26,8 +27,15 @@ from tpplan.simulate.requests import Request, Timed
 def predictor(tp: int, pp: int, replicas: int = 1, engine: str = "sglang@0.5.23") -> Predictor:
     graph = build_model_graph(load_model("tiny-llama"))
     topo = load_topology("h200x8-ib400")  # one node of 8
-    return cached_predictor(graph, make_plan("baseline", graph, tp), topo, tp, pp, "bf16", None,
-                            pipeline=pipeline_model(engine), replicas=replicas)  # fmt: skip
+    return cached_predictor(
+        graph,
+        make_plan("baseline", graph, tp),
+        topo,
+        Mesh(tp, pp=pp, replicas=replicas),
+        "bf16",
+        None,
+        pipeline=pipeline_model(engine),
+    )
 
 
 @pytest.mark.parametrize(("tp", "pp", "replicas"), [(2, 1, 1), (1, 2, 1), (1, 1, 2), (1, 2, 2)])
@@ -129,7 +137,7 @@ def test_with_serving_loop_replaces_the_ttft_by_the_loop_s_and_names_its_conditi
     p = predictor(1, 2)
     wl = Workload(input_lens=[3000, 700], concurrency=3, num_requests=6, chunk_size=2048)
     args = (p.graph, p.plan, p.topo)
-    kw = {"tp": 1, "pp": 2, "workload": wl, "tokens": 2048, "pipeline": pipeline_model("sglang@0.5.23")}
+    kw = {"mesh": Mesh(1, pp=2), "workload": wl, "tokens": 2048, "pipeline": pipeline_model("sglang@0.5.23")}
     bare = predict_plan(*args, **kw)
     looped = with_serving_loop(predict_plan)(*args, **kw)
     loop = engine_loop(p.pipeline, p.deployment, 2048, p.topo.gpus_per_node)

@@ -12,6 +12,7 @@ from tpplan.cost.pipeline import pipeline_model
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -33,7 +34,7 @@ from tpplan.simulate.requests import Shape, poisson
 def mesh(tp: int, engine: str = "sglang@0.5.23", nodes: int = 1) -> Predictor:
     graph = build_model_graph(load_model("tiny-llama"))
     topo = load_topology("h200x8-ib400", nodes=nodes) if nodes > 1 else load_topology("h200x8-ib400")
-    return cached_predictor(graph, make_plan("baseline", graph, tp), topo, tp, 1, "bf16", None,
+    return cached_predictor(graph, make_plan("baseline", graph, tp), topo, Mesh(tp, pp=1), "bf16", None,
                             pipeline=pipeline_model(engine))  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from tpplan.bench.results import PlanBench
 from tpplan.bench_results import BenchResults, OpResult, load_bench_results
 from tpplan.cost.workload import Workload
 from tpplan.errors import TpplanError, validated
+from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
 
 # Options of the recorded command that shape the slice, the workload and the TTFT target.
@@ -89,7 +90,7 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
     dtype = cfg.dtype or ("bf16" if r.meta.nccl_version else "fp32")
     impls = kernel_impls(g, ((o.layer_kind, o.op, o.impl) for o in r.ops))  # empty for older files
     plan = make_plan(r.plan, g, r.tp)
-    p = Predictor(g, plan, topo, r.tp, 1, dtype, None, impls=impls)  # not cached: this run's kernels
+    p = Predictor(g, plan, topo, Mesh(r.tp), dtype, None, impls=impls)  # not cached: this run's kernels
     op_pred: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
     layer_pred: dict[tuple[str, int], list[float]] = defaultdict(list)
     batch_pred: dict[int, float] = {}

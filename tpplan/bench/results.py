@@ -40,6 +40,7 @@ from tpplan.bench_results import (
     parse_bench_results,
 )
 from tpplan.cost.workload import Workload, load_workload, schedule
+from tpplan.mesh import Mesh
 
 
 @dataclass
@@ -82,7 +83,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     for name, pr in raw["plans"].items():
         plan = pr["plan"]
         impls = _ran_impls(g, pr["sites"], raw.get("impls", {}))
-        p = Predictor(g, plan, topo, world, 1, dtype, None, impls=impls)  # not cached: this run's kernels
+        p = Predictor(g, plan, topo, Mesh(world), dtype, None, impls=impls)  # not cached: this run's kernels
         op_acc, layer_acc, coll_acc, batch_rows = _sites(g, p, batches, pr["sites"])
         ops = _op_results(g, op_acc, pr["iters"], raw.get("impls", {}))
         layers = _layer_results(layer_acc, pr["iters"])

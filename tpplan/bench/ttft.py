@@ -9,6 +9,7 @@ from tpplan.bench.config import BenchConfig, op_category, op_kind_name
 from tpplan.bench.model_slice import ModelSlice
 from tpplan.bench_results import CollectiveResult, OpResult, TTFTExtrapolation
 from tpplan.cost.workload import PrefillBatch, Workload, simulate_ttft
+from tpplan.mesh import Mesh
 
 TTFT_METHOD = (
     "whole-model TTFT on the target = the chunked-prefill scheduler (cost.workload.simulate_ttft) run with "
@@ -54,7 +55,7 @@ def extrapolate_ttft(
     tp = topo.world_size
     plan = make_plan(plan_name, full, tp)
     ratios = category_ratios(ops, colls)
-    p = cached_predictor(full, plan, topo, tp, 1, "bf16", None)
+    p = cached_predictor(full, plan, topo, Mesh(tp, pp=1), "bf16", None)
 
     def scaled(batch: PrefillBatch) -> float:
         segs = segments_of(batch)
@@ -68,7 +69,7 @@ def extrapolate_ttft(
         return total + p.final_comm(batch.n_tokens) * ratios.get("comm", 1.0)
 
     got = simulate_ttft(wl, scaled)
-    plain = predict_plan(full, plan, topo, tp=tp, workload=wl, tokens=wl.chunk_size)
+    plain = predict_plan(full, plan, topo, mesh=Mesh(tp), workload=wl, tokens=wl.chunk_size)
     name = topo.name + (f" x{cfg.target_nodes} nodes" if cfg.target_nodes else "")
     return TTFTExtrapolation(
         topology=f"{name} (TP{tp})",

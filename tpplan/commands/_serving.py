@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tpplan.mesh import Mesh
+
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
@@ -73,8 +75,15 @@ def serving_block(
     from tpplan.cost.predictor import cached_predictor
     from tpplan.simulate.serving import serving_summary
 
-    p = cached_predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, replicas=replicas)  # fmt: skip
+    p = cached_predictor(
+        graph,
+        plan,
+        topo,
+        Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv),
+        dtype,
+        expert_dtype,
+        engine=engine,
+    )
     chunk = chunk_tokens(workload, p.pipeline.engine, topo)
     return serving_summary(p, arrivals, chunk, topo.gpus_per_node, per_request=per_request)[1]
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE, named
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show, steps, styled
+from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, print_pd
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -142,20 +143,27 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         requests: RequestsOpt = None,
         seed: SeedOpt = 0,
+        pd: PdOpt = None,
     ) -> None:
         """Check plans op by op against the model's real layer graph and count their communication;
         with --topology (and --workload) also predict time, memory and TTFT."""
         from tpplan.audit import audit, to_json
         from tpplan.errors import TpplanError
+        from tpplan.mesh import Mesh
 
         check_json_target(json_target)
         arrival = arrival_of(arrival_rate, trace, requests, seed)
         serving_asked = asked(arrival_rate, trace, requests)
-        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked) and not (
+        sides = parse_pd(pd) if pd is not None else None
+        if sides is not None and not (workload or serving_asked):
+            raise TpplanError(
+                "--pd", "prices serving, which needs requests", "add --workload (or --arrival-rate/--trace)"
+            )
+        if (workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked or pd) and not (
             topology or cluster
         ):
             raise TpplanError(
-                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover/--arrival-rate/--trace/--requests",
+                "--workload/--pp/--replicas/--nodes/--expert-dtype/--crossover/--arrival-rate/--trace/--requests/--pd",
                 "predictions need a topology",
                 "add --topology (e.g. h200x8-ib400)",
             )
@@ -176,6 +184,8 @@ def register(app: typer.Typer) -> None:
                 from tpplan.cost.workload import load_workload
 
                 gpus = tp * pp * (cp if cp_layers == "all" else 1) * replicas if tp else None
+                if sides is not None and sides.gpus():
+                    gpus = max(gpus or 0, sides.gpus() or 0)
                 say("loading the topology" + (f" and the {engine} kernel tables" if engine else ""))
                 topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
                 wl = load_workload(workload) if workload else None
@@ -194,9 +204,10 @@ def register(app: typer.Typer) -> None:
                 from tpplan.cost.predict import predict_audit
 
                 say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
-                predictions = predict_audit(result, topo, pp=pp, workload=wl, expert_dtype=expert_dtype, cp=cp,
-                                            cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
-                                            replicas=replicas, kv_engines=kv_engines_for(engine))  # fmt: skip
+                mesh = Mesh(result.n, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence,
+                            cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
+                predictions = predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
+                                            kv_engines=kv_engines_for(engine))  # fmt: skip
             data: dict[str, Any] = to_json(result, predictions)
             arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
             if arrivals is not None and topo is not None:
@@ -206,6 +217,11 @@ def register(app: typer.Typer) -> None:
                                                      dtype=result.dtype, expert_dtype=expert_dtype, cp=cp,
                                                      cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv,
                                                      replicas=replicas, per_request=True)  # fmt: skip
+                    if sides is not None:
+                        say(f"P/D: {pd}")
+                        entry["serving"]["disaggregated"] = pd_block(result.graph, pa.plan, topo, arrivals, wl, sides,
+                                                                     dtype=result.dtype, expert_dtype=expert_dtype,
+                                                                     engine=engine)  # fmt: skip
             if cp > 1:
                 from tpplan.layout.context_parallel import audit_cp
 
@@ -227,6 +243,7 @@ def register(app: typer.Typer) -> None:
             _print_crossover(data["crossover"])
         if arrivals is not None:
             print_serving(data["plans"])
+            print_pd(data["plans"])
 
     @app.command("explain")
     def explain_cmd(

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tpplan.commands._options import Backend, BackendOpt, ProgressOpt
+from tpplan.mesh import Mesh
 from tpplan.text import plain
 
 
@@ -218,7 +219,7 @@ def calibrate(
         from tpplan.models.config import load_model
         from tpplan.models.graph import build_model_graph
 
-        shapes = plan_gemm_shapes(build_model_graph(load_model(gemm_model)), gemm_tp or nproc, base)
+        shapes = plan_gemm_shapes(build_model_graph(load_model(gemm_model)), Mesh(gemm_tp or nproc), base)
         extra = {"gemm_kn": tuple(sorted({*GEMM_KN, *shapes})), "gemm_m": GEMM_M_MODEL}
     cfg = CalibrationConfig(
         **extra,  # type: ignore[arg-type]

@@ -36,6 +36,18 @@ from tpplan.commands._serving import (
     serving_arrivals,
     serving_block,
 )
+from tpplan.commands._targets import (
+    GpusOpt,
+    PdOpt,
+    TargetStatOpt,
+    TpotTargetOpt,
+    TtftTargetOpt,
+    budget_gpus,
+    check_targets,
+    print_targets,
+    serve_search,
+    targets_of,
+)
 from tpplan.commands.audit import (
     DtypeOpt,
     ModelOpt,
@@ -169,8 +181,14 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         requests: RequestsOpt = None,
         seed: SeedOpt = 0,
+        ttft_target: TtftTargetOpt = None,
+        tpot_target: TpotTargetOpt = None,
+        target_stat: TargetStatOpt = "p90",
+        gpus: GpusOpt = None,
+        pd: PdOpt = True,
     ) -> None:
-        """Search every legal plan derived from the model's graph and rank them."""
+        """Search every legal plan derived from the model's graph and rank them; under --ttft-target and/or
+        --tpot-target, serve each deployment's best with decode and rank them by goodput per GPU."""
         from tpplan.cost.workload import load_workload
         from tpplan.models.config import load_model
         from tpplan.models.graph import build_model_graph
@@ -181,10 +199,14 @@ def register(app: typer.Typer) -> None:
         saved = [Output("--save", save, folder=True)] if save is not None else []
         check_json_target(json_target, *saved)  # before the search: a bad path costs one line, not a run
         arrival = arrival_of(arrival_rate, trace, requests, seed)
+        targets = targets_of(ttft_target, tpot_target, target_stat)
         reps = replica_count(replicas)
+        if targets is not None and replicas is None and tp is None and pp is None:
+            reps = "all"  # under targets every split of the budget, replicas of smaller deployments included
         copies = reps if isinstance(reps, int) else 1
-        gpus = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else None
-        topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine)
+        need = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else budget_gpus(gpus, nodes)
+        topo = load_cluster(topology, nodes, need, gpu=gpu, cluster=cluster, engine=engine)
+        check_targets(targets, gpus, topo, workload, trace)
         if topo is None and nodes is not None:
             from tpplan.errors import TpplanError
 
@@ -197,7 +219,11 @@ def register(app: typer.Typer) -> None:
         with steps(f"tpplan search {model}") as say:
             graph = build_model_graph(load_model(model))
             wl = load_workload(workload) if workload else None
-            arrivals = serving_arrivals(arrival, wl, graph) if topo is not None else None
+            if targets is not None and wl is not None:
+                from tpplan.search.under_targets import check_workload
+
+                check_workload(targets, wl)  # before the search: a TPOT target needs output tokens
+            arrivals = serving_arrivals(arrival, wl, graph) if topo is not None and targets is None else None
             outcome = search_plans(
                 graph,
                 topo,
@@ -218,8 +244,15 @@ def register(app: typer.Typer) -> None:
                 dp_attention=dp_attention,
                 overlap=None if overlap is None else overlap.value,
                 progress=say,
+                every_deployment=targets is not None,
             )
+            under = None
+            if targets is not None and wl is not None:
+                say("serving each deployment's best plan under the targets")
+                under = serve_search(outcome, graph, wl, targets, arrival, pd)
         data = outcome.to_json()
+        if under is not None:
+            data["serving_search"] = under.to_json()
         if arrivals is not None and topo is not None:
             entries: list[dict[str, object]] = data["plans"]  # type: ignore[assignment]
             for r, entry in zip(outcome.ranked, entries, strict=True):
@@ -237,6 +270,8 @@ def register(app: typer.Typer) -> None:
             if topo is not None:
                 print_fp8_note(topo, graph, dtype, expert_dtype)
             print_serving(data["plans"], "deployment")  # type: ignore[arg-type]
+            if targets is not None:
+                print_targets(data["serving_search"])  # type: ignore[arg-type]
         if save is not None:
             written = save_plan_dir(save, outcome.plan_files)
             if written:

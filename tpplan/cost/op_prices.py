@@ -18,7 +18,6 @@ import math
 from tpplan.audit import PlanAudit, StoredWeights, audit_plan
 from tpplan.cost.comm import price_collective
 from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
@@ -36,6 +35,7 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
 from tpplan.lower.sizes import nccl_bytes
 from tpplan.lower.stages import bank_snapshots, stage_layers
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.models.quant import WeightFormat
@@ -64,7 +64,7 @@ def kernel_dtype(fmt: WeightFormat | None, compute: GemmDtype) -> KernelDtype:
 
 
 class OpPrices:
-    """The prices of one plan's ops and collectives at TP `tp` x PP `pp` (x CP: `deployment`) on a topology, for one
+    """The prices of one plan's ops and collectives on `mesh` (checked against the topology: `deployment`), for one
     batch at a time: `op_time` (one op decision), `collective` (one collective), `layout_copy` (the
     runtime's copy around one), `weight_elem_bytes` (a weight's stored bytes per element).
     `Predictor` sums them into layers, stages and memory; `cost.pricing.Pricer` hands them to a
@@ -75,18 +75,17 @@ class OpPrices:
         graph: ModelGraph,
         plan: Plan,
         topo: Topology,
-        tp: int,
-        pp: int,
+        mesh: Mesh,
         dtype: str,
         expert_dtype: str | None,
         audit: PlanAudit | None = None,
         impls: dict[str, str] | None = None,
         *,
-        deployment: Deployment | None = None,
         engine: str | None = None,
         sources: tuple[KernelSource, ...] | None = None,
     ) -> None:
-        self.deployment = (deployment or Deployment(tp, pp)).check(topo)
+        self.deployment = mesh.check(topo)
+        tp, pp = mesh.tp, mesh.pp
         g = topo.gpus_per_node
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(

@@ -65,22 +65,25 @@ from tpplan.cost.workload import (
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.lower.stages import bank_snapshots, stage_boundary_width, stage_layers
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.models.opkinds import kernel_key
 
 
-def plan_gemm_shapes(graph: ModelGraph, tp: int, topo: Topology, dtype: str = "bf16") -> list[tuple[int, int]]:
+def plan_gemm_shapes(graph: ModelGraph, mesh: Mesh, topo: Topology, dtype: str = "bf16") -> list[tuple[int, int]]:
     """Per-rank (K, N) of every GEMM (and grouped expert GEMM) the model's legal named plans run at
-    TP `tp`: the shapes a GEMM table for this model should have measured (`tpplan calibrate --gemm-model`)."""
+    TP `mesh.tp` (one stage: the shapes do not depend on the other axes): the shapes a GEMM table for this
+    model should have measured (`tpplan calibrate --gemm-model`)."""
     from tpplan.plans.named import ALL_PLANS, make_plan
 
+    tp = mesh.tp
     shapes: set[tuple[int, int]] = set()
     for name in ALL_PLANS:
         try:
             plan = make_plan(name, graph, tp)
         except TpplanError:
             continue
-        p = Predictor(graph, plan, topo.with_nodes(max(1, math.ceil(tp / topo.gpus_per_node))), tp, 1, dtype, None)
+        p = Predictor(graph, plan, topo.with_nodes(max(1, math.ceil(tp / topo.gpus_per_node))), Mesh(tp), dtype, None)
         if not p.audit.legal:
             continue
         for res in p.audit.layer_results:
@@ -99,17 +102,12 @@ def batch_time(
     plan: Plan,
     topology: Topology,
     *,
-    tp: int,
-    pp: int = 1,
+    mesh: Mesh,
     n_tokens: int,
     context: int = 0,
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     engine: str | None = None,
-    cp: int = 1,
-    cp_recurrence: str = "scan",
-    cp_layers: str = "all",
-    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
 ) -> float:
     """Seconds for one prefill batch of `n_tokens` new tokens after `context` cached ones, through
@@ -117,8 +115,7 @@ def batch_time(
     `engine` ("sglang@0.5.14"): price kernels from that engine's measured database where it has them."""
     if n_tokens < 1:
         raise TpplanError("n_tokens", f"must be >= 1, got {n_tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, pipeline=pipeline)  # fmt: skip
+    p = cached_predictor(graph, plan, topology, mesh, dtype, expert_dtype, engine=engine, pipeline=pipeline)
     return p.latency(((n_tokens, context),))
 
 
@@ -155,38 +152,27 @@ def predict_plan(
     plan: Plan,
     topology: Topology,
     *,
-    tp: int,
-    pp: int = 1,
+    mesh: Mesh,
     workload: Workload | None = None,
     tokens: int = 8192,
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     audit: PlanAudit | None = None,
     engine: str | None = None,
-    cp: int = 1,
-    cp_recurrence: str = "scan",
-    cp_layers: str = "all",
-    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
-    replicas: int = 1,
     kv_engines: tuple[str, ...] = DEFAULT_KV_ENGINES,
 ) -> PlanPrediction:
     """Time per layer kind, forward time for one batch of `tokens`, memory per rank and (with a
-    workload) TTFT, for one plan at TP `tp` x CP `cp` x PP `pp` on `topology` (kernels from `engine`'s
-    measured database where it has them, e.g. "sglang@0.5.14"); `cp_recurrence`: how linear attention
-    hands its state on under CP ("scan" or "serial", `tpplan.layout.context_parallel`), `cp_layers` which
-    layers CP shards ("all", or "mla": the MLA layers only, CP inside the TP group), `cp_kv` the KV a CP rank
-    keeps ("engines": the whole sequence's, as SGLang and vLLM do; "sharded": 1/cp); PP scheduled and
+    workload) TTFT, for one plan on `mesh` (TP x CP x PP, its CP options: `tpplan.mesh.Mesh`) on `topology`
+    (kernels from `engine`'s measured database where it has them, e.g. "sglang@0.5.14"); PP scheduled and
     its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
-    `replicas`: that many identical copies of the deployment, the workload's requests split between
+    With `mesh.replicas` identical copies of the deployment, the workload's requests are split between
     them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
     TTFT over every request. `kv_engines`: the engine versions whose KV capacity per rank it states
     (`tpplan.cost.kv_capacity`), with the decode batch each admits at the workload's longest request."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
-    p = cached_predictor(graph, plan, topology, tp, pp, dtype, expert_dtype, audit, engine=engine, cp=cp,
-                         cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, pipeline=pipeline,
-                         replicas=replicas)  # fmt: skip
+    p = cached_predictor(graph, plan, topology, mesh, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
     counts = graph.counts()
@@ -196,8 +182,8 @@ def predict_plan(
         kinds.append(KindTime(kind, counts[kind], kt.ops, kt.collectives))
     pred = PlanPrediction(
         plan=p.audit.plan,
-        tp=tp,
-        pp=pp,
+        tp=mesh.tp,
+        pp=mesh.pp,
         legal=p.audit.legal and p.cp_audit.legal,
         tokens=tokens,
         context=0,
@@ -212,8 +198,8 @@ def predict_plan(
         final_comm_s=final,
         gpu_memory_bytes=topology.gpu.memory_GiB * 2**30,
         provenance=provenance(topology, p.deployment.gpus),
-        cp=cp,
-        replicas=replicas,
+        cp=mesh.cp,
+        replicas=mesh.replicas,
         kv_capacity=tuple(kv_capacity(p, e, longest_request(workload)) for e in kv_engines),
     )
     # The band of what this prediction sums (each op class and collective's out-of-sample error by its
@@ -225,41 +211,33 @@ def predict_audit(
     a: Audit,
     topology: Topology,
     *,
-    pp: int = 1,
+    mesh: Mesh | None = None,
     workload: Workload | None = None,
     tokens: int | None = None,
     expert_dtype: str | None = None,
     engine: str | None = None,
-    cp: int = 1,
-    cp_recurrence: str = "scan",
-    cp_layers: str = "all",
-    cp_kv: str = "engines",
     pipeline: PipelineModel | None = None,
-    replicas: int = 1,
     kv_engines: tuple[str, ...] = DEFAULT_KV_ENGINES,
 ) -> list[PlanPrediction]:
-    """Predict every plan of an audit, reusing its propagation; `tokens` defaults to the
-    workload's chunk size (8192 without a workload); `replicas` as `predict_plan`."""
+    """Predict every plan of an audit on `mesh` (default: TP alone), reusing its propagation; `tokens`
+    defaults to the workload's chunk size (8192 without a workload). The mesh's TP is the audit's."""
+    mesh = mesh or Mesh(a.n)
+    if mesh.tp != a.n:
+        raise TpplanError(f"tp={mesh.tp}", f"the audit was run at TP {a.n}", f"audit at tp={mesh.tp}, or pass tp={a.n}")
     t = tokens or (workload.chunk_size if workload is not None else 8192)
     return [
         predict_plan(
             a.graph,
             pa.plan,
             topology,
-            tp=a.n,
-            pp=pp,
+            mesh=mesh,
             workload=workload,
             tokens=t,
             dtype=a.dtype,
             expert_dtype=expert_dtype,
             audit=pa,
             engine=engine,
-            cp=cp,
-            cp_recurrence=cp_recurrence,
-            cp_layers=cp_layers,
-            cp_kv=cp_kv,
             pipeline=pipeline,
-            replicas=replicas,
             kv_engines=kv_engines,
         )
         for pa in a.plans

@@ -21,7 +21,6 @@ import math
 from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.comm import price_collective
 from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.prediction import KindTime, MemoryBreakdown
@@ -33,6 +32,7 @@ from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.lower.stages import bank_snapshots, stage_boundary_width
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.opkinds import mixer
 from tpplan.models.spec import AttnSpec
@@ -246,23 +246,26 @@ _CACHE: dict[tuple[object, ...], tuple[Predictor, tuple[object, ...]]] = {}
 _CACHE_MAX = 512
 
 
-def cached_predictor(graph: ModelGraph, plan: Plan, topo: Topology, tp: int, pp: int, dtype: str,
-                     expert_dtype: str | None, audit: PlanAudit | None = None, *,
-                     engine: str | None = None, cp: int = 1, cp_recurrence: str = "scan", cp_layers: str = "all",
-                     cp_kv: str = "engines", pipeline: PipelineModel | None = None,
-                     replicas: int = 1) -> Predictor:  # fmt: skip
-    """`Predictor(...)`, cached per (graph, plan, topology, tp, pp, cp and its layers, replicas, dtype, engine,
-    PP schedule): the scheduler calls batch_time per batch. (A recorded run's implementations, `bench
-    --repredict`, build their own.)"""
+def cached_predictor(
+    graph: ModelGraph,
+    plan: Plan,
+    topo: Topology,
+    mesh: Mesh,
+    dtype: str,
+    expert_dtype: str | None,
+    audit: PlanAudit | None = None,
+    *,
+    engine: str | None = None,
+    pipeline: PipelineModel | None = None,
+) -> Predictor:
+    """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule): the scheduler
+    calls batch_time per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, tp, pp, dtype, expert_dtype, engine, cp, cp_recurrence, cp_layers, cp_kv,
-           pipeline, replicas)  # fmt: skip
+    key = (id(graph), id(topo), plan, mesh, dtype, expert_dtype, engine, pipeline)
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]
-    dep = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv, replicas=replicas)
-    p = Predictor(graph, plan, topo, tp, pp, dtype, expert_dtype, audit, engine=engine, deployment=dep,
-                  pipeline=pipeline)  # fmt: skip
+    p = Predictor(graph, plan, topo, mesh, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs

@@ -27,47 +27,39 @@ from dataclasses import replace
 
 from tpplan.audit import PlanAudit
 from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.cost.topology import Topology
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.placement import Collective, Placement, R
 from tpplan.plans.named import baseline
 
 
 class Pricer:
-    """Per-op, per-collective and per-state prices at TP `tp` x CP `cp` x PP `pp` on `topology`."""
+    """Per-op, per-collective and per-state prices on `mesh` (TP x CP x PP, replicas) on `topology`."""
 
     def __init__(
         self,
         graph: ModelGraph,
         topology: Topology,
-        tp: int,
+        mesh: Mesh,
         *,
-        pp: int = 1,
         dtype: str = "bf16",
         expert_dtype: str | None = None,
         engine: str | None = None,
         audit: PlanAudit | None = None,
-        cp: int = 1,
-        cp_recurrence: str = "scan",
-        cp_layers: str = "all",
-        cp_kv: str = "engines",
-        replicas: int = 1,
     ) -> None:
-        """`audit`: the baseline's at TP `tp`, when the caller has it (audited here otherwise).
-        `replicas`: identical copies of the deployment (prices are one replica's; the search splits
-        the workload between them, `tpplan.cost.workload.replica_workloads`)."""
-        self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, tp, pp, cp
+        """`audit`: the baseline's at TP `mesh.tp`, when the caller has it (audited here otherwise). With
+        `mesh.replicas` > 1, prices are one replica's; the search splits the workload between them
+        (`tpplan.cost.workload.replica_workloads`)."""
+        self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, mesh.tp, mesh.pp, mesh.cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
-        self.deployment = Deployment(tp, pp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers,
-                                     cp_kv=cp_kv, replicas=replicas)  # fmt: skip
-        self._base = Predictor(graph, baseline(), topology, tp, pp, dtype, expert_dtype, audit, engine=engine,
-                               deployment=self.deployment)  # fmt: skip
+        self.deployment = mesh
+        self._base = Predictor(graph, baseline(), topology, mesh, dtype, expert_dtype, audit, engine=engine)
         self.cp_audit = self._base.cp_audit
         self._by_plan: dict[tuple[str, int | None, Placement], Predictor] = {("tp", None, R): self._base}
 
@@ -82,8 +74,8 @@ class Pricer:
         if hit is None:
             plan: Plan = baseline().with_(moe=moe, ep_size=key[1], stream=stream)
             hit = Predictor(
-                self.graph, plan, self.topology, self.tp, self.pp, self.dtype, self.expert_dtype,
-                audit=self._base.audit, sources=self._base.compute.sources, deployment=self.deployment,
+                self.graph, plan, self.topology, self.deployment, self.dtype, self.expert_dtype,
+                audit=self._base.audit, sources=self._base.compute.sources,
             )  # fmt: skip
             self._by_plan[key] = hit
         return hit

@@ -178,7 +178,7 @@ def _aic_fallback_note(parts: list[BandPart]) -> str:
     aic_classes = {p.klass for p in parts if p.source == "aic"}
     if not aic_classes:  # nothing priced from AIC: its module (and what it imports) is not needed
         return ""
-    from tpplan.cost.sources.aic import TABLE_CLASS, fallback_tables
+    from tpplan.cost.sources.aic_log import TABLE_CLASS, fallback_tables
 
     used = sorted(t for t in fallback_tables() if TABLE_CLASS.get(t) in aic_classes)
     if not used:

@@ -26,6 +26,7 @@ from tpplan.engines.recipes import recipes
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
 from tpplan.layout.propagate import LayerResult
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT, Collective
@@ -224,17 +225,12 @@ def _predict(
     cp_kv: str = "engines",
 ) -> None:
     extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
-    if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for (stand-in predictors lack it)
-        extra["cp_kv"] = cp_kv
-    if v.cp > 1:
-        extra.update(cp=v.cp, cp_layers=v.cp_layers)
-    if v.replicas > 1:
-        extra["replicas"] = v.replicas
+    mesh = replace(v.parallel, cp_kv=cp_kv)  # cp_kv: tpplan's own KV accounting under CP, when asked for
     if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
         extra["pipeline"] = pipeline
     for wl in workloads:
         try:
-            v.predictions[wl.name] = fn(graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size,
+            v.predictions[wl.name] = fn(graph, v.plan, topo, mesh=mesh, workload=wl, tokens=wl.chunk_size,
                                         dtype=dtype, audit=v.audit, **extra)  # fmt: skip
         except (TpplanError, NotImplementedError, ValueError) as exc:
             if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.shape[1:] == (1, 1, 1):
@@ -580,9 +576,16 @@ def analyse(
             from tpplan.cost.predictor import cached_predictor
             from tpplan.cost.segments import segments_of
 
-            pred = cached_predictor(graph, v.plan, topology, v.tp, v.pp, dtype, expert_dtype, v.audit, cp=v.cp,
-                                    cp_layers=v.cp_layers, cp_kv=cp_kv, pipeline=pp_schedule if v.pp > 1 else None,
-                                    replicas=v.replicas)  # fmt: skip
+            pred = cached_predictor(
+                graph,
+                v.plan,
+                topology,
+                Mesh(v.tp, pp=v.pp, replicas=v.replicas, cp=v.cp, cp_layers=v.cp_layers, cp_kv=cp_kv),
+                dtype,
+                expert_dtype,
+                v.audit,
+                pipeline=pp_schedule if v.pp > 1 else None,
+            )
             return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
 
         for w in workloads:
@@ -594,16 +597,11 @@ def analyse(
 
             def at(v: Variant, w: Workload) -> tuple[float, float] | None:
                 extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
-                if cp_kv != "engines":
-                    extra["cp_kv"] = cp_kv
-                if v.cp > 1:
-                    extra.update(cp=v.cp, cp_layers=v.cp_layers)
-                if v.replicas > 1:
-                    extra["replicas"] = v.replicas
                 if v.pp > 1:
                     extra["pipeline"] = pp_schedule
                 try:
-                    p = fn(graph, v.plan, topology, tp=v.tp, pp=v.pp, workload=w, tokens=w.chunk_size, dtype=dtype,
+                    mesh = replace(v.parallel, cp_kv=cp_kv)
+                    p = fn(graph, v.plan, topology, mesh=mesh, workload=w, tokens=w.chunk_size, dtype=dtype,
                            audit=v.audit, **extra)  # fmt: skip
                 except (TpplanError, NotImplementedError, ValueError):
                     return None

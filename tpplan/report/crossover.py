@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tpplan.audit import Audits
 from tpplan.cost.topology import Topology
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.named import make_plan
 
@@ -112,7 +113,7 @@ def crossovers(
     def times(plan: Plan) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for t in grid:
-            p = predict_plan(graph, plan, topology, tp=tp, tokens=t, dtype=dtype, expert_dtype=expert_dtype,
+            p = predict_plan(graph, plan, topology, mesh=Mesh(tp), tokens=t, dtype=dtype, expert_dtype=expert_dtype,
                              audit=kept.of(plan, tp, dtype))  # fmt: skip
             for k in p.kinds:
                 out.setdefault(k.kind, []).append(float(k.total_s))

@@ -16,6 +16,7 @@ inside either band reconciles them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from tpplan.cost.topology import Topology
@@ -141,13 +142,10 @@ def sensitivity_of(a: Any, fn: Callable[..., Any], pipeline: Any, expert_dtype: 
 
     def predict(v: Variant, topo: Topology) -> Any:
         extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
-        if v.cp > 1:
-            extra["cp"] = v.cp
-        if v.replicas > 1:
-            extra["replicas"] = v.replicas
         if v.pp > 1 and pipeline is not None:
             extra["pipeline"] = pipeline
-        return fn(a.graph, v.plan, topo, tp=v.tp, pp=v.pp, workload=wl, tokens=wl.chunk_size, dtype=a.dtype,
+        mesh = replace(v.parallel, cp_layers="all")  # as priced before the Mesh: CP on every layer, whatever v's
+        return fn(a.graph, v.plan, topo, mesh=mesh, workload=wl, tokens=wl.chunk_size, dtype=a.dtype,
                   audit=v.audit, **extra)  # fmt: skip
 
     shape = a.current.shape

@@ -93,8 +93,9 @@ class Variant:
 
     @property
     def parallel(self) -> Deployment:
-        """The deployment as the cost model and the engine recipes take it."""
-        return Deployment(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=self.cp_layers)
+        """The deployment as the cost model and the engine recipes take it (the CP options only with CP)."""
+        cp_layers = self.cp_layers if self.cp > 1 else "all"
+        return Deployment(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=cp_layers)
 
     @property
     def flags(self) -> list[str]:

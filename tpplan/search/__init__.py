@@ -17,7 +17,10 @@ The package, in the order a search runs:
 - `ranking`: `tpplan search`'s and the memo's one search: every TP x PP deployment searched, the
   ranked plans audited once and predicted, each also a plan file (`search_plans`; `run_search`
   resolves names first);
-- `results`: what it hands on, typed (`SearchOutcome`, `RankedPlan`), and their one JSON.
+- `results`: what it hands on, typed (`SearchOutcome`, `RankedPlan`), and their one JSON;
+- `targets`, `serving_points`, `under_targets`, `disagg_targets`: the search under TTFT/TPOT targets:
+  each deployment's best plan served with decode (aggregated, and P/D pools of the meshes found),
+  ranked by goodput per GPU, with the Pareto front (`fronts.pareto_max`) and what binds.
 
 docs/design.md ("Search") has the argument for exactness; tests/test_search.py checks it against
 brute force.

@@ -1,4 +1,6 @@
-"""k-Pareto fronts of (score, memory): what the search keeps of each set of interchangeable parts.
+"""Pareto fronts: k-Pareto fronts of (score, memory), what the search keeps of each set of interchangeable parts;
+and `pareto_max`, the plain front of two figures to maximise (the search under targets: tokens/s per GPU
+against tokens/s per user).
 
 A part dominated (score and memory both no better) by k others can be swapped out of any plan for
 k distinct plans that are no worse in both, so no top-k plan, under any memory cap, uses it.
@@ -7,6 +9,7 @@ k distinct plans that are no worse in both, so no top-k plan, under any memory c
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -45,3 +48,19 @@ Parts = list[tuple[Cost, tuple[T, ...]]]
 def merge(a: Parts[T], b: Parts[T], k: int) -> Parts[T]:
     """Every sum of one part of `a` and one of `b` (costs added, parts concatenated), pruned to k-Pareto."""
     return skyline([(ca + cb, ta + tb) for ca, ta in a for cb, tb in b], k, lambda it: it[0])
+
+
+def pareto_max(items: list[T], key: Callable[[T], tuple[float, float]]) -> list[T]:
+    """The items no other item dominates (at least as high in both coordinates of `key` and higher in one;
+    higher is better), in order of the first coordinate, best first; items equal in both are kept alike.
+    Items with a NaN coordinate are left out."""
+    pts = [it for it in items if not any(math.isnan(v) for v in key(it))]
+    pts.sort(key=lambda it: (-key(it)[0], -key(it)[1]))
+    front: list[T] = []
+    best_y = -math.inf
+    for it in pts:
+        x, y = key(it)
+        if y > best_y or (front and key(front[-1]) == (x, y)):
+            front.append(it)
+            best_y = max(best_y, y)
+    return front

@@ -256,7 +256,7 @@ def _search_all(
         scores: list[float] = []
         for i, (n, p, c, r) in enumerate(grid):
             say(f"searching {_label(n, p, c, r)} ({i + 1} of {len(grid)})")
-            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top else float("inf")
+            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top and not s.every_deployment else float("inf")
             got = _search_one(n, p, cutoff, c, r)
             out.append(got)
             if isinstance(got, Deployed):
@@ -288,6 +288,7 @@ def search_plans(
     cp_layers: str = "all",
     replicas: int | Literal["all"] | None = None,
     cp_kv: str = "engines",
+    every_deployment: bool = False,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -304,7 +305,9 @@ def search_plans(
     token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
     ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
-    (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers)."""
+    (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers).
+    `every_deployment`: each deployment searched whole for its best plan (`deployment_best`), none cut
+    off by the plans of earlier ones (the search under targets serves each deployment's best)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
@@ -312,7 +315,7 @@ def search_plans(
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
-               cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
+               cp_layers=cp_layers, cp_kv=cp_kv, every_deployment=every_deployment)  # fmt: skip
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
         from tpplan.engines.overlap import overlap_named
 
@@ -409,6 +412,8 @@ def search_plans(
             search_s,
         ),
         plan_files=files,
+        cp_layers=cp_layers,
+        cp_kv=cp_kv,
     )
 
 

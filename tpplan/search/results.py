@@ -202,6 +202,8 @@ class SearchOutcome:
     plan_files: list[PlanFile] = field(default_factory=list)  # one per ranked plan (`tpplan search --save`)
     # the best plan of each deployment searched (grid order; the memo's "Deployments ranked" rows are these)
     deployment_best: tuple[RankedPlan, ...] = ()
+    cp_layers: str = "all"  # the CP options every deployment was priced with (each its own CP size)
+    cp_kv: str = "engines"
 
     @property
     def plans(self) -> list[Plan]:

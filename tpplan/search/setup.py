@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.layout.plan import OverlapName
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.search.grid import Grid
 from tpplan.search.naming import Behaviour, behaviour, named_behaviours
@@ -43,6 +44,7 @@ class Setup:
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
     cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
+    every_deployment: bool = False  # each deployment's best plan is wanted (no cutoff by earlier deployments)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
 
@@ -67,9 +69,9 @@ def evaluate(s: Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1,
 
     # ranked by the engine's serving loop (fixed costs, CPU overlap, PP schedule), as the memo ranks
     predict = with_serving_loop(predict_plan)
-    pr = predict(s.graph, pa.plan, s.topo, tp=tp, pp=pp, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
-                 expert_dtype=s.expert_dtype, audit=pa, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
-                 replicas=replicas)  # fmt: skip
+    mesh = Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv)
+    pr = predict(s.graph, pa.plan, s.topo, mesh=mesh, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
+                 expert_dtype=s.expert_dtype, audit=pa)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
@@ -94,9 +96,8 @@ def objective_of(s: Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> 
         assert s.topo is not None
         from tpplan.cost.pricing import Pricer
 
-        pricer = Pricer(s.graph, s.topo, tp, pp=pp, dtype=s.dtype, expert_dtype=s.expert_dtype,
-                        audit=s.baseline_audit(tp), cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv,
-                        replicas=replicas)  # fmt: skip
+        mesh = Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv)
+        pricer = Pricer(s.graph, s.topo, mesh, dtype=s.dtype, expert_dtype=s.expert_dtype, audit=s.baseline_audit(tp))
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 

@@ -288,10 +288,14 @@ class DisaggResult:
         return self.bound.binding(self.deployment.prefill.instances, self.deployment.decode.instances)
 
     def binding_text(self) -> str:
-        """What binds, in words from the figures beside it."""
+        """What binds, in words from the figures beside it: each side's bound, and how busy each was here."""
         sides = self.bound.sides(self.deployment.prefill.instances, self.deployment.decode.instances)
         others = ", ".join(f"{s} {sides[s]:.3g}" for s in SIDES if s != self.binding)
-        return f"{self.binding} binds: {sides[self.binding]:.3g} requests/s against {others}"
+        run = self.run
+        busy = [sum(b) / len(b) for b in (run.prefill_busy, run.decode_busy, run.link_busy)]
+        return (f"{self.binding} binds: at most {sides[self.binding]:.3g} requests/s against {others}; in this run "
+                f"the prefill instances were busy {busy[0]:.0%}, the decode instances {busy[1]:.0%}, the links "
+                f"{busy[2]:.0%} of the time")  # fmt: skip
 
     @cached_property
     def decode(self) -> dict[str, object] | None:

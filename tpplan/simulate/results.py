@@ -118,16 +118,19 @@ class LoopResult:
                 "makespan_s": self.makespan_s}  # fmt: skip
 
     def decode_summary(self, gpus: int) -> dict[str, object] | None:
-        """TPOT, ITL and request latency (mean, p50/p90/p99), output tokens/s per GPU (the run's output
-        tokens over t = 0 to the last token, over `gpus`) and per user (1 / mean TPOT); None when no
-        request decodes (docs/audit-json.md, `serving.decode`)."""
+        """TPOT, ITL and request latency (mean, p50/p90/p99), the steps that ran decode tokens (their count,
+        mean and largest decode batch, their duration), output tokens/s per GPU (the run's output tokens
+        over t = 0 to the last token, over `gpus`) and per user (1 / mean TPOT); None when no request
+        decodes (docs/audit-json.md, `serving.decode`)."""
         tpots = [t.tpot_s for t in self.timelines if t.request.output_tokens > 1]
         if not tpots or not self.itl:
             return None
         end = max(t.done_s for t in self.timelines)
         out = sum(t.request.output_tokens for t in self.timelines)
-        dec = [s.decode_tokens for s in self.steps if s.decode_tokens]
+        steps = [s for s in self.steps if s.decode_tokens]
+        dec = [s.decode_tokens for s in steps]
         return {"output_tokens": out, "decode_steps": len(dec), "mean_decode_batch": math.fsum(dec) / len(dec),
+                "max_decode_batch": max(dec), "decode_step_s": _stats([s.end_s - s.start_s for s in steps]),
                 "tpot_s": _stats(tpots), "itl_s": _stats(list(self.itl)),
                 "latency_s": _stats([t.latency_s for t in self.timelines]),
                 "output_tok_s": out / end, "output_tok_s_per_gpu": out / end / gpus,

@@ -183,11 +183,9 @@ def with_serving_loop(predict: PredictFn, arrival: Arrival | None = None) -> Pre
         wl: Workload | None = kw.get("workload")
         if wl is None or pred.ttft is None:
             return pred
-        p = cached_predictor(graph, plan, topo, kw["tp"], kw.get("pp", 1), kw.get("dtype", "bf16"),
-                             kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"), cp=kw.get("cp", 1),
-                             cp_recurrence=kw.get("cp_recurrence", "scan"), cp_layers=kw.get("cp_layers", "all"),
-                             cp_kv=kw.get("cp_kv", "engines"),
-                             pipeline=kw.get("pipeline"), replicas=kw.get("replicas", 1))  # fmt: skip
+        p = cached_predictor(graph, plan, topo, kw["mesh"], kw.get("dtype", "bf16"),
+                             kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"),
+                             pipeline=kw.get("pipeline"))  # fmt: skip
         loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
         ctx = graph.spec.numerics.max_position_embeddings
         arrivals = workload_arrivals(wl) if arrival is None else arrivals_for(arrival, wl, ctx)

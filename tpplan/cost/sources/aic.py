@@ -8,7 +8,8 @@ database, `EngineHandle.for_database` binds its compiled query engine, and each 
 `build_ops_json` and evaluated by `EngineHandle.evaluate_ops_json` (the path
 `aiconfigurator_core/sdk/operations/README.md` names as canonical in 0.12.0). The raw table views
 the package binds (`PerfDatabase._<family>_data`, its documented data plane) are read only to know
-the measured range, so an answer can say whether it left it.
+the measured range, so an answer can say whether it left it, and only once per database: their axes
+are kept in the answer file (`aic_axes`, `aic_cache`).
 
 `aiconfigurator_core` is imported lazily: this module imports without it, `aic_available()` says
 whether it is there, and constructing an `AicSource` without it is a one-line TpplanError.
@@ -29,12 +30,11 @@ What an answer means:
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache, wraps
 from typing import Any, Literal
 
@@ -46,7 +46,9 @@ from tpplan.cost.kernel_source import (
     MoeShape,
     stand_in,
 )
+from tpplan.cost.sources.aic_axes import axis_key, build_axes, keys, outside, reach
 from tpplan.cost.sources.aic_cache import answer_file
+from tpplan.cost.sources.aic_log import _FALLBACKS, route_aic_logging
 from tpplan.errors import TpplanError
 
 AIC_ENGINES = ("sglang", "vllm", "trtllm")
@@ -104,48 +106,6 @@ def aic_available() -> bool:
         return importlib.util.find_spec("aiconfigurator_core") is not None
     except (ImportError, ValueError):
         return False
-
-
-# AIC logs through `logging.getLogger(__name__)` with no handler of its own, so without one Python's
-# last-resort handler prints its warnings (e.g. `PerfDatabase._emit_resolver_warnings`' "Loading
-# low-fidelity fallback rows for <table> from <path>", sdk/perf_database.py in 0.12.0) to stderr in
-# the middle of tpplan's output. They are routed to the `tpplan.aic` logger at DEBUG (shown only when
-# a caller configures logging that verbosely); what a user needs to know, that a table tpplan prices
-# from served fallback rows, the provenance says (`fallback_tables`, `cost.provenance`).
-AIC_LOGGER = "aiconfigurator_core"
-LOW_FIDELITY = "Loading low-fidelity fallback rows"
-TABLE_CLASS = {  # AIC's table files the queries below read (`PerfDataFilename` values) -> the band class priced
-    "gemm_perf.parquet": "gemm",
-    "context_attention_perf.parquet": "attention",
-    "context_mla_perf.parquet": "attention",
-    "moe_perf.parquet": "moe",
-    "nccl_perf.parquet": "collectives",
-    "custom_allreduce_perf.parquet": "collectives",
-}
-_FALLBACKS: dict[str, str] = {}  # AIC table file -> the file it served low-fidelity rows from
-
-
-class _AicLogRoute(logging.Handler):
-    """Re-logs AIC's records at DEBUG on `tpplan.aic` and notes its low-fidelity fallbacks."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if str(record.msg).startswith(LOW_FIDELITY) and isinstance(record.args, tuple) and len(record.args) >= 2:
-            _FALLBACKS.setdefault(str(record.args[0]), str(record.args[1]))
-        logging.getLogger("tpplan.aic").debug("%s %s: %s", record.levelname, record.name, record.getMessage())
-
-
-def route_aic_logging() -> None:
-    """Send AIC's log records to `tpplan.aic` at DEBUG instead of stderr (idempotent)."""
-    logger = logging.getLogger(AIC_LOGGER)
-    if not any(isinstance(h, _AicLogRoute) for h in logger.handlers):
-        logger.addHandler(_AicLogRoute())
-    logger.propagate = False
-
-
-def fallback_tables() -> dict[str, str]:
-    """The AIC tables tpplan prices from that served low-fidelity fallback rows in this process
-    (AIC's words: "framework-implicit and may differ from real backend behavior"), to their files."""
-    return {t: f for t, f in _FALLBACKS.items() if t in TABLE_CLASS}
 
 
 def _require_aic(what: str) -> None:
@@ -211,8 +171,6 @@ class _Loaded:
     db: Any
     handle: Any
     load_s: float
-    # (op, AIC's quant mode: its own untyped enum) -> the measured (m, n, k) axes
-    ranges: dict[tuple[str, Any], tuple[list[int], list[int], list[int]]] = field(default_factory=dict)
 
 
 @cache
@@ -232,45 +190,6 @@ def _load(system: str, engine: str, version: str) -> _Loaded:
         )
     handle = EngineHandle.for_database(db)
     return _Loaded(db, handle, time.perf_counter() - t0)
-
-
-def _keys(d: Any) -> list[Any]:
-    return list(d.keys()) if d is not None and hasattr(d, "keys") else []
-
-
-def _union_keys(nodes: list[Any]) -> list[Any]:
-    out: set[Any] = set()
-    for n in nodes:
-        out.update(_keys(n))
-    return sorted(out)
-
-
-def _children(nodes: list[Any]) -> list[Any]:
-    return [n[k] for n in nodes for k in _keys(n)]
-
-
-def _outside(value: float, lo: float, hi: float) -> float:
-    """How many times outside [lo, hi] `value` lies (1.0 inside)."""
-    if value > hi:
-        return value / hi
-    if 0 < value < lo:
-        return lo / value
-    return 1.0
-
-
-def _reach(by_heads: Any, shape: AttentionShape) -> float | None:
-    """How far `shape` lies outside an attention table's measured heads, tokens and batches (the
-    largest factor; 1.0 inside), or None where the table has no rows."""
-    heads = sorted(_keys(by_heads))
-    if not heads:
-        return None
-    tokens = _union_keys([by_heads[h] for h in heads])
-    batches = _union_keys(_children([by_heads[h] for h in heads]))
-    return max(
-        _outside(shape.heads, heads[0], heads[-1]),
-        _outside(shape.tokens, tokens[0], tokens[-1]),
-        _outside(shape.batch, batches[0], batches[-1]),
-    )
 
 
 Shape = GemmShape | AttentionShape | MoeShape | CollectiveShape
@@ -409,54 +328,49 @@ class AicSource:
         db = self._loaded.db
         op_class.load_data(db)
         view = getattr(db, attr, None)
-        return view if view is not None and _keys(view) else None
+        return view if view is not None and keys(view) else None
+
+    def _axes(self, family: TableFamily) -> dict[str, Any]:
+        """The measured axes of one op family's table (`aic_axes`): from the answer file, else read
+        from AIC's view of the table once and kept there, with the fallback tables loading it logged."""
+        held, axes = self._answers.get(f"axes:{family}")
+        if held:
+            return dict(axes)
+        before = set(_FALLBACKS)
+        axes = build_axes(family, self.table(family))
+        self._answers.put(f"axes:{family}", axes, {t: f for t, f in _FALLBACKS.items() if t not in before})
+        return axes
 
     def _price(self, seconds: float, extrapolated: bool, detail: str = "") -> KernelPrice:
         return KernelPrice(seconds, self.name + (f":{detail}" if detail else ""), extrapolated)
 
     @staticmethod
-    def _pick(view: Any, names: tuple[str, ...]) -> Any | None:
-        by_name = {getattr(k, "name", str(k)): k for k in _keys(view)}
-        for n in names:
-            if n in by_name:
-                return by_name[n]
-        return None
+    def _pick(held: list[str] | dict[str, Any], names: tuple[str, ...]) -> str | None:
+        """The first of `names` (a weight format, in order of preference) that a table holds."""
+        return next((n for n in names if n in held), None)
 
     # ---- GEMM ------------------------------------------------------------------------------
-
-    def _gemm_range(self, quant: Any) -> tuple[list[int], list[int], list[int]]:
-        key = ("gemm", quant)
-        if key not in self._loaded.ranges:
-            from aiconfigurator_core.sdk.operations import GEMM
-
-            by_m = self._view(GEMM, "_gemm_data")[quant]
-            ms = sorted(_keys(by_m))
-            ns_nodes = [by_m[m] for m in ms]
-            ns = _union_keys(ns_nodes)
-            ks = _union_keys(_children(ns_nodes))
-            self._loaded.ranges[key] = (ms, ns, ks)
-        return self._loaded.ranges[key]
 
     @_remembered
     def gemm(self, shape: GemmShape) -> KernelPrice | None:
         from aiconfigurator_core.sdk import common
         from aiconfigurator_core.sdk.operations import GEMM
 
-        view = self._view(GEMM, "_gemm_data")
+        axes = self._axes("gemm")
         matching, stand_ins = _GEMM_QUANT.get(shape.dtype, ((), ()))
-        quant = self._pick(view, matching + stand_ins) if view is not None else None
+        quant = self._pick(axes, matching + stand_ins)
         if quant is None or min(shape.m, shape.k, shape.n) < 1:
             return None
-        ms, ns, ks = self._gemm_range(quant)
-        out = max(_outside(shape.m, ms[0], ms[-1]), _outside(shape.n, ns[0], ns[-1]), _outside(shape.k, ks[0], ks[-1]))
+        (m0, m1), (n0, n1), (k0, k1) = axes[quant]
+        out = max(outside(shape.m, m0, m1), outside(shape.n, n0, n1), outside(shape.k, k0, k1))
         if out > FAR:
             return None
-        op = GEMM("gemm", 1.0, int(shape.n), int(shape.k), getattr(common.GEMMQuantMode, quant.name))
+        op = GEMM("gemm", 1.0, int(shape.n), int(shape.k), getattr(common.GEMMQuantMode, quant))
         got = self._evaluate(op, batch=1, tokens=shape.m)
         if got is None:
             return None
-        other = stand_in(quant.name, shape.dtype, matching)
-        return self._price(got[0], got[1] or out > 1.0 or bool(other), f"gemm-{quant.name}{other}")
+        other = stand_in(quant, shape.dtype, matching)
+        return self._price(got[0], got[1] or out > 1.0 or bool(other), f"gemm-{quant}{other}")
 
     # ---- attention -------------------------------------------------------------------------
 
@@ -474,19 +388,10 @@ class AicSource:
 
         if shape.head_dim_qk != shape.head_dim_v or shape.kv_heads < 1 or shape.heads % shape.kv_heads:
             return None
-        view = self._view(ContextAttention, "_context_attention_data")
-        fmha = self._pick(view, ("bfloat16",)) if view is not None else None
-        kv = self._pick(view[fmha], ("bfloat16",)) if fmha is not None else None
-        if kv is None:
-            return None
-        node = view[fmha][kv]
         kv_key = 0 if shape.kv_heads == shape.heads else shape.kv_heads  # AIC keys MHA as 0 kv heads
         window = shape.window or 0
-        try:
-            by_heads = node[kv_key][shape.head_dim_qk][window]
-        except (KeyError, TypeError):
-            return None
-        out = _reach(by_heads, shape)
+        axes = self._axes("context_attention").get("layouts", {}).get(axis_key(kv_key, shape.head_dim_qk, window))
+        out = None if axes is None else reach(axes, shape.heads, shape.tokens, shape.batch)
         if out is None or out > FAR:
             return None
         op = ContextAttention(
@@ -536,12 +441,8 @@ class AicSource:
 
         if (shape.head_dim_qk, shape.head_dim_v) != (192, 128) or shape.window:
             return None  # AIC's MLA kernels are DeepSeek's: 128 nope + 64 rope q/k dims, 128 v dims
-        view = self._view(ContextMLA, "_context_mla_data")
-        fmha = self._pick(view, ("bfloat16",)) if view is not None else None
-        kv = self._pick(view[fmha], ("bfloat16",)) if fmha is not None else None
-        if kv is None:
-            return None
-        out = _reach(view[fmha][kv], shape)
+        axes = self._axes("context_mla").get("axes")
+        out = None if axes is None else reach(axes, shape.heads, shape.tokens, shape.batch)
         if out is None or out > FAR:
             return None
         op = ContextMLA("mla", 1.0, int(shape.heads), common.KVCacheQuantMode.bfloat16, common.FMHAQuantMode.bfloat16)
@@ -555,19 +456,15 @@ class AicSource:
     def moe_tokens(self, shape: MoeShape) -> tuple[str, list[int]] | None:
         """(AIC quant name, measured token counts) for the shape's exact MoE configuration, or None
         where the database never measured it."""
-        from aiconfigurator_core.sdk.operations import MoE
-
-        view = self._view(MoE, "_moe_data")
-        quant = self._pick(view, sum(_MOE_QUANT.get(shape.dtype, ((), ())), ())) if view is not None else None
+        axes = self._axes("moe")
+        quant = self._pick(axes.get("quants", []), sum(_MOE_QUANT.get(shape.dtype, ((), ())), ()))
         if quant is None:
             return None
-        try:
-            node = view[quant][self.moe_distribution][shape.top_k][shape.experts][shape.hidden][shape.intermediate]
-            by_tokens = node[shape.tp][shape.ep]
-        except (KeyError, TypeError):
-            return None
-        tokens = sorted(_keys(by_tokens))
-        return (quant.name, tokens) if tokens else None
+        s = shape
+        config = axis_key(quant, self.moe_distribution, s.top_k, s.experts, s.hidden, s.intermediate, s.tp, s.ep)
+        index = axes["configs"].get(config)
+        tokens = [] if index is None else axes["tokens"][index]
+        return (quant, list(tokens)) if tokens else None
 
     @_remembered
     def moe(self, shape: MoeShape) -> KernelPrice | None:
@@ -578,7 +475,7 @@ class AicSource:
         if found is None or shape.tokens < 1:
             return None
         quant, tokens = found
-        out = _outside(shape.tokens, tokens[0], tokens[-1])
+        out = outside(shape.tokens, tokens[0], tokens[-1])
         if out > FAR:
             return None
         op = MoE(
@@ -602,23 +499,14 @@ class AicSource:
 
     # ---- collectives -----------------------------------------------------------------------
 
-    def _comm_sizes(self, kind: str, ranks: int) -> tuple[Any, list[int]] | None:
-        """(op to build, measured sizes in elements) for one collective kind and group size."""
-        from aiconfigurator_core.sdk.operations import NCCL, CustomAllReduce
-
+    def _comm_sizes(self, kind: str, ranks: int) -> tuple[str, list[int]] | None:
+        """(op to build, [first, last] measured size in elements) for one collective kind and group size."""
         if kind == "all_reduce" and self.all_reduce == "engine":
-            view = self._view(CustomAllReduce, "_custom_allreduce_data")
-            half = self._pick(view, ("half",)) if view is not None else None
-            if half is None or ranks not in _keys(view[half]):
-                return None
-            sizes = _union_keys(_children([view[half][ranks]]))
-            return "custom", sizes
-        view = self._view(NCCL, "_nccl_data")
-        half = self._pick(view, ("half",)) if view is not None else None
+            sizes = self._axes("custom_allreduce").get(axis_key(ranks))
+            return None if sizes is None else ("custom", sizes)
         op = _NCCL_OP.get(kind)
-        if half is None or op not in _keys(view[half]) or ranks not in _keys(view[half][op]):
-            return None
-        return "nccl", sorted(_keys(view[half][op][ranks]))
+        sizes = self._axes("nccl").get(str(op), {}).get(axis_key(ranks))
+        return None if sizes is None else ("nccl", sizes)
 
     @_remembered
     def collective(self, shape: CollectiveShape) -> KernelPrice | None:
@@ -632,7 +520,7 @@ class AicSource:
             return None
         path, sizes = found
         elements = max(1, round(shape.nbytes / _COMM_BYTES))
-        out = _outside(elements, sizes[0], sizes[-1])
+        out = outside(elements, sizes[0], sizes[-1])
         if elements > sizes[-1] * FAR:
             return None
         if path == "custom":

@@ -6,7 +6,9 @@ Asking AIC's database costs seconds per process before the first answer: importi
 command asks a few hundred distinct questions. This module keeps, per AIC system x engine x
 engine version, a compact JSON file of the answers the adapter gave (`AicSource.gemm`, `attention`,
 `moe`, `collective`: seconds, source name, extrapolated, or "no answer"), the database listing and
-the default versions, and which tables AIC served low-fidelity fallback rows for. A question the
+the default versions, which tables AIC served low-fidelity fallback rows for, and each table's
+measured axes (`aic_axes`, keys `axes:<family>`), so a new question loads AIC's engine but not its
+slow Python view of the table. A question the
 file holds is answered without importing AIC; one it lacks loads the database as before and adds
 its answer (written when the process or a forked worker ends, atomically: a temporary file in the same folder, then
 `os.replace`, merged with what another process wrote meanwhile, under a lock on `.lock` in the
@@ -14,7 +16,7 @@ folder so that concurrent writers do not drop each other's answers).
 
 Where: `$TPPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/tpplan/aic`, else `~/.cache/tpplan/aic`. Each file's
 name and header carry the installed `aiconfigurator-core` version and a digest of the adapter's
-source (this module, `aic.py` and the shapes of `kernel_source.py`), so a new package or a changed
+source (this module, `aic.py`, `aic_axes.py` and the shapes of `kernel_source.py`), so a new package or a changed
 adapter starts a new file and never reads an old answer. Only files of this naming in that folder
 are written, and a new file replaces its predecessors (the same database's files of another version
 or adapter). A folder that cannot be written is not an error: the answers are then recomputed next
@@ -74,7 +76,7 @@ def adapter_digest() -> str:
     """Digest of the adapter code whose answers the files hold: a change to it starts new files."""
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for path in (here / "aic.py", here / "aic_cache.py", here.parent / "kernel_source.py"):
+    for path in (here / "aic.py", here / "aic_axes.py", here / "aic_cache.py", here.parent / "kernel_source.py"):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
 
