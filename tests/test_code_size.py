@@ -11,7 +11,7 @@ from tools.code_size import FUNCTION_LINES, MODULE_LINES, big_modules, long_func
 
 MAX_LONG_FUNCTIONS = 24  # functions over 60 lines whose docstring does not say why (issue 30 target: 15)
 BIG_MODULES = {  # module: its lines when this test came in, under active edit elsewhere; may only shrink
-    "tpplan/report/analysis.py": 619,
+    "tpplan/report/analysis.py": 617,
 }
 
 
