@@ -8,10 +8,11 @@ import math
 import pytest
 
 from tests.cli_helpers import run_cli
-from tpplan.cost.context_parallel import exchange_bytes, local_segments
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import load_topology
 from tpplan.layout.context_parallel import audit_cp, causal_imbalance, chunk_bounds, model_split, rank_positions
+from tpplan.lower.batch import local_segments
+from tpplan.lower.passes.cp import exchange_bytes
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph

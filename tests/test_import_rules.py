@@ -177,7 +177,7 @@ def test_planner_and_report_work_never_imports_torch() -> None:
         "from tpplan.audit import audit\n"
         "from tpplan.cost.topology import load_topology\n"
         "from tpplan.cost.workload import load_workload\n"
-        "from tpplan.layout.schedule import predict_schedule\n"
+        "from tpplan.lower.schedule import predict_schedule\n"
         "from tpplan.models.config import load_model\n"
         "from tpplan.models.graph import build_model_graph\n"
         "from tpplan.plans.named import make_plan\n"

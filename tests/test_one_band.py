@@ -14,7 +14,6 @@ from cli_helpers import run_cli
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
-from tpplan.report.rows import label_of
 from tpplan.search import run_search
 
 TOPOLOGY = "h200x2"
@@ -52,4 +51,4 @@ def test_the_memos_deployment_rows_are_the_searchs_per_deployment_best(model: st
     assert len(rows) >= 2
     for label, ttft in rows.items():
         assert ttft == pytest.approx(best[label], rel=1e-9), label
-    assert set(rows) <= {label_of((*g, None)) for g in searched.grid}
+    assert set(rows) <= {m.label() for m in searched.grid}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tpplan.audit import audit_plan
-from tpplan.layout.schedule import chunk_sizes, padded_rows, predict_schedule
+from tpplan.layout.schedule import chunk_sizes, padded_rows
+from tpplan.lower.schedule import predict_schedule
 from tpplan.models.config import list_presets, load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import EXTRA_PLANS, NAMED_PLANS, make_plan

@@ -56,9 +56,12 @@ def test_the_coverage_the_issue_asks_for() -> None:
 
 
 def test_nothing_in_the_planner_reads_the_public_points() -> None:
-    """Out of sample: no module, preset or data file under tpplan/ names either file."""
+    """Out of sample: no module, preset or data file under tpplan/ names either file, and under tools/ only
+    the two validation tools do (no fitting tool: aic_fit, curve_check, ...)."""
     names = ("serving-public", "serving_public")
     for path in (ROOT / "tpplan").rglob("*"):
         if path.is_file() and path.suffix in (".py", ".toml", ".json", ".md", ".txt"):
             text = path.read_text(encoding="utf-8", errors="replace")
             assert not any(n in text for n in names), path
+    readers = {p.name for p in (ROOT / "tools").glob("*.py") if any(n in p.read_text(encoding="utf-8") for n in names)}
+    assert readers == {"validate_serving.py", "validate_decode.py"}

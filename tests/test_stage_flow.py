@@ -43,7 +43,7 @@ def test_a_search_audits_every_plan_once_and_each_baseline_exactly_once(audits_c
     audits = Audits(graph)
     out = search_plans(graph, topo, workload=wl, top=3, audits=audits, replicas="all")
     assert len(out.stats.deployments) == 4, "the case needs a grid (TP2, TP1xPP2, TP1xCP2, 2x TP1)"
-    for tp, *_ in out.grid:
+    for tp in (m.tp for m in out.grid):
         assert audits_counted[(_decisions_only(baseline()), tp, "bf16")] == 1, f"baseline at TP{tp}"
     assert audits_counted and max(audits_counted.values()) == 1, audits_counted.most_common(2)
     assert sum(audits_counted.values()) == len(audits)  # every audit made went into the one Audits

@@ -10,8 +10,9 @@ import pytest
 
 from tpplan.cost.predict import cached_predictor
 from tpplan.cost.topology import load_topology
-from tpplan.layout.schedule import predict_schedule, ring_sent_bytes
+from tpplan.layout.schedule import ring_sent_bytes
 from tpplan.layout.transitions import TRANSITIONS, transition
+from tpplan.lower.schedule import predict_schedule
 from tpplan.lower.sizes import nccl_bytes
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model

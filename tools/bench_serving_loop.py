@@ -2,7 +2,8 @@
 
 Usage: `python tools/bench_serving_loop.py [--requests N]`. Prices are a fixed linear function of the
 step's tokens, so this times the loop itself (step formation, pipeline, timelines, percentiles), not
-the cost model; each form is run 3 times and the best wall time printed.
+the cost model; each form is run 3 times and the best wall time printed. Prices go through `CachedPrices`
+as the CLI's do; the last two cases are P/D deployments (`simulate.disagg_loop`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import argparse
 import time
 
+from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, simulate_disaggregated
 from tpplan.simulate.loop import LoopConfig, StagePrices, simulate
+from tpplan.simulate.prices import CachedPrices
 from tpplan.simulate.requests import Arrivals, Shape, closed_loop, poisson
+from tpplan.simulate.results import LoopResult
 
 SHAPES = [Shape(2000), Shape(500, cached_share=0.5), Shape(8000), Shape(30000)]
 DECODE_SHAPES = [Shape(2000, 200), Shape(500, 100, 0.5), Shape(8000, 300), Shape(30000, 200)]
@@ -50,11 +54,29 @@ def main() -> None:
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            res = simulate(arrivals, linear(stages), cfg, replicas=2 if "replicas" in name else 1)
+            # CachedPrices as the CLI prices (decode steps at grid points of the mean context, per step)
+            res = simulate(arrivals, CachedPrices(linear(stages)), cfg, replicas=2 if "replicas" in name else 1)
             best = min(best, time.perf_counter() - t0)
-        dec = res.decode_summary(1)
-        tpot = "" if dec is None else f", p99 TPOT {dec['tpot_s']['p99'] * 1e3:.2f} ms"  # type: ignore[index]
-        print(f"{name}: {n} requests, {len(res.steps)} steps, {best:.3f} s (p99 TTFT {res.p(99):.3f} s{tpot})")
+        report(name, n, res, best)
+    for rule in (SGLANG_RULE, VLLM_RULE):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run = simulate_disaggregated(
+                poisson(20.0, DECODE_SHAPES, n, seed=1),
+                PoolLoop(CachedPrices(linear(1)), LoopConfig(8192), 2),
+                PoolLoop(CachedPrices(linear(1)), LoopConfig(8192, decode=True, max_running=256), 2),
+                lambda r: r.prompt_tokens * 1e-6,
+                rule,
+            )
+            best = min(best, time.perf_counter() - t0)
+        report(f"P/D {rule.engine}, poisson 20/s, 2 prefill + 2 decode instances", n, run.result, best)
+
+
+def report(name: str, n: int, res: LoopResult, best: float) -> None:
+    dec = res.decode_summary(1)
+    tpot = "" if dec is None else f", p99 TPOT {dec['tpot_s']['p99'] * 1e3:.2f} ms"  # type: ignore[index]
+    print(f"{name}: {n} requests, {len(res.steps)} steps, {best:.3f} s (p99 TTFT {res.p(99):.3f} s{tpot})")
 
 
 if __name__ == "__main__":

@@ -167,20 +167,27 @@ def predict(p: dict[str, Any]) -> DecodeReplay:
 STEP_CLASSES = ("moe", "gemm", "collectives", "elementwise", "attention", "recurrence")
 
 
-def step_shares(p: dict[str, Any]) -> tuple[float, dict[str, float]]:
+def step_shares(p: dict[str, Any]) -> tuple[float, dict[str, float], float]:
     """One decode step of an aggregated point as the loop prices it (batch = its concurrency, every request at
-    the mean KV length prompt + output / 2): the step's seconds and each op class's share of it."""
+    the mean KV length prompt + output / 2): the step's seconds, each op class's share of it, and the band the
+    memo would compose for it (`tpplan.cost.bands`: each (class, source)'s out-of-sample error by its share)."""
+    from types import SimpleNamespace
+
+    from tpplan.cost.bands import compose, prediction_seconds
+
     pred, _, _ = predictor_for(p)
     segs = ((1, int(p["prompt_tokens"]) + int(p["output_tokens"]) // 2),) * int(p["concurrency"])
-    stages, sends, _ = pred.stage_times(segs)
+    stages, sends, final = pred.stage_times(segs)
+    kinds = [pred.kind_time(res, segs) for res in {id(r): r for r in pred.audit.layer_results}.values()]
     by = dict.fromkeys(STEP_CLASSES, 0.0)
-    for res in {id(r): r for r in pred.audit.layer_results}.values():
-        kt = pred.kind_time(res, segs)
+    for kt in kinds:
         for o in kt.ops:
-            by[o.category] = by.get(o.category, 0.0) + pred.counts[res.kind] * o.seconds
-        by["collectives"] += pred.counts[res.kind] * math.fsum(c.seconds for c in kt.collectives)
+            by[o.category] = by.get(o.category, 0.0) + kt.count * o.seconds
+        by["collectives"] += kt.count * math.fsum(c.seconds for c in kt.collectives)
     total = math.fsum(stages) + math.fsum(sends)
-    return total, {k: v / total for k, v in by.items()}
+    band, _ = compose(prediction_seconds(SimpleNamespace(kinds=kinds, stage_comm_s=math.fsum(sends),
+                                                         final_comm_s=final)))  # fmt: skip
+    return total, {k: v / total for k, v in by.items()}, band
 
 
 def _shares_table(done: list[DecodeReplay]) -> list[str]:
@@ -191,16 +198,20 @@ def _shares_table(done: list[DecodeReplay]) -> list[str]:
         if p.get("mode", "aggregated") != "aggregated" or p["prompt_tokens"] == "swept" or r.regime in seen:
             continue
         seen.add(r.regime)
-        total, share = step_shares(p)
+        total, share, band = step_shares(p)
         cells = " | ".join(f"{share[k]:.0%}" for k in STEP_CLASSES)
-        rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} |")
+        errors = [x.error for x in done if x.regime == r.regime]
+        inside = sum(abs(e) <= band for e in errors)
+        rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} | ±{band:.0%} | {inside} of {len(errors)} |")
     head = [
         "",
         "Where the priced decode step goes (batch = the concurrency, KV at prompt + output / 2; shares of the",
-        "step's time; the rest is the last stage's final reduction and sends):",
+        "step's time; the rest is the last stage's final reduction and sends), the band the memo's rule composes",
+        "for that step (each op class and source's out-of-sample error, tpplan/cost/presets/bands/errors.toml, by",
+        "its share), and how many of the regime's replays above fall inside it:",
         "",
-        "| regime | step ms | " + " | ".join(STEP_CLASSES) + " |",
-        "|---|---|" + "---|" * len(STEP_CLASSES),
+        "| regime | step ms | " + " | ".join(STEP_CLASSES) + " | composed band | errors inside |",
+        "|---|---|" + "---|" * len(STEP_CLASSES) + "---|---|",
     ]
     return head + rows
 

@@ -122,6 +122,9 @@ class ModelSlice(_Strict):
     layer_kinds: dict[str, int] = Field(description="layer kind -> layers of it in the slice")
     experts: int | None = Field(default=None, ge=1, description="routed experts kept (of the model's)")
     hidden: int | None = Field(default=None, ge=1)
+    sized: str | None = Field(
+        default=None, description="what the card's memory cut (experts, requests), in words; files since 2026-12-06"
+    )
 
 
 class BenchMeta(_Strict):

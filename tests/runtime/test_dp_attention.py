@@ -14,7 +14,7 @@ import torch
 
 from tpplan.audit import audit_plan
 from tpplan.layout.dp_attention import DP_TRANSITIONS, priced_tokens, rank_tokens
-from tpplan.layout.schedule import predict_schedule
+from tpplan.lower.schedule import predict_schedule
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import OpKind, build_model_graph

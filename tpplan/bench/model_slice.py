@@ -2,7 +2,8 @@
 
 A whole Kimi-K3 does not fit on two GPUs, but its layers are a handful of repeated structures.
 The benchmark runs a few consecutive layers at their real hidden, head and latent widths, with
-as many routed experts as fit, and scales the measurement back to the whole model. Torch-free:
+as many routed experts and requests as the card holds (`slice_memory`), and scales the measurement
+back to the whole model. Torch-free:
 the predictions are made for exactly this slice (the same `ModelGraph`), so measured and
 predicted always describe the same work.
 
@@ -149,37 +150,11 @@ def build_slice(
     return ModelSlice(SliceSpec(model, sel, kept), build_model_graph(spec), build_model_graph(full_spec), kept, top_k)
 
 
-def expert_bytes_per_rank(sl: ModelSlice, experts: int, n: int, dtype_bytes: int = 2) -> float:
-    """Bytes one of `n` ranks holds for `experts` routed experts in every MoE layer of the slice
-    (every MoE mode spreads the experts' weights evenly over the ranks)."""
-    total = 0.0
-    for layer in sl.graph.spec.layers:
-        if isinstance(layer.mlp, MoESpec):
-            width = layer.mlp.latent or sl.graph.hidden
-            total += 3 * width * layer.mlp.expert_intermediate * experts * dtype_bytes
-    return total / n
-
-
-def experts_that_fit(sl: ModelSlice, n: int, memory_bytes: float, share: float = 0.35) -> int:
-    """The largest power of two (up to the model's experts, divisible by `n`) whose weights take at
-    most `share` of a rank's memory: the rest is for the dense weights, activations and KV cache."""
-    most = sl.full_moe_experts
-    best = 0
-    e = 1
-    while e <= most:
-        if e % n == 0 and expert_bytes_per_rank(sl, e, n) <= share * memory_bytes:
-            best = e
-        e *= 2
-    return best or min(most, n)
-
-
 __all__ = [
     "SLICE_LAYERS",
     "ModelSlice",
     "SliceSpec",
     "build_slice",
     "default_layers",
-    "expert_bytes_per_rank",
-    "experts_that_fit",
     "parse_layers",
 ]

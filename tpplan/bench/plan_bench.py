@@ -4,7 +4,8 @@ Why: the cost model decides which plan a team should deploy; this module checks 
 hardware before anyone spends a multi-node reservation. One process group runs every requested
 plan in turn (forming the group and initialising NCCL is the slow part):
 
-1. Each rank builds the slice (`model_slice`: real widths, a few layers, as many experts as fit),
+1. Each rank builds the slice (`model_slice`: real widths, a few layers; as many experts and requests
+   as the card holds, `slice_memory`),
    its shard of random bf16 weights (generated on the device, seeded per tensor name, so the
    replicated ones agree across ranks; no checkpoint is read), and a `PlanRunner` (the
    distributed runtime) whose ops, layers and collectives are wrapped with timers.
@@ -40,11 +41,13 @@ files), `ttft`, `checks` (targets), `markdown`. This module runs them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
-from tpplan.bench.config import BenchConfig, act_dtype, check_inputs
+from tpplan.bench.config import BenchConfig, act_dtype, check_inputs, resolved_workload
 from tpplan.bench.results import PlanBench, build_results
 from tpplan.bench.worker import worker
+from tpplan.cost.workload import Workload
 from tpplan.errors import TpplanError
 
 
@@ -70,7 +73,17 @@ def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
     raw = run_group(worker, spec, (cfg, wl, backend))
     if raw is None:
         return None
+    cfg, wl = with_sized_requests(cfg, wl, raw.get("requests"))
     return build_results(cfg, wl, raw, world, backend)
 
 
-__all__ = ["run_bench"]
+def with_sized_requests(cfg: BenchConfig, wl: Workload, requests: int | None) -> tuple[BenchConfig, Workload]:
+    """The config and workload as run when the card's memory cut the requests (`slice_memory`): the
+    recorded command gains `--requests N`, so a re-prediction prices the workload that ran."""
+    if requests is None or requests >= wl.total_requests:
+        return cfg, wl
+    cfg = dataclasses.replace(cfg, requests=requests, command=f"{cfg.command} --requests {requests}")
+    return cfg, resolved_workload(cfg)
+
+
+__all__ = ["run_bench", "with_sized_requests"]

@@ -82,10 +82,9 @@ def run_experts(c: Case) -> dict[str, Any]:
     from tpplan.bench import serving_kernels as SK
     from tpplan.bench.serving_kernels import expert_ffn, grouped_routed_experts
 
-    # One shape that `torch._grouped_mm` refuses (an intermediate slice not a multiple of 8, e.g. gpt-oss's
-    # 2880 / 32 = 90) turns the per-expert loop on for the rest of the process: each case starts afresh
-    # and records which path it ran (`grouped`).
-    SK._GROUPED.clear()
+    # A shape that `torch._grouped_mm` refuses (an intermediate slice not a multiple of 8, e.g. gpt-oss's
+    # 2880 / 32 = 90) runs the per-expert loop: each case records which path it ran (`grouped`).
+    SK.reset_expert_paths()
 
     e, loc, kk, wd, inter, t = c["experts"], c["local"], c["top_k"], c["width"], c["inter"], c["tokens"]
     gate, up, down = (

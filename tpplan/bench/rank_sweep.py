@@ -98,8 +98,11 @@ def gemm_cases() -> list[Case]:
 # The dimension along which each family's work grows, all else equal (tokens everywhere; heads too).
 GROWS = {"attention": ("tokens", "heads"), "kda": ("tokens", "heads"), "gdn": ("tokens", "heads"),
          "experts": ("tokens",), "norm": ("tokens", "width"), "short_conv": ("tokens", "channels"),
-         "elementwise": ("tokens", "width"), "attn_res": ("tokens",), "gemm": ("m",)}  # fmt: skip
-TIMES = ("seconds", "b2b_s", "spread", "ffn_s", "combine_s", "rows", "active", "max_rows", "skipped", "grouped")
+         "elementwise": ("tokens", "width"), "attn_res": ("tokens",), "gemm": ("m",),
+         "decode_gqa": ("kv", "batch"), "decode_mla": ("kv", "batch"), "gemm_small": ("m",),
+         "experts_small": ("tokens",)}  # fmt: skip
+TIMES = ("seconds", "b2b_s", "spread", "ffn_s", "combine_s", "rows", "active", "max_rows", "skipped", "grouped",
+         "splits")  # fmt: skip
 # Each family's share of the budget, in the order `all_cases` runs them.
 SHARE = {"kda": 0.14, "gdn": 0.12, "experts": 0.22, "attention": 0.2, "norm": 0.06, "short_conv": 0.06,
          "elementwise": 0.06, "attn_res": 0.03, "gemm": 0.06}  # fmt: skip
@@ -124,10 +127,11 @@ def _case(p: dict[str, Any]) -> Case:
     return {k: v for k, v in p.items() if k not in TIMES and k != "remeasured"}
 
 
-def run_family(cases: list[Case], deadline: float) -> list[dict[str, Any]]:
+def run_family(cases: list[Case], deadline: float, runners: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Time each case (until `deadline`), then time the non-monotone ones twice more and keep the median."""
-    from tpplan.bench.rank_runners import RUNNERS
+    from tpplan.bench.rank_runners import RUNNERS as PREFILL
 
+    RUNNERS = runners or PREFILL
     out = []
     for c in cases:
         if time.perf_counter() > deadline:
@@ -137,8 +141,8 @@ def run_family(cases: list[Case], deadline: float) -> list[dict[str, Any]]:
         if time.perf_counter() > deadline:
             break
         again = [out[i]] + [{**_case(out[i]), **RUNNERS[out[i]["family"]](_case(out[i]))} for _ in range(2)]
-        merged: dict[str, Any] = {
-            k: statistics.median(r[k] for r in again) for k in ("seconds", "b2b_s") if k in out[i]
+        merged: dict[str, Any] = {  # a repeat can differ in kind (random routing: no rows on this rank)
+            k: statistics.median(r[k] for r in again) for k in ("seconds", "b2b_s") if all(k in r for r in again)
         }
         out[i] = {**out[i], **merged, "remeasured": [r["seconds"] for r in again]}
     return out
@@ -157,27 +161,31 @@ def gpu_state() -> dict[str, Any]:
     return dict(zip(q.split(","), (x.strip() for x in line.split(",")), strict=False))
 
 
-def run(out_path: str, budget_s: float, families: list[str] | None = None) -> dict[str, Any]:
-    """The sweep within `budget_s`, the JSON written after every family (a run cut short keeps its data)."""
+def run(out_path: str, budget_s: float, families: list[str] | None = None, *,
+        cases: dict[str, list[Case]] | None = None, shares: dict[str, float] | None = None,
+        runners: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The sweep within `budget_s`, the JSON written after every family (a run cut short keeps its data).
+    `cases`/`shares`/`runners`: another sweep's (`decode_sweep`); default this one's."""
     import torch
 
     from tpplan.outputs import write_files
 
     start = time.perf_counter()
-    cases = all_cases()
+    cases = cases if cases is not None else all_cases()
+    share = shares or SHARE
     doc: dict[str, Any] = {"version": RANK_SWEEP_VERSION, "gpu": torch.cuda.get_device_name(),
                            "torch": torch.__version__, "fla": _fla_version(),
                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu_state_start": gpu_state(),
                            "timing": "seconds: host ahead (GPU time); b2b_s: back to back", "points": [],
                            "skipped": [], "family_s": {}}  # fmt: skip
     names = families or list(cases)
-    total = sum(SHARE.get(n, 0.05) for n in names)
+    total = sum(share.get(n, 0.05) for n in names)
     used = 0.0
     for name in names:
         t0 = time.perf_counter()
-        used += SHARE.get(name, 0.05) / total
+        used += share.get(name, 0.05) / total
         try:  # each family ends by its cumulative share of the budget (time a family leaves passes on)
-            pts = run_family(cases[name], start + budget_s * used)
+            pts = run_family(cases[name], start + budget_s * used, runners)
         except Exception as exc:  # a family that fails (missing fla, OOM) is reported; the rest still run
             doc["skipped"].append(f"{name}: {type(exc).__name__}: {exc}")
             pts = []

@@ -112,7 +112,11 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             workload=cfg.workload,
             topology=cfg.topology,
             model_slice=schema.ModelSlice(
-                description=sl.description, layer_kinds=g.counts(), experts=sl.experts, hidden=g.hidden
+                description=sl.description,
+                layer_kinds=g.counts(),
+                experts=sl.experts,
+                hidden=g.hidden,
+                sized=raw.get("fit_note") or None,
             ),
             collectives=colls,
             ops=ops,

@@ -10,12 +10,13 @@ benchmark, with the same semantics (tests compare them on CPU):
 - `causal_attention` -> `tpplan.runtime.fast_kernels.causal_attention` (SDPA, flash on H100/H200
   with MLA's narrower V zero-padded), which the runtime itself uses only on CUDA; installed here
   it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times. A
-  sliding window (Gemma 3, gpt-oss) or an attention chunk (Llama 4) runs SDPA with one boolean
-  [T, S] mask (`masked_attention`); DSA's top-k and gpt-oss's sinks keep the reference kernel, and
-  the results record it (`attention_variants_used`).
+  sliding window (Gemma 3, gpt-oss), an attention chunk (Llama 4) and gpt-oss's sinks run kernels
+  that read only the keys each query may see (`bench.masked_attention`: windowed query blocks, flash
+  per chunk, sinks from the kernel's log-sum-exp); DSA's top-k keeps the reference kernel (its scores
+  a block of queries at a time), and the results record which ran (`attention_variants_used`).
 - `routed_experts` -> every keyword the runtime passes (gpt-oss's biases and clamped SwiGLU, Llama 4's
   routing-scaled inputs: `ExpertVariant`); tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
-  a per-expert loop where it is unavailable), each token's rows weighted and summed in one batched
+  a per-expert loop for the shapes where it is unavailable), each token's rows weighted and summed in one batched
   product with fp32 accumulation (the fused-MoE engines' combine); with no host sync when the rank
   holds every expert (the caller's `top_k` hint).
 - `router_logits` -> the router GEMM in the activations' half precision with an fp32 result, as
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tpplan.bench import masked_attention as MA
 from tpplan.runtime import fast_kernels as runtime_fast
 from tpplan.runtime import kernels as K
 from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
@@ -161,7 +163,9 @@ def serving_router_logits(x: Tensor, weight: Tensor, logit_bias: Tensor | None =
     return y if logit_bias is None else y + logit_bias.float()
 
 
-_GROUPED: dict[str, bool] = {}  # device type -> torch._grouped_mm works there
+_PATHS: dict[str, set[str]] = {}  # device type -> the expert paths that ran there ("grouped", "loop")
+_REFUSED: set[tuple[str, tuple[int, ...]]] = set()  # (device, gate/down shapes) torch._grouped_mm refused
+_LOOP_ONLY = [False]  # tests: take the per-expert loop everywhere
 
 
 def expert_ffn(
@@ -172,12 +176,15 @@ def expert_ffn(
     row's expert, needed for `variant`'s biases): SwiGLU, or the variant's clamped form.
 
     One grouped GEMM per projection (`torch._grouped_mm`, CUTLASS on Hopper: no host sync, no
-    per-expert launch), or, where that op is missing or refuses the shapes, a loop of per-expert
-    GEMMs (one host sync for the counts)."""
+    per-expert launch), or, where that op is missing or refuses these weight shapes (an expert slice
+    not a multiple of 8 wide: gpt-oss's 2880 / 32 = 90), a loop of per-expert GEMMs (one host sync for
+    the counts). A refusal holds for its shapes only: the next shape tries the grouped GEMM again
+    (it used to turn the loop on for the rest of the process)."""
     v = variant or ExpertVariant()
     biased = v.gate_bias is not None and v.up_bias is not None and row_expert is not None
     dev = xs.device.type
-    if _GROUPED.get(dev, hasattr(torch, "_grouped_mm")):
+    key = (dev, (*gate.shape, *down.shape))
+    if hasattr(torch, "_grouped_mm") and not _LOOP_ONLY[0] and key not in _REFUSED:
         try:
             offs = counts.cumsum(0).to(torch.int32)
             g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
@@ -188,10 +195,11 @@ def expert_ffn(
             y = torch._grouped_mm(_activation(g, u, v.clamp), down.transpose(-2, -1), offs=offs)
             if v.down_bias is not None and row_expert is not None:
                 y = y + v.down_bias[row_expert].to(y.dtype)
-            _GROUPED[dev] = True
+            _PATHS.setdefault(dev, set()).add("grouped")
             return y
         except (RuntimeError, NotImplementedError, TypeError):
-            _GROUPED[dev] = False
+            _REFUSED.add(key)
+    _PATHS.setdefault(dev, set()).add("loop")
     ys = xs.new_empty(xs.shape[0], down.shape[1])
     start = 0
     for e, c in enumerate(counts.tolist()):
@@ -206,6 +214,22 @@ def expert_ffn(
     return ys
 
 
+@contextmanager
+def per_expert_loop() -> Iterator[None]:
+    """Run every expert FFN by the per-expert loop inside the block (tests of that path)."""
+    was = _LOOP_ONLY[0]
+    _LOOP_ONLY[0] = True
+    try:
+        yield
+    finally:
+        _LOOP_ONLY[0] = was
+
+
+def reset_expert_paths() -> None:
+    """Forget which expert paths ran (a sweep's case records its own)."""
+    _PATHS.clear()
+
+
 def _activation(g: Tensor, u: Tensor, clamp: tuple[float, float] | None) -> Tensor:
     """silu(g) * u, or gpt-oss's g' * sigmoid(alpha g') * (u' + 1) with g' = min(g, limit), u' in
     [-limit, limit] (`kernels.routed_experts`' two activations)."""
@@ -217,8 +241,13 @@ def _activation(g: Tensor, u: Tensor, clamp: tuple[float, float] | None) -> Tens
 
 
 def grouped_gemm_used() -> dict[str, bool]:
-    """Per device type, whether the grouped GEMM path ran (False: the per-expert loop)."""
-    return dict(_GROUPED)
+    """Per device type, whether every expert FFN there ran the grouped GEMM (False: the loop ran at least once)."""
+    return {dev: "loop" not in paths for dev, paths in _PATHS.items()}
+
+
+def refused_expert_shapes() -> list[str]:
+    """The gate/down weight shapes torch._grouped_mm refused (they ran the per-expert loop), as text."""
+    return sorted(f"{dev} {'x'.join(map(str, shape))}" for dev, shape in _REFUSED)
 
 
 def chunked_delta_rule(
@@ -328,17 +357,20 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     return runtime_fast.causal_attention(q, k, v, scale)
 
 
-MASKED_SDPA = "window/chunk: torch SDPA with a boolean mask"
-REFERENCE_FOR_TOPK = "top-k (DSA): reference"
-REFERENCE_FOR_SINKS = "sinks (gpt-oss): reference"
-_ATTENTION: set[str] = set()  # the attention variants that ran in this process ("causal", the three above)
+MASKED_SDPA = "window and chunk: torch SDPA with a boolean mask"
+WINDOWED = "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
+CHUNKED = "chunk: SDPA flash per attention chunk"
+SINKS = "sinks: flash with log-sum-exp, sinks applied after"
+REFERENCE_FOR_TOPK = "top-k (DSA): reference, scores in query blocks"
+_ATTENTION: set[str] = set()  # the attention variants that ran in this process ("causal", the names above)
 
 
 def masked_attention(
     q: Tensor, k: Tensor, v: Tensor, scale: float, *, window: int | None = None, chunk: int | None = None
 ) -> Tensor:  # fmt: skip
     """`kernels.causal_attention` with `window` and/or `chunk` by SDPA with a [T, S] boolean mask (the
-    same positions the reference masks), shared by every head: no [heads, T, S] fp32 score matrix."""
+    same positions the reference masks), shared by every head: the whole T x S work, used only where a
+    layer has both a window and a chunk (no family does today; `masked_attention` module for the rest)."""
     t, s = q.shape[0], k.shape[0]
     qpos = torch.arange(s - t, s, device=q.device)[:, None]
     kpos = torch.arange(s, device=q.device)[None, :]
@@ -351,6 +383,24 @@ def masked_attention(
     with torch.no_grad():
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=scale)
     return out[0].transpose(0, 1).reshape(t, -1)
+
+
+def serving_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, chunk: int | None, sinks: Tensor | None
+) -> tuple[str, Tensor] | None:  # fmt: skip
+    """The serving-class kernel for a window, a chunk and/or sinks (`masked_attention` module), with the
+    name `attention_variants_used` records; None for a call none of them expresses."""
+    if window is not None and chunk is None:
+        return WINDOWED + (" + " + SINKS if sinks is not None else ""), MA.windowed_attention(
+            q, k, v, scale, window, sinks
+        )
+    if sinks is not None:
+        return (SINKS, MA.sink_attention(q, k, v, scale, sinks)) if window is None and chunk is None else None
+    if chunk is not None and window is None:
+        return CHUNKED, MA.chunked_attention(q, k, v, scale, chunk, _attention)
+    if chunk is not None:
+        return MASKED_SDPA, masked_attention(q, k, v, scale, window=window, chunk=chunk)
+    return None
 
 
 def attention_variants_used() -> list[str]:
@@ -377,16 +427,17 @@ def installed(enabled: bool = True) -> Iterator[None]:
         chunk: int | None = None, sinks: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
         # The serving path (`_attention`: SDPA, the cascade split on request) for plain causal
-        # attention, SDPA with a boolean mask for a sliding window or a chunk (Gemma 3, Llama 4);
-        # a call SDPA does not express (DSA's top-k `keep`, gpt-oss's sinks) runs the reference
-        # kernel rather than fail. `attention_variants_used` records which ran.
-        if keep is None and sinks is None:
-            if window is None and chunk is None:
+        # attention; windows, chunks and sinks by kernels that skip the hidden keys (`serving_attention`);
+        # DSA's top-k `keep` by the reference (scores in query blocks). `attention_variants_used` records it.
+        if keep is None:
+            if window is None and chunk is None and sinks is None:
                 _ATTENTION.add("causal")
                 return _attention(q, k, v, scale)
-            _ATTENTION.add(MASKED_SDPA)
-            return masked_attention(q, k, v, scale, window=window, chunk=chunk)
-        _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else REFERENCE_FOR_SINKS)
+            fast = serving_attention(q, k, v, scale, window, chunk, sinks)
+            if fast is not None:
+                _ATTENTION.add(fast[0])
+                return fast[1]
+        _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else "reference")
         return reference(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
 
     swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts,
@@ -417,6 +468,10 @@ __all__ = [
     "grouped_routed_experts",
     "installed",
     "masked_attention",
+    "per_expert_loop",
+    "refused_expert_shapes",
+    "reset_expert_paths",
+    "serving_attention",
     "serving_router_logits",
     "sync_free_routing_used",
 ]

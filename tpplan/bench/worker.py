@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpplan.bench.config import BenchConfig, act_dtype
-from tpplan.bench.model_slice import ModelSlice, build_slice, experts_that_fit
+from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.bench.probe import Clock, Probe, Span
 from tpplan.bench.replay import combine, replay_collectives
 from tpplan.cost.workload import PrefillBatch, Workload, schedule
@@ -61,6 +61,28 @@ class RandomSource:
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=cut.dim)).clone()
 
 
+def _sized(
+    cfg: BenchConfig, wl: Workload, world: int, device: Any, dtype_bytes: int
+) -> tuple[int | None, Workload, str]:
+    """Routed experts and the workload this run keeps on this card (`slice_memory.fit_slice`: every
+    weight, the requests' KV caches, a reserve), the smallest any rank can hold; what was given keeps."""
+    import torch
+    import torch.distributed as dist
+
+    from tpplan.bench.slice_memory import fit_slice
+
+    mem = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 2 * 2**30
+    fit = fit_slice(cfg.model, cfg.layers, wl, world, float(mem), dtype_bytes)
+    experts = cfg.experts if cfg.experts is not None else fit.experts
+    requests = cfg.requests if cfg.requests is not None else fit.requests
+    agreed = torch.tensor([experts or 0, requests], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    experts, requests = (int(agreed[0]) or None), int(agreed[1])
+    if requests < wl.total_requests:
+        wl = wl.with_overrides("requests", num_requests=requests)
+    return experts, wl, fit.note if (cfg.experts is None or cfg.requests is None) else ""
+
+
 def _request_ids(wl: Workload, vocab: int, seed: int) -> dict[int, Any]:
     import torch
 
@@ -73,7 +95,6 @@ def _request_ids(wl: Workload, vocab: int, seed: int) -> dict[int, Any]:
 
 def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workload, str]) -> dict[str, Any] | None:
     import torch
-    import torch.distributed as dist
 
     from tpplan.bench import serving_kernels
 
@@ -82,15 +103,7 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
         torch.set_num_threads(1)  # ranks share the cores
     dtype_name = act_dtype(cfg, backend)
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
-    experts = cfg.experts
-    if experts is None:
-        probe_sl = build_slice(cfg.model, cfg.layers, None)
-        if probe_sl.experts is not None:
-            mem = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 2 * 2**30
-            experts = experts_that_fit(probe_sl, world, float(mem))
-            agreed = torch.tensor([experts], device=device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-            experts = int(agreed.item())
+    experts, wl, fit_note = _sized(cfg, wl, world, device, torch.empty(0, dtype=tdtype).element_size())
     sl = build_slice(cfg.model, cfg.layers, experts)
     batches = schedule(wl)
     ids = _request_ids(wl, sl.graph.spec.vocab, cfg.seed)
@@ -98,6 +111,8 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
     per_plan = cfg.warmup + cfg.iters * len(batches)
     out: dict[str, Any] = {
         "experts": sl.experts,
+        "requests": wl.total_requests,
+        "fit_note": fit_note,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "gpu_uuids": _uuids(device),
         "torch_version": torch.__version__,

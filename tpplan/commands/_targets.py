@@ -8,7 +8,7 @@ each deployment at that rate instead. docs/search-json.md, "serving_search".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
     from tpplan.models.graph import ModelGraph
+    from tpplan.report.results import Analysis
     from tpplan.search.results import SearchOutcome
     from tpplan.search.targets import Targets
     from tpplan.search.under_targets import TargetsOutcome
@@ -109,6 +110,24 @@ def serve_search(
                                requests=arrival.requests, disaggregated=pd)  # fmt: skip
 
 
+def with_serving(
+    analysis: Analysis, graph: ModelGraph, topo: Topology, workload: Workload, targets: Targets,
+    arrival: Arrival | None, engines: list[str] | None, pd: bool, replicas: int | Literal["all"] | None, **search: Any,
+) -> Analysis:  # fmt: skip
+    """The memo's analysis with its Serving section's data: the search run as `tpplan search` runs it under
+    targets (every deployment whole, replicas of smaller splits unless `--replicas`), each deployment served."""
+    from dataclasses import replace
+
+    from tpplan.report.serving_memo import build_serving_memo
+    from tpplan.search import search_plans
+
+    outcome = search_plans(graph, topo, workload=workload, top=1, every_deployment=True,
+                           replicas=replicas if replicas is not None else "all", audits=None, **search)  # fmt: skip
+    memo = build_serving_memo(outcome, graph, workload, targets, arrival=arrival,
+                        engines=tuple(engines) if engines else None, pd=pd)  # fmt: skip
+    return replace(analysis, serving=memo)
+
+
 def print_targets(data: dict[str, Any]) -> None:
     """The answer under targets: each deployment at its best load (or nearest miss), the verdict, the front."""
     from rich.table import Table
@@ -156,4 +175,5 @@ __all__ = [
     "print_targets",
     "serve_search",
     "targets_of",
+    "with_serving",
 ]

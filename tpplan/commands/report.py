@@ -9,6 +9,17 @@ import typer
 from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TP_RANGE, named, replica_count
 from tpplan.commands._options import ClusterOpt, CpKvOpt, CpLayersOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
 from tpplan.commands._serving import ArrivalRateOpt, RequestsOpt, SeedOpt, TraceOpt, arrival_of, asked, serving_arrivals
+from tpplan.commands._targets import (
+    GpusOpt,
+    PdOpt,
+    TargetStatOpt,
+    TpotTargetOpt,
+    TtftTargetOpt,
+    budget_gpus,
+    check_targets,
+    targets_of,
+    with_serving,
+)
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
 
@@ -120,8 +131,14 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         requests: RequestsOpt = None,
         seed: SeedOpt = 0,
+        ttft_target: TtftTargetOpt = None,
+        tpot_target: TpotTargetOpt = None,
+        target_stat: TargetStatOpt = "p90",
+        gpus: GpusOpt = None,
+        pd: PdOpt = True,
     ) -> None:
-        """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags."""
+        """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags;
+        under --ttft-target/--tpot-target a Serving section with the deployment(s) chosen and their launch lines."""
         import shlex
         import sys
 
@@ -149,13 +166,19 @@ def register(app: typer.Typer) -> None:
             cp_kv = saved[1].cp_kv  # and at the KV mode it was ranked with
         reps = replica_count(replicas)
         copies = reps if isinstance(reps, int) else 1
-        gpus = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else None  # as search's
+        targets = targets_of(ttft_target, tpot_target, target_stat)
+        need = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else budget_gpus(gpus, nodes)
         if saved is not None and tp is None:  # a preset with as many nodes as the file's deployment needs
             f = saved[1]
-            gpus = f.tp * f.pp * (f.cp if f.cp_layers == "all" else 1) * f.replicas
-        topo = load_cluster(topology, nodes, gpus, gpu=gpu, cluster=cluster, engine=engine[0] if engine else None)
+            need = f.tp * f.pp * (f.cp if f.cp_layers == "all" else 1) * f.replicas
+        topo = load_cluster(topology, nodes, need, gpu=gpu, cluster=cluster, engine=engine[0] if engine else None)
         assert topo is not None  # --topology has a default
+        check_targets(targets, gpus, topo, workload[0] if workload else "prompt16k-c8", trace)
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
+        if targets is not None:
+            from tpplan.search.under_targets import check_workload
+
+            check_workload(targets, wls[0])  # a TPOT target needs the first workload's output tokens
         results = load_bench_results(bench) if bench else None
         graph = build_model_graph(load_model(model))
         arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
@@ -187,6 +210,11 @@ def register(app: typer.Typer) -> None:
                 arrival=arrival,
                 progress=say,
             )
+            if targets is not None:
+                say("serving each deployment under the targets")
+                analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps,
+                                        dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers, cp_kv=cp_kv,
+                                        memory_cap_gib=memory_cap_value(memory_cap))  # fmt: skip
             say("writing report.md, report.html and the plots")
             path = write_memo(build_memo(analysis, command), out)
         out_console = console()

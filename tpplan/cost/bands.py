@@ -19,7 +19,7 @@ from importlib import resources
 from typing import Any
 
 from tpplan.cost.collectives import CURVE_SUFFIX
-from tpplan.cost.compute import GEMM_ANALYTIC, GEMM_TABLE, KERNEL_MODEL, PROFILE, ROOFLINE
+from tpplan.cost.compute import DECODE_MODEL, GEMM_ANALYTIC, GEMM_TABLE, KERNEL_MODEL, PROFILE, ROOFLINE
 
 COMPUTE_CLASSES = ("gemm", "moe", "attention", "recurrence", "elementwise")
 FITTED_ALGORITHMS = ("fitted", "measured-curve")  # collectives priced from `tpplan calibrate`'s constants
@@ -58,7 +58,7 @@ def source_key(source: str | None) -> str:
     by its adapter prefix (`aic:h200_sxm/sglang@0.5.14` -> `aic`, `aic-fit:...` -> `aic-fit`)."""
     if source is None:
         return ROOFLINE
-    if source in (GEMM_TABLE, GEMM_ANALYTIC, KERNEL_MODEL, ROOFLINE, PROFILE):
+    if source in (GEMM_TABLE, GEMM_ANALYTIC, KERNEL_MODEL, DECODE_MODEL, ROOFLINE, PROFILE):
         return source
     return source.split(":", 1)[0]
 

@@ -34,6 +34,7 @@ SOURCE_ADAPTERS: dict[str, tuple[str, str]] = {
 GEMM_TABLE = "gemm-table"
 GEMM_ANALYTIC = "gemm-analytic"
 KERNEL_MODEL = "kernel-model"
+DECODE_MODEL = "decode-model"  # a decode step's attention by the decode sweep's models (`KernelModels.decode`)
 ROOFLINE = "roofline"
 PROFILE = "kernel-profile"
 

@@ -23,6 +23,10 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   the whole op) at that rate, else at the HBM rate with the bytes of the fp32 combine.
 - short_conv: t = a + bytes / BW over the [T, C] input and output.
 - norm (fla's fused RMSNorm): t = a + bytes / BW over the rows read and written.
+- decode attention (one new token per request; `decode_gqa`: GQA by flash-decoding, `decode_mla`: MLA
+  absorbed, MQA over the latent): t = a + bytes / BW + flops / R, bytes the cache read (GQA: k and v of
+  the rank's KV heads; MLA: the latent once), flops the scores and values; a rate of 0 drops its term
+  (GQA: bytes alone). Fitted on the decode sweep (`tpplan.bench.decode_fit`).
 - attn_res (K3's softmax over depth): t = a + bytes / BW, the bytes of the implementation the set
   was fitted on (`attn_res_s`): the torch path's fp32 rows, or fla's fused kernel (each row read
   once in bf16) plus the copies that make the bank's snapshots contiguous, at their own rate.
@@ -148,6 +152,12 @@ def attn_res_s(c: Consts, tokens: int, hidden: int, snapshots: float, impl: str 
     return stream_s(c, kernel) + 4.0 * tokens * hidden * copies / (_f(c, "copy_TBps") * 1e12)
 
 
+def decode_s(c: Consts, nbytes: float, flops: float) -> float:
+    """a + bytes / BW + flops / R: a decode step's attention (a rate of 0 or absent: no such term)."""
+    bw, rate = _f(c, "TBps", 0.0), _f(c, "tflops", 0.0)
+    return _f(c, "a_s") + (nbytes / (bw * 1e12) if bw else 0.0) + (flops / (rate * 1e12) if rate else 0.0)
+
+
 def clock(c: Consts) -> float:
     """The set's power-capped slowdown (`clock_factor`; 1 for a set fitted at boost clocks)."""
     return _f(c, "clock_factor", 1.0)
@@ -178,7 +188,8 @@ MODEL_OF = {"mla": "attention_causal", "gqa": "attention_causal", "kda": "kda", 
 class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
-    NAMES = ("attention_causal", "attention_prefix", "kda", "gdn", "experts", "short_conv", "attn_res", "norm")
+    NAMES = ("attention_causal", "attention_prefix", "kda", "gdn", "experts", "short_conv", "attn_res", "norm",
+             "decode_gqa", "decode_mla")  # fmt: skip
 
     def __init__(self, consts: Mapping[str, Consts], *, charge_host: bool = True) -> None:
         self.consts = consts
@@ -222,6 +233,11 @@ class KernelModels:
             return None
         host = _f(c, "host_s", 0.0) if self.charge_host else 0.0
         return (attention_s(c, heads, tokens, dqk, dv, flops, context) + host) * clock(c)
+
+    def decode(self, name: str, nbytes: float, flops: float) -> float | None:
+        """A decode step's attention by set `name` ("decode_gqa" or "decode_mla"); None without it."""
+        c = self.consts.get(name)
+        return None if c is None else decode_s(c, nbytes, flops) * clock(c)
 
     def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
         c = self.consts.get(impl)
@@ -275,6 +291,7 @@ __all__ = [
     "attn_res_bytes",
     "attn_res_s",
     "clock",
+    "decode_s",
     "experts_s",
     "recurrence_s",
     "routing_bytes",

@@ -17,7 +17,7 @@ import math
 
 from tpplan.audit import PlanAudit, StoredWeights, audit_plan
 from tpplan.cost.comm import price_collective
-from tpplan.cost.compute import KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
+from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
@@ -33,13 +33,15 @@ from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.lower.passes.tp_sp import layout_copy_step
+from tpplan.lower.program import Collective, KernelCall, LayoutCopy
+from tpplan.lower.shapes import expert_share
 from tpplan.lower.sizes import nccl_bytes
 from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
 from tpplan.models.quant import WeightFormat
-from tpplan.placement import S_COL, S_TOK, P
 
 MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's latent (absorbed in decode)
 
@@ -110,6 +112,7 @@ class OpPrices:
         self.engine = engine
         self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
         self._source: str | None = None  # set by op_time: what priced the op it prices
+        self._decode_source: str | None = None  # set by _decode_attention: what priced a step's decode tokens
         self.profiles = topo.gpu.kernel_profiles
         self.gemm_floor = measured_floor(topo.gpu)  # below it the GEMM table extrapolates
         # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
@@ -200,12 +203,6 @@ class OpPrices:
         gd, wb, kd = self._gemm_format(kind, op)
         return self._gemm(m, k, n, gd, wb, kd) if m else 0.0
 
-    def _rows(self, d: OpDecision, t: int) -> int:
-        """Token rows one rank processes for this op."""
-        if d.strategy.output is S_TOK or S_TOK in d.strategy.inputs:
-            return math.ceil(t / self.tp)
-        return t
-
     def _elementwise(self, lg: LayerGraph, d: OpDecision, t: int, extra_bytes: float = 0.0) -> tuple[float, float]:
         op = d.op
         widths = sum(lg.values[v].width for v in op.inputs if v in lg.values) + lg.values[op.output].width
@@ -223,13 +220,7 @@ class OpPrices:
         e, k = op.int_attr("experts"), op.int_attr("top_k")
         ew, inter = op.int_attr("width"), op.int_attr("intermediate")
         n = self.tp
-        if d.split == "a2a":
-            e_loc, i_loc, rows = e // n, inter, t * k / n
-        elif d.split == "ep":
-            ep = self.plan.ep_size or 1
-            e_loc, i_loc, rows = e // ep, inter // (n // ep), t * k / ep
-        else:  # tp: every rank runs every expert on its slice of the intermediate
-            e_loc, i_loc, rows = e, inter // n, float(t * k)
+        e_loc, i_loc, rows = expert_share(d, t, n, self.plan)  # the lowering's per-rank share
         active = max(1, min(e_loc, math.ceil(rows)))
         per_expert = rows / active
         m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
@@ -292,40 +283,32 @@ class OpPrices:
             return None
         return ffn + m.routing(rows, tokens, width, self.hbm, fused=self.impls is None)
 
-    def op_time(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
+    def op_time(self, lg: LayerGraph, call: KernelCall, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
+        """One kernel step of the lowered program (`tpplan.lower.KernelCall`: its per-rank shape, rows and
+        whether every rank repeats it) priced for a batch of `t` tokens on this rank (`pairs`, `ctx`, `segs`:
+        what its attention sees)."""
+        d = call.decision
         op = d.op
-        # Redundant: every rank does the whole op on the same values (true replicated inputs).
-        # Ops on partial sums (P) also run whole on every rank, but each on different data.
-        redundant = self.tp > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs
+        redundant = call.redundant
         shape = None
         self._extrapolated = False
         self._source = ROOFLINE
         self._note = None
         cost = cost_class(op)
         if cost == "gemm":
-            out, inp = op.weight_shape
-            m = self._rows(d, t)
-            wpr = d.weight_elements_per_rank
-            if m < t or d.split == "replicated" or op.kind is not OpKind.LINEAR:
-                kk, nn = inp, out
-            elif d.strategy.output is S_COL:
-                kk, nn = inp, max(1, wpr // inp)
-            elif d.split == "row":
-                kk, nn = max(1, wpr // out), out
-            else:
-                kk, nn = inp, out
-            shape = (m, kk, nn)
+            assert call.shape is not None  # a GEMM step's per-rank (M, K, N)
+            shape = m, kk, nn = call.shape
             gd, wb, kd = self._gemm_format(lg.kind, op)
             secs = self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0
             nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
             flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(d, t)
-            cat, redundant = "moe", False
+            cat = "moe"
         elif cost == "attention":
             share = d.compute_share
-            absorbed = self._absorbed_decode(lg, op, share, segs)
-            if absorbed is not None:  # MLA's decode tokens: priced apart, the rest as a prefill
+            absorbed = self._decode_attention(lg, op, share, segs)
+            if absorbed is not None:  # decode tokens (MLA absorbed; GQA by its decode model): apart
                 segs = tuple(s for s in segs if s[0] > 1)
                 t, pairs, ctx = batch_pairs(segs)
             if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
@@ -352,7 +335,7 @@ class OpPrices:
             if absorbed is not None:
                 secs = (secs if segs else 0.0) + absorbed[0]
                 flops, nbytes = (flops + absorbed[1], nbytes + absorbed[2]) if segs else absorbed[1:]
-                self._source = ROOFLINE if not segs else self._source
+                self._source = self._decode_source if not segs else self._source
         elif cost == "recurrence":
             flops, nbytes = self._elementwise(lg, d, t)
             secs, cat = self._roofline(flops, nbytes, self.topo.gpu.recurrence_efficiency), "recurrence"
@@ -370,7 +353,7 @@ class OpPrices:
             secs = flops = nbytes = 0.0
             cat = "elementwise"
         elif cost == "attn_res":
-            rows = self._rows(d, t)
+            rows = call.rows
             nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
             flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
             secs, cat = self._roofline(flops, nbytes), "elementwise"
@@ -410,25 +393,42 @@ class OpPrices:
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
                       self._extrapolated, source, self._note)  # fmt: skip
 
-    def _absorbed_decode(
+    def _decode_attention(
         self, lg: LayerGraph, op: Op, share: float, segs: Segments
     ) -> tuple[float, float, float] | None:
-        """MLA attention of a step's decode tokens (one-token segments) as both engines run it
-        (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached latent (kv_lora + rope
-        wide, read once per request whatever the heads), each of this rank's heads scoring over the
-        latent and summing kv_lora-wide values; (seconds, flops, bytes) by the attention roofline.
-        None for other attention, or a step without decode tokens."""
-        if str(op.attrs.get("impl")) not in MLA_IMPLS or "kv_latent" not in lg.values:
-            return None
+        """A step's decode tokens (one-token segments) priced apart: (seconds, flops, bytes), or None (no
+        decode tokens; GQA without a `decode_gqa` model, which stays in the prefill pricing).
+
+        MLA as both engines run it (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached
+        latent (kv_lora + rope wide, read once per request whatever the heads), each of this rank's heads
+        scoring over the latent and summing kv_lora-wide values. GQA: each request's keys (its window or
+        chunk where it has one) read once per KV head of the rank. Priced by the GPU's measured decode
+        model (`KernelModels.decode`, the decode sweep) where it has one, else by the attention roofline."""
+        impl = str(op.attrs.get("impl"))
         dec = [c for n, c in segs if n == 1]
         if not dec:
             return None
-        lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
         heads = max(1, round(op.int_attr("heads", 1) * share))
-        keys = sum(dec) + len(dec)  # each decode token scores its context and itself
-        flops = 2.0 * heads * ((lora + rope) + lora) * keys
-        nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent read, q and out
-        return self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), flops, nbytes
+        m = self.models
+        if impl in MLA_IMPLS and "kv_latent" in lg.values:
+            lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
+            keys = sum(dec) + len(dec)  # each decode token scores its context and itself
+            flops = 2.0 * heads * ((lora + rope) + lora) * keys
+            nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q and out
+            phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)
+        elif impl == "gqa" and m is not None and "decode_gqa" in m.consts:
+            window, chunk = op.optional_int_attr("window"), op.optional_int_attr("chunk")
+            keys = sum(min(c + 1, window or c + 1, c % chunk + 1 if chunk else c + 1) for c in dec)
+            kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))
+            d = lg.values[op.inputs[0]].width // op.int_attr("heads", 1)
+            flops = 2.0 * heads * 2 * d * keys
+            nbytes = keys * kv * 2 * d * self.b
+            phys = m.decode("decode_gqa", nbytes, flops)
+        else:
+            return None
+        self._decode_source = ROOFLINE if phys is None else DECODE_MODEL
+        secs = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency) if phys is None else phys
+        return secs, flops, nbytes
 
     def _sourced_attention(
         self, op: Op, impl: str, heads: int, dqk: int, dv: int, share: float, segs: Segments, secs: float
@@ -456,7 +456,7 @@ class OpPrices:
         profile: KernelProfile | None = self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
         return profile.apply(modelled) if profile is not None else modelled
 
-    # -- communication -----------------------------------------------------------------------
+    # -- communication ---------------------------------------------------------------------
     def collective(
         self, layer_kind: str, label: str, kind: str, region: str, elements_per_token: float, t: int
     ) -> CollectiveTime:
@@ -466,37 +466,32 @@ class OpPrices:
         est = price_collective(kind, nbytes, self.tp, self.topo, ranks_per_node=self.rpn, sources=self.compute.sources)
         return CollectiveTime(layer_kind, label, kind, region, nbytes, est.time_s, est.algorithm)
 
+    def collective_step(self, layer_kind: str, step: Collective) -> CollectiveTime:
+        """One collective step of the lowered program: its priced bytes on its group as the group sits on
+        the nodes, times the calls it chains one after another."""
+        est = price_collective(step.kind, step.priced_bytes, step.group, self.topo, ranks_per_node=step.ranks_per_node,
+                               sources=self.compute.sources)  # fmt: skip
+        return CollectiveTime(layer_kind, step.label, step.kind, step.region, step.priced_bytes,
+                              est.time_s * step.chain, est.algorithm)  # fmt: skip
+
+    def copy_step(self, layer_kind: str, step: LayoutCopy) -> OpTime:
+        """The runtime's layout copy beside a collective (a `tpplan.lower.LayoutCopy` step): memory-bound
+        compute of its own, bytes = read + write of the local buffer."""
+        nbytes = step.elements * self.b
+        modelled = self._roofline(0.0, nbytes)
+        secs = self._profiled(LAYOUT_COPY_KERNEL, step.name, modelled)
+        source = PROFILE if secs != modelled else ROOFLINE
+        return OpTime(layer_kind, step.name, "layout", "elementwise", 0.0, nbytes, secs, False, None,
+                      LAYOUT_COPY_KERNEL, modelled, False, source)  # fmt: skip
+
     def layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
-        """The runtime's layout copy around collective `c`, if its transition needs one
-        (`Transition.layout_copy`: pack before an all-to-all or an uneven reduce-scatter, unpack after
-        a head all-gather): memory-bound compute of its own, bytes = read + write of the local buffer."""
+        """The runtime's layout copy around collective `c` for `t` tokens, if its transition needs one
+        (the lowering's `layout_copy_step`), priced by `copy_step`."""
         if c.internal:
             return None
-        val = lg.values[c.value]
         move = planned_transition(self.plan, c.collective, c.src, c.dst)  # DP SUM_LEN: its all-reduce moves
-        copy = move.layout_copy(c.value, val.width, val.heads, self.tp, t)
-        if copy is None:
-            return None
-        name, elements = copy.name, copy.elements
-        nbytes = elements * self.b
-        modelled = self._roofline(0.0, nbytes)
-        secs = self._profiled(LAYOUT_COPY_KERNEL, name, modelled)
-        source = PROFILE if secs != modelled else ROOFLINE
-        return OpTime(
-            lg.kind,
-            name,
-            "layout",
-            "elementwise",
-            0.0,
-            nbytes,
-            secs,
-            False,
-            None,
-            LAYOUT_COPY_KERNEL,
-            modelled,
-            False,
-            source,
-        )
+        step = layout_copy_step(lg, c, move, self.tp, t)
+        return None if step is None else self.copy_step(lg.kind, step)
 
 
 __all__ = [

@@ -17,13 +17,14 @@ Formulas and assumptions: docs/cost-model.md ("Prediction").
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.comm import price_collective
-from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
+from tpplan.cost.context_parallel import cp_weight_elements
 from tpplan.cost.op_prices import OpPrices
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
-from tpplan.cost.prediction import KindTime, MemoryBreakdown
+from tpplan.cost.prediction import KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
@@ -31,6 +32,9 @@ from tpplan.engines.context_parallel import kv_cp_share
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
+from tpplan.lower import Batch, KernelCall, LayerProgram, Lowering, lower_layer, lowering
+from tpplan.lower.registry import generation
+from tpplan.lower.shapes import experts_shape
 from tpplan.lower.stages import bank_snapshots, stage_boundary_width
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
@@ -50,30 +54,48 @@ class Predictor(OpPrices):
         self.pipeline = pipeline or pipeline_model()  # the engine whose PP schedule and boundary send apply
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
+        self._lowerings: dict[Segments, Lowering] = {}
+        self._layer_of: dict[int, int] = {}  # id(layer result) -> its first layer
+
+    def lowering(self, segs: Segments) -> Lowering:
+        """The lowering context of one batch (`tpplan.lower`): this plan, mesh and audit, the batch in the
+        prediction's dtype on the topology's nodes."""
+        hit = self._lowerings.get(segs)
+        if hit is None:
+            hit = lowering(self.graph, self.plan, self.deployment, Batch(segs, self.dtype),
+                           results=self.audit.layer_results, gpus_per_node=self.topo.gpus_per_node,
+                           cp_audit=self.cp_audit)  # fmt: skip
+            self._lowerings[segs] = hit
+        return hit
+
+    def lowered(self, res: LayerResult, segs: Segments) -> tuple[LayerProgram, Lowering]:
+        """The lowered steps of a layer whose propagation is `res`, for one batch, and their context."""
+        ctx = self.lowering(segs)
+        if not self._layer_of:
+            for i, r in enumerate(self.audit.layer_results):
+                self._layer_of.setdefault(id(r), i)
+        index = self._layer_of.get(id(res))
+        if index is None:  # a result outside the audit's layers: lowered on its own
+            ctx, index = replace(ctx, results=(res,)), 0
+        return lower_layer(ctx, index), ctx
 
     def kind_time(self, res: LayerResult, segs: Segments) -> KindTime:
+        """One layer's lowered steps priced for one batch: its kernels (at the CP rank's share of the
+        batch), the layout copies, extra passes of kernels (CP), and its collectives. Compute and
+        communication are not overlapped here (`layers_seconds` applies the plan's overlap)."""
         key = (id(res), segs)
         hit = self._kind_cache.get(key)
         if hit is not None:
             return hit
-        full, segs = segs, local_segments(segs, self.cp, self.cp_split)  # CP: the slowest rank's share
-        t, pairs, ctx = batch_pairs(segs)
+        layer, ctx = self.lowered(res, segs)
+        local = ctx.local_segments  # CP: the slowest rank's share
+        t, pairs, cached = batch_pairs(local)
         lg = self.graph.kinds[res.kind]
-        ops = [self.op_time(lg, d, t, pairs, ctx, segs) for d in res.decisions]
-        colls = []
-        ck = self.cp_audit.kinds[res.kind]
-        for c in res.comms:
-            if c.value in ck.replaces:  # `--cp-layers mla`: the CP exchanges below take this collective's place
-                continue
-            kind = c.collective.value
-            colls.append(self.collective(res.kind, c.label, kind, c.region, c.elements_per_token, t))
-            copy = self.layout_copy(lg, c, t)
-            if copy is not None:
-                ops.append(copy)
-        if self.cp_audit.cp > 1:
-            cp_ops, cp_colls = cp_extras(self, ck, ops, full)
-            ops.extend(cp_ops)
-            colls.extend(cp_colls)
+        kernels = layer.kernels()
+        ops = [self.op_time(lg, k, t, pairs, cached, local) for k in kernels if k.repeat_of is None]
+        ops += [self.copy_step(res.kind, c) for c in layer.copies()]
+        ops += [repeated(k, ops) for k in kernels if k.repeat_of is not None]
+        colls = [self.collective_step(res.kind, c) for c in layer.collectives() if c.priced]
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt
@@ -228,7 +250,7 @@ class Predictor(OpPrices):
                 live = sum(self._value_bytes(lg, res.placements.get(v, R), v, t) for v in d.op.inputs if v in lg.values)
                 live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
                 if d.op.kind is OpKind.EXPERTS:
-                    _, _, _, (m, _, n2) = self._experts(d, t)
+                    m, _, n2 = experts_shape(d, t, self.tp, self.plan)
                     live += m * (d.op.int_attr("width") + n2 + n2 // 2) * b  # gathered rows + intermediates
                 peak = max(peak, live)
         return stream + peak
@@ -240,6 +262,16 @@ class Predictor(OpPrices):
         if p is S_COL:
             return t * w / self.tp * self.b
         return t * w * self.b
+
+
+def repeated(call: KernelCall, ops: list[OpTime]) -> OpTime:
+    """Extra passes of an op already priced (`KernelCall.repeat_of`, CP's scan correction, serial chain
+    wait or K/V expansion): its price `call.times` over, under the step's own name."""
+    rec = next(o for o in ops if o.op == call.repeat_of)
+    f = call.times
+    flops, nbytes, secs = rec.flops_per_rank * f, rec.bytes_per_rank * f, rec.seconds * f
+    return OpTime(rec.layer_kind, call.op, rec.role, rec.category, flops, nbytes, secs, call.redundant, None, None,
+                  secs, rec.extrapolated, rec.source)  # fmt: skip
 
 
 _CACHE: dict[tuple[object, ...], tuple[Predictor, tuple[object, ...]]] = {}
@@ -258,10 +290,11 @@ def cached_predictor(
     engine: str | None = None,
     pipeline: PipelineModel | None = None,
 ) -> Predictor:
-    """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule): the scheduler
-    calls batch_time per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
+    """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule, and the set of
+    lowering passes, `lower.registry.generation`): the scheduler calls batch_time per batch. (A recorded
+    run's implementations, `bench --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, mesh, dtype, expert_dtype, engine, pipeline)
+    key = (id(graph), id(topo), plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
     hit = _CACHE.get(key)
     if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
         return hit[0]

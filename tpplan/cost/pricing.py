@@ -26,13 +26,17 @@ import math
 from dataclasses import replace
 
 from tpplan.audit import PlanAudit
-from tpplan.cost.context_parallel import cp_extras, cp_weight_elements, local_segments
+from tpplan.cost.context_parallel import cp_weight_elements
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.cost.topology import Topology
+from tpplan.dtypes import dtype_name
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, OpDecision
+from tpplan.lower.batch import local_segments
+from tpplan.lower.passes.cp import exchange_call
+from tpplan.lower.passes.tp_sp import kernel_call
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.placement import Collective, Placement, R
@@ -86,7 +90,8 @@ class Pricer:
         pred = self._for("ep", ep_size) if d.split == "ep" else self._base
         local = self._local(segs)
         t, pairs, ctx = batch_pairs(local)
-        ot = pred.op_time(lg, d, t, pairs, ctx, local)  # segs: a windowed/chunked mask's pairs
+        call = kernel_call(d, t, self.tp, pred.plan, dtype_name(self.dtype))  # the step the lowering makes of it
+        ot = pred.op_time(lg, call, t, pairs, ctx, local)  # segs: a windowed/chunked mask's pairs
         factor = self._state_factor(lg.kind, d.op.name)
         return replace(ot, seconds=ot.seconds * (1 + factor)) if factor else ot
 
@@ -100,7 +105,7 @@ class Pricer:
     def _state_factor(self, kind: str, op: str) -> int:
         """Extra local passes of an op under CP: a recurrence's 1 (scan correction) or cp-1 (serial chain),
         `--cp-layers mla`'s K/V expansion n-1 (every rank expands every key), else 0
-        (`cost.context_parallel.cp_extras` lists them as ops of their own)."""
+        (the lowering's CP pass lists them as steps of their own, `tpplan.lower.passes.cp`)."""
         if self.cp <= 1:
             return 0
         ck = self.cp_audit.kinds[kind]
@@ -115,11 +120,13 @@ class Pricer:
         return 0
 
     def cp_exchange_time(self, kind: str, segs: Segments) -> float:
-        """One layer of `kind`'s CP collectives for one batch (0 without CP)."""
+        """One layer of `kind`'s CP collectives for one batch (0 without CP): the lowering's CP exchange
+        steps (`tpplan.lower.passes.cp`), priced as `predict_plan` prices them."""
         if self.cp <= 1:
             return 0.0
-        _, colls = cp_extras(self._base, self.cp_audit.kinds[kind], [], segs)
-        return sum(c.seconds for c in colls)
+        ctx = self._base.lowering(segs)
+        steps = [exchange_call(ctx, x) for x in self.cp_audit.kinds[kind].exchanges]
+        return sum(self._base.collective_step(kind, c).seconds for c in steps)
 
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it

@@ -190,6 +190,7 @@ def _aic_fallback_note(parts: list[BandPart]) -> str:
 # What priced an op, in words (`bands.source_key` names; a kernel source's adapter prefix for engine tables).
 SOURCE_NAMES = {
     "kernel-model": "physical kernel models",
+    "decode-model": "decode kernel models",
     "kernel-profile": "measured kernel profiles",
     "gemm-table": "the GEMM table",
     "gemm-analytic": "the analytic GEMM model",

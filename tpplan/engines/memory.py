@@ -56,8 +56,16 @@ SGL_GRAPH = Fact(
 SGL_PREFILL_SIZES = Fact(
     "prefill graph sizes: 4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, "
     "4608.. step 512, up to max_bs = chunked_prefill_size (MLA: min(8192, chunked_prefill_size); PP > 1 with the "
-    "breakable backend: at most 8192)",
+    "breakable backend opted in: at most 8192)",
     _sgl("arg_groups/cuda_graph_hook.py", "generate_prefill_cuda_graph_batch_sizes"),
+)
+SGL_PREFILL_OFF = Fact(
+    "prefill CUDA graphs are off by default (so they reserve nothing) under PP > 1 (apply_cuda_graph_compatibility: "
+    "'PP prefill graph replay is opt-in') and for KDA hybrid linear attention (disable_breakable_cudagraph_if_"
+    "incompatible); handle_cuda_graph_config runs before handle_gpu_memory_settings (arg_groups/pipeline.py)",
+    _sgl(
+        "arg_groups/cuda_graph_hook.py", "apply_cuda_graph_compatibility / disable_breakable_cudagraph_if_incompatible"
+    ),
 )
 SGL_POST_CAPTURE = Fact(
     "post-capture KV sizing (which would skip the graph and activation reserve) is off unless "
@@ -94,8 +102,8 @@ SGL_MAX_RUNNING = Fact(
     "given: min(it // attn_dp_size, tokens // 2)",
     _sgl("mem_cache/kv_cache_configurator.py", "KVCacheConfigurator.resolve_max_num_reqs"),
 )
-SGL_FACTS = (SGL_FRACTION, SGL_GRAPH, SGL_PREFILL_SIZES, SGL_POST_CAPTURE, SGL_POOL, SGL_CELL, SGL_SWA, SGL_MAMBA,
-             SGL_MAX_RUNNING)  # fmt: skip
+SGL_FACTS = (SGL_FRACTION, SGL_GRAPH, SGL_PREFILL_SIZES, SGL_PREFILL_OFF, SGL_POST_CAPTURE, SGL_POOL, SGL_CELL,
+             SGL_SWA, SGL_MAMBA, SGL_MAX_RUNNING)  # fmt: skip
 
 SWA_FULL_TOKENS_RATIO = 0.8
 MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -142,18 +150,20 @@ class SglangReserve:
         return self.activations_mib + self.parallel_mib + self.graphs_mib + self.floor_mib
 
 
-def sglang_reserve(gpu_mib: float, tp: int, pp: int, *, mla: bool, attn_dp: int = 1) -> SglangReserve:
+def sglang_reserve(
+    gpu_mib: float, tp: int, pp: int, *, mla: bool, attn_dp: int = 1, kda: bool = False
+) -> SglangReserve:
     """`handle_gpu_memory_settings` at the launch line's defaults (no --mem-fraction-static, chunked prefill,
-    decode and prefill CUDA graphs on, no DeepEP, not disaggregated); `attn_dp` > 1: DP attention."""
+    decode CUDA graphs on, prefill CUDA graphs as their defaults leave them (off under PP and for KDA hybrids,
+    `SGL_PREFILL_OFF`), no DeepEP, not disaggregated); `attn_dp` > 1: DP attention; `kda`: KDA linear attention."""
     chunk = scheduler_rules("sglang@0.5.23").budget.default_tokens(gpu_mib / 1024)
     max_bs = sglang_decode_graph_max_bs(gpu_mib, tp)
     graphs = 2.0 * max_bs
     if attn_dp > 1:
         graphs += max_bs * attn_dp * 3 + (max_bs * attn_dp * 1.5 if max_bs > 300 else 0)
-    prefill_max = min(8192, chunk) if mla else chunk
-    if pp > 1:
-        prefill_max = min(prefill_max, 8192)
-    graphs += 1.5 * 1024 if mla else 8.0 * len(sglang_prefill_graph_sizes(prefill_max))
+    if pp == 1 and not kda:  # prefill graphs on: 8 MiB per captured size, or MLA's 1.5 GiB
+        prefill_max = min(8192, chunk) if mla else chunk
+        graphs += 1.5 * 1024 if mla else 8.0 * len(sglang_prefill_graph_sizes(prefill_max))
     acts = 512 + max(chunk, 2048) * 1.5
     par = tp * pp / 8 * 1024
     total = acts + par + graphs

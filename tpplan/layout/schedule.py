@@ -1,10 +1,10 @@
-"""The collectives a plan issues for a concrete batch: kind, shape, dtype and bytes, per rank.
+"""The batch schedule's vocabulary: a collective call as one rank makes it, chunks, padding, fallback.
 
-The audit counts volume per token; the runtime moves tensors. This module is the bridge: from
-the propagation's `CommEvent`s it lists, for a batch of T tokens (optionally cut into prefill
-chunks), every collective call a rank makes and the tensor it hands to torch.distributed. The
-distributed runtime's tracer records the same fields from the real tensors, and the proof tests
-assert the two lists are equal. Pure Python: no torch.
+The audit counts volume per token; the runtime moves tensors. The calls a batch makes are listed by
+`tpplan.lower.schedule.predict_schedule` from the lowered program (`tpplan.lower`); this module holds
+what both it and the runtime use: the call record (`CollectiveCall`, which the runtime's tracer fills
+from the real tensors), prefill chunks, token padding and ranges, and the fallback of a chunk too
+small to scatter. Pure Python: no torch.
 
 Conventions (those of nccl-tests, so `bytes` is the size a benchmark would use):
 - all_reduce: the [T, W] buffer; reduce_scatter: its [T_pad, W] input; all_gather: its output
@@ -26,16 +26,13 @@ Conventions (those of nccl-tests, so `bytes` is the size a benchmark would use):
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
-from tpplan.layout.dp_attention import planned_transition, stream_reduction
 from tpplan.layout.plan import Plan, baseline, with_ep
-from tpplan.layout.propagate import LayerResult, moe_remote_fraction, moe_weight_columns, propagate_model
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind, Value
-from tpplan.placement import S_TOK, Collective, P, Placement
+from tpplan.layout.propagate import LayerResult, propagate_model
+from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.placement import S_TOK, Collective
 
 
 @dataclass(frozen=True)
@@ -154,118 +151,6 @@ def state_layouts(graph: ModelGraph, plan: Plan, n: int) -> list[tuple[str, str]
     return out
 
 
-def _moe_calls(
-    chunk: int, layer: int, lg: LayerGraph, value: str, width: int, experts: int, top_k: int, n: int, rank: int,
-    tokens: int, act: str, routes: Sequence[Sequence[int]] | None,
-) -> list[CollectiveCall]:  # fmt: skip
-    """Counts, dispatch (rows with their routing weights as extra columns) and combine of one MoE
-    all-to-all layer on `rank`."""
-    per = experts // n
-    isz = TORCH_DTYPE_BYTES[act]
-    wide = width + moe_weight_columns(per, isz)  # dispatch row: activations + fp32 weights as act columns
-    if routes is not None:
-        hits = [[{e // per for e in routes[t]} for t in range(*token_range(tokens, n, src))] for src in range(n)]
-        send = [sum(1 for h in hits[rank] if dst in h) for dst in range(n)]
-        recv = [sum(1 for h in hits[src] if rank in h) for src in range(n)]
-    else:  # expectation under uniform routing (not exact)
-        hit = moe_remote_fraction(experts, top_k, n)
-        lo, hi = token_range(tokens, n, rank)
-        send = [round((hi - lo) * hit)] * n
-        recv = send
-    out_rows, in_rows = sum(send), sum(recv)
-    sent_rows = out_rows - send[rank]
-    back_rows = in_rows - recv[rank]
-    return [
-        CollectiveCall(chunk, layer, "all_to_all", f"{value}:counts", (n,), "int64", n * 8, float((n - 1) * 8)),
-        CollectiveCall(chunk, layer, "all_to_all", f"{value}:dispatch", (out_rows, wide), act,
-                       out_rows * wide * isz, float(sent_rows * wide * isz)),
-        CollectiveCall(chunk, layer, "all_to_all", f"{value}:combine", (in_rows, width), act,
-                       in_rows * width * isz, float(back_rows * width * isz)),
-    ]  # fmt: skip
-
-
-def chunk_calls(
-    graph: ModelGraph,
-    plan: Plan,
-    n: int,
-    tokens: int,
-    *,
-    chunk: int = 0,
-    dtype: str = "float32",
-    rank: int = 0,
-    routes: Mapping[int, Sequence[Sequence[int]]] | None = None,
-    results: list[LayerResult] | None = None,
-) -> list[CollectiveCall]:
-    """Every collective of one chunk of `tokens` tokens under `plan` (no fallback logic here)."""
-    if n <= 1:
-        return []
-    act = dtype_name(dtype)
-    results = results if results is not None else layer_results(graph, plan, n)
-    calls: list[CollectiveCall] = []
-    for i, res in enumerate(results):
-        lg = graph.kinds[graph.layer_kinds[i]]
-        for c in res.comms:
-            if c.internal:
-                if c.value.endswith(":dispatch"):
-                    op = next(o for o in lg.ops if o.kind is OpKind.EXPERTS)
-                    calls += _moe_calls(chunk, i, lg, op.inputs[0], op.int_attr("width"), op.int_attr("experts"),
-                                        op.int_attr("top_k"), n, rank, tokens, act, (routes or {}).get(i))  # fmt: skip
-                continue
-            val = lg.values[c.value]
-            dt = value_dtype(lg, c.value, act)
-            calls.append(_uniform_call(plan, chunk, i, c.collective, c.value, c.src, c.dst, val, n, tokens, dt))
-    last = results[-1].exit_delta if results else P
-    if last is P:  # the last block's output, reduced into the stream before the final norm
-        final = stream_reduction(plan)
-        assert final.collective is not None
-        shape = final.call_shape(graph.hidden, 0, n, tokens)
-        nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[act]
-        sent = ring_sent_bytes(final.collective, nbytes, n)
-        calls.append(CollectiveCall(chunk, len(results), final.collective.value, "final", shape, act, nbytes, sent))
-    return calls
-
-
-def _uniform_call(
-    plan: Plan, chunk: int, layer: int, kind: Collective, name: str, src: Placement, dst: Placement, val: Value, n: int,
-    tokens: int, dt: str,
-) -> CollectiveCall:  # fmt: skip
-    shape = planned_transition(plan, kind, src, dst).call_shape(val.width, val.heads, n, tokens)
-    nbytes = math.prod(shape) * TORCH_DTYPE_BYTES[dt]
-    return CollectiveCall(chunk, layer, kind.value, name, shape, dt, nbytes, ring_sent_bytes(kind, nbytes, n))
-
-
-def predict_schedule(
-    graph: ModelGraph,
-    plan: Plan,
-    n: int,
-    tokens: int,
-    *,
-    chunk: int | None = None,
-    dtype: str = "float32",
-    rank: int = 0,
-    routes: Mapping[tuple[int, int], Sequence[Sequence[int]]] | None = None,
-) -> list[ChunkSchedule]:
-    """The predicted collectives of a `tokens`-long prefill on rank `rank`, chunk by chunk.
-
-    `routes[(chunk, layer)]` lists each token's selected experts (from the single-process
-    reference) and makes MoE all-to-all shapes exact; other collectives need no data.
-    """
-    out = []
-    main = layer_results(graph, plan, n)
-    base: list[LayerResult] | None = None
-    for c, t in enumerate(chunk_sizes(tokens, chunk)):
-        fb = falls_back(graph, plan, n, t)
-        run_plan = fallback_plan(plan) if fb else plan
-        assert run_plan is not None
-        if fb and base is None:
-            base = layer_results(graph, run_plan, n)
-        layer_routes = {layer: r for (ci, layer), r in (routes or {}).items() if ci == c}
-        calls = chunk_calls(graph, run_plan, n, t, chunk=c, dtype=dtype, rank=rank, routes=layer_routes,
-                            results=base if fb else main)  # fmt: skip
-        out.append(ChunkSchedule(c, t, run_plan.name, fb, calls))
-    return out
-
-
 def bytes_by_kind(calls: Sequence[CollectiveCall]) -> dict[str, tuple[int, float]]:
     """kind -> (number of calls, bytes sent by this rank)."""
     out: dict[str, tuple[int, float]] = {}
@@ -279,12 +164,10 @@ __all__ = [
     "ChunkSchedule",
     "CollectiveCall",
     "bytes_by_kind",
-    "chunk_calls",
     "chunk_sizes",
     "fallback_plan",
     "falls_back",
     "padded_rows",
-    "predict_schedule",
     "ring_sent_bytes",
     "scatters_tokens",
     "token_range",

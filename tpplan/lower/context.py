@@ -26,16 +26,11 @@ class Lowering:
     batch: Batch
     results: tuple[LayerResult, ...]  # propagation per layer, chained as the audit chains them
     gpus_per_node: int
+    cp_audit: CpAudit  # context parallelism's per-kind exchanges (`layout.context_parallel.audit_cp`)
 
     @property
     def tp(self) -> int:
         return self.mesh.tp
-
-    @cached_property
-    def cp_audit(self) -> CpAudit:
-        """Context parallelism's per-kind exchanges (`layout.context_parallel.audit_cp`)."""
-        m = self.mesh
-        return audit_cp(self.graph, m.tp, m.cp, m.cp_recurrence, m.cp_layers)  # type: ignore[arg-type]
 
     @property
     def token_cp(self) -> int:
@@ -72,7 +67,12 @@ class Lowering:
         return min(self.tp, self.gpus_per_node)
 
     def layer_graph(self, index: int) -> LayerGraph:
-        return self.graph.kinds[self.graph.layer_kinds[index]]
+        return self.graph.kinds[self.results[index].kind]
 
 
-__all__ = ["Lowering"]
+def mesh_cp_audit(graph: ModelGraph, mesh: Mesh) -> CpAudit:
+    """The CP audit of `mesh` (`layout.context_parallel.audit_cp`)."""
+    return audit_cp(graph, mesh.tp, mesh.cp, mesh.cp_recurrence, mesh.cp_layers)  # type: ignore[arg-type]
+
+
+__all__ = ["Lowering", "mesh_cp_audit"]

@@ -8,11 +8,12 @@ this module registers the built-in passes (`tpplan.lower.passes`).
 from __future__ import annotations
 
 import tpplan.lower.passes  # noqa: F401  # the built-in passes register on import
+from tpplan.layout.context_parallel import CpAudit
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.layout.schedule import layer_results
 from tpplan.lower.batch import Batch
-from tpplan.lower.context import Lowering
+from tpplan.lower.context import Lowering, mesh_cp_audit
 from tpplan.lower.program import LayerProgram, MicroBatch, Program, StageProgram
 from tpplan.lower.registry import passes
 from tpplan.mesh import Mesh
@@ -27,16 +28,19 @@ def lowering(
     *,
     results: list[LayerResult] | None = None,
     gpus_per_node: int | None = None,
+    cp_audit: CpAudit | None = None,
 ) -> Lowering:
     """The passes' context. `results`: the audit's propagation, when the caller has it (else
-    propagated here, memoised); `gpus_per_node`: the cluster's (default: the TP group fits one node)."""
+    propagated here, memoised); `gpus_per_node`: the cluster's (default: the TP group fits one node);
+    `cp_audit`: the mesh's CP audit, when the caller has it."""
     res = results if results is not None else layer_results(graph, plan, mesh.tp)
-    return Lowering(graph, plan, mesh, batch, tuple(res), gpus_per_node or mesh.tp)
+    cpa = cp_audit if cp_audit is not None else mesh_cp_audit(graph, mesh)
+    return Lowering(graph, plan, mesh, batch, tuple(res), gpus_per_node or mesh.tp, cpa)
 
 
 def lower_layer(ctx: Lowering, index: int) -> LayerProgram:
     """One layer's steps: every registered pass's layer hook, in order."""
-    layer = LayerProgram(index, ctx.graph.layer_kinds[index], ())
+    layer = LayerProgram(index, ctx.results[index].kind, ())
     for p in passes():
         if p.layer is not None:
             layer = p.layer(ctx, layer)

@@ -40,7 +40,6 @@ from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant
 from tpplan.report.rows import DeploymentKey
 from tpplan.report.verdicts import bottom_line, judge, next_steps
-from tpplan.search.results import deployment_label
 from tpplan.units import GIB
 
 if TYPE_CHECKING:
@@ -128,7 +127,7 @@ def load_search() -> SearchFn:
         shown = {(r.deployment, str(r.plan.describe())) for r in outcome.ranked}
         found += [Found(r.plan, r.tp, r.pp, 0, r.cp, r.score, r.replicas) for r in outcome.deployment_best
                   if (r.deployment, str(r.plan.describe())) not in shown]  # fmt: skip
-        return Searched(found, [tuple(g) for g in outcome.grid])  # type: ignore[misc]
+        return Searched(found, [(m.tp, m.pp, m.cp, m.replicas) for m in outcome.grid])
 
     return best
 
@@ -564,7 +563,7 @@ def analyse(
     a.arrival = arrival
     if best_found is not None:
         f = best_found
-        a.search_best = (f.plan.name, deployment_label(f.tp, f.pp, f.cp, f.replicas))
+        a.search_best = (f.plan.name, Mesh(f.tp, pp=f.pp, cp=f.cp, replicas=f.replicas).label())
     if fn is not None and grid:
         keys: list[DeploymentKey] = [(*g, None) for g in single]
 

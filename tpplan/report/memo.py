@@ -531,9 +531,12 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
     return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]
 
 
+from tpplan.report.serving_section import serving_section  # noqa: E402
+
 SECTIONS = (
     intro,
     answer_section,
+    serving_section,
     kernel_source_section,
     ttft_section,
     kind_time,

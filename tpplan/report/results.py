@@ -26,6 +26,7 @@ from tpplan.report.crossover import Crossover
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
     from tpplan.report.rows import DeploymentRow, GroupRace, KernelSensitivity, LengthPoint
+    from tpplan.report.serving_memo import ServingMemo
     from tpplan.simulate.serving import Arrival
 
 # Verdict statuses and the word the memo's answer uses for each.
@@ -104,10 +105,8 @@ class Variant:
 
     @property
     def deployment(self) -> str:
-        """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: the search's name for the deployment (`deployment_label`)."""
-        from tpplan.search.results import deployment_label
-
-        return deployment_label(self.tp, self.pp, self.cp, self.replicas)
+        """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: the search's name for the deployment (`Mesh.label`)."""
+        return self.parallel.label()
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -175,6 +174,9 @@ class Analysis:
         None  # the answer under each kernel-price source (report.rows, computed by report.kernel_sources)
     )
     arrival: Arrival | None = None  # the serving loop's arrivals (--arrival-rate, --trace); None: each workload's own
+    serving: ServingMemo | None = (
+        None  # under --ttft-target/--tpot-target: the deployments served (report.serving_section)
+    )
 
     def variant(self, key: str) -> Variant | None:
         return next((v for v in self.variants if v.key == key), None)

@@ -8,16 +8,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tpplan.mesh import Mesh
 from tpplan.report.crossover import log_crossing
 
 DeploymentKey = tuple[int, int, int, int, str | None]  # (TP, PP, CP, replicas, overlap name)
 
 
 def label_of(key: DeploymentKey) -> str:
-    from tpplan.search.results import deployment_label
-
     tp, pp, cp, replicas, overlap = key
-    return deployment_label(tp, pp, cp, replicas) + (f"+{overlap}" if overlap else "")
+    return Mesh(tp, pp=pp, cp=cp, replicas=replicas).label() + (f"+{overlap}" if overlap else "")
 
 
 @dataclass(frozen=True)

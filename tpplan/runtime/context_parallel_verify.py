@@ -18,7 +18,7 @@ from tpplan.runtime.executor import numerics_for
 def _tp_worker(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
     """One rank of `verify_tp_cp`: a TP group's PlanRunner under CP, assembled and checked on rank 0."""
     from tpplan.layout.context_parallel import cp_calls
-    from tpplan.layout.schedule import predict_schedule
+    from tpplan.lower.schedule import predict_schedule
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan

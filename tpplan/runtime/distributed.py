@@ -18,7 +18,7 @@ Public entry points (a benchmark can build on these):
   [T, W] (verification only).
 - Around it: `tpplan.runtime.verify.verify_cases` (reference vs sharded, trace vs prediction,
   many cases per process group), `tpplan.runtime.run.run_plan` (time a prefill, slowest rank),
-  `tpplan.layout.schedule.predict_schedule` (the calls a batch will make, torch-free), and
+  `tpplan.lower.schedule.predict_schedule` (the calls a batch will make, torch-free), and
   `tpplan.runtime.group.run_group` (spawned or torchrun group, names the rank that failed first).
 
 Minimal use on an initialised process group (one process per rank):

@@ -37,8 +37,34 @@ def causal_attention(
     if plain and _fast.use(q, "causal_attention"):  # fast:
         return _fast.causal_attention(q, k, v, scale)
     t, s = q.shape[0], k.shape[0]
+    rows = query_block(t, q.shape[1] * s)
+    out = q.new_empty(t, q.shape[1] * v.shape[-1])
+    k, v = k.float(), v.float()  # once, not per block
+    for a in range(0, t, rows):  # scores of `rows` queries at a time: fp32 [heads, rows, S] stays small
+        b = min(t, a + rows)
+        part = None if keep is None else keep[a:b]
+        out[a:b] = _attention_rows(q[a:b], k, v, scale, s - t + a, part, window, chunk, sinks)
+    return out
+
+
+SCORE_BUDGET = 2**28  # fp32 score elements (1 GiB) one block of the reference attention or indexer holds
+
+
+def query_block(t: int, per_query: int, budget: int = SCORE_BUDGET) -> int:
+    """How many of `t` queries to score at once so that `per_query` scores each stay within `budget`
+    (a power of two, at least 1): DSA's indexer at 8K x 16K x 64 heads needed 32 GiB at once."""
+    rows = max(1, budget // max(1, per_query))
+    return t if rows >= t else 1 << (rows.bit_length() - 1)
+
+
+def _attention_rows(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, first: int, keep: Tensor | None, window: int | None,
+    chunk: int | None, sinks: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """The reference softmax for queries at absolute positions first, first+1, ... over all S keys."""
+    t, s = q.shape[0], k.shape[0]
     scores = torch.einsum("tnd,snd->nts", q.float(), k.float()) * scale
-    qpos = torch.arange(s - t, s, device=q.device)[:, None]
+    qpos = torch.arange(first, first + t, device=q.device)[:, None]
     kpos = torch.arange(s, device=q.device)[None, :]
     mask = kpos > qpos
     if window is not None:
@@ -143,11 +169,17 @@ def dsa_indexer(
     k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, rope.interleave)[:, 0]
     kf = _append_cache(cache, "k", torch.cat([k_rot, kf[:, rope_dim:]], dim=-1))
     s = kf.shape[0]
-    scores = torch.relu(torch.einsum("thd,sd->ths", qh, kf) * head_dim**-0.5)
-    index = torch.einsum("th,ths->ts", w.float() * heads**-0.5, scores)
-    future = torch.arange(s, device=q.device)[None, :] > positions[:, None]
-    index = index.masked_fill(future, float("-inf"))
-    return torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
+    wh = w.float() * heads**-0.5
+    out = torch.empty(t, min(topk, s), dtype=torch.int64, device=q.device)
+    rows = query_block(t, heads * s)
+    for a in range(0, t, rows):  # [rows, heads, S] fp32 scores at a time (the whole [T, H, S] was 32 GiB)
+        b = min(t, a + rows)
+        scores = torch.relu(torch.einsum("thd,sd->ths", qh[a:b], kf) * head_dim**-0.5)
+        index = torch.einsum("th,ths->ts", wh[a:b], scores)
+        future = torch.arange(s, device=q.device)[None, :] > positions[a:b, None]
+        index = index.masked_fill(future, float("-inf"))
+        out[a:b] = torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
+    return out
 
 
 def gqa_attention(
@@ -204,9 +236,11 @@ def gqa_attention(
 
 
 __all__ = [
+    "SCORE_BUDGET",
     "causal_attention",
     "dsa_indexer",
     "gqa_attention",
     "index_mask",
     "mla_attention",
+    "query_block",
 ]

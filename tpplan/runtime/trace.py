@@ -2,7 +2,7 @@
 
 The record (`tpplan.layout.schedule.CollectiveCall`) is filled from the real tensor handed to
 torch.distributed: kind, shape, dtype, bytes (nccl-tests size) and the bytes this rank sends.
-`tpplan.layout.schedule.predict_schedule` computes the same fields from the plan alone, and the
+`tpplan.lower.schedule.predict_schedule` computes the same fields from the plan alone, and the
 proof tests assert that the two lists are equal. With one rank every collective is the identity
 and nothing is recorded (nothing moves).
 

@@ -8,7 +8,7 @@ and the CLI batch their cases. For each case rank 0 runs the single-process refe
 `mlp_out`, the final hidden and the MoE routing; every rank runs the plan
 (`distributed.PlanRunner`) from its own shard; the local values are brought to full size with
 untraced collectives and compared on rank 0; every rank's trace is compared with
-`layout.schedule.predict_schedule` for that rank (MoE all-to-all shapes use the reference's
+`lower.schedule.predict_schedule` for that rank (MoE all-to-all shapes use the reference's
 routing).
 
 Tolerance: relative error = max |sharded - reference| / max |reference| per tensor. fp32 runs
@@ -31,7 +31,8 @@ from typing import Any
 
 from tpplan.dtypes import dtype_name
 from tpplan.layout.plan import Plan
-from tpplan.layout.schedule import CollectiveCall, bytes_by_kind, predict_schedule
+from tpplan.layout.schedule import CollectiveCall, bytes_by_kind
+from tpplan.lower.schedule import predict_schedule
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-1, "float16": 2e-2}
 

@@ -11,22 +11,22 @@ layer set to hold both.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import CP_SIZES, audit_cp
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 
 
-def mla_deployments(
-    graph: ModelGraph, splits: list[tuple[int, int, int, int]], cp: int | None
-) -> list[tuple[int, int, int, int]]:
-    """(TP, PP, CP, replicas) for each of `splits` (CP 1 points of the search's grid) with CP `cp`
-    (default each of CP_SIZES above 1) inside its TP group, where CP divides TP and the model has MLA
-    layers; TpplanError when none is."""
+def mla_deployments(graph: ModelGraph, splits: list[Mesh], cp: int | None) -> list[Mesh]:
+    """Each of `splits` (CP 1 meshes of the search's grid) with CP `cp` (default each of CP_SIZES above 1)
+    inside its TP group, where CP divides TP and the model has MLA layers; TpplanError when none is."""
     sizes = (cp,) if cp is not None else CP_SIZES[1:]
-    legal = [(n, p, k, r) for n, p, _, r in splits for k in sizes if k > 1]
-    out = [g for g in legal if audit_cp(graph, g[0], g[2], layers="mla").legal]
+    legal = [replace(m, cp=k) for m in splits for k in sizes if k > 1]
+    out = [m for m in legal if audit_cp(graph, m.tp, m.cp, layers="mla").legal]
     if not out:
-        n, k = (splits[0][0] if splits else 1), sizes[0]
+        n, k = (splits[0].tp if splits else 1), sizes[0]
         why = audit_cp(graph, n, k, layers="mla").reasons or [f"CP {k} is not above 1"]
         raise TpplanError(f"cp_layers=mla cp={cp}", "; ".join(why), "search with cp_layers=all")
     return out

@@ -18,7 +18,7 @@ binds is the bound's side at the chosen ratio (prefill, decode or KV transfer), 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tpplan.search.results import RankedPlan
@@ -54,9 +54,7 @@ class _Pair:
 
 
 def _mesh(r: RankedPlan) -> str:
-    from tpplan.search.results import deployment_label
-
-    return deployment_label(r.tp, r.pp, r.cp, 1)
+    return replace(r.mesh, replicas=1).label()
 
 
 def meshes(deployments: tuple[RankedPlan, ...]) -> list[RankedPlan]:

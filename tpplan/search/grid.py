@@ -1,7 +1,7 @@
 """The deployments a search covers: every TP x PP (x CP) split of a topology's GPUs, and replicas of them.
 
 `deployments` lists (TP, PP, CP) for one set of GPUs, `deployment_grid` adds the replica counts
-(`Grid`: (TP, PP, CP, replicas)); `memory_cap_gib_of` reads the memory cap the search and the memo
+(each a `Mesh`); `memory_cap_gib_of` reads the memory cap the search and the memo
 share. Split out of `ranking.py` (which searches each of them) along that seam.
 """
 
@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.search.results import SERVING_SHARE
 
 if TYPE_CHECKING:
-    from tpplan.cost.deployment import Fabric
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.mesh import Fabric
 
 
 def deployments(
@@ -82,14 +83,10 @@ def deployments(
     return out
 
 
-Grid = tuple[int, int, int, int]
-"""One deployment a search covers: (TP, PP, CP, replicas)."""
-
-
 @dataclass(frozen=True)
 class _ReplicaGpus:
     """The GPUs one of `replicas` replicas gets of a topology, as `deployments` enumerates splits of
-    them: whole nodes, or a share of one node (replicas alike: `Deployment.check`)."""
+    them: whole nodes, or a share of one node (replicas alike: `Mesh.check`)."""
 
     name: str
     nodes: int
@@ -117,8 +114,8 @@ def deployment_grid(
     cp: int | None = None,
     replicas: int | Literal["all"] | None = None,
     workload: Workload | None = None,
-) -> list[Grid]:
-    """(TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
+) -> list[Mesh]:
+    """The meshes (TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
     its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
     (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
     that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
@@ -138,21 +135,21 @@ def deployment_grid(
 
             replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
         share = _replica_gpus(topo, replicas)
-        return [(n, p, c, replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
-    return [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+        return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
+    return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
 
 
 def _all_replicas(
     graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None, workload: Workload | None
-) -> list[Grid]:
-    grid = [(n, p, c, 1) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+) -> list[Mesh]:
+    grid = [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
     if topo is None or workload is None or tp is not None or pp is not None:
         return grid
     most = min(workload.concurrency, workload.total_requests)
     for r in range(2, min(most, topo.world_size) + 1):
         try:
             share = _replica_gpus(topo, r)
-            grid += [(n, p, c, r) for n, p, c in deployments(graph, share, None, None, cp)]
+            grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, None, None, cp)]
         except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
             continue
     return grid
@@ -167,4 +164,4 @@ def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float
     return float(value) if value is not None else None
 
 
-__all__ = ["Grid", "deployment_grid", "deployments", "memory_cap_gib_of"]
+__all__ = ["deployment_grid", "deployments", "memory_cap_gib_of"]

@@ -37,11 +37,12 @@ from tpplan.audit import Audits
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
-from tpplan.search.grid import Grid, deployment_grid, deployments, memory_cap_gib_of
+from tpplan.search.grid import deployment_grid, deployments, memory_cap_gib_of
 from tpplan.search.naming import describe
 from tpplan.search.objectives import plan_cost
 from tpplan.search.results import (
@@ -53,7 +54,6 @@ from tpplan.search.results import (
     SearchOutcome,
     SearchStats,
 )
-from tpplan.search.results import deployment_label as _label
 from tpplan.search.setup import Deployed, Setup, baseline_of, evaluate, lower_bound, named_of, objective_of
 from tpplan.search.variants import dp_entries, overlap_entries
 
@@ -90,21 +90,19 @@ def _check(
         raise TpplanError("topology=None", "predicted time needs a topology", "pass one (e.g. h200x8-ib400)")
 
 
-def _search_deployment(
-    s: Setup, tp: int, pp: int, cutoff: float = float("inf"), cp: int = 1, replicas: int = 1
-) -> Deployed:
-    """Search one (TP, PP, CP, replicas); audit and predict its best plans until `top` fit, or until what the
+def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> Deployed:
+    """Search one mesh (TP, PP, CP, replicas); audit and predict its best plans until `top` fit, or until what the
     next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
 
     Activations (one chunk's peak) are not additive: the search caps the rest. A ranked plan that
     its own activations push over the cap is excluded; if that happens, the search runs once more
     with the largest such activations reserved, and the plans that fit from both runs are kept.
     """
-    graph, cap, top = s.graph, s.cap, s.top
-    base = s.baseline_audit(tp)  # raises (a clear TpplanError) if the model does not split over tp
-    obj = objective_of(s, tp, pp, cp, replicas)
-    label = _label(tp, pp, cp, replicas)
-    if (cp > 1 or replicas > 1) and cap is not None:
+    graph, cap, top, tp = s.graph, s.cap, s.top, mesh.tp
+    base = s.baseline_audit(mesh)  # raises (a clear TpplanError) if the model does not split over tp
+    obj = objective_of(s, mesh)
+    label = mesh.label()
+    if (mesh.cp > 1 or mesh.replicas > 1) and cap is not None:
         # CP keeps every CP group's TP x PP weights, a replica all of them: baseline's (no replication,
         # the least any plan holds) with KV, state and embedding is a floor on every plan's memory;
         # over the cap, none fits.
@@ -125,13 +123,13 @@ def _search_deployment(
             name, _, _ = describe(c.glob, c.configs, s.has_moe)
             excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
         for c in res.candidates:
-            if fitted >= top or lower_bound(s, c.score, pp) >= cutoff:
+            if fitted >= top or lower_bound(s, c.score, mesh) >= cutoff:
                 break
             name, short, summary = describe(c.glob, c.configs, s.has_moe)
             pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            got = evaluate(s, pa, c.cost, tp, pp, cp, replicas)
+            got = evaluate(s, pa, c.cost, mesh)
             mem = got.prediction.memory if got.prediction is not None else None
             if cap is not None and mem is not None and mem.total > cap:
                 worst_act = max(worst_act, float(mem.activations))
@@ -143,21 +141,21 @@ def _search_deployment(
             break
         reserve = worst_act
     if s.dp_attention:
-        for got in dp_entries(s, tp, pp, excluded, cp, replicas):
+        for got in dp_entries(s, mesh, excluded):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
-        for got in overlap_entries(s, list(kept.values()), tp, pp, cp, replicas):
+        for got in overlap_entries(s, list(kept.values()), mesh):
             kept.setdefault(got.plan.name, got)
     return Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
 
 
-def _while_searching(s: Setup, grid: list[Grid]) -> None:
+def _while_searching(s: Setup, grid: list[Mesh]) -> None:
     """The parent's share while forked workers search: the reference deployment's baseline and
     named plans, which the answer needs after the search (a core is idle at the grid's tail).
     A model that does not split there says so after the search, as before."""
     try:
-        baseline_of(s, *grid[0])
-        named_of(s, grid[0][0])
+        baseline_of(s, grid[0])
+        named_of(s, grid[0])
     except TpplanError:
         pass
 
@@ -171,8 +169,8 @@ def _at_the_tail(s: Setup, done: list[Deployed | tuple[str, str, str]]) -> None:
     leaders = sorted((r for d in done if isinstance(d, Deployed) for r in d.entries), key=lambda r: r.score)
     for r in leaders[: s.top]:
         with contextlib.suppress(TpplanError):
-            named_of(s, r.tp)
-            baseline_of(s, r.tp, r.pp, r.cp, r.replicas)
+            named_of(s, r.mesh)
+            baseline_of(s, r.mesh)
 
 
 def _name_ranked(s: Setup, ranked: list[RankedPlan], top: int) -> list[RankedPlan]:
@@ -181,7 +179,7 @@ def _name_ranked(s: Setup, ranked: list[RankedPlan], top: int) -> list[RankedPla
     out: list[RankedPlan] = []
     seen: set[tuple[str, str]] = set()
     for r in ranked:
-        same = named_of(s, r.tp).get(r.behaviour)
+        same = named_of(s, r.mesh).get(r.behaviour)
         if same:  # the search rediscovered a named plan: show it under its name
             plan = r.plan.with_(name=same, found_by="named")
             r = replace(r, plan=plan, audit=replace(r.audit, plan=plan))
@@ -199,20 +197,18 @@ def _name_ranked(s: Setup, ranked: list[RankedPlan], top: int) -> list[RankedPla
 _GRID_SETUP: Setup | None = None  # what forked grid workers search (inherited, not pickled)
 
 
-def _search_one(
-    n: int, p: int, cutoff: float = float("inf"), c: int = 1, r: int = 1
-) -> Deployed | tuple[str, str, str]:
+def _search_one(mesh: Mesh, cutoff: float = float("inf")) -> Deployed | tuple[str, str, str]:
     """One deployment; a model that does not split over it gives the error's (where, reason, fix),
     which, unlike the exception, crosses a process boundary."""
     assert _GRID_SETUP is not None
     try:
-        return _search_deployment(_GRID_SETUP, n, p, cutoff, c, r)
+        return _search_deployment(_GRID_SETUP, mesh, cutoff)
     except TpplanError as e:
         return (e.where, e.reason, e.fix)
 
 
 def _search_all(
-    s: Setup, grid: list[Grid], say: Callable[[str], None] = lambda _step: None
+    s: Setup, grid: list[Mesh], say: Callable[[str], None] = lambda _step: None
 ) -> list[Deployed | tuple[str, str, str]]:
     """Every deployment's search, in grid order: on as many cores as there are (forked workers,
     each one deployment) when the grid has several, else in turn, each evaluating only plans that
@@ -233,15 +229,15 @@ def _search_all(
 
             from tpplan.search.pool import forked_pool
 
-            for n, _, _, _ in grid:  # audited here once, inherited by every worker (and the deltas after)
+            for m in grid:  # audited here once, inherited by every worker (and the deltas after)
                 with contextlib.suppress(TpplanError):  # the worker for that deployment reports it
-                    s.baseline_audit(n)
+                    s.baseline_audit(m)
             if s.topo is not None and s.objective == "time":  # imported once, before forking, not per worker
                 import tpplan.cost.predict
                 import tpplan.cost.pricing  # noqa: F401
             workers = min(len(grid), cores)
             with forked_pool(workers) as pool:
-                futures = [pool.submit(_search_one, n, p, float("inf"), c, r) for n, p, c, r in grid]
+                futures = [pool.submit(_search_one, m, float("inf")) for m in grid]
                 _while_searching(s, grid)
                 for done, _ in enumerate(as_completed(futures), 1):
                     say(f"searched {done} of {len(grid)} deployments")
@@ -254,10 +250,10 @@ def _search_all(
             return out
         out = []
         scores: list[float] = []
-        for i, (n, p, c, r) in enumerate(grid):
-            say(f"searching {_label(n, p, c, r)} ({i + 1} of {len(grid)})")
+        for i, m in enumerate(grid):
+            say(f"searching {m.label()} ({i + 1} of {len(grid)})")
             cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top and not s.every_deployment else float("inf")
-            got = _search_one(n, p, cutoff, c, r)
+            got = _search_one(m, cutoff)
             out.append(got)
             if isinstance(got, Deployed):
                 scores += [r.score for r in got.entries]
@@ -330,7 +326,7 @@ def search_plans(
     if objective == "volume" and cp not in (None, 1):
         raise TpplanError(f"cp={cp}", "context parallelism is priced in time, not bytes per token",
                           "drop cp or rank by time")  # fmt: skip
-    grid: list[Grid] | None = None
+    grid: list[Mesh] | None = None
     if objective == "time" or tp is not None:
         mla = cp_layers == "mla" and objective == "time"
         grid = deployment_grid(graph, topology, tp, pp, (1 if mla else cp) if objective == "time" else 1, replicas,
@@ -340,12 +336,14 @@ def search_plans(
 
             grid = mla_deployments(graph, grid, cp)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
-        grid = [(topology.world_size if topology is not None else 0, 1, 1, 1)]
-        if grid[0][0] < 1:
+        world = topology.world_size if topology is not None else 0
+        if world < 1:
             raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
+        grid = [Mesh(world)]
+    grid = [replace(m, cp_layers=cp_layers, cp_kv=cp_kv) for m in grid]  # the CP options every mesh is priced with
     results: list[Deployed] = []
     skipped: list[tuple[str, str]] = []
-    say(f"searching {len(grid)} deployment(s): {', '.join(_label(*g) for g in grid)}")
+    say(f"searching {len(grid)} deployment(s): {', '.join(m.label() for m in grid)}")
     searched = _search_all(s, grid, say)
     search_s = time.perf_counter() - t0  # every deployment's search and its plans' checks
     for g, got in zip(grid, searched, strict=True):
@@ -354,14 +352,14 @@ def search_plans(
             continue
         if len(grid) == 1:
             raise TpplanError(*got)
-        skipped.append((_label(*g), got[1]))  # a TP size the model does not split over
+        skipped.append((g.label(), got[1]))  # a TP size the model does not split over
     if not results:
         raise TpplanError(f"tp={tp} pp={pp}", "the model splits over none of the deployments searched",
                           "give a tp it splits over")  # fmt: skip
     say("pricing the best plans and their baselines")
-    ref = grid[[_label(*g) for g in grid].index(results[0].label)]
-    base = baseline_of(s, *ref)
-    base = replace(base, same_as_named=named_of(s, base.tp).get(base.behaviour))
+    ref = grid[[m.label() for m in grid].index(results[0].label)]
+    base = baseline_of(s, ref)
+    base = replace(base, same_as_named=named_of(s, base.mesh).get(base.behaviour))
     ranked = _name_ranked(s, sorted((r for d in results for r in d.entries), key=lambda r: r.score), top)
     # Deltas compare like with like: each plan against baseline at its own TP x PP; what the
     # deployment change alone does is baseline there against baseline at the reference deployment.
@@ -370,7 +368,7 @@ def search_plans(
     for r in ranked:
         same = shape_bases.get(r.deployment)
         if same is None:
-            same = shape_bases[r.deployment] = baseline_of(s, r.tp, r.pp, r.cp, r.replicas)
+            same = shape_bases[r.deployment] = baseline_of(s, r.mesh)
         shown.append(replace(r, rank=len(shown) + 1, baseline=same, reference=base))
     found_for = {
         "topology": topology.name if topology is not None else None,
@@ -405,7 +403,7 @@ def search_plans(
         deployment_best=tuple(best_each),
         excluded=tuple(e for d in results for e in d.excluded.values()),
         stats=SearchStats(
-            tuple(_label(*g) for g in grid),
+            tuple(m.label() for m in grid),
             tuple(skipped),
             sum(d.families for d in results),
             sum(d.walks for d in results),
@@ -458,7 +456,6 @@ def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, 
 __all__ = [
     "JSON_SCHEMA_VERSION",
     "SERVING_SHARE",
-    "Grid",
     "SearchOutcome",
     "deployment_grid",
     "deployments",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tpplan.audit import PlanAudit
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.search.naming import Behaviour
 from tpplan.search.objectives import Cost
 from tpplan.units import GIB
@@ -29,16 +30,9 @@ JSON_SCHEMA_VERSION = 3  # 3: deltas vs the same-shape baseline; weights in the 
 SERVING_SHARE = 0.9  # the default memory cap: this share of one GPU (tpplan.search.ranking's docstring)
 
 
-def deployment_label(tp: int, pp: int, cp: int = 1, replicas: int = 1) -> str:
-    """`TP8`, `TP8xPP4`, `TP8xCP4`, `2x TP16`: how a search names a deployment (CP: context
-    parallelism; `2x`: two replicas of it, the requests split between them)."""
-    one = f"TP{tp}" + (f"xCP{cp}" if cp > 1 else "") + (f"xPP{pp}" if pp > 1 else "")
-    return f"{replicas}x {one}" if replicas > 1 else one
-
-
 @dataclass(frozen=True)
 class RankedPlan:
-    """One plan a search evaluated at TP `tp` x PP `pp`: its audit, the search's own cost of it
+    """One plan a search evaluated on `mesh` (TP x PP x CP, replicas): its audit, the search's own cost of it
     (`search_cost`), what plans are ranked by (`score`: the prediction's mean TTFT or forward time,
     else the search's score) and, with a topology, the prediction itself.
 
@@ -47,8 +41,7 @@ class RankedPlan:
     reference has neither."""
 
     plan: Plan
-    tp: int
-    pp: int
+    mesh: Mesh
     audit: PlanAudit
     search_cost: Cost
     score: float
@@ -58,17 +51,28 @@ class RankedPlan:
     rank: int | None = None
     baseline: RankedPlan | None = None
     reference: RankedPlan | None = None
-    cp: int = 1  # context-parallel size of the deployment (layout.context_parallel)
-    replicas: int = 1  # identical copies of the TP x CP x PP deployment, the requests split between them
+
+    @property
+    def tp(self) -> int:
+        return self.mesh.tp
+
+    @property
+    def pp(self) -> int:
+        return self.mesh.pp
+
+    @property
+    def cp(self) -> int:
+        """Context-parallel size of the deployment (layout.context_parallel)."""
+        return self.mesh.cp
+
+    @property
+    def replicas(self) -> int:
+        """Identical copies of the TP x CP x PP deployment, the requests split between them."""
+        return self.mesh.replicas
 
     @property
     def deployment(self) -> str:
-        return deployment_label(self.tp, self.pp, self.cp, self.replicas)
-
-    @property
-    def replica_gpus(self) -> int:
-        """GPUs of one replica (the memory per rank and the plan are one replica's)."""
-        return self.tp * self.cp * self.pp
+        return self.mesh.label()
 
     @property
     def memory_total(self) -> float | None:
@@ -183,7 +187,7 @@ class SearchOutcome:
 
     model: str
     graph_layer_kinds: tuple[str, ...]
-    grid: tuple[tuple[int, int, int, int], ...]  # (TP, PP, CP, replicas) per deployment searched
+    grid: tuple[Mesh, ...]  # each deployment searched, in order (the first: the reference)
     topology: Topology | None
     workload: Workload | None
     dtype: str
@@ -224,8 +228,8 @@ class SearchOutcome:
             return None
         from tpplan.cost.provenance import question_provenance
 
-        n, p, c, _ = self.grid[0]
-        return question_provenance(self.baseline.prediction, self.topology, n * p * c).to_json()
+        m = self.grid[0]
+        return question_provenance(self.baseline.prediction, self.topology, m.tp * m.pp * m.cp).to_json()
 
     def _cap_reason(self) -> str | None:
         if self.memory_cap_bytes is None:
@@ -244,10 +248,10 @@ class SearchOutcome:
         return {
             "schema_version": JSON_SCHEMA_VERSION,
             "model": self.model,
-            "tp": self.grid[0][0],
-            "pp": self.grid[0][1],
-            "cp": self.grid[0][2],
-            "replicas": self.grid[0][3],
+            "tp": self.grid[0].tp,
+            "pp": self.grid[0].pp,
+            "cp": self.grid[0].cp,
+            "replicas": self.grid[0].replicas,
             "dtype": self.dtype,
             "expert_dtype": self.expert_dtype,
             "topology": topo.name if topo is not None else None,
@@ -289,5 +293,4 @@ __all__ = [
     "RankedPlan",
     "SearchOutcome",
     "SearchStats",
-    "deployment_label",
 ]

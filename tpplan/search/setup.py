@@ -14,7 +14,6 @@ from tpplan.audit import Audits, PlanAudit
 from tpplan.layout.plan import OverlapName
 from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
-from tpplan.search.grid import Grid
 from tpplan.search.naming import Behaviour, behaviour, named_behaviours
 from tpplan.search.objectives import Cost, Objective, PredictObjective, VolumeObjective, plan_cost
 from tpplan.search.results import Excluded, RankedPlan
@@ -46,36 +45,36 @@ class Setup:
     cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
     every_deployment: bool = False  # each deployment's best plan is wanted (no cutoff by earlier deployments)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
-    baselines: dict[Grid, RankedPlan] = field(default_factory=dict)  # (TP, PP, CP, replicas) -> baseline
+    baselines: dict[Mesh, RankedPlan] = field(default_factory=dict)  # each deployment's baseline
 
     @property
     def has_moe(self) -> bool:
         """Whether the model has MoE layers (a found plan's words speak of experts only then)."""
         return any(layer.mlp.kind == "moe" for layer in self.graph.spec.layers)
 
-    def baseline_audit(self, tp: int) -> PlanAudit:
+    def baseline_audit(self, mesh: Mesh) -> PlanAudit:
+        """Megatron TP's audit at the mesh's TP (raises where the model does not split over it)."""
         from tpplan.plans.named import baseline as baseline_plan
 
-        return self.audits.of(baseline_plan(), tp, self.dtype)
+        return self.audits.of(baseline_plan(), mesh.tp, self.dtype)
 
 
-def evaluate(s: Setup, pa: PlanAudit, cost: Cost, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
-    """One plan's result: the audit's volumes and, with a topology, `predict_plan`'s time and memory
-    (the audit handed in: the prediction does not audit again)."""
+def evaluate(s: Setup, pa: PlanAudit, cost: Cost, mesh: Mesh) -> RankedPlan:
+    """One plan's result on `mesh`: the audit's volumes and, with a topology, `predict_plan`'s time and
+    memory (the audit handed in: the prediction does not audit again)."""
     if s.topo is None:
-        return RankedPlan(pa.plan, tp, pp, pa, cost, cost.score, None, behaviour(pa), cp=cp, replicas=replicas)
+        return RankedPlan(pa.plan, mesh, pa, cost, cost.score, None, behaviour(pa))
     from tpplan.cost.predict import predict_plan
     from tpplan.simulate.serving import with_serving_loop
 
     # ranked by the engine's serving loop (fixed costs, CPU overlap, PP schedule), as the memo ranks
     predict = with_serving_loop(predict_plan)
-    mesh = Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv)
     pr = predict(s.graph, pa.plan, s.topo, mesh=mesh, workload=s.wl, tokens=s.tokens, dtype=s.dtype,
                  expert_dtype=s.expert_dtype, audit=pa)  # fmt: skip
     score = cost.score
     if s.objective == "time":  # what plans are ranked by: predict's own figure
         score = pr.ttft.mean_s if pr.ttft is not None else pr.forward_s
-    return RankedPlan(pa.plan, tp, pp, pa, cost, score, pr, behaviour(pa), cp=cp, replicas=replicas)
+    return RankedPlan(pa.plan, mesh, pa, cost, score, pr, behaviour(pa))
 
 
 @dataclass
@@ -91,41 +90,40 @@ class Deployed:
     label: str
 
 
-def objective_of(s: Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> Objective:
+def objective_of(s: Setup, mesh: Mesh) -> Objective:
     if s.objective == "time":
         assert s.topo is not None
         from tpplan.cost.pricing import Pricer
 
-        mesh = Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_layers=s.cp_layers, cp_kv=s.cp_kv)
-        pricer = Pricer(s.graph, s.topo, mesh, dtype=s.dtype, expert_dtype=s.expert_dtype, audit=s.baseline_audit(tp))
+        pricer = Pricer(s.graph, s.topo, mesh, dtype=s.dtype, expert_dtype=s.expert_dtype, audit=s.baseline_audit(mesh))
         return PredictObjective(pricer, workload=s.wl, tokens=s.tokens)
     return VolumeObjective(s.dtype)
 
 
-def lower_bound(s: Setup, score: float, pp: int) -> float:
-    """What `predict_plan` can say of a plan the search scored `score`, at least: the score itself
-    (forward time, volume, or TTFT without PP), or with PP the unpipelined TTFT over `pp` (a batch
+def lower_bound(s: Setup, score: float, mesh: Mesh) -> float:
+    """What `predict_plan` can say of a plan the search scored `score` on `mesh`, at least: the score itself
+    (forward time, volume, or TTFT without PP), or with PP the unpipelined TTFT over PP (a batch
     occupies a stage at least 1/pp of its trip through all of them). With a workload the ranked TTFT is
     the serving loop's, whose fixed costs only add to the idealised schedule's (taken, not proven, never
     to shorten a request's TTFT)."""
-    return score / pp if s.wl is not None and pp > 1 else score
+    return score / mesh.pp if s.wl is not None and mesh.pp > 1 else score
 
 
-def baseline_of(s: Setup, tp: int, pp: int, cp: int = 1, replicas: int = 1) -> RankedPlan:
-    """Megatron TP at this deployment, for reference (priced once per search)."""
-    hit = s.baselines.get((tp, pp, cp, replicas))
+def baseline_of(s: Setup, mesh: Mesh) -> RankedPlan:
+    """Megatron TP on this mesh, for reference (priced once per search)."""
+    hit = s.baselines.get(mesh)
     if hit is None:
-        pa = s.baseline_audit(tp)
-        cost = plan_cost(objective_of(s, tp, pp, cp, replicas), s.graph, pa)
-        hit = s.baselines[(tp, pp, cp, replicas)] = evaluate(s, pa, cost, tp, pp, cp, replicas)
+        pa = s.baseline_audit(mesh)
+        cost = plan_cost(objective_of(s, mesh), s.graph, pa)
+        hit = s.baselines[mesh] = evaluate(s, pa, cost, mesh)
     return hit
 
 
-def named_of(s: Setup, tp: int) -> dict[Behaviour, str]:
-    """The named plans' behaviours at TP `tp` (computed once per search and TP)."""
-    if tp not in s.named:
-        s.named[tp] = named_behaviours(s.graph, tp, s.dtype, audits=s.audits)
-    return s.named[tp]
+def named_of(s: Setup, mesh: Mesh) -> dict[Behaviour, str]:
+    """The named plans' behaviours at the mesh's TP (computed once per search and TP)."""
+    if mesh.tp not in s.named:
+        s.named[mesh.tp] = named_behaviours(s.graph, mesh.tp, s.dtype, audits=s.audits)
+    return s.named[mesh.tp]
 
 
 __all__ = ["Deployed", "Setup", "baseline_of", "evaluate", "lower_bound", "named_of", "objective_of"]

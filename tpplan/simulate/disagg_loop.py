@@ -167,6 +167,8 @@ class _Decode(_Replica):
         super().__init__(arrivals, prices, cfg, seeded=False)
         self.sim = sim
         self.first_on_decode = sim.rule.first_token_on_decode
+        if self.first_on_decode:
+            self.rounds = None  # a request's first decode step gives its first token, not a gap: per token
         self.prealloc: deque[int] = deque()  # reached the server, waiting for KV room (FIFO)
         self.arrived: deque[int] = deque()  # KV arrived, joining the running batch at the next step
         self.events: list[tuple[float, int, int]] = []  # (when, _KV or _REQ, request)
@@ -224,6 +226,8 @@ class _Decode(_Replica):
             self.ready[rid] = now
             if self.outputs[rid] > 1:
                 self.running[rid] = None
+                if self.rounds is not None:
+                    self.rounds.join(self, rid)
             else:
                 self.finish(rid, now)
         return fresh
@@ -323,18 +327,31 @@ class _PD:
             t, i = heapq.heappop(queue)
             if t != wake[i]:
                 continue  # superseded by an earlier wake
-            inst = self.insts[i]
+            self.turns(i, t)
+
+    def turns(self, i: int, t: float) -> None:
+        """Instance `i` acts at `t`, and again at once while its next turn comes strictly before every other
+        instance's (nothing can reach it meanwhile): the order the queue would give, without its pushes."""
+        inst, queue, wake = self.insts[i], self.queue, self.wake
+        while True:
+            horizon = queue[0][0] if queue else math.inf
             e = inst.earliest(t)
             if e > t:
-                wake[i] = e
-                heapq.heappush(queue, (e, i))
-                continue
+                if e >= horizon:
+                    wake[i] = e
+                    heapq.heappush(queue, (e, i))
+                    return
+                t = e
             wake[i] = math.inf
-            nxt = inst.act(t)
-            if nxt < wake[i]:
-                wake[i] = nxt
-                if nxt < math.inf:
-                    heapq.heappush(queue, (nxt, i))
+            nxt = min(inst.act(t), wake[i])  # a delivery to itself may have set an earlier wake
+            horizon = queue[0][0] if queue else math.inf
+            if nxt < horizon and self.done < len(self.reqs):
+                t = nxt
+                continue
+            wake[i] = nxt
+            if nxt < math.inf:
+                heapq.heappush(queue, (nxt, i))
+            return
 
 
 def simulate_disaggregated(

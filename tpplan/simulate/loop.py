@@ -80,13 +80,73 @@ class LoopConfig:
         return r.prompt_tokens + (r.output_tokens if self.decode else 1)
 
 
+class _Rounds:
+    """Decode kept per step instead of per token, while every decode step takes every running request (one
+    step in flight, no budget cut): the loop's results are the same, its work per step no longer grows with
+    the batch (tests/simulate/test_loop_fast_path.py checks both paths give identical results).
+
+    Every running request that decoded in the last decode step last sent a token at `last_end`; those that
+    joined since (`fresh`, the tail of the running requests in order) at their own `out_at`. A request that
+    joins at decode round R with one token finishes at round R + output - 1 (`ends`, a heap in join order);
+    `context_sum` is the sum of the running requests' next positions, which a decode step prices."""
+
+    def __init__(self) -> None:
+        self.round = 0
+        self.last_end = 0.0
+        self.fresh: list[int] = []
+        self.ends: list[tuple[int, int]] = []  # (round it finishes at, request), pushed in join order
+        self.finish_round: dict[int, int] = {}
+        self.order: list[int] = []  # requests in join order (the second key of `ends`)
+        self.context_sum = 0
+
+    def join(self, rep: _Replica, rid: int) -> None:
+        end = self.round + rep.outputs[rid] - 1
+        heapq.heappush(self.ends, (end, len(self.finish_round)))
+        self.finish_round[rid] = end
+        self.order.append(rid)
+        self.fresh.append(rid)
+        self.context_sum += rep.last_pos[rid] + 1
+
+    def decode(self, rep: _Replica, t: float) -> None:
+        """One decode step of every running request, ending at `t`."""
+        fresh, out_at = self.fresh, rep.out_at
+        rep.itl.extend([t - self.last_end] * (len(rep.running) - len(fresh)))
+        rep.itl.extend([t - out_at[r] for r in fresh])
+        fresh.clear()
+        self.context_sum += len(rep.running)
+        self.round += 1
+        self.last_end = t
+        ends, order = self.ends, self.order
+        while ends and ends[0][0] <= self.round:
+            rid = order[heapq.heappop(ends)[1]]
+            del rep.running[rid]
+            rep.decoded[rid], out_at[rid] = rep.outputs[rid], t
+            self.context_sum -= rep.last_pos[rid] + rep.outputs[rid]
+            rep.finish(rid, t)
+
+    def materialize(self, rep: _Replica) -> None:
+        """Each running request's own token count and last token time, for the per-token path."""
+        fresh = set(self.fresh)
+        for rid in rep.running:
+            rep.decoded[rid] = rep.outputs[rid] - (self.finish_round[rid] - self.round)
+            if rid not in fresh:
+                rep.out_at[rid] = self.last_end
+
+
 class _Replica:
     """The state of one replica's loop while it runs (`run_replica`)."""
+
+    FAST_DECODE = True  # decode steps of every running request kept per step, not per token (`_Rounds`)
 
     def __init__(self, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, seeded: bool = True) -> None:
         """`seeded` False: no request arrives by itself (a P/D instance: `simulate.disagg_loop` delivers them)."""
         self.reqs = arrivals.requests
         self.prices, self.cfg = prices, cfg
+        # `CachedPrices.price_step`: a step priced from (prefill segments, decode tokens, their contexts' sum),
+        # the price `prices` gives the full segments (tests/simulate/test_loop_fast_path.py)
+        self.price_step: Callable[[Segments, int, int], Sequence[float]] | None = getattr(prices, "price_step", None)
+        fast = self.FAST_DECODE and cfg.decode and cfg.in_flight == 1 and self.price_step is not None
+        self.rounds: _Rounds | None = _Rounds() if fast else None
         n = len(self.reqs)
         self.sent = [r.arrival_s for r in self.reqs]
         self.progress = [r.prompt_tokens - r.new_tokens for r in self.reqs]  # next position to compute
@@ -200,11 +260,12 @@ class _Replica:
 
     def run_step(self, segs: list[Segment], dec: list[int], now: float) -> None:
         """Price the step, push it through the stages, and advance its requests."""
-        reqs, out_at, decoded, last = self.reqs, self.out_at, self.decoded, self.last_pos
-        shape = tuple([(s.n_tokens, s.start_pos) for s in segs] + [(1, last[r] + decoded[r]) for r in dec])
-        times = [float(t) for t in self.prices(shape)]
-        if not times or min(times) < 0 or not all(map(math.isfinite, times)):
-            raise TpplanError("stage prices", f"returned {times} s for step {len(self.steps)}", "return >= 0 per stage")
+        reqs = self.reqs
+        rounds = self.rounds
+        if rounds is not None and dec and len(dec) != len(self.running):
+            rounds.materialize(self)  # a step that leaves running requests out: per-request counts from here on
+            rounds = self.rounds = None
+        times = self.step_times(segs, dec, rounds)
         times[0] += self.cfg.step_overhead_s
         if not self.stage_free:
             self.stage_free = [0.0] * len(times)
@@ -214,14 +275,10 @@ class _Replica:
             self.stage_free[k] = t
         self.steps.append(PrefillBatch(len(self.steps), tuple(segs), now, t, len(dec)))
         if dec:
-            self.itl.extend([t - out_at[r] for r in dec])
-            outs = self.outputs
-            for rid in dec:
-                out_at[rid] = t
-                decoded[rid] += 1
-                if decoded[rid] >= outs[rid]:
-                    del self.running[rid]
-                    self.finish(rid, t)
+            if rounds is not None:
+                rounds.decode(self, t)
+            else:
+                self.decode_each(dec, t)
         for s in segs:
             rid = s.request_id
             if math.isnan(self.first_step[rid]):
@@ -233,8 +290,34 @@ class _Replica:
                 self.ready[rid] = self.hand_off(rid, t)
                 if self.cfg.decode and reqs[rid].output_tokens > 1:
                     self.running[rid] = None
+                    if rounds is not None:
+                        rounds.join(self, rid)
                 else:
                     self.finish(rid, self.ready[rid])
+
+    def step_times(self, segs: list[Segment], dec: list[int], rounds: _Rounds | None) -> list[float]:
+        """Seconds the step holds each stage (its CPU cost not yet added)."""
+        last, decoded = self.last_pos, self.decoded
+        pre = tuple([(s.n_tokens, s.start_pos) for s in segs])
+        if self.price_step is not None:  # the same price without a segment per decode token
+            ctx = rounds.context_sum if rounds is not None else sum([last[r] + decoded[r] for r in dec])
+            times = [float(t) for t in self.price_step(pre, len(dec), ctx)]
+        else:
+            times = [float(t) for t in self.prices(pre + tuple([(1, last[r] + decoded[r]) for r in dec]))]
+        if not times or min(times) < 0 or not all(map(math.isfinite, times)):
+            raise TpplanError("stage prices", f"returned {times} s for step {len(self.steps)}", "return >= 0 per stage")
+        return times
+
+    def decode_each(self, dec: list[int], t: float) -> None:
+        """Advance each decoding request by one token at `t` (its gap since its last token into the ITLs)."""
+        out_at, decoded, outs = self.out_at, self.decoded, self.outputs
+        self.itl.extend([t - out_at[r] for r in dec])
+        for rid in dec:
+            out_at[rid] = t
+            decoded[rid] += 1
+            if decoded[rid] >= outs[rid]:
+                del self.running[rid]
+                self.finish(rid, t)
 
     def hand_off(self, rid: int, t: float) -> float:
         """When request `rid`'s first token can go out: at once, or (P/D) once its KV reached the decode

@@ -46,6 +46,7 @@ class CachedPrices:
     def __init__(self, prices: StagePrices) -> None:
         self._prices = prices
         self._cache: dict[Segments, tuple[float, ...]] = {}
+        self._grid: dict[tuple[Segments, int, int], tuple[float, ...]] = {}
 
     def _exact(self, segs: Segments) -> tuple[float, ...]:
         hit = self._cache.get(segs)
@@ -54,18 +55,32 @@ class CachedPrices:
         return hit
 
     def __call__(self, segs: Segments) -> Sequence[float]:
-        prefill = tuple(s for s in segs if s[0] > 1)
-        batch = len(segs) - len(prefill)
+        decode = [c for n, c in segs if n == 1]
+        return self.price_step(tuple(s for s in segs if s[0] > 1), len(decode), sum(decode))
+
+    def price_step(self, prefill: Segments, batch: int, context_sum: int) -> Sequence[float]:
+        """The price of `prefill`'s segments with `batch` one-token segments whose contexts sum to
+        `context_sum` (what the loop passes instead of a segment per decode token); a one-token prefill
+        segment counts as a decode token, as in `__call__`."""
+        ones = [c for n, c in prefill if n == 1]
+        if ones:
+            prefill = tuple(s for s in prefill if s[0] > 1)
+            batch, context_sum = batch + len(ones), context_sum + sum(ones)
         if batch == 0:
-            return self._exact(segs)
-        mean = sum(c for n, c in segs if n == 1) / batch
+            return self._exact(prefill)
+        mean = context_sum / batch
         lo, hi = context_grid(mean)
-        a, b = (
-            self._exact(prefill + even_decode(batch, lo * batch)),
-            self._exact(prefill + even_decode(batch, hi * batch)),
-        )
+        a, b = self._at(prefill, batch, lo), self._at(prefill, batch, hi)
         w = (mean - lo) / (hi - lo)
         return tuple(x + (y - x) * w for x, y in zip(a, b, strict=True))
+
+    def _at(self, prefill: Segments, batch: int, context: int) -> tuple[float, ...]:
+        """The exact price with `batch` decode tokens at one grid point, kept per (prefill, batch, point)."""
+        key = (prefill, batch, context)
+        hit = self._grid.get(key)
+        if hit is None:
+            hit = self._grid[key] = self._exact(prefill + even_decode(batch, context * batch))
+        return hit
 
     @property
     def distinct_steps(self) -> int:

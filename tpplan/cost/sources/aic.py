@@ -332,12 +332,17 @@ class AicSource:
 
     def _axes(self, family: TableFamily) -> dict[str, Any]:
         """The measured axes of one op family's table (`aic_axes`): from the answer file, else read
-        from AIC's view of the table once and kept there, with the fallback tables loading it logged."""
+        once from the engine's view of the table (the rows `table` returns, without the op class's
+        load of its sibling tables and deep copy, which cost seconds more) and kept there, with the
+        fallback tables its loading logged."""
         held, axes = self._answers.get(f"axes:{family}")
         if held:
             return dict(axes)
+        from aiconfigurator_core.sdk.engine_table_view import fetch_table_view
+
         before = set(_FALLBACKS)
-        axes = build_axes(family, self.table(family))
+        rows = fetch_table_view(self._loaded.db, f"_{family}_data")  # what `table` binds, without its copies
+        axes = build_axes(family, rows if rows is not None and keys(rows) else None)
         self._answers.put(f"axes:{family}", axes, {t: f for t, f in _FALLBACKS.items() if t not in before})
         return axes
 

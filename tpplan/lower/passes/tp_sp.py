@@ -58,11 +58,21 @@ def collective_steps(
     priced = nccl_bytes(c.collective.value, c.elements_per_token * t, n, ctx.elem_bytes)
     call = Collective(c.collective.value, c.value, c.label, c.region, "tp", n, ctx.ranks_per_node, shape, dt,
                       nbytes, ring_sent_bytes(kind, nbytes, n), priced, origin=origin, event=c)  # fmt: skip
-    copy = move.layout_copy(c.value, val.width, val.heads, n, t)
-    if copy is None:
+    step = layout_copy_step(lg, c, move, n, t, origin)
+    if step is None:
         return [call]
-    step = LayoutCopy(copy.name, c.value, copy.elements, origin)
-    return [step, call] if copy.name.startswith("pack:") else [call, step]
+    return [step, call] if step.name.startswith("pack:") else [call, step]
+
+
+def layout_copy_step(
+    lg: LayerGraph, c: CommEvent, move: Transition, n: int, tokens: int, origin: str = "tp_sp"
+) -> LayoutCopy | None:
+    """The runtime's copy beside a planned move on a group of `n`, if its transition needs one
+    (`Transition.layout_copy`: pack before an all-to-all or an uneven reduce-scatter, unpack after a
+    head all-gather)."""
+    val = lg.values[c.value]
+    copy = move.layout_copy(c.value, val.width, val.heads, n, tokens)
+    return None if copy is None else LayoutCopy(copy.name, c.value, copy.elements, origin)
 
 
 def _layer(ctx: Lowering, layer: LayerProgram) -> LayerProgram:
@@ -114,4 +124,4 @@ TP_SP = register(
     )
 )
 
-__all__ = ["TP_SP", "collective_steps", "final_reduction", "kernel_call"]
+__all__ = ["TP_SP", "collective_steps", "final_reduction", "kernel_call", "layout_copy_step"]

@@ -1,0 +1,93 @@
+"""The bench's windowed, chunked and sink attention (issue 34) equal the runtime's masked reference, and the
+reference's scores in query blocks equal the one-shot reference (DSA's indexer too)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tpplan.bench import masked_attention as MA  # noqa: E402
+from tpplan.runtime import fast_kernels as RF  # noqa: E402
+from tpplan.runtime import kernels_attention as KA  # noqa: E402
+
+SHAPES = [
+    (37, 37, 8),
+    (20, 53, 16),
+    (40, 40, 12),
+    (5, 90, 3),
+    (64, 64, 2),
+    (30, 40, 9),
+]  # (queries, keys, window): first chunk, cached keys
+
+
+def _qkv(t: int, s: int, seed: int, dv: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t, 3, 16, generator=g), torch.randn(s, 3, 16, generator=g), torch.randn(s, 3, dv, generator=g)
+
+
+def _close(a, b) -> bool:
+    return float((a - b).norm() / b.norm()) < 1e-5
+
+
+@pytest.mark.parametrize(("t", "s", "w"), SHAPES)
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_windowed_attention_is_the_masked_reference(t: int, s: int, w: int, with_sinks: bool) -> None:
+    q, k, v = _qkv(t, s, t + s + w)
+    sinks = torch.randn(3) if with_sinks else None
+    ref = KA.causal_attention(q, k, v, 0.25, window=w, sinks=sinks)
+    assert not _close(KA.causal_attention(q, k, v, 0.25, sinks=sinks), ref)  # the window changes the result
+    assert _close(MA.windowed_attention(q, k, v, 0.25, w, sinks), ref)
+    for block in (4, 8, None):
+        assert _close(MA.banded_attention(q, k, v, 0.25, w, sinks, block=block), ref)
+
+
+@pytest.mark.parametrize(("t", "s", "w"), SHAPES)
+def test_sink_and_chunked_attention_are_the_reference(t: int, s: int, w: int) -> None:
+    q, k, v = _qkv(t, s, 3 * t + s)
+    sinks = torch.randn(3) * 2
+    ref = KA.causal_attention(q, k, v, 0.25, sinks=sinks)
+    assert not _close(KA.causal_attention(q, k, v, 0.25), ref)
+    assert _close(MA.sink_attention(q, k, v, 0.25, sinks), ref)
+    chunk = max(2, w)
+    want = KA.causal_attention(q, k, v, 0.25, chunk=chunk)
+    assert _close(MA.chunked_attention(q, k, v, 0.25, chunk, RF.causal_attention), want)
+
+
+def test_the_windowed_kernel_reads_only_the_window() -> None:
+    """Keys outside every query's window can hold anything (here NaN): the output does not see them."""
+    q, k, v = _qkv(16, 64, 7)
+    for w in (4, 7):  # the first query (position 48) reads 49 - w .. 48
+        k2, v2 = k.clone(), v.clone()
+        k2[: 49 - w], v2[: 49 - w] = float("nan"), float("nan")
+        ref = MA.windowed_attention(q, k, v, 0.25, w)
+        assert torch.equal(MA.windowed_attention(q, k2, v2, 0.25, w), ref)
+    k2, v2 = k.clone(), v.clone()
+    k2[:45], v2[:45] = float("nan"), float("nan")
+    ref = MA.banded_attention(q, k, v, 0.25, 4, block=8)
+    assert torch.equal(MA.banded_attention(q, k2, v2, 0.25, 4, block=8), ref)
+
+
+def test_reference_scores_in_query_blocks_equal_the_one_shot_reference(monkeypatch) -> None:
+    q, k, v = _qkv(13, 29, 11, dv=8)
+    keep = torch.rand(13, 29, generator=torch.Generator().manual_seed(1)) > 0.3
+    kw = {"window": 9, "sinks": torch.randn(3)}
+    whole = KA.causal_attention(q, k, v, 0.3, keep, **kw)
+    assert KA.query_block(13, 3 * 29) == 13
+    monkeypatch.setattr(KA, "SCORE_BUDGET", 3 * 29 * 4)  # four queries at a time
+    assert KA.query_block(13, 3 * 29, KA.SCORE_BUDGET) == 4
+    monkeypatch.setattr(KA, "query_block", lambda t, per, budget=0: 4)
+    assert torch.allclose(KA.causal_attention(q, k, v, 0.3, keep, **kw), whole, atol=1e-6)
+
+
+def test_indexer_in_query_blocks_selects_what_the_one_shot_indexer_selects(monkeypatch) -> None:
+    from tpplan.runtime.kernels_local import Rope
+
+    g = torch.Generator().manual_seed(3)
+    t, heads, d = 11, 4, 16
+    args = (torch.randn(t, heads * d, generator=g), torch.randn(t, d, generator=g), torch.randn(t, heads, generator=g))
+    kw = {"head_dim": d, "rope_dim": 8, "positions": torch.arange(t), "rope": Rope(theta=10000.0),
+          "topk": 5, "k_norm_weight": torch.ones(d), "k_norm_bias": torch.zeros(d)}  # fmt: skip
+    whole = KA.dsa_indexer(*args, **kw)
+    monkeypatch.setattr(KA, "query_block", lambda t, per, budget=0: 3)
+    assert torch.equal(KA.dsa_indexer(*args, **kw), whole)

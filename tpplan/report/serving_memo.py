@@ -1,0 +1,144 @@
+"""What the memo's Serving section prints, computed: the search's deployments served under the targets and each
+chosen pool's launch lines (`build_serving_memo`, called by `tpplan report` under `--ttft-target`/
+`--tpot-target`). Launch lines: both engines' flags for the plan at that mesh (`engines.recipes`, or
+"needs code" where no flag realises it) with the KV pool's memory share as the engine derives it
+(`cost.kv_capacity`), the step budget the loop ran and the running-request cap that holds the chosen load
+(`engines.serving_flags`). `report.serving_section` renders it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpplan.cost.topology import Topology
+    from tpplan.cost.workload import Workload
+    from tpplan.models.graph import ModelGraph
+    from tpplan.search.results import RankedPlan, SearchOutcome
+    from tpplan.search.serving_points import DeploymentAnswer
+    from tpplan.search.targets import Targets
+    from tpplan.search.under_targets import TargetsOutcome
+    from tpplan.simulate.serving import Arrival
+
+
+@dataclass(frozen=True)
+class PoolLaunch:
+    """One pool's launch line for one engine version: the command with its memory flags, or why none."""
+
+    deployment: str  # the answer's label
+    pool: str  # "aggregated", "prefill" or "decode"
+    engine: str  # "SGLang 0.5.23"
+    instances: int  # servers of this line (replicas, or the pool's instances)
+    command: str  # "" where no flag realises the plan
+    why_not: str = ""  # why no flag does ("needs code")
+    memory: str = ""  # the memory settings in words, from the engine's derivation
+
+
+@dataclass(frozen=True)
+class ServingMemo:
+    """What the Serving section prints: the outcome under the targets, the workload, each chosen pool's lines."""
+
+    outcome: TargetsOutcome
+    workload: Workload
+    launches: tuple[PoolLaunch, ...]
+    sources: tuple[str, ...]  # citations of the flags
+
+    def chosen(self) -> list[DeploymentAnswer]:
+        """The best aggregated and the best P/D deployment meeting the targets; where none does, the closest."""
+        meeting = self.outcome.meeting
+        if not meeting:
+            near = self.outcome.closest()
+            return [near] if near is not None else []
+        out: list[DeploymentAnswer] = []
+        for kind in ("aggregated", "disaggregated"):
+            best = next((a for a in meeting if a.kind == kind), None)
+            if best is not None:
+                out.append(best)
+        return out
+
+
+def build_serving_memo(
+    outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, *, arrival: Arrival | None,
+    engines: tuple[str, ...] | None, pd: bool = True,
+) -> ServingMemo:  # fmt: skip
+    """The search's deployments served under `targets` and the chosen pools' launch lines."""
+    from tpplan.engines.serving_flags import sources
+    from tpplan.search.under_targets import serve_under_targets
+
+    rate = arrival if arrival is not None and arrival.rate is not None else None
+    got = serve_under_targets(outcome, graph, workload, targets, arrival=rate,
+                              requests=arrival.requests if arrival is not None else None, disaggregated=pd)  # fmt: skip
+    memo = ServingMemo(got, workload, (), ())
+    launches: list[PoolLaunch] = []
+    for a in memo.chosen():
+        launches += _launches(a, outcome, graph, workload, engines)
+    cites = tuple(dict.fromkeys(s.cite() for e in ("sglang", "vllm") for s in sources(e)))
+    return ServingMemo(got, workload, tuple(launches), cites)
+
+
+def _launches(
+    a: DeploymentAnswer, outcome: SearchOutcome, graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None
+) -> list[PoolLaunch]:
+    p = a.best or a.closest
+    if a.decode_ranked is None:
+        return _pool(a.label, "aggregated", a.ranked, a.replicas, p.load.clients, outcome, graph, workload, engines)
+    n_p, n_d = (int(x) for x in (a.ratio or "1:1").split(":"))
+    per_d = math.ceil(p.load.clients / n_d) if p.load.clients is not None else None
+    return [*_pool(a.label, "prefill", a.ranked, n_p, None, outcome, graph, workload, engines),
+            *_pool(a.label, "decode", a.decode_ranked, n_d, per_d, outcome, graph, workload, engines)]  # fmt: skip
+
+
+def with_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
+    """`args` with `flags` set: a flag already there (`--chunked-prefill-size 8192`) takes the new value."""
+    names = {f.split()[0] for f in flags}
+    return (*(x for x in args if x.split()[0] not in names), *flags)
+
+
+def _pool(
+    label: str, pool: str, r: RankedPlan, instances: int, running: int | None, outcome: SearchOutcome,
+    graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None,
+) -> list[PoolLaunch]:  # fmt: skip
+    """Both engines' launch lines for one pool: the recipe's flags for the plan at its mesh, the memory flags."""
+    from dataclasses import replace
+
+    from tpplan.cost.predictor import cached_predictor
+    from tpplan.engines import select_pair
+    from tpplan.engines.recipes import recipes
+    from tpplan.engines.serving_flags import memory_flags, pd_flags
+    from tpplan.errors import TpplanError
+    from tpplan.mesh import Mesh
+
+    topo: Topology | None = outcome.topology
+    assert topo is not None
+    one = Mesh(tp=r.tp, pp=r.pp, cp=r.cp, replicas=1, cp_layers=outcome.cp_layers, cp_kv=outcome.cp_kv)
+    pair = select_pair(list(engines) if engines else None)
+    out = []
+    nodes = max(1, -(-one.gpus // topo.gpus_per_node))  # the nodes one server spans
+    for rec, ev in zip(recipes(r.plan, graph.spec, one, nodes=nodes, chunk=workload.chunk_size,
+                               gpu=topo.gpu.name, engines=pair), pair, strict=True):  # fmt: skip
+        name = f"{rec.engine} {ev.key.split('@')[1]}"
+        if rec.realises == "no" or rec.blocked:
+            out.append(PoolLaunch(label, pool, name, instances, "", why_not=rec.summary))
+            continue
+        p = cached_predictor(graph, r.plan, topo, one, outcome.dtype, outcome.expert_dtype, r.audit)
+        try:
+            from tpplan.cost.kv_capacity import kv_capacity
+
+            kv = kv_capacity(p, ev.key)
+        except TpplanError as err:
+            out.append(
+                PoolLaunch(label, pool, name, instances, "", why_not=f"its KV sizing was not read: {err.reason}")
+            )
+            continue
+        flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
+        flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
+        cmd = replace(rec, args=with_flags(rec.args, flags), replicas=instances).command()
+        memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank ({kv.reserve_text})"
+                  + (f"; at most {running} running requests hold the load" if running is not None else ""))  # fmt: skip
+        out.append(PoolLaunch(label, pool, name, instances, cmd, memory=memory))
+    return out
+
+
+__all__ = ["PoolLaunch", "ServingMemo", "build_serving_memo", "with_flags"]
