@@ -7,7 +7,6 @@ import json
 import pytest
 
 from tests.cli_helpers import run_cli
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
@@ -50,10 +49,10 @@ def test_mla_mode_is_refused_without_mla_layers_or_when_cp_does_not_divide_tp(mo
 
 
 def test_the_cp_group_sits_inside_the_tp_group() -> None:
-    assert Deployment(8, cp=8, cp_layers="mla").gpus == 8 and Deployment(8, cp=8).gpus == 64
+    assert Mesh(8, cp=8, cp_layers="mla").gpus == 8 and Mesh(8, cp=8).gpus == 64
     topo = load_topology("h200x8-ib400", nodes=1)
     with pytest.raises(TpplanError, match="inside the TP group"):
-        Deployment(8, cp=3, cp_layers="mla").check(topo)
+        Mesh(8, cp=3, cp_layers="mla").check(topo)
 
 
 def test_predicted_calls_gather_the_attention_output_of_the_longest_zigzag_rank() -> None:

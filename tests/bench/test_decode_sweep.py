@@ -92,3 +92,28 @@ def test_a_repeat_that_comes_back_without_a_time_keeps_the_first(monkeypatch) ->
     pts = R.run_family(cases, float("inf"), runners)
     assert pts[0]["remeasured"] == [2.0, 0.0, 3.0] and pts[0]["seconds"] == 2.0 and pts[0]["b2b_s"] == 2.0
     assert pts[1]["remeasured"] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_docs_tables_are_the_checked_in_runs_and_fit() -> None:
+    """docs/benchmarks.md's per-layer table and decode-fit tables are rendered from the checked-in files."""
+    import json
+    from pathlib import Path
+
+    from tpplan.bench.decode_fit import markdown
+    from tpplan.bench.run_table import layer_rows
+
+    root = Path(__file__).resolve().parents[2]
+    d = root / "docs/benchmarks/h100-2026-12-06b"
+    doc = (root / "docs/benchmarks.md").read_text()
+
+    def block(tag: str) -> str:
+        return doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0]
+
+    runs = [d / c / f"{m}.json" for c in ("call2", "call3")
+            for m in ("gpt-oss-120b", "glm-5.1", "gemma-3-4b-it", "llama-4-scout-17b-16e")]  # fmt: skip
+    assert block("run-table") == layer_rows(runs)
+    fit = json.loads((d / "decode-fit.json").read_text())
+    assert block("decode-fit") == markdown(fit)
+    other = markdown({"totals": fit["other"]["totals"], "buckets": []}).split("\n\n")[0] + "\n"
+    assert block("decode-fit-other") == other

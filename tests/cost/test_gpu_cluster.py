@@ -1,11 +1,10 @@
 """The GPU model / cluster split: small topology files naming the two, old single files, --gpu and
---cluster, one-line errors for nonsense hardware, and the Deployment check."""
+--cluster, one-line errors for nonsense hardware, and the Mesh check."""
 
 from __future__ import annotations
 
 import pytest
 
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.topology import (
     Topology,
     list_clusters,
@@ -17,6 +16,7 @@ from tpplan.cost.topology import (
     topology_to_toml,
 )
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 # h200x8-ib400 as one file, as it was before the split (inline [gpu], cluster fields at the top).
 OLD_H200X8 = """name = "h200x8-ib400"
@@ -150,14 +150,14 @@ def test_composed_topology_roundtrips_through_toml(tmp_path) -> None:
 
 def test_deployment_is_checked_once_against_the_cluster() -> None:
     topo = load_topology("h200x8-ib400")
-    assert Deployment(32).check(topo).nodes(topo.gpus_per_node) == 4
-    assert Deployment(8, pp=4).ranks_per_node(8) == 8
+    assert Mesh(32).check(topo).nodes(topo.gpus_per_node) == 4
+    assert Mesh(8, pp=4).ranks_per_node(8) == 8
     with pytest.raises(TpplanError, match="needs 64 GPUs"):
-        Deployment(32, pp=2).check(topo)
+        Mesh(32, pp=2).check(topo)
     with pytest.raises(TpplanError, match="fill whole nodes"):
-        Deployment(12).check(topo)
+        Mesh(12).check(topo)
     with pytest.raises(TpplanError, match="must divide"):
-        Deployment(8, ep=3).check(topo)
+        Mesh(8, ep=3).check(topo)
 
 
 def test_host_overhead_is_charged_only_for_tpplans_own_runtime() -> None:

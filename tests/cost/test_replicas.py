@@ -1,5 +1,5 @@
 """Replicas: R copies of a deployment, the workload's requests split between them, each replica its
-own chunked-prefill scheduler; validated once as a Deployment, priced by predict, offered by search."""
+own chunked-prefill scheduler; validated once as a Mesh, priced by predict, offered by search."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import pytest
 
 from tests.cli_helpers import run_cli
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import Workload, load_workload, replica_workloads, simulate_replicas, simulate_ttft
 from tpplan.errors import TpplanError
@@ -52,15 +51,15 @@ def test_the_split_deals_clients_requests_and_prompt_lengths_round_robin():
 
 def test_deployment_checks_replicas_once():
     topo = load_topology("h200x8-ib400").with_nodes(4)
-    two = Deployment(16, replicas=2).check(topo)
+    two = Mesh(16, replicas=2).check(topo)
     assert (two.replica_gpus, two.gpus, two.nodes(8)) == (16, 32, 4)
-    assert Deployment(4, replicas=2).check(topo.with_nodes(1)).gpus == 8  # two replicas in one node
+    assert Mesh(4, replicas=2).check(topo.with_nodes(1)).gpus == 8  # two replicas in one node
     with pytest.raises(TpplanError, match="needs 48 GPUs"):
-        Deployment(16, replicas=3).check(topo)
+        Mesh(16, replicas=3).check(topo)
     with pytest.raises(TpplanError, match="straddle nodes"):  # TP4 x PP3 = 12 GPUs: the second starts mid-node
-        Deployment(4, pp=3, replicas=2).check(topo.with_nodes(3))
+        Mesh(4, pp=3, replicas=2).check(topo.with_nodes(3))
     with pytest.raises(TpplanError, match="at least 1"):
-        Deployment(8, replicas=0).check(topo)
+        Mesh(8, replicas=0).check(topo)
 
 
 @functools.cache

@@ -209,7 +209,8 @@ def test_every_fact_cites_a_file_function_and_version():
 def test_versions_differ_where_the_code_differs():
     """The K3 fused SP collectives: SM100/SM103 and TP 4/8/16 in 0.5.23, SM103 and TP 4/8 earlier;
     vLLM 0.33.0 has no sequence-parallelism pass, the older revision has one."""
-    from tpplan.engines import Deployment, judge
+    from tpplan.engines import Launch, judge
+    from tpplan.mesh import Mesh
 
     k3 = load_model("kimi-k3")
     for key, gpu, tp, met in (
@@ -218,7 +219,7 @@ def test_versions_differ_where_the_code_differs():
         ("sglang@main@7665ff96", "NVIDIA GB300", 8, True),
         ("sglang@0.5.23", "NVIDIA H200", 8, False),
     ):
-        gates = judge(select(key).mode("sp-moe"), Deployment(k3, tp, chunk=4096, gpu=gpu))
+        gates = judge(select(key).mode("sp-moe"), Launch(k3, Mesh(tp), chunk=4096, gpu=gpu))
         fused = [r.met for r in gates if (r.gate.check or "").startswith("k3_sp_collective")]
         assert all(fused) is met, (key, gpu, tp)
     assert not select("vllm@0.33.0").mode("sp-pass").exists

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tpplan.engines import ENGINES, Deployment, judge, select
+from tpplan.engines import ENGINES, Launch, judge, select
 from tpplan.engines.sglang_sp_moe import K3_SP_TABLES
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 
 
@@ -19,7 +20,7 @@ def test_sglang_input_scattered_pads_every_batch_to_tp_instead_of_asserting():
     """ForwardBatch.prepare_attn_tp_scatter_input pads an input-scattered extend batch to a multiple of TP,
     so tp_reduce_scatter's assertion cannot fire: no gate of the mode fails for a chunk TP does not divide."""
     mode = select("sglang@0.5.23").mode("input-scattered")
-    d = Deployment(load_model("deepseek-v3"), tp=8, chunk=8190)
+    d = Launch(load_model("deepseek-v3"), Mesh(8), chunk=8190)
     results = judge(mode, d)
     assert not any(r.gate.effect == "asserts" for r in results)
     pads = next(r for r in results if r.gate.check == "input_scattered_pads")
@@ -44,7 +45,7 @@ def test_sglang_input_scattered_pads_every_batch_to_tp_instead_of_asserting():
 def test_k3_fused_sp_collectives_need_the_device_table(k3, gpu, tp, chunk, fused):
     """sp_collective.get_dispatch returns None (NCCL) without configs/sp_collective/world=TP,H=7168,
     device_name=<torch name>.json, and for a bucket whose strategy is nccl."""
-    gates = judge(select("sglang@0.5.23").mode("sp-moe"), Deployment(k3, tp, chunk=chunk, gpu=gpu))
+    gates = judge(select("sglang@0.5.23").mode("sp-moe"), Launch(k3, Mesh(tp), chunk=chunk, gpu=gpu))
     k3_gates = [r for r in gates if (r.gate.check or "").startswith("k3_sp_collective")]
     assert len(k3_gates) == 3
     assert all(r.met for r in k3_gates) is fused, [(r.gate.check, r.met, r.detail) for r in k3_gates]
@@ -61,7 +62,7 @@ def test_hgx_b300_memo_line_says_nccl(k3):
     from tpplan.plans.named import make_plan
 
     plan = make_plan("sglang-sp-moe", build_model_graph(k3), 8)
-    r = sglang_recipe(plan, k3, tp=8, gpu="NVIDIA B300", chunk=4096)
+    r = sglang_recipe(plan, k3, mesh=Mesh(8), gpu="NVIDIA B300", chunk=4096)
     assert "run on NCCL, not K3's fused SP collectives" in r.path and "no table ships" in r.path
 
 
@@ -102,7 +103,7 @@ def test_kimi_k3_pp_support_is_read(k3):
     from tpplan.plans.named import make_plan
 
     plan = make_plan("baseline", build_model_graph(k3), 8)
-    r = sglang_recipe(plan, k3, tp=8, pp=4)
+    r = sglang_recipe(plan, k3, mesh=Mesh(8, pp=4))
     pp = next(c for c in r.conditions if "--pp-size" in c.text)
     assert pp.met is True and "not checked" not in pp.text and "kimi_k3.py" in pp.source
     assert select("vllm@0.34.0").support("--pipeline-parallel-size", "kimi_k3") is not None
@@ -132,11 +133,11 @@ def test_vllm_pp_support_is_read_per_model_class(k3):
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
 
-    r = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), k3, tp=8, pp=4)
+    r = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), k3, mesh=Mesh(8, pp=4))
     pp = next(c for c in r.conditions if "--pipeline-parallel-size" in c.text)
     assert pp.met is True and "KimiK3ForConditionalGeneration (SupportsPP)" in pp.source and "0.34.0" in pp.source
     mixtral = load_model("tiny-mixtral")
-    r = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), mixtral, tp=2, pp=2)
+    r = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), mixtral, mesh=Mesh(2, pp=2))
     assert next(c for c in r.conditions if "--pipeline-parallel-size" in c.text).met is None
     assert not any("--pipeline-parallel-size" in c.text for c in vllm_recipe(
-        make_plan("baseline", build_model_graph(k3), 8), k3, tp=8).conditions)  # fmt: skip
+        make_plan("baseline", build_model_graph(k3), 8), k3, mesh=Mesh(8)).conditions)  # fmt: skip

@@ -13,6 +13,7 @@ import pytest
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.engines.launch import deployment_flags
+from tpplan.mesh import Mesh
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
 from tpplan.report.prompt_length import at_length
@@ -155,19 +156,19 @@ def test_cp_rows_carry_each_engines_flags():
     assert "`--tp-size 2 --attn-cp-size 2 --enable-prefill-cp --cp-strategy zigzag " in sgl  # --tp-size: TP x CP
     assert "`--tensor-parallel-size 1 --prefill-context-parallel-size 2 " in vll
     # Kimi-K3's SGLang model file has no prefill CP; vLLM's PCP needs MLA in every attention layer
-    k3 = deployment_flags("SGLang", "kimi_k3", False, 8, 1, 4)
+    k3 = deployment_flags("SGLang", "kimi_k3", False, Mesh(8, pp=1, cp=4))
     assert not k3.realised and "kimi_k3.py" in k3.text()
-    assert not deployment_flags("vLLM", "kimi_k3", False, 8, 1, 4).realised
-    assert deployment_flags("vLLM", "deepseek_v3", True, 8, 1, 4).args == (
+    assert not deployment_flags("vLLM", "kimi_k3", False, Mesh(8, pp=1, cp=4)).realised
+    assert deployment_flags("vLLM", "deepseek_v3", True, Mesh(8, pp=1, cp=4)).args == (
         "--tensor-parallel-size 8", "--prefill-context-parallel-size 4")  # fmt: skip
-    tbo = deployment_flags("SGLang", "kimi_k3", False, 8, 4, 1, "tbo")
+    tbo = deployment_flags("SGLang", "kimi_k3", False, Mesh(8, pp=4, cp=1), "tbo")
     assert not tbo.realised and "NotImplementedError" not in tbo.why  # K3's forward never splits the batch
-    assert deployment_flags("vLLM", "kimi_k3", False, 8, 4, 1, "dbo").args[-1] == "--enable-dbo"
+    assert deployment_flags("vLLM", "kimi_k3", False, Mesh(8, pp=4, cp=1), "dbo").args[-1] == "--enable-dbo"
     # async TP: SGLang's layernorm-SP path runs it for Qwen3 only; vLLM 0.33.0 has no such pass
-    fused = deployment_flags("SGLang", "qwen3", False, 8, 1, 1, "asynctp")
+    fused = deployment_flags("SGLang", "qwen3", False, Mesh(8, pp=1, cp=1), "asynctp")
     assert fused.args == ("--tp-size 8", "--enable-layernorm-sp"), fused
-    assert not deployment_flags("SGLang", "llama", False, 8, 1, 1, "asynctp").realised
-    assert not deployment_flags("vLLM", "qwen3", False, 8, 1, 1, "asynctp").realised
+    assert not deployment_flags("SGLang", "llama", False, Mesh(8, pp=1, cp=1), "asynctp").realised
+    assert not deployment_flags("vLLM", "qwen3", False, Mesh(8, pp=1, cp=1), "asynctp").realised
 
 
 def test_the_prompt_length_thresholds_follow_the_table():

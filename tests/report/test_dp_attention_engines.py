@@ -8,6 +8,7 @@ import pytest
 from tpplan.engines.recipes.base import family
 from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
@@ -36,10 +37,10 @@ def test_dp_plans_engine_lines(name: str) -> None:
     plan = make_plan(name, build_model_graph(spec), 8)
     assert family(plan) == name.replace("+ep8", "+ep")
     sgl_ok, sgl_flags, vllm_ok, vllm_flags = CASES[name]
-    for recipe, ok, flags in ((sglang_recipe(plan, spec, tp=8), sgl_ok, sgl_flags),
-                              (vllm_recipe(plan, spec, tp=8), vllm_ok, vllm_flags)):  # fmt: skip
+    for recipe, ok, flags in ((sglang_recipe(plan, spec, mesh=Mesh(8)), sgl_ok, sgl_flags),
+                              (vllm_recipe(plan, spec, mesh=Mesh(8)), vllm_ok, vllm_flags)):  # fmt: skip
         assert recipe.realises == ok, (recipe.engine, recipe.summary)
         assert all(f in recipe.args for f in flags), (recipe.engine, recipe.args)
         assert bool(recipe.command()) == (ok != "no")
     if name == "vllm-dp":
-        assert "--enable-expert-parallel" not in vllm_recipe(plan, spec, tp=8).args
+        assert "--enable-expert-parallel" not in vllm_recipe(plan, spec, mesh=Mesh(8)).args

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import re
 
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.engines.recipes import EngineRecipe, recipes
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
 from tpplan.report.analysis import analyse
 
 
-def _recipes(model: str, plan: str, dep: Deployment) -> list[EngineRecipe]:
+def _recipes(model: str, plan: str, dep: Mesh) -> list[EngineRecipe]:
     graph = build_model_graph(load_model(model))
     return recipes(make_plan(plan, graph, dep.tp), graph.spec, dep)
 
 
-def assert_realises(e: EngineRecipe, dep: Deployment) -> None:
+def assert_realises(e: EngineRecipe, dep: Mesh) -> None:
     """A printed launch line holds every size of the deployment, as the engine spells it."""
     args = " ".join(e.args)
     if e.engine == "SGLang":
@@ -36,14 +36,14 @@ def assert_realises(e: EngineRecipe, dep: Deployment) -> None:
 def test_cp_on_a_model_no_engine_splits_has_no_launch_line():
     """Llama's SGLang model file never splits prefill tokens and vLLM's PCP is MLA-only: no flags, the reason
     said; before, SGLang's line read `--tp-size 2 --attn-cp-size 4` and vLLM's a 2-GPU TP2 server."""
-    sgl, vll = _recipes("tiny-llama", "baseline", Deployment(2, cp=4))
+    sgl, vll = _recipes("tiny-llama", "baseline", Mesh(2, cp=4))
     assert sgl.realises == vll.realises == "no" and not sgl.runs and not vll.runs
     assert "sglang.srt.layers.cp" in sgl.summary and "MLA models only" in vll.summary
     assert sgl.line().startswith("SGLang 0.5.23: no engine flag (") and "`" not in sgl.line().split("(")[0]
 
 
 def test_cp_where_the_engines_split_it_realises_every_size():
-    dep = Deployment(2, cp=2)
+    dep = Mesh(2, cp=2)
     for e in _recipes("tiny-deepseek-v3", "baseline", dep):
         assert e.realises == "yes", e.summary
         assert_realises(e, dep)
@@ -51,7 +51,7 @@ def test_cp_where_the_engines_split_it_realises_every_size():
 
 
 def test_replicas_and_overlap_are_in_the_line():
-    dep = Deployment(2, replicas=2)
+    dep = Mesh(2, replicas=2)
     sgl, vll = _recipes("tiny-deepseek-v3", "sp-moe+dbo", dep)
     assert sgl.realises == "no" and "--enable-dbo is vLLM" in sgl.summary  # SGLang has no DBO
     assert "--enable-dbo" in vll.args and vll.replicas == 2
@@ -59,12 +59,12 @@ def test_replicas_and_overlap_are_in_the_line():
 
 
 def test_dp_attention_lines_name_the_engine_version():
-    for e in _recipes("tiny-deepseek-v3", "vllm-dp-ep", Deployment(2)):
+    for e in _recipes("tiny-deepseek-v3", "vllm-dp-ep", Mesh(2)):
         assert e.version and e.line().startswith(f"{e.engine} {e.version.partition('@')[2]}: ")
 
 
 def test_cp_layers_mla_has_no_released_flag():
-    sgl, vll = _recipes("tiny-deepseek-v3", "baseline", Deployment(2, cp=2, cp_layers="mla"))
+    sgl, vll = _recipes("tiny-deepseek-v3", "baseline", Mesh(2, cp=2, cp_layers="mla"))
     assert sgl.realises == vll.realises == "no" and "PR #38344" in sgl.summary
 
 

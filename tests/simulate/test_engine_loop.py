@@ -6,7 +6,6 @@ import functools
 
 import pytest
 
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.pipeline import pipeline_model
 from tpplan.cost.predict import pipeline_ttft
 from tpplan.cost.predictor import Predictor, cached_predictor
@@ -61,9 +60,9 @@ def test_a_short_prompt_gets_the_fixed_costs_as_its_floor() -> None:
 
 def test_which_deployments_overlap_the_scheduler_with_the_gpu() -> None:
     sgl, vll = scheduler_rules("sglang@0.5.23"), scheduler_rules("vllm@0.33.0")
-    assert cpu_overlaps(sgl, Deployment(8), 8) and not cpu_overlaps(sgl, Deployment(8, pp=2), 8)
+    assert cpu_overlaps(sgl, Mesh(8), 8) and not cpu_overlaps(sgl, Mesh(8, pp=2), 8)
     # vLLM keeps async scheduling under the Ray executor of a two-node replica (RayExecutorV2 is a MultiprocExecutor)
-    assert cpu_overlaps(vll, Deployment(4, pp=2), 8) and cpu_overlaps(vll, Deployment(8, pp=2), 8)
+    assert cpu_overlaps(vll, Mesh(4, pp=2), 8) and cpu_overlaps(vll, Mesh(8, pp=2), 8)
     p = predictor(1, 2)
     assert engine_loop(p.pipeline, p.deployment, 8192, 8).costs.step_s == STEP_CPU.value_s
 

@@ -3,7 +3,7 @@
 The audit (`tpplan.audit`) says, per layer kind, how each op runs under a plan (its strategy, the
 share of the op's work one rank does, its weight per rank) and which collectives the plan issues.
 The cost model turns that into seconds and bytes on a `Topology` (a GPU model, `cost/gpu.py`, in a
-cluster, `cost/cluster.py`, for a `Deployment`, `cost/deployment.py`), in these modules:
+cluster, `cost/cluster.py`, for a `Mesh`, `tpplan/mesh.py`), in these modules:
 
 - the two pricers: `cost/compute.py` (one op class at one per-rank shape on a GPU model: its kernel
   sources first, then the GEMM table, kernel models, rooflines) and `cost/comm.py` (one collective

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.engines.gates import Deployment, evaluate, mla_of
+from tpplan.engines.gates import Launch, evaluate, mla_of
 from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, Source, Wiring
 from tpplan.engines.sglang import SGLANG_0_5_23, SGLANG_OLDER
 from tpplan.engines.vllm import VLLM_0_33_0, VLLM_0_34_0, VLLM_OLDER
@@ -86,7 +86,7 @@ class GateResult:
     detail: str
 
 
-def judge(mode: Mode, d: Deployment) -> tuple[GateResult, ...]:
+def judge(mode: Mode, d: Launch) -> tuple[GateResult, ...]:
     """Every gate of `mode` decided for deployment `d` (met None: keep it as stated)."""
     return tuple(GateResult(g, *evaluate(g.check, d)) for g in mode.gates)
 
@@ -121,8 +121,8 @@ def collectives(dataflow: tuple[Op | Comm, ...], spec: ModelSpec) -> list[tuple[
 __all__ = [
     "DEFAULT_ENGINES",
     "ENGINES",
-    "Deployment",
     "GateResult",
+    "Launch",
     "Path",
     "collectives",
     "engine_plans",

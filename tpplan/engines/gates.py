@@ -10,23 +10,36 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpplan.engines.sglang_sp_moe import K3_SP_TABLES
+from tpplan.mesh import Mesh
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
 
 DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa"})  # DeepSeek sparse attention (DSA/NSA)
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """What a launch line decides: sizes, chunk and GPU; `cp` SGLang's attention CP, `dp` the DP size."""
+class Launch:
+    """What a launch line decides, as the gates read it: the model, its `mesh` (TP, PP; its CP is SGLang's
+    attention CP the gates read), `dp` the engine's data-parallel size (vLLM's --data-parallel-size), the
+    chunk, the GPU and the nodes."""
 
     spec: ModelSpec
-    tp: int
-    pp: int = 1
+    mesh: Mesh
     dp: int = 1
-    cp: int = 1
     chunk: int = 8192
     gpu: str = ""
     nodes: int = 1
+
+    @property
+    def tp(self) -> int:
+        return self.mesh.tp
+
+    @property
+    def pp(self) -> int:
+        return self.mesh.pp
+
+    @property
+    def cp(self) -> int:
+        return self.mesh.cp
 
 
 def gpu_sm(gpu: str) -> int | None:
@@ -59,60 +72,60 @@ def _moe(spec: ModelSpec) -> MoESpec | None:
 Result = tuple[bool | None, str]
 
 
-def _tp_gt_1(d: Deployment) -> Result:
+def _tp_gt_1(d: Launch) -> Result:
     return d.tp > 1, f"TP{d.tp}"
 
 
-def _pp_is_1(d: Deployment) -> Result:
+def _pp_is_1(d: Launch) -> Result:
     return d.pp == 1, f"pipeline-parallel size {d.pp}"
 
 
-def _dp_gt_1(d: Deployment) -> Result:
+def _dp_gt_1(d: Launch) -> Result:
     return d.dp > 1, f"data-parallel size {d.dp}"
 
 
-def _no_dp_attention(d: Deployment) -> Result:
+def _no_dp_attention(d: Launch) -> Result:
     return True, "tpplan's lines do not pass --enable-dp-attention"
 
 
-def _no_prefill_cp(d: Deployment) -> Result:
+def _no_prefill_cp(d: Launch) -> Result:
     return d.cp == 1, f"attention CP {d.cp}"
 
 
-def _mla_q_lora(d: Deployment) -> Result:
+def _mla_q_lora(d: Launch) -> Result:
     mla = mla_of(d.spec)
     if mla is None:
         return False, "no q_lora_rank latent in this model"
     return mla.q_lora_rank is not None, f"q_lora_rank {mla.q_lora_rank}"
 
 
-def _not_dsa(d: Deployment) -> Result:
+def _not_dsa(d: Launch) -> Result:
     return d.spec.model_type not in DSA_MODEL_TYPES, d.spec.model_type
 
 
-def _input_scattered_pads(d: Deployment) -> Result:
+def _input_scattered_pads(d: Launch) -> Result:
     padded = -(-d.chunk // d.tp) * d.tp
     extra = f" ({padded - d.chunk} dummy rows)" if padded != d.chunk else ""
     return True, f"a {d.chunk}-token chunk runs as {padded} rows at TP{d.tp}{extra}"
 
 
-def _has_moe(d: Deployment) -> Result:
+def _has_moe(d: Launch) -> Result:
     return _moe(d.spec) is not None, "routed experts" if _moe(d.spec) else "no routed experts"
 
 
-def _experts_divide_tp(d: Deployment) -> Result:
+def _experts_divide_tp(d: Launch) -> Result:
     moe = _moe(d.spec)
     if moe is None:
         return False, "no routed experts"
     return moe.experts % d.tp == 0, f"{moe.experts} experts over {d.tp} ranks"
 
 
-def _layernorm_sp_arch(d: Deployment) -> Result:
+def _layernorm_sp_arch(d: Launch) -> Result:
     return d.spec.model_type == "qwen3", d.spec.model_type
 
 
-def _k3_sp(sms: tuple[int, ...], tps: tuple[int, ...]) -> Callable[[Deployment], Result]:
-    def check(d: Deployment) -> Result:
+def _k3_sp(sms: tuple[int, ...], tps: tuple[int, ...]) -> Callable[[Launch], Result]:
+    def check(d: Launch) -> Result:
         if d.spec.model_type != "kimi_k3":
             return None, f"K3's collectives; {d.spec.model_type} runs NCCL's"
         sm = gpu_sm(d.gpu)
@@ -134,7 +147,7 @@ def k3_sp_table_device(gpu: str) -> str | None:
     return gpu or None
 
 
-def _k3_sp_table(d: Deployment) -> Result:
+def _k3_sp_table(d: Launch) -> Result:
     if d.spec.model_type != "kimi_k3":
         return None, f"K3's collectives; {d.spec.model_type} runs NCCL's"
     if not d.gpu:
@@ -144,7 +157,7 @@ def _k3_sp_table(d: Deployment) -> Result:
     return found, f"{d.gpu}, TP{d.tp}: " + ("a table ships" if found else "no table ships for it")
 
 
-def _k3_sp_bucket(d: Deployment) -> Result:
+def _k3_sp_bucket(d: Launch) -> Result:
     if d.spec.model_type != "kimi_k3":
         return None, f"K3's collectives; {d.spec.model_type} runs NCCL's"
     key = (k3_sp_table_device(d.gpu), d.tp)
@@ -158,7 +171,7 @@ def _k3_sp_bucket(d: Deployment) -> Result:
     return True, f"a {d.chunk}-token chunk is below the {nccl_from}-token bucket that picks NCCL"
 
 
-def _vllm_sp_moe_backend(d: Deployment) -> Result:
+def _vllm_sp_moe_backend(d: Launch) -> Result:
     return True, "tpplan's lines pass deepep_high_throughput"
 
 
@@ -167,7 +180,7 @@ VLLM_SP_MIN_HIDDEN = {90: 8192, 100: 8192}
 VLLM_SP_MIN_MIB_PER_GPU = {90: 8, 100: 32}
 
 
-def _vllm_sp_threshold(d: Deployment) -> Result:
+def _vllm_sp_threshold(d: Launch) -> Result:
     sm = gpu_sm(d.gpu)
     cap = 100 if sm == 103 else sm
     if cap is None:
@@ -181,11 +194,11 @@ def _vllm_sp_threshold(d: Deployment) -> Result:
     return d.chunk >= tokens, f"threshold {tokens:,} tokens at TP{d.tp}; the {d.chunk}-token chunk {word} it"
 
 
-def _never(d: Deployment) -> Result:
+def _never(d: Launch) -> Result:
     return False, "not in this version"
 
 
-CHECKS: dict[str, Callable[[Deployment], Result]] = {
+CHECKS: dict[str, Callable[[Launch], Result]] = {
     "tp_gt_1": _tp_gt_1,
     "pp_is_1": _pp_is_1,
     "dp_gt_1": _dp_gt_1,
@@ -207,11 +220,11 @@ CHECKS: dict[str, Callable[[Deployment], Result]] = {
 }
 
 
-def evaluate(check: str | None, d: Deployment) -> Result:
+def evaluate(check: str | None, d: Launch) -> Result:
     """Decide one gate's predicate (None: not decidable here)."""
     if check is None:
         return None, ""
     return CHECKS[check](d)
 
 
-__all__ = ["CHECKS", "DSA_MODEL_TYPES", "Deployment", "evaluate", "gpu_sm", "k3_sp_table_device", "mla_of"]
+__all__ = ["CHECKS", "DSA_MODEL_TYPES", "Launch", "evaluate", "gpu_sm", "k3_sp_table_device", "mla_of"]

@@ -31,6 +31,7 @@ from tpplan.engines.async_tp import FUSIONS, launch_flags
 from tpplan.engines.context_parallel import SGLANG_ZIGZAG, VLLM_PCP, CpPath
 from tpplan.engines.overlap import OVERLAPS
 from tpplan.engines.schema import Source
+from tpplan.mesh import Mesh
 
 SGLANG_CP_MODEL_FILES = Source(
     sglang_source.REPO,
@@ -100,10 +101,11 @@ class DeploymentFlags:
         return f"{self.engine}: {each}`{' '.join(self.args)}`{tail}"
 
 
-def size_flags(engine: str, tp: int, pp: int, cp: int) -> list[str]:
-    """`engine` ("SGLang" or "vLLM")'s flags for the sizes TP `tp` x CP `cp` x PP `pp` alone (SGLang's
+def size_flags(engine: str, mesh: Mesh) -> list[str]:
+    """`engine` ("SGLang" or "vLLM")'s flags for the mesh's sizes TP x CP x PP alone (SGLang's
     `--tp-size` is the world size under CP; see the module docstring); whether the engine runs that CP on a
     model is `deployment_flags`'s question."""
+    tp, pp, cp = mesh.tp, mesh.pp, mesh.cp
     if engine == "SGLang":
         args = [f"--tp-size {tp * cp}"]
         if cp > 1:
@@ -123,20 +125,17 @@ def deployment_flags(
     engine: str,
     model_type: str,
     all_mla: bool,
-    tp: int,
-    pp: int,
-    cp: int,
+    mesh: Mesh,
     overlap: str | None = None,
-    replicas: int = 1,
 ) -> DeploymentFlags:
-    """`engine` ("SGLang" or "vLLM")'s flags for TP `tp` x CP `cp` x PP `pp` (and a micro-batch
-    overlap `tbo`/`dbo`, or async TP's fused GEMMs `asynctp`) on a model of `model_type` (`all_mla`:
-    every attention layer is MLA); `replicas` separate servers of it."""
+    """`engine` ("SGLang" or "vLLM")'s flags for the mesh's TP x CP x PP (and a micro-batch overlap
+    `tbo`/`dbo`, or async TP's fused GEMMs `asynctp`) on a model of `model_type` (`all_mla`: every
+    attention layer is MLA); the mesh's replicas are separate servers of it."""
     support = PREFILL_CP[engine]
     cites: list[str] = []
     why: list[str] = []
-    args = size_flags(engine, tp, pp, cp)
-    if cp > 1:
+    args = size_flags(engine, mesh)
+    if mesh.cp > 1:
         cites.append(support.path.sources[0].cite())
         if not support.runs(model_type, all_mla):
             reason = f"{support.unwired}; {support.unwired_source.cite()}"
@@ -144,7 +143,7 @@ def deployment_flags(
         why.append(support.path.differences[0])  # where the engine's CP is not tpplan's priced CP
     if overlap == "asynctp":  # GEMM + collective fusion: the engine's fused ops, not a micro-batch overlap
         fused = next(f for f in FUSIONS if f.engine.startswith(engine))
-        realised = launch_flags(model_type, pp)[fused.engine]
+        realised = launch_flags(model_type, mesh.pp)[fused.engine]
         if isinstance(realised, str):
             return DeploymentFlags(support.engine, (), realised, fused.model_gate.cite())
         args += list(realised)
@@ -159,7 +158,7 @@ def deployment_flags(
             return DeploymentFlags(support.engine, (), refused, ov.schedule_source.cite())
         args += list(ov.flags)
         cites.append(ov.schedule_source.cite())
-    return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites), replicas)
+    return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites), mesh.replicas)
 
 
 __all__ = [

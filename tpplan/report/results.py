@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from tpplan.audit import PlanAudit
 from tpplan.bench_results import BenchResults
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.engines.recipes import EngineRecipe
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.report.crossover import Crossover
 
@@ -93,10 +93,10 @@ class Variant:
     cp_layers: str = "all"  # which layers CP token-shards ("mla": only MLA attention, CP inside the TP group)
 
     @property
-    def parallel(self) -> Deployment:
+    def parallel(self) -> Mesh:
         """The deployment as the cost model and the engine recipes take it (the CP options only with CP)."""
         cp_layers = self.cp_layers if self.cp > 1 else "all"
-        return Deployment(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=cp_layers)
+        return Mesh(self.tp, self.pp, replicas=self.replicas, cp=self.cp, cp_layers=cp_layers)
 
     @property
     def flags(self) -> list[str]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.cost.deployment import Deployment
 from tpplan.cost.pipeline import PipelineModel
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
 from tpplan.engines.scheduling import SchedulerRules, scheduler_rules
+from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.overheads import NONE, Overheads, overheads
 from tpplan.simulate.prices import predictor_prices
@@ -53,7 +53,7 @@ def pp_unpriced(pipeline: PipelineModel) -> tuple[str, ...]:
     return tuple(c for c in pipeline.schedule.not_modelled if "CPU time" not in c)
 
 
-def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: int) -> bool:
+def cpu_overlaps(rules: SchedulerRules, deployment: Mesh, gpus_per_node: int) -> bool:
     """Whether the engine schedules the next step while the GPU runs this one, on this deployment:
     SGLang's overlap schedule is off under PP; vLLM keeps async scheduling on every executor its launch
     lines use, the Ray executor of a replica over several nodes included (`gpus_per_node` is kept for
@@ -67,7 +67,7 @@ def cpu_overlaps(rules: SchedulerRules, deployment: Deployment, gpus_per_node: i
 
 def engine_loop(
     pipeline: PipelineModel,
-    deployment: Deployment,
+    deployment: Mesh,
     chunk_tokens: int,
     gpus_per_node: int,
     *,

@@ -42,10 +42,10 @@ def recipes(
     whole deployment or says why no flag does (`whole_deployment`)."""
     sgl, vll = engines or select_pair(None)
     d = deployment
-    sizes: dict[str, Any] = {"tp": d.tp, "pp": d.pp, "cp": d.cp if d.cp_layers == "all" else 1}
+    sizes = Mesh(d.tp, pp=d.pp, cp=d.cp if d.cp_layers == "all" else 1)  # what the plan's flags size
     out = [
-        sglang_recipe(plan, spec, prefill_cp=max(prefill_cp, d.cp), engine=sgl, **sizes, **where),
-        vllm_recipe(plan, spec, dp=dp, engine=vll, **sizes, **where),
+        sglang_recipe(plan, spec, sizes, prefill_cp=max(prefill_cp, d.cp), engine=sgl, **where),
+        vllm_recipe(plan, spec, sizes, dp=dp, engine=vll, **where),
     ]
     out = [r if r.version else replace(r, version=ev.key) for r, ev in zip(out, (sgl, vll), strict=True)]
     return [whole_deployment(r, plan, spec, d) for r in out]
@@ -60,7 +60,7 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> Depl
     if plan.dp_attention and (d.pp > 1 or d.cp > 1):
         return DeploymentFlags(engine, (), "tpplan's engine data has not read DP attention beside PP or CP", "")
     all_mla = all(isinstance(layer.attn, MLASpec) for layer in spec.layers)
-    return deployment_flags(engine, spec.model_type, all_mla, d.tp, d.pp, d.cp, plan.overlap, d.replicas)
+    return deployment_flags(engine, spec.model_type, all_mla, d, plan.overlap)
 
 
 def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
@@ -72,7 +72,7 @@ def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> E
         if r.realises == "no":
             return replace(r, summary=f"{r.summary}; and {flags.why}", replicas=d.replicas)
         return replace(r, realises="no", summary=flags.why, replicas=d.replicas)
-    extra = flags.args[len(size_flags(r.engine, d.tp, d.pp, d.cp)) :]  # the overlap's flags
+    extra = flags.args[len(size_flags(r.engine, d)) :]  # the overlap's flags
     args = r.args if r.realises == "no" else (*r.args, *(a for a in extra if a not in r.args))
     return replace(r, args=args, replicas=d.replicas, deployment_note=flags.why)
 

@@ -24,6 +24,7 @@ from typing import Literal
 
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, dp_family
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
 
 SRC_SGL_DP = "sgl-project/sglang python/sglang/srt/layers/dp_attention.py@00161092"
@@ -32,8 +33,9 @@ SRC_VLLM_AGRS = "vllm-project/vllm vllm/distributed/device_communicators/all2all
 SRC_VLLM_FMOE = "vllm-project/vllm vllm/model_executor/layers/fused_moe/config.py@00c1c6a2"
 
 
-def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], tp: int) -> EngineRecipe:
+def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], mesh: Mesh) -> EngineRecipe:
     """SGLang `--enable-dp-attention --dp-size tp` (attention TP 1) with the plan's MoE flags."""
+    tp = mesh.tp
     fam = dp_family(plan)
     moe = _moe(spec)
     args = [*base, f"--dp-size {tp}", "--enable-dp-attention"]
@@ -75,8 +77,9 @@ def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], tp: int) -> E
     return EngineRecipe("SGLang", plan.name, tuple(args), realises, summary, tuple(conds), notes)
 
 
-def vllm_dp_recipe(plan: Plan, spec: ModelSpec, tp: int, chunk: int) -> EngineRecipe:
+def vllm_dp_recipe(plan: Plan, spec: ModelSpec, mesh: Mesh, chunk: int) -> EngineRecipe:
     """vLLM `--data-parallel-size tp --tensor-parallel-size 1 --enable-expert-parallel`."""
+    tp = mesh.tp
     fam = dp_family(plan)
     moe = _moe(spec)
     base = ["--tensor-parallel-size 1", f"--data-parallel-size {tp}", "--enable-chunked-prefill",

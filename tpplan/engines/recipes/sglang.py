@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines import DEFAULT_ENGINES, ENGINES, Launch, judge, path_for
 from tpplan.engines.launch import size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 from tpplan.engines.schema import EngineVersion, Mode, Source, Wiring
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
 
 FLAG = "--enable-attn-tp-input-scattered"
@@ -18,19 +19,19 @@ SRC_ARGS = Source(
 )
 
 
-def _base(tp: int, pp: int, cp: int, chunk: int, nodes: int) -> list[str]:
-    base = size_flags("SGLang", tp, pp, cp)  # --tp-size is the world size under CP (engines/launch.py)
+def _base(mesh: Mesh, chunk: int, nodes: int) -> list[str]:
+    base = size_flags("SGLang", mesh)  # --tp-size is the world size under CP (engines/launch.py)
     base.append(f"--chunked-prefill-size {chunk}")
     if nodes > 1:
         base += [f"--nnodes {nodes}", f"--node-rank <0..{nodes - 1}>", "--dist-init-addr <head-ip>:<port>"]
     return base
 
 
-def _conditions(mode: Mode, d: Deployment) -> tuple[Condition, ...]:
+def _conditions(mode: Mode, d: Launch) -> tuple[Condition, ...]:
     return tuple(Condition.of(r) for r in judge(mode, d))
 
 
-def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, base: list[str]) -> EngineRecipe:
+def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Launch, base: list[str]) -> EngineRecipe:
     mode = ev.mode("input-scattered")
     assert mode is not None
     path = path_for(mode, d.spec)
@@ -52,7 +53,7 @@ def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, bas
     )  # fmt: skip
 
 
-def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> EngineRecipe:
+def _sp_moe(ev: EngineVersion, plan: Plan, d: Launch, base: list[str]) -> EngineRecipe:
     """`--moe-a2a-backend deepep` on this model class: the wiring SGLang runs by default (its first),
     whether this plan is that path, the K3 norm-on-shard variant, or neither."""
     mode = ev.mode("sp-moe")
@@ -91,7 +92,7 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str]) -> En
 
 
 def _sp_moe_unwired(
-    ev: EngineVersion, mode: Mode, plan: Plan, d: Deployment, base: list[str], args: tuple[str, ...], common: dict
+    ev: EngineVersion, mode: Mode, plan: Plan, d: Launch, base: list[str], args: tuple[str, ...], common: dict
 ) -> EngineRecipe:
     """SP-MoE on a model class no wiring names: what the engine runs instead where that was read, else the
     flags with the dataflow marked unread."""
@@ -113,7 +114,7 @@ def _sp_moe_unwired(
     )  # fmt: skip
 
 
-def _sp_moe_sentence(ev: EngineVersion, mode: Mode, d: Deployment, default: Wiring) -> tuple[str, bool]:
+def _sp_moe_sentence(ev: EngineVersion, mode: Mode, d: Launch, default: Wiring) -> tuple[str, bool]:
     """The sentence naming the default path's dataflow and, for K3, whether its reduce-scatter and
     all-gather run on the fused SP collectives or on NCCL here; and whether on NCCL."""
     fused_gates = [r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")]
@@ -146,29 +147,27 @@ def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
 def sglang_recipe(
     plan: Plan,
     spec: ModelSpec,
+    mesh: Mesh,
     *,
-    tp: int,
-    pp: int = 1,
     nodes: int = 1,
     chunk: int = 8192,
     gpu: str = "",
-    cp: int = 1,
     engine: EngineVersion | None = None,
     prefill_cp: int | None = None,
 ) -> EngineRecipe:
-    """SGLang flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`) over `nodes` nodes of `gpu`, judged
+    """SGLang flags for `plan` on `spec` at the mesh's TP (x CP x PP) over `nodes` nodes of `gpu`, judged
     against `engine` (default: the current release); `prefill_cp` is the prefill CP the gates read (default
-    `cp`; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
+    the mesh's; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
     ev = engine or ENGINES[DEFAULT_ENGINES[0]]
-    d = Deployment(spec, tp, pp, 1, prefill_cp or cp, chunk, gpu, nodes)
-    base = _base(tp, pp, cp, chunk, nodes)
+    d = Launch(spec, Mesh(mesh.tp, pp=mesh.pp, cp=prefill_cp or mesh.cp), 1, chunk, gpu, nodes)
+    base = _base(mesh, chunk, nodes)
     if plan.dp_attention:
         from tpplan.engines.recipes.dp_attention import sglang_dp_recipe
 
-        return sglang_dp_recipe(plan, spec, base, tp)
+        return sglang_dp_recipe(plan, spec, base, mesh)
     fam = family(plan)
     r = _family_recipe(ev, plan, fam, d, base)
-    if pp == 1 or fam in NO_FLAG:
+    if mesh.pp == 1 or fam in NO_FLAG:
         return r
     return replace(r, conditions=(_pp_condition(ev, spec.model_type), *r.conditions))
 
@@ -177,7 +176,7 @@ def sglang_recipe(
 NO_FLAG = ("vllm-moe-chunk", "latent-scattered", "gate-aware", "custom")
 
 
-def _family_recipe(ev: EngineVersion, plan: Plan, fam: str, d: Deployment, base: list[str]) -> EngineRecipe:
+def _family_recipe(ev: EngineVersion, plan: Plan, fam: str, d: Launch, base: list[str]) -> EngineRecipe:
     """The flags for the plan's engine family, judged against `ev` (sglang_recipe adds the PP condition)."""
     kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     moe = _moe(d.spec)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tpplan.engines import DEFAULT_ENGINES, ENGINES, Deployment, judge, path_for
+from tpplan.engines import DEFAULT_ENGINES, ENGINES, Launch, judge, path_for
 from tpplan.engines import vllm as vllm_data
 from tpplan.engines.launch import size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 from tpplan.engines.schema import EngineVersion, Source
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
 
 SRC_PAR = Source(vllm_data.REPO, "vllm/config/parallel.py", "ParallelConfig", vllm_data.REL)
@@ -30,25 +31,24 @@ def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
 def vllm_recipe(
     plan: Plan,
     spec: ModelSpec,
+    mesh: Mesh,
     *,
-    tp: int,
-    pp: int = 1,
     nodes: int = 1,
     chunk: int = 8192,
     gpu: str = "",
     dp: int = 1,
     engine: EngineVersion | None = None,
-    cp: int = 1,
 ) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at TP `tp` (x CP `cp` x PP `pp`, x DP `dp`) over `nodes` nodes of `gpu`,
-    judged against `engine` (default: the current release); with PP, whether the model class supports it."""
+    """vLLM flags for `plan` on `spec` at the mesh's TP (x CP x PP, x DP `dp`, vLLM's data-parallel size) over
+    `nodes` nodes of `gpu`, judged against `engine` (default: the current release); with PP, whether the
+    model class supports it."""
     if plan.dp_attention:
         from tpplan.engines.recipes.dp_attention import vllm_dp_recipe
 
-        return vllm_dp_recipe(plan, spec, tp, chunk)
+        return vllm_dp_recipe(plan, spec, mesh, chunk)
     ev = engine or ENGINES[DEFAULT_ENGINES[1]]
-    r = _family_recipe(ev, plan, spec, tp=tp, pp=pp, nodes=nodes, chunk=chunk, gpu=gpu, dp=dp, cp=cp)
-    if pp == 1 or not r.args:
+    r = _family_recipe(ev, plan, spec, mesh, nodes=nodes, chunk=chunk, gpu=gpu, dp=dp)
+    if mesh.pp == 1 or not r.args:
         return r
     return replace(r, conditions=(_pp_condition(ev, spec.model_type), *r.conditions))
 
@@ -57,19 +57,18 @@ def _family_recipe(
     ev: EngineVersion,
     plan: Plan,
     spec: ModelSpec,
+    mesh: Mesh,
     *,
-    tp: int,
-    pp: int,
     nodes: int,
     chunk: int,
     gpu: str,
     dp: int,
-    cp: int,
 ) -> EngineRecipe:
     """The flags for the plan's family, judged against `ev` (vllm_recipe adds the PP condition)."""
-    d = Deployment(spec, tp, pp, dp, 1, chunk, gpu, nodes)
+    tp = mesh.tp
+    d = Launch(spec, Mesh(tp, pp=mesh.pp), dp, chunk, gpu, nodes)
     fam = family(plan)
-    base = size_flags("vLLM", tp, pp, cp)
+    base = size_flags("vLLM", mesh)
     base += ["--enable-chunked-prefill", f"--max-num-batched-tokens {chunk}"]
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
@@ -105,7 +104,7 @@ def _family_recipe(
     return EngineRecipe("vLLM", plan.name, tuple(base), "yes", "Megatron TP (the default)", **kw)
 
 
-def _moe_sp(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str], kw: dict[str, Any]) -> EngineRecipe:
+def _moe_sp(ev: EngineVersion, plan: Plan, d: Launch, base: list[str], kw: dict[str, Any]) -> EngineRecipe:
     """vLLM's expert parallelism with MoE sequence parallelism: whether the model class wires it, its gates
     hold, and its dataflow is this plan's."""
     mode = ev.mode("moe-sp")
@@ -135,7 +134,7 @@ def _moe_sp(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str], kw: d
     )  # fmt: skip
 
 
-def _sp_pass(ev: EngineVersion, plan: Plan, d: Deployment, base: list[str], kw: dict[str, Any]) -> EngineRecipe:
+def _sp_pass(ev: EngineVersion, plan: Plan, d: Launch, base: list[str], kw: dict[str, Any]) -> EngineRecipe:
     """vLLM's sequence-parallelism compile pass: absent in this version, blocked by a gate, or its flags."""
     mode = ev.mode("sp-pass")
     assert mode is not None
