@@ -36,6 +36,7 @@ from tpplan.report.differences import differences
 from tpplan.report.kernel_sources import sensitivity_of
 from tpplan.report.memo_variants import (
     Found,
+    Scope,
     Shape,
     add_a2a_everywhere,
     add_baselines,
@@ -308,24 +309,35 @@ def analyse(
     pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     audits = audits if audits is not None and audits.graph is graph else Audits(graph)
-    n = _main_tp(tp, plans, topology, dtype)
+    world = topology.world_size
+    files = [read_plan_file(p).deployment for p in plans or () if is_plan_file(p)]
+    n = tp or (files[0].tp if files else world)  # a memo about a saved plan: its TP is the main one
+    if n > world:
+        raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
+    if dtype not in DTYPE_BYTES:
+        raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
     predict_fn = load_predictor(arrival) if use_default_predictor else None
     m = _Memo(graph, audits, topology, workloads, n, dtype, expert_dtype, cp_layers, cp_kv, pp_schedule,
               predictor or predict_fn, predict_fn, say)  # fmt: skip
     variants = _named_variants(m, plans, pair)
-    cur = current_variant(audits, current, n, topology.world_size, dtype, variants)
+    cur = current_variant(audits, current, n, world, dtype, variants)
     finder = search_fn or (load_search() if search_top > 0 and not plans else None)
     grid, best_found = _search(m, finder, variants, tp=tp, memory_cap_gib=memory_cap_gib, top=search_top,
                                overlap=overlap, replicas=replicas, pp=pp, cp=cp, dp_attention=dp_attention)  # fmt: skip
-    add_pp_across_nodes(audits, variants, topology, n, dtype)
+    add_pp_across_nodes(m.scope, variants, topology)
     fewest = min((g[3] for g in grid), default=1)  # one copy of each deployment (`deployments.DeploymentKey` has R)
     single = [g for g in grid if g[3] == fewest]
-    add_a2a_everywhere(audits, variants, single, n, dtype, cp_layers)
+    add_a2a_everywhere(m.scope, variants, single)
     if overlap is not None:
-        add_overlapped(audits, variants, overlap, n, dtype)
-    add_baselines(audits, variants, single, n, dtype, cp_layers)
+        add_overlapped(m.scope, variants, overlap)
+    add_baselines(m.scope, variants, single)
     chunk = workloads[0].chunk_size if workloads else 8192
-    _price(m, variants, pair, chunk, prefill_cp, dp)
+    for i, v in enumerate(variants, 1):  # each plan's engine lines and, with a predictor, its predictions
+        say(f"predicting plan {i} of {len(variants)} ({v.key})")
+        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
+                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
+        if m.fn is not None:
+            _predict(m.fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule, cp_kv)
     a = _judged(m, variants, cur, memory_cap_gib, bench, (pair[0].key, pair[1].key))
     if m.fn is not None:
         say("thresholds: where each plan overtakes baseline")
@@ -368,17 +380,10 @@ class _Memo:
     predict_fn: PredictFn | None
     say: Callable[[str], None]
 
-
-def _main_tp(tp: int | None, plans: list[str] | None, topology: Topology, dtype: str) -> int:
-    """The memo's main TP: `--tp`, else a saved plan's, else the whole topology; checked with the dtype."""
-    world = topology.world_size
-    files = [read_plan_file(p).deployment for p in plans or () if is_plan_file(p)]
-    n = tp or (files[0].tp if files else world)  # a memo about a saved plan: its TP is the main one
-    if n > world:
-        raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
-    if dtype not in DTYPE_BYTES:
-        raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
-    return n
+    @property
+    def scope(self) -> Scope:
+        """What every variant of this memo shares (`memo_variants`)."""
+        return Scope(self.audits, self.n, self.dtype, self.cp_layers)
 
 
 def _named_variants(m: _Memo, plans: list[str] | None, pair: tuple[EngineVersion, EngineVersion]) -> list[Variant]:
@@ -408,20 +413,7 @@ def _search(
     searched = finder(m.graph, m.topology, m.workloads[0] if m.workloads else None, dtype=m.dtype,
                       expert_dtype=m.expert_dtype, audits=m.audits, cp_layers=m.cp_layers, cp_kv=m.cp_kv,
                       **options)  # fmt: skip
-    return searched.grid, add_found(m.audits, variants, searched.found, m.n, m.dtype, m.cp_layers)
-
-
-def _price(
-    m: _Memo, variants: list[Variant], pair: tuple[EngineVersion, EngineVersion], chunk: int, prefill_cp: int, dp: int
-) -> None:
-    """Each variant's engine lines and, with a predictor, its prediction at every workload."""
-    t = m.topology
-    for i, v in enumerate(variants, 1):
-        m.say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(v.plan, m.graph.spec, v.parallel, nodes=t.nodes, chunk=chunk, gpu=t.gpu.name,
-                            prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
-        if m.fn is not None:
-            _predict(m.fn, v, m.graph, t, m.workloads, m.dtype, m.expert_dtype, m.pp_schedule, m.cp_kv)
+    return searched.grid, add_found(m.scope, variants, searched.found)
 
 
 def _judged(

@@ -22,6 +22,17 @@ Shape = tuple[int, int, int, int]  # (TP, PP, CP, replicas)
 
 
 @dataclass(frozen=True)
+class Scope:
+    """What every variant of one memo shares: the audits (of the memo's graph), the main TP, the dtype and
+    the layers CP shards (`--cp-layers`)."""
+
+    audits: Audits
+    n: int
+    dtype: str
+    cp_layers: str
+
+
+@dataclass(frozen=True)
 class Found:
     """One plan `tpplan search` ranked, at the TP x CP x PP it was ranked at."""
 
@@ -129,11 +140,10 @@ def plan_variants(audits: Audits, names: list[str], asked: bool, n: int, dtype: 
     return variants
 
 
-def add_found(
-    audits: Audits, variants: list[Variant], found: list[Found], n: int, dtype: str, cp_layers: str
-) -> Found | None:
+def add_found(scope: Scope, variants: list[Variant], found: list[Found]) -> Found | None:
     """The search's plans joined to `variants` (each at its shape, once; a found plan equal to a memo plan
     keeps the memo's name); the search's best, under the name the memo gives it."""
+    audits, n, dtype, cp_layers = scope.audits, scope.n, scope.dtype, scope.cp_layers
     best_found: Found | None = None
     for f in found:
         pl = f.plan
@@ -151,9 +161,10 @@ def add_found(
     return best_found
 
 
-def add_pp_across_nodes(audits: Audits, variants: list[Variant], topology: Topology, n: int, dtype: str) -> None:
+def add_pp_across_nodes(scope: Scope, variants: list[Variant], topology: Topology) -> None:
     """On several nodes at the whole cluster's TP: baseline and the MoE all-to-all plans once more at one
     node's TP with the stages across the nodes."""
+    audits, n, dtype = scope.audits, scope.n, scope.dtype
     world = topology.world_size
     if not (topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0):
         return
@@ -168,12 +179,11 @@ def add_pp_across_nodes(audits: Audits, variants: list[Variant], topology: Topol
             variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
 
 
-def add_a2a_everywhere(
-    audits: Audits, variants: list[Variant], single: list[Shape], n: int, dtype: str, cp_layers: str
-) -> None:
+def add_a2a_everywhere(scope: Scope, variants: list[Variant], single: list[Shape]) -> None:
     """The engines' MoE all-to-all plans at every other deployment of the search's grid (`single`: one
     copy of each), so each deployment row ranks more than baseline (the search's best joins where it
     runs). Replicas (R copies, the requests split) are rows where the search found its best there."""
+    audits, n, dtype, cp_layers = scope.audits, scope.n, scope.dtype, scope.cp_layers
     for shape in single[1:]:
         for name in ("sp-moe", "sglang-sp-moe"):
             if not any(v.plan.name == name for v in variants) or any(
@@ -186,8 +196,9 @@ def add_a2a_everywhere(
                                         cp_layers=cp_layers))  # fmt: skip
 
 
-def add_overlapped(audits: Audits, variants: list[Variant], overlap: OverlapName, n: int, dtype: str) -> None:
+def add_overlapped(scope: Scope, variants: list[Variant], overlap: OverlapName) -> None:
     """`--overlap`: each legal all-to-all plan once more under the engine's micro-batch overlap."""
+    audits, n, dtype = scope.audits, scope.n, scope.dtype
     from tpplan.plans.named import overlapped
 
     for v in [v for v in variants if v.plan.moe == "a2a" and v.plan.overlap is None and v.legal]:
@@ -197,11 +208,10 @@ def add_overlapped(audits: Audits, variants: list[Variant], overlap: OverlapName
                                     replicas=v.replicas, cp_layers=v.cp_layers))  # fmt: skip
 
 
-def add_baselines(
-    audits: Audits, variants: list[Variant], single: list[Shape], n: int, dtype: str, cp_layers: str
-) -> None:
+def add_baselines(scope: Scope, variants: list[Variant], single: list[Shape]) -> None:
     """Every delta compares like with like: a baseline at each shape a plan runs at, and at every
     deployment the search searched (the deployment ranking's rows)."""
+    audits, n, dtype, cp_layers = scope.audits, scope.n, scope.dtype, scope.cp_layers
     for tp_v, pp_v, cp_v, r_v in dict.fromkeys([*(v.shape for v in list(variants)), *single]):
         if not any(v.plan.name == "baseline" and v.shape == (tp_v, pp_v, cp_v, r_v) for v in variants):
             pa = audit_or_none(audits, "baseline", tp_v, dtype)
