@@ -309,3 +309,16 @@ def test_a_bank_on_a_model_without_one_and_a_huge_name_are_refused_briefly(tmp_p
     with pytest.raises(TpplanError, match=r"1,500,002 characters") as err:
         load_plan_file(str(path), graph, 2)
     assert len(str(err.value)) < 600  # the bad value is quoted cut short, never whole
+
+
+def test_the_file_deployment_converts_to_and_from_the_mesh_at_the_edge():
+    """`Deployment.from_mesh` / `to_mesh`: the planner's Mesh in, the same Mesh out, the file's fields as before."""
+    from tpplan.mesh import Mesh
+
+    m = Mesh(8, pp=2, replicas=2, cp=4, cp_recurrence="serial", cp_layers="mla", cp_kv="sharded")
+    dep = Deployment.from_mesh(m)
+    assert dep.to_mesh() == m
+    assert dep.model_dump() == {"tp": 8, "pp": 2, "cp": 4, "replicas": 2, "ep": None, "moe": "tp", "cp_layers": "mla",
+                                "cp_recurrence": "serial", "cp_kv": "sharded"}  # fmt: skip
+    assert dep.label() == "2x TP8xCP4xPP2 (cp-layers mla)"
+    assert Deployment(tp=8, ep=2).to_mesh() == Mesh(8, ep=2)

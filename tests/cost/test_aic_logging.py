@@ -72,10 +72,12 @@ def test_a_command_pricing_from_aic_prints_no_aic_log_lines(monkeypatch, capsys)
 
 
 @pytest.mark.slow
-def test_a_fresh_process_pricing_from_aic_has_an_empty_stderr() -> None:
-    """In a new interpreter AIC's once-per-database warning certainly fires during the command."""
+def test_a_fresh_process_pricing_from_aic_prints_no_aic_line() -> None:
+    """In a new interpreter AIC's once-per-database warning certainly fires during the command; stderr
+    holds none of it (nothing at all but the command's progress lines)."""
     pytest.importorskip("aiconfigurator_core")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, "-m", "tpplan", *COMMAND], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and _priced_from_aic(run.stdout)
-    assert run.stderr == ""
+    # Only tpplan's own progress lines, which a run past QUIET_S prints (a cold AIC load on a busy machine).
+    assert all(line.startswith("tpplan audit qwen3-32b: ") for line in run.stderr.splitlines()), run.stderr

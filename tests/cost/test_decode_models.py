@@ -92,3 +92,18 @@ def test_the_fit_recovers_its_constants_and_holds_out_every_bucket() -> None:
     assert max(r["worst"] for r in table) < 1e-3
     other = DF.judge(res["constants"], _sweep({"a_s": 3e-5, "TBps": 2.0}))  # a slower card: errors show
     assert min(abs(p["error"]) for p in other if p["kv"] == 131072 and p["batch"] == 512) > 0.2
+
+
+def test_decode_gemms_are_the_small_gemm_model_and_prefill_keeps_its_table() -> None:
+    p = predictor("tiny-llama")
+    res = p.audit.layer_results[0]
+    c = p.topo.gpu.kernel_models["gemm_small"]
+    for batch, small in ((24, True), (2048, False)):
+        kt = p.kind_time(res, ((1, 300),) * batch if batch <= 512 else ((batch, 0),))
+        gemms = [o for o in kt.ops if o.category == "gemm" and o.shape]
+        assert gemms
+        for o in gemms:
+            m, k, n = o.shape
+            by_hand = decode_s(c, 2.0 * (m * k + k * n + m * n), 2.0 * m * k * n)
+            assert (o.source == DECODE_MODEL) is small
+            assert (o.seconds == pytest.approx(by_hand)) is small

@@ -17,7 +17,7 @@ import pytest
 
 from tpplan.audit import audit_plan
 from tpplan.errors import TpplanError
-from tpplan.lower import Batch, Collective, KernelCall, lower
+from tpplan.lower import Batch, Collective, KernelCall, lower, lower_outline, lower_program, lowering
 from tpplan.lower.context import mesh_cp_audit
 from tpplan.lower.passes.cp import exchange_bytes
 from tpplan.mesh import Mesh
@@ -141,6 +141,19 @@ def test_pipeline_stages_and_boundaries(model: str, plan: str, tp: int, pp: int)
         assert s.send.bytes == 1000 * s.send.width * 2 / tp
         assert s.send.gather is not None and s.send.gather.bytes == 1000 * s.send.width * 2
     assert prog.stages[-1].send is None
+
+
+@pytest.mark.parametrize(("model", "plan", "tp", "pp"), PIPELINES)
+def test_the_outline_has_the_programs_stages_sends_and_final(model: str, plan: str, tp: int, pp: int) -> None:
+    """What the cost model prices stage sends and the final reduction from equals the full program's."""
+    graph = build_model_graph(load_model(model))
+    ctx = lowering(graph, make_plan(plan, graph, tp), Mesh(tp, pp), Batch(((999, 0),)), gpus_per_node=8)
+    full, outline = lower_program(ctx), lower_outline(ctx)
+    assert [(s.send, s.final, s.micro_batches) for s in full.stages] == [
+        (s.send, s.final, s.micro_batches) for s in outline.stages
+    ]
+    assert [[x.index for x in s.layers] for s in full.stages] == [[x.index for x in s.layers] for s in outline.stages]
+    assert not any(x.steps for x in outline.layers) and all(x.steps for x in full.layers)
 
 
 def test_overlap_and_async_tp_are_named_in_the_program() -> None:

@@ -12,7 +12,7 @@ from tpplan.commands._audit_tables import print_audit, print_cp, print_crossover
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE, named
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, steps
-from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, print_pd
+from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, pd_engine, print_pd
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -157,7 +157,7 @@ def audit_cmd(
     arrival = arrival_of(arrival_rate, trace, requests, seed)
     serving_asked = asked(arrival_rate, trace, requests)
     predicting = workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked or pd
-    sides = _check_asked(pd, bool(workload or serving_asked), bool(topology or cluster), bool(predicting))
+    sides = _check_asked(pd, engine, bool(workload or serving_asked), bool(topology or cluster), bool(predicting))
     # a plan file's deployment where no flag sets it (commands/_plan_deployment.py)
     d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence,
                             "cp_layers": cp_layers, "cp_kv": cp_kv, "replicas": replicas})  # fmt: skip
@@ -191,12 +191,14 @@ def _tp_of(tp: int | None, topo: Topology | None) -> int:
     return n
 
 
-def _check_asked(pd: str | None, requests: bool, has_topology: bool, predicting: bool) -> PdSides | None:
-    """The P/D deployment `--pd` names; P/D prices serving, so it needs requests; every prediction needs
-    a topology."""
-    from tpplan.errors import TpplanError
-
+def _check_asked(
+    pd: str | None, engine: str | None, requests: bool, has_topology: bool, predicting: bool
+) -> PdSides | None:
+    """The P/D deployment `--pd` names, with an engine whose P/D hand-off was read; P/D prices serving, so
+    it needs requests; every prediction needs a topology."""
     sides = parse_pd(pd) if pd is not None else None
+    if sides is not None:
+        pd_engine(engine)  # an engine whose P/D hand-off was not read: one line before any work
     if sides is not None and not requests:
         raise TpplanError("--pd", "prices serving, which needs requests", "add --workload (or --arrival-rate/--trace)")
     if predicting and not has_topology:

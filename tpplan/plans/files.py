@@ -16,6 +16,7 @@ has no decisions for, or without an op a decision names, is another architecture
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Final, Literal, Self
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from tpplan.errors import TpplanError, validated
 from tpplan.inputs import NAME_CHARS, load_json
 from tpplan.layout.plan import MoEMode, Plan
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.outputs import write_dir
 from tpplan.placement import S_TOK, Placement, R
@@ -84,11 +86,23 @@ class Deployment(_Strict):
     cp_recurrence: Literal["scan", "serial"] = "scan"  # linear attention's state hand-off under CP
     cp_kv: Literal["engines", "sharded"] = "engines"  # the KV a CP rank keeps (engines.context_parallel)
 
+    def to_mesh(self) -> Mesh:
+        """The mesh the file's deployment is (the edge between the file format and the planner)."""
+        return Mesh(self.tp, pp=self.pp, ep=self.ep, replicas=self.replicas, cp=self.cp,
+                    cp_recurrence=self.cp_recurrence, cp_layers=self.cp_layers, cp_kv=self.cp_kv)  # fmt: skip
+
+    @classmethod
+    def from_mesh(cls, mesh: Mesh) -> Deployment:
+        """The file's deployment for `mesh` (EP and the MoE mode are the plan's: `plan_file_data` sets them)."""
+        sizes = {"tp": mesh.tp, "pp": mesh.pp, "cp": mesh.cp, "replicas": mesh.replicas}
+        modes = {"cp_layers": mesh.cp_layers, "cp_recurrence": mesh.cp_recurrence, "cp_kv": mesh.cp_kv}
+        return cls.model_validate({**sizes, **modes})
+
     def label(self) -> str:
-        """`TP8xPP4`, `TP8xCP4 (mla)`, `2x TP16`: the deployment in words."""
-        text = f"TP{self.tp}" + (f"xCP{self.cp}" if self.cp > 1 else "") + (f"xPP{self.pp}" if self.pp > 1 else "")
-        text += f" (cp-layers {self.cp_layers})" if self.cp > 1 and self.cp_layers != "all" else ""
-        return f"{self.replicas}x {text}" if self.replicas > 1 else text
+        """`TP8xPP4`, `TP8xCP4 (cp-layers mla)`, `2x TP16`: the deployment in words."""
+        mode = f" (cp-layers {self.cp_layers})" if self.cp > 1 and self.cp_layers != "all" else ""
+        one = replace(self.to_mesh(), replicas=1).label() + mode
+        return f"{self.replicas}x {one}" if self.replicas > 1 else one
 
 
 class FoundFor(_Strict):

@@ -89,36 +89,34 @@ def load_search() -> SearchFn:
     """The best plans of `tpplan search` itself (`tpplan.search.search_plans`, the one search: the
     same objective, memory cap, TP x CP x PP grid and overlap), imported when a memo searches; its
     audits are the memo's (`audits`)."""
-    from tpplan.search import search_plans
+    from tpplan.search import MeshAsk, search_plans
 
     def best(
         graph: ModelGraph,
         topology: Topology,
         workload: Workload | None,
         *,
-        tp: int | None,
+        ask: MeshAsk,
         dtype: str,
         expert_dtype: str | None,
         memory_cap_gib: float | str | None,
         top: int,
         audits: Audits | None = None,
         overlap: OverlapName | None = None,
-        replicas: int | Literal["all"] | None = None,
-        **deployment: Any,
+        dp_attention: bool = False,
     ) -> Searched:
         outcome = search_plans(
             graph,
             topology,
             workload=workload,
-            tp=tp,
+            ask=ask,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
             memory_cap_gib=memory_cap_gib,
             top=top,
             dtype=dtype,
             expert_dtype=expert_dtype,
             audits=audits,
-            overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
-            replicas=replicas,
-            **deployment,  # pp, cp, cp_layers, cp_kv, dp_attention: as `tpplan search` takes them
+            overlap=overlap,
+            dp_attention=dp_attention,
         )
         found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
                  for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
@@ -303,6 +301,7 @@ def analyse(
     from tpplan.engines import select_pair
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
+    from tpplan.search.grid import MeshAsk
 
     say = progress or (lambda _step: None)
     pair = select_pair(engines)
@@ -322,8 +321,9 @@ def analyse(
     variants = _named_variants(m, plans, pair)
     cur = current_variant(audits, current, n, world, dtype, variants)
     finder = search_fn or (load_search() if search_top > 0 and not plans else None)
-    grid, best_found = _search(m, finder, variants, tp=tp, memory_cap_gib=memory_cap_gib, top=search_top,
-                               overlap=overlap, replicas=replicas, pp=pp, cp=cp, dp_attention=dp_attention)  # fmt: skip
+    ask = MeshAsk(tp=tp, pp=pp, cp=cp, replicas=replicas, cp_layers=cp_layers, cp_kv=cp_kv)
+    grid, best_found = _search(m, finder, variants, ask=ask, memory_cap_gib=memory_cap_gib, top=search_top,
+                               overlap=overlap, dp_attention=dp_attention)  # fmt: skip
     add_pp_across_nodes(m.scope, variants, topology)
     fewest = min((g[3] for g in grid), default=1)  # one copy of each deployment (`deployments.DeploymentKey` has R)
     single = [g for g in grid if g[3] == fewest]
@@ -411,8 +411,7 @@ def _search(
         return [], None
     m.say("searching plans (as tpplan search)")
     searched = finder(m.graph, m.topology, m.workloads[0] if m.workloads else None, dtype=m.dtype,
-                      expert_dtype=m.expert_dtype, audits=m.audits, cp_layers=m.cp_layers, cp_kv=m.cp_kv,
-                      **options)  # fmt: skip
+                      expert_dtype=m.expert_dtype, audits=m.audits, **options)  # fmt: skip
     return searched.grid, add_found(m.scope, variants, searched.found)
 
 

@@ -21,6 +21,20 @@ if TYPE_CHECKING:
     from tpplan.mesh import Fabric
 
 
+@dataclass(frozen=True)
+class MeshAsk:
+    """The deployment a search is asked for: each size fixed, or None to search it (`replicas` "all": every
+    replica count the GPUs and the workload allow, `deployment_grid`), and the CP options every mesh of the
+    grid is priced with (`tpplan.mesh.Mesh`). The CLI's --tp/--pp/--cp/--replicas/--cp-layers/--cp-kv."""
+
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    replicas: int | Literal["all"] | None = None
+    cp_layers: str = "all"
+    cp_kv: str = "engines"
+
+
 def deployments(
     graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
 ) -> list[tuple[int, int, int]]:
@@ -107,23 +121,19 @@ def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
 
 
 def deployment_grid(
-    graph: ModelGraph,
-    topo: Topology | None,
-    tp: int | None,
-    pp: int | None,
-    cp: int | None = None,
-    replicas: int | Literal["all"] | None = None,
-    workload: Workload | None = None,
+    graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None = None
 ) -> list[Mesh]:
-    """The meshes (TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
+    """The meshes (TP, PP, CP, replicas) to search for `ask` (its CP options are the caller's to add).
+    `replicas` R: R copies, each with the TP x PP (x CP) splits of
     its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
     (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
     that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
     replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
     there are no requests to split (a replica's forward time is its deployment's). Replicas are
     asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
+    tp, pp, cp, replicas = ask.tp, ask.pp, ask.cp, ask.replicas
     if replicas == "all":
-        return _all_replicas(graph, topo, tp, pp, cp, workload)
+        return _all_replicas(graph, topo, ask, workload)
     if replicas is not None and replicas < 1:
         raise TpplanError(f"replicas={replicas}", "must be at least 1", "use replicas=1 or more")
     if replicas is not None and replicas > 1:
@@ -139,9 +149,8 @@ def deployment_grid(
     return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
 
 
-def _all_replicas(
-    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None, workload: Workload | None
-) -> list[Mesh]:
+def _all_replicas(graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None) -> list[Mesh]:
+    tp, pp, cp = ask.tp, ask.pp, ask.cp
     grid = [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
     if topo is None or workload is None or tp is not None or pp is not None:
         return grid
@@ -164,4 +173,4 @@ def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float
     return float(value) if value is not None else None
 
 
-__all__ = ["deployment_grid", "deployments", "memory_cap_gib_of"]
+__all__ = ["MeshAsk", "deployment_grid", "deployments", "memory_cap_gib_of"]
