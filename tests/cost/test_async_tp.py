@@ -285,7 +285,7 @@ def test_the_engine_flags_that_realise_it_per_model():
 
     assert launch_flags("qwen3")["SGLang 0.5.23"] == ("--enable-layernorm-sp",)
     assert "only for qwen3" in launch_flags("llama")["SGLang 0.5.23"]
-    assert "pipeline stages" in str(launch_flags("qwen3", pp=2)["SGLang 0.5.23"])
+    assert "pipeline stages" in str(launch_flags("qwen3", Mesh(8, pp=2))["SGLang 0.5.23"])
     vllm = launch_flags("qwen3")["vLLM 0.34.0"]
     assert isinstance(vllm, str) and "no async-TP compile pass" in vllm
     assert "SM100" in str(launch_flags("kimi_k3")["vLLM 0.34.0"])  # a Blackwell CUTLASS kernel, not priced

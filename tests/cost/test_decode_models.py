@@ -107,3 +107,16 @@ def test_decode_gemms_are_the_small_gemm_model_and_prefill_keeps_its_table() -> 
             by_hand = decode_s(c, 2.0 * (m * k + k * n + m * n), 2.0 * m * k * n)
             assert (o.source == DECODE_MODEL) is small
             assert (o.seconds == pytest.approx(by_hand)) is small
+
+
+def test_dsa_decode_reads_only_the_top_k_keys_the_indexer_kept() -> None:
+    """GLM-5 / DeepSeek-V3.2: each decode token attends to its top-k keys, so past top-k keys of context the
+    attention's price stops growing (the indexer, priced apart, still scores every key)."""
+    p = predictor("tiny-deepseek-v32")
+    res = p.audit.layer_results[-1]
+    op = next(d.op for d in res.decisions if d.op.name == "attention")
+    topk = p.graph.kinds[res.kind].values[op.inputs[3]].width
+    short, at, past = (attention(p, ((1, c),) * 4).seconds for c in (topk // 2, topk, 4 * topk))
+    assert short < at == pytest.approx(past)
+    far, near = attention(p, ((1, 4 * topk),) * 4), attention(p, ((1, topk - 1),) * 4)
+    assert far.flops_per_rank == pytest.approx(near.flops_per_rank)

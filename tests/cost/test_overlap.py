@@ -12,11 +12,11 @@ from tpplan.cost.overlap import (
     MoeStages,
     OverlapCosts,
     sequential_seconds,
-    split_batch,
     two_microbatch_seconds,
 )
 from tpplan.engines.overlap import SGLANG_TBO, VLLM_DBO
 from tpplan.errors import TpplanError
+from tpplan.lower.passes.overlap import split_batch
 from tpplan.mesh import Mesh
 
 

@@ -93,7 +93,8 @@ def test_engine_selection() -> None:
         pipeline_model("trtllm@1")
     # the sentence follows the fields the simulation reads
     deeper = replace(pipeline_model(), schedule=replace(pipeline_model().schedule, extra_in_flight=1))
-    assert deeper.in_flight(4) == 5 and "at most 5 micro-batches in flight (pp_size 4 + 1)" in deeper.assumption(4)
+    assert deeper.in_flight(Mesh(8, pp=4)) == 5
+    assert "at most 5 micro-batches in flight (pp_size 4 + 1)" in deeper.assumption(4)
     serial = replace(v, schedule=replace(v.schedule, chunks_overlap=False))
     assert "waits until its previous chunk has left the last stage" in serial.assumption(4)
 

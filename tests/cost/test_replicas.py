@@ -135,10 +135,10 @@ def test_replicas_all_offers_every_replica_count_that_divides_the_gpus():
     graph, topo, wl = _k3(), load_topology("h200x8-ib400").with_nodes(4), load_workload("prompt16k-c8")
     grid = [(m.tp, m.pp, m.cp, m.replicas) for m in deployment_grid(graph, topo, MeshAsk(replicas="all"), wl)]
     assert {m.replicas for m in deployment_grid(graph, topo, MeshAsk(), wl)} == {1}  # asked for, not default
-    assert grid[: len(deployments(graph, topo, None, None))] == [(*d, 1) for d in deployments(graph, topo, None, None)]
+    assert grid[: len(deployments(graph, topo, MeshAsk()))] == [(*d, 1) for d in deployments(graph, topo, MeshAsk())]
     assert sorted({r for *_, r in grid}) == [1, 2, 4, 8]
     assert [(n, p, c) for n, p, c, r in grid if r == 2] == [
-        (n, p, c) for n, p, c in deployments(graph, topo.with_nodes(2), None, None)
+        (n, p, c) for n, p, c in deployments(graph, topo.with_nodes(2), MeshAsk())
     ]
     assert all(n * p * c * r == 32 for n, p, c, r in grid)
     assert {m.replicas for m in deployment_grid(graph, topo, MeshAsk(replicas="all"))} == {1}

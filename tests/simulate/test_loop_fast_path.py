@@ -27,7 +27,7 @@ CASES = [
     (poisson(30.0, SHAPES, 400, seed=2), LoopConfig(8192, decode=True, mixed=False, max_running=32), 1),
     (poisson(60.0, SHAPES, 300, seed=3), LoopConfig(3000, decode=True, kv_tokens=60_000), 1),
     (closed_loop(16, SHAPES, 300), LoopConfig(4096, decode=True, mixed=False), 2),
-    (closed_loop(64, SHAPES, 300), LoopConfig(40, decode=True), 1),  # budget 40 < running: cuts the batch
+    (closed_loop(64, SHAPES, 120), LoopConfig(40, decode=True), 1),  # budget 40 < running: cuts the batch
     (closed_loop(8, SHAPES, 100), LoopConfig(2048, 3, decode=True), 1),  # PP: per token throughout
 ]
 

@@ -413,9 +413,10 @@ class OpPrices:
 
         MLA as both engines run it (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached
         latent (kv_lora + rope wide, read once per request whatever the heads), each of this rank's heads
-        scoring over the latent and summing kv_lora-wide values. GQA: each request's keys (its window or
-        chunk where it has one) read once per KV head of the rank. Priced by the GPU's measured decode
-        model (`KernelModels.decode`, the decode sweep) where it has one, else by the attention roofline."""
+        scoring over the latent and summing kv_lora-wide values (DSA: its top-k keys). GQA: each request's
+        keys (its window or chunk where it has one) read once per KV head of the rank. Priced by the GPU's
+        measured decode model (`KernelModels.decode`, the decode sweep) where it has one, else by the
+        attention roofline."""
         impl = str(op.attrs.get("impl"))
         dec = [c for n, c in segs if n == 1]
         if not dec:
@@ -424,7 +425,9 @@ class OpPrices:
         m = self.models
         if impl in MLA_IMPLS and "kv_latent" in lg.values:
             lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
-            keys = sum(dec) + len(dec)  # each decode token scores its context and itself
+            # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
+            topk = lg.values[op.inputs[3]].width if impl == "mla_dsa" and len(op.inputs) > 3 else None
+            keys = sum(min(c + 1, topk or c + 1) for c in dec)
             flops = 2.0 * heads * ((lora + rope) + lora) * keys
             nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q and out
             phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)

@@ -123,7 +123,9 @@ class Predictor(OpPrices):
 
         engine = overlap_named(self.plan.overlap)
         costs = OverlapCosts(self.topo.gpu.sm_count, engine.comm_sms)
-        return overlapped_seconds(self.kind_time, results, segs, engine, costs)
+        micro = self.outline(segs).stages[0].micro_batches
+        halves = (micro[0].segments, micro[1].segments) if len(micro) == 2 else None
+        return overlapped_seconds(self.kind_time, results, segs, halves, engine, costs)
 
     def outline(self, segs: Segments) -> Program:
         """The lowered program's stages, sends and final reduction for one batch (`lower_outline`)."""

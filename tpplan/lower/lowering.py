@@ -61,7 +61,7 @@ def lower_outline(ctx: Lowering) -> Program:
 
 
 def _program_hooks(ctx: Lowering, layers: tuple[LayerProgram, ...]) -> Program:
-    stage = StageProgram(0, layers, (MicroBatch(0, ctx.local_segments),))
+    stage = StageProgram(0, layers, (MicroBatch(0, ctx.batch.segments),))
     prog = Program(ctx.plan.name, ctx.tp, ctx.tokens, (stage,))
     for p in passes():
         if p.program is not None:

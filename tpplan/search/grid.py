@@ -35,15 +35,14 @@ class MeshAsk:
     cp_kv: str = "engines"
 
 
-def deployments(
-    graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
-) -> list[tuple[int, int, int]]:
-    """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
+def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tuple[int, int, int]]:
+    """(TP, PP, CP) triples to search: the ones `ask` fixes, or every split of the topology's GPUs,
     widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
     TP x CP splits without PP for CP in `CP_SIZES`, TP inside one node, where the model's mixers have
     a CP method."""
     from tpplan.layout.context_parallel import CP_SIZES, audit_cp
 
+    tp, pp, cp = ask.tp, ask.pp, ask.cp
     layers = graph.spec.num_layers
     if pp is not None and (pp < 1 or pp > layers):
         raise TpplanError(f"pp={pp}", f"must be between 1 and the model's {layers} layers", "use a smaller pp")
@@ -131,7 +130,7 @@ def deployment_grid(
     replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
     there are no requests to split (a replica's forward time is its deployment's). Replicas are
     asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
-    tp, pp, cp, replicas = ask.tp, ask.pp, ask.cp, ask.replicas
+    replicas = ask.replicas
     if replicas == "all":
         return _all_replicas(graph, topo, ask, workload)
     if replicas is not None and replicas < 1:
@@ -145,20 +144,19 @@ def deployment_grid(
 
             replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
         share = _replica_gpus(topo, replicas)
-        return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
-    return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+        return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, ask)]
+    return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, ask)]
 
 
 def _all_replicas(graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None) -> list[Mesh]:
-    tp, pp, cp = ask.tp, ask.pp, ask.cp
-    grid = [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
-    if topo is None or workload is None or tp is not None or pp is not None:
+    grid = [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, ask)]
+    if topo is None or workload is None or ask.tp is not None or ask.pp is not None:
         return grid
     most = min(workload.concurrency, workload.total_requests)
     for r in range(2, min(most, topo.world_size) + 1):
         try:
             share = _replica_gpus(topo, r)
-            grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, None, None, cp)]
+            grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, MeshAsk(cp=ask.cp))]
         except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
             continue
     return grid

@@ -332,7 +332,7 @@ def search_plans(
         if mla:
             from tpplan.search.cp_grid import mla_deployments
 
-            grid = mla_deployments(graph, grid, cp)
+            grid = mla_deployments(graph, grid, ask)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
         world = topology.world_size if topology is not None else 0
         if world < 1:

@@ -85,7 +85,7 @@ def engine_loop(
     costs = overheads(cpu_overlaps(rules, deployment, gpus_per_node)) if fixed_costs else NONE
     config = LoopConfig(
         chunk_tokens=chunk_tokens,
-        in_flight=pipeline.in_flight(deployment.pp),
+        in_flight=pipeline.in_flight(deployment),
         chunks_overlap=pipeline.chunks_overlap,
         step_overhead_s=costs.step_s,
         request_in_s=costs.request_s,
