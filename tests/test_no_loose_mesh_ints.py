@@ -70,8 +70,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "runtime/kernels_local.py": 1,
     "runtime/shard.py": 2,
     "search/grid.py": 1,
-    "simulate/loop.py": 1,
-    "simulate/requests.py": 1,
 }
 
 
