@@ -155,15 +155,16 @@ def test_search_equals_brute_force_and_predict_plan_with_mla_only_cp() -> None:
 def test_search_offers_the_mla_mode_inside_each_tp_group_where_legal(monkeypatch, capsys) -> None:
     from tpplan.search import search_report
     from tpplan.search.cp_grid import mla_deployments
+    from tpplan.search.grid import MeshAsk
 
     g = _graph("tiny-kimi-k3")
-    got = mla_deployments(g, [Mesh(8), Mesh(4, pp=2), Mesh(1, pp=8), Mesh(4, replicas=2)], None)
+    got = mla_deployments(g, [Mesh(8), Mesh(4, pp=2), Mesh(1, pp=8), Mesh(4, replicas=2)], MeshAsk())
     assert [(m.tp, m.pp, m.cp, m.replicas) for m in got] == [
         (8, 1, 2, 1), (8, 1, 4, 1), (8, 1, 8, 1), (4, 2, 2, 1), (4, 2, 4, 1), (4, 1, 2, 2), (4, 1, 4, 2),
     ]  # fmt: skip
-    assert mla_deployments(g, [Mesh(8), Mesh(4, pp=2)], 8) == [Mesh(8, cp=8)]
+    assert mla_deployments(g, [Mesh(8), Mesh(4, pp=2)], MeshAsk(cp=8)) == [Mesh(8, cp=8)]
     with pytest.raises(TpplanError, match="has none"):
-        mla_deployments(_graph("tiny-llama"), [Mesh(8)], None)
+        mla_deployments(_graph("tiny-llama"), [Mesh(8)], MeshAsk())
     data = search_report("tiny-kimi-k3", "h200x8-ib400", nodes=1, tp=4, pp=1, cp=4, cp_layers="mla", top=2,
                          tokens=4096)  # fmt: skip
     assert data["search"]["deployments"] == ["TP4xCP4"]

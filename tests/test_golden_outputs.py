@@ -35,7 +35,7 @@ def test_every_command_has_its_file_and_every_file_its_command():
     stored = {p.stem for p in golden.GOLDEN.glob("*.json")}
     assert stored == set(golden.COMMANDS)
     assert set(golden.QUICK) <= set(golden.COMMANDS) and len(golden.COMMANDS) >= 20
-    assert len(golden.memo_commands()) == 3  # docs/examples/README.md's three documented memos
+    assert len(golden.memo_commands()) == 5  # docs/examples/README.md's five documented memos
 
 
 def test_a_changed_number_is_found_and_named(tmp_path, handlers):

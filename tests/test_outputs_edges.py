@@ -35,7 +35,9 @@ def _tree(root: Path) -> dict[str, bytes | str]:
 
 def _one_line_error(code: int, err: str) -> str:
     assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
+    # progress lines ("tpplan search NAME: ...") appear off a terminal once a command runs a few seconds,
+    # as on a loaded machine: they are not part of the error
+    lines = [line for line in err.strip().splitlines() if not line.startswith("tpplan ")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Fix:" in lines[0], err
     return lines[0]
 

@@ -18,7 +18,7 @@ from tpplan.models.graph import build_model_graph
 from tpplan.plans.decisions import exact_decisions
 from tpplan.plans.files import Deployment, load_plan_file, plan_file_data, save_plan_dir
 from tpplan.plans.named import make_plan
-from tpplan.search import deployments, run_search
+from tpplan.search import MeshAsk, deployments, run_search
 
 SEARCH = ("--model", "tiny-kimi-k3", "--topology", "h200x8-ib400", "--nodes", "1", "--tp", "2", "--top", "3")
 
@@ -170,21 +170,21 @@ def test_deployment_grid():
     k3 = build_model_graph(load_model("kimi-k3"))
     topo = load_topology("h200x8-ib400")  # 4 nodes x 8
     splits = [(32, 1, 1), (16, 2, 1), (8, 4, 1), (4, 8, 1), (2, 16, 1), (1, 32, 1)]
-    assert deployments(k3, topo, None, None) == [*splits, (8, 1, 4), (4, 1, 8)]  # + TP x CP, TP in one node
-    assert deployments(k3, topo, None, 4) == [(8, 4, 1)]
-    assert deployments(k3, topo, 8, None) == [(8, 1, 1)]
-    assert deployments(k3, topo, None, None, cp=4) == [(8, 1, 4), (4, 2, 4), (2, 4, 4), (1, 8, 4)]
-    assert deployments(k3, topo, 8, None, cp=2) == [(8, 1, 2)]
+    assert deployments(k3, topo, MeshAsk()) == [*splits, (8, 1, 4), (4, 1, 8)]  # + TP x CP, TP in one node
+    assert deployments(k3, topo, MeshAsk(pp=4)) == [(8, 4, 1)]
+    assert deployments(k3, topo, MeshAsk(tp=8)) == [(8, 1, 1)]
+    assert deployments(k3, topo, MeshAsk(cp=4)) == [(8, 1, 4), (4, 2, 4), (2, 4, 4), (1, 8, 4)]
+    assert deployments(k3, topo, MeshAsk(tp=8, cp=2)) == [(8, 1, 2)]
     # 24 GPUs: TP12 would span one and a half nodes, so it is not a split (TP12 x CP2: TP over a node)
     three = [(24, 1, 1), (8, 3, 1), (6, 4, 1), (4, 6, 1), (3, 8, 1), (2, 12, 1), (1, 24, 1), (6, 1, 4), (3, 1, 8)]
-    assert deployments(k3, topo.with_nodes(3), None, None) == three
-    assert deployments(k3, None, 4, None) == [(4, 1, 1)]
+    assert deployments(k3, topo.with_nodes(3), MeshAsk()) == three
+    assert deployments(k3, None, MeshAsk(tp=4)) == [(4, 1, 1)]
     dsa = build_model_graph(load_model("deepseek-v3.2"))  # DSA's indexer has no CP method: no CP splits
-    assert all(c == 1 for _, _, c in deployments(dsa, topo, None, None))
+    assert all(c == 1 for _, _, c in deployments(dsa, topo, MeshAsk()))
     with pytest.raises(TpplanError, match="no context-parallel method"):
-        deployments(dsa, topo, None, None, cp=2)
+        deployments(dsa, topo, MeshAsk(cp=2))
     with pytest.raises(TpplanError, match="only 32 GPUs"):
-        deployments(k3, topo, 16, 4)
+        deployments(k3, topo, MeshAsk(tp=16, pp=4))
 
 
 def test_grid_ranks_every_deployment_by_predicted_time():

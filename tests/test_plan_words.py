@@ -6,7 +6,7 @@ from __future__ import annotations
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
-from tpplan.search import search_plans
+from tpplan.search import MeshAsk, search_plans
 
 
 def _graph(name: str):
@@ -14,10 +14,10 @@ def _graph(name: str):
 
 
 def test_a_dense_models_found_plans_do_not_speak_of_moe():
-    outcome = search_plans(_graph("tiny-llama"), None, tp=2, top=5, objective="volume")
+    outcome = search_plans(_graph("tiny-llama"), None, ask=MeshAsk(tp=2), top=5, objective="volume")
     found = [r.plan for r in outcome.ranked]
     assert found and not [p for p in found if "MoE" in p.summary + p.title or "expert" in p.summary], found
-    moe = search_plans(_graph("tiny-qwen3-moe"), None, tp=2, top=5, objective="volume")
+    moe = search_plans(_graph("tiny-qwen3-moe"), None, ask=MeshAsk(tp=2), top=5, objective="volume")
     assert any("MoE experts" in r.plan.summary for r in moe.ranked)
 
 

@@ -236,3 +236,49 @@ def test_pd_deployments_rank_beside_the_aggregated_with_what_binds(monkeypatch, 
         assert p["kind"] == "disaggregated" and p["gpus"] == run["gpus"]
     ranked = [d["best"]["goodput_per_gpu"] for d in s["deployments"] if d["meets_targets"]]
     assert ranked == sorted(ranked, reverse=True) and len(ranked) >= 1
+
+
+def test_the_load_search_finds_the_largest_load_meeting_the_targets_and_serves_the_next() -> None:
+    """`largest_met` against every threshold, ladder length and first probe: the answer is the last load
+    that meets the targets (figures growing with the load), the load above it was served, and a ladder of
+    n loads costs at most about 2 log2(n) runs."""
+    from tpplan.search.serving_points import largest_met, load_ladder
+
+    assert load_ladder(138) == [1, 2, 4, 8, 16, 32, 64, 128, 138] and load_ladder(64) == [1, 2, 4, 8, 16, 32, 64]
+    for n in range(1, 14):
+        for last in range(n):
+            for first in range(n + 2):
+                probed: list[int] = []
+
+                def met(i: int, last: int = last, probed: list[int] = probed) -> bool:
+                    probed.append(i)
+                    return i <= last
+
+                assert largest_met(n, met, first) == last
+                assert last + 1 == n or last + 1 in probed
+                assert len(set(probed)) <= 2 * n.bit_length() + 1
+
+
+def test_what_binds_says_it_with_the_figures_it_was_given() -> None:
+    """The KV pool, the running cap, prefill or decode: each sentence made from the loads and the pool."""
+    from tpplan.search.serving_points import Load, ServingPoint
+    from tpplan.search.under_targets import what_binds
+
+    targets = Targets(Target("ttft", 2.0, "p90"), Target("tpot", 0.05, "p90"))
+
+    def point(clients: int, ttft: float, tpot: float) -> ServingPoint:
+        got = {"ttft": ttft, "tpot": tpot}
+        return ServingPoint("TP8", "baseline", "aggregated", 8, Load(clients=clients), 2 * clients, got, 0, 0.0, 0.0,
+                            0.0, {}, {}, targets.met(got), targets.worst_ratio(got))  # type: ignore[arg-type]  # fmt: skip
+
+    alone, at_batch = point(1, 0.1, 0.02), point(37, 1.9, 0.049)
+    binds, why = what_binds(targets, [alone, at_batch], at_batch, 37, (2048, 180_000), 4_608)
+    assert binds == "KV capacity" and "37 requests of 4,608 tokens" in why and "170,496 of its 180,000" in why
+    assert what_binds(targets, [alone, at_batch], at_batch, 37, (37, 10**9), 4_608)[0] == "running-request cap"
+    slow_decode = point(64, 1.5, 0.0712)
+    assert what_binds(targets, [alone, at_batch, slow_decode], at_batch, 128, (2048, 10**9), 4_608) == (
+        "decode",
+        "at 64 clients its p90 TPOT is 71.2 ms, over the 50 ms target",
+    )
+    slow_prefill = point(64, 3.0, 0.06)  # both over: TTFT by 50%, TPOT by 20%
+    assert what_binds(targets, [alone, slow_prefill], None, 128, (2048, 10**9), 4_608)[0] == "prefill"

@@ -15,6 +15,7 @@ from tpplan.cost.workload import load_workload
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import baseline
+from tpplan.search.grid import MeshAsk
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_a_search_audits_every_plan_once_and_each_baseline_exactly_once(audits_c
     graph = build_model_graph(load_model("tiny-deepseek-v3"))
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
     audits = Audits(graph)
-    out = search_plans(graph, topo, workload=wl, top=3, audits=audits, replicas="all")
+    out = search_plans(graph, topo, workload=wl, top=3, audits=audits, ask=MeshAsk(replicas="all"))
     assert len(out.stats.deployments) == 4, "the case needs a grid (TP2, TP1xPP2, TP1xCP2, 2x TP1)"
     for tp in (m.tp for m in out.grid):
         assert audits_counted[(_decisions_only(baseline()), tp, "bf16")] == 1, f"baseline at TP{tp}"
@@ -99,8 +100,8 @@ def test_the_library_example_in_the_design_notes_runs(capsys):
         ({"objective": "fast"}, "objective=fast"),
         ({"top": 0}, "top=0"),
         ({"memory_cap_gib": -1.0}, "memory_cap_gib=-1.0"),
-        ({"tp": 3}, "tp=3"),
-        ({"pp": 99}, "pp=99"),
+        ({"ask": MeshAsk(tp=3)}, "tp=3"),
+        ({"ask": MeshAsk(pp=99)}, "pp=99"),
         ({"expert_dtype": "int3"}, "expert_dtype=int3"),
     ],
 )

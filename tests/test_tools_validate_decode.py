@@ -43,11 +43,17 @@ def test_a_range_is_met_inside_and_missed_by_the_distance_to_its_nearer_end() ->
     assert vd.DecodeReplay(p, 6.0, "r").error == pytest.approx(0.2)
 
 
-def test_incomplete_points_and_sharegpt_outputs_are_left_out_with_why() -> None:
+def test_incomplete_points_are_left_out_and_sharegpt_outputs_need_their_published_mean() -> None:
     pts = vd.points()
     assert all(vd.replayable(p) for p in pts if not p.get("complete"))
     sharegpt = [p for p in pts if p.get("complete") and p["output_tokens"] == "sharegpt"]
-    assert sharegpt and all("output length" in vd.replayable(p) for p in sharegpt)
+    assert sharegpt and all(vd.replayable(p) == "" for p in sharegpt)  # each carries output_tokens_mean
+    assert vs.lengths(sharegpt[0]) == (
+        round(sharegpt[0]["prompt_tokens_mean"]),
+        round(sharegpt[0]["output_tokens_mean"]),
+    )
+    bare = {k: v for k, v in sharegpt[0].items() if k != "output_tokens_mean"}
+    assert "output length" in vd.replayable(bare)
 
 
 def test_a_pd_point_tpplan_cannot_lay_out_says_why() -> None:

@@ -36,3 +36,14 @@ def test_a_point_is_replayed_as_its_page_states_it_and_the_section_is_replaced(t
 def test_incomplete_and_tpot_points_are_left_out() -> None:
     points = tomllib.loads(vs.POINTS.read_text(encoding="utf-8"))["point"]
     assert not any(vs.replayable(p) for p in points if not p.get("complete") or not p["metric"].startswith("ttft"))
+
+
+def test_write_refuses_to_replace_text_that_is_not_its_section(tmp_path: Path) -> None:
+    """A merge that lands another section between the markers: write stops instead of deleting it."""
+    import pytest
+
+    doc = tmp_path / "b.md"
+    doc.write_text(f"# B\n\n{vs.BEGIN}\n## Someone else's section\n\nkept\n{vs.END}\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="not this tool's section"):
+        vs.write(f"{vs.BEGIN}\n## Serving loop against public TTFT measurements (issue 31): x\n{vs.END}", doc)
+    assert "Someone else's section" in doc.read_text(encoding="utf-8")

@@ -21,7 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tools.validate_serving import CLOSED_LOOP_REQUESTS, ENGINES, GPUS, POINTS, ROOT, predictor_for
+from tools.validate_serving import CLOSED_LOOP_REQUESTS, ENGINES, GPUS, POINTS, ROOT, lengths, predictor_for
+from tools.validate_serving import _arrivals as arrivals_of
 
 DECODE_POINTS = ROOT / "docs" / "benchmarks" / "serving-public-decode.toml"
 BEGIN, END = "<!-- validate_decode: begin -->", "<!-- validate_decode: end -->"
@@ -48,6 +49,7 @@ class DecodeReplay:
     predicted: float | None
     regime: str
     why_not: str = ""
+    batch: float = 0.0  # the loop's mean decode batch (aggregated replays)
 
     @property
     def error(self) -> float:
@@ -74,7 +76,7 @@ def replayable(p: dict[str, Any]) -> str:
         return f"no preset for {p['gpu']}"
     if p["metric"] not in SUMMARY and p["metric"] not in FIT and p["metric"] != "output_tok_s_per_node":
         return f"metric {p['metric']}"
-    if p.get("mode", "aggregated") == "aggregated" and not isinstance(p["output_tokens"], int):
+    if p.get("mode", "aggregated") == "aggregated" and p["prompt_tokens"] != "swept" and lengths(p)[1] <= 1:
         return "no output length stated (ShareGPT outputs)"
     return ""
 
@@ -92,20 +94,15 @@ def regime(p: dict[str, Any]) -> str:
         batch, kv = int(p["batch_per_rank"]), float(p["kv_tokens"])
         load = f"batch {batch}/rank"
     else:
-        batch = int(p["concurrency"])
-        load = _bucket(batch, ((1, "C=1"), (16, "C 2-16"), (64, "C 17-64")), "C > 64")
-        kv = p["prompt_tokens_max"] if p["prompt_tokens"] == "swept" else p["prompt_tokens"] + p["output_tokens"] / 2
+        if isinstance(p.get("concurrency"), int):
+            load = _bucket(p["concurrency"], ((1, "C=1"), (16, "C 2-16"), (64, "C 17-64")), "C > 64")
+        else:
+            load = "saturated" if p["request_rate"] == "inf" else f"rate {p['request_rate']}/s"
+        kv = p["prompt_tokens_max"] if p["prompt_tokens"] == "swept" else lengths(p)[0] + lengths(p)[1] / 2
     span = "KV 256-125K (fit)" if p["prompt_tokens"] == "swept" else _bucket(
         kv, ((4096, "KV < 4K"), (32768, "KV 4K-32K")), "KV > 32K")  # fmt: skip
-    return f"{p['engine']} {gpu} {model} TP{p['tp']} {mode}, {load}, {span}"
-
-
-def _arrivals(p: dict[str, Any], prompt: int) -> Any:
-    from tpplan.simulate.requests import Shape, closed_loop
-
-    c = int(p["concurrency"])
-    n = int(p.get("num_requests") or CLOSED_LOOP_REQUESTS * c)
-    return closed_loop(c, [Shape(prompt, int(p["output_tokens"]))], n)
+    shape = f"TP{p['tp']}" + (f"xPP{p['pp']}" if int(p.get("pp", 1)) > 1 else "")
+    return f"{p['engine']} {gpu} {model} {shape} {mode}, {load}, {span}"
 
 
 def _decode(p: dict[str, Any], prompt: int) -> dict[str, Any] | str:
@@ -113,7 +110,7 @@ def _decode(p: dict[str, Any], prompt: int) -> dict[str, Any] | str:
     from tpplan.simulate.serving import decode_block
 
     pred, chunk, per_node = predictor_for(p)
-    dec = decode_block(pred, _arrivals(p, prompt), chunk, per_node)
+    dec = decode_block(pred, arrivals_of(p, prompt), chunk, per_node)
     assert dec is not None
     return dec if dec["admitted"] else str(dec["reason"])
 
@@ -122,7 +119,7 @@ def _decode(p: dict[str, Any], prompt: int) -> dict[str, Any] | str:
 def _itl_fit(model: str, gpu: str, engine: str, tp: int, lo: int, hi: int, output: int) -> tuple[float, float]:
     """(slope ms/token, intercept ms) of the loop's mean ITL at concurrency 1 against the input length."""
     p = {"model": model, "gpu": gpu, "engine": engine, "tp": tp, "pp": 1, "gpus": tp, "concurrency": 1,
-         "output_tokens": output, "num_requests": 1}  # fmt: skip
+         "prompt_tokens": lo, "output_tokens": output, "num_requests": 1}  # fmt: skip
     lens = [round(lo * (hi / lo) ** (i / (SWEEP_POINTS - 1))) for i in range(SWEEP_POINTS)]
     itls = []
     for n in lens:
@@ -156,27 +153,28 @@ def predict(p: dict[str, Any]) -> DecodeReplay:
         slope, intercept = _itl_fit(p["model"], p["gpu"], p["engine"], int(p["tp"]), int(p["prompt_tokens_min"]),
                                     int(p["prompt_tokens_max"]), int(p["output_tokens"]))  # fmt: skip
         return DecodeReplay(p, slope if p["metric"] == FIT[0] else intercept, name)
-    dec = _decode(p, int(p["prompt_tokens"]))
+    dec = _decode(p, lengths(p)[0])
     if isinstance(dec, str):
         return DecodeReplay(p, None, name, f"the engine's KV pool refuses it: {dec}")
     key, stat, scale = SUMMARY[p["metric"]]
     value = dec[key][stat] if stat else dec[key]
-    return DecodeReplay(p, scale * float(value), name)
+    return DecodeReplay(p, scale * float(value), name, batch=float(dec["mean_decode_batch"]))
 
 
 STEP_CLASSES = ("moe", "gemm", "collectives", "elementwise", "attention", "recurrence")
 
 
-def step_shares(p: dict[str, Any]) -> tuple[float, dict[str, float], float]:
-    """One decode step of an aggregated point as the loop prices it (batch = its concurrency, every request at
-    the mean KV length prompt + output / 2): the step's seconds, each op class's share of it, and the band the
-    memo would compose for it (`tpplan.cost.bands`: each (class, source)'s out-of-sample error by its share)."""
+def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float], float]:
+    """One decode step of an aggregated point as the loop prices it (`batch` requests, every one at the mean KV
+    length prompt + output / 2): the step's seconds, each op class's share of it, and the band the memo would
+    compose for it (`tpplan.cost.bands`: each (class, source)'s out-of-sample error by its share)."""
     from types import SimpleNamespace
 
     from tpplan.cost.bands import compose, prediction_seconds
 
     pred, _, _ = predictor_for(p)
-    segs = ((1, int(p["prompt_tokens"]) + int(p["output_tokens"]) // 2),) * int(p["concurrency"])
+    prompt, output = lengths(p)
+    segs = ((1, prompt + output // 2),) * batch
     stages, sends, final = pred.stage_times(segs)
     kinds = [pred.kind_time(res, segs) for res in {id(r): r for r in pred.audit.layer_results}.values()]
     by = dict.fromkeys(STEP_CLASSES, 0.0)
@@ -198,17 +196,17 @@ def _shares_table(done: list[DecodeReplay]) -> list[str]:
         if p.get("mode", "aggregated") != "aggregated" or p["prompt_tokens"] == "swept" or r.regime in seen:
             continue
         seen.add(r.regime)
-        total, share, band = step_shares(p)
+        total, share, band = step_shares(p, max(1, round(r.batch)))
         cells = " | ".join(f"{share[k]:.0%}" for k in STEP_CLASSES)
         errors = [x.error for x in done if x.regime == r.regime]
         inside = sum(abs(e) <= band for e in errors)
         rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} | ±{band:.0%} | {inside} of {len(errors)} |")
     head = [
         "",
-        "Where the priced decode step goes (batch = the concurrency, KV at prompt + output / 2; shares of the",
-        "step's time; the rest is the last stage's final reduction and sends), the band the memo's rule composes",
-        "for that step (each op class and source's out-of-sample error, tpplan/cost/presets/bands/errors.toml, by",
-        "its share), and how many of the regime's replays above fall inside it:",
+        "Where the priced decode step goes (batch = the replay's mean decode batch, KV at prompt + output / 2;",
+        "shares of the step's time; the rest is the last stage's final reduction and sends), the band the memo's",
+        "rule composes for that step (each op class and source's out-of-sample error,",
+        "tpplan/cost/presets/bands/errors.toml, by its share), and how many of the regime's replays fall inside it:",
         "",
         "| regime | step ms | " + " | ".join(STEP_CLASSES) + " | composed band | errors inside |",
         "|---|---|" + "---|" * len(STEP_CLASSES) + "---|---|",

@@ -71,11 +71,22 @@ def regime(p: dict[str, Any]) -> str:
     return f"{p['engine']} {p['model']} {shape}, {prompt}, {'saturated' if p.get('request_rate') == 'inf' else load}"
 
 
-def _arrivals(p: dict[str, Any]) -> Arrivals:
+def lengths(p: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, output) tokens per request as the point states them, or their published means (ShareGPT);
+    output 1 where neither is stated (the replay then runs the prefill steps only)."""
+    prompt = round(p["prompt_tokens_mean"]) if "prompt_tokens_mean" in p else int(p["prompt_tokens"])
+    if isinstance(p["output_tokens"], int):
+        return prompt, p["output_tokens"]
+    return prompt, round(p["output_tokens_mean"]) if "output_tokens_mean" in p else 1
+
+
+def _arrivals(p: dict[str, Any], prompt: int | None = None) -> Arrivals:
+    """The point's requests (`prompt` replaces its prompt length): a closed loop, Poisson at its rate, or
+    every request at t = 0 for rate "inf"."""
     from tpplan.simulate.requests import Request, Shape, Timed, closed_loop, poisson
 
-    prompt = round(p["prompt_tokens_mean"]) if p["prompt_tokens"] == "sharegpt" else int(p["prompt_tokens"])
-    output = p["output_tokens"] if isinstance(p["output_tokens"], int) else 1
+    stated, output = lengths(p)
+    prompt = stated if prompt is None else prompt
     shape = Shape(prompt, output)
     if p.get("concurrency"):
         c = int(p["concurrency"])
@@ -125,7 +136,7 @@ def predict(p: dict[str, Any]) -> Replay:
 
     pred, chunk, per_node = predictor_for(p)
     stat = STAT[p["metric"]]
-    if isinstance(p["output_tokens"], int) and p["output_tokens"] > 1:
+    if lengths(p)[1] > 1:
         dec = decode_block(pred, _arrivals(p), chunk, per_node)
         assert dec is not None and dec["admitted"], dec
         ttft: dict[str, float] = dec["ttft_s"]  # type: ignore[assignment]
@@ -151,11 +162,12 @@ def section(replays: list[Replay], skipped: int) -> str:
         f"nearest one ({_gpu_text()}),",
         f"engine rules of {', '.join(sorted(set(ENGINES.values())))} for every version, ShareGPT prompts at their",
         "published mean length, the checkpoint's weight formats (bf16 elsewhere), the baseline plan, decode simulated",
-        "where the point states its output length (not for ShareGPT points), closed loops without a stated",
+        "where the point states its output length or its published mean, closed loops without a stated",
         f"request count at {CLOSED_LOOP_REQUESTS} requests per client. Error = predicted / measured - 1.",
-        "Known gaps these rows show: a closed loop's pace follows the decode the loop prices (the 1K/1K DeepSeek",
-        "points: see the decode section below for its TPOT error); ShareGPT points run without decode, so saturated",
-        "runs (rate inf) there depend on the step budget alone, taken as the engine's default for the GPU.",
+        "Known gaps these rows show: a closed loop's pace and the load under a rate follow the decode the loop",
+        "prices (see the decode section below for its TPOT and throughput errors); ShareGPT points replay every",
+        "request at the published mean prompt and output lengths, so the spread of lengths (and the queueing it",
+        "causes) is not replayed; saturated runs (rate inf) depend on the step budget, the engine's default.",
         f"{len(replays)} points replayed, {skipped} left out (incomplete, a TPOT metric, or no preset for the GPU).",
         "",
         "| regime | points | median abs error | worst error |",
@@ -179,6 +191,10 @@ def write(text: str, doc: Path = DOC, markers: tuple[str, str] = (BEGIN, END)) -
     begin, end = markers
     old = doc.read_text(encoding="utf-8")
     if begin in old and end in old:
+        heading = text.split("\n")[1]  # the section's own heading follows its begin marker
+        if not old[old.index(begin) + len(begin) :].lstrip("\n").startswith(heading.split(":")[0]):
+            raise SystemExit(f"{doc}: the text after {begin} is not this tool's section (a merge put other text "
+                             "inside the markers?); move that text out of the markers and run again")  # fmt: skip
         new = old[: old.index(begin)] + text + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip("\n") + "\n\n" + text + "\n"

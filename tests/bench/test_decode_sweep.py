@@ -77,7 +77,7 @@ def test_every_decode_runner_times_tiny_cases_on_cpu() -> None:
     finally:
         DEVICE[0] = "cuda"
     assert len(pts) == 4 and all(p["seconds"] > 0 for p in pts)
-    assert pts[0]["splits"] == 2 and pts[3]["rows"] == 8
+    assert pts[0]["splits"] == 2 and pts[3]["rows"] == 8 and pts[2]["copies"] == 2  # GEMMs cycle weight copies
 
 
 def test_a_repeat_that_comes_back_without_a_time_keeps_the_first(monkeypatch) -> None:
@@ -117,3 +117,6 @@ def test_docs_tables_are_the_checked_in_runs_and_fit() -> None:
     assert block("decode-fit") == markdown(fit)
     other = markdown({"totals": fit["other"]["totals"], "buckets": []}).split("\n\n")[0] + "\n"
     assert block("decode-fit-other") == other
+    from tpplan.bench.decode_fit import gemm_formula_table, merged
+
+    assert block("decode-gemm-before") == gemm_formula_table(merged([str(d / "call6/decode-sweep-gemm.json")]))

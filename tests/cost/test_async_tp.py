@@ -207,7 +207,7 @@ def test_search_with_asynctp_finds_the_brute_force_best(tmp_path):
     from tpplan.cost.predict import predict_plan
     from tpplan.placement import P, R
     from tpplan.plans.named import async_tp
-    from tpplan.search import SpaceOptions, enumerate_kind, global_choices, make_search_plan, search_plans
+    from tpplan.search import MeshAsk, SpaceOptions, enumerate_kind, global_choices, make_search_plan, search_plans
     from tpplan.search.naming import behaviour
 
     cfg = {**json.loads((ROOT / "tpplan/models/presets/llama-3-70b.json").read_text()), "num_hidden_layers": 2}
@@ -233,11 +233,13 @@ def test_search_with_asynctp_finds_the_brute_force_best(tmp_path):
             secs = predict_plan(g, v, t, mesh=Mesh(n), tokens=tokens).forward_s
             if secs < best:
                 best, best_fused = secs, v.overlap == "asynctp"
-    out = search_plans(g, t, tp=n, pp=1, top=4, tokens=tokens, overlap="asynctp", memory_cap_gib=None, all_plans=True)
+    out = search_plans(
+        g, t, ask=MeshAsk(tp=n, pp=1), top=4, tokens=tokens, overlap="asynctp", memory_cap_gib=None, all_plans=True
+    )
     assert best_fused and out.ranked[0].plan.overlap == "asynctp"
     assert out.ranked[0].score == pytest.approx(best, rel=1e-9)
     # without --all: each family's best, fused; here the fused best is the 5th plain plan, not among them
-    quick = search_plans(g, t, tp=n, pp=1, top=4, tokens=tokens, overlap="asynctp", memory_cap_gib=None)
+    quick = search_plans(g, t, ask=MeshAsk(tp=n, pp=1), top=4, tokens=tokens, overlap="asynctp", memory_cap_gib=None)
     assert quick.ranked[0].plan.overlap == "asynctp" and quick.ranked[0].score >= best
 
 
@@ -283,7 +285,7 @@ def test_the_engine_flags_that_realise_it_per_model():
 
     assert launch_flags("qwen3")["SGLang 0.5.23"] == ("--enable-layernorm-sp",)
     assert "only for qwen3" in launch_flags("llama")["SGLang 0.5.23"]
-    assert "pipeline stages" in str(launch_flags("qwen3", pp=2)["SGLang 0.5.23"])
+    assert "pipeline stages" in str(launch_flags("qwen3", Mesh(8, pp=2))["SGLang 0.5.23"])
     vllm = launch_flags("qwen3")["vLLM 0.34.0"]
     assert isinstance(vllm, str) and "no async-TP compile pass" in vllm
     assert "SM100" in str(launch_flags("kimi_k3")["vLLM 0.34.0"])  # a Blackwell CUTLASS kernel, not priced

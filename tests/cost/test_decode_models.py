@@ -92,3 +92,31 @@ def test_the_fit_recovers_its_constants_and_holds_out_every_bucket() -> None:
     assert max(r["worst"] for r in table) < 1e-3
     other = DF.judge(res["constants"], _sweep({"a_s": 3e-5, "TBps": 2.0}))  # a slower card: errors show
     assert min(abs(p["error"]) for p in other if p["kv"] == 131072 and p["batch"] == 512) > 0.2
+
+
+def test_decode_gemms_are_the_small_gemm_model_and_prefill_keeps_its_table() -> None:
+    p = predictor("tiny-llama")
+    res = p.audit.layer_results[0]
+    c = p.topo.gpu.kernel_models["gemm_small"]
+    for batch, small in ((24, True), (2048, False)):
+        kt = p.kind_time(res, ((1, 300),) * batch if batch <= 512 else ((batch, 0),))
+        gemms = [o for o in kt.ops if o.category == "gemm" and o.shape]
+        assert gemms
+        for o in gemms:
+            m, k, n = o.shape
+            by_hand = decode_s(c, 2.0 * (m * k + k * n + m * n), 2.0 * m * k * n)
+            assert (o.source == DECODE_MODEL) is small
+            assert (o.seconds == pytest.approx(by_hand)) is small
+
+
+def test_dsa_decode_reads_only_the_top_k_keys_the_indexer_kept() -> None:
+    """GLM-5 / DeepSeek-V3.2: each decode token attends to its top-k keys, so past top-k keys of context the
+    attention's price stops growing (the indexer, priced apart, still scores every key)."""
+    p = predictor("tiny-deepseek-v32")
+    res = p.audit.layer_results[-1]
+    op = next(d.op for d in res.decisions if d.op.name == "attention")
+    topk = p.graph.kinds[res.kind].values[op.inputs[3]].width
+    short, at, past = (attention(p, ((1, c),) * 4).seconds for c in (topk // 2, topk, 4 * topk))
+    assert short < at == pytest.approx(past)
+    far, near = attention(p, ((1, 4 * topk),) * 4), attention(p, ((1, topk - 1),) * 4)
+    assert far.flops_per_rank == pytest.approx(near.flops_per_rank)

@@ -12,11 +12,11 @@ from tpplan.cost.overlap import (
     MoeStages,
     OverlapCosts,
     sequential_seconds,
-    split_batch,
     two_microbatch_seconds,
 )
 from tpplan.engines.overlap import SGLANG_TBO, VLLM_DBO
 from tpplan.errors import TpplanError
+from tpplan.lower.passes.overlap import split_batch
 from tpplan.mesh import Mesh
 
 
@@ -134,11 +134,11 @@ def test_search_ranks_each_all_to_all_plan_also_under_the_overlap():
     from tpplan.cost.topology import select_topology
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.search import search_plans
+    from tpplan.search import MeshAsk, search_plans
 
     g = build_model_graph(load_model("deepseek-v3"))
     topo = select_topology("h200x8-ib400", 4)
-    out = search_plans(g, topo, tp=32, pp=1, top=6, dp_attention=True, overlap="tbo")
+    out = search_plans(g, topo, ask=MeshAsk(tp=32, pp=1), top=6, dp_attention=True, overlap="tbo")
     by_name = {r.plan.name: r for r in out.ranked}
     over = [r for r in out.ranked if r.plan.overlap == "tbo"]
     assert over, list(by_name)
@@ -150,7 +150,7 @@ def test_search_ranks_each_all_to_all_plan_also_under_the_overlap():
             assert r.score < base.score
     k3 = build_model_graph(load_model("kimi-k3"))
     with pytest.raises(TpplanError, match="never splits"):
-        search_plans(k3, topo, tp=32, pp=1, top=2, overlap="tbo")
+        search_plans(k3, topo, ask=MeshAsk(tp=32, pp=1), top=2, overlap="tbo")
 
 
 REPLAYED = Path(__file__).parents[2] / "docs/benchmarks/h200-2026-12-02c"

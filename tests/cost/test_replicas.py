@@ -130,24 +130,22 @@ def test_replicas_all_offers_every_replica_count_that_divides_the_gpus():
     1's widest TP), then R = 2, 4, 8 on 4 x 8 GPUs, each with its replica's own splits, at most the
     concurrency (8); by default, without a workload, or with --tp, only R = 1; an explicit R with
     --tp is one deployment."""
-    from tpplan.search.ranking import deployment_grid, deployments
+    from tpplan.search.ranking import MeshAsk, deployment_grid, deployments
 
     graph, topo, wl = _k3(), load_topology("h200x8-ib400").with_nodes(4), load_workload("prompt16k-c8")
-    grid = [
-        (m.tp, m.pp, m.cp, m.replicas) for m in deployment_grid(graph, topo, None, None, replicas="all", workload=wl)
-    ]
-    assert {m.replicas for m in deployment_grid(graph, topo, None, None, workload=wl)} == {1}  # asked for, not default
-    assert grid[: len(deployments(graph, topo, None, None))] == [(*d, 1) for d in deployments(graph, topo, None, None)]
+    grid = [(m.tp, m.pp, m.cp, m.replicas) for m in deployment_grid(graph, topo, MeshAsk(replicas="all"), wl)]
+    assert {m.replicas for m in deployment_grid(graph, topo, MeshAsk(), wl)} == {1}  # asked for, not default
+    assert grid[: len(deployments(graph, topo, MeshAsk()))] == [(*d, 1) for d in deployments(graph, topo, MeshAsk())]
     assert sorted({r for *_, r in grid}) == [1, 2, 4, 8]
     assert [(n, p, c) for n, p, c, r in grid if r == 2] == [
-        (n, p, c) for n, p, c in deployments(graph, topo.with_nodes(2), None, None)
+        (n, p, c) for n, p, c in deployments(graph, topo.with_nodes(2), MeshAsk())
     ]
     assert all(n * p * c * r == 32 for n, p, c, r in grid)
-    assert {m.replicas for m in deployment_grid(graph, topo, None, None, replicas="all")} == {1}
-    assert deployment_grid(graph, topo, 16, None, replicas="all", workload=wl) == [Mesh(16)]
-    assert deployment_grid(graph, topo, 16, None, replicas=2, workload=wl) == [Mesh(16, replicas=2)]
+    assert {m.replicas for m in deployment_grid(graph, topo, MeshAsk(replicas="all"))} == {1}
+    assert deployment_grid(graph, topo, MeshAsk(tp=16, replicas="all"), wl) == [Mesh(16)]
+    assert deployment_grid(graph, topo, MeshAsk(tp=16, replicas=2), wl) == [Mesh(16, replicas=2)]
     with pytest.raises(TpplanError, match="does not divide"):
-        deployment_grid(graph, topo, None, None, replicas=3, workload=wl)
+        deployment_grid(graph, topo, MeshAsk(replicas=3), wl)
 
 
 def test_pipelined_replicas_are_each_a_pipeline_on_their_share():

@@ -71,7 +71,7 @@ def test_vllm_keeps_pp_plus_one_batches_in_flight_with_ray(key):
     """RayExecutorV2 subclasses MultiprocExecutor (supports_async_scheduling True), so async scheduling stays
     on and max_concurrent_batches is pp_size + 1 (0.33.0: on the default V2 model runner)."""
     p = select(key).pipeline
-    assert p.extra_in_flight == 1 and p.in_flight_at(4) == 5
+    assert p.extra_in_flight == 1 and p.in_flight_at(Mesh(8, pp=4)) == 5
     assert "Ray executor" in p.in_flight and "turns off" not in p.in_flight
     assert any("RayExecutorV2" in s.function for s in p.more_sources)
 

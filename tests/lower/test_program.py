@@ -17,7 +17,7 @@ import pytest
 
 from tpplan.audit import audit_plan
 from tpplan.errors import TpplanError
-from tpplan.lower import Batch, Collective, KernelCall, lower
+from tpplan.lower import Batch, Collective, KernelCall, lower, lower_outline, lower_program, lowering
 from tpplan.lower.context import mesh_cp_audit
 from tpplan.lower.passes.cp import exchange_bytes
 from tpplan.mesh import Mesh
@@ -143,6 +143,19 @@ def test_pipeline_stages_and_boundaries(model: str, plan: str, tp: int, pp: int)
     assert prog.stages[-1].send is None
 
 
+@pytest.mark.parametrize(("model", "plan", "tp", "pp"), PIPELINES)
+def test_the_outline_has_the_programs_stages_sends_and_final(model: str, plan: str, tp: int, pp: int) -> None:
+    """What the cost model prices stage sends and the final reduction from equals the full program's."""
+    graph = build_model_graph(load_model(model))
+    ctx = lowering(graph, make_plan(plan, graph, tp), Mesh(tp, pp), Batch(((999, 0),)), gpus_per_node=8)
+    full, outline = lower_program(ctx), lower_outline(ctx)
+    assert [(s.send, s.final, s.micro_batches) for s in full.stages] == [
+        (s.send, s.final, s.micro_batches) for s in outline.stages
+    ]
+    assert [[x.index for x in s.layers] for s in full.stages] == [[x.index for x in s.layers] for s in outline.stages]
+    assert not any(x.steps for x in outline.layers) and all(x.steps for x in full.layers)
+
+
 def test_overlap_and_async_tp_are_named_in_the_program() -> None:
     graph = build_model_graph(load_model("tiny-deepseek-v3"))
     tbo = lower(graph, make_plan("sp-moe+tbo", graph, 4), Mesh(4), Batch(((600, 0), (600, 0)), "bf16"))
@@ -167,3 +180,14 @@ def test_moe_all_to_all_rows_follow_the_routing() -> None:
     steps = prog.layers[0].steps
     experts = next(i for i, s in enumerate(steps) if isinstance(s, KernelCall) and s.cost_class == "experts")
     assert steps.index(dispatch) < experts < steps.index(combine)
+
+
+def test_a_collective_cp_replaces_is_not_fused() -> None:
+    """Under `--cp-layers mla` the attention output's planned collective does not run (the CP exchanges
+    take its place), so async TP fuses no GEMM with it; without CP it does."""
+    graph = build_model_graph(load_model("tiny-deepseek-v3"))
+    plan = make_plan("sequence-parallel+asynctp", graph, 4)
+    plain = lower(graph, plan, Mesh(4), Batch(((64, 0),)))
+    mla = lower(graph, plan, Mesh(4, cp=2, cp_layers="mla"), Batch(((64, 0),)))
+    assert "attn_out" in {f.collective for f in plain.fused}
+    assert "attn_out" not in {f.collective for f in mla.fused} and mla.fused

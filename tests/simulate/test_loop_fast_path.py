@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.prices import CachedPrices
 from tpplan.simulate.requests import Shape, closed_loop, poisson
@@ -27,15 +28,16 @@ CASES = [
     (poisson(30.0, SHAPES, 400, seed=2), LoopConfig(8192, decode=True, mixed=False, max_running=32), 1),
     (poisson(60.0, SHAPES, 300, seed=3), LoopConfig(3000, decode=True, kv_tokens=60_000), 1),
     (closed_loop(16, SHAPES, 300), LoopConfig(4096, decode=True, mixed=False), 2),
-    (closed_loop(64, SHAPES, 300), LoopConfig(40, decode=True), 1),  # budget 40 < running: cuts the batch
+    (closed_loop(64, SHAPES, 120), LoopConfig(40, decode=True), 1),  # budget 40 < running: cuts the batch
     (closed_loop(8, SHAPES, 100), LoopConfig(2048, 3, decode=True), 1),  # PP: per token throughout
 ]
 
 
 @pytest.mark.parametrize(("arrivals", "cfg", "replicas"), CASES)
 def test_per_step_decode_equals_per_token(arrivals, cfg, replicas) -> None:  # type: ignore[no-untyped-def]
-    fast = simulate(arrivals, CachedPrices(linear), cfg, replicas)
-    slow = simulate(arrivals, per_token(CachedPrices(linear)), cfg, replicas)
+    mesh = Mesh(1, replicas=replicas)
+    fast = simulate(arrivals, CachedPrices(linear), cfg, mesh)
+    slow = simulate(arrivals, per_token(CachedPrices(linear)), cfg, mesh)
     assert fast.timelines == slow.timelines
     assert fast.steps == slow.steps
     assert fast.itl == slow.itl

@@ -69,3 +69,8 @@ def test_bad_pd_values_exit_2_with_one_line(monkeypatch, capsys, workload, value
 def test_pd_needs_requests(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     code, _, err = run_cli(monkeypatch, capsys, *AUDIT, "--pd", "tp1:tp1:1:1")
     assert code == 2 and "--pd" in err and "--workload" in err
+
+
+def test_an_engine_whose_hand_off_was_not_read_is_refused_before_any_work(monkeypatch, capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = run_cli(monkeypatch, capsys, *AUDIT, "-w", workload, "--engine", "trtllm", "--pd", "tp1:tp1")
+    assert code == 2 and "only SGLang's and vLLM's P/D hand-off were read" in err and "pricing" not in err

@@ -126,3 +126,39 @@ def test_the_chosen_ratio_is_the_brute_force_best_on_a_gpu_budget() -> None:
     key = (got.chosen.prefill.instances, got.chosen.decode.instances)
     assert every[key] >= 0.97 * best
     assert not math.isclose(min(every.values()), best, rel_tol=0.1)  # the ratio matters on this workload
+
+
+@pytest.mark.slow
+def test_for_a_rate_the_chosen_ratio_keeps_up_and_one_fewer_does_not() -> None:
+    """Poisson at 1.5x one prefill instance's bound: the chosen ratio's TTFT stays flat from the first
+    quarter of the requests to the last; with one prefill instance fewer the queue grows."""
+    pre, dec = PoolSpec(mesh(1)), PoolSpec(mesh(1))
+    one = DisaggDeployment(pre, dec)
+    shapes = [Shape(3000, 48)]
+    rate = 1.5 * capacity(one, poisson(1.0, shapes, 10)).prefill_rps
+    arr = poisson(rate, shapes, 2000, seed=2)
+    got = choose_ratio(pre, dec, arr, rate=rate)
+    assert got.binding == "prefill" and got.chosen.prefill.instances == 2
+
+    def growth(n_p: int, n_d: int) -> float:
+        ttfts = serve_disaggregated(one.with_ratio(n_p, n_d), arr).result.ttfts
+        q = len(ttfts) // 4
+        return sum(ttfts[-q:]) / sum(ttfts[:q])
+
+    assert growth(2, got.chosen.decode.instances) < 1.5  # 1.03 when written
+    assert growth(1, got.chosen.decode.instances) > 3  # 4.6 when written
+
+
+def test_a_trace_of_many_lengths_is_bounded_on_a_grid_of_few_shapes() -> None:
+    """300 distinct prompt lengths: the bound prices a few dozen grid shapes and stays within the grid's
+    spacing of the exact mix's (prefill seconds per request grow with the prompt)."""
+    from tpplan.simulate.disagg import MAX_SHAPES, _shapes
+    from tpplan.simulate.requests import Request, Timed
+
+    many = Timed(tuple(Request(i, 0.0, 3000 + 7 * i, 40) for i in range(300)))
+    grid = _shapes(many)
+    assert len(grid) < MAX_SHAPES and sum(grid.values()) == 300
+    assert all(p <= 3000 + 7 * 299 and p >= 0.95 * 3000 for p, _, _ in grid)
+    dep = DisaggDeployment(PoolSpec(mesh(1), 1), PoolSpec(mesh(1), 1))
+    few = Timed(tuple(Request(i, 0.0, 3000 + 7 * (i * 300 // 60), 40) for i in range(60)))  # <= 64 shapes: exact
+    assert capacity(dep, many).prefill_rps == pytest.approx(capacity(dep, few).prefill_rps, rel=0.06)

@@ -100,3 +100,16 @@ def test_the_rule_names_the_version_it_was_read_from() -> None:
     rule, note = handoff_rule("vllm@0.33.0")
     assert rule is VLLM_RULE and note is not None and "0.34.0" in note
     assert all("0.5.23" in s.cite() for s in SGLANG_RULE.sources)
+
+
+@pytest.mark.parametrize(("handoff", "first", "tail"), [(0.8, 2.4, 0.4), (3.0, 4.0, 2.0)])
+def test_sglang_sends_each_chunk_s_kv_after_its_step(handoff: float, first: float, tail: float) -> None:
+    """A 200-token prompt in two 1 s chunks, its KV `handoff` s in all: half leaves after the first chunk
+    (at 1 s), half after the second (2 s), one after the other on the link; vLLM reads it all at the end."""
+    one = Timed((Request(0, 0.0, 200, 2),))
+    run = simulate_disaggregated(one, PRE, DEC, lambda r: handoff, SGLANG_RULE)
+    assert run.result.timelines[0].first_token_s == pytest.approx(first)
+    assert run.handoff_tail_mean_s == pytest.approx(tail)
+    vll = simulate_disaggregated(one, PRE, DEC, lambda r: handoff, VLLM_RULE)
+    assert vll.handoff_tail_mean_s == pytest.approx(handoff)  # read whole after the last chunk
+    assert vll.result.timelines[0].first_token_s == pytest.approx(2.0 + handoff + 0.01)

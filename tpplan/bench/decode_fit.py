@@ -86,12 +86,15 @@ def fit_form(points: list[dict[str, Any]], flops: bool = True) -> dict[str, floa
 
 
 def merged(files: list[str]) -> list[dict[str, Any]]:
-    """Every timed point of the sweep files, the median per case where a case ran more than once."""
+    """Every timed point of the sweep files, the median per case where a case ran more than once.
+    `FILE@fam,fam` takes only those families of FILE."""
     by: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for f in files:
+    for spec in files:
+        f, _, only = spec.partition("@")
+        keep = set(only.split(",")) if only else None
         with open(f) as fh:
             for p in json.load(fh)["points"]:
-                if p.get("seconds", 0) > 0 and "skipped" not in p:
+                if p.get("seconds", 0) > 0 and "skipped" not in p and (keep is None or p["family"] in keep):
                     key = json.dumps({k: v for k, v in p.items() if k in CASE_KEYS}, sort_keys=True)
                     by[key].append(p)
     return [{**ps[0], "seconds": statistics.median(p["seconds"] for p in ps)} for ps in by.values()]
@@ -189,8 +192,27 @@ def judge(consts: dict[str, dict[str, float]], points: list[dict[str, Any]]) -> 
     return out
 
 
+def gemm_formula_table(points: list[dict[str, Any]], gpu: str = "h100x8-ib400") -> str:
+    """What the planner priced small-M GEMMs with before (`cost.gemm.gemm_time`: the GPU's GEMM table or its
+    analytic curve) against the measured points: median signed and |error|, worst, per M bucket."""
+    from tpplan.cost.gemm import gemm_time
+    from tpplan.cost.topology import load_topology
+
+    spec = load_topology(gpu).gpu
+    cells: dict[str, list[float]] = defaultdict(list)
+    for p in points:
+        if p["family"] == "gemm_small":
+            cells[bucket(p)[0]].append(gemm_time(p["m"], p["k"], p["n"], spec) / p["seconds"] - 1.0)
+    lines = ["| rows | points | median error | median abs error | worst |", "|---|---:|---:|---:|---:|"]
+    for name, errs in sorted(cells.items(), key=lambda kv: int(kv[0].split()[1].split("-")[0])):
+        worst = max(errs, key=abs)
+        lines.append(f"| {name} | {len(errs)} | {100 * statistics.median(errs):+.0f}% | "
+                     f"{100 * statistics.median(abs(e) for e in errs):.0f}% | {100 * worst:+.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tpplan.bench.decode_fit OUT.json SWEEP.json [SWEEP.json ...] [--other OTHER.json ...]`:
+    """`python -m tpplan.bench.decode_fit OUT.json SWEEP.json[@fam,...] ... [--other OTHER.json[@fam,...] ...]`:
     fit on the checkerboard half of the SWEEPs, judge on the other half and on every point of the OTHERs."""
     from pathlib import Path
 
@@ -215,4 +237,15 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["checkerboard", "decode_s", "error_table", "features", "fit_decode", "judge", "markdown", "merged", "totals"]
+__all__ = [
+    "checkerboard",
+    "decode_s",
+    "error_table",
+    "features",
+    "fit_decode",
+    "gemm_formula_table",
+    "judge",
+    "markdown",
+    "merged",
+    "totals",
+]

@@ -12,7 +12,8 @@ This sweep times, with serving-class kernels as the bench runs them:
 - `decode_mla`: MLA absorbed (what SGLang and vLLM run for decode): every head of the rank scores the
   cached latent (kv_lora 512 + rope 64) and sums its first 512 columns, as MQA over the latent, at
   4-128 heads per rank;
-- `gemm_small`: bf16 GEMMs at M = 1-512 over the per-rank projection shapes (`rank_sweep.gemm_cases`);
+- `gemm_small`: bf16 GEMMs at M = 1-512 over the per-rank projection shapes (`rank_sweep.gemm_cases`), each
+  call on the next of several weight copies (more than the L2 holds);
 - `experts_small`: the routed-experts op (`grouped_routed_experts`) at 1-512 tokens over the per-rank
   expert slices of TP8/TP32/EP8/EP32 (`rank_shapes`): a few rows per expert.
 
@@ -131,12 +132,24 @@ def run_decode_mla(c: Case) -> dict[str, Any]:
     return {**measure(lambda: decode_attention(q, lat, lat[..., :MLA_LATENT], 0.07, s)), "splits": s}
 
 
+ROTATE_BYTES = 128 * 2**20  # weight copies a GEMM case cycles through: more than the 50 MB L2 of an H100/H200
+
+
 def run_gemm_small(c: Case) -> dict[str, Any]:
-    """A bf16 GEMM [m, k] x [k, n] (cuBLAS), timed both ways: at M <= 512 the launch can bound it."""
+    """A bf16 GEMM [m, k] x [k, n] (cuBLAS), timed both ways: at M <= 512 the launch can bound it. Each call
+    reads the next of enough weight copies to overflow the L2 (`ROTATE_BYTES`), as a decode step does whose
+    other layers evict them: one copy read again ran above the HBM rate (the first H100 sweep)."""
     import torch
 
-    a, w = _randn(c["m"], c["k"]), _randn(c["k"], c["n"])
-    return measure(lambda: torch.mm(a, w))
+    copies = max(1, min(64, -(-ROTATE_BYTES // (2 * c["k"] * c["n"])))) if DEVICE[0] == "cuda" else 2
+    a, ws = _randn(c["m"], c["k"]), [_randn(c["k"], c["n"]) for _ in range(copies)]
+    turn = [0]
+
+    def call() -> Any:
+        turn[0] = (turn[0] + 1) % copies
+        return torch.mm(a, ws[turn[0]])
+
+    return {**measure(call), "copies": copies}
 
 
 def run_experts_small(c: Case) -> dict[str, Any]:

@@ -102,7 +102,7 @@ GROWS = {"attention": ("tokens", "heads"), "kda": ("tokens", "heads"), "gdn": ("
          "decode_gqa": ("kv", "batch"), "decode_mla": ("kv", "batch"), "gemm_small": ("m",),
          "experts_small": ("tokens",)}  # fmt: skip
 TIMES = ("seconds", "b2b_s", "spread", "ffn_s", "combine_s", "rows", "active", "max_rows", "skipped", "grouped",
-         "splits")  # fmt: skip
+         "splits", "copies")  # fmt: skip
 # Each family's share of the budget, in the order `all_cases` runs them.
 SHARE = {"kda": 0.14, "gdn": 0.12, "experts": 0.22, "attention": 0.2, "norm": 0.06, "short_conv": 0.06,
          "elementwise": 0.06, "attn_res": 0.03, "gemm": 0.06}  # fmt: skip

@@ -66,7 +66,7 @@ def extrapolate_ttft(
                 cat = op_category(op_kind_name(full, res.kind, o.op), o.category)
                 total += o.seconds * ratios.get(cat, 1.0)
             total += kt.comm_s * ratios.get("comm", 1.0)
-        return total + p.final_comm(batch.n_tokens) * ratios.get("comm", 1.0)
+        return total + p.final_seconds(segs) * ratios.get("comm", 1.0)
 
     got = simulate_ttft(wl, scaled)
     plain = predict_plan(full, plan, topo, mesh=Mesh(tp), workload=wl, tokens=wl.chunk_size)

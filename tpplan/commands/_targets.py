@@ -120,9 +120,12 @@ def with_serving(
 
     from tpplan.report.serving_memo import build_serving_memo
     from tpplan.search import search_plans
+    from tpplan.search.grid import MeshAsk
 
-    outcome = search_plans(graph, topo, workload=workload, top=1, every_deployment=True,
-                           replicas=replicas if replicas is not None else "all", audits=None, **search)  # fmt: skip
+    sizes = {k: search.pop(k) for k in ("tp", "pp", "cp", "cp_layers", "cp_kv") if k in search}
+    ask = MeshAsk(replicas=replicas if replicas is not None else "all", **sizes)
+    outcome = search_plans(graph, topo, workload=workload, top=1, every_deployment=True, ask=ask, audits=None,
+                           **search)  # fmt: skip
     memo = build_serving_memo(outcome, graph, workload, targets, arrival=arrival,
                         engines=tuple(engines) if engines else None, pd=pd)  # fmt: skip
     return replace(analysis, serving=memo)

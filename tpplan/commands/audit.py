@@ -12,7 +12,7 @@ from rich.table import Table
 from tpplan.commands._bounds import NODES_RANGE, PP_RANGE, REPLICAS_RANGE, TP_RANGE, named
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_plan_notes, print_wrapped, show, steps, styled
-from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, print_pd
+from tpplan.commands._disagg import PdOpt, parse_pd, pd_block, pd_engine, print_pd
 from tpplan.commands._options import (
     ClusterOpt,
     CpKvOpt,
@@ -155,6 +155,8 @@ def register(app: typer.Typer) -> None:
         arrival = arrival_of(arrival_rate, trace, requests, seed)
         serving_asked = asked(arrival_rate, trace, requests)
         sides = parse_pd(pd) if pd is not None else None
+        if sides is not None:
+            pd_engine(engine)  # an engine whose P/D hand-off was not read: one line before any work
         if sides is not None and not (workload or serving_asked):
             raise TpplanError(
                 "--pd", "prices serving, which needs requests", "add --workload (or --arrival-rate/--trace)"
@@ -417,10 +419,11 @@ def _ms(s: float) -> str:
 
 def _crossover_rows(result: object, topo: object, expert_dtype: str | None) -> list[dict[str, object]]:
     """Where each legal plan of the audit overtakes baseline (tpplan/report/crossover.py)."""
+    from tpplan.mesh import Mesh
     from tpplan.report.crossover import crossovers
 
     plans = [pa.plan for pa in result.plans if pa.legal]  # type: ignore[attr-defined]
-    rows = crossovers(result.graph, plans, topo, tp=result.n, dtype=result.dtype, expert_dtype=expert_dtype)  # type: ignore[attr-defined,arg-type]
+    rows = crossovers(result.graph, plans, topo, mesh=Mesh(result.n), dtype=result.dtype, expert_dtype=expert_dtype)  # type: ignore[attr-defined,arg-type]
     return [c.to_json() for c in rows]
 
 

@@ -59,6 +59,8 @@ from tpplan.commands.audit import (
 )
 from tpplan.units import signed_pct
 
+TARGETS_TOP = 3  # ranked plans shown under targets by default: each deployment's best, the targets' table after
+
 
 def _ms(x: float | None) -> str:
     return "" if x is None else f"{x * 1e3:,.1f}"
@@ -143,7 +145,12 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--memory-cap", help=MEMORY_CAP_HELP),
         ] = None,
-        top: Annotated[int, typer.Option("--top", help="How many ranked plans to show")] = 10,
+        top: Annotated[
+            int | None,
+            typer.Option(
+                "--top", help="How many ranked plans to show (default 10; under targets 3, one per deployment)"
+            ),
+        ] = None,
         json_target: Annotated[str | None, json_option("docs/search-json.md")] = None,
         save: Annotated[
             Path | None,
@@ -194,7 +201,7 @@ def register(app: typer.Typer) -> None:
         from tpplan.models.graph import build_model_graph
         from tpplan.outputs import Output
         from tpplan.plans.files import save_plan_dir
-        from tpplan.search import search_plans
+        from tpplan.search import MeshAsk, search_plans
 
         saved = [Output("--save", save, folder=True)] if save is not None else []
         check_json_target(json_target, *saved)  # before the search: a bad path costs one line, not a run
@@ -227,15 +234,10 @@ def register(app: typer.Typer) -> None:
             outcome = search_plans(
                 graph,
                 topo,
-                tp=tp,
-                pp=pp,
-                cp=cp,
-                cp_layers=cp_layers,
-                cp_kv=cp_kv,
-                replicas=reps,
+                ask=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv),
                 workload=wl,
                 memory_cap_gib=memory_cap_value(memory_cap),
-                top=top,
+                top=top if top is not None else (TARGETS_TOP if targets is not None else 10),
                 tokens=tokens,
                 dtype=dtype,
                 expert_dtype=expert_dtype,

@@ -27,6 +27,8 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   absorbed, MQA over the latent): t = a + bytes / BW + flops / R, bytes the cache read (GQA: k and v of
   the rank's KV heads; MLA: the latent once), flops the scores and values; a rate of 0 drops its term
   (GQA: bytes alone). Fitted on the decode sweep (`tpplan.bench.decode_fit`).
+- gemm_small (bf16 GEMMs at M <= 512, a decode step's projections): the same form over A, B and C read
+  and written once; the sweep cycles weight copies past the L2, as a step's other layers evict them.
 - attn_res (K3's softmax over depth): t = a + bytes / BW, the bytes of the implementation the set
   was fitted on (`attn_res_s`): the torch path's fp32 rows, or fla's fused kernel (each row read
   once in bf16) plus the copies that make the bank's snapshots contiguous, at their own rate.
@@ -189,7 +191,7 @@ class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
     NAMES = ("attention_causal", "attention_prefix", "kda", "gdn", "experts", "short_conv", "attn_res", "norm",
-             "decode_gqa", "decode_mla")  # fmt: skip
+             "decode_gqa", "decode_mla", "gemm_small")  # fmt: skip
 
     def __init__(self, consts: Mapping[str, Consts], *, charge_host: bool = True) -> None:
         self.consts = consts
@@ -238,6 +240,14 @@ class KernelModels:
         """A decode step's attention by set `name` ("decode_gqa" or "decode_mla"); None without it."""
         c = self.consts.get(name)
         return None if c is None else decode_s(c, nbytes, flops) * clock(c)
+
+    def small_gemm(self, m: int, k: int, n: int) -> float | None:
+        """A bf16 GEMM of at most `max_m` rows (a decode step's projections) by set `gemm_small`: the same
+        form as decode attention over A, B and C once; None without the set or past its rows."""
+        c = self.consts.get("gemm_small")
+        if c is None or m > _f(c, "max_m", 512.0):
+            return None
+        return decode_s(c, 2.0 * (m * k + k * n + m * n), 2.0 * m * k * n) * clock(c)
 
     def recurrence(self, impl: str, heads: int, tokens: int) -> float | None:
         c = self.consts.get(impl)

@@ -82,7 +82,7 @@ def sglang_capacity(p: Predictor, seq_len: int | None) -> KVCapacity:
     """SGLang 0.5.23 at its defaults: mem_fraction_static derived, pool = pre x fraction - weights."""
     card = p.topo.gpu.memory_GiB * 2**30
     kda = any(layer.attn.kind == "kda" for layer in p.graph.spec.layers)
-    res = sglang_reserve(card / MIB, p.tp, p.pp, mla=_mla(p), attn_dp=_attn_dp(p), kda=kda)
+    res = sglang_reserve(card / MIB, p.deployment, mla=_mla(p), attn_dp=_attn_dp(p), kda=kda)
     pre = card  # free memory before loading; the CUDA context and NCCL are not counted (DIFFERENCES)
     best: tuple[int, int, int, float, _Stage] | None = None  # (tokens, swa tokens, slots, pool, stage)
     for st in _stages(p):

@@ -192,6 +192,17 @@ class OpPrices:
         self._extrapolated = self._extrapolated or price.extrapolated or below
         return price.seconds
 
+    def _small_gemm(self, m: int, k: int, n: int, dt: str, weight_bytes: float | None) -> float | None:
+        """A linear op's bf16 GEMM at decode sizes (M <= 512) by the GPU's measured `gemm_small` model, where it
+        has one and no kernel source (an engine's table) prices GEMMs; None otherwise. The experts' grouped
+        GEMMs keep the GEMM table inside their own model (fitted with it)."""
+        if self.compute.sources or self.models is None or dt != "bf16" or weight_bytes not in (None, 2.0):
+            return None
+        secs = self.models.small_gemm(m, k, n)
+        if secs is not None:
+            self._source = DECODE_MODEL
+        return secs
+
     def _below_table(self, m: int, k: int, n: int) -> bool:
         """Whether tpplan's GEMM table prices (m, k, n) below its smallest measured M, K or N (extrapolated)."""
         f = self.gemm_floor
@@ -299,7 +310,8 @@ class OpPrices:
             assert call.shape is not None  # a GEMM step's per-rank (M, K, N)
             shape = m, kk, nn = call.shape
             gd, wb, kd = self._gemm_format(lg.kind, op)
-            secs = self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0
+            small = self._small_gemm(m, kk, nn, gd, wb) if m else None  # a decode step's projection
+            secs = small if small is not None else (self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0)
             nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
             flops, cat = 2.0 * m * kk * nn, "gemm"
         elif cost == "experts":
@@ -401,9 +413,10 @@ class OpPrices:
 
         MLA as both engines run it (`tpplan.engines.scheduling.MLA_DECODE_ABSORBED`): MQA over the cached
         latent (kv_lora + rope wide, read once per request whatever the heads), each of this rank's heads
-        scoring over the latent and summing kv_lora-wide values. GQA: each request's keys (its window or
-        chunk where it has one) read once per KV head of the rank. Priced by the GPU's measured decode
-        model (`KernelModels.decode`, the decode sweep) where it has one, else by the attention roofline."""
+        scoring over the latent and summing kv_lora-wide values (DSA: its top-k keys). GQA: each request's
+        keys (its window or chunk where it has one) read once per KV head of the rank. Priced by the GPU's
+        measured decode model (`KernelModels.decode`, the decode sweep) where it has one, else by the
+        attention roofline."""
         impl = str(op.attrs.get("impl"))
         dec = [c for n, c in segs if n == 1]
         if not dec:
@@ -412,7 +425,9 @@ class OpPrices:
         m = self.models
         if impl in MLA_IMPLS and "kv_latent" in lg.values:
             lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
-            keys = sum(dec) + len(dec)  # each decode token scores its context and itself
+            # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
+            topk = lg.values[op.inputs[3]].width if impl == "mla_dsa" and len(op.inputs) > 3 else None
+            keys = sum(min(c + 1, topk or c + 1) for c in dec)
             flops = 2.0 * heads * ((lora + rope) + lora) * keys
             nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q and out
             phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)

@@ -19,7 +19,6 @@ from tpplan.cost.prediction import KindTime, OpTime
 from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.engines.overlap import MicroBatchOverlap
 from tpplan.layout.propagate import LayerResult
-from tpplan.lower.passes.overlap import split_batch
 
 # What the engines' GEMMs and experts run through under the overlap: both cut DeepGEMM's SM count.
 SM_BOUND = frozenset({"gemm", "moe"})
@@ -192,15 +191,17 @@ def overlapped_seconds(
     kind_time: KindTimeOf,
     results: Sequence[LayerResult],
     segs: Segments,
+    halves: tuple[Segments, Segments] | None,
     engine: MicroBatchOverlap,
     costs: OverlapCosts,
 ) -> float:
-    """Seconds for these consecutive layers of one batch under the engine's micro-batch overlap.
+    """Seconds for these consecutive layers of one batch under the engine's micro-batch overlap, the batch
+    cut into the two micro-batches `halves` (the lowered program's, `tpplan.lower.passes.overlap`).
 
     MoE layers with an all-to-all run staged (`two_microbatch_seconds`, each run of consecutive ones
     simulated together); the others as the engine runs them: SGLang on the whole batch, vLLM as the
-    two micro-batches in turn. A batch the engine does not split is priced as without overlap."""
-    halves = split_batch(segs, engine)
+    two micro-batches in turn. A batch the engine does not split (`halves` None) is priced as without
+    overlap."""
     if halves is None:
         return sum(kind_time(r, segs).total_s for r in results)
     a_segs, b_segs = halves

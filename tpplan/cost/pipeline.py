@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from tpplan.engines import DEFAULT_ENGINES, select
 from tpplan.engines.schema import PipelineSchedule
+from tpplan.mesh import Mesh
 
 DEFAULT_PP_ENGINE = DEFAULT_ENGINES[0]  # the memo's default engine: SGLang's current release
 
@@ -36,13 +37,13 @@ class PipelineModel:
     def boundary_gathers(self) -> bool:
         return self.schedule.boundary_gathers
 
-    def in_flight(self, pp: int) -> int:
-        """Micro-batches the engine keeps in the pipeline at PP `pp`."""
-        return self.schedule.in_flight_at(pp)
+    def in_flight(self, mesh: Mesh) -> int:
+        """Micro-batches the engine keeps in the pipeline on `mesh`."""
+        return self.schedule.in_flight_at(mesh)
 
-    def assumption(self, pp: int | None = None) -> str:
-        """The behaviour the PP prediction assumes, in one sentence, from the same fields it prices."""
-        return self.schedule.assumption(self.label, pp)
+    def assumption(self, mesh: Mesh | None = None) -> str:
+        """The behaviour the PP prediction assumes on `mesh`, in one sentence, from the same fields it prices."""
+        return self.schedule.assumption(self.label, mesh)
 
 
 @lru_cache(maxsize=32)

@@ -137,7 +137,7 @@ def _one_replica_ttft(p: Predictor, workload: Workload) -> TTFTResult:
         stage_s, sends, _ = p.stage_times(segments_of(batch))
         return [s + x for s, x in zip(stage_s, sends, strict=True)]
 
-    return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.pp), chunks_overlap=m.chunks_overlap)
+    return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.deployment), chunks_overlap=m.chunks_overlap)
 
 
 def longest_request(workload: Workload | None) -> int | None:

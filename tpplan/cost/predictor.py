@@ -29,13 +29,22 @@ from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
 from tpplan.engines.context_parallel import kv_cp_share
-from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
-from tpplan.lower import Batch, KernelCall, LayerProgram, Lowering, lower_layer, lowering
+from tpplan.lower import (
+    Batch,
+    KernelCall,
+    LayerProgram,
+    Lowering,
+    Program,
+    SendRecv,
+    lower_layer,
+    lower_outline,
+    lowering,
+)
 from tpplan.lower.registry import generation
 from tpplan.lower.shapes import experts_shape
-from tpplan.lower.stages import bank_snapshots, stage_boundary_width
+from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.opkinds import mixer
@@ -55,6 +64,7 @@ class Predictor(OpPrices):
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
         self._lowerings: dict[Segments, Lowering] = {}
+        self._outlines: dict[Segments, Program] = {}
         self._layer_of: dict[int, int] = {}  # id(layer result) -> its first layer
 
     def lowering(self, segs: Segments) -> Lowering:
@@ -113,45 +123,43 @@ class Predictor(OpPrices):
 
         engine = overlap_named(self.plan.overlap)
         costs = OverlapCosts(self.topo.gpu.sm_count, engine.comm_sms)
-        return overlapped_seconds(self.kind_time, results, segs, engine, costs)
+        micro = self.outline(segs).stages[0].micro_batches
+        halves = (micro[0].segments, micro[1].segments) if len(micro) == 2 else None
+        return overlapped_seconds(self.kind_time, results, segs, halves, engine, costs)
 
-    def final_comm(self, t: int) -> float:
-        el = self.audit.final_elements_per_token
-        if not el:
-            return 0.0
-        kind = stream_reduction(self.plan).collective.value  # type: ignore[union-attr]  # a partial sum into the stream always reduces
-        return self.collective("final", "final", kind, "mlp_side", el, t).seconds
+    def outline(self, segs: Segments) -> Program:
+        """The lowered program's stages, sends and final reduction for one batch (`lower_outline`)."""
+        hit = self._outlines.get(segs)
+        if hit is None:
+            hit = self._outlines[segs] = lower_outline(self.lowering(segs))
+        return hit
 
-    def boundary(self, layer: int, t: int) -> float:
-        """Send/recv into the stage starting at `layer`: each TP rank sends its 1/N slice to its peer
-        and the receivers all-gather it over TP, as both engines do (SGLang's send_tensor_dict and
-        vLLM's isend_tensor_dict with all_gather_group; `self.pipeline.boundary_gathers`). A schedule
-        that does not gather skips the all-gather when the plan keeps the stream token-sharded."""
-        width = stage_boundary_width(self.graph, layer)
-        total = t * width * self.b
-        per_rank = total / self.tp
-        g = self.topo.gpus_per_node
-        dst = next(i for i, r in enumerate(self.stages) if layer in r)  # stage s holds ranks [s*tp, (s+1)*tp)
-        rpn = 1 if ((dst - 1) * self.tp) // g != (dst * self.tp) // g else 2
-        secs = price_collective("send_recv", per_rank, 2, self.topo, ranks_per_node=rpn).time_s
-        if self.tp > 1 and (self.pipeline.boundary_gathers or self.plan.stream is not S_TOK):
-            secs += price_collective(
-                "all_gather", total, self.tp, self.topo, ranks_per_node=self.rpn, sources=self.compute.sources
-            ).time_s
+    def send_seconds(self, send: SendRecv) -> float:
+        """A stage boundary: each TP rank sends its 1/N slice to its peer and the receivers all-gather it
+        over TP, as both engines do (SGLang's send_tensor_dict and vLLM's isend_tensor_dict with
+        all_gather_group; `self.pipeline.boundary_gathers`). A schedule that does not gather skips the
+        all-gather when the plan keeps the stream token-sharded (`SendRecv.gather_optional`)."""
+        rpn = 1 if send.cross_node else 2
+        secs = price_collective("send_recv", send.bytes, 2, self.topo, ranks_per_node=rpn).time_s
+        if send.gather is not None and (self.pipeline.boundary_gathers or not send.gather_optional):
+            secs += self.collective_step("boundary", send.gather).seconds
         return secs
 
+    def final_seconds(self, segs: Segments) -> float:
+        """The reduction of the last layer's partial sum before the final norm, for one batch (0 without one)."""
+        return sum((self.collective_step("final", c).seconds for c in self.outline(segs).stages[-1].final), 0.0)
+
     def stage_times(self, segs: Segments) -> tuple[list[float], list[float], float]:
-        """Per stage: compute+TP-comm seconds for one batch, the send into the next stage, final comm."""
+        """Per stage of the lowered program: compute+TP-comm seconds for one batch, the send into the next
+        stage, and the final reduction (in the last stage's seconds, and on its own)."""
         hit = self._stage_cache.get(segs)
         if hit is not None:
             return hit
-        t = sum(math.ceil(n / self.cp) for n, _ in segs)  # a CP rank's rows
         results = self.audit.layer_results
-        stage_s, sends = [], []
-        for i, rng in enumerate(self.stages):
-            stage_s.append(self.layers_seconds([results[j] for j in rng], segs))
-            sends.append(self.boundary(rng.stop, t) if i + 1 < len(self.stages) else 0.0)
-        final = self.final_comm(t)
+        stages = self.outline(segs).stages
+        stage_s = [self.layers_seconds([results[layer.index] for layer in s.layers], segs) for s in stages]
+        sends = [self.send_seconds(s.send) if s.send is not None else 0.0 for s in stages]
+        final = self.final_seconds(segs)
         stage_s[-1] += final
         out = (stage_s, sends, final)
         self._stage_cache[segs] = out

@@ -161,8 +161,7 @@ class Pricer:
         """Every pipeline-stage boundary's send (and re-gather unless the stream is token-sharded)
         for one batch; 0 without PP. Depends on the plan only through its stream placement."""
         pred = self._for("tp", None, stream)
-        t = self._rows(segs)
-        return sum(pred.boundary(rng.stop, t) for rng in pred.stages[:-1])
+        return sum(pred.send_seconds(s.send) for s in pred.outline(segs).stages if s.send is not None)
 
     def stage_layers(self) -> list[range]:
         """The layers each pipeline stage holds."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tpplan.engines import sglang, sglang_source, vllm
 from tpplan.engines.schema import Gate, Mode, Source
+from tpplan.mesh import Mesh
 
 TORCH = "pytorch/pytorch"
 TORCH_REF = "torch 2.13.0 (commit cf30153c)"
@@ -96,13 +97,13 @@ class FusedGemmCollective:
     def all_gates(self) -> tuple[Gate, ...]:
         return self.mode.gates + self.gates
 
-    def not_run_for(self, model_type: str, pp: int = 1, dp_attention: bool = False) -> str | None:
-        """Why this engine does not run the fused plan here, with the source (None: it does)."""
+    def not_run_for(self, model_type: str, mesh: Mesh | None = None, dp_attention: bool = False) -> str | None:
+        """Why this engine does not run the fused plan on `mesh` here, with the source (None: it does)."""
         hook = self.model_gate
         if model_type not in self.model_types:
             return (f"{' '.join(self.flags)} runs it only for {', '.join(self.model_types)} ({hook.cite()})"
                     + (f"; {self.otherwise}" if self.otherwise else ""))  # fmt: skip
-        if pp > 1:
+        if mesh is not None and mesh.pp > 1:
             return f"{self.engine} refuses {' '.join(self.flags)} with pipeline stages ({hook.cite()})"
         if dp_attention:
             return f"{self.engine} refuses {' '.join(self.flags)} under DP attention ({hook.cite()})"
@@ -199,11 +200,14 @@ ASYNC_TP = SGLANG_ASYNC_TP
 FUSIONS: tuple[FusedGemmCollective, ...] = (SGLANG_ASYNC_TP, VLLM_GEMM_RS)
 
 
-def launch_flags(model_type: str, pp: int = 1, dp_attention: bool = False) -> dict[str, tuple[str, ...] | str]:
-    """Per engine: the flags that realise `<plan>+asynctp` for this model, or why none do (for the memo)."""
+def launch_flags(
+    model_type: str, mesh: Mesh | None = None, dp_attention: bool = False
+) -> dict[str, tuple[str, ...] | str]:
+    """Per engine: the flags that realise `<plan>+asynctp` for this model on `mesh` (None: one stage), or why
+    none do (for the memo)."""
     out: dict[str, tuple[str, ...] | str] = {}
     for f in FUSIONS:
-        why = f.not_run_for(model_type, pp, dp_attention)
+        why = f.not_run_for(model_type, mesh, dp_attention)
         if not f.priced and why is None:
             why = f"{' '.join(f.flags)} is an SM100 CUTLASS kernel, not torch's chunk pipeline ({f.ops[1].cite()})"
         out[f.engine] = f.flags if why is None else why

@@ -143,7 +143,7 @@ def deployment_flags(
         why.append(support.path.differences[0])  # where the engine's CP is not tpplan's priced CP
     if overlap == "asynctp":  # GEMM + collective fusion: the engine's fused ops, not a micro-batch overlap
         fused = next(f for f in FUSIONS if f.engine.startswith(engine))
-        realised = launch_flags(model_type, mesh.pp)[fused.engine]
+        realised = launch_flags(model_type, mesh)[fused.engine]
         if isinstance(realised, str):
             return DeploymentFlags(support.engine, (), realised, fused.model_gate.cite())
         args += list(realised)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from tpplan.engines.scheduling import Fact, scheduler_rules
 from tpplan.engines.schema import Source
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 SGL = "sgl-project/sglang"
 VLLM = "vllm-project/vllm"
@@ -110,8 +111,9 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 MAMBA_SLOTS_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, radix cache on
 
 
-def sglang_decode_graph_max_bs(gpu_mib: float, tp: int) -> int:
-    """Decode CUDA-graph max batch unset, by GPU memory (MiB) and TP (`handle_gpu_memory_settings`)."""
+def sglang_decode_graph_max_bs(gpu_mib: float, mesh: Mesh) -> int:
+    """Decode CUDA-graph max batch unset, by GPU memory (MiB) and the mesh's TP (`handle_gpu_memory_settings`)."""
+    tp = mesh.tp
     if gpu_mib < 20 * 1024:
         return 8
     if gpu_mib < 35 * 1024:
@@ -150,14 +152,13 @@ class SglangReserve:
         return self.activations_mib + self.parallel_mib + self.graphs_mib + self.floor_mib
 
 
-def sglang_reserve(
-    gpu_mib: float, tp: int, pp: int, *, mla: bool, attn_dp: int = 1, kda: bool = False
-) -> SglangReserve:
+def sglang_reserve(gpu_mib: float, mesh: Mesh, *, mla: bool, attn_dp: int = 1, kda: bool = False) -> SglangReserve:
     """`handle_gpu_memory_settings` at the launch line's defaults (no --mem-fraction-static, chunked prefill,
     decode CUDA graphs on, prefill CUDA graphs as their defaults leave them (off under PP and for KDA hybrids,
     `SGL_PREFILL_OFF`), no DeepEP, not disaggregated); `attn_dp` > 1: DP attention; `kda`: KDA linear attention."""
     chunk = scheduler_rules("sglang@0.5.23").budget.default_tokens(gpu_mib / 1024)
-    max_bs = sglang_decode_graph_max_bs(gpu_mib, tp)
+    tp, pp = mesh.tp, mesh.pp  # SGLang's tp_size and pp_size
+    max_bs = sglang_decode_graph_max_bs(gpu_mib, mesh)
     graphs = 2.0 * max_bs
     if attn_dp > 1:
         graphs += max_bs * attn_dp * 3 + (max_bs * attn_dp * 1.5 if max_bs > 300 else 0)

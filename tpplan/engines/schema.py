@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
+from tpplan.mesh import Mesh
+
 # What the engine does when a gate fails:
 # "refuses": the server does not start (an argument check raises);
 # "runs baseline": it starts and runs the all-reduce path (it may log an info line);
@@ -163,16 +165,16 @@ class PipelineSchedule:
             c for types, c in self.boundary_models if model_type is None or model_type in types
         )
 
-    def in_flight_at(self, pp: int) -> int:
-        """Micro-batches in flight at PP `pp`."""
-        return pp + self.extra_in_flight
+    def in_flight_at(self, mesh: Mesh) -> int:
+        """Micro-batches in flight on `mesh` (its PP size plus the engine's extra)."""
+        return mesh.pp + self.extra_in_flight
 
-    def assumption(self, engine: str, pp: int | None = None) -> str:
+    def assumption(self, engine: str, mesh: Mesh | None = None) -> str:
         """What tpplan's PP TTFT model (`tpplan.cost.pipeline`, which reads these same fields) assumes of
-        `engine` ("SGLang 0.5.23"), in one sentence (`pp` None: in words of pp_size)."""
-        extra = self.extra_in_flight
+        `engine` ("SGLang 0.5.23"), in one sentence, at the mesh's PP size (None: in words of pp_size)."""
+        extra, pp = self.extra_in_flight, (mesh.pp if mesh is not None else None)
         plus = f" + {extra}" if extra else ""
-        count = f"pp_size{plus}" if pp is None else str(self.in_flight_at(pp))
+        count = f"pp_size{plus}" if pp is None else str(pp + extra)
         flight = ("pp_size" if pp is None else f"pp_size {pp}") + plus
         chunks = (
             "a request's chunks pipeline across the stages (chunk k+1 enters stage 0 while chunk k is still in the "

@@ -4,7 +4,7 @@ one module per axis or rewrite, applied in the registry's order (`tpplan.lower.r
 
 from tpplan.lower.batch import Batch, Segments
 from tpplan.lower.context import Lowering
-from tpplan.lower.lowering import lower, lower_layer, lower_program, lowering
+from tpplan.lower.lowering import lower, lower_layer, lower_outline, lower_program, lowering
 from tpplan.lower.program import (
     Collective,
     FusedPair,
@@ -37,6 +37,7 @@ __all__ = [
     "added",
     "lower",
     "lower_layer",
+    "lower_outline",
     "lower_program",
     "lowering",
     "passes",

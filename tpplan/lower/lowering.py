@@ -49,8 +49,19 @@ def lower_layer(ctx: Lowering, index: int) -> LayerProgram:
 
 def lower_program(ctx: Lowering) -> Program:
     """The whole program: every layer lowered, then every registered pass's program hook, in order."""
-    layers = tuple(lower_layer(ctx, i) for i in range(len(ctx.results)))
-    stage = StageProgram(0, layers, (MicroBatch(0, ctx.local_segments),))
+    return _program_hooks(ctx, tuple(lower_layer(ctx, i) for i in range(len(ctx.results))))
+
+
+def lower_outline(ctx: Lowering) -> Program:
+    """The program's outline: its stages, micro-batches, stage sends, final reduction and fused pairs,
+    with the layers' steps left out (every program hook over empty layers). The cost model prices the
+    sends and the final reduction from it without lowering every layer again; so a program hook places
+    those from the context and the layers' indices, never from their steps."""
+    return _program_hooks(ctx, tuple(LayerProgram(i, r.kind, ()) for i, r in enumerate(ctx.results)))
+
+
+def _program_hooks(ctx: Lowering, layers: tuple[LayerProgram, ...]) -> Program:
+    stage = StageProgram(0, layers, (MicroBatch(0, ctx.batch.segments),))
     prog = Program(ctx.plan.name, ctx.tp, ctx.tokens, (stage,))
     for p in passes():
         if p.program is not None:
@@ -71,4 +82,4 @@ def lower(
     return lower_program(lowering(graph, plan, mesh, batch, results=results, gpus_per_node=gpus_per_node))
 
 
-__all__ = ["Lowering", "lower", "lower_layer", "lower_program", "lowering"]
+__all__ = ["Lowering", "lower", "lower_layer", "lower_outline", "lower_program", "lowering"]

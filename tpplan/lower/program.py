@@ -126,7 +126,8 @@ class LayerProgram:
 @dataclass(frozen=True)
 class MicroBatch:
     """One micro-batch's share of the batch: its segments (the whole batch unless a micro-batch
-    overlap splits it) and what the overlap pass says about how the two interleave."""
+    overlap splits it; under CP each CP rank takes its share of them) and what the overlap pass says
+    about how the two interleave."""
 
     index: int
     segments: tuple[tuple[int, int], ...]

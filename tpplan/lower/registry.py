@@ -2,10 +2,12 @@
 
 A pass rewrites one layer's steps (`layer`), the whole program (`program`: stages, micro-batches,
 what crosses layers), or both. `lower` applies every registered pass's `layer` hook to every layer in
-`order`, then every `program` hook in `order`. The built-in passes register themselves when
-`tpplan.lower.passes` is imported (`tpplan.lower.lowering` does); a test may add one for a while
-(`added`), and every reader of the program (the cost model, the runtime's expected trace) picks it up
-without an edit elsewhere.
+`order`, then every `program` hook in `order`. `lower_outline` runs the program hooks over layers
+without steps (the cost model prices stage sends and the final reduction from it), so a program hook
+places those from the context and the layers' indices, never from the layers' steps. The built-in
+passes register themselves when `tpplan.lower.passes` is imported (`tpplan.lower.lowering` does); a
+test may add one for a while (`added`), and every reader of the program (the cost model, the
+runtime's expected trace) picks it up without an edit elsewhere.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from tpplan.audit import Audits, PlanAudit
 from tpplan.bench_results import BenchResults
@@ -90,36 +90,34 @@ def load_search() -> SearchFn:
     """The best plans of `tpplan search` itself (`tpplan.search.search_plans`, the one search: the
     same objective, memory cap, TP x CP x PP grid and overlap), imported when a memo searches; its
     audits are the memo's (`audits`)."""
-    from tpplan.search import search_plans
+    from tpplan.search import MeshAsk, search_plans
 
     def best(
         graph: ModelGraph,
         topology: Topology,
         workload: Workload | None,
         *,
-        tp: int | None,
+        ask: MeshAsk,
         dtype: str,
         expert_dtype: str | None,
         memory_cap_gib: float | str | None,
         top: int,
         audits: Audits | None = None,
         overlap: OverlapName | None = None,
-        replicas: int | Literal["all"] | None = None,
-        **deployment: Any,
+        dp_attention: bool = False,
     ) -> Searched:
         outcome = search_plans(
             graph,
             topology,
             workload=workload,
-            tp=tp,
+            ask=ask,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
             memory_cap_gib=memory_cap_gib,
             top=top,
             dtype=dtype,
             expert_dtype=expert_dtype,
             audits=audits,
-            overlap=overlap,  # the search's default grid (cp, replicas None): TP x PP splits and TP x CP
-            replicas=replicas,
-            **deployment,  # pp, cp, cp_layers, cp_kv, dp_attention: as `tpplan search` takes them
+            overlap=overlap,
+            dp_attention=dp_attention,
         )
         found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
                  for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
@@ -433,10 +431,12 @@ def analyse(
     best_found: Found | None = None
     if finder is not None:
         say("searching plans (as tpplan search)")
-        searched = finder(graph, topology, workloads[0] if workloads else None, tp=tp, dtype=dtype,
+        from tpplan.search.grid import MeshAsk
+
+        ask = MeshAsk(tp=tp, pp=pp, cp=cp, replicas=replicas, cp_layers=cp_layers, cp_kv=cp_kv)
+        searched = finder(graph, topology, workloads[0] if workloads else None, ask=ask, dtype=dtype,
                           expert_dtype=expert_dtype, memory_cap_gib=memory_cap_gib, top=search_top, audits=audits,
-                          overlap=overlap, replicas=replicas, pp=pp, cp=cp, cp_layers=cp_layers, cp_kv=cp_kv,
-                          dp_attention=dp_attention)  # fmt: skip
+                          overlap=overlap, dp_attention=dp_attention)  # fmt: skip
         grid = searched.grid
         for f in searched.found:
             pl = f.plan
@@ -550,7 +550,7 @@ def analyse(
             graph,
             [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal],
             topology,
-            tp=n,
+            mesh=Mesh(n),
             dtype=dtype,
             expert_dtype=expert_dtype,
             tokens=crossover_tokens,

@@ -135,7 +135,7 @@ def _pool(
         flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
         flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
         cmd = replace(rec, args=with_flags(rec.args, flags), replicas=instances).command()
-        memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank ({kv.reserve_text})"
+        memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank; off its pool: {kv.reserve_text}"
                   + (f"; at most {running} running requests hold the load" if running is not None else ""))  # fmt: skip
         out.append(PoolLaunch(label, pool, name, instances, cmd, memory=memory))
     return out

@@ -30,7 +30,9 @@ def chosen_text(targets: Targets, a: DeploymentAnswer) -> str:
                      for tg in targets.each)  # fmt: skip
     head = "meets the targets" if a.best is not None else "is the closest to the targets, and misses them"
     pools = f" at {a.ratio} (prefill : decode instances)" if a.ratio else ""
-    return (f"`{a.label}`{pools} {head} at {load}: {figs}; {p.goodput_per_gpu:.3g} good requests/s per GPU, "
+    served = (f" (served with `{a.ranked.plan.name}`: the search's best there, `{a.searched}`, is realised by no "
+              "engine flag)" if a.searched else "")  # fmt: skip
+    return (f"`{a.label}`{pools}{served} {head} at {load}: {figs}; {p.goodput_per_gpu:.3g} good requests/s per GPU, "
             f"{p.output_tok_s_per_gpu:,.0f} output tokens/s per GPU, {p.output_tok_s_per_user:,.0f} tokens/s per user. "
             f"What binds: {a.binds or 'nothing at this load'} ({a.why}).")  # fmt: skip
 

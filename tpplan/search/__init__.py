@@ -41,7 +41,7 @@ from tpplan.search.objectives import (
     ttft_batches,
     ttft_shapes,
 )
-from tpplan.search.ranking import deployments, run_search, search_plans, search_report
+from tpplan.search.ranking import MeshAsk, deployments, run_search, search_plans, search_report
 from tpplan.search.results import JSON_SCHEMA_VERSION, Excluded, RankedPlan, SearchOutcome, SearchStats
 from tpplan.search.space import (
     GlobalChoice,
@@ -61,6 +61,7 @@ __all__ = [
     "Excluded",
     "GlobalChoice",
     "KindConfig",
+    "MeshAsk",
     "Objective",
     "PredictObjective",
     "RankedPlan",

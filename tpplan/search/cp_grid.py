@@ -17,11 +17,13 @@ from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import CP_SIZES, audit_cp
 from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
+from tpplan.search.grid import MeshAsk
 
 
-def mla_deployments(graph: ModelGraph, splits: list[Mesh], cp: int | None) -> list[Mesh]:
-    """Each of `splits` (CP 1 meshes of the search's grid) with CP `cp` (default each of CP_SIZES above 1)
+def mla_deployments(graph: ModelGraph, splits: list[Mesh], ask: MeshAsk) -> list[Mesh]:
+    """Each of `splits` (CP 1 meshes of the search's grid) with the asked CP (default each of CP_SIZES above 1)
     inside its TP group, where CP divides TP and the model has MLA layers; TpplanError when none is."""
+    cp = ask.cp
     sizes = (cp,) if cp is not None else CP_SIZES[1:]
     legal = [replace(m, cp=k) for m in splits for k in sizes if k > 1]
     out = [m for m in legal if audit_cp(graph, m.tp, m.cp, layers="mla").legal]

@@ -2,7 +2,7 @@
 search found, in the n_P:n_D ratio the budget or the rate calls for (`tpplan.simulate.disagg`).
 
 Candidates: pairs (prefill mesh, decode mesh) of the meshes of the search's deployments (one replica
-each, with the plan the search chose there): the `POOLS` with the shortest prefill TTFT for prefill,
+each, with the plan served there): the `POOLS` with the shortest TTFT of one client alone for prefill,
 the `POOLS` with the most output tokens/s per GPU served aggregated for decode. Each pair is first
 judged by `simulate.disagg.capacity`, the analytic bound (requests/s one prefill instance, one decode
 instance at the largest batch whose decode step keeps the TPOT target, and one link carry): under a
@@ -10,7 +10,7 @@ GPU budget, the ratio whose bound per GPU is highest (then the most requests/s);
 fewest GPUs whose bound carries it. Only the `PAIRS` pairs with the highest bound per GPU are
 simulated (`serve_disaggregated`): one client alone first (the bound on TTFT and TPOT: a miss there is
 a miss under load), then, under a budget, closed-loop loads from the decode instances' batches within
-the TPOT target (the bound's) down by halves until one meets the targets; under a rate, Poisson at it. What
+the TPOT target (the bound's), searched from that top load (`largest_met`); under a rate, Poisson at it. What
 binds is the bound's side at the chosen ratio (prefill, decode or KV transfer), in its own words
 (`DisaggResult.binding_text`).
 """
@@ -18,11 +18,22 @@ binds is the bound's side at the chosen ratio (prefill, decode or KV transfer), 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tpplan.search.results import RankedPlan
-from tpplan.search.serving_points import WAVES, Binds, DeploymentAnswer, Load, ServingPoint, admitted_batch, point_of
+from tpplan.search.serving_points import (
+    WAVES,
+    Binds,
+    DeploymentAnswer,
+    Load,
+    ServingPoint,
+    admitted_batch,
+    largest_met,
+    load_ladder,
+    point_of,
+)
 
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
@@ -131,7 +142,7 @@ def serve_pair(ask: Ask, pair: _Pair) -> DeploymentAnswer:
     alone = run(1)
     points = [alone]
     if alone.met:
-        points = _loads(ask, pair, run) if ask.arrival is None else [alone, run(None)]
+        points = _loads(pair, run) if ask.arrival is None else [alone, run(None)]
     met = [pt for pt in points if pt.met]
     best = max(met, key=lambda pt: pt.goodput_per_gpu) if met else None
     shown = best or min(points, key=lambda pt: pt.worst_ratio)
@@ -151,25 +162,18 @@ def _order(p: ServingPoint) -> float:
     return p.load.clients if p.load.clients is not None else math.inf
 
 
-def _loads(ask: Ask, pair: _Pair, run: object) -> list[ServingPoint]:
-    """Closed-loop loads up to the decode instances' batches, from the bound's batch up while met, down until."""
-    from collections.abc import Callable
+def _loads(pair: _Pair, at: Callable[[int], ServingPoint]) -> list[ServingPoint]:
+    """Closed-loop loads 1, 2, 4, ... up to the decode instances' batches within the TPOT target (the
+    bound's), from that top one down (`largest_met`): the largest that meets the targets and the next."""
+    loads = load_ladder(max(1, pair.dep.decode.instances * pair.bound.decode_batch))
+    tried: dict[int, ServingPoint] = {}
 
-    at: Callable[[int], ServingPoint] = run  # type: ignore[assignment]
-    n_d = pair.dep.decode.instances
-    most = max(1, n_d * pair.bound.decode_batch)
-    loads = [c for c in (2**k for k in range(0, 31)) if c < most] + [most]
-    i = len(loads) - 1  # the bound's batch keeps the TPOT target: start there
-    tried = {loads[i]: at(loads[i])}
-    if tried[loads[i]].met:
-        pass
-    else:
-        while i > 0:
-            i -= 1
-            tried[loads[i]] = at(loads[i])
-            if tried[loads[i]].met:
-                break
-    tried.setdefault(1, at(1))
+    def point(i: int) -> ServingPoint:
+        tried.setdefault(loads[i], at(loads[i]))
+        return tried[loads[i]]
+
+    point(0)
+    largest_met(len(loads), lambda i: point(i).met, len(loads) - 1)
     return [tried[c] for c in sorted(tried)]
 
 
@@ -180,7 +184,8 @@ def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[Deploymen
     from tpplan.search.serving_points import predictor_of
 
     every = meshes(ask.deployments)
-    prefill = sorted(every, key=lambda r: r.score)[:POOLS]
+    alone = {_mesh(a.ranked): a.points[0].ttft_s["mean"] for a in aggregated if a.points}  # one client's TTFT
+    prefill = sorted(every, key=lambda r: alone.get(_mesh(r), math.inf))[:POOLS]
     tok_s = {_mesh(a.ranked): a.closest.output_tok_s_per_gpu for a in aggregated}
     decode = sorted(every, key=lambda r: -tok_s.get(_mesh(r), 0.0))[:POOLS]
     predictor = {_mesh(r): predictor_of(ask, r, False) for r in (*prefill, *decode)}

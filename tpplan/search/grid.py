@@ -21,15 +21,28 @@ if TYPE_CHECKING:
     from tpplan.mesh import Fabric
 
 
-def deployments(
-    graph: ModelGraph, topo: Fabric | None, tp: int | None, pp: int | None, cp: int | None = None
-) -> list[tuple[int, int, int]]:
-    """(TP, PP, CP) triples to search: the ones asked for, or every split of the topology's GPUs,
+@dataclass(frozen=True)
+class MeshAsk:
+    """The deployment a search is asked for: each size fixed, or None to search it (`replicas` "all": every
+    replica count the GPUs and the workload allow, `deployment_grid`), and the CP options every mesh of the
+    grid is priced with (`tpplan.mesh.Mesh`). The CLI's --tp/--pp/--cp/--replicas/--cp-layers/--cp-kv."""
+
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    replicas: int | Literal["all"] | None = None
+    cp_layers: str = "all"
+    cp_kv: str = "engines"
+
+
+def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tuple[int, int, int]]:
+    """(TP, PP, CP) triples to search: the ones `ask` fixes, or every split of the topology's GPUs,
     widest TP first (the first is the reference the baseline is taken at); without `cp`, also the
     TP x CP splits without PP for CP in `CP_SIZES`, TP inside one node, where the model's mixers have
     a CP method."""
     from tpplan.layout.context_parallel import CP_SIZES, audit_cp
 
+    tp, pp, cp = ask.tp, ask.pp, ask.cp
     layers = graph.spec.num_layers
     if pp is not None and (pp < 1 or pp > layers):
         raise TpplanError(f"pp={pp}", f"must be between 1 and the model's {layers} layers", "use a smaller pp")
@@ -107,23 +120,19 @@ def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
 
 
 def deployment_grid(
-    graph: ModelGraph,
-    topo: Topology | None,
-    tp: int | None,
-    pp: int | None,
-    cp: int | None = None,
-    replicas: int | Literal["all"] | None = None,
-    workload: Workload | None = None,
+    graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None = None
 ) -> list[Mesh]:
-    """The meshes (TP, PP, CP, replicas) to search. `replicas` R: R copies, each with the TP x PP (x CP) splits of
+    """The meshes (TP, PP, CP, replicas) to search for `ask` (its CP options are the caller's to add).
+    `replicas` R: R copies, each with the TP x PP (x CP) splits of
     its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
     (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
     that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
     replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
     there are no requests to split (a replica's forward time is its deployment's). Replicas are
     asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
+    replicas = ask.replicas
     if replicas == "all":
-        return _all_replicas(graph, topo, tp, pp, cp, workload)
+        return _all_replicas(graph, topo, ask, workload)
     if replicas is not None and replicas < 1:
         raise TpplanError(f"replicas={replicas}", "must be at least 1", "use replicas=1 or more")
     if replicas is not None and replicas > 1:
@@ -135,21 +144,19 @@ def deployment_grid(
 
             replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
         share = _replica_gpus(topo, replicas)
-        return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, tp, pp, cp)]
-    return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
+        return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, ask)]
+    return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, ask)]
 
 
-def _all_replicas(
-    graph: ModelGraph, topo: Topology | None, tp: int | None, pp: int | None, cp: int | None, workload: Workload | None
-) -> list[Mesh]:
-    grid = [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, tp, pp, cp)]
-    if topo is None or workload is None or tp is not None or pp is not None:
+def _all_replicas(graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None) -> list[Mesh]:
+    grid = [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, ask)]
+    if topo is None or workload is None or ask.tp is not None or ask.pp is not None:
         return grid
     most = min(workload.concurrency, workload.total_requests)
     for r in range(2, min(most, topo.world_size) + 1):
         try:
             share = _replica_gpus(topo, r)
-            grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, None, None, cp)]
+            grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, MeshAsk(cp=ask.cp))]
         except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
             continue
     return grid
@@ -164,4 +171,4 @@ def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float
     return float(value) if value is not None else None
 
 
-__all__ = ["deployment_grid", "deployments", "memory_cap_gib_of"]
+__all__ = ["MeshAsk", "deployment_grid", "deployments", "memory_cap_gib_of"]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tpplan.cost.pricing import Pricer
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.mesh import Mesh
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,13 @@ class RooflineObjective:
         return Cost(score, embed)
 
 
-def ttft_batches(workload: Workload, replicas: int = 1) -> list[tuple[tuple[tuple[int, int], ...], float]]:
+def ttft_batches(workload: Workload, mesh: Mesh | None = None) -> list[tuple[tuple[tuple[int, int], ...], float]]:
     """(batch segments, weight) pairs whose weighted sum of batch times is the mean TTFT.
 
     The closed-loop FCFS schedule does not depend on how long batches take (a client resubmits at
     a batch boundary), so TTFT_i is the sum of the times of the batches between its arrival and
     its last chunk, and the mean TTFT is linear in batch times with these weights. Segments are
-    (new tokens, context) per request, as `tpplan.cost.predict` prices them. With `replicas`, each
+    (new tokens, context) per request, as `tpplan.cost.predict` prices them. With the mesh's replicas, each
     replica's share (`replica_workloads`) is its own schedule and the mean is over all requests:
     a replica's weights scaled by its share of them, still linear in the (identical) batch times.
     Batches run one after another, so the batches a request waits through are a run of consecutive
@@ -190,7 +191,7 @@ def ttft_batches(workload: Workload, replicas: int = 1) -> list[tuple[tuple[tupl
     from tpplan.cost.workload import replica_workloads, simulate_ttft
 
     out: dict[tuple[tuple[int, int], ...], float] = {}
-    for share in replica_workloads(workload, replicas):
+    for share in replica_workloads(workload, mesh.replicas if mesh is not None else 1):
         res = simulate_ttft(share, lambda _b: 1.0)
         starts, ends = [b.start_s for b in res.batches], [b.end_s for b in res.batches]  # both ascending
         steps = [0] * (len(res.batches) + 1)  # request i waits through batches first..last: +1 there, -1 after
@@ -235,7 +236,7 @@ class PredictObjective:
         self.pricer, self.workload = pricer, workload
         self.graph, self.pp = pricer.graph, pricer.pp
         self.replicas = pricer.deployment.replicas  # the workload split between them (memory: the fullest's)
-        self.batches = ttft_batches(workload, self.replicas) if workload is not None else [(((tokens, 0),), 1.0)]
+        self.batches = ttft_batches(workload, pricer.deployment) if workload is not None else [(((tokens, 0),), 1.0)]
         self.name = "mean TTFT" if workload is not None else f"forward time ({tokens} tokens)"
         self.memory_layer_counts: dict[str, int] | None = None
         if self.pp > 1:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from tpplan.audit import Audits
 from tpplan.dtypes import WEIGHT_BITS
@@ -42,7 +42,7 @@ from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
-from tpplan.search.grid import deployment_grid, deployments, memory_cap_gib_of
+from tpplan.search.grid import MeshAsk, deployment_grid, deployments, memory_cap_gib_of
 from tpplan.search.naming import describe
 from tpplan.search.objectives import plan_cost
 from tpplan.search.results import (
@@ -98,7 +98,7 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> De
     its own activations push over the cap is excluded; if that happens, the search runs once more
     with the largest such activations reserved, and the plans that fit from both runs are kept.
     """
-    graph, cap, top, tp = s.graph, s.cap, s.top, mesh.tp
+    graph, cap, top, tp = s.graph, s.cap, 1 if s.every_deployment else s.top, mesh.tp
     base = s.baseline_audit(mesh)  # raises (a clear TpplanError) if the model does not split over tp
     obj = objective_of(s, mesh)
     label = mesh.label()
@@ -267,8 +267,7 @@ def search_plans(
     topology: Topology | None,
     *,
     workload: Workload | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
+    ask: MeshAsk | None = None,
     memory_cap_gib: float | str | None = "serving",
     top: int = 10,
     tokens: int = 8192,
@@ -280,13 +279,9 @@ def search_plans(
     overlap: OverlapName | None = None,
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
-    cp: int | None = None,
-    cp_layers: str = "all",
-    replicas: int | Literal["all"] | None = None,
-    cp_kv: str = "engines",
     every_deployment: bool = False,
 ) -> SearchOutcome:
-    """Search every deployment of `topology` (or the one `tp`/`pp` fix), rank the plans that fit,
+    """Search every deployment of `topology` (or the ones `ask` fixes), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
 
     `memory_cap_gib`: GiB per rank; "serving" (default) is SERVING_SHARE of the topology's GPU
@@ -295,17 +290,20 @@ def search_plans(
     "volume" (bytes per token per rank). `audits` (of this graph) are used and kept: pass the
     memo's to share them. `overlap` ("tbo", "dbo") also ranks every kept all-to-all plan under that
     engine's micro-batch overlap, "asynctp" every kept plan with something to fuse under async TP.
-    `progress` is told each step. `cp`: only that context-parallel size (default: CP 1 at every TP x PP
-    split, and TP x CP for CP 2, 4, 8 where the model allows it).
+    `progress` is told each step. `ask` (`MeshAsk`; None: nothing fixed): the sizes fixed, each None to
+    search it. Its `cp`: only that context-parallel size (default: CP 1 at every TP x PP split, and TP x CP
+    for CP 2, 4, 8 where the model allows it).
     `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
     token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
     ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers).
-    `every_deployment`: each deployment searched whole for its best plan (`deployment_best`), none cut
-    off by the plans of earlier ones (the search under targets serves each deployment's best)."""
+    `every_deployment`: each deployment's best plan (`deployment_best`) and only it, none cut off by the
+    plans of earlier ones, so `ranked` holds each deployment's best (the search under targets serves them)."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
+    ask = ask or MeshAsk()
+    tp, pp, cp, replicas, cp_layers, cp_kv = ask.tp, ask.pp, ask.cp, ask.replicas, ask.cp_layers, ask.cp_kv
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
@@ -329,12 +327,12 @@ def search_plans(
     grid: list[Mesh] | None = None
     if objective == "time" or tp is not None:
         mla = cp_layers == "mla" and objective == "time"
-        grid = deployment_grid(graph, topology, tp, pp, (1 if mla else cp) if objective == "time" else 1, replicas,
-                               workload if objective == "time" else None)  # fmt: skip
+        grid_cp = (1 if mla else cp) if objective == "time" else 1
+        grid = deployment_grid(graph, topology, replace(ask, cp=grid_cp), workload if objective == "time" else None)
         if mla:
             from tpplan.search.cp_grid import mla_deployments
 
-            grid = mla_deployments(graph, grid, cp)
+            grid = mla_deployments(graph, grid, ask)
     if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
         world = topology.world_size if topology is not None else 0
         if world < 1:
@@ -427,7 +425,8 @@ def run_search(
 ) -> SearchOutcome:
     """`search_plans` for scripts and tests that have names, not objects: `model` a preset or
     config path, `topology` a preset or file (or `gpu`/`cluster`/`engine` presets, as the CLI's
-    options), `nodes` its node count, `workload` a preset or file; `options` as `search_plans`."""
+    options), `nodes` its node count, `workload` a preset or file; `options` as `search_plans`, the
+    asked sizes among them by name (tp=, pp=, cp=, replicas=, cp_layers=, cp_kv=: `MeshAsk`'s fields)."""
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
 
@@ -444,7 +443,8 @@ def run_search(
         from tpplan.cost.workload import load_workload
 
         wl = load_workload(workload)
-    return search_plans(graph, topo, workload=wl, **options)  # type: ignore[arg-type]
+    asked = {k: options.pop(k) for k in ("tp", "pp", "cp", "replicas", "cp_layers", "cp_kv") if k in options}
+    return search_plans(graph, topo, workload=wl, ask=MeshAsk(**asked), **options)  # type: ignore[arg-type]
 
 
 def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, object]:
@@ -455,6 +455,7 @@ def search_report(model: str, topology: str | None, **kwargs: Any) -> dict[str, 
 __all__ = [
     "JSON_SCHEMA_VERSION",
     "SERVING_SHARE",
+    "MeshAsk",
     "SearchOutcome",
     "deployment_grid",
     "deployments",

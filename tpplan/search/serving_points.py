@@ -9,11 +9,13 @@ served in `under_targets`, P/D ones in `disagg_targets`; both build on these.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from tpplan.search.results import RankedPlan
 from tpplan.search.targets import Metric, Targets, goodput
+from tpplan.simulate.results import percentile
 
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
@@ -92,6 +94,7 @@ class DeploymentAnswer:
     decode_ranked: RankedPlan | None = None
     ratio: str | None = None
     pools: dict[str, object] | None = None  # the P/D run's JSON at the best (or closest) load
+    searched: str | None = None  # the search's best plan, where the engine's flags do not realise it (baseline served)
 
     @property
     def kind(self) -> str:
@@ -113,6 +116,7 @@ class DeploymentAnswer:
             "kind": self.kind,
             "plan": self.ranked.plan.name,
             "decode_plan": None if self.decode_ranked is None else self.decode_ranked.plan.name,
+            "searched_plan": self.searched,
             "ratio": self.ratio,
             "replicas": self.replicas,
             "admitted_batch": self.admitted_batch,
@@ -149,20 +153,27 @@ class Ask:
 def point_of(
     targets: Targets, label: str, plan: str, kind: str, res: LoopResult, load: Load, gpus: int
 ) -> ServingPoint:
-    """One run's figures under the targets (`gpus`: the GPUs that served it)."""
+    """One run's figures under the targets (`gpus`: the GPUs that served it): TTFT and TPOT per request
+    (`Timeline`), as `LoopResult.decode_summary` takes them (tokens/s per user = 1 / mean TPOT), without
+    its inter-token gaps, which the targets do not read."""
     tl = res.timelines
     achieved = targets.achieved(tl)
     good, per_gpu = goodput(tl, targets, gpus)
-    dec = res.decode_summary(gpus) or {}
-    summary = res.summary()
-    stats = {k: float(summary[f"{k}_s"]) for k in ("mean", "p50", "p90", "p99")}
-    tpot = dec.get("tpot_s", dict.fromkeys(("mean", "p50", "p90", "p99"), math.nan))
+    tpots = [t.tpot_s for t in tl if t.request.output_tokens > 1]
     end = max(t.done_s if not math.isnan(t.done_s) else t.first_token_s for t in tl)
     out_tok = sum(t.request.output_tokens for t in tl)
-    user = float(dec.get("output_tok_s_per_user", math.nan))  # type: ignore[arg-type]
+    user = len(tpots) / math.fsum(tpots) if tpots and math.fsum(tpots) > 0 else math.nan
     return ServingPoint(label, plan, kind, gpus, load, len(tl), achieved, good, per_gpu,
-                        out_tok / end / gpus if end > 0 else 0.0, user, stats, tpot,  # type: ignore[arg-type]
+                        out_tok / end / gpus if end > 0 else 0.0, user, _stats([t.ttft_s for t in tl]), _stats(tpots),
                         targets.met(achieved), targets.worst_ratio(achieved))  # fmt: skip
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    """Mean, p50, p90, p99 (NaN without values), sorting once."""
+    if not values:
+        return dict.fromkeys(("mean", "p50", "p90", "p99"), math.nan)
+    s = sorted(values)
+    return {"mean": math.fsum(s) / len(s), **{f"p{q}": percentile(s, q, True) for q in (50, 90, 99)}}
 
 
 def point_at(ask: Ask, r: RankedPlan, res: LoopResult, load: Load, gpus: int) -> ServingPoint:
@@ -206,6 +217,27 @@ def admitted_batch(cap: tuple[int, int] | None, shapes: list[Shape]) -> int | No
     return min(cap[0], cap[1] // kv_need_of(shapes))
 
 
+def load_ladder(most: int) -> list[int]:
+    """The loads a budget tries: 1, 2, 4, ... clients below `most`, and `most` (the admitted batch)."""
+    return [c for c in (2**k for k in range(0, 31)) if c < most] + [max(1, most)]
+
+
+def largest_met(n: int, met: Callable[[int], bool], first: int) -> int:
+    """The index of the largest of `n` loads (fewest clients first) meeting the targets, where load 0 meets
+    them and the targets' figures are taken to grow with the load: probe `first`, then gallop up while
+    nothing is known to miss, then bisect. The load above the answer, where there is one, has been probed
+    (and missed), so what binds is seen there."""
+    lo, hi = 0, n  # met(lo); hi: the first load known to miss (n: none known yet)
+    i = min(max(first, 1), n - 1)
+    while hi - lo > 1:
+        if met(i):
+            lo = i
+        else:
+            hi = i
+        i = min(n - 1, max(2 * i, lo + 1)) if hi == n else (lo + hi) // 2
+    return lo
+
+
 __all__ = [
     "WAVES",
     "Ask",
@@ -215,6 +247,8 @@ __all__ = [
     "ServingPoint",
     "admitted_batch",
     "kv_need_of",
+    "largest_met",
+    "load_ladder",
     "point_at",
     "point_of",
     "predictor_of",

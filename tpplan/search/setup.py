@@ -43,7 +43,7 @@ class Setup:
     overlap: OverlapName | None = None  # also rank each all-to-all plan under this engine overlap
     cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
     cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
-    every_deployment: bool = False  # each deployment's best plan is wanted (no cutoff by earlier deployments)
+    every_deployment: bool = False  # each deployment's best plan and only it (no cutoff by earlier deployments)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Mesh, RankedPlan] = field(default_factory=dict)  # each deployment's baseline
 

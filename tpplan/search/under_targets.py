@@ -13,8 +13,9 @@ the targets (`search.targets`). Two ways to ask:
 
 Cheap bounds first: a deployment whose one request alone (one client, nothing queued) already misses
 a target cannot meet it under load (taken: load adds queueing and larger decode batches, never a
-shorter step), so it is served at no other load. Under the budget the clients stop doubling at the
-first load that misses: TTFT and TPOT grow with the clients (taken, as the engines' own sweeps show).
+shorter step), so it is served at no other load. Under the budget the loads are searched for the
+largest that meets the targets (`serving_points.largest_met`: a bisection from the load a priced decode
+step suggests), TTFT and TPOT taken to grow with the clients (as the engines' own sweeps show).
 
 What binds a deployment at its answer: the KV pool (the admitted batch is the most clients its pool
 holds, so no more load can be tried), the engine's running-request cap, or the target the next load
@@ -39,6 +40,8 @@ from tpplan.search.serving_points import (
     ServingPoint,
     admitted_batch,
     kv_need_of,
+    largest_met,
+    load_ladder,
     point_at,
     predictor_of,
     serve_aggregated,
@@ -128,8 +131,8 @@ def _achieved_text(targets: Targets, p: ServingPoint) -> str:
 def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     """One replica of `r`'s deployment under the budget: one client alone first (the bound), then the
     loads 2, 4, ... clients up to the admitted batch, from the load the priced decode step suggests
-    (`_first_guess`) up while the targets are met, or down until they are: the largest load that meets
-    them and the next one up, which misses (so what binds is seen)."""
+    (`_first_guess`; `largest_met`): the largest load that meets them and the next one up, which misses
+    (so what binds is seen)."""
     from tpplan.simulate.requests import closed_loop
     from tpplan.simulate.serving import replica_kv
 
@@ -138,7 +141,7 @@ def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     shapes = shapes_of(ask.workload)
     batch = admitted_batch(cap, shapes)
     most = batch if batch is not None else 2**10
-    loads = [c for c in (2**k for k in range(0, 31)) if c < most] + [most]
+    loads = load_ladder(most)
     gpus = p.deployment.gpus
     tried: dict[int, ServingPoint] = {}
 
@@ -152,19 +155,12 @@ def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
 
     i = 0
     if at(0).met and len(loads) > 1:
-        i = _first_guess(ask, p, loads, at(0))
-        if at(i).met:
-            while i + 1 < len(loads) and at(i + 1).met:
-                i += 1
-        else:
-            while i > 0 and not at(i - 1).met:
-                i -= 1
-            i -= 1
+        i = largest_met(len(loads), lambda j: at(j).met, _first_guess(ask, p, loads, at(0)))
     points = [tried[c] for c in sorted(tried)]
     met = [pt for pt in points if pt.met]
     best = max(met, key=lambda pt: pt.goodput_per_gpu) if met else None
     last = tried.get(loads[i + 1]) if best is not None and i + 1 < len(loads) else None
-    binds, why = _binds(
+    binds, why = what_binds(
         ask.targets, [*points[:1], *(x for x in (best, last) if x is not None)], best, batch, cap, kv_need_of(shapes)
     )
     pruned = not at(0).met and len(loads) > 1
@@ -219,20 +215,20 @@ def serve_rate(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
         one.deployment.gpus,
     )
     if not alone.met:
-        binds, why = _binds(ask.targets, [alone], None, batch, cap, kv_need_of(shapes))
+        binds, why = what_binds(ask.targets, [alone], None, batch, cap, kv_need_of(shapes))
         return DeploymentAnswer(r, r.replicas, (alone,), None, batch, cap[1] if cap else None, cap[0] if cap else None,
                                 binds, why, True)  # fmt: skip
     p = predictor_of(ask, r, True)
     arrivals = arrivals_for(ask.arrival, ask.workload, ask.graph.spec.numerics.max_position_embeddings)
     pt = point_at(ask, r, serve_aggregated(ask, p, arrivals, cap), Load(rate=ask.arrival.rate), p.deployment.gpus)
     best = pt if pt.met else None
-    binds, why = _binds(ask.targets, [alone, pt], best, batch, cap, kv_need_of(shapes))
+    binds, why = what_binds(ask.targets, [alone, pt], best, batch, cap, kv_need_of(shapes))
     return DeploymentAnswer(
         r, r.replicas, (pt,), best, batch, cap[1] if cap else None, cap[0] if cap else None, binds, why
     )
 
 
-def _binds(
+def what_binds(
     targets: Targets, points: list[ServingPoint], best: ServingPoint | None, batch: int | None,
     cap: tuple[int, int] | None, need: int,
 ) -> tuple[Binds | None, str]:  # fmt: skip
@@ -256,6 +252,32 @@ def _binds(
     what: Binds = "prefill" if worst == "ttft" else "decode"
     return what, (f"at {last.load.describe()} its {tg.label} is {seconds_text(last.achieved[worst])}, over the "
                   f"{seconds_text(tg.seconds)} target")  # fmt: skip
+
+
+def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ...]:
+    """The plan each deployment is served with: the search's best where the flags of the engine the loop
+    simulates realise it at that mesh (`engines.recipes`), else Megatron TP (baseline) there, which the
+    engines run by default; so every answer has a launch line (`DeploymentAnswer.searched` names the
+    search's plan where it was not served; the served copy has no score or prediction of its own)."""
+    from tpplan.audit import Audits
+    from tpplan.engines import select_pair
+    from tpplan.engines.recipes import recipes
+    from tpplan.mesh import Mesh
+    from tpplan.plans.named import baseline
+
+    audits = Audits(ask.graph)
+    out = []
+    for r in best:
+        one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
+        nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
+        rec = recipes(r.plan, ask.graph.spec, one, nodes=nodes, chunk=ask.workload.chunk_size,
+                      gpu=ask.topo.gpu.name, engines=select_pair(None))[0]  # fmt: skip  # SGLang: the loop's engine
+        if rec.runs:
+            out.append(r)
+            continue
+        pa = audits.of(baseline(), r.tp, ask.dtype)
+        out.append(replace(r, plan=pa.plan, audit=pa, score=math.nan, prediction=None))
+    return tuple(out)
 
 
 def check_workload(targets: Targets, workload: Workload) -> None:
@@ -285,13 +307,14 @@ def serve_under_targets(
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
     rate = arrival.rate if arrival is not None else None
     ask = Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
-               arrival if rate is not None else None, requests, outcome.deployment_best)  # fmt: skip
-    outcome_best = outcome.deployment_best
+               arrival if rate is not None else None, requests)  # fmt: skip
+    outcome_best = served_plans(ask, outcome.deployment_best)
+    ask = replace(ask, deployments=outcome_best)
     answers: list[DeploymentAnswer] = []
     skipped: list[tuple[str, str]] = []
-    for r, got in zip(outcome_best, _serve_all(ask), strict=True):
+    for r, s, got in zip(outcome.deployment_best, outcome_best, _serve_all(ask), strict=True):
         if isinstance(got, DeploymentAnswer):
-            answers.append(got)
+            answers.append(got if s is r else replace(got, searched=r.plan.name))
         else:  # a request whose KV does not fit the pool alone
             skipped.append((r.deployment, got))
     if answers and disaggregated:  # P/D pools of the meshes the aggregated deployments use
@@ -358,4 +381,5 @@ __all__ = [
     "TargetsOutcome",
     "check_workload",
     "serve_under_targets",
+    "what_binds",
 ]

@@ -42,7 +42,7 @@ from tpplan.simulate.disagg_loop import (
 )
 from tpplan.simulate.engine import DECODE_NOT_MODELLED, EngineLoop, engine_loop
 from tpplan.simulate.pd import kv_bytes_per_rank
-from tpplan.simulate.prices import CachedPrices, predictor_prices
+from tpplan.simulate.prices import CachedPrices, context_grid, predictor_prices
 from tpplan.simulate.requests import Arrivals, Request
 from tpplan.simulate.results import LoopResult
 from tpplan.simulate.serving import replica_kv
@@ -51,7 +51,11 @@ SIDES = ("prefill", "decode", "transfer")
 SLACK = 0.10  # choose_ratio simulates the ratios whose bound is within 10% of the best one's
 MAX_SIMULATED = 4  # and at most this many of them
 PD_NOT_MODELLED = (
-    "a prompt's KV is sent after its last chunk, whole (SGLang sends each chunk's KV as it is computed)",
+    "SGLang's per-chunk KV sends: a chunk's part of the hand-off is its share of the prompt's new tokens (the "
+    "link's latency charged once per prompt, not per chunk)",
+    "the decode server reserves prompt + output KV at admission (SGLang 0.5.23 reserves prompt + "
+    "num_reserved_decode_tokens, 512, in DecodePreallocQueue._prealloc_required_tokens and retracts when full; "
+    "vLLM 0.34.0 allocates each step's slots in Scheduler.schedule, allocate_slots)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "requests go to instances round-robin; the engines' routers were not read",
 )
@@ -103,7 +107,7 @@ class DisaggDeployment:
                               "give both pools the same engine")  # fmt: skip
         topo = self.prefill.predictor.topo
         if self.gpus > topo.world_size:
-            raise TpplanError(f"pd={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
+            raise TpplanError(f"instances={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
                               "use fewer instances or a cluster with more nodes")  # fmt: skip
 
     @property
@@ -194,8 +198,21 @@ class Capacity:
         return min(SIDES, key=lambda s: sides[s])
 
 
+MAX_SHAPES = 64  # distinct (prompt, output, new) shapes the bound prices; a trace with more is put on a grid
+
+
 def _shapes(arrivals: Arrivals) -> Counter[tuple[int, int, int]]:
-    return Counter((r.prompt_tokens, r.output_tokens, r.new_tokens) for r in arrivals.requests)
+    """The requests' (prompt, output, new tokens), counted; past `MAX_SHAPES` distinct ones, each length
+    rounded down to `context_grid`'s points (16 per doubling, 4.4% apart), so a trace of many lengths costs
+    the bound a few dozen prices, not one per length."""
+    exact = Counter((r.prompt_tokens, r.output_tokens, r.new_tokens) for r in arrivals.requests)
+    if len(exact) <= MAX_SHAPES:
+        return exact
+    out: Counter[tuple[int, int, int]] = Counter()
+    for (p, o, n), c in exact.items():
+        new = max(1, context_grid(n)[0])
+        out[(max(new, context_grid(p)[0]), max(1, context_grid(o)[0]), new)] += c
+    return out
 
 
 def _period(times: list[float], loop: EngineLoop) -> float:
@@ -322,6 +339,7 @@ class DisaggResult:
             "transfer": {
                 "handoff_mean_s": run.handoff_mean_s,
                 "link_wait_mean_s": run.link_wait_mean_s,
+                "handoff_tail_mean_s": run.handoff_tail_mean_s,
                 "busy": list(run.link_busy),
                 "links": "prefill" if rule.push else "decode",
             },

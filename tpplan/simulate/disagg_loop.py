@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpplan.cost.workload import PrefillBatch
+from tpplan.cost.workload import PrefillBatch, Segment
 from tpplan.engines.schema import Source
 from tpplan.errors import TpplanError
 from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
@@ -53,16 +53,19 @@ class HandoffRule:
     first_token_on_decode: bool  # the decode server computes the first output token (else the prefill's streams)
     push: bool  # the prefill side sends the KV over its link; else the decode side reads it over its own
     sources: tuple[Source, ...]
+    chunked_send: bool = False  # each chunk's KV leaves after its step (else the whole prompt's after the last)
 
 
 SGLANG_RULE = HandoffRule(
-    "sglang@0.5.23", decode_first=True, first_token_on_decode=False, push=True,
+    "sglang@0.5.23", decode_first=True, first_token_on_decode=False, push=True, chunked_send=True,
     sources=(
         Source("sgl-project/sglang", "python/sglang/srt/disaggregation/decode.py",
                "DecodePreallocQueue.pop_preallocated, SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",
                _SGL),
         Source("sgl-project/sglang", "python/sglang/srt/disaggregation/prefill.py",
                "PrefillBootstrapQueue.pop_bootstrapped / can_prefill_before_bootstrap", _SGL),
+        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/prefill.py",
+               "SchedulerDisaggregationPrefillMixin.process_prefill_chunk / send_kv_chunk (each chunk's pages)", _SGL),
         Source("sgl-project/sglang", "python/sglang/srt/arg_groups/fields/disagg.py",
                "optimistic_prefill_attempts = 0, disaggregation_decode_allocation_policy = 'early'", _SGL),
         Source("sgl-project/sglang", "python/sglang/srt/disaggregation/mooncake/conn.py",
@@ -111,7 +114,8 @@ class DisaggRun:
     decode_busy: tuple[float, ...]
     link_busy: tuple[float, ...]  # share of the run each link carries KV
     handoff_mean_s: float  # seconds one request's KV takes on the link (no queueing)
-    link_wait_mean_s: float  # mean wait for a busy link
+    link_wait_mean_s: float  # mean wait for a busy link (every chunk's, where the engine sends per chunk)
+    handoff_tail_mean_s: float  # mean time from a prompt's last chunk to its KV at the decode server
     decode_admit_wait_mean_s: float  # mean wait at the decode server for KV room or a running slot
 
 
@@ -137,9 +141,21 @@ class _Prefill(_Replica):
     def __init__(self, sim: _PD, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig) -> None:
         super().__init__(arrivals, prices, cfg, seeded=False)
         self.sim = sim
+        self.completed: list[tuple[int, float]] = []  # prompts the step being run finished
 
     def deliver(self, rid: int, t: float) -> None:
         heapq.heappush(self.heap, (t, rid))
+
+    def run_step(self, segs: list[Segment], dec: list[int], now: float) -> None:
+        """The step, then each chunk's KV to the link (where the engine sends per chunk) and the finished
+        prompts to the co-simulation."""
+        super().run_step(segs, dec, now)
+        t = self.steps[-1].end_s
+        for seg in segs:
+            self.sim.chunk_done(self, seg, t)
+        for rid, end in self.completed:
+            self.sim.prefilled(rid, end)
+        self.completed.clear()
 
     def act(self, now: float) -> float:
         """One turn of the loop at `now`: take arrivals, form and run a step; when it can act again."""
@@ -154,7 +170,7 @@ class _Prefill(_Replica):
     def finish(self, rid: int, t: float) -> None:
         self.done_at[rid] = t
         self.done += 1
-        self.sim.prefilled(rid, t)
+        self.completed.append((rid, t))
 
 
 _KV, _REQ = 0, 1  # a decode instance's events: the request's KV arrived; the request reached the server
@@ -257,6 +273,8 @@ class _PD:
         self.handoff_s = handoff_s
         self.handoff_cache: dict[int, float] = {}
         self.sent = [math.nan] * len(self.reqs)
+        self.kv_sent = [math.nan] * len(self.reqs)  # when the last of a pushed prompt's chunks reaches the link's end
+        self.kv_at = [math.nan] * len(self.reqs)  # when the request's KV is at the decode server
         self.done = 0
         self.closed = isinstance(arrivals, ClosedLoop)
         first = min(arrivals.concurrency, len(self.reqs)) if isinstance(arrivals, ClosedLoop) else len(self.reqs)
@@ -301,15 +319,28 @@ class _PD:
         if self.rule.decode_first:
             self.to_prefill(rid, max(t, self.sent[rid] + self.pcfg.request_in_s))
         else:
-            link = self.links[rid % len(self.links)]
-            self.to_decode(rid, link.send(t, self.kv_seconds(rid)), _KV)
+            self.kv_at[rid] = self.links[rid % len(self.links)].send(t, self.kv_seconds(rid))
+            self.to_decode(rid, self.kv_at[rid], _KV)
+
+    def chunk_done(self, inst: _Prefill, seg: Segment, t: float) -> None:
+        """A chunk left prefill instance `inst` at `t`: where the engine sends each chunk (SGLang), its share
+        of the prompt's KV (by new tokens; the cached prefix goes with the first) queues on the link."""
+        if not self.rule.chunked_send:
+            return
+        rid = seg.request_id
+        share = seg.n_tokens / self.reqs[rid].new_tokens
+        self.kv_sent[rid] = self.links[rid % len(self.links)].send(t, self.kv_seconds(rid) * share)
 
     def prefilled(self, rid: int, t: float) -> None:
-        """The prompt's last chunk left the prefill instance at `t`: push its KV (SGLang), or pass the request
-        with its block ids to the decode server (vLLM)."""
+        """The prompt's last chunk left the prefill instance at `t`: push its KV (SGLang; per chunk, it is
+        already on the link), or pass the request with its block ids to the decode server (vLLM)."""
         if self.rule.decode_first:
-            link = self.links[rid % len(self.links)]
-            self.to_decode(rid, link.send(t, self.kv_seconds(rid)), _KV)
+            if self.rule.chunked_send:
+                arrive = self.kv_sent[rid]
+            else:
+                arrive = self.links[rid % len(self.links)].send(t, self.kv_seconds(rid))
+            self.kv_at[rid] = arrive
+            self.to_decode(rid, arrive, _KV)
         else:
             self.to_decode(rid, t + self.pcfg.request_out_s + self.dcfg.request_in_s, _REQ)
 
@@ -407,6 +438,7 @@ def _outcome(sim: _PD) -> DisaggRun:
         tuple(link.busy / end if end > 0 else 0.0 for link in sim.links),
         handed / n,
         math.fsum(link.wait for link in sim.links) / n,
+        math.fsum(sim.kv_at[rid] - sim.pre[rid % nP].prefill_end[rid] for rid in range(n)) / n,
         math.fsum(waits) / n,
     )
 

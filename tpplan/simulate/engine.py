@@ -85,7 +85,7 @@ def engine_loop(
     costs = overheads(cpu_overlaps(rules, deployment, gpus_per_node)) if fixed_costs else NONE
     config = LoopConfig(
         chunk_tokens=chunk_tokens,
-        in_flight=pipeline.in_flight(deployment.pp),
+        in_flight=pipeline.in_flight(deployment),
         chunks_overlap=pipeline.chunks_overlap,
         step_overhead_s=costs.step_s,
         request_in_s=costs.request_s,
@@ -121,7 +121,7 @@ def workload_arrivals(workload: Workload) -> ClosedLoop:
 
 def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
     """The loop over the predictor's per-stage step prices, on its deployment's replicas."""
-    return simulate(arrivals, predictor_prices(p), loop.config, replicas=p.deployment.replicas)
+    return simulate(arrivals, predictor_prices(p), loop.config, p.deployment)
 
 
 __all__ = [

@@ -64,7 +64,7 @@ def _program(ctx: Lowering, prog: Program) -> Program:
     name = ctx.plan.overlap
     if name is None or name == "asynctp":
         return prog
-    halves = split_batch(ctx.local_segments, overlap_named(name))
+    halves = split_batch(ctx.batch.segments, overlap_named(name))  # cut before CP deals each its share
     if halves is None:  # the engine runs this batch whole
         return prog
     micro = tuple(MicroBatch(i, h, name) for i, h in enumerate(halves))
