@@ -342,7 +342,7 @@ def analyse(
     if m.fn is not None:
         say("thresholds: where each plan overtakes baseline")
         a.crossovers = crossovers(graph, [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal], topology,
-                                  tp=n, dtype=dtype, expert_dtype=expert_dtype, tokens=crossover_tokens,
+                                  mesh=Mesh(n), dtype=dtype, expert_dtype=expert_dtype, tokens=crossover_tokens,
                                   audits=audits)  # fmt: skip
     a.grid, a.overlap, a.cp_kv, a.arrival = grid, overlap, cp_kv, arrival
     if best_found is not None:
