@@ -419,10 +419,11 @@ def _ms(s: float) -> str:
 
 def _crossover_rows(result: object, topo: object, expert_dtype: str | None) -> list[dict[str, object]]:
     """Where each legal plan of the audit overtakes baseline (tpplan/report/crossover.py)."""
+    from tpplan.mesh import Mesh
     from tpplan.report.crossover import crossovers
 
     plans = [pa.plan for pa in result.plans if pa.legal]  # type: ignore[attr-defined]
-    rows = crossovers(result.graph, plans, topo, tp=result.n, dtype=result.dtype, expert_dtype=expert_dtype)  # type: ignore[attr-defined,arg-type]
+    rows = crossovers(result.graph, plans, topo, mesh=Mesh(result.n), dtype=result.dtype, expert_dtype=expert_dtype)  # type: ignore[attr-defined,arg-type]
     return [c.to_json() for c in rows]
 
 

@@ -550,7 +550,7 @@ def analyse(
             graph,
             [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal],
             topology,
-            tp=n,
+            mesh=Mesh(n),
             dtype=dtype,
             expert_dtype=expert_dtype,
             tokens=crossover_tokens,
