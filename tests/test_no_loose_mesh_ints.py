@@ -38,7 +38,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "audit.py": 1,
     "bench/rank_shapes.py": 1,
     "cost/context_parallel.py": 1,
-    "cost/pipeline.py": 1,
     "cost/pricing.py": 2,
     "cost/sources/aic_fitted.py": 5,
     "cost/workload.py": 2,
@@ -46,7 +45,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "engines/memory.py": 2,
     "engines/recipes/__init__.py": 1,
     "engines/recipes/vllm.py": 2,
-    "engines/schema.py": 1,
     "layout/context_parallel.py": 11,
     "layout/plan.py": 1,
     "lower/stages.py": 1,
@@ -61,8 +59,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "models/opkind_defs.py": 5,
     "models/opkind_types.py": 2,
     "report/analysis.py": 9,
-    "report/crossover.py": 1,
-    "report/deployments.py": 1,
     "report/prompt_length.py": 1,
     "report/writer.py": 1,
     "runtime/context_parallel.py": 5,
@@ -70,8 +66,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "runtime/kernels_local.py": 1,
     "runtime/shard.py": 2,
     "search/grid.py": 1,
-    "simulate/loop.py": 1,
-    "simulate/requests.py": 1,
 }
 
 

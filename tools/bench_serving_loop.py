@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from tpplan.mesh import Mesh
 from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, simulate_disaggregated
 from tpplan.simulate.loop import LoopConfig, StagePrices, simulate
 from tpplan.simulate.prices import CachedPrices
@@ -55,7 +56,8 @@ def main() -> None:
         for _ in range(3):
             t0 = time.perf_counter()
             # CachedPrices as the CLI prices (decode steps at grid points of the mean context, per step)
-            res = simulate(arrivals, CachedPrices(linear(stages)), cfg, replicas=2 if "replicas" in name else 1)
+            mesh = Mesh(1, replicas=2 if "replicas" in name else 1)
+            res = simulate(arrivals, CachedPrices(linear(stages)), cfg, mesh)
             best = min(best, time.perf_counter() - t0)
         report(name, n, res, best)
     for rule in (SGLANG_RULE, VLLM_RULE):

@@ -146,3 +146,13 @@ def test_every_family_benches_with_the_fast_kernels(model: str, one_rank_group) 
         assert any(FK.WINDOWED in i for i in impls)
     if re.search("deepseek-v32", model):
         assert any(FK.REFERENCE_FOR_TOPK in i for i in impls)
+
+
+def test_windows_take_the_band_kernel_unless_flash_is_asked_for(monkeypatch) -> None:
+    g = torch.Generator().manual_seed(6)
+    q, k, v = torch.randn(9, 2, 8, generator=g), torch.randn(20, 2, 8, generator=g), torch.randn(20, 2, 8, generator=g)
+    ref = K.causal_attention(q, k, v, 0.3, window=4)
+    for env, name in (("0", FK.WINDOWED), ("1", FK.WINDOWED_FLASH)):
+        monkeypatch.setenv("TPPLAN_WINDOW_FLASH", env)
+        got = FK.serving_attention(q, k, v, 0.3, 4, None, None)
+        assert got is not None and got[0] == name and torch.allclose(got[1], ref, atol=1e-5)

@@ -180,3 +180,14 @@ def test_moe_all_to_all_rows_follow_the_routing() -> None:
     steps = prog.layers[0].steps
     experts = next(i for i, s in enumerate(steps) if isinstance(s, KernelCall) and s.cost_class == "experts")
     assert steps.index(dispatch) < experts < steps.index(combine)
+
+
+def test_a_collective_cp_replaces_is_not_fused() -> None:
+    """Under `--cp-layers mla` the attention output's planned collective does not run (the CP exchanges
+    take its place), so async TP fuses no GEMM with it; without CP it does."""
+    graph = build_model_graph(load_model("tiny-deepseek-v3"))
+    plan = make_plan("sequence-parallel+asynctp", graph, 4)
+    plain = lower(graph, plan, Mesh(4), Batch(((64, 0),)))
+    mla = lower(graph, plan, Mesh(4, cp=2, cp_layers="mla"), Batch(((64, 0),)))
+    assert "attn_out" in {f.collective for f in plain.fused}
+    assert "attn_out" not in {f.collective for f in mla.fused} and mla.fused

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from cli_helpers import run_cli
@@ -88,3 +89,25 @@ def _layer0(graph, plan) -> LayerProgram:  # type: ignore[no-untyped-def]
     from tpplan.lower import Batch, lower
 
     return lower(graph, plan, Mesh(2), Batch(((5, 0),), "float32")).layers[0]
+
+
+def _checksum_first(ctx: Lowering, layer: LayerProgram) -> LayerProgram:
+    """The toy collective at the head of each layer, ahead of every planned one."""
+    (step,) = [s for s in _checksum(ctx, layer).steps if isinstance(s, Collective) and s.value == "toy_checksum"]
+    return replace(layer, steps=(step, *layer.steps))
+
+
+@pytest.mark.parametrize("plan_name", ["sequence-parallel+asynctp", "sequence-parallel"])
+def test_a_step_ahead_of_the_planned_ones_shifts_no_other_price(plan_name: str) -> None:
+    """A pass that puts its step first changes the layer's price by that step alone: the async-TP pairs
+    find their GEMMs and collectives by name, not by position."""
+    graph = build_model_graph(load_model("tiny-llama"))
+    plan = make_plan(plan_name, graph, 2)
+    topo = load_topology("h200x2")
+    before = predict_plan(graph, plan, topo, mesh=Mesh(2), tokens=512)
+    with added(Pass("toy_first", 35, "a checksum all-reduce heading each layer (test only)", _checksum_first)):
+        after = predict_plan(graph, plan, topo, mesh=Mesh(2), tokens=512)
+    (kind,) = after.kinds
+    toy = next(c for c in kind.collectives if c.label == LABEL)
+    assert kind.collectives[0] is toy
+    assert after.forward_s == pytest.approx(before.forward_s + kind.count * toy.seconds, rel=1e-9)

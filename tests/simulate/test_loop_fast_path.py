@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.prices import CachedPrices
 from tpplan.simulate.requests import Shape, closed_loop, poisson
@@ -34,8 +35,9 @@ CASES = [
 
 @pytest.mark.parametrize(("arrivals", "cfg", "replicas"), CASES)
 def test_per_step_decode_equals_per_token(arrivals, cfg, replicas) -> None:  # type: ignore[no-untyped-def]
-    fast = simulate(arrivals, CachedPrices(linear), cfg, replicas)
-    slow = simulate(arrivals, per_token(CachedPrices(linear)), cfg, replicas)
+    mesh = Mesh(1, replicas=replicas)
+    fast = simulate(arrivals, CachedPrices(linear), cfg, mesh)
+    slow = simulate(arrivals, per_token(CachedPrices(linear)), cfg, mesh)
     assert fast.timelines == slow.timelines
     assert fast.steps == slow.steps
     assert fast.itl == slow.itl

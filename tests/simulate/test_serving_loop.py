@@ -9,6 +9,7 @@ import pytest
 
 from tpplan.cost.workload import Workload, simulate_pipeline
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.prices import CachedPrices
 from tpplan.simulate.requests import ClosedLoop, Request, Shape, Timed, closed_loop, poisson
@@ -75,11 +76,11 @@ def test_requests_share_a_step_first_come_first_served_and_the_split_one_goes_fi
 
 def test_replicas_take_requests_round_robin_and_run_apart() -> None:
     reqs = closed_loop(2, [Shape(100)], 4)
-    r = simulate(reqs, per_100_tokens(), LoopConfig(100), replicas=2)
+    r = simulate(reqs, per_100_tokens(), LoopConfig(100), Mesh(1, replicas=2))
     assert [t.replica for t in r.timelines] == [0, 1, 0, 1] and r.ttfts == [1.0] * 4
     assert simulate(reqs, per_100_tokens(), LoopConfig(100)).ttfts == [1.0, 2.0, 2.0, 2.0]
     with pytest.raises(TpplanError, match="replicas=3"):
-        simulate(reqs, per_100_tokens(), LoopConfig(100), replicas=3)
+        simulate(reqs, per_100_tokens(), LoopConfig(100), Mesh(1, replicas=3))
 
 
 def test_a_closed_loop_client_sends_when_its_first_token_arrives() -> None:
@@ -152,7 +153,7 @@ def test_bad_prices_and_configs_name_the_input() -> None:
 
 def test_replicas_report_their_shares_as_the_cost_model_does() -> None:
     reqs = closed_loop(4, [Shape(100), Shape(300)], 8)
-    res = simulate(reqs, per_100_tokens(), LoopConfig(1000), replicas=2)
+    res = simulate(reqs, per_100_tokens(), LoopConfig(1000), Mesh(1, replicas=2))
     shares = res.as_ttft().replicas
     assert [(s.requests, s.concurrency, s.prefill_tokens) for s in shares] == [(4, 2, 400), (4, 2, 1200)]
     # replica 0: two 100-token prompts per 2 s step, twice; replica 1: two 300-token prompts per 6 s step, twice

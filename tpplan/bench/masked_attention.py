@@ -6,10 +6,11 @@ a 128-token window at 8K tokens is 1/64 of it, so the bench measured many times 
 kernel does. Here each variant touches only the keys it may read, with the same semantics (the CPU tests
 compare them with the reference):
 
-- `windowed_attention` (Gemma, gpt-oss's sliding layers): queries in blocks of window - 1, each block
-  against its own keys and the block before, two square causal flash calls (the second on reversed
-  rows) merged by log-sum-exp; `banded_attention` (a band mask, the memory-efficient kernel) for the
-  first window only.
+- `banded_attention` (Gemma, gpt-oss's sliding layers; the bench's default): queries in blocks, each
+  against the keys its window reaches, one SDPA call with a band mask (the memory-efficient kernel);
+  `windowed_attention` the same by flash alone (blocks of window - 1 queries against their own keys and
+  the block before, two square causal calls, the second on reversed rows, merged by log-sum-exp), which
+  ran 1.5x the band's time on an H100 (its merge's many small launches: docs/benchmarks.md).
 - `chunked_attention` (Llama 4): each chunk's queries against that chunk's keys only, causal, by the
   serving path (SDPA flash).
 - `sinks` (gpt-oss): a learned logit per head joins the softmax denominator and adds no value, so
@@ -120,8 +121,8 @@ def banded_attention(
     """`kernels.causal_attention(..., window=, sinks=)`: q [T, n, d] the last T of S positions, each query at
     p reads keys (p - window, p]. Blocks of `block` queries read `block + window - 1` keys (a multiple of 16:
     the memory-efficient kernel's bias alignment), front-padded with zeros the mask hides; one SDPA call
-    with a band mask. Ran 3-14x the predicted window on an H100 (docs/benchmarks.md): `windowed_attention`
-    uses it only for the queries whose window starts before the first key."""
+    with a band mask: the bench's window kernel (`windowed_attention` takes it for the queries whose window
+    starts before the first key)."""
     t, s = q.shape[0], k.shape[0]
     n, dv = q.shape[1], v.shape[-1]
     blk = block or block_for(window)

@@ -358,7 +358,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 MASKED_SDPA = "window and chunk: torch SDPA with a boolean mask"
-WINDOWED = "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
+WINDOWED = "window: SDPA per query block over its window's keys (band mask)"
+WINDOWED_FLASH = (
+    "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
+)
 CHUNKED = "chunk: SDPA flash per attention chunk"
 SINKS = "sinks: flash with log-sum-exp, sinks applied after"
 REFERENCE_FOR_TOPK = "top-k (DSA): reference, scores in query blocks"
@@ -391,9 +394,12 @@ def serving_attention(
     """The serving-class kernel for a window, a chunk and/or sinks (`masked_attention` module), with the
     name `attention_variants_used` records; None for a call none of them expresses."""
     if window is not None and chunk is None:
-        return WINDOWED + (" + " + SINKS if sinks is not None else ""), MA.windowed_attention(
-            q, k, v, scale, window, sinks
-        )
+        # The band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's / gpt-oss's
+        # window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1 for those.
+        flash = os.environ.get("TPPLAN_WINDOW_FLASH", "0") == "1"
+        name = (WINDOWED_FLASH if flash else WINDOWED) + (" + " + SINKS if sinks is not None else "")
+        run = MA.windowed_attention if flash else MA.banded_attention
+        return name, run(q, k, v, scale, window, sinks)
     if sinks is not None:
         return (SINKS, MA.sink_attention(q, k, v, scale, sinks)) if window is None and chunk is None else None
     if chunk is not None and window is None:

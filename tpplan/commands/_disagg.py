@@ -59,7 +59,7 @@ class PdSides:
 
 def _inside(sides: PdSides, err: TpplanError) -> TpplanError:
     """A library error about one side's mesh or plan, said of `--pd` (its `tp=3` is the side's tp3, not --tp)."""
-    unflag = re.compile(r"\b(tp|pp|cp|plan|pd)=")
+    unflag = re.compile(r"\b(tp|pp|cp|plan|pd|instances)=")
     where, reason, fix = (unflag.sub(r"\1 ", x) for x in (err.where, err.reason, err.fix))
     return TpplanError(f"--pd {sides.text}", f"{where}: {reason}", fix)
 
@@ -184,6 +184,9 @@ def print_pd(entries: list[dict[str, object]], label: str = "plan") -> None:
         show(out, t)
     for line in notes:
         print_wrapped(out, line)
+    from tpplan.simulate.disagg import PD_NOT_MODELLED
+
+    print_wrapped(out, "P/D leaves out: " + "; ".join(PD_NOT_MODELLED))
 
 
 __all__ = ["PdOpt", "PdSides", "parse_pd", "pd_block", "pd_engine", "print_pd"]

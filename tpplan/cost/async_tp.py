@@ -110,12 +110,15 @@ def check_one_domain(p: OpPrices) -> None:
 
 
 def pair_seconds(
-    p: OpPrices, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts
-) -> tuple[float, float]:
+    p: OpPrices, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts,
+    gemm_res: LayerResult | None = None,
+) -> tuple[float, float]:  # fmt: skip
     """(fused, unfused) seconds of one pair of layer `res` (priced `kt`): the chunk pipeline, and the GEMMs
-    plus the NCCL collective that the layer's price holds for them (`gemm_kt`: the layer holding the GEMM)."""
+    plus the NCCL collective that the layer's price holds for them (`gemm_kt`: the layer holding the GEMM,
+    whose propagation `gemm_res` names the GEMMs; without it they are found by position). The priced
+    GEMMs and collective are found by name, so steps another lowering pass adds do not shift them."""
     n = p.tp
-    gemms: list[OpTime] = [gemm_kt.ops[i] for i in pair.gemms]
+    gemms = _priced_gemms(pair, gemm_kt, gemm_res)
     ops = {x.name: x for x in p.graph.kinds[gemm_kt.kind].ops}
     chunk_gemm = 0.0
     rows = 0
@@ -134,7 +137,16 @@ def pair_seconds(
         fused = all_gather_matmul_seconds(n, chunk_gemm, copy, _hbm(p, 2 * chunk_bytes), barrier)
     else:
         fused = matmul_reduce_scatter_seconds(n, chunk_gemm, copy, _hbm(p, (n + 1) * chunk_bytes), barrier)
-    return fused, sum(o.seconds for o in gemms) + kt.collectives[pair.comm].seconds
+    label = res.comms[pair.comm].label
+    coll = next(c for c in kt.collectives if c.label == label)
+    return fused, sum(o.seconds for o in gemms) + coll.seconds
+
+
+def _priced_gemms(pair: FusedPair, gemm_kt: KindTime, gemm_res: LayerResult | None) -> list[OpTime]:
+    if gemm_res is None:
+        return [gemm_kt.ops[i] for i in pair.gemms]
+    names = [gemm_res.decisions[i].op.name for i in pair.gemms]
+    return [next(o for o in gemm_kt.ops if o.op == name) for name in names]
 
 
 def fused_layers_seconds(
@@ -143,7 +155,8 @@ def fused_layers_seconds(
 ) -> float:  # fmt: skip
     """Seconds for these consecutive layers of one batch with every fused pair run as its chunk pipeline
     (the layer's other ops and collectives as before). A reduce-scatter whose GEMM ran before the first
-    of `results` (a pipeline stage's first layer) stays unfused."""
+    of `results` (a pipeline stage's first layer) stays unfused, and so does the GEMM of a collective the
+    lowered program does not run (`--cp-layers mla`'s attention output, replaced by the CP exchanges)."""
     check_one_domain(p)
     costs = costs or AsyncTpCosts()
     total = 0.0
@@ -151,9 +164,12 @@ def fused_layers_seconds(
     for r in results:
         kt = kind_time(r, segs)
         total += kt.total_s
+        priced = {c.label for c in kt.collectives}
         for pair in fused_pairs(r, prev[0] if prev is not None else None):
-            gemm_kt = prev[1] if pair.from_previous and prev is not None else kt
-            fused, unfused = pair_seconds(p, pair, r, kt, gemm_kt, costs)
+            if r.comms[pair.comm].label not in priced:  # not run: a CP exchange took its place (`--cp-layers mla`)
+                continue
+            gemm_res, gemm_kt = prev if pair.from_previous and prev is not None else (r, kt)
+            fused, unfused = pair_seconds(p, pair, r, kt, gemm_kt, costs, gemm_res)
             total += fused - unfused
         prev = (r, kt)
     return total

@@ -51,8 +51,11 @@ SIDES = ("prefill", "decode", "transfer")
 SLACK = 0.10  # choose_ratio simulates the ratios whose bound is within 10% of the best one's
 MAX_SIMULATED = 4  # and at most this many of them
 PD_NOT_MODELLED = (
-    "SGLang: a chunk's share of the prompt's KV hand-off is in proportion to its new tokens (the link's latency "
-    "is charged once per prompt, not per chunk); vLLM reads the whole prompt's KV after its last chunk",
+    "SGLang's per-chunk KV sends: a chunk's part of the hand-off is its share of the prompt's new tokens (the "
+    "link's latency charged once per prompt, not per chunk)",
+    "the decode server reserves prompt + output KV at admission (SGLang 0.5.23 reserves prompt + "
+    "num_reserved_decode_tokens, 512, in DecodePreallocQueue._prealloc_required_tokens and retracts when full; "
+    "vLLM 0.34.0 allocates each step's slots in Scheduler.schedule, allocate_slots)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "requests go to instances round-robin; the engines' routers were not read",
 )
@@ -104,7 +107,7 @@ class DisaggDeployment:
                               "give both pools the same engine")  # fmt: skip
         topo = self.prefill.predictor.topo
         if self.gpus > topo.world_size:
-            raise TpplanError(f"pd={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
+            raise TpplanError(f"instances={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
                               "use fewer instances or a cluster with more nodes")  # fmt: skip
 
     @property

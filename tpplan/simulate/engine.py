@@ -121,7 +121,7 @@ def workload_arrivals(workload: Workload) -> ClosedLoop:
 
 def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
     """The loop over the predictor's per-stage step prices, on its deployment's replicas."""
-    return simulate(arrivals, predictor_prices(p), loop.config, replicas=p.deployment.replicas)
+    return simulate(arrivals, predictor_prices(p), loop.config, p.deployment)
 
 
 __all__ = [

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from tpplan.cost.segments import Segments
 from tpplan.cost.workload import PrefillBatch, ReplicaShare, Segment
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request, split_round_robin
 from tpplan.simulate.results import LoopResult, Timeline
 
@@ -398,15 +399,17 @@ def run_replica(
     return rep.timelines(0), rep.steps, rep.itl
 
 
-def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, replicas: int = 1) -> LoopResult:
-    """The serving loop over `replicas` identical replicas, requests dealt round-robin
+def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh | None = None) -> LoopResult:
+    """The serving loop over the mesh's identical replicas (None: one), requests dealt round-robin
     (`split_round_robin`); timelines in the arrivals' request order, steps by start time with the
-    arrivals' request ids."""
+    arrivals' request ids. `prices` are one replica's (the mesh's other axes are in them)."""
+    mesh = mesh or Mesh(1)
+    replicas = mesh.replicas
     lines: dict[int, Timeline] = {}
     steps: list[PrefillBatch] = []
     itl: list[float] = []
     shares: list[ReplicaShare] = []
-    for r, (ids, share) in enumerate(split_round_robin(arrivals, replicas)):
+    for r, (ids, share) in enumerate(split_round_robin(arrivals, mesh)):
         tl, st, gaps = run_replica(share, prices, cfg)
         itl += gaps
         shares.append(_share(share, tl, st))

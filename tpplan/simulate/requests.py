@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 MAX_RATE = 1e6  # requests/s; above this a rate is a typo, not a workload
 
@@ -90,12 +91,12 @@ def poisson(rate: float, shapes: Sequence[Shape], n: int, seed: int = 0) -> Time
     return Timed(tuple(out))
 
 
-def split_round_robin(arrivals: Arrivals, replicas: int) -> list[tuple[list[int], Arrivals]]:
-    """Each replica's share as the engines' default routers deal it: request i to replica i mod R
+def split_round_robin(arrivals: Arrivals, mesh: Mesh) -> list[tuple[list[int], Arrivals]]:
+    """Each of the mesh's R replicas' share as the engines' default routers deal it: request i to replica i mod R
     (closed loop: requests as above, and clients c, c + R, ... of replica r; as
     `tpplan.cost.workload.replica_workloads`, whose routing rule cites both engines). Returns (the original ids,
     the share with ids 0..n-1) per replica; R above the requests (or the clients) is refused."""
-    reqs = arrivals.requests
+    reqs, replicas = arrivals.requests, mesh.replicas
     clients = arrivals.concurrency if isinstance(arrivals, ClosedLoop) else len(reqs)
     if replicas < 1 or replicas > min(clients, len(reqs)):
         raise TpplanError(f"replicas={replicas}", f"{len(reqs)} requests from {clients} clients leave a replica idle",

@@ -25,7 +25,10 @@ def _program(ctx: Lowering, prog: Program) -> Program:
         prev = None
         for layer in stage.layers:
             res = ctx.results[layer.index]
+            replaced = set(ctx.cp_audit.kinds[res.kind].replaces)  # `--cp-layers mla`: not run, so not fused
             for p in fused_pairs(res, prev):
+                if res.comms[p.comm].value in replaced:
+                    continue
                 src = prev if p.from_previous and prev is not None else res
                 gemms = tuple(src.decisions[i].op.name for i in p.gemms)
                 pairs.append(FusedPair(layer.index, p.pattern, res.comms[p.comm].value, gemms, p.from_previous))
