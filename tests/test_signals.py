@@ -125,9 +125,13 @@ def _children(pid: int) -> list[int]:
     reason="needs /proc children lists and two cores (the search forks workers only then)",
 )
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_during_ranking_ends_every_process_and_eof_arrives(sig: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("targets", [False, True], ids=["search", "under-targets-progress-ticking"])
+def test_a_signal_during_ranking_ends_every_process_and_eof_arrives(sig: int, targets: bool, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tpplan", "search", "-m", "deepseek-v3", "--topology", "h200x8-ib400", "--nodes", "4"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SLOW_SEARCH), str(ROOT)]), "TPPLAN_TEST_SLOW_SEARCH": "60"}
+    if targets:  # forks beside the progress thread, paused for the fork (search/pool.py)
+        cmd += ["--workload", "prompt4k-out512-c16", "--ttft-target", "2s", "--tpot-target", "50ms"]
+        env["TPPLAN_TEST_KEEP_TICK"] = "1"
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_reset_signals)  # fmt: skip
     end = time.monotonic() + 60

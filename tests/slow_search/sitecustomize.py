@@ -1,9 +1,8 @@
 """Imported at start-up by a Python process the tests start with this folder on PYTHONPATH: with
 TPPLAN_TEST_SLOW_SEARCH=SECONDS, each deployment the search's forked workers take starts with that
 long a sleep, so a test's signal lands while the workers rank, however fast the search has become
-(tests/test_signals.py, tests/fuzz/test_fuzz_processes.py). The progress lines tick as in any CLI
-run: the search forks its workers with that thread paused (search/pool.py). tpplan itself has no
-such seam."""
+(tests/test_signals.py, tests/fuzz/test_fuzz_processes.py), and the progress lines do not tick (see
+below; TPPLAN_TEST_KEEP_TICK=1 keeps them). tpplan itself has no such seam."""
 
 from __future__ import annotations
 
@@ -21,3 +20,12 @@ if os.environ.get("TPPLAN_TEST_SLOW_SEARCH"):
         return _real(*args, **kwargs)
 
     ranking._search_one = _slow
+
+    # A search without targets forks its workers only from a single-threaded process (its serial
+    # path prunes by a cutoff the workers cannot know: search/ranking._search_all); off a terminal the
+    # progress lines tick on a thread of their own (commands/_console.PlainSteps). Without the tick,
+    # the search forks as a CLI run with no progress thread does, which is what these tests stop.
+    if not os.environ.get("TPPLAN_TEST_KEEP_TICK"):
+        from tpplan.commands import _console
+
+        _console.TICK_S = 0

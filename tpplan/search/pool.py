@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -97,15 +97,15 @@ def _fork(workers: int) -> ProcessPoolExecutor:
 
 
 @contextmanager
-def forked_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
-    """A pool of `workers` forked processes (None: this process runs a thread that cannot pause, so
-    the caller runs its tasks in turn): shut down normally when the block ends, killed when an
-    exception (a signal's included) leaves it."""
+def forked_pool(workers: int, pause: bool = True) -> Iterator[ProcessPoolExecutor | None]:
+    """A pool of `workers` forked processes (None: this process runs a thread that cannot pause, or
+    any thread with `pause=False`, so the caller runs its tasks in turn): shut down normally when the
+    block ends, killed when an exception (a signal's included) leaves it."""
     from tpplan.signals import deferred
 
     pool = None
     try:
-        with _threads_paused():
+        with _threads_paused() if pause else nullcontext():
             if threading.active_count() == 1:
                 with deferred():  # a signal meanwhile is raised once `pool` is set: the workers are killed
                     pool = _fork(workers)

@@ -223,7 +223,10 @@ def _search_all(
         workers = fork_workers(len(grid))
         if workers:
             _before_fork(s, grid)
-            with forked_pool(workers) as pool:
+            # Workers cannot know the serial path's `cutoff`, so where it applies they keep plans it
+            # would not (the ranked ones are the same; the memo shows each deployment's best): there
+            # a process with a progress thread (the CLI) searches in turn, as it always has.
+            with forked_pool(workers, pause=s.every_deployment) as pool:
                 if pool is not None:
                     return _search_forked(s, grid, pool, workers, say)
         out = []
