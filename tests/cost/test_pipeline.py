@@ -88,15 +88,16 @@ def test_engine_selection() -> None:
     assert pipeline_model().engine == DEFAULT_PP_ENGINE == "sglang@0.5.23"
     v = pipeline_model("vllm")
     assert v.engine == "vllm@0.34.0" and v.schedule is ENGINES["vllm@0.34.0"].pipeline
-    assert "vLLM 0.34.0" in v.assumption(4) and "at most 5 micro-batches in flight (pp_size 4 + 1)" in v.assumption(4)
+    said = v.assumption(Mesh(8, pp=4))
+    assert "vLLM 0.34.0" in said and "at most 5 micro-batches in flight (pp_size 4 + 1)" in said
     with pytest.raises(TpplanError, match="engine=trtllm@1"):
         pipeline_model("trtllm@1")
     # the sentence follows the fields the simulation reads
     deeper = replace(pipeline_model(), schedule=replace(pipeline_model().schedule, extra_in_flight=1))
     assert deeper.in_flight(Mesh(8, pp=4)) == 5
-    assert "at most 5 micro-batches in flight (pp_size 4 + 1)" in deeper.assumption(4)
+    assert "at most 5 micro-batches in flight (pp_size 4 + 1)" in deeper.assumption(Mesh(8, pp=4))
     serial = replace(v, schedule=replace(v.schedule, chunks_overlap=False))
-    assert "waits until its previous chunk has left the last stage" in serial.assumption(4)
+    assert "waits until its previous chunk has left the last stage" in serial.assumption(Mesh(8, pp=4))
 
 
 @pytest.fixture(scope="module")

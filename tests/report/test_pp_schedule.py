@@ -8,6 +8,7 @@ import pytest
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.topology import Topology, load_topology
 from tpplan.cost.workload import Workload
+from tpplan.mesh import Mesh
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
 from tpplan.simulate.engine import pp_unpriced
@@ -36,7 +37,7 @@ def test_the_memo_states_the_schedule_that_priced_pp(engines) -> None:
     expected = (engines or ["sglang@0.5.23"])[0]
     assert model.engine == a.pp_engine == expected
     md = build_memo(a).markdown
-    assert model.assumption(2) + "." in md
+    assert model.assumption(Mesh(1, pp=2)) + "." in md
     unpriced = pp_unpriced(model)  # what the serving loop leaves out (it prices the scheduler's CPU per step)
     assert unpriced and f"Not priced ({model.label}): " + "; ".join(unpriced) + "." in md
     assert md.count("PP TTFT is priced as ") == 1  # one engine's behaviour, not both

@@ -9,8 +9,9 @@ from tpplan.cost.provenance import BANDS, provenance, within_band
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
-from tpplan.report.analysis import analyse, parse_current
+from tpplan.report.analysis import analyse
 from tpplan.report.crossover import crossing
+from tpplan.report.memo_variants import parse_current
 
 
 @pytest.mark.parametrize(

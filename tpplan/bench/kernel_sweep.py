@@ -87,6 +87,11 @@ def run_sweep(
     return doc
 
 
+Families = dict[str, Callable[[], list[dict[str, Any]]]]  # family name -> its sweep's points
+K3_HEADS = (96, 48, 24, 12, 6, 3)  # K3's KDA and MLA heads per rank at TP1..TP32
+TOKENS = (1024, 2048, 4096, 8192)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m tpplan.bench.kernel_sweep OUT.json BUDGET_S [MODE]`: the sweep of docs/benchmarks.md (K3
     shapes at TP1..TP32 per rank; heads per rank 96/TP for K3's KDA and MLA). MODE `in-model-shapes`:
@@ -102,60 +107,14 @@ def main(argv: list[str] | None = None) -> None:
         out, budget = check_file("OUT.json", args[0]), float(args[1])  # before any GPU work
     except TpplanError as exc:
         sys.exit(f"error: {exc}")
-    from tpplan.bench.gemm_probe import probe
-
-    def gemm() -> list[dict[str, Any]]:
-        return [{"family": "gemm", "m": p.m, "k": p.k, "n": p.n, "warm_tflops": p.warm_tflops,
-                 "cold_tflops": p.cold_tflops, "table_tflops": p.table_tflops} for p in probe()]  # fmt: skip
-
-    k3_heads = (96, 48, 24, 12, 6, 3)
     start = time.perf_counter()
-    dims = ((192, 128), (128, 128))
-    tok = (1024, 2048, 4096, 8192)
-    families: dict[str, Callable[[], list[dict[str, Any]]]] = {
-        "gemm": gemm,
-        "attention": lambda: attention_points(k3_heads, tok, (0, 8192, 16384), dims),
-        "attention_cascade": lambda: attention_points(k3_heads, tok, (0, 8192, 16384), dims, impl="cascade"),
-        "kda": lambda: kda_batched_points(
-            (96, 48, 24, 12, 6, 3, 2, 1), (8192, 4096, 2048, 1024), deadline=start + budget * 0.8
-        ),
-        "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), tok, 896, 16, 3584, 3072),
-        "short_conv": lambda: conv_points((12288, 3072, 768, 384), (1024, 4096, 8192)),
-        "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
-    }
+    families = _sweep1_families(start, budget)
     if len(args) > 2 and args[2] == "ops":  # sweep 2: the ops as the model's run calls them (see the docstring)
         kda_heads = tuple(int(h) for h in args[3].split(",")) if len(args) > 3 else (96, 12, 3)
-        k3 = (3584, 3072)
         HOST_AHEAD[0] = True
-        families = {
-            "attention_op": lambda: mla_op_points(k3_heads, tok, (0, 4096, 8192, 16384)),
-            "experts_op": lambda: experts_op_points(
-                [(e, e, 16, *k3) for e in (256, 128, 64, 32)]
-                + [(896, e, 16, *k3) for e in (224, 112, 56)]
-                + [(256, 256, 8, 2304, 1024), (256, 64, 8, 2304, 1024)],
-                tok,
-            ),  # Kimi-Linear's experts
-            "short_conv": lambda: conv_points((12288, 4096, 1536, 384), tok),
-            "attn_res": lambda: attn_res_points(tok, (1, 2, 4, 8), 7168),
-            "norm": lambda: norm_points((7168, 2304, 12288, 1536, 512), tok),
-            "kda_runtime": lambda: kda_points(
-                kda_heads, (8192, 4096, 2048, 1024), reps=5, deadline=start + budget - 100
-            ),
-        }
-        # Qwen3-Next's GDN at 16 and 2 key heads per rank (TP1, TP8), two v heads each.
-        families["gdn"] = lambda: gdn_points((16, 2), (8192, 4096, 2048, 1024), deadline=start + budget - 100)
-        # The same calls behind a GEMM load instead of the sleep (`loaded`): power and clock as in a run.
-        load = ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime", "gdn")
-        families |= {f"{name}_loaded": partial(loaded, families[name]) for name in load}
+        families = _ops_families(kda_heads, start, budget)
     if len(args) > 2 and args[2] == "in-model-shapes":  # the shapes the TP1 bench runs, for the model's check
-        families = {
-            "experts_dense": lambda: (
-                expert_points((128,), (1024, 4096, 8192), 128, 16, 3584, 3072)
-                + expert_points((256,), (1024, 4096, 8192), 256, 16, 3584, 3072)
-            ),
-            "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
-            "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
-        }
+        families = _in_model_families()
     if len(args) > 4 and args[2] == "ops":  # a comma list of the families to run
         families = {k: families[k] for k in args[4].split(",") if k in families}  # in the order given
     from contextlib import nullcontext
@@ -166,6 +125,65 @@ def main(argv: list[str] | None = None) -> None:
         doc = run_sweep(out, budget, families, timing="host ahead" if HOST_AHEAD[0] else "back to back")
     SAMPLER[0] = None
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
+
+
+def _sweep1_families(start: float, budget: float) -> Families:
+    """Sweep 1: GEMMs, attention (flash and cascade), KDA, experts and the short convolution at K3's
+    shapes per rank, timed back to back."""
+    from tpplan.bench.gemm_probe import probe
+
+    def gemm() -> list[dict[str, Any]]:
+        return [{"family": "gemm", "m": p.m, "k": p.k, "n": p.n, "warm_tflops": p.warm_tflops,
+                 "cold_tflops": p.cold_tflops, "table_tflops": p.table_tflops} for p in probe()]  # fmt: skip
+
+    dims = ((192, 128), (128, 128))
+    return {
+        "gemm": gemm,
+        "attention": lambda: attention_points(K3_HEADS, TOKENS, (0, 8192, 16384), dims),
+        "attention_cascade": lambda: attention_points(K3_HEADS, TOKENS, (0, 8192, 16384), dims, impl="cascade"),
+        "kda": lambda: kda_batched_points(
+            (96, 48, 24, 12, 6, 3, 2, 1), (8192, 4096, 2048, 1024), deadline=start + budget * 0.8
+        ),
+        "experts": lambda: expert_points((448, 224, 112, 56, 28, 14), TOKENS, 896, 16, 3584, 3072),
+        "short_conv": lambda: conv_points((12288, 3072, 768, 384), (1024, 4096, 8192)),
+        "experts_tp": lambda: expert_points((896,), (1024, 4096, 8192), 896, 16, 3584, 384),
+    }
+
+
+def _ops_families(kda_heads: tuple[int, ...], start: float, budget: float) -> Families:
+    """Sweep 2: the ops as the model's run calls them (K3's MLA, experts, conv, attn_res, norms, KDA at
+    `kda_heads` per rank, Qwen3-Next's GDN), each also behind a GEMM load (`<name>_loaded`)."""
+    k3 = (3584, 3072)
+    families: Families = {
+        "attention_op": lambda: mla_op_points(K3_HEADS, TOKENS, (0, 4096, 8192, 16384)),
+        "experts_op": lambda: experts_op_points(
+            [(e, e, 16, *k3) for e in (256, 128, 64, 32)]
+            + [(896, e, 16, *k3) for e in (224, 112, 56)]
+            + [(256, 256, 8, 2304, 1024), (256, 64, 8, 2304, 1024)],
+            TOKENS,
+        ),  # Kimi-Linear's experts
+        "short_conv": lambda: conv_points((12288, 4096, 1536, 384), TOKENS),
+        "attn_res": lambda: attn_res_points(TOKENS, (1, 2, 4, 8), 7168),
+        "norm": lambda: norm_points((7168, 2304, 12288, 1536, 512), TOKENS),
+        "kda_runtime": lambda: kda_points(kda_heads, (8192, 4096, 2048, 1024), reps=5, deadline=start + budget - 100),
+    }
+    # Qwen3-Next's GDN at 16 and 2 key heads per rank (TP1, TP8), two v heads each.
+    families["gdn"] = lambda: gdn_points((16, 2), (8192, 4096, 2048, 1024), deadline=start + budget - 100)
+    # The same calls behind a GEMM load instead of the sleep (`loaded`): power and clock as in a run.
+    load = ("attention_op", "experts_op", "short_conv", "norm", "attn_res", "kda_runtime", "gdn")
+    return families | {f"{name}_loaded": partial(loaded, families[name]) for name in load}
+
+
+def _in_model_families() -> Families:
+    """Sweep 1's check at the shapes the TP1 bench runs."""
+    return {
+        "experts_dense": lambda: (
+            expert_points((128,), (1024, 4096, 8192), 128, 16, 3584, 3072)
+            + expert_points((256,), (1024, 4096, 8192), 256, 16, 3584, 3072)
+        ),
+        "attn_res": lambda: attn_res_points((1024, 4096, 8192), (1, 2, 4), 7168),
+        "kda_runtime": lambda: kda_points((96, 48, 24, 12, 6, 3), (8192, 2048), reps=5),
+    }
 
 
 if __name__ == "__main__":

@@ -48,11 +48,39 @@ def _provenance(r: BenchResults) -> str:
 
 
 def _plan_markdown(pb: PlanBench) -> list[str]:
+    """One plan's section: batches, layers, ops by category, ops, collectives and the extrapolated TTFT."""
     r = pb.results
     out = [f"## {pb.plan}", ""]
     if pb.fallbacks:
         out += [f"Fallbacks: {len(pb.fallbacks)} chunk(s) ran the baseline plan ({pb.fallbacks[0]}).", ""]
-    out += [
+    out += _batches_markdown(pb)
+    # Profiled predictions are calibrated on measured ops (in-sample where the profile was fitted on
+    # this slice): the physical model alone stands beside them.
+    cal = any(o.profiled for o in r.ops)
+    out += _layers_markdown(r, cal)
+    out += _ops_markdown(r, cal)
+    out += _collectives_markdown(pb)
+    for t in r.ttft:
+        out += [
+            "",
+            f"TTFT extrapolated to {t.topology}, {t.workload}: mean {t.mean_s:.3f} s, p50 {t.p50_s:.3f} s, "
+            f"max {t.max_s:.3f} s (unscaled prediction: mean {t.predicted_mean_s or 0:.3f} s). Method: {TTFT_METHOD}.",
+        ]
+    out.append("")
+    return out
+
+
+def _predicted_head(cal: bool) -> tuple[str, str]:
+    """The prediction's columns (calibrated, and the model alone beside it, when profiles priced the ops)
+    and their alignment row."""
+    pred_h = "calibrated ms | error | model alone ms | error" if cal else "predicted ms | error"
+    return pred_h, "---:|---:|" + ("---:|---:|" if cal else "")
+
+
+def _batches_markdown(pb: PlanBench) -> list[str]:
+    """Each batch measured against predicted, and all of them together."""
+    r = pb.results
+    out = [
         "### Batches",
         "",
         "| batch | tokens | requests | context | measured ms | predicted ms | error |",
@@ -65,19 +93,15 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
         )
     tm = sum(b.measured_s for b in r.batches)
     tp = sum(b.predicted_s or 0 for b in r.batches)
-    out += [f"| all | | | | {ms(tm)} | {ms(tp)} | {err(tm, tp)} |", ""]
-    out += [
+    return [*out, f"| all | | | | {ms(tm)} | {ms(tp)} | {err(tm, tp)} |", ""]
+
+
+def _layers_markdown(r: BenchResults, cal: bool) -> list[str]:
+    """Each layer kind's time (mean over batches), split into communication and compute."""
+    pred_h, sep = _predicted_head(cal)
+    out = [
         "### Layers (mean over batches)",
         "",
-    ]
-    # Profiled predictions are calibrated on measured ops (in-sample where the profile was fitted on
-    # this slice): the physical model alone stands beside them.
-    cal = any(o.profiled for o in r.ops)
-    pred_h = "calibrated ms | error" + (" | model alone ms | error" if cal else "")
-    if not cal:
-        pred_h = "predicted ms | error"
-    sep = "---:|---:|" + ("---:|---:|" if cal else "")
-    out += [
         f"| layer kind | tokens | measured ms | comm ms | compute ms | {pred_h} |",
         f"|---|---:|---:|---:|---:|{sep}",
     ]
@@ -90,7 +114,13 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
             f"{ms(x.compute_measured_s)} | {ms(x.predicted_s)} | {err(x.measured_s, x.predicted_s)} |"
             + (f" {ms(alone)} | {err(x.measured_s, alone)} |" if cal else "")
         )
-    out += [
+    return out
+
+
+def _ops_markdown(r: BenchResults, cal: bool) -> list[str]:
+    """The ops summed per layer kind and category, then each op."""
+    pred_h, sep = _predicted_head(cal)
+    out = [
         "",
         "### Ops by category (sum over the layer's ops, mean over batches)",
         "",
@@ -119,7 +149,13 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
             f"{ms(o.predicted_s)} | {err(o.measured_s, o.predicted_s)} |"
             + (f" {ms(o.estimate_s)} | {err(o.measured_s, o.estimate_s)} |" if cal else "")
         )
-    out += [
+    return out
+
+
+def _collectives_markdown(pb: PlanBench) -> list[str]:
+    """Each collective measured against predicted, and the runtime's overhead over the same call issued
+    directly."""
+    out = [
         "",
         "### Collectives",
         "",
@@ -127,7 +163,7 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
         "runtime replay us | direct us | runtime overhead |",
         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for i, c in enumerate(r.collectives):
+    for i, c in enumerate(pb.results.collectives):
         rt = pb.runtime_s.get(i)
         ov = f"{rt / c.direct_s - 1:+.1%}" if rt and c.direct_s else ""
         out.append(
@@ -135,13 +171,6 @@ def _plan_markdown(pb: PlanBench) -> list[str]:
             f"{c.bytes / 1e6:.2f} | {c.iters} | {us(c.measured_s)} | {us(c.predicted_s)} | "
             f"{err(c.measured_s, c.predicted_s)} | {us(rt)} | {us(c.direct_s)} | {ov} |"
         )
-    for t in r.ttft:
-        out += [
-            "",
-            f"TTFT extrapolated to {t.topology}, {t.workload}: mean {t.mean_s:.3f} s, p50 {t.p50_s:.3f} s, "
-            f"max {t.max_s:.3f} s (unscaled prediction: mean {t.predicted_mean_s or 0:.3f} s). Method: {TTFT_METHOD}.",
-        ]
-    out.append("")
     return out
 
 

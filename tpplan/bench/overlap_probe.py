@@ -191,6 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     ops, loads = _ops(torch), _loads(torch)
     if args.loads:
         loads = {k: v for k, v in loads.items() if k in args.loads}
+    rows = _probe(torch, ops, loads, args.window_ms)
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    held_sms = {k: len(set(v.tolist())) for k, v in SM_IDS.items() if k in loads}
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date,
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+            "held_load_distinct_sms": held_sms}  # fmt: skip
+    print(f"held loads ran on distinct SMs: {held_sms}", file=sys.stderr)
+    write_files({out: json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"}, "--out")
+    return 0
+
+
+def _probe(torch: Any, ops: dict[str, Any], loads: dict[str, Any], window_ms: float) -> list[dict[str, Any]]:
+    """Every op beside every load, after ~2 s of GEMMs settle the clock and power: one row each, printed."""
     rows: list[dict[str, Any]] = []
     t_start = time.time()
     warm = ops["gemm_8192x7168x6144"]
@@ -205,34 +218,38 @@ def main(argv: list[str] | None = None) -> int:
     for op_name, op in ops.items():
         for _ in range(5):
             op()
-        reps = max(5, round(args.window_ms / 1e3 / time_calls(torch, op, 5)))
-        for load_name, (fn, nbytes) in loads.items():
-            alone, _ = time_beside(torch, op, reps, None, 1.0, 0.0)  # again per load: the clock drifts
-            both_op, _ = time_beside(torch, op, reps, fn, load_alone[load_name], alone * reps)
-            # roles swapped: the load timed over a window the op's queue covers whole
-            load_reps = max(3, round(args.window_ms / 1e3 / load_alone[load_name]))
-            load_alone[load_name], _ = time_beside(torch, fn, load_reps, None, 1.0, 0.0)
-            both_load, _ = time_beside(torch, fn, load_reps, op, alone, load_alone[load_name] * load_reps)
-            distinct = len(set(SM_IDS[load_name].tolist())) if load_name in SM_IDS else None
-            rows.append({
-                "op": op_name, "load": load_name, "reps": reps,
-                "op_alone_s": alone, "op_concurrent_s": both_op, "op_slowdown": both_op / alone,
-                "load_alone_GBps": nbytes / load_alone[load_name] / 1e9,
-                "load_concurrent_GBps": nbytes / both_load / 1e9,
-                "load_distinct_sms": distinct,
-            })  # fmt: skip
-            r = rows[-1]
+        reps = max(5, round(window_ms / 1e3 / time_calls(torch, op, 5)))
+        for load_name, load in loads.items():
+            r = _pair(torch, op_name, op, reps, load_name, load, load_alone, window_ms)
+            rows.append(r)
             print(f"{op_name:32s} {load_name:13s} op x{r['op_slowdown']:.2f}  load "
                   f"{r['load_alone_GBps']:6.0f} -> {r['load_concurrent_GBps']:6.0f} GB/s "
-                  f"sms {distinct} [{time.time() - t_start:5.1f} s]", file=sys.stderr, flush=True)  # fmt: skip
-    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    held_sms = {k: len(set(v.tolist())) for k, v in SM_IDS.items() if k in loads}
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date,
-            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-            "held_load_distinct_sms": held_sms}  # fmt: skip
-    print(f"held loads ran on distinct SMs: {held_sms}", file=sys.stderr)
-    write_files({out: json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"}, "--out")
-    return 0
+                  f"sms {r['load_distinct_sms']} [{time.time() - t_start:5.1f} s]",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
+def _pair(
+    torch: Any, op_name: str, op: Any, reps: int, load_name: str, load: tuple[Any, float],
+    load_alone: dict[str, float], window_ms: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One op beside one load, both ways: the op timed alone and under the load, then the load (its
+    time alone re-measured into `load_alone`) over a window the op's queue covers whole."""
+    fn, nbytes = load
+    alone, _ = time_beside(torch, op, reps, None, 1.0, 0.0)  # again per load: the clock drifts
+    both_op, _ = time_beside(torch, op, reps, fn, load_alone[load_name], alone * reps)
+    # roles swapped: the load timed over a window the op's queue covers whole
+    load_reps = max(3, round(window_ms / 1e3 / load_alone[load_name]))
+    load_alone[load_name], _ = time_beside(torch, fn, load_reps, None, 1.0, 0.0)
+    both_load, _ = time_beside(torch, fn, load_reps, op, alone, load_alone[load_name] * load_reps)
+    distinct = len(set(SM_IDS[load_name].tolist())) if load_name in SM_IDS else None
+    return {
+        "op": op_name, "load": load_name, "reps": reps,
+        "op_alone_s": alone, "op_concurrent_s": both_op, "op_slowdown": both_op / alone,
+        "load_alone_GBps": nbytes / load_alone[load_name] / 1e9,
+        "load_concurrent_GBps": nbytes / both_load / 1e9,
+        "load_distinct_sms": distinct,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

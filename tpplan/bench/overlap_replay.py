@@ -32,7 +32,10 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpplan.cost.overlap import OverlapCosts
 
 Ops = list[tuple[str, str, Callable[[], Any]]]  # (name, cost-model category, one call)
 STAGES = ("pre", "experts", "shared", "post")
@@ -177,13 +180,27 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("overlap_replay: no CUDA device; run it on a GPU machine", file=sys.stderr)
         return 2
-    from tpplan.bench.overlap_probe import time_beside, time_calls
-    from tpplan.bench.sm_load import sm_load
     from tpplan.cost.overlap import OverlapCosts
 
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     costs = OverlapCosts(sm_count=sm_count, comm_sms=20)
     half = _half_layer(torch, args.tokens)
+    alone, slowdown = _time_ops(torch, half, costs)
+    rows = _replay_rows(torch, half, alone, slowdown, args.layers, costs)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sm_count": sm_count,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tokens_per_micro_batch": args.tokens,
+            "layers": args.layers}  # fmt: skip
+    ops = ops_table(half, alone, slowdown)
+    write_files({out: json.dumps({"meta": meta, "ops": ops, "rows": rows}, indent=1) + "\n"}, "--out")
+    return 0
+
+
+def _time_ops(torch: Any, half: Any, costs: OverlapCosts) -> tuple[dict[str, float], dict[str, float]]:
+    """Each op of the half layer timed alone (after a warm-up), and its slowdown beside 20 held SMs (the
+    held load running the whole window, median of 3), printed beside the model's factor."""
+    from tpplan.bench.overlap_probe import time_beside, time_calls
+    from tpplan.bench.sm_load import sm_load
+
     every = [op for s in STAGES for op in half[s]]
     for _ in range(300):
         for _, _, fn in every:
@@ -200,6 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, cat, _ in every:
         print(f"{name:12s} {cat:11s} {alone[name] * 1e3:7.3f} ms  x{slowdown[name]:.2f} beside 20 held SMs "
               f"(model x{costs.factor(cat):.2f})", file=sys.stderr)  # fmt: skip
+    return alone, slowdown
+
+
+def _replay_rows(
+    torch: Any, half: Any, alone: dict[str, float], slowdown: dict[str, float], layers: int, costs: OverlapCosts
+) -> list[dict[str, float]]:
+    """Two micro-batches of `layers` layers replayed with and without overlap, at five all-to-all/compute
+    ratios, each beside the model's and the schedule's prediction."""
+    from tpplan.bench.overlap_probe import time_calls
+    from tpplan.bench.sm_load import sm_load
+
     compute_s = sum(alone.values())
     rows = []
     for ratio in (0.25, 0.5, 1.0, 1.5, 2.5):
@@ -207,22 +235,16 @@ def main(argv: list[str] | None = None) -> int:
         comm_target = ratio * compute_s / 4
         comm, _, _ = sm_load(torch, 20, 100e9, call_s=comm_target)
         comm_s = time_calls(torch, comm, 10, batches=5)
-        layers = [(half, half)] * args.layers
-
-        measured = statistics.median(_run(torch, layers, comm, True) for _ in range(5))
-        serial = statistics.median(_run(torch, layers, comm, False) for _ in range(5))
+        stack = [(half, half)] * layers
+        measured = statistics.median(_run(torch, stack, comm, True) for _ in range(5))
+        serial = statistics.median(_run(torch, stack, comm, False) for _ in range(5))
         row = {"comm_s": comm_s, "measured_overlap_s": measured, "measured_serial_s": serial}
-        row.update(predict(ops_table(half, alone, slowdown), comm_s, args.layers, costs))
+        row.update(predict(ops_table(half, alone, slowdown), comm_s, layers, costs))
         rows.append(row)
         print(f"a2a/compute {row['comm_over_compute']:.2f}: measured {measured * 1e3:.2f} ms (serial "
               f"{serial * 1e3:.2f}); model {row['model_s'] * 1e3:.2f}, schedule {row['schedule_s'] * 1e3:.2f}, "
               f"perfect {row['perfect_s'] * 1e3:.2f}", file=sys.stderr, flush=True)  # fmt: skip
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sm_count": sm_count,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tokens_per_micro_batch": args.tokens,
-            "layers": args.layers}  # fmt: skip
-    ops = ops_table(half, alone, slowdown)
-    write_files({out: json.dumps({"meta": meta, "ops": ops, "rows": rows}, indent=1) + "\n"}, "--out")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Column, Table
@@ -66,42 +66,8 @@ def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
         col.overflow = "fold"
     if Measurement.get(out, big, table).maximum > out.width:
         room = out.width - table._extra_width - _padding(table) * len(table.columns)
-        cols: list[tuple[Column, int, int, int, int]] = []  # column, rank, whole, header wrapped, all wrapped
-        for col in table.columns:
-            cells = [Measurement.get(out, big, c) for c in col.cells]
-            widest = max((m.maximum for m in cells), default=0)
-            head = Measurement.get(out, big, col.header)
-            least = max([m.minimum for m in cells] + [head.minimum])
-            spaces = any(m.minimum < m.maximum for m in cells)
-            rank = 0 if spaces and widest > TEXT else 1 if spaces and str(col.header) in wrap else 2 if spaces else 3
-            cols.append((col, rank, max(widest, head.maximum), max(widest, head.minimum), least))
-        # (text columns at least TEXT wide, wrap headers, wrap ranks up to): the first that fits
-        steps = [(roomy, h, u) for roomy in (True, False) for h, u in ((0, 0), (1, 0), (0, 1), (1, 1), (1, 2))]
-        for roomy, headers, upto in steps:
-            used = sum(
-                (max(a, min(w, TEXT)) if roomy and r == 0 else a) if r <= upto else (h if headers else w)
-                for _, r, w, h, a in cols
-            )
-            if used <= room:
-                break
-        # Columns that do not wrap get their width; those that wrap share what is left, each at
-        # least its longest word, the rest in proportion to how much more they would take.
-        widths = {id(c): (a if r <= upto else (h if headers else w)) for c, r, w, h, a in cols}
-        spare = room - sum(widths.values())
-        wants = {id(c): w - a for c, r, w, _, a in cols if r <= upto and w > a}
-        total = sum(wants.values())
-        for key, want in wants.items():
-            widths[key] += min(want, spare * want // total) if spare > 0 else 0
-        # Last resort: long names without spaces (a found plan's name) fold onto the next line,
-        # widest first, down to FOLD columns each, rather than the table leaving the 100 columns.
-        over = sum(widths.values()) - room
-        for col, *_ in sorted(cols, key=lambda c: -widths[id(c[0])]):
-            if over <= 0:
-                break
-            cut = min(over, widths[id(col)] - FOLD)
-            if cut > 0:
-                widths[id(col)] -= cut
-                over -= cut
+        cols = _measured_columns(out, big, table, wrap)
+        widths = _fold_long_names(cols, _wrapped_widths(cols, room), room)
         for col, *_ in cols:
             col.width = widths[id(col)]
     need = Measurement.get(out, big, table).minimum
@@ -113,6 +79,61 @@ def show(out: Console, table: Table, wrap: tuple[str, ...] = ()) -> None:
             out.width = width
     else:
         out.print(table)
+
+
+# A column as `show` sizes it: the column, its wrap rank (0 text, 1 named in `wrap`, 2 other cells with
+# spaces, 3 none), its width whole, with its header wrapped, and with everything wrapped (its longest word).
+Sized = tuple[Column, int, int, int, int]
+
+
+def _measured_columns(out: Console, big: ConsoleOptions, table: Table, wrap: tuple[str, ...]) -> list[Sized]:
+    """Each column's wrap rank and widths, measured at a width where nothing wraps (`big`)."""
+    cols: list[Sized] = []
+    for col in table.columns:
+        cells = [Measurement.get(out, big, c) for c in col.cells]
+        widest = max((m.maximum for m in cells), default=0)
+        head = Measurement.get(out, big, col.header)
+        least = max([m.minimum for m in cells] + [head.minimum])
+        spaces = any(m.minimum < m.maximum for m in cells)
+        rank = 0 if spaces and widest > TEXT else 1 if spaces and str(col.header) in wrap else 2 if spaces else 3
+        cols.append((col, rank, max(widest, head.maximum), max(widest, head.minimum), least))
+    return cols
+
+
+def _wrapped_widths(cols: list[Sized], room: int) -> dict[int, int]:
+    """The widths (by column id) of the first wrapping step that fits `room`: text columns kept at least
+    TEXT wide or not, headers wrapped or not, wrap ranks up to 0, 1 or 2. Columns that do not wrap get
+    their width; those that wrap share what is left, each at least its longest word, the rest in
+    proportion to how much more they would take."""
+    steps = [(roomy, h, u) for roomy in (True, False) for h, u in ((0, 0), (1, 0), (0, 1), (1, 1), (1, 2))]
+    for roomy, headers, upto in steps:
+        used = sum(
+            (max(a, min(w, TEXT)) if roomy and r == 0 else a) if r <= upto else (h if headers else w)
+            for _, r, w, h, a in cols
+        )
+        if used <= room:
+            break
+    widths = {id(c): (a if r <= upto else (h if headers else w)) for c, r, w, h, a in cols}
+    spare = room - sum(widths.values())
+    wants = {id(c): w - a for c, r, w, _, a in cols if r <= upto and w > a}
+    total = sum(wants.values())
+    for key, want in wants.items():
+        widths[key] += min(want, spare * want // total) if spare > 0 else 0
+    return widths
+
+
+def _fold_long_names(cols: list[Sized], widths: dict[int, int], room: int) -> dict[int, int]:
+    """The last resort: long names without spaces (a found plan's name) fold onto the next line, widest
+    first, down to FOLD columns each, rather than the table leaving the console's width."""
+    over = sum(widths.values()) - room
+    for col, *_ in sorted(cols, key=lambda c: -widths[id(c[0])]):
+        if over <= 0:
+            break
+        cut = min(over, widths[id(col)] - FOLD)
+        if cut > 0:
+            widths[id(col)] -= cut
+            over -= cut
+    return widths
 
 
 def _padding(table: Table) -> int:

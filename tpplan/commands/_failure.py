@@ -31,7 +31,7 @@ def verify_memory_hint(model: str, ranks: int, dtype: str, random_weights: bool,
     """
     from math import prod
 
-    from tpplan.commands.audit import _fmt_bytes
+    from tpplan.commands._audit_tables import _fmt_bytes
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.runtime.executor import numerics_for

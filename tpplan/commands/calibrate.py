@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tpplan.commands._options import Backend, BackendOpt, ProgressOpt
 from tpplan.mesh import Mesh
 from tpplan.text import plain
+
+if TYPE_CHECKING:
+    from tpplan.bench.calibrate import CalibrationConfig
+    from tpplan.cost.topology import Topology
 
 
 def _print_tables(res: object) -> None:
@@ -137,51 +141,66 @@ def _quick(base_topology: str, out: Path, models: Path | None, quick: bool) -> N
     typer.echo(plain(f"wrote {out}"))
 
 
+OutOpt = Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")]
+NprocOpt = Annotated[int | None, typer.Option(help="local processes to spawn (default: GPUs, or 2 on CPU)")]
+MinBytesOpt = Annotated[int, typer.Option(help="smallest message (bytes)")]
+MaxBytesOpt = Annotated[int, typer.Option(help="largest message (bytes)")]
+StepsOpt = Annotated[int, typer.Option(help="sizes in the sweep (geometric)")]
+ItersOpt = Annotated[int, typer.Option(help="timed iterations per size (median)")]
+WarmupOpt = Annotated[int, typer.Option(help="untimed iterations per size")]
+CollectivesOpt = Annotated[str, typer.Option(help="comma-separated kinds")]
+GemmOpt = Annotated[bool | None, typer.Option("--gemm/--no-gemm", help="GEMM sweep (default: on with CUDA)")]
+GemmModelOpt = Annotated[
+    str | None,
+    typer.Option(help="also time the per-rank GEMM shapes this model's named plans run (at --gemm-tp)"),
+]
+GemmTpOpt = Annotated[int | None, typer.Option(help="TP size for --gemm-model's shapes (default: --nproc)")]
+BaseTopologyOpt = Annotated[str, typer.Option(help="preset or file whose GPU and link specs are copied")]
+TimeoutOpt = Annotated[float, typer.Option(help="seconds before a stuck collective fails")]
+KernelsFromOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--kernels-from",
+        help="bench results JSON (repeatable): fit kernel profiles from its timed ops onto --base-topology "
+        "and write it, measuring nothing (no GPU needed)",
+    ),
+]
+QuickOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quick",
+        help="seconds-long GEMM probe: this GPU's rate / the shape table's, as gpu.gemm_scale "
+        "on --base-topology (no collectives)",
+    ),
+]
+KernelModelsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kernel-models",
+        help="fitted physical kernel models (tpplan.bench.model_fit JSON) to put on --base-topology (no GPU needed)",
+    ),
+]
+
+
 def calibrate(
-    out: Annotated[Path, typer.Option("--out", help="topology file to write (.toml or .json)")],
+    out: OutOpt,
     backend: BackendOpt = (Backend.auto),
-    nproc: Annotated[int | None, typer.Option(help="local processes to spawn (default: GPUs, or 2 on CPU)")] = None,
-    min_bytes: Annotated[int, typer.Option(help="smallest message (bytes)")] = 1 << 20,
-    max_bytes: Annotated[int, typer.Option(help="largest message (bytes)")] = 1 << 28,
-    steps: Annotated[int, typer.Option(help="sizes in the sweep (geometric)")] = 8,
-    iters: Annotated[int, typer.Option(help="timed iterations per size (median)")] = 20,
-    warmup: Annotated[int, typer.Option(help="untimed iterations per size")] = 5,
-    collectives: Annotated[
-        str, typer.Option(help="comma-separated kinds")
-    ] = "all_reduce,reduce_scatter,all_gather,all_to_all",
-    gemm: Annotated[bool | None, typer.Option("--gemm/--no-gemm", help="GEMM sweep (default: on with CUDA)")] = None,
-    gemm_model: Annotated[
-        str | None,
-        typer.Option(help="also time the per-rank GEMM shapes this model's named plans run (at --gemm-tp)"),
-    ] = None,
-    gemm_tp: Annotated[int | None, typer.Option(help="TP size for --gemm-model's shapes (default: --nproc)")] = None,
-    base_topology: Annotated[str, typer.Option(help="preset or file whose GPU and link specs are copied")] = "h200x2",
-    timeout: Annotated[float, typer.Option(help="seconds before a stuck collective fails")] = 300,
+    nproc: NprocOpt = None,
+    min_bytes: MinBytesOpt = 1 << 20,
+    max_bytes: MaxBytesOpt = 1 << 28,
+    steps: StepsOpt = 8,
+    iters: ItersOpt = 20,
+    warmup: WarmupOpt = 5,
+    collectives: CollectivesOpt = "all_reduce,reduce_scatter,all_gather,all_to_all",
+    gemm: GemmOpt = None,
+    gemm_model: GemmModelOpt = None,
+    gemm_tp: GemmTpOpt = None,
+    base_topology: BaseTopologyOpt = "h200x2",
+    timeout: TimeoutOpt = 300,
     progress: ProgressOpt = True,
-    kernels_from: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--kernels-from",
-            help="bench results JSON (repeatable): fit kernel profiles from its timed ops onto --base-topology "
-            "and write it, measuring nothing (no GPU needed)",
-        ),
-    ] = None,
-    quick: Annotated[
-        bool,
-        typer.Option(
-            "--quick",
-            help="seconds-long GEMM probe: this GPU's rate / the shape table's, as gpu.gemm_scale "
-            "on --base-topology (no collectives)",
-        ),
-    ] = False,
-    kernel_models: Annotated[
-        Path | None,
-        typer.Option(
-            "--kernel-models",
-            help="fitted physical kernel models (tpplan.bench.model_fit JSON) to put "
-            "on --base-topology (no GPU needed)",
-        ),
-    ] = None,
+    kernels_from: KernelsFromOpt = None,
+    quick: QuickOpt = False,
+    kernel_models: KernelModelsOpt = None,
 ) -> None:
     """Measure collectives over a size sweep, fit alpha/busbw per kind, write a topology file.
 
@@ -197,32 +216,16 @@ def calibrate(
     if quick or kernel_models is not None:
         _quick(base_topology, out, kernel_models, quick)
         return
-    from tpplan.bench.calibrate import (
-        CalibrationConfig,
-        calibrated_topology,
-        run_calibration,
-        write_topology_atomic,
-    )
+    from tpplan.bench.calibrate import CalibrationConfig
     from tpplan.cost.topology import load_topology
-    from tpplan.outputs import write_errors
-    from tpplan.runtime.group import RankFailed
 
     base = load_topology(base_topology)  # fail on a bad preset before spending time measuring
     if nproc is None:
         import torch
 
         nproc = torch.cuda.device_count() if torch.cuda.is_available() else 2
-    extra: dict[str, object] = {}
-    if gemm_model is not None:
-        from tpplan.bench.calibrate import GEMM_KN, GEMM_M_MODEL
-        from tpplan.cost.predict import plan_gemm_shapes
-        from tpplan.models.config import load_model
-        from tpplan.models.graph import build_model_graph
-
-        shapes = plan_gemm_shapes(build_model_graph(load_model(gemm_model)), Mesh(gemm_tp or nproc), base)
-        extra = {"gemm_kn": tuple(sorted({*GEMM_KN, *shapes})), "gemm_m": GEMM_M_MODEL}
     cfg = CalibrationConfig(
-        **extra,  # type: ignore[arg-type]
+        **_gemm_shapes(gemm_model, gemm_tp or nproc, base),  # type: ignore[arg-type]
         backend=backend.value,
         nproc=nproc,
         min_bytes=min_bytes,
@@ -235,6 +238,30 @@ def calibrate(
         timeout_s=timeout,
         progress=progress,
     )
+    _sweep(cfg, base, out)
+
+
+def _gemm_shapes(gemm_model: str | None, tp: int, base: Topology) -> dict[str, object]:
+    """With --gemm-model, the GEMM sweep's shapes widened by the per-rank shapes that model's named plans
+    run at TP `tp` (CalibrationConfig's fields); else none (its defaults)."""
+    if gemm_model is None:
+        return {}
+    from tpplan.bench.calibrate import GEMM_KN, GEMM_M_MODEL
+    from tpplan.cost.predict import plan_gemm_shapes
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+
+    shapes = plan_gemm_shapes(build_model_graph(load_model(gemm_model)), Mesh(tp), base)
+    return {"gemm_kn": tuple(sorted({*GEMM_KN, *shapes})), "gemm_m": GEMM_M_MODEL}
+
+
+def _sweep(cfg: CalibrationConfig, base: Topology, out: Path) -> None:
+    """Measure, print the points and fits, and write `base` with the fitted collectives to `out`; a rank
+    that fails ends the command, exit 1, nothing written."""
+    from tpplan.bench.calibrate import calibrated_topology, run_calibration, write_topology_atomic
+    from tpplan.outputs import write_errors
+    from tpplan.runtime.group import RankFailed
+
     try:
         res = run_calibration(cfg)
     except RankFailed as exc:

@@ -18,84 +18,86 @@ if TYPE_CHECKING:
     from tpplan.cost.gpu import GpuSpec
 
 
+def models() -> None:
+    """List built-in model presets (config.json files shipped with tpplan)."""
+    from tpplan.models.config import list_presets, load_model
+
+    table = Table(title="Built-in presets (use with --model; or pass a path to any config.json)")
+    for col in ("preset", "model_type", "hidden", "layers", "layer kinds"):
+        table.add_column(col)
+    for name in list_presets():
+        spec = load_model(name)
+        kinds = ", ".join(f"{k} x{c}" for k, c in spec.count_kinds().items())
+        table.add_row(name, spec.model_type, str(spec.hidden), str(spec.num_layers), kinds)
+    show(console(), table)
+
+
+def gpus(json_target: Annotated[str | None, json_option("one entry per GPU model")] = None) -> None:
+    """List the GPU model presets (use with --gpu; or pass a .toml file): figures and kernel sources."""
+    from tpplan.cost.topology import list_gpus, load_gpu
+
+    check_json_target(json_target)
+    rows = [gpu_row(name, load_gpu(name)) for name in list_gpus()]
+    if emit_json(json_target, {"gpus": rows}):
+        return
+    table = Table(title="GPU models (--gpu NAME; one .toml in tpplan/cost/presets/gpus/ each); dense TFLOP/s",
+                  box=box.SIMPLE, pad_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
+    for col in ("preset", "GPU", "GiB", "TB/s", "bf16", "fp8", "--engine tables", "figures"):
+        table.add_column(col, justify="left" if col in ("preset", "GPU", "figures") or "-" in col else "right")
+    for r in rows:
+        fp8 = "none" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:g}"
+        table.add_row(r["preset"], r["name"].removeprefix("NVIDIA "), f"{r['memory_GiB']:g}", f"{r['hbm_TBps']:g}",
+                      f"{r['bf16_tflops']:g}", fp8, _tables_text(r["engine_tables"]),
+                      "datasheet" if r["figures"] == "datasheet" else "measured")  # fmt: skip
+    out = console()
+    show(out, table)
+    out.print(
+        "fp8 none: no fp8 tensor cores; fp8 GEMMs are priced at the bf16 peak (fp8 weights dequantized). "
+        "--engine tables: AIConfigurator's measured kernels for the GPU's system (`tpplan[aic]`). "
+        "figures: datasheet, or measured on the stack the preset names; every figure's source is in the "
+        "preset's .toml (`tpplan gpus --json`: the same, with each op class's source).",
+        markup=False,
+    )
+
+
+def topologies() -> None:
+    """List built-in topology presets (use with --topology; or pass a .toml/.json file)."""
+    from tpplan.cost.topology import list_topologies, load_topology
+
+    table = Table(title="Topology presets (--topology; --nodes sets the node count, default one node)")
+    for col in ("preset", "one node", "inside a node", "between nodes"):
+        table.add_column(col, no_wrap=True)
+    for name in list_topologies():
+        t = load_topology(name)
+        inter = f"{t.inter.nics_per_node}x{t.inter.nic_Gbps:g} Gb/s" if t.inter is not None else "-"
+        gpu = t.gpu.name.removeprefix("NVIDIA ")
+        node = f"{t.gpus_per_node} x {gpu}, {t.gpu.memory_GiB:g} GiB"
+        table.add_row(name, node, f"{t.intra.kind} {t.intra.bandwidth_GBps:g} GB/s", inter)
+    out = console()
+    show(out, table)
+    show(out, _curve_table(list_topologies(), load_topology))
+
+
+def workloads() -> None:
+    """List built-in workload presets (use with --workload; or pass a .toml/.json file)."""
+    from tpplan.cost.workload import WORKLOAD_ALIASES, list_workloads, load_workload
+
+    old = {new: old for old, new in WORKLOAD_ALIASES.items()}
+    table = Table(title="Workload presets (--workload)")
+    for col in ("preset", "prompt tokens", "concurrency", "requests", "chunk", "also named"):
+        table.add_column(col)
+    for name in list_workloads():
+        w = load_workload(name)
+        lens = w.input_lens or [w.input_len or 0]
+        prompt = f"{lens[0]:,}" if len(set(lens)) == 1 else f"{min(lens):,}-{max(lens):,}"
+        table.add_row(name, prompt, str(w.concurrency), str(w.total_requests), f"{w.chunk_size:,}", old.get(name, ""))
+    show(console(), table)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("models")
-    def models() -> None:
-        """List built-in model presets (config.json files shipped with tpplan)."""
-        from tpplan.models.config import list_presets, load_model
-
-        table = Table(title="Built-in presets (use with --model; or pass a path to any config.json)")
-        for col in ("preset", "model_type", "hidden", "layers", "layer kinds"):
-            table.add_column(col)
-        for name in list_presets():
-            spec = load_model(name)
-            kinds = ", ".join(f"{k} x{c}" for k, c in spec.count_kinds().items())
-            table.add_row(name, spec.model_type, str(spec.hidden), str(spec.num_layers), kinds)
-        show(console(), table)
-
-    @app.command("gpus")
-    def gpus(json_target: Annotated[str | None, json_option("one entry per GPU model")] = None) -> None:
-        """List the GPU model presets (use with --gpu; or pass a .toml file): figures and kernel sources."""
-        from tpplan.cost.topology import list_gpus, load_gpu
-
-        check_json_target(json_target)
-        rows = [gpu_row(name, load_gpu(name)) for name in list_gpus()]
-        if emit_json(json_target, {"gpus": rows}):
-            return
-        table = Table(title="GPU models (--gpu NAME; one .toml in tpplan/cost/presets/gpus/ each); dense TFLOP/s",
-                      box=box.SIMPLE, pad_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
-        for col in ("preset", "GPU", "GiB", "TB/s", "bf16", "fp8", "--engine tables", "figures"):
-            table.add_column(col, justify="left" if col in ("preset", "GPU", "figures") or "-" in col else "right")
-        for r in rows:
-            fp8 = "none" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:g}"
-            table.add_row(r["preset"], r["name"].removeprefix("NVIDIA "), f"{r['memory_GiB']:g}", f"{r['hbm_TBps']:g}",
-                          f"{r['bf16_tflops']:g}", fp8, _tables_text(r["engine_tables"]),
-                          "datasheet" if r["figures"] == "datasheet" else "measured")  # fmt: skip
-        out = console()
-        show(out, table)
-        out.print(
-            "fp8 none: no fp8 tensor cores; fp8 GEMMs are priced at the bf16 peak (fp8 weights dequantized). "
-            "--engine tables: AIConfigurator's measured kernels for the GPU's system (`tpplan[aic]`). "
-            "figures: datasheet, or measured on the stack the preset names; every figure's source is in the "
-            "preset's .toml (`tpplan gpus --json`: the same, with each op class's source).",
-            markup=False,
-        )
-
-    @app.command("topologies")
-    def topologies() -> None:
-        """List built-in topology presets (use with --topology; or pass a .toml/.json file)."""
-        from tpplan.cost.topology import list_topologies, load_topology
-
-        table = Table(title="Topology presets (--topology; --nodes sets the node count, default one node)")
-        for col in ("preset", "one node", "inside a node", "between nodes"):
-            table.add_column(col, no_wrap=True)
-        for name in list_topologies():
-            t = load_topology(name)
-            inter = f"{t.inter.nics_per_node}x{t.inter.nic_Gbps:g} Gb/s" if t.inter is not None else "-"
-            gpu = t.gpu.name.removeprefix("NVIDIA ")
-            node = f"{t.gpus_per_node} x {gpu}, {t.gpu.memory_GiB:g} GiB"
-            table.add_row(name, node, f"{t.intra.kind} {t.intra.bandwidth_GBps:g} GB/s", inter)
-        out = console()
-        show(out, table)
-        show(out, _curve_table(list_topologies(), load_topology))
-
-    @app.command("workloads")
-    def workloads() -> None:
-        """List built-in workload presets (use with --workload; or pass a .toml/.json file)."""
-        from tpplan.cost.workload import WORKLOAD_ALIASES, list_workloads, load_workload
-
-        old = {new: old for old, new in WORKLOAD_ALIASES.items()}
-        table = Table(title="Workload presets (--workload)")
-        for col in ("preset", "prompt tokens", "concurrency", "requests", "chunk", "also named"):
-            table.add_column(col)
-        for name in list_workloads():
-            w = load_workload(name)
-            lens = w.input_lens or [w.input_len or 0]
-            prompt = f"{lens[0]:,}" if len(set(lens)) == 1 else f"{min(lens):,}-{max(lens):,}"
-            table.add_row(
-                name, prompt, str(w.concurrency), str(w.total_requests), f"{w.chunk_size:,}", old.get(name, "")
-            )
-        show(console(), table)
+    """Add the preset listings to the CLI."""
+    for name, command in (("models", models), ("gpus", gpus), ("topologies", topologies), ("workloads", workloads)):
+        app.command(name)(command)
 
 
 def gpu_row(preset: str, gpu: GpuSpec) -> dict[str, Any]:

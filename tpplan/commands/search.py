@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from tpplan.commands._audit_tables import _fmt_bytes, over_note, print_fp8_note, provenance_line
 from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TOKENS_RANGE, TP_RANGE, named, replica_count
 from tpplan.commands._console import console as make_console
 from tpplan.commands._console import print_wrapped, show, steps, styled
@@ -48,15 +49,7 @@ from tpplan.commands._targets import (
     serve_search,
     targets_of,
 )
-from tpplan.commands.audit import (
-    DtypeOpt,
-    ModelOpt,
-    WideOpt,
-    _fmt_bytes,
-    over_note,
-    print_fp8_note,
-    provenance_line,
-)
+from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt
 from tpplan.units import signed_pct
 
 TARGETS_TOP = 3  # ranked plans shown under targets by default: each deployment's best, the targets' table after

@@ -104,41 +104,49 @@ def _summary(res: Any) -> dict[str, Any]:
     }
 
 
+PlansOpt = Annotated[
+    list[str], typer.Option("--plan", "-p", help="Plan(s) to verify; 'legal' = every legal named plan")
+]
+VerifyTpOpt = Annotated[
+    int | None,
+    typer.Option("--tp", help="Tensor-parallel size N (processes; default: a plan file's)", callback=TP_RANGE),
+]
+ChunkOpt = Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size (state carried)")]
+VerifyDtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32 or bf16 (both runs use it)")]
+WeightSeedOpt = Annotated[int, typer.Option("--seed", help="Random weights and token ids")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Run an illegal plan anyway and show the mismatch; start more ranks than this machine holds"
+    ),
+]
+PlanProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="A line on stderr per plan and step")]
+ToleranceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--tolerance",
+        help="Max error / max |reference| per tensor (default 1e-4 fp32, 1e-1 bf16, 2e-2 fp16). At real widths "
+        "on GPU fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
+    ),
+]
+
+
 def verify(
     ctx: typer.Context,
     model: ModelOpt,
-    plan: Annotated[
-        list[str], typer.Option("--plan", "-p", help="Plan(s) to verify; 'legal' = every legal named plan")
-    ],
-    tp: Annotated[
-        int | None,
-        typer.Option("--tp", help="Tensor-parallel size N (processes; default: a plan file's)", callback=TP_RANGE),
-    ] = None,
+    plan: PlansOpt,
+    tp: VerifyTpOpt = None,
     weights: WeightsOpt = None,
     tokens: PrefillTokensOpt = 64,
-    chunk: Annotated[int | None, typer.Option("--chunk", help="Chunked prefill size (state carried)")] = None,
+    chunk: ChunkOpt = None,
     backend: BackendOpt = Backend.auto,
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 or bf16 (both runs use it)")] = "fp32",
-    seed: Annotated[int, typer.Option("--seed", help="Random weights and token ids")] = 0,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", help="Run an illegal plan anyway and show the mismatch; start more ranks than this machine holds"
-        ),
-    ] = False,
+    dtype: VerifyDtypeOpt = "fp32",
+    seed: WeightSeedOpt = 0,
+    force: ForceOpt = False,
     timeout: TimeoutOpt = 300,
     json_target: Annotated[str | None, json_option("a summary per plan; atomic")] = None,
-    progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="A line on stderr per plan and step")
-    ] = True,
-    tolerance: Annotated[
-        float | None,
-        typer.Option(
-            "--tolerance",
-            help="Max error / max |reference| per tensor (default 1e-4 fp32, 1e-1 bf16, 2e-2 fp16). At real widths "
-            "on GPU fp32 summation order alone reaches ~1e-3: compare with the baseline plan's error.",
-        ),
-    ] = None,
+    progress: PlanProgressOpt = True,
+    tolerance: ToleranceOpt = None,
     cp: CpOpt = 1,
     cp_recurrence: CpRecurrenceOpt = "serial",
     cp_layers: CpLayersOpt = "all",
@@ -146,12 +154,8 @@ def verify(
     """Execute plans on torch.distributed; compare with the single-process model and the predicted bytes."""
     check_json_target(json_target)  # before the run: a bad path costs one line, not minutes
 
-    from tpplan.audit import audit_plan
     from tpplan.dtypes import dtype_name
     from tpplan.errors import TpplanError
-    from tpplan.models.config import load_model
-    from tpplan.models.graph import build_model_graph
-    from tpplan.plans.named import ALL_PLANS, make_plan, plan_name
     from tpplan.runtime.group import RankFailed, under_torchrun
 
     d = resolve(ctx, plan, {"tp": tp, "cp": cp, "cp_recurrence": cp_recurrence, "cp_layers": cp_layers})
@@ -160,15 +164,52 @@ def verify(
     if tp is None:
         raise TpplanError("--tp", "no TP size given", "pass --tp N (or a plan file, which holds its own)")
     print_deployment_notes(d)
+    _check_sizes(tp, dtype, tokens, chunk)
+    if cp > 1:  # context parallelism: CP N ranks of TP 1 (commands/_verify_cp.py)
+        return _verify_cp(model, cp, tp, plan, tokens, chunk, dtype, backend.value, seed, weights, timeout,
+                          force, json_target, cp_recurrence, cp_layers)  # fmt: skip
+    _check_ranks(model, tp, dtype, weights, backend, force)
+    names = _plans_to_verify(model, plan, tp, force)
+    dtype_name(dtype)
+    from tpplan.runtime.checkpoint_files import check_folder
+    from tpplan.runtime.verify import VerifyCase, verify_cases
+
+    check_folder(weights)  # every *.safetensors file checked before any rank starts (a FIFO would block)
+    cases = [
+        VerifyCase(
+            model, name, tokens, chunk, seed, dtype, force, str(weights) if weights else None, tolerance=tolerance
+        )
+        for name in names
+    ]
+    try:
+        results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout, progress=progress)
+    except RankFailed as exc:
+        from tpplan.commands._failure import print_failure, verify_memory_hint
+
+        print_failure("verify", exc, verify_memory_hint(model, tp, dtype, weights is None))
+        return 1
+    if under_torchrun() and int(os.environ["RANK"]) != 0:
+        return 0
+    return _report(results, json_target)
+
+
+def _check_sizes(tp: int, dtype: str, tokens: int, chunk: int | None) -> None:
+    """The run's sizes and dtype, one line each where bad."""
+    from tpplan.errors import TpplanError
+
     if tp < 1:
         raise TpplanError(f"--tp {tp}", "the TP size must be at least 1", "pass --tp 1 or more")
     if dtype not in ("fp32", "bf16"):
         raise TpplanError(f"--dtype {dtype}", "verify runs fp32 or bf16", "pass --dtype fp32 or --dtype bf16")
     if tokens < 1 or (chunk is not None and chunk < 1):
         raise TpplanError("--tokens/--chunk", "must be positive", "pass --tokens 64 (and --chunk 16)")
-    if cp > 1:  # context parallelism: CP N ranks of TP 1 (commands/_verify_cp.py)
-        return _verify_cp(model, cp, tp, plan, tokens, chunk, dtype, backend.value, seed, weights, timeout,
-                          force, json_target, cp_recurrence, cp_layers)  # fmt: skip
+
+
+def _check_ranks(model: str, tp: int, dtype: str, weights: Path | None, backend: Backend, force: bool) -> None:
+    """The processes match `--tp`: torchrun's world, or (unless `force`) the TP ranks fit this machine."""
+    from tpplan.errors import TpplanError
+    from tpplan.runtime.group import under_torchrun
+
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else tp
     if world != tp:
         raise TpplanError(f"--tp {tp}", f"torchrun started {world} processes", f"pass --tp {world}")
@@ -179,8 +220,19 @@ def verify(
         check_local_ranks(
             "--tp", tp, backend.value, force, lambda: verify_memory_hint(model, tp, dtype, weights is None)
         )
+
+
+def _plans_to_verify(model: str, plans: list[str], tp: int, force: bool) -> list[str]:
+    """The plans `--plan` names, once each (`legal`: every legal named plan), their notes printed; an
+    illegal one is refused with its first edge unless `force`."""
+    from tpplan.audit import audit_plan
+    from tpplan.errors import TpplanError
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import ALL_PLANS, make_plan, plan_name
+
     graph = build_model_graph(load_model(model))
-    names = list(dict.fromkeys(plan_name(p) for p in plan))
+    names = list(dict.fromkeys(plan_name(p) for p in plans))
     if "legal" in names:
         names.remove("legal")
         names += [p for p in ALL_PLANS if audit_plan(graph, make_plan(p, graph, tp), tp).legal]
@@ -196,28 +248,11 @@ def verify(
                 f"`tpplan audit --model {model} --tp {tp} --plan {name}` explains each edge and its fix; pick a "
                 "legal plan, or pass --force to run it and see the mismatch",
             )
-    dtype_name(dtype)
-    from tpplan.runtime.checkpoint_files import check_folder
+    return list(dict.fromkeys(names))
 
-    check_folder(weights)  # every *.safetensors file checked before any rank starts (a FIFO would block)
 
-    from tpplan.runtime.verify import VerifyCase, verify_cases
-
-    cases = [
-        VerifyCase(
-            model, name, tokens, chunk, seed, dtype, force, str(weights) if weights else None, tolerance=tolerance
-        )
-        for name in dict.fromkeys(names)
-    ]
-    try:
-        results = verify_cases(cases, backend=backend.value, nproc=tp, timeout_s=timeout, progress=progress)
-    except RankFailed as exc:
-        from tpplan.commands._failure import print_failure, verify_memory_hint
-
-        print_failure("verify", exc, verify_memory_hint(model, tp, dtype, weights is None))
-        return 1
-    if under_torchrun() and int(os.environ["RANK"]) != 0:
-        return 0
+def _report(results: list[Any], json_target: str | None) -> int:
+    """Every plan's result, as JSON (`--json`) or tables with the overall verdict; the exit status."""
     ok = all(r.passed for r in results)
     if emit_json(json_target, {"results": [_summary(r) for r in results], "passed": ok}):
         return 0 if ok else 1

@@ -41,9 +41,9 @@ class PipelineModel:
         """Micro-batches the engine keeps in the pipeline on `mesh`."""
         return self.schedule.in_flight_at(mesh)
 
-    def assumption(self, pp: int | None = None) -> str:
-        """The behaviour the PP prediction assumes, in one sentence, from the same fields it prices."""
-        return self.schedule.assumption(self.label, pp)
+    def assumption(self, mesh: Mesh | None = None) -> str:
+        """The behaviour the PP prediction assumes on `mesh`, in one sentence, from the same fields it prices."""
+        return self.schedule.assumption(self.label, mesh)
 
 
 @lru_cache(maxsize=32)

@@ -169,10 +169,10 @@ class PipelineSchedule:
         """Micro-batches in flight on `mesh` (its PP size plus the engine's extra)."""
         return mesh.pp + self.extra_in_flight
 
-    def assumption(self, engine: str, pp: int | None = None) -> str:
+    def assumption(self, engine: str, mesh: Mesh | None = None) -> str:
         """What tpplan's PP TTFT model (`tpplan.cost.pipeline`, which reads these same fields) assumes of
-        `engine` ("SGLang 0.5.23"), in one sentence (`pp` None: in words of pp_size)."""
-        extra = self.extra_in_flight
+        `engine` ("SGLang 0.5.23"), in one sentence, at the mesh's PP size (None: in words of pp_size)."""
+        extra, pp = self.extra_in_flight, (mesh.pp if mesh is not None else None)
         plus = f" + {extra}" if extra else ""
         count = f"pp_size{plus}" if pp is None else str(pp + extra)
         flight = ("pp_size" if pp is None else f"pp_size {pp}") + plus

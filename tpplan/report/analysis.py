@@ -9,12 +9,11 @@ below is torch-free.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
-from tpplan.audit import Audits, PlanAudit
+from tpplan.audit import Audits
 from tpplan.bench_results import BenchResults
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.provenance import question_provenance
@@ -24,18 +23,30 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import engine_plans
 from tpplan.engines.recipes import recipes
 from tpplan.errors import TpplanError
-from tpplan.layout.plan import OverlapName, Plan
+from tpplan.layout.plan import OverlapName
 from tpplan.layout.propagate import LayerResult
 from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
-from tpplan.models.spec import MLASpec, MoESpec
+from tpplan.models.spec import MLASpec
 from tpplan.placement import COLLECTIVE_SHORT, Collective
 from tpplan.plans.files import is_plan_file, read_plan_file
-from tpplan.plans.named import make_plan
 from tpplan.report.crossover import crossovers
 from tpplan.report.deployments import Parts, rank_deployments, workload_parts
 from tpplan.report.differences import differences
 from tpplan.report.kernel_sources import sensitivity_of
+from tpplan.report.memo_variants import (
+    Found,
+    Scope,
+    Shape,
+    add_a2a_everywhere,
+    add_baselines,
+    add_found,
+    add_overlapped,
+    add_pp_across_nodes,
+    audit_or_none,
+    current_variant,
+    plan_variants,
+)
 from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant
 from tpplan.report.rows import DeploymentKey
@@ -44,6 +55,7 @@ from tpplan.units import GIB
 
 if TYPE_CHECKING:
     from tpplan.cost.prediction import PlanPrediction
+    from tpplan.engines.schema import EngineVersion
     from tpplan.simulate.serving import Arrival
 
 PredictFn = Callable[..., "PlanPrediction"]  # `predict_plan`'s signature
@@ -60,19 +72,6 @@ MEMO_PLANS = (
     "gate-aware",
     "sp-moe",
 )
-
-
-@dataclass(frozen=True)
-class Found:
-    """One plan `tpplan search` ranked, at the TP x CP x PP it was ranked at."""
-
-    plan: Plan
-    tp: int
-    pp: int
-    rank: int  # 0: the best of its deployment, below the search's top plans
-    cp: int = 1
-    score: float | None = None  # what the search ranked it by (mean TTFT s with a workload)
-    replicas: int = 1  # identical copies of the deployment, the requests split between them
 
 
 @dataclass(frozen=True)
@@ -130,23 +129,6 @@ def load_search() -> SearchFn:
     return best
 
 
-def describe_plan(plan: Plan) -> str:
-    """A found plan has no prose summary: say its decisions."""
-    d = plan.describe()
-    parts = [f"stream {d['stream']}, partial sums reduced to {d['reduce']}"]
-    for key, words in (
-        ("gather", "all-gather"),
-        ("gather_for", "all-gather for one consumer"),
-        ("a2a", "all-to-all to heads"),
-        ("replicate", "replicate"),
-        ("token_shard", "token-shard"),
-    ):
-        if d[key]:
-            parts.append(f"{words}: " + ", ".join(f"`{x}`" for x in cast("list[str]", d[key])))
-    parts.append(f"MoE {d['moe']}")
-    return "; ".join(parts) + "."
-
-
 def load_predictor(arrival: Arrival | None = None) -> PredictFn:
     """`tpplan.cost.predict.predict_plan` (imported when a memo predicts), its TTFT from the engine's
     serving loop (`tpplan.simulate.serving.with_serving_loop`: fixed costs, the engine's PP schedule and
@@ -182,13 +164,6 @@ def _mla_kind(graph: ModelGraph) -> str | None:
     return next((k for k, lg in graph.kinds.items() if isinstance(lg.spec.attn, MLASpec)), None)
 
 
-def _audit_or_none(audits: Audits, name: str, n: int, dtype: str) -> PlanAudit | None:
-    try:
-        return audits.of(make_plan(name, audits.graph, n), n, dtype)
-    except TpplanError:
-        return None
-
-
 def tp_sizes(graph: ModelGraph, world: int, tp: int) -> list[int]:
     """Powers of two from 2 up to the cluster (and the chosen TP) for the volume sweep."""
     top = max(world, tp)
@@ -203,7 +178,7 @@ def volume_sweep(audits: Audits, names: list[str], sizes: list[int], dtype: str)
     for name in names:
         pts = []
         for n in sizes:
-            pa = _audit_or_none(audits, name, n, dtype)
+            pa = audit_or_none(audits, name, n, dtype)
             if pa is not None:
                 pts.append((n, pa.comm_bytes_per_token))
         out[name] = pts
@@ -237,56 +212,6 @@ def _predict(
             return
 
 
-_TP_PP = re.compile(r"(?i)\bTP(\d+)(?:\s*[x\u00d7]\s*PP(\d+))?\b")
-_EP = re.compile(r"(?i)(?:^|[\s,+])EP(\d+)\b")
-
-
-def parse_current(text: str) -> tuple[str, int | None, int]:
-    """`--current` as (plan name, TP or None for the report's, PP): a plan name (`ep4`,
-    `sp-moe+ep4`), a deployment (`TP32 EP4`, `TP32 with EP4`, `TP8xPP4`) or both
-    (`sp-moe TP8xPP4`)."""
-    rest, tp, pp, ep = f" {text} ", None, 1, None
-    m = _TP_PP.search(rest)
-    if m:
-        tp, pp = int(m[1]), int(m[2] or 1)
-        rest = rest[: m.start()] + " " + rest[m.end() :]
-    m = _EP.search(rest)
-    if m:
-        ep = int(m[1])
-        rest = rest[: m.start()] + " " + rest[m.end() :]
-    name = re.sub(r"(?i)\bwith\b", " ", rest).strip(" ,+:/") or "baseline"
-    if " " in name:
-        raise TpplanError(
-            f"--current {text}", f"cannot read {name!r} as one plan", "use e.g. ep4, 'TP32 EP4' or 'sp-moe TP8xPP4'"
-        )
-    if ep is not None:
-        name = f"ep{ep}" if name == "baseline" else f"{name}+ep{ep}"
-    return name, tp, pp
-
-
-def _current_variant(audits: Audits, text: str, n: int, world: int, dtype: str, variants: list[Variant]) -> Variant:
-    """Today's deployment: an existing variant with the same plan and shape, else a new one."""
-    graph = audits.graph
-    name, tp, pp = parse_current(text)
-    tp = tp or n
-    if tp * pp > world:
-        raise TpplanError(
-            f"--current {text}",
-            f"TP{tp} x PP{pp} needs {tp * pp} GPUs; the topology has {world}",
-            "name a deployment that fits the topology (or raise --nodes)",
-        )
-    try:
-        plan = make_plan(name, graph, tp)
-    except TpplanError as exc:
-        raise TpplanError(f"--current {text}", exc.reason, exc.fix) from None
-    same = next((v for v in variants if v.shape == (tp, pp, 1, 1) and v.plan.describe() == plan.describe()), None)
-    if same is not None:
-        return same
-    v = Variant(plan, tp, pp, audits.of(plan, tp, dtype), main_tp=n)
-    variants.append(v)
-    return v
-
-
 def _same_decisions(variants: list[Variant]) -> dict[str, str]:
     """Variants whose decisions equal an earlier variant's at the same shape (e.g. gate-aware on a
     model where input-scattered is legal: nothing to repair)."""
@@ -299,27 +224,6 @@ def _same_decisions(variants: list[Variant]) -> dict[str, str]:
         else:
             seen[sig] = v.key
     return out
-
-
-def _plan_variants(audits: Audits, names: list[str], asked: bool, n: int, dtype: str) -> list[Variant]:
-    graph = audits.graph
-    variants: list[Variant] = []
-    has_moe = any(isinstance(layer.mlp, MoESpec) for layer in graph.spec.layers)
-    for name in names:
-        if name == "baseline" or asked:
-            if is_plan_file(name):  # a saved plan is priced at the whole deployment it was ranked at
-                dep = read_plan_file(name).deployment
-                pl = make_plan(name, graph, dep.tp)
-                variants.append(Variant(pl, dep.tp, dep.pp, audits.of(pl, dep.tp, dtype), main_tp=n, cp=dep.cp,
-                                        replicas=dep.replicas, cp_layers=dep.cp_layers))  # fmt: skip
-                continue
-            pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
-            variants.append(Variant(pl, n, 1, audits.of(pl, n, dtype), main_tp=n))
-            continue
-        pa = _audit_or_none(audits, name, n, dtype)  # a default plan this model cannot run is left out
-        if pa is not None and (has_moe or pa.plan.moe == "tp"):
-            variants.append(Variant(pa.plan, n, 1, pa, main_tp=n))
-    return variants
 
 
 def _boundary_rows(graph: ModelGraph, mla: str | None, variants: list[Variant], n: int) -> list[BoundaryRow]:
@@ -389,15 +293,19 @@ def analyse(
     `cp_layers` and `dp_attention` restrict or widen the search's grid as `tpplan search`'s options do;
     `cp_kv` is the KV a CP rank keeps ("engines", default: the whole sequence's, as SGLang and vLLM do;
     "sharded": tpplan's own 1/cp). `arrival` is the serving loop's arrival process (`--arrival-rate`,
-    `--trace`; None: each workload's closed loop)."""
+    `--trace`; None: each workload's closed loop).
+
+    Long because its signature is `tpplan report`'s options, typed and one per line, and this docstring
+    says what each does; the body is the memo's steps in order, each a helper (issue 30: one typed input
+    object for these options is the next step, once `tpplan report`'s callers settle)."""
     from tpplan.engines import select_pair
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.search.grid import MeshAsk
 
     say = progress or (lambda _step: None)
     pair = select_pair(engines)
     pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
-    from tpplan.models.config import load_model
-    from tpplan.models.graph import build_model_graph
-
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     audits = audits if audits is not None and audits.graph is graph else Audits(graph)
     world = topology.world_size
@@ -408,16 +316,82 @@ def analyse(
     if dtype not in DTYPE_BYTES:
         raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
     predict_fn = load_predictor(arrival) if use_default_predictor else None
-    fn = predictor or predict_fn
-    note = None
-    if fn is None:
-        note = (
-            "Time, memory and TTFT predictions are turned off for this memo; "
-            "the verdicts below rest on the audit's volumes, legality and memory."
-        )
-    # The memo's own plans, then the plans the engines' data says they run on this model class.
-    names = plans or [*MEMO_PLANS, *engine_plans(graph.spec, (pair[0].key, pair[1].key))]
-    variants = _plan_variants(audits, list(dict.fromkeys(["baseline", *names])), bool(plans), n, dtype)
+    m = _Memo(graph, audits, topology, workloads, n, dtype, expert_dtype, cp_layers, cp_kv, pp_schedule,
+              predictor or predict_fn, predict_fn, say)  # fmt: skip
+    variants = _named_variants(m, plans, pair)
+    cur = current_variant(audits, current, n, world, dtype, variants)
+    finder = search_fn or (load_search() if search_top > 0 and not plans else None)
+    ask = MeshAsk(tp=tp, pp=pp, cp=cp, replicas=replicas, cp_layers=cp_layers, cp_kv=cp_kv)
+    grid, best_found = _search(m, finder, variants, ask=ask, memory_cap_gib=memory_cap_gib, top=search_top,
+                               overlap=overlap, dp_attention=dp_attention)  # fmt: skip
+    add_pp_across_nodes(m.scope, variants, topology)
+    fewest = min((g[3] for g in grid), default=1)  # one copy of each deployment (`deployments.DeploymentKey` has R)
+    single = [g for g in grid if g[3] == fewest]
+    add_a2a_everywhere(m.scope, variants, single)
+    if overlap is not None:
+        add_overlapped(m.scope, variants, overlap)
+    add_baselines(m.scope, variants, single)
+    chunk = workloads[0].chunk_size if workloads else 8192
+    for i, v in enumerate(variants, 1):  # each plan's engine lines and, with a predictor, its predictions
+        say(f"predicting plan {i} of {len(variants)} ({v.key})")
+        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
+                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
+        if m.fn is not None:
+            _predict(m.fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule, cp_kv)
+    a = _judged(m, variants, cur, memory_cap_gib, bench, (pair[0].key, pair[1].key))
+    if m.fn is not None:
+        say("thresholds: where each plan overtakes baseline")
+        a.crossovers = crossovers(graph, [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal], topology,
+                                  mesh=Mesh(n), dtype=dtype, expert_dtype=expert_dtype, tokens=crossover_tokens,
+                                  audits=audits)  # fmt: skip
+    a.grid, a.overlap, a.cp_kv, a.arrival = grid, overlap, cp_kv, arrival
+    if best_found is not None:
+        f = best_found
+        a.search_best = (f.plan.name, Mesh(f.tp, pp=f.pp, cp=f.cp, replicas=f.replicas).label())
+    if m.fn is not None and grid:
+        _rank_deployments(m, a, single, grid)
+        if prompt_lengths and workloads and (arrival is None or arrival.trace is None):  # a trace has its own
+            _price_prompt_lengths(m, a, prompt_lengths)
+    if m.fn is not None and m.fn is predict_fn:
+        say("the answer under each kernel-price source")
+        a.kernel_sources = sensitivity_of(a, m.fn, pp_schedule, expert_dtype)
+    say("where the model differs from a volume-only analysis")
+    a.differences = differences(a, chunk)
+    return a
+
+
+@dataclass(frozen=True)
+class _Memo:
+    """What every step of one memo reads: the model's graph and its audits, the topology and workloads, the
+    main TP, the dtypes, the KV a CP rank keeps, the deployed engine's PP schedule, the predictor (None:
+    predictions off) and the default one (whose parts can be priced again), and where progress goes."""
+
+    graph: ModelGraph
+    audits: Audits
+    topology: Topology
+    workloads: list[Workload]
+    n: int
+    dtype: str
+    expert_dtype: str | None
+    cp_layers: str
+    cp_kv: str
+    pp_schedule: PipelineModel
+    fn: PredictFn | None
+    predict_fn: PredictFn | None
+    say: Callable[[str], None]
+
+    @property
+    def scope(self) -> Scope:
+        """What every variant of this memo shares (`memo_variants`)."""
+        return Scope(self.audits, self.n, self.dtype, self.cp_layers)
+
+
+def _named_variants(m: _Memo, plans: list[str] | None, pair: tuple[EngineVersion, EngineVersion]) -> list[Variant]:
+    """The plans asked for, or the memo's own plans and those the engines' data says they run on this
+    model class, at the main TP (a saved plan at its own deployment, which must fit the topology)."""
+    names = plans or [*MEMO_PLANS, *engine_plans(m.graph.spec, (pair[0].key, pair[1].key))]
+    variants = plan_variants(m.audits, list(dict.fromkeys(["baseline", *names])), bool(plans), m.n, m.dtype)
+    world = m.topology.world_size
     for v in variants:
         if v.parallel.gpus > world:
             raise TpplanError(
@@ -425,96 +399,45 @@ def analyse(
                 f"it was found at {v.deployment} ({v.parallel.gpus} GPUs); the topology has {world}",
                 "pass --nodes to give the topology that many GPUs",
             )
-    cur = _current_variant(audits, current, n, world, dtype, variants)
-    finder = search_fn or (load_search() if search_top > 0 and not plans else None)
-    grid: list[tuple[int, int, int, int]] = []
-    best_found: Found | None = None
-    if finder is not None:
-        say("searching plans (as tpplan search)")
-        from tpplan.search.grid import MeshAsk
+    return variants
 
-        ask = MeshAsk(tp=tp, pp=pp, cp=cp, replicas=replicas, cp_layers=cp_layers, cp_kv=cp_kv)
-        searched = finder(graph, topology, workloads[0] if workloads else None, ask=ask, dtype=dtype,
-                          expert_dtype=expert_dtype, memory_cap_gib=memory_cap_gib, top=search_top, audits=audits,
-                          overlap=overlap, dp_attention=dp_attention)  # fmt: skip
-        grid = searched.grid
-        for f in searched.found:
-            pl = f.plan
-            shape = (f.tp, f.pp, f.cp, f.replicas)
-            alike = [v for v in variants if v.shape == shape and v.plan.describe() == pl.describe()]
-            if alike:
-                best_found = best_found or replace(f, plan=alike[0].plan)  # under the memo's name for it
-                continue  # already in the memo at that shape
-            if pl.found_by == "search":  # rank 0: a deployment's best below the search's top plans
-                name = f"search-{f.rank}" if f.rank else "search-best"
-                pl = pl.with_(name=name, title="found by search", summary=describe_plan(pl))
-            variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp,
-                                    replicas=f.replicas, cp_layers=cp_layers))  # fmt: skip
-            best_found = best_found or replace(f, plan=pl)
-    if topology.nodes > 1 and n == world and world % topology.gpus_per_node == 0:
-        pp_tp, pp = topology.gpus_per_node, topology.nodes
-        for name in ("baseline", "sp-moe", "sglang-sp-moe"):  # one node's TP, stages across nodes; MoE a2a
-            if not any(v.plan.name == name for v in variants) or any(
-                v.plan.name == name and v.tp == pp_tp and v.pp == pp for v in variants
-            ):
-                continue
-            pa = _audit_or_none(audits, name, pp_tp, dtype)
-            if pa is not None and pa.legal:
-                variants.append(Variant(pa.plan, pp_tp, pp, pa, main_tp=n))
-    # the engines' MoE all-to-all plans at every other deployment of the search's grid, so each
-    # deployment row ranks more than baseline (the search's best joins where it runs)
-    # one copy of each deployment: replicas (R copies, the requests split) are rows where the search found
-    # its best there; a row per R is for the replica rows to come (`deployments.DeploymentKey` has R)
-    fewest = min((g[3] for g in grid), default=1)
-    single = [g for g in grid if g[3] == fewest]
-    for shape in single[1:]:
-        for name in ("sp-moe", "sglang-sp-moe"):
-            if not any(v.plan.name == name for v in variants) or any(
-                v.plan.name == name and v.shape == shape for v in variants
-            ):
-                continue
-            pa = _audit_or_none(audits, name, shape[0], dtype)
-            if pa is not None and pa.legal:
-                variants.append(Variant(pa.plan, shape[0], shape[1], pa, main_tp=n, cp=shape[2], replicas=shape[3],
-                                        cp_layers=cp_layers))  # fmt: skip
-    if overlap is not None:  # --overlap: each all-to-all plan once more under the engine's micro-batch overlap
-        from tpplan.plans.named import overlapped
 
-        for v in [v for v in variants if v.plan.moe == "a2a" and v.plan.overlap is None and v.legal]:
-            pl = overlapped(v.plan, overlap, graph)  # the search refused an overlap the engine does not run
-            if not any(x.shape == v.shape and x.plan.describe() == pl.describe() for x in variants):
-                variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp,
-                                        replicas=v.replicas, cp_layers=v.cp_layers))  # fmt: skip
-    # every delta compares like with like: a baseline at each shape a plan runs at, and at every
-    # deployment the search searched (the deployment ranking's rows)
-    for tp_v, pp_v, cp_v, r_v in dict.fromkeys([*(v.shape for v in list(variants)), *single]):
-        if not any(v.plan.name == "baseline" and v.shape == (tp_v, pp_v, cp_v, r_v) for v in variants):
-            pa = _audit_or_none(audits, "baseline", tp_v, dtype)
-            if pa is not None:
-                variants.append(Variant(pa.plan, tp_v, pp_v, pa, main_tp=n, cp=cp_v, replicas=r_v, cp_layers=cp_layers))
-    chunk = workloads[0].chunk_size if workloads else 8192
-    for i, v in enumerate(variants, 1):
-        say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
-                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
-        if fn is not None:
-            _predict(fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule, cp_kv)
+def _search(
+    m: _Memo, finder: SearchFn | None, variants: list[Variant], **options: Any
+) -> tuple[list[Shape], Found | None]:
+    """`tpplan search` on the memo's inputs (`options`: the grid, memory cap and overlap it searches), its
+    plans joined to `variants`: the deployments it searched and its best (none without a search)."""
+    if finder is None:
+        return [], None
+    m.say("searching plans (as tpplan search)")
+    searched = finder(m.graph, m.topology, m.workloads[0] if m.workloads else None, dtype=m.dtype,
+                      expert_dtype=m.expert_dtype, audits=m.audits, **options)  # fmt: skip
+    return searched.grid, add_found(m.scope, variants, searched.found)
+
+
+def _judged(
+    m: _Memo, variants: list[Variant], cur: Variant, memory_cap_gib: float | str | None, bench: BenchResults | None,
+    engines: tuple[str, str],
+) -> Analysis:  # fmt: skip
+    """The analysis: each variant's verdict against today's deployment `cur` inside the band of its
+    prediction, the next steps and the bottom line, the volume sweep and the seed's boundary table."""
+    from tpplan.search.ranking import memory_cap_gib_of
+
+    graph, n, world = m.graph, m.n, m.topology.world_size
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.shape == (n, 1, 1, 1) and v.plan.found_by != "search"]
-    sweep = volume_sweep(audits, named, tp_sizes(graph, world, n), dtype)
-    wl = workloads[0].name if workloads else None
+    sweep = volume_sweep(m.audits, named, tp_sizes(graph, world, n), m.dtype)
+    wl = m.workloads[0].name if m.workloads else None
     # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
     # a prediction that carries none (a stand-in predictor's) or none at all has the topology's.
-    band = question_provenance(cur.predictions.get(wl) if wl is not None else None, topology, cur.tp * cur.pp)
+    band = question_provenance(cur.predictions.get(wl) if wl is not None else None, m.topology, cur.tp * cur.pp)
     same = _same_decisions(variants)
 
     def formula(v: Variant) -> str:
         kind = mla or next(iter(v.audit.kinds))
         return attn_formula(v.audit.kinds[kind].result, v.tp) if kind in v.audit.kinds else ""
 
-    from tpplan.search.ranking import memory_cap_gib_of
-
-    cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
+    cap_gib = memory_cap_gib_of(memory_cap_gib, m.topology)
     limit = cap_gib * GIB if cap_gib is not None else float("inf")
 
     def shape_base(v: Variant) -> Variant | None:
@@ -522,95 +445,59 @@ def analyse(
 
     verdicts = [judge(v, cur, formula(v), wl, band, same.get(v.key), limit, shape_base(v)) for v in variants]
     steps = next_steps(variants, cur, wl, band, limit)
-    a = Analysis(
-        graph.spec.name,
-        graph,
-        topology,
-        workloads,
-        n,
-        dtype,
-        variants,
-        sweep,
-        _boundary_rows(graph, mla, variants, n),
-        verdicts,
-        steps,
-        [],
-        note,
-        bench,
-        cur.key,
-        band,
-        bottom_line(steps, cur, wl, band),
-        same,
-        engines=(pair[0].key, pair[1].key),
-        pp_engine=pp_schedule.engine,
-    )
-    if fn is not None:
-        say("thresholds: where each plan overtakes baseline")
-        a.crossovers = crossovers(
-            graph,
-            [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal],
-            topology,
-            tp=n,
-            dtype=dtype,
-            expert_dtype=expert_dtype,
-            tokens=crossover_tokens,
-            audits=audits,
-        )
+    note = None if m.fn is not None else (
+        "Time, memory and TTFT predictions are turned off for this memo; "
+        "the verdicts below rest on the audit's volumes, legality and memory."
+    )  # fmt: skip
+    a = Analysis(graph.spec.name, graph, m.topology, m.workloads, n, m.dtype, variants, sweep,
+                 _boundary_rows(graph, mla, variants, n), verdicts, steps, [], note, bench, cur.key, band,
+                 bottom_line(steps, cur, wl, band), same, engines=engines, pp_engine=m.pp_schedule.engine)  # fmt: skip
     a.memory_cap_bytes = limit
-    a.grid = grid
-    a.overlap = overlap
-    a.cp_kv = cp_kv
-    a.arrival = arrival
-    if best_found is not None:
-        f = best_found
-        a.search_best = (f.plan.name, Mesh(f.tp, pp=f.pp, cp=f.cp, replicas=f.replicas).label())
-    if fn is not None and grid:
-        keys: list[DeploymentKey] = [(*g, None) for g in single]
-
-        def parts_of(v: Variant, w: str) -> Parts | None:
-            """The priced parts of `v`'s prediction at `w` (only when `predict_plan` made it)."""
-            p = v.predictions.get(w)
-            if fn is not predict_fn or p is None or p.ttft is None:
-                return None
-            from tpplan.cost.predictor import cached_predictor
-            from tpplan.cost.segments import segments_of
-
-            pred = cached_predictor(
-                graph,
-                v.plan,
-                topology,
-                Mesh(v.tp, pp=v.pp, replicas=v.replicas, cp=v.cp, cp_layers=v.cp_layers, cp_kv=cp_kv),
-                dtype,
-                expert_dtype,
-                v.audit,
-                pipeline=pp_schedule if v.pp > 1 else None,
-            )
-            return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
-
-        for w in workloads:
-            a.deployments[w.name] = rank_deployments(variants, keys, w.name, limit, parts_of, grid)
-        if prompt_lengths and workloads and (arrival is None or arrival.trace is None):  # a trace has its own
-            say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
-            rows = [r for r in a.deployments[workloads[0].name]]
-            chosen = [c for r in rows if (c := a.variant(r.variant)) is not None]
-
-            def at(v: Variant, w: Workload) -> tuple[float, float] | None:
-                extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
-                if v.pp > 1:
-                    extra["pipeline"] = pp_schedule
-                try:
-                    mesh = replace(v.parallel, cp_kv=cp_kv)
-                    p = fn(graph, v.plan, topology, mesh=mesh, workload=w, tokens=w.chunk_size, dtype=dtype,
-                           audit=v.audit, **extra)  # fmt: skip
-                except (TpplanError, NotImplementedError, ValueError):
-                    return None
-                return (float(p.ttft.mean_s), float(p.memory.total)) if p.ttft is not None else None
-
-            a.length_points = price_lengths(chosen, workloads[0], at, limit, prompt_lengths)
-            a.length_races = races(chosen, a.length_points, prompt_lengths)
-    if fn is not None and fn is predict_fn:
-        say("the answer under each kernel-price source")
-        a.kernel_sources = sensitivity_of(a, fn, pp_schedule, expert_dtype)
-    say("where the model differs from a volume-only analysis")
-    a.differences = differences(a, chunk)
     return a
+
+
+def _rank_deployments(m: _Memo, a: Analysis, single: list[Shape], grid: list[Shape]) -> None:
+    """Each workload's deployment rows over the search's grid, each row's TTFT in its priced parts where
+    the default predictor made it."""
+    keys: list[DeploymentKey] = [(*g, None) for g in single]
+
+    def parts_of(v: Variant, w: str) -> Parts | None:
+        """The priced parts of `v`'s prediction at `w` (only when `predict_plan` made it)."""
+        p = v.predictions.get(w)
+        if m.fn is not m.predict_fn or p is None or p.ttft is None:
+            return None
+        from tpplan.cost.predictor import cached_predictor
+        from tpplan.cost.segments import segments_of
+
+        mesh = Mesh(v.tp, pp=v.pp, replicas=v.replicas, cp=v.cp, cp_layers=v.cp_layers, cp_kv=m.cp_kv)
+        pipeline = m.pp_schedule if v.pp > 1 else None
+        pred = cached_predictor(m.graph, v.plan, m.topology, mesh, m.dtype, m.expert_dtype, v.audit, pipeline=pipeline)
+        return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
+
+    for w in m.workloads:
+        a.deployments[w.name] = rank_deployments(a.variants, keys, w.name, a.memory_cap_bytes, parts_of, grid)
+
+
+def _price_prompt_lengths(m: _Memo, a: Analysis, prompt_lengths: tuple[int, ...]) -> None:
+    """Each deployment's plan (the first workload's rows) priced at every prompt length, and where one
+    overtakes another."""
+    assert m.fn is not None
+    fn = m.fn
+    m.say(f"prompt lengths {prompt_lengths[0]:,}-{prompt_lengths[-1]:,}: each deployment's plan")
+    rows = [r for r in a.deployments[m.workloads[0].name]]
+    chosen = [c for r in rows if (c := a.variant(r.variant)) is not None]
+
+    def at(v: Variant, w: Workload) -> tuple[float, float] | None:
+        extra: dict[str, object] = {"expert_dtype": m.expert_dtype} if m.expert_dtype else {}
+        if v.pp > 1:
+            extra["pipeline"] = m.pp_schedule
+        try:
+            mesh = replace(v.parallel, cp_kv=m.cp_kv)
+            p = fn(m.graph, v.plan, m.topology, mesh=mesh, workload=w, tokens=w.chunk_size, dtype=m.dtype,
+                   audit=v.audit, **extra)  # fmt: skip
+        except (TpplanError, NotImplementedError, ValueError):
+            return None
+        return (float(p.ttft.mean_s), float(p.memory.total)) if p.ttft is not None else None
+
+    a.length_points = price_lengths(chosen, m.workloads[0], at, a.memory_cap_bytes, prompt_lengths)
+    a.length_races = races(chosen, a.length_points, prompt_lengths)

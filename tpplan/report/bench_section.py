@@ -29,8 +29,7 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
     if a.bench is None:
         return []
     br = a.bench
-    b: list[Block] = []
-    b.append(Heading("Measured against predicted"))
+    b: list[Block] = [Heading("Measured against predicted")]
     b.append(
         Para(
             f"`{br.meta.command}` on {br.meta.machine} ({br.meta.gpus} x {br.meta.gpu}), {br.meta.date:%Y-%m-%d}, "
@@ -39,6 +38,30 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
             "Measured times are measured; the error columns are the prediction's."
         )
     )
+    table, pts = _errors_by_level(br)
+    b.append(table)
+    b += _overheads(br)
+    if pts:
+        pngs[PNG_BENCH] = plots.predicted_vs_measured(pts, f"{br.plan} TP{br.tp}: predicted vs measured")
+        b.append(Image(PNG_BENCH, "predicted against measured time per item", pngs[PNG_BENCH]))
+    worst = _worst_collectives(br)
+    if worst is not None:
+        b.append(worst)
+    for t in br.ttft:
+        pred = f" (predicted {t.predicted_mean_s:.3f} s)" if t.predicted_mean_s is not None else ""
+        b.append(
+            Para(
+                f"Whole-model TTFT on `{t.topology}` at `{t.workload}`, extrapolated from the slice's measured/"
+                f"predicted ratios (tpplan's own runtime kernels, not a serving engine): mean {t.mean_s:.3f} s{pred}, "
+                f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s." + memo_vs_bench_ttft(a, t)
+            )
+        )
+    return b
+
+
+def _errors_by_level(br: BenchResults) -> tuple[Table, list[tuple[str, float, float]]]:
+    """The prediction's error per level (collective, op, layer, batch) against the issue's targets, and
+    every (level, predicted, measured) point for the plot."""
     rows: list[tuple[str, ...]] = []
     pts: list[tuple[str, float, float]] = []
     for name, items in (
@@ -54,13 +77,14 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
         pts += [(name, i.predicted_s, i.measured_s) for i in items if i.predicted_s is not None]
     targets = {"collective": "median <= 5%", "layer": "<= 10%"}
     rows = [(*r, targets.get(r[0], "")) for r in rows]
-    b.append(
-        Table(
-            ("level", "measured", "with prediction", "median abs error", "worst", "issue target"),
-            tuple(rows),
-            (1, 2, 3, 4),
-        )
-    )
+    head = ("level", "measured", "with prediction", "median abs error", "worst", "issue target")
+    return Table(head, tuple(rows), (1, 2, 3, 4)), pts
+
+
+def _overheads(br: BenchResults) -> list[Block]:
+    """The runtime's overhead: its collectives against the same calls issued directly, and the GPU's idle
+    share of the plan's own pass."""
+    b: list[Block] = []
     over = [c.measured_s / c.direct_s - 1.0 for c in br.collectives if c.direct_s]
     if over:
         over.sort()
@@ -81,39 +105,30 @@ def bench_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, 
                 f"profiled; target: at most 3%): {'within' if ro.overhead <= 0.03 else 'over'} the target."
             )
         )
-    if pts:
-        pngs[PNG_BENCH] = plots.predicted_vs_measured(pts, f"{br.plan} TP{br.tp}: predicted vs measured")
-        b.append(Image(PNG_BENCH, "predicted against measured time per item", pngs[PNG_BENCH]))
+    return b
+
+
+def _worst_collectives(br: BenchResults) -> Table | None:
+    """The eight collectives the prediction missed most (None: none has a prediction)."""
     with_err = [c for c in br.collectives if c.rel_error is not None]
     worst = sorted(with_err, key=lambda c: -abs(c.rel_error or 0.0))[:8]
-    if worst:
-        b.append(
-            Table(
-                ("collective", "shape", "bytes", "measured ms", "predicted ms", "error"),
-                tuple(
-                    (
-                        c.label or c.kind,
-                        "x".join(map(str, c.shape)),
-                        f"{c.bytes:,}",
-                        f"{c.measured_s * 1e3:.3f}",
-                        f"{(c.predicted_s or 0.0) * 1e3:.3f}",
-                        f"{100 * (c.rel_error or 0.0):+.1f}%",
-                    )
-                    for c in worst
-                ),
-                (2, 3, 4, 5),
+    if not worst:
+        return None
+    return Table(
+        ("collective", "shape", "bytes", "measured ms", "predicted ms", "error"),
+        tuple(
+            (
+                c.label or c.kind,
+                "x".join(map(str, c.shape)),
+                f"{c.bytes:,}",
+                f"{c.measured_s * 1e3:.3f}",
+                f"{(c.predicted_s or 0.0) * 1e3:.3f}",
+                f"{100 * (c.rel_error or 0.0):+.1f}%",
             )
-        )
-    for t in br.ttft:
-        pred = f" (predicted {t.predicted_mean_s:.3f} s)" if t.predicted_mean_s is not None else ""
-        b.append(
-            Para(
-                f"Whole-model TTFT on `{t.topology}` at `{t.workload}`, extrapolated from the slice's measured/"
-                f"predicted ratios (tpplan's own runtime kernels, not a serving engine): mean {t.mean_s:.3f} s{pred}, "
-                f"p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s." + memo_vs_bench_ttft(a, t)
-            )
-        )
-    return b
+            for c in worst
+        ),
+        (2, 3, 4, 5),
+    )
 
 
 def memo_vs_bench_ttft(a: Analysis, t: TTFTExtrapolation) -> str:

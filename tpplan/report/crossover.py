@@ -95,25 +95,27 @@ def crossovers(
     plans: list[Plan],
     topology: Topology,
     *,
-    tp: int,
+    mesh: Mesh,
     dtype: str = "bf16",
     expert_dtype: str | None = None,
     tokens: tuple[int, ...] | None = None,
     audits: Audits | None = None,
 ) -> list[Crossover]:
-    """Per plan (other than baseline) and layer kind, plus the whole model: where it beats baseline
-    (`audits`, of `graph`: the plans' audits when the caller has them)."""
+    """Per plan (other than baseline) and layer kind, plus the whole model: where it beats baseline on `mesh`
+    (TP alone: the thresholds are per layer, one stage; `audits`, of `graph`: the plans' audits when the
+    caller has them)."""
     from tpplan.cost.predict import predict_plan
 
     grid = tuple(sorted(set(tokens or TOKENS)))
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
+    tp = mesh.tp
     if topology.world_size < tp:
         topology = topology.with_nodes(math.ceil(tp / topology.gpus_per_node))
 
     def times(plan: Plan) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for t in grid:
-            p = predict_plan(graph, plan, topology, mesh=Mesh(tp), tokens=t, dtype=dtype, expert_dtype=expert_dtype,
+            p = predict_plan(graph, plan, topology, mesh=mesh, tokens=t, dtype=dtype, expert_dtype=expert_dtype,
                              audit=kept.of(plan, tp, dtype))  # fmt: skip
             for k in p.kinds:
                 out.setdefault(k.kind, []).append(float(k.total_s))

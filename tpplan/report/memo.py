@@ -525,7 +525,7 @@ def _pipeline_engines(a: Analysis) -> list[Block]:
             f"({p.boundary_source.cite()})."
         )
     model = pipeline_model(a.pp_engine or None)
-    assumed = model.assumption(pps[0].pp) + "."
+    assumed = model.assumption(pps[0].parallel) + "."
     if unpriced := pp_unpriced(model):  # the serving loop prices the rest (tpplan.simulate)
         assumed += f" Not priced ({model.label}): " + "; ".join(unpriced) + "."
     return [Heading("Pipeline parallelism as the engines schedule it", 3), Bullets(tuple(items)), Para(assumed)]

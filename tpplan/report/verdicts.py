@@ -81,23 +81,8 @@ def judge(
     change into the deployment's and the plan's."""
 
     vol = pct_change(v.audit.comm_bytes_per_token, ref.audit.comm_bytes_per_token)
-    fit = memory_fit(v, gpu_bytes)
-    weights, extra = held_weights(v)
     if v is ref:
-        note: tuple[str, ...] = ()
-        if fit is not None and not fit[2]:
-            note = (
-                f"predicted memory {gib(fit[0])} per rank exceeds the limit of {gib(fit[1])}: lower "
-                "--expert-dtype, or raise --memory-cap",
-            )
-        elif fit is None and gpu_bytes and weights > gpu_bytes:
-            note = (
-                f"weights alone take {gib(weights)} per rank, more than the limit of "
-                f"{gib(gpu_bytes)}: raise TP or lower the weight dtype",
-            )
-        return Verdict(
-            v.key, "reference", "today's deployment (--current): every other plan is judged against it", note, formula
-        )
+        return _reference_verdict(v, formula, gpu_bytes)
     if not v.legal:
         roots = [viol.sentence() for viol in v.audit.violations if not viol.consequence_of]
         ops = sorted({viol.op for viol in v.audit.violations if not viol.consequence_of})
@@ -105,41 +90,18 @@ def judge(
         return Verdict(v.key, "NO", head, tuple(roots), formula)
     t_v = ttft_mean(v, wl) if wl else None
     t_r = ttft_mean(ref, wl) if wl else None
-    timed = t_v is not None and t_r is not None
     head = f"legal; {vol:+.1f}% bytes per token per rank vs `{ref.key}`"
-    if timed:
-        assert t_v is not None and t_r is not None
-        head += (
-            f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({pct_change(t_v, t_r):+.1f}%; "
-            f"band ±{100 * band.band:.1f}%, {band.label})"
-        )
-        t_s = ttft_mean(shape_base, wl) if wl and shape_base is not None and shape_base is not v else None
-        if t_s is not None and shape_base is not None and v.shape != ref.shape:
-            head += (
-                f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {pct_change(t_s, t_r):+.1f}% "
-                f"and the plan at the same shape (vs `{shape_base.key}`) {pct_change(t_v, t_s):+.1f}%"
-            )
+    if t_v is not None and t_r is not None:
+        head += _ttft_change(v, ref, shape_base, wl, band, t_v, t_r)
     elif v.prediction_error:
         head += f"; not predicted ({v.prediction_error})"
-    reasons: list[str] = []
-    if same_as:
-        reasons.append(f"same decisions as `{same_as}` on this model: same numbers, same engine verdict")
-    if extra:
-        reasons.append(f"replicates weights: +{gib(extra)} per rank")
-    sgl = deciding_engine(v.engines)
-    refusal = engine_refusal(sgl) if sgl is not None and not engine_ok(sgl) else None
-    if refusal:
-        reasons.append(refusal)
-    elif sgl is not None and sgl.realises == "no":
-        reasons.append(f"no engine flag realises it: {sgl.summary}")
-    if fit is not None and not fit[2]:
-        reasons.insert(0, f"predicted memory {gib(fit[0])} per rank exceeds the limit of {gib(fit[1])}")
+    extra = held_weights(v)[1]
+    reasons = _reasons(v, same_as, extra)
+    over = _over_memory(v, gpu_bytes)
+    if over is not None:
+        reasons.insert(0, over[0])
         return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
-    if fit is None and gpu_bytes and weights > gpu_bytes:
-        reasons.insert(0, f"weights alone take {gib(weights)} per rank, more than the limit of {gib(gpu_bytes)}")
-        return Verdict(v.key, "NO", head + " (does not fit in GPU memory)", tuple(reasons), formula)
-    if timed:
-        assert t_v is not None and t_r is not None
+    if t_v is not None and t_r is not None:
         gain = (t_r - t_v) / t_r
         if within_band(gain, band.band):
             return Verdict(v.key, "TOO CLOSE", head + " (inside the band: too close to call)", tuple(reasons), formula)
@@ -161,6 +123,65 @@ def judge(
     if conds:
         reasons.append("conditions: " + "; ".join(conds))
     return Verdict(v.key, status, head, tuple(reasons), formula)
+
+
+def _reference_verdict(v: Variant, formula: str, gpu_bytes: float) -> Verdict:
+    """Today's deployment: the reference, with a note where it does not fit the memory limit itself."""
+    over = _over_memory(v, gpu_bytes)
+    note = (f"{over[0]}: {over[1]}",) if over is not None else ()
+    return Verdict(
+        v.key, "reference", "today's deployment (--current): every other plan is judged against it", note, formula
+    )
+
+
+def _over_memory(v: Variant, gpu_bytes: float) -> tuple[str, str] | None:
+    """(why `v` does not fit the memory limit per rank, what would make it fit), or None where it fits: its
+    predicted memory, or without a prediction its weights alone."""
+    fit = memory_fit(v, gpu_bytes)
+    if fit is not None and not fit[2]:
+        return f"predicted memory {gib(fit[0])} per rank exceeds the limit of {gib(fit[1])}", (
+            "lower --expert-dtype, or raise --memory-cap"
+        )
+    weights = held_weights(v)[0]
+    if fit is None and gpu_bytes and weights > gpu_bytes:
+        why = f"weights alone take {gib(weights)} per rank, more than the limit of {gib(gpu_bytes)}"
+        return why, "raise TP or lower the weight dtype"
+    return None
+
+
+def _ttft_change(
+    v: Variant, ref: Variant, shape_base: Variant | None, wl: str | None, band: Provenance, t_v: float, t_r: float
+) -> str:
+    """The predicted TTFT against the reference's with the band; at another shape, split into the
+    deployment's change (baseline at `v`'s shape) and the plan's."""
+    text = (
+        f"; predicted mean TTFT ({wl}) {t_v:.3f} s vs {t_r:.3f} s ({pct_change(t_v, t_r):+.1f}%; "
+        f"band ±{100 * band.band:.1f}%, {band.label})"
+    )
+    t_s = ttft_mean(shape_base, wl) if wl and shape_base is not None and shape_base is not v else None
+    if t_s is not None and shape_base is not None and v.shape != ref.shape:
+        text += (
+            f"; of which the deployment change (`{shape_base.key}` vs `{ref.key}`) {pct_change(t_s, t_r):+.1f}% "
+            f"and the plan at the same shape (vs `{shape_base.key}`) {pct_change(t_v, t_s):+.1f}%"
+        )
+    return text
+
+
+def _reasons(v: Variant, same_as: str | None, extra: float) -> list[str]:
+    """The reasons every legal plan's verdict lists: an identical plan, replicated weights, and why the
+    deciding engine does not run it."""
+    reasons: list[str] = []
+    if same_as:
+        reasons.append(f"same decisions as `{same_as}` on this model: same numbers, same engine verdict")
+    if extra:
+        reasons.append(f"replicates weights: +{gib(extra)} per rank")
+    sgl = deciding_engine(v.engines)
+    refusal = engine_refusal(sgl) if sgl is not None and not engine_ok(sgl) else None
+    if refusal:
+        reasons.append(refusal)
+    elif sgl is not None and sgl.realises == "no":
+        reasons.append(f"no engine flag realises it: {sgl.summary}")
+    return reasons
 
 
 def switch_price(v: Variant, ref: Variant) -> str:

@@ -87,22 +87,40 @@ def _dt_bias(n: int, g: torch.Generator, dev: str) -> torch.Tensor:
     return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
 
 
-def _cases(a: argparse.Namespace, dt: torch.dtype) -> dict[str, tuple[Callable[[], Any], bool]]:
-    """name -> (callable running the op through `kernels`, uses fla)."""
-    dev, t, ch = a.device, a.tokens, a.chunks
-    c = t // ch
+Cases = dict[str, tuple[Callable[[], Any], bool]]  # name -> (callable running the op through `kernels`, uses fla)
+Draw = Callable[..., torch.Tensor]  # a random tensor of a shape, scaled, from the cases' one generator
+
+
+def _cases(a: argparse.Namespace, dt: torch.dtype) -> Cases:
+    """name -> (callable running the op through `kernels`, uses fla). Every input is drawn from one seeded
+    generator, in this order, so a run's inputs are the same each time."""
+    dev = a.device
     g = torch.Generator(device=dev).manual_seed(0)
 
     def rn(*shape: int, scale: float = 1.0, dtype: torch.dtype = dt) -> torch.Tensor:
         return (torch.randn(*shape, generator=g, device=dev) * scale).to(dtype)
 
-    cases: dict[str, tuple[Callable[[], Any], bool]] = {}
+    cases = _norm_cases(a, rn)
+    cases["kda(chunked, state)"] = (_kda_case(a, rn, g), True)
+    cases["gdn(chunked, state)"] = (_gdn_case(a, rn, g), True)
+    cases["mla_attention(chunked, cache)"] = (_mla_case(a, rn), False)
+    h, nb = a.hidden, a.bank
+    prefix, bank = rn(a.tokens, h), rn(a.tokens, nb, h)
+    proj, sn = rn(h, scale=0.05), rn(h, scale=0.1) + 1
+    cases["attn_res"] = (lambda: K.attn_res(prefix, bank, proj, sn, 1e-6), False)
+    return cases
+
+
+def _norm_cases(a: argparse.Namespace, rn: Draw) -> Cases:
+    """RMS norm (plain and offset), the per-head gated norms, and the chunked short convolution."""
+    t, ch = a.tokens, a.chunks
+    c = t // ch
+    cases: Cases = {}
     h = a.hidden
     x = rn(t, h)
     w = rn(h, scale=0.1) + 1
     cases["rms_norm"] = (lambda: K.rms_norm(x, w, 1e-6), False)
     cases["rms_norm(offset=1)"] = (lambda: K.rms_norm(x, w - 1, 1e-6, 1.0), False)
-
     n, d = a.kda_heads, a.head_dim
     o = rn(t, n * d)
     gate = rn(t, n * d)
@@ -110,78 +128,66 @@ def _cases(a: argparse.Namespace, dt: torch.dtype) -> dict[str, tuple[Callable[[
     cases["head_rms_norm(sigmoid gate)"] = (lambda: K.head_rms_norm(o, wn, 1e-5, d, gate, "sigmoid"), False)
     cases["head_rms_norm(silu gate)"] = (lambda: K.head_rms_norm(o, wn, 1e-5, d, gate, "silu"), False)
     cases["head_rms_norm(no gate)"] = (lambda: K.head_rms_norm(o, wn, 1e-5, d), False)
-
     cw = rn(n * d, 1, a.conv_kernel, scale=0.5)
     cases["short_conv(chunked)"] = (_chunked(lambda i, s: K.short_conv(o[i * c : (i + 1) * c], cw, s), ch, True), False)
+    return cases
 
+
+def _kda_case(a: argparse.Namespace, rn: Draw, g: torch.Generator) -> Callable[[], Any]:
+    """Kimi delta attention over the chunks, its recurrent state carried (Kimi's A and dt inits)."""
+    t, ch, n, d = a.tokens, a.chunks, a.kda_heads, a.head_dim
+    c = t // ch
     qk = [rn(t, n * d) for _ in range(3)]
     f = rn(t, n * d, scale=0.5)
     bl = rn(t, n)
-    a_log = torch.log(torch.rand(n, generator=g, device=dev) * 15 + 1)  # Kimi init: A ~ U(1, 16)
-    dtb = _dt_bias(n * d, g, dev)
+    a_log = torch.log(torch.rand(n, generator=g, device=a.device) * 15 + 1)  # Kimi init: A ~ U(1, 16)
+    dtb = _dt_bias(n * d, g, a.device)
 
     def kda_step(i: int, s: dict[str, torch.Tensor] | None) -> torch.Tensor:
         sl = slice(i * c, (i + 1) * c)
         q_, k_, v_ = (z[sl] for z in qk)
         return K.kda(q_, k_, v_, f[sl], bl[sl], head_dim=d, a_log=a_log, dt_bias=dtb, state=s)
 
-    cases["kda(chunked, state)"] = (_chunked(kda_step, ch, True), True)
+    return _chunked(kda_step, ch, True)
 
+
+def _gdn_case(a: argparse.Namespace, rn: Draw, g: torch.Generator) -> Callable[[], Any]:
+    """Gated delta net (Qwen3-Next) over the chunks, its conv and recurrent state carried."""
+    t, ch = a.tokens, a.chunks
+    c = t // ch
     ng, r, dk, dv = a.gdn_k_heads, a.gdn_v_per_k, 128, 128
     qkvz = rn(t, ng * (2 * dk + 2 * r * dv))
     ba = rn(t, ng * 2 * r)
     gcw = rn(ng * (2 * dk + r * dv), 1, 4, scale=0.5)
-    ga = torch.log(torch.rand(ng * r, generator=g, device=dev) * 15 + 1)
-    gdtb = _dt_bias(ng * r, g, dev)
+    ga = torch.log(torch.rand(ng * r, generator=g, device=a.device) * 15 + 1)
+    gdtb = _dt_bias(ng * r, g, a.device)
     gnw = rn(dv, scale=0.1) + 1
 
     def gdn_step(i: int, s: dict[str, torch.Tensor] | None) -> torch.Tensor:
         sl = slice(i * c, (i + 1) * c)
-        return K.gdn(
-            qkvz[sl],
-            ba[sl],
-            conv_weight=gcw,
-            a_log=ga,
-            dt_bias=gdtb,
-            norm_weight=gnw,
-            eps=1e-6,
-            k_head_dim=dk,
-            v_head_dim=dv,
-            v_per_k=r,
-            state=s,
-        )
+        return K.gdn(qkvz[sl], ba[sl], conv_weight=gcw, a_log=ga, dt_bias=gdtb, norm_weight=gnw, eps=1e-6,
+                     k_head_dim=dk, v_head_dim=dv, v_per_k=r, state=s)  # fmt: skip
 
-    cases["gdn(chunked, state)"] = (_chunked(gdn_step, ch, True), True)
+    return _chunked(gdn_step, ch, True)
 
+
+def _mla_case(a: argparse.Namespace, rn: Draw) -> Callable[[], Any]:
+    """MLA attention over the chunks, its KV cache carried (unless --mla-no-cache)."""
+    t, ch = a.tokens, a.chunks
+    c = t // ch
     mh, nope, rope, vd = a.mla_heads, 128, 64, 128
     mq = rn(t, mh * (nope + rope))
     mkv = rn(t, mh * (nope + vd))
     mkr = rn(t, rope)
-    pos = torch.arange(t, device=dev)
+    pos = torch.arange(t, device=a.device)
     rp = K.Rope(theta=50000.0)
 
     def mla_step(i: int, s: dict[str, torch.Tensor] | None) -> torch.Tensor:
         sl = slice(i * c, (i + 1) * c)
-        return K.mla_attention(
-            mq[sl],
-            mkv[sl],
-            mkr[sl],
-            nope_dim=nope,
-            rope_dim=rope,
-            v_dim=vd,
-            positions=pos[sl],
-            rope=rp,
-            scale=(nope + rope) ** -0.5,
-            cache=s,
-        )
+        return K.mla_attention(mq[sl], mkv[sl], mkr[sl], nope_dim=nope, rope_dim=rope, v_dim=vd, positions=pos[sl],
+                               rope=rp, scale=(nope + rope) ** -0.5, cache=s)  # fmt: skip
 
-    cases["mla_attention(chunked, cache)"] = (_chunked(mla_step, ch, not a.mla_no_cache), False)
-
-    nb = a.bank
-    prefix, bank = rn(t, h), rn(t, nb, h)
-    proj, sn = rn(h, scale=0.05), rn(h, scale=0.1) + 1
-    cases["attn_res"] = (lambda: K.attn_res(prefix, bank, proj, sn, 1e-6), False)
-    return cases
+    return _chunked(mla_step, ch, not a.mla_no_cache)
 
 
 def check(a: argparse.Namespace) -> list[dict[str, Any]]:

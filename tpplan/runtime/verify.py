@@ -27,12 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpplan.dtypes import dtype_name
 from tpplan.layout.plan import Plan
 from tpplan.layout.schedule import CollectiveCall, bytes_by_kind
 from tpplan.lower.schedule import predict_schedule
+
+if TYPE_CHECKING:
+    from tpplan.models.graph import ModelGraph
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-1, "float16": 2e-2}
 
@@ -249,14 +252,9 @@ def run_case(
     """
     say = note or (lambda _msg: None)
     import torch
-    import torch.distributed as dist
 
     from tpplan.audit import audit_plan
-    from tpplan.placement import P
-    from tpplan.runtime.distributed import PlanRunner, make_comm
     from tpplan.runtime.executor import numerics_for
-    from tpplan.runtime.shard import DictSource, SafetensorsSource
-    from tpplan.runtime.weights import load_safetensors
 
     t0 = time.perf_counter()
     graph = _graph(case.model)
@@ -268,12 +266,7 @@ def run_case(
         return CaseResult(case, n, False, reason) if rank == 0 else None
     act = dtype_name(case.dtype)
     dtype = getattr(torch, act)
-    if case.weights:
-        source: Any = SafetensorsSource(Path(case.weights), graph, nu)
-        full = load_safetensors(case.weights, graph, nu) if rank == 0 else None
-    else:
-        full = _random(case.model, case.seed)
-        source = DictSource(full)
+    source, full = _weights(case, graph, nu, rank)
     gen = torch.Generator().manual_seed(case.seed + 1)
     ids = torch.randint(0, graph.spec.vocab, (case.tokens,), generator=gen)
     ref = None
@@ -287,10 +280,60 @@ def run_case(
             _REF_CACHE["ref"] = _reference(graph, full, ids.to(device), case.chunk, nu, device, dtype, dp_ranks)
         ref = _REF_CACHE["ref"]
     say(f"plan forward on {n} rank(s)")
+    parts, copies = _plan_pieces(case, graph, plan, n, rank, source, nu, device, dtype, ids)
+    if rank != 0:
+        return None
+    assert ref is not None
+    say("comparing values and traced collectives")
+    res = CaseResult(case, n, pa.legal, reason)
+    res.errors = _errors(graph, ref, parts, case)
+    res.traced = [p[1] for p in parts]
+    res.fallback_traced = parts[0][2]
+    res.copies = copies
+    for r in range(n):
+        sched = predict_schedule(graph, plan, n, case.tokens, chunk=case.chunk, dtype=act, rank=r,
+                                 routes=ref["routes"])  # fmt: skip
+        res.predicted.append([c for s in sched for c in s.calls])
+        if r == 0:
+            res.fallback_predicted = [s.index for s in sched if s.fallback]
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _weights(case: VerifyCase, graph: ModelGraph, nu: Any, rank: int) -> tuple[Any, Any]:
+    """Where this rank reads its weight shard from, and the full weights (rank 0's reference; None on the
+    other ranks when they come from safetensors)."""
+    from tpplan.runtime.shard import DictSource, SafetensorsSource
+    from tpplan.runtime.weights import load_safetensors
+
+    if case.weights:
+        full = load_safetensors(case.weights, graph, nu) if rank == 0 else None
+        return SafetensorsSource(Path(case.weights), graph, nu), full
+    full = _random(case.model, case.seed)
+    return DictSource(full), full
+
+
+def _chunk_sizes(case: VerifyCase) -> list[int]:
+    """The tokens of each prefill chunk."""
+    step = case.chunk or case.tokens
+    return [min(step, case.tokens - s) for s in range(0, case.tokens, step)]
+
+
+def _plan_pieces(
+    case: VerifyCase, graph: ModelGraph, plan: Plan, n: int, rank: int, source: Any, nu: Any, device: Any,
+    dtype: Any, ids: Any,
+) -> tuple[list[Any], list[Any]]:  # fmt: skip
+    """The plan's prefill on this rank; every rank's observed pieces (each layer's stream and MLP output,
+    the final hidden), traced calls and fallback chunks, gathered on rank 0 in one untraced object gather
+    (verification is not part of the plan); and this rank's layout copies."""
+    import torch.distributed as dist
+
+    from tpplan.placement import P
+    from tpplan.runtime.distributed import PlanRunner, make_comm
+
     comm = make_comm(rank, n)
     runner = PlanRunner(graph, plan, n, rank, source, comm=comm, numerics=nu, device=device, dtype=dtype,
                         force=case.force)  # fmt: skip
-    sizes = [min(case.chunk or case.tokens, case.tokens - s) for s in range(0, case.tokens, case.chunk or case.tokens)]
     local: dict[tuple[int, int, str], tuple[str, Any]] = {}  # this rank's pieces, gathered once at the end
 
     def observe(i: int, env: dict[str, Any]) -> None:
@@ -303,35 +346,28 @@ def run_case(
         local[(c, layers, "hidden")] = (str(held.pl), held.t.detach().to("cpu", copy=True))
     mine = (local, runner.tracer.calls, [e.chunk for e in runner.tracer.events])
     parts: list[Any] = [None] * n if rank == 0 else []
-    # One untraced object gather instead of a collective per layer: verification is not part of the plan.
     if n == 1:
         parts = [mine]
     else:
         dist.gather_object(mine, parts if rank == 0 else None, dst=0)
-    if rank != 0:
-        return None
-    assert ref is not None
-    say("comparing values and traced collectives")
-    res = CaseResult(case, n, pa.legal, reason)
+    return parts, list(runner.tracer.copies)
+
+
+def _errors(graph: ModelGraph, ref: dict[str, Any], parts: list[Any], case: VerifyCase) -> list[TensorError]:
+    """Every observed value assembled from the ranks' pieces against the reference's, then per chunk the
+    final hidden and the logits."""
+    sizes = _chunk_sizes(case)
+    layers = len(graph.layer_kinds)
+    out: list[TensorError] = []
     for key in sorted(ref["taps"]):
         heads = graph.kinds[graph.layer_kinds[key[1]]].values[key[2]].heads
         a = _assemble([p[0][key] for p in parts], heads, sizes[key[0]])
-        res.errors.append(TensorError(key[0], key[1], key[2], *_rel(a, ref["taps"][key])))
+        out.append(TensorError(key[0], key[1], key[2], *_rel(a, ref["taps"][key])))
     for c, r in enumerate(ref["hidden"]):
         h = _assemble([p[0][(c, layers, "hidden")] for p in parts], 0, sizes[c])
-        res.errors.append(TensorError(c, layers, "hidden", *_rel(h, r)))
-        res.errors.append(TensorError(c, layers, "logits", *_rel(h @ ref["head"].t(), r @ ref["head"].t())))
-    res.traced = [p[1] for p in parts]
-    res.fallback_traced = parts[0][2]
-    res.copies = list(runner.tracer.copies)
-    for r in range(n):
-        sched = predict_schedule(graph, plan, n, case.tokens, chunk=case.chunk, dtype=act, rank=r,
-                                 routes=ref["routes"])  # fmt: skip
-        res.predicted.append([c for s in sched for c in s.calls])
-        if r == 0:
-            res.fallback_predicted = [s.index for s in sched if s.fallback]
-    res.seconds = time.perf_counter() - t0
-    return res
+        out.append(TensorError(c, layers, "hidden", *_rel(h, r)))
+        out.append(TensorError(c, layers, "logits", *_rel(h @ ref["head"].t(), r @ ref["head"].t())))
+    return out
 
 
 def _progress(rank: int, cases: list[VerifyCase], enabled: bool) -> Callable[[int, str], None]:

@@ -8,7 +8,7 @@ from typing import Any
 from tpplan.engines import DEFAULT_ENGINES, ENGINES, Launch, judge, path_for
 from tpplan.engines.launch import size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
-from tpplan.engines.schema import EngineVersion, Mode, Source
+from tpplan.engines.schema import EngineVersion, Mode, Source, Wiring
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
@@ -55,8 +55,7 @@ def _input_scattered(ev: EngineVersion, plan: Plan, fam: str, d: Launch, base: l
 
 def _sp_moe(ev: EngineVersion, plan: Plan, d: Launch, base: list[str]) -> EngineRecipe:
     """`--moe-a2a-backend deepep` on this model class: the wiring SGLang runs by default (its first),
-    whether this plan is that path, the K3 norm-on-shard variant, or neither; the sentence names the
-    default path's dataflow and, for K3, whether its RS/AG run on the fused collectives or on NCCL."""
+    whether this plan is that path, the K3 norm-on-shard variant, or neither."""
     mode = ev.mode("sp-moe")
     assert mode is not None
     conds = _conditions(mode, d)
@@ -65,36 +64,10 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Launch, base: list[str]) -> Engine
     mt = d.spec.model_type
     wired = [w for w in mode.wiring if mt in w.model_types]
     if not wired:
-        path = path_for(mode, d.spec)
-        nw = path.not_wired
-        if nw is not None and nw.source.read:
-            return EngineRecipe(
-                "SGLang", plan.name, tuple(base), "no", f"--moe-a2a-backend deepep does nothing on {mt} ({nw.why})",
-                path=path_sentence(ev, "SP-MoE", d.spec, path), **common,
-            )  # fmt: skip
-        return EngineRecipe(
-            "SGLang", plan.name, args, "partly",
-            "DeepEP dispatch/combine; the engine data has no transcribed per-layer dataflow of "
-            f"--moe-a2a-backend deepep for {mt} (source: unread)",
-            path=f"SGLang {ev.version}: --moe-a2a-backend deepep on {mt} is not transcribed in tpplan's "
-            "engine data (source: unread).",
-            **common,
-        )  # fmt: skip
+        return _sp_moe_unwired(ev, mode, plan, d, base, args, common)
     equal = next((w for w in wired if w.plan == plan.name), None)
     default = wired[0]
-    fused_gates = [r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")]
-    fused = next((r for r in fused_gates if r.met is False), fused_gates[0] if fused_gates else None)
-    nccl = fused is not None and fused.met is False
-    how = (
-        f"; here its reduce-scatter and all-gather run on NCCL, not K3's fused SP collectives ({fused.detail} "
-        f"fails their gate; {fused.gate.source.cite()})"
-        if nccl and fused is not None
-        else ""
-    )
-    sentence = (
-        f"SGLang {ev.version} wires SP-MoE for {mt} ({default.source.cite()}): by default it runs `{default.plan}` "
-        f"on {default.layers}, per layer: {default.steps_text()}{how}."
-    )
+    sentence, nccl = _sp_moe_sentence(ev, mode, d, default)
     if equal is default:
         return EngineRecipe(
             "SGLang", plan.name, args, "yes", mode.summary, notes=default.differences, path=sentence, **common
@@ -116,6 +89,48 @@ def _sp_moe(ev: EngineVersion, plan: Plan, d: Launch, base: list[str]) -> Engine
         "SGLang", plan.name, args, "partly",
         f"{mode.summary}; SGLang runs `{default.plan}` on {mt}, not this plan's dataflow", path=sentence, **common,
     )  # fmt: skip
+
+
+def _sp_moe_unwired(
+    ev: EngineVersion, mode: Mode, plan: Plan, d: Launch, base: list[str], args: tuple[str, ...], common: dict
+) -> EngineRecipe:
+    """SP-MoE on a model class no wiring names: what the engine runs instead where that was read, else the
+    flags with the dataflow marked unread."""
+    mt = d.spec.model_type
+    path = path_for(mode, d.spec)
+    nw = path.not_wired
+    if nw is not None and nw.source.read:
+        return EngineRecipe(
+            "SGLang", plan.name, tuple(base), "no", f"--moe-a2a-backend deepep does nothing on {mt} ({nw.why})",
+            path=path_sentence(ev, "SP-MoE", d.spec, path), **common,
+        )  # fmt: skip
+    return EngineRecipe(
+        "SGLang", plan.name, args, "partly",
+        "DeepEP dispatch/combine; the engine data has no transcribed per-layer dataflow of "
+        f"--moe-a2a-backend deepep for {mt} (source: unread)",
+        path=f"SGLang {ev.version}: --moe-a2a-backend deepep on {mt} is not transcribed in tpplan's "
+        "engine data (source: unread).",
+        **common,
+    )  # fmt: skip
+
+
+def _sp_moe_sentence(ev: EngineVersion, mode: Mode, d: Launch, default: Wiring) -> tuple[str, bool]:
+    """The sentence naming the default path's dataflow and, for K3, whether its reduce-scatter and
+    all-gather run on the fused SP collectives or on NCCL here; and whether on NCCL."""
+    fused_gates = [r for r in judge(mode, d) if (r.gate.check or "").startswith("k3_sp_collective")]
+    fused = next((r for r in fused_gates if r.met is False), fused_gates[0] if fused_gates else None)
+    nccl = fused is not None and fused.met is False
+    how = (
+        f"; here its reduce-scatter and all-gather run on NCCL, not K3's fused SP collectives ({fused.detail} "
+        f"fails their gate; {fused.gate.source.cite()})"
+        if nccl and fused is not None
+        else ""
+    )
+    sentence = (
+        f"SGLang {ev.version} wires SP-MoE for {d.spec.model_type} ({default.source.cite()}): by default it runs "
+        f"`{default.plan}` on {default.layers}, per layer: {default.steps_text()}{how}."
+    )
+    return sentence, nccl
 
 
 def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
@@ -144,23 +159,31 @@ def sglang_recipe(
     against `engine` (default: the current release); `prefill_cp` is the prefill CP the gates read (default
     the mesh's; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
     ev = engine or ENGINES[DEFAULT_ENGINES[0]]
-    tp, pp = mesh.tp, mesh.pp
-    d = Launch(spec, Mesh(tp, pp=pp, cp=prefill_cp or mesh.cp), 1, chunk, gpu, nodes)
-    fam = family(plan)
+    d = Launch(spec, Mesh(mesh.tp, pp=mesh.pp, cp=prefill_cp or mesh.cp), 1, chunk, gpu, nodes)
     base = _base(mesh, chunk, nodes)
     if plan.dp_attention:
         from tpplan.engines.recipes.dp_attention import sglang_dp_recipe
 
         return sglang_dp_recipe(plan, spec, base, mesh)
-    moe = _moe(spec)
+    fam = family(plan)
+    r = _family_recipe(ev, plan, fam, d, base)
+    if mesh.pp == 1 or fam in NO_FLAG:
+        return r
+    return replace(r, conditions=(_pp_condition(ev, spec.model_type), *r.conditions))
+
+
+# Families no SGLang flag runs: their line names no flag, so no condition of a flag's.
+NO_FLAG = ("vllm-moe-chunk", "latent-scattered", "gate-aware", "custom")
+
+
+def _family_recipe(ev: EngineVersion, plan: Plan, fam: str, d: Launch, base: list[str]) -> EngineRecipe:
+    """The flags for the plan's engine family, judged against `ev` (sglang_recipe adds the PP condition)."""
     kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
-    pp_cond = (_pp_condition(ev, spec.model_type),) if pp > 1 else ()
+    moe = _moe(d.spec)
     if fam in ("sglang-input-scattered", "input-scattered", "input-scattered+restore"):
-        r = _input_scattered(ev, plan, fam, d, base)
-        return replace(r, conditions=(*pp_cond, *r.conditions))
+        return _input_scattered(ev, plan, fam, d, base)
     if fam in ("sp-moe", "sglang-sp-moe"):
-        r = _sp_moe(ev, plan, d, base)
-        return replace(r, conditions=(*pp_cond, *r.conditions))
+        return _sp_moe(ev, plan, d, base)
     if fam == "vllm-moe-chunk":
         return EngineRecipe(
             "SGLang", plan.name, tuple(base), "no",
@@ -168,23 +191,22 @@ def sglang_recipe(
             "Qwen3-MoE path); --moe-a2a-backend deepep runs `sp-moe`", **kw,
         )  # fmt: skip
     if fam == "ep" and moe is not None:
-        ep = plan.ep_size or tp
+        ep = plan.ep_size or d.tp
         return EngineRecipe(
             "SGLang", plan.name, (*base, f"--ep-size {ep}", "--moe-a2a-backend none"), "yes",
-            f"expert parallelism without all-to-all: {moe.experts // ep} experts per EP group of {tp // ep} ranks",
-            (*pp_cond, Condition("ep_size divides tp_size", tp % ep == 0, "refuses", SRC_ARGS.cite())), **kw,
+            f"expert parallelism without all-to-all: {moe.experts // ep} experts per EP group of {d.tp // ep} ranks",
+            (Condition("ep_size divides tp_size", d.tp % ep == 0, "refuses", SRC_ARGS.cite()),), **kw,
         )  # fmt: skip
     if fam == "sequence-parallel":
         mode = ev.mode("layernorm-sp")
         assert mode is not None
-        path = path_for(mode, spec)
-        conds = (*pp_cond, *_conditions(mode, d))
+        path = path_for(mode, d.spec)
         ok = path.wired and path.runs_plan == plan.name
         return EngineRecipe(
-            "SGLang", plan.name, (*base, *mode.flags), "yes" if ok else "no", mode.summary, conds,
-            path=path_sentence(ev, "--enable-layernorm-sp", spec, path), **kw,
+            "SGLang", plan.name, (*base, *mode.flags), "yes" if ok else "no", mode.summary, _conditions(mode, d),
+            path=path_sentence(ev, "--enable-layernorm-sp", d.spec, path), **kw,
         )  # fmt: skip
-    if fam in ("latent-scattered", "gate-aware", "custom"):
+    if fam in NO_FLAG:
         why = (
             "no SGLang flag token-shards only the latent GEMM (a research prototype)"
             if fam == "latent-scattered"
@@ -193,5 +215,5 @@ def sglang_recipe(
         return EngineRecipe("SGLang", plan.name, tuple(base), "no", why, **kw)
     args = [*base, "--moe-a2a-backend none"] if moe is not None else base
     return EngineRecipe(
-        "SGLang", plan.name, tuple(args), "yes", "Megatron TP: all-reduce after o_proj and MLP/MoE", pp_cond, **kw
+        "SGLang", plan.name, tuple(args), "yes", "Megatron TP: all-reduce after o_proj and MLP/MoE", **kw
     )

@@ -73,7 +73,6 @@ def _family_recipe(
     if nodes > 1:
         base.append("--distributed-executor-backend ray")
     kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
-    moe = _moe(spec)
     if fam == "sglang-sp-moe":
         return EngineRecipe(
             "vLLM", plan.name, tuple(base), "no",
@@ -81,30 +80,7 @@ def _family_recipe(
             "SP-MoE); vLLM's MoE sequence parallelism norms on the rank's rows (`sp-moe`)", **kw,
         )  # fmt: skip
     if fam in ("sp-moe", "vllm-moe-chunk"):
-        mode = ev.mode("moe-sp")
-        assert mode is not None
-        path = path_for(mode, spec)
-        conds = (
-            Condition("the model has routed experts", moe is not None, "refuses", SRC_PAR.cite()),
-            *(Condition.of(r) for r in judge(mode, d)),
-        )
-        dp_args = (f"--data-parallel-size {dp}",) if dp > 1 else ()
-        args = (*base, *dp_args, *mode.flags)
-        on = all(c.met is not False for c in conds)
-        w = path.wiring
-        if w is None:
-            summary = f"expert parallel; {spec.model_type} does not wire MoE sequence parallelism"
-        elif w.plan == plan.name:
-            summary = f"{mode.summary} ({w.layers})" if on else (
-                "expert parallel, but MoE sequence parallelism is off (a gate fails): every TP rank dispatches the "
-                "whole replicated batch"
-            )  # fmt: skip
-        else:
-            summary = f"expert parallel with MoE sequence parallelism, but not this plan's dataflow ({w.layers})"
-        return EngineRecipe(
-            "vLLM", plan.name, args, "partly", summary, conds, w.differences if w else (),
-            path=path_sentence(ev, "MoE sequence parallelism", spec, path), **kw,
-        )  # fmt: skip
+        return _moe_sp(ev, plan, d, base, kw)
     if fam == "ep":
         return EngineRecipe(
             "vLLM", plan.name, (*base, "--enable-expert-parallel"), "partly",
@@ -112,21 +88,7 @@ def _family_recipe(
             (Condition("EP size equals TP x DP", plan.ep_size == tp, "adjusts", SRC_PAR.cite()),), **kw,
         )  # fmt: skip
     if fam == "sequence-parallel":
-        mode = ev.mode("sp-pass")
-        assert mode is not None
-        conds = tuple(Condition.of(r) for r in judge(mode, d))
-        if not mode.exists:
-            return EngineRecipe(
-                "vLLM", plan.name, tuple(base), "no",
-                f"vLLM {ev.version} has no sequence-parallelism compile pass ({mode.gates[0].source.cite()})",
-                conds, path=f"vLLM {ev.version}: {mode.gates[0].text} ({mode.gates[0].source.cite()}).", **kw,
-            )  # fmt: skip
-        path = path_for(mode, spec)
-        blocked = any(c.met is False for c in conds)
-        return EngineRecipe(
-            "vLLM", plan.name, (*base, *mode.flags), "no" if blocked or not path.wired else "yes",
-            mode.summary, conds, path=path_sentence(ev, "the sequence-parallelism pass", spec, path), **kw,
-        )  # fmt: skip
+        return _sp_pass(ev, plan, d, base, kw)
     if fam == "custom":
         return EngineRecipe("vLLM", plan.name, tuple(base), "no", _needs_code(plan), **kw)
     if fam in (
@@ -140,3 +102,52 @@ def _family_recipe(
             "vLLM", plan.name, tuple(base), "no", "vLLM has no input-scattered attention path; needs code", **kw
         )
     return EngineRecipe("vLLM", plan.name, tuple(base), "yes", "Megatron TP (the default)", **kw)
+
+
+def _moe_sp(ev: EngineVersion, plan: Plan, d: Launch, base: list[str], kw: dict[str, Any]) -> EngineRecipe:
+    """vLLM's expert parallelism with MoE sequence parallelism: whether the model class wires it, its gates
+    hold, and its dataflow is this plan's."""
+    mode = ev.mode("moe-sp")
+    assert mode is not None
+    spec = d.spec
+    path = path_for(mode, spec)
+    conds = (
+        Condition("the model has routed experts", _moe(spec) is not None, "refuses", SRC_PAR.cite()),
+        *(Condition.of(r) for r in judge(mode, d)),
+    )
+    dp_args = (f"--data-parallel-size {d.dp}",) if d.dp > 1 else ()
+    args = (*base, *dp_args, *mode.flags)
+    on = all(c.met is not False for c in conds)
+    w = path.wiring
+    if w is None:
+        summary = f"expert parallel; {spec.model_type} does not wire MoE sequence parallelism"
+    elif w.plan == plan.name:
+        summary = f"{mode.summary} ({w.layers})" if on else (
+            "expert parallel, but MoE sequence parallelism is off (a gate fails): every TP rank dispatches the "
+            "whole replicated batch"
+        )  # fmt: skip
+    else:
+        summary = f"expert parallel with MoE sequence parallelism, but not this plan's dataflow ({w.layers})"
+    return EngineRecipe(
+        "vLLM", plan.name, args, "partly", summary, conds, w.differences if w else (),
+        path=path_sentence(ev, "MoE sequence parallelism", spec, path), **kw,
+    )  # fmt: skip
+
+
+def _sp_pass(ev: EngineVersion, plan: Plan, d: Launch, base: list[str], kw: dict[str, Any]) -> EngineRecipe:
+    """vLLM's sequence-parallelism compile pass: absent in this version, blocked by a gate, or its flags."""
+    mode = ev.mode("sp-pass")
+    assert mode is not None
+    conds = tuple(Condition.of(r) for r in judge(mode, d))
+    if not mode.exists:
+        return EngineRecipe(
+            "vLLM", plan.name, tuple(base), "no",
+            f"vLLM {ev.version} has no sequence-parallelism compile pass ({mode.gates[0].source.cite()})",
+            conds, path=f"vLLM {ev.version}: {mode.gates[0].text} ({mode.gates[0].source.cite()}).", **kw,
+        )  # fmt: skip
+    path = path_for(mode, d.spec)
+    blocked = any(c.met is False for c in conds)
+    return EngineRecipe(
+        "vLLM", plan.name, (*base, *mode.flags), "no" if blocked or not path.wired else "yes",
+        mode.summary, conds, path=path_sentence(ev, "the sequence-parallelism pass", d.spec, path), **kw,
+    )  # fmt: skip
