@@ -59,7 +59,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "models/opkind_defs.py": 5,
     "models/opkind_types.py": 2,
     "report/analysis.py": 9,
-    "report/deployments.py": 1,
     "report/prompt_length.py": 1,
     "report/writer.py": 1,
     "runtime/context_parallel.py": 5,

@@ -1,10 +1,10 @@
 """Engine knowledge as versioned data: what SGLang and vLLM really run for a flag, per model class.
 
-`ENGINES` holds every engine version read (`tpplan.engines.sglang`, `tpplan.engines.vllm`; the
-schema is `tpplan.engines.schema`). `select("sglang@0.5.23")` picks one; `DEFAULT_ENGINES` are the
-current releases. `path_for(engine, mode, spec)` says which model class wiring applies to a model,
-or that the model class does not wire the mode and what the engine runs instead; `judge` decides
-a mode's gates for a deployment. Planner-level: no torch, no report.
+`ENGINES` holds every engine version read (`tpplan.engines.sglang`, `tpplan.engines.vllm`, and one
+module each in `tpplan.engines.releases`; the schema is `tpplan.engines.schema`). `select("sglang@0.5.23")`
+picks one; `DEFAULT_ENGINES` are the current releases. `path_for(engine, mode, spec)` says which model
+class wiring applies to a model, or that the model class does not wire the mode and what the engine
+runs instead; `judge` decides a mode's gates for a deployment. Planner-level: no torch, no report.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpplan.engines.gates import Launch, evaluate, mla_of
+from tpplan.engines.releases import collect, discovered
 from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, Source, Wiring
 from tpplan.engines.sglang import SGLANG_0_5_23, SGLANG_OLDER
 from tpplan.engines.vllm import VLLM_0_33_0, VLLM_0_34_0, VLLM_OLDER
 from tpplan.errors import TpplanError
 from tpplan.models.spec import ModelSpec, MoESpec
 
-ENGINES: dict[str, EngineVersion] = {
-    e.key: e for e in (SGLANG_0_5_23, SGLANG_OLDER, VLLM_0_34_0, VLLM_0_33_0, VLLM_OLDER)
-}
+# The versions read in sglang.py and vllm.py, then one module per later version in `engines/releases/`.
+ENGINES: dict[str, EngineVersion] = collect(
+    (SGLANG_0_5_23, SGLANG_OLDER, VLLM_0_34_0, VLLM_0_33_0, VLLM_OLDER, *discovered())
+)
 DEFAULT_ENGINES = (SGLANG_0_5_23.key, VLLM_0_34_0.key)  # the current releases
 
 

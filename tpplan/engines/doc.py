@@ -26,8 +26,9 @@ INTRO = """# Engines as they run
 
 What SGLang and vLLM really do with the flags tpplan's memo prints, per engine version and model
 class, read from the engines' code. This file is rendered from the engine data (`tpplan/engines/`:
-`sglang.py` with its SP-MoE mode in `sglang_sp_moe.py`, `vllm.py`, schema in `schema.py`; the launch
-lines built from it are `engines/recipes/`); regenerate it with
+`sglang.py` with its SP-MoE mode in `sglang_sp_moe.py`, `vllm.py`, one module per later version in
+`releases/`, schema in `schema.py`; the launch lines built from it are `engines/recipes/`; adding a
+version: docs/adding-an-engine-version.md); regenerate it with
 `python -m tpplan.engines.doc > docs/engines.md`. Every fact names the file, the function and the
 version or commit read; `source: unread` marks a statement nobody checked in the code.
 

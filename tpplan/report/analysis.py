@@ -472,7 +472,7 @@ def _rank_deployments(m: _Memo, a: Analysis, single: list[Shape], grid: list[Sha
         mesh = Mesh(v.tp, pp=v.pp, replicas=v.replicas, cp=v.cp, cp_layers=v.cp_layers, cp_kv=m.cp_kv)
         pipeline = m.pp_schedule if v.pp > 1 else None
         pred = cached_predictor(m.graph, v.plan, m.topology, mesh, m.dtype, m.expert_dtype, v.audit, pipeline=pipeline)
-        return workload_parts(pred, [segments_of(b) for b in p.ttft.batches], v.replicas)
+        return workload_parts(pred, [segments_of(b) for b in p.ttft.batches])
 
     for w in m.workloads:
         a.deployments[w.name] = rank_deployments(a.variants, keys, w.name, a.memory_cap_bytes, parts_of, grid)

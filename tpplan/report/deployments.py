@@ -56,11 +56,12 @@ class Parts:
 PartsFn = Callable[[Variant, str], "Parts | None"]
 
 
-def workload_parts(predictor: Predictor, batches: list[Segments], replicas: int = 1) -> Parts:
+def workload_parts(predictor: Predictor, batches: list[Segments]) -> Parts:
     """`predictor`'s priced parts of every batch (`Predictor.kind_time` per layer; stage sends and the
     final reduction from `stage_times`), summed, per rank: over PP stages divided by their number (a
-    rank runs its stage's layers), with replicas over every replica's batches divided by their number
-    (one replica's share when the requests split evenly)."""
+    rank runs its stage's layers), with the mesh's replicas over every replica's batches divided by their
+    number (one replica's share when the requests split evenly)."""
+    replicas = predictor.deployment.replicas
     comp = tp = cp = stage = 0.0
     results = predictor.audit.layer_results
     for segs in batches:
