@@ -1,12 +1,14 @@
-"""Per-op and per-collective prices of one plan: the audit's decisions turned into seconds and bytes.
+"""Per-step prices of one plan: the lowered program's steps (`tpplan.lower`) turned into seconds.
 
-- compute per op: GEMMs through `gemm_time` at the per-rank shape (the shape decides efficiency:
+- compute per kernel step (`op_time`, a `KernelCall`): GEMMs at the per-rank shape the lowering gives
+  them (the shape decides efficiency:
   a 192-wide expert shard runs at ~2% of peak), grouped expert GEMMs at the rows an expert really
   sees, attention and recurrences by a roofline with named efficiencies (or the physical kernel
   models where the GPU has them), everything else by HBM bandwidth, then through a measured kernel
   profile where the topology has one. Work every rank repeats is flagged `redundant`.
-- collectives: one `CommEvent`, sized for the batch, through `collective_time` on the TP group as
-  it sits on the nodes, and the runtime's layout copy around it.
+- collectives: a `Collective` step (`collective_step`) at its priced bytes on its group as the group
+  sits on the nodes, or (the search, `collective`) a planned move by its volume on the TP group; the
+  runtime's layout copy beside one (`copy_step`).
 
 Formulas and assumptions: docs/cost-model.md ("Prediction").
 """

@@ -1,13 +1,12 @@
-"""The predictor: one plan's op and collective prices summed into layers, pipeline stages and memory.
+"""The predictor: one plan's lowered program (`tpplan.lower`) priced into layers, pipeline stages and memory.
 
-One `Predictor` per (graph, plan, topology, tp, pp, dtype), caching per batch shape (times are
+One `Predictor` per (graph, plan, topology, mesh, dtype), caching per batch shape (times are
 cached per distinct layer result and batch shape, because a search prices hundreds of plans and
 the TTFT scheduler asks for every prefill batch):
 
-- `kind_time`: one layer of a kind, its ops and its collectives (compute and communication are not
-  overlapped);
-- pipeline parallelism: contiguous stages, stage-boundary send/recv of what really crosses (the
-  hidden stream and, for K3, the attention-residual bank), the engine's boundary send
+- `kind_time`: one layer's lowered steps priced (compute and communication are not overlapped);
+- pipeline parallelism: the program's stages and their send/recv steps (what really crosses: the
+  hidden stream and, for K3, the attention-residual bank), priced as the engine sends them
   (`cost/pipeline.py`); `latency` of a batch and its `stage_times`;
 - `memory` per rank: weights under the plan, activations of one chunk, KV cache, recurrent state.
 
