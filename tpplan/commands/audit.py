@@ -381,7 +381,6 @@ def _fused_lines(pa: PlanAudit) -> dict[str, list[str]]:
 
 def _crossover_rows(result: object, topo: object, expert_dtype: str | None) -> list[dict[str, object]]:
     """Where each legal plan of the audit overtakes baseline (tpplan/report/crossover.py)."""
-    from tpplan.mesh import Mesh
     from tpplan.report.crossover import crossovers
 
     plans = [pa.plan for pa in result.plans if pa.legal]  # type: ignore[attr-defined]
