@@ -30,7 +30,7 @@ PdOpt = Annotated[
     typer.Option(
         "--pd",
         help="P/D disaggregation beside the aggregated loop: PREFILL:DECODE[:NP:ND], each side "
-        "tp<N>[pp<N>][cp<N>][/PLAN] (e.g. tp8:tp16/dp-attention:3:1); without NP:ND the ratio is chosen "
+        "tp<N>\\[pp<N>]\\[cp<N>]\\[/PLAN] (e.g. tp8:tp16/dp-attention:3:1); without NP:ND the ratio is chosen "
         "for the topology's GPUs; needs --topology and --workload (or an arrival option)",
         callback=named("--pd"),
     ),
