@@ -37,7 +37,7 @@ TpotTargetOpt = Annotated[
 TargetStatOpt = Annotated[
     str, typer.Option("--target-stat", help="Statistic of a target given without one: mean, p50, p90 or p99")
 ]
-PdOpt = Annotated[
+RankPdOpt = Annotated[
     bool,
     typer.Option("--pd/--no-pd",
                  help="Under targets, also rank P/D deployments: prefill and decode pools of the meshes found"),
@@ -169,7 +169,7 @@ def print_targets(data: dict[str, Any]) -> None:
 
 __all__ = [
     "GpusOpt",
-    "PdOpt",
+    "RankPdOpt",
     "TargetStatOpt",
     "TpotTargetOpt",
     "TtftTargetOpt",

@@ -11,7 +11,7 @@ from tpplan.commands._options import ClusterOpt, CpKvOpt, CpLayersOpt, GpuOpt, M
 from tpplan.commands._serving import ArrivalRateOpt, RequestsOpt, SeedOpt, TraceOpt, arrival_of, asked, serving_arrivals
 from tpplan.commands._targets import (
     GpusOpt,
-    PdOpt,
+    RankPdOpt,
     TargetStatOpt,
     TpotTargetOpt,
     TtftTargetOpt,
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
         tpot_target: TpotTargetOpt = None,
         target_stat: TargetStatOpt = "p90",
         gpus: GpusOpt = None,
-        pd: PdOpt = True,
+        pd: RankPdOpt = True,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags;
         under --ttft-target/--tpot-target a Serving section with the deployment(s) chosen and their launch lines."""

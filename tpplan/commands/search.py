@@ -39,7 +39,7 @@ from tpplan.commands._serving import (
 )
 from tpplan.commands._targets import (
     GpusOpt,
-    PdOpt,
+    RankPdOpt,
     TargetStatOpt,
     TpotTargetOpt,
     TtftTargetOpt,
@@ -185,7 +185,7 @@ def register(app: typer.Typer) -> None:
         tpot_target: TpotTargetOpt = None,
         target_stat: TargetStatOpt = "p90",
         gpus: GpusOpt = None,
-        pd: PdOpt = True,
+        pd: RankPdOpt = True,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them; under --ttft-target and/or
         --tpot-target, serve each deployment's best with decode and rank them by goodput per GPU."""
