@@ -5,6 +5,7 @@ sources disagree by more than their bands."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -62,8 +63,9 @@ def test_the_memo_prices_its_answer_from_every_source_with_each_engines_own_figu
         assert own.target_s == tgt.predictions[wl.name].ttft.mean_s
         for name in ks.sources[1:]:  # each engine's figure is the memo's predictor under that engine's tables
             s = ks.of(key, name)
-            p = predict(a.graph, tgt.plan, topo, tp=tgt.tp, pp=tgt.pp, workload=wl, tokens=wl.chunk_size,
-                        engine=name, audit=tgt.audit, cp=tgt.cp, replicas=tgt.replicas)  # fmt: skip
+            mesh = replace(tgt.parallel, cp_layers="all")  # as the memo prices it (report/kernel_sources.py)
+            p = predict(a.graph, tgt.plan, topo, mesh=mesh, workload=wl, tokens=wl.chunk_size,
+                        engine=name, audit=tgt.audit)  # fmt: skip
             assert s is not None and s.target_s == pytest.approx(p.ttft.mean_s, rel=1e-9), name
             assert f"aic:h200_sxm/{name}@" in p.provenance.label  # times say which tables priced them
     said = any("kernel-price source changes this answer" in p for p in answer(a))
