@@ -282,3 +282,11 @@ def test_what_binds_says_it_with_the_figures_it_was_given() -> None:
     )
     slow_prefill = point(64, 3.0, 0.06)  # both over: TTFT by 50%, TPOT by 20%
     assert what_binds(targets, [alone, slow_prefill], None, 128, (2048, 10**9), 4_608)[0] == "prefill"
+
+
+def test_requests_past_the_context_are_refused_before_any_work(monkeypatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    long = tmp_path / "long.toml"  # tiny-llama's context: 2,048 positions
+    long.write_text('name = "long"\ninput_len = 2000\noutput_len = 100\nconcurrency = 2\nchunk_size = 1024\n')
+    code, _, err = run_cli(monkeypatch, capsys, *SEARCH, "-w", str(long), "--tpot-target", "50ms")
+    assert code == 2 and "a request of 2,100 tokens (prompt and output) is past the model's context of 2,048" in err
+    assert err.count("\n") == 1

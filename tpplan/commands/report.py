@@ -175,12 +175,12 @@ def register(app: typer.Typer) -> None:
         assert topo is not None  # --topology has a default
         check_targets(targets, gpus, topo, workload[0] if workload else "prompt16k-c8", trace)
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
-        if targets is not None:
-            from tpplan.search.under_targets import check_workload
-
-            check_workload(targets, wls[0])  # a TPOT target needs the first workload's output tokens
         results = load_bench_results(bench) if bench else None
         graph = build_model_graph(load_model(model))
+        if targets is not None:  # before any work: the first workload's requests serve under the targets
+            from tpplan.search.under_targets import check_workload
+
+            check_workload(targets, wls[0], graph.spec.numerics.max_position_embeddings)
         arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
         if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
             serving_arrivals(arrival, wls[0], graph)

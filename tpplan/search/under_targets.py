@@ -280,13 +280,18 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
     return tuple(out)
 
 
-def check_workload(targets: Targets, workload: Workload) -> None:
-    """A TPOT target needs requests with output tokens after the first (refused before any work)."""
+def check_workload(targets: Targets, workload: Workload, context: int | None = None) -> None:
+    """Refused before any work: a TPOT target without output tokens after the first, and requests whose
+    prompt and output together pass the model's `context` (positions it was trained for)."""
     from tpplan.errors import TpplanError
 
     if workload.output_len < 2 and targets.tpot is not None:
         raise TpplanError(f"workload={workload.name}", "its requests have one output token: no TPOT to target",
                           "give a workload with output_len above 1, or drop the TPOT target")  # fmt: skip
+    longest = max(workload.input_lens or [workload.prompt_len(0)]) + workload.output_len
+    if context is not None and longest > context:
+        raise TpplanError(f"workload={workload.name}", f"a request of {longest:,} tokens (prompt and output) is "
+                          f"past the model's context of {context:,}", "give shorter prompts or outputs")  # fmt: skip
 
 
 def serve_under_targets(
@@ -301,7 +306,7 @@ def serve_under_targets(
     from tpplan.errors import TpplanError
 
     t0 = time.perf_counter()
-    check_workload(targets, workload)
+    check_workload(targets, workload, graph.spec.numerics.max_position_embeddings)
     topo = outcome.topology
     if topo is None:
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
