@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.cli_helpers import run_cli
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
+from tpplan.models.config import load_config_dict
 from tpplan.search.fronts import pareto_max
 from tpplan.search.targets import Target, Targets, goodput, parse_duration, parse_target, seconds_text
 from tpplan.simulate.requests import Request
@@ -285,8 +286,21 @@ def test_what_binds_says_it_with_the_figures_it_was_given() -> None:
 
 
 def test_requests_past_the_context_are_refused_before_any_work(monkeypatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    long = tmp_path / "long.toml"  # tiny-llama's context: 2,048 positions
+    config, _ = load_config_dict("tiny-llama")
+    assert "max_position_embeddings" not in config  # states none: a default, not a limit (next test)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    long = tmp_path / "long.toml"
     long.write_text('name = "long"\ninput_len = 2000\noutput_len = 100\nconcurrency = 2\nchunk_size = 1024\n')
-    code, _, err = run_cli(monkeypatch, capsys, *SEARCH, "-w", str(long), "--tpot-target", "50ms")
+    search = [str(tmp_path) if a == "tiny-llama" else a for a in SEARCH]
+    code, _, err = run_cli(monkeypatch, capsys, *search, "-w", str(long), "--tpot-target", "50ms")
     assert code == 2 and "a request of 2,100 tokens (prompt and output) is past the model's context of 2,048" in err
     assert err.count("\n") == 1
+
+
+def test_a_context_the_config_does_not_state_refuses_nothing(monkeypatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """tiny-llama's file states no max_position_embeddings (transformers' default of 2,048 fills it for RoPE):
+    the same long requests are served, as the Kimi-K3 preset's 4,608-token requests are in its example."""
+    long = tmp_path / "long.toml"
+    long.write_text('name = "long"\ninput_len = 2000\noutput_len = 100\nconcurrency = 2\nchunk_size = 1024\n')
+    code, _, err = run_cli(monkeypatch, capsys, *SEARCH, "-w", str(long), "--tpot-target", "50ms", "--json", "-")
+    assert code == 0, err

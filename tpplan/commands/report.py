@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         if targets is not None:  # before any work: the first workload's requests serve under the targets
             from tpplan.search.under_targets import check_workload
 
-            check_workload(targets, wls[0], graph.spec.numerics.max_position_embeddings)
+            check_workload(targets, wls[0], graph.spec.numerics.stated_context)
         arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
         if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
             serving_arrivals(arrival, wls[0], graph)

@@ -222,7 +222,7 @@ def register(app: typer.Typer) -> None:
             if targets is not None and wl is not None:
                 from tpplan.search.under_targets import check_workload
 
-                check_workload(targets, wl, graph.spec.numerics.max_position_embeddings)  # before the search
+                check_workload(targets, wl, graph.spec.numerics.stated_context)  # before the search
             arrivals = serving_arrivals(arrival, wl, graph) if topo is not None and targets is None else None
             outcome = search_plans(
                 graph,

@@ -100,12 +100,13 @@ def spec_from_config(raw: dict[str, Any], *, label: str = "config", name: str = 
             f"({', '.join(closest.model_types)}: {why})",
             f"tpplan reads {', '.join(supported_model_types())}; to add {model_type}, see docs/adding-a-family.md",
         )
+    stated = family.text_config(raw).get("max_position_embeddings")  # the file's own, before defaults fill it
     raw, defaulted = with_transformers_defaults(raw, wrapped=family.text_config(raw) is not raw)
     check_numerics(raw, label)  # before the family's builder reads rope_parameters
     spec = family.build_spec(raw, label, name, str(model_type))
     _check_experts_planned(family.text_config(raw), spec, label)
     quant = parse_quantization(raw, label)
-    numerics = numerics_from_config(raw, label)
+    numerics = replace(numerics_from_config(raw, label), stated_context=stated if isinstance(stated, int) else None)
     return replace(spec, quant=quant or spec.quant, numerics=numerics, defaulted=defaulted)
 
 

@@ -43,7 +43,10 @@ class Numerics:
     rope_theta: float = 10000.0
     rope_interleave: bool = False
     rope_scaling: dict[str, Any] | None = None
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = 4096  # RoPE's scaling reads it; 4,096 where the config gives none
+    # the context the config file itself states (max_position_embeddings), None where it states none (a
+    # transformers default or the fallback above fills it for RoPE): only a stated context refuses a request
+    stated_context: int | None = None
     routed_scaling_factor: float = 1.0
     renormalize: bool = True
     router_bias: bool = False  # DeepSeek/Kimi: e_score_correction_bias in the router

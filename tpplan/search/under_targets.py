@@ -306,7 +306,7 @@ def serve_under_targets(
     from tpplan.errors import TpplanError
 
     t0 = time.perf_counter()
-    check_workload(targets, workload, graph.spec.numerics.max_position_embeddings)
+    check_workload(targets, workload, graph.spec.numerics.stated_context)
     topo = outcome.topology
     if topo is None:
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
