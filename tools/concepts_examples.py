@@ -10,12 +10,12 @@ what was left out. tests/test_readme_numbers.py checks every quoted line against
 
 from __future__ import annotations
 
-import io
 import re
 import sys
 from collections.abc import Callable
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+
+from tools.in_process import run_captured
 
 CONCEPTS = Path(__file__).resolve().parents[1] / "docs" / "concepts.md"
 BLOCK = re.compile(r"```text\n(\$ tpplan [^\n]*)\n.*?```", re.S)
@@ -48,23 +48,6 @@ SHORTEN: dict[str, Callable[[list[str]], list[str]]] = {
     "$ tpplan audit --model kimi-k3 --tp 32 --topology h200x8-ib400 --nodes 4 --workload prompt16k-c8 "
     "--expert-dtype bf16": _k3_audit,
 }
-
-
-def run_captured(*args: str) -> tuple[int, str, str]:
-    """`tpplan ARGS` in this process: (exit code, stdout, stderr), as a pipe sees them (100 columns)."""
-    from tpplan import cli
-
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = ["tpplan", *args]
-    code = 0
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
 
 
 def regenerate(text: str) -> str:

@@ -37,7 +37,6 @@ the engine commands price from AIConfigurator itself, not from an answer cached 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
@@ -46,9 +45,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
+
+from tools.in_process import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
@@ -133,18 +133,7 @@ def run_cli(args: list[str], subprocess_: bool) -> tuple[int, str, str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         done = subprocess.run([sys.executable, "-m", "tpplan", *args], capture_output=True, text=True, env=env)
         return done.returncode, done.stdout, done.stderr
-    from tpplan import cli
-
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv, code = ["tpplan", *args], 0
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
+    return run_captured(*args)
 
 
 def render(name: str, subprocess_: bool = False) -> str:
