@@ -51,9 +51,9 @@ class ShardCtx:
 
     split: str  # col | row | replicated | none, or the MoE mode tp | ep | a2a
     output: Placement
-    tp: int
+    shards: int  # the ranks the op's weights are split over (the TP ranks)
     rank: int
-    ep_size: int | None = None
+    expert_groups: int | None = None  # routed experts under `ep`: the plan's ep_size
 
 
 # Cost classes the predictor prices (`tpplan.cost.predict`): gemm (x W^T on the GEMM table),
@@ -91,8 +91,9 @@ class Mixer:
 
     `name` is both the attention spec's `kind` (a LayerSpec's token mixer, built by `build`) and
     the `impl` attr of the TOKEN_MIX op whose params, cuts, kernel and cost class it owns.
-    `kv_bytes(spec, tp, b)` and `state_bytes(spec, tp, b, state_elem_bytes)` are per-rank memory
-    per token (KV cache) and per sequence (recurrent state) of one layer.
+    `kv_bytes(spec, shards, b)` and `state_bytes(spec, shards, b, state_elem_bytes)` are per-rank memory
+    per token (KV cache) and per sequence (recurrent state) of one layer whose heads are split over
+    `shards` ranks.
     """
 
     name: str
@@ -101,8 +102,8 @@ class Mixer:
     build: Callable[..., str] | None = None
     params: Callable[[Op, Numerics], Params] = own_weight
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
-    kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
-    state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+    kv_bytes: Callable[[Any, int, float], float] = lambda spec, shards, b: 0.0
+    state_bytes: Callable[[Any, int, float, float], float] = lambda spec, shards, b, sb: 0.0
     # A mixer that reads its inputs differently from "every token of its heads" (DSA's indexer)
     # states its own strategies and why; None: the TOKEN_MIX default below.
     rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
@@ -135,7 +136,7 @@ class OpKindDef:
     """Everything tpplan knows about one op kind, in one place.
 
     rule(op, split, values, prefer_tokens) -> strategies in order of preference;
-    why(op, needed, got, tp) -> a sentence for the audit, or None (generic wording);
+    why(op, needed, got, shards) -> a sentence for the audit, or None (generic wording);
     cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
     params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
     run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.
