@@ -266,6 +266,11 @@ def _router_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: Run
     )
 
 
+def _router_dtype(op: Op, act: str) -> str:
+    """Router scores are float32 (the kernels route in fp32); a scalar gate is a plain linear."""
+    return act if op.attrs.get("scalar_gate") else "float32"
+
+
 def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
     if split == "a2a":
         return [Strategy((S_TOK, S_TOK), S_TOK)]
@@ -411,6 +416,8 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             params=_linear_params,
             cuts=_linear_cuts,
             assemble=_linear_assemble,
+            linear=True,
+            replicable=True,
         ),
         OpKindDef(OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why),
         OpKindDef(OpKind.HEAD_NORM, _elementwise_rule, _head_norm_run, const_cost("elementwise"), why=_elementwise_why),
@@ -439,6 +446,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             const_cost("elementwise"),
             why=_elementwise_why,
             params=no_params,
+            sums_inputs=True,
         ),
         OpKindDef(
             OpKind.TOKEN_MIX,
@@ -448,9 +456,17 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             why=_token_mix_why,
             params=lambda op, nu: _mix(op).params(op, nu),
             cuts=_token_mix_cuts,
+            mixes_tokens=True,
         ),
         OpKindDef(
-            OpKind.ROUTER, _true_rows_rule, _router_run, const_cost("gemm"), why=_whole_row_why, params=_router_params
+            OpKind.ROUTER,
+            _true_rows_rule,
+            _router_run,
+            const_cost("gemm"),
+            why=_whole_row_why,
+            params=_router_params,
+            replicable=True,
+            output_dtype=_router_dtype,
         ),
         OpKindDef(
             OpKind.EXPERTS,
@@ -463,6 +479,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             params=_experts_params,
             cuts=_experts_cuts,
             assemble=_experts_assemble,
+            routed_experts=True,
         ),
         OpKindDef(
             OpKind.ATTN_RES,
@@ -471,6 +488,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             const_cost("attn_res"),
             why=_whole_row_why,
             params=_attn_res_params,
+            reads_bank=True,
         ),
         OpKindDef(
             OpKind.MEAN_SQ,

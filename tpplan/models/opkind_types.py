@@ -140,6 +140,10 @@ class OpKindDef:
     cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
     params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
     run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.
+
+    The flags below are what plans, the search, the audit and the runtime ask of an op's kind instead
+    of naming kinds (issue 30: no `OpKind` branching outside the registry and the lowering passes);
+    `tests/test_no_opkind_branches.py` keeps it so.
     """
 
     kind: OpKind
@@ -151,6 +155,25 @@ class OpKindDef:
     params: Callable[[Op, Numerics], Params] = own_weight
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
     assemble: Callable[[Op, dict[str, Tensor]], dict[str, Tensor]] = as_is
+    # y = x W^T on a weight the plan splits column- or row-wise (Megatron): the GEMMs async TP fuses
+    # with their collectives, and the ops a plan may replicate or token-shard to run on local tokens.
+    linear: bool = False
+    # Holds a dense weight the plan's `replicate` may keep whole on every rank (linears, the router).
+    replicable: bool = False
+    # Routed experts: weights placed by the plan's MoE mode (tp | ep | a2a) rather than a col/row
+    # split, inputs (hidden, routing) dispatched by all-to-all under a2a, their own bytes per weight.
+    routed_experts: bool = False
+    # A token mixer (attention, recurrence, short conv): each output token reads other tokens of its
+    # sequence, so CP splits it, DP attention may run it on a rank's own requests, and it carries state.
+    mixes_tokens: bool = False
+    # K3's attention residual: reads the bank of block snapshots, and the one at a layer's entry
+    # freezes the stream into the bank where a block opens.
+    reads_bank: bool = False
+    # y = the sum of its inputs (the residual add): a token-sharded stream input with zeros elsewhere is
+    # already a partial sum of it, so the plan may fold the stream into the block output's all-reduce.
+    sums_inputs: bool = False
+    # The dtype of the op's output given the activation dtype (routers score in fp32).
+    output_dtype: Callable[[Op, str], str] = lambda op, act: act
 
 
 def const_cost(name: str) -> Callable[[Op], str]:
