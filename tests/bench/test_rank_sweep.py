@@ -161,3 +161,19 @@ def test_masked_and_indexer_forms_recover_their_constants() -> None:
     assert {"attention_chunked", "dsa_indexer"} <= set(res["constants"])
     held = [abs(r["error"]) for r in res["points"] if r["set"] == "held-out"]
     assert held and max(held) < 0.05
+
+
+@pytest.mark.slow
+def test_docs_masked_tables_are_the_checked_in_fit() -> None:
+    """docs/benchmarks.md's windowed / chunked / indexer tables are what `rank_fit` renders from the checked-in fit."""
+    import json
+    from pathlib import Path
+
+    from tpplan.bench.rank_fit import markdown_tables, priced_today_markdown
+
+    root = Path(__file__).resolve().parents[2]
+    fit = json.loads((root / "docs/benchmarks/h100-2026-12-06c/rank-fit-masked.json").read_text())
+    doc = (root / "docs/benchmarks.md").read_text()
+    for tag, text in (("rank-fit-masked", markdown_tables(fit)),
+                      ("rank-priced-today", priced_today_markdown(fit["priced_today"]["points"]))):  # fmt: skip
+        assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text

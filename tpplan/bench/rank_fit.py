@@ -295,15 +295,14 @@ def main(argv: list[str] | None = None) -> None:
     res = fit_rank_sweep([p for d in docs for p in d["points"]])
     res["table"] = bucket_table(res["points"])
     res["source"] = {"sweeps": args[1:], "gpu": docs[0]["gpu"], "dates": [d["date"] for d in docs]}
+    if any(r["family"] in ("masked", "indexer") for r in res["points"]):
+        gpu = "h200-measured" if "H200" in docs[0]["gpu"] else "h100-measured"
+        res["priced_today"] = {"gpu": gpu, "points": priced_today([p for d in docs for p in d["points"]], gpu)}
     write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
     for r in res["table"]:
         print(f"{r['model']:<18} {r['bucket']:<8} {r['tokens']:>4} n={r['n']:<3} median {r['median']:6.1%} "
               f"worst {r['worst']:6.1%}")  # fmt: skip
     print(json.dumps(res["launch_floors"], indent=1))
-
-
-if __name__ == "__main__":
-    main()
 
 
 __all__ = ["FAMILIES", "SETS", "bucket", "bucket_table", "checkerboard", "fit_rank_sweep", "launch_floors",
@@ -440,3 +439,7 @@ def priced_today_markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {m} | {b} | {len(errs)} | {100 * statistics.median(errs):+.0f}% | "
                      f"{100 * max(errs, key=abs):+.0f}% |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
