@@ -288,6 +288,15 @@ def check_workload(targets: Targets, workload: Workload, context: int | None = N
     if workload.output_len < 2 and targets.tpot is not None:
         raise TpplanError(f"workload={workload.name}", "its requests have one output token: no TPOT to target",
                           "give a workload with output_len above 1, or drop the TPOT target")  # fmt: skip
+    check_context(workload, context)
+
+
+def check_context(workload: Workload, context: int | None) -> None:
+    """Refused before any work (search and report under targets, audit with a workload): requests whose
+    prompt and output together pass the model's `context` (`Numerics.stated_context`: only a context the
+    config states; None: nothing to check)."""
+    from tpplan.errors import TpplanError
+
     longest = max(workload.input_lens or [workload.prompt_len(0)]) + workload.output_len
     if context is not None and longest > context:
         raise TpplanError(f"workload={workload.name}", f"a request of {longest:,} tokens (prompt and output) is "
