@@ -42,7 +42,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "cost/sources/aic_fitted.py": 5,
     "cost/workload.py": 2,
     "engines/context_parallel.py": 1,
-    "engines/memory.py": 2,
     "engines/recipes/__init__.py": 1,
     "engines/recipes/vllm.py": 2,
     "layout/context_parallel.py": 11,
