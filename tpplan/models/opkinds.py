@@ -36,7 +36,7 @@ from tpplan.models.opkind_types import (
     mixer,
     register_mixer,
 )
-from tpplan.models.ops import Op, OpKind
+from tpplan.models.ops import Op, OpKind, WeightSplit
 
 
 def op_kind(kind: OpKind) -> OpKindDef:
@@ -68,6 +68,18 @@ def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
     return op.kind.value
 
 
+def weight_split(op: Op, moe: str, replicated: bool) -> str:
+    """The split `op`'s weight takes under a plan: the plan's MoE mode (`moe`) for routed experts,
+    `replicated` where the plan replicates a weight that may be (`replicated`: `Plan.replicates` of the
+    op), else the op's own default split."""
+    d = OP_KINDS[op.kind]
+    if d.routed_experts:
+        return moe
+    if d.replicable and replicated:
+        return WeightSplit.REPLICATED
+    return op.split
+
+
 def params_for_op(op: Op, numerics: Numerics) -> Params:
     """Local key -> (name under `model.layers.{i}.`, full shape) for everything `op` reads."""
     return OP_KINDS[op.kind].params(op, numerics)
@@ -96,4 +108,5 @@ __all__ = [
     "params_for_op",
     "register_mixer",
     "run_experts",
+    "weight_split",
 ]
