@@ -144,7 +144,11 @@ def test_a_recipe_names_the_new_version(with_fake_release):
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model("tiny-qwen3"))
-    out = recipes(make_plan("baseline", graph, 2), graph.spec, Mesh(2), engines=engines.select_pair(["vllm@0.99.0"]))
+    out = recipes(
+        make_plan("baseline", graph, 2),
+        engines.Launch(graph.spec, Mesh(2)),
+        engines=engines.select_pair(["vllm@0.99.0"]),
+    )
     assert [r.version for r in out] == [engines.DEFAULT_ENGINES[0], "vllm@0.99.0"]
     assert out[1].engine == "vLLM" and "--tensor-parallel-size" in " ".join(out[1].args)
 

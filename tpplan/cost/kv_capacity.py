@@ -45,7 +45,7 @@ class _Stage:
 def _stages(p: Predictor) -> list[_Stage]:
     spec, dep = p.graph.spec, p.deployment
     attn_tp = 1 if p.plan.dp_attention else p.tp  # DP attention: a rank keeps its own requests, every head
-    share = kv_cp_share(dep.cp_kv, p.cp)
+    share = kv_cp_share(dep)
     held = stage_weights(p.audit, p.graph, p.stages, p.stored)
     out = []
     for s, rng in enumerate(p.stages):

@@ -20,7 +20,7 @@ from tpplan.cost.provenance import question_provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
-from tpplan.engines import engine_plans
+from tpplan.engines import Launch, engine_plans
 from tpplan.engines.recipes import recipes
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName
@@ -334,8 +334,8 @@ def analyse(
     chunk = workloads[0].chunk_size if workloads else 8192
     for i, v in enumerate(variants, 1):  # each plan's engine lines and, with a predictor, its predictions
         say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
-                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
+        launch = Launch(graph.spec, v.parallel, dp=dp, chunk=chunk, gpu=topology.gpu.name, nodes=topology.nodes)
+        v.engines = recipes(v.plan, launch, prefill_cp=prefill_cp, engines=pair)
         if m.fn is not None:
             _predict(m.fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule, cp_kv)
     a = _judged(m, variants, cur, memory_cap_gib, bench, (pair[0].key, pair[1].key))
