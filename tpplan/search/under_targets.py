@@ -260,7 +260,7 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
     engines run by default; so every answer has a launch line (`DeploymentAnswer.searched` names the
     search's plan where it was not served; the served copy has no score or prediction of its own)."""
     from tpplan.audit import Audits
-    from tpplan.engines import select_pair
+    from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
     from tpplan.mesh import Mesh
     from tpplan.plans.named import baseline
@@ -270,8 +270,8 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
     for r in best:
         one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
         nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
-        rec = recipes(r.plan, ask.graph.spec, one, nodes=nodes, chunk=ask.workload.chunk_size,
-                      gpu=ask.topo.gpu.name, engines=select_pair(None))[0]  # fmt: skip  # SGLang: the loop's engine
+        launch = Launch(ask.graph.spec, one, chunk=ask.workload.chunk_size, gpu=ask.topo.gpu.name, nodes=nodes)
+        rec = recipes(r.plan, launch, engines=select_pair(None))[0]  # SGLang: the loop's engine
         if rec.runs:
             out.append(r)
             continue
