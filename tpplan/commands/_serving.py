@@ -93,7 +93,7 @@ def serving_arrivals(arrival: Arrival, workload: Workload | None, graph: ModelGr
 
 def chunk_tokens(workload: Workload | None, engine: str, topo: Topology) -> int:
     """The step budget: the workload's chunk size (the launch line sets it), else the engine's default on this GPU."""
-    from tpplan.engines.scheduling import scheduler_rules
+    from tpplan.engines import scheduler_rules
 
     if workload is not None:
         return workload.chunk_size

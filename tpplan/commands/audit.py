@@ -269,9 +269,14 @@ def _predict(
     result: Audit, topo: Topology, mesh: Mesh, wl: Workload | None, expert_dtype: str | None, engine: str | None,
     say: Callable[[str], None],
 ) -> list[PlanPrediction]:  # fmt: skip
-    """Every audited plan priced on `topo` at `mesh` (with `--engine`, the KV pool that engine sizes)."""
+    """Every audited plan priced on `topo` at `mesh` (with `--engine`, the KV pool that engine sizes); first,
+    requests past the model's stated context are refused (one line, as search and report refuse them)."""
     from tpplan.cost.kv_capacity import kv_engines_for
     from tpplan.cost.predict import predict_audit
+    from tpplan.search.under_targets import check_context
+
+    if wl is not None:
+        check_context(wl, result.graph.spec.numerics.stated_context)
 
     say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
     return predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,

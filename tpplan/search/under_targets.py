@@ -263,7 +263,7 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
     engines run by default; so every answer has a launch line (`DeploymentAnswer.searched` names the
     search's plan where it was not served; the served copy has no score or prediction of its own)."""
     from tpplan.audit import Audits
-    from tpplan.engines import select_pair
+    from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
     from tpplan.mesh import Mesh
     from tpplan.plans.named import baseline
@@ -273,8 +273,8 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
     for r in best:
         one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
         nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
-        rec = recipes(r.plan, ask.graph.spec, one, nodes=nodes, chunk=ask.workload.chunk_size,
-                      gpu=ask.topo.gpu.name, engines=select_pair(None))[0]  # fmt: skip  # SGLang: the loop's engine
+        launch = Launch(ask.graph.spec, one, chunk=ask.workload.chunk_size, gpu=ask.topo.gpu.name, nodes=nodes)
+        rec = recipes(r.plan, launch, engines=select_pair(None))[0]  # SGLang: the loop's engine
         if rec.runs:
             out.append(r)
             continue
@@ -291,6 +291,15 @@ def check_workload(targets: Targets, workload: Workload, context: int | None = N
     if workload.output_len < 2 and targets.tpot is not None:
         raise TpplanError(f"workload={workload.name}", "its requests have one output token: no TPOT to target",
                           "give a workload with output_len above 1, or drop the TPOT target")  # fmt: skip
+    check_context(workload, context)
+
+
+def check_context(workload: Workload, context: int | None) -> None:
+    """Refused before any work (search and report under targets, audit with a workload): requests whose
+    prompt and output together pass the model's `context` (`Numerics.stated_context`: only a context the
+    config states; None: nothing to check)."""
+    from tpplan.errors import TpplanError
+
     longest = max(workload.input_lens or [workload.prompt_len(0)]) + workload.output_len
     if context is not None and longest > context:
         raise TpplanError(f"workload={workload.name}", f"a request of {longest:,} tokens (prompt and output) is "

@@ -87,7 +87,7 @@ class PoolSpec:
         return self.predictor.pipeline.engine
 
     def chunk(self) -> int:
-        from tpplan.engines.scheduling import scheduler_rules
+        from tpplan.engines import scheduler_rules
 
         if self.chunk_tokens is not None:
             return self.chunk_tokens

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from tpplan.cost.pipeline import PipelineModel
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
-from tpplan.engines.scheduling import SchedulerRules, scheduler_rules
+from tpplan.engines import scheduler_rules
+from tpplan.engines.schema import SchedulerRules
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
 from tpplan.engines.speculative import Speculative, running_cap
 from tpplan.mesh import Mesh
@@ -62,9 +63,7 @@ def cpu_overlaps(rules: SchedulerRules, deployment: Mesh, gpus_per_node: int) ->
     the engines whose rule depends on the nodes)."""
     if not rules.cpu_overlap:
         return False
-    if rules.key.startswith("sglang@"):
-        return deployment.pp == 1
-    return True
+    return rules.cpu_overlap_under_pp or deployment.pp == 1
 
 
 def engine_loop(
