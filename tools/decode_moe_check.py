@@ -65,9 +65,9 @@ def _experts_us(pred: Predictor, tokens: int) -> tuple[float, str]:
     """The routed experts' microseconds of one decode step of `tokens` requests (1,024 cached tokens each),
     and what priced them."""
     segs = ((1, 1024),) * tokens
-    from tpplan.models.graph import OpKind
+    from tpplan.models.opkinds import op_kind
 
-    res = next(r for r in pred.audit.layer_results if any(d.op.kind is OpKind.EXPERTS for d in r.decisions))
+    res = next(r for r in pred.audit.layer_results if any(op_kind(d.op.kind).routed_experts for d in r.decisions))
     kt = pred.kind_time(res, segs)
     moe = [o for o in kt.ops if o.category == "moe"]
     return 1e6 * sum(o.seconds for o in moe), "+".join(sorted({str(o.source) for o in moe}))
@@ -75,9 +75,9 @@ def _experts_us(pred: Predictor, tokens: int) -> tuple[float, str]:
 
 def _moe_shape(graph: ModelGraph) -> tuple[int, int, int, int]:
     """(hidden, intermediate, experts, top_k) of the model's routed experts op."""
-    from tpplan.models.graph import OpKind
+    from tpplan.models.opkinds import op_kind
 
-    op = next(o for lg in graph.kinds.values() for o in lg.ops if o.kind is OpKind.EXPERTS)
+    op = next(o for lg in graph.kinds.values() for o in lg.ops if op_kind(o.kind).routed_experts)
     return op.int_attr("width"), op.int_attr("intermediate"), op.int_attr("experts"), op.int_attr("top_k")
 
 
