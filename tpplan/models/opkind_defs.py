@@ -419,8 +419,17 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             linear=True,
             replicable=True,
         ),
-        OpKindDef(OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why),
-        OpKindDef(OpKind.HEAD_NORM, _elementwise_rule, _head_norm_run, const_cost("elementwise"), why=_elementwise_why),
+        OpKindDef(
+            OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why, fused_norm=True
+        ),
+        OpKindDef(
+            OpKind.HEAD_NORM,
+            _elementwise_rule,
+            _head_norm_run,
+            const_cost("elementwise"),
+            why=_elementwise_why,
+            fused_norm=True,
+        ),
         OpKindDef(OpKind.SLICE, _slice_rule, _slice_run, const_cost("free"), profiled=False, params=no_params),
         OpKindDef(
             OpKind.UNARY,

@@ -169,6 +169,9 @@ class OpKindDef:
     # K3's attention residual: reads the bank of block snapshots, and the one at a layer's entry
     # freezes the stream into the bank where a block opens.
     reads_bank: bool = False
+    # A fused RMSNorm kernel over a row or within each head: memory-bound, priced by the fitted `norm`
+    # stream model where the GPU has one.
+    fused_norm: bool = False
     # y = the sum of its inputs (the residual add): a token-sharded stream input with zeros elsewhere is
     # already a partial sum of it, so the plan may fold the stream into the block output's all-reduce.
     sums_inputs: bool = False

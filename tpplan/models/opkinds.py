@@ -58,12 +58,14 @@ def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
     experts are one class per MoE mode (`experts.tp`, `experts.a2a`, `experts.ep`): the grouped GEMMs
     run on different group counts and shapes in each, which the dense-table estimate does not rank
     the way the hardware does (2xH200: a profile fitted on TP experts mispriced all-to-all ones by 28%).
+    `moe_split`: the op's split under the plan (`OpDecision.split`); only routed experts read it, so a
+    caller passes every op's split without asking its kind.
     """
     if not OP_KINDS[op.kind].profiled:
         return None
     if op.kind is OpKind.TOKEN_MIX:
         return f"token_mix.{op.attrs.get('impl') or 'conv'}"
-    if op.kind is OpKind.EXPERTS and moe_split:
+    if OP_KINDS[op.kind].routed_experts and moe_split:
         return f"experts.{moe_split}"
     return op.kind.value
 
