@@ -107,7 +107,7 @@ class OpPrices:
         self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
         self.rpn = self.deployment.ranks_per_node(g)
-        self.stages = stage_layers(graph.spec.num_layers, pp)
+        self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.peak = topo.gpu.peak_tflops("fp8" if dtype == "fp8" else "bf16") * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
         # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.
