@@ -40,7 +40,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "cost/context_parallel.py": 1,
     "cost/pricing.py": 2,
     "cost/sources/aic_fitted.py": 5,
-    "cost/workload.py": 2,
     "engines/context_parallel.py": 1,
     "engines/memory.py": 2,
     "engines/recipes/__init__.py": 1,
@@ -64,7 +63,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "runtime/context_parallel_verify.py": 3,
     "runtime/kernels_local.py": 1,
     "runtime/shard.py": 2,
-    "search/grid.py": 1,
 }
 
 

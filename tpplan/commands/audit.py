@@ -257,7 +257,7 @@ def _load_inputs(
     if wl is not None and replicas > 1:
         from tpplan.cost.workload import replica_workloads
 
-        replica_workloads(wl, replicas)  # more replicas than clients: one line before any work
+        replica_workloads(wl, Mesh(1, replicas=replicas))  # more replicas than clients: one line before any work
     return topo, wl
 
 

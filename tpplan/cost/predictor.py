@@ -176,7 +176,9 @@ class Predictor(OpPrices):
         r = self.deployment.replicas
         if workload is None or r == 1:
             return self._memory(workload, tokens)
-        return max((self._memory(w, tokens) for w in replica_workloads(workload, r)), key=lambda m: m.total)
+        return max(
+            (self._memory(w, tokens) for w in replica_workloads(workload, self.deployment)), key=lambda m: m.total
+        )
 
     def _memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
         spec = self.graph.spec

@@ -107,8 +107,10 @@ class _ReplicaGpus:
     world_size: int
 
 
-def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
-    world, gpn = topo.world_size, topo.gpus_per_node
+def _replica_gpus(topo: Topology, copies: Mesh) -> _ReplicaGpus:
+    """One replica's share of `topo` when `copies.replicas` replicas split it (the sizes inside a replica are
+    what `deployments` then searches on that share)."""
+    world, gpn, replicas = topo.world_size, topo.gpus_per_node, copies.replicas
     where = f"replicas={replicas}"
     if world % replicas:
         raise TpplanError(where, f"does not divide the topology's {world} GPUs", "use a divisor of the GPUs")
@@ -142,8 +144,8 @@ def deployment_grid(
         if workload is not None:
             from tpplan.cost.workload import replica_workloads
 
-            replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
-        share = _replica_gpus(topo, replicas)
+            replica_workloads(workload, Mesh(1, replicas=replicas))  # refuses more replicas than clients or requests
+        share = _replica_gpus(topo, Mesh(1, replicas=replicas))
         return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, ask)]
     return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, ask)]
 
@@ -155,7 +157,7 @@ def _all_replicas(graph: ModelGraph, topo: Topology | None, ask: MeshAsk, worklo
     most = min(workload.concurrency, workload.total_requests)
     for r in range(2, min(most, topo.world_size) + 1):
         try:
-            share = _replica_gpus(topo, r)
+            share = _replica_gpus(topo, Mesh(1, replicas=r))
             grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, MeshAsk(cp=ask.cp))]
         except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
             continue
