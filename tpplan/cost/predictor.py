@@ -216,7 +216,7 @@ class Predictor(OpPrices):
             ck = cpa.kinds[res.kind]
             for d in res.decisions:
                 if d.op.name in ck.attention_ops:
-                    more = cp_weight_elements(ck, cpa.cp, d) - d.weight_elements_per_rank
+                    more = cp_weight_elements(cpa, res.kind, d) - d.weight_elements_per_rank
                     total += more * self.weight_elem_bytes(res.kind, d.op)
         return total
 
