@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tpplan.layout.context_parallel import audit_cp, cp_calls, model_split, rank_positions
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.runtime.context_parallel_verify import verify_cp
@@ -22,7 +23,7 @@ def test_predicted_calls_follow_the_split_and_the_ranks_role() -> None:
     """Fast: what the trace will be compared to (all-gathers padded to the longest rank; rank 0
     receives no state)."""
     g = build_model_graph(load_model("tiny-kimi-k3"))
-    a = audit_cp(g, 1, 4, "serial")
+    a = audit_cp(g, Mesh(1, cp=4, cp_recurrence="serial"))
     assert model_split(a) == "contiguous"
     first, second = cp_calls(g, a, 19, 4, 0), cp_calls(g, a, 19, 4, 1)
     assert {c.kind for c in first} == {"all_gather"}  # the MLA latent gathers only

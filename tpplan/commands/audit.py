@@ -304,7 +304,7 @@ def _add_cp_and_crossover(
     if mesh.cp > 1:
         from tpplan.layout.context_parallel import audit_cp
 
-        cpa = audit_cp(result.graph, result.n, mesh.cp, mesh.cp_recurrence, mesh.cp_layers)  # type: ignore[arg-type]
+        cpa = audit_cp(result.graph, mesh)
         data["context_parallel"] = cpa.to_json()
     if topo is not None:
         say("thresholds: where each plan overtakes baseline")
@@ -335,7 +335,8 @@ def explain_cmd(
     print_deployment_notes(d)
 
     result = audit(model, tp, [plan], dtype)
-    cpa = audit_cp(result.graph, tp, cp, cp_recurrence, cp_layers) if cp > 1 else None  # type: ignore[arg-type]
+    asked = Mesh(tp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers)
+    cpa = audit_cp(result.graph, asked) if cp > 1 else None
     pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
     console = make_console()
     console.print(f"[bold]{escape(pa.plan.name)}[/] ({escape(pa.plan.title)}) on {escape(result.model)}, TP{tp}: "

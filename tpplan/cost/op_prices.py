@@ -99,7 +99,7 @@ class OpPrices:
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
         # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
         dep = self.deployment
-        self.cp_audit = audit_cp(graph, tp, dep.cp, dep.cp_recurrence, dep.cp_layers)  # type: ignore[arg-type]
+        self.cp_audit = audit_cp(graph, dep)
         self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
         self.cp_split = model_split(self.cp_audit)
         self.counts = graph.counts()

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import CpCall, Split, audit_cp, model_split, rank_positions
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import (
@@ -279,7 +280,8 @@ class CpRunner(_Mixers):
     ) -> None:
         self.graph, self.cp, self.rank, self.recurrence = graph, cp, rank, recurrence
         # `all`: TP 1 x CP cp; `mla` (context_parallel_mla.py): TP = CP = cp, attention TP 1
-        self.audit = audit_cp(graph, cp if layers == "mla" else 1, cp, recurrence, layers)  # type: ignore[arg-type]
+        mesh = Mesh(cp if layers == "mla" else 1, cp=cp, cp_recurrence=recurrence, cp_layers=layers)
+        self.audit = audit_cp(graph, mesh)
         if not self.audit.legal:
             raise TpplanError(f"cp={cp}", "; ".join(self.audit.reasons), "run this model without CP")
         self.split = model_split(self.audit)
@@ -344,7 +346,7 @@ class TpCpHook(_Mixers):
         self.graph, self.tp, self.cp, self.recurrence = graph, tp, cp, recurrence
         self.rank, self.tp_rank = divmod(world_rank, tp)
         self.group = cp_group
-        self.audit = audit_cp(graph, tp, cp, recurrence)  # type: ignore[arg-type]
+        self.audit = audit_cp(graph, Mesh(tp, cp=cp, cp_recurrence=recurrence))
         if not self.audit.legal:
             raise TpplanError(f"cp={cp}", "; ".join(self.audit.reasons), "run this model without CP")
         self.split = model_split(self.audit)

@@ -59,8 +59,8 @@ def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tu
             raise TpplanError(f"tp={tp}", "the TP size must be at least 1", "use tp=1 or more")
         return [(tp, 1, 1)]
     world, gpn = topo.world_size, topo.gpus_per_node
-    if c > 1 and not audit_cp(graph, tp or 1, c).legal:
-        raise TpplanError(f"cp={c}", "; ".join(audit_cp(graph, tp or 1, c).reasons), "search without cp")
+    if c > 1 and not (cpa := audit_cp(graph, Mesh(tp or 1, cp=c))).legal:
+        raise TpplanError(f"cp={c}", "; ".join(cpa.reasons), "search without cp")
     if world % c:
         raise TpplanError(f"cp={c}", f"does not divide the topology's {world} GPUs", "use a divisor")
     if tp is not None or pp is not None:
@@ -90,7 +90,7 @@ def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tu
     if cp is None:  # TP x CP with the TP group inside one node (CP spans the nodes); `cp` searches any split
         for k in CP_SIZES[1:]:
             n = world // k
-            if world % k or n < 1 or n > gpn or not audit_cp(graph, n, k).legal:
+            if world % k or n < 1 or n > gpn or not audit_cp(graph, Mesh(n, cp=k)).legal:
                 continue
             out.append((n, 1, k))
     return out
