@@ -12,7 +12,8 @@ from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
 from tpplan.engines.context_parallel import CP_PATHS, kv_cp_share
 from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import audit_cp, cp_calls, rank_positions
+from tpplan.layout.context_parallel import audit_cp, rank_positions
+from tpplan.lower.schedule import predict_cp_calls
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
@@ -59,8 +60,7 @@ def test_the_cp_group_sits_inside_the_tp_group() -> None:
 
 def test_predicted_calls_gather_the_attention_output_of_the_longest_zigzag_rank() -> None:
     g = _graph("tiny-kimi-k3")
-    a = audit_cp(g, Mesh(4, cp=4, cp_layers="mla"))
-    calls = cp_calls(g, a, 19, 4, 2)
+    calls = predict_cp_calls(g, baseline(), Mesh(4, cp=4, cp_layers="mla"), 19, cp_rank=2)
     mla_layers = [i for i, k in enumerate(g.layer_kinds) if k == "mla+moe"]
     assert [c.layer for c in calls] == mla_layers and {c.value for c in calls} == {"attn_out"}
     rows = max(len(rank_positions(19, 4, r, "zigzag")) for r in range(4))

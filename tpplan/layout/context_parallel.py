@@ -393,45 +393,12 @@ def causal_imbalance(ranks: int, split: Split) -> float:
     return (2 * ranks - 1) / ranks
 
 
-@dataclass(frozen=True)
-class CpCall:
-    """One CP collective one rank issues (what the runtime's trace records, torch-free)."""
-
-    layer: int
-    kind: str  # all_gather | send_recv (recorded by the receiving rank)
-    op: str
-    value: str
-    nbytes: float
-
-
-def cp_calls(graph: ModelGraph, audit: CpAudit, tokens: int, b: float, rank: int) -> list[CpCall]:
-    """The CP collectives rank `rank` issues for one `tokens`-long sequence, in order: each all-gather
-    over every rank's rows padded to the longest rank, each received state or halo (rank 0 receives
-    none). The runtime's trace must equal this list (`tpplan.runtime.context_parallel`)."""
-    split = model_split(audit)
-    rows = max(len(rank_positions(tokens, audit.cp, r, split)) for r in range(audit.cp))
-    out: list[CpCall] = []
-    for i, kind in enumerate(graph.layer_kinds):
-        for x in audit.kinds[kind].exchanges:
-            eb = x.elem_bytes if x.elem_bytes is not None else b
-            value = "+".join(x.values)
-            if x.collective == "all_gather":
-                size = audit.cp * (x.per_token * rows + x.per_seq) * eb
-                out.append(CpCall(i, "all_gather", x.op, value, size))
-            elif x.collective == "all_reduce":
-                out.append(CpCall(i, "all_reduce", x.op, value, (x.per_token * rows + x.per_seq) * eb))
-            elif rank > 0:
-                out.append(CpCall(i, "send_recv", x.op, value, (x.per_token * rows + x.per_seq) * eb))
-    return out
-
-
 __all__ = [
     "CP_LAYERS",
     "CP_SIZES",
     "MAX_CP",
     "SGLANG_CP_UTILS",
     "CpAudit",
-    "CpCall",
     "CpExchange",
     "CpKind",
     "CpLayers",
@@ -440,7 +407,6 @@ __all__ = [
     "audit_cp",
     "causal_imbalance",
     "chunk_bounds",
-    "cp_calls",
     "model_split",
     "rank_positions",
     "zigzag_chunks",
