@@ -37,15 +37,12 @@ LOOSE = frozenset(
 PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 in 47 modules)
     "audit.py": 1,
     "bench/rank_shapes.py": 1,
-    "cost/context_parallel.py": 1,
     "cost/pricing.py": 2,
     "cost/sources/aic_fitted.py": 5,
-    "cost/workload.py": 2,
     "engines/context_parallel.py": 1,
     "engines/memory.py": 2,
     "engines/recipes/__init__.py": 1,
     "engines/recipes/vllm.py": 2,
-    "layout/context_parallel.py": 11,
     "layout/plan.py": 1,
     "models/cuts.py": 4,
     "models/families/deepseek_v3.py": 1,
@@ -60,9 +57,7 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "report/analysis.py": 9,
     "report/prompt_length.py": 1,
     "report/writer.py": 1,
-    "runtime/kernels_local.py": 1,
     "runtime/shard.py": 2,
-    "search/grid.py": 1,
 }
 
 
