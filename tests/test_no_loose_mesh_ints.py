@@ -57,7 +57,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "report/analysis.py": 9,
     "report/prompt_length.py": 1,
     "report/writer.py": 1,
-    "runtime/shard.py": 2,
 }
 
 

@@ -172,9 +172,8 @@ class PlanRunner:
         self.env: dict[str, Held] = {}  # the current layer's values (what a CP mixer may read besides its inputs)
 
     def _shard(self, results: list[LayerResult], plan: Plan) -> ModelShard:
-        return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics,
-                           ep_size=plan.ep_size, device=self.device, dtype=self.dtype,
-                           whole_embedding=bool(plan.dp_attention))  # fmt: skip
+        return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics, plan=plan,
+                           device=self.device, dtype=self.dtype)  # fmt: skip
 
     def reset(self) -> None:
         """Forget the carried state and the trace: the next prefill starts a new sequence."""
