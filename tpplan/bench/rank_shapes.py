@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tpplan.mesh import Mesh
+
 TPS = (1, 2, 4, 8, 16, 32)
 EPS = (4, 8, 16, 32)
 # The families of the project: MLA+KDA (Kimi-K3, Kimi-Linear), MLA (DeepSeek-V3, Kimi-K2), DSA (GLM-5.1,
@@ -26,9 +28,9 @@ MODELS = (
 MAX_EXPERT_BYTES = 24e9
 
 
-def per_rank(n: int, tp: int) -> int:
-    """Heads (or channels) one rank holds at TP `tp`: the planner's `max(1, round(n / tp))`."""
-    return max(1, round(n / tp))
+def per_rank(n: int, mesh: Mesh) -> int:
+    """Heads (or channels) one rank of `mesh`'s TP group holds: the planner's `max(1, round(n / tp))`."""
+    return max(1, round(n / mesh.tp))
 
 
 def _graph(model: str) -> Any:
@@ -56,6 +58,7 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
     g = _graph(model)
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in ("attention", "kda", "gdn", "experts", "norm", "conv")}
     tps, eps = tuple(tps), tuple(eps)
+    meshes = [Mesh(tp) for tp in tps]
     tag = {"models": [model]}
     for lg in g.kinds.values():
         out["norm"].append({"width": lg.hidden, **tag})
@@ -66,15 +69,15 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
                 heads = op.int_attr("heads", 1)
                 dqk = lg.values[op.inputs[0]].width // heads
                 dv = lg.values[op.output].width // heads
-                out["attention"] += [{"heads": per_rank(heads, tp), "dqk": dqk, "dv": dv, **tag} for tp in tps]
+                out["attention"] += [{"heads": per_rank(heads, m), "dqk": dqk, "dv": dv, **tag} for m in meshes]
             elif cls == "recurrence" and impl == "kda":
                 heads, d = op.int_attr("heads", 1), op.int_attr("head_dim", 128)
-                out["kda"] += [{"heads": per_rank(heads, tp), "d": d, **tag} for tp in tps]
-                out["conv"] += [{"channels": per_rank(heads, tp) * d, **tag} for tp in tps]
+                out["kda"] += [{"heads": per_rank(heads, m), "d": d, **tag} for m in meshes]
+                out["conv"] += [{"channels": per_rank(heads, m) * d, **tag} for m in meshes]
             elif cls == "recurrence" and impl == "gdn":
                 hv, nk = op.int_attr("v_heads", 1), op.int_attr("k_heads", 1)
                 d = op.int_attr("k_head_dim", 128)
-                out["gdn"] += [{"heads": per_rank(hv, tp), "v_per_k": hv // nk, "d": d, **tag} for tp in tps]
+                out["gdn"] += [{"heads": per_rank(hv, m), "v_per_k": hv // nk, "d": d, **tag} for m in meshes]
             elif cls == "experts":
                 out["experts"] += expert_slices(op, tps, eps, model)
     return out
