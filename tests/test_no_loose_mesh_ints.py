@@ -42,7 +42,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "engines/memory.py": 2,
     "engines/recipes/__init__.py": 1,
     "engines/recipes/vllm.py": 2,
-    "layout/plan.py": 1,
     "models/cuts.py": 4,
     "models/families/deepseek_v3.py": 1,
     "models/families/deepseek_v32.py": 2,

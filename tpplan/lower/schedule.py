@@ -66,7 +66,7 @@ def predict_schedule(
     base: list[LayerResult] | None = None
     for c, t in enumerate(chunk_sizes(tokens, chunk)):
         fb = falls_back(graph, plan, n, t)
-        run_plan = fallback_plan(plan) if fb else plan
+        run_plan = fallback_plan(plan, Mesh(n)) if fb else plan
         assert run_plan is not None
         if fb and base is None:
             base = layer_results(graph, run_plan, n)

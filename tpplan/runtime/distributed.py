@@ -69,6 +69,7 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.layout.transitions import transition
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
 from tpplan.models.opkinds import run_experts
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
@@ -270,7 +271,7 @@ class PlanRunner:
 
     def _fallback_plan(self) -> tuple[Plan, list[LayerResult], ModelShard]:
         if self._fallback is None:
-            base = fallback_plan(self.plan)
+            base = fallback_plan(self.plan, Mesh(self.n))
             assert base is not None
             res = layer_results(self.graph, base, self.n)
             self._fallback = (base, res, self._shard(res, base))
