@@ -38,23 +38,6 @@ PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 i
     "audit.py": 1,
     "cost/pricing.py": 2,
     "cost/sources/aic_fitted.py": 5,
-    "engines/context_parallel.py": 1,
-    "engines/memory.py": 2,
-    "engines/recipes/__init__.py": 1,
-    "engines/recipes/vllm.py": 2,
-    "models/cuts.py": 4,
-    "models/families/deepseek_v3.py": 1,
-    "models/families/deepseek_v32.py": 2,
-    "models/families/glm4_moe.py": 1,
-    "models/families/gqa.py": 1,
-    "models/families/kimi_linear.py": 1,
-    "models/families/minimax_m2.py": 1,
-    "models/families/qwen3_next.py": 1,
-    "models/opkind_defs.py": 5,
-    "models/opkind_types.py": 2,
-    "report/analysis.py": 9,
-    "report/prompt_length.py": 1,
-    "report/writer.py": 1,
 }
 
 
