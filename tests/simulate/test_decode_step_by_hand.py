@@ -12,7 +12,7 @@ import math
 import pytest
 
 from tpplan.cost.gemm import gemm_bytes, gemm_time
-from tpplan.cost.op_prices import EXPERT_M_TILE
+from tpplan.cost.kernel_pricer import EXPERT_M_TILE
 from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import select_topology
 from tpplan.mesh import Mesh

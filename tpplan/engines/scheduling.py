@@ -235,7 +235,7 @@ MLA_DECODE_ABSORBED = (
         _sgl("models/deepseek_common/attention_backend_handler.py", "_handle_attention_backend"),
     ),
 )
-"""How both engines run MLA attention for decode tokens: what `cost.op_prices` prices them as."""
+"""How both engines run MLA attention for decode tokens: what `cost.kernel_pricer` prices them as."""
 
 RULES: dict[str, SchedulerRules] = {r.key: r for r in (SGLANG_0_5_23, VLLM_0_33_0, VLLM_0_34_0)}
 
