@@ -14,6 +14,8 @@ from tpplan.models.config import load_config_dict, load_model, spec_from_config
 from tpplan.models.graph import OpKind, WeightSplit, build_model_graph
 from tpplan.placement import Collective
 from tpplan.plans.named import make_plan
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 
 
 def _op(graph, kind, name):
@@ -116,8 +118,13 @@ def test_memo_says_why_the_indexer_breaks_input_scattered():
     from tpplan.report.memo import build_memo
 
     topo = load_topology("h200x8-ib400", nodes=1)
-    a = analyse("tiny-deepseek-v32", topo, [load_workload("seed-c8")], tp=2, use_default_predictor=False,
-                search_top=0)  # fmt: skip
+    a = analyse(
+        "tiny-deepseek-v32",
+        topo,
+        [load_workload("seed-c8")],
+        MemoAsk(deployment=MeshAsk(tp=2), search_top=0),
+        use_default_predictor=False,
+    )
     md = build_memo(a).markdown
     assert "The edges that break it: indexer (dsa+dense, dsa+moe)." in md
     assert "Each needs every token of its input (`idx_k`, `idx_w`)" in md

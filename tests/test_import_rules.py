@@ -182,12 +182,15 @@ def test_planner_and_report_work_never_imports_torch() -> None:
         "from tpplan.models.graph import build_model_graph\n"
         "from tpplan.plans.named import make_plan\n"
         "from tpplan.report.analysis import analyse\n"
+        "from tpplan.report.memo_ask import MemoAsk\n"
+        "from tpplan.search.grid import MeshAsk\n"
         "from tpplan.report.memo import build_memo\n"
         "import tpplan.cli, tpplan.explain\n"
         "audit('kimi-k3', 32)\n"
         "g = build_model_graph(load_model('kimi-k3'))\n"
         "predict_schedule(g, make_plan('gate-aware', g, 32), 32, 8192, chunk=4096)\n"
-        "build_memo(analyse('tiny-kimi-k3', load_topology('h200x2'), [load_workload('seed-c8')], tp=2))\n"
+        "ask = MemoAsk(MeshAsk(tp=2))\n"
+        "build_memo(analyse('tiny-kimi-k3', load_topology('h200x2'), [load_workload('seed-c8')], ask))\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)

@@ -97,6 +97,23 @@ def test_every_op_kind_and_mixer_is_registered_once():
                     assert mixer(str(op.attrs["impl"])).name == op.attrs["impl"]
 
 
+def test_the_split_a_weight_takes_under_a_plan_is_the_kinds():
+    """Routed experts follow the plan's MoE mode whatever `replicate` says; a linear or the router is
+    replicated where the plan replicates it and keeps its own split otherwise; a norm's weight never is."""
+    from tpplan.models.opkinds import op_kind, weight_split
+
+    lg = build_model_graph(load_model("tiny-deepseek-v3")).kinds["mla+moe"]
+    by_kind = {op.kind: op for op in lg.ops}
+    experts, router, norm = by_kind[OpKind.EXPERTS], by_kind[OpKind.ROUTER], by_kind[OpKind.NORM]
+    col = next(op for op in lg.ops if op.kind is OpKind.LINEAR and op.split is WeightSplit.COL)
+    assert [weight_split(experts, "a2a", r) for r in (False, True)] == ["a2a", "a2a"]
+    assert [weight_split(col, "tp", r) for r in (False, True)] == [WeightSplit.COL, WeightSplit.REPLICATED]
+    assert weight_split(router, "tp", True) == WeightSplit.REPLICATED
+    assert weight_split(norm, "tp", True) == norm.split
+    assert op_kind(router.kind).output_dtype(router, "bfloat16") == "float32"
+    assert op_kind(col.kind).output_dtype(col, "bfloat16") == "bfloat16"
+
+
 def test_model_types_resolve_to_their_family_module():
     from tpplan.models.families import family_for, supported_model_types
 

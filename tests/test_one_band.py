@@ -14,6 +14,7 @@ from cli_helpers import run_cli
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.search import run_search
 
 TOPOLOGY = "h200x2"
@@ -24,7 +25,7 @@ MODELS = ("tiny-deepseek-v3", "tiny-llama", "tiny-qwen3-moe")
 @cache
 def _answers(model: str):
     topo, wl = load_topology(TOPOLOGY), load_workload(WORKLOAD)
-    return run_search(model, topo, workload=wl, top=1), analyse(model, topo, [wl], prompt_lengths=None)
+    return run_search(model, topo, workload=wl, top=1), analyse(model, topo, [wl], MemoAsk(prompt_lengths=None))
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -12,6 +12,7 @@ from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.mesh import Mesh
 from tpplan.plans.files import save_plan_dir
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.search import run_search
 
 GIB = 2**30
@@ -47,7 +48,7 @@ def test_audit_search_and_memo_state_one_memory_figure(tmp_path, model, nodes, t
     assert got["replicated_extra_bytes_per_rank"] == pytest.approx(extra, rel=1e-12)
     assert got["prediction"]["memory_bytes_per_rank"]["weights"] == pytest.approx(weights, rel=1e-12)
 
-    memo = analyse(model, topo, [wl], plans=[str(plan_path)], search_top=0)
+    memo = analyse(model, topo, [wl], MemoAsk(plans=(str(plan_path),), search_top=0))
     v = next(x for x in memo.variants if x.plan.name == entry["name"])
     assert (v.tp, v.pp) == (tp, pp), "a saved plan is priced at the TP x PP it was found at"
     md = build_memo(memo, "test").markdown

@@ -13,6 +13,7 @@ from tests.cli_helpers import run_cli
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
+from tpplan.report.memo_ask import MemoAsk
 
 TOPO = ("--topology", "h200x8-ib400", "--nodes", "1")
 
@@ -73,8 +74,12 @@ def test_explain_takes_the_tp_from_the_file(saved, monkeypatch, capsys):
 
 def test_report_prices_the_file_at_its_whole_deployment(saved):
     f, found = saved
-    a = analyse("tiny-kimi-k3", load_topology("h200x8-ib400", nodes=1), [load_workload("prompt16k-c8")],
-                plans=[str(f)], prompt_lengths=None)  # fmt: skip
+    a = analyse(
+        "tiny-kimi-k3",
+        load_topology("h200x8-ib400", nodes=1),
+        [load_workload("prompt16k-c8")],
+        MemoAsk(plans=(str(f),), prompt_lengths=None),
+    )
     v = next(v for v in a.variants if v.plan.extra.get("file") == str(f))
     assert (v.tp, v.pp, v.cp, v.replicas) == (2, 4, 1, 1)
     assert v.predictions["prompt16k-c8"].ttft.mean_s == pytest.approx(found["plans"][0]["ttft"]["mean_s"], rel=1e-9)

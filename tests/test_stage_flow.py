@@ -15,6 +15,7 @@ from tpplan.cost.workload import load_workload
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import baseline
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.search.grid import MeshAsk
 
 
@@ -59,7 +60,7 @@ def test_the_memo_reuses_its_searchs_audits(audits_counted):
 
     graph = build_model_graph(load_model("tiny-deepseek-v3"))
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
-    a = analyse(graph, topo, [wl], search_top=2)
+    a = analyse(graph, topo, [wl], MemoAsk(search_top=2))
     assert a.next_steps, "the search's best beats baseline here (tests/report/test_one_search.py)"
     assert audits_counted and max(audits_counted.values()) == 1, audits_counted.most_common(3)
 

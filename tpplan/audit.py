@@ -19,7 +19,8 @@ from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, Violation, propagate_model
 from tpplan.models.config import load_model
-from tpplan.models.graph import ModelGraph, Op, OpKind, build_model_graph
+from tpplan.models.graph import ModelGraph, Op, build_model_graph
+from tpplan.models.opkinds import op_kind
 from tpplan.models.quant import op_weights
 from tpplan.placement import P
 from tpplan.plans.named import NAMED_PLANS, make_plan
@@ -64,13 +65,13 @@ class StoredWeights:
         self.experts_fp8 = False  # the checkpoint's experts run their GEMMs at the FP8 rate
         for (kind, name), w in self.op_weights.items():
             op = next(o for o in graph.kinds[kind].ops if o.name == name)
-            if op.kind is OpKind.EXPERTS and not self.expert_override:
+            if op_kind(op.kind).routed_experts and not self.expert_override:
                 self.expert_bytes = w.full_bytes / op.weight_numel
                 self.experts_fp8 = w.fmt.compute == "fp8"
 
     def per_element(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` in layer kind `kind` (scales included)."""
-        if op.kind is OpKind.EXPERTS:
+        if op_kind(op.kind).routed_experts:
             return self.expert_bytes
         w = self.op_weights.get((kind, op.name))
         return w.full_bytes / op.weight_numel if w is not None else self.dtype_bytes

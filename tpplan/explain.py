@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tpplan.layout.context_parallel import CpAudit
 from tpplan.layout.propagate import LayerResult
-from tpplan.models.graph import OpKind
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import Placement
 
 _SPLIT_WORDS = {
@@ -44,11 +44,11 @@ def explain_layer(res: LayerResult, width_of: dict[str, int]) -> list[str]:
             lines.append(line)
         ins = ", ".join(f"{v} {p}" for v, p in zip(op.inputs, d.inputs_received, strict=True))
         split = _SPLIT_WORDS.get(d.split, "")
-        tag = f"[{split}] " if split and op.kind in (OpKind.LINEAR, OpKind.EXPERTS) else ""
+        tag = f"[{split}] " if split and (op_kind(op.kind).linear or op_kind(op.kind).routed_experts) else ""
         out_pl: Placement = res.placements[op.output]
         mark = "!! " if not d.legal else "   "
         lines.append(f"{mark}{op.name} {tag}({ins}) -> {op.output}[{width_of.get(op.output, 0)}] {out_pl}")
-        if op.kind is OpKind.EXPERTS:
+        if op_kind(op.kind).routed_experts:
             for c in res.comms:
                 if c.internal and c.consumer == op.name:
                     lines.append(f"      {c.value}[{c.width}] --A2A-->  ({c.reason}; {c.units:.0f} units)")

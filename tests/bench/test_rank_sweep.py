@@ -26,6 +26,22 @@ def test_rank_shapes_dedupe_across_models() -> None:
     assert S.heads_bucket(3) == "3-4" and S.heads_bucket(96) == "33+" and S.tokens_bucket(32768) == "32K"
 
 
+def test_windowed_chunked_and_indexer_shapes_per_rank() -> None:
+    """Windows (Gemma 3, gpt-oss with sinks) and chunks (Llama 4) split their heads over TP; DSA's indexer is
+    replicated (every index head on every rank), so its heads do not follow TP."""
+    from tpplan.bench.rank_sweep import MAX_INDEX_SCORES, all_cases
+
+    s = S.rank_shapes(S.MASKED_MODELS)
+    by = {(r["window"], r["chunk"]): sorted(x["heads"] for x in s["masked"] if (x["window"], x["chunk"]) ==
+                                            (r["window"], r["chunk"])) for r in s["masked"]}  # fmt: skip
+    assert by[(1024, 0)] == [1, 2, 4, 8] and by[(128, 0)] == [2, 4, 8, 16, 32, 64] and 1 in by[(0, 8192)]
+    assert all(r["sinks"] == (r["window"] == 128) for r in s["masked"])
+    assert {(r["heads"], r["topk"]) for r in s["indexer"]} == {(32, 2048), (64, 2048)}
+    cases = all_cases()
+    assert any(c["tokens"] == 32768 for c in cases["masked"]) and any(c["context"] for c in cases["masked"])
+    assert max(c["heads"] * c["tokens"] * (c["tokens"] + c["context"]) for c in cases["indexer"]) <= MAX_INDEX_SCORES
+
+
 def test_non_monotone_flags_a_falling_time() -> None:
     from tpplan.bench.rank_sweep import non_monotone
 
@@ -42,7 +58,8 @@ def test_cases_cover_every_family_and_cap_attention() -> None:
     from tpplan.cost.kernel_models import attention_flops
 
     cases = all_cases()
-    assert set(cases) == {"kda", "gdn", "experts", "attention", "norm", "short_conv", "elementwise", "attn_res", "gemm"}
+    assert set(cases) == {"kda", "gdn", "experts", "attention", "norm", "short_conv", "elementwise", "attn_res", "gemm",
+                          "masked", "indexer"}  # fmt: skip
     flops = [attention_flops(c["heads"], c["tokens"], c["context"], c["dqk"], max(c["dqk"], c["dv"]))
              for c in cases["attention"]]  # fmt: skip
     assert max(flops) <= MAX_ATTN_FLOPS
@@ -81,12 +98,16 @@ def test_runners_time_tiny_cases_on_cpu() -> None:
         {"family": "short_conv", "channels": 16, "tokens": 32},
         {"family": "elementwise", "op": "silu_mul", "width": 16, "tokens": 32},
         {"family": "gemm", "m": 32, "k": 16, "n": 8},
+        {"family": "masked", "heads": 2, "d": 16, "window": 8, "chunk": 0, "sinks": True, "tokens": 32, "context": 16},
+        {"family": "masked", "heads": 2, "d": 16, "window": 0, "chunk": 16, "sinks": False, "tokens": 32, "context": 0},
+        {"family": "indexer", "heads": 2, "d": 64, "topk": 8, "tokens": 32, "context": 16},
     ]
     pts = R.run_family(cases, deadline=float("inf"))
     assert len(pts) == len(cases) and all(p["seconds"] > 0 for p in pts)
     ep = pts[1]
     assert 0 < ep["rows"] < 32 * 2 and ep["ffn_s"] > 0 and ep["combine_s"] > 0
     assert pts[2]["rows"] == 64  # the rank holding every expert gets every routed row
+    assert "window" in pts[7]["variant"] and "sinks" in pts[7]["variant"] and "chunk" in pts[8]["variant"]
 
 
 def test_checkerboard_holds_out_part_of_every_bucket_and_the_fit_recovers_constants() -> None:
@@ -117,4 +138,42 @@ def test_docs_tables_are_the_checked_in_fit() -> None:
     fit = json.loads((root / "docs/benchmarks/h100-2026-12-06/rank-fit.json").read_text())
     doc = (root / "docs/benchmarks.md").read_text()
     for tag, text in (("rank-fit", markdown_tables(fit)), ("rank-inherit", inherited_markdown(fit))):
+        assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text
+
+
+def test_masked_and_indexer_forms_recover_their_constants() -> None:
+    """A chunked call passes over each chunk's keys in turn (flash once per chunk), a window over its window;
+    the masked and indexer forms fitted on the checkerboard half recover the constants they were made from."""
+    from tpplan.bench.rank_fit import FAMILIES, chain_keys, fit_rank_sweep
+
+    ch = {"family": "masked", "heads": 1, "d": 128, "window": 0, "chunk": 8192}
+    assert chain_keys({**ch, "tokens": 32768, "context": 0}) == 32768
+    assert chain_keys({**ch, "tokens": 4096, "context": 8192}) == 4096  # a new chunk: the cached one is not read
+    assert chain_keys({**ch, "chunk": 0, "window": 128, "tokens": 4096, "context": 0}) == 128
+    cm = {"a_s": 2e-5, "b_s": 1e-12, "tflops": 500.0, "sm_tflops": 5.0, "p1": 1.0}
+    ci = {"a_s": 5e-4, "tflops": 20.0, "Gscores": 12.0}
+    pts = [{**ch, "heads": h, "tokens": t, "context": 0} for h in (1, 2, 5, 10, 20, 40) for t in (1024, 4096, 16384)]
+    pts += [{"family": "indexer", "heads": h, "d": 128, "topk": 2048, "tokens": t, "context": c}
+            for h in (32, 64) for t in (1024, 2048, 4096, 8192) for c in (0, 8192)]  # fmt: skip
+    for p in pts:
+        p["seconds"] = FAMILIES[p["family"]][0](cm if p["family"] == "masked" else ci, p)
+    res = fit_rank_sweep(pts)
+    assert {"attention_chunked", "dsa_indexer"} <= set(res["constants"])
+    held = [abs(r["error"]) for r in res["points"] if r["set"] == "held-out"]
+    assert held and max(held) < 0.05
+
+
+@pytest.mark.slow
+def test_docs_masked_tables_are_the_checked_in_fit() -> None:
+    """docs/benchmarks.md's windowed / chunked / indexer tables are what `rank_fit` renders from the checked-in fit."""
+    import json
+    from pathlib import Path
+
+    from tpplan.bench.rank_fit import markdown_tables, priced_today_markdown
+
+    root = Path(__file__).resolve().parents[2]
+    fit = json.loads((root / "docs/benchmarks/h100-2026-12-06c/rank-fit-masked.json").read_text())
+    doc = (root / "docs/benchmarks.md").read_text()
+    for tag, text in (("rank-fit-masked", markdown_tables(fit)),
+                      ("rank-priced-today", priced_today_markdown(fit["priced_today"]["points"]))):  # fmt: skip
         assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text

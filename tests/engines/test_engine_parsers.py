@@ -23,6 +23,8 @@ from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 
 LAUNCH = "python -m sglang.launch_server"
 KEYS = (
@@ -82,8 +84,13 @@ CASES = (("deepseek-v3", 1, 8), ("kimi-k3", 4, 32), ("qwen3-32b", 1, 8))
 
 @cache
 def _memo_lines(model: str, nodes: int, tp: int):
-    a = analyse(model, load_topology("h200x8-ib400", nodes=nodes), [load_workload("seed-c8")], tp=tp,
-                expert_dtype="mxfp4", use_default_predictor=False)  # fmt: skip
+    a = analyse(
+        model,
+        load_topology("h200x8-ib400", nodes=nodes),
+        [load_workload("seed-c8")],
+        MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype="mxfp4"),
+        use_default_predictor=False,
+    )
     text = build_memo(a, "").markdown
     printed = [x for x in re.findall(r"```bash\n(.*?)\n```", text, re.S) if LAUNCH in x]
     recipes = {e.command(): (v, e) for v in a.variants for e in v.engines if e.engine == "SGLang" and e.command()}
@@ -151,8 +158,13 @@ def test_vllm_parses_every_line_with_the_plans_settings(tmp_path):
         pytest.skip("vllm is not importable (install vllm==0.33.0 --no-deps and its import-time deps)")
     cases = []
     for model, nodes, tp in CASES:
-        a = analyse(model, load_topology("h200x8-ib400", nodes=nodes), [load_workload("seed-c8")], tp=tp,
-                    expert_dtype="mxfp4", use_default_predictor=False, search_top=0)  # fmt: skip
+        a = analyse(
+            model,
+            load_topology("h200x8-ib400", nodes=nodes),
+            [load_workload("seed-c8")],
+            MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype="mxfp4", search_top=0),
+            use_default_predictor=False,
+        )
         cases += [(v, e) for v in a.variants for e in v.engines if e.engine == "vLLM" and e.command()]
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     argv = []

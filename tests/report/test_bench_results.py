@@ -14,6 +14,7 @@ from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
+from tpplan.report.memo_ask import MemoAsk
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -108,9 +109,8 @@ def test_memo_shows_measured_vs_predicted():
         "kimi-k3",
         topo,
         [load_workload("seed-c8")],
+        MemoAsk(bench=load_bench_results(FIX / "bench_ok.json"), search_top=0),
         use_default_predictor=False,
-        search_top=0,
-        bench=load_bench_results(FIX / "bench_ok.json"),
     )
     memo = build_memo(a)
     assert "predicted_vs_measured.png" in memo.pngs
@@ -133,7 +133,9 @@ def test_memo_bench_section_names_what_priced_the_run(tmp_path):
         o["source"] = "kernel-model"
     bench = parse_bench_results(data)
     topo = load_topology("h200x8-ib400", nodes=4)
-    a = analyse("kimi-k3", topo, [load_workload("seed-c8")], use_default_predictor=False, search_top=0, bench=bench)
+    a = analyse(
+        "kimi-k3", topo, [load_workload("seed-c8")], MemoAsk(bench=bench, search_top=0), use_default_predictor=False
+    )
     md = build_memo(a).markdown
     assert "roofline" not in md.split("## Measured against predicted", 1)[1].split("\n\n", 2)[1]
     assert "(predictions: ops priced by physical kernel models 100% (out-of-sample band composed" in md

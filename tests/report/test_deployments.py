@@ -16,8 +16,10 @@ from tpplan.engines.launch import deployment_flags
 from tpplan.mesh import Mesh
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.report.prompt_length import at_length
 from tpplan.search import run_search
+from tpplan.search.grid import MeshAsk
 
 LENGTHS = (4096, 16384, 65536, 131072)
 NUM = r"[-+]?[\d,]+(?:\.\d+)?"
@@ -30,7 +32,9 @@ def _num(text: str) -> float:
 @cache
 def _memo(model: str, workload: str, cap: float | str | None = "serving", overlap: str | None = None):
     topo = load_topology("h200x2")
-    a = analyse(model, topo, [load_workload(workload)], memory_cap_gib=cap, prompt_lengths=LENGTHS, overlap=overlap)
+    a = analyse(
+        model, topo, [load_workload(workload)], MemoAsk(memory_cap_gib=cap, overlap=overlap, prompt_lengths=LENGTHS)
+    )
     from tpplan.report import plots
 
     names = ("volume_vs_tp", "stacked_time", "grouped_bars", "crossover", "predicted_vs_measured")
@@ -64,7 +68,12 @@ def test_search_and_report_name_the_same_best_deployment(workload, replicas, win
     if replicas is None:
         a, md = _memo("tiny-deepseek-v3", workload)
     else:
-        a = analyse("tiny-deepseek-v3", topo, [load_workload(workload)], replicas=replicas, prompt_lengths=None)
+        a = analyse(
+            "tiny-deepseek-v3",
+            topo,
+            [load_workload(workload)],
+            MemoAsk(deployment=MeshAsk(replicas=replicas), prompt_lengths=None),
+        )
         md = build_memo(a).markdown
     assert a.search_best is not None and a.search_best[1] == best.deployment
     v = next(v for v in a.variants if v.plan.name == a.search_best[0] and v.deployment == best.deployment)
@@ -230,8 +239,12 @@ def test_kimi_k3_on_4x8_h200_ranks_tp_pp_and_cp_at_16k_and_128k():
     their mixes, each with a reason computed from its priced parts (about 15 s: the search, and every
     deployment priced at both workloads)."""
     wls = [load_workload("prompt16k-c8"), load_workload("prompt128k-c4")]
-    a = analyse("kimi-k3", load_topology("h200x8-ib400", nodes=4), wls, expert_dtype="mxfp4", current="TP32+EP4",
-                prompt_lengths=None)  # fmt: skip
+    a = analyse(
+        "kimi-k3",
+        load_topology("h200x8-ib400", nodes=4),
+        wls,
+        MemoAsk(expert_dtype="mxfp4", current="TP32+EP4", prompt_lengths=None),
+    )
     for w in wls:
         rows = a.deployments[w.name]
         labels = {r.label for r in rows}

@@ -144,13 +144,18 @@ def test_vllm_moe_sp_needs_dp_tp_and_pp_1():
 
 
 def test_report_passes_prefill_cp_dp_and_engine_versions_to_the_recipes():
+    from dataclasses import replace
+
     from tpplan.cost.topology import load_topology
     from tpplan.report.analysis import analyse
+    from tpplan.report.memo_ask import MemoAsk, ServerSettings
+    from tpplan.search.grid import MeshAsk
 
     topo = load_topology("h200x8-ib400", nodes=1)
-    kw = {"tp": 2, "plans": ["sglang-input-scattered", "sp-moe"], "search_top": 0}
-    plain = analyse("tiny-deepseek-v3", topo, [], **kw)
-    cp = analyse("tiny-deepseek-v3", topo, [], prefill_cp=2, dp=2, engines=["sglang@main@7665ff96"], **kw)
+    ask = MemoAsk(deployment=MeshAsk(tp=2), plans=("sglang-input-scattered", "sp-moe"), search_top=0)
+    plain = analyse("tiny-deepseek-v3", topo, [], ask)
+    server = ServerSettings(prefill_cp=2, data_parallel=2)
+    cp = analyse("tiny-deepseek-v3", topo, [], replace(ask, server=server, engines=("sglang@main@7665ff96",)))
     assert plain.engines == ("sglang@0.5.23", "vllm@0.34.0") and cp.engines == ("sglang@main@7665ff96", "vllm@0.34.0")
 
     def pair(a, name):

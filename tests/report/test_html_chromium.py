@@ -14,6 +14,7 @@ from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
 from tpplan.report.bench_section import PNG_BENCH
 from tpplan.report.memo import PNG_CROSS, PNG_TIME, PNG_TTFT, PNG_VOLUME, build_memo
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.report.writer import write_memo
 
 FIX = Path(__file__).parent / "fixtures"
@@ -28,7 +29,11 @@ def test_report_html_renders_without_console_errors(tmp_path):
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
     a = analyse(
-        "kimi-k3", topo, wls, predictor=predict_plan, search_top=0, bench=load_bench_results(FIX / "bench_ok.json")
+        "kimi-k3",
+        topo,
+        wls,
+        MemoAsk(bench=load_bench_results(FIX / "bench_ok.json"), search_top=0),
+        predictor=predict_plan,
     )
     memo = build_memo(a)
     out = write_memo(memo, tmp_path / "memo")

@@ -14,7 +14,9 @@ from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse, load_predictor
 from tpplan.report.kernel_sources import KernelSensitivity, SourceAnswer
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.report.prose import answer
+from tpplan.search.grid import MeshAsk
 
 
 def _sens(*answers: SourceAnswer) -> KernelSensitivity:
@@ -22,7 +24,9 @@ def _sens(*answers: SourceAnswer) -> KernelSensitivity:
 
 
 def test_a_gpu_model_without_engine_tables_says_why_not_compared() -> None:
-    a = analyse("tiny-deepseek-v3", load_topology("h200x2"), [load_workload("prompt16k-c8")], prompt_lengths=None)
+    a = analyse(
+        "tiny-deepseek-v3", load_topology("h200x2"), [load_workload("prompt16k-c8")], MemoAsk(prompt_lengths=None)
+    )
     ks = a.kernel_sources
     assert ks is not None and ks.sources == ["default"]
     assert any("names no kernel-database system" in x for x in ks.skipped) and ks.sentence() is None
@@ -42,7 +46,7 @@ def test_sources_disagree_only_beyond_both_bands() -> None:
 @cache
 def _tiny():
     topo, wl = load_topology("h200x8-ib400", nodes=1), load_workload("prompt16k-c8")
-    return topo, wl, analyse("tiny-deepseek-v3", topo, [wl], tp=2, prompt_lengths=None)
+    return topo, wl, analyse("tiny-deepseek-v3", topo, [wl], MemoAsk(deployment=MeshAsk(tp=2), prompt_lengths=None))
 
 
 @pytest.mark.slow
@@ -77,7 +81,7 @@ def test_deepseek_v3_at_tp8_says_the_answer_flips_with_the_engines_tables() -> N
     """The issue's case: the default kernels make sp-moe much faster than baseline, SGLang's tables slower."""
     pytest.importorskip("aiconfigurator_core")
     wl = load_workload("prompt16k-c8")
-    a = analyse("deepseek-v3", load_topology("h200x8-ib400", nodes=1), [wl], prompt_lengths=None)
+    a = analyse("deepseek-v3", load_topology("h200x8-ib400", nodes=1), [wl], MemoAsk(prompt_lengths=None))
     ks = a.kernel_sources
     assert ks is not None and ks.targets[0] == "sp-moe"
     own, sgl = ks.of("sp-moe", "default"), ks.of("sp-moe", "sglang")

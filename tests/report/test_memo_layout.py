@@ -14,6 +14,8 @@ from tpplan.cost.workload import load_workload
 from tpplan.report import memo as memo_module
 from tpplan.report.analysis import analyse
 from tpplan.report.doc import FOLD_ROWS, Fold, Heading, Para, Table, to_html, to_markdown
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 
 
 def test_code_spans_inside_bold_render_as_code():
@@ -35,7 +37,13 @@ def test_long_tables_fold_in_html_and_stay_open_in_markdown():
 @pytest.fixture(scope="module")
 def tiny_k3():
     topo = load_topology("h200x8-ib400")
-    return analyse("tiny-kimi-k3", topo, [load_workload("prompt16k-c8")], tp=2, predictor=predict_plan, search_top=0)
+    return analyse(
+        "tiny-kimi-k3",
+        topo,
+        [load_workload("prompt16k-c8")],
+        MemoAsk(deployment=MeshAsk(tp=2), search_top=0),
+        predictor=predict_plan,
+    )
 
 
 def test_time_plots_leave_illegal_plans_out_and_say_so(tiny_k3, monkeypatch):

@@ -26,6 +26,8 @@ from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 
 PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "tpplan/models/presets").glob("*.json"))
 NUM = re.compile(r"[-+±]?\d[\d,]*(?:\.\d+)?")
@@ -58,7 +60,9 @@ def memo_for(model: str, current: str = "baseline", expert_dtype: str | None = "
     topo = load_topology("h200x8-ib400", nodes=4 if big else 1)
     tp = 32 if big else _tp_for(model)
     wls = [load_workload("seed-c8")]
-    a = analyse(model, topo, wls, tp=tp, expert_dtype=expert_dtype, search_top=0, current=current)
+    a = analyse(
+        model, topo, wls, MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype=expert_dtype, current=current, search_top=0)
+    )
     # The checks read the text; drawing the PNGs (most of the time) is tested in test_report.py.
     from tpplan.report import plots
 

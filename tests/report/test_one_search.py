@@ -8,7 +8,9 @@ import pytest
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.report.analysis import analyse
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.search import run_search
+from tpplan.search.grid import MeshAsk
 
 
 @pytest.mark.parametrize(("model", "tp"), [("tiny-deepseek-v3", None), ("tiny-deepseek-v3", 2), ("tiny-llama", None)])
@@ -16,7 +18,7 @@ def test_search_and_report_name_the_same_best_plan(model, tp):
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
     best = run_search(model, topo, tp=tp, workload=wl, top=1)
     entry, plan = best.data["plans"][0], best.plans[0]
-    a = analyse(model, topo, [wl], tp=tp)
+    a = analyse(model, topo, [wl], MemoAsk(deployment=MeshAsk(tp=tp)))
     assert a.next_steps, "the search's best beats baseline here, so the memo has a next step"
     top = a.variant(a.next_steps[0].key)
     assert top is not None
@@ -32,7 +34,7 @@ def test_search_and_report_name_the_same_best_plan(model, tp):
 
 def test_a_plan_at_another_shape_is_split_into_deployment_and_plan_change():
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
-    a = analyse("tiny-deepseek-v3", topo, [wl], plans=["sp-moe"], search_top=0, current="sp-moe TP1xPP2")
+    a = analyse("tiny-deepseek-v3", topo, [wl], MemoAsk(plans=("sp-moe",), current="sp-moe TP1xPP2", search_top=0))
     ref = a.current
     assert (ref.tp, ref.pp) == (1, 2)
     same_shape = [v for v in a.variants if v.plan.name == "baseline" and (v.tp, v.pp) == (1, 2)]
@@ -45,7 +47,7 @@ def test_the_memo_time_per_kind_sums_to_the_audit_forward_time():
     from tpplan.report.results import kind_times
 
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
-    a = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"])
+    a = analyse("tiny-kimi-k3", topo, [wl], MemoAsk(deployment=MeshAsk(tp=2), plans=("baseline",), search_top=0))
     v = a.baseline  # every layer of a kind sees the same input under baseline, so kinds x counts is exact
     pred = v.predictions[wl.name]
     assert pred.final_comm_s > 0  # the reduction before the final norm, which the table left out
@@ -71,8 +73,14 @@ def test_the_memo_band_is_the_current_predictions_own_band():
     from tpplan.cost.provenance import provenance
 
     topo, wl = load_topology("h200x2"), load_workload("prompt16k-c8")
-    a = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"])
+    a = analyse("tiny-kimi-k3", topo, [wl], MemoAsk(deployment=MeshAsk(tp=2), plans=("baseline",), search_top=0))
     own = a.current.predictions[wl.name].provenance
     assert own.parts and a.provenance is own  # composed per op class and source, not the topology's flat band
-    bare = analyse("tiny-kimi-k3", topo, [wl], tp=2, search_top=0, plans=["baseline"], use_default_predictor=False)
+    bare = analyse(
+        "tiny-kimi-k3",
+        topo,
+        [wl],
+        MemoAsk(deployment=MeshAsk(tp=2), plans=("baseline",), search_top=0),
+        use_default_predictor=False,
+    )
     assert not bare.current.predictions and bare.provenance is provenance(topo, 2)

@@ -11,6 +11,8 @@ from tpplan.cost.workload import Workload
 from tpplan.mesh import Mesh
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 from tpplan.simulate.engine import pp_unpriced
 
 
@@ -30,7 +32,13 @@ def test_the_memo_states_the_schedule_that_priced_pp(engines) -> None:
         return predict_plan(*args, **kw)
 
     wl = Workload(name="w", input_len=512, concurrency=2, chunk_size=256)
-    a = analyse("tiny-llama", two_nodes_of_one(), [wl], predictor=recording, tp=2, search_top=0, engines=engines)
+    a = analyse(
+        "tiny-llama",
+        two_nodes_of_one(),
+        [wl],
+        MemoAsk(deployment=MeshAsk(tp=2), engines=tuple(engines or ()), search_top=0),
+        predictor=recording,
+    )
     used = {m for pp, m in seen if pp > 1}
     assert len(used) == 1 and all(m is None for pp, m in seen if pp == 1)
     (model,) = used

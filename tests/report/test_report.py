@@ -18,6 +18,8 @@ from tpplan.errors import TpplanError
 from tpplan.report import writer
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -38,7 +40,7 @@ def roomy(topo):
 def k3_4x8():
     topo = roomy(load_topology("h200x8-ib400", nodes=4))
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    return analyse("kimi-k3", topo, wls, tp=32, use_default_predictor=False, search_top=0)
+    return analyse("kimi-k3", topo, wls, MemoAsk(deployment=MeshAsk(tp=32), search_top=0), use_default_predictor=False)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,7 @@ def test_volume_vs_tp_table(k3_4x8):
 def test_with_predictions_time_and_ttft_sections():
     topo = roomy(load_topology("h200x8-ib400", nodes=4))
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, tp=32, predictor=predict_plan, search_top=0)
+    a = analyse("kimi-k3", topo, wls, MemoAsk(deployment=MeshAsk(tp=32), search_top=0), predictor=predict_plan)
     memo = build_memo(a)
     assert {"volume_vs_tp.png", "time_per_layer_kind.png", "ttft.png", "crossover.png"} <= set(memo.pngs)
     assert "## Thresholds: where a plan overtakes baseline" in memo.markdown
@@ -211,11 +213,11 @@ def test_out_must_be_a_directory(tmp_path, k3_4x8):
 def test_other_models_render():
     topo = roomy(load_topology("h200x8-ib400", nodes=1))
     wls = [load_workload("seed-c8")]
-    a = analyse("deepseek-v3", topo, wls, tp=8, use_default_predictor=False, search_top=0)
+    a = analyse("deepseek-v3", topo, wls, MemoAsk(deployment=MeshAsk(tp=8), search_top=0), use_default_predictor=False)
     md = build_memo(a).markdown
     assert {v.key: v.status for v in a.verdicts}["input-scattered"] != "NO"  # legal on DeepSeek (no gate)
     assert "input-scattered" in md and "TP8xPP" not in md  # one node: no pipeline variant
-    a2 = analyse("tiny-llama", topo, wls, tp=2, use_default_predictor=False, search_top=0)
+    a2 = analyse("tiny-llama", topo, wls, MemoAsk(deployment=MeshAsk(tp=2), search_top=0), use_default_predictor=False)
     md2 = build_memo(a2).markdown
     assert "The seed's table" not in md2 and "MLA layer's attention input" not in md2  # no MLA latent: no table
 
@@ -225,7 +227,7 @@ def test_with_the_real_predictor_the_seed_conclusion_holds():
     pytest.importorskip("tpplan.cost.predict")
     topo = load_topology("h200x8-ib400", nodes=4)
     wls = [load_workload("seed-c8"), load_workload("seed-c16")]
-    a = analyse("kimi-k3", topo, wls, tp=32, expert_dtype="mxfp4")
+    a = analyse("kimi-k3", topo, wls, MemoAsk(deployment=MeshAsk(tp=32), expert_dtype="mxfp4"))
     assert a.predictor_note is None
     verdicts = {v.key: v.status for v in a.verdicts}
     assert verdicts["input-scattered"] == "NO"  # illegal
@@ -280,7 +282,7 @@ def test_checked_in_example_is_current(name):
     topo = load_topology(topology, nodes=4)
     wls = [load_workload(w) for w in workloads]
     bench = load_bench_results(str(DOCS.parent / bench_file)) if bench_file else None
-    a = analyse("kimi-k3", topo, wls, expert_dtype="mxfp4", bench=bench, current="TP32+EP4")
+    a = analyse("kimi-k3", topo, wls, MemoAsk(expert_dtype="mxfp4", current="TP32+EP4", bench=bench))
     md = build_memo(a, cmd).markdown
     assert md == (DOCS / "examples" / name / "report.md").read_text(), f"stale example: run `{cmd}`"
     assert cmd in (DOCS / "examples" / "README.md").read_text()
@@ -299,7 +301,13 @@ def test_bench_ttft_is_compared_with_the_memos_prediction(measured_s):
 
     topo = load_topology("h200x2")
     bench = load_bench_results(Path(__file__).parent / "fixtures" / "bench_ok.json")
-    a = analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2, search_top=0, bench=bench)
+    a = analyse(
+        "tiny-llama",
+        topo,
+        [load_workload("seed-c8")],
+        MemoAsk(deployment=MeshAsk(tp=2), bench=bench, search_top=0),
+        predictor=predict_plan,
+    )
     base = next(v for v in a.variants if v.plan.name == "baseline" and v.tp == 2)
     memo_s = base.predictions["prompt16k-c8"].ttft.mean_s
     t = bench.ttft[0].model_copy(update={"topology": "h200x2 (TP2)", "mean_s": memo_s * (measured_s or 1.0)})
@@ -322,14 +330,25 @@ def test_memo_names_the_extrapolated_kernel_shapes():
     measured shapes, with the count the predictions carry, also in "How sure"; on a GPU model without kernel
     models only GEMMs below the GEMM table's shapes are."""
     topo = load_topology("h200-kernel-models")
-    a = analyse("tiny-kimi-k3", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=1, search_top=0)
+    a = analyse(
+        "tiny-kimi-k3",
+        topo,
+        [load_workload("seed-c8")],
+        MemoAsk(deployment=MeshAsk(tp=1), search_top=0),
+        predictor=predict_plan,
+    )
     ops = {op for v in a.variants for p in v.predictions.values() for op in p.extrapolated_ops}
     md = build_memo(a).markdown
     assert ops, "tiny K3 on the H200 kernel models should leave the measured shapes somewhere"
     assert f"{len(ops)} op(s) were priced outside the shapes their measurements cover" in md
     assert f"Extrapolated: {len(ops)} op(s) of the plans compared" in md  # counted in "How sure" too
-    b = analyse("tiny-kimi-k3", load_topology("h200x2"), [load_workload("seed-c8")], predictor=predict_plan, tp=2,
-                search_top=0)  # fmt: skip
+    b = analyse(
+        "tiny-kimi-k3",
+        load_topology("h200x2"),
+        [load_workload("seed-c8")],
+        MemoAsk(deployment=MeshAsk(tp=2), search_top=0),
+        predictor=predict_plan,
+    )
     b_ops = [o for v in b.variants for p in v.predictions.values() for k in p.kinds for o in k.ops if o.extrapolated]
     assert b_ops and all(o.category in ("gemm", "moe") and o.source == "gemm-table" for o in b_ops)  # GEMMs only
 
@@ -342,12 +361,26 @@ def test_memo_bench_section_reports_the_runtime_overhead_of_the_plans_own_run(pa
 
     topo = load_topology("h200x2")
     bench = load_bench_results(Path(__file__).parent / "fixtures" / "bench_ok.json")
-    md0 = build_memo(analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2,
-                             search_top=0, bench=bench)).markdown  # fmt: skip
+    md0 = build_memo(
+        analyse(
+            "tiny-llama",
+            topo,
+            [load_workload("seed-c8")],
+            MemoAsk(deployment=MeshAsk(tp=2), bench=bench, search_top=0),
+            predictor=predict_plan,
+        )
+    ).markdown
     assert "GPU sat idle" not in md0
     ro = RuntimeOverhead(pass_s=pass_ms / 1e3, busy_s=0.1, kernels=321)
     bench = bench.model_copy(update={"runtime_overhead": ro})
-    md = build_memo(analyse("tiny-llama", topo, [load_workload("seed-c8")], predictor=predict_plan, tp=2,
-                            search_top=0, bench=bench)).markdown  # fmt: skip
+    md = build_memo(
+        analyse(
+            "tiny-llama",
+            topo,
+            [load_workload("seed-c8")],
+            MemoAsk(deployment=MeshAsk(tp=2), bench=bench, search_top=0),
+            predictor=predict_plan,
+        )
+    ).markdown
     assert f"GPU sat idle {pass_ms - 100:.1f}% of a pass" in md
     assert f"{pass_ms:.1f} ms pass, 100.0 ms busy over 321 kernels" in md and f": {word} the target." in md

@@ -7,6 +7,8 @@ import pytest
 import typer
 
 from tpplan.cli import app
+from tpplan.report.memo_ask import MemoAsk
+from tpplan.search.grid import MeshAsk
 
 # search options that are not about the deployment, each with why the memo has none of its own
 NOT_DEPLOYMENT = {
@@ -58,8 +60,12 @@ def test_memo_ranks_by_the_arrival_process_it_names():
     from tpplan.simulate.serving import Arrival
 
     def memo(arrival):
-        a = analyse("tiny-llama", load_topology("h200x2"), [load_workload("prompt16k-c8")], tp=2, search_top=0,
-                    prompt_lengths=None, arrival=arrival)  # fmt: skip
+        a = analyse(
+            "tiny-llama",
+            load_topology("h200x2"),
+            [load_workload("prompt16k-c8")],
+            MemoAsk(deployment=MeshAsk(tp=2), arrival=arrival, search_top=0, prompt_lengths=None),
+        )
         return a, build_memo(a).markdown
 
     closed, closed_text = memo(None)
@@ -91,13 +97,14 @@ def test_report_refuses_a_bad_arrival_before_any_work(tmp_path, monkeypatch, cap
     assert message in err and not out.exists()
 
 
-def _cp_analysis(**kw):
+def _cp_analysis(cp_kv="engines"):
     from tpplan.cost.topology import load_topology
     from tpplan.cost.workload import load_workload
     from tpplan.report.analysis import analyse
 
     topo = load_topology("h200x2")
-    return analyse("tiny-llama", topo, [load_workload("prompt16k-c8")], tp=1, cp=2, prompt_lengths=None, **kw)
+    ask = MemoAsk(deployment=MeshAsk(tp=1, cp=2, cp_kv=cp_kv), prompt_lengths=None)
+    return analyse("tiny-llama", topo, [load_workload("prompt16k-c8")], ask)
 
 
 def test_cp_is_priced_as_the_engines_run_it_unless_asked():

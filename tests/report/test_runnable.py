@@ -13,6 +13,7 @@ from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
 from tpplan.report.analysis import analyse
+from tpplan.report.memo_ask import MemoAsk
 
 
 def _recipes(model: str, plan: str, dep: Mesh) -> list[EngineRecipe]:
@@ -92,7 +93,9 @@ def _bottom_target(a) -> None:
 
 def test_llama_3_70b_on_8_h100_recommends_only_what_an_engine_runs():
     """Before: "Switch ... to `baseline TP2xCP4` ... SGLang flags realise it"."""
-    a = analyse("llama-3-70b", load_topology("h100x8-ib400"), [load_workload("prompt16k-c8")], prompt_lengths=None)
+    a = analyse(
+        "llama-3-70b", load_topology("h100x8-ib400"), [load_workload("prompt16k-c8")], MemoAsk(prompt_lengths=None)
+    )
     _bottom_target(a)
     assert a.variant(a.bottom.target).cp == 1  # neither engine runs prefill CP on llama
     cp = [v for v in a.variants if v.cp > 1]
@@ -101,7 +104,9 @@ def test_llama_3_70b_on_8_h100_recommends_only_what_an_engine_runs():
 
 def test_qwen3_32b_on_pcie_recommends_only_what_an_engine_runs():
     """Before: "Switch ... to `search-1 TP2xCP4` ... With today's engine flags the best is `baseline TP1xCP8`"."""
-    a = analyse("qwen3-32b", load_topology("pcie8-rtxpro6000"), [load_workload("prompt16k-c8")], prompt_lengths=None)
+    a = analyse(
+        "qwen3-32b", load_topology("pcie8-rtxpro6000"), [load_workload("prompt16k-c8")], MemoAsk(prompt_lengths=None)
+    )
     _bottom_target(a)
     assert a.variant(a.bottom.target).cp == 1
     assert "TP1xCP8" not in a.bottom.text.split("The fastest predicted")[0]

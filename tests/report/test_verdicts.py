@@ -11,7 +11,9 @@ from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.report.analysis import analyse
 from tpplan.report.crossover import crossing
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.report.memo_variants import parse_current
+from tpplan.search.grid import MeshAsk
 
 
 @pytest.mark.parametrize(
@@ -64,7 +66,9 @@ def test_crossing_interpolates_in_log_tokens():
 def test_calibrated_band_makes_small_gains_count():
     """The same prediction is judged with the band of its provenance: in-sample 2.1%, datasheet 13.9%."""
     wl = [load_workload("seed-c8")]
-    cal = analyse("tiny-kimi-k3", load_topology("h200x2-runtime-kernels"), wl, tp=2, search_top=0)
+    cal = analyse(
+        "tiny-kimi-k3", load_topology("h200x2-runtime-kernels"), wl, MemoAsk(deployment=MeshAsk(tp=2), search_top=0)
+    )
     assert cal.provenance is BANDS["calibrated"]
     judged = 0
     for v, vd in zip(cal.variants, cal.verdicts, strict=True):
@@ -81,22 +85,37 @@ def test_calibrated_band_makes_small_gains_count():
 def test_keep_when_today_is_the_best():
     """Judged against the predicted best, nothing beats it: the bottom line keeps it, with no step."""
     topo = load_topology("h200x8-ib400", nodes=4)
-    a = analyse("kimi-k3", topo, [load_workload("seed-c8")], expert_dtype="mxfp4", search_top=0,
-                current="sp-moe TP8xPP4")  # fmt: skip
+    a = analyse(
+        "kimi-k3",
+        topo,
+        [load_workload("seed-c8")],
+        MemoAsk(expert_dtype="mxfp4", current="sp-moe TP8xPP4", search_top=0),
+    )
     assert a.current.key == "sp-moe TP8xPP4" and not a.next_steps
     assert a.bottom is not None and a.bottom.action == "keep" and "**Keep `sp-moe TP8xPP4`**" in a.bottom.text
 
 
 def test_unknown_plan_in_current_raises():
     with pytest.raises(TpplanError, match="--current"):
-        analyse("tiny-kimi-k3", load_topology("h200x2"), [load_workload("seed-c8")], tp=2, current="nope",
-                use_default_predictor=False, search_top=0)  # fmt: skip
+        analyse(
+            "tiny-kimi-k3",
+            load_topology("h200x2"),
+            [load_workload("seed-c8")],
+            MemoAsk(deployment=MeshAsk(tp=2), current="nope", search_top=0),
+            use_default_predictor=False,
+        )
 
 
 def test_without_a_predictor_weights_that_do_not_fit_are_no():
     """Issue 10: no memory prediction, but the audit's weights alone exceed the GPU: never YES, never a step."""
     topo = load_topology("h200x8-ib400", nodes=1)
-    a = analyse("deepseek-v3", topo, [load_workload("seed-c8")], tp=2, use_default_predictor=False, search_top=0)
+    a = analyse(
+        "deepseek-v3",
+        topo,
+        [load_workload("seed-c8")],
+        MemoAsk(deployment=MeshAsk(tp=2), search_top=0),
+        use_default_predictor=False,
+    )
     for v, vd in zip(a.variants, a.verdicts, strict=True):
         if v is not a.current:
             assert v.audit.weight_bytes_per_rank > 140 * 2**30 and vd.status == "NO", (v.key, vd.status)

@@ -165,7 +165,7 @@ SHARE = {"decode_gqa": 0.35, "decode_mla": 0.3, "gemm_small": 0.1, "experts_smal
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m tpplan.bench.decode_sweep OUT.json BUDGET_S [FAMILY,FAMILY]`."""
-    from tpplan.bench.rank_sweep import run
+    from tpplan.bench.rank_sweep import _device_or_cpu, run
     from tpplan.errors import TpplanError
     from tpplan.outputs import check_file
 
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     except (TpplanError, IndexError, ValueError) as exc:
         sys.exit(f"error: OUT.json BUDGET_S [FAMILIES]: {exc}")
     families = args[2].split(",") if len(args) > 2 else None
+    _device_or_cpu()
     doc = run(out, budget, families, cases=decode_cases(), shares=SHARE, runners=DECODE_RUNNERS)
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 

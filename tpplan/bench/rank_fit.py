@@ -38,13 +38,65 @@ def _attention(c: dict[str, float], p: dict[str, Any]) -> float:
     return MF._attention({**c, "p": 1.0 + c["p1"]} if "p1" in c else c, p)  # sets without the chain: no p
 
 
+def masked_work(p: dict[str, Any]) -> tuple[float, int]:
+    """(FLOPs, cached keys read) of a windowed or chunked attention point as the planner counts them
+    (`lower.batch.masked_pairs`: only the keys a query may see; 2 x heads x (dqk + dv) per pair)."""
+    from tpplan.lower.batch import masked_pairs
+
+    pairs, read = masked_pairs(((p["tokens"], p["context"]),), p["window"] or None, p["chunk"] or None)
+    return 2.0 * p["heads"] * pairs * 2 * p["d"], read
+
+
+def chain_keys(p: dict[str, Any]) -> int:
+    """Keys one query block passes over, in turn: a window's (one call), or each chunk's keys summed over
+    the chunks the queries touch (`masked_attention.chunked_attention` calls flash once per chunk)."""
+    s, lo = p["tokens"] + p["context"], p["context"]
+    if not p["chunk"]:
+        return min(s, p["window"] or s)
+    keys = 0
+    while lo < s:
+        c0 = lo // p["chunk"] * p["chunk"]
+        hi = min(s, c0 + p["chunk"])
+        keys, lo = keys + hi - c0, hi
+    return keys
+
+
+def _masked(c: dict[str, float], p: dict[str, Any]) -> float:
+    """The attention form (`attention_s`'s terms) over the keys the mask lets through: a + b x rows +
+    smoothmax(F / R, chain / R_sm, p), the chain one query block's pass over the keys one query may see
+    (its chunk or window, at most every key): at few heads per rank it bounds the time."""
+    flops, _ = masked_work(p)
+    chain = 2.0 * M.ATTN_Q_BLOCK * chain_keys(p) * 2 * p["d"] / (c["sm_tflops"] * 1e12)
+    work = M.smoothmax(flops / (c["tflops"] * 1e12), chain, 1.0 + c["p1"])
+    return c["a_s"] + c["b_s"] * p["heads"] * 2 * p["d"] * p["tokens"] + work
+
+
+def indexer_work(p: dict[str, Any]) -> tuple[float, float]:
+    """(FLOPs, scores) of the bench's DSA indexer: every query against every key, future ones masked after
+    (2 x heads x d per score for q.k, 2 x heads for the weighted sum), and the scores it sorts."""
+    scores = float(p["tokens"]) * (p["tokens"] + p["context"])
+    return scores * p["heads"] * (2.0 * p["d"] + 2.0), scores
+
+
+def _indexer(c: dict[str, float], p: dict[str, Any]) -> float:
+    """t = a + FLOPs / R + scores / S (S: scores masked and sorted per second, in G/s)."""
+    flops, scores = indexer_work(p)
+    return c["a_s"] + flops / (c["tflops"] * 1e12) + scores / (c["Gscores"] * 1e9)
+
+
 # The families this sweep fits: the model_fit forms (attention with its few-heads chain, `attention_s`),
-# plus the generic elementwise stream.
+# the generic elementwise stream, the masked attention kernels and DSA's indexer as the bench runs them.
 FAMILIES = dict(MF.FAMILIES) | {
     "attention": (_attention, ("a_s", "b_s", "tflops", "sm_tflops", "p1"), (2e-5, 1e-12, 600.0, 5.0, 2.0)),
     "elementwise": (_elementwise, ("a_s", "TBps"), (5e-6, 2.0)),
+    "masked": (_masked, ("a_s", "b_s", "tflops", "sm_tflops", "p1"), (2e-5, 1e-12, 300.0, 5.0, 2.0)),
+    "indexer": (_indexer, ("a_s", "tflops", "Gscores"), (1e-4, 30.0, 10.0)),
 }
-RANGES = dict(MF.RANGES) | {"elementwise": lambda p: {"width": p["width"], "tokens": p["tokens"]}}
+RANGES = dict(MF.RANGES) | {
+    "elementwise": lambda p: {"width": p["width"], "tokens": p["tokens"]},
+    "masked": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
+    "indexer": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
+}
 # Set name -> (family, which points), in the order the planner's sets are named (`KernelModels.NAMES`).
 SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "attention_causal": ("attention", lambda p: p["context"] == 0),
@@ -56,10 +108,19 @@ SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "norm": ("norm", lambda p: True),
     "elementwise": ("elementwise", lambda p: p["op"] == "add"),
     "swiglu": ("elementwise", lambda p: p["op"] == "silu_mul"),
+    "attention_window": ("masked", lambda p: p["window"] > 0),
+    "attention_chunked": ("masked", lambda p: p["chunk"] > 0),
+    "dsa_indexer": ("indexer", lambda p: True),
 }
 EXTRA = {"attention_prefix": (("c_s",), (1e-13,)), "experts": (("route_TBps",), (2.0,)),
          "attn_res": (("copy_TBps",), (2.0,))}  # fmt: skip
-IMPLS = dict(MF.IMPLS_OPS) | {"elementwise": "torch add", "swiglu": "torch silu(g) * u (unfused)"}
+IMPLS = dict(MF.IMPLS_OPS) | {
+    "elementwise": "torch add",
+    "swiglu": "torch silu(g) * u (unfused)",
+    "attention_window": "window: SDPA per query block over its window's keys (band mask)",
+    "attention_chunked": "chunk: SDPA flash per attention chunk",
+    "dsa_indexer": "tpplan reference indexer (fp32 scores by query block, stable sort)",
+}
 
 
 def merge_repeats(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -192,7 +253,7 @@ def predict(consts: dict[str, Any], p: dict[str, Any]) -> float:
 
 def bucket(p: dict[str, Any]) -> str:
     """The regime an error is reported by: heads per rank (attention, recurrences) or the expert split."""
-    if p["family"] in ("attention", "kda", "gdn"):
+    if p["family"] in ("attention", "kda", "gdn", "masked", "indexer"):
         return f"h {heads_bucket(p['heads'])}"
     if p["family"] == "experts":
         return str(p["split"])[:2] + ("32" if str(p["split"]).endswith("32") else "")
@@ -234,15 +295,14 @@ def main(argv: list[str] | None = None) -> None:
     res = fit_rank_sweep([p for d in docs for p in d["points"]])
     res["table"] = bucket_table(res["points"])
     res["source"] = {"sweeps": args[1:], "gpu": docs[0]["gpu"], "dates": [d["date"] for d in docs]}
+    if any(r["family"] in ("masked", "indexer") for r in res["points"]):
+        gpu = "h200-measured" if "H200" in docs[0]["gpu"] else "h100-measured"
+        res["priced_today"] = {"gpu": gpu, "points": priced_today([p for d in docs for p in d["points"]], gpu)}
     write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
     for r in res["table"]:
         print(f"{r['model']:<18} {r['bucket']:<8} {r['tokens']:>4} n={r['n']:<3} median {r['median']:6.1%} "
               f"worst {r['worst']:6.1%}")  # fmt: skip
     print(json.dumps(res["launch_floors"], indent=1))
-
-
-if __name__ == "__main__":
-    main()
 
 
 __all__ = ["FAMILIES", "SETS", "bucket", "bucket_table", "checkerboard", "fit_rank_sweep", "launch_floors",
@@ -323,3 +383,63 @@ def inherited_markdown(fit: dict[str, Any], src: str = "h200-measured", dst: str
         lines.append(f"| {key[0]} | {key[1] or 'all'} | {r['n']} | {100 * r['median']:.1f}% / {100 * r['worst']:.0f}% "
                      f"| {100 * p['median']:.1f}% / {100 * p['worst']:.0f}% |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+INDEXER_MODEL = {32: "glm-5.1", 64: "deepseek-v3.2"}  # the preset whose indexer has these index heads
+
+
+def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> list[dict[str, Any]]:
+    """What the planner prices for each masked-attention and indexer point on `gpu` (nothing fitted to
+    them): windows and chunks by the GPU's attention sets over the keys the mask lets through
+    (`KernelPricer.price`'s call), the indexer as the planner prices GLM-5.1's / DeepSeek-V3.2's op
+    (`Predictor.kind_time` at one request of `tokens` after `context`)."""
+    from tpplan.cost.kernel_models import KernelModels
+    from tpplan.cost.topology import load_gpu
+
+    models = KernelModels(load_gpu(gpu).kernel_models or {}, charge_host=False)
+    out = []
+    for p in merge_repeats(points):
+        if p["family"] == "masked":
+            flops, read = masked_work(p)
+            price = models.attention(p["heads"], p["tokens"], read, p["d"], p["d"], flops)
+        elif p["family"] == "indexer" and p["heads"] in INDEXER_MODEL:
+            price = _indexer_price(INDEXER_MODEL[p["heads"]], gpu, p["tokens"], p["context"])
+        else:
+            continue
+        if price:
+            out.append({**p, "model": "window" if p["family"] == "masked" and p["window"] else
+                        "chunk" if p["family"] == "masked" else "dsa_indexer", "predicted_s": price,
+                        "error": price / p["seconds"] - 1.0})  # fmt: skip
+    return out
+
+
+def _indexer_price(model: str, gpu: str, tokens: int, context: int) -> float | None:
+    from tpplan.cost.predictor import cached_predictor
+    from tpplan.cost.topology import load_topology
+    from tpplan.mesh import Mesh
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+
+    graph = build_model_graph(load_model(model))
+    topo = load_topology("h100x8-ib400" if gpu.startswith("h100") else "h200x8-ib400")
+    p = cached_predictor(graph, make_plan("baseline", graph, 8), topo, Mesh(8, pp=1), "bf16", None)
+    res = p.audit.layer_results[-1]
+    ops = [o for o in p.kind_time(res, ((tokens, context),)).ops if o.op == "indexer"]
+    return ops[0].seconds if ops else None
+
+
+def priced_today_markdown(rows: list[dict[str, Any]]) -> str:
+    """Signed median and worst error of today's price against the bench's kernel, per kind and heads bucket."""
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        cells[(r["model"], bucket(r))].append(r["error"])
+    lines = ["| kernel | heads per rank | points | median error | worst |", "|---|---|---:|---:|---:|"]
+    for (m, b), errs in sorted(cells.items()):
+        lines.append(f"| {m} | {b} | {len(errs)} | {100 * statistics.median(errs):+.0f}% | "
+                     f"{100 * max(errs, key=abs):+.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

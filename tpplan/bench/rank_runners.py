@@ -161,9 +161,50 @@ def run_gemm(c: Case) -> dict[str, Any]:
     return measure(lambda: torch.mm(a, b), both=False)
 
 
+def run_masked(c: Case) -> dict[str, Any]:
+    """A sliding-window or chunked attention (with gpt-oss's sinks where the model has them) by the bench's
+    kernel for it (`serving_kernels.serving_attention`: the band-mask window, flash per chunk); the
+    kernel's name is kept (`variant`)."""
+    import torch
+
+    from tpplan.bench.serving_kernels import serving_attention
+
+    h, t, s, d = c["heads"], c["tokens"], c["tokens"] + c["context"], c["d"]
+    q, k, v = _randn(t, h, d), _randn(s, h, d), _randn(s, h, d)
+    sinks = torch.randn(h, device=DEVICE[0]) if c["sinks"] else None
+    window, chunk = c["window"] or None, c["chunk"] or None
+    picked = serving_attention(q, k, v, d**-0.5, window, chunk, sinks)
+    name = picked[0] if picked is not None else "reference"
+    return {**measure(lambda: serving_attention(q, k, v, d**-0.5, window, chunk, sinks), both=False), "variant": name}
+
+
+def run_indexer(c: Case) -> dict[str, Any]:
+    """DSA's lightning indexer as the bench runs it (`runtime.kernels.dsa_indexer`, the reference: fp32
+    scores a block of queries at a time, a stable sort per query), `context` keys already cached. Fewer
+    repeats: one call at 32K tokens is ~0.6 s."""
+    import torch
+
+    from tpplan.runtime import kernels as K
+    from tpplan.runtime.kernels_local import Rope
+
+    h, t, ctx, d = c["heads"], c["tokens"], c["context"], c["d"]
+    q, k, w = _randn(t, h * d), _randn(t, d), _randn(t, h)
+    ones, zeros = torch.ones(d, device=DEVICE[0]), torch.zeros(d, device=DEVICE[0])
+    pos = torch.arange(ctx, ctx + t, device=DEVICE[0])
+    prior = _randn(ctx, d).float()
+
+    def call() -> Any:
+        cache = {"k": prior} if ctx else {}
+        return K.dsa_indexer(q, k, w, head_dim=d, rope_dim=64, positions=pos, rope=Rope(), topk=c["topk"],
+                             k_norm_weight=ones, k_norm_bias=zeros, cache=cache)  # fmt: skip
+
+    return measure(call, reps=2, both=False)
+
+
 RUNNERS: dict[str, Callable[[Case], dict[str, Any]]] = {
     "attention": run_attention, "kda": run_kda, "gdn": run_gdn, "experts": run_experts, "norm": run_norm,
     "short_conv": run_conv, "elementwise": run_elementwise, "attn_res": run_attn_res, "gemm": run_gemm,
+    "masked": run_masked, "indexer": run_indexer,
 }  # fmt: skip
 
 __all__ = ["RUNNERS"]

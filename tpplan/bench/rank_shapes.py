@@ -22,6 +22,9 @@ MODELS = (
     "kimi-k3", "kimi-linear-48b", "deepseek-v3", "glm-5.1", "gpt-oss-120b", "llama-3-70b", "qwen3-next-80b",
     "qwen3.5-397b-a17b", "glm-4.5-air", "mixtral-8x7b", "llama-4-maverick-17b-128e",
 )  # fmt: skip
+# The families whose attention hides keys: sliding windows (Gemma 3, gpt-oss with sinks), attention chunks
+# (Llama 4) and DSA's indexer (GLM-5.1, DeepSeek-V3.2): issue 34's "per-rank sweep not run for them".
+MASKED_MODELS = ("gemma-3-4b-it", "gpt-oss-120b", "llama-4-scout-17b-16e", "glm-5.1", "deepseek-v3.2")
 # Routed-expert weights of one rank above this are not allocated (the card also holds the activations).
 MAX_EXPERT_BYTES = 24e9
 
@@ -54,7 +57,9 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
     from tpplan.models.opkinds import cost_class
 
     g = _graph(model)
-    out: dict[str, list[dict[str, Any]]] = {k: [] for k in ("attention", "kda", "gdn", "experts", "norm", "conv")}
+    out: dict[str, list[dict[str, Any]]] = {
+        k: [] for k in ("attention", "kda", "gdn", "experts", "norm", "conv", "masked", "indexer")
+    }
     tps, eps = tuple(tps), tuple(eps)
     tag = {"models": [model]}
     for lg in g.kinds.values():
@@ -67,6 +72,10 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
                 dqk = lg.values[op.inputs[0]].width // heads
                 dv = lg.values[op.output].width // heads
                 out["attention"] += [{"heads": per_rank(heads, tp), "dqk": dqk, "dv": dv, **tag} for tp in tps]
+                out["masked"] += masked_shapes(op, dqk, tps, model)
+            elif impl == "dsa_indexer":  # replicated (`deepseek_v32._indexer_rule`): every head on every rank
+                out["indexer"].append({"heads": op.int_attr("index_heads"), "d": op.int_attr("head_dim"),
+                                       "topk": op.int_attr("topk"), **tag})  # fmt: skip
             elif cls == "recurrence" and impl == "kda":
                 heads, d = op.int_attr("heads", 1), op.int_attr("head_dim", 128)
                 out["kda"] += [{"heads": per_rank(heads, tp), "d": d, **tag} for tp in tps]
@@ -78,6 +87,16 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
             elif cls == "experts":
                 out["experts"] += expert_slices(op, tps, eps, model)
     return out
+
+
+def masked_shapes(op: Any, d: int, tps: tuple[int, ...], model: str) -> list[dict[str, Any]]:
+    """A windowed or chunked attention op's heads per rank at each TP (none for a full-causal op)."""
+    window, chunk = op.optional_int_attr("window") or 0, op.optional_int_attr("chunk") or 0
+    if not (window or chunk):
+        return []
+    heads, sinks = op.int_attr("heads", 1), bool(op.attrs.get("sinks"))
+    return [{"heads": per_rank(heads, tp), "d": d, "window": window, "chunk": chunk, "sinks": sinks,
+             "models": [model]} for tp in tps]  # fmt: skip
 
 
 def expert_slices(op: Any, tps: tuple[int, ...], eps: tuple[int, ...], model: str) -> list[dict[str, Any]]:
@@ -105,7 +124,8 @@ def rank_shapes(models: Iterable[str] = MODELS, tps: Iterable[int] = TPS, eps: I
             acc.setdefault(fam, []).extend(rows)
     keys = {"attention": ("dqk", "dv", "heads"), "kda": ("d", "heads"), "gdn": ("d", "v_per_k", "heads"),
             "experts": ("experts", "local", "top_k", "width", "inter"), "norm": ("width",),
-            "conv": ("channels",)}  # fmt: skip
+            "conv": ("channels",), "masked": ("d", "window", "chunk", "sinks", "heads"),
+            "indexer": ("heads", "d", "topk")}  # fmt: skip
     return {fam: _dedupe(rows, keys[fam]) for fam, rows in acc.items()}
 
 
@@ -127,12 +147,14 @@ def tokens_bucket(t: float) -> str:
 
 __all__ = [
     "EPS",
+    "MASKED_MODELS",
     "MAX_EXPERT_BYTES",
     "MODELS",
     "TPS",
     "expert_bytes",
     "expert_slices",
     "heads_bucket",
+    "masked_shapes",
     "model_rank_shapes",
     "per_rank",
     "rank_shapes",

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tpplan.bench.rank_shapes import rank_shapes
+from tpplan.bench.rank_shapes import MASKED_MODELS, rank_shapes
 from tpplan.bench.rank_timing import Case, measure
 
 RANK_SWEEP_VERSION = 1
@@ -36,6 +36,7 @@ TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 EXPERT_TOKENS = (1024, 4096, 16384)
 CONTEXT = 8192  # the cached keys of the "prefix" attention cases (tokens <= 8K)
 MAX_ATTN_FLOPS = 6e12  # one attention call above this is skipped (its regime is measured at other heads)
+MAX_INDEX_SCORES = 2**35  # the reference indexer's scores (heads x queries x keys) of one call, at most (~0.6 s)
 
 
 # -- cases ---------------------------------------------------------------------------------------------
@@ -54,6 +55,22 @@ def attention_cases(shapes: list[dict[str, Any]], tokens: Iterable[int] = TOKENS
                     out.append({"family": "attention", "heads": s["heads"], "dqk": s["dqk"], "dv": s["dv"],
                                 "tokens": t, "context": ctx})  # fmt: skip
     return out
+
+
+def masked_cases(shapes: list[dict[str, Any]], tokens: Iterable[int] = TOKENS) -> list[Case]:
+    """Windowed / chunked attention (`masked_attention`'s kernels) at each token count, with no cache and
+    (<= 8K tokens) over CONTEXT cached keys, as `attention_cases`."""
+    keys = ("heads", "d", "window", "chunk", "sinks")
+    return [{"family": "masked", **{k: s[k] for k in keys}, "tokens": t, "context": ctx}
+            for s in shapes for t in tokens for ctx in ((0, CONTEXT) if t <= 8192 else (0,))]  # fmt: skip
+
+
+def indexer_cases(shapes: list[dict[str, Any]], tokens: Iterable[int] = TOKENS) -> list[Case]:
+    """DSA's indexer (the bench's reference: fp32 scores by query block, a stable sort) at each token count,
+    with and without CONTEXT cached keys; calls over `MAX_INDEX_SCORES` scores are left out."""
+    return [{"family": "indexer", "heads": s["heads"], "d": s["d"], "topk": s["topk"], "tokens": t, "context": ctx}
+            for s in shapes for t in tokens for ctx in ((0, CONTEXT) if t <= 8192 else (0,))
+            if s["heads"] * t * (t + ctx) <= MAX_INDEX_SCORES]  # fmt: skip
 
 
 def plain_cases(family: str, shapes: list[dict[str, Any]], keys: tuple[str, ...], tokens: Iterable[int]) -> list[Case]:
@@ -83,6 +100,8 @@ def all_cases(tokens: Iterable[int] = TOKENS, expert_tokens: Iterable[int] = EXP
         ],
         "attn_res": [{"family": "attn_res", "tokens": t, "bank": b, "hidden": 7168} for t in tokens for b in (1, 4)],
         "gemm": gemm_cases(),
+        "masked": masked_cases(rank_shapes(MASKED_MODELS)["masked"], tokens),
+        "indexer": indexer_cases(rank_shapes(MASKED_MODELS)["indexer"], tokens),
     }
 
 
@@ -100,12 +119,12 @@ GROWS = {"attention": ("tokens", "heads"), "kda": ("tokens", "heads"), "gdn": ("
          "experts": ("tokens",), "norm": ("tokens", "width"), "short_conv": ("tokens", "channels"),
          "elementwise": ("tokens", "width"), "attn_res": ("tokens",), "gemm": ("m",),
          "decode_gqa": ("kv", "batch"), "decode_mla": ("kv", "batch"), "gemm_small": ("m",),
-         "experts_small": ("tokens",)}  # fmt: skip
+         "experts_small": ("tokens",), "masked": ("tokens", "heads"), "indexer": ("tokens", "heads")}  # fmt: skip
 TIMES = ("seconds", "b2b_s", "spread", "ffn_s", "combine_s", "rows", "active", "max_rows", "skipped", "grouped",
          "splits", "copies")  # fmt: skip
 # Each family's share of the budget, in the order `all_cases` runs them.
 SHARE = {"kda": 0.14, "gdn": 0.12, "experts": 0.22, "attention": 0.2, "norm": 0.06, "short_conv": 0.06,
-         "elementwise": 0.06, "attn_res": 0.03, "gemm": 0.06}  # fmt: skip
+         "elementwise": 0.06, "attn_res": 0.03, "gemm": 0.06, "masked": 0.1, "indexer": 0.1}  # fmt: skip
 SLACK = 0.05  # a time that falls by more than this while the work grows is re-measured
 
 
@@ -173,7 +192,8 @@ def run(out_path: str, budget_s: float, families: list[str] | None = None, *,
     start = time.perf_counter()
     cases = cases if cases is not None else all_cases()
     share = shares or SHARE
-    doc: dict[str, Any] = {"version": RANK_SWEEP_VERSION, "gpu": torch.cuda.get_device_name(),
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    doc: dict[str, Any] = {"version": RANK_SWEEP_VERSION, "gpu": gpu,
                            "torch": torch.__version__, "fla": _fla_version(),
                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu_state_start": gpu_state(),
                            "timing": "seconds: host ahead (GPU time); b2b_s: back to back", "points": [],
@@ -209,6 +229,16 @@ def _fla_version() -> str | None:
         return None
 
 
+def _device_or_cpu() -> None:
+    """Run on the CPU where no GPU is (a smoke run of the whole command before device time is spent)."""
+    import torch
+
+    from tpplan.bench.rank_timing import DEVICE
+
+    if not torch.cuda.is_available():
+        DEVICE[0] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m tpplan.bench.rank_sweep OUT.json BUDGET_S [FAMILY,FAMILY]`."""
     from tpplan.errors import TpplanError
@@ -219,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         out, budget = str(check_file("OUT.json", args[0])), float(args[1])
     except (TpplanError, IndexError, ValueError) as exc:
         sys.exit(f"error: OUT.json BUDGET_S [FAMILIES]: {exc}")
+    _device_or_cpu()
     doc = run(out, budget, args[2].split(",") if len(args) > 2 else None)
     print(f"{len(doc['points'])} points; skipped: {doc['skipped']}")
 
@@ -227,5 +258,5 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["GROWS", "RANK_SWEEP_VERSION", "TOKENS", "all_cases", "attention_cases", "gemm_cases", "measure",
-           "non_monotone", "plain_cases", "run", "run_family"]  # fmt: skip
+__all__ = ["GROWS", "RANK_SWEEP_VERSION", "TOKENS", "all_cases", "attention_cases", "gemm_cases", "indexer_cases",
+           "masked_cases", "measure", "non_monotone", "plain_cases", "run", "run_family"]  # fmt: skip

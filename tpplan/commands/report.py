@@ -153,7 +153,9 @@ def register(app: typer.Typer) -> None:
         from tpplan.outputs import check_dir
         from tpplan.report.analysis import analyse
         from tpplan.report.memo import build_memo, load_plots
+        from tpplan.report.memo_ask import MemoAsk, ServerSettings
         from tpplan.report.writer import write_memo
+        from tpplan.search.grid import MeshAsk
 
         check_dir("--out", out)  # a folder tpplan may not replace is refused before any work
         load_plots()  # fail before any work when matplotlib is missing
@@ -184,32 +186,23 @@ def register(app: typer.Typer) -> None:
         arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
         if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
             serving_arrivals(arrival, wls[0], graph)
+        ask = MemoAsk(
+            deployment=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv),
+            dtype=dtype,
+            expert_dtype=expert_dtype,
+            plans=tuple(plan or ()),
+            current=current,
+            memory_cap_gib=memory_cap_value(memory_cap),
+            engines=tuple(engine or ()),
+            overlap=None if overlap is None else overlap.value,
+            dp_attention=dp_attention,
+            server=ServerSettings(prefill_cp=prefill_cp, data_parallel=dp),
+            arrival=arrival,
+            bench=results,
+        )
         command = "tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
         with steps(f"tpplan report {model}") as say:
-            analysis = analyse(
-                graph,
-                topo,
-                wls,
-                tp=tp,
-                dtype=dtype,
-                expert_dtype=expert_dtype,
-                plans=plan,
-                bench=results,
-                current=current,
-                prefill_cp=prefill_cp,
-                dp=dp,
-                memory_cap_gib=memory_cap_value(memory_cap),
-                engines=engine,
-                overlap=None if overlap is None else overlap.value,
-                replicas=reps,
-                pp=pp,
-                cp=cp,
-                cp_layers=cp_layers,
-                cp_kv=cp_kv,
-                dp_attention=dp_attention,
-                arrival=arrival,
-                progress=say,
-            )
+            analysis = analyse(graph, topo, wls, ask, progress=say)
             if targets is not None:
                 say("serving each deployment under the targets")
                 analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps,

@@ -34,8 +34,9 @@ from collections.abc import Sequence
 
 from tpplan.layout.plan import Plan
 from tpplan.layout.transitions import Transition
-from tpplan.models.graph import Op, OpKind
+from tpplan.models.graph import Op
 from tpplan.models.opkind_types import Strategy
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_TOK, Collective, P, Placement, R
 
 SGLANG_DP_ATTENTION = "python/sglang/srt/layers/dp_attention.py@00161092eb7c5cd13b74ae3a9ff1800a6e63ec80"
@@ -81,7 +82,7 @@ def sum_len(plan: Plan) -> bool:
 def mixer_strategies(op: Op, options: list[Strategy], plan: Plan) -> list[Strategy]:
     """The op's strategies, plus running a token mixer on the rank's own tokens under DP attention:
     each rank's token-sharded rows are its own requests, so mixing within them is exact."""
-    if not plan.dp_attention or op.kind is not OpKind.TOKEN_MIX:
+    if not plan.dp_attention or not op_kind(op.kind).mixes_tokens:
         return options
     own = Strategy((S_TOK,) * len(op.inputs), S_TOK)
     return options if own in options else [*options, own]

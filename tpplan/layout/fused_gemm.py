@@ -19,7 +19,7 @@ from typing import Literal
 
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
-from tpplan.models.graph import OpKind
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_TOK, Collective, P, R
 
 BLOCK_OUTPUT = "mlp_out"  # the value a layer hands the next one as `delta`
@@ -36,7 +36,7 @@ class FusedPair:
 
 
 def _linear(res: LayerResult, i: int) -> bool:
-    return res.decisions[i].op.kind is OpKind.LINEAR
+    return op_kind(res.decisions[i].op.kind).linear
 
 
 def fused_pairs(res: LayerResult, prev: LayerResult | None = None) -> list[FusedPair]:

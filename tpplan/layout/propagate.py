@@ -21,7 +21,8 @@ from tpplan.layout.dp_attention import embedding_placement, mixer_strategies, pl
 from tpplan.layout.plan import Plan
 from tpplan.layout.rules import Strategy, strategies, why_needed
 from tpplan.layout.transitions import transition
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, WeightSplit
+from tpplan.models.opkinds import op_kind, weight_split
 from tpplan.placement import (
     S_COL,
     S_TOK,
@@ -144,7 +145,7 @@ def _weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan:
     numel = op.weight_numel
     if not numel:
         return 0
-    if op.kind is OpKind.EXPERTS:
+    if op_kind(op.kind).routed_experts:
         return math.ceil(numel / n)
     if split in (WeightSplit.COL, WeightSplit.ROW):
         heads = op.split_heads or n
@@ -158,7 +159,7 @@ def _weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan:
 
 
 def _share(op: Op, strategy: Strategy, n: int, split: str) -> float:
-    if op.kind is OpKind.EXPERTS:
+    if op_kind(op.kind).routed_experts:
         return 1.0 / n
     if strategy.output in (S_TOK, S_COL) or (strategy.output is P and split == WeightSplit.ROW):
         return 1.0 / n
@@ -171,7 +172,7 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
     """Raise a clear error when a weight that the plan splits by head cannot be split over N ranks."""
     for op in lg.ops:
         qual = f"{lg.kind}/{op.role}"
-        if op.kind is OpKind.EXPERTS:
+        if op_kind(op.kind).routed_experts:
             experts = op.int_attr("experts")
             if plan.moe == "ep":
                 ep = plan.ep_size or 1
@@ -195,7 +196,7 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
                     "use a TP size that divides it, or an EP/all-to-all MoE plan",
                 )
             continue
-        if op.kind is not OpKind.LINEAR or plan.replicates(qual) or not op.split_heads:
+        if not op_kind(op.kind).linear or plan.replicates(qual) or not op.split_heads:
             continue
         if op.split in (WeightSplit.COL, WeightSplit.ROW) and op.split_heads % n:
             kv_like = op.name in ("k_proj", "v_proj") and n % op.split_heads == 0
@@ -218,7 +219,7 @@ def _fixes(lg: LayerGraph, op: Op, value: str, got: Placement, needs: Placement,
     fixes: list[str] = []
     if got is S_TOK and needs is R:
         fixes.append(f"all-gather `{value}` ({width} wide) for {op.name}: +{width} units per token")
-        if op.kind is OpKind.LINEAR and op.split is WeightSplit.COL:
+        if op_kind(op.kind).linear and op.split is WeightSplit.COL:
             mib = op.weight_numel * dtype_bytes * (n - 1) / n / 2**20
             out_w = lg.values[op.output].width
             fixes.append(
@@ -311,7 +312,7 @@ class LayerWalk:
         all-reduce of their sum over every row leaves the stream replicated. False (the ordinary
         rules decide) unless the inputs are exactly a token-sharded or replicated stream and a
         partial sum."""
-        if op.kind is not OpKind.ADD or sorted(map(str, received)) not in (
+        if not op_kind(op.kind).sums_inputs or sorted(map(str, received)) not in (
             sorted([str(S_TOK), str(P)]),
             sorted([str(R), str(P)]),
         ):
@@ -336,12 +337,7 @@ class LayerWalk:
         self.index += 1
         plan, n, res, tainted = self.plan, self.n, self.res, self.tainted
         q = self.names.op_q[op.name]
-        if op.kind is OpKind.EXPERTS:
-            split: str = plan.moe
-        elif op.kind in (OpKind.LINEAR, OpKind.ROUTER) and plan.replicates(q):
-            split = WeightSplit.REPLICATED
-        else:
-            split = op.split
+        split = weight_split(op, plan.moe, plan.replicates(q))
         received = self._receive(op, q)  # 1. conversions the plan names for these edges
         if op.reduces_into_stream and plan.folds(q) and self._fold(op, received):
             return
@@ -365,7 +361,7 @@ class LayerWalk:
             out = S_TOK if S_TOK in received else strat.output
             tainted[op.output] = parents[0] if parents else op.name
         # 3. work inside the op: MoE dispatch and combine
-        if op.kind is OpKind.EXPERTS and split == "a2a" and legal and n > 1:
+        if op_kind(op.kind).routed_experts and split == "a2a" and legal and n > 1:
             self._moe_traffic(op)
         res.placements[op.output] = out
         res.decisions.append(

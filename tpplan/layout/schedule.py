@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import LayerResult, propagate_model
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
+from tpplan.models.graph import LayerGraph, ModelGraph
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_TOK, Collective
 
 
@@ -98,10 +99,11 @@ def scatters_tokens(plan: Plan) -> bool:
 
 
 def value_dtype(lg: LayerGraph, value: str, act: str) -> str:
-    """Router score matrices are float32 (the kernels route in fp32); everything else the activation dtype."""
+    """The dtype of `value` given the activation dtype `act`, as its producer's kind states it (router score
+    matrices are float32: the kernels route in fp32); the activation dtype for the layer's inputs."""
     for op in lg.ops:
-        if op.output == value and op.kind is OpKind.ROUTER and not op.attrs.get("scalar_gate"):
-            return "float32"
+        if op.output == value:
+            return op_kind(op.kind).output_dtype(op, act)
     return act
 
 
@@ -147,7 +149,7 @@ def state_layouts(graph: ModelGraph, plan: Plan, n: int) -> list[tuple[str, str]
     """Output placement of every token mixer (its carried state's layout), layer by layer."""
     out = []
     for res in layer_results(graph, plan, n):
-        out += [(d.op.name, str(d.strategy.output)) for d in res.decisions if d.op.kind is OpKind.TOKEN_MIX]
+        out += [(d.op.name, str(d.strategy.output)) for d in res.decisions if op_kind(d.op.kind).mixes_tokens]
     return out
 
 

@@ -8,7 +8,7 @@ import math
 
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import OpDecision
-from tpplan.models.graph import OpKind
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_COL, S_TOK
 
 
@@ -26,7 +26,7 @@ def gemm_shape(d: OpDecision, tokens: int, n: int) -> tuple[int, int, int]:
     out, inp = op.weight_shape
     m = token_rows(d, tokens, n)
     wpr = d.weight_elements_per_rank
-    if m < tokens or d.split == "replicated" or op.kind is not OpKind.LINEAR:
+    if m < tokens or d.split == "replicated" or not op_kind(op.kind).linear:
         return m, inp, out
     if d.strategy.output is S_COL:
         return m, inp, max(1, wpr // inp)

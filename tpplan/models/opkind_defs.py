@@ -45,13 +45,13 @@ def _linear_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens:
     return same_placement(1, (S_TOK, R, P) if prefer_tokens else (R, S_TOK, P))
 
 
-def _linear_why(op: Op, needed: Placement, got: Placement, tp: int) -> str | None:
+def _linear_why(op: Op, needed: Placement, got: Placement, shards: int) -> str | None:
     if needed is R:
-        if tp and op.split_heads and op.split_heads % tp == 0 and len(op.weight_shape) == 2:
+        if shards and op.split_heads and op.split_heads % shards == 0 and len(op.weight_shape) == 2:
             out, inp = op.weight_shape
             return (
-                f"it is column-parallel: each rank owns {op.split_heads // tp} of {op.split_heads} heads/columns "
-                f"(a [{out // tp}, {inp}] slice of the weight) and must apply it to every token; from "
+                f"it is column-parallel: each rank owns {op.split_heads // shards} of {op.split_heads} heads/columns "
+                f"(a [{out // shards}, {inp}] slice of the weight) and must apply it to every token; from "
                 f"token-sharded input a rank can only make its own slice for its own tokens, and gathering those "
                 f"slices would mix different ranks' heads"
             )
@@ -84,10 +84,10 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     if sc.split == "col" and "head_blocks" in op.attrs:
         return _head_block_cuts(op, sc)
     if sc.split == "col":
-        rows = head_cut(0, shape[0], op.split_heads, sc.tp, sc.rank)
+        rows = head_cut(0, shape[0], op.split_heads, sc.shards, sc.rank)
         return {"weight": rows} | ({"bias": rows} if "bias" in params else {})
     if sc.split == "row":  # partial sums: the bias is added once, by rank 0
-        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.tp, sc.rank)}
+        cols = {"weight": head_cut(1, shape[1], op.split_heads, sc.shards, sc.rank)}
         return cols | ({"bias": FULL} if "bias" in params and sc.rank == 0 else {})
     return dict.fromkeys(params, FULL)
 
@@ -102,7 +102,7 @@ def _head_block_cuts(op: Op, sc: ShardCtx) -> Cuts:
     e.g. Qwen3.5's in_proj_qkv = [q heads | k heads | v heads]): a rank keeps its heads of each block."""
     from tpplan.models.cuts import head_range
 
-    lo, hi = head_range(op.split_heads, sc.tp, sc.rank)
+    lo, hi = head_range(op.split_heads, sc.shards, sc.rank)
     out: Cuts = {}
     for j, blocks in enumerate(op.head_blocks()):
         ranges, off = [], 0
@@ -139,7 +139,7 @@ def _true_rows_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
     return same_placement(len(op.inputs), (S_TOK, R) if prefer_tokens else TRUE)
 
 
-def _whole_row_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
+def _whole_row_why(op: Op, needed: Placement, got: Placement, shards: int) -> str:
     if got is P:
         return "it is non-linear in its input, so it needs true values, not partial sums"
     return "it reads the whole feature row of each token"
@@ -149,7 +149,7 @@ def _elementwise_rule(op: Op, split: str, values: Mapping[str, Value], prefer_to
     return same_placement(len(op.inputs), (R, S_TOK, S_COL))
 
 
-def _elementwise_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
+def _elementwise_why(op: Op, needed: Placement, got: Placement, shards: int) -> str:
     return "an elementwise op needs both operands in the same placement, split the same way"
 
 
@@ -220,9 +220,9 @@ def _token_mix_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
     return [Strategy(heads_in, S_COL), Strategy((R,) * len(op.inputs), R)]
 
 
-def _token_mix_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
+def _token_mix_why(op: Op, needed: Placement, got: Placement, shards: int) -> str:
     own = _mix(op).why if "impl" in op.attrs else None
-    said = own(op, needed, got, tp) if own is not None else None
+    said = own(op, needed, got, shards) if own is not None else None
     if said is not None:
         return said
     return f"it is {op.note or 'token mixing'}: each output token depends on other tokens, so it needs every token"
@@ -266,6 +266,11 @@ def _router_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: Run
     )
 
 
+def _router_dtype(op: Op, act: str) -> str:
+    """Router scores are float32 (the kernels route in fp32); a scalar gate is a plain linear."""
+    return act if op.attrs.get("scalar_gate") else "float32"
+
+
 def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens: bool) -> list[Strategy]:
     if split == "a2a":
         return [Strategy((S_TOK, S_TOK), S_TOK)]
@@ -291,7 +296,7 @@ def _experts_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     from tpplan.errors import TpplanError
     from tpplan.models.cuts import expert_ownership
 
-    owned, part, parts = expert_ownership(op.int_attr("experts"), sc.split, sc.tp, sc.rank, sc.ep_size)
+    owned, part, parts = expert_ownership(op.int_attr("experts"), sc.split, sc.shards, sc.rank, sc.expert_groups)
     inter = op.int_attr("intermediate")
     if inter % parts:
         raise TpplanError(f"{op.name}", f"intermediate {inter} does not split over {parts}", "change TP/EP")
@@ -377,7 +382,7 @@ def _rms_scale_rule(op: Op, split: str, values: Mapping[str, Value], prefer_toke
     ]
 
 
-def _rms_scale_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
+def _rms_scale_why(op: Op, needed: Placement, got: Placement, shards: int) -> str:
     return "it scales each token's row by the norm statistic of that same token, so both must be split the same way"
 
 
@@ -386,7 +391,7 @@ def _rms_scale_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
 
     if sc.output is not S_COL:
         return dict.fromkeys(params, FULL)
-    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.tp, sc.rank)}
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.shards, sc.rank)}
 
 
 def _rms_scale_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
@@ -411,9 +416,20 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             params=_linear_params,
             cuts=_linear_cuts,
             assemble=_linear_assemble,
+            linear=True,
+            replicable=True,
         ),
-        OpKindDef(OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why),
-        OpKindDef(OpKind.HEAD_NORM, _elementwise_rule, _head_norm_run, const_cost("elementwise"), why=_elementwise_why),
+        OpKindDef(
+            OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why, fused_norm=True
+        ),
+        OpKindDef(
+            OpKind.HEAD_NORM,
+            _elementwise_rule,
+            _head_norm_run,
+            const_cost("elementwise"),
+            why=_elementwise_why,
+            fused_norm=True,
+        ),
         OpKindDef(OpKind.SLICE, _slice_rule, _slice_run, const_cost("free"), profiled=False, params=no_params),
         OpKindDef(
             OpKind.UNARY,
@@ -439,6 +455,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             const_cost("elementwise"),
             why=_elementwise_why,
             params=no_params,
+            sums_inputs=True,
         ),
         OpKindDef(
             OpKind.TOKEN_MIX,
@@ -448,9 +465,17 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             why=_token_mix_why,
             params=lambda op, nu: _mix(op).params(op, nu),
             cuts=_token_mix_cuts,
+            mixes_tokens=True,
         ),
         OpKindDef(
-            OpKind.ROUTER, _true_rows_rule, _router_run, const_cost("gemm"), why=_whole_row_why, params=_router_params
+            OpKind.ROUTER,
+            _true_rows_rule,
+            _router_run,
+            const_cost("gemm"),
+            why=_whole_row_why,
+            params=_router_params,
+            replicable=True,
+            output_dtype=_router_dtype,
         ),
         OpKindDef(
             OpKind.EXPERTS,
@@ -463,6 +488,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             params=_experts_params,
             cuts=_experts_cuts,
             assemble=_experts_assemble,
+            routed_experts=True,
         ),
         OpKindDef(
             OpKind.ATTN_RES,
@@ -471,6 +497,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             const_cost("attn_res"),
             why=_whole_row_why,
             params=_attn_res_params,
+            reads_bank=True,
         ),
         OpKindDef(
             OpKind.MEAN_SQ,

@@ -51,9 +51,9 @@ class ShardCtx:
 
     split: str  # col | row | replicated | none, or the MoE mode tp | ep | a2a
     output: Placement
-    tp: int
+    shards: int  # the ranks the op's weights are split over (the TP ranks)
     rank: int
-    ep_size: int | None = None
+    expert_groups: int | None = None  # routed experts under `ep`: the plan's ep_size
 
 
 # Cost classes the predictor prices (`tpplan.cost.predict`): gemm (x W^T on the GEMM table),
@@ -91,8 +91,9 @@ class Mixer:
 
     `name` is both the attention spec's `kind` (a LayerSpec's token mixer, built by `build`) and
     the `impl` attr of the TOKEN_MIX op whose params, cuts, kernel and cost class it owns.
-    `kv_bytes(spec, tp, b)` and `state_bytes(spec, tp, b, state_elem_bytes)` are per-rank memory
-    per token (KV cache) and per sequence (recurrent state) of one layer.
+    `kv_bytes(spec, shards, b)` and `state_bytes(spec, shards, b, state_elem_bytes)` are per-rank memory
+    per token (KV cache) and per sequence (recurrent state) of one layer whose heads are split over
+    `shards` ranks.
     """
 
     name: str
@@ -101,8 +102,8 @@ class Mixer:
     build: Callable[..., str] | None = None
     params: Callable[[Op, Numerics], Params] = own_weight
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
-    kv_bytes: Callable[[Any, int, float], float] = lambda spec, tp, b: 0.0
-    state_bytes: Callable[[Any, int, float, float], float] = lambda spec, tp, b, sb: 0.0
+    kv_bytes: Callable[[Any, int, float], float] = lambda spec, shards, b: 0.0
+    state_bytes: Callable[[Any, int, float, float], float] = lambda spec, shards, b, sb: 0.0
     # A mixer that reads its inputs differently from "every token of its heads" (DSA's indexer)
     # states its own strategies and why; None: the TOKEN_MIX default below.
     rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
@@ -135,10 +136,14 @@ class OpKindDef:
     """Everything tpplan knows about one op kind, in one place.
 
     rule(op, split, values, prefer_tokens) -> strategies in order of preference;
-    why(op, needed, got, tp) -> a sentence for the audit, or None (generic wording);
+    why(op, needed, got, shards) -> a sentence for the audit, or None (generic wording);
     cost(op) -> cost class; profiled: whether measured kernel profiles price it (GEMMs: no);
     params(op, numerics) / cuts(op, params, shard_ctx) -> weight names and per-rank slices;
     run(op, inputs, weights, state, ctx, K) -> output tensor; assemble(op, got) -> fused/stacked weights.
+
+    The flags below are what plans, the search, the audit and the runtime ask of an op's kind instead
+    of naming kinds (issue 30: no `OpKind` branching outside the registry and the lowering passes);
+    `tests/test_no_opkind_branches.py` keeps it so.
     """
 
     kind: OpKind
@@ -150,6 +155,28 @@ class OpKindDef:
     params: Callable[[Op, Numerics], Params] = own_weight
     cuts: Callable[[Op, Params, ShardCtx], Cuts] = full_cuts
     assemble: Callable[[Op, dict[str, Tensor]], dict[str, Tensor]] = as_is
+    # y = x W^T on a weight the plan splits column- or row-wise (Megatron): the GEMMs async TP fuses
+    # with their collectives, and the ops a plan may replicate or token-shard to run on local tokens.
+    linear: bool = False
+    # Holds a dense weight the plan's `replicate` may keep whole on every rank (linears, the router).
+    replicable: bool = False
+    # Routed experts: weights placed by the plan's MoE mode (tp | ep | a2a) rather than a col/row
+    # split, inputs (hidden, routing) dispatched by all-to-all under a2a, their own bytes per weight.
+    routed_experts: bool = False
+    # A token mixer (attention, recurrence, short conv): each output token reads other tokens of its
+    # sequence, so CP splits it, DP attention may run it on a rank's own requests, and it carries state.
+    mixes_tokens: bool = False
+    # K3's attention residual: reads the bank of block snapshots, and the one at a layer's entry
+    # freezes the stream into the bank where a block opens.
+    reads_bank: bool = False
+    # A fused RMSNorm kernel over a row or within each head: memory-bound, priced by the fitted `norm`
+    # stream model where the GPU has one.
+    fused_norm: bool = False
+    # y = the sum of its inputs (the residual add): a token-sharded stream input with zeros elsewhere is
+    # already a partial sum of it, so the plan may fold the stream into the block output's all-reduce.
+    sums_inputs: bool = False
+    # The dtype of the op's output given the activation dtype (routers score in fp32).
+    output_dtype: Callable[[Op, str], str] = lambda op, act: act
 
 
 def const_cost(name: str) -> Callable[[Op], str]:

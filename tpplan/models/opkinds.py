@@ -36,7 +36,7 @@ from tpplan.models.opkind_types import (
     mixer,
     register_mixer,
 )
-from tpplan.models.ops import Op, OpKind
+from tpplan.models.ops import Op, OpKind, WeightSplit
 
 
 def op_kind(kind: OpKind) -> OpKindDef:
@@ -58,14 +58,28 @@ def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
     experts are one class per MoE mode (`experts.tp`, `experts.a2a`, `experts.ep`): the grouped GEMMs
     run on different group counts and shapes in each, which the dense-table estimate does not rank
     the way the hardware does (2xH200: a profile fitted on TP experts mispriced all-to-all ones by 28%).
+    `moe_split`: the op's split under the plan (`OpDecision.split`); only routed experts read it, so a
+    caller passes every op's split without asking its kind.
     """
     if not OP_KINDS[op.kind].profiled:
         return None
     if op.kind is OpKind.TOKEN_MIX:
         return f"token_mix.{op.attrs.get('impl') or 'conv'}"
-    if op.kind is OpKind.EXPERTS and moe_split:
+    if OP_KINDS[op.kind].routed_experts and moe_split:
         return f"experts.{moe_split}"
     return op.kind.value
+
+
+def weight_split(op: Op, moe: str, replicated: bool) -> str:
+    """The split `op`'s weight takes under a plan: the plan's MoE mode (`moe`) for routed experts,
+    `replicated` where the plan replicates a weight that may be (`replicated`: `Plan.replicates` of the
+    op), else the op's own default split."""
+    d = OP_KINDS[op.kind]
+    if d.routed_experts:
+        return moe
+    if d.replicable and replicated:
+        return WeightSplit.REPLICATED
+    return op.split
 
 
 def params_for_op(op: Op, numerics: Numerics) -> Params:
@@ -96,4 +110,5 @@ __all__ = [
     "params_for_op",
     "register_mixer",
     "run_experts",
+    "weight_split",
 ]

@@ -151,6 +151,12 @@ class LayerGraph:
     def consumers(self, value: str) -> list[Op]:
         return [op for op in self.ops if value in op.inputs]
 
+    @property
+    def middle_add(self) -> Op:
+        """The residual add between the attention block and the MLP: its output is the stream the MLP's
+        output is added to (the runtime's `resid` after each layer)."""
+        return next(op for op in self.middle if op.kind is OpKind.ADD)
+
 
 # ----------------------------------------------------------------------------------------------
 # Builders

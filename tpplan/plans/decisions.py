@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from tpplan.errors import TpplanError, shown
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import LayerGraph, ModelGraph
-from tpplan.models.ops import Op, OpKind
+from tpplan.models.opkinds import op_kind
+from tpplan.models.ops import Op
 
 PATTERN_CHARS = "*?["
 EXTERNAL_PRODUCERS = ("resid", "delta")  # the layer's inputs a decision may convert (the bank: `bank` places it)
@@ -52,7 +53,7 @@ def _is_producer(lg: LayerGraph, role: str) -> bool:
 
 def _has_weight(lg: LayerGraph, role: str) -> bool:
     op = _ops(lg).get(role)
-    return op is not None and op.kind in (OpKind.LINEAR, OpKind.ROUTER)
+    return op is not None and op_kind(op.kind).replicable
 
 
 def _is_op(lg: LayerGraph, role: str) -> bool:

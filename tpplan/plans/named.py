@@ -14,7 +14,8 @@ from typing import cast
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan, baseline, with_ep, with_overlap
 from tpplan.layout.propagate import propagate
-from tpplan.models.graph import ModelGraph, OpKind, WeightSplit
+from tpplan.models.graph import ModelGraph, WeightSplit
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_COL, S_TOK, R
 from tpplan.plans.files import is_plan_file, load_plan_file
 
@@ -188,7 +189,7 @@ def repair(
                     v.got is S_TOK
                     and v.needs is R
                     and how == "replicate"
-                    and op.kind is OpKind.LINEAR
+                    and op_kind(op.kind).linear
                     and op.split is WeightSplit.COL
                 ):
                     current = current.with_(replicate=current.replicate | {q})
@@ -420,7 +421,7 @@ def _attention_linears(graph: ModelGraph) -> frozenset[str]:
         f"{kind}/{op.role}"
         for kind, lg in graph.kinds.items()
         for op in lg.ops
-        if op.kind is OpKind.LINEAR and lg.region_of(op) == "attn_side"
+        if op_kind(op.kind).linear and lg.region_of(op) == "attn_side"
     )
 
 
@@ -429,7 +430,7 @@ def _mlp_side_linears(graph: ModelGraph) -> frozenset[str]:
         f"{kind}/{op.role}"
         for kind, lg in graph.kinds.items()
         for op in lg.ops
-        if op.kind in (OpKind.LINEAR, OpKind.ROUTER) and lg.region_of(op) == "mlp_side"
+        if op_kind(op.kind).replicable and lg.region_of(op) == "mlp_side"
     )
 
 
@@ -440,7 +441,7 @@ def _experts_inputs(graph: ModelGraph) -> frozenset[tuple[str, str]]:
     for kind, lg in graph.kinds.items():
         producer = {op.output: op for op in lg.ops}
         for op in lg.ops:
-            if op.kind is OpKind.EXPERTS:
+            if op_kind(op.kind).routed_experts:
                 for v in op.inputs:
                     src = f"{kind}/{producer[v].role}" if v in producer else f"{kind}/layer.{v}"
                     out.add((src, f"{kind}/{op.role}"))

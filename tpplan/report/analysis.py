@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from tpplan.audit import Audits
-from tpplan.bench_results import BenchResults
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.provenance import question_provenance
 from tpplan.cost.topology import Topology
@@ -34,6 +33,7 @@ from tpplan.report.crossover import crossovers
 from tpplan.report.deployments import Parts, rank_deployments, workload_parts
 from tpplan.report.differences import differences
 from tpplan.report.kernel_sources import sensitivity_of
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.report.memo_variants import (
     Found,
     Scope,
@@ -47,7 +47,7 @@ from tpplan.report.memo_variants import (
     current_variant,
     plan_variants,
 )
-from tpplan.report.prompt_length import PROMPT_LENGTHS, price_lengths, races
+from tpplan.report.prompt_length import price_lengths, races
 from tpplan.report.results import Analysis, BoundaryRow, Variant
 from tpplan.report.rows import DeploymentKey
 from tpplan.report.verdicts import bottom_line, judge, next_steps
@@ -164,11 +164,11 @@ def _mla_kind(graph: ModelGraph) -> str | None:
     return next((k for k, lg in graph.kinds.items() if isinstance(lg.spec.attn, MLASpec)), None)
 
 
-def tp_sizes(graph: ModelGraph, world: int, tp: int) -> list[int]:
-    """Powers of two from 2 up to the cluster (and the chosen TP) for the volume sweep."""
-    top = max(world, tp)
+def _tp_sizes(m: _Memo) -> list[int]:
+    """Powers of two from 2 up to the cluster (and the memo's main TP) for the volume sweep."""
+    top = max(m.topology.world_size, m.n)
     sizes = [2**i for i in range(1, int(math.log2(top)) + 1)]
-    return sorted({*sizes, tp})
+    return sorted({*sizes, m.n})
 
 
 def volume_sweep(audits: Audits, names: list[str], sizes: list[int], dtype: str) -> dict[str, list[tuple[int, float]]]:
@@ -185,25 +185,24 @@ def volume_sweep(audits: Audits, names: list[str], sizes: list[int], dtype: str)
     return out
 
 
-def _predict(
-    fn: PredictFn,
-    v: Variant,
-    graph: ModelGraph,
-    topo: Topology,
-    workloads: list[Workload],
-    dtype: str,
-    expert_dtype: str | None,
-    pipeline: PipelineModel | None = None,
-    cp_kv: str = "engines",
-) -> None:
-    extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
-    mesh = replace(v.parallel, cp_kv=cp_kv)  # cp_kv: tpplan's own KV accounting under CP, when asked for
-    if v.pp > 1 and pipeline is not None:  # PP TTFT as the memo's engine schedules it (cost/pipeline.py)
-        extra["pipeline"] = pipeline
-    for wl in workloads:
+def _prediction(m: _Memo, fn: PredictFn, v: Variant, wl: Workload) -> PlanPrediction:
+    """`fn` (the memo's predictor) on variant `v` at `wl`: its mesh with the memo's KV under CP (tpplan's own
+    accounting, when asked for), PP TTFT as the memo's engine schedules it (cost/pipeline.py)."""
+    extra: dict[str, object] = {"expert_dtype": m.expert_dtype} if m.expert_dtype else {}
+    if v.pp > 1:
+        extra["pipeline"] = m.pp_schedule
+    mesh = replace(v.parallel, cp_kv=m.cp_kv)
+    return fn(m.graph, v.plan, m.topology, mesh=mesh, workload=wl, tokens=wl.chunk_size, dtype=m.dtype,
+              audit=v.audit, **extra)  # fmt: skip
+
+
+def _predict(m: _Memo, v: Variant) -> None:
+    """`v`'s prediction at each workload; a failure is kept as the variant's `prediction_error` (the
+    baseline at the main TP always predicts: a failure there is a bad input, raised)."""
+    assert m.fn is not None
+    for wl in m.workloads:
         try:
-            v.predictions[wl.name] = fn(graph, v.plan, topo, mesh=mesh, workload=wl, tokens=wl.chunk_size,
-                                        dtype=dtype, audit=v.audit, **extra)  # fmt: skip
+            v.predictions[wl.name] = _prediction(m, m.fn, v, wl)
         except (TpplanError, NotImplementedError, ValueError) as exc:
             if isinstance(exc, TpplanError) and v.plan.name == "baseline" and v.shape[1:] == (1, 1, 1):
                 raise  # the baseline always predicts: a failure here is a bad input (e.g. --expert-dtype)
@@ -252,138 +251,153 @@ def analyse(
     model: str | ModelGraph,
     topology: Topology,
     workloads: list[Workload],
+    ask: MemoAsk | None = None,
     *,
-    tp: int | None = None,
-    dtype: str = "bf16",
-    expert_dtype: str | None = None,
-    plans: list[str] | None = None,
     predictor: PredictFn | None = None,
     use_default_predictor: bool = True,
-    search_top: int = 1,
     search_fn: SearchFn | None = None,
-    memory_cap_gib: float | str | None = "serving",
-    bench: BenchResults | None = None,
-    current: str = "baseline",
-    crossover_tokens: tuple[int, ...] | None = None,
-    prefill_cp: int = 1,
-    dp: int = 1,
-    progress: Callable[[str], None] | None = None,
-    engines: list[str] | None = None,
     audits: Audits | None = None,
-    overlap: OverlapName | None = None,
-    prompt_lengths: tuple[int, ...] | None = PROMPT_LENGTHS,
-    replicas: int | Literal["all"] | None = None,
-    pp: int | None = None,
-    cp: int | None = None,
-    cp_layers: str = "all",
-    cp_kv: str = "engines",
-    dp_attention: bool = False,
-    arrival: Arrival | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Analysis:
-    """Audit, predict and judge every plan against today's deployment (`current`); `tp` defaults
-    to the whole topology. `prefill_cp` (SGLang's prefill context parallelism) and `dp` (vLLM's
-    data-parallel size) are server settings the engine gates read; `engines` the engine versions
-    (`sglang@0.5.23`, `vllm@0.34.0`; default: each engine's current release, tpplan.engines).
-    `progress` is told each step. Every plan is audited once (`audits`, of `model`'s graph: the
-    search, the predictions and the volume sweep share them). The memo searches what `tpplan search`
-    does with the same inputs: its TP x CP x PP grid and, like it, micro-batch overlap only when
-    `overlap` ("tbo", "dbo"; `--overlap`) asks, and replicas only when `replicas` (R or "all";
-    `--replicas`) asks; baseline is priced at every deployment of that grid
-    (the deployment ranking), and each deployment's plan at `prompt_lengths` (None: not). `pp`, `cp`,
-    `cp_layers` and `dp_attention` restrict or widen the search's grid as `tpplan search`'s options do;
-    `cp_kv` is the KV a CP rank keeps ("engines", default: the whole sequence's, as SGLang and vLLM do;
-    "sharded": tpplan's own 1/cp). `arrival` is the serving loop's arrival process (`--arrival-rate`,
-    `--trace`; None: each workload's closed loop).
-
-    Long because its signature is `tpplan report`'s options, typed and one per line, and this docstring
-    says what each does; the body is the memo's steps in order, each a helper (issue 30: one typed input
-    object for these options is the next step, once `tpplan report`'s callers settle)."""
-    from tpplan.engines import select_pair
-    from tpplan.models.config import load_model
-    from tpplan.models.graph import build_model_graph
-    from tpplan.search.grid import MeshAsk
-
-    say = progress or (lambda _step: None)
-    pair = select_pair(engines)
-    pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
-    graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
-    audits = audits if audits is not None and audits.graph is graph else Audits(graph)
-    world = topology.world_size
-    files = [read_plan_file(p).deployment for p in plans or () if is_plan_file(p)]
-    n = tp or (files[0].tp if files else world)  # a memo about a saved plan: its TP is the main one
-    if n > world:
-        raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
-    if dtype not in DTYPE_BYTES:
-        raise TpplanError(f"--dtype {dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
-    predict_fn = load_predictor(arrival) if use_default_predictor else None
-    m = _Memo(graph, audits, topology, workloads, n, dtype, expert_dtype, cp_layers, cp_kv, pp_schedule,
-              predictor or predict_fn, predict_fn, say)  # fmt: skip
-    variants = _named_variants(m, plans, pair)
-    cur = current_variant(audits, current, n, world, dtype, variants)
-    finder = search_fn or (load_search() if search_top > 0 and not plans else None)
-    ask = MeshAsk(tp=tp, pp=pp, cp=cp, replicas=replicas, cp_layers=cp_layers, cp_kv=cp_kv)
-    grid, best_found = _search(m, finder, variants, ask=ask, memory_cap_gib=memory_cap_gib, top=search_top,
-                               overlap=overlap, dp_attention=dp_attention)  # fmt: skip
-    add_pp_across_nodes(m.scope, variants, topology)
-    fewest = min((g[3] for g in grid), default=1)  # one copy of each deployment (`deployments.DeploymentKey` has R)
-    single = [g for g in grid if g[3] == fewest]
-    add_a2a_everywhere(m.scope, variants, single)
-    if overlap is not None:
-        add_overlapped(m.scope, variants, overlap)
-    add_baselines(m.scope, variants, single)
-    chunk = workloads[0].chunk_size if workloads else 8192
-    for i, v in enumerate(variants, 1):  # each plan's engine lines and, with a predictor, its predictions
-        say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(v.plan, graph.spec, v.parallel, nodes=topology.nodes, chunk=chunk,
-                            gpu=topology.gpu.name, prefill_cp=prefill_cp, dp=dp, engines=pair)  # fmt: skip
-        if m.fn is not None:
-            _predict(m.fn, v, graph, topology, workloads, dtype, expert_dtype, pp_schedule, cp_kv)
-    a = _judged(m, variants, cur, memory_cap_gib, bench, (pair[0].key, pair[1].key))
+    """Audit, predict and judge every plan against today's deployment (`ask.current`); `ask` is `tpplan
+    report`'s options (`MemoAsk`; None: the defaults). The main TP is `ask.deployment.tp`, else a saved
+    plan's, else the whole topology. `predictor` replaces the default one (`load_predictor`: TTFT from the
+    engine's serving loop over `ask.arrival`); with none and `use_default_predictor=False` the memo rests on
+    the audit alone. The memo searches what `tpplan search` does with the same options (`search_fn`: the
+    search; default `load_search`), baseline priced at every deployment of its grid (the deployment ranking)
+    and each deployment's plan at `ask.prompt_lengths`. Every plan is audited once (`audits`, of `model`'s
+    graph: the search, the predictions and the volume sweep share them). `progress` is told each step."""
+    ask = ask if ask is not None else MemoAsk()
+    m = _memo(model, topology, workloads, ask, predictor, use_default_predictor, audits, progress)
+    variants = _named_variants(m, list(ask.plans), m.pair)
+    cur = current_variant(m.audits, ask.current, m.n, topology.world_size, m.dtype, variants)
+    finder = search_fn or (load_search() if ask.search_top > 0 and not ask.plans else None)
+    grid, best_found = _search(m, finder, variants)
+    single = _with_comparisons(m, variants, grid)
+    _engines_and_predictions(m, variants)
+    a = _judged(m, variants, cur)
     if m.fn is not None:
-        say("thresholds: where each plan overtakes baseline")
-        a.crossovers = crossovers(graph, [v.plan for v in variants if v.shape == (n, 1, 1, 1) and v.legal], topology,
-                                  mesh=Mesh(n), dtype=dtype, expert_dtype=expert_dtype, tokens=crossover_tokens,
-                                  audits=audits)  # fmt: skip
-    a.grid, a.overlap, a.cp_kv, a.arrival = grid, overlap, cp_kv, arrival
+        m.say("thresholds: where each plan overtakes baseline")
+        a.crossovers = crossovers(m.graph, [v.plan for v in variants if v.shape == (m.n, 1, 1, 1) and v.legal],
+                                  topology, mesh=Mesh(m.n), dtype=m.dtype, expert_dtype=m.expert_dtype,
+                                  tokens=ask.crossover_tokens, audits=m.audits)  # fmt: skip
+    a.grid, a.overlap, a.cp_kv, a.arrival = grid, ask.overlap, m.cp_kv, ask.arrival
     if best_found is not None:
         f = best_found
         a.search_best = (f.plan.name, Mesh(f.tp, pp=f.pp, cp=f.cp, replicas=f.replicas).label())
     if m.fn is not None and grid:
         _rank_deployments(m, a, single, grid)
-        if prompt_lengths and workloads and (arrival is None or arrival.trace is None):  # a trace has its own
-            _price_prompt_lengths(m, a, prompt_lengths)
-    if m.fn is not None and m.fn is predict_fn:
-        say("the answer under each kernel-price source")
-        a.kernel_sources = sensitivity_of(a, m.fn, pp_schedule, expert_dtype)
-    say("where the model differs from a volume-only analysis")
-    a.differences = differences(a, chunk)
+        lengths = ask.prompt_lengths
+        if lengths and workloads and (ask.arrival is None or ask.arrival.trace is None):  # a trace has its own
+            _price_prompt_lengths(m, a, lengths)
+    if m.fn is not None and m.fn is m.predict_fn:
+        m.say("the answer under each kernel-price source")
+        a.kernel_sources = sensitivity_of(a, m.fn, m.pp_schedule, m.expert_dtype)
+    m.say("where the model differs from a volume-only analysis")
+    a.differences = differences(a, _chunk(m))
     return a
 
 
 @dataclass(frozen=True)
 class _Memo:
     """What every step of one memo reads: the model's graph and its audits, the topology and workloads, the
-    main TP, the dtypes, the KV a CP rank keeps, the deployed engine's PP schedule, the predictor (None:
-    predictions off) and the default one (whose parts can be priced again), and where progress goes."""
+    question (`ask`), the main TP, the engine pair and the deployed engine's PP schedule, the predictor
+    (None: predictions off) and the default one (whose parts can be priced again), and where progress goes."""
 
     graph: ModelGraph
     audits: Audits
     topology: Topology
     workloads: list[Workload]
+    ask: MemoAsk
     n: int
-    dtype: str
-    expert_dtype: str | None
-    cp_layers: str
-    cp_kv: str
+    pair: tuple[EngineVersion, EngineVersion]
     pp_schedule: PipelineModel
     fn: PredictFn | None
     predict_fn: PredictFn | None
     say: Callable[[str], None]
 
     @property
+    def dtype(self) -> str:
+        return self.ask.dtype
+
+    @property
+    def expert_dtype(self) -> str | None:
+        return self.ask.expert_dtype
+
+    @property
+    def cp_kv(self) -> str:
+        """The KV a CP rank keeps (`--cp-kv`): "engines", the whole sequence's; "sharded", tpplan's 1/cp."""
+        return self.ask.deployment.cp_kv
+
+    @property
     def scope(self) -> Scope:
         """What every variant of this memo shares (`memo_variants`)."""
-        return Scope(self.audits, self.n, self.dtype, self.cp_layers)
+        return Scope(self.audits, self.n, self.dtype, self.ask.deployment.cp_layers)
+
+
+def _memo(
+    model: str | ModelGraph,
+    topology: Topology,
+    workloads: list[Workload],
+    ask: MemoAsk,
+    predictor: PredictFn | None,
+    use_default_predictor: bool,
+    audits: Audits | None,
+    progress: Callable[[str], None] | None,
+) -> _Memo:
+    """The memo's shared inputs, its options checked against the topology (a bad --tp or --dtype is refused
+    before any work)."""
+    from tpplan.engines import select_pair
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+
+    engines = ask.engine_list
+    pair = select_pair(engines)
+    pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
+    graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
+    audits = audits if audits is not None and audits.graph is graph else Audits(graph)
+    world = topology.world_size
+    files = [read_plan_file(p).deployment for p in ask.plans if is_plan_file(p)]
+    n = ask.deployment.tp or (files[0].tp if files else world)  # a memo about a saved plan: its TP is the main one
+    if n > world:
+        raise TpplanError(f"--tp {n}", f"topology {topology.name} has only {world} GPUs", f"use --tp {world} or less")
+    if ask.dtype not in DTYPE_BYTES:
+        raise TpplanError(f"--dtype {ask.dtype}", "unknown dtype", f"choose one of {', '.join(DTYPE_BYTES)}")
+    predict_fn = load_predictor(ask.arrival) if use_default_predictor else None
+    say = progress or (lambda _step: None)
+    return _Memo(graph, audits, topology, workloads, ask, n, pair, pp_schedule, predictor or predict_fn, predict_fn,
+                 say)  # fmt: skip
+
+
+def _chunk(m: _Memo) -> int:
+    """The chunk the engine lines and the differences are written for: the first workload's (8,192 without)."""
+    return m.workloads[0].chunk_size if m.workloads else 8192
+
+
+def _with_comparisons(m: _Memo, variants: list[Variant], grid: list[Shape]) -> list[Shape]:
+    """Add the memo's comparison variants (PP across nodes, all-to-all everywhere, overlapped, a baseline at
+    each deployment) to `variants`; returns the grid's deployments of one copy each (the fewest replicas:
+    `deployments.DeploymentKey` has R)."""
+    add_pp_across_nodes(m.scope, variants, m.topology)
+    fewest = min((g[3] for g in grid), default=1)
+    single = [g for g in grid if g[3] == fewest]
+    add_a2a_everywhere(m.scope, variants, single)
+    if m.ask.overlap is not None:
+        add_overlapped(m.scope, variants, m.ask.overlap)
+    add_baselines(m.scope, variants, single)
+    return single
+
+
+def _engines_and_predictions(m: _Memo, variants: list[Variant]) -> None:
+    """Each variant's engine lines and, with a predictor, its predictions."""
+    server = m.ask.server
+    for i, v in enumerate(variants, 1):
+        m.say(f"predicting plan {i} of {len(variants)} ({v.key})")
+        v.engines = recipes(v.plan, m.graph.spec, v.parallel, nodes=m.topology.nodes, chunk=_chunk(m),
+                            gpu=m.topology.gpu.name, prefill_cp=server.prefill_cp, dp=server.data_parallel,
+                            engines=m.pair)  # fmt: skip
+        if m.fn is not None:
+            _predict(m, v)
 
 
 def _named_variants(m: _Memo, plans: list[str] | None, pair: tuple[EngineVersion, EngineVersion]) -> list[Variant]:
@@ -402,31 +416,29 @@ def _named_variants(m: _Memo, plans: list[str] | None, pair: tuple[EngineVersion
     return variants
 
 
-def _search(
-    m: _Memo, finder: SearchFn | None, variants: list[Variant], **options: Any
-) -> tuple[list[Shape], Found | None]:
-    """`tpplan search` on the memo's inputs (`options`: the grid, memory cap and overlap it searches), its
-    plans joined to `variants`: the deployments it searched and its best (none without a search)."""
+def _search(m: _Memo, finder: SearchFn | None, variants: list[Variant]) -> tuple[list[Shape], Found | None]:
+    """`tpplan search` on the memo's inputs (the grid, memory cap and overlap it searches), its plans joined
+    to `variants`: the deployments it searched and its best (none without a search)."""
     if finder is None:
         return [], None
     m.say("searching plans (as tpplan search)")
-    searched = finder(m.graph, m.topology, m.workloads[0] if m.workloads else None, dtype=m.dtype,
-                      expert_dtype=m.expert_dtype, audits=m.audits, **options)  # fmt: skip
+    ask = m.ask
+    searched = finder(m.graph, m.topology, m.workloads[0] if m.workloads else None, ask=ask.deployment,
+                      dtype=m.dtype, expert_dtype=m.expert_dtype, memory_cap_gib=ask.memory_cap_gib,
+                      top=ask.search_top, audits=m.audits, overlap=ask.overlap,
+                      dp_attention=ask.dp_attention)  # fmt: skip
     return searched.grid, add_found(m.scope, variants, searched.found)
 
 
-def _judged(
-    m: _Memo, variants: list[Variant], cur: Variant, memory_cap_gib: float | str | None, bench: BenchResults | None,
-    engines: tuple[str, str],
-) -> Analysis:  # fmt: skip
+def _judged(m: _Memo, variants: list[Variant], cur: Variant) -> Analysis:
     """The analysis: each variant's verdict against today's deployment `cur` inside the band of its
     prediction, the next steps and the bottom line, the volume sweep and the seed's boundary table."""
     from tpplan.search.ranking import memory_cap_gib_of
 
-    graph, n, world = m.graph, m.n, m.topology.world_size
+    graph, n = m.graph, m.n
     mla = _mla_kind(graph)
     named = [v.plan.name for v in variants if v.shape == (n, 1, 1, 1) and v.plan.found_by != "search"]
-    sweep = volume_sweep(m.audits, named, tp_sizes(graph, world, n), m.dtype)
+    sweep = volume_sweep(m.audits, named, _tp_sizes(m), m.dtype)
     wl = m.workloads[0].name if m.workloads else None
     # The band of what the current deployment's time sums: its prediction composed it (`predict_plan`);
     # a prediction that carries none (a stand-in predictor's) or none at all has the topology's.
@@ -437,7 +449,7 @@ def _judged(
         kind = mla or next(iter(v.audit.kinds))
         return attn_formula(v.audit.kinds[kind].result, v.tp) if kind in v.audit.kinds else ""
 
-    cap_gib = memory_cap_gib_of(memory_cap_gib, m.topology)
+    cap_gib = memory_cap_gib_of(m.ask.memory_cap_gib, m.topology)
     limit = cap_gib * GIB if cap_gib is not None else float("inf")
 
     def shape_base(v: Variant) -> Variant | None:
@@ -450,8 +462,9 @@ def _judged(
         "the verdicts below rest on the audit's volumes, legality and memory."
     )  # fmt: skip
     a = Analysis(graph.spec.name, graph, m.topology, m.workloads, n, m.dtype, variants, sweep,
-                 _boundary_rows(graph, mla, variants, n), verdicts, steps, [], note, bench, cur.key, band,
-                 bottom_line(steps, cur, wl, band), same, engines=engines, pp_engine=m.pp_schedule.engine)  # fmt: skip
+                 _boundary_rows(graph, mla, variants, n), verdicts, steps, [], note, m.ask.bench, cur.key,
+                 band, bottom_line(steps, cur, wl, band), same, engines=(m.pair[0].key, m.pair[1].key),
+                 pp_engine=m.pp_schedule.engine)  # fmt: skip
     a.memory_cap_bytes = limit
     return a
 
@@ -488,13 +501,8 @@ def _price_prompt_lengths(m: _Memo, a: Analysis, prompt_lengths: tuple[int, ...]
     chosen = [c for r in rows if (c := a.variant(r.variant)) is not None]
 
     def at(v: Variant, w: Workload) -> tuple[float, float] | None:
-        extra: dict[str, object] = {"expert_dtype": m.expert_dtype} if m.expert_dtype else {}
-        if v.pp > 1:
-            extra["pipeline"] = m.pp_schedule
         try:
-            mesh = replace(v.parallel, cp_kv=m.cp_kv)
-            p = fn(m.graph, v.plan, m.topology, mesh=mesh, workload=w, tokens=w.chunk_size, dtype=m.dtype,
-                   audit=v.audit, **extra)  # fmt: skip
+            p = _prediction(m, fn, v, w)
         except (TpplanError, NotImplementedError, ValueError):
             return None
         return (float(p.ttft.mean_s), float(p.memory.total)) if p.ttft is not None else None

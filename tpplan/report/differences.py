@@ -15,7 +15,7 @@ from tpplan.cost.collectives import collective_time
 from tpplan.cost.gemm import gemm_time
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines.recipes import family
-from tpplan.models.graph import OpKind
+from tpplan.models.opkinds import op_kind
 from tpplan.models.spec import MLASpec, MoESpec
 from tpplan.placement import COLLECTIVE_SHORT
 from tpplan.report.results import Analysis, Variant, held_weights, ttft_mean
@@ -81,7 +81,7 @@ def redundant_latent(a: Analysis, chunk: int) -> Paragraph:
     red = [
         d
         for d in base.audit.kinds[mla].result.decisions
-        if d.compute_share >= 1.0 and d.op.kind is OpKind.LINEAR and d.op.weight_numel
+        if d.compute_share >= 1.0 and op_kind(d.op.kind).linear and d.op.weight_numel
     ]
     qkv = next((d for d in red if d.op.name in ("qkv_a", "kv_a")), None)
     if qkv is None:

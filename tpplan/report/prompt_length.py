@@ -12,7 +12,6 @@ length is its fastest fitting deployment; crossings are interpolated in log(prom
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from tpplan.cost.workload import Workload
 from tpplan.report.results import Variant
@@ -55,10 +54,6 @@ def _best(
     return tuple(out)
 
 
-def _has_cp(cp: int, v: Variant) -> bool:
-    return v.cp == cp
-
-
 def races(
     variants: list[Variant], points: dict[str, list[LengthPoint]], lengths: tuple[int, ...] = PROMPT_LENGTHS
 ) -> list[GroupRace]:
@@ -72,7 +67,7 @@ def races(
     cp1 = _best(group(lambda v: v.cp == 1), lengths)
     out = []
     for c in sorted({v.cp for v in plain if v.cp > 1}):
-        mine = group(partial(_has_cp, c))
+        mine = [points[v.key] for v in plain if v.cp == c]
         out.append(GroupRace(f"CP{c}", "best CP-1 deployment", lengths, _best(mine, lengths), cp1,
                              _best(mine, lengths, fits_only=False)))  # fmt: skip
     if any(v.pp > 1 and v.cp == 1 for v in plain):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpplan.bench_results import BenchResults
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.outputs import write_dir
 from tpplan.report.analysis import PredictFn, analyse
 from tpplan.report.memo import Memo, build_memo
+from tpplan.report.memo_ask import MemoAsk
 from tpplan.report.results import Analysis
 
 
@@ -33,26 +33,13 @@ def write_report(
     topology: Topology,
     workloads: list[Workload],
     out: str | Path,
+    ask: MemoAsk | None = None,
     *,
-    tp: int | None = None,
-    dtype: str = "bf16",
-    expert_dtype: str | None = None,
-    plans: list[str] | None = None,
-    bench: BenchResults | None = None,
     predictor: PredictFn | None = None,
     command: str = "",
 ) -> tuple[Analysis, Path]:
-    """Analyse, render and write the memo; returns the analysis and the output directory."""
-    analysis = analyse(
-        model,
-        topology,
-        workloads,
-        tp=tp,
-        dtype=dtype,
-        expert_dtype=expert_dtype,
-        plans=plans,
-        predictor=predictor,
-        bench=bench,
-    )
+    """Analyse (`ask`: the memo's options, `MemoAsk`), render and write the memo; returns the analysis and
+    the output directory."""
+    analysis = analyse(model, topology, workloads, ask, predictor=predictor)
     memo = build_memo(analysis, command)
     return analysis, write_memo(memo, out)

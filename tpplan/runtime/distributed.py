@@ -69,8 +69,8 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.layout.transitions import transition
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
-from tpplan.models.opkinds import run_experts
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, WeightSplit
+from tpplan.models.opkinds import op_kind, run_experts
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
 from tpplan.plans.named import repair
 from tpplan.runtime import kernels as K
@@ -228,7 +228,7 @@ class PlanRunner:
             if self.observer:
                 self.observer.close(span)
             bank = env["bank"]
-            resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
+            resid = env[lg.middle_add.output]
             delta = env["mlp_out"]
             if observe is not None:
                 observe(i, env)
@@ -337,7 +337,7 @@ class PlanRunner:
                 self.observer.close(span)
             if op.output in ahead:
                 self._exchange_counts_ahead(ahead[op.output], env[op.output].t, tokens)
-            if boundary and op.kind is OpKind.ATTN_RES and op in lg.entry:
+            if boundary and op_kind(op.kind).reads_bank and op in lg.entry:
                 self._snapshot(op, env, done, tokens)
 
     def _snapshot(self, op: Op, env: dict[str, Held], done: dict[tuple[str, Placement], Held], tokens: int) -> None:
@@ -358,7 +358,7 @@ class PlanRunner:
 
     def _wrong_slices(self, op: Op, dec: OpDecision, env: dict[str, Held], planned: set[tuple[str, Placement]]) -> bool:
         """True where a forced run (verify --force) replaces the repair's input all-gather by the wrong slice gather."""
-        if self.exec_plan is self.plan or op.kind is not OpKind.LINEAR or dec.split != WeightSplit.COL:
+        if self.exec_plan is self.plan or not op_kind(op.kind).linear or dec.split != WeightSplit.COL:
             return False
         v = op.inputs[0]
         return env[v].pl is S_TOK and (v, R) not in planned
@@ -413,13 +413,13 @@ class PlanRunner:
         ctx: ExecContext, tokens: int,
     ) -> Held:  # fmt: skip
         tensors = [h.t for h in ins]
-        if op.kind is OpKind.TOKEN_MIX and self.context_parallel is not None:
+        if op_kind(op.kind).mixes_tokens and self.context_parallel is not None:
             return Held(self.context_parallel.mix(self, op, tensors, w, ctx), dec.strategy.output)
-        if op.kind is OpKind.EXPERTS and dec.split == "a2a" and self.n > 1:
+        if op_kind(op.kind).routed_experts and dec.split == "a2a" and self.n > 1:
             return Held(self._moe_a2a(op, tensors[0], tensors[1], w, tokens), S_TOK)
-        if op.kind is OpKind.TOKEN_MIX and dec.strategy.output is S_TOK:
+        if op_kind(op.kind).mixes_tokens and dec.strategy.output is S_TOK:
             return Held(self._mix_own_requests(op, tensors, w, state, ctx, tokens), S_TOK)
-        if op.kind is OpKind.EXPERTS and dec.split == "ep" and self.n > 1:
+        if op_kind(op.kind).routed_experts and dec.split == "ep" and self.n > 1:
             owned, _, _ = expert_ownership(op.int_attr("experts"), "ep", self.n, self.rank, self.plan.ep_size)
             tensors = [tensors[0], tensors[1][:, owned.start : owned.stop]]
         if op.reduces_into_stream and dec.strategy.output is R and all(p is P for p in dec.strategy.inputs):
@@ -458,7 +458,7 @@ class PlanRunner:
         index = {op.output: j for j, op in enumerate(lg.ops)}
         converted = {v for v, _ in named}  # values a collective brings to some placement
         for j, (op, dec) in enumerate(zip(lg.ops, res.decisions, strict=True)):
-            if op.kind is not OpKind.EXPERTS or dec.split != "a2a":
+            if not op_kind(op.kind).routed_experts or dec.split != "a2a":
                 continue
             routing = op.inputs[1]
             start = index.get(routing)
@@ -497,7 +497,7 @@ class PlanRunner:
             movable = []
             for k in range(j + 1, len(lg.ops)):
                 later = lg.ops[k]
-                if tainted & set(later.inputs) or later.kind is OpKind.ATTN_RES:
+                if tainted & set(later.inputs) or op_kind(later.kind).reads_bank:
                     tainted.add(later.output)
                 else:
                     movable.append(k)

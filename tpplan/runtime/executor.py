@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, Value
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, Value
 from tpplan.models.opkinds import op_kind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.weights import Numerics, params_for_op
@@ -115,7 +115,7 @@ def take_bank_snapshot(
     """K3's block boundary, on one process's full tensors: at the entry attention-residual op of a
     layer that opens a block, the stream it normed joins the bank and restarts at zero (in `env`).
     Returns the bank, grown or as it was."""
-    if not (op.kind is OpKind.ATTN_RES and op in lg.entry and block and layer % block == 0):
+    if not (op_kind(op.kind).reads_bank and op in lg.entry and block and layer % block == 0):
         return bank
     stream = str(op.attrs.get("norm_of", op.inputs[1]))
     bank = torch.cat([bank, env[stream][:, None, :]], dim=1)
@@ -177,7 +177,7 @@ def forward_chunk(
             )
             env[op.output] = out
             bank = take_bank_snapshot(op, lg, env, bank, block, i)
-        resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
+        resid = env[lg.middle_add.output]
         delta = env["mlp_out"]
         if observe is not None:
             observe(i, env)

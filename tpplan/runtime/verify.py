@@ -189,7 +189,7 @@ def _reference_pieces(graph: Any, w: Any, resolved: Any, pieces: list[Any], nu: 
     """One sequence fed chunk by chunk (`pieces`), state carried; an empty piece yields empty rows."""
     import torch
 
-    from tpplan.models.graph import OpKind
+    from tpplan.models.opkinds import op_kind
     from tpplan.runtime.executor import RunState, forward_chunk, lm_head
 
     st = RunState()
@@ -206,7 +206,7 @@ def _reference_pieces(graph: Any, w: Any, resolved: Any, pieces: list[Any], nu: 
             taps[(c, i, "mlp_out")] = env["mlp_out"].float().cpu()
             lg = graph.kinds[graph.layer_kinds[i]]
             for op in lg.ops:
-                if op.kind is OpKind.EXPERTS:
+                if op_kind(op.kind).routed_experts:
                     r = env[op.inputs[1]]
                     routes[(c, i)] = [torch.nonzero(row).flatten().tolist() for row in r.cpu()]
 

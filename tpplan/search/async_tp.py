@@ -14,7 +14,8 @@ plan of the deployment, as brute force does (tests/cost/test_async_tp.py).
 from __future__ import annotations
 
 from tpplan.layout.propagate import CommEvent, OpDecision
-from tpplan.models.graph import ModelGraph, OpKind
+from tpplan.models.graph import ModelGraph
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_TOK, Collective, P, Placement, R
 from tpplan.search.objectives import ZERO, Cost, Objective, memory_layer_counts
 from tpplan.search.space import GlobalChoice
@@ -28,10 +29,10 @@ def may_fuse(graph: ModelGraph, kind: str, c: CommEvent) -> bool:
         return False
     lg = graph.kinds[kind]
     if c.collective is Collective.ALL_GATHER and c.src is S_TOK and c.dst is R:
-        return any(op.kind is OpKind.LINEAR for op in lg.consumers(c.value))
+        return any(op_kind(op.kind).linear for op in lg.consumers(c.value))
     if c.collective is Collective.REDUCE_SCATTER and c.src is P and c.dst is S_TOK:
         producer = next((op for op in lg.ops if op.name == c.producer), None)
-        return producer.kind is OpKind.LINEAR if producer is not None else c.value == "delta"
+        return op_kind(producer.kind).linear if producer is not None else c.value == "delta"
     return False
 
 

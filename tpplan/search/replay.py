@@ -15,7 +15,8 @@ from operator import itemgetter
 from typing import Any
 
 from tpplan.layout.propagate import LayerWalk
-from tpplan.models.graph import Op, OpKind
+from tpplan.models.graph import Op
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import P, Placement
 from tpplan.search.space import (
     DECISION_SETS,
@@ -49,7 +50,7 @@ class _Reads:
         self.producers = frozenset(pq for _, pq in index.inputs_q[op.name])
         self.gathered_for = frozenset((pq, self.q) for pq in self.producers)
         self.conversions = frozenset((v, dst) for v in names for dst in Placement)
-        self.moe = any(o.kind is OpKind.EXPERTS for o in (op, *index.consumers.get(op.output, ())))
+        self.moe = any(op_kind(o.kind).routed_experts for o in (op, *index.consumers.get(op.output, ())))
 
 
 # A recorded expansion: did the op receive a partial sum, and per branch the choices it appends

@@ -28,7 +28,8 @@ from tpplan.errors import TpplanError
 from tpplan.layout.plan import MoEMode, Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, LayerWalk, OpDecision, Violation, check_divisible
 from tpplan.layout.rules import strategies
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind, WeightSplit
+from tpplan.models.graph import LayerGraph, ModelGraph, Op, WeightSplit
+from tpplan.models.opkinds import op_kind, weight_split
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
 
 
@@ -99,7 +100,7 @@ def make_search_plan(g: GlobalChoice, configs: Sequence[KindConfig], name: str =
 
 
 def _has_experts(lg: LayerGraph) -> bool:
-    return any(op.kind is OpKind.EXPERTS for op in lg.ops)
+    return any(op_kind(op.kind).routed_experts for op in lg.ops)
 
 
 def global_choices(graph: ModelGraph, n: int, *, streams: Sequence[Placement] = (R, S_TOK)) -> list[GlobalChoice]:
@@ -156,7 +157,7 @@ def _is_stream_add(op: Op) -> bool:
 
 
 def _default_split(op: Op, g: GlobalChoice) -> str:
-    return g.moe if op.kind is OpKind.EXPERTS else str(op.split)
+    return str(weight_split(op, g.moe, replicated=False))
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def _expand(
     if (
         opts.token_shard
         and n > 1
-        and op.kind is OpKind.LINEAR
+        and op_kind(op.kind).linear
         and op.split is WeightSplit.REPLICATED
         and d.inputs_received
         and d.inputs_received[0] is R
@@ -292,7 +293,7 @@ def _consumer_site(
         cands.append(cfg.add(f"all-gather {names} for {op.name}", gather_for=edges))
     if (
         opts.replicate
-        and op.kind is OpKind.LINEAR
+        and op_kind(op.kind).linear
         and op.split in (WeightSplit.COL, WeightSplit.ROW)
         and all(got is S_TOK for _, got in bad)
     ):

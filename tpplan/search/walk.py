@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from tpplan.layout.propagate import LayerWalk, OpDecision
-from tpplan.models.graph import LayerGraph, OpKind
+from tpplan.models.graph import LayerGraph
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, skyline
 from tpplan.search.objectives import ZERO, Cost, Objective
@@ -153,7 +154,7 @@ class KindSolver:
                     if price is None:
                         price = step.costs[g] = _step_cost(obj, lg.kind, step, n, g)
                     key = (w.res.placements["mlp_out"],) if last else _state_key(w, cfg, live)
-                    experts = step.decision if step.decision.op.kind is OpKind.EXPERTS else None
+                    experts = step.decision if op_kind(step.decision.op.kind).routed_experts else None
                     steps.append((nxt.setdefault(key, []), cfg, w, price, experts))
                 for part in bucket:
                     for (into, cfg, w, price, experts), (choices, sets, _) in zip(steps, moves, strict=True):

@@ -217,7 +217,7 @@ def run_mla(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx,
     )  # fmt: skip
 
 
-def mla_kv_bytes(attn: MLASpec, tp: int, b: float) -> float:
+def mla_kv_bytes(attn: MLASpec, shards: int, b: float) -> float:
     """The compressed latent (kv_lora + rope) is cached whole on every TP rank, not split:
     SGLang's MLATokenToKVPool allocates [tokens, 1, kv_lora_rank + qk_rope_head_dim] per layer
     on each rank (python/sglang/srt/mem_cache/memory_pool.py), and vLLM's

@@ -114,7 +114,7 @@ def _indexer_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
     return [Strategy((R,) * len(op.inputs), R)]
 
 
-def _indexer_why(op: Op, needed: Placement, got: Placement, tp: int) -> str:
+def _indexer_why(op: Op, needed: Placement, got: Placement, shards: int) -> str:
     return (
         "the indexer scores each query against every earlier token's key and takes the top-k of a sum over "
         "all its heads, so it needs every token's key and weights (its top-k is not a per-rank partial result)"
@@ -135,9 +135,9 @@ def _run_indexer(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: Ru
     )  # fmt: skip
 
 
-def _dsa_kv_bytes(attn: DSASpec, tp: int, b: float) -> float:
+def _dsa_kv_bytes(attn: DSASpec, shards: int, b: float) -> float:
     """The MLA latent plus the indexer's key (index_head_dim per token), both whole on every rank."""
-    return mla_kv_bytes(attn.mla, tp, b) + attn.index_head_dim * b
+    return mla_kv_bytes(attn.mla, shards, b) + attn.index_head_dim * b
 
 
 register_mixer(

@@ -158,7 +158,7 @@ def _gqa_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     out = dict.fromkeys(params, FULL)
     if "sinks" in params:
         heads = op.int_attr("heads")
-        out["sinks"] = head_cut(0, heads, heads, sc.tp, sc.rank)
+        out["sinks"] = head_cut(0, heads, heads, sc.shards, sc.rank)
     return out
 
 
@@ -176,10 +176,10 @@ def _gqa_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx
     )  # fmt: skip
 
 
-def gqa_kv_bytes(attn: GQASpec, tp: int, b: float) -> float:
-    """K and V of this rank's KV heads, max(1, kv_heads // TP) as vLLM's ModelConfig.get_num_kv_heads
-    (vllm/config/model.py) does (heads replicated when TP exceeds them)."""
-    return 2 * max(1, attn.kv_heads // tp) * attn.head_dim * b
+def gqa_kv_bytes(attn: GQASpec, shards: int, b: float) -> float:
+    """K and V of this rank's KV heads, max(1, kv_heads // shards) as vLLM's ModelConfig.get_num_kv_heads
+    (vllm/config/model.py) does with the TP size (heads replicated when TP exceeds them)."""
+    return 2 * max(1, attn.kv_heads // shards) * attn.head_dim * b
 
 
 register_mixer(

@@ -40,7 +40,7 @@ STATE_ELEM_BYTES = 4  # the delta-rule state is kept in fp32
 
 
 def _conv_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
-    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.tp, sc.rank)}
+    return {"weight": head_cut(0, op.weight_shape[0], op.split_heads, sc.shards, sc.rank)}
 
 
 register_mixer(
@@ -204,8 +204,8 @@ def _kda_params(op: Op, numerics: Any) -> Params:
 def _kda_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     heads, d = op.int_attr("heads"), op.int_attr("head_dim")
     return {
-        "A_log": head_cut(0, heads, heads, sc.tp, sc.rank),
-        "dt_bias": head_cut(0, heads * d, heads, sc.tp, sc.rank),
+        "A_log": head_cut(0, heads, heads, sc.shards, sc.rank),
+        "dt_bias": head_cut(0, heads * d, heads, sc.shards, sc.rank),
     }
 
 
@@ -213,10 +213,11 @@ def _kda_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx
     return K.kda(*inputs, head_dim=op.int_attr("head_dim"), a_log=w["A_log"], dt_bias=w["dt_bias"], state=state)
 
 
-def _kda_state_bytes(attn: KDASpec, tp: int, b: float, state_bytes: float) -> float:
-    """Delta-rule state d x d per head (fp32) plus the q/k/v short-conv tails (K-1 inputs), heads split over TP."""
-    heads = attn.heads / tp
-    conv = 3 * attn.width / tp * (attn.conv_kernel - 1) * b
+def _kda_state_bytes(attn: KDASpec, shards: int, b: float, state_bytes: float) -> float:
+    """Delta-rule state d x d per head (fp32) plus the q/k/v short-conv tails (K-1 inputs), heads split over
+    `shards` ranks (TP)."""
+    heads = attn.heads / shards
+    conv = 3 * attn.width / shards * (attn.conv_kernel - 1) * b
     return heads * attn.head_dim * attn.head_dim * state_bytes + conv
 
 

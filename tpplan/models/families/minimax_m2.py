@@ -94,8 +94,8 @@ def build_wide_norm_gqa(b: Builder, a: WideNormGQASpec, x: str) -> str:
     return b.out_proj("attn", n)
 
 
-def _kv_bytes(attn: WideNormGQASpec, tp: int, b: float) -> float:
-    return gqa_kv_bytes(GQASpec(attn.heads, attn.kv_heads, attn.head_dim), tp, b)
+def _kv_bytes(attn: WideNormGQASpec, shards: int, b: float) -> float:
+    return gqa_kv_bytes(GQASpec(attn.heads, attn.kv_heads, attn.head_dim), shards, b)
 
 
 register_mixer(Mixer("gqa_wide_norm", "attention", lambda *a: None, build=build_wide_norm_gqa, kv_bytes=_kv_bytes))

@@ -110,7 +110,7 @@ def _gdn_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
     """The conv's channels are [q (all heads) | k (all heads) | v (all heads)]: three ranges per rank."""
     nk, nv = op.int_attr("k_heads"), op.int_attr("v_heads")
     dk, dv = op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
-    lo, hi = head_range(nk, sc.tp, sc.rank)
+    lo, hi = head_range(nk, sc.shards, sc.rank)
     r = nv // nk
     conv = Cut(0, ((lo * dk, hi * dk), (nk * dk + lo * dk, nk * dk + hi * dk),
                    (2 * nk * dk + lo * r * dv, 2 * nk * dk + hi * r * dv)))  # fmt: skip
@@ -126,10 +126,11 @@ def _gdn_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx
     )  # fmt: skip
 
 
-def _gdn_state_bytes(attn: GDNSpec, tp: int, b: float, state_bytes: float) -> float:
-    """Delta-rule state dk x dv per v head (fp32) plus the conv tails (K-1 inputs), heads split over TP."""
-    heads = attn.v_heads / tp
-    conv = (2 * attn.key_dim + attn.value_dim) / tp * (attn.conv_kernel - 1) * b
+def _gdn_state_bytes(attn: GDNSpec, shards: int, b: float, state_bytes: float) -> float:
+    """Delta-rule state dk x dv per v head (fp32) plus the conv tails (K-1 inputs), heads split over
+    `shards` ranks (TP)."""
+    heads = attn.v_heads / shards
+    conv = (2 * attn.key_dim + attn.value_dim) / shards * (attn.conv_kernel - 1) * b
     return heads * attn.k_head_dim * attn.v_head_dim * state_bytes + conv
 
 

@@ -1,0 +1,89 @@
+"""No code outside the op-kind registry and the lowering passes branches on an op's kind. Issue 30.
+
+What an op kind means to a caller (its sharding rule, per-rank shape, cost class, whether it is a
+linear, routed experts, a token mixer, K3's attention residual, how the runtime runs it) is stated once,
+by its definition in `tpplan/models/opkind_*.py` (`op_kind(op.kind).routed_experts`, `.linear`, ...),
+so a new kind is written in one place instead of in every `if op.kind is OpKind.X` across the package.
+
+The rule, exactly: in every module of `tpplan/` outside `tpplan/models/` and `tpplan/lower/passes/`, no
+comparison (`is`, `is not`, `==`, `!=`, `in`, `not in`) has an `OpKind.<member>` operand, or a tuple,
+list or set literal holding one. Naming a kind as data (building a graph, a table key) is fine.
+
+`PENDING` holds, per module, how many such comparisons it still has; the count may only go down
+(lower it in the commit that converts them, drop the entry at zero). The goal is an empty `PENDING`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
+ALLOWED = ("models/", "lower/passes/")  # the registry and the lowering passes
+
+PENDING = {  # module: comparisons against OpKind members it still has (2026-12-06: 58 in 22 modules)
+    "cost/kernel_pricer.py": 4,
+    "cost/predictor.py": 1,
+    "layout/context_parallel.py": 5,
+    "runtime/context_parallel.py": 2,
+    "runtime/context_parallel_mla.py": 2,
+}
+
+_OPS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+
+
+def _names_a_kind(node: ast.expr) -> bool:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "OpKind":
+        return True
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_kind(e) for e in node.elts)
+    return False
+
+
+def kind_branches(source: str) -> list[int]:
+    """Line of each comparison in `source` with an `OpKind.<member>` operand (or a literal collection of them)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Compare)
+            and any(isinstance(o, _OPS) for o in node.ops)
+            and any(_names_a_kind(e) for e in (node.left, *node.comparators))
+        ):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def checked_modules() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if not p.relative_to(PACKAGE).as_posix().startswith(ALLOWED)]
+
+
+def test_no_opkind_branches_outside_the_registry():
+    counts: Counter[str] = Counter()
+    where: dict[str, list[str]] = {}
+    for path in checked_modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for line in kind_branches(path.read_text()):
+            counts[rel] += 1
+            where.setdefault(rel, []).append(f"{rel}:{line}")
+    over = [hit for rel, n in counts.items() if n > PENDING.get(rel, 0) for hit in where[rel]]
+    assert not over, "ask the kind's definition (tpplan.models.opkinds.op_kind), not its name:\n" + "\n".join(over)
+    stale = {rel: n for rel, n in PENDING.items() if counts[rel] < n}
+    assert not stale, f"fewer OpKind branches than PENDING says; lower it to {dict(sorted(counts.items()))}"
+
+
+def test_the_scan_sees_every_kind_of_comparison():
+    """is / is not / == / != / in / not in, against a member or a literal collection; not plain data."""
+    source = (
+        "a = op.kind is OpKind.LINEAR\n"
+        "b = op.kind is not OpKind.ADD\n"
+        "c = op.kind in (OpKind.LINEAR, OpKind.ROUTER)\n"
+        "d = OpKind.EXPERTS == k\n"
+        "e = k not in {OpKind.NORM}\n"
+        "f = x != [OpKind.SLICE]\n"
+        "g = Op('x', OpKind.LINEAR, (), 'y', 'r')\n"
+        "h = {OpKind.LINEAR: 1}[k]\n"
+        "i = op.kind is kind\n"
+        "j = op.split is WeightSplit.COL\n"
+    )
+    assert kind_branches(source) == [1, 2, 3, 4, 5, 6]
