@@ -102,7 +102,8 @@ def test_mla_mode_prices_the_gather_instead_of_the_all_reduce_and_replicates_the
 def test_engines_keep_the_whole_sequences_kv_on_every_cp_rank() -> None:
     """Issue 33, item 3: CP is priced as the engines run it by default (the whole sequence's KV on every CP
     rank), whatever kernel source prices compute; tpplan's own 1/cp only with cp_kv="sharded"."""
-    assert kv_cp_share("engines", 4) == 1 and kv_cp_share("sharded", 4) == 4
+    assert kv_cp_share(Mesh(2, cp=4)) == 1 and kv_cp_share(Mesh(2, cp=4, cp_kv="sharded")) == 4
+    assert kv_cp_share(Mesh(4, cp=4, cp_layers="mla", cp_kv="sharded")) == 1  # no layer's tokens are split
     g = _graph("llama-3-70b")
     topo = load_topology("h200x8-ib400", nodes=1)
     default = predict_plan(g, baseline(), topo, mesh=Mesh(2, cp=4), tokens=8192)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from tpplan.engines import DEFAULT_ENGINES
 from tpplan.mesh import Mesh
 from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, simulate_disaggregated
 from tpplan.simulate.loop import LoopConfig, StagePrices, simulate
@@ -60,7 +61,7 @@ def main() -> None:
             res = simulate(arrivals, CachedPrices(linear(stages)), cfg, mesh)
             best = min(best, time.perf_counter() - t0)
         report(name, n, res, best)
-    for rule in (SGLANG_RULE, VLLM_RULE):
+    for engine, rule in ((DEFAULT_ENGINES[0], SGLANG_RULE), (DEFAULT_ENGINES[1], VLLM_RULE)):
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
@@ -72,7 +73,7 @@ def main() -> None:
                 rule,
             )
             best = min(best, time.perf_counter() - t0)
-        report(f"P/D {rule.engine}, poisson 20/s, 2 prefill + 2 decode instances", n, run.result, best)
+        report(f"P/D {engine}, poisson 20/s, 2 prefill + 2 decode instances", n, run.result, best)
 
 
 def report(name: str, n: int, res: LoopResult, best: float) -> None:

@@ -108,7 +108,7 @@ def predictor_for(p: dict[str, Any], plan_name: str = "baseline") -> tuple[Predi
     from tpplan.cost.pipeline import pipeline_model
     from tpplan.cost.predictor import cached_predictor
     from tpplan.cost.topology import select_topology
-    from tpplan.engines.scheduling import scheduler_rules
+    from tpplan.engines import scheduler_rules
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_dp_plan, make_plan

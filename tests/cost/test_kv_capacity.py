@@ -41,13 +41,14 @@ def _sglang_fraction(gpu_mib: float, tp: int, pp: int, mla: bool) -> float:
 
 def test_sglang_reserve_is_the_engines_formula_on_h100_and_h200() -> None:
     assert len(sglang_prefill_graph_sizes(8192)) == 58
-    h100 = sglang_reserve(79.6 * 1024, Mesh(8), mla=False)
+    h100 = sglang_reserve(79.6 * 1024, Mesh(8), chunk=8192, mla=False)
     assert h100.reserved_mib == 512 + 12288 + 1024 + 1024 + 464
     assert h100.mem_fraction_static == round((79.6 * 1024 - 15312) / (79.6 * 1024), 3)
-    h200 = sglang_reserve(140 * 1024, Mesh(8), mla=True)  # MLA: prefill graphs reserve 1.5 GiB
+    h200 = sglang_reserve(140 * 1024, Mesh(8), chunk=8192, mla=True)  # MLA: prefill graphs reserve 1.5 GiB
     assert h200.reserved_mib == 512 + 12288 + 1024 + 1024 + 1536
     assert h200.mem_fraction_static == 0.886
-    small = sglang_reserve(79.6 * 1024, Mesh(1), mla=False)  # TP1 on a card over 60 GiB: the 10 GiB floor does not bind
+    # TP1 on a card over 60 GiB: the 10 GiB floor does not bind
+    small = sglang_reserve(79.6 * 1024, Mesh(1), chunk=8192, mla=False)
     assert small.mem_fraction_static == _sglang_fraction(79.6 * 1024, 1, 1, False)
 
 

@@ -133,11 +133,11 @@ def test_vllm_pp_support_is_read_per_model_class(k3):
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
 
-    r = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), k3, mesh=Mesh(8, pp=4))
+    r = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), Launch(k3, Mesh(8, pp=4)))
     pp = next(c for c in r.conditions if "--pipeline-parallel-size" in c.text)
     assert pp.met is True and "KimiK3ForConditionalGeneration (SupportsPP)" in pp.source and "0.34.0" in pp.source
     mixtral = load_model("tiny-mixtral")
-    r = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), mixtral, mesh=Mesh(2, pp=2))
+    r = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), Launch(mixtral, Mesh(2, pp=2)))
     assert next(c for c in r.conditions if "--pipeline-parallel-size" in c.text).met is None
-    assert not any("--pipeline-parallel-size" in c.text for c in vllm_recipe(
-        make_plan("baseline", build_model_graph(k3), 8), k3, mesh=Mesh(8)).conditions)  # fmt: skip
+    tp8 = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), Launch(k3, Mesh(8)))
+    assert not any("--pipeline-parallel-size" in c.text for c in tp8.conditions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tpplan.engines import Launch
 from tpplan.engines.recipes.base import family
 from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
@@ -38,9 +39,9 @@ def test_dp_plans_engine_lines(name: str) -> None:
     assert family(plan) == name.replace("+ep8", "+ep")
     sgl_ok, sgl_flags, vllm_ok, vllm_flags = CASES[name]
     for recipe, ok, flags in ((sglang_recipe(plan, spec, mesh=Mesh(8)), sgl_ok, sgl_flags),
-                              (vllm_recipe(plan, spec, mesh=Mesh(8)), vllm_ok, vllm_flags)):  # fmt: skip
+                              (vllm_recipe(plan, Launch(spec, Mesh(8))), vllm_ok, vllm_flags)):  # fmt: skip
         assert recipe.realises == ok, (recipe.engine, recipe.summary)
         assert all(f in recipe.args for f in flags), (recipe.engine, recipe.args)
         assert bool(recipe.command()) == (ok != "no")
     if name == "vllm-dp":
-        assert "--enable-expert-parallel" not in vllm_recipe(plan, spec, mesh=Mesh(8)).args
+        assert "--enable-expert-parallel" not in vllm_recipe(plan, Launch(spec, Mesh(8))).args

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpplan.engines import select
+from tpplan.engines import Launch, select
 from tpplan.engines.recipes import family, recipes, sglang_recipe, vllm_recipe
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
@@ -57,7 +57,7 @@ def test_input_scattered_gates_decided_from_the_deployment():
 
 def test_sp_moe_flags_derivations_and_k3_variants():
     plan, spec = _setup("kimi-k3", 32, "sp-moe")
-    sgl, vl = recipes(plan, spec, Mesh(32), nodes=4, gpu="NVIDIA H200")
+    sgl, vl = recipes(plan, Launch(spec, Mesh(32), nodes=4, gpu="NVIDIA H200"))
     assert "--moe-a2a-backend deepep" in sgl.args
     assert any("_a2a_ep_size" in c.source and c.effect == "adjusts" for c in sgl.conditions)
     # On H200 the fused SP collectives are off, so tpplan's norm-on-shard sp-moe is not what SGLang runs.
@@ -75,17 +75,17 @@ def test_ep_without_a2a_and_pipeline():
     ep4 = plan.with_(name="ep4", moe="ep", ep_size=4)
     s = sglang_recipe(ep4, spec, mesh=Mesh(32))
     assert "--ep-size 4" in s.args and "--moe-a2a-backend none" in s.args
-    v = vllm_recipe(ep4, spec, mesh=Mesh(32))
+    v = vllm_recipe(ep4, Launch(spec, Mesh(32)))
     assert v.realises == "partly"  # vLLM's EP size is TP x DP
     pp = sglang_recipe(plan, spec, mesh=Mesh(8, pp=4), nodes=4)
     assert "--tp-size 8" in pp.args and "--pp-size 4" in pp.args
-    assert "--pipeline-parallel-size 4" in vllm_recipe(plan, spec, mesh=Mesh(8, pp=4)).args
+    assert "--pipeline-parallel-size 4" in vllm_recipe(plan, Launch(spec, Mesh(8, pp=4))).args
 
 
 def test_plans_no_engine_ships():
     for name in ("gate-aware", "latent-scattered"):
         plan, spec = _setup("kimi-k3", 32, name)
-        assert all(r.realises == "no" for r in recipes(plan, spec, Mesh(32)))
+        assert all(r.realises == "no" for r in recipes(plan, Launch(spec, Mesh(32))))
 
 
 def test_layernorm_sp_allowlist_refuses_other_architectures():
@@ -102,17 +102,17 @@ def test_vllm_sequence_parallel_pass_by_version():
     """0.33.0 has no pass (its config refuses enable_sp); the older revision gates it by GPU, hidden
     size and tokens per batch, with the sp_min_token_num override and the warning named."""
     plan, spec = _setup("llama-3-70b", 8, "sequence-parallel")
-    now = vllm_recipe(plan, spec, mesh=Mesh(8), gpu="NVIDIA H200")
+    now = vllm_recipe(plan, Launch(spec, Mesh(8), gpu="NVIDIA H200"))
     assert now.realises == "no" and "no sequence-parallelism compile pass" in now.summary
     old = select("vllm@main@000fc94b")
-    h200 = vllm_recipe(plan, spec, mesh=Mesh(8), gpu="NVIDIA H200", chunk=8192, engine=old)
+    h200 = vllm_recipe(plan, Launch(spec, Mesh(8), gpu="NVIDIA H200", chunk=8192), engine=old)
     assert h200.realises == "yes" and any("sp_min_token_num" in c.text for c in h200.conditions)
-    small = vllm_recipe(plan, spec, mesh=Mesh(8), gpu="NVIDIA H200", chunk=2048, engine=old)
+    small = vllm_recipe(plan, Launch(spec, Mesh(8), gpu="NVIDIA H200", chunk=2048), engine=old)
     assert small.realises == "no" and any("does not reach" in c.text for c in _failed(small))
-    rtx = vllm_recipe(plan, spec, mesh=Mesh(8), gpu="NVIDIA RTX PRO 6000", engine=old)
+    rtx = vllm_recipe(plan, Launch(spec, Mesh(8), gpu="NVIDIA RTX PRO 6000"), engine=old)
     assert rtx.realises == "no" and any("no threshold for sm120" in c.text for c in _failed(rtx))
     qwen, q = _setup("qwen3-32b", 8, "sequence-parallel")
-    warn = vllm_recipe(qwen, q, mesh=Mesh(8), gpu="NVIDIA H200", engine=old)
+    warn = vllm_recipe(qwen, Launch(q, Mesh(8), gpu="NVIDIA H200"), engine=old)
     assert any("hidden_size too small" in c.text for c in warn.conditions) and warn.realises == "no"
 
 
@@ -134,12 +134,12 @@ def test_a2a_plan_with_input_scattered_attention_is_not_sglang_sp_moe():
 
 def test_vllm_moe_sp_needs_dp_tp_and_pp_1():
     plan, spec = _setup("deepseek-v3", 8, "sp-moe")
-    dp1 = vllm_recipe(plan, spec, mesh=Mesh(8))
+    dp1 = vllm_recipe(plan, Launch(spec, Mesh(8)))
     assert dp1.blocked and ["data-parallel size > 1" in c.text for c in _failed(dp1)] == [True]
-    dp2 = vllm_recipe(plan, spec, mesh=Mesh(4), dp=2)
+    dp2 = vllm_recipe(plan, Launch(spec, Mesh(4), dp=2))
     assert not dp2.blocked and "--data-parallel-size 2" in dp2.args and dp2.realises == "partly"
     assert any("dense layers" in n for n in dp2.notes)  # where tpplan's sp-moe differs from vLLM's
-    pp = vllm_recipe(plan, spec, mesh=Mesh(4, pp=2), dp=2)
+    pp = vllm_recipe(plan, Launch(spec, Mesh(4, pp=2), dp=2))
     assert pp.blocked and any("pipeline-parallel size 1" in c.text for c in _failed(pp))
 
 

@@ -7,6 +7,7 @@ import re
 
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
+from tpplan.engines import Launch
 from tpplan.engines.recipes import EngineRecipe, recipes
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
@@ -18,7 +19,7 @@ from tpplan.report.memo_ask import MemoAsk
 
 def _recipes(model: str, plan: str, dep: Mesh) -> list[EngineRecipe]:
     graph = build_model_graph(load_model(model))
-    return recipes(make_plan(plan, graph, dep.tp), graph.spec, dep)
+    return recipes(make_plan(plan, graph, dep.tp), Launch(graph.spec, dep))
 
 
 def assert_realises(e: EngineRecipe, dep: Mesh) -> None:

@@ -16,23 +16,19 @@ from dataclasses import dataclass
 
 from tpplan.audit import stage_weights
 from tpplan.cost.predictor import STATE_BYTES, Predictor
+from tpplan.engines import ENGINES, kv_sizing, scheduler_rules, select, select_pair
 from tpplan.engines.context_parallel import kv_cp_share
-from tpplan.engines.memory import (
-    DIFFERENCES,
-    MAMBA_SLOTS_PER_REQUEST,
-    MEMORY_ENGINES,
-    MIB,
-    SWA_FULL_TOKENS_RATIO,
-    VLLM_MEMORY,
-    KVCapacity,
-    memory_facts,
-    sglang_mamba_split,
-    sglang_max_running,
-    sglang_reserve,
-)
+from tpplan.engines.memory import DIFFERENCES, MIB, KVCapacity, sglang_mamba_split, sglang_max_running, sglang_reserve
+from tpplan.engines.schema import SglangMemory, VllmMemory
 from tpplan.models.opkinds import mixer
 
-DEFAULT_KV_ENGINES = ("sglang@0.5.23", "vllm@0.34.0")  # the current releases (tpplan.engines.DEFAULT_ENGINES)
+
+def default_kv_engines() -> tuple[str, ...]:
+    """The engines' default releases (`tpplan.engines.default_release`) whose KV sizing was read."""
+    return tuple(ev.key for ev in select_pair(None) if ev.memory is not None)
+
+
+DEFAULT_KV_ENGINES = default_kv_engines()  # at import
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ class _Stage:
 def _stages(p: Predictor) -> list[_Stage]:
     spec, dep = p.graph.spec, p.deployment
     attn_tp = 1 if p.plan.dp_attention else p.tp  # DP attention: a rank keeps its own requests, every head
-    share = kv_cp_share(dep.cp_kv, p.cp)
+    share = kv_cp_share(dep)
     held = stage_weights(p.audit, p.graph, p.stages, p.kernels.stored)
     out = []
     for s, rng in enumerate(p.stages):
@@ -78,30 +74,38 @@ def _mla(p: Predictor) -> bool:
     return any(layer.attn.kind in ("mla", "dsa") for layer in p.graph.spec.layers)
 
 
-def sglang_capacity(p: Predictor, seq_len: int | None) -> KVCapacity:
-    """SGLang 0.5.23 at its defaults: mem_fraction_static derived, pool = pre x fraction - weights."""
+def sglang_capacity(p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23") -> KVCapacity:
+    """SGLang (`key`, a version whose KV sizing was read) at its defaults: mem_fraction_static derived, pool =
+    pre x fraction - weights."""
+    memory = kv_sizing(key)
+    assert isinstance(memory, SglangMemory)
     card = p.topo.gpu.memory_GiB * 2**30
     kda = any(layer.attn.kind == "kda" for layer in p.graph.spec.layers)
-    res = sglang_reserve(card / MIB, p.deployment, mla=_mla(p), attn_dp=_attn_dp(p), kda=kda)
+    chunk = scheduler_rules(key).budget.default_tokens(card / MIB / 1024)
+    res = sglang_reserve(
+        card / MIB, p.deployment, chunk=chunk, mla=_mla(p), dp_attention=bool(p.plan.dp_attention), kda=kda
+    )
     pre = card  # free memory before loading; the CUDA context and NCCL are not counted (DIFFERENCES)
     best: tuple[int, int, int, float, _Stage] | None = None  # (tokens, swa tokens, slots, pool, stage)
     for st in _stages(p):
         rest = pre * res.mem_fraction_static - st.weights
         slots = -1
         if st.state > 0:
-            slots, rest = sglang_mamba_split(rest, st.state)
-        cell = st.full + SWA_FULL_TOKENS_RATIO * st.windowed if st.full and st.windowed else st.full or st.windowed
+            slots, rest = sglang_mamba_split(memory, rest, st.state)
+        ratio = memory.swa_full_tokens_ratio
+        cell = st.full + ratio * st.windowed if st.full and st.windowed else st.full or st.windowed
         tokens = max(0, math.floor(rest / cell)) if cell else 0
-        swa = int(tokens * SWA_FULL_TOKENS_RATIO) if st.full and st.windowed else tokens
+        swa = int(tokens * ratio) if st.full and st.windowed else tokens
         if best is None or tokens < best[0]:
             best = (tokens, swa, slots, max(rest, 0.0), st)
     assert best is not None
     tokens, swa, slots, pool, st = best
     attn_dp = _attn_dp(p)
-    cap = sglang_max_running(tokens, None, attn_dp)
+    cap = sglang_max_running(tokens, None, p.deployment, dp_attention=bool(p.plan.dp_attention))
     bound = "max_running_requests"
-    if slots >= 0 and slots // MAMBA_SLOTS_PER_REQUEST < cap:
-        cap, bound = max(0, slots // MAMBA_SLOTS_PER_REQUEST), "state slots"
+    per_request = memory.mamba_slots_per_request
+    if slots >= 0 and slots // per_request < cap:
+        cap, bound = max(0, slots // per_request), "state slots"
     batch = None
     if seq_len is not None:
         fits = [tokens // seq_len] if st.full else []
@@ -113,20 +117,20 @@ def sglang_capacity(p: Predictor, seq_len: int | None) -> KVCapacity:
     settings = {"mem_fraction_static": res.mem_fraction_static, "chunked_prefill_size": res.chunked_prefill_size,
                 "cuda_graph_max_bs": res.decode_max_bs, "reserved_mib": res.reserved_mib}  # fmt: skip
     return KVCapacity(
-        "sglang@0.5.23", card, st.weights, pre * (1 - res.mem_fraction_static),
+        key, card, st.weights, pre * (1 - res.mem_fraction_static),
         f"(1 - mem_fraction_static {res.mem_fraction_static}) of the card: activations {res.activations_mib:,.0f} MiB, "
         f"TP x PP {res.parallel_mib:,.0f} MiB, CUDA graphs {res.graphs_mib:,.0f} MiB"
         + (f", 10 GiB floor +{res.floor_mib:,.0f} MiB" if res.floor_mib else ""),
         pool, st.full or st.windowed, tokens, cap, seq_len, batch, bound if seq_len is not None else None,
-        settings, tuple(f.source.cite() for f in memory_facts("sglang@0.5.23")),
+        settings, tuple(f.source.cite() for f in memory.facts),
     )  # fmt: skip
 
 
 def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0") -> KVCapacity:
-    """vLLM (0.33.0 or 0.34.0) at its defaults: the profiled figures into its KV bytes, then blocks."""
-    from tpplan.engines.scheduling import scheduler_rules
-
-    vm = VLLM_MEMORY[key]
+    """vLLM (`key`, a version whose KV sizing was read) at its defaults: the profiled figures into its KV bytes,
+    then blocks."""
+    vm = kv_sizing(key)
+    assert isinstance(vm, VllmMemory)
     card = p.topo.gpu.memory_GiB * 2**30
     gib = p.topo.gpu.memory_GiB
     step = scheduler_rules(key).budget.default_tokens(gib, p.topo.gpu.name)
@@ -164,23 +168,25 @@ def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0") -
 def kv_capacity(p: Predictor, engine: str, seq_len: int | None = None) -> KVCapacity:
     """KV capacity per rank on `p`'s deployment as engine version `engine` computes it; `seq_len`: the
     decode batch the pool admits at that prompt + output length (None: none)."""
-    memory_facts(engine)  # a TpplanError for a version whose sizing was not read
-    if engine.startswith("sglang@"):
-        return sglang_capacity(p, seq_len)
-    return vllm_capacity(p, seq_len, engine)
+    memory = kv_sizing(engine)  # a TpplanError for a version whose sizing was not read
+    key = select(engine).key
+    if isinstance(memory, SglangMemory):
+        return sglang_capacity(p, seq_len, key)
+    return vllm_capacity(p, seq_len, key)
 
 
 def kv_engines_for(engine: str | None) -> tuple[str, ...]:
     """The engine versions to size the KV cache for: the one `engine` names where its sizing was read
-    (`vllm`, `sglang@0.5.23`), else both current releases."""
+    (`vllm`, `sglang@0.5.23`), else both default releases."""
+    defaults = default_kv_engines()
     if engine:
         key = engine.strip().lower()
         if "@" not in key:
-            key = next((d for d in DEFAULT_KV_ENGINES if d.startswith(f"{key}@")), key)
-        if key in MEMORY_ENGINES:
+            key = next((d for d in defaults if d.startswith(f"{key}@")), key)
+        if key in ENGINES and ENGINES[key].memory is not None:
             return (key,)
-    return DEFAULT_KV_ENGINES
+    return defaults
 
 
-__all__ = ["DEFAULT_KV_ENGINES", "DIFFERENCES", "KVCapacity", "kv_capacity", "kv_engines_for", "sglang_capacity",
-           "vllm_capacity"]  # fmt: skip
+__all__ = ["DEFAULT_KV_ENGINES", "DIFFERENCES", "KVCapacity", "default_kv_engines", "kv_capacity", "kv_engines_for",
+           "sglang_capacity", "vllm_capacity"]  # fmt: skip

@@ -283,7 +283,7 @@ class Predictor:
         tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: by default every CP
         rank keeps the whole sequence's KV, as SGLang and vLLM do; with `cp_kv="sharded"` (`--cp-kv sharded`)
         its own tokens', 1/cp (`tpplan.engines.context_parallel.kv_cp_share`)."""
-        cp = kv_cp_share(self.deployment.cp_kv, self.cp)
+        cp = kv_cp_share(self.deployment)
         if self.plan.dp_attention:
             return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp / cp
         return mixer(attn.kind).kv_bytes(attn, self.tp, self.b) / cp

@@ -1,8 +1,10 @@
 """Engine knowledge as versioned data: what SGLang and vLLM really run for a flag, per model class.
 
-`ENGINES` holds every engine version read (`tpplan.engines.sglang`, `tpplan.engines.vllm`, and one
-module each in `tpplan.engines.releases`; the schema is `tpplan.engines.schema`). `select("sglang@0.5.23")`
-picks one; `DEFAULT_ENGINES` are the current releases. `path_for(engine, mode, spec)` says which model
+`ENGINES` holds every engine version read, one module each in `tpplan.engines.releases` (built from the
+records of `tpplan.engines.sglang` and `tpplan.engines.vllm`; the schema is `tpplan.engines.schema`), each
+with its scheduler rules, KV sizing and P/D hand-off. `select("sglang@0.5.23")` picks one; an engine's
+default is its newest release (`default_release`; `DEFAULT_ENGINES` at import). `scheduler_rules`,
+`kv_sizing` and `handoff_rule` read a version's serving facts. `path_for(engine, mode, spec)` says which model
 class wiring applies to a model, or that the model class does not wire the mode and what the engine
 runs instead; `judge` decides a mode's gates for a deployment. Planner-level: no torch, no report.
 """
@@ -12,26 +14,48 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpplan.engines.gates import Launch, evaluate, mla_of
-from tpplan.engines.releases import collect, discovered
-from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode, NotWired, Op, Source, Wiring
-from tpplan.engines.sglang import SGLANG_0_5_23, SGLANG_OLDER
-from tpplan.engines.vllm import VLLM_0_33_0, VLLM_0_34_0, VLLM_OLDER
+from tpplan.engines.releases import collect, discovered, ordered
+from tpplan.engines.schema import (
+    Comm,
+    EngineVersion,
+    Gate,
+    HandoffRule,
+    KVSizing,
+    Mode,
+    NotWired,
+    Op,
+    SchedulerRules,
+    Source,
+    Wiring,
+)
 from tpplan.errors import TpplanError
 from tpplan.models.spec import ModelSpec, MoESpec
 
-# The versions read in sglang.py and vllm.py, then one module per later version in `engines/releases/`.
-ENGINES: dict[str, EngineVersion] = collect(
-    (SGLANG_0_5_23, SGLANG_OLDER, VLLM_0_34_0, VLLM_0_33_0, VLLM_OLDER, *discovered())
-)
-DEFAULT_ENGINES = (SGLANG_0_5_23.key, VLLM_0_34_0.key)  # the current releases
+# One module per version in `engines/releases/`, each engine's newest release first.
+ENGINES: dict[str, EngineVersion] = collect(ordered(discovered()))
+ENGINE_NAMES = ("SGLang", "vLLM")  # the (SGLang, vLLM) order of `select_pair` and `DEFAULT_ENGINES`
+
+
+def default_release(engine: str) -> EngineVersion:
+    """`engine`'s ("SGLang", "vllm") default: its newest release that does not say `default=False`, among the
+    versions registered now (`ENGINES`)."""
+    name = engine.strip().lower()
+    found = next((ev for ev in ordered(ENGINES.values()) if ev.engine.lower() == name and ev.default
+                  and ev.release is not None), None)  # fmt: skip
+    if found is None:
+        raise TpplanError(f"engine={engine}", "no release to default to", f"use one of {', '.join(ENGINES)}")
+    return found
+
+
+DEFAULT_ENGINES = tuple(default_release(name).key for name in ENGINE_NAMES)  # at import; `default_release` is live
 
 
 def select(value: str) -> EngineVersion:
-    """The engine version `value` names: `sglang@0.5.23`, `vllm@0.34.0`, or an engine alone (its current
+    """The engine version `value` names: `sglang@0.5.23`, `vllm@0.34.0`, or an engine alone (its default
     release). Bad input: TpplanError naming the choices."""
     key = value.strip().lower()
-    if "@" not in key:
-        key = next((d for d in DEFAULT_ENGINES if d.startswith(f"{key}@")), key)
+    if "@" not in key and key in (n.lower() for n in ENGINE_NAMES):
+        return default_release(key)
     if key not in ENGINES:
         raise TpplanError(f"engine={value}", "no engine data for that version", f"use one of {', '.join(ENGINES)}")
     return ENGINES[key]
@@ -40,9 +64,49 @@ def select(value: str) -> EngineVersion:
 def select_pair(values: list[str] | tuple[str, ...] | None) -> tuple[EngineVersion, EngineVersion]:
     """(SGLang, vLLM) versions from `--engine` values (each names one engine; the other keeps its default)."""
     chosen = {e.engine: e for e in (select(v) for v in (values or ()))}
-    sgl = chosen.get("SGLang", ENGINES[DEFAULT_ENGINES[0]])
-    vll = chosen.get("vLLM", ENGINES[DEFAULT_ENGINES[1]])
+    sgl = chosen.get("SGLang") or default_release("SGLang")
+    vll = chosen.get("vLLM") or default_release("vLLM")
     return sgl, vll
+
+
+def _version(key: str) -> EngineVersion | None:
+    """The version `key` names ("sglang@0.5.23", or an engine alone), None where none is registered."""
+    try:
+        return select(key)
+    except TpplanError:
+        return None
+
+
+def scheduler_rules(key: str) -> SchedulerRules:
+    """The scheduler rules engine version `key` states (its release module); a TpplanError naming the versions."""
+    ev = _version(key)
+    rules = ev.scheduling if ev is not None else None
+    if rules is None:
+        have = [k for k, ev in ENGINES.items() if ev.scheduling is not None]
+        raise TpplanError(f"engine={key}", "no scheduler rules read for that version", f"use one of {', '.join(have)}")
+    return rules
+
+
+def kv_sizing(key: str) -> KVSizing:
+    """How engine version `key` sizes its KV cache (its release module); a TpplanError naming the versions."""
+    ev = _version(key)
+    memory = ev.memory if ev is not None else None
+    if memory is None:
+        have = [k for k, ev in ENGINES.items() if ev.memory is not None]
+        raise TpplanError(f"engine={key}", "no KV-sizing facts read for that version", f"use one of {', '.join(have)}")
+    return memory
+
+
+def handoff_rule(key: str) -> tuple[HandoffRule, str | None]:
+    """The P/D hand-off engine version `key` states and, where it states none, its engine's default release's
+    with a note saying so."""
+    ev = select(key)
+    if ev.handoff is not None:
+        return ev.handoff, None
+    read = default_release(ev.engine)
+    if read.handoff is None:
+        raise TpplanError(f"engine={key}", "no P/D hand-off read for that engine", "use a version whose was read")
+    return read.handoff, f"{ev.key}'s P/D hand-off was not read; {read.key}'s is used"
 
 
 @dataclass(frozen=True)
@@ -93,10 +157,12 @@ def judge(mode: Mode, d: Launch) -> tuple[GateResult, ...]:
     return tuple(GateResult(g, *evaluate(g.check, d)) for g in mode.gates)
 
 
-def engine_plans(spec: ModelSpec, engines: tuple[str, ...] = DEFAULT_ENGINES) -> tuple[str, ...]:
+def engine_plans(spec: ModelSpec, engines: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The tpplan plans the engines' data names as what a mode runs on this model class (in order,
-    once each): what a memo must price beside its own plans, so it compares what the engines run."""
-    modes = [m for key in engines for m in ENGINES[key].modes]
+    once each): what a memo must price beside its own plans, so it compares what the engines run;
+    `engines` None: the default releases."""
+    versions = [select(key) for key in engines] if engines is not None else list(select_pair(None))
+    modes = [m for ev in versions for m in ev.modes]
     names = [w.plan for m in modes for w in m.wiring if w.plan and spec.model_type in w.model_types]
     return tuple(dict.fromkeys(names))
 
@@ -123,13 +189,18 @@ def collectives(dataflow: tuple[Op | Comm, ...], spec: ModelSpec) -> list[tuple[
 __all__ = [
     "DEFAULT_ENGINES",
     "ENGINES",
+    "ENGINE_NAMES",
     "GateResult",
     "Launch",
     "Path",
     "collectives",
+    "default_release",
     "engine_plans",
+    "handoff_rule",
     "judge",
+    "kv_sizing",
     "path_for",
+    "scheduler_rules",
     "select",
     "select_pair",
     "widths",

@@ -21,6 +21,7 @@ from typing import Literal
 from tpplan.engines import sglang_source, vllm
 from tpplan.engines.schema import Gate, Source
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 KvPerRank = Literal["replicated", "sharded"]
 
@@ -325,12 +326,13 @@ CP_KV_MODES = {
 }
 
 
-def kv_cp_share(mode: str, cp: int) -> int:
-    """What a CP rank's KV cache is divided by under prefill CP of size `cp`: 1 in the engines' mode (the
-    default, `CP_KV_MODES["engines"]`), `cp` in tpplan's own `sharded` mode (asked for with `--cp-kv sharded`)."""
-    if mode not in CP_KV_MODES:
-        raise TpplanError(f"cp_kv={mode}", "unknown KV mode under CP", f"use one of {', '.join(CP_KV_MODES)}")
-    return cp if mode == "sharded" else 1
+def kv_cp_share(mesh: Mesh) -> int:
+    """What a CP rank's KV cache is divided by on `mesh`: 1 in the engines' mode (the default,
+    `CP_KV_MODES["engines"]`), its CP in tpplan's own `sharded` mode (asked for with `--cp-kv sharded`) where
+    every layer's tokens are split (`--cp-layers all`; under `mla` no layer's tokens are, so 1)."""
+    if mesh.cp_kv not in CP_KV_MODES:
+        raise TpplanError(f"cp_kv={mesh.cp_kv}", "unknown KV mode under CP", f"use one of {', '.join(CP_KV_MODES)}")
+    return mesh.cp if mesh.cp_kv == "sharded" and mesh.cp_layers == "all" else 1
 
 
 __all__ = ["CP_KV_MODES", "CP_PATHS", "CpPath", "kv_cp_share"]

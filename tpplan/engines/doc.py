@@ -26,14 +26,15 @@ INTRO = """# Engines as they run
 
 What SGLang and vLLM really do with the flags tpplan's memo prints, per engine version and model
 class, read from the engines' code. This file is rendered from the engine data (`tpplan/engines/`:
-`sglang.py` with its SP-MoE mode in `sglang_sp_moe.py`, `vllm.py`, one module per later version in
-`releases/`, schema in `schema.py`; the launch lines built from it are `engines/recipes/`; adding a
-version: docs/adding-an-engine-version.md); regenerate it with
+`sglang.py` with its SP-MoE mode in `sglang_sp_moe.py` and `vllm.py` hold the records read; each
+version is one module of `releases/`, with its scheduler, KV sizing and P/D hand-off; schema in
+`schema.py`; the launch lines built from it are `engines/recipes/`; adding a version:
+docs/adding-an-engine-version.md); regenerate it with
 `python -m tpplan.engines.doc > docs/engines.md`. Every fact names the file, the function and the
 version or commit read; `source: unread` marks a statement nobody checked in the code.
 
 `tpplan report --engine sglang@VERSION --engine vllm@VERSION` judges the memo's flags against one
-of the versions below; the default is each engine's current release (the first of each engine).
+of the versions below; the default is each engine's newest release (the first of each engine).
 An engine-named plan equals the engine's dataflow op by op for every model class that wires the
 flag (`tests/engines/test_dataflow.py` holds the per-layer collectives to tables transcribed from
 the code); a model class that does not wire it runs the engine's actual path, and the memo says so
@@ -144,6 +145,33 @@ def _engine(ev: EngineVersion) -> list[str]:
         f"- what tpplan assumes with `--engine {ev.key}`: {p.assumption(ev.engine + ' ' + ev.version)}.",
         "",
     ]
+    return out + _serving(ev)
+
+
+def _serving(ev: EngineVersion) -> list[str]:
+    """What the version's release module states for the serving loop, the KV sizing and the P/D hand-off."""
+    out = []
+    if ev.scheduling is not None:
+        r = ev.scheduling
+        out += ["### The scheduler, as the serving loop reads it (`tpplan/simulate/`)", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in r.facts()]
+        out += [f"- not modelled: {n}" for n in r.not_modelled] + [""]
+    if ev.memory is not None:
+        out += ["### KV-cache sizing at the launch line's defaults (`tpplan/cost/kv_capacity.py`)", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in ev.memory.facts] + [""]
+    if ev.handoff is not None:
+        h = ev.handoff
+        words = (
+            f"the {'decode server reserves the KV first' if h.decode_first else 'prefill server computes first'}; "
+            f"the {'prefill side pushes' if h.push else 'decode side pulls'} the KV"
+            f"{', chunk by chunk' if h.chunked_send else ' after the last chunk'}; the first output token comes "
+            f"from the {'decode' if h.first_token_on_decode else 'prefill'} server"
+        )
+        out += ["### Prefill/decode disaggregation hand-off (`tpplan/simulate/disagg_loop.py`)", "",
+                f"- {words}", *(f"- source: {s.cite()}" for s in h.sources), ""]  # fmt: skip
+    elif ev.scheduling is not None:
+        unread = "- not read for this version: the engine's default release's rule is used, with a note"
+        out += ["### Prefill/decode disaggregation hand-off", "", unread, ""]
     return out
 
 
@@ -245,25 +273,6 @@ def _context_parallel() -> list[str]:
     return out
 
 
-def _kv_sizing() -> list[str]:
-    """How each engine version sizes its KV cache (`tpplan.engines.memory`), fact by fact with its source."""
-    from tpplan.engines.memory import MEMORY_ENGINES, memory_facts
-
-    out = [
-        "## KV cache sizing",
-        "",
-        "How each version turns the card's memory into KV tokens at its defaults (`tpplan/engines/memory.py`;",
-        "`tpplan/cost/kv_capacity.py` feeds it the cost model's weights, KV bytes and state per rank:",
-        'docs/cost-model.md, "KV capacity as the engines compute it").',
-        "",
-    ]
-    for key in MEMORY_ENGINES:
-        out += [f"### `{key}`", ""]
-        out += [f"- {f.text} ({f.source.cite()})" for f in memory_facts(key)]
-        out.append("")
-    return out
-
-
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
@@ -272,7 +281,6 @@ def render() -> str:
     lines += _overlaps()
     lines += _async_tp()
     lines += _context_parallel()
-    lines += _kv_sizing()
     return "\n".join(lines).rstrip() + "\n"
 
 

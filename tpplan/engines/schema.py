@@ -11,6 +11,7 @@ otherwise (`fallback`). How the engine pipelines prefill chunks over PP stages i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
@@ -222,8 +223,122 @@ class CollectiveDefault:
 
 
 @dataclass(frozen=True)
+class Fact:
+    """One statement about an engine version's serving loop or memory, and where it was read."""
+
+    text: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class BudgetTier:
+    """GPUs with less than `below_gib` of memory (None: any more) get `tokens` per step by default."""
+
+    below_gib: float | None
+    tokens: int
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """The step's prefill token budget: its flag and its default, by GPU memory."""
+
+    flag: str
+    tiers: tuple[BudgetTier, ...]  # ascending; the first whose bound the GPU is under applies
+    small_tier_names: tuple[str, ...]  # GPU names kept on the first tier whatever their memory
+    fact: Fact
+
+    def default_tokens(self, memory_gib: float, gpu_name: str = "") -> int:
+        """The budget the engine picks when the flag is not given, for a GPU of this memory and name."""
+        if any(s in gpu_name.lower() for s in self.small_tier_names):
+            return self.tiers[0].tokens
+        return next(t.tokens for t in self.tiers if t.below_gib is None or memory_gib < t.below_gib)
+
+
+@dataclass(frozen=True)
+class SchedulerRules:
+    """One engine version's prefill scheduling, as the serving loop (`tpplan.simulate`) reads it."""
+
+    budget: StepBudget
+    admission: Fact  # order and splitting of requests in a step
+    mixes_decode: bool  # prefill chunks and decode tokens share a step
+    prefill_decode: Fact
+    cpu_overlap: bool  # at PP 1, the CPU forms step n+1 while the GPU runs step n
+    cpu_overlap_under_pp: bool  # ... and it keeps doing so under PP (SGLang turns its overlap schedule off)
+    cpu_overlap_fact: Fact
+    prefill_graph_tokens: int  # prefill steps of at most this many tokens replay a CUDA graph (0: none)
+    graph_fact: Fact
+    max_running: Fact
+    more: tuple[Fact, ...] = ()
+    not_modelled: tuple[str, ...] = ()  # what the loop leaves out for this engine: the memo's conditions
+    decode_step: Fact | None = None  # how a request decodes once its prompt is done (the loop's `decode`)
+
+    def facts(self) -> tuple[Fact, ...]:
+        """Every fact, in the order docs/engines.md lists them."""
+        decode = (self.decode_step,) if self.decode_step is not None else ()
+        return (self.budget.fact, self.admission, self.prefill_decode, self.cpu_overlap_fact, self.graph_fact,
+                self.max_running, *self.more, *decode)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HandoffRule:
+    """How an engine version hands a request from its prefill server to its decode server (P/D)."""
+
+    decode_first: bool  # the decode server reserves the KV before the prefill server computes the prompt
+    first_token_on_decode: bool  # the decode server computes the first output token (else the prefill's streams)
+    push: bool  # the prefill side sends the KV over its link; else the decode side reads it over its own
+    sources: tuple[Source, ...]
+    chunked_send: bool = False  # each chunk's KV leaves after its step (else the whole prompt's after the last)
+
+
+@dataclass(frozen=True)
+class SglangMemory:
+    """SGLang's KV sizing: `mem_fraction_static` derived from the GPU and the launch line, the pool what is left
+    after the weights (the formulas are `tpplan.engines.memory.sglang_*`; these are the facts they follow)."""
+
+    facts: tuple[Fact, ...]
+    swa_full_tokens_ratio: float  # SWA pool tokens per full-attention token
+    mamba_full_memory_ratio: float  # state slots : KV pool share of a linear-attention hybrid
+    mamba_slots_per_request: int  # state slots one running request holds (radix cache on)
+
+
+@dataclass(frozen=True)
+class VllmMemory:
+    """One vLLM version's KV sizing: its defaults and how the profiled numbers become the KV bytes."""
+
+    gpu_memory_utilization: float  # the default that applies on CUDA
+    extensible: bool  # sized after warm-up from measured free memory (0.34.0's default on CUDA)
+    block_size: int  # CacheConfig.DEFAULT_BLOCK_SIZE
+    facts: tuple[Fact, ...]
+
+    def max_num_seqs(self, gpu_gib: float, gpu_name: str = "") -> int:
+        """max_num_seqs unset (OpenAI server): 1024 at 70 GiB and more except A100 and GB10, else 256."""
+        small = any(s in gpu_name.lower() for s in ("a100", "gb10"))
+        return 1024 if gpu_gib >= 160 or (gpu_gib >= 70 and not small) else 256
+
+    def kv_bytes(self, card: float, weights: float, activation_peak: float, cuda_graphs: float = 0.0,
+                 non_torch: float = 0.0) -> float:  # fmt: skip
+        """Bytes the KV cache gets per rank from the card's bytes and the profiled figures."""
+        if self.extensible:  # measure_kv_cache_bytes at utilization 1.0: headroom - margin - transient peak
+            headroom = card - weights - cuda_graphs - non_torch
+            margin = max(1.0 * 2**30, 0.75 * activation_peak)
+            return max(0.0, headroom - margin - activation_peak)
+        requested = card * self.gpu_memory_utilization  # request_memory: ceil(total x utilization)
+        return max(0.0, requested - (weights + non_torch + activation_peak) - cuda_graphs)
+
+    def reserve_text(self) -> str:
+        if self.extensible:
+            return "the activation peak + max(1 GiB, 0.75 x the peak) (extensible KV cache, utilization 1.0)"
+        util = self.gpu_memory_utilization
+        return f"{1 - util:.0%} of the card (gpu_memory_utilization {util}) + the activation peak"
+
+
+KVSizing = SglangMemory | VllmMemory
+
+
+@dataclass(frozen=True)
 class EngineVersion:
-    """One engine at one version: its modes and its PP schedule."""
+    """One engine at one version: its modes, its PP schedule and what its serving loop and memory do;
+    one module of `tpplan/engines/releases/` each (docs/adding-an-engine-version.md)."""
 
     engine: Literal["SGLang", "vLLM"]
     version: str  # "0.5.23", or "main@<commit>" for a revision read from the repository
@@ -234,10 +349,22 @@ class EngineVersion:
     notes: tuple[str, ...] = field(default_factory=tuple)
     supports: tuple[Support, ...] = ()  # options only some model classes implement (read per model file)
     collectives: CollectiveDefault | None = None  # NCCL's NVLS as the launcher leaves it (None: not read)
+    # What the serving loop, the KV sizing and the P/D loop read of this version (None: not read for it)
+    scheduling: SchedulerRules | None = None
+    memory: KVSizing | None = None
+    handoff: HandoffRule | None = None
+    default: bool = True  # False: selectable, never its engine's default (else the newest release is)
 
     @property
     def key(self) -> str:
         return f"{self.engine.lower()}@{self.version}"
+
+    @property
+    def release(self) -> tuple[int, ...] | None:
+        """The version as numbers ("0.34.0" -> (0, 34, 0)); None for a revision ("main@000fc94b")."""
+        if not re.fullmatch(r"\d+(\.\d+)*", self.version):
+            return None
+        return tuple(int(x) for x in self.version.split("."))
 
     def mode(self, name: str) -> Mode | None:
         return next((m for m in self.modes if m.name == name), None)
@@ -261,20 +388,28 @@ def recite(record: Any, old_ref: str, new_ref: str) -> Any:
 
 
 __all__ = [
+    "BudgetTier",
     "CollectiveDefault",
     "Comm",
     "Effect",
     "EngineVersion",
+    "Fact",
     "Gate",
+    "HandoffRule",
+    "KVSizing",
     "Mode",
     "NotWired",
     "Op",
     "PipelineSchedule",
     "Rows",
+    "SchedulerRules",
     "Setting",
+    "SglangMemory",
     "Source",
     "Step",
+    "StepBudget",
     "Support",
+    "VllmMemory",
     "Wiring",
     "recite",
 ]

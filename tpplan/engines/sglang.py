@@ -4,7 +4,8 @@ revision (the `layers/communicator/` package, commits from the code index) where
 Paths of the release are those of the repository (`python/sglang/...`); in 0.5.23 the layer
 communicator is `python/sglang/srt/layers/layer_boundary/`, earlier `layers/communicator/`. The
 SP-MoE mode (DeepEP beside attention TP, per model class) is `sglang_sp_moe.py`; where the code was
-read, `sglang_source.py`.
+read, `sglang_source.py`. The versions themselves (these records with each release's scheduler, KV
+sizing and P/D hand-off) are modules of `tpplan/engines/releases/`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import replace
 from tpplan.engines.schema import (
     CollectiveDefault,
     Comm,
-    EngineVersion,
     Gate,
     Mode,
     NotWired,
@@ -382,17 +382,6 @@ NCCL_NVLS = CollectiveDefault(
     source=_rel("python/sglang/srt/entrypoints/engine.py", "_set_envs_and_config (enable_nccl_nvls, enable_symm_mem)"),
 )
 
-SGLANG_0_5_23 = EngineVersion(
-    engine="SGLang",
-    version="0.5.23",
-    released="current PyPI release (2026-10); sources read from its wheel",
-    launcher="python -m sglang.launch_server --model-path {model}",
-    modes=(SGL_INPUT_SCATTERED, SGL_SP_MOE, SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
-    pipeline=PIPELINE,
-    supports=PP_SUPPORT,
-    collectives=NCCL_NVLS,
-)
-
 # --------------------------------------------------------------------------------------------
 # An older main revision (layers/communicator/): the dataflow is the same, some gates differ.
 
@@ -408,7 +397,9 @@ _OLD_K3SP = _old("python/sglang/srt/layers/k3_sp_collective.py", "_init_state", 
 _OLD_RS = _old(f"{OLD}/ops.py", "tp_reduce_scatter", "4eb3ad5a3d5efab835a93d05b922757f5fdeb539")
 
 
-def _older_input_scattered() -> Mode:
+def older_input_scattered() -> Mode:
+    """Input-scattered at the older revision: 0.5.23's dataflow, cited at the commits read there."""
+
     def cite(step):  # the same dataflow, read at the older commits
         if isinstance(step, Comm):
             src = {"RS": _OLD_RS, "AR": _OLD_OPS}.get(step.collective, _OLD_ATTN)
@@ -428,7 +419,9 @@ def _older_input_scattered() -> Mode:
     )
 
 
-def _older_sp_moe() -> Mode:
+def older_sp_moe() -> Mode:
+    """SP-MoE at the older revision: only its fused-collective gate was read there."""
+
     read_in_release = ("k3_sp_collective_table", "k3_sp_collective_bucket")  # the table files of 0.5.23's wheel
     gates = tuple(
         replace(
@@ -447,18 +440,13 @@ def _older_sp_moe() -> Mode:
     return replace(SGL_SP_MOE, gates=gates, fallback_source=_OLD_K3SP)
 
 
-SGLANG_OLDER = EngineVersion(
-    engine="SGLang",
-    version="main@7665ff96",
-    released="an older main revision (layers/communicator/ package), read through the code index",
-    launcher="python -m sglang.launch_server --model-path {model}",
-    modes=(_older_input_scattered(), _older_sp_moe(), SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
-    pipeline=PIPELINE,
-    notes=(
-        "layernorm-SP, DP attention and the PP scheduler were read in 0.5.23 only; this revision reuses them unchecked",
-        "SP-MoE: only the fused-collective gate was read at this revision (k3_sp_collective._init_state); its "
-        "per-layer dataflows reuse the 0.5.23 reading unchecked",
-    ),
-)
-
-__all__ = ["SGLANG_0_5_23", "SGLANG_OLDER"]
+__all__ = [
+    "NCCL_NVLS",
+    "PIPELINE",
+    "PP_SUPPORT",
+    "SGL_DP_ATTENTION",
+    "SGL_INPUT_SCATTERED",
+    "SGL_LAYERNORM_SP",
+    "older_input_scattered",
+    "older_sp_moe",
+]

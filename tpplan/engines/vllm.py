@@ -2,17 +2,15 @@
 read first; 0.34.0 was diffed against it function by function wherever a record cites a file) and an
 older main revision (read through the code index) that still had the sequence-parallelism compile pass.
 
-The records below are 0.34.0's; `VLLM_0_33_0` re-cites them at 0.33.0 and replaces what differs there
-(the all2all backend list, the PP batches in flight)."""
+The records below are 0.34.0's; the versions themselves are modules of `tpplan/engines/releases/`
+(`vllm_0_34_0.py` with its scheduler, KV sizing and P/D hand-off; `vllm_0_33_0.py` re-cites these records at
+0.33.0 and replaces what differs there: the all2all backend list, the PP batches in flight, the KV sizing)."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from tpplan.engines.schema import (
     CollectiveDefault,
     Comm,
-    EngineVersion,
     Gate,
     Mode,
     NotWired,
@@ -21,7 +19,6 @@ from tpplan.engines.schema import (
     Source,
     Support,
     Wiring,
-    recite,
 )
 
 REPO = "vllm-project/vllm"
@@ -316,68 +313,6 @@ NCCL_NVLS = CollectiveDefault(
     source=_rel("vllm/model_executor/determinism/batch_invariant.py", "grep of the wheel for NCCL_NVLS_ENABLE"),
 )
 
-BATCH_DEFAULTS = _rel("vllm/engine/arg_utils.py", "EngineArgs.get_batch_defaults")
-VLLM_0_34_0 = EngineVersion(
-    engine="vLLM",
-    version=VERSION,
-    released="current PyPI release (built 2026-11-16); sources read from its wheel, diffed against 0.33.0",
-    launcher="vllm serve {model}",
-    modes=(VLLM_MOE_SP, VLLM_NO_SP_PASS, VLLM_DP_EP),
-    pipeline=PIPELINE,
-    notes=(
-        "changed from 0.33.0 where tpplan's records cite: ParallelConfig.use_sequence_parallel_moe adds the "
-        "`mori` all2all backend; VllmConfig.max_concurrent_batches is pp_size + 1 under async scheduling with no "
-        "model-runner condition (0.33.0: only on the V2 model runner, its default); KimiDecoderLayer.__init__ "
-        "builds DSA attention for layers a dsa_config names (Kimi-K3's preset has none); every other cited "
-        "function is unchanged",
-        "chunked-prefill budget unchanged: --max-num-batched-tokens defaults to 8192 for the API server on GPUs "
-        f"of at least 70 GiB other than A100, 16384 from 160 GiB, else 2048 ({BATCH_DEFAULTS.cite()}, the same "
-        "function in 0.33.0); Scheduler.schedule now applies long_prefill_token_threshold only with chunked "
-        "prefill on",
-    ),
-    supports=PP_SUPPORT,
-    collectives=NCCL_NVLS,
-)
-
-
-def _release_0_33() -> EngineVersion:
-    """0.33.0: 0.34.0's records re-cited (the diff found the cited functions unchanged), with 0.33.0's own
-    all2all backend list and PP in-flight rule."""
-    old = recite(VLLM_0_34_0, REL, REL_33)
-    moe_sp = old.mode("moe-sp")
-    assert moe_sp is not None
-    backends = replace(moe_sp.gates[0], text=f"--all2all-backend one of {', '.join(SP_MOE_BACKENDS_0_33)}")
-    moe_sp = replace(moe_sp, gates=(backends, *moe_sp.gates[1:]))
-    v1_runner = Source(REPO, "vllm/config/vllm.py", "VllmConfig.__post_init__ (v1_async_sched_incompat)", REL_33)
-    pipeline = replace(
-        old.pipeline,
-        in_flight="max_concurrent_batches = pipeline_parallel_size + 1 batches in the engine core's batch queue "
-        "when async scheduling runs on the V2 model runner, which is the default (use_v2_model_runner, unless "
-        "VLLM_USE_V2_MODEL_RUNNER=0 or a feature it lacks); VllmConfig.__post_init__ turns async scheduling on for "
-        "every executor that supports it, the Ray executor included (RayExecutorV2 is a MultiprocExecutor "
-        "subclass that keeps supports_async_scheduling True); on the V1 model runner PP turns async scheduling "
-        "off and pipeline_parallel_size batches are in flight; step_with_batch_queue schedules a new batch while "
-        "the queue has room and otherwise blocks on the oldest; the V0 engine's virtual engines are gone (no "
-        "virtual_engine anywhere in the 0.33.0 wheel)",
-        more_sources=(*old.pipeline.more_sources, v1_runner),
-        not_modelled=(
-            "the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) keeps pipeline_parallel_size batches in flight "
-            "under PP (async scheduling off)",
-            *old.pipeline.not_modelled,
-        ),
-    )
-    return replace(
-        old,
-        version="0.33.0",
-        released="previous PyPI release (built 2026-11-01); sources read from its wheel",
-        modes=(moe_sp, *old.modes[1:]),
-        pipeline=pipeline,
-        notes=(),
-    )
-
-
-VLLM_0_33_0 = _release_0_33()
-
 # --------------------------------------------------------------------------------------------
 # An older main revision with the compile pass.
 
@@ -475,14 +410,18 @@ VLLM_SP_PASS = Mode(
     fallback_source=POST_INIT,
 )
 
-VLLM_OLDER = EngineVersion(
-    engine="vLLM",
-    version="main@000fc94b",
-    released="an older main revision with the sequence-parallelism pass, read through the code index",
-    launcher="vllm serve {model}",
-    modes=(VLLM_0_33_0.modes[0], VLLM_SP_PASS, VLLM_0_33_0.modes[2]),
-    pipeline=VLLM_0_33_0.pipeline,
-    notes=("MoE SP, DP+EP and the PP scheduler were read in 0.33.0 only; this revision reuses them unchecked",),
-)
-
-__all__ = ["REL_33", "SP_MOE_BACKENDS", "SP_MOE_BACKENDS_0_33", "VERSION", "VLLM_0_33_0", "VLLM_0_34_0", "VLLM_OLDER"]
+__all__ = [
+    "NCCL_NVLS",
+    "PIPELINE",
+    "PP_SUPPORT",
+    "REL",
+    "REL_33",
+    "REPO",
+    "SP_MOE_BACKENDS",
+    "SP_MOE_BACKENDS_0_33",
+    "VERSION",
+    "VLLM_DP_EP",
+    "VLLM_MOE_SP",
+    "VLLM_NO_SP_PASS",
+    "VLLM_SP_PASS",
+]

@@ -19,7 +19,7 @@ from tpplan.cost.provenance import question_provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
 from tpplan.dtypes import DTYPE_BYTES
-from tpplan.engines import engine_plans
+from tpplan.engines import Launch, engine_plans
 from tpplan.engines.recipes import recipes
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName
@@ -393,9 +393,9 @@ def _engines_and_predictions(m: _Memo, variants: list[Variant]) -> None:
     server = m.ask.server
     for i, v in enumerate(variants, 1):
         m.say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        v.engines = recipes(v.plan, m.graph.spec, v.parallel, nodes=m.topology.nodes, chunk=_chunk(m),
-                            gpu=m.topology.gpu.name, prefill_cp=server.prefill_cp, dp=server.data_parallel,
-                            engines=m.pair)  # fmt: skip
+        launch = Launch(m.graph.spec, v.parallel, dp=server.data_parallel, chunk=_chunk(m), gpu=m.topology.gpu.name,
+                        nodes=m.topology.nodes)  # fmt: skip
+        v.engines = recipes(v.plan, launch, prefill_cp=server.prefill_cp, engines=m.pair)
         if m.fn is not None:
             _predict(m, v)
 

@@ -104,7 +104,7 @@ def _pool(
     from dataclasses import replace
 
     from tpplan.cost.predictor import cached_predictor
-    from tpplan.engines import select_pair
+    from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
     from tpplan.engines.serving_flags import memory_flags, pd_flags
     from tpplan.errors import TpplanError
@@ -116,8 +116,8 @@ def _pool(
     pair = select_pair(list(engines) if engines else None)
     out = []
     nodes = max(1, -(-one.gpus // topo.gpus_per_node))  # the nodes one server spans
-    for rec, ev in zip(recipes(r.plan, graph.spec, one, nodes=nodes, chunk=workload.chunk_size,
-                               gpu=topo.gpu.name, engines=pair), pair, strict=True):  # fmt: skip
+    launch = Launch(graph.spec, one, chunk=workload.chunk_size, gpu=topo.gpu.name, nodes=nodes)
+    for rec, ev in zip(recipes(r.plan, launch, engines=pair), pair, strict=True):
         name = f"{rec.engine} {ev.key.split('@')[1]}"
         if rec.realises == "no" or rec.blocked:
             out.append(PoolLaunch(label, pool, name, instances, "", why_not=rec.summary))

@@ -9,7 +9,7 @@ in step: the instance that can act earliest acts next, and what it causes elsewh
 the prefill server, KV reaching the decode server, a client sending its next request) is delivered at a
 time no earlier than its own, so no instance ever acts before an event it should have seen.
 
-How a request crosses (`HandoffRule`, read from each engine's source):
+How a request crosses (`tpplan.engines.schema.HandoffRule`, each release module states its own):
 - SGLang 0.5.23: the router sends the request to both servers; the decode server reserves its KV first
   (`DecodePreallocQueue.pop_preallocated`, FIFO while it fits), and only then does the prefill server
   compute it (`PrefillBootstrapQueue.pop_bootstrapped`: at the default `optimistic_prefill_attempts` 0 a
@@ -34,65 +34,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpplan.cost.workload import PrefillBatch, Segment
-from tpplan.engines.schema import Source
+from tpplan.engines import handoff_rule
+from tpplan.engines.schema import HandoffRule, Source
 from tpplan.errors import TpplanError
 from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request
 from tpplan.simulate.results import LoopResult, Timeline
 
-_SGL = "0.5.23 (PyPI wheel)"
-_VLLM = "0.34.0 (PyPI wheel)"
-
-
-@dataclass(frozen=True)
-class HandoffRule:
-    """How an engine version hands a request from its prefill server to its decode server."""
-
-    engine: str  # the version the rule was read from
-    decode_first: bool  # the decode server reserves the KV before the prefill server computes the prompt
-    first_token_on_decode: bool  # the decode server computes the first output token (else the prefill's streams)
-    push: bool  # the prefill side sends the KV over its link; else the decode side reads it over its own
-    sources: tuple[Source, ...]
-    chunked_send: bool = False  # each chunk's KV leaves after its step (else the whole prompt's after the last)
-
-
-SGLANG_RULE = HandoffRule(
-    "sglang@0.5.23", decode_first=True, first_token_on_decode=False, push=True, chunked_send=True,
-    sources=(
-        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/decode.py",
-               "DecodePreallocQueue.pop_preallocated, SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",
-               _SGL),
-        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/prefill.py",
-               "PrefillBootstrapQueue.pop_bootstrapped / can_prefill_before_bootstrap", _SGL),
-        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/prefill.py",
-               "SchedulerDisaggregationPrefillMixin.process_prefill_chunk / send_kv_chunk (each chunk's pages)", _SGL),
-        Source("sgl-project/sglang", "python/sglang/srt/arg_groups/fields/disagg.py",
-               "optimistic_prefill_attempts = 0, disaggregation_decode_allocation_policy = 'early'", _SGL),
-        Source("sgl-project/sglang", "python/sglang/srt/disaggregation/mooncake/conn.py",
-               "MooncakeKVManager.transfer_worker / send_kvcache / send_kvcache_slice", _SGL),
-    ),
-)  # fmt: skip
-VLLM_RULE = HandoffRule(
-    "vllm@0.34.0", decode_first=False, first_token_on_decode=True, push=False,
-    sources=(
-        Source("vllm-project/vllm", "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
-               "NixlPullConnectorScheduler.get_num_new_matched_tokens / update_state_after_alloc", _VLLM),
-        Source("vllm-project/vllm", "vllm/v1/core/sched/scheduler.py",
-               "Scheduler._handle_blocked_waiting_request / _update_waiting_for_remote_kv", _VLLM),
-    ),
-)  # fmt: skip
+# The current default releases' hand-offs (`tpplan.engines.handoff_rule`; each release states its own).
+SGLANG_RULE = handoff_rule("sglang")[0]
+VLLM_RULE = handoff_rule("vllm")[0]
 ROUTER_UNREAD = Source.unread(
     "sgl-project/sgl-model-gateway and vllm's P/D proxy", "router", "which instance a request goes to"
 )
-
-
-def handoff_rule(engine: str) -> tuple[HandoffRule, str | None]:
-    """The rule of engine version `engine` and, where that version was not the one read, a note saying so."""
-    name = engine.split("@")[0]
-    rule = SGLANG_RULE if name == "sglang" else VLLM_RULE
-    if engine == rule.engine:
-        return rule, None
-    return rule, f"{engine}'s P/D hand-off was not read; {rule.engine}'s is used"
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,14 @@ once, as versioned data with its sources, in the modules beside this package (do
 This package turns that data into launch lines, the conditions the report prints and one sentence
 per engine on what it really runs for the model class at hand; the report imports it from here.
 `engines` selects the versions (`--engine sglang@0.5.23`); the default is each engine's current
-release (`tpplan.engines.DEFAULT_ENGINES`).
+release (`tpplan.engines.default_release`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-from tpplan.engines import select_pair
+from tpplan.engines import Launch, select_pair
 from tpplan.engines.context_parallel import SGLANG_K3_FULL_SEQUENCE
 from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_capability
@@ -28,24 +27,24 @@ from tpplan.models.spec import MLASpec, ModelSpec
 
 def recipes(
     plan: Plan,
-    spec: ModelSpec,
-    deployment: Mesh,
+    launch: Launch,
     *,
     prefill_cp: int = 1,
-    dp: int = 1,
     engines: tuple[EngineVersion, EngineVersion] | None = None,
-    **where: Any,
 ) -> list[EngineRecipe]:
-    """Both engines' recipes for one plan at one `deployment` (TP, PP, CP and its layers, replicas; `where`:
-    nodes, chunk, gpu: see `sglang_recipe`); `prefill_cp` is SGLang's prefill context parallelism the gates
-    read, `dp` vLLM's data-parallel size; `engines` the (SGLang, vLLM) versions. Each recipe realises the
-    whole deployment or says why no flag does (`whole_deployment`)."""
+    """Both engines' recipes for one plan at one launch: its model, its deployment (`launch.mesh`: TP, PP, CP and
+    its layers, replicas), vLLM's data-parallel size `launch.dp`, its nodes, chunk and GPU; `prefill_cp` is
+    SGLang's prefill context parallelism the gates read; `engines` the (SGLang, vLLM) versions. Each recipe
+    realises the whole deployment or says why no flag does (`whole_deployment`)."""
     sgl, vll = engines or select_pair(None)
-    d = deployment
+    spec, d = launch.spec, launch.mesh
     sizes = Mesh(d.tp, pp=d.pp, cp=d.cp if d.cp_layers == "all" else 1)  # what the plan's flags size
+    first = max(prefill_cp, d.cp)  # SGLang's prefill CP: the deployment's, or the larger one asked for
     out = [
-        sglang_recipe(plan, spec, sizes, prefill_cp=max(prefill_cp, d.cp), engine=sgl, **where),
-        vllm_recipe(plan, spec, sizes, dp=dp, engine=vll, **where),
+        sglang_recipe(
+            plan, spec, sizes, nodes=launch.nodes, chunk=launch.chunk, gpu=launch.gpu, prefill_cp=first, engine=sgl
+        ),
+        vllm_recipe(plan, replace(launch, mesh=sizes), engine=vll),
     ]
     out = [r if r.version else replace(r, version=ev.key) for r, ev in zip(out, (sgl, vll), strict=True)]
     return [whole_deployment(r, plan, spec, d) for r in out]

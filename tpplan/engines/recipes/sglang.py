@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tpplan.engines import DEFAULT_ENGINES, ENGINES, Launch, judge, path_for
+from tpplan.engines import Launch, default_release, judge, path_for
 from tpplan.engines.launch import size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 from tpplan.engines.schema import EngineVersion, Mode, Source, Wiring
@@ -158,7 +158,7 @@ def sglang_recipe(
     """SGLang flags for `plan` on `spec` at the mesh's TP (x CP x PP) over `nodes` nodes of `gpu`, judged
     against `engine` (default: the current release); `prefill_cp` is the prefill CP the gates read (default
     the mesh's; `tpplan report --prefill-cp` sets it for a server that runs CP beside this deployment)."""
-    ev = engine or ENGINES[DEFAULT_ENGINES[0]]
+    ev = engine or default_release("SGLang")
     d = Launch(spec, Mesh(mesh.tp, pp=mesh.pp, cp=prefill_cp or mesh.cp), 1, chunk, gpu, nodes)
     base = _base(mesh, chunk, nodes)
     if plan.dp_attention:

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tpplan.engines import DEFAULT_ENGINES, ENGINES, Launch, judge, path_for
+from tpplan.engines import Launch, default_release, judge, path_for
 from tpplan.engines import vllm as vllm_data
 from tpplan.engines.launch import size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, _needs_code, family, path_sentence
 from tpplan.engines.schema import EngineVersion, Source
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
-from tpplan.models.spec import ModelSpec
 
 SRC_PAR = Source(vllm_data.REPO, "vllm/config/parallel.py", "ParallelConfig", vllm_data.REL)
 
@@ -28,49 +27,31 @@ def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
                      "refuses", unread.cite())  # fmt: skip
 
 
-def vllm_recipe(
-    plan: Plan,
-    spec: ModelSpec,
-    mesh: Mesh,
-    *,
-    nodes: int = 1,
-    chunk: int = 8192,
-    gpu: str = "",
-    dp: int = 1,
-    engine: EngineVersion | None = None,
-) -> EngineRecipe:
-    """vLLM flags for `plan` on `spec` at the mesh's TP (x CP x PP, x DP `dp`, vLLM's data-parallel size) over
-    `nodes` nodes of `gpu`, judged against `engine` (default: the current release); with PP, whether the
-    model class supports it."""
+def vllm_recipe(plan: Plan, launch: Launch, *, engine: EngineVersion | None = None) -> EngineRecipe:
+    """vLLM flags for `plan` on the launch's model at its mesh's TP (x CP x PP, x its `dp`, vLLM's data-parallel
+    size) over its nodes of its GPU, judged against `engine` (default: the engine's default release); with PP,
+    whether the model class supports it."""
+    spec, mesh = launch.spec, launch.mesh
     if plan.dp_attention:
         from tpplan.engines.recipes.dp_attention import vllm_dp_recipe
 
-        return vllm_dp_recipe(plan, spec, mesh, chunk)
-    ev = engine or ENGINES[DEFAULT_ENGINES[1]]
-    r = _family_recipe(ev, plan, spec, mesh, nodes=nodes, chunk=chunk, gpu=gpu, dp=dp)
+        return vllm_dp_recipe(plan, spec, mesh, launch.chunk)
+    ev = engine or default_release("vLLM")
+    r = _family_recipe(ev, plan, launch)
     if mesh.pp == 1 or not r.args:
         return r
     return replace(r, conditions=(_pp_condition(ev, spec.model_type), *r.conditions))
 
 
-def _family_recipe(
-    ev: EngineVersion,
-    plan: Plan,
-    spec: ModelSpec,
-    mesh: Mesh,
-    *,
-    nodes: int,
-    chunk: int,
-    gpu: str,
-    dp: int,
-) -> EngineRecipe:
+def _family_recipe(ev: EngineVersion, plan: Plan, launch: Launch) -> EngineRecipe:
     """The flags for the plan's family, judged against `ev` (vllm_recipe adds the PP condition)."""
+    mesh, chunk = launch.mesh, launch.chunk
     tp = mesh.tp
-    d = Launch(spec, Mesh(tp, pp=mesh.pp), dp, chunk, gpu, nodes)
+    d = replace(launch, mesh=Mesh(tp, pp=mesh.pp))  # what the gates read: TP and PP
     fam = family(plan)
     base = size_flags("vLLM", mesh)
     base += ["--enable-chunked-prefill", f"--max-num-batched-tokens {chunk}"]
-    if nodes > 1:
+    if launch.nodes > 1:
         base.append("--distributed-executor-backend ray")
     kw: dict[str, Any] = {"version": ev.key, "launcher": ev.launcher}
     if fam == "sglang-sp-moe":

@@ -1,6 +1,7 @@
-"""Engine versions added one module each: every module in this package that defines `RELEASES` (a tuple
-of `tpplan.engines.schema.EngineVersion`) is collected into `tpplan.engines.ENGINES`, after the versions
-`sglang.py` and `vllm.py` hold, so `--engine NAME@VERSION` and docs/engines.md pick it up with no edit
+"""Engine versions, one module each: every module in this package that defines `RELEASES` (a tuple of
+`tpplan.engines.schema.EngineVersion`, each with its scheduler rules, KV sizing and P/D hand-off) is
+collected into `tpplan.engines.ENGINES`, so `--engine NAME@VERSION`, the serving loop, the KV sizing,
+the P/D loop, the engine's default (its newest release) and docs/engines.md pick it up with no edit
 elsewhere. docs/adding-an-engine-version.md walks through adding one. Why a folder scan: a version is
 data, and a registry list beside it is a second place to forget."""
 
@@ -30,6 +31,17 @@ def discovered(paths: Iterable[str] | None = None) -> tuple[EngineVersion, ...]:
     return tuple(out)
 
 
+def ordered(versions: Iterable[EngineVersion]) -> tuple[EngineVersion, ...]:
+    """Per engine (in order of first appearance), its releases newest first, then its revisions ("main@...")."""
+    given = list(versions)
+    out: list[EngineVersion] = []
+    for engine in dict.fromkeys(ev.engine for ev in given):
+        mine = [ev for ev in given if ev.engine == engine]
+        out += sorted((ev for ev in mine if ev.release is not None), key=lambda ev: ev.release or (), reverse=True)
+        out += [ev for ev in mine if ev.release is None]
+    return tuple(out)
+
+
 def collect(versions: Iterable[EngineVersion]) -> dict[str, EngineVersion]:
     """`key -> version`, in order; a key given twice is refused (two modules claiming one release)."""
     out: dict[str, EngineVersion] = {}
@@ -40,4 +52,4 @@ def collect(versions: Iterable[EngineVersion]) -> dict[str, EngineVersion]:
     return out
 
 
-__all__ = ["collect", "discovered"]
+__all__ = ["collect", "discovered", "ordered"]

@@ -1,0 +1,181 @@
+"""vLLM 0.34.0 (its PyPI wheel's sources, diffed against 0.33.0 function by function wherever a record cites
+a file): the modes, PP schedule and launch facts read in `tpplan/engines/vllm.py`, and this release's own
+scheduler rules (what the serving loop reads), KV sizing (what `tpplan.cost.kv_capacity` computes) and P/D
+hand-off (NixlConnector)."""
+
+from __future__ import annotations
+
+from tpplan.engines.schema import (
+    BudgetTier,
+    EngineVersion,
+    Fact,
+    HandoffRule,
+    SchedulerRules,
+    Source,
+    StepBudget,
+    VllmMemory,
+)
+from tpplan.engines.vllm import (
+    NCCL_NVLS,
+    PIPELINE,
+    PP_SUPPORT,
+    REL,
+    REPO,
+    VERSION,
+    VLLM_DP_EP,
+    VLLM_MOE_SP,
+    VLLM_NO_SP_PASS,
+)
+
+
+def _v(path: str, function: str) -> Source:
+    return Source(REPO, f"vllm/{path}", function, REL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scheduler: how steps are formed (`tpplan.simulate`)
+
+_BUDGET = StepBudget(
+    flag="--max-num-batched-tokens",
+    tiers=(BudgetTier(70, 2048), BudgetTier(160, 8192), BudgetTier(None, 16384)),
+    small_tier_names=("a100", "gb10"),
+    fact=Fact(
+        "unset, max_num_batched_tokens for the OpenAI server follows the GPU: 16384 at 160 GiB and more, 8192 at "
+        "70 GiB and more except A100 and GB10, else 2048 (the LLM class: 16384 / 16384 / 8192); with chunked "
+        "prefill on (the default where the model supports it) it is not raised to max_model_len",
+        _v("engine/arg_utils.py", "EngineArgs.get_batch_defaults / _set_default_max_num_seqs_and_batched_tokens_args"),
+    ),
+)
+
+SCHEDULING = SchedulerRules(
+    budget=_BUDGET,
+    admission=Fact(
+        "one token budget per step: running requests first (a partly prefilled prompt continues, decode takes "
+        "its tokens), then waiting requests first come first served, each cut to the budget left "
+        "(long_prefill_token_threshold 0 by default: no per-request cap)",
+        _v("v1/core/sched/scheduler.py", "Scheduler.schedule"),
+    ),
+    mixes_decode=True,
+    prefill_decode=Fact(
+        "chunked prefill and decode share each step's budget; running requests (decode) are scheduled before "
+        "waiting ones",
+        _v("v1/core/sched/scheduler.py", "Scheduler.schedule"),
+    ),
+    cpu_overlap=True,
+    cpu_overlap_under_pp=True,
+    cpu_overlap_fact=Fact(
+        "async scheduling is on by default where the executor supports it (the multiprocessing and uniprocess "
+        "executors, and the Ray executor: RayExecutorV2 subclasses MultiprocExecutor and keeps "
+        "supports_async_scheduling True), so the engine core schedules the next step while the current one runs; "
+        "with async scheduling max_concurrent_batches is pp_size + 1 (0.34.0 has no V1 model runner)",
+        _v("config/vllm.py", "VllmConfig.__post_init__ / max_concurrent_batches"),
+    ),
+    prefill_graph_tokens=512,
+    graph_fact=Fact(
+        "CUDA graphs are captured up to max_cudagraph_capture_size = min(2 x max_num_seqs, 512) tokens on "
+        "Hopper (1024 on data-centre Blackwell); larger steps run the compiled model without a graph",
+        _v("config/vllm.py", "VllmConfig._set_cudagraph_sizes"),
+    ),
+    max_running=Fact(
+        "max_num_seqs unset: 1024 on H100/H200-class GPUs, 256 on others (OpenAI server), at most "
+        "max_num_batched_tokens",
+        _v("engine/arg_utils.py", "EngineArgs.get_batch_defaults"),
+    ),
+    decode_step=Fact(
+        "the RUNNING requests are scheduled first, each decode request one token of the step's token budget "
+        "(an unfinished prompt its next chunk), then the WAITING ones while the budget, max_num_seqs and KV "
+        "blocks allow; with PP and async scheduling a request decodes at most once every pp_size steps "
+        "(next_decode_eligible_step)",
+        _v("v1/core/sched/scheduler.py", "Scheduler.schedule"),
+    ),
+    not_modelled=(
+        "decode tokens share vLLM's step budget with prefill chunks; the loop gives prefill the whole budget, "
+        "so under decode load it understates the steps a prompt needs",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache sizing at the launch line's defaults
+
+COMMON_MEMORY_FACTS = (
+    Fact(
+        "num_blocks = available_memory // bytes_per_block, bytes_per_block = the largest KV-cache group's page "
+        "bytes summed over its layers (block_size tokens x per-token bytes per layer); groups of a hybrid share "
+        "the blocks",
+        _v("v1/core/kv_cache_planning.py", "get_kv_cache_config_from_groups / _get_kv_cache_bytes_per_block"),
+    ),
+    Fact(
+        "KV heads per rank: 1 for MLA (the latent, whole on every rank), else max(1, kv_heads // tp)",
+        _v("config/model.py", "ModelConfig.get_num_kv_heads"),
+    ),
+    Fact(
+        "a sliding-window layer holds at most cdiv(min(sliding_window - 1 + tokens in flight, max_model_len), "
+        "block_size) + 1 blocks per request (the admission cap; tpplan takes one decode token in flight)",
+        _v("v1/kv_cache_interface.py", "SlidingWindowSpec.max_admission_blocks_per_request"),
+    ),
+    Fact(
+        "max_num_seqs unset (OpenAI server): 1024 on GPUs of 70 GiB and more except A100 and GB10 (and at "
+        "160 GiB and more), else 256",
+        _v("engine/arg_utils.py", "EngineArgs.get_batch_defaults"),
+    ),
+)
+MEMORY = VllmMemory(
+    1.0, True, 64,
+    (
+        Fact(
+            "block_size defaults to 64 (DEFAULT_BLOCK_SIZE); gpu_memory_utilization unset resolves to 1.0 with the "
+            "extensible KV cache (on by default on CUDA and ROCm) and 0.92 without",
+            _v("config/cache.py", "CacheConfig.resolved_gpu_memory_utilization"),
+        ),
+        Fact(
+            "extensible KV cache bytes = min(requested - non-KV memory used, headroom - margin) - max(transient peak, "
+            "torch reserve growth); headroom = free after warm-up and graph capture + the committed KV; margin = "
+            "max(1 GiB, 0.75 x transient peak); at utilization 1.0 that is headroom - margin - peak",
+            _v("v1/worker/extensible_kv_cache.py", "measure_kv_cache_bytes / measure_kv_cache_blocks"),
+        ),
+        *COMMON_MEMORY_FACTS,
+    ),
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# P/D disaggregation: how a request crosses from the prefill server to the decode server
+
+HANDOFF = HandoffRule(
+    decode_first=False, first_token_on_decode=True, push=False,
+    sources=(
+        _v("distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
+           "NixlPullConnectorScheduler.get_num_new_matched_tokens / update_state_after_alloc"),
+        _v("v1/core/sched/scheduler.py", "Scheduler._handle_blocked_waiting_request / _update_waiting_for_remote_kv"),
+    ),
+)  # fmt: skip
+
+
+BATCH_DEFAULTS = Source(REPO, "vllm/engine/arg_utils.py", "EngineArgs.get_batch_defaults", REL)
+VLLM_0_34_0 = EngineVersion(
+    engine="vLLM",
+    version=VERSION,
+    released="current PyPI release (built 2026-11-16); sources read from its wheel, diffed against 0.33.0",
+    launcher="vllm serve {model}",
+    modes=(VLLM_MOE_SP, VLLM_NO_SP_PASS, VLLM_DP_EP),
+    pipeline=PIPELINE,
+    notes=(
+        "changed from 0.33.0 where tpplan's records cite: ParallelConfig.use_sequence_parallel_moe adds the "
+        "`mori` all2all backend; VllmConfig.max_concurrent_batches is pp_size + 1 under async scheduling with no "
+        "model-runner condition (0.33.0: only on the V2 model runner, its default); KimiDecoderLayer.__init__ "
+        "builds DSA attention for layers a dsa_config names (Kimi-K3's preset has none); every other cited "
+        "function is unchanged",
+        "chunked-prefill budget unchanged: --max-num-batched-tokens defaults to 8192 for the API server on GPUs "
+        f"of at least 70 GiB other than A100, 16384 from 160 GiB, else 2048 ({BATCH_DEFAULTS.cite()}, the same "
+        "function in 0.33.0); Scheduler.schedule now applies long_prefill_token_threshold only with chunked "
+        "prefill on",
+    ),
+    supports=PP_SUPPORT,
+    collectives=NCCL_NVLS,
+    scheduling=SCHEDULING,
+    memory=MEMORY,
+    handoff=HANDOFF,
+)
+
+RELEASES = (VLLM_0_34_0,)
