@@ -6,8 +6,9 @@ docs/benchmarks.md ("Engine kernel data (AIConfigurator 0.12.0)"), regenerated b
 Needs `aiconfigurator-core`. Each section prints progress to stderr and a markdown table to stdout.
 The tpplan side is the code on this branch: `gemm_time` on the `h200x8-ib400` GPU, `collective_time`
 on `h200x8-ib400` / `pcie8-rtxpro6000`, and the datasheet expert and attention prices of
-`tpplan/cost/kernel_pricer.py` (`KernelPricer._experts`: grouped GEMMs through `gemm_time` at tile-padded
-rows, max with the HBM time; attention: the roofline at `ATTN_EFFICIENCY` with a 3 us floor),
+`tpplan/cost/op_prices.py` as they stood before issue 32 gave the serving set the engines' fused-MoE row
+tiles (grouped GEMMs through `gemm_time` at 128-row tiles, max with the HBM time; decode-size experts
+against AIC: `tools/decode_moe_check.py`; attention: the roofline at `ATTN_EFFICIENCY` with a 3 us floor),
 re-expressed here at a kernel's shape without building a plan.
 """
 
@@ -53,7 +54,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def tpplan_experts_time(shape: MoeShape, gpu: GpuSpec) -> float:
-    """`KernelPricer._experts` without a plan: gate+up then down grouped GEMMs on one rank, rows padded
+    """`OpPrices._experts` without a plan: gate+up then down grouped GEMMs on one rank, rows padded
     to `EXPERT_M_TILE` per active expert, each the max of `gemm_time` and the HBM time."""
     dt = "fp8" if shape.dtype in ("fp8", "fp8_block") else "bf16"
     wbytes = 1.0 if dt == "fp8" else 2.0
@@ -71,7 +72,7 @@ def tpplan_experts_time(shape: MoeShape, gpu: GpuSpec) -> float:
 
 
 def tpplan_attention_time(shape: AttentionShape, gpu: GpuSpec) -> float:
-    """The datasheet attention roofline of `KernelPricer.price` for a causal prefill call: q, k, v, o
+    """The datasheet attention roofline of `OpPrices.op_time` for a causal prefill call: q, k, v, o
     read/written once, at the bf16 peak (a model run in fp8 gets the fp8 peak there, 2x faster)."""
     pairs = shape.tokens * shape.context + shape.tokens * (shape.tokens + 1) / 2
     flops = 2.0 * shape.batch * shape.heads * pairs * (shape.head_dim_qk + shape.head_dim_v)

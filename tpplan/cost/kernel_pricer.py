@@ -23,6 +23,7 @@ import math
 
 from tpplan.audit import StoredWeights
 from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer
+from tpplan.cost.expert_rows import FUSED_DECODE, RUNTIME_TILE, below_measured_rows, expert_rows
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
@@ -33,6 +34,7 @@ from tpplan.cost.prediction import OpTime
 from tpplan.cost.segments import Segments, batch_pairs, masked_pairs
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES
+from tpplan.engines import DEFAULT_ENGINES
 from tpplan.layout.propagate import OpDecision
 from tpplan.lower.program import KernelCall
 from tpplan.lower.stages import bank_snapshots
@@ -46,7 +48,7 @@ MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's la
 # Named assumptions (docs/cost-model.md). The roofline efficiencies belong to a GPU model
 # (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
-EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
+EXPERT_M_TILE = RUNTIME_TILE.rows  # rows per expert of tpplan's runtime's grouped GEMMs (bench/model_fit.py)
 
 Priced = tuple[float, float, float]  # (seconds, flops, bytes) of one kernel on one rank
 
@@ -88,7 +90,8 @@ class KernelPricer:
     weights in the checkpoint's formats (`dtype` activations; `expert_dtype` overriding the routed
     experts'). `sources`: the kernel sources asked before tpplan's formulas (`cost.compute.kernel_sources`);
     `impls`: kernel family -> the implementation a recorded run used (physical kernel models only where
-    they were fitted on it, and the runtime's host overhead charged); None for the serving set."""
+    they were fitted on it, and the runtime's host overhead charged); None for the serving set, whose
+    routed experts run `serving_engine`'s fused-MoE row tiles (default: the first default engine)."""
 
     def __init__(
         self,
@@ -100,8 +103,10 @@ class KernelPricer:
         *,
         sources: tuple[KernelSource, ...] = (),
         impls: dict[str, str] | None = None,
+        serving_engine: str | None = None,
     ) -> None:
         self.graph, self.topo, self.mesh, self.dtype = graph, topo, mesh, dtype
+        self.serving_engine = serving_engine or DEFAULT_ENGINES[0]
         self.b = DTYPE_BYTES[dtype]
         self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
@@ -226,9 +231,9 @@ class KernelPricer:
         n, ep = self.mesh.tp, call.ep_size or 1
         assert call.experts is not None  # the lowering's per-rank share of the routed experts
         e_loc, i_loc, rows = call.experts
-        active = max(1, min(e_loc, math.ceil(rows)))
-        per_expert = rows / active
-        m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
+        engine = self.serving_engine if self.impls is None else None  # a recorded run: tpplan's runtime's tile
+        share = expert_rows(engine, e_loc, e, k, t, rows, self.moe_dtype)
+        active, m_pad = share.active, share.padded
         m_use = max(1, round(rows))
         secs = flops = nbytes = t_compute = 0.0
         for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
@@ -244,11 +249,14 @@ class KernelPricer:
             nbytes += act + weights
         # The tokens whose rows this rank combines: its own share under all-to-all, else every token.
         tokens_here = math.ceil(t / n) if d.split == "a2a" else t
-        phys = self._physical_experts(m_use, active, ew, i_loc, tokens_here, t_compute)
+        fused_decode = self.impls is None and below_measured_rows(self.models, rows / active)
+        phys = None if fused_decode else self._physical_experts(m_use, active, ew, i_loc, tokens_here, t_compute)
         if phys is not None and self.models is not None:
             self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
             self._source = KERNEL_MODEL
         secs = secs if phys is None else phys
+        if fused_decode or (phys is None and engine is not None and share.one_tile):
+            self._source = FUSED_DECODE
         if self.compute.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // ep, ep)}.get(str(d.split), (n, 1))
             moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)

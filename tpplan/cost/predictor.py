@@ -103,8 +103,10 @@ class Predictor:
         self.stages = stage_layers(graph.spec.num_layers, mesh.pp)
         self.engine = engine
         self.pipeline = pipeline or pipeline_model()
+        self.serving_engine = engine or self.pipeline.engine  # and whose kernels the serving set prices
         built = kernel_sources(topo.gpu, engine) if sources is None else sources
-        self.kernels = KernelPricer(graph, topo, mesh, dtype, expert_dtype, sources=built, impls=impls)
+        self.kernels = KernelPricer(graph, topo, mesh, dtype, expert_dtype, sources=built, impls=impls,
+                                    serving_engine=self.serving_engine)  # fmt: skip
         self.comms = CollectivePricer(topo, dtype, self.pipeline, sources=built)
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
