@@ -32,7 +32,7 @@ from tpplan.cost.workload import Workload, replica_workloads
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.engines.context_parallel import kv_cp_share
 from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import model_split
+from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult
@@ -47,7 +47,6 @@ from tpplan.lower import (
     lower_outline,
     lowering,
 )
-from tpplan.lower.context import mesh_cp_audit
 from tpplan.lower.passes.tp_sp import layout_copy_step
 from tpplan.lower.registry import generation
 from tpplan.lower.shapes import experts_shape
@@ -94,13 +93,13 @@ class Predictor:
         self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, mesh.tp, mesh.pp, dtype
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, mesh.tp, dtype)
         # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
-        self.cp_audit = mesh_cp_audit(graph, mesh)
+        self.cp_audit = audit_cp(graph, mesh)
         self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
         self.cp_split = model_split(self.cp_audit)
         self.counts = graph.counts()
         self.b = DTYPE_BYTES[dtype]
         self.rpn = mesh.ranks_per_node(topo.gpus_per_node)
-        self.stages = stage_layers(graph.spec.num_layers, mesh.pp)
+        self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.engine = engine
         self.pipeline = pipeline or pipeline_model()
         self.serving_engine = engine or self.pipeline.engine  # and whose kernels the serving set prices
@@ -236,7 +235,9 @@ class Predictor:
         r = self.deployment.replicas
         if workload is None or r == 1:
             return self._memory(workload, tokens)
-        return max((self._memory(w, tokens) for w in replica_workloads(workload, r)), key=lambda m: m.total)
+        return max(
+            (self._memory(w, tokens) for w in replica_workloads(workload, self.deployment)), key=lambda m: m.total
+        )
 
     def _memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
         spec = self.graph.spec
@@ -274,7 +275,7 @@ class Predictor:
             ck = cpa.kinds[res.kind]
             for d in res.decisions:
                 if d.op.name in ck.attention_ops:
-                    more = cp_weight_elements(ck, cpa.cp, d) - d.weight_elements_per_rank
+                    more = cp_weight_elements(cpa, res.kind, d) - d.weight_elements_per_rank
                     total += more * self.kernels.weight_elem_bytes(res.kind, d.op)
         return total
 
