@@ -304,3 +304,20 @@ def test_a_context_the_config_does_not_state_refuses_nothing(monkeypatch, capsys
     long.write_text('name = "long"\ninput_len = 2000\noutput_len = 100\nconcurrency = 2\nchunk_size = 1024\n')
     code, _, err = run_cli(monkeypatch, capsys, *SEARCH, "-w", str(long), "--tpot-target", "50ms", "--json", "-")
     assert code == 0, err
+
+
+def test_audit_refuses_requests_past_the_stated_context_as_search_does(monkeypatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`tpplan audit --workload` applies the same check as search and report under targets
+    (`under_targets.check_context`): one line, exit 2, no JSON written; a request inside the context is priced."""
+    config, _ = load_config_dict("tiny-llama")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    audit = ["audit", "-m", str(tmp_path), "--tp", "2", "-t", "h200x8-ib400", "--nodes", "1"]
+    long, fits = tmp_path / "long.toml", tmp_path / "fits.toml"
+    long.write_text('name = "long"\ninput_len = 2000\noutput_len = 100\nconcurrency = 2\nchunk_size = 1024\n')
+    fits.write_text('name = "fits"\ninput_len = 1948\noutput_len = 100\nconcurrency = 2\nchunk_size = 1024\n')
+    out = tmp_path / "audit.json"
+    code, _, err = run_cli(monkeypatch, capsys, *audit, "-w", str(long), "--json", str(out))
+    assert code == 2 and "a request of 2,100 tokens (prompt and output) is past the model's context of 2,048" in err
+    assert err.count("\n") == 1 and not out.exists()
+    code, _, err = run_cli(monkeypatch, capsys, *audit, "-w", str(fits), "--json", str(out))
+    assert code == 0 and out.exists(), err  # 2,048 tokens: exactly the context

@@ -21,6 +21,7 @@ from tpplan.mesh import Mesh
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.layout.plan import Plan
     from tpplan.models.graph import ModelGraph
     from tpplan.simulate.requests import Arrivals
@@ -103,7 +104,8 @@ def pd_engine(engine: str | None) -> str:
 
 
 def _pool(graph: ModelGraph, plan: Plan, mesh: Mesh, plan_name: str | None, sides: PdSides, topo: Topology,
-          engine: str, dtype: str, expert_dtype: str | None, chunk: int) -> Any:  # fmt: skip
+          engine: str, dtype: str, expert_dtype: str | None, chunk: int,
+          speculative: Speculative | None = None) -> Any:  # fmt: skip
     from tpplan.cost.pipeline import pipeline_model
     from tpplan.cost.predictor import cached_predictor
     from tpplan.plans.named import make_plan
@@ -115,12 +117,13 @@ def _pool(graph: ModelGraph, plan: Plan, mesh: Mesh, plan_name: str | None, side
         p = cached_predictor(graph, pool_plan, topo, mesh, dtype, expert_dtype, pipeline=pipeline_model(engine))
     except TpplanError as err:
         raise _inside(sides, err) from None
-    return PoolSpec(p, chunk_tokens=chunk)
+    return PoolSpec(p, chunk_tokens=chunk, speculative=speculative)
 
 
 def pd_block(
     graph: ModelGraph, plan: Plan, topo: Topology, arrivals: Arrivals, workload: Workload | None, sides: PdSides,
     *, dtype: str = "bf16", expert_dtype: str | None = None, engine: str | None = None,
+    speculative: Speculative | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """`serving.disaggregated` of one audited plan: the P/D deployment `sides` names, served over `arrivals`;
     a deployment that cannot hold a request gets {"admitted": false, "reason"}."""
@@ -130,7 +133,7 @@ def pd_block(
     key = pd_engine(engine)
     chunk = chunk_tokens(workload, key, topo)
     pre = _pool(graph, plan, sides.prefill, sides.prefill_plan, sides, topo, key, dtype, expert_dtype, chunk)
-    dec = _pool(graph, plan, sides.decode, sides.decode_plan, sides, topo, key, dtype, expert_dtype, chunk)
+    dec = _pool(graph, plan, sides.decode, sides.decode_plan, sides, topo, key, dtype, expert_dtype, chunk, speculative)
     try:
         if sides.ratio is not None:
             dep = DisaggDeployment(pre, dec).with_ratio(*sides.ratio)

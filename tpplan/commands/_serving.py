@@ -17,6 +17,7 @@ from tpplan.mesh import Mesh
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.layout.plan import Plan
     from tpplan.models.graph import ModelGraph
     from tpplan.simulate.requests import Arrivals
@@ -32,6 +33,14 @@ TraceOpt = Annotated[
 ]
 RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests to simulate (default: the workload's)")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the Poisson arrivals")]
+SpecOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--spec",
+        help="Speculative decoding/MTP as METHOD:K:A[:DRAFT]: mtp or eagle, K draft tokens per step, A tokens "
+        "a request gains per step (1 to K + 1), DRAFT the EAGLE checkpoint; e.g. mtp:3:2.4 (docs/cost-model.md)",
+    ),
+]
 
 
 def arrival_of(rate: float | None, trace: str | None, requests: int | None, seed: int) -> Arrival:
@@ -39,6 +48,33 @@ def arrival_of(rate: float | None, trace: str | None, requests: int | None, seed
     from tpplan.simulate.serving import Arrival
 
     return Arrival(rate=rate, trace=trace, requests=requests, seed=seed)
+
+
+SPEC_PARTS = {"spec_method": "METHOD", "spec_draft_tokens": "K", "spec_accepted": "A", "spec_draft": "DRAFT"}
+
+
+def speculative_of(text: str | None, requests: bool) -> Speculative | None:
+    """The speculative decoding `--spec METHOD:K:A[:DRAFT]` asks for (None: not given); it prices decode
+    steps, so it needs `requests` (a workload, a trace or a rate)."""
+    from tpplan.engines.speculative import Speculative
+    from tpplan.errors import TpplanError
+
+    if text is None:
+        return None
+    if not requests:
+        raise TpplanError("--spec", "prices decode steps, which needs requests", "add --workload or --trace")
+    parts = text.split(":", 3)
+    try:
+        method, k, a = parts[:3]
+        return Speculative(int(k), float(a), method, draft_model=parts[3] if len(parts) > 3 else None)  # type: ignore[arg-type]
+    except ValueError:
+        raise TpplanError(
+            f"--spec {text}", "is not METHOD:K:A[:DRAFT]", "e.g. mtp:3:2.4 or eagle:5:3.1:DRAFT"
+        ) from None
+    except TpplanError as err:
+        part = SPEC_PARTS.get(err.where.split("=")[0], err.where)
+        fix = err.fix.replace("give spec_draft=", "end it with :")
+        raise TpplanError(f"--spec {text}", f"{part} {err.reason}", fix) from None
 
 
 def asked(rate: float | None, trace: str | None, requests: int | None) -> bool:
@@ -68,7 +104,7 @@ def serving_block(
     graph: ModelGraph, plan: Plan, topo: Topology, arrivals: Arrivals, workload: Workload | None, *, tp: int,
     pp: int = 1, dtype: str = "bf16", expert_dtype: str | None = None, engine: str | None = None, cp: int = 1,
     cp_recurrence: str = "scan", cp_layers: str = "all", cp_kv: str = "engines", replicas: int = 1,
-    per_request: bool = False,
+    per_request: bool = False, speculative: Speculative | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """The `serving` JSON of one deployment, its step prices the prediction's own (the same predictor,
     from `cached_predictor`'s cache, as `predict_plan` made with these arguments)."""
@@ -85,7 +121,7 @@ def serving_block(
         engine=engine,
     )
     chunk = chunk_tokens(workload, p.pipeline.engine, topo)
-    return serving_summary(p, arrivals, chunk, topo.gpus_per_node, per_request=per_request)[1]
+    return serving_summary(p, arrivals, chunk, topo.gpus_per_node, per_request=per_request, speculative=speculative)[1]
 
 
 def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None:
@@ -152,6 +188,11 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
         show(out, t)
     for line in refused:
         print_wrapped(out, f"Not admitted: {line}")
+    spec = dec[0][1]["settings"].get("speculative")
+    if spec:
+        print_wrapped(out, f"Speculative decoding ({spec['method']}): {spec['draft_tokens']} draft tokens, "
+                      f"{spec['verify_tokens']} verified and {spec['accepted_per_step']:g} accepted per request per "
+                      f"step; launch flags: {' '.join(spec['flags'])}")  # fmt: skip
     print_wrapped(out, "Decode leaves out: " + "; ".join(str(c) for c in dec[0][1].get("conditions", [])))
 
 
@@ -159,10 +200,12 @@ __all__ = [
     "ArrivalRateOpt",
     "RequestsOpt",
     "SeedOpt",
+    "SpecOpt",
     "TraceOpt",
     "arrival_of",
     "asked",
     "print_serving",
     "serving_arrivals",
     "serving_block",
+    "speculative_of",
 ]

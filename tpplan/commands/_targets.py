@@ -17,6 +17,7 @@ from tpplan.errors import TpplanError
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.models.graph import ModelGraph
     from tpplan.report.results import Analysis
     from tpplan.search.results import SearchOutcome
@@ -100,14 +101,15 @@ def budget_gpus(gpus: int | None, nodes: int | None) -> int | None:
 
 
 def serve_search(
-    outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, arrival: Arrival, pd: bool
-) -> TargetsOutcome:
+    outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, arrival: Arrival, pd: bool,
+    speculative: Speculative | None = None,
+) -> TargetsOutcome:  # fmt: skip
     """The search's deployments served under the targets, at the rate of `--arrival-rate` if given; `pd`:
-    P/D deployments too."""
+    P/D deployments too; `speculative`: decode steps as speculative steps."""
     from tpplan.search.under_targets import serve_under_targets
 
     return serve_under_targets(outcome, graph, workload, targets, arrival=arrival if arrival.rate is not None else None,
-                               requests=arrival.requests, disaggregated=pd)  # fmt: skip
+                               requests=arrival.requests, disaggregated=pd, speculative=speculative)  # fmt: skip
 
 
 def with_serving(

@@ -33,12 +33,14 @@ from tpplan.commands._serving import (
     ArrivalRateOpt,
     RequestsOpt,
     SeedOpt,
+    SpecOpt,
     TraceOpt,
     arrival_of,
     asked,
     print_serving,
     serving_arrivals,
     serving_block,
+    speculative_of,
 )
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
@@ -52,7 +54,9 @@ if TYPE_CHECKING:
     from tpplan.cost.predict import PlanPrediction
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.simulate.requests import Arrivals
+    from tpplan.simulate.serving import Arrival
 
 TpOpt = Annotated[
     int | None,
@@ -148,6 +152,7 @@ def audit_cmd(
     requests: RequestsOpt = None,
     seed: SeedOpt = 0,
     pd: PdOpt = None,
+    spec: SpecOpt = None,
 ) -> None:
     """Check plans op by op against the model's real layer graph and count their communication;
     with --topology (and --workload) also predict time, memory and TTFT."""
@@ -155,9 +160,9 @@ def audit_cmd(
 
     check_json_target(json_target)
     arrival = arrival_of(arrival_rate, trace, requests, seed)
-    serving_asked = asked(arrival_rate, trace, requests)
-    predicting = workload or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or serving_asked or pd
-    sides = _check_asked(pd, engine, bool(workload or serving_asked), bool(topology or cluster), bool(predicting))
+    requests_asked = bool(workload) or asked(arrival_rate, trace, requests)
+    predicting = requests_asked or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or pd
+    sides, speculative = _check_asked(pd, engine, requests_asked, bool(topology or cluster), bool(predicting), spec)
     # a plan file's deployment where no flag sets it (commands/_plan_deployment.py)
     d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence,
                             "cp_layers": cp_layers, "cp_kv": cp_kv, "replicas": replicas})  # fmt: skip
@@ -176,8 +181,7 @@ def audit_cmd(
                     cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
         predictions = _predict(result, topo, mesh, wl, expert_dtype, engine, say) if topo is not None else None
         data: dict[str, Any] = to_json(result, predictions)
-        arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
-        _serve(data, result, topo, arrivals, wl, mesh, expert_dtype, sides, engine, say)
+        arrivals = _serve(data, result, topo, arrival, wl, mesh, expert_dtype, sides, engine, say, speculative)
         _add_cp_and_crossover(data, result, mesh, topo if crossover else None, expert_dtype, say)
     if not emit_json(json_target, data):
         _print_tables(data, result, topo if predictions else None, wide, expert_dtype, served=arrivals is not None)
@@ -192,10 +196,10 @@ def _tp_of(tp: int | None, topo: Topology | None) -> int:
 
 
 def _check_asked(
-    pd: str | None, engine: str | None, requests: bool, has_topology: bool, predicting: bool
-) -> PdSides | None:
-    """The P/D deployment `--pd` names, with an engine whose P/D hand-off was read; P/D prices serving, so
-    it needs requests; every prediction needs a topology."""
+    pd: str | None, engine: str | None, requests: bool, has_topology: bool, predicting: bool, spec: str | None
+) -> tuple[PdSides | None, Speculative | None]:
+    """The P/D deployment `--pd` names, with an engine whose P/D hand-off was read, and the speculative
+    decoding `--spec` asks for; both price serving, so they need requests; every prediction needs a topology."""
     sides = parse_pd(pd) if pd is not None else None
     if sides is not None:
         pd_engine(engine)  # an engine whose P/D hand-off was not read: one line before any work
@@ -207,7 +211,7 @@ def _check_asked(
             "predictions need a topology",
             "add --topology (e.g. h200x8-ib400)",
         )
-    return sides
+    return sides, speculative_of(spec, requests)
 
 
 def _print_tables(
@@ -265,9 +269,14 @@ def _predict(
     result: Audit, topo: Topology, mesh: Mesh, wl: Workload | None, expert_dtype: str | None, engine: str | None,
     say: Callable[[str], None],
 ) -> list[PlanPrediction]:  # fmt: skip
-    """Every audited plan priced on `topo` at `mesh` (with `--engine`, the KV pool that engine sizes)."""
+    """Every audited plan priced on `topo` at `mesh` (with `--engine`, the KV pool that engine sizes); first,
+    requests past the model's stated context are refused (one line, as search and report refuse them)."""
     from tpplan.cost.kv_capacity import kv_engines_for
     from tpplan.cost.predict import predict_audit
+    from tpplan.search.under_targets import check_context
+
+    if wl is not None:
+        check_context(wl, result.graph.spec.numerics.stated_context)
 
     say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
     return predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
@@ -275,24 +284,28 @@ def _predict(
 
 
 def _serve(
-    data: dict[str, Any], result: Audit, topo: Topology | None, arrivals: Arrivals | None, wl: Workload | None,
+    data: dict[str, Any], result: Audit, topo: Topology | None, arrival: Arrival, wl: Workload | None,
     mesh: Mesh, expert_dtype: str | None, sides: PdSides | None, engine: str | None, say: Callable[[str], None],
-) -> None:  # fmt: skip
-    """Each plan's `serving` JSON from the serving loop over `arrivals` on `topo`, and with `--pd` its P/D
-    deployment's; none without arrivals (no requests asked, or no topology)."""
+    spec: Speculative | None = None,
+) -> Arrivals | None:  # fmt: skip
+    """Each plan's `serving` JSON from the serving loop over `arrival`'s requests on `topo` (`spec`: its
+    decode steps speculative), and with `--pd` its P/D deployment's; none without requests (none asked, or
+    no topology). Returns the requests served."""
+    arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
     if arrivals is None or topo is None:
-        return
+        return None
     say("running the serving loop")
     for pa, entry in zip(result.plans, data["plans"], strict=True):
         entry["serving"] = serving_block(result.graph, pa.plan, topo, arrivals, wl, tp=mesh.tp, pp=mesh.pp,
                                          dtype=result.dtype, expert_dtype=expert_dtype, cp=mesh.cp,
                                          cp_recurrence=mesh.cp_recurrence, cp_layers=mesh.cp_layers, cp_kv=mesh.cp_kv,
-                                         replicas=mesh.replicas, per_request=True)  # fmt: skip
+                                         replicas=mesh.replicas, per_request=True, speculative=spec)  # fmt: skip
         if sides is not None:
             say(f"P/D: {sides.text}")
             entry["serving"]["disaggregated"] = pd_block(result.graph, pa.plan, topo, arrivals, wl, sides,
                                                          dtype=result.dtype, expert_dtype=expert_dtype,
-                                                         engine=engine)  # fmt: skip
+                                                         engine=engine, speculative=spec)  # fmt: skip
+    return arrivals
 
 
 def _add_cp_and_crossover(

@@ -30,12 +30,14 @@ from tpplan.commands._serving import (
     ArrivalRateOpt,
     RequestsOpt,
     SeedOpt,
+    SpecOpt,
     TraceOpt,
     arrival_of,
     asked,
     print_serving,
     serving_arrivals,
     serving_block,
+    speculative_of,
 )
 from tpplan.commands._targets import (
     GpusOpt,
@@ -186,6 +188,7 @@ def register(app: typer.Typer) -> None:
         target_stat: TargetStatOpt = "p90",
         gpus: GpusOpt = None,
         pd: RankPdOpt = True,
+        spec: SpecOpt = None,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them; under --ttft-target and/or
         --tpot-target, serve each deployment's best with decode and rank them by goodput per GPU."""
@@ -199,6 +202,7 @@ def register(app: typer.Typer) -> None:
         saved = [Output("--save", save, folder=True)] if save is not None else []
         check_json_target(json_target, *saved)  # before the search: a bad path costs one line, not a run
         arrival = arrival_of(arrival_rate, trace, requests, seed)
+        speculative = speculative_of(spec, workload is not None or asked(arrival_rate, trace, requests))
         targets = targets_of(ttft_target, tpot_target, target_stat)
         reps = replica_count(replicas)
         if targets is not None and replicas is None and tp is None and pp is None:
@@ -244,7 +248,7 @@ def register(app: typer.Typer) -> None:
             under = None
             if targets is not None and wl is not None:
                 say("serving each deployment's best plan under the targets")
-                under = serve_search(outcome, graph, wl, targets, arrival, pd)
+                under = serve_search(outcome, graph, wl, targets, arrival, pd, speculative)
         data = outcome.to_json()
         if under is not None:
             data["serving_search"] = under.to_json()
@@ -253,7 +257,7 @@ def register(app: typer.Typer) -> None:
             for r, entry in zip(outcome.ranked, entries, strict=True):
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
-                                                 cp_kv=cp_kv, replicas=r.replicas)  # fmt: skip
+                                                 cp_kv=cp_kv, replicas=r.replicas, speculative=speculative)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for

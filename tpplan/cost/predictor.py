@@ -60,6 +60,7 @@ class Predictor(OpPrices):
     def __init__(self, *args: object, pipeline: PipelineModel | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.pipeline = pipeline or pipeline_model()  # the engine whose PP schedule and boundary send apply
+        self.serving_engine = self.engine or self.pipeline.engine  # and whose kernels the serving set prices
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
         self._lowerings: dict[Segments, Lowering] = {}

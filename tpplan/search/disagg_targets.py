@@ -94,7 +94,7 @@ def _pairs(
         for d in decode:
             try:
                 base = DisaggDeployment(
-                    PoolSpec(predictor[_mesh(p)], 1, chunk), PoolSpec(predictor[_mesh(d)], 1, chunk)
+                    PoolSpec(predictor[_mesh(p)], 1, chunk), PoolSpec(predictor[_mesh(d)], 1, chunk, ask.speculative)
                 )
             except TpplanError:  # the two meshes need more GPUs than there are
                 continue

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.models.graph import ModelGraph
     from tpplan.simulate.requests import Arrivals, Shape
     from tpplan.simulate.results import LoopResult
@@ -148,6 +149,7 @@ class Ask:
     arrival: Arrival | None  # with a rate: Poisson at it; None: the budget's closed-loop sweep
     requests: int | None
     deployments: tuple[RankedPlan, ...] = ()
+    speculative: Speculative | None = None  # decode steps as speculative steps (`tpplan.engines.speculative`)
 
 
 def point_of(
@@ -201,8 +203,8 @@ def serve_aggregated(ask: Ask, p: Predictor, arrivals: Arrivals, cap: tuple[int,
 
     running, pool = cap if cap is not None else (None, None)
     loop = engine_loop(p.pipeline, p.deployment, ask.workload.chunk_size, ask.topo.gpus_per_node, decode=True,
-                       max_running=running, kv_tokens=pool)  # fmt: skip
-    return serve(p, arrivals, loop)
+                       max_running=running, kv_tokens=pool, speculative=ask.speculative)  # fmt: skip
+    return serve(p, arrivals, loop, ask.speculative)
 
 
 def kv_need_of(shapes: list[Shape]) -> int:

@@ -52,6 +52,7 @@ from tpplan.search.targets import Targets, seconds_text
 if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.models.graph import ModelGraph
     from tpplan.simulate.serving import Arrival
 
@@ -69,6 +70,7 @@ class TargetsOutcome:
     front: tuple[ServingPoint, ...]
     seconds: float
     skipped: tuple[tuple[str, str], ...] = field(default=())  # (deployment, why) not served
+    speculative: Speculative | None = None  # the decode steps' speculative decoding, where asked for
 
     @property
     def meeting(self) -> tuple[DeploymentAnswer, ...]:
@@ -99,6 +101,7 @@ class TargetsOutcome:
             "skipped": [{"deployment": d, "why": w} for d, w in self.skipped],
             "verdict": self.verdict(),
             "seconds": self.seconds,
+            **({"speculative": self.speculative.to_json()} if self.speculative is not None else {}),
         }
 
 
@@ -288,6 +291,15 @@ def check_workload(targets: Targets, workload: Workload, context: int | None = N
     if workload.output_len < 2 and targets.tpot is not None:
         raise TpplanError(f"workload={workload.name}", "its requests have one output token: no TPOT to target",
                           "give a workload with output_len above 1, or drop the TPOT target")  # fmt: skip
+    check_context(workload, context)
+
+
+def check_context(workload: Workload, context: int | None) -> None:
+    """Refused before any work (search and report under targets, audit with a workload): requests whose
+    prompt and output together pass the model's `context` (`Numerics.stated_context`: only a context the
+    config states; None: nothing to check)."""
+    from tpplan.errors import TpplanError
+
     longest = max(workload.input_lens or [workload.prompt_len(0)]) + workload.output_len
     if context is not None and longest > context:
         raise TpplanError(f"workload={workload.name}", f"a request of {longest:,} tokens (prompt and output) is "
@@ -297,12 +309,13 @@ def check_workload(targets: Targets, workload: Workload, context: int | None = N
 def serve_under_targets(
     outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, *,
     arrival: Arrival | None = None, requests: int | None = None, disaggregated: bool = True,
+    speculative: Speculative | None = None,
 ) -> TargetsOutcome:  # fmt: skip
     """Each deployment's best plan (`outcome.deployment_best`, searched with `every_deployment`) served
     under `targets`: by the GPU budget (the topology's GPUs; `arrival` None or without a rate) or at
     `arrival`'s rate, `requests` per load where given; ranked by goodput per GPU where the targets are
     met, else by how near they come. `disaggregated`: also P/D deployments of the meshes found
-    (`search.disagg_targets`)."""
+    (`search.disagg_targets`); `speculative`: aggregated decode steps are speculative steps."""
     from tpplan.errors import TpplanError
 
     t0 = time.perf_counter()
@@ -312,7 +325,7 @@ def serve_under_targets(
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
     rate = arrival.rate if arrival is not None else None
     ask = Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
-               arrival if rate is not None else None, requests)  # fmt: skip
+               arrival if rate is not None else None, requests, speculative=speculative)  # fmt: skip
     outcome_best = served_plans(ask, outcome.deployment_best)
     ask = replace(ask, deployments=outcome_best)
     answers: list[DeploymentAnswer] = []
@@ -330,7 +343,7 @@ def serve_under_targets(
     front = pareto_max([p for a in answers for p in a.points],
                        lambda p: (p.output_tok_s_per_gpu, p.output_tok_s_per_user))  # fmt: skip
     return TargetsOutcome(targets, topo.world_size, rate, tuple(answers), tuple(front), time.perf_counter() - t0,
-                          tuple(skipped))  # fmt: skip
+                          tuple(skipped), speculative)  # fmt: skip
 
 
 def _serve_one(ask: Ask, r: RankedPlan) -> DeploymentAnswer | str:

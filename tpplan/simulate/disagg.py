@@ -31,6 +31,7 @@ from functools import cached_property
 
 from tpplan.cost.comm import price_collective
 from tpplan.cost.predictor import Predictor
+from tpplan.engines.speculative import Speculative
 from tpplan.errors import TpplanError
 from tpplan.simulate.disagg_loop import (
     ROUTER_UNREAD,
@@ -40,7 +41,7 @@ from tpplan.simulate.disagg_loop import (
     handoff_rule,
     simulate_disaggregated,
 )
-from tpplan.simulate.engine import DECODE_NOT_MODELLED, EngineLoop, engine_loop
+from tpplan.simulate.engine import EngineLoop, decode_conditions, engine_loop
 from tpplan.simulate.pd import kv_bytes_per_rank
 from tpplan.simulate.prices import CachedPrices, context_grid, predictor_prices
 from tpplan.simulate.requests import Arrivals, Request
@@ -68,6 +69,7 @@ class PoolSpec:
     predictor: Predictor
     instances: int = 1
     chunk_tokens: int | None = None  # step budget (None: the engine's default on this GPU)
+    speculative: Speculative | None = None  # a decode pool's speculative decoding (`tpplan.engines.speculative`)
 
     def __post_init__(self) -> None:
         if self.instances < 1:
@@ -142,13 +144,14 @@ class _Pools:
     meshes: tuple[Predictor, Predictor]  # held, so the ids that key the cache stay theirs
 
 
-_POOLS: dict[tuple[int, int, int, int, bool], _Pools] = {}
+_POOLS: dict[tuple[int, int, int, int, bool, Speculative | None], _Pools] = {}
 
 
 def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
     """Each pool's engine loop (the decode one with its KV pool and cap) and step prices, cached per meshes."""
     pp, dp = dep.prefill.predictor, dep.decode.predictor
-    key = (id(pp), id(dp), dep.prefill.chunk(), dep.decode.chunk(), fixed_costs)
+    spec = dep.decode.speculative
+    key = (id(pp), id(dp), dep.prefill.chunk(), dep.decode.chunk(), fixed_costs, spec)
     hit = _POOLS.get(key)
     if hit is not None and hit.meshes[0] is pp and hit.meshes[1] is dp:
         return hit
@@ -157,10 +160,10 @@ def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
     cap, label = replica_kv(dp)
     running, pool = cap if cap is not None else (None, None)
     dec = engine_loop(dp.pipeline, dp.deployment, dep.decode.chunk(), gpn, fixed_costs=fixed_costs, decode=True,
-                      max_running=running, kv_tokens=pool)  # fmt: skip
+                      max_running=running, kv_tokens=pool, speculative=spec)  # fmt: skip
     if len(_POOLS) > 64:
         _POOLS.clear()
-    out = _POOLS[key] = _Pools(pre, dec, predictor_prices(pp), predictor_prices(dp), label, (pp, dp))
+    out = _POOLS[key] = _Pools(pre, dec, predictor_prices(pp), predictor_prices(dp, spec), label, (pp, dp))
     return out
 
 
@@ -259,6 +262,7 @@ def capacity(dep: DisaggDeployment, arrivals: Arrivals, tpot_s: float | None = N
     per_step = math.ceil(batch / cfg.in_flight)
     step = _decode_period(pools, per_step, ctx)
     tokens = mean_out - (0 if rule.first_token_on_decode else 1)
+    tokens /= cfg.accepted  # decode steps per request (speculative decoding: tokens over those a step gains)
     decode_rps = per_step / step / tokens if tokens > 0 else math.inf
     hand = sum(c * handoff_seconds(dep, p) for (p, _, _), c in shapes.items()) / n
     return Capacity(1 / pre_s, decode_rps, 1 / hand if hand > 0 else math.inf, batch, step, rule.push)
@@ -276,8 +280,8 @@ def _batch_within(pools: _Pools, most: int, ctx: int, tpot_s: float) -> int:
     is within `tpot_s`; the gap grows with the batch, so a bisection finds it."""
     m = pools.decode.config.in_flight
 
-    def gap(b: int) -> float:
-        return _decode_period(pools, math.ceil(b / m), ctx) * m
+    def gap(b: int) -> float:  # per output token: a speculative step gains `accepted` of them
+        return _decode_period(pools, math.ceil(b / m), ctx) * m / pools.decode.config.accepted
 
     lo, hi = 1, most
     while lo < hi:
@@ -349,7 +353,8 @@ class DisaggResult:
             "binding": self.binding,
             "binding_text": self.binding_text(),
             "sources": [s.cite() for s in (*rule.sources, ROUTER_UNREAD)],
-            "conditions": [*self.notes, *PD_NOT_MODELLED, *DECODE_NOT_MODELLED],
+            "conditions": [*self.notes, *PD_NOT_MODELLED, *decode_conditions(dep.decode.speculative)],
+            **({"speculative": dep.decode.speculative.to_json()} if dep.decode.speculative is not None else {}),
         }
 
 

@@ -16,6 +16,8 @@ from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
 from tpplan.engines import scheduler_rules
 from tpplan.engines.schema import SchedulerRules
+from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
+from tpplan.engines.speculative import Speculative, running_cap
 from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.overheads import NONE, Overheads, overheads
@@ -74,12 +76,14 @@ def engine_loop(
     decode: bool = False,
     max_running: int | None = None,
     kv_tokens: int | None = None,
+    speculative: Speculative | None = None,
 ) -> EngineLoop:
     """The loop of `pipeline`'s engine version on `deployment` with steps of `chunk_tokens`;
     `fixed_costs` False leaves the per-request and per-step costs out (the idealised loop). `decode`:
     requests decode their output tokens, in steps formed as the engine forms them (`mixes_decode`: vLLM
     shares each step's budget, SGLang runs prefill first), admitted under `max_running` and a KV pool
-    of `kv_tokens` per replica (None: unbounded)."""
+    of `kv_tokens` per replica (None: unbounded); `speculative`: its decode steps are speculative steps (the
+    running cap as the engine sets it under speculative decoding, `tpplan.engines.speculative.running_cap`)."""
     rules = scheduler_rules(pipeline.engine)
     costs = overheads(cpu_overlaps(rules, deployment, gpus_per_node)) if fixed_costs else NONE
     config = LoopConfig(
@@ -90,25 +94,38 @@ def engine_loop(
         request_in_s=costs.request_s,
         decode=decode,
         mixed=rules.mixes_decode,
-        max_running=max_running,
+        max_running=max_running if speculative is None else running_cap(pipeline.engine, max_running),
         kv_tokens=kv_tokens,
+        verify_tokens=1 if speculative is None else speculative.verify_tokens,
+        accepted=1.0 if speculative is None else speculative.accepted,
     )
     return EngineLoop(pipeline, rules, costs, config, deployment.pp)
 
 
+NO_SPECULATIVE = (
+    "speculative decoding and MTP (draft cost, accepted tokens per step) are not modelled: one token per step"
+)
 DECODE_NOT_MODELLED = (
     "decode steps are priced by the same per-step op prices as prefill at M = the decode batch, each request's "
     "attention over its KV length; CUDA graphs change only the per-step scheduler cost, not the kernels' prices",
-    "speculative decoding and MTP (draft cost, accepted tokens per step) are not modelled: one token per step",
+    NO_SPECULATIVE,
     "admission reserves each request's prompt + output KV: no preemption, no SGLang new_token_ratio estimate",
     "a decode step is priced at its requests' mean KV length (interpolated on a grid of 16 points per doubling)",
-    "routed experts at decode sizes are padded to 128-row tiles per active expert (tpplan's runtime kernel, which "
-    "its experts model was fitted on); the engines' fused MoE picks 16- to 64-row tiles at small M, so decode MoE "
-    "compute is overstated where it is not weight-bound",
+    "routed experts at decode sizes: the experts a batch reaches under uniform routing (no skew), each padded to "
+    "the engine's fused-MoE row tile from its default config (tuned per-GPU config files not read), the weights "
+    "read at the datasheet HBM rate; above the GPU experts model's measured rows per expert, that model (fitted on "
+    "tpplan's runtime kernel, torch._grouped_mm) prices them",
     "GQA/MHA decode attention is priced by the prefill attention pricer at the step's KV bytes and pairs; no "
     "decode (split-KV) kernel was measured",
 )
 """What the loop's decode leaves out, for every engine (docs/cost-model.md, "Serving loop")."""
+
+
+def decode_conditions(speculative: Speculative | None) -> list[str]:
+    """`DECODE_NOT_MODELLED`, with what speculative decoding leaves out in place of its line where it is on."""
+    if speculative is None:
+        return list(DECODE_NOT_MODELLED)
+    return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else SPEC_NOT_MODELLED)]
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:
@@ -118,9 +135,10 @@ def workload_arrivals(workload: Workload) -> ClosedLoop:
     return closed_loop(workload.concurrency, shapes, workload.total_requests)
 
 
-def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop) -> LoopResult:
-    """The loop over the predictor's per-stage step prices, on its deployment's replicas."""
-    return simulate(arrivals, predictor_prices(p), loop.config, p.deployment)
+def serve(p: Predictor, arrivals: Arrivals, loop: EngineLoop, speculative: Speculative | None = None) -> LoopResult:
+    """The loop over the predictor's per-stage step prices, on its deployment's replicas (`speculative`:
+    the decode steps priced as speculative steps; `loop` made with the same)."""
+    return simulate(arrivals, predictor_prices(p, speculative), loop.config, p.deployment)
 
 
 __all__ = [
@@ -128,6 +146,7 @@ __all__ = [
     "PP_POINTER",
     "EngineLoop",
     "cpu_overlaps",
+    "decode_conditions",
     "engine_loop",
     "pp_unpriced",
     "serve",

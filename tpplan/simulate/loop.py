@@ -63,6 +63,10 @@ class LoopConfig:
     # after it), and whether the prefill engine blocks its last stage on the hand-off (`simulate.pd`)
     handoff_s: Callable[[Request], float] | None = None
     handoff_blocks: bool = False
+    # speculative decoding (`tpplan.engines.speculative`): a decode step verifies `verify_tokens` per request
+    # out of the step's budget, and a request gains `accepted` tokens per step on average
+    verify_tokens: int = 1
+    accepted: float = 1.0
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.in_flight < 1:
@@ -79,6 +83,18 @@ class LoopConfig:
     def kv_need(self, r: Request) -> int:
         """KV tokens a request holds while admitted: its prompt and, with decode, its output."""
         return r.prompt_tokens + (r.output_tokens if self.decode else 1)
+
+    def steps_out(self, output_tokens: int) -> int:
+        """The loop's count for a request's output: its prefill step and its decode steps (one token per
+        step; with speculative decoding, its later tokens over `accepted`, rounded up)."""
+        if self.accepted == 1.0 or output_tokens <= 1:
+            return output_tokens
+        return 1 + math.ceil((output_tokens - 1) / self.accepted - 1e-9)
+
+    def position_shift(self, steps_done: int) -> float:
+        """What a request's decode position gains over `steps_done` (its count in `_Replica.decoded`)
+        beyond one token per step: 0 without speculative decoding."""
+        return (self.accepted - 1.0) * max(steps_done - 1, 0) if self.accepted != 1.0 else 0
 
 
 class _Rounds:
@@ -98,7 +114,7 @@ class _Rounds:
         self.ends: list[tuple[int, int]] = []  # (round it finishes at, request), pushed in join order
         self.finish_round: dict[int, int] = {}
         self.order: list[int] = []  # requests in join order (the second key of `ends`)
-        self.context_sum = 0
+        self.context_sum: float = 0
 
     def join(self, rep: _Replica, rid: int) -> None:
         end = self.round + rep.outputs[rid] - 1
@@ -114,7 +130,7 @@ class _Rounds:
         rep.itl.extend([t - self.last_end] * (len(rep.running) - len(fresh)))
         rep.itl.extend([t - out_at[r] for r in fresh])
         fresh.clear()
-        self.context_sum += len(rep.running)
+        self.context_sum += len(rep.running) * rep.cfg.accepted if rep.cfg.accepted != 1.0 else len(rep.running)
         self.round += 1
         self.last_end = t
         ends, order = self.ends, self.order
@@ -122,7 +138,7 @@ class _Rounds:
             rid = order[heapq.heappop(ends)[1]]
             del rep.running[rid]
             rep.decoded[rid], out_at[rid] = rep.outputs[rid], t
-            self.context_sum -= rep.last_pos[rid] + rep.outputs[rid]
+            self.context_sum -= rep.last_pos[rid] + rep.outputs[rid] + rep.cfg.position_shift(rep.outputs[rid])
             rep.finish(rid, t)
 
     def materialize(self, rep: _Replica) -> None:
@@ -145,7 +161,7 @@ class _Replica:
         self.prices, self.cfg = prices, cfg
         # `CachedPrices.price_step`: a step priced from (prefill segments, decode tokens, their contexts' sum),
         # the price `prices` gives the full segments (tests/simulate/test_loop_fast_path.py)
-        self.price_step: Callable[[Segments, int, int], Sequence[float]] | None = getattr(prices, "price_step", None)
+        self.price_step: Callable[[Segments, int, float], Sequence[float]] | None = getattr(prices, "price_step", None)
         fast = self.FAST_DECODE and cfg.decode and cfg.in_flight == 1 and self.price_step is not None
         self.rounds: _Rounds | None = _Rounds() if fast else None
         n = len(self.reqs)
@@ -158,7 +174,7 @@ class _Replica:
         self.done_at = [math.nan] * n  # when its last token's step leaves the pipeline
         self.decoded = [0] * n  # output tokens so far (the prefill step gives the first)
         self.last_pos = [r.prompt_tokens - 1 for r in self.reqs]  # a decode token's position: this + decoded
-        self.outputs = [r.output_tokens for r in self.reqs]
+        self.outputs = [cfg.steps_out(r.output_tokens) for r in self.reqs]  # in steps (`steps_out`)
         self.itl: list[float] = []  # gaps between a request's successive tokens, every decode token
         self.closed = seeded and isinstance(arrivals, ClosedLoop)
         first = min(arrivals.concurrency, n) if isinstance(arrivals, ClosedLoop) else n
@@ -229,8 +245,9 @@ class _Replica:
         """(prefill chunks, decoding requests) of the next step, as the engine forms it."""
         self.release(now)
         if self.cfg.mixed:
-            dec = self.decode_tokens(now, self.cfg.chunk_tokens)
-            return self.prefill_chunks(now, self.cfg.chunk_tokens - len(dec)), dec
+            w = self.cfg.verify_tokens
+            dec = self.decode_tokens(now, self.cfg.chunk_tokens // w)
+            return self.prefill_chunks(now, self.cfg.chunk_tokens - len(dec) * w), dec
         segs = self.prefill_chunks(now, self.cfg.chunk_tokens)
         return (segs, []) if segs else ([], self.decode_tokens(now, None))
 
@@ -300,11 +317,16 @@ class _Replica:
         """Seconds the step holds each stage (its CPU cost not yet added)."""
         last, decoded = self.last_pos, self.decoded
         pre = tuple([(s.n_tokens, s.start_pos) for s in segs])
+        shift = self.cfg.position_shift
         if self.price_step is not None:  # the same price without a segment per decode token
             ctx = rounds.context_sum if rounds is not None else sum([last[r] + decoded[r] for r in dec])
+            if rounds is None and self.cfg.accepted != 1.0:
+                ctx += sum([shift(decoded[r]) for r in dec])
             times = [float(t) for t in self.price_step(pre, len(dec), ctx)]
         else:
-            times = [float(t) for t in self.prices(pre + tuple([(1, last[r] + decoded[r]) for r in dec]))]
+            w = self.cfg.verify_tokens
+            tokens = tuple([(w, round(last[r] + decoded[r] + shift(decoded[r]))) for r in dec])
+            times = [float(t) for t in self.prices(pre + tokens)]
         if not times or min(times) < 0 or not all(map(math.isfinite, times)):
             raise TpplanError("stage prices", f"returned {times} s for step {len(self.steps)}", "return >= 0 per stage")
         return times

@@ -11,10 +11,11 @@ mean context (interpolated on a grid: `context_grid`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments
+from tpplan.engines.speculative import Speculative
 from tpplan.simulate.loop import StagePrices
 
 EXACT_CONTEXT = 64  # decode steps whose mean context is at most this are priced at whole-token grid points
@@ -31,10 +32,15 @@ def context_grid(mean: float) -> tuple[int, int]:
     return min(lo, math.floor(mean)), max(hi, math.ceil(mean), lo + 1)
 
 
-def even_decode(batch: int, total_context: int) -> Segments:
-    """`batch` one-token segments whose contexts sum to `total_context`, as evenly as whole tokens allow."""
+def even_decode(batch: int, total_context: int, width: int = 1) -> Segments:
+    """`batch` segments of `width` tokens (1: decode; k + 1: a speculative step's verify) whose contexts sum
+    to `total_context`, as evenly as whole tokens allow."""
     q, r = divmod(total_context, batch)
-    return ((1, q + 1),) * r + ((1, q),) * (batch - r)
+    return ((width, q + 1),) * r + ((width, q),) * (batch - r)
+
+
+DraftPrice = Callable[[int, int], float]
+"""Seconds a speculative step's draft adds to the last stage for (decode batch, context per request)."""
 
 
 class CachedPrices:
@@ -43,8 +49,11 @@ class CachedPrices:
     `context_grid` (exact where the price is linear in the context read, as attention's bytes and pairs
     are), so a decode step whose contexts grow by one token each step reuses the prices of the last."""
 
-    def __init__(self, prices: StagePrices) -> None:
+    def __init__(self, prices: StagePrices, verify: int = 1, draft: DraftPrice | None = None) -> None:
+        """`verify` > 1: a decode token is a speculative step's `verify` tokens per request, and `draft` its
+        draft's seconds on the last stage (`speculative_prices`)."""
         self._prices = prices
+        self._verify, self._draft = verify, draft
         self._cache: dict[Segments, tuple[float, ...]] = {}
         self._grid: dict[tuple[Segments, int, int], tuple[float, ...]] = {}
 
@@ -58,7 +67,7 @@ class CachedPrices:
         decode = [c for n, c in segs if n == 1]
         return self.price_step(tuple(s for s in segs if s[0] > 1), len(decode), sum(decode))
 
-    def price_step(self, prefill: Segments, batch: int, context_sum: int) -> Sequence[float]:
+    def price_step(self, prefill: Segments, batch: int, context_sum: float) -> Sequence[float]:
         """The price of `prefill`'s segments with `batch` one-token segments whose contexts sum to
         `context_sum` (what the loop passes instead of a segment per decode token); a one-token prefill
         segment counts as a decode token, as in `__call__`."""
@@ -79,7 +88,10 @@ class CachedPrices:
         key = (prefill, batch, context)
         hit = self._grid.get(key)
         if hit is None:
-            hit = self._grid[key] = self._exact(prefill + even_decode(batch, context * batch))
+            hit = self._exact(prefill + even_decode(batch, context * batch, self._verify))
+            if self._draft is not None:
+                hit = (*hit[:-1], hit[-1] + self._draft(batch, context))
+            self._grid[key] = hit
         return hit
 
     @property
@@ -88,15 +100,32 @@ class CachedPrices:
         return len(self._cache)
 
 
-def predictor_prices(p: Predictor) -> CachedPrices:
+def predictor_prices(p: Predictor, spec: Speculative | None = None) -> CachedPrices:
     """Per-stage seconds of a prefill step on the predictor's deployment, its boundary send included
-    (the stages `tpplan.cost.predict.pipeline_ttft` schedules; one stage without PP)."""
+    (the stages `tpplan.cost.predict.pipeline_ttft` schedules; one stage without PP); with `spec`, a decode
+    token is a speculative step (`draft_price`)."""
 
     def stages(segs: Segments) -> list[float]:
         stage_s, sends, _ = p.stage_times(segs)
         return [s + x for s, x in zip(stage_s, sends, strict=True)]
 
-    return CachedPrices(stages)
+    if spec is None:
+        return CachedPrices(stages)
+    return CachedPrices(stages, spec.verify_tokens, draft_price(p, spec))
 
 
-__all__ = ["CachedPrices", "context_grid", "even_decode", "predictor_prices"]
+def draft_price(p: Predictor, spec: Speculative) -> DraftPrice:
+    """A speculative step's draft on the last stage (`tpplan.engines.speculative`): per draft layer, the
+    target's last decoder layer over the verify width per request (SGLang's draft extend, vLLM's draft
+    prefill) and k - 1 times over one token per request."""
+    last = p.audit.layer_results[-1]
+
+    def seconds(batch: int, context: int) -> float:
+        wide = p.kind_time(last, ((spec.verify_tokens, context),) * batch).total_s
+        one = p.kind_time(last, ((1, context),) * batch).total_s if spec.draft_tokens > 1 else 0.0
+        return spec.draft_layers * (wide + (spec.draft_tokens - 1) * one)
+
+    return seconds
+
+
+__all__ = ["CachedPrices", "DraftPrice", "context_grid", "draft_price", "even_decode", "predictor_prices"]

@@ -17,10 +17,11 @@ from tpplan.cost.prediction import PlanPrediction
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import MAX_REQUESTS, Workload
+from tpplan.engines.speculative import Speculative
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.models.graph import ModelGraph
-from tpplan.simulate.engine import DECODE_NOT_MODELLED, EngineLoop, engine_loop, serve, workload_arrivals
+from tpplan.simulate.engine import EngineLoop, decode_conditions, engine_loop, serve, workload_arrivals
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Shape, poisson
 from tpplan.simulate.results import LoopResult
@@ -84,9 +85,11 @@ def _run(p: Predictor, arrivals: Arrivals, loop: EngineLoop, cfg: LoopConfig | N
 
 
 def serving_summary(
-    p: Predictor, arrivals: Arrivals, chunk_tokens: int, gpus_per_node: int, *, per_request: bool = False
-) -> tuple[LoopResult, dict[str, object]]:
-    """The engine's loop (`p.pipeline`'s engine) on `p`'s deployment: the result and its JSON summary."""
+    p: Predictor, arrivals: Arrivals, chunk_tokens: int, gpus_per_node: int, *, per_request: bool = False,
+    speculative: Speculative | None = None,
+) -> tuple[LoopResult, dict[str, object]]:  # fmt: skip
+    """The engine's loop (`p.pipeline`'s engine) on `p`'s deployment: the result and its JSON summary
+    (`speculative`: its decode block's steps are speculative steps)."""
     loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node)
     res = _run(p, arrivals, loop)
     ideal = _run(p, arrivals, engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, fixed_costs=False))
@@ -110,36 +113,39 @@ def serving_summary(
     }
     if per_request:
         out["requests"] = [t.to_json() for t in res.timelines]
-    dec = decode_block(p, arrivals, chunk_tokens, gpus_per_node, per_request=per_request)
+    dec = decode_block(p, arrivals, chunk_tokens, gpus_per_node, per_request=per_request, speculative=speculative)
     if dec is not None:
         out["decode"] = dec
     return res, out
 
 
 def decode_block(
-    p: Predictor, arrivals: Arrivals, chunk_tokens: int, gpus_per_node: int, *, per_request: bool = False
-) -> dict[str, object] | None:
+    p: Predictor, arrivals: Arrivals, chunk_tokens: int, gpus_per_node: int, *, per_request: bool = False,
+    speculative: Speculative | None = None,
+) -> dict[str, object] | None:  # fmt: skip
     """The same requests through the engine's loop with decode (docs/audit-json.md, `serving.decode`):
     TTFT beside decode's steps, TPOT/ITL, request latency and output tokens/s; None when every request
-    has one output token."""
+    has one output token. `speculative`: each decode step a speculative step (`settings.speculative`)."""
     if all(r.output_tokens <= 1 for r in arrivals.requests):
         return None
     cap, capacity = replica_kv(p)
     running, pool = cap if cap is not None else (None, None)
     loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, decode=True, max_running=running,
-                       kv_tokens=pool)  # fmt: skip
+                       kv_tokens=pool, speculative=speculative)  # fmt: skip
     rule = loop.rules.decode_step
-    settings = {"mixed_steps": loop.config.mixed, "max_running": loop.config.max_running,
+    settings: dict[str, object] = {"mixed_steps": loop.config.mixed, "max_running": loop.config.max_running,
                 "kv_tokens": loop.config.kv_tokens, "kv_capacity": capacity,
                 "rule": None if rule is None else rule.source.cite()}  # fmt: skip
+    if speculative is not None:
+        settings["speculative"] = speculative_json(p.pipeline.engine, speculative, loop.config.max_running)
     try:
-        res = serve(p, arrivals, loop)
+        res = serve(p, arrivals, loop, speculative)
     except TpplanError as err:  # a request whose KV does not fit the pool alone: this deployment cannot serve it
         return {"admitted": False, "reason": str(err), "settings": settings}
     summary = res.decode_summary(p.deployment.gpus)
     if summary is None:
         return None
-    conditions = list(DECODE_NOT_MODELLED)
+    conditions = decode_conditions(speculative)
     if cap is None:
         conditions.append("no KV-pool or running-request cap: the engine's KV sizing was not read for this version")
     out: dict[str, object] = {
@@ -152,6 +158,15 @@ def decode_block(
     if per_request:
         out["requests"] = [t.to_json() for t in res.timelines]
     return out
+
+
+def speculative_json(engine: str, spec: Speculative, max_running: int | None) -> dict[str, object]:
+    """`settings.speculative`: the inputs, the engine's flags for them (with the running cap the loop
+    served with, `launch_flags`) and where they were read."""
+    from tpplan.engines.speculative import launch_flags, sources
+
+    flags = launch_flags(engine, spec, max_running)
+    return {**spec.to_json(), "flags": list(flags), "sources": [s.cite() for s in sources(engine)]}
 
 
 def replica_kv(p: Predictor) -> tuple[tuple[int, int] | None, str | None]:

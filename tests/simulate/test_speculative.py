@@ -1,0 +1,215 @@
+"""Speculative decoding / MTP in the serving loop (issue 32): a decode step verifies k + 1 tokens per request
+plus the draft's cost, a request gains the mean accepted tokens per step, so TPOT = step time / accepted.
+Worked by hand on a loop with linear prices; the draft's price checked against the target's own layers; the
+per-step decode path against the per-request one; the CLI's flags, JSON and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from tests.simulate.test_decode_json_docs import DOCS, SPECULATIVE, _block, _documented
+from tpplan.cost.predictor import cached_predictor
+from tpplan.cost.topology import select_topology
+from tpplan.engines.speculative import Speculative, launch_flags, running_cap
+from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
+from tpplan.models.config import load_model
+from tpplan.models.graph import build_model_graph
+from tpplan.plans.named import baseline
+from tpplan.simulate import loop
+from tpplan.simulate.loop import LoopConfig, simulate
+from tpplan.simulate.prices import CachedPrices, draft_price, even_decode, predictor_prices
+from tpplan.simulate.requests import Shape, closed_loop, poisson
+
+
+class Recorder:
+    """1 s per step plus 10 ms per token computed; remembers every step's segments."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[tuple[int, int], ...]] = []
+
+    def __call__(self, segs):  # type: ignore[no-untyped-def]
+        self.steps.append(tuple(segs))
+        return [1.0 + 0.01 * sum(n for n, _ in segs)]
+
+
+def test_one_request_by_hand() -> None:
+    """Prompt 10, 11 output tokens, k = 3, 2.5 accepted per step: the prefill step gives the first token
+    (1 + 0.10 s), the other 10 take ceil(10 / 2.5) = 4 steps of 4 verified tokens (1 + 0.04 s each) at
+    contexts 10, 12.5, 15, 17.5 (rounded half to even); TPOT = 4 x 1.04 / 10."""
+    prices = Recorder()
+    cfg = LoopConfig(4096, decode=True, verify_tokens=4, accepted=2.5)
+    res = simulate(closed_loop(1, [Shape(10, 11)], 1), prices, cfg)
+    assert prices.steps == [((10, 0),), ((4, 10),), ((4, 12),), ((4, 15),), ((4, 18),)]
+    (t,) = res.timelines
+    assert t.first_token_s == pytest.approx(1.1)
+    assert t.done_s == pytest.approx(1.1 + 4 * 1.04)
+    assert t.tpot_s == pytest.approx(4 * 1.04 / 10)
+    assert len(res.itl) == 4 and res.itl[0] == pytest.approx(1.04)
+
+
+def test_without_speculation_the_same_request_takes_ten_steps() -> None:
+    prices = Recorder()
+    res = simulate(closed_loop(1, [Shape(10, 11)], 1), prices, LoopConfig(4096, decode=True))
+    assert [s[0] for s in prices.steps[1:]] == [(1, 10 + i) for i in range(10)]
+    assert res.timelines[0].tpot_s == pytest.approx(1.01)
+
+
+def test_mixed_steps_take_the_verify_width_from_the_budget() -> None:
+    """vLLM's scheduler takes 1 + k tokens per running request from the step's budget: with a budget of 20,
+    four decoding requests verify 4 tokens each (k = 3) and leave 4 tokens for the long prompt's chunk,
+    where one token each would leave 16."""
+    shapes = [Shape(4, 50)] * 4 + [Shape(100, 2)]
+    spec, plain = Recorder(), Recorder()
+    simulate(closed_loop(5, shapes, 5), spec, LoopConfig(20, decode=True, mixed=True, verify_tokens=4, accepted=2.0))
+    simulate(closed_loop(5, shapes, 5), plain, LoopConfig(20, decode=True, mixed=True))
+    assert spec.steps[0] == plain.steps[0] == ((4, 0),) * 5
+    assert spec.steps[1] == ((4, 4),) + ((4, 4),) * 4
+    assert plain.steps[1] == ((16, 4),) + ((1, 4),) * 4
+
+
+def test_cached_prices_verify_width_and_draft_on_the_last_stage() -> None:
+    seen: list[tuple[tuple[int, int], ...]] = []
+
+    def stages(segs):  # type: ignore[no-untyped-def]
+        seen.append(tuple(segs))
+        return [0.5, 1.0 + 0.001 * sum(n for n, _ in segs)]
+
+    prices = CachedPrices(stages, verify=4, draft=lambda b, c: 0.25 * b)
+    got = prices.price_step((), 3, 3 * 64)
+    assert even_decode(3, 3 * 64, 4) == ((4, 64),) * 3 == seen[0]  # the grid's points 64 and 65; mean 64
+    assert list(got) == pytest.approx([0.5, 1.0 + 0.012 + 0.75])
+
+
+@pytest.fixture(scope="module")
+def llama():  # type: ignore[no-untyped-def]
+    graph = build_model_graph(load_model("tiny-llama"))
+    topo = select_topology("h100x8-ib400", 1, gpu="h100-datasheet")
+    return cached_predictor(graph, baseline(), topo, Mesh(2), "bf16", None)
+
+
+def test_the_draft_is_the_targets_layer_per_pass(llama) -> None:  # type: ignore[no-untyped-def]
+    """tiny-llama's layers are all alike: a one-token draft pass (k = 1: only the pass over the verify width,
+    2 tokens a request) costs the target's step at that batch over its layer count, without the final
+    reduction; k = 3 adds two one-token passes, which cost the target's one-token step over its layers."""
+    p = llama
+    layers = p.graph.spec.num_layers
+    b, c = 8, 1000
+
+    def per_layer(width: int) -> float:
+        segs = ((width, c),) * b
+        stage_s, _, final = p.stage_times(segs)
+        return (sum(stage_s) - final) / layers
+
+    one = Speculative(1, 1.5)
+    assert draft_price(p, one)(b, c) == pytest.approx(per_layer(2))
+    three = Speculative(3, 2.5, draft_layers=2)
+    assert draft_price(p, three)(b, c) == pytest.approx(2 * (per_layer(4) + 2 * per_layer(1)))
+
+
+def test_a_speculative_step_costs_more_but_tpot_falls_with_acceptance(llama) -> None:  # type: ignore[no-untyped-def]
+    """The same 8 requests decoding 65 tokens: a k = 3 step costs more than a plain one (4 tokens verified
+    and the draft), and TPOT is the step time over the accepted tokens, so it falls as acceptance grows."""
+    arrivals = closed_loop(8, [Shape(512, 65)], 8)
+
+    def run(spec: Speculative | None) -> float:
+        cfg = LoopConfig(8192, decode=True, verify_tokens=spec.verify_tokens if spec else 1,
+                         accepted=spec.accepted if spec else 1.0)  # fmt: skip
+        res = simulate(arrivals, predictor_prices(llama, spec), cfg)
+        s = res.decode_summary(2)
+        assert s is not None
+        return float(s["tpot_s"]["mean"])  # type: ignore[index]
+
+    plain = run(None)
+    low, high = run(Speculative(3, 1.0)), run(Speculative(3, 3.2))
+    assert low > plain  # every step pays verify + draft and gains one token
+    assert high < low
+    step_plain = predictor_prices(llama).price_step((), 8, 8 * 600)[0]
+    step_spec = predictor_prices(llama, Speculative(3, 3.2)).price_step((), 8, 8 * 600)[0]
+    assert step_spec > step_plain
+    assert high == pytest.approx(step_spec / 3.2, rel=0.05)  # steps at contexts 512..577: about alike
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_per_step_decode_equals_per_request_under_speculation(monkeypatch, llama, mixed) -> None:  # type: ignore[no-untyped-def]
+    spec = Speculative(2, 2.3)
+    arrivals = poisson(40.0, [Shape(300, 40), Shape(900, 17), Shape(100, 2)], 120, seed=5)
+    cfg = LoopConfig(2048, decode=True, mixed=mixed, max_running=24, verify_tokens=3, accepted=2.3)
+    fast = simulate(arrivals, predictor_prices(llama, spec), cfg)
+    monkeypatch.setattr(loop._Replica, "FAST_DECODE", False)
+    slow = simulate(arrivals, predictor_prices(llama, spec), cfg)
+    assert fast.timelines == slow.timelines
+    assert fast.steps == slow.steps
+    assert fast.itl == pytest.approx(slow.itl)
+
+
+def test_flags_and_caps_as_the_engines_read_them() -> None:
+    spec = Speculative(3, 2.4)
+    sglang = ("--speculative-algorithm NEXTN", "--speculative-num-steps 3", "--speculative-eagle-topk 1",
+              "--speculative-num-draft-tokens 4")  # fmt: skip
+    assert launch_flags("sglang@0.5.23", spec) == sglang
+    assert launch_flags("vllm@0.34.0", spec) == (
+        """--speculative-config '{"method":"mtp","num_speculative_tokens":3}'""",
+    )
+    eagle = Speculative(5, 3.0, method="eagle", draft_model="org/eagle3-draft")
+    assert launch_flags("sglang@0.5.23", eagle)[-1] == "--speculative-draft-model-path org/eagle3-draft"
+    assert '"model":"org/eagle3-draft"' in launch_flags("vllm@0.34.0", eagle)[0]
+    assert launch_flags("sglang@0.5.23", spec, 200)[-1] == "--max-running-requests 200"  # not SGLang's 48
+    assert running_cap("sglang@0.5.23", None) == 48 and running_cap("sglang@0.5.23", 200) == 200
+    assert running_cap("vllm@0.34.0", None) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [((3, 4.5), "spec_accepted=4.5"), ((0, 1.0), "spec_draft_tokens=0"), ((2, 0.5), "spec_accepted=0.5")],
+)
+def test_bad_inputs_name_the_field(args, where) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TpplanError) as e:
+        Speculative(*args)
+    assert where in str(e.value)
+
+
+AUDIT = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--plan", "baseline", "--json", "-")
+
+
+def _decode(monkeypatch, capsys, tmp_path, *extra: str):  # type: ignore[no-untyped-def]
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,128,33\n0.001,256,21\n")
+    code, out, err = run_cli(monkeypatch, capsys, *AUDIT, "--trace", str(trace), *extra)
+    return code, out, err
+
+
+def test_audit_json_carries_the_inputs_and_the_flags(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = _decode(monkeypatch, capsys, tmp_path, "--spec", "mtp:3:2.5")
+    assert code == 0, err
+    d = json.loads(out)["plans"][0]["serving"]["decode"]
+    s = d["settings"]["speculative"]
+    assert (s["draft_tokens"], s["verify_tokens"], s["accepted_per_step"]) == (3, 4, 2.5)
+    assert "--speculative-num-draft-tokens 4" in s["flags"] and len(s["sources"]) == 3
+    assert f"--max-running-requests {d['settings']['max_running']}" in s["flags"]  # the cap the loop served with
+    # 32 + 20 decode tokens at 2.5 a step: 13 and 8 steps
+    assert d["decode_steps"] == 13
+    assert not any("not modelled: one token per step" in c for c in d["conditions"])
+    doc = (DOCS / "audit-json.md").read_text(encoding="utf-8")
+    documented = _documented(_block(doc, '"decode": {'))
+    emitted = set(d) | set(d["settings"]) | set(s)
+    assert emitted - {"requests"} <= documented, emitted - documented
+    assert emitted >= SPECULATIVE
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--spec", "mtp:3"), "--spec mtp:3: is not METHOD:K:A[:DRAFT]"),
+        (("--spec", "mtp:3:7"), "--spec mtp:3:7: A must be 1 to draft tokens + 1 = 4"),
+        (("--spec", "medusa:3:2"), "--spec medusa:3:2: METHOD is not mtp or eagle"),
+        (("--spec", "eagle:3:2"), "end it with :CHECKPOINT"),
+    ],
+)
+def test_bad_spec_options_are_one_line_exit_2(monkeypatch, capsys, tmp_path, extra, says) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = _decode(monkeypatch, capsys, tmp_path, *extra)
+    assert code == 2
+    assert says in err and "Traceback" not in err
