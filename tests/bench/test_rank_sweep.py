@@ -183,3 +183,9 @@ def test_docs_masked_tables_are_the_checked_in_fit() -> None:
                       ("rank-fit-masked-other", other_markdown(fit["other"]["table"])),
                       ("rank-priced-today", priced_today_markdown(fit["priced_today"]["points"]))):  # fmt: skip
         assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text
+    from tpplan.bench.run_table import layer_rows
+
+    runs = root / "docs/benchmarks/h100-2026-12-06c/call5"
+    models = ("deepseek-v3", "llama-3-70b", "mixtral-8x7b", "glm-4.5-air", "qwen3-next-80b", "kimi-k3")
+    table = layer_rows([runs / f"{m}.json" for m in models])
+    assert doc.split("<!-- run-table-80gb-2:begin -->\n")[1].split("<!-- run-table-80gb-2:end -->")[0] == table

@@ -101,7 +101,7 @@ class OpPrices:
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
         # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
         dep = self.deployment
-        self.cp_audit = audit_cp(graph, tp, dep.cp, dep.cp_recurrence, dep.cp_layers)  # type: ignore[arg-type]
+        self.cp_audit = audit_cp(graph, dep)
         self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
         self.cp_split = model_split(self.cp_audit)
         self.counts = graph.counts()
@@ -109,7 +109,7 @@ class OpPrices:
         self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
         self.rpn = self.deployment.ranks_per_node(g)
-        self.stages = stage_layers(graph.spec.num_layers, pp)
+        self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.peak = topo.gpu.peak_tflops("fp8" if dtype == "fp8" else "bf16") * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
         # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.

@@ -180,7 +180,9 @@ class Predictor(OpPrices):
         r = self.deployment.replicas
         if workload is None or r == 1:
             return self._memory(workload, tokens)
-        return max((self._memory(w, tokens) for w in replica_workloads(workload, r)), key=lambda m: m.total)
+        return max(
+            (self._memory(w, tokens) for w in replica_workloads(workload, self.deployment)), key=lambda m: m.total
+        )
 
     def _memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
         spec = self.graph.spec
@@ -218,7 +220,7 @@ class Predictor(OpPrices):
             ck = cpa.kinds[res.kind]
             for d in res.decisions:
                 if d.op.name in ck.attention_ops:
-                    more = cp_weight_elements(ck, cpa.cp, d) - d.weight_elements_per_rank
+                    more = cp_weight_elements(cpa, res.kind, d) - d.weight_elements_per_rank
                     total += more * self.weight_elem_bytes(res.kind, d.op)
         return total
 
