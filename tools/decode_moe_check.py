@@ -85,7 +85,7 @@ def _weights_mb(pred: Predictor, experts: int, top_k: int, tokens: int, hidden: 
     """MB of expert weights one TP rank reads for `tokens` tokens: the experts reached, gate, up and down."""
     from tpplan.cost.expert_rows import active_experts
 
-    return active_experts(experts, experts, top_k, tokens) * 3 * hidden * inter * pred.expert_bytes / 1e6
+    return active_experts(experts, experts, top_k, tokens) * 3 * hidden * inter * pred.kernels.expert_bytes / 1e6
 
 
 def rows() -> list[Row]:
@@ -111,14 +111,14 @@ def rows() -> list[Row]:
                 pipeline = pipeline_model(engine)
                 pred = cached_predictor(graph, baseline(), topo, Mesh(tp), "bf16", None, pipeline=pipeline)
                 hidden, inter, experts, top_k = _moe_shape(graph)
-                fmt = pred.moe_dtype
+                fmt = pred.kernels.moe_dtype
                 for t in TOKENS:
                     got = src.moe(MoeShape(t, hidden, inter, experts, top_k, tp, 1, fmt))
                     if got is None or got.extrapolated or "stand-in" in got.source:
                         continue
                     mb = _weights_mb(pred, experts, top_k, t, hidden, inter // tp)
                     out.append(Row(name, system, model, tp, t, *_experts_us(pred, t), 1e6 * got.seconds, got.source,
-                                   mb, pred.hbm / 1e12))  # fmt: skip
+                                   mb, pred.kernels.hbm / 1e12))  # fmt: skip
                 print(f"{system} {name} {model}: done", file=sys.stderr, flush=True)
     return out
 
@@ -133,6 +133,35 @@ def _summary(found: list[Row], key: Callable[[Row], tuple[str, ...]]) -> list[st
         worst = max(rs, key=lambda r: abs(r.error)).error
         med = statistics.median(abs(r.error) for r in rs)
         out.append(f"| {' | '.join(k)} | {len(rs)} | {med:.0%} | {worst:+.0%} |")
+    return out
+
+
+# DeepEP README (deepseek-ai/DeepEP README.md @ 0aaa6744, 'Low-latency kernels with pure RDMA'): H800 nodes of
+# 8 GPUs, one CX7 400 Gb/s NIC each, 128 tokens per rank, hidden 7168, top-8, FP8 dispatch, BF16 combine.
+# EP -> (dispatch us, combine us). EP8 was measured over RDMA before the kernels used NVLink (DeepEP #173).
+DEEPEP_LL_US = {8: (77, 114), 16: (118, 195), 32: (155, 273), 64: (173, 314), 128: (192, 369), 256: (194, 360)}
+LL_SETTING = (128, 7168, 8)  # tokens per rank, hidden, top-k
+
+
+def deepep_rows() -> list[str]:
+    """tpplan's low-latency dispatch and combine (`cost.ep_low_latency`: tokens x top-k messages, an all-to-all
+    of that send buffer on the EP group) on `h100x8-ib400` (H100 nodes of 8, 8 x 400 Gb/s NICs) against the
+    DeepEP README's measured latencies, as markdown rows."""
+    from tpplan.cost.comm import price_collective
+    from tpplan.cost.topology import select_topology
+    from tpplan.engines.deepep import combine_message_bytes, dispatch_message_bytes
+
+    tokens, hidden, top_k = LL_SETTING
+    out = []
+    for ep, (d_us, c_us) in DEEPEP_LL_US.items():
+        topo = select_topology("h100x8-ib400", max(1, ep // 8))
+        assert topo is not None
+        cells = []
+        for per, measured in ((dispatch_message_bytes(hidden), d_us), (combine_message_bytes(hidden), c_us)):
+            nbytes = tokens * top_k * per
+            t = 1e6 * price_collective("all_to_all", nbytes, ep, topo, ranks_per_node=min(ep, 8)).time_s
+            cells.append(f"{nbytes / 1e6:.2f} | {t:,.0f} | {measured} | {t / measured - 1:+.0%}")
+        out.append(f"| {ep} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -179,6 +208,22 @@ def section(found: list[Row]) -> str:
         lines.append(f"| {r.engine} | {r.gpu} | {r.model} | {r.tp} | {r.tokens} | {r.tpplan_us:,.1f} | {r.priced_by} "
                      f"| {r.aic_us:,.1f} | {r.error:+.0%} | {r.weights_mb:,.0f} | {r.aic_read_TBps:.2f} "
                      f"| {r.aic_source} |")  # fmt: skip
+    lines += [
+        "",
+        "### DeepEP's low-latency all-to-all at decode (SGLang `--deepep-mode auto`, `cost/ep_low_latency.py`)",
+        "",
+        "tpplan's price of one low-latency dispatch and combine (each rank's 128 tokens x top-8 messages, the",
+        "dispatch in FP8 with one fp32 scale per 128 elements and a 16-byte header, the combine in bf16; an",
+        "all-to-all of that send buffer on the EP group, priced by `h100x8-ib400`'s collective model: H100 nodes",
+        "of 8, 8 x 400 Gb/s NICs) against DeepEP's README (H800 nodes, one CX7 400 Gb/s NIC per GPU, hidden 7168;",
+        "deepseek-ai/DeepEP README.md @ 0aaa6744). Nothing was fitted. EP8 was measured over RDMA before the",
+        "kernels used NVLink inside a node; tpplan prices it over NVLink. Error = tpplan / measured - 1.",
+        "",
+        "| EP | dispatch MB/rank | tpplan us | measured us | error | combine MB/rank | tpplan us | measured us "
+        "| error |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *deepep_rows(),
+    ]
     return "\n".join([*lines, END])
 
 

@@ -128,7 +128,7 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> De
             if fitted >= top or lower_bound(s, c.score, mesh) >= cutoff:
                 break
             name, short, summary = describe(c.glob, c.configs, s.has_moe)
-            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
+            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), mesh, s.dtype)
             if not pa.legal:  # cannot happen: the search walks the audit's own propagation
                 raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
             got = evaluate(s, pa, c.cost, mesh)
