@@ -29,7 +29,7 @@ def test_gqa_gathers_its_ranks_kv_heads_read_from_the_config(tp: int) -> None:
     attn = spec.layers[0].attn.gqa if hasattr(spec.layers[0].attn, "gqa") else spec.layers[0].attn
     kv_heads, head_dim = attn.kv_heads, attn.head_dim
     per_rank = max(1, kv_heads // tp)  # fewer KV heads than ranks: one each
-    a = audit_cp(build_model_graph(spec), tp, 2)
+    a = audit_cp(build_model_graph(spec), Mesh(tp, cp=2))
     (x,) = a.kinds["gqa+dense"].exchanges
     assert (x.method, x.collective, x.values) == ("kv_all_gather", "all_gather", ("k", "v"))
     assert x.per_token == 2 * per_rank * head_dim
@@ -40,7 +40,7 @@ def test_mla_gathers_the_latent_not_the_up_projected_kv() -> None:
     spec = load_model("tiny-deepseek-v3")
     mla = spec.layers[0].attn
     for tp in (1, 4):
-        a = audit_cp(build_model_graph(spec), tp, 4)
+        a = audit_cp(build_model_graph(spec), Mesh(tp, cp=4))
         for ck in a.kinds.values():
             (x,) = ck.exchanges
             assert x.method == "latent_all_gather"
@@ -51,8 +51,8 @@ def test_linear_attention_hands_the_state_on_serially_or_by_scan_with_the_conv_h
     g = _graph("tiny-kimi-k3")
     kda = next(op for op in g.kinds["kda+moe"].ops if op.attrs.get("impl") == "kda")
     h, d = int(kda.attrs["heads"]), int(kda.attrs["head_dim"])
-    serial = audit_cp(g, 2, 4, "serial").kinds["kda+moe"]
-    scan = audit_cp(g, 2, 4, "scan").kinds["kda+moe"]
+    serial = audit_cp(g, Mesh(2, cp=4, cp_recurrence="serial")).kinds["kda+moe"]
+    scan = audit_cp(g, Mesh(2, cp=4, cp_recurrence="scan")).kinds["kda+moe"]
     (s_state,) = [x for x in serial.exchanges if x.method == "state_serial"]
     (p_state,) = [x for x in scan.exchanges if x.method == "state_scan"]
     assert s_state.chain == 3 and s_state.per_seq == h / 2 * d * d and s_state.elem_bytes == 4
@@ -63,14 +63,14 @@ def test_linear_attention_hands_the_state_on_serially_or_by_scan_with_the_conv_h
     # MLP/MoE run on own tokens: the audit names no CP exchange outside the token mixers
     assert all(x.op in {o.name for o in g.kinds["kda+moe"].ops if o.kind.name == "TOKEN_MIX"} for x in scan.exchanges)
     # a hybrid keeps one split for the stream: contiguous, with attention's causal imbalance
-    assert model_split(audit_cp(g, 2, 4)) == "contiguous" and causal_imbalance(4, "contiguous") == 7 / 4
+    assert model_split(audit_cp(g, Mesh(2, cp=4))) == "contiguous" and causal_imbalance(4, "contiguous") == 7 / 4
 
 
 def test_gdn_state_and_halo_from_its_attrs() -> None:
     g = _graph("tiny-qwen3-next")
     op = next(o for o in g.kinds["gdn+moe"].ops if o.attrs.get("impl") == "gdn")
     a = op.attrs
-    xs = audit_cp(g, 1, 2, "serial").kinds["gdn+moe"].exchanges
+    xs = audit_cp(g, Mesh(1, cp=2, cp_recurrence="serial")).kinds["gdn+moe"].exchanges
     state = next(x for x in xs if x.method == "state_serial")
     halo = next(x for x in xs if x.method == "conv_halo")
     assert state.per_seq == a["v_heads"] * a["k_head_dim"] * a["v_head_dim"]
@@ -78,10 +78,10 @@ def test_gdn_state_and_halo_from_its_attrs() -> None:
 
 
 def test_a_mixer_without_a_cp_method_is_illegal_with_its_reason() -> None:
-    a = audit_cp(_graph("tiny-deepseek-v32"), 2, 2)
+    a = audit_cp(_graph("tiny-deepseek-v32"), Mesh(2, cp=2))
     assert not a.legal
     assert any("indexer" in r and "no context-parallel method" in r for r in a.reasons)
-    assert audit_cp(_graph("tiny-deepseek-v32"), 2, 1).legal  # CP 1 is plain TP
+    assert audit_cp(_graph("tiny-deepseek-v32"), Mesh(2, cp=1)).legal  # CP 1 is plain TP
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4, 8])
@@ -122,7 +122,7 @@ def test_cp_prices_local_tokens_gathers_and_shards_the_kv() -> None:
     k1, k4 = one.kinds[0], two.kinds[0]
     cp_colls = [c for c in k4.collectives if c.region == "cp"]
     assert len(cp_colls) == 1 and not [c for c in k1.collectives if c.region == "cp"]
-    x = audit_cp(g, 2, 4).kinds[k4.kind].exchanges[0]
+    x = audit_cp(g, Mesh(2, cp=4)).kinds[k4.kind].exchanges[0]
     assert cp_colls[0].nbytes == exchange_bytes(x, 4, ((32768, 0),), 2) == 4 * 8192 * x.per_token * 2
     gemm1 = next(o for o in k1.ops if o.op == "q_proj")
     gemm4 = next(o for o in k4.ops if o.op == "q_proj")
@@ -165,7 +165,7 @@ def test_the_issues_models_audit_and_price_at_cp_2_4_8(model: str) -> None:
     topo = load_topology("h200x8-ib400", nodes=8)
     plain = predict_plan(g, baseline(), topo, mesh=Mesh(8), tokens=16384)
     for cp in (2, 4, 8):
-        a = audit_cp(g, 8, cp)
+        a = audit_cp(g, Mesh(8, cp=cp))
         assert a.legal, a.reasons
         pr = predict_plan(g, baseline(), topo, mesh=Mesh(8, cp=cp, cp_kv="sharded"), tokens=16384)
         assert pr.legal and pr.memory.kv_cache == pytest.approx(plain.memory.kv_cache / cp)

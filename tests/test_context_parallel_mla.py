@@ -12,7 +12,8 @@ from tpplan.cost.pricing import Pricer
 from tpplan.cost.topology import load_topology
 from tpplan.engines.context_parallel import CP_PATHS, kv_cp_share
 from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import audit_cp, cp_calls, rank_positions
+from tpplan.layout.context_parallel import audit_cp, rank_positions
+from tpplan.lower.schedule import predict_cp_calls
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
@@ -25,14 +26,16 @@ def _graph(model: str):
 
 def test_only_mla_kinds_are_sharded_and_o_projs_collective_is_replaced() -> None:
     g = _graph("kimi-k3")
-    a = audit_cp(g, 8, 8, layers="mla")
+    a = audit_cp(g, Mesh(8, cp=8, cp_layers="mla"))
     assert a.legal and a.token_cp == 1 and a.attn_tp == 1
     assert {k: v.split for k, v in a.kinds.items()} == {"kda+dense": "none", "kda+moe": "none", "mla+moe": "zigzag"}
     mla = a.kinds["mla+moe"]
     assert [x.method for x in mla.exchanges] == ["output_all_gather"]  # A = 1: no attention-TP all-reduce
     assert mla.replaces == ("attn_out",) and mla.replicated == (("kv_b_proj", 8),)
     assert mla.exchanges[0].per_token == g.hidden
-    two = audit_cp(g, 8, 2, layers="mla").kinds["mla+moe"]  # A = 4: o_proj's partial sums over 4 ranks first
+    two = audit_cp(g, Mesh(8, cp=2, cp_layers="mla")).kinds[
+        "mla+moe"
+    ]  # A = 4: o_proj's partial sums over 4 ranks first
     assert [(x.method, x.group) for x in two.exchanges] == [("attn_tp_all_reduce", "attn_tp"),
                                                             ("output_all_gather", "cp")]  # fmt: skip
 
@@ -42,10 +45,10 @@ def test_only_mla_kinds_are_sharded_and_o_projs_collective_is_replaced() -> None
     [("llama-3-70b", 8, 2, "has none"), ("qwen3-next-80b", 8, 4, "has none"), ("kimi-k3", 8, 3, "must divide")],
 )
 def test_mla_mode_is_refused_without_mla_layers_or_when_cp_does_not_divide_tp(model, tp, cp, why) -> None:
-    a = audit_cp(_graph(model), tp, cp, layers="mla")
+    a = audit_cp(_graph(model), Mesh(tp, cp=cp, cp_layers="mla"))
     assert not a.legal and any(why in r for r in a.reasons)
     with pytest.raises(TpplanError, match="unknown CP layer set"):
-        audit_cp(_graph("tiny-llama"), 2, 2, layers="odd")  # type: ignore[arg-type]
+        audit_cp(_graph("tiny-llama"), Mesh(2, cp=2, cp_layers="odd"))
 
 
 def test_the_cp_group_sits_inside_the_tp_group() -> None:
@@ -57,8 +60,7 @@ def test_the_cp_group_sits_inside_the_tp_group() -> None:
 
 def test_predicted_calls_gather_the_attention_output_of_the_longest_zigzag_rank() -> None:
     g = _graph("tiny-kimi-k3")
-    a = audit_cp(g, 4, 4, layers="mla")
-    calls = cp_calls(g, a, 19, 4, 2)
+    calls = predict_cp_calls(g, baseline(), Mesh(4, cp=4, cp_layers="mla"), 19, cp_rank=2)
     mla_layers = [i for i, k in enumerate(g.layer_kinds) if k == "mla+moe"]
     assert [c.layer for c in calls] == mla_layers and {c.value for c in calls} == {"attn_out"}
     rows = max(len(rank_positions(19, 4, r, "zigzag")) for r in range(4))

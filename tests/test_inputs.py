@@ -227,13 +227,16 @@ def test_cli_sizes_out_of_range_exit_2(args):
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory) -> dict:
     from tpplan.layout.plan import with_ep
+    from tpplan.mesh import Mesh
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.files import Deployment, plan_file_data
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model("tiny-qwen3-moe"))
     return json.loads(
-        plan_file_data(with_ep(make_plan("baseline", graph, 2), 2), graph, {}, Deployment(tp=2)).model_dump_json()
+        plan_file_data(
+            with_ep(make_plan("baseline", graph, 2), Mesh(2, ep=2)), graph, {}, Deployment(tp=2)
+        ).model_dump_json()
     )
 
 

@@ -35,20 +35,8 @@ LOOSE = frozenset(
 )
 
 PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 in 47 modules)
-    "audit.py": 1,
-    "bench/rank_shapes.py": 1,
-    "cost/context_parallel.py": 1,
     "cost/pricing.py": 2,
     "cost/sources/aic_fitted.py": 5,
-    "cost/workload.py": 2,
-    "layout/context_parallel.py": 11,
-    "layout/plan.py": 1,
-    "lower/stages.py": 1,
-    "runtime/context_parallel.py": 5,
-    "runtime/context_parallel_verify.py": 3,
-    "runtime/kernels_local.py": 1,
-    "runtime/shard.py": 2,
-    "search/grid.py": 1,
 }
 
 

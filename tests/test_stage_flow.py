@@ -12,6 +12,7 @@ import tpplan.cost.op_prices
 from tpplan.audit import Audits, _decisions_only
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import baseline
@@ -51,7 +52,10 @@ def test_a_search_audits_every_plan_once_and_each_baseline_exactly_once(audits_c
     assert sum(audits_counted.values()) == len(audits)  # every audit made went into the one Audits
     # the ranked plans' audits are the ones handed on, under the plan each is shown as
     for r in out.ranked:
-        assert r.audit is audits.of(r.plan, r.tp) or r.audit.layer_results is audits.of(r.plan, r.tp).layer_results
+        assert (
+            r.audit is audits.of(r.plan, Mesh(r.tp))
+            or r.audit.layer_results is audits.of(r.plan, Mesh(r.tp)).layer_results
+        )
         assert r.audit.plan == r.plan
 
 
@@ -68,13 +72,13 @@ def test_the_memo_reuses_its_searchs_audits(audits_counted):
 def test_audits_relabel_a_plan_without_auditing_it_again(audits_counted):
     graph = build_model_graph(load_model("tiny-llama"))
     audits = Audits(graph)
-    first = audits.of(baseline(), 2)
+    first = audits.of(baseline(), Mesh(2))
     renamed = baseline().with_(name="search-1", title="found by search", found_by="search")
-    again = audits.of(renamed, 2)
+    again = audits.of(renamed, Mesh(2))
     assert again.plan == renamed and first.plan == baseline()
     assert again.layer_results is first.layer_results
     assert sum(audits_counted.values()) == 1
-    assert audits.of(baseline(), 1) is not first and sum(audits_counted.values()) == 2  # another TP: its own
+    assert audits.of(baseline(), Mesh(1)) is not first and sum(audits_counted.values()) == 2  # another TP: its own
 
 
 def test_the_library_example_in_the_design_notes_runs(capsys):

@@ -6,8 +6,9 @@ docs/benchmarks.md ("Engine kernel data (AIConfigurator 0.12.0)"), regenerated b
 Needs `aiconfigurator-core`. Each section prints progress to stderr and a markdown table to stdout.
 The tpplan side is the code on this branch: `gemm_time` on the `h200x8-ib400` GPU, `collective_time`
 on `h200x8-ib400` / `pcie8-rtxpro6000`, and the datasheet expert and attention prices of
-`tpplan/cost/op_prices.py` (`OpPrices._experts`: grouped GEMMs through `gemm_time` at tile-padded
-rows, max with the HBM time; attention: the roofline at `ATTN_EFFICIENCY` with a 3 us floor),
+`tpplan/cost/op_prices.py` as they stood before issue 32 gave the serving set the engines' fused-MoE row
+tiles (grouped GEMMs through `gemm_time` at 128-row tiles, max with the HBM time; decode-size experts
+against AIC: `tools/decode_moe_check.py`; attention: the roofline at `ATTN_EFFICIENCY` with a 3 us floor),
 re-expressed here at a kernel's shape without building a plan.
 """
 

@@ -18,6 +18,7 @@ from tpplan.errors import TpplanError
 from tpplan.layout.dp_attention import stream_reduction
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, Violation, propagate_model
+from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import ModelGraph, Op, build_model_graph
 from tpplan.models.opkinds import op_kind
@@ -235,12 +236,13 @@ class Audits:
         self.graph = graph
         self._by_key: dict[tuple[Plan, int, str], PlanAudit] = {}
 
-    def of(self, plan: Plan, tp: int, dtype: str = "bf16") -> PlanAudit:
-        """The audit of `plan` at TP `tp` (computed on first use; TpplanError as `audit_plan`)."""
-        key = (_decisions_only(plan), tp, dtype)
+    def of(self, plan: Plan, mesh: Mesh, dtype: str = "bf16") -> PlanAudit:
+        """The audit of `plan` on `mesh`'s TP group (computed on first use; TpplanError as `audit_plan`). The
+        plan's algebra reads only the TP size, so meshes with one TP share an audit."""
+        key = (_decisions_only(plan), mesh.tp, dtype)
         hit = self._by_key.get(key)
         if hit is None:
-            hit = self._by_key[key] = audit_plan(self.graph, plan, tp, dtype)
+            hit = self._by_key[key] = audit_plan(self.graph, plan, mesh.tp, dtype)
         return hit if hit.plan is plan else replace(hit, plan=plan)  # its own plan, notes and labels
 
     def add(self, pa: PlanAudit, dtype: str) -> PlanAudit:
@@ -275,7 +277,7 @@ def audit(
     if "baseline" not in names:
         names = ["baseline", *names]
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
-    audits_ = [kept.of(make_plan(name, graph, n), n, dtype) for name in dict.fromkeys(names)]
+    audits_ = [kept.of(make_plan(name, graph, n), Mesh(n), dtype) for name in dict.fromkeys(names)]
     return Audit(graph.spec.name, graph, n, dtype, audits_)
 
 

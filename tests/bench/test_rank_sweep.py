@@ -144,7 +144,7 @@ def test_docs_tables_are_the_checked_in_fit() -> None:
 def test_masked_and_indexer_forms_recover_their_constants() -> None:
     """A chunked call passes over each chunk's keys in turn (flash once per chunk), a window over its window;
     the masked and indexer forms fitted on the checkerboard half recover the constants they were made from."""
-    from tpplan.bench.rank_fit import FAMILIES, chain_keys, fit_rank_sweep
+    from tpplan.bench.rank_fit import FAMILIES, chain_keys, fit_rank_sweep, inherited_errors, other_card_rows
 
     ch = {"family": "masked", "heads": 1, "d": 128, "window": 0, "chunk": 8192}
     assert chain_keys({**ch, "tokens": 32768, "context": 0}) == 32768
@@ -161,6 +161,11 @@ def test_masked_and_indexer_forms_recover_their_constants() -> None:
     assert {"attention_chunked", "dsa_indexer"} <= set(res["constants"])
     held = [abs(r["error"]) for r in res["points"] if r["set"] == "held-out"]
     assert held and max(held) < 0.05
+    # another card's sweep, every point priced by this fit: the same card agrees, a card 20% slower does not
+    same = inherited_errors(other_card_rows(pts), res["constants"])
+    slower = inherited_errors(other_card_rows([{**p, "seconds": 1.2 * p["seconds"]} for p in pts]), res["constants"])
+    assert {r["model"] for r in same} == {"attention_chunked", "dsa_indexer"} and max(r["worst"] for r in same) < 0.05
+    assert min(r["median"] for r in slower) > 0.1
 
 
 @pytest.mark.slow
@@ -169,11 +174,18 @@ def test_docs_masked_tables_are_the_checked_in_fit() -> None:
     import json
     from pathlib import Path
 
-    from tpplan.bench.rank_fit import markdown_tables, priced_today_markdown
+    from tpplan.bench.rank_fit import markdown_tables, other_markdown, priced_today_markdown
 
     root = Path(__file__).resolve().parents[2]
     fit = json.loads((root / "docs/benchmarks/h100-2026-12-06c/rank-fit-masked.json").read_text())
     doc = (root / "docs/benchmarks.md").read_text()
     for tag, text in (("rank-fit-masked", markdown_tables(fit)),
+                      ("rank-fit-masked-other", other_markdown(fit["other"]["table"])),
                       ("rank-priced-today", priced_today_markdown(fit["priced_today"]["points"]))):  # fmt: skip
         assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text
+    from tpplan.bench.run_table import layer_rows
+
+    runs = root / "docs/benchmarks/h100-2026-12-06c/call5"
+    models = ("deepseek-v3", "llama-3-70b", "mixtral-8x7b", "glm-4.5-air", "qwen3-next-80b", "kimi-k3")
+    table = layer_rows([runs / f"{m}.json" for m in models])
+    assert doc.split("<!-- run-table-80gb-2:begin -->\n")[1].split("<!-- run-table-80gb-2:end -->")[0] == table

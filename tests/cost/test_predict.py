@@ -116,8 +116,8 @@ def test_ttft_schedule_uses_batch_time(k3) -> None:
 
 
 def test_pp_stages_send_the_k3_bank(k3) -> None:
-    assert [r.start for r in stage_layers(93, 4)] == [0, 23, 46, 70]  # remainder before the last stage
-    assert [len(r) for r in stage_layers(93, 4)] == [23, 23, 24, 23]
+    assert [r.start for r in stage_layers(93, Mesh(1, 4))] == [0, 23, 46, 70]  # remainder before the last stage
+    assert [len(r) for r in stage_layers(93, Mesh(1, 4))] == [23, 23, 24, 23]
     # the stream (its residual folded in), plus one H-wide AttnRes snapshot per block of 12 started so far
     # (SGLang's KimiK3LinearModel and vLLM's KimiLinearModel forward, cited in tpplan/engines)
     assert [stage_boundary_width(k3, s) for s in (23, 46, 70)] == [3 * 7168, 5 * 7168, 7 * 7168]
@@ -191,7 +191,7 @@ def test_collective_algorithm_follows_the_group(k3) -> None:
 
 def test_bad_sizes(k3) -> None:
     with pytest.raises(TpplanError, match="between 1 and the 93 layers"):
-        stage_layers(93, 94)
+        stage_layers(93, Mesh(1, 94))
     with pytest.raises(TpplanError, match="n_tokens"):
         batch_time(k3, make_plan("baseline", k3, 8), TOPO, mesh=Mesh(8), n_tokens=0)
     with pytest.raises(TpplanError, match="needs 64 GPUs"):

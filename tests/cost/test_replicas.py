@@ -27,7 +27,7 @@ def test_two_replicas_halve_the_queue_by_hand():
     wl = Workload(name="hand", input_len=1000, concurrency=4, chunk_size=1000, num_requests=8)
     one = simulate_ttft(wl, unit)
     assert one.ttft_s == (1, 2, 3, 4, 4, 4, 4, 4) and one.mean_s == 3.25
-    two = simulate_replicas(wl, 2, lambda share: simulate_ttft(share, unit))
+    two = simulate_replicas(wl, Mesh(1, replicas=2), lambda share: simulate_ttft(share, unit))
     # request i on replica i % 2: replica 0 serves requests 0, 2, 4, 6, replica 1 requests 1, 3, 5, 7
     assert two.ttft_s == (1, 1, 2, 2, 2, 2, 2, 2) and two.mean_s == 1.75
     assert two.makespan_s == 4 and one.makespan_s == 8
@@ -40,13 +40,13 @@ def test_the_split_deals_clients_requests_and_prompt_lengths_round_robin():
     """5 clients, 11 requests with lengths cycled (a, b, c): replica 0 gets clients 0, 2, 4 and
     requests 0, 2, 4, ... (lengths a, c, b, a, ...); replica 1 clients 1, 3 and requests 1, 3, ..."""
     wl = Workload(name="mixed", input_lens=[300, 1200, 700], concurrency=5, num_requests=11, chunk_size=512)
-    r0, r1 = replica_workloads(wl, 2)
+    r0, r1 = replica_workloads(wl, Mesh(1, replicas=2))
     assert (r0.concurrency, r0.total_requests, r1.concurrency, r1.total_requests) == (3, 6, 2, 5)
     assert [r0.prompt_len(j) for j in range(6)] == [wl.prompt_len(i) for i in range(0, 11, 2)]
     assert [r1.prompt_len(j) for j in range(5)] == [wl.prompt_len(i) for i in range(1, 11, 2)]
-    assert replica_workloads(wl, 1) == (wl,)
+    assert replica_workloads(wl, Mesh(1, replicas=1)) == (wl,)
     with pytest.raises(TpplanError, match="some replicas would get none"):
-        replica_workloads(wl, 6)
+        replica_workloads(wl, Mesh(1, replicas=6))
 
 
 def test_deployment_checks_replicas_once():

@@ -17,8 +17,8 @@ import pytest
 
 from tpplan.audit import audit_plan
 from tpplan.errors import TpplanError
+from tpplan.layout.context_parallel import audit_cp
 from tpplan.lower import Batch, Collective, KernelCall, lower, lower_outline, lower_program, lowering
-from tpplan.lower.context import mesh_cp_audit
 from tpplan.lower.passes.cp import exchange_bytes
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
@@ -104,7 +104,7 @@ def test_context_parallel_steps_are_the_cp_audits(model: str, cp: int, layers: s
     for recurrence in ("scan", "serial"):
         mesh = Mesh(n, cp=cp, cp_layers=layers, cp_recurrence=recurrence)
         prog = lower(graph, make_plan("baseline", graph, n), mesh, Batch(segs, "bf16"), gpus_per_node=8)
-        audit = mesh_cp_audit(graph, mesh)
+        audit = audit_cp(graph, mesh)
         for layer in prog.layers:
             ck = audit.kinds[layer.kind]
             steps = [c for c in layer.collectives() if c.origin == "cp"]

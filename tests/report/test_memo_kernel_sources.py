@@ -88,3 +88,35 @@ def test_deepseek_v3_at_tp8_says_the_answer_flips_with_the_engines_tables() -> N
     assert own is not None and sgl is not None
     assert own.change < -own.band and sgl.change > 0 and sgl in ks.disagreeing()
     assert any("kernel-price source changes this answer" in p for p in answer(a))
+
+
+@pytest.mark.slow
+def test_each_source_prices_a_cp_deployment_with_its_own_cp_layers_and_kv(monkeypatch) -> None:
+    """Before: the engines' tables priced `search-1 TP4xCP2` (`--cp-layers mla`: CP inside the TP group, 4
+    GPUs) as CP on every layer (8 GPUs) with the engines' KV, whatever the memo asked; every source now
+    prices each deployment at the memo's own mesh (its CP layers, `--cp-kv`)."""
+    pytest.importorskip("aiconfigurator_core")
+    import tpplan.cost.predict as predict
+
+    seen: list[tuple[str, object]] = []
+    plain = predict.predict_plan
+
+    def recording(graph, plan, topology, **kw):  # type: ignore[no-untyped-def]
+        seen.append((topology.name, kw["mesh"]))
+        return plain(graph, plan, topology, **kw)
+
+    monkeypatch.setattr(predict, "predict_plan", recording)
+    topo, wl = load_topology("h200x8-ib400", nodes=1), load_workload("prompt16k-c8")
+    ask = MemoAsk(deployment=MeshAsk(tp=4, cp_layers="mla", cp_kv="sharded"), prompt_lengths=None)
+    a = analyse("tiny-deepseek-v3", topo, [wl], ask)
+    ks = a.kernel_sources
+    assert ks is not None and "sglang" in ks.sources
+    priced = {v.key: v for v in a.variants}
+    cp = [t for t in ks.targets if priced[t].cp > 1]
+    assert cp, ks.targets  # a CP deployment is among those every source prices
+    engine_meshes = [m for name, m in seen if name.endswith(("/sglang", "/vllm", "/trtllm"))]
+    for key in cp:
+        want = replace(priced[key].parallel, cp_kv="sharded")
+        assert want.cp_layers == "mla" and want.gpus == 4
+        assert engine_meshes.count(want) >= 3, (key, engine_meshes)  # each engine's tables, at the memo's mesh
+    assert all(m.cp_layers == "mla" and m.cp_kv == "sharded" for m in engine_meshes if m.cp > 1)

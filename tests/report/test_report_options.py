@@ -13,7 +13,6 @@ from tpplan.search.grid import MeshAsk
 # search options that are not about the deployment, each with why the memo has none of its own
 NOT_DEPLOYMENT = {
     "--top": "the memo shows the search's best; its tables rank every deployment",
-    "--json": "the memo is markdown and HTML (--out)",
     "--save": "plans are saved by search; the memo reads one with --plan",
     "--tokens": "the memo always has workloads (-w); --tokens is search's batch without one",
     "--objective": "the memo ranks by predicted time, search's default objective",

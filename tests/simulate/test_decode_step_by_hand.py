@@ -1,9 +1,10 @@
 """One GQA + MoE decode step worked by hand from the config (issue 32): tiny-mixtral at TP 2 on an H100
 priced by its datasheet (analytic GEMMs, roofline attention, the cluster's NCCL curve), 24 requests each
 reading 16,384 cached tokens. Every term is computed here from the config numbers: the projections' GEMM
-shapes at M = the batch, the routed experts at decode size (rows routed per rank, active experts, the
-128-row tile padding tpplan charges), each request's attention over its own KV, the two all-reduces per
-layer; and the step is their sum per layer times the layers, plus the final reduction."""
+shapes at M = the batch, the routed experts at decode size (rows routed per rank, the experts a batch
+reaches, each padded to the row tile of SGLang 0.5.23's fused-MoE kernel, the default engine), each
+request's attention over its own KV, the two all-reduces per layer; and the step is their sum per layer
+times the layers, plus the final reduction."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import math
 import pytest
 
 from tpplan.cost.gemm import gemm_bytes, gemm_time
-from tpplan.cost.op_prices import EXPERT_M_TILE
 from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import select_topology
 from tpplan.mesh import Mesh
@@ -53,15 +53,17 @@ def test_projections_run_at_m_equal_the_batch_with_the_config_widths(step) -> No
 
 def test_routed_experts_at_decode_size_by_hand(step) -> None:  # type: ignore[no-untyped-def]
     """Every rank runs every expert on its 1/TP slice of the intermediate (baseline: TP experts); B x top_k
-    rows spread over the active experts, each padded to 128-row tiles; per GEMM the larger of the padded
-    compute and the weights + activations read."""
+    rows over the experts B tokens reach under uniform routing (E (1 - (1 - k/E)^B)), each padded to SGLang
+    0.5.23's bf16 row tile (`get_default_config`: 16 rows for M <= E tokens, else 64); per GEMM the larger
+    of the padded compute and the weights + activations read."""
     p, res, kt, _ = step
     d = next(d for d in res.decisions if d.op.name == "experts")
     e, k, width, inter = (d.op.int_attr(x) for x in ("experts", "top_k", "width", "intermediate"))
     rows = B * k
-    active = min(e, rows)
-    m_pad = active * EXPERT_M_TILE * math.ceil(rows / active / EXPERT_M_TILE)
-    assert m_pad > rows  # decode: the tiles pad, which the engines' 16- to 64-row tiles would not
+    active = round(e * (1 - (1 - k / e) ** B))
+    tile = 16 if e >= B else 64
+    m_pad = active * tile * math.ceil(rows / active / tile)
+    assert rows < m_pad < active * 128  # the tile pads, less than the 128-row tile charged before
     i_loc, hbm, gpu = inter // TP, p.topo.gpu.hbm_TBps * 1e12, p.topo.gpu
     by_hand = 0.0
     for kk, nn in ((width, 2 * i_loc), (i_loc, width)):

@@ -287,14 +287,20 @@ def main(argv: list[str] | None = None) -> None:
     from tpplan.outputs import check_file, write_files
 
     args = sys.argv[1:] if argv is None else list(argv)
+    cut = args.index("--other") if "--other" in args else len(args)
     try:
         out = check_file("OUT.json", args[0])
     except (TpplanError, IndexError) as exc:
-        sys.exit(f"error: OUT.json SWEEP.json...: {exc}")
-    docs = [json.loads(Path(a).read_text()) for a in args[1:]]
+        sys.exit(f"error: OUT.json SWEEP.json... [--other SWEEP.json...]: {exc}")
+    docs = [json.loads(Path(a).read_text()) for a in args[1:cut]]
     res = fit_rank_sweep([p for d in docs for p in d["points"]])
     res["table"] = bucket_table(res["points"])
-    res["source"] = {"sweeps": args[1:], "gpu": docs[0]["gpu"], "dates": [d["date"] for d in docs]}
+    res["source"] = {"sweeps": args[1:cut], "gpu": docs[0]["gpu"], "dates": [d["date"] for d in docs]}
+    if args[cut + 1 :]:  # another card's sweep of the same cases: every point held out
+        others = [json.loads(Path(a).read_text()) for a in args[cut + 1 :]]
+        rows = other_card_rows([p for d in others for p in d["points"]])
+        res["other"] = {"sweeps": args[cut + 1 :], "dates": [d["date"] for d in others],
+                        "table": inherited_errors(rows, res["constants"])}  # fmt: skip
     if any(r["family"] in ("masked", "indexer") for r in res["points"]):
         gpu = "h200-measured" if "H200" in docs[0]["gpu"] else "h100-measured"
         res["priced_today"] = {"gpu": gpu, "points": priced_today([p for d in docs for p in d["points"]], gpu)}
@@ -385,6 +391,17 @@ def inherited_markdown(fit: dict[str, Any], src: str = "h200-measured", dst: str
     return "\n".join(lines) + "\n"
 
 
+def other_card_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Another sweep's points (repeats merged), each tagged with the set that prices it (`SETS`), for
+    `inherited_errors` to price by a fit made elsewhere: all of them out of sample."""
+    out = []
+    for p in merge_repeats(points):
+        for name, (fam, pick) in SETS.items():
+            if p["family"] == fam and p["seconds"] > 0 and pick(p):
+                out.append({**p, "model": name})
+    return out
+
+
 INDEXER_MODEL = {32: "glm-5.1", 64: "deepseek-v3.2"}  # the preset whose indexer has these index heads
 
 
@@ -443,3 +460,13 @@ def priced_today_markdown(rows: list[dict[str, Any]]) -> str:
 
 if __name__ == "__main__":
     main()
+
+
+def other_markdown(table: list[dict[str, Any]]) -> str:
+    """The `other` table of a fit (another card's sweep, every point held out): median / worst |error| per set
+    and heads bucket (or split)."""
+    lines = ["| set | heads per rank / split | points | median / worst |", "|---|---|---:|---|"]
+    for r in table:
+        lines.append(f"| {r['model']} | {r['bucket'] or 'all'} | {r['n']} | {100 * r['median']:.1f}% / "
+                     f"{100 * r['worst']:.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"

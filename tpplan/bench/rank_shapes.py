@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tpplan.mesh import Mesh
+
 TPS = (1, 2, 4, 8, 16, 32)
 EPS = (4, 8, 16, 32)
 # The families of the project: MLA+KDA (Kimi-K3, Kimi-Linear), MLA (DeepSeek-V3, Kimi-K2), DSA (GLM-5.1,
@@ -29,9 +31,9 @@ MASKED_MODELS = ("gemma-3-4b-it", "gpt-oss-120b", "llama-4-scout-17b-16e", "glm-
 MAX_EXPERT_BYTES = 24e9
 
 
-def per_rank(n: int, tp: int) -> int:
-    """Heads (or channels) one rank holds at TP `tp`: the planner's `max(1, round(n / tp))`."""
-    return max(1, round(n / tp))
+def per_rank(n: int, mesh: Mesh) -> int:
+    """Heads (or channels) one rank of `mesh`'s TP group holds: the planner's `max(1, round(n / tp))`."""
+    return max(1, round(n / mesh.tp))
 
 
 def _graph(model: str) -> Any:
@@ -61,6 +63,7 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
         k: [] for k in ("attention", "kda", "gdn", "experts", "norm", "conv", "masked", "indexer")
     }
     tps, eps = tuple(tps), tuple(eps)
+    meshes = [Mesh(tp) for tp in tps]
     tag = {"models": [model]}
     for lg in g.kinds.values():
         out["norm"].append({"width": lg.hidden, **tag})
@@ -71,32 +74,32 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
                 heads = op.int_attr("heads", 1)
                 dqk = lg.values[op.inputs[0]].width // heads
                 dv = lg.values[op.output].width // heads
-                out["attention"] += [{"heads": per_rank(heads, tp), "dqk": dqk, "dv": dv, **tag} for tp in tps]
-                out["masked"] += masked_shapes(op, dqk, tps, model)
+                out["attention"] += [{"heads": per_rank(heads, m), "dqk": dqk, "dv": dv, **tag} for m in meshes]
+                out["masked"] += masked_shapes(op, dqk, meshes, model)
             elif impl == "dsa_indexer":  # replicated (`deepseek_v32._indexer_rule`): every head on every rank
                 out["indexer"].append({"heads": op.int_attr("index_heads"), "d": op.int_attr("head_dim"),
                                        "topk": op.int_attr("topk"), **tag})  # fmt: skip
             elif cls == "recurrence" and impl == "kda":
                 heads, d = op.int_attr("heads", 1), op.int_attr("head_dim", 128)
-                out["kda"] += [{"heads": per_rank(heads, tp), "d": d, **tag} for tp in tps]
-                out["conv"] += [{"channels": per_rank(heads, tp) * d, **tag} for tp in tps]
+                out["kda"] += [{"heads": per_rank(heads, m), "d": d, **tag} for m in meshes]
+                out["conv"] += [{"channels": per_rank(heads, m) * d, **tag} for m in meshes]
             elif cls == "recurrence" and impl == "gdn":
                 hv, nk = op.int_attr("v_heads", 1), op.int_attr("k_heads", 1)
                 d = op.int_attr("k_head_dim", 128)
-                out["gdn"] += [{"heads": per_rank(hv, tp), "v_per_k": hv // nk, "d": d, **tag} for tp in tps]
+                out["gdn"] += [{"heads": per_rank(hv, m), "v_per_k": hv // nk, "d": d, **tag} for m in meshes]
             elif cls == "experts":
                 out["experts"] += expert_slices(op, tps, eps, model)
     return out
 
 
-def masked_shapes(op: Any, d: int, tps: tuple[int, ...], model: str) -> list[dict[str, Any]]:
-    """A windowed or chunked attention op's heads per rank at each TP (none for a full-causal op)."""
+def masked_shapes(op: Any, d: int, meshes: list[Mesh], model: str) -> list[dict[str, Any]]:
+    """A windowed or chunked attention op's heads per rank on each mesh's TP group (none for a full-causal op)."""
     window, chunk = op.optional_int_attr("window") or 0, op.optional_int_attr("chunk") or 0
     if not (window or chunk):
         return []
     heads, sinks = op.int_attr("heads", 1), bool(op.attrs.get("sinks"))
-    return [{"heads": per_rank(heads, tp), "d": d, "window": window, "chunk": chunk, "sinks": sinks,
-             "models": [model]} for tp in tps]  # fmt: skip
+    return [{"heads": per_rank(heads, m), "d": d, "window": window, "chunk": chunk, "sinks": sinks,
+             "models": [model]} for m in meshes]  # fmt: skip
 
 
 def expert_slices(op: Any, tps: tuple[int, ...], eps: tuple[int, ...], model: str) -> list[dict[str, Any]]:

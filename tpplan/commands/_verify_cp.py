@@ -2,8 +2,8 @@
 
 Rank r holds its share of the prompt's tokens (`tpplan.layout.context_parallel`); the assembled
 final hidden and logits are compared with the single-process model, and every rank's CP calls
-(kind, op, value, bytes, in order) with the planner's `cp_calls`
-(`tpplan.runtime.context_parallel_verify.verify_cp`)."""
+(kind, op, value, bytes, in order) with the lowered program's CP steps (`lower.schedule.predict_cp_calls`;
+`tpplan.runtime.context_parallel_verify.verify_cp`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 from rich.markup import escape
 
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 
 TOLERANCE = 1e-4  # fp32: max |error| / max |reference| of the logits
 
@@ -44,11 +45,12 @@ def check_cp_args(cp: int, tp: int, plans: list[str], chunk: int | None, dtype: 
 
 def run_tp_cp(model: str, plan: str, tp: int, cp: int, tokens: int, seed: int, timeout: float,
               recurrence: str = "serial") -> dict[str, Any]:  # fmt: skip
-    """TP `tp` x CP `cp` (random weights): the final hidden, CP calls per rank against `cp_calls`, TP
-    calls against `predict_schedule`."""
+    """TP `tp` x CP `cp` (random weights): the final hidden, CP calls per rank against the lowered program's,
+    TP calls against `predict_schedule`."""
     from tpplan.runtime.context_parallel_verify import verify_tp_cp
 
-    r = verify_tp_cp(model, tp, cp, plan=plan, tokens=tokens, seed=seed, recurrence=recurrence, timeout_s=timeout)
+    mesh = Mesh(tp, cp=cp, cp_recurrence=recurrence)
+    r = verify_tp_cp(model, mesh, plan=plan, tokens=tokens, seed=seed, timeout_s=timeout)
     matches = [_calls(t) == _calls(p) for t, p in zip(r["cp_traced"], r["cp_predicted"], strict=True)]
     return {
         "model": model, "plan": plan, "tp": tp, "cp": cp, "tokens": tokens, "recurrence": recurrence,
@@ -64,8 +66,9 @@ def run_cp(model: str, cp: int, tokens: int, seed: int, weights: Path | None, ti
     """Run and summarise: `passed`, the errors, the trace per rank against the prediction."""
     from tpplan.runtime.context_parallel_verify import verify_cp
 
-    (r,) = verify_cp([model], cp, tokens=tokens, seed=seed, weights={model: str(weights)} if weights else None,
-                     timeout_s=timeout, recurrence=recurrence, layers=layers)  # fmt: skip
+    mesh = Mesh(cp if layers == "mla" else 1, cp=cp, cp_recurrence=recurrence, cp_layers=layers)
+    (r,) = verify_cp([model], mesh, tokens=tokens, seed=seed, weights={model: str(weights)} if weights else None,
+                     timeout_s=timeout)  # fmt: skip
     matches = [_calls(t) == _calls(p) for t, p in zip(r["traced"], r["predicted"], strict=True)]
     by_kind = Counter((c.kind, c.nbytes) for calls in r["traced"] for c in calls)
     predicted = Counter((c.kind, c.nbytes) for calls in r["predicted"] for c in calls)

@@ -261,7 +261,7 @@ def _load_inputs(
     if wl is not None and replicas > 1:
         from tpplan.cost.workload import replica_workloads
 
-        replica_workloads(wl, replicas)  # more replicas than clients: one line before any work
+        replica_workloads(wl, Mesh(1, replicas=replicas))  # more replicas than clients: one line before any work
     return topo, wl
 
 
@@ -317,7 +317,7 @@ def _add_cp_and_crossover(
     if mesh.cp > 1:
         from tpplan.layout.context_parallel import audit_cp
 
-        cpa = audit_cp(result.graph, result.n, mesh.cp, mesh.cp_recurrence, mesh.cp_layers)  # type: ignore[arg-type]
+        cpa = audit_cp(result.graph, mesh)
         data["context_parallel"] = cpa.to_json()
     if topo is not None:
         say("thresholds: where each plan overtakes baseline")
@@ -348,7 +348,8 @@ def explain_cmd(
     print_deployment_notes(d)
 
     result = audit(model, tp, [plan], dtype)
-    cpa = audit_cp(result.graph, tp, cp, cp_recurrence, cp_layers) if cp > 1 else None  # type: ignore[arg-type]
+    asked = Mesh(tp, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers)
+    cpa = audit_cp(result.graph, asked) if cp > 1 else None
     pa = result.plans[-1]  # the plan asked for (audit puts baseline first; an alias or a file names its own)
     console = make_console()
     console.print(f"[bold]{escape(pa.plan.name)}[/] ({escape(pa.plan.title)}) on {escape(result.model)}, TP{tp}: "

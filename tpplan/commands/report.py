@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tpplan.commands._bounds import CP_RANGE, PP_RANGE, TP_RANGE, named, replica_count
-from tpplan.commands._options import ClusterOpt, CpKvOpt, CpLayersOpt, GpuOpt, ModelOpt, NodesOpt, load_cluster
+from tpplan.commands._options import (
+    ClusterOpt,
+    CpKvOpt,
+    CpLayersOpt,
+    GpuOpt,
+    ModelOpt,
+    NodesOpt,
+    check_json_target,
+    emit_json,
+    json_option,
+    load_cluster,
+)
 from tpplan.commands._serving import ArrivalRateOpt, RequestsOpt, SeedOpt, TraceOpt, arrival_of, asked, serving_arrivals
 from tpplan.commands._targets import (
     GpusOpt,
@@ -22,6 +33,12 @@ from tpplan.commands._targets import (
 )
 from tpplan.commands.audit import ExpertDtypeOpt
 from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_value
+
+if TYPE_CHECKING:
+    from tpplan.cost.workload import Workload
+    from tpplan.models.graph import ModelGraph
+    from tpplan.report.memo_ask import MemoAsk
+    from tpplan.report.results import Analysis
 
 
 def register(app: typer.Typer) -> None:
@@ -48,6 +65,7 @@ def register(app: typer.Typer) -> None:
                 "--out", "-o", help="Output directory: a new one, or one tpplan wrote before (replaced atomically)"
             ),
         ] = "report",
+        json_target: Annotated[str | None, json_option("docs/report-json.md")] = None,
         bench: Annotated[
             str | None, typer.Option("--bench", help="Results JSON from `tpplan bench` (docs/bench-json.md)")
         ] = None,
@@ -150,14 +168,15 @@ def register(app: typer.Typer) -> None:
         from tpplan.cost.workload import load_workload
         from tpplan.models.config import load_model
         from tpplan.models.graph import build_model_graph
-        from tpplan.outputs import check_dir
+        from tpplan.outputs import Output
         from tpplan.report.analysis import analyse
         from tpplan.report.memo import build_memo, load_plots
         from tpplan.report.memo_ask import MemoAsk, ServerSettings
         from tpplan.report.writer import write_memo
         from tpplan.search.grid import MeshAsk
 
-        check_dir("--out", out)  # a folder tpplan may not replace is refused before any work
+        outputs = (Output("--out", out, folder=True),)  # a folder tpplan may not replace is refused before any work
+        check_json_target(json_target, *outputs)  # with --json FILE, checked together (not inside --out)
         load_plots()  # fail before any work when matplotlib is missing
 
         # Validate every input before anything is written.
@@ -208,8 +227,13 @@ def register(app: typer.Typer) -> None:
                 analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps,
                                         dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers, cp_kv=cp_kv,
                                         memory_cap_gib=memory_cap_value(memory_cap))  # fmt: skip
+            data = memo_data(analysis, command, graph, wls[0], ask) if json_target else None
             say("writing report.md, report.html and the plots")
             path = write_memo(build_memo(analysis, command), out)
+        if data is not None:
+            check_json_target(json_target, *outputs)  # again: either may have changed during the work
+            if emit_json(json_target, data):
+                return  # `--json -`: standard output holds only the JSON
         out_console = console()
         out_console.print(f"wrote {path}/report.md, report.html and {len(list(path.glob('*.png')))} plots")
         table = Table(title="Verdict per plan (reasons and formulas in report.md)")
@@ -220,3 +244,21 @@ def register(app: typer.Typer) -> None:
         show(out_console, table)
         if analysis.bottom is not None:
             out_console.print(analysis.bottom.text.replace("**", ""), markup=False)
+
+
+def memo_data(analysis: Analysis, command: str, graph: ModelGraph, workload: Workload, ask: MemoAsk) -> dict[str, Any]:
+    """`--json`'s object (docs/report-json.md): the memo's facts (`report.memo_json`), each chosen deployment
+    with the `serving` block audit and search add (`serving_block`, at the first workload and the memo's
+    arrival process: each workload's closed loop without one)."""
+    from tpplan.commands._serving import arrival_of, serving_block
+    from tpplan.report.memo_json import chosen_variants, memo_json
+
+    topo = analysis.topology
+    arrivals = serving_arrivals(ask.arrival or arrival_of(None, None, None, 0), workload, graph)
+    served = {}
+    if arrivals is not None and analysis.predictor_note is None:  # predictions on: each chosen deployment served
+        for v in chosen_variants(analysis):
+            served[v.key] = serving_block(graph, v.plan, topo, arrivals, workload, tp=v.tp, pp=v.pp,
+                                          dtype=analysis.dtype, expert_dtype=ask.expert_dtype, cp=v.cp,
+                                          cp_layers=v.cp_layers, cp_kv=analysis.cp_kv, replicas=v.replicas)  # fmt: skip
+    return memo_json(analysis, command, served)

@@ -33,18 +33,18 @@ attention TP A, c times the plan's TP share of each sharded one (`cp_weight_elem
 
 from __future__ import annotations
 
-from tpplan.layout.context_parallel import CpKind
+from tpplan.layout.context_parallel import CpAudit
 from tpplan.layout.propagate import OpDecision
 
 
-def cp_weight_elements(ck: CpKind, cp: int, d: OpDecision) -> float:
-    """Weight elements one rank holds for an op decision: under `--cp-layers mla` an MLA layer's attention
-    ops run at attention TP tp/cp, so a rank holds cp times the plan's TP share of a sharded weight (all of
-    it at tp = cp); every other op its plan share."""
+def cp_weight_elements(audit: CpAudit, kind: str, d: OpDecision) -> float:
+    """Weight elements one rank holds for an op decision of layer kind `kind`: under `--cp-layers mla` an MLA
+    layer's attention ops run at attention TP tp/cp, so a rank holds cp times the plan's TP share of a sharded
+    weight (all of it at tp = cp); every other op its plan share."""
     w = d.weight_elements_per_rank
-    if d.op.name not in ck.attention_ops:
+    if d.op.name not in audit.kinds[kind].attention_ops:
         return w
-    return min(float(d.op.weight_numel), w * cp)
+    return min(float(d.op.weight_numel), w * audit.cp)
 
 
 __all__ = ["cp_weight_elements"]

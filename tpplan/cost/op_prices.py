@@ -20,6 +20,7 @@ import math
 from tpplan.audit import PlanAudit, StoredWeights, audit_plan
 from tpplan.cost.comm import price_collective
 from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
+from tpplan.cost.expert_rows import FUSED_DECODE, RUNTIME_TILE, below_measured_rows, expert_rows
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
 from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
@@ -30,6 +31,7 @@ from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, masked_pairs
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
+from tpplan.engines import DEFAULT_ENGINES
 from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
@@ -50,7 +52,7 @@ MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's la
 # Named assumptions (docs/cost-model.md). The roofline efficiencies belong to a GPU model
 # (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
-EXPERT_M_TILE = 128  # rows per expert are padded to this in grouped GEMMs
+EXPERT_M_TILE = RUNTIME_TILE.rows  # rows per expert of tpplan's runtime's grouped GEMMs (bench/model_fit.py)
 
 
 def kernel_dtype(fmt: WeightFormat | None, compute: GemmDtype) -> KernelDtype:
@@ -99,7 +101,7 @@ class OpPrices:
         self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
         # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
         dep = self.deployment
-        self.cp_audit = audit_cp(graph, tp, dep.cp, dep.cp_recurrence, dep.cp_layers)  # type: ignore[arg-type]
+        self.cp_audit = audit_cp(graph, dep)
         self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
         self.cp_split = model_split(self.cp_audit)
         self.counts = graph.counts()
@@ -107,11 +109,12 @@ class OpPrices:
         self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
         self.rpn = self.deployment.ranks_per_node(g)
-        self.stages = stage_layers(graph.spec.num_layers, pp)
+        self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.peak = topo.gpu.peak_tflops("fp8" if dtype == "fp8" else "bf16") * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
         # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.
         self.engine = engine
+        self.serving_engine = engine or DEFAULT_ENGINES[0]  # the engine whose kernels the serving set prices
         self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
         self._source: str | None = None  # set by op_time: what priced the op it prices
         self._decode_source: str | None = None  # set by _decode_attention: what priced a step's decode tokens
@@ -234,9 +237,9 @@ class OpPrices:
         ew, inter = op.int_attr("width"), op.int_attr("intermediate")
         n = self.tp
         e_loc, i_loc, rows = expert_share(d, t, n, self.plan)  # the lowering's per-rank share
-        active = max(1, min(e_loc, math.ceil(rows)))
-        per_expert = rows / active
-        m_pad = active * EXPERT_M_TILE * math.ceil(per_expert / EXPERT_M_TILE)
+        engine = self.serving_engine if self.impls is None else None  # a recorded run: tpplan's runtime's tile
+        share = expert_rows(engine, e_loc, e, k, t, rows, self.moe_dtype)
+        active, m_pad = share.active, share.padded
         m_use = max(1, round(rows))
         secs = flops = nbytes = t_compute = 0.0
         for kk, nn in ((ew, 2 * i_loc), (i_loc, ew)):
@@ -252,11 +255,14 @@ class OpPrices:
             nbytes += act + weights
         # The tokens whose rows this rank combines: its own share under all-to-all, else every token.
         tokens_here = math.ceil(t / n) if d.split == "a2a" else t
-        phys = self._physical_experts(m_use, active, ew, i_loc, tokens_here, t_compute)
+        fused_decode = self.impls is None and below_measured_rows(self.models, rows / active)
+        phys = None if fused_decode else self._physical_experts(m_use, active, ew, i_loc, tokens_here, t_compute)
         if phys is not None and self.models is not None:
             self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
             self._source = KERNEL_MODEL
         secs = secs if phys is None else phys
+        if fused_decode or (phys is None and engine is not None and share.one_tile):
+            self._source = FUSED_DECODE
         if self.compute.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // (self.plan.ep_size or 1), self.plan.ep_size or 1)}.get(
                 str(d.split), (n, 1))  # fmt: skip

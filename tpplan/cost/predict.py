@@ -125,7 +125,7 @@ def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
     TP collectives and its send into the next stage (the last one also for the reduction before the
     final norm). With replicas (`p.deployment.replicas`), each replica schedules its share of the
     requests (`tpplan.cost.workload.replica_workloads`) and the result is over all of them."""
-    return simulate_replicas(workload, p.deployment.replicas, lambda share: _one_replica_ttft(p, share))
+    return simulate_replicas(workload, p.deployment, lambda share: _one_replica_ttft(p, share))
 
 
 def _one_replica_ttft(p: Predictor, workload: Workload) -> TTFTResult:

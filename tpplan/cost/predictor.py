@@ -60,6 +60,7 @@ class Predictor(OpPrices):
     def __init__(self, *args: object, pipeline: PipelineModel | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.pipeline = pipeline or pipeline_model()  # the engine whose PP schedule and boundary send apply
+        self.serving_engine = self.engine or self.pipeline.engine  # and whose kernels the serving set prices
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
         self._lowerings: dict[Segments, Lowering] = {}
@@ -176,7 +177,9 @@ class Predictor(OpPrices):
         r = self.deployment.replicas
         if workload is None or r == 1:
             return self._memory(workload, tokens)
-        return max((self._memory(w, tokens) for w in replica_workloads(workload, r)), key=lambda m: m.total)
+        return max(
+            (self._memory(w, tokens) for w in replica_workloads(workload, self.deployment)), key=lambda m: m.total
+        )
 
     def _memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
         spec = self.graph.spec
@@ -214,7 +217,7 @@ class Predictor(OpPrices):
             ck = cpa.kinds[res.kind]
             for d in res.decisions:
                 if d.op.name in ck.attention_ops:
-                    more = cp_weight_elements(ck, cpa.cp, d) - d.weight_elements_per_rank
+                    more = cp_weight_elements(cpa, res.kind, d) - d.weight_elements_per_rank
                     total += more * self.weight_elem_bytes(res.kind, d.op)
         return total
 

@@ -131,7 +131,7 @@ class Pricer:
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
         (quantization_config; routed experts at the expert dtype)."""
-        elements = cp_weight_elements(self.cp_audit.kinds[lg.kind], self.cp, d)  # `--cp-layers mla`: attention TP
+        elements = cp_weight_elements(self.cp_audit, lg.kind, d)  # `--cp-layers mla`: attention TP
         return elements * self._base.weight_elem_bytes(lg.kind, d.op)
 
     def replaced_by_cp(self, layer_kind: str, c: CommEvent) -> bool:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from tpplan.cost._files import read_mapping, validate
 from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import NAME_CHARS, check_path, parse_toml
+from tpplan.mesh import Mesh
 
 # Generous maxima, so a typo (input_len = 10**12) is refused at once instead of simulated for hours:
 # prompts up to 16M tokens, 100k requests, and at most MAX_BATCHES chunked-prefill batches in all.
@@ -334,8 +335,8 @@ def simulate_pipeline(
 # -- replicas: the requests split between identical copies of a deployment -------------------------
 
 
-def replica_workloads(workload: Workload, replicas: int) -> tuple[Workload, ...]:
-    """Each replica's share of `workload` when `replicas` identical copies of a deployment serve it.
+def replica_workloads(workload: Workload, mesh: Mesh) -> tuple[Workload, ...]:
+    """Each replica's share of `workload` when `mesh.replicas` identical copies of a deployment serve it.
 
     Routing rule modelled: client c of the closed loop is served by replica c mod R, and replica r
     serves requests r, r + R, r + 2R, ... of the workload in its own submission order (so their
@@ -349,6 +350,7 @@ def replica_workloads(workload: Workload, replicas: int) -> tuple[Workload, ...]
     next request then goes back to the replica that just freed a slot. Otherwise (mixed lengths, R not
     dividing C) it is an approximation: the engines route by arrival order or load at the time.
     Every replica needs a client and a request: R above the concurrency or the requests is refused."""
+    replicas = mesh.replicas
     if replicas < 1:
         raise TpplanError(f"replicas {replicas}", "must be at least 1", "pass 1 or more replicas")
     if replicas == 1:
@@ -389,12 +391,12 @@ class ReplicaShare:
     makespan_s: float
 
 
-def simulate_replicas(workload: Workload, replicas: int, simulate: Callable[[Workload], TTFTResult]) -> TTFTResult:
-    """TTFT of `workload` on `replicas` identical replicas, each scheduling its share
+def simulate_replicas(workload: Workload, mesh: Mesh, simulate: Callable[[Workload], TTFTResult]) -> TTFTResult:
+    """TTFT of `workload` on `mesh.replicas` identical replicas, each scheduling its share
     (`replica_workloads`) by `simulate`: per request in the workload's order (replica r's j-th
     request is request r + j R), so the mean is over all requests; batches of every replica,
     request ids the workload's, by start time; the makespan the last replica's."""
-    shares = replica_workloads(workload, replicas)
+    shares, replicas = replica_workloads(workload, mesh), mesh.replicas
     if len(shares) == 1:
         return simulate(workload)
     results = [simulate(w) for w in shares]

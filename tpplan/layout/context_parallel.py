@@ -49,11 +49,11 @@ for the model: the audit says which op and why. Engine paths, gates and KV per r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 
 SGLANG_CP_UTILS = "python/sglang/srt/layers/cp/zigzag.py@0.5.23 (PyPI wheel)"  # where SGLang's zigzag CP lives
@@ -139,14 +139,29 @@ class CpKind:
 
 @dataclass(frozen=True)
 class CpAudit:
-    """CP at size `cp` over TP `tp` groups for a whole model."""
+    """CP over a mesh (its CP size `cp` over TP `tp` groups, its CP options) for a whole model."""
 
-    cp: int
-    tp: int
-    recurrence: Recurrence
+    mesh: Mesh
     kinds: dict[str, CpKind] = field(default_factory=dict)
-    layers: CpLayers = "all"
     model_reasons: tuple[str, ...] = ()  # why the mode cannot run this model at all
+
+    @property
+    def cp(self) -> int:
+        return self.mesh.cp
+
+    @property
+    def tp(self) -> int:
+        return self.mesh.tp
+
+    @property
+    def recurrence(self) -> str:
+        """How linear attention hands its state on: "scan" or "serial" (`Mesh.cp_recurrence`)."""
+        return self.mesh.cp_recurrence
+
+    @property
+    def layers(self) -> str:
+        """Which layers are token-sharded: "all" or "mla" (`Mesh.cp_layers`)."""
+        return self.mesh.cp_layers
 
     @property
     def legal(self) -> bool:
@@ -190,22 +205,22 @@ class CpAudit:
         }
 
 
-def _per_rank_heads(heads: int, tp: int) -> float:
+def _per_rank_heads(heads: int, mesh: Mesh) -> float:
     """Heads one TP rank holds (fewer heads than ranks: one each, replicated, as the engines do)."""
-    return max(1.0, heads / tp)
+    return max(1.0, heads / mesh.tp)
 
 
 def _producer(lg: LayerGraph, value: str) -> Op | None:
     return next((o for o in lg.ops if o.output == value), None)
 
 
-def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recurrence) -> list[CpExchange] | str:
-    """The CP exchanges of one token mixer, or the reason it has none."""
-    impl = str(op.attrs.get("impl"))
+def _mixer_exchanges(lg: LayerGraph, op: Op, mesh: Mesh) -> list[CpExchange] | str:
+    """The CP exchanges of one token mixer on `mesh`, or the reason it has none."""
+    impl, tp, recurrence = str(op.attrs.get("impl")), mesh.tp, mesh.cp_recurrence
     if impl == "gqa":
         k, v = op.inputs[1], op.inputs[2]
         kv_heads = op.int_attr("kv_heads", op.int_attr("heads", 1))
-        share = _per_rank_heads(kv_heads, tp) / kv_heads
+        share = _per_rank_heads(kv_heads, mesh) / kv_heads
         width = (lg.values[k].width + lg.values[v].width) * share
         return [CpExchange(op.name, "kv_all_gather", "all_gather", (k, v), per_token=width)]
     if impl == "mla":
@@ -224,7 +239,7 @@ def _mixer_exchanges(lg: LayerGraph, op: Op, tp: int, cp: int, recurrence: Recur
         out: list[CpExchange] = []
         if recurrence == "serial":
             out.append(CpExchange(op.name, "state_serial", "send_recv", ("state",), per_seq=h * dk * dv,
-                                  elem_bytes=STATE_ELEM_BYTES, chain=cp - 1))  # fmt: skip
+                                  elem_bytes=STATE_ELEM_BYTES, chain=mesh.cp - 1))  # fmt: skip
         else:  # every rank's final state and its chunk's transition (dk x dk per head), all-gathered
             out.append(CpExchange(op.name, "state_scan", "all_gather", ("state", "transition"),
                                   per_seq=h * (dk * dv + dk * dk), elem_bytes=STATE_ELEM_BYTES))  # fmt: skip
@@ -263,8 +278,9 @@ def attention_output(lg: LayerGraph) -> str | None:
     return next((v for v in add.inputs if (p := _producer(lg, v)) is not None and p.kind is not OpKind.ADD), None)
 
 
-def _audit_mla_only(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence) -> CpAudit:
+def _audit_mla_only(graph: ModelGraph, mesh: Mesh) -> CpAudit:
     """`--cp-layers mla`: the MLA layers' attention token-sharded inside the TP group (SGLang PR #38344)."""
+    tp, cp = mesh.tp, mesh.cp
     model_reasons: list[str] = []
     if tp % cp:
         model_reasons.append(f"--cp-layers mla puts the CP group inside the TP group: CP {cp} must divide TP {tp}")
@@ -293,21 +309,22 @@ def _audit_mla_only(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence)
                              attention_ops=held)  # fmt: skip
     if cp > 1 and all(k.split == "none" for k in kinds.values()):
         model_reasons.append("--cp-layers mla shards only MLA layers and this model has none: use --cp-layers all")
-    return CpAudit(cp, tp, recurrence, kinds, "mla", tuple(model_reasons))
+    return CpAudit(mesh, kinds, tuple(model_reasons))
 
 
-def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan", layers: CpLayers = "all") -> CpAudit:
-    """Per layer kind: its token split and CP exchanges at CP `cp` over TP `tp`, from the graph.
+def audit_cp(graph: ModelGraph, mesh: Mesh) -> CpAudit:
+    """Per layer kind: its token split and CP exchanges at `mesh`'s CP over its TP groups, from the graph.
 
     A layer kind with both softmax and linear attention cannot take both splits; none of the
     families has one (a hybrid's kinds are either), so such a kind is refused with its reason.
-    `layers="mla"`: only the MLA layers, the CP group inside the TP group (`_audit_mla_only`)."""
+    `mesh.cp_layers="mla"`: only the MLA layers, the CP group inside the TP group (`_audit_mla_only`)."""
+    cp, layers = mesh.cp, mesh.cp_layers
     if cp < 1:
         raise TpplanError(f"cp={cp}", "the CP size must be at least 1", "pass cp=1 or more")
     if layers not in CP_LAYERS:
         raise TpplanError(f"cp_layers={layers}", "unknown CP layer set", f"choose one of {', '.join(CP_LAYERS)}")
     if layers == "mla":
-        return _audit_mla_only(graph, tp, cp, recurrence)
+        return _audit_mla_only(graph, mesh)
     kinds: dict[str, CpKind] = {}
     for kind, lg in graph.kinds.items():
         xs: list[CpExchange] = []
@@ -316,7 +333,7 @@ def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan
             for op in lg.ops:
                 if op.kind is not OpKind.TOKEN_MIX:
                     continue
-                got = _mixer_exchanges(lg, op, tp, cp, recurrence)
+                got = _mixer_exchanges(lg, op, mesh)
                 if isinstance(got, str):
                     reasons.append(got)
                 else:
@@ -326,12 +343,13 @@ def audit_cp(graph: ModelGraph, tp: int, cp: int, recurrence: Recurrence = "scan
         if methods & {"kv_all_gather", "latent_all_gather"} and methods & {"state_scan", "state_serial"}:
             reasons.append("softmax and linear attention in one layer need a zigzag and a contiguous split at once")
         kinds[kind] = CpKind(kind, split, tuple(xs), tuple(reasons))
-    return CpAudit(cp, tp, recurrence, kinds)
+    return CpAudit(mesh, kinds)
 
 
-def zigzag_chunks(cp: int, rank: int) -> tuple[int, int]:
-    """The two of 2*cp chunks CP rank `rank` holds: i and 2cp-1-i (causal work balanced)."""
-    return rank, 2 * cp - 1 - rank
+def zigzag_chunks(ranks: int, rank: int) -> tuple[int, int]:
+    """The two of 2*ranks chunks rank `rank` of a zigzag split over `ranks` holds: i and 2*ranks-1-i
+    (causal work balanced)."""
+    return rank, 2 * ranks - 1 - rank
 
 
 def chunk_bounds(tokens: int, pieces: int) -> list[tuple[int, int]]:
@@ -345,14 +363,15 @@ def chunk_bounds(tokens: int, pieces: int) -> list[tuple[int, int]]:
     return out
 
 
-def rank_positions(tokens: int, cp: int, rank: int, split: Split) -> list[int]:
-    """The absolute positions CP rank `rank` holds of a `tokens`-long sequence under `split`."""
-    if cp == 1 or split == "none":
+def rank_positions(tokens: int, ranks: int, rank: int, split: Split) -> list[int]:
+    """The absolute positions rank `rank` of the `ranks` a sequence's tokens are split over (the CP group's)
+    holds of a `tokens`-long sequence under `split`."""
+    if ranks == 1 or split == "none":
         return list(range(tokens))
     if split == "zigzag":
-        bounds = chunk_bounds(tokens, 2 * cp)
-        return [p for i in zigzag_chunks(cp, rank) for p in range(*bounds[i])]
-    start, stop = chunk_bounds(tokens, cp)[rank]
+        bounds = chunk_bounds(tokens, 2 * ranks)
+        return [p for i in zigzag_chunks(ranks, rank) for p in range(*bounds[i])]
+    start, stop = chunk_bounds(tokens, ranks)[rank]
     return list(range(start, stop))
 
 
@@ -366,49 +385,12 @@ def model_split(audit: CpAudit) -> Split:
     return "contiguous" if "contiguous" in splits else "zigzag"
 
 
-def local_tokens(tokens: int, cp: int) -> int:
-    """Tokens the most loaded CP rank holds (both splits round up the same way: ceil(T/c))."""
-    return math.ceil(tokens / cp)
-
-
-def causal_imbalance(cp: int, split: Split) -> float:
-    """The slowest rank's causal pairs over the mean (1 under zigzag: balanced; the last of c contiguous
-    chunks holds (2c-1)/c of the mean's pairs)."""
-    if cp == 1 or split != "contiguous":
+def causal_imbalance(ranks: int, split: Split) -> float:
+    """The slowest rank's causal pairs over the mean when a sequence's tokens are split over `ranks` (1 under
+    zigzag: balanced; the last of c contiguous chunks holds (2c-1)/c of the mean's pairs)."""
+    if ranks == 1 or split != "contiguous":
         return 1.0
-    return (2 * cp - 1) / cp
-
-
-@dataclass(frozen=True)
-class CpCall:
-    """One CP collective one rank issues (what the runtime's trace records, torch-free)."""
-
-    layer: int
-    kind: str  # all_gather | send_recv (recorded by the receiving rank)
-    op: str
-    value: str
-    nbytes: float
-
-
-def cp_calls(graph: ModelGraph, audit: CpAudit, tokens: int, b: float, rank: int) -> list[CpCall]:
-    """The CP collectives rank `rank` issues for one `tokens`-long sequence, in order: each all-gather
-    over every rank's rows padded to the longest rank, each received state or halo (rank 0 receives
-    none). The runtime's trace must equal this list (`tpplan.runtime.context_parallel`)."""
-    split = model_split(audit)
-    rows = max(len(rank_positions(tokens, audit.cp, r, split)) for r in range(audit.cp))
-    out: list[CpCall] = []
-    for i, kind in enumerate(graph.layer_kinds):
-        for x in audit.kinds[kind].exchanges:
-            eb = x.elem_bytes if x.elem_bytes is not None else b
-            value = "+".join(x.values)
-            if x.collective == "all_gather":
-                size = audit.cp * (x.per_token * rows + x.per_seq) * eb
-                out.append(CpCall(i, "all_gather", x.op, value, size))
-            elif x.collective == "all_reduce":
-                out.append(CpCall(i, "all_reduce", x.op, value, (x.per_token * rows + x.per_seq) * eb))
-            elif rank > 0:
-                out.append(CpCall(i, "send_recv", x.op, value, (x.per_token * rows + x.per_seq) * eb))
-    return out
+    return (2 * ranks - 1) / ranks
 
 
 __all__ = [
@@ -417,7 +399,6 @@ __all__ = [
     "MAX_CP",
     "SGLANG_CP_UTILS",
     "CpAudit",
-    "CpCall",
     "CpExchange",
     "CpKind",
     "CpLayers",
@@ -426,8 +407,6 @@ __all__ = [
     "audit_cp",
     "causal_imbalance",
     "chunk_bounds",
-    "cp_calls",
-    "local_tokens",
     "model_split",
     "rank_positions",
     "zigzag_chunks",

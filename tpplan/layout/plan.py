@@ -42,6 +42,7 @@ from functools import lru_cache
 from typing import Literal
 
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.placement import S_TOK, Placement, R
 
 MoEMode = Literal["tp", "ep", "a2a"]
@@ -189,10 +190,11 @@ def with_overlap(plan: Plan, overlap: OverlapName) -> Plan:
     )
 
 
-def with_ep(plan: Plan, ep: int) -> Plan:
-    """Expert parallelism without all-to-all (the seed's TP32/EP4): E/ep experts per group of N/ep
-    ranks, each expert split over its group; tokens stay replicated, the MoE output is reduced as
-    under TP."""
+def with_ep(plan: Plan, mesh: Mesh) -> Plan:
+    """Expert parallelism without all-to-all at `mesh`'s EP (the seed's TP32/EP4): E/ep experts per group
+    of N/ep ranks of its TP group, each expert split over its group; tokens stay replicated, the MoE
+    output is reduced as under TP. The plan keeps the size (`Plan.ep_size`, `ep<k>` in its name)."""
+    ep = mesh.ep if mesh.ep is not None else 0
     if ep < 1:
         raise TpplanError(f"ep{ep}", "the EP size must be at least 1", "use e.g. ep4")
     name = f"ep{ep}" if plan.name == "baseline" else f"{plan.name}+ep{ep}"

@@ -27,10 +27,11 @@ Conventions (those of nccl-tests, so `bytes` is the size a benchmark would use):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpplan.layout.plan import Plan, baseline, with_ep
 from tpplan.layout.propagate import LayerResult, propagate_model
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_TOK, Collective
@@ -125,14 +126,14 @@ def layer_results(graph: ModelGraph, plan: Plan, n: int) -> list[LayerResult]:
     return hit[1]
 
 
-def fallback_plan(plan: Plan) -> Plan | None:
-    """The plan a chunk too small to scatter runs instead: the baseline with `plan`'s experts where
-    they stay (TP or EP), so no weight moves. None for MoE all-to-all: there a rank without real
-    tokens simply dispatches nothing (as DeepEP does), so padding is enough."""
+def fallback_plan(plan: Plan, mesh: Mesh) -> Plan | None:
+    """The plan a chunk too small to scatter runs instead on `mesh`'s TP group: the baseline with `plan`'s
+    experts where they stay (TP, or EP at the plan's size), so no weight moves. None for MoE all-to-all:
+    there a rank without real tokens simply dispatches nothing (as DeepEP does), so padding is enough."""
     if plan.moe == "a2a" or plan.dp_attention:  # a DP rank without tokens runs an idle (padded) batch
         return None
     base = baseline()
-    return with_ep(base, plan.ep_size or 1) if plan.moe == "ep" else base
+    return with_ep(base, replace(mesh, ep=plan.ep_size or 1)) if plan.moe == "ep" else base
 
 
 def falls_back(graph: ModelGraph, plan: Plan, n: int, tokens: int) -> bool:
@@ -141,7 +142,7 @@ def falls_back(graph: ModelGraph, plan: Plan, n: int, tokens: int) -> bool:
     state layout (so KV caches and recurrent states carry over)."""
     if n <= 1 or tokens >= n or not scatters_tokens(plan):
         return False
-    fb = fallback_plan(plan)
+    fb = fallback_plan(plan, Mesh(n))
     return fb is not None and state_layouts(graph, plan, n) == state_layouts(graph, fb, n)
 
 

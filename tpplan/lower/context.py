@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from tpplan.dtypes import TORCH_DTYPE_BYTES, dtype_name
-from tpplan.layout.context_parallel import CpAudit, audit_cp, model_split
+from tpplan.layout.context_parallel import CpAudit, model_split
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.lower.batch import Batch, Segments, batch_pairs, local_segments
@@ -70,9 +70,4 @@ class Lowering:
         return self.graph.kinds[self.results[index].kind]
 
 
-def mesh_cp_audit(graph: ModelGraph, mesh: Mesh) -> CpAudit:
-    """The CP audit of `mesh` (`layout.context_parallel.audit_cp`)."""
-    return audit_cp(graph, mesh.tp, mesh.cp, mesh.cp_recurrence, mesh.cp_layers)  # type: ignore[arg-type]
-
-
-__all__ = ["Lowering", "mesh_cp_audit"]
+__all__ = ["Lowering"]

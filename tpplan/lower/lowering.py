@@ -8,12 +8,12 @@ this module registers the built-in passes (`tpplan.lower.passes`).
 from __future__ import annotations
 
 import tpplan.lower.passes  # noqa: F401  # the built-in passes register on import
-from tpplan.layout.context_parallel import CpAudit
+from tpplan.layout.context_parallel import CpAudit, audit_cp
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
 from tpplan.layout.schedule import layer_results
 from tpplan.lower.batch import Batch
-from tpplan.lower.context import Lowering, mesh_cp_audit
+from tpplan.lower.context import Lowering
 from tpplan.lower.program import LayerProgram, MicroBatch, Program, StageProgram
 from tpplan.lower.registry import passes
 from tpplan.mesh import Mesh
@@ -34,7 +34,7 @@ def lowering(
     propagated here, memoised); `gpus_per_node`: the cluster's (default: the TP group fits one node);
     `cp_audit`: the mesh's CP audit, when the caller has it."""
     res = results if results is not None else layer_results(graph, plan, mesh.tp)
-    cpa = cp_audit if cp_audit is not None else mesh_cp_audit(graph, mesh)
+    cpa = cp_audit if cp_audit is not None else audit_cp(graph, mesh)
     return Lowering(graph, plan, mesh, batch, tuple(res), gpus_per_node or mesh.tp, cpa)
 
 

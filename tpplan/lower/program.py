@@ -61,6 +61,7 @@ class Collective:
     priced: bool = True  # False: left out of the cost model (the all-to-all's send counts, a few bytes)
     origin: str = "tp_sp"
     event: CommEvent | None = field(default=None, repr=False)  # the planned move it lowers, if one
+    op: str | None = None  # the op whose exchange it is, where no planned move names one (CP's)
 
 
 @dataclass(frozen=True)

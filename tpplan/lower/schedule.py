@@ -1,12 +1,14 @@
 """The collectives a plan issues for a concrete batch, chunk by chunk, as the runtime's trace records
 them: the lowered program's collective steps (`tpplan.lower`), cut into prefill chunks, with the
-fallback of a chunk too small to scatter (`layout.schedule.falls_back`). The distributed runtime's
-tracer records the same fields from the real tensors, and the proof tests assert the two lists are
-equal. Conventions (nccl-tests sizes, padding, MoE all-to-all rows): `layout.schedule`."""
+fallback of a chunk too small to scatter (`layout.schedule.falls_back`); and (`predict_cp_calls`) the
+program's context-parallel steps (`lower.passes.cp`) as one CP rank records them. The distributed
+runtime's tracer records the same fields from the real tensors, and the proof tests assert the two
+lists are equal. Conventions (nccl-tests sizes, padding, MoE all-to-all rows): `layout.schedule`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult
@@ -64,7 +66,7 @@ def predict_schedule(
     base: list[LayerResult] | None = None
     for c, t in enumerate(chunk_sizes(tokens, chunk)):
         fb = falls_back(graph, plan, n, t)
-        run_plan = fallback_plan(plan) if fb else plan
+        run_plan = fallback_plan(plan, Mesh(n)) if fb else plan
         assert run_plan is not None
         if fb and base is None:
             base = layer_results(graph, run_plan, n)
@@ -75,4 +77,28 @@ def predict_schedule(
     return out
 
 
-__all__ = ["chunk_calls", "predict_schedule"]
+@dataclass(frozen=True)
+class CpCall:
+    """One CP collective one rank issues (what the runtime's CP trace records, torch-free)."""
+
+    layer: int
+    kind: str  # all_gather | all_reduce | send_recv (recorded by the receiving rank)
+    op: str
+    value: str
+    nbytes: float
+
+
+def predict_cp_calls(
+    graph: ModelGraph, plan: Plan, mesh: Mesh, tokens: int, *, cp_rank: int, dtype: str = "float32"
+) -> list[CpCall]:
+    """The CP collectives CP rank `cp_rank` of `mesh` issues for one `tokens`-long sequence under `plan`, in
+    order: the lowered program's CP steps (each all-gather's whole output, every rank's rows padded to the
+    longest; each all-reduce's buffer), each received state or halo on the receiving rank only (rank 0
+    receives none). The runtime's CP trace must equal this list (`tpplan.runtime.context_parallel`)."""
+    prog = lower(graph, plan, mesh, Batch(((tokens, 0),), dtype))
+    return [CpCall(layer.index, c.kind, c.op or "", c.value, c.bytes)
+            for layer in prog.layers for c in layer.collectives()
+            if c.origin == "cp" and (c.kind != "send_recv" or cp_rank > 0)]  # fmt: skip
+
+
+__all__ = ["CpCall", "chunk_calls", "predict_cp_calls", "predict_schedule"]

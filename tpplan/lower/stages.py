@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 
 
-def stage_layers(num_layers: int, pp: int) -> list[range]:
-    """Contiguous layer ranges per stage, vLLM/SGLang's default partition: L // pp each, the
-    remainder added to the stages just before the last one (the last stage also holds the head)."""
+def stage_layers(num_layers: int, mesh: Mesh) -> list[range]:
+    """Contiguous layer ranges per stage of `mesh`'s PP, vLLM/SGLang's default partition: L // pp each,
+    the remainder added to the stages just before the last one (the last stage also holds the head)."""
+    pp = mesh.pp
     if pp < 1 or pp > num_layers:
         raise TpplanError(f"pp={pp}", f"must be between 1 and the {num_layers} layers", "choose a smaller PP size")
     sizes = [num_layers // pp] * pp

@@ -14,6 +14,7 @@ from typing import cast
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan, baseline, with_ep, with_overlap
 from tpplan.layout.propagate import propagate
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph, WeightSplit
 from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_COL, S_TOK, R
@@ -333,7 +334,7 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         base = make_plan(ep["base"] or "baseline", graph, n)
         if base.moe != "tp":
             raise TpplanError(f"plan={name}", f"plan {base.name} already uses MoE mode {base.moe}", "use ep<k> alone")
-        return with_ep(base, int(ep["ep"]))
+        return with_ep(base, Mesh(n, ep=int(ep["ep"])))
     simple = {
         "baseline": baseline,
         "input-scattered": input_scattered,

@@ -185,14 +185,15 @@ def volume_sweep(audits: Audits, names: list[str], sizes: list[int], dtype: str)
     return out
 
 
-def _prediction(m: _Memo, fn: PredictFn, v: Variant, wl: Workload) -> PlanPrediction:
-    """`fn` (the memo's predictor) on variant `v` at `wl`: its mesh with the memo's KV under CP (tpplan's own
+def _prediction(m: _Memo, fn: PredictFn, v: Variant, wl: Workload, topology: Topology | None = None) -> PlanPrediction:
+    """`fn` (the memo's predictor) on variant `v` at `wl` on `topology` (None: the memo's; the kernel-source
+    comparison passes each source's): its mesh with its CP layers and the memo's KV under CP (tpplan's own
     accounting, when asked for), PP TTFT as the memo's engine schedules it (cost/pipeline.py)."""
     extra: dict[str, object] = {"expert_dtype": m.expert_dtype} if m.expert_dtype else {}
     if v.pp > 1:
         extra["pipeline"] = m.pp_schedule
     mesh = replace(v.parallel, cp_kv=m.cp_kv)
-    return fn(m.graph, v.plan, m.topology, mesh=mesh, workload=wl, tokens=wl.chunk_size, dtype=m.dtype,
+    return fn(m.graph, v.plan, topology or m.topology, mesh=mesh, workload=wl, tokens=wl.chunk_size, dtype=m.dtype,
               audit=v.audit, **extra)  # fmt: skip
 
 
@@ -292,7 +293,8 @@ def analyse(
             _price_prompt_lengths(m, a, lengths)
     if m.fn is not None and m.fn is m.predict_fn:
         m.say("the answer under each kernel-price source")
-        a.kernel_sources = sensitivity_of(a, m.fn, m.pp_schedule, m.expert_dtype)
+        fn = m.fn
+        a.kernel_sources = sensitivity_of(a, lambda v, wl, topo: _prediction(m, fn, v, wl, topo))
     m.say("where the model differs from a volume-only analysis")
     a.differences = differences(a, _chunk(m))
     return a

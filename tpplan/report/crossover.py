@@ -116,7 +116,7 @@ def crossovers(
         out: dict[str, list[float]] = {}
         for t in grid:
             p = predict_plan(graph, plan, topology, mesh=mesh, tokens=t, dtype=dtype, expert_dtype=expert_dtype,
-                             audit=kept.of(plan, tp, dtype))  # fmt: skip
+                             audit=kept.of(plan, Mesh(tp), dtype))  # fmt: skip
             for k in p.kinds:
                 out.setdefault(k.kind, []).append(float(k.total_s))
             out.setdefault(WHOLE, []).append(float(p.forward_s))

@@ -234,7 +234,7 @@ def pipeline(a: Analysis, chunk: int) -> Paragraph:
     if not pps:
         return None
     pp, g, topo = pps[0], a.graph, a.topology
-    starts = [r.start for r in stage_layers(g.spec.num_layers, pp.pp)][1:]
+    starts = [r.start for r in stage_layers(g.spec.num_layers, pp.parallel)][1:]
     widths = [stage_boundary_width(g, s) for s in starts]
     banks = [bank_snapshots(g, s) for s in starts]
     nbytes = DTYPE_BYTES[a.dtype]

@@ -16,7 +16,6 @@ inside either band reconciles them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from tpplan.cost.topology import Topology
@@ -128,10 +127,11 @@ def kernel_sensitivity(
     return KernelSensitivity(current.key, targets, workload.name, chosen, answers, reason, tuple(skipped))
 
 
-def sensitivity_of(a: Any, fn: Callable[..., Any], pipeline: Any, expert_dtype: str | None) -> KernelSensitivity | None:
+def sensitivity_of(a: Any, price: Callable[[Variant, Workload, Topology], Any]) -> KernelSensitivity | None:
     """The memo's `KernelSensitivity` (`a`: its `Analysis`): today's deployment against the bottom
-    line's target (the best next step when it keeps), at the first workload, priced by `fn` as the
-    memo priced them (expert dtype, CP, replicas, the PP schedule)."""
+    line's target (the best next step when it keeps), at the first workload, each priced by `price` on each
+    source's topology as the memo priced them (the memo's own pricing: expert dtype, CP with its layers and
+    KV, replicas, the PP schedule)."""
     wl = a.workloads[0] if a.workloads else None
     if wl is None or a.bottom is None:
         return None
@@ -141,12 +141,7 @@ def sensitivity_of(a: Any, fn: Callable[..., Any], pipeline: Any, expert_dtype: 
         return None
 
     def predict(v: Variant, topo: Topology) -> Any:
-        extra: dict[str, object] = {"expert_dtype": expert_dtype} if expert_dtype else {}
-        if v.pp > 1 and pipeline is not None:
-            extra["pipeline"] = pipeline
-        mesh = replace(v.parallel, cp_layers="all")  # as priced before the Mesh: CP on every layer, whatever v's
-        return fn(a.graph, v.plan, topo, mesh=mesh, workload=wl, tokens=wl.chunk_size, dtype=a.dtype,
-                  audit=v.audit, **extra)  # fmt: skip
+        return price(v, wl, topo)
 
     shape = a.current.shape
     runs = [v for v in a.variants if v.shape == shape and v.legal and v is not a.current

@@ -13,6 +13,7 @@ from tpplan.audit import Audits, PlanAudit
 from tpplan.cost.topology import Topology
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan
+from tpplan.mesh import Mesh
 from tpplan.models.spec import MoESpec
 from tpplan.plans.files import is_plan_file, read_plan_file
 from tpplan.plans.named import make_plan
@@ -47,7 +48,7 @@ class Found:
 
 def audit_or_none(audits: Audits, name: str, n: int, dtype: str) -> PlanAudit | None:
     try:
-        return audits.of(make_plan(name, audits.graph, n), n, dtype)
+        return audits.of(make_plan(name, audits.graph, n), Mesh(n), dtype)
     except TpplanError:
         return None
 
@@ -114,7 +115,7 @@ def current_variant(audits: Audits, text: str, n: int, world: int, dtype: str, v
     same = next((v for v in variants if v.shape == (tp, pp, 1, 1) and v.plan.describe() == plan.describe()), None)
     if same is not None:
         return same
-    v = Variant(plan, tp, pp, audits.of(plan, tp, dtype), main_tp=n)
+    v = Variant(plan, tp, pp, audits.of(plan, Mesh(tp), dtype), main_tp=n)
     variants.append(v)
     return v
 
@@ -128,11 +129,11 @@ def plan_variants(audits: Audits, names: list[str], asked: bool, n: int, dtype: 
             if is_plan_file(name):  # a saved plan is priced at the whole deployment it was ranked at
                 dep = read_plan_file(name).deployment
                 pl = make_plan(name, graph, dep.tp)
-                variants.append(Variant(pl, dep.tp, dep.pp, audits.of(pl, dep.tp, dtype), main_tp=n, cp=dep.cp,
+                variants.append(Variant(pl, dep.tp, dep.pp, audits.of(pl, Mesh(dep.tp), dtype), main_tp=n, cp=dep.cp,
                                         replicas=dep.replicas, cp_layers=dep.cp_layers))  # fmt: skip
                 continue
             pl = make_plan(name, graph, n)  # asked for: an unknown or impossible plan is the user's error
-            variants.append(Variant(pl, n, 1, audits.of(pl, n, dtype), main_tp=n))
+            variants.append(Variant(pl, n, 1, audits.of(pl, Mesh(n), dtype), main_tp=n))
             continue
         pa = audit_or_none(audits, name, n, dtype)  # a default plan this model cannot run is left out
         if pa is not None and (has_moe or pa.plan.moe == "tp"):
@@ -155,7 +156,7 @@ def add_found(scope: Scope, variants: list[Variant], found: list[Found]) -> Foun
         if pl.found_by == "search":  # rank 0: a deployment's best below the search's top plans
             name = f"search-{f.rank}" if f.rank else "search-best"
             pl = pl.with_(name=name, title="found by search", summary=describe_plan(pl))
-        variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, f.tp, dtype), main_tp=n, cp=f.cp,
+        variants.append(Variant(pl, f.tp, f.pp, audits.of(pl, Mesh(f.tp), dtype), main_tp=n, cp=f.cp,
                                 replicas=f.replicas, cp_layers=cp_layers))  # fmt: skip
         best_found = best_found or replace(f, plan=pl)
     return best_found
@@ -204,7 +205,7 @@ def add_overlapped(scope: Scope, variants: list[Variant], overlap: OverlapName) 
     for v in [v for v in variants if v.plan.moe == "a2a" and v.plan.overlap is None and v.legal]:
         pl = overlapped(v.plan, overlap, audits.graph)  # the search refused an overlap the engine does not run
         if not any(x.shape == v.shape and x.plan.describe() == pl.describe() for x in variants):
-            variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, v.tp, dtype), main_tp=n, cp=v.cp,
+            variants.append(Variant(pl, v.tp, v.pp, audits.of(pl, Mesh(v.tp), dtype), main_tp=n, cp=v.cp,
                                     replicas=v.replicas, cp_layers=v.cp_layers))  # fmt: skip
 
 

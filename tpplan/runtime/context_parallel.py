@@ -25,7 +25,7 @@ other ranks' queries are discarded. That repeats attention work (the runtime che
 collectives, not speed; the cost model prices the zigzag rank's own pairs).
 
 Every CP collective is recorded as a `CpCall` (all-gathers on every rank, sends on the receiving
-rank), which must equal `layout.context_parallel.cp_calls`, the planner's prediction.
+rank), which must equal `lower.schedule.predict_cp_calls`: the lowered program's CP steps.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import CpCall, Split, audit_cp, model_split, rank_positions
+from tpplan.layout.context_parallel import Split, audit_cp, model_split, rank_positions
+from tpplan.lower.schedule import CpCall
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import (
@@ -262,26 +264,27 @@ class _Mixers:
 
 
 class CpRunner(_Mixers):
-    """One CP rank of a TP 1 x CP `cp` deployment (the default process group is the CP group)."""
+    """One CP rank of `mesh`: TP 1 x CP, or (`cp_layers="mla"`, `context_parallel_mla.py`) TP = CP,
+    attention TP 1 (the default process group is the CP group)."""
 
     def __init__(
         self,
         graph: ModelGraph,
-        cp: int,
+        mesh: Mesh,
         rank: int,
         weights: Mapping[str, Tensor],
         *,
         numerics: Numerics | None = None,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
-        recurrence: str = "serial",
-        layers: str = "all",
     ) -> None:
-        self.graph, self.cp, self.rank, self.recurrence = graph, cp, rank, recurrence
-        # `all`: TP 1 x CP cp; `mla` (context_parallel_mla.py): TP = CP = cp, attention TP 1
-        self.audit = audit_cp(graph, cp if layers == "mla" else 1, cp, recurrence, layers)  # type: ignore[arg-type]
+        self.graph, self.cp, self.rank, self.recurrence = graph, mesh.cp, rank, mesh.cp_recurrence
+        if mesh.tp != (mesh.cp if mesh.cp_layers == "mla" else 1):
+            raise TpplanError(mesh.fields(), "a CP rank runs TP 1 (cp_layers=mla: TP = CP, attention TP 1)",
+                              "use TpCpHook for TP x CP")  # fmt: skip
+        self.audit = audit_cp(graph, mesh)
         if not self.audit.legal:
-            raise TpplanError(f"cp={cp}", "; ".join(self.audit.reasons), "run this model without CP")
+            raise TpplanError(f"cp={mesh.cp}", "; ".join(self.audit.reasons), "run this model without CP")
         self.split = model_split(self.audit)
         self.nu = numerics or numerics_for(graph)
         dev = device or torch.device("cpu")
@@ -335,18 +338,19 @@ class CpRunner(_Mixers):
 
 
 class TpCpHook(_Mixers):
-    """TP `tp` x CP `cp`: one TP group's `PlanRunner` (its own process group) on its CP rank's tokens,
+    """TP x CP of `mesh`: one TP group's `PlanRunner` (its own process group) on its CP rank's tokens,
     its token mixers reaching the same TP rank of the other CP groups (`PlanRunner.context_parallel`).
     World rank = cp_rank * tp + tp_rank; `groups` from `cp_groups`."""
 
-    def __init__(self, graph: ModelGraph, tp: int, cp: int, world_rank: int, cp_group: Any, tokens: int,
-                 numerics: Numerics, recurrence: str = "serial") -> None:  # fmt: skip
-        self.graph, self.tp, self.cp, self.recurrence = graph, tp, cp, recurrence
+    def __init__(self, graph: ModelGraph, mesh: Mesh, world_rank: int, cp_group: Any, tokens: int,
+                 numerics: Numerics) -> None:  # fmt: skip
+        tp = mesh.tp
+        self.graph, self.tp, self.cp, self.recurrence = graph, tp, mesh.cp, mesh.cp_recurrence
         self.rank, self.tp_rank = divmod(world_rank, tp)
         self.group = cp_group
-        self.audit = audit_cp(graph, tp, cp, recurrence)  # type: ignore[arg-type]
+        self.audit = audit_cp(graph, mesh)
         if not self.audit.legal:
-            raise TpplanError(f"cp={cp}", "; ".join(self.audit.reasons), "run this model without CP")
+            raise TpplanError(f"cp={mesh.cp}", "; ".join(self.audit.reasons), "run this model without CP")
         self.split = model_split(self.audit)
         self._layout(tokens, self.split)
         nu = numerics
@@ -379,8 +383,9 @@ class TpCpHook(_Mixers):
         return self._mix(lg, op, env, tensors, w, ctx)
 
 
-def cp_groups(tp: int, cp: int, world_rank: int) -> tuple[Any, Any]:
-    """(this rank's TP group, its CP group); every rank creates every group, in the same order."""
+def cp_groups(mesh: Mesh, world_rank: int) -> tuple[Any, Any]:
+    """(this rank's TP group, its CP group) of `mesh`; every rank creates every group, in the same order."""
+    tp, cp = mesh.tp, mesh.cp
     tp_groups = [dist.new_group(list(range(c * tp, (c + 1) * tp))) for c in range(cp)]
     cp_groups_ = [dist.new_group([c * tp + t for c in range(cp)]) for t in range(tp)]
     c, t = divmod(world_rank, tp)

@@ -7,8 +7,8 @@ layer the rank takes only its zigzag query rows (`layout.context_parallel.rank_p
 attention runs those queries against K/V it expands itself for every key (nothing gathered into
 attention), every op downstream of the attention inside the attention half runs on the rank's rows,
 and the attention output (o_proj's rows, `layout.context_parallel.attention_output`) is all-gathered
-over the CP group back to the full sequence, the one CP collective per MLA layer that `cp_calls`
-predicts (padded to the longest rank, as the planner counts it).
+over the CP group back to the full sequence, the one CP collective per MLA layer that the lowered
+program lists (`lower.schedule.predict_cp_calls`) (padded to the longest rank, as the planner counts it).
 """
 
 from __future__ import annotations

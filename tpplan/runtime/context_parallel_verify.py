@@ -1,15 +1,19 @@
 """Context parallelism checked against the one-process model on local gloo ranks: `verify_cp` (TP 1 x
 CP N, or `--cp-layers mla` at TP = CP = N) and `verify_tp_cp` (TP x CP with each TP group's
 `PlanRunner`): the assembled final hidden (and logits), every rank's traced CP calls against the
-planner's `layout.context_parallel.cp_calls`, and (TP x CP) its TP calls against `predict_schedule`."""
+lowered program's CP steps (`lower.schedule.predict_cp_calls`), and (TP x CP) its TP calls against
+`predict_schedule`: both read the one `lower(graph, plan, mesh, batch)`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.runtime.context_parallel import CpRunner, TpCpHook, cp_groups
 from tpplan.runtime.context_parallel_mla import MlaOnlyCpRunner
 from tpplan.runtime.executor import numerics_for
@@ -17,8 +21,7 @@ from tpplan.runtime.executor import numerics_for
 
 def _tp_worker(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
     """One rank of `verify_tp_cp`: a TP group's PlanRunner under CP, assembled and checked on rank 0."""
-    from tpplan.layout.context_parallel import cp_calls
-    from tpplan.lower.schedule import predict_schedule
+    from tpplan.lower.schedule import predict_cp_calls, predict_schedule
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
@@ -28,13 +31,14 @@ def _tp_worker(rank: int, world: int, device: Any, payload: dict[str, Any]) -> d
     from tpplan.runtime.weights import random_weights
 
     torch.set_num_threads(1)
-    tp, cp, t = payload["tp"], world // payload["tp"], payload["tokens"]
+    mesh: Mesh = payload["mesh"]
+    tp, t = mesh.tp, payload["tokens"]
     graph = build_model_graph(load_model(payload["model"]))
     nu = numerics_for(graph)
     weights = random_weights(graph, nu, seed=payload["seed"])
     ids = torch.randint(0, graph.spec.vocab, (t,), generator=torch.Generator().manual_seed(payload["seed"] + 1))
-    tp_group, cp_group = cp_groups(tp, cp, rank)
-    hook = TpCpHook(graph, tp, cp, rank, cp_group, t, nu, payload["recurrence"])
+    tp_group, cp_group = cp_groups(mesh, rank)
+    hook = TpCpHook(graph, mesh, rank, cp_group, t, nu)
     plan = make_plan(payload["plan"], graph, tp)
     comm = make_comm(hook.tp_rank, tp, group=tp_group)
     runner = PlanRunner(graph, plan, tp, hook.tp_rank, DictSource(weights), comm=comm, numerics=nu,
@@ -53,25 +57,26 @@ def _tp_worker(rank: int, world: int, device: Any, payload: dict[str, Any]) -> d
     for mine_r, h, _, _ in parts:
         full[mine_r] = h
     ref = run_reference(graph, weights, ids, numerics=nu, return_hidden=True)
-    b = torch.empty((), dtype=torch.float32).element_size()
     return {
         "model": payload["model"],
         "max_rel_hidden": ((full - ref).abs().max() / ref.abs().max()).item(),
         "cp_traced": [p[2] for p in parts],
-        "cp_predicted": [cp_calls(graph, hook.audit, t, b, r // tp) for r in range(world)],
+        "cp_predicted": [
+            predict_cp_calls(graph, plan, mesh, t, cp_rank=r // tp, dtype="float32") for r in range(world)
+        ],
         "tp_trace_matches": [p[3] for p in parts],
     }
 
 
-def verify_tp_cp(model: str, tp: int, cp: int, *, plan: str = "baseline", tokens: int = 16, seed: int = 0,
-                 recurrence: str = "serial", timeout_s: float = 120.0) -> dict[str, Any]:  # fmt: skip
-    """Run `model` under `plan` at TP `tp` x CP `cp` on tp x cp gloo ranks against the one-process
-    model: the final hidden, every rank's CP calls against `cp_calls`, its TP calls against
-    `predict_schedule` at its own token count."""
+def verify_tp_cp(model: str, mesh: Mesh, *, plan: str = "baseline", tokens: int = 16, seed: int = 0,
+                 timeout_s: float = 120.0) -> dict[str, Any]:  # fmt: skip
+    """Run `model` under `plan` on `mesh` (TP x CP, its recurrence) on tp x cp gloo ranks against the
+    one-process model: the final hidden, every rank's CP calls against the lowered program's
+    (`predict_cp_calls`), its TP calls against `predict_schedule` at its own token count."""
     from tpplan.runtime.group import GroupSpec, run_group
 
-    payload = {"model": model, "tp": tp, "plan": plan, "tokens": tokens, "seed": seed, "recurrence": recurrence}
-    return run_group(_tp_worker, GroupSpec("gloo", tp * cp, timeout_s), payload)
+    payload = {"model": model, "mesh": mesh, "plan": plan, "tokens": tokens, "seed": seed}
+    return run_group(_tp_worker, GroupSpec("gloo", mesh.tp * mesh.cp, timeout_s), payload)
 
 
 def _worker(rank: int, world: int, device: Any, payload: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
@@ -82,9 +87,10 @@ def _worker(rank: int, world: int, device: Any, payload: list[dict[str, Any]]) -
 
 def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
     """One case on one rank: run, then gather every rank's rows and trace to rank 0 (untraced)."""
-    from tpplan.layout.context_parallel import cp_calls
+    from tpplan.lower.schedule import predict_cp_calls
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
     from tpplan.runtime.executor import run_reference
     from tpplan.runtime.weights import load_safetensors, random_weights
 
@@ -94,10 +100,9 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
     weights = load_safetensors(path, graph, nu) if path else random_weights(graph, nu, seed=payload["seed"])
     ids = torch.randint(0, graph.spec.vocab, (payload["tokens"],),
                         generator=torch.Generator().manual_seed(payload["seed"] + 1))  # fmt: skip
-    layers = payload.get("layers", "all")
-    runner_class = MlaOnlyCpRunner if layers == "mla" else CpRunner
-    runner = runner_class(graph, world, rank, weights, numerics=nu, device=device, recurrence=payload["recurrence"],
-                          layers=layers)  # fmt: skip
+    mesh: Mesh = payload["mesh"]
+    runner_class = MlaOnlyCpRunner if mesh.cp_layers == "mla" else CpRunner
+    runner = runner_class(graph, mesh, rank, weights, numerics=nu, device=device)
     hidden, mine = runner.prefill(ids)
     logits = runner.logits(hidden)
     parts: list[Any] = [None] * world
@@ -111,8 +116,8 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
         full_h[pos], full_l[pos] = h, lg
     ref_h = run_reference(graph, weights, ids, numerics=nu, return_hidden=True)
     ref_l = run_reference(graph, weights, ids, numerics=nu)
-    b = torch.empty((), dtype=torch.float32).element_size()
-    predicted = [cp_calls(graph, runner.audit, t, b, r) for r in range(world)]
+    plan = make_plan("baseline", graph, mesh.tp)  # TP 1, or (`mla`) the other layers at TP 1 on every rank
+    predicted = [predict_cp_calls(graph, plan, mesh, t, cp_rank=r) for r in range(world)]  # fp32, as it ran
     return {
         "model": payload["model"],
         "ids": ids,
@@ -126,20 +131,22 @@ def _case(rank: int, world: int, device: Any, payload: dict[str, Any]) -> dict[s
     }
 
 
-def verify_cp(models: list[str], cp: int, *, tokens: int = 16, seed: int = 0, weights: dict[str, str] | None = None,
-              timeout_s: float = 120.0, recurrence: str | tuple[str, ...] = "serial",
-              layers: str = "all") -> list[dict[str, Any]]:  # fmt: skip
-    """Run each of `models` at CP `cp` on `cp` local gloo ranks (one group for all) and compare with
-    the one-process reference: the assembled final hidden and logits, and every rank's traced CP
-    calls against `cp_calls`. `weights`: per model, a safetensors folder instead of random weights.
-    `layers="mla"`: only the MLA attention token-sharded, TP = CP = `cp` (`context_parallel_mla`).
-    Several `recurrence`s: one case per model and recurrence, in that order, in one process group."""
+def verify_cp(models: list[str], meshes: Mesh | Sequence[Mesh], *, tokens: int = 16, seed: int = 0,
+              weights: dict[str, str] | None = None, timeout_s: float = 120.0) -> list[dict[str, Any]]:  # fmt: skip
+    """Run each of `models` on each of `meshes` (TP 1 x CP N, or `cp_layers="mla"` at TP = CP = N, one CP
+    size N for all: one group of N local gloo ranks) and compare with the one-process reference: the
+    assembled final hidden and logits, and every rank's traced CP calls against the lowered program's
+    (`predict_cp_calls`). `weights`: per model, a safetensors folder instead of random weights.
+    One case per model and mesh (e.g. the two recurrences), in that order, in one process group."""
     from tpplan.runtime.group import GroupSpec, run_group
 
-    ways = (recurrence,) if isinstance(recurrence, str) else recurrence
-    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "recurrence": rec,
-                "layers": layers} for m in models for rec in ways]  # fmt: skip
-    return run_group(_worker, GroupSpec("gloo", cp, timeout_s), payload)
+    ways = (meshes,) if isinstance(meshes, Mesh) else tuple(meshes)
+    if len({m.cp for m in ways}) != 1:
+        raise TpplanError(", ".join(m.fields() for m in ways), "one process group runs one CP size",
+                          "verify each CP size on its own")  # fmt: skip
+    payload = [{"model": m, "tokens": tokens, "seed": seed, "weights": (weights or {}).get(m), "mesh": mesh}
+               for m in models for mesh in ways]  # fmt: skip
+    return run_group(_worker, GroupSpec("gloo", ways[0].cp, timeout_s), payload)
 
 
 __all__ = ["verify_cp", "verify_tp_cp"]

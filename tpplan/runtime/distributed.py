@@ -69,6 +69,7 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
 from tpplan.layout.schedule import fallback_plan, falls_back, layer_results, padded_rows, token_range
 from tpplan.layout.transitions import transition
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, WeightSplit
 from tpplan.models.opkinds import op_kind, run_experts
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
@@ -172,9 +173,8 @@ class PlanRunner:
         self.env: dict[str, Held] = {}  # the current layer's values (what a CP mixer may read besides its inputs)
 
     def _shard(self, results: list[LayerResult], plan: Plan) -> ModelShard:
-        return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics,
-                           ep_size=plan.ep_size, device=self.device, dtype=self.dtype,
-                           whole_embedding=bool(plan.dp_attention))  # fmt: skip
+        return shard_model(self.graph, results, self.n, self.rank, self.source, self.numerics, plan=plan,
+                           device=self.device, dtype=self.dtype)  # fmt: skip
 
     def reset(self) -> None:
         """Forget the carried state and the trace: the next prefill starts a new sequence."""
@@ -271,7 +271,7 @@ class PlanRunner:
 
     def _fallback_plan(self) -> tuple[Plan, list[LayerResult], ModelShard]:
         if self._fallback is None:
-            base = fallback_plan(self.plan)
+            base = fallback_plan(self.plan, Mesh(self.n))
             assert base is not None
             res = layer_results(self.graph, base, self.n)
             self._fallback = (base, res, self._shard(res, base))

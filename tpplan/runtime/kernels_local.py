@@ -49,18 +49,19 @@ def head_rms_norm(
     return y.reshape(t, -1).to(x.dtype)
 
 
-def mean_square(xs: list[Tensor], widths: list[int], tp: int = 1) -> Tensor:
+def mean_square(xs: list[Tensor], widths: list[int], shards: int = 1) -> Tensor:
     """[T, len(xs)]: each input's mean of squares over its whole row (fp32, returned in x's dtype).
 
-    An input narrower than its full `width` is this rank's head slice: its share of the mean is
-    the local mean / `tp`, so the sum over ranks is the full row's mean, also where TP exceeds the
-    heads and ranks share a head (each head then appears tp/heads times; vLLM's
-    MiniMaxText01RMSNormTP divides the all-reduced variance by the TP size the same way).
+    An input narrower than its full `width` is this rank's head slice, one of the `shards` the row is
+    split into (the TP group's ranks): its share of the mean is the local mean / `shards`, so the sum over
+    ranks is the full row's mean, also where TP exceeds the heads and ranks share a head (each head then
+    appears tp/heads times; vLLM's MiniMaxText01RMSNormTP divides the all-reduced variance by the TP size
+    the same way).
     """
     cols = []
     for x, width in zip(xs, widths, strict=True):
         m = x.float().pow(2).mean(-1, keepdim=True)
-        cols.append(m / tp if x.shape[1] < width else m)
+        cols.append(m / shards if x.shape[1] < width else m)
     return torch.cat(cols, dim=1).to(xs[0].dtype)
 
 

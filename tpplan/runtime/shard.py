@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from tpplan.errors import TpplanError
+from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerResult, OpDecision
 from tpplan.models.cuts import FULL, Cut, expert_ownership, head_cut, head_range
 from tpplan.models.graph import ModelGraph, Op
@@ -118,12 +119,13 @@ def _stacked(name: str) -> bool:
 # Cuts per op
 
 
-def op_cuts(op: Op, dec: OpDecision, n: int, rank: int, numerics: Numerics, ep_size: int | None) -> dict[str, Cut]:
-    """Local key (as `params_for_op` names it) -> the cut rank `rank` keeps; missing keys: not held."""
+def op_cuts(op: Op, dec: OpDecision, n: int, rank: int, numerics: Numerics, plan: Plan | None) -> dict[str, Cut]:
+    """Local key (as `params_for_op` names it) -> the cut rank `rank` keeps under `plan` (its EP size; None:
+    no EP); missing keys: not held."""
     spec = params_for_op(op, numerics)
     if n <= 1:
         return dict.fromkeys(spec, FULL)
-    sc = ShardCtx(str(dec.split), dec.strategy.output, n, rank, ep_size)
+    sc = ShardCtx(str(dec.split), dec.strategy.output, n, rank, plan.ep_size if plan is not None else None)
     return op_kind(op.kind).cuts(op, spec, sc)
 
 
@@ -163,18 +165,18 @@ def shard_model(
     source: WeightSource,
     numerics: Numerics,
     *,
-    ep_size: int | None = None,
+    plan: Plan | None = None,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
-    whole_embedding: bool = False,
 ) -> ModelShard:
-    """Materialise rank `rank`'s shard of every op under the per-layer decisions in `layers`
-    (`whole_embedding`: every rank holds the whole table, as DP attention does)."""
+    """Materialise rank `rank`'s shard of every op under the per-layer decisions in `layers` of `plan`
+    (its EP size cuts the experts; under its DP attention every rank holds the whole embedding table)."""
+    whole_embedding = plan is not None and bool(plan.dp_attention)
     dev = device or torch.device("cpu")
     ops: dict[tuple[int, str], dict[str, Tensor]] = {}
     for i, res in enumerate(layers):
         for dec in res.decisions:
-            cuts = op_cuts(dec.op, dec, n, rank, numerics, ep_size)
+            cuts = op_cuts(dec.op, dec, n, rank, numerics, plan)
             ops[(i, dec.op.name)] = load_op(dec.op, i, cuts, source, numerics, dev, dtype)
     vocab = graph.spec.vocab
     per = vocab if whole_embedding else -(-vocab // n)

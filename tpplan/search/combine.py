@@ -19,6 +19,7 @@ from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import LayerWalk
+from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.placement import P, Placement, R
 from tpplan.search.fronts import cost_key, merge
@@ -217,7 +218,7 @@ def _settle_at_cap(c: Candidate, cap: float | None, audits: Audits, n: int, obj:
     """
     if cap is None or abs(c.memory - cap) > 1e-9 * max(1.0, abs(cap)):
         return c
-    return replace(c, cost=plan_cost(obj, audits.graph, audits.of(c.plan, n, dtype)))
+    return replace(c, cost=plan_cost(obj, audits.graph, audits.of(c.plan, Mesh(n), dtype)))
 
 
 def _reprice(

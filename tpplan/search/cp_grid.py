@@ -26,10 +26,10 @@ def mla_deployments(graph: ModelGraph, splits: list[Mesh], ask: MeshAsk) -> list
     cp = ask.cp
     sizes = (cp,) if cp is not None else CP_SIZES[1:]
     legal = [replace(m, cp=k) for m in splits for k in sizes if k > 1]
-    out = [m for m in legal if audit_cp(graph, m.tp, m.cp, layers="mla").legal]
+    out = [m for m in legal if audit_cp(graph, replace(m, cp_layers="mla")).legal]
     if not out:
         n, k = (splits[0].tp if splits else 1), sizes[0]
-        why = audit_cp(graph, n, k, layers="mla").reasons or [f"CP {k} is not above 1"]
+        why = audit_cp(graph, Mesh(n, cp=k, cp_layers="mla")).reasons or [f"CP {k} is not above 1"]
         raise TpplanError(f"cp_layers=mla cp={cp}", "; ".join(why), "search with cp_layers=all")
     return out
 

@@ -59,8 +59,8 @@ def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tu
             raise TpplanError(f"tp={tp}", "the TP size must be at least 1", "use tp=1 or more")
         return [(tp, 1, 1)]
     world, gpn = topo.world_size, topo.gpus_per_node
-    if c > 1 and not audit_cp(graph, tp or 1, c).legal:
-        raise TpplanError(f"cp={c}", "; ".join(audit_cp(graph, tp or 1, c).reasons), "search without cp")
+    if c > 1 and not (cpa := audit_cp(graph, Mesh(tp or 1, cp=c))).legal:
+        raise TpplanError(f"cp={c}", "; ".join(cpa.reasons), "search without cp")
     if world % c:
         raise TpplanError(f"cp={c}", f"does not divide the topology's {world} GPUs", "use a divisor")
     if tp is not None or pp is not None:
@@ -90,7 +90,7 @@ def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tu
     if cp is None:  # TP x CP with the TP group inside one node (CP spans the nodes); `cp` searches any split
         for k in CP_SIZES[1:]:
             n = world // k
-            if world % k or n < 1 or n > gpn or not audit_cp(graph, n, k).legal:
+            if world % k or n < 1 or n > gpn or not audit_cp(graph, Mesh(n, cp=k)).legal:
                 continue
             out.append((n, 1, k))
     return out
@@ -107,8 +107,10 @@ class _ReplicaGpus:
     world_size: int
 
 
-def _replica_gpus(topo: Topology, replicas: int) -> _ReplicaGpus:
-    world, gpn = topo.world_size, topo.gpus_per_node
+def _replica_gpus(topo: Topology, copies: Mesh) -> _ReplicaGpus:
+    """One replica's share of `topo` when `copies.replicas` replicas split it (the sizes inside a replica are
+    what `deployments` then searches on that share)."""
+    world, gpn, replicas = topo.world_size, topo.gpus_per_node, copies.replicas
     where = f"replicas={replicas}"
     if world % replicas:
         raise TpplanError(where, f"does not divide the topology's {world} GPUs", "use a divisor of the GPUs")
@@ -142,8 +144,8 @@ def deployment_grid(
         if workload is not None:
             from tpplan.cost.workload import replica_workloads
 
-            replica_workloads(workload, replicas)  # refuses more replicas than clients or requests
-        share = _replica_gpus(topo, replicas)
+            replica_workloads(workload, Mesh(1, replicas=replicas))  # refuses more replicas than clients or requests
+        share = _replica_gpus(topo, Mesh(1, replicas=replicas))
         return [Mesh(n, pp=p, cp=c, replicas=replicas) for n, p, c in deployments(graph, share, ask)]
     return [Mesh(n, pp=p, cp=c) for n, p, c in deployments(graph, topo, ask)]
 
@@ -155,7 +157,7 @@ def _all_replicas(graph: ModelGraph, topo: Topology | None, ask: MeshAsk, worklo
     most = min(workload.concurrency, workload.total_requests)
     for r in range(2, min(most, topo.world_size) + 1):
         try:
-            share = _replica_gpus(topo, r)
+            share = _replica_gpus(topo, Mesh(1, replicas=r))
             grid += [Mesh(n, pp=p, cp=c, replicas=r) for n, p, c in deployments(graph, share, MeshAsk(cp=ask.cp))]
         except TpplanError:  # not a divisor, straddling nodes, or a CP size the replica cannot hold
             continue

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tpplan.audit import Audits, PlanAudit
 from tpplan.errors import TpplanError
 from tpplan.layout.propagate import LayerResult
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.placement import S_TOK
 from tpplan.search.space import GlobalChoice, KindConfig
@@ -89,7 +90,7 @@ def named_behaviours(graph: ModelGraph, n: int, dtype: str, audits: Audits | Non
     out: dict[Behaviour, str] = {}
     for name in dict.fromkeys(NAMED_PLANS + EXTRA_PLANS):
         try:
-            pa = kept.of(make_plan(name, graph, n), n, dtype)
+            pa = kept.of(make_plan(name, graph, n), Mesh(n), dtype)
         except TpplanError:
             continue
         if pa.legal:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from tpplan.audit import PlanAudit
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.layout.propagate import CommEvent, LayerResult, OpDecision
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.placement import Collective, P, Placement, R, ring_elements_per_rank
 from tpplan.search.space import GlobalChoice
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from tpplan.cost.pricing import Pricer
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
-    from tpplan.mesh import Mesh
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def ttft_batches(workload: Workload, mesh: Mesh | None = None) -> list[tuple[tup
     from tpplan.cost.workload import replica_workloads, simulate_ttft
 
     out: dict[tuple[tuple[int, int], ...], float] = {}
-    for share in replica_workloads(workload, mesh.replicas if mesh is not None else 1):
+    for share in replica_workloads(workload, mesh if mesh is not None else Mesh(1)):
         res = simulate_ttft(share, lambda _b: 1.0)
         starts, ends = [b.start_s for b in res.batches], [b.end_s for b in res.batches]  # both ascending
         steps = [0] * (len(res.batches) + 1)  # request i waits through batches first..last: +1 there, -1 after
@@ -307,7 +307,7 @@ class PredictObjective:
             from tpplan.cost.workload import replica_workloads
 
             shares = [[w.prompt_len(i) + w.output_len for i in range(w.concurrency)]
-                      for w in replica_workloads(wl, self.replicas)]  # fmt: skip
+                      for w in replica_workloads(wl, self.pricer.deployment)]  # fmt: skip
         else:
             shares = [[sum(t for t, _ in self.batches[0][0])]]
         embed = pr.embedding_bytes()

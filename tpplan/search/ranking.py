@@ -173,7 +173,7 @@ def _add_variants(s: Setup, mesh: Mesh, kept: dict[str, RankedPlan], excluded: d
 
 def _evaluated(s: Setup, plan: Plan, cost: Cost, mesh: Mesh) -> RankedPlan:
     """A search candidate's plan audited and predicted on `mesh`."""
-    pa = s.audits.of(plan, mesh.tp, s.dtype)
+    pa = s.audits.of(plan, mesh, s.dtype)
     if not pa.legal:  # cannot happen: the search walks the audit's own propagation
         raise AssertionError(f"search returned an illegal plan {plan.name}: {[v.sentence() for v in pa.violations]}")
     return evaluate(s, pa, cost, mesh)
@@ -333,7 +333,10 @@ def _settled(s: Setup, mesh: Mesh, got: Searched, memo: Memo, cutoff: float) -> 
     """A worker's deployment as the one-core search leaves it: searched again with `cutoff` from the
     worker's memo where the worker had a looser one; its plans' audits added to the search's."""
     if isinstance(got, Deployed) and memo.results:
-        got = _search_one(mesh, cutoff, memo)
+        try:
+            got = _search_deployment(s, mesh, cutoff, memo)
+        except TpplanError as e:  # cannot happen: the worker's search of it did not raise
+            got = (e.where, e.reason, e.fix)
     if isinstance(got, Deployed):
         got.entries = [replace(r, audit=s.audits.add(r.audit, s.dtype)) for r in got.entries]
     return got

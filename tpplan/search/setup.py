@@ -56,7 +56,7 @@ class Setup:
         """Megatron TP's audit at the mesh's TP (raises where the model does not split over it)."""
         from tpplan.plans.named import baseline as baseline_plan
 
-        return self.audits.of(baseline_plan(), mesh.tp, self.dtype)
+        return self.audits.of(baseline_plan(), mesh, self.dtype)
 
 
 def evaluate(s: Setup, pa: PlanAudit, cost: Cost, mesh: Mesh) -> RankedPlan:

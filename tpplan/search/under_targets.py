@@ -278,7 +278,7 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
         if rec.runs:
             out.append(r)
             continue
-        pa = audits.of(baseline(), r.tp, ask.dtype)
+        pa = audits.of(baseline(), one, ask.dtype)
         out.append(replace(r, plan=pa.plan, audit=pa, score=math.nan, prediction=None))
     return tuple(out)
 

@@ -25,7 +25,7 @@ def dp_entries(s: Setup, mesh: Mesh, excluded: dict[str, Excluded]) -> list[Rank
     tp, out = mesh.tp, []
     for name in DP_PLANS:
         try:
-            pa = s.audits.of(make_plan(name, s.graph, tp), tp, s.dtype)
+            pa = s.audits.of(make_plan(name, s.graph, tp), mesh, s.dtype)
         except TpplanError:
             continue
         if not pa.legal:
@@ -54,7 +54,7 @@ def overlap_entries(s: Setup, ranked: list[RankedPlan], mesh: Mesh) -> list[Rank
         if got.plan.moe != "a2a" or got.plan.overlap is not None:
             continue
         plan = overlapped(got.plan, s.overlap, s.graph)
-        out.append(evaluate(s, s.audits.of(plan, mesh.tp, s.dtype), got.search_cost, got.mesh))
+        out.append(evaluate(s, s.audits.of(plan, mesh, s.dtype), got.search_cost, got.mesh))
     return out
 
 
@@ -80,7 +80,7 @@ def async_tp_entries(s: Setup, ranked: list[RankedPlan], mesh: Mesh) -> list[Ran
             fused = async_tp(plan, s.graph, tp)
         except TpplanError:  # nothing to fuse in this plan
             return float("inf")
-        got = evaluate(s, s.audits.of(fused, tp, s.dtype), cost, mesh)
+        got = evaluate(s, s.audits.of(fused, mesh, s.dtype), cost, mesh)
         if s.cap is not None and got.memory_total is not None and got.memory_total > s.cap:
             return float("inf")
         out.append(got)
@@ -105,7 +105,7 @@ def async_tp_entries(s: Setup, ranked: list[RankedPlan], mesh: Mesh) -> list[Ran
             if name in seen:
                 continue
             seen.add(name)
-            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), tp, s.dtype)
+            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), mesh, s.dtype)
             best = min(best, fuse(pa.plan, plan_cost(base, s.graph, pa)))
         if len(res.candidates) < k:
             return out

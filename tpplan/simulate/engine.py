@@ -111,9 +111,10 @@ DECODE_NOT_MODELLED = (
     NO_SPECULATIVE,
     "admission reserves each request's prompt + output KV: no preemption, no SGLang new_token_ratio estimate",
     "a decode step is priced at its requests' mean KV length (interpolated on a grid of 16 points per doubling)",
-    "routed experts at decode sizes are padded to 128-row tiles per active expert (tpplan's runtime kernel, which "
-    "its experts model was fitted on); the engines' fused MoE picks 16- to 64-row tiles at small M, so decode MoE "
-    "compute is overstated where it is not weight-bound",
+    "routed experts at decode sizes: the experts a batch reaches under uniform routing (no skew), each padded to "
+    "the engine's fused-MoE row tile from its default config (tuned per-GPU config files not read), the weights "
+    "read at the datasheet HBM rate; above the GPU experts model's measured rows per expert, that model (fitted on "
+    "tpplan's runtime kernel, torch._grouped_mm) prices them",
     "GQA/MHA decode attention is priced by the prefill attention pricer at the step's KV bytes and pairs; no "
     "decode (split-KV) kernel was measured",
 )

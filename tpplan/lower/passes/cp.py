@@ -59,7 +59,7 @@ def exchange_call(ctx: Lowering, x: CpExchange) -> Collective:
     dtype = ctx.act if x.elem_bytes is None else STATE_DTYPES.get(int(eb), ctx.act)
     sent = nbytes * (ranks - 1) / ranks if kind != "send_recv" else nbytes
     return Collective(kind, "+".join(x.values), x.label(), "cp", axis, ranks, on_node, (round(nbytes / eb),), dtype,
-                      round(nbytes), sent, nbytes, chain=max(1, x.chain), origin="cp")  # fmt: skip
+                      round(nbytes), sent, nbytes, chain=max(1, x.chain), origin="cp", op=x.op)  # fmt: skip
 
 
 def _extra_passes(ctx: Lowering, layer: LayerProgram, x: CpExchange) -> list[Step]:

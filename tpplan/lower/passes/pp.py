@@ -41,7 +41,7 @@ def _program(ctx: Lowering, prog: Program) -> Program:
     layers = prog.layers
     micro = prog.stages[0].micro_batches
     final = prog.stages[-1].final
-    ranges = stage_layers(len(layers), pp)
+    ranges = stage_layers(len(layers), ctx.mesh)
     stages = tuple(
         StageProgram(
             i,
