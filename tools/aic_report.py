@@ -25,8 +25,8 @@ import numpy as np
 
 from tpplan.cost.collectives import collective_time
 from tpplan.cost.gemm import gemm_bytes, gemm_time
+from tpplan.cost.kernel_pricer import ATTN_EFFICIENCY, EXPERT_M_TILE, KERNEL_FLOOR_S
 from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, MoeShape
-from tpplan.cost.op_prices import ATTN_EFFICIENCY, EXPERT_M_TILE, KERNEL_FLOOR_S
 from tpplan.cost.sources.aic import AIC_ENGINES, AicSource, aic_databases, default_version
 from tpplan.cost.topology import GpuSpec, load_topology
 

@@ -85,7 +85,7 @@ def _weights_mb(pred: Predictor, experts: int, top_k: int, tokens: int, hidden: 
     """MB of expert weights one TP rank reads for `tokens` tokens: the experts reached, gate, up and down."""
     from tpplan.cost.expert_rows import active_experts
 
-    return active_experts(experts, experts, top_k, tokens) * 3 * hidden * inter * pred.expert_bytes / 1e6
+    return active_experts(experts, experts, top_k, tokens) * 3 * hidden * inter * pred.kernels.expert_bytes / 1e6
 
 
 def rows() -> list[Row]:
@@ -111,14 +111,14 @@ def rows() -> list[Row]:
                 pipeline = pipeline_model(engine)
                 pred = cached_predictor(graph, baseline(), topo, Mesh(tp), "bf16", None, pipeline=pipeline)
                 hidden, inter, experts, top_k = _moe_shape(graph)
-                fmt = pred.moe_dtype
+                fmt = pred.kernels.moe_dtype
                 for t in TOKENS:
                     got = src.moe(MoeShape(t, hidden, inter, experts, top_k, tp, 1, fmt))
                     if got is None or got.extrapolated or "stand-in" in got.source:
                         continue
                     mb = _weights_mb(pred, experts, top_k, t, hidden, inter // tp)
                     out.append(Row(name, system, model, tp, t, *_experts_us(pred, t), 1e6 * got.seconds, got.source,
-                                   mb, pred.hbm / 1e12))  # fmt: skip
+                                   mb, pred.kernels.hbm / 1e12))  # fmt: skip
                 print(f"{system} {name} {model}: done", file=sys.stderr, flush=True)
     return out
 

@@ -128,7 +128,7 @@ def test_a_tp_group_across_nodes_is_refused_at_the_cli(monkeypatch, capsys):
 
 
 def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copies():
-    from tpplan.cost.op_prices import KERNEL_FLOOR_S
+    from tpplan.cost.kernel_pricer import KERNEL_FLOOR_S
     from tpplan.cost.predictor import cached_predictor
     from tpplan.layout.fused_gemm import fused_pairs
 
@@ -146,15 +146,19 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
     for pair in fused_pairs(r1, r0):
         src = kt0 if pair.from_previous else kt1
         ops = [src.ops[i] for i in pair.gemms]
-        gemm = sum(p.gemm_at(lg.kind, next(o for o in lg.ops if o.name == x.op), rows, *x.shape[1:]) for x in ops)
+        gemm = sum(
+            p.kernels.gemm_at(lg.kind, next(o for o in lg.ops if o.name == x.op), rows, *x.shape[1:]) for x in ops
+        )
         gemm = max(gemm, sum(o.seconds for o in ops) / 8)  # never faster than its share of the whole GEMM
         gemm *= GEMM_BESIDE_COPY  # each chunk GEMM beside a copy, as measured on one H200
         copy = lat + chunk_bytes / link
         if pair.pattern == "ag_gemm":
-            want = all_gather_matmul_seconds(8, gemm, copy, max(2 * chunk_bytes / p.hbm, KERNEL_FLOOR_S), lat)
+            want = all_gather_matmul_seconds(8, gemm, copy, max(2 * chunk_bytes / p.kernels.hbm, KERNEL_FLOOR_S), lat)
         else:
-            want = matmul_reduce_scatter_seconds(8, gemm, copy, max(9 * chunk_bytes / p.hbm, KERNEL_FLOOR_S), lat)
-        fused, unfused = pair_seconds(p, pair, r1, kt1, src, AsyncTpCosts())
+            want = matmul_reduce_scatter_seconds(
+                8, gemm, copy, max(9 * chunk_bytes / p.kernels.hbm, KERNEL_FLOOR_S), lat
+            )
+        fused, unfused = pair_seconds(p.kernels, pair, r1, kt1, src, AsyncTpCosts())
         assert fused == pytest.approx(want)
         coll = kt1.collectives[pair.comm].seconds
         assert unfused == pytest.approx(sum(o.seconds for o in ops) + coll)
@@ -164,7 +168,7 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
         assert fused != pytest.approx(max(sum(o.seconds for o in ops), coll))
         seen.add(pair.pattern)
         # a slower GEMM beside the copies (the named parameter) costs time
-        slow, _ = pair_seconds(p, pair, r1, kt1, src, AsyncTpCosts(gemm_beside_copy=1.2))
+        slow, _ = pair_seconds(p.kernels, pair, r1, kt1, src, AsyncTpCosts(gemm_beside_copy=1.2))
         assert slow > fused
     assert seen == {"ag_gemm", "gemm_rs"}
 
@@ -186,7 +190,7 @@ def test_forward_time_is_the_plan_with_each_pair_replaced_by_its_pipeline():
         kt = p.kind_time(res[i], segs)
         for pair in pairs:
             src = p.kind_time(res[i - 1], segs) if pair.from_previous else kt
-            f, u = pair_seconds(p, pair, res[i], kt, src, AsyncTpCosts())
+            f, u = pair_seconds(p.kernels, pair, res[i], kt, src, AsyncTpCosts())
             delta += f - u
     assert t1 == pytest.approx(t0 + delta) and t1 < t0
     # same bytes: the fusion changes how they move, not how many

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import tpplan.cost.kv_capacity
+import tpplan.cost.predict  # noqa: F401  (their import-time defaults come from the real registry, not the fake's)
 from tpplan import engines
 from tpplan.engines import releases
 from tpplan.errors import TpplanError

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.engines import Launch
@@ -58,6 +60,23 @@ def test_replicas_and_overlap_are_in_the_line():
     assert sgl.realises == "no" and "--enable-dbo is vLLM" in sgl.summary  # SGLang has no DBO
     assert "--enable-dbo" in vll.args and vll.replicas == 2
     assert vll.line().startswith("vLLM 0.34.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
+
+
+@pytest.mark.parametrize(
+    ("model", "dep", "words"),
+    [
+        ("tiny-deepseek-v3", Mesh(2, pp=2), "dual batch overlap with pipeline parallelism"),
+        ("tiny-deepseek-v3", Mesh(2, cp=2), "dual batch overlap with prefill context parallelism"),
+        ("tiny-kimi-k3", Mesh(2), "dual batch overlap with hybrid models (kimi_k3: "),
+    ],
+)
+def test_vllm_refuses_dbo_beside_pp_cp_and_on_hybrid_models(model, dep, words):
+    """vLLM 0.34.0's VllmConfig._validate_model_runner raises at startup for --enable-dbo with PP > 1, prefill CP
+    > 1 or an IsHybrid model class: no launch line, the reason and its source instead."""
+    _, vll = _recipes(model, "sp-moe+dbo", dep)
+    assert vll.realises == "no" and not vll.runs and "--enable-dbo" not in vll.args
+    assert words in vll.summary and "config/vllm.py `VllmConfig._get_dbo_unsupported_features" in vll.summary
+    assert "@ 0.34.0 (PyPI wheel)" in vll.summary
 
 
 def test_dp_attention_lines_name_the_engine_version():

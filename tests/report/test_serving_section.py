@@ -47,6 +47,11 @@ def test_launch_flags_take_the_engines_derived_memory_settings() -> None:
     vll = memory_flags("vllm@0.34.0", {"gpu_memory_utilization": 0.92}, 4096, None)
     assert vll == ("--gpu-memory-utilization 0.92", "--max-num-batched-tokens 4096")
     assert pd_flags("sglang@0.5.23", "decode") == ("--disaggregation-mode decode",)
+    # vLLM's NixlConnector deprecates kv_both (NixlBaseConnector.__init__, 0.33.0 and 0.34.0): one role per side
+    assert [pd_flags("vllm@0.34.0", r)[0].split('"kv_role":')[1] for r in ("prefill", "decode")] == [
+        '"kv_producer"}\'',
+        '"kv_consumer"}\'',
+    ]
     args = ("--tp-size 8", "--chunked-prefill-size 8192", "--nnodes 1")
     assert with_flags(args, ("--chunked-prefill-size 2048",)) == (
         "--tp-size 8",

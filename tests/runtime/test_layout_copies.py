@@ -4,7 +4,7 @@ The all-to-all to head-sharded sends per-destination column blocks (`pack:<value
 all-gather returns per-rank blocks to interleave (`unpack:<value>`), a reduce-scatter of T rows
 not divisible by N needs padding (`pack:<value>`). The runtime runs each as its own step
 (`PlanRunner._layout`, listed in `Tracer.copies`), never inside the traced collective call, and
-the cost model prices the same copies (`OpPrices.layout_copy`).
+the cost model prices the same copies (`Predictor.layout_copy`, by `CollectivePricer.copy`).
 """
 
 from __future__ import annotations

@@ -43,11 +43,15 @@ def test_mla_decode_attention_is_absorbed_mqa_over_the_latent() -> None:
     flops = 2.0 * heads * (lora + rope + lora) * keys
     nbytes = (keys * (lora + rope) + batch * heads * (2 * lora + rope)) * p.b
     gpu = p.topo.gpu
-    by_hand = max(flops / (p.peak * gpu.attn_efficiency), nbytes / p.hbm)
+    by_hand = max(flops / (p.kernels.peak * gpu.attn_efficiency), nbytes / p.kernels.hbm)
     got = ops(p, ((1, ctx),) * batch)
     assert got["attention"] == pytest.approx(by_hand)
-    assert by_hand > 10e-6 and nbytes / p.hbm > flops / (p.peak * gpu.attn_efficiency)  # memory-bound, past the floor
-    expanded = ctx * batch * (lg.values["kv"].width // 2 + rope // 2) * p.b / p.hbm  # what a prefill pricer reads
+    assert by_hand > 10e-6 and nbytes / p.kernels.hbm > flops / (
+        p.kernels.peak * gpu.attn_efficiency
+    )  # memory-bound, past the floor
+    expanded = (
+        ctx * batch * (lg.values["kv"].width // 2 + rope // 2) * p.b / p.kernels.hbm
+    )  # what a prefill pricer reads
     assert got["attention"] < expanded
     assert all(f.source.read and f.source.ref for f in MLA_DECODE_ABSORBED)
 
@@ -61,7 +65,7 @@ def test_decode_gemms_run_at_m_equal_the_batch() -> None:
     assert gemms and all(o.shape is not None and o.shape[0] == batch for o in gemms)
     for o in gemms:
         assert o.shape is not None
-        assert o.modelled_s == pytest.approx(p.compute.formula_gemm(*o.shape, p.gemm_dtype))
+        assert o.modelled_s == pytest.approx(p.kernels.compute.formula_gemm(*o.shape, p.kernels.gemm_dtype))
 
 
 def test_a_mixed_step_prices_mla_decode_and_prefill_tokens_apart() -> None:

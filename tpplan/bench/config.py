@@ -168,7 +168,7 @@ def impl_class(graph: Any, layer_kind: str, op: str) -> str:
 
 def kernel_impls(graph: Any, op_impls: Iterable[tuple[str, str, str | None]]) -> dict[str, str]:
     """Kernel family -> implementation, from (layer kind, op, implementation) of a run's measured ops:
-    the map a recorded run is priced with (`OpPrices.impls`: a physical kernel model prices an op only
+    the map a recorded run is priced with (`KernelPricer.impls`: a physical kernel model prices an op only
     if it ran the kernel the model was fitted on). `build_results` and `repredict_one` both build it
     here, so a run's prediction at run time equals its re-prediction."""
     out: dict[str, str] = {}

@@ -408,7 +408,7 @@ INDEXER_MODEL = {32: "glm-5.1", 64: "deepseek-v3.2"}  # the preset whose indexer
 def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> list[dict[str, Any]]:
     """What the planner prices for each masked-attention and indexer point on `gpu` (nothing fitted to
     them): windows and chunks by the GPU's attention sets over the keys the mask lets through
-    (`OpPrices.op_time`'s call), the indexer as the planner prices GLM-5.1's / DeepSeek-V3.2's op
+    (`KernelPricer.price`'s call), the indexer as the planner prices GLM-5.1's / DeepSeek-V3.2's op
     (`Predictor.kind_time` at one request of `tokens` after `context`)."""
     from tpplan.cost.kernel_models import KernelModels
     from tpplan.cost.topology import load_gpu

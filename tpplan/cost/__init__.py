@@ -12,8 +12,9 @@ Its modules, by the question each answers (the flat layout keeps the import path
     models (`kernel_models`, `kernel_fit`) or the roofline;
   - `comm`: one collective (kind, bytes, group, algorithm) on a cluster, from a source, measured
     curves, calibrated constants or the link model (`collectives` holds the arithmetic).
-- A plan priced: `op_prices` (the audit's decisions -> per-op and per-collective prices through the
-  two pricers) -> `predictor` (summed into layers, pipeline stages and memory) -> `predict` (the
+- A plan priced: its lowered program's steps (`tpplan.lower`) through the two step pricers,
+  `kernel_pricer` (a kernel call -> its price) and `collective_pricer` (a collective, layout copy or
+  stage send -> its price) -> `predictor` (summed into layers, pipeline stages and memory) -> `predict` (the
   entry point, `predict_plan`) -> `prediction` (the typed result and its JSON). `pricing` hands the
   same prices out one decision at a time to the search, so the two cannot drift apart.
 - How the engines schedule it: `pipeline` and `stages` (PP), `context_parallel` (CP), `overlap`

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tpplan.cost.op_prices import KERNEL_FLOOR_S, OpPrices
+from tpplan.cost.kernel_pricer import KERNEL_FLOOR_S, KernelPricer
 from tpplan.cost.prediction import KindTime, OpTime
 from tpplan.cost.segments import Segments
 from tpplan.errors import TpplanError
@@ -85,39 +85,40 @@ def matmul_reduce_scatter_seconds(n: int, gemm: float, copy: float, reduce: floa
     return max(stream) + barrier + reduce
 
 
-def peer_copy_seconds(p: OpPrices, nbytes: float) -> float:
+def peer_copy_seconds(p: KernelPricer, nbytes: float) -> float:
     """One `copy_` out of a peer's symmetric buffer: the NVLink's latency and per-GPU bandwidth. No NCCL
     call overhead (`launch_us`): the copy is queued on a stream like a kernel, ahead of the GPU."""
     intra = p.topo.intra
     return intra.latency_us * 1e-6 + nbytes / (intra.bandwidth_GBps * 1e9) if nbytes > 0 else 0.0
 
 
-def _hbm(p: OpPrices, nbytes: float) -> float:
+def _hbm(p: KernelPricer, nbytes: float) -> float:
     return max(nbytes / p.hbm, KERNEL_FLOOR_S) if nbytes > 0 else 0.0
 
 
-def check_one_domain(p: OpPrices) -> None:
-    """The fused ops read peers' symmetric buffers: the TP group must share one NVLink domain."""
-    topo = p.topo
-    if p.tp > topo.gpus_per_node or p.rpn < p.tp or topo.intra.kind != "nvlink":
-        where = (f"its TP{p.tp} group spans {math.ceil(p.tp / p.rpn)} nodes" if p.rpn < p.tp
+def check_one_domain(p: KernelPricer, plan: str) -> None:
+    """The fused ops read peers' symmetric buffers: the TP group (of plan `plan`) must share one NVLink domain."""
+    topo, tp = p.topo, p.mesh.tp
+    rpn = p.mesh.ranks_per_node(topo.gpus_per_node)
+    if tp > topo.gpus_per_node or rpn < tp or topo.intra.kind != "nvlink":
+        where = (f"its TP{tp} group spans {math.ceil(tp / rpn)} nodes" if rpn < tp
                  else f"{topo.name}'s GPUs are linked by {topo.intra.kind}")  # fmt: skip
         raise TpplanError(
-            f"plan={p.plan.name} (TP{p.tp} on {topo.name})",
+            f"plan={plan} (TP{tp} on {topo.name})",
             f"async TP reads every TP peer's symmetric buffer over NVLink, and {where}",
             f"keep the TP group inside one NVLink node (TP <= {topo.gpus_per_node}) or drop +asynctp",
         )
 
 
 def pair_seconds(
-    p: OpPrices, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts,
+    p: KernelPricer, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts,
     gemm_res: LayerResult | None = None,
 ) -> tuple[float, float]:  # fmt: skip
     """(fused, unfused) seconds of one pair of layer `res` (priced `kt`): the chunk pipeline, and the GEMMs
     plus the NCCL collective that the layer's price holds for them (`gemm_kt`: the layer holding the GEMM,
     whose propagation `gemm_res` names the GEMMs; without it they are found by position). The priced
     GEMMs and collective are found by name, so steps another lowering pass adds do not shift them."""
-    n = p.tp
+    n = p.mesh.tp
     gemms = _priced_gemms(pair, gemm_kt, gemm_res)
     ops = {x.name: x for x in p.graph.kinds[gemm_kt.kind].ops}
     chunk_gemm = 0.0
@@ -150,14 +151,14 @@ def _priced_gemms(pair: FusedPair, gemm_kt: KindTime, gemm_res: LayerResult | No
 
 
 def fused_layers_seconds(
-    p: OpPrices, kind_time: KindTimeOf, results: Sequence[LayerResult], segs: Segments,
+    p: KernelPricer, plan: str, kind_time: KindTimeOf, results: Sequence[LayerResult], segs: Segments,
     costs: AsyncTpCosts | None = None,
 ) -> float:  # fmt: skip
     """Seconds for these consecutive layers of one batch with every fused pair run as its chunk pipeline
     (the layer's other ops and collectives as before). A reduce-scatter whose GEMM ran before the first
     of `results` (a pipeline stage's first layer) stays unfused, and so does the GEMM of a collective the
     lowered program does not run (`--cp-layers mla`'s attention output, replaced by the CP exchanges)."""
-    check_one_domain(p)
+    check_one_domain(p, plan)
     costs = costs or AsyncTpCosts()
     total = 0.0
     prev: tuple[LayerResult, KindTime] | None = None

@@ -142,20 +142,11 @@ def _latency_fit(points: tuple[tuple[float, float], ...]) -> float:
     return min(max(0.0, alpha), min(t for _, t in pts))
 
 
-_ALPHA: dict[int, tuple[CollectiveCurve, float]] = {}  # id(curve) -> (curve, alpha): curves are frozen
-
-
 def curve_latency_s(curve: CollectiveCurve) -> float:
     """A curve's latency term alpha (seconds): the intercept of the least-squares line
     time = alpha + size / B through its 1-4 MiB points (the two smallest points where it has no
-    1-4 MiB rows), clamped to [0, their smallest time]."""
-    held = _ALPHA.get(id(curve))
-    if held is None or held[0] is not curve:
-        held = (curve, _latency_fit(tuple((float(x), float(t)) for x, t in curve.points)))
-        if len(_ALPHA) > 4096:
-            _ALPHA.clear()
-        _ALPHA[id(curve)] = held
-    return held[1]
+    1-4 MiB rows), clamped to [0, their smallest time]. Cached on the points' values."""
+    return _latency_fit(tuple((float(x), float(t)) for x, t in curve.points))
 
 
 def curve_time(curve: CollectiveCurve, nbytes: float) -> float:

@@ -21,7 +21,7 @@ on the CP group (peers `tp` GPUs apart, so `c` ranks share a node only while tp 
 - the short convolution's halo: one send/recv of conv_kernel-1 rows per request.
 
 Under `--cp-layers mla` (CP inside the TP group, `layout.context_parallel`) no layer's batch is split
-(`OpPrices.cp` is 1): every op keeps its TP price on the full sequence, which is what the MLA
+(`Predictor.cp` is 1): every op keeps its TP price on the full sequence, which is what the MLA
 attention's own ops cost too (1/c of the queries x c times the heads per rank: the same FLOPs, at
 TP-shaped GEMMs, an approximation), except the K/V expansion each rank runs for every key with
 A = tp/c ranks' heads (`CpKind.replicated`: c times its TP share, the extra priced as an op). The

@@ -46,7 +46,7 @@ def _stages(p: Predictor) -> list[_Stage]:
     spec, dep = p.graph.spec, p.deployment
     attn_tp = 1 if p.plan.dp_attention else p.tp  # DP attention: a rank keeps its own requests, every head
     share = kv_cp_share(dep)
-    held = stage_weights(p.audit, p.graph, p.stages, p.stored)
+    held = stage_weights(p.audit, p.graph, p.stages, p.kernels.stored)
     out = []
     for s, rng in enumerate(p.stages):
         full = windowed = state = 0.0

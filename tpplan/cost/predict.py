@@ -5,14 +5,15 @@ share of the op's work one rank does, its weight per rank) and which collectives
 The cost model turns that into seconds and bytes on a `Topology` (a GPU model, `cost/gpu.py`, in a
 cluster, `cost/cluster.py`, for a `Mesh`, `tpplan/mesh.py`), in these modules:
 
-- the two pricers: `cost/compute.py` (one op class at one per-rank shape on a GPU model: its kernel
-  sources first, then the GEMM table, kernel models, rooflines) and `cost/comm.py` (one collective
-  of a size on a group of the cluster: a source, measured curves, fitted constants, the link model);
-- `cost/op_prices.py`: a plan's op decisions and collectives turned into those pricers' shapes
-  (GEMMs at the per-rank shape, grouped experts, attention, recurrences, memory-bound ops; measured
-  profiles on top);
-- `cost/predictor.py`: those prices summed into a layer, the pipeline stages (boundary sends, the
-  chunked-prefill bubble) and the memory per rank (weights, activations, KV cache, state);
+- the two pricers of the lowered program's steps (`tpplan.lower`): `cost/kernel_pricer.py`
+  (`KernelPricer`: a kernel step by its op kind's cost class: GEMMs at the per-rank shape, grouped
+  experts, attention, recurrences, memory-bound ops, through `cost/compute.py`'s kernel sources, GEMM
+  table, kernel models and rooflines; measured profiles on top) and `cost/collective_pricer.py`
+  (`CollectivePricer`: a collective, layout copy or stage send, through `cost/comm.py`'s measured
+  curves, engine tables, fitted constants and link model);
+- `cost/predictor.py`: a plan's program priced by those two, summed into a layer, the pipeline stages
+  (boundary sends, the chunked-prefill bubble) and the memory per rank (weights, activations, KV
+  cache, state);
 - `cost/prediction.py`: the results (`PlanPrediction`) and their JSON; `cost/pricing.py`: the same
   prices one at a time for a search; `cost/bands.py`, `cost/provenance.py`: how sure a time is;
 - `cost/segments.py`, `lower/stages.py`: batch shapes and the pipeline's stages;
@@ -32,15 +33,15 @@ from dataclasses import replace
 from typing import Any
 
 from tpplan.audit import Audit, PlanAudit
-from tpplan.cost.kv_capacity import DEFAULT_KV_ENGINES, kv_capacity
-from tpplan.cost.op_prices import (
+from tpplan.cost.collective_pricer import CollectivePricer
+from tpplan.cost.kernel_pricer import (
     ATTN_EFFICIENCY,
     EXPERT_M_TILE,
     KERNEL_FLOOR_S,
     RECURRENCE_EFFICIENCY,
-    WEIGHT_BITS,
-    OpPrices,
+    KernelPricer,
 )
+from tpplan.cost.kv_capacity import DEFAULT_KV_ENGINES, kv_capacity
 from tpplan.cost.pipeline import DEFAULT_PP_ENGINE, PipelineModel, pipeline_model
 from tpplan.cost.prediction import (
     LAYOUT_COPY_KERNEL,
@@ -62,6 +63,7 @@ from tpplan.cost.workload import (
     simulate_replicas,
     simulate_ttft,
 )
+from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.lower.stages import bank_snapshots, stage_boundary_width, stage_layers
@@ -259,10 +261,11 @@ __all__ = [
     "RECURRENCE_EFFICIENCY",
     "STATE_BYTES",
     "WEIGHT_BITS",
+    "CollectivePricer",
     "CollectiveTime",
+    "KernelPricer",
     "KindTime",
     "MemoryBreakdown",
-    "OpPrices",
     "OpTime",
     "PipelineModel",
     "PlanPrediction",

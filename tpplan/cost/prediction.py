@@ -1,8 +1,9 @@
 """What a prediction says: per-op and per-collective times, per layer kind, memory per rank and TTFT.
 
 The plain results `tpplan.cost.predict` returns (`PlanPrediction` and its parts) and their JSON
-(`tpplan audit --json`, docs/audit-json.md, `prediction`). No pricing here: `cost/op_prices.py`
-prices ops and collectives, `cost/predictor.py` sums them into layers, stages and memory.
+(`tpplan audit --json`, docs/audit-json.md, `prediction`). No pricing here: `cost/kernel_pricer.py`
+and `cost/collective_pricer.py` price the program's steps, `cost/predictor.py` sums them into layers,
+stages and memory.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class OpTime:
     modelled_s: float | None = None  # the model's own estimate, before a kernel profile replaced it
     extrapolated: bool = False  # priced outside the measured shapes (a kernel model's sweep, the GEMM table's floor)
     source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
-    note: str | None = None  # where its weight format was priced from other rows (`OpPrices._moe_note`)
+    note: str | None = None  # where its weight format was priced from other rows (`KernelPricer._moe_note`)
 
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives

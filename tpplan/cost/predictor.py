@@ -18,18 +18,24 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tpplan.audit import PlanAudit, stage_weights
-from tpplan.cost.comm import price_collective
+from tpplan.audit import PlanAudit, audit_plan, stage_weights
+from tpplan.cost.collective_pricer import CollectivePricer
+from tpplan.cost.compute import kernel_sources
 from tpplan.cost.context_parallel import cp_weight_elements
-from tpplan.cost.op_prices import OpPrices
+from tpplan.cost.kernel_pricer import KernelPricer
+from tpplan.cost.kernel_source import KernelSource
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.prediction import KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
+from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
 from tpplan.engines.context_parallel import kv_cp_share
+from tpplan.errors import TpplanError
+from tpplan.layout.context_parallel import audit_cp, model_split
+from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
-from tpplan.layout.propagate import LayerResult
+from tpplan.layout.propagate import CommEvent, LayerResult
 from tpplan.lower import (
     Batch,
     KernelCall,
@@ -41,9 +47,10 @@ from tpplan.lower import (
     lower_outline,
     lowering,
 )
+from tpplan.lower.passes.tp_sp import layout_copy_step
 from tpplan.lower.registry import generation
 from tpplan.lower.shapes import experts_shape
-from tpplan.lower.stages import bank_snapshots
+from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
 from tpplan.models.opkinds import mixer
@@ -53,19 +60,71 @@ from tpplan.placement import S_COL, S_TOK, Placement, R
 STATE_BYTES = 4  # KDA/GDN recurrent state is kept in fp32 (conv state in the activation dtype)
 
 
-class Predictor(OpPrices):
-    """A plan's time per layer, per stage and per batch, and its memory per rank (`OpPrices` for
-    the arguments)."""
+class Predictor:
+    """A plan's time per layer, per stage and per batch, and its memory per rank: its lowered program's
+    kernel steps priced by a compute pricer (`kernels`), its collectives, layout copies and stage sends
+    by a collective pricer (`comms`).
 
-    def __init__(self, *args: object, pipeline: PipelineModel | None = None, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.pipeline = pipeline or pipeline_model()  # the engine whose PP schedule and boundary send apply
-        self.serving_engine = self.engine or self.pipeline.engine  # and whose kernels the serving set prices
+    `audit`: the plan's audit at TP `mesh.tp`, when the caller has it; `impls`: kernel family -> the
+    implementation a recorded run used (`bench --repredict`), None for the serving set; `engine`: the
+    engine whose kernel tables price before tpplan's formulas (`sources`: those sources, when the caller
+    has them built); `pipeline`: the engine whose PP schedule and boundary send apply."""
+
+    def __init__(
+        self,
+        graph: ModelGraph,
+        plan: Plan,
+        topo: Topology,
+        mesh: Mesh,
+        dtype: str,
+        expert_dtype: str | None,
+        audit: PlanAudit | None = None,
+        impls: dict[str, str] | None = None,
+        *,
+        engine: str | None = None,
+        sources: tuple[KernelSource, ...] | None = None,
+        pipeline: PipelineModel | None = None,
+    ) -> None:
+        self.deployment = mesh.check(topo)
+        if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
+            raise TpplanError(
+                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
+            )
+        self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, mesh.tp, mesh.pp, dtype
+        self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, mesh.tp, dtype)
+        # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
+        self.cp_audit = audit_cp(graph, mesh)
+        self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
+        self.cp_split = model_split(self.cp_audit)
+        self.counts = graph.counts()
+        self.b = DTYPE_BYTES[dtype]
+        self.rpn = mesh.ranks_per_node(topo.gpus_per_node)
+        self.stages = stage_layers(graph.spec.num_layers, mesh)
+        self.engine = engine
+        self.pipeline = pipeline or pipeline_model()
+        self.serving_engine = engine or self.pipeline.engine  # and whose kernels the serving set prices
+        built = kernel_sources(topo.gpu, engine) if sources is None else sources
+        self.kernels = KernelPricer(graph, topo, mesh, dtype, expert_dtype, sources=built, impls=impls,
+                                    serving_engine=self.serving_engine)  # fmt: skip
+        self.comms = CollectivePricer(topo, dtype, self.pipeline, sources=built)
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
         self._lowerings: dict[Segments, Lowering] = {}
         self._outlines: dict[Segments, Program] = {}
-        self._layer_of: dict[int, int] = {}  # id(layer result) -> its first layer
+        # Distinct layer propagations by value, each with the first of the audit's layers that has it
+        # (None: a result outside them). A layer's program depends only on its propagation, so its
+        # position here is the cache key of its price.
+        self._distinct: list[tuple[LayerResult, int | None]] = []
+        for i, r in enumerate(self.audit.layer_results):
+            self._key_of(r, i)
+
+    def _key_of(self, res: LayerResult, index: int | None = None) -> int:
+        """The position of `res`'s value among the distinct propagations (added, first at `index`, if new)."""
+        for k, (r, _) in enumerate(self._distinct):
+            if r is res or r == res:
+                return k
+        self._distinct.append((res, index))
+        return len(self._distinct) - 1
 
     def lowering(self, segs: Segments) -> Lowering:
         """The lowering context of one batch (`tpplan.lower`): this plan, mesh and audit, the batch in the
@@ -81,10 +140,7 @@ class Predictor(OpPrices):
     def lowered(self, res: LayerResult, segs: Segments) -> tuple[LayerProgram, Lowering]:
         """The lowered steps of a layer whose propagation is `res`, for one batch, and their context."""
         ctx = self.lowering(segs)
-        if not self._layer_of:
-            for i, r in enumerate(self.audit.layer_results):
-                self._layer_of.setdefault(id(r), i)
-        index = self._layer_of.get(id(res))
+        index = self._distinct[self._key_of(res)][1]
         if index is None:  # a result outside the audit's layers: lowered on its own
             ctx, index = replace(ctx, results=(res,)), 0
         return lower_layer(ctx, index), ctx
@@ -93,7 +149,7 @@ class Predictor(OpPrices):
         """One layer's lowered steps priced for one batch: its kernels (at the CP rank's share of the
         batch), the layout copies, extra passes of kernels (CP), and its collectives. Compute and
         communication are not overlapped here (`layers_seconds` applies the plan's overlap)."""
-        key = (id(res), segs)
+        key = (self._key_of(res), segs)
         hit = self._kind_cache.get(key)
         if hit is not None:
             return hit
@@ -102,10 +158,10 @@ class Predictor(OpPrices):
         t, pairs, cached = batch_pairs(local)
         lg = self.graph.kinds[res.kind]
         kernels = layer.kernels()
-        ops = [self.op_time(lg, k, t, pairs, cached, local) for k in kernels if k.repeat_of is None]
-        ops += [self.copy_step(res.kind, c) for c in layer.copies()]
+        ops = [self.kernels.price(lg, k, t, pairs, cached, local) for k in kernels if k.repeat_of is None]
+        ops += [self.comms.copy(res.kind, c) for c in layer.copies()]
         ops += [repeated(k, ops) for k in kernels if k.repeat_of is not None]
-        colls = [self.collective_step(res.kind, c) for c in layer.collectives() if c.priced]
+        colls = [self.comms.collective(res.kind, c) for c in layer.collectives() if c.priced]
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt
@@ -117,7 +173,7 @@ class Predictor(OpPrices):
         if self.plan.overlap == "asynctp":  # GEMM + collective fusion (cost/async_tp.py)
             from tpplan.cost.async_tp import fused_layers_seconds
 
-            return fused_layers_seconds(self, self.kind_time, results, segs)
+            return fused_layers_seconds(self.kernels, self.plan.name, self.kind_time, results, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
         from tpplan.engines.overlap import overlap_named
 
@@ -135,19 +191,21 @@ class Predictor(OpPrices):
         return hit
 
     def send_seconds(self, send: SendRecv) -> float:
-        """A stage boundary: each TP rank sends its 1/N slice to its peer and the receivers all-gather it
-        over TP, as both engines do (SGLang's send_tensor_dict and vLLM's isend_tensor_dict with
-        all_gather_group; `self.pipeline.boundary_gathers`). A schedule that does not gather skips the
-        all-gather when the plan keeps the stream token-sharded (`SendRecv.gather_optional`)."""
-        rpn = 1 if send.cross_node else 2
-        secs = price_collective("send_recv", send.bytes, 2, self.topo, ranks_per_node=rpn).time_s
-        if send.gather is not None and (self.pipeline.boundary_gathers or not send.gather_optional):
-            secs += self.collective_step("boundary", send.gather).seconds
-        return secs
+        """A stage boundary as the engine's PP schedule sends it (`CollectivePricer.send`)."""
+        return self.comms.send(send)
+
+    def layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
+        """The runtime's layout copy around collective `c` for `t` tokens, if its transition needs one
+        (the lowering's `layout_copy_step`), priced by the collective pricer."""
+        if c.internal:
+            return None
+        move = planned_transition(self.plan, c.collective, c.src, c.dst)  # DP SUM_LEN: its all-reduce moves
+        step = layout_copy_step(lg, c, move, self.tp, t)
+        return None if step is None else self.comms.copy(lg.kind, step)
 
     def final_seconds(self, segs: Segments) -> float:
         """The reduction of the last layer's partial sum before the final norm, for one batch (0 without one)."""
-        return sum((self.collective_step("final", c).seconds for c in self.outline(segs).stages[-1].final), 0.0)
+        return sum((self.comms.collective("final", c).seconds for c in self.outline(segs).stages[-1].final), 0.0)
 
     def stage_times(self, segs: Segments) -> tuple[list[float], list[float], float]:
         """Per stage of the lowered program: compute+TP-comm seconds for one batch, the send into the next
@@ -189,7 +247,7 @@ class Predictor(OpPrices):
         else:
             seqs, chunk = [tokens], tokens
         best: MemoryBreakdown | None = None
-        held = stage_weights(self.audit, self.graph, self.stages, self.stored)  # the one weight figure
+        held = stage_weights(self.audit, self.graph, self.stages, self.kernels.stored)  # the one weight figure
         for s, rng in enumerate(self.stages):
             kv = state = 0.0
             for j in rng:
@@ -218,7 +276,7 @@ class Predictor(OpPrices):
             for d in res.decisions:
                 if d.op.name in ck.attention_ops:
                     more = cp_weight_elements(cpa, res.kind, d) - d.weight_elements_per_rank
-                    total += more * self.weight_elem_bytes(res.kind, d.op)
+                    total += more * self.kernels.weight_elem_bytes(res.kind, d.op)
         return total
 
     def kv_per_token(self, attn: AttnSpec) -> float:
@@ -249,12 +307,7 @@ class Predictor(OpPrices):
         bank = bank_snapshots(self.graph, rng.stop)  # the most the bank holds inside this stage
         stream = (2 * rows_stream + bank * rows_bank) * h * b
         peak = 0.0
-        seen: set[int] = set()
-        for j in rng:
-            res = self.audit.layer_results[j]
-            if id(res) in seen:
-                continue
-            seen.add(id(res))
+        for res in {self._key_of(r): r for r in self.audit.layer_results[rng.start : rng.stop]}.values():
             lg = self.graph.kinds[res.kind]
             for d in res.decisions:
                 live = sum(self._value_bytes(lg, res.placements.get(v, R), v, t) for v in d.op.inputs if v in lg.values)
@@ -284,7 +337,7 @@ def repeated(call: KernelCall, ops: list[OpTime]) -> OpTime:
                   secs, rec.extrapolated, rec.source)  # fmt: skip
 
 
-_CACHE: dict[tuple[object, ...], tuple[Predictor, tuple[object, ...]]] = {}
+_CACHE: dict[tuple[object, ...], Predictor] = {}
 _CACHE_MAX = 512
 
 
@@ -301,17 +354,19 @@ def cached_predictor(
     pipeline: PipelineModel | None = None,
 ) -> Predictor:
     """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule, and the set of
-    lowering passes, `lower.registry.generation`): the scheduler calls batch_time per batch. (A recorded
-    run's implementations, `bench --repredict`, build their own.)"""
+    lowering passes, `lower.registry.generation`), all compared by value: the scheduler calls batch_time
+    per batch. The key holds the model's spec and the topology's name; a hit is used only where its graph
+    and topology equal the ones asked for. (A recorded run's implementations, `bench --repredict`, build
+    their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (id(graph), id(topo), plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
+    key = (graph.spec, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
     hit = _CACHE.get(key)
-    if hit is not None and hit[1][0] is graph and hit[1][1] is topo:
-        return hit[0]
+    if hit is not None and hit.graph == graph and hit.topo == topo:
+        return hit
     p = Predictor(graph, plan, topo, mesh, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
-    if len(_CACHE) >= _CACHE_MAX:
+    if len(_CACHE) >= _CACHE_MAX and key not in _CACHE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = (p, (graph, topo))  # keep the objects alive so their ids stay theirs
+    _CACHE[key] = p
     return p
 
 

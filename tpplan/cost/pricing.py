@@ -26,6 +26,7 @@ import math
 from dataclasses import replace
 
 from tpplan.audit import PlanAudit
+from tpplan.cost.comm import price_collective
 from tpplan.cost.context_parallel import cp_weight_elements
 from tpplan.cost.prediction import CollectiveTime, OpTime
 from tpplan.cost.predictor import Predictor
@@ -37,6 +38,7 @@ from tpplan.layout.propagate import CommEvent, OpDecision
 from tpplan.lower.batch import local_segments
 from tpplan.lower.passes.cp import exchange_call
 from tpplan.lower.passes.tp_sp import kernel_call
+from tpplan.lower.sizes import nccl_bytes
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.placement import Collective, Placement, R
@@ -79,7 +81,7 @@ class Pricer:
             plan: Plan = baseline().with_(moe=moe, ep_size=key[1], stream=stream)
             hit = Predictor(
                 self.graph, plan, self.topology, self.deployment, self.dtype, self.expert_dtype,
-                audit=self._base.audit, sources=self._base.compute.sources,
+                audit=self._base.audit, sources=self._base.kernels.compute.sources,
             )  # fmt: skip
             self._by_plan[key] = hit
         return hit
@@ -91,7 +93,7 @@ class Pricer:
         local = self._local(segs)
         t, pairs, ctx = batch_pairs(local)
         call = kernel_call(d, t, self.tp, pred.plan, dtype_name(self.dtype))  # the step the lowering makes of it
-        ot = pred.op_time(lg, call, t, pairs, ctx, local)  # segs: a windowed/chunked mask's pairs
+        ot = pred.kernels.price(lg, call, t, pairs, ctx, local)  # segs: a windowed/chunked mask's pairs
         factor = self._state_factor(lg.kind, d.op.name)
         return replace(ot, seconds=ot.seconds * (1 + factor)) if factor else ot
 
@@ -126,13 +128,13 @@ class Pricer:
             return 0.0
         ctx = self._base.lowering(segs)
         steps = [exchange_call(ctx, x) for x in self.cp_audit.kinds[kind].exchanges]
-        return sum(self._base.collective_step(kind, c).seconds for c in steps)
+        return sum(self._base.comms.collective(kind, c).seconds for c in steps)
 
     def weight_bytes(self, lg: LayerGraph, d: OpDecision) -> float:
         """Weight bytes one rank holds for this op decision, in the format the checkpoint stores it
         (quantization_config; routed experts at the expert dtype)."""
         elements = cp_weight_elements(self.cp_audit, lg.kind, d)  # `--cp-layers mla`: attention TP
-        return elements * self._base.weight_elem_bytes(lg.kind, d.op)
+        return elements * self._base.kernels.weight_elem_bytes(lg.kind, d.op)
 
     def replaced_by_cp(self, layer_kind: str, c: CommEvent) -> bool:
         """Whether a CP exchange takes this collective's place (`--cp-layers mla`: o_proj's), so it costs 0."""
@@ -143,7 +145,17 @@ class Pricer:
         t = self._rows(segs)
         if self.replaced_by_cp(layer_kind, c):
             return CollectiveTime(layer_kind, c.label, c.collective.value, c.region, 0.0, 0.0, "replaced by CP")
-        return self._base.collective(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
+        return self._by_volume(layer_kind, c.label, c.collective.value, c.region, c.elements_per_token, t)
+
+    def _by_volume(
+        self, layer_kind: str, label: str, kind: str, region: str, elements_per_token: float, t: int
+    ) -> CollectiveTime:
+        """One collective of `kind` on the TP group (as it sits on the nodes) for a batch of `t` tokens,
+        whose ring volume per rank is `elements_per_token` x t; sized as nccl-tests does."""
+        nbytes = nccl_bytes(kind, elements_per_token * t, self.tp, self._base.b)
+        est = price_collective(kind, nbytes, self.tp, self.topology, ranks_per_node=self._base.rpn,
+                               sources=self._base.kernels.compute.sources)  # fmt: skip
+        return CollectiveTime(layer_kind, label, kind, region, nbytes, est.time_s, est.algorithm)
 
     def layout_copy_time(self, lg: LayerGraph, c: CommEvent, segs: Segments) -> float:
         """Seconds of the runtime's pack/unpack copy around collective `c` (0 when it needs none)."""
@@ -155,7 +167,7 @@ class Pricer:
     def final_reduce_time(self, collective: Collective, elements_per_token: float, segs: Segments) -> float:
         """The reduction of the last layer's partial sum before the final norm."""
         t = self._rows(segs)
-        return self._base.collective("final", "final", collective.value, "mlp_side", elements_per_token, t).seconds
+        return self._by_volume("final", "final", collective.value, "mlp_side", elements_per_token, t).seconds
 
     def stage_sends_time(self, stream: Placement, segs: Segments) -> float:
         """Every pipeline-stage boundary's send (and re-gather unless the stream is token-sharded)

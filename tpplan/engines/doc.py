@@ -200,6 +200,10 @@ def _overlaps() -> list[str]:
         ]
         if o.raises_for:
             out.append(f"- raises NotImplementedError for: {', '.join(o.raises_for)}")
+        if o.refused is not None:
+            r = o.refused
+            models = f"{r.model_words} ({', '.join(r.model_types)}: {r.model_source.cite()})"
+            out.append(f"- refused at startup: {'; '.join(r.axis_words)}; {models} ({r.source.cite()}); no launch line")
         if o.assumption:
             out.append(f"- what tpplan assumes: {o.assumption}")
         out += ["", *_gate_table(o.gates), ""]

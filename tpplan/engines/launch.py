@@ -153,7 +153,7 @@ def deployment_flags(
         if not ov.engine.startswith(engine):
             return DeploymentFlags(support.engine, (), f"{' '.join(ov.flags)} is {ov.engine}'s",
                                    ov.schedule_source.cite())  # fmt: skip
-        refused = ov.refusal(model_type)
+        refused = ov.refusal_on(model_type, mesh)
         if refused is not None:
             return DeploymentFlags(support.engine, (), refused, ov.schedule_source.cite())
         args += list(ov.flags)

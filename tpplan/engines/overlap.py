@@ -21,6 +21,7 @@ from typing import Literal
 
 from tpplan.engines import sglang_source, vllm
 from tpplan.engines.schema import Gate, Source
+from tpplan.mesh import Mesh
 
 
 def _sgl(path: str, function: str) -> Source:
@@ -39,6 +40,28 @@ DEEPEP_SMS = Source("deepseek-ai/DeepEP", "deep_ep/buffer.py", "Buffer.num_sms =
 STAGED_CALLERS = _sgl("batch_overlap/two_batch_overlap.py", "model_forward_stages (its callers in models/)")
 
 DenseLayers = Literal["whole batch", "two halves in turn"]
+
+
+@dataclass(frozen=True)
+class StartupRefusal:
+    """Deployments an engine refuses a micro-batch overlap for when the server starts (a ValueError)."""
+
+    axes: tuple[Literal["pp", "cp"], ...]  # PP > 1 / prefill CP > 1 beside the flag
+    axis_words: tuple[str, ...]  # the engine's words for each axis, in `axes` order
+    model_types: tuple[str, ...]  # tpplan model types whose engine class the flag is refused for
+    model_words: str  # the engine's words for those models
+    source: Source  # where the check is
+    model_source: Source  # where those model classes say what makes them refused
+
+    def reason(self, model_type: str, mesh: Mesh) -> str | None:
+        """Why the server refuses the flag on `mesh` for `model_type` (None: it does not, as read)."""
+        sizes = {"pp": mesh.pp, "cp": mesh.cp}
+        found = [w for axis, w in zip(self.axes, self.axis_words, strict=True) if sizes[axis] > 1]
+        if model_type in self.model_types:
+            found.append(f"{self.model_words} ({model_type}: {self.model_source.cite()})")
+        if not found:
+            return None
+        return f"the server refuses it at startup, 'does not support: {', '.join(found)}' ({self.source.cite()})"
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,9 @@ class MicroBatchOverlap:
     split_source: Source
     sms_source: Source
     assumption: str = ""  # what tpplan assumes where the source was not read
+    # What the server refuses at startup beside the flag: PP > 1 ("pp"), prefill CP > 1 ("cp"), and these
+    # model types (e.g. vLLM's hybrid model classes); None: not read for this engine
+    refused: StartupRefusal | None = None
 
     def wires(self, model_type: str) -> bool:
         return self.model_types is None or model_type in self.model_types
@@ -73,6 +99,13 @@ class MicroBatchOverlap:
         if model_type in self.raises_for:
             return f"its forward stages {model_type}'s layers and raises NotImplementedError ({gate.source.cite()})"
         return f"its {model_type} forward never splits the batch, so the flag changes nothing ({STAGED_CALLERS.cite()})"
+
+    def refusal_on(self, model_type: str, mesh: Mesh) -> str | None:
+        """`refusal`, and why the server refuses the flag on this deployment at startup (None: neither)."""
+        why = self.refusal(model_type)
+        if why is None and self.refused is not None:
+            why = self.refused.reason(model_type, mesh)
+        return why
 
 
 SGLANG_TBO = MicroBatchOverlap(
@@ -191,6 +224,24 @@ VLLM_DBO = MicroBatchOverlap(
     assumption=(
         "where vLLM runs the shared experts relative to the combine was not read: tpplan places them as "
         "SGLang does (before the combine wait)"
+    ),
+    # VllmConfig._validate_model_runner raises "The GPU model runner does not support: dual batch overlap
+    # with ..." (use_ubatching is on with --enable-dbo); multimodal, encoder-only, LoRA and PIECEWISE graphs too
+    refused=StartupRefusal(
+        axes=("pp", "cp"),
+        axis_words=(
+            "dual batch overlap with pipeline parallelism",
+            "dual batch overlap with prefill context parallelism",
+        ),
+        model_types=("kimi_k3", "kimi_linear", "qwen3_next", "qwen3_5", "qwen3_5_moe"),
+        model_words="dual batch overlap with hybrid models",
+        source=_vllm("config/vllm.py", "VllmConfig._get_dbo_unsupported_features / _validate_model_runner"),
+        model_source=_vllm(
+            "model_executor/models/interfaces.py",
+            "IsHybrid, implemented by KimiK3ForConditionalGeneration / KimiLinearForCausalLM "
+            "(models/kimi_k3/nvidia/model.py), Qwen3NextForCausalLM (model_executor/models/qwen3_next.py), "
+            "Qwen3_5ForCausalLMBase / Qwen3_5ForConditionalGeneration (models/qwen3_5/nvidia/model.py)",
+        ),
     ),
 )
 

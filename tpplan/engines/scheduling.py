@@ -38,6 +38,6 @@ MLA_DECODE_ABSORBED = (
         _sgl("models/deepseek_common/attention_backend_handler.py", "_handle_attention_backend"),
     ),
 )
-"""How both engines run MLA attention for decode tokens: what `cost.op_prices` prices them as."""
+"""How both engines run MLA attention for decode tokens: what `cost.kernel_pricer` prices them as."""
 
 __all__ = ["MLA_DECODE_ABSORBED"]

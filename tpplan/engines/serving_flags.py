@@ -39,9 +39,12 @@ VLLM_PD = Source(
     "vllm-project/vllm",
     "vllm/config/kv_transfer.py",
     "KVTransferConfig.kv_connector / kv_role ('kv_producer', 'kv_consumer', 'kv_both'), set by --kv-transfer-config "
-    "(engine/arg_utils.py); NixlConnector registered in distributed/kv_transfer/kv_connector/factory.py",
+    "(engine/arg_utils.py); NixlConnector registered in distributed/kv_transfer/kv_connector/factory.py; "
+    "kv_role 'kv_both' deprecated for NixlConnector: kv_producer on prefill servers, kv_consumer on decode servers "
+    "(distributed/kv_transfer/kv_connector/v1/nixl/connector.py NixlBaseConnector.__init__)",
     "0.34.0 (PyPI wheel)",
 )
+VLLM_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}  # NixlBaseConnector.__init__'s advice
 SOURCES = {"sglang": (SGLANG_MEMORY, SGLANG_PD), "vllm": (VLLM_MEMORY, VLLM_PD)}
 
 
@@ -68,10 +71,11 @@ def memory_flags(
 
 def pd_flags(engine: str, role: Role) -> tuple[str, ...]:
     """The flags that make an engine server one side of a P/D deployment (SGLang: its default transfer
-    backend, mooncake; vLLM: the NIXL connector, which the P/D loop's pull hand-off models)."""
+    backend, mooncake; vLLM: the NIXL connector, which the P/D loop's pull hand-off models, with the role
+    the connector asks for: kv_both is deprecated and refused under prefill CP)."""
     if _name(engine) == "sglang":
         return (f"--disaggregation-mode {role}",)
-    return ('--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'',)
+    return (f'--kv-transfer-config \'{{"kv_connector":"NixlConnector","kv_role":"{VLLM_KV_ROLE[role]}"}}\'',)
 
 
 def sources(engine: str) -> tuple[Source, Source]:

@@ -22,7 +22,9 @@ class KernelCall:
     routed experts), None for other cost classes; `rows` the token rows the rank runs it on.
     `redundant`: every rank does the same whole op (work a token-sharded plan could save).
     `repeat_of`/`times`: extra passes of an op already listed (CP's scan correction, the serial chain's
-    wait, `--cp-layers mla`'s K/V expansion for every key), priced as that op `times` over."""
+    wait, `--cp-layers mla`'s K/V expansion for every key), priced as that op `times` over.
+    Routed experts: `experts` is the rank's share (experts, intermediate width, routed rows;
+    `lower.shapes.expert_share`), `ep_size` the EP group where they are split EP (`Plan.ep_size`)."""
 
     op: str
     kind: str  # the op kind (`OpKind` value)
@@ -35,6 +37,8 @@ class KernelCall:
     origin: str = "tp_sp"  # the pass that emitted it
     repeat_of: str | None = None
     times: int = 1
+    ep_size: int | None = None
+    experts: tuple[int, int, float] | None = None
 
 
 @dataclass(frozen=True)

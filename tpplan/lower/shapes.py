@@ -1,6 +1,6 @@
 """Per-rank shapes of an op decision: the rows a rank runs an op on, a GEMM's (M, K, N), the routed
 experts' share. Written once: the lowering puts them on its kernel steps and the compute pricer
-prices those steps (`tpplan.cost.op_prices`)."""
+prices those steps (`tpplan.cost.kernel_pricer`)."""
 
 from __future__ import annotations
 

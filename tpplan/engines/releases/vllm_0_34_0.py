@@ -125,7 +125,10 @@ MEMORY = VllmMemory(
     (
         Fact(
             "block_size defaults to 64 (DEFAULT_BLOCK_SIZE); gpu_memory_utilization unset resolves to 1.0 with the "
-            "extensible KV cache (on by default on CUDA and ROCm) and 0.92 without",
+            "extensible KV cache and 0.92 without; unset, VllmConfig._resolve_extensible_kv_cache (config/vllm.py) "
+            "turns the extensible cache on on CUDA and ROCm except with kv_cache_memory_bytes or "
+            "num_gpu_blocks_override, elastic EP, a connector sharing the cache through legacy CUDA IPC or a custom "
+            "memory pool, or (not modelled) a KV connector transferring within a host without an IMEX channel",
             _v("config/cache.py", "CacheConfig.resolved_gpu_memory_utilization"),
         ),
         Fact(
@@ -164,8 +167,19 @@ VLLM_0_34_0 = EngineVersion(
         "changed from 0.33.0 where tpplan's records cite: ParallelConfig.use_sequence_parallel_moe adds the "
         "`mori` all2all backend; VllmConfig.max_concurrent_batches is pp_size + 1 under async scheduling with no "
         "model-runner condition (0.33.0: only on the V2 model runner, its default); KimiDecoderLayer.__init__ "
-        "builds DSA attention for layers a dsa_config names (Kimi-K3's preset has none); every other cited "
-        "function is unchanged",
+        "builds DSA attention for layers a dsa_config names (Kimi-K3's preset has none); the other cited functions "
+        "are unchanged or changed without changing what a record states (re-read at 0.34.0, 2026-12-06): "
+        "Scheduler.schedule adds an async-KV-load queue used only with --max-num-inflight-kv-loads (default None: "
+        "a P/D load still starts only when a running slot is free) and cache-aware admission "
+        "(--cache-aware-admission-window, default 0: strict arrival order); VllmConfig._set_cudagraph_sizes changes "
+        "only speculative-decoding tiers; MLAAttention.forward_impl moves the decode query's preparation into a "
+        "helper (decode tokens still run forward_mqa, prefill tokens forward_mha); kv_cache_planning reads specs "
+        "per layer and aligns block strides by their lcm; Worker.execute_model and EngineCore.step_with_batch_queue "
+        "drop V1-model-runner branches and wait through _wait_for_output; PassConfig still has no enable_sp",
+        "P/D: KVConnectorFactory.get_connector_class now maps NixlConnector to NixlPullConnector unless "
+        "kv_connector_extra_config's transfer_mode is 'push' (default 'pull', the hand-off recorded here); "
+        "NixlBaseConnector.__init__ warns that kv_role 'kv_both' is deprecated (kv_producer for prefill servers, "
+        "kv_consumer for decode servers), as 0.33.0 did",
         "chunked-prefill budget unchanged: --max-num-batched-tokens defaults to 8192 for the API server on GPUs "
         f"of at least 70 GiB other than A100, 16384 from 160 GiB, else 2048 ({BATCH_DEFAULTS.cite()}, the same "
         "function in 0.33.0); Scheduler.schedule now applies long_prefill_token_threshold only with chunked "

@@ -16,7 +16,7 @@ from tpplan.layout.schedule import ring_sent_bytes, value_dtype
 from tpplan.layout.transitions import TRANSITIONS, Transition
 from tpplan.lower.program import Collective, KernelCall, LayerProgram, LayoutCopy, Program, StageProgram, Step
 from tpplan.lower.registry import Pass, register
-from tpplan.lower.shapes import experts_shape, gemm_shape, token_rows
+from tpplan.lower.shapes import expert_share, experts_shape, gemm_shape, token_rows
 from tpplan.lower.sizes import nccl_bytes
 from tpplan.models.graph import LayerGraph
 from tpplan.models.opkinds import cost_class
@@ -40,7 +40,11 @@ def kernel_call(d: OpDecision, tokens: int, n: int, plan: Plan, dtype: str) -> K
         shape = experts_shape(d, tokens, n, plan)
     redundant = n > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs and cost != "experts"
     rows = token_rows(d, tokens, n)
-    return KernelCall(op.name, op.kind.value, cost, rows, shape, dtype, redundant, d)
+    if cost != "experts":
+        return KernelCall(op.name, op.kind.value, cost, rows, shape, dtype, redundant, d)
+    ep_size = plan.ep_size if d.split == "ep" else None
+    share = expert_share(d, tokens, n, plan)
+    return KernelCall(op.name, op.kind.value, cost, rows, shape, dtype, redundant, d, ep_size=ep_size, experts=share)
 
 
 def collective_steps(

@@ -1,25 +1,28 @@
-"""Per-step prices of one plan: the lowered program's steps (`tpplan.lower`) turned into seconds.
+"""The compute pricer: one kernel step of the lowered program (`tpplan.lower.KernelCall`) -> its price.
 
-- compute per kernel step (`op_time`, a `KernelCall`): GEMMs at the per-rank shape the lowering gives
-  them (the shape decides efficiency:
-  a 192-wide expert shard runs at ~2% of peak), grouped expert GEMMs at the rows an expert really
-  sees, attention and recurrences by a roofline with named efficiencies (or the physical kernel
-  models where the GPU has them), everything else by HBM bandwidth, then through a measured kernel
-  profile where the topology has one. Work every rank repeats is flagged `redundant`.
-- collectives: a `Collective` step (`collective_step`) at its priced bytes on its group as the group
-  sits on the nodes, or (the search, `collective`) a planned move by its volume on the TP group; the
-  runtime's layout copy beside one (`copy_step`).
+`KernelPricer.price` turns a kernel call into an `OpTime` (seconds, the source that priced it, whether
+it was extrapolated, and what its format was priced from), by the op-kind registry's cost class
+(`tpplan.models.opkinds.cost_class`):
 
-Formulas and assumptions: docs/cost-model.md ("Prediction").
+- `gemm`: the per-rank (M, K, N) the lowering gives the call (the shape decides efficiency: a
+  192-wide expert shard runs at ~2% of peak), through a kernel source, the decode GEMM model or
+  the GEMM table (`cost.compute.ComputePricer`);
+- `experts`: grouped GEMMs at the rows an expert really sees (tile-padded);
+- `attention`, `recurrence`, `attn_res`: a roofline with the GPU's named efficiencies, or the
+  physical kernel models where the GPU has them; decode tokens apart (`_decode_attention`);
+- everything else by HBM bandwidth; then through a measured kernel profile where the topology has one.
+
+Work every rank repeats is flagged `redundant`. The collectives, layout copies and stage sends beside
+the kernels are the collective pricer's (`cost.collective_pricer`). Formulas and assumptions:
+docs/cost-model.md ("Prediction").
 """
 
 from __future__ import annotations
 
 import math
 
-from tpplan.audit import PlanAudit, StoredWeights, audit_plan
-from tpplan.cost.comm import price_collective
-from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer, kernel_sources
+from tpplan.audit import StoredWeights
+from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer
 from tpplan.cost.expert_rows import FUSED_DECODE, RUNTIME_TILE, below_measured_rows, expert_rows
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
@@ -27,21 +30,14 @@ from tpplan.cost.gpu import ATTN_EFFICIENCY, RECURRENCE_EFFICIENCY
 from tpplan.cost.kernel_models import KernelModels
 from tpplan.cost.kernel_source import STAND_IN, AttentionShape, GemmShape, KernelPrice, KernelSource, MoeShape
 from tpplan.cost.kernel_source import GemmDtype as KernelDtype
-from tpplan.cost.prediction import LAYOUT_COPY_KERNEL, CollectiveTime, OpTime
+from tpplan.cost.prediction import OpTime
 from tpplan.cost.segments import Segments, batch_pairs, masked_pairs
 from tpplan.cost.topology import KernelProfile, Topology
-from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
+from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import DEFAULT_ENGINES
-from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import audit_cp, model_split
-from tpplan.layout.dp_attention import planned_transition
-from tpplan.layout.plan import Plan
-from tpplan.layout.propagate import CommEvent, OpDecision
-from tpplan.lower.passes.tp_sp import layout_copy_step
-from tpplan.lower.program import Collective, KernelCall, LayoutCopy
-from tpplan.lower.shapes import expert_share
-from tpplan.lower.sizes import nccl_bytes
-from tpplan.lower.stages import bank_snapshots, stage_layers
+from tpplan.layout.propagate import OpDecision
+from tpplan.lower.program import KernelCall
+from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
 from tpplan.models.opkinds import cost_class, kernel_key
@@ -53,6 +49,26 @@ MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's la
 # (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
 KERNEL_FLOOR_S = 3e-6  # smallest time of a non-GEMM kernel that does any work (launch + tail)
 EXPERT_M_TILE = RUNTIME_TILE.rows  # rows per expert of tpplan's runtime's grouped GEMMs (bench/model_fit.py)
+
+Priced = tuple[float, float, float]  # (seconds, flops, bytes) of one kernel on one rank
+
+
+def roofline_seconds(flops: float, nbytes: float, peak: float, hbm: float, efficiency: float = 1.0) -> float:
+    """A kernel bound by compute (`peak` FLOP/s at `efficiency`) or by HBM (`hbm` bytes/s), at least
+    the kernel floor; 0 for no work."""
+    if flops <= 0 and nbytes <= 0:
+        return 0.0
+    return max(flops / (peak * efficiency), nbytes / hbm, KERNEL_FLOOR_S)
+
+
+def profiled_seconds(topo: Topology, kernel: str | None, op_name: str, modelled: float) -> float:
+    """`modelled` through the topology's measured profile for this op (its own, 'kind:op name', first,
+    else its kernel class's); unchanged where the topology has none."""
+    profiles = topo.gpu.kernel_profiles
+    if kernel is None or not profiles or modelled <= 0:
+        return modelled
+    profile: KernelProfile | None = profiles.get(f"{kernel}:{op_name}") or profiles.get(kernel)
+    return profile.apply(modelled) if profile is not None else modelled
 
 
 def kernel_dtype(fmt: WeightFormat | None, compute: GemmDtype) -> KernelDtype:
@@ -69,69 +85,48 @@ def kernel_dtype(fmt: WeightFormat | None, compute: GemmDtype) -> KernelDtype:
     return compute
 
 
-class OpPrices:
-    """The prices of one plan's ops and collectives on `mesh` (checked against the topology: `deployment`), for one
-    batch at a time: `op_time` (one op decision), `collective` (one collective), `layout_copy` (the
-    runtime's copy around one), `weight_elem_bytes` (a weight's stored bytes per element).
-    `Predictor` sums them into layers, stages and memory; `cost.pricing.Pricer` hands them to a
-    search one at a time."""
+class KernelPricer:
+    """Prices kernel steps for one model on one GPU model, for a rank of `mesh`'s TP group, with the
+    weights in the checkpoint's formats (`dtype` activations; `expert_dtype` overriding the routed
+    experts'). `sources`: the kernel sources asked before tpplan's formulas (`cost.compute.kernel_sources`);
+    `impls`: kernel family -> the implementation a recorded run used (physical kernel models only where
+    they were fitted on it, and the runtime's host overhead charged); None for the serving set, whose
+    routed experts run `serving_engine`'s fused-MoE row tiles (default: the first default engine)."""
 
     def __init__(
         self,
         graph: ModelGraph,
-        plan: Plan,
         topo: Topology,
         mesh: Mesh,
         dtype: str,
         expert_dtype: str | None,
-        audit: PlanAudit | None = None,
-        impls: dict[str, str] | None = None,
         *,
-        engine: str | None = None,
-        sources: tuple[KernelSource, ...] | None = None,
+        sources: tuple[KernelSource, ...] = (),
+        impls: dict[str, str] | None = None,
+        serving_engine: str | None = None,
     ) -> None:
-        self.deployment = mesh.check(topo)
-        tp, pp = mesh.tp, mesh.pp
-        g = topo.gpus_per_node
-        if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
-            raise TpplanError(
-                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
-            )
-        self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, tp, pp, dtype
-        self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, tp, dtype)
-        # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
-        dep = self.deployment
-        self.cp_audit = audit_cp(graph, dep)
-        self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
-        self.cp_split = model_split(self.cp_audit)
-        self.counts = graph.counts()
+        self.graph, self.topo, self.mesh, self.dtype = graph, topo, mesh, dtype
+        self.serving_engine = serving_engine or DEFAULT_ENGINES[0]
         self.b = DTYPE_BYTES[dtype]
         self.gemm_dtype: GemmDtype = "fp8" if dtype == "fp8" else "bf16"
         self._init_weight_formats(expert_dtype)
-        self.rpn = self.deployment.ranks_per_node(g)
-        self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.peak = topo.gpu.peak_tflops("fp8" if dtype == "fp8" else "bf16") * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
-        # Compute prices: the GPU model's kernel sources (and, for `engine`, its database) before the formulas.
-        self.engine = engine
-        self.serving_engine = engine or DEFAULT_ENGINES[0]  # the engine whose kernels the serving set prices
-        self.compute = ComputePricer(topo.gpu, kernel_sources(topo.gpu, engine) if sources is None else sources)
-        self._source: str | None = None  # set by op_time: what priced the op it prices
+        self.compute = ComputePricer(topo.gpu, sources)
+        self._source: str | None = None  # set by price: what priced the op it prices
         self._decode_source: str | None = None  # set by _decode_attention: what priced a step's decode tokens
-        self.profiles = topo.gpu.kernel_profiles
         self.gemm_floor = measured_floor(topo.gpu)  # below it the GEMM table extrapolates
         # Physical kernel models where the GPU has fitted constants, for ops that run the kernel they
-        # were fitted on (`impls`: kernel family -> implementation a recorded run used; None: serving set).
-        # Host overhead of tpplan's runtime (`host_s` of a set) is charged only where a recorded run of it is priced.
+        # were fitted on. Host overhead of tpplan's runtime (`host_s` of a set) is charged only where a
+        # recorded run of it is priced.
         models = topo.gpu.kernel_models
         self.models = KernelModels(models, charge_host=impls is not None) if models else None
         self.impls = impls
-        self._extrapolated = False  # set by op_time for the op it prices
+        self._extrapolated = False  # set by price for the op it prices
         block = graph.spec.attn_res_block_size
         n_layers = graph.spec.num_layers
         self.bank_mean = sum(bank_snapshots(graph, i) for i in range(n_layers)) / n_layers if block else 0.0
 
-    # -- compute ---------------------------------------------------------------------------
     def _init_weight_formats(self, expert_dtype: str | None) -> None:
         """Weight bytes and GEMM dtype per op from the checkpoint's quantization_config
         (`tpplan.audit.StoredWeights`, the one place memory figures take them from); `--expert-dtype`
@@ -139,7 +134,6 @@ class OpPrices:
         the config names (`kernel_dtype`: block-scaled or per-tensor fp8, mxfp4, nvfp4, int4)."""
         self.stored = StoredWeights(self.graph, self.dtype, expert_dtype)
         self.op_weights = self.stored.op_weights
-        self.expert_override = self.stored.expert_override
         self.expert_bytes = self.stored.expert_bytes
         self.experts_gemm_dtype: GemmDtype = "fp8" if self.stored.experts_fp8 else self.gemm_dtype
         experts = next((w.fmt for (k, name), w in self.op_weights.items() if self._is_experts(k, name)), None)
@@ -147,7 +141,7 @@ class OpPrices:
             self.moe_dtype: KernelDtype = {"fp8": "fp8", "mxfp4": "mxfp4"}.get(expert_dtype, "bf16")  # type: ignore[assignment]
         else:
             self.moe_dtype = kernel_dtype(experts, self.experts_gemm_dtype)
-        self._note: str | None = None  # set by op_time: where the op's format was priced from other rows
+        self._note: str | None = None  # set by price: where the op's format was priced from other rows
 
     def _is_experts(self, kind: str, name: str) -> bool:
         return any(o.name == name and o.kind is OpKind.EXPERTS for o in self.graph.kinds[kind].ops)
@@ -215,7 +209,7 @@ class OpPrices:
 
     def gemm_at(self, kind: str, op: Op, m: int, k: int, n: int) -> float:
         """`op`'s GEMM at another shape (async TP's T/N-row chunks), through the pricer and weight format
-        `op_time` uses, before any measured kernel profile."""
+        `price` uses, before any measured kernel profile."""
         gd, wb, kd = self._gemm_format(kind, op)
         return self._gemm(m, k, n, gd, wb, kd) if m else 0.0
 
@@ -226,17 +220,17 @@ class OpPrices:
         return op.flops_per_token * t * share, widths * t * self.b * share + extra_bytes
 
     def _roofline(self, flops: float, nbytes: float, efficiency: float = 1.0) -> float:
-        if flops <= 0 and nbytes <= 0:
-            return 0.0
-        return max(flops / (self.peak * efficiency), nbytes / self.hbm, KERNEL_FLOOR_S)
+        return roofline_seconds(flops, nbytes, self.peak, self.hbm, efficiency)
 
-    def _experts(self, d: OpDecision, t: int) -> tuple[float, float, float, tuple[int, int, int]]:
+    def _experts(self, call: KernelCall, t: int) -> tuple[float, float, float, tuple[int, int, int]]:
         """Grouped expert GEMMs (gate+up, then down) on one rank: rows routed to its experts."""
+        d = call.decision
         op = d.op
         e, k = op.int_attr("experts"), op.int_attr("top_k")
         ew, inter = op.int_attr("width"), op.int_attr("intermediate")
-        n = self.tp
-        e_loc, i_loc, rows = expert_share(d, t, n, self.plan)  # the lowering's per-rank share
+        n, ep = self.mesh.tp, call.ep_size or 1
+        assert call.experts is not None  # the lowering's per-rank share of the routed experts
+        e_loc, i_loc, rows = call.experts
         engine = self.serving_engine if self.impls is None else None  # a recorded run: tpplan's runtime's tile
         share = expert_rows(engine, e_loc, e, k, t, rows, self.moe_dtype)
         active, m_pad = share.active, share.padded
@@ -264,8 +258,7 @@ class OpPrices:
         if fused_decode or (phys is None and engine is not None and share.one_tile):
             self._source = FUSED_DECODE
         if self.compute.sources:
-            tp_, ep_ = {"a2a": (1, n), "ep": (n // (self.plan.ep_size or 1), self.plan.ep_size or 1)}.get(
-                str(d.split), (n, 1))  # fmt: skip
+            tp_, ep_ = {"a2a": (1, n), "ep": (n // ep, ep)}.get(str(d.split), (n, 1))
             moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)
             price = self.compute.moe(moe)
             if price is not None:
@@ -302,116 +295,134 @@ class OpPrices:
             return None
         return ffn + m.routing(rows, tokens, width, self.hbm, fused=self.impls is None)
 
-    def op_time(self, lg: LayerGraph, call: KernelCall, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
-        """One kernel step of the lowered program (`tpplan.lower.KernelCall`: its per-rank shape, rows and
-        whether every rank repeats it) priced for a batch of `t` tokens on this rank (`pairs`, `ctx`, `segs`:
-        what its attention sees)."""
+    def price(self, lg: LayerGraph, call: KernelCall, t: int, pairs: int, ctx: int, segs: Segments) -> OpTime:
+        """One kernel step of the lowered program (its per-rank shape, rows and whether every rank repeats
+        it) priced for a batch of `t` tokens on this rank (`pairs`, `ctx`, `segs`: what its attention sees)."""
         d = call.decision
         op = d.op
-        redundant = call.redundant
         shape = None
         self._extrapolated = False
         self._source = ROOFLINE
         self._note = None
         cost = cost_class(op)
         if cost == "gemm":
-            assert call.shape is not None  # a GEMM step's per-rank (M, K, N)
-            shape = m, kk, nn = call.shape
-            gd, wb, kd = self._gemm_format(lg.kind, op)
-            small = self._small_gemm(m, kk, nn, gd, wb) if m else None  # a decode step's projection
-            secs = small if small is not None else (self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0)
-            nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
-            flops, cat = 2.0 * m * kk * nn, "gemm"
+            secs, flops, nbytes, shape = self._gemm_step(lg, call)
+            cat = "gemm"
         elif cost == "experts":
-            secs, flops, nbytes, shape = self._experts(d, t)
+            secs, flops, nbytes, shape = self._experts(call, t)
             cat = "moe"
         elif cost == "attention":
-            share = d.compute_share
-            absorbed = self._decode_attention(lg, op, share, segs)
-            if absorbed is not None:  # decode tokens (MLA absorbed; GQA by its decode model): apart
-                segs = tuple(s for s in segs if s[0] > 1)
-                t, pairs, ctx = batch_pairs(segs)
-            if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
-                pairs, ctx = masked_pairs(segs, op.optional_int_attr("window"), op.optional_int_attr("chunk"))
-            flops = op.ctx_flops_per_token * pairs * share
-            kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
-            _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
-            secs, cat = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency), "attention"
-            impl = str(op.attrs.get("impl"))
-            model = self._model(impl)
-            heads = op.int_attr("heads", 1)
-            h_rank = max(1, round(heads * share))
-            dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
-            if model is not None and t > 0:
-                dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
-                phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
-                secs = secs if phys is None else phys
-                name = "attention_prefix" if ctx > 0 else "attention_causal"
-                self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t,
-                                                                               context=ctx)  # fmt: skip
-                self._source = ROOFLINE if phys is None else KERNEL_MODEL
-            if self.compute.sources and t > 0:
-                secs = self._sourced_attention(op, impl, h_rank, dqk, dv, share, segs, secs)
-            if absorbed is not None:
-                secs = (secs if segs else 0.0) + absorbed[0]
-                flops, nbytes = (flops + absorbed[1], nbytes + absorbed[2]) if segs else absorbed[1:]
-                self._source = self._decode_source if not segs else self._source
+            (secs, flops, nbytes), cat = self._attention(lg, d, t, pairs, ctx, segs), "attention"
         elif cost == "recurrence":
-            flops, nbytes = self._elementwise(lg, d, t)
-            secs, cat = self._roofline(flops, nbytes, self.topo.gpu.recurrence_efficiency), "recurrence"
-            impl = str(op.attrs.get("impl"))
-            model = self._model(impl)
-            # GDN's state, and its work, is per v head (a key head serves v_heads / k_heads of them)
-            heads = op.int_attr("v_heads", op.int_attr("heads", 1))
-            h_rank = max(1, round(heads * d.compute_share))
-            phys = None if model is None else model.recurrence(impl, h_rank, t)
-            secs = secs if phys is None else phys
-            self._source = ROOFLINE if phys is None else KERNEL_MODEL
-            self._extrapolated = phys is not None and model is not None and model.extrapolated(
-                impl, heads=h_rank, tokens=t)  # fmt: skip
+            (secs, flops, nbytes), cat = self._recurrence(lg, d, t), "recurrence"
         elif cost == "free":
             secs = flops = nbytes = 0.0
             cat = "elementwise"
         elif cost == "attn_res":
-            rows = call.rows
-            nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
-            flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
-            secs, cat = self._roofline(flops, nbytes), "elementwise"
-            model = self._model("attn_res")
-            phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
-            # The op also applies the output RMSNorm (`opkind_defs._attn_res_run`), which the sweeps time
-            # apart from the depth softmax: its [rows, hidden] read and write at the HBM roofline.
-            secs = secs if phys is None else phys + self._roofline(0.0, 2.0 * lg.hidden * rows * self.b)
-            self._source = ROOFLINE if phys is None else KERNEL_MODEL
-            self._extrapolated = phys is not None and model is not None and model.extrapolated(
-                "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
+            (secs, flops, nbytes), cat = self._attn_res(lg, call.rows), "elementwise"
         else:  # elementwise (norms, gates, short convolutions): memory-bound
-            flops, nbytes = self._elementwise(lg, d, t)
-            secs, cat = self._roofline(flops, nbytes), "elementwise"
-            if op.kind is OpKind.TOKEN_MIX:  # a memory-bound token mixer (short convolution): its stream model
-                impl = str(op.attrs.get("impl"))
-                model = self._model(impl)
-                phys = None if model is None else model.stream(nbytes)
-                secs = secs if phys is None else phys
-                self._source = ROOFLINE if phys is None else KERNEL_MODEL
-                channels = lg.values[op.output].width * d.compute_share
-                self._extrapolated = phys is not None and model is not None and model.extrapolated(
-                    impl, channels=channels, tokens=t)  # fmt: skip
-            elif op.kind in (OpKind.NORM, OpKind.HEAD_NORM):  # a fused RMSNorm: its stream model, where fitted
-                model = self._model("norm")
-                phys = None if model is None else model.norm(nbytes)
-                secs = secs if phys is None else phys
-                self._source = ROOFLINE if phys is None else KERNEL_MODEL
-                width = lg.values[op.output].width * d.compute_share
-                self._extrapolated = phys is not None and model is not None and model.extrapolated(
-                    "norm", width=width, tokens=t)  # fmt: skip
-        if not flops and not nbytes:
-            redundant = False
+            (secs, flops, nbytes), cat = self._memory_bound(lg, d, t), "elementwise"
+        redundant = call.redundant and bool(flops or nbytes)
         kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
         measured = self._profiled(kernel, op.name, secs)
         source = PROFILE if measured != secs else (None if cost == "free" else self._source)
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
                       self._extrapolated, source, self._note)  # fmt: skip
+
+    def _gemm_step(self, lg: LayerGraph, call: KernelCall) -> tuple[float, float, float, tuple[int, int, int]]:
+        """A linear op at the call's per-rank (M, K, N), in its weight format."""
+        assert call.shape is not None  # a GEMM step's per-rank (M, K, N)
+        m, kk, nn = call.shape
+        gd, wb, kd = self._gemm_format(lg.kind, call.decision.op)
+        small = self._small_gemm(m, kk, nn, gd, wb) if m else None  # a decode step's projection
+        secs = small if small is not None else (self._gemm(m, kk, nn, gd, wb, kd) if m else 0.0)
+        nbytes = gemm_bytes(m, kk, nn, gd) + (kk * nn * (wb - (1 if gd == "fp8" else 2)) if wb else 0.0)
+        return secs, 2.0 * m * kk * nn, nbytes, call.shape
+
+    def _attention(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> Priced:
+        """Attention: decode tokens apart (`_decode_attention`), the rest by the roofline, the physical
+        kernel model or a kernel source, over the pairs its mask (window, chunk) lets it score."""
+        op, share = d.op, d.compute_share
+        absorbed = self._decode_attention(lg, op, share, segs)
+        if absorbed is not None:  # decode tokens (MLA absorbed; GQA by its decode model): apart
+            segs = tuple(s for s in segs if s[0] > 1)
+            t, pairs, ctx = batch_pairs(segs)
+        if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
+            pairs, ctx = masked_pairs(segs, op.optional_int_attr("window"), op.optional_int_attr("chunk"))
+        flops = op.ctx_flops_per_token * pairs * share
+        kv_w = lg.values[op.inputs[1]].width + (lg.values[op.inputs[2]].width if len(op.inputs) > 2 else 0)
+        _, nbytes = self._elementwise(lg, d, t, extra_bytes=ctx * kv_w * self.b * share)
+        secs = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency)
+        impl = str(op.attrs.get("impl"))
+        model = self._model(impl)
+        heads = op.int_attr("heads", 1)
+        h_rank = max(1, round(heads * share))
+        dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
+        if model is not None and t > 0:
+            dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
+            phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
+            secs = secs if phys is None else phys
+            name = "attention_prefix" if ctx > 0 else "attention_causal"
+            self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t, context=ctx)
+            self._source = ROOFLINE if phys is None else KERNEL_MODEL
+        if self.compute.sources and t > 0:
+            secs = self._sourced_attention(op, impl, h_rank, dqk, dv, share, segs, secs)
+        if absorbed is None:
+            return secs, flops, nbytes
+        if not segs:
+            self._source = self._decode_source
+            return absorbed
+        return secs + absorbed[0], flops + absorbed[1], nbytes + absorbed[2]
+
+    def _recurrence(self, lg: LayerGraph, d: OpDecision, t: int) -> Priced:
+        """A linear-attention recurrence (KDA, GDN): the roofline, or its physical kernel model."""
+        op = d.op
+        flops, nbytes = self._elementwise(lg, d, t)
+        secs = self._roofline(flops, nbytes, self.topo.gpu.recurrence_efficiency)
+        impl = str(op.attrs.get("impl"))
+        model = self._model(impl)
+        # GDN's state, and its work, is per v head (a key head serves v_heads / k_heads of them)
+        heads = op.int_attr("v_heads", op.int_attr("heads", 1))
+        h_rank = max(1, round(heads * d.compute_share))
+        phys = None if model is None else model.recurrence(impl, h_rank, t)
+        self._source = ROOFLINE if phys is None else KERNEL_MODEL
+        self._extrapolated = phys is not None and model is not None and model.extrapolated(
+            impl, heads=h_rank, tokens=t)  # fmt: skip
+        return (secs if phys is None else phys), flops, nbytes
+
+    def _attn_res(self, lg: LayerGraph, rows: int) -> Priced:
+        """K3's attention residual over the bank of block snapshots (its mean depth), and the output RMSNorm."""
+        nbytes = (self.bank_mean + 2) * lg.hidden * rows * self.b
+        flops = 4.0 * (self.bank_mean + 1) * lg.hidden * rows
+        secs = self._roofline(flops, nbytes)
+        model = self._model("attn_res")
+        phys = None if model is None else model.attn_res(rows, lg.hidden, self.bank_mean)
+        # The op also applies the output RMSNorm (`opkind_defs._attn_res_run`), which the sweeps time
+        # apart from the depth softmax: its [rows, hidden] read and write at the HBM roofline.
+        secs = secs if phys is None else phys + self._roofline(0.0, 2.0 * lg.hidden * rows * self.b)
+        self._source = ROOFLINE if phys is None else KERNEL_MODEL
+        self._extrapolated = phys is not None and model is not None and model.extrapolated(
+            "attn_res", tokens=rows, snapshots=self.bank_mean)  # fmt: skip
+        return secs, flops, nbytes
+
+    def _memory_bound(self, lg: LayerGraph, d: OpDecision, t: int) -> Priced:
+        """Norms, gates, short convolutions: HBM-bound, or the stream/norm model where the GPU has one."""
+        op = d.op
+        flops, nbytes = self._elementwise(lg, d, t)
+        secs = self._roofline(flops, nbytes)
+        if op.kind is OpKind.TOKEN_MIX:  # a memory-bound token mixer (short convolution): its stream model
+            family, axis = str(op.attrs.get("impl")), "channels"
+        elif op.kind in (OpKind.NORM, OpKind.HEAD_NORM):  # a fused RMSNorm: its stream model, where fitted
+            family, axis = "norm", "width"
+        else:
+            return secs, flops, nbytes
+        model = self._model(family)
+        phys = None if model is None else (model.stream(nbytes) if axis == "channels" else model.norm(nbytes))
+        self._source = ROOFLINE if phys is None else KERNEL_MODEL
+        width = lg.values[op.output].width * d.compute_share
+        self._extrapolated = phys is not None and model is not None and model.extrapolated(
+            family, **{axis: width, "tokens": t})  # fmt: skip
+        return (secs if phys is None else phys), flops, nbytes
 
     def _decode_attention(
         self, lg: LayerGraph, op: Op, share: float, segs: Segments
@@ -472,56 +483,17 @@ class OpPrices:
         return price.seconds
 
     def _profiled(self, kernel: str | None, op_name: str, modelled: float) -> float:
-        """`modelled` through the measured profile for this op (its own, 'kind:op name', first, else its
-        kind's); unchanged where the topology has none."""
-        if kernel is None or not self.profiles or modelled <= 0:
-            return modelled
-        profile: KernelProfile | None = self.profiles.get(f"{kernel}:{op_name}") or self.profiles.get(kernel)
-        return profile.apply(modelled) if profile is not None else modelled
-
-    # -- communication ---------------------------------------------------------------------
-    def collective(
-        self, layer_kind: str, label: str, kind: str, region: str, elements_per_token: float, t: int
-    ) -> CollectiveTime:
-        """One collective of `kind` on the TP group (as it sits on the nodes) for a batch of `t`
-        tokens, whose ring volume per rank is `elements_per_token` x t; sized as nccl-tests does."""
-        nbytes = nccl_bytes(kind, elements_per_token * t, self.tp, self.b)
-        est = price_collective(kind, nbytes, self.tp, self.topo, ranks_per_node=self.rpn, sources=self.compute.sources)
-        return CollectiveTime(layer_kind, label, kind, region, nbytes, est.time_s, est.algorithm)
-
-    def collective_step(self, layer_kind: str, step: Collective) -> CollectiveTime:
-        """One collective step of the lowered program: its priced bytes on its group as the group sits on
-        the nodes, times the calls it chains one after another."""
-        est = price_collective(step.kind, step.priced_bytes, step.group, self.topo, ranks_per_node=step.ranks_per_node,
-                               sources=self.compute.sources)  # fmt: skip
-        return CollectiveTime(layer_kind, step.label, step.kind, step.region, step.priced_bytes,
-                              est.time_s * step.chain, est.algorithm)  # fmt: skip
-
-    def copy_step(self, layer_kind: str, step: LayoutCopy) -> OpTime:
-        """The runtime's layout copy beside a collective (a `tpplan.lower.LayoutCopy` step): memory-bound
-        compute of its own, bytes = read + write of the local buffer."""
-        nbytes = step.elements * self.b
-        modelled = self._roofline(0.0, nbytes)
-        secs = self._profiled(LAYOUT_COPY_KERNEL, step.name, modelled)
-        source = PROFILE if secs != modelled else ROOFLINE
-        return OpTime(layer_kind, step.name, "layout", "elementwise", 0.0, nbytes, secs, False, None,
-                      LAYOUT_COPY_KERNEL, modelled, False, source)  # fmt: skip
-
-    def layout_copy(self, lg: LayerGraph, c: CommEvent, t: int) -> OpTime | None:
-        """The runtime's layout copy around collective `c` for `t` tokens, if its transition needs one
-        (the lowering's `layout_copy_step`), priced by `copy_step`."""
-        if c.internal:
-            return None
-        move = planned_transition(self.plan, c.collective, c.src, c.dst)  # DP SUM_LEN: its all-reduce moves
-        step = layout_copy_step(lg, c, move, self.tp, t)
-        return None if step is None else self.copy_step(lg.kind, step)
+        return profiled_seconds(self.topo, kernel, op_name, modelled)
 
 
 __all__ = [
     "ATTN_EFFICIENCY",
     "EXPERT_M_TILE",
     "KERNEL_FLOOR_S",
+    "MLA_IMPLS",
     "RECURRENCE_EFFICIENCY",
-    "WEIGHT_BITS",
-    "OpPrices",
+    "KernelPricer",
+    "kernel_dtype",
+    "profiled_seconds",
+    "roofline_seconds",
 ]
