@@ -16,6 +16,7 @@ Formulas and assumptions: docs/cost-model.md ("Prediction").
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from tpplan.audit import PlanAudit, audit_plan, stage_weights
@@ -166,14 +167,18 @@ class Predictor:
         self._kind_cache[key] = kt
         return kt
 
-    def layers_seconds(self, results: list[LayerResult], segs: Segments) -> float:
-        """Consecutive layers of one batch: their sum, or as the plan's overlap (micro-batch, async TP) runs them."""
+    def layers_seconds(self, layers: Sequence[int], segs: Segments) -> float:
+        """Consecutive layers (the audit's indices) of one batch: their sum, or as the plan's overlap
+        (micro-batch, async TP: the program's fused pairs) runs them."""
+        every = self.audit.layer_results
+        results = [every[i] for i in layers]
         if self.plan.overlap is None:
             return sum(self.kind_time(r, segs).total_s for r in results)
         if self.plan.overlap == "asynctp":  # GEMM + collective fusion (cost/async_tp.py)
             from tpplan.cost.async_tp import fused_layers_seconds
 
-            return fused_layers_seconds(self.kernels, self.plan.name, self.kind_time, results, segs)
+            pairs = self.outline(segs).fused
+            return fused_layers_seconds(self.kernels, self.plan.name, self.kind_time, every, layers, pairs, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
         from tpplan.engines.overlap import overlap_named
 
@@ -213,9 +218,8 @@ class Predictor:
         hit = self._stage_cache.get(segs)
         if hit is not None:
             return hit
-        results = self.audit.layer_results
         stages = self.outline(segs).stages
-        stage_s = [self.layers_seconds([results[layer.index] for layer in s.layers], segs) for s in stages]
+        stage_s = [self.layers_seconds([layer.index for layer in s.layers], segs) for s in stages]
         sends = [self.send_seconds(s.send) if s.send is not None else 0.0 for s in stages]
         final = self.final_seconds(segs)
         stage_s[-1] += final
