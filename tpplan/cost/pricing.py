@@ -122,8 +122,8 @@ class Pricer:
     def collective_time(self, layer_kind: str, c: CommEvent, segs: Segments) -> CollectiveTime:
         """One planned move of a layer for one batch: the collective steps the lowering makes of it (none
         where a CP exchange takes its place, `--cp-layers mla`), priced as `predict_plan` prices them."""
-        layer, _ = self.fragment(LayerResult(layer_kind, self.tp, comms=[c]), segs)
-        priced = [self.comms.collective(layer_kind, s) for s in layer.collectives() if s.priced and s.event == c]
+        layer, ctx = self.fragment(LayerResult(layer_kind, self.tp, comms=[c]), segs)
+        priced = self._base.collective_times(layer_kind, [s for s in layer.collectives() if s.event == c], ctx)
         if not priced:
             why = "replaced by CP" if self.replaced_by_cp(layer_kind, c) else "not run"
             return CollectiveTime(layer_kind, c.label, c.collective.value, c.region, 0.0, 0.0, why)
