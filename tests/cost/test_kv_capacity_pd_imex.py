@@ -15,6 +15,7 @@ from tpplan.cost.kv_capacity import kv_capacity
 from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import select_topology
 from tpplan.engines import kv_sizing
+from tpplan.engines.doc import render
 from tpplan.engines.schema import VllmMemory
 from tpplan.engines.serving_flags import memory_flags
 from tpplan.mesh import Mesh
@@ -38,8 +39,9 @@ def test_the_rule_is_read_for_0_34_0_only() -> None:
     new, old = kv_sizing("vllm@0.34.0"), kv_sizing("vllm@0.33.0")
     assert isinstance(new, VllmMemory) and isinstance(old, VllmMemory)
     assert new.pd_fabric is not None and new.pd_fabric.connector == "NixlConnector"
-    assert new.pd_fabric.fact.source.function == "VllmConfig._resolve_extensible_kv_cache"
-    assert new.pd_fabric.fact in new.facts  # docs/engines.md lists it
+    assert new.pd_fabric.facts[0].source.function == "VllmConfig._resolve_extensible_kv_cache"
+    assert all(f.source.ref == "0.34.0 (PyPI wheel)" for f in new.pd_fabric.facts)
+    assert new.pd_fabric.facts[0].text in render()  # docs/engines.md lists them
     assert old.for_server(True, False) is old  # 0.33.0 has no extensible cache to turn off
 
 
@@ -58,6 +60,8 @@ def test_a_pd_server_without_an_imex_channel_sizes_the_profiled_way(imex: bool |
     cell = pd.bytes_per_token
     assert pd.tokens == int(pd.pool_bytes // (64 * cell)) * 64
     assert pd.batch == min(int(pd.pool_bytes // (math.ceil(LONG / 64) * 64 * cell)), 1024)
+    assert pd.facts[0] == kv_sizing("vllm@0.34.0").pd_fabric.facts[0].source.cite()  # type: ignore[union-attr]
+    assert len(pd.facts) > len(agg.facts)  # the P/D rule's sources added
     said = "imex_channel = false" if imex is False else "imex_channel not stated, taken as none"
     assert "IMEX channel" in pd.reserve_text and said in pd.reserve_text and "IMEX" not in agg.reserve_text
     # the launch line follows the sizing

@@ -309,7 +309,7 @@ class FabricSharing:
 
     connector: str  # "NixlConnector"
     utilization: float  # gpu_memory_utilization unset, once the extensible cache is off
-    fact: Fact
+    facts: tuple[Fact, ...]  # the rule first, then what it rests on (what a P/D server's sizing cites besides)
 
 
 @dataclass(frozen=True)
@@ -328,7 +328,9 @@ class VllmMemory:
         rule = self.pd_fabric
         if not pd or imex_channel or not self.extensible or rule is None:
             return self
-        return replace(self, gpu_memory_utilization=rule.utilization, extensible=False)
+        return replace(
+            self, gpu_memory_utilization=rule.utilization, extensible=False, facts=(*rule.facts, *self.facts)
+        )
 
     def max_num_seqs(self, gpu_gib: float, gpu_name: str = "") -> int:
         """max_num_seqs unset (OpenAI server): 1024 at 70 GiB and more except A100 and GB10, else 256."""
