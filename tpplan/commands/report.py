@@ -19,7 +19,17 @@ from tpplan.commands._options import (
     json_option,
     load_cluster,
 )
-from tpplan.commands._serving import ArrivalRateOpt, RequestsOpt, SeedOpt, TraceOpt, arrival_of, asked, serving_arrivals
+from tpplan.commands._serving import (
+    ArrivalRateOpt,
+    RequestsOpt,
+    SeedOpt,
+    SpecOpt,
+    TraceOpt,
+    arrival_of,
+    asked,
+    serving_arrivals,
+    speculative_of,
+)
 from tpplan.commands._targets import (
     GpusOpt,
     RankPdOpt,
@@ -154,6 +164,7 @@ def register(app: typer.Typer) -> None:
         target_stat: TargetStatOpt = "p90",
         gpus: GpusOpt = None,
         pd: RankPdOpt = True,
+        spec: SpecOpt = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags;
         under --ttft-target/--tpot-target a Serving section with the deployment(s) chosen and their launch lines."""
@@ -203,6 +214,11 @@ def register(app: typer.Typer) -> None:
 
             check_workload(targets, wls[0], graph.spec.numerics.stated_context)
         arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
+        if spec is not None and targets is None:
+            from tpplan.errors import TpplanError
+
+            raise TpplanError("--spec", "prices the Serving section's decode steps", "add --ttft-target/--tpot-target")
+        speculative = speculative_of(spec, True)
         if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
             serving_arrivals(arrival, wls[0], graph)
         ask = MemoAsk(
@@ -225,8 +241,8 @@ def register(app: typer.Typer) -> None:
             if targets is not None:
                 say("serving each deployment under the targets")
                 analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps,
-                                        dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers, cp_kv=cp_kv,
-                                        memory_cap_gib=memory_cap_value(memory_cap))  # fmt: skip
+                                        speculative, dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers,
+                                        cp_kv=cp_kv, memory_cap_gib=memory_cap_value(memory_cap))  # fmt: skip
             data = memo_data(analysis, command, graph, wls[0], ask) if json_target else None
             say("writing report.md, report.html and the plots")
             path = write_memo(build_memo(analysis, command), out)

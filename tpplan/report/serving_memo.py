@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.models.graph import ModelGraph
     from tpplan.search.results import RankedPlan, SearchOutcome
     from tpplan.search.serving_points import DeploymentAnswer
@@ -61,33 +62,37 @@ class ServingMemo:
 
 def build_serving_memo(
     outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, *, arrival: Arrival | None,
-    engines: tuple[str, ...] | None, pd: bool = True,
+    engines: tuple[str, ...] | None, pd: bool = True, speculative: Speculative | None = None,
 ) -> ServingMemo:  # fmt: skip
-    """The search's deployments served under `targets` and the chosen pools' launch lines."""
+    """The search's deployments served under `targets` and the chosen pools' launch lines (`speculative`:
+    decode steps priced as speculative steps, and its flags on the decode-serving pools' lines)."""
     from tpplan.engines.serving_flags import sources
     from tpplan.search.under_targets import serve_under_targets
 
     rate = arrival if arrival is not None and arrival.rate is not None else None
     got = serve_under_targets(outcome, graph, workload, targets, arrival=rate,
-                              requests=arrival.requests if arrival is not None else None, disaggregated=pd)  # fmt: skip
+                              requests=arrival.requests if arrival is not None else None, disaggregated=pd,
+                              speculative=speculative)  # fmt: skip
     memo = ServingMemo(got, workload, (), ())
     launches: list[PoolLaunch] = []
     for a in memo.chosen():
-        launches += _launches(a, outcome, graph, workload, engines)
+        launches += _launches(a, outcome, graph, workload, engines, speculative)
     cites = tuple(dict.fromkeys(s.cite() for e in ("sglang", "vllm") for s in sources(e)))
     return ServingMemo(got, workload, tuple(launches), cites)
 
 
 def _launches(
-    a: DeploymentAnswer, outcome: SearchOutcome, graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None
-) -> list[PoolLaunch]:
+    a: DeploymentAnswer, outcome: SearchOutcome, graph: ModelGraph, workload: Workload,
+    engines: tuple[str, ...] | None, spec: Speculative | None = None,
+) -> list[PoolLaunch]:  # fmt: skip
     p = a.best or a.closest
     if a.decode_ranked is None:
-        return _pool(a.label, "aggregated", a.ranked, a.replicas, p.load.clients, outcome, graph, workload, engines)
+        return _pool(a.label, "aggregated", a.ranked, a.replicas, p.load.clients, outcome, graph, workload, engines,
+                     spec)  # fmt: skip
     n_p, n_d = (int(x) for x in (a.ratio or "1:1").split(":"))
     per_d = math.ceil(p.load.clients / n_d) if p.load.clients is not None else None
-    return [*_pool(a.label, "prefill", a.ranked, n_p, None, outcome, graph, workload, engines),
-            *_pool(a.label, "decode", a.decode_ranked, n_d, per_d, outcome, graph, workload, engines)]  # fmt: skip
+    pre = _pool(a.label, "prefill", a.ranked, n_p, None, outcome, graph, workload, engines)
+    return [*pre, *_pool(a.label, "decode", a.decode_ranked, n_d, per_d, outcome, graph, workload, engines, spec)]
 
 
 def with_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
@@ -98,15 +103,17 @@ def with_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]
 
 def _pool(
     label: str, pool: str, r: RankedPlan, instances: int, running: int | None, outcome: SearchOutcome,
-    graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None,
+    graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None, spec: Speculative | None = None,
 ) -> list[PoolLaunch]:  # fmt: skip
-    """Both engines' launch lines for one pool: the recipe's flags for the plan at its mesh, the memory flags."""
+    """Both engines' launch lines for one pool: the recipe's flags for the plan at its mesh, the memory flags,
+    and a decode-serving pool's speculative decoding flags (`spec`; the memory flags hold its running cap)."""
     from dataclasses import replace
 
     from tpplan.cost.predictor import cached_predictor
     from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
     from tpplan.engines.serving_flags import memory_flags, pd_flags
+    from tpplan.engines.speculative import launch_flags
     from tpplan.errors import TpplanError
     from tpplan.mesh import Mesh
 
@@ -134,6 +141,7 @@ def _pool(
             continue
         flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
         flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
+        flags += launch_flags(ev.key, spec) if spec is not None else ()
         cmd = replace(rec, args=with_flags(rec.args, flags), replicas=instances).command()
         memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank; off its pool: {kv.reserve_text}"
                   + (f"; at most {running} running requests hold the load" if running is not None else ""))  # fmt: skip

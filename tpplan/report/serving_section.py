@@ -55,6 +55,12 @@ def serving_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str
             "own TTFT and TPOT, per second, per GPU). " + out.verdict()
         ),
     ]
+    if out.speculative is not None:
+        sp = out.speculative
+        b.append(Para(f"Decode steps are speculative ({sp.method}, `--spec`): each running request's draft proposes "
+                      f"{sp.draft_tokens} tokens, the target verifies {sp.verify_tokens} and the request gains "
+                      f"{sp.accepted:g} per step (an input, not predicted), so TPOT is a step over {sp.accepted:g}; "
+                      "the decode-serving pools' launch lines carry the engine's flags for it."))  # fmt: skip
     b.append(Bullets(tuple(chosen_text(out.targets, x) for x in s.chosen())))
     b.append(_table(out))
     for x in s.chosen():
