@@ -85,25 +85,3 @@ def test_the_memo_names_the_chosen_deployment_its_figures_and_launch_lines(tmp_p
         assert fig(value) == rows[name][3].strip()  # the bullet's TTFT is its table row's, in ms
         assert "What binds:" in b
     assert "Launch lines for" in section and "Flags read from:" in section
-
-
-@pytest.mark.slow
-def test_speculative_decoding_reaches_the_memo_and_its_launch_lines(tmp_path: Path) -> None:
-    """`tpplan report --spec mtp:2:1.8` under targets: the section says the decode steps are speculative, with
-    the figures asked for, and each decode-serving launch line carries the engine's flags for it."""
-    from tests.cli_helpers import run_captured
-
-    wl = tmp_path / "chat.toml"
-    wl.write_text('name = "chat"\ninput_len = 512\noutput_len = 32\nconcurrency = 4\nchunk_size = 1024\n')
-    out = tmp_path / "memo"
-    code, _, err = run_captured("report", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "-w", str(wl),
-                                "--ttft-target", "1s", "--tpot-target", "p99:0.7ms", "--spec", "mtp:2:1.8",
-                                "--out", str(out))  # fmt: skip
-    assert code == 0, err
-    text = (out / "report.md").read_text()
-    section = text[text.index("## Serving") :]
-    section = section[: section.index("\n## ", 3)]
-    assert "proposes 2 tokens, the target verifies 3 and the request gains 1.8 per step" in section
-    lines = [ln for ln in section.splitlines() if ln.startswith(("python", "vllm", "sglang")) or "launch_server" in ln]
-    assert any("--speculative-num-draft-tokens 3" in ln for ln in lines), lines
-    assert any("num_speculative_tokens" in ln for ln in lines), lines
