@@ -117,7 +117,8 @@ def _dbo_0_33(dbo: MicroBatchOverlap) -> MicroBatchOverlap:
             "UBatchWrapper; the V1 runner turns async scheduling off under PP (pp_size batches in flight, not the "
             "V2 runner's pp_size + 1 that tpplan prices for 0.33.0) and refuses prefill CP. Setting "
             "VLLM_USE_V2_MODEL_RUNNER=1 keeps the V2 runner, which then refuses DBO beside PP, decode or prefill CP, "
-            "LoRA, speculative decoding, multimodal and hybrid models"
+            "LoRA, speculative decoding, multimodal and hybrid models (the config checks were read; how the V1 "
+            "runner's micro-batches run beside PP or a hybrid model's recurrent state was not)"
         ),
         runs_on_source=V1_FALLBACK,
     )
