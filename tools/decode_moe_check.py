@@ -136,6 +136,35 @@ def _summary(found: list[Row], key: Callable[[Row], tuple[str, ...]]) -> list[st
     return out
 
 
+# DeepEP README (deepseek-ai/DeepEP README.md @ 0aaa6744, 'Low-latency kernels with pure RDMA'): H800 nodes of
+# 8 GPUs, one CX7 400 Gb/s NIC each, 128 tokens per rank, hidden 7168, top-8, FP8 dispatch, BF16 combine.
+# EP -> (dispatch us, combine us). EP8 was measured over RDMA before the kernels used NVLink (DeepEP #173).
+DEEPEP_LL_US = {8: (77, 114), 16: (118, 195), 32: (155, 273), 64: (173, 314), 128: (192, 369), 256: (194, 360)}
+LL_SETTING = (128, 7168, 8)  # tokens per rank, hidden, top-k
+
+
+def deepep_rows() -> list[str]:
+    """tpplan's low-latency dispatch and combine (`cost.ep_low_latency`: tokens x top-k messages, an all-to-all
+    of that send buffer on the EP group) on `h100x8-ib400` (H100 nodes of 8, 8 x 400 Gb/s NICs) against the
+    DeepEP README's measured latencies, as markdown rows."""
+    from tpplan.cost.comm import price_collective
+    from tpplan.cost.topology import select_topology
+    from tpplan.engines.deepep import combine_message_bytes, dispatch_message_bytes
+
+    tokens, hidden, top_k = LL_SETTING
+    out = []
+    for ep, (d_us, c_us) in DEEPEP_LL_US.items():
+        topo = select_topology("h100x8-ib400", max(1, ep // 8))
+        assert topo is not None
+        cells = []
+        for per, measured in ((dispatch_message_bytes(hidden), d_us), (combine_message_bytes(hidden), c_us)):
+            nbytes = tokens * top_k * per
+            t = 1e6 * price_collective("all_to_all", nbytes, ep, topo, ranks_per_node=min(ep, 8)).time_s
+            cells.append(f"{nbytes / 1e6:.2f} | {t:,.0f} | {measured} | {t / measured - 1:+.0%}")
+        out.append(f"| {ep} | " + " | ".join(cells) + " |")
+    return out
+
+
 def section(found: list[Row]) -> str:
     """The markdown section: per (engine, GPU) and per tpplan source the median and worst error, then every
     row."""
@@ -179,6 +208,22 @@ def section(found: list[Row]) -> str:
         lines.append(f"| {r.engine} | {r.gpu} | {r.model} | {r.tp} | {r.tokens} | {r.tpplan_us:,.1f} | {r.priced_by} "
                      f"| {r.aic_us:,.1f} | {r.error:+.0%} | {r.weights_mb:,.0f} | {r.aic_read_TBps:.2f} "
                      f"| {r.aic_source} |")  # fmt: skip
+    lines += [
+        "",
+        "### DeepEP's low-latency all-to-all at decode (SGLang `--deepep-mode auto`, `cost/ep_low_latency.py`)",
+        "",
+        "tpplan's price of one low-latency dispatch and combine (each rank's 128 tokens x top-8 messages, the",
+        "dispatch in FP8 with one fp32 scale per 128 elements and a 16-byte header, the combine in bf16; an",
+        "all-to-all of that send buffer on the EP group, priced by `h100x8-ib400`'s collective model: H100 nodes",
+        "of 8, 8 x 400 Gb/s NICs) against DeepEP's README (H800 nodes, one CX7 400 Gb/s NIC per GPU, hidden 7168;",
+        "deepseek-ai/DeepEP README.md @ 0aaa6744). Nothing was fitted. EP8 was measured over RDMA before the",
+        "kernels used NVLink inside a node; tpplan prices it over NVLink. Error = tpplan / measured - 1.",
+        "",
+        "| EP | dispatch MB/rank | tpplan us | measured us | error | combine MB/rank | tpplan us | measured us "
+        "| error |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *deepep_rows(),
+    ]
     return "\n".join([*lines, END])
 
 

@@ -257,8 +257,9 @@ def memo_data(analysis: Analysis, command: str, graph: ModelGraph, workload: Wor
     arrivals = serving_arrivals(ask.arrival or arrival_of(None, None, None, 0), workload, graph)
     served = {}
     if arrivals is not None and analysis.predictor_note is None:  # predictions on: each chosen deployment served
-        for v in chosen_variants(analysis):
-            served[v.key] = serving_block(graph, v.plan, topo, arrivals, workload, tp=v.tp, pp=v.pp,
-                                          dtype=analysis.dtype, expert_dtype=ask.expert_dtype, cp=v.cp,
-                                          cp_layers=v.cp_layers, cp_kv=analysis.cp_kv, replicas=v.replicas)  # fmt: skip
+        for v in (v for v in chosen_variants(analysis) if v.predictions):  # one that did not predict: none
+            m = v.parallel
+            served[v.key] = serving_block(graph, v.plan, topo, arrivals, workload, tp=m.tp, pp=m.pp,
+                                          dtype=analysis.dtype, expert_dtype=ask.expert_dtype, cp=m.cp,
+                                          cp_layers=m.cp_layers, cp_kv=analysis.cp_kv, replicas=m.replicas)  # fmt: skip
     return memo_json(analysis, command, served)

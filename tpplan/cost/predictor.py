@@ -22,6 +22,7 @@ from tpplan.audit import PlanAudit, audit_plan, stage_weights
 from tpplan.cost.collective_pricer import CollectivePricer
 from tpplan.cost.compute import kernel_sources
 from tpplan.cost.context_parallel import cp_weight_elements
+from tpplan.cost.ep_low_latency import low_latency_steps
 from tpplan.cost.kernel_pricer import KernelPricer
 from tpplan.cost.kernel_source import KernelSource
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
@@ -147,8 +148,9 @@ class Predictor:
 
     def kind_time(self, res: LayerResult, segs: Segments) -> KindTime:
         """One layer's lowered steps priced for one batch: its kernels (at the CP rank's share of the
-        batch), the layout copies, extra passes of kernels (CP), and its collectives. Compute and
-        communication are not overlapped here (`layers_seconds` applies the plan's overlap)."""
+        batch), the layout copies, extra passes of kernels (CP), and its collectives (a one-token decode
+        step's EP all-to-all as SGLang's DeepEP low-latency kernels send it: `cost.ep_low_latency`). Compute
+        and communication are not overlapped here (`layers_seconds` applies the plan's overlap)."""
         key = (self._key_of(res), segs)
         hit = self._kind_cache.get(key)
         if hit is not None:
@@ -161,7 +163,8 @@ class Predictor:
         ops = [self.kernels.price(lg, k, t, pairs, cached, local) for k in kernels if k.repeat_of is None]
         ops += [self.comms.copy(res.kind, c) for c in layer.copies()]
         ops += [repeated(k, ops) for k in kernels if k.repeat_of is not None]
-        colls = [self.comms.collective(res.kind, c) for c in layer.collectives() if c.priced]
+        steps = low_latency_steps([c for c in layer.collectives() if c.priced], lg, t, self.serving_engine, local)
+        colls = [self.comms.collective(res.kind, c) for c in steps]
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt

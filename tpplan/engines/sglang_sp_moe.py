@@ -105,7 +105,7 @@ DSV3_A2A = (
 
 SGL_SP_MOE = Mode(
     name="sp-moe",
-    flags=("--moe-a2a-backend deepep", "--deepep-mode normal"),
+    flags=("--moe-a2a-backend deepep", "--deepep-mode auto"),  # decode: low latency (engines/deepep.py)
     summary="MoE on the rank's own rows with DeepEP dispatch/combine; attention TP reduce-scatters o_proj",
     wiring=(
         Wiring(

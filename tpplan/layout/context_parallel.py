@@ -54,7 +54,8 @@ from typing import Literal
 
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
+from tpplan.models.graph import LayerGraph, ModelGraph, Op
+from tpplan.models.opkinds import op_kind
 
 SGLANG_CP_UTILS = "python/sglang/srt/layers/cp/zigzag.py@0.5.23 (PyPI wheel)"  # where SGLang's zigzag CP lives
 CP_SIZES = (1, 2, 4, 8)  # what the search offers
@@ -272,10 +273,12 @@ def _split_of(exchanges: list[CpExchange]) -> Split:
 
 def attention_output(lg: LayerGraph) -> str | None:
     """The value the attention half of a layer hands to the residual add in the middle (o_proj's output)."""
-    add = next((o for o in lg.middle if o.kind is OpKind.ADD), None)
+    add = next((o for o in lg.middle if op_kind(o.kind).sums_inputs), None)
     if add is None:
         return None
-    return next((v for v in add.inputs if (p := _producer(lg, v)) is not None and p.kind is not OpKind.ADD), None)
+    return next(
+        (v for v in add.inputs if (p := _producer(lg, v)) is not None and not op_kind(p.kind).sums_inputs), None
+    )
 
 
 def _audit_mla_only(graph: ModelGraph, mesh: Mesh) -> CpAudit:
@@ -287,7 +290,7 @@ def _audit_mla_only(graph: ModelGraph, mesh: Mesh) -> CpAudit:
     attn_tp = max(1, tp // cp)
     kinds: dict[str, CpKind] = {}
     for kind, lg in graph.kinds.items():
-        mla = next((o for o in lg.ops if o.kind is OpKind.TOKEN_MIX and o.attrs.get("impl") == "mla"), None)
+        mla = next((o for o in lg.ops if op_kind(o.kind).mixes_tokens and o.attrs.get("impl") == "mla"), None)
         if mla is None or cp == 1:
             kinds[kind] = CpKind(kind, "none")
             continue
@@ -302,7 +305,7 @@ def _audit_mla_only(graph: ModelGraph, mesh: Mesh) -> CpAudit:
         if attn_tp > 1:  # o_proj's partial sums over the A attention-TP ranks, on this rank's rows
             xs.append(CpExchange(name, "attn_tp_all_reduce", "all_reduce", (out,), per_token=width, group="attn_tp"))
         xs.append(CpExchange(name, "output_all_gather", "all_gather", (out,), per_token=width))
-        add = next(o for o in lg.middle if o.kind is OpKind.ADD)
+        add = lg.middle_add
         half = lg.ops[: lg.ops.index(add)]  # the attention half: every rank holds its heads at attention TP
         held = tuple(o.name for o in half if o.weight_numel)
         kinds[kind] = CpKind(kind, "zigzag", tuple(xs), replaces=(out,), replicated=((kv_b.name, cp),),
@@ -331,7 +334,7 @@ def audit_cp(graph: ModelGraph, mesh: Mesh) -> CpAudit:
         reasons: list[str] = []
         if cp > 1:
             for op in lg.ops:
-                if op.kind is not OpKind.TOKEN_MIX:
+                if not op_kind(op.kind).mixes_tokens:
                     continue
                 got = _mixer_exchanges(lg, op, mesh)
                 if isinstance(got, str):

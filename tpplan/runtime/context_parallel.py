@@ -41,7 +41,8 @@ from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import Split, audit_cp, model_split, rank_positions
 from tpplan.lower.schedule import CpCall
 from tpplan.mesh import Mesh
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
+from tpplan.models.graph import LayerGraph, ModelGraph, Op
+from tpplan.models.opkinds import op_kind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import (
     ExecContext,
@@ -323,13 +324,13 @@ class CpRunner(_Mixers):
             env: dict[str, Tensor] = {"resid": resid, "delta": delta, "bank": bank}
             for op in lg.ops:
                 w = self.resolved[(i, op.name)]
-                if op.kind is OpKind.TOKEN_MIX:
+                if op_kind(op.kind).mixes_tokens:
                     out = self._mix(lg, op, env, [env[n] for n in op.inputs], w, ctx)
                 else:
                     out = execute_op(op, [env[n] for n in op.inputs], w, {}, ctx)
                 env[op.output] = out
                 bank = take_bank_snapshot(op, lg, env, bank, block, i)
-            resid = env[next(op.output for op in lg.middle if op.kind is OpKind.ADD)]
+            resid = env[lg.middle_add.output]
             delta = env["mlp_out"]
         return final_hidden(self.w, nu, resid, delta, bank, block), mine
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from tpplan.engines.deepep import DECODE_LOW_LATENCY, DEFAULT_MODE, MODE_RESOLVE
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, dp_family
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
@@ -49,9 +50,10 @@ def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], mesh: Mesh) -
         ),
     ]
     if fam == "dp-attention+a2a":
-        args += ["--moe-a2a-backend deepep", "--deepep-mode normal"]
+        args += ["--moe-a2a-backend deepep", f"--deepep-mode {DEFAULT_MODE}"]
         summary = "DP attention, DeepEP dispatch/combine of each rank's own tokens"
         conds.append(Condition("the model has routed experts", moe is not None, "refuses", SRC_SGL_DP))
+        conds.append(Condition(DECODE_LOW_LATENCY, None, "adjusts", MODE_RESOLVE.cite()))
     elif fam == "dp-attention+ep":
         args += [f"--ep-size {plan.ep_size}", "--moe-a2a-backend none"]
         summary = f"DP attention, EP{plan.ep_size} experts on the all-reduce-gathered tokens"
