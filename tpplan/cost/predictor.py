@@ -53,8 +53,8 @@ from tpplan.lower.registry import generation
 from tpplan.lower.shapes import experts_shape
 from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.mesh import Mesh
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
-from tpplan.models.opkinds import mixer
+from tpplan.models.graph import LayerGraph, ModelGraph
+from tpplan.models.opkinds import mixer, op_kind
 from tpplan.models.spec import AttnSpec
 from tpplan.placement import S_COL, S_TOK, Placement, R
 
@@ -315,7 +315,7 @@ class Predictor:
             for d in res.decisions:
                 live = sum(self._value_bytes(lg, res.placements.get(v, R), v, t) for v in d.op.inputs if v in lg.values)
                 live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
-                if d.op.kind is OpKind.EXPERTS:
+                if op_kind(d.op.kind).routed_experts:
                     m, _, n2 = experts_shape(d, t, self.tp, self.plan)
                     live += m * (d.op.int_attr("width") + n2 + n2 // 2) * b  # gathered rows + intermediates
                 peak = max(peak, live)
