@@ -35,8 +35,6 @@ LOOSE = frozenset(
 )
 
 PENDING = {  # module: parameters named in LOOSE it still has (2026-12-06: 202 in 47 modules)
-    "cost/pricing.py": 2,
-    "cost/sources/aic_fitted.py": 5,
 }
 
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from tpplan.cost.kernel_source import AttentionShape
+from tpplan.cost.kernel_source import AttentionShape, MoeShape
 from tpplan.cost.sources.aic import AIC_ENGINES, AIC_VERSION, AicSource, aic_databases
 from tpplan.cost.sources.aic_fitted import (
     ATTENTION_FEATURES,
@@ -161,8 +161,9 @@ def moe_rows(src: AicSource, quants: tuple[str, ...] | None = None) -> dict[str,
         model = (int(hidden), int(inter), int(experts), int(topk))
         tokens, tp, ep = int(tokens), int(tp), int(ep)
         loads = collector_routing(src.engine, model, tokens, ep)
-        x = moe_features(tokens, *model, tp, ep, loads=loads)
-        by_class[f"{quant}/{moe_mode(tp, ep)}"][str(kernel)].append((model, x, float(ms), (tokens, tp, ep)))
+        shape = MoeShape(tokens, *model, tp, ep)
+        x = moe_features(shape, loads=loads)
+        by_class[f"{quant}/{moe_mode(shape)}"][str(kernel)].append((model, x, float(ms), (tokens, tp, ep)))
     out = {}
     for name, kernels in by_class.items():
         kernel = max(kernels, key=lambda k: (len({r[0] for r in kernels[k]}), len(kernels[k])))

@@ -125,10 +125,10 @@ def moe_tp_vs_ep(
             for tp, ep in ((8, 1), (1, 8)):
                 shape = MoeShape(t, tp=tp, ep=ep, dtype="fp8_block", **DEEPSEEK_V3)
                 p = src.moe(shape)
-                coef = coefs[moe_mode(tp, ep)]
+                coef = coefs[moe_mode(shape)]
                 key = "tp8" if tp == 8 else "ep8"
                 for label, loads in (("fit_oos", collector_routing(engine, DSV3_KEY, t, ep)), ("fit_bal", None)):
-                    x = moe_features(t, *DSV3_KEY, tp, ep, loads=loads)
+                    x = moe_features(MoeShape(t, *DSV3_KEY, tp, ep), loads=loads)
                     rec[f"{key}_{label}"] = float(np.array(x) @ coef) * 1e-3
                 rec[f"{key}_aic"] = p.seconds if p else math.nan
                 rec[f"{key}_tpplan"] = tpplan_experts_time(shape, gpu)

@@ -189,3 +189,6 @@ def test_docs_masked_tables_are_the_checked_in_fit() -> None:
     models = ("deepseek-v3", "llama-3-70b", "mixtral-8x7b", "glm-4.5-air", "qwen3-next-80b", "kimi-k3")
     table = layer_rows([runs / f"{m}.json" for m in models])
     assert doc.split("<!-- run-table-80gb-2:begin -->\n")[1].split("<!-- run-table-80gb-2:end -->")[0] == table
+    more = layer_rows([root / "docs/benchmarks/h100-2026-12-06c/call6" / f"{m}.json"
+                       for m in ("llama-4-maverick-17b-128e", "minimax-m2.7")])  # fmt: skip
+    assert doc.split("<!-- run-table-80gb-3:begin -->\n")[1].split("<!-- run-table-80gb-3:end -->")[0] == more

@@ -49,11 +49,12 @@ def test_importing_the_sources_does_not_import_aiconfigurator() -> None:
 
 
 def test_moe_features_count_only_the_experts_that_get_tokens() -> None:
-    one = dict(zip(("call", "active", "weights", "flops"), moe_features(1, tp=1, ep=8, **_dims()), strict=False))
+    one = dict(zip(("call", "active", "weights", "flops"), moe_features(_shape(1, tp=1, ep=8)), strict=False))
     assert one["active"] == 1.0 and one["weights"] == 3 * 7168 * 2048  # 8 routed pairs over 8 ranks
-    many = moe_features(8192, tp=8, ep=1, **_dims())
+    many = moe_features(_shape(8192, tp=8, ep=1))
     assert many[1] == 256 and many[3] == pytest.approx(6 * 8192 * 8 * 7168 * 256)
-    assert moe_mode(8, 1) == "tp" and moe_mode(1, 8) == "ep" and moe_mode(2, 4) == "tp_ep"
+    modes = [moe_mode(_shape(1, tp=tp, ep=ep)) for tp, ep in ((8, 1), (1, 8), (2, 4))]
+    assert modes == ["tp", "ep", "tp_ep"]
 
 
 def test_balanced_loads_are_what_aics_plain_routing_gives() -> None:
@@ -61,9 +62,9 @@ def test_balanced_loads_are_what_aics_plain_routing_gives() -> None:
     the replayed loads and the closed form agree, so a fit on the rows prices balanced shapes."""
     for tokens, ep in ((8192, 8), (8192, 1), (64, 8), (4096, 32)):
         replayed = collector_loads(tokens, 256, 8, ep, None)
-        assert replayed == balanced_loads(tokens, 256, 8, ep), (tokens, ep)
-        x = moe_features(tokens, tp=1, ep=ep, **_dims())
-        assert moe_features(tokens, tp=1, ep=ep, loads=replayed, **_dims()) == pytest.approx(x)
+        assert replayed == balanced_loads(_shape(tokens, tp=1, ep=ep)), (tokens, ep)
+        x = moe_features(_shape(tokens, tp=1, ep=ep))
+        assert moe_features(_shape(tokens, tp=1, ep=ep), loads=replayed) == pytest.approx(x)
 
 
 def test_grouped_topk_sends_five_of_eight_deepseek_pairs_to_rank0_at_ep8() -> None:
@@ -82,8 +83,9 @@ def test_grouped_topk_sends_five_of_eight_deepseek_pairs_to_rank0_at_ep8() -> No
     )
 
 
-def _dims() -> dict[str, int]:
-    return {"hidden": 7168, "inter": 2048, "experts": 256, "top_k": 8}
+def _shape(tokens: int, *, tp: int, ep: int) -> MoeShape:
+    """The AIC query of DeepSeek-V3's routed experts at `tokens` tokens, split TP `tp` x EP `ep`."""
+    return MoeShape(tokens, 7168, 2048, 256, 8, tp, ep)
 
 
 def test_attention_features_count_causal_and_windowed_pairs() -> None:
@@ -113,8 +115,9 @@ DSV3_ROWS_8K = {"sglang": (1.8813, 5.1409), "vllm": (2.3712, 5.9593), "trtllm": 
 
 def _fitted_ms(engine: str, tp: int, ep: int, loads: object) -> float:
     src = AicFittedSource("h200_sxm", engine)
-    fitted = src.moe_classes[f"fp8_block/{moe_mode(tp, ep)}"]
-    return fitted.seconds(moe_features(8192, *DEEPSEEK_V3, tp, ep, loads=loads)) * 1e3  # type: ignore[arg-type]
+    shape = MoeShape(8192, *DEEPSEEK_V3, tp, ep)
+    fitted = src.moe_classes[f"fp8_block/{moe_mode(shape)}"]
+    return fitted.seconds(moe_features(shape, loads=loads)) * 1e3  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm", "trtllm"])

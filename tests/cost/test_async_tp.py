@@ -130,7 +130,6 @@ def test_a_tp_group_across_nodes_is_refused_at_the_cli(monkeypatch, capsys):
 def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copies():
     from tpplan.cost.kernel_pricer import KERNEL_FLOOR_S
     from tpplan.cost.predictor import cached_predictor
-    from tpplan.layout.fused_gemm import fused_pairs
 
     g, t = graph("qwen3-32b"), topo()
     plan = make_plan("sequence-parallel+asynctp", g, 8)
@@ -143,9 +142,9 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
     rows = 32768 // 8
     chunk_bytes = rows * 5120 * 2
     seen = set()
-    for pair in fused_pairs(r1, r0):
+    for pair in [x for x in p.outline(segs).fused if x.layer == 1]:  # the lowering's async TP pass names them
         src = kt0 if pair.from_previous else kt1
-        ops = [src.ops[i] for i in pair.gemms]
+        ops = [next(o for o in src.ops if o.op == name) for name in pair.gemms]
         gemm = sum(
             p.kernels.gemm_at(lg.kind, next(o for o in lg.ops if o.name == x.op), rows, *x.shape[1:]) for x in ops
         )
@@ -160,7 +159,8 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
             )
         fused, unfused = pair_seconds(p.kernels, pair, r1, kt1, src, AsyncTpCosts())
         assert fused == pytest.approx(want)
-        coll = kt1.collectives[pair.comm].seconds
+        label = next(c.label for c in r1.comms if c.value == pair.collective)
+        coll = next(c.seconds for c in kt1.collectives if c.label == label)
         assert unfused == pytest.approx(sum(o.seconds for o in ops) + coll)
         # a pipeline, not max(compute, comm): at least the chunk GEMMs and the peer copies, and at 32K
         # tokens on NVLink cheaper than the GEMM and NCCL's collective one after the other
@@ -176,7 +176,6 @@ def test_a_pair_is_priced_as_the_chunk_pipeline_of_its_chunk_gemms_and_link_copi
 def test_forward_time_is_the_plan_with_each_pair_replaced_by_its_pipeline():
     from tpplan.cost.predict import predict_plan
     from tpplan.cost.predictor import cached_predictor
-    from tpplan.layout.fused_gemm import model_pairs
 
     g, t = graph("qwen3-32b"), topo()
     base, fused = make_plan("sequence-parallel", g, 8), make_plan("sequence-parallel+asynctp", g, 8)
@@ -186,12 +185,14 @@ def test_forward_time_is_the_plan_with_each_pair_replaced_by_its_pipeline():
     p = cached_predictor(g, fused, t, Mesh(8, pp=1), "bf16", None)
     res, segs = p.audit.layer_results, ((tokens, 0),)
     delta = 0.0
-    for i, pairs in enumerate(model_pairs(res)):
+    pairs = p.outline(segs).fused
+    assert {pair.layer for pair in pairs} == set(range(len(res)))  # every layer fuses (one stage)
+    for pair in pairs:
+        i = pair.layer
         kt = p.kind_time(res[i], segs)
-        for pair in pairs:
-            src = p.kind_time(res[i - 1], segs) if pair.from_previous else kt
-            f, u = pair_seconds(p.kernels, pair, res[i], kt, src, AsyncTpCosts())
-            delta += f - u
+        src = p.kind_time(res[i - 1], segs) if pair.from_previous else kt
+        f, u = pair_seconds(p.kernels, pair, res[i], kt, src, AsyncTpCosts())
+        delta += f - u
     assert t1 == pytest.approx(t0 + delta) and t1 < t0
     # same bytes: the fusion changes how they move, not how many
     from tpplan.audit import audit_plan

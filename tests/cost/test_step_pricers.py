@@ -1,7 +1,8 @@
 """The two step pricers and the predictor that composes them (issue 30, "cost = pricers over steps"):
 a kernel step priced by `KernelPricer`, a collective step by `CollectivePricer`, each built on its own from
-typed arguments, give the predictor's prices; and the predictor's caches are keyed on values, so a
-layer's price never depends on which object holds its propagation."""
+typed arguments, give the predictor's prices; the predictor's caches are keyed on values, so a layer's
+price never depends on which object holds its propagation; and the search's `Pricer` prices lowered
+fragments with the same pricers, so a new pass reaches both."""
 
 import copy
 from dataclasses import replace
@@ -11,13 +12,16 @@ import pytest
 from tpplan.cost.collective_pricer import CollectivePricer
 from tpplan.cost.kernel_pricer import KernelPricer
 from tpplan.cost.pipeline import pipeline_model
+from tpplan.cost.predict import predict_plan
 from tpplan.cost.predictor import Predictor, cached_predictor
+from tpplan.cost.pricing import Pricer
 from tpplan.cost.segments import batch_pairs
 from tpplan.cost.topology import load_topology
+from tpplan.lower import LayerProgram, Lowering, Pass, added
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
-from tpplan.plans.named import make_plan
+from tpplan.plans.named import baseline, make_plan
 
 SEGS = ((512, 0), (256, 128))
 
@@ -69,3 +73,31 @@ def test_cached_predictor_compares_graph_and_topology_by_value(qwen, topo) -> No
     q = cached_predictor(qwen, plan, slower, Mesh(2), "bf16", None)
     assert q is not p and q.topo is slower
     assert q.kernels.hbm == p.kernels.hbm / 2  # priced on the GPU asked for, not the cached one
+
+
+def _o_proj_twice(ctx: Lowering, layer: LayerProgram) -> LayerProgram:
+    """A toy rewrite: o_proj's kernel run a second time (as CP's extra passes are listed)."""
+    rec = next((k for k in layer.kernels() if k.op == "o_proj" and k.repeat_of is None), None)
+    if rec is None:
+        return layer
+    again = replace(rec, op="o_proj:again", repeat_of="o_proj", times=1, origin="toy")
+    return replace(layer, steps=(*layer.steps, again))
+
+
+def test_the_search_prices_a_decision_through_every_registered_pass() -> None:
+    """The search's prices are the lowered fragment's: a pass registered later reaches `Pricer.op_time`
+    and `predict_plan` alike, with no edit to either."""
+    graph = build_model_graph(load_model("tiny-llama"))
+    topo = load_topology("h200x2")
+    pricer = Pricer(graph, topo, Mesh(2))
+    res = pricer.baseline_audit.layer_results[0]
+    lg, d = graph.kinds[res.kind], next(d for d in res.decisions if d.op.name == "o_proj")
+    once = pricer.op_time(lg, d, SEGS)
+    before = predict_plan(graph, baseline(), topo, mesh=Mesh(2), tokens=768)
+    with added(Pass("toy_twice", 45, "o_proj run twice (test only)", _o_proj_twice)):
+        twice = pricer.op_time(lg, d, SEGS)
+        after = predict_plan(graph, baseline(), topo, mesh=Mesh(2), tokens=768)
+    assert once.seconds > 0 and twice.seconds == pytest.approx(2 * once.seconds, rel=1e-12)
+    (kind,) = after.kinds
+    again = next(o for o in kind.ops if o.op == "o_proj:again")
+    assert after.forward_s == pytest.approx(before.forward_s + kind.count * again.seconds, rel=1e-9)

@@ -83,3 +83,34 @@ def test_bad_json_paths_are_one_line_and_write_nothing(monkeypatch, capsys, tmp_
         assert code == 2 and words in err and err.count("\n") == 1, (path, err)
         assert not memo.exists()  # refused before any work
     assert foreign.read_text() == "mine" and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.slow  # about 7 s: the search under targets with speculative decode steps
+def test_report_spec_prices_decode_as_search_does_and_its_lines_carry_the_flags(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`--spec` on report as on search: the search under targets decodes speculatively, the aggregated and
+    decode pools' launch lines carry the engine's speculative flags (the prefill pool's do not), the memo says so."""
+    wl = tmp_path / "short.toml"
+    wl.write_text('name = "short"\ninput_len = 256\noutput_len = 64\nconcurrency = 8\nchunk_size = 1024\n')
+    spec = ("-w", str(wl), "--tpot-target", "50ms", "--spec", "mtp:3:2.4")
+    out = tmp_path / "r.json"
+    argv = ("report", "-m", "tiny-deepseek-v3", "-t", "h200x2", "--out", str(tmp_path / "memo"), "--json", str(out))
+    code, _, err = run_cli(monkeypatch, capsys, *argv, *spec)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    assert d["serving_search"]["speculative"]["accepted_per_step"] == 2.4
+    assert d["chosen"][0]["serving"]["decode"]["settings"]["speculative"]["draft_tokens"] == 3
+    lines = [(x["pool"], x["command"]) for x in d["serving_launches"] if x["command"]]
+    flag = {"SGLang": "--speculative-num-steps 3", "vLLM": '"num_speculative_tokens":3'}
+    assert {p for p, _ in lines} == {"aggregated", "prefill", "decode"}
+    for pool, cmd in lines:
+        engine = "SGLang" if "sglang" in cmd else "vLLM"
+        assert (flag[engine] in cmd) == (pool != "prefill"), (pool, cmd)
+    assert (
+        "Decode steps are speculative (`--spec`): mtp, 3 draft token(s)"
+        in (tmp_path / "memo" / "report.md").read_text()
+    )
+
+
+def test_report_spec_without_targets_or_json_is_refused(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = run_cli(monkeypatch, capsys, *REPORT, "--out", str(tmp_path / "memo"), "--spec", "mtp:3:2.4")
+    assert code == 2 and "--spec" in err and err.count("\n") == 1 and not (tmp_path / "memo").exists()

@@ -21,10 +21,9 @@ if os.environ.get("TPPLAN_TEST_SLOW_SEARCH"):
 
     ranking._search_one = _slow
 
-    # A search without targets forks its workers only from a single-threaded process (its serial
-    # path prunes by a cutoff the workers cannot know: search/ranking._search_all); off a terminal the
-    # progress lines tick on a thread of their own (commands/_console.PlainSteps). Without the tick,
-    # the search forks as a CLI run with no progress thread does, which is what these tests stop.
+    # Off a terminal the progress lines tick on a thread of their own (commands/_console.PlainSteps),
+    # which the search pauses to fork its workers (search/pool.py); without the tick, the search forks
+    # as a CLI run with no progress thread does, which these tests stop too.
     if not os.environ.get("TPPLAN_TEST_KEEP_TICK"):
         from tpplan.commands import _console
 

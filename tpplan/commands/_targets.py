@@ -114,7 +114,8 @@ def serve_search(
 
 def with_serving(
     analysis: Analysis, graph: ModelGraph, topo: Topology, workload: Workload, targets: Targets,
-    arrival: Arrival | None, engines: list[str] | None, pd: bool, replicas: int | Literal["all"] | None, **search: Any,
+    arrival: Arrival | None, engines: list[str] | None, pd: bool, replicas: int | Literal["all"] | None,
+    speculative: Speculative | None = None, **search: Any,
 ) -> Analysis:  # fmt: skip
     """The memo's analysis with its Serving section's data: the search run as `tpplan search` runs it under
     targets (every deployment whole, replicas of smaller splits unless `--replicas`), each deployment served."""
@@ -129,7 +130,7 @@ def with_serving(
     outcome = search_plans(graph, topo, workload=workload, top=1, every_deployment=True, ask=ask, audits=None,
                            **search)  # fmt: skip
     memo = build_serving_memo(outcome, graph, workload, targets, arrival=arrival,
-                        engines=tuple(engines) if engines else None, pd=pd)  # fmt: skip
+                        engines=tuple(engines) if engines else None, pd=pd, speculative=speculative)  # fmt: skip
     return replace(analysis, serving=memo)
 
 

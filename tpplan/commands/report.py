@@ -19,7 +19,17 @@ from tpplan.commands._options import (
     json_option,
     load_cluster,
 )
-from tpplan.commands._serving import ArrivalRateOpt, RequestsOpt, SeedOpt, TraceOpt, arrival_of, asked, serving_arrivals
+from tpplan.commands._serving import (
+    ArrivalRateOpt,
+    RequestsOpt,
+    SeedOpt,
+    SpecOpt,
+    TraceOpt,
+    arrival_of,
+    asked,
+    serving_arrivals,
+    speculative_of,
+)
 from tpplan.commands._targets import (
     GpusOpt,
     RankPdOpt,
@@ -36,6 +46,7 @@ from tpplan.commands.search import MEMORY_CAP_HELP, OverlapChoice, memory_cap_va
 
 if TYPE_CHECKING:
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.models.graph import ModelGraph
     from tpplan.report.memo_ask import MemoAsk
     from tpplan.report.results import Analysis
@@ -154,6 +165,7 @@ def register(app: typer.Typer) -> None:
         target_stat: TargetStatOpt = "p90",
         gpus: GpusOpt = None,
         pd: RankPdOpt = True,
+        spec: SpecOpt = None,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags;
         under --ttft-target/--tpot-target a Serving section with the deployment(s) chosen and their launch lines."""
@@ -186,6 +198,12 @@ def register(app: typer.Typer) -> None:
         if saved is not None and not flag_given(ctx, "cp_kv"):
             cp_kv = saved[1].cp_kv  # and at the KV mode it was ranked with
         reps = replica_count(replicas)
+        speculative = speculative_of(spec, True)  # the memo always has workloads
+        if speculative is not None and ttft_target is None and tpot_target is None and json_target is None:
+            from tpplan.errors import TpplanError
+
+            raise TpplanError("--spec", "prices decode steps, which the memo shows only under targets or in --json",
+                              "add --tpot-target/--ttft-target or --json FILE, or drop --spec")  # fmt: skip
         copies = reps if isinstance(reps, int) else 1
         targets = targets_of(ttft_target, tpot_target, target_stat)
         need = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else budget_gpus(gpus, nodes)
@@ -224,10 +242,10 @@ def register(app: typer.Typer) -> None:
             analysis = analyse(graph, topo, wls, ask, progress=say)
             if targets is not None:
                 say("serving each deployment under the targets")
-                analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps,
+                analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps, speculative,
                                         dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers, cp_kv=cp_kv,
                                         memory_cap_gib=memory_cap_value(memory_cap))  # fmt: skip
-            data = memo_data(analysis, command, graph, wls[0], ask) if json_target else None
+            data = memo_data(analysis, command, graph, wls[0], ask, speculative) if json_target else None
             say("writing report.md, report.html and the plots")
             path = write_memo(build_memo(analysis, command), out)
         if data is not None:
@@ -246,10 +264,12 @@ def register(app: typer.Typer) -> None:
             out_console.print(analysis.bottom.text.replace("**", ""), markup=False)
 
 
-def memo_data(analysis: Analysis, command: str, graph: ModelGraph, workload: Workload, ask: MemoAsk) -> dict[str, Any]:
+def memo_data(
+    analysis: Analysis, command: str, graph: ModelGraph, workload: Workload, ask: MemoAsk, spec: Speculative | None
+) -> dict[str, Any]:
     """`--json`'s object (docs/report-json.md): the memo's facts (`report.memo_json`), each chosen deployment
     with the `serving` block audit and search add (`serving_block`, at the first workload and the memo's
-    arrival process: each workload's closed loop without one)."""
+    arrival process: each workload's closed loop without one; decode steps speculative under `--spec`)."""
     from tpplan.commands._serving import arrival_of, serving_block
     from tpplan.report.memo_json import chosen_variants, memo_json
 
@@ -261,5 +281,6 @@ def memo_data(analysis: Analysis, command: str, graph: ModelGraph, workload: Wor
             m = v.parallel
             served[v.key] = serving_block(graph, v.plan, topo, arrivals, workload, tp=m.tp, pp=m.pp,
                                           dtype=analysis.dtype, expert_dtype=ask.expert_dtype, cp=m.cp,
-                                          cp_layers=m.cp_layers, cp_kv=analysis.cp_kv, replicas=m.replicas)  # fmt: skip
+                                          cp_layers=m.cp_layers, cp_kv=analysis.cp_kv, replicas=m.replicas,
+                                          speculative=spec)  # fmt: skip
     return memo_json(analysis, command, served)

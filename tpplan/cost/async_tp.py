@@ -26,11 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tpplan.cost.kernel_pricer import KERNEL_FLOOR_S, KernelPricer
-from tpplan.cost.prediction import KindTime, OpTime
+from tpplan.cost.prediction import KindTime
 from tpplan.cost.segments import Segments
 from tpplan.errors import TpplanError
-from tpplan.layout.fused_gemm import FusedPair, fused_pairs
 from tpplan.layout.propagate import LayerResult
+from tpplan.lower.program import FusedPair
 
 KindTimeOf = Callable[[LayerResult, Segments], KindTime]  # `Predictor.kind_time`
 
@@ -111,15 +111,15 @@ def check_one_domain(p: KernelPricer, plan: str) -> None:
 
 
 def pair_seconds(
-    p: KernelPricer, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts,
-    gemm_res: LayerResult | None = None,
-) -> tuple[float, float]:  # fmt: skip
-    """(fused, unfused) seconds of one pair of layer `res` (priced `kt`): the chunk pipeline, and the GEMMs
-    plus the NCCL collective that the layer's price holds for them (`gemm_kt`: the layer holding the GEMM,
-    whose propagation `gemm_res` names the GEMMs; without it they are found by position). The priced
-    GEMMs and collective are found by name, so steps another lowering pass adds do not shift them."""
+    p: KernelPricer, pair: FusedPair, res: LayerResult, kt: KindTime, gemm_kt: KindTime, costs: AsyncTpCosts
+) -> tuple[float, float]:
+    """(fused, unfused) seconds of one pair the lowering's async TP pass names (`lower.program.FusedPair`)
+    in layer `res` (priced `kt`): the chunk pipeline, and the GEMMs plus the NCCL collective that the
+    layer's price holds for them (`gemm_kt`: the layer holding the GEMMs). The priced GEMMs and collective
+    are found by name, so steps another lowering pass adds do not shift them."""
     n = p.mesh.tp
-    gemms = _priced_gemms(pair, gemm_kt, gemm_res)
+    gemms = [next(o for o in gemm_kt.ops if o.op == name) for name in pair.gemms]
+    comm = next(c for c in res.comms if c.value == pair.collective)
     ops = {x.name: x for x in p.graph.kinds[gemm_kt.kind].ops}
     chunk_gemm = 0.0
     rows = 0
@@ -131,48 +131,38 @@ def pair_seconds(
         chunk_gemm += p.gemm_at(gemm_kt.kind, ops[o.op], rows, k, nn) * scale
     # a chunk never runs faster than its share of the whole GEMM (GEMMs do not speed up with fewer rows)
     chunk_gemm = max(chunk_gemm, sum(o.seconds for o in gemms) / n) * costs.gemm_beside_copy
-    chunk_bytes = rows * res.comms[pair.comm].width * p.b
+    chunk_bytes = rows * comm.width * p.b
     copy = peer_copy_seconds(p, chunk_bytes)
     barrier = p.topo.intra.latency_us * 1e-6
     if pair.pattern == "ag_gemm":
         fused = all_gather_matmul_seconds(n, chunk_gemm, copy, _hbm(p, 2 * chunk_bytes), barrier)
     else:
         fused = matmul_reduce_scatter_seconds(n, chunk_gemm, copy, _hbm(p, (n + 1) * chunk_bytes), barrier)
-    label = res.comms[pair.comm].label
-    coll = next(c for c in kt.collectives if c.label == label)
+    coll = next(c for c in kt.collectives if c.label == comm.label)
     return fused, sum(o.seconds for o in gemms) + coll.seconds
 
 
-def _priced_gemms(pair: FusedPair, gemm_kt: KindTime, gemm_res: LayerResult | None) -> list[OpTime]:
-    if gemm_res is None:
-        return [gemm_kt.ops[i] for i in pair.gemms]
-    names = [gemm_res.decisions[i].op.name for i in pair.gemms]
-    return [next(o for o in gemm_kt.ops if o.op == name) for name in names]
-
-
 def fused_layers_seconds(
-    p: KernelPricer, plan: str, kind_time: KindTimeOf, results: Sequence[LayerResult], segs: Segments,
-    costs: AsyncTpCosts | None = None,
+    p: KernelPricer, plan: str, kind_time: KindTimeOf, results: Sequence[LayerResult], layers: Sequence[int],
+    pairs: Sequence[FusedPair], segs: Segments, costs: AsyncTpCosts | None = None,
 ) -> float:  # fmt: skip
-    """Seconds for these consecutive layers of one batch with every fused pair run as its chunk pipeline
-    (the layer's other ops and collectives as before). A reduce-scatter whose GEMM ran before the first
-    of `results` (a pipeline stage's first layer) stays unfused, and so does the GEMM of a collective the
-    lowered program does not run (`--cp-layers mla`'s attention output, replaced by the CP exchanges)."""
+    """Seconds for the consecutive layers `layers` (indices into `results`) of one batch, with every fused
+    pair the lowered program names (`Program.fused`, from `lower.passes.async_tp`, which leaves unfused a
+    reduce-scatter whose GEMM ran in the stage before and the collectives a CP exchange replaces) run as
+    its chunk pipeline, the layer's other ops and collectives as before."""
     check_one_domain(p, plan)
     costs = costs or AsyncTpCosts()
+    by_layer: dict[int, list[FusedPair]] = {}
+    for pair in pairs:
+        by_layer.setdefault(pair.layer, []).append(pair)
     total = 0.0
-    prev: tuple[LayerResult, KindTime] | None = None
-    for r in results:
-        kt = kind_time(r, segs)
+    for i in layers:
+        kt = kind_time(results[i], segs)
         total += kt.total_s
-        priced = {c.label for c in kt.collectives}
-        for pair in fused_pairs(r, prev[0] if prev is not None else None):
-            if r.comms[pair.comm].label not in priced:  # not run: a CP exchange took its place (`--cp-layers mla`)
-                continue
-            gemm_res, gemm_kt = prev if pair.from_previous and prev is not None else (r, kt)
-            fused, unfused = pair_seconds(p, pair, r, kt, gemm_kt, costs, gemm_res)
+        for pair in by_layer.get(i, []):
+            gemm_kt = kind_time(results[i - 1], segs) if pair.from_previous else kt
+            fused, unfused = pair_seconds(p, pair, results[i], kt, gemm_kt, costs)
             total += fused - unfused
-        prev = (r, kt)
     return total
 
 

@@ -39,8 +39,8 @@ from tpplan.layout.propagate import OpDecision
 from tpplan.lower.program import KernelCall
 from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
-from tpplan.models.graph import LayerGraph, ModelGraph, Op, OpKind
-from tpplan.models.opkinds import cost_class, kernel_key
+from tpplan.models.graph import LayerGraph, ModelGraph, Op
+from tpplan.models.opkinds import cost_class, kernel_key, op_kind
 from tpplan.models.quant import WeightFormat
 
 MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's latent (absorbed in decode)
@@ -144,7 +144,7 @@ class KernelPricer:
         self._note: str | None = None  # set by price: where the op's format was priced from other rows
 
     def _is_experts(self, kind: str, name: str) -> bool:
-        return any(o.name == name and o.kind is OpKind.EXPERTS for o in self.graph.kinds[kind].ops)
+        return any(o.name == name and op_kind(o.kind).routed_experts for o in self.graph.kinds[kind].ops)
 
     def weight_elem_bytes(self, kind: str, op: Op) -> float:
         """Stored bytes per weight element of `op` (scales included), as the checkpoint holds it."""
@@ -324,7 +324,7 @@ class KernelPricer:
         else:  # elementwise (norms, gates, short convolutions): memory-bound
             (secs, flops, nbytes), cat = self._memory_bound(lg, d, t), "elementwise"
         redundant = call.redundant and bool(flops or nbytes)
-        kernel = kernel_key(op, str(d.split) if op.kind is OpKind.EXPERTS else None)
+        kernel = kernel_key(op, str(d.split))
         measured = self._profiled(kernel, op.name, secs)
         source = PROFILE if measured != secs else (None if cost == "free" else self._source)
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
@@ -411,9 +411,9 @@ class KernelPricer:
         op = d.op
         flops, nbytes = self._elementwise(lg, d, t)
         secs = self._roofline(flops, nbytes)
-        if op.kind is OpKind.TOKEN_MIX:  # a memory-bound token mixer (short convolution): its stream model
+        if op_kind(op.kind).mixes_tokens:  # a memory-bound token mixer (short convolution): its stream model
             family, axis = str(op.attrs.get("impl")), "channels"
-        elif op.kind in (OpKind.NORM, OpKind.HEAD_NORM):  # a fused RMSNorm: its stream model, where fitted
+        elif op_kind(op.kind).fused_norm:  # a fused RMSNorm: its stream model, where fitted
             family, axis = "norm", "width"
         else:
             return secs, flops, nbytes

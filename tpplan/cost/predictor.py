@@ -16,6 +16,7 @@ Formulas and assumptions: docs/cost-model.md ("Prediction").
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from tpplan.audit import PlanAudit, audit_plan, stage_weights
@@ -26,7 +27,7 @@ from tpplan.cost.ep_low_latency import low_latency_steps
 from tpplan.cost.kernel_pricer import KernelPricer
 from tpplan.cost.kernel_source import KernelSource
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
-from tpplan.cost.prediction import KindTime, MemoryBreakdown, OpTime
+from tpplan.cost.prediction import CollectiveTime, KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
@@ -39,6 +40,7 @@ from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult
 from tpplan.lower import (
     Batch,
+    Collective,
     KernelCall,
     LayerProgram,
     Lowering,
@@ -53,8 +55,8 @@ from tpplan.lower.registry import generation
 from tpplan.lower.shapes import experts_shape
 from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.mesh import Mesh
-from tpplan.models.graph import LayerGraph, ModelGraph, OpKind
-from tpplan.models.opkinds import mixer
+from tpplan.models.graph import LayerGraph, ModelGraph
+from tpplan.models.opkinds import mixer, op_kind
 from tpplan.models.spec import AttnSpec
 from tpplan.placement import S_COL, S_TOK, Placement, R
 
@@ -163,20 +165,32 @@ class Predictor:
         ops = [self.kernels.price(lg, k, t, pairs, cached, local) for k in kernels if k.repeat_of is None]
         ops += [self.comms.copy(res.kind, c) for c in layer.copies()]
         ops += [repeated(k, ops) for k in kernels if k.repeat_of is not None]
-        steps = low_latency_steps([c for c in layer.collectives() if c.priced], lg, t, self.serving_engine, local)
-        colls = [self.comms.collective(res.kind, c) for c in steps]
+        colls = self.collective_times(res.kind, layer.collectives(), ctx)
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt
 
-    def layers_seconds(self, results: list[LayerResult], segs: Segments) -> float:
-        """Consecutive layers of one batch: their sum, or as the plan's overlap (micro-batch, async TP) runs them."""
+    def collective_times(self, kind: str, steps: Sequence[Collective], ctx: Lowering) -> list[CollectiveTime]:
+        """A layer's priced collective steps (of layer kind `kind`, lowered in `ctx`) priced for its batch, a
+        decode step's EP all-to-all as the serving engine's DeepEP low-latency kernels send it
+        (`cost.ep_low_latency`). The search's `Pricer` prices its fragments' collectives here too."""
+        local = ctx.local_segments
+        t = batch_pairs(local)[0]
+        sent = low_latency_steps([c for c in steps if c.priced], self.graph.kinds[kind], t, self.serving_engine, local)
+        return [self.comms.collective(kind, c) for c in sent]
+
+    def layers_seconds(self, layers: Sequence[int], segs: Segments) -> float:
+        """Consecutive layers (the audit's indices) of one batch: their sum, or as the plan's overlap
+        (micro-batch, async TP: the program's fused pairs) runs them."""
+        every = self.audit.layer_results
+        results = [every[i] for i in layers]
         if self.plan.overlap is None:
             return sum(self.kind_time(r, segs).total_s for r in results)
         if self.plan.overlap == "asynctp":  # GEMM + collective fusion (cost/async_tp.py)
             from tpplan.cost.async_tp import fused_layers_seconds
 
-            return fused_layers_seconds(self.kernels, self.plan.name, self.kind_time, results, segs)
+            pairs = self.outline(segs).fused
+            return fused_layers_seconds(self.kernels, self.plan.name, self.kind_time, every, layers, pairs, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
         from tpplan.engines.overlap import overlap_named
 
@@ -216,9 +230,8 @@ class Predictor:
         hit = self._stage_cache.get(segs)
         if hit is not None:
             return hit
-        results = self.audit.layer_results
         stages = self.outline(segs).stages
-        stage_s = [self.layers_seconds([results[layer.index] for layer in s.layers], segs) for s in stages]
+        stage_s = [self.layers_seconds([layer.index for layer in s.layers], segs) for s in stages]
         sends = [self.send_seconds(s.send) if s.send is not None else 0.0 for s in stages]
         final = self.final_seconds(segs)
         stage_s[-1] += final
@@ -315,7 +328,7 @@ class Predictor:
             for d in res.decisions:
                 live = sum(self._value_bytes(lg, res.placements.get(v, R), v, t) for v in d.op.inputs if v in lg.values)
                 live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
-                if d.op.kind is OpKind.EXPERTS:
+                if op_kind(d.op.kind).routed_experts:
                     m, _, n2 = experts_shape(d, t, self.tp, self.plan)
                     live += m * (d.op.int_attr("width") + n2 + n2 // 2) * b  # gathered rows + intermediates
                 peak = max(peak, live)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tpplan.cost.decode_band import DecodeBand
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.speculative import Speculative
     from tpplan.models.graph import ModelGraph
     from tpplan.search.results import RankedPlan, SearchOutcome
     from tpplan.search.serving_points import DeploymentAnswer
@@ -63,23 +64,31 @@ class ServingMemo:
 
 def build_serving_memo(
     outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, *, arrival: Arrival | None,
-    engines: tuple[str, ...] | None, pd: bool = True,
+    engines: tuple[str, ...] | None, pd: bool = True, speculative: Speculative | None = None,
 ) -> ServingMemo:  # fmt: skip
-    """The search's deployments served under `targets` and the chosen pools' launch lines."""
+    """The search's deployments served under `targets` and the chosen pools' launch lines; `speculative`:
+    decode steps as speculative steps (`--spec`), and the decoding pools' lines with its flags."""
     from tpplan.engines.serving_flags import sources
     from tpplan.search.under_targets import serve_under_targets
 
     rate = arrival if arrival is not None and arrival.rate is not None else None
     got = serve_under_targets(outcome, graph, workload, targets, arrival=rate,
-                              requests=arrival.requests if arrival is not None else None, disaggregated=pd)  # fmt: skip
+                              requests=arrival.requests if arrival is not None else None, disaggregated=pd,
+                              speculative=speculative)  # fmt: skip
     memo = ServingMemo(got, workload, (), ())
+    pools = _Pools(outcome, graph, workload, engines, speculative)
     launches: list[PoolLaunch] = []
     for a in memo.chosen():
-        launches += _launches(a, outcome, graph, workload, engines)
-    cites = tuple(dict.fromkeys(s.cite() for e in ("sglang", "vllm") for s in sources(e)))
+        launches += _launches(a, pools)
+    from tpplan.engines.speculative import sources as spec_sources
+
+    read = [*sources("sglang"), *sources("vllm")]
+    read += [*spec_sources("sglang"), *spec_sources("vllm")] if speculative is not None else []
+    cites = tuple(dict.fromkeys(s.cite() for s in read))
     chosen = memo.chosen()
-    band = (chosen[0].label, chosen_decode_band(chosen[0], outcome, graph, workload)) if chosen else None
-    return ServingMemo(got, workload, tuple(launches), cites, band)
+    # The band prices a one-token decode step; under --spec a step verifies K + 1 tokens: no band printed.
+    band = None if speculative is not None or not chosen else chosen_decode_band(chosen[0], outcome, graph, workload)
+    return ServingMemo(got, workload, tuple(launches), cites, None if band is None else (chosen[0].label, band))
 
 
 def chosen_decode_band(
@@ -105,16 +114,26 @@ def chosen_decode_band(
     return decode_step_band(pred, batch, prompt + workload.output_len // 2)
 
 
-def _launches(
-    a: DeploymentAnswer, outcome: SearchOutcome, graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None
-) -> list[PoolLaunch]:
+@dataclass(frozen=True)
+class _Pools:
+    """What every pool's launch lines read: the search's outcome, the model, the workload, the `--engine`
+    versions and the speculative decoding the decoding pools run (`--spec`; None: none)."""
+
+    outcome: SearchOutcome
+    graph: ModelGraph
+    workload: Workload
+    engines: tuple[str, ...] | None
+    speculative: Speculative | None
+
+
+def _launches(a: DeploymentAnswer, pools: _Pools) -> list[PoolLaunch]:
     p = a.best or a.closest
     if a.decode_ranked is None:
-        return _pool(a.label, "aggregated", a.ranked, a.replicas, p.load.clients, outcome, graph, workload, engines)
+        return _pool(pools, a.label, "aggregated", a.ranked, a.replicas, p.load.clients)
     n_p, n_d = (int(x) for x in (a.ratio or "1:1").split(":"))
     per_d = math.ceil(p.load.clients / n_d) if p.load.clients is not None else None
-    return [*_pool(a.label, "prefill", a.ranked, n_p, None, outcome, graph, workload, engines),
-            *_pool(a.label, "decode", a.decode_ranked, n_d, per_d, outcome, graph, workload, engines)]  # fmt: skip
+    return [*_pool(pools, a.label, "prefill", a.ranked, n_p, None),
+            *_pool(pools, a.label, "decode", a.decode_ranked, n_d, per_d)]  # fmt: skip
 
 
 def with_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
@@ -123,24 +142,24 @@ def with_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]
     return (*(x for x in args if x.split()[0] not in names), *flags)
 
 
-def _pool(
-    label: str, pool: str, r: RankedPlan, instances: int, running: int | None, outcome: SearchOutcome,
-    graph: ModelGraph, workload: Workload, engines: tuple[str, ...] | None,
-) -> list[PoolLaunch]:  # fmt: skip
-    """Both engines' launch lines for one pool: the recipe's flags for the plan at its mesh, the memory flags."""
+def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, running: int | None) -> list[PoolLaunch]:
+    """Both engines' launch lines for one pool: the recipe's flags for the plan at its mesh, the memory flags and,
+    for a pool that decodes under `--spec`, the speculative-decoding flags (the cap stays the memory flags')."""
     from dataclasses import replace
 
     from tpplan.cost.predictor import cached_predictor
     from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
     from tpplan.engines.serving_flags import memory_flags, pd_flags
+    from tpplan.engines.speculative import launch_flags
     from tpplan.errors import TpplanError
     from tpplan.mesh import Mesh
 
+    outcome, graph, workload, spec = pools.outcome, pools.graph, pools.workload, pools.speculative
     topo: Topology | None = outcome.topology
     assert topo is not None
     one = Mesh(tp=r.tp, pp=r.pp, cp=r.cp, replicas=1, cp_layers=outcome.cp_layers, cp_kv=outcome.cp_kv)
-    pair = select_pair(list(engines) if engines else None)
+    pair = select_pair(list(pools.engines) if pools.engines else None)
     out = []
     nodes = max(1, -(-one.gpus // topo.gpus_per_node))  # the nodes one server spans
     launch = Launch(graph.spec, one, chunk=workload.chunk_size, gpu=topo.gpu.name, nodes=nodes)
@@ -153,7 +172,7 @@ def _pool(
         try:
             from tpplan.cost.kv_capacity import kv_capacity
 
-            kv = kv_capacity(p, ev.key)
+            kv = kv_capacity(p, ev.key, pd=pool != "aggregated")
         except TpplanError as err:
             out.append(
                 PoolLaunch(label, pool, name, instances, "", why_not=f"its KV sizing was not read: {err.reason}")
@@ -161,6 +180,7 @@ def _pool(
             continue
         flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
         flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
+        flags += launch_flags(ev.key, spec) if spec is not None and pool != "prefill" else ()
         cmd = replace(rec, args=with_flags(rec.args, flags), replicas=instances).command()
         memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank; off its pool: {kv.reserve_text}"
                   + (f"; at most {running} running requests hold the load" if running is not None else ""))  # fmt: skip

@@ -15,6 +15,7 @@ from tpplan.report.rows import fig
 from tpplan.search.targets import seconds_text
 
 if TYPE_CHECKING:
+    from tpplan.engines.speculative import Speculative
     from tpplan.report.results import Analysis
     from tpplan.search.serving_points import DeploymentAnswer, ServingPoint
     from tpplan.search.targets import Targets
@@ -38,6 +39,16 @@ def chosen_text(targets: Targets, a: DeploymentAnswer) -> str:
             f"What binds: {a.binds or 'nothing at this load'} ({a.why}).")  # fmt: skip
 
 
+def speculative_text(sp: Speculative) -> str:
+    """What `--spec` made of the decode steps, from its values, and what the pricing leaves out."""
+    from tpplan.engines.speculative import NOT_MODELLED
+
+    return (f"Decode steps are speculative (`--spec`): {sp.method}, {sp.draft_tokens} draft token(s) per step, the "
+            f"target verifying {sp.verify_tokens} per request and each request gaining {sp.accepted:g} token(s) per "
+            "step (an input, not predicted); the decoding pools' launch lines carry the flags. Left out: "
+            + "; ".join(NOT_MODELLED) + ".")  # fmt: skip
+
+
 def serving_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str, Any]) -> list[Block]:
     """The Serving section, when the memo was asked for targets."""
     s = a.serving
@@ -56,6 +67,8 @@ def serving_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str
             "own TTFT and TPOT, per second, per GPU). " + out.verdict()
         ),
     ]
+    if out.speculative is not None:
+        b.append(Para(speculative_text(out.speculative)))
     b.append(Bullets(tuple(chosen_text(out.targets, x) for x in s.chosen())))
     b.append(_table(out))
     if s.decode_band is not None:
@@ -92,4 +105,4 @@ def _table(out: TargetsOutcome) -> Table:
     return Table(tuple(heads), tuple(rows), tuple(range(2, n - 2)))
 
 
-__all__ = ["SHOWN", "chosen_text", "serving_section"]
+__all__ = ["SHOWN", "chosen_text", "serving_section", "speculative_text"]

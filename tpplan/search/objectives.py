@@ -10,7 +10,7 @@ stage sends). The search may optimise each layer kind on its own only because th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from tpplan.audit import PlanAudit
@@ -255,7 +255,8 @@ class PredictObjective:
         hit = self._ops.get(key)
         if hit is None:
             lg = self.graph.kinds[kind]
-            secs = sum(w * self.pricer.op_time(lg, d, segs, g.ep_size).seconds for segs, w in self.batches)
+            mesh = replace(self.pricer.deployment, ep=g.ep_size) if d.split == "ep" else None
+            secs = sum(w * self.pricer.op_time(lg, d, segs, mesh).seconds for segs, w in self.batches)
             hit = Cost(secs, self.pricer.weight_bytes(lg, d))
             self._ops[key] = hit
         return hit
@@ -290,10 +291,9 @@ class PredictObjective:
         """The final reduction and, with PP, the stage sends, with CP, the CP exchanges, for the batches priced."""
         pr = self.pricer
         secs = 0.0
-        coll = _final_collective(stream, final_delta)
         for segs, w in self.batches:
-            if coll is not None and n > 1:
-                secs += w * pr.final_reduce_time(coll, ring_elements_per_rank(coll, graph.hidden, n), segs)
+            if final_delta is P and n > 1:
+                secs += w * pr.final_reduce_time(stream, segs)
             if self.pp > 1:
                 secs += w * pr.stage_sends_time(stream, segs)
             if pr.cp > 1:  # context parallelism's exchanges: fixed by the graph and TP, not by the plan

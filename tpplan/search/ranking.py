@@ -28,6 +28,7 @@ first (scripts and tests).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,6 +44,7 @@ from tpplan.plans.files import Deployment as FileDeployment
 from tpplan.plans.files import plan_file_data
 from tpplan.search.combine import search
 from tpplan.search.grid import MeshAsk, deployment_grid, deployments, memory_cap_gib_of
+from tpplan.search.memo import Memo
 from tpplan.search.naming import describe
 from tpplan.search.objectives import plan_cost
 from tpplan.search.results import (
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
 
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.layout.plan import Plan
+    from tpplan.search.objectives import Cost, Objective
 
 
 def _check(
@@ -92,9 +96,11 @@ def _check(
         raise TpplanError("topology=None", "predicted time needs a topology", "pass one (e.g. h200x8-ib400)")
 
 
-def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> Deployed:
+def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf"), memo: Memo | None = None) -> Deployed:
     """Search one mesh (TP, PP, CP, replicas); audit and predict its best plans until `top` fit, or until what the
-    next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments).
+    next could score at best is no better than `cutoff` (the `top`-th best of earlier deployments). `memo`:
+    the walks, audits, predictions and variants made are kept there, and those kept already are taken from it
+    (`search.memo`: the same search again with another cutoff).
 
     Activations (one chunk's peak) are not additive: the search caps the rest. A ranked plan that
     its own activations push over the cap is excluded; if that happens, the search runs once more
@@ -102,23 +108,21 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> De
     """
     graph, cap, top, tp = s.graph, s.cap, 1 if s.every_deployment else s.top, mesh.tp
     base = s.baseline_audit(mesh)  # raises (a clear TpplanError) if the model does not split over tp
-    obj = objective_of(s, mesh)
-    label = mesh.label()
-    if (mesh.cp > 1 or mesh.replicas > 1) and cap is not None:
-        # CP keeps every CP group's TP x PP weights, a replica all of them: baseline's (no replication,
-        # the least any plan holds) with KV, state and embedding is a floor on every plan's memory;
-        # over the cap, none fits.
-        floor = plan_cost(obj, graph, base).memory
-        if floor > cap:
-            over = Excluded("every plan", label, None, search_memory_bytes=floor, why="floor")
-            return Deployed([], {"every plan": over}, 0.0, 0, 0, obj.name, label)
+    memo = memo or Memo()
+    obj: Callable[[], Objective] = functools.cache(lambda: objective_of(s, mesh))  # its pricer: made where used
+    label, name_of = mesh.label(), memo.get("objective", None, lambda: obj().name)
+    over = _over_floor(s, mesh, memo, lambda: plan_cost(obj(), graph, base).memory)
+    if over is not None:
+        return Deployed([], {"every plan": over}, 0.0, 0, 0, name_of, label)
     reserve = 0.0
     kept: dict[str, RankedPlan] = {}
     excluded: dict[str, Excluded] = {}
     families = walks = 0
     for attempt in range(2):
-        res = search(graph, tp, obj, top=top, memory_cap=None if cap is None else cap - reserve, dtype=s.dtype,
-                     per_family=not s.all_plans, audits=s.audits)  # fmt: skip
+        limit = None if cap is None else cap - reserve
+        res = memo.get("walk", reserve, lambda limit=limit: search(graph, tp, obj(), top=top, memory_cap=limit,  # type: ignore[misc]
+                                                                   dtype=s.dtype, per_family=not s.all_plans,
+                                                                   audits=s.audits))  # fmt: skip
         families, walks = res.globals_searched, walks + res.walks
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
@@ -128,10 +132,8 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> De
             if fitted >= top or lower_bound(s, c.score, mesh) >= cutoff:
                 break
             name, short, summary = describe(c.glob, c.configs, s.has_moe)
-            pa = s.audits.of(c.plan.with_(name=name, title=short, summary=summary), mesh, s.dtype)
-            if not pa.legal:  # cannot happen: the search walks the audit's own propagation
-                raise AssertionError(f"search returned an illegal plan {name}: {[v.sentence() for v in pa.violations]}")
-            got = evaluate(s, pa, c.cost, mesh)
+            plan = c.plan.with_(name=name, title=short, summary=summary)
+            got = memo.get("plan", name, lambda c=c, plan=plan: _evaluated(s, plan, c.cost, mesh))  # type: ignore[misc]
             mem = got.prediction.memory if got.prediction is not None else None
             if cap is not None and mem is not None and mem.total > cap:
                 worst_act = max(worst_act, float(mem.activations))
@@ -142,13 +144,39 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf")) -> De
         if worst_act <= reserve or attempt:
             break
         reserve = worst_act
+    _add_variants(s, mesh, kept, excluded, memo)
+    return Deployed(list(kept.values()), excluded, reserve, families, walks, name_of, label)
+
+
+def _over_floor(s: Setup, mesh: Mesh, memo: Memo, floor: Callable[[], float]) -> Excluded | None:
+    """CP keeps every CP group's TP x PP weights, a replica all of them: baseline's memory (no replication,
+    the least any plan holds) with KV, state and embedding is a floor on every plan's; over the cap, none
+    fits, and every plan is excluded (None: the floor fits, or no CP, no replicas, no cap)."""
+    if not (mesh.cp > 1 or mesh.replicas > 1) or s.cap is None:
+        return None
+    least = memo.get("floor", None, floor)
+    if least <= s.cap:
+        return None
+    return Excluded("every plan", mesh.label(), None, search_memory_bytes=least, why="floor")
+
+
+def _add_variants(s: Setup, mesh: Mesh, kept: dict[str, RankedPlan], excluded: dict[str, Excluded], memo: Memo) -> None:
+    """The named DP-attention plans and the kept plans under the engine's overlap, ranked beside the search's."""
     if s.dp_attention:
-        for got in dp_entries(s, mesh, excluded):
+        for got in memo.get("dp", tuple(excluded.items()), lambda: dp_entries(s, mesh, excluded)):
             kept.setdefault(got.plan.name, got)
     if s.overlap is not None:
-        for got in overlap_entries(s, list(kept.values()), mesh):
+        ranked = list(kept.values())
+        for got in memo.get("overlap", tuple(kept), lambda: overlap_entries(s, ranked, mesh)):
             kept.setdefault(got.plan.name, got)
-    return Deployed(list(kept.values()), excluded, reserve, families, walks, obj.name, label)
+
+
+def _evaluated(s: Setup, plan: Plan, cost: Cost, mesh: Mesh) -> RankedPlan:
+    """A search candidate's plan audited and predicted on `mesh`."""
+    pa = s.audits.of(plan, mesh, s.dtype)
+    if not pa.legal:  # cannot happen: the search walks the audit's own propagation
+        raise AssertionError(f"search returned an illegal plan {plan.name}: {[v.sentence() for v in pa.violations]}")
+    return evaluate(s, pa, cost, mesh)
 
 
 def _while_searching(s: Setup, grid: list[Mesh]) -> None:
@@ -197,24 +225,36 @@ def _name_ranked(s: Setup, ranked: list[RankedPlan], top: int) -> list[RankedPla
 
 
 _GRID_SETUP: Setup | None = None  # what forked grid workers search (inherited, not pickled)
+Searched = Deployed | tuple[str, str, str]  # a deployment's search, or why the model does not split over it
 
 
-def _search_one(mesh: Mesh, cutoff: float = float("inf")) -> Deployed | tuple[str, str, str]:
+def _search_one(mesh: Mesh, cutoff: float = float("inf"), memo: Memo | None = None) -> Searched:
     """One deployment; a model that does not split over it gives the error's (where, reason, fix),
     which, unlike the exception, crosses a process boundary."""
     assert _GRID_SETUP is not None
     try:
-        return _search_deployment(_GRID_SETUP, mesh, cutoff)
+        return _search_deployment(_GRID_SETUP, mesh, cutoff, memo)
     except TpplanError as e:
         return (e.where, e.reason, e.fix)
 
 
-def _search_all(
-    s: Setup, grid: list[Mesh], say: Callable[[str], None] = lambda _step: None
-) -> list[Deployed | tuple[str, str, str]]:
-    """Every deployment's search, in grid order: on as many cores as there are (forked workers,
-    each one deployment; `search.pool`) when the grid has several, else in turn, each evaluating only
-    plans that can still rank (`cutoff`: the `top`-th best score of the deployments before it)."""
+def _search_kept(mesh: Mesh, cutoff: float) -> tuple[Searched, Memo]:
+    """A forked worker's deployment: the search and what it computed (`search.memo`)."""
+    memo = Memo()
+    return _search_one(mesh, cutoff, memo), memo
+
+
+def _cutoff(s: Setup, scores: list[float]) -> float:
+    """The one-core search's cutoff after deployments whose kept plans scored `scores`: the `top`-th best
+    (none under `every_deployment`, which keeps each deployment's best)."""
+    return sorted(scores)[s.top - 1] if len(scores) >= s.top and not s.every_deployment else float("inf")
+
+
+def _search_all(s: Setup, grid: list[Mesh], say: Callable[[str], None] = lambda _step: None) -> list[Searched]:
+    """Every deployment's search, in grid order, each evaluating only plans that can still rank (`cutoff`: the
+    `top`-th best score of the deployments before it): on as many cores as there are (forked workers, each one
+    deployment; `search.pool`, `_search_forked`, which gives the same answer) when the grid has several, else
+    in turn."""
     global _GRID_SETUP
     from tpplan.search.pool import fork_workers, forked_pool
 
@@ -223,18 +263,14 @@ def _search_all(
         workers = fork_workers(len(grid))
         if workers:
             _before_fork(s, grid)
-            # Workers cannot know the serial path's `cutoff`, so where it applies they keep plans it
-            # would not (the ranked ones are the same; the memo shows each deployment's best): there
-            # a process with a progress thread (the CLI) searches in turn, as it always has.
-            with forked_pool(workers, pause=s.every_deployment) as pool:
+            with forked_pool(workers) as pool:
                 if pool is not None:
                     return _search_forked(s, grid, pool, workers, say)
-        out = []
+        out: list[Searched] = []
         scores: list[float] = []
         for i, m in enumerate(grid):
             say(f"searching {m.label()} ({i + 1} of {len(grid)})")
-            cutoff = sorted(scores)[s.top - 1] if len(scores) >= s.top and not s.every_deployment else float("inf")
-            got = _search_one(m, cutoff)
+            got = _search_one(m, _cutoff(s, scores))
             out.append(got)
             if isinstance(got, Deployed):
                 scores += [r.score for r in got.entries]
@@ -257,22 +293,53 @@ def _before_fork(s: Setup, grid: list[Mesh]) -> None:
 
 def _search_forked(
     s: Setup, grid: list[Mesh], pool: ProcessPoolExecutor, workers: int, say: Callable[[str], None]
-) -> list[Deployed | tuple[str, str, str]]:
-    """The grid searched by `pool`'s workers, while this process does its share and says progress;
-    the workers send back their plans' audits, added to the search's."""
-    from concurrent.futures import as_completed
+) -> list[Searched]:
+    """The grid searched by `pool`'s workers, the one-core search's answer. A deployment goes to a worker with
+    the cutoff of the deployments settled before it (never tighter than the one-core cutoff: it keeps every
+    plan that one keeps, and more); the parent settles the deployments in grid order, running each one's
+    search again with the one-core cutoff from the worker's memo (`search.memo`), does its own share while
+    the workers search, and says progress. The settled plans' audits are added to the search's."""
+    from concurrent.futures import FIRST_COMPLETED, Future, wait
 
-    futures = [pool.submit(_search_one, m, float("inf")) for m in grid]
-    _while_searching(s, grid)
-    for done, _ in enumerate(as_completed(futures), 1):
-        say(f"searched {done} of {len(grid)} deployments")
-        if done < len(futures) and len(futures) - done < workers:  # a core idles at the tail
-            _at_the_tail(s, [f.result() for f in futures if f.done()])
-    out = [f.result() for f in futures]
-    for got in out:
-        if isinstance(got, Deployed):
-            got.entries = [replace(r, audit=s.audits.add(r.audit, s.dtype)) for r in got.entries]
+    futures: list[Future[tuple[Searched, Memo]]] = []
+    out: list[Searched] = []
+    scores: list[float] = []
+    pending: set[Future[tuple[Searched, Memo]]] = set()
+    while len(out) < len(grid):
+        while len(futures) < len(grid) and len(pending) < workers:
+            futures.append(pool.submit(_search_kept, grid[len(futures)], _cutoff(s, scores)))
+            pending.add(futures[-1])
+        if len(futures) == workers or (len(futures) == len(grid) and len(pending) < workers):
+            _parent_share(s, grid, out, first=len(futures) == workers and not out)
+        _, pending = wait(pending, return_when=FIRST_COMPLETED)
+        while len(out) < len(futures) and futures[len(out)].done():
+            got = _settled(s, grid[len(out)], *futures[len(out)].result(), _cutoff(s, scores))
+            out.append(got)
+            scores += [r.score for r in got.entries] if isinstance(got, Deployed) else []
+            say(f"searched {len(out)} of {len(grid)} deployments")
     return out
+
+
+def _parent_share(s: Setup, grid: list[Mesh], done: list[Searched], first: bool) -> None:
+    """The parent's work while the workers search: at the start the reference deployment's, once a core
+    idles at the grid's tail the leaders' (`_while_searching`, `_at_the_tail`)."""
+    if first:
+        _while_searching(s, grid)
+    elif done:
+        _at_the_tail(s, done)
+
+
+def _settled(s: Setup, mesh: Mesh, got: Searched, memo: Memo, cutoff: float) -> Searched:
+    """A worker's deployment as the one-core search leaves it: searched again with `cutoff` from the
+    worker's memo where the worker had a looser one; its plans' audits added to the search's."""
+    if isinstance(got, Deployed) and memo.results:
+        try:
+            got = _search_deployment(s, mesh, cutoff, memo)
+        except TpplanError as e:  # cannot happen: the worker's search of it did not raise
+            got = (e.where, e.reason, e.fix)
+    if isinstance(got, Deployed):
+        got.entries = [replace(r, audit=s.audits.add(r.audit, s.dtype)) for r in got.entries]
+    return got
 
 
 def search_plans(

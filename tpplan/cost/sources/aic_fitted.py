@@ -61,37 +61,29 @@ MOE_CLASSES = {
 }
 
 
-def moe_mode(tp: int, ep: int) -> str:
-    """The MoE kernel class of a TP x EP split: "tp" (experts sliced by width on every rank), "ep"
-    (whole experts spread over ranks) or "tp_ep" (both)."""
-    if ep == 1:
+def moe_mode(shape: MoeShape) -> str:
+    """The MoE kernel class of the query's TP x EP split: "tp" (experts sliced by width on every rank),
+    "ep" (whole experts spread over ranks) or "tp_ep" (both)."""
+    if shape.ep == 1:
         return "tp"
-    return "ep" if tp == 1 else "tp_ep"
+    return "ep" if shape.tp == 1 else "tp_ep"
 
 
 ExpertLoads = tuple[tuple[int, float], ...]  # (how many local experts, rows each), experts with rows only
 
 
-def balanced_loads(tokens: float, experts: int, top_k: int, ep: int) -> ExpertLoads:
+def balanced_loads(shape: MoeShape) -> ExpertLoads:
     """One rank's expert loads under balanced routing: its tokens x top_k / ep routed pairs spread
     over min(local experts, pairs) experts."""
-    pairs_r = tokens * top_k / ep
-    active = min(experts // ep, math.ceil(pairs_r)) if pairs_r > 0 else 0
+    ep = shape.ep
+    pairs_r = shape.tokens * shape.top_k / ep
+    active = min(shape.experts // ep, math.ceil(pairs_r)) if pairs_r > 0 else 0
     return ((active, pairs_r / active),) if active else ()
 
 
-def moe_features(
-    tokens: float,
-    hidden: int,
-    inter: int,
-    experts: int,
-    top_k: int,
-    tp: int,
-    ep: int,
-    loads: ExpertLoads | None = None,
-) -> list[float]:
-    """Work of one MoE layer on one rank (gated experts: 3 H x I/tp GEMMs per expert), in the order
-    of `MOE_FEATURES`; `loads` default `balanced_loads`.
+def moe_features(shape: MoeShape, loads: ExpertLoads | None = None) -> list[float]:
+    """Work of one MoE layer on one rank (gated experts: 3 H x I/tp GEMMs per expert) for the query
+    `shape` (its dtype aside), in the order of `MOE_FEATURES`; `loads` default `balanced_loads`.
 
     call: fixed per-call cost; active_experts: experts with rows (per-expert scheduling); weights:
     weight elements those experts read; flops: useful MACs x2; tile_waste_flops: the extra work of
@@ -100,8 +92,9 @@ def moe_features(
     the batch (kernels that scan all pairs whatever the EP); intermediate_rows: the rank's rows x
     I/tp (activation and its quantisation)."""
     if loads is None:
-        loads = balanced_loads(tokens, experts, top_k, ep)
-    inter_r = inter / tp
+        loads = balanced_loads(shape)
+    tokens, hidden, top_k = shape.tokens, shape.hidden, shape.top_k
+    inter_r = shape.intermediate / shape.tp
     active = sum(n for n, _ in loads)
     rows = sum(n * r for n, r in loads)
     padding = sum(n * (math.ceil(r / MOE_TILE_M) * MOE_TILE_M - r) for n, r in loads if r > 0)
@@ -221,7 +214,7 @@ class AicFittedSource:
         return None
 
     def moe(self, shape: MoeShape) -> KernelPrice | None:
-        mode = moe_mode(shape.tp, shape.ep)
+        mode = moe_mode(shape)
         fitted = next(
             (
                 self.moe_classes[f"{q}/{mode}"]
@@ -232,7 +225,7 @@ class AicFittedSource:
         )
         if fitted is None or shape.tokens < 1 or shape.tokens > fitted.max_tokens * FAR:
             return None
-        x = moe_features(shape.tokens, shape.hidden, shape.intermediate, shape.experts, shape.top_k, shape.tp, shape.ep)
+        x = moe_features(shape)
         name = fitted_name(self.moe_classes, fitted)
         other = stand_in(name.split("/", 1)[0], shape.dtype, MOE_CLASSES[shape.dtype][0])
         return KernelPrice(fitted.seconds(x), f"{self.name}:moe-{name}{other}", True)

@@ -68,11 +68,15 @@ def _layer(ctx: Lowering, layer: LayerProgram) -> LayerProgram:
     comms = ctx.results[layer.index].comms
     dispatch = next((c for c in comms if c.internal and c.value.endswith(":dispatch")), None)
     combine = next((c for c in comms if c.internal and c.value.endswith(":combine")), None)
-    if dispatch is None or combine is None or ctx.tp <= 1:
+    if (dispatch is None and combine is None) or ctx.tp <= 1:
         return layer
+    # Each move lowers on its own, so a fragment holding one of them (the search prices one planned move at
+    # a time, `cost.pricing.Pricer`) gets its own call.
     op = next(o for o in ctx.layer_graph(layer.index).ops if o.kind is OpKind.EXPERTS)
-    counts, send, back = moe_calls(ctx, layer.index, op, dispatch, combine)
-    return layer.with_before(op.name, [counts, send]).with_after(op.name, [back])
+    counts, send, back = moe_calls(ctx, layer.index, op, dispatch or combine, combine or dispatch)  # type: ignore[arg-type]
+    if dispatch is not None:
+        layer = layer.with_before(op.name, [counts, send])
+    return layer.with_after(op.name, [back]) if combine is not None else layer
 
 
 EP_A2A = register(Pass("ep_a2a", 30, "MoE all-to-all: send counts, dispatch (with routing weights), combine", _layer))
