@@ -54,3 +54,5 @@ def test_routed_experts_share_by_moe_mode() -> None:
     assert kind.expert_share(op, ep) == (e // 2, inter // 2, t * k / 2)
     assert kind.expert_share(op, tp) == (e, inter // n, float(t * k))
     assert kind.shape(op, tp) == (t * k, op.int_attr("width"), 2 * (inter // n))
+    redundant = RankCtx("a2a", P, rows=t, tokens=t, shards=n, weight_elements=1, redundant_experts=n)
+    assert kind.expert_share(op, redundant) == ((e + n) // n, inter, t * k / n)  # the plan's physical experts

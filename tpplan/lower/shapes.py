@@ -23,9 +23,11 @@ def token_rows(d: OpDecision, tokens: int, n: int) -> int:
 
 def rank_ctx(d: OpDecision, tokens: int, n: int, plan: Plan) -> RankCtx:
     """What `d`'s kind needs for its per-rank shape on a TP group of `n` for a batch of `tokens`
-    (`plan`: its EP size, for routed experts split EP)."""
+    (`plan`: its EP size, for routed experts split EP, and their redundant copies)."""
     groups = plan.ep_size if d.split == "ep" else None
-    return RankCtx(d.split, d.strategy.output, token_rows(d, tokens, n), tokens, n, d.weight_elements_per_rank, groups)
+    rows = token_rows(d, tokens, n)
+    return RankCtx(d.split, d.strategy.output, rows, tokens, n, d.weight_elements_per_rank, groups,
+                   plan.redundant_experts)  # fmt: skip
 
 
 def rank_shape(d: OpDecision, tokens: int, n: int, plan: Plan) -> Shape | None:

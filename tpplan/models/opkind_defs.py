@@ -296,10 +296,11 @@ def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
 
 
 def _experts_share(op: Op, rc: RankCtx) -> ExpertShare:
-    """(experts, intermediate width, routed rows) one rank runs: all-to-all E/N experts whole on T*k/N
-    rows; EP E/ep experts at 1/(N/ep) of the intermediate on T*k/ep rows; TP every expert at 1/N of the
-    intermediate on all T*k rows."""
+    """(experts, intermediate width, routed rows) one rank runs (E: the physical experts, redundant copies
+    included): all-to-all E/N experts whole on T*k/N rows; EP E/ep experts at 1/(N/ep) of the intermediate
+    on T*k/ep rows; TP every expert at 1/N of the intermediate on all T*k rows."""
     e, k, inter = op.int_attr("experts"), op.int_attr("top_k"), op.int_attr("intermediate")
+    e += rc.redundant_experts  # more experts per rank, the same rows spread over them
     n, t = rc.shards, rc.tokens
     if rc.split == "a2a":
         return e // n, inter, t * k / n

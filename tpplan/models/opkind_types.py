@@ -68,6 +68,7 @@ class RankCtx:
     shards: int  # the ranks of the TP group
     weight_elements: int  # the op's weight elements one rank holds
     expert_groups: int | None = None  # routed experts split EP: the plan's ep_size
+    redundant_experts: int = 0  # routed experts: the plan's redundant copies (`Plan.physical_experts`)
 
 
 Shape = tuple[int, int, int]  # a GEMM's (M, K, N) on one rank
