@@ -10,7 +10,7 @@ import math
 
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import OpDecision
-from tpplan.models.opkinds import RankCtx, Shape, op_kind
+from tpplan.models.opkinds import ExpertShare, RankCtx, Shape, op_kind
 from tpplan.placement import S_TOK
 
 
@@ -35,4 +35,12 @@ def rank_shape(d: OpDecision, tokens: int, n: int, plan: Plan) -> Shape | None:
     return op_kind(d.op.kind).shape(d.op, rank_ctx(d, tokens, n, plan))
 
 
-__all__ = ["rank_ctx", "rank_shape", "token_rows"]
+def expert_share(d: OpDecision, tokens: int, n: int, plan: Plan) -> ExpertShare:
+    """The rank's share of `d`'s routed experts (experts, intermediate width, routed rows) its kind states."""
+    share = op_kind(d.op.kind).expert_share(d.op, rank_ctx(d, tokens, n, plan))
+    if share is None:
+        raise ValueError(f"{d.op.name}: {d.op.kind.value} ops are not routed experts")
+    return share
+
+
+__all__ = ["expert_share", "rank_ctx", "rank_shape", "token_rows"]
