@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from pathlib import Path
 
 import pytest
 from cli_helpers import run_cli
@@ -18,7 +19,7 @@ from tpplan.report.memo_ask import MemoAsk
 from tpplan.search import run_search
 
 TOPOLOGY = "h200x2"
-WORKLOAD = "prompt16k-c8"
+WORKLOAD = str(Path(__file__).parent / "data" / "workload-prompt448-c8.toml")  # inside tiny contexts
 MODELS = ("tiny-deepseek-v3", "tiny-llama", "tiny-qwen3-moe")
 
 
@@ -48,7 +49,7 @@ def test_the_memos_deployment_rows_are_the_searchs_per_deployment_best(model: st
     for r in every:  # the search's own ranking, best first: each deployment's first row is its best
         best.setdefault(r.deployment, r.score)
     assert {r.deployment: r.score for r in searched.deployment_best} == best
-    rows = {r.label: r.ttft_s for r in memo.deployments[WORKLOAD] if r.fits}
+    rows = {r.label: r.ttft_s for r in memo.deployments["prompt448-c8"] if r.fits}
     assert len(rows) >= 2
     for label, ttft in rows.items():
         assert ttft == pytest.approx(best[label], rel=1e-9), label

@@ -17,6 +17,8 @@ from tpplan.cost.sources.aic import aic_available
 from tpplan.cost.topology import list_gpus, load_gpu
 from tpplan.errors import TpplanError
 
+SHORT_WORKLOAD = str(Path(__file__).parents[1] / "data" / "workload-prompt448-c8.toml")  # inside tiny contexts
+
 GPU_DIR = Path(str(resources.files("tpplan.cost").joinpath("presets", "gpus")))
 
 
@@ -100,7 +102,7 @@ def test_a_gpu_without_fp8_prices_fp8_gemms_as_bf16():
 
 def test_fp8_on_a100_is_priced_not_refused_and_said(monkeypatch, capsys):
     args = ["audit", "--model", "tiny-deepseek-v3", "--tp", "2", "--topology", "h200x8-ib400", "--workload",
-            "prompt16k-c8", "--expert-dtype", "fp8"]  # fmt: skip
+            SHORT_WORKLOAD, "--expert-dtype", "fp8"]  # fmt: skip
     code, out, err = run_cli(monkeypatch, capsys, *args, "--gpu", "a100-sxm-datasheet")
     assert code == 0, err
     said = " ".join(out.split())

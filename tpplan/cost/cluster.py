@@ -132,6 +132,13 @@ class Fabric(Strict):
     launch_us: float = Field(default=20.0, ge=0, le=MAX_US, description="fixed per-call cost of one collective")
     fitted: dict[CollectiveKind, FittedCollective] = Field(default_factory=dict)
     curves: list[CollectiveCurve] = Field(default_factory=list)
+    imex_channel: bool | None = Field(
+        default=None,
+        description="whether a server's process on these nodes can open an IMEX channel "
+        "(/dev/nvidia-caps-imex-channels/channel*), which NVLink fabric memory handles need (GB200/GB300 NVL72 "
+        "class racks); vLLM 0.34.0's P/D servers keep the extensible KV cache only with one. None: not stated, "
+        "taken as none (docs/cost-model.md, 'KV capacity')",
+    )
 
     @model_validator(mode="after")
     def _network_when_multinode(self) -> Self:

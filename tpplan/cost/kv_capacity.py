@@ -126,11 +126,24 @@ def sglang_capacity(p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23
     )  # fmt: skip
 
 
-def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0") -> KVCapacity:
-    """vLLM (`key`, a version whose KV sizing was read) at its defaults: the profiled figures into its KV bytes,
-    then blocks."""
+def _vllm_sizing(p: Predictor, key: str, pd: bool) -> tuple[VllmMemory, str]:
+    """The sizing a vLLM server of `key` runs on `p`'s cluster (a P/D server's connector may turn the extensible
+    cache off: `VllmMemory.for_server`, the IMEX channel from the cluster file), and why, where it changed."""
     vm = kv_sizing(key)
     assert isinstance(vm, VllmMemory)
+    stated = p.topo.imex_channel
+    runs = vm.for_server(pd, bool(stated))
+    if runs is vm or vm.pd_fabric is None:
+        return vm, ""
+    said = "imex_channel = false" if stated is False else "imex_channel not stated, taken as none"
+    return runs, (f"; extensible KV cache off: a P/D server's {vm.pd_fabric.connector} shares the cache through "
+                  f"NVLink fabric handles, which need an IMEX channel (cluster {p.topo.name}: {said})")  # fmt: skip
+
+
+def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0", pd: bool = False) -> KVCapacity:
+    """vLLM (`key`, a version whose KV sizing was read) at its defaults: the profiled figures into its KV bytes,
+    then blocks; `pd`: a P/D server's (its KV connector, NixlConnector, may change the sizing)."""
+    vm, why = _vllm_sizing(p, key, pd)
     card = p.topo.gpu.memory_GiB * 2**30
     gib = p.topo.gpu.memory_GiB
     step = scheduler_rules(key).budget.default_tokens(gib, p.topo.gpu.name)
@@ -160,19 +173,19 @@ def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0") -
     settings = {"gpu_memory_utilization": vm.gpu_memory_utilization, "block_size": bs, "max_num_batched_tokens": step,
                 "activation_peak_bytes": peak}  # fmt: skip
     return KVCapacity(
-        key, card, st.weights, card - st.weights - kv, vm.reserve_text(), kv, st.full or st.windowed, tokens, cap,
+        key, card, st.weights, card - st.weights - kv, vm.reserve_text() + why, kv, st.full or st.windowed, tokens, cap,
         seq_len, batch, bound, settings, tuple(f.source.cite() for f in vm.facts),
     )  # fmt: skip
 
 
-def kv_capacity(p: Predictor, engine: str, seq_len: int | None = None) -> KVCapacity:
+def kv_capacity(p: Predictor, engine: str, seq_len: int | None = None, pd: bool = False) -> KVCapacity:
     """KV capacity per rank on `p`'s deployment as engine version `engine` computes it; `seq_len`: the
-    decode batch the pool admits at that prompt + output length (None: none)."""
+    decode batch the pool admits at that prompt + output length (None: none); `pd`: for a P/D server."""
     memory = kv_sizing(engine)  # a TpplanError for a version whose sizing was not read
     key = select(engine).key
     if isinstance(memory, SglangMemory):
         return sglang_capacity(p, seq_len, key)
-    return vllm_capacity(p, seq_len, key)
+    return vllm_capacity(p, seq_len, key, pd)
 
 
 def kv_engines_for(engine: str | None) -> tuple[str, ...]:

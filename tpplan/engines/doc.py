@@ -159,6 +159,10 @@ def _serving(ev: EngineVersion) -> list[str]:
     if ev.memory is not None:
         out += ["### KV-cache sizing at the launch line's defaults (`tpplan/cost/kv_capacity.py`)", ""]
         out += [f"- {f.text} ({f.source.cite()})" for f in ev.memory.facts] + [""]
+        fabric = getattr(ev.memory, "pd_fabric", None)
+        if fabric is not None:  # vLLM: a P/D server's connector may turn the extensible cache off
+            out += [f"P/D servers ({fabric.connector}) on nodes without an IMEX channel:", ""]
+            out += [f"- {f.text} ({f.source.cite()})" for f in fabric.facts] + [""]
     if ev.handoff is not None:
         h = ev.handoff
         words = (

@@ -9,7 +9,8 @@ and gives the KV pool what is free after loading less the non-static share of th
 (`_profile_available_bytes`), and divides it by a per-token cell (`_compute_cell_size`): the `sglang_*`
 functions below. vLLM 0.33.0 takes `gpu_memory_utilization` (0.92) of the card less the weights, the
 activation peak, non-torch memory and CUDA-graph memory; 0.34.0 sizes an extensible KV cache from what is
-free after warm-up and graph capture, less a margin and the activation peak.
+free after warm-up and graph capture, less a margin and the activation peak, except on a P/D server whose
+connector needs an IMEX channel the cluster lacks (`VllmMemory.for_server`: then 0.33.0's way at 0.92).
 
 The formulas take numbers (MiB, bytes, tokens); `tpplan.cost.kv_capacity` feeds them the cost model's
 per-rank weights, activations, KV bytes per token and recurrent state. Planner-level: no torch, no cost model.

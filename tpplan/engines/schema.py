@@ -302,6 +302,17 @@ class SglangMemory:
 
 
 @dataclass(frozen=True)
+class FabricSharing:
+    """A P/D server's KV connector shares the cache with peers on its host through NVLink fabric handles, which
+    need an IMEX channel: without one the engine leaves its extensible KV cache off and sizes the profiled way
+    at `utilization` (the cluster says whether its nodes have one: `Fabric.imex_channel`)."""
+
+    connector: str  # "NixlConnector"
+    utilization: float  # gpu_memory_utilization unset, once the extensible cache is off
+    facts: tuple[Fact, ...]  # the rule first, then what it rests on (what a P/D server's sizing cites besides)
+
+
+@dataclass(frozen=True)
 class VllmMemory:
     """One vLLM version's KV sizing: its defaults and how the profiled numbers become the KV bytes."""
 
@@ -309,6 +320,17 @@ class VllmMemory:
     extensible: bool  # sized after warm-up from measured free memory (0.34.0's default on CUDA)
     block_size: int  # CacheConfig.DEFAULT_BLOCK_SIZE
     facts: tuple[Fact, ...]
+    pd_fabric: FabricSharing | None = None  # None: a P/D server sizes as an aggregated one
+
+    def for_server(self, pd: bool, imex_channel: bool) -> VllmMemory:
+        """The sizing a server runs: a P/D server (`pd`) whose connector shares the cache through fabric handles
+        on a node without an IMEX channel has the extensible cache off (`pd_fabric`); any other, this one."""
+        rule = self.pd_fabric
+        if not pd or imex_channel or not self.extensible or rule is None:
+            return self
+        return replace(
+            self, gpu_memory_utilization=rule.utilization, extensible=False, facts=(*rule.facts, *self.facts)
+        )
 
     def max_num_seqs(self, gpu_gib: float, gpu_name: str = "") -> int:
         """max_num_seqs unset (OpenAI server): 1024 at 70 GiB and more except A100 and GB10, else 256."""
@@ -393,6 +415,7 @@ __all__ = [
     "Comm",
     "Effect",
     "EngineVersion",
+    "FabricSharing",
     "Fact",
     "Gate",
     "HandoffRule",

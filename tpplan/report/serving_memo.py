@@ -144,7 +144,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
         try:
             from tpplan.cost.kv_capacity import kv_capacity
 
-            kv = kv_capacity(p, ev.key)
+            kv = kv_capacity(p, ev.key, pd=pool != "aggregated")
         except TpplanError as err:
             out.append(
                 PoolLaunch(label, pool, name, instances, "", why_not=f"its KV sizing was not read: {err.reason}")

@@ -169,15 +169,15 @@ def speculative_json(engine: str, spec: Speculative, max_running: int | None) ->
     return {**spec.to_json(), "flags": list(flags), "sources": [s.cite() for s in sources(engine)]}
 
 
-def replica_kv(p: Predictor) -> tuple[tuple[int, int] | None, str | None]:
+def replica_kv(p: Predictor, pd: bool = False) -> tuple[tuple[int, int] | None, str | None]:
     """(running-request cap, KV tokens) of one replica as `p`'s engine version sizes them at its defaults
     (`tpplan.cost.kv_capacity`: per rank; with DP attention each rank keeps its own requests, so the
-    replica holds attention-DP times both), and the capacity's label; (None, None) where the engine's
-    KV sizing was not read."""
+    replica holds attention-DP times both; `pd`: a P/D server's), and the capacity's label; (None, None)
+    where the engine's KV sizing was not read."""
     from tpplan.cost.kv_capacity import kv_capacity
 
     try:
-        kv = kv_capacity(p, p.pipeline.engine)
+        kv = kv_capacity(p, p.pipeline.engine, pd=pd)
     except TpplanError:
         return None, None
     dp = p.tp if p.plan.dp_attention else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 from tpplan.engines.schema import (
     BudgetTier,
     EngineVersion,
+    FabricSharing,
     Fact,
     HandoffRule,
     SchedulerRules,
@@ -120,15 +121,49 @@ COMMON_MEMORY_FACTS = (
         _v("engine/arg_utils.py", "EngineArgs.get_batch_defaults"),
     ),
 )
+# A P/D server (NixlConnector, the connector tpplan's P/D launch lines print) without an IMEX channel
+PD_FABRIC = FabricSharing(
+    "NixlConnector",
+    0.92,
+    (
+        Fact(
+            "unset, enable_extensible_kv_cache is off where the KV connector exports the cache through FABRIC "
+            "handles (KVCacheAccess.EXPORTS_FABRIC) and imex_channel_available() is False (it logs 'Extensible KV "
+            "cache off: without an IMEX channel, KV transfers within a host (e.g. NIXL) would lose NVLink'); the "
+            "cache is then sized the profiled way (Worker.determine_available_memory, as 0.33.0) at "
+            "gpu_memory_utilization 0.92 (CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION); tpplan reads the IMEX "
+            "channel from the cluster file (imex_channel; not stated: assumed none)",
+            _v("config/vllm.py", "VllmConfig._resolve_extensible_kv_cache"),
+        ),
+        Fact(
+            "NixlConnector (NixlBaseConnector, which NixlPullConnector and NixlPushConnector extend) reports "
+            "REGISTERS | EXPORTS_FABRIC (peers within a host map the cache through UCX cuda_ipc) unless "
+            "kv_buffer_device is 'cpu'; kv_buffer_device defaults to the platform's device type, 'cuda' "
+            "(config/kv_transfer.py kv_buffer_device_default_factory)",
+            _v("distributed/kv_transfer/kv_connector/v1/nixl/connector.py", "NixlBaseConnector.kv_cache_access"),
+        ),
+        Fact(
+            "an IMEX channel is available when the process can open a /dev/nvidia-caps-imex-channels/channel* "
+            "device (the file alone does not tell: a container's device cgroup can deny it)",
+            _v("utils/vmm_driver.py", "imex_channel_available"),
+        ),
+        Fact(
+            "profiled sizing: available KV memory = ceil(total x gpu_memory_utilization) - non_kv_cache_memory - "
+            "the CUDA-graph estimate (the function 0.33.0 cites, its arithmetic unchanged)",
+            _v("v1/worker/gpu_worker.py", "Worker.determine_available_memory"),
+        ),
+    ),
+)
 MEMORY = VllmMemory(
     1.0, True, 64,
     (
         Fact(
             "block_size defaults to 64 (DEFAULT_BLOCK_SIZE); gpu_memory_utilization unset resolves to 1.0 with the "
-            "extensible KV cache and 0.92 without; unset, VllmConfig._resolve_extensible_kv_cache (config/vllm.py) "
-            "turns the extensible cache on on CUDA and ROCm except with kv_cache_memory_bytes or "
-            "num_gpu_blocks_override, elastic EP, a connector sharing the cache through legacy CUDA IPC or a custom "
-            "memory pool, or (not modelled) a KV connector transferring within a host without an IMEX channel",
+            "extensible KV cache and 0.92 (DEFAULT_GPU_MEMORY_UTILIZATION) without; unset, "
+            "VllmConfig._resolve_extensible_kv_cache (config/vllm.py) turns the extensible cache on on CUDA and ROCm "
+            "except with kv_cache_memory_bytes or num_gpu_blocks_override, elastic EP, a connector sharing the cache "
+            "through legacy CUDA IPC or a custom memory pool, or a P/D connector exporting it through FABRIC handles "
+            "without an IMEX channel (P/D servers, below)",
             _v("config/cache.py", "CacheConfig.resolved_gpu_memory_utilization"),
         ),
         Fact(
@@ -139,6 +174,7 @@ MEMORY = VllmMemory(
         ),
         *COMMON_MEMORY_FACTS,
     ),
+    PD_FABRIC,
 )  # fmt: skip
 
 
