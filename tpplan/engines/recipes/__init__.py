@@ -19,6 +19,7 @@ from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_capability
 from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
+from tpplan.engines.redundant_experts import launch_flags as redundant_flags
 from tpplan.engines.schema import EngineVersion
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
@@ -50,7 +51,7 @@ def recipes(
     return [whole_deployment(r, plan, spec, d) for r in out]
 
 
-def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> DeploymentFlags:
+def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh, version: str | None) -> DeploymentFlags:
     """The engine's flags for the deployment's sizes, CP, replicas and overlap (`engines.launch`), or why none."""
     if d.cp > 1 and d.cp_layers == "mla":  # CP inside the TP group: only an open SGLang PR has it
         path = SGLANG_K3_FULL_SEQUENCE
@@ -59,19 +60,19 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> Depl
     if plan.dp_attention and (d.pp > 1 or d.cp > 1):
         return DeploymentFlags(engine, (), "tpplan's engine data has not read DP attention beside PP or CP", "")
     all_mla = all(isinstance(layer.attn, MLASpec) for layer in spec.layers)
-    return deployment_flags(engine, spec.model_type, all_mla, d, plan.overlap)
+    return deployment_flags(engine, spec.model_type, all_mla, d, plan.overlap, version)
 
 
 def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
     """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
-    does not run its CP, overlap or CP mode (the reason said), else its overlap flags added and its replicas
-    (R servers) and CP difference noted."""
-    flags = _deployment_flags(r.engine, plan, spec, d)
+    does not run its CP, overlap or CP mode (the reason said), else its overlap and redundant-expert flags added
+    and its replicas (R servers) and CP difference noted."""
+    flags = _deployment_flags(r.engine, plan, spec, d, r.version or None)
     if not flags.realised:
         if r.realises == "no":
             return replace(r, summary=f"{r.summary}; and {flags.why}", replicas=d.replicas)
         return replace(r, realises="no", summary=flags.why, replicas=d.replicas)
-    extra = flags.args[len(size_flags(r.engine, d)) :]  # the overlap's flags
+    extra = (*flags.args[len(size_flags(r.engine, d)) :], *redundant_flags(r.engine, plan.redundant_experts))
     args = r.args if r.realises == "no" else (*r.args, *(a for a in extra if a not in r.args))
     return replace(r, args=args, replicas=d.replicas, deployment_note=flags.why)
 
