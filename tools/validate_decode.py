@@ -102,6 +102,10 @@ def regime(p: dict[str, Any]) -> str:
     span = "KV 256-125K (fit)" if p["prompt_tokens"] == "swept" else _bucket(
         kv, ((4096, "KV < 4K"), (32768, "KV 4K-32K")), "KV > 32K")  # fmt: skip
     shape = f"TP{p['tp']}" + (f"xPP{p['pp']}" if int(p.get("pp", 1)) > 1 else "")
+    if mode == "pd-decode" and p.get("ep_num_redundant_experts"):  # the physical experts' EP, as replayed
+        shape += f" EP{p['tp']} +{p['ep_num_redundant_experts']} redundant experts"
+    if mode == "pd-decode" and p.get("overlap"):
+        shape += f" {p['overlap'].upper()}"
     return f"{p['engine']} {gpu} {model} {shape} {mode}, {load}, {span}"
 
 
@@ -130,12 +134,20 @@ def _itl_fit(model: str, gpu: str, engine: str, tp: int, lo: int, hi: int, outpu
     return fit.slope, fit.intercept
 
 
+def pd_plan(p: dict[str, Any]) -> str:
+    """The decode pool's plan as the page states it: the engine's DP attention + EP plan, with its redundant
+    experts (`+redundant<r>`, tpplan.engines.redundant_experts) and two-batch overlap (`+tbo`) where stated."""
+    redundant = int(p.get("ep_num_redundant_experts", 0))
+    return PD_PLAN[p["engine"]] + (f"+redundant{redundant}" if redundant else "") + (
+        f"+{p['overlap']}" if p.get("overlap") else "")  # fmt: skip
+
+
 def _pd_step(p: dict[str, Any]) -> float | str:
     """Output tokens/s per node of one decode step of the stated batch per rank at the stated KV length."""
     from tpplan.errors import TpplanError
 
     try:
-        pred, _, per_node = predictor_for(p, PD_PLAN[p["engine"]])
+        pred, _, per_node = predictor_for(p, pd_plan(p))
     except TpplanError as err:
         return f"tpplan cannot lay it out: {err}"
     batch = int(p["batch_per_rank"]) * int(p["tp"])
@@ -164,13 +176,15 @@ def predict(p: dict[str, Any]) -> DecodeReplay:
 STEP_CLASSES = ("moe", "gemm", "collectives", "elementwise", "attention", "recurrence")
 
 
-def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float], float]:
+def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float], float, float]:
     """One decode step of an aggregated point as the loop prices it (`batch` requests, every one at the mean KV
-    length prompt + output / 2): the step's seconds, each op class's share of it, and the band the memo would
-    compose for it (`tpplan.cost.bands`: each (class, source)'s out-of-sample error by its share)."""
+    length prompt + output / 2): the step's seconds, each op class's share of it, and the decode band the memo
+    composes for it with the share of the step that band covers (`tpplan.cost.decode_band`: each (class,
+    source)'s out-of-sample decode error by its share)."""
     from types import SimpleNamespace
 
-    from tpplan.cost.bands import compose, prediction_seconds
+    from tpplan.cost.bands import prediction_seconds
+    from tpplan.cost.decode_band import compose_decode
 
     pred, _, _ = predictor_for(p)
     prompt, output = lengths(p)
@@ -183,9 +197,9 @@ def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float],
             by[o.category] = by.get(o.category, 0.0) + kt.count * o.seconds
         by["collectives"] += kt.count * math.fsum(c.seconds for c in kt.collectives)
     total = math.fsum(stages) + math.fsum(sends)
-    band, _ = compose(prediction_seconds(SimpleNamespace(kinds=kinds, stage_comm_s=math.fsum(sends),
-                                                         final_comm_s=final)))  # fmt: skip
-    return total, {k: v / total for k, v in by.items()}, band
+    band, parts, _ = compose_decode(prediction_seconds(SimpleNamespace(kinds=kinds, stage_comm_s=math.fsum(sends),
+                                                                       final_comm_s=final)))  # fmt: skip
+    return total, {k: v / total for k, v in by.items()}, band, math.fsum(x.share for x in parts)
 
 
 def _shares_table(done: list[DecodeReplay]) -> list[str]:
@@ -196,20 +210,22 @@ def _shares_table(done: list[DecodeReplay]) -> list[str]:
         if p.get("mode", "aggregated") != "aggregated" or p["prompt_tokens"] == "swept" or r.regime in seen:
             continue
         seen.add(r.regime)
-        total, share, band = step_shares(p, max(1, round(r.batch)))
+        total, share, band, covered = step_shares(p, max(1, round(r.batch)))
         cells = " | ".join(f"{share[k]:.0%}" for k in STEP_CLASSES)
         errors = [x.error for x in done if x.regime == r.regime]
         inside = sum(abs(e) <= band for e in errors)
-        rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} | ±{band:.0%} | {inside} of {len(errors)} |")
+        rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} | ±{band:.0%} | {covered:.0%} "
+                    f"| {inside} of {len(errors)} |")  # fmt: skip
     head = [
         "",
         "Where the priced decode step goes (batch = the replay's mean decode batch, KV at prompt + output / 2;",
-        "shares of the step's time; the rest is the last stage's final reduction and sends), the band the memo's",
-        "rule composes for that step (each op class and source's out-of-sample error,",
-        "tpplan/cost/presets/bands/errors.toml, by its share), and how many of the regime's replays fall inside it:",
+        "shares of the step's time; the rest is the last stage's final reduction and sends), the decode band the",
+        "memo prints for that step (`tpplan.cost.decode_band`: each op class and source's out-of-sample decode",
+        "error, tpplan/cost/presets/bands/errors.toml `[decode.*]`, by its share), the share of the step that band",
+        "covers (classes without such an error are not in it), and how many of the regime's replays fall inside:",
         "",
-        "| regime | step ms | " + " | ".join(STEP_CLASSES) + " | composed band | errors inside |",
-        "|---|---|" + "---|" * len(STEP_CLASSES) + "---|---|",
+        "| regime | step ms | " + " | ".join(STEP_CLASSES) + " | decode band | covers | errors inside |",
+        "|---|---|" + "---|" * len(STEP_CLASSES) + "---|---|---|",
     ]
     return head + rows
 
@@ -232,7 +248,8 @@ def section(replays: list[DecodeReplay], skipped: list[tuple[dict[str, Any], str
         f"{CLOSED_LOOP_REQUESTS} per client), decode admitted under the engine's KV pool and running-request cap at",
         "its defaults; ITL slope/intercept points against the same linear fit over the loop's mean ITL at",
         f"{SWEEP_POINTS} input lengths spread over the page's sweep (concurrency 1); a P/D decode-pool point as one",
-        "decode step of its batch per rank at its KV length on the engine's DP-attention + EP plan. Assumptions:",
+        "decode step of its batch per rank at its KV length on the engine's DP-attention + EP plan (with the",
+        "redundant experts and two-batch overlap the page states: `<plan>+redundant<r>+tbo`). Assumptions:",
         f"engine rules of {', '.join(sorted(set(ENGINES.values())))} for every version, KV priced in bf16, the",
         "checkpoint's weight formats, no speculative decoding; GPUs as in the TTFT section above. Error =",
         "predicted / measured - 1 (against a published range: the distance to its nearer end).",
@@ -275,5 +292,16 @@ def run() -> str:
     return section(replays, skipped)
 
 
-__all__ = ["BEGIN", "DECODE_POINTS", "END", "DecodeReplay", "points", "predict", "regime", "replayable", "run",
-           "section"]  # fmt: skip
+__all__ = [
+    "BEGIN",
+    "DECODE_POINTS",
+    "END",
+    "DecodeReplay",
+    "pd_plan",
+    "points",
+    "predict",
+    "regime",
+    "replayable",
+    "run",
+    "section",
+]  # fmt: skip
