@@ -164,13 +164,15 @@ def predict(p: dict[str, Any]) -> DecodeReplay:
 STEP_CLASSES = ("moe", "gemm", "collectives", "elementwise", "attention", "recurrence")
 
 
-def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float], float]:
+def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float], float, float]:
     """One decode step of an aggregated point as the loop prices it (`batch` requests, every one at the mean KV
-    length prompt + output / 2): the step's seconds, each op class's share of it, and the band the memo would
-    compose for it (`tpplan.cost.bands`: each (class, source)'s out-of-sample error by its share)."""
+    length prompt + output / 2): the step's seconds, each op class's share of it, and the decode band the memo
+    composes for it with the share of the step that band covers (`tpplan.cost.decode_band`: each (class,
+    source)'s out-of-sample decode error by its share)."""
     from types import SimpleNamespace
 
-    from tpplan.cost.bands import compose, prediction_seconds
+    from tpplan.cost.bands import prediction_seconds
+    from tpplan.cost.decode_band import compose_decode
 
     pred, _, _ = predictor_for(p)
     prompt, output = lengths(p)
@@ -183,9 +185,9 @@ def step_shares(p: dict[str, Any], batch: int) -> tuple[float, dict[str, float],
             by[o.category] = by.get(o.category, 0.0) + kt.count * o.seconds
         by["collectives"] += kt.count * math.fsum(c.seconds for c in kt.collectives)
     total = math.fsum(stages) + math.fsum(sends)
-    band, _ = compose(prediction_seconds(SimpleNamespace(kinds=kinds, stage_comm_s=math.fsum(sends),
-                                                         final_comm_s=final)))  # fmt: skip
-    return total, {k: v / total for k, v in by.items()}, band
+    band, parts, _ = compose_decode(prediction_seconds(SimpleNamespace(kinds=kinds, stage_comm_s=math.fsum(sends),
+                                                                       final_comm_s=final)))  # fmt: skip
+    return total, {k: v / total for k, v in by.items()}, band, math.fsum(x.share for x in parts)
 
 
 def _shares_table(done: list[DecodeReplay]) -> list[str]:
@@ -196,20 +198,22 @@ def _shares_table(done: list[DecodeReplay]) -> list[str]:
         if p.get("mode", "aggregated") != "aggregated" or p["prompt_tokens"] == "swept" or r.regime in seen:
             continue
         seen.add(r.regime)
-        total, share, band = step_shares(p, max(1, round(r.batch)))
+        total, share, band, covered = step_shares(p, max(1, round(r.batch)))
         cells = " | ".join(f"{share[k]:.0%}" for k in STEP_CLASSES)
         errors = [x.error for x in done if x.regime == r.regime]
         inside = sum(abs(e) <= band for e in errors)
-        rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} | ±{band:.0%} | {inside} of {len(errors)} |")
+        rows.append(f"| {r.regime} | {1e3 * total:,.2f} | {cells} | ±{band:.0%} | {covered:.0%} "
+                    f"| {inside} of {len(errors)} |")  # fmt: skip
     head = [
         "",
         "Where the priced decode step goes (batch = the replay's mean decode batch, KV at prompt + output / 2;",
-        "shares of the step's time; the rest is the last stage's final reduction and sends), the band the memo's",
-        "rule composes for that step (each op class and source's out-of-sample error,",
-        "tpplan/cost/presets/bands/errors.toml, by its share), and how many of the regime's replays fall inside it:",
+        "shares of the step's time; the rest is the last stage's final reduction and sends), the decode band the",
+        "memo prints for that step (`tpplan.cost.decode_band`: each op class and source's out-of-sample decode",
+        "error, tpplan/cost/presets/bands/errors.toml `[decode.*]`, by its share), the share of the step that band",
+        "covers (classes without such an error are not in it), and how many of the regime's replays fall inside:",
         "",
-        "| regime | step ms | " + " | ".join(STEP_CLASSES) + " | composed band | errors inside |",
-        "|---|---|" + "---|" * len(STEP_CLASSES) + "---|---|",
+        "| regime | step ms | " + " | ".join(STEP_CLASSES) + " | decode band | covers | errors inside |",
+        "|---|---|" + "---|" * len(STEP_CLASSES) + "---|---|---|",
     ]
     return head + rows
 

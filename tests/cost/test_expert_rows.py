@@ -75,3 +75,25 @@ def test_below_the_experts_models_rows_the_engines_fused_kernel_is_priced():
     assert below_measured_rows(models, floor / 2)
     assert not below_measured_rows(models, floor)
     assert not below_measured_rows(None, 1.0)  # no model: the roofline prices it anyway
+
+
+def test_decode_experts_are_labelled_fused_only_where_the_tile_was_read() -> None:
+    """`fused-moe-decode` (the label the decode band's MoE error applies to) marks experts padded to a tile read
+    from the engine; mxfp4 experts (a kernel whose tile was not read) keep the GEMM table's label."""
+    from tpplan.cost.predictor import cached_predictor
+    from tpplan.cost.topology import select_topology
+    from tpplan.mesh import Mesh
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.models.opkinds import op_kind
+    from tpplan.plans.named import baseline
+
+    topo = select_topology("h200x8-ib400", 1)
+    graph = build_model_graph(load_model("tiny-mixtral"))
+    seen = {}
+    for expert_dtype in (None, "mxfp4"):
+        pred = cached_predictor(graph, baseline(), topo, Mesh(2), "bf16", expert_dtype)
+        res = next(r for r in pred.audit.layer_results if any(op_kind(d.op.kind).routed_experts for d in r.decisions))
+        seen[expert_dtype] = {o.source for o in pred.kind_time(res, ((1, 512),) * 4).ops if o.category == "moe"}
+    assert seen[None] == {"fused-moe-decode"}
+    assert "fused-moe-decode" not in seen["mxfp4"]

@@ -14,7 +14,8 @@ from tpplan.cost.overlap import (
     sequential_seconds,
     two_microbatch_seconds,
 )
-from tpplan.engines.overlap import SGLANG_TBO, VLLM_DBO
+from tpplan.engines.overlap import SGLANG_TBO
+from tpplan.engines.releases.vllm_0_34_0 import VLLM_DBO
 from tpplan.errors import TpplanError
 from tpplan.lower.passes.overlap import split_batch
 from tpplan.mesh import Mesh

@@ -42,7 +42,7 @@ def test_report_json_keys_are_the_documented_ones(monkeypatch, capsys, tmp_path)
             assert decode[stat]["p50"] <= decode[stat]["p90"] <= decode[stat]["p99"], stat
         assert decode["output_tok_s_per_gpu"] > 0 and decode["output_tok_s_per_user"] > 0
         assert c["predictions"]["prompt4k-out512-c16"]["kv_capacity"]  # KV tokens and admitted batch per engine
-    assert d["serving_search"] is None and d["serving_launches"] == []
+    assert d["serving_search"] is None and d["serving_launches"] == [] and d["decode_band"] is None
     assert (tmp_path / "memo" / "report.md").exists()
 
 
@@ -58,6 +58,9 @@ def test_report_json_under_targets_carries_the_search_under_targets(monkeypatch,
     assert d["serving_launches"] and all(
         x["pool"] in ("aggregated", "prefill", "decode") for x in d["serving_launches"]
     )
+    band = d["decode_band"]  # the memo's decode band: the sum of its covered parts' share x error
+    assert band["parts"] and band["band"] == pytest.approx(sum(p["share"] * p["error"] for p in band["parts"]))
+    assert sum(p["share"] for p in band["parts"]) + sum(u["share"] for u in band["uncovered"]) == pytest.approx(1)
 
 
 def test_report_json_to_stdout_prints_only_json(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -255,7 +255,8 @@ class KernelPricer:
             self._extrapolated = self.models.extrapolated("experts", experts=active, rows_per_expert=rows / active)
             self._source = KERNEL_MODEL
         secs = secs if phys is None else phys
-        if fused_decode or (phys is None and engine is not None and share.one_tile):
+        decode_rows = fused_decode or (phys is None and engine is not None and share.one_tile)
+        if decode_rows and share.tile.source.read:  # the engine's tile was read for this format
             self._source = FUSED_DECODE
         if self.compute.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // ep, ep)}.get(str(d.split), (n, 1))

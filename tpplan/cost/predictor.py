@@ -192,7 +192,7 @@ class Predictor:
             pairs = self.outline(segs).fused
             return fused_layers_seconds(self.kernels, self.plan.name, self.kind_time, every, layers, pairs, segs)
         from tpplan.cost.overlap import OverlapCosts, overlapped_seconds
-        from tpplan.engines.overlap import overlap_named
+        from tpplan.engines import overlap_named
 
         engine = overlap_named(self.plan.overlap)
         costs = OverlapCosts(self.topo.gpu.sm_count, engine.comm_sms)

@@ -21,6 +21,7 @@ from tpplan.engines.schema import (
     Gate,
     HandoffRule,
     KVSizing,
+    MicroBatchOverlap,
     Mode,
     NotWired,
     Op,
@@ -186,6 +187,18 @@ def collectives(dataflow: tuple[Op | Comm, ...], spec: ModelSpec) -> list[tuple[
     return [(s.collective, w[s.width]) for s in dataflow if isinstance(s, Comm)]
 
 
+def overlaps(key: str | None = None) -> dict[str, MicroBatchOverlap]:
+    """The micro-batch overlaps engine version `key` states (its release module's `EngineVersion.overlaps`), by
+    plan suffix; None: each engine's default release's (what a plan's `+tbo` / `+dbo` is priced as)."""
+    versions = (select(key),) if key else select_pair(None)
+    return {o.name: o for ev in versions for o in ev.overlaps}
+
+
+def overlap_named(name: str) -> MicroBatchOverlap:
+    """The engine overlap a plan suffix names (`tbo`, `dbo`), as its engine's default release states it."""
+    return overlaps()[name]
+
+
 __all__ = [
     "DEFAULT_ENGINES",
     "ENGINES",
@@ -199,6 +212,8 @@ __all__ = [
     "handoff_rule",
     "judge",
     "kv_sizing",
+    "overlap_named",
+    "overlaps",
     "path_for",
     "scheduler_rules",
     "select",

@@ -19,7 +19,7 @@ from tpplan.engines.async_tp import (
     VOLUME,
 )
 from tpplan.engines.context_parallel import CP_PATHS
-from tpplan.engines.overlap import DEEPEP_SMS, OVERLAPS
+from tpplan.engines.overlap import DEEPEP_SMS
 from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode
 
 INTRO = """# Engines as they run
@@ -194,7 +194,7 @@ def _overlaps() -> list[str]:
         "(`tpplan/cost/overlap.py` simulates that order).",
         "",
     ]
-    for o in OVERLAPS.values():
+    for o in dict.fromkeys(o for ev in ENGINES.values() for o in ev.overlaps):  # each version's, once
         models = ", ".join(o.model_types) if o.model_types is not None else "every model with all-to-all experts"
         out += [
             f"### `+{o.name}`: {o.engine}, {', '.join(f'`{f}`' for f in o.flags)}",
@@ -209,8 +209,11 @@ def _overlaps() -> list[str]:
             out.append(f"- raises NotImplementedError for: {', '.join(o.raises_for)}")
         if o.refused is not None:
             r = o.refused
-            models = f"{r.model_words} ({', '.join(r.model_types)}: {r.model_source.cite()})"
-            out.append(f"- refused at startup: {'; '.join(r.axis_words)}; {models} ({r.source.cite()}); no launch line")
+            kinds = [f"{r.model_words} ({', '.join(r.model_types)}: {r.model_source.cite()})"] if r.model_types else []
+            refused = "; ".join([*r.axis_words, *kinds])
+            out.append(f"- refused at startup: {refused} ({r.source.cite()}); no launch line")
+        if o.runs_on and o.runs_on_source is not None:
+            out.append(f"- where it starts: {o.runs_on} ({o.runs_on_source.cite()})")
         if o.assumption:
             out.append(f"- what tpplan assumes: {o.assumption}")
         out += ["", *_gate_table(o.gates), ""]

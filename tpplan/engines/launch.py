@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpplan.engines import sglang_source
+from tpplan.engines import overlaps, sglang_source
 from tpplan.engines.async_tp import FUSIONS, launch_flags
 from tpplan.engines.context_parallel import SGLANG_ZIGZAG, VLLM_PCP, CpPath
-from tpplan.engines.overlap import OVERLAPS
 from tpplan.engines.schema import Source
 from tpplan.mesh import Mesh
 
@@ -127,10 +126,12 @@ def deployment_flags(
     all_mla: bool,
     mesh: Mesh,
     overlap: str | None = None,
+    version: str | None = None,
 ) -> DeploymentFlags:
     """`engine` ("SGLang" or "vLLM")'s flags for the mesh's TP x CP x PP (and a micro-batch overlap
     `tbo`/`dbo`, or async TP's fused GEMMs `asynctp`) on a model of `model_type` (`all_mla`: every
-    attention layer is MLA); the mesh's replicas are separate servers of it."""
+    attention layer is MLA); the mesh's replicas are separate servers of it; `version` the engine version's
+    key whose overlap records apply (None: the default release's)."""
     support = PREFILL_CP[engine]
     cites: list[str] = []
     why: list[str] = []
@@ -149,16 +150,25 @@ def deployment_flags(
         args += list(realised)
         cites.append(fused.model_gate.cite())
     elif overlap is not None:
-        ov = OVERLAPS[overlap]
-        if not ov.engine.startswith(engine):
-            return DeploymentFlags(support.engine, (), f"{' '.join(ov.flags)} is {ov.engine}'s",
-                                   ov.schedule_source.cite())  # fmt: skip
+        ov = overlaps(version).get(overlap)
+        if ov is None or not ov.engine.startswith(engine):
+            return _not_this_engines(support.engine, overlap, version)
         refused = ov.refusal_on(model_type, mesh)
         if refused is not None:
             return DeploymentFlags(support.engine, (), refused, ov.schedule_source.cite())
         args += list(ov.flags)
         cites.append(ov.schedule_source.cite())
+        if ov.runs_on and ov.runs_on_source is not None:
+            why.append(f"{ov.runs_on} ({ov.runs_on_source.cite()})")
     return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites), mesh.replicas)
+
+
+def _not_this_engines(engine: str, overlap: str, version: str | None) -> DeploymentFlags:
+    """No flag: the overlap is the other engine's, or tpplan has not read it for this version."""
+    ov = overlaps()[overlap]
+    if not ov.engine.startswith(engine):
+        return DeploymentFlags(engine, (), f"{' '.join(ov.flags)} is {ov.engine}'s", ov.schedule_source.cite())
+    return DeploymentFlags(engine, (), f"tpplan's engine data has not read {' '.join(ov.flags)} for {version}", "")
 
 
 __all__ = [

@@ -375,6 +375,80 @@ class VllmMemory:
 KVSizing = SglangMemory | VllmMemory
 
 
+# Micro-batch overlap (SGLang TBO, vLLM DBO): the form; the records are `tpplan.engines.overlap` and the releases
+DenseLayers = Literal["whole batch", "two halves in turn"]
+
+
+@dataclass(frozen=True)
+class StartupRefusal:
+    """Deployments an engine refuses a micro-batch overlap for when the server starts (a ValueError)."""
+
+    axes: tuple[Literal["pp", "cp"], ...]  # PP > 1 / prefill CP > 1 beside the flag
+    axis_words: tuple[str, ...]  # the engine's words for each axis, in `axes` order
+    model_types: tuple[str, ...]  # tpplan model types whose engine class the flag is refused for
+    model_words: str  # the engine's words for those models
+    source: Source  # where the check is
+    model_source: Source  # where those model classes say what makes them refused
+
+    def reason(self, model_type: str, mesh: Mesh) -> str | None:
+        """Why the server refuses the flag on `mesh` for `model_type` (None: it does not, as read)."""
+        sizes = {"pp": mesh.pp, "cp": mesh.cp}
+        found = [w for axis, w in zip(self.axes, self.axis_words, strict=True) if sizes[axis] > 1]
+        if model_type in self.model_types:
+            found.append(f"{self.model_words} ({model_type}: {self.model_source.cite()})")
+        if not found:
+            return None
+        return f"the server refuses it at startup, 'does not support: {', '.join(found)}' ({self.source.cite()})"
+
+
+@dataclass(frozen=True)
+class MicroBatchOverlap:
+    """One engine's micro-batch overlap: where it applies, how it splits, what it costs the GEMMs."""
+
+    name: Literal["tbo", "dbo"]  # the plan suffix: `<plan>+tbo`, `<plan>+dbo`
+    engine: str  # "SGLang 0.5.23"
+    flags: tuple[str, ...]  # what the launch line adds
+    model_types: tuple[str, ...] | None  # whose MoE layers run the staged path (None: every MoE model)
+    raises_for: tuple[str, ...]  # models whose forward asks for the staged path and gets an error
+    dense_layers: DenseLayers  # SGLang runs dense layers on the whole batch; vLLM runs both halves in turn
+    split: str  # how a prefill batch splits into the two micro-batches
+    balance: float | None  # split between requests unless a side then holds less than this share; None: midpoint
+    min_tokens: int  # a batch with fewer tokens runs whole (no overlap)
+    comm_sms: int  # SMs the all-to-all kernels hold; DeepGEMM kernels run on the rest
+    shared_experts_before_combine_wait: bool  # stage 2 computes the shared experts before waiting
+    gates: tuple[Gate, ...]
+    schedule_source: Source  # the stage list
+    split_source: Source
+    sms_source: Source
+    assumption: str = ""  # what tpplan assumes where the source was not read
+    # What the server refuses at startup beside the flag: PP > 1 ("pp"), prefill CP > 1 ("cp"), and these
+    # model types (e.g. vLLM's hybrid model classes); None: not read for this engine
+    refused: StartupRefusal | None = None
+    runs_on: str = ""  # what else the flag selects where it starts (vLLM 0.33.0: its V1 model runner)
+    runs_on_source: Source | None = None
+    staged_source: Source | None = None  # where the model forwards that split the batch are listed
+
+    def wires(self, model_type: str) -> bool:
+        return self.model_types is None or model_type in self.model_types
+
+    def refusal(self, model_type: str) -> str | None:
+        """Why this engine does not overlap `model_type`'s micro-batches, with the source (None: it does)."""
+        if self.wires(model_type):
+            return None
+        gate = next(g for g in self.gates if g.effect == "asserts")
+        if model_type in self.raises_for:
+            return f"its forward stages {model_type}'s layers and raises NotImplementedError ({gate.source.cite()})"
+        callers = f" ({self.staged_source.cite()})" if self.staged_source is not None else ""
+        return f"its {model_type} forward never splits the batch, so the flag changes nothing{callers}"
+
+    def refusal_on(self, model_type: str, mesh: Mesh) -> str | None:
+        """`refusal`, and why the server refuses the flag on this deployment at startup (None: neither)."""
+        why = self.refusal(model_type)
+        if why is None and self.refused is not None:
+            why = self.refused.reason(model_type, mesh)
+        return why
+
+
 @dataclass(frozen=True)
 class EngineVersion:
     """One engine at one version: its modes, its PP schedule and what its serving loop and memory do;
@@ -393,6 +467,8 @@ class EngineVersion:
     scheduling: SchedulerRules | None = None
     memory: KVSizing | None = None
     handoff: HandoffRule | None = None
+    # Its micro-batch overlaps (SGLang's TBO, vLLM's DBO: what a plan's `+tbo` / `+dbo` launches; () : not read)
+    overlaps: tuple[MicroBatchOverlap, ...] = ()
     default: bool = True  # False: selectable, never its engine's default (else the newest release is)
 
     @property
@@ -431,6 +507,7 @@ __all__ = [
     "BudgetTier",
     "CollectiveDefault",
     "Comm",
+    "DenseLayers",
     "Effect",
     "EngineVersion",
     "FabricSharing",
@@ -438,6 +515,7 @@ __all__ = [
     "Gate",
     "HandoffRule",
     "KVSizing",
+    "MicroBatchOverlap",
     "Mode",
     "NotWired",
     "Op",
@@ -447,6 +525,7 @@ __all__ = [
     "Setting",
     "SglangMemory",
     "Source",
+    "StartupRefusal",
     "Step",
     "StepBudget",
     "Support",

@@ -248,7 +248,7 @@ def overlapped(plan: Plan, overlap: OverlapName, graph: ModelGraph, n: int | Non
         if n is None:
             raise TypeError("async TP needs the TP size")
         return async_tp(plan, graph, n)
-    from tpplan.engines.overlap import overlap_named
+    from tpplan.engines import overlap_named
 
     engine = overlap_named(overlap)
     why = engine.refusal(graph.spec.model_type)

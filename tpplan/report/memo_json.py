@@ -55,8 +55,15 @@ def memo_json(a: Analysis, command: str, serving: Mapping[str, dict[str, object]
         "kernel_sources": _kernel_sources(a),
         "serving_search": None if served is None else served.outcome.to_json(),
         "serving_launches": [] if served is None else [asdict(x) for x in served.launches],
+        "decode_band": _decode_band(a),
         "sources": _sources(a),
     }
+
+
+def _decode_band(a: Analysis) -> dict[str, object] | None:
+    """The Serving section's decode band (`cost.decode_band`), with the deployment it was composed for."""
+    held = None if a.serving is None else a.serving.decode_band
+    return None if held is None else {"deployment": held[0], **held[1].to_json()}
 
 
 def _variant(v: Variant, serving: dict[str, object] | None) -> dict[str, object]:

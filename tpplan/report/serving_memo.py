@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tpplan.cost.decode_band import DecodeBand
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
     from tpplan.engines.speculative import Speculative
@@ -45,6 +46,7 @@ class ServingMemo:
     workload: Workload
     launches: tuple[PoolLaunch, ...]
     sources: tuple[str, ...]  # citations of the flags
+    decode_band: tuple[str, DecodeBand] | None = None  # the first chosen deployment's decode-step band
 
     def chosen(self) -> list[DeploymentAnswer]:
         """The best aggregated and the best P/D deployment meeting the targets; where none does, the closest."""
@@ -83,7 +85,33 @@ def build_serving_memo(
     read = [*sources("sglang"), *sources("vllm")]
     read += [*spec_sources("sglang"), *spec_sources("vllm")] if speculative is not None else []
     cites = tuple(dict.fromkeys(s.cite() for s in read))
-    return ServingMemo(got, workload, tuple(launches), cites)
+    chosen = memo.chosen()
+    # The band prices a one-token decode step; under --spec a step verifies K + 1 tokens: no band printed.
+    band = None if speculative is not None or not chosen else chosen_decode_band(chosen[0], outcome, graph, workload)
+    return ServingMemo(got, workload, tuple(launches), cites, None if band is None else (chosen[0].label, band))
+
+
+def chosen_decode_band(
+    a: DeploymentAnswer, outcome: SearchOutcome, graph: ModelGraph, workload: Workload
+) -> DecodeBand:
+    """The band of one decode step of the deployment that decodes for `a` (P/D: its decode pool): at the chosen
+    (or closest) load's requests per decoding instance, at most the batch its KV pool admits, each request at
+    the mean KV length of a decode (prompt + output / 2)."""
+    from tpplan.cost.decode_band import decode_step_band
+    from tpplan.cost.predictor import cached_predictor
+    from tpplan.mesh import Mesh
+
+    p = a.best or a.closest
+    r = a.decode_ranked or a.ranked
+    instances = int((a.ratio or "1:1").split(":")[1]) if a.decode_ranked is not None else 1
+    batch = math.ceil(p.load.clients / instances) if p.load.clients is not None else (a.admitted_batch or 1)
+    batch = min(batch, a.admitted_batch) if a.admitted_batch else batch
+    prompt = workload.input_len if workload.input_len is not None else max(workload.input_lens or [0])
+    topo = outcome.topology
+    assert topo is not None
+    one = Mesh(tp=r.tp, pp=r.pp, cp=r.cp, replicas=1, cp_layers=outcome.cp_layers, cp_kv=outcome.cp_kv)
+    pred = cached_predictor(graph, r.plan, topo, one, outcome.dtype, outcome.expert_dtype, r.audit)
+    return decode_step_band(pred, batch, prompt + workload.output_len // 2)
 
 
 @dataclass(frozen=True)
@@ -160,4 +188,4 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
     return out
 
 
-__all__ = ["PoolLaunch", "ServingMemo", "build_serving_memo", "with_flags"]
+__all__ = ["PoolLaunch", "ServingMemo", "build_serving_memo", "chosen_decode_band", "with_flags"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tpplan.report.decode_band_section import decode_band_blocks
 from tpplan.report.doc import Block, Bullets, Code, Heading, Para, Table
 from tpplan.report.rows import fig
 from tpplan.search.targets import seconds_text
@@ -70,6 +71,8 @@ def serving_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str
         b.append(Para(speculative_text(out.speculative)))
     b.append(Bullets(tuple(chosen_text(out.targets, x) for x in s.chosen())))
     b.append(_table(out))
+    if s.decode_band is not None:
+        b += decode_band_blocks(s.decode_band[1], s.decode_band[0])
     for x in s.chosen():
         lines = [ln for ln in s.launches if ln.deployment == x.label]
         if not lines:

@@ -3,7 +3,9 @@ search found, in the n_P:n_D ratio the budget or the rate calls for (`tpplan.sim
 
 Candidates: pairs (prefill mesh, decode mesh) of the meshes of the search's deployments (one replica
 each, with the plan served there): the `POOLS` with the shortest TTFT of one client alone for prefill,
-the `POOLS` with the most output tokens/s per GPU served aggregated for decode. Each pair is first
+the `POOLS` with the most output tokens/s per GPU served aggregated for decode, each decode mesh with the
+search's plan and the `DECODE_PLANS` legal there (a decode pool is priced on decode steps, so its best plan
+may differ from the prefill search's: `decode_variants`). Each pair is first
 judged by `simulate.disagg.capacity`, the analytic bound (requests/s one prefill instance, one decode
 instance at the largest batch whose decode step keeps the TPOT target, and one link carry): under a
 GPU budget, the ratio whose bound per GPU is highest (then the most requests/s); under a rate, the
@@ -32,16 +34,19 @@ from tpplan.search.serving_points import (
     admitted_batch,
     largest_met,
     load_ladder,
+    loop_engine_runs,
     point_of,
 )
 
 if TYPE_CHECKING:
+    from tpplan.audit import Audits
     from tpplan.cost.predictor import Predictor
     from tpplan.search.serving_points import Ask
     from tpplan.simulate.disagg import Capacity, DisaggDeployment, DisaggResult
 
 PAIRS = 2  # pairs of meshes simulated, those with the highest bound per GPU
 POOLS = 3  # meshes tried for each pool
+DECODE_PLANS = ("baseline", "dp-attention")  # named plans a decode pool may run instead of the searched one
 _SIDE: dict[str, Binds] = {"prefill": "prefill", "decode": "decode", "transfer": "KV transfer"}
 
 
@@ -61,11 +66,39 @@ class _Pair:
     @property
     def label(self) -> str:
         p, d = self.dep.prefill, self.dep.decode
-        return f"P/D {p.instances}x {_mesh(self.prefill)} + {d.instances}x {_mesh(self.decode)}"
+        plan = f" {self.decode.plan.name}" if self.decode.plan.name != self.prefill.plan.name else ""
+        return f"P/D {p.instances}x {_mesh(self.prefill)} + {d.instances}x {_mesh(self.decode)}{plan}"
 
 
 def _mesh(r: RankedPlan) -> str:
     return replace(r.mesh, replicas=1).label()
+
+
+def _key(r: RankedPlan) -> tuple[str, str]:
+    """A pool candidate: its one-replica mesh and its plan."""
+    return _mesh(r), r.plan.name
+
+
+def decode_variants(ask: Ask, r: RankedPlan, audits: Audits) -> list[RankedPlan]:
+    """`r` (the prefill search's best plan at its mesh) and the `DECODE_PLANS` legal there that the loop's
+    engine realises there: the plans a decode pool of that mesh may run. The prefill search ranked plans by
+    TTFT; a decode pool is priced on decode steps, where another plan (DP attention: each rank keeps its own
+    requests' KV) may carry more, so each is a decode candidate judged by its pair's bound (`_pairs`). A
+    variant's `score` is NaN and its `prediction` None: nothing ranks it by prefill."""
+    from tpplan.errors import TpplanError
+    from tpplan.plans.named import make_plan
+
+    out = [r]
+    for name in DECODE_PLANS:
+        if name == r.plan.name or r.same_as_named == name:
+            continue
+        try:
+            pa = audits.of(make_plan(name, ask.graph, r.tp), replace(r.mesh, replicas=1), ask.dtype)
+        except TpplanError:  # not a plan of this model at this TP
+            continue
+        if pa.legal and loop_engine_runs(ask, pa.plan, r.mesh):
+            out.append(replace(r, plan=pa.plan, audit=pa, score=math.nan, prediction=None, same_as_named=name))
+    return out
 
 
 def meshes(deployments: tuple[RankedPlan, ...]) -> list[RankedPlan]:
@@ -77,7 +110,7 @@ def meshes(deployments: tuple[RankedPlan, ...]) -> list[RankedPlan]:
 
 
 def _pairs(
-    ask: Ask, prefill: list[RankedPlan], decode: list[RankedPlan], predictor: dict[str, Predictor]
+    ask: Ask, prefill: list[RankedPlan], decode: list[RankedPlan], predictor: dict[tuple[str, str], Predictor]
 ) -> list[_Pair]:
     """Every (prefill, decode) pair that fits the budget, at its ratio, by bound per GPU, best first."""
     from tpplan.errors import TpplanError
@@ -94,7 +127,7 @@ def _pairs(
         for d in decode:
             try:
                 base = DisaggDeployment(
-                    PoolSpec(predictor[_mesh(p)], 1, chunk), PoolSpec(predictor[_mesh(d)], 1, chunk, ask.speculative)
+                    PoolSpec(predictor[_key(p)], 1, chunk), PoolSpec(predictor[_key(d)], 1, chunk, ask.speculative)
                 )
             except TpplanError:  # the two meshes need more GPUs than there are
                 continue
@@ -180,9 +213,11 @@ def _loads(pair: _Pair, at: Callable[[int], ServingPoint]) -> list[ServingPoint]
 def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[DeploymentAnswer]:
     """The `PAIRS` best pairs as P/D deployments, served under the targets. Pools are drawn from the
     `POOLS` meshes with the shortest prefill TTFT (the search's score) for prefill and the `POOLS` with
-    the most output tokens/s per GPU as aggregated deployments (at their best or closest load) for decode."""
+    the most output tokens/s per GPU as aggregated deployments (at their best or closest load) for decode,
+    each decode mesh with its own plan choice (`decode_variants`: priced on decode steps in the bound)."""
     from functools import partial
 
+    from tpplan.audit import Audits
     from tpplan.search.pool import forked_map
     from tpplan.search.serving_points import predictor_of
 
@@ -190,12 +225,14 @@ def serve_disagg(ask: Ask, aggregated: list[DeploymentAnswer]) -> list[Deploymen
     alone = {_mesh(a.ranked): a.points[0].ttft_s["mean"] for a in aggregated if a.points}  # one client's TTFT
     prefill = sorted(every, key=lambda r: alone.get(_mesh(r), math.inf))[:POOLS]
     tok_s = {_mesh(a.ranked): a.closest.output_tok_s_per_gpu for a in aggregated}
-    decode = sorted(every, key=lambda r: -tok_s.get(_mesh(r), 0.0))[:POOLS]
-    predictor = {_mesh(r): predictor_of(ask, r, False) for r in (*prefill, *decode)}
+    audits = Audits(ask.graph)
+    decode = [v for r in sorted(every, key=lambda r: -tok_s.get(_mesh(r), 0.0))[:POOLS]
+              for v in decode_variants(ask, r, audits)]  # fmt: skip
+    predictor = {_key(r): predictor_of(ask, r, False) for r in (*prefill, *decode)}
     pairs = _pairs(ask, prefill, decode, predictor)[:PAIRS]
     got = forked_map([partial(serve_pair, ask, pair) for pair in pairs])  # a core each (`search.pool`)
     # a worker's answer carries copies of the pair's plans back: the parent keeps its own
     return [replace(a, ranked=p.prefill, decode_ranked=p.decode) for a, p in zip(got, pairs, strict=True)]
 
 
-__all__ = ["PAIRS", "POOLS", "meshes", "serve_disagg", "serve_pair"]
+__all__ = ["DECODE_PLANS", "PAIRS", "POOLS", "decode_variants", "meshes", "serve_disagg", "serve_pair"]

@@ -391,7 +391,7 @@ def search_plans(
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
                cp_layers=cp_layers, cp_kv=cp_kv, every_deployment=every_deployment)  # fmt: skip
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
-        from tpplan.engines.overlap import overlap_named
+        from tpplan.engines import overlap_named
 
         why = overlap_named(overlap).refusal(graph.spec.model_type)
         if why is not None:

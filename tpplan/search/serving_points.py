@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
     from tpplan.engines.speculative import Speculative
+    from tpplan.layout.plan import Plan
+    from tpplan.mesh import Mesh
     from tpplan.models.graph import ModelGraph
     from tpplan.simulate.requests import Arrivals, Shape
     from tpplan.simulate.results import LoopResult
@@ -198,6 +200,19 @@ def predictor_of(ask: Ask, r: RankedPlan, every_replica: bool) -> Predictor:
     return cached_predictor(ask.graph, r.plan, ask.topo, mesh, ask.dtype, ask.expert_dtype, r.audit)
 
 
+def loop_engine_runs(ask: Ask, plan: Plan, mesh: Mesh) -> bool:
+    """Whether the flags of the engine the loop simulates (SGLang) realise `plan` on one replica of `mesh`
+    (`engines.recipes`): a plan the search serves must have a launch line."""
+    from tpplan.engines import Launch, select_pair
+    from tpplan.engines.recipes import recipes
+    from tpplan.mesh import Mesh
+
+    one = Mesh(mesh.tp, pp=mesh.pp, cp=mesh.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
+    nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
+    launch = Launch(ask.graph.spec, one, chunk=ask.workload.chunk_size, gpu=ask.topo.gpu.name, nodes=nodes)
+    return recipes(plan, launch, engines=select_pair(None))[0].runs
+
+
 def serve_aggregated(ask: Ask, p: Predictor, arrivals: Arrivals, cap: tuple[int, int] | None) -> LoopResult:
     from tpplan.simulate.engine import engine_loop, serve
 
@@ -251,6 +266,7 @@ __all__ = [
     "kv_need_of",
     "largest_met",
     "load_ladder",
+    "loop_engine_runs",
     "point_at",
     "point_of",
     "predictor_of",

@@ -42,6 +42,7 @@ from tpplan.search.serving_points import (
     kv_need_of,
     largest_met,
     load_ladder,
+    loop_engine_runs,
     point_at,
     predictor_of,
     serve_aggregated,
@@ -263,21 +264,16 @@ def served_plans(ask: Ask, best: tuple[RankedPlan, ...]) -> tuple[RankedPlan, ..
     engines run by default; so every answer has a launch line (`DeploymentAnswer.searched` names the
     search's plan where it was not served; the served copy has no score or prediction of its own)."""
     from tpplan.audit import Audits
-    from tpplan.engines import Launch, select_pair
-    from tpplan.engines.recipes import recipes
     from tpplan.mesh import Mesh
     from tpplan.plans.named import baseline
 
     audits = Audits(ask.graph)
     out = []
     for r in best:
-        one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
-        nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
-        launch = Launch(ask.graph.spec, one, chunk=ask.workload.chunk_size, gpu=ask.topo.gpu.name, nodes=nodes)
-        rec = recipes(r.plan, launch, engines=select_pair(None))[0]  # SGLang: the loop's engine
-        if rec.runs:
+        if loop_engine_runs(ask, r.plan, r.mesh):
             out.append(r)
             continue
+        one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
         pa = audits.of(baseline(), one, ask.dtype)
         out.append(replace(r, plan=pa.plan, audit=pa, score=math.nan, prediction=None))
     return tuple(out)

@@ -50,7 +50,7 @@ def recipes(
     return [whole_deployment(r, plan, spec, d) for r in out]
 
 
-def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> DeploymentFlags:
+def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh, version: str | None) -> DeploymentFlags:
     """The engine's flags for the deployment's sizes, CP, replicas and overlap (`engines.launch`), or why none."""
     if d.cp > 1 and d.cp_layers == "mla":  # CP inside the TP group: only an open SGLang PR has it
         path = SGLANG_K3_FULL_SEQUENCE
@@ -59,14 +59,14 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh) -> Depl
     if plan.dp_attention and (d.pp > 1 or d.cp > 1):
         return DeploymentFlags(engine, (), "tpplan's engine data has not read DP attention beside PP or CP", "")
     all_mla = all(isinstance(layer.attn, MLASpec) for layer in spec.layers)
-    return deployment_flags(engine, spec.model_type, all_mla, d, plan.overlap)
+    return deployment_flags(engine, spec.model_type, all_mla, d, plan.overlap, version)
 
 
 def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
     """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
     does not run its CP, overlap or CP mode (the reason said), else its overlap flags added and its replicas
     (R servers) and CP difference noted."""
-    flags = _deployment_flags(r.engine, plan, spec, d)
+    flags = _deployment_flags(r.engine, plan, spec, d, r.version or None)
     if not flags.realised:
         if r.realises == "no":
             return replace(r, summary=f"{r.summary}; and {flags.why}", replicas=d.replicas)

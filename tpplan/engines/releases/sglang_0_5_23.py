@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from tpplan.engines.overlap import SGLANG_TBO
 from tpplan.engines.schema import (
     BudgetTier,
     EngineVersion,
@@ -229,6 +230,7 @@ SGLANG_0_5_23 = EngineVersion(
     scheduling=SCHEDULING,
     memory=MEMORY,
     handoff=HANDOFF,
+    overlaps=(SGLANG_TBO,),
 )
 
 RELEASES = (SGLANG_0_5_23,)

@@ -8,7 +8,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpplan.engines.releases.vllm_0_34_0 import COMMON_MEMORY_FACTS, VLLM_0_34_0
-from tpplan.engines.schema import EngineVersion, Fact, Source, VllmMemory, recite
+from tpplan.engines.schema import (
+    EngineVersion,
+    Fact,
+    MicroBatchOverlap,
+    Source,
+    StartupRefusal,
+    VllmMemory,
+    recite,
+)
 from tpplan.engines.vllm import REL, REL_33, REPO, SP_MOE_BACKENDS_0_33
 
 
@@ -78,6 +86,41 @@ def _release_0_33() -> EngineVersion:
         scheduling=replace(old.scheduling, cpu_overlap_fact=OVERLAP),
         memory=MEMORY,
         handoff=None,
+        overlaps=(_dbo_0_33(old.overlaps[0]),),
+    )
+
+
+V1_FALLBACK = _v("config/vllm.py", "VllmConfig.use_v2_model_runner / _get_dbo_unsupported_features")
+
+
+def _dbo_0_33(dbo: MicroBatchOverlap) -> MicroBatchOverlap:
+    """0.34.0's DBO re-cited (ubatch_utils, dp_utils and the DeepEP prepare/finalize the record cites are unchanged in
+    0.33.0) with 0.33.0's model-runner choice: --enable-dbo alone runs on the V1 model runner, which starts beside PP
+    and hybrid models and refuses only prefill CP; VLLM_USE_V2_MODEL_RUNNER=1 would add 0.34.0's refusals."""
+    return replace(
+        dbo,
+        engine="vLLM 0.33.0",
+        refused=StartupRefusal(
+            axes=("cp",),
+            axis_words=("prefill context parallel",),
+            model_types=(),
+            model_words="",
+            source=_v(
+                "config/vllm.py", "VllmConfig._validate_v1_model_runner / _get_v1_model_runner_unsupported_features"
+            ),
+            model_source=V1_FALLBACK,
+        ),
+        runs_on=(
+            "vLLM 0.33.0 runs --enable-dbo on its V1 model runner: with VLLM_USE_V2_MODEL_RUNNER unset, "
+            "_get_dbo_unsupported_features lists 'dual batch overlap' for the V2 runner, so use_v2_model_runner "
+            "falls back to V1 with a warning (not a refusal) and the V1 GPUModelRunner wraps the model in "
+            "UBatchWrapper; the V1 runner turns async scheduling off under PP (pp_size batches in flight, not the "
+            "V2 runner's pp_size + 1 that tpplan prices for 0.33.0) and refuses prefill CP. Setting "
+            "VLLM_USE_V2_MODEL_RUNNER=1 keeps the V2 runner, which then refuses DBO beside PP, decode or prefill CP, "
+            "LoRA, speculative decoding, multimodal and hybrid models (the config checks were read; how the V1 "
+            "runner's micro-batches run beside PP or a hybrid model's recurrent state was not)"
+        ),
+        runs_on_source=V1_FALLBACK,
     )
 
 

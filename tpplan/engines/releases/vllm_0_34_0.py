@@ -10,10 +10,13 @@ from tpplan.engines.schema import (
     EngineVersion,
     FabricSharing,
     Fact,
+    Gate,
     HandoffRule,
+    MicroBatchOverlap,
     RouterRule,
     SchedulerRules,
     Source,
+    StartupRefusal,
     StepBudget,
     VllmMemory,
 )
@@ -209,6 +212,73 @@ HANDOFF = HandoffRule(
 )  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------
+# Dual-batch overlap (`--enable-dbo`, plans `+dbo`; the form: `tpplan.engines.overlap`)
+
+VLLM_DBO = MicroBatchOverlap(
+    name="dbo",
+    engine=f"vLLM {VERSION}",
+    flags=("--enable-dbo",),
+    model_types=None,  # the yields live in the fused-MoE all-to-all, not in a model class
+    raises_for=(),
+    dense_layers="two halves in turn",
+    split="at the token midpoint of the padded batch (a request may be cut in two)",
+    balance=None,
+    min_tokens=512,  # dbo_prefill_token_threshold
+    comm_sms=20,  # VLLM_DBO_COMM_SMS
+    shared_experts_before_combine_wait=True,
+    gates=(
+        Gate(
+            "a batch with prefills overlaps only from dbo_prefill_token_threshold tokens (default 512)",
+            "batch",
+            ("--dbo-prefill-token-threshold",),
+            "per batch",
+            _v("v1/worker/ubatch_utils.py", "check_ubatch_thresholds"),
+        ),
+        Gate(
+            "the micro-batches yield only inside the MoE all-to-all (DeepEP high-throughput/low-latency, "
+            "NIXL EP, naive DP+EP prepare/finalize): without expert parallelism nothing overlaps",
+            "server arg",
+            ("--enable-expert-parallel", "--all2all-backend"),
+            "runs baseline",
+            _v("model_executor/layers/fused_moe/prepare_finalize/deepep_ht.py", "dbo_yield_and_switch_* calls"),
+        ),
+        Gate(
+            "every data-parallel rank must agree to split, and the second micro-batch must not be empty",
+            "batch",
+            (),
+            "per batch",
+            _v("v1/worker/dp_utils.py", "_post_process_ubatch"),
+        ),
+    ),
+    schedule_source=_v("model_executor/layers/fused_moe/prepare_finalize/deepep_ht.py", "prepare/finalize"),
+    split_source=_v("v1/worker/ubatch_utils.py", "maybe_create_ubatch_slices"),
+    sms_source=_v("v1/worker/ubatch_utils.py", "create_sm_control_context (VLLM_DBO_COMM_SMS=20)"),
+    assumption=(
+        "where vLLM runs the shared experts relative to the combine was not read: tpplan places them as "
+        "SGLang does (before the combine wait)"
+    ),
+    # VllmConfig._validate_model_runner raises "The GPU model runner does not support: dual batch overlap
+    # with ..." (use_ubatching is on with --enable-dbo); multimodal, encoder-only, LoRA and PIECEWISE graphs too
+    refused=StartupRefusal(
+        axes=("pp", "cp"),
+        axis_words=(
+            "dual batch overlap with pipeline parallelism",
+            "dual batch overlap with prefill context parallelism",
+        ),
+        model_types=("kimi_k3", "kimi_linear", "qwen3_next", "qwen3_5", "qwen3_5_moe"),
+        model_words="dual batch overlap with hybrid models",
+        source=_v("config/vllm.py", "VllmConfig._get_dbo_unsupported_features / _validate_model_runner"),
+        model_source=_v(
+            "model_executor/models/interfaces.py",
+            "IsHybrid, implemented by KimiK3ForConditionalGeneration / KimiLinearForCausalLM "
+            "(models/kimi_k3/nvidia/model.py), Qwen3NextForCausalLM (model_executor/models/qwen3_next.py), "
+            "Qwen3_5ForCausalLMBase / Qwen3_5ForConditionalGeneration (models/qwen3_5/nvidia/model.py)",
+        ),
+    ),
+)
+
+
 BATCH_DEFAULTS = Source(REPO, "vllm/engine/arg_utils.py", "EngineArgs.get_batch_defaults", REL)
 VLLM_0_34_0 = EngineVersion(
     engine="vLLM",
@@ -244,6 +314,7 @@ VLLM_0_34_0 = EngineVersion(
     scheduling=SCHEDULING,
     memory=MEMORY,
     handoff=HANDOFF,
+    overlaps=(VLLM_DBO,),
 )
 
 RELEASES = (VLLM_0_34_0,)

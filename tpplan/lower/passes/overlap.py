@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tpplan.engines.overlap import MicroBatchOverlap, overlap_named
+from tpplan.engines import overlap_named
+from tpplan.engines.schema import MicroBatchOverlap
 from tpplan.lower.batch import Segments
 from tpplan.lower.program import MicroBatch, Program
 from tpplan.lower.registry import Pass, register
