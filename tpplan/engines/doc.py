@@ -163,6 +163,11 @@ def _serving(ev: EngineVersion) -> list[str]:
         if fabric is not None:  # vLLM: a P/D server's connector may turn the extensible cache off
             out += [f"P/D servers ({fabric.connector}) on nodes without an IMEX channel:", ""]
             out += [f"- {f.text} ({f.source.cite()})" for f in fabric.facts] + [""]
+    if ev.dp_attention_beside is not None:
+        b = ev.dp_attention_beside
+        runs = [f"beside {axis}: {'runs' if ok else 'needs code'}" for axis, ok in (("PP", b.pp), ("prefill CP", b.cp))]
+        out += ["### DP attention beside PP and prefill CP (`tpplan/engines/recipes/`)", "", f"{'; '.join(runs)}.", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in b.facts] + [""]
     if ev.handoff is not None:
         h = ev.handoff
         words = (

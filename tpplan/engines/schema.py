@@ -450,6 +450,17 @@ class MicroBatchOverlap:
 
 
 @dataclass(frozen=True)
+class DpBeside:
+    """Whether the engine's data-parallel attention deployment (vLLM: `--data-parallel-size` at TP 1) starts beside
+    PP and beside prefill CP, read from its argument and config checks, its process groups and its model runner."""
+
+    pp: bool  # accepted beside --pipeline-parallel-size
+    cp: bool  # accepted beside --prefill-context-parallel-size
+    ep_spans_cp: bool  # the MoE's EP (or flattened TP) group then spans the CP ranks as well as the DP ranks
+    facts: tuple[Fact, ...]
+
+
+@dataclass(frozen=True)
 class EngineVersion:
     """One engine at one version: its modes, its PP schedule and what its serving loop and memory do;
     one module of `tpplan/engines/releases/` each (docs/adding-an-engine-version.md)."""
@@ -469,6 +480,7 @@ class EngineVersion:
     handoff: HandoffRule | None = None
     # Its micro-batch overlaps (SGLang's TBO, vLLM's DBO: what a plan's `+tbo` / `+dbo` launches; () : not read)
     overlaps: tuple[MicroBatchOverlap, ...] = ()
+    dp_attention_beside: DpBeside | None = None  # DP attention beside PP / prefill CP (None: not read)
     default: bool = True  # False: selectable, never its engine's default (else the newest release is)
 
     @property
@@ -508,6 +520,7 @@ __all__ = [
     "CollectiveDefault",
     "Comm",
     "DenseLayers",
+    "DpBeside",
     "Effect",
     "EngineVersion",
     "FabricSharing",
