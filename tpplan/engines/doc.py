@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpplan.engines import ENGINES, vllm
+from tpplan.engines import ENGINES, version_overlaps, vllm
 from tpplan.engines.async_tp import (
     AG_DECOMPOSITION,
     AG_PIPELINE,
@@ -199,7 +199,7 @@ def _overlaps() -> list[str]:
         "(`tpplan/cost/overlap.py` simulates that order).",
         "",
     ]
-    for o in dict.fromkeys(o for ev in ENGINES.values() for o in ev.overlaps):  # each version's, once
+    for o in dict.fromkeys(o for ev in ENGINES.values() for o in version_overlaps(ev)):  # each version's, once
         models = ", ".join(o.model_types) if o.model_types is not None else "every model with all-to-all experts"
         out += [
             f"### `+{o.name}`: {o.engine}, {', '.join(f'`{f}`' for f in o.flags)}",
