@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpplan.engines import ENGINES, vllm
+from tpplan.engines import ENGINES, version_overlaps, vllm
 from tpplan.engines.async_tp import (
     AG_DECOMPOSITION,
     AG_PIPELINE,
@@ -178,6 +178,9 @@ def _serving(ev: EngineVersion) -> list[str]:
         )
         out += ["### Prefill/decode disaggregation hand-off (`tpplan/simulate/disagg_loop.py`)", "",
                 f"- {words}", *(f"- source: {s.cite()}" for s in h.sources), ""]  # fmt: skip
+        if h.router is not None:
+            out += ["P/D router (`tpplan/simulate/routing.py`):", ""]
+            out += [f"- {f.text} ({f.source.cite()})" for f in h.router.facts] + [""]
     elif ev.scheduling is not None:
         unread = "- not read for this version: the engine's default release's rule is used, with a note"
         out += ["### Prefill/decode disaggregation hand-off", "", unread, ""]
@@ -196,7 +199,7 @@ def _overlaps() -> list[str]:
         "(`tpplan/cost/overlap.py` simulates that order).",
         "",
     ]
-    for o in dict.fromkeys(o for ev in ENGINES.values() for o in ev.overlaps):  # each version's, once
+    for o in dict.fromkeys(o for ev in ENGINES.values() for o in version_overlaps(ev)):  # each version's, once
         models = ", ".join(o.model_types) if o.model_types is not None else "every model with all-to-all experts"
         out += [
             f"### `+{o.name}`: {o.engine}, {', '.join(f'`{f}`' for f in o.flags)}",
