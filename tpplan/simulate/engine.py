@@ -98,6 +98,7 @@ def engine_loop(
         kv_tokens=kv_tokens,
         verify_tokens=1 if speculative is None else speculative.verify_tokens,
         accepted=1.0 if speculative is None else speculative.accepted,
+        router=rules.replica_router.prefill if rules.replica_router is not None else "round_robin",
     )
     return EngineLoop(pipeline, rules, costs, config, deployment.pp)
 
