@@ -12,7 +12,8 @@ from tpplan.engines import ENGINES
 from tpplan.engines.schema import RouterRule
 from tpplan.mesh import Mesh
 from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, router_sources, simulate_disaggregated
-from tpplan.simulate.loop import LoopConfig, simulate
+from tpplan.simulate.loop import LoopConfig
+from tpplan.simulate.replicas import simulate
 from tpplan.simulate.requests import ClosedLoop, Request, Timed
 from tpplan.simulate.routing import Router
 

@@ -536,15 +536,13 @@ def run_replica(
 
 def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh | None = None) -> LoopResult:
     """The serving loop over the mesh's identical replicas (None: one), requests dealt round-robin
-    (`split_round_robin`), or behind the load-aware router `cfg.router` names (`simulate.replicas`);
-    timelines in the arrivals' request order, steps by start time with the arrivals' request ids.
-    `prices` are one replica's (the mesh's other axes are in them)."""
+    (`split_round_robin`; a load-aware `cfg.router` is `simulate.replicas.simulate`'s); timelines in the
+    arrivals' request order, steps by start time with the arrivals' request ids. `prices` are one
+    replica's (the mesh's other axes are in them)."""
     mesh = mesh or Mesh(1)
     replicas = mesh.replicas
     if replicas > 1 and cfg.router != "round_robin":
-        from tpplan.simulate.replicas import simulate_routed  # it builds on this module
-
-        return simulate_routed(arrivals, prices, cfg, mesh)
+        raise AssertionError("a load-aware router runs in simulate.replicas.simulate")  # a caller's bug
     lines: dict[int, Timeline] = {}
     steps: list[PrefillBatch] = []
     itl: list[float] = []

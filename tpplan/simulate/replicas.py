@@ -2,7 +2,7 @@
 least-loaded engine): every replica's loop and the router in one co-simulation (`simulate.cosim`), so that
 the router picks at the moment a request reaches it, from the requests then in flight at each replica, and
 a closed-loop client's next request may go to any replica. Round-robin needs no co-simulation: its picks do
-not depend on timing (`simulate.loop.simulate` deals the requests out beforehand)."""
+not depend on timing (`simulate.loop.simulate` deals the requests out beforehand). `simulate` here picks."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tpplan.cost.workload import PrefillBatch, ReplicaShare
 from tpplan.mesh import Mesh
 from tpplan.simulate.cosim import Actor, CoSim, RouterActor
 from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
+from tpplan.simulate.loop import simulate as dealt
 from tpplan.simulate.requests import Arrivals, ClosedLoop
 from tpplan.simulate.results import LoopResult, Timeline
 from tpplan.simulate.routing import Router
@@ -44,8 +45,8 @@ class _Served(_Replica):
 
 
 class _Routed(CoSim):
-    def __init__(self, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, replicas: int) -> None:
-        self.reqs, self.cfg = arrivals.requests, cfg
+    def __init__(self, arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh) -> None:
+        self.reqs, self.cfg, replicas = arrivals.requests, cfg, mesh.replicas
         self.reps = [_Served(self, arrivals, prices, cfg) for _ in range(replicas)]
         self.router_actor = RouterActor(self)
         self.insts: list[Actor] = [*self.reps, self.router_actor]
@@ -79,12 +80,20 @@ class _Routed(CoSim):
             self.send(nxt, t + self.cfg.request_out_s)
 
 
+def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh | None = None) -> LoopResult:
+    """The serving loop over the mesh's replicas as the engine's replica router spreads the requests: dealt
+    beforehand (`simulate.loop.simulate`) for round-robin or one replica, else `simulate_routed`."""
+    if mesh is None or mesh.replicas == 1 or cfg.router == "round_robin":
+        return dealt(arrivals, prices, cfg, mesh)
+    return simulate_routed(arrivals, prices, cfg, mesh)
+
+
 def simulate_routed(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh) -> LoopResult:
     """`simulate.loop.simulate`'s result for the mesh's replicas behind `cfg.router`: timelines in request
     order (each with the replica it went to), steps by start time, every replica's share (its clients: the
     most of its requests in flight at once)."""
     _check_fits(arrivals, cfg)
-    sim = _Routed(arrivals, prices, cfg, mesh.replicas)
+    sim = _Routed(arrivals, prices, cfg, mesh)
     sim.run()
     lines = [sim.reps[r].timelines(r)[rid] for rid, r in enumerate(sim.of)]
     steps = sorted((b for rep in sim.reps for b in rep.steps), key=lambda b: (b.start_s, b.end_s))
@@ -102,4 +111,4 @@ def _share(r: int, sim: _Routed, lines: list[Timeline], steps: list[PrefillBatch
     return ReplicaShare(len(mine), sim.peak[r], tokens, mean, max(b.end_s for b in steps))
 
 
-__all__ = ["simulate_routed"]
+__all__ = ["simulate", "simulate_routed"]
