@@ -56,10 +56,16 @@ def test_incomplete_points_are_left_out_and_sharegpt_outputs_need_their_publishe
     assert "output length" in vd.replayable(bare)
 
 
-def test_a_pd_point_tpplan_cannot_lay_out_says_why() -> None:
+def test_a_pd_point_is_replayed_with_the_redundant_experts_its_page_states() -> None:
     p = _point("output_tok_s_per_node", complete=True)
+    assert p["ep_num_redundant_experts"] == 32 and "288 experts" in p["ep_quote"] and "256" in p["ep_quote"]
+    assert vd.pd_plan(p) == "dp-attention+a2a+redundant32+tbo"
     r = vd.predict(p)
-    assert r.predicted is None and "cannot lay it out" in r.why_not and "72" in r.why_not
+    assert r.predicted is not None and r.predicted > 0 and "EP72 +32 redundant experts TBO" in r.regime
+    # without the redundant copies, 256 experts do not divide over 72 ranks: the replay says so, and the fix
+    bare = {k: v for k, v in p.items() if k != "ep_num_redundant_experts"}
+    r = vd.predict(bare)
+    assert r.predicted is None and "cannot lay it out" in r.why_not and "+redundant32" in r.why_not
 
 
 @pytest.mark.slow

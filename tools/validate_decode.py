@@ -102,6 +102,10 @@ def regime(p: dict[str, Any]) -> str:
     span = "KV 256-125K (fit)" if p["prompt_tokens"] == "swept" else _bucket(
         kv, ((4096, "KV < 4K"), (32768, "KV 4K-32K")), "KV > 32K")  # fmt: skip
     shape = f"TP{p['tp']}" + (f"xPP{p['pp']}" if int(p.get("pp", 1)) > 1 else "")
+    if mode == "pd-decode" and p.get("ep_num_redundant_experts"):  # the physical experts' EP, as replayed
+        shape += f" EP{p['tp']} +{p['ep_num_redundant_experts']} redundant experts"
+    if mode == "pd-decode" and p.get("overlap"):
+        shape += f" {p['overlap'].upper()}"
     return f"{p['engine']} {gpu} {model} {shape} {mode}, {load}, {span}"
 
 
@@ -130,12 +134,20 @@ def _itl_fit(model: str, gpu: str, engine: str, tp: int, lo: int, hi: int, outpu
     return fit.slope, fit.intercept
 
 
+def pd_plan(p: dict[str, Any]) -> str:
+    """The decode pool's plan as the page states it: the engine's DP attention + EP plan, with its redundant
+    experts (`+redundant<r>`, tpplan.engines.redundant_experts) and two-batch overlap (`+tbo`) where stated."""
+    redundant = int(p.get("ep_num_redundant_experts", 0))
+    return PD_PLAN[p["engine"]] + (f"+redundant{redundant}" if redundant else "") + (
+        f"+{p['overlap']}" if p.get("overlap") else "")  # fmt: skip
+
+
 def _pd_step(p: dict[str, Any]) -> float | str:
     """Output tokens/s per node of one decode step of the stated batch per rank at the stated KV length."""
     from tpplan.errors import TpplanError
 
     try:
-        pred, _, per_node = predictor_for(p, PD_PLAN[p["engine"]])
+        pred, _, per_node = predictor_for(p, pd_plan(p))
     except TpplanError as err:
         return f"tpplan cannot lay it out: {err}"
     batch = int(p["batch_per_rank"]) * int(p["tp"])
@@ -236,7 +248,8 @@ def section(replays: list[DecodeReplay], skipped: list[tuple[dict[str, Any], str
         f"{CLOSED_LOOP_REQUESTS} per client), decode admitted under the engine's KV pool and running-request cap at",
         "its defaults; ITL slope/intercept points against the same linear fit over the loop's mean ITL at",
         f"{SWEEP_POINTS} input lengths spread over the page's sweep (concurrency 1); a P/D decode-pool point as one",
-        "decode step of its batch per rank at its KV length on the engine's DP-attention + EP plan. Assumptions:",
+        "decode step of its batch per rank at its KV length on the engine's DP-attention + EP plan (with the",
+        "redundant experts and two-batch overlap the page states: `<plan>+redundant<r>+tbo`). Assumptions:",
         f"engine rules of {', '.join(sorted(set(ENGINES.values())))} for every version, KV priced in bf16, the",
         "checkpoint's weight formats, no speculative decoding; GPUs as in the TTFT section above. Error =",
         "predicted / measured - 1 (against a published range: the distance to its nearer end).",
@@ -279,5 +292,16 @@ def run() -> str:
     return section(replays, skipped)
 
 
-__all__ = ["BEGIN", "DECODE_POINTS", "END", "DecodeReplay", "points", "predict", "regime", "replayable", "run",
-           "section"]  # fmt: skip
+__all__ = [
+    "BEGIN",
+    "DECODE_POINTS",
+    "END",
+    "DecodeReplay",
+    "pd_plan",
+    "points",
+    "predict",
+    "regime",
+    "replayable",
+    "run",
+    "section",
+]  # fmt: skip

@@ -42,6 +42,29 @@ BackendOpt = Annotated[Backend, typer.Option(help="auto = nccl with CUDA, else g
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds before a stuck collective fails")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress")]
 
+RedundantExpertsOpt = Annotated[
+    int,
+    typer.Option(
+        "--ep-num-redundant-experts",
+        min=0,
+        help="Redundant routed experts over each --plan's EP group, as SGLang's flag (vLLM: EPLB's "
+        "num_redundant_experts): experts + N physical experts, an equal share per rank, so an EP size that divides "
+        "that count is valid; needs --plan naming EP or all-to-all plans",
+    ),
+]
+
+
+def redundant_plans(plans: list[str] | None, count: int) -> list[str] | None:
+    """The --plan names with `count` redundant experts (`<plan>+redundant<count>`,
+    `tpplan.engines.redundant_experts`); one line where no plan is named for them."""
+    if not count:
+        return plans
+    if not plans:
+        raise TpplanError(f"--ep-num-redundant-experts {count}", "names no plan to hold the redundant experts",
+                          "name EP or all-to-all plans with --plan, e.g. --plan dp-attention+a2a")  # fmt: skip
+    return [f"{p}+redundant{count}" for p in plans]
+
+
 JSON_TO_STDOUT = "-"  # `--json -`: the JSON object is all that goes to standard output
 
 

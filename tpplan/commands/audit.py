@@ -22,11 +22,13 @@ from tpplan.commands._options import (
     EngineOpt,
     GpuOpt,
     ModelOpt,
+    RedundantExpertsOpt,
     check_json_target,
     cluster_text,
     emit_json,
     json_option,
     load_cluster,
+    redundant_plans,
 )
 from tpplan.commands._plan_deployment import print_deployment_notes, resolve
 from tpplan.commands._serving import (
@@ -153,6 +155,7 @@ def audit_cmd(
     seed: SeedOpt = 0,
     pd: PdOpt = None,
     spec: SpecOpt = None,
+    ep_num_redundant_experts: RedundantExpertsOpt = 0,
 ) -> None:
     """Check plans op by op against the model's real layer graph and count their communication;
     with --topology (and --workload) also predict time, memory and TTFT."""
@@ -163,19 +166,18 @@ def audit_cmd(
     requests_asked = bool(workload) or asked(arrival_rate, trace, requests)
     predicting = requests_asked or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or pd
     sides, speculative = _check_asked(pd, engine, requests_asked, bool(topology or cluster), bool(predicting), spec)
-    # a plan file's deployment where no flag sets it (commands/_plan_deployment.py)
     d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence,
                             "cp_layers": cp_layers, "cp_kv": cp_kv, "replicas": replicas})  # fmt: skip
     tp, pp, cp, replicas = d["tp"], d["pp"], d["cp"], d["replicas"]  # type: ignore[assignment]
     cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
-    _print_deployment_notes(d, bool(topology or cluster))
+    _print_deployment_notes(d, bool(topology or cluster))  # a plan file's deployment, where no flag sets it
     with steps(f"tpplan audit {model}") as say:  # progress on stderr for a long one (--engine, serving)
         topo = wl = None
         if topology or cluster or gpu or engine:
             asked_mesh = Mesh(tp, pp=pp, cp=cp, cp_layers=cp_layers, replicas=replicas) if tp else None
             topo, wl = _load_inputs(topology, nodes, asked_mesh, sides, gpu, cluster, engine, workload, replicas, say)
         say("auditing the plans")
-        result = audit(model, _tp_of(tp, topo), plan, dtype)
+        result = audit(model, _tp_of(tp, topo), redundant_plans(plan, ep_num_redundant_experts), dtype)
         print_plan_notes(pa.plan for pa in result.plans)
         mesh = Mesh(result.n, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence,
                     cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip

@@ -42,6 +42,7 @@ from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op
 from tpplan.models.opkinds import cost_class, kernel_key, op_kind
 from tpplan.models.quant import WeightFormat
+from tpplan.placement import S_TOK
 
 MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's latent (absorbed in decode)
 
@@ -232,7 +233,8 @@ class KernelPricer:
         assert call.experts is not None  # the lowering's per-rank share of the routed experts
         e_loc, i_loc, rows = call.experts
         engine = self.serving_engine if self.impls is None else None  # a recorded run: tpplan's runtime's tile
-        share = expert_rows(engine, e_loc, e, k, t, rows, self.moe_dtype)
+        held = e_loc * {"a2a": n, "ep": ep}.get(str(d.split), 1)  # physical experts over the group (+ redundant)
+        share = expert_rows(engine, e_loc, held, k, t, rows, self.moe_dtype)
         active, m_pad = share.active, share.padded
         m_use = max(1, round(rows))
         secs = flops = nbytes = t_compute = 0.0
@@ -344,7 +346,7 @@ class KernelPricer:
         """Attention: decode tokens apart (`_decode_attention`), the rest by the roofline, the physical
         kernel model or a kernel source, over the pairs its mask (window, chunk) lets it score."""
         op, share = d.op, d.compute_share
-        absorbed = self._decode_attention(lg, op, share, segs)
+        absorbed = self._decode_attention(lg, op, share, segs, own=d.strategy.output is S_TOK)
         if absorbed is not None:  # decode tokens (MLA absorbed; GQA by its decode model): apart
             segs = tuple(s for s in segs if s[0] > 1)
             t, pairs, ctx = batch_pairs(segs)
@@ -426,7 +428,7 @@ class KernelPricer:
         return (secs if phys is None else phys), flops, nbytes
 
     def _decode_attention(
-        self, lg: LayerGraph, op: Op, share: float, segs: Segments
+        self, lg: LayerGraph, op: Op, share: float, segs: Segments, own: bool = False
     ) -> tuple[float, float, float] | None:
         """A step's decode tokens (one-token segments) priced apart: (seconds, flops, bytes), or None (no
         decode tokens; GQA without a `decode_gqa` model, which stays in the prefill pricing).
@@ -436,24 +438,26 @@ class KernelPricer:
         scoring over the latent and summing kv_lora-wide values (DSA: its top-k keys). GQA: each request's
         keys (its window or chunk where it has one) read once per KV head of the rank. Priced by the GPU's
         measured decode model (`KernelModels.decode`, the decode sweep) where it has one, else by the
-        attention roofline."""
+        attention roofline. `own` (DP attention: the op's tokens are sharded by request): the rank runs its
+        `share` of the requests with every head, reading only their KV, not every request's latent."""
         impl = str(op.attrs.get("impl"))
         dec = [c for n, c in segs if n == 1]
         if not dec:
             return None
+        part, share = (share, 1.0) if own else (1.0, share)  # own: `part` of the requests, every head
         heads = max(1, round(op.int_attr("heads", 1) * share))
         m = self.models
         if impl in MLA_IMPLS and "kv_latent" in lg.values:
             lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
             # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
             topk = lg.values[op.inputs[3]].width if impl == "mla_dsa" and len(op.inputs) > 3 else None
-            keys = sum(min(c + 1, topk or c + 1) for c in dec)
+            keys = part * sum(min(c + 1, topk or c + 1) for c in dec)
             flops = 2.0 * heads * ((lora + rope) + lora) * keys
-            nbytes = (keys * (lora + rope) + len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q and out
+            nbytes = (keys * (lora + rope) + part * len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q, out
             phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)
         elif impl == "gqa" and m is not None and "decode_gqa" in m.consts:
             window, chunk = op.optional_int_attr("window"), op.optional_int_attr("chunk")
-            keys = sum(min(c + 1, window or c + 1, c % chunk + 1 if chunk else c + 1) for c in dec)
+            keys = part * sum(min(c + 1, window or c + 1, c % chunk + 1 if chunk else c + 1) for c in dec)
             kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))
             d = lg.values[op.inputs[0]].width // op.int_attr("heads", 1)
             flops = 2.0 * heads * 2 * d * keys

@@ -95,6 +95,9 @@ class Plan:
     fold: frozenset[str] = frozenset()
     moe: MoEMode = "tp"
     ep_size: int | None = None
+    # redundant copies of routed experts beside the logical ones (SGLang --ep-num-redundant-experts, vLLM EPLB's
+    # num_redundant_experts): the EP group holds experts + redundant_experts physical experts, an equal share each
+    redundant_experts: int = 0
     dp_attention: DpPadding | None = None
     bank: Placement | None = None  # where K3's attention-residual bank lives (None: with the stream)
     overlap: OverlapName | None = None  # tbo/dbo: two micro-batches; asynctp: GEMMs fused with their collectives
@@ -107,6 +110,11 @@ class Plan:
     def bank_placement(self) -> Placement:
         """Where K3's attention-residual bank lives: the plan's `bank`, else the stream's placement."""
         return self.bank if self.bank is not None else self.stream
+
+    def physical_experts(self, logical: int) -> int:
+        """Routed experts the EP group holds for `logical` experts: each one once, plus the redundant copies
+        (`tpplan.engines.redundant_experts`)."""
+        return logical + self.redundant_experts
 
     def gathers(self, producer: str) -> bool:
         return _match(self.gather, producer)
@@ -150,6 +158,8 @@ class Plan:
             out["fold"] = sorted(self.fold)
         if self.bank is not None:
             out["bank"] = str(self.bank)
+        if self.redundant_experts:
+            out["redundant_experts"] = self.redundant_experts
         if self.dp_attention:
             out["dp_attention"] = self.dp_attention
         if self.overlap:

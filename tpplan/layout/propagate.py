@@ -145,8 +145,9 @@ def _weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan:
     numel = op.weight_numel
     if not numel:
         return 0
-    if op_kind(op.kind).routed_experts:
-        return math.ceil(numel / n)
+    if op_kind(op.kind).routed_experts:  # the EP group's physical experts (redundant copies too), 1/n of them
+        experts = op.int_attr("experts")
+        return -(-numel * plan.physical_experts(experts) // (experts * n))
     if split in (WeightSplit.COL, WeightSplit.ROW):
         heads = op.split_heads or n
         if heads % n == 0:
@@ -173,21 +174,26 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
     for op in lg.ops:
         qual = f"{lg.kind}/{op.role}"
         if op_kind(op.kind).routed_experts:
-            experts = op.int_attr("experts")
+            experts = plan.physical_experts(op.int_attr("experts"))
+            named = f"{experts} experts" if not plan.redundant_experts else f"{experts} physical experts"
             if plan.moe == "ep":
                 ep = plan.ep_size or 1
                 if n % ep or experts % ep or (op.split_heads % (n // ep)):
                     raise TpplanError(
                         f"plan '{plan.name}' (tp={n})",
-                        f"EP size {ep} must divide the TP size {n} and the {experts} experts, and the expert "
+                        f"EP size {ep} must divide the TP size {n} and the {named}, and the expert "
                         f"width {op.split_heads} must divide over the remaining {n // ep}-way split",
-                        "choose an EP size that divides both",
+                        "choose an EP size that divides both"
+                        + (
+                            " (or redundant experts that make them divide: <plan>+redundant<r>)" if experts % ep else ""
+                        ),
                     )
             elif plan.moe == "a2a" and experts % n:
                 raise TpplanError(
                     f"plan '{plan.name}' (tp={n})",
-                    f"{experts} experts do not divide over {n} ranks for all-to-all expert parallelism",
-                    "use a TP/EP size that divides the expert count",
+                    f"{named} do not divide over {n} ranks for all-to-all expert parallelism",
+                    "use a TP/EP size that divides the expert count, or redundant experts that make it divide "
+                    f"(<plan>+redundant{-experts % n}, --ep-num-redundant-experts)",
                 )
             elif plan.moe == "tp" and op.split_heads % n:
                 raise TpplanError(

@@ -36,12 +36,14 @@ def gemm_shape(d: OpDecision, tokens: int, n: int) -> tuple[int, int, int]:
 
 
 def expert_share(d: OpDecision, tokens: int, n: int, plan: Plan) -> tuple[int, int, float]:
-    """(experts, intermediate width, routed rows) one rank runs for the routed experts: all-to-all E/N
-    experts whole on T*k/N rows; EP E/ep experts at 1/(N/ep) of the intermediate on T*k/ep rows; TP every
-    expert at 1/N of the intermediate on all T*k rows (`plan`: its EP size)."""
+    """(experts, intermediate width, routed rows) one rank runs for the routed experts (E: the plan's
+    physical experts, `Plan.physical_experts`): all-to-all E/N experts whole on T*k/N rows; EP E/ep
+    experts at 1/(N/ep) of the intermediate on T*k/ep rows; TP every expert at 1/N of the intermediate
+    on all T*k rows (`plan`: its EP size)."""
     op = d.op
     e, k = op.int_attr("experts"), op.int_attr("top_k")
     inter = op.int_attr("intermediate")
+    e = plan.physical_experts(e)  # redundant copies: more experts per rank, the same rows spread over them
     if d.split == "a2a":
         return e // n, inter, tokens * k / n
     if d.split == "ep":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import cast
 
+from tpplan.engines.redundant_experts import REDUNDANT_PATTERN, with_redundant_experts
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import OverlapName, Plan, baseline, with_ep, with_overlap
 from tpplan.layout.propagate import propagate
@@ -320,11 +321,15 @@ def in_model_words(plan: Plan, graph: ModelGraph) -> Plan:
 
 def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
     """The plan a `--plan` value names, for this model and TP size: a named plan (an alias builds it
-    under its one name), `ep<k>`, `<plan>+ep<k>`, or a plan file (`*.json`, written by
+    under its one name), `ep<k>`, `<plan>+ep<k>`, `<plan>+redundant<r>` (r redundant experts over its EP
+    group, `tpplan.engines.redundant_experts`), or a plan file (`*.json`, written by
     `tpplan search --save`; see `tpplan.plans.files`). Every command resolves `--plan` here."""
     if is_plan_file(name):
         return load_plan_file(name, graph, n)
     name = plan_name(name)
+    redundant = REDUNDANT_PATTERN.fullmatch(name)
+    if redundant:
+        return with_redundant_experts(make_plan(redundant["base"], graph, n), int(redundant["count"]))
     over = OVERLAP_PATTERN.fullmatch(name)
     if over:
         mode = cast(OverlapName, over["overlap"])  # the pattern admits only the OverlapName values
@@ -366,8 +371,9 @@ def _unknown_plan(name: str) -> TpplanError:
     known = list(ALL_PLANS + DP_PLANS + tuple(ALIASES))
     close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
     forms = (
-        "ep<k> or <plan>+ep<k> (expert parallelism), <plan>+tbo or <plan>+dbo (micro-batch overlap), "
-        "<plan>+asynctp (GEMM + collective fusion), or a plan file (*.json) from `tpplan search --save DIR`"
+        "ep<k> or <plan>+ep<k> (expert parallelism), <plan>+redundant<r> (redundant experts), <plan>+tbo or "
+        "<plan>+dbo (micro-batch overlap), <plan>+asynctp (GEMM + collective fusion), or a plan file (*.json) "
+        "from `tpplan search --save DIR`"
     )
     if close:
         more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""

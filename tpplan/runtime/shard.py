@@ -171,6 +171,9 @@ def shard_model(
 ) -> ModelShard:
     """Materialise rank `rank`'s shard of every op under the per-layer decisions in `layers` of `plan`
     (its EP size cuts the experts; under its DP attention every rank holds the whole embedding table)."""
+    if plan is not None and plan.redundant_experts:  # the runtime deals each logical expert to one rank only
+        raise TpplanError(f"plan={plan.name}", "tpplan's runtime does not hold redundant expert copies",
+                          "run the plan without +redundant<r> (the planner prices it; the engines run it)")  # fmt: skip
     whole_embedding = plan is not None and bool(plan.dp_attention)
     dev = device or torch.device("cpu")
     ops: dict[tuple[int, str], dict[str, Tensor]] = {}

@@ -137,6 +137,7 @@ class _Decode(_Replica):
         super().__init__(arrivals, prices, cfg, seeded=False)
         self.sim = sim
         self.first_on_decode = sim.rule.first_token_on_decode
+        self.cohorts = None  # PP decode instances: per token (the P/D loop's own joins and first tokens)
         if self.first_on_decode:
             self.rounds = None  # a request's first decode step gives its first token, not a gap: per token
         self.prealloc: deque[int] = deque()  # reached the server, waiting for KV room (FIFO)

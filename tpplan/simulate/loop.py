@@ -150,6 +150,94 @@ class _Rounds:
                 rep.out_at[rid] = self.last_end
 
 
+class _Cohort:
+    """Running requests whose last step left the pipeline together, at `out_at`: they decode together.
+    `ends` holds (the cohort round each finishes at, its join index); `members` the requests."""
+
+    __slots__ = ("context_sum", "ends", "members", "out_at", "round")
+
+    def __init__(self, out_at: float) -> None:
+        self.out_at, self.round, self.context_sum = out_at, 0, 0.0
+        self.ends: list[tuple[int, int]] = []
+        self.members: dict[int, None] = {}
+
+
+class _Cohorts:
+    """PP decode kept per step (in flight > 1), as the engines run it: each step takes the running requests
+    no step in the pipeline holds, a micro-batch of its own (SGLang 0.5.23 `scheduler_pp_mixin.event_loop_pp`
+    keeps pp_size + async depth micro-batches in flight, each with its own running batch; vLLM schedules the
+    requests not in flight). Requests that left the pipeline together form a cohort; a step takes every free
+    cohort (merged, the smaller into the larger) and advances it one round, so the work per step does not
+    grow with the batch; the loop's results are the per-token path's (tests/simulate/test_pp_decode.py)."""
+
+    def __init__(self) -> None:
+        self.cohorts: list[_Cohort] = []
+        self.order: list[int] = []  # requests in join order (the second key of `ends`)
+        self.taken: _Cohort | None = None
+        self.gaps: list[tuple[float, int]] = []  # (previous out_at, requests) of the step being taken
+
+    def join(self, rep: _Replica, rid: int) -> None:
+        t = rep.out_at[rid]
+        c = next((c for c in self.cohorts if c.out_at == t), None)
+        if c is None:
+            c = _Cohort(t)
+            self.cohorts.append(c)
+        heapq.heappush(c.ends, (c.round + rep.outputs[rid] - rep.decoded[rid], len(self.order)))
+        self.order.append(rid)
+        c.members[rid] = None
+        c.context_sum += rep.position(rid)
+
+    def free(self, now: float) -> list[_Cohort]:
+        return [c for c in self.cohorts if c.out_at <= now]
+
+    def take(self, now: float) -> list[int]:
+        """The free cohorts merged into one, taken by the step starting now; its requests."""
+        free = self.free(now)
+        if not free:
+            return []
+        free.sort(key=lambda c: -len(c.members))
+        base = free[0]
+        self.gaps = [(c.out_at, len(c.members)) for c in free]
+        for c in free[1:]:
+            shift = base.round - c.round
+            for end, j in c.ends:
+                heapq.heappush(base.ends, (end + shift, j))
+            base.members.update(c.members)
+            base.context_sum += c.context_sum
+            self.cohorts.remove(c)
+        self.taken = base
+        return list(base.members)
+
+    def decode(self, rep: _Replica, t: float) -> None:
+        """The taken cohort's decode step, ending at `t`: a round more, its finished requests in join order."""
+        c, a = self.taken, rep.cfg.accepted
+        assert c is not None
+        for out_at, n in self.gaps:
+            rep.itl.extend([t - out_at] * n)
+        c.round += 1
+        c.out_at = t
+        c.context_sum += len(c.members) * a if a != 1.0 else len(c.members)
+        done = []
+        while c.ends and c.ends[0][0] <= c.round:
+            done.append(heapq.heappop(c.ends)[1])
+        for j in sorted(done):
+            rid = self.order[j]
+            del rep.running[rid], c.members[rid]
+            rep.decoded[rid], rep.out_at[rid] = rep.outputs[rid], t
+            c.context_sum -= rep.position(rid)
+            rep.finish(rid, t)
+        if not c.members:
+            self.cohorts.remove(c)
+        self.taken = None
+
+    def materialize(self, rep: _Replica) -> None:
+        """Each running request's own token count and last token time, for the per-token path."""
+        for c in self.cohorts:
+            for end, j in c.ends:
+                rid = self.order[j]
+                rep.decoded[rid], rep.out_at[rid] = rep.outputs[rid] - (end - c.round), c.out_at
+
+
 class _Replica:
     """The state of one replica's loop while it runs (`run_replica`)."""
 
@@ -164,6 +252,8 @@ class _Replica:
         self.price_step: Callable[[Segments, int, float], Sequence[float]] | None = getattr(prices, "price_step", None)
         fast = self.FAST_DECODE and cfg.decode and cfg.in_flight == 1 and self.price_step is not None
         self.rounds: _Rounds | None = _Rounds() if fast else None
+        pp = self.FAST_DECODE and cfg.decode and cfg.in_flight > 1 and self.price_step is not None
+        self.cohorts: _Cohorts | None = _Cohorts() if pp else None
         n = len(self.reqs)
         self.sent = [r.arrival_s for r in self.reqs]
         self.progress = [r.prompt_tokens - r.new_tokens for r in self.reqs]  # next position to compute
@@ -232,8 +322,18 @@ class _Replica:
         self.waiting.extendleft(reversed(back))
         return segs
 
+    def position(self, rid: int) -> float:
+        """The context a running request's next decode step reads."""
+        d = self.decoded[rid]
+        return self.last_pos[rid] + d + self.cfg.position_shift(d)
+
     def decode_tokens(self, now: float, budget: int | None) -> list[int]:
         """The running requests that decode in this step (not in the pipeline), at most `budget`."""
+        if self.cohorts is not None:
+            if budget is None or sum(len(c.members) for c in self.cohorts.free(now)) <= budget:
+                return self.cohorts.take(now)
+            self.cohorts.materialize(self)  # a step that leaves free requests out: per token from here on
+            self.cohorts = None
         if self.cfg.in_flight == 1:  # a step starts after the last one left: no request is in the pipeline
             out = list(self.running)
         else:
@@ -256,7 +356,10 @@ class _Replica:
         pipeline, a finished request freeing its slot; infinity when nothing inside the replica will."""
         times = [self.heap[0][0]] if self.heap else []
         times += [self.out_at[r] for r in self.waiting if self.out_at[r] > now]
-        times += [self.out_at[r] for r in self.running if self.out_at[r] > now]
+        if self.cohorts is not None:
+            times += [c.out_at for c in self.cohorts.cohorts if c.out_at > now]
+        else:
+            times += [self.out_at[r] for r in self.running if self.out_at[r] > now]
         times += [self.releases[0][0]] if self.releases else []
         return min(times, default=math.inf)
 
@@ -295,6 +398,8 @@ class _Replica:
         if dec:
             if rounds is not None:
                 rounds.decode(self, t)
+            elif self.cohorts is not None:
+                self.cohorts.decode(self, t)
             else:
                 self.decode_each(dec, t)
         for s in segs:
@@ -310,6 +415,8 @@ class _Replica:
                     self.running[rid] = None
                     if rounds is not None:
                         rounds.join(self, rid)
+                    elif self.cohorts is not None:
+                        self.cohorts.join(self, rid)
                 else:
                     self.finish(rid, self.ready[rid])
 
@@ -319,8 +426,12 @@ class _Replica:
         pre = tuple([(s.n_tokens, s.start_pos) for s in segs])
         shift = self.cfg.position_shift
         if self.price_step is not None:  # the same price without a segment per decode token
-            ctx = rounds.context_sum if rounds is not None else sum([last[r] + decoded[r] for r in dec])
-            if rounds is None and self.cfg.accepted != 1.0:
+            taken = self.cohorts.taken if self.cohorts is not None and dec else None
+            if taken is not None or rounds is not None:
+                ctx = taken.context_sum if taken is not None else rounds.context_sum  # type: ignore[union-attr]
+            else:
+                ctx = sum([last[r] + decoded[r] for r in dec])
+            if taken is None and rounds is None and self.cfg.accepted != 1.0:
                 ctx += sum([shift(decoded[r]) for r in dec])
             times = [float(t) for t in self.price_step(pre, len(dec), ctx)]
         else:

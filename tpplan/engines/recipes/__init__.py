@@ -19,6 +19,7 @@ from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_capability
 from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
+from tpplan.engines.redundant_experts import launch_flags as redundant_flags
 from tpplan.engines.schema import EngineVersion
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
@@ -64,14 +65,14 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh, version
 
 def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
     """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
-    does not run its CP, overlap or CP mode (the reason said), else its overlap flags added and its replicas
-    (R servers) and CP difference noted."""
+    does not run its CP, overlap or CP mode (the reason said), else its overlap and redundant-expert flags added
+    and its replicas (R servers) and CP difference noted."""
     flags = _deployment_flags(r.engine, plan, spec, d, r.version or None)
     if not flags.realised:
         if r.realises == "no":
             return replace(r, summary=f"{r.summary}; and {flags.why}", replicas=d.replicas)
         return replace(r, realises="no", summary=flags.why, replicas=d.replicas)
-    extra = flags.args[len(size_flags(r.engine, d)) :]  # the overlap's flags
+    extra = (*flags.args[len(size_flags(r.engine, d)) :], *redundant_flags(r.engine, plan.redundant_experts))
     args = r.args if r.realises == "no" else (*r.args, *(a for a in extra if a not in r.args))
     return replace(r, args=args, replicas=d.replicas, deployment_note=flags.why)
 
