@@ -213,3 +213,16 @@ def test_bad_spec_options_are_one_line_exit_2(monkeypatch, capsys, tmp_path, ext
     code, _, err = _decode(monkeypatch, capsys, tmp_path, *extra)
     assert code == 2
     assert says in err and "Traceback" not in err
+
+
+def test_search_serving_blocks_carry_it_too(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    wl = tmp_path / "chat.toml"
+    wl.write_text('name = "chat"\ninput_len = 256\noutput_len = 64\nconcurrency = 4\nchunk_size = 1024\n')
+    args = ("search", "-m", "tiny-llama", "-t", "h200x8-ib400", "--tp", "2", "-w", str(wl), "--top", "1", "--json", "-")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--spec", "mtp:3:2.4")
+    assert code == 0, err
+    dec = json.loads(out)["plans"][0]["serving"]["decode"]
+    assert dec["settings"]["speculative"]["accepted_per_step"] == 2.4
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    plain = json.loads(out)["plans"][0]["serving"]["decode"]
+    assert "speculative" not in plain["settings"] and dec["decode_steps"] < plain["decode_steps"]

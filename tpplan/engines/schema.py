@@ -288,6 +288,24 @@ class HandoffRule:
     push: bool  # the prefill side sends the KV over its link; else the decode side reads it over its own
     sources: tuple[Source, ...]
     chunked_send: bool = False  # each chunk's KV leaves after its step (else the whole prompt's after the last)
+    router: RouterRule | None = None  # which instances a request goes to (None: not read; round-robin assumed)
+
+
+RouterPolicy = Literal["round_robin", "least_loaded", "cache_aware"]
+
+
+@dataclass(frozen=True)
+class RouterRule:
+    """Which prefill and which decode instance the P/D router the engine documents sends a request to
+    (`tpplan.simulate.routing` runs the policies)."""
+
+    prefill: RouterPolicy
+    decode: RouterPolicy
+    decode_at_prefill_end: bool  # the decode instance is picked when the prefill answers, else with the prefill's
+    facts: tuple[Fact, ...]
+    cache_threshold: float = 0.3  # cache_aware: prefix-match share above which the holder is chosen
+    balance_abs: int = 64  # cache_aware: load imbalance when max - min exceeds this ...
+    balance_rel: float = 1.5  # ... and max exceeds min x this
 
 
 @dataclass(frozen=True)
@@ -432,6 +450,17 @@ class MicroBatchOverlap:
 
 
 @dataclass(frozen=True)
+class DpBeside:
+    """Whether the engine's data-parallel attention deployment (vLLM: `--data-parallel-size` at TP 1) starts beside
+    PP and beside prefill CP, read from its argument and config checks, its process groups and its model runner."""
+
+    pp: bool  # accepted beside --pipeline-parallel-size
+    cp: bool  # accepted beside --prefill-context-parallel-size
+    ep_spans_cp: bool  # the MoE's EP (or flattened TP) group then spans the CP ranks as well as the DP ranks
+    facts: tuple[Fact, ...]
+
+
+@dataclass(frozen=True)
 class EngineVersion:
     """One engine at one version: its modes, its PP schedule and what its serving loop and memory do;
     one module of `tpplan/engines/releases/` each (docs/adding-an-engine-version.md)."""
@@ -451,6 +480,7 @@ class EngineVersion:
     handoff: HandoffRule | None = None
     # Its micro-batch overlaps (SGLang's TBO, vLLM's DBO: what a plan's `+tbo` / `+dbo` launches; () : not read)
     overlaps: tuple[MicroBatchOverlap, ...] = ()
+    dp_attention_beside: DpBeside | None = None  # DP attention beside PP / prefill CP (None: not read)
     default: bool = True  # False: selectable, never its engine's default (else the newest release is)
 
     @property
@@ -490,6 +520,7 @@ __all__ = [
     "CollectiveDefault",
     "Comm",
     "DenseLayers",
+    "DpBeside",
     "Effect",
     "EngineVersion",
     "FabricSharing",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpplan.engines import Launch, select_pair
+from tpplan.engines import Launch, default_release, select, select_pair
 from tpplan.engines.context_parallel import SGLANG_K3_FULL_SEQUENCE
 from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
 from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_capability
@@ -58,9 +58,24 @@ def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh, version
         why = f"CP inside the TP group (--cp-layers mla) is {path.engine}, in no release"
         return DeploymentFlags(engine, (), why, path.sources[0].cite())
     if plan.dp_attention and (d.pp > 1 or d.cp > 1):
-        return DeploymentFlags(engine, (), "tpplan's engine data has not read DP attention beside PP or CP", "")
+        missing = _dp_beside_missing(engine, d, version)
+        if missing is not None:
+            return DeploymentFlags(engine, (), missing, "")
     all_mla = all(isinstance(layer.attn, MLASpec) for layer in spec.layers)
     return deployment_flags(engine, spec.model_type, all_mla, d, plan.overlap, version)
+
+
+def _dp_beside_missing(engine: str, d: Mesh, version: str | None) -> str | None:
+    """Why no flag realises DP attention beside the mesh's PP or CP in this engine version (None: its flags do, as
+    its release module read: `EngineVersion.dp_attention_beside`)."""
+    ev = select(version) if version else default_release(engine)
+    read = ev.dp_attention_beside
+    if read is None:
+        return f"tpplan's engine data has not read DP attention beside PP or CP for {ev.key}"
+    missing = [axis for axis, size, ok in (("PP", d.pp, read.pp), ("CP", d.cp, read.cp)) if size > 1 and not ok]
+    if missing:
+        return f"needs code: {ev.engine} {ev.version} does not run DP attention beside {' or '.join(missing)}"
+    return None
 
 
 def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:

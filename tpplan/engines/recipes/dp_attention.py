@@ -20,10 +20,12 @@ Sources (commit as the search index stored the file):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from tpplan.engines.deepep import DECODE_LOW_LATENCY, DEFAULT_MODE, MODE_RESOLVE
 from tpplan.engines.recipes.base import Condition, EngineRecipe, _moe, dp_family
+from tpplan.engines.schema import DpBeside
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
@@ -79,17 +81,43 @@ def sglang_dp_recipe(plan: Plan, spec: ModelSpec, base: list[str], mesh: Mesh) -
     return EngineRecipe("SGLang", plan.name, tuple(args), realises, summary, tuple(conds), notes)
 
 
-def vllm_dp_recipe(plan: Plan, spec: ModelSpec, mesh: Mesh, chunk: int) -> EngineRecipe:
-    """vLLM `--data-parallel-size tp --tensor-parallel-size 1 --enable-expert-parallel`."""
+def _beside(mesh: Mesh, beside: DpBeside | None) -> tuple[list[str], tuple[Condition, ...], str]:
+    """The flags, conditions and difference DP attention takes beside the mesh's PP and prefill CP (vLLM's
+    `--pipeline-parallel-size`, `--prefill-context-parallel-size`; whether it runs: `whole_deployment`)."""
+    flags = [f"--prefill-context-parallel-size {mesh.cp}"] if mesh.cp > 1 else []
+    flags += [f"--pipeline-parallel-size {mesh.pp}"] if mesh.pp > 1 else []
+    if not flags or beside is None:
+        return flags, (), ""
+    conds = tuple(Condition(f.text, True, "refuses", f.source.cite()) for f in beside.facts)
+    differs = ""
+    if mesh.cp > 1 and beside.ep_spans_cp:
+        differs = (f"vLLM's MoE group spans DP x PCP ({mesh.tp * mesh.cp} ranks), tpplan's the {mesh.tp} "
+                   "attention-DP ranks of one CP rank")  # fmt: skip
+    return flags, conds, differs
+
+
+def vllm_dp_recipe(plan: Plan, spec: ModelSpec, mesh: Mesh, chunk: int, beside: DpBeside | None = None) -> EngineRecipe:
+    """vLLM `--data-parallel-size tp --tensor-parallel-size 1 --enable-expert-parallel`, with the mesh's PP and
+    prefill CP (`beside`: what the engine version does with them, None: not read)."""
     tp = mesh.tp
     fam = dp_family(plan)
     moe = _moe(spec)
-    base = ["--tensor-parallel-size 1", f"--data-parallel-size {tp}", "--enable-chunked-prefill",
+    sizes, beside_conds, differs = _beside(mesh, beside)
+    base = ["--tensor-parallel-size 1", f"--data-parallel-size {tp}", *sizes, "--enable-chunked-prefill",
             f"--max-num-batched-tokens {chunk}"]  # fmt: skip
     conds = (
         Condition("the model has routed experts", moe is not None, "refuses", SRC_VLLM_FMOE),
         Condition("EP spans all DP x TP ranks (there is no separate EP size)", True, "adjusts", SRC_VLLM_FMOE),
+        *beside_conds,
     )
+    r = _vllm_dp_family(plan, fam, base, conds)
+    if not differs or r.realises == "no":
+        return r
+    return replace(r, realises="partly", summary=f"{r.summary}; {differs}")
+
+
+def _vllm_dp_family(plan: Plan, fam: str | None, base: list[str], conds: tuple[Condition, ...]) -> EngineRecipe:
+    """The vLLM DP-attention recipe of the plan's family."""
     if fam == "vllm-dp-ep":
         args = (*base, "--enable-expert-parallel", "--all2all-backend allgather_reducescatter")
         notes = (
@@ -101,7 +129,8 @@ def vllm_dp_recipe(plan: Plan, spec: ModelSpec, mesh: Mesh, chunk: int) -> Engin
     if fam == "vllm-dp":
         return EngineRecipe("vLLM", plan.name, tuple(base), "yes",
                             "DP attention; routed experts TP over the DP ranks (FusedMoEParallelConfig.make flattens "
-                            "TP across DP), gathered by all-gather, reduce-scattered back", conds[:1])  # fmt: skip
+                            "TP across DP), gathered by all-gather, reduce-scattered back",
+                            (conds[0], *conds[2:]))  # fmt: skip
     if fam == "dp-attention+a2a":
         args = (*base, "--enable-expert-parallel", "--all2all-backend deepep_high_throughput")
         return EngineRecipe("vLLM", plan.name, args, "partly",

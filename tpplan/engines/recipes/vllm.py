@@ -32,12 +32,13 @@ def vllm_recipe(plan: Plan, launch: Launch, *, engine: EngineVersion | None = No
     size) over its nodes of its GPU, judged against `engine` (default: the engine's default release); with PP,
     whether the model class supports it."""
     spec, mesh = launch.spec, launch.mesh
+    ev = engine or default_release("vLLM")
     if plan.dp_attention:
         from tpplan.engines.recipes.dp_attention import vllm_dp_recipe
 
-        return vllm_dp_recipe(plan, spec, mesh, launch.chunk)
-    ev = engine or default_release("vLLM")
-    r = _family_recipe(ev, plan, launch)
+        r = vllm_dp_recipe(plan, spec, mesh, launch.chunk, ev.dp_attention_beside)
+    else:
+        r = _family_recipe(ev, plan, launch)
     if mesh.pp == 1 or not r.args:
         return r
     return replace(r, conditions=(_pp_condition(ev, spec.model_type), *r.conditions))

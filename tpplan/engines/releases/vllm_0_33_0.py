@@ -87,6 +87,7 @@ def _release_0_33() -> EngineVersion:
         memory=MEMORY,
         handoff=None,
         overlaps=(_dbo_0_33(old.overlaps[0]),),
+        dp_attention_beside=None,  # read at 0.34.0 only
     )
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from tpplan.engines.schema import (
     BudgetTier,
+    DpBeside,
     EngineVersion,
     FabricSharing,
     Fact,
     Gate,
     HandoffRule,
     MicroBatchOverlap,
+    RouterRule,
     SchedulerRules,
     Source,
     StartupRefusal,
@@ -184,8 +186,25 @@ MEMORY = VllmMemory(
 # ---------------------------------------------------------------------------------------------
 # P/D disaggregation: how a request crosses from the prefill server to the decode server
 
+# The P/D proxy vLLM's NixlConnector docs (docs/features/nixl_connector_usage.md) launch; it is in the
+# repository's tests, not in the wheel: read at a main commit, not at the 0.34.0 tag.
+_PROXY = Source(REPO, "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py",
+                "get_next_client / _handle_completions", "commit 030ea52e (main, not the 0.34.0 tag)")  # fmt: skip
+ROUTER = RouterRule(
+    prefill="round_robin",
+    decode="round_robin",
+    decode_at_prefill_end=True,
+    facts=(
+        Fact(
+            "one itertools.cycle per pool: a request goes to the next prefill server in turn with max_tokens 1; "
+            "when that answers (with kv_transfer_params), to the next decode server in turn",
+            _PROXY,
+        ),
+    ),
+)
+
 HANDOFF = HandoffRule(
-    decode_first=False, first_token_on_decode=True, push=False,
+    decode_first=False, first_token_on_decode=True, push=False, router=ROUTER,
     sources=(
         _v("distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
            "NixlPullConnectorScheduler.get_num_new_matched_tokens / update_state_after_alloc"),
@@ -261,6 +280,44 @@ VLLM_DBO = MicroBatchOverlap(
 )
 
 
+# ---------------------------------------------------------------------------------------------
+# Attention DP (`--data-parallel-size` at TP 1) beside PP and prefill CP
+
+DP_BESIDE = DpBeside(
+    pp=True,
+    cp=True,
+    ep_spans_cp=True,
+    facts=(
+        Fact(
+            "no argument or config check refuses --data-parallel-size beside --pipeline-parallel-size or "
+            "--prefill-context-parallel-size: each DP rank's world is pipeline x tensor x prefill-context parallel "
+            "(ParallelConfig.__post_init__) and the launch's data_parallel_size times it (the only joint check: "
+            "--nnodes divides that total)",
+            _v("engine/arg_utils.py", "EngineArgs.create_engine_config"),
+        ),
+        Fact(
+            "process groups are laid out ExternalDP x DP x PP x PCP x TP; a MoE model's EP group is the DP x PCP x TP "
+            "ranks of one PP stage, so each stage's experts see every DP and PCP rank of that stage",
+            _v("distributed/parallel_state.py", "initialize_model_parallel"),
+        ),
+        Fact(
+            "the fused MoE shards over DP x PCP x TP ('PCP serves the same function as DP here'): "
+            "flatten_tp_across_dp_and_pcp gives dp_size x pcp_size x tp_size ranks",
+            _v(
+                "model_executor/layers/fused_moe/config.py",
+                "FusedMoEParallelConfig.make / flatten_tp_across_dp_and_pcp",
+            ),
+        ),
+        Fact(
+            "the V2 model runner agrees each step's padded token count over the DP group on every rank "
+            "(dispatch_cg_and_sync_dp, fed the PCP manager's token count), with no PP or PCP condition; "
+            "PCPManager.validate_config has no DP condition",
+            _v("v1/worker/gpu/model_runner.py", "GPUModelRunner.execute_model (dispatch_cg_and_sync_dp)"),
+        ),
+    ),
+)
+
+
 BATCH_DEFAULTS = Source(REPO, "vllm/engine/arg_utils.py", "EngineArgs.get_batch_defaults", REL)
 VLLM_0_34_0 = EngineVersion(
     engine="vLLM",
@@ -297,6 +354,7 @@ VLLM_0_34_0 = EngineVersion(
     memory=MEMORY,
     handoff=HANDOFF,
     overlaps=(VLLM_DBO,),
+    dp_attention_beside=DP_BESIDE,
 )
 
 RELEASES = (VLLM_0_34_0,)
