@@ -65,7 +65,7 @@ def test_decode_gemms_run_at_m_equal_the_batch() -> None:
     assert gemms and all(o.shape is not None and o.shape[0] == batch for o in gemms)
     for o in gemms:
         assert o.shape is not None
-        assert o.modelled_s == pytest.approx(p.kernels.compute.formula_gemm(*o.shape, p.kernels.gemm_dtype))
+        assert o.modelled_s == pytest.approx(p.kernels.shapes.formula_gemm(*o.shape, p.kernels.gemm_dtype))
 
 
 def test_a_mixed_step_prices_mla_decode_and_prefill_tokens_apart() -> None:

@@ -7,7 +7,7 @@ Its modules, by the question each answers (the flat layout keeps the import path
   and one cluster), `deployment` (R x TP x CP x PP x EP on that cluster), `workload` (requests ->
   chunked-prefill batches -> TTFT), `segments` (a batch as (new tokens, context) per request).
 - The two pricers, the only places a price is made:
-  - `compute`: one op class at one per-rank shape on a GPU model, from its kernel sources
+  - `compute` (`ShapePrices`): one op class at one per-rank shape on a GPU model, from its kernel sources
     (`kernel_source`, the AIC adapter in `sources/`), the GEMM table (`gemm`), the fitted kernel
     models (`kernel_models`, `kernel_fit`) or the roofline;
   - `comm`: one collective (kind, bytes, group, algorithm) on a cluster, from a source, measured

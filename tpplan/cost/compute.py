@@ -1,4 +1,5 @@
-"""The compute pricer: one op class at one per-rank shape on one GPU model -> seconds and their source.
+"""Kernel shapes priced: one op class at one per-rank shape on one GPU model -> seconds and their source
+(`ShapePrices`, what the compute pricer, `cost.kernel_pricer.KernelPricer`, asks for a kernel step's shape).
 
 A GPU model (`cost.gpu`) prices compute from an ordered list of kernel sources (`cost.kernel_source`:
 an engine's measured database, models fitted on it) and then from tpplan's own formulas: the GEMM
@@ -90,8 +91,9 @@ def kernel_sources(gpu: GpuSpec, engine: str | None = None) -> tuple[KernelSourc
     return out
 
 
-class ComputePricer:
-    """Prices per-rank ops on one GPU model: `sources` first, then tpplan's formulas."""
+class ShapePrices:
+    """Prices per-rank kernel shapes (GEMM, routed experts, attention) on one GPU model: `sources` first,
+    then tpplan's formulas."""
 
     def __init__(self, gpu: GpuSpec, sources: Sequence[KernelSource] = ()) -> None:
         self.gpu = gpu
@@ -151,7 +153,7 @@ __all__ = [
     "PROFILE",
     "ROOFLINE",
     "SOURCE_ADAPTERS",
-    "ComputePricer",
+    "ShapePrices",
     "build_source",
     "kernel_sources",
     "parse_engine",

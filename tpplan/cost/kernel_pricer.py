@@ -6,7 +6,7 @@ it was extrapolated, and what its format was priced from), by the op-kind regist
 
 - `gemm`: the per-rank (M, K, N) the lowering gives the call (the shape decides efficiency: a
   192-wide expert shard runs at ~2% of peak), through a kernel source, the decode GEMM model or
-  the GEMM table (`cost.compute.ComputePricer`);
+  the GEMM table (`cost.compute.ShapePrices`);
 - `experts`: grouped GEMMs at the rows an expert really sees (tile-padded);
 - `attention`, `recurrence`, `attn_res`: a roofline with the GPU's named efficiencies, or the
   physical kernel models where the GPU has them; decode tokens apart (`_decode_attention`);
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from tpplan.audit import StoredWeights
-from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ComputePricer
+from tpplan.cost.compute import DECODE_MODEL, KERNEL_MODEL, PROFILE, ROOFLINE, ShapePrices
 from tpplan.cost.expert_rows import FUSED_DECODE, RUNTIME_TILE, below_measured_rows, expert_rows
 from tpplan.cost.gemm import Dtype as GemmDtype
 from tpplan.cost.gemm import gemm_bytes, measured_floor
@@ -113,7 +113,7 @@ class KernelPricer:
         self._init_weight_formats(expert_dtype)
         self.peak = topo.gpu.peak_tflops("fp8" if dtype == "fp8" else "bf16") * 1e12
         self.hbm = topo.gpu.hbm_TBps * 1e12
-        self.compute = ComputePricer(topo.gpu, sources)
+        self.shapes = ShapePrices(topo.gpu, sources)
         self._source: str | None = None  # set by price: what priced the op it prices
         self._decode_source: str | None = None  # set by _decode_attention: what priced a step's decode tokens
         self.gemm_floor = measured_floor(topo.gpu)  # below it the GEMM table extrapolates
@@ -171,24 +171,24 @@ class KernelPricer:
         kernel: KernelDtype | None = None,
     ) -> float:
         """One GEMM through the compute pricer: a kernel source's price for the weight format `kernel`
-        (default `dtype`), else the GEMM table's (`ComputePricer.formula_gemm`, memoised across
+        (default `dtype`), else the GEMM table's (`ShapePrices.formula_gemm`, memoised across
         predictors of the same GPU).
 
         `weight_bytes`: a weight-only format (int4, mxfp4) computes at `dtype` but reads its packed
         weight, so tpplan's formula bounds it by those bytes (memory-bound at small M)."""
         dt = dtype or self.gemm_dtype
-        if not self.compute.sources:
-            self._source = self.compute.gemm_source
+        if not self.shapes.sources:
+            self._source = self.shapes.gemm_source
             self._extrapolated = self._extrapolated or self._below_table(m, k, n)
-            return self.compute.formula_gemm(m, k, n, dt, weight_bytes)
+            return self.shapes.formula_gemm(m, k, n, dt, weight_bytes)
         fmt = kernel or dt
-        price = self.compute.gemm(GemmShape(m, k, n, fmt), weight_bytes)
-        if fmt != "bf16" and price.source == self.compute.gemm_source:
+        price = self.shapes.gemm(GemmShape(m, k, n, fmt), weight_bytes)
+        if fmt != "bf16" and price.source == self.shapes.gemm_source:
             self._note = f"{fmt} GEMMs: no engine row at some shapes, tpplan's {dt} GEMM formula"
         elif STAND_IN.format(wanted=fmt) in price.source:
             self._note = f"{fmt} GEMMs: the engine's tables lack {fmt}, {price.source} stood in"
         self._source = price.source
-        below = price.source == self.compute.gemm_source and self._below_table(m, k, n)
+        below = price.source == self.shapes.gemm_source and self._below_table(m, k, n)
         self._extrapolated = self._extrapolated or price.extrapolated or below
         return price.seconds
 
@@ -196,7 +196,7 @@ class KernelPricer:
         """A linear op's bf16 GEMM at decode sizes (M <= 512) by the GPU's measured `gemm_small` model, where it
         has one and no kernel source (an engine's table) prices GEMMs; None otherwise. The experts' grouped
         GEMMs keep the GEMM table inside their own model (fitted with it)."""
-        if self.compute.sources or self.models is None or dt != "bf16" or weight_bytes not in (None, 2.0):
+        if self.shapes.sources or self.models is None or dt != "bf16" or weight_bytes not in (None, 2.0):
             return None
         secs = self.models.small_gemm(m, k, n)
         if secs is not None:
@@ -260,10 +260,10 @@ class KernelPricer:
         decode_rows = fused_decode or (phys is None and engine is not None and share.one_tile)
         if decode_rows and share.tile.source.read:  # the engine's tile was read for this format
             self._source = FUSED_DECODE
-        if self.compute.sources:
+        if self.shapes.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // ep, ep)}.get(str(d.split), (n, 1))
             moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)
-            price = self.compute.moe(moe)
+            price = self.shapes.moe(moe)
             if price is not None:
                 secs, self._source, self._extrapolated = price.seconds, price.source, price.extrapolated
             self._note = self._moe_note(price)
@@ -368,7 +368,7 @@ class KernelPricer:
             name = "attention_prefix" if ctx > 0 else "attention_causal"
             self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t, context=ctx)
             self._source = ROOFLINE if phys is None else KERNEL_MODEL
-        if self.compute.sources and t > 0:
+        if self.shapes.sources and t > 0:
             secs = self._sourced_attention(op, impl, h_rank, dqk, dv, share, segs, secs)
         if absorbed is None:
             return secs, flops, nbytes
@@ -481,7 +481,7 @@ class KernelPricer:
         window = op.int_attr("window") if op.attrs.get("window") else None
         shape = AttentionShape(max(1, t // batch), ctx // batch, heads, heads if impl == "mla" else kv, dqk, dv,
                                "mla" if impl == "mla" else "mha", window, batch)  # fmt: skip
-        price = self.compute.attention(shape)
+        price = self.shapes.attention(shape)
         if price is None:
             return secs
         self._source, self._extrapolated = price.source, price.extrapolated

@@ -37,6 +37,21 @@ class OpTime:
     source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
     note: str | None = None  # where its weight format was priced from other rows (`KernelPricer._moe_note`)
 
+    def to_json(self) -> dict[str, object]:
+        """Plain data, as `PlanPrediction.to_json` lists an op."""
+        return {
+            "op": self.op,
+            "role": self.role,
+            "category": self.category,
+            "flops_per_rank": self.flops_per_rank,
+            "bytes_per_rank": self.bytes_per_rank,
+            "seconds": self.seconds,
+            "redundant": self.redundant,
+            "extrapolated": self.extrapolated,
+            "source": self.source,
+            "shape": list(self.shape) if self.shape else None,
+        }
+
 
 LAYOUT_COPY_KERNEL = "layout_copy"  # kernel class of the runtime's pack/unpack copies around collectives
 
@@ -52,6 +67,17 @@ class CollectiveTime:
     nbytes: float  # nccl-tests size
     seconds: float
     algorithm: str
+
+    def to_json(self) -> dict[str, object]:
+        """Plain data, as `PlanPrediction.to_json` lists a collective."""
+        return {
+            "label": self.label,
+            "kind": self.kind,
+            "region": self.region,
+            "nbytes": self.nbytes,
+            "seconds": self.seconds,
+            "algorithm": self.algorithm,
+        }
 
 
 @dataclass(frozen=True)
@@ -79,6 +105,18 @@ class KindTime:
     def redundant_s(self) -> float:
         """Compute every rank repeats: what a token-sharded plan could save."""
         return sum(o.seconds for o in self.ops if o.redundant)
+
+    def to_json(self) -> dict[str, object]:
+        """Plain data, as `PlanPrediction.to_json` lists a layer kind (ops that take no time left out)."""
+        return {
+            "count": self.count,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "total_s": self.total_s,
+            "redundant_s": self.redundant_s,
+            "ops": [o.to_json() for o in self.ops if o.seconds > 0],
+            "collectives": [c.to_json() for c in self.collectives],
+        }
 
 
 @dataclass(frozen=True)
@@ -152,20 +190,6 @@ class PlanPrediction:
 
     def to_json(self) -> dict[str, object]:
         """Plain data for `tpplan audit --json` (docs/audit-json.md, `prediction`)."""
-        ttft: dict[str, object] | None = None
-        if self.ttft is not None:
-            t = self.ttft
-            ttft = {
-                "mean_s": t.mean_s,
-                "p50_s": t.p50_s,
-                "max_s": t.max_s,
-                "throughput_tok_s": t.throughput_tok_s,
-                "makespan_s": t.makespan_s,
-                "batches": len(t.batches),
-                "requests": len(t.ttft_s),
-            }
-            if t.replicas:  # each replica's share (its own scheduler): requests, prefill tokens, TTFT
-                ttft["per_replica"] = [asdict(share) for share in t.replicas]
         m = self.memory
         return {
             "topology": self.topology,
@@ -184,43 +208,7 @@ class PlanPrediction:
             "extrapolated_ops": self.extrapolated_ops,
             "stage_comm_s": self.stage_comm_s,
             "stage_s": list(self.stage_s),
-            "layer_kinds": {
-                k.kind: {
-                    "count": k.count,
-                    "compute_s": k.compute_s,
-                    "comm_s": k.comm_s,
-                    "total_s": k.total_s,
-                    "redundant_s": k.redundant_s,
-                    "ops": [
-                        {
-                            "op": o.op,
-                            "role": o.role,
-                            "category": o.category,
-                            "flops_per_rank": o.flops_per_rank,
-                            "bytes_per_rank": o.bytes_per_rank,
-                            "seconds": o.seconds,
-                            "redundant": o.redundant,
-                            "extrapolated": o.extrapolated,
-                            "source": o.source,
-                            "shape": list(o.shape) if o.shape else None,
-                        }
-                        for o in k.ops
-                        if o.seconds > 0
-                    ],
-                    "collectives": [
-                        {
-                            "label": c.label,
-                            "kind": c.kind,
-                            "region": c.region,
-                            "nbytes": c.nbytes,
-                            "seconds": c.seconds,
-                            "algorithm": c.algorithm,
-                        }
-                        for c in k.collectives
-                    ],
-                }
-                for k in self.kinds
-            },
+            "layer_kinds": {k.kind: k.to_json() for k in self.kinds},
             "memory_bytes_per_rank": {
                 "weights": m.weights,
                 "replicated_extra": m.replicated_extra,
@@ -231,9 +219,27 @@ class PlanPrediction:
                 "gpu": self.gpu_memory_bytes,
                 "fits": self.fits,
             },
-            "ttft": ttft,
+            "ttft": _ttft_json(self.ttft),
             "kv_capacity": [c.to_json() for c in self.kv_capacity],
         }
+
+
+def _ttft_json(t: TTFTResult | None) -> dict[str, object] | None:
+    """A TTFT result's summary, as `PlanPrediction.to_json` states it."""
+    if t is None:
+        return None
+    out: dict[str, object] = {
+        "mean_s": t.mean_s,
+        "p50_s": t.p50_s,
+        "max_s": t.max_s,
+        "throughput_tok_s": t.throughput_tok_s,
+        "makespan_s": t.makespan_s,
+        "batches": len(t.batches),
+        "requests": len(t.ttft_s),
+    }
+    if t.replicas:  # each replica's share (its own scheduler): requests, prefill tokens, TTFT
+        out["per_replica"] = [asdict(share) for share in t.replicas]
+    return out
 
 
 __all__ = ["LAYOUT_COPY_KERNEL", "CollectiveTime", "KindTime", "MemoryBreakdown", "OpTime", "PlanPrediction"]
