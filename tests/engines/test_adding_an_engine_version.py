@@ -168,3 +168,15 @@ def test_one_version_defined_twice_is_refused():
     ev = engines.select("vllm@0.34.0")
     with pytest.raises(TpplanError, match="defined twice"):
         releases.collect((ev, ev))
+
+
+def test_the_launch_lines_read_its_overlap_records(with_fake_release):
+    """The made-up release re-cites 0.34.0's DBO: its launch line cites it at 0.99.0, under its own label."""
+    from tpplan.engines.launch import deployment_flags
+
+    dbo = engines.overlaps("vllm@0.99.0")["dbo"]
+    assert dbo.engine == "vLLM 0.99.0" and dbo.schedule_source.ref == "0.99.0 (made up for a test)"
+    flags = deployment_flags("vLLM", "deepseek_v3", True, Mesh(8), "dbo", "vllm@0.99.0")
+    assert flags.args[-1] == "--enable-dbo" and "0.99.0 (made up for a test)" in flags.source
+    refused = deployment_flags("vLLM", "deepseek_v3", True, Mesh(8, pp=2), "dbo", "vllm@0.99.0")
+    assert not refused.realised and "0.99.0 (made up for a test)" in refused.why

@@ -52,7 +52,7 @@ from tpplan.lower import (
 )
 from tpplan.lower.passes.tp_sp import layout_copy_step
 from tpplan.lower.registry import generation
-from tpplan.lower.shapes import experts_shape
+from tpplan.lower.shapes import rank_shape
 from tpplan.lower.stages import bank_snapshots, stage_layers
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
@@ -329,7 +329,9 @@ class Predictor:
                 live = sum(self._value_bytes(lg, res.placements.get(v, R), v, t) for v in d.op.inputs if v in lg.values)
                 live += self._value_bytes(lg, res.placements.get(d.op.output, R), d.op.output, t)
                 if op_kind(d.op.kind).routed_experts:
-                    m, _, n2 = experts_shape(d, t, self.tp, self.plan)
+                    shape = rank_shape(d, t, self.tp, self.plan)
+                    assert shape is not None  # routed experts state their first grouped GEMM
+                    m, _, n2 = shape
                     live += m * (d.op.int_attr("width") + n2 + n2 // 2) * b  # gathered rows + intermediates
                 peak = max(peak, live)
         return stream + peak

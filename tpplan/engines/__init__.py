@@ -11,7 +11,7 @@ runs instead; `judge` decides a mode's gates for a deployment. Planner-level: no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpplan.engines.gates import Launch, evaluate, mla_of
 from tpplan.engines.releases import collect, discovered, ordered
@@ -187,11 +187,18 @@ def collectives(dataflow: tuple[Op | Comm, ...], spec: ModelSpec) -> list[tuple[
     return [(s.collective, w[s.width]) for s in dataflow if isinstance(s, Comm)]
 
 
+def version_overlaps(ev: EngineVersion) -> tuple[MicroBatchOverlap, ...]:
+    """`ev.overlaps`, each labelled with `ev`'s engine and version (a release that re-cites another's records
+    keeps their label otherwise)."""
+    label = f"{ev.engine} {ev.version}"
+    return tuple(o if o.engine == label else replace(o, engine=label) for o in ev.overlaps)
+
+
 def overlaps(key: str | None = None) -> dict[str, MicroBatchOverlap]:
     """The micro-batch overlaps engine version `key` states (its release module's `EngineVersion.overlaps`), by
     plan suffix; None: each engine's default release's (what a plan's `+tbo` / `+dbo` is priced as)."""
     versions = (select(key),) if key else select_pair(None)
-    return {o.name: o for ev in versions for o in ev.overlaps}
+    return {o.name: o for ev in versions for o in version_overlaps(ev)}
 
 
 def overlap_named(name: str) -> MicroBatchOverlap:
@@ -218,5 +225,6 @@ __all__ = [
     "scheduler_rules",
     "select",
     "select_pair",
+    "version_overlaps",
     "widths",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpplan.engines import ENGINES, vllm
+from tpplan.engines import ENGINES, version_overlaps, vllm
 from tpplan.engines.async_tp import (
     AG_DECOMPOSITION,
     AG_PIPELINE,
@@ -165,7 +165,10 @@ def _serving(ev: EngineVersion) -> list[str]:
             out += [f"- {f.text} ({f.source.cite()})" for f in fabric.facts] + [""]
     if ev.dp_attention_beside is not None:
         b = ev.dp_attention_beside
-        runs = [f"beside {axis}: {'runs' if ok else 'needs code'}" for axis, ok in (("PP", b.pp), ("prefill CP", b.cp))]
+        runs = [
+            f"beside {axis}: {'starts, no check refuses it' if ok else 'needs code'}"
+            for axis, ok in (("PP", b.pp), ("prefill CP", b.cp))
+        ]
         out += ["### DP attention beside PP and prefill CP (`tpplan/engines/recipes/`)", "", f"{'; '.join(runs)}.", ""]
         out += [f"- {f.text} ({f.source.cite()})" for f in b.facts] + [""]
     if ev.handoff is not None:
@@ -178,6 +181,9 @@ def _serving(ev: EngineVersion) -> list[str]:
         )
         out += ["### Prefill/decode disaggregation hand-off (`tpplan/simulate/disagg_loop.py`)", "",
                 f"- {words}", *(f"- source: {s.cite()}" for s in h.sources), ""]  # fmt: skip
+        if h.router is not None:
+            out += ["P/D router (`tpplan/simulate/routing.py`):", ""]
+            out += [f"- {f.text} ({f.source.cite()})" for f in h.router.facts] + [""]
     elif ev.scheduling is not None:
         unread = "- not read for this version: the engine's default release's rule is used, with a note"
         out += ["### Prefill/decode disaggregation hand-off", "", unread, ""]
@@ -196,7 +202,7 @@ def _overlaps() -> list[str]:
         "(`tpplan/cost/overlap.py` simulates that order).",
         "",
     ]
-    for o in dict.fromkeys(o for ev in ENGINES.values() for o in ev.overlaps):  # each version's, once
+    for o in dict.fromkeys(o for ev in ENGINES.values() for o in version_overlaps(ev)):  # each version's, once
         models = ", ".join(o.model_types) if o.model_types is not None else "every model with all-to-all experts"
         out += [
             f"### `+{o.name}`: {o.engine}, {', '.join(f'`{f}`' for f in o.flags)}",

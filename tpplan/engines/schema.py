@@ -288,6 +288,24 @@ class HandoffRule:
     push: bool  # the prefill side sends the KV over its link; else the decode side reads it over its own
     sources: tuple[Source, ...]
     chunked_send: bool = False  # each chunk's KV leaves after its step (else the whole prompt's after the last)
+    router: RouterRule | None = None  # which instances a request goes to (None: not read; round-robin assumed)
+
+
+RouterPolicy = Literal["round_robin", "least_loaded", "cache_aware"]
+
+
+@dataclass(frozen=True)
+class RouterRule:
+    """Which prefill and which decode instance the P/D router the engine documents sends a request to
+    (`tpplan.simulate.routing` runs the policies)."""
+
+    prefill: RouterPolicy
+    decode: RouterPolicy
+    decode_at_prefill_end: bool  # the decode instance is picked when the prefill answers, else with the prefill's
+    facts: tuple[Fact, ...]
+    cache_threshold: float = 0.3  # cache_aware: prefix-match share above which the holder is chosen
+    balance_abs: int = 64  # cache_aware: load imbalance when max - min exceeds this ...
+    balance_rel: float = 1.5  # ... and max exceeds min x this
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class KernelCall:
     `repeat_of`/`times`: extra passes of an op already listed (CP's scan correction, the serial chain's
     wait, `--cp-layers mla`'s K/V expansion for every key), priced as that op `times` over.
     Routed experts: `experts` is the rank's share (experts, intermediate width, routed rows;
-    `lower.shapes.expert_share`), `ep_size` the EP group where they are split EP (`Plan.ep_size`)."""
+    `OpKindDef.expert_share`), `ep_size` the EP group where they are split EP (`Plan.ep_size`)."""
 
     op: str
     kind: str  # the op kind (`OpKind` value)

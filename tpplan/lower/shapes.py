@@ -1,6 +1,8 @@
-"""Per-rank shapes of an op decision: the rows a rank runs an op on, a GEMM's (M, K, N), the routed
-experts' share. Written once: the lowering puts them on its kernel steps and the compute pricer
-prices those steps (`tpplan.cost.kernel_pricer`)."""
+"""The glue between an op decision and its kind's per-rank shape: the token rows a rank runs an op on
+(the same rule for every kind: its share where the op reads or writes token-sharded) and the
+`RankCtx` the kind's definition reads. The per-kind part (a linear's weight slice, a router's whole
+weight, the routed experts' share) is the op kind's own (`OpKindDef.shape`, `.expert_share` in
+`tpplan.models.opkind_defs`); the lowering puts it on the kernel steps the compute pricer prices."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ import math
 
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import OpDecision
-from tpplan.models.opkinds import op_kind
-from tpplan.placement import S_COL, S_TOK
+from tpplan.models.opkinds import ExpertShare, RankCtx, Shape, op_kind
+from tpplan.placement import S_TOK
 
 
 def token_rows(d: OpDecision, tokens: int, n: int) -> int:
@@ -19,44 +21,26 @@ def token_rows(d: OpDecision, tokens: int, n: int) -> int:
     return tokens
 
 
-def gemm_shape(d: OpDecision, tokens: int, n: int) -> tuple[int, int, int]:
-    """(M, K, N) of a GEMM op on one rank: the weight's column slice (output head-sharded), its row
-    slice (a row-split weight), or the whole weight (replicated, or token rows only)."""
-    op = d.op
-    out, inp = op.weight_shape
-    m = token_rows(d, tokens, n)
-    wpr = d.weight_elements_per_rank
-    if m < tokens or d.split == "replicated" or not op_kind(op.kind).linear:
-        return m, inp, out
-    if d.strategy.output is S_COL:
-        return m, inp, max(1, wpr // inp)
-    if d.split == "row":
-        return m, max(1, wpr // out), out
-    return m, inp, out
+def rank_ctx(d: OpDecision, tokens: int, n: int, plan: Plan) -> RankCtx:
+    """What `d`'s kind needs for its per-rank shape on a TP group of `n` for a batch of `tokens`
+    (`plan`: its EP size, for routed experts split EP, and their redundant copies)."""
+    groups = plan.ep_size if d.split == "ep" else None
+    rows = token_rows(d, tokens, n)
+    return RankCtx(d.split, d.strategy.output, rows, tokens, n, d.weight_elements_per_rank, groups,
+                   plan.redundant_experts)  # fmt: skip
 
 
-def expert_share(d: OpDecision, tokens: int, n: int, plan: Plan) -> tuple[int, int, float]:
-    """(experts, intermediate width, routed rows) one rank runs for the routed experts (E: the plan's
-    physical experts, `Plan.physical_experts`): all-to-all E/N experts whole on T*k/N rows; EP E/ep
-    experts at 1/(N/ep) of the intermediate on T*k/ep rows; TP every expert at 1/N of the intermediate
-    on all T*k rows (`plan`: its EP size)."""
-    op = d.op
-    e, k = op.int_attr("experts"), op.int_attr("top_k")
-    inter = op.int_attr("intermediate")
-    e = plan.physical_experts(e)  # redundant copies: more experts per rank, the same rows spread over them
-    if d.split == "a2a":
-        return e // n, inter, tokens * k / n
-    if d.split == "ep":
-        ep = plan.ep_size or 1
-        return e // ep, inter // (n // ep), tokens * k / ep
-    return e, inter // n, float(tokens * k)
+def rank_shape(d: OpDecision, tokens: int, n: int, plan: Plan) -> Shape | None:
+    """The per-rank kernel shape `d`'s kind states (a GEMM's (M, K, N); None for shapeless classes)."""
+    return op_kind(d.op.kind).shape(d.op, rank_ctx(d, tokens, n, plan))
 
 
-def experts_shape(d: OpDecision, tokens: int, n: int, plan: Plan) -> tuple[int, int, int]:
-    """(routed rows, width, 2 x intermediate) of the first grouped GEMM (gate+up) on one rank (`plan`:
-    its EP size where the experts are split EP)."""
-    _, inter, rows = expert_share(d, tokens, n, plan)
-    return max(1, round(rows)), d.op.int_attr("width"), 2 * inter
+def expert_share(d: OpDecision, tokens: int, n: int, plan: Plan) -> ExpertShare:
+    """The rank's share of `d`'s routed experts (experts, intermediate width, routed rows) its kind states."""
+    share = op_kind(d.op.kind).expert_share(d.op, rank_ctx(d, tokens, n, plan))
+    if share is None:
+        raise ValueError(f"{d.op.name}: {d.op.kind.value} ops are not routed experts")
+    return share
 
 
-__all__ = ["expert_share", "experts_shape", "gemm_shape", "token_rows"]
+__all__ = ["expert_share", "rank_ctx", "rank_shape", "token_rows"]

@@ -13,11 +13,14 @@ from tpplan.models.numerics import Numerics
 from tpplan.models.opkind_types import (
     TRUE,
     Cuts,
+    ExpertShare,
     Kernels,
     Mixer,
     OpKindDef,
     Params,
+    RankCtx,
     RunCtx,
+    Shape,
     ShardCtx,
     State,
     Strategy,
@@ -27,6 +30,7 @@ from tpplan.models.opkind_types import (
     mixer,
     no_params,
     same_placement,
+    whole_gemm,
 )
 from tpplan.models.ops import Op, OpKind, Value, WeightSplit
 from tpplan.placement import S_COL, S_TOK, P, Placement, R
@@ -95,6 +99,20 @@ def _linear_cuts(op: Op, params: Params, sc: ShardCtx) -> Cuts:
 def _linear_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx, K: Kernels) -> Tensor:
     y = K.linear(inputs[0], w["weight"])
     return y + w["bias"].to(y.dtype) if "bias" in w else y
+
+
+def _linear_shape(op: Op, rc: RankCtx) -> Shape:
+    """(M, K, N) on one rank: the weight's column slice (output head-sharded), its row slice (a
+    row-split weight), or the whole weight (replicated, or run on the rank's token rows only)."""
+    out, inp = op.weight_shape
+    m, wpr = rc.rows, rc.weight_elements
+    if m < rc.tokens or rc.split == WeightSplit.REPLICATED:
+        return m, inp, out
+    if rc.output is S_COL:
+        return m, inp, max(1, wpr // inp)
+    if rc.split == WeightSplit.ROW:
+        return m, max(1, wpr // out), out
+    return m, inp, out
 
 
 def _head_block_cuts(op: Op, sc: ShardCtx) -> Cuts:
@@ -277,6 +295,27 @@ def _experts_rule(op: Op, split: str, values: Mapping[str, Value], prefer_tokens
     return [Strategy((R, R), P)]
 
 
+def _experts_share(op: Op, rc: RankCtx) -> ExpertShare:
+    """(experts, intermediate width, routed rows) one rank runs (E: the physical experts, redundant copies
+    included): all-to-all E/N experts whole on T*k/N rows; EP E/ep experts at 1/(N/ep) of the intermediate
+    on T*k/ep rows; TP every expert at 1/N of the intermediate on all T*k rows."""
+    e, k, inter = op.int_attr("experts"), op.int_attr("top_k"), op.int_attr("intermediate")
+    e += rc.redundant_experts  # more experts per rank, the same rows spread over them
+    n, t = rc.shards, rc.tokens
+    if rc.split == "a2a":
+        return e // n, inter, t * k / n
+    if rc.split == "ep":
+        ep = rc.expert_groups or 1
+        return e // ep, inter // (n // ep), t * k / ep
+    return e, inter // n, float(t * k)
+
+
+def _experts_shape(op: Op, rc: RankCtx) -> Shape:
+    """(routed rows, width, 2 x intermediate) of the first grouped GEMM (gate+up) on one rank."""
+    _, inter, rows = _experts_share(op, rc)
+    return max(1, round(rows)), op.int_attr("width"), 2 * inter
+
+
 def _experts_params(op: Op, numerics: Numerics) -> Params:
     a, w = op.attrs, op.weight
     e, wid, inter = op.int_attr("experts"), op.int_attr("width"), op.int_attr("intermediate")
@@ -418,6 +457,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             assemble=_linear_assemble,
             linear=True,
             replicable=True,
+            shape=_linear_shape,
         ),
         OpKindDef(
             OpKind.NORM, _true_rows_rule, _norm_run, const_cost("elementwise"), why=_whole_row_why, fused_norm=True
@@ -476,6 +516,7 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             params=_router_params,
             replicable=True,
             output_dtype=_router_dtype,
+            shape=whole_gemm,
         ),
         OpKindDef(
             OpKind.EXPERTS,
@@ -489,6 +530,8 @@ OP_KINDS: dict[OpKind, OpKindDef] = {
             cuts=_experts_cuts,
             assemble=_experts_assemble,
             routed_experts=True,
+            shape=_experts_shape,
+            expert_share=_experts_share,
         ),
         OpKindDef(
             OpKind.ATTN_RES,

@@ -56,6 +56,39 @@ class ShardCtx:
     expert_groups: int | None = None  # routed experts under `ep`: the plan's ep_size
 
 
+@dataclass(frozen=True)
+class RankCtx:
+    """What an op's per-rank kernel shape depends on, as propagation and the plan decided it for one
+    batch on a TP group (`tpplan.lower.shapes.rank_ctx` builds it from an `OpDecision`)."""
+
+    split: str  # the weight's split under the plan (col | row | replicated | none) or the MoE mode (tp | ep | a2a)
+    output: Placement  # the op's output placement
+    rows: int  # token rows the rank runs the op on (its share where it reads or writes token-sharded)
+    tokens: int  # the batch's token rows
+    shards: int  # the ranks of the TP group
+    weight_elements: int  # the op's weight elements one rank holds
+    expert_groups: int | None = None  # routed experts split EP: the plan's ep_size
+    redundant_experts: int = 0  # routed experts: the plan's redundant copies (`Plan.physical_experts`)
+
+
+Shape = tuple[int, int, int]  # a GEMM's (M, K, N) on one rank
+ExpertShare = tuple[int, int, float]  # routed experts on one rank: (experts, intermediate width, routed rows)
+
+
+def no_shape(op: Op, rc: RankCtx) -> Shape | None:
+    return None
+
+
+def no_share(op: Op, rc: RankCtx) -> ExpertShare | None:
+    return None
+
+
+def whole_gemm(op: Op, rc: RankCtx) -> Shape:
+    """x W^T with the whole weight on the rank's rows: (rows, in, out)."""
+    out, inp = op.weight_shape
+    return rc.rows, inp, out
+
+
 # Cost classes the predictor prices (`tpplan.cost.predict`): gemm (x W^T on the GEMM table),
 # experts (grouped GEMMs per MoE mode), attention / recurrence (roofline at their efficiencies),
 # elementwise (memory-bound roofline), attn_res (K3's depth softmax over the bank), free (views).
@@ -177,6 +210,12 @@ class OpKindDef:
     sums_inputs: bool = False
     # The dtype of the op's output given the activation dtype (routers score in fp32).
     output_dtype: Callable[[Op, str], str] = lambda op, act: act
+    # The per-rank kernel shape under a decision (`RankCtx`): a GEMM's (M, K, N), the first grouped
+    # GEMM's (gate+up) for routed experts; None for the cost classes priced without one. The lowering
+    # puts it on the op's kernel step (`tpplan.lower.passes.tp_sp.kernel_call`).
+    shape: Callable[[Op, RankCtx], Shape | None] = no_shape
+    # Routed experts: the rank's share of them (`ExpertShare`); None for every other kind.
+    expert_share: Callable[[Op, RankCtx], ExpertShare | None] = no_share
 
 
 def const_cost(name: str) -> Callable[[Op], str]:
@@ -187,12 +226,15 @@ __all__ = [
     "COST_CLASSES",
     "TRUE",
     "Cuts",
+    "ExpertShare",
     "Kernels",
     "Mixer",
     "OpKindDef",
     "Params",
+    "RankCtx",
     "RunCtx",
     "RunFn",
+    "Shape",
     "ShardCtx",
     "State",
     "Strategy",
@@ -203,7 +245,10 @@ __all__ = [
     "full_cuts",
     "mixer",
     "no_params",
+    "no_shape",
+    "no_share",
     "own_weight",
     "register_mixer",
     "same_placement",
+    "whole_gemm",
 ]

@@ -34,11 +34,11 @@ from tpplan.cost.predictor import Predictor
 from tpplan.engines.speculative import Speculative
 from tpplan.errors import TpplanError
 from tpplan.simulate.disagg_loop import (
-    ROUTER_UNREAD,
     DisaggRun,
     HandoffRule,
     PoolLoop,
     handoff_rule,
+    router_sources,
     simulate_disaggregated,
 )
 from tpplan.simulate.engine import EngineLoop, decode_conditions, engine_loop
@@ -58,7 +58,8 @@ PD_NOT_MODELLED = (
     "num_reserved_decode_tokens, 512, in DecodePreallocQueue._prealloc_required_tokens and retracts when full; "
     "vLLM 0.34.0 allocates each step's slots in Scheduler.schedule, allocate_slots)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
-    "requests go to instances round-robin; the engines' routers were not read",
+    "the router's loads are its own requests in flight; SGLang's cache-aware tree counts prompt tokens, shares a "
+    "prefix id's cached tokens, never evicts, and breaks ties by lowest instance (tpplan.simulate.routing)",
 )
 
 
@@ -352,7 +353,7 @@ class DisaggResult:
             "bound_rps": sides,
             "binding": self.binding,
             "binding_text": self.binding_text(),
-            "sources": [s.cite() for s in (*rule.sources, ROUTER_UNREAD)],
+            "sources": [s.cite() for s in (*rule.sources, *router_sources(rule))],
             "conditions": [*self.notes, *PD_NOT_MODELLED, *decode_conditions(dep.decode.speculative)],
             **({"speculative": dep.decode.speculative.to_json()} if dep.decode.speculative is not None else {}),
         }

@@ -21,8 +21,10 @@ How a request crosses (`tpplan.engines.schema.HandoffRule`, each release module 
   the prompt's last token (`Scheduler._update_waiting_for_remote_kv`), which gives the first output token.
 The KV of one request crosses one link (the sending prefill instance's for a push, the reading decode
 instance's for a pull) in `handoff_s(request)` seconds; a link carries one request's KV at a time, in the
-order the transfers start. Requests go to instances round-robin (request i to prefill i mod n_P and decode
-i mod n_D; the engines' routers were not read: `ROUTER_UNREAD`).
+order the transfers start. Which instances a request goes to is the release's P/D router
+(`HandoffRule.router`, run by `tpplan.simulate.routing`): SGLang's router picks both at once, cache-aware in
+each pool; vLLM's proxy picks the prefill in turn and, when it answers, the decode in turn. A rule whose router
+was not read routes round-robin at the request (`ROUTER_UNREAD`).
 """
 
 from __future__ import annotations
@@ -40,13 +42,19 @@ from tpplan.errors import TpplanError
 from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request
 from tpplan.simulate.results import LoopResult, Timeline
+from tpplan.simulate.routing import Router
 
 # The current default releases' hand-offs (`tpplan.engines.handoff_rule`; each release states its own).
 SGLANG_RULE = handoff_rule("sglang")[0]
 VLLM_RULE = handoff_rule("vllm")[0]
 ROUTER_UNREAD = Source.unread(
-    "sgl-project/sgl-model-gateway and vllm's P/D proxy", "router", "which instance a request goes to"
+    "the release's P/D router", "router", "which instance a request goes to (round-robin assumed)"
 )
+
+
+def router_sources(rule: HandoffRule) -> tuple[Source, ...]:
+    """Where the rule's P/D router was read (`ROUTER_UNREAD` where it was not)."""
+    return tuple(f.source for f in rule.router.facts) if rule.router else (ROUTER_UNREAD,)
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,25 @@ class _Prefill(_Replica):
 
 
 _KV, _REQ = 0, 1  # a decode instance's events: the request's KV arrived; the request reached the server
+_SENT, _ANSWERED = 0, 1  # the router's events: a client sent the request; its prefill server answered (vLLM)
+
+
+class _Router:
+    """The P/D router as one more actor of the co-simulation, so that it picks instances at the time a request
+    reaches it, having seen every release before that time."""
+
+    def __init__(self, sim: _PD) -> None:
+        self.sim = sim
+        self.events: list[tuple[float, int, int]] = []  # (when, _SENT or _ANSWERED, request)
+
+    def earliest(self, now: float) -> float:
+        return max(now, self.events[0][0]) if self.events else math.inf
+
+    def act(self, now: float) -> float:
+        while self.events and self.events[0][0] <= now:
+            t, kind, rid = heapq.heappop(self.events)
+            self.sim.route(rid, t, kind)
+        return self.events[0][0] if self.events else math.inf
 
 
 class _Decode(_Replica):
@@ -137,9 +164,9 @@ class _Decode(_Replica):
         super().__init__(arrivals, prices, cfg, seeded=False)
         self.sim = sim
         self.first_on_decode = sim.rule.first_token_on_decode
-        self.cohorts = None  # PP decode instances: per token (the P/D loop's own joins and first tokens)
         if self.first_on_decode:
             self.rounds = None  # a request's first decode step gives its first token, not a gap: per token
+            self.cohorts = None
         self.prealloc: deque[int] = deque()  # reached the server, waiting for KV room (FIFO)
         self.arrived: deque[int] = deque()  # KV arrived, joining the running batch at the next step
         self.events: list[tuple[float, int, int]] = []  # (when, _KV or _REQ, request)
@@ -199,6 +226,8 @@ class _Decode(_Replica):
                 self.running[rid] = None
                 if self.rounds is not None:
                     self.rounds.join(self, rid)
+                elif self.cohorts is not None:
+                    self.cohorts.join(self, rid)
             else:
                 self.finish(rid, now)
         return fresh
@@ -221,8 +250,15 @@ class _PD:
         self.pcfg, self.dcfg = prefill.config, decode.config
         self.pre = [_Prefill(self, arrivals, prefill.prices, prefill.config) for _ in range(prefill.instances)]
         self.dec = [_Decode(self, arrivals, decode.prices, decode.config) for _ in range(decode.instances)]
-        self.insts: list[_Prefill | _Decode] = [*self.pre, *self.dec]
+        self.router = _Router(self)
+        self.insts: list[_Prefill | _Decode | _Router] = [*self.pre, *self.dec, self.router]
         self.links = [_Link() for _ in range(prefill.instances if rule.push else decode.instances)]
+        route = rule.router
+        self.p_router = Router(route.prefill if route else "round_robin", prefill.instances, route)
+        self.d_router = Router(route.decode if route else "round_robin", decode.instances, route)
+        self.decode_late = route is not None and route.decode_at_prefill_end
+        self.p_of = [-1] * len(self.reqs)  # the prefill instance each request went to
+        self.d_of = [-1] * len(self.reqs)
         self.wake = [math.inf] * len(self.insts)
         self.queue: list[tuple[float, int]] = []
         self.handoff_s = handoff_s
@@ -242,13 +278,17 @@ class _PD:
             self.wake[idx] = t
             heapq.heappush(self.queue, (t, idx))
 
+    def link(self, rid: int) -> _Link:
+        """The link `rid`'s KV crosses: its prefill instance's (push) or its decode instance's (pull)."""
+        return self.links[self.p_of[rid] if self.rule.push else self.d_of[rid]]
+
     def to_prefill(self, rid: int, t: float) -> None:
-        p = rid % len(self.pre)
+        p = self.p_of[rid]
         self.pre[p].deliver(rid, t)
         self.notify(p, t)
 
     def to_decode(self, rid: int, t: float, kind: int) -> None:
-        d = rid % len(self.dec)
+        d = self.d_of[rid]
         self.dec[d].deliver(rid, t, kind)
         self.notify(len(self.pre) + d, t)
 
@@ -264,6 +304,23 @@ class _PD:
     def send(self, rid: int, t: float) -> None:
         """The client sends request `rid` at `t`: to the decode server first (SGLang) or the prefill (vLLM)."""
         self.sent[rid] = t
+        self.to_router(rid, t, _SENT)
+
+    def to_router(self, rid: int, t: float, kind: int) -> None:
+        heapq.heappush(self.router.events, (t, kind, rid))
+        self.notify(len(self.insts) - 1, t)
+
+    def route(self, rid: int, t: float, kind: int) -> None:
+        """The router at `t`: picks the instances of a sent request and passes it on, or (vLLM) the decode
+        instance of a request whose prefill answered, and passes it with its block ids."""
+        req = self.reqs[rid]
+        if kind == _ANSWERED:
+            self.d_of[rid] = self.d_router.pick(req, t)
+            self.to_decode(rid, t + self.dcfg.request_in_s, _REQ)
+            return
+        self.p_of[rid] = self.p_router.pick(req, t)
+        if not self.decode_late:
+            self.d_of[rid] = self.d_router.pick(req, t)
         if self.rule.decode_first:
             self.to_decode(rid, t + self.dcfg.request_in_s, _REQ)
         else:
@@ -274,7 +331,7 @@ class _PD:
         if self.rule.decode_first:
             self.to_prefill(rid, max(t, self.sent[rid] + self.pcfg.request_in_s))
         else:
-            self.kv_at[rid] = self.links[rid % len(self.links)].send(t, self.kv_seconds(rid))
+            self.kv_at[rid] = self.link(rid).send(t, self.kv_seconds(rid))
             self.to_decode(rid, self.kv_at[rid], _KV)
 
     def chunk_done(self, inst: _Prefill, seg: Segment, t: float) -> None:
@@ -284,23 +341,25 @@ class _PD:
             return
         rid = seg.request_id
         share = seg.n_tokens / self.reqs[rid].new_tokens
-        self.kv_sent[rid] = self.links[rid % len(self.links)].send(t, self.kv_seconds(rid) * share)
+        self.kv_sent[rid] = self.link(rid).send(t, self.kv_seconds(rid) * share)
 
     def prefilled(self, rid: int, t: float) -> None:
         """The prompt's last chunk left the prefill instance at `t`: push its KV (SGLang; per chunk, it is
         already on the link), or pass the request with its block ids to the decode server (vLLM)."""
+        self.p_router.release(self.p_of[rid], t)
         if self.rule.decode_first:
-            if self.rule.chunked_send:
-                arrive = self.kv_sent[rid]
-            else:
-                arrive = self.links[rid % len(self.links)].send(t, self.kv_seconds(rid))
+            chunked = self.rule.chunked_send  # the chunks' KV is already on the link
+            arrive = self.kv_sent[rid] if chunked else self.link(rid).send(t, self.kv_seconds(rid))
             self.kv_at[rid] = arrive
             self.to_decode(rid, arrive, _KV)
+        elif self.decode_late:
+            self.to_router(rid, t + self.pcfg.request_out_s, _ANSWERED)
         else:
             self.to_decode(rid, t + self.pcfg.request_out_s + self.dcfg.request_in_s, _REQ)
 
     def finished(self, rid: int, t: float) -> None:
         self.done += 1
+        self.d_router.release(self.d_of[rid], t)
         if self.closed and self.next_id < len(self.reqs):  # the client sends its next request
             nxt, self.next_id = self.next_id, self.next_id + 1
             self.send(nxt, t + self.dcfg.request_out_s)
@@ -372,18 +431,17 @@ def _busy(steps: list[PrefillBatch], end: float) -> float:
 
 
 def _outcome(sim: _PD) -> DisaggRun:
-    nP, nD = len(sim.pre), len(sim.dec)
     rin, d_out = sim.pcfg.request_in_s, sim.dcfg.request_out_s
     lines = []
     for rid, r in enumerate(sim.reqs):
-        p, d = sim.pre[rid % nP], sim.dec[rid % nD]
-        lines.append(Timeline(r, rid % nD, sim.sent[rid], sim.sent[rid] + rin, p.first_step[rid],
+        p, d = sim.pre[sim.p_of[rid]], sim.dec[sim.d_of[rid]]
+        lines.append(Timeline(r, sim.d_of[rid], sim.sent[rid], sim.sent[rid] + rin, p.first_step[rid],
                               p.prefill_end[rid], d.ready[rid] + d_out, d.done_at[rid] + d_out))  # fmt: skip
-    steps = sorted((b for inst in sim.insts for b in inst.steps), key=lambda b: (b.start_s, b.end_s))
+    steps = sorted((b for inst in (*sim.pre, *sim.dec) for b in inst.steps), key=lambda b: (b.start_s, b.end_s))
     itl = tuple(g for d in sim.dec for g in d.itl)
     res = LoopResult(tuple(lines), tuple(steps), itl)
     end = max(t.done_s for t in lines)
-    waits = [d.admit_at[rid] - d.seen_at[rid] for rid in range(len(sim.reqs)) for d in (sim.dec[rid % nD],)]
+    waits = [d.admit_at[rid] - d.seen_at[rid] for rid in range(len(sim.reqs)) for d in (sim.dec[sim.d_of[rid]],)]
     n = len(sim.reqs)
     handed = sum(sim.kv_seconds(rid) for rid in range(n))
     return DisaggRun(
@@ -393,7 +451,7 @@ def _outcome(sim: _PD) -> DisaggRun:
         tuple(link.busy / end if end > 0 else 0.0 for link in sim.links),
         handed / n,
         math.fsum(link.wait for link in sim.links) / n,
-        math.fsum(sim.kv_at[rid] - sim.pre[rid % nP].prefill_end[rid] for rid in range(n)) / n,
+        math.fsum(sim.kv_at[rid] - sim.pre[sim.p_of[rid]].prefill_end[rid] for rid in range(n)) / n,
         math.fsum(waits) / n,
     )
 
@@ -406,5 +464,6 @@ __all__ = [
     "HandoffRule",
     "PoolLoop",
     "handoff_rule",
+    "router_sources",
     "simulate_disaggregated",
 ]

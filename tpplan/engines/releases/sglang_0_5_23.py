@@ -10,6 +10,7 @@ from tpplan.engines.schema import (
     EngineVersion,
     Fact,
     HandoffRule,
+    RouterRule,
     SchedulerRules,
     SglangMemory,
     Source,
@@ -176,8 +177,32 @@ MEMORY = SglangMemory(
 # ---------------------------------------------------------------------------------------------
 # P/D disaggregation: how a request crosses from the prefill server to the decode server
 
+# The P/D router: sglang-router (its own PyPI package, not in the SGLang wheel), launched as
+# `python -m sglang_router.launch_router --pd-disaggregation --prefill URL --decode URL`.
+_ROUTER_PY = "sglang-router 0.3.2 (PyPI wheel, sglang_router/router_args.py)"
+_ROUTER_RS = "sgl-router Rust source as the code index stores it (commit not recorded)"
+ROUTER = RouterRule(
+    prefill="cache_aware", decode="cache_aware", decode_at_prefill_end=False,
+    facts=(
+        Fact("--policy defaults to cache_aware; in P/D mode --prefill-policy and --decode-policy default to None, "
+             "which use --policy for that pool; --cache-threshold 0.3, --balance-abs-threshold 64, "
+             "--balance-rel-threshold 1.5",
+             Source("sgl-project/sglang", "sgl-router/py_src/sglang_router/router_args.py",
+                    "RouterArgs / RouterArgs.add_cli_args", _ROUTER_PY)),
+        Fact("each request picks its prefill worker and its decode worker at once, each pool's policy on its own "
+             "workers with the request text",
+             Source("sgl-project/sglang", "sgl-router/src/routers/http/pd_router.rs",
+                    "PDRouter::select_pd_pair / pick_worker_by_policy", _ROUTER_RS)),
+        Fact("cache_aware: if max load - min load > balance_abs and max > min x balance_rel, the least-loaded "
+             "worker; else the worker with the longest prefix match if it covers more than cache_threshold of "
+             "the text, else the worker with the smallest approximate tree (characters of the texts it was sent)",
+             Source("sgl-project/sglang", "sgl-router/src/policies/cache_aware.rs",
+                    "CacheAwarePolicy::select_worker; Tree::get_smallest_tenant", "commit b6f20641")),
+    ),
+)  # fmt: skip
+
 HANDOFF = HandoffRule(
-    decode_first=True, first_token_on_decode=False, push=True, chunked_send=True,
+    decode_first=True, first_token_on_decode=False, push=True, chunked_send=True, router=ROUTER,
     sources=(
         Source("sgl-project/sglang", "python/sglang/srt/disaggregation/decode.py",
                "DecodePreallocQueue.pop_preallocated, SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch",

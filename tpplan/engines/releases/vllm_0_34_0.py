@@ -14,6 +14,7 @@ from tpplan.engines.schema import (
     Gate,
     HandoffRule,
     MicroBatchOverlap,
+    RouterRule,
     SchedulerRules,
     Source,
     StartupRefusal,
@@ -185,8 +186,25 @@ MEMORY = VllmMemory(
 # ---------------------------------------------------------------------------------------------
 # P/D disaggregation: how a request crosses from the prefill server to the decode server
 
+# The P/D proxy vLLM's NixlConnector docs (docs/features/nixl_connector_usage.md) launch; it is in the
+# repository's tests, not in the wheel: read at a main commit, not at the 0.34.0 tag.
+_PROXY = Source(REPO, "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py",
+                "get_next_client / _handle_completions", "commit 030ea52e (main, not the 0.34.0 tag)")  # fmt: skip
+ROUTER = RouterRule(
+    prefill="round_robin",
+    decode="round_robin",
+    decode_at_prefill_end=True,
+    facts=(
+        Fact(
+            "one itertools.cycle per pool: a request goes to the next prefill server in turn with max_tokens 1; "
+            "when that answers (with kv_transfer_params), to the next decode server in turn",
+            _PROXY,
+        ),
+    ),
+)
+
 HANDOFF = HandoffRule(
-    decode_first=False, first_token_on_decode=True, push=False,
+    decode_first=False, first_token_on_decode=True, push=False, router=ROUTER,
     sources=(
         _v("distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
            "NixlPullConnectorScheduler.get_num_new_matched_tokens / update_state_after_alloc"),

@@ -16,10 +16,10 @@ from tpplan.layout.schedule import ring_sent_bytes, value_dtype
 from tpplan.layout.transitions import TRANSITIONS, Transition
 from tpplan.lower.program import Collective, KernelCall, LayerProgram, LayoutCopy, Program, StageProgram, Step
 from tpplan.lower.registry import Pass, register
-from tpplan.lower.shapes import expert_share, experts_shape, gemm_shape, token_rows
+from tpplan.lower.shapes import rank_ctx
 from tpplan.lower.sizes import nccl_bytes
 from tpplan.models.graph import LayerGraph
-from tpplan.models.opkinds import cost_class
+from tpplan.models.opkinds import cost_class, op_kind
 from tpplan.placement import P
 
 if TYPE_CHECKING:
@@ -28,23 +28,17 @@ if TYPE_CHECKING:
 
 def kernel_call(d: OpDecision, tokens: int, n: int, plan: Plan, dtype: str) -> KernelCall:
     """One op decision as the kernel a rank of a TP group of `n` runs for a batch of `tokens` (its rows
-    and per-rank shape; `plan`: its EP size for routed experts split EP).
+    and the per-rank shape its kind states; `plan`: its EP size for routed experts split EP).
     Redundant: every rank does the whole op on the same values (replicated inputs); ops on partial
     sums also run whole on every rank, but each on different data, and routed experts never repeat."""
     op = d.op
-    cost = cost_class(op)
-    shape: tuple[int, int, int] | None = None
-    if cost == "gemm":
-        shape = gemm_shape(d, tokens, n)
-    elif cost == "experts":
-        shape = experts_shape(d, tokens, n, plan)
-    redundant = n > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs and cost != "experts"
-    rows = token_rows(d, tokens, n)
-    if cost != "experts":
-        return KernelCall(op.name, op.kind.value, cost, rows, shape, dtype, redundant, d)
-    ep_size = plan.ep_size if d.split == "ep" else None
-    share = expert_share(d, tokens, n, plan)
-    return KernelCall(op.name, op.kind.value, cost, rows, shape, dtype, redundant, d, ep_size=ep_size, experts=share)
+    cost, kind, rc = cost_class(op), op_kind(op.kind), rank_ctx(d, tokens, n, plan)
+    shape, share = kind.shape(op, rc), kind.expert_share(op, rc)
+    redundant = n > 1 and d.compute_share >= 1.0 and P not in d.strategy.inputs and share is None
+    if share is None:
+        return KernelCall(op.name, op.kind.value, cost, rc.rows, shape, dtype, redundant, d)
+    return KernelCall(op.name, op.kind.value, cost, rc.rows, shape, dtype, redundant, d,
+                      ep_size=rc.expert_groups, experts=share)  # fmt: skip
 
 
 def collective_steps(

@@ -1,0 +1,133 @@
+"""The routers by hand (`tpplan.simulate.routing`): round-robin, least-loaded with rotating ties (vLLM's DP
+client), SGLang's cache-aware policy; and in the P/D loop, routing by load beating round-robin on TTFT when
+the prompts are uneven, and vLLM's proxy picking the decode server when the prefill answers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tpplan.engines import ENGINES
+from tpplan.engines.schema import RouterRule
+from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, router_sources, simulate_disaggregated
+from tpplan.simulate.loop import LoopConfig
+from tpplan.simulate.requests import Request, Timed
+from tpplan.simulate.routing import Router
+
+
+def req(i: int, prompt: int, cached: int = 0, prefix: str | None = None, t: float = 0.0) -> Request:
+    return Request(i, t, prompt, 2, cached, prefix)
+
+
+def test_round_robin_cycles() -> None:
+    r = Router("round_robin", 3)
+    assert [r.pick(req(i, 100)) for i in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_least_loaded_fewest_in_flight_ties_rotate() -> None:
+    """vLLM: all idle -> 0, 1, 2 (the scan start moves on each request); with 1 finished it gets the next;
+    then all at 1, the scan starts at 1 and the first least-loaded from there is 1."""
+    r = Router("least_loaded", 3)
+    assert [r.pick(req(i, 100)) for i in range(3)] == [0, 1, 2]
+    r.release(1)
+    assert r.pick(req(3, 100)) == 1  # loads [1, 0, 1]
+    assert r.pick(req(4, 100)) == 1  # loads [1, 1, 1], scan from 1
+    assert r.load == [1, 2, 1]
+    r.release(0)
+    assert r.pick(req(5, 100)) == 0  # loads [0, 2, 1]: the least wherever the scan starts
+
+
+def test_cache_aware_distinct_prompts_go_to_the_smallest_tree() -> None:
+    """Distinct prompts of 100, 50, 30, 40, 10 tokens on 2 instances: trees [100, 0] -> 1, [100, 50] -> 1,
+    [100, 80] -> 1, [100, 120] -> 0; not the 0, 1, 0, 1, 0 of round-robin."""
+    r = Router("cache_aware", 2, SGLANG_RULE.router)
+    assert [r.pick(req(i, n)) for i, n in enumerate((100, 50, 30, 40, 10))] == [0, 1, 1, 1, 0]
+    assert r.tree == [110, 120]
+
+
+def test_cache_aware_follows_a_shared_prefix_above_the_threshold() -> None:
+    """A prefix covering 80% of the prompt (> 0.3) goes back to its holder and adds only its new tokens; one
+    covering 20% goes to the smallest tree."""
+    r = Router("cache_aware", 2, SGLANG_RULE.router)
+    assert r.pick(req(0, 100, 0, "a")) == 0
+    assert r.pick(req(1, 100)) == 1
+    assert r.pick(req(2, 500)) == 0  # tie at 100: lowest index
+    assert r.pick(req(3, 100, 80, "a")) == 0  # 0 holds "a": 80 / 100 > 0.3, despite the larger tree
+    assert r.tree == [620, 100]
+    assert r.pick(req(4, 100, 20, "a")) == 1  # 20 / 100 <= 0.3: smallest tree
+
+
+def test_cache_aware_imbalanced_loads_go_to_the_least_loaded() -> None:
+    """Prompts 10, 1000, 10, 10 go by tree to 0, 1, 0, 0 (loads never more than 1 apart); then loads [3, 1]
+    are imbalanced at balance_abs 1 (3 - 1 > 1, 3 > 1 x 1.5): the fifth goes to 1, the least loaded, though
+    the tree says 0; at the default thresholds (64, 1.5) it stays with the tree."""
+    sizes = (10, 1000, 10, 10, 10)
+    tight = Router("cache_aware", 2, RouterRule("cache_aware", "cache_aware", False, (), balance_abs=1))
+    assert [tight.pick(req(i, n)) for i, n in enumerate(sizes)] == [0, 1, 0, 0, 1]
+    default = Router("cache_aware", 2, SGLANG_RULE.router)
+    assert [default.pick(req(i, n)) for i, n in enumerate(sizes)] == [0, 1, 0, 0, 0]
+
+
+def one_s_per_100(segs):  # type: ignore[no-untyped-def]
+    return [sum(n for n, _ in segs) / 100]
+
+
+def ten_ms_step(segs):  # type: ignore[no-untyped-def]
+    return [0.01]
+
+
+PRE2 = PoolLoop(one_s_per_100, LoopConfig(100), 2)
+DEC1 = PoolLoop(ten_ms_step, LoopConfig(1000, decode=True), 1)
+
+
+def test_least_loaded_beats_round_robin_on_ttft_with_uneven_prompts() -> None:
+    """Two prefill instances, 1 s per 100 tokens, no hand-off time. A 400-token prompt and a 100-token one at
+    t = 0, then 100-token prompts at 1.5 s and 1.6 s. Round-robin sends the third behind the long prompt
+    (prefill ends 5 s: TTFT 3.5 s) and the fourth to the idle one (1 s); least-loaded sends the third to the
+    idle instance (TTFT 1 s) and the fourth, at a tie of one in flight each with the scan starting at 1, after
+    it (ends 3.5 s: 1.9 s). Mean TTFT: round-robin 9.5 / 4 = 2.375 s, least-loaded 7.9 / 4 = 1.975 s."""
+    reqs = Timed((req(0, 400), req(1, 100), req(2, 100, t=1.5), req(3, 100, t=1.6)))
+    rr = replace(SGLANG_RULE, router=None)
+    ll = replace(SGLANG_RULE, router=RouterRule("least_loaded", "least_loaded", False, ()))
+
+    def ttfts(rule):  # type: ignore[no-untyped-def]
+        run = simulate_disaggregated(reqs, PRE2, DEC1, lambda r: 0.0, rule)
+        return [t.ttft_s for t in run.result.timelines]
+
+    assert ttfts(rr) == pytest.approx([4.0, 1.0, 3.5, 1.0])
+    assert ttfts(ll) == pytest.approx([4.0, 1.0, 1.0, 1.9])
+
+
+def test_sglang_cache_aware_sends_short_prompts_away_from_the_long_one() -> None:
+    """All at t = 0, prompts 400, 100, 100, 100: cache-aware (smallest tree) puts 1, 2, 3 on instance 1
+    (prefill ends 1, 2, 3 s); round-robin puts 2 behind the 400 (5 s). Mean 2.5 s against 3.0 s."""
+    reqs = Timed((req(0, 400), req(1, 100), req(2, 100), req(3, 100)))
+    mean = {}
+    for name, rule in (("rr", replace(SGLANG_RULE, router=None)), ("ca", SGLANG_RULE)):
+        run = simulate_disaggregated(reqs, PRE2, DEC1, lambda r: 0.0, rule)
+        mean[name] = sum(t.ttft_s for t in run.result.timelines) / 4
+    assert mean == pytest.approx({"rr": 3.0, "ca": 2.5})
+
+
+def test_vllm_proxy_picks_the_decode_server_when_the_prefill_answers() -> None:
+    """vLLM's proxy: prefill in turn at arrival (0 -> P0, 1 -> P1); the short prompt answers first and takes
+    the first decode server in turn, the long one the second."""
+    reqs = Timed((req(0, 400), req(1, 100)))
+    dec2 = PoolLoop(ten_ms_step, LoopConfig(1000, decode=True), 2)
+    run = simulate_disaggregated(reqs, PRE2, dec2, lambda r: 0.0, VLLM_RULE)
+    assert [t.replica for t in run.result.timelines] == [1, 0]
+    unread = simulate_disaggregated(reqs, PRE2, dec2, lambda r: 0.0, replace(VLLM_RULE, router=None))
+    assert [t.replica for t in unread.result.timelines] == [0, 1]
+
+
+def test_release_routers_are_read_and_cited() -> None:
+    sgl, vllm = ENGINES["sglang@0.5.23"].handoff, ENGINES["vllm@0.34.0"].handoff
+    assert sgl is not None and sgl.router is not None and vllm is not None and vllm.router is not None
+    assert (sgl.router.prefill, sgl.router.decode, sgl.router.decode_at_prefill_end) == (
+        "cache_aware", "cache_aware", False)  # fmt: skip
+    assert (vllm.router.prefill, vllm.router.decode, vllm.router.decode_at_prefill_end) == (
+        "round_robin", "round_robin", True)  # fmt: skip
+    for rule in (sgl, vllm):
+        assert all(s.read for s in router_sources(rule))
+    assert not any(s.read for s in router_sources(replace(sgl, router=None)))
