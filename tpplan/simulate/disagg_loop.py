@@ -147,9 +147,9 @@ class _Decode(_Replica):
         super().__init__(arrivals, prices, cfg, seeded=False)
         self.sim = sim
         self.first_on_decode = sim.rule.first_token_on_decode
-        self.cohorts = None  # PP decode instances: per token (the P/D loop's own joins and first tokens)
         if self.first_on_decode:
             self.rounds = None  # a request's first decode step gives its first token, not a gap: per token
+            self.cohorts = None
         self.prealloc: deque[int] = deque()  # reached the server, waiting for KV room (FIFO)
         self.arrived: deque[int] = deque()  # KV arrived, joining the running batch at the next step
         self.events: list[tuple[float, int, int]] = []  # (when, _KV or _REQ, request)
@@ -209,6 +209,8 @@ class _Decode(_Replica):
                 self.running[rid] = None
                 if self.rounds is not None:
                     self.rounds.join(self, rid)
+                elif self.cohorts is not None:
+                    self.cohorts.join(self, rid)
             else:
                 self.finish(rid, now)
         return fresh
