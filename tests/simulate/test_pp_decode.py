@@ -69,3 +69,35 @@ def test_the_per_step_path_runs_under_pp(monkeypatch) -> None:  # type: ignore[n
     res = simulate(closed_loop(16, SHAPES, 200), CachedPrices(stages), LoopConfig(4096, 4, decode=True, mixed=False))
     assert calls["n"] == 0 and res.decode_summary(1) is not None
     assert merged["n"] > 0  # cohorts that left the pipeline apart were merged into one step
+
+
+@pytest.mark.parametrize("in_flight", [2, 3])
+def test_a_pp_decode_instance_of_a_pd_deployment_too(monkeypatch, in_flight: int) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's P/D decode instance (its prefill gives the first token) keeps PP decode per step as well."""
+    from tpplan.simulate.disagg_loop import SGLANG_RULE, PoolLoop, simulate_disaggregated
+
+    def run():  # type: ignore[no-untyped-def]
+        return simulate_disaggregated(
+            poisson(40.0, SHAPES, 200, seed=7),
+            PoolLoop(CachedPrices(stages), LoopConfig(8192), 2),
+            PoolLoop(CachedPrices(stages), LoopConfig(8192, in_flight, decode=True, max_running=48), 2),
+            lambda r: r.prompt_tokens * 1e-6,
+            SGLANG_RULE,
+        ).result
+
+    calls = {"n": 0}
+    plain = loop._Replica.decode_each
+
+    def counted(self, dec, t):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        return plain(self, dec, t)
+
+    monkeypatch.setattr(loop._Replica, "decode_each", counted)
+    fast = run()
+    assert calls["n"] == 0  # the decode instances' steps went through the cohorts
+    monkeypatch.setattr(loop._Replica, "FAST_DECODE", False)
+    slow = run()
+    assert calls["n"] > 0
+    assert fast.timelines == slow.timelines
+    assert fast.steps == slow.steps
+    assert sorted(fast.itl) == pytest.approx(sorted(slow.itl))

@@ -165,7 +165,10 @@ def _serving(ev: EngineVersion) -> list[str]:
             out += [f"- {f.text} ({f.source.cite()})" for f in fabric.facts] + [""]
     if ev.dp_attention_beside is not None:
         b = ev.dp_attention_beside
-        runs = [f"beside {axis}: {'runs' if ok else 'needs code'}" for axis, ok in (("PP", b.pp), ("prefill CP", b.cp))]
+        runs = [
+            f"beside {axis}: {'starts, no check refuses it' if ok else 'needs code'}"
+            for axis, ok in (("PP", b.pp), ("prefill CP", b.cp))
+        ]
         out += ["### DP attention beside PP and prefill CP (`tpplan/engines/recipes/`)", "", f"{'; '.join(runs)}.", ""]
         out += [f"- {f.text} ({f.source.cite()})" for f in b.facts] + [""]
     if ev.handoff is not None:
