@@ -13,7 +13,7 @@ from tpplan.engines.schema import RouterRule
 from tpplan.mesh import Mesh
 from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, router_sources, simulate_disaggregated
 from tpplan.simulate.loop import LoopConfig
-from tpplan.simulate.replicas import simulate
+from tpplan.simulate.replicas import simulate, simulate_routed
 from tpplan.simulate.requests import ClosedLoop, Request, Timed
 from tpplan.simulate.routing import Router
 
@@ -169,3 +169,19 @@ def test_replica_routers_are_read() -> None:
     assert sgl is not None and sgl.replica_router is not None and sgl.replica_router.prefill == "round_robin"
     assert vllm is not None and vllm.replica_router is not None and vllm.replica_router.prefill == "least_loaded"
     assert all(f.source.read for f in (*sgl.replica_router.facts, *vllm.replica_router.facts))
+
+
+def test_the_routed_co_simulation_reproduces_the_dealt_loop_under_round_robin() -> None:
+    """The co-simulation with a round-robin router against the dealt loop (`simulate.loop.simulate`): equal
+    on timed arrivals of mixed prompts, and on a closed loop of alike prompts with R dividing C (a request
+    sent at t is queued at its replica at t: the router acts first at a tie)."""
+    sizes = (100, 300, 700, 300, 100, 700)
+    timed = Timed(tuple(Request(i, 0.3 * i, sizes[i % 6], 5) for i in range(18)))
+    closed = ClosedLoop(4, tuple(Request(i, 0.0, 200, 5) for i in range(12)))
+    for reqs, r in ((timed, 3), (closed, 2)):
+        cfg = LoopConfig(256, decode=True)
+        dealt = simulate(reqs, steps_of, cfg, Mesh(1, replicas=r))
+        routed = simulate_routed(reqs, steps_of, cfg, Mesh(1, replicas=r))
+        assert [t.ttft_s for t in routed.timelines] == pytest.approx([t.ttft_s for t in dealt.timelines])
+        assert [t.done_s for t in routed.timelines] == pytest.approx([t.done_s for t in dealt.timelines])
+        assert [t.replica for t in routed.timelines] == [t.replica for t in dealt.timelines]

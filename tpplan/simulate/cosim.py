@@ -75,7 +75,8 @@ class Routed(Protocol):
 
 class RouterActor:
     """The router as one more actor, so that it picks instances at the time a request reaches it, having seen
-    every release before that time; `kind` tells the co-simulation what reached it."""
+    every release before that time; `kind` tells the co-simulation what reached it. Put it first in `insts`:
+    at a tie it then acts before the instances, so a request sent at t is in an instance's queue at t."""
 
     def __init__(self, sim: Routed) -> None:
         self.sim = sim

@@ -234,7 +234,7 @@ class _PD(CoSim):
         self.pre = [_Prefill(self, arrivals, prefill.prices, prefill.config) for _ in range(prefill.instances)]
         self.dec = [_Decode(self, arrivals, decode.prices, decode.config) for _ in range(decode.instances)]
         self.router = RouterActor(self)
-        self.insts: list[Actor] = [*self.pre, *self.dec, self.router]
+        self.insts: list[Actor] = [self.router, *self.pre, *self.dec]  # the router first at a tie
         self.links = [_Link() for _ in range(prefill.instances if rule.push else decode.instances)]
         route = rule.router
         self.p_router = Router(route.prefill if route else "round_robin", prefill.instances, route)
@@ -262,12 +262,12 @@ class _PD(CoSim):
     def to_prefill(self, rid: int, t: float) -> None:
         p = self.p_of[rid]
         self.pre[p].deliver(rid, t)
-        self.notify(p, t)
+        self.notify(1 + p, t)
 
     def to_decode(self, rid: int, t: float, kind: int) -> None:
         d = self.d_of[rid]
         self.dec[d].deliver(rid, t, kind)
-        self.notify(len(self.pre) + d, t)
+        self.notify(1 + len(self.pre) + d, t)
 
     def kv_seconds(self, rid: int) -> float:
         r = self.reqs[rid]
@@ -285,7 +285,7 @@ class _PD(CoSim):
 
     def to_router(self, rid: int, t: float, kind: int) -> None:
         heapq.heappush(self.router.events, (t, kind, rid))
-        self.notify(len(self.insts) - 1, t)
+        self.notify(0, t)
 
     def route(self, rid: int, t: float, kind: int) -> None:
         """The router at `t`: picks the instances of a sent request and passes it on, or (vLLM) the decode

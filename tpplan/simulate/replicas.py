@@ -49,7 +49,7 @@ class _Routed(CoSim):
         self.reqs, self.cfg, replicas = arrivals.requests, cfg, mesh.replicas
         self.reps = [_Served(self, arrivals, prices, cfg) for _ in range(replicas)]
         self.router_actor = RouterActor(self)
-        self.insts: list[Actor] = [*self.reps, self.router_actor]
+        self.insts: list[Actor] = [self.router_actor, *self.reps]  # the router first at a tie
         self.router = Router(cfg.router, replicas)
         self.of = [-1] * len(self.reqs)  # the replica each request went to
         self.peak = [0] * replicas  # the most of its requests in flight at once
@@ -63,14 +63,14 @@ class _Routed(CoSim):
 
     def send(self, rid: int, t: float) -> None:
         heapq.heappush(self.router_actor.events, (t, 0, rid))
-        self.notify(len(self.insts) - 1, t)
+        self.notify(0, t)
 
     def route(self, rid: int, t: float, kind: int) -> None:
         r = self.of[rid] = self.router.pick(self.reqs[rid], t)
         self.peak[r] = max(self.peak[r], self.router.load[r])
         self.reps[r].sent[rid] = t
         self.reps[r].deliver(rid, t + self.cfg.request_in_s)
-        self.notify(r, t + self.cfg.request_in_s)
+        self.notify(1 + r, t + self.cfg.request_in_s)
 
     def finished(self, rep: _Served, rid: int, t: float) -> None:
         self.done += 1
