@@ -377,8 +377,8 @@ def cached_predictor(
     """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule, and the set of
     lowering passes, `lower.registry.generation`), all compared by value: the scheduler calls batch_time
     per batch. The key holds the graph's layer kinds and width and the topology's name (cheap to hash);
-    a hit is used only where its graph and topology equal the ones asked for. (A recorded run's implementations, `bench --repredict`, build
-    their own.)"""
+    a hit is used only where its graph and topology equal the ones asked for. (A recorded run's
+    implementations, `bench --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
     key = (graph.layer_kinds, graph.hidden, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
     hit = _CACHE.get(key)
