@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 
@@ -43,6 +44,9 @@ def test_without_fixed_costs_the_loop_prices_ttft_as_the_cost_model_does(tp, pp,
     p = predictor(tp, pp, replicas, engine)
     wl = Workload(input_lens=[3000, 700, 5000], concurrency=4, num_requests=9, chunk_size=2048, cached_share=0.3)
     loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, 8, fixed_costs=False)
+    # the cost model deals client c to replica c mod R; vLLM's least-loaded router (tests/simulate/test_routing.py)
+    # departs from it on these mixed prompts, so the dealt split is what is compared here
+    loop = replace(loop, config=replace(loop.config, router="round_robin"))
     got = serve(p, workload_arrivals(wl), loop)
     assert got.ttfts == pytest.approx(list(pipeline_ttft(p, wl).ttft_s), rel=1e-12)
 

@@ -10,9 +10,11 @@ import pytest
 
 from tpplan.engines import ENGINES
 from tpplan.engines.schema import RouterRule
+from tpplan.mesh import Mesh
 from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, router_sources, simulate_disaggregated
 from tpplan.simulate.loop import LoopConfig
-from tpplan.simulate.requests import Request, Timed
+from tpplan.simulate.replicas import simulate, simulate_routed
+from tpplan.simulate.requests import ClosedLoop, Request, Timed
 from tpplan.simulate.routing import Router
 
 
@@ -131,3 +133,55 @@ def test_release_routers_are_read_and_cited() -> None:
     for rule in (sgl, vllm):
         assert all(s.read for s in router_sources(rule))
     assert not any(s.read for s in router_sources(replace(sgl, router=None)))
+
+
+def steps_of(segs):  # type: ignore[no-untyped-def]
+    return [sum(n for n, _ in segs) / 100]
+
+
+def test_replicas_least_loaded_beats_round_robin_on_ttft() -> None:
+    """Two aggregated replicas, 1 s per 100 tokens, the P/D case's arrivals: round-robin (dealt beforehand)
+    puts the third prompt behind the 400-token one (TTFT 3.5 s); vLLM's least-loaded router sends it to the
+    idle replica (1 s) and the fourth, at a tie, after it (1.9 s)."""
+    reqs = Timed((req(0, 400), req(1, 100), req(2, 100, t=1.5), req(3, 100, t=1.6)))
+    two = Mesh(1, replicas=2)
+    rr = simulate(reqs, steps_of, LoopConfig(100), two)
+    ll = simulate(reqs, steps_of, LoopConfig(100, router="least_loaded"), two)
+    assert [t.ttft_s for t in rr.timelines] == pytest.approx([4.0, 1.0, 3.5, 1.0])
+    assert [t.ttft_s for t in ll.timelines] == pytest.approx([4.0, 1.0, 1.0, 1.9])
+    assert [t.replica for t in ll.timelines] == [0, 1, 1, 1]
+    assert [(s.requests, s.concurrency) for s in ll.shares] == [(1, 1), (3, 2)]
+
+
+def test_replicas_least_loaded_equals_round_robin_on_alike_prompts() -> None:
+    """A closed loop of 4 clients, 8 alike prompts with 3 output tokens, on 2 replicas: each finished request
+    frees the replica its client's next one then goes to, as the dealt split assumes."""
+    reqs = ClosedLoop(4, tuple(Request(i, 0.0, 100, 3) for i in range(8)))
+    two = Mesh(1, replicas=2)
+    rr = simulate(reqs, steps_of, LoopConfig(200, decode=True), two)
+    ll = simulate(reqs, steps_of, LoopConfig(200, decode=True, router="least_loaded"), two)
+    assert [t.ttft_s for t in ll.timelines] == pytest.approx([t.ttft_s for t in rr.timelines])
+    assert [t.done_s for t in ll.timelines] == pytest.approx([t.done_s for t in rr.timelines])
+
+
+def test_replica_routers_are_read() -> None:
+    sgl, vllm = ENGINES["sglang@0.5.23"].scheduling, ENGINES["vllm@0.34.0"].scheduling
+    assert sgl is not None and sgl.replica_router is not None and sgl.replica_router.prefill == "round_robin"
+    assert vllm is not None and vllm.replica_router is not None and vllm.replica_router.prefill == "least_loaded"
+    assert all(f.source.read for f in (*sgl.replica_router.facts, *vllm.replica_router.facts))
+
+
+def test_the_routed_co_simulation_reproduces_the_dealt_loop_under_round_robin() -> None:
+    """The co-simulation with a round-robin router against the dealt loop (`simulate.loop.simulate`): equal
+    on timed arrivals of mixed prompts, and on a closed loop of alike prompts with R dividing C (a request
+    sent at t is queued at its replica at t: the router acts first at a tie)."""
+    sizes = (100, 300, 700, 300, 100, 700)
+    timed = Timed(tuple(Request(i, 0.3 * i, sizes[i % 6], 5) for i in range(18)))
+    closed = ClosedLoop(4, tuple(Request(i, 0.0, 200, 5) for i in range(12)))
+    for reqs, r in ((timed, 3), (closed, 2)):
+        cfg = LoopConfig(256, decode=True)
+        dealt = simulate(reqs, steps_of, cfg, Mesh(1, replicas=r))
+        routed = simulate_routed(reqs, steps_of, cfg, Mesh(1, replicas=r))
+        assert [t.ttft_s for t in routed.timelines] == pytest.approx([t.ttft_s for t in dealt.timelines])
+        assert [t.done_s for t in routed.timelines] == pytest.approx([t.done_s for t in dealt.timelines])
+        assert [t.replica for t in routed.timelines] == [t.replica for t in dealt.timelines]

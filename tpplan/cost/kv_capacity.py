@@ -71,7 +71,7 @@ def _attn_dp(p: Predictor) -> int:
 
 
 def _mla(p: Predictor) -> bool:
-    return any(layer.attn.kind in ("mla", "dsa") for layer in p.graph.spec.layers)
+    return any(mixer(layer.attn.kind).latent_kv for layer in p.graph.spec.layers)
 
 
 def sglang_capacity(p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23") -> KVCapacity:
@@ -80,7 +80,7 @@ def sglang_capacity(p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23
     memory = kv_sizing(key)
     assert isinstance(memory, SglangMemory)
     card = p.topo.gpu.memory_GiB * 2**30
-    kda = any(layer.attn.kind == "kda" for layer in p.graph.spec.layers)
+    kda = any(mixer(layer.attn.kind).channel_gated for layer in p.graph.spec.layers)  # uses_kda_attention
     chunk = scheduler_rules(key).budget.default_tokens(card / MIB / 1024)
     res = sglang_reserve(
         card / MIB, p.deployment, chunk=chunk, mla=_mla(p), dp_attention=bool(p.plan.dp_attention), kda=kda

@@ -271,12 +271,14 @@ class SchedulerRules:
     more: tuple[Fact, ...] = ()
     not_modelled: tuple[str, ...] = ()  # what the loop leaves out for this engine: the memo's conditions
     decode_step: Fact | None = None  # how a request decodes once its prompt is done (the loop's `decode`)
+    replica_router: RouterRule | None = None  # how the engine spreads requests over its DP replicas (its prefill)
 
     def facts(self) -> tuple[Fact, ...]:
         """Every fact, in the order docs/engines.md lists them."""
         decode = (self.decode_step,) if self.decode_step is not None else ()
+        spread = self.replica_router.facts if self.replica_router is not None else ()
         return (self.budget.fact, self.admission, self.prefill_decode, self.cpu_overlap_fact, self.graph_fact,
-                self.max_running, *self.more, *decode)  # fmt: skip
+                self.max_running, *self.more, *decode, *spread)  # fmt: skip
 
 
 @dataclass(frozen=True)

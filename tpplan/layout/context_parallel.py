@@ -55,7 +55,7 @@ from typing import Literal
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op
-from tpplan.models.opkinds import op_kind
+from tpplan.models.opkinds import mixer_of, op_kind
 
 SGLANG_CP_UTILS = "python/sglang/srt/layers/cp/zigzag.py@0.5.23 (PyPI wheel)"  # where SGLang's zigzag CP lives
 CP_SIZES = (1, 2, 4, 8)  # what the search offers
@@ -290,7 +290,7 @@ def _audit_mla_only(graph: ModelGraph, mesh: Mesh) -> CpAudit:
     attn_tp = max(1, tp // cp)
     kinds: dict[str, CpKind] = {}
     for kind, lg in graph.kinds.items():
-        mla = next((o for o in lg.ops if op_kind(o.kind).mixes_tokens and o.attrs.get("impl") == "mla"), None)
+        mla = next((o for o in lg.ops if (m := mixer_of(o)) is not None and m.cp_layers_mla), None)
         if mla is None or cp == 1:
             kinds[kind] = CpKind(kind, "none")
             continue

@@ -141,6 +141,16 @@ class Mixer:
     # states its own strategies and why; None: the TOKEN_MIX default below.
     rule: Callable[[Op, str, Mapping[str, Value], bool], list[Strategy]] | None = None
     why: Callable[[Op, Placement, Placement, int], str | None] | None = None
+    # Traits callers ask instead of comparing a mixer's name (issue 30; tests/test_no_mixer_branches.py).
+    # Keeps MLA's compressed latent (plus the rope key) as its KV cache, shared by every head, so the
+    # engines size and absorb it as MLA's: MLA and DSA.
+    latent_kv: bool = False
+    # Split by `--cp-layers mla`: queries token-sharded inside the TP group, every key's K/V expanded on each
+    # rank from the all-gathered latent (`layout.context_parallel.audit_cp_mla`); modelled for plain MLA only.
+    cp_layers_mla: bool = False
+    # A recurrence whose state decays by a per-channel gate (Kimi Delta Attention; Gated DeltaNet's gate is
+    # one scalar per head): SGLang's `uses_kda_attention` keys its prefill CUDA graph default on it.
+    channel_gated: bool = False
 
 
 _MIXERS: dict[str, Mixer] = {}
@@ -162,6 +172,13 @@ def mixer(name: str) -> Mixer:
         return _MIXERS[name]
     except KeyError:
         raise ValueError(f"no token mixer registered as {name!r}") from None
+
+
+def mixer_names() -> tuple[str, ...]:
+    """Every registered token mixer's name."""
+    import tpplan.models.families  # noqa: F401 - registers every family's mixers
+
+    return tuple(sorted(_MIXERS))
 
 
 @dataclass(frozen=True)
@@ -244,6 +261,7 @@ __all__ = [
     "const_cost",
     "full_cuts",
     "mixer",
+    "mixer_names",
     "no_params",
     "no_shape",
     "no_share",

@@ -37,6 +37,7 @@ from tpplan.models.opkind_types import (
     Tensor,
     Weights,
     mixer,
+    mixer_names,
     register_mixer,
 )
 from tpplan.models.ops import Op, OpKind, WeightSplit
@@ -71,6 +72,12 @@ def kernel_key(op: Op, moe_split: str | None = None) -> str | None:
     if OP_KINDS[op.kind].routed_experts and moe_split:
         return f"experts.{moe_split}"
     return op.kind.value
+
+
+def mixer_of(op: Op) -> Mixer | None:
+    """The token mixer a TOKEN_MIX op runs (its `impl`), None for ops of other kinds or without one."""
+    impl = op.attrs.get("impl")
+    return mixer(str(impl)) if OP_KINDS[op.kind].mixes_tokens and impl is not None else None
 
 
 def weight_split(op: Op, moe: str, replicated: bool) -> str:
@@ -112,6 +119,8 @@ __all__ = [
     "cost_class",
     "kernel_key",
     "mixer",
+    "mixer_names",
+    "mixer_of",
     "op_kind",
     "params_for_op",
     "register_mixer",

@@ -16,6 +16,7 @@ from types import ModuleType
 
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.errors import TpplanError
+from tpplan.models.spec import MLASpec
 from tpplan.report.deployment_sections import deployments_section, prompt_length_section
 from tpplan.report.doc import Block, Bullets, Code, Fold, Heading, Image, Para, Table, to_html, to_markdown
 from tpplan.report.prose import answer
@@ -240,7 +241,7 @@ def verdict_table(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> 
 def per_plan(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[Block]:
     b: list[Block] = []
     for v, vd in zip(a.variants, a.verdicts, strict=True):
-        which = "MLA" if any(lg.spec.attn.kind == "mla" for lg in a.graph.kinds.values()) else "first"
+        which = "MLA" if any(isinstance(lg.spec.attn, MLASpec) for lg in a.graph.kinds.values()) else "first"
         items = [f"attention-input boundary ({which} kind): `{vd.formula}`"] if vd.formula else []
         items += list(vd.reasons[:6])
         if len(vd.reasons) > 6:

@@ -91,7 +91,7 @@ def gate_quote(a: Analysis) -> Paragraph:
     v = a.variant("input-scattered")
     if v is None or v.legal:
         return None
-    mla_kinds = {k for k, lg in a.graph.kinds.items() if lg.spec.attn.kind == "mla"}
+    mla_kinds = {k for k, lg in a.graph.kinds.items() if isinstance(lg.spec.attn, MLASpec)}
     gated = any(getattr(a.graph.kinds[k].spec.attn, "output_gate", False) for k in mla_kinds)
     gate = next(
         (

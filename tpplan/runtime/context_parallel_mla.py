@@ -18,7 +18,7 @@ from torch import Tensor
 
 from tpplan.errors import TpplanError
 from tpplan.layout.context_parallel import attention_output
-from tpplan.models.opkinds import op_kind
+from tpplan.models.opkinds import mixer_of
 from tpplan.runtime import kernels as K
 from tpplan.runtime.context_parallel import CpRunner
 from tpplan.runtime.executor import ExecContext, execute_op, final_hidden, take_bank_snapshot
@@ -53,7 +53,7 @@ class MlaOnlyCpRunner(CpRunner):
             for op in lg.ops:
                 w = self.resolved[(i, op.name)]
                 ins = [env[n] for n in op.inputs]
-                if sharded and op_kind(op.kind).mixes_tokens and op.attrs.get("impl") == "mla":
+                if sharded and (m := mixer_of(op)) is not None and m.cp_layers_mla:
                     q_own = self._place(ins[0][mine])  # this rank's queries; K/V of every key, expanded here
                     out = execute_op(op, [q_own, ins[1], ins[2]], w, {}, self.full_ctx)[mine]
                     local.add(op.output)

@@ -39,6 +39,7 @@ from tpplan.cost.workload import PrefillBatch, Segment
 from tpplan.engines import handoff_rule
 from tpplan.engines.schema import HandoffRule, Source
 from tpplan.errors import TpplanError
+from tpplan.simulate.cosim import Actor, CoSim, RouterActor
 from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request
 from tpplan.simulate.results import LoopResult, Timeline
@@ -139,24 +140,6 @@ _KV, _REQ = 0, 1  # a decode instance's events: the request's KV arrived; the re
 _SENT, _ANSWERED = 0, 1  # the router's events: a client sent the request; its prefill server answered (vLLM)
 
 
-class _Router:
-    """The P/D router as one more actor of the co-simulation, so that it picks instances at the time a request
-    reaches it, having seen every release before that time."""
-
-    def __init__(self, sim: _PD) -> None:
-        self.sim = sim
-        self.events: list[tuple[float, int, int]] = []  # (when, _SENT or _ANSWERED, request)
-
-    def earliest(self, now: float) -> float:
-        return max(now, self.events[0][0]) if self.events else math.inf
-
-    def act(self, now: float) -> float:
-        while self.events and self.events[0][0] <= now:
-            t, kind, rid = heapq.heappop(self.events)
-            self.sim.route(rid, t, kind)
-        return self.events[0][0] if self.events else math.inf
-
-
 class _Decode(_Replica):
     """A decode instance: admits requests into its KV pool and cap, runs the arrived ones' decode steps."""
 
@@ -239,7 +222,7 @@ class _Decode(_Replica):
         self.sim.finished(rid, t)
 
 
-class _PD:
+class _PD(CoSim):
     """The co-simulation of one P/D deployment (see the module docstring)."""
 
     def __init__(
@@ -250,8 +233,8 @@ class _PD:
         self.pcfg, self.dcfg = prefill.config, decode.config
         self.pre = [_Prefill(self, arrivals, prefill.prices, prefill.config) for _ in range(prefill.instances)]
         self.dec = [_Decode(self, arrivals, decode.prices, decode.config) for _ in range(decode.instances)]
-        self.router = _Router(self)
-        self.insts: list[_Prefill | _Decode | _Router] = [*self.pre, *self.dec, self.router]
+        self.router = RouterActor(self)
+        self.insts: list[Actor] = [self.router, *self.pre, *self.dec]  # the router first at a tie
         self.links = [_Link() for _ in range(prefill.instances if rule.push else decode.instances)]
         route = rule.router
         self.p_router = Router(route.prefill if route else "round_robin", prefill.instances, route)
@@ -259,8 +242,7 @@ class _PD:
         self.decode_late = route is not None and route.decode_at_prefill_end
         self.p_of = [-1] * len(self.reqs)  # the prefill instance each request went to
         self.d_of = [-1] * len(self.reqs)
-        self.wake = [math.inf] * len(self.insts)
-        self.queue: list[tuple[float, int]] = []
+        self.start()
         self.handoff_s = handoff_s
         self.handoff_cache: dict[int, float] = {}
         self.sent = [math.nan] * len(self.reqs)
@@ -273,11 +255,6 @@ class _PD:
         for rid in range(first):
             self.send(rid, 0.0 if self.closed else self.reqs[rid].arrival_s)
 
-    def notify(self, idx: int, t: float) -> None:
-        if t < self.wake[idx]:
-            self.wake[idx] = t
-            heapq.heappush(self.queue, (t, idx))
-
     def link(self, rid: int) -> _Link:
         """The link `rid`'s KV crosses: its prefill instance's (push) or its decode instance's (pull)."""
         return self.links[self.p_of[rid] if self.rule.push else self.d_of[rid]]
@@ -285,12 +262,12 @@ class _PD:
     def to_prefill(self, rid: int, t: float) -> None:
         p = self.p_of[rid]
         self.pre[p].deliver(rid, t)
-        self.notify(p, t)
+        self.notify(1 + p, t)
 
     def to_decode(self, rid: int, t: float, kind: int) -> None:
         d = self.d_of[rid]
         self.dec[d].deliver(rid, t, kind)
-        self.notify(len(self.pre) + d, t)
+        self.notify(1 + len(self.pre) + d, t)
 
     def kv_seconds(self, rid: int) -> float:
         r = self.reqs[rid]
@@ -308,7 +285,7 @@ class _PD:
 
     def to_router(self, rid: int, t: float, kind: int) -> None:
         heapq.heappush(self.router.events, (t, kind, rid))
-        self.notify(len(self.insts) - 1, t)
+        self.notify(0, t)
 
     def route(self, rid: int, t: float, kind: int) -> None:
         """The router at `t`: picks the instances of a sent request and passes it on, or (vLLM) the decode
@@ -363,40 +340,6 @@ class _PD:
         if self.closed and self.next_id < len(self.reqs):  # the client sends its next request
             nxt, self.next_id = self.next_id, self.next_id + 1
             self.send(nxt, t + self.dcfg.request_out_s)
-
-    def run(self) -> None:
-        n, queue, wake = len(self.reqs), self.queue, self.wake
-        while self.done < n:
-            if not queue:
-                raise AssertionError("the P/D loop stalled with requests unfinished")  # a bug, not an input
-            t, i = heapq.heappop(queue)
-            if t != wake[i]:
-                continue  # superseded by an earlier wake
-            self.turns(i, t)
-
-    def turns(self, i: int, t: float) -> None:
-        """Instance `i` acts at `t`, and again at once while its next turn comes strictly before every other
-        instance's (nothing can reach it meanwhile): the order the queue would give, without its pushes."""
-        inst, queue, wake = self.insts[i], self.queue, self.wake
-        while True:
-            horizon = queue[0][0] if queue else math.inf
-            e = inst.earliest(t)
-            if e > t:
-                if e >= horizon:
-                    wake[i] = e
-                    heapq.heappush(queue, (e, i))
-                    return
-                t = e
-            wake[i] = math.inf
-            nxt = min(inst.act(t), wake[i])  # a delivery to itself may have set an earlier wake
-            horizon = queue[0][0] if queue else math.inf
-            if nxt < horizon and self.done < len(self.reqs):
-                t = nxt
-                continue
-            wake[i] = nxt
-            if nxt < math.inf:
-                heapq.heappush(queue, (nxt, i))
-            return
 
 
 def simulate_disaggregated(

@@ -19,9 +19,10 @@ from tpplan.engines.schema import SchedulerRules
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
 from tpplan.engines.speculative import Speculative, running_cap
 from tpplan.mesh import Mesh
-from tpplan.simulate.loop import LoopConfig, simulate
+from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.overheads import NONE, Overheads, overheads
 from tpplan.simulate.prices import predictor_prices
+from tpplan.simulate.replicas import simulate
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Shape, closed_loop
 from tpplan.simulate.results import LoopResult
 
@@ -98,6 +99,7 @@ def engine_loop(
         kv_tokens=kv_tokens,
         verify_tokens=1 if speculative is None else speculative.verify_tokens,
         accepted=1.0 if speculative is None else speculative.accepted,
+        router=rules.replica_router.prefill if rules.replica_router is not None else "round_robin",
     )
     return EngineLoop(pipeline, rules, costs, config, deployment.pp)
 

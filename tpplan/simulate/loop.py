@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from tpplan.cost.segments import Segments
 from tpplan.cost.workload import PrefillBatch, ReplicaShare, Segment
+from tpplan.engines.schema import RouterPolicy
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request, split_round_robin
@@ -67,6 +68,7 @@ class LoopConfig:
     # out of the step's budget, and a request gains `accepted` tokens per step on average
     verify_tokens: int = 1
     accepted: float = 1.0
+    router: RouterPolicy = "round_robin"  # how requests are spread over the mesh's replicas (`simulate.replicas`)
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.in_flight < 1:
@@ -534,10 +536,13 @@ def run_replica(
 
 def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh | None = None) -> LoopResult:
     """The serving loop over the mesh's identical replicas (None: one), requests dealt round-robin
-    (`split_round_robin`); timelines in the arrivals' request order, steps by start time with the
-    arrivals' request ids. `prices` are one replica's (the mesh's other axes are in them)."""
+    (`split_round_robin`; a load-aware `cfg.router` is `simulate.replicas.simulate`'s); timelines in the
+    arrivals' request order, steps by start time with the arrivals' request ids. `prices` are one
+    replica's (the mesh's other axes are in them)."""
     mesh = mesh or Mesh(1)
     replicas = mesh.replicas
+    if replicas > 1 and cfg.router != "round_robin":
+        raise AssertionError("a load-aware router runs in simulate.replicas.simulate")  # a caller's bug
     lines: dict[int, Timeline] = {}
     steps: list[PrefillBatch] = []
     itl: list[float] = []

@@ -93,6 +93,22 @@ SCHEDULING = SchedulerRules(
         "prefill back for some decode steps",
         _srt("managers/scheduler.py", "Scheduler.get_next_batch_to_run / update_running_batch"),
     ),
+    replica_router=RouterRule(
+        prefill="round_robin",
+        decode="round_robin",
+        decode_at_prefill_end=False,
+        facts=(
+            Fact(
+                "DP replicas (--dp-size): --load-balance-method auto resolves to round_robin outside P/D; the DP "
+                "controller sends each request to the next active worker in turn",
+                _srt(
+                    "managers/data_parallel_controller.py",
+                    "handle_load_balance_method (arg_groups/serving_hook.py); "
+                    "DataParallelController.round_robin_scheduler",
+                ),
+            ),
+        ),
+    ),
     not_modelled=(
         "decode batches: SGLang runs prefill first, so a waiting prompt never waits for decode, but decode holds "
         "running-request slots and KV that can stop admission (--max-running-requests, the KV pool)",

@@ -94,6 +94,21 @@ SCHEDULING = SchedulerRules(
         "(next_decode_eligible_step)",
         _v("v1/core/sched/scheduler.py", "Scheduler.schedule"),
     ),
+    replica_router=RouterRule(
+        prefill="least_loaded",
+        decode="least_loaded",
+        decode_at_prefill_end=False,
+        facts=(
+            Fact(
+                "DP replicas (--data-parallel-size, internal load balancer): each request goes to the engine of "
+                "least score = max(client count x the client's own unfinished requests there, the coordinator's "
+                "waiting + running, refreshed every 100 ms), + 6 x waiting x max(0, KV usage - 0.5); ties to the "
+                "first from a scan start that moves on one engine per request (modelled: one API server, the "
+                "in-flight count alone)",
+                _v("v1/engine/core_client.py", "DPLBAsyncMPClient.get_core_engine_for_request"),
+            ),
+        ),
+    ),
     not_modelled=(
         "decode tokens share vLLM's step budget with prefill chunks; the loop gives prefill the whole budget, "
         "so under decode load it understates the steps a prompt needs",

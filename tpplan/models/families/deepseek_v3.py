@@ -226,7 +226,12 @@ def mla_kv_bytes(attn: MLASpec, shards: int, b: float) -> float:
     return (attn.kv_lora_rank + attn.rope_dim) * b
 
 
-register_mixer(Mixer("mla", "attention", run_mla, build=build_mla, params=lambda op, nu: {}, kv_bytes=mla_kv_bytes))
+register_mixer(
+    Mixer(
+        "mla", "attention", run_mla, build=build_mla, params=lambda op, nu: {}, kv_bytes=mla_kv_bytes,
+        latent_kv=True, cp_layers_mla=True,
+    )
+)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def _kda_state_bytes(attn: KDASpec, shards: int, b: float, state_bytes: float) -
 register_mixer(
     Mixer(
         "kda", "recurrence", _kda_run, build=build_kda, params=_kda_params, cuts=_kda_cuts,
-        state_bytes=_kda_state_bytes,
+        state_bytes=_kda_state_bytes, channel_gated=True,
     )
 )  # fmt: skip
 

@@ -1,0 +1,168 @@
+"""No code outside the op-kind registry and the lowering passes branches on a token mixer's name. Issue 30.
+
+What a token mixer means to a caller (keeps MLA's latent KV cache, split by `--cp-layers mla`, a
+per-channel gated recurrence, its KV and state bytes, its cost class) is stated once, by its `Mixer` in
+the family module that registers it (`tpplan.models.opkinds.mixer(attn.kind).latent_kv`,
+`mixer_of(op).cp_layers_mla`, ...), so a new mixer is written in one place instead of in every
+`if attn.kind == "mla"` across the package. The sibling of `tests/test_no_opkind_branches.py`.
+
+The rule, exactly: in every module of `tpplan/` outside `tpplan/models/` and `tpplan/lower/passes/`, no
+comparison (`==`, `!=`, `in`, `not in`, `is`, `is not`) has an operand that reads a mixer's name: an
+attention spec's kind (`<x>.attn.kind`), a TOKEN_MIX op's impl (`<x>.attrs.get("impl")`,
+`<x>.attrs["impl"]`, either inside `str(...)`), or a local named `impl` (what those are read into) where
+the other operand names a registered mixer (a literal, or a collection of them) or is a module constant
+(`MLA_IMPLS`): kernel implementations are called `impl` too. No `match` on one either.
+
+`PENDING` holds, per module, how many such comparisons it still has; the count may only go down
+(lower it in the commit that converts them, drop the entry at zero). The goal is an empty `PENDING`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+from tpplan.models.opkinds import mixer_names
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
+ALLOWED = ("models/", "lower/passes/")  # the registry (and the families that register mixers) and the passes
+
+# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules; kv_capacity, memo, prose and
+# the `--cp-layers mla` checks of both CP modules converted). What is left dispatches per mixer on something
+# no trait states yet: the CP exchange and execution of each mixer (a `Mixer` CP method would own them), the
+# kernel pricer's per-mixer formulas (cost/ is being restructured) and the offline benchmark shape tables.
+PENDING: dict[str, int] = {
+    "bench/rank_shapes.py": 4,
+    "bench/slice_memory.py": 4,
+    "cost/kernel_pricer.py": 5,
+    "layout/context_parallel.py": 6,
+    "runtime/context_parallel.py": 7,
+}
+
+_OPS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+MIXERS = set(mixer_names())
+
+
+def _names_a_mixer(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in MIXERS
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_mixer(e) for e in node.elts)
+    return isinstance(node, ast.Name) and node.id.isupper()
+
+
+def _reads_a_mixer_name(node: ast.expr) -> bool:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and node.args:
+        return _reads_a_mixer_name(node.args[0])
+    if isinstance(node, ast.Attribute) and node.attr == "kind":  # <x>.attn.kind, attn.kind
+        inner = node.value
+        return (isinstance(inner, ast.Attribute) and inner.attr == "attn") or (
+            isinstance(inner, ast.Name) and inner.id == "attn"
+        )
+    if isinstance(node, ast.Subscript):  # <x>.attrs["impl"]
+        key = node.slice
+        return _is_attrs(node.value) and isinstance(key, ast.Constant) and key.value == "impl"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        key = node.args[0] if node.args else None  # <x>.attrs.get("impl")
+        return _is_attrs(node.func.value) and isinstance(key, ast.Constant) and key.value == "impl"
+    return False
+
+
+def _is_attrs(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "attrs") or (
+        isinstance(node, ast.Name) and node.id == "attrs"
+    )
+
+
+def _is_impl(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "impl"
+
+
+def _compares_a_mixer_name(operands: tuple[ast.expr, ...]) -> bool:
+    if any(_reads_a_mixer_name(e) for e in operands):
+        return True
+    return any(_is_impl(e) for e in operands) and any(_names_a_mixer(e) for e in operands if not _is_impl(e))
+
+
+def mixer_branches(source: str) -> list[int]:
+    """Line of each comparison in `source` with an operand reading a mixer's name, and of each `match` on one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Match):
+            hit = _reads_a_mixer_name(node.subject) or (
+                _is_impl(node.subject)
+                and any(isinstance(c.pattern, ast.MatchValue) and _names_a_mixer(c.pattern.value) for c in node.cases)
+            )
+        elif isinstance(node, ast.Compare):
+            operands = (node.left, *node.comparators)
+            hit = any(isinstance(o, _OPS) for o in node.ops) and _compares_a_mixer_name(operands)
+        else:
+            hit = False
+        if hit:
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def checked_modules() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if not p.relative_to(PACKAGE).as_posix().startswith(ALLOWED)]
+
+
+def test_no_mixer_name_branches_outside_the_registry():
+    counts: Counter[str] = Counter()
+    where: dict[str, list[str]] = {}
+    for path in checked_modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for line in mixer_branches(path.read_text()):
+            counts[rel] += 1
+            where.setdefault(rel, []).append(f"{rel}:{line}")
+    over = [hit for rel, n in counts.items() if n > PENDING.get(rel, 0) for hit in where[rel]]
+    assert not over, "ask the mixer's traits (tpplan.models.opkinds.mixer / mixer_of), not its name:\n" + "\n".join(
+        over
+    )
+    stale = {rel: n for rel, n in PENDING.items() if counts[rel] < n}
+    assert not stale, f"fewer mixer-name branches than PENDING says; lower it to {dict(sorted(counts.items()))}"
+
+
+def test_the_scan_sees_every_way_to_read_a_mixer_name():
+    """An attention spec's kind, a TOKEN_MIX op's impl (get, subscript, str()), a local `impl`, and
+    match; not an MLP spec's kind, other attrs, or a name as data."""
+    source = (
+        "a = layer.attn.kind == 'mla'\n"
+        "b = attn.kind in ('mla', 'dsa')\n"
+        "c = op.attrs.get('impl') == 'mla'\n"
+        "d = str(op.attrs.get('impl')) in ('kda', 'gdn')\n"
+        "e = op.attrs['impl'] != 'kda'\n"
+        "f = impl == 'gqa'\n"
+        "g = layer.mlp.kind == 'moe'\n"
+        "h = op.attrs.get('bias') == 1\n"
+        "i = mixer('mla')\n"
+        "j = {'mla': 1}[op.attrs.get('impl')]\n"
+        "k = impl in MLA_IMPLS\n"
+        "l = impl == 'cascade'\n"
+        "match impl:\n"
+        "    case 'gqa': pass\n"
+    )
+    assert mixer_branches(source) == [1, 2, 3, 4, 5, 6, 11, 13]
+
+
+def test_the_traits_follow_the_mixer_s_structure():
+    """On tiny presets of each mixer: a latent KV cache exactly where the layer's attention is MLA (or MLA inside
+    DSA), `--cp-layers mla` exactly on plain MLA, the per-channel gate exactly on KDA; and the mixers
+    keeping a latent are the ones the kernel pricer still names (`MLA_IMPLS`, left to convert)."""
+    from tpplan.cost.kernel_pricer import MLA_IMPLS
+    from tpplan.models.config import load_model
+    from tpplan.models.graph import build_model_graph
+    from tpplan.models.opkinds import mixer
+    from tpplan.models.spec import KDASpec, MLASpec
+
+    seen = set()
+    for name in ("tiny-deepseek-v3", "tiny-deepseek-v32", "tiny-kimi-linear", "tiny-qwen3-next", "tiny-llama"):
+        for layer in build_model_graph(load_model(name)).spec.layers:
+            attn, m = layer.attn, mixer(layer.attn.kind)
+            seen.add(attn.kind)
+            assert m.latent_kv is (isinstance(attn, MLASpec) or isinstance(getattr(attn, "mla", None), MLASpec))
+            assert m.cp_layers_mla is isinstance(attn, MLASpec)
+            assert m.channel_gated is isinstance(attn, KDASpec)
+    assert {"mla", "dsa", "kda", "gqa", "gdn"} <= seen  # each trait met both ways
+    assert {n for n in mixer_names() if mixer(n).latent_kv} == set(MLA_IMPLS)
