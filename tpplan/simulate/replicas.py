@@ -95,7 +95,8 @@ def simulate_routed(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, me
     _check_fits(arrivals, cfg)
     sim = _Routed(arrivals, prices, cfg, mesh)
     sim.run()
-    lines = [sim.reps[r].timelines(r)[rid] for rid, r in enumerate(sim.of)]
+    per = [rep.timelines(r) for r, rep in enumerate(sim.reps)]
+    lines = [per[r][rid] for rid, r in enumerate(sim.of)]
     steps = sorted((b for rep in sim.reps for b in rep.steps), key=lambda b: (b.start_s, b.end_s))
     itl = tuple(g for rep in sim.reps for g in rep.itl)
     shares = tuple(_share(r, sim, lines, rep.steps) for r, rep in enumerate(sim.reps))
