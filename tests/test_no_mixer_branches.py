@@ -29,15 +29,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
 ALLOWED = ("models/", "lower/passes/")  # the registry (and the families that register mixers) and the passes
 
 # module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules; kv_capacity, memo, prose and
-# the `--cp-layers mla` checks of both CP modules converted). What is left dispatches per mixer on something
-# no trait states yet: the CP exchange and execution of each mixer (a `Mixer` CP method would own them), the
-# kernel pricer's per-mixer formulas (cost/ is being restructured) and the offline benchmark shape tables.
+# both CP modules converted: the mixers state their CP method, `Mixer.cp`). What is left dispatches per mixer
+# on what no trait states yet: the kernel pricer's per-mixer formulas (cost/ is being restructured) and the
+# offline benchmark shape tables (one fitted kernel family per mixer).
 PENDING: dict[str, int] = {
     "bench/rank_shapes.py": 4,
     "bench/slice_memory.py": 4,
     "cost/kernel_pricer.py": 5,
-    "layout/context_parallel.py": 6,
-    "runtime/context_parallel.py": 7,
 }
 
 _OPS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
@@ -148,8 +146,9 @@ def test_the_scan_sees_every_way_to_read_a_mixer_name():
 
 def test_the_traits_follow_the_mixer_s_structure():
     """On tiny presets of each mixer: a latent KV cache exactly where the layer's attention is MLA (or MLA inside
-    DSA), `--cp-layers mla` exactly on plain MLA, the per-channel gate exactly on KDA; and the mixers
-    keeping a latent are the ones the kernel pricer still names (`MLA_IMPLS`, left to convert)."""
+    DSA), `--cp-layers mla` exactly on plain MLA, the per-channel gate exactly on KDA; the mixers
+    keeping a latent are the ones the kernel pricer still names (`MLA_IMPLS`, left to convert); the
+    state hand-off is the recurrences' CP method, with the state's shape."""
     from tpplan.cost.kernel_pricer import MLA_IMPLS
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
@@ -166,3 +165,6 @@ def test_the_traits_follow_the_mixer_s_structure():
             assert m.channel_gated is isinstance(attn, KDASpec)
     assert {"mla", "dsa", "kda", "gqa", "gdn"} <= seen  # each trait met both ways
     assert {n for n in mixer_names() if mixer(n).latent_kv} == set(MLA_IMPLS)
+    for n in mixer_names():  # a CP state hand-off knows the state's shape; only recurrences hand one on
+        m = mixer(n)
+        assert (m.cp == "state") is (m.state_dims is not None) is (m.cost == "recurrence"), n

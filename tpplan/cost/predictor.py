@@ -123,8 +123,11 @@ class Predictor:
 
     def _key_of(self, res: LayerResult, index: int | None = None) -> int:
         """The position of `res`'s value among the distinct propagations (added, first at `index`, if new)."""
+        for k, (r, _) in enumerate(self._distinct):  # the same object first: no field compared
+            if r is res:
+                return k
         for k, (r, _) in enumerate(self._distinct):
-            if r is res or r == res:
+            if r.kind == res.kind and r == res:
                 return k
         self._distinct.append((res, index))
         return len(self._distinct) - 1
@@ -373,11 +376,11 @@ def cached_predictor(
 ) -> Predictor:
     """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule, and the set of
     lowering passes, `lower.registry.generation`), all compared by value: the scheduler calls batch_time
-    per batch. The key holds the model's spec and the topology's name; a hit is used only where its graph
-    and topology equal the ones asked for. (A recorded run's implementations, `bench --repredict`, build
-    their own.)"""
+    per batch. The key holds the graph's layer kinds and width and the topology's name (cheap to hash);
+    a hit is used only where its graph and topology equal the ones asked for. (A recorded run's
+    implementations, `bench --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (graph.spec, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
+    key = (graph.layer_kinds, graph.hidden, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
     hit = _CACHE.get(key)
     if hit is not None and hit.graph == graph and hit.topo == topo:
         return hit

@@ -216,50 +216,55 @@ def _producer(lg: LayerGraph, value: str) -> Op | None:
 
 
 def _mixer_exchanges(lg: LayerGraph, op: Op, mesh: Mesh) -> list[CpExchange] | str:
-    """The CP exchanges of one token mixer on `mesh`, or the reason it has none."""
-    impl, tp, recurrence = str(op.attrs.get("impl")), mesh.tp, mesh.cp_recurrence
-    if impl == "gqa":
+    """The CP exchanges of one token mixer on `mesh` (by its mixer's CP method, `Mixer.cp`), or the reason
+    it has none."""
+    m, tp = mixer_of(op), mesh.tp
+    method = m.cp if m is not None else None
+    if method == "kv_all_gather":
         k, v = op.inputs[1], op.inputs[2]
         kv_heads = op.int_attr("kv_heads", op.int_attr("heads", 1))
         share = _per_rank_heads(kv_heads, mesh) / kv_heads
         width = (lg.values[k].width + lg.values[v].width) * share
         return [CpExchange(op.name, "kv_all_gather", "all_gather", (k, v), per_token=width)]
-    if impl == "mla":
+    if method == "latent_all_gather":
         kv_b = _producer(lg, op.inputs[1])
         if kv_b is None or not kv_b.inputs:
             return "its K/V has no producer in the graph, so the latent to gather is unknown"
         latent, rope = kv_b.inputs[0], op.inputs[2]
         width = lg.values[latent].width + lg.values[rope].width  # shared by every head: not split by TP
         return [CpExchange(op.name, "latent_all_gather", "all_gather", (latent, rope), per_token=width)]
-    if impl in ("kda", "gdn"):
-        if impl == "kda":
-            heads, dk, dv = op.int_attr("heads"), op.int_attr("head_dim"), op.int_attr("head_dim")
-        else:
-            heads, dk, dv = op.int_attr("v_heads"), op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
-        h = heads / tp
-        out: list[CpExchange] = []
-        if recurrence == "serial":
-            out.append(CpExchange(op.name, "state_serial", "send_recv", ("state",), per_seq=h * dk * dv,
-                                  elem_bytes=STATE_ELEM_BYTES, chain=mesh.cp - 1))  # fmt: skip
-        else:  # every rank's final state and its chunk's transition (dk x dk per head), all-gathered
-            out.append(CpExchange(op.name, "state_scan", "all_gather", ("state", "transition"),
-                                  per_seq=h * (dk * dv + dk * dk), elem_bytes=STATE_ELEM_BYTES))  # fmt: skip
-        if impl == "gdn":  # GDN's conv runs inside the mixer op on q, k, v
-            kernel = op.int_attr("kernel", 1)
-            channels = (2 * op.int_attr("k_heads") * dk + heads * dv) / tp
-            if kernel > 1:
-                halo = CpExchange(op.name, "conv_halo", "send_recv", ("conv_tail",), per_seq=(kernel - 1) * channels)
-                # serial: the tail rides after the state; scan: the conv needs the halo before the local pass
-                out.insert(len(out) if recurrence == "serial" else 0, halo)
-        return out
-    if impl == "short_conv":
+    if m is not None and method == "state" and m.state_dims is not None:
+        return _state_exchanges(op, m.state_dims(op), m.inner_conv_channels(op), mesh)
+    if method == "conv_halo":
         kernel = op.int_attr("kernel", 1)
         if kernel <= 1:
             return []
         width = lg.values[op.inputs[0]].width / tp
         return [CpExchange(op.name, "conv_halo", "send_recv", (op.inputs[0],), per_seq=(kernel - 1) * width)]
-    return (f"{op.name} ({impl}) has no context-parallel method: tpplan knows K/V or latent all-gather for "
-            "softmax attention and the state hand-off for KDA/GDN; run it without --cp")  # fmt: skip
+    return (f"{op.name} ({op.attrs.get('impl')}) has no context-parallel method: tpplan knows K/V or latent "
+            "all-gather for softmax attention and the state hand-off for KDA/GDN; run it without --cp")  # fmt: skip
+
+
+def _state_exchanges(op: Op, dims: tuple[int, int, int], conv_channels: int, mesh: Mesh) -> list[CpExchange]:
+    """A recurrence's state hand-off (serial chain or scan) and, where the mixer runs a short conv inside
+    the op (`conv_channels`), that conv's halo."""
+    (heads, dk, dv), tp, recurrence = dims, mesh.tp, mesh.cp_recurrence
+    h = heads / tp
+    out: list[CpExchange] = []
+    if recurrence == "serial":
+        out.append(CpExchange(op.name, "state_serial", "send_recv", ("state",), per_seq=h * dk * dv,
+                              elem_bytes=STATE_ELEM_BYTES, chain=mesh.cp - 1))  # fmt: skip
+    else:  # every rank's final state and its chunk's transition (dk x dk per head), all-gathered
+        out.append(CpExchange(op.name, "state_scan", "all_gather", ("state", "transition"),
+                              per_seq=h * (dk * dv + dk * dk), elem_bytes=STATE_ELEM_BYTES))  # fmt: skip
+    kernel = op.int_attr("kernel", 1)
+    if conv_channels and kernel > 1:  # GDN's conv runs inside the mixer op on q, k, v
+        halo = CpExchange(
+            op.name, "conv_halo", "send_recv", ("conv_tail",), per_seq=(kernel - 1) * (conv_channels / tp)
+        )
+        # serial: the tail rides after the state; scan: the conv needs the halo before the local pass
+        out.insert(len(out) if recurrence == "serial" else 0, halo)
+    return out
 
 
 def _split_of(exchanges: list[CpExchange]) -> Split:

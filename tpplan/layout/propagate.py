@@ -193,7 +193,7 @@ def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
                     f"plan '{plan.name}' (tp={n})",
                     f"{named} do not divide over {n} ranks for all-to-all expert parallelism",
                     "use a TP/EP size that divides the expert count, or redundant experts that make it divide "
-                    f"(<plan>+redundant{-experts % n}, --ep-num-redundant-experts)",
+                    f"(<plan>+redundant{-experts % n}, or redundant_experts={-experts % n})",
                 )
             elif plan.moe == "tp" and op.split_heads % n:
                 raise TpplanError(

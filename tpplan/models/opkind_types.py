@@ -151,6 +151,15 @@ class Mixer:
     # A recurrence whose state decays by a per-channel gate (Kimi Delta Attention; Gated DeltaNet's gate is
     # one scalar per head): SGLang's `uses_kda_attention` keys its prefill CUDA graph default on it.
     channel_gated: bool = False
+    # How context parallelism splits it (`layout.context_parallel`, `runtime.context_parallel`):
+    # "kv_all_gather" (every key's K/V gathered: GQA), "latent_all_gather" (MLA's latent and rope key
+    # gathered, K/V expanded on each rank), "state" (the recurrent state handed on: KDA, GDN),
+    # "conv_halo" (the kernel - 1 rows before a rank's chunk: short conv); None: no CP method modelled.
+    cp: str | None = None
+    # A recurrence's state of one op per head, (heads, dk, dv), and the channels of a short conv run
+    # inside the op (GDN's, on q, k, v) whose tail CP hands on with the state; 0: none.
+    state_dims: Callable[[Op], tuple[int, int, int]] | None = None
+    inner_conv_channels: Callable[[Op], int] = lambda op: 0
 
 
 _MIXERS: dict[str, Mixer] = {}

@@ -42,7 +42,7 @@ from tpplan.layout.context_parallel import Split, audit_cp, model_split, rank_po
 from tpplan.lower.schedule import CpCall
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op
-from tpplan.models.opkinds import op_kind
+from tpplan.models.opkinds import mixer_of, op_kind
 from tpplan.runtime import kernels as K
 from tpplan.runtime.executor import (
     ExecContext,
@@ -89,26 +89,25 @@ class _Mixers:
     # -- token mixers --------------------------------------------------------------------------
     def _mix(self, lg: LayerGraph, op: Op, env: Mapping[str, Tensor], ins: list[Tensor], w: Mapping[str, Tensor],
              ctx: ExecContext) -> Tensor:  # fmt: skip
-        impl = str(op.attrs.get("impl"))
-        if impl == "gqa":
+        m = mixer_of(op)
+        method = m.cp if m is not None else None  # the mixer's CP method (`Mixer.cp`)
+        if method == "kv_all_gather":
             k, v = ins[1], ins[2]
             kv = self._gather(torch.cat([k, v], dim=1), op, f"{op.inputs[1]}+{op.inputs[2]}")
             full = [self._place(ins[0]), kv[:, : k.shape[1]], kv[:, k.shape[1] :]]
             return execute_op(op, full, w, {}, self.full_ctx)[self._mine()]
-        if impl == "mla":
+        if method == "latent_all_gather":
             kv_b = next(o for o in lg.ops if o.output == op.inputs[1])
             latent, rope = env[kv_b.inputs[0]], ins[2]
             both = self._gather(torch.cat([latent, rope], dim=1), op, f"{kv_b.inputs[0]}+{op.inputs[2]}")
             lat_full, rope_full = both[:, : latent.shape[1]], both[:, latent.shape[1] :]
             kv_full = execute_op(kv_b, [lat_full], self._weights_of(kv_b), {}, self.full_ctx)
             return execute_op(op, [self._place(ins[0]), kv_full, rope_full], w, {}, self.full_ctx)[self._mine()]
-        if impl == "short_conv":
+        if method == "conv_halo":
             return execute_op(op, ins, w, self._halo(op, ins[0]), ctx)
-        if impl == "kda" and self.recurrence == "scan":
-            return self._scan(op, ins, w, ctx)
-        if impl == "gdn" and self.recurrence == "scan":
-            return self._scan_gdn(op, ins, w, ctx)
-        if impl in ("kda", "gdn"):
+        if m is not None and method == "state" and self.recurrence == "scan":  # KDA's per-channel gate, or GDN's
+            return self._scan(op, ins, w, ctx) if m.channel_gated else self._scan_gdn(op, ins, w, ctx)
+        if m is not None and method == "state":
             state = self._receive_state(op, ins[0])
             out = execute_op(op, ins, w, state, ctx)
             if self.rank + 1 < self.cp:
@@ -116,7 +115,7 @@ class _Mixers:
                     if key in state:
                         dist.send(state[key].contiguous(), self._peer(self.rank + 1))
             return out
-        raise TpplanError(f"cp={self.cp}", f"{op.name} ({impl}) has no CP execution", "run without CP")
+        raise TpplanError(f"cp={self.cp}", f"{op.name} ({op.attrs.get('impl')}) has no CP execution", "run without CP")
 
     def _scan(self, op: Op, ins: list[Tensor], w: Mapping[str, Tensor], ctx: ExecContext) -> Tensor:
         """KDA by the two-pass scan. The delta rule is linear in (initial state, v) jointly, so
@@ -245,15 +244,12 @@ class _Mixers:
             return {}
         tp = self.tp
         shapes: dict[str, tuple[tuple[int, ...], Any]]
-        if op.attrs["impl"] == "kda":
-            heads, d = op.int_attr("heads"), op.int_attr("head_dim")
-            shapes = {"recurrent": ((heads // tp, d, d), torch.float32)}
-        else:
-            dk, dv = op.int_attr("k_head_dim"), op.int_attr("v_head_dim")
-            kh, vh = op.int_attr("k_heads"), op.int_attr("v_heads")
-            shapes = {"recurrent": ((vh // tp, dk, dv), torch.float32)}
-            if op.int_attr("kernel", 1) > 1:
-                shapes["conv"] = ((op.int_attr("kernel") - 1, (2 * kh * dk + vh * dv) // tp), like.dtype)
+        m = mixer_of(op)
+        assert m is not None and m.state_dims is not None  # a recurrence handing on its state
+        (heads, dk, dv), conv = m.state_dims(op), m.inner_conv_channels(op)
+        shapes = {"recurrent": ((heads // tp, dk, dv), torch.float32)}
+        if conv and op.int_attr("kernel", 1) > 1:  # GDN's conv tail, run inside the op
+            shapes["conv"] = ((op.int_attr("kernel") - 1, conv // tp), like.dtype)
         state: dict[str, Tensor] = {}
         for key, (shape, dt) in shapes.items():
             buf = torch.empty(shape, dtype=dt, device=like.device)

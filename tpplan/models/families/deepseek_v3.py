@@ -229,7 +229,7 @@ def mla_kv_bytes(attn: MLASpec, shards: int, b: float) -> float:
 register_mixer(
     Mixer(
         "mla", "attention", run_mla, build=build_mla, params=lambda op, nu: {}, kv_bytes=mla_kv_bytes,
-        latent_kv=True, cp_layers_mla=True,
+        latent_kv=True, cp_layers_mla=True, cp="latent_all_gather",
     )
 )  # fmt: skip
 

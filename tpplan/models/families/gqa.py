@@ -183,8 +183,11 @@ def gqa_kv_bytes(attn: GQASpec, shards: int, b: float) -> float:
 
 
 register_mixer(
-    Mixer("gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_params, cuts=_gqa_cuts, kv_bytes=gqa_kv_bytes)
-)
+    Mixer(
+        "gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_params, cuts=_gqa_cuts, kv_bytes=gqa_kv_bytes,
+        cp="kv_all_gather",
+    )
+)  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------
 # Config

@@ -49,6 +49,7 @@ register_mixer(
         "elementwise",
         lambda op, inputs, w, state, ctx, K: K.short_conv(inputs[0], w["weight"], state),
         cuts=_conv_cuts,
+        cp="conv_halo",
     )
 )
 
@@ -224,7 +225,8 @@ def _kda_state_bytes(attn: KDASpec, shards: int, b: float, state_bytes: float) -
 register_mixer(
     Mixer(
         "kda", "recurrence", _kda_run, build=build_kda, params=_kda_params, cuts=_kda_cuts,
-        state_bytes=_kda_state_bytes, channel_gated=True,
+        state_bytes=_kda_state_bytes, channel_gated=True, cp="state",
+        state_dims=lambda op: (op.int_attr("heads"), op.int_attr("head_dim"), op.int_attr("head_dim")),
     )
 )  # fmt: skip
 

@@ -137,7 +137,11 @@ def _gdn_state_bytes(attn: GDNSpec, shards: int, b: float, state_bytes: float) -
 register_mixer(
     Mixer(
         "gdn", "recurrence", _gdn_run, build=build_gdn, params=_gdn_params, cuts=_gdn_cuts,
-        state_bytes=_gdn_state_bytes,
+        state_bytes=_gdn_state_bytes, cp="state",
+        state_dims=lambda op: (op.int_attr("v_heads"), op.int_attr("k_head_dim"), op.int_attr("v_head_dim")),
+        inner_conv_channels=lambda op: (
+            2 * op.int_attr("k_heads") * op.int_attr("k_head_dim") + op.int_attr("v_heads") * op.int_attr("v_head_dim")
+        ),
     )
 )  # fmt: skip
 
