@@ -13,6 +13,7 @@ from tpplan.engines.schema import RouterRule
 from tpplan.mesh import Mesh
 from tpplan.simulate.disagg_loop import SGLANG_RULE, VLLM_RULE, PoolLoop, router_sources, simulate_disaggregated
 from tpplan.simulate.loop import LoopConfig
+from tpplan.simulate.loop import simulate as simulate_dealt
 from tpplan.simulate.replicas import simulate, simulate_routed
 from tpplan.simulate.requests import ClosedLoop, Request, Timed
 from tpplan.simulate.routing import Router
@@ -145,7 +146,7 @@ def test_replicas_least_loaded_beats_round_robin_on_ttft() -> None:
     idle replica (1 s) and the fourth, at a tie, after it (1.9 s)."""
     reqs = Timed((req(0, 400), req(1, 100), req(2, 100, t=1.5), req(3, 100, t=1.6)))
     two = Mesh(1, replicas=2)
-    rr = simulate(reqs, steps_of, LoopConfig(100), two)
+    rr = simulate_dealt(reqs, steps_of, LoopConfig(100), two)
     ll = simulate(reqs, steps_of, LoopConfig(100, router="least_loaded"), two)
     assert [t.ttft_s for t in rr.timelines] == pytest.approx([4.0, 1.0, 3.5, 1.0])
     assert [t.ttft_s for t in ll.timelines] == pytest.approx([4.0, 1.0, 1.0, 1.9])
@@ -158,7 +159,7 @@ def test_replicas_least_loaded_equals_round_robin_on_alike_prompts() -> None:
     frees the replica its client's next one then goes to, as the dealt split assumes."""
     reqs = ClosedLoop(4, tuple(Request(i, 0.0, 100, 3) for i in range(8)))
     two = Mesh(1, replicas=2)
-    rr = simulate(reqs, steps_of, LoopConfig(200, decode=True), two)
+    rr = simulate_dealt(reqs, steps_of, LoopConfig(200, decode=True), two)
     ll = simulate(reqs, steps_of, LoopConfig(200, decode=True, router="least_loaded"), two)
     assert [t.ttft_s for t in ll.timelines] == pytest.approx([t.ttft_s for t in rr.timelines])
     assert [t.done_s for t in ll.timelines] == pytest.approx([t.done_s for t in rr.timelines])
@@ -180,7 +181,7 @@ def test_the_routed_co_simulation_reproduces_the_dealt_loop_under_round_robin() 
     closed = ClosedLoop(4, tuple(Request(i, 0.0, 200, 5) for i in range(12)))
     for reqs, r in ((timed, 3), (closed, 2)):
         cfg = LoopConfig(256, decode=True)
-        dealt = simulate(reqs, steps_of, cfg, Mesh(1, replicas=r))
+        dealt = simulate_dealt(reqs, steps_of, cfg, Mesh(1, replicas=r))
         routed = simulate_routed(reqs, steps_of, cfg, Mesh(1, replicas=r))
         assert [t.ttft_s for t in routed.timelines] == pytest.approx([t.ttft_s for t in dealt.timelines])
         assert [t.done_s for t in routed.timelines] == pytest.approx([t.done_s for t in dealt.timelines])

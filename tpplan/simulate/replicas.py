@@ -1,8 +1,10 @@
-"""Replicas behind a load-aware router (`LoopConfig.router` other than round-robin; vLLM's DP client picks the
-least-loaded engine): every replica's loop and the router in one co-simulation (`simulate.cosim`), so that
-the router picks at the moment a request reaches it, from the requests then in flight at each replica, and
-a closed-loop client's next request may go to any replica. Round-robin needs no co-simulation: its picks do
-not depend on timing (`simulate.loop.simulate` deals the requests out beforehand). `simulate` here picks."""
+"""Replicas behind the engine's router (`LoopConfig.router`: SGLang's DP controller deals round-robin, vLLM's
+DP client picks the least-loaded engine): every replica's loop and the router in one co-simulation
+(`simulate.cosim`), so that the router picks at the moment a request reaches it, from the requests then in
+flight at each replica, and a closed-loop client's next request may go to any replica. The dealt loop
+(`simulate.loop.simulate`: client c pinned to replica c mod R, as the cost model's `replica_workloads`) equals
+it on timed arrivals and on alike prompts with R dividing C under round-robin, not on a closed loop of mixed
+prompts (tests/simulate/test_routing.py)."""
 
 from __future__ import annotations
 
@@ -81,9 +83,9 @@ class _Routed(CoSim):
 
 
 def simulate(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, mesh: Mesh | None = None) -> LoopResult:
-    """The serving loop over the mesh's replicas as the engine's replica router spreads the requests: dealt
-    beforehand (`simulate.loop.simulate`) for round-robin or one replica, else `simulate_routed`."""
-    if mesh is None or mesh.replicas == 1 or cfg.router == "round_robin":
+    """The serving loop over the mesh's replicas as the engine's replica router spreads the requests
+    (`simulate_routed`; one replica: `simulate.loop.simulate`)."""
+    if mesh is None or mesh.replicas == 1:
         return dealt(arrivals, prices, cfg, mesh)
     return simulate_routed(arrivals, prices, cfg, mesh)
 
@@ -95,7 +97,8 @@ def simulate_routed(arrivals: Arrivals, prices: StagePrices, cfg: LoopConfig, me
     _check_fits(arrivals, cfg)
     sim = _Routed(arrivals, prices, cfg, mesh)
     sim.run()
-    lines = [sim.reps[r].timelines(r)[rid] for rid, r in enumerate(sim.of)]
+    per = [rep.timelines(r) for r, rep in enumerate(sim.reps)]
+    lines = [per[r][rid] for rid, r in enumerate(sim.of)]
     steps = sorted((b for rep in sim.reps for b in rep.steps), key=lambda b: (b.start_s, b.end_s))
     itl = tuple(g for rep in sim.reps for g in rep.itl)
     shares = tuple(_share(r, sim, lines, rep.steps) for r, rep in enumerate(sim.reps))
