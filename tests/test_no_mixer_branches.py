@@ -28,14 +28,15 @@ from tpplan.models.opkinds import mixer_names
 PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
 ALLOWED = ("models/", "lower/passes/")  # the registry (and the families that register mixers) and the passes
 
-# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules; kv_capacity, memo, prose and
-# both CP modules converted: the mixers state their CP method, `Mixer.cp`). What is left dispatches per mixer
-# on what no trait states yet: the kernel pricer's per-mixer formulas (cost/ is being restructured) and the
-# offline benchmark shape tables (one fitted kernel family per mixer).
+# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules; kv_capacity, memo, prose, both
+# CP modules (the mixers state their CP method, `Mixer.cp`) and the latent/state checks of the kernel pricer and
+# bench/slice_memory converted). What is left dispatches per mixer on what no trait states yet: the kernel
+# pricer's decode and AIC formulas (DSA's top-k, GQA's decode fit, AIC's MLA op) and the offline benchmark shape
+# tables (one fitted kernel family per mixer).
 PENDING: dict[str, int] = {
     "bench/rank_shapes.py": 4,
-    "bench/slice_memory.py": 4,
-    "cost/kernel_pricer.py": 5,
+    "bench/slice_memory.py": 2,
+    "cost/kernel_pricer.py": 4,
 }
 
 _OPS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
@@ -145,26 +146,31 @@ def test_the_scan_sees_every_way_to_read_a_mixer_name():
 
 
 def test_the_traits_follow_the_mixer_s_structure():
-    """On tiny presets of each mixer: a latent KV cache exactly where the layer's attention is MLA (or MLA inside
-    DSA), `--cp-layers mla` exactly on plain MLA, the per-channel gate exactly on KDA; the mixers
-    keeping a latent are the ones the kernel pricer still names (`MLA_IMPLS`, left to convert); the
-    state hand-off is the recurrences' CP method, with the state's shape."""
-    from tpplan.cost.kernel_pricer import MLA_IMPLS
+    """On tiny presets of each mixer: a latent KV cache exactly where the layer's attention is MLA (or MLA
+    inside DSA), and on the ops that read that latent; `--cp-layers mla` exactly on plain MLA; the
+    per-channel gate exactly on KDA; the state hand-off is the recurrences' CP method, with the state's
+    shape."""
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
-    from tpplan.models.opkinds import mixer
+    from tpplan.models.opkinds import mixer, mixer_of
     from tpplan.models.spec import KDASpec, MLASpec
 
-    seen = set()
+    seen, latent_ops = set(), set()
     for name in ("tiny-deepseek-v3", "tiny-deepseek-v32", "tiny-kimi-linear", "tiny-qwen3-next", "tiny-llama"):
-        for layer in build_model_graph(load_model(name)).spec.layers:
-            attn, m = layer.attn, mixer(layer.attn.kind)
+        graph = build_model_graph(load_model(name))
+        for lg in graph.kinds.values():
+            attn, m = lg.spec.attn, mixer(lg.spec.attn.kind)
             seen.add(attn.kind)
-            assert m.latent_kv is (isinstance(attn, MLASpec) or isinstance(getattr(attn, "mla", None), MLASpec))
+            latent = isinstance(attn, MLASpec) or isinstance(getattr(attn, "mla", None), MLASpec)
+            assert m.latent_kv is latent
             assert m.cp_layers_mla is isinstance(attn, MLASpec)
             assert m.channel_gated is isinstance(attn, KDASpec)
-    assert {"mla", "dsa", "kda", "gqa", "gdn"} <= seen  # each trait met both ways
-    assert {n for n in mixer_names() if mixer(n).latent_kv} == set(MLA_IMPLS)
+            for op in lg.ops:
+                mx = mixer_of(op)
+                if mx is not None and mx.latent_kv:
+                    assert latent and "kv_latent" in lg.values, (name, op.name)
+                    latent_ops.add(mx.name)
+    assert {"mla", "dsa", "kda", "gqa", "gdn"} <= seen and latent_ops == {"mla", "mla_dsa"}  # met both ways
     for n in mixer_names():  # a CP state hand-off knows the state's shape; only recurrences hand one on
         m = mixer(n)
         assert (m.cp == "state") is (m.state_dims is not None) is (m.cost == "recurrence"), n

@@ -51,6 +51,7 @@ CASES = [
     ("tiny-qwen3-next", 2, SpaceOptions(replicate=False)),  # two layer kinds, EP and a2a MoE
     ("tiny-deepseek-v3", 4, SpaceOptions(replicate=False, a2a=False, gather_for=False)),  # dense + MoE kinds
     ("tiny-kimi-k3", 2, SpaceOptions(replicate=False, token_shard=False, gather_for=False)),  # three kinds
+    ("tiny-qwen3-moe", 2, SpaceOptions(redundant_experts=2)),  # EP/a2a with redundant experts (issue 32)
 ]
 
 
@@ -64,7 +65,7 @@ def brute_audits(model: str, n: int, opts: SpaceOptions):
     """Every plan of the full product of knobs, audited whole (no decomposition)."""
     graph = graph_of(model)
     out = []
-    for g in global_choices(graph, n, streams=opts.streams):
+    for g in global_choices(graph, n, streams=opts.streams, redundant_experts=opts.redundant_experts):
         if g.moe not in opts.moe_modes or g.reduce not in opts.reduces:
             continue
         leaves = [[cfg for cfg, _ in enumerate_kind(lg, g, n, opts)] for lg in graph.kinds.values()]

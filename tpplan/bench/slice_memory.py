@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.cost.workload import Workload
+from tpplan.models.opkinds import mixer_of
 from tpplan.models.spec import MoESpec
 
 RESERVE = 0.25  # of the card: activations (attention blocks, expert rows), the CUDA context, fragmentation
-MLA_IMPLS = ("mla", "mla_dsa", "dsa")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ def cache_bytes_per_token(sl: ModelSlice, dtype_bytes: int) -> float:
             impl = str(op.attrs.get("impl"))
             lg = g.kinds[kind]
             widths = [lg.values[v].width for v in op.inputs]
-            if impl in MLA_IMPLS:  # q [n(nope+rope)], kv [n(nope+v)], k_rope [rope]: keys n(nope+rope), values n*v
+            if (mx := mixer_of(op)) is not None and mx.latent_kv:
+                # q [n(nope+rope)], kv [n(nope+v)], k_rope [rope]: keys n(nope+rope), values n*v
                 heads = op.int_attr("heads", 1)
                 nope = widths[0] // heads - widths[2]
                 out += (widths[0] + widths[1] - heads * nope) * dtype_bytes
@@ -82,7 +83,7 @@ def state_bytes(sl: ModelSlice) -> float:
     g = sl.graph
     for kind in g.layer_kinds:
         for op in g.kinds[kind].ops:
-            if str(op.attrs.get("impl")) in ("kda", "gdn"):
+            if (mx := mixer_of(op)) is not None and mx.state_dims is not None:  # a recurrence: KDA, GDN
                 heads = op.int_attr("v_heads", op.int_attr("heads", 1))
                 d = op.int_attr("head_dim", 128)
                 out += 4.0 * heads * d * d

@@ -53,6 +53,17 @@ RedundantExpertsOpt = Annotated[
     ),
 ]
 
+SearchRedundantExpertsOpt = Annotated[
+    int,
+    typer.Option(
+        "--ep-num-redundant-experts",
+        min=0,
+        help="Redundant routed experts in every EP and all-to-all plan searched, as SGLang's flag (vLLM: EPLB's "
+        "num_redundant_experts): experts + N physical experts, an equal share per rank, so an EP size that divides "
+        "that count is searched too; TP-MoE plans hold none (default 0)",
+    ),
+]
+
 
 def redundant_plans(plans: list[str] | None, count: int) -> list[str] | None:
     """The --plan names with `count` redundant experts (`<plan>+redundant<count>`,

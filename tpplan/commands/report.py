@@ -14,6 +14,7 @@ from tpplan.commands._options import (
     GpuOpt,
     ModelOpt,
     NodesOpt,
+    SearchRedundantExpertsOpt,
     check_json_target,
     emit_json,
     json_option,
@@ -166,6 +167,7 @@ def register(app: typer.Typer) -> None:
         gpus: GpusOpt = None,
         pd: RankPdOpt = True,
         spec: SpecOpt = None,
+        ep_num_redundant_experts: SearchRedundantExpertsOpt = 0,
     ) -> None:
         """Write the decision memo: verdict per plan with reasons and formulas, plots, next steps, engine flags;
         under --ttft-target/--tpot-target a Serving section with the deployment(s) chosen and their launch lines."""
@@ -233,6 +235,7 @@ def register(app: typer.Typer) -> None:
             engines=tuple(engine or ()),
             overlap=None if overlap is None else overlap.value,
             dp_attention=dp_attention,
+            redundant_experts=ep_num_redundant_experts,
             server=ServerSettings(prefill_cp=prefill_cp, data_parallel=dp),
             arrival=arrival,
             bench=results,
@@ -244,7 +247,8 @@ def register(app: typer.Typer) -> None:
                 say("serving each deployment under the targets")
                 analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps, speculative,
                                         dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers, cp_kv=cp_kv,
-                                        memory_cap_gib=memory_cap_value(memory_cap))  # fmt: skip
+                                        memory_cap_gib=memory_cap_value(memory_cap),
+                                        redundant_experts=ep_num_redundant_experts)  # fmt: skip
             data = memo_data(analysis, command, graph, wls[0], ask, speculative) if json_target else None
             say("writing report.md, report.html and the plots")
             path = write_memo(build_memo(analysis, command), out)

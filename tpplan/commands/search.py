@@ -21,6 +21,7 @@ from tpplan.commands._options import (
     EngineOpt,
     GpuOpt,
     NodesOpt,
+    SearchRedundantExpertsOpt,
     check_json_target,
     emit_json,
     json_option,
@@ -189,6 +190,7 @@ def register(app: typer.Typer) -> None:
         gpus: GpusOpt = None,
         pd: RankPdOpt = True,
         spec: SpecOpt = None,
+        ep_num_redundant_experts: SearchRedundantExpertsOpt = 0,
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them; under --ttft-target and/or
         --tpot-target, serve each deployment's best with decode and rank them by goodput per GPU."""
@@ -244,6 +246,7 @@ def register(app: typer.Typer) -> None:
                 overlap=None if overlap is None else overlap.value,
                 progress=say,
                 every_deployment=targets is not None,
+                redundant_experts=ep_num_redundant_experts,
             )
             under = None
             if targets is not None and wl is not None:

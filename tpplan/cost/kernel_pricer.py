@@ -40,11 +40,9 @@ from tpplan.lower.program import KernelCall
 from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op
-from tpplan.models.opkinds import cost_class, kernel_key, op_kind
+from tpplan.models.opkinds import cost_class, kernel_key, mixer_of, op_kind
 from tpplan.models.quant import WeightFormat
 from tpplan.placement import S_TOK
-
-MLA_IMPLS = ("mla", "mla_dsa", "dsa")  # attention impls whose cache is MLA's latent (absorbed in decode)
 
 # Named assumptions (docs/cost-model.md). The roofline efficiencies belong to a GPU model
 # (`GpuSpec.attn_efficiency`, `recurrence_efficiency`); their defaults are re-exported here.
@@ -447,7 +445,7 @@ class KernelPricer:
         part, share = (share, 1.0) if own else (1.0, share)  # own: `part` of the requests, every head
         heads = max(1, round(op.int_attr("heads", 1) * share))
         m = self.models
-        if impl in MLA_IMPLS and "kv_latent" in lg.values:
+        if (mx := mixer_of(op)) is not None and mx.latent_kv and "kv_latent" in lg.values:  # absorbed in decode
             lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
             # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
             topk = lg.values[op.inputs[3]].width if impl == "mla_dsa" and len(op.inputs) > 3 else None
@@ -495,7 +493,6 @@ __all__ = [
     "ATTN_EFFICIENCY",
     "EXPERT_M_TILE",
     "KERNEL_FLOOR_S",
-    "MLA_IMPLS",
     "RECURRENCE_EFFICIENCY",
     "KernelPricer",
     "kernel_dtype",

@@ -85,13 +85,18 @@ class Pricer:
         ctx = replace(ctx, results=(result,), plan=plan if plan is not None else ctx.plan)
         return lower_layer(ctx, 0), ctx
 
-    def op_time(self, lg: LayerGraph, d: OpDecision, segs: Segments, mesh: Mesh | None = None) -> OpTime:
+    def op_time(
+        self, lg: LayerGraph, d: OpDecision, segs: Segments, mesh: Mesh | None = None, redundant_experts: int = 0
+    ) -> OpTime:
         """One op of one layer as decided (`d.split` is the MoE mode for routed experts), for one batch of
         `segs`: its kernel step and the extra passes the CP pass adds of it (a recurrence's scan correction
         or serial wait, `--cp-layers mla`'s K/V expansion), priced as `predict_plan` prices them. `mesh`:
-        the deployment with the EP size (`Mesh.ep`) routed experts split EP run at (default the pricer's)."""
+        the deployment with the EP size (`Mesh.ep`) routed experts split EP run at (default the pricer's);
+        `redundant_experts`: the copies beside them under EP or all-to-all (`Plan.redundant_experts`)."""
         ep = (mesh or self.deployment).ep
         plan = self._base.plan.with_(moe="ep", ep_size=ep) if d.split == "ep" else None
+        if redundant_experts and d.split in ("ep", "a2a"):
+            plan = (plan or self._base.plan).with_(redundant_experts=redundant_experts)
         layer, ctx = self.fragment(LayerResult(lg.kind, self.tp, decisions=[d]), segs, plan)
         local = ctx.local_segments
         t, pairs, cached = batch_pairs(local)  # segs: a windowed/chunked mask's pairs

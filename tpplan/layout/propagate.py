@@ -141,7 +141,8 @@ def moe_weight_columns(experts_per_rank: int, act_bytes: int) -> int:
     return experts_per_rank * ROUTING_WEIGHT_BYTES // act_bytes
 
 
-def _weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan: Plan) -> int:
+def weight_elements(op: Op, split: str, n: int, out_placement: Placement, plan: Plan) -> int:
+    """Weight elements one of `n` ranks holds of `op` placed as `split` (routed experts: `plan`'s physical ones)."""
     numel = op.weight_numel
     if not numel:
         return 0
@@ -377,7 +378,7 @@ class LayerWalk:
                 strat,
                 tuple(received),
                 _share(op, strat, n, str(split)) if legal else 1.0,
-                _weight_elements(op, str(split), n, out, plan),
+                weight_elements(op, str(split), n, out, plan),
                 legal,
             )
         )

@@ -20,7 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    model_serializer,
+    model_validator,
+)
 
 from tpplan.errors import TpplanError, validated
 from tpplan.inputs import NAME_CHARS, load_json
@@ -60,6 +68,16 @@ class Decisions(_Strict):
     bank: Literal["R", "S(tok)"] | None = None  # K3's attention-residual bank (None: with the stream)
     # an engine's micro-batch overlap (tpplan.engines.overlap) or async TP's fused GEMMs (tpplan.engines.async_tp)
     overlap: Literal["tbo", "dbo", "asynctp"] | None = None
+    # redundant copies beside the routed experts (`tpplan.engines.redundant_experts`); written only where > 0
+    redundant_experts: Annotated[StrictInt, Field(ge=0)] = 0
+
+    @model_serializer(mode="wrap")
+    def _without_no_copies(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """A file of a plan without redundant experts reads as files did before the field."""
+        out: dict[str, object] = handler(self)
+        if not self.redundant_experts:
+            out.pop("redundant_experts", None)
+        return out
 
     @model_validator(mode="after")
     def _ep_needs_its_size(self) -> Self:
@@ -69,6 +87,8 @@ class Decisions(_Strict):
             raise ValueError('moe "ep" needs ep_size (the number of expert groups, at least 1)')
         if self.moe != "ep" and self.ep_size is not None:
             raise ValueError(f'ep_size {self.ep_size} is given but moe is "{self.moe}", not "ep"')
+        if self.redundant_experts and self.moe == "tp":
+            raise ValueError(f'redundant_experts {self.redundant_experts} needs moe "ep" or "a2a", not "tp"')
         return self
 
 
@@ -153,6 +173,7 @@ def plan_file_data(plan: Plan, graph: ModelGraph, found_for: dict[str, object], 
             "dp_attention": plan.dp_attention,
             "bank": plan.bank.value if plan.bank is not None else None,
             "overlap": plan.overlap,
+            "redundant_experts": plan.redundant_experts,
         }
     )
     return PlanFile(
@@ -236,6 +257,7 @@ def load_plan_file(path: str, graph: ModelGraph, n: int) -> Plan:
         fold=frozenset(d.fold),
         moe=moe,
         ep_size=d.ep_size,
+        redundant_experts=d.redundant_experts,
         dp_attention=d.dp_attention,
         bank=_placement(d.bank) if d.bank is not None else None,
         overlap=d.overlap,

@@ -104,6 +104,7 @@ def load_search() -> SearchFn:
         audits: Audits | None = None,
         overlap: OverlapName | None = None,
         dp_attention: bool = False,
+        redundant_experts: int = 0,
     ) -> Searched:
         outcome = search_plans(
             graph,
@@ -117,6 +118,7 @@ def load_search() -> SearchFn:
             audits=audits,
             overlap=overlap,
             dp_attention=dp_attention,
+            redundant_experts=redundant_experts,
         )
         found = [Found(r.plan, r.tp, r.pp, r.rank or i, r.cp, r.score, r.replicas)
                  for i, r in enumerate(outcome.ranked, 1)]  # fmt: skip
@@ -428,7 +430,7 @@ def _search(m: _Memo, finder: SearchFn | None, variants: list[Variant]) -> tuple
     searched = finder(m.graph, m.topology, m.workloads[0] if m.workloads else None, ask=ask.deployment,
                       dtype=m.dtype, expert_dtype=m.expert_dtype, memory_cap_gib=ask.memory_cap_gib,
                       top=ask.search_top, audits=m.audits, overlap=ask.overlap,
-                      dp_attention=ask.dp_attention)  # fmt: skip
+                      dp_attention=ask.dp_attention, redundant_experts=ask.redundant_experts)  # fmt: skip
     return searched.grid, add_found(m.scope, variants, searched.found)
 
 

@@ -35,11 +35,12 @@ class MemoAsk:
     is the memo's main TP, else a saved plan's or the whole topology). `plans`: the plans to compare (empty:
     every named plan and those the engines run on the model class); `current`: today's deployment, the
     reference of every verdict. `memory_cap_gib` as `tpplan search --memory-cap`; `engines`: the `--engine`
-    versions (empty: each engine's current release; the first names the deployed one); `overlap` and
-    `dp_attention` widen the search as there. `arrival`: the serving loop's arrival process (None: each
-    workload's closed loop). `bench`: measured results to set beside the predictions. `search_top`: how
-    many of the search's plans join (0: no search); `prompt_lengths` the lengths each deployment's plan is
-    priced at (None: not); `crossover_tokens` the token counts of the thresholds (None: the default)."""
+    versions (empty: each engine's current release; the first names the deployed one); `overlap`,
+    `dp_attention` and `redundant_experts` shape the search as there. `arrival`: the serving loop's arrival
+    process (None: each workload's closed loop). `bench`: measured results to set beside the predictions.
+    `search_top`: how many of the search's plans join (0: no search); `prompt_lengths` the lengths each
+    deployment's plan is priced at (None: not); `crossover_tokens` the token counts of the thresholds (None: the
+    default)."""
 
     deployment: MeshAsk = field(default_factory=MeshAsk)
     dtype: str = "bf16"
@@ -50,6 +51,7 @@ class MemoAsk:
     engines: tuple[str, ...] = ()
     overlap: OverlapName | None = None
     dp_attention: bool = False
+    redundant_experts: int = 0  # copies beside the experts in the search's EP plans (`tpplan search` option)
     server: ServerSettings = field(default_factory=ServerSettings)
     arrival: Arrival | None = None
     bench: BenchResults | None = None

@@ -18,7 +18,7 @@ from tpplan.audit import Audits
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
-from tpplan.layout.propagate import LayerWalk
+from tpplan.layout.propagate import LayerWalk, weight_elements
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
 from tpplan.placement import P, Placement, R
@@ -133,7 +133,7 @@ def search(
     order = graph.layer_kinds
     globs = [
         gc
-        for gc in global_choices(graph, n, streams=opts.streams)
+        for gc in global_choices(graph, n, streams=opts.streams, redundant_experts=opts.redundant_experts)
         if gc.reduce in opts.reduces and gc.moe in opts.moe_modes
     ]
     solvers = {kind: KindSolver(lg, n, objective, k, opts, nbytes) for kind, lg in graph.kinds.items()}
@@ -226,14 +226,17 @@ def _reprice(
 ) -> KindFront:
     """EP without all-to-all places experts like TP as far as placements go (every rank sees every
     token, outputs partial sums); only the experts op's price changes, by the same amount in
-    every config, so the TP front shifted by that amount is the EP front."""
+    every config, so the TP front shifted by that amount is the EP front (its weight: `g`'s physical experts,
+    redundant copies included)."""
     out: dict[Placement, list[_Partial]] = {}
+    plan = make_search_plan(g, [])
     for e, parts in front.by_exit.items():
         new = []
         for p in parts:
             d = p.experts
             assert d is not None  # a kind with experts: every branch walked its experts op
-            shift = obj.op_cost(lg.kind, replace(d, split=g.moe), n, g)
+            held = weight_elements(d.op, g.moe, n, d.strategy.output, plan)
+            shift = obj.op_cost(lg.kind, replace(d, split=g.moe, weight_elements_per_rank=held), n, g)
             back = obj.op_cost(lg.kind, d, n, base)
             delta = Cost(shift.score - back.score, shift.memory - back.memory)
             new.append(_Partial(p.cost + delta, p.cfg, p.walk, d))

@@ -47,7 +47,7 @@ def describe(g: GlobalChoice, configs: Sequence[KindConfig], has_moe: bool = Tru
     short = "; ".join(f"{labels[v]} {', '.join(groups[v])}" for v in ("ag", "rep", "a2a", "tok") if groups[v])
     moe_words = {"tp": "MoE experts tensor-parallel", "a2a": "MoE all-to-all dispatch/combine"}.get(
         g.moe, f"MoE expert-parallel EP{g.ep_size} without all-to-all"
-    )
+    ) + (f", {g.redundant_experts} redundant experts" if g.redundant_experts else "")
     head = (
         "Residual stream token-sharded (block outputs reduce-scattered)"
         if g.stream is S_TOK
@@ -78,7 +78,8 @@ def behaviour(pa: PlanAudit) -> Behaviour:
             seen[id(r)] = hit
         return hit
 
-    return (p.moe, p.ep_size if p.moe == "ep" else None, p.overlap, tuple(layer(r) for r in pa.layer_results))
+    ep = p.ep_size if p.moe == "ep" else None
+    return (p.moe, ep, p.redundant_experts, p.overlap, tuple(layer(r) for r in pa.layer_results))
 
 
 def named_behaviours(graph: ModelGraph, n: int, dtype: str, audits: Audits | None = None) -> dict[Behaviour, str]:

@@ -78,7 +78,7 @@ def plan_cost(obj: Objective, graph: ModelGraph, pa: PlanAudit) -> Cost:
     """A whole plan's cost from its audit, layer by layer (what brute force ranks by)."""
     total = ZERO
     p = pa.plan
-    g = GlobalChoice(p.stream, p.reduce, p.moe, p.ep_size)
+    g = GlobalChoice(p.stream, p.reduce, p.moe, p.ep_size, p.redundant_experts)
     mem_counts, counts = memory_layer_counts(obj), graph.counts()
     for res in pa.layer_results:
         c = layer_cost(obj, res, g)
@@ -251,12 +251,14 @@ class PredictObjective:
         self._fixed: dict[tuple[Placement, Placement, int], Cost] = {}
 
     def op_cost(self, kind: str, d: OpDecision, n: int, g: GlobalChoice) -> Cost:
-        key = (kind, d.op.name, d.split, d.strategy, d.compute_share, d.weight_elements_per_rank, g.ep_size)
+        key = (kind, d.op.name, d.split, d.strategy, d.compute_share, d.weight_elements_per_rank, g.ep_size,
+               g.redundant_experts)  # fmt: skip
         hit = self._ops.get(key)
         if hit is None:
             lg = self.graph.kinds[kind]
             mesh = replace(self.pricer.deployment, ep=g.ep_size) if d.split == "ep" else None
-            secs = sum(w * self.pricer.op_time(lg, d, segs, mesh).seconds for segs, w in self.batches)
+            r = g.redundant_experts
+            secs = sum(w * self.pricer.op_time(lg, d, segs, mesh, r).seconds for segs, w in self.batches)
             hit = Cost(secs, self.pricer.weight_bytes(lg, d))
             self._ops[key] = hit
         return hit

@@ -122,7 +122,7 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf"), memo:
         limit = None if cap is None else cap - reserve
         res = memo.get("walk", reserve, lambda limit=limit: search(graph, tp, obj(), top=top, memory_cap=limit,  # type: ignore[misc]
                                                                    dtype=s.dtype, per_family=not s.all_plans,
-                                                                   audits=s.audits))  # fmt: skip
+                                                                   options=s.space, audits=s.audits))  # fmt: skip
         families, walks = res.globals_searched, walks + res.walks
         worst_act, fitted = 0.0, 0
         for c in res.over_cap:
@@ -360,6 +360,7 @@ def search_plans(
     audits: Audits | None = None,
     progress: Callable[[str], None] | None = None,
     every_deployment: bool = False,
+    redundant_experts: int = 0,
 ) -> SearchOutcome:
     """Search every deployment of `topology` (or the ones `ask` fixes), rank the plans that fit,
     and make each a plan file: the one search `tpplan search` and `tpplan report` run.
@@ -379,7 +380,9 @@ def search_plans(
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers).
     `every_deployment`: each deployment's best plan (`deployment_best`) and only it, none cut off by the
-    plans of earlier ones, so `ranked` holds each deployment's best (the search under targets serves them)."""
+    plans of earlier ones, so `ranked` holds each deployment's best (the search under targets serves them).
+    `redundant_experts`: copies beside the routed experts in every EP and all-to-all plan searched (SGLang's
+    --ep-num-redundant-experts, `tpplan.engines.redundant_experts`); TP-MoE plans hold none."""
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     ask = ask or MeshAsk()
@@ -389,13 +392,17 @@ def search_plans(
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
-               cp_layers=cp_layers, cp_kv=cp_kv, every_deployment=every_deployment)  # fmt: skip
+               cp_layers=cp_layers, cp_kv=cp_kv, every_deployment=every_deployment,
+               redundant_experts=redundant_experts)  # fmt: skip
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
         from tpplan.engines import overlap_named
 
         why = overlap_named(overlap).refusal(graph.spec.model_type)
         if why is not None:
             raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
+    if redundant_experts < 0 or (redundant_experts and not s.has_moe):
+        why = "is negative" if redundant_experts < 0 else f"{graph.spec.name} has no routed experts to copy"
+        raise TpplanError(f"redundant_experts={redundant_experts}", why, "drop it, or give 0 or more for a MoE model")
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"pp={pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
     if objective == "volume" and replicas not in (None, 1):

@@ -64,7 +64,7 @@ class StepMemo:
     A step (`LayerWalk.step`) reads: the op; for each input its placement, whether the config
     gathers or all-to-alls its producer or gathers it for this op, and the conversions of it already
     issued (`walk.done`); whether the config replicates or token-shards the op; of the global choice
-    only the MoE mode (an experts op) and, where an input is a partial sum, the stream and reduce
+    only the MoE mode and redundant experts (an experts op) and, where an input is a partial sum, the stream and reduce
     targets (a search plan has no DP attention, fold or bank of its own). `_expand` reads besides
     only the MoE mode where a consumer of the op's output is an experts op. That is the key (`key`).
     Walks that agree on it get the same decision, collectives and output placement, and the same
@@ -94,7 +94,7 @@ class StepMemo:
             r.q in cfg.replicate,
             r.q in cfg.token_shard,
             (g.stream, g.reduce) if P in placed else None,
-            g.moe if r.moe else None,
+            (g.moe, g.redundant_experts) if r.moe else None,
         )
 
     def step(self, walk: LayerWalk, cfg: KindConfig, g: GlobalChoice) -> tuple[LayerWalk, StepDelta]:

@@ -17,6 +17,7 @@ from tpplan.models.graph import ModelGraph
 from tpplan.search.naming import Behaviour, behaviour, named_behaviours
 from tpplan.search.objectives import Cost, Objective, PredictObjective, VolumeObjective, plan_cost
 from tpplan.search.results import Excluded, RankedPlan
+from tpplan.search.space import SpaceOptions
 
 if TYPE_CHECKING:
     from tpplan.cost.topology import Topology
@@ -44,6 +45,7 @@ class Setup:
     cp_layers: str = "all"  # "mla": every CP of the grid sits inside its TP group (layout.context_parallel)
     cp_kv: str = "engines"  # KV per CP rank: the engines' whole sequence, or "sharded" (1/cp)
     every_deployment: bool = False  # each deployment's best plan and only it (no cutoff by earlier deployments)
+    redundant_experts: int = 0  # copies beside the routed experts in every EP/all-to-all plan (SpaceOptions)
     named: dict[int, dict[Behaviour, str]] = field(default_factory=dict)  # TP -> named plans' behaviours
     baselines: dict[Mesh, RankedPlan] = field(default_factory=dict)  # each deployment's baseline
 
@@ -51,6 +53,11 @@ class Setup:
     def has_moe(self) -> bool:
         """Whether the model has MoE layers (a found plan's words speak of experts only then)."""
         return any(layer.mlp.kind == "moe" for layer in self.graph.spec.layers)
+
+    @property
+    def space(self) -> SpaceOptions:
+        """The search space's knobs: every one, with the redundant experts asked for."""
+        return SpaceOptions(redundant_experts=self.redundant_experts)
 
     def baseline_audit(self, mesh: Mesh) -> PlanAudit:
         """Megatron TP's audit at the mesh's TP (raises where the model does not split over it)."""

@@ -35,15 +35,18 @@ from tpplan.placement import S_COL, S_TOK, P, Placement, R
 
 @dataclass(frozen=True)
 class GlobalChoice:
-    """The model-wide decisions: stream placement, reduce target, MoE mode and EP size."""
+    """The model-wide decisions: stream placement, reduce target, MoE mode and EP size, and the redundant
+    experts an EP or all-to-all MoE holds (`Plan.redundant_experts`; `SpaceOptions.redundant_experts`)."""
 
     stream: Placement
     reduce: Placement
     moe: MoEMode = "tp"
     ep_size: int | None = None
+    redundant_experts: int = 0
 
     def moe_label(self) -> str:
-        return self.moe if self.moe != "ep" else f"ep{self.ep_size}"
+        label = self.moe if self.moe != "ep" else f"ep{self.ep_size}"
+        return label + (f"+redundant{self.redundant_experts}" if self.redundant_experts else "")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def make_search_plan(g: GlobalChoice, configs: Sequence[KindConfig], name: str =
         token_shard=sets["token_shard"],
         moe=g.moe,
         ep_size=g.ep_size,
+        redundant_experts=g.redundant_experts,
         found_by="search",
     )
 
@@ -103,8 +107,12 @@ def _has_experts(lg: LayerGraph) -> bool:
     return any(op_kind(op.kind).routed_experts for op in lg.ops)
 
 
-def global_choices(graph: ModelGraph, n: int, *, streams: Sequence[Placement] = (R, S_TOK)) -> list[GlobalChoice]:
-    """Every global choice valid for this model at TP size n (MoE modes the expert counts allow)."""
+def global_choices(
+    graph: ModelGraph, n: int, *, streams: Sequence[Placement] = (R, S_TOK), redundant_experts: int = 0
+) -> list[GlobalChoice]:
+    """Every global choice valid for this model at TP size n (MoE modes the expert counts allow); the EP and
+    all-to-all ones hold `redundant_experts` copies beside the experts (SGLang's --ep-num-redundant-experts),
+    so an EP size that divides the physical count, not the logical one, is valid."""
     moes: list[tuple[MoEMode, int | None]] = [("tp", None)]
     if any(_has_experts(lg) for lg in graph.kinds.values()) and n > 1:
         moes += [("ep", e) for e in range(2, n + 1) if n % e == 0]
@@ -113,7 +121,7 @@ def global_choices(graph: ModelGraph, n: int, *, streams: Sequence[Placement] = 
     for stream in streams:
         for reduce in (R, S_TOK):
             for moe, ep in moes:
-                g = GlobalChoice(stream, reduce, moe, ep)
+                g = GlobalChoice(stream, reduce, moe, ep, redundant_experts if moe != "tp" else 0)
                 try:
                     probe = make_search_plan(g, [])
                     for lg in graph.kinds.values():
@@ -171,6 +179,7 @@ class SpaceOptions:
     a2a: bool = True
     token_shard: bool = True
     gather_for: bool = True
+    redundant_experts: int = 0  # copies beside the routed experts in every EP/all-to-all choice (`global_choices`)
 
 
 @dataclass

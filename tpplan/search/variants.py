@@ -20,12 +20,16 @@ def dp_entries(s: Setup, mesh: Mesh, excluded: dict[str, Excluded]) -> list[Rank
     the search's space has no DP global choice, so these are scored outside it, by the figure
     ranked plans are ranked by (`predict_plan`'s time, or the audit's bytes per token, which is
     the volume objective's score), and kept only when legal and within the memory cap."""
+    from tpplan.engines.redundant_experts import with_redundant_experts
     from tpplan.plans.named import DP_PLANS, make_plan
 
     tp, out = mesh.tp, []
     for name in DP_PLANS:
         try:
-            pa = s.audits.of(make_plan(name, s.graph, tp), mesh, s.dtype)
+            plan = make_plan(name, s.graph, tp)
+            if s.redundant_experts and plan.moe != "tp":  # the copies the search's EP plans hold, these too
+                plan = with_redundant_experts(plan, s.redundant_experts)
+            pa = s.audits.of(plan, mesh, s.dtype)
         except TpplanError:
             continue
         if not pa.legal:
@@ -97,7 +101,7 @@ def async_tp_entries(s: Setup, ranked: list[RankedPlan], mesh: Mesh) -> list[Ran
     base = objective_of(s, mesh)
     bound, k = FusableFree(base, s.graph), s.top  # plans per walk, doubled while the bound allows better
     while True:
-        res = search(s.graph, tp, bound, top=k, memory_cap=s.cap, dtype=s.dtype, audits=s.audits)
+        res = search(s.graph, tp, bound, top=k, memory_cap=s.cap, dtype=s.dtype, options=s.space, audits=s.audits)
         for c in res.candidates:
             if lower_bound(s, c.score, mesh) >= best:
                 return out

@@ -12,7 +12,7 @@ after its first walk.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 
 from tpplan.layout.propagate import LayerWalk, OpDecision
@@ -167,16 +167,21 @@ class KindSolver:
 
     def front(self, g: GlobalChoice) -> KindFront:
         """The k-Pareto front of this kind under `g` (EP sizes share the TP front; see `_reprice`)."""
-        moe_key = ("a2a" if g.moe == "a2a" else "tp") if _has_experts(self.lg) else "-"
+        a2a = g.moe == "a2a"  # its own walk, at its redundant experts (their weights); EP shifts TP's front
+        moe_key = (g.moe_label() if a2a else "tp") if _has_experts(self.lg) else "-"
         fkey = (g.stream, g.reduce, moe_key)
         if fkey in self.fronts:
             return self.fronts[fkey]
         if g.reduce is not R:
-            twin = self.fronts.get((g.stream, R, moe_key)) or self.front(GlobalChoice(g.stream, R, g.moe, g.ep_size))
+            twin = self.fronts.get((g.stream, R, moe_key)) or self.front(replace(g, reduce=R))
             if not twin.used_reduce:
                 self.fronts[fkey] = twin
                 return twin
-        base = GlobalChoice(g.stream, g.reduce, "a2a" if moe_key == "a2a" else "tp")
+        base = (
+            GlobalChoice(g.stream, g.reduce, "a2a", None, g.redundant_experts)
+            if a2a
+            else GlobalChoice(g.stream, g.reduce)
+        )
         pkey = (g.stream, g.reduce)
         if pkey not in self.prefixes:
             rkey = (g.stream, R)
