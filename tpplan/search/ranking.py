@@ -400,9 +400,11 @@ def search_plans(
         why = overlap_named(overlap).refusal(graph.spec.model_type)
         if why is not None:
             raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
-    if redundant_experts < 0 or (redundant_experts and not s.has_moe):
-        why = "is negative" if redundant_experts < 0 else f"{graph.spec.name} has no routed experts to copy"
-        raise TpplanError(f"redundant_experts={redundant_experts}", why, "drop it, or give 0 or more for a MoE model")
+    if redundant_experts < 0:
+        raise TpplanError(f"redundant_experts={redundant_experts}", "is negative", "give 0 or more")
+    if redundant_experts and not s.has_moe:
+        raise TpplanError(f"redundant_experts={redundant_experts}", f"{graph.spec.name} has no routed experts to copy",
+                          "drop it: redundant experts apply to MoE models")  # fmt: skip
     if objective == "volume" and pp not in (None, 1):
         raise TpplanError(f"pp={pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
     if objective == "volume" and replicas not in (None, 1):
