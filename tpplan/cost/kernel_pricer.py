@@ -225,7 +225,7 @@ class KernelPricer:
         """Grouped expert GEMMs (gate+up, then down) on one rank: rows routed to its experts."""
         d = call.decision
         op = d.op
-        e, k = op.int_attr("experts"), op.int_attr("top_k")
+        k = op.int_attr("top_k")
         ew, inter = op.int_attr("width"), op.int_attr("intermediate")
         n, ep = self.mesh.tp, call.ep_size or 1
         assert call.experts is not None  # the lowering's per-rank share of the routed experts
@@ -260,7 +260,8 @@ class KernelPricer:
             self._source = FUSED_DECODE
         if self.shapes.sources:
             tp_, ep_ = {"a2a": (1, n), "ep": (n // ep, ep)}.get(str(d.split), (n, 1))
-            moe = MoeShape(t, ew, inter, e, k, tp_, ep_, self.moe_dtype)
+            # the engine's MoE layer holds `held` physical experts (redundant copies too), as its kernel runs them
+            moe = MoeShape(t, ew, inter, held, k, tp_, ep_, self.moe_dtype)
             price = self.shapes.moe(moe)
             if price is not None:
                 secs, self._source, self._extrapolated = price.seconds, price.source, price.extrapolated

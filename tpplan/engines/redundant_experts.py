@@ -17,7 +17,9 @@ share on each rank, and move hot experts' copies so the routed tokens spread eve
 tpplan prices that layout (`Plan.redundant_experts`): an EP size that divides the physical count is valid,
 each rank's expert weights are physical / EP experts' (the copies take memory), and its grouped GEMMs run the
 rank's physical experts with its routed rows spread over them uniformly (EPLB's aim; real routing skew is
-not priced). The plan modifier is `<plan>+redundant<R>`; `--ep-num-redundant-experts R` on audit and search.
+not priced). The all-to-all dispatch (its routing-weight columns) and an engine's measured MoE table count the
+physical experts too (`DISPATCH`). The plan modifier is `<plan>+redundant<R>`; `--ep-num-redundant-experts R` on
+audit, search and report.
 """
 
 from __future__ import annotations
@@ -57,7 +59,28 @@ VLLM_FLAG = Source(
     "without --enable-eplb; compute_eplb_num_redundant_experts picks the least count that divides the EP size",
     "0.34.0 (PyPI wheel)",
 )
-SOURCES = (SGLANG_LAYOUT, SGLANG_FLAG, VLLM_LAYOUT, VLLM_FLAG)
+# The all-to-all dispatch and the MoE kernel run over the physical experts: the router's logical ids are
+# mapped to physical ones, so each rank's dispatched rows and local expert count are physical / EP.
+SGLANG_DISPATCH = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/models/deepseek_v2.py",
+    "DeepseekV2MoE.__init__: the experts layer gets num_experts = num_experts_for_moe + ep_num_redundant_experts "
+    "(and self.num_experts = n_routed_experts + ep_num_redundant_experts under DeepEP-class a2a backends); "
+    "layers/moe/fused_moe_triton/layer.py builds the DeepEP dispatcher with that num_experts and "
+    "num_local_experts = physical // ep_size; token_dispatcher/deepep.py _dispatch_core: "
+    "buffer.get_dispatch_layout(topk_ids, self.num_experts)",
+    "0.5.23 (PyPI wheel)",
+)
+VLLM_DISPATCH = Source(
+    "vllm-project/vllm",
+    "vllm/model_executor/layers/fused_moe/modular_kernel.py",
+    "FusedMoEKernelModularImpl._prepare passes global_num_experts (determine_expert_counts: num_experts + "
+    "num_redundant_experts) to prepare_finalize.prepare/prepare_async; prepare_finalize/deepep_ht.py _do_dispatch: "
+    "buffer.get_dispatch_layout(topk_idx=rank_topk_ids, num_experts=num_experts)",
+    "0.34.0 (PyPI wheel)",
+)
+DISPATCH = (SGLANG_DISPATCH, VLLM_DISPATCH)
+SOURCES = (SGLANG_LAYOUT, SGLANG_FLAG, VLLM_LAYOUT, VLLM_FLAG, SGLANG_DISPATCH, VLLM_DISPATCH)
 
 REDUNDANT_PATTERN = re.compile(r"(?P<base>.+)\+redundant(?P<count>\d+)")
 
@@ -99,4 +122,4 @@ def launch_flags(engine: str, count: int) -> tuple[str, ...]:
     return ("--enable-eplb", f"--eplb-config '{{\"num_redundant_experts\": {count}}}'")
 
 
-__all__ = ["REDUNDANT_PATTERN", "SOURCES", "launch_flags", "with_redundant_experts"]
+__all__ = ["DISPATCH", "REDUNDANT_PATTERN", "SOURCES", "launch_flags", "with_redundant_experts"]

@@ -473,11 +473,13 @@ class LayerWalk:
         n = self.n
         width, experts = op.int_attr("width"), op.int_attr("experts")
         frac = moe_remote_fraction(experts, op.int_attr("top_k"), n)
-        # The dispatch carries each row's combine weights for the destination's E/N experts as
-        # extra columns of the same buffer (one launch); the combine returns W-wide rows.
-        extra = moe_weight_columns(experts // n, self.dtype_bytes)
+        # The dispatch carries each row's combine weights for the destination's experts as extra columns of
+        # the same buffer (one launch); the combine returns W-wide rows. A rank's experts are its physical ones
+        # (redundant copies too), as the engines deal them (`tpplan.engines.redundant_experts`, DISPATCH).
+        local = self.plan.physical_experts(experts) // n
+        extra = moe_weight_columns(local, self.dtype_bytes)
         for name, w in (("dispatch", width + extra), ("combine", width)):
-            words = f" + {experts // n} fp32 routing weights ({extra} columns)" if w > width else ""
+            words = f" + {local} fp32 routing weights ({extra} columns)" if w > width else ""
             self.res.comms.append(
                 CommEvent(
                     Collective.ALL_TO_ALL,

@@ -1,7 +1,7 @@
 """The engine's serving loop: requests arriving, steps formed as the engine's scheduler forms them,
 priced by the cost model, run through the pipeline stages; per-request timelines and TTFT percentiles.
 
-- `requests.py`: requests and arrivals (closed loop, Poisson, trace), round-robin over replicas;
+- `requests.py`: requests and arrivals (closed loop, Poisson, trace), a dealt split over replicas;
 - `loop.py`: the discrete-event loop of one replica and `simulate` over replicas;
 - `routing.py`: the engines' routers (round-robin, least-loaded, SGLang's cache-aware), run by
   `replicas.py` (replicas behind a load-aware router) and `disagg_loop.py` (P/D), both on `cosim.py`;

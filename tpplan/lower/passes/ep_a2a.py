@@ -43,7 +43,8 @@ def moe_calls(ctx: Lowering, layer: int, op: Op, dispatch: CommEvent, combine: C
     n, rank, act, t = ctx.tp, ctx.batch.rank, ctx.act, ctx.tokens
     value, width = op.inputs[0], op.int_attr("width")
     isz = TORCH_DTYPE_BYTES[act]
-    wide = width + moe_weight_columns(op.int_attr("experts") // n, isz)  # activations + fp32 weights as columns
+    local = ctx.plan.physical_experts(op.int_attr("experts")) // n  # the rank's physical experts (redundant too)
+    wide = width + moe_weight_columns(local, isz)  # activations + fp32 weights as columns
     send, recv = _rows(ctx, op, (ctx.batch.routes or {}).get(layer))
     out_rows, in_rows = sum(send), sum(recv)
     sent_rows, back_rows = out_rows - send[rank], in_rows - recv[rank]
