@@ -28,15 +28,15 @@ from tpplan.models.opkinds import mixer_names
 PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
 ALLOWED = ("models/", "lower/passes/")  # the registry (and the families that register mixers) and the passes
 
-# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules; kv_capacity, memo, prose, both
-# CP modules (the mixers state their CP method, `Mixer.cp`) and the latent/state checks of the kernel pricer and
-# bench/slice_memory converted). What is left dispatches per mixer on what no trait states yet: the kernel
-# pricer's decode and AIC formulas (DSA's top-k, GQA's decode fit, AIC's MLA op) and the offline benchmark shape
-# tables (one fitted kernel family per mixer).
+# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules). Converted: kv_capacity, memo,
+# prose, both CP modules (the mixers state their CP method, `Mixer.cp`), the kernel pricer's latent, top-k and
+# AIC-MLA checks and bench/slice_memory's latent/state checks. What is left dispatches per mixer on what no trait
+# states yet: the kernel pricer's GQA decode fit and the offline benchmark shape tables (one fitted kernel family
+# per mixer).
 PENDING: dict[str, int] = {
     "bench/rank_shapes.py": 4,
     "bench/slice_memory.py": 2,
-    "cost/kernel_pricer.py": 4,
+    "cost/kernel_pricer.py": 1,
 }
 
 _OPS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
@@ -165,6 +165,7 @@ def test_the_traits_follow_the_mixer_s_structure():
             assert m.latent_kv is latent
             assert m.cp_layers_mla is isinstance(attn, MLASpec)
             assert m.channel_gated is isinstance(attn, KDASpec)
+            assert m.sparse_topk is (latent and not isinstance(attn, MLASpec))  # DSA: MLA inside, indexed
             for op in lg.ops:
                 mx = mixer_of(op)
                 if mx is not None and mx.latent_kv:

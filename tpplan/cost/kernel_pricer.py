@@ -40,7 +40,7 @@ from tpplan.lower.program import KernelCall
 from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op
-from tpplan.models.opkinds import cost_class, kernel_key, mixer_of, op_kind
+from tpplan.models.opkinds import cost_class, kernel_key, mixer, mixer_of, op_kind
 from tpplan.models.quant import WeightFormat
 from tpplan.placement import S_TOK
 
@@ -449,7 +449,7 @@ class KernelPricer:
         if (mx := mixer_of(op)) is not None and mx.latent_kv and "kv_latent" in lg.values:  # absorbed in decode
             lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
             # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
-            topk = lg.values[op.inputs[3]].width if impl == "mla_dsa" and len(op.inputs) > 3 else None
+            topk = lg.values[op.inputs[3]].width if mx.sparse_topk and len(op.inputs) > 3 else None
             keys = part * sum(min(c + 1, topk or c + 1) for c in dec)
             flops = 2.0 * heads * ((lora + rope) + lora) * keys
             nbytes = (keys * (lora + rope) + part * len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q, out
@@ -478,8 +478,10 @@ class KernelPricer:
         ctx = sum(c for _, c in segs)
         kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))
         window = op.int_attr("window") if op.attrs.get("window") else None
-        shape = AttentionShape(max(1, t // batch), ctx // batch, heads, heads if impl == "mla" else kv, dqk, dv,
-                               "mla" if impl == "mla" else "mha", window, batch)  # fmt: skip
+        mx = mixer(impl)
+        mla = mx.latent_kv and not mx.sparse_topk  # dense attention over MLA's latent: the sources' MLA kernel
+        shape = AttentionShape(max(1, t // batch), ctx // batch, heads, heads if mla else kv, dqk, dv,
+                               "mla" if mla else "mha", window, batch)  # fmt: skip
         price = self.shapes.attention(shape)
         if price is None:
             return secs

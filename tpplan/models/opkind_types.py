@@ -145,6 +145,8 @@ class Mixer:
     # Keeps MLA's compressed latent (plus the rope key) as its KV cache, shared by every head, so the
     # engines size and absorb it as MLA's: MLA and DSA.
     latent_kv: bool = False
+    # Attends only to the top-k keys its indexer selected (its fourth input): DSA's sparse MLA.
+    sparse_topk: bool = False
     # Split by `--cp-layers mla`: queries token-sharded inside the TP group, every key's K/V expanded on each
     # rank from the all-gathered latent (`layout.context_parallel.audit_cp_mla`); modelled for plain MLA only.
     cp_layers_mla: bool = False

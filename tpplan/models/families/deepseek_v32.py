@@ -145,8 +145,10 @@ register_mixer(
         "dsa_indexer", "attention", _run_indexer, params=_indexer_params, rule=_indexer_rule, why=_indexer_why,
     )
 )  # fmt: skip
-register_mixer(Mixer("mla_dsa", "attention", run_mla, params=lambda op, nu: {}, latent_kv=True))
-register_mixer(Mixer("dsa", "attention", run_mla, build=build_dsa, kv_bytes=_dsa_kv_bytes, latent_kv=True))
+register_mixer(Mixer("mla_dsa", "attention", run_mla, params=lambda op, nu: {}, latent_kv=True, sparse_topk=True))
+register_mixer(
+    Mixer("dsa", "attention", run_mla, build=build_dsa, kv_bytes=_dsa_kv_bytes, latent_kv=True, sparse_topk=True)
+)
 
 # ----------------------------------------------------------------------------------------------
 # Config
