@@ -156,6 +156,12 @@ else:
 """
 
 
+def _hangup_as_a_terminal_leaves_it() -> None:
+    """The child starts with SIGHUP at its default: under `nohup` (or any runner that ignores SIGHUP) the
+    child would inherit the ignore, and tpplan rightly leaves an ignored signal ignored."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize(
     ("kind", "slowed", "nth"),
@@ -168,6 +174,7 @@ def test_sigterm_while_writing_cleans_up_like_sigint(tmp_path, kind, slowed, nth
     proc = subprocess.Popen(
         [sys.executable, "-c", _SLOW_WRITE, kind, str(target), slowed, str(nth)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=_hangup_as_a_terminal_leaves_it,
     )  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "writing\n", proc.stderr.read()  # type: ignore[union-attr]
