@@ -26,8 +26,9 @@ it in the commit that converts them, drop the entry at zero). The goal is an emp
 from __future__ import annotations
 
 import ast
-from collections import Counter
 from pathlib import Path
+
+from ratchet import assert_ratchet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
 LOOSE = frozenset(
@@ -59,17 +60,15 @@ def library_modules() -> list[Path]:
 
 
 def test_no_loose_mesh_integers_below_commands():
-    counts: Counter[str] = Counter()
-    where: dict[str, list[str]] = {}
-    for path in library_modules():
-        rel = path.relative_to(PACKAGE).as_posix()
-        for line, func, param in loose_parameters(path.read_text()):
-            counts[rel] += 1
-            where.setdefault(rel, []).append(f"{rel}:{line}: {func}({param})")
-    over = [hit for rel, n in counts.items() if n > PENDING.get(rel, 0) for hit in where[rel]]
-    assert not over, "pass a tpplan.mesh.Mesh (or an object holding one), not its sizes:\n" + "\n".join(over)
-    stale = {rel: n for rel, n in PENDING.items() if counts[rel] < n}
-    assert not stale, f"fewer loose parameters than PENDING says; lower it to {dict(sorted(counts.items()))}"
+    hits = [
+        (rel, f"{rel}:{line}: {func}({param})")
+        for path in library_modules()
+        for rel in [path.relative_to(PACKAGE).as_posix()]
+        for line, func, param in loose_parameters(path.read_text())
+    ]
+    assert_ratchet(
+        hits, PENDING, "pass a tpplan.mesh.Mesh (or an object holding one), not its sizes", "loose parameters"
+    )
 
 
 def test_the_scan_sees_every_kind_of_parameter():

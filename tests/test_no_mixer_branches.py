@@ -20,8 +20,9 @@ the other operand names a registered mixer (a literal, or a collection of them) 
 from __future__ import annotations
 
 import ast
-from collections import Counter
 from pathlib import Path
+
+from ratchet import assert_ratchet
 
 from tpplan.models.opkinds import mixer_names
 
@@ -108,19 +109,14 @@ def checked_modules() -> list[Path]:
 
 
 def test_no_mixer_name_branches_outside_the_registry():
-    counts: Counter[str] = Counter()
-    where: dict[str, list[str]] = {}
-    for path in checked_modules():
-        rel = path.relative_to(PACKAGE).as_posix()
-        for line in mixer_branches(path.read_text()):
-            counts[rel] += 1
-            where.setdefault(rel, []).append(f"{rel}:{line}")
-    over = [hit for rel, n in counts.items() if n > PENDING.get(rel, 0) for hit in where[rel]]
-    assert not over, "ask the mixer's traits (tpplan.models.opkinds.mixer / mixer_of), not its name:\n" + "\n".join(
-        over
-    )
-    stale = {rel: n for rel, n in PENDING.items() if counts[rel] < n}
-    assert not stale, f"fewer mixer-name branches than PENDING says; lower it to {dict(sorted(counts.items()))}"
+    hits = [
+        (rel, f"{rel}:{line}")
+        for path in checked_modules()
+        for rel in [path.relative_to(PACKAGE).as_posix()]
+        for line in mixer_branches(path.read_text())
+    ]
+    fix = "ask the mixer's traits (tpplan.models.opkinds.mixer / mixer_of), not its name"
+    assert_ratchet(hits, PENDING, fix, "mixer-name branches")
 
 
 def test_the_scan_sees_every_way_to_read_a_mixer_name():

@@ -17,8 +17,9 @@ graph, a table key) is fine.
 from __future__ import annotations
 
 import ast
-from collections import Counter
 from pathlib import Path
+
+from ratchet import assert_ratchet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
 ALLOWED = ("models/", "lower/passes/")  # the registry and the lowering passes
@@ -58,17 +59,15 @@ def checked_modules() -> list[Path]:
 
 
 def test_no_opkind_branches_outside_the_registry():
-    counts: Counter[str] = Counter()
-    where: dict[str, list[str]] = {}
-    for path in checked_modules():
-        rel = path.relative_to(PACKAGE).as_posix()
-        for line in kind_branches(path.read_text()):
-            counts[rel] += 1
-            where.setdefault(rel, []).append(f"{rel}:{line}")
-    over = [hit for rel, n in counts.items() if n > PENDING.get(rel, 0) for hit in where[rel]]
-    assert not over, "ask the kind's definition (tpplan.models.opkinds.op_kind), not its name:\n" + "\n".join(over)
-    stale = {rel: n for rel, n in PENDING.items() if counts[rel] < n}
-    assert not stale, f"fewer OpKind branches than PENDING says; lower it to {dict(sorted(counts.items()))}"
+    hits = [
+        (rel, f"{rel}:{line}")
+        for path in checked_modules()
+        for rel in [path.relative_to(PACKAGE).as_posix()]
+        for line in kind_branches(path.read_text())
+    ]
+    assert_ratchet(
+        hits, PENDING, "ask the kind's definition (tpplan.models.opkinds.op_kind), not its name", "OpKind branches"
+    )
 
 
 def test_the_scan_sees_every_kind_of_comparison():
