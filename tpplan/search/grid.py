@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 class MeshAsk:
     """The deployment a search is asked for: each size fixed, or None to search it (`replicas` "all": every
     replica count the GPUs and the workload allow, `deployment_grid`), and the CP options every mesh of the
-    grid is priced with (`tpplan.mesh.Mesh`). The CLI's --tp/--pp/--cp/--replicas/--cp-layers/--cp-kv."""
+    grid is priced with (`tpplan.mesh.Mesh`), and the request router over its replicas. The CLI's
+    --tp/--pp/--cp/--replicas/--cp-layers/--cp-kv/--router."""
 
     tp: int | None = None
     pp: int | None = None
@@ -33,6 +34,7 @@ class MeshAsk:
     replicas: int | Literal["all"] | None = None
     cp_layers: str = "all"
     cp_kv: str = "engines"
+    router: str | None = None  # what spreads the requests over the replicas (None: the engine release's default)
 
 
 def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tuple[int, int, int]]:

@@ -427,7 +427,8 @@ def search_plans(
         if world < 1:
             raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
         grid = [Mesh(world)]
-    grid = [replace(m, cp_layers=cp_layers, cp_kv=cp_kv) for m in grid]  # the CP options every mesh is priced with
+    # the CP options every mesh is priced with, and the request router over its replicas
+    grid = [replace(m, cp_layers=cp_layers, cp_kv=cp_kv, router=ask.router) for m in grid]
     results: list[Deployed] = []
     skipped: list[tuple[str, str]] = []
     say(f"searching {len(grid)} deployment(s): {', '.join(m.label() for m in grid)}")
@@ -498,6 +499,7 @@ def search_plans(
         plan_files=files,
         cp_layers=cp_layers,
         cp_kv=cp_kv,
+        router=ask.router,
     )
 
 
@@ -515,7 +517,7 @@ def run_search(
     """`search_plans` for scripts and tests that have names, not objects: `model` a preset or
     config path, `topology` a preset or file (or `gpu`/`cluster`/`engine` presets, as the CLI's
     options), `nodes` its node count, `workload` a preset or file; `options` as `search_plans`, the
-    asked sizes among them by name (tp=, pp=, cp=, replicas=, cp_layers=, cp_kv=: `MeshAsk`'s fields)."""
+    asked sizes among them by name (tp=, pp=, cp=, replicas=, cp_layers=, cp_kv=, router=: `MeshAsk`'s fields)."""
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
 
@@ -532,7 +534,7 @@ def run_search(
         from tpplan.cost.workload import load_workload
 
         wl = load_workload(workload)
-    asked = {k: options.pop(k) for k in ("tp", "pp", "cp", "replicas", "cp_layers", "cp_kv") if k in options}
+    asked = {k: options.pop(k) for k in ("tp", "pp", "cp", "replicas", "cp_layers", "cp_kv", "router") if k in options}
     return search_plans(graph, topo, workload=wl, ask=MeshAsk(**asked), **options)  # type: ignore[arg-type]
 
 
