@@ -163,8 +163,8 @@ def run_gemm(c: Case) -> dict[str, Any]:
 
 def run_masked(c: Case) -> dict[str, Any]:
     """A sliding-window or chunked attention (with gpt-oss's sinks where the model has them) by the bench's
-    kernel for it (`serving_kernels.serving_attention`: the band-mask window, flash per chunk); the
-    kernel's name is kept (`variant`)."""
+    kernel for it (`serving_kernels.serving_attention`: fla's window kernel on CUDA where fla imports, else
+    the band-mask window; flash per chunk); the kernel's name is kept (`variant`)."""
     import torch
 
     from tpplan.bench.serving_kernels import serving_attention

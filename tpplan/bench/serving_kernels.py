@@ -11,8 +11,9 @@ benchmark, with the same semantics (tests compare them on CPU):
   with MLA's narrower V zero-padded), which the runtime itself uses only on CUDA; installed here
   it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times. A
   sliding window (Gemma 3, gpt-oss), an attention chunk (Llama 4) and gpt-oss's sinks run kernels
-  that read only the keys each query may see (`bench.masked_attention`: windowed query blocks, flash
-  per chunk, sinks from the kernel's log-sum-exp); DSA's top-k keeps the reference kernel (its scores
+  that read only the keys each query may see (`bench.masked_attention`: on CUDA fla's Triton window
+  kernel, which skips key blocks outside the window, else windowed query blocks; flash per chunk;
+  sinks in fla's denominator or from the kernel's log-sum-exp); DSA's top-k keeps the reference kernel (its scores
   a block of queries at a time), and the results record which ran (`attention_variants_used`).
 - `routed_experts` -> every keyword the runtime passes (gpt-oss's biases and clamped SwiGLU, Llama 4's
   routing-scaled inputs: `ExpertVariant`); tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
@@ -362,6 +363,11 @@ WINDOWED = "window: SDPA per query block over its window's keys (band mask)"
 WINDOWED_FLASH = (
     "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
 )
+FLA_WINDOW = (
+    "window: fla parallel_attn (Triton flash, key blocks outside the window skipped; after a cache, "
+    "up to window-1 zero query rows in front)"
+)
+FLA_SINKS = "sinks in fla's softmax denominator"
 CHUNKED = "chunk: SDPA flash per attention chunk"
 SINKS = "sinks: flash with log-sum-exp, sinks applied after"
 REFERENCE_FOR_TOPK = "top-k (DSA): reference, scores in query blocks"
@@ -388,14 +394,28 @@ def masked_attention(
     return out[0].transpose(0, 1).reshape(t, -1)
 
 
+def fla_window(q: Tensor, v: Tensor) -> bool:
+    """Whether the window runs fla's `parallel_attn`: on CUDA, head dims up to 256 (its one key tile),
+    fla importable, and env TPPLAN_FLA_WINDOW not "0" (the band kernel then, as before 2026-12-06d)."""
+    if not q.is_cuda or max(q.shape[-1], v.shape[-1]) > 256 or os.environ.get("TPPLAN_FLA_WINDOW", "1") == "0":
+        return False
+    return MA.fla_parallel_attn() is not None
+
+
 def serving_attention(
     q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, chunk: int | None, sinks: Tensor | None
 ) -> tuple[str, Tensor] | None:  # fmt: skip
     """The serving-class kernel for a window, a chunk and/or sinks (`masked_attention` module), with the
-    name `attention_variants_used` records; None for a call none of them expresses."""
+    name `attention_variants_used` records; None for a call none of them expresses. A window runs fla's
+    `parallel_attn` where `fla_window` allows, else the band-mask SDPA (or flash blocks on request)."""
+    if window is not None and chunk is None and fla_window(q, v):
+        return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), MA.fla_window_attention(
+            q, k, v, scale, window, sinks
+        )
     if window is not None and chunk is None:
-        # The band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's / gpt-oss's
-        # window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1 for those.
+        # Without fla: the band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's /
+        # gpt-oss's window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1
+        # for those.
         flash = os.environ.get("TPPLAN_WINDOW_FLASH", "0") == "1"
         name = (WINDOWED_FLASH if flash else WINDOWED) + (" + " + SINKS if sinks is not None else "")
         run = MA.windowed_attention if flash else MA.banded_attention
@@ -470,6 +490,7 @@ __all__ = [
     "chunked_delta_rule",
     "expert_ffn",
     "expert_variants_used",
+    "fla_window",
     "grouped_gemm_used",
     "grouped_routed_experts",
     "installed",
