@@ -92,7 +92,7 @@ def all_cases(tokens: Iterable[int] = TOKENS, expert_tokens: Iterable[int] = EXP
         ),
         "attention": attention_cases(s["attention"], tokens),
         "norm": plain_cases("norm", s["norm"] + [{"width": w} for w in (512, 1536)], ("width",), tokens),
-        "short_conv": plain_cases("short_conv", s["conv"], ("channels",), tokens),
+        "short_conv": plain_cases("short_conv", s["short_conv"], ("channels",), tokens),
         "elementwise": [
             {"family": "elementwise", "op": op, "width": w, "tokens": t}
             for op in ("add", "silu_mul")
