@@ -124,3 +124,17 @@ def test_the_window_takes_the_band_kernel_off_cuda() -> None:
     assert not SK.fla_window(q, v)
     name, out = SK.serving_attention(q, k, v, 0.25, 16, None, None)
     assert name == SK.WINDOWED and _close(out, KA.causal_attention(q, k, v, 0.25, window=16))
+
+
+def test_the_indexer_takes_the_reference_off_cuda() -> None:
+    from tpplan.bench import serving_kernels as SK
+    from tpplan.runtime.kernels_local import Rope
+
+    g = torch.Generator().manual_seed(4)
+    t, heads, d = 9, 2, 16
+    args = (torch.randn(t, heads * d, generator=g), torch.randn(t, d, generator=g), torch.randn(t, heads, generator=g))
+    kw = {"head_dim": d, "rope_dim": 8, "positions": torch.arange(t), "rope": Rope(theta=1e4), "topk": 4,
+          "k_norm_weight": torch.ones(d), "k_norm_bias": torch.zeros(d)}  # fmt: skip
+    assert not SK.fused_indexer_ok(args[0], d)
+    name, got = SK.serving_indexer(*args, **kw)
+    assert name == SK.REFERENCE_INDEXER and torch.equal(got, KA.dsa_indexer(*args, **kw))

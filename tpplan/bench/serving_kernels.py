@@ -1,4 +1,4 @@
-"""Serving-class kernels for the benchmark, swapped in for four of the runtime's reference kernels.
+"""Serving-class kernels for the benchmark, swapped in for five of the runtime's reference kernels.
 
 The runtime's kernels (`tpplan.runtime.kernels`) are written to be obviously right, not fast:
 attention materialises the [heads, T, S] fp32 score matrix (tens of GB at 8K tokens of K3), and
@@ -13,8 +13,11 @@ benchmark, with the same semantics (tests compare them on CPU):
   sliding window (Gemma 3, gpt-oss), an attention chunk (Llama 4) and gpt-oss's sinks run kernels
   that read only the keys each query may see (`bench.masked_attention`: on CUDA fla's Triton window
   kernel, which skips key blocks outside the window, else windowed query blocks; flash per chunk;
-  sinks in fla's denominator or from the kernel's log-sum-exp); DSA's top-k keeps the reference kernel (its scores
-  a block of queries at a time), and the results record which ran (`attention_variants_used`).
+  sinks in fla's denominator or from the kernel's log-sum-exp); attention under DSA's top-k keeps the
+  reference kernel (its scores a block of queries at a time), and the results record which ran
+  (`attention_variants_used`).
+- `dsa_indexer` -> on CUDA the fused Triton index-score kernel and `torch.topk` (`bench.fused_indexer`,
+  as the engines' DeepGEMM MQA-logits path), else the reference (`indexer_variants_used`).
 - `routed_experts` -> every keyword the runtime passes (gpt-oss's biases and clamped SwiGLU, Llama 4's
   routing-scaled inputs: `ExpertVariant`); tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop for the shapes where it is unavailable), each token's rows weighted and summed in one batched
@@ -35,11 +38,13 @@ which of all these ran.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +53,7 @@ from torch import Tensor
 from tpplan.bench import masked_attention as MA
 from tpplan.runtime import fast_kernels as runtime_fast
 from tpplan.runtime import kernels as K
+from tpplan.runtime.kernels_attention import dsa_indexer as _REFERENCE_INDEXER
 from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
 
 
@@ -429,6 +435,44 @@ def serving_attention(
     return None
 
 
+FUSED_INDEXER = "tpplan fused Triton index scores (bf16, fp32 accumulation, query blocks) + torch.topk"
+REFERENCE_INDEXER = "reference (fp32 scores by query block, stable sort)"
+_INDEXER: set[str] = set()  # the DSA indexer variants that ran in this process
+
+
+@functools.cache
+def _fused_indexer() -> Callable[..., Tensor] | None:
+    """`bench.fused_indexer.fused_dsa_indexer` where triton imports, else None."""
+    try:
+        from tpplan.bench.fused_indexer import fused_dsa_indexer
+    except Exception:  # ImportError, or triton failing to initialise
+        return None
+    return fused_dsa_indexer
+
+
+def fused_indexer_ok(q: Tensor, head_dim: int) -> bool:
+    """Whether DSA's indexer runs the fused kernel: on CUDA, a power-of-two head dim of at least 16 (the
+    kernel's one tile over it; DeepSeek-V3.2 and GLM-5.1: 128), triton importable, env TPPLAN_FUSED_INDEXER
+    not "0"."""
+    if not q.is_cuda or head_dim < 16 or head_dim & (head_dim - 1) or os.environ.get("TPPLAN_FUSED_INDEXER") == "0":
+        return False
+    return _fused_indexer() is not None
+
+
+def serving_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> tuple[str, Tensor]:
+    """`runtime.kernels.dsa_indexer` by the fused kernel where `fused_indexer_ok`, else the reference, with
+    the name `indexer_variants_used` records."""
+    fused = _fused_indexer() if fused_indexer_ok(q, int(kw["head_dim"])) else None
+    if fused is not None:
+        return FUSED_INDEXER, fused(q, k, w, **kw)
+    return REFERENCE_INDEXER, _REFERENCE_INDEXER(q, k, w, **kw)
+
+
+def indexer_variants_used() -> list[str]:
+    """Which DSA indexer kernels ran in this process under `installed`."""
+    return sorted(_INDEXER)
+
+
 def attention_variants_used() -> list[str]:
     """Which attention variants ran in this process under `installed`: "causal" (the serving path)
     and the masked ones, each saying how it ran."""
@@ -445,6 +489,7 @@ def installed(enabled: bool = True) -> Iterator[None]:
         return
     _ATTENTION.clear()
     _VARIANTS.clear()
+    _INDEXER.clear()
     _SYNC_FREE[0] = False
     reference = K.causal_attention
 
@@ -466,7 +511,12 @@ def installed(enabled: bool = True) -> Iterator[None]:
         _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else "reference")
         return reference(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
 
-    swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts,
+    def indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> Tensor:
+        name, out = serving_indexer(q, k, w, **kw)
+        _INDEXER.add(name)
+        return out
+
+    swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts, "dsa_indexer": indexer,
              "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits}  # fmt: skip
     # Each kernel is patched in `kernels` (what the executor calls) and in its home module (whose
     # other kernels call it: MLA/GQA call causal_attention, KDA/GDN the delta rule).
@@ -491,14 +541,17 @@ __all__ = [
     "expert_ffn",
     "expert_variants_used",
     "fla_window",
+    "fused_indexer_ok",
     "grouped_gemm_used",
     "grouped_routed_experts",
+    "indexer_variants_used",
     "installed",
     "masked_attention",
     "per_expert_loop",
     "refused_expert_shapes",
     "reset_expert_paths",
     "serving_attention",
+    "serving_indexer",
     "serving_router_logits",
     "sync_free_routing_used",
 ]
