@@ -92,6 +92,13 @@ class DeploymentFlags:
     def realised(self) -> bool:
         return bool(self.args)
 
+    def text(self) -> str:
+        """One copy's flags, or why none realise it (its replicas' request router: `EngineRecipe.line`)."""
+        if not self.args:
+            return f"{self.engine}: no engine flag ({self.why})"
+        tail = f" ({self.why})" if self.why else ""
+        return f"{self.engine}: `{' '.join(self.args)}`{tail}"
+
 
 def size_flags(engine: str, mesh: Mesh) -> list[str]:
     """`engine` ("SGLang" or "vLLM")'s flags for the mesh's sizes TP x CP x PP alone (SGLang's
