@@ -163,3 +163,14 @@ def test_search_ranks_through_the_router_asked_for(monkeypatch, capsys, tmp_path
     assert json.loads(out)["plans"][0]["ttft"]["mean_s"] != pytest.approx(rr, rel=1e-6)
     code, out, err = _search(monkeypatch, capsys, tmp_path, "--router", "nope")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--router nope" in err
+
+
+def test_sglangs_dp_line_across_nodes_says_where_the_dp_ranks_go():
+    """Two TP8 replicas on two nodes of 8: SGLang's --dp-size puts each DP rank's TP group over both nodes (from
+    GPU dp_rank x 8), not one replica per node: the line says so and names the router that deals alike."""
+    spec = load_model("tiny-llama")
+    one_node, two_nodes = (
+        recipes(baseline(), Launch(spec, Mesh(8, replicas=2), gpu="NVIDIA H100", nodes=n))[0] for n in (1, 2)
+    )
+    assert "launch_dp_schedulers" not in one_node.line()
+    assert "launch_dp_schedulers" in two_nodes.line() and "--router sglang-router:round_robin" in two_nodes.command()

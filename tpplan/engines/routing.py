@@ -35,10 +35,13 @@ def replica_router(key: str, name: str | None = None) -> ReplicaRouter | None:
     raise TpplanError(f"router={name}", f"{key} has no such request router", fix)
 
 
-def router_note(router: ReplicaRouter | None, spec: ModelSpec) -> str:
-    """What the router's flags do otherwise on this model ("" where nothing): its `on_moe` on an MoE model."""
+def router_note(router: ReplicaRouter | None, spec: ModelSpec, nodes: int) -> str:
+    """What the in-process router's flags do otherwise on this model and with the replicas on `nodes` nodes ("" where
+    nothing): its `on_moe` on an MoE model, its `across_nodes` on more than one node."""
+    if router is None or not router.flags:
+        return ""
     moe = any(isinstance(layer.mlp, MoESpec) for layer in spec.layers)
-    return router.on_moe if router is not None and moe else ""
+    return "; ".join(x for x in (router.on_moe if moe else "", router.across_nodes if nodes > 1 else "") if x)
 
 
 def launch_header(

@@ -327,6 +327,7 @@ class ReplicaRouter:
     flags: tuple[str, ...] = ()  # in-process: the server flags that start it
     behind: str = ""  # external: the router in front of the R servers
     on_moe: str = ""  # what the in-process router's flags do otherwise on an MoE model (the launch line says it)
+    across_nodes: str = ""  # ... and with the replicas on more than one node
 
     def launch_flags(self, copies: int) -> tuple[str, ...]:
         """The in-process router's flags for that many copies of the deployment (none for an external router)."""

@@ -187,7 +187,8 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
         except TpplanError as err:  # a router the other engine version does not have
             out.append(PoolLaunch(label, pool, name, instances, "", why_not=f"{err.where}: {err.reason}"))
             continue
-        note = router_note(router, graph.spec) if pool == "aggregated" else ""
+        spans = max(1, -(-one.gpus * instances // topo.gpus_per_node))  # the nodes every instance takes
+        note = router_note(router, graph.spec, spans) if pool == "aggregated" else ""
         rec = replace(rec, args=with_flags(rec.args, flags), replicas=instances, router=router, router_note=note)
         cmd = rec.command()
         memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank; off its pool: {kv.reserve_text}"

@@ -225,6 +225,11 @@ HANDOFF = HandoffRule(
 # ---------------------------------------------------------------------------------------------
 # Replicas: what spreads a deployment's requests over its R replicas (`--router`; `tpplan.engines.routing`)
 
+_DP_NODES = (
+    "across nodes --dp-size spreads every DP rank's TP group over all --nnodes (tp x pp / nnodes GPUs per node from "
+    "GPU dp_rank x tp x pp: launch_dp_schedulers, launch_tensor_parallel_group), not one replica on GPUs of its own "
+    "as priced; --router sglang-router:round_robin deals alike in front of R servers"
+)
 _DP_LAUNCH = Fact(
     "--dp-size R without DP attention: one server's DP controller starts R TP groups, each of tp x pp GPUs from "
     "its own base GPU id (launch_dp_schedulers), and dispatches every request to one of them",
@@ -251,6 +256,7 @@ DP_ROUND_ROBIN = ReplicaRouter(
     ),
     what="SGLang's DP controller, round-robin (--load-balance-method auto)",
     flags=("--dp-size {replicas}",),
+    across_nodes=_DP_NODES,
 )
 DP_TOTAL_REQUESTS = ReplicaRouter(
     name="dp:total_requests",
@@ -275,6 +281,7 @@ DP_TOTAL_REQUESTS = ReplicaRouter(
     ),
     what="SGLang's DP controller, fewest requests (--load-balance-method total_requests)",
     flags=("--dp-size {replicas}", "--load-balance-method total_requests"),
+    across_nodes=_DP_NODES,
 )
 _ROUTER_CMD = "python -m sglang_router.launch_router --worker-urls <the R servers' URLs> --policy {policy}"
 ROUTER_CACHE_AWARE = ReplicaRouter(
