@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.cli_helpers import run_cli
 from tests.simulate.test_decode_json_docs import DOCS, SPECULATIVE, _block, _documented
-from tpplan.cost.comm import price_collective
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.draft import draft_memory
 from tpplan.cost.kv_capacity import kv_capacity
 from tpplan.cost.predictor import cached_predictor
@@ -222,7 +222,9 @@ def test_tpot_falls_only_where_acceptance_pays_for_the_draft(tiny_mtp, k, share)
     assume(abs(accepted - r) > 0.08 * r)
     plain, fast = _tpot(tiny_mtp, None), _tpot(tiny_mtp, spec)
     assert (fast < plain) == (accepted > r)
-    assert fast == pytest.approx(plain * r * math.ceil(64 / accepted) / 64, rel=0.03)
+    steps = LoopConfig(8192, decode=True, accepted=accepted).steps_out(65) - 1  # ceil(64 / A), 1e-9 slack
+    assert steps == math.ceil(64 / accepted - 1e-9)
+    assert fast == pytest.approx(plain * r * steps / 64, rel=0.03)
 
 
 @pytest.mark.parametrize("mixed", [True, False])

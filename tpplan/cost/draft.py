@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpplan.audit import layer_weight_bytes
-from tpplan.cost.comm import price_collective
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor
 from tpplan.engines.speculative import Speculative
 
