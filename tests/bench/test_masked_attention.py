@@ -138,3 +138,37 @@ def test_the_indexer_takes_the_reference_off_cuda() -> None:
     assert not SK.fused_indexer_ok(args[0], d)
     name, got = SK.serving_indexer(*args, **kw)
     assert name == SK.REFERENCE_INDEXER and torch.equal(got, KA.dsa_indexer(*args, **kw))
+
+
+def test_a_kernel_that_raises_falls_back_for_its_shape(monkeypatch) -> None:
+    """fla's window raising (e.g. out of shared memory) gives the band kernel; the fused indexer raising after
+    it appended its keys gives the reference with the cache as it was; both are recorded and kept."""
+    from tpplan.bench import serving_kernels as SK
+    from tpplan.runtime.kernels_local import Rope
+
+    def boom(*a, **kw):
+        if "cache" in kw:
+            KA.append_cache(kw["cache"], "k", torch.zeros(3, 16))
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(SK, "_REFUSED_KERNELS", {})
+    monkeypatch.setattr(MA, "fla_parallel_attn", lambda: boom)
+    monkeypatch.setattr(MA, "fla_window_attention", boom)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v = _qkv(20, 53, 4)
+    assert SK.fla_window(q, v)
+    name, out = SK.serving_attention(q, k, v, 0.25, 16, None, None)
+    assert name == SK.WINDOWED and not SK.fla_window(q, v)
+    assert _close(out, KA.causal_attention(q, k, v, 0.25, window=16))
+    monkeypatch.setattr(SK, "_fused_indexer", lambda: boom)
+    g = torch.Generator().manual_seed(4)
+    args = (torch.randn(3, 2 * 16, generator=g), torch.randn(3, 16, generator=g), torch.randn(3, 2, generator=g))
+    kw = {"head_dim": 16, "rope_dim": 8, "positions": torch.arange(5, 8), "rope": Rope(theta=1e4), "topk": 4,
+          "k_norm_weight": torch.ones(16), "k_norm_bias": torch.zeros(16)}  # fmt: skip
+    prior = torch.randn(5, 16, generator=g)
+    cache = {"k": prior}
+    name, got = SK.serving_indexer(*args, **kw, cache=cache)
+    assert name == SK.REFERENCE_INDEXER and cache["k"].shape[0] == 8 and torch.equal(cache["k"][:5], prior)
+    assert sorted(SK.kernel_refusals()) == ["fla window, head dim 16", "fused indexer, 2 heads"]
+    monkeypatch.undo()
+    assert torch.equal(got, KA.dsa_indexer(*args, **kw, cache={"k": prior}))

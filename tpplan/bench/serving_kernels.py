@@ -400,10 +400,15 @@ def masked_attention(
     return out[0].transpose(0, 1).reshape(t, -1)
 
 
+_REFUSED_KERNELS: dict[str, str] = {}  # kernel and shape -> the error it raised (`kernel_refusals`)
+
+
 def fla_window(q: Tensor, v: Tensor) -> bool:
     """Whether the window runs fla's `parallel_attn`: on CUDA, head dims up to 256 (its one key tile),
     fla importable, and env TPPLAN_FLA_WINDOW not "0" (the band kernel then, as before 2026-12-06d)."""
     if not q.is_cuda or max(q.shape[-1], v.shape[-1]) > 256 or os.environ.get("TPPLAN_FLA_WINDOW", "1") == "0":
+        return False
+    if f"fla window, head dim {q.shape[-1]}" in _REFUSED_KERNELS:
         return False
     return MA.fla_parallel_attn() is not None
 
@@ -415,9 +420,11 @@ def serving_attention(
     name `attention_variants_used` records; None for a call none of them expresses. A window runs fla's
     `parallel_attn` where `fla_window` allows, else the band-mask SDPA (or flash blocks on request)."""
     if window is not None and chunk is None and fla_window(q, v):
-        return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), MA.fla_window_attention(
-            q, k, v, scale, window, sinks
-        )
+        try:
+            out = MA.fla_window_attention(q, k, v, scale, window, sinks)
+            return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), out
+        except Exception as exc:  # e.g. triton out of shared memory at this head dim: the band kernel from now on
+            _REFUSED_KERNELS[f"fla window, head dim {q.shape[-1]}"] = f"{type(exc).__name__}: {exc}"[:300]
     if window is not None and chunk is None:
         # Without fla: the band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's /
         # gpt-oss's window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1
@@ -463,9 +470,25 @@ def serving_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> tuple[str, Te
     """`runtime.kernels.dsa_indexer` by the fused kernel where `fused_indexer_ok`, else the reference, with
     the name `indexer_variants_used` records."""
     fused = _fused_indexer() if fused_indexer_ok(q, int(kw["head_dim"])) else None
-    if fused is not None:
-        return FUSED_INDEXER, fused(q, k, w, **kw)
+    key = f"fused indexer, {q.shape[-1] // int(kw['head_dim'])} heads"
+    cache = kw.get("cache")
+    before = None if cache is None else cache.get("k")
+    if fused is not None and key not in _REFUSED_KERNELS:
+        try:
+            return FUSED_INDEXER, fused(q, k, w, **kw)
+        except Exception as exc:  # e.g. triton out of resources: the reference from now on, the cache restored
+            _REFUSED_KERNELS[key] = f"{type(exc).__name__}: {exc}"[:300]
+            if cache is not None and before is None:
+                cache.pop("k", None)
+            elif cache is not None:
+                cache["k"] = before
     return REFERENCE_INDEXER, _REFERENCE_INDEXER(q, k, w, **kw)
+
+
+def kernel_refusals() -> dict[str, str]:
+    """The bench kernels that raised in this process (kernel and shape -> the error): each fell back (fla's
+    window to the band kernel, the fused indexer to the reference) for that shape from then on."""
+    return dict(_REFUSED_KERNELS)
 
 
 def indexer_variants_used() -> list[str]:
@@ -546,6 +569,7 @@ __all__ = [
     "grouped_routed_experts",
     "indexer_variants_used",
     "installed",
+    "kernel_refusals",
     "masked_attention",
     "per_expert_loop",
     "refused_expert_shapes",

@@ -283,7 +283,8 @@ def _bench_plan(
         probe.close(brec)
 
     states: dict[int, Any] = {}
-    for b in batches[: cfg.warmup]:
+    for i, b in enumerate(batches[: cfg.warmup]):  # a line per batch in a log: fla's autotune shows here
+        progress.update(task, description=f"{name}: warm-up batch {i + 1}/{cfg.warmup}")
         run_batch(b, states)
         progress.update(task, advance=1)
     clock.sync()
@@ -295,10 +296,11 @@ def _bench_plan(
         runner.tracer.events.clear()
         probe.enabled = True
         recs: list[Span] = []
-        for b in batches:
+        for k, b in enumerate(batches):
+            progress.update(task, description=f"{name}: pass {it + 1}/{cfg.iters}, batch {k + 1}/{len(batches)}")
             run_batch(b, states)
             recs += probe.resolve()
-            progress.update(task, advance=1, description=f"{name}: pass {it + 1}/{cfg.iters}")
+            progress.update(task, advance=1)
         probe.enabled = False
         records.append(recs)
         if it == 0:
@@ -308,9 +310,10 @@ def _bench_plan(
     if cfg.overhead and device.type == "cuda":
         from tpplan.bench.overhead import measure
 
-        progress.update(task, description=f"{name}: runtime overhead")
+        passes = iter(("timed", "profiled"))  # overhead.measure runs the pass twice
 
         def one_pass() -> None:
+            progress.update(task, description=f"{name}: runtime overhead, {next(passes, 'another')} pass")
             states: dict[int, Any] = {}
             for b in batches:
                 run_batch(b, states)

@@ -40,11 +40,14 @@ try:
         if MA.fla_parallel_attn() is None:
             out["fla window"] = "fla.ops.attn.parallel does not import here: not checked"
             break
-        q3, k3, v3 = qkv(t, s, n, d)
-        sk = torch.randn(n, device=dev) if snk else None
-        want = ref(q3, k3, v3, d**-0.5, window=w, sinks=sk)
-        out[f"fla window {label}"] = rel(MA.fla_window_attention(q3, k3, v3, d**-0.5, w, sk), want)
-        out[f"serving window {label} ran"] = SK.serving_attention(q3, k3, v3, d**-0.5, w, None, sk)[0]
+        try:
+            q3, k3, v3 = qkv(t, s, n, d)
+            sk = torch.randn(n, device=dev) if snk else None
+            want = ref(q3, k3, v3, d**-0.5, window=w, sinks=sk)
+            out[f"fla window {label}"] = rel(MA.fla_window_attention(q3, k3, v3, d**-0.5, w, sk), want)
+            out[f"serving window {label} ran"] = SK.serving_attention(q3, k3, v3, d**-0.5, w, None, sk)[0]
+        except Exception as exc:
+            out[f"fla window {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
     # The fused DSA indexer (bf16 Triton scores + torch.topk) against the fp32 reference: index-score relative
     # error, and the share of the reference's selected earlier keys the fused kernel also selects (mean, worst row).
     for label, (t, ctx, hi) in {"dsv32 64h": (2048, 0, 64), "dsv32 64h cache": (1024, 8192, 64),
@@ -52,38 +55,41 @@ try:
         if not SK.fused_indexer_ok(torch.empty(1, device=dev), 128):
             out["fused indexer"] = "not on CUDA or triton missing: not checked"
             break
-        from tpplan.bench import fused_indexer as FI
-        from tpplan.runtime.kernels_local import Rope, rope_cos_sin
-        pos = torch.arange(ctx, ctx + t, device=dev)
-        qi, ki, wi = (torch.randn(t, hi * 128, device=dev, dtype=dt), torch.randn(t, 128, device=dev, dtype=dt),
-                      torch.randn(t, hi, device=dev, dtype=dt))
-        prior = torch.randn(ctx, 128, device=dev)
-        kw = dict(head_dim=128, rope_dim=64, positions=pos, rope=Rope(), topk=2048,
-                  k_norm_weight=torch.ones(128, device=dev), k_norm_bias=torch.zeros(128, device=dev))
-        want = KA.dsa_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
-        name, got = SK.serving_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
-        s_all = ctx + t
-        causal = torch.arange(s_all, device=dev)[None] <= pos[:, None]
-        keep_w, keep_g = KA.index_mask(want, s_all) & causal, KA.index_mask(got, s_all) & causal
-        share = (keep_w & keep_g).sum(1).float() / keep_w.sum(1).clamp(min=1).float()
-        out[f"fused indexer {label} ran"] = name
-        out[f"fused indexer {label} kept-key overlap mean / worst row"] = (float(share.mean()), float(share.min()))
-        cos, sin = rope_cos_sin(pos[:256], 64, Rope())
-        qf = KA.indexer_query(qi[:256], 128, 64, cos, sin, False)
-        keys = torch.cat([prior, KA.indexer_key(ki, kw["k_norm_weight"], kw["k_norm_bias"], 64,
-                                                *rope_cos_sin(pos, 64, Rope()), False)])
-        wf = wi[:256].float() * (hi**-0.5 * 128**-0.5)
-        ref_s = torch.einsum("th,ths->ts", wf, torch.relu(torch.einsum("thd,sd->ths", qf, keys)))
-        got_s = FI.index_scores(qf.to(dt), keys.to(dt), wf, ctx)
-        fin = torch.isfinite(got_s)
-        out[f"fused indexer {label} score rel err (256 rows)"] = rel(got_s[fin], ref_s[fin])
-        # Tie-blind: the fp32 scores of the keys each kept, sorted, against the reference's (256 rows); the
-        # largest gap as a share of the largest score (ties and near-boundary bf16 swaps give ~0).
-        ref_c = ref_s.masked_fill(~causal[:256], float("-inf"))
-        a, b = (ref_c.gather(1, i[:256]).sort(1, descending=True).values for i in (want, got))
-        both = torch.isfinite(a) & torch.isfinite(b)
-        gap = float((a - b)[both].abs().max() / ref_c[causal[:256]].abs().max()) if both.any() else 0.0
-        out[f"fused indexer {label} kept-score gap (256 rows)"] = (gap, bool(torch.equal(torch.isfinite(a), torch.isfinite(b))))
+        try:
+            from tpplan.bench import fused_indexer as FI
+            from tpplan.runtime.kernels_local import Rope, rope_cos_sin
+            pos = torch.arange(ctx, ctx + t, device=dev)
+            qi, ki, wi = (torch.randn(t, hi * 128, device=dev, dtype=dt), torch.randn(t, 128, device=dev, dtype=dt),
+                          torch.randn(t, hi, device=dev, dtype=dt))
+            prior = torch.randn(ctx, 128, device=dev)
+            kw = dict(head_dim=128, rope_dim=64, positions=pos, rope=Rope(), topk=2048,
+                      k_norm_weight=torch.ones(128, device=dev), k_norm_bias=torch.zeros(128, device=dev))
+            want = KA.dsa_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
+            name, got = SK.serving_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
+            s_all = ctx + t
+            causal = torch.arange(s_all, device=dev)[None] <= pos[:, None]
+            keep_w, keep_g = KA.index_mask(want, s_all) & causal, KA.index_mask(got, s_all) & causal
+            share = (keep_w & keep_g).sum(1).float() / keep_w.sum(1).clamp(min=1).float()
+            out[f"fused indexer {label} ran"] = name
+            out[f"fused indexer {label} kept-key overlap mean / worst row"] = (float(share.mean()), float(share.min()))
+            cos, sin = rope_cos_sin(pos[:256], 64, Rope())
+            qf = KA.indexer_query(qi[:256], 128, 64, cos, sin, False)
+            keys = torch.cat([prior, KA.indexer_key(ki, kw["k_norm_weight"], kw["k_norm_bias"], 64,
+                                                    *rope_cos_sin(pos, 64, Rope()), False)])
+            wf = wi[:256].float() * (hi**-0.5 * 128**-0.5)
+            ref_s = torch.einsum("th,ths->ts", wf, torch.relu(torch.einsum("thd,sd->ths", qf, keys)))
+            got_s = FI.index_scores(qf.to(dt), keys.to(dt), wf, pos[:256])
+            fin = torch.isfinite(got_s)
+            out[f"fused indexer {label} score rel err (256 rows)"] = rel(got_s[fin], ref_s[fin])
+            # Tie-blind: the fp32 scores of the keys each kept, sorted, against the reference's (256 rows); the
+            # largest gap as a share of the largest score (ties and near-boundary bf16 swaps give ~0).
+            ref_c = ref_s.masked_fill(~causal[:256], float("-inf"))
+            a, b = (ref_c.gather(1, i[:256]).sort(1, descending=True).values for i in (want, got))
+            both = torch.isfinite(a) & torch.isfinite(b)
+            gap = float((a - b)[both].abs().max() / ref_c[causal[:256]].abs().max()) if both.any() else 0.0
+            out[f"fused indexer {label} kept-score gap (256 rows)"] = (gap, bool(torch.equal(torch.isfinite(a), torch.isfinite(b))))
+        except Exception as exc:
+            out[f"fused indexer {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
     out["reference-blocks(topk)"] = rel(KA.causal_attention(q, k, v, 0.125, keep), ref(q, k, v, 0.125, keep))
     b, n, hk = 4, 4096, 2
     q2 = torch.randn(b, 16, 128, device=dev, dtype=dt)
@@ -110,5 +116,6 @@ try:
     out["refused"] = SK.refused_expert_shapes()
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
+out["kernel refusals (fell back)"] = SK.kernel_refusals()
 for k_, v_ in out.items():
     print(f"check {k_}: {v_}")
