@@ -72,6 +72,7 @@ class PlanSteps:
         self.cp_audit = audit_cp(graph, mesh)
         self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
         self.b = DTYPE_BYTES[dtype]
+        self.rpn = mesh.ranks_per_node(topo.gpus_per_node)
         self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.engine = engine
         self.pipeline = pipeline or pipeline_model()
