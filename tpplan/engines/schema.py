@@ -308,6 +308,7 @@ class RouterRule:
     cache_threshold: float = 0.3  # cache_aware: prefix-match share above which the holder is chosen
     balance_abs: int = 64  # cache_aware: load imbalance when max - min exceeds this ...
     balance_rel: float = 1.5  # ... and max exceeds min x this
+    prefill_load_to_end: bool = False  # a request loads its prefill instance until it ends (else until prefilled)
 
 
 @dataclass(frozen=True)
