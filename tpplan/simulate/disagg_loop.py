@@ -50,7 +50,10 @@ from tpplan.simulate.routing import Router
 SGLANG_RULE = handoff_rule("sglang")[0]
 VLLM_RULE = handoff_rule("vllm")[0]
 ROUTER_UNREAD = Source.unread(
-    "the release's P/D router", "router", "which instance a request goes to (round-robin assumed)"
+    "the release's P/D router",
+    "router",
+    "which instance a request goes to (round-robin assumed)",
+    why="used for a release whose module states no P/D router (HandoffRule.router None)",
 )
 
 
