@@ -157,8 +157,7 @@ def test_search_equals_brute_force_and_predict_plan_with_mla_only_cp() -> None:
 
 def test_search_offers_the_mla_mode_inside_each_tp_group_where_legal(monkeypatch, capsys) -> None:
     from tpplan.search import search_report
-    from tpplan.search.cp_grid import mla_deployments
-    from tpplan.search.grid import MeshAsk
+    from tpplan.search.grid import MeshAsk, mla_deployments
 
     g = _graph("tiny-kimi-k3")
     got = mla_deployments(g, [Mesh(8), Mesh(4, pp=2), Mesh(1, pp=8), Mesh(4, replicas=2)], MeshAsk())

@@ -29,16 +29,11 @@ from tpplan.models.opkinds import mixer_names
 PACKAGE = Path(__file__).resolve().parents[1] / "tpplan"
 ALLOWED = ("models/", "lower/passes/")  # the registry (and the families that register mixers) and the passes
 
-# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules). Converted: kv_capacity, memo,
-# prose, both CP modules (the mixers state their CP method, `Mixer.cp`), the kernel pricer's latent, top-k and
-# AIC-MLA checks and bench/slice_memory's latent/state checks. What is left dispatches per mixer on what no trait
-# states yet: the kernel pricer's GQA decode fit and the offline benchmark shape tables (one fitted kernel family
-# per mixer).
-PENDING: dict[str, int] = {
-    "bench/rank_shapes.py": 4,
-    "bench/slice_memory.py": 2,
-    "cost/kernel_pricer.py": 1,
-}
+# module: comparisons on a mixer's name it still has (2026-12-06: 32 in 9 modules, then 7 in 3; now none). The last
+# ones stood for `Mixer.head_kv` (the kernel pricer's GQA decode fit, bench/slice_memory's GQA cache),
+# `Mixer.topk_indexer` (DSA's indexer in the bench's tables and cache) and `Mixer.kernel_shape` (the bench's
+# per-mixer KDA / GDN / short conv tables).
+PENDING: dict[str, int] = {}
 
 _OPS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
 MIXERS = set(mixer_names())
@@ -144,15 +139,18 @@ def test_the_scan_sees_every_way_to_read_a_mixer_name():
 def test_the_traits_follow_the_mixer_s_structure():
     """On tiny presets of each mixer: a latent KV cache exactly where the layer's attention is MLA (or MLA
     inside DSA), and on the ops that read that latent; `--cp-layers mla` exactly on plain MLA; the
-    per-channel gate exactly on KDA; the state hand-off is the recurrences' CP method, with the state's
-    shape."""
+    per-channel gate exactly on KDA; per-head K/V exactly on the softmax attention that keeps no latent, with
+    k and v at its KV heads; the top-k indexer feeding the sparse attention's fourth input; the state hand-off
+    is the recurrences' CP method, with the state's shape; a kernel shape of its own exactly on the mixers the
+    pricer times apart from attention (recurrences, the short conv)."""
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.models.opkinds import mixer, mixer_of
     from tpplan.models.spec import KDASpec, MLASpec
 
-    seen, latent_ops = set(), set()
-    for name in ("tiny-deepseek-v3", "tiny-deepseek-v32", "tiny-kimi-linear", "tiny-qwen3-next", "tiny-llama"):
+    seen, latent_ops, indexed = set(), set(), 0
+    tiny = ("deepseek-v3", "deepseek-v32", "kimi-linear", "qwen3-next", "llama", "glm4-moe", "minimax-m2")
+    for name in (f"tiny-{t}" for t in tiny):
         graph = build_model_graph(load_model(name))
         for lg in graph.kinds.values():
             attn, m = lg.spec.attn, mixer(lg.spec.attn.kind)
@@ -162,12 +160,22 @@ def test_the_traits_follow_the_mixer_s_structure():
             assert m.cp_layers_mla is isinstance(attn, MLASpec)
             assert m.channel_gated is isinstance(attn, KDASpec)
             assert m.sparse_topk is (latent and not isinstance(attn, MLASpec))  # DSA: MLA inside, indexed
+            assert m.head_kv is (m.cost == "attention" and not latent)
+            sparse = [op for op in lg.ops if (mx := mixer_of(op)) is not None and mx.sparse_topk]
             for op in lg.ops:
                 mx = mixer_of(op)
                 if mx is not None and mx.latent_kv:
                     assert latent and "kv_latent" in lg.values, (name, op.name)
                     latent_ops.add(mx.name)
-    assert {"mla", "dsa", "kda", "gqa", "gdn"} <= seen and latent_ops == {"mla", "mla_dsa"}  # met both ways
+                if mx is not None and mx.head_kv:
+                    kv = op.int_attr("kv_heads") * op.int_attr("head_dim")
+                    assert m.head_kv and [lg.values[v].width for v in op.inputs[1:3]] == [kv, kv], (name, op.name)
+                if mx is not None and mx.topk_indexer:
+                    assert [s.inputs[3] for s in sparse] == [op.output], (name, op.name)
+                    indexed += 1
+    assert {"mla", "dsa", "kda", "gqa", "gdn", "gqa_qkv_bias", "gqa_wide_norm"} <= seen
+    assert latent_ops == {"mla", "mla_dsa"} and indexed > 0  # met both ways
     for n in mixer_names():  # a CP state hand-off knows the state's shape; only recurrences hand one on
         m = mixer(n)
         assert (m.cp == "state") is (m.state_dims is not None) is (m.cost == "recurrence"), n
+        assert (m.kernel_shape is not None) is (m.cost in ("recurrence", "elementwise")), n

@@ -147,7 +147,7 @@ def deepep_rows() -> list[str]:
     """tpplan's low-latency dispatch and combine (`cost.ep_low_latency`: tokens x top-k messages, an all-to-all
     of that send buffer on the EP group) on `h100x8-ib400` (H100 nodes of 8, 8 x 400 Gb/s NICs) against the
     DeepEP README's measured latencies, as markdown rows."""
-    from tpplan.cost.comm import price_collective
+    from tpplan.cost.collective_pricer import price_collective
     from tpplan.cost.topology import select_topology
     from tpplan.engines.deepep import combine_message_bytes, dispatch_message_bytes
 

@@ -91,3 +91,84 @@ def test_indexer_in_query_blocks_selects_what_the_one_shot_indexer_selects(monke
     whole = KA.dsa_indexer(*args, **kw)
     monkeypatch.setattr(KA, "query_block", lambda t, per, budget=0: 3)
     assert torch.equal(KA.dsa_indexer(*args, **kw), whole)
+
+
+def _fla_contract(q, k, v, *, scale, window_size, sink_bias):
+    """fla's `parallel_attn` contract on [1, T, H, D] (q and k of one length, the window relative to it,
+    sinks in the denominator), by the runtime's reference: stands in for the GPU kernel on the CPU."""
+    assert q.shape[1] == k.shape[1] == v.shape[1], "fla's kernel takes q and k of one length"
+    out = KA.causal_attention(q[0], k[0], v[0], scale, window=window_size, sinks=sink_bias)
+    return out.reshape(1, q.shape[1], q.shape[2], -1)
+
+
+@pytest.mark.parametrize(("t", "s", "w"), SHAPES)
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_fla_window_after_a_cache_is_the_masked_reference(t: int, s: int, w: int, with_sinks: bool) -> None:
+    """The cut keys and front-padded queries around fla's equal-length kernel give the reference's result,
+    and keys before the first query's window are never read (NaN there changes nothing)."""
+    q, k, v = _qkv(t, s, 2 * t + s + w)
+    sinks = torch.randn(3) if with_sinks else None
+    ref = KA.causal_attention(q, k, v, 0.25, window=w, sinks=sinks)
+    got = MA.fla_window_attention(q, k, v, 0.25, w, sinks, attn=_fla_contract)
+    assert got.shape == ref.shape and _close(got, ref)
+    first = max(0, s - t - w + 1)
+    k2, v2 = k.clone(), v.clone()
+    k2[:first], v2[:first] = float("nan"), float("nan")
+    assert torch.equal(MA.fla_window_attention(q, k2, v2, 0.25, w, sinks, attn=_fla_contract), got)
+
+
+def test_the_window_takes_the_band_kernel_off_cuda() -> None:
+    from tpplan.bench import serving_kernels as SK
+
+    q, k, v = _qkv(20, 53, 4)
+    assert not SK.fla_window(q, v)
+    name, out = SK.serving_attention(q, k, v, 0.25, 16, None, None)
+    assert name == SK.WINDOWED and _close(out, KA.causal_attention(q, k, v, 0.25, window=16))
+
+
+def test_the_indexer_takes_the_reference_off_cuda() -> None:
+    from tpplan.bench import serving_kernels as SK
+    from tpplan.runtime.kernels_local import Rope
+
+    g = torch.Generator().manual_seed(4)
+    t, heads, d = 9, 2, 16
+    args = (torch.randn(t, heads * d, generator=g), torch.randn(t, d, generator=g), torch.randn(t, heads, generator=g))
+    kw = {"head_dim": d, "rope_dim": 8, "positions": torch.arange(t), "rope": Rope(theta=1e4), "topk": 4,
+          "k_norm_weight": torch.ones(d), "k_norm_bias": torch.zeros(d)}  # fmt: skip
+    assert not SK.fused_indexer_ok(args[0], d)
+    name, got = SK.serving_indexer(*args, **kw)
+    assert name == SK.REFERENCE_INDEXER and torch.equal(got, KA.dsa_indexer(*args, **kw))
+
+
+def test_a_kernel_that_raises_falls_back_for_its_shape(monkeypatch) -> None:
+    """fla's window raising (e.g. out of shared memory) gives the band kernel; the fused indexer raising after
+    it appended its keys gives the reference with the cache as it was; both are recorded and kept."""
+    from tpplan.bench import serving_kernels as SK
+    from tpplan.runtime.kernels_local import Rope
+
+    def boom(*a, **kw):
+        if "cache" in kw:
+            KA.append_cache(kw["cache"], "k", torch.zeros(3, 16))
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(SK, "_REFUSED_KERNELS", {})
+    monkeypatch.setattr(MA, "fla_parallel_attn", lambda: boom)
+    monkeypatch.setattr(MA, "fla_window_attention", boom)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v = _qkv(20, 53, 4)
+    assert SK.fla_window(q, v)
+    name, out = SK.serving_attention(q, k, v, 0.25, 16, None, None)
+    assert name == SK.WINDOWED and not SK.fla_window(q, v)
+    assert _close(out, KA.causal_attention(q, k, v, 0.25, window=16))
+    monkeypatch.setattr(SK, "_fused_indexer", lambda: boom)
+    g = torch.Generator().manual_seed(4)
+    args = (torch.randn(3, 2 * 16, generator=g), torch.randn(3, 16, generator=g), torch.randn(3, 2, generator=g))
+    kw = {"head_dim": 16, "rope_dim": 8, "positions": torch.arange(5, 8), "rope": Rope(theta=1e4), "topk": 4,
+          "k_norm_weight": torch.ones(16), "k_norm_bias": torch.zeros(16)}  # fmt: skip
+    prior = torch.randn(5, 16, generator=g)
+    cache = {"k": prior}
+    name, got = SK.serving_indexer(*args, **kw, cache=cache)
+    assert name == SK.REFERENCE_INDEXER and cache["k"].shape[0] == 8 and torch.equal(cache["k"][:5], prior)
+    assert sorted(SK.kernel_refusals()) == ["fla window, head dim 16", "fused indexer, 2 heads"]
+    monkeypatch.undo()
+    assert torch.equal(got, KA.dsa_indexer(*args, **kw, cache={"k": prior}))

@@ -472,3 +472,15 @@ def test_the_slice_the_bench_runs_is_priced_in_the_runs_dtype_not_the_checkpoint
     gemms = [o for o in r.ops if o.category == "gemm" and o.op != "router"]
     meas, pred = sum(o.measured_s for o in gemms), sum(o.predicted_s or 0.0 for o in gemms)
     assert abs(pred / meas - 1) < 0.15  # -45% when priced at fp8 (bf16: +12%, the run between clock states)
+
+
+@pytest.mark.slow
+def test_a_run_in_a_log_says_each_batch_as_it_starts(tmp_path: Path) -> None:
+    """Off a terminal a line per warm-up and timed batch, in order: a log shows where a long run spends
+    its time (fla's autotune in the warm-up, a slow batch) even when the run is stopped at a limit."""
+    one_rank = [*TINY[: TINY.index("--nproc")], *TINY[TINY.index("--nproc") + 2 : -1]]  # and no --no-progress
+    proc = _cli([*one_rank, "--nproc", "1", "--plan", "baseline", "--progress", "--out", str(tmp_path / "r.json")])
+    assert proc.returncode == 0, proc.stderr
+    lines = [x.split(" [")[0] for x in proc.stderr.splitlines() if x.startswith("baseline: ")]
+    want = ["baseline: warm-up batch 1/1", "baseline: pass 1/1, batch 1/2", "baseline: pass 1/1, batch 2/2"]
+    assert [x for x in lines if x in want] == want, lines

@@ -146,6 +146,7 @@ def test_every_family_benches_with_the_fast_kernels(model: str, one_rank_group) 
         assert any(FK.WINDOWED in i for i in impls)
     if re.search("deepseek-v32", model):
         assert any(FK.REFERENCE_FOR_TOPK in i for i in impls)
+        assert FK.REFERENCE_INDEXER in impls  # the indexer went through the swap (the fused kernel needs CUDA)
 
 
 def test_windows_take_the_band_kernel_unless_flash_is_asked_for(monkeypatch) -> None:

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from tpplan.cost.bands import collective_key
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.collectives import collective_time, curve_latency_s
-from tpplan.cost.comm import price_collective
 from tpplan.cost.kernel_source import KernelPrice
 from tpplan.cost.topology import load_topology
 from tpplan.errors import TpplanError

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tpplan.cost.comm import price_collective
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.ep_low_latency import LL_SUFFIX, low_latency_steps, runs_low_latency
 from tpplan.cost.pipeline import pipeline_model
 from tpplan.cost.predictor import cached_predictor

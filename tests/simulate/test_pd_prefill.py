@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.simulate.test_engine_loop import predictor
-from tpplan.cost.comm import price_collective
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.simulate.engine import engine_loop, serve
 from tpplan.simulate.loop import LoopConfig, simulate
 from tpplan.simulate.pd import DISAGG_SOURCE, handoff, kv_bytes_per_rank, prefill_pool

@@ -6,11 +6,14 @@ a 128-token window at 8K tokens is 1/64 of it, so the bench measured many times 
 kernel does. Here each variant touches only the keys it may read, with the same semantics (the CPU tests
 compare them with the reference):
 
-- `banded_attention` (Gemma, gpt-oss's sliding layers; the bench's default): queries in blocks, each
+- `banded_attention` (Gemma, gpt-oss's sliding layers; the bench's default without fla): queries in blocks, each
   against the keys its window reaches, one SDPA call with a band mask (the memory-efficient kernel);
   `windowed_attention` the same by flash alone (blocks of window - 1 queries against their own keys and
   the block before, two square causal calls, the second on reversed rows, merged by log-sum-exp), which
   ran 1.5x the band's time on an H100 (its merge's many small launches: docs/benchmarks.md).
+- `fla_window_attention` (the bench's window kernel on CUDA where fla imports): fla's Triton flash kernel
+  `parallel_attn`, which skips the key blocks outside each query block's window, with GQA and sinks
+  in the kernel; the band kernel stays the fallback (CPU, no fla, head dims over 256).
 - `chunked_attention` (Llama 4): each chunk's queries against that chunk's keys only, causal, by the
   serving path (SDPA flash).
 - `sinks` (gpt-oss): a learned logit per head joins the softmax denominator and adds no value, so
@@ -20,7 +23,9 @@ compare them with the reference):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -152,6 +157,51 @@ def banded_attention(
     return out.transpose(1, 2).reshape(nb * blk, n * dv)[:t]
 
 
+WindowKernel = Callable[..., Tensor]  # fla's parallel_attn contract: (q, k, v, scale=, window_size=, sink_bias=)
+
+
+@functools.cache
+def fla_parallel_attn() -> WindowKernel | None:
+    """fla's `fla.ops.attn.parallel.parallel_attn` (fla 0.6.0) where it imports (it needs triton), else None."""
+    try:
+        from fla.ops.attn.parallel import parallel_attn
+    except Exception:  # ImportError, or triton failing to initialise without a GPU
+        return None
+    return cast(WindowKernel, parallel_attn)
+
+
+def fla_window_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, window: int, sinks: Tensor | None = None,
+    attn: WindowKernel | None = None,
+) -> Tensor:  # fmt: skip
+    """`kernels.causal_attention(..., window=, sinks=)` by fla's `parallel_attn` (fla 0.6.0,
+    fla/ops/attn/parallel.py): a Triton flash kernel that starts each 128-query block's key loop at the
+    first key its window reaches (`i_start`), so the work is about T x window, not T x S. It takes
+    [B, T, H, D] with q and k of one length T (its window and causal masks compare positions within
+    that T), head dims up to 256 (`NK == 1`: Gemma 3's 256 and gpt-oss's 64 fit), any float dtype,
+    GQA (HQ a multiple of H; here k and v come already repeated to q's heads, as `gqa_attention`
+    passes them) and per-head sinks in the denominator only (`sink_bias` [HQ]).
+
+    q [T, n, d] are the last T of S positions. After a cache (S > T) only the keys from
+    `ctx - window + 1` can be read, so k and v are cut there and q is front-padded with as many zero
+    rows as cached keys are kept (at most window - 1), their outputs dropped: exact, at the cost of
+    those extra query rows (Gemma 3's 1023 beside a 1K-token chunk, gpt-oss's 127). `attn`: the
+    kernel (default fla's; the CPU tests pass a reference with the same contract)."""
+    run = attn or fla_parallel_attn()
+    if run is None:
+        raise RuntimeError("fla_window_attention needs fla (fla.ops.attn.parallel) with triton")
+    t, s = q.shape[0], k.shape[0]
+    ctx = s - t
+    lo = max(0, ctx - window + 1)  # the first key any of the T queries may read
+    front = ctx - lo  # cached keys kept: that many zero query rows go in front
+    qq = F.pad(q, (0, 0, 0, 0, front, 0)) if front else q
+    bias = None if sinks is None else sinks.float()
+    with torch.no_grad():
+        out = run(qq.unsqueeze(0), k[lo:].unsqueeze(0).to(q.dtype), v[lo:].unsqueeze(0).to(q.dtype), scale=scale,
+                  window_size=window, sink_bias=bias)  # fmt: skip
+    return out[0, front:].reshape(t, -1).to(q.dtype)
+
+
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, chunk: int,
                       causal: Callable[[Tensor, Tensor, Tensor, float], Tensor]) -> Tensor:  # fmt: skip
     """`kernels.causal_attention(..., chunk=)`: each attention chunk's queries against that chunk's keys by
@@ -167,4 +217,13 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, chunk: int,
     return torch.cat(outs)
 
 
-__all__ = ["apply_sinks", "banded_attention", "block_for", "chunked_attention", "sink_attention", "windowed_attention"]
+__all__ = [
+    "apply_sinks",
+    "banded_attention",
+    "block_for",
+    "chunked_attention",
+    "fla_parallel_attn",
+    "fla_window_attention",
+    "sink_attention",
+    "windowed_attention",
+]

@@ -163,8 +163,8 @@ def run_gemm(c: Case) -> dict[str, Any]:
 
 def run_masked(c: Case) -> dict[str, Any]:
     """A sliding-window or chunked attention (with gpt-oss's sinks where the model has them) by the bench's
-    kernel for it (`serving_kernels.serving_attention`: the band-mask window, flash per chunk); the
-    kernel's name is kept (`variant`)."""
+    kernel for it (`serving_kernels.serving_attention`: fla's window kernel on CUDA where fla imports, else
+    the band-mask window; flash per chunk); the kernel's name is kept (`variant`)."""
     import torch
 
     from tpplan.bench.serving_kernels import serving_attention
@@ -179,26 +179,28 @@ def run_masked(c: Case) -> dict[str, Any]:
 
 
 def run_indexer(c: Case) -> dict[str, Any]:
-    """DSA's lightning indexer as the bench runs it (`runtime.kernels.dsa_indexer`, the reference: fp32
-    scores a block of queries at a time, a stable sort per query), `context` keys already cached. Fewer
-    repeats: one call at 32K tokens is ~0.6 s."""
+    """DSA's lightning indexer as the bench runs it (`serving_kernels.serving_indexer`: the fused Triton index
+    scores + torch.topk on CUDA where triton imports, else the reference's fp32 scores by query block and
+    stable sort), `context` keys already cached (in the dtype that kernel keeps); the kernel's name is kept
+    (`variant`). The reference gets fewer repeats: one call at 32K tokens is ~0.6 s."""
     import torch
 
-    from tpplan.runtime import kernels as K
+    from tpplan.bench.serving_kernels import FUSED_INDEXER, REFERENCE_INDEXER, fused_indexer_ok, serving_indexer
     from tpplan.runtime.kernels_local import Rope
 
     h, t, ctx, d = c["heads"], c["tokens"], c["context"], c["d"]
     q, k, w = _randn(t, h * d), _randn(t, d), _randn(t, h)
     ones, zeros = torch.ones(d, device=DEVICE[0]), torch.zeros(d, device=DEVICE[0])
     pos = torch.arange(ctx, ctx + t, device=DEVICE[0])
-    prior = _randn(ctx, d).float()
+    kw = {"head_dim": d, "rope_dim": 64, "positions": pos, "rope": Rope(), "topk": c["topk"],
+          "k_norm_weight": ones, "k_norm_bias": zeros}  # fmt: skip
+    name = FUSED_INDEXER if fused_indexer_ok(q, d) else REFERENCE_INDEXER
+    prior = _randn(ctx, d) if name == FUSED_INDEXER else _randn(ctx, d).float()
 
     def call() -> Any:
-        cache = {"k": prior} if ctx else {}
-        return K.dsa_indexer(q, k, w, head_dim=d, rope_dim=64, positions=pos, rope=Rope(), topk=c["topk"],
-                             k_norm_weight=ones, k_norm_bias=zeros, cache=cache)  # fmt: skip
+        return serving_indexer(q, k, w, **kw, cache={"k": prior} if ctx else {})[1]
 
-    return measure(call, reps=2, both=False)
+    return {**measure(call, reps=5 if name == FUSED_INDEXER else 2, both=False), "variant": name}
 
 
 RUNNERS: dict[str, Callable[[Case], dict[str, Any]]] = {

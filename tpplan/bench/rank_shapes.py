@@ -27,6 +27,8 @@ MODELS = (
 # The families whose attention hides keys: sliding windows (Gemma 3, gpt-oss with sinks), attention chunks
 # (Llama 4) and DSA's indexer (GLM-5.1, DeepSeek-V3.2): issue 34's "per-rank sweep not run for them".
 MASKED_MODELS = ("gemma-3-4b-it", "gpt-oss-120b", "llama-4-scout-17b-16e", "glm-5.1", "deepseek-v3.2")
+# The keys of a `Mixer.kernel_shape` a TP rank runs its share of (the rest are per head).
+SPLIT = ("heads", "channels")
 # Routed-expert weights of one rank above this are not allocated (the card also holds the activations).
 MAX_EXPERT_BYTES = 24e9
 
@@ -55,12 +57,14 @@ def _dedupe(rows: Iterable[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[
 
 
 def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] = EPS) -> dict[str, list[dict]]:
-    """Per-rank shapes of one model's attention, recurrence, experts, norm and conv ops at each TP / EP."""
-    from tpplan.models.opkinds import cost_class
+    """Per-rank shapes of one model's attention, recurrence, experts, norm and conv ops at each TP / EP: a
+    mixer timed as its own family (`Mixer.kernel_shape`: KDA, GDN, short conv) under its name."""
+    from tpplan.models.opkinds import cost_class, mixer, mixer_names, mixer_of
 
     g = _graph(model)
+    swept = [n for n in mixer_names() if mixer(n).kernel_shape is not None]
     out: dict[str, list[dict[str, Any]]] = {
-        k: [] for k in ("attention", "kda", "gdn", "experts", "norm", "conv", "masked", "indexer")
+        k: [] for k in ("attention", *swept, "experts", "norm", "masked", "indexer")
     }
     tps, eps = tuple(tps), tuple(eps)
     meshes = [Mesh(tp) for tp in tps]
@@ -68,25 +72,22 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
     for lg in g.kinds.values():
         out["norm"].append({"width": lg.hidden, **tag})
         for op in lg.ops:
-            cls = cost_class(op)
-            impl = str(op.attrs.get("impl"))
-            if cls == "attention" and impl in ("mla", "gqa", "mla_dsa"):
+            cls, mx = cost_class(op), mixer_of(op)
+            if mx is not None and mx.kernel_shape is not None:
+                shape = mx.kernel_shape(op, lg.values)
+                out[mx.name] += [{**{k: per_rank(v, m) if k in SPLIT else v for k, v in shape.items()}, **tag}
+                                 for m in meshes]  # fmt: skip
+            elif mx is not None and (mx.latent_kv or mx.head_kv):  # softmax attention over its cached keys
                 heads = op.int_attr("heads", 1)
                 dqk = lg.values[op.inputs[0]].width // heads
                 dv = lg.values[op.output].width // heads
                 out["attention"] += [{"heads": per_rank(heads, m), "dqk": dqk, "dv": dv, **tag} for m in meshes]
                 out["masked"] += masked_shapes(op, dqk, meshes, model)
-            elif impl == "dsa_indexer":  # replicated (`deepseek_v32._indexer_rule`): every head on every rank
+            elif (
+                mx is not None and mx.topk_indexer
+            ):  # replicated (`deepseek_v32._indexer_rule`): every head on every rank
                 out["indexer"].append({"heads": op.int_attr("index_heads"), "d": op.int_attr("head_dim"),
                                        "topk": op.int_attr("topk"), **tag})  # fmt: skip
-            elif cls == "recurrence" and impl == "kda":
-                heads, d = op.int_attr("heads", 1), op.int_attr("head_dim", 128)
-                out["kda"] += [{"heads": per_rank(heads, m), "d": d, **tag} for m in meshes]
-                out["conv"] += [{"channels": per_rank(heads, m) * d, **tag} for m in meshes]
-            elif cls == "recurrence" and impl == "gdn":
-                hv, nk = op.int_attr("v_heads", 1), op.int_attr("k_heads", 1)
-                d = op.int_attr("k_head_dim", 128)
-                out["gdn"] += [{"heads": per_rank(hv, m), "v_per_k": hv // nk, "d": d, **tag} for m in meshes]
             elif cls == "experts":
                 out["experts"] += expert_slices(op, tps, eps, model)
     return out
@@ -127,9 +128,11 @@ def rank_shapes(models: Iterable[str] = MODELS, tps: Iterable[int] = TPS, eps: I
             acc.setdefault(fam, []).extend(rows)
     keys = {"attention": ("dqk", "dv", "heads"), "kda": ("d", "heads"), "gdn": ("d", "v_per_k", "heads"),
             "experts": ("experts", "local", "top_k", "width", "inter"), "norm": ("width",),
-            "conv": ("channels",), "masked": ("d", "window", "chunk", "sinks", "heads"),
+            "short_conv": ("channels",), "masked": ("d", "window", "chunk", "sinks", "heads"),
             "indexer": ("heads", "d", "topk")}  # fmt: skip
-    return {fam: _dedupe(rows, keys[fam]) for fam, rows in acc.items()}
+    # a family without its row order here (a newly swept mixer) sorts by its shape's keys, alphabetically
+    return {fam: _dedupe(rows, keys.get(fam) or tuple(sorted({*rows[0]} - {"models"}) if rows else ()))
+            for fam, rows in acc.items()}  # fmt: skip
 
 
 def heads_bucket(h: float) -> str:

@@ -1,4 +1,4 @@
-"""Serving-class kernels for the benchmark, swapped in for four of the runtime's reference kernels.
+"""Serving-class kernels for the benchmark, swapped in for five of the runtime's reference kernels.
 
 The runtime's kernels (`tpplan.runtime.kernels`) are written to be obviously right, not fast:
 attention materialises the [heads, T, S] fp32 score matrix (tens of GB at 8K tokens of K3), and
@@ -11,9 +11,13 @@ benchmark, with the same semantics (tests compare them on CPU):
   with MLA's narrower V zero-padded), which the runtime itself uses only on CUDA; installed here
   it also runs on CPU, so the CPU tests exercise the same attention the GPU bench times. A
   sliding window (Gemma 3, gpt-oss), an attention chunk (Llama 4) and gpt-oss's sinks run kernels
-  that read only the keys each query may see (`bench.masked_attention`: windowed query blocks, flash
-  per chunk, sinks from the kernel's log-sum-exp); DSA's top-k keeps the reference kernel (its scores
-  a block of queries at a time), and the results record which ran (`attention_variants_used`).
+  that read only the keys each query may see (`bench.masked_attention`: on CUDA fla's Triton window
+  kernel, which skips key blocks outside the window, else windowed query blocks; flash per chunk;
+  sinks in fla's denominator or from the kernel's log-sum-exp); attention under DSA's top-k keeps the
+  reference kernel (its scores a block of queries at a time), and the results record which ran
+  (`attention_variants_used`).
+- `dsa_indexer` -> on CUDA the fused Triton index-score kernel and `torch.topk` (`bench.fused_indexer`,
+  as the engines' DeepGEMM MQA-logits path), else the reference (`indexer_variants_used`).
 - `routed_experts` -> every keyword the runtime passes (gpt-oss's biases and clamped SwiGLU, Llama 4's
   routing-scaled inputs: `ExpertVariant`); tokens sorted by expert once, bf16 grouped GEMMs (`torch._grouped_mm`;
   a per-expert loop for the shapes where it is unavailable), each token's rows weighted and summed in one batched
@@ -34,11 +38,13 @@ which of all these ran.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +53,7 @@ from torch import Tensor
 from tpplan.bench import masked_attention as MA
 from tpplan.runtime import fast_kernels as runtime_fast
 from tpplan.runtime import kernels as K
+from tpplan.runtime.kernels_attention import dsa_indexer as _REFERENCE_INDEXER
 from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
 
 
@@ -362,6 +369,11 @@ WINDOWED = "window: SDPA per query block over its window's keys (band mask)"
 WINDOWED_FLASH = (
     "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
 )
+FLA_WINDOW = (
+    "window: fla parallel_attn (Triton flash, key blocks outside the window skipped; after a cache, "
+    "up to window-1 zero query rows in front)"
+)
+FLA_SINKS = "sinks in fla's softmax denominator"
 CHUNKED = "chunk: SDPA flash per attention chunk"
 SINKS = "sinks: flash with log-sum-exp, sinks applied after"
 REFERENCE_FOR_TOPK = "top-k (DSA): reference, scores in query blocks"
@@ -388,14 +400,35 @@ def masked_attention(
     return out[0].transpose(0, 1).reshape(t, -1)
 
 
+_REFUSED_KERNELS: dict[str, str] = {}  # kernel and shape -> the error it raised (`kernel_refusals`)
+
+
+def fla_window(q: Tensor, v: Tensor) -> bool:
+    """Whether the window runs fla's `parallel_attn`: on CUDA, head dims up to 256 (its one key tile),
+    fla importable, and env TPPLAN_FLA_WINDOW not "0" (the band kernel then, as before 2026-12-06d)."""
+    if not q.is_cuda or max(q.shape[-1], v.shape[-1]) > 256 or os.environ.get("TPPLAN_FLA_WINDOW", "1") == "0":
+        return False
+    if f"fla window, head dim {q.shape[-1]}" in _REFUSED_KERNELS:
+        return False
+    return MA.fla_parallel_attn() is not None
+
+
 def serving_attention(
     q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, chunk: int | None, sinks: Tensor | None
 ) -> tuple[str, Tensor] | None:  # fmt: skip
     """The serving-class kernel for a window, a chunk and/or sinks (`masked_attention` module), with the
-    name `attention_variants_used` records; None for a call none of them expresses."""
+    name `attention_variants_used` records; None for a call none of them expresses. A window runs fla's
+    `parallel_attn` where `fla_window` allows, else the band-mask SDPA (or flash blocks on request)."""
+    if window is not None and chunk is None and fla_window(q, v):
+        try:
+            out = MA.fla_window_attention(q, k, v, scale, window, sinks)
+            return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), out
+        except Exception as exc:  # e.g. triton out of shared memory at this head dim: the band kernel from now on
+            _REFUSED_KERNELS[f"fla window, head dim {q.shape[-1]}"] = f"{type(exc).__name__}: {exc}"[:300]
     if window is not None and chunk is None:
-        # The band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's / gpt-oss's
-        # window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1 for those.
+        # Without fla: the band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's /
+        # gpt-oss's window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1
+        # for those.
         flash = os.environ.get("TPPLAN_WINDOW_FLASH", "0") == "1"
         name = (WINDOWED_FLASH if flash else WINDOWED) + (" + " + SINKS if sinks is not None else "")
         run = MA.windowed_attention if flash else MA.banded_attention
@@ -407,6 +440,60 @@ def serving_attention(
     if chunk is not None:
         return MASKED_SDPA, masked_attention(q, k, v, scale, window=window, chunk=chunk)
     return None
+
+
+FUSED_INDEXER = "tpplan fused Triton index scores (bf16, fp32 accumulation, query blocks) + torch.topk"
+REFERENCE_INDEXER = "reference (fp32 scores by query block, stable sort)"
+_INDEXER: set[str] = set()  # the DSA indexer variants that ran in this process
+
+
+@functools.cache
+def _fused_indexer() -> Callable[..., Tensor] | None:
+    """`bench.fused_indexer.fused_dsa_indexer` where triton imports, else None."""
+    try:
+        from tpplan.bench.fused_indexer import fused_dsa_indexer
+    except Exception:  # ImportError, or triton failing to initialise
+        return None
+    return fused_dsa_indexer
+
+
+def fused_indexer_ok(q: Tensor, head_dim: int) -> bool:
+    """Whether DSA's indexer runs the fused kernel: on CUDA, a power-of-two head dim of at least 16 (the
+    kernel's one tile over it; DeepSeek-V3.2 and GLM-5.1: 128), triton importable, env TPPLAN_FUSED_INDEXER
+    not "0"."""
+    if not q.is_cuda or head_dim < 16 or head_dim & (head_dim - 1) or os.environ.get("TPPLAN_FUSED_INDEXER") == "0":
+        return False
+    return _fused_indexer() is not None
+
+
+def serving_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> tuple[str, Tensor]:
+    """`runtime.kernels.dsa_indexer` by the fused kernel where `fused_indexer_ok`, else the reference, with
+    the name `indexer_variants_used` records."""
+    fused = _fused_indexer() if fused_indexer_ok(q, int(kw["head_dim"])) else None
+    key = f"fused indexer, {q.shape[-1] // int(kw['head_dim'])} heads"
+    cache = kw.get("cache")
+    before = None if cache is None else cache.get("k")
+    if fused is not None and key not in _REFUSED_KERNELS:
+        try:
+            return FUSED_INDEXER, fused(q, k, w, **kw)
+        except Exception as exc:  # e.g. triton out of resources: the reference from now on, the cache restored
+            _REFUSED_KERNELS[key] = f"{type(exc).__name__}: {exc}"[:300]
+            if cache is not None and before is None:
+                cache.pop("k", None)
+            elif cache is not None:
+                cache["k"] = before
+    return REFERENCE_INDEXER, _REFERENCE_INDEXER(q, k, w, **kw)
+
+
+def kernel_refusals() -> dict[str, str]:
+    """The bench kernels that raised in this process (kernel and shape -> the error): each fell back (fla's
+    window to the band kernel, the fused indexer to the reference) for that shape from then on."""
+    return dict(_REFUSED_KERNELS)
+
+
+def indexer_variants_used() -> list[str]:
+    """Which DSA indexer kernels ran in this process under `installed`."""
+    return sorted(_INDEXER)
 
 
 def attention_variants_used() -> list[str]:
@@ -425,6 +512,7 @@ def installed(enabled: bool = True) -> Iterator[None]:
         return
     _ATTENTION.clear()
     _VARIANTS.clear()
+    _INDEXER.clear()
     _SYNC_FREE[0] = False
     reference = K.causal_attention
 
@@ -446,7 +534,12 @@ def installed(enabled: bool = True) -> Iterator[None]:
         _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else "reference")
         return reference(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
 
-    swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts,
+    def indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> Tensor:
+        name, out = serving_indexer(q, k, w, **kw)
+        _INDEXER.add(name)
+        return out
+
+    swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts, "dsa_indexer": indexer,
              "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits}  # fmt: skip
     # Each kernel is patched in `kernels` (what the executor calls) and in its home module (whose
     # other kernels call it: MLA/GQA call causal_attention, KDA/GDN the delta rule).
@@ -470,14 +563,19 @@ __all__ = [
     "chunked_delta_rule",
     "expert_ffn",
     "expert_variants_used",
+    "fla_window",
+    "fused_indexer_ok",
     "grouped_gemm_used",
     "grouped_routed_experts",
+    "indexer_variants_used",
     "installed",
+    "kernel_refusals",
     "masked_attention",
     "per_expert_loop",
     "refused_expert_shapes",
     "reset_expert_paths",
     "serving_attention",
+    "serving_indexer",
     "serving_router_logits",
     "sync_free_routing_used",
 ]

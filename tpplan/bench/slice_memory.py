@@ -61,18 +61,19 @@ def cache_bytes_per_token(sl: ModelSlice, dtype_bytes: int) -> float:
     g = sl.graph
     out = 0.0
     for kind in g.layer_kinds:
-        for op in g.kinds[kind].ops:
-            impl = str(op.attrs.get("impl"))
-            lg = g.kinds[kind]
+        lg = g.kinds[kind]
+        for op in lg.ops:
+            if (mx := mixer_of(op)) is None:
+                continue
             widths = [lg.values[v].width for v in op.inputs]
-            if (mx := mixer_of(op)) is not None and mx.latent_kv:
+            if mx.latent_kv:
                 # q [n(nope+rope)], kv [n(nope+v)], k_rope [rope]: keys n(nope+rope), values n*v
                 heads = op.int_attr("heads", 1)
                 nope = widths[0] // heads - widths[2]
                 out += (widths[0] + widths[1] - heads * nope) * dtype_bytes
-            elif impl == "gqa":
+            elif mx.head_kv:
                 out += (widths[1] + widths[2]) * dtype_bytes
-            elif impl == "dsa_indexer":
+            elif mx.topk_indexer:
                 out += 4.0 * lg.values[op.inputs[1]].width
     return out
 

@@ -135,13 +135,14 @@ def worker(rank: int, world: int, device: Any, payload: tuple[BenchConfig, Workl
     out["impls"] = implementations(
         cfg.kernels, device, out["grouped_gemm"], serving_kernels.sync_free_routing_used(),
         serving_kernels.attention_variants_used(), serving_kernels.expert_variants_used(),
+        serving_kernels.indexer_variants_used(),
     )  # fmt: skip
     return out if rank == 0 else None
 
 
 def implementations(
     kernels: str, device: Any, grouped: bool | None, sync_free: bool = False, attention: Sequence[str] = (),
-    experts_with: Sequence[str] = (),
+    experts_with: Sequence[str] = (), indexer: Sequence[str] = (),
 ) -> dict[str, str]:  # fmt: skip
     """What ran for each kernel family (`config.impl_class`) in this process: the runtime's fast paths
     apply on CUDA unless TPPLAN_FAST_KERNELS=0 (fla's where it imports), the bench's `--kernels fast`
@@ -150,7 +151,8 @@ def implementations(
     `attention`: the attention variants that ran (`serving_kernels.attention_variants_used`: "causal"
     on the serving path, a window or chunk by SDPA, top-k or sinks by the reference), listed after the
     serving path, or alone when no plain causal call ran; `experts_with`: the family variants the
-    routed experts ran with (biases, ...)."""
+    routed experts ran with (biases, ...); `indexer`: DSA's indexer kernels that ran
+    (`serving_kernels.indexer_variants_used`; "reference" when none is recorded)."""
     import os
 
     from tpplan.runtime import fast_kernels as RF
@@ -185,7 +187,7 @@ def implementations(
             (cascade + pad if cascaded else sdpa + (pad if rt else "")) if rt or fast else "reference"
         ),
         "mla_dsa": attention_impl(sdpa + (pad if rt else "") if rt or fast else "reference"),
-        "dsa_indexer": "reference",  # no fast path: the runtime's torch top-k indexer
+        "dsa_indexer": "; ".join(indexer) or "reference",
         "gqa": attention_impl((cascade if cascaded else sdpa) if rt or fast else "reference"),
         "kda": "fla.chunk_kda" if fla else torch_delta,
         "gdn": "fla.chunk_gated_delta_rule" if fla else torch_delta,
@@ -281,7 +283,8 @@ def _bench_plan(
         probe.close(brec)
 
     states: dict[int, Any] = {}
-    for b in batches[: cfg.warmup]:
+    for i, b in enumerate(batches[: cfg.warmup]):  # a line per batch in a log: fla's autotune shows here
+        progress.update(task, description=f"{name}: warm-up batch {i + 1}/{cfg.warmup}")
         run_batch(b, states)
         progress.update(task, advance=1)
     clock.sync()
@@ -293,10 +296,11 @@ def _bench_plan(
         runner.tracer.events.clear()
         probe.enabled = True
         recs: list[Span] = []
-        for b in batches:
+        for k, b in enumerate(batches):
+            progress.update(task, description=f"{name}: pass {it + 1}/{cfg.iters}, batch {k + 1}/{len(batches)}")
             run_batch(b, states)
             recs += probe.resolve()
-            progress.update(task, advance=1, description=f"{name}: pass {it + 1}/{cfg.iters}")
+            progress.update(task, advance=1)
         probe.enabled = False
         records.append(recs)
         if it == 0:
@@ -306,9 +310,10 @@ def _bench_plan(
     if cfg.overhead and device.type == "cuda":
         from tpplan.bench.overhead import measure
 
-        progress.update(task, description=f"{name}: runtime overhead")
+        passes = iter(("timed", "profiled"))  # overhead.measure runs the pass twice
 
         def one_pass() -> None:
+            progress.update(task, description=f"{name}: runtime overhead, {next(passes, 'another')} pass")
             states: dict[int, Any] = {}
             for b in batches:
                 run_batch(b, states)

@@ -261,7 +261,7 @@ def register(app: typer.Typer) -> None:
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
                                                  cp_kv=cp_kv, replicas=r.replicas, speculative=speculative)  # fmt: skip
-        if cp_layers != "all":  # the grid's CP sits inside its TP group (search/cp_grid.py)
+        if cp_layers != "all":  # the grid's CP sits inside its TP group (search/grid.py's mla_deployments)
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
             data["cp_kv"] = cp_kv

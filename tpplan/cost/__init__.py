@@ -10,8 +10,9 @@ Its modules, by the question each answers (the flat layout keeps the import path
   - `compute` (`ShapePrices`): one op class at one per-rank shape on a GPU model, from its kernel sources
     (`kernel_source`, the AIC adapter in `sources/`), the GEMM table (`gemm`), the fitted kernel
     models (`kernel_models`, `kernel_fit`) or the roofline;
-  - `comm`: one collective (kind, bytes, group, algorithm) on a cluster, from a source, measured
-    curves, calibrated constants or the link model (`collectives` holds the arithmetic).
+  - `collective_pricer` (`price_collective`): one collective (kind, bytes, group, algorithm) on a cluster,
+    from measured curves, calibrated constants, a source or the link model (`collectives` holds the
+    arithmetic).
 - A plan priced: its lowered program's steps (`tpplan.lower`) through the two step pricers,
   `kernel_pricer` (a kernel call -> its price) and `collective_pricer` (a collective, layout copy or
   stage send -> its price) -> `predictor` (summed into layers, pipeline stages and memory) -> `predict` (the

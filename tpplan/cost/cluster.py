@@ -4,10 +4,10 @@ Bandwidths here are *achievable* figures (what NCCL's busbw reaches), not datash
 predicted time is only as good as these numbers, and datasheet peaks overstate NCCL by 20-40%.
 Units: GB/s = 1e9 bytes/s, Gb/s = 1e9 bits/s, latency in microseconds.
 
-A cluster prices collectives three ways, first match wins (`cost.comm`): measured `curves` (points
-(bytes, seconds) per kind x algorithm x ranks, e.g. nccl-tests tables), then `fitted` alpha-beta
-constants from `tpplan calibrate`, then the link model (ring / tree / hierarchical, plus the
-declared intra-node all-reduce algorithms such as NVLS).
+A cluster prices collectives three ways, first match wins (`collective_pricer.price_collective`):
+measured `curves` (points (bytes, seconds) per kind x algorithm x ranks, e.g. nccl-tests tables),
+then `fitted` alpha-beta constants from `tpplan calibrate`, then the link model (ring / tree /
+hierarchical, plus the declared intra-node all-reduce algorithms such as NVLS).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ What CP adds (the lowering's CP pass, `tpplan.lower.passes.cp`, priced by the pr
 on the CP group (peers `tp` GPUs apart, so `c` ranks share a node only while tp x c fits in one):
 - every all-gather of K/V or of the MLA latent: the c ranks' rows padded to the longest rank (as
   SGLang's `cp_all_gather_reorganized_into_tensor` pads to `max_rank_len`), through the collective
-  pricer (`cost.comm.price_collective`);
+  pricer (`cost.collective_pricer.price_collective`);
 - the linear-attention state: the two-pass scan's all-gather of each rank's state and chunk
   transition plus a correction pass priced as one more local recurrence (an assumption: the
   correction applies the incoming state to every local token, about the inter-chunk half of a

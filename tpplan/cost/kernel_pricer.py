@@ -439,14 +439,13 @@ class KernelPricer:
         measured decode model (`KernelModels.decode`, the decode sweep) where it has one, else by the
         attention roofline. `own` (DP attention: the op's tokens are sharded by request): the rank runs its
         `share` of the requests with every head, reading only their KV, not every request's latent."""
-        impl = str(op.attrs.get("impl"))
-        dec = [c for n, c in segs if n == 1]
-        if not dec:
+        dec, mx = [c for n, c in segs if n == 1], mixer_of(op)
+        if not dec or mx is None:
             return None
         part, share = (share, 1.0) if own else (1.0, share)  # own: `part` of the requests, every head
         heads = max(1, round(op.int_attr("heads", 1) * share))
         m = self.models
-        if (mx := mixer_of(op)) is not None and mx.latent_kv and "kv_latent" in lg.values:  # absorbed in decode
+        if mx.latent_kv and "kv_latent" in lg.values:  # absorbed in decode
             lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
             # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
             topk = lg.values[op.inputs[3]].width if mx.sparse_topk and len(op.inputs) > 3 else None
@@ -454,7 +453,7 @@ class KernelPricer:
             flops = 2.0 * heads * ((lora + rope) + lora) * keys
             nbytes = (keys * (lora + rope) + part * len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q, out
             phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)
-        elif impl == "gqa" and m is not None and "decode_gqa" in m.consts:
+        elif mx.head_kv and m is not None and "decode_gqa" in m.consts:
             window, chunk = op.optional_int_attr("window"), op.optional_int_attr("chunk")
             keys = part * sum(min(c + 1, window or c + 1, c % chunk + 1 if chunk else c + 1) for c in dec)
             kv = max(1, round(op.int_attr("kv_heads", op.int_attr("heads", 1)) * share))

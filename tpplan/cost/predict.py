@@ -9,8 +9,8 @@ cluster, `cost/cluster.py`, for a `Mesh`, `tpplan/mesh.py`), in these modules:
   (`KernelPricer`: a kernel step by its op kind's cost class: GEMMs at the per-rank shape, grouped
   experts, attention, recurrences, memory-bound ops, through `cost/compute.py`'s kernel sources, GEMM
   table, kernel models and rooflines; measured profiles on top) and `cost/collective_pricer.py`
-  (`CollectivePricer`: a collective, layout copy or stage send, through `cost/comm.py`'s measured
-  curves, engine tables, fitted constants and link model);
+  (`CollectivePricer`: a collective, layout copy or stage send, through its `price_collective`:
+  the cluster's curves, fitted constants and declared algorithms, engine tables, the link model);
 - `cost/predictor.py`: a plan's program priced by those two, summed into a layer, the pipeline stages
   (boundary sends, the chunked-prefill bubble) and the memory per rank (weights, activations, KV
   cache, state);

@@ -137,7 +137,8 @@ def composed_provenance(base: Provenance, prediction: object) -> Provenance:
 
 def _engine_collectives_note(parts: list[BandPart]) -> str:
     """Where an engine's tables priced collectives, one clause saying they only added what the cluster lacks
-    (`cost.comm.cluster_states`): the cluster's own curves, fitted constants and declared algorithms win."""
+    (`cost.collective_pricer.cluster_states`): the cluster's own curves, fitted constants and declared
+    algorithms win."""
     if not any(p.klass == "collectives" and p.source == "aic" for p in parts):
         return ""
     return (

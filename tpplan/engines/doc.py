@@ -125,10 +125,9 @@ def _engine(ev: EngineVersion) -> list[str]:
             f"### NCCL's NVLS at the launch line's defaults (`{c.setting}`)",
             "",
             f"{c.text} ({c.source.cite()}). tpplan prices in-node collectives from the cluster's own curves, "
-            "fitted constants and declared algorithms (`tpplan/cost/comm.py`); `--engine` adds the engine's "
-            "tables only where the cluster states nothing, so a cluster priced with NVLS should be launched with "
-            + (", ".join(f"`{f}`" for f in c.enable) or "NCCL's default")
-            + " to run what was priced.",
+            "fitted constants and declared algorithms (`tpplan/cost/collective_pricer.py`); `--engine` adds the "
+            "engine's tables only where the cluster states nothing, so a cluster priced with NVLS should be launched "
+            "with " + (", ".join(f"`{f}`" for f in c.enable) or "NCCL's default") + " to run what was priced.",
             "",
         ]
     if ev.supports:

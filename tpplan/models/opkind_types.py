@@ -145,6 +145,12 @@ class Mixer:
     # Keeps MLA's compressed latent (plus the rope key) as its KV cache, shared by every head, so the
     # engines size and absorb it as MLA's: MLA and DSA.
     latent_kv: bool = False
+    # Keeps each KV head's keys and values as its KV cache (GQA, MHA, MQA): a decode step reads every
+    # request's keys once per KV head of the rank, and the cache holds the k and v inputs' widths.
+    head_kv: bool = False
+    # Scores every cached key to choose the top-k a sparse attention reads (DSA's lightning indexer):
+    # replicated on every rank, its index keys cached beside the attention's (in fp32 by the runtime).
+    topk_indexer: bool = False
     # Attends only to the top-k keys its indexer selected (its fourth input): DSA's sparse MLA.
     sparse_topk: bool = False
     # Split by `--cp-layers mla`: queries token-sharded inside the TP group, every key's K/V expanded on each
@@ -162,6 +168,11 @@ class Mixer:
     # inside the op (GDN's, on q, k, v) whose tail CP hands on with the state; 0: none.
     state_dims: Callable[[Op], tuple[int, int, int]] | None = None
     inner_conv_channels: Callable[[Op], int] = lambda op: 0
+    # The shape its kernel is timed at as a family of its own (`name`) by the per-rank sweep, whose fit
+    # keys by it (`bench.rank_shapes`): "heads" or "channels" (the whole op's; a TP rank runs its share)
+    # and each head's widths, from the op and its layer's values; None: timed in a shared family
+    # (attention's, by its values) or not at all.
+    kernel_shape: Callable[[Op, Mapping[str, Value]], dict[str, int]] | None = None
 
 
 _MIXERS: dict[str, Mixer] = {}

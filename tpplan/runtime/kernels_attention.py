@@ -89,7 +89,7 @@ def index_mask(indices: Tensor, keys: int) -> Tensor:
     return keep.scatter_(1, indices.long(), True)
 
 
-def _append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
+def append_cache(cache: dict[str, Tensor] | None, name: str, new: Tensor) -> Tensor:
     if cache is None:
         return new
     full = new if name not in cache else torch.cat([cache[name], new], dim=0)
@@ -130,8 +130,8 @@ def mla_attention(
         k_rot = apply_rope(k_rot, cos, sin, rope.interleave)
     qf = torch.cat([q_nope, q_rot], dim=-1)
     kf = torch.cat([k_nope, k_rot.expand(t, n, rope_dim)], dim=-1)
-    kf = _append_cache(cache, "k", kf)
-    v = _append_cache(cache, "v", v)
+    kf = append_cache(cache, "k", kf)
+    v = append_cache(cache, "v", v)
     if keep is None:  # the plain call, which a benchmark may route to its own kernel (bench/serving_kernels)
         return causal_attention(qf, kf, v, scale)
     return causal_attention(qf, kf, v, scale, keep)
@@ -161,13 +161,10 @@ def dsa_indexer(
     chunked run selects what the one-shot run selects.
     """
     t = q.shape[0]
-    qh = q.float().reshape(t, -1, head_dim)
-    heads = qh.shape[1]
-    kf = F.layer_norm(k.float(), (head_dim,), k_norm_weight.float(), k_norm_bias.float(), 1e-6)
     cos, sin = rope_cos_sin(positions, rope_dim, rope)
-    qh = torch.cat([apply_rope(qh[..., :rope_dim], cos, sin, rope.interleave), qh[..., rope_dim:]], dim=-1)
-    k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, rope.interleave)[:, 0]
-    kf = _append_cache(cache, "k", torch.cat([k_rot, kf[:, rope_dim:]], dim=-1))
+    qh = indexer_query(q, head_dim, rope_dim, cos, sin, rope.interleave)
+    heads = qh.shape[1]
+    kf = append_cache(cache, "k", indexer_key(k, k_norm_weight, k_norm_bias, rope_dim, cos, sin, rope.interleave))
     s = kf.shape[0]
     wh = w.float() * heads**-0.5
     out = torch.empty(t, min(topk, s), dtype=torch.int64, device=q.device)
@@ -180,6 +177,21 @@ def dsa_indexer(
         index = index.masked_fill(future, float("-inf"))
         out[a:b] = torch.sort(index, dim=-1, descending=True, stable=True).indices[:, : min(topk, s)]
     return out
+
+
+def indexer_query(q: Tensor, head_dim: int, rope_dim: int, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
+    """The indexer's queries [T, H, D] in fp32, RoPE on each head's first `rope_dim` dims (`dsa_indexer`)."""
+    qh = q.float().reshape(q.shape[0], -1, head_dim)
+    return torch.cat([apply_rope(qh[..., :rope_dim], cos, sin, interleave), qh[..., rope_dim:]], dim=-1)
+
+
+def indexer_key(
+    k: Tensor, norm_weight: Tensor, norm_bias: Tensor, rope_dim: int, cos: Tensor, sin: Tensor, interleave: bool
+) -> Tensor:  # fmt: skip
+    """The indexer's new keys [T, D] in fp32: LayerNorm (eps 1e-6), then RoPE on the first `rope_dim` dims."""
+    kf = F.layer_norm(k.float(), (k.shape[-1],), norm_weight.float(), norm_bias.float(), 1e-6)
+    k_rot = apply_rope(kf[:, None, :rope_dim], cos, sin, interleave)[:, 0]
+    return torch.cat([k_rot, kf[:, rope_dim:]], dim=-1)
 
 
 def gqa_attention(
@@ -226,8 +238,8 @@ def gqa_attention(
         floor_scale, attn_scale = temperature
         t_scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
         qh = (qh * t_scale[:, None, None].to(qh.device)).to(qh.dtype)
-    kh = _append_cache(cache, "k", kh)
-    vh = _append_cache(cache, "v", vh)
+    kh = append_cache(cache, "k", kh)
+    vh = append_cache(cache, "v", vh)
     rep = qh.shape[1] // kh.shape[1]
     if rep > 1:
         kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
@@ -237,10 +249,13 @@ def gqa_attention(
 
 __all__ = [
     "SCORE_BUDGET",
+    "append_cache",
     "causal_attention",
     "dsa_indexer",
     "gqa_attention",
     "index_mask",
+    "indexer_key",
+    "indexer_query",
     "mla_attention",
     "query_block",
 ]

@@ -1,13 +1,14 @@
 """The deployments a search covers: every TP x PP (x CP) split of a topology's GPUs, and replicas of them.
 
 `deployments` lists (TP, PP, CP) for one set of GPUs, `deployment_grid` adds the replica counts
-(each a `Mesh`); `memory_cap_gib_of` reads the memory cap the search and the memo
-share. Split out of `ranking.py` (which searches each of them) along that seam.
+(each a `Mesh`), `mla_deployments` the `--cp-layers mla` grid, `search_grid` is the grid one search
+covers; `memory_cap_gib_of` reads the memory cap the search and the memo share. Split out of
+`ranking.py` (which searches each of them) along that seam.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from tpplan.errors import TpplanError
@@ -164,6 +165,52 @@ def _all_replicas(graph: ModelGraph, topo: Topology | None, ask: MeshAsk, worklo
     return grid
 
 
+def mla_deployments(graph: ModelGraph, splits: list[Mesh], ask: MeshAsk) -> list[Mesh]:
+    """The search's `--cp-layers mla` grid: each of `splits` (CP 1 meshes of the search's grid) with the asked
+    CP (default each of CP_SIZES above 1) inside its TP group, where CP divides TP and the model has MLA layers;
+    TpplanError when none is.
+
+    Under `mla` (SGLang PR #38344's full-sequence CP, `tpplan.layout.context_parallel`) CP adds no GPU:
+    TP8 x CP8 runs on the TP group's 8 GPUs, the MLA attention at TP 8/8 = 1 on 1/8 of the queries. So
+    the grid is the CP 1 splits again, each with every CP size that divides its TP where the model has
+    MLA layers. It is asked for (`search --cp-layers mla`), not in the default grid, as replicas and
+    overlap are: each CP size is another grid of walks (K3 on 4x8 H200: 12 deployments, 9.6 s user CPU
+    at load 6, against the default's 5 s), and the default grid's points would have to carry the
+    layer set to hold both."""
+    from tpplan.layout.context_parallel import CP_SIZES, audit_cp
+
+    cp = ask.cp
+    sizes = (cp,) if cp is not None else CP_SIZES[1:]
+    legal = [replace(m, cp=k) for m in splits for k in sizes if k > 1]
+    out = [m for m in legal if audit_cp(graph, replace(m, cp_layers="mla")).legal]
+    if not out:
+        n, k = (splits[0].tp if splits else 1), sizes[0]
+        why = audit_cp(graph, Mesh(n, cp=k, cp_layers="mla")).reasons or [f"CP {k} is not above 1"]
+        raise TpplanError(f"cp_layers=mla cp={cp}", "; ".join(why), "search with cp_layers=all")
+    return out
+
+
+def search_grid(
+    graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None, objective: str
+) -> list[Mesh]:
+    """The meshes one search covers, each with `ask`'s CP options: `deployment_grid`'s when ranking by time or
+    with a TP size fixed (under `--cp-layers mla` its CP 1 splits, each with CP inside its TP group,
+    `mla_deployments`), else every GPU of the topology in one TP group (volume)."""
+    grid: list[Mesh] | None = None
+    if objective == "time" or ask.tp is not None:
+        mla = ask.cp_layers == "mla" and objective == "time"
+        grid_cp = (1 if mla else ask.cp) if objective == "time" else 1
+        grid = deployment_grid(graph, topo, replace(ask, cp=grid_cp), workload if objective == "time" else None)
+        if mla:
+            grid = mla_deployments(graph, grid, ask)
+    if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
+        world = topo.world_size if topo is not None else 0
+        if world < 1:
+            raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
+        grid = [Mesh(world)]
+    return [replace(m, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv) for m in grid]
+
+
 def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float | None:
     """The memory cap in GiB per rank: "serving" SERVING_SHARE of one GPU, "gpu" all of it (None
     without a topology), None no cap, else the number given. `search` and `report` both read it here."""
@@ -173,4 +220,4 @@ def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float
     return float(value) if value is not None else None
 
 
-__all__ = ["MeshAsk", "deployment_grid", "deployments", "memory_cap_gib_of"]
+__all__ = ["MeshAsk", "deployment_grid", "deployments", "memory_cap_gib_of", "mla_deployments", "search_grid"]

@@ -41,9 +41,9 @@ from tpplan.layout.plan import OverlapName
 from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.plans.files import Deployment as FileDeployment
-from tpplan.plans.files import plan_file_data
+from tpplan.plans.files import PlanFile, plan_file_data
 from tpplan.search.combine import search
-from tpplan.search.grid import MeshAsk, deployment_grid, deployments, memory_cap_gib_of
+from tpplan.search.grid import MeshAsk, deployment_grid, deployments, memory_cap_gib_of, search_grid
 from tpplan.search.memo import Memo
 from tpplan.search.naming import describe
 from tpplan.search.objectives import plan_cost
@@ -258,6 +258,7 @@ def _search_all(s: Setup, grid: list[Mesh], say: Callable[[str], None] = lambda 
     global _GRID_SETUP
     from tpplan.search.pool import fork_workers, forked_pool
 
+    say(f"searching {len(grid)} deployment(s): {', '.join(m.label() for m in grid)}")
     _GRID_SETUP = s
     try:
         workers = fork_workers(len(grid))
@@ -375,7 +376,7 @@ def search_plans(
     search it. Its `cp`: only that context-parallel size (default: CP 1 at every TP x PP split, and TP x CP
     for CP 2, 4, 8 where the model allows it).
     `cp_layers="mla"`: instead, each TP x PP split with CP inside its TP group, only the MLA layers
-    token-sharded (SGLang PR #38344; `search.cp_grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
+    token-sharded (SGLang PR #38344; `search.grid.mla_deployments`). `cp_kv`: the KV a CP rank keeps
     ("engines", default: the whole sequence's, as SGLang and vLLM do; "sharded": tpplan's own 1/cp).
     `replicas`: only that many copies of each deployment, the workload's requests split between them
     (default: 1, and with a workload and no `tp`/`pp` every replica count `deployment_grid` offers).
@@ -386,105 +387,71 @@ def search_plans(
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     ask = ask or MeshAsk()
-    tp, pp, cp, replicas, cp_layers, cp_kv = ask.tp, ask.pp, ask.cp, ask.replicas, ask.cp_layers, ask.cp_kv
     _check(topology, workload, memory_cap_gib, top, tokens, expert_dtype, objective)
     cap_gib = memory_cap_gib_of(memory_cap_gib, topology)
     kept = audits if audits is not None and audits.graph is graph else Audits(graph)
     s = Setup(graph, topology, workload, cap_gib * GIB if cap_gib is not None else None, memory_cap_gib, objective,
                tokens, dtype, expert_dtype, top, all_plans, dp_attention, kept, overlap=overlap,
-               cp_layers=cp_layers, cp_kv=cp_kv, every_deployment=every_deployment,
+               cp_layers=ask.cp_layers, cp_kv=ask.cp_kv, every_deployment=every_deployment,
                redundant_experts=redundant_experts)  # fmt: skip
+    _check_asked(s, ask)
+    grid = search_grid(graph, topology, ask, workload, objective)
+    searched = _search_all(s, grid, say)
+    return _outcome(s, ask, grid, searched, time.perf_counter() - t0, say)
+
+
+def _check_asked(s: Setup, ask: MeshAsk) -> None:
+    """The checks that need the model or the sizes asked for, before any search runs (TpplanError: exit 2):
+    an engine overlap the model cannot run, redundant experts without experts, and sizes ranking by volume
+    cannot price (pipeline stages, replicas and CP change time, not bytes per token)."""
+    overlap, redundant_experts, objective = s.overlap, s.redundant_experts, s.objective
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
         from tpplan.engines import overlap_named
 
-        why = overlap_named(overlap).refusal(graph.spec.model_type)
+        why = overlap_named(overlap).refusal(s.graph.spec.model_type)
         if why is not None:
             raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
     if redundant_experts < 0:
         raise TpplanError(f"redundant_experts={redundant_experts}", "is negative", "give 0 or more")
     if redundant_experts and not s.has_moe:
-        raise TpplanError(f"redundant_experts={redundant_experts}", f"{graph.spec.name} has no routed experts to copy",
-                          "drop it: redundant experts apply to MoE models")  # fmt: skip
-    if objective == "volume" and pp not in (None, 1):
-        raise TpplanError(f"pp={pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
-    if objective == "volume" and replicas not in (None, 1):
-        raise TpplanError(f"replicas={replicas}", "replicas split requests in time, not bytes per token",
+        raise TpplanError(f"redundant_experts={redundant_experts}", f"{s.graph.spec.name} has no routed experts to "
+                          "copy", "drop it: redundant experts apply to MoE models")  # fmt: skip
+    if objective == "volume" and ask.pp not in (None, 1):
+        raise TpplanError(f"pp={ask.pp}", "pipeline stages do not change bytes per token", "drop pp or rank by time")
+    if objective == "volume" and ask.replicas not in (None, 1):
+        raise TpplanError(f"replicas={ask.replicas}", "replicas split requests in time, not bytes per token",
                           "drop replicas or rank by time")  # fmt: skip
-    if objective == "volume" and cp not in (None, 1):
-        raise TpplanError(f"cp={cp}", "context parallelism is priced in time, not bytes per token",
+    if objective == "volume" and ask.cp not in (None, 1):
+        raise TpplanError(f"cp={ask.cp}", "context parallelism is priced in time, not bytes per token",
                           "drop cp or rank by time")  # fmt: skip
-    grid: list[Mesh] | None = None
-    if objective == "time" or tp is not None:
-        mla = cp_layers == "mla" and objective == "time"
-        grid_cp = (1 if mla else cp) if objective == "time" else 1
-        grid = deployment_grid(graph, topology, replace(ask, cp=grid_cp), workload if objective == "time" else None)
-        if mla:
-            from tpplan.search.cp_grid import mla_deployments
 
-            grid = mla_deployments(graph, grid, ask)
-    if grid is None:  # volume without tp: every GPU of the topology in one TP group (as before)
-        world = topology.world_size if topology is not None else 0
-        if world < 1:
-            raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
-        grid = [Mesh(world)]
-    grid = [replace(m, cp_layers=cp_layers, cp_kv=cp_kv) for m in grid]  # the CP options every mesh is priced with
-    results: list[Deployed] = []
-    skipped: list[tuple[str, str]] = []
-    say(f"searching {len(grid)} deployment(s): {', '.join(m.label() for m in grid)}")
-    searched = _search_all(s, grid, say)
-    search_s = time.perf_counter() - t0  # every deployment's search and its plans' checks
-    for g, got in zip(grid, searched, strict=True):
-        if isinstance(got, Deployed):
-            results.append(got)
-            continue
-        if len(grid) == 1:
-            raise TpplanError(*got)
-        skipped.append((g.label(), got[1]))  # a TP size the model does not split over
-    if not results:
-        raise TpplanError(f"tp={tp} pp={pp}", "the model splits over none of the deployments searched",
-                          "give a tp it splits over")  # fmt: skip
+
+def _outcome(
+    s: Setup, ask: MeshAsk, grid: list[Mesh], searched: list[Searched], search_s: float, say: Callable[[str], None]
+) -> SearchOutcome:
+    """The answer from every deployment's search (`search_s`: its seconds, the plans' checks with it): the
+    ranked plans against their baselines, each deployment's best, what was excluded or skipped, the plan files."""
+    results, skipped = _deployed(grid, searched, ask)
     say("pricing the best plans and their baselines")
-    ref = grid[[m.label() for m in grid].index(results[0].label)]
-    base = baseline_of(s, ref)
-    base = replace(base, same_as_named=named_of(s, base.mesh).get(base.behaviour))
-    ranked = _name_ranked(s, sorted((r for d in results for r in d.entries), key=lambda r: r.score), top)
-    # Deltas compare like with like: each plan against baseline at its own TP x PP; what the
-    # deployment change alone does is baseline there against baseline at the reference deployment.
-    shape_bases: dict[str, RankedPlan] = {base.deployment: base}
-    shown: list[RankedPlan] = []
-    for r in ranked:
-        same = shape_bases.get(r.deployment)
-        if same is None:
-            same = shape_bases[r.deployment] = baseline_of(s, r.mesh)
-        shown.append(replace(r, rank=len(shown) + 1, baseline=same, reference=base))
-    found_for = {
-        "topology": topology.name if topology is not None else None,
-        "nodes": topology.nodes if topology is not None else None,
-        "workload": workload.name if workload is not None else None,
-        "dtype": dtype,
-        "expert_dtype": expert_dtype,
-        "objective": results[0].objective,
-    }
-    files = [plan_file_data(r.plan, graph, {**found_for, "rank": r.rank, "score": r.score},
-                            FileDeployment.from_mesh(r.mesh)) for r in shown]  # fmt: skip
+    base, bases, shown = _against_baselines(s, grid, results)
     # each deployment's best plan, as the ranking names it: the one figure per deployment every command shows
     best_each = [_name_ranked(s, [min(d.entries, key=lambda r: r.score)], 1)[0] for d in results if d.entries]
     return SearchOutcome(
-        model=graph.spec.name,
-        graph_layer_kinds=tuple(graph.kinds),
+        model=s.graph.spec.name,
+        graph_layer_kinds=tuple(s.graph.kinds),
         grid=tuple(grid),
-        topology=topology,
-        workload=workload,
-        dtype=dtype,
-        expert_dtype=expert_dtype,
+        topology=s.topo,
+        workload=s.wl,
+        dtype=s.dtype,
+        expert_dtype=s.expert_dtype,
         objective=results[0].objective,
-        ranks_by_time=objective == "time",
-        all_plans=all_plans,
-        memory_cap=memory_cap_gib,
+        ranks_by_time=s.objective == "time",
+        all_plans=s.all_plans,
+        memory_cap=s.memory_cap,
         memory_cap_bytes=s.cap,
         reserve_bytes=max(d.reserve for d in results),
         baseline=base,
-        baselines=tuple(shape_bases.values()),
+        baselines=bases,
         ranked=tuple(shown),
         deployment_best=tuple(best_each),
         excluded=tuple(e for d in results for e in d.excluded.values()),
@@ -495,10 +462,63 @@ def search_plans(
             sum(d.walks for d in results),
             search_s,
         ),
-        plan_files=files,
-        cp_layers=cp_layers,
-        cp_kv=cp_kv,
+        plan_files=_plan_files(s, results[0].objective, shown),
+        cp_layers=ask.cp_layers,
+        cp_kv=ask.cp_kv,
     )
+
+
+def _deployed(grid: list[Mesh], searched: list[Searched], ask: MeshAsk) -> tuple[list[Deployed], list[tuple[str, str]]]:
+    """The deployments the model splits over, and (label, reason) for the others: a sole deployment's
+    refusal, or none split over at all, is the search's error."""
+    results: list[Deployed] = []
+    skipped: list[tuple[str, str]] = []
+    for g, got in zip(grid, searched, strict=True):
+        if isinstance(got, Deployed):
+            results.append(got)
+            continue
+        if len(grid) == 1:
+            raise TpplanError(*got)
+        skipped.append((g.label(), got[1]))  # a TP size the model does not split over
+    if not results:
+        raise TpplanError(f"tp={ask.tp} pp={ask.pp}", "the model splits over none of the deployments searched",
+                          "give a tp it splits over")  # fmt: skip
+    return results, skipped
+
+
+def _against_baselines(
+    s: Setup, grid: list[Mesh], results: list[Deployed]
+) -> tuple[RankedPlan, tuple[RankedPlan, ...], list[RankedPlan]]:
+    """The reference baseline (at the first deployment searched), every shown deployment's baseline, and the
+    best `top` plans numbered, each beside both. Deltas compare like with like: each plan against baseline at
+    its own TP x PP; what the deployment change alone does is baseline there against baseline at the reference."""
+    ref = grid[[m.label() for m in grid].index(results[0].label)]
+    base = baseline_of(s, ref)
+    base = replace(base, same_as_named=named_of(s, base.mesh).get(base.behaviour))
+    ranked = _name_ranked(s, sorted((r for d in results for r in d.entries), key=lambda r: r.score), s.top)
+    shape_bases: dict[str, RankedPlan] = {base.deployment: base}
+    shown: list[RankedPlan] = []
+    for r in ranked:
+        same = shape_bases.get(r.deployment)
+        if same is None:
+            same = shape_bases[r.deployment] = baseline_of(s, r.mesh)
+        shown.append(replace(r, rank=len(shown) + 1, baseline=same, reference=base))
+    return base, tuple(shape_bases.values()), shown
+
+
+def _plan_files(s: Setup, objective: str, shown: list[RankedPlan]) -> list[PlanFile]:
+    """Each shown plan as a plan file, saying what it was found for (`objective`: the name it ranked by)."""
+    topology, workload = s.topo, s.wl
+    found_for = {
+        "topology": topology.name if topology is not None else None,
+        "nodes": topology.nodes if topology is not None else None,
+        "workload": workload.name if workload is not None else None,
+        "dtype": s.dtype,
+        "expert_dtype": s.expert_dtype,
+        "objective": objective,
+    }
+    return [plan_file_data(r.plan, s.graph, {**found_for, "rank": r.rank, "score": r.score},
+                           FileDeployment.from_mesh(r.mesh)) for r in shown]  # fmt: skip
 
 
 def run_search(

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from tpplan.cost.comm import price_collective
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor
 from tpplan.engines.speculative import Speculative
 from tpplan.errors import TpplanError
@@ -172,7 +172,7 @@ def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
 def handoff_seconds(dep: DisaggDeployment, prompt_tokens: int) -> float:
     """Seconds one prompt's KV takes between the two meshes: each rank sends its share to its peer, all ranks
     at once, so the larger share per rank (the prefill rank's, or the decode rank's where the decode mesh is
-    narrower) crosses one point-to-point link (`cost.comm`, "send_recv"; between nodes unless the whole
+    narrower) crosses one point-to-point link (`price_collective`, "send_recv"; between nodes unless the whole
     deployment sits on one node)."""
     pp, dp = dep.prefill.predictor, dep.decode.predictor
     nbytes = max(kv_bytes_per_rank(pp, prompt_tokens), kv_bytes_per_rank(dp, prompt_tokens))

@@ -4,7 +4,7 @@ token does.
 
 Hand-off time: each rank of the prefill instance sends its share of the prompt's KV (every layer of
 its stage, `Predictor.kv_per_token` x the prompt's tokens) to its peer on the decode side, all ranks at
-once, priced as a point-to-point send between nodes on the cluster (`cost.comm.price_collective`,
+once, priced as a point-to-point send between nodes on the cluster (`cost.collective_pricer.price_collective`,
 "send_recv": the cluster's curve or link model). Whether the engine blocks on it is read from source:
 SGLang's prefill server does not (`DISAGG_SOURCE`), so the hand-off delays the first token, not the
 next step; the KV stays held meanwhile (KV capacity is not modelled here).
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from tpplan.cost.comm import price_collective
+from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import cached_tokens
 from tpplan.engines.schema import Source

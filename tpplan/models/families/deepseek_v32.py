@@ -143,6 +143,7 @@ def _dsa_kv_bytes(attn: DSASpec, shards: int, b: float) -> float:
 register_mixer(
     Mixer(
         "dsa_indexer", "attention", _run_indexer, params=_indexer_params, rule=_indexer_rule, why=_indexer_why,
+        topk_indexer=True,
     )
 )  # fmt: skip
 register_mixer(Mixer("mla_dsa", "attention", run_mla, params=lambda op, nu: {}, latent_kv=True, sparse_topk=True))

@@ -58,7 +58,7 @@ def build_biased_gqa(b: Builder, a: BiasedGQASpec, x: str) -> str:
 register_mixer(
     Mixer(
         "gqa_qkv_bias", "attention", lambda *a: None, build=build_biased_gqa,
-        kv_bytes=lambda attn, shards, b: gqa_kv_bytes(attn.gqa, shards, b),
+        kv_bytes=lambda attn, shards, b: gqa_kv_bytes(attn.gqa, shards, b), head_kv=True,
     )
 )  # fmt: skip
 

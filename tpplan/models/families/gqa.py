@@ -185,7 +185,7 @@ def gqa_kv_bytes(attn: GQASpec, shards: int, b: float) -> float:
 register_mixer(
     Mixer(
         "gqa", "attention", _gqa_run, build=build_gqa, params=_gqa_params, cuts=_gqa_cuts, kv_bytes=gqa_kv_bytes,
-        cp="kv_all_gather",
+        head_kv=True, cp="kv_all_gather",
     )
 )  # fmt: skip
 

@@ -50,6 +50,7 @@ register_mixer(
         lambda op, inputs, w, state, ctx, K: K.short_conv(inputs[0], w["weight"], state),
         cuts=_conv_cuts,
         cp="conv_halo",
+        kernel_shape=lambda op, values: {"channels": values[op.inputs[0]].width},
     )
 )
 
@@ -227,6 +228,7 @@ register_mixer(
         "kda", "recurrence", _kda_run, build=build_kda, params=_kda_params, cuts=_kda_cuts,
         state_bytes=_kda_state_bytes, channel_gated=True, cp="state",
         state_dims=lambda op: (op.int_attr("heads"), op.int_attr("head_dim"), op.int_attr("head_dim")),
+        kernel_shape=lambda op, values: {"heads": op.int_attr("heads"), "d": op.int_attr("head_dim")},
     )
 )  # fmt: skip
 

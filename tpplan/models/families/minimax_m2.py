@@ -98,7 +98,9 @@ def _kv_bytes(attn: WideNormGQASpec, shards: int, b: float) -> float:
     return gqa_kv_bytes(GQASpec(attn.heads, attn.kv_heads, attn.head_dim), shards, b)
 
 
-register_mixer(Mixer("gqa_wide_norm", "attention", lambda *a: None, build=build_wide_norm_gqa, kv_bytes=_kv_bytes))
+register_mixer(
+    Mixer("gqa_wide_norm", "attention", lambda *a: None, build=build_wide_norm_gqa, kv_bytes=_kv_bytes, head_kv=True)
+)
 
 # ----------------------------------------------------------------------------------------------
 # Config

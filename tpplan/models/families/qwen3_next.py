@@ -126,6 +126,12 @@ def _gdn_run(op: Op, inputs: list[Tensor], w: Weights, state: State, ctx: RunCtx
     )  # fmt: skip
 
 
+def _gdn_kernel_shape(op: Op, values: Any) -> dict[str, int]:
+    """The kernel's work and state are per v head; a key head serves `v_per_k` of them (`_gdn_run`)."""
+    hv = op.int_attr("v_heads")
+    return {"heads": hv, "v_per_k": hv // op.int_attr("k_heads"), "d": op.int_attr("k_head_dim")}
+
+
 def _gdn_state_bytes(attn: GDNSpec, shards: int, b: float, state_bytes: float) -> float:
     """Delta-rule state dk x dv per v head (fp32) plus the conv tails (K-1 inputs), heads split over
     `shards` ranks (TP)."""
@@ -139,6 +145,7 @@ register_mixer(
         "gdn", "recurrence", _gdn_run, build=build_gdn, params=_gdn_params, cuts=_gdn_cuts,
         state_bytes=_gdn_state_bytes, cp="state",
         state_dims=lambda op: (op.int_attr("v_heads"), op.int_attr("k_head_dim"), op.int_attr("v_head_dim")),
+        kernel_shape=_gdn_kernel_shape,
         inner_conv_channels=lambda op: (
             2 * op.int_attr("k_heads") * op.int_attr("k_head_dim") + op.int_attr("v_heads") * op.int_attr("v_head_dim")
         ),

@@ -1,0 +1,121 @@
+"""Checks on the GPU before the timed runs: the new kernels equal the references in bf16 (relative error).
+
+2026-12-06d (issue 34): the 06c checks, then fla's window kernel (`masked_attention.fla_window_attention`,
+the bench's window kernel on CUDA) at Gemma 3's and gpt-oss's head dims and windows, with and without a
+cache before the chunk, against the fp32 reference, and the name `serving_attention` records for it.
+`python3 gpu_check.py cuda` (run.sh passes it); an "error" line means a check raised."""
+import sys
+import torch
+dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+dt = torch.bfloat16 if dev == "cuda" else torch.float32
+from tpplan.bench import masked_attention as MA, decode_sweep as D, serving_kernels as SK
+from tpplan.runtime import kernels_attention as KA
+from tpplan.runtime import fast_kernels as RF
+torch.manual_seed(0)
+def rel(a, b): return float((a.double() - b.double()).norm() / b.double().norm())
+def qkv(t, s, n, d, dv=None):
+    return (torch.randn(t, n, d, device=dev, dtype=dt), torch.randn(s, n, d, device=dev, dtype=dt),
+            torch.randn(s, n, dv or d, device=dev, dtype=dt))
+def ref(q, k, v, *a, **kw):
+    with RF.disabled():
+        return KA.causal_attention(q.float(), k.float(), v.float(), *a, **kw)
+out = {}
+try:
+    q, k, v = qkv(512, 1536, 8, 64)
+    sinks = torch.randn(8, device=dev)
+    out["window128"] = rel(MA.windowed_attention(q, k, v, 0.125, 128), ref(q, k, v, 0.125, window=128))
+    out["window128+sinks"] = rel(MA.windowed_attention(q, k, v, 0.125, 128, sinks), ref(q, k, v, 0.125, window=128, sinks=sinks))
+    out["window1024"] = rel(MA.windowed_attention(q, k, v, 0.125, 1024), ref(q, k, v, 0.125, window=1024))
+    out["banded128+sinks"] = rel(MA.banded_attention(q, k, v, 0.125, 128, sinks), ref(q, k, v, 0.125, window=128, sinks=sinks))
+    out["banded1024"] = rel(MA.banded_attention(q, k, v, 0.125, 1024), ref(q, k, v, 0.125, window=1024))
+    out["sinks"] = rel(MA.sink_attention(q, k, v, 0.125, sinks), ref(q, k, v, 0.125, sinks=sinks))
+    out["chunk512"] = rel(MA.chunked_attention(q, k, v, 0.125, 512, RF.causal_attention), ref(q, k, v, 0.125, chunk=512))
+    keep = torch.rand(512, 1536, device=dev) > 0.5
+    # fla's window kernel (bf16) against the fp32 reference: gpt-oss (64 heads of 64 here 8, window 128, sinks),
+    # Gemma 3 (head dim 256, window 1024); "cache" = the chunk after cached keys (k cut, q front-padded).
+    for label, (t, s, n, d, w, snk) in {"gptoss w128+sinks": (512, 512, 8, 64, 128, True),
+                                        "gptoss w128+sinks cache": (512, 1536, 8, 64, 128, True),
+                                        "gemma3 w1024": (2048, 2048, 4, 256, 1024, False),
+                                        "gemma3 w1024 cache": (1024, 3072, 4, 256, 1024, False)}.items():
+        if MA.fla_parallel_attn() is None:
+            out["fla window"] = "fla.ops.attn.parallel does not import here: not checked"
+            break
+        try:
+            q3, k3, v3 = qkv(t, s, n, d)
+            sk = torch.randn(n, device=dev) if snk else None
+            want = ref(q3, k3, v3, d**-0.5, window=w, sinks=sk)
+            out[f"fla window {label}"] = rel(MA.fla_window_attention(q3, k3, v3, d**-0.5, w, sk), want)
+            out[f"serving window {label} ran"] = SK.serving_attention(q3, k3, v3, d**-0.5, w, None, sk)[0]
+        except Exception as exc:
+            out[f"fla window {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
+    # The fused DSA indexer (bf16 Triton scores + torch.topk) against the fp32 reference: index-score relative
+    # error, and the share of the reference's selected earlier keys the fused kernel also selects (mean, worst row).
+    for label, (t, ctx, hi) in {"dsv32 64h": (2048, 0, 64), "dsv32 64h cache": (1024, 8192, 64),
+                                "glm51 32h": (4096, 0, 32)}.items():
+        if not SK.fused_indexer_ok(torch.empty(1, device=dev), 128):
+            out["fused indexer"] = "not on CUDA or triton missing: not checked"
+            break
+        try:
+            from tpplan.bench import fused_indexer as FI
+            from tpplan.runtime.kernels_local import Rope, rope_cos_sin
+            pos = torch.arange(ctx, ctx + t, device=dev)
+            qi, ki, wi = (torch.randn(t, hi * 128, device=dev, dtype=dt), torch.randn(t, 128, device=dev, dtype=dt),
+                          torch.randn(t, hi, device=dev, dtype=dt))
+            prior = torch.randn(ctx, 128, device=dev)
+            kw = dict(head_dim=128, rope_dim=64, positions=pos, rope=Rope(), topk=2048,
+                      k_norm_weight=torch.ones(128, device=dev), k_norm_bias=torch.zeros(128, device=dev))
+            want = KA.dsa_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
+            name, got = SK.serving_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
+            s_all = ctx + t
+            causal = torch.arange(s_all, device=dev)[None] <= pos[:, None]
+            keep_w, keep_g = KA.index_mask(want, s_all) & causal, KA.index_mask(got, s_all) & causal
+            share = (keep_w & keep_g).sum(1).float() / keep_w.sum(1).clamp(min=1).float()
+            out[f"fused indexer {label} ran"] = name
+            out[f"fused indexer {label} kept-key overlap mean / worst row"] = (float(share.mean()), float(share.min()))
+            cos, sin = rope_cos_sin(pos[:256], 64, Rope())
+            qf = KA.indexer_query(qi[:256], 128, 64, cos, sin, False)
+            keys = torch.cat([prior, KA.indexer_key(ki, kw["k_norm_weight"], kw["k_norm_bias"], 64,
+                                                    *rope_cos_sin(pos, 64, Rope()), False)])
+            wf = wi[:256].float() * (hi**-0.5 * 128**-0.5)
+            ref_s = torch.einsum("th,ths->ts", wf, torch.relu(torch.einsum("thd,sd->ths", qf, keys)))
+            got_s = FI.index_scores(qf.to(dt), keys.to(dt), wf, ctx)
+            fin = torch.isfinite(got_s)
+            out[f"fused indexer {label} score rel err (256 rows)"] = rel(got_s[fin], ref_s[fin])
+            # Tie-blind: the fp32 scores of the keys each kept, sorted, against the reference's (256 rows); the
+            # largest gap as a share of the largest score (ties and near-boundary bf16 swaps give ~0).
+            ref_c = ref_s.masked_fill(~causal[:256], float("-inf"))
+            a, b = (ref_c.gather(1, i[:256]).sort(1, descending=True).values for i in (want, got))
+            both = torch.isfinite(a) & torch.isfinite(b)
+            gap = float((a - b)[both].abs().max() / ref_c[causal[:256]].abs().max()) if both.any() else 0.0
+            out[f"fused indexer {label} kept-score gap (256 rows)"] = (gap, bool(torch.equal(torch.isfinite(a), torch.isfinite(b))))
+        except Exception as exc:
+            out[f"fused indexer {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
+    out["reference-blocks(topk)"] = rel(KA.causal_attention(q, k, v, 0.125, keep), ref(q, k, v, 0.125, keep))
+    b, n, hk = 4, 4096, 2
+    q2 = torch.randn(b, 16, 128, device=dev, dtype=dt)
+    k2, v2 = torch.randn(b, n, hk, 128, device=dev, dtype=dt), torch.randn(b, n, hk, 128, device=dev, dtype=dt)
+    r = torch.softmax(torch.einsum("bhd,blhd->bhl", q2.double(), k2.double().repeat_interleave(8, 2)) * 0.09, -1)
+    want = torch.einsum("bhl,blhd->bhd", r, v2.double().repeat_interleave(8, 2))
+    for s in (1, 4, 16):
+        out[f"decode_gqa splits={s}"] = rel(D.decode_attention(q2, k2, v2, 0.09, s), want)
+    lat = torch.randn(b, n, 1, 576, device=dev, dtype=dt)
+    qm = torch.randn(b, 32, 576, device=dev, dtype=dt)
+    r = torch.softmax(torch.einsum("bhd,bld->bhl", qm.double(), lat[:, :, 0].double()) * 0.07, -1)
+    want = torch.einsum("bhl,bld->bhd", r, lat[:, :, 0, :512].double())
+    for s in (1, 8):
+        out[f"decode_mla splits={s}"] = rel(D.decode_attention(qm, lat, lat[..., :512], 0.07, s), want)
+    SK.reset_expert_paths()
+    for inter in (90, 96):
+        xs = torch.randn(64, 256, device=dev, dtype=dt)
+        counts = torch.full((4,), 16, device=dev, dtype=torch.int64)
+        w = [torch.randn(4, inter, 256, device=dev, dtype=dt) * 0.02, torch.randn(4, inter, 256, device=dev, dtype=dt) * 0.02,
+             torch.randn(4, 256, inter, device=dev, dtype=dt) * 0.02]
+        SK.expert_ffn(xs, counts, *w)
+        out[f"grouped inter={inter}"] = SK.grouped_gemm_used()
+        SK.reset_expert_paths()
+    out["refused"] = SK.refused_expert_shapes()
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+out["kernel refusals (fell back)"] = SK.kernel_refusals()
+for k_, v_ in out.items():
+    print(f"check {k_}: {v_}")
