@@ -162,3 +162,29 @@ def test_a_trace_of_many_lengths_is_bounded_on_a_grid_of_few_shapes() -> None:
     dep = DisaggDeployment(PoolSpec(mesh(1), 1), PoolSpec(mesh(1), 1))
     few = Timed(tuple(Request(i, 0.0, 3000 + 7 * (i * 300 // 60), 40) for i in range(60)))  # <= 64 shapes: exact
     assert capacity(dep, many).prefill_rps == pytest.approx(capacity(dep, few).prefill_rps, rel=0.06)
+
+
+def test_the_pools_cache_keys_on_the_predictors_values_not_their_identity() -> None:
+    """Two predictors built apart from equal inputs share one entry of the pools' cache; a model whose key is
+    the same (layer kinds, width) but whose MLP is wider gets its own, priced on its own graph."""
+    from dataclasses import replace
+
+    from tpplan.simulate import disagg
+
+    spec = load_model("tiny-llama")
+    topo = load_topology("h200x8-ib400")
+
+    def fresh(intermediate: int) -> Predictor:
+        mlp = replace(spec.layers[0].mlp, intermediate=intermediate)
+        graph = build_model_graph(replace(spec, layers=tuple(replace(la, mlp=mlp) for la in spec.layers)))
+        return Predictor(graph, make_plan("baseline", graph, 1), topo, Mesh(1, pp=1), "bf16", None,
+                         pipeline=pipeline_model("sglang@0.5.23"))  # fmt: skip
+
+    a, b, wide = fresh(96), fresh(96), fresh(96 * 64)
+    assert a is not b and a.key == b.key == wide.key and a.graph != wide.graph
+    first = disagg._pools(DisaggDeployment(PoolSpec(a, 1), PoolSpec(a, 1)))
+    assert disagg._pools(DisaggDeployment(PoolSpec(b, 1), PoolSpec(b, 1))) is first
+    other = disagg._pools(DisaggDeployment(PoolSpec(wide, 1), PoolSpec(wide, 1)))
+    assert other is not first and other.built_from == (wide, wide)
+    segs = ((2048, 0),)
+    assert other.prefill_prices(segs)[0] > first.prefill_prices(segs)[0]  # priced on the wider MLP

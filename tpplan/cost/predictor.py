@@ -25,7 +25,6 @@ from tpplan.cost.compute import kernel_sources
 from tpplan.cost.context_parallel import cp_weight_elements
 from tpplan.cost.ep_low_latency import low_latency_steps
 from tpplan.cost.kernel_pricer import KernelPricer
-from tpplan.cost.kernel_source import KernelSource
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
 from tpplan.cost.prediction import CollectiveTime, KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
@@ -70,8 +69,8 @@ class Predictor:
 
     `audit`: the plan's audit at TP `mesh.tp`, when the caller has it; `impls`: kernel family -> the
     implementation a recorded run used (`bench --repredict`), None for the serving set; `engine`: the
-    engine whose kernel tables price before tpplan's formulas (`sources`: those sources, when the caller
-    has them built); `pipeline`: the engine whose PP schedule and boundary send apply."""
+    engine whose kernel tables price before tpplan's formulas; `pipeline`: the engine whose PP schedule
+    and boundary send apply. `key`: what its prices follow from, by value (`predictor_key`)."""
 
     def __init__(
         self,
@@ -85,7 +84,6 @@ class Predictor:
         impls: dict[str, str] | None = None,
         *,
         engine: str | None = None,
-        sources: tuple[KernelSource, ...] | None = None,
         pipeline: PipelineModel | None = None,
     ) -> None:
         self.deployment = mesh.check(topo)
@@ -106,7 +104,8 @@ class Predictor:
         self.engine = engine
         self.pipeline = pipeline or pipeline_model()
         self.serving_engine = engine or self.pipeline.engine  # and whose kernels the serving set prices
-        built = kernel_sources(topo.gpu, engine) if sources is None else sources
+        self.key = predictor_key(graph, plan, topo, mesh, dtype, expert_dtype, engine, self.pipeline, impls)
+        built = kernel_sources(topo.gpu, engine)
         self.kernels = KernelPricer(graph, topo, mesh, dtype, expert_dtype, sources=built, impls=impls,
                                     serving_engine=self.serving_engine)  # fmt: skip
         self.comms = CollectivePricer(topo, dtype, self.pipeline, sources=built)
@@ -120,6 +119,11 @@ class Predictor:
         self._distinct: list[tuple[LayerResult, int | None]] = []
         for i, r in enumerate(self.audit.layer_results):
             self._key_of(r, i)
+
+    def built_on(self, graph: ModelGraph, topo: Topology) -> bool:
+        """Whether this predictor's graph and topology equal `graph` and `topo` (what `key` holds only by
+        name): a cache hit on `key` is this predictor's only where they do."""
+        return (self.graph is graph or self.graph == graph) and (self.topo is topo or self.topo == topo)
 
     def _key_of(self, res: LayerResult, index: int | None = None) -> int:
         """The position of `res`'s value among the distinct propagations (added, first at `index`, if new)."""
@@ -358,6 +362,27 @@ def repeated(call: KernelCall, ops: list[OpTime]) -> OpTime:
                   secs, rec.extrapolated, rec.source)  # fmt: skip
 
 
+def predictor_key(
+    graph: ModelGraph,
+    plan: Plan,
+    topo: Topology,
+    mesh: Mesh,
+    dtype: str,
+    expert_dtype: str | None,
+    engine: str | None,
+    pipeline: PipelineModel,
+    impls: dict[str, str] | None = None,
+) -> tuple[object, ...]:
+    """What a `Predictor`'s prices follow from, by value and cheap to hash, for the caches that keep one
+    or what was built from one: plan, mesh, dtypes, engine, PP schedule, a recorded run's kernels and the
+    set of lowering passes (`lower.registry.generation`); the graph by its layer kinds and width and the
+    topology by its name (hashing the whole ModelSpec costs ~90 us a call), so a hit is used only where
+    its graph and topology also equal the ones asked for (`Predictor.built_on`)."""
+    kernels = tuple(sorted(impls.items())) if impls else None
+    return (graph.layer_kinds, graph.hidden, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, kernels,
+            generation())  # fmt: skip
+
+
 _CACHE: dict[tuple[object, ...], Predictor] = {}
 _CACHE_MAX = 512
 
@@ -374,15 +399,12 @@ def cached_predictor(
     engine: str | None = None,
     pipeline: PipelineModel | None = None,
 ) -> Predictor:
-    """`Predictor(...)`, cached per (graph, plan, topology, mesh, dtype, engine, PP schedule, and the set of
-    lowering passes, `lower.registry.generation`), all compared by value: the scheduler calls batch_time
-    per batch. The key holds the graph's layer kinds and width and the topology's name (cheap to hash);
-    a hit is used only where its graph and topology equal the ones asked for. (A recorded run's
-    implementations, `bench --repredict`, build their own.)"""
+    """`Predictor(...)`, cached per `predictor_key`, all compared by value: the scheduler calls batch_time
+    per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
     pipeline = pipeline or pipeline_model()
-    key = (graph.layer_kinds, graph.hidden, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, generation())
+    key = predictor_key(graph, plan, topo, mesh, dtype, expert_dtype, engine, pipeline)
     hit = _CACHE.get(key)
-    if hit is not None and hit.graph == graph and hit.topo == topo:
+    if hit is not None and hit.built_on(graph, topo):
         return hit
     p = Predictor(graph, plan, topo, mesh, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
     if len(_CACHE) >= _CACHE_MAX and key not in _CACHE:
@@ -391,4 +413,4 @@ def cached_predictor(
     return p
 
 
-__all__ = ["STATE_BYTES", "Predictor", "cached_predictor"]
+__all__ = ["STATE_BYTES", "Predictor", "cached_predictor", "predictor_key"]

@@ -143,19 +143,21 @@ class _Pools:
     prefill_prices: CachedPrices
     decode_prices: CachedPrices
     kv_label: str | None
-    meshes: tuple[Predictor, Predictor]  # held, so the ids that key the cache stay theirs
+    built_from: tuple[Predictor, Predictor]  # whose graphs and topologies a hit must equal (`Predictor.built_on`)
 
 
-_POOLS: dict[tuple[int, int, int, int, bool, Speculative | None], _Pools] = {}
+# Per both pools' `Predictor.key`, chunks, fixed costs and speculation, all by value.
+_POOLS: dict[tuple[object, ...], _Pools] = {}
 
 
 def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
-    """Each pool's engine loop (the decode one with its KV pool and cap) and step prices, cached per meshes."""
+    """Each pool's engine loop (the decode one with its KV pool and cap) and step prices, cached per the pools'
+    predictors by value (`Predictor.key`), their chunks, fixed costs and speculation."""
     pp, dp = dep.prefill.predictor, dep.decode.predictor
     spec = dep.decode.speculative
-    key = (id(pp), id(dp), dep.prefill.chunk(), dep.decode.chunk(), fixed_costs, spec)
+    key = (pp.key, dp.key, dep.prefill.chunk(), dep.decode.chunk(), fixed_costs, spec)
     hit = _POOLS.get(key)
-    if hit is not None and hit.meshes[0] is pp and hit.meshes[1] is dp:
+    if hit is not None and all(h.built_on(p.graph, p.topo) for h, p in zip(hit.built_from, (pp, dp), strict=True)):
         return hit
     gpn = pp.topo.gpus_per_node
     pre = engine_loop(pp.pipeline, pp.deployment, dep.prefill.chunk(), gpn, fixed_costs=fixed_costs)
