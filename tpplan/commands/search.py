@@ -224,6 +224,8 @@ def register(app: typer.Typer) -> None:
                               "add --topology (e.g. h200x8-ib400)")  # fmt: skip
         with steps(f"tpplan search {model}") as say:
             graph = build_model_graph(load_model(model))
+            if speculative is not None:
+                speculative.check_model(graph.spec)  # MTP needs the model's nextn layers
             wl = load_workload(workload) if workload else None
             if targets is not None and wl is not None:
                 from tpplan.search.under_targets import check_workload

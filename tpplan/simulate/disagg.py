@@ -161,7 +161,7 @@ def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
         return hit
     gpn = pp.topo.gpus_per_node
     pre = engine_loop(pp.pipeline, pp.deployment, dep.prefill.chunk(), gpn, fixed_costs=fixed_costs)
-    cap, label = replica_kv(dp, pd=True)
+    cap, label = replica_kv(dp, pd=True, speculative=spec)
     running, pool = cap if cap is not None else (None, None)
     dec = engine_loop(dp.pipeline, dp.deployment, dep.decode.chunk(), gpn, fixed_costs=fixed_costs, decode=True,
                       max_running=running, kv_tokens=pool, speculative=spec)  # fmt: skip

@@ -16,8 +16,8 @@ from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
 from tpplan.engines import scheduler_rules
 from tpplan.engines.schema import SchedulerRules
+from tpplan.engines.speculative import EAGLE_NOT_MODELLED, Speculative, running_cap
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
-from tpplan.engines.speculative import Speculative, running_cap
 from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.overheads import NONE, Overheads, overheads
@@ -127,7 +127,8 @@ def decode_conditions(speculative: Speculative | None) -> list[str]:
     """`DECODE_NOT_MODELLED`, with what speculative decoding leaves out in place of its line where it is on."""
     if speculative is None:
         return list(DECODE_NOT_MODELLED)
-    return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else SPEC_NOT_MODELLED)]
+    said = (*SPEC_NOT_MODELLED, *((EAGLE_NOT_MODELLED,) if speculative.method == "eagle" else ()))
+    return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else said)]
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:

@@ -78,7 +78,7 @@ try:
                                                     *rope_cos_sin(pos, 64, Rope()), False)])
             wf = wi[:256].float() * (hi**-0.5 * 128**-0.5)
             ref_s = torch.einsum("th,ths->ts", wf, torch.relu(torch.einsum("thd,sd->ths", qf, keys)))
-            got_s = FI.index_scores(qf.to(dt), keys.to(dt), wf, ctx)
+            got_s = FI.index_scores(qf.to(dt), keys.to(dt), wf, pos[:256])
             fin = torch.isfinite(got_s)
             out[f"fused indexer {label} score rel err (256 rows)"] = rel(got_s[fin], ref_s[fin])
             # Tie-blind: the fp32 scores of the keys each kept, sorted, against the reference's (256 rows); the
