@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from tpplan.engines import ENGINES, version_overlaps, vllm
@@ -298,7 +297,7 @@ def _context_parallel() -> list[str]:
 
 def _citations() -> list[str]:
     """What every citation above is pinned to (`tpplan.engines.citations`), and every unread one with why."""
-    counts = Counter((kind(s), s.repo, s.ref) for s in held() if s.read)
+    refs = {(kind(s), s.repo, s.ref) for s in held() if s.read}
     out = [
         "## Citations: what each fact was read at",
         "",
@@ -311,12 +310,12 @@ def _citations() -> list[str]:
         "wheel: read in 0.34.0's source distribution, whose `vllm/_version.py` names commit 62d4bc3c (as the",
         "wheel's does). Records of main revisions (`sglang@main-...`, `vllm@main-...`) cite those commits.",
         "",
-        "| pinned to | repository | reference | sources |",
-        "| --- | --- | --- | --- |",
+        "| pinned to | repository | reference |",
+        "| --- | --- | --- |",
     ]
     order = {"release": 0, "commit": 1, "pull request": 2}
-    for (k, repo, ref), n in sorted(counts.items(), key=lambda kv: (order.get(str(kv[0][0]), 3), kv[0][1:])):
-        out.append(f"| {k or 'nothing'} | {repo} | {ref} | {n} |")
+    for k, repo, ref in sorted(refs, key=lambda r: (order.get(str(r[0]), 3), r[1:])):
+        out.append(f"| {k or 'nothing'} | {repo} | {ref} |")
     out += ["", "Unread (`Source.unread`, every call in the code), and why:", ""]
     for c in unread_calls():
         where = f"`{c.path}`" + (f" `{c.function}`" if c.function else "")
