@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from tpplan.audit import stage_weights
 from tpplan.cost.draft import DraftMemory
-from tpplan.cost.predictor import STATE_BYTES, Predictor
+from tpplan.cost.plan_steps import STATE_BYTES
+from tpplan.cost.predictor import Predictor
 from tpplan.engines import ENGINES, kv_sizing, scheduler_rules, select, select_pair
 from tpplan.engines.context_parallel import kv_cp_share
 from tpplan.engines.memory import DIFFERENCES, MIB, KVCapacity, sglang_mamba_split, sglang_max_running, sglang_reserve

@@ -58,8 +58,9 @@ PD_NOT_MODELLED = (
     "num_reserved_decode_tokens, 512, in DecodePreallocQueue._prealloc_required_tokens and retracts when full; "
     "vLLM 0.34.0 allocates each step's slots in Scheduler.schedule, allocate_slots)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
-    "the router's loads are its own requests in flight; SGLang's cache-aware tree counts prompt tokens, shares a "
-    "prefix id's cached tokens, never evicts, and breaks ties by lowest instance (tpplan.simulate.routing)",
+    "the router's loads are its own requests in flight; SGLang's cache-aware router matches a prefix id's cached "
+    "tokens at the instance it last went to, never evicts, and breaks ties by lowest instance "
+    "(tpplan.simulate.routing)",
 )
 
 
