@@ -100,6 +100,15 @@ def _layer_weight_terms(res: LayerResult, stored: StoredWeights, n: int) -> tupl
     return weights, extra
 
 
+def layer_weight_bytes(res: LayerResult, stored: StoredWeights, n: int) -> float:
+    """One layer's weight bytes on one rank of TP `n` (`stage_weights`' per-layer figure; the MTP draft's
+    nextn layer, `tpplan.cost.draft`)."""
+    total = 0.0
+    for t in _layer_weight_terms(res, stored, n)[0]:
+        total += t
+    return total
+
+
 def stage_weights(
     pa: PlanAudit, graph: ModelGraph, stages: Sequence[range], stored: StoredWeights
 ) -> list[WeightMemory]:

@@ -11,7 +11,8 @@ import math
 import pytest
 
 from tpplan.cost.kv_capacity import kv_capacity, kv_engines_for
-from tpplan.cost.predictor import STATE_BYTES, cached_predictor
+from tpplan.cost.plan_steps import STATE_BYTES
+from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import load_topology
 from tpplan.engines.memory import sglang_prefill_graph_sizes, sglang_reserve
 from tpplan.errors import TpplanError

@@ -15,7 +15,8 @@ import math
 import pytest
 
 from tpplan.cost.kv_capacity import kv_capacity
-from tpplan.cost.predictor import STATE_BYTES, cached_predictor
+from tpplan.cost.plan_steps import STATE_BYTES
+from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import select_topology
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model

@@ -14,7 +14,7 @@ from tests.cli_helpers import run_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SPECULATIVE = {"speculative", "method", "draft_tokens", "verify_tokens", "accepted_per_step", "draft_layers",
-               "draft_model", "flags", "sources"}  # fmt: skip
+               "draft_model", "draft", "layers", "weights_bytes_per_rank", "flags", "sources"}  # fmt: skip
 """settings.speculative and its keys: only with --spec (tests/simulate/test_speculative.py)"""
 AUDIT_ARGS = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--plan", "baseline", "--json", "-")
 
@@ -73,7 +73,7 @@ def test_audit_decode_keys_are_the_documented_ones(monkeypatch, capsys, tmp_path
 def test_a_refused_deployment_carries_the_documented_keys(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import tpplan.simulate.serving as serving
 
-    monkeypatch.setattr(serving, "replica_kv", lambda p: ((4, 100), "a pool of 100 tokens"))
+    monkeypatch.setattr(serving, "replica_kv", lambda p, **_: ((4, 100), "a pool of 100 tokens"))
     d = _decode(monkeypatch, capsys, tmp_path, "0,128,8\n")
     assert set(d) == {"admitted", "reason", "settings"} and d["admitted"] is False
     assert d["settings"]["kv_tokens"] == 100  # type: ignore[index]

@@ -41,35 +41,37 @@ def test_least_loaded_fewest_in_flight_ties_rotate() -> None:
     assert r.pick(req(5, 100)) == 0  # loads [0, 2, 1]: the least wherever the scan starts
 
 
-def test_cache_aware_distinct_prompts_go_to_the_smallest_tree() -> None:
-    """Distinct prompts of 100, 50, 30, 40, 10 tokens on 2 instances: trees [100, 0] -> 1, [100, 50] -> 1,
-    [100, 80] -> 1, [100, 120] -> 0; not the 0, 1, 0, 1, 0 of round-robin."""
+def test_cache_aware_distinct_prompts_go_to_the_least_loaded() -> None:
+    """sglang-router 0.3.2: a prompt no instance holds goes to the least-loaded instance, the first of the least
+    at a tie (the smallest-tree rule of older commits is gone): idle -> 0, then 1; with 1's released, 1 again;
+    at loads [1, 1], 0. Round-robin would give 0, 1, 0, 1."""
     r = Router("cache_aware", 2, SGLANG_RULE.router)
-    assert [r.pick(req(i, n)) for i, n in enumerate((100, 50, 30, 40, 10))] == [0, 1, 1, 1, 0]
-    assert r.tree == [110, 120]
+    assert [r.pick(req(0, 100)), r.pick(req(1, 5000))] == [0, 1]
+    r.release(1)
+    assert [r.pick(req(2, 5000)), r.pick(req(3, 10))] == [1, 0]
 
 
 def test_cache_aware_follows_a_shared_prefix_above_the_threshold() -> None:
-    """A prefix covering 80% of the prompt (> 0.3) goes back to its holder and adds only its new tokens; one
-    covering 20% goes to the smallest tree."""
+    """A prefix covering 80% of the prompt (> 0.3) goes back to its holder though another instance is less
+    loaded; one covering 20% goes to the least-loaded instance."""
     r = Router("cache_aware", 2, SGLANG_RULE.router)
     assert r.pick(req(0, 100, 0, "a")) == 0
     assert r.pick(req(1, 100)) == 1
-    assert r.pick(req(2, 500)) == 0  # tie at 100: lowest index
-    assert r.pick(req(3, 100, 80, "a")) == 0  # 0 holds "a": 80 / 100 > 0.3, despite the larger tree
-    assert r.tree == [620, 100]
-    assert r.pick(req(4, 100, 20, "a")) == 1  # 20 / 100 <= 0.3: smallest tree
+    assert r.pick(req(2, 500)) == 0  # loads [1, 1]: the first of the least
+    assert r.pick(req(3, 100, 80, "a")) == 0  # 0 holds "a": 80 / 100 > 0.3, at loads [2, 1]
+    assert r.pick(req(4, 100, 20, "a")) == 1  # 20 / 100 <= 0.3: the least loaded, at loads [3, 1]
+    assert r.load == [3, 2]
 
 
 def test_cache_aware_imbalanced_loads_go_to_the_least_loaded() -> None:
-    """Prompts 10, 1000, 10, 10 go by tree to 0, 1, 0, 0 (loads never more than 1 apart); then loads [3, 1]
-    are imbalanced at balance_abs 1 (3 - 1 > 1, 3 > 1 x 1.5): the fifth goes to 1, the least loaded, though
-    the tree says 0; at the default thresholds (64, 1.5) it stays with the tree."""
-    sizes = (10, 1000, 10, 10, 10)
+    """Four requests sharing prefix "a" (80%): by the prefix all go to 0; at balance_abs 1 the third sees loads
+    [2, 0] imbalanced (2 - 0 > 1, 2 > 0 x 1.5) and goes to 1, the least loaded, which then holds "a" and keeps
+    the fourth (loads [2, 1]: balanced); at the default thresholds (64, 1.5) all stay with 0."""
+    shared = [req(0, 100, 0, "a"), *(req(i, 100, 80, "a") for i in (1, 2, 3))]
     tight = Router("cache_aware", 2, RouterRule("cache_aware", "cache_aware", False, (), balance_abs=1))
-    assert [tight.pick(req(i, n)) for i, n in enumerate(sizes)] == [0, 1, 0, 0, 1]
+    assert [tight.pick(q) for q in shared] == [0, 0, 1, 1]
     default = Router("cache_aware", 2, SGLANG_RULE.router)
-    assert [default.pick(req(i, n)) for i, n in enumerate(sizes)] == [0, 1, 0, 0, 0]
+    assert [default.pick(q) for q in shared] == [0, 0, 0, 0]
 
 
 def one_s_per_100(segs):  # type: ignore[no-untyped-def]
@@ -102,15 +104,35 @@ def test_least_loaded_beats_round_robin_on_ttft_with_uneven_prompts() -> None:
     assert ttfts(ll) == pytest.approx([4.0, 1.0, 1.0, 1.9])
 
 
-def test_sglang_cache_aware_sends_short_prompts_away_from_the_long_one() -> None:
-    """All at t = 0, prompts 400, 100, 100, 100: cache-aware (smallest tree) puts 1, 2, 3 on instance 1
-    (prefill ends 1, 2, 3 s); round-robin puts 2 behind the 400 (5 s). Mean 2.5 s against 3.0 s."""
+def test_sglang_cache_aware_with_distinct_prompts_at_once_is_round_robin() -> None:
+    """All at t = 0, prompts 400, 100, 100, 100: loads 0, then 1 each, so the least-loaded rule alternates
+    (ties to the first) and cache-aware equals round-robin here: the third waits behind the 400 (5 s). Mean
+    TTFT 3.0 s either way (the smallest-tree rule of older router commits gave 2.5 s)."""
     reqs = Timed((req(0, 400), req(1, 100), req(2, 100), req(3, 100)))
     mean = {}
     for name, rule in (("rr", replace(SGLANG_RULE, router=None)), ("ca", SGLANG_RULE)):
         run = simulate_disaggregated(reqs, PRE2, DEC1, lambda r: 0.0, rule)
         mean[name] = sum(t.ttft_s for t in run.result.timelines) / 4
-    assert mean == pytest.approx({"rr": 3.0, "ca": 2.5})
+    assert mean == pytest.approx({"rr": 3.0, "ca": 3.0})
+
+
+def test_sglang_router_counts_a_request_at_its_prefill_instance_until_it_ends() -> None:
+    """sglang-router 0.3.2 holds a request's load on its prefill worker until the decode answer ends. Requests 0
+    and 1 share prefix "a" (80%), so both prefill on P0 and then decode for 5 s; an 800-token prompt at 2.5 s
+    and a 100-token one at 2.6 s. Load held to the end: P0 counts 2, so the 800 goes to P1 and the 100 behind
+    it (prefill ends 2.5 + 8 + 1 = 11.5 s: TTFT 8.9 s, + 10 ms for the first token's decode step). Released at
+    prefill end: the 800 goes to P0 (loads [0, 0]) and the 100 to the idle P1 (TTFT 1.0 s + 20 ms: it joins
+    the decode steps in flight)."""
+    reqs = Timed((Request(0, 0.0, 100, 500, 0, "a"), Request(1, 0.0, 100, 500, 80, "a"), req(2, 800, t=2.5),
+                  req(3, 100, t=2.6)))  # fmt: skip
+    dec = PoolLoop(ten_ms_step, LoopConfig(4000, decode=True), 1)
+    assert SGLANG_RULE.router is not None and SGLANG_RULE.router.prefill_load_to_end
+    ttft = {}
+    for held in (True, False):
+        rule = replace(SGLANG_RULE, router=replace(SGLANG_RULE.router, prefill_load_to_end=held))
+        ttft[held] = [t.ttft_s for t in simulate_disaggregated(reqs, PRE2, dec, lambda r: 0.0, rule).result.timelines]
+    assert ttft[True] == pytest.approx([1.0, 1.2, 8.01, 8.91])
+    assert ttft[False] == pytest.approx([1.0, 1.2, 8.01, 1.02])
 
 
 def test_vllm_proxy_picks_the_decode_server_when_the_prefill_answers() -> None:

@@ -36,39 +36,41 @@ BT, BS = 64, 128  # queries x keys per program (the score tile: 32 KiB of fp32 a
 
 @triton.jit
 def _index_scores_kernel(
-    q, k, w, out, T, S, first, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr
+    q, k, w, pos, out, T, S, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr
 ):  # fmt: skip
-    """out[t, s] = sum_h w[t, h] relu(q[t, h] . k[s]) for keys s <= first + t, -inf after. q [T, H, D], k [S, D],
-    w [T, H] fp32 (scales folded in), out [T, S] fp32; contiguous. Key tiles on axis 0, so programs side by
-    side share one query block (it stays in L2)."""
+    """out[t, s] = sum_h w[t, h] relu(q[t, h] . k[s]) for keys s <= pos[t], -inf after. q [T, H, D], k [S, D],
+    w [T, H] fp32 (scales folded in), pos [T] int64, out [T, S] fp32; contiguous. Key tiles on axis 0, so
+    programs side by side share one query block (it stays in L2)."""
     i_s, i_t = tl.program_id(0), tl.program_id(1)
     o_t = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
     o_s = i_s * BLOCK_S + tl.arange(0, BLOCK_S)
     o_d = tl.arange(0, D)
     m_t, m_s = o_t < T, o_s < S
     acc = tl.zeros([BLOCK_T, BLOCK_S], dtype=tl.float32)
-    if i_s * BLOCK_S <= first + i_t * BLOCK_T + BLOCK_T - 1:  # some key here is not after every query
+    b_pos = tl.load(pos + o_t, mask=m_t, other=-1)
+    if i_s * BLOCK_S <= tl.max(b_pos, axis=0):  # some key here is not after every query
         b_k = tl.load(k + o_s[None, :].to(tl.int64) * D + o_d[:, None], mask=m_s[None, :], other=0.0)  # [D, BS]
         for h in range(H):
             p_q = q + (o_t[:, None].to(tl.int64) * H + h) * D + o_d[None, :]
             b_q = tl.load(p_q, mask=m_t[:, None], other=0.0)  # [BT, D]
             b_w = tl.load(w + o_t.to(tl.int64) * H + h, mask=m_t, other=0.0)  # [BT]
             acc += tl.maximum(tl.dot(b_q, b_k), 0.0) * b_w[:, None]
-    causal = o_s[None, :] <= (first + o_t)[:, None]
+    causal = o_s[None, :] <= b_pos[:, None]
     acc = tl.where(causal, acc, float("-inf"))
     p_o = out + o_t[:, None].to(tl.int64) * S + o_s[None, :]
     tl.store(p_o, acc, mask=m_t[:, None] & m_s[None, :])
 
 
-def index_scores(q: Tensor, k: Tensor, w: Tensor, first: int) -> Tensor:
-    """[T, S] fp32 index logits of queries q [T, H, D] at positions first.. over keys k [S, D] (same dtype),
-    weights w [T, H] fp32 with every scale folded in; keys after a query are -inf."""
+def index_scores(q: Tensor, k: Tensor, w: Tensor, positions: Tensor) -> Tensor:
+    """[T, S] fp32 index logits of queries q [T, H, D] at `positions` [T] over keys k [S, D] (same dtype; key s
+    at position s), weights w [T, H] fp32 with every scale folded in; keys after a query are -inf."""
     t, h, d = q.shape
     s = k.shape[0]
     out = torch.empty(t, s, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(s, BS), triton.cdiv(t, BT))
     _index_scores_kernel[grid](
-        q.contiguous(), k.contiguous(), w.float().contiguous(), out, t, s, first, H=h, D=d, BLOCK_T=BT, BLOCK_S=BS
+        q.contiguous(), k.contiguous(), w.float().contiguous(), positions.to(torch.int64).contiguous(), out, t, s,
+        H=h, D=d, BLOCK_T=BT, BLOCK_S=BS,
     )  # fmt: skip
     return out
 
@@ -81,7 +83,7 @@ def fused_dsa_indexer(
     a block of queries at a time (RoPE on that block's queries only), then `torch.topk` per row.
 
     The cache holds the keys in the inputs' half precision (the reference's fp32 cache is cast once per
-    call). Positions are taken as consecutive from positions[0] (a prefill chunk, as the runtime runs it).
+    call).
 
     Ties: `torch.topk` does not keep the earlier key first, unlike the reference's stable sort. Two finite
     scores tie only when their fp32 sums are equal (in practice keys no head scores above zero, score 0), and
@@ -98,13 +100,12 @@ def fused_dsa_indexer(
     keys = KA.append_cache(cache, "k", new)
     s, heads = keys.shape[0], q.shape[1] // head_dim
     wf = w.float() * (heads**-0.5 * head_dim**-0.5)  # relu(c x) = c relu(x) for c > 0: D^-1/2 folded into w
-    first = int(positions[0]) if t else 0
     out = torch.empty(t, min(topk, s), dtype=torch.int64, device=q.device)
     rows = KA.query_block(t, s)
     for a in range(0, t, rows):  # [rows, S] fp32 logits at a time, as the engines' logits budgets
         b = min(t, a + rows)
         qh = KA.indexer_query(q[a:b], head_dim, rope_dim, cos[a:b], sin[a:b], rope.interleave).to(half)
-        logits = index_scores(qh, keys, wf[a:b], first + a)
+        logits = index_scores(qh, keys, wf[a:b], positions[a:b])
         out[a:b] = torch.topk(logits, min(topk, s), dim=-1).indices
     return out
 

@@ -302,6 +302,8 @@ def _serve(
     """Each plan's `serving` JSON from the serving loop over `arrival`'s requests on `topo` (`spec`: its
     decode steps speculative), and with `--pd` its P/D deployment's; none without requests (none asked, or
     no topology). Returns the requests served."""
+    if spec is not None:
+        spec.check_model(result.graph.spec)  # MTP needs the model's nextn layers
     arrivals = serving_arrivals(arrival, wl, result.graph) if topo is not None else None
     if arrivals is None or topo is None:
         return None

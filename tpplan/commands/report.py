@@ -220,6 +220,8 @@ def register(app: typer.Typer) -> None:
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         graph = build_model_graph(load_model(model))
+        if speculative is not None:
+            speculative.check_model(graph.spec)  # MTP needs the model's nextn layers
         if targets is not None:  # before any work: the first workload's requests serve under the targets
             from tpplan.search.under_targets import check_workload
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -55,6 +55,9 @@ from tpplan.commands._targets import (
 )
 from tpplan.commands.audit import DtypeOpt, ModelOpt, WideOpt
 from tpplan.units import signed_pct
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 TARGETS_TOP = 3  # ranked plans shown under targets by default: each deployment's best, the targets' table after
 
@@ -226,6 +229,8 @@ def register(app: typer.Typer) -> None:
                               "add --topology (e.g. h200x8-ib400)")  # fmt: skip
         with steps(f"tpplan search {model}") as say:
             graph = build_model_graph(load_model(model))
+            if speculative is not None:
+                speculative.check_model(graph.spec)  # MTP needs the model's nextn layers
             wl = load_workload(workload) if workload else None
             if targets is not None and wl is not None:
                 from tpplan.search.under_targets import check_workload
@@ -287,11 +292,37 @@ def register(app: typer.Typer) -> None:
 
 
 def _print(data: dict, wide: bool = False) -> None:
+    """The search's answer on the terminal: the headline, the ranked table, the notes its figures call for, the
+    plans the memory cap left out, and each plan's decisions in words."""
     console = make_console(wide=wide)
     timed = data["topology"] is not None and data["score_unit"] == "s"
     grid = len(data["search"]["deployments"]) > 1  # several TP x PP deployments: name each plan's
     what = "mean TTFT" if data["workload"] else ("forward time" if timed else "bytes/token/rank")
-    console.print(
+    console.print(_headline(data, what), markup=True)
+    table, over = _ranked_table(data, what, timed, grid, wide)
+    show(console, table, wrap=("memory/rank",))
+    if data.get("provenance"):
+        console.print(provenance_line(data["provenance"]), markup=False)
+    _print_notes(console, data)
+    gpu = data.get("gpu_memory_bytes")
+    if over and gpu is not None:
+        capped = data["memory_cap_bytes"] is not None
+        fixes = (
+            "plans over the cap are not ranked, --memory-cap none ranks them"
+            if capped
+            else "--memory-cap GiB ranks only plans under it"
+        ) + "; or more GPUs (--nodes, a larger --tp or --pp), or quantized experts (--expert-dtype fp8 or mxfp4)"
+        console.print(over_note(gpu, fixes), markup=False)
+    if not wide:
+        console.print("(--wide adds how each plan was found, its communication bytes and replicated weight)")
+    _print_excluded(console, data, grid)
+    _print_decisions(console, data, grid)
+
+
+def _headline(data: dict, what: str) -> str:
+    """The first line (Rich markup, input names escaped): model, deployments, topology, workload, what ranks
+    the plans and how long the search took."""
+    return (
         f"[bold]{escape(data['model'])}[/] at {', '.join(data['search']['deployments'])}"
         + (
             f" on {escape(data['topology'])} ({data['nodes']} x {data['gpus_per_node']} GPUs)"
@@ -301,47 +332,51 @@ def _print(data: dict, wide: bool = False) -> None:
         + (f", workload {escape(data['workload'])}" if data["workload"] else "")
         + f": ranked by {what}; "
         + ("best plan of each family (stream x reduce x MoE mode)" if data["mode"] == "per-family" else "all plans")
-        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s",
-        markup=True,
+        + f"; searched {data['search']['families']} families in {data['search']['seconds']:.2f} s"
     )
+
+
+def _ranked_table(data: dict, what: str, timed: bool, grid: bool, wide: bool) -> tuple[Table, bool]:
+    """Baseline and the ranked plans, a row each (`wide`: every column); and whether any is over one GPU's
+    memory, which the note after the table explains."""
     t = Table(title="Ranked legal plans (deltas vs baseline at the same TP x PP)")
     cols = ["#", "plan", "found by", what, "vs base", "comm B/tok/rank", "comm vs base", "memory/rank", "replicated"]
     if not wide:  # low-value columns: the plan's name says how it was found; comm is in the JSON
         cols = [c for c in cols if c not in ("found by", "comm B/tok/rank", "comm vs base", "replicated")]
     for c in cols:
         t.add_column(c, justify="left" if c in ("#", "plan", "found by") else "right", overflow="fold")
-    gpu = data.get("gpu_memory_bytes")
     over = False
-
-    def row(p: dict, rank: str) -> None:
-        nonlocal over
-        if timed:
-            score = _ms(p["ttft"]["mean_s"] if data["workload"] else p["forward_s"]) + " ms"
-        else:
-            score = f"{p['score']:,.0f}"
-        mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
-        over_gpu = gpu is not None and mem > gpu
+    for p, rank in [(data["baseline"], "base"), *((p, str(p["rank"])) for p in data["plans"])]:
+        cells, over_gpu = _row(data, p, rank, what, timed, grid)
         over = over or over_gpu
-        found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
-        cells = {
-            "#": rank,
-            "plan": p["name"] + (f" {p['deployment']}" if grid else ""),
-            "found by": found,
-            what: score,
-            "vs base": signed_pct(p.get("delta_vs_baseline_pct")),
-            "comm B/tok/rank": f"{p['comm_bytes_per_token_per_rank']:,.0f}",
-            "comm vs base": signed_pct(p.get("comm_delta_vs_baseline_pct")),
-            "memory/rank": styled(_fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else "")),
-            "replicated": _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
-        }
         t.add_row(*(cells[c] for c in cols))
+    return t, over
 
-    row(data["baseline"], "base")
-    for p in data["plans"]:
-        row(p, str(p["rank"]))
-    show(console, t, wrap=("memory/rank",))
-    if data.get("provenance"):
-        console.print(provenance_line(data["provenance"]), markup=False)
+
+def _row(data: dict, p: dict, rank: str, what: str, timed: bool, grid: bool) -> tuple[dict[str, str], bool]:
+    """One plan's cells by column name (`rank`: its number, or "base"), and whether it is over one GPU's memory."""
+    score = _ms(p["ttft"]["mean_s"] if data["workload"] else p["forward_s"]) + " ms" if timed else f"{p['score']:,.0f}"
+    gpu = data.get("gpu_memory_bytes")
+    mem = p.get("memory_bytes_per_rank", {}).get("total", p["search_memory_bytes_per_rank"])
+    over_gpu = gpu is not None and mem > gpu
+    found = "named (rediscovered)" if p.get("same_as_named") and rank != "base" else p["found_by"]
+    cells = {
+        "#": rank,
+        "plan": p["name"] + (f" {p['deployment']}" if grid else ""),
+        "found by": found,
+        what: score,
+        "vs base": signed_pct(p.get("delta_vs_baseline_pct")),
+        "comm B/tok/rank": f"{p['comm_bytes_per_token_per_rank']:,.0f}",
+        "comm vs base": signed_pct(p.get("comm_delta_vs_baseline_pct")),
+        "memory/rank": styled(_fmt_bytes(mem) + (" [red](over)[/]" if over_gpu else "")),
+        "replicated": _fmt_bytes(p["replicated_extra_bytes_per_rank"]),
+    }
+    return cells, over_gpu
+
+
+def _print_notes(console: Console, data: dict) -> None:
+    """The sentences the ranked figures call for: ranked plans inside the prediction's band of each other,
+    replicas, and what the deployment change alone does (baseline there against baseline at the reference)."""
     scores = [p["score"] for p in data["plans"]]
     prov = data.get("provenance") or {}
     if len(scores) > 1 and prov.get("band") and scores[0] > 0:
@@ -370,16 +405,11 @@ def _print(data: dict, wide: bool = False) -> None:
             + "; ".join(f"{b['deployment']} {signed_pct(b['delta_pct'])}" for b in others)
             + ".",
         )
-    if over and gpu is not None:
-        capped = data["memory_cap_bytes"] is not None
-        fixes = (
-            "plans over the cap are not ranked, --memory-cap none ranks them"
-            if capped
-            else "--memory-cap GiB ranks only plans under it"
-        ) + "; or more GPUs (--nodes, a larger --tp or --pp), or quantized experts (--expert-dtype fp8 or mxfp4)"
-        console.print(over_note(gpu, fixes), markup=False)
-    if not wide:
-        console.print("(--wide adds how each plan was found, its communication bytes and replicated weight)")
+
+
+def _print_excluded(console: Console, data: dict, grid: bool) -> None:
+    """Under a memory cap, how many plans that would rank it left out and the first ten; and the fixes when no
+    plan fits at all."""
     ex = data["excluded_over_cap"]
     if data["memory_cap_bytes"] is not None:
         lines = [
@@ -396,6 +426,10 @@ def _print(data: dict, wide: bool = False) -> None:
             "to rank plans that do not fit.",
             markup=True,
         )
+
+
+def _print_decisions(console: Console, data: dict, grid: bool) -> None:
+    """Each ranked plan's decisions in one line, and the best one's in words."""
     console.print("\nDecisions (AG all-gather, A2A all-to-all to heads; replicated ops run on local tokens):")
     for p in data["plans"]:
         where = f" {p['deployment']}" if grid else ""

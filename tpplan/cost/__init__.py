@@ -15,9 +15,10 @@ Its modules, by the question each answers (the flat layout keeps the import path
     arithmetic).
 - A plan priced: its lowered program's steps (`tpplan.lower`) through the two step pricers,
   `kernel_pricer` (a kernel call -> its price) and `collective_pricer` (a collective, layout copy or
-  stage send -> its price) -> `predictor` (summed into layers, pipeline stages and memory) -> `predict` (the
-  entry point, `predict_plan`) -> `prediction` (the typed result and its JSON). `pricing` hands the
-  same prices out one decision at a time to the search, so the two cannot drift apart.
+  stage send -> its price), held with the plan's lowering by `plan_steps` -> `predictor` (summed into
+  layers, pipeline stages and memory) -> `predict` (the entry point, `predict_plan`) -> `prediction`
+  (the typed result and its JSON). `pricing` hands the same prices out one decision at a time to the
+  search, so the two cannot drift apart.
 - How the engines schedule it: `pipeline` and `stages` (PP), `context_parallel` (CP), `overlap`
   (two-micro-batch overlap), `async_tp` (GEMM + collective fusion).
 - How sure: `bands` (a prediction's error band from the out-of-sample errors of what it sums) and

@@ -206,6 +206,11 @@ class KernelPricer:
         f = self.gemm_floor
         return f is not None and (m < f[0] or k < f[1] or n < f[2])
 
+    def gemm_seconds(self, m: int, k: int, n: int) -> float:
+        """A GEMM outside the layer graph (the speculative draft's lm_head and eh_proj, `tpplan.cost.draft`)
+        with weights in the activation dtype, through the pricer the layers' GEMMs take."""
+        return self._gemm(m, k, n) if m else 0.0
+
     def gemm_at(self, kind: str, op: Op, m: int, k: int, n: int) -> float:
         """`op`'s GEMM at another shape (async TP's T/N-row chunks), through the pricer and weight format
         `price` uses, before any measured kernel profile."""

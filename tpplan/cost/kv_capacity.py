@@ -15,7 +15,9 @@ import math
 from dataclasses import dataclass
 
 from tpplan.audit import stage_weights
-from tpplan.cost.predictor import STATE_BYTES, Predictor
+from tpplan.cost.draft import DraftMemory
+from tpplan.cost.plan_steps import STATE_BYTES
+from tpplan.cost.predictor import Predictor
 from tpplan.engines import ENGINES, kv_sizing, scheduler_rules, select, select_pair
 from tpplan.engines.context_parallel import kv_cp_share
 from tpplan.engines.memory import DIFFERENCES, MIB, KVCapacity, sglang_mamba_split, sglang_max_running, sglang_reserve
@@ -42,7 +44,10 @@ class _Stage:
     state: float  # recurrent state bytes per sequence
 
 
-def _stages(p: Predictor) -> list[_Stage]:
+def _stages(p: Predictor, draft: DraftMemory | None = None, every_stage: bool = False) -> list[_Stage]:
+    """Each stage's figures; `draft`: the speculative draft's weights on the last stage, and its layers' KV on
+    the last stage (vLLM: the draft's own attention layers, `VLLM_DRAFT_MEMORY`) or, `every_stage`, on each
+    at the target's last layer's cell (SGLang's configurator grows every rank's cell, `SGLANG_DRAFT_MEMORY`)."""
     spec, dep = p.graph.spec, p.deployment
     attn_tp = 1 if p.plan.dp_attention else p.tp  # DP attention: a rank keeps its own requests, every head
     share = kv_cp_share(dep)
@@ -51,8 +56,11 @@ def _stages(p: Predictor) -> list[_Stage]:
     for s, rng in enumerate(p.stages):
         full = windowed = state = 0.0
         windows = []
-        for j in rng:
-            attn = spec.layers[j].attn
+        last = s == len(p.stages) - 1
+        drafts = draft.layers if draft is not None and (last or every_stage) else 0
+        own = draft.attn if draft is not None and not every_stage else None  # vLLM caches the draft's own layers
+        attns = [spec.layers[j].attn for j in rng] + [own or spec.layers[-1].attn] * drafts
+        for attn in attns:  # SGLang: each draft layer at the target's (last) layer's cell
             mx = mixer(attn.kind)
             kv = mx.kv_bytes(attn, attn_tp, p.b) / share
             limit = getattr(attn, "window", None) or getattr(attn, "chunk", None)
@@ -62,7 +70,8 @@ def _stages(p: Predictor) -> list[_Stage]:
             else:
                 full += kv
             state += mx.state_bytes(attn, attn_tp, p.b, STATE_BYTES)
-        out.append(_Stage(held[s].weights, full, windowed, min(windows, default=0), state))
+        weights = held[s].weights + (draft.weights if draft is not None and last else 0.0)
+        out.append(_Stage(weights, full, windowed, min(windows, default=0), state))
     return out
 
 
@@ -74,9 +83,11 @@ def _mla(p: Predictor) -> bool:
     return any(mixer(layer.attn.kind).latent_kv for layer in p.graph.spec.layers)
 
 
-def sglang_capacity(p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23") -> KVCapacity:
+def sglang_capacity(
+    p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23", draft: DraftMemory | None = None
+) -> KVCapacity:
     """SGLang (`key`, a version whose KV sizing was read) at its defaults: mem_fraction_static derived, pool =
-    pre x fraction - weights."""
+    pre x fraction - weights (`draft`'s too, and its layers in every rank's cell)."""
     memory = kv_sizing(key)
     assert isinstance(memory, SglangMemory)
     card = p.topo.gpu.memory_GiB * 2**30
@@ -87,7 +98,7 @@ def sglang_capacity(p: Predictor, seq_len: int | None, key: str = "sglang@0.5.23
     )
     pre = card  # free memory before loading; the CUDA context and NCCL are not counted (DIFFERENCES)
     best: tuple[int, int, int, float, _Stage] | None = None  # (tokens, swa tokens, slots, pool, stage)
-    for st in _stages(p):
+    for st in _stages(p, draft, every_stage=True):
         rest = pre * res.mem_fraction_static - st.weights
         slots = -1
         if st.state > 0:
@@ -140,9 +151,12 @@ def _vllm_sizing(p: Predictor, key: str, pd: bool) -> tuple[VllmMemory, str]:
                   f"NVLink fabric handles, which need an IMEX channel (cluster {p.topo.name}: {said})")  # fmt: skip
 
 
-def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0", pd: bool = False) -> KVCapacity:
+def vllm_capacity(
+    p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0", pd: bool = False, draft: DraftMemory | None = None
+) -> KVCapacity:
     """vLLM (`key`, a version whose KV sizing was read) at its defaults: the profiled figures into its KV bytes,
-    then blocks; `pd`: a P/D server's (its KV connector, NixlConnector, may change the sizing)."""
+    then blocks; `pd`: a P/D server's (its KV connector, NixlConnector, may change the sizing); `draft`: the
+    MTP draft's weights and KV layers on the last stage (`VLLM_DRAFT_MEMORY`)."""
     vm, why = _vllm_sizing(p, key, pd)
     card = p.topo.gpu.memory_GiB * 2**30
     gib = p.topo.gpu.memory_GiB
@@ -151,7 +165,7 @@ def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0", p
     bs = vm.block_size
     cap = vm.max_num_seqs(gib, p.topo.gpu.name)
     best: tuple[int, int | None, float, _Stage] | None = None
-    for st in _stages(p):
+    for st in _stages(p, draft):
         kv = vm.kv_bytes(card, st.weights, peak)
         per_token = st.full or st.windowed
         tokens = int(kv // (bs * per_token)) * bs if per_token else 0
@@ -178,14 +192,17 @@ def vllm_capacity(p: Predictor, seq_len: int | None, key: str = "vllm@0.34.0", p
     )  # fmt: skip
 
 
-def kv_capacity(p: Predictor, engine: str, seq_len: int | None = None, pd: bool = False) -> KVCapacity:
+def kv_capacity(
+    p: Predictor, engine: str, seq_len: int | None = None, pd: bool = False, draft: DraftMemory | None = None
+) -> KVCapacity:
     """KV capacity per rank on `p`'s deployment as engine version `engine` computes it; `seq_len`: the
-    decode batch the pool admits at that prompt + output length (None: none); `pd`: for a P/D server."""
+    decode batch the pool admits at that prompt + output length (None: none); `pd`: for a P/D server;
+    `draft`: a speculative draft's weights and KV layers beside the target's (`tpplan.cost.draft`)."""
     memory = kv_sizing(engine)  # a TpplanError for a version whose sizing was not read
     key = select(engine).key
     if isinstance(memory, SglangMemory):
-        return sglang_capacity(p, seq_len, key)
-    return vllm_capacity(p, seq_len, key, pd)
+        return sglang_capacity(p, seq_len, key, draft)
+    return vllm_capacity(p, seq_len, key, pd, draft)
 
 
 def kv_engines_for(engine: str | None) -> tuple[str, ...]:

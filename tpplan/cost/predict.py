@@ -43,6 +43,7 @@ from tpplan.cost.kernel_pricer import (
 )
 from tpplan.cost.kv_capacity import DEFAULT_KV_ENGINES, kv_capacity
 from tpplan.cost.pipeline import DEFAULT_PP_ENGINE, PipelineModel, pipeline_model
+from tpplan.cost.plan_steps import STATE_BYTES
 from tpplan.cost.prediction import (
     LAYOUT_COPY_KERNEL,
     CollectiveTime,
@@ -51,7 +52,7 @@ from tpplan.cost.prediction import (
     OpTime,
     PlanPrediction,
 )
-from tpplan.cost.predictor import STATE_BYTES, Predictor, cached_predictor
+from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.provenance import composed_provenance, provenance
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens, masked_pairs, segments_of
 from tpplan.cost.topology import Topology

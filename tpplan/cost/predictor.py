@@ -19,27 +19,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tpplan.audit import PlanAudit, audit_plan, stage_weights
-from tpplan.cost.collective_pricer import CollectivePricer
-from tpplan.cost.compute import kernel_sources
+from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.context_parallel import cp_weight_elements
-from tpplan.cost.ep_low_latency import low_latency_steps
-from tpplan.cost.kernel_pricer import KernelPricer
 from tpplan.cost.pipeline import PipelineModel, pipeline_model
-from tpplan.cost.prediction import CollectiveTime, KindTime, MemoryBreakdown, OpTime
+from tpplan.cost.plan_steps import PlanSteps, predictor_key
+from tpplan.cost.prediction import KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload, replica_workloads
-from tpplan.dtypes import DTYPE_BYTES, WEIGHT_BITS
-from tpplan.engines.context_parallel import kv_cp_share
-from tpplan.errors import TpplanError
-from tpplan.layout.context_parallel import audit_cp, model_split
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult
 from tpplan.lower import (
-    Batch,
-    Collective,
     KernelCall,
     LayerProgram,
     Lowering,
@@ -47,30 +38,20 @@ from tpplan.lower import (
     SendRecv,
     lower_layer,
     lower_outline,
-    lowering,
 )
 from tpplan.lower.passes.tp_sp import layout_copy_step
-from tpplan.lower.registry import generation
 from tpplan.lower.shapes import rank_shape
-from tpplan.lower.stages import bank_snapshots, stage_layers
+from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph
-from tpplan.models.opkinds import mixer, op_kind
-from tpplan.models.spec import AttnSpec
+from tpplan.models.opkinds import op_kind
 from tpplan.placement import S_COL, S_TOK, Placement, R
 
-STATE_BYTES = 4  # KDA/GDN recurrent state is kept in fp32 (conv state in the activation dtype)
 
-
-class Predictor:
+class Predictor(PlanSteps):
     """A plan's time per layer, per stage and per batch, and its memory per rank: its lowered program's
     kernel steps priced by a compute pricer (`kernels`), its collectives, layout copies and stage sends
-    by a collective pricer (`comms`).
-
-    `audit`: the plan's audit at TP `mesh.tp`, when the caller has it; `impls`: kernel family -> the
-    implementation a recorded run used (`bench --repredict`), None for the serving set; `engine`: the
-    engine whose kernel tables price before tpplan's formulas; `pipeline`: the engine whose PP schedule
-    and boundary send apply. `key`: what its prices follow from, by value (`predictor_key`)."""
+    by a collective pricer (`comms`), all of one `PlanSteps` (its arguments), summed here."""
 
     def __init__(
         self,
@@ -86,32 +67,10 @@ class Predictor:
         engine: str | None = None,
         pipeline: PipelineModel | None = None,
     ) -> None:
-        self.deployment = mesh.check(topo)
-        if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
-            raise TpplanError(
-                f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
-            )
-        self.graph, self.plan, self.topo, self.tp, self.pp, self.dtype = graph, plan, topo, mesh.tp, mesh.pp, dtype
-        self.audit: PlanAudit = audit if audit is not None else audit_plan(graph, plan, mesh.tp, dtype)
-        # Context parallelism: `cp` TP groups, each on its share of the tokens (cost/context_parallel.py).
-        self.cp_audit = audit_cp(graph, mesh)
-        self.cp = self.cp_audit.token_cp  # every layer's token share (1 under `mla`: only MLA attention is split)
-        self.cp_split = model_split(self.cp_audit)
+        super().__init__(graph, plan, topo, mesh, dtype, expert_dtype, audit, impls, engine=engine, pipeline=pipeline)
         self.counts = graph.counts()
-        self.b = DTYPE_BYTES[dtype]
-        self.rpn = mesh.ranks_per_node(topo.gpus_per_node)
-        self.stages = stage_layers(graph.spec.num_layers, mesh)
-        self.engine = engine
-        self.pipeline = pipeline or pipeline_model()
-        self.serving_engine = engine or self.pipeline.engine  # and whose kernels the serving set prices
-        self.key = predictor_key(graph, plan, topo, mesh, dtype, expert_dtype, engine, self.pipeline, impls)
-        built = kernel_sources(topo.gpu, engine)
-        self.kernels = KernelPricer(graph, topo, mesh, dtype, expert_dtype, sources=built, impls=impls,
-                                    serving_engine=self.serving_engine)  # fmt: skip
-        self.comms = CollectivePricer(topo, dtype, self.pipeline, sources=built)
         self._kind_cache: dict[tuple[int, Segments], KindTime] = {}
         self._stage_cache: dict[Segments, tuple[list[float], list[float], float]] = {}
-        self._lowerings: dict[Segments, Lowering] = {}
         self._outlines: dict[Segments, Program] = {}
         # Distinct layer propagations by value, each with the first of the audit's layers that has it
         # (None: a result outside them). A layer's program depends only on its propagation, so its
@@ -119,11 +78,6 @@ class Predictor:
         self._distinct: list[tuple[LayerResult, int | None]] = []
         for i, r in enumerate(self.audit.layer_results):
             self._key_of(r, i)
-
-    def built_on(self, graph: ModelGraph, topo: Topology) -> bool:
-        """Whether this predictor's graph and topology equal `graph` and `topo` (what `key` holds only by
-        name): a cache hit on `key` is this predictor's only where they do."""
-        return (self.graph is graph or self.graph == graph) and (self.topo is topo or self.topo == topo)
 
     def _key_of(self, res: LayerResult, index: int | None = None) -> int:
         """The position of `res`'s value among the distinct propagations (added, first at `index`, if new)."""
@@ -135,17 +89,6 @@ class Predictor:
                 return k
         self._distinct.append((res, index))
         return len(self._distinct) - 1
-
-    def lowering(self, segs: Segments) -> Lowering:
-        """The lowering context of one batch (`tpplan.lower`): this plan, mesh and audit, the batch in the
-        prediction's dtype on the topology's nodes."""
-        hit = self._lowerings.get(segs)
-        if hit is None:
-            hit = lowering(self.graph, self.plan, self.deployment, Batch(segs, self.dtype),
-                           results=self.audit.layer_results, gpus_per_node=self.topo.gpus_per_node,
-                           cp_audit=self.cp_audit)  # fmt: skip
-            self._lowerings[segs] = hit
-        return hit
 
     def lowered(self, res: LayerResult, segs: Segments) -> tuple[LayerProgram, Lowering]:
         """The lowered steps of a layer whose propagation is `res`, for one batch, and their context."""
@@ -176,15 +119,6 @@ class Predictor:
         kt = KindTime(res.kind, self.counts[res.kind], ops, colls)
         self._kind_cache[key] = kt
         return kt
-
-    def collective_times(self, kind: str, steps: Sequence[Collective], ctx: Lowering) -> list[CollectiveTime]:
-        """A layer's priced collective steps (of layer kind `kind`, lowered in `ctx`) priced for its batch, a
-        decode step's EP all-to-all as the serving engine's DeepEP low-latency kernels send it
-        (`cost.ep_low_latency`). The search's `Pricer` prices its fragments' collectives here too."""
-        local = ctx.local_segments
-        t = batch_pairs(local)[0]
-        sent = low_latency_steps([c for c in steps if c.priced], self.graph.kinds[kind], t, self.serving_engine, local)
-        return [self.comms.collective(kind, c) for c in sent]
 
     def layers_seconds(self, layers: Sequence[int], segs: Segments) -> float:
         """Consecutive layers (the audit's indices) of one batch: their sum, or as the plan's overlap
@@ -302,25 +236,6 @@ class Predictor:
                     total += more * self.kernels.weight_elem_bytes(res.kind, d.op)
         return total
 
-    def kv_per_token(self, attn: AttnSpec) -> float:
-        """KV cache bytes per token of one layer on one rank, as its token mixer states it
-        (`Mixer.kv_bytes`: MLA caches the latent whole on every rank, GQA this rank's KV heads).
-        DP attention: a rank caches its own requests' tokens with every head, 1/N of the batch's
-        tokens when the requests are spread evenly (docs/design.md, "DP attention"). CP: by default every CP
-        rank keeps the whole sequence's KV, as SGLang and vLLM do; with `cp_kv="sharded"` (`--cp-kv sharded`)
-        its own tokens', 1/cp (`tpplan.engines.context_parallel.kv_cp_share`)."""
-        cp = kv_cp_share(self.deployment)
-        if self.plan.dp_attention:
-            return mixer(attn.kind).kv_bytes(attn, 1, self.b) / self.tp / cp
-        return mixer(attn.kind).kv_bytes(attn, self.tp, self.b) / cp
-
-    def state_per_seq(self, attn: AttnSpec) -> float:
-        """Recurrent state bytes per sequence of one layer on one rank (heads split over TP), as its
-        token mixer states it (`Mixer.state_bytes`: delta-rule state in fp32 plus short-conv tails)."""
-        if self.plan.dp_attention:  # every head of its own sequences: 1/N of them, spread evenly
-            return mixer(attn.kind).state_bytes(attn, 1, self.b, STATE_BYTES) / self.tp
-        return mixer(attn.kind).state_bytes(attn, self.tp, self.b, STATE_BYTES)
-
     def _activations(self, rng: range, t: int) -> float:
         """Peak activation bytes of one chunk: the stream tensors that live across layers (resid,
         delta and the AttnRes bank) plus the largest live set of one op (its inputs and output)."""
@@ -362,27 +277,6 @@ def repeated(call: KernelCall, ops: list[OpTime]) -> OpTime:
                   secs, rec.extrapolated, rec.source)  # fmt: skip
 
 
-def predictor_key(
-    graph: ModelGraph,
-    plan: Plan,
-    topo: Topology,
-    mesh: Mesh,
-    dtype: str,
-    expert_dtype: str | None,
-    engine: str | None,
-    pipeline: PipelineModel,
-    impls: dict[str, str] | None = None,
-) -> tuple[object, ...]:
-    """What a `Predictor`'s prices follow from, by value and cheap to hash, for the caches that keep one
-    or what was built from one: plan, mesh, dtypes, engine, PP schedule, a recorded run's kernels and the
-    set of lowering passes (`lower.registry.generation`); the graph by its layer kinds and width and the
-    topology by its name (hashing the whole ModelSpec costs ~90 us a call), so a hit is used only where
-    its graph and topology also equal the ones asked for (`Predictor.built_on`)."""
-    kernels = tuple(sorted(impls.items())) if impls else None
-    return (graph.layer_kinds, graph.hidden, topo.name, plan, mesh, dtype, expert_dtype, engine, pipeline, kernels,
-            generation())  # fmt: skip
-
-
 _CACHE: dict[tuple[object, ...], Predictor] = {}
 _CACHE_MAX = 512
 
@@ -413,4 +307,4 @@ def cached_predictor(
     return p
 
 
-__all__ = ["STATE_BYTES", "Predictor", "cached_predictor", "predictor_key"]
+__all__ = ["Predictor", "cached_predictor"]

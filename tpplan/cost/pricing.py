@@ -5,8 +5,9 @@ before any whole plan exists, and sums them; for its sum to equal `predict_plan`
 same prices. `Pricer` hands them out: it lowers each decision as a fragment of a layer (the layer kind
 with just that op decision, or just that planned move) through the same registered lowering passes
 `predict_plan` lowers whole layers with (`tpplan.lower.lower_layer`), and prices the fragment's steps
-with the predictor's own step pricers (`cost.kernel_pricer`, `cost.collective_pricer`), so the two
-cannot drift apart; a pass added later is picked up by both:
+with the predictor's own step pricers (`cost.kernel_pricer`, `cost.collective_pricer`), both through the
+baseline's `cost.plan_steps.PlanSteps` (the half of a `Predictor` that lowers and prices, without its
+sums), so the two cannot drift apart; a pass added later is picked up by both:
 
 - `op_time`: one op decision, for one batch (its MoE mode comes from the decision, its EP size from
   the mesh asked for);
@@ -30,8 +31,8 @@ from dataclasses import replace
 
 from tpplan.audit import PlanAudit
 from tpplan.cost.context_parallel import cp_weight_elements
+from tpplan.cost.plan_steps import PlanSteps
 from tpplan.cost.prediction import CollectiveTime, OpTime
-from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.cost.topology import Topology
 from tpplan.layout.plan import Plan
@@ -68,7 +69,7 @@ class Pricer:
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, mesh.tp, mesh.pp, mesh.cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
         self.deployment = mesh
-        self._base = Predictor(graph, baseline(), topology, mesh, dtype, expert_dtype, audit, engine=engine)
+        self._base = PlanSteps(graph, baseline(), topology, mesh, dtype, expert_dtype, audit, engine=engine)
         self.cp_audit = self._base.cp_audit
         self.kernels, self.comms = self._base.kernels, self._base.comms
 

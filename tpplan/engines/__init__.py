@@ -141,7 +141,9 @@ def path_for(mode: Mode, spec: ModelSpec, variant: int = 0) -> Path:
             (spec.model_type,),
             "baseline" if mode.exists else "refused",
             f"the engine data names no wiring of this mode for model type {spec.model_type}",
-            Source.unread("-", "-", f"{mode.name} for {spec.model_type}"),
+            Source.unread(
+                "-", "-", f"{mode.name} for {spec.model_type}", why="the engine data has no wiring of the mode for it"
+            ),
         )
     return Path(None, nw)
 

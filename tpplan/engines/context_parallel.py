@@ -212,7 +212,12 @@ SGLANG_KDA_CONTIGUOUS = CpPath(
     ),
     ffn="not stated in the description read",
     kv_per_rank="replicated",
-    kv_source=Source.unread(sglang_source.REPO, "pull/34059", "KV cache under the contiguous strategy"),
+    kv_source=Source.unread(
+        sglang_source.REPO,
+        "pull/34059",
+        "KV cache under the contiguous strategy",
+        why="an open pull request: its description was read, its code was not",
+    ),
     gates=(
         Gate(
             "attn_cp divides tp (any attn_tp x cp)",

@@ -38,8 +38,9 @@ MAX_TOKENS_SOURCE = sglang_source.rel(
 LL_MESSAGE = Source(
     "deepseek-ai/DeepEP",
     "csrc/kernels/internode_ll.cu",
-    "dispatch: num_bytes_per_msg = sizeof(int4) + kHidden + num_scales * sizeof(float), one per top-k expert",
-    "the search index's stored copy (commit not pinned)",
+    "dispatch: num_bytes_per_msg = sizeof(int4) + kHidden + num_scales * sizeof(float) (FP8; rounded up to 16 bytes, "
+    "which changes nothing at hidden sizes that are multiples of 512), one per top-k expert",
+    "commit 2df3680e",
 )
 LL_MEASURED = Source(
     "deepseek-ai/DeepEP",

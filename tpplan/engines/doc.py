@@ -18,6 +18,7 @@ from tpplan.engines.async_tp import (
     UNUSED_VLLM_OP,
     VOLUME,
 )
+from tpplan.engines.citations import held, kind, unread_calls
 from tpplan.engines.context_parallel import CP_PATHS
 from tpplan.engines.overlap import DEEPEP_SMS
 from tpplan.engines.schema import Comm, EngineVersion, Gate, Mode
@@ -294,6 +295,34 @@ def _context_parallel() -> list[str]:
     return out
 
 
+def _citations() -> list[str]:
+    """What every citation above is pinned to (`tpplan.engines.citations`), and every unread one with why."""
+    refs = {(kind(s), s.repo, s.ref) for s in held() if s.read}
+    out = [
+        "## Citations: what each fact was read at",
+        "",
+        "Every `Source` the engine records hold (`tpplan/engines/citations.py` walks them), by what it is pinned",
+        "to: a release (its PyPI wheel or source distribution), a commit, or an open pull request's description;",
+        "`tests/engines/test_citations.py` refuses any other. SGLang's P/D router is its own package: read in",
+        "the source distribution of sglang-router 0.3.2 (`pip download --no-binary sglang-router",
+        "sglang-router==0.3.2`, the Rust crate sgl-model-gateway 0.3.2; SGLang 0.5.23's P/D test fixture",
+        "launches `sglang_router.launch_router`). vLLM's P/D proxy lives in the repository's tests, not the",
+        "wheel: read in 0.34.0's source distribution, whose `vllm/_version.py` names commit 62d4bc3c (as the",
+        "wheel's does). Records of main revisions (`sglang@main-...`, `vllm@main-...`) cite those commits.",
+        "",
+        "| pinned to | repository | reference |",
+        "| --- | --- | --- |",
+    ]
+    order = {"release": 0, "commit": 1, "pull request": 2}
+    for k, repo, ref in sorted(refs, key=lambda r: (order.get(str(r[0]), 3), r[1:])):
+        out.append(f"| {k or 'nothing'} | {repo} | {ref} |")
+    out += ["", "Unread (`Source.unread`, every call in the code), and why:", ""]
+    for c in unread_calls():
+        where = f"`{c.path}`" + (f" `{c.function}`" if c.function else "")
+        out.append(f"- {where}: {c.what} ({c.why or 'no reason given'})")
+    return [*out, ""]
+
+
 def render() -> str:
     """The whole of docs/engines.md."""
     lines = [INTRO]
@@ -302,6 +331,7 @@ def render() -> str:
     lines += _overlaps()
     lines += _async_tp()
     lines += _context_parallel()
+    lines += _citations()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -67,12 +67,28 @@ def row_tile(engine: str, tokens: int, experts: int, fmt: MoeFormat) -> RowTile:
     local experts in weight format `fmt`; an engine tpplan has not read keeps a 128-row tile, cited unread."""
     name = engine.split("@")[0].lower()
     if fmt not in TRITON_FORMATS:
-        return RowTile(UNREAD_TILE, Source.unread(name, "fused MoE", f"the row tile of {fmt} experts' kernel"))
+        return RowTile(
+            UNREAD_TILE,
+            Source.unread(
+                name,
+                "fused MoE",
+                f"the row tile of {fmt} experts' kernel",
+                why="only the Triton formats' configs were read",
+            ),
+        )
     if name == "sglang":
         return RowTile(_sglang(tokens, experts, fmt), SGLANG_DEFAULT)
     if name == "vllm":
         return RowTile(_vllm(tokens, fmt), VLLM_DEFAULT)
-    return RowTile(UNREAD_TILE, Source.unread(name, "fused MoE", "the grouped-expert kernel's row tile"))
+    return RowTile(
+        UNREAD_TILE,
+        Source.unread(
+            name,
+            "fused MoE",
+            "the grouped-expert kernel's row tile",
+            why="only SGLang's and vLLM's fused MoE were read",
+        ),
+    )
 
 
 __all__ = ["SGLANG_DEFAULT", "TRITON_FORMATS", "UNREAD_TILE", "VLLM_DEFAULT", "RowTile", "row_tile"]

@@ -40,8 +40,9 @@ class Source:
     repo: str  # "sgl-project/sglang", "vllm-project/vllm"
     path: str  # inside the repository (for a release: inside its wheel, same layout as `python/`)
     function: str
-    ref: str  # "0.5.23 (PyPI wheel)" or "commit 4eb3ad5a"
+    ref: str  # "0.5.23 (PyPI wheel)" or "commit 4eb3ad5a" (`tpplan.engines.citations` names the kinds allowed)
     read: bool = True  # False: nobody read it; the fact is a statement to check, not a finding
+    why: str = ""  # unread: why it was not read (docs/engines.md lists every unread citation with it)
 
     def cite(self) -> str:
         """One short citation for a report line."""
@@ -50,8 +51,9 @@ class Source:
         return f"{self.repo} {self.path} `{self.function}` @ {self.ref}"
 
     @classmethod
-    def unread(cls, repo: str, path: str, what: str) -> Source:
-        return cls(repo, path, what, "unread", read=False)
+    def unread(cls, repo: str, path: str, what: str, *, why: str) -> Source:
+        """A fact nobody read in the engine's code, and why (no release to read it at, code not published, ...)."""
+        return cls(repo, path, what, "unread", read=False, why=why)
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,7 @@ class RouterRule:
     cache_threshold: float = 0.3  # cache_aware: prefix-match share above which the holder is chosen
     balance_abs: int = 64  # cache_aware: load imbalance when max - min exceeds this ...
     balance_rel: float = 1.5  # ... and max exceeds min x this
+    prefill_load_to_end: bool = False  # a request loads its prefill instance until it ends (else until prefilled)
     ties_rotate: bool = True  # least_loaded: ties to the first from a scan start that moves on (else the lowest index)
 
 

@@ -407,7 +407,12 @@ def older_input_scattered() -> Mode:
         return step
 
     w = SGL_INPUT_SCATTERED.wiring[0]
-    pads = Source.unread(REPO, "python/sglang/srt/model_executor/forward_batch_info.py", "padding to TP at 7665ff96")
+    pads = Source.unread(
+        REPO,
+        "python/sglang/srt/model_executor/forward_batch_info.py",
+        "padding to TP at 7665ff96",
+        why="the padding was not read at that older revision",
+    )
     gates = tuple(
         replace(g, source=pads if g.check == "input_scattered_pads" else _OLD_ATTN) for g in SGL_INPUT_SCATTERED.gates
     )

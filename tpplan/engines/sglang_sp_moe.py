@@ -187,7 +187,12 @@ SGL_SP_MOE = Mode(
             "model",
             (),
             "refuses",
-            Source.unread(REPO, "python/sglang/srt/layers/moe/", "a2a backend on a dense model"),
+            Source.unread(
+                REPO,
+                "python/sglang/srt/layers/moe/",
+                "a2a backend on a dense model",
+                why="no file or function was located for it when the record was written",
+            ),
             "has_moe",
         ),
         Gate(
@@ -203,7 +208,12 @@ SGL_SP_MOE = Mode(
             "model",
             ("--tp-size",),
             "refuses",
-            Source.unread(REPO, "python/sglang/srt/layers/moe/", "expert placement over EP ranks"),
+            Source.unread(
+                REPO,
+                "python/sglang/srt/layers/moe/",
+                "expert placement over EP ranks",
+                why="no file or function was located for it when the record was written",
+            ),
             "experts_divide_tp",
         ),
         Gate(

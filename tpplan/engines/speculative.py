@@ -9,9 +9,23 @@ A speculative decode step, as both engines run a chain draft (EAGLE top-k 1, MTP
   `--speculative-num-draft-tokens`; vLLM schedules 1 + num_speculative_tokens tokens per running request
   out of the step's token budget, `Scheduler.schedule`);
 - the request gains `accepted` tokens on average, the bonus token included (1 <= accepted <= k + 1).
-The draft is priced as `draft_layers` of the target's own last decoder layer (DeepSeek's MTP module is one
-decoder layer of the target's structure, `DeepseekModelNextN`); the draft's lm_head and eh_proj are not
-priced (the target's lm_head is not either). Acceptance is an input: tpplan does not predict it.
+The draft is priced as the engines load and run it (`tpplan.cost.draft`):
+- weights: MTP's `num_nextn_predict_layers` nextn layers, each the target's last decoder layer sharded as the
+  target's, plus its eh_proj (an unsharded `nn.Linear(2 * hidden, hidden)`) and norms; the embedding and
+  lm_head are the target's, shared (SGLang `EAGLEWorkerV2.init_lm_head`, vLLM `load_eagle_model`), and both
+  engines load the draft before the KV pool is sized, so its weights come out of the pool;
+- KV: the draft's layers cache every token beside the target's in the one pool (SGLang adds
+  draft layers x the target's per-layer cell to the cell size; vLLM's KV spec holds the draft's attention
+  layers), so the pool holds fewer tokens;
+- step: per draft pass, `draft_layers` of the target's last decoder layer, the eh_proj over the pass's
+  tokens and the shared lm_head over one token per request (both engines take logits at one position per
+  request), with the vocab-parallel logits' all-gather.
+EAGLE: the draft is read from its config where DRAFT is a preset, a config.json or a checkpoint folder here
+(its own layers at the target's TP, its fc, an lm_head of its own for an EAGLE-3 draft vocabulary); a hub name
+is not read: its weights and KV are not priced, and it is timed as MTP's is. Top-k 1
+chains only: the launch line passes `--speculative-eagle-topk 1` (SGLang's default without
+`--speculative-num-steps` is a top-k 4 tree for Llama, `_auto_choose_speculative_params`); vLLM 0.34.0's
+EAGLE/MTP speculators run a chain. Acceptance is an input: tpplan does not predict it.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from typing import Literal
 
 from tpplan.engines.schema import Source
 from tpplan.errors import TpplanError
+from tpplan.models.spec import ModelSpec
 
 Method = Literal["mtp", "eagle"]
 
@@ -61,14 +76,77 @@ VLLM_STEP = Source(
     "running request from the token budget",
     "0.34.0 (PyPI wheel)",
 )
-SOURCES = {"sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP), "vllm": (VLLM_SPEC, VLLM_STEP)}
+SGLANG_DRAFT_MEMORY = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/model_executor/pool_configurator.py",
+    "the standard configurator's __init__: under EAGLE/NEXTN the target's cell size grows by cell x "
+    "eagle_draft_num_layers / num_layers (model_runner_components/spec_aux_hidden_state.py: the config's "
+    "num_nextn_predict_layers, else the draft checkpoint's layers); managers/scheduler.py "
+    "init_target_memory_pool sizes the pool after the draft worker loaded (kv_cache_configurator.py "
+    "_profile_available_bytes: 'draft weights are now counted'); speculative/eagle_worker_v2.py init_lm_head "
+    "shares the target's embedding and lm_head; models/deepseek_nextn.py DeepseekModelNextN: eh_proj "
+    "nn.Linear(2 * hidden, hidden), enorm, hnorm, one decoder layer",
+    "0.5.23 (PyPI wheel)",
+)
+SGLANG_TREE = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/arg_groups/speculative_hook.py",
+    "_auto_choose_speculative_params: without --speculative-num-steps, (steps, topk, draft tokens) = (5, 4, 8) "
+    "for LlamaForCausalLM (a tree), (3, 1, 4) for DeepSeek/GLM; given steps and topk are kept",
+    "0.5.23 (PyPI wheel)",
+)
+SGLANG_LOGITS = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/layers/logits_processor.py",
+    "LogitsProcessor._get_pruned_states: draft extend (DRAFT_EXTEND_V2) keeps the rows at "
+    "spec_info.select_index, one per request (speculative/eagle_worker_v2.py _draft_extend_for_decode)",
+    "0.5.23 (PyPI wheel)",
+)
+VLLM_DRAFT_MEMORY = Source(
+    "vllm-project/vllm",
+    "vllm/v1/worker/gpu/attn_utils.py",
+    "get_kv_cache_spec: every attention layer's KV spec, the draft's (is_draft_layer, set by "
+    "spec_decode/speculator.py Speculator.load_model) beside the target's, sized alike; "
+    "v1/worker/gpu/model_runner.py GPUModelRunner.load_model loads the speculator inside the weights' "
+    "DeviceMemoryProfiler; spec_decode/eagle/utils.py load_eagle_model shares the target's embedding and "
+    "lm_head; model_executor/models/deepseek_mtp.py DeepSeekMultiTokenPredictorLayer: eh_proj "
+    "nn.Linear(2 * hidden, hidden), enorm, hnorm, shared_head.norm, mtp_block",
+    "0.34.0 (PyPI wheel)",
+)
+VLLM_LOGITS = Source(
+    "vllm-project/vllm",
+    "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+    "TargetDependentARSpeculator: the draft samples at last_token_indices[:num_reqs], one row per request; "
+    "config/speculative.py SpeculativeConfig.use_local_argmax_reduction defaults to False (the full logits are "
+    "all-gathered)",
+    "0.34.0 (PyPI wheel)",
+)
+SOURCES = {
+    "sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP, SGLANG_DRAFT_MEMORY, SGLANG_TREE, SGLANG_LOGITS),
+    "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS),
+}
 SGLANG_DEFAULT_RUNNING = 48  # `_handle_eagle_family`'s max_running_requests when none is given
 
 NOT_MODELLED = (
     "speculative decoding: the acceptance is an input (mean accepted tokens per step), not predicted; a request's "
     "decode steps are its output tokens over it, each step's tokens arriving together (ITL is the gap between steps)",
-    "speculative decoding: the draft is priced as the target's last decoder layer per draft pass (no lm_head, no "
-    "eh_proj); its weights and KV are not in the memory or the KV pool; top-k 1 chains only (no EAGLE tree)",
+    "speculative decoding: a draft pass is priced as its decoder layers (MTP: the target's last), its projection "
+    "into the draft and its lm_head (the target's own lm_head is not priced); top-k 1 chains only (no EAGLE tree)",
+    "speculative decoding: a draft layer's KV cell is the target's last layer's (SGLang scales the stage's mean "
+    "layer cell: the same where a stage's layers cache alike; vLLM: an EAGLE draft's own); under PP the draft's "
+    "weights are on the last stage without an embedding of their own (SGLang's PP draft keeps a copy, "
+    "speculative/pp_draft_embedding.py)",
+)
+EAGLE_NOT_MODELLED = (
+    "speculative decoding: the EAGLE draft checkpoint's config is not read (DRAFT is no preset, config.json or "
+    "checkpoint folder here): its weights and KV are not in the memory or the KV pool, and a draft pass is priced "
+    "as an MTP layer (the target's last decoder layer)"
+)
+EAGLE_READ_NOT_MODELLED = (
+    "speculative decoding: the EAGLE draft is priced from its config: its embedding taken as the target's "
+    "(shared), its lm_head its own only where its draft_vocab_size differs from the target's vocabulary (vLLM keeps "
+    "whatever head and embedding its checkpoint holds, not read), EAGLE-3's first layer's 2 x hidden attention "
+    "input as hidden"
 )
 
 
@@ -95,6 +173,12 @@ class Speculative:
             raise TpplanError(f"spec_method={self.method}", "is not mtp or eagle", "pass mtp or eagle")
         if self.method == "eagle" and not self.draft_model:
             raise TpplanError("spec_method=eagle", "needs the draft checkpoint", "give spec_draft=CHECKPOINT")
+
+    def check_model(self, model: ModelSpec) -> None:
+        """MTP drafts with the model's own nextn layers: refused for a model whose config has none."""
+        if self.method == "mtp" and model.mtp_layers == 0:
+            why = f"model {model.name} has no MTP layers (num_nextn_predict_layers is 0 or absent from its config)"
+            raise TpplanError("spec_method=mtp", why, "use eagle:K:A:DRAFT with a draft checkpoint")
 
     @property
     def verify_tokens(self) -> int:
@@ -139,4 +223,13 @@ def sources(engine: str) -> tuple[Source, ...]:
     return SOURCES[_name(engine)]
 
 
-__all__ = ["NOT_MODELLED", "SOURCES", "Speculative", "launch_flags", "running_cap", "sources"]
+__all__ = [
+    "EAGLE_NOT_MODELLED",
+    "EAGLE_READ_NOT_MODELLED",
+    "NOT_MODELLED",
+    "SOURCES",
+    "Speculative",
+    "launch_flags",
+    "running_cap",
+    "sources",
+]

@@ -60,7 +60,7 @@ from tpplan.models.opkinds import mixer_of, op_kind
 SGLANG_CP_UTILS = "python/sglang/srt/layers/cp/zigzag.py@0.5.23 (PyPI wheel)"  # where SGLang's zigzag CP lives
 CP_SIZES = (1, 2, 4, 8)  # what the search offers
 MAX_CP = 64  # the CLI's bound (commands/_bounds.py)
-STATE_ELEM_BYTES = 4  # recurrent state is exchanged in fp32, as it is kept (cost.predictor.STATE_BYTES)
+STATE_ELEM_BYTES = 4  # recurrent state is exchanged in fp32, as it is kept (cost.plan_steps.STATE_BYTES)
 
 Recurrence = Literal["scan", "serial"]
 CpLayers = Literal["all", "mla"]  # every layer token-sharded, or only the MLA layers (CP inside the TP group)

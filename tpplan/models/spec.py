@@ -182,6 +182,9 @@ class ModelSpec:
     quant: Quantization | None = None  # the checkpoint's weight formats (quantization_config)
     notes: tuple[str, ...] = ()  # what the config has that tpplan does not model (shown by the audit)
     defaulted: tuple[str, ...] = ()  # fields the config lacks, given transformers' defaults (shown by the audit)
+    # multi-token-prediction (nextn) layers the checkpoint carries beside its decoder layers (the config's
+    # num_nextn_predict_layers): the draft `--spec mtp` loads; prefill never runs them
+    mtp_layers: int = 0
     # the validated runtime numerics of the config this spec was read from (`config.spec_from_config`);
     # not compared: two specs of one architecture are the same plan problem whatever their eps
     numerics: Numerics = field(default_factory=Numerics, compare=False)

@@ -170,10 +170,12 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
             out.append(PoolLaunch(label, pool, name, instances, "", why_not=rec.summary))
             continue
         p = cached_predictor(graph, r.plan, topo, one, outcome.dtype, outcome.expert_dtype, r.audit)
-        try:
-            from tpplan.cost.kv_capacity import kv_capacity
+        from tpplan.cost.draft import draft_memory
+        from tpplan.cost.kv_capacity import kv_capacity
 
-            kv = kv_capacity(p, ev.key, pd=pool != "aggregated")
+        draft = draft_memory(p, spec if pool != "prefill" else None)  # a decoding pool's draft is in its memory
+        try:
+            kv = kv_capacity(p, ev.key, pd=pool != "aggregated", draft=draft)
         except TpplanError as err:
             out.append(
                 PoolLaunch(label, pool, name, instances, "", why_not=f"its KV sizing was not read: {err.reason}")

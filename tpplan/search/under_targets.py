@@ -141,7 +141,7 @@ def serve_budget(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
     from tpplan.simulate.serving import replica_kv
 
     p = predictor_of(ask, r, False)
-    cap, _ = replica_kv(p)
+    cap, _ = replica_kv(p, speculative=ask.speculative)
     shapes = shapes_of(ask.workload)
     batch = admitted_batch(cap, shapes)
     most = batch if batch is not None else 2**10
@@ -208,7 +208,7 @@ def serve_rate(ask: Ask, r: RankedPlan) -> DeploymentAnswer:
 
     assert ask.arrival is not None and ask.arrival.rate is not None
     one = predictor_of(ask, r, False)
-    cap, _ = replica_kv(one)
+    cap, _ = replica_kv(one, speculative=ask.speculative)
     shapes = shapes_of(ask.workload)
     batch = admitted_batch(cap, shapes)
     alone = point_at(

@@ -58,8 +58,9 @@ PD_NOT_MODELLED = (
     "num_reserved_decode_tokens, 512, in DecodePreallocQueue._prealloc_required_tokens and retracts when full; "
     "vLLM 0.34.0 allocates each step's slots in Scheduler.schedule, allocate_slots)",
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
-    "the router's loads are its own requests in flight; SGLang's cache-aware tree counts prompt tokens, shares a "
-    "prefix id's cached tokens, never evicts, and breaks ties by lowest instance (tpplan.simulate.routing)",
+    "the router's loads are its own requests in flight; SGLang's cache-aware router matches a prefix id's cached "
+    "tokens at the instance it last went to, never evicts, and breaks ties by lowest instance "
+    "(tpplan.simulate.routing)",
 )
 
 
@@ -160,7 +161,7 @@ def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
         return hit
     gpn = pp.topo.gpus_per_node
     pre = engine_loop(pp.pipeline, pp.deployment, dep.prefill.chunk(), gpn, fixed_costs=fixed_costs)
-    cap, label = replica_kv(dp, pd=True)
+    cap, label = replica_kv(dp, pd=True, speculative=spec)
     running, pool = cap if cap is not None else (None, None)
     dec = engine_loop(dp.pipeline, dp.deployment, dep.decode.chunk(), gpn, fixed_costs=fixed_costs, decode=True,
                       max_running=running, kv_tokens=pool, speculative=spec)  # fmt: skip

@@ -23,8 +23,9 @@ The KV of one request crosses one link (the sending prefill instance's for a pus
 instance's for a pull) in `handoff_s(request)` seconds; a link carries one request's KV at a time, in the
 order the transfers start. Which instances a request goes to is the release's P/D router
 (`HandoffRule.router`, run by `tpplan.simulate.routing`): SGLang's router picks both at once, cache-aware in
-each pool; vLLM's proxy picks the prefill in turn and, when it answers, the decode in turn. A rule whose router
-was not read routes round-robin at the request (`ROUTER_UNREAD`).
+each pool, and counts the request at its prefill instance until it ends (`prefill_load_to_end`); vLLM's proxy
+picks the prefill in turn and, when it answers, the decode in turn. A rule whose router was not read routes
+round-robin at the request (`ROUTER_UNREAD`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ from tpplan.simulate.routing import Router
 SGLANG_RULE = handoff_rule("sglang")[0]
 VLLM_RULE = handoff_rule("vllm")[0]
 ROUTER_UNREAD = Source.unread(
-    "the release's P/D router", "router", "which instance a request goes to (round-robin assumed)"
+    "the release's P/D router",
+    "router",
+    "which instance a request goes to (round-robin assumed)",
+    why="used for a release whose module states no P/D router (HandoffRule.router None)",
 )
 
 
@@ -240,6 +244,7 @@ class _PD(CoSim):
         self.p_router = Router(route.prefill if route else "round_robin", prefill.instances, route)
         self.d_router = Router(route.decode if route else "round_robin", decode.instances, route)
         self.decode_late = route is not None and route.decode_at_prefill_end
+        self.prefill_load_to_end = route is not None and route.prefill_load_to_end
         self.p_of = [-1] * len(self.reqs)  # the prefill instance each request went to
         self.d_of = [-1] * len(self.reqs)
         self.start()
@@ -323,7 +328,8 @@ class _PD(CoSim):
     def prefilled(self, rid: int, t: float) -> None:
         """The prompt's last chunk left the prefill instance at `t`: push its KV (SGLang; per chunk, it is
         already on the link), or pass the request with its block ids to the decode server (vLLM)."""
-        self.p_router.release(self.p_of[rid], t)
+        if not self.prefill_load_to_end:
+            self.p_router.release(self.p_of[rid], t)
         if self.rule.decode_first:
             chunked = self.rule.chunked_send  # the chunks' KV is already on the link
             arrive = self.kv_sent[rid] if chunked else self.link(rid).send(t, self.kv_seconds(rid))
@@ -337,6 +343,8 @@ class _PD(CoSim):
     def finished(self, rid: int, t: float) -> None:
         self.done += 1
         self.d_router.release(self.d_of[rid], t)
+        if self.prefill_load_to_end:  # the router counted it at its prefill instance until now
+            self.p_router.release(self.p_of[rid], t)
         if self.closed and self.next_id < len(self.reqs):  # the client sends its next request
             nxt, self.next_id = self.next_id, self.next_id + 1
             self.send(nxt, t + self.dcfg.request_out_s)

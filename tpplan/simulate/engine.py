@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpplan.cost.draft import eagle_config
 from tpplan.cost.pipeline import PipelineModel
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
 from tpplan.engines import scheduler_rules
 from tpplan.engines.routing import replica_router
 from tpplan.engines.schema import ReplicaRouter, SchedulerRules
+from tpplan.engines.speculative import EAGLE_NOT_MODELLED, EAGLE_READ_NOT_MODELLED, Speculative, running_cap
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
-from tpplan.engines.speculative import Speculative, running_cap
 from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.overheads import NONE, Overheads, overheads
@@ -132,7 +133,11 @@ def decode_conditions(speculative: Speculative | None) -> list[str]:
     """`DECODE_NOT_MODELLED`, with what speculative decoding leaves out in place of its line where it is on."""
     if speculative is None:
         return list(DECODE_NOT_MODELLED)
-    return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else SPEC_NOT_MODELLED)]
+    eagle: tuple[str, ...] = ()
+    if speculative.method == "eagle":
+        eagle = (EAGLE_NOT_MODELLED if eagle_config(speculative) is None else EAGLE_READ_NOT_MODELLED,)
+    said = (*SPEC_NOT_MODELLED, *eagle)
+    return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else said)]
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:

@@ -32,7 +32,12 @@ DISAGG_SOURCE = Source(
 """After each batch the loop polls the requests whose KV is in transfer (`disagg_prefill_inflight_queue`,
 KVPoll) and answers those done; it never waits for a transfer before the next batch."""
 HANDOFF_BLOCKS = {"sglang": False}  # engines whose prefill-side hand-off was read; vLLM's connector was not
-VLLM_UNREAD = Source.unread("vllm-project/vllm", "vllm/distributed/kv_transfer", "whether the prefill side blocks")
+VLLM_UNREAD = Source.unread(
+    "vllm-project/vllm",
+    "vllm/distributed/kv_transfer",
+    "whether the prefill side blocks",
+    why="the prefill side of vLLM's KV connectors was not read",
+)
 
 
 def kv_bytes_per_rank(p: Predictor, tokens: int) -> float:

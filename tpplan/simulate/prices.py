@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from tpplan.cost.draft import draft_pass, draft_step_seconds
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments
 from tpplan.engines.speculative import Speculative
@@ -115,15 +116,13 @@ def predictor_prices(p: Predictor, spec: Speculative | None = None) -> CachedPri
 
 
 def draft_price(p: Predictor, spec: Speculative) -> DraftPrice:
-    """A speculative step's draft on the last stage (`tpplan.engines.speculative`): per draft layer, the
-    target's last decoder layer over the verify width per request (SGLang's draft extend, vLLM's draft
-    prefill) and k - 1 times over one token per request."""
-    last = p.audit.layer_results[-1]
+    """A speculative step's draft on the last stage (`tpplan.cost.draft.draft_step_seconds`: per draft pass its
+    decoder layers, its projection and the lm_head; one pass over the verify width per request, SGLang's draft
+    extend and vLLM's draft prefill, and k - 1 over one token per request)."""
+    passes = draft_pass(p, spec)
 
     def seconds(batch: int, context: int) -> float:
-        wide = p.kind_time(last, ((spec.verify_tokens, context),) * batch).total_s
-        one = p.kind_time(last, ((1, context),) * batch).total_s if spec.draft_tokens > 1 else 0.0
-        return spec.draft_layers * (wide + (spec.draft_tokens - 1) * one)
+        return draft_step_seconds(p, spec, batch, context, passes)
 
     return seconds
 

@@ -8,13 +8,14 @@ module states its own with the sources read).
   with one API server: its in-flight count; the coordinator's waiting + running snapshot, 100 ms stale, and the
   KV-pressure penalty on waiting requests are left out). A rule with `ties_rotate` off sends ties to the lowest
   index (SGLang's DP controller, `--load-balance-method total_requests`: `DPBudget.dispatch`).
-- `cache_aware`: SGLang's router default (`CacheAwarePolicy::select_worker`): when the loads are imbalanced
-  (max - min > `balance_abs` and max > min x `balance_rel`) the least-loaded instance; else the instance
-  holding the request's prefix where it covers more than `cache_threshold` of the prompt, else the instance
-  whose approximate radix tree is smallest. Assumed here: the tree counts prompt tokens (the router counts
-  characters of the request text), a request of prefix id p shares its `cached_tokens` with the earlier
-  requests of p, distinct prompts share nothing, nothing is evicted, ties go to the lowest index (the router's
-  is a hash map's order), and a request is in flight at an instance until its part there ends.
+- `cache_aware`: SGLang's router default (sglang-router 0.3.2, `CacheAwarePolicy::select_worker`): when the
+  loads are imbalanced (max - min > `balance_abs` and max > min x `balance_rel`) the least-loaded instance; else
+  the instance holding the request's prefix where it covers more than `cache_threshold` of the prompt, else the
+  least-loaded instance (the first of the least). Assumed here: a request of prefix id p shares its
+  `cached_tokens` with the earlier requests of p and p's holder is the instance p was last sent to (the router
+  matches characters of the request text in its approximate trees), distinct prompts share nothing, nothing is
+  evicted, and a request is in flight at an instance until its part there ends, or until the whole request
+  ends where the rule says its prefill instance's load lasts that long (`prefill_load_to_end`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class Router:
         self.policy, self.n, self.rule = policy, instances, rule
         self.load = [0] * instances  # the router's requests in flight per instance
         self.turn = 0  # round_robin's next instance; least_loaded's scan start
-        self.tree = [0] * instances  # cache_aware: prompt tokens each instance's tree holds
         self.holder: dict[str, int] = {}  # cache_aware: the instance a prefix id was last sent to
         self.pending: list[tuple[float, int]] = []  # releases not yet due: (when, instance)
 
@@ -61,14 +61,9 @@ class Router:
         hi, lo = max(self.load), min(self.load)
         owner = self.holder.get(req.prefix_id) if req.prefix_id is not None else None
         shared = req.cached_tokens if owner is not None else 0
-        if hi - lo > rule.balance_abs and hi > lo * rule.balance_rel:
-            i = self.load.index(lo)
-        elif owner is not None and shared / req.prompt_tokens > rule.cache_threshold:
-            i = owner
-        else:
-            i = self.tree.index(min(self.tree))
-        held = shared if owner == i else 0
-        self.tree[i] += req.prompt_tokens - held
+        balanced = not (hi - lo > rule.balance_abs and hi > lo * rule.balance_rel)
+        i = owner if balanced and owner is not None and shared / req.prompt_tokens > rule.cache_threshold else None
+        i = self.load.index(lo) if i is None else i
         if req.prefix_id is not None:
             self.holder[req.prefix_id] = i
         return i

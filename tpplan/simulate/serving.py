@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tpplan.cost.draft import draft_memory
 from tpplan.cost.prediction import PlanPrediction
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.topology import Topology
@@ -138,7 +139,7 @@ def decode_block(
     has one output token. `speculative`: each decode step a speculative step (`settings.speculative`)."""
     if all(r.output_tokens <= 1 for r in arrivals.requests):
         return None
-    cap, capacity = replica_kv(p)
+    cap, capacity = replica_kv(p, speculative=speculative)
     running, pool = cap if cap is not None else (None, None)
     loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, decode=True, max_running=running,
                        kv_tokens=pool, speculative=speculative)  # fmt: skip
@@ -147,7 +148,7 @@ def decode_block(
                 "kv_tokens": loop.config.kv_tokens, "kv_capacity": capacity,
                 "rule": None if rule is None else rule.source.cite()}  # fmt: skip
     if speculative is not None:
-        settings["speculative"] = speculative_json(p.pipeline.engine, speculative, loop.config.max_running)
+        settings["speculative"] = speculative_json(p, speculative, loop.config.max_running)
     try:
         res = serve(p, arrivals, loop, speculative)
     except TpplanError as err:  # a request whose KV does not fit the pool alone: this deployment cannot serve it
@@ -170,13 +171,17 @@ def decode_block(
     return out
 
 
-def speculative_json(engine: str, spec: Speculative, max_running: int | None) -> dict[str, object]:
-    """`settings.speculative`: the inputs, the engine's flags for them (with the running cap the loop
-    served with, `launch_flags`) and where they were read."""
+def speculative_json(p: Predictor, spec: Speculative, max_running: int | None) -> dict[str, object]:
+    """`settings.speculative`: the inputs, the draft's memory (`draft`: None where its config is not read),
+    the engine's flags for them (with the running cap the loop served with, `launch_flags`) and where they
+    were read."""
     from tpplan.engines.speculative import launch_flags, sources
 
+    engine = p.pipeline.engine
     flags = launch_flags(engine, spec, max_running)
-    return {**spec.to_json(), "flags": list(flags), "sources": [s.cite() for s in sources(engine)]}
+    draft = draft_memory(p, spec)
+    return {**spec.to_json(), "draft": None if draft is None else draft.to_json(), "flags": list(flags),
+            "sources": [s.cite() for s in sources(engine)]}  # fmt: skip
 
 
 def routed_prediction(pred: PlanPrediction, p: Predictor, workload: Workload, gpus_per_node: int) -> PlanPrediction:
@@ -190,15 +195,19 @@ def routed_prediction(pred: PlanPrediction, p: Predictor, workload: Workload, gp
     return replace(pred, ttft=serve(p, workload_arrivals(workload), loop).as_ttft())
 
 
-def replica_kv(p: Predictor, pd: bool = False) -> tuple[tuple[int, int] | None, str | None]:
+def replica_kv(
+    p: Predictor, pd: bool = False, speculative: Speculative | None = None
+) -> tuple[tuple[int, int] | None, str | None]:
     """(running-request cap, KV tokens) of one replica as `p`'s engine version sizes them at its defaults
     (`tpplan.cost.kv_capacity`: per rank; with DP attention each rank keeps its own requests, so the
-    replica holds attention-DP times both; `pd`: a P/D server's), and the capacity's label; (None, None)
-    where the engine's KV sizing was not read."""
+    replica holds attention-DP times both; `pd`: a P/D server's; `speculative`: with its draft's weights and
+    KV layers, `tpplan.cost.draft`), and the capacity's label; (None, None) where the engine's KV sizing
+    was not read."""
     from tpplan.cost.kv_capacity import kv_capacity
 
+    draft = draft_memory(p, speculative)  # before the try: an MTP draft on a model without MTP layers is refused
     try:
-        kv = kv_capacity(p, p.pipeline.engine, pd=pd)
+        kv = kv_capacity(p, p.pipeline.engine, pd=pd, draft=draft)
     except TpplanError:
         return None, None
     dp = p.tp if p.plan.dp_attention else 1

@@ -139,7 +139,9 @@ def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
     if read is not None:
         return Condition(f"the model's SGLang implementation supports --pp-size ({model_type}: {read.how})", True,
                          "refuses", read.source.cite())  # fmt: skip
-    unread = Source.unread("sgl-project/sglang", "python/sglang/srt/models/", "PP support")
+    unread = Source.unread(
+        "sgl-project/sglang", "python/sglang/srt/models/", "PP support", why="this model's SGLang file was not read"
+    )
     return Condition(f"the model's SGLang implementation supports --pp-size ({model_type} not checked)", None,
                      "refuses", unread.cite())  # fmt: skip
 

@@ -22,7 +22,9 @@ def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
     if read is not None:
         return Condition(f"the model's vLLM class supports --pipeline-parallel-size ({model_type}: {read.how})", True,
                          "refuses", read.source.cite())  # fmt: skip
-    unread = Source.unread(vllm_data.REPO, "vllm/model_executor/models/", "SupportsPP")
+    unread = Source.unread(
+        vllm_data.REPO, "vllm/model_executor/models/", "SupportsPP", why="this model's vLLM class was not read"
+    )
     return Condition(f"the model's vLLM class supports --pipeline-parallel-size ({model_type} not checked)", None,
                      "refuses", unread.cite())  # fmt: skip
 

@@ -182,26 +182,37 @@ MEMORY = SglangMemory(
 # P/D disaggregation: how a request crosses from the prefill server to the decode server
 
 # The P/D router: sglang-router (its own PyPI package, not in the SGLang wheel), launched as
-# `python -m sglang_router.launch_router --pd-disaggregation --prefill URL --decode URL`.
-_ROUTER_PY = "sglang-router 0.3.2 (PyPI wheel, sglang_router/router_args.py)"
-_ROUTER_RS = "sgl-router Rust source as the code index stores it (commit not recorded)"
+# `python -m sglang_router.launch_router --pd-disaggregation --prefill URL --decode URL` (SGLang 0.5.23's own
+# P/D test fixture, test/server_fixtures/disaggregation_fixture.py, launches it so). Read in the source
+# distribution of its newest release, 0.3.2 (`pip download --no-binary sglang-router sglang-router==0.3.2`):
+# the Rust crate sgl-model-gateway 0.3.2 with its Python bindings; paths are inside that sdist.
+_ROUTER_PY = "sglang-router 0.3.2 (PyPI sdist, its Python bindings)"
+_ROUTER_RS = "sglang-router 0.3.2 (PyPI sdist, Rust crate sgl-model-gateway 0.3.2)"
+_ROUTER_REPO = "sgl-project/sglang"
 ROUTER = RouterRule(
-    prefill="cache_aware", decode="cache_aware", decode_at_prefill_end=False,
+    prefill="cache_aware", decode="cache_aware", decode_at_prefill_end=False, prefill_load_to_end=True,
     facts=(
         Fact("--policy defaults to cache_aware; in P/D mode --prefill-policy and --decode-policy default to None, "
              "which use --policy for that pool; --cache-threshold 0.3, --balance-abs-threshold 64, "
              "--balance-rel-threshold 1.5",
-             Source("sgl-project/sglang", "sgl-router/py_src/sglang_router/router_args.py",
+             Source(_ROUTER_REPO, "bindings/python/src/sglang_router/router_args.py",
                     "RouterArgs / RouterArgs.add_cli_args", _ROUTER_PY)),
         Fact("each request picks its prefill worker and its decode worker at once, each pool's policy on its own "
-             "workers with the request text",
-             Source("sgl-project/sglang", "sgl-router/src/routers/http/pd_router.rs",
-                    "PDRouter::select_pd_pair / pick_worker_by_policy", _ROUTER_RS)),
+             "workers with the request text (an unset pool policy is the default one)",
+             Source(_ROUTER_REPO, "src/routers/http/pd_router.rs",
+                    "PDRouter::select_pd_pair / pick_worker_by_policy_arc; PolicyRegistry::get_prefill_policy",
+                    _ROUTER_RS)),
+        Fact("a request counts in the load of both its prefill and its decode worker until the whole request ends "
+             "(both WorkerLoadGuards live until the decode response is read, or its stream is dropped)",
+             Source(_ROUTER_REPO, "src/routers/http/pd_router.rs",
+                    "PDRouter::execute_dual_dispatch_internal / create_streaming_response (WorkerLoadGuard)",
+                    _ROUTER_RS)),
         Fact("cache_aware: if max load - min load > balance_abs and max > min x balance_rel, the least-loaded "
              "worker; else the worker with the longest prefix match if it covers more than cache_threshold of "
-             "the text, else the worker with the smallest approximate tree (characters of the texts it was sent)",
-             Source("sgl-project/sglang", "sgl-router/src/policies/cache_aware.rs",
-                    "CacheAwarePolicy::select_worker; Tree::get_smallest_tenant", "commit b6f20641")),
+             "the text, else the least-loaded worker (the first of the least; the module comment still says the "
+             "smallest tree, which the code no longer does)",
+             Source(_ROUTER_REPO, "src/policies/cache_aware.rs",
+                    "CacheAwarePolicy::select_worker / select_worker_min_load", _ROUTER_RS)),
     ),
 )  # fmt: skip
 
@@ -284,21 +295,29 @@ DP_TOTAL_REQUESTS = ReplicaRouter(
     across_nodes=_DP_NODES,
 )
 _ROUTER_CMD = "python -m sglang_router.launch_router --worker-urls <the R servers' URLs> --policy {policy}"
+_ROUTER_LAUNCH = Fact(
+    "outside P/D the router takes its workers as --worker-urls URL ...; --policy is one of random, round_robin, "
+    "cache_aware (the default), power_of_two, manual",
+    Source(_ROUTER_REPO, "bindings/python/src/sglang_router/router_args.py", "RouterArgs.add_cli_args", _ROUTER_PY),
+)
+_CACHE_AWARE = next(f for f in ROUTER.facts if f.text.startswith("cache_aware:"))  # the policy, as P/D reads it
 ROUTER_CACHE_AWARE = ReplicaRouter(
     name="sglang-router:cache_aware",
-    rule=ROUTER,
+    rule=RouterRule(
+        prefill="cache_aware", decode="cache_aware", decode_at_prefill_end=False, facts=(_ROUTER_LAUNCH, _CACHE_AWARE)
+    ),
     what="sglang-router, cache-aware (its default --policy)",
     behind=_ROUTER_CMD.format(policy="cache_aware"),
 )
 _ROUTER_RR = Fact(
-    "--policy round_robin: each request to the next worker in turn",
-    Source(
-        "sgl-project/sglang", "sgl-router/src/policies/round_robin.rs", "RoundRobinPolicy::select_worker", _ROUTER_RS
-    ),
+    "--policy round_robin: each request to the next healthy worker in turn (an atomic counter mod their count)",
+    Source(_ROUTER_REPO, "src/policies/round_robin.rs", "RoundRobinPolicy::select_worker", _ROUTER_RS),
 )
 ROUTER_ROUND_ROBIN = ReplicaRouter(
     name="sglang-router:round_robin",
-    rule=RouterRule(prefill="round_robin", decode="round_robin", decode_at_prefill_end=False, facts=(_ROUTER_RR,)),
+    rule=RouterRule(
+        prefill="round_robin", decode="round_robin", decode_at_prefill_end=False, facts=(_ROUTER_LAUNCH, _ROUTER_RR)
+    ),
     what="sglang-router, round-robin",
     behind=_ROUTER_CMD.format(policy="round_robin"),
 )

@@ -220,10 +220,11 @@ MEMORY = VllmMemory(
 # ---------------------------------------------------------------------------------------------
 # P/D disaggregation: how a request crosses from the prefill server to the decode server
 
-# The P/D proxy vLLM's NixlConnector docs (docs/features/nixl_connector_usage.md) launch; it is in the
-# repository's tests, not in the wheel: read at a main commit, not at the 0.34.0 tag.
+# The P/D proxy vLLM 0.34.0's NixlConnector docs (docs/features/nixl_connector_usage.md, "Proxy Server") launch;
+# it is in the repository's tests, not in the wheel: read in the release's source distribution (`pip download
+# --no-binary vllm vllm==0.34.0`), whose vllm/_version.py names commit 62d4bc3c.
 _PROXY = Source(REPO, "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py",
-                "get_next_client / _handle_completions", "commit 030ea52e (main, not the 0.34.0 tag)")  # fmt: skip
+                "get_next_client / _handle_completions", "0.34.0 (PyPI sdist, commit 62d4bc3c)")  # fmt: skip
 ROUTER = RouterRule(
     prefill="round_robin",
     decode="round_robin",

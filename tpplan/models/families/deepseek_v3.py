@@ -250,6 +250,7 @@ class RawMLAMoE(MLAFields, MoEFields):
     n_group: int | None = Field(default=1, gt=0)
     topk_group: int | None = Field(default=1, gt=0)
     scoring_func: Scoring = "sigmoid"
+    num_nextn_predict_layers: int = Field(default=0, ge=0)
 
 
 def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> ModelSpec:
@@ -276,7 +277,7 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         LayerSpec(mla, moe if moe and moe_layer(i, c.first_k_dense_replace, c.moe_layer_freq, moe.experts) else dense)
         for i in range(c.num_hidden_layers)
     )
-    return c.model_spec(label, name, model_type, "deepseek_v3", layers)
+    return c.model_spec(label, name, model_type, "deepseek_v3", layers, mtp_layers=c.num_nextn_predict_layers)
 
 
 def mla_numerics(text: Mapping[str, Any]) -> dict[str, Any]:

@@ -97,7 +97,15 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
         LayerSpec(attn, moe if moe_layer(i, c.first_k_dense_replace, 1, moe.experts) else dense)
         for i in range(c.num_hidden_layers)
     )
-    return c.model_spec(label, name, model_type, "glm4_moe", layers, notes=mtp_note(c.num_nextn_predict_layers))
+    return c.model_spec(
+        label,
+        name,
+        model_type,
+        "glm4_moe",
+        layers,
+        notes=mtp_note(c.num_nextn_predict_layers),
+        mtp_layers=c.num_nextn_predict_layers,
+    )
 
 
 register(
