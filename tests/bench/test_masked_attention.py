@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tpplan.bench import gpu_kernels as GK  # noqa: E402
 from tpplan.bench import masked_attention as MA  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels_attention as KA  # noqa: E402
@@ -93,11 +94,17 @@ def test_indexer_in_query_blocks_selects_what_the_one_shot_indexer_selects(monke
     assert torch.equal(KA.dsa_indexer(*args, **kw), whole)
 
 
+KV_HEADS_SEEN: list[int] = []
+_REFERENCE = KA.causal_attention  # the runtime's, also while `installed` swaps kernels_attention's
+
+
 def _fla_contract(q, k, v, *, scale, window_size, sink_bias):
     """fla's `parallel_attn` contract on [1, T, H, D] (q and k of one length, the window relative to it,
     sinks in the denominator), by the runtime's reference: stands in for the GPU kernel on the CPU."""
     assert q.shape[1] == k.shape[1] == v.shape[1], "fla's kernel takes q and k of one length"
-    out = KA.causal_attention(q[0], k[0], v[0], scale, window=window_size, sinks=sink_bias)
+    KV_HEADS_SEEN.append(k.shape[2])
+    kk, vv = KA.repeat_kv(k[0], v[0], q.shape[2])  # GQA: HQ query heads over H kv heads
+    out = _REFERENCE(q[0], kk, vv, scale, window=window_size, sinks=sink_bias)
     return out.reshape(1, q.shape[1], q.shape[2], -1)
 
 
@@ -121,13 +128,12 @@ def test_the_window_takes_the_band_kernel_off_cuda() -> None:
     from tpplan.bench import serving_kernels as SK
 
     q, k, v = _qkv(20, 53, 4)
-    assert not SK.fla_window(q, v)
+    assert not GK.fla_window(q, v)
     name, out = SK.serving_attention(q, k, v, 0.25, 16, None, None)
     assert name == SK.WINDOWED and _close(out, KA.causal_attention(q, k, v, 0.25, window=16))
 
 
 def test_the_indexer_takes_the_reference_off_cuda() -> None:
-    from tpplan.bench import serving_kernels as SK
     from tpplan.runtime.kernels_local import Rope
 
     g = torch.Generator().manual_seed(4)
@@ -135,9 +141,9 @@ def test_the_indexer_takes_the_reference_off_cuda() -> None:
     args = (torch.randn(t, heads * d, generator=g), torch.randn(t, d, generator=g), torch.randn(t, heads, generator=g))
     kw = {"head_dim": d, "rope_dim": 8, "positions": torch.arange(t), "rope": Rope(theta=1e4), "topk": 4,
           "k_norm_weight": torch.ones(d), "k_norm_bias": torch.zeros(d)}  # fmt: skip
-    assert not SK.fused_indexer_ok(args[0], d)
-    name, got = SK.serving_indexer(*args, **kw)
-    assert name == SK.REFERENCE_INDEXER and torch.equal(got, KA.dsa_indexer(*args, **kw))
+    assert not GK.fused_indexer_ok(args[0], d)
+    name, got = GK.serving_indexer(*args, **kw)
+    assert name == GK.REFERENCE_INDEXER and torch.equal(got, KA.dsa_indexer(*args, **kw))
 
 
 def test_a_kernel_that_raises_falls_back_for_its_shape(monkeypatch) -> None:
@@ -151,24 +157,50 @@ def test_a_kernel_that_raises_falls_back_for_its_shape(monkeypatch) -> None:
             KA.append_cache(kw["cache"], "k", torch.zeros(3, 16))
         raise RuntimeError("out of resources")
 
-    monkeypatch.setattr(SK, "_REFUSED_KERNELS", {})
+    monkeypatch.setattr(GK, "_REFUSED", {})
     monkeypatch.setattr(MA, "fla_parallel_attn", lambda: boom)
     monkeypatch.setattr(MA, "fla_window_attention", boom)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v = _qkv(20, 53, 4)
-    assert SK.fla_window(q, v)
+    assert GK.fla_window(q, v)
     name, out = SK.serving_attention(q, k, v, 0.25, 16, None, None)
-    assert name == SK.WINDOWED and not SK.fla_window(q, v)
+    assert name == SK.WINDOWED and not GK.fla_window(q, v)
     assert _close(out, KA.causal_attention(q, k, v, 0.25, window=16))
-    monkeypatch.setattr(SK, "_fused_indexer", lambda: boom)
+    monkeypatch.setattr(GK, "_fused_indexer", lambda: boom)
     g = torch.Generator().manual_seed(4)
     args = (torch.randn(3, 2 * 16, generator=g), torch.randn(3, 16, generator=g), torch.randn(3, 2, generator=g))
     kw = {"head_dim": 16, "rope_dim": 8, "positions": torch.arange(5, 8), "rope": Rope(theta=1e4), "topk": 4,
           "k_norm_weight": torch.ones(16), "k_norm_bias": torch.zeros(16)}  # fmt: skip
     prior = torch.randn(5, 16, generator=g)
     cache = {"k": prior}
-    name, got = SK.serving_indexer(*args, **kw, cache=cache)
-    assert name == SK.REFERENCE_INDEXER and cache["k"].shape[0] == 8 and torch.equal(cache["k"][:5], prior)
-    assert sorted(SK.kernel_refusals()) == ["fla window, head dim 16", "fused indexer, 2 heads"]
+    name, got = GK.serving_indexer(*args, **kw, cache=cache)
+    assert name == GK.REFERENCE_INDEXER and cache["k"].shape[0] == 8 and torch.equal(cache["k"][:5], prior)
+    assert sorted(GK.kernel_refusals()) == ["fla window, head dim 16", "fused indexer, 2 heads"]
     monkeypatch.undo()
     assert torch.equal(got, KA.dsa_indexer(*args, **kw, cache={"k": prior}))
+
+
+def test_installed_gqa_hands_fla_the_kv_heads_unrepeated(monkeypatch) -> None:
+    """Under `installed`, a windowed GQA layer reaches fla's kernel with its KV heads once each (GQA in the
+    kernel, as engines run it) and gives the runtime's result; elsewhere the heads are repeated as before."""
+    from tpplan.bench import serving_kernels as SK
+    from tpplan.runtime import kernels as K
+    from tpplan.runtime.kernels_local import Rope
+
+    g = torch.Generator().manual_seed(6)
+    t, d = 24, 16
+    q, k, v = torch.randn(t, 6 * d, generator=g), torch.randn(t, 2 * d, generator=g), torch.randn(t, 2 * d, generator=g)
+    kw = {"head_dim": d, "positions": torch.arange(t), "rope": Rope(theta=1e4), "rotary_dim": 8, "window": 5,
+          "sinks": torch.randn(6, generator=g)}  # fmt: skip
+    want = KA.gqa_attention(q, k, v, **kw)
+    with SK.installed():
+        band = K.gqa_attention(q, k, v, **kw)
+        assert SK.attention_variants_used() == [SK.WINDOWED + " + " + SK.SINKS]
+    monkeypatch.setattr(GK, "fla_window", lambda q, v: True)
+    monkeypatch.setattr(MA, "fla_parallel_attn", lambda: _fla_contract)
+    KV_HEADS_SEEN.clear()
+    with SK.installed():
+        fla = K.gqa_attention(q, k, v, **kw)
+        assert SK.attention_variants_used() == [GK.FLA_WINDOW + " + " + GK.FLA_SINKS]
+    assert GK.kernel_refusals() == {}, GK.kernel_refusals()
+    assert KV_HEADS_SEEN == [2] and _close(fla, want) and _close(band, want)

@@ -90,6 +90,12 @@ def test_cached_prices_verify_width_and_draft_on_the_last_stage() -> None:
     assert list(got) == pytest.approx([0.5, 1.0 + 0.012 + 0.75])
 
 
+def unread(k: int, accepted: float, draft_layers: int = 1) -> Speculative:
+    """An EAGLE draft named by a hub name tpplan does not read: timed as `draft_layers` of the target's last
+    layer with the target's lm_head, its memory not priced (tiny-llama has no MTP layers)."""
+    return Speculative(k, accepted, method="eagle", draft_layers=draft_layers, draft_model="org/unread-draft")
+
+
 @pytest.fixture(scope="module")
 def llama():  # type: ignore[no-untyped-def]
     graph = build_model_graph(load_model("tiny-llama"))
@@ -119,11 +125,61 @@ def test_the_draft_is_the_targets_layer_per_pass(llama) -> None:  # type: ignore
     def extras(width: int) -> float:
         return p.kernels.gemm_seconds(b * width, 2 * h, h) + p.kernels.gemm_seconds(b, h, v // 2) + gather
 
-    one = Speculative(1, 1.5)
+    one = unread(1, 1.5)
     assert draft_price(p, one)(b, c) == pytest.approx(per_layer(2) + extras(2))
-    three = Speculative(3, 2.5, draft_layers=2)
+    three = unread(3, 2.5, draft_layers=2)
     want = 2 * per_layer(4) + extras(4) + 2 * (2 * per_layer(1) + extras(1))
     assert draft_price(p, three)(b, c) == pytest.approx(want)
+
+
+EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "vocab_size": 128, "draft_vocab_size": 32,
+          "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "tie_word_embeddings": False}  # fmt: skip
+"""An EAGLE-3 draft of tiny-llama's shape: one decoder layer like the target's, a 32-token draft vocabulary."""
+
+
+def test_an_eagle3_draft_is_priced_from_its_config(llama, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """DRAFT a checkpoint folder holding the config: at TP 2 its one layer holds q 64x64, k and v 64x32 (2 KV
+    heads of 16), o 64x64 and the MLP 3 x 64x96, halved, and its two norms 2 x 64 whole: 15,488 weights; the fc
+    reads three target hidden states (3 x 64 -> 64, every rank whole); its own lm_head holds the 32-token draft
+    vocabulary over TP 2. vLLM caches the draft layer as its own GQA layer, 2 x 1 head x 16 x 2 bytes = 64 bytes
+    a token, beside the target's 2 x 64. A pass is its layer (the target's per-layer time: the same shape),
+    the fc over the pass's tokens, the head over one token per request and the draft logits' all-gather."""
+    (tmp_path / "config.json").write_text(json.dumps(EAGLE3))
+    spec = Speculative(3, 2.4, method="eagle", draft_model=str(tmp_path))
+    draft = draft_memory(llama, spec)
+    assert draft is not None and draft.layers == 1
+    assert draft.layer_bytes == (64 * 64 // 2 * 2 + 64 * 32 // 2 * 2 + 3 * 64 * 96 // 2 + 2 * 64) * 2 == 30_976
+    assert (draft.glue_bytes, draft.head_bytes) == (3 * 64 * 64 * 2, 32 * 64 / 2 * 2)
+    plain, with_draft = kv_capacity(llama, "vllm@0.34.0"), kv_capacity(llama, "vllm@0.34.0", draft=draft)
+    assert (plain.bytes_per_token, with_draft.bytes_per_token) == (128, 192)
+    assert with_draft.weights == plain.weights + draft.weights
+    b, c, p = 8, 1000, llama
+
+    def per_layer(width: int) -> float:
+        stage_s, _, final = p.stage_times(((width, c),) * b)
+        return (sum(stage_s) - final) / p.graph.spec.num_layers
+
+    gather = price_collective("all_gather", b * 32 * 2, 2, p.topo, ranks_per_node=2, sources=p.comms.sources).time_s
+
+    def one_pass(width: int) -> float:
+        return per_layer(width) + p.kernels.gemm_seconds(b * width, 3 * 64, 64) + p.kernels.gemm_seconds(b, 64, 16)
+
+    want = one_pass(4) + 2 * one_pass(1) + 3 * gather
+    assert draft_price(p, spec)(b, c) == pytest.approx(want)
+
+
+def test_the_eagle_conditions_say_whether_the_drafts_config_was_read(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text(json.dumps(EAGLE3))
+    said = []
+    for draft in (str(tmp_path), "org/eagle3-draft"):
+        code, out, err = _decode(monkeypatch, capsys, tmp_path, "-m", "tiny-llama", "--spec", f"eagle:3:2.4:{draft}")
+        assert code == 0, err
+        dec = json.loads(out)["plans"][0]["serving"]["decode"]
+        said.append(" ".join(dec["conditions"]))
+        assert (dec["settings"]["speculative"]["draft"] is None) == (draft == "org/eagle3-draft")
+    assert "priced from its config" in said[0] and "is not read" not in said[0]
+    assert "is not read" in said[1] and "priced from its config" not in said[1]
 
 
 @pytest.fixture(scope="module")
@@ -188,11 +244,11 @@ def test_a_speculative_step_costs_more_but_tpot_falls_with_acceptance(llama) -> 
         return float(s["tpot_s"]["mean"])  # type: ignore[index]
 
     plain = run(None)
-    low, high = run(Speculative(3, 1.0)), run(Speculative(3, 3.2))
+    low, high = run(unread(3, 1.0)), run(unread(3, 3.2))
     assert low > plain  # every step pays verify + draft and gains one token
     assert high < low
     step_plain = predictor_prices(llama).price_step((), 8, 8 * 600)[0]
-    step_spec = predictor_prices(llama, Speculative(3, 3.2)).price_step((), 8, 8 * 600)[0]
+    step_spec = predictor_prices(llama, unread(3, 3.2)).price_step((), 8, 8 * 600)[0]
     assert step_spec > step_plain
     assert high == pytest.approx(step_spec / 3.2, rel=0.05)  # steps at contexts 512..577: about alike
 
@@ -229,7 +285,7 @@ def test_tpot_falls_only_where_acceptance_pays_for_the_draft(tiny_mtp, k, share)
 
 @pytest.mark.parametrize("mixed", [True, False])
 def test_per_step_decode_equals_per_request_under_speculation(monkeypatch, llama, mixed) -> None:  # type: ignore[no-untyped-def]
-    spec = Speculative(2, 2.3)
+    spec = unread(2, 2.3)
     arrivals = poisson(40.0, [Shape(300, 40), Shape(900, 17), Shape(100, 2)], 120, seed=5)
     cfg = LoopConfig(2048, decode=True, mixed=mixed, max_running=24, verify_tokens=3, accepted=2.3)
     fast = simulate(arrivals, predictor_prices(llama, spec), cfg)

@@ -163,29 +163,35 @@ def run_gemm(c: Case) -> dict[str, Any]:
 
 def run_masked(c: Case) -> dict[str, Any]:
     """A sliding-window or chunked attention (with gpt-oss's sinks where the model has them) by the bench's
-    kernel for it (`serving_kernels.serving_attention`: fla's window kernel on CUDA where fla imports, else
-    the band-mask window; flash per chunk); the kernel's name is kept (`variant`)."""
+    kernel for it (`serving_kernels.serving_attention`: fla's window kernel on CUDA where fla imports, with
+    the rank's KV heads once each, else the band-mask window; flash per chunk); the kernel's name is kept
+    (`variant`)."""
     import torch
 
+    from tpplan.bench.gpu_kernels import fla_window
     from tpplan.bench.serving_kernels import serving_attention
+    from tpplan.runtime.kernels_attention import repeat_kv
 
     h, t, s, d = c["heads"], c["tokens"], c["tokens"] + c["context"], c["d"]
-    q, k, v = _randn(t, h, d), _randn(s, h, d), _randn(s, h, d)
+    kv = int(c.get("kv_heads") or h)
+    q, k, v = _randn(t, h, d), _randn(s, kv, d), _randn(s, kv, d)
     sinks = torch.randn(h, device=DEVICE[0]) if c["sinks"] else None
     window, chunk = c["window"] or None, c["chunk"] or None
+    if not (window and not chunk and fla_window(q, v)):  # the other kernels take k/v repeated (not timed here)
+        k, v = repeat_kv(k, v, h)
     picked = serving_attention(q, k, v, d**-0.5, window, chunk, sinks)
     name = picked[0] if picked is not None else "reference"
     return {**measure(lambda: serving_attention(q, k, v, d**-0.5, window, chunk, sinks), both=False), "variant": name}
 
 
 def run_indexer(c: Case) -> dict[str, Any]:
-    """DSA's lightning indexer as the bench runs it (`serving_kernels.serving_indexer`: the fused Triton index
+    """DSA's lightning indexer as the bench runs it (`gpu_kernels.serving_indexer`: the fused Triton index
     scores + torch.topk on CUDA where triton imports, else the reference's fp32 scores by query block and
     stable sort), `context` keys already cached (in the dtype that kernel keeps); the kernel's name is kept
     (`variant`). The reference gets fewer repeats: one call at 32K tokens is ~0.6 s."""
     import torch
 
-    from tpplan.bench.serving_kernels import FUSED_INDEXER, REFERENCE_INDEXER, fused_indexer_ok, serving_indexer
+    from tpplan.bench.gpu_kernels import FUSED_INDEXER, REFERENCE_INDEXER, fused_indexer_ok, serving_indexer
     from tpplan.runtime.kernels_local import Rope
 
     h, t, ctx, d = c["heads"], c["tokens"], c["context"], c["d"]

@@ -94,13 +94,20 @@ def model_rank_shapes(model: str, tps: Iterable[int] = TPS, eps: Iterable[int] =
 
 
 def masked_shapes(op: Any, d: int, meshes: list[Mesh], model: str) -> list[dict[str, Any]]:
-    """A windowed or chunked attention op's heads per rank on each mesh's TP group (none for a full-causal op)."""
+    """A windowed or chunked attention op's heads per rank on each mesh's TP group (none for a full-causal op),
+    with its KV heads per rank (GQA: fla's window kernel reads each once)."""
     window, chunk = op.optional_int_attr("window") or 0, op.optional_int_attr("chunk") or 0
     if not (window or chunk):
         return []
     heads, sinks = op.int_attr("heads", 1), bool(op.attrs.get("sinks"))
+    kv = op.int_attr("kv_heads", heads)
+
+    def kv_per_rank(m: Mesh) -> int:  # vLLM's max(1, kv // tp), or one per query head where they do not group
+        q, k = per_rank(heads, m), max(1, kv // m.tp)
+        return k if q % k == 0 else q
+
     return [{"heads": per_rank(heads, m), "d": d, "window": window, "chunk": chunk, "sinks": sinks,
-             "models": [model]} for m in meshes]  # fmt: skip
+             "kv_heads": kv_per_rank(m), "models": [model]} for m in meshes]  # fmt: skip
 
 
 def expert_slices(op: Any, tps: tuple[int, ...], eps: tuple[int, ...], model: str) -> list[dict[str, Any]]:
@@ -128,7 +135,7 @@ def rank_shapes(models: Iterable[str] = MODELS, tps: Iterable[int] = TPS, eps: I
             acc.setdefault(fam, []).extend(rows)
     keys = {"attention": ("dqk", "dv", "heads"), "kda": ("d", "heads"), "gdn": ("d", "v_per_k", "heads"),
             "experts": ("experts", "local", "top_k", "width", "inter"), "norm": ("width",),
-            "short_conv": ("channels",), "masked": ("d", "window", "chunk", "sinks", "heads"),
+            "short_conv": ("channels",), "masked": ("d", "window", "chunk", "sinks", "heads", "kv_heads"),
             "indexer": ("heads", "d", "topk")}  # fmt: skip
     # a family without its row order here (a newly swept mixer) sorts by its shape's keys, alphabetically
     return {fam: _dedupe(rows, keys.get(fam) or tuple(sorted({*rows[0]} - {"models"}) if rows else ()))

@@ -62,12 +62,13 @@ def masked_cases(shapes: list[dict[str, Any]], tokens: Iterable[int] = TOKENS) -
     """Windowed / chunked attention (`masked_attention`'s kernels) at each token count, with no cache and
     (<= 8K tokens) over CONTEXT cached keys, as `attention_cases`."""
     keys = ("heads", "d", "window", "chunk", "sinks")
-    return [{"family": "masked", **{k: s[k] for k in keys}, "tokens": t, "context": ctx}
+    return [{"family": "masked", **{k: s[k] for k in keys}, "kv_heads": s.get("kv_heads", s["heads"]), "tokens": t,
+             "context": ctx}
             for s in shapes for t in tokens for ctx in ((0, CONTEXT) if t <= 8192 else (0,))]  # fmt: skip
 
 
 def indexer_cases(shapes: list[dict[str, Any]], tokens: Iterable[int] = TOKENS) -> list[Case]:
-    """DSA's indexer (the bench's: `serving_kernels.serving_indexer`, fused on CUDA) at each token count,
+    """DSA's indexer (the bench's: `gpu_kernels.serving_indexer`, fused on CUDA) at each token count,
     with and without CONTEXT cached keys; calls over `MAX_INDEX_SCORES` scores are left out."""
     return [{"family": "indexer", "heads": s["heads"], "d": s["d"], "topk": s["topk"], "tokens": t, "context": ctx}
             for s in shapes for t in tokens for ctx in ((0, CONTEXT) if t <= 8192 else (0,))

@@ -1,4 +1,4 @@
-"""Serving-class kernels for the benchmark, swapped in for five of the runtime's reference kernels.
+"""Serving-class kernels for the benchmark, swapped in for six of the runtime's reference kernels.
 
 The runtime's kernels (`tpplan.runtime.kernels`) are written to be obviously right, not fast:
 attention materialises the [heads, T, S] fp32 score matrix (tens of GB at 8K tokens of K3), and
@@ -38,10 +38,9 @@ which of all these ran.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,10 +49,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tpplan.bench import gpu_kernels as GK
 from tpplan.bench import masked_attention as MA
+from tpplan.bench.gpu_kernels import FLA_WINDOW, FUSED_INDEXER, REFERENCE_INDEXER
 from tpplan.runtime import fast_kernels as runtime_fast
 from tpplan.runtime import kernels as K
-from tpplan.runtime.kernels_attention import dsa_indexer as _REFERENCE_INDEXER
+from tpplan.runtime import kernels_attention as KA
 from tpplan.runtime.kernels_moe import router_logits as _reference_router_logits
 
 
@@ -369,11 +370,6 @@ WINDOWED = "window: SDPA per query block over its window's keys (band mask)"
 WINDOWED_FLASH = (
     "window: flash per block of window-1 queries over its own and the previous block (merged by log-sum-exp)"
 )
-FLA_WINDOW = (
-    "window: fla parallel_attn (Triton flash, key blocks outside the window skipped; after a cache, "
-    "up to window-1 zero query rows in front)"
-)
-FLA_SINKS = "sinks in fla's softmax denominator"
 CHUNKED = "chunk: SDPA flash per attention chunk"
 SINKS = "sinks: flash with log-sum-exp, sinks applied after"
 REFERENCE_FOR_TOPK = "top-k (DSA): reference, scores in query blocks"
@@ -400,31 +396,17 @@ def masked_attention(
     return out[0].transpose(0, 1).reshape(t, -1)
 
 
-_REFUSED_KERNELS: dict[str, str] = {}  # kernel and shape -> the error it raised (`kernel_refusals`)
-
-
-def fla_window(q: Tensor, v: Tensor) -> bool:
-    """Whether the window runs fla's `parallel_attn`: on CUDA, head dims up to 256 (its one key tile),
-    fla importable, and env TPPLAN_FLA_WINDOW not "0" (the band kernel then, as before 2026-12-06d)."""
-    if not q.is_cuda or max(q.shape[-1], v.shape[-1]) > 256 or os.environ.get("TPPLAN_FLA_WINDOW", "1") == "0":
-        return False
-    if f"fla window, head dim {q.shape[-1]}" in _REFUSED_KERNELS:
-        return False
-    return MA.fla_parallel_attn() is not None
-
-
 def serving_attention(
     q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, chunk: int | None, sinks: Tensor | None
 ) -> tuple[str, Tensor] | None:  # fmt: skip
     """The serving-class kernel for a window, a chunk and/or sinks (`masked_attention` module), with the
     name `attention_variants_used` records; None for a call none of them expresses. A window runs fla's
-    `parallel_attn` where `fla_window` allows, else the band-mask SDPA (or flash blocks on request)."""
-    if window is not None and chunk is None and fla_window(q, v):
-        try:
-            out = MA.fla_window_attention(q, k, v, scale, window, sinks)
-            return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), out
-        except Exception as exc:  # e.g. triton out of shared memory at this head dim: the band kernel from now on
-            _REFUSED_KERNELS[f"fla window, head dim {q.shape[-1]}"] = f"{type(exc).__name__}: {exc}"[:300]
+    `parallel_attn` where `gpu_kernels.fla_window` allows (k and v may then hold fewer heads than q: GQA in
+    the kernel), else the band-mask SDPA (or flash blocks on request)."""
+    fla = GK.try_fla_window(q, k, v, scale, window, sinks) if window is not None and chunk is None else None
+    if fla is not None:
+        return fla
+    k, v = KA.repeat_kv(k, v, q.shape[1])  # the kernels below take one k/v head per q head (GQA repeated)
     if window is not None and chunk is None:
         # Without fla: the band mask by default: 0.82 / 1.00 ms against flash blocks' 1.26 / 1.57 ms at Gemma 3's /
         # gpt-oss's window on an H100 (docs/benchmarks/h100-2026-12-06b/window-probe.txt); TPPLAN_WINDOW_FLASH=1
@@ -442,53 +424,7 @@ def serving_attention(
     return None
 
 
-FUSED_INDEXER = "tpplan fused Triton index scores (bf16, fp32 accumulation, query blocks) + torch.topk"
-REFERENCE_INDEXER = "reference (fp32 scores by query block, stable sort)"
 _INDEXER: set[str] = set()  # the DSA indexer variants that ran in this process
-
-
-@functools.cache
-def _fused_indexer() -> Callable[..., Tensor] | None:
-    """`bench.fused_indexer.fused_dsa_indexer` where triton imports, else None."""
-    try:
-        from tpplan.bench.fused_indexer import fused_dsa_indexer
-    except Exception:  # ImportError, or triton failing to initialise
-        return None
-    return fused_dsa_indexer
-
-
-def fused_indexer_ok(q: Tensor, head_dim: int) -> bool:
-    """Whether DSA's indexer runs the fused kernel: on CUDA, a power-of-two head dim of at least 16 (the
-    kernel's one tile over it; DeepSeek-V3.2 and GLM-5.1: 128), triton importable, env TPPLAN_FUSED_INDEXER
-    not "0"."""
-    if not q.is_cuda or head_dim < 16 or head_dim & (head_dim - 1) or os.environ.get("TPPLAN_FUSED_INDEXER") == "0":
-        return False
-    return _fused_indexer() is not None
-
-
-def serving_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> tuple[str, Tensor]:
-    """`runtime.kernels.dsa_indexer` by the fused kernel where `fused_indexer_ok`, else the reference, with
-    the name `indexer_variants_used` records."""
-    fused = _fused_indexer() if fused_indexer_ok(q, int(kw["head_dim"])) else None
-    key = f"fused indexer, {q.shape[-1] // int(kw['head_dim'])} heads"
-    cache = kw.get("cache")
-    before = None if cache is None else cache.get("k")
-    if fused is not None and key not in _REFUSED_KERNELS:
-        try:
-            return FUSED_INDEXER, fused(q, k, w, **kw)
-        except Exception as exc:  # e.g. triton out of resources: the reference from now on, the cache restored
-            _REFUSED_KERNELS[key] = f"{type(exc).__name__}: {exc}"[:300]
-            if cache is not None and before is None:
-                cache.pop("k", None)
-            elif cache is not None:
-                cache["k"] = before
-    return REFERENCE_INDEXER, _REFERENCE_INDEXER(q, k, w, **kw)
-
-
-def kernel_refusals() -> dict[str, str]:
-    """The bench kernels that raised in this process (kernel and shape -> the error): each fell back (fla's
-    window to the band kernel, the fused indexer to the reference) for that shape from then on."""
-    return dict(_REFUSED_KERNELS)
 
 
 def indexer_variants_used() -> list[str]:
@@ -500,6 +436,51 @@ def attention_variants_used() -> list[str]:
     """Which attention variants ran in this process under `installed`: "causal" (the serving path)
     and the masked ones, each saying how it ran."""
     return sorted(_ATTENTION)
+
+
+_REFERENCE_ATTENTION = KA.causal_attention
+
+
+def _installed_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, *, window: int | None = None,
+    chunk: int | None = None, sinks: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """`causal_attention` under `installed`: the serving path (`_attention`: SDPA, the cascade split on
+    request) for plain causal attention; windows, chunks and sinks by kernels that skip the hidden keys
+    (`serving_attention`); DSA's top-k `keep` by the reference (scores in query blocks). Recorded
+    (`attention_variants_used`)."""
+    if keep is None:
+        if window is None and chunk is None and sinks is None:
+            _ATTENTION.add("causal")
+            return _attention(q, k, v, scale)
+        fast = serving_attention(q, k, v, scale, window, chunk, sinks)
+        if fast is not None:
+            _ATTENTION.add(fast[0])
+            return fast[1]
+    _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else "reference")
+    k, v = KA.repeat_kv(k, v, q.shape[1])
+    return _REFERENCE_ATTENTION(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
+
+
+def _installed_gqa(
+    q: Tensor, k: Tensor, v: Tensor, *, head_dim: int, window: int | None = None, chunk: int | None = None,
+    sinks: Tensor | None = None, scale: float | None = None, **kw: Any,
+) -> Tensor:  # fmt: skip
+    """`gqa_attention` under `installed`: the runtime's heads (`kernels_attention.gqa_heads`), then the
+    attention above with the KV heads unrepeated where fla's window kernel takes GQA itself (engines read
+    each KV head once), repeated to the query heads everywhere else, as the runtime does."""
+    qh, kh, vh = KA.gqa_heads(q, k, v, head_dim=head_dim, **kw)
+    if not (window is not None and chunk is None and GK.fla_window(qh, vh)):
+        kh, vh = KA.repeat_kv(kh, vh, qh.shape[1])
+    s = head_dim**-0.5 if scale is None else scale
+    return _installed_attention(qh, kh, vh, s, window=window, chunk=chunk, sinks=sinks)
+
+
+def _installed_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> Tensor:
+    """`dsa_indexer` under `installed`: `gpu_kernels.serving_indexer`, recorded (`indexer_variants_used`)."""
+    name, out = GK.serving_indexer(q, k, w, **kw)
+    _INDEXER.add(name)
+    return out
 
 
 @contextmanager
@@ -514,32 +495,8 @@ def installed(enabled: bool = True) -> Iterator[None]:
     _VARIANTS.clear()
     _INDEXER.clear()
     _SYNC_FREE[0] = False
-    reference = K.causal_attention
-
-    def attention(
-        q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor | None = None, *, window: int | None = None,
-        chunk: int | None = None, sinks: Tensor | None = None,
-    ) -> Tensor:  # fmt: skip
-        # The serving path (`_attention`: SDPA, the cascade split on request) for plain causal
-        # attention; windows, chunks and sinks by kernels that skip the hidden keys (`serving_attention`);
-        # DSA's top-k `keep` by the reference (scores in query blocks). `attention_variants_used` records it.
-        if keep is None:
-            if window is None and chunk is None and sinks is None:
-                _ATTENTION.add("causal")
-                return _attention(q, k, v, scale)
-            fast = serving_attention(q, k, v, scale, window, chunk, sinks)
-            if fast is not None:
-                _ATTENTION.add(fast[0])
-                return fast[1]
-        _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else "reference")
-        return reference(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
-
-    def indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> Tensor:
-        name, out = serving_indexer(q, k, w, **kw)
-        _INDEXER.add(name)
-        return out
-
-    swaps = {"causal_attention": attention, "routed_experts": grouped_routed_experts, "dsa_indexer": indexer,
+    swaps = {"causal_attention": _installed_attention, "gqa_attention": _installed_gqa,
+             "routed_experts": grouped_routed_experts, "dsa_indexer": _installed_indexer,
              "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits}  # fmt: skip
     # Each kernel is patched in `kernels` (what the executor calls) and in its home module (whose
     # other kernels call it: MLA/GQA call causal_attention, KDA/GDN the delta rule).
@@ -558,24 +515,23 @@ def installed(enabled: bool = True) -> Iterator[None]:
 
 
 __all__ = [
+    "FLA_WINDOW",
+    "FUSED_INDEXER",
+    "REFERENCE_INDEXER",
     "ExpertVariant",
     "attention_variants_used",
     "chunked_delta_rule",
     "expert_ffn",
     "expert_variants_used",
-    "fla_window",
-    "fused_indexer_ok",
     "grouped_gemm_used",
     "grouped_routed_experts",
     "indexer_variants_used",
     "installed",
-    "kernel_refusals",
     "masked_attention",
     "per_expert_loop",
     "refused_expert_shapes",
     "reset_expert_paths",
     "serving_attention",
-    "serving_indexer",
     "serving_router_logits",
     "sync_free_routing_used",
 ]

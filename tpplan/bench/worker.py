@@ -14,13 +14,17 @@ import gc
 import platform
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tpplan.bench.config import BenchConfig, act_dtype
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.bench.probe import Clock, Probe, Span
 from tpplan.bench.replay import combine, replay_collectives
 from tpplan.cost.workload import PrefillBatch, Workload, schedule
+
+if TYPE_CHECKING:
+    from tpplan.layout.plan import Plan
 
 
 class RandomSource:
@@ -248,12 +252,80 @@ def _bench_plan(
     progress: Any,
     task: Any,
 ) -> dict[str, Any] | None:
-    """Run one plan on this rank; rank 0 returns the combined measurements."""
+    """Run one plan on this rank: its warm-up batches untimed, `cfg.iters` timed passes, the runtime overhead
+    where asked (CUDA), the first pass's collectives replayed; rank 0 returns every rank's measurements combined."""
     import torch.distributed as dist
 
+    plan, run = _plan_run(cfg, name, sl, wl, ids, rank, world, device, tdtype, progress, task)
+    run.clock.sync()
+    dist.barrier()
+    progress.update(task, advance=1, description=f"{name}: warm-up")
+    states: dict[int, Any] = {}
+    for i, b in enumerate(batches[: cfg.warmup]):  # a line per batch in a log: fla's autotune shows here
+        progress.update(task, description=f"{name}: warm-up batch {i + 1}/{cfg.warmup}")
+        run.batch(b, states)
+        progress.update(task, advance=1)
+    run.clock.sync()
+    records, trace0 = _timed_passes(cfg, run, batches)
+    fallbacks = [e.detail for e in run.runner.tracer.events]
+    overhead = _overhead(run, batches, device) if cfg.overhead and device.type == "cuda" else None
+    progress.update(task, description=f"{name}: replaying collectives")
+    replay = replay_collectives(records[0], rank, world, device, cfg, run.clock)
+    return _combined(records, replay, overhead, trace0, fallbacks, plan, rank, world)
+
+
+@dataclass
+class _PlanRun:
+    """One plan's runner on this rank under the probe, the prompts it feeds and the progress bar it reports to:
+    what every pass (warm-up, timed, overhead) runs its batches with."""
+
+    name: str
+    runner: Any  # runtime.distributed.PlanRunner
+    probe: Probe
+    clock: Clock
+    ids: dict[int, Any]  # each request's prompt tokens
+    wl: Workload
+    device: Any
+    progress: Any
+    task: Any
+
+    def batch(self, b: PrefillBatch, states: dict[int, Any]) -> None:
+        """One prefill batch, each segment with its request's carried KV cache / recurrent state (`states`,
+        request id -> [RunState, chunk index]); a finished request's is freed."""
+        from tpplan.runtime.executor import RunState
+
+        probe, runner = self.probe, self.runner
+        probe.batch = b.index
+        brec = probe.open("batch", -1, str(b.index))
+        for j, s in enumerate(b.segments):
+            probe.seg = j
+            st = states.setdefault(s.request_id, [RunState(), 0])
+            runner.state, runner.chunk_index = st[0], st[1]
+            runner.forward_chunk(self.ids[s.request_id][s.start_pos : s.start_pos + s.n_tokens].to(self.device))
+            st[1] = runner.chunk_index
+            if s.start_pos + s.n_tokens >= self.wl.prompt_len(s.request_id):
+                states.pop(s.request_id)  # finished: free its KV cache / state
+        probe.close(brec)
+
+
+def _plan_run(
+    cfg: BenchConfig,
+    name: str,
+    sl: ModelSlice,
+    wl: Workload,
+    ids: dict[int, Any],
+    rank: int,
+    world: int,
+    device: Any,
+    tdtype: Any,
+    progress: Any,
+    task: Any,
+) -> tuple[Plan, _PlanRun]:
+    """The named plan on the slice, and its runner on this rank: this rank's shard of random weights
+    (`RandomSource`), the communicator, observed by a fresh probe."""
     from tpplan.plans.named import make_plan
     from tpplan.runtime.distributed import PlanRunner, make_comm
-    from tpplan.runtime.executor import RunState, numerics_for
+    from tpplan.runtime.executor import numerics_for
     from tpplan.runtime.weights import expected_params
 
     graph = sl.graph
@@ -265,63 +337,63 @@ def _bench_plan(
     source = RandomSource(expected_params(graph, nu), cfg.seed, device, tdtype, nu.norm_offset)
     runner = PlanRunner(graph, plan, world, rank, source, comm=comm, numerics=nu, device=device, dtype=tdtype,
                         observer=probe)  # fmt: skip
-    clock.sync()
-    dist.barrier()
-    progress.update(task, advance=1, description=f"{name}: warm-up")
+    return plan, _PlanRun(name, runner, probe, clock, ids, wl, device, progress, task)
 
-    def run_batch(b: PrefillBatch, states: dict[int, Any]) -> None:
-        probe.batch = b.index
-        brec = probe.open("batch", -1, str(b.index))
-        for j, s in enumerate(b.segments):
-            probe.seg = j
-            st = states.setdefault(s.request_id, [RunState(), 0])
-            runner.state, runner.chunk_index = st[0], st[1]
-            runner.forward_chunk(ids[s.request_id][s.start_pos : s.start_pos + s.n_tokens].to(device))
-            st[1] = runner.chunk_index
-            if s.start_pos + s.n_tokens >= wl.prompt_len(s.request_id):
-                states.pop(s.request_id)  # finished: free its KV cache / state
-        probe.close(brec)
 
-    states: dict[int, Any] = {}
-    for i, b in enumerate(batches[: cfg.warmup]):  # a line per batch in a log: fla's autotune shows here
-        progress.update(task, description=f"{name}: warm-up batch {i + 1}/{cfg.warmup}")
-        run_batch(b, states)
-        progress.update(task, advance=1)
-    clock.sync()
+def _timed_passes(cfg: BenchConfig, run: _PlanRun, batches: list[PrefillBatch]) -> tuple[list[list[Span]], list[Any]]:
+    """`cfg.iters` passes over the batches under the probe, each from empty caches: every pass's intervals, and
+    the first pass's traced calls (the collectives the plan made, which the results check)."""
     records: list[list[Span]] = []
     trace0: list[Any] = []
+    runner, probe, progress, task, name = run.runner, run.probe, run.progress, run.task, run.name
     for it in range(cfg.iters):
-        states = {}
+        states: dict[int, Any] = {}
         runner.tracer.calls.clear()
         runner.tracer.events.clear()
         probe.enabled = True
         recs: list[Span] = []
         for k, b in enumerate(batches):
             progress.update(task, description=f"{name}: pass {it + 1}/{cfg.iters}, batch {k + 1}/{len(batches)}")
-            run_batch(b, states)
+            run.batch(b, states)
             recs += probe.resolve()
             progress.update(task, advance=1)
         probe.enabled = False
         records.append(recs)
         if it == 0:
             trace0 = list(runner.tracer.calls)
-    fallbacks = [e.detail for e in runner.tracer.events]
-    overhead = None
-    if cfg.overhead and device.type == "cuda":
-        from tpplan.bench.overhead import measure
+    return records, trace0
 
-        passes = iter(("timed", "profiled"))  # overhead.measure runs the pass twice
 
-        def one_pass() -> None:
-            progress.update(task, description=f"{name}: runtime overhead, {next(passes, 'another')} pass")
-            states: dict[int, Any] = {}
-            for b in batches:
-                run_batch(b, states)
+def _overhead(run: _PlanRun, batches: list[PrefillBatch], device: Any) -> Any:
+    """The runtime's overhead over one pass (`bench.overhead.measure`, which runs the pass twice: timed, then
+    profiled)."""
+    from tpplan.bench.overhead import measure
 
-        overhead = measure(one_pass, device.index or 0)
-    progress.update(task, description=f"{name}: replaying collectives")
-    replay = replay_collectives(records[0], rank, world, device, cfg, clock)
-    # Every rank ran the same sequence of intervals: gather their seconds by position.
+    passes = iter(("timed", "profiled"))
+
+    def one_pass() -> None:
+        run.progress.update(run.task, description=f"{run.name}: runtime overhead, {next(passes, 'another')} pass")
+        states: dict[int, Any] = {}
+        for b in batches:
+            run.batch(b, states)
+
+    return measure(one_pass, device.index or 0)
+
+
+def _combined(
+    records: list[list[Span]],
+    replay: Any,
+    overhead: Any,
+    trace0: list[Any],
+    fallbacks: list[str],
+    plan: Plan,
+    rank: int,
+    world: int,
+) -> dict[str, Any] | None:
+    """Every rank's seconds gathered by position (every rank ran the same sequence of intervals) with its
+    replayed collectives and overhead; rank 0 combines them, the slowest rank's overhead pass kept."""
+    import torch.distributed as dist
+
     mine = [[r.seconds for r in recs] for recs in records]
     mine_comm = [[r.comm_s for r in recs] for recs in records]
     gathered: list[Any] = [None] * world

@@ -2,89 +2,164 @@
 rules are read): its weights per rank and its KV layers, which come out of the KV pool
 (`tpplan.cost.kv_capacity`), and its seconds per decode step on the last stage, through the target's own
 pricers: a draft layer's lowered program (`Predictor.kind_time`), the GEMM pricer (`KernelPricer.gemm_seconds`)
-and the collective pricer (`price_collective`). No second cost path: the draft's decoder layer is the
-target's last layer, lowered and priced as the target's is.
+and the collective pricer (`price_collective`). No second cost path: an MTP draft's decoder layer is the
+target's last layer; an EAGLE draft whose config tpplan can read (a preset, a config.json or a checkpoint
+folder as DRAFT) is its own graph, lowered and priced at the target's TP by the same predictor class.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpplan.audit import layer_weight_bytes
 from tpplan.cost.collective_pricer import price_collective
-from tpplan.cost.predictor import Predictor
+from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.engines.speculative import Speculative
+from tpplan.layout.propagate import LayerResult
+from tpplan.mesh import Mesh
+from tpplan.models.config import list_presets, load_config_dict, load_model
+from tpplan.models.graph import build_model_graph
+from tpplan.models.spec import AttnSpec
+from tpplan.plans.named import make_plan
 
 NORMS = 3  # a nextn layer's enorm, hnorm and shared_head.norm, one hidden-wide weight each
+EAGLE3_AUX = 3  # EAGLE-3's fc reads this many target hidden states unless its config says (both engines' default)
 
 
 @dataclass(frozen=True)
 class DraftMemory:
-    """The MTP draft on one rank: `layers` nextn layers (the config's num_nextn_predict_layers), each the
-    target's last decoder layer sharded as the target's (`layer_bytes`) plus its unsharded eh_proj and
-    norms (`glue_bytes`); the embedding and lm_head are the target's, shared. Each layer caches every token
-    as the target's last layer does, in the target's pool."""
+    """The draft on one rank: `layers` decoder layers of `layer_bytes` each (MTP: the config's
+    num_nextn_predict_layers, each the target's last layer sharded as the target's; EAGLE: its checkpoint's
+    layers at the target's TP), `glue_bytes` of unsharded projections and norms (MTP's eh_proj per layer,
+    EAGLE's fc) and `head_bytes` of an lm_head of its own (EAGLE-3's draft vocabulary; else the target's,
+    shared, as is the embedding). `attn`: the attention a draft layer caches as vLLM sizes it (EAGLE: the
+    draft's own; None: the target's last layer's; SGLang takes the target's per-layer cell either way)."""
 
     layers: int
     layer_bytes: float
     glue_bytes: float
+    head_bytes: float = 0.0
+    attn: AttnSpec | None = None
 
     @property
     def weights(self) -> float:
         """The draft's weight bytes on one rank."""
-        return self.layers * (self.layer_bytes + self.glue_bytes)
+        return self.layers * self.layer_bytes + self.glue_bytes + self.head_bytes
 
     def to_json(self) -> dict[str, object]:
         return {"layers": self.layers, "weights_bytes_per_rank": self.weights}
 
 
-def draft_memory(p: Predictor, spec: Speculative | None) -> DraftMemory | None:
-    """The draft's memory on `p`'s deployment; None without speculative decoding, and for EAGLE, whose
-    draft checkpoint's config tpplan does not read (`EAGLE_NOT_MODELLED`)."""
-    if spec is None or spec.method != "mtp":
+@dataclass(frozen=True)
+class DraftPass:
+    """What one draft pass runs: `layers` of `predictor`'s (the target's for MTP, the EAGLE draft's own
+    graph's), an unsharded `fc_in` -> hidden projection over the pass's tokens and a vocab-parallel lm_head
+    of `head_vocab` rows over one token per request; `memory`: None where the draft's config is not read."""
+
+    predictor: Predictor
+    layers: tuple[LayerResult, ...]
+    fc_in: int
+    head_vocab: int
+    memory: DraftMemory | None
+
+
+def eagle_config(spec: Speculative) -> dict[str, object] | None:
+    """The EAGLE draft's config where DRAFT names one tpplan can read (a preset, a config.json, a checkpoint
+    folder); None for a hub name (tpplan reads no hub)."""
+    name = spec.draft_model
+    if spec.method != "eagle" or name is None or (name not in list_presets() and not Path(name).exists()):
         return None
+    return load_config_dict(name)[0]
+
+
+def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
+    """The draft pass of `spec` on `p`'s deployment (`DraftPass`)."""
     model = p.graph.spec
-    spec.check_model(model)
+    raw = eagle_config(spec)
+    if raw is None:  # MTP, or an EAGLE draft whose config is not read: timed as the target's last layer
+        if spec.method == "mtp":
+            spec.check_model(model)
+        layers = (p.audit.layer_results[-1],) * spec.draft_layers
+        return DraftPass(p, layers, 2 * model.hidden, model.vocab, mtp_memory(p) if spec.method == "mtp" else None)
+    assert spec.draft_model is not None
+    graph = build_model_graph(load_model(spec.draft_model))
+    d = cached_predictor(graph, make_plan("baseline", graph, p.tp), p.topo, Mesh(p.tp), p.dtype, None)
+    eagle3 = "eagle3" in str(raw.get("architectures", "")).lower()
+    fc_in = (_int(raw, "num_aux_hidden_states", EAGLE3_AUX) if eagle3 else 2) * _int(raw, "target_hidden_size",
+                                                                                      model.hidden)  # fmt: skip
+    vocab = _int(raw, "draft_vocab_size", model.vocab)
+    own_head = eagle3 and vocab != model.vocab  # a draft vocabulary: its own head (else the target's, shared)
+    b = d.kernels.stored.dtype_bytes
+    per_layer = [layer_weight_bytes(r, d.kernels.stored, d.audit.n) for r in d.audit.layer_results]
+    head = vocab * graph.spec.hidden / p.tp * b if own_head else 0.0
+    memory = DraftMemory(len(per_layer), sum(per_layer) / len(per_layer), fc_in * graph.spec.hidden * b, head,
+                         graph.spec.layers[0].attn)  # fmt: skip
+    return DraftPass(d, tuple(d.audit.layer_results), fc_in, vocab, memory)
+
+
+def _int(raw: dict[str, object], key: str, default: int) -> int:
+    """A positive whole number the draft's config gives for `key`, else `default`."""
+    value = raw.get(key)
+    return value if isinstance(value, int) and value > 0 else default
+
+
+def mtp_memory(p: Predictor) -> DraftMemory:
+    """The MTP draft's memory: its nextn layers, each the target's last layer with an eh_proj and norms."""
+    model = p.graph.spec
     stored = p.kernels.stored
     layer = layer_weight_bytes(p.audit.layer_results[-1], stored, p.audit.n)
     glue = (2 * model.hidden * model.hidden + NORMS * model.hidden) * stored.dtype_bytes  # eh_proj: 2H -> H
-    return DraftMemory(model.mtp_layers, layer, glue)
+    return DraftMemory(model.mtp_layers, layer, model.mtp_layers * glue)
+
+
+def draft_memory(p: Predictor, spec: Speculative | None) -> DraftMemory | None:
+    """The draft's memory on `p`'s deployment; None without speculative decoding, and for an EAGLE draft
+    whose config tpplan does not read (`EAGLE_NOT_MODELLED`)."""
+    if spec is None:
+        return None
+    return draft_pass(p, spec).memory
 
 
 def draft_rows(p: Predictor, tokens: int) -> int:
-    """The rows a rank's replicated GEMM (the eh_proj) runs for `tokens` of the replica: DP attention
-    spreads the requests over the ranks, each running its own; TP runs every token on every rank."""
+    """The rows a rank's replicated GEMM (eh_proj, fc) runs for `tokens` of the replica: DP attention spreads
+    the requests over the ranks, each running its own; TP runs every token on every rank."""
     return -(-tokens // p.tp) if p.plan.dp_attention else tokens
 
 
-def draft_pass_extras(p: Predictor, batch: int, width: int) -> float:
-    """Seconds of one draft pass beside its decoder layer, for `batch` requests of `width` tokens: the eh_proj
-    (hidden x 2 -> hidden, every rank whole) over the pass's tokens, and the shared lm_head (vocab-parallel over
-    TP) over one token per request, with the logits' all-gather over the TP group."""
-    model = p.graph.spec
-    h = model.hidden
-    eh = p.kernels.gemm_seconds(draft_rows(p, batch * width), 2 * h, h)
-    head = p.kernels.gemm_seconds(batch, h, -(-model.vocab // p.tp))
+def draft_pass_extras(p: Predictor, batch: int, width: int, fc_in: int, head_vocab: int) -> float:
+    """Seconds of one draft pass beside its decoder layers, for `batch` requests of `width` tokens: the
+    projection into the draft (eh_proj or fc, `fc_in` -> hidden, every rank whole) over the pass's tokens, and
+    the lm_head (vocab-parallel over TP) over one token per request, with the logits' all-gather over TP."""
+    h = p.graph.spec.hidden
+    fc = p.kernels.gemm_seconds(draft_rows(p, batch * width), fc_in, h)
+    head = p.kernels.gemm_seconds(batch, h, -(-head_vocab // p.tp))
     gather = 0.0
     if p.tp > 1:
-        est = price_collective("all_gather", batch * model.vocab * p.b, p.tp, p.topo, ranks_per_node=p.rpn,
+        est = price_collective("all_gather", batch * head_vocab * p.b, p.tp, p.topo, ranks_per_node=p.rpn,
                                sources=p.comms.sources)  # fmt: skip
         gather = est.time_s
-    return eh + head + gather
+    return fc + head + gather
 
 
-def draft_step_seconds(p: Predictor, spec: Speculative, batch: int, context: int) -> float:
+def pass_seconds(p: Predictor, one: DraftPass, batch: int, width: int, context: int) -> float:
+    """One draft pass of `batch` requests of `width` tokens at `context`: its layers and extras."""
+    segs = ((width, context),) * batch
+    layers = sum(one.predictor.kind_time(r, segs).total_s for r in one.layers)
+    return layers + draft_pass_extras(p, batch, width, one.fc_in, one.head_vocab)
+
+
+def draft_step_seconds(
+    p: Predictor, spec: Speculative, batch: int, context: int, one: DraftPass | None = None
+) -> float:
     """A speculative step's draft on the last stage: one pass over the verify width per request (SGLang's
-    draft extend, vLLM's draft prefill) and k - 1 one-token passes, each `draft_layers` of the target's last
-    decoder layer at that batch and context plus the pass's eh_proj, lm_head and logits' gather."""
-    last = p.audit.layer_results[-1]
-    wide_layer = p.kind_time(last, ((spec.verify_tokens, context),) * batch).total_s
-    wide = spec.draft_layers * wide_layer + draft_pass_extras(p, batch, spec.verify_tokens)
+    draft extend, vLLM's draft prefill) and k - 1 one-token passes (`one`: the pass, `draft_pass` by default)."""
+    one = one if one is not None else draft_pass(p, spec)
+    wide = pass_seconds(p, one, batch, spec.verify_tokens, context)
     if spec.draft_tokens == 1:
         return wide
-    one_layer = p.kind_time(last, ((1, context),) * batch).total_s
-    one = spec.draft_layers * one_layer + draft_pass_extras(p, batch, 1)
-    return wide + (spec.draft_tokens - 1) * one
+    return wide + (spec.draft_tokens - 1) * pass_seconds(p, one, batch, 1, context)
 
 
-__all__ = ["DraftMemory", "draft_memory", "draft_pass_extras", "draft_rows", "draft_step_seconds"]
+__all__ = ["DraftMemory", "DraftPass", "draft_memory", "draft_pass", "draft_pass_extras", "draft_rows",
+           "draft_step_seconds", "eagle_config", "mtp_memory", "pass_seconds"]  # fmt: skip

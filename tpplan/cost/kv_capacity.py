@@ -45,9 +45,9 @@ class _Stage:
 
 
 def _stages(p: Predictor, draft: DraftMemory | None = None, every_stage: bool = False) -> list[_Stage]:
-    """Each stage's figures; `draft`: the MTP draft's weights on the last stage, and its layers' KV (each the
-    target's last layer's cell) on the last stage or, `every_stage`, on each (SGLang's configurator grows
-    every rank's cell, `SGLANG_DRAFT_MEMORY`)."""
+    """Each stage's figures; `draft`: the speculative draft's weights on the last stage, and its layers' KV on
+    the last stage (vLLM: the draft's own attention layers, `VLLM_DRAFT_MEMORY`) or, `every_stage`, on each
+    at the target's last layer's cell (SGLang's configurator grows every rank's cell, `SGLANG_DRAFT_MEMORY`)."""
     spec, dep = p.graph.spec, p.deployment
     attn_tp = 1 if p.plan.dp_attention else p.tp  # DP attention: a rank keeps its own requests, every head
     share = kv_cp_share(dep)
@@ -58,8 +58,9 @@ def _stages(p: Predictor, draft: DraftMemory | None = None, every_stage: bool = 
         windows = []
         last = s == len(p.stages) - 1
         drafts = draft.layers if draft is not None and (last or every_stage) else 0
-        for j in [*rng, *[spec.num_layers - 1] * drafts]:  # the draft's layers cache as the target's last
-            attn = spec.layers[j].attn
+        own = draft.attn if draft is not None and not every_stage else None  # vLLM caches the draft's own layers
+        attns = [spec.layers[j].attn for j in rng] + [own or spec.layers[-1].attn] * drafts
+        for attn in attns:  # SGLang: each draft layer at the target's (last) layer's cell
             mx = mixer(attn.kind)
             kv = mx.kv_bytes(attn, attn_tp, p.b) / share
             limit = getattr(attn, "window", None) or getattr(attn, "chunk", None)

@@ -20,7 +20,9 @@ The draft is priced as the engines load and run it (`tpplan.cost.draft`):
 - step: per draft pass, `draft_layers` of the target's last decoder layer, the eh_proj over the pass's
   tokens and the shared lm_head over one token per request (both engines take logits at one position per
   request), with the vocab-parallel logits' all-gather.
-EAGLE's draft checkpoint is not read: its weights and KV are not priced, and it is timed as MTP's is. Top-k 1
+EAGLE: the draft is read from its config where DRAFT is a preset, a config.json or a checkpoint folder here
+(its own layers at the target's TP, its fc, an lm_head of its own for an EAGLE-3 draft vocabulary); a hub name
+is not read: its weights and KV are not priced, and it is timed as MTP's is. Top-k 1
 chains only: the launch line passes `--speculative-eagle-topk 1` (SGLang's default without
 `--speculative-num-steps` is a top-k 4 tree for Llama, `_auto_choose_speculative_params`); vLLM 0.34.0's
 EAGLE/MTP speculators run a chain. Acceptance is an input: tpplan does not predict it.
@@ -128,15 +130,23 @@ SGLANG_DEFAULT_RUNNING = 48  # `_handle_eagle_family`'s max_running_requests whe
 NOT_MODELLED = (
     "speculative decoding: the acceptance is an input (mean accepted tokens per step), not predicted; a request's "
     "decode steps are its output tokens over it, each step's tokens arriving together (ITL is the gap between steps)",
-    "speculative decoding: a draft pass is priced as the target's last decoder layer, the eh_proj and the shared "
-    "lm_head (the target's own lm_head is not priced); top-k 1 chains only (no EAGLE tree)",
-    "speculative decoding: each nextn layer's KV cell is the target's last layer's (SGLang scales the stage's mean "
-    "layer cell: the same where a stage's layers cache alike); under PP the draft's weights are on the last stage "
-    "without an embedding of their own (SGLang's PP draft keeps a copy, speculative/pp_draft_embedding.py)",
+    "speculative decoding: a draft pass is priced as its decoder layers (MTP: the target's last), its projection "
+    "into the draft and its lm_head (the target's own lm_head is not priced); top-k 1 chains only (no EAGLE tree)",
+    "speculative decoding: a draft layer's KV cell is the target's last layer's (SGLang scales the stage's mean "
+    "layer cell: the same where a stage's layers cache alike; vLLM: an EAGLE draft's own); under PP the draft's "
+    "weights are on the last stage without an embedding of their own (SGLang's PP draft keeps a copy, "
+    "speculative/pp_draft_embedding.py)",
 )
 EAGLE_NOT_MODELLED = (
-    "speculative decoding: the EAGLE draft checkpoint's config is not read: its weights and KV are not in the "
-    "memory or the KV pool, and a draft pass is priced as an MTP layer (the target's last decoder layer)"
+    "speculative decoding: the EAGLE draft checkpoint's config is not read (DRAFT is no preset, config.json or "
+    "checkpoint folder here): its weights and KV are not in the memory or the KV pool, and a draft pass is priced "
+    "as an MTP layer (the target's last decoder layer)"
+)
+EAGLE_READ_NOT_MODELLED = (
+    "speculative decoding: the EAGLE draft is priced from its config: its embedding taken as the target's "
+    "(shared), its lm_head its own only where its draft_vocab_size differs from the target's vocabulary (vLLM keeps "
+    "whatever head and embedding its checkpoint holds, not read), EAGLE-3's first layer's 2 x hidden attention "
+    "input as hidden"
 )
 
 
@@ -213,4 +223,13 @@ def sources(engine: str) -> tuple[Source, ...]:
     return SOURCES[_name(engine)]
 
 
-__all__ = ["EAGLE_NOT_MODELLED", "NOT_MODELLED", "SOURCES", "Speculative", "launch_flags", "running_cap", "sources"]
+__all__ = [
+    "EAGLE_NOT_MODELLED",
+    "EAGLE_READ_NOT_MODELLED",
+    "NOT_MODELLED",
+    "SOURCES",
+    "Speculative",
+    "launch_flags",
+    "running_cap",
+    "sources",
+]

@@ -221,6 +221,34 @@ def gqa_attention(
     Query head h reads KV head h // (n / kv), which stays right on a head slice as long as a rank
     holds whole KV groups. The cache keeps every key (exact for windows too; only memory differs).
     """
+    qh, kh, vh = gqa_heads(
+        q, k, v, head_dim=head_dim, positions=positions, rope=rope, rotary_dim=rotary_dim, q_norm=q_norm,
+        k_norm=k_norm, eps=eps, norm_offset=norm_offset, cache=cache, qk_l2norm=qk_l2norm, temperature=temperature,
+    )  # fmt: skip
+    kh, vh = repeat_kv(kh, vh, qh.shape[1])
+    s = head_dim**-0.5 if scale is None else scale
+    return causal_attention(qh, kh, vh, s, window=window, chunk=chunk, sinks=sinks)
+
+
+def gqa_heads(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    head_dim: int,
+    positions: Tensor,
+    rope: Rope,
+    rotary_dim: int,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    eps: float = 1e-6,
+    norm_offset: float = 0.0,
+    cache: dict[str, Tensor] | None = None,
+    qk_l2norm: bool = False,
+    temperature: tuple[float, float] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`gqa_attention`'s q [T, n, d] and the cache's k, v [S, kv, d] (KV heads not yet repeated): q/k norms,
+    partial RoPE, Llama 4's L2 norm and temperature, the cache append."""
     t = q.shape[0]
     qh, kh, vh = q.reshape(t, -1, head_dim), k.reshape(t, -1, head_dim), v.reshape(t, -1, head_dim)
     if q_norm is not None:
@@ -238,13 +266,13 @@ def gqa_attention(
         floor_scale, attn_scale = temperature
         t_scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
         qh = (qh * t_scale[:, None, None].to(qh.device)).to(qh.dtype)
-    kh = append_cache(cache, "k", kh)
-    vh = append_cache(cache, "v", vh)
-    rep = qh.shape[1] // kh.shape[1]
-    if rep > 1:
-        kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
-    s = head_dim**-0.5 if scale is None else scale
-    return causal_attention(qh, kh, vh, s, window=window, chunk=chunk, sinks=sinks)
+    return qh, append_cache(cache, "k", kh), append_cache(cache, "v", vh)
+
+
+def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """k, v [S, kv, d] with each KV head repeated to `heads` query heads (GQA; unchanged where kv == heads)."""
+    rep = heads // k.shape[1]
+    return (k, v) if rep == 1 else (k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
 
 
 __all__ = [
@@ -253,9 +281,11 @@ __all__ = [
     "causal_attention",
     "dsa_indexer",
     "gqa_attention",
+    "gqa_heads",
     "index_mask",
     "indexer_key",
     "indexer_query",
     "mla_attention",
     "query_block",
+    "repeat_kv",
 ]

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpplan.cost.draft import eagle_config
 from tpplan.cost.pipeline import PipelineModel
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
 from tpplan.engines import scheduler_rules
 from tpplan.engines.schema import SchedulerRules
-from tpplan.engines.speculative import EAGLE_NOT_MODELLED, Speculative, running_cap
+from tpplan.engines.speculative import EAGLE_NOT_MODELLED, EAGLE_READ_NOT_MODELLED, Speculative, running_cap
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
 from tpplan.mesh import Mesh
 from tpplan.simulate.loop import LoopConfig
@@ -127,7 +128,10 @@ def decode_conditions(speculative: Speculative | None) -> list[str]:
     """`DECODE_NOT_MODELLED`, with what speculative decoding leaves out in place of its line where it is on."""
     if speculative is None:
         return list(DECODE_NOT_MODELLED)
-    said = (*SPEC_NOT_MODELLED, *((EAGLE_NOT_MODELLED,) if speculative.method == "eagle" else ()))
+    eagle: tuple[str, ...] = ()
+    if speculative.method == "eagle":
+        eagle = (EAGLE_NOT_MODELLED if eagle_config(speculative) is None else EAGLE_READ_NOT_MODELLED,)
+    said = (*SPEC_NOT_MODELLED, *eagle)
     return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else said)]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from tpplan.cost.draft import draft_step_seconds
+from tpplan.cost.draft import draft_pass, draft_step_seconds
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments
 from tpplan.engines.speculative import Speculative
@@ -116,12 +116,13 @@ def predictor_prices(p: Predictor, spec: Speculative | None = None) -> CachedPri
 
 
 def draft_price(p: Predictor, spec: Speculative) -> DraftPrice:
-    """A speculative step's draft on the last stage (`tpplan.cost.draft.draft_step_seconds`: per draft pass the
-    target's last decoder layer, the eh_proj and the shared lm_head; one pass over the verify width per
-    request, SGLang's draft extend and vLLM's draft prefill, and k - 1 over one token per request)."""
+    """A speculative step's draft on the last stage (`tpplan.cost.draft.draft_step_seconds`: per draft pass its
+    decoder layers, its projection and the lm_head; one pass over the verify width per request, SGLang's draft
+    extend and vLLM's draft prefill, and k - 1 over one token per request)."""
+    passes = draft_pass(p, spec)
 
     def seconds(batch: int, context: int) -> float:
-        return draft_step_seconds(p, spec, batch, context)
+        return draft_step_seconds(p, spec, batch, context, passes)
 
     return seconds
 

@@ -8,7 +8,7 @@ import sys
 import torch
 dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 dt = torch.bfloat16 if dev == "cuda" else torch.float32
-from tpplan.bench import masked_attention as MA, decode_sweep as D, serving_kernels as SK
+from tpplan.bench import masked_attention as MA, decode_sweep as D, serving_kernels as SK, gpu_kernels as GK
 from tpplan.runtime import kernels_attention as KA
 from tpplan.runtime import fast_kernels as RF
 torch.manual_seed(0)
@@ -33,26 +33,29 @@ try:
     keep = torch.rand(512, 1536, device=dev) > 0.5
     # fla's window kernel (bf16) against the fp32 reference: gpt-oss (64 heads of 64 here 8, window 128, sinks),
     # Gemma 3 (head dim 256, window 1024); "cache" = the chunk after cached keys (k cut, q front-padded).
-    for label, (t, s, n, d, w, snk) in {"gptoss w128+sinks": (512, 512, 8, 64, 128, True),
-                                        "gptoss w128+sinks cache": (512, 1536, 8, 64, 128, True),
-                                        "gemma3 w1024": (2048, 2048, 4, 256, 1024, False),
-                                        "gemma3 w1024 cache": (1024, 3072, 4, 256, 1024, False)}.items():
+    for label, (t, s, n, kvh, d, w, snk) in {"gptoss w128+sinks": (512, 512, 8, 8, 64, 128, True),
+                                             "gptoss w128+sinks cache": (512, 1536, 8, 8, 64, 128, True),
+                                             "gptoss 8h/1kv w128+sinks cache": (512, 1536, 8, 1, 64, 128, True),
+                                             "gemma3 w1024": (2048, 2048, 4, 4, 256, 1024, False),
+                                             "gemma3 4h/2kv w1024 cache": (1024, 3072, 4, 2, 256, 1024, False)}.items():
         if MA.fla_parallel_attn() is None:
             out["fla window"] = "fla.ops.attn.parallel does not import here: not checked"
             break
         try:
             q3, k3, v3 = qkv(t, s, n, d)
+            k3, v3 = k3[:, :kvh].contiguous(), v3[:, :kvh].contiguous()  # GQA: kvh KV heads, fla groups them
             sk = torch.randn(n, device=dev) if snk else None
-            want = ref(q3, k3, v3, d**-0.5, window=w, sinks=sk)
+            want = ref(q3, *KA.repeat_kv(k3, v3, n), d**-0.5, window=w, sinks=sk)
             out[f"fla window {label}"] = rel(MA.fla_window_attention(q3, k3, v3, d**-0.5, w, sk), want)
-            out[f"serving window {label} ran"] = SK.serving_attention(q3, k3, v3, d**-0.5, w, None, sk)[0]
+            got, name = SK.serving_attention(q3, k3, v3, d**-0.5, w, None, sk)[::-1]
+            out[f"serving window {label} ran"] = (name, rel(got, want))
         except Exception as exc:
             out[f"fla window {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
     # The fused DSA indexer (bf16 Triton scores + torch.topk) against the fp32 reference: index-score relative
     # error, and the share of the reference's selected earlier keys the fused kernel also selects (mean, worst row).
     for label, (t, ctx, hi) in {"dsv32 64h": (2048, 0, 64), "dsv32 64h cache": (1024, 8192, 64),
                                 "glm51 32h": (4096, 0, 32)}.items():
-        if not SK.fused_indexer_ok(torch.empty(1, device=dev), 128):
+        if not GK.fused_indexer_ok(torch.empty(1, device=dev), 128):
             out["fused indexer"] = "not on CUDA or triton missing: not checked"
             break
         try:
@@ -65,7 +68,7 @@ try:
             kw = dict(head_dim=128, rope_dim=64, positions=pos, rope=Rope(), topk=2048,
                       k_norm_weight=torch.ones(128, device=dev), k_norm_bias=torch.zeros(128, device=dev))
             want = KA.dsa_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
-            name, got = SK.serving_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
+            name, got = GK.serving_indexer(qi, ki, wi, **kw, cache={"k": prior.clone()})
             s_all = ctx + t
             causal = torch.arange(s_all, device=dev)[None] <= pos[:, None]
             keep_w, keep_g = KA.index_mask(want, s_all) & causal, KA.index_mask(got, s_all) & causal
@@ -116,6 +119,6 @@ try:
     out["refused"] = SK.refused_expert_shapes()
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
-out["kernel refusals (fell back)"] = SK.kernel_refusals()
+out["kernel refusals (fell back)"] = GK.kernel_refusals()
 for k_, v_ in out.items():
     print(f"check {k_}: {v_}")

@@ -1,6 +1,6 @@
 #!/bin/bash
-# One device call (2026-12-06d): checks, bench runs of several families, the decode sweep, then rank-sweep
-# families, each cut to what is left of LIMIT_S; results tarred to $OUT/r.tgz after each step, so a call cut
+# One device call (2026-12-06d): checks, the decode sweep (DECODE_S 0: none), bench runs of several families, then
+# rank-sweep families, each cut to what is left of LIMIT_S; results tarred to $OUT/r.tgz after each step, so a call cut
 # off still returns what it made. Usage: run.sh LIMIT_S TOPOLOGY DECODE_S RANK_FAMS:RANK_S MODEL:S ...
 # (06c's run.sh, plus what shows where a bench run spends its time: the bench's progress lines, one per
 # batch, each stamped with the time; Triton's line per autotuned kernel (TRITON_PRINT_AUTOTUNING); and at a
@@ -36,8 +36,15 @@ python3 -c "import torch, tpplan.bench.rank_sweep as d; print('torch', torch.__v
 python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1
 timeout 60 python3 $W/gpu_check.py ${CHECK_DEV:-cuda} 2>&1 | tee $R/check.txt
 pack
+if [ "$DEC" -gt 0 ]; then
+  d=$(cap $DEC $(( ${RANK##*:} + 30 )))
+  echo "== decode sweep ($d s) at $(( $(date +%s) - T0 )) s"
+  timeout $(( d + 30 )) python3 -m tpplan.bench.decode_sweep $R/decode-sweep.json $d 2>&1 | tee $R/decode.log | tail -6
+  smi csv,noheader >> $R/smi-after-decode.csv
+  pack
+fi
 for spec in "$@"; do
-  m=${spec%%:*}; lim=$(cap ${spec##*:} $(( DEC + ${RANK##*:} + 30 )))
+  m=${spec%%:*}; lim=$(cap ${spec##*:} $(( ${RANK##*:} + 30 )))
   [ $lim -lt 20 ] && { echo "== $m skipped: $(left) s left"; continue; }
   echo "== $m ($lim s) at $(( $(date +%s) - T0 )) s"
   timeout -k 10 $lim python3 -m tpplan bench --model $m --plan baseline --workload seed-c8 --nproc 1 --backend ${BACKEND:-nccl} --iters 1 --warmup 2 --overhead --topology $TOPO --progress --out $R/$m.json --md $R/$m.md > >(stamp > $R/$m.log) 2>&1 &
@@ -47,13 +54,6 @@ for spec in "$@"; do
   smi csv,noheader >> $R/smi-after-bench.csv
   pack
 done
-if [ "$DEC" -gt 0 ]; then
-  d=$(cap $DEC $(( ${RANK##*:} + 25 )))
-  echo "== decode sweep ($d s) at $(( $(date +%s) - T0 )) s"
-  timeout $(( d + 30 )) python3 -m tpplan.bench.decode_sweep $R/decode-sweep.json $d 2>&1 | tee $R/decode.log | tail -6
-  smi csv,noheader >> $R/smi-after-decode.csv
-  pack
-fi
 r=$(cap ${RANK##*:} 20)
 echo "== rank sweep ${RANK%%:*} ($r s) at $(( $(date +%s) - T0 )) s"
 [ $r -gt 10 ] && timeout $(( r + 15 )) python3 -m tpplan.bench.rank_sweep $R/rank-sweep.json $r ${RANK%%:*} 2>&1 | tee $R/rank.log | tail -6

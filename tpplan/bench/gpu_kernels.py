@@ -1,0 +1,112 @@
+"""The bench's GPU-only kernels and when each runs: fla's window attention and the fused DSA indexer.
+
+Both run only on CUDA with their library (fla, triton); elsewhere the bench keeps its portable kernels
+(`masked_attention.banded_attention`, the reference indexer). A kernel that raises on the GPU (e.g. triton
+out of shared memory at a head dim: neither was compiled on a GPU when written) falls back for that shape
+from then on, and `kernel_refusals` says which and why; the names returned say what ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from tpplan.bench import masked_attention as MA
+from tpplan.runtime import kernels_attention as KA
+
+FLA_WINDOW = (
+    "window: fla parallel_attn (Triton flash, key blocks outside the window skipped, GQA in the kernel; after "
+    "a cache, up to window-1 zero query rows in front)"
+)
+FLA_SINKS = "sinks in fla's softmax denominator"
+FUSED_INDEXER = "tpplan fused Triton index scores (bf16, fp32 accumulation, query blocks) + torch.topk"
+REFERENCE_INDEXER = "reference (fp32 scores by query block, stable sort)"
+_REFUSED: dict[str, str] = {}  # kernel and shape -> the error it raised (`kernel_refusals`)
+_REFERENCE_INDEXER = KA.dsa_indexer
+
+
+def _refuse(key: str, exc: Exception) -> None:
+    _REFUSED[key] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def kernel_refusals() -> dict[str, str]:
+    """The GPU kernels that raised in this process (kernel and shape -> the error), each fallen back since."""
+    return dict(_REFUSED)
+
+
+def fla_window(q: Tensor, v: Tensor) -> bool:
+    """Whether a window runs fla's `parallel_attn`: on CUDA, head dims up to 256 (its one key tile), not refused
+    at this head dim, fla importable, and env TPPLAN_FLA_WINDOW not "0" (the band kernel then)."""
+    if not q.is_cuda or max(q.shape[-1], v.shape[-1]) > 256 or os.environ.get("TPPLAN_FLA_WINDOW", "1") == "0":
+        return False
+    return f"fla window, head dim {q.shape[-1]}" not in _REFUSED and MA.fla_parallel_attn() is not None
+
+
+def try_fla_window(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, window: int, sinks: Tensor | None
+) -> tuple[str, Tensor] | None:  # fmt: skip
+    """(name, out) by `masked_attention.fla_window_attention` where `fla_window` allows and it does not
+    raise; None for the caller's fallback (k and v may hold fewer heads than q: GQA)."""
+    if not fla_window(q, v):
+        return None
+    try:
+        out = MA.fla_window_attention(q, k, v, scale, window, sinks)
+    except Exception as exc:  # e.g. triton out of shared memory at this head dim
+        _refuse(f"fla window, head dim {q.shape[-1]}", exc)
+        return None
+    return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), out
+
+
+@functools.cache
+def _fused_indexer() -> Callable[..., Tensor] | None:
+    """`bench.fused_indexer.fused_dsa_indexer` where triton imports, else None."""
+    try:
+        from tpplan.bench.fused_indexer import fused_dsa_indexer
+    except Exception:  # ImportError, or triton failing to initialise
+        return None
+    return fused_dsa_indexer
+
+
+def fused_indexer_ok(q: Tensor, head_dim: int) -> bool:
+    """Whether DSA's indexer runs the fused kernel: on CUDA, a power-of-two head dim of at least 16 (the
+    kernel's one tile over it; DeepSeek-V3.2 and GLM-5.1: 128), triton importable, env TPPLAN_FUSED_INDEXER
+    not "0"."""
+    if not q.is_cuda or head_dim < 16 or head_dim & (head_dim - 1) or os.environ.get("TPPLAN_FUSED_INDEXER") == "0":
+        return False
+    return _fused_indexer() is not None
+
+
+def serving_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> tuple[str, Tensor]:
+    """(name, `runtime.kernels.dsa_indexer`'s result) by the fused kernel where `fused_indexer_ok` and not
+    refused, else the reference (a fused call that raised leaves the cache as it found it)."""
+    fused = _fused_indexer() if fused_indexer_ok(q, int(kw["head_dim"])) else None
+    key = f"fused indexer, {q.shape[-1] // int(kw['head_dim'])} heads"
+    cache = kw.get("cache")
+    before = None if cache is None else cache.get("k")
+    if fused is not None and key not in _REFUSED:
+        try:
+            return FUSED_INDEXER, fused(q, k, w, **kw)
+        except Exception as exc:  # e.g. triton out of resources
+            _refuse(key, exc)
+            if cache is not None and before is None:
+                cache.pop("k", None)
+            elif cache is not None:
+                cache["k"] = before
+    return REFERENCE_INDEXER, _REFERENCE_INDEXER(q, k, w, **kw)
+
+
+__all__ = [
+    "FLA_SINKS",
+    "FLA_WINDOW",
+    "FUSED_INDEXER",
+    "REFERENCE_INDEXER",
+    "fla_window",
+    "fused_indexer_ok",
+    "kernel_refusals",
+    "serving_indexer",
+    "try_fla_window",
+]
