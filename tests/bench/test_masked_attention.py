@@ -124,6 +124,22 @@ def test_fla_window_after_a_cache_is_the_masked_reference(t: int, s: int, w: int
     assert torch.equal(MA.fla_window_attention(q, k2, v2, 0.25, w, sinks, attn=_fla_contract), got)
 
 
+def test_fla_window_runs_wide_values_in_slices_of_v_tile(monkeypatch) -> None:
+    """Values wider than V_TILE (Gemma 3's 256 on an H100: fla's one-tile config is out of shared memory) go
+    to the kernel in V_TILE-wide slices whose outputs, side by side, are the reference's."""
+    widths: list[int] = []
+
+    def contract(q, k, v, **kw):
+        widths.append(v.shape[-1])
+        return _fla_contract(q, k, v, **kw)
+
+    monkeypatch.setattr(MA, "V_TILE", 8)
+    q, k, v = _qkv(20, 53, 9, dv=20)
+    sinks = torch.randn(3)
+    got = MA.fla_window_attention(q, k, v, 0.25, 16, sinks, attn=contract)
+    assert widths == [8, 8, 4] and _close(got, KA.causal_attention(q, k, v, 0.25, window=16, sinks=sinks))
+
+
 def test_the_window_takes_the_band_kernel_off_cuda() -> None:
     from tpplan.bench import serving_kernels as SK
 

@@ -192,3 +192,18 @@ def test_docs_masked_tables_are_the_checked_in_fit() -> None:
     more = layer_rows([root / "docs/benchmarks/h100-2026-12-06c/call6" / f"{m}.json"
                        for m in ("llama-4-maverick-17b-128e", "minimax-m2.7")])  # fmt: skip
     assert doc.split("<!-- run-table-80gb-3:begin -->\n")[1].split("<!-- run-table-80gb-3:end -->")[0] == more
+
+
+def test_docs_06d_run_tables_are_the_checked_in_runs() -> None:
+    """docs/benchmarks.md's 2026-12-06d per-layer tables are what `run_table.layer_rows` renders from the
+    recorded results (nothing typed)."""
+    from pathlib import Path
+
+    from tpplan.bench.run_table import layer_rows
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs/benchmarks.md").read_text()
+    runs = root / "docs/benchmarks/h100-2026-12-06d"
+    tables = {"run-table-80gb-4": [runs / "call2" / f"{m}.json" for m in ("kimi-linear-48b", "qwen3.5-397b-a17b")]}
+    for tag, paths in tables.items():
+        assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == layer_rows(paths)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tpplan.engines import ENGINES
-from tpplan.engines.citations import held, kind, unread_calls
+from tpplan.engines.citations import held, kind, sources_of, unread_calls
 from tpplan.engines.schema import Source
 
 TPPLAN = Path(__file__).resolve().parents[2] / "tpplan"
@@ -108,3 +108,23 @@ def test_docs_list_every_unread_with_its_reason() -> None:
     section = doc[doc.index("## Citations: what each fact was read at") :]
     for c in unread_calls():
         assert f"{c.what} ({c.why})" in section
+
+
+# A release's record may name an older revision beside the release it cites for the same fact, as corroboration.
+OLDER_BESIDE_RELEASE = {("sglang@0.5.23", "commit 00ff98d3")}  # event_loop_pp: the same pp_loop_size slots
+
+
+def test_a_release_s_record_cites_that_release() -> None:
+    """What issue 32 closed on, vLLM 0.34.0's proxy read at a main commit, is pinned but not the release: in a
+    release's record every citation is that release, another package's release (sglang-router, torch), unread,
+    or an older revision named beside the release (`OLDER_BESIDE_RELEASE`)."""
+    loose = []
+    for key, version in ENGINES.items():
+        if version.release is None:  # a main revision's record cites its commits
+            continue
+        for source in sources_of(version):
+            own = source.ref.startswith(f"{version.version} (")
+            other_package = kind(source) == "release" and not source.ref[0].isdigit()
+            if not (own or other_package or kind(source) == "unread" or (key, source.ref) in OLDER_BESIDE_RELEASE):
+                loose.append(f"{key}: {source.cite()}")
+    assert not loose, "\n".join(loose)

@@ -185,8 +185,9 @@ def fla_window_attention(
     q [T, n, d] are the last T of S positions. After a cache (S > T) only the keys from
     `ctx - window + 1` can be read, so k and v are cut there and q is front-padded with as many zero
     rows as cached keys are kept (at most window - 1), their outputs dropped: exact, at the cost of
-    those extra query rows (Gemma 3's 1023 beside a 1K-token chunk, gpt-oss's 127). `attn`: the
-    kernel (default fla's; the CPU tests pass a reference with the same contract)."""
+    those extra query rows (Gemma 3's 1023 beside a 1K-token chunk, gpt-oss's 127). Value heads wider
+    than `V_TILE` run as slices of it. `attn`: the kernel (default fla's; the CPU tests pass a reference
+    with the same contract)."""
     run = attn or fla_parallel_attn()
     if run is None:
         raise RuntimeError("fla_window_attention needs fla (fla.ops.attn.parallel) with triton")
@@ -196,10 +197,19 @@ def fla_window_attention(
     front = ctx - lo  # cached keys kept: that many zero query rows go in front
     qq = F.pad(q, (0, 0, 0, 0, front, 0)) if front else q
     bias = None if sinks is None else sinks.float()
-    with torch.no_grad():
-        out = run(qq.unsqueeze(0), k[lo:].unsqueeze(0).to(q.dtype), v[lo:].unsqueeze(0).to(q.dtype), scale=scale,
-                  window_size=window, sink_bias=bias)  # fmt: skip
+    kk, vv = k[lo:].unsqueeze(0).to(q.dtype), v[lo:].unsqueeze(0).to(q.dtype)
+    with torch.no_grad():  # value columns V_TILE at a time: each slice's output is exact (the same scores)
+        parts = [run(qq.unsqueeze(0), kk, vv[..., c : c + V_TILE], scale=scale, window_size=window, sink_bias=bias)
+                 for c in range(0, vv.shape[-1], V_TILE)]  # fmt: skip
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     return out[0, front:].reshape(t, -1).to(q.dtype)
+
+
+# Value columns per `parallel_attn` call. fla 0.6.0 on Hopper tiles V whole up to 256 (BV = min(256, V), BK = K,
+# 64-key blocks, 3 stages): at Gemma 3's K = V = 256 that asks 262,144 B of shared memory, above an H100's
+# 232,448 (Triton OutOfResources, docs/benchmarks/h100-2026-12-06d/call2/check.txt); 128-wide slices need about
+# 208 KiB. A slice recomputes the scores, so d = 256 runs two passes over the window's keys.
+V_TILE = 128
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, chunk: int,

@@ -65,6 +65,13 @@ def _walk(value: object, where: str, out: dict[Source, str], seen: set[int]) -> 
             _walk(item, where, out, seen)
 
 
+def sources_of(value: object) -> tuple[Source, ...]:
+    """Every `Source` inside one record (an `EngineVersion`, a `Mode`, ...)."""
+    out: dict[Source, str] = {}
+    _walk(value, "", out, set())
+    return tuple(out)
+
+
 def held(packages: Iterable[str] = PACKAGES) -> dict[Source, str]:
     """Every `Source` the engine records hold: each engine version's, and every module-level value's of
     `packages`, with the module and name it was first found under."""
@@ -141,4 +148,4 @@ def _literal(node: ast.AST | None) -> str | None:
     return None
 
 
-__all__ = ["PACKAGES", "Kind", "UnreadCall", "held", "kind", "unread_calls"]
+__all__ = ["PACKAGES", "Kind", "UnreadCall", "held", "kind", "sources_of", "unread_calls"]

@@ -276,8 +276,11 @@ PIPELINE = PipelineSchedule(
         ASYNC_DEFAULT,
         RAY_EXECUTOR,
         MP_ASYNC,
-        _rel("vllm/models/kimi_k3/nvidia/model.py", "KimiLinearModel.__init__ / forward"),
-        _old("vllm/models/kimi_k3/nvidia/model.py", "KimiLinearModel.forward (SP off with PP)", "006193b5a9a7957c"),
+        _rel(
+            "vllm/models/kimi_k3/nvidia/model.py",
+            "KimiLinearModel.__init__ (use_sequence_parallel needs pipeline_parallel_size == 1) / forward (asserts "
+            "'Currently, SP is not supported with PP'; so in 0.33.0 too)",
+        ),
     ),
     not_modelled=(
         "the engine core's CPU time per step (scheduling, output processing) is not priced",
