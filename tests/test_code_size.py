@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tools.code_size import FUNCTION_LINES, MODULE_LINES, big_modules, long_functions
 
-MAX_LONG_FUNCTIONS = 7  # functions over 60 lines whose docstring does not say why (issue 30 target: 15)
+MAX_LONG_FUNCTIONS = 5  # functions over 60 lines whose docstring does not say why (issue 30 target: 15)
 BIG_MODULES = {  # module: its lines when this test came in, under active edit elsewhere; may only shrink
 }
 

@@ -351,6 +351,19 @@ def test_audit_json_carries_the_inputs_and_the_flags(monkeypatch, capsys, tmp_pa
     assert emitted >= SPECULATIVE
 
 
+def test_a_pd_decode_pool_holds_the_draft(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--pd with --spec: the decode pool's KV pool loses the draft's share (the cell 3 -> 4 MLA layers and the
+    draft's weights), and its JSON carries the draft's memory."""
+    pools = []
+    for extra in ((), ("--spec", "mtp:3:2.5")):
+        code, out, err = _decode(monkeypatch, capsys, tmp_path, "--pd", "tp2:tp2", *extra)
+        assert code == 0, err
+        pools.append(json.loads(out)["plans"][0]["serving"]["disaggregated"])
+    plain, spec = pools
+    assert "speculative" not in plain and spec["speculative"]["draft"]["layers"] == 1
+    assert spec["decode"]["kv_tokens"] < plain["decode"]["kv_tokens"] * 3 / 4
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [

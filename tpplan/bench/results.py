@@ -79,6 +79,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
     inputs = recorded_inputs(cfg)
     dtype = raw["dtype"]
     batches = {b.index: b for b in schedule(wl)}
+    contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}  # every plan's
     out = []
     for name, pr in raw["plans"].items():
         plan = pr["plan"]
@@ -88,17 +89,6 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
         ops = _op_results(g, op_acc, pr["iters"], raw.get("impls", {}))
         layers = _layer_results(layer_acc, pr["iters"])
         colls, runtime_s = _collective_results(sl, plan, world, topo, coll_acc)
-        batch_results = [
-            BatchResult(
-                index=b.index,
-                tokens=b.n_tokens,
-                requests=sorted({s.request_id for s in b.segments}),
-                measured_s=max(m, 1e-9),
-                predicted_s=pred,
-                iters=pr["iters"],
-            )
-            for b, m, pred in sorted(batch_rows, key=lambda x: x[0].index)
-        ]
         ttft = []
         if cfg.target_topology is not None:
             ttft.append(extrapolate_ttft(cfg, wl, sl, name, ops, colls))
@@ -121,14 +111,29 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             collectives=colls,
             ops=ops,
             layers=layers,
-            batches=batch_results,
+            batches=_batch_results(batch_rows, pr["iters"]),
             ttft=ttft,
             runtime_overhead=_overhead(pr.get("overhead")),
             inputs=inputs,
         )
-        contexts = {b.index: ",".join(str(s.start_pos) for s in b.segments) for b in batches.values()}
         out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
+
+
+def _batch_results(batch_rows: list[tuple[Any, float, float]], iters: int) -> list[BatchResult]:
+    """Each batch (`_sites`' rows: the batch, its measured and predicted seconds) in order, as the results file
+    lists it: a measured time is at least 1 ns."""
+    return [
+        BatchResult(
+            index=b.index,
+            tokens=b.n_tokens,
+            requests=sorted({s.request_id for s in b.segments}),
+            measured_s=max(m, 1e-9),
+            predicted_s=pred,
+            iters=iters,
+        )
+        for b, m, pred in sorted(batch_rows, key=lambda x: x[0].index)
+    ]
 
 
 def _ran_impls(g: Any, sites: list[dict[str, Any]], impls: dict[str, str]) -> dict[str, str]:

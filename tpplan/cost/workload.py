@@ -257,15 +257,7 @@ def _run(
             now = min(later + [out_at[r] for r in waiting if out_at.get(r, 0.0) > now])
             continue
         draft = PrefillBatch(len(batches), tuple(segs), now, now)
-        times = [float(t) for t in stage_times(draft)]
-        if not times or min(times) < 0:
-            raise TpplanError("stage_times", f"returned {times} s for batch {draft.index}", "return >= 0 per stage")
-        if not stage_free:
-            stage_free = [0.0] * len(times)
-        t = now
-        for k, dt in enumerate(times):  # flow shop: in order through every stage
-            t = max(t, stage_free[k]) + dt
-            stage_free[k] = t
+        t = _through_stages(_stage_seconds(stage_times, draft), stage_free, now)
         batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, t))
         for s in segs:
             progress[s.request_id] = s.start_pos + s.n_tokens
@@ -277,7 +269,35 @@ def _run(
                     heapq.heappush(arrivals, (t, next_id))
                     arrival_s[next_id] = t
                     next_id += 1
-    ids = range(total)
+    return _ttft_result(workload, arrival_s, done_s, batches)
+
+
+def _stage_seconds(stage_times: StageTimes, batch: PrefillBatch) -> list[float]:
+    """`stage_times` of one batch, checked: a time per stage, none negative (else a TpplanError naming it)."""
+    times = [float(t) for t in stage_times(batch)]
+    if not times or min(times) < 0:
+        raise TpplanError("stage_times", f"returned {times} s for batch {batch.index}", "return >= 0 per stage")
+    return times
+
+
+def _through_stages(times: list[float], stage_free: list[float], start: float) -> float:
+    """When a batch formed at `start` that holds the stages `times` seconds leaves the last one. A flow shop:
+    it enters stage k once it has left stage k-1 and stage k has finished the batch before it. `stage_free`
+    (when each stage is free; empty before the first batch) is updated."""
+    if not stage_free:
+        stage_free += [0.0] * len(times)
+    t = start
+    for k, dt in enumerate(times):  # in order through every stage
+        t = max(t, stage_free[k]) + dt
+        stage_free[k] = t
+    return t
+
+
+def _ttft_result(
+    workload: Workload, arrival_s: dict[int, float], done_s: dict[int, float], batches: list[PrefillBatch]
+) -> TTFTResult:
+    """The simulation's answer: each request's TTFT (its last chunk out of the pipeline, less its arrival), in order."""
+    ids = range(workload.total_requests)
     return TTFTResult(
         ttft_s=tuple(done_s[i] - arrival_s[i] for i in ids),
         arrival_s=tuple(arrival_s[i] for i in ids),

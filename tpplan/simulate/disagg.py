@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from tpplan.cost.collective_pricer import price_collective
+from tpplan.cost.draft import draft_memory
 from tpplan.cost.predictor import Predictor
 from tpplan.engines.speculative import Speculative
 from tpplan.errors import TpplanError
@@ -358,8 +359,15 @@ class DisaggResult:
             "binding_text": self.binding_text(),
             "sources": [s.cite() for s in (*rule.sources, *router_sources(rule))],
             "conditions": [*self.notes, *PD_NOT_MODELLED, *decode_conditions(dep.decode.speculative)],
-            **({"speculative": dep.decode.speculative.to_json()} if dep.decode.speculative is not None else {}),
+            **({"speculative": spec_json(dep.decode)} if dep.decode.speculative is not None else {}),
         }
+
+
+def spec_json(pool: PoolSpec) -> dict[str, object]:
+    """A decode pool's speculative decoding: its inputs and its draft's memory (`tpplan.cost.draft`)."""
+    assert pool.speculative is not None
+    draft = draft_memory(pool.predictor, pool.speculative)
+    return {**pool.speculative.to_json(), "draft": None if draft is None else draft.to_json()}
 
 
 def _pool_json(pool: PoolSpec, loop: EngineLoop, busy: tuple[float, ...]) -> dict[str, object]:
