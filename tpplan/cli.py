@@ -41,6 +41,7 @@ FLAG_OF = {
     "tp": "--tp",
     "pp": "--pp",
     "replicas": "--replicas",
+    "router": "--router",
     "dtype": "--dtype",
     "expert_dtype": "--expert-dtype",
     "memory_cap_gib": "--memory-cap",

@@ -11,7 +11,8 @@ One object instead of loose ints, validated once against the cluster it runs on 
 stage downstream can trust that the groups fit: a TP group larger than a node fills whole nodes, the
 GPUs it needs exist, an EP group divides the TP group it splits the experts over, and `replicas`
 identical copies each sit on GPUs of their own, placed alike on the nodes (so one replica's prices are
-every replica's; the requests are split between them by `tpplan.cost.workload.replica_workloads`).
+every replica's; the requests are spread over them by the deployment's request router, `router`:
+`tpplan.engines.routing`).
 Library errors name the fields (`tp=7`); the CLI writes them as its options (`cli.FLAG_OF`).
 """
 
@@ -59,6 +60,9 @@ class Mesh:
     # KV per CP rank: "engines" (default): the whole sequence's, as SGLang and vLLM keep it; "sharded": tpplan's
     # own 1/cp (`tpplan.engines.context_parallel.kv_cp_share`)
     cp_kv: str = "engines"
+    # what spreads the requests over the replicas (`--router`): a router the engine release records, None its
+    # default (`tpplan.engines.routing`, which the launch lines and the serving loop both read)
+    router: str | None = None
 
     @property
     def replica_gpus(self) -> int:

@@ -59,7 +59,11 @@ def test_replicas_and_overlap_are_in_the_line():
     sgl, vll = _recipes("tiny-deepseek-v3", "sp-moe+dbo", dep)
     assert sgl.realises == "no" and "--enable-dbo is vLLM" in sgl.summary  # SGLang has no DBO
     assert "--enable-dbo" in vll.args and vll.replicas == 2
-    assert vll.line().startswith("vLLM 0.34.0: 2 servers, each `") and vll.command().startswith("# 2 servers")
+    # the replicas behind vLLM's DP load balancer, started by its flag; on this MoE model the line says the flag
+    # shards the MoE layers over DP x TP
+    assert vll.line().startswith("vLLM 0.34.0: 2 replicas in one server, behind vLLM's DP load balancer")
+    assert vll.command().startswith("# 2 replicas in one server") and "--data-parallel-size 2" in vll.command()
+    assert "DPEngineCoreProc" in vll.line()
 
 
 @pytest.mark.parametrize(

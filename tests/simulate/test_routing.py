@@ -187,13 +187,6 @@ def test_replicas_least_loaded_equals_round_robin_on_alike_prompts() -> None:
     assert [t.done_s for t in ll.timelines] == pytest.approx([t.done_s for t in rr.timelines])
 
 
-def test_replica_routers_are_read() -> None:
-    sgl, vllm = ENGINES["sglang@0.5.23"].scheduling, ENGINES["vllm@0.34.0"].scheduling
-    assert sgl is not None and sgl.replica_router is not None and sgl.replica_router.prefill == "round_robin"
-    assert vllm is not None and vllm.replica_router is not None and vllm.replica_router.prefill == "least_loaded"
-    assert all(f.source.read for f in (*sgl.replica_router.facts, *vllm.replica_router.facts))
-
-
 def test_the_routed_co_simulation_reproduces_the_dealt_loop_under_round_robin() -> None:
     """The co-simulation with a round-robin router against the dealt loop (`simulate.loop.simulate`): equal
     on timed arrivals of mixed prompts, and on a closed loop of alike prompts with R dividing C (a request

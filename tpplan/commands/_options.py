@@ -170,6 +170,7 @@ __all__ = [
     "PrefillTokensOpt",
     "ProcessesOpt",
     "ProgressOpt",
+    "RouterOpt",
     "TimeoutOpt",
     "WeightsOpt",
     "cluster_text",
@@ -217,6 +218,25 @@ def _cp_kv(value: str) -> str:
         raise TpplanError(f"--cp-kv {value}", "unknown KV cache mode under CP",
                           "use engines (the whole sequence's KV on every CP rank) or sharded (1/CP)")  # fmt: skip
     return value
+
+
+def _router(value: str | None) -> str | None:
+    """A request router the serving loop's engine version records (`tpplan.engines.routing`), else one line."""
+    if value is not None:
+        from tpplan.cost.pipeline import pipeline_model
+        from tpplan.engines.routing import replica_router
+
+        replica_router(pipeline_model().engine, value)
+    return value
+
+
+RouterOpt = Annotated[
+    str | None,
+    typer.Option("--router", help="What spreads the requests over --replicas: a router the engine release records, "
+                 "e.g. sglang-router:cache_aware (default: the release's own, SGLang's DP controller round-robin; "
+                 "a name it lacks is refused with the list); the serving loop runs it, the launch lines start it",
+                 callback=_router),
+]  # fmt: skip
 
 
 CpKvOpt = Annotated[

@@ -104,7 +104,7 @@ def serving_block(
     graph: ModelGraph, plan: Plan, topo: Topology, arrivals: Arrivals, workload: Workload | None, *, tp: int,
     pp: int = 1, dtype: str = "bf16", expert_dtype: str | None = None, engine: str | None = None, cp: int = 1,
     cp_recurrence: str = "scan", cp_layers: str = "all", cp_kv: str = "engines", replicas: int = 1,
-    per_request: bool = False, speculative: Speculative | None = None,
+    router: str | None = None, per_request: bool = False, speculative: Speculative | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """The `serving` JSON of one deployment, its step prices the prediction's own (the same predictor,
     from `cached_predictor`'s cache, as `predict_plan` made with these arguments)."""
@@ -115,7 +115,16 @@ def serving_block(
         graph,
         plan,
         topo,
-        Mesh(tp, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence, cp_layers=cp_layers, cp_kv=cp_kv),
+        Mesh(
+            tp,
+            pp=pp,
+            replicas=replicas,
+            cp=cp,
+            cp_recurrence=cp_recurrence,
+            cp_layers=cp_layers,
+            cp_kv=cp_kv,
+            router=router,
+        ),
         dtype,
         expert_dtype,
         engine=engine,

@@ -125,7 +125,7 @@ def with_serving(
     from tpplan.search import search_plans
     from tpplan.search.grid import MeshAsk
 
-    sizes = {k: search.pop(k) for k in ("tp", "pp", "cp", "cp_layers", "cp_kv") if k in search}
+    sizes = {k: search.pop(k) for k in ("tp", "pp", "cp", "cp_layers", "cp_kv", "router") if k in search}
     ask = MeshAsk(replicas=replicas if replicas is not None else "all", **sizes)
     outcome = search_plans(graph, topo, workload=workload, top=1, every_deployment=True, ask=ask, audits=None,
                            **search)  # fmt: skip

@@ -23,6 +23,7 @@ from tpplan.commands._options import (
     GpuOpt,
     ModelOpt,
     RedundantExpertsOpt,
+    RouterOpt,
     check_json_target,
     cluster_text,
     emit_json,
@@ -142,6 +143,7 @@ def audit_cmd(
     cp_layers: CpLayersOpt = "all",
     cp_kv: CpKvOpt = "engines",
     replicas: ReplicasOpt = 1,
+    router: RouterOpt = None,
     nodes: NodesOpt = None,
     expert_dtype: ExpertDtypeOpt = None,
     wide: WideOpt = False,
@@ -172,15 +174,14 @@ def audit_cmd(
     cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
     _print_deployment_notes(d, bool(topology or cluster))  # a plan file's deployment, where no flag sets it
     with steps(f"tpplan audit {model}") as say:  # progress on stderr for a long one (--engine, serving)
-        topo = wl = None
-        if topology or cluster or gpu or engine:
-            asked_mesh = Mesh(tp, pp=pp, cp=cp, cp_layers=cp_layers, replicas=replicas) if tp else None
-            topo, wl = _load_inputs(topology, nodes, asked_mesh, sides, gpu, cluster, engine, workload, replicas, say)
+        asked_mesh = Mesh(tp, pp=pp, cp=cp, cp_layers=cp_layers, replicas=replicas) if tp else None
+        topo, wl = (_load_inputs(topology, nodes, asked_mesh, sides, gpu, cluster, engine, workload, replicas, say)
+                    if topology or cluster or gpu or engine else (None, None))  # fmt: skip
         say("auditing the plans")
         result = audit(model, _tp_of(tp, topo), redundant_plans(plan, ep_num_redundant_experts), dtype)
         print_plan_notes(pa.plan for pa in result.plans)
         mesh = Mesh(result.n, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence,
-                    cp_layers=cp_layers, cp_kv=cp_kv)  # fmt: skip
+                    cp_layers=cp_layers, cp_kv=cp_kv, router=router)  # fmt: skip
         predictions = _predict(result, topo, mesh, wl, expert_dtype, engine, say) if topo is not None else None
         data: dict[str, Any] = to_json(result, predictions)
         arrivals = _serve(data, result, topo, arrival, wl, mesh, expert_dtype, sides, engine, say, speculative)
@@ -281,8 +282,16 @@ def _predict(
         check_context(wl, result.graph.spec.numerics.stated_context)
 
     say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
-    return predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
-                         kv_engines=kv_engines_for(engine))  # fmt: skip
+    preds = predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
+                          kv_engines=kv_engines_for(engine))  # fmt: skip
+    if wl is None or mesh.replicas == 1:
+        return preds
+    from tpplan.cost.predictor import cached_predictor
+    from tpplan.simulate.serving import routed_prediction
+
+    # replicas: TTFT through the deployment's request router, as the serving loop and the launch lines take it
+    return [routed_prediction(pr, cached_predictor(result.graph, pa.plan, topo, mesh, result.dtype, expert_dtype, pa),
+                              wl, topo.gpus_per_node) for pa, pr in zip(result.plans, preds, strict=True)]  # fmt: skip
 
 
 def _serve(
@@ -303,7 +312,8 @@ def _serve(
         entry["serving"] = serving_block(result.graph, pa.plan, topo, arrivals, wl, tp=mesh.tp, pp=mesh.pp,
                                          dtype=result.dtype, expert_dtype=expert_dtype, cp=mesh.cp,
                                          cp_recurrence=mesh.cp_recurrence, cp_layers=mesh.cp_layers, cp_kv=mesh.cp_kv,
-                                         replicas=mesh.replicas, per_request=True, speculative=spec)  # fmt: skip
+                                         replicas=mesh.replicas, router=mesh.router, per_request=True,
+                                         speculative=spec)  # fmt: skip
         if sides is not None:
             say(f"P/D: {sides.text}")
             entry["serving"]["disaggregated"] = pd_block(result.graph, pa.plan, topo, arrivals, wl, sides,

@@ -14,6 +14,7 @@ from tpplan.commands._options import (
     GpuOpt,
     ModelOpt,
     NodesOpt,
+    RouterOpt,
     SearchRedundantExpertsOpt,
     check_json_target,
     emit_json,
@@ -142,6 +143,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         cp_layers: CpLayersOpt = "all",
         cp_kv: CpKvOpt = "engines",
+        router: RouterOpt = None,
         dp_attention: Annotated[
             bool,
             typer.Option(
@@ -228,7 +230,7 @@ def register(app: typer.Typer) -> None:
         if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
             serving_arrivals(arrival, wls[0], graph)
         ask = MemoAsk(
-            deployment=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv),
+            deployment=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv, router=router),
             dtype=dtype,
             expert_dtype=expert_dtype,
             plans=tuple(plan or ()),
@@ -249,6 +251,7 @@ def register(app: typer.Typer) -> None:
                 say("serving each deployment under the targets")
                 analysis = with_serving(analysis, graph, topo, wls[0], targets, arrival, engine, pd, reps, speculative,
                                         dtype=dtype, expert_dtype=expert_dtype, cp_layers=cp_layers, cp_kv=cp_kv,
+                                        router=router,
                                         memory_cap_gib=memory_cap_value(memory_cap),
                                         redundant_experts=ep_num_redundant_experts)  # fmt: skip
             data = memo_data(analysis, command, graph, wls[0], ask, speculative) if json_target else None
@@ -288,5 +291,6 @@ def memo_data(
             served[v.key] = serving_block(graph, v.plan, topo, arrivals, workload, tp=m.tp, pp=m.pp,
                                           dtype=analysis.dtype, expert_dtype=ask.expert_dtype, cp=m.cp,
                                           cp_layers=m.cp_layers, cp_kv=analysis.cp_kv, replicas=m.replicas,
+                                          router=ask.deployment.router,
                                           speculative=spec)  # fmt: skip
     return memo_json(analysis, command, served)

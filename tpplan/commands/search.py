@@ -21,6 +21,7 @@ from tpplan.commands._options import (
     EngineOpt,
     GpuOpt,
     NodesOpt,
+    RouterOpt,
     SearchRedundantExpertsOpt,
     check_json_target,
     emit_json,
@@ -127,6 +128,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         cp_layers: CpLayersOpt = "all",
         cp_kv: CpKvOpt = "engines",
+        router: RouterOpt = None,
         replicas: Annotated[
             str | None,
             typer.Option(
@@ -238,7 +240,7 @@ def register(app: typer.Typer) -> None:
             outcome = search_plans(
                 graph,
                 topo,
-                ask=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv),
+                ask=MeshAsk(tp=tp, pp=pp, cp=cp, replicas=reps, cp_layers=cp_layers, cp_kv=cp_kv, router=router),
                 workload=wl,
                 memory_cap_gib=memory_cap_value(memory_cap),
                 top=top if top is not None else (TARGETS_TOP if targets is not None else 10),
@@ -265,7 +267,8 @@ def register(app: typer.Typer) -> None:
             for r, entry in zip(outcome.ranked, entries, strict=True):
                 entry["serving"] = serving_block(graph, r.plan, topo, arrivals, wl, tp=r.tp, pp=r.pp, dtype=dtype,
                                                  expert_dtype=expert_dtype, cp=r.cp, cp_layers=cp_layers,
-                                                 cp_kv=cp_kv, replicas=r.replicas, speculative=speculative)  # fmt: skip
+                                                 cp_kv=cp_kv, replicas=r.replicas, router=router,
+                                                 speculative=speculative)  # fmt: skip
         if cp_layers != "all":  # the grid's CP sits inside its TP group (search/grid.py's mla_deployments)
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for

@@ -358,17 +358,14 @@ def simulate_pipeline(
 def replica_workloads(workload: Workload, mesh: Mesh) -> tuple[Workload, ...]:
     """Each replica's share of `workload` when `mesh.replicas` identical copies of a deployment serve it.
 
-    Routing rule modelled: client c of the closed loop is served by replica c mod R, and replica r
+    The split dealt beforehand: client c of the closed loop is served by replica c mod R, and replica r
     serves requests r, r + R, r + 2R, ... of the workload in its own submission order (so their
-    prompt lengths), each replica a closed loop of its own with its own chunked-prefill scheduler.
-    It is what both engines' default routers do when prompts are alike and R divides the concurrency:
-    SGLang's DP controller deals requests round-robin (`load_balance_method` "auto" resolves to
-    "round_robin" outside PD, `DataParallelController.round_robin_scheduler`, SGLang 0.5.23), and
-    vLLM's DP client sends each request to the least-loaded engine (score: the larger of its own
-    in-flight count x clients and the engine's waiting + running, ties rotated;
-    `DPLBAsyncMPClient.get_core_engine_for_request`, vLLM 0.33.0 g4ba787ec9): a closed-loop client's
-    next request then goes back to the replica that just freed a slot. Otherwise (mixed lengths, R not
-    dividing C) it is an approximation: the engines route by arrival order or load at the time.
+    prompt lengths), each replica a closed loop of its own with its own chunked-prefill scheduler. It does not
+    depend on batch times, which keeps the search's walk linear (`search.objectives.ttft_batches`) and sizes
+    each replica's KV (memory: the fullest share). The TTFT that audit, search and report print is not this
+    split's: it is the serving loop's with the replicas behind the deployment's request router
+    (`tpplan.engines.routing`, `simulate.replicas`), which this split equals for a round-robin router on alike
+    prompts with R dividing C, and for vLLM's least-loaded one there too (tests/simulate/test_routing.py).
     Every replica needs a client and a request: R above the concurrency or the requests is refused."""
     replicas = mesh.replicas
     if replicas < 1:

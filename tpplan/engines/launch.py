@@ -18,8 +18,9 @@ the release wheels (SGLang 0.5.23, vLLM 0.33.0 and 0.34.0), paths as in the repo
   (`vllm/config/parallel.py` `ParallelConfig.__post_init__`), so TP8 x CP4 is
   `--tensor-parallel-size 8 --prefill-context-parallel-size 4`; MLA models only
   (`context_parallel.VLLM_PCP`'s gate).
-- Replicas: R separate servers, each with the one deployment's flags (the router in front of them
-  was not read).
+- Replicas: the deployment's request router spreads the requests over them (`tpplan.engines.routing`): an
+  in-process one adds its flags to the one server's line (SGLang's `--dp-size R`, vLLM's `--data-parallel-size
+  R`), an external one (sglang-router) stands in front of R servers, each with these flags.
 """
 
 from __future__ import annotations
@@ -86,18 +87,17 @@ class DeploymentFlags:
     args: tuple[str, ...]  # empty: no engine flag realises it
     why: str  # what is missing or different ("" when the flags realise it as priced)
     source: str  # the citation behind the CP and overlap parts
-    replicas: int = 1  # separate servers, each launched with `args`
 
     @property
     def realised(self) -> bool:
         return bool(self.args)
 
     def text(self) -> str:
+        """One copy's flags, or why none realise it (its replicas' request router: `EngineRecipe.line`)."""
         if not self.args:
             return f"{self.engine}: no engine flag ({self.why})"
         tail = f" ({self.why})" if self.why else ""
-        each = f"{self.replicas} servers, each " if self.replicas > 1 else ""
-        return f"{self.engine}: {each}`{' '.join(self.args)}`{tail}"
+        return f"{self.engine}: `{' '.join(self.args)}`{tail}"
 
 
 def size_flags(engine: str, mesh: Mesh) -> list[str]:
@@ -130,8 +130,8 @@ def deployment_flags(
 ) -> DeploymentFlags:
     """`engine` ("SGLang" or "vLLM")'s flags for the mesh's TP x CP x PP (and a micro-batch overlap
     `tbo`/`dbo`, or async TP's fused GEMMs `asynctp`) on a model of `model_type` (`all_mla`: every
-    attention layer is MLA); the mesh's replicas are separate servers of it; `version` the engine version's
-    key whose overlap records apply (None: the default release's)."""
+    attention layer is MLA); the mesh's replicas are the recipe's (`recipes.whole_deployment`: its request router);
+    `version` the engine version's key whose overlap records apply (None: the default release's)."""
     support = PREFILL_CP[engine]
     cites: list[str] = []
     why: list[str] = []
@@ -160,7 +160,7 @@ def deployment_flags(
         cites.append(ov.schedule_source.cite())
         if ov.runs_on and ov.runs_on_source is not None:
             why.append(f"{ov.runs_on} ({ov.runs_on_source.cite()})")
-    return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites), mesh.replicas)
+    return DeploymentFlags(support.engine, tuple(args), "; ".join(why), "; ".join(cites))
 
 
 def _not_this_engines(engine: str, overlap: str, version: str | None) -> DeploymentFlags:

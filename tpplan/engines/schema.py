@@ -273,12 +273,14 @@ class SchedulerRules:
     more: tuple[Fact, ...] = ()
     not_modelled: tuple[str, ...] = ()  # what the loop leaves out for this engine: the memo's conditions
     decode_step: Fact | None = None  # how a request decodes once its prompt is done (the loop's `decode`)
-    replica_router: RouterRule | None = None  # how the engine spreads requests over its DP replicas (its prefill)
+    # the ways the engine can spread requests over a deployment's replicas, its default first (`engines.routing`)
+    replica_routers: tuple[ReplicaRouter, ...] = ()
 
     def facts(self) -> tuple[Fact, ...]:
         """Every fact, in the order docs/engines.md lists them."""
         decode = (self.decode_step,) if self.decode_step is not None else ()
-        spread = self.replica_router.facts if self.replica_router is not None else ()
+        # the in-process routers' (an external router is its own package, cited with the P/D hand-off)
+        spread = tuple(dict.fromkeys(f for r in self.replica_routers if r.flags for f in r.rule.facts))
         return (self.budget.fact, self.admission, self.prefill_decode, self.cpu_overlap_fact, self.graph_fact,
                 self.max_running, *self.more, *decode, *spread)  # fmt: skip
 
@@ -311,6 +313,28 @@ class RouterRule:
     balance_abs: int = 64  # cache_aware: load imbalance when max - min exceeds this ...
     balance_rel: float = 1.5  # ... and max exceeds min x this
     prefill_load_to_end: bool = False  # a request loads its prefill instance until it ends (else until prefilled)
+    ties_rotate: bool = True  # least_loaded: ties to the first from a scan start that moves on (else the lowest index)
+
+
+@dataclass(frozen=True)
+class ReplicaRouter:
+    """One way an engine release spreads requests over a deployment's R replicas (`--router NAME`): the policy the
+    serving loop runs (`rule`, `tpplan.simulate.routing`) and the launch that starts it, both read in the
+    release. In-process (`flags`): one server starts every replica and spreads the requests itself (`{replicas}`
+    in a flag is R); else R servers, each with the deployment's own flags, `behind` an external router (its
+    command, or what it is)."""
+
+    name: str  # the `--router` value: "dp:round_robin", "sglang-router:cache_aware"
+    rule: RouterRule  # its prefill policy is what the loop runs (the replicas' requests are whole)
+    what: str  # what spreads the requests, in words ("SGLang's DP controller, round-robin")
+    flags: tuple[str, ...] = ()  # in-process: the server flags that start it
+    behind: str = ""  # external: the router in front of the R servers
+    on_moe: str = ""  # what the in-process router's flags do otherwise on an MoE model (the launch line says it)
+    across_nodes: str = ""  # ... and with the replicas on more than one node
+
+    def launch_flags(self, copies: int) -> tuple[str, ...]:
+        """The in-process router's flags for that many copies of the deployment (none for an external router)."""
+        return tuple(f.format(replicas=copies) for f in self.flags)
 
 
 @dataclass(frozen=True)

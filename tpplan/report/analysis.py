@@ -194,7 +194,7 @@ def _prediction(m: _Memo, fn: PredictFn, v: Variant, wl: Workload, topology: Top
     extra: dict[str, object] = {"expert_dtype": m.expert_dtype} if m.expert_dtype else {}
     if v.pp > 1:
         extra["pipeline"] = m.pp_schedule
-    mesh = replace(v.parallel, cp_kv=m.cp_kv)
+    mesh = replace(v.parallel, cp_kv=m.cp_kv, router=m.router)
     return fn(m.graph, v.plan, topology or m.topology, mesh=mesh, workload=wl, tokens=wl.chunk_size, dtype=m.dtype,
               audit=v.audit, **extra)  # fmt: skip
 
@@ -334,6 +334,11 @@ class _Memo:
         return self.ask.deployment.cp_kv
 
     @property
+    def router(self) -> str | None:
+        """The request router over the replicas (`--router`; None: the engine release's default)."""
+        return self.ask.deployment.router
+
+    @property
     def scope(self) -> Scope:
         """What every variant of this memo shares (`memo_variants`)."""
         return Scope(self.audits, self.n, self.dtype, self.ask.deployment.cp_layers)
@@ -397,7 +402,8 @@ def _engines_and_predictions(m: _Memo, variants: list[Variant]) -> None:
     server = m.ask.server
     for i, v in enumerate(variants, 1):
         m.say(f"predicting plan {i} of {len(variants)} ({v.key})")
-        launch = Launch(m.graph.spec, v.parallel, dp=server.data_parallel, chunk=_chunk(m), gpu=m.topology.gpu.name,
+        mesh = replace(v.parallel, router=m.router)  # its replicas behind the memo's request router
+        launch = Launch(m.graph.spec, mesh, dp=server.data_parallel, chunk=_chunk(m), gpu=m.topology.gpu.name,
                         nodes=m.topology.nodes)  # fmt: skip
         v.engines = recipes(v.plan, launch, prefill_cp=server.prefill_cp, engines=m.pair)
         if m.fn is not None:
@@ -486,7 +492,7 @@ def _rank_deployments(m: _Memo, a: Analysis, single: list[Shape], grid: list[Sha
         from tpplan.cost.predictor import cached_predictor
         from tpplan.cost.segments import segments_of
 
-        mesh = Mesh(v.tp, pp=v.pp, replicas=v.replicas, cp=v.cp, cp_layers=v.cp_layers, cp_kv=m.cp_kv)
+        mesh = Mesh(v.tp, pp=v.pp, replicas=v.replicas, cp=v.cp, cp_layers=v.cp_layers, cp_kv=m.cp_kv, router=m.router)
         pipeline = m.pp_schedule if v.pp > 1 else None
         pred = cached_predictor(m.graph, v.plan, m.topology, mesh, m.dtype, m.expert_dtype, v.audit, pipeline=pipeline)
         return workload_parts(pred, [segments_of(b) for b in p.ttft.batches])

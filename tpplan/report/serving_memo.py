@@ -150,6 +150,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
     from tpplan.cost.predictor import cached_predictor
     from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
+    from tpplan.engines.routing import pd_pool_router, replica_router, router_note
     from tpplan.engines.serving_flags import memory_flags, pd_flags
     from tpplan.engines.speculative import launch_flags
     from tpplan.errors import TpplanError
@@ -183,7 +184,15 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
         flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
         flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
         flags += launch_flags(ev.key, spec) if spec is not None and pool != "prefill" else ()
-        cmd = replace(rec, args=with_flags(rec.args, flags), replicas=instances).command()
+        try:  # the aggregated pool's replicas behind the deployment's request router; a P/D pool behind its P/D router
+            router = replica_router(ev.key, outcome.router) if pool == "aggregated" else pd_pool_router(ev.key)
+        except TpplanError as err:  # a router the other engine version does not have
+            out.append(PoolLaunch(label, pool, name, instances, "", why_not=f"{err.where}: {err.reason}"))
+            continue
+        spans = max(1, -(-one.gpus * instances // topo.gpus_per_node))  # the nodes every instance takes
+        note = router_note(router, graph.spec, spans) if pool == "aggregated" else ""
+        rec = replace(rec, args=with_flags(rec.args, flags), replicas=instances, router=router, router_note=note)
+        cmd = rec.command()
         memory = (f"{kv.label} keeps {kv.tokens:,} KV tokens per rank; off its pool: {kv.reserve_text}"
                   + (f"; at most {running} running requests hold the load" if running is not None else ""))  # fmt: skip
         out.append(PoolLaunch(label, pool, name, instances, cmd, memory=memory))

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 class MeshAsk:
     """The deployment a search is asked for: each size fixed, or None to search it (`replicas` "all": every
     replica count the GPUs and the workload allow, `deployment_grid`), and the CP options every mesh of the
-    grid is priced with (`tpplan.mesh.Mesh`). The CLI's --tp/--pp/--cp/--replicas/--cp-layers/--cp-kv."""
+    grid is priced with (`tpplan.mesh.Mesh`), and the request router over its replicas. The CLI's
+    --tp/--pp/--cp/--replicas/--cp-layers/--cp-kv/--router."""
 
     tp: int | None = None
     pp: int | None = None
@@ -34,6 +35,7 @@ class MeshAsk:
     replicas: int | Literal["all"] | None = None
     cp_layers: str = "all"
     cp_kv: str = "engines"
+    router: str | None = None  # what spreads the requests over the replicas (None: the engine release's default)
 
 
 def deployments(graph: ModelGraph, topo: Fabric | None, ask: MeshAsk) -> list[tuple[int, int, int]]:
@@ -193,9 +195,9 @@ def mla_deployments(graph: ModelGraph, splits: list[Mesh], ask: MeshAsk) -> list
 def search_grid(
     graph: ModelGraph, topo: Topology | None, ask: MeshAsk, workload: Workload | None, objective: str
 ) -> list[Mesh]:
-    """The meshes one search covers, each with `ask`'s CP options: `deployment_grid`'s when ranking by time or
-    with a TP size fixed (under `--cp-layers mla` its CP 1 splits, each with CP inside its TP group,
-    `mla_deployments`), else every GPU of the topology in one TP group (volume)."""
+    """The meshes one search covers, each with `ask`'s CP options and request router: `deployment_grid`'s when
+    ranking by time or with a TP size fixed (under `--cp-layers mla` its CP 1 splits, each with CP inside its TP
+    group, `mla_deployments`), else every GPU of the topology in one TP group (volume)."""
     grid: list[Mesh] | None = None
     if objective == "time" or ask.tp is not None:
         mla = ask.cp_layers == "mla" and objective == "time"
@@ -208,7 +210,7 @@ def search_grid(
         if world < 1:
             raise TpplanError("tp=None", "the TP size must be at least 1", "use tp=1 or more")
         grid = [Mesh(world)]
-    return [replace(m, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv) for m in grid]
+    return [replace(m, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv, router=ask.router) for m in grid]
 
 
 def memory_cap_gib_of(value: float | str | None, topo: Topology | None) -> float | None:

@@ -465,6 +465,7 @@ def _outcome(
         plan_files=_plan_files(s, results[0].objective, shown),
         cp_layers=ask.cp_layers,
         cp_kv=ask.cp_kv,
+        router=ask.router,
     )
 
 
@@ -535,7 +536,7 @@ def run_search(
     """`search_plans` for scripts and tests that have names, not objects: `model` a preset or
     config path, `topology` a preset or file (or `gpu`/`cluster`/`engine` presets, as the CLI's
     options), `nodes` its node count, `workload` a preset or file; `options` as `search_plans`, the
-    asked sizes among them by name (tp=, pp=, cp=, replicas=, cp_layers=, cp_kv=: `MeshAsk`'s fields)."""
+    asked sizes among them by name (tp=, pp=, cp=, replicas=, cp_layers=, cp_kv=, router=: `MeshAsk`'s fields)."""
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
 
@@ -552,7 +553,7 @@ def run_search(
         from tpplan.cost.workload import load_workload
 
         wl = load_workload(workload)
-    asked = {k: options.pop(k) for k in ("tp", "pp", "cp", "replicas", "cp_layers", "cp_kv") if k in options}
+    asked = {k: options.pop(k) for k in ("tp", "pp", "cp", "replicas", "cp_layers", "cp_kv", "router") if k in options}
     return search_plans(graph, topo, workload=wl, ask=MeshAsk(**asked), **options)  # type: ignore[arg-type]
 
 

@@ -208,6 +208,7 @@ class SearchOutcome:
     deployment_best: tuple[RankedPlan, ...] = ()
     cp_layers: str = "all"  # the CP options every deployment was priced with (each its own CP size)
     cp_kv: str = "engines"
+    router: str | None = None  # the request router over the replicas asked for (None: the engine release's default)
 
     @property
     def plans(self) -> list[Plan]:

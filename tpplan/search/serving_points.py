@@ -152,6 +152,7 @@ class Ask:
     requests: int | None
     deployments: tuple[RankedPlan, ...] = ()
     speculative: Speculative | None = None  # decode steps as speculative steps (`tpplan.engines.speculative`)
+    router: str | None = None  # the request router over the replicas (`tpplan.engines.routing`; None: the default)
 
 
 def point_of(
@@ -196,7 +197,7 @@ def predictor_of(ask: Ask, r: RankedPlan, every_replica: bool) -> Predictor:
     from tpplan.mesh import Mesh
 
     mesh = Mesh(r.tp, pp=r.pp, replicas=r.replicas if every_replica else 1, cp=r.cp, cp_layers=ask.cp_layers,
-                cp_kv=ask.cp_kv)  # fmt: skip
+                cp_kv=ask.cp_kv, router=ask.router)  # fmt: skip
     return cached_predictor(ask.graph, r.plan, ask.topo, mesh, ask.dtype, ask.expert_dtype, r.audit)
 
 

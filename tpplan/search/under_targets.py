@@ -321,7 +321,8 @@ def serve_under_targets(
         raise TpplanError("topology=None", "serving under targets needs a topology", "pass one (e.g. h200x8-ib400)")
     rate = arrival.rate if arrival is not None else None
     ask = Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
-               arrival if rate is not None else None, requests, speculative=speculative)  # fmt: skip
+               arrival if rate is not None else None, requests, speculative=speculative,
+               router=outcome.router)  # fmt: skip
     outcome_best = served_plans(ask, outcome.deployment_best)
     ask = replace(ask, deployments=outcome_best)
     answers: list[DeploymentAnswer] = []

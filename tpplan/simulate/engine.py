@@ -16,7 +16,8 @@ from tpplan.cost.pipeline import PipelineModel
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.workload import Workload
 from tpplan.engines import scheduler_rules
-from tpplan.engines.schema import SchedulerRules
+from tpplan.engines.routing import replica_router
+from tpplan.engines.schema import ReplicaRouter, SchedulerRules
 from tpplan.engines.speculative import EAGLE_NOT_MODELLED, EAGLE_READ_NOT_MODELLED, Speculative, running_cap
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
 from tpplan.mesh import Mesh
@@ -38,6 +39,7 @@ class EngineLoop:
     config: LoopConfig
 
     pp: int = 1
+    router: ReplicaRouter | None = None  # what spreads the requests over the replicas (`tpplan.engines.routing`)
 
     def conditions(self, figures: bool = True) -> tuple[str, ...]:
         """What the loop does not model for this engine (under PP its PP schedule's unpriced settings,
@@ -81,12 +83,14 @@ def engine_loop(
     speculative: Speculative | None = None,
 ) -> EngineLoop:
     """The loop of `pipeline`'s engine version on `deployment` with steps of `chunk_tokens`;
-    `fixed_costs` False leaves the per-request and per-step costs out (the idealised loop). `decode`:
+    `fixed_costs` False leaves the per-request and per-step costs out (the idealised loop); the replicas are
+    spread by the deployment's request router (`deployment.router`, `tpplan.engines.routing`). `decode`:
     requests decode their output tokens, in steps formed as the engine forms them (`mixes_decode`: vLLM
     shares each step's budget, SGLang runs prefill first), admitted under `max_running` and a KV pool
     of `kv_tokens` per replica (None: unbounded); `speculative`: its decode steps are speculative steps (the
     running cap as the engine sets it under speculative decoding, `tpplan.engines.speculative.running_cap`)."""
     rules = scheduler_rules(pipeline.engine)
+    router = replica_router(pipeline.engine, deployment.router)  # the one the launch lines start
     costs = overheads(cpu_overlaps(rules, deployment, gpus_per_node)) if fixed_costs else NONE
     config = LoopConfig(
         chunk_tokens=chunk_tokens,
@@ -100,9 +104,10 @@ def engine_loop(
         kv_tokens=kv_tokens,
         verify_tokens=1 if speculative is None else speculative.verify_tokens,
         accepted=1.0 if speculative is None else speculative.accepted,
-        router=rules.replica_router.prefill if rules.replica_router is not None else "round_robin",
+        router=router.rule.prefill if router is not None else "round_robin",
+        router_rule=router.rule if router is not None else None,
     )
-    return EngineLoop(pipeline, rules, costs, config, deployment.pp)
+    return EngineLoop(pipeline, rules, costs, config, deployment.pp, router)
 
 
 NO_SPECULATIVE = (

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from tpplan.cost.segments import Segments
 from tpplan.cost.workload import PrefillBatch, ReplicaShare, Segment
-from tpplan.engines.schema import RouterPolicy
+from tpplan.engines.schema import RouterPolicy, RouterRule
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request, split_round_robin
@@ -69,6 +69,7 @@ class LoopConfig:
     verify_tokens: int = 1
     accepted: float = 1.0
     router: RouterPolicy = "round_robin"  # how requests are spread over the mesh's replicas (`simulate.replicas`)
+    router_rule: RouterRule | None = None  # the router's record (cache-aware thresholds, least-loaded ties)
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.in_flight < 1:

@@ -1,5 +1,6 @@
-"""Replicas behind the engine's router (`LoopConfig.router`: SGLang's DP controller deals round-robin, vLLM's
-DP client picks the least-loaded engine): every replica's loop and the router in one co-simulation
+"""Replicas behind the deployment's request router (`LoopConfig.router`, chosen once from the engine release's
+records by `tpplan.engines.routing`, which the launch lines start too: by default SGLang's DP controller deals
+round-robin, vLLM's DP client picks the least-loaded engine): every replica's loop and the router in one co-simulation
 (`simulate.cosim`), so that the router picks at the moment a request reaches it, from the requests then in
 flight at each replica, and a closed-loop client's next request may go to any replica. The dealt loop
 (`simulate.loop.simulate`: client c pinned to replica c mod R, as the cost model's `replica_workloads`) equals
@@ -52,7 +53,7 @@ class _Routed(CoSim):
         self.reps = [_Served(self, arrivals, prices, cfg) for _ in range(replicas)]
         self.router_actor = RouterActor(self)
         self.insts: list[Actor] = [self.router_actor, *self.reps]  # the router first at a tie
-        self.router = Router(cfg.router, replicas)
+        self.router = Router(cfg.router, replicas, cfg.router_rule)
         self.of = [-1] * len(self.reqs)  # the replica each request went to
         self.peak = [0] * replicas  # the most of its requests in flight at once
         self.done = 0

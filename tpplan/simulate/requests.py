@@ -95,7 +95,7 @@ def split_round_robin(arrivals: Arrivals, mesh: Mesh) -> list[tuple[list[int], A
     """Each of the mesh's R replicas' share dealt beforehand (the cost model's rule; the engines' routers run in
     `simulate.replicas`): request i to replica i mod R
     (closed loop: requests as above, and clients c, c + R, ... of replica r; as
-    `tpplan.cost.workload.replica_workloads`, whose routing rule cites both engines). Returns (the original ids,
+    `tpplan.cost.workload.replica_workloads` deals them). Returns (the original ids,
     the share with ids 0..n-1) per replica; R above the requests (or the clients) is refused."""
     reqs, replicas = arrivals.requests, mesh.replicas
     clients = arrivals.concurrency if isinstance(arrivals, ClosedLoop) else len(reqs)

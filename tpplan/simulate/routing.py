@@ -6,7 +6,8 @@ module states its own with the sources read).
 - `least_loaded`: the instance with the fewest of the router's requests in flight, ties to the first from a
   start that moves on one instance per request (vLLM's DP client, `DPLBAsyncMPClient.get_core_engine_for_request`
   with one API server: its in-flight count; the coordinator's waiting + running snapshot, 100 ms stale, and the
-  KV-pressure penalty on waiting requests are left out).
+  KV-pressure penalty on waiting requests are left out). A rule with `ties_rotate` off sends ties to the lowest
+  index (SGLang's DP controller, `--load-balance-method total_requests`: `DPBudget.dispatch`).
 - `cache_aware`: SGLang's router default (sglang-router 0.3.2, `CacheAwarePolicy::select_worker`): when the
   loads are imbalanced (max - min > `balance_abs` and max > min x `balance_rel`) the least-loaded instance; else
   the instance holding the request's prefix where it covers more than `cache_threshold` of the prompt, else the
@@ -43,8 +44,9 @@ class Router:
             i = self.turn
             self.turn = (self.turn + 1) % self.n
         elif self.policy == "least_loaded":
-            i = min(range(self.n), key=lambda k: (self.load[(self.turn + k) % self.n], k))
-            i = (self.turn + i) % self.n
+            start = self.turn if self.rule is None or self.rule.ties_rotate else 0
+            i = min(range(self.n), key=lambda k: (self.load[(start + k) % self.n], k))
+            i = (start + i) % self.n
             self.turn = (self.turn + 1) % self.n
         else:
             i = self._cache_aware(req)

@@ -21,6 +21,7 @@ from tpplan.cost.workload import MAX_REQUESTS, Workload
 from tpplan.engines.speculative import Speculative
 from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
+from tpplan.mesh import Mesh
 from tpplan.models.graph import ModelGraph
 from tpplan.simulate.engine import EngineLoop, decode_conditions, engine_loop, serve, workload_arrivals
 from tpplan.simulate.loop import LoopConfig
@@ -101,15 +102,7 @@ def serving_summary(
         "ttft": res.summary(),
         "ttft_band": {k: [low.summary()[k], high.summary()[k]] for k in ("mean_s", "p50_s", "p90_s", "p99_s")},
         "idealised_mean_s": ideal.mean_s,
-        "settings": {
-            "chunk_tokens": chunk_tokens,
-            "in_flight": loop.config.in_flight,
-            "chunks_overlap": loop.config.chunks_overlap,
-            "cpu_overlap": loop.costs.cpu_overlap,
-            "request_s": loop.costs.request_s,
-            "step_s": loop.costs.step_s,
-            "sources": [m.url for m in loop.costs.sources],
-        },
+        "settings": _settings(loop, chunk_tokens, p.deployment),
         "conditions": list(loop.conditions()),
     }
     if per_request:
@@ -118,6 +111,23 @@ def serving_summary(
     if dec is not None:
         out["decode"] = dec
     return res, out
+
+
+def _settings(loop: EngineLoop, chunk_tokens: int, mesh: Mesh) -> dict[str, object]:
+    """The loop's settings in the serving JSON; with replicas, the request router that spread the requests."""
+    out: dict[str, object] = {
+        "chunk_tokens": chunk_tokens,
+        "in_flight": loop.config.in_flight,
+        "chunks_overlap": loop.config.chunks_overlap,
+        "cpu_overlap": loop.costs.cpu_overlap,
+        "request_s": loop.costs.request_s,
+        "step_s": loop.costs.step_s,
+        "sources": [m.url for m in loop.costs.sources],
+    }
+    if mesh.replicas > 1 and loop.router is not None:  # `tpplan.engines.routing`: the launch lines start it too
+        r = loop.router
+        out["router"] = {"name": r.name, "what": r.what, "sources": [f.source.cite() for f in r.rule.facts]}
+    return out
 
 
 def decode_block(
@@ -174,6 +184,17 @@ def speculative_json(p: Predictor, spec: Speculative, max_running: int | None) -
             "sources": [s.cite() for s in sources(engine)]}  # fmt: skip
 
 
+def routed_prediction(pred: PlanPrediction, p: Predictor, workload: Workload, gpus_per_node: int) -> PlanPrediction:
+    """`pred` (the cost model's, `p`'s) with its TTFT over the deployment's replicas as its request router spreads
+    the workload's closed loop (`tpplan.engines.routing`): the idealised loop, no fixed costs, the same router the
+    serving block and the launch lines take. One replica: `pred` as it is (the cost model's schedule, which the
+    idealised loop equals there)."""
+    if p.deployment.replicas == 1 or pred.ttft is None:
+        return pred
+    loop = engine_loop(p.pipeline, p.deployment, workload.chunk_size, gpus_per_node, fixed_costs=False)
+    return replace(pred, ttft=serve(p, workload_arrivals(workload), loop).as_ttft())
+
+
 def replica_kv(
     p: Predictor, pd: bool = False, speculative: Speculative | None = None
 ) -> tuple[tuple[int, int] | None, str | None]:
@@ -219,4 +240,12 @@ def with_serving_loop(predict: PredictFn, arrival: Arrival | None = None) -> Pre
     return run
 
 
-__all__ = ["Arrival", "arrivals_for", "decode_block", "replica_kv", "serving_summary", "with_serving_loop"]
+__all__ = [
+    "Arrival",
+    "arrivals_for",
+    "decode_block",
+    "replica_kv",
+    "routed_prediction",
+    "serving_summary",
+    "with_serving_loop",
+]

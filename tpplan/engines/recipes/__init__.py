@@ -20,7 +20,9 @@ from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_cap
 from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
 from tpplan.engines.redundant_experts import launch_flags as redundant_flags
+from tpplan.engines.routing import replica_router, router_note
 from tpplan.engines.schema import EngineVersion
+from tpplan.errors import TpplanError
 from tpplan.layout.plan import Plan
 from tpplan.mesh import Mesh
 from tpplan.models.spec import MLASpec, ModelSpec
@@ -48,7 +50,7 @@ def recipes(
         vllm_recipe(plan, replace(launch, mesh=sizes), engine=vll),
     ]
     out = [r if r.version else replace(r, version=ev.key) for r, ev in zip(out, (sgl, vll), strict=True)]
-    return [whole_deployment(r, plan, spec, d) for r in out]
+    return [whole_deployment(r, plan, spec, d, launch.nodes) for r in out]
 
 
 def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh, version: str | None) -> DeploymentFlags:
@@ -78,18 +80,25 @@ def _dp_beside_missing(engine: str, d: Mesh, version: str | None) -> str | None:
     return None
 
 
-def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh) -> EngineRecipe:
+def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh, nodes: int = 1) -> EngineRecipe:
     """`r` (the plan's flags at the deployment's sizes) held to the whole deployment: no flag where the engine
     does not run its CP, overlap or CP mode (the reason said), else its overlap and redundant-expert flags added
-    and its replicas (R servers) and CP difference noted."""
+    and its replicas (the deployment's request router: `tpplan.engines.routing`, on `nodes` nodes) and CP
+    difference noted."""
     flags = _deployment_flags(r.engine, plan, spec, d, r.version or None)
+    try:  # the deployment's request router, as the serving loop runs it (`tpplan.engines.routing`)
+        router = replica_router(r.version, d.router) if d.replicas > 1 and r.version else None
+    except TpplanError as err:  # a router this engine version does not have
+        flags = DeploymentFlags(r.engine, (), f"{err.where} is not one of {r.version}'s request routers", "")
+        router = None
     if not flags.realised:
         if r.realises == "no":
             return replace(r, summary=f"{r.summary}; and {flags.why}", replicas=d.replicas)
         return replace(r, realises="no", summary=flags.why, replicas=d.replicas)
     extra = (*flags.args[len(size_flags(r.engine, d)) :], *redundant_flags(r.engine, plan.redundant_experts))
     args = r.args if r.realises == "no" else (*r.args, *(a for a in extra if a not in r.args))
-    return replace(r, args=args, replicas=d.replicas, deployment_note=flags.why)
+    note = router_note(router, spec, nodes)
+    return replace(r, args=args, replicas=d.replicas, router=router, router_note=note, deployment_note=flags.why)
 
 
 __all__ = [

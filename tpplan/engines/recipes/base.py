@@ -11,7 +11,8 @@ from typing import Literal
 
 from tpplan.engines import GateResult, Path
 from tpplan.engines.gates import gpu_sm
-from tpplan.engines.schema import Effect, EngineVersion
+from tpplan.engines.routing import launch_header
+from tpplan.engines.schema import Effect, EngineVersion, ReplicaRouter
 from tpplan.layout.plan import Plan
 from tpplan.models.spec import MLASpec, ModelSpec, MoESpec
 
@@ -56,7 +57,9 @@ class EngineRecipe:
     path: str = ""
     env: tuple[str, ...] = ()  # environment variables the launch line sets (NAME=value)
     launcher: str = ""
-    replicas: int = 1  # separate servers, each launched with `args` (the requests split between them)
+    replicas: int = 1  # the deployment's replicas, spread by `router` (`launch_header`: one server or R)
+    router: ReplicaRouter | None = None  # what spreads the requests over them (`tpplan.engines.routing`)
+    router_note: str = ""  # what the router's flags do otherwise on this model (`routing.router_note`)
     deployment_note: str = ""  # where the engine runs the deployment (e.g. its CP) otherwise than tpplan prices it
 
     @property
@@ -69,10 +72,9 @@ class EngineRecipe:
         if self.realises == "no":
             return ""
         head = (self.launcher or "python -m sglang.launch_server --model-path {model}").format(model=model_path)
-        line = " ".join([*self.env, head, *self.args])
-        if self.replicas > 1:
-            return f"# {self.replicas} servers, each on GPUs of its own, the requests split between them:\n{line}"
-        return line
+        args, spread = launch_header(self.router, self.replicas, self.args, self.router_note)
+        line = " ".join([*self.env, head, *args])
+        return f"# {spread}:\n{line}" if spread else line
 
     @property
     def runs(self) -> bool:
@@ -84,12 +86,13 @@ class EngineRecipe:
         name = f"{self.engine} {self.version.partition('@')[2]}".strip()
         if self.realises == "no":
             return f"{name}: no engine flag ({self.summary})"
-        each = f"{self.replicas} servers, each " if self.replicas > 1 else ""
+        args, spread = launch_header(self.router, self.replicas, self.args, self.router_note)
         tail = "" if self.realises == "yes" else f" (realises it only partly: {self.summary})"
         if self.blocked:
             tail += " (a condition fails: Engine flags)"
         note = f" ({self.deployment_note})" if self.deployment_note else ""
-        return f"{name}: {each}`{' '.join((*self.env, *self.args))}`{tail}{note}"
+        each = f"{spread}: " if spread else ""
+        return f"{name}: {each}`{' '.join((*self.env, *args))}`{tail}{note}"
 
 
 def path_sentence(ev: EngineVersion, flag: str, spec: ModelSpec, path: Path) -> str:

@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tpplan.engines.overlap import SGLANG_TBO
 from tpplan.engines.schema import (
     BudgetTier,
     EngineVersion,
     Fact,
     HandoffRule,
+    ReplicaRouter,
     RouterRule,
     SchedulerRules,
     SglangMemory,
@@ -93,22 +96,7 @@ SCHEDULING = SchedulerRules(
         "prefill back for some decode steps",
         _srt("managers/scheduler.py", "Scheduler.get_next_batch_to_run / update_running_batch"),
     ),
-    replica_router=RouterRule(
-        prefill="round_robin",
-        decode="round_robin",
-        decode_at_prefill_end=False,
-        facts=(
-            Fact(
-                "DP replicas (--dp-size): --load-balance-method auto resolves to round_robin outside P/D; the DP "
-                "controller sends each request to the next active worker in turn",
-                _srt(
-                    "managers/data_parallel_controller.py",
-                    "handle_load_balance_method (arg_groups/serving_hook.py); "
-                    "DataParallelController.round_robin_scheduler",
-                ),
-            ),
-        ),
-    ),
+    replica_routers=(),  # set below, beside the P/D router they share a policy with
     not_modelled=(
         "decode batches: SGLang runs prefill first, so a waiting prompt never waits for decode, but decode holds "
         "running-request slots and KV that can stop admission (--max-running-requests, the KV pool)",
@@ -245,6 +233,96 @@ HANDOFF = HandoffRule(
     ),
 )  # fmt: skip
 
+# ---------------------------------------------------------------------------------------------
+# Replicas: what spreads a deployment's requests over its R replicas (`--router`; `tpplan.engines.routing`)
+
+_DP_NODES = (
+    "across nodes --dp-size spreads every DP rank's TP group over all --nnodes (tp x pp / nnodes GPUs per node from "
+    "GPU dp_rank x tp x pp: launch_dp_schedulers, launch_tensor_parallel_group), not one replica on GPUs of its own "
+    "as priced; --router sglang-router:round_robin deals alike in front of R servers"
+)
+_DP_LAUNCH = Fact(
+    "--dp-size R without DP attention: one server's DP controller starts R TP groups, each of tp x pp GPUs from "
+    "its own base GPU id (launch_dp_schedulers), and dispatches every request to one of them",
+    _srt("managers/data_parallel_controller.py", "DataParallelController.__init__ / launch_dp_schedulers"),
+)
+DP_ROUND_ROBIN = ReplicaRouter(
+    name="dp:round_robin",
+    rule=RouterRule(
+        prefill="round_robin",
+        decode="round_robin",
+        decode_at_prefill_end=False,
+        facts=(
+            Fact(
+                "DP replicas (--dp-size): --load-balance-method auto resolves to round_robin outside P/D; the DP "
+                "controller sends each request to the next active worker in turn",
+                _srt(
+                    "managers/data_parallel_controller.py",
+                    "handle_load_balance_method (arg_groups/serving_hook.py); "
+                    "DataParallelController.round_robin_scheduler",
+                ),
+            ),
+            _DP_LAUNCH,
+        ),
+    ),
+    what="SGLang's DP controller, round-robin (--load-balance-method auto)",
+    flags=("--dp-size {replicas}",),
+    across_nodes=_DP_NODES,
+)
+DP_TOTAL_REQUESTS = ReplicaRouter(
+    name="dp:total_requests",
+    rule=RouterRule(
+        prefill="least_loaded",
+        decode="least_loaded",
+        decode_at_prefill_end=False,
+        ties_rotate=False,
+        facts=(
+            Fact(
+                "--load-balance-method total_requests: the DP rank with the fewest running + waiting requests "
+                "(list.index(min): ties to the lowest rank), its count raised by one per dispatch until the "
+                "schedulers' load snapshot is read again (at most every 20 ms); modelled: the router's own "
+                "requests in flight at each rank, no snapshot lag",
+                _srt(
+                    "managers/data_parallel_controller.py",
+                    "DPBudget.dispatch / DataParallelController.total_requests_scheduler, refresh_load_budget",
+                ),
+            ),
+            _DP_LAUNCH,
+        ),
+    ),
+    what="SGLang's DP controller, fewest requests (--load-balance-method total_requests)",
+    flags=("--dp-size {replicas}", "--load-balance-method total_requests"),
+    across_nodes=_DP_NODES,
+)
+_ROUTER_CMD = "python -m sglang_router.launch_router --worker-urls <the R servers' URLs> --policy {policy}"
+_ROUTER_LAUNCH = Fact(
+    "outside P/D the router takes its workers as --worker-urls URL ...; --policy is one of random, round_robin, "
+    "cache_aware (the default), power_of_two, manual",
+    Source(_ROUTER_REPO, "bindings/python/src/sglang_router/router_args.py", "RouterArgs.add_cli_args", _ROUTER_PY),
+)
+_CACHE_AWARE = next(f for f in ROUTER.facts if f.text.startswith("cache_aware:"))  # the policy, as P/D reads it
+ROUTER_CACHE_AWARE = ReplicaRouter(
+    name="sglang-router:cache_aware",
+    rule=RouterRule(
+        prefill="cache_aware", decode="cache_aware", decode_at_prefill_end=False, facts=(_ROUTER_LAUNCH, _CACHE_AWARE)
+    ),
+    what="sglang-router, cache-aware (its default --policy)",
+    behind=_ROUTER_CMD.format(policy="cache_aware"),
+)
+_ROUTER_RR = Fact(
+    "--policy round_robin: each request to the next healthy worker in turn (an atomic counter mod their count)",
+    Source(_ROUTER_REPO, "src/policies/round_robin.rs", "RoundRobinPolicy::select_worker", _ROUTER_RS),
+)
+ROUTER_ROUND_ROBIN = ReplicaRouter(
+    name="sglang-router:round_robin",
+    rule=RouterRule(
+        prefill="round_robin", decode="round_robin", decode_at_prefill_end=False, facts=(_ROUTER_LAUNCH, _ROUTER_RR)
+    ),
+    what="sglang-router, round-robin",
+    behind=_ROUTER_CMD.format(policy="round_robin"),
+)
+REPLICA_ROUTERS = (DP_ROUND_ROBIN, DP_TOTAL_REQUESTS, ROUTER_CACHE_AWARE, ROUTER_ROUND_ROBIN)
+
 SGLANG_0_5_23 = EngineVersion(
     engine="SGLang",
     version="0.5.23",
@@ -254,7 +332,7 @@ SGLANG_0_5_23 = EngineVersion(
     pipeline=PIPELINE,
     supports=PP_SUPPORT,
     collectives=NCCL_NVLS,
-    scheduling=SCHEDULING,
+    scheduling=replace(SCHEDULING, replica_routers=REPLICA_ROUTERS),
     memory=MEMORY,
     handoff=HANDOFF,
     overlaps=(SGLANG_TBO,),

@@ -14,6 +14,7 @@ from tpplan.engines.schema import (
     Gate,
     HandoffRule,
     MicroBatchOverlap,
+    ReplicaRouter,
     RouterRule,
     SchedulerRules,
     Source,
@@ -94,19 +95,37 @@ SCHEDULING = SchedulerRules(
         "(next_decode_eligible_step)",
         _v("v1/core/sched/scheduler.py", "Scheduler.schedule"),
     ),
-    replica_router=RouterRule(
-        prefill="least_loaded",
-        decode="least_loaded",
-        decode_at_prefill_end=False,
-        facts=(
-            Fact(
-                "DP replicas (--data-parallel-size, internal load balancer): each request goes to the engine of "
-                "least score = max(client count x the client's own unfinished requests there, the coordinator's "
-                "waiting + running, refreshed every 100 ms), + 6 x waiting x max(0, KV usage - 0.5); ties to the "
-                "first from a scan start that moves on one engine per request (modelled: one API server, the "
-                "in-flight count alone)",
-                _v("v1/engine/core_client.py", "DPLBAsyncMPClient.get_core_engine_for_request"),
+    replica_routers=(
+        ReplicaRouter(
+            name="dp:least_loaded",
+            rule=RouterRule(
+                prefill="least_loaded",
+                decode="least_loaded",
+                decode_at_prefill_end=False,
+                facts=(
+                    Fact(
+                        "DP replicas (--data-parallel-size, internal load balancer): each request goes to the engine "
+                        "of least score = max(client count x the client's own unfinished requests there, the "
+                        "coordinator's waiting + running, refreshed every 100 ms), + 6 x waiting x max(0, KV usage - "
+                        "0.5); ties to the first from a scan start that moves on one engine per request (modelled: "
+                        "one API server, the in-flight count alone)",
+                        _v("v1/engine/core_client.py", "DPLBAsyncMPClient.get_core_engine_for_request"),
+                    ),
+                    Fact(
+                        "--data-parallel-size R: R engine cores behind one API server; on a model without MoE they are "
+                        "independent (reconfigure_for_independent_dp_rank), on an MoE model each is a "
+                        "DPEngineCoreProc whose MoE layers shard over DP x TP (FusedMoEParallelConfig."
+                        "flatten_tp_across_dp_and_pcp) and idle ranks run dummy batches: not R separate copies",
+                        _v("v1/engine/core.py", "EngineCoreProc.run_engine_core / DPEngineCoreProc"),
+                    ),
+                ),
             ),
+            what="vLLM's DP load balancer, least-loaded (internal, one API server)",
+            flags=("--data-parallel-size {replicas}",),
+            on_moe="on an MoE model --data-parallel-size shards the MoE layers over DP x TP (DPEngineCoreProc): not "
+            "the R separate copies priced",
+            across_nodes="across nodes each node also takes --data-parallel-size-local (its replicas) and "
+            "--data-parallel-address (the first node's), EngineArgs; not in this line",
         ),
     ),
     not_modelled=(

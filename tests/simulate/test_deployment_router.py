@@ -1,0 +1,175 @@
+"""One request router per deployment (`tpplan.engines.routing`): chosen once from the engine release's records,
+started by the launch lines and run by the serving loop, and audit's TTFT over replicas taken through it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from tpplan.cost.pipeline import pipeline_model
+from tpplan.engines import ENGINES, Launch, select_pair
+from tpplan.engines.recipes import recipes
+from tpplan.engines.routing import replica_router, replica_routers
+from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
+from tpplan.models.config import load_model
+from tpplan.plans.named import baseline
+from tpplan.simulate.engine import engine_loop
+from tpplan.simulate.loop import LoopConfig
+from tpplan.simulate.replicas import simulate
+from tpplan.simulate.requests import Request, Timed
+
+
+def steps_of(segs):
+    return [sum(n for n, _ in segs) / 100]
+
+
+def test_the_releases_routers_are_read_and_the_defaults_are_the_engines():
+    assert replica_router("sglang@0.5.23").name == "dp:round_robin"
+    assert replica_router("vllm@0.34.0").name == "dp:least_loaded"
+    assert replica_router("sglang@main@7665ff96") is None  # none read: the loop assumes round-robin
+    for key in ("sglang@0.5.23", "vllm@0.34.0"):
+        assert all(f.source.read for r in replica_routers(key) for f in r.rule.facts)
+    sgl = ENGINES["sglang@0.5.23"].scheduling
+    assert sgl is not None and [r.name for r in sgl.replica_routers][:2] == ["dp:round_robin", "dp:total_requests"]
+
+
+def test_a_router_the_release_lacks_is_refused_naming_its_routers():
+    with pytest.raises(TpplanError) as e:
+        replica_router("vllm@0.34.0", "sglang-router:cache_aware")
+    assert e.value.where == "router=sglang-router:cache_aware" and "dp:least_loaded" in e.value.fix
+
+
+def test_three_routers_three_ttfts_by_hand():
+    """Two replicas, 1 s per 100 tokens: 400 and 100 tokens at t = 0, 100 at 1.5 s and 1.6 s.
+    Round-robin: the third goes behind the 400-token prompt (replica 0 busy to 4 s): 4, 1, 3.5, 1.
+    SGLang's total_requests (fewest in flight, ties to the lowest): the third to the idle replica 1 (1 s), the
+    fourth at loads [1, 1] to replica 0, behind the long prompt: 4, 1, 1, 3.4.
+    vLLM's least-loaded (ties from a rotating start, here replica 1): 4, 1, 1, 1.9."""
+    reqs = Timed((Request(0, 0.0, 400, 1), Request(1, 0.0, 100, 1), Request(2, 1.5, 100, 1), Request(3, 1.6, 100, 1)))
+    two = Mesh(1, replicas=2)
+    got = {}
+    for key, name in (("sglang@0.5.23", None), ("sglang@0.5.23", "dp:total_requests"), ("vllm@0.34.0", None)):
+        r = replica_router(key, name)
+        assert r is not None
+        cfg = LoopConfig(100, router=r.rule.prefill, router_rule=r.rule)
+        got[r.name] = [t.ttft_s for t in simulate(reqs, steps_of, cfg, two).timelines]
+    assert got["dp:round_robin"] == pytest.approx([4.0, 1.0, 3.5, 1.0])
+    assert got["dp:total_requests"] == pytest.approx([4.0, 1.0, 1.0, 3.4])
+    assert got["dp:least_loaded"] == pytest.approx([4.0, 1.0, 1.0, 1.9])
+
+
+@pytest.mark.parametrize("key", ["sglang@0.5.23", "vllm@0.34.0"])
+def test_the_launch_line_starts_the_router_the_loop_runs(key):
+    """For every router of each release: the loop's policy and rule are the router's, and the launch line starts
+    it (its flags at R = 2 in one server) or puts the R servers behind it (its command)."""
+    spec = load_model("tiny-llama")
+    pair = select_pair([key])
+    for r in replica_routers(key):
+        mesh = Mesh(2, replicas=2, router=r.name)
+        loop = engine_loop(pipeline_model(key), mesh, 1024, 8)
+        assert (loop.router, loop.config.router, loop.config.router_rule) == (r, r.rule.prefill, r.rule)
+        rec = next(
+            x for x in recipes(baseline(), Launch(spec, mesh, gpu="NVIDIA H100"), engines=pair) if x.version == key
+        )
+        assert rec.router == r
+        cmd, line = rec.command(), rec.line()
+        if r.flags:
+            assert all(f in cmd and f in line for f in r.launch_flags(2)) and "2 replicas in one server" in cmd
+        else:
+            assert r.behind in cmd and "2 servers, each" in line and r.what in line
+
+
+def test_the_other_engines_line_says_the_router_is_not_its():
+    spec = load_model("tiny-llama")
+    mesh = Mesh(2, replicas=2, router="sglang-router:cache_aware")
+    vll = next(x for x in recipes(baseline(), Launch(spec, mesh, gpu="NVIDIA H100")) if x.engine == "vLLM")
+    assert vll.realises == "no" and "router=sglang-router:cache_aware" in vll.summary
+
+
+def test_a_pd_pool_line_names_the_pd_router():
+    spec = load_model("tiny-llama")
+    from tpplan.engines.routing import pd_pool_router
+
+    rec = recipes(baseline(), Launch(spec, Mesh(2), gpu="NVIDIA H100"))[0]
+    line = replace(rec, replicas=3, router=pd_pool_router(rec.version)).line()
+    assert line.startswith("SGLang 0.5.23: 3 servers, each on GPUs of its own, behind its P/D router (cache_aware")
+
+
+WORKLOAD = {"name": "mixed", "input_lens": [3000, 500, 500, 500, 3000, 500], "concurrency": 3, "num_requests": 12,
+            "chunk_size": 1024}  # fmt: skip
+
+
+def _audit(monkeypatch, capsys, tmp_path, *extra):
+    wl = tmp_path / "mixed.json"
+    wl.write_text(json.dumps(WORKLOAD))
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-llama", "--topology", "h100x8-ib400",
+                             "--tp", "2", "--replicas", "2", "-w", str(wl), "--plan", "baseline", "--json", "-",
+                             *extra)  # fmt: skip
+    assert code == 0, err
+    return json.loads(out)["plans"][0]
+
+
+@pytest.mark.parametrize("router", [None, "dp:total_requests", "sglang-router:cache_aware"])
+def test_audits_ttft_is_the_loops_through_the_same_router(monkeypatch, capsys, tmp_path, router):
+    """A closed loop of mixed prompts (3 clients on 2 replicas), where dealing client c to replica c mod R is
+    not what a router does: the prediction's TTFT is the idealised loop's (no fixed costs) behind the same router,
+    request by request."""
+    got = _audit(monkeypatch, capsys, tmp_path, *(("--router", router) if router else ()))
+    assert got["prediction"]["ttft"]["mean_s"] == pytest.approx(got["serving"]["idealised_mean_s"], rel=1e-12)
+    assert got["serving"]["settings"]["router"]["name"] == (router or "dp:round_robin")
+
+
+def test_the_routers_change_audits_ttft(monkeypatch, capsys, tmp_path):
+    rr = _audit(monkeypatch, capsys, tmp_path)["prediction"]["ttft"]["mean_s"]
+    tr = _audit(monkeypatch, capsys, tmp_path, "--router", "dp:total_requests")["prediction"]["ttft"]["mean_s"]
+    assert rr != pytest.approx(tr, rel=1e-6)
+
+
+def test_a_bad_router_is_one_line_exit_2(monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-llama", "--topology", "h100x8-ib400",
+                             "--tp", "2", "--replicas", "2", "--router", "dp:least_loaded")  # fmt: skip
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--router dp:least_loaded" in lines[0] and "dp:round_robin" in lines[0]
+
+
+def test_vllms_dp_line_on_an_moe_model_says_it_is_not_separate_copies():
+    spec = load_model("tiny-mixtral")
+    vll = next(
+        x for x in recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100")) if x.engine == "vLLM"
+    )
+    assert "--data-parallel-size 2" in vll.line() and "DPEngineCoreProc" in vll.line()
+
+
+def _search(monkeypatch, capsys, tmp_path, *extra):
+    wl = tmp_path / "mixed.json"
+    wl.write_text(json.dumps(WORKLOAD))
+    return run_cli(monkeypatch, capsys, "search", "--model", "tiny-llama", "--topology", "h100x8-ib400", "--tp", "2",
+                   "--replicas", "2", "-w", str(wl), "--top", "1", "--json", "-", *extra)  # fmt: skip
+
+
+def test_search_ranks_through_the_router_asked_for(monkeypatch, capsys, tmp_path):
+    """The search's TTFT is the serving loop's over the grid's meshes, each behind `--router`."""
+    code, out, err = _search(monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    rr = json.loads(out)["plans"][0]["ttft"]["mean_s"]
+    code, out, err = _search(monkeypatch, capsys, tmp_path, "--router", "dp:total_requests")
+    assert code == 0, err
+    assert json.loads(out)["plans"][0]["ttft"]["mean_s"] != pytest.approx(rr, rel=1e-6)
+    code, out, err = _search(monkeypatch, capsys, tmp_path, "--router", "nope")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--router nope" in err
+
+
+def test_sglangs_dp_line_across_nodes_says_where_the_dp_ranks_go():
+    """Two TP8 replicas on two nodes of 8: SGLang's --dp-size puts each DP rank's TP group over both nodes (from
+    GPU dp_rank x 8), not one replica per node: the line says so and names the router that deals alike."""
+    spec = load_model("tiny-llama")
+    one_node, two_nodes = (
+        recipes(baseline(), Launch(spec, Mesh(8, replicas=2), gpu="NVIDIA H100", nodes=n))[0] for n in (1, 2)
+    )
+    assert "launch_dp_schedulers" not in one_node.line()
+    assert "launch_dp_schedulers" in two_nodes.line() and "--router sglang-router:round_robin" in two_nodes.command()

@@ -1,0 +1,85 @@
+"""A deployment's request router: what spreads its requests over its R replicas, chosen once per deployment from
+the engine release's records (`SchedulerRules.replica_routers`, each with its sources) and read by every
+consumer: the launch lines start it (`launch_header`: the in-process router's flags, or the external router in
+front of R servers), and the serving loop runs its policy (`tpplan.simulate.engine.engine_loop`, whose TTFT audit,
+search and report all take). `Mesh.router` names the choice (`--router`); None is the release's default, its
+first record. A release whose routers tpplan has not read gets none: its loop deals round-robin, said as an
+assumption, and its launch lines say that a router must be put in front of the servers."""
+
+from __future__ import annotations
+
+from tpplan.engines.schema import ReplicaRouter, RouterRule
+from tpplan.errors import TpplanError
+from tpplan.models.spec import ModelSpec, MoESpec
+
+
+def replica_routers(key: str) -> tuple[ReplicaRouter, ...]:
+    """Every router engine version `key` ("sglang@0.5.23") can put in front of its replicas, its default first."""
+    from tpplan.engines import ENGINES, select
+
+    ev = ENGINES.get(key) or select(key)
+    return ev.scheduling.replica_routers if ev.scheduling is not None else ()
+
+
+def replica_router(key: str, name: str | None = None) -> ReplicaRouter | None:
+    """The router `name` of engine version `key` (None: its default), None where the version has none read; a
+    name the version does not have is refused, naming the ones it has."""
+    have = replica_routers(key)
+    if name is None:
+        return have[0] if have else None
+    for r in have:
+        if r.name == name:
+            return r
+    names = ", ".join(r.name for r in have)
+    fix = f"use one of {names} (or leave --router out for {have[0].name})" if have else "leave --router out"
+    raise TpplanError(f"router={name}", f"{key} has no such request router", fix)
+
+
+def router_note(router: ReplicaRouter | None, spec: ModelSpec, nodes: int) -> str:
+    """What the in-process router's flags do otherwise on this model and with the replicas on `nodes` nodes ("" where
+    nothing): its `on_moe` on an MoE model, its `across_nodes` on more than one node."""
+    if router is None or not router.flags:
+        return ""
+    moe = any(isinstance(layer.mlp, MoESpec) for layer in spec.layers)
+    return "; ".join(x for x in (router.on_moe if moe else "", router.across_nodes if nodes > 1 else "") if x)
+
+
+def launch_header(
+    router: ReplicaRouter | None, instances: int, args: tuple[str, ...], note: str = ""
+) -> tuple[tuple[str, ...], str]:
+    """The flags one launch line takes for `instances` copies behind `router` (a mesh's replicas, or a P/D pool's
+    instances behind its P/D router), and the line that says what spreads the requests: in-process, the router's
+    flags added to `args` (one server starts every copy); external, that many servers each with `args`, behind it.
+    An in-process router whose flag the plan already uses (DP attention's `--dp-size`) cannot also spread
+    replicas: the servers then need a router in front that deals as it does. `note`: what the router's flags do
+    otherwise on this model (`router_note`), said after the one-server line."""
+    if instances == 1:
+        return args, ""
+    if router is None:
+        return args, (f"{instances} servers, each on GPUs of its own; needs a request router in front of them "
+                      "(none read for this engine version; the loop assumed round-robin)")  # fmt: skip
+    flags = router.launch_flags(instances)
+    taken = {a.split()[0] for a in args}
+    if flags and not taken & {f.split()[0] for f in flags}:
+        said = f" ({note})" if note else ""
+        return (*args, *flags), f"{instances} replicas in one server, behind {router.what}{said}"
+    if flags:
+        return args, (f"{instances} servers, each on GPUs of its own; needs a router in front of them that deals as "
+                      f"{router.what} does ({flags[0].split()[0]} is the plan's own here)")  # fmt: skip
+    command = f": `{router.behind}`" if router.behind else ""
+    return args, f"{instances} servers, each on GPUs of its own, behind {router.what}{command}"
+
+
+def pd_pool_router(key: str) -> ReplicaRouter:
+    """A P/D pool's instances, behind the release's P/D router (`HandoffRule.router`, the P/D loop's): what a pool's
+    launch line names (its policies are the P/D section's)."""
+    from tpplan.engines import handoff_rule
+
+    rule = handoff_rule(key)[0].router
+    policy = f"{rule.prefill} prefill, {rule.decode} decode" if rule is not None else "not read: round-robin assumed"
+    return ReplicaRouter(
+        "pd", rule or RouterRule("round_robin", "round_robin", False, ()), f"its P/D router ({policy})"
+    )
+
+
+__all__ = ["launch_header", "pd_pool_router", "replica_router", "replica_routers", "router_note"]
