@@ -338,7 +338,7 @@ def test_audit_json_carries_the_inputs_and_the_flags(monkeypatch, capsys, tmp_pa
     d = json.loads(out)["plans"][0]["serving"]["decode"]
     s = d["settings"]["speculative"]
     assert (s["draft_tokens"], s["verify_tokens"], s["accepted_per_step"]) == (3, 4, 2.5)
-    assert "--speculative-num-draft-tokens 4" in s["flags"] and len(s["sources"]) == 6
+    assert "--speculative-num-draft-tokens 4" in s["flags"] and len(s["sources"]) == 7
     assert s["draft"]["layers"] == 1 and s["draft"]["weights_bytes_per_rank"] > 0  # its nextn layer at TP 2
     assert f"--max-running-requests {d['settings']['max_running']}" in s["flags"]  # the cap the loop served with
     # 32 + 20 decode tokens at 2.5 a step: 13 and 8 steps

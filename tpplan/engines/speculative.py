@@ -79,7 +79,7 @@ VLLM_STEP = Source(
 SGLANG_DRAFT_MEMORY = Source(
     "sgl-project/sglang",
     "python/sglang/srt/model_executor/pool_configurator.py",
-    "the standard configurator's __init__: under EAGLE/NEXTN the target's cell size grows by cell x "
+    "DefaultPoolConfigurator.__init__: under EAGLE/NEXTN the target's cell size grows by cell x "
     "eagle_draft_num_layers / num_layers (model_runner_components/spec_aux_hidden_state.py: the config's "
     "num_nextn_predict_layers, else the draft checkpoint's layers); managers/scheduler.py "
     "init_target_memory_pool sizes the pool after the draft worker loaded (kv_cache_configurator.py "
@@ -121,9 +121,27 @@ VLLM_LOGITS = Source(
     "all-gathered)",
     "0.34.0 (PyPI wheel)",
 )
+SGLANG_EAGLE = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/models/llama_eagle3.py",
+    "LlamaModel.__init__: fc nn.Linear(target hidden x num_aux_hidden_states (default 3), hidden), unsharded; "
+    "LlamaForCausalLMEagle3.__init__: an lm_head of draft_vocab_size rows (ParallelLMHead) unless tied, the "
+    "target's loaded when draft_vocab_size is absent; speculative/eagle_worker_v2.py init_lm_head shares the "
+    "target's embedding",
+    "0.5.23 (PyPI wheel)",
+)
+VLLM_EAGLE = Source(
+    "vllm-project/vllm",
+    "vllm/model_executor/models/llama_eagle3.py",
+    "LlamaModel.__init__: fc ReplicatedLinear(target hidden x num_aux_hidden_states (default 3), hidden); "
+    "Eagle3LlamaForCausalLM.__init__: lm_head ParallelLMHead(draft_vocab_size); llama_eagle.py LlamaModel: fc "
+    "ReplicatedLinear(2 x hidden, hidden); spec_decode/eagle/utils.py load_eagle_model shares the target's "
+    "embedding and lm_head unless the checkpoint holds its own (models/utils.py process_eagle_weight)",
+    "0.34.0 (PyPI wheel)",
+)
 SOURCES = {
-    "sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP, SGLANG_DRAFT_MEMORY, SGLANG_TREE, SGLANG_LOGITS),
-    "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS),
+    "sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP, SGLANG_DRAFT_MEMORY, SGLANG_TREE, SGLANG_LOGITS, SGLANG_EAGLE),
+    "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS, VLLM_EAGLE),
 }
 SGLANG_DEFAULT_RUNNING = 48  # `_handle_eagle_family`'s max_running_requests when none is given
 
