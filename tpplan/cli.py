@@ -76,6 +76,7 @@ FLAG_OF = {
     "target_stat": "--target-stat",
     "redundant_experts": "--ep-num-redundant-experts",
     "spec_method": "--spec",
+    "spec_draft": "--spec DRAFT",
 }
 _NAMES = "|".join(sorted(FLAG_OF, key=len, reverse=True))
 # a value runs to the next space, or to a `/` that starts the next field (`iters=/warmup=`)
