@@ -131,6 +131,33 @@ def test_plan_names_never_raise_anything_but_a_tpplan_error(deepseek, name: str)
         make_plan(name, deepseek, 2)
 
 
+DEEPSEEK_A2A = ("audit", "-m", "tiny-deepseek-v3", "--tp", "2", "-t", "h200x8-ib400")
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (
+            ("--plan", "dp-attention+a2a", "--ep-num-redundant-experts", "100000"),
+            ("100000 redundant experts", "at most 8"),
+        ),
+        (("--plan", "dp-attention+a2a+redundant99999999999999999999998"), ("99999999999999999999998", "at most 8")),
+        (("--plan", "dp-attention+a2a+redundant1"), ("9 physical experts do not divide",)),
+        (("--plan", "dp-attention+a2a", "--ep-num-redundant-experts", "-1"), ("--ep-num-redundant-experts",)),
+        (("--plan", "dp-attention+a2a", "--ep-num-redundant-experts", "1.5"), ("--ep-num-redundant-experts",)),
+        (("--plan", "baseline+redundant2"), ("baseline+redundant2", "splits the experts by TP")),
+        (("--plan", "dp-attention+a2a+redundant2+redundant2"), ("already has 2 redundant experts",)),
+    ],
+)
+def test_bad_redundant_experts(tmp_path, extra, says) -> None:  # type: ignore[no-untyped-def]
+    refused(tmp_path, *DEEPSEEK_A2A, *extra, says=says)
+
+
+def test_search_refuses_redundant_experts_no_plan_can_hold(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    args = ("search", "-m", "tiny-deepseek-v3", "--tp", "2", "-t", "h200x8-ib400", "--ep-num-redundant-experts")
+    refused(tmp_path, *args, "1000", says=("--ep-num-redundant-experts 1000", "at most 8"))
+
+
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
