@@ -158,6 +158,37 @@ def test_search_refuses_redundant_experts_no_plan_can_hold(tmp_path) -> None:  #
     refused(tmp_path, *args, "1000", says=("--ep-num-redundant-experts 1000", "at most 8"))
 
 
+def cluster_file(tmp_path: Path, line: str) -> str:
+    """The h200x8-ib400 cluster preset's file with `line` among its top-level keys."""
+    from importlib import resources
+
+    text = resources.files("tpplan.cost").joinpath("presets/clusters/h200x8-ib400.toml").read_text("utf-8")
+    head, sep, rest = text.partition("\n[")
+    path = tmp_path / "cluster.toml"
+    path.write_text(f"{head}\n{line}\n{sep.lstrip(chr(10))}{rest}")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('imex_channel = "yes"', "field 'imex_channel' is invalid: input should be a valid boolean"),
+        ("imex_channel = 1", "field 'imex_channel' is invalid: input should be a valid boolean"),
+        ("imex_chanel = true", "field 'imex_chanel' is invalid: extra inputs are not permitted"),
+    ],
+)
+@pytest.mark.parametrize("topology", [(), ("-t", "h200x8-ib400")])
+def test_bad_cluster_fields_with_and_without_a_topology(tmp_path, line, says, topology) -> None:  # type: ignore[no-untyped-def]
+    path = cluster_file(tmp_path, line)
+    refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", *topology, "--cluster", path, says=(path, says))
+
+
+def test_a_stated_imex_channel_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tpplan.cost.topology import load_topology
+
+    assert load_topology("h200x8-ib400", cluster=cluster_file(tmp_path, "imex_channel = true")).imex_channel is True
+
+
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
