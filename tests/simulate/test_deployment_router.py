@@ -173,3 +173,11 @@ def test_sglangs_dp_line_across_nodes_says_where_the_dp_ranks_go():
     )
     assert "launch_dp_schedulers" not in one_node.line()
     assert "launch_dp_schedulers" in two_nodes.line() and "--router sglang-router:round_robin" in two_nodes.command()
+
+
+def test_the_memos_flags_column_names_the_router():
+    spec = load_model("tiny-llama")
+    sgl = recipes(baseline(), Launch(spec, Mesh(2, replicas=2, router="sglang-router:cache_aware"), gpu="NVIDIA H100"))
+    text = sgl[0].flags_text()
+    assert text.startswith("`--tp-size 2") and "--policy cache_aware" in text
+    assert "--dp-size 2`" in recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100"))[0].flags_text()

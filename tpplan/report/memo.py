@@ -471,7 +471,7 @@ def engines_section(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -
             f"`{v.key}`",
             e.version or e.engine,
             e.realises + (" (blocked)" if e.blocked else ""),
-            "`" + " ".join(e.args) + "`" if e.realises != "no" else "-",
+            e.flags_text() if e.realises != "no" else "-",
             e.summary,
         )
         for v in a.variants

@@ -62,6 +62,12 @@ class EngineRecipe:
     router_note: str = ""  # what the router's flags do otherwise on this model (`routing.router_note`)
     deployment_note: str = ""  # where the engine runs the deployment (e.g. its CP) otherwise than tpplan prices it
 
+    def flags_text(self) -> str:
+        """The flags every replica's launch takes, in backticks, and what spreads the requests over the replicas
+        (the request router's flags among them where it is in-process: `routing.launch_header`)."""
+        args, spread = launch_header(self.router, self.replicas, self.args, self.router_note)
+        return f"`{' '.join(args)}`" + (f" ({spread})" if spread else "")
+
     @property
     def blocked(self) -> bool:
         """True when a condition this model/plan fails makes the engine refuse, skip or stop the plan."""
