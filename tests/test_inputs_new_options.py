@@ -241,3 +241,20 @@ def test_report_json_never_writes_over_what_it_did_not_write(tmp_path, target, s
     (tmp_path / "folder").mkdir()
     path = str(tmp_path / target)
     refused(tmp_path, *REPORT, "--json", path, "-o", str(tmp_path / "memo"), says=(f"--json {path}", says))
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--overhead",), ("--overhead", "this run has no GPU (backend gloo)")),
+        (("--overhead", "--backend", "gloo"), ("--overhead", "this run has no GPU (backend gloo)")),
+        (("--experts", "2"), ("--experts 2", "hold no routed experts")),
+    ],
+)
+def test_bench_refuses_what_this_run_cannot_do_before_starting_ranks(tmp_path, extra, says) -> None:  # type: ignore[no-untyped-def]
+    """--overhead times the GPU (on gloo it was silently skipped); --experts on a dense slice was ignored."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() and "gloo" not in extra and "--overhead" in extra:
+        pytest.skip("a GPU is here: the overhead is measured")
+    out = str(tmp_path / "bench.json")
+    refused(tmp_path, "bench", "-m", "tiny-llama", "-p", "baseline", "-o", out, *extra, says=says)

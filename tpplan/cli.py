@@ -66,6 +66,7 @@ FLAG_OF = {
     "iters": "--iters",
     "warmup": "--warmup",
     "kernels": "--kernels",
+    "overhead": "--overhead",
     "kernels_from": "--kernels-from",
     "target_topology": "--target-topology",
     "nproc": "--nproc",
