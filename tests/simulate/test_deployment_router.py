@@ -181,3 +181,16 @@ def test_the_memos_flags_column_names_the_router():
     text = sgl[0].flags_text()
     assert text.startswith("`--tp-size 2") and "--policy cache_aware" in text
     assert "--dp-size 2`" in recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100"))[0].flags_text()
+
+
+def test_a_saved_plan_carries_its_router_into_audit(monkeypatch, capsys, tmp_path):
+    """`search --save` writes the router into the file's deployment; audit given the file runs behind it."""
+    code, _, err = _search(monkeypatch, capsys, tmp_path, "--router", "dp:total_requests", "--save",
+                           str(tmp_path / "found"))  # fmt: skip
+    assert code == 0, err
+    f = tmp_path / "found" / "plan-1.json"
+    assert json.loads(f.read_text())["deployment"]["router"] == "dp:total_requests"
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-llama", "--topology", "h100x8-ib400",
+                             "-w", str(tmp_path / "mixed.json"), "--plan", str(f), "--json", "-")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["plans"][0]["serving"]["settings"]["router"]["name"] == "dp:total_requests"
