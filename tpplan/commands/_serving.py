@@ -38,7 +38,8 @@ SpecOpt = Annotated[
     typer.Option(
         "--spec",
         help="Speculative decoding/MTP as METHOD:K:A[:DRAFT]: mtp or eagle, K draft tokens per step, A tokens "
-        "a request gains per step (1 to K + 1), DRAFT the EAGLE checkpoint; e.g. mtp:3:2.4 (docs/cost-model.md)",
+        "a request gains per step (1 to K + 1), DRAFT the EAGLE checkpoint (a local config.json or folder is read to "
+        "price it); e.g. mtp:3:2.4 (docs/cost-model.md)",
     ),
 ]
 

@@ -54,12 +54,13 @@ class DraftMemory:
 @dataclass(frozen=True)
 class DraftPass:
     """What one draft pass runs: `layers` of `predictor`'s (the target's for MTP, the EAGLE draft's own
-    graph's), an unsharded `fc_in` -> hidden projection over the pass's tokens and a vocab-parallel lm_head
+    graph's), an unsharded `fc_in` -> `hidden` projection over the pass's tokens and a vocab-parallel lm_head
     of `head_vocab` rows over one token per request; `memory`: None where the draft's config is not read."""
 
     predictor: Predictor
     layers: tuple[LayerResult, ...]
     fc_in: int
+    hidden: int
     head_vocab: int
     memory: DraftMemory | None
 
@@ -81,7 +82,8 @@ def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
         if spec.method == "mtp":
             spec.check_model(model)
         layers = (p.audit.layer_results[-1],) * spec.draft_layers
-        return DraftPass(p, layers, 2 * model.hidden, model.vocab, mtp_memory(p) if spec.method == "mtp" else None)
+        memory = mtp_memory(p) if spec.method == "mtp" else None
+        return DraftPass(p, layers, 2 * model.hidden, model.hidden, model.vocab, memory)
     assert spec.draft_model is not None
     graph = build_model_graph(load_model(spec.draft_model))
     d = cached_predictor(graph, make_plan("baseline", graph, p.tp), p.topo, Mesh(p.tp), p.dtype, None)
@@ -95,7 +97,7 @@ def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
     head = vocab * graph.spec.hidden / p.tp * b if own_head else 0.0
     memory = DraftMemory(len(per_layer), sum(per_layer) / len(per_layer), fc_in * graph.spec.hidden * b, head,
                          graph.spec.layers[0].attn)  # fmt: skip
-    return DraftPass(d, tuple(d.audit.layer_results), fc_in, vocab, memory)
+    return DraftPass(d, tuple(d.audit.layer_results), fc_in, graph.spec.hidden, vocab, memory)
 
 
 def _int(raw: dict[str, object], key: str, default: int) -> int:
@@ -127,11 +129,11 @@ def draft_rows(p: Predictor, tokens: int) -> int:
     return -(-tokens // p.tp) if p.plan.dp_attention else tokens
 
 
-def draft_pass_extras(p: Predictor, batch: int, width: int, fc_in: int, head_vocab: int) -> float:
+def draft_pass_extras(p: Predictor, batch: int, width: int, one: DraftPass) -> float:
     """Seconds of one draft pass beside its decoder layers, for `batch` requests of `width` tokens: the
     projection into the draft (eh_proj or fc, `fc_in` -> hidden, every rank whole) over the pass's tokens, and
     the lm_head (vocab-parallel over TP) over one token per request, with the logits' all-gather over TP."""
-    h = p.graph.spec.hidden
+    h, fc_in, head_vocab = one.hidden, one.fc_in, one.head_vocab
     fc = p.kernels.gemm_seconds(draft_rows(p, batch * width), fc_in, h)
     head = p.kernels.gemm_seconds(batch, h, -(-head_vocab // p.tp))
     gather = 0.0
@@ -146,7 +148,7 @@ def pass_seconds(p: Predictor, one: DraftPass, batch: int, width: int, context: 
     """One draft pass of `batch` requests of `width` tokens at `context`: its layers and extras."""
     segs = ((width, context),) * batch
     layers = sum(one.predictor.kind_time(r, segs).total_s for r in one.layers)
-    return layers + draft_pass_extras(p, batch, width, one.fc_in, one.head_vocab)
+    return layers + draft_pass_extras(p, batch, width, one)
 
 
 def draft_step_seconds(
