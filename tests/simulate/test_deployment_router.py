@@ -194,3 +194,10 @@ def test_a_saved_plan_carries_its_router_into_audit(monkeypatch, capsys, tmp_pat
                              "-w", str(tmp_path / "mixed.json"), "--plan", str(f), "--json", "-")  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["plans"][0]["serving"]["settings"]["router"]["name"] == "dp:total_requests"
+
+
+def test_a_release_without_a_router_read_says_one_is_needed():
+    spec = load_model("tiny-llama")
+    pair = select_pair(["sglang@main@7665ff96"])
+    rec = recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100"), engines=pair)[0]
+    assert rec.router is None and "needs a request router in front of them" in rec.command()
