@@ -201,3 +201,13 @@ def test_a_release_without_a_router_read_says_one_is_needed():
     pair = select_pair(["sglang@main@7665ff96"])
     rec = recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100"), engines=pair)[0]
     assert rec.router is None and "needs a request router in front of them" in rec.command()
+
+
+def test_the_cost_model_docs_table_lists_every_router_and_its_default():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cost-model.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith(("| SGLang 0.5.23 | `", "| vLLM 0.34.0"))]
+    named = [row.split("`")[1] for row in rows]
+    assert named == [r.name for key in ("sglang@0.5.23", "vllm@0.34.0") for r in replica_routers(key)]
+    assert [row.split("`")[1] for row in rows if "(default)" in row] == ["dp:round_robin", "dp:least_loaded"]
