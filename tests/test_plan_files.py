@@ -45,7 +45,7 @@ def test_save_writes_one_file_per_ranked_plan(saved):
         assert f["schema_version"] == 1 and f["name"] == entry["name"]
         ep, moe = f["decisions"]["ep_size"], f["decisions"]["moe"]
         assert f["deployment"] == {"tp": 2, "pp": 1, "cp": 1, "replicas": 1, "ep": ep, "moe": moe, "cp_layers": "all",
-                                   "cp_recurrence": "scan", "cp_kv": "engines"}  # fmt: skip
+                                   "cp_recurrence": "scan", "cp_kv": "engines", "router": None}  # fmt: skip
         assert f["found_for"]["model"] == "tiny-kimi-k3" and f["found_for"]["topology"] == "h200x8-ib400"
         assert f["found_for"]["rank"] == entry["rank"]
 
@@ -315,10 +315,13 @@ def test_the_file_deployment_converts_to_and_from_the_mesh_at_the_edge():
     """`Deployment.from_mesh` / `to_mesh`: the planner's Mesh in, the same Mesh out, the file's fields as before."""
     from tpplan.mesh import Mesh
 
-    m = Mesh(8, pp=2, replicas=2, cp=4, cp_recurrence="serial", cp_layers="mla", cp_kv="sharded")
+    m = Mesh(
+        8, pp=2, replicas=2, cp=4, cp_recurrence="serial", cp_layers="mla", cp_kv="sharded", router="dp:total_requests"
+    )
     dep = Deployment.from_mesh(m)
     assert dep.to_mesh() == m
     assert dep.model_dump() == {"tp": 8, "pp": 2, "cp": 4, "replicas": 2, "ep": None, "moe": "tp", "cp_layers": "mla",
-                                "cp_recurrence": "serial", "cp_kv": "sharded"}  # fmt: skip
+                                "cp_recurrence": "serial", "cp_kv": "sharded",
+                                "router": "dp:total_requests"}  # fmt: skip
     assert dep.label() == "2x TP8xCP4xPP2 (cp-layers mla)"
     assert Deployment(tp=8, ep=2).to_mesh() == Mesh(8, ep=2)

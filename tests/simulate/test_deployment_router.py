@@ -181,3 +181,33 @@ def test_the_memos_flags_column_names_the_router():
     text = sgl[0].flags_text()
     assert text.startswith("`--tp-size 2") and "--policy cache_aware" in text
     assert "--dp-size 2`" in recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100"))[0].flags_text()
+
+
+def test_a_saved_plan_carries_its_router_into_audit(monkeypatch, capsys, tmp_path):
+    """`search --save` writes the router into the file's deployment; audit given the file runs behind it."""
+    code, _, err = _search(monkeypatch, capsys, tmp_path, "--router", "dp:total_requests", "--save",
+                           str(tmp_path / "found"))  # fmt: skip
+    assert code == 0, err
+    f = tmp_path / "found" / "plan-1.json"
+    assert json.loads(f.read_text())["deployment"]["router"] == "dp:total_requests"
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "--model", "tiny-llama", "--topology", "h100x8-ib400",
+                             "-w", str(tmp_path / "mixed.json"), "--plan", str(f), "--json", "-")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["plans"][0]["serving"]["settings"]["router"]["name"] == "dp:total_requests"
+
+
+def test_a_release_without_a_router_read_says_one_is_needed():
+    spec = load_model("tiny-llama")
+    pair = select_pair(["sglang@main@7665ff96"])
+    rec = recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100"), engines=pair)[0]
+    assert rec.router is None and "needs a request router in front of them" in rec.command()
+
+
+def test_the_cost_model_docs_table_lists_every_router_and_its_default():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cost-model.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith(("| SGLang 0.5.23 | `", "| vLLM 0.34.0"))]
+    named = [row.split("`")[1] for row in rows]
+    assert named == [r.name for key in ("sglang@0.5.23", "vllm@0.34.0") for r in replica_routers(key)]
+    assert [row.split("`")[1] for row in rows if "(default)" in row] == ["dp:round_robin", "dp:least_loaded"]

@@ -1,7 +1,7 @@
 """A saved plan carries its whole deployment into audit, explain, verify and report.
 
 `tpplan search --save` writes the deployment each plan was ranked at (TP, PP, CP and its layers, KV mode and
-recurrence, replicas; DP attention and overlap are the plan's own decisions) into its file
+recurrence, replicas and their request router; DP attention and overlap are the plan's own decisions) into its file
 (`tpplan.plans.files.Deployment`). A command given a plan file takes every deployment option it was not given
 from the file. A flag that differs from the file overrides it, with a note on stderr naming both (the file's
 decisions may be applied at another size, e.g. a slice or a tiny preset: the audit re-checks them there);
@@ -28,6 +28,7 @@ FLAG_OF = {
     "cp_recurrence": "--cp-recurrence",
     "cp_kv": "--cp-kv",
     "replicas": "--replicas",
+    "router": "--router",
 }
 
 

@@ -168,8 +168,8 @@ def audit_cmd(
     requests_asked = bool(workload) or asked(arrival_rate, trace, requests)
     predicting = requests_asked or pp != 1 or replicas != 1 or expert_dtype or nodes or crossover or pd
     sides, speculative = _check_asked(pd, engine, requests_asked, bool(topology or cluster), bool(predicting), spec)
-    d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence,
-                            "cp_layers": cp_layers, "cp_kv": cp_kv, "replicas": replicas})  # fmt: skip
+    d = resolve(ctx, plan, {"tp": tp, "pp": pp, "cp": cp, "cp_recurrence": cp_recurrence, "cp_layers": cp_layers,
+                            "cp_kv": cp_kv, "replicas": replicas, "router": router})  # fmt: skip
     tp, pp, cp, replicas = d["tp"], d["pp"], d["cp"], d["replicas"]  # type: ignore[assignment]
     cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
     _print_deployment_notes(d, bool(topology or cluster))  # a plan file's deployment, where no flag sets it
@@ -181,7 +181,7 @@ def audit_cmd(
         result = audit(model, _tp_of(tp, topo), redundant_plans(plan, ep_num_redundant_experts), dtype)
         print_plan_notes(pa.plan for pa in result.plans)
         mesh = Mesh(result.n, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence,
-                    cp_layers=cp_layers, cp_kv=cp_kv, router=router)  # fmt: skip
+                    cp_layers=cp_layers, cp_kv=cp_kv, router=str(d["router"]) if d["router"] else None)  # fmt: skip
         predictions = _predict(result, topo, mesh, wl, expert_dtype, engine, say) if topo is not None else None
         data: dict[str, Any] = to_json(result, predictions)
         arrivals = _serve(data, result, topo, arrival, wl, mesh, expert_dtype, sides, engine, say, speculative)

@@ -201,6 +201,8 @@ def register(app: typer.Typer) -> None:
         saved = file_deployment(plan)  # a plan file is priced at its whole deployment (report/analysis.py)
         if saved is not None and not flag_given(ctx, "cp_kv"):
             cp_kv = saved[1].cp_kv  # and at the KV mode it was ranked with
+        if saved is not None and not flag_given(ctx, "router"):
+            router = saved[1].router  # and behind the request router it was ranked with
         reps = replica_count(replicas)
         speculative = speculative_of(spec, True)  # the memo always has workloads
         if speculative is not None and ttft_target is None and tpot_target is None and json_target is None:

@@ -273,6 +273,8 @@ def register(app: typer.Typer) -> None:
             data["cp_layers"] = cp_layers
         if cp_kv != "engines":  # tpplan's own KV accounting under CP, asked for
             data["cp_kv"] = cp_kv
+        if router is not None:  # the replicas' request router, asked for (tpplan.engines.routing)
+            data["router"] = router
         check_json_target(json_target, *saved)  # again, together: either may have changed during the search
         to_stdout = emit_json(json_target, data)
         if not to_stdout:

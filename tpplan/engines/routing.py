@@ -3,8 +3,9 @@ the engine release's records (`SchedulerRules.replica_routers`, each with its so
 consumer: the launch lines start it (`launch_header`: the in-process router's flags, or the external router in
 front of R servers), and the serving loop runs its policy (`tpplan.simulate.engine.engine_loop`, whose TTFT audit,
 search and report all take). `Mesh.router` names the choice (`--router`); None is the release's default, its
-first record. A release whose routers tpplan has not read gets none: its loop deals round-robin, said as an
-assumption, and its launch lines say that a router must be put in front of the servers."""
+first record. A release whose routers tpplan has not read gets none: its launch lines say that a router must be
+put in front of the servers (a loop on such a release, were its scheduler read, would deal round-robin:
+`LoopConfig.router`'s default)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def launch_header(
         return args, ""
     if router is None:
         return args, (f"{instances} servers, each on GPUs of its own; needs a request router in front of them "
-                      "(none read for this engine version; the loop assumed round-robin)")  # fmt: skip
+                      "(none read for this engine version)")  # fmt: skip
     flags = router.launch_flags(instances)
     taken = {a.split()[0] for a in args}
     if flags and not taken & {f.split()[0] for f in flags}:

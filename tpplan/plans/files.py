@@ -105,17 +105,20 @@ class Deployment(_Strict):
     cp_layers: Literal["all", "mla"] = "all"  # which layers CP token-shards ("mla": CP inside the TP group)
     cp_recurrence: Literal["scan", "serial"] = "scan"  # linear attention's state hand-off under CP
     cp_kv: Literal["engines", "sharded"] = "engines"  # the KV a CP rank keeps (engines.context_parallel)
+    router: str | None = None  # the replicas' request router (`--router`; None: the engine release's default)
 
     def to_mesh(self) -> Mesh:
         """The mesh the file's deployment is (the edge between the file format and the planner)."""
         return Mesh(self.tp, pp=self.pp, ep=self.ep, replicas=self.replicas, cp=self.cp,
-                    cp_recurrence=self.cp_recurrence, cp_layers=self.cp_layers, cp_kv=self.cp_kv)  # fmt: skip
+                    cp_recurrence=self.cp_recurrence, cp_layers=self.cp_layers, cp_kv=self.cp_kv,
+                    router=self.router)  # fmt: skip
 
     @classmethod
     def from_mesh(cls, mesh: Mesh) -> Deployment:
         """The file's deployment for `mesh` (EP and the MoE mode are the plan's: `plan_file_data` sets them)."""
         sizes = {"tp": mesh.tp, "pp": mesh.pp, "cp": mesh.cp, "replicas": mesh.replicas}
-        modes = {"cp_layers": mesh.cp_layers, "cp_recurrence": mesh.cp_recurrence, "cp_kv": mesh.cp_kv}
+        modes = {"cp_layers": mesh.cp_layers, "cp_recurrence": mesh.cp_recurrence, "cp_kv": mesh.cp_kv,
+                 "router": mesh.router}  # fmt: skip
         return cls.model_validate({**sizes, **modes})
 
     def label(self) -> str:
