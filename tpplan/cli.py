@@ -66,6 +66,7 @@ FLAG_OF = {
     "iters": "--iters",
     "warmup": "--warmup",
     "kernels": "--kernels",
+    "overhead": "--overhead",
     "kernels_from": "--kernels-from",
     "target_topology": "--target-topology",
     "nproc": "--nproc",
@@ -76,6 +77,7 @@ FLAG_OF = {
     "target_stat": "--target-stat",
     "redundant_experts": "--ep-num-redundant-experts",
     "spec_method": "--spec",
+    "spec_draft": "--spec DRAFT",
 }
 _NAMES = "|".join(sorted(FLAG_OF, key=len, reverse=True))
 # a value runs to the next space, or to a `/` that starts the next field (`iters=/warmup=`)

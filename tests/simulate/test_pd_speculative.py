@@ -11,6 +11,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from tests.simulate.test_decode_json_docs import DOCS, _block, _documented
+from tests.simulate.test_speculative import EAGLE3
 from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.draft import draft_memory
 from tpplan.cost.kv_capacity import kv_capacity
@@ -131,9 +132,12 @@ def test_audit_pd_json_carries_the_prefill_servers_draft(monkeypatch, capsys, tm
 
 
 def test_audit_pd_refuses_what_vllms_connector_refuses(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """An EAGLE draft of tiny-llama's (plain attention) under tiny-deepseek-v3's MLA, prefill TP 2 into decode
-    TP 1 on vLLM: one line, exit 2, naming the gate."""
+    """An EAGLE-3 draft of plain (GQA) attention at tiny-deepseek-v3's hidden size and vocabulary under its MLA,
+    prefill TP 2 into decode TP 1 on vLLM: one line, exit 2, naming the gate."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps(EAGLE3))
     code, _, err = _pd(monkeypatch, capsys, tmp_path, "--pd", "tp2:tp1:1:1", "--engine", "vllm@0.34.0", "--spec",
-                       "eagle:3:2:tiny-llama")  # fmt: skip
+                       f"eagle:3:2:{draft}")  # fmt: skip
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "_validate_remote_agent_handshake" in err and "--pd" in err

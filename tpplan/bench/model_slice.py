@@ -131,6 +131,8 @@ def build_slice(
     moe_specs = [layer.mlp for layer in picked if isinstance(layer.mlp, MoESpec)]
     kept: int | None = None
     top_k: int | None = None
+    if experts is not None and not moe_specs:
+        raise TpplanError(f"experts={experts}", "the layers run hold no routed experts", "drop experts=")
     if moe_specs:
         most = max(m.experts for m in moe_specs)
         kept = most if experts is None else experts

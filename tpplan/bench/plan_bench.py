@@ -61,6 +61,9 @@ def run_bench(cfg: BenchConfig) -> list[PlanBench] | None:
     backend = resolve_backend(cfg.backend)
     if backend not in ("nccl", "gloo"):
         raise TpplanError(f"backend={cfg.backend}", "unknown backend", "use nccl, gloo or auto")
+    if cfg.overhead and backend != "nccl":
+        raise TpplanError("overhead=", f"times how long the GPU waits on the host, and this run has no GPU "
+                          f"(backend {backend})", "run it on GPUs (backend nccl) or drop overhead=")  # fmt: skip
     wl, _ = check_inputs(cfg, world)
     act_dtype(cfg, backend)
     if backend == "nccl" and not under_torchrun():

@@ -134,6 +134,7 @@ class Fabric(Strict):
     curves: list[CollectiveCurve] = Field(default_factory=list)
     imex_channel: bool | None = Field(
         default=None,
+        strict=True,  # true or false, not "yes" or 1: a TOML/JSON boolean
         description="whether a server's process on these nodes can open an IMEX channel "
         "(/dev/nvidia-caps-imex-channels/channel*), which NVLink fabric memory handles need (GB200/GB300 NVL72 "
         "class racks); vLLM 0.34.0's P/D servers keep the extensible KV cache only with one. None: not stated, "

@@ -17,11 +17,12 @@ from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.segments import Segments
 from tpplan.engines.speculative import Speculative, prefill_draft_passes
+from tpplan.errors import TpplanError
 from tpplan.layout.propagate import LayerResult
 from tpplan.mesh import Mesh
 from tpplan.models.config import list_presets, load_config_dict, load_model
 from tpplan.models.graph import build_model_graph
-from tpplan.models.spec import AttnSpec
+from tpplan.models.spec import AttnSpec, ModelSpec
 from tpplan.plans.named import make_plan
 
 NORMS = 3  # a nextn layer's enorm, hnorm and shared_head.norm, one hidden-wide weight each
@@ -68,11 +69,46 @@ class DraftPass:
 
 def eagle_config(spec: Speculative) -> dict[str, object] | None:
     """The EAGLE draft's config where DRAFT names one tpplan can read (a preset, a config.json, a checkpoint
-    folder); None for a hub name (tpplan reads no hub)."""
+    folder); None for a hub name (tpplan reads no hub). A DRAFT written as a local path that is not there is
+    refused, not taken for a hub name; a config that cannot be read is refused naming DRAFT."""
     name = spec.draft_model
-    if spec.method != "eagle" or name is None or (name not in list_presets() and not Path(name).exists()):
+    if spec.method != "eagle" or name is None:
         return None
-    return load_config_dict(name)[0]
+    where = f"spec_draft={name}"
+    if name not in list_presets() and not Path(name).exists():
+        if _local_path(name):
+            raise TpplanError(where, "no such file or folder", "give an existing config.json or checkpoint folder")
+        return None
+    if Path(name).is_dir() and not (Path(name) / "config.json").exists():
+        raise TpplanError(where, "is a folder without config.json", "give the draft checkpoint's folder")
+    try:
+        return load_config_dict(name)[0]
+    except TpplanError as err:
+        raise _as_draft(err, name) from None
+
+
+def _local_path(name: str) -> bool:
+    """Whether DRAFT is written as a local path, not a hub name (`org/name`): absolute or relative to `.`
+    or `~`, a .json file, more than one `/` or ending in one."""
+    return name.startswith(("/", ".", "~")) or name.endswith((".json", "/")) or name.count("/") > 1
+
+
+def _as_draft(err: TpplanError, name: str) -> TpplanError:
+    """`err` from reading or planning the draft, naming DRAFT (the library names the file it read)."""
+    if err.where.startswith(f"spec_draft={name}"):
+        return err
+    detail = err.where.removeprefix(name).removeprefix("/config.json").removeprefix(":").strip()
+    return TpplanError(f"spec_draft={name}", f"{detail}: {err.reason}" if detail else err.reason, err.fix)
+
+
+def check_draft_fits(raw: dict[str, object], draft: ModelSpec, target: ModelSpec, name: str) -> None:
+    """The EAGLE draft reads the target's hidden states (its fc, `target_hidden_size`, else its own hidden)
+    and shares the target's embedding and tokens (vocab_size): both must be the target's."""
+    hidden = _int(raw, "target_hidden_size", draft.hidden)
+    for what, got, want in (("target hidden size", hidden, target.hidden), ("vocab_size", draft.vocab, target.vocab)):
+        if got != want:
+            raise TpplanError(f"spec_draft={name}", f"its {what} is {got}, the target {target.name}'s is {want}",
+                              f"give a draft trained for {target.name}")  # fmt: skip
 
 
 def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
@@ -86,8 +122,12 @@ def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
         memory = mtp_memory(p) if spec.method == "mtp" else None
         return DraftPass(p, layers, 2 * model.hidden, model.hidden, model.vocab, memory)
     assert spec.draft_model is not None
-    graph = build_model_graph(load_model(spec.draft_model))
-    d = cached_predictor(graph, make_plan("baseline", graph, p.tp), p.topo, Mesh(p.tp), p.dtype, None)
+    try:
+        graph = build_model_graph(load_model(spec.draft_model))
+        check_draft_fits(raw, graph.spec, model, spec.draft_model)
+        d = cached_predictor(graph, make_plan("baseline", graph, p.tp), p.topo, Mesh(p.tp), p.dtype, None)
+    except TpplanError as err:
+        raise _as_draft(err, spec.draft_model) from None
     eagle3 = "eagle3" in str(raw.get("architectures", "")).lower()
     fc_in = (_int(raw, "num_aux_hidden_states", EAGLE3_AUX) if eagle3 else 2) * _int(raw, "target_hidden_size",
                                                                                       model.hidden)  # fmt: skip

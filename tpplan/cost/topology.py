@@ -226,7 +226,8 @@ def load_topology(
         data = {**cdata, **{k: v for k, v in data.items() if k != "cluster"}, "cluster_preset": data["cluster"]}
         data.setdefault("name", data["cluster_preset"])
     if cluster is not None and cluster != data.get("cluster_preset"):
-        cdata, _ = _cluster_data(cluster)
+        cdata, cwhere = _cluster_data(cluster)
+        validate(Cluster, {k: v for k, v in cdata.items() if k not in ("gpu_preset", "cluster_preset")}, cwhere)
         kept = {k: v for k, v in data.items() if k not in CLUSTER_FIELDS}
         fabric = {k: v for k, v in cdata.items() if k in CLUSTER_FIELDS}
         name = f"{data.get('name', cluster)}@{Path(cluster).stem}"

@@ -170,11 +170,26 @@ def _share(op: Op, strategy: Strategy, n: int, split: str) -> float:
     return 1.0  # runs on every token on every rank: redundant
 
 
+def _check_copies(plan: Plan, logical: int, n: int) -> None:
+    """Refuse more redundant experts than copies of every expert on every other rank of the EP group
+    (logical x (EP - 1)): past that a rank holds two copies of one expert, which balances nothing."""
+    group = (plan.ep_size or 1) if plan.moe == "ep" else n
+    most = logical * (group - 1)
+    if plan.redundant_experts > most:
+        raise TpplanError(
+            f"plan '{plan.name}' (tp={n})",
+            f"{plan.redundant_experts} redundant experts over an EP group of {group} put more than the model's "
+            f"{logical} experts on a rank (copies of one expert on one rank)",
+            f"use at most {most} redundant experts (redundant_experts={most}: every rank holds every expert)",
+        )
+
+
 def check_divisible(lg: LayerGraph, plan: Plan, n: int) -> None:
     """Raise a clear error when a weight that the plan splits by head cannot be split over N ranks."""
     for op in lg.ops:
         qual = f"{lg.kind}/{op.role}"
         if op_kind(op.kind).routed_experts:
+            _check_copies(plan, op.int_attr("experts"), n)
             experts = plan.physical_experts(op.int_attr("experts"))
             named = f"{experts} experts" if not plan.redundant_experts else f"{experts} physical experts"
             if plan.moe == "ep":

@@ -396,6 +396,7 @@ def search_plans(
                redundant_experts=redundant_experts)  # fmt: skip
     _check_asked(s, ask)
     grid = search_grid(graph, topology, ask, workload, objective)
+    _check_copies(s, grid)
     searched = _search_all(s, grid, say)
     return _outcome(s, ask, grid, searched, time.perf_counter() - t0, say)
 
@@ -424,6 +425,18 @@ def _check_asked(s: Setup, ask: MeshAsk) -> None:
     if objective == "volume" and ask.cp not in (None, 1):
         raise TpplanError(f"cp={ask.cp}", "context parallelism is priced in time, not bytes per token",
                           "drop cp or rank by time")  # fmt: skip
+
+
+def _check_copies(s: Setup, grid: list[Mesh]) -> None:
+    """Redundant experts past every expert on every rank of the widest EP group searched (the TP size) fit
+    no plan (`layout.propagate` refuses each): refused here rather than searching without them."""
+    from tpplan.models.spec import MoESpec
+
+    experts = [layer.mlp.experts for layer in s.graph.spec.layers if isinstance(layer.mlp, MoESpec)]
+    most = min(experts, default=0) * (max((m.tp for m in grid), default=1) - 1)
+    if s.redundant_experts > most:
+        raise TpplanError(f"redundant_experts={s.redundant_experts}", f"puts more than the {min(experts)} "
+                          "experts on a rank of every EP group searched", f"give at most {most}")  # fmt: skip
 
 
 def _outcome(
