@@ -258,3 +258,26 @@ def test_bench_refuses_what_this_run_cannot_do_before_starting_ranks(tmp_path, e
         pytest.skip("a GPU is here: the overhead is measured")
     out = str(tmp_path / "bench.json")
     refused(tmp_path, "bench", "-m", "tiny-llama", "-p", "baseline", "-o", out, *extra, says=says)
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        ((*REPORT, "-o", "-"), "--out"),
+        ((*REPORT, "--json", "-", "-o", "-"), "--out"),
+        (("search", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--save", "-"), "--save"),
+    ],
+)
+def test_dash_is_standard_output_for_json_only(tmp_path, monkeypatch, args, option) -> None:  # type: ignore[no-untyped-def]
+    """`-` names standard output (`--json -`); as a folder or another file output it made a folder named '-'."""
+    monkeypatch.chdir(tmp_path)
+    refused(tmp_path, *args, says=(f"error: {option} -: names standard output",))
+
+
+ROUTED = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "-w", WORKLOAD, "--replicas", "2")
+
+
+@pytest.mark.parametrize("router", ["bogus", "sglang-router:nope", "\x1b[2Jdp:x", ""])
+def test_an_unknown_router_is_one_line_naming_the_releases_routers(tmp_path, router) -> None:  # type: ignore[no-untyped-def]
+    line = refused(tmp_path, *ROUTED, "--router", router, says=("--router", "has no such request router"))
+    assert "\x1b" not in line and "sglang-router:cache_aware" in line

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 import tpplan.audit
-import tpplan.cost.predictor
+import tpplan.cost.plan_steps
 from tpplan.audit import Audits, _decisions_only
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
@@ -32,7 +32,7 @@ def audits_counted(monkeypatch):
         return real(graph, plan, n, dtype)
 
     monkeypatch.setattr(tpplan.audit, "audit_plan", counting)
-    monkeypatch.setattr(tpplan.cost.predictor, "audit_plan", counting)
+    monkeypatch.setattr(tpplan.cost.plan_steps, "audit_plan", counting)
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0}, raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     return calls

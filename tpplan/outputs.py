@@ -180,6 +180,9 @@ def _no_write_bits(path: Path) -> bool:
 def _check_name(option: str, path: Path) -> None:
     """Not one of tpplan's own bookkeeping files, and not a symbolic link (dangling or not)."""
     check_path(path, f"{option} {path}", "pass a shorter path")
+    if str(path) == "-":  # what `--json -` means; a file or folder named '-' would be a surprise
+        raise _error(option, path, "names standard output, which only --json writes to",
+                     "pass a file or folder path (`--json -` prints the JSON)")  # fmt: skip
     if path.name in _RESERVED:
         raise _error(option, path, f"is the name of tpplan's own record ({path.name})", "pass another file name")
     if path.is_symlink():

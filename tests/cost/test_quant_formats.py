@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpplan.cost import predictor
+from tpplan.cost import plan_steps
 from tpplan.cost.kernel_source import AttentionShape, CollectiveShape, GemmShape, KernelPrice, MoeShape
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.provenance import composed_provenance, provenance
@@ -47,7 +47,7 @@ class Recorder:
 
 
 def _priced(monkeypatch: pytest.MonkeyPatch, graph, rec: Recorder, tp: int = 8):
-    monkeypatch.setattr(predictor, "kernel_sources", lambda gpu, engine=None: (rec,))
+    monkeypatch.setattr(plan_steps, "kernel_sources", lambda gpu, engine=None: (rec,))
     # an engine name of its own per recorder: predictions are memoised per engine
     name = f"recorder-{id(rec)}"
     return predict_plan(graph, make_plan("baseline", graph, tp), TOPO, mesh=Mesh(tp), tokens=4096, engine=name)
