@@ -281,3 +281,24 @@ ROUTED = ("audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "-w", 
 def test_an_unknown_router_is_one_line_naming_the_releases_routers(tmp_path, router) -> None:  # type: ignore[no-untyped-def]
     line = refused(tmp_path, *ROUTED, "--router", router, says=("--router", "has no such request router"))
     assert "\x1b" not in line and "sglang-router:cache_aware" in line
+
+
+GPU = 'name = "H100 variant"\nbf16_tflops = 989.0\nfp8_tflops = 1979.0\nhbm_TBps = 2.4\nmemory_GiB = 79.6\n'
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("SELF", "that GPU model has no kernel models of its own"),  # was a RecursionError traceback
+        ("OTHER", "that GPU model has no kernel models of its own"),  # a cycle of two files, the same
+        ("h100-datasheet", "that GPU model has no kernel models of its own"),
+        ("nope", "no such preset or file"),
+    ],
+)
+def test_kernel_models_from_names_the_file_and_never_loops(tmp_path, source, says) -> None:  # type: ignore[no-untyped-def]
+    gpu, other = tmp_path / "gpu.toml", tmp_path / "other.toml"
+    named = {"SELF": str(gpu), "OTHER": str(other)}.get(source, source)
+    gpu.write_text(f"{GPU}kernel_models_from = {json.dumps(named)}\n")
+    other.write_text(f"{GPU}kernel_models_from = {json.dumps(str(gpu))}\n")
+    refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--gpu", str(gpu),
+            says=(f"{gpu}: kernel_models_from {named}:", says))  # fmt: skip

@@ -155,18 +155,25 @@ def _named_in(where: str, field: str, ref: str, load: Callable[[str], T]) -> T:
 def load_gpu(name_or_path: str) -> GpuSpec:
     """A GPU model preset (presets/gpus/) or file; a topology file gives its [gpu] table. One that names
     `kernel_models_from` and has no kernel models of its own gets that model's, scaled (`cost.gpu_inherit`)."""
-    return inherit_kernel_models(GpuSpec.model_validate(_gpu_data(name_or_path)))
+    return inherit_kernel_models(_own_gpu(name_or_path), name_or_path)
 
 
-def inherit_kernel_models(gpu: GpuSpec) -> GpuSpec:
-    """`gpu` with the kernel models of the measured GPU model it names (`kernel_models_from`), scaled to it."""
+def _own_gpu(name_or_path: str) -> GpuSpec:
+    """A GPU model as its file states it, without inherited kernel models."""
+    return GpuSpec.model_validate(_gpu_data(name_or_path))
+
+
+def inherit_kernel_models(gpu: GpuSpec, where: str) -> GpuSpec:
+    """`gpu` (read from `where`) with the kernel models of the measured GPU model it names
+    (`kernel_models_from`), scaled to it. The source's own models only: no chain, so no cycle."""
     if not gpu.kernel_models_from or gpu.kernel_models:
         return gpu
     from tpplan.cost.gpu_inherit import scaled_kernel_models
 
-    src = load_gpu(gpu.kernel_models_from)
+    src = _named_in(where, "kernel_models_from", gpu.kernel_models_from, _own_gpu)
     if not src.kernel_models:
-        raise TpplanError(f"kernel_models_from = {gpu.kernel_models_from!r}", "that GPU model has no kernel models",
+        raise TpplanError(f"{where}: kernel_models_from {gpu.kernel_models_from}",
+                          "that GPU model has no kernel models of its own",
                           "name a measured GPU model (e.g. h100-measured, h200-measured)")  # fmt: skip
     note = f"kernel models of {src.name} ({gpu.kernel_models_from}) scaled by HBM bandwidth and compute"
     prov = {k: note for k in ("attention", "moe", "recurrence", "elementwise")} | dict(gpu.provenance)
