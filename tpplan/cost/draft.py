@@ -15,7 +15,8 @@ from pathlib import Path
 from tpplan.audit import layer_weight_bytes
 from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor, cached_predictor
-from tpplan.engines.speculative import Speculative
+from tpplan.cost.segments import Segments
+from tpplan.engines.speculative import Speculative, prefill_draft_passes
 from tpplan.errors import TpplanError
 from tpplan.layout.propagate import LayerResult
 from tpplan.mesh import Mesh
@@ -169,26 +170,43 @@ def draft_rows(p: Predictor, tokens: int) -> int:
     return -(-tokens // p.tp) if p.plan.dp_attention else tokens
 
 
-def draft_pass_extras(p: Predictor, batch: int, width: int, one: DraftPass) -> float:
-    """Seconds of one draft pass beside its decoder layers, for `batch` requests of `width` tokens: the
-    projection into the draft (eh_proj or fc, `fc_in` -> hidden, every rank whole) over the pass's tokens, and
-    the lm_head (vocab-parallel over TP) over one token per request, with the logits' all-gather over TP."""
+def draft_pass_extras(p: Predictor, requests: int, tokens: int, one: DraftPass) -> float:
+    """Seconds of one draft pass beside its decoder layers, for `requests` requests of `tokens` tokens in all:
+    the projection into the draft (eh_proj or fc, `fc_in` -> hidden, every rank whole) over the pass's tokens,
+    and the lm_head (vocab-parallel over TP) over one token per request, with the logits' all-gather over TP."""
     h, fc_in, head_vocab = one.hidden, one.fc_in, one.head_vocab
-    fc = p.kernels.gemm_seconds(draft_rows(p, batch * width), fc_in, h)
-    head = p.kernels.gemm_seconds(batch, h, -(-head_vocab // p.tp))
+    fc = p.kernels.gemm_seconds(draft_rows(p, tokens), fc_in, h)
+    head = p.kernels.gemm_seconds(requests, h, -(-head_vocab // p.tp))
     gather = 0.0
     if p.tp > 1:
-        est = price_collective("all_gather", batch * head_vocab * p.b, p.tp, p.topo, ranks_per_node=p.rpn,
+        est = price_collective("all_gather", requests * head_vocab * p.b, p.tp, p.topo, ranks_per_node=p.rpn,
                                sources=p.comms.sources)  # fmt: skip
         gather = est.time_s
     return fc + head + gather
 
 
+def segments_pass_seconds(p: Predictor, one: DraftPass, segs: Segments) -> float:
+    """One draft pass over `segs` ((tokens, context) per request): its layers and extras."""
+    layers = sum(one.predictor.kind_time(r, segs).total_s for r in one.layers)
+    return layers + draft_pass_extras(p, len(segs), sum(n for n, _ in segs), one)
+
+
 def pass_seconds(p: Predictor, one: DraftPass, batch: int, width: int, context: int) -> float:
     """One draft pass of `batch` requests of `width` tokens at `context`: its layers and extras."""
-    segs = ((width, context),) * batch
-    layers = sum(one.predictor.kind_time(r, segs).total_s for r in one.layers)
-    return layers + draft_pass_extras(p, batch, width, one)
+    return segments_pass_seconds(p, one, ((width, context),) * batch)
+
+
+def prefill_draft_seconds(p: Predictor, spec: Speculative, segs: Segments, one: DraftPass | None = None) -> float:
+    """The draft a prefill step of `segs` runs on the last stage where the server drafts (a P/D prefill server of a
+    speculative decode pool, `tpplan.engines.speculative.PD_PREFILL_SOURCES`): one pass over the step's tokens
+    (SGLang's draft extend, vLLM's draft prefill), then vLLM's k - 1 one-token passes per request at its context
+    after the step (`prefill_draft_passes`)."""
+    one = one if one is not None else draft_pass(p, spec)
+    seconds = segments_pass_seconds(p, one, segs)
+    passes = prefill_draft_passes(p.pipeline.engine, spec)
+    if passes:
+        seconds += passes * segments_pass_seconds(p, one, tuple((1, c + n) for n, c in segs))
+    return seconds
 
 
 def draft_step_seconds(
@@ -204,4 +222,5 @@ def draft_step_seconds(
 
 
 __all__ = ["DraftMemory", "DraftPass", "draft_memory", "draft_pass", "draft_pass_extras", "draft_rows",
-           "draft_step_seconds", "eagle_config", "mtp_memory", "pass_seconds"]  # fmt: skip
+           "draft_step_seconds", "eagle_config", "mtp_memory", "pass_seconds", "prefill_draft_seconds",
+           "segments_pass_seconds"]  # fmt: skip

@@ -36,6 +36,7 @@ from typing import Literal
 
 from tpplan.engines.schema import Source
 from tpplan.errors import TpplanError
+from tpplan.mesh import Mesh
 from tpplan.models.spec import ModelSpec
 
 Method = Literal["mtp", "eagle"]
@@ -139,6 +140,42 @@ VLLM_EAGLE = Source(
     "embedding and lm_head unless the checkpoint holds its own (models/utils.py process_eagle_weight)",
     "0.34.0 (PyPI wheel)",
 )
+SGLANG_PD_PREFILL = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/disaggregation/prefill.py",
+    "SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill: under EAGLE/NEXTN the prefill server "
+    "keeps each request's first draft top-k and draft hidden state for the decode server, which takes them as its "
+    "first draft input (decode.py DecodeTransferQueue._commit_transfer_to_req; managers/scheduler.py "
+    "Scheduler.init_disaggregation sizes that metadata at the draft's hidden size only under EAGLE, 16 floats "
+    "otherwise); PrefillBootstrapQueue._init_kv_manager appends the draft worker's KV pool to the buffers sent; "
+    "speculative/eagle_worker_v2.py EAGLEWorkerV2._forward_prefill_batch runs one draft extend over the prompt's "
+    "tokens after the target's prefill (EagleDraftWorker._draft_extend_for_prefill)",
+    "0.5.23 (PyPI wheel)",
+)
+VLLM_PD_PREFILL = Source(
+    "vllm-project/vllm",
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py",
+    "compute_nixl_compatibility_hash: _get_speculative_compatibility_factors hashes a hidden-state speculator's "
+    "method and draft model (EAGLE, MTP), and nixl/base_worker.py NixlBaseConnectorWorker._nixl_handshake raises "
+    "on a mismatch (enforce_handshake_compat defaults to true); the draft's attention layers are regions the "
+    "connector sends beside the target's (_get_head_sharded_draft_regions: 'draft_model.' regions); "
+    "v1/worker/gpu/model_runner.py GPUModelRunner.sample_tokens runs speculator.propose after every step, a "
+    "prefill server's too (a draft prefill over the step's tokens and num_speculative_steps - 1 one-token steps)",
+    "0.34.0 (PyPI wheel)",
+)
+VLLM_PD_DRAFT_GATE = Source(
+    "vllm-project/vllm",
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py",
+    "NixlBaseConnectorWorker._validate_remote_agent_handshake: a non-MLA draft under an MLA target (its KV "
+    "head-sharded, _resolve_head_sharded_draft_kv_heads) raises NotImplementedError where the decode side's TP is "
+    "below the prefill side's (tp_ratio < 0, kv_connector/utils.py TpKVTopology.tp_ratio)",
+    "0.34.0 (PyPI wheel)",
+)
+PD_PREFILL_SOURCES = {"sglang": SGLANG_PD_PREFILL, "vllm": VLLM_PD_PREFILL}
+PREFILL_DRAFT_DECODES = {"sglang": False, "vllm": True}
+"""Whether a prefill step's draft runs its k - 1 one-token passes after the pass over the step's tokens: SGLang's
+draft extend for prefill proposes from the one pass (`SGLANG_PD_PREFILL`), vLLM's speculator runs every step's
+whole propose (`VLLM_PD_PREFILL`)."""
 SOURCES = {
     "sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP, SGLANG_DRAFT_MEMORY, SGLANG_TREE, SGLANG_LOGITS, SGLANG_EAGLE),
     "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS, VLLM_EAGLE),
@@ -154,6 +191,11 @@ NOT_MODELLED = (
     "layer cell: the same where a stage's layers cache alike; vLLM: an EAGLE draft's own); under PP the draft's "
     "weights are on the last stage without an embedding of their own (SGLang's PP draft keeps a copy, "
     "speculative/pp_draft_embedding.py)",
+)
+PD_NOT_MODELLED = (
+    "speculative decoding in P/D: the prefill server's per-request metadata for the decode server (SGLang: the "
+    "draft's hidden state and first top-k) is not in the hand-off's bytes; SGLang's running-request cap of 48 "
+    "under speculative decoding on the prefill server (its launch line gives none) does not cap a prefill step"
 )
 EAGLE_NOT_MODELLED = (
     "speculative decoding: the EAGLE draft checkpoint's config is not read (DRAFT is no preset, config.json or "
@@ -241,13 +283,37 @@ def sources(engine: str) -> tuple[Source, ...]:
     return SOURCES[_name(engine)]
 
 
+def prefill_draft_passes(engine: str, spec: Speculative) -> int:
+    """One-token draft passes a prefill step runs per request after its pass over the step's tokens
+    (`PREFILL_DRAFT_DECODES`): vLLM's k - 1, SGLang's none."""
+    return spec.draft_tokens - 1 if PREFILL_DRAFT_DECODES[_name(engine)] else 0
+
+
+def check_pd_draft(engine: str, prefill: Mesh, decode: Mesh, target_latent: bool, draft_latent: bool) -> None:
+    """Refuse what the engine's P/D connector refuses for a speculative decode pool (`VLLM_PD_DRAFT_GATE`): on
+    vLLM, a draft caching plain attention under a latent-KV (MLA) target where the decode TP is below the
+    prefill TP."""
+    if _name(engine) == "vllm" and target_latent and not draft_latent and decode.tp < prefill.tp:
+        raise TpplanError(
+            f"pd=tp{prefill.tp}:tp{decode.tp}",
+            "vLLM 0.34.0's NixlConnector refuses a non-MLA draft's KV under an MLA target when the decode TP is below "
+            "the prefill TP (nixl/base_worker.py NixlBaseConnectorWorker._validate_remote_agent_handshake)",
+            "give the decode pool a TP at least the prefill pool's, or use an MLA draft (mtp)",
+        )
+
+
 __all__ = [
     "EAGLE_NOT_MODELLED",
     "EAGLE_READ_NOT_MODELLED",
     "NOT_MODELLED",
+    "PD_NOT_MODELLED",
+    "PD_PREFILL_SOURCES",
+    "PREFILL_DRAFT_DECODES",
     "SOURCES",
     "Speculative",
+    "check_pd_draft",
     "launch_flags",
+    "prefill_draft_passes",
     "running_cap",
     "sources",
 ]

@@ -144,7 +144,8 @@ def with_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]
 
 def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, running: int | None) -> list[PoolLaunch]:
     """Both engines' launch lines for one pool: the recipe's flags for the plan at its mesh, the memory flags and,
-    for a pool that decodes under `--spec`, the speculative-decoding flags (the cap stays the memory flags')."""
+    under `--spec`, the speculative-decoding flags (the cap stays the memory flags'); a P/D prefill pool is launched
+    with its decode pool's draft, which it loads and runs (`tpplan.engines.speculative.PD_PREFILL_SOURCES`)."""
     from dataclasses import replace
 
     from tpplan.cost.predictor import cached_predictor
@@ -173,7 +174,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
         from tpplan.cost.draft import draft_memory
         from tpplan.cost.kv_capacity import kv_capacity
 
-        draft = draft_memory(p, spec if pool != "prefill" else None)  # a decoding pool's draft is in its memory
+        draft = draft_memory(p, spec)  # the draft is in every pool's memory, a P/D prefill server's too
         try:
             kv = kv_capacity(p, ev.key, pd=pool != "aggregated", draft=draft)
         except TpplanError as err:
@@ -183,7 +184,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
             continue
         flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
         flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
-        flags += launch_flags(ev.key, spec) if spec is not None and pool != "prefill" else ()
+        flags += launch_flags(ev.key, spec) if spec is not None else ()
         try:  # the aggregated pool's replicas behind the deployment's request router; a P/D pool behind its P/D router
             router = replica_router(ev.key, outcome.router) if pool == "aggregated" else pd_pool_router(ev.key)
         except TpplanError as err:  # a router the other engine version does not have

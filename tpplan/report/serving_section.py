@@ -45,7 +45,8 @@ def speculative_text(sp: Speculative) -> str:
 
     return (f"Decode steps are speculative (`--spec`): {sp.method}, {sp.draft_tokens} draft token(s) per step, the "
             f"target verifying {sp.verify_tokens} per request and each request gaining {sp.accepted:g} token(s) per "
-            "step (an input, not predicted); the decoding pools' launch lines carry the flags. Left out: "
+            "step (an input, not predicted); every pool's launch lines carry the flags (a P/D prefill server loads and "
+            "runs the decode pool's draft). Left out: "
             + "; ".join(NOT_MODELLED) + ".")  # fmt: skip
 
 

@@ -30,10 +30,12 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from tpplan.cost.collective_pricer import price_collective
-from tpplan.cost.draft import draft_memory
+from tpplan.cost.draft import DraftMemory, draft_memory
 from tpplan.cost.predictor import Predictor
-from tpplan.engines.speculative import Speculative
+from tpplan.engines.speculative import PD_NOT_MODELLED as SPEC_PD_NOT_MODELLED
+from tpplan.engines.speculative import PD_PREFILL_SOURCES, Speculative, check_pd_draft, prefill_draft_passes
 from tpplan.errors import TpplanError
+from tpplan.models.opkinds import mixer
 from tpplan.simulate.disagg_loop import (
     DisaggRun,
     HandoffRule,
@@ -44,7 +46,7 @@ from tpplan.simulate.disagg_loop import (
 )
 from tpplan.simulate.engine import EngineLoop, decode_conditions, engine_loop
 from tpplan.simulate.pd import kv_bytes_per_rank
-from tpplan.simulate.prices import CachedPrices, context_grid, predictor_prices
+from tpplan.simulate.prices import CachedPrices, context_grid, predictor_prices, prefill_server_prices
 from tpplan.simulate.requests import Arrivals, Request
 from tpplan.simulate.results import LoopResult
 from tpplan.simulate.serving import replica_kv
@@ -110,10 +112,26 @@ class DisaggDeployment:
             raise TpplanError(f"engines={self.prefill.engine},{self.decode.engine}",
                               "a P/D deployment runs one engine's connector",
                               "give both pools the same engine")  # fmt: skip
+        if self.speculative is not None:
+            self._check_draft(self.speculative)
         topo = self.prefill.predictor.topo
         if self.gpus > topo.world_size:
             raise TpplanError(f"instances={self.ratio}", f"needs {self.gpus} GPUs, {topo.name} has {topo.world_size}",
                               "use fewer instances or a cluster with more nodes")  # fmt: skip
+
+    @property
+    def speculative(self) -> Speculative | None:
+        """The decode pool's speculative decoding, which the prefill servers are launched with too: both engines'
+        decode servers take the draft's state from the prefill side (`engines.speculative.PD_PREFILL_SOURCES`)."""
+        return self.decode.speculative
+
+    def _check_draft(self, spec: Speculative) -> None:
+        """What the engine's connector refuses for a drafting pair (`tpplan.engines.speculative.check_pd_draft`)."""
+        pp = self.prefill.predictor
+        draft = draft_memory(pp, spec)
+        latent = [mixer(layer.attn.kind).latent_kv for layer in pp.graph.spec.layers]
+        draft_latent = latent[-1] if draft is None or draft.attn is None else mixer(draft.attn.kind).latent_kv
+        check_pd_draft(self.prefill.engine, pp.deployment, self.decode.predictor.deployment, any(latent), draft_latent)
 
     @property
     def gpus(self) -> int:
@@ -144,7 +162,11 @@ class _Pools:
     prefill_prices: CachedPrices
     decode_prices: CachedPrices
     kv_label: str | None
-    built_from: tuple[Predictor, Predictor]  # whose graphs and topologies a hit must equal (`Predictor.built_on`)
+    built_from: tuple[Predictor, Predictor]
+    drafts: tuple[DraftMemory | None, DraftMemory | None] = (
+        None,
+        None,
+    )  # each side's draft (its KV is sent)  # whose graphs and topologies a hit must equal (`Predictor.built_on`)
 
 
 # Per both pools' `Predictor.key`, chunks, fixed costs and speculation, all by value.
@@ -168,7 +190,9 @@ def _pools(dep: DisaggDeployment, fixed_costs: bool = True) -> _Pools:
                       max_running=running, kv_tokens=pool, speculative=spec)  # fmt: skip
     if len(_POOLS) > 64:
         _POOLS.clear()
-    out = _POOLS[key] = _Pools(pre, dec, predictor_prices(pp), predictor_prices(dp, spec), label, (pp, dp))
+    drafts = (draft_memory(pp, spec), draft_memory(dp, spec))
+    out = _POOLS[key] = _Pools(pre, dec, prefill_server_prices(pp, spec), predictor_prices(dp, spec), label, (pp, dp),
+                               drafts)  # fmt: skip
     return out
 
 
@@ -176,9 +200,10 @@ def handoff_seconds(dep: DisaggDeployment, prompt_tokens: int) -> float:
     """Seconds one prompt's KV takes between the two meshes: each rank sends its share to its peer, all ranks
     at once, so the larger share per rank (the prefill rank's, or the decode rank's where the decode mesh is
     narrower) crosses one point-to-point link (`price_collective`, "send_recv"; between nodes unless the whole
-    deployment sits on one node)."""
+    deployment sits on one node). Under speculative decoding the draft's KV goes with the target's."""
     pp, dp = dep.prefill.predictor, dep.decode.predictor
-    nbytes = max(kv_bytes_per_rank(pp, prompt_tokens), kv_bytes_per_rank(dp, prompt_tokens))
+    drafts = _pools(dep).drafts if dep.speculative is not None else (None, None)
+    nbytes = max(kv_bytes_per_rank(pp, prompt_tokens, drafts[0]), kv_bytes_per_rank(dp, prompt_tokens, drafts[1]))
     return price_collective("send_recv", nbytes, 2, pp.topo, ranks_per_node=2 if dep.one_node() else 1).time_s
 
 
@@ -358,8 +383,17 @@ class DisaggResult:
             "binding": self.binding,
             "binding_text": self.binding_text(),
             "sources": [s.cite() for s in (*rule.sources, *router_sources(rule))],
-            "conditions": [*self.notes, *PD_NOT_MODELLED, *decode_conditions(dep.decode.speculative)],
-            **({"speculative": spec_json(dep.decode)} if dep.decode.speculative is not None else {}),
+            "conditions": [
+                *self.notes,
+                *PD_NOT_MODELLED,
+                *decode_conditions(dep.decode.speculative),
+                *((SPEC_PD_NOT_MODELLED,) if dep.speculative is not None else ()),
+            ],
+            **(
+                {"speculative": {**spec_json(dep.decode), "prefill_server": prefill_server_json(dep)}}
+                if dep.speculative is not None
+                else {}
+            ),
         }
 
 
@@ -368,6 +402,20 @@ def spec_json(pool: PoolSpec) -> dict[str, object]:
     assert pool.speculative is not None
     draft = draft_memory(pool.predictor, pool.speculative)
     return {**pool.speculative.to_json(), "draft": None if draft is None else draft.to_json()}
+
+
+def prefill_server_json(dep: DisaggDeployment) -> dict[str, object]:
+    """The prefill servers under the decode pool's speculative decoding, launched with its flags: the draft
+    they load (its memory on a prefill rank), their KV pool with it, the draft passes each step runs
+    (`tpplan.engines.speculative.prefill_draft_passes`) and where that was read."""
+    spec = dep.speculative
+    assert spec is not None
+    draft = _pools(dep).drafts[0]
+    _, label = replica_kv(dep.prefill.predictor, pd=True, speculative=spec)
+    engine = dep.prefill.engine
+    return {"draft": None if draft is None else draft.to_json(), "kv_capacity": label,
+            "draft_passes_per_step": 1 + prefill_draft_passes(engine, spec),
+            "sources": [PD_PREFILL_SOURCES[engine.split("@")[0]].cite()]}  # fmt: skip
 
 
 def _pool_json(pool: PoolSpec, loop: EngineLoop, busy: tuple[float, ...]) -> dict[str, object]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tpplan.cost.collective_pricer import price_collective
+from tpplan.cost.draft import DraftMemory
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import cached_tokens
 from tpplan.engines.schema import Source
@@ -40,12 +41,17 @@ VLLM_UNREAD = Source.unread(
 )
 
 
-def kv_bytes_per_rank(p: Predictor, tokens: int) -> float:
-    """KV bytes one rank of the fullest stage holds for a prompt of `tokens` tokens."""
+def kv_bytes_per_rank(p: Predictor, tokens: int, draft: DraftMemory | None = None) -> float:
+    """KV bytes one rank of the fullest stage holds for a prompt of `tokens` tokens; `draft`: a speculative
+    draft's layers, cached beside the target's on the last stage and sent with them (SGLang and vLLM,
+    `tpplan.engines.speculative.PD_PREFILL_SOURCES`), each at its own attention or the target's last layer's."""
     layers = p.graph.spec.layers
-    return max(
-        sum(p.kv_per_token(layers[j].attn) * cached_tokens(layers[j].attn, [tokens]) for j in rng) for rng in p.stages
-    )
+    per_stage = [sum(p.kv_per_token(layers[j].attn) * cached_tokens(layers[j].attn, [tokens]) for j in rng)
+                 for rng in p.stages]  # fmt: skip
+    if draft is not None:
+        attn = draft.attn or layers[-1].attn
+        per_stage[-1] += draft.layers * p.kv_per_token(attn) * cached_tokens(attn, [tokens])
+    return max(per_stage)
 
 
 def handoff(p: Predictor) -> Callable[[Request], float]:

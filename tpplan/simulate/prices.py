@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from tpplan.cost.draft import draft_pass, draft_step_seconds
+from tpplan.cost.draft import draft_pass, draft_step_seconds, prefill_draft_seconds
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments
 from tpplan.engines.speculative import Speculative
@@ -101,18 +101,39 @@ class CachedPrices:
         return len(self._cache)
 
 
-def predictor_prices(p: Predictor, spec: Speculative | None = None) -> CachedPrices:
-    """Per-stage seconds of a prefill step on the predictor's deployment, its boundary send included
-    (the stages `tpplan.cost.predict.pipeline_ttft` schedules; one stage without PP); with `spec`, a decode
-    token is a speculative step (`draft_price`)."""
+def stage_prices(p: Predictor) -> StagePrices:
+    """Per-stage seconds of a step of segments on `p`'s deployment, each stage's boundary send included."""
 
     def stages(segs: Segments) -> list[float]:
         stage_s, sends, _ = p.stage_times(segs)
         return [s + x for s, x in zip(stage_s, sends, strict=True)]
 
+    return stages
+
+
+def predictor_prices(p: Predictor, spec: Speculative | None = None) -> CachedPrices:
+    """Per-stage seconds of a prefill step on the predictor's deployment, its boundary send included
+    (the stages `tpplan.cost.predict.pipeline_ttft` schedules; one stage without PP); with `spec`, a decode
+    token is a speculative step (`draft_price`)."""
     if spec is None:
-        return CachedPrices(stages)
-    return CachedPrices(stages, spec.verify_tokens, draft_price(p, spec))
+        return CachedPrices(stage_prices(p))
+    return CachedPrices(stage_prices(p), spec.verify_tokens, draft_price(p, spec))
+
+
+def prefill_server_prices(p: Predictor, spec: Speculative | None) -> CachedPrices:
+    """A P/D prefill server's step prices: with `spec` (its decode pool's speculative decoding, whose flags the
+    prefill server is launched with) each step also runs the draft on the last stage
+    (`tpplan.cost.draft.prefill_draft_seconds`)."""
+    if spec is None:
+        return predictor_prices(p)
+    plain, passes = stage_prices(p), draft_pass(p, spec)
+
+    def stages(segs: Segments) -> list[float]:
+        out = list(plain(segs))
+        out[-1] += prefill_draft_seconds(p, spec, segs, passes)
+        return out
+
+    return CachedPrices(stages)
 
 
 def draft_price(p: Predictor, spec: Speculative) -> DraftPrice:
@@ -127,4 +148,5 @@ def draft_price(p: Predictor, spec: Speculative) -> DraftPrice:
     return seconds
 
 
-__all__ = ["CachedPrices", "DraftPrice", "context_grid", "draft_price", "even_decode", "predictor_prices"]
+__all__ = ["CachedPrices", "DraftPrice", "context_grid", "draft_price", "even_decode", "predictor_prices",
+           "prefill_server_prices", "stage_prices"]  # fmt: skip
