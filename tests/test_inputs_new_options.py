@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import run_captured as run
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tpplan.commands._serving import speculative_of
@@ -302,3 +302,26 @@ def test_kernel_models_from_names_the_file_and_never_loops(tmp_path, source, say
     other.write_text(f"{GPU}kernel_models_from = {json.dumps(str(gpu))}\n")
     refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--gpu", str(gpu),
             says=(f"{gpu}: kernel_models_from {named}:", says))  # fmt: skip
+
+
+OPTION_WORDS = ["tp", "pp", "cp", "2", "0", "-1", "²", "٣", "99999999999999999999", "1e400", ":", "/", ",", "baseline",
+                "p99", "mean", "ms", "s", "nan", "inf", " ", "x"]  # fmt: skip
+OPTION_TEXT = st.lists(st.sampled_from(OPTION_WORDS), max_size=8).map("".join) | st.text(max_size=16)
+
+
+@settings(max_examples=100, deadline=None)
+@given(OPTION_TEXT)
+@example("tp2:tp2:²:1")  # '²'.isdigit() is true and int('²') raises: it was a ValueError traceback
+@example("0:1000000000000")  # --layers: the range was built before its bounds were checked (memory)
+@example("0:99999999999999999999")  # an OverflowError there
+def test_pd_layers_and_target_parsers_raise_only_tpplan_errors(text: str) -> None:
+    from tpplan.bench.model_slice import parse_layers
+    from tpplan.commands._disagg import parse_pd
+    from tpplan.commands._targets import targets_of
+
+    for parse in (parse_pd, lambda t: parse_layers(t, LLAMA_SPEC), lambda t: targets_of(t, t, "p90")):
+        with contextlib.suppress(TpplanError):
+            parse(text)
+
+
+LLAMA_SPEC = load_model("tiny-llama")

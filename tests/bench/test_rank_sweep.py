@@ -204,6 +204,43 @@ def test_docs_06d_run_tables_are_the_checked_in_runs() -> None:
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs/benchmarks.md").read_text()
     runs = root / "docs/benchmarks/h100-2026-12-06d"
-    tables = {"run-table-80gb-4": [runs / "call2" / f"{m}.json" for m in ("kimi-linear-48b", "qwen3.5-397b-a17b")]}
+    tables = {"run-table-80gb-4": [runs / "call2" / f"{m}.json" for m in ("kimi-linear-48b", "qwen3.5-397b-a17b")],
+              "run-table-80gb-5": [runs / "call4" / f"{m}.json" for m in ("deepseek-v3.2", "glm-5.1", "gpt-oss-120b")]
+              + [runs / "call5" / "gemma-3-4b-it.json"]}  # fmt: skip
     for tag, paths in tables.items():
         assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == layer_rows(paths)
+
+
+@pytest.mark.slow
+def test_docs_06d_sweep_tables_are_the_checked_in_fit() -> None:
+    """The 06d sweep's fit, refitted from the recorded sweep, is the checked-in one, and docs/benchmarks.md's
+    fit and priced-today tables are what `rank_fit` renders from it."""
+    import json
+    from pathlib import Path
+
+    from tpplan.bench.rank_fit import bucket_table, fit_rank_sweep, markdown_tables, priced_today_markdown
+
+    root = Path(__file__).resolve().parents[2]
+    runs = root / "docs/benchmarks/h100-2026-12-06d"
+    fit = json.loads((runs / "rank-fit-masked.json").read_text())
+    again = fit_rank_sweep(json.loads((runs / "call4/rank-sweep.json").read_text())["points"])
+    assert bucket_table(again["points"]) == fit["table"]
+    doc = (root / "docs/benchmarks.md").read_text()
+    for tag, text in (("rank-fit-masked-06d", markdown_tables(fit)),
+                      ("rank-priced-today-06d", priced_today_markdown(fit["priced_today"]["points"]))):  # fmt: skip
+        assert doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0] == text
+
+
+def test_a_fitted_set_names_the_kernels_its_points_ran() -> None:
+    """A set's `impl` is the variants its sweep points recorded (06d: fla's window, the fused indexer), not the
+    default name of the kernel an older sweep ran; points without a record keep the default."""
+    from tpplan.bench.rank_fit import FAMILIES, IMPLS, fit_rank_sweep
+
+    ci = {"a_s": 5e-4, "tflops": 20.0, "Gscores": 12.0}
+    pts = [{"family": "indexer", "heads": h, "d": 128, "topk": 2048, "tokens": t, "context": c}
+           for h in (32, 64) for t in (1024, 2048, 4096, 8192) for c in (0, 8192)]  # fmt: skip
+    for p in pts:
+        p["seconds"] = FAMILIES["indexer"][0](ci, p)
+    assert fit_rank_sweep(pts)["constants"]["dsa_indexer"]["impl"] == IMPLS["dsa_indexer"]
+    ran = [{**p, "variant": "fused"} for p in pts]
+    assert fit_rank_sweep(ran)["constants"]["dsa_indexer"]["impl"] == "fused"

@@ -95,8 +95,11 @@ def parse_layers(text: str | None, spec: ModelSpec) -> tuple[int, ...]:
         return default_layers(spec)
     try:
         if ":" in text:
-            lo, _, hi = text.partition(":")
-            out = tuple(range(int(lo or 0), int(hi) if hi else n))
+            start, _, stop = text.partition(":")
+            lo, hi = int(start or 0), int(stop) if stop else n
+            if lo < 0 or hi > n:  # before the range is built: 0:10**12 would fill memory
+                raise TpplanError(where, f"layer {lo if not 0 <= lo < n else hi - 1} is outside 0..{n - 1}", fix)
+            out = tuple(range(lo, hi))
         else:
             out = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:

@@ -232,7 +232,8 @@ def fit_rank_sweep(points: list[dict[str, Any]]) -> dict[str, Any]:
         if "p1" in c:
             c = {k: v for k, v in c.items() if k != "p1"} | {"p": 1.0 + c["p1"]}
         lo_hi = MF.measured_range(fam, [p for p, _ in sel]) if fam in MF.RANGES else _range(fam, [p for p, _ in sel])
-        consts[name] = c | lo_hi | {"impl": IMPLS.get(name, "")}
+        ran = sorted({p["variant"] for p, _ in sel if p.get("variant")})  # what the sweep recorded, else the default
+        consts[name] = c | lo_hi | {"impl": "; ".join(ran) or IMPLS.get(name, "")}
         for p, f in sel:
             pred = predict(consts[name], p)
             rows.append({**p, "model": name, "set": "fit" if f else "held-out", "predicted_s": pred,

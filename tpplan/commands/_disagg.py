@@ -87,7 +87,7 @@ def parse_pd(text: str) -> PdSides:
     (pm, pplan), (dm, dplan) = _side(text, parts[0]), _side(text, parts[1])
     ratio = None
     if len(parts) == 4:
-        if not all(p.isdigit() and 1 <= int(p) <= MAX_REPLICAS for p in parts[2:]):
+        if not all(p.isdecimal() and 1 <= int(p) <= MAX_REPLICAS for p in parts[2:]):  # isdigit() takes "²"
             raise _bad(text, f"instance counts '{parts[2]}:{parts[3]}' must be whole numbers 1..{MAX_REPLICAS}")
         ratio = (int(parts[2]), int(parts[3]))
     return PdSides(pm, dm, pplan, dplan, ratio, text)
