@@ -325,3 +325,27 @@ def test_pd_layers_and_target_parsers_raise_only_tpplan_errors(text: str) -> Non
 
 
 LLAMA_SPEC = load_model("tiny-llama")
+
+
+@pytest.mark.parametrize("command", ["search", "report"])
+def test_a_draft_for_another_model_is_refused_before_a_search_under_targets(tmp_path, command) -> None:  # type: ignore[no-untyped-def]
+    """The search under targets recorded it as every deployment skipped ('No deployment could be served'), exit 0."""
+    folder = draft(tmp_path, "draft", {**EAGLE3, "hidden_size": 128})
+    chat = tmp_path / "chat.toml"
+    chat.write_text('name = "chat"\ninput_len = 256\noutput_len = 64\nconcurrency = 4\nchunk_size = 1024\n')
+    out = ("--save", str(tmp_path / "saved")) if command == "search" else ("-o", str(tmp_path / "memo"))
+    topo = "h200x8-ib400" if command == "search" else "h200-serving"
+    refused(tmp_path, command, "-m", "tiny-llama", "-t", topo, "-w", str(chat), "--ttft-target", "2s", "--spec",
+            f"eagle:3:2:{folder}", "--json", str(tmp_path / "out.json"), *out,
+            says=(f"--spec DRAFT {folder}:", "its target hidden size is 128"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("-w", WORKLOAD, "--ttft-target", "2s", "--gpus", "800000000"), ("--tp", "8", "--pp", "64", "--replicas", "4096")],
+)
+def test_more_gpus_than_a_cluster_holds_is_blamed_on_the_gpus_asked(tmp_path, extra) -> None:  # type: ignore[no-untyped-def]
+    """It said '--nodes 100000000: must be 1 to 100000', an option nobody passed."""
+    line = refused(tmp_path, "search", "-m", "tiny-llama", "-t", "h200x8-ib400", *extra,
+                   says=("GPUs: need", "a cluster holds at most 100,000", "ask for fewer GPUs"))  # fmt: skip
+    assert "--nodes" not in line

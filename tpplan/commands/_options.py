@@ -128,6 +128,7 @@ def load_cluster(
     """The topology `--topology`/`--cluster`/`--gpu`/`--engine` name (None: none given), with a node
     count nobody has to guess: `--nodes`, a file's own, or for a preset as many nodes as `gpus`
     (TP x PP) need, else one node (`cluster_text` prints what was used)."""
+    from tpplan.cost.cluster import MAX_NODES
     from tpplan.cost.topology import select_topology
 
     topo = select_topology(topology, nodes, gpu=gpu, cluster=cluster, engine=engine)
@@ -137,6 +138,9 @@ def load_cluster(
     if Path(named).suffix.lower() in (".toml", ".json") or os.path.exists(named):  # os.path: no raise
         return topo  # a file's own node count
     need = max(1, -(-gpus // topo.gpus_per_node)) if gpus else 1
+    if need > MAX_NODES:  # else `with_nodes` blames --nodes, which nobody passed
+        raise TpplanError(f"{gpus:,} GPUs", f"need {need:,} nodes of {topo.gpus_per_node}; a cluster holds at "
+                          f"most {MAX_NODES:,}", "ask for fewer GPUs (--gpus, or TP x PP x CP x replicas)")  # fmt: skip
     return topo.with_nodes(need) if need != topo.nodes else topo
 
 

@@ -223,7 +223,9 @@ def register(app: typer.Typer) -> None:
         results = load_bench_results(bench) if bench else None
         graph = build_model_graph(load_model(model))
         if speculative is not None:
-            speculative.check_model(graph.spec)  # MTP needs the model's nextn layers
+            from tpplan.cost.draft import check_draft
+
+            check_draft(speculative, graph.spec)  # MTP's nextn layers, an EAGLE draft for this model
         if targets is not None:  # before any work: the first workload's requests serve under the targets
             from tpplan.search.under_targets import check_workload
 

@@ -230,7 +230,9 @@ def register(app: typer.Typer) -> None:
         with steps(f"tpplan search {model}") as say:
             graph = build_model_graph(load_model(model))
             if speculative is not None:
-                speculative.check_model(graph.spec)  # MTP needs the model's nextn layers
+                from tpplan.cost.draft import check_draft
+
+                check_draft(speculative, graph.spec)  # MTP's nextn layers, an EAGLE draft for this model
             wl = load_workload(workload) if workload else None
             if targets is not None and wl is not None:
                 from tpplan.search.under_targets import check_workload

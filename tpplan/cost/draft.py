@@ -111,6 +111,20 @@ def check_draft_fits(raw: dict[str, object], draft: ModelSpec, target: ModelSpec
                               f"give a draft trained for {target.name}")  # fmt: skip
 
 
+def check_draft(spec: Speculative, target: ModelSpec) -> None:
+    """What `spec` asks of `target`, checked once before any deployment is priced (a search under targets
+    would count a bad draft as every deployment skipped): MTP's nextn layers; an EAGLE draft's config
+    readable and this target's (`check_draft_fits`)."""
+    spec.check_model(target)
+    raw = eagle_config(spec)
+    if raw is None or spec.draft_model is None:
+        return
+    try:
+        check_draft_fits(raw, load_model(spec.draft_model), target, spec.draft_model)
+    except TpplanError as err:
+        raise _as_draft(err, spec.draft_model) from None
+
+
 def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
     """The draft pass of `spec` on `p`'s deployment (`DraftPass`)."""
     model = p.graph.spec
@@ -221,6 +235,6 @@ def draft_step_seconds(
     return wide + (spec.draft_tokens - 1) * pass_seconds(p, one, batch, 1, context)
 
 
-__all__ = ["DraftMemory", "DraftPass", "draft_memory", "draft_pass", "draft_pass_extras", "draft_rows",
+__all__ = ["DraftMemory", "DraftPass", "check_draft", "draft_memory", "draft_pass", "draft_pass_extras", "draft_rows",
            "draft_step_seconds", "eagle_config", "mtp_memory", "pass_seconds", "prefill_draft_seconds",
            "segments_pass_seconds"]  # fmt: skip
