@@ -160,8 +160,8 @@ VLLM_PD_PREFILL = Source(
     "on a mismatch (enforce_handshake_compat defaults to true); the draft's attention layers are regions the "
     "connector sends beside the target's (_get_head_sharded_draft_regions: 'draft_model.' regions); "
     "v1/worker/gpu/model_runner.py GPUModelRunner.sample_tokens runs speculator.propose after every step, a "
-    "prefill server's too, but a prefill server's requests come with max_tokens 1 (the P/D proxy, "
-    "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py), so v1/core/sched/scheduler.py "
+    "prefill server's too, but a prefill server's requests come with max_tokens 1 (the P/D proxy as "
+    "engines/releases/vllm_0_34_0.py ROUTER read it in the sdist's toy_proxy_server.py), so v1/core/sched/scheduler.py "
     "Scheduler._drafts_unused holds for each and the step proposes none (skip_drafts): "
     "spec_decode/target_dependent_ar/speculator.py TargetDependentARSpeculator.propose runs the draft prefill over "
     "the step's tokens to keep the draft's KV and returns before sampling (_prefill skip_sample)",
