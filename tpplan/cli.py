@@ -60,6 +60,7 @@ FLAG_OF = {
     "weights": "--weights",
     "nodes": "--nodes",
     "workload": "--workload",
+    "trace": "--trace",
     "force": "--force",
     "chunk": "--chunk",
     "experts": "--experts",
