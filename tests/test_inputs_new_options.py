@@ -349,3 +349,23 @@ def test_more_gpus_than_a_cluster_holds_is_blamed_on_the_gpus_asked(tmp_path, ex
     line = refused(tmp_path, "search", "-m", "tiny-llama", "-t", "h200x8-ib400", *extra,
                    says=("GPUs: need", "a cluster holds at most 100,000", "ask for fewer GPUs"))  # fmt: skip
     assert "--nodes" not in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--arrival-rate", "2"), "--arrival-rate 2: a closed loop or a rate takes its prompts from a workload"),
+        (("--arrival-rate", "2", "--trace", "TRACE"), "--arrival-rate 2 and --trace "),
+    ],
+)
+def test_arrival_errors_name_the_options(tmp_path, trace, extra, says) -> None:  # type: ignore[no-untyped-def]
+    """They named 'arrivals' and 'arrival_rate and trace', which no option is called (found by the fuzz test)."""
+    args = [trace if a == "TRACE" else a for a in extra]
+    refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", *args, says=(says,))
+
+
+@pytest.mark.parametrize("command", ["audit", "search"])
+def test_requests_without_a_workload_or_trace_is_refused(tmp_path, command) -> None:  # type: ignore[no-untyped-def]
+    """It was ignored: no workload or trace to take the requests from, so nothing was served (exit 0)."""
+    refused(tmp_path, command, "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--requests", "4",
+            says=("--requests 4: counts the requests of a workload or a trace",))  # fmt: skip
