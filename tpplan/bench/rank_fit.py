@@ -419,7 +419,7 @@ def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> li
     for p in merge_repeats(points):
         if p["family"] == "masked":
             flops, read = masked_work(p)
-            price = models.attention(p["heads"], p["tokens"], read, p["d"], p["d"], flops)
+            price = models.attention(p["heads"], p["tokens"], read, p["d"], p["d"], flops, p["window"] or None)
         elif p["family"] == "indexer" and p["heads"] in INDEXER_MODEL:
             price = _indexer_price(INDEXER_MODEL[p["heads"]], gpu, p["tokens"], p["context"])
         else:

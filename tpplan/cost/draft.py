@@ -16,7 +16,7 @@ from tpplan.audit import layer_weight_bytes
 from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.segments import Segments
-from tpplan.engines.speculative import Speculative, prefill_draft_passes
+from tpplan.engines.speculative import Speculative, prefill_draft_samples
 from tpplan.errors import TpplanError
 from tpplan.layout.propagate import LayerResult
 from tpplan.mesh import Mesh
@@ -199,10 +199,14 @@ def draft_pass_extras(p: Predictor, requests: int, tokens: int, one: DraftPass) 
     return fc + head + gather
 
 
-def segments_pass_seconds(p: Predictor, one: DraftPass, segs: Segments) -> float:
-    """One draft pass over `segs` ((tokens, context) per request): its layers and extras."""
+def segments_pass_seconds(p: Predictor, one: DraftPass, segs: Segments, sample: bool = True) -> float:
+    """One draft pass over `segs` ((tokens, context) per request): its layers and extras (`sample` False: no
+    lm_head, a pass that only fills the draft's KV)."""
     layers = sum(one.predictor.kind_time(r, segs).total_s for r in one.layers)
-    return layers + draft_pass_extras(p, len(segs), sum(n for n, _ in segs), one)
+    tokens = sum(n for n, _ in segs)
+    if not sample:
+        return layers + p.kernels.gemm_seconds(draft_rows(p, tokens), one.fc_in, one.hidden)
+    return layers + draft_pass_extras(p, len(segs), tokens, one)
 
 
 def pass_seconds(p: Predictor, one: DraftPass, batch: int, width: int, context: int) -> float:
@@ -211,16 +215,12 @@ def pass_seconds(p: Predictor, one: DraftPass, batch: int, width: int, context: 
 
 
 def prefill_draft_seconds(p: Predictor, spec: Speculative, segs: Segments, one: DraftPass | None = None) -> float:
-    """The draft a prefill step of `segs` runs on the last stage where the server drafts (a P/D prefill server of a
-    speculative decode pool, `tpplan.engines.speculative.PD_PREFILL_SOURCES`): one pass over the step's tokens
-    (SGLang's draft extend, vLLM's draft prefill), then vLLM's k - 1 one-token passes per request at its context
-    after the step (`prefill_draft_passes`)."""
+    """The draft a P/D prefill server of a speculative decode pool runs on the last stage per step of `segs`
+    (`tpplan.engines.speculative.PD_PREFILL_SOURCES`): one pass over the step's tokens (SGLang's draft extend,
+    with its lm_head for the decode server's first draft; vLLM's draft prefill, which only fills the draft's KV,
+    `prefill_draft_samples`)."""
     one = one if one is not None else draft_pass(p, spec)
-    seconds = segments_pass_seconds(p, one, segs)
-    passes = prefill_draft_passes(p.pipeline.engine, spec)
-    if passes:
-        seconds += passes * segments_pass_seconds(p, one, tuple((1, c + n) for n, c in segs))
-    return seconds
+    return segments_pass_seconds(p, one, segs, sample=prefill_draft_samples(p.pipeline.engine))
 
 
 def draft_step_seconds(

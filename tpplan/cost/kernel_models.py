@@ -86,16 +86,21 @@ def _f(c: Consts, name: str, default: float | None = None) -> float:
 ATTN_Q_BLOCK = 128  # query rows per flash-attention program (FA2/FA3 on Hopper: 128)
 
 
-def attention_s(c: Consts, heads: int, tokens: int, dqk: int, dv: int, flops: float, context: int = 0) -> float:
+def attention_s(
+    c: Consts, heads: int, tokens: int, dqk: int, dv: int, flops: float, context: int = 0, window: int | None = None
+) -> float:  # fmt: skip
     """a + b x heads x tokens x (dqk + dv) + c x heads x context x (dqk + dv) + F / R (one branch's constants).
 
     With `sm_tflops` in the set, F / R becomes smoothmax(F / R, chain / R_sm, p): at few heads per rank the
     flash kernel has fewer query blocks than SMs, and the last (causal) block's pass over every key, on one
-    SM at `sm_tflops`, bounds the time (H100 per-rank sweep: 1 head at 8K tokens ran at 167 TFLOP/s)."""
+    SM at `sm_tflops`, bounds the time (H100 per-rank sweep: 1 head at 8K tokens ran at 167 TFLOP/s). Under
+    a sliding `window` a block passes over the window's keys only, so the chain is at most `window` keys
+    (without it, few heads at 32K tokens were priced 5x the window kernel: docs/benchmarks.md, 06d sweep)."""
     per = heads * (dqk + dv)
     work = flops / (_f(c, "tflops") * 1e12)
     if "sm_tflops" in c:
-        chain = 2.0 * ATTN_Q_BLOCK * (tokens + context) * (dqk + dv) / (_f(c, "sm_tflops") * 1e12)
+        keys = tokens + context if window is None else min(tokens + context, window)
+        chain = 2.0 * ATTN_Q_BLOCK * keys * (dqk + dv) / (_f(c, "sm_tflops") * 1e12)
         work = smoothmax(work, chain, _f(c, "p"))
     return _f(c, "a_s") + _f(c, "b_s") * per * tokens + _f(c, "c_s", 0.0) * per * context + work
 
@@ -228,13 +233,13 @@ class KernelModels:
         return want is not None and impl is not None and impl.startswith(want)
 
     def attention(
-        self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float
+        self, heads: int, tokens: int, context: int, dqk: int, dv: int, flops: float, window: int | None = None
     ) -> float | None:  # fmt: skip
         c = self.consts.get("attention_prefix" if context > 0 else "attention_causal")
         if c is None:
             return None
         host = _f(c, "host_s", 0.0) if self.charge_host else 0.0
-        return (attention_s(c, heads, tokens, dqk, dv, flops, context) + host) * clock(c)
+        return (attention_s(c, heads, tokens, dqk, dv, flops, context, window) + host) * clock(c)
 
     def decode(self, name: str, nbytes: float, flops: float) -> float | None:
         """A decode step's attention by set `name` ("decode_gqa" or "decode_mla"); None without it."""

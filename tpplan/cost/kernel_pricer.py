@@ -367,7 +367,8 @@ class KernelPricer:
         dqk, dv = lg.values[op.inputs[0]].width // heads, lg.values[op.output].width // heads
         if model is not None and t > 0:
             dv_run = max(dv, dqk)  # a narrower v (MLA) is zero-padded for the flash kernels
-            phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv))
+            window = op.optional_int_attr("window")
+            phys = model.attention(h_rank, t, ctx, dqk, dv_run, flops * (dqk + dv_run) / (dqk + dv), window)
             secs = secs if phys is None else phys
             name = "attention_prefix" if ctx > 0 else "attention_causal"
             self._extrapolated = phys is not None and model.extrapolated(name, heads=h_rank, tokens=t, context=ctx)

@@ -160,7 +160,11 @@ VLLM_PD_PREFILL = Source(
     "on a mismatch (enforce_handshake_compat defaults to true); the draft's attention layers are regions the "
     "connector sends beside the target's (_get_head_sharded_draft_regions: 'draft_model.' regions); "
     "v1/worker/gpu/model_runner.py GPUModelRunner.sample_tokens runs speculator.propose after every step, a "
-    "prefill server's too (a draft prefill over the step's tokens and num_speculative_steps - 1 one-token steps)",
+    "prefill server's too, but a prefill server's requests come with max_tokens 1 (the P/D proxy as "
+    "engines/releases/vllm_0_34_0.py ROUTER read it in the sdist's toy_proxy_server.py), so v1/core/sched/scheduler.py "
+    "Scheduler._drafts_unused holds for each and the step proposes none (skip_drafts): "
+    "spec_decode/target_dependent_ar/speculator.py TargetDependentARSpeculator.propose runs the draft prefill over "
+    "the step's tokens to keep the draft's KV and returns before sampling (_prefill skip_sample)",
     "0.34.0 (PyPI wheel)",
 )
 VLLM_PD_DRAFT_GATE = Source(
@@ -172,10 +176,10 @@ VLLM_PD_DRAFT_GATE = Source(
     "0.34.0 (PyPI wheel)",
 )
 PD_PREFILL_SOURCES = {"sglang": SGLANG_PD_PREFILL, "vllm": VLLM_PD_PREFILL}
-PREFILL_DRAFT_DECODES = {"sglang": False, "vllm": True}
-"""Whether a prefill step's draft runs its k - 1 one-token passes after the pass over the step's tokens: SGLang's
-draft extend for prefill proposes from the one pass (`SGLANG_PD_PREFILL`), vLLM's speculator runs every step's
-whole propose (`VLLM_PD_PREFILL`)."""
+PREFILL_DRAFT_SAMPLES = {"sglang": True, "vllm": False}
+"""Whether a P/D prefill server's draft pass over a step's tokens samples (its lm_head over one token per request):
+SGLang's draft extend for prefill proposes the first draft token's top-k for the decode server
+(`SGLANG_PD_PREFILL`); vLLM's prefill server proposes nothing and only fills the draft's KV (`VLLM_PD_PREFILL`)."""
 SOURCES = {
     "sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP, SGLANG_DRAFT_MEMORY, SGLANG_TREE, SGLANG_LOGITS, SGLANG_EAGLE),
     "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS, VLLM_EAGLE),
@@ -283,10 +287,9 @@ def sources(engine: str) -> tuple[Source, ...]:
     return SOURCES[_name(engine)]
 
 
-def prefill_draft_passes(engine: str, spec: Speculative) -> int:
-    """One-token draft passes a prefill step runs per request after its pass over the step's tokens
-    (`PREFILL_DRAFT_DECODES`): vLLM's k - 1, SGLang's none."""
-    return spec.draft_tokens - 1 if PREFILL_DRAFT_DECODES[_name(engine)] else 0
+def prefill_draft_samples(engine: str) -> bool:
+    """Whether a P/D prefill server's draft pass runs its lm_head (`PREFILL_DRAFT_SAMPLES`)."""
+    return PREFILL_DRAFT_SAMPLES[_name(engine)]
 
 
 def check_pd_draft(engine: str, prefill: Mesh, decode: Mesh, target_latent: bool, draft_latent: bool) -> None:
@@ -308,12 +311,12 @@ __all__ = [
     "NOT_MODELLED",
     "PD_NOT_MODELLED",
     "PD_PREFILL_SOURCES",
-    "PREFILL_DRAFT_DECODES",
+    "PREFILL_DRAFT_SAMPLES",
     "SOURCES",
     "Speculative",
     "check_pd_draft",
     "launch_flags",
-    "prefill_draft_passes",
+    "prefill_draft_samples",
     "running_cap",
     "sources",
 ]

@@ -33,7 +33,7 @@ from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.draft import DraftMemory, draft_memory
 from tpplan.cost.predictor import Predictor
 from tpplan.engines.speculative import PD_NOT_MODELLED as SPEC_PD_NOT_MODELLED
-from tpplan.engines.speculative import PD_PREFILL_SOURCES, Speculative, check_pd_draft, prefill_draft_passes
+from tpplan.engines.speculative import PD_PREFILL_SOURCES, Speculative, check_pd_draft, prefill_draft_samples
 from tpplan.errors import TpplanError
 from tpplan.models.opkinds import mixer
 from tpplan.simulate.disagg_loop import (
@@ -406,15 +406,15 @@ def spec_json(pool: PoolSpec) -> dict[str, object]:
 
 def prefill_server_json(dep: DisaggDeployment) -> dict[str, object]:
     """The prefill servers under the decode pool's speculative decoding, launched with its flags: the draft
-    they load (its memory on a prefill rank), their KV pool with it, the draft passes each step runs
-    (`tpplan.engines.speculative.prefill_draft_passes`) and where that was read."""
+    they load (its memory on a prefill rank), their KV pool with it, whether a step's draft pass samples
+    (`tpplan.engines.speculative.prefill_draft_samples`) and where that was read."""
     spec = dep.speculative
     assert spec is not None
     draft = _pools(dep).drafts[0]
     _, label = replica_kv(dep.prefill.predictor, pd=True, speculative=spec)
     engine = dep.prefill.engine
     return {"draft": None if draft is None else draft.to_json(), "kv_capacity": label,
-            "draft_passes_per_step": 1 + prefill_draft_passes(engine, spec),
+            "draft_samples": prefill_draft_samples(engine),
             "sources": [PD_PREFILL_SOURCES[engine.split("@")[0]].cite()]}  # fmt: skip
 
 
