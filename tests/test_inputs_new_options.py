@@ -249,6 +249,13 @@ def test_report_json_never_writes_over_what_it_did_not_write(tmp_path, target, s
         (("--overhead",), ("--overhead", "this run has no GPU (backend gloo)")),
         (("--overhead", "--backend", "gloo"), ("--overhead", "this run has no GPU (backend gloo)")),
         (("--experts", "2"), ("--experts 2", "hold no routed experts")),
+        (("--timeout", "-1"), ("--timeout -1", "must be a positive number of seconds")),  # were rank failures,
+        (("--timeout", "nan"), ("--timeout nan", "must be a positive number of seconds")),  # exit 1
+        (("--timeout", "0"), ("--timeout 0", "must be a positive number of seconds")),
+        (("--direct-iters", "0"), ("--direct-iters 0", "must be at least 1")),  # said --iters/--warmup
+        (("--target-nodes", "5"), ("--target-nodes 5", "none is given")),  # was ignored
+        (("--target-topology", "h200x8-ib400", "--target-nodes", "0"), ("--target-nodes 0", "at least 1")),
+        (("--target-topology", "nope"), ("--target-topology nope", "no such preset or file")),  # said --topology
     ],
 )
 def test_bench_refuses_what_this_run_cannot_do_before_starting_ranks(tmp_path, extra, says) -> None:  # type: ignore[no-untyped-def]
@@ -349,3 +356,23 @@ def test_more_gpus_than_a_cluster_holds_is_blamed_on_the_gpus_asked(tmp_path, ex
     line = refused(tmp_path, "search", "-m", "tiny-llama", "-t", "h200x8-ib400", *extra,
                    says=("GPUs: need", "a cluster holds at most 100,000", "ask for fewer GPUs"))  # fmt: skip
     assert "--nodes" not in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--arrival-rate", "2"), "--arrival-rate 2: a closed loop or a rate takes its prompts from a workload"),
+        (("--arrival-rate", "2", "--trace", "TRACE"), "--arrival-rate 2 and --trace "),
+    ],
+)
+def test_arrival_errors_name_the_options(tmp_path, trace, extra, says) -> None:  # type: ignore[no-untyped-def]
+    """They named 'arrivals' and 'arrival_rate and trace', which no option is called (found by the fuzz test)."""
+    args = [trace if a == "TRACE" else a for a in extra]
+    refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", *args, says=(says,))
+
+
+@pytest.mark.parametrize("command", ["audit", "search"])
+def test_requests_without_a_workload_or_trace_is_refused(tmp_path, command) -> None:  # type: ignore[no-untyped-def]
+    """It was ignored: no workload or trace to take the requests from, so nothing was served (exit 0)."""
+    refused(tmp_path, command, "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "--requests", "4",
+            says=("--requests 4: counts the requests of a workload or a trace",))  # fmt: skip

@@ -126,11 +126,11 @@ def test_the_serving_summary_brackets_its_ttft_with_the_fixed_costs_band(tmp_pat
     assert out["idealised_mean_s"] < ttft["mean_s"] == res.mean_s
     assert out["settings"]["in_flight"] == 2 and len(out["requests"]) == 30  # type: ignore[index]
     assert any("prefill first" in c or "decode" in c for c in out["conditions"])  # type: ignore[union-attr]
-    with pytest.raises(TpplanError, match="arrival_rate and trace"):
+    with pytest.raises(TpplanError, match=r"arrival_rate=1 and trace=x\.csv: are two arrival processes"):
         Arrival(rate=1.0, trace="x.csv")
     with pytest.raises(TpplanError, match="requests=0"):
         Arrival(requests=0)
-    with pytest.raises(TpplanError, match="takes its prompts from a workload"):
+    with pytest.raises(TpplanError, match="arrival_rate=1: a closed loop or a rate takes its prompts from a workload"):
         arrivals_for(Arrival(rate=1.0), None)
     with pytest.raises(TpplanError, match="context of 500"):
         arrivals_for(Arrival(trace=str(trace)), None, max_context=500)

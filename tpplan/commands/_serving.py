@@ -88,6 +88,11 @@ def serving_arrivals(arrival: Arrival, workload: Workload | None, graph: ModelGr
     from tpplan.simulate.serving import arrivals_for
 
     if workload is None and arrival.trace is None and arrival.rate is None:
+        if arrival.requests is not None:  # else ignored: nothing to take that many requests from
+            from tpplan.errors import TpplanError
+
+            raise TpplanError(f"--requests {arrival.requests}", "counts the requests of a workload or a trace, "
+                              "and none is given", "add --workload or --trace, or drop --requests")  # fmt: skip
         return None
     return arrivals_for(arrival, workload, graph.spec.numerics.max_position_embeddings)
 

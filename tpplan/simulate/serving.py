@@ -42,7 +42,8 @@ class Arrival:
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.trace is not None:
-            raise TpplanError("arrival_rate and trace", "are two arrival processes", "give one of them")
+            raise TpplanError(f"arrival_rate={self.rate:g} and trace={self.trace}", "are two arrival processes",
+                              "give one of them")  # fmt: skip
         if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
             raise TpplanError(f"requests={self.requests}", f"must be 1 to {MAX_REQUESTS}", "pass a request count")
 
@@ -70,9 +71,10 @@ def arrivals_for(arrival: Arrival, workload: Workload | None, max_context: int |
     model always has)."""
     if arrival.trace is not None:
         return load_trace(arrival.trace, max_context)
-    if workload is None:
+    if workload is None:  # named by the field that asked for arrivals (the CLI: its option)
+        asked = f"arrival_rate={arrival.rate:g}" if arrival.rate is not None else f"requests={arrival.requests}"
         raise TpplanError(
-            "arrivals", "a closed loop or a rate takes its prompts from a workload", "give a workload, or a trace file"
+            asked, "a closed loop or a rate takes its prompts from a workload", "give workload= or trace="
         )
     n = arrival.requests or workload.total_requests
     if arrival.rate is None:
