@@ -249,6 +249,13 @@ def test_report_json_never_writes_over_what_it_did_not_write(tmp_path, target, s
         (("--overhead",), ("--overhead", "this run has no GPU (backend gloo)")),
         (("--overhead", "--backend", "gloo"), ("--overhead", "this run has no GPU (backend gloo)")),
         (("--experts", "2"), ("--experts 2", "hold no routed experts")),
+        (("--timeout", "-1"), ("--timeout -1", "must be a positive number of seconds")),  # were rank failures,
+        (("--timeout", "nan"), ("--timeout nan", "must be a positive number of seconds")),  # exit 1
+        (("--timeout", "0"), ("--timeout 0", "must be a positive number of seconds")),
+        (("--direct-iters", "0"), ("--direct-iters 0", "must be at least 1")),  # said --iters/--warmup
+        (("--target-nodes", "5"), ("--target-nodes 5", "none is given")),  # was ignored
+        (("--target-topology", "h200x8-ib400", "--target-nodes", "0"), ("--target-nodes 0", "at least 1")),
+        (("--target-topology", "nope"), ("--target-topology nope", "no such preset or file")),  # said --topology
     ],
 )
 def test_bench_refuses_what_this_run_cannot_do_before_starting_ranks(tmp_path, extra, says) -> None:  # type: ignore[no-untyped-def]

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.cost.workload import Workload, check_priceable, load_workload
 from tpplan.errors import TpplanError
+
+if TYPE_CHECKING:
+    from tpplan.cost.topology import Topology
 
 DTYPE_SHORT = {
     "bfloat16": "bf16",
@@ -94,6 +97,30 @@ def act_dtype(cfg: BenchConfig, backend: str) -> str:
     return name
 
 
+def _check_target(cfg: BenchConfig) -> None:
+    """target_nodes sizes target_topology: refused without it (it was ignored) and below one node."""
+    if cfg.target_nodes is None:
+        return
+    if cfg.target_topology is None:
+        raise TpplanError(f"target_nodes={cfg.target_nodes}", "sizes the target topology, and none is given",
+                          "add target_topology= or drop target_nodes=")  # fmt: skip
+    if cfg.target_nodes < 1:
+        raise TpplanError(f"target_nodes={cfg.target_nodes}", "must be at least 1", "pass a node count")
+
+
+def _target_topology(cfg: BenchConfig) -> Topology | None:
+    """The target topology; its errors name target_topology (the loader names the topology option)."""
+    from tpplan.cost.topology import load_topology
+
+    if cfg.target_topology is None:
+        return None
+    try:
+        return load_topology(cfg.target_topology, cfg.target_nodes)
+    except TpplanError as err:
+        where = err.where.replace("--topology ", "target_topology=", 1)
+        raise TpplanError(where, err.reason, err.fix) from None
+
+
 def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
     """Fail fast (TpplanError, exit 2) on a bad model, plan, workload or topology; nothing runs."""
     from tpplan.audit import audit_plan
@@ -102,13 +129,18 @@ def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
 
     if not cfg.plans:
         raise TpplanError("plan=", "no plan given", "pass plan=NAME (repeatable)")
-    if cfg.iters < 1 or cfg.warmup < 0 or cfg.direct_iters < 1:
+    if cfg.iters < 1 or cfg.warmup < 0:
         raise TpplanError("iters=/warmup=", "iters must be >= 1 and warmup >= 0", "pass sensible counts")
+    if cfg.direct_iters < 1:
+        raise TpplanError(f"direct_iters={cfg.direct_iters}", "must be at least 1", "pass calls per replay")
+    if not 0 < cfg.timeout_s < float("inf"):  # else every rank fails in gloo/NCCL's setup (nan, 0, -1)
+        raise TpplanError(f"timeout_s={cfg.timeout_s:g}", "must be a positive number of seconds", "pass e.g. 600")
+    _check_target(cfg)
     if cfg.kernels not in ("fast", "reference"):
         raise TpplanError(f"kernels={cfg.kernels}", "unknown kernel set", "use fast or reference")
     wl = resolved_workload(cfg)
     topo = load_topology(cfg.topology)
-    target = load_topology(cfg.target_topology, cfg.target_nodes) if cfg.target_topology is not None else None
+    target = _target_topology(cfg)
     if world > topo.world_size:
         raise TpplanError(
             f"topology={cfg.topology}",
