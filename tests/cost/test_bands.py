@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 
-from tpplan.cost.bands import COMPUTE_CLASSES, compose, error_table, prediction_band, source_key
+from tpplan.cost.bands import (
+    COMPUTE_CLASSES,
+    OWN_BAND_CLASSES,
+    compose,
+    error_table,
+    own_bands_notes,
+    prediction_band,
+    source_key,
+)
 from tpplan.cost.predict import predict_plan
 from tpplan.cost.provenance import BANDS, composed_provenance, provenance
 from tpplan.cost.topology import load_topology
@@ -16,7 +27,7 @@ from tpplan.plans.named import make_plan
 
 def test_every_error_has_a_basis_and_every_class_a_default() -> None:
     table = error_table()
-    for klass in (*COMPUTE_CLASSES, "collectives"):
+    for klass in (*COMPUTE_CLASSES, *OWN_BAND_CLASSES, "collectives"):
         assert "default" in table[klass], klass
         for key, (err, basis) in table[klass].items():
             assert 0 < err < 1 and basis, (klass, key)
@@ -65,3 +76,89 @@ def test_derived_and_cross_node_curves_carry_their_own_error() -> None:
     assert collective_key(ring) == "curve-derived-ring" and table["curve-derived-ring"][0] == 0.049
     assert collective_key(ib) == "curve-across-nodes" and table["curve-across-nodes"][0] == 0.126
     assert collective_key("nccl-curve") == "curve"
+
+
+def _band_without_own_classes(pred: object) -> float:
+    """The band the same prediction had when every op took its category's error (before issue 34's own bands)."""
+    kinds = [replace(kt, ops=[replace(o, band=None) for o in kt.ops]) for kt in pred.kinds]  # type: ignore[attr-defined]
+    extra = {k: getattr(pred, k, 0.0) for k in ("stage_comm_s", "final_comm_s")}
+    return prediction_band(SimpleNamespace(kinds=kinds, **extra))[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "own"),
+    [
+        ("tiny-gpt-oss", {"attention_window"}),
+        ("tiny-gemma3", {"attention_window"}),
+        ("tiny-deepseek-v32", {"dsa_indexer", "attention_sparse"}),
+        ("tiny-llama4", set()),  # chunked attention: within the full-attention band (2026-12-06d)
+        ("tiny-llama", set()),
+    ],
+)
+def test_window_and_dsa_ops_widen_the_band_by_their_share(model: str, own: set[str]) -> None:
+    """Windowed attention, DSA's indexer and its sparse attention take their own errors: the band grows by exactly
+    each such part's share times (its error - the full-attention error of the same source); other models keep
+    the band they had."""
+    graph = build_model_graph(load_model(model))
+    pred = predict_plan(graph, make_plan("baseline", graph, 2), load_topology("h200x8-ib400", nodes=1),
+                        mesh=Mesh(2), tokens=4096)  # fmt: skip
+    band, parts = prediction_band(pred)
+    mine = [p for p in parts if p.klass in OWN_BAND_CLASSES]
+    assert {p.klass for p in mine} == own and all(p.share > 0.01 for p in mine)
+    attention = error_table()["attention"]
+    widened = sum(p.share * (p.error - (attention.get(p.source) or attention["default"])[0]) for p in mine)
+    assert band - _band_without_own_classes(pred) == pytest.approx(widened, abs=1e-12)
+    assert (widened > 0) == bool(own)
+    notes = own_bands_notes(parts)
+    assert len(notes) == (1 if own else 0)
+    for p in mine:
+        assert f"{OWN_BAND_CLASSES[p.klass]} ({p.source}) {100 * p.share:.1f}% of the time" in notes[0]
+
+
+def test_benchmarks_md_states_the_own_bands_of_the_table() -> None:
+    """docs/benchmarks.md's table of the ops with bands of their own quotes errors.toml's figures, and its golden
+    bands are the golden files' (tests/golden/)."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "benchmarks.md").read_text()
+    table = doc.split("<!-- own-bands:begin -->")[1].split("<!-- own-bands:end -->")[0]
+    for klass in OWN_BAND_CLASSES:
+        row = next(line for line in table.splitlines() if f"(`{klass}`)" in line)
+        assert f"| ±{100 * error_table()[klass]['default'][0]:.0f}% |" in row, klass
+    for name, sel in (("audit-glm-5.1-tp16-dsa", "plans"), ("audit-deepseek-v3.2-tbo", "plans"),
+                      ("search-gpt-oss-120b-volume", "baseline")):  # fmt: skip
+        out = json.loads((repo / "tests" / "golden" / f"{name}.json").read_text())["output"]
+        prov = out["plans"][0]["prediction"]["provenance"] if sel == "plans" else out["baseline"]["provenance"]
+        assert f"to ±{100 * prov['band']:.1f}%" in doc, name
+
+
+def test_benchmarks_md_gemma_host_bound_figures_are_the_recorded_ones() -> None:
+    """The figures docs/benchmarks.md quotes for Gemma 3's window op and norms (06d call 5) recomputed from its
+    recorded results."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "benchmarks.md").read_text()
+    d = json.loads((repo / "docs/benchmarks/h100-2026-12-06d/call5/gemma-3-4b-it.json").read_text())
+    ro, nb = d["runtime_overhead"], len(d["batches"])
+    per_layer = nb * sum(d["model_slice"]["layer_kinds"].values())
+    kern = {name: (n, s) for name, n, s in ro["by_kernel"]}
+    n, s = kern["parallel_attn_fwd_kernel"]
+    ops = {o["op"]: o["measured_s"] for o in d["ops"]}
+    rows, row_s = kern["layer_norm_fwd_kernel_row"]
+    quoted = [
+        f"{n} calls, {s / n * 1e3:.3f} ms each, so {s / per_layer * 1e3:.3f} ms per window op",
+        f"against {ops['attention'] * 1e3:.3f} ms event-timed",
+        f"`layer_norm_fwd_kernel_row` {row_s / rows * 1e6:.0f} us",
+        f"took {ro['pass_s'] / nb * 1e3:.1f} ms per batch with the GPU busy {ro['busy_s'] / nb * 1e3:.1f} ms of it "
+        f"({100 * ro['busy_s'] / ro['pass_s']:.0f}%)",
+        f"{ro['pass_s'] / per_layer * 1e3:.1f} ms per layer of\n  host against {ro['busy_s'] / per_layer * 1e3:.1f} ms",
+        f"a batch is {sum(b['measured_s'] for b in d['batches']) / nb * 1e3:.1f} ms",
+        f"is {ops['post_feedforward_layernorm'] * 1e3:.3f} ms after",
+        f"{ops['post_attention_layernorm'] * 1e3:.3f} / {ops['mlp_norm'] * 1e3:.3f} ms in the two norms",
+    ]
+    for q in quoted:
+        assert q in doc, q

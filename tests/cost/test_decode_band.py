@@ -82,3 +82,17 @@ def test_the_decode_errors_are_the_generated_tables_figures() -> None:
     assert moe.error == pytest.approx(max(statistics.median(v) for v in by.values()), abs=0.006)
     points = [int(r[2]) for r in _doc_section("validate_decode") if len(r) == 5 and r[2].isdigit()]
     assert public_regimes().max_points == max(points)
+
+
+def test_window_and_dsa_decode_attention_is_named_not_covered_by_full_attention_errors() -> None:
+    """The decode sweep measured full GQA and dense absorbed MLA: a windowed or DSA sparse decode attention is left
+    out of the band and named (`bands.OWN_BAND_CLASSES`), not given the full-attention decode error."""
+    for model, own in (
+        ("tiny-gpt-oss", {"attention_window"}),
+        ("tiny-deepseek-v32", {"dsa_indexer", "attention_sparse"}),
+    ):
+        graph = build_model_graph(load_model(model))
+        pred = cached_predictor(graph, baseline(), select_topology("h100x8-ib400", 1), Mesh(2), "bf16", None)
+        b = decode_step_band(pred, 16, 2048)
+        assert {u.klass for u in b.uncovered} >= own and not {p.klass for p in b.parts} & own, model
+        assert all(u.share > 0 for u in b.uncovered if u.klass in own)

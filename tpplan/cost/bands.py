@@ -22,8 +22,13 @@ from tpplan.cost.collectives import CURVE_SUFFIX
 from tpplan.cost.compute import DECODE_MODEL, GEMM_ANALYTIC, GEMM_TABLE, KERNEL_MODEL, PROFILE, ROOFLINE
 
 COMPUTE_CLASSES = ("gemm", "moe", "attention", "recurrence", "elementwise")
-FITTED_ALGORITHMS = ("fitted", "measured-curve")  # collectives priced from `tpplan calibrate`'s constants
-LINK_ALGORITHMS = ("ring", "tree", "hierarchical", "direct", "none")  # the link model's own
+# Ops whose band comes from entries of their own, not their category's (`models.opkinds.band_class`): kernels
+# the bench could not match to the engines' (docs/benchmarks.md, "Bands for the ops the bench could not match").
+OWN_BAND_CLASSES = {
+    "attention_window": "windowed attention",
+    "dsa_indexer": "DSA's indexer",
+    "attention_sparse": "DSA's sparse attention",
+}
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,36 @@ def compose(seconds: dict[tuple[str, str], float]) -> tuple[float, list[BandPart
     return sum(p.share * p.error for p in parts), parts
 
 
+def op_band_class(o: Any) -> str:
+    """The error-table class an op's time takes: its own (`OpTime.band`) where it has one, else its category."""
+    own = getattr(o, "band", None)
+    if own in OWN_BAND_CLASSES:
+        return str(own)
+    return o.category if o.category in COMPUTE_CLASSES else "elementwise"
+
+
+def own_bands_notes(parts: list[BandPart] | tuple[BandPart, ...]) -> list[str]:
+    """One sentence naming the parts of a composed band that take their own error (`OWN_BAND_CLASSES`), with their
+    shares, errors and what they add, computed from the parts; empty when the prediction has none of those ops."""
+    own = [p for p in parts if p.klass in OWN_BAND_CLASSES and p.share > 0]
+    if not own:
+        return []
+    named = "; ".join(
+        f"{OWN_BAND_CLASSES[p.klass]} ({p.source}) {100 * p.share:.1f}% of the time at ±{100 * p.error:.1f}% "
+        f"(adds {100 * p.share * p.error:.2f}%)"
+        for p in own
+    )
+    return [
+        "Ops whose kernels the bench could not match to the engines' take bands of their own, not full "
+        f"attention's: {named}. Each basis below says what its error was measured against (a non-engine kernel) "
+        "or that it is an assumption."
+    ]
+
+
+FITTED_ALGORITHMS = ("fitted", "measured-curve")  # collectives priced from `tpplan calibrate`'s constants
+LINK_ALGORITHMS = ("ring", "tree", "hierarchical", "direct", "none")  # the link model's own
+
+
 def prediction_seconds(pred: Any) -> dict[tuple[str, str], float]:
     """Predicted seconds of one batch per (class, source key), from a `PlanPrediction`: every layer
     kind's ops and collectives times its layer count, the stage sends and the final reduction."""
@@ -102,7 +137,7 @@ def prediction_seconds(pred: Any) -> dict[tuple[str, str], float]:
     for kt in pred.kinds:
         for o in kt.ops:
             if o.seconds > 0:
-                klass = o.category if o.category in COMPUTE_CLASSES else "elementwise"
+                klass = op_band_class(o)
                 out[(klass, source_key(o.source))] += o.seconds * kt.count
         for c in kt.collectives:
             out[("collectives", collective_key(c.algorithm))] += c.seconds * kt.count
@@ -119,10 +154,13 @@ def prediction_band(pred: Any) -> tuple[float, list[BandPart]]:
 
 __all__ = [
     "COMPUTE_CLASSES",
+    "OWN_BAND_CLASSES",
     "BandPart",
     "collective_key",
     "compose",
     "error_table",
+    "op_band_class",
+    "own_bands_notes",
     "prediction_band",
     "prediction_seconds",
     "source_key",

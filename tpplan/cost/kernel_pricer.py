@@ -40,7 +40,7 @@ from tpplan.lower.program import KernelCall
 from tpplan.lower.stages import bank_snapshots
 from tpplan.mesh import Mesh
 from tpplan.models.graph import LayerGraph, ModelGraph, Op
-from tpplan.models.opkinds import cost_class, kernel_key, mixer, mixer_of, op_kind
+from tpplan.models.opkinds import band_class, cost_class, kernel_key, mixer, mixer_of, op_kind
 from tpplan.models.quant import WeightFormat
 from tpplan.placement import S_TOK
 
@@ -334,7 +334,7 @@ class KernelPricer:
         measured = self._profiled(kernel, op.name, secs)
         source = PROFILE if measured != secs else (None if cost == "free" else self._source)
         return OpTime(lg.kind, op.name, op.role, cat, flops, nbytes, measured, redundant, shape, kernel, secs,
-                      self._extrapolated, source, self._note)  # fmt: skip
+                      self._extrapolated, source, self._note, band_class(op))  # fmt: skip
 
     def _gemm_step(self, lg: LayerGraph, call: KernelCall) -> tuple[float, float, float, tuple[int, int, int]]:
         """A linear op at the call's per-rank (M, K, N), in its weight format."""

@@ -36,6 +36,7 @@ class OpTime:
     extrapolated: bool = False  # priced outside the measured shapes (a kernel model's sweep, the GEMM table's floor)
     source: str | None = None  # what priced it: a kernel source's name, gemm-table, kernel-model, roofline, ...
     note: str | None = None  # where its weight format was priced from other rows (`KernelPricer._moe_note`)
+    band: str | None = None  # its own error-table class where not its category's (`models.opkinds.band_class`)
 
     def to_json(self) -> dict[str, object]:
         """Plain data, as `PlanPrediction.to_json` lists an op."""

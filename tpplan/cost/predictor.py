@@ -274,7 +274,7 @@ def repeated(call: KernelCall, ops: list[OpTime]) -> OpTime:
     f = call.times
     flops, nbytes, secs = rec.flops_per_rank * f, rec.bytes_per_rank * f, rec.seconds * f
     return OpTime(rec.layer_kind, call.op, rec.role, rec.category, flops, nbytes, secs, call.redundant, None, None,
-                  secs, rec.extrapolated, rec.source)  # fmt: skip
+                  secs, rec.extrapolated, rec.source, band=rec.band)  # fmt: skip
 
 
 _CACHE: dict[tuple[object, ...], Predictor] = {}

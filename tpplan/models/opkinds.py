@@ -80,6 +80,21 @@ def mixer_of(op: Op) -> Mixer | None:
     return mixer(str(impl)) if OP_KINDS[op.kind].mixes_tokens and impl is not None else None
 
 
+def band_class(op: Op) -> str | None:
+    """The error-table class (`cost/presets/bands/errors.toml`) of `op`'s band where it is not its cost
+    category's: attention under a sliding window, DSA's indexer and DSA's sparse attention, whose kernels
+    the bench could not match to the engines' (docs/benchmarks.md, 2026-12-06d), so the full-attention
+    error does not cover them. None: the op's category's band."""
+    mx = mixer_of(op)
+    if mx is None:
+        return None
+    if mx.topk_indexer:
+        return "dsa_indexer"
+    if mx.sparse_topk:
+        return "attention_sparse"
+    return "attention_window" if mx.cost == "attention" and op.attrs.get("window") else None
+
+
 def weight_split(op: Op, moe: str, replicated: bool) -> str:
     """The split `op`'s weight takes under a plan: the plan's MoE mode (`moe`) for routed experts,
     `replicated` where the plan replicates a weight that may be (`replicated`: `Plan.replicates` of the
@@ -116,6 +131,7 @@ __all__ = [
     "Strategy",
     "Tensor",
     "Weights",
+    "band_class",
     "cost_class",
     "kernel_key",
     "mixer",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
+from tpplan.cost.bands import own_bands_notes
 from tpplan.cost.provenance import BANDS, Provenance
 from tpplan.errors import TpplanError
 from tpplan.models.spec import MLASpec
@@ -176,6 +177,7 @@ def how_sure(a: Analysis, command: str, plots: ModuleType, pngs: _Pngs) -> list[
             for p in parts
         )
         out.append(Table(("class", "priced by", "share of time", "error", "adds"), part_rows, (2, 3, 4)))
+        out.extend(Para(n) for n in own_bands_notes(parts))
         gpu = a.topology.gpu
         if gpu.provenance:
             out.append(Para(f"Compute on GPU model `{a.topology.gpu_preset or gpu.name}`: " + "; ".join(
