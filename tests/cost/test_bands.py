@@ -132,3 +132,33 @@ def test_benchmarks_md_states_the_own_bands_of_the_table() -> None:
         out = json.loads((repo / "tests" / "golden" / f"{name}.json").read_text())["output"]
         prov = out["plans"][0]["prediction"]["provenance"] if sel == "plans" else out["baseline"]["provenance"]
         assert f"to ±{100 * prov['band']:.1f}%" in doc, name
+
+
+def test_benchmarks_md_gemma_host_bound_figures_are_the_recorded_ones() -> None:
+    """The figures docs/benchmarks.md quotes for Gemma 3's window op and norms (06d call 5) recomputed from its
+    recorded results."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "benchmarks.md").read_text()
+    d = json.loads((repo / "docs/benchmarks/h100-2026-12-06d/call5/gemma-3-4b-it.json").read_text())
+    ro, nb = d["runtime_overhead"], len(d["batches"])
+    per_layer = nb * sum(d["model_slice"]["layer_kinds"].values())
+    kern = {name: (n, s) for name, n, s in ro["by_kernel"]}
+    n, s = kern["parallel_attn_fwd_kernel"]
+    ops = {o["op"]: o["measured_s"] for o in d["ops"]}
+    rows, row_s = kern["layer_norm_fwd_kernel_row"]
+    quoted = [
+        f"{n} calls, {s / n * 1e3:.3f} ms each, so {s / per_layer * 1e3:.3f} ms per window op",
+        f"against {ops['attention'] * 1e3:.3f} ms event-timed",
+        f"`layer_norm_fwd_kernel_row` {row_s / rows * 1e6:.0f} us",
+        f"took {ro['pass_s'] / nb * 1e3:.1f} ms per batch with the GPU busy {ro['busy_s'] / nb * 1e3:.1f} ms of it "
+        f"({100 * ro['busy_s'] / ro['pass_s']:.0f}%)",
+        f"{ro['pass_s'] / per_layer * 1e3:.1f} ms per layer of\n  host against {ro['busy_s'] / per_layer * 1e3:.1f} ms",
+        f"a batch is {sum(b['measured_s'] for b in d['batches']) / nb * 1e3:.1f} ms",
+        f"is {ops['post_feedforward_layernorm'] * 1e3:.3f} ms after",
+        f"{ops['post_attention_layernorm'] * 1e3:.3f} / {ops['mlp_norm'] * 1e3:.3f} ms in the two norms",
+    ]
+    for q in quoted:
+        assert q in doc, q
