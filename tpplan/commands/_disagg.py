@@ -94,13 +94,14 @@ def parse_pd(text: str) -> PdSides:
 
 
 def pd_engine(engine: str | None) -> str:
-    """The engine version whose P/D hand-off prices the pools: `--engine` (SGLang or vLLM), else the default."""
-    from tpplan.cost.pipeline import pipeline_model
+    """The engine version whose P/D hand-off prices the pools: the loop's (`cost.pipeline.loop_engine`) for
+    `--engine` SGLang or vLLM, else the default."""
+    from tpplan.cost.pipeline import loop_engine
 
     if engine and engine.strip().lower().split("@")[0] not in ("sglang", "vllm"):
         raise TpplanError(f"--pd with --engine {engine}", "only SGLang's and vLLM's P/D hand-off were read",
                           "use --engine sglang or --engine vllm, or leave --pd out")  # fmt: skip
-    return pipeline_model(engine).engine
+    return loop_engine(engine)
 
 
 def _pool(graph: ModelGraph, plan: Plan, mesh: Mesh, plan_name: str | None, sides: PdSides, topo: Topology,

@@ -177,6 +177,7 @@ __all__ = [
     "RouterOpt",
     "TimeoutOpt",
     "WeightsOpt",
+    "check_router",
     "cluster_text",
     "load_cluster",
 ]
@@ -225,20 +226,35 @@ def _cp_kv(value: str) -> str:
 
 
 def _router(value: str | None) -> str | None:
-    """A request router the serving loop's engine version records (`tpplan.engines.routing`), else one line."""
+    """A request router some engine version records (`tpplan.engines.routing`), else one line. Whether the loop's
+    engine (`cost.pipeline.loop_engine`, from `--engine`, which a callback may not have seen yet) has it is
+    checked where the loop is built (`simulate.engine.engine_loop`)."""
     if value is not None:
-        from tpplan.cost.pipeline import pipeline_model
+        from tpplan.cost.pipeline import DEFAULT_PP_ENGINE
+        from tpplan.engines import ENGINES
+        from tpplan.engines.routing import replica_router, replica_routers
+
+        if not any(r.name == value for key in ENGINES for r in replica_routers(key)):
+            replica_router(DEFAULT_PP_ENGINE, value)  # refused, naming the default engine's routers
+    return value
+
+
+def check_router(engine: str | None, router: str | None) -> None:
+    """Refuse, in one line before any work, a `--router` the serving loop's engine version lacks: the loop runs
+    `cost.pipeline.loop_engine(--engine)`'s rules, so the router must be that version's."""
+    if router is not None:
+        from tpplan.cost.pipeline import loop_engine
         from tpplan.engines.routing import replica_router
 
-        replica_router(pipeline_model().engine, value)
-    return value
+        replica_router(loop_engine(engine), router)
 
 
 RouterOpt = Annotated[
     str | None,
     typer.Option("--router", help="What spreads the requests over --replicas: a router the engine release records, "
-                 "e.g. sglang-router:cache_aware (default: the release's own, SGLang's DP controller round-robin; "
-                 "a name it lacks is refused with the list); the serving loop runs it, the launch lines start it",
+                 "e.g. sglang-router:cache_aware (default: the serving loop engine's own, SGLang's DP controller "
+                 "round-robin without --engine; a name it lacks is refused with the list); the serving loop runs "
+                 "it, the launch lines start it",
                  callback=_router),
 ]  # fmt: skip
 

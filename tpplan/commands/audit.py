@@ -25,6 +25,7 @@ from tpplan.commands._options import (
     RedundantExpertsOpt,
     RouterOpt,
     check_json_target,
+    check_router,
     cluster_text,
     emit_json,
     json_option,
@@ -172,7 +173,7 @@ def audit_cmd(
                             "cp_kv": cp_kv, "replicas": replicas, "router": router})  # fmt: skip
     tp, pp, cp, replicas = d["tp"], d["pp"], d["cp"], d["replicas"]  # type: ignore[assignment]
     cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
-    _print_deployment_notes(d, bool(topology or cluster))  # a plan file's deployment, where no flag sets it
+    _check_deployment(d, bool(topology or cluster), engine)  # a plan file's deployment, where no flag sets it
     with steps(f"tpplan audit {model}") as say:  # progress on stderr for a long one (--engine, serving)
         asked_mesh = Mesh(tp, pp=pp, cp=cp, cp_layers=cp_layers, replicas=replicas) if tp else None
         topo, wl = (_load_inputs(topology, nodes, asked_mesh, sides, gpu, cluster, engine, workload, replicas, say)
@@ -235,9 +236,11 @@ def _print_tables(
         print_pd(data["plans"])
 
 
-def _print_deployment_notes(d: FromFile, has_topology: bool) -> None:
-    """Where a plan file set the deployment, say so; a PP or replicas from it without a topology changes
-    nothing the audit prints, and that is said too."""
+def _check_deployment(d: FromFile, has_topology: bool, engine: str | None) -> None:
+    """Refuse, before any work, a request router the serving loop's engine (`--engine`'s, `check_router`) lacks;
+    where a plan file set the deployment, say so; a PP or replicas from it without a topology changes nothing
+    the audit prints, and that is said too."""
+    check_router(engine, str(d["router"]) if d["router"] else None)
     print_deployment_notes(d)
     pp, replicas = d["pp"], d["replicas"]
     if (pp != 1 or replicas != 1) and not has_topology:  # from the file: legality and bytes only

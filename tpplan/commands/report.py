@@ -17,6 +17,7 @@ from tpplan.commands._options import (
     RouterOpt,
     SearchRedundantExpertsOpt,
     check_json_target,
+    check_router,
     emit_json,
     json_option,
     load_cluster,
@@ -203,6 +204,7 @@ def register(app: typer.Typer) -> None:
             cp_kv = saved[1].cp_kv  # and at the KV mode it was ranked with
         if saved is not None and not flag_given(ctx, "router"):
             router = saved[1].router  # and behind the request router it was ranked with
+        check_router(engine[0] if engine else None, router)  # the loop's engine's router, before any work
         reps = replica_count(replicas)
         speculative = speculative_of(spec, True)  # the memo always has workloads
         if speculative is not None and ttft_target is None and tpot_target is None and json_target is None:

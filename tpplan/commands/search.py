@@ -24,6 +24,7 @@ from tpplan.commands._options import (
     RouterOpt,
     SearchRedundantExpertsOpt,
     check_json_target,
+    check_router,
     emit_json,
     json_option,
     load_cluster,
@@ -211,6 +212,7 @@ def register(app: typer.Typer) -> None:
         arrival = arrival_of(arrival_rate, trace, requests, seed)
         speculative = speculative_of(spec, workload is not None or asked(arrival_rate, trace, requests))
         targets = targets_of(ttft_target, tpot_target, target_stat)
+        check_router(engine, router)  # the loop's engine's router, before any work
         reps = replica_count(replicas)
         if targets is not None and replicas is None and tp is None and pp is None:
             reps = "all"  # under targets every split of the budget, replicas of smaller deployments included

@@ -87,6 +87,20 @@ def eagle_config(spec: Speculative) -> dict[str, object] | None:
         raise _as_draft(err, name) from None
 
 
+def eagle3_draft(spec: Speculative) -> bool:
+    """Whether the EAGLE draft is an EAGLE-3 one: its config's architecture says so, or, for a hub name tpplan does
+    not read, the name does (vLLM 0.34.0's own test, v1/worker/gpu/spec_decode/eagle/config.py
+    Eagle3SpeculatorConfig.matches: "eagle3" in the draft's name)."""
+    if spec.method != "eagle" or spec.draft_model is None:
+        return False
+    raw = eagle_config(spec)
+    return _is_eagle3(raw) if raw is not None else "eagle3" in spec.draft_model.lower()
+
+
+def _is_eagle3(raw: dict[str, object]) -> bool:
+    return "eagle3" in str(raw.get("architectures", "")).lower()
+
+
 def _local_path(name: str) -> bool:
     """Whether DRAFT is written as a local path, not a hub name (`org/name`): absolute or relative to `.`
     or `~`, a .json file, more than one `/` or ending in one."""
@@ -142,7 +156,7 @@ def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
         d = cached_predictor(graph, make_plan("baseline", graph, p.tp), p.topo, Mesh(p.tp), p.dtype, None)
     except TpplanError as err:
         raise _as_draft(err, spec.draft_model) from None
-    eagle3 = "eagle3" in str(raw.get("architectures", "")).lower()
+    eagle3 = _is_eagle3(raw)
     fc_in = (_int(raw, "num_aux_hidden_states", EAGLE3_AUX) if eagle3 else 2) * _int(raw, "target_hidden_size",
                                                                                       model.hidden)  # fmt: skip
     vocab = _int(raw, "draft_vocab_size", model.vocab)

@@ -207,6 +207,15 @@ class GpuSpec(Strict):
         stack += f" over {self.software}" if self.software else ""
         return self.model_copy(update={"sources": [*refs, *self.sources], "software": stack})
 
+    @property
+    def kernel_engine(self) -> str | None:
+        """The engine ("vllm@0.34.0", "trtllm") whose measured kernels its first database source holds, None
+        where none does: `--engine` as the GPU model carries it (`with_engine`), for `cost.pipeline.loop_engine`."""
+        ref = next((r for r in self.sources if r.kind == "aic" and r.engine), None)
+        if ref is None:
+            return None
+        return f"{ref.engine}@{ref.version}" if ref.version else ref.engine
+
     def source_of(self, op_class: str) -> str:
         """Where this GPU model's prices for `op_class` come from, in words."""
         if op_class in self.provenance:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tpplan.engines import DEFAULT_ENGINES, select
+from tpplan.engines import DEFAULT_ENGINES, ENGINE_NAMES, default_release, select
 from tpplan.engines.schema import PipelineSchedule
+from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
 
 DEFAULT_PP_ENGINE = DEFAULT_ENGINES[0]  # the memo's default engine: SGLang's current release
@@ -54,4 +55,35 @@ def pipeline_model(engine: str | None = None) -> PipelineModel:
     return PipelineModel(ev.key, f"{ev.engine} {ev.version}", ev.pipeline)
 
 
-__all__ = ["DEFAULT_PP_ENGINE", "PipelineModel", "pipeline_model"]
+def loop_engine(kernels: str | None) -> str:
+    """The engine version whose serving loop (PP schedule, chunk budget, speculative flags, router, launch
+    lines) runs for the `--engine` value `kernels` (the kernel tables' engine): that version where tpplan read
+    its serving rules (`engines/releases/`), the engine's default release for another of its versions (a
+    kernel-database-only one), else (trtllm, or none) the default engine's. The one place that decides it."""
+    if kernels is None:
+        return DEFAULT_PP_ENGINE
+    name = kernels.strip().lower().partition("@")[0]
+    if name not in (n.lower() for n in ENGINE_NAMES):
+        return DEFAULT_PP_ENGINE
+    try:
+        return select(kernels).key
+    except TpplanError:
+        return default_release(name).key
+
+
+def loop_note(kernels: str | None) -> str:
+    """One sentence where the loop's engine is not the one `--engine` named ("" where it is, or none was)."""
+    loop = loop_engine(kernels)
+    if kernels is None or kernels.strip().lower() == loop:
+        return ""
+    if "@" not in kernels and select(loop).engine.lower() == kernels.strip().lower():
+        return ""  # an engine alone names its default release, the loop's
+    return f"the serving loop runs {loop}'s rules: tpplan read no serving rules for {kernels} (its kernels price)"
+
+
+def serving_pipeline(kernels: str | None) -> PipelineModel:
+    """The PP schedule of the loop engine `--engine` `kernels` implies (`loop_engine`)."""
+    return pipeline_model(loop_engine(kernels))
+
+
+__all__ = ["DEFAULT_PP_ENGINE", "PipelineModel", "loop_engine", "loop_note", "pipeline_model", "serving_pipeline"]

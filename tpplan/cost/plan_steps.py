@@ -18,7 +18,7 @@ from tpplan.cost.collective_pricer import CollectivePricer
 from tpplan.cost.compute import kernel_sources
 from tpplan.cost.ep_low_latency import low_latency_steps
 from tpplan.cost.kernel_pricer import KernelPricer
-from tpplan.cost.pipeline import PipelineModel, pipeline_model
+from tpplan.cost.pipeline import PipelineModel, serving_pipeline
 from tpplan.cost.prediction import CollectiveTime
 from tpplan.cost.segments import Segments, batch_pairs
 from tpplan.cost.topology import Topology
@@ -75,7 +75,7 @@ class PlanSteps:
         self.rpn = mesh.ranks_per_node(topo.gpus_per_node)
         self.stages = stage_layers(graph.spec.num_layers, mesh)
         self.engine = engine
-        self.pipeline = pipeline or pipeline_model()
+        self.pipeline = pipeline or serving_pipeline(engine or topo.gpu.kernel_engine)  # the loop --engine implies
         self.serving_engine = engine or self.pipeline.engine  # and whose kernels the serving set prices
         self.key = predictor_key(graph, plan, topo, mesh, dtype, expert_dtype, engine, self.pipeline, impls)
         built = kernel_sources(topo.gpu, engine)

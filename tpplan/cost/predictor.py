@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from tpplan.audit import PlanAudit, stage_weights
 from tpplan.cost.context_parallel import cp_weight_elements
-from tpplan.cost.pipeline import PipelineModel, pipeline_model
+from tpplan.cost.pipeline import PipelineModel, serving_pipeline
 from tpplan.cost.plan_steps import PlanSteps, predictor_key
 from tpplan.cost.prediction import KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
@@ -295,7 +295,7 @@ def cached_predictor(
 ) -> Predictor:
     """`Predictor(...)`, cached per `predictor_key`, all compared by value: the scheduler calls batch_time
     per batch. (A recorded run's implementations, `bench --repredict`, build their own.)"""
-    pipeline = pipeline or pipeline_model()
+    pipeline = pipeline or serving_pipeline(engine or topo.gpu.kernel_engine)
     key = predictor_key(graph, plan, topo, mesh, dtype, expert_dtype, engine, pipeline)
     hit = _CACHE.get(key)
     if hit is not None and hit.built_on(graph, topo):

@@ -295,21 +295,45 @@ class Speculative:
                 "draft_model": self.draft_model}  # fmt: skip
 
 
+EAGLE3_METHOD = {
+    "sglang": Source(
+        "sgl-project/sglang",
+        "python/sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py",
+        "the target sets eagle_use_aux_hidden_state only where SpeculativeAlgorithm.is_eagle3() "
+        "(speculative/spec_info.py: EAGLE3 apart from EAGLE): an EAGLE-3 draft needs --speculative-algorithm EAGLE3",
+        "0.5.23 (PyPI wheel)",
+    ),
+    "vllm": Source(
+        "vllm-project/vllm",
+        "vllm/transformers_utils/configs/eagle.py",
+        "EAGLEConfig.__init__: method 'eagle' names the draft Eagle<arch>, 'eagle3' Eagle3<arch>; "
+        "v1/worker/gpu/spec_decode/eagle/config.py Eagle3SpeculatorConfig (base_method 'eagle3', "
+        "uses_aux_hidden_states): an EAGLE-3 draft needs method 'eagle3'",
+        "0.34.0 (PyPI wheel)",
+    ),
+}
+
+
 def _name(engine: str) -> str:
     return engine.split("@")[0].lower()
 
 
-def launch_flags(engine: str, spec: Speculative, max_running: int | None = None) -> tuple[str, ...]:
+def launch_flags(
+    engine: str, spec: Speculative, max_running: int | None = None, *, eagle3: bool = False
+) -> tuple[str, ...]:
     """The engine's flags for `spec` (chain draft: SGLang top-k 1 with num_draft_tokens = num_steps + 1). SGLang
     lowers its running-request cap to 48 under speculative decoding unless one is given: `max_running` (the
-    cap the loop served with) is given as `--max-running-requests`, so the launch line runs what was priced."""
+    cap the loop served with) is given as `--max-running-requests`, so the launch line runs what was priced.
+    `eagle3`: the EAGLE draft is an EAGLE-3 one (`cost.draft.eagle3_draft`), whose method both engines name
+    apart, as it makes the target capture the auxiliary hidden states (`EAGLE3_METHOD`)."""
+    method = "eagle3" if eagle3 and spec.method == "eagle" else spec.method
     if _name(engine) == "sglang":
-        algo = "NEXTN" if spec.method == "mtp" else "EAGLE"
+        algo = "NEXTN" if spec.method == "mtp" else method.upper()
         out = [f"--speculative-algorithm {algo}", f"--speculative-num-steps {spec.draft_tokens}",
                "--speculative-eagle-topk 1", f"--speculative-num-draft-tokens {spec.verify_tokens}"]  # fmt: skip
         out += [f"--speculative-draft-model-path {spec.draft_model}"] if spec.draft_model else []
         return (*out, *((f"--max-running-requests {max_running}",) if max_running is not None else ()))
-    conf: dict[str, object] = {"method": spec.method, "num_speculative_tokens": spec.draft_tokens}
+    conf: dict[str, object] = {"method": method, "num_speculative_tokens": spec.draft_tokens}
     if spec.draft_model:
         conf["model"] = spec.draft_model
     return (f"--speculative-config '{json.dumps(conf, separators=(',', ':'))}'",)
@@ -323,8 +347,9 @@ def running_cap(engine: str, cap: int | None) -> int | None:
     return cap
 
 
-def sources(engine: str) -> tuple[Source, ...]:
-    return SOURCES[_name(engine)]
+def sources(engine: str, *, eagle3: bool = False) -> tuple[Source, ...]:
+    """Where the engine's speculative facts were read (`eagle3`: with where its EAGLE-3 method was)."""
+    return (*SOURCES[_name(engine)], *((EAGLE3_METHOD[_name(engine)],) if eagle3 else ()))
 
 
 def prefill_draft_samples(engine: str) -> bool:

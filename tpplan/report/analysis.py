@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tpplan.audit import Audits
-from tpplan.cost.pipeline import PipelineModel, pipeline_model
+from tpplan.cost.pipeline import PipelineModel, serving_pipeline
 from tpplan.cost.provenance import question_provenance
 from tpplan.cost.topology import Topology
 from tpplan.cost.workload import Workload
@@ -362,7 +362,7 @@ def _memo(
 
     engines = ask.engine_list
     pair = select_pair(engines)
-    pp_schedule = pipeline_model(engines[0] if engines else None)  # the first --engine names the deployed one
+    pp_schedule = serving_pipeline(engines[0] if engines else None)  # the first --engine names the deployed one
     graph = model if isinstance(model, ModelGraph) else build_model_graph(load_model(model))
     audits = audits if audits is not None and audits.graph is graph else Audits(graph)
     world = topology.world_size

@@ -148,6 +148,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
     with its decode pool's draft, which it loads and runs (`tpplan.engines.speculative.PD_PREFILL_SOURCES`)."""
     from dataclasses import replace
 
+    from tpplan.cost.draft import eagle3_draft
     from tpplan.cost.predictor import cached_predictor
     from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
@@ -184,7 +185,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
             continue
         flags = memory_flags(ev.key, kv.settings, workload.chunk_size, running)
         flags += pd_flags(ev.key, "prefill" if pool == "prefill" else "decode") if pool != "aggregated" else ()
-        flags += launch_flags(ev.key, spec) if spec is not None else ()
+        flags += launch_flags(ev.key, spec, eagle3=eagle3_draft(spec)) if spec is not None else ()
         try:  # the aggregated pool's replicas behind the deployment's request router; a P/D pool behind its P/D router
             router = replica_router(ev.key, outcome.router) if pool == "aggregated" else pd_pool_router(ev.key)
         except TpplanError as err:  # a router the other engine version does not have

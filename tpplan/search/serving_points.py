@@ -202,8 +202,10 @@ def predictor_of(ask: Ask, r: RankedPlan, every_replica: bool) -> Predictor:
 
 
 def loop_engine_runs(ask: Ask, plan: Plan, mesh: Mesh) -> bool:
-    """Whether the flags of the engine the loop simulates (SGLang) realise `plan` on one replica of `mesh`
-    (`engines.recipes`): a plan the search serves must have a launch line."""
+    """Whether the flags of the engine the loop simulates (`cost.pipeline.loop_engine`: `--engine`'s where
+    tpplan read its serving rules, else SGLang's) realise `plan` on one replica of `mesh` (`engines.recipes`):
+    a plan the search serves must have a launch line."""
+    from tpplan.cost.pipeline import loop_engine
     from tpplan.engines import Launch, select_pair
     from tpplan.engines.recipes import recipes
     from tpplan.mesh import Mesh
@@ -211,7 +213,8 @@ def loop_engine_runs(ask: Ask, plan: Plan, mesh: Mesh) -> bool:
     one = Mesh(mesh.tp, pp=mesh.pp, cp=mesh.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
     nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))
     launch = Launch(ask.graph.spec, one, chunk=ask.workload.chunk_size, gpu=ask.topo.gpu.name, nodes=nodes)
-    return recipes(plan, launch, engines=select_pair(None))[0].runs
+    loop = loop_engine(ask.topo.gpu.kernel_engine)
+    return next(r for r in recipes(plan, launch, engines=select_pair([loop])) if r.version == loop).runs
 
 
 def serve_aggregated(ask: Ask, p: Predictor, arrivals: Arrivals, cap: tuple[int, int] | None) -> LoopResult:

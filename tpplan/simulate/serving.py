@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tpplan.cost.draft import draft_memory
+from tpplan.cost.draft import draft_memory, eagle3_draft
+from tpplan.cost.pipeline import loop_note
 from tpplan.cost.prediction import PlanPrediction
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.topology import Topology
@@ -110,7 +111,7 @@ def serving_summary(
         "ttft_band": {k: [low.summary()[k], high.summary()[k]] for k in ("mean_s", "p50_s", "p90_s", "p99_s")},
         "idealised_mean_s": ideal.mean_s,
         "settings": _settings(loop, chunk_tokens, p.deployment),
-        "conditions": list(loop.conditions()),
+        "conditions": [*loop.conditions(), *filter(None, [loop_note(p.engine or p.topo.gpu.kernel_engine)])],
     }
     if per_request:
         out["requests"] = [t.to_json() for t in res.timelines]
@@ -184,11 +185,11 @@ def speculative_json(p: Predictor, spec: Speculative, max_running: int | None) -
     were read."""
     from tpplan.engines.speculative import launch_flags, sources
 
-    engine = p.pipeline.engine
-    flags = launch_flags(engine, spec, max_running)
+    engine, eagle3 = p.pipeline.engine, eagle3_draft(spec)
+    flags = launch_flags(engine, spec, max_running, eagle3=eagle3)
     draft = draft_memory(p, spec)
     return {**spec.to_json(), "draft": None if draft is None else draft.to_json(), "flags": list(flags),
-            "sources": [s.cite() for s in sources(engine)]}  # fmt: skip
+            "sources": [s.cite() for s in sources(engine, eagle3=eagle3)]}  # fmt: skip
 
 
 def routed_prediction(pred: PlanPrediction, p: Predictor, workload: Workload, gpus_per_node: int) -> PlanPrediction:
