@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tpplan.bench.checks import checks
+from tpplan.bench.host_ahead import timing_line
 from tpplan.bench.results import PlanBench
 from tpplan.bench.ttft import TTFT_METHOD
 from tpplan.bench_results import BenchResults, OpResult, error_summary
@@ -59,7 +60,7 @@ def _provenance(r: BenchResults) -> str:
 def _plan_markdown(pb: PlanBench) -> list[str]:
     """One plan's section: batches, layers, ops by category, ops, collectives and the extrapolated TTFT."""
     r = pb.results
-    out = [f"## {pb.plan}", ""]
+    out = [f"## {pb.plan}", "", f"Timing: {timing_line(r.timing)}.", ""]
     if pb.fallbacks:
         out += [f"Fallbacks: {len(pb.fallbacks)} chunk(s) ran the baseline plan ({pb.fallbacks[0]}).", ""]
     out += _batches_markdown(pb)
