@@ -198,13 +198,16 @@ def test_a_stated_imex_channel_is_read(tmp_path) -> None:  # type: ignore[no-unt
         ("input_len = nan", "input should be a valid integer"),
         ("input_len = 100\nbogus = 1", "extra inputs are not permitted"),
         ("input_len = 100\nnum_requests = 100000000000", "less than or equal to"),
+        ("input_lens = []", "w.toml: input_lens must be a non-empty list"),  # a rule over fields: it said
+        ("", "w.toml: give input_len (or input_lens)"),  # "(root): field '(root)' is invalid" and dumped the file
     ],
 )
 def test_bad_workload_fields(tmp_path, fields, says) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "w.toml"
     path.write_text(f'name = "w"\n{fields}\noutput_len = 1\nconcurrency = 1\nchunk_size = 512\n')
-    refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "-w", str(path),
-            says=(str(path), says))  # fmt: skip
+    line = refused(tmp_path, "audit", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "-w", str(path),
+                   says=(str(path), says))  # fmt: skip
+    assert "(root)" not in line and "{'name'" not in line
 
 
 TARGETS = ("search", "-m", "tiny-llama", "--tp", "2", "-t", "h200x8-ib400", "-w", WORKLOAD)

@@ -67,16 +67,18 @@ def from_validation(exc: ValidationError, where: str, fix: str) -> TpplanError:
     count of further problems is given so nobody expects the next run to be clean.
     """
     first = exc.errors()[0]
-    field = _cut(".".join(str(p) for p in first["loc"]) or "(root)", QUOTE_LIMIT)  # a key may be the bad value
+    more = exc.error_count() - 1
+    also = f"; {more} more problem(s) follow once this is fixed" if more else ""
+    if not first["loc"]:  # a rule over several fields (a model validator): its message names them
+        msg = _cut(str(first["msg"]).removeprefix("Value error, "), 4 * QUOTE_LIMIT)
+        return TpplanError(where, f"{msg[:1].lower()}{msg[1:]}{also}", f"correct {where} as this says")
+    field = _cut(".".join(str(p) for p in first["loc"]), QUOTE_LIMIT)  # a key may be the bad value
     if first["type"] == "missing":
         reason = f"required field '{field}' is missing"
     else:
         msg = _cut(str(first["msg"]).removeprefix("Value error, "), 4 * QUOTE_LIMIT)
         reason = f"field '{field}' is invalid: {msg[:1].lower()}{msg[1:]} (got {shown(first.get('input'))})"
-    more = exc.error_count() - 1
-    if more:
-        reason += f"; {more} more problem(s) follow once this is fixed"
-    return TpplanError(f"{where}: {field}", reason, fix.format(field=field))
+    return TpplanError(f"{where}: {field}", reason + also, fix.format(field=field))
 
 
 def validated(model: type[M], data: object, where: str, fix: str) -> M:

@@ -15,6 +15,7 @@ from tests.simulate.test_speculative import EAGLE3
 from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.draft import draft_memory
 from tpplan.cost.kv_capacity import kv_capacity
+from tpplan.cost.pipeline import pipeline_model
 from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import select_topology
 from tpplan.engines.speculative import Speculative, check_pd_draft
@@ -33,7 +34,9 @@ MTP = Speculative(3, 2.5)
 def _predictor(engine: str, tp: int = 2):  # type: ignore[no-untyped-def]
     graph = build_model_graph(load_model("tiny-deepseek-v3"))
     topo = select_topology("h200x8-ib400", 1)
-    return cached_predictor(graph, baseline(), topo, Mesh(tp), "bf16", None, engine=engine)
+    return cached_predictor(
+        graph, baseline(), topo, Mesh(tp), "bf16", None, engine=engine, pipeline=pipeline_model(engine)
+    )
 
 
 @pytest.fixture(scope="module", params=["sglang@0.5.23", "vllm@0.34.0"])

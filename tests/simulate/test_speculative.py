@@ -84,7 +84,7 @@ def test_cached_prices_verify_width_and_draft_on_the_last_stage() -> None:
         seen.append(tuple(segs))
         return [0.5, 1.0 + 0.001 * sum(n for n, _ in segs)]
 
-    prices = CachedPrices(stages, verify=4, draft=lambda b, c: 0.25 * b)
+    prices = CachedPrices(stages, verify=4, draft=lambda pre, dec, samples: 0.25 * len(dec))
     got = prices.price_step((), 3, 3 * 64)
     assert even_decode(3, 3 * 64, 4) == ((4, 64),) * 3 == seen[0]  # the grid's points 64 and 65; mean 64
     assert list(got) == pytest.approx([0.5, 1.0 + 0.012 + 0.75])
@@ -338,7 +338,7 @@ def test_audit_json_carries_the_inputs_and_the_flags(monkeypatch, capsys, tmp_pa
     d = json.loads(out)["plans"][0]["serving"]["decode"]
     s = d["settings"]["speculative"]
     assert (s["draft_tokens"], s["verify_tokens"], s["accepted_per_step"]) == (3, 4, 2.5)
-    assert "--speculative-num-draft-tokens 4" in s["flags"] and len(s["sources"]) == 7
+    assert "--speculative-num-draft-tokens 4" in s["flags"] and len(s["sources"]) == 8
     assert s["draft"]["layers"] == 1 and s["draft"]["weights_bytes_per_rank"] > 0  # its nextn layer at TP 2
     assert f"--max-running-requests {d['settings']['max_running']}" in s["flags"]  # the cap the loop served with
     # 32 + 20 decode tokens at 2.5 a step: 13 and 8 steps

@@ -16,7 +16,7 @@ from tpplan.audit import layer_weight_bytes
 from tpplan.cost.collective_pricer import price_collective
 from tpplan.cost.predictor import Predictor, cached_predictor
 from tpplan.cost.segments import Segments
-from tpplan.engines.speculative import Speculative, prefill_draft_samples
+from tpplan.engines.speculative import Speculative, draft_over_whole_step, prefill_draft_samples
 from tpplan.errors import TpplanError
 from tpplan.layout.propagate import LayerResult
 from tpplan.mesh import Mesh
@@ -223,18 +223,46 @@ def prefill_draft_seconds(p: Predictor, spec: Speculative, segs: Segments, one: 
     return segments_pass_seconds(p, one, segs, sample=prefill_draft_samples(p.pipeline.engine))
 
 
+def propose_seconds(
+    p: Predictor, spec: Speculative, one: DraftPass, segs: Segments, contexts: tuple[int, ...]
+) -> float:
+    """A draft's proposal of k tokens: one pass over `segs` sampling one token per request, then k - 1
+    one-token passes, one per request at `contexts`."""
+    wide = segments_pass_seconds(p, one, segs)
+    if spec.draft_tokens == 1:
+        return wide
+    return wide + (spec.draft_tokens - 1) * segments_pass_seconds(p, one, tuple((1, c) for c in contexts))
+
+
 def draft_step_seconds(
     p: Predictor, spec: Speculative, batch: int, context: int, one: DraftPass | None = None
 ) -> float:
     """A speculative step's draft on the last stage: one pass over the verify width per request (SGLang's
     draft extend, vLLM's draft prefill) and k - 1 one-token passes (`one`: the pass, `draft_pass` by default)."""
     one = one if one is not None else draft_pass(p, spec)
-    wide = pass_seconds(p, one, batch, spec.verify_tokens, context)
-    if spec.draft_tokens == 1:
-        return wide
-    return wide + (spec.draft_tokens - 1) * pass_seconds(p, one, batch, 1, context)
+    return propose_seconds(p, spec, one, ((spec.verify_tokens, context),) * batch, (context,) * batch)
 
 
-__all__ = ["DraftMemory", "DraftPass", "check_draft", "draft_memory", "draft_pass", "draft_pass_extras", "draft_rows",
-           "draft_step_seconds", "eagle_config", "mtp_memory", "pass_seconds", "prefill_draft_seconds",
-           "segments_pass_seconds"]  # fmt: skip
+def aggregated_draft_seconds(
+    p: Predictor, spec: Speculative, prefill: Segments, decode: Segments, samples: bool, one: DraftPass | None = None
+) -> float:
+    """The draft an aggregated server runs on the last stage in a step of `prefill` chunks and `decode`
+    requests' verify segments (`tpplan.engines.speculative.AGG_PREFILL_SOURCES`). SGLang: a prefill step runs
+    one draft extend over its chunks' tokens, every chunk, with the lm_head over one token per request; a
+    decode step's draft as `draft_step_seconds`. vLLM: one draft prefill over every token of the step; where a
+    request of the step will verify drafts (`samples`: a decode request, or a prompt's final chunk with tokens
+    to decode) the lm_head over one token per request and k - 1 one-token passes over every request of the
+    step; else the pass only fills the draft's KV."""
+    one = one if one is not None else draft_pass(p, spec)
+    ctx = tuple(c + n for n, c in prefill) + tuple(c for _, c in decode)
+    if draft_over_whole_step(p.pipeline.engine):
+        if not samples:
+            return segments_pass_seconds(p, one, prefill + decode, sample=False)
+        return propose_seconds(p, spec, one, prefill + decode, ctx)
+    out = segments_pass_seconds(p, one, prefill) if prefill else 0.0
+    return out + (propose_seconds(p, spec, one, decode, ctx[len(prefill) :]) if decode else 0.0)
+
+
+__all__ = ["DraftMemory", "DraftPass", "aggregated_draft_seconds", "check_draft", "draft_memory", "draft_pass",
+           "draft_pass_extras", "draft_rows", "draft_step_seconds", "eagle_config", "mtp_memory", "pass_seconds",
+           "prefill_draft_seconds", "propose_seconds", "segments_pass_seconds"]  # fmt: skip

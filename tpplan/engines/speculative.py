@@ -9,7 +9,8 @@ A speculative decode step, as both engines run a chain draft (EAGLE top-k 1, MTP
   `--speculative-num-draft-tokens`; vLLM schedules 1 + num_speculative_tokens tokens per running request
   out of the step's token budget, `Scheduler.schedule`);
 - the request gains `accepted` tokens on average, the bonus token included (1 <= accepted <= k + 1).
-The draft is priced as the engines load and run it (`tpplan.cost.draft`):
+A prefill step runs the draft too, over the prompt's tokens (`AGG_PREFILL_SOURCES`; a P/D prefill server's,
+`PD_PREFILL_SOURCES`). The draft is priced as the engines load and run it (`tpplan.cost.draft`):
 - weights: MTP's `num_nextn_predict_layers` nextn layers, each the target's last decoder layer sharded as the
   target's, plus its eh_proj (an unsharded `nn.Linear(2 * hidden, hidden)`) and norms; the embedding and
   lm_head are the target's, shared (SGLang `EAGLEWorkerV2.init_lm_head`, vLLM `load_eagle_model`), and both
@@ -180,9 +181,46 @@ PREFILL_DRAFT_SAMPLES = {"sglang": True, "vllm": False}
 """Whether a P/D prefill server's draft pass over a step's tokens samples (its lm_head over one token per request):
 SGLang's draft extend for prefill proposes the first draft token's top-k for the decode server
 (`SGLANG_PD_PREFILL`); vLLM's prefill server proposes nothing and only fills the draft's KV (`VLLM_PD_PREFILL`)."""
+SGLANG_AGG_PREFILL = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/speculative/eagle_worker_v2.py",
+    "EAGLEWorkerV2.forward_batch_generation sends every extend batch (each prefill chunk) to _forward_prefill_batch: "
+    "the target's prefill, then EagleDraftWorker._draft_extend_for_prefill, one draft forward over the batch's "
+    "tokens (shifted by one, _eagle_prefill_tail_tokens for a chunk) whose logits (layers/logits_processor.py "
+    "LogitsProcessor._get_pruned_states: an extend batch's last index per request) give the first draft's top-k; "
+    "no draft_forward steps until the request decodes; mixed prefill and decode steps only with "
+    "--enable-mixed-chunk (arg_groups/fields/schedule.py, default off)",
+    "0.5.23 (PyPI wheel)",
+)
+VLLM_AGG_PREFILL = Source(
+    "vllm-project/vllm",
+    "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+    "GPUModelRunner.sample_tokens (v1/worker/gpu/model_runner.py) calls TargetDependentARSpeculator.propose after "
+    "every step: _prefill runs the draft over every token of the step (prepare_prefill_inputs: a non-final chunk "
+    "takes its next prompt token) and samples at last_token_indices, one row per request, then "
+    "_run_multi_step_decode runs num_speculative_tokens - 1 one-token passes over the step's requests; the "
+    "scheduler sets K = 0 (skip_drafts) when Scheduler._drafts_unused holds for every request of the step (a "
+    "non-final prefill chunk, or a step that samples a request's last token), and _prefill then returns before "
+    "sampling (skip_sample)",
+    "0.34.0 (PyPI wheel)",
+)
+AGG_PREFILL_SOURCES = {"sglang": SGLANG_AGG_PREFILL, "vllm": VLLM_AGG_PREFILL}
+DRAFT_OVER_WHOLE_STEP = {"sglang": False, "vllm": True}
+"""Whether an aggregated server's draft runs once over every token of a step, prefill chunks and decode
+requests together (vLLM's propose, `VLLM_AGG_PREFILL`), or a prefill step's draft extend apart from a decode
+step's draft (SGLang, whose steps are prefill or decode without --enable-mixed-chunk, `SGLANG_AGG_PREFILL`)."""
 SOURCES = {
-    "sglang": (SGLANG_SPEC, SGLANG_STEP, SGLANG_CAP, SGLANG_DRAFT_MEMORY, SGLANG_TREE, SGLANG_LOGITS, SGLANG_EAGLE),
-    "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS, VLLM_EAGLE),
+    "sglang": (
+        SGLANG_SPEC,
+        SGLANG_STEP,
+        SGLANG_CAP,
+        SGLANG_DRAFT_MEMORY,
+        SGLANG_TREE,
+        SGLANG_LOGITS,
+        SGLANG_EAGLE,
+        SGLANG_AGG_PREFILL,
+    ),
+    "vllm": (VLLM_SPEC, VLLM_STEP, VLLM_DRAFT_MEMORY, VLLM_LOGITS, VLLM_EAGLE, VLLM_AGG_PREFILL),
 }
 SGLANG_DEFAULT_RUNNING = 48  # `_handle_eagle_family`'s max_running_requests when none is given
 
@@ -195,6 +233,8 @@ NOT_MODELLED = (
     "layer cell: the same where a stage's layers cache alike; vLLM: an EAGLE draft's own); under PP the draft's "
     "weights are on the last stage without an embedding of their own (SGLang's PP draft keeps a copy, "
     "speculative/pp_draft_embedding.py)",
+    "speculative decoding: a step with a decoding request is priced as proposing drafts (vLLM proposes none, only "
+    "filling the draft's KV, where every request of the step takes its last output token, Scheduler._drafts_unused)",
 )
 PD_NOT_MODELLED = (
     "speculative decoding in P/D: the prefill server's per-request metadata for the decode server (SGLang: the "
@@ -292,6 +332,11 @@ def prefill_draft_samples(engine: str) -> bool:
     return PREFILL_DRAFT_SAMPLES[_name(engine)]
 
 
+def draft_over_whole_step(engine: str) -> bool:
+    """Whether the aggregated server's draft runs once over a whole step's tokens (`DRAFT_OVER_WHOLE_STEP`)."""
+    return DRAFT_OVER_WHOLE_STEP[_name(engine)]
+
+
 def check_pd_draft(engine: str, prefill: Mesh, decode: Mesh, target_latent: bool, draft_latent: bool) -> None:
     """Refuse what the engine's P/D connector refuses for a speculative decode pool (`VLLM_PD_DRAFT_GATE`): on
     vLLM, a draft caching plain attention under a latent-KV (MLA) target where the decode TP is below the
@@ -306,6 +351,8 @@ def check_pd_draft(engine: str, prefill: Mesh, decode: Mesh, target_latent: bool
 
 
 __all__ = [
+    "AGG_PREFILL_SOURCES",
+    "DRAFT_OVER_WHOLE_STEP",
     "EAGLE_NOT_MODELLED",
     "EAGLE_READ_NOT_MODELLED",
     "NOT_MODELLED",
@@ -315,6 +362,7 @@ __all__ = [
     "SOURCES",
     "Speculative",
     "check_pd_draft",
+    "draft_over_whole_step",
     "launch_flags",
     "prefill_draft_samples",
     "running_cap",

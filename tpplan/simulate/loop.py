@@ -252,7 +252,9 @@ class _Replica:
         self.prices, self.cfg = prices, cfg
         # `CachedPrices.price_step`: a step priced from (prefill segments, decode tokens, their contexts' sum),
         # the price `prices` gives the full segments (tests/simulate/test_loop_fast_path.py)
-        self.price_step: Callable[[Segments, int, float], Sequence[float]] | None = getattr(prices, "price_step", None)
+        self.price_step: Callable[[Segments, int, float, bool], Sequence[float]] | None = getattr(
+            prices, "price_step", None
+        )
         fast = self.FAST_DECODE and cfg.decode and cfg.in_flight == 1 and self.price_step is not None
         self.rounds: _Rounds | None = _Rounds() if fast else None
         pp = self.FAST_DECODE and cfg.decode and cfg.in_flight > 1 and self.price_step is not None
@@ -436,7 +438,7 @@ class _Replica:
                 ctx = sum([last[r] + decoded[r] for r in dec])
             if taken is None and rounds is None and self.cfg.accepted != 1.0:
                 ctx += sum([shift(decoded[r]) for r in dec])
-            times = [float(t) for t in self.price_step(pre, len(dec), ctx)]
+            times = [float(t) for t in self.price_step(pre, len(dec), ctx, bool(dec) or self.drafts_used(segs))]
         else:
             w = self.cfg.verify_tokens
             tokens = tuple([(w, round(last[r] + decoded[r] + shift(decoded[r]))) for r in dec])
@@ -444,6 +446,16 @@ class _Replica:
         if not times or min(times) < 0 or not all(map(math.isfinite, times)):
             raise TpplanError("stage prices", f"returned {times} s for step {len(self.steps)}", "return >= 0 per stage")
         return times
+
+    def drafts_used(self, segs: list[Segment]) -> bool:
+        """Whether a prompt's final chunk in `segs` has tokens to decode (its engine decodes them, whether or
+        not this loop does), so that a draft proposed after the step is verified (vLLM proposes none
+        otherwise, `tpplan.engines.speculative.VLLM_AGG_PREFILL`)."""
+        reqs = self.reqs
+        return any(
+            s.start_pos + s.n_tokens == reqs[s.request_id].prompt_tokens and reqs[s.request_id].output_tokens > 1
+            for s in segs
+        )
 
     def decode_each(self, dec: list[int], t: float) -> None:
         """Advance each decoding request by one token at `t` (its gap since its last token into the ITLs)."""

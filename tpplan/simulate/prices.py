@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from tpplan.cost.draft import draft_pass, draft_step_seconds, prefill_draft_seconds
+from tpplan.cost.draft import aggregated_draft_seconds, draft_pass, draft_step_seconds, prefill_draft_seconds
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import Segments
 from tpplan.engines.speculative import Speculative
@@ -42,6 +42,9 @@ def even_decode(batch: int, total_context: int, width: int = 1) -> Segments:
 
 DraftPrice = Callable[[int, int], float]
 """Seconds a speculative step's draft adds to the last stage for (decode batch, context per request)."""
+StepDraft = Callable[[Segments, Segments, bool], float]
+"""Seconds the draft adds to the last stage in a step of (prefill chunks, decode requests' verify segments,
+whether a request of the step will verify drafts)."""
 
 
 class CachedPrices:
@@ -50,13 +53,13 @@ class CachedPrices:
     `context_grid` (exact where the price is linear in the context read, as attention's bytes and pairs
     are), so a decode step whose contexts grow by one token each step reuses the prices of the last."""
 
-    def __init__(self, prices: StagePrices, verify: int = 1, draft: DraftPrice | None = None) -> None:
-        """`verify` > 1: a decode token is a speculative step's `verify` tokens per request, and `draft` its
-        draft's seconds on the last stage (`speculative_prices`)."""
+    def __init__(self, prices: StagePrices, verify: int = 1, draft: StepDraft | None = None) -> None:
+        """`verify` > 1: a decode token is a speculative step's `verify` tokens per request, and `draft` the
+        step's draft seconds on the last stage, prefill chunks included (`step_draft`)."""
         self._prices = prices
         self._verify, self._draft = verify, draft
         self._cache: dict[Segments, tuple[float, ...]] = {}
-        self._grid: dict[tuple[Segments, int, int], tuple[float, ...]] = {}
+        self._grid: dict[tuple[Segments, int, int, bool], tuple[float, ...]] = {}
 
     def _exact(self, segs: Segments) -> tuple[float, ...]:
         hit = self._cache.get(segs)
@@ -68,30 +71,32 @@ class CachedPrices:
         decode = [c for n, c in segs if n == 1]
         return self.price_step(tuple(s for s in segs if s[0] > 1), len(decode), sum(decode))
 
-    def price_step(self, prefill: Segments, batch: int, context_sum: float) -> Sequence[float]:
+    def price_step(self, prefill: Segments, batch: int, context_sum: float, samples: bool = True) -> Sequence[float]:
         """The price of `prefill`'s segments with `batch` one-token segments whose contexts sum to
         `context_sum` (what the loop passes instead of a segment per decode token); a one-token prefill
-        segment counts as a decode token, as in `__call__`."""
+        segment counts as a decode token, as in `__call__`. `samples`: a request of the step will verify the
+        draft's tokens (`StepDraft`)."""
         ones = [c for n, c in prefill if n == 1]
         if ones:
             prefill = tuple(s for s in prefill if s[0] > 1)
             batch, context_sum = batch + len(ones), context_sum + sum(ones)
         if batch == 0:
-            return self._exact(prefill)
+            return self._exact(prefill) if self._draft is None else self._at(prefill, 0, 0, samples)
         mean = context_sum / batch
         lo, hi = context_grid(mean)
-        a, b = self._at(prefill, batch, lo), self._at(prefill, batch, hi)
+        a, b = self._at(prefill, batch, lo, samples), self._at(prefill, batch, hi, samples)
         w = (mean - lo) / (hi - lo)
         return tuple(x + (y - x) * w for x, y in zip(a, b, strict=True))
 
-    def _at(self, prefill: Segments, batch: int, context: int) -> tuple[float, ...]:
+    def _at(self, prefill: Segments, batch: int, context: int, samples: bool) -> tuple[float, ...]:
         """The exact price with `batch` decode tokens at one grid point, kept per (prefill, batch, point)."""
-        key = (prefill, batch, context)
+        key = (prefill, batch, context, samples)
         hit = self._grid.get(key)
         if hit is None:
-            hit = self._exact(prefill + even_decode(batch, context * batch, self._verify))
+            decode = even_decode(batch, context * batch, self._verify) if batch else ()
+            hit = self._exact(prefill + decode)
             if self._draft is not None:
-                hit = (*hit[:-1], hit[-1] + self._draft(batch, context))
+                hit = (*hit[:-1], hit[-1] + self._draft(prefill, decode, samples))
             self._grid[key] = hit
         return hit
 
@@ -114,10 +119,10 @@ def stage_prices(p: Predictor) -> StagePrices:
 def predictor_prices(p: Predictor, spec: Speculative | None = None) -> CachedPrices:
     """Per-stage seconds of a prefill step on the predictor's deployment, its boundary send included
     (the stages `tpplan.cost.predict.pipeline_ttft` schedules; one stage without PP); with `spec`, a decode
-    token is a speculative step (`draft_price`)."""
+    token is a speculative step and every step runs the draft as the engine does (`step_draft`)."""
     if spec is None:
         return CachedPrices(stage_prices(p))
-    return CachedPrices(stage_prices(p), spec.verify_tokens, draft_price(p, spec))
+    return CachedPrices(stage_prices(p), spec.verify_tokens, step_draft(p, spec))
 
 
 def prefill_server_prices(p: Predictor, spec: Speculative | None) -> CachedPrices:
@@ -148,5 +153,16 @@ def draft_price(p: Predictor, spec: Speculative) -> DraftPrice:
     return seconds
 
 
-__all__ = ["CachedPrices", "DraftPrice", "context_grid", "draft_price", "even_decode", "predictor_prices",
-           "prefill_server_prices", "stage_prices"]  # fmt: skip
+def step_draft(p: Predictor, spec: Speculative) -> StepDraft:
+    """An aggregated server's draft on the last stage per step, prefill chunks and decode requests
+    (`tpplan.cost.draft.aggregated_draft_seconds`)."""
+    passes = draft_pass(p, spec)
+
+    def seconds(prefill: Segments, decode: Segments, samples: bool) -> float:
+        return aggregated_draft_seconds(p, spec, prefill, decode, samples, passes)
+
+    return seconds
+
+
+__all__ = ["CachedPrices", "DraftPrice", "StepDraft", "context_grid", "draft_price", "even_decode", "predictor_prices",
+           "prefill_server_prices", "stage_prices", "step_draft"]  # fmt: skip

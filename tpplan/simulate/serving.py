@@ -84,8 +84,11 @@ def arrivals_for(arrival: Arrival, workload: Workload | None, max_context: int |
     return poisson(arrival.rate, shapes, n, arrival.seed)
 
 
-def _run(p: Predictor, arrivals: Arrivals, loop: EngineLoop, cfg: LoopConfig | None = None) -> LoopResult:
-    return serve(p, arrivals, loop if cfg is None else replace(loop, config=cfg))
+def _run(
+    p: Predictor, arrivals: Arrivals, loop: EngineLoop, cfg: LoopConfig | None, spec: Speculative | None
+) -> LoopResult:
+    """The loop's prefill steps (`spec`: each with the draft's pass as the engine runs it)."""
+    return serve(p, arrivals, loop if cfg is None else replace(loop, config=cfg), spec)
 
 
 def serving_summary(
@@ -93,12 +96,14 @@ def serving_summary(
     speculative: Speculative | None = None,
 ) -> tuple[LoopResult, dict[str, object]]:  # fmt: skip
     """The engine's loop (`p.pipeline`'s engine) on `p`'s deployment: the result and its JSON summary
-    (`speculative`: its decode block's steps are speculative steps)."""
+    (`speculative`: its prefill steps run the draft's pass, its decode block's steps are speculative steps)."""
+    spec = speculative
     loop = engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node)
-    res = _run(p, arrivals, loop)
-    ideal = _run(p, arrivals, engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, fixed_costs=False))
-    low, high = (_run(p, arrivals, loop, replace(loop.config, step_overhead_s=c.step_s, request_in_s=c.request_s))
-                 for c in loop.costs.band())  # fmt: skip
+    res = _run(p, arrivals, loop, None, spec)
+    ideal = _run(p, arrivals, engine_loop(p.pipeline, p.deployment, chunk_tokens, gpus_per_node, fixed_costs=False),
+                 None, spec)  # fmt: skip
+    low, high = (_run(p, arrivals, loop, replace(loop.config, step_overhead_s=c.step_s, request_in_s=c.request_s),
+                      spec) for c in loop.costs.band())  # fmt: skip
     out: dict[str, object] = {
         "engine": p.pipeline.engine,
         "ttft": res.summary(),
