@@ -85,6 +85,11 @@ class OpResult(Timed):
         default=None,
         description="what priced the prediction (`OpTime.source`: kernel-model, gemm-table, roofline, aic:..., ...)",
     )
+    band: str | None = Field(
+        default=None,
+        description="its own error-table class where not its category's (`OpTime.band`: attention_window, "
+        "dsa_indexer, attention_sparse); None: the category's band, and files written before 2026-12-06",
+    )
 
     @property
     def estimate_s(self) -> float | None:

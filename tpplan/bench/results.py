@@ -204,6 +204,7 @@ def _op_results(
                 modelled_s=modelled if modelled > 0 else None,
                 impl=impls.get(impl_class(g, lk, op_name)),
                 source=o0.source,
+                band=o0.band,
             )
         )
     return ops
