@@ -129,14 +129,15 @@ def try_sparse_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Te
     """(name, out) of DSA's attention by the Triton sparse kernel over the indices `keep` was built from
     (`selected_keys`) where `sparse_attention_ok`, triton imports and the shape was not refused; None
     for the caller's reference (also when `keep` did not come from `selected_keys`). k/v may hold fewer heads."""
-    if not sparse_attention_ok(q) or not _SELECTED or _SELECTED[0][0] is not keep:
+    if not _SELECTED or _SELECTED[0][0] is not keep:
         return None
-    kernel = _sparse_kernel()
+    indices = _SELECTED.pop()[1]  # one attention per mask: the [T, S] mask is not held after it
+    kernel = _sparse_kernel() if sparse_attention_ok(q) else None
     key = f"sparse attention, head dims {q.shape[-1]}/{v.shape[-1]}, {q.shape[1]}/{k.shape[1]} heads"
     if kernel is None or key in _REFUSED:
         return None
     try:
-        return SPARSE_ATTENTION, kernel(q, k, v, _SELECTED[0][1], scale)
+        return SPARSE_ATTENTION, kernel(q, k, v, indices, scale)
     except Exception as exc:  # e.g. triton out of shared memory, or a head dim it cannot split
         _refuse(key, exc)
         return None
