@@ -175,3 +175,15 @@ def test_host_ahead_sizes_each_sleep_in_cycles_and_records_whether_the_gpu_caugh
     r0, r1 = ahead.runs
     assert r0["sleep_s"] == pytest.approx(SLEEP_MARGIN * 0.004, rel=1e-6) and r0["caught_up"] is False
     assert r1["sleep_s"] == pytest.approx(MIN_SLEEP_S, rel=1e-6) and r1["caught_up"] is True
+
+
+def test_the_default_timing_is_the_one_every_recorded_run_used():
+    """host-ahead has not run on a GPU yet (docs/benchmarks.md): the library's and the CLI's default stay
+    as-issued until a GPU call has compared the two modes."""
+    import inspect
+
+    from tpplan.bench.config import BenchConfig
+    from tpplan.commands.bench import bench
+
+    assert BenchConfig(model="tiny-llama", plans=("baseline",), workload="seed-c8").timing == "as-issued"
+    assert inspect.signature(bench).parameters["timing"].default == "as-issued"

@@ -56,7 +56,7 @@ class BenchConfig:
     dtype: str | None = None  # None: bf16 with NCCL, fp32 with gloo
     kernels: str = "fast"  # fast | reference (see bench.serving_kernels)
     overhead: bool = False  # one more pass without probe events and one profiled (bench.overhead)
-    timing: str = "host-ahead"  # host-ahead | as-issued (bench.host_ahead; CPU runs are synchronous either way)
+    timing: str = "as-issued"  # as-issued | host-ahead (bench.host_ahead; CPU runs are synchronous either way)
     target_topology: str | None = None
     target_nodes: int | None = None
     seed: int = 0
