@@ -85,6 +85,11 @@ class OpResult(Timed):
         default=None,
         description="what priced the prediction (`OpTime.source`: kernel-model, gemm-table, roofline, aic:..., ...)",
     )
+    band: str | None = Field(
+        default=None,
+        description="its own error-table class where not its category's (`OpTime.band`: attention_window, "
+        "dsa_indexer, attention_sparse); None: the category's band, and files written before 2026-12-06",
+    )
 
     @property
     def estimate_s(self) -> float | None:
@@ -190,6 +195,31 @@ class BenchInputs(_Strict):
                                      "before --tokens/--chunk/--requests")  # fmt: skip
 
 
+class BatchTiming(_Strict):
+    """One prefill batch's timed runs (every pass on every rank) as `bench.host_ahead` issued them."""
+
+    index: int = Field(ge=0)
+    runs: int = Field(ge=1, description="timed runs of the batch: passes x ranks")
+    host_s: float = Field(ge=0, description="the longest host time to issue the batch")
+    sleep_s: float | None = Field(default=None, ge=0, description="host-ahead: the shortest sleep queued before it")
+    caught_up: int = Field(
+        default=0,
+        ge=0,
+        description="host-ahead: runs whose sleep had ended when the host finished issuing the batch (the GPU may "
+        "have waited for the host inside them)",
+    )
+    gap_s: float = Field(ge=0, description="the largest GPU time between consecutive op spans, summed over the batch")
+
+
+class OpTiming(_Strict):
+    """How the op, layer and batch events were timed (issue 34): with the host ahead of the GPU, as issued, or
+    CPU wall clock."""
+
+    mode: Literal["host-ahead", "as-issued", "cpu"]
+    sleep_margin: float | None = Field(default=None, gt=0, description="sleep / the untimed pass's host time")
+    batches: list[BatchTiming] = Field(default_factory=list)
+
+
 class BenchResults(_Strict):
     """One `tpplan bench` run: one model slice, one plan, one TP size."""
 
@@ -208,6 +238,7 @@ class BenchResults(_Strict):
     ttft: list[TTFTExtrapolation] = Field(default_factory=list)
     runtime_overhead: RuntimeOverhead | None = Field(default=None, description="bench --overhead")
     inputs: BenchInputs | None = Field(default=None, description="the model config and workload by content")
+    timing: OpTiming | None = Field(default=None, description="how the events were timed; absent: as issued")
 
     @model_validator(mode="after")
     def _not_empty(self) -> Self:
@@ -248,6 +279,7 @@ __all__ = [
     "BENCH_SCHEMA_VERSION",
     "READ_VERSIONS",
     "BatchResult",
+    "BatchTiming",
     "BenchInputs",
     "BenchMeta",
     "BenchResults",
@@ -255,6 +287,7 @@ __all__ = [
     "LayerResult",
     "ModelSlice",
     "OpResult",
+    "OpTiming",
     "TTFTExtrapolation",
     "error_summary",
     "load_bench_results",

@@ -68,6 +68,7 @@ FLAG_OF = {
     "warmup": "--warmup",
     "kernels": "--kernels",
     "overhead": "--overhead",
+    "timing": "--timing",
     "kernels_from": "--kernels-from",
     "target_topology": "--target-topology",
     "target_nodes": "--target-nodes",

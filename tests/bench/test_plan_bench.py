@@ -50,6 +50,9 @@ def test_tiny_gloo_run_writes_valid_results_whose_collectives_are_the_planned_on
         assert (res.plan, res.tp, res.model_slice.layer_kinds) == (name, 2, {"kda+moe": 2, "mla+moe": 2})
         assert res.meta.command.startswith("tpplan bench") and res.meta.gpus == 2
         assert len(res.batches) == 2 and [b.tokens for b in res.batches] == [4, 4]
+        # gloo: nothing queued ahead (issue 34); each batch's issue rows come from both ranks
+        assert res.timing is not None and res.timing.mode == "cpu"
+        assert [(b.index, b.runs, b.sleep_s) for b in res.timing.batches] == [(0, 2, None), (1, 2, None)]
         assert all(b.predicted_s for b in res.batches) and all(x.predicted_s for x in res.layers)
         assert {o.layer_kind for o in res.ops} == {"kda+moe", "mla+moe"} and len(res.ops) > 40
         # ops carry what `tpplan calibrate --kernels-from` fits on: kernel class and roofline estimate

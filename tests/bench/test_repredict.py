@@ -393,6 +393,27 @@ def test_the_bench_markdown_names_what_priced_the_run_and_its_composed_band() ->
     assert "sources are not recorded" in _provenance_line(recorded)  # a file from before op sources: it says so
 
 
+def test_a_window_op_row_records_its_band_and_the_bench_markdown_composes_with_it() -> None:
+    """Issue 34: bench op rows recorded only the category, so a run's own band gave Gemma 3's window attention
+    full attention's error. Re-predicted, its row records `band` = attention_window and the run's composed band
+    and markdown count it in that class; the recorded file (written before `band`) still counts it as attention."""
+    from tpplan.cost.provenance import run_provenance
+
+    path = REPO / "docs/benchmarks/h100-2026-12-06d/call5/gemma-3-4b-it.json"
+    recorded = load_bench_results(path)
+    assert not any(o.band for o in recorded.ops)
+    again = repredict_one(path, recorded.topology)
+    window = [o for o in again.results.ops if o.op == "attention"]
+    assert window and {o.band for o in window} == {"attention_window"}
+    assert all(o.band is None for o in again.results.ops if o.op != "attention")
+    p, before = run_provenance(again.results), run_provenance(recorded)
+    assert p is not None and before is not None
+    assert "attention_window" in {x.klass for x in p.parts} and "attention" not in {x.klass for x in p.parts}
+    assert "attention" in {x.klass for x in before.parts} and "attention_window" not in {x.klass for x in before.parts}
+    line = _provenance_line(again)
+    assert "ops with bands of their own (`band`): windowed attention" in line
+
+
 def _plan_bench(r: object) -> object:
     from tpplan.bench.results import PlanBench
 

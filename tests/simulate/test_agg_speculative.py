@@ -2,7 +2,8 @@
 draft over a prompt's tokens in the step that prefills them (engines/speculative.AGG_PREFILL_SOURCES). Worked by
 hand on tiny-deepseek-v3 (3 MLA layers, one MTP layer) at TP 2, k = 3: a draft pass is the target's last layer
 over the segments and the eh_proj over their tokens (2H -> H), plus, where the engine samples, the shared
-lm_head over one token per request (H -> V / 2) and the logits' all-gather over TP 2 (V bf16 per request)."""
+lm_head over one token per request (H -> V / 2) and the logits' all-gather over TP 2 (V bf16 per request).
+Also SGLang's P/D hand-off, which carries each request's draft hidden state beside its KV."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from tests.cli_helpers import run_cli
 from tests.simulate.test_pd_speculative import MTP, _predictor
 from tests.simulate.test_speculative import AUDIT
 from tpplan.cost.collective_pricer import price_collective
+from tpplan.cost.draft import draft_memory
 from tpplan.cost.predictor import cached_predictor
 from tpplan.cost.topology import select_topology
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import baseline
+from tpplan.simulate.disagg import DisaggDeployment, PoolSpec, handoff_seconds
 from tpplan.simulate.loop import LoopConfig, simulate
+from tpplan.simulate.pd import handoff_bytes_per_rank, kv_bytes_per_rank
 from tpplan.simulate.prices import CachedPrices, predictor_prices, stage_prices
 from tpplan.simulate.requests import Shape, closed_loop
 
@@ -139,3 +143,20 @@ def test_audit_serving_ttft_carries_the_draft(monkeypatch, capsys, tmp_path) -> 
     assert spec["ttft"]["mean_s"] - plain["ttft"]["mean_s"] == pytest.approx(want)
     assert spec["idealised_mean_s"] - plain["idealised_mean_s"] == pytest.approx(want)
     assert spec["decode"]["ttft_s"]["mean"] - plain["decode"]["ttft_s"]["mean"] == pytest.approx(want)
+
+
+def test_the_pd_hand_off_carries_sglangs_draft_hidden_state(p) -> None:  # type: ignore[no-untyped-def]
+    """P/D: SGLang's prefill server sends each request's draft hidden state in its metadata beside the KV
+    (spec_hidden_size = tiny-deepseek-v3's hidden 64, in bf16: 128 bytes); vLLM's proposes nothing and sends
+    none. A 448-token prompt's hand-off is one send of the KV per rank (4 MLA cells a token with the MTP
+    layer) plus that state."""
+    draft = draft_memory(p, MTP)
+    assert draft is not None and draft.hidden == p.graph.spec.hidden == 64
+    state = 64 * 2 if _sglang(p) else 0
+    kv = kv_bytes_per_rank(p, 448, draft)
+    assert kv == pytest.approx(4 * p.kv_per_token(p.graph.spec.layers[-1].attn) * 448)
+    assert handoff_bytes_per_rank(p, 448, draft) - kv == state
+    assert handoff_bytes_per_rank(p, 448) == kv_bytes_per_rank(p, 448)  # no draft: the KV alone
+    dep = DisaggDeployment(PoolSpec(p), PoolSpec(p, speculative=MTP))
+    send = price_collective("send_recv", kv + state, 2, p.topo, ranks_per_node=2 if dep.one_node() else 1).time_s
+    assert handoff_seconds(dep, 448) == pytest.approx(send)

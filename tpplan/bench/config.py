@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tpplan.bench.host_ahead import MODES
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.cost.workload import Workload, check_priceable, load_workload
 from tpplan.errors import TpplanError
@@ -55,6 +56,7 @@ class BenchConfig:
     dtype: str | None = None  # None: bf16 with NCCL, fp32 with gloo
     kernels: str = "fast"  # fast | reference (see bench.serving_kernels)
     overhead: bool = False  # one more pass without probe events and one profiled (bench.overhead)
+    timing: str = "as-issued"  # as-issued | host-ahead (bench.host_ahead; CPU runs are synchronous either way)
     target_topology: str | None = None
     target_nodes: int | None = None
     seed: int = 0
@@ -138,6 +140,8 @@ def check_inputs(cfg: BenchConfig, world: int) -> tuple[Workload, ModelSlice]:
     _check_target(cfg)
     if cfg.kernels not in ("fast", "reference"):
         raise TpplanError(f"kernels={cfg.kernels}", "unknown kernel set", "use fast or reference")
+    if cfg.timing not in MODES:
+        raise TpplanError(f"timing={cfg.timing}", "unknown timing mode", "use " + " or ".join(MODES))
     wl = resolved_workload(cfg)
     topo = load_topology(cfg.topology)
     target = _target_topology(cfg)

@@ -1,4 +1,4 @@
-"""The bench's GPU-only kernels and when each runs: fla's window attention and the fused DSA indexer.
+"""The bench's GPU-only kernels and when each runs: fla's window attention, DSA's fused indexer and sparse attention.
 
 Both run only on CUDA with their library (fla, triton); elsewhere the bench keeps its portable kernels
 (`masked_attention.banded_attention`, the reference indexer). A kernel that raises on the GPU (e.g. triton
@@ -25,8 +25,11 @@ FLA_WINDOW = (
 FLA_SINKS = "sinks in fla's softmax denominator"
 FUSED_INDEXER = "tpplan fused Triton index scores (bf16, fp32 accumulation, query blocks) + torch.topk"
 REFERENCE_INDEXER = "reference (fp32 scores by query block, stable sort)"
+SPARSE_ATTENTION = "top-k (DSA): tpplan Triton sparse attention (selected keys gathered by index, online softmax)"
 _REFUSED: dict[str, str] = {}  # kernel and shape -> the error it raised (`kernel_refusals`)
 _REFERENCE_INDEXER = KA.dsa_indexer
+_REFERENCE_INDEX_MASK = KA.index_mask
+_SELECTED: list[tuple[Tensor, Tensor]] = []  # the last (keep mask, top-k indices) `selected_keys` built
 
 
 def _refuse(key: str, exc: Exception) -> None:
@@ -99,14 +102,59 @@ def serving_indexer(q: Tensor, k: Tensor, w: Tensor, **kw: Any) -> tuple[str, Te
     return REFERENCE_INDEXER, _REFERENCE_INDEXER(q, k, w, **kw)
 
 
+def selected_keys(indices: Tensor, keys: int) -> Tensor:
+    """`kernels.index_mask` under `installed`: the same [T, keys] mask, with the indices it came from kept
+    beside it, so that the attention it is passed to can gather those keys instead of masking all S."""
+    keep = _REFERENCE_INDEX_MASK(indices, keys)
+    _SELECTED[:] = [(keep, indices)]
+    return keep
+
+
+@functools.cache
+def _sparse_kernel() -> Callable[..., Tensor] | None:
+    """`bench.sparse_attention.sparse_attention` where triton imports, else None."""
+    try:
+        from tpplan.bench.sparse_attention import sparse_attention
+    except Exception:  # ImportError, or triton failing to initialise
+        return None
+    return sparse_attention
+
+
+def sparse_attention_ok(q: Tensor) -> bool:
+    """Whether DSA's attention may run the Triton sparse kernel: on CUDA, env TPPLAN_SPARSE_ATTN not "0"."""
+    return q.is_cuda and os.environ.get("TPPLAN_SPARSE_ATTN") != "0"
+
+
+def try_sparse_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Tensor) -> tuple[str, Tensor] | None:
+    """(name, out) of DSA's attention by the Triton sparse kernel over the indices `keep` was built from
+    (`selected_keys`) where `sparse_attention_ok`, triton imports and the shape was not refused; None
+    for the caller's reference (also when `keep` did not come from `selected_keys`). k/v may hold fewer heads."""
+    if not _SELECTED or _SELECTED[0][0] is not keep:
+        return None
+    indices = _SELECTED.pop()[1]  # one attention per mask: the [T, S] mask is not held after it
+    kernel = _sparse_kernel() if sparse_attention_ok(q) else None
+    key = f"sparse attention, head dims {q.shape[-1]}/{v.shape[-1]}, {q.shape[1]}/{k.shape[1]} heads"
+    if kernel is None or key in _REFUSED:
+        return None
+    try:
+        return SPARSE_ATTENTION, kernel(q, k, v, indices, scale)
+    except Exception as exc:  # e.g. triton out of shared memory, or a head dim it cannot split
+        _refuse(key, exc)
+        return None
+
+
 __all__ = [
     "FLA_SINKS",
     "FLA_WINDOW",
     "FUSED_INDEXER",
     "REFERENCE_INDEXER",
+    "SPARSE_ATTENTION",
     "fla_window",
     "fused_indexer_ok",
     "kernel_refusals",
+    "selected_keys",
     "serving_indexer",
+    "sparse_attention_ok",
     "try_fla_window",
+    "try_sparse_attention",
 ]

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tpplan.bench.checks import checks
+from tpplan.bench.host_ahead import timing_line
 from tpplan.bench.results import PlanBench
 from tpplan.bench.ttft import TTFT_METHOD
 from tpplan.bench_results import BenchResults, OpResult, error_summary
+from tpplan.cost.bands import OWN_BAND_CLASSES
 from tpplan.cost.provenance import run_provenance
 from tpplan.text import plain
 
@@ -44,13 +46,21 @@ def markdown(benches: Sequence[PlanBench], results_files: dict[str, Path]) -> st
 def _provenance(r: BenchResults) -> str:
     """What priced the run's predictions and the band that applies, from its own rows (`run_provenance`)."""
     p = run_provenance(r)
-    return f"unknown (topology `{r.topology}` is not in this build)" if p is None else f"{p.short()}: {p.basis}"
+    if p is None:
+        return f"unknown (topology `{r.topology}` is not in this build)"
+    own = [x for x in p.parts if x.klass in OWN_BAND_CLASSES and x.share > 0]
+    told = "; ".join(
+        f"{OWN_BAND_CLASSES[x.klass]} ({x.source}) {100 * x.share:.1f}% of the predicted time at ±{100 * x.error:.1f}%"
+        f" ({x.basis})"
+        for x in own
+    )
+    return f"{p.short()}: {p.basis}" + (f"; in it, ops with bands of their own (`band`): {told}" if own else "")
 
 
 def _plan_markdown(pb: PlanBench) -> list[str]:
     """One plan's section: batches, layers, ops by category, ops, collectives and the extrapolated TTFT."""
     r = pb.results
-    out = [f"## {pb.plan}", ""]
+    out = [f"## {pb.plan}", "", f"Timing: {timing_line(r.timing)}.", ""]
     if pb.fallbacks:
         out += [f"Fallbacks: {len(pb.fallbacks)} chunk(s) ran the baseline plan ({pb.fallbacks[0]}).", ""]
     out += _batches_markdown(pb)

@@ -55,6 +55,8 @@ class Span:
     parents: list[Span] = field(default_factory=list)
     comm_s: float = 0.0
     seconds: float = 0.0
+    after: Any = None  # an outermost op's: the end mark of the op before it in its batch (`gap_s`)
+    gap_s: float = 0.0  # GPU time from that mark to this op's start: the GPU waiting for the host, or unspanned work
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -71,6 +73,7 @@ class Probe:
         self.pending: list[Span] = []
         self.batch = -1
         self.seg = 0
+        self.last_op_end: Any = None
 
     def open(self, kind: str, layer: int, name: str) -> Span | None:
         """A span of the runtime's kinds (layer, op, copy, collective) or the bench's own (batch)."""
@@ -82,7 +85,11 @@ class Probe:
             kind = "op"
         elif kind == "collective":
             kind = "coll"
+        if kind == "batch":
+            self.last_op_end = None
         rec = Span(kind, layer, name, self.batch, self.seg, parents=list(self.stack))
+        outermost = kind == "op" and not any(p.kind == "op" for p in self.stack)
+        rec.after = self.last_op_end if outermost else None
         self.stack.append(rec)
         rec.start = self.clock.mark()
         return rec
@@ -91,6 +98,8 @@ class Probe:
         if rec is None:
             return
         rec.end = self.clock.mark()
+        if rec.kind == "op":
+            self.last_op_end = rec.end
         popped = self.stack.pop()
         assert popped is rec
         if site is not None:
@@ -103,7 +112,10 @@ class Probe:
         out = self.pending
         for r in out:
             r.seconds = self.clock.seconds(r.start, r.end)
-            r.start = r.end = None
+            if r.after is not None:
+                r.gap_s = max(0.0, self.clock.seconds(r.after, r.start))
+        for r in out:
+            r.start = r.end = r.after = None
         for r in out:
             if r.kind == "coll":
                 for p in r.parents:

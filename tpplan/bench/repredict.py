@@ -123,11 +123,12 @@ def repredict_one(path: Path, topology: str | None) -> PlanBench:
 def _repriced(o: OpResult, got: list[Any] | None) -> OpResult:
     """A recorded op row with the new predictions (`got`: this op's priced ops; None: priced nowhere)."""
     if not got:
-        return o.model_copy(update={"predicted_s": None, "modelled_s": None, "source": None})
+        return o.model_copy(update={"predicted_s": None, "modelled_s": None, "source": None, "band": None})
     pred = statistics.fmean(x.seconds for x in got)
     modelled = statistics.fmean(x.modelled_s or 0.0 for x in got)
     return o.model_copy(update={"predicted_s": pred if pred > 0 else None,
-                                "modelled_s": modelled if modelled > 0 else None, "source": got[0].source})  # fmt: skip
+                                "modelled_s": modelled if modelled > 0 else None, "source": got[0].source,
+                                "band": got[0].band})  # fmt: skip
 
 
 def _beside(results: Path, name: str) -> str:

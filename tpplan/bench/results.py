@@ -115,6 +115,7 @@ def build_results(cfg: BenchConfig, wl: Workload, raw: dict[str, Any], world: in
             ttft=ttft,
             runtime_overhead=_overhead(pr.get("overhead")),
             inputs=inputs,
+            timing=schema.OpTiming.model_validate(pr["timing"]) if pr.get("timing") else None,
         )
         out.append(PlanBench(name, res, runtime_s, contexts, pr["fallbacks"], pr["trace"], _kernels_note(cfg, raw)))
     return out
@@ -204,6 +205,7 @@ def _op_results(
                 modelled_s=modelled if modelled > 0 else None,
                 impl=impls.get(impl_class(g, lk, op_name)),
                 source=o0.source,
+                band=o0.band,
             )
         )
     return ops

@@ -13,9 +13,10 @@ benchmark, with the same semantics (tests compare them on CPU):
   sliding window (Gemma 3, gpt-oss), an attention chunk (Llama 4) and gpt-oss's sinks run kernels
   that read only the keys each query may see (`bench.masked_attention`: on CUDA fla's Triton window
   kernel, which skips key blocks outside the window, else windowed query blocks; flash per chunk;
-  sinks in fla's denominator or from the kernel's log-sum-exp); attention under DSA's top-k keeps the
-  reference kernel (its scores a block of queries at a time), and the results record which ran
-  (`attention_variants_used`).
+  sinks in fla's denominator or from the kernel's log-sum-exp); attention under DSA's top-k on CUDA by
+  `bench.sparse_attention` (each query's selected keys gathered by index, online softmax; the indices kept
+  by the installed `index_mask`), else the reference kernel (its scores a block of queries at a time), and
+  the results record which ran (`attention_variants_used`).
 - `dsa_indexer` -> on CUDA the fused Triton index-score kernel and `torch.topk` (`bench.fused_indexer`,
   as the engines' DeepGEMM MQA-logits path), else the reference (`indexer_variants_used`).
 - `routed_experts` -> every keyword the runtime passes (gpt-oss's biases and clamped SwiGLU, Llama 4's
@@ -447,7 +448,8 @@ def _installed_attention(
 ) -> Tensor:  # fmt: skip
     """`causal_attention` under `installed`: the serving path (`_attention`: SDPA, the cascade split on
     request) for plain causal attention; windows, chunks and sinks by kernels that skip the hidden keys
-    (`serving_attention`); DSA's top-k `keep` by the reference (scores in query blocks). Recorded
+    (`serving_attention`); DSA's top-k `keep` by `gpu_kernels.try_sparse_attention` on CUDA, else the
+    reference (scores in query blocks). Recorded
     (`attention_variants_used`)."""
     if keep is None:
         if window is None and chunk is None and sinks is None:
@@ -457,6 +459,12 @@ def _installed_attention(
         if fast is not None:
             _ATTENTION.add(fast[0])
             return fast[1]
+    sparse = (
+        None if keep is None or window or chunk or sinks is not None else GK.try_sparse_attention(q, k, v, scale, keep)
+    )
+    if sparse is not None:  # DSA's top-k by the kernel that gathers only the selected keys
+        _ATTENTION.add(sparse[0])
+        return sparse[1]
     _ATTENTION.add(REFERENCE_FOR_TOPK if keep is not None else "reference")
     k, v = KA.repeat_kv(k, v, q.shape[1])
     return _REFERENCE_ATTENTION(q, k, v, scale, keep, window=window, chunk=chunk, sinks=sinks)
@@ -497,7 +505,8 @@ def installed(enabled: bool = True) -> Iterator[None]:
     _SYNC_FREE[0] = False
     swaps = {"causal_attention": _installed_attention, "gqa_attention": _installed_gqa,
              "routed_experts": grouped_routed_experts, "dsa_indexer": _installed_indexer,
-             "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits}  # fmt: skip
+             "chunk_gated_delta_rule": chunked_delta_rule, "router_logits": serving_router_logits,
+             "index_mask": GK.selected_keys}  # fmt: skip
     # Each kernel is patched in `kernels` (what the executor calls) and in its home module (whose
     # other kernels call it: MLA/GQA call causal_attention, KDA/GDN the delta rule).
     saved = [

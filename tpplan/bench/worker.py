@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import gc
 import platform
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tpplan.bench.config import BenchConfig, act_dtype
+from tpplan.bench.host_ahead import HostAhead, summary
 from tpplan.bench.model_slice import ModelSlice, build_slice
 from tpplan.bench.probe import Clock, Probe, Span
 from tpplan.bench.replay import combine, replay_collectives
@@ -266,12 +269,13 @@ def _bench_plan(
         run.batch(b, states)
         progress.update(task, advance=1)
     run.clock.sync()
-    records, trace0 = _timed_passes(cfg, run, batches)
+    ahead = _host_ahead(cfg, run, batches)
+    records, trace0 = _timed_passes(cfg, run, batches, ahead)
     fallbacks = [e.detail for e in run.runner.tracer.events]
     overhead = _overhead(run, batches, device) if cfg.overhead and device.type == "cuda" else None
     progress.update(task, description=f"{name}: replaying collectives")
     replay = replay_collectives(records[0], rank, world, device, cfg, run.clock)
-    return _combined(records, replay, overhead, trace0, fallbacks, plan, rank, world)
+    return _combined(records, replay, overhead, trace0, fallbacks, plan, rank, world, ahead)
 
 
 @dataclass
@@ -340,9 +344,40 @@ def _plan_run(
     return plan, _PlanRun(name, runner, probe, clock, ids, wl, device, progress, task)
 
 
-def _timed_passes(cfg: BenchConfig, run: _PlanRun, batches: list[PrefillBatch]) -> tuple[list[list[Span]], list[Any]]:
-    """`cfg.iters` passes over the batches under the probe, each from empty caches: every pass's intervals, and
-    the first pass's traced calls (the collectives the plan made, which the results check)."""
+def _host_ahead(cfg: BenchConfig, run: _PlanRun, batches: list[PrefillBatch]) -> HostAhead:
+    """How this plan's timed batches are issued (`host_ahead`). Host-ahead: the prompts staged on the device
+    (a pageable copy per segment would wait for the GPU), then one untimed pass under the probe whose host time
+    per batch, the longest of any rank, sizes each batch's sleep."""
+    import torch
+    import torch.distributed as dist
+
+    ahead = HostAhead.for_device(cfg.timing, run.device.type == "cuda")
+    if not ahead.sleeping:
+        return ahead
+    run.ids = {rid: t.to(run.device) for rid, t in run.ids.items()}
+    ahead.calibrate()
+    states: dict[int, Any] = {}
+    host = []
+    run.probe.enabled = True
+    for b in batches:
+        run.progress.update(run.task, description=f"{run.name}: host-ahead sizing, batch {b.index + 1}")
+        t0 = time.perf_counter()
+        run.batch(b, states)
+        host.append(time.perf_counter() - t0)
+        run.probe.resolve()
+    run.probe.enabled = False
+    longest = torch.tensor(host, device=run.device, dtype=torch.float64)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    ahead.size({b.index: float(x) for b, x in zip(batches, longest.tolist(), strict=True)})
+    return ahead
+
+
+def _timed_passes(
+    cfg: BenchConfig, run: _PlanRun, batches: list[PrefillBatch], ahead: HostAhead
+) -> tuple[list[list[Span]], list[Any]]:
+    """`cfg.iters` passes over the batches under the probe, each from empty caches, each batch issued by
+    `ahead` (behind its sleep when host-ahead): every pass's intervals, and the first pass's traced calls (the
+    collectives the plan made, which the results check)."""
     records: list[list[Span]] = []
     trace0: list[Any] = []
     runner, probe, progress, task, name = run.runner, run.probe, run.progress, run.task, run.name
@@ -354,8 +389,10 @@ def _timed_passes(cfg: BenchConfig, run: _PlanRun, batches: list[PrefillBatch]) 
         recs: list[Span] = []
         for k, b in enumerate(batches):
             progress.update(task, description=f"{name}: pass {it + 1}/{cfg.iters}, batch {k + 1}/{len(batches)}")
-            run.batch(b, states)
-            recs += probe.resolve()
+            ahead.issue(b.index, partial(run.batch, b, states))
+            new = probe.resolve()
+            ahead.settle(sum(r.gap_s for r in new if r.kind == "op"))
+            recs += new
             progress.update(task, advance=1)
         probe.enabled = False
         records.append(recs)
@@ -389,18 +426,21 @@ def _combined(
     plan: Plan,
     rank: int,
     world: int,
+    ahead: HostAhead,
 ) -> dict[str, Any] | None:
     """Every rank's seconds gathered by position (every rank ran the same sequence of intervals) with its
-    replayed collectives and overhead; rank 0 combines them, the slowest rank's overhead pass kept."""
+    replayed collectives, overhead and timed batches' issue rows; rank 0 combines them, the slowest rank's
+    overhead pass kept, every rank's issue rows summarised per batch (`host_ahead.summary`)."""
     import torch.distributed as dist
 
     mine = [[r.seconds for r in recs] for recs in records]
     mine_comm = [[r.comm_s for r in recs] for recs in records]
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (mine, mine_comm, replay, overhead))
+    dist.all_gather_object(gathered, (mine, mine_comm, replay, overhead, ahead.runs))
     if rank != 0:
         return None
     out = combine(records, gathered, trace0, fallbacks, plan)
     ranks = [g[3] for g in gathered if g[3] is not None]
     out["overhead"] = max(ranks, key=lambda o: o["pass_s"]) if ranks else None  # the slowest rank's pass
+    out["timing"] = summary(ahead.mode, [row for g in gathered for row in g[4]])
     return out

@@ -54,6 +54,14 @@ KernelsOpt = Annotated[str, typer.Option("--kernels", help="fast (SDPA attention
 OverheadOpt = Annotated[
     bool, typer.Option("--overhead", help="GPU: measure the runtime's overhead inside the plan's own run")
 ]
+TimingOpt = Annotated[
+    str,
+    typer.Option(
+        "--timing",
+        help="GPU: as-issued (the default: the timing every recorded run used) or host-ahead (a sleep queued "
+        "before each timed batch, so ops time the GPU; not yet run on a GPU)",
+    ),
+]
 TargetTopologyOpt = Annotated[
     str | None, typer.Option("--target-topology", help="extrapolate the whole model's TTFT to this topology")
 ]
@@ -99,6 +107,7 @@ def bench(
     dtype: DtypeOpt = None,
     kernels: KernelsOpt = "fast",
     overhead: OverheadOpt = False,
+    timing: TimingOpt = "as-issued",
     target_topology: TargetTopologyOpt = None,
     target_nodes: TargetNodesOpt = None,
     md: MdOpt = None,
@@ -127,6 +136,7 @@ def bench(
             workload=workload, topology=topology or "h200x2-calibrated", layers=layers, experts=experts,
             tokens=tokens, chunk=chunk, requests=requests, iters=iters, warmup=warmup, direct_iters=direct_iters,
             backend=backend, nproc=nproc, dtype=dtype, kernels=kernels, overhead=overhead,
+            timing=timing,
             target_topology=target_topology, target_nodes=target_nodes, seed=seed, timeout_s=timeout, progress=progress,
             command="tpplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         )  # fmt: skip

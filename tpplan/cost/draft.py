@@ -36,13 +36,15 @@ class DraftMemory:
     layers at the target's TP), `glue_bytes` of unsharded projections and norms (MTP's eh_proj per layer,
     EAGLE's fc) and `head_bytes` of an lm_head of its own (EAGLE-3's draft vocabulary; else the target's,
     shared, as is the embedding). `attn`: the attention a draft layer caches as vLLM sizes it (EAGLE: the
-    draft's own; None: the target's last layer's; SGLang takes the target's per-layer cell either way)."""
+    draft's own; None: the target's last layer's; SGLang takes the target's per-layer cell either way).
+    `hidden`: the draft's hidden width (SGLang's spec_hidden_size: the hidden state it carries per request)."""
 
     layers: int
     layer_bytes: float
     glue_bytes: float
     head_bytes: float = 0.0
     attn: AttnSpec | None = None
+    hidden: int = 0
 
     @property
     def weights(self) -> float:
@@ -165,7 +167,7 @@ def draft_pass(p: Predictor, spec: Speculative) -> DraftPass:
     per_layer = [layer_weight_bytes(r, d.kernels.stored, d.audit.n) for r in d.audit.layer_results]
     head = vocab * graph.spec.hidden / p.tp * b if own_head else 0.0
     memory = DraftMemory(len(per_layer), sum(per_layer) / len(per_layer), fc_in * graph.spec.hidden * b, head,
-                         graph.spec.layers[0].attn)  # fmt: skip
+                         graph.spec.layers[0].attn, graph.spec.hidden)  # fmt: skip
     return DraftPass(d, tuple(d.audit.layer_results), fc_in, graph.spec.hidden, vocab, memory)
 
 
@@ -181,7 +183,7 @@ def mtp_memory(p: Predictor) -> DraftMemory:
     stored = p.kernels.stored
     layer = layer_weight_bytes(p.audit.layer_results[-1], stored, p.audit.n)
     glue = (2 * model.hidden * model.hidden + NORMS * model.hidden) * stored.dtype_bytes  # eh_proj: 2H -> H
-    return DraftMemory(model.mtp_layers, layer, model.mtp_layers * glue)
+    return DraftMemory(model.mtp_layers, layer, model.mtp_layers * glue, hidden=model.hidden)
 
 
 def draft_memory(p: Predictor, spec: Speculative | None) -> DraftMemory | None:

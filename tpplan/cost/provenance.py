@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tpplan.cost.bands import COMPUTE_CLASSES, BandPart, collective_key, compose, prediction_band, source_key
+from tpplan.cost.bands import BandPart, collective_key, compose, op_band_class, prediction_band, source_key
 from tpplan.cost.topology import Topology, load_topology
 from tpplan.errors import TpplanError
 
@@ -241,9 +241,10 @@ def recorded_provenance(topology: str, gpus: int) -> Provenance | None:
 
 def run_provenance(r: BenchResults) -> Provenance | None:
     """How a run's predictions were made, from its own rows: which sources priced its ops (each op row's
-    `source`) and the band composed from their errors (`priced_provenance`), each op and
-    collective row weighted once by its predicted time, as one layer of each kind. A file whose ops
-    record no source (before issue 34) keeps its topology's provenance and says the sources are not
+    `source`) and the band composed from their errors (`priced_provenance`), each op and collective row
+    weighted once by its predicted time, as one layer of each kind; an op row counts in its own band
+    class where it records one (`OpResult.band`: a window op's), else its category's (`bands.op_band_class`).
+    A file whose ops record no source (before issue 34) keeps its topology's provenance and says the sources are not
     recorded; None when this build cannot load the run's topology."""
     base = recorded_provenance(r.topology, r.tp) if r.topology is not None else None
     if base is None:
@@ -257,8 +258,7 @@ def run_provenance(r: BenchResults) -> Provenance | None:
         return Provenance(base.key, label, base.band, base.basis, base.parts)
     seconds: dict[tuple[str, str], float] = {}
     for o in r.ops:
-        klass = o.category if o.category in COMPUTE_CLASSES else "elementwise"
-        key = (klass, source_key(o.source))
+        key = (op_band_class(o), source_key(o.source))  # a window op row its own class (`OpResult.band`)
         seconds[key] = seconds.get(key, 0.0) + (o.predicted_s or 0.0)
     for c in r.collectives:
         key = ("collectives", collective_key(c.algorithm or "link-model"))

@@ -176,6 +176,20 @@ VLLM_PD_DRAFT_GATE = Source(
     "below the prefill side's (tp_ratio < 0, kv_connector/utils.py TpKVTopology.tp_ratio)",
     "0.34.0 (PyPI wheel)",
 )
+SGLANG_PD_DRAFT_STATE = Source(
+    "sgl-project/sglang",
+    "python/sglang/srt/disaggregation/utils.py",
+    "MetadataBuffers.__init__: output_hidden_states (one slot of hidden_size x hidden_states_dtype per request), "
+    "sized by managers/scheduler.py Scheduler.init_disaggregation as the draft config's spec_hidden_size and dtype "
+    "(speculative/eagle_utils.py get_draft_recurrent_hidden_state_spec_from_config; configs/model_config.py "
+    "spec_hidden_size: hidden_size, hc-flattened for DeepSeek-V4/Qwen4-Exp) where the algorithm carries draft hidden "
+    "states (spec_info.py carries_draft_hidden_states: EAGLE family, NEXTN included), else 16 float32; "
+    "disaggregation/mooncake/conn.py send_aux sends each metadata buffer's slot with the request's last KV chunk",
+    "0.5.23 (PyPI wheel)",
+)
+PD_DRAFT_STATE = {"sglang": True, "vllm": False}
+"""Whether a P/D prefill server's hand-off carries a request's draft hidden state for the decode server's first
+draft (`SGLANG_PD_DRAFT_STATE`); vLLM's prefill server proposes nothing (`VLLM_PD_PREFILL`)."""
 PD_PREFILL_SOURCES = {"sglang": SGLANG_PD_PREFILL, "vllm": VLLM_PD_PREFILL}
 PREFILL_DRAFT_SAMPLES = {"sglang": True, "vllm": False}
 """Whether a P/D prefill server's draft pass over a step's tokens samples (its lm_head over one token per request):
@@ -237,8 +251,10 @@ NOT_MODELLED = (
     "filling the draft's KV, where every request of the step takes its last output token, Scheduler._drafts_unused)",
 )
 PD_NOT_MODELLED = (
-    "speculative decoding in P/D: the prefill server's per-request metadata for the decode server (SGLang: the "
-    "draft's hidden state and first top-k) is not in the hand-off's bytes; SGLang's running-request cap of 48 "
+    "speculative decoding in P/D: of the prefill server's per-request metadata for the decode server, only SGLang's "
+    "draft hidden state is in the hand-off's bytes (not the first draft's top-k, 16 float32 and 16 int64, nor the "
+    "fields sent without speculative decoding, nor the state of an EAGLE draft whose config is not read); "
+    "SGLang's running-request cap of 48 "
     "under speculative decoding on the prefill server (its launch line gives none) does not cap a prefill step"
 )
 EAGLE_NOT_MODELLED = (
@@ -362,6 +378,11 @@ def draft_over_whole_step(engine: str) -> bool:
     return DRAFT_OVER_WHOLE_STEP[_name(engine)]
 
 
+def pd_sends_draft_state(engine: str) -> bool:
+    """Whether the P/D hand-off carries the request's draft hidden state (`PD_DRAFT_STATE`)."""
+    return PD_DRAFT_STATE[_name(engine)]
+
+
 def check_pd_draft(engine: str, prefill: Mesh, decode: Mesh, target_latent: bool, draft_latent: bool) -> None:
     """Refuse what the engine's P/D connector refuses for a speculative decode pool (`VLLM_PD_DRAFT_GATE`): on
     vLLM, a draft caching plain attention under a latent-KV (MLA) target where the decode TP is below the
@@ -381,6 +402,7 @@ __all__ = [
     "EAGLE_NOT_MODELLED",
     "EAGLE_READ_NOT_MODELLED",
     "NOT_MODELLED",
+    "PD_DRAFT_STATE",
     "PD_NOT_MODELLED",
     "PD_PREFILL_SOURCES",
     "PREFILL_DRAFT_SAMPLES",
@@ -389,6 +411,7 @@ __all__ = [
     "check_pd_draft",
     "draft_over_whole_step",
     "launch_flags",
+    "pd_sends_draft_state",
     "prefill_draft_samples",
     "running_cap",
     "sources",

@@ -45,7 +45,7 @@ from tpplan.simulate.disagg_loop import (
     simulate_disaggregated,
 )
 from tpplan.simulate.engine import EngineLoop, decode_conditions, engine_loop
-from tpplan.simulate.pd import kv_bytes_per_rank
+from tpplan.simulate.pd import handoff_bytes_per_rank
 from tpplan.simulate.prices import CachedPrices, context_grid, predictor_prices, prefill_server_prices
 from tpplan.simulate.requests import Arrivals, Request
 from tpplan.simulate.results import LoopResult
@@ -200,10 +200,12 @@ def handoff_seconds(dep: DisaggDeployment, prompt_tokens: int) -> float:
     """Seconds one prompt's KV takes between the two meshes: each rank sends its share to its peer, all ranks
     at once, so the larger share per rank (the prefill rank's, or the decode rank's where the decode mesh is
     narrower) crosses one point-to-point link (`price_collective`, "send_recv"; between nodes unless the whole
-    deployment sits on one node). Under speculative decoding the draft's KV goes with the target's."""
+    deployment sits on one node). Under speculative decoding the draft's KV goes with the target's, and with
+    SGLang the request's draft hidden state (`tpplan.simulate.pd.draft_state_bytes`)."""
     pp, dp = dep.prefill.predictor, dep.decode.predictor
     drafts = _pools(dep).drafts if dep.speculative is not None else (None, None)
-    nbytes = max(kv_bytes_per_rank(pp, prompt_tokens, drafts[0]), kv_bytes_per_rank(dp, prompt_tokens, drafts[1]))
+    nbytes = max(handoff_bytes_per_rank(pp, prompt_tokens, drafts[0]),
+                 handoff_bytes_per_rank(dp, prompt_tokens, drafts[1]))  # fmt: skip
     return price_collective("send_recv", nbytes, 2, pp.topo, ranks_per_node=2 if dep.one_node() else 1).time_s
 
 

@@ -20,6 +20,7 @@ from tpplan.cost.draft import DraftMemory
 from tpplan.cost.predictor import Predictor
 from tpplan.cost.segments import cached_tokens
 from tpplan.engines.schema import Source
+from tpplan.engines.speculative import pd_sends_draft_state
 from tpplan.simulate.engine import EngineLoop
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.requests import Request
@@ -41,16 +42,38 @@ VLLM_UNREAD = Source.unread(
 )
 
 
-def kv_bytes_per_rank(p: Predictor, tokens: int, draft: DraftMemory | None = None) -> float:
-    """KV bytes one rank of the fullest stage holds for a prompt of `tokens` tokens; `draft`: a speculative
-    draft's layers, cached beside the target's on the last stage and sent with them (SGLang and vLLM,
-    `tpplan.engines.speculative.PD_PREFILL_SOURCES`), each at its own attention or the target's last layer's."""
+def _stage_kv_bytes(p: Predictor, tokens: int, draft: DraftMemory | None) -> list[float]:
+    """KV bytes one rank of each stage holds for a prompt of `tokens` tokens, the draft's layers on the last."""
     layers = p.graph.spec.layers
     per_stage = [sum(p.kv_per_token(layers[j].attn) * cached_tokens(layers[j].attn, [tokens]) for j in rng)
                  for rng in p.stages]  # fmt: skip
     if draft is not None:
         attn = draft.attn or layers[-1].attn
         per_stage[-1] += draft.layers * p.kv_per_token(attn) * cached_tokens(attn, [tokens])
+    return per_stage
+
+
+def kv_bytes_per_rank(p: Predictor, tokens: int, draft: DraftMemory | None = None) -> float:
+    """KV bytes one rank of the fullest stage holds for a prompt of `tokens` tokens; `draft`: a speculative
+    draft's layers, cached beside the target's on the last stage and sent with them (SGLang and vLLM,
+    `tpplan.engines.speculative.PD_PREFILL_SOURCES`), each at its own attention or the target's last layer's."""
+    return max(_stage_kv_bytes(p, tokens, draft))
+
+
+def draft_state_bytes(p: Predictor, draft: DraftMemory | None) -> float:
+    """Bytes a request's hand-off carries beside its KV for the decode server's first draft: SGLang's prefill
+    server writes the draft's hidden state into the request's metadata (spec_hidden_size x the activation
+    dtype, `tpplan.engines.speculative.SGLANG_PD_DRAFT_STATE`); vLLM's prefill server proposes nothing (0)."""
+    if draft is None or not pd_sends_draft_state(p.pipeline.engine):
+        return 0.0
+    return float(draft.hidden * p.b)
+
+
+def handoff_bytes_per_rank(p: Predictor, tokens: int, draft: DraftMemory | None = None) -> float:
+    """Bytes one rank of the fullest stage sends for a prompt of `tokens` tokens: its KV (`kv_bytes_per_rank`)
+    and, on the last stage, the request's draft state (`draft_state_bytes`)."""
+    per_stage = _stage_kv_bytes(p, tokens, draft)
+    per_stage[-1] += draft_state_bytes(p, draft)
     return max(per_stage)
 
 
@@ -72,4 +95,11 @@ def prefill_pool(loop: EngineLoop, p: Predictor) -> tuple[LoopConfig, str]:
     return replace(loop.config, handoff_s=handoff(p), handoff_blocks=blocks, decode=False), source.cite()
 
 
-__all__ = ["DISAGG_SOURCE", "handoff", "kv_bytes_per_rank", "prefill_pool"]
+__all__ = [
+    "DISAGG_SOURCE",
+    "draft_state_bytes",
+    "handoff",
+    "handoff_bytes_per_rank",
+    "kv_bytes_per_rank",
+    "prefill_pool",
+]

@@ -3,6 +3,8 @@
 2026-12-06d (issue 34): the 06c checks, then fla's window kernel (`masked_attention.fla_window_attention`,
 the bench's window kernel on CUDA) at Gemma 3's and gpt-oss's head dims and windows, with and without a
 cache before the chunk, against the fp32 reference, and the name `serving_attention` records for it.
+Later: the fused DSA indexer, then DSA's sparse attention kernel (`bench.sparse_attention`; error and ms
+against the reference, in the latent and the per-head layout).
 `python3 gpu_check.py cuda` (run.sh passes it); an "error" line means a check raised."""
 import sys
 import torch
@@ -93,6 +95,44 @@ try:
             out[f"fused indexer {label} kept-score gap (256 rows)"] = (gap, bool(torch.equal(torch.isfinite(a), torch.isfinite(b))))
         except Exception as exc:
             out[f"fused indexer {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
+    # DSA's sparse attention (bench.sparse_attention, added after calls 4-5, which ran without it; checked on a
+    # CPU only when written): the Triton kernel that gathers each query's top-k keys against the fp32 reference
+    # (masked attention over all keys), in the engines' latent MQA form (one 576-wide row per key, values its
+    # first 512) and in the runtime's per-head MLA layout (what the bench hands it), 512 queries after 3584
+    # cached keys, topk 2048; ms per call (CUDA events, 5 calls after one warm-up) beside the reference's.
+    for label, (n, kvh, d, dv) in {"dsv32 latent 128h": (128, 1, 576, 512), "dsv32 per-head 128h": (128, 128, 192, 128),
+                                   "glm51 latent 64h": (64, 1, 576, 512), "glm51 per-head 64h": (64, 64, 256, 256)}.items():
+        if not GK.sparse_attention_ok(torch.empty(1, device=dev)) or GK._sparse_kernel() is None:
+            out["sparse attention"] = "not on CUDA or triton missing: not checked"
+            break
+        try:
+            from tpplan.bench import sparse_attention as SPA
+            t, s_all = 512, 4096
+            q4, k4, v4 = qkv(t, s_all, kvh, d, dv)
+            q4 = torch.randn(t, n, d, device=dev, dtype=dt)
+            if kvh == 1:
+                v4 = k4[..., :dv]  # the latent: values are the key rows' first 512 columns
+            pos = torch.arange(s_all - t, s_all, device=dev)
+            score = torch.rand(t, s_all, device=dev).masked_fill(torch.arange(s_all, device=dev)[None] > pos[:, None], -1)
+            idx = score.topk(2048, dim=1).indices  # distinct; a query with fewer earlier keys gets later ones (skipped)
+            sc = d**-0.5
+            keep = KA.index_mask(idx, s_all)
+            want = ref(q4, *KA.repeat_kv(k4, v4, n), sc, keep)
+            got = SPA.sparse_attention(q4, k4, v4, idx, sc)
+            times = {}
+            for name_, fn in {"kernel": lambda: SPA.sparse_attention(q4, k4, v4, idx, sc),
+                              "reference": lambda: KA.causal_attention(q4, *KA.repeat_kv(k4, v4, n), sc, keep)}.items():
+                fn()
+                a_, b_ = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a_.record()
+                for _ in range(5):
+                    fn()
+                b_.record()
+                torch.cuda.synchronize()
+                times[name_] = round(a_.elapsed_time(b_) / 5, 3)
+            out[f"sparse attention {label} rel err / ms kernel, reference"] = (rel(got, want), times)
+        except Exception as exc:
+            out[f"sparse attention {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
     out["reference-blocks(topk)"] = rel(KA.causal_attention(q, k, v, 0.125, keep), ref(q, k, v, 0.125, keep))
     b, n, hk = 4, 4096, 2
     q2 = torch.randn(b, 16, 128, device=dev, dtype=dt)
