@@ -7,7 +7,8 @@
 # time limit SIGABRT to the rank processes, 8 s before it, on which they print their stacks (PYTHONFAULTHANDLER).
 # Triton's autotune results (*.autotune.json, fla caches them) come back as $OUT/autotune.tgz; a carried
 # .gpu34/autotune.tgz is unpacked first (WARM=0 skips it). R, SITE, CHECK_DEV and BACKEND override
-# /tmp/r, /tmp/site, cuda and nccl for a try without a GPU.)
+# /tmp/r, /tmp/site, cuda and nccl for a try without a GPU; CHECK_S the check's limit, 120 s: it compiles the
+# window, indexer and sparse kernels; BENCH_ARGS more bench options, e.g. "--timing host-ahead".)
 LIMIT=$1; TOPO=$2; DEC=$3; RANK=$4; shift 4
 R=${R:-/tmp/r}; SITE=${SITE:-/tmp/site}; mkdir -p $R
 W=$PWD/.gpu34
@@ -34,7 +35,7 @@ date -u +%FT%TZ > $R/date.txt
 smi csv > $R/smi-start.csv; cat $R/smi-start.csv
 python3 -c "import torch, tpplan.bench.rank_sweep as d; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu', d.__file__)"
 python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1
-timeout 60 python3 $W/gpu_check.py ${CHECK_DEV:-cuda} 2>&1 | tee $R/check.txt
+timeout ${CHECK_S:-120} python3 $W/gpu_check.py ${CHECK_DEV:-cuda} 2>&1 | tee $R/check.txt
 pack
 if [ "$DEC" -gt 0 ]; then
   d=$(cap $DEC $(( ${RANK##*:} + 30 )))
@@ -47,7 +48,7 @@ for spec in "$@"; do
   m=${spec%%:*}; lim=$(cap ${spec##*:} $(( ${RANK##*:} + 30 )))
   [ $lim -lt 20 ] && { echo "== $m skipped: $(left) s left"; continue; }
   echo "== $m ($lim s) at $(( $(date +%s) - T0 )) s"
-  timeout -k 10 $lim python3 -m tpplan bench --model $m --plan baseline --workload seed-c8 --nproc 1 --backend ${BACKEND:-nccl} --iters 1 --warmup 2 --overhead --topology $TOPO --progress --out $R/$m.json --md $R/$m.md > >(stamp > $R/$m.log) 2>&1 &
+  timeout -k 10 $lim python3 -m tpplan bench --model $m --plan baseline --workload seed-c8 --nproc 1 --backend ${BACKEND:-nccl} --iters 1 --warmup 2 --overhead --topology $TOPO --progress $BENCH_ARGS --out $R/$m.json --md $R/$m.md > >(stamp > $R/$m.log) 2>&1 &
   p=$!; stacks $p $(( lim - 8 )) & w=$!
   wait $p; rc=$?; kill $w 2>/dev/null; sleep 1
   echo "rc=$rc"; grep -v "autotuning for function" $R/$m.log | tail -3
