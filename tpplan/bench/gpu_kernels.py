@@ -8,15 +8,15 @@ from then on, and `kernel_refusals` says which and why; the names returned say w
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 
 from tpplan.bench import masked_attention as MA
 from tpplan.runtime import kernels_attention as KA
+from tpplan.runtime.fast_kernels import optional_callable
 
 FLA_WINDOW = (
     "window: fla parallel_attn (Triton flash, key blocks outside the window skipped, GQA in the kernel; after "
@@ -64,14 +64,9 @@ def try_fla_window(
     return FLA_WINDOW + (" + " + FLA_SINKS if sinks is not None else ""), out
 
 
-@functools.cache
 def _fused_indexer() -> Callable[..., Tensor] | None:
     """`bench.fused_indexer.fused_dsa_indexer` where triton imports, else None."""
-    try:
-        from tpplan.bench.fused_indexer import fused_dsa_indexer
-    except Exception:  # ImportError, or triton failing to initialise
-        return None
-    return fused_dsa_indexer
+    return cast(Callable[..., Tensor] | None, optional_callable("tpplan.bench.fused_indexer", "fused_dsa_indexer"))
 
 
 def fused_indexer_ok(q: Tensor, head_dim: int) -> bool:
@@ -110,14 +105,9 @@ def selected_keys(indices: Tensor, keys: int) -> Tensor:
     return keep
 
 
-@functools.cache
 def _sparse_kernel() -> Callable[..., Tensor] | None:
     """`bench.sparse_attention.sparse_attention` where triton imports, else None."""
-    try:
-        from tpplan.bench.sparse_attention import sparse_attention
-    except Exception:  # ImportError, or triton failing to initialise
-        return None
-    return sparse_attention
+    return cast(Callable[..., Tensor] | None, optional_callable("tpplan.bench.sparse_attention", "sparse_attention"))
 
 
 def sparse_attention_ok(q: Tensor) -> bool:

@@ -23,13 +23,14 @@ compare them with the reference):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from tpplan.runtime.fast_kernels import optional_callable
 
 NEG_INF = float("-inf")
 
@@ -160,14 +161,9 @@ def banded_attention(
 WindowKernel = Callable[..., Tensor]  # fla's parallel_attn contract: (q, k, v, scale=, window_size=, sink_bias=)
 
 
-@functools.cache
 def fla_parallel_attn() -> WindowKernel | None:
     """fla's `fla.ops.attn.parallel.parallel_attn` (fla 0.6.0) where it imports (it needs triton), else None."""
-    try:
-        from fla.ops.attn.parallel import parallel_attn
-    except Exception:  # ImportError, or triton failing to initialise without a GPU
-        return None
-    return cast(WindowKernel, parallel_attn)
+    return cast(WindowKernel | None, optional_callable("fla.ops.attn.parallel", "parallel_attn"))
 
 
 def fla_window_attention(

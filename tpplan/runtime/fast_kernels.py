@@ -113,6 +113,16 @@ def fla_has(module: str) -> bool:
     return True
 
 
+@functools.cache
+def optional_callable(module: str, name: str) -> Any | None:
+    """`module.name` where `module` imports, else None: a GPU kernel whose library (fla, triton) may be absent
+    or fail to initialise without a GPU. Imported once per process."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # ImportError, a missing name, or triton failing to initialise
+        return None
+
+
 FLA_CONV = "fla.modules.causal_conv1d"
 FLA_ATTNRES = "fla.ops.attnres"
 
