@@ -84,3 +84,22 @@ def test_search_serving_rows_carry_their_rank(monkeypatch, capsys) -> None:  # t
     assert code == 0, err
     serving = out.split("Serving loop")[1]
     assert "#1 TP2" in serving and "#2 TP2" in serving
+
+
+@pytest.mark.parametrize(
+    ("model", "topology", "experts", "gqa"),
+    [
+        ("tiny-llama", "h100x8-ib400", False, False),  # dense; the H100's measured decode_gqa model prices GQA
+        ("tiny-llama", "h200x8-ib400", False, True),  # no decode_gqa model on the H200: the prefill pricer
+        ("tiny-qwen3-moe", "h200x8-ib400", True, True),
+    ],
+)
+def test_decode_conditions_say_only_what_applies(monkeypatch, capsys, model, topology, experts, gqa) -> None:  # type: ignore[no-untyped-def]
+    """What decode leaves out names routed experts only on a model that has them, and GQA decode attention as
+    unmeasured only where the GPU has no measured GQA decode model."""
+    args = ("audit", "-m", model, "--tp", "2", "-t", topology, "-p", "baseline", "-w", "prompt4k-out512-c16")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--json", "-")
+    assert code == 0, err
+    said = " ".join(json.loads(out)["plans"][0]["serving"]["decode"]["conditions"])
+    assert ("routed experts at decode sizes" in said) is experts
+    assert ("no decode (split-KV) kernel was measured" in said) is gqa
