@@ -237,7 +237,8 @@ def test_search_equals_brute_force_with_replicas(case):
         assert pr.replicas == 2 and pr.ttft is not None and len(pr.ttft.ttft_s) == 11
         p = cached_predictor(graph, c.plan, topo, Mesh(n, replicas=2), "bf16", None)
         shares = replica_workloads(wl, Mesh(n, replicas=2))
-        dealt = sum(simulate_ttft(w, lambda b: p.latency(segments_of(b))).mean_s * w.total_requests for w in shares)
+        price = p.latency
+        dealt = sum(simulate_ttft(w, lambda b, f=price: f(segments_of(b))).mean_s * w.total_requests for w in shares)
         assert close(c.score, dealt / wl.total_requests), (c.plan.name, c.score, dealt)
         assert c.memory <= (pr.memory.total - pr.memory.activations) * (1 + 1e-9), (c.memory, pr.memory)
         assert c.score < plan_cost(one, graph, audit_plan(graph, c.plan, n)).score
