@@ -138,7 +138,9 @@ def test_the_absorbed_form_has_the_shapes_flashmla_takes() -> None:
     q, k = torch.randn(6, 3, 192), torch.randn(9, 3, 192)
     idx = torch.randint(0, 9, (6, 4))
     qa, kv, ix = EK.absorbed_form(q, k, idx)
-    assert qa.shape == (6, 3, 576) and kv.shape == (9, 1, 576) and ix.shape == (6, 1, 4)
+    assert qa.shape == (6, 3, 576) and kv.shape == (9, 1, 576) and ix.shape == (6, 1, 128)  # whole top-k blocks
+    later = idx > torch.arange(3, 9)[:, None]  # queries at positions 3-8: a later key is no selection (-1)
+    assert torch.equal(ix[:, 0, :4].long(), idx.masked_fill(later, -1)) and (ix[:, 0, 4:] == -1).all()
     assert qa.dtype == kv.dtype == torch.bfloat16 and ix.dtype == torch.int32
     assert torch.equal(qa[..., :192], q.bfloat16()) and not qa[..., 192:].any()  # zero-padded, not invented
     assert torch.equal(kv[:, 0, :192], k[:, 0].bfloat16())

@@ -48,6 +48,7 @@ FA3_SO = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
 LATENT, ROPE = 512, 64  # the absorbed form: kv_lora_rank + the rope part (DeepSeek-V3.2, GLM-5.1)
 HEAD_PAD = 64  # FlashMLA's sparse prefill takes 64 or 128 heads (vLLM pads to this multiple)
 PAGE = 64  # FlashMLA's KV page rows
+TOPK_BLOCK = 128  # FlashMLA's sparse kernels take top-k in whole blocks (`topk mod B_TOPK`): 64 or 128 wide
 _REASONS: dict[str, str] = {}  # library -> why it is not loaded (kept for `gpu_kernels.kernel_refusals`)
 
 
@@ -133,6 +134,13 @@ def chunk_seqlens(t: int, s: int, chunk: int) -> tuple[list[int], list[int], int
     return cu_q, cu_k, first
 
 
+@functools.lru_cache(maxsize=256)
+def _int32(values: tuple[int, ...], device: str) -> Tensor:
+    """A small int32 tensor on `device`, made once per value (the engines build their varlen metadata once per
+    batch, not per layer: no host-to-device copy inside a timed call)."""
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
 def fa3_args(
     q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None = None, sinks: Tensor | None = None,
     chunk: int | None = None,
@@ -147,8 +155,7 @@ def fa3_args(
         k, v = k[first:], v[first:]
     else:
         cu_q, cu_k = [0, t], [0, s]
-    seq_q = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
-    seq_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
+    seq_q, seq_k = _int32(tuple(cu_q), str(q.device)), _int32(tuple(cu_k), str(q.device))
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
     left = window - 1 if window else -1
@@ -183,11 +190,21 @@ def fa3_attention(
 
 def absorbed_form(q: Tensor, k: Tensor, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The engines' absorbed (latent) MQA form of a DSA attention at the same queries, heads, keys and
-    selection: q [T, H, d] -> [T, H, 576], k [S, Hk, d] -> one latent row per key [S, 1, 576] (key head 0),
-    indices [T, topk] -> [T, 1, topk] int32. Rows are zero-padded or cut to 576 columns: the runtime's
-    per-head layout does not hold the latent (nor the absorbed up-projections), so this is the engines'
-    work at these shapes, not the model's values (the output is not the layer's)."""
+    selection: q [T, H, d] (the last T of S positions) -> [T, H, 576], k [S, Hk, d] -> one latent row per key
+    [S, 1, 576] (key head 0), indices [T, topk] -> [T, 1, topk'] int32, a key after its query marked -1 (the
+    engines' top-k marks unused slots so; FlashMLA applies no causal mask) and topk' the next multiple of
+    `TOPK_BLOCK` (-1 filled: the kernel's `topk mod B_TOPK` check). Rows are zero-padded or cut to 576 columns:
+    the runtime's per-head layout does not hold the latent (nor the absorbed up-projections), so this is the
+    engines' work at these shapes, not the model's values (the output is not the layer's; for q and k
+    already in the latent form, 576 wide with one KV head, it is exact)."""
     width = LATENT + ROPE
+    t, s = q.shape[0], k.shape[0]
+    pos = torch.arange(s - t, s, device=indices.device, dtype=torch.int32)[:, None]
+    ix = indices.to(torch.int32)
+    ix = torch.where(ix <= pos, ix, -1)
+    wide = -(-ix.shape[1] // TOPK_BLOCK) * TOPK_BLOCK
+    if wide > ix.shape[1]:
+        ix = torch.nn.functional.pad(ix, (0, wide - ix.shape[1]), value=-1)
 
     def fit(x: Tensor) -> Tensor:
         d = x.shape[-1]
@@ -195,7 +212,7 @@ def absorbed_form(q: Tensor, k: Tensor, indices: Tensor) -> tuple[Tensor, Tensor
 
     qa = fit(q).to(torch.bfloat16).contiguous()
     kv = fit(k[:, :1]).to(torch.bfloat16).contiguous()
-    return qa, kv, indices.to(torch.int32).reshape(indices.shape[0], 1, -1).contiguous()
+    return qa, kv, ix.reshape(t, 1, -1).contiguous()
 
 
 def flashmla_sparse(

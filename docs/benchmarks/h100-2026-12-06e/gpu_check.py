@@ -94,17 +94,25 @@ for h in (128, 64, 16):
         out[f"FlashMLA sparse {h}h latent"] = f"{errs(got, want)}; ms {times}"
     except Exception as exc:
         out[f"FlashMLA sparse {h}h latent"] = f"error {type(exc).__name__}: {exc}"[:400]
-# The bench's DSA path with the runtime's per-head layout (DeepSeek-V3.2 at TP8: 16 heads of 192/128): what runs
-# and that the output has the layer's shape (timing form: not the layer's values, see engine_kernels.absorbed_form).
-if EK.flashmla_loaded():
+# The bench's DSA path with the runtime's per-head layout (DeepSeek-V3.2: heads of 192/128; 128 at TP1, 16 at TP8):
+# what runs, that the output has the layer's shape (timing form: not the layer's values, see
+# engine_kernels.absorbed_form), and ms of the whole path (the conversion to the absorbed form included) beside
+# FlashMLA alone on the converted inputs: what the conversion adds to the bench's op time.
+for h in (128, 16):
+    if not EK.flashmla_loaded():
+        break
     try:
-        t, s_all = 512, 4096
-        qh, kh, vh = randn(t, 16, 192), randn(s_all, 16, 192), randn(s_all, 16, 128)
+        t, s_all = 2048, 8192
+        qh, kh, vh = randn(t, h, 192), randn(s_all, h, 192), randn(s_all, h, 128)
         idx = torch.randint(0, s_all - t, (t, 2048), device=dev)
         got = GK.try_engine_sparse(qh, kh, vh, 192**-0.5, idx)
-        out["bench DSA per-head 16h"] = "not run" if got is None else f"{got[0][:70]}...; out {tuple(got[1].shape)}"
+        conv = EK.absorbed_form(qh, kh, idx)
+        times = {"bench path": ms(lambda: GK.try_engine_sparse(qh, kh, vh, 192**-0.5, idx)),
+                 "FlashMLA alone": ms(lambda: EK.flashmla_sparse(*conv, 192**-0.5))}
+        out[f"bench DSA per-head {h}h"] = ("not run" if got is None else
+                                          f"{got[0][:60]}...; out {tuple(got[1].shape)}; ms {times}")
     except Exception as exc:
-        out["bench DSA per-head 16h"] = f"error {type(exc).__name__}: {exc}"[:400]
+        out[f"bench DSA per-head {h}h"] = f"error {type(exc).__name__}: {exc}"[:400]
 # FlashMLA dense bf16 decode: one new token per request over a 4096-key latent cache, 4 requests, 16 / 64 / 128 heads;
 # the reference in fp64; ms beside the bench's flash-decoding (`decode_sweep.decode_attention`).
 for h in (16, 64, 128):
