@@ -84,6 +84,21 @@ def _indexer(c: dict[str, float], p: dict[str, Any]) -> float:
     return c["a_s"] + flops / (c["tflops"] * 1e12) + scores / (c["Gscores"] * 1e9)
 
 
+def sparse_work(p: dict[str, Any]) -> tuple[float, float]:
+    """(FLOPs, bytes gathered) of DSA's sparse attention in the absorbed form (`rank_runners.run_sparse`): each
+    query's heads against its top-k latent rows, 576 wide for q.k and 512 for p.v; the rows gathered once per
+    query (bf16). FlashMLA computes heads padded to a multiple of 64 (`engine_kernels.HEAD_PAD`)."""
+    heads = -(-p["heads"] // 64) * 64 if "FlashMLA" in str(p.get("variant", "")) else p["heads"]
+    pairs = float(p["tokens"]) * p["topk"]
+    return 2.0 * heads * pairs * (576 + 512), pairs * 576 * 2
+
+
+def _sparse(c: dict[str, float], p: dict[str, Any]) -> float:
+    """t = a + FLOPs / R + bytes / B (B: gathered latent rows per second, in TB/s)."""
+    flops, gathered = sparse_work(p)
+    return c["a_s"] + flops / (c["tflops"] * 1e12) + gathered / (c["TBps"] * 1e12)
+
+
 # The families this sweep fits: the model_fit forms (attention with its few-heads chain, `attention_s`),
 # the generic elementwise stream, the masked attention kernels and DSA's indexer as the bench runs them.
 FAMILIES = dict(MF.FAMILIES) | {
@@ -91,11 +106,13 @@ FAMILIES = dict(MF.FAMILIES) | {
     "elementwise": (_elementwise, ("a_s", "TBps"), (5e-6, 2.0)),
     "masked": (_masked, ("a_s", "b_s", "tflops", "sm_tflops", "p1"), (2e-5, 1e-12, 300.0, 5.0, 2.0)),
     "indexer": (_indexer, ("a_s", "tflops", "Gscores"), (1e-4, 30.0, 10.0)),
+    "sparse": (_sparse, ("a_s", "tflops", "TBps"), (2e-5, 300.0, 2.0)),
 }
 RANGES = dict(MF.RANGES) | {
     "elementwise": lambda p: {"width": p["width"], "tokens": p["tokens"]},
     "masked": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
     "indexer": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
+    "sparse": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
 }
 # Set name -> (family, which points), in the order the planner's sets are named (`KernelModels.NAMES`).
 SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
@@ -111,6 +128,7 @@ SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "attention_window": ("masked", lambda p: p["window"] > 0),
     "attention_chunked": ("masked", lambda p: p["chunk"] > 0),
     "dsa_indexer": ("indexer", lambda p: True),
+    "dsa_attention": ("sparse", lambda p: True),
 }
 EXTRA = {"attention_prefix": (("c_s",), (1e-13,)), "experts": (("route_TBps",), (2.0,)),
          "attn_res": (("copy_TBps",), (2.0,))}  # fmt: skip
@@ -120,6 +138,7 @@ IMPLS = dict(MF.IMPLS_OPS) | {
     "attention_window": "window: SDPA per query block over its window's keys (band mask)",
     "attention_chunked": "chunk: SDPA flash per attention chunk",
     "dsa_indexer": "tpplan reference indexer (fp32 scores by query block, stable sort)",
+    "dsa_attention": "top-k (DSA), absorbed form: the kernel each point records (variant)",
 }
 
 
@@ -254,7 +273,7 @@ def predict(consts: dict[str, Any], p: dict[str, Any]) -> float:
 
 def bucket(p: dict[str, Any]) -> str:
     """The regime an error is reported by: heads per rank (attention, recurrences) or the expert split."""
-    if p["family"] in ("attention", "kda", "gdn", "masked", "indexer"):
+    if p["family"] in ("attention", "kda", "gdn", "masked", "indexer", "sparse"):
         return f"h {heads_bucket(p['heads'])}"
     if p["family"] == "experts":
         return str(p["split"])[:2] + ("32" if str(p["split"]).endswith("32") else "")
