@@ -204,3 +204,15 @@ def test_rank_fit_counts_flashmla_padded_heads_and_records_the_kernel() -> None:
     res = fit_rank_sweep(pts)
     assert res["constants"]["dsa_attention"]["impl"] == EK.FLASHMLA_SPARSE
     assert {r["model"] for r in res["points"]} == {"dsa_attention"}
+
+
+def test_the_planners_dsa_attention_price_is_set_beside_each_sparse_point() -> None:
+    """rank_fit's `priced_today` prices a sparse point as DeepSeek-V3.2's attention op at TP = 128 / heads."""
+    from tpplan.bench.rank_fit import priced_today
+
+    pts = [{"family": "sparse", "heads": h, "topk": 2048, "tokens": 4096, "context": 0, "seconds": 1e-3}
+           for h in (128, 16)]  # fmt: skip
+    rows = priced_today(pts)
+    assert [r["model"] for r in rows] == ["dsa_attention"] * 2
+    assert 0 < rows[1]["predicted_s"] < rows[0]["predicted_s"]  # TP8's rank has an eighth of the heads
+    assert rows[0]["error"] == pytest.approx(rows[0]["predicted_s"] / 1e-3 - 1.0)

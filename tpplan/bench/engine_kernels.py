@@ -13,9 +13,12 @@ wheel, and the `flash_mla` package of sgl-flash-mla 1.0.0, SGLang 0.5.23's pin) 
   attention splits a request into virtual batches.
 - `flashmla_sparse`: FlashMLA's sparse prefill in the absorbed MQA 576/512 form (`flash_mla_sparse_fwd`, the
   SM90 kernels in the legacy namespace: `use_legacy=True`), q [T, H, 576] bf16, one latent row per key
-  [S, 1, 576], indices [T, 1, topk] int32 (-1 = none); heads padded to a multiple of 64 as vLLM 0.34.0 pads
-  them for this kernel (vllm/v1/attention/backends/mla/flashmla_sparse.py, `_bf16_flash_mla_kernel`,
-  `prefill_padding = 64`; this build takes 64 or 128 heads).
+  [S, 1, 576], indices [T, 1, topk] int32 (-1 = none); heads padded with zero rows to 64 on Hopper as SGLang
+  0.5.23 pads them (sglang/srt/layers/attention/dsa_backend.py, `_forward_flashmla_sparse`: "requires num_heads
+  to be a multiple of 64 (Hopper)") and vLLM 0.34.0 where it does not take its own build's small-head kernel
+  (vllm/v1/attention/backends/mla/flashmla_sparse.py, `_bf16_flash_mla_kernel`, `prefill_padding = 64`); this
+  build checks `h_q == 64 || h_q == 128`. Both engines also pass `topk_length` (valid slots per row), which is
+  not passed here: the kernel masks the -1 slots (SGLang's comment there: "the output is unchanged").
 - `flashmla_decode`: FlashMLA's dense bf16 MLA decode (`flash_mla_with_kvcache`, legacy namespace) over a
   paged latent cache of 64-row blocks.
 
