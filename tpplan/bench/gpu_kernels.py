@@ -56,7 +56,8 @@ def engine_attention_ok(q: Tensor) -> bool:
 def takes_gqa(q: Tensor, v: Tensor, window: int | None, chunk: int | None, sinks: Tensor | None) -> bool:
     """Whether the masked kernel this call will run reads fewer KV heads than query heads itself (FA3, fla's
     window kernel), so the caller need not repeat them."""
-    if (window or chunk or sinks is not None) and engine_attention_ok(q):
+    engine_sinks = sinks is None or (q.shape[1] <= EK.SINK_HEADS and q.shape[-1] == v.shape[-1])
+    if (window or chunk or sinks is not None) and engine_sinks and engine_attention_ok(q):
         return True
     return bool(window) and not chunk and fla_window(q, v)
 
@@ -68,6 +69,8 @@ def try_engine_attention(
     `engine_attention_ok` and the shape was not refused; None for the bench's own kernels."""
     if not (window or chunk or sinks is not None) or not engine_attention_ok(q):
         return None
+    if sinks is not None and (q.shape[1] > EK.SINK_HEADS or q.shape[-1] != v.shape[-1]):
+        return None  # FA3 refuses s_aux beyond 64 query heads or with a narrower v: the bench's own kernels
     key = f"FA3, head dim {q.shape[-1]}/{v.shape[-1]}"
     if key in _REFUSED:
         return None
