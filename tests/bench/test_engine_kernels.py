@@ -20,16 +20,18 @@ from tpplan.bench import gpu_kernels as GK  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels_attention as KA  # noqa: E402
 
+_CACHED = (EK.fa3_ops, EK._flash_mla, RF.optional_callable)  # the loaders' once-per-process caches
+
 
 @pytest.fixture(autouse=True)
 def _fresh_loader(monkeypatch):
     """Each test loads from scratch (the loaders cache once per process) and leaves sys.path as it was."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for fn in (EK.fa3_ops, EK._flash_mla, RF.optional_callable):
+    for fn in _CACHED:
         fn.cache_clear()
     EK._REASONS.clear()
     yield
-    for fn in (EK.fa3_ops, EK._flash_mla, RF.optional_callable):
+    for fn in _CACHED:
         fn.cache_clear()
     EK._REASONS.clear()
 
@@ -89,7 +91,7 @@ def _fa3_contract(*a):
     assert causal is True and softcap == 0.0 and a[28] is True and a[29:33] == (None, 0, None, 0)
     assert a[34:] == (1, 0, None)
     assert cu_q.dtype == cu_k.dtype == torch.int32 and int(cu_q[-1]) == q.shape[0] and int(cu_k[-1]) == k.shape[0]
-    assert s_aux is None or (s_aux.dtype == torch.float32 and s_aux.shape == (q.shape[1],))
+    assert s_aux is None or (s_aux.dtype == torch.bfloat16 and s_aux.shape == (q.shape[1],) and q.shape[1] <= 64)
     assert (left, right) == (-1, -1) or right == 0
     group = q.shape[1] // k.shape[1]
     outs = []
@@ -122,7 +124,7 @@ def test_fa3_arguments_express_windows_chunks_and_sinks(window, chunk, sinks, ct
     torch.manual_seed(0)
     t, h, d = 40, 4, 16
     q, k, v = torch.randn(t, h, d), torch.randn(t + ctx, kv, d), torch.randn(t + ctx, kv, d)
-    snk = torch.randn(h) if sinks else None
+    snk = torch.randn(h).bfloat16().float() if sinks else None  # FA3 takes them in bf16: these are exact there
     got = EK.fa3_attention(q, k, v, d**-0.5, window, snk, chunk, op=_fa3_contract)
     want = KA.causal_attention(q, *KA.repeat_kv(k, v, h), d**-0.5, window=window, chunk=chunk, sinks=snk)
     assert got.shape == (t, h * d)
@@ -204,3 +206,63 @@ def test_rank_fit_counts_flashmla_padded_heads_and_records_the_kernel() -> None:
     res = fit_rank_sweep(pts)
     assert res["constants"]["dsa_attention"]["impl"] == EK.FLASHMLA_SPARSE
     assert {r["model"] for r in res["points"]} == {"dsa_attention"}
+
+
+def test_the_planners_dsa_attention_price_is_set_beside_each_sparse_point() -> None:
+    """rank_fit's `priced_today` prices a sparse point as DeepSeek-V3.2's attention op at TP = 128 / heads."""
+    from tpplan.bench.rank_fit import priced_today
+
+    pts = [{"family": "sparse", "heads": h, "topk": 2048, "tokens": 4096, "context": 0, "seconds": 1e-3}
+           for h in (128, 16)]  # fmt: skip
+    rows = priced_today(pts)
+    assert [r["model"] for r in rows] == ["dsa_attention"] * 2
+    assert 0 < rows[1]["predicted_s"] < rows[0]["predicted_s"]  # TP8's rank has an eighth of the heads
+    assert rows[0]["error"] == pytest.approx(rows[0]["predicted_s"] / 1e-3 - 1.0)
+
+
+def test_the_bench_runs_fa3_first_and_falls_back_when_it_raises(monkeypatch) -> None:
+    """Under `serving_attention` (the bench's window/chunk/sinks seam): FA3 where it may run, named; a shape it
+    raises at is refused (recorded) and the bench's own kernel runs, for that shape from then on."""
+    from tpplan.bench import serving_kernels as SK
+
+    class Ops:
+        fwd = staticmethod(_fa3_contract)
+
+    monkeypatch.setattr(GK, "engine_attention_ok", lambda q: True)
+    monkeypatch.setattr(EK, "fa3_ops", lambda: Ops)
+    torch.manual_seed(1)
+    q, k, v = torch.randn(24, 4, 16), torch.randn(40, 2, 16), torch.randn(40, 2, 16)
+    sinks = torch.randn(4).bfloat16().float()
+    want = KA.causal_attention(q, *KA.repeat_kv(k, v, 4), 0.25, window=8, sinks=sinks)
+    name, got = SK.serving_attention(q, k, v, 0.25, 8, None, sinks)
+    assert name == f"window: {EK.FA3} + sinks as s_aux" and GK.takes_gqa(q, v, 8, None, sinks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    def broken(*a):
+        raise RuntimeError("We only support bf16 dtype for S aux.")
+
+    Ops.fwd = staticmethod(broken)
+    monkeypatch.setattr(GK, "_REFUSED", {})
+    name, got = SK.serving_attention(q, k, v, 0.25, 8, None, sinks)
+    assert EK.FA3 not in name and "S aux" in GK.kernel_refusals()["FA3, head dim 16/16"]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert GK.try_engine_attention(q, k, v, 0.25, 8, None, sinks) is None  # refused at this shape from now on
+    many = torch.randn(24, 72, 16)  # sinks with more than 64 query heads: FA3 would refuse, so it is not tried
+    assert GK.try_engine_attention(many, k, v, 0.25, 8, None, torch.randn(72)) is None
+
+
+def test_dsa_attention_in_the_bench_takes_flashmla_when_it_may(monkeypatch) -> None:
+    """`try_sparse_attention` (the bench's DSA seam) runs FlashMLA's timing form first: the layer's shape, named."""
+    seen = {}
+
+    def stand_in(q, kv, indices, sm_scale, d_v=512, use_legacy=False):
+        seen.update(q=tuple(q.shape), kv=tuple(kv.shape), idx=tuple(indices.shape))
+        return torch.zeros(q.shape[0], q.shape[1], 512, dtype=q.dtype), None, None
+
+    monkeypatch.setattr(GK, "engine_sparse_ok", lambda q: True)
+    monkeypatch.setattr(EK, "_flash_mla", lambda name: stand_in)
+    q, k, v = torch.randn(6, 16, 192), torch.randn(10, 16, 192), torch.randn(10, 16, 128)
+    keep = GK.selected_keys(torch.randint(0, 4, (6, 3)), 10)
+    name, out = GK.try_sparse_attention(q, k, v, 0.1, keep)
+    assert name == GK.ENGINE_SPARSE and out.shape == (6, 16 * 128)
+    assert seen == {"q": (6, 64, 576), "kv": (10, 1, 576), "idx": (6, 1, 128)}

@@ -9,13 +9,18 @@ wheel, and the `flash_mla` package of sgl-flash-mla 1.0.0, SGLang 0.5.23's pin) 
   (vllm/vllm_flash_attn/flash_attn_interface.py, `flash_attn_varlen_func`, fa_version 3:
   `torch.ops._vllm_fa3_C.fwd`): causal bottom-right, GQA in the kernel, a window w as window_size
   (w - 1, 0) (vllm/v1/attention/backends/flash_attn.py: `(sliding_window - 1, 0)`), gpt-oss's sinks as
-  `s_aux` (fp32 per head), Llama 4's chunks as one sequence per chunk (varlen), as vLLM's chunked local
-  attention splits a request into virtual batches.
+  `s_aux` (bf16, one per head, at most 64 query heads, v as wide as q: the checks in `mha_fwd`,
+  hopper/flash_api_stable.cpp of vllm-project/flash-attention, whose messages this .so carries), Llama 4's
+  chunks as one sequence per chunk (varlen), as vLLM's chunked local attention splits a request into virtual
+  batches.
 - `flashmla_sparse`: FlashMLA's sparse prefill in the absorbed MQA 576/512 form (`flash_mla_sparse_fwd`, the
   SM90 kernels in the legacy namespace: `use_legacy=True`), q [T, H, 576] bf16, one latent row per key
-  [S, 1, 576], indices [T, 1, topk] int32 (-1 = none); heads padded to a multiple of 64 as vLLM 0.34.0 pads
-  them for this kernel (vllm/v1/attention/backends/mla/flashmla_sparse.py, `_bf16_flash_mla_kernel`,
-  `prefill_padding = 64`; this build takes 64 or 128 heads).
+  [S, 1, 576], indices [T, 1, topk] int32 (-1 = none); heads padded with zero rows to 64 on Hopper as SGLang
+  0.5.23 pads them (sglang/srt/layers/attention/dsa_backend.py, `_forward_flashmla_sparse`: "requires num_heads
+  to be a multiple of 64 (Hopper)") and vLLM 0.34.0 where it does not take its own build's small-head kernel
+  (vllm/v1/attention/backends/mla/flashmla_sparse.py, `_bf16_flash_mla_kernel`, `prefill_padding = 64`); this
+  build checks `h_q == 64 || h_q == 128`. Both engines also pass `topk_length` (valid slots per row), which is
+  not passed here: the kernel masks the -1 slots (SGLang's comment there: "the output is unchanged").
 - `flashmla_decode`: FlashMLA's dense bf16 MLA decode (`flash_mla_with_kvcache`, legacy namespace) over a
   paged latent cache of 64-row blocks.
 
@@ -46,6 +51,7 @@ FLASHMLA_SPARSE = "FlashMLA (sgl-flash-mla 1.0.0) flash_mla_sparse_fwd, absorbed
 FLASHMLA_DECODE = "FlashMLA (sgl-flash-mla 1.0.0) flash_mla_with_kvcache, dense bf16, 64-row pages"
 FA3_SO = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
 LATENT, ROPE = 512, 64  # the absorbed form: kv_lora_rank + the rope part (DeepSeek-V3.2, GLM-5.1)
+SINK_HEADS = 64  # FA3 takes s_aux with at most this many query heads ("We only support query heads <= 64 with S aux")
 HEAD_PAD = 64  # FlashMLA's sparse prefill takes 64 or 128 heads (vLLM pads to this multiple)
 PAGE = 64  # FlashMLA's KV page rows
 TOPK_BLOCK = 128  # FlashMLA's sparse kernels take top-k in whole blocks (`topk mod B_TOPK`): 64 or 128 wide
@@ -147,7 +153,7 @@ def fa3_args(
 ) -> tuple[Any, ...]:  # fmt: skip
     """The 37 arguments of `torch.ops._vllm_fa3_C.fwd` as vLLM 0.34.0's `flash_attn_varlen_func` passes them
     (fa_version 3, no paged cache, no fp8): q [T, H, d] the last T of S positions, k/v [S, Hk, d] (Hk
-    divides H), causal; `window` w -> window_size (w - 1, 0); `sinks` [H] -> s_aux fp32; `chunk` -> one
+    divides H), causal; `window` w -> window_size (w - 1, 0); `sinks` [H] -> s_aux bf16; `chunk` -> one
     varlen sequence per chunk."""
     t, s = q.shape[0], k.shape[0]
     if chunk:
@@ -159,7 +165,7 @@ def fa3_args(
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
     left = window - 1 if window else -1
-    aux = None if sinks is None else sinks.float().contiguous()
+    aux = None if sinks is None else sinks.to(torch.bfloat16).contiguous()  # "We only support bf16 dtype for S aux."
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     return (
         q, k, v, None, None, None, None,  # k_new, v_new, q_v, out
@@ -248,17 +254,25 @@ def flashmla_decode(
     q: Tensor, latent: Tensor, scale: float, fns: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 ) -> Tensor:
     """MLA decode, one new token per request: q [B, H, 576] against the latent cache [B, L, 1, 576] ->
-    [B, H, 512] by FlashMLA's dense bf16 decode (`flash_mla_with_kvcache`, `use_legacy=True`, causal as
-    SGLang's and vLLM's FlashMLA backends pass it for one query). `fns`: (get_mla_metadata,
-    flash_mla_with_kvcache), default the loaded ones (the CPU tests pass stand-ins)."""
+    [B, H, 512] by FlashMLA's dense bf16 decode (`flash_mla_with_kvcache`, `use_legacy=True`, causal as vLLM
+    0.34.0's FlashMLA backend passes it: vllm/v1/attention/backends/mla/flashmla.py). The block table, lengths
+    and scheduler metadata are made once per shape and reused (the interface allows reuse at equal shapes; an
+    engine builds them once per step, not per layer). `fns`: (get_mla_metadata, flash_mla_with_kvcache),
+    default the loaded ones (the CPU tests pass stand-ins)."""
     meta_fn, run = fns or (_flash_mla("get_mla_metadata"), _flash_mla("flash_mla_with_kvcache"))
     if meta_fn is None or run is None:
         raise RuntimeError(f"flashmla_decode: FlashMLA is not loaded ({refusals().get('FlashMLA')})")
-    cache, table, lens = paged_latent(latent)
-    meta = meta_fn()[0]
+    key = (*q.shape, latent.shape[1], str(q.device), id(meta_fn))
+    if key not in _DECODE_STATE:
+        _DECODE_STATE[key] = (*paged_latent(latent)[1:], meta_fn()[0])
+    table, lens, meta = _DECODE_STATE[key]
+    cache = latent.reshape(-1, PAGE, 1, latent.shape[-1])  # a view: `paged_latent`'s pages
     out = run(q.unsqueeze(1), cache, table, lens, LATENT, meta, None, softmax_scale=scale, causal=True,
               use_legacy=True)[0]  # fmt: skip
     return out[:, 0]
+
+
+_DECODE_STATE: dict[tuple[Any, ...], tuple[Tensor, Tensor, Any]] = {}  # shape -> (block table, lengths, metadata)
 
 
 def fa3_loaded() -> bool:

@@ -56,7 +56,8 @@ def engine_attention_ok(q: Tensor) -> bool:
 def takes_gqa(q: Tensor, v: Tensor, window: int | None, chunk: int | None, sinks: Tensor | None) -> bool:
     """Whether the masked kernel this call will run reads fewer KV heads than query heads itself (FA3, fla's
     window kernel), so the caller need not repeat them."""
-    if (window or chunk or sinks is not None) and engine_attention_ok(q):
+    engine_sinks = sinks is None or (q.shape[1] <= EK.SINK_HEADS and q.shape[-1] == v.shape[-1])
+    if (window or chunk or sinks is not None) and engine_sinks and engine_attention_ok(q):
         return True
     return bool(window) and not chunk and fla_window(q, v)
 
@@ -68,6 +69,8 @@ def try_engine_attention(
     `engine_attention_ok` and the shape was not refused; None for the bench's own kernels."""
     if not (window or chunk or sinks is not None) or not engine_attention_ok(q):
         return None
+    if sinks is not None and (q.shape[1] > EK.SINK_HEADS or q.shape[-1] != v.shape[-1]):
+        return None  # FA3 refuses s_aux beyond 64 query heads or with a narrower v: the bench's own kernels
     key = f"FA3, head dim {q.shape[-1]}/{v.shape[-1]}"
     if key in _REFUSED:
         return None
@@ -181,6 +184,11 @@ ENGINE_SPARSE = (
 )
 
 
+def engine_sparse_ok(q: Tensor) -> bool:
+    """Whether DSA's attention may run FlashMLA: on CUDA, env TPPLAN_ENGINE_SPARSE not "0", FlashMLA loaded."""
+    return q.is_cuda and EK.engine_enabled("TPPLAN_ENGINE_SPARSE") and EK.flashmla_loaded()
+
+
 def try_engine_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float, indices: Tensor) -> tuple[str, Tensor] | None:
     """(name, out [T, H * dv]) of DSA's attention timed by FlashMLA's sparse prefill in the absorbed form
     (`engine_kernels.absorbed_form`: the same T, H, S and indices, rows zero-padded to 576, values its first
@@ -189,7 +197,7 @@ def try_engine_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float, indices: Te
     layout holds no latent), so the output is the right shape, not the layer's values: the numerics checks run
     with the Triton or reference kernel."""
     dv = v.shape[-1]
-    if not q.is_cuda or dv > EK.LATENT or not EK.engine_enabled("TPPLAN_ENGINE_SPARSE") or not EK.flashmla_loaded():
+    if dv > EK.LATENT or not engine_sparse_ok(q):
         return None
     key = f"FlashMLA sparse, {q.shape[1]} heads"
     if key in _REFUSED:
@@ -211,6 +219,7 @@ __all__ = [
     "REFERENCE_INDEXER",
     "SPARSE_ATTENTION",
     "engine_attention_ok",
+    "engine_sparse_ok",
     "fla_window",
     "fused_indexer_ok",
     "kernel_refusals",

@@ -26,6 +26,7 @@ from tpplan.bench import model_fit as MF
 from tpplan.bench.rank_shapes import heads_bucket, tokens_bucket
 from tpplan.bench.rank_sweep import TIMES
 from tpplan.cost import kernel_models as M
+from tpplan.mesh import Mesh
 
 ELEMENTWISE_PASSES = 3.0  # the planner's elementwise bytes: the inputs read and the output written
 
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = other_card_rows([p for d in others for p in d["points"]])
         res["other"] = {"sweeps": args[cut + 1 :], "dates": [d["date"] for d in others],
                         "table": inherited_errors(rows, res["constants"])}  # fmt: skip
-    if any(r["family"] in ("masked", "indexer") for r in res["points"]):
+    if any(r["family"] in ("masked", "indexer", "sparse") for r in res["points"]):
         gpu = "h200-measured" if "H200" in docs[0]["gpu"] else "h100-measured"
         res["priced_today"] = {"gpu": gpu, "points": priced_today([p for d in docs for p in d["points"]], gpu)}
     write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
@@ -429,7 +430,8 @@ def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> li
     """What the planner prices for each masked-attention and indexer point on `gpu` (nothing fitted to
     them): windows and chunks by the GPU's attention sets over the keys the mask lets through
     (`KernelPricer.price`'s call), the indexer as the planner prices GLM-5.1's / DeepSeek-V3.2's op
-    (`Predictor.kind_time` at one request of `tokens` after `context`)."""
+    (`Predictor.kind_time` at one request of `tokens` after `context`), DSA's sparse attention as it prices
+    DeepSeek-V3.2's attention op at the TP that leaves the point's heads per rank."""
     from tpplan.cost.kernel_models import KernelModels
     from tpplan.cost.topology import load_gpu
 
@@ -440,29 +442,41 @@ def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> li
             flops, read = masked_work(p)
             price = models.attention(p["heads"], p["tokens"], read, p["d"], p["d"], flops, p["window"] or None)
         elif p["family"] == "indexer" and p["heads"] in INDEXER_MODEL:
-            price = _indexer_price(INDEXER_MODEL[p["heads"]], gpu, p["tokens"], p["context"])
+            price = _dsa_op_price(INDEXER_MODEL[p["heads"]], gpu, Mesh(8), "indexer", p["tokens"], p["context"])
+        elif p["family"] == "sparse" and SPARSE_HEADS % p["heads"] == 0:
+            mesh = Mesh(SPARSE_HEADS // p["heads"])
+            price = _dsa_op_price(SPARSE_MODEL, gpu, mesh, "attention", p["tokens"], p["context"])
         else:
             continue
         if price:
-            out.append({**p, "model": "window" if p["family"] == "masked" and p["window"] else
-                        "chunk" if p["family"] == "masked" else "dsa_indexer", "predicted_s": price,
-                        "error": price / p["seconds"] - 1.0})  # fmt: skip
+            kind = {"indexer": "dsa_indexer", "sparse": "dsa_attention"}.get(p["family"])
+            kind = kind or ("window" if p["window"] else "chunk")
+            out.append({**p, "model": kind, "predicted_s": price, "error": price / p["seconds"] - 1.0})
     return out
 
 
-def _indexer_price(model: str, gpu: str, tokens: int, context: int) -> float | None:
+SPARSE_MODEL, SPARSE_HEADS = "deepseek-v3.2", 128  # the preset whose DSA attention prices a sparse point (TP = 128 / h)
+
+
+def _dsa_op_price(model: str, gpu: str, mesh: Mesh, op: str, tokens: int, context: int) -> float | None:
+    """The planner's price of one op (`indexer`, `attention`) of a DSA model's layer on `mesh` (TP only), one
+    request of `tokens` after `context` (`Predictor.kind_time`); None where the preset or the mesh does not price
+    it."""
     from tpplan.cost.predictor import cached_predictor
     from tpplan.cost.topology import load_topology
-    from tpplan.mesh import Mesh
+    from tpplan.errors import TpplanError
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model(model))
     topo = load_topology("h100x8-ib400" if gpu.startswith("h100") else "h200x8-ib400")
-    p = cached_predictor(graph, make_plan("baseline", graph, 8), topo, Mesh(8, pp=1), "bf16", None)
+    try:
+        p = cached_predictor(graph, make_plan("baseline", graph, mesh.tp), topo, mesh, "bf16", None)
+    except TpplanError:  # a TP the topology or the model cannot take
+        return None
     res = p.audit.layer_results[-1]
-    ops = [o for o in p.kind_time(res, ((tokens, context),)).ops if o.op == "indexer"]
+    ops = [o for o in p.kind_time(res, ((tokens, context),)).ops if o.op == op]
     return ops[0].seconds if ops else None
 
 
