@@ -112,7 +112,7 @@ def _flash_mla(name: str) -> Callable[..., Any] | None:
         _REASONS["FlashMLA"] = "not loaded: no CUDA device (FlashMLA is a Hopper kernel)"
         return None
     if str(folder) not in sys.path:
-        sys.path.append(str(folder))
+        sys.path.insert(0, str(folder))  # this folder's flash_mla, not another one on the path
     fn = optional_callable("flash_mla", name)
     if fn is None:
         _REASONS["FlashMLA"] = f"import failed: {import_failure('flash_mla', name)}"
