@@ -20,7 +20,7 @@ from tpplan.bench import gpu_kernels as GK  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels_attention as KA  # noqa: E402
 
-_CACHED = (EK.fa3_ops, EK._flash_mla, RF.optional_callable)  # the loaders' once-per-process caches
+_CACHED = (EK.fa3_ops, EK._flash_mla, EK._legacy_ops, RF.optional_callable)  # the loaders' once-per-process caches
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +30,7 @@ def _fresh_loader(monkeypatch):
     for fn in _CACHED:
         fn.cache_clear()
     EK._REASONS.clear()
+    EK._DECODE_STATE.clear()
     yield
     for fn in _CACHED:
         fn.cache_clear()
@@ -70,6 +71,7 @@ def test_a_build_that_fails_to_load_is_refused_without_a_traceback(monkeypatch, 
     assert EK.refusals()["FA3"].startswith("load failed: OSError")
     assert EK._flash_mla("flash_mla_sparse_fwd") is None
     assert "undefined symbol: aoti_torch_example" in EK.refusals()["FlashMLA"]
+    assert "its SM90 .so alone: FileNotFoundError" in EK.refusals()["FlashMLA"]  # no _C_legacy file either
     sys.modules.pop("flash_mla", None)
 
 
@@ -266,3 +268,39 @@ def test_dsa_attention_in_the_bench_takes_flashmla_when_it_may(monkeypatch) -> N
     name, out = GK.try_sparse_attention(q, k, v, 0.1, keep)
     assert name == GK.ENGINE_SPARSE and out.shape == (6, 16 * 128)
     assert seen == {"q": (6, 64, 576), "kv": (10, 1, 576), "idx": (6, 1, 128)}
+
+
+def test_without_the_package_flashmlas_sm90_kernels_run_alone_as_its_interface_calls_them(
+    monkeypatch, tmp_path
+) -> None:
+    """The package's import fails (e.g. its SM100 .so does not load) but `_C_legacy` does: the two kernels are
+    called with the legacy arguments flash_mla_interface.py passes, the decode's scheduler state kept."""
+    pkg = tmp_path / "flash_mla"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise OSError('cuda.abi3.so: undefined symbol: aoti_torch_new')\n")
+    calls = []
+
+    class Ops:
+        @staticmethod
+        def sparse_prefill_fwd(*a):
+            calls.append(("sparse", a[3:]))
+            return "out", "max_logits", "lse"
+
+        @staticmethod
+        def dense_decode_fwd(*a):
+            calls.append(("decode", a[2:]))
+            return torch.zeros(2, 1, 16, 512), None, "meta", "splits"
+
+    monkeypatch.setenv(EK.ENV, str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(EK, "_legacy_ops", lambda folder: Ops)
+    assert EK.flashmla_loaded() and EK.refusals()["FlashMLA"].endswith(EK.LEGACY_ONLY)
+    assert EK._flash_mla("flash_mla_sparse_fwd")("q", "kv", "idx", 0.5, d_v=512, use_legacy=True)[0] == "out"
+    assert calls[0] == ("sparse", (0.5, 512, None, None, False, True))  # no sink, no topk_length, natural-log lse
+    lat = torch.randn(2, 64, 1, 576)
+    EK.flashmla_decode(torch.randn(2, 16, 576), lat, 0.07)
+    EK.flashmla_decode(torch.randn(2, 16, 576), lat, 0.07)
+    assert calls[1][1][0] == 512 and calls[1][1][3:] == (0.07, True, None, None)  # first call: no scheduler yet
+    assert calls[2][1][5:] == ("meta", "splits")  # the next call at this shape reuses what the first one made
+    assert EK.refusals()["FlashMLA"].count(EK.LEGACY_ONLY) == 1
+    sys.modules.pop("flash_mla", None)
