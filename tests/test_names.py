@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpplan.cost.topology import load_topology
+from tpplan.cost.topology import load_gpu, load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.models.config import load_model
@@ -24,6 +24,8 @@ def test_old_workload_names_load_the_renamed_preset(old, new):
         (load_model, "llama-3-70B", "llama-3-70b"),
         (load_topology, "H200x8-ib40", "h200x8-ib400"),
         (load_workload, "prompt16k-C8", "prompt16k-c8"),
+        (load_gpu, "l40s", "l40s-datasheet"),  # a GPU's short name: the presets that start with it
+        (load_gpu, "b200", "b200-datasheet"),
     ],
 )
 def test_a_typo_gets_did_you_mean_not_the_whole_list(load, typo, meant):
