@@ -70,6 +70,22 @@ def test_listing_commands_show_every_preset_on_one_line(monkeypatch, capsys, com
     assert all(len(line) <= 100 for line in out.splitlines())
 
 
+def test_workloads_show_their_output_tokens(monkeypatch, capsys):
+    """A workload's output tokens decide whether decode is served (TPOT targets need more than one): the
+    listing shows them beside the prompt."""
+    from cli_helpers import run_cli
+
+    from tpplan.cost.workload import list_workloads, load_workload
+
+    code, out, _ = run_cli(monkeypatch, capsys, "workloads")
+    assert code == 0
+    rows = {
+        row.split("│")[1].strip(): [c.strip() for c in row.split("│")] for row in out.splitlines() if row[:1] == "│"
+    }
+    for name in list_workloads():
+        assert f"{load_workload(name).output_len:,}" == rows[name][3], name
+
+
 def test_model_and_tp_have_no_hidden_defaults(monkeypatch, capsys):
     from cli_helpers import run_cli
 
