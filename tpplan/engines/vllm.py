@@ -291,7 +291,13 @@ PIPELINE = PipelineSchedule(
 )
 
 # --pipeline-parallel-size: ModelConfig.verify_with_parallel_config refuses PP (NotImplementedError) for a model
-# class that does not implement SupportsPP; these tpplan model types' classes do, in 0.33.0 and 0.34.0.
+# class that does not implement SupportsPP; these tpplan model types' classes do, in 0.33.0 and 0.34.0 (each found
+# from the config's architecture through model_executor/models/registry.py; every tpplan model type is here).
+# 0.34.0 moved Qwen3.5 to vllm/models/qwen3_5/ (the CUDA entry point); 0.33.0 has it in
+# model_executor/models/qwen3_5.py (releases/vllm_0_33_0.py re-cites it).
+QWEN3_5_PP = (
+    "Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration (extend Qwen3VLForConditionalGeneration)"
+)
 PP_SUPPORT = tuple(
     Support("--pipeline-parallel-size", types, f"{cls} implements SupportsPP", _rel(path, f"{cls} (SupportsPP)"))
     for types, cls, path in (
@@ -302,6 +308,21 @@ PP_SUPPORT = tuple(
         (("llama",), "LlamaForCausalLM", "vllm/model_executor/models/llama.py"),
         (("kimi_k3",), "KimiK3ForConditionalGeneration", "vllm/models/kimi_k3/nvidia/model.py"),
         (("kimi_linear",), "KimiLinearForCausalLM", "vllm/models/kimi_k3/nvidia/model.py"),
+        (("qwen2",), "Qwen2ForCausalLM", "vllm/model_executor/models/qwen2.py"),
+        (("mistral",), "MistralForCausalLM (extends LlamaForCausalLM)", "vllm/model_executor/models/mistral.py"),
+        (("mixtral",), "MixtralForCausalLM", "vllm/model_executor/models/mixtral.py"),
+        (("gemma3",), "Gemma3ForConditionalGeneration", "vllm/model_executor/models/gemma3_mm.py"),
+        (("gemma3_text",), "Gemma3ForCausalLM", "vllm/model_executor/models/gemma3.py"),
+        (("glm4_moe",), "Glm4MoeForCausalLM", "vllm/model_executor/models/glm4_moe.py"),
+        (("glm_moe_dsa",), "DeepseekV32ForCausalLM (GlmMoeDsaForCausalLM on CUDA; extends DeepseekV2ForCausalLM)",
+         "vllm/models/deepseek_v32/nvidia/model.py"),
+        (("gpt_oss",), "GptOssForCausalLM", "vllm/model_executor/models/gpt_oss.py"),
+        (("kimi_k25",), "KimiK25ForConditionalGeneration", "vllm/model_executor/models/kimi_k25.py"),
+        (("llama4",), "Llama4ForConditionalGeneration", "vllm/model_executor/models/mllama4.py"),
+        (("llama4_text",), "Llama4ForCausalLM (extends LlamaForCausalLM)", "vllm/model_executor/models/llama4.py"),
+        (("minimax_m2",), "MiniMaxM2ForCausalLM", "vllm/model_executor/models/minimax_m2.py"),
+        (("qwen3_next",), "Qwen3NextForCausalLM", "vllm/model_executor/models/qwen3_next.py"),
+        (("qwen3_5", "qwen3_5_moe"), QWEN3_5_PP, "vllm/models/qwen3_5/nvidia/model.py"),
     )
 )  # fmt: skip
 
@@ -418,6 +439,7 @@ __all__ = [
     "NCCL_NVLS",
     "PIPELINE",
     "PP_SUPPORT",
+    "QWEN3_5_PP",
     "REL",
     "REL_33",
     "REPO",
