@@ -350,10 +350,11 @@ THRESHOLD = Source.unread(
     REPO,
     "vllm/compilation/passes/fusion/sequence_parallelism.py",
     "get_sequence_parallelism_threshold (SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB)",
-    why="read only in code-index copies of main after 7d7e95dc whose commits the index does not give, and no "
-    "release pins it (0.34.0's source distribution has no sequence_parallelism.py): a statement to check",
+    why="000fc94b's VllmConfig._set_compile_ranges calls it when sp_min_token_num is unset (read at that commit), but "
+    "its body is in the code index only in copies whose commits the index does not give, with three different tables "
+    "(sm90 only; sm100 at 64 MiB; sm100 at 32 MiB), and the one copy at a commit (7d7e95dc) predates it; no release "
+    "pins it: the 0.33.0 and 0.34.0 wheels have no sequence_parallelism pass and no enable_sp",
 )
-
 VLLM_SP_PASS = Mode(
     name="sp-pass",
     flags=("""--compilation-config '{"pass_config": {"enable_sp": true}}'""",),
@@ -406,8 +407,9 @@ VLLM_SP_PASS = Mode(
             "tp_gt_1",
         ),
         Gate(
-            "batches of at least pass_config.sp_min_token_num tokens; unset, the heuristic computes it (revision "
-            "7d7e95dc: no threshold; later: CUDA sm90 hidden >= 8192 and 8 MiB per GPU, sm100 family hidden >= "
+            "batches of at least pass_config.sp_min_token_num tokens; unset, the heuristic computes it (000fc94b's "
+            "VllmConfig._set_compile_ranges calls get_sequence_parallelism_threshold; revision 7d7e95dc: no threshold; "
+            "later copies: CUDA sm90 hidden >= 8192 and 8 MiB per GPU, sm100 family hidden >= "
             "8192 and 64 then 32 MiB, XPU hidden >= 4096 and 8 MiB); where it returns None vLLM logs a warning "
             "('Model hidden_size too small for the SP threshold heuristic, disabling') and turns SP off",
             "server arg",
