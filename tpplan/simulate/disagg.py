@@ -388,7 +388,7 @@ class DisaggResult:
             "conditions": [
                 *self.notes,
                 *PD_NOT_MODELLED,
-                *decode_conditions(dep.decode.speculative),
+                *decode_conditions(dep.decode.speculative, dep.decode.predictor),
                 *((SPEC_PD_NOT_MODELLED,) if dep.speculative is not None else ()),
             ],
             **(

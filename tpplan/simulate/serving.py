@@ -164,7 +164,7 @@ def decode_block(
     summary = res.decode_summary(p.deployment.gpus)
     if summary is None:
         return None
-    conditions = decode_conditions(speculative)
+    conditions = decode_conditions(speculative, p)
     if cap is None:
         conditions.append("no KV-pool or running-request cap: the engine's KV sizing was not read for this version")
     out: dict[str, object] = {
