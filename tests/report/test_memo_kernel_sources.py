@@ -136,3 +136,11 @@ def test_each_source_prices_a_cp_deployment_with_its_own_cp_layers_and_kv(monkey
         assert want.cp_layers == "mla" and want.gpus == 4
         assert engine_meshes.count(want) >= 3, (key, engine_meshes)  # each engine's tables, at the memo's mesh
     assert all(m.cp_layers == "mla" and m.cp_kv == "sharded" for m in engine_meshes if m.cp > 1)
+
+
+def test_the_way_to_price_from_the_narrowest_source_names_a_real_flag() -> None:
+    """The GPU model's own kernel prices are what a memo without `--engine` uses: there is no flag to add."""
+    from tpplan.report.kernel_sources import DEFAULT, rerun
+
+    assert rerun(DEFAULT) == "rerun without `--engine`"
+    assert rerun("vllm") == "rerun with `--engine vllm`"

@@ -182,7 +182,7 @@ def _serving(ev: EngineVersion) -> list[str]:
         out += ["### Prefill/decode disaggregation hand-off (`tpplan/simulate/disagg_loop.py`)", "",
                 f"- {words}", *(f"- source: {s.cite()}" for s in h.sources), ""]  # fmt: skip
         if h.router is not None:
-            out += ["P/D router (`tpplan/simulate/routing.py`):", ""]
+            out += ["P/D router (`tpplan/cost/routing.py`):", ""]
             out += [f"- {f.text} ({f.source.cite()})" for f in h.router.facts] + [""]
     elif ev.scheduling is not None:
         unread = "- not read for this version: the engine's default release's rule is used, with a note"

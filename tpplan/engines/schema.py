@@ -304,7 +304,7 @@ RouterPolicy = Literal["round_robin", "least_loaded", "cache_aware"]
 @dataclass(frozen=True)
 class RouterRule:
     """Which prefill and which decode instance the P/D router the engine documents sends a request to
-    (`tpplan.simulate.routing` runs the policies)."""
+    (`tpplan.cost.routing` runs the policies)."""
 
     prefill: RouterPolicy
     decode: RouterPolicy
@@ -320,7 +320,7 @@ class RouterRule:
 @dataclass(frozen=True)
 class ReplicaRouter:
     """One way an engine release spreads requests over a deployment's R replicas (`--router NAME`): the policy the
-    serving loop runs (`rule`, `tpplan.simulate.routing`) and the launch that starts it, both read in the
+    serving loop runs (`rule`, `tpplan.cost.routing`) and the launch that starts it, both read in the
     release. In-process (`flags`): one server starts every replica and spreads the requests itself (`{replicas}`
     in a flag is R); else R servers, each with the deployment's own flags, `behind` an external router (its
     command, or what it is)."""

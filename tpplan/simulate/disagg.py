@@ -63,7 +63,7 @@ PD_NOT_MODELLED = (
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "the router's loads are its own requests in flight; SGLang's cache-aware router matches a prefix id's cached "
     "tokens at the instance it last went to, never evicts, and breaks ties by lowest instance "
-    "(tpplan.simulate.routing)",
+    "(tpplan.cost.routing)",
 )
 
 

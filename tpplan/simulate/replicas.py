@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from tpplan.cost.routing import Router
 from tpplan.cost.workload import PrefillBatch, ReplicaShare
 from tpplan.mesh import Mesh
 from tpplan.simulate.cosim import Actor, CoSim, RouterActor
@@ -19,7 +20,6 @@ from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
 from tpplan.simulate.loop import simulate as dealt
 from tpplan.simulate.requests import Arrivals, ClosedLoop
 from tpplan.simulate.results import LoopResult, Timeline
-from tpplan.simulate.routing import Router
 
 
 class _Served(_Replica):

@@ -192,17 +192,6 @@ def speculative_json(p: Predictor, spec: Speculative, max_running: int | None) -
             "sources": [s.cite() for s in sources(engine, eagle3=eagle3)]}  # fmt: skip
 
 
-def routed_prediction(pred: PlanPrediction, p: Predictor, workload: Workload, gpus_per_node: int) -> PlanPrediction:
-    """`pred` (the cost model's, `p`'s) with its TTFT over the deployment's replicas as its request router spreads
-    the workload's closed loop (`tpplan.engines.routing`): the idealised loop, no fixed costs, the same router the
-    serving block and the launch lines take. One replica: `pred` as it is (the cost model's schedule, which the
-    idealised loop equals there)."""
-    if p.deployment.replicas == 1 or pred.ttft is None:
-        return pred
-    loop = engine_loop(p.pipeline, p.deployment, workload.chunk_size, gpus_per_node, fixed_costs=False)
-    return replace(pred, ttft=serve(p, workload_arrivals(workload), loop).as_ttft())
-
-
 def replica_kv(
     p: Predictor, pd: bool = False, speculative: Speculative | None = None
 ) -> tuple[tuple[int, int] | None, str | None]:
@@ -253,7 +242,6 @@ __all__ = [
     "arrivals_for",
     "decode_block",
     "replica_kv",
-    "routed_prediction",
     "serving_summary",
     "with_serving_loop",
 ]

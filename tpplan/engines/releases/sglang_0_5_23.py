@@ -149,7 +149,8 @@ SGL_POOL = Fact(
 SGL_CELL = Fact(
     "tokens = pool bytes // cell, floored to the page size; cell per token = layers x (MLA: kv_lora_rank + "
     "qk_rope_head_dim, whole on every rank; else max(1, kv_heads // attn_tp_size) x (head_dim + v_head_dim)) x the "
-    "KV dtype's bytes, over the full-attention layers of the rank's PP stage",
+    "KV dtype's bytes, over the full-attention layers of the rank's PP stage; a hybrid's stage whose full-attention "
+    "layers all sit on other PP stages (cell 0) sizes its pool to int64 max (__init__: has_kv_on_another_pp_stage)",
     _srt("model_executor/pool_configurator.py", "DefaultPoolConfigurator._compute_cell_size / calculate_pool_sizes"),
 )
 SGL_SWA = Fact(
