@@ -352,8 +352,9 @@ THRESHOLD = Source.unread(
     "get_sequence_parallelism_threshold (SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB)",
     why="000fc94b's VllmConfig._set_compile_ranges calls it when sp_min_token_num is unset (read at that commit), but "
     "its body is in the code index only in copies whose commits the index does not give, with three different tables "
-    "(sm90 only; sm100 at 64 MiB; sm100 at 32 MiB), and the one copy at a commit (7d7e95dc) predates it; no release "
-    "pins it: the 0.33.0 and 0.34.0 wheels have no sequence_parallelism pass and no enable_sp",
+    "(sm90 only; sm100 at 64 MiB; sm100 at 32 MiB; all three agree on sm90: hidden >= 8192, 8 MiB per GPU, so only "
+    "a Blackwell verdict depends on which one 000fc94b has), and the one copy at a commit (7d7e95dc) predates it; "
+    "no release pins it: the 0.33.0 and 0.34.0 wheels have no sequence_parallelism pass and no enable_sp",
 )
 VLLM_SP_PASS = Mode(
     name="sp-pass",
