@@ -20,16 +20,19 @@ from tpplan.bench import gpu_kernels as GK  # noqa: E402
 from tpplan.runtime import fast_kernels as RF  # noqa: E402
 from tpplan.runtime import kernels_attention as KA  # noqa: E402
 
+_CACHED = (EK.fa3_ops, EK._flash_mla, EK._legacy_ops, RF.optional_callable)  # the loaders' once-per-process caches
+
 
 @pytest.fixture(autouse=True)
 def _fresh_loader(monkeypatch):
     """Each test loads from scratch (the loaders cache once per process) and leaves sys.path as it was."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for fn in (EK.fa3_ops, EK._flash_mla, RF.optional_callable):
+    for fn in _CACHED:
         fn.cache_clear()
     EK._REASONS.clear()
+    EK._DECODE_STATE.clear()
     yield
-    for fn in (EK.fa3_ops, EK._flash_mla, RF.optional_callable):
+    for fn in _CACHED:
         fn.cache_clear()
     EK._REASONS.clear()
 
@@ -68,6 +71,7 @@ def test_a_build_that_fails_to_load_is_refused_without_a_traceback(monkeypatch, 
     assert EK.refusals()["FA3"].startswith("load failed: OSError")
     assert EK._flash_mla("flash_mla_sparse_fwd") is None
     assert "undefined symbol: aoti_torch_example" in EK.refusals()["FlashMLA"]
+    assert "its SM90 .so alone: FileNotFoundError" in EK.refusals()["FlashMLA"]  # no _C_legacy file either
     sys.modules.pop("flash_mla", None)
 
 
@@ -216,3 +220,87 @@ def test_the_planners_dsa_attention_price_is_set_beside_each_sparse_point() -> N
     assert [r["model"] for r in rows] == ["dsa_attention"] * 2
     assert 0 < rows[1]["predicted_s"] < rows[0]["predicted_s"]  # TP8's rank has an eighth of the heads
     assert rows[0]["error"] == pytest.approx(rows[0]["predicted_s"] / 1e-3 - 1.0)
+
+
+def test_the_bench_runs_fa3_first_and_falls_back_when_it_raises(monkeypatch) -> None:
+    """Under `serving_attention` (the bench's window/chunk/sinks seam): FA3 where it may run, named; a shape it
+    raises at is refused (recorded) and the bench's own kernel runs, for that shape from then on."""
+    from tpplan.bench import serving_kernels as SK
+
+    class Ops:
+        fwd = staticmethod(_fa3_contract)
+
+    monkeypatch.setattr(GK, "engine_attention_ok", lambda q: True)
+    monkeypatch.setattr(EK, "fa3_ops", lambda: Ops)
+    torch.manual_seed(1)
+    q, k, v = torch.randn(24, 4, 16), torch.randn(40, 2, 16), torch.randn(40, 2, 16)
+    sinks = torch.randn(4).bfloat16().float()
+    want = KA.causal_attention(q, *KA.repeat_kv(k, v, 4), 0.25, window=8, sinks=sinks)
+    name, got = SK.serving_attention(q, k, v, 0.25, 8, None, sinks)
+    assert name == f"window: {EK.FA3} + sinks as s_aux" and GK.takes_gqa(q, v, 8, None, sinks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    def broken(*a):
+        raise RuntimeError("We only support bf16 dtype for S aux.")
+
+    Ops.fwd = staticmethod(broken)
+    monkeypatch.setattr(GK, "_REFUSED", {})
+    name, got = SK.serving_attention(q, k, v, 0.25, 8, None, sinks)
+    assert EK.FA3 not in name and "S aux" in GK.kernel_refusals()["FA3, head dim 16/16"]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert GK.try_engine_attention(q, k, v, 0.25, 8, None, sinks) is None  # refused at this shape from now on
+    many = torch.randn(24, 72, 16)  # sinks with more than 64 query heads: FA3 would refuse, so it is not tried
+    assert GK.try_engine_attention(many, k, v, 0.25, 8, None, torch.randn(72)) is None
+
+
+def test_dsa_attention_in_the_bench_takes_flashmla_when_it_may(monkeypatch) -> None:
+    """`try_sparse_attention` (the bench's DSA seam) runs FlashMLA's timing form first: the layer's shape, named."""
+    seen = {}
+
+    def stand_in(q, kv, indices, sm_scale, d_v=512, use_legacy=False):
+        seen.update(q=tuple(q.shape), kv=tuple(kv.shape), idx=tuple(indices.shape))
+        return torch.zeros(q.shape[0], q.shape[1], 512, dtype=q.dtype), None, None
+
+    monkeypatch.setattr(GK, "engine_sparse_ok", lambda q: True)
+    monkeypatch.setattr(EK, "_flash_mla", lambda name: stand_in)
+    q, k, v = torch.randn(6, 16, 192), torch.randn(10, 16, 192), torch.randn(10, 16, 128)
+    keep = GK.selected_keys(torch.randint(0, 4, (6, 3)), 10)
+    name, out = GK.try_sparse_attention(q, k, v, 0.1, keep)
+    assert name == GK.ENGINE_SPARSE and out.shape == (6, 16 * 128)
+    assert seen == {"q": (6, 64, 576), "kv": (10, 1, 576), "idx": (6, 1, 128)}
+
+
+def test_without_the_package_flashmlas_sm90_kernels_run_alone_as_its_interface_calls_them(
+    monkeypatch, tmp_path
+) -> None:
+    """The package's import fails (e.g. its SM100 .so does not load) but `_C_legacy` does: the two kernels are
+    called with the legacy arguments flash_mla_interface.py passes, the decode's scheduler state kept."""
+    pkg = tmp_path / "flash_mla"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise OSError('cuda.abi3.so: undefined symbol: aoti_torch_new')\n")
+    calls = []
+
+    class Ops:
+        @staticmethod
+        def sparse_prefill_fwd(*a):
+            calls.append(("sparse", a[3:]))
+            return "out", "max_logits", "lse"
+
+        @staticmethod
+        def dense_decode_fwd(*a):
+            calls.append(("decode", a[2:]))
+            return torch.zeros(2, 1, 16, 512), None, "meta", "splits"
+
+    monkeypatch.setenv(EK.ENV, str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(EK, "_legacy_ops", lambda folder: Ops)
+    assert EK.flashmla_loaded() and EK.refusals()["FlashMLA"].endswith(EK.LEGACY_ONLY)
+    assert EK._flash_mla("flash_mla_sparse_fwd")("q", "kv", "idx", 0.5, d_v=512, use_legacy=True)[0] == "out"
+    assert calls[0] == ("sparse", (0.5, 512, None, None, False, True))  # no sink, no topk_length, natural-log lse
+    lat = torch.randn(2, 64, 1, 576)
+    EK.flashmla_decode(torch.randn(2, 16, 576), lat, 0.07)
+    EK.flashmla_decode(torch.randn(2, 16, 576), lat, 0.07)
+    assert calls[1][1][0] == 512 and calls[1][1][3:] == (0.07, True, None, None)  # first call: no scheduler yet
+    assert calls[2][1][5:] == ("meta", "splits")  # the next call at this shape reuses what the first one made
+    assert EK.refusals()["FlashMLA"].count(EK.LEGACY_ONLY) == 1
+    sys.modules.pop("flash_mla", None)

@@ -32,6 +32,7 @@ kernels. Never imported by the planner.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -50,6 +51,7 @@ FA3 = "vllm-0.34.0 FA3 (_vllm_fa3_C.fwd varlen)"
 FLASHMLA_SPARSE = "FlashMLA (sgl-flash-mla 1.0.0) flash_mla_sparse_fwd, absorbed MQA 576/512"
 FLASHMLA_DECODE = "FlashMLA (sgl-flash-mla 1.0.0) flash_mla_with_kvcache, dense bf16, 64-row pages"
 FA3_SO = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
+LEGACY_ONLY = "; its SM90 kernels (_C_legacy) loaded alone and called as flash_mla_interface.py calls them"
 LATENT, ROPE = 512, 64  # the absorbed form: kv_lora_rank + the rope part (DeepSeek-V3.2, GLM-5.1)
 SINK_HEADS = 64  # FA3 takes s_aux with at most this many query heads ("We only support query heads <= 64 with S aux")
 HEAD_PAD = 64  # FlashMLA's sparse prefill takes 64 or 128 heads (vLLM pads to this multiple)
@@ -110,11 +112,68 @@ def _flash_mla(name: str) -> Callable[..., Any] | None:
         _REASONS["FlashMLA"] = "not loaded: no CUDA device (FlashMLA is a Hopper kernel)"
         return None
     if str(folder) not in sys.path:
-        sys.path.append(str(folder))
+        sys.path.insert(0, str(folder))  # this folder's flash_mla, not another one on the path
     fn = optional_callable("flash_mla", name)
     if fn is None:
         _REASONS["FlashMLA"] = f"import failed: {import_failure('flash_mla', name)}"
+        fn = _legacy_only(folder, name)
     return fn
+
+
+# -- FlashMLA's SM90 kernels alone, where the package does not import ------------------------------------------
+# The package loads its SM100 extension first and fails without it; the SM90 kernels (`_C_legacy`) may still load.
+# Then they are called as sgl-flash-mla 1.0.0's flash_mla/flash_mla_interface.py calls them on the legacy side
+# (`flash_mla_sparse_fwd`, `flash_mla_with_kvcache` with indices None: `dense_decode_fwd`).
+
+
+@functools.cache
+def _legacy_ops(folder: Path) -> Any | None:
+    """`torch.ops.flash_mla_legacy` from the folder's `flash_mla/_C_legacy.*.so`, loaded once; None if it fails."""
+    so = sorted((folder / "flash_mla").glob("_C_legacy.*.so"))
+    try:
+        if not so:
+            raise FileNotFoundError("no _C_legacy .so")
+        torch.ops.load_library(str(so[0]))
+        return torch.ops.flash_mla_legacy
+    except Exception as exc:  # OSError (a missing symbol), FileNotFoundError
+        _REASONS["FlashMLA"] += f"; its SM90 .so alone: {type(exc).__name__}: {exc}"[:300]
+        return None
+
+
+@dataclasses.dataclass
+class _LegacyMeta:
+    """`FlashMLASchedMeta`'s two fields the dense decode fills on its first call."""
+
+    tile_scheduler_metadata: Any = None
+    num_splits: Any = None
+
+
+def _legacy_only(folder: Path, name: str) -> Callable[..., Any] | None:
+    ops = _legacy_ops(folder)
+    if ops is None:
+        return None
+    if LEGACY_ONLY not in _REASONS["FlashMLA"]:
+        _REASONS["FlashMLA"] += LEGACY_ONLY
+
+    def sparse(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int = LATENT, **_: Any) -> Any:
+        return ops.sparse_prefill_fwd(q, kv, indices, sm_scale, d_v, None, None, False, True)
+
+    def meta() -> tuple[_LegacyMeta, None]:
+        return _LegacyMeta(), None
+
+    def decode(q: Tensor, k_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor, head_dim_v: int,
+               sched: _LegacyMeta, num_splits: None = None, softmax_scale: float | None = None,
+               causal: bool = False, **_: Any) -> tuple[Tensor, Tensor]:  # fmt: skip
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        out, lse, sched.tile_scheduler_metadata, sched.num_splits = ops.dense_decode_fwd(
+            q, k_cache, head_dim_v, cache_seqlens, block_table, scale, causal, sched.tile_scheduler_metadata,
+            sched.num_splits,
+        )  # fmt: skip
+        return out, lse
+
+    fns: dict[str, Callable[..., Any]] = {"flash_mla_sparse_fwd": sparse, "get_mla_metadata": meta,
+                                          "flash_mla_with_kvcache": decode}  # fmt: skip
+    return fns.get(name)
 
 
 def engine_enabled(switch: str) -> bool:

@@ -184,6 +184,11 @@ ENGINE_SPARSE = (
 )
 
 
+def engine_sparse_ok(q: Tensor) -> bool:
+    """Whether DSA's attention may run FlashMLA: on CUDA, env TPPLAN_ENGINE_SPARSE not "0", FlashMLA loaded."""
+    return q.is_cuda and EK.engine_enabled("TPPLAN_ENGINE_SPARSE") and EK.flashmla_loaded()
+
+
 def try_engine_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float, indices: Tensor) -> tuple[str, Tensor] | None:
     """(name, out [T, H * dv]) of DSA's attention timed by FlashMLA's sparse prefill in the absorbed form
     (`engine_kernels.absorbed_form`: the same T, H, S and indices, rows zero-padded to 576, values its first
@@ -192,7 +197,7 @@ def try_engine_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float, indices: Te
     layout holds no latent), so the output is the right shape, not the layer's values: the numerics checks run
     with the Triton or reference kernel."""
     dv = v.shape[-1]
-    if not q.is_cuda or dv > EK.LATENT or not EK.engine_enabled("TPPLAN_ENGINE_SPARSE") or not EK.flashmla_loaded():
+    if dv > EK.LATENT or not engine_sparse_ok(q):
         return None
     key = f"FlashMLA sparse, {q.shape[1]} heads"
     if key in _REFUSED:
@@ -214,6 +219,7 @@ __all__ = [
     "REFERENCE_INDEXER",
     "SPARSE_ATTENTION",
     "engine_attention_ok",
+    "engine_sparse_ok",
     "fla_window",
     "fused_indexer_ok",
     "kernel_refusals",

@@ -3,7 +3,9 @@ and EP 4-32 runs for the project's model families (`rank_shapes`), 1K-32K tokens
 
 Why: the kernel models were fitted at whole-model shapes; the memo's deployments run TP8-32. This sweep
 times the serving-class kernels the bench uses (SDPA flash, fla's chunk_kda / chunk_gated_delta_rule /
-causal_conv1d / RMSNorm, `torch._grouped_mm` inside `grouped_routed_experts`, cuBLAS) per rank.
+causal_conv1d / RMSNorm, `torch._grouped_mm` inside `grouped_routed_experts`, cuBLAS) per rank, and where
+`TPPLAN_ENGINE_KERNELS` gives the engines' builds (`engine_kernels`) their FA3 for the masked family and FlashMLA
+for DSA's sparse attention (`sparse`, the absorbed 576/512 form); each point of those records the kernel (`variant`).
 
 How it times (`measure`): every case twice, (1) with the host ahead of the GPU (`sweep_timing`'s GPU
 sleep first: the GPU's own time, as inside a run whose large kernels keep the GPU behind the host) and

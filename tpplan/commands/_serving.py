@@ -189,7 +189,7 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
     from rich.text import Text
 
     from tpplan.commands._console import console, print_wrapped, show
-    from tpplan.report.rows import fig
+    from tpplan.report.rows import fig, rate
 
     dec: list[tuple[dict[str, object], dict[str, Any]]] = []
     for e in rows:
@@ -209,7 +209,7 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
             continue
         ms = [fig(d[k][q] * 1e3) for k, q in (("ttft_s", "mean"), ("ttft_s", "p99"), ("tpot_s", "mean"),
                                                    ("tpot_s", "p99"), ("itl_s", "p99"))]  # fmt: skip
-        t.add_row(Text(name), *ms, f"{d['output_tok_s_per_gpu']:,.0f}", f"{d['output_tok_s_per_user']:,.0f}")
+        t.add_row(Text(name), *ms, rate(d["output_tok_s_per_gpu"]), rate(d["output_tok_s_per_user"]))
     out = console()
     if t.rows:
         show(out, t)

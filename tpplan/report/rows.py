@@ -42,6 +42,12 @@ def fig(x: float, sign: bool = False) -> str:
     return f"{x:{'+' if sign else ''},.{digits}f}"
 
 
+def rate(x: float) -> str:
+    """Tokens per second: whole numbers from 100 up, three significant digits below, so that a served deployment's
+    0.5 output tokens/s per GPU does not print as 0, nor 4.7 as 5 beside 4.4 as 4."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 @dataclass(frozen=True)
 class LengthPoint:
     """One deployment's plan at one prompt length."""

@@ -2,12 +2,13 @@
 (`tpplan.bench.engine_kernels`: vLLM 0.34.0's FA3 and sgl-flash-mla 1.0.0's FlashMLA, from $TPPLAN_ENGINE_KERNELS,
 which run.sh unpacks) load on this torch, and equal the fp32 reference at small shapes.
 
-One line per check: "loaded" / "refused (why)" for each library, then per kernel and shape the relative error
+One line per check, printed as it is made (a check cut off by the time limit keeps the lines before it):
+"loaded" / "refused (why)" for each library, then per engine kernel and shape the relative error
 ||got - ref|| / ||ref|| and the largest absolute error against the fp32 reference, PASS where the relative error
-is at most 2e-2 (bf16 inputs and output, 8 bits of mantissa: about 4e-3 per element, fp32 accumulation in the
-kernels; the bench's other bf16 kernels check at 1e-2 - 2e-2 here), and ms per call (CUDA events, 5 calls after
-a warm-up) beside the bench's own kernel for that op. `python3 gpu_check.py cuda` (run.sh passes it); an
-"error" line means a check raised. Needs CUDA: on a CPU every engine line says "refused (no CUDA device)"."""
+is at most 2e-2 (bf16 inputs and output, 8 bits of mantissa: about 4e-3 relative per element, with fp32
+accumulation in the kernels), and ms per call (CUDA events, 5 calls after a warm-up). The bench's own kernels at
+the same shapes are timed last (fla's and Triton's builds take the longest). `python3 gpu_check.py cuda` (run.sh
+passes it); an "error" line means a check raised. On a CPU every engine line says "refused (no CUDA device)"."""
 import os
 import sys
 import torch
@@ -38,7 +39,13 @@ def ms(fn):
     return round(a_.elapsed_time(b_) / 5, 3)
 def randn(*s):
     return torch.randn(*s, device=dev, dtype=dt)
-out = {}
+class Out(dict):
+    """Each check printed as soon as it is made: a check cut off by the time limit keeps the lines before it."""
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+        print(f"check {k}: {v}", flush=True)
+out = Out()
+own_later = []  # the bench's own kernels at the same shapes, timed last (fla's and Triton's builds take the longest)
 print("torch", torch.__version__, "engine folder", os.environ.get(EK.ENV))
 out["FA3"] = "loaded" if EK.fa3_loaded() else f"refused ({EK.refusals().get('FA3')})"
 out["FlashMLA"] = "loaded" if EK.flashmla_loaded() else f"refused ({EK.refusals().get('FlashMLA')})"
@@ -54,7 +61,6 @@ for label, (t, s, n, kvh, d, w, ch, snk) in {
         "sinks only 8h/8kv cache": (512, 1024, 8, 8, 64, None, None, True)}.items():
     if not EK.fa3_loaded():
         break
-    os.environ["TPPLAN_ENGINE_FA3"] = "1"
     try:
         q, k, v = randn(t, n, d), randn(s, kvh, d), randn(s, kvh, d)
         sk = torch.randn(n, device=dev) if snk else None
@@ -62,12 +68,8 @@ for label, (t, s, n, kvh, d, w, ch, snk) in {
         got = EK.fa3_attention(q, k, v, d**-0.5, w, sk, ch)
         name = SK.serving_attention(q, k, v, d**-0.5, w, ch, sk)[0]
         times = {"FA3": ms(lambda: EK.fa3_attention(q, k, v, d**-0.5, w, sk, ch))}
-        os.environ["TPPLAN_ENGINE_FA3"] = "0"  # the bench's own kernel for the same call (k/v repeated where it needs)
-        ko, vo = (k, v) if GK.takes_gqa(q, v, w, ch, sk) else KA.repeat_kv(k, v, n)
-        own = SK.serving_attention(q, ko, vo, d**-0.5, w, ch, sk)[0]
-        times[own[:50]] = ms(lambda: SK.serving_attention(q, ko, vo, d**-0.5, w, ch, sk))
-        os.environ["TPPLAN_ENGINE_FA3"] = "1"
         out[f"FA3 {label}"] = f"{errs(got, want)}; serving_attention ran: {name[:60]}; ms {times}"
+        own_later.append((label, q, k, v, d, n, w, ch, sk))
     except Exception as exc:
         out[f"FA3 {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
 # FlashMLA sparse prefill in the absorbed form (DeepSeek-V3.2 / GLM-5.1: 576/512), 512 queries after 3584 cached
@@ -88,9 +90,6 @@ for h in (128, 64, 16):
         want = ref(q4, kv.expand(-1, h, -1), kv[..., :512].expand(-1, h, -1), sc, keep).reshape(t, h, 512)
         got = EK.flashmla_sparse(q4, kv, idx.reshape(t, 1, topk), sc)
         times = {"FlashMLA": ms(lambda: EK.flashmla_sparse(q4, kv, idx.reshape(t, 1, topk), sc))}
-        if GK._sparse_kernel() is not None:
-            from tpplan.bench import sparse_attention as SPA
-            times["tpplan Triton"] = ms(lambda: SPA.sparse_attention(q4, kv, kv[..., :512], idx, sc))
         out[f"FlashMLA sparse {h}h latent"] = f"{errs(got, want)}; ms {times}"
     except Exception as exc:
         out[f"FlashMLA sparse {h}h latent"] = f"error {type(exc).__name__}: {exc}"[:400]
@@ -131,5 +130,23 @@ for h in (16, 64, 128):
     except Exception as exc:
         out[f"FlashMLA decode {h}h"] = f"error {type(exc).__name__}: {exc}"[:400]
 out["kernel refusals (fell back)"] = GK.kernel_refusals()
-for k_, v_ in out.items():
-    print(f"check {k_}: {v_}")
+# Last: the bench's own kernels at the FA3 shapes (TPPLAN_ENGINE_FA3=0: fla's window kernel, SDPA per chunk, the
+# sinks' flash; k/v repeated where the kernel needs) and the Triton sparse kernel at 128 latent heads, ms per call.
+os.environ["TPPLAN_ENGINE_FA3"] = "0"
+for label, q, k, v, d, n, w, ch, sk in own_later:
+    try:
+        ko, vo = (k, v) if GK.takes_gqa(q, v, w, ch, sk) else KA.repeat_kv(k, v, n)
+        own = SK.serving_attention(q, ko, vo, d**-0.5, w, ch, sk)[0]
+        out[f"own kernel {label}"] = f"{own[:60]}: ms {ms(lambda: SK.serving_attention(q, ko, vo, d**-0.5, w, ch, sk))}"
+    except Exception as exc:
+        out[f"own kernel {label}"] = f"error {type(exc).__name__}: {exc}"[:400]
+if EK.flashmla_loaded() and GK._sparse_kernel() is not None:
+    try:
+        from tpplan.bench import sparse_attention as SPA
+        t, s_all = 512, 4096
+        q4, kv = randn(t, 128, 576), randn(s_all, 1, 576)
+        idx = torch.randint(0, s_all - t, (t, 2048), device=dev)
+        out["own kernel Triton sparse 128h latent"] = f"ms {ms(lambda: SPA.sparse_attention(q4, kv, kv[..., :512], idx, 576**-0.5))}"
+    except Exception as exc:
+        out["own kernel Triton sparse 128h latent"] = f"error {type(exc).__name__}: {exc}"[:400]
+os.environ["TPPLAN_ENGINE_FA3"] = "1"

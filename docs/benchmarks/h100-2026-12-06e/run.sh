@@ -9,6 +9,8 @@
 # Usage: run.sh LIMIT_S TOPOLOGY RANK_FAMS:RANK_S DECODE_FAMS:DECODE_S MODEL:S ...
 #   e.g. bash docs/benchmarks/h100-2026-12-06e/run.sh 570 h100x8-ib400 masked,sparse:150 decode_mla:60 \
 #          gpt-oss-120b:100 gemma-3-4b-it:80 deepseek-v3.2:130
+# A second call for the benches alone: CHECK_S=0 bash ... LIMIT TOPO none:0 none:0 MODEL:S ... (a family
+# spec with 0 s, and CHECK_S=0, skip that step).
 # Carried (git-ignored): .gpu34/whl/*.whl (fla ...), .gpu34/autotune.tgz, .gpu34/engk/ = _vllm_fa3_C.abi3.so.xz,
 # vllm_flash_attn/{__init__,flash_attn_interface}.py (reference only), sgl_flash_mla-1.0.0-*.whl.
 # The tpplan that runs is the checkout's ($PWD, i.e. main: SRC overrides, e.g. SRC=$PWD/.gpu34/src as 06d).
@@ -54,7 +56,7 @@ date -u +%FT%TZ > $R/date.txt
 smi csv > $R/smi-start.csv; cat $R/smi-start.csv
 python3 -c "import torch, tpplan.bench.engine_kernels as e; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu', e.__file__)"
 python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1
-timeout ${CHECK_S:-150} python3 $G/gpu_check.py ${CHECK_DEV:-cuda} 2>&1 | tee $R/check.txt
+[ "${CHECK_S:-150}" -gt 0 ] && timeout ${CHECK_S:-150} python3 $G/gpu_check.py ${CHECK_DEV:-cuda} 2>&1 | tee $R/check.txt
 pack
 r=$(cap ${RANK##*:} 30)
 echo "== rank sweep ${RANK%%:*} ($r s) at $(( $(date +%s) - T0 )) s"
