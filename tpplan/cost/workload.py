@@ -484,6 +484,17 @@ def simulate_routed(
     return _run(workload, stage_times, in_flight, chunks_overlap, mesh, rule)
 
 
+def dealt_is_routed(workload: Workload, mesh: Mesh) -> bool:
+    """Whether the dealt split's mean TTFT (`replica_workloads`) is the router's (`simulate_routed`) for any batch
+    times and every router: one replica, or prompts all alike with R dividing the clients (the replicas then
+    run alike, whichever replica a request goes to). Taken from that symmetry, not proven: checked on random
+    closed loops of the three policies, PP stages and cached prefixes (tests/cost/test_routed_replicas.py)."""
+    if mesh.replicas == 1:
+        return True
+    alike = workload.input_lens is None or len(set(workload.input_lens)) == 1
+    return alike and workload.concurrency % mesh.replicas == 0
+
+
 def replica_workloads(workload: Workload, mesh: Mesh) -> tuple[Workload, ...]:
     """Each replica's share of `workload` when `mesh.replicas` identical copies of a deployment serve it.
 

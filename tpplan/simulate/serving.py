@@ -221,26 +221,34 @@ def with_serving_loop(predict: PredictFn, arrival: Arrival | None = None) -> Pre
     memo ranks and judges deployments by."""
 
     def run(graph: ModelGraph, plan: Plan, topo: Topology, **kw: Any) -> PlanPrediction:
-        pred = predict(graph, plan, topo, **kw)
-        wl: Workload | None = kw.get("workload")
-        if wl is None or pred.ttft is None:
-            return pred
-        p = cached_predictor(graph, plan, topo, kw["mesh"], kw.get("dtype", "bf16"),
-                             kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"),
-                             pipeline=kw.get("pipeline"))  # fmt: skip
-        loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
-        ctx = graph.spec.numerics.max_position_embeddings
-        arrivals = workload_arrivals(wl) if arrival is None else arrivals_for(arrival, wl, ctx)
-        res = serve(p, arrivals, loop)
-        return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
+        return on_serving_loop(predict(graph, plan, topo, **kw), graph, plan, topo, arrival, **kw)
 
     return run
+
+
+def on_serving_loop(
+    pred: PlanPrediction, graph: ModelGraph, plan: Plan, topo: Topology, arrival: Arrival | None = None, **kw: Any
+) -> PlanPrediction:
+    """`pred` (`predict_plan`'s, of these arguments) with its TTFT taken from the engine's serving loop, as
+    `with_serving_loop` does; `pred` as it is without a workload."""
+    wl: Workload | None = kw.get("workload")
+    if wl is None or pred.ttft is None:
+        return pred
+    p = cached_predictor(graph, plan, topo, kw["mesh"], kw.get("dtype", "bf16"),
+                         kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"),
+                         pipeline=kw.get("pipeline"))  # fmt: skip
+    loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
+    ctx = graph.spec.numerics.max_position_embeddings
+    arrivals = workload_arrivals(wl) if arrival is None else arrivals_for(arrival, wl, ctx)
+    res = serve(p, arrivals, loop)
+    return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
 
 
 __all__ = [
     "Arrival",
     "arrivals_for",
     "decode_block",
+    "on_serving_loop",
     "replica_kv",
     "serving_summary",
     "with_serving_loop",
