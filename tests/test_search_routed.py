@@ -117,3 +117,31 @@ def test_the_dealt_split_is_the_routers_on_alike_prompts_with_r_dividing_the_cli
             shares = [simulate_routed(w, f, Mesh(1), None, in_flight=in_flight) for w in replica_workloads(wl, mesh)]
         dealt = sum(x.mean_s * w.total_requests for x, w in zip(shares, replica_workloads(wl, mesh), strict=True))
         assert routed == pytest.approx(dealt / wl.total_requests, rel=1e-9)
+
+
+def test_a_plan_over_the_cap_by_its_routed_kv_says_so_and_reserves_it():
+    """`over_cap`: what predict adds beyond the walk's additive memory is reserved in the walk's second try;
+    where that is more than the activations (the router sent a replica more than its dealt share) the reason
+    says so. One replica's plan gets exactly its activations, as before."""
+    from tpplan.cost.prediction import MemoryBreakdown
+    from tpplan.search.setup import over_cap
+
+    mem = MemoryBreakdown(weights=100.0, replicated_extra=0.0, activations=10.0, kv_cache=50.0, recurrent_state=0.0)
+    assert over_cap(mem, 150.0) == (10.0, "activations")  # walk: weights + KV; predict adds the activations
+    assert over_cap(mem, 130.0) == (30.0, "activations and routed KV")  # the walk's dealt KV was 20 less
+
+
+def test_the_screen_stops_as_before_where_it_is_exact_and_by_its_bound_elsewhere():
+    from types import SimpleNamespace
+
+    from tpplan.search.setup import Screen
+
+    exact = Screen(True)
+    assert exact.stops(1.0, 2.0, kth=5.0) and exact.stops(2.0, 2.0, kth=None) and not exact.stops(1.0, 2.0, None)
+    loose = Screen(False)
+    assert not loose.stops(9.0, 2.0, kth=1.0)  # nothing seen yet: the first plan is always evaluated
+    seen = SimpleNamespace(score=1.3, idealised_s=0.9)  # what `learn` reads of a RankedPlan
+    loose.learn(1.0, seen)  # type: ignore[arg-type]  # routed 0.9 of its screen 1.0, fixed costs 0.4
+    assert (loose.ratio, loose.fixed) == pytest.approx((0.9, 0.4))
+    assert loose.least(1.0) == pytest.approx(1.3)
+    assert not loose.stops(1.0, 2.0, kth=1.31) and loose.stops(1.0, 2.0, kth=1.3) and loose.stops(2.0, 2.0, None)

@@ -73,7 +73,10 @@ def row_tile(engine: str, tokens: int, experts: int, fmt: MoeFormat) -> RowTile:
                 name,
                 "fused MoE",
                 f"the row tile of {fmt} experts' kernel",
-                why="only the Triton formats' configs were read",
+                why="only the Triton formats' configs were read: SGLang 0.5.23 runs mxfp4 experts through "
+                "FlashInfer (layers/quantization/mxfp4.py Mxfp4MoEMethod: trtllm_fp4_block_scale_moe on SM100, "
+                "cutlass_fused_moe on SM90 and SM120) or triton_kernels / Marlin, whose row tiles are chosen inside "
+                "those packages, which are not among the wheels read",
             ),
         )
     if name == "sglang":
@@ -86,7 +89,8 @@ def row_tile(engine: str, tokens: int, experts: int, fmt: MoeFormat) -> RowTile:
             name,
             "fused MoE",
             "the grouped-expert kernel's row tile",
-            why="only SGLang's and vLLM's fused MoE were read",
+            why="only SGLang's and vLLM's fused MoE were read; this engine's MoE kernels are not among the "
+            "wheels read (sglang 0.5.23, vllm 0.33.0 and 0.34.0)",
         ),
     )
 

@@ -204,12 +204,13 @@ class PipelineSchedule:
 @dataclass(frozen=True)
 class Support:
     """A launch option the engine runs only for the model classes that implement it (`--pp-size`), read
-    in those classes' files: which tpplan model types have it, how, and where."""
+    in those classes' files: which tpplan model types have it (or, `runs` False, are refused it), how, and where."""
 
     option: str  # "--pp-size"
     model_types: tuple[str, ...]
-    how: str  # what the model class does to support it, in the engine's words
+    how: str  # what the model class does to support it (or, runs False/None, what the engine does instead)
     source: Source
+    runs: bool | None = True  # False: the engine refuses the option for the class; None: what happens was not read
 
 
 @dataclass(frozen=True)
@@ -539,7 +540,7 @@ class EngineVersion:
         return next((m for m in self.modes if m.name == name), None)
 
     def support(self, option: str, model_type: str) -> Support | None:
-        """The read record that `model_type`'s model class implements `option` (None: not read here)."""
+        """The read record of whether `model_type`'s model class implements `option` (None: not read here)."""
         return next((s for s in self.supports if s.option == option and model_type in s.model_types), None)
 
 

@@ -414,9 +414,12 @@ def _check_asked(s: Setup, ask: MeshAsk) -> None:
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
         from tpplan.engines import overlap_named
 
-        why = overlap_named(overlap).refusal(s.graph.spec.model_type)
+        engine = overlap_named(overlap)
+        why = engine.refusal(s.graph.spec.model_type)
         if why is not None:
-            raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
+            raise TpplanError(f"overlap={overlap}",
+                              f"{engine.engine} does not overlap micro-batches with {' '.join(engine.flags)}: {why}",
+                              "search without it")  # fmt: skip
     if redundant_experts < 0:
         raise TpplanError(f"redundant_experts={redundant_experts}", "is negative", "give 0 or more")
     if redundant_experts and not s.has_moe:

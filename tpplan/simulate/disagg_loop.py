@@ -53,7 +53,9 @@ ROUTER_UNREAD = Source.unread(
     "the release's P/D router",
     "router",
     "which instance a request goes to (round-robin assumed)",
-    why="used for a release whose module states no P/D router (HandoffRule.router None)",
+    why="the fallback for a release module that states no P/D router (HandoffRule.router None); no release does "
+    "today: sglang 0.5.23's (sglang-router 0.3.2) and vllm 0.34.0's (its toy proxy) were read, and 0.33.0 and the "
+    "main revisions use 0.34.0's and 0.5.23's rules with a note",
 )
 
 

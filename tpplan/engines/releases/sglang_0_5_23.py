@@ -22,6 +22,7 @@ from tpplan.engines.schema import (
 from tpplan.engines.sglang import (
     NCCL_NVLS,
     PIPELINE,
+    PP_REFUSED,
     PP_SUPPORT,
     SGL_DP_ATTENTION,
     SGL_INPUT_SCATTERED,
@@ -332,7 +333,7 @@ SGLANG_0_5_23 = EngineVersion(
     launcher="python -m sglang.launch_server --model-path {model}",
     modes=(SGL_INPUT_SCATTERED, SGL_SP_MOE, SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
     pipeline=PIPELINE,
-    supports=PP_SUPPORT,
+    supports=(*PP_SUPPORT, *PP_REFUSED),
     collectives=NCCL_NVLS,
     scheduling=replace(SCHEDULING, replica_routers=REPLICA_ROUTERS),
     memory=MEMORY,
