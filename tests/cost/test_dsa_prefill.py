@@ -25,16 +25,18 @@ TOPK = 2048  # DeepSeek-V3.2's index_topk
 
 
 @cache
-def _predictor(engine: str | None, runtime: bool = False) -> Predictor:
-    graph = build_model_graph(load_model("deepseek-v3.2"))
-    mesh = Mesh(8)
+def _predictor(engine: str | None, runtime: bool = False, model: str = "deepseek-v3.2", tp: int = 8) -> Predictor:
+    graph = build_model_graph(load_model(model))
+    mesh = Mesh(tp)
     impls = {"mla_dsa": "tpplan runtime"} if runtime else None
     return Predictor(graph, make_plan("baseline", graph, mesh.tp), load_topology("h200x8-ib400"), mesh, "bf16", None,
                      impls=impls, engine=engine)  # fmt: skip
 
 
-def _op(engine: str | None, segs: tuple[tuple[int, int], ...], name: str, runtime: bool = False) -> OpTime:
-    p = _predictor(engine, runtime)
+def _op(
+    engine: str | None, segs: tuple[tuple[int, int], ...], name: str, runtime: bool = False, **model: str | int
+) -> OpTime:
+    p = _predictor(engine, runtime, **model)
     ops = p.kind_time(p.audit.layer_results[-1], segs).ops
     return next(o for o in ops if o.op == name)
 
@@ -102,3 +104,14 @@ def test_runtime_keeps_the_per_head_form() -> None:
     op = _op(None, ((8192, 0),), "attention", runtime=True)
     assert op.flops_per_rank == pytest.approx(2 * 16 * (192 + 128) * 8192 * 8193 / 2)
     assert _op(None, ((8192, 0),), "kv_b_proj", runtime=True).note is None
+
+
+def test_glm_5_1_at_tp16() -> None:
+    """GLM-5.1 (64 heads, q/k nope 192 + rope 64, v 256) at TP16: 4 heads per rank, padded to 64 by both engines;
+    W_UK is 192 -> 512 and W_UV 512 -> 256 per head."""
+    for engine in (SGL, VLLM):
+        att = _op(engine, ((8192, 0),), "attention", model="glm-5.1", tp=16)
+        assert att.flops_per_rank == pytest.approx(2 * 64 * (576 + 512) * 14_681_088)
+    kv_b = _op(VLLM, ((8192, 0),), "kv_b_proj", model="glm-5.1", tp=16)
+    assert kv_b.note is not None and "(8192x192x512)" in kv_b.note and "(8192x512x256)" in kv_b.note
+    assert kv_b.flops_per_rank == pytest.approx(2.0 * 8192 * 512 * 4 * (192 + 256))
