@@ -302,3 +302,20 @@ def test_k3_mla_layer_with_a_dense_mlp_builds(tmp_path):
     assert "mla+dense" in load_model(str(path)).layer_kinds()
     code, _, err = run("audit", "--model", str(path), "--tp", "2")
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--plan", "ep2"), "--plan ep2: tiny-llama has no routed experts to spread. Fix: use baseline alone"),
+        (("-t", "h200x8-ib400", "--expert-dtype", "mxfp4"),
+         "--expert-dtype mxfp4: tiny-llama has no routed experts for it to set. Fix: drop it"),
+    ],
+)  # fmt: skip
+def test_an_expert_option_on_a_model_without_experts_is_refused_not_ignored(args, says) -> None:
+    """A dense model took `--plan ep4` (a row equal to baseline) and `--expert-dtype mxfp4` (nothing
+    changed) without a word: both are refused in one line naming the option, exit 2."""
+    code, _, err = run("audit", "--model", "tiny-llama", "--tp", "2", *args)
+    assert code == 2 and says in err and err.count("\n") == 1, err
+    code, _, err = run("audit", "--model", "tiny-qwen3-moe", "--tp", "2", *args)
+    assert code == 0, err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpplan.cost.topology import load_topology
+from tpplan.cost.topology import load_gpu, load_topology
 from tpplan.cost.workload import load_workload
 from tpplan.errors import TpplanError
 from tpplan.models.config import load_model
@@ -24,6 +24,8 @@ def test_old_workload_names_load_the_renamed_preset(old, new):
         (load_model, "llama-3-70B", "llama-3-70b"),
         (load_topology, "H200x8-ib40", "h200x8-ib400"),
         (load_workload, "prompt16k-C8", "prompt16k-c8"),
+        (load_gpu, "l40s", "l40s-datasheet"),  # a GPU's short name: the presets that start with it
+        (load_gpu, "b200", "b200-datasheet"),
     ],
 )
 def test_a_typo_gets_did_you_mean_not_the_whole_list(load, typo, meant):
@@ -68,6 +70,22 @@ def test_listing_commands_show_every_preset_on_one_line(monkeypatch, capsys, com
     assert len(rows) == len(names)  # one line per preset: no wrapped cells
     assert [row.split("│")[1].strip() for row in rows] == names
     assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_workloads_show_their_output_tokens(monkeypatch, capsys):
+    """A workload's output tokens decide whether decode is served (TPOT targets need more than one): the
+    listing shows them beside the prompt."""
+    from cli_helpers import run_cli
+
+    from tpplan.cost.workload import list_workloads, load_workload
+
+    code, out, _ = run_cli(monkeypatch, capsys, "workloads")
+    assert code == 0
+    rows = {
+        row.split("│")[1].strip(): [c.strip() for c in row.split("│")] for row in out.splitlines() if row[:1] == "│"
+    }
+    for name in list_workloads():
+        assert f"{load_workload(name).output_len:,}" == rows[name][3], name
 
 
 def test_model_and_tp_have_no_hidden_defaults(monkeypatch, capsys):

@@ -134,3 +134,16 @@ def test_calibrate_progress_is_a_line_per_step_on_stderr(tmp_path):
     if r.returncode == 0:
         assert "busbw" in r.stdout
         _fits(r.stdout)
+
+
+def test_a_tp1_audit_says_its_plans_move_nothing(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """At TP1 the plans' collectives and illegal edges are about ranks that do not exist (gemma-3-4b-it at TP1
+    listed input-scattered as illegal because 'gathering those slices would mix different ranks' heads'): the
+    audit says so before the tables; at TP2 it does not."""
+    from tests.cli_helpers import run_cli
+
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "-m", "tiny-llama", "--tp", "1")
+    assert code == 0, err
+    assert "TP1: one GPU holds every head and every token, so no TP collective runs" in " ".join(out.split())
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "-m", "tiny-llama", "--tp", "2")
+    assert code == 0 and "TP1:" not in out, err

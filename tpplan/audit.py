@@ -58,6 +58,10 @@ class StoredWeights:
             raise TpplanError(
                 f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
             )
+        if expert_dtype is not None and not graph.has_routed_experts:
+            raise TpplanError(
+                f"expert_dtype={expert_dtype}", f"{graph.spec.name} has no routed experts for it to set", "drop it"
+            )
         self.graph = graph
         self.dtype_bytes = float(DTYPE_BYTES[dtype])
         self.op_weights = op_weights(graph)

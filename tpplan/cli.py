@@ -42,6 +42,7 @@ FLAG_OF = {
     "pp": "--pp",
     "replicas": "--replicas",
     "router": "--router",
+    "overlap": "--overlap",
     "dtype": "--dtype",
     "expert_dtype": "--expert-dtype",
     "memory_cap_gib": "--memory-cap",

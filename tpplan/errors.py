@@ -50,8 +50,10 @@ def unknown_name(what: str, name: str, known: list[str], where: str, listing: st
 
     by_key = {_key(k): k for k in known}
     exact = [by_key[_key(name)]] if _key(name) in by_key else []
+    # a name the presets start with (`h100` for h100-datasheet, h100-measured): difflib scores short ones low
+    starts = [v for k, v in by_key.items() if len(_key(name)) >= 2 and k.startswith(_key(name))][:3]
     close = [by_key[k] for k in difflib.get_close_matches(_key(name), list(by_key), n=3, cutoff=0.6)]
-    close = list(dict.fromkeys(exact + close))
+    close = list(dict.fromkeys(exact + starts + close))
     also = f"`{listing}` lists them all"
     if close:
         more = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""

@@ -78,6 +78,7 @@ def test_every_decode_runner_times_tiny_cases_on_cpu() -> None:
         DEVICE[0] = "cuda"
     assert len(pts) == 4 and all(p["seconds"] > 0 for p in pts)
     assert pts[0]["splits"] == 2 and pts[3]["rows"] == 8 and pts[2]["copies"] == 2  # GEMMs cycle weight copies
+    assert pts[1]["variant"] == D.FLASH_DECODING  # no CUDA: not FlashMLA
 
 
 def test_a_repeat_that_comes_back_without_a_time_keeps_the_first(monkeypatch) -> None:

@@ -59,7 +59,8 @@ def test_cases_cover_every_family_and_cap_attention() -> None:
 
     cases = all_cases()
     assert set(cases) == {"kda", "gdn", "experts", "attention", "norm", "short_conv", "elementwise", "attn_res", "gemm",
-                          "masked", "indexer"}  # fmt: skip
+                          "masked", "indexer", "sparse"}  # fmt: skip
+    assert {(c["heads"], c["topk"]) for c in cases["sparse"]} >= {(128, 2048), (64, 2048), (4, 2048)}  # DSV3.2 TP1-32
     flops = [attention_flops(c["heads"], c["tokens"], c["context"], c["dqk"], max(c["dqk"], c["dv"]))
              for c in cases["attention"]]  # fmt: skip
     assert max(flops) <= MAX_ATTN_FLOPS
@@ -101,6 +102,7 @@ def test_runners_time_tiny_cases_on_cpu() -> None:
         {"family": "masked", "heads": 2, "d": 16, "window": 8, "chunk": 0, "sinks": True, "tokens": 32, "context": 16},
         {"family": "masked", "heads": 2, "d": 16, "window": 0, "chunk": 16, "sinks": False, "tokens": 32, "context": 0},
         {"family": "indexer", "heads": 2, "d": 64, "topk": 8, "tokens": 32, "context": 16},
+        {"family": "sparse", "heads": 2, "topk": 8, "tokens": 32, "context": 16},
     ]
     pts = R.run_family(cases, deadline=float("inf"))
     assert len(pts) == len(cases) and all(p["seconds"] > 0 for p in pts)
@@ -108,6 +110,7 @@ def test_runners_time_tiny_cases_on_cpu() -> None:
     assert 0 < ep["rows"] < 32 * 2 and ep["ffn_s"] > 0 and ep["combine_s"] > 0
     assert pts[2]["rows"] == 64  # the rank holding every expert gets every routed row
     assert "window" in pts[7]["variant"] and "sinks" in pts[7]["variant"] and "chunk" in pts[8]["variant"]
+    assert pts[10]["variant"] == "reference"  # no CUDA: neither FlashMLA nor the Triton kernel
 
 
 def test_checkerboard_holds_out_part_of_every_bucket_and_the_fit_recovers_constants() -> None:

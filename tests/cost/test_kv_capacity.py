@@ -179,3 +179,14 @@ def test_audit_json_carries_both_engines_capacity(tmp_path, monkeypatch, capsys)
     want = kv_capacity(p, "sglang@0.5.23", caps[0]["seq_len"])
     assert caps[0]["kv_tokens_per_rank"] == want.tokens and caps[0]["decode_batch"] == want.batch
     assert any("handle_gpu_memory_settings" in s and "0.5.23" in s for s in caps[0]["sources"])
+
+
+def test_sglang_a_pp_stage_without_kv_layers_does_not_bound_the_pool() -> None:
+    """tiny-kimi-k3 at PP3 puts two KDA layers alone on stage 0: SGLang sizes that stage's pool to int64 max
+    (has_kv_on_another_pp_stage), so the pool is the MLA stages'. Before, its 0-token cell made the pool 0 tokens
+    and the search refused Kimi-K3 TP1xPP32 ('needs 4608 tokens of KV ..., more than the pool's 1')."""
+    p = _predictor("tiny-kimi-k3", 1, "h200x8-ib400", pp=3)
+    kinds = [[p.graph.spec.layers[j].attn.kind for j in rng] for rng in p.stages]
+    assert "mla" not in kinds[0] and all("mla" in k for k in kinds[1:])
+    cap = kv_capacity(p, "sglang@0.5.23")
+    assert cap.tokens > LONG

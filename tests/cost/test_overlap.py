@@ -173,3 +173,15 @@ def test_the_simulation_matches_the_engines_order_replayed_on_one_h200(tokens):
         got = predict(data["ops"], row["comm_s"], data["meta"]["layers"], costs)
         assert got["model_s"] == pytest.approx(row["measured_overlap_s"], rel=0.10), row
     assert max(1 - r["perfect_s"] / r["measured_overlap_s"] for r in data["rows"]) > 0.15
+
+
+def test_search_refuses_an_overlap_the_engine_lacks_in_one_sentence_naming_the_flag(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Before: 'overlap=tbo: SGLang 0.5.23 its forward stages glm_moe_dsa's layers ... Fix: rank without it'."""
+    from tests.cli_helpers import run_cli
+
+    args = ("search", "-m", "tiny-glm4-moe", "-t", "h200x8-ib400", "--tp", "2", "--overlap", "tbo")
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --overlap tbo: SGLang 0.5.23 does not overlap micro-batches with ") and (
+        "Fix: search without it" in err
+    ), err

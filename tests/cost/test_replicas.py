@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from tpplan.cost.topology import load_topology
-from tpplan.cost.workload import Workload, load_workload, replica_workloads, simulate_replicas, simulate_ttft
+from tpplan.cost.workload import Workload, load_workload, replica_workloads, simulate_routed, simulate_ttft
 from tpplan.errors import TpplanError
 from tpplan.mesh import Mesh
 
@@ -23,11 +23,12 @@ def test_two_replicas_halve_the_queue_by_hand():
     """C = 4 clients, N = 8 requests of one chunk each, a batch takes 1 s. One replica runs one
     request per batch: the first wave ends at 1, 2, 3, 4 s and the second wave, submitted at 1-4 s,
     at 5-8 s, so every second-wave TTFT is 4 s: mean (1+2+3+4+4*4)/8 = 3.25 s. Two replicas with
-    C/2 = 2 clients each: first wave 1, 2 s, second 3, 4 s (TTFT 2, 2): mean (1+2+2+2)/4 = 1.75 s."""
+    C/2 = 2 clients each (round-robin deals alike prompts as the clients are dealt): first wave 1, 2 s, second
+    3, 4 s (TTFT 2, 2): mean (1+2+2+2)/4 = 1.75 s."""
     wl = Workload(name="hand", input_len=1000, concurrency=4, chunk_size=1000, num_requests=8)
     one = simulate_ttft(wl, unit)
     assert one.ttft_s == (1, 2, 3, 4, 4, 4, 4, 4) and one.mean_s == 3.25
-    two = simulate_replicas(wl, Mesh(1, replicas=2), lambda share: simulate_ttft(share, unit))
+    two = simulate_routed(wl, lambda b: (unit(b),), Mesh(1, replicas=2), None)  # round-robin
     # request i on replica i % 2: replica 0 serves requests 0, 2, 4, 6, replica 1 requests 1, 3, 5, 7
     assert two.ttft_s == (1, 1, 2, 2, 2, 2, 2, 2) and two.mean_s == 1.75
     assert two.makespan_s == 4 and one.makespan_s == 8

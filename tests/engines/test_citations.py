@@ -98,7 +98,7 @@ def test_every_literal_reference_in_the_code_is_pinned() -> None:
 
 def test_every_unread_says_why() -> None:
     calls = unread_calls()
-    assert len(calls) >= 10  # about a dozen today, in engines/ and simulate/
+    assert len(calls) >= 3  # the walk finds them: 8 left after the 2026-12-06 reading, in engines/ and simulate/
     missing = [f"{c.path} {c.function}: {c.what}" for c in calls if not (c.why and c.why.strip())]
     assert not missing, "Source.unread without a plain-string why=:\n" + "\n".join(missing)
 

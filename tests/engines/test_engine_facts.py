@@ -3,12 +3,16 @@ says and fails on the reading tpplan had before. Sources: SGLang 0.5.23 and vLLM
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tpplan.engines import ENGINES, Launch, judge, select
 from tpplan.engines.sglang_sp_moe import K3_SP_TABLES
 from tpplan.mesh import Mesh
 from tpplan.models.config import load_model
+
+PRESETS = Path(__file__).resolve().parents[2] / "tpplan" / "models" / "presets"
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +30,19 @@ def test_sglang_input_scattered_pads_every_batch_to_tp_instead_of_asserting():
     pads = next(r for r in results if r.gate.check == "input_scattered_pads")
     assert pads.met is True and "8192 rows" in pads.detail and "2 dummy rows" in pads.detail
     assert "prepare_attn_tp_scatter_input" in pads.gate.source.function
+
+
+def test_the_older_revision_pads_to_tp_as_read_at_a_commit_of_its_package():
+    """main@7665ff96's padding is read at 003bbaf9 (the same layers/communicator/ package; the code index holds
+    no forward_batch_info.py at 7665ff96): the same rounding up to a multiple of tp_size, cited as read."""
+    mode = select("sglang@main@7665ff96").mode("input-scattered")
+    pads = next(
+        r
+        for r in judge(mode, Launch(load_model("deepseek-v3"), Mesh(8), chunk=8190))
+        if r.gate.check == "input_scattered_pads"
+    )
+    assert pads.met is True and "8192 rows" in pads.detail
+    assert pads.gate.source.read and pads.gate.source.ref.startswith("commit 003bbaf9")
 
 
 @pytest.mark.parametrize(
@@ -138,6 +155,64 @@ def test_vllm_pp_support_is_read_per_model_class(k3):
     assert pp.met is True and "KimiK3ForConditionalGeneration (SupportsPP)" in pp.source and "0.34.0" in pp.source
     mixtral = load_model("tiny-mixtral")
     r = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), Launch(mixtral, Mesh(2, pp=2)))
-    assert next(c for c in r.conditions if "--pipeline-parallel-size" in c.text).met is None
+    assert next(c for c in r.conditions if "--pipeline-parallel-size" in c.text).met is True
+    older = vllm_recipe(make_plan("baseline", build_model_graph(mixtral), 2), Launch(mixtral, Mesh(2, pp=2)),
+                        engine=select("vllm@main@000fc94b"))  # fmt: skip
+    assert next(c for c in older.conditions if "--pipeline-parallel-size" in c.text).met is None  # not read there
     tp8 = vllm_recipe(make_plan("baseline", build_model_graph(k3), 8), Launch(k3, Mesh(8)))
     assert not any("--pipeline-parallel-size" in c.text for c in tp8.conditions)
+
+
+def test_sglang_sp_moe_on_a_dense_model_runs_the_all_reduce_path():
+    """SGLang 0.5.23 has no argument check that reads the model for --moe-a2a-backend: a dense model starts
+    (no expert placement to assert on) and its FFN keeps the attention's rows (`_ffn_on_rank_rows`), the
+    baseline, as the mode's not-wired entry says; no gate of the mode says it refuses."""
+    results = judge(select("sglang@0.5.23").mode("sp-moe"), Launch(load_model("tiny-llama"), Mesh(2)))
+    has_moe = next(r for r in results if r.gate.check == "has_moe")
+    assert has_moe.met is False and has_moe.gate.effect == "runs baseline" and has_moe.gate.source.read
+    assert not any(r.met is False and r.gate.effect == "refuses" for r in results)
+
+
+@pytest.mark.parametrize(("tp", "met"), [(8, True), (16, True), (6, False)])
+def test_sglang_sp_moe_refuses_experts_that_do_not_divide_over_the_tp_ranks(tp, met):
+    """ExpertLocationMetadata._init_common / FusedMoE.__init__ assert routed experts % ep_size == 0, and the
+    a2a backend sets ep_size to tp_size: DeepSeek-V3's 256 experts load at TP 8 and 16, not at TP 6."""
+    results = judge(select("sglang@0.5.23").mode("sp-moe"), Launch(load_model("deepseek-v3"), Mesh(tp)))
+    divide = next(r for r in results if r.gate.check == "experts_divide_tp")
+    assert divide.met is met and divide.gate.effect == "refuses" and divide.gate.source.read
+    assert "FusedMoE.__init__" in divide.gate.source.function
+
+
+PRESET_TYPES = sorted({load_model(p.stem).model_type for p in PRESETS.glob("*.json")})
+
+
+@pytest.mark.parametrize("key", ["sglang@0.5.23", "vllm@0.34.0", "vllm@0.33.0"])
+def test_pp_support_is_read_for_every_preset_s_model_type(key):
+    """Each release says, read in the model's file, whether its class runs PP, for every model type tpplan ships."""
+    option = "--pp-size" if key.startswith("sglang") else "--pipeline-parallel-size"
+    missing = [t for t in PRESET_TYPES if select(key).support(option, t) is None]
+    assert not missing and len(PRESET_TYPES) >= 20
+
+
+@pytest.mark.parametrize(
+    ("preset", "met"),
+    [
+        ("tiny-qwen3-next", False),
+        ("tiny-gemma3", False),
+        ("tiny-llama4", None),
+        ("tiny-mixtral", True),
+        ("tiny-qwen3", True),
+    ],
+)
+def test_sglang_refuses_pp_for_classes_whose_forward_takes_no_pp_proxy_tensors(preset, met):
+    """ModelRunner.__init__ asserts 'Pipeline Parallel is not compatible with this model.' for Gemma 3 and
+    Qwen3-Next (whose __init__ asserts PP 1 besides); Llama 4's text class passes the check but does not split
+    its layers, which is said, not judged."""
+    from tpplan.engines.recipes.sglang import sglang_recipe
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+
+    spec = load_model(preset)
+    r = sglang_recipe(make_plan("baseline", build_model_graph(spec), 2), spec, mesh=Mesh(2, pp=2))
+    pp = next(c for c in r.conditions if "--pp-size" in c.text)
+    assert pp.met is met and "unread" not in pp.source and "not checked" not in pp.text

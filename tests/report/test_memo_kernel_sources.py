@@ -43,6 +43,22 @@ def test_sources_disagree_only_beyond_both_bands() -> None:
     assert _sens(mine, near).sentence() is None
 
 
+def test_a_dispute_over_another_plan_does_not_change_the_bottom_line() -> None:
+    """The bottom line's plan (the first target) agreed on by every source, another plan at today's shape
+    disputed: the sentence says the bottom line stands and which plan the source decides, not that it changes
+    the answer (the DeepSeek-V3 2x8 memo said 'changes this answer' of a plan it did not recommend)."""
+    agreed = [SourceAnswer("default", "own", "sp-moe TP4xPP4", 1.7, 0.68, 0.2),  # -61%
+              SourceAnswer("sglang", "sgl", "sp-moe TP4xPP4", 1.6, 1.3, 0.28)]  # -21%: inside both bands  # fmt: skip
+    disputed = [SourceAnswer("default", "own", "sp-moe", 1.7, 1.28, 0.2),  # -25%
+                SourceAnswer("sglang", "sgl", "sp-moe", 1.6, 2.8, 0.28)]  # +75%  # fmt: skip
+    s = KernelSensitivity("baseline", ("sp-moe TP4xPP4", "sp-moe"), "w", "default", (*agreed, *disputed), "reason")
+    said = s.sentence()
+    assert said is not None and "changes this answer" not in said
+    assert "does not change the bottom line** (`sp-moe TP4xPP4`" in said and "`sp-moe` against `baseline`" in said
+    flipped = KernelSensitivity("baseline", ("sp-moe",), "w", "default", tuple(disputed), "reason")
+    assert "changes this answer" in (flipped.sentence() or "")
+
+
 @cache
 def _tiny():
     topo, wl = load_topology("h200x8-ib400", nodes=1), load_workload("prompt16k-c8")
@@ -73,7 +89,7 @@ def test_the_memo_prices_its_answer_from_every_source_with_each_engines_own_figu
             assert s is not None and s.target_s == pytest.approx(p.ttft.mean_s, rel=1e-9), name
             assert f"aic:h200_sxm/{name}@" in p.provenance.label  # times say which tables priced them
     said = any("kernel-price source changes this answer" in p for p in answer(a))
-    assert said == bool(ks.disagreeing())
+    assert said == (ks.targets[0] in {s.target for s in ks.disagreeing()})
 
 
 @pytest.mark.slow
@@ -120,3 +136,11 @@ def test_each_source_prices_a_cp_deployment_with_its_own_cp_layers_and_kv(monkey
         assert want.cp_layers == "mla" and want.gpus == 4
         assert engine_meshes.count(want) >= 3, (key, engine_meshes)  # each engine's tables, at the memo's mesh
     assert all(m.cp_layers == "mla" and m.cp_kv == "sharded" for m in engine_meshes if m.cp > 1)
+
+
+def test_the_way_to_price_from_the_narrowest_source_names_a_real_flag() -> None:
+    """The GPU model's own kernel prices are what a memo without `--engine` uses: there is no flag to add."""
+    from tpplan.report.kernel_sources import DEFAULT, rerun
+
+    assert rerun(DEFAULT) == "rerun without `--engine`"
+    assert rerun("vllm") == "rerun with `--engine vllm`"

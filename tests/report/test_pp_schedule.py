@@ -51,3 +51,18 @@ def test_the_memo_states_the_schedule_that_priced_pp(engines) -> None:
     assert md.count("PP TTFT is priced as ") == 1  # one engine's behaviour, not both
     other = "SGLang 0.5.23" if expected.startswith("vllm") else "vLLM 0.33.0"
     assert f"PP TTFT is priced as {other}" not in md
+
+
+def test_the_first_engine_given_is_the_one_the_memo_launches() -> None:
+    """`--engine vllm@...` prices the memo with vLLM's loop and tables: where vLLM's flags run a plan, its verdict
+    and the bottom line's launch line are vLLM's, not SGLang's (which the memo cited first whatever was given)."""
+    from tpplan.report.verdicts import deciding_engine, engine_ok
+
+    wl = Workload(name="w", input_len=512, concurrency=2, chunk_size=256)
+    ask = MemoAsk(deployment=MeshAsk(tp=2), engines=("vllm@0.33.0",), search_top=0)
+    a = analyse("tiny-llama", two_nodes_of_one(), [wl], ask)
+    run_by_vllm = [v for v in a.variants if any(e.engine == "vLLM" and engine_ok(e) for e in v.engines)]
+    assert run_by_vllm
+    for v in run_by_vllm:
+        chosen = deciding_engine(v.engines)
+        assert chosen is not None and chosen.engine == "vLLM" and chosen.version == "vllm@0.33.0", v.key

@@ -41,6 +41,16 @@ def test_the_chosen_sentence_says_the_figures_it_was_made_from(ttft: float, tpot
     assert seconds_text(ttft * 1.1) in other and other != text  # a changed figure changes its sentence
 
 
+def test_small_token_rates_keep_their_figures() -> None:
+    """Kimi-K3 on 32 GPUs at one client serves 0.49 output tokens/s per GPU: it printed as '0', and 4.7 beside
+    4.4 as '5' and '4'. Below 100, rates keep three significant digits; above, whole numbers as before."""
+    p = replace(_point(1.5, 0.0334), output_tok_s_per_gpu=0.49, output_tok_s_per_user=16.43)
+    text = chosen_text(TARGETS, _answer(p))
+    assert "0.49 output tokens/s per GPU, 16.4 tokens/s per user" in text
+    big = replace(p, output_tok_s_per_gpu=1267.3, output_tok_s_per_user=172.4)
+    assert "1,267 output tokens/s per GPU, 172 tokens/s per user" in chosen_text(TARGETS, _answer(big))
+
+
 def test_launch_flags_take_the_engines_derived_memory_settings() -> None:
     sgl = memory_flags("sglang@0.5.23", {"mem_fraction_static": 0.853}, 8192, 64)
     assert sgl == ("--mem-fraction-static 0.853", "--chunked-prefill-size 8192", "--max-running-requests 64")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import pytest
 
@@ -19,9 +18,7 @@ from tpplan.models.config import load_model
 from tpplan.models.graph import build_model_graph
 from tpplan.plans.named import make_plan
 from tpplan.simulate.engine import cpu_overlaps, engine_loop, serve, workload_arrivals
-from tpplan.simulate.loop import simulate as dealt
 from tpplan.simulate.overheads import REQUEST_ROUND_TRIP, STEP_CPU, STEP_CPU_OVERLAPPED
-from tpplan.simulate.prices import predictor_prices
 from tpplan.simulate.requests import Request, Timed
 
 
@@ -46,11 +43,9 @@ def test_without_fixed_costs_the_loop_prices_ttft_as_the_cost_model_does(tp, pp,
     p = predictor(tp, pp, replicas, engine)
     wl = Workload(input_lens=[3000, 700, 5000], concurrency=4, num_requests=9, chunk_size=2048, cached_share=0.3)
     loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, 8, fixed_costs=False)
-    # the cost model deals client c to replica c mod R; the engines' routers (round-robin as each request is
-    # sent, least-loaded: tests/simulate/test_routing.py) depart from it on these mixed prompts, so the dealt
-    # loop (`simulate.loop.simulate`) is what is compared here
-    config = replace(loop.config, router="round_robin")
-    got = dealt(workload_arrivals(wl), predictor_prices(p), config, p.deployment)
+    # over replicas both run the deployment's request router (SGLang round-robin, vLLM least-loaded), which on
+    # these mixed prompts is not the split dealt beforehand (tests/cost/test_routed_replicas.py)
+    got = serve(p, workload_arrivals(wl), loop)
     assert got.ttfts == pytest.approx(list(pipeline_ttft(p, wl).ttft_s), rel=1e-12)
 
 

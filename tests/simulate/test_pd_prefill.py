@@ -9,7 +9,7 @@ from tests.simulate.test_engine_loop import predictor
 from tpplan.cost.collective_pricer import price_collective
 from tpplan.simulate.engine import engine_loop, serve
 from tpplan.simulate.loop import LoopConfig, simulate
-from tpplan.simulate.pd import DISAGG_SOURCE, handoff, kv_bytes_per_rank, prefill_pool
+from tpplan.simulate.pd import DISAGG_SOURCE, VLLM_HANDOFF_SOURCE, handoff, kv_bytes_per_rank, prefill_pool
 from tpplan.simulate.requests import Request, Timed
 
 
@@ -43,3 +43,13 @@ def test_the_hand_off_is_the_prompt_s_kv_sent_between_nodes() -> None:
     one = Timed((Request(0, 0.0, 4000),))
     base = serve(p, one, loop).mean_s
     assert serve(p, one, type(loop)(loop.pipeline, loop.rules, loop.costs, cfg)).mean_s == pytest.approx(base + seconds)
+
+
+@pytest.mark.parametrize(("engine", "source"), [("sglang@0.5.23", DISAGG_SOURCE), ("vllm@0.34.0", VLLM_HANDOFF_SOURCE)])
+def test_each_engine_s_prefill_side_was_read_and_does_not_block(engine, source) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's NixlConnector prefill server returns a finished prompt at once and only holds its blocks for the
+    decode side to read (pull_scheduler.py request_finished): cited as read, not blocking, like SGLang's."""
+    p = predictor(2, 1, engine=engine)
+    cfg, cite = prefill_pool(engine_loop(p.pipeline, p.deployment, 8192, 8, fixed_costs=False), p)
+    assert source.read and cite == source.cite() and "unread" not in cite
+    assert not cfg.handoff_blocks and not cfg.decode and cfg.handoff_s is not None

@@ -1,4 +1,4 @@
-"""The routers by hand (`tpplan.simulate.routing`): round-robin, least-loaded with rotating ties (vLLM's DP
+"""The routers by hand (`tpplan.cost.routing`): round-robin, least-loaded with rotating ties (vLLM's DP
 client), SGLang's cache-aware policy; and in the P/D loop, routing by load beating round-robin on TTFT when
 the prompts are uneven, and vLLM's proxy picking the decode server when the prefill answers."""
 
@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from tpplan.cost.routing import Router
 from tpplan.engines import ENGINES
 from tpplan.engines.schema import RouterRule
 from tpplan.mesh import Mesh
@@ -16,7 +17,6 @@ from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.loop import simulate as simulate_dealt
 from tpplan.simulate.replicas import simulate, simulate_routed
 from tpplan.simulate.requests import ClosedLoop, Request, Timed
-from tpplan.simulate.routing import Router
 
 
 def req(i: int, prompt: int, cached: int = 0, prefix: str | None = None, t: float = 0.0) -> Request:

@@ -11,7 +11,8 @@ This sweep times, with serving-class kernels as the bench runs them:
   64/8 x 128, gpt-oss 64/8 x 64, Qwen3-Next 16/2 x 256);
 - `decode_mla`: MLA absorbed (what SGLang and vLLM run for decode): every head of the rank scores the
   cached latent (kv_lora 512 + rope 64) and sums its first 512 columns, as MQA over the latent, at
-  4-128 heads per rank;
+  4-128 heads per rank (by FlashMLA's decode where `TPPLAN_ENGINE_KERNELS` gives the engines' builds:
+  `engine_kernels`; the row's `variant` says which ran);
 - `gemm_small`: bf16 GEMMs at M = 1-512 over the per-rank projection shapes (`rank_sweep.gemm_cases`), each
   call on the next of several weight copies (more than the L2 holds);
 - `experts_small`: the routed-experts op (`grouped_routed_experts`) at 1-512 tokens over the per-rank
@@ -124,12 +125,42 @@ def run_decode_gqa(c: Case) -> dict[str, Any]:
     return {**measure(lambda: decode_attention(q, k, v, d**-0.5, s)), "splits": s}
 
 
+FLASH_DECODING = "tpplan flash-decoding (SDPA flash per key split, merged by log-sum-exp)"
+
+
 def run_decode_mla(c: Case) -> dict[str, Any]:
-    """Absorbed MLA: MQA over the latent cache [B, L, 1, 576], values its first 512 columns."""
+    """Absorbed MLA: MQA over the latent cache [B, L, 1, 576], values its first 512 columns; by FlashMLA's
+    decode where the engine kernels are loaded (`engine_kernels.flashmla_decode`; env TPPLAN_ENGINE_MLA_DECODE
+    "0" for ours), else `decode_attention`. The kernel is recorded (`variant`)."""
     b, h, n = c["batch"], c["heads"], c["kv"]
     q, lat = _randn(b, h, MLA_LATENT + MLA_ROPE), _randn(b, n, 1, MLA_LATENT + MLA_ROPE)
+    engine = _engine_mla_decode(q, lat)
+    if engine is not None:
+        from tpplan.bench.engine_kernels import FLASHMLA_DECODE
+
+        return {**measure(lambda: engine(q, lat, 0.07)), "variant": FLASHMLA_DECODE}
     s = splits_for(b, n, _sms())
-    return {**measure(lambda: decode_attention(q, lat, lat[..., :MLA_LATENT], 0.07, s)), "splits": s}
+    res = measure(lambda: decode_attention(q, lat, lat[..., :MLA_LATENT], 0.07, s))
+    return {**res, "splits": s, "variant": FLASH_DECODING}
+
+
+def _engine_mla_decode(q: Any, lat: Any) -> Any | None:
+    """`engine_kernels.flashmla_decode` where on CUDA, enabled, loaded and it runs at this head count (a first
+    call that raises is recorded in `gpu_kernels.kernel_refusals` and the head count left to ours)."""
+    from tpplan.bench import engine_kernels as EK
+    from tpplan.bench import gpu_kernels as GK
+
+    if not q.is_cuda or not EK.engine_enabled("TPPLAN_ENGINE_MLA_DECODE") or not EK.flashmla_loaded():
+        return None
+    key = f"FlashMLA decode, {q.shape[1]} heads"
+    if key in GK.kernel_refusals():
+        return None
+    try:
+        EK.flashmla_decode(q, lat, 0.07)
+    except Exception as exc:  # e.g. a head count this build refuses
+        GK._refuse(key, exc)
+        return None
+    return EK.flashmla_decode
 
 
 ROTATE_BYTES = 128 * 2**20  # weight copies a GEMM case cycles through: more than the 50 MB L2 of an H100/H200
@@ -184,4 +215,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["DECODE_RUNNERS", "decode_attention", "decode_cases", "kv_bytes", "splits_for"]
+__all__ = ["DECODE_RUNNERS", "FLASH_DECODING", "decode_attention", "decode_cases", "kv_bytes", "splits_for"]

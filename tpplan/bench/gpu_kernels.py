@@ -1,4 +1,5 @@
-"""The bench's GPU-only kernels and when each runs: fla's window attention, DSA's fused indexer and sparse attention.
+"""The bench's GPU-only kernels and when each runs: the engines' FA3 and FlashMLA where a folder of their builds is
+given (`engine_kernels`), fla's window attention, DSA's fused indexer and sparse attention.
 
 Both run only on CUDA with their library (fla, triton); elsewhere the bench keeps its portable kernels
 (`masked_attention.banded_attention`, the reference indexer). A kernel that raises on the GPU (e.g. triton
@@ -12,8 +13,10 @@ import os
 from collections.abc import Callable
 from typing import Any, cast
 
+import torch
 from torch import Tensor
 
+from tpplan.bench import engine_kernels as EK
 from tpplan.bench import masked_attention as MA
 from tpplan.runtime import kernels_attention as KA
 from tpplan.runtime.fast_kernels import optional_callable
@@ -37,8 +40,47 @@ def _refuse(key: str, exc: Exception) -> None:
 
 
 def kernel_refusals() -> dict[str, str]:
-    """The GPU kernels that raised in this process (kernel and shape -> the error), each fallen back since."""
-    return dict(_REFUSED)
+    """The GPU kernels that raised in this process (kernel and shape -> the error), each fallen back since, and
+    the engine kernels asked for but not loaded (`engine_kernels.refusals`: why)."""
+    return {**{f"engine {k}": v for k, v in EK.refusals().items()}, **_REFUSED}
+
+
+def engine_attention_ok(q: Tensor) -> bool:
+    """Whether a window, chunk or sinks call may run FA3: on CUDA in bf16/fp16, head dim up to 256, env
+    TPPLAN_ENGINE_FA3 not "0", FA3 loaded (`engine_kernels.fa3_ops`)."""
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] > 256:
+        return False
+    return EK.engine_enabled("TPPLAN_ENGINE_FA3") and EK.fa3_loaded()
+
+
+def takes_gqa(q: Tensor, v: Tensor, window: int | None, chunk: int | None, sinks: Tensor | None) -> bool:
+    """Whether the masked kernel this call will run reads fewer KV heads than query heads itself (FA3, fla's
+    window kernel), so the caller need not repeat them."""
+    engine_sinks = sinks is None or (q.shape[1] <= EK.SINK_HEADS and q.shape[-1] == v.shape[-1])
+    if (window or chunk or sinks is not None) and engine_sinks and engine_attention_ok(q):
+        return True
+    return bool(window) and not chunk and fla_window(q, v)
+
+
+def try_engine_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, chunk: int | None, sinks: Tensor | None
+) -> tuple[str, Tensor] | None:  # fmt: skip
+    """(name, out) of a window, a chunk and/or sinks by FA3 (`engine_kernels.fa3_attention`) where
+    `engine_attention_ok` and the shape was not refused; None for the bench's own kernels."""
+    if not (window or chunk or sinks is not None) or not engine_attention_ok(q):
+        return None
+    if sinks is not None and (q.shape[1] > EK.SINK_HEADS or q.shape[-1] != v.shape[-1]):
+        return None  # FA3 refuses s_aux beyond 64 query heads or with a narrower v: the bench's own kernels
+    key = f"FA3, head dim {q.shape[-1]}/{v.shape[-1]}"
+    if key in _REFUSED:
+        return None
+    try:
+        out = EK.fa3_attention(q, k, v, scale, window, sinks, chunk)
+    except Exception as exc:  # e.g. a head dim or an argument this build refuses
+        _refuse(key, exc)
+        return None
+    what = " and ".join(w for w, on in (("window", window), ("chunk", chunk)) if on) or "causal"
+    return f"{what}: {EK.FA3}" + (" + sinks as s_aux" if sinks is not None else ""), out
 
 
 def fla_window(q: Tensor, v: Tensor) -> bool:
@@ -122,6 +164,9 @@ def try_sparse_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Te
     if not _SELECTED or _SELECTED[0][0] is not keep:
         return None
     indices = _SELECTED.pop()[1]  # one attention per mask: the [T, S] mask is not held after it
+    engine = try_engine_sparse(q, k, v, scale, indices)
+    if engine is not None:
+        return engine
     kernel = _sparse_kernel() if sparse_attention_ok(q) else None
     key = f"sparse attention, head dims {q.shape[-1]}/{v.shape[-1]}, {q.shape[1]}/{k.shape[1]} heads"
     if kernel is None or key in _REFUSED:
@@ -133,18 +178,57 @@ def try_sparse_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, keep: Te
         return None
 
 
+ENGINE_SPARSE = (
+    f"top-k (DSA): {EK.FLASHMLA_SPARSE} (timing form: this layer's queries, heads, keys and top-k indices in the "
+    "engines' absorbed layout; its output is not the layer's: TPPLAN_ENGINE_SPARSE=0 for the exact kernel)"
+)
+
+
+def engine_sparse_ok(q: Tensor) -> bool:
+    """Whether DSA's attention may run FlashMLA: on CUDA, env TPPLAN_ENGINE_SPARSE not "0", FlashMLA loaded."""
+    return q.is_cuda and EK.engine_enabled("TPPLAN_ENGINE_SPARSE") and EK.flashmla_loaded()
+
+
+def try_engine_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float, indices: Tensor) -> tuple[str, Tensor] | None:
+    """(name, out [T, H * dv]) of DSA's attention timed by FlashMLA's sparse prefill in the absorbed form
+    (`engine_kernels.absorbed_form`: the same T, H, S and indices, rows zero-padded to 576, values its first
+    512 columns, each head's first dv of them returned) where on CUDA, env TPPLAN_ENGINE_SPARSE not "0", FlashMLA
+    loaded and the shape not refused; None for the bench's own kernel. The forms differ (the runtime's per-head
+    layout holds no latent), so the output is the right shape, not the layer's values: the numerics checks run
+    with the Triton or reference kernel."""
+    dv = v.shape[-1]
+    if dv > EK.LATENT or not engine_sparse_ok(q):
+        return None
+    key = f"FlashMLA sparse, {q.shape[1]} heads"
+    if key in _REFUSED:
+        return None
+    try:
+        qa, kv, idx = EK.absorbed_form(q, k, indices)
+        out = EK.flashmla_sparse(qa, kv, idx, scale)
+    except Exception as exc:  # e.g. a head count or a top-k this build refuses
+        _refuse(key, exc)
+        return None
+    return ENGINE_SPARSE, out[..., :dv].to(q.dtype).reshape(q.shape[0], -1)
+
+
 __all__ = [
+    "ENGINE_SPARSE",
     "FLA_SINKS",
     "FLA_WINDOW",
     "FUSED_INDEXER",
     "REFERENCE_INDEXER",
     "SPARSE_ATTENTION",
+    "engine_attention_ok",
+    "engine_sparse_ok",
     "fla_window",
     "fused_indexer_ok",
     "kernel_refusals",
     "selected_keys",
     "serving_indexer",
     "sparse_attention_ok",
+    "takes_gqa",
+    "try_engine_attention",
+    "try_engine_sparse",
     "try_fla_window",
     "try_sparse_attention",
 ]

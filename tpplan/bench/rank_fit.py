@@ -26,6 +26,8 @@ from tpplan.bench import model_fit as MF
 from tpplan.bench.rank_shapes import heads_bucket, tokens_bucket
 from tpplan.bench.rank_sweep import TIMES
 from tpplan.cost import kernel_models as M
+from tpplan.cost.sparse_attention import absorbed_mla_work
+from tpplan.mesh import Mesh
 
 ELEMENTWISE_PASSES = 3.0  # the planner's elementwise bytes: the inputs read and the output written
 
@@ -84,6 +86,24 @@ def _indexer(c: dict[str, float], p: dict[str, Any]) -> float:
     return c["a_s"] + flops / (c["tflops"] * 1e12) + scores / (c["Gscores"] * 1e9)
 
 
+def sparse_work(p: dict[str, Any]) -> tuple[float, float]:
+    """(FLOPs, bytes gathered) of DSA's sparse attention in the absorbed form (`rank_runners.run_sparse`): each
+    query's heads against its top-k latent rows, 576 wide for q.k and 512 for p.v; the rows gathered once per
+    query (bf16). FlashMLA computes heads padded to a multiple of 64 (`engine_kernels.HEAD_PAD`). The FLOPs are
+    the planner's (`cost.sparse_attention.absorbed_mla_work`)."""
+    heads = -(-p["heads"] // 64) * 64 if "FlashMLA" in str(p.get("variant", "")) else p["heads"]
+    pairs = float(p["tokens"]) * p["topk"]
+    flops, _ = absorbed_mla_work(heads, p["tokens"], pairs, pairs, 512, 64, 2)
+    return flops, pairs * 576 * 2
+
+
+def _sparse(c: dict[str, float], p: dict[str, Any]) -> float:
+    """t = a + FLOPs / R + bytes / B (B: gathered latent rows per second, in TB/s): the planner's
+    `dsa_attention` form (`kernel_models.decode_s`)."""
+    flops, gathered = sparse_work(p)
+    return M.decode_s(c, gathered, flops)
+
+
 # The families this sweep fits: the model_fit forms (attention with its few-heads chain, `attention_s`),
 # the generic elementwise stream, the masked attention kernels and DSA's indexer as the bench runs them.
 FAMILIES = dict(MF.FAMILIES) | {
@@ -91,11 +111,13 @@ FAMILIES = dict(MF.FAMILIES) | {
     "elementwise": (_elementwise, ("a_s", "TBps"), (5e-6, 2.0)),
     "masked": (_masked, ("a_s", "b_s", "tflops", "sm_tflops", "p1"), (2e-5, 1e-12, 300.0, 5.0, 2.0)),
     "indexer": (_indexer, ("a_s", "tflops", "Gscores"), (1e-4, 30.0, 10.0)),
+    "sparse": (_sparse, ("a_s", "tflops", "TBps"), (2e-5, 300.0, 2.0)),
 }
 RANGES = dict(MF.RANGES) | {
     "elementwise": lambda p: {"width": p["width"], "tokens": p["tokens"]},
     "masked": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
     "indexer": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
+    "sparse": lambda p: {"heads": p["heads"], "tokens": p["tokens"], "context": p["context"]},
 }
 # Set name -> (family, which points), in the order the planner's sets are named (`KernelModels.NAMES`).
 SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
@@ -111,6 +133,7 @@ SETS: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "attention_window": ("masked", lambda p: p["window"] > 0),
     "attention_chunked": ("masked", lambda p: p["chunk"] > 0),
     "dsa_indexer": ("indexer", lambda p: True),
+    "dsa_attention": ("sparse", lambda p: True),
 }
 EXTRA = {"attention_prefix": (("c_s",), (1e-13,)), "experts": (("route_TBps",), (2.0,)),
          "attn_res": (("copy_TBps",), (2.0,))}  # fmt: skip
@@ -120,6 +143,7 @@ IMPLS = dict(MF.IMPLS_OPS) | {
     "attention_window": "window: SDPA per query block over its window's keys (band mask)",
     "attention_chunked": "chunk: SDPA flash per attention chunk",
     "dsa_indexer": "tpplan reference indexer (fp32 scores by query block, stable sort)",
+    "dsa_attention": "top-k (DSA), absorbed form: the kernel each point records (variant)",
 }
 
 
@@ -254,7 +278,7 @@ def predict(consts: dict[str, Any], p: dict[str, Any]) -> float:
 
 def bucket(p: dict[str, Any]) -> str:
     """The regime an error is reported by: heads per rank (attention, recurrences) or the expert split."""
-    if p["family"] in ("attention", "kda", "gdn", "masked", "indexer"):
+    if p["family"] in ("attention", "kda", "gdn", "masked", "indexer", "sparse"):
         return f"h {heads_bucket(p['heads'])}"
     if p["family"] == "experts":
         return str(p["split"])[:2] + ("32" if str(p["split"]).endswith("32") else "")
@@ -302,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = other_card_rows([p for d in others for p in d["points"]])
         res["other"] = {"sweeps": args[cut + 1 :], "dates": [d["date"] for d in others],
                         "table": inherited_errors(rows, res["constants"])}  # fmt: skip
-    if any(r["family"] in ("masked", "indexer") for r in res["points"]):
+    if any(r["family"] in ("masked", "indexer", "sparse") for r in res["points"]):
         gpu = "h200-measured" if "H200" in docs[0]["gpu"] else "h100-measured"
         res["priced_today"] = {"gpu": gpu, "points": priced_today([p for d in docs for p in d["points"]], gpu)}
     write_files({out: json.dumps(res, indent=1) + "\n"}, "OUT.json")
@@ -410,7 +434,8 @@ def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> li
     """What the planner prices for each masked-attention and indexer point on `gpu` (nothing fitted to
     them): windows and chunks by the GPU's attention sets over the keys the mask lets through
     (`KernelPricer.price`'s call), the indexer as the planner prices GLM-5.1's / DeepSeek-V3.2's op
-    (`Predictor.kind_time` at one request of `tokens` after `context`)."""
+    (`Predictor.kind_time` at one request of `tokens` after `context`), DSA's sparse attention as it prices
+    DeepSeek-V3.2's attention op at the TP that leaves the point's heads per rank."""
     from tpplan.cost.kernel_models import KernelModels
     from tpplan.cost.topology import load_gpu
 
@@ -421,29 +446,41 @@ def priced_today(points: list[dict[str, Any]], gpu: str = "h100-measured") -> li
             flops, read = masked_work(p)
             price = models.attention(p["heads"], p["tokens"], read, p["d"], p["d"], flops, p["window"] or None)
         elif p["family"] == "indexer" and p["heads"] in INDEXER_MODEL:
-            price = _indexer_price(INDEXER_MODEL[p["heads"]], gpu, p["tokens"], p["context"])
+            price = _dsa_op_price(INDEXER_MODEL[p["heads"]], gpu, Mesh(8), "indexer", p["tokens"], p["context"])
+        elif p["family"] == "sparse" and SPARSE_HEADS % p["heads"] == 0:
+            mesh = Mesh(SPARSE_HEADS // p["heads"])
+            price = _dsa_op_price(SPARSE_MODEL, gpu, mesh, "attention", p["tokens"], p["context"])
         else:
             continue
         if price:
-            out.append({**p, "model": "window" if p["family"] == "masked" and p["window"] else
-                        "chunk" if p["family"] == "masked" else "dsa_indexer", "predicted_s": price,
-                        "error": price / p["seconds"] - 1.0})  # fmt: skip
+            kind = {"indexer": "dsa_indexer", "sparse": "dsa_attention"}.get(p["family"])
+            kind = kind or ("window" if p["window"] else "chunk")
+            out.append({**p, "model": kind, "predicted_s": price, "error": price / p["seconds"] - 1.0})
     return out
 
 
-def _indexer_price(model: str, gpu: str, tokens: int, context: int) -> float | None:
+SPARSE_MODEL, SPARSE_HEADS = "deepseek-v3.2", 128  # the preset whose DSA attention prices a sparse point (TP = 128 / h)
+
+
+def _dsa_op_price(model: str, gpu: str, mesh: Mesh, op: str, tokens: int, context: int) -> float | None:
+    """The planner's price of one op (`indexer`, `attention`) of a DSA model's layer on `mesh` (TP only), one
+    request of `tokens` after `context` (`Predictor.kind_time`); None where the preset or the mesh does not price
+    it."""
     from tpplan.cost.predictor import cached_predictor
     from tpplan.cost.topology import load_topology
-    from tpplan.mesh import Mesh
+    from tpplan.errors import TpplanError
     from tpplan.models.config import load_model
     from tpplan.models.graph import build_model_graph
     from tpplan.plans.named import make_plan
 
     graph = build_model_graph(load_model(model))
     topo = load_topology("h100x8-ib400" if gpu.startswith("h100") else "h200x8-ib400")
-    p = cached_predictor(graph, make_plan("baseline", graph, 8), topo, Mesh(8, pp=1), "bf16", None)
+    try:
+        p = cached_predictor(graph, make_plan("baseline", graph, mesh.tp), topo, mesh, "bf16", None)
+    except TpplanError:  # a TP the topology or the model cannot take
+        return None
     res = p.audit.layer_results[-1]
-    ops = [o for o in p.kind_time(res, ((tokens, context),)).ops if o.op == "indexer"]
+    ops = [o for o in p.kind_time(res, ((tokens, context),)).ops if o.op == op]
     return ops[0].seconds if ops else None
 
 

@@ -163,12 +163,12 @@ def run_gemm(c: Case) -> dict[str, Any]:
 
 def run_masked(c: Case) -> dict[str, Any]:
     """A sliding-window or chunked attention (with gpt-oss's sinks where the model has them) by the bench's
-    kernel for it (`serving_kernels.serving_attention`: fla's window kernel on CUDA where fla imports, with
-    the rank's KV heads once each, else the band-mask window; flash per chunk); the kernel's name is kept
-    (`variant`)."""
+    kernel for it (`serving_kernels.serving_attention`: the engines' FA3 where loaded, else fla's window kernel
+    on CUDA where fla imports, each with the rank's KV heads once each, else the band-mask window; flash per
+    chunk); the kernel's name is kept (`variant`)."""
     import torch
 
-    from tpplan.bench.gpu_kernels import fla_window
+    from tpplan.bench.gpu_kernels import takes_gqa
     from tpplan.bench.serving_kernels import serving_attention
     from tpplan.runtime.kernels_attention import repeat_kv
 
@@ -177,7 +177,7 @@ def run_masked(c: Case) -> dict[str, Any]:
     q, k, v = _randn(t, h, d), _randn(s, kv, d), _randn(s, kv, d)
     sinks = torch.randn(h, device=DEVICE[0]) if c["sinks"] else None
     window, chunk = c["window"] or None, c["chunk"] or None
-    if not (window and not chunk and fla_window(q, v)):  # the other kernels take k/v repeated (not timed here)
+    if not takes_gqa(q, v, window, chunk, sinks):  # the other kernels take k/v repeated (not timed here)
         k, v = repeat_kv(k, v, h)
     picked = serving_attention(q, k, v, d**-0.5, window, chunk, sinks)
     name = picked[0] if picked is not None else "reference"
@@ -209,10 +209,38 @@ def run_indexer(c: Case) -> dict[str, Any]:
     return {**measure(call, reps=5 if name == FUSED_INDEXER else 2, both=False), "variant": name}
 
 
+def run_sparse(c: Case) -> dict[str, Any]:
+    """DSA's sparse attention in the engines' absorbed MQA 576/512 form: `heads` queries of 576 per token, one
+    latent row per key (values its first 512), `topk` selected earlier keys per query (random, int32). By
+    FlashMLA's sparse prefill where the engine kernels are loaded (`gpu_kernels.try_engine_sparse`), else the
+    bench's Triton kernel on CUDA, else (CPU tests) the reference over a top-k mask; the kernel's name is kept
+    (`variant`)."""
+    import torch
+
+    from tpplan.bench import engine_kernels as EK
+    from tpplan.bench import gpu_kernels as GK
+    from tpplan.runtime import kernels_attention as KA
+
+    h, t, s = c["heads"], c["tokens"], c["tokens"] + c["context"]
+    q, kv = _randn(t, h, EK.LATENT + EK.ROPE), _randn(s, 1, EK.LATENT + EK.ROPE)
+    v, scale = kv[..., : EK.LATENT], (EK.LATENT + EK.ROPE) ** -0.5
+    pos = torch.arange(s - t, s, device=DEVICE[0])
+    idx = (torch.rand(t, c["topk"], device=DEVICE[0]) * (pos[:, None] + 1)).to(torch.int32)
+    if GK.try_engine_sparse(q, kv, v, scale, idx) is not None:  # it runs here: FlashMLA alone is timed
+        qa, kva, ixa = EK.absorbed_form(q, kv, idx)
+        res = measure(lambda: EK.flashmla_sparse(qa, kva, ixa, scale), both=False)
+        return {**res, "variant": EK.FLASHMLA_SPARSE}
+    kernel = GK._sparse_kernel() if GK.sparse_attention_ok(q) else None
+    if kernel is not None:
+        return {**measure(lambda: kernel(q, kv, v, idx, scale), both=False), "variant": GK.SPARSE_ATTENTION}
+    keep, (kk, vv) = KA.index_mask(idx, s), KA.repeat_kv(kv, v, h)
+    return {**measure(lambda: KA.causal_attention(q, kk, vv, scale, keep), both=False), "variant": "reference"}
+
+
 RUNNERS: dict[str, Callable[[Case], dict[str, Any]]] = {
     "attention": run_attention, "kda": run_kda, "gdn": run_gdn, "experts": run_experts, "norm": run_norm,
     "short_conv": run_conv, "elementwise": run_elementwise, "attn_res": run_attn_res, "gemm": run_gemm,
-    "masked": run_masked, "indexer": run_indexer,
+    "masked": run_masked, "indexer": run_indexer, "sparse": run_sparse,
 }  # fmt: skip
 
 __all__ = ["RUNNERS"]

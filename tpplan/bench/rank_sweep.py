@@ -3,7 +3,9 @@ and EP 4-32 runs for the project's model families (`rank_shapes`), 1K-32K tokens
 
 Why: the kernel models were fitted at whole-model shapes; the memo's deployments run TP8-32. This sweep
 times the serving-class kernels the bench uses (SDPA flash, fla's chunk_kda / chunk_gated_delta_rule /
-causal_conv1d / RMSNorm, `torch._grouped_mm` inside `grouped_routed_experts`, cuBLAS) per rank.
+causal_conv1d / RMSNorm, `torch._grouped_mm` inside `grouped_routed_experts`, cuBLAS) per rank, and where
+`TPPLAN_ENGINE_KERNELS` gives the engines' builds (`engine_kernels`) their FA3 for the masked family and FlashMLA
+for DSA's sparse attention (`sparse`, the absorbed 576/512 form); each point of those records the kernel (`variant`).
 
 How it times (`measure`): every case twice, (1) with the host ahead of the GPU (`sweep_timing`'s GPU
 sleep first: the GPU's own time, as inside a run whose large kernels keep the GPU behind the host) and
@@ -75,6 +77,17 @@ def indexer_cases(shapes: list[dict[str, Any]], tokens: Iterable[int] = TOKENS) 
             if s["heads"] * t * (t + ctx) <= MAX_INDEX_SCORES]  # fmt: skip
 
 
+def sparse_cases(tokens: Iterable[int] = TOKENS) -> list[Case]:
+    """DSA's sparse attention (absorbed form, `rank_runners.run_sparse`) at the DSA models' attention heads per
+    rank, their indexer's top-k, each token count with and without CONTEXT cached keys."""
+    s = rank_shapes(MASKED_MODELS)
+    dsa = {m for r in s["indexer"] for m in r["models"]}
+    topk = {m: r["topk"] for r in s["indexer"] for m in r["models"]}
+    heads = sorted({(r["heads"], topk[m]) for r in s["attention"] for m in r["models"] if m in dsa})
+    return [{"family": "sparse", "heads": h, "topk": k, "tokens": t, "context": ctx}
+            for h, k in heads for t in tokens for ctx in ((0, CONTEXT) if t <= 8192 else (0,))]  # fmt: skip
+
+
 def plain_cases(family: str, shapes: list[dict[str, Any]], keys: tuple[str, ...], tokens: Iterable[int]) -> list[Case]:
     """Each shape (its `keys`) at each token count."""
     return [{"family": family, **{k: s[k] for k in keys}, "tokens": t} for s in shapes for t in tokens]
@@ -104,6 +117,7 @@ def all_cases(tokens: Iterable[int] = TOKENS, expert_tokens: Iterable[int] = EXP
         "gemm": gemm_cases(),
         "masked": masked_cases(rank_shapes(MASKED_MODELS)["masked"], tokens),
         "indexer": indexer_cases(rank_shapes(MASKED_MODELS)["indexer"], tokens),
+        "sparse": sparse_cases(tokens),
     }
 
 
@@ -121,12 +135,14 @@ GROWS = {"attention": ("tokens", "heads"), "kda": ("tokens", "heads"), "gdn": ("
          "experts": ("tokens",), "norm": ("tokens", "width"), "short_conv": ("tokens", "channels"),
          "elementwise": ("tokens", "width"), "attn_res": ("tokens",), "gemm": ("m",),
          "decode_gqa": ("kv", "batch"), "decode_mla": ("kv", "batch"), "gemm_small": ("m",),
-         "experts_small": ("tokens",), "masked": ("tokens", "heads"), "indexer": ("tokens", "heads")}  # fmt: skip
+         "experts_small": ("tokens",), "masked": ("tokens", "heads"), "indexer": ("tokens", "heads"),
+         "sparse": ("tokens", "heads")}  # fmt: skip
 TIMES = ("seconds", "b2b_s", "spread", "ffn_s", "combine_s", "rows", "active", "max_rows", "skipped", "grouped",
          "splits", "copies")  # fmt: skip
 # Each family's share of the budget, in the order `all_cases` runs them.
 SHARE = {"kda": 0.14, "gdn": 0.12, "experts": 0.22, "attention": 0.2, "norm": 0.06, "short_conv": 0.06,
-         "elementwise": 0.06, "attn_res": 0.03, "gemm": 0.06, "masked": 0.1, "indexer": 0.1}  # fmt: skip
+         "elementwise": 0.06, "attn_res": 0.03, "gemm": 0.06, "masked": 0.1, "indexer": 0.1,
+         "sparse": 0.1}  # fmt: skip
 SLACK = 0.05  # a time that falls by more than this while the work grows is re-measured
 
 
@@ -261,4 +277,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["GROWS", "RANK_SWEEP_VERSION", "TOKENS", "all_cases", "attention_cases", "gemm_cases", "indexer_cases",
-           "masked_cases", "measure", "non_monotone", "plain_cases", "run", "run_family"]  # fmt: skip
+           "masked_cases", "measure", "non_monotone", "plain_cases", "run", "run_family", "sparse_cases"]  # fmt: skip

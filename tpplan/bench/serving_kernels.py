@@ -401,9 +401,13 @@ def serving_attention(
     q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None, chunk: int | None, sinks: Tensor | None
 ) -> tuple[str, Tensor] | None:  # fmt: skip
     """The serving-class kernel for a window, a chunk and/or sinks (`masked_attention` module), with the
-    name `attention_variants_used` records; None for a call none of them expresses. A window runs fla's
-    `parallel_attn` where `gpu_kernels.fla_window` allows (k and v may then hold fewer heads than q: GQA in
+    name `attention_variants_used` records; None for a call none of them expresses. The engines' FA3 first where
+    `gpu_kernels.try_engine_attention` runs it (k and v may hold fewer heads: GQA in the kernel); a window runs
+    fla's `parallel_attn` where `gpu_kernels.fla_window` allows (k and v may then hold fewer heads than q: GQA in
     the kernel), else the band-mask SDPA (or flash blocks on request)."""
+    engine = GK.try_engine_attention(q, k, v, scale, window, chunk, sinks)
+    if engine is not None:
+        return engine
     fla = GK.try_fla_window(q, k, v, scale, window, sinks) if window is not None and chunk is None else None
     if fla is not None:
         return fla
@@ -478,7 +482,7 @@ def _installed_gqa(
     attention above with the KV heads unrepeated where fla's window kernel takes GQA itself (engines read
     each KV head once), repeated to the query heads everywhere else, as the runtime does."""
     qh, kh, vh = KA.gqa_heads(q, k, v, head_dim=head_dim, **kw)
-    if not (window is not None and chunk is None and GK.fla_window(qh, vh)):
+    if not GK.takes_gqa(qh, vh, window, chunk, sinks):
         kh, vh = KA.repeat_kv(kh, vh, qh.shape[1])
     s = head_dim**-0.5 if scale is None else scale
     return _installed_attention(qh, kh, vh, s, window=window, chunk=chunk, sinks=sinks)

@@ -28,6 +28,13 @@ def _fmt_bytes(b: float) -> str:
     return f"{b:,.1f} GiB"
 
 
+TP1_NOTE = (
+    "  TP1: one GPU holds every head and every token, so no TP collective runs, no plan moves a byte and each "
+    "computes as baseline does; `legal`, the collectives and the reasons below are what each plan's decisions do "
+    "at TP2 and above."
+)
+
+
 def print_audit(data: dict, wide: bool = False) -> None:
     """The audit without a topology: the model, then per plan its bytes per token per rank over the whole
     model and per layer kind, and each plan's root illegal edges and engine gates."""
@@ -42,6 +49,8 @@ def print_audit(data: dict, wide: bool = False) -> None:
         console.print(f"  not modelled: {note}", markup=False)
     for note in data.get("defaulted", ()):
         console.print(f"  defaulted: {note}", markup=False)
+    if data["tp"] == 1:  # the plans' decisions are about TP ranks: with one, none of them moves data
+        print_wrapped(console, TP1_NOTE, indent=2)
     t = Table(title="Whole model: communication per token per rank (ring, (N-1)/N included)")
     for col in (
         "plan",
@@ -226,6 +235,9 @@ def _predictions_table(plans: list[dict], first: dict, wide: bool, cluster: str 
             continue
         m = pr["memory_bytes_per_rank"]
         ttft = pr["ttft"]
+        loop = (p.get("serving") or {}).get("ttft")
+        if ttft and loop:  # the serving loop's, fixed costs included: what search ranks and the memo judges by
+            ttft = {**ttft, **loop, "throughput_tok_s": loop.get("prefill_tok_s", ttft["throughput_tok_s"])}
         cells = {
             "plan": p["name"],
             "legal": styled("yes" if p["legal"] else "[red]NO[/]"),

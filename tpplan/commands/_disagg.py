@@ -158,7 +158,7 @@ def print_pd(entries: list[dict[str, object]], label: str = "plan") -> None:
     from rich.text import Text
 
     from tpplan.commands._console import console, print_wrapped, show
-    from tpplan.report.rows import fig
+    from tpplan.report.rows import fig, rate
 
     rows = [(e, e["serving"]["disaggregated"]) for e in entries if isinstance(e.get("serving"), dict)  # type: ignore[index]
             and "disaggregated" in e["serving"]]  # type: ignore[operator]  # fmt: skip
@@ -178,8 +178,8 @@ def print_pd(entries: list[dict[str, object]], label: str = "plan") -> None:
         tpot = dec.get("tpot_s", {})
         ms = [fig(v * 1e3) if v is not None else "-" for v in (tt["mean_s"], tt["p99_s"], tpot.get("mean"),
                                                                   tpot.get("p99"))]  # fmt: skip
-        t.add_row(Text(name), d["ratio"], str(d["gpus"]), *ms, f"{dec.get('output_tok_s_per_gpu', 0):,.0f}",
-                  f"{dec.get('output_tok_s_per_user', 0):,.0f}", d["binding"])  # fmt: skip
+        t.add_row(Text(name), d["ratio"], str(d["gpus"]), *ms, rate(dec.get('output_tok_s_per_gpu', 0)),
+                  rate(dec.get('output_tok_s_per_user', 0)), d["binding"])  # fmt: skip
         notes.append(f"{name}: {d['binding_text']}")
         if "ratio_choice" in d:
             rc = d["ratio_choice"]

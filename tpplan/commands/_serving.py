@@ -139,6 +139,12 @@ def serving_block(
     return serving_summary(p, arrivals, chunk, topo.gpus_per_node, per_request=per_request, speculative=speculative)[1]
 
 
+def _row_name(entry: dict[str, object]) -> str:
+    """A row's deployment, after its rank where it has one (a search's rows: several share a deployment)."""
+    name = str(entry.get("deployment") or entry.get("name"))
+    return f"#{entry['rank']} {name}" if entry.get("rank") is not None else name
+
+
 def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None:
     """The serving loop's TTFT per deployment, one row each, and the arrival process it ran."""
     from rich.table import Table
@@ -146,6 +152,7 @@ def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None
 
     from tpplan.commands._console import console, print_wrapped, show
     from tpplan.report.rows import fig  # four significant digits: 8 columns of seconds-long TTFTs fit 100 columns
+    from tpplan.simulate.overheads import cost_lines
 
     rows = [e for e in entries if e.get("serving")]
     if not rows:
@@ -161,13 +168,18 @@ def print_serving(entries: list[dict[str, object]], label: str = "plan") -> None
         tt, band = s["ttft"], s["ttft_band"]["mean_s"]
         ms = {k: fig(tt[k] * 1e3) for k in ("mean_s", "p50_s", "p90_s", "p99_s")}
         span = f"{fig(band[0] * 1e3)}-{fig(band[1] * 1e3)}"
-        name = Text(str(e.get("deployment") or e.get("name")))
+        name = Text(_row_name(e))
         t.add_row(name, ms["mean_s"], span, ms["p50_s"], ms["p90_s"], ms["p99_s"], f"{tt['queue_share']:.0%}",
                   fig(s["idealised_mean_s"] * 1e3))  # fmt: skip
     out = console()
     show(out, t)
     seen = dict.fromkeys(str(c) for e in rows for c in e["serving"]["conditions"])  # type: ignore[index]
-    print_wrapped(out, "Not modelled for this engine: " + "; ".join(seen))
+    costs = cost_lines()  # the fixed costs are priced (in the mean and its band), not left out
+    left, fixed = [c for c in seen if c not in costs], [c for c in seen if c in costs]
+    if left:
+        print_wrapped(out, "Not modelled for this engine: " + "; ".join(left))
+    if fixed:
+        print_wrapped(out, "Fixed costs in the mean and its band: " + "; ".join(fixed))
     _print_decode(rows, label)
 
 
@@ -177,7 +189,7 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
     from rich.text import Text
 
     from tpplan.commands._console import console, print_wrapped, show
-    from tpplan.report.rows import fig
+    from tpplan.report.rows import fig, rate
 
     dec: list[tuple[dict[str, object], dict[str, Any]]] = []
     for e in rows:
@@ -191,13 +203,13 @@ def _print_decode(rows: list[dict[str, object]], label: str) -> None:
         t.add_column(col, justify="left" if col == label else "right")
     refused = []
     for e, d in dec:
-        name = str(e.get("deployment") or e.get("name"))
+        name = _row_name(e)
         if not d["admitted"]:
             refused.append(f"{name}: {d['reason']}")
             continue
         ms = [fig(d[k][q] * 1e3) for k, q in (("ttft_s", "mean"), ("ttft_s", "p99"), ("tpot_s", "mean"),
                                                    ("tpot_s", "p99"), ("itl_s", "p99"))]  # fmt: skip
-        t.add_row(Text(name), *ms, f"{d['output_tok_s_per_gpu']:,.0f}", f"{d['output_tok_s_per_user']:,.0f}")
+        t.add_row(Text(name), *ms, rate(d["output_tok_s_per_gpu"]), rate(d["output_tok_s_per_user"]))
     out = console()
     if t.rows:
         show(out, t)

@@ -140,7 +140,7 @@ def print_targets(data: dict[str, Any]) -> None:
     from rich.text import Text
 
     from tpplan.commands._console import console, print_wrapped, show
-    from tpplan.report.rows import fig
+    from tpplan.report.rows import fig, rate
 
     out = console()
     how = f"at {data['rate_per_s']:g} req/s" if data["rate_per_s"] is not None else f"on {data['gpus']} GPUs"
@@ -154,8 +154,8 @@ def print_targets(data: dict[str, Any]) -> None:
         name = d["deployment"] + ("" if d["meets_targets"] else " (misses)")
         clients = "" if p["clients"] is None else str(p["clients"])
         ms = [fig(p["achieved_s"][k] * 1e3) for k in ("ttft", "tpot") if k in stats]
-        t.add_row(Text(name), clients, *ms, f"{p['goodput_per_gpu']:.3g}", f"{p['output_tok_s_per_gpu']:,.0f}",
-                  f"{p['output_tok_s_per_user']:,.0f}", Text(d["binds"] or ""))  # fmt: skip
+        t.add_row(Text(name), clients, *ms, f"{p['goodput_per_gpu']:.3g}", rate(p['output_tok_s_per_gpu']),
+                  rate(p['output_tok_s_per_user']), Text(d["binds"] or ""))  # fmt: skip
     show(out, t)
     print_wrapped(out, data["verdict"])
     for s in data["skipped"]:
@@ -165,7 +165,7 @@ def print_targets(data: dict[str, Any]) -> None:
         f.add_column(col, justify="left" if col == "deployment" else "right")
     for p in data["pareto_front"]:
         f.add_row(Text(p["deployment"]), "" if p["clients"] is None else str(p["clients"]),
-                  f"{p['output_tok_s_per_gpu']:,.0f}", f"{p['output_tok_s_per_user']:,.0f}",
+                  rate(p['output_tok_s_per_gpu']), rate(p['output_tok_s_per_user']),
                   "yes" if p["meets_targets"] else "no")  # fmt: skip
     show(out, f)
 

@@ -285,16 +285,9 @@ def _predict(
         check_context(wl, result.graph.spec.numerics.stated_context)
 
     say(f"pricing {len(result.plans)} plan(s) on {topo.name}")
-    preds = predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
-                          kv_engines=kv_engines_for(engine))  # fmt: skip
-    if wl is None or mesh.replicas == 1:
-        return preds
-    from tpplan.cost.predictor import cached_predictor
-    from tpplan.simulate.serving import routed_prediction
-
     # replicas: TTFT through the deployment's request router, as the serving loop and the launch lines take it
-    return [routed_prediction(pr, cached_predictor(result.graph, pa.plan, topo, mesh, result.dtype, expert_dtype, pa),
-                              wl, topo.gpus_per_node) for pa, pr in zip(result.plans, preds, strict=True)]  # fmt: skip
+    return predict_audit(result, topo, mesh=mesh, workload=wl, expert_dtype=expert_dtype,
+                         kv_engines=kv_engines_for(engine))  # fmt: skip
 
 
 def _serve(

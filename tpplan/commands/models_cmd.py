@@ -84,13 +84,14 @@ def workloads() -> None:
 
     old = {new: old for old, new in WORKLOAD_ALIASES.items()}
     table = Table(title="Workload presets (--workload)")
-    for col in ("preset", "prompt tokens", "concurrency", "requests", "chunk", "also named"):
+    for col in ("preset", "prompt tokens", "output tokens", "concurrency", "requests", "chunk", "also named"):
         table.add_column(col)
     for name in list_workloads():
         w = load_workload(name)
         lens = w.input_lens or [w.input_len or 0]
         prompt = f"{lens[0]:,}" if len(set(lens)) == 1 else f"{min(lens):,}-{max(lens):,}"
-        table.add_row(name, prompt, str(w.concurrency), str(w.total_requests), f"{w.chunk_size:,}", old.get(name, ""))
+        table.add_row(name, prompt, f"{w.output_len:,}", str(w.concurrency), str(w.total_requests),
+                      f"{w.chunk_size:,}", old.get(name, ""))  # fmt: skip
     show(console(), table)
 
 

@@ -98,7 +98,11 @@ def sglang_capacity(
     )
     pre = card  # free memory before loading; the CUDA context and NCCL are not counted (DIFFERENCES)
     best: tuple[int, int, int, float, _Stage] | None = None  # (tokens, swa tokens, slots, pool, stage)
-    for st in _stages(p, draft, every_stage=True):
+    stages = _stages(p, draft, every_stage=True)
+    kv_somewhere = any(st.full or st.windowed for st in stages)
+    for st in stages:
+        if kv_somewhere and not (st.full or st.windowed):
+            continue  # its KV layers all on other PP stages: SGLang sizes its pool to int64 max (SGL_CELL)
         rest = pre * res.mem_fraction_static - st.weights
         slots = -1
         if st.state > 0:

@@ -60,9 +60,7 @@ from tpplan.cost.workload import (
     PrefillBatch,
     TTFTResult,
     Workload,
-    simulate_pipeline,
-    simulate_replicas,
-    simulate_ttft,
+    simulate_routed,
 )
 from tpplan.dtypes import WEIGHT_BITS
 from tpplan.errors import TpplanError
@@ -126,21 +124,23 @@ def pipeline_ttft(p: Predictor, workload: Workload) -> TTFTResult:
     """TTFT of `workload` on the predictor's stages as its engine (`p.pipeline`, `cost/pipeline.py`)
     schedules them (pp = 1: batches one after another). Each stage holds a batch for its compute, its
     TP collectives and its send into the next stage (the last one also for the reduction before the
-    final norm). With replicas (`p.deployment.replicas`), each replica schedules its share of the
-    requests (`tpplan.cost.workload.replica_workloads`) and the result is over all of them."""
-    return simulate_replicas(workload, p.deployment, lambda share: _one_replica_ttft(p, share))
+    final norm). With replicas (`p.deployment.replicas`), the requests go to them as the deployment's request
+    router sends them (`tpplan.engines.routing`: the router the launch lines start and the serving loop runs),
+    and the result is over all of them."""
+    from tpplan.engines.routing import replica_router
 
-
-def _one_replica_ttft(p: Predictor, workload: Workload) -> TTFTResult:
+    router = replica_router(p.pipeline.engine, p.deployment.router) if p.deployment.replicas > 1 else None
+    rule = router.rule if router is not None else None
     if p.pp == 1:
-        return simulate_ttft(workload, lambda b: p.latency(segments_of(b)))
+        return simulate_routed(workload, lambda b: (p.latency(segments_of(b)),), p.deployment, rule)
     m = p.pipeline
 
     def stages(batch: PrefillBatch) -> list[float]:
         stage_s, sends, _ = p.stage_times(segments_of(batch))
         return [s + x for s, x in zip(stage_s, sends, strict=True)]
 
-    return simulate_pipeline(workload, stages, in_flight=m.in_flight(p.deployment), chunks_overlap=m.chunks_overlap)
+    return simulate_routed(workload, stages, p.deployment, rule, in_flight=m.in_flight(p.deployment),
+                           chunks_overlap=m.chunks_overlap)  # fmt: skip
 
 
 def longest_request(workload: Workload | None) -> int | None:
@@ -169,15 +169,17 @@ def predict_plan(
     workload) TTFT, for one plan on `mesh` (TP x CP x PP, its CP options: `tpplan.mesh.Mesh`) on `topology`
     (kernels from `engine`'s measured database where it has them, e.g. "sglang@0.5.14"); PP scheduled and
     its boundaries sent as `pipeline`'s engine does (default the current SGLang release: `cost/pipeline.py`).
-    With `mesh.replicas` identical copies of the deployment, the workload's requests are split between
-    them (`tpplan.cost.workload.replica_workloads`); times and memory per rank are one replica's, the
-    TTFT over every request. `kv_engines`: the engine versions whose KV capacity per rank it states
-    (`tpplan.cost.kv_capacity`), with the decode batch each admits at the workload's longest request."""
+    With `mesh.replicas` identical copies of the deployment, the workload's requests go to them as the
+    deployment's request router sends them (`pipeline_ttft`); times and memory per rank are one replica's (its
+    KV pool holding the most any replica holds at once, `Predictor.memory`), the TTFT over every request.
+    `kv_engines`: the engine versions whose KV capacity per rank it states (`tpplan.cost.kv_capacity`), with
+    the decode batch each admits at the workload's longest request."""
     if tokens < 1:
         raise TpplanError("tokens", f"must be >= 1, got {tokens}", "pass a positive batch size")
     p = cached_predictor(graph, plan, topology, mesh, dtype, expert_dtype, audit, engine=engine, pipeline=pipeline)
     segs: Segments = ((tokens, 0),)
     stage_s, sends, final = p.stage_times(segs)
+    ttft = pipeline_ttft(p, workload) if workload is not None else None
     counts = graph.counts()
     kinds = []
     for kind, ks in p.audit.kinds.items():
@@ -193,8 +195,8 @@ def predict_plan(
         kinds=kinds,
         stage_comm_s=sum(sends),
         forward_s=sum(stage_s) + sum(sends),
-        memory=p.memory(workload, tokens),
-        ttft=pipeline_ttft(p, workload) if workload is not None else None,
+        memory=p.memory(workload, tokens, ttft.replicas if ttft is not None else ()),
+        ttft=ttft,
         topology=topology.name,
         workload=workload.name if workload is not None else None,
         stage_s=[s + x for s, x in zip(stage_s, sends, strict=True)],

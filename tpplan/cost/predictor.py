@@ -26,7 +26,7 @@ from tpplan.cost.plan_steps import PlanSteps, predictor_key
 from tpplan.cost.prediction import KindTime, MemoryBreakdown, OpTime
 from tpplan.cost.segments import Segments, batch_pairs, cached_tokens
 from tpplan.cost.topology import Topology
-from tpplan.cost.workload import Workload, replica_workloads
+from tpplan.cost.workload import ReplicaShare, Workload, replica_workloads
 from tpplan.layout.dp_attention import planned_transition
 from tpplan.layout.plan import Plan
 from tpplan.layout.propagate import CommEvent, LayerResult
@@ -186,23 +186,26 @@ class Predictor(PlanSteps):
         return sum(stage_s) + sum(sends)
 
     # -- memory ----------------------------------------------------------------------------------
-    def memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
-        """Per rank, for the stage that needs the most; with replicas, of the replica whose share of
-        the workload needs the most (every replica holds the same weights)."""
-        r = self.deployment.replicas
-        if workload is None or r == 1:
-            return self._memory(workload, tokens)
-        return max(
-            (self._memory(w, tokens) for w in replica_workloads(workload, self.deployment)), key=lambda m: m.total
-        )
+    def memory(self, workload: Workload | None, tokens: int, routed: Sequence[ReplicaShare] = ()) -> MemoryBreakdown:
+        """Per rank, for the stage that needs the most. A workload's KV: its clients' requests (prompt and
+        output each); with replicas, of the replica that needs the most (every replica holds the same
+        weights), among each one's dealt share of the clients (`replica_workloads`) and the requests the routed
+        run (`routed`, `cost.workload.simulate_routed`'s shares) held at once at each replica's fullest: a
+        router may send one replica more requests than its share of the clients."""
+        if workload is None:
+            return self._memory([tokens], tokens)
+        chunk = workload.chunk_size
+        if self.deployment.replicas == 1:
+            return self._memory(_clients(workload), chunk)
+        held = [_clients(w) for w in replica_workloads(workload, self.deployment)]
+        held += [list(share.peak_held) for share in routed if share.peak_held]
+        return max((self._memory(seqs, chunk) for seqs in held), key=lambda m: m.total)
 
-    def _memory(self, workload: Workload | None, tokens: int) -> MemoryBreakdown:
+    def _memory(self, seqs: list[int], chunk: int) -> MemoryBreakdown:
+        """Per rank, for the stage that needs the most: KV and state of requests of `seqs` tokens, activations
+        of a chunk of at most `chunk` tokens (the longest request's)."""
         spec = self.graph.spec
-        if workload is not None:
-            seqs = [workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency)]
-            chunk = min(workload.chunk_size, max(seqs))
-        else:
-            seqs, chunk = [tokens], tokens
+        chunk = min(chunk, max(seqs))
         best: MemoryBreakdown | None = None
         held = stage_weights(self.audit, self.graph, self.stages, self.kernels.stored)  # the one weight figure
         for s, rng in enumerate(self.stages):
@@ -265,6 +268,11 @@ class Predictor(PlanSteps):
         if p is S_COL:
             return t * w / self.tp * self.b
         return t * w * self.b
+
+
+def _clients(workload: Workload) -> list[int]:
+    """Prompt + output tokens of the requests the workload's clients send first (one each)."""
+    return [workload.prompt_len(i) + workload.output_len for i in range(workload.concurrency)]
 
 
 def repeated(call: KernelCall, ops: list[OpTime]) -> OpTime:

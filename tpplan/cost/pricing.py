@@ -64,8 +64,8 @@ class Pricer:
         audit: PlanAudit | None = None,
     ) -> None:
         """`audit`: the baseline's at TP `mesh.tp`, when the caller has it (audited here otherwise). With
-        `mesh.replicas` > 1, prices are one replica's; the search splits the workload between them
-        (`tpplan.cost.workload.replica_workloads`)."""
+        `mesh.replicas` > 1, prices are one replica's; the search's walk screens with the workload dealt
+        between them (`tpplan.cost.workload.replica_workloads`, `search.setup.Screen`)."""
         self.graph, self.topology, self.tp, self.pp, self.cp = graph, topology, mesh.tp, mesh.pp, mesh.cp
         self.dtype, self.expert_dtype, self.engine = dtype, expert_dtype, engine
         self.deployment = mesh

@@ -7,8 +7,9 @@ t = 0 and each submits its next request when the previous one gets its first tok
 output tokens after the first) is out of scope: it neither delays prefill nor the next request.
 With pipeline parallelism the batches run through the stages in order, at most the engine's
 micro-batches in flight (`simulate_pipeline`; `tpplan.cost.pipeline` takes the engine's schedule).
-With R replicas of a deployment the requests are split between them (`replica_workloads`, the
-routing rule stated there) and each replica runs this scheduler on its share (`simulate_replicas`).
+With R replicas of a deployment the requests go to them as the deployment's request router sends them
+(`simulate_routed`: every replica its own scheduler, the router picking each request as it is sent);
+`replica_workloads` deals them beforehand instead (client c to replica c mod R), the search walk's screen.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from tpplan.cost._files import read_mapping, validate
+from tpplan.cost.routing import Router
+from tpplan.engines.schema import RouterRule
 from tpplan.errors import TpplanError, unknown_name
 from tpplan.inputs import NAME_CHARS, check_path, parse_toml
 from tpplan.mesh import Mesh
@@ -221,55 +224,165 @@ StageTimes = Callable[[PrefillBatch], Sequence[float]]
 """Seconds one batch holds each pipeline stage, in order (a stage's send into the next included)."""
 
 
-def _run(
-    workload: Workload, stage_times: StageTimes, in_flight: int | None = None, chunks_overlap: bool = True
-) -> TTFTResult:
-    """Event-driven closed-loop simulation of chunked prefill over pipeline stages (one stage: no PP).
+class _Server:
+    """One replica's chunked-prefill scheduler while a run goes (`_Run`): its queue, batches and stages."""
 
-    The scheduler forms the next batch when stage 0 is free and, with `in_flight` = M, once the batch M
-    places earlier has left the last stage (the engine's micro-batches in flight); requests that have
-    arrived by then join the queue. Stages run batches in order (a flow shop): a batch starts stage k
-    when it has left stage k-1 and stage k has finished the batch before it. A request's TTFT ends
-    when the batch holding its last chunk leaves the last stage; its client resubmits then. With
-    `chunks_overlap` False a request's next chunk waits until its previous chunk has left the pipeline."""
-    total = workload.total_requests
-    arrivals: list[tuple[float, int]] = [(0.0, rid) for rid in range(min(total, workload.concurrency))]
-    heapq.heapify(arrivals)
-    next_id = len(arrivals)
-    arrival_s: dict[int, float] = {rid: t for t, rid in arrivals}
-    done_s: dict[int, float] = {}
-    waiting: dict[int, None] = {}  # FCFS order (a dict: O(1) removal); a partially prefilled request stays first
-    progress: dict[int, int] = {}
-    out_at: dict[int, float] = {}  # when each request's latest chunk leaves the pipeline
-    batches: list[PrefillBatch] = []
-    stage_free: list[float] = []
-    now = 0.0
-    while len(done_s) < total:
-        if stage_free:
-            now = max(now, stage_free[0])
-        if in_flight is not None and len(batches) >= in_flight:
-            now = max(now, batches[-in_flight].end_s)
-        while arrivals and arrivals[0][0] <= now:
-            waiting[heapq.heappop(arrivals)[1]] = None
-        segs = _fill(workload, waiting, progress, None if chunks_overlap else out_at, now)
-        if not segs:  # idle until a client submits or a request's chunk is out
-            later = [arrivals[0][0]] if arrivals else []
-            now = min(later + [out_at[r] for r in waiting if out_at.get(r, 0.0) > now])
-            continue
-        draft = PrefillBatch(len(batches), tuple(segs), now, now)
-        t = _through_stages(_stage_seconds(stage_times, draft), stage_free, now)
-        batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, t))
-        for s in segs:
-            progress[s.request_id] = s.start_pos + s.n_tokens
-            out_at[s.request_id] = t
-            if progress[s.request_id] == workload.prompt_len(s.request_id):
-                del waiting[s.request_id]
-                done_s[s.request_id] = t
-                if next_id < total:  # the client submits its next request at once
-                    heapq.heappush(arrivals, (t, next_id))
-                    arrival_s[next_id] = t
-                    next_id += 1
-    return _ttft_result(workload, arrival_s, done_s, batches)
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[float, int]] = []  # (when a request reaches it, request), a heap
+        self.waiting: dict[int, None] = {}  # FCFS (a dict: O(1) removal); a partly prefilled request stays first
+        self.batches: list[PrefillBatch] = []
+        self.stage_free: list[float] = []
+        self.wake = math.inf  # when something may let it form a batch (a request reached it, a batch was formed)
+        self.held = 0  # prompt + output tokens of its requests sent and not yet done
+        self.ending: list[tuple[float, int]] = []  # (when a request is done, its tokens), a heap
+        self.peak, self.peak_at = 0, 0.0  # `held` at its most, and when
+
+    def ready(self, in_flight: int | None) -> float:
+        """When it acts next: at its wake, once stage 0 is free and fewer than `in_flight` batches are out."""
+        t = self.wake
+        if self.stage_free:
+            t = max(t, self.stage_free[0])
+        if in_flight is not None and len(self.batches) >= in_flight:
+            t = max(t, self.batches[-in_flight].end_s)
+        return t
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A request as the router reads it (`cost.routing.Routed`)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    prefix_id: str | None = None
+
+
+class _Run:
+    """Event-driven closed-loop simulation of chunked prefill over pipeline stages, on the mesh's replicas
+    behind the deployment's request router (one replica: no router).
+
+    A client's request is sent at t = 0 (the first `concurrency`) or when its previous request gets its first
+    token; the router (`cost.routing.Router`, policy `rule.prefill`, round-robin without a rule) picks its
+    replica the moment it is sent, from the requests then in flight at each. A replica forms its next batch
+    when stage 0 is free and, with `in_flight` = M, once the batch M places earlier has left the last stage;
+    requests that have reached it by then join its queue. Stages run batches in order (a flow shop). A
+    request's TTFT ends when the batch holding its last chunk leaves the last stage. With `chunks_overlap`
+    False a request's next chunk waits until its previous chunk has left the pipeline. Events run in time
+    order, the router first at a tie and then the replicas in order: the order of `simulate.replicas`'
+    co-simulation, whose loop without fixed costs gives the same TTFTs (tests/cost/test_routed_replicas.py)."""
+
+    def __init__(
+        self, workload: Workload, stage_times: StageTimes, in_flight: int | None, chunks_overlap: bool,
+        mesh: Mesh, rule: RouterRule | None,
+    ) -> None:  # fmt: skip
+        self.wl, self.stage_times, self.in_flight = workload, stage_times, in_flight
+        self.chunks_overlap = chunks_overlap
+        self.total = workload.total_requests
+        self.servers = [_Server() for _ in range(mesh.replicas)]
+        self.router = Router(rule.prefill if rule is not None else "round_robin", mesh.replicas, rule)
+        first = min(self.total, workload.concurrency)
+        self.sends = [(0.0, rid) for rid in range(first)]  # (when sent, request), a heap
+        self.next_id = first
+        self.arrival_s: dict[int, float] = dict.fromkeys(range(first), 0.0)
+        self.done_s: dict[int, float] = {}
+        self.progress: dict[int, int] = {}
+        self.out_at: dict[int, float] = {}  # when each request's latest chunk leaves the pipeline
+        self.of: dict[int, int] = {}  # the replica each request went to
+        self.peak_load = [0] * mesh.replicas  # the most of its requests in flight at once
+
+    def go(self) -> TTFTResult:
+        while len(self.done_s) < self.total:
+            sent = self.sends[0][0] if self.sends else math.inf
+            t, r = min((s.ready(self.in_flight), r) for r, s in enumerate(self.servers))
+            if sent <= t:
+                self.route(sent)
+            elif t == math.inf:
+                raise AssertionError("the scheduler stalled with requests unfinished")  # a bug, not an input
+            else:
+                self.act(r, t)
+        return self.result()
+
+    def route(self, now: float) -> None:
+        """Every request sent at `now` to the replica the router picks."""
+        wl = self.wl
+        while self.sends and self.sends[0][0] <= now:
+            rid = heapq.heappop(self.sends)[1]
+            r = self.router.pick(_Sent(wl.prompt_len(rid), wl.cached_len(rid)), now)
+            self.of[rid] = r
+            self.peak_load[r] = max(self.peak_load[r], self.router.load[r])
+            s = self.servers[r]
+            heapq.heappush(s.arrivals, (now, rid))
+            s.wake = min(s.wake, now)
+            while s.ending and s.ending[0][0] <= now:
+                s.held -= heapq.heappop(s.ending)[1]
+            s.held += wl.prompt_len(rid) + wl.output_len
+            if s.held > s.peak:
+                s.peak, s.peak_at = s.held, now
+
+    def act(self, r: int, now: float) -> None:
+        """Replica `r` at `now`: take the requests that reached it, form and run a batch, or wait."""
+        s, wl = self.servers[r], self.wl
+        while s.arrivals and s.arrivals[0][0] <= now:
+            s.waiting[heapq.heappop(s.arrivals)[1]] = None
+        segs = _fill(wl, s.waiting, self.progress, None if self.chunks_overlap else self.out_at, now)
+        if not segs:  # idle until a request reaches it or a request's chunk is out
+            later = [s.arrivals[0][0]] if s.arrivals else []
+            s.wake = min(later + [self.out_at[x] for x in s.waiting if self.out_at.get(x, 0.0) > now], default=math.inf)
+            return
+        draft = PrefillBatch(len(s.batches), tuple(segs), now, now)
+        t = _through_stages(_stage_seconds(self.stage_times, draft), s.stage_free, now)
+        s.batches.append(PrefillBatch(draft.index, draft.segments, draft.start_s, t))
+        s.wake = now
+        for sg in segs:
+            rid = sg.request_id
+            self.progress[rid] = sg.start_pos + sg.n_tokens
+            self.out_at[rid] = t
+            if self.progress[rid] == wl.prompt_len(rid):
+                del s.waiting[rid]
+                self.done_s[rid] = t
+                self.router.release(r, t)
+                heapq.heappush(s.ending, (t, wl.prompt_len(rid) + wl.output_len))
+                if self.next_id < self.total:  # the client sends its next request at once
+                    heapq.heappush(self.sends, (t, self.next_id))
+                    self.arrival_s[self.next_id] = t
+                    self.next_id += 1
+
+    def result(self) -> TTFTResult:
+        """Each request's TTFT (its last chunk out of the pipeline, less its sending), in order; with replicas,
+        every replica's batches by start time and each one's share."""
+        wl, ids = self.wl, range(self.total)
+        batches = [b for s in self.servers for b in s.batches]
+        if len(self.servers) > 1:
+            batches.sort(key=lambda b: (b.start_s, b.end_s))
+        ttft = tuple(self.done_s[i] - self.arrival_s[i] for i in ids)
+        return TTFTResult(
+            ttft_s=ttft,
+            arrival_s=tuple(self.arrival_s[i] for i in ids),
+            batches=tuple(batches),
+            makespan_s=max(b.end_s for b in batches),
+            prefill_tokens=sum(wl.prompt_len(i) for i in ids),
+            replicas=tuple(self._share(r, ttft) for r in range(len(self.servers))) if len(self.servers) > 1 else (),
+        )
+
+    def _share(self, r: int, ttft: tuple[float, ...]) -> ReplicaShare:
+        mine = [i for i, x in self.of.items() if x == r]
+        s = self.servers[r]
+        if not mine:
+            return ReplicaShare(0, 0, 0, math.nan, 0.0)
+        mean = math.fsum(ttft[i] for i in mine) / len(mine)
+        tokens = sum(self.wl.prompt_len(i) for i in mine)
+        at = s.peak_at  # the requests it held at its most tokens: sent by then and not done
+        held = tuple(
+            self.wl.prompt_len(i) + self.wl.output_len for i in mine if self.arrival_s[i] <= at < self.done_s[i]
+        )
+        return ReplicaShare(len(mine), self.peak_load[r], tokens, mean, max(b.end_s for b in s.batches), held)
+
+
+def _run(
+    workload: Workload, stage_times: StageTimes, in_flight: int | None = None, chunks_overlap: bool = True,
+    mesh: Mesh | None = None, rule: RouterRule | None = None,
+) -> TTFTResult:  # fmt: skip
+    """`_Run` on `mesh`'s replicas (None: one) behind the router `rule` states."""
+    return _Run(workload, stage_times, in_flight, chunks_overlap, mesh or Mesh(1), rule).go()
 
 
 def _stage_seconds(stage_times: StageTimes, batch: PrefillBatch) -> list[float]:
@@ -291,20 +404,6 @@ def _through_stages(times: list[float], stage_free: list[float], start: float) -
         t = max(t, stage_free[k]) + dt
         stage_free[k] = t
     return t
-
-
-def _ttft_result(
-    workload: Workload, arrival_s: dict[int, float], done_s: dict[int, float], batches: list[PrefillBatch]
-) -> TTFTResult:
-    """The simulation's answer: each request's TTFT (its last chunk out of the pipeline, less its arrival), in order."""
-    ids = range(workload.total_requests)
-    return TTFTResult(
-        ttft_s=tuple(done_s[i] - arrival_s[i] for i in ids),
-        arrival_s=tuple(arrival_s[i] for i in ids),
-        batches=tuple(batches),
-        makespan_s=max(b.end_s for b in batches),
-        prefill_tokens=sum(workload.prompt_len(i) for i in ids),
-    )
 
 
 def _fill(
@@ -355,23 +454,11 @@ def simulate_pipeline(
 # -- replicas: the requests split between identical copies of a deployment -------------------------
 
 
-def replica_workloads(workload: Workload, mesh: Mesh) -> tuple[Workload, ...]:
-    """Each replica's share of `workload` when `mesh.replicas` identical copies of a deployment serve it.
-
-    The split dealt beforehand: client c of the closed loop is served by replica c mod R, and replica r
-    serves requests r, r + R, r + 2R, ... of the workload in its own submission order (so their
-    prompt lengths), each replica a closed loop of its own with its own chunked-prefill scheduler. It does not
-    depend on batch times, which keeps the search's walk linear (`search.objectives.ttft_batches`) and sizes
-    each replica's KV (memory: the fullest share). The TTFT that audit, search and report print is not this
-    split's: it is the serving loop's with the replicas behind the deployment's request router
-    (`tpplan.engines.routing`, `simulate.replicas`), which this split equals for a round-robin router on alike
-    prompts with R dividing C, and for vLLM's least-loaded one there too (tests/simulate/test_routing.py).
-    Every replica needs a client and a request: R above the concurrency or the requests is refused."""
+def check_replicas(workload: Workload, mesh: Mesh) -> None:
+    """Every replica needs a client and a request: R above the concurrency or the requests is refused."""
     replicas = mesh.replicas
     if replicas < 1:
         raise TpplanError(f"replicas {replicas}", "must be at least 1", "pass 1 or more replicas")
-    if replicas == 1:
-        return (workload,)
     clients, total = workload.concurrency, workload.total_requests
     if replicas > min(clients, total):
         raise TpplanError(
@@ -380,6 +467,51 @@ def replica_workloads(workload: Workload, mesh: Mesh) -> tuple[Workload, ...]:
             "would get none",
             f"use at most {min(clients, total)} replicas",
         )
+
+
+def simulate_routed(
+    workload: Workload, stage_times: StageTimes, mesh: Mesh, rule: RouterRule | None, *, in_flight: int | None = None,
+    chunks_overlap: bool = True,
+) -> TTFTResult:  # fmt: skip
+    """TTFT of `workload` on the mesh's replicas behind the deployment's request router (`rule`: its record,
+    `tpplan.engines.routing`; None: round-robin), each replica's batches `stage_times` through its stages
+    (`simulate_pipeline`'s `in_flight`, `chunks_overlap`): per request in the workload's order, the mean over
+    all of them, every replica's batches by start time, each replica's share (`ReplicaShare`: its clients
+    the most of its requests in flight at once)."""
+    check_replicas(workload, mesh)
+    if in_flight is not None and in_flight < 1:
+        raise TpplanError("in_flight", f"must be >= 1, got {in_flight}", "pass the engine's micro-batches in flight")
+    return _run(workload, stage_times, in_flight, chunks_overlap, mesh, rule)
+
+
+def dealt_is_routed(workload: Workload, mesh: Mesh) -> bool:
+    """Whether the dealt split's mean TTFT (`replica_workloads`) is the router's (`simulate_routed`) for any batch
+    times and every router: one replica, or prompts all alike with R dividing the clients (the replicas then
+    run alike, whichever replica a request goes to). Taken from that symmetry, not proven: checked on random
+    closed loops of the three policies, PP stages and cached prefixes (tests/cost/test_routed_replicas.py)."""
+    if mesh.replicas == 1:
+        return True
+    alike = workload.input_lens is None or len(set(workload.input_lens)) == 1
+    return alike and workload.concurrency % mesh.replicas == 0
+
+
+def replica_workloads(workload: Workload, mesh: Mesh) -> tuple[Workload, ...]:
+    """Each replica's share of `workload` when `mesh.replicas` identical copies of a deployment serve it.
+
+    The split dealt beforehand: client c of the closed loop is served by replica c mod R, and replica r
+    serves requests r, r + R, r + 2R, ... of the workload in its own submission order (so their
+    prompt lengths), each replica a closed loop of its own with its own chunked-prefill scheduler. It does not
+    depend on batch times, which keeps the search's walk linear (`search.objectives.ttft_batches`: its screen)
+    and gives each replica's KV a floor (`Predictor.memory`). No TTFT tpplan prints or ranks by is this split's:
+    those are the router's (`simulate_routed`, `simulate.replicas`), which this split equals for a round-robin
+    router on alike prompts with R dividing C, and for vLLM's least-loaded one there too (tests/simulate/
+    test_routing.py; where they differ: tests/cost/test_routed_replicas.py). R above the concurrency or the
+    requests is refused (`check_replicas`)."""
+    check_replicas(workload, mesh)
+    replicas = mesh.replicas
+    if replicas == 1:
+        return (workload,)
+    clients, total = workload.concurrency, workload.total_requests
     lens = workload.input_lens or [workload.prompt_len(0)]
     period = len(lens) // math.gcd(len(lens), replicas)  # replica r's prompts repeat after this many
     out = []
@@ -406,36 +538,6 @@ class ReplicaShare:
     prefill_tokens: int
     mean_s: float
     makespan_s: float
-
-
-def simulate_replicas(workload: Workload, mesh: Mesh, simulate: Callable[[Workload], TTFTResult]) -> TTFTResult:
-    """TTFT of `workload` on `mesh.replicas` identical replicas, each scheduling its share
-    (`replica_workloads`) by `simulate`: per request in the workload's order (replica r's j-th
-    request is request r + j R), so the mean is over all requests; batches of every replica,
-    request ids the workload's, by start time; the makespan the last replica's."""
-    shares, replicas = replica_workloads(workload, mesh), mesh.replicas
-    if len(shares) == 1:
-        return simulate(workload)
-    results = [simulate(w) for w in shares]
-    ttft: dict[int, float] = {}
-    arrival: dict[int, float] = {}
-    batches: list[PrefillBatch] = []
-    for r, res in enumerate(results):
-        for j, (t, a) in enumerate(zip(res.ttft_s, res.arrival_s, strict=True)):
-            ttft[r + j * replicas], arrival[r + j * replicas] = t, a
-        for b in res.batches:
-            segs = tuple(Segment(r + s.request_id * replicas, s.start_pos, s.n_tokens) for s in b.segments)
-            batches.append(PrefillBatch(b.index, segs, b.start_s, b.end_s))
-    batches.sort(key=lambda b: (b.start_s, b.end_s))
-    ids = range(workload.total_requests)
-    return TTFTResult(
-        ttft_s=tuple(ttft[i] for i in ids),
-        arrival_s=tuple(arrival[i] for i in ids),
-        batches=tuple(batches),
-        makespan_s=max(res.makespan_s for res in results),
-        prefill_tokens=sum(res.prefill_tokens for res in results),
-        replicas=tuple(
-            ReplicaShare(w.total_requests, w.concurrency, res.prefill_tokens, res.mean_s, res.makespan_s)
-            for w, res in zip(shares, results, strict=True)
-        ),
-    )
+    # prompt + output tokens of each request it held at once at its most tokens (the cost model's routed run;
+    # sent and not yet at its first token): what its KV pool must hold (`Predictor.memory`)
+    peak_held: tuple[int, ...] = ()

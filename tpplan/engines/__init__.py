@@ -142,7 +142,11 @@ def path_for(mode: Mode, spec: ModelSpec, variant: int = 0) -> Path:
             "baseline" if mode.exists else "refused",
             f"the engine data names no wiring of this mode for model type {spec.model_type}",
             Source.unread(
-                "-", "-", f"{mode.name} for {spec.model_type}", why="the engine data has no wiring of the mode for it"
+                "-",
+                "-",
+                f"{mode.name} for {spec.model_type}",
+                why="the mode's record names the model type in neither its wirings nor its not-wired entries: "
+                "what the engine does with the flag for it was not read",
             ),
         )
     return Path(None, nw)

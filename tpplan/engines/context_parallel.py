@@ -212,11 +212,15 @@ SGLANG_KDA_CONTIGUOUS = CpPath(
     ),
     ffn="not stated in the description read",
     kv_per_rank="replicated",
-    kv_source=Source.unread(
+    # The code index holds the PR's contiguous.py at a commit of sgl-project/sglang (whether it is the PR's head
+    # the index does not say); ZigzagCPStrategy's materialize_full_kv / materialize_full_mla_kv are read in 0.5.23.
+    kv_source=Source(
         sglang_source.REPO,
-        "pull/34059",
-        "KV cache under the contiguous strategy",
-        why="an open pull request: its description was read, its code was not",
+        "python/sglang/srt/layers/cp/contiguous.py",
+        "ContiguousCPStrategy (extends ZigzagCPStrategy, redefining only the layout metadata and the attention "
+        "dispatch: dense/MLA layers keep the all-gather-KV path, materialize_full_kv writing the gathered KV into "
+        "every rank's pool)",
+        "commit 0ec8ad3d",
     ),
     gates=(
         Gate(
@@ -229,7 +233,7 @@ SGLANG_KDA_CONTIGUOUS = CpPath(
     ),
     sources=(_pr(34059, "description: KDA state hand-off, ContiguousCPStrategy, attn_tp x cp", "2026-08-08"),),
     tpplan_mode="all",
-    differences=("KV per rank under this PR was not read: tpplan assumes the engines' replicated cache",),
+    differences=(),  # KV per rank: read (kv_source), replicated as tpplan prices it
     in_release=False,
 )
 

@@ -171,6 +171,9 @@ def _serving(ev: EngineVersion) -> list[str]:
         ]
         out += ["### DP attention beside PP and prefill CP (`tpplan/engines/recipes/`)", "", f"{'; '.join(runs)}.", ""]
         out += [f"- {f.text} ({f.source.cite()})" for f in b.facts] + [""]
+    if ev.sparse_prefill is not None:
+        out += ["### DSA's sparse MLA prefill, as the planner prices it (`tpplan/cost/sparse_attention.py`)", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in ev.sparse_prefill.facts] + [""]
     if ev.handoff is not None:
         h = ev.handoff
         words = (
@@ -182,7 +185,7 @@ def _serving(ev: EngineVersion) -> list[str]:
         out += ["### Prefill/decode disaggregation hand-off (`tpplan/simulate/disagg_loop.py`)", "",
                 f"- {words}", *(f"- source: {s.cite()}" for s in h.sources), ""]  # fmt: skip
         if h.router is not None:
-            out += ["P/D router (`tpplan/simulate/routing.py`):", ""]
+            out += ["P/D router (`tpplan/cost/routing.py`):", ""]
             out += [f"- {f.text} ({f.source.cite()})" for f in h.router.facts] + [""]
     elif ev.scheduling is not None:
         unread = "- not read for this version: the engine's default release's rule is used, with a note"

@@ -73,7 +73,12 @@ def row_tile(engine: str, tokens: int, experts: int, fmt: MoeFormat) -> RowTile:
                 name,
                 "fused MoE",
                 f"the row tile of {fmt} experts' kernel",
-                why="only the Triton formats' configs were read",
+                why="only the Triton formats' configs hold a fixed tile: SGLang 0.5.23 runs mxfp4 experts through "
+                "FlashInfer 0.7.2 (layers/quantization/mxfp4.py Mxfp4MoEMethod: trtllm_fp4_block_scale_moe on SM100, "
+                "cutlass_fused_moe on SM90 and SM120) and autotunes it at startup (runner/flashinfer_autotune.py "
+                "should_run_flashinfer_autotune: flashinfer_mxfp4), FlashInfer picking the CUTLASS tile per shape by "
+                "profiling (fused_moe/core.py AutoTuner over get_valid_tactics): a run-time choice, not a constant "
+                "in the source; the triton_kernels and Marlin paths, and vLLM's mxfp4 experts, were not read",
             ),
         )
     if name == "sglang":
@@ -86,7 +91,8 @@ def row_tile(engine: str, tokens: int, experts: int, fmt: MoeFormat) -> RowTile:
             name,
             "fused MoE",
             "the grouped-expert kernel's row tile",
-            why="only SGLang's and vLLM's fused MoE were read",
+            why="only SGLang's and vLLM's fused MoE were read; this engine's MoE kernels are not among the "
+            "wheels read (sglang 0.5.23, vllm 0.33.0 and 0.34.0)",
         ),
     )
 

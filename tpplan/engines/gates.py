@@ -115,8 +115,8 @@ def _has_moe(d: Launch) -> Result:
 
 def _experts_divide_tp(d: Launch) -> Result:
     moe = _moe(d.spec)
-    if moe is None:
-        return False, "no routed experts"
+    if moe is None:  # nothing to place: SGLang builds no expert placement for a dense model class
+        return True, "no routed experts to place"
     return moe.experts % d.tp == 0, f"{moe.experts} experts over {d.tp} ranks"
 
 

@@ -204,12 +204,13 @@ class PipelineSchedule:
 @dataclass(frozen=True)
 class Support:
     """A launch option the engine runs only for the model classes that implement it (`--pp-size`), read
-    in those classes' files: which tpplan model types have it, how, and where."""
+    in those classes' files: which tpplan model types have it (or, `runs` False, are refused it), how, and where."""
 
     option: str  # "--pp-size"
     model_types: tuple[str, ...]
-    how: str  # what the model class does to support it, in the engine's words
+    how: str  # what the model class does to support it (or, runs False/None, what the engine does instead)
     source: Source
+    runs: bool | None = True  # False: the engine refuses the option for the class; None: what happens was not read
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ RouterPolicy = Literal["round_robin", "least_loaded", "cache_aware"]
 @dataclass(frozen=True)
 class RouterRule:
     """Which prefill and which decode instance the P/D router the engine documents sends a request to
-    (`tpplan.simulate.routing` runs the policies)."""
+    (`tpplan.cost.routing` runs the policies)."""
 
     prefill: RouterPolicy
     decode: RouterPolicy
@@ -319,7 +320,7 @@ class RouterRule:
 @dataclass(frozen=True)
 class ReplicaRouter:
     """One way an engine release spreads requests over a deployment's R replicas (`--router NAME`): the policy the
-    serving loop runs (`rule`, `tpplan.simulate.routing`) and the launch that starts it, both read in the
+    serving loop runs (`rule`, `tpplan.cost.routing`) and the launch that starts it, both read in the
     release. In-process (`flags`): one server starts every replica and spreads the requests itself (`{replicas}`
     in a flag is R); else R servers, each with the deployment's own flags, `behind` an external router (its
     command, or what it is)."""
@@ -490,6 +491,17 @@ class DpBeside:
 
 
 @dataclass(frozen=True)
+class SparseMLAPrefill:
+    """How the engine runs DSA's sparse MLA prefill (`tpplan.engines.sparse_mla`): when it runs dense MHA instead
+    of the absorbed sparse form, and how many query heads its sparse kernel computes."""
+
+    dense_max_seq: int | None  # dense MHA when the longest prefill sequence is at most this (None: the top-k)
+    head_multiple: int  # the sparse kernel computes heads padded up to a multiple of this
+    unpadded: dict[int, int] = field(default_factory=dict)  # heads -> tokens per SM above which none are padded
+    facts: tuple[Fact, ...] = ()
+
+
+@dataclass(frozen=True)
 class EngineVersion:
     """One engine at one version: its modes, its PP schedule and what its serving loop and memory do;
     one module of `tpplan/engines/releases/` each (docs/adding-an-engine-version.md)."""
@@ -510,6 +522,7 @@ class EngineVersion:
     # Its micro-batch overlaps (SGLang's TBO, vLLM's DBO: what a plan's `+tbo` / `+dbo` launches; () : not read)
     overlaps: tuple[MicroBatchOverlap, ...] = ()
     dp_attention_beside: DpBeside | None = None  # DP attention beside PP / prefill CP (None: not read)
+    sparse_prefill: SparseMLAPrefill | None = None  # how it runs DSA's prefill attention (None: not read)
     default: bool = True  # False: selectable, never its engine's default (else the newest release is)
 
     @property
@@ -527,7 +540,7 @@ class EngineVersion:
         return next((m for m in self.modes if m.name == name), None)
 
     def support(self, option: str, model_type: str) -> Support | None:
-        """The read record that `model_type`'s model class implements `option` (None: not read here)."""
+        """The read record of whether `model_type`'s model class implements `option` (None: not read here)."""
         return next((s for s in self.supports if s.option == option and model_type in s.model_types), None)
 
 
@@ -567,6 +580,7 @@ __all__ = [
     "Setting",
     "SglangMemory",
     "Source",
+    "SparseMLAPrefill",
     "StartupRefusal",
     "Step",
     "StepBudget",

@@ -20,11 +20,10 @@ from tpplan.engines.schema import (
     NotWired,
     Op,
     PipelineSchedule,
-    Source,
     Support,
     Wiring,
 )
-from tpplan.engines.sglang_source import LB, REPO
+from tpplan.engines.sglang_source import LB
 from tpplan.engines.sglang_source import old as _old
 from tpplan.engines.sglang_source import rel as _rel
 from tpplan.engines.sglang_sp_moe import SGL_SP_MOE
@@ -363,13 +362,49 @@ PP_SUPPORT = tuple(
     )
     for types, cls, file in (
         (("kimi_k3",), "KimiK3LinearModel", "kimi_k3.py"),
-        (("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"), "DeepseekV2Model", "deepseek_v2.py"),
+        # glm4_moe.py GlmMoeDsaForCausalLM and kimi_k25.py KimiK25ForConditionalGeneration (its language model a
+        # DeepseekV3ForCausalLM, forward passing pp_proxy_tensors) run DeepseekV2ForCausalLM's model
+        (
+            ("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "kimi_k25"),
+            "DeepseekV2Model",
+            "deepseek_v2.py",
+        ),
         (("qwen3", "qwen2"), "Qwen2Model (Qwen3Model's base)", "qwen2.py"),
         (("qwen3_moe",), "Qwen2MoeModel (Qwen3MoeModel's base)", "qwen2_moe.py"),
-        (("llama",), "LlamaModel", "llama.py"),
+        (("llama", "mistral"), "LlamaModel", "llama.py"),  # mistral.py MistralForCausalLM extends LlamaForCausalLM
         (("kimi_linear",), "KimiLinearModel", "kimi_linear.py"),
+        (("mixtral",), "MixtralModel", "mixtral.py"),
+        (("glm4_moe",), "Glm4MoeModel", "glm4_moe.py"),
+        (("gpt_oss",), "GptOssModel", "gpt_oss.py"),
+        (("minimax_m2",), "MiniMaxM2Model", "minimax_m2.py"),
+        (("qwen3_5", "qwen3_5_moe"), "Qwen3_5ForCausalLM", "qwen3_5.py"),
     )
 )
+# Model classes SGLang refuses --pp-size for: ModelRunner.__init__ asserts "Pipeline Parallel is not compatible with
+# this model." when the model's forward takes no pp_proxy_tensors (model_executor/model_runner.py, after loading).
+_NO_PP = "{cls}.forward takes no pp_proxy_tensors: ModelRunner.__init__ asserts 'Pipeline Parallel is not compatible "
+_NO_PP += "with this model.' after loading the weights (model_executor/model_runner.py)"
+PP_REFUSED = (
+    *(
+        Support("--pp-size", types, _NO_PP.format(cls=cls), _rel(f"python/sglang/srt/models/{file}", f"{cls}.forward"),
+                runs=False)
+        for types, cls, file in (
+            (("gemma3",), "Gemma3ForConditionalGeneration", "gemma3_mm.py"),
+            (("gemma3_text",), "Gemma3ForCausalLM", "gemma3_causal.py"),
+            (("llama4",), "Llama4ForConditionalGeneration", "mllama4.py"),
+        )
+    ),
+    Support("--pp-size", ("qwen3_next",),
+            "Qwen3NextForCausalLM.__init__ asserts pp_group.is_first_rank and is_last_rank (PP 1 only), and its "
+            "forward takes no pp_proxy_tensors",
+            _rel("python/sglang/srt/models/qwen3_next.py", "Qwen3NextForCausalLM.__init__ / forward"), runs=False),
+    Support("--pp-size", ("llama4_text",),
+            "Llama4ForCausalLM passes ModelRunner's check (LlamaForCausalLM.forward takes pp_proxy_tensors), but "
+            "Llama4Model builds every layer on every rank (make_layers, not make_pp_layers) and never reads "
+            "pp_proxy_tensors, and a non-last rank returns a plain tensor: no pipeline split; what the PP "
+            "scheduler then does with it was not read",
+            _rel("python/sglang/srt/models/llama4.py", "Llama4Model.__init__ / forward"), runs=None),
+)  # fmt: skip
 
 # NCCL's NVLS: the launcher writes NCCL_NVLS_ENABLE before NCCL starts, "0" unless a flag asks for NVLS.
 NCCL_NVLS = CollectiveDefault(
@@ -395,6 +430,13 @@ _OLD_OPS = _old(
 )
 _OLD_K3SP = _old("python/sglang/srt/layers/k3_sp_collective.py", "_init_state", "10e1be0e")
 _OLD_RS = _old(f"{OLD}/ops.py", "tp_reduce_scatter", "4eb3ad5a3d5efab835a93d05b922757f5fdeb539")
+# The code index holds no copy of forward_batch_info.py at 7665ff96; this main commit imports get_attn_tp_context
+# from the same layers/communicator/ package and pads as 0.5.23 does (tokens rounded up to a multiple of tp_size).
+_OLD_PADS = _old(
+    "python/sglang/srt/model_executor/forward_batch_info.py",
+    "ForwardBatch.prepare_attn_tp_scatter_input -> _pad_inputs_to_size",
+    "003bbaf9ab79c09933e7a17ae6460ac48a756de9",
+)
 
 
 def older_input_scattered() -> Mode:
@@ -407,14 +449,9 @@ def older_input_scattered() -> Mode:
         return step
 
     w = SGL_INPUT_SCATTERED.wiring[0]
-    pads = Source.unread(
-        REPO,
-        "python/sglang/srt/model_executor/forward_batch_info.py",
-        "padding to TP at 7665ff96",
-        why="the padding was not read at that older revision",
-    )
     gates = tuple(
-        replace(g, source=pads if g.check == "input_scattered_pads" else _OLD_ATTN) for g in SGL_INPUT_SCATTERED.gates
+        replace(g, source=_OLD_PADS if g.check == "input_scattered_pads" else _OLD_ATTN)
+        for g in SGL_INPUT_SCATTERED.gates
     )
     return replace(
         SGL_INPUT_SCATTERED,
@@ -448,6 +485,7 @@ def older_sp_moe() -> Mode:
 __all__ = [
     "NCCL_NVLS",
     "PIPELINE",
+    "PP_REFUSED",
     "PP_SUPPORT",
     "SGL_DP_ATTENTION",
     "SGL_INPUT_SCATTERED",

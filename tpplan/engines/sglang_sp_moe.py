@@ -183,16 +183,12 @@ SGL_SP_MOE = Mode(
     ),
     gates=(
         Gate(
-            "the model has routed experts",
+            "the model has routed experts (a dense model starts all the same: no expert placement is built, "
+            "eplb/expert_location.py, and its dense FFN keeps the attention's rows, the all-reduce path)",
             "model",
             (),
-            "refuses",
-            Source.unread(
-                REPO,
-                "python/sglang/srt/layers/moe/",
-                "a2a backend on a dense model",
-                why="no file or function was located for it when the record was written",
-            ),
+            "runs baseline",
+            _rel(FACTORIES, "_ffn_on_rank_rows (sparse False)"),
             "has_moe",
         ),
         Gate(
@@ -204,15 +200,15 @@ SGL_SP_MOE = Mode(
             _rel("python/sglang/srt/arg_groups/overrides.py", "_a2a_ep_size (run by moe_hook)"),
         ),
         Gate(
-            "the experts divide over the TP ranks",
+            "the routed experts divide over the EP ranks (tp_size under the a2a backend), asserted while the model "
+            "loads",
             "model",
             ("--tp-size",),
             "refuses",
-            Source.unread(
-                REPO,
-                "python/sglang/srt/layers/moe/",
-                "expert placement over EP ranks",
-                why="no file or function was located for it when the record was written",
+            _rel(
+                "python/sglang/srt/layers/moe/fused_moe_triton/layer.py",
+                "FusedMoE.__init__ (_num_global_routed % storage_ep_size; eplb/expert_location.py "
+                "ExpertLocationMetadata._init_common asserts the physical count, with --ep-num-redundant-experts)",
             ),
             "experts_divide_tp",
         ),

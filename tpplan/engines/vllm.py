@@ -291,7 +291,13 @@ PIPELINE = PipelineSchedule(
 )
 
 # --pipeline-parallel-size: ModelConfig.verify_with_parallel_config refuses PP (NotImplementedError) for a model
-# class that does not implement SupportsPP; these tpplan model types' classes do, in 0.33.0 and 0.34.0.
+# class that does not implement SupportsPP; these tpplan model types' classes do, in 0.33.0 and 0.34.0 (each found
+# from the config's architecture through model_executor/models/registry.py; every tpplan model type is here).
+# 0.34.0 moved Qwen3.5 to vllm/models/qwen3_5/ (the CUDA entry point); 0.33.0 has it in
+# model_executor/models/qwen3_5.py (releases/vllm_0_33_0.py re-cites it).
+QWEN3_5_PP = (
+    "Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration (extend Qwen3VLForConditionalGeneration)"
+)
 PP_SUPPORT = tuple(
     Support("--pipeline-parallel-size", types, f"{cls} implements SupportsPP", _rel(path, f"{cls} (SupportsPP)"))
     for types, cls, path in (
@@ -302,6 +308,21 @@ PP_SUPPORT = tuple(
         (("llama",), "LlamaForCausalLM", "vllm/model_executor/models/llama.py"),
         (("kimi_k3",), "KimiK3ForConditionalGeneration", "vllm/models/kimi_k3/nvidia/model.py"),
         (("kimi_linear",), "KimiLinearForCausalLM", "vllm/models/kimi_k3/nvidia/model.py"),
+        (("qwen2",), "Qwen2ForCausalLM", "vllm/model_executor/models/qwen2.py"),
+        (("mistral",), "MistralForCausalLM (extends LlamaForCausalLM)", "vllm/model_executor/models/mistral.py"),
+        (("mixtral",), "MixtralForCausalLM", "vllm/model_executor/models/mixtral.py"),
+        (("gemma3",), "Gemma3ForConditionalGeneration", "vllm/model_executor/models/gemma3_mm.py"),
+        (("gemma3_text",), "Gemma3ForCausalLM", "vllm/model_executor/models/gemma3.py"),
+        (("glm4_moe",), "Glm4MoeForCausalLM", "vllm/model_executor/models/glm4_moe.py"),
+        (("glm_moe_dsa",), "DeepseekV32ForCausalLM (GlmMoeDsaForCausalLM on CUDA; extends DeepseekV2ForCausalLM)",
+         "vllm/models/deepseek_v32/nvidia/model.py"),
+        (("gpt_oss",), "GptOssForCausalLM", "vllm/model_executor/models/gpt_oss.py"),
+        (("kimi_k25",), "KimiK25ForConditionalGeneration", "vllm/model_executor/models/kimi_k25.py"),
+        (("llama4",), "Llama4ForConditionalGeneration", "vllm/model_executor/models/mllama4.py"),
+        (("llama4_text",), "Llama4ForCausalLM (extends LlamaForCausalLM)", "vllm/model_executor/models/llama4.py"),
+        (("minimax_m2",), "MiniMaxM2ForCausalLM", "vllm/model_executor/models/minimax_m2.py"),
+        (("qwen3_next",), "Qwen3NextForCausalLM", "vllm/model_executor/models/qwen3_next.py"),
+        (("qwen3_5", "qwen3_5_moe"), QWEN3_5_PP, "vllm/models/qwen3_5/nvidia/model.py"),
     )
 )  # fmt: skip
 
@@ -329,10 +350,12 @@ THRESHOLD = Source.unread(
     REPO,
     "vllm/compilation/passes/fusion/sequence_parallelism.py",
     "get_sequence_parallelism_threshold (SP_MIN_HIDDEN_SIZE, SP_MIN_PER_GPU_SIZE_MB)",
-    why="read only in code-index copies of main after 7d7e95dc whose commits the index does not give, and no "
-    "release pins it (0.34.0's source distribution has no sequence_parallelism.py): a statement to check",
+    why="000fc94b's VllmConfig._set_compile_ranges calls it when sp_min_token_num is unset (read at that commit), but "
+    "its body is in the code index only in copies whose commits the index does not give, with three different tables "
+    "(sm90 only; sm100 at 64 MiB; sm100 at 32 MiB; all three agree on sm90: hidden >= 8192, 8 MiB per GPU, so only "
+    "a Blackwell verdict depends on which one 000fc94b has), and the one copy at a commit (7d7e95dc) predates it; "
+    "no release pins it: the 0.33.0 and 0.34.0 wheels have no sequence_parallelism pass and no enable_sp",
 )
-
 VLLM_SP_PASS = Mode(
     name="sp-pass",
     flags=("""--compilation-config '{"pass_config": {"enable_sp": true}}'""",),
@@ -385,8 +408,9 @@ VLLM_SP_PASS = Mode(
             "tp_gt_1",
         ),
         Gate(
-            "batches of at least pass_config.sp_min_token_num tokens; unset, the heuristic computes it (revision "
-            "7d7e95dc: no threshold; later: CUDA sm90 hidden >= 8192 and 8 MiB per GPU, sm100 family hidden >= "
+            "batches of at least pass_config.sp_min_token_num tokens; unset, the heuristic computes it (000fc94b's "
+            "VllmConfig._set_compile_ranges calls get_sequence_parallelism_threshold; revision 7d7e95dc: no threshold; "
+            "later copies: CUDA sm90 hidden >= 8192 and 8 MiB per GPU, sm100 family hidden >= "
             "8192 and 64 then 32 MiB, XPU hidden >= 4096 and 8 MiB); where it returns None vLLM logs a warning "
             "('Model hidden_size too small for the SP threshold heuristic, disabling') and turns SP off",
             "server arg",
@@ -418,6 +442,7 @@ __all__ = [
     "NCCL_NVLS",
     "PIPELINE",
     "PP_SUPPORT",
+    "QWEN3_5_PP",
     "REL",
     "REL_33",
     "REPO",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpplan.models.blocks import mlp_builder
-from tpplan.models.opkinds import mixer
+from tpplan.models.opkinds import mixer, op_kind
 from tpplan.models.ops import Block, Builder, LayerGraph, Op, OpKind, Value, WeightSplit
 from tpplan.models.spec import LayerSpec, ModelSpec
 
@@ -151,6 +151,11 @@ class ModelGraph:
     @property
     def hidden(self) -> int:
         return self.spec.hidden
+
+    @property
+    def has_routed_experts(self) -> bool:
+        """Whether any layer routes tokens to experts: what `--expert-dtype` and the `ep<k>` plans act on."""
+        return any(op_kind(op.kind).routed_experts for lg in self.kinds.values() for op in lg.ops)
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(self.kinds, 0)

@@ -339,6 +339,10 @@ def make_plan(name: str, graph: ModelGraph, n: int) -> Plan:
         base = make_plan(ep["base"] or "baseline", graph, n)
         if base.moe != "tp":
             raise TpplanError(f"plan={name}", f"plan {base.name} already uses MoE mode {base.moe}", "use ep<k> alone")
+        if not graph.has_routed_experts:
+            raise TpplanError(
+                f"plan={name}", f"{graph.spec.name} has no routed experts to spread", f"use {base.name} alone"
+            )
         return with_ep(base, Mesh(n, ep=int(ep["ep"])))
     simple = {
         "baseline": baseline,

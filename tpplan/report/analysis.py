@@ -405,7 +405,10 @@ def _engines_and_predictions(m: _Memo, variants: list[Variant]) -> None:
         mesh = replace(v.parallel, router=m.router)  # its replicas behind the memo's request router
         launch = Launch(m.graph.spec, mesh, dp=server.data_parallel, chunk=_chunk(m), gpu=m.topology.gpu.name,
                         nodes=m.topology.nodes)  # fmt: skip
-        v.engines = recipes(v.plan, launch, prefill_cp=server.prefill_cp, engines=m.pair)
+        # the deployed engine's recipe first (the first --engine's, whose loop and PP schedule price the memo):
+        # the verdicts and the bottom line cite the first engine whose flags run the plan
+        found = recipes(v.plan, launch, prefill_cp=server.prefill_cp, engines=m.pair)
+        v.engines = sorted(found, key=lambda r: r.version != m.pp_schedule.engine)
         if m.fn is not None:
             _predict(m, v)
 

@@ -75,6 +75,11 @@ def _source_topologies(topology: Topology) -> tuple[dict[str, Topology], list[st
     return tops, skipped
 
 
+def rerun(source: str) -> str:
+    """How to price a memo from `source`: the GPU model's own prices are the default, which no flag names."""
+    return "rerun without `--engine`" if source == DEFAULT else f"rerun with `--engine {source}`"
+
+
 def kernel_sensitivity(
     topology: Topology,
     current: Variant,
@@ -120,7 +125,7 @@ def kernel_sensitivity(
         + (
             "; it is the narrowest of the sources compared."
             if narrowest.name == chosen
-            else f"; the narrowest is that of {narrowest.label}, ±{100 * narrowest.band:.1f}% (rerun with its flag "
+            else f"; the narrowest is that of {narrowest.label}, ±{100 * narrowest.band:.1f}% ({rerun(narrowest.name)} "
             "to price from it)."
         )
     )
@@ -149,4 +154,12 @@ def sensitivity_of(a: Any, price: Callable[[Variant, Workload, Topology], Any]) 
     return kernel_sensitivity(a.topology, a.current, target, runs, wl, predict)
 
 
-__all__ = ["DEFAULT", "KernelSensitivity", "SourceAnswer", "chosen_source", "kernel_sensitivity", "sensitivity_of"]
+__all__ = [
+    "DEFAULT",
+    "KernelSensitivity",
+    "SourceAnswer",
+    "chosen_source",
+    "kernel_sensitivity",
+    "rerun",
+    "sensitivity_of",
+]

@@ -42,6 +42,12 @@ def fig(x: float, sign: bool = False) -> str:
     return f"{x:{'+' if sign else ''},.{digits}f}"
 
 
+def rate(x: float) -> str:
+    """Tokens per second: whole numbers from 100 up, three significant digits below, so that a served deployment's
+    0.5 output tokens/s per GPU does not print as 0, nor 4.7 as 5 beside 4.4 as 4."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 @dataclass(frozen=True)
 class LengthPoint:
     """One deployment's plan at one prompt length."""
@@ -235,7 +241,8 @@ class KernelSensitivity:
         return out
 
     def sentence(self) -> str | None:
-        """The answer's sentence where the sources disagree beyond their bands, else None."""
+        """The answer's sentence where the sources disagree beyond their bands, else None: that they change the
+        answer only where they disagree on the bottom line's plan (`targets[0]`), else which plan they decide."""
         off = self.disagreeing()
         if not off:
             return None
@@ -253,8 +260,15 @@ class KernelSensitivity:
                 f"`{target}` against `{self.current}` at {self.workload} is {100 * c.change:+.1f}% from {c.label} "
                 f"(this memo's times, band ±{100 * c.band:.1f}%), but {others}"
             )
+        if self.targets[0] in {s.target for s in off}:
+            lead = "**The kernel-price source changes this answer**: "
+        else:  # only another plan at today's shape is in dispute: the bottom line's plan is not
+            lead = (
+                f"**The kernel-price source does not change the bottom line** (`{self.targets[0]}`: no source's "
+                "change differs from this memo's by more than the two bands), **but it decides which plan runs "
+                "best at today's deployment**: "
+            )
         return (
-            "**The kernel-price source changes this answer**: " + "; ".join(parts) + ". The differences are larger "
-            "than the two bands together, so which kernels the engine really runs decides it (Kernel-price source, "
-            "below)."
+            lead + "; ".join(parts) + ". The differences are larger than the two bands together, so which kernels the "
+            "engine really runs decides it (Kernel-price source, below)."
         )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpplan.report.decode_band_section import decode_band_blocks
 from tpplan.report.doc import Block, Bullets, Code, Heading, Para, Table
-from tpplan.report.rows import fig
+from tpplan.report.rows import fig, rate
 from tpplan.search.targets import seconds_text
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ def chosen_text(targets: Targets, a: DeploymentAnswer) -> str:
     served = (f" (served with `{a.ranked.plan.name}`: the search's best there, `{a.searched}`, is realised by no "
               "engine flag)" if a.searched else "")  # fmt: skip
     return (f"`{a.label}`{pools}{served} {head} at {load}: {figs}; {p.goodput_per_gpu:.3g} good requests/s per GPU, "
-            f"{p.output_tok_s_per_gpu:,.0f} output tokens/s per GPU, {p.output_tok_s_per_user:,.0f} tokens/s per user. "
+            f"{rate(p.output_tok_s_per_gpu)} output tokens/s per GPU, {rate(p.output_tok_s_per_user)} tokens/s per "
+            "user. "
             f"What binds: {a.binds or 'nothing at this load'} ({a.why}).")  # fmt: skip
 
 
@@ -99,7 +100,7 @@ def _table(out: TargetsOutcome) -> Table:
     for x in out.answers[:SHOWN]:
         p: ServingPoint = x.best or x.closest
         rows.append((f"`{x.label}`", p.load.describe(), *(fig(p.achieved[tg.metric] * 1e3) for tg in out.targets.each),
-                     f"{p.goodput_per_gpu:.3g}", f"{p.output_tok_s_per_gpu:,.0f}", f"{p.output_tok_s_per_user:,.0f}",
+                     f"{p.goodput_per_gpu:.3g}", rate(p.output_tok_s_per_gpu), rate(p.output_tok_s_per_user),
                      "yes" if x.best is not None else "no", x.binds or "-"))  # fmt: skip
     heads += ["goodput/GPU", "tok/s/GPU", "tok/s/user", "meets", "binds"]
     n = len(heads)

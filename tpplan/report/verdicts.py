@@ -34,8 +34,9 @@ def engine_refusal(e: EngineRecipe) -> str | None:
 
 
 def deciding_engine(engines: list[EngineRecipe]) -> EngineRecipe | None:
-    """The engine a verdict cites: the first whose flags run the plan as is (SGLang before vLLM), else
-    SGLang's recipe (its refusal or summary is the reason); verdicts judge both engines."""
+    """The engine a verdict cites: the first whose flags run the plan as is (the memo's deployed engine first:
+    the first --engine's, else SGLang), else SGLang's recipe (its refusal or summary is the reason); verdicts
+    judge both engines."""
     return next((e for e in engines if engine_ok(e)), None) or next(
         (e for e in engines if e.engine == "SGLang"), engines[0] if engines else None
     )

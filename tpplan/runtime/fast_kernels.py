@@ -113,14 +113,23 @@ def fla_has(module: str) -> bool:
     return True
 
 
+_IMPORT_FAILURES: dict[str, str] = {}  # "module.name" -> why `optional_callable` returned None
+
+
 @functools.cache
 def optional_callable(module: str, name: str) -> Any | None:
     """`module.name` where `module` imports, else None: a GPU kernel whose library (fla, triton) may be absent
-    or fail to initialise without a GPU. Imported once per process."""
+    or fail to initialise without a GPU. Imported once per process; why it failed: `import_failure`."""
     try:
         return getattr(importlib.import_module(module), name)
-    except Exception:  # ImportError, a missing name, or triton failing to initialise
+    except Exception as exc:  # ImportError, a missing name, or triton failing to initialise
+        _IMPORT_FAILURES[f"{module}.{name}"] = f"{type(exc).__name__}: {exc}"[:300]
         return None
+
+
+def import_failure(module: str, name: str) -> str | None:
+    """Why `optional_callable(module, name)` returned None in this process (None if it did not fail)."""
+    return _IMPORT_FAILURES.get(f"{module}.{name}")
 
 
 FLA_CONV = "fla.modules.causal_conv1d"

@@ -131,8 +131,8 @@ def deployment_grid(
     `replicas` R: R copies, each with the TP x PP (x CP) splits of
     its world / R GPUs (`deployments` of one replica's GPUs, or the one `tp`/`pp` fix). None: R = 1
     (`deployments`). "all": R = 1 and, with a workload and neither `tp` nor `pp` given, every R > 1
-    that divides the GPUs into replicas placed alike, at most the workload's concurrency (each
-    replica serves its own clients: `tpplan.cost.workload.replica_workloads`); without a workload
+    that divides the GPUs into replicas placed alike, at most the workload's concurrency (every replica
+    needs a client: `tpplan.cost.workload.check_replicas`); without a workload
     there are no requests to split (a replica's forward time is its deployment's). Replicas are
     asked for, not searched by default: each R is a whole second grid of walks (docs/benchmarks.md)."""
     replicas = ask.replicas

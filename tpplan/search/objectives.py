@@ -4,7 +4,8 @@ An objective prices an op decision (`op_cost`), a collective (`comm_cost`) and w
 the layers (`fixed`: the final reduction, embedding and head, KV cache and recurrent state, PP's
 stage sends). The search may optimise each layer kind on its own only because these prices add up
 (docs/design.md, "Search"). `PredictObjective` uses the cost model's public prices
-(`tpplan.cost.pricing.Pricer`), so its score of a plan equals `predict_plan`'s.
+(`tpplan.cost.pricing.Pricer`), so its score of a plan equals `predict_plan`'s (over replicas, where the
+split dealt beforehand is the router's: `PredictObjective`).
 """
 
 from __future__ import annotations
@@ -180,8 +181,9 @@ def ttft_batches(workload: Workload, mesh: Mesh | None = None) -> list[tuple[tup
     a batch boundary), so TTFT_i is the sum of the times of the batches between its arrival and
     its last chunk, and the mean TTFT is linear in batch times with these weights. Segments are
     (new tokens, context) per request, as `tpplan.cost.predict` prices them. With the mesh's replicas, each
-    replica's share (`replica_workloads`) is its own schedule and the mean is over all requests:
-    a replica's weights scaled by its share of them, still linear in the (identical) batch times.
+    replica's share dealt beforehand (`replica_workloads`) is its own schedule and the mean is over all
+    requests: a replica's weights scaled by its share of them, still linear in the (identical) batch times
+    (the walk's screen; the TTFT printed and ranked by is the router's, `search.setup.Screen`).
     Batches run one after another, so the batches a request waits through are a run of consecutive
     ones: found by bisection, counted with a difference array (batches + requests, not their product).
     """
@@ -218,7 +220,9 @@ def ttft_shapes(workload: Workload) -> list[tuple[int, float]]:
 class PredictObjective:
     """Predicted time from `tpplan.cost`, op by op: the same per-op and per-collective prices
     `predict_plan` sums into a layer's time (`Pricer`), so the search's score of a plan equals
-    predict's forward time (no workload) or mean TTFT (workload, closed-loop FCFS, PP 1).
+    predict's forward time (no workload) or mean TTFT (workload, closed-loop FCFS, PP 1; over replicas
+    the dealt split's, which is predict's where `cost.workload.dealt_is_routed` and otherwise a screen for
+    the router's: `search.setup.Screen`).
 
     With PP > 1 the score adds the stage sends (which depend on the plan only through its stream
     placement): the forward time is still exact; with a workload it is the unpipelined TTFT (the

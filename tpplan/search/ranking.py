@@ -56,7 +56,18 @@ from tpplan.search.results import (
     SearchOutcome,
     SearchStats,
 )
-from tpplan.search.setup import Deployed, Setup, baseline_of, evaluate, lower_bound, named_of, objective_of
+from tpplan.search.setup import (
+    Deployed,
+    Screen,
+    Setup,
+    baseline_of,
+    evaluate,
+    lower_bound,
+    named_of,
+    objective_of,
+    over_cap,
+    over_floor,
+)
 from tpplan.search.variants import dp_entries, overlap_entries
 
 if TYPE_CHECKING:
@@ -111,53 +122,47 @@ def _search_deployment(s: Setup, mesh: Mesh, cutoff: float = float("inf"), memo:
     memo = memo or Memo()
     obj: Callable[[], Objective] = functools.cache(lambda: objective_of(s, mesh))  # its pricer: made where used
     label, name_of = mesh.label(), memo.get("objective", None, lambda: obj().name)
-    over = _over_floor(s, mesh, memo, lambda: plan_cost(obj(), graph, base).memory)
+    over = over_floor(s, mesh, memo, lambda: plan_cost(obj(), graph, base).memory)
     if over is not None:
         return Deployed([], {"every plan": over}, 0.0, 0, 0, name_of, label)
     reserve = 0.0
     kept: dict[str, RankedPlan] = {}
     excluded: dict[str, Excluded] = {}
     families = walks = 0
+    # an inexact screen (`Screen`) may rank any family's best: the walk hands on every one (no more walking)
+    walk_top = top if Screen.of(s, mesh).exact or s.all_plans else 2**20
     for attempt in range(2):
         limit = None if cap is None else cap - reserve
-        res = memo.get("walk", reserve, lambda limit=limit: search(graph, tp, obj(), top=top, memory_cap=limit,  # type: ignore[misc]
+        res = memo.get("walk", reserve, lambda limit=limit: search(graph, tp, obj(), top=walk_top, memory_cap=limit,  # type: ignore[misc]
                                                                    dtype=s.dtype, per_family=not s.all_plans,
                                                                    options=s.space, audits=s.audits))  # fmt: skip
         families, walks = res.globals_searched, walks + res.walks
-        worst_act, fitted = 0.0, 0
+        worst_act, fits = 0.0, list[float]()
         for c in res.over_cap:
             name, _, _ = describe(c.glob, c.configs, s.has_moe)
             excluded.setdefault(name, Excluded(name, label, c.score, search_memory_bytes=c.memory))
+        screen = Screen.of(s, mesh)  # what the walk's score says of the printed TTFT
         for c in res.candidates:
-            if fitted >= top or lower_bound(s, c.score, mesh) >= cutoff:
+            kth = sorted(fits)[top - 1] if len(fits) >= top else None
+            if screen.stops(lower_bound(s, c.score, mesh), cutoff, kth):
                 break
             name, short, summary = describe(c.glob, c.configs, s.has_moe)
             plan = c.plan.with_(name=name, title=short, summary=summary)
             got = memo.get("plan", name, lambda c=c, plan=plan: _evaluated(s, plan, c.cost, mesh))  # type: ignore[misc]
+            screen.learn(lower_bound(s, c.score, mesh), got)
             mem = got.prediction.memory if got.prediction is not None else None
             if cap is not None and mem is not None and mem.total > cap:
-                worst_act = max(worst_act, float(mem.activations))
-                excluded[name] = Excluded(name, label, got.score, memory_bytes=mem.total, why="activations")
+                act, why = over_cap(mem, c.memory)
+                worst_act = max(worst_act, act)
+                excluded[name] = Excluded(name, label, got.score, memory_bytes=mem.total, why=why)
                 continue
-            fitted += 1
+            fits.append(got.score)
             kept.setdefault(name, got)
         if worst_act <= reserve or attempt:
             break
         reserve = worst_act
     _add_variants(s, mesh, kept, excluded, memo)
     return Deployed(list(kept.values()), excluded, reserve, families, walks, name_of, label)
-
-
-def _over_floor(s: Setup, mesh: Mesh, memo: Memo, floor: Callable[[], float]) -> Excluded | None:
-    """CP keeps every CP group's TP x PP weights, a replica all of them: baseline's memory (no replication,
-    the least any plan holds) with KV, state and embedding is a floor on every plan's; over the cap, none
-    fits, and every plan is excluded (None: the floor fits, or no CP, no replicas, no cap)."""
-    if not (mesh.cp > 1 or mesh.replicas > 1) or s.cap is None:
-        return None
-    least = memo.get("floor", None, floor)
-    if least <= s.cap:
-        return None
-    return Excluded("every plan", mesh.label(), None, search_memory_bytes=least, why="floor")
 
 
 def _add_variants(s: Setup, mesh: Mesh, kept: dict[str, RankedPlan], excluded: dict[str, Excluded], memo: Memo) -> None:
@@ -409,9 +414,12 @@ def _check_asked(s: Setup, ask: MeshAsk) -> None:
     if overlap is not None and overlap != "asynctp":  # async TP: per plan and TP size, in overlap_entries
         from tpplan.engines import overlap_named
 
-        why = overlap_named(overlap).refusal(s.graph.spec.model_type)
+        engine = overlap_named(overlap)
+        why = engine.refusal(s.graph.spec.model_type)
         if why is not None:
-            raise TpplanError(f"overlap={overlap}", f"{overlap_named(overlap).engine} {why}", "rank without it")
+            raise TpplanError(f"overlap={overlap}",
+                              f"{engine.engine} does not overlap micro-batches with {' '.join(engine.flags)}: {why}",
+                              "search without it")  # fmt: skip
     if redundant_experts < 0:
         raise TpplanError(f"redundant_experts={redundant_experts}", "is negative", "give 0 or more")
     if redundant_experts and not s.has_moe:

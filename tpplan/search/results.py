@@ -51,6 +51,9 @@ class RankedPlan:
     rank: int | None = None
     baseline: RankedPlan | None = None
     reference: RankedPlan | None = None
+    # predict_plan's own TTFT mean (no fixed costs; over replicas the router's), which the walk's screen bounds
+    # (`search.setup.Screen`); None without a workload
+    idealised_s: float | None = None
 
     @property
     def tp(self) -> int:

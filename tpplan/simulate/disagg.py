@@ -63,7 +63,7 @@ PD_NOT_MODELLED = (
     "the prefill server's own KV pool is not modelled (it holds a prompt's KV until sent)",
     "the router's loads are its own requests in flight; SGLang's cache-aware router matches a prefix id's cached "
     "tokens at the instance it last went to, never evicts, and breaks ties by lowest instance "
-    "(tpplan.simulate.routing)",
+    "(tpplan.cost.routing)",
 )
 
 
@@ -388,7 +388,7 @@ class DisaggResult:
             "conditions": [
                 *self.notes,
                 *PD_NOT_MODELLED,
-                *decode_conditions(dep.decode.speculative),
+                *decode_conditions(dep.decode.speculative, dep.decode.predictor),
                 *((SPEC_PD_NOT_MODELLED,) if dep.speculative is not None else ()),
             ],
             **(

@@ -22,7 +22,7 @@ How a request crosses (`tpplan.engines.schema.HandoffRule`, each release module 
 The KV of one request crosses one link (the sending prefill instance's for a push, the reading decode
 instance's for a pull) in `handoff_s(request)` seconds; a link carries one request's KV at a time, in the
 order the transfers start. Which instances a request goes to is the release's P/D router
-(`HandoffRule.router`, run by `tpplan.simulate.routing`): SGLang's router picks both at once, cache-aware in
+(`HandoffRule.router`, run by `tpplan.cost.routing`): SGLang's router picks both at once, cache-aware in
 each pool, and counts the request at its prefill instance until it ends (`prefill_load_to_end`); vLLM's proxy
 picks the prefill in turn and, when it answers, the decode in turn. A rule whose router was not read routes
 round-robin at the request (`ROUTER_UNREAD`).
@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tpplan.cost.routing import Router
 from tpplan.cost.workload import PrefillBatch, Segment
 from tpplan.engines import handoff_rule
 from tpplan.engines.schema import HandoffRule, Source
@@ -44,7 +45,6 @@ from tpplan.simulate.cosim import Actor, CoSim, RouterActor
 from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
 from tpplan.simulate.requests import Arrivals, ClosedLoop, Request
 from tpplan.simulate.results import LoopResult, Timeline
-from tpplan.simulate.routing import Router
 
 # The current default releases' hand-offs (`tpplan.engines.handoff_rule`; each release states its own).
 SGLANG_RULE = handoff_rule("sglang")[0]
@@ -53,7 +53,9 @@ ROUTER_UNREAD = Source.unread(
     "the release's P/D router",
     "router",
     "which instance a request goes to (round-robin assumed)",
-    why="used for a release whose module states no P/D router (HandoffRule.router None)",
+    why="the fallback for a release module that states no P/D router (HandoffRule.router None); no release does "
+    "today: sglang 0.5.23's (sglang-router 0.3.2) and vllm 0.34.0's (its toy proxy) were read, and 0.33.0 and the "
+    "main revisions use 0.34.0's and 0.5.23's rules with a note",
 )
 
 

@@ -21,6 +21,8 @@ from tpplan.engines.schema import ReplicaRouter, SchedulerRules
 from tpplan.engines.speculative import EAGLE_NOT_MODELLED, EAGLE_READ_NOT_MODELLED, Speculative, running_cap
 from tpplan.engines.speculative import NOT_MODELLED as SPEC_NOT_MODELLED
 from tpplan.mesh import Mesh
+from tpplan.models.opkinds import mixer
+from tpplan.models.spec import MoESpec
 from tpplan.simulate.loop import LoopConfig
 from tpplan.simulate.overheads import NONE, Overheads, overheads
 from tpplan.simulate.prices import predictor_prices
@@ -113,31 +115,55 @@ def engine_loop(
 NO_SPECULATIVE = (
     "speculative decoding and MTP (draft cost, accepted tokens per step) are not modelled: one token per step"
 )
+ROUTED_EXPERTS_DECODE = (
+    "routed experts at decode sizes: the experts a batch reaches under uniform routing (no skew), each padded to "
+    "the engine's fused-MoE row tile from its default config (tuned per-GPU config files not read), the weights "
+    "read at the datasheet HBM rate; above the GPU experts model's measured rows per expert, that model (fitted on "
+    "tpplan's runtime kernel, torch._grouped_mm) prices them"
+)
+GQA_DECODE_UNMEASURED = (
+    "GQA/MHA decode attention is priced by the prefill attention pricer at the step's KV bytes and pairs; no "
+    "decode (split-KV) kernel was measured"
+)
 DECODE_NOT_MODELLED = (
     "decode steps are priced by the same per-step op prices as prefill at M = the decode batch, each request's "
     "attention over its KV length; CUDA graphs change only the per-step scheduler cost, not the kernels' prices",
     NO_SPECULATIVE,
     "admission reserves each request's prompt + output KV: no preemption, no SGLang new_token_ratio estimate",
     "a decode step is priced at its requests' mean KV length (interpolated on a grid of 16 points per doubling)",
-    "routed experts at decode sizes: the experts a batch reaches under uniform routing (no skew), each padded to "
-    "the engine's fused-MoE row tile from its default config (tuned per-GPU config files not read), the weights "
-    "read at the datasheet HBM rate; above the GPU experts model's measured rows per expert, that model (fitted on "
-    "tpplan's runtime kernel, torch._grouped_mm) prices them",
-    "GQA/MHA decode attention is priced by the prefill attention pricer at the step's KV bytes and pairs; no "
-    "decode (split-KV) kernel was measured",
+    ROUTED_EXPERTS_DECODE,
+    GQA_DECODE_UNMEASURED,
 )
-"""What the loop's decode leaves out, for every engine (docs/cost-model.md, "Serving loop")."""
+"""What the loop's decode leaves out, for every engine (docs/cost-model.md, "Serving loop"); `decode_conditions`
+keeps the lines about routed experts and GQA decode attention only where they apply."""
 
 
-def decode_conditions(speculative: Speculative | None) -> list[str]:
-    """`DECODE_NOT_MODELLED`, with what speculative decoding leaves out in place of its line where it is on."""
+def _applies(line: str, p: Predictor | None) -> bool:
+    """Whether a line of `DECODE_NOT_MODELLED` holds for `p`'s model and GPU (None: say every line): the routed
+    experts' only with routed experts; GQA's only with GQA/MHA attention on a GPU without a measured GQA decode
+    model (`decode_gqa`, which then prices it: `KernelPricer._decode_attention`)."""
+    if p is None:
+        return True
+    layers = p.graph.spec.layers
+    if line == ROUTED_EXPERTS_DECODE:
+        return any(isinstance(layer.mlp, MoESpec) for layer in layers)
+    if line == GQA_DECODE_UNMEASURED:
+        gqa = any(mixer(layer.attn.kind).head_kv for layer in layers)
+        return gqa and "decode_gqa" not in p.topo.gpu.kernel_models
+    return True
+
+
+def decode_conditions(speculative: Speculative | None, p: Predictor | None = None) -> list[str]:
+    """`DECODE_NOT_MODELLED` as it applies to `p`'s model and GPU, with what speculative decoding leaves out in
+    place of its line where it is on."""
+    lines = [x for x in DECODE_NOT_MODELLED if _applies(x, p)]
     if speculative is None:
-        return list(DECODE_NOT_MODELLED)
+        return lines
     eagle: tuple[str, ...] = ()
     if speculative.method == "eagle":
         eagle = (EAGLE_NOT_MODELLED if eagle_config(speculative) is None else EAGLE_READ_NOT_MODELLED,)
     said = (*SPEC_NOT_MODELLED, *eagle)
-    return [c for x in DECODE_NOT_MODELLED for c in ((x,) if x != NO_SPECULATIVE else said)]
+    return [c for x in lines for c in ((x,) if x != NO_SPECULATIVE else said)]
 
 
 def workload_arrivals(workload: Workload) -> ClosedLoop:

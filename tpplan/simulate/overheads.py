@@ -116,4 +116,20 @@ def overheads(cpu_overlap: bool) -> Overheads:
 NONE = Overheads(0.0, 0.0, True, ())
 """No fixed costs: the idealised loop (today's TTFT, for comparison)."""
 
-__all__ = ["NONE", "REQUEST_ROUND_TRIP", "STEP_CPU", "STEP_CPU_OVERLAPPED", "Measurement", "Overheads", "overheads"]
+
+def cost_lines() -> frozenset[str]:
+    """Every line `Overheads.describe` writes into a loop's conditions (overlapped, not overlapped, none):
+    what a printed list tells apart as the fixed costs priced, not as something the loop leaves out."""
+    return frozenset(o.describe() for o in (overheads(True), overheads(False), NONE))
+
+
+__all__ = [
+    "NONE",
+    "REQUEST_ROUND_TRIP",
+    "STEP_CPU",
+    "STEP_CPU_OVERLAPPED",
+    "Measurement",
+    "Overheads",
+    "cost_lines",
+    "overheads",
+]

@@ -6,8 +6,9 @@ Hand-off time: each rank of the prefill instance sends its share of the prompt's
 its stage, `Predictor.kv_per_token` x the prompt's tokens) to its peer on the decode side, all ranks at
 once, priced as a point-to-point send between nodes on the cluster (`cost.collective_pricer.price_collective`,
 "send_recv": the cluster's curve or link model). Whether the engine blocks on it is read from source:
-SGLang's prefill server does not (`DISAGG_SOURCE`), so the hand-off delays the first token, not the
-next step; the KV stays held meanwhile (KV capacity is not modelled here).
+neither SGLang's prefill server (`DISAGG_SOURCE`) nor vLLM's with NixlConnector (`VLLM_HANDOFF_SOURCE`)
+does, so the hand-off delays the first token, not the next step; the KV stays held meanwhile (KV
+capacity is not modelled here).
 """
 
 from __future__ import annotations
@@ -33,13 +34,20 @@ DISAGG_SOURCE = Source(
 )
 """After each batch the loop polls the requests whose KV is in transfer (`disagg_prefill_inflight_queue`,
 KVPoll) and answers those done; it never waits for a transfer before the next batch."""
-HANDOFF_BLOCKS = {"sglang": False}  # engines whose prefill-side hand-off was read; vLLM's connector was not
-VLLM_UNREAD = Source.unread(
+VLLM_HANDOFF_SOURCE = Source(
     "vllm-project/vllm",
-    "vllm/distributed/kv_transfer",
-    "whether the prefill side blocks",
-    why="the prefill side of vLLM's KV connectors was not read",
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
+    "NixlPullConnectorScheduler.request_finished (via v1/core/sched/scheduler.py Scheduler._free_request / "
+    "_connector_finished); nixl/connector.py NixlBaseConnector.save_kv_layer / wait_for_save",
+    "0.34.0 (PyPI wheel)",
 )
+"""NixlConnector (= NixlPullConnector, the connector tpplan's vLLM P/D lines print): a finished prefill request
+returns at once with its block ids (kv_transfer_params) and only its blocks stay held (delay_free_blocks, until
+the decode side has read them or their lease ends); the worker saves nothing (save_kv_layer is a no-op,
+wait_for_save copies to a host buffer only with kv_buffer_device cpu), so the next step never waits for a
+transfer."""
+HANDOFF_SOURCES = {"sglang": DISAGG_SOURCE, "vllm": VLLM_HANDOFF_SOURCE}
+HANDOFF_BLOCKS = {"sglang": False, "vllm": False}  # read in each engine's prefill-side code (HANDOFF_SOURCES)
 
 
 def _stage_kv_bytes(p: Predictor, tokens: int, draft: DraftMemory | None) -> list[float]:
@@ -88,15 +96,18 @@ def handoff(p: Predictor) -> Callable[[Request], float]:
 
 def prefill_pool(loop: EngineLoop, p: Predictor) -> tuple[LoopConfig, str]:
     """The engine's loop as a P/D prefill instance: the hand-off added, blocking as the engine does;
-    and the source of that (SGLang read; vLLM's connector not read: taken as not blocking, said so)."""
+    and the source of that (each engine's prefill side read: neither blocks)."""
     engine = loop.pipeline.engine.split("@")[0]
-    blocks = HANDOFF_BLOCKS.get(engine, False)
-    source = DISAGG_SOURCE if engine in HANDOFF_BLOCKS else VLLM_UNREAD
-    return replace(loop.config, handoff_s=handoff(p), handoff_blocks=blocks, decode=False), source.cite()
+    return (
+        replace(loop.config, handoff_s=handoff(p), handoff_blocks=HANDOFF_BLOCKS[engine], decode=False),
+        HANDOFF_SOURCES[engine].cite(),
+    )
 
 
 __all__ = [
     "DISAGG_SOURCE",
+    "HANDOFF_SOURCES",
+    "VLLM_HANDOFF_SOURCE",
     "draft_state_bytes",
     "handoff",
     "handoff_bytes_per_rank",

@@ -3,15 +3,18 @@ records by `tpplan.engines.routing`, which the launch lines start too: by defaul
 round-robin, vLLM's DP client picks the least-loaded engine): every replica's loop and the router in one co-simulation
 (`simulate.cosim`), so that the router picks at the moment a request reaches it, from the requests then in
 flight at each replica, and a closed-loop client's next request may go to any replica. The dealt loop
-(`simulate.loop.simulate`: client c pinned to replica c mod R, as the cost model's `replica_workloads`) equals
-it on timed arrivals and on alike prompts with R dividing C under round-robin, not on a closed loop of mixed
-prompts (tests/simulate/test_routing.py)."""
+(`simulate.loop.simulate`: client c pinned to replica c mod R, as `cost.workload.replica_workloads` deals the
+search walk's screen) equals it on timed arrivals and on alike prompts with R dividing C under round-robin, not
+on a closed loop of mixed prompts (tests/simulate/test_routing.py). The cost model's own scheduler runs the
+same router (`cost.workload.simulate_routed`): without fixed costs the two agree request by request
+(tests/cost/test_routed_replicas.py)."""
 
 from __future__ import annotations
 
 import heapq
 import math
 
+from tpplan.cost.routing import Router
 from tpplan.cost.workload import PrefillBatch, ReplicaShare
 from tpplan.mesh import Mesh
 from tpplan.simulate.cosim import Actor, CoSim, RouterActor
@@ -19,7 +22,6 @@ from tpplan.simulate.loop import LoopConfig, StagePrices, _check_fits, _Replica
 from tpplan.simulate.loop import simulate as dealt
 from tpplan.simulate.requests import Arrivals, ClosedLoop
 from tpplan.simulate.results import LoopResult, Timeline
-from tpplan.simulate.routing import Router
 
 
 class _Served(_Replica):

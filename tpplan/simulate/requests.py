@@ -92,8 +92,8 @@ def poisson(rate: float, shapes: Sequence[Shape], n: int, seed: int = 0) -> Time
 
 
 def split_round_robin(arrivals: Arrivals, mesh: Mesh) -> list[tuple[list[int], Arrivals]]:
-    """Each of the mesh's R replicas' share dealt beforehand (the cost model's rule; the engines' routers run in
-    `simulate.replicas`): request i to replica i mod R
+    """Each of the mesh's R replicas' share dealt beforehand (the search's screen; the engines' routers run in
+    `simulate.replicas` and `cost.workload.simulate_routed`): request i to replica i mod R
     (closed loop: requests as above, and clients c, c + R, ... of replica r; as
     `tpplan.cost.workload.replica_workloads` deals them). Returns (the original ids,
     the share with ids 0..n-1) per replica; R above the requests (or the clients) is refused."""

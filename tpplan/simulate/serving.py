@@ -164,7 +164,7 @@ def decode_block(
     summary = res.decode_summary(p.deployment.gpus)
     if summary is None:
         return None
-    conditions = decode_conditions(speculative)
+    conditions = decode_conditions(speculative, p)
     if cap is None:
         conditions.append("no KV-pool or running-request cap: the engine's KV sizing was not read for this version")
     out: dict[str, object] = {
@@ -190,17 +190,6 @@ def speculative_json(p: Predictor, spec: Speculative, max_running: int | None) -
     draft = draft_memory(p, spec)
     return {**spec.to_json(), "draft": None if draft is None else draft.to_json(), "flags": list(flags),
             "sources": [s.cite() for s in sources(engine, eagle3=eagle3)]}  # fmt: skip
-
-
-def routed_prediction(pred: PlanPrediction, p: Predictor, workload: Workload, gpus_per_node: int) -> PlanPrediction:
-    """`pred` (the cost model's, `p`'s) with its TTFT over the deployment's replicas as its request router spreads
-    the workload's closed loop (`tpplan.engines.routing`): the idealised loop, no fixed costs, the same router the
-    serving block and the launch lines take. One replica: `pred` as it is (the cost model's schedule, which the
-    idealised loop equals there)."""
-    if p.deployment.replicas == 1 or pred.ttft is None:
-        return pred
-    loop = engine_loop(p.pipeline, p.deployment, workload.chunk_size, gpus_per_node, fixed_costs=False)
-    return replace(pred, ttft=serve(p, workload_arrivals(workload), loop).as_ttft())
 
 
 def replica_kv(
@@ -232,28 +221,35 @@ def with_serving_loop(predict: PredictFn, arrival: Arrival | None = None) -> Pre
     memo ranks and judges deployments by."""
 
     def run(graph: ModelGraph, plan: Plan, topo: Topology, **kw: Any) -> PlanPrediction:
-        pred = predict(graph, plan, topo, **kw)
-        wl: Workload | None = kw.get("workload")
-        if wl is None or pred.ttft is None:
-            return pred
-        p = cached_predictor(graph, plan, topo, kw["mesh"], kw.get("dtype", "bf16"),
-                             kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"),
-                             pipeline=kw.get("pipeline"))  # fmt: skip
-        loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
-        ctx = graph.spec.numerics.max_position_embeddings
-        arrivals = workload_arrivals(wl) if arrival is None else arrivals_for(arrival, wl, ctx)
-        res = serve(p, arrivals, loop)
-        return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
+        return on_serving_loop(predict(graph, plan, topo, **kw), graph, plan, topo, arrival, **kw)
 
     return run
+
+
+def on_serving_loop(
+    pred: PlanPrediction, graph: ModelGraph, plan: Plan, topo: Topology, arrival: Arrival | None = None, **kw: Any
+) -> PlanPrediction:
+    """`pred` (`predict_plan`'s, of these arguments) with its TTFT taken from the engine's serving loop, as
+    `with_serving_loop` does; `pred` as it is without a workload."""
+    wl: Workload | None = kw.get("workload")
+    if wl is None or pred.ttft is None:
+        return pred
+    p = cached_predictor(graph, plan, topo, kw["mesh"], kw.get("dtype", "bf16"),
+                         kw.get("expert_dtype"), kw.get("audit"), engine=kw.get("engine"),
+                         pipeline=kw.get("pipeline"))  # fmt: skip
+    loop = engine_loop(p.pipeline, p.deployment, wl.chunk_size, topo.gpus_per_node)
+    ctx = graph.spec.numerics.max_position_embeddings
+    arrivals = workload_arrivals(wl) if arrival is None else arrivals_for(arrival, wl, ctx)
+    res = serve(p, arrivals, loop)
+    return replace(pred, ttft=res.as_ttft(), serving_conditions=loop.conditions(figures=False))
 
 
 __all__ = [
     "Arrival",
     "arrivals_for",
     "decode_block",
+    "on_serving_loop",
     "replica_kv",
-    "routed_prediction",
     "serving_summary",
     "with_serving_loop",
 ]

@@ -134,13 +134,18 @@ def _sp_moe_sentence(ev: EngineVersion, mode: Mode, d: Launch, default: Wiring) 
 
 
 def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
-    """Whether the model's SGLang class runs --pp-size: read per model file where the engine data has it."""
+    """Whether the model's SGLang class runs --pp-size: read per model file where the engine data has it (every
+    tpplan model type in 0.5.23; the release refuses it for some, `Support.runs`)."""
     read = ev.support("--pp-size", model_type)
     if read is not None:
-        return Condition(f"the model's SGLang implementation supports --pp-size ({model_type}: {read.how})", True,
+        return Condition(f"the model's SGLang implementation supports --pp-size ({model_type}: {read.how})", read.runs,
                          "refuses", read.source.cite())  # fmt: skip
     unread = Source.unread(
-        "sgl-project/sglang", "python/sglang/srt/models/", "PP support", why="this model's SGLang file was not read"
+        "sgl-project/sglang",
+        "python/sglang/srt/models/",
+        "PP support",
+        why="this engine version's data has no record for the model type (sglang@0.5.23 has one for every tpplan "
+        "preset's; a main revision's records are not read)",
     )
     return Condition(f"the model's SGLang implementation supports --pp-size ({model_type} not checked)", None,
                      "refuses", unread.cite())  # fmt: skip

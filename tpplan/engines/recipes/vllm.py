@@ -20,10 +20,14 @@ def _pp_condition(ev: EngineVersion, model_type: str) -> Condition:
     """Whether the model's vLLM class implements SupportsPP (else --pipeline-parallel-size is refused)."""
     read = ev.support("--pipeline-parallel-size", model_type)
     if read is not None:
-        return Condition(f"the model's vLLM class supports --pipeline-parallel-size ({model_type}: {read.how})", True,
-                         "refuses", read.source.cite())  # fmt: skip
+        text = f"the model's vLLM class supports --pipeline-parallel-size ({model_type}: {read.how})"
+        return Condition(text, read.runs, "refuses", read.source.cite())
     unread = Source.unread(
-        vllm_data.REPO, "vllm/model_executor/models/", "SupportsPP", why="this model's vLLM class was not read"
+        vllm_data.REPO,
+        "vllm/model_executor/models/",
+        "SupportsPP",
+        why="this engine version's data has no record for the model type (0.33.0 and 0.34.0 have one for every "
+        "tpplan preset's; a main revision's records are not read)",
     )
     return Condition(f"the model's vLLM class supports --pipeline-parallel-size ({model_type} not checked)", None,
                      "refuses", unread.cite())  # fmt: skip

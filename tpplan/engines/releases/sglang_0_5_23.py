@@ -22,6 +22,7 @@ from tpplan.engines.schema import (
 from tpplan.engines.sglang import (
     NCCL_NVLS,
     PIPELINE,
+    PP_REFUSED,
     PP_SUPPORT,
     SGL_DP_ATTENTION,
     SGL_INPUT_SCATTERED,
@@ -29,6 +30,7 @@ from tpplan.engines.sglang import (
 )
 from tpplan.engines.sglang_source import REL, rel
 from tpplan.engines.sglang_sp_moe import SGL_SP_MOE
+from tpplan.engines.sparse_mla import SGLANG_0_5_23_SPARSE
 
 
 def _srt(path: str, function: str) -> Source:
@@ -148,7 +150,8 @@ SGL_POOL = Fact(
 SGL_CELL = Fact(
     "tokens = pool bytes // cell, floored to the page size; cell per token = layers x (MLA: kv_lora_rank + "
     "qk_rope_head_dim, whole on every rank; else max(1, kv_heads // attn_tp_size) x (head_dim + v_head_dim)) x the "
-    "KV dtype's bytes, over the full-attention layers of the rank's PP stage",
+    "KV dtype's bytes, over the full-attention layers of the rank's PP stage; a hybrid's stage whose full-attention "
+    "layers all sit on other PP stages (cell 0) sizes its pool to int64 max (__init__: has_kv_on_another_pp_stage)",
     _srt("model_executor/pool_configurator.py", "DefaultPoolConfigurator._compute_cell_size / calculate_pool_sizes"),
 )
 SGL_SWA = Fact(
@@ -330,12 +333,13 @@ SGLANG_0_5_23 = EngineVersion(
     launcher="python -m sglang.launch_server --model-path {model}",
     modes=(SGL_INPUT_SCATTERED, SGL_SP_MOE, SGL_LAYERNORM_SP, SGL_DP_ATTENTION),
     pipeline=PIPELINE,
-    supports=PP_SUPPORT,
+    supports=(*PP_SUPPORT, *PP_REFUSED),
     collectives=NCCL_NVLS,
     scheduling=replace(SCHEDULING, replica_routers=REPLICA_ROUTERS),
     memory=MEMORY,
     handoff=HANDOFF,
     overlaps=(SGLANG_TBO,),
+    sparse_prefill=SGLANG_0_5_23_SPARSE,
 )
 
 RELEASES = (SGLANG_0_5_23,)

@@ -14,6 +14,7 @@ from tpplan.engines.schema import (
     MicroBatchOverlap,
     Source,
     StartupRefusal,
+    Support,
     VllmMemory,
     recite,
 )
@@ -88,7 +89,16 @@ def _release_0_33() -> EngineVersion:
         handoff=None,
         overlaps=(_dbo_0_33(old.overlaps[0]),),
         dp_attention_beside=None,  # read at 0.34.0 only
+        supports=tuple(_qwen3_5_at_0_33(s) for s in old.supports),
     )
+
+
+def _qwen3_5_at_0_33(support: Support) -> Support:
+    """0.33.0 has Qwen3.5's classes in model_executor/models/qwen3_5.py (0.34.0 moved them to vllm/models/qwen3_5/);
+    they extend Qwen3VLForConditionalGeneration, which implements SupportsPP, in both."""
+    if "qwen3_5" not in support.model_types:
+        return support
+    return replace(support, source=_v("model_executor/models/qwen3_5.py", support.source.function))
 
 
 V1_FALLBACK = _v("config/vllm.py", "VllmConfig.use_v2_model_runner / _get_dbo_unsupported_features")

@@ -21,9 +21,22 @@ module states its own with the sources read).
 from __future__ import annotations
 
 import heapq
+from typing import Protocol
 
 from tpplan.engines.schema import RouterPolicy, RouterRule
-from tpplan.simulate.requests import Request
+
+
+class Routed(Protocol):
+    """What a router reads of a request (`tpplan.simulate.requests.Request`, the cost model's scheduler's)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int: ...
+
+    @property
+    def prefix_id(self) -> str | None: ...
 
 
 class Router:
@@ -37,7 +50,7 @@ class Router:
         self.holder: dict[str, int] = {}  # cache_aware: the instance a prefix id was last sent to
         self.pending: list[tuple[float, int]] = []  # releases not yet due: (when, instance)
 
-    def pick(self, req: Request, now: float = 0.0) -> int:
+    def pick(self, req: Routed, now: float = 0.0) -> int:
         while self.pending and self.pending[0][0] <= now:
             self.load[heapq.heappop(self.pending)[1]] -= 1
         if self.policy == "round_robin":
@@ -56,7 +69,7 @@ class Router:
     def release(self, i: int, t: float = 0.0) -> None:
         heapq.heappush(self.pending, (t, i))
 
-    def _cache_aware(self, req: Request) -> int:
+    def _cache_aware(self, req: Routed) -> int:
         rule = self.rule or RouterRule("cache_aware", "cache_aware", False, ())
         hi, lo = max(self.load), min(self.load)
         owner = self.holder.get(req.prefix_id) if req.prefix_id is not None else None
@@ -69,4 +82,4 @@ class Router:
         return i
 
 
-__all__ = ["Router"]
+__all__ = ["Routed", "Router"]
