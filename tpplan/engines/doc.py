@@ -173,6 +173,9 @@ def _serving(ev: EngineVersion) -> list[str]:
         ]
         out += ["### DP attention beside PP and prefill CP (`tpplan/engines/recipes/`)", "", f"{'; '.join(runs)}.", ""]
         out += [f"- {f.text} ({f.source.cite()})" for f in b.facts] + [""]
+    if ev.sparse_prefill is not None:
+        out += ["### DSA's sparse MLA prefill, as the planner prices it (`tpplan/cost/sparse_attention.py`)", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in ev.sparse_prefill.facts] + [""]
     if ev.handoff is not None:
         h = ev.handoff
         words = (
