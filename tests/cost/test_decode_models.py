@@ -121,19 +121,3 @@ def test_dsa_decode_reads_only_the_top_k_keys_the_indexer_kept() -> None:
     far, near = attention(p, ((1, 4 * topk),) * 4), attention(p, ((1, topk - 1),) * 4)
     assert far.flops_per_rank == pytest.approx(near.flops_per_rank)
 
-
-def test_the_dsa_note_says_prefill_is_dense_and_decode_reads_the_top_k() -> None:
-    """The audit's note on a DSA model states what the prices do: a prefill chunk's attention grows with the
-    whole context past top-k (dense), a decode step's does not (the test above). It said 'sparse attention is
-    timed as dense causal MLA' for both."""
-    p = predictor("tiny-deepseek-v32")
-    res = p.audit.layer_results[-1]
-    op = next(d.op for d in res.decisions if d.op.name == "attention")
-    topk = p.graph.kinds[res.kind].values[op.inputs[3]].width
-    at, past = (attention(p, ((64, c),)).flops_per_rank for c in (topk, 4 * topk))
-    pairs = [64 * c + 64 * 65 // 2 for c in (topk, 4 * topk)]  # prefill: every earlier key, not the top-k
-    assert past / at == pytest.approx(pairs[1] / pairs[0])
-    note = next(n for n in p.graph.spec.notes if "sparse attention" in n)
-    assert (
-        note.startswith("prefill's sparse attention is timed as dense") and "a decode step reads only its top-k" in note
-    )

@@ -26,6 +26,7 @@ from tpplan.bench import model_fit as MF
 from tpplan.bench.rank_shapes import heads_bucket, tokens_bucket
 from tpplan.bench.rank_sweep import TIMES
 from tpplan.cost import kernel_models as M
+from tpplan.cost.sparse_attention import absorbed_mla_work
 from tpplan.mesh import Mesh
 
 ELEMENTWISE_PASSES = 3.0  # the planner's elementwise bytes: the inputs read and the output written
@@ -88,16 +89,19 @@ def _indexer(c: dict[str, float], p: dict[str, Any]) -> float:
 def sparse_work(p: dict[str, Any]) -> tuple[float, float]:
     """(FLOPs, bytes gathered) of DSA's sparse attention in the absorbed form (`rank_runners.run_sparse`): each
     query's heads against its top-k latent rows, 576 wide for q.k and 512 for p.v; the rows gathered once per
-    query (bf16). FlashMLA computes heads padded to a multiple of 64 (`engine_kernels.HEAD_PAD`)."""
+    query (bf16). FlashMLA computes heads padded to a multiple of 64 (`engine_kernels.HEAD_PAD`). The FLOPs are
+    the planner's (`cost.sparse_attention.absorbed_mla_work`)."""
     heads = -(-p["heads"] // 64) * 64 if "FlashMLA" in str(p.get("variant", "")) else p["heads"]
     pairs = float(p["tokens"]) * p["topk"]
-    return 2.0 * heads * pairs * (576 + 512), pairs * 576 * 2
+    flops, _ = absorbed_mla_work(heads, p["tokens"], pairs, pairs, 512, 64, 2)
+    return flops, pairs * 576 * 2
 
 
 def _sparse(c: dict[str, float], p: dict[str, Any]) -> float:
-    """t = a + FLOPs / R + bytes / B (B: gathered latent rows per second, in TB/s)."""
+    """t = a + FLOPs / R + bytes / B (B: gathered latent rows per second, in TB/s): the planner's
+    `dsa_attention` form (`kernel_models.decode_s`)."""
     flops, gathered = sparse_work(p)
-    return c["a_s"] + flops / (c["tflops"] * 1e12) + gathered / (c["TBps"] * 1e12)
+    return M.decode_s(c, gathered, flops)
 
 
 # The families this sweep fits: the model_fit forms (attention with its few-heads chain, `attention_s`),

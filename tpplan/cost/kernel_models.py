@@ -27,6 +27,8 @@ checked on regimes they were not fitted on (docs/benchmarks.md, "Physical kernel
   absorbed, MQA over the latent): t = a + bytes / BW + flops / R, bytes the cache read (GQA: k and v of
   the rank's KV heads; MLA: the latent once), flops the scores and values; a rate of 0 drops its term
   (GQA: bytes alone). Fitted on the decode sweep (`tpplan.bench.decode_fit`).
+- dsa_attention (DSA's sparse prefill in the engines' absorbed form, FlashMLA): the same form, bytes the
+  latent rows gathered (576 wide per selected key), flops at the heads the kernel computes (padded).
 - gemm_small (bf16 GEMMs at M <= 512, a decode step's projections): the same form over A, B and C read
   and written once; the sweep cycles weight copies past the L2, as a step's other layers evict them.
 - attn_res (K3's softmax over depth): t = a + bytes / BW, the bytes of the implementation the set
@@ -196,7 +198,7 @@ class KernelModels:
     """The fitted constants of one GPU (`GpuSpec.kernel_models`): name -> constants."""
 
     NAMES = ("attention_causal", "attention_prefix", "kda", "gdn", "experts", "short_conv", "attn_res", "norm",
-             "decode_gqa", "decode_mla", "gemm_small")  # fmt: skip
+             "decode_gqa", "decode_mla", "gemm_small", "dsa_attention")  # fmt: skip
 
     def __init__(self, consts: Mapping[str, Consts], *, charge_host: bool = True) -> None:
         self.consts = consts
@@ -245,6 +247,12 @@ class KernelModels:
         """A decode step's attention by set `name` ("decode_gqa" or "decode_mla"); None without it."""
         c = self.consts.get(name)
         return None if c is None else decode_s(c, nbytes, flops) * clock(c)
+
+    def dsa_attention(self, gathered: float, flops: float) -> float | None:
+        """DSA's sparse prefill attention in the absorbed form by set `dsa_attention` (the rank sweep's `sparse`
+        family, `bench.rank_fit`): a + gathered latent bytes / BW + flops / R, `decode_s`'s form; None without it."""
+        c = self.consts.get("dsa_attention")
+        return None if c is None else decode_s(c, gathered, flops) * clock(c)
 
     def small_gemm(self, m: int, k: int, n: int) -> float | None:
         """A bf16 GEMM of at most `max_m` rows (a decode step's projections) by set `gemm_small`: the same

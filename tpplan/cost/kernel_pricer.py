@@ -32,9 +32,11 @@ from tpplan.cost.kernel_source import STAND_IN, AttentionShape, GemmShape, Kerne
 from tpplan.cost.kernel_source import GemmDtype as KernelDtype
 from tpplan.cost.prediction import OpTime
 from tpplan.cost.segments import Segments, batch_pairs, masked_pairs
+from tpplan.cost.sparse_attention import absorbed_mla_work, runs_absorbed, selected_keys, sparse_rule
 from tpplan.cost.topology import KernelProfile, Topology
 from tpplan.dtypes import DTYPE_BYTES
 from tpplan.engines import DEFAULT_ENGINES
+from tpplan.engines.sparse_mla import heads_run
 from tpplan.layout.propagate import OpDecision
 from tpplan.lower.program import KernelCall
 from tpplan.lower.stages import bank_snapshots
@@ -313,7 +315,7 @@ class KernelPricer:
         self._note = None
         cost = cost_class(op)
         if cost == "gemm":
-            secs, flops, nbytes, shape = self._gemm_step(lg, call)
+            secs, flops, nbytes, shape = self._absorbed_kv_b(lg, call, segs) or self._gemm_step(lg, call)
             cat = "gemm"
         elif cost == "experts":
             secs, flops, nbytes, shape = self._experts(call, t)
@@ -347,13 +349,26 @@ class KernelPricer:
         return secs, 2.0 * m * kk * nn, nbytes, call.shape
 
     def _attention(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> Priced:
-        """Attention: decode tokens apart (`_decode_attention`), the rest by the roofline, the physical
-        kernel model or a kernel source, over the pairs its mask (window, chunk) lets it score."""
+        """Attention: decode tokens apart (`_decode_attention`), DSA's prefill as the engine runs it
+        (`_sparse_prefill`), the rest by the roofline, the physical kernel model or a kernel source, over
+        the pairs its mask (window, chunk) lets it score."""
         op, share = d.op, d.compute_share
         absorbed = self._decode_attention(lg, op, share, segs, own=d.strategy.output is S_TOK)
         if absorbed is not None:  # decode tokens (MLA absorbed; GQA by its decode model): apart
             segs = tuple(s for s in segs if s[0] > 1)
             t, pairs, ctx = batch_pairs(segs)
+        sparse = self._sparse_prefill(lg, d, segs)
+        secs, flops, nbytes = sparse or self._prefill_attention(lg, d, t, pairs, ctx, segs)
+        if absorbed is None:
+            return secs, flops, nbytes
+        if not segs:
+            self._source = self._decode_source
+            return absorbed
+        return secs + absorbed[0], flops + absorbed[1], nbytes + absorbed[2]
+
+    def _prefill_attention(self, lg: LayerGraph, d: OpDecision, t: int, pairs: int, ctx: int, segs: Segments) -> Priced:
+        """Attention over all its heads in the per-head form (what `_attention` does not price apart)."""
+        op, share = d.op, d.compute_share
         if op.attrs.get("window") or op.attrs.get("chunk"):  # sliding-window or chunked mask
             pairs, ctx = masked_pairs(segs, op.optional_int_attr("window"), op.optional_int_attr("chunk"))
         flops = op.ctx_flops_per_token * pairs * share
@@ -375,12 +390,63 @@ class KernelPricer:
             self._source = ROOFLINE if phys is None else KERNEL_MODEL
         if self.shapes.sources and t > 0:
             secs = self._sourced_attention(op, impl, h_rank, dqk, dv, share, segs, secs)
-        if absorbed is None:
-            return secs, flops, nbytes
-        if not segs:
-            self._source = self._decode_source
-            return absorbed
-        return secs + absorbed[0], flops + absorbed[1], nbytes + absorbed[2]
+        return secs, flops, nbytes
+
+    def _sparse_prefill(self, lg: LayerGraph, d: OpDecision, segs: Segments) -> Priced | None:
+        """DSA's prefill attention in the absorbed form where the serving engine runs it so
+        (`cost.sparse_attention`): each query's heads, padded as the engine's kernel pads them, over its selected
+        latent rows; by the GPU's `dsa_attention` model where it has one, else the attention roofline. None
+        (the per-head form) for a step the engine runs as dense MHA, a recorded run of tpplan's runtime
+        (`impls`: its sparse kernel is per head), or any other attention. `own` as in `_decode_attention`."""
+        op, mx = d.op, mixer_of(d.op)
+        if mx is None or not mx.sparse_topk or self.impls is not None or "kv_latent" not in lg.values:
+            return None
+        topk = lg.values[op.inputs[3]].width
+        if not runs_absorbed(self.serving_engine, segs, topk):
+            return None
+        rule, self._note = sparse_rule(self.serving_engine)
+        part, share = (d.compute_share, 1.0) if d.strategy.output is S_TOK else (1.0, d.compute_share)
+        t, ctx = sum(n for n, _ in segs), sum(c for _, c in segs)
+        rank_heads = max(1, round(op.int_attr("heads", 1) * share))
+        heads = heads_run(rule, rank_heads, round(t * part), self.topo.gpu.sm_count)
+        lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
+        keys = part * selected_keys(segs, topk)
+        flops, nbytes = absorbed_mla_work(heads, part * t, keys, part * (t + ctx), lora, rope, self.b)
+        m = self._model("dsa_attention")
+        phys = None if m is None else m.dsa_attention(keys * (lora + rope) * self.b, flops)
+        self._source = ROOFLINE if phys is None else KERNEL_MODEL
+        self._extrapolated = phys is not None and m is not None and m.extrapolated(
+            "dsa_attention", heads=heads, tokens=t, context=ctx)  # fmt: skip
+        secs = self._roofline(flops, nbytes, self.topo.gpu.attn_efficiency) if phys is None else phys
+        return secs, flops, nbytes
+
+    def _absorbed_kv_b(
+        self, lg: LayerGraph, call: KernelCall, segs: Segments
+    ) -> tuple[float, float, float, tuple[int, int, int]] | None:
+        """DSA's `kv_b_proj` in a step the engine runs absorbed (`_sparse_prefill`): it does not run; W_UK
+        (nope -> kv_lora) on each query and W_UV (kv_lora -> v) on each output run instead, per head as
+        batched GEMMs (vLLM's `torch.bmm` with W_UK_T and W_UV, SGLang's with w_kc and w_vc): the same FLOPs at
+        per-head shapes, each bmm priced as one GEMM with its heads side by side in N (the same output tiles, each
+        over the same K), in the activation dtype (both
+        dequantize a block-fp8 kv_b_proj to it: vLLM's `split_kv_b_proj`, SGLang 0.5.23's
+        `DeepseekWeightLoader.post_load_weights`). None for any other GEMM or step."""
+        op = call.decision.op
+        att = next((o for o in lg.attn.ops if (x := mixer_of(o)) is not None and x.sparse_topk), None)
+        if op.name != "kv_b_proj" or att is None or call.shape is None or self.impls is not None:
+            return None
+        prefill = tuple(s for s in segs if s[0] > 1)
+        if not runs_absorbed(self.serving_engine, prefill, lg.values[att.inputs[3]].width):
+            return None
+        m, lora, n = call.shape
+        heads = att.int_attr("heads", 1)
+        rope = lg.values[att.inputs[2]].width
+        nope, v = lg.values[att.inputs[0]].width // heads - rope, lg.values[att.output].width // heads
+        h = n // (nope + v)  # this rank's heads
+        gd = self.gemm_dtype
+        secs = self._gemm(m, nope, h * lora, gd) + self._gemm(m, lora, h * v, gd) if m else 0.0
+        nbytes = h * (gemm_bytes(m, nope, lora, gd) + gemm_bytes(m, lora, v, gd))
+        self._note = f"absorbed: {h} heads' W_UK ({m}x{nope}x{lora}) and W_UV ({m}x{lora}x{v}) as batched GEMMs"
+        return secs, 2.0 * m * h * lora * (nope + v), nbytes, call.shape
 
     def _recurrence(self, lg: LayerGraph, d: OpDecision, t: int) -> Priced:
         """A linear-attention recurrence (KDA, GDN): the roofline, or its physical kernel model."""
@@ -456,8 +522,7 @@ class KernelPricer:
             # each decode token scores its context and itself; DSA's only its top-k of them (the indexer's output)
             topk = lg.values[op.inputs[3]].width if mx.sparse_topk and len(op.inputs) > 3 else None
             keys = part * sum(min(c + 1, topk or c + 1) for c in dec)
-            flops = 2.0 * heads * ((lora + rope) + lora) * keys
-            nbytes = (keys * (lora + rope) + part * len(dec) * heads * (2 * lora + rope)) * self.b  # latent, q, out
+            flops, nbytes = absorbed_mla_work(heads, part * len(dec), keys, keys, lora, rope, self.b)
             phys = None if m is None else m.decode("decode_mla", keys * (lora + rope) * self.b, flops)
         elif mx.head_kv and m is not None and "decode_gqa" in m.consts:
             window, chunk = op.optional_int_attr("window"), op.optional_int_attr("chunk")

@@ -130,9 +130,11 @@ def _engine(ev: EngineVersion) -> list[str]:
             "",
         ]
     if ev.supports:
-        out += ["### Options only some model classes run", "", "| option | model types | how | source |",
-                "| --- | --- | --- | --- |"]  # fmt: skip
-        out += [f"| `{s.option}` | {', '.join(s.model_types)} | {s.how} | {s.source.cite()} |" for s in ev.supports]
+        out += ["### Options only some model classes run", "", "| option | model types | runs | how | source |",
+                "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        runs = {True: "yes", False: "no: refused", None: "not known"}
+        out += [f"| `{s.option}` | {', '.join(s.model_types)} | {runs[s.runs]} | {s.how} | {s.source.cite()} |"
+                for s in ev.supports]  # fmt: skip
         out.append("")
     out += [
         "### Pipeline parallelism as this engine schedules it",
@@ -171,6 +173,9 @@ def _serving(ev: EngineVersion) -> list[str]:
         ]
         out += ["### DP attention beside PP and prefill CP (`tpplan/engines/recipes/`)", "", f"{'; '.join(runs)}.", ""]
         out += [f"- {f.text} ({f.source.cite()})" for f in b.facts] + [""]
+    if ev.sparse_prefill is not None:
+        out += ["### DSA's sparse MLA prefill, as the planner prices it (`tpplan/cost/sparse_attention.py`)", ""]
+        out += [f"- {f.text} ({f.source.cite()})" for f in ev.sparse_prefill.facts] + [""]
     if ev.handoff is not None:
         h = ev.handoff
         words = (

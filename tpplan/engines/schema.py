@@ -491,6 +491,17 @@ class DpBeside:
 
 
 @dataclass(frozen=True)
+class SparseMLAPrefill:
+    """How the engine runs DSA's sparse MLA prefill (`tpplan.engines.sparse_mla`): when it runs dense MHA instead
+    of the absorbed sparse form, and how many query heads its sparse kernel computes."""
+
+    dense_max_seq: int | None  # dense MHA when the longest prefill sequence is at most this (None: the top-k)
+    head_multiple: int  # the sparse kernel computes heads padded up to a multiple of this
+    unpadded: dict[int, int] = field(default_factory=dict)  # heads -> tokens per SM above which none are padded
+    facts: tuple[Fact, ...] = ()
+
+
+@dataclass(frozen=True)
 class EngineVersion:
     """One engine at one version: its modes, its PP schedule and what its serving loop and memory do;
     one module of `tpplan/engines/releases/` each (docs/adding-an-engine-version.md)."""
@@ -511,6 +522,7 @@ class EngineVersion:
     # Its micro-batch overlaps (SGLang's TBO, vLLM's DBO: what a plan's `+tbo` / `+dbo` launches; () : not read)
     overlaps: tuple[MicroBatchOverlap, ...] = ()
     dp_attention_beside: DpBeside | None = None  # DP attention beside PP / prefill CP (None: not read)
+    sparse_prefill: SparseMLAPrefill | None = None  # how it runs DSA's prefill attention (None: not read)
     default: bool = True  # False: selectable, never its engine's default (else the newest release is)
 
     @property
@@ -568,6 +580,7 @@ __all__ = [
     "Setting",
     "SglangMemory",
     "Source",
+    "SparseMLAPrefill",
     "StartupRefusal",
     "Step",
     "StepBudget",

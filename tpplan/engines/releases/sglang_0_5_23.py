@@ -30,6 +30,7 @@ from tpplan.engines.sglang import (
 )
 from tpplan.engines.sglang_source import REL, rel
 from tpplan.engines.sglang_sp_moe import SGL_SP_MOE
+from tpplan.engines.sparse_mla import SGLANG_0_5_23_SPARSE
 
 
 def _srt(path: str, function: str) -> Source:
@@ -338,6 +339,7 @@ SGLANG_0_5_23 = EngineVersion(
     memory=MEMORY,
     handoff=HANDOFF,
     overlaps=(SGLANG_TBO,),
+    sparse_prefill=SGLANG_0_5_23_SPARSE,
 )
 
 RELEASES = (SGLANG_0_5_23,)

@@ -22,6 +22,7 @@ from tpplan.engines.schema import (
     StepBudget,
     VllmMemory,
 )
+from tpplan.engines.sparse_mla import VLLM_0_34_0_SPARSE
 from tpplan.engines.vllm import (
     NCCL_NVLS,
     PIPELINE,
@@ -390,6 +391,7 @@ VLLM_0_34_0 = EngineVersion(
     handoff=HANDOFF,
     overlaps=(VLLM_DBO,),
     dp_attention_beside=DP_BESIDE,
+    sparse_prefill=VLLM_0_34_0_SPARSE,
 )
 
 RELEASES = (VLLM_0_34_0,)

@@ -190,8 +190,9 @@ def build_spec(raw: dict[str, Any], label: str, name: str, model_type: str) -> M
     dsa = DSASpec(mla, c.index_n_heads, c.index_head_dim, c.index_topk, interleave)
     layers = tuple(LayerSpec(dsa, layer.mlp) for layer in base.layers)
     notes = (
-        f"prefill's sparse attention is timed as dense causal MLA over the whole context (an overestimate beyond "
-        f"index_topk={c.index_topk} keys per query; a decode step reads only its top-k keys); volumes are exact",
+        f"prefill sparse attention is priced as the engines run it: absorbed MQA over each query's top "
+        f"index_topk={c.index_topk} latent rows, dense per-head MHA for steps the engine keeps dense "
+        f"(tpplan.engines.sparse_mla); tpplan's runtime computes it per head; volumes are exact",
         *mtp_note(c.num_nextn_predict_layers),
     )
     return replace(base, family="deepseek_v32", layers=layers, notes=notes)

@@ -1,0 +1,102 @@
+"""How each engine runs DeepSeek Sparse Attention's prefill (DeepSeek-V3.2, GLM-5.1: the `attention_sparse` op):
+what `cost.sparse_attention` prices it as.
+
+Both engines run a prefill step's sparse MLA in the absorbed MQA form: W_UK is applied to each query (a bmm per
+head, 128 -> 512), FlashMLA's sparse prefill kernel scores each query's heads against its top-k latent rows
+(576 wide: 512 latent + 64 rope) and sums 512-wide values, and W_UV takes each head's output back to v_head_dim
+(a bmm per head); `kv_b_proj` does not run. Each query's top-k row count is passed to the kernel (its valid
+indices: min(position + 1, top-k)), so it skips the -1 tail. Short steps run dense per-head MHA instead (the
+`kv_b_proj` up-projection, then flash attention over every key): vLLM when the step's longest prefill sequence
+is at most top-k, SGLang when it is at most a fixed threshold. FlashMLA's sparse prefill on Hopper needs a
+multiple of 64 query heads: SGLang pads to 64; vLLM also pads, except at 8, 16 or 32 heads per rank with more
+tokens than its small-head cutoff, where its own build has an unpadded kernel. Blackwell (SGLang pads to 128)
+is not distinguished: tpplan's GPU models carry no architecture.
+"""
+
+from __future__ import annotations
+
+from tpplan.engines.schema import Fact, Source, SparseMLAPrefill
+from tpplan.engines.sglang_source import rel
+from tpplan.engines.vllm import REL, REPO
+
+
+def dense_prefill(rule: SparseMLAPrefill, longest: int, topk: int) -> bool:
+    """Whether a prefill step whose longest sequence (cached + new tokens) is `longest` runs dense MHA."""
+    limit = topk if rule.dense_max_seq is None else rule.dense_max_seq
+    return longest <= limit
+
+
+def heads_run(rule: SparseMLAPrefill, heads: int, tokens: int, sms: int) -> int:
+    """The query heads the sparse kernel computes for `heads` per rank over `tokens` queries on `sms` SMs."""
+    cutoff = rule.unpadded.get(heads)
+    if cutoff is not None and tokens > sms * cutoff:
+        return heads
+    return -(-heads // rule.head_multiple) * rule.head_multiple
+
+
+def _sgl(path: str, function: str) -> Source:
+    return rel(f"python/sglang/srt/{path}", function)
+
+
+def _vllm(path: str, function: str) -> Source:
+    return Source(REPO, f"vllm/{path}", function, REL)
+
+
+_SGL_FORM = Fact(
+    "a DSA extend that is not dense runs MLA (handle_attention_dsa reads the backend's use_mha); with a bf16 KV "
+    "cache the prefill implementation is flashmla_sparse: the query absorbed per head (torch.bmm of q_nope with "
+    "w_kc), FlashMLA's sparse kernel over the latent rows, the output through w_vc (torch.bmm)",
+    _sgl(
+        "models/deepseek_common/attention_forward_methods/forward_mla.py",
+        "DeepseekMLAForwardMixin.forward_absorb_prepare / forward_absorb_core",
+    ),
+)
+_SGL_PAD = Fact(
+    "FlashMLA's sparse kernel needs num_heads a multiple of 64 on Hopper (128 on SM100+): q is zero-padded to it; "
+    "topk_length (dsa_cache_seqlens_int32, the sequence length clipped to index_topk) lets it skip the -1 tail",
+    _sgl("layers/attention/dsa_backend.py", "DeepseekSparseAttnBackend._forward_flashmla_sparse"),
+)
+_SGL_DENSE = Fact(
+    "an extend without speculative decoding runs dense MHA (MHA_ONE_SHOT) on SM90/SM100 when the batch's longest "
+    "sequence is at most SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD (EnvInt 2048, environ.py), the KV cache is "
+    "bf16 or fp8_e4m3, the sequences fit one chunk and DSA prefill CP is off; decode and verify always run MLA",
+    _sgl("layers/attention/dsa_backend.py", "DeepseekSparseAttnBackend.set_dsa_prefill_impl"),
+)
+SGLANG_0_5_23_SPARSE = SparseMLAPrefill(dense_max_seq=2048, head_multiple=64, facts=(_SGL_FORM, _SGL_PAD, _SGL_DENSE))
+"""SGLang 0.5.23's DSA prefill (not modelled: the one-chunk and prefill-CP conditions of the dense rule)."""
+
+_VLLM_FORM = Fact(
+    "sparse MLA prefill tokens run forward_mqa unless _use_sparse_mha: all the step's tokens get the query "
+    "absorbed (_prepare_mqa_query: torch.bmm with W_UK_T) and the output through W_UV (_v_up_proj, torch.bmm); "
+    "masked MHA needs capability family 100 (_is_masked_mha_available), so on Hopper only the dense rule applies",
+    _vllm("model_executor/layers/attention/mla_attention.py", "MLAAttention.forward_impl / _use_sparse_mha"),
+)
+_VLLM_MQA = Fact(
+    "'the sparse FlashMLA kernels ... use MQA 576/512 approach for both prefill and decode'; the top-k indices are "
+    "converted with return_valid_counts=True and their count passed as topk_length",
+    _vllm("v1/attention/backends/mla/flashmla_sparse.py", "FlashMLASparseImpl.forward_mqa / _forward_bf16_kv"),
+)
+_VLLM_PAD = Fact(
+    "prefill_padding = 64: heads are zero-padded to a multiple of 64 unless _should_use_bf16_small_head_kernel "
+    "(capability 90, 8, 16 or 32 heads, and more tokens than the SM count, twice it at 32 heads)",
+    _vllm("v1/attention/backends/mla/flashmla_sparse.py", "FlashMLASparseImpl._bf16_flash_mla_kernel"),
+)
+_VLLM_DENSE = Fact(
+    "use_dense_mha when no hisparse config, sparse_mla_force_mqa off and the step's longest prefill sequence "
+    "(prefill_max_seq_len) is at most topk_tokens; forward_mha then runs the dense MLA prefill (kv_b_proj)",
+    _vllm("model_executor/layers/attention/sparse_mla_attention.py", "_use_dense_mha_prefill"),
+)
+VLLM_0_34_0_SPARSE = SparseMLAPrefill(
+    dense_max_seq=None,
+    head_multiple=64,
+    unpadded={8: 1, 16: 1, 32: 2},
+    facts=(_VLLM_FORM, _VLLM_MQA, _VLLM_PAD, _VLLM_DENSE),
+)
+"""vLLM 0.34.0's DSA prefill with a bf16 KV cache (an fp8_ds_mla cache at under 32 heads runs its fp8 decode
+kernel for the whole batch instead: not modelled)."""
+
+UNREAD_SPARSE = SparseMLAPrefill(dense_max_seq=0, head_multiple=1)
+"""A release whose DSA prefill was not read (`EngineVersion.sparse_prefill` None): priced in the absorbed form,
+heads unpadded, never dense, and the op's note says so."""
+
+__all__ = ["SGLANG_0_5_23_SPARSE", "UNREAD_SPARSE", "VLLM_0_34_0_SPARSE", "dense_prefill", "heads_run"]
