@@ -120,4 +120,3 @@ def test_dsa_decode_reads_only_the_top_k_keys_the_indexer_kept() -> None:
     assert short < at == pytest.approx(past)
     far, near = attention(p, ((1, 4 * topk),) * 4), attention(p, ((1, topk - 1),) * 4)
     assert far.flops_per_rank == pytest.approx(near.flops_per_rank)
-
