@@ -21,6 +21,8 @@ import pytest
 
 from tpplan.cost.topology import load_topology
 from tpplan.cost.workload import load_workload
+from tpplan.models.config import load_model
+from tpplan.models.spec import MoESpec
 from tpplan.report.analysis import analyse
 from tpplan.report.memo import build_memo
 from tpplan.report.memo_ask import MemoAsk
@@ -82,13 +84,18 @@ def _argv(command: str) -> tuple[dict[str, str], list[str]]:
 CASES = (("deepseek-v3", 1, 8), ("kimi-k3", 4, 32), ("qwen3-32b", 1, 8))
 
 
+def _expert_dtype(model: str) -> str | None:
+    """mxfp4 experts where the model has routed experts (an expert option on a dense model is refused)."""
+    return "mxfp4" if any(isinstance(layer.mlp, MoESpec) for layer in load_model(model).layers) else None
+
+
 @cache
 def _memo_lines(model: str, nodes: int, tp: int):
     a = analyse(
         model,
         load_topology("h200x8-ib400", nodes=nodes),
         [load_workload("seed-c8")],
-        MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype="mxfp4"),
+        MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype=_expert_dtype(model)),
         use_default_predictor=False,
     )
     text = build_memo(a, "").markdown
@@ -162,7 +169,7 @@ def test_vllm_parses_every_line_with_the_plans_settings(tmp_path):
             model,
             load_topology("h200x8-ib400", nodes=nodes),
             [load_workload("seed-c8")],
-            MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype="mxfp4", search_top=0),
+            MemoAsk(deployment=MeshAsk(tp=tp), expert_dtype=_expert_dtype(model), search_top=0),
             use_default_predictor=False,
         )
         cases += [(v, e) for v in a.variants for e in v.engines if e.engine == "vLLM" and e.command()]

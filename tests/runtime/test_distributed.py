@@ -138,3 +138,41 @@ def test_illegal_plan_refused_by_cli_with_reason() -> None:
     )
     assert out.returncode == 2
     assert "illegal" in out.stderr and "receives" in out.stderr and "--force" in out.stderr
+
+
+def test_the_vocab_parallel_lookup_never_indexes_by_a_boolean_mask() -> None:
+    """`PlanRunner._embed` gives each rank's vocab rows and zeros elsewhere with a gather and a select: a
+    boolean-mask index is a `nonzero`, which on a GPU waits for everything queued (06e: the host could not get
+    ahead of the GPU in `bench --timing host-ahead`). Every aten op it runs is checked for a bool index."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tpplan.runtime.distributed import PlanRunner
+
+    class BoolIndexes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+            if func.__name__.startswith(("index", "nonzero", "masked_select")) and any(
+                isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat
+            ):
+                self.seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    table = torch.randn(10, 4)  # a rank holding vocab rows 10-19 of 30
+    shard = SimpleNamespace(embed=table, vocab_lo=10)
+    me = SimpleNamespace(numerics=SimpleNamespace(embed_scale=1.0))
+    ids = torch.tensor([0, 10, 19, 20, 15, 29, 9])
+    with BoolIndexes() as mode:
+        out = PlanRunner._embed(me, ids, shard)  # type: ignore[arg-type]
+    assert mode.seen == []
+    want = torch.zeros(7, 4)
+    for row, i in enumerate(ids.tolist()):
+        if 10 <= i < 20:
+            want[row] = table[i - 10]
+    assert torch.equal(out, want)

@@ -130,9 +130,11 @@ def _engine(ev: EngineVersion) -> list[str]:
             "",
         ]
     if ev.supports:
-        out += ["### Options only some model classes run", "", "| option | model types | how | source |",
-                "| --- | --- | --- | --- |"]  # fmt: skip
-        out += [f"| `{s.option}` | {', '.join(s.model_types)} | {s.how} | {s.source.cite()} |" for s in ev.supports]
+        out += ["### Options only some model classes run", "", "| option | model types | runs | how | source |",
+                "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        runs = {True: "yes", False: "no: refused", None: "not known"}
+        out += [f"| `{s.option}` | {', '.join(s.model_types)} | {runs[s.runs]} | {s.how} | {s.source.cite()} |"
+                for s in ev.supports]  # fmt: skip
         out.append("")
     out += [
         "### Pipeline parallelism as this engine schedules it",

@@ -286,11 +286,13 @@ class PlanRunner:
         return Held(out * nu.embed_scale if nu.embed_scale != 1.0 else out, S_TOK)
 
     def _embed(self, ids: Tensor, shard: ModelShard) -> Tensor:
-        """Vocab-parallel lookup: rows this rank holds, zeros elsewhere (a partial sum)."""
+        """Vocab-parallel lookup: rows this rank holds, zeros elsewhere (a partial sum). A gather and a select,
+        never a boolean-mask index: that is a `nonzero`, which waits for the GPU to finish everything queued
+        (06e: it held `bench --timing host-ahead`'s host behind the GPU at every chunk's start)."""
         local = ids - shard.vocab_lo
         mine = (local >= 0) & (local < shard.embed.shape[0])
-        out = shard.embed.new_zeros(ids.numel(), shard.embed.shape[1])
-        out[mine] = shard.embed[local[mine]]
+        rows = shard.embed[local.clamp(0, shard.embed.shape[0] - 1)]
+        out = torch.where(mine[:, None], rows, rows.new_zeros(()))
         return out * self.numerics.embed_scale if self.numerics.embed_scale != 1.0 else out
 
     def _layer(
