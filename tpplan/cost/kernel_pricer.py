@@ -407,8 +407,7 @@ class KernelPricer:
         rule, self._note = sparse_rule(self.serving_engine)
         part, share = (d.compute_share, 1.0) if d.strategy.output is S_TOK else (1.0, d.compute_share)
         t, ctx = sum(n for n, _ in segs), sum(c for _, c in segs)
-        rank_heads = max(1, round(op.int_attr("heads", 1) * share))
-        heads = heads_run(rule, rank_heads, round(t * part), self.topo.gpu.sm_count)
+        heads = heads_run(rule, max(1, round(op.int_attr("heads", 1) * share)))
         lora, rope = lg.values["kv_latent"].width, lg.values[op.inputs[2]].width
         keys = part * selected_keys(segs, topk)
         flops, nbytes = absorbed_mla_work(heads, part * t, keys, part * (t + ctx), lora, rope, self.b)

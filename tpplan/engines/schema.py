@@ -496,8 +496,7 @@ class SparseMLAPrefill:
     of the absorbed sparse form, and how many query heads its sparse kernel computes."""
 
     dense_max_seq: int | None  # dense MHA when the longest prefill sequence is at most this (None: the top-k)
-    head_multiple: int  # the sparse kernel computes heads padded up to a multiple of this
-    unpadded: dict[int, int] = field(default_factory=dict)  # heads -> tokens per SM above which none are padded
+    head_multiple: int  # the sparse kernel computes heads padded up to a multiple of this (its tile rows)
     facts: tuple[Fact, ...] = ()
 
 
