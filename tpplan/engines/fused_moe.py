@@ -78,7 +78,9 @@ def row_tile(engine: str, tokens: int, experts: int, fmt: MoeFormat) -> RowTile:
                 "cutlass_fused_moe on SM90 and SM120) and autotunes it at startup (runner/flashinfer_autotune.py "
                 "should_run_flashinfer_autotune: flashinfer_mxfp4), FlashInfer picking the CUTLASS tile per shape by "
                 "profiling (fused_moe/core.py AutoTuner over get_valid_tactics): a run-time choice, not a constant "
-                "in the source; the triton_kernels and Marlin paths, and vLLM's mxfp4 experts, were not read",
+                "in the source; the triton_kernels and Marlin paths were not read, nor the tiles of vLLM 0.34.0's "
+                "mxfp4 backends (fused_moe/oracle/mxfp4.py _get_priority_backends: FlashInfer TRT-LLM or DeepGEMM "
+                "on SM100+, Humming or Marlin on SM90; gpt-oss has its own list with the vendored triton_kernels)",
             ),
         )
     if name == "sglang":
