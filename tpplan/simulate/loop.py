@@ -529,8 +529,8 @@ def _check_fits(arrivals: Arrivals, cfg: LoopConfig) -> None:
         return
     big = max(arrivals.requests, key=cfg.kv_need)
     if cfg.kv_need(big) > cfg.kv_tokens:
-        why = (f"needs {cfg.kv_need(big)} tokens of KV (prompt {big.prompt_tokens} + output {big.output_tokens}), "
-               f"more than the pool's {cfg.kv_tokens}")  # fmt: skip
+        why = (f"needs {cfg.kv_need(big):,} tokens of KV (prompt {big.prompt_tokens:,} + output "
+               f"{big.output_tokens:,}), more than the pool's {cfg.kv_tokens:,} tokens")  # fmt: skip
         raise TpplanError(f"request {big.id}", why, "shorten the request or give each replica more KV (a larger TP)")
 
 
