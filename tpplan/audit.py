@@ -47,6 +47,15 @@ class PredictionJSON(Protocol):
 JSON_SCHEMA_VERSION = 3  # 3: weight figures in the stored dtype, embedding included, per PP stage
 
 
+def check_expert_dtype(graph: ModelGraph, expert_dtype: str | None) -> None:
+    """A routed-experts format asked of a model without routed experts would change nothing: the commands
+    refuse it rather than ignore it (library callers may price every model with one format)."""
+    if expert_dtype is not None and not graph.has_routed_experts:
+        raise TpplanError(
+            f"expert_dtype={expert_dtype}", f"{graph.spec.name} has no routed experts for it to set", "drop it"
+        )
+
+
 class StoredWeights:
     """Stored bytes per weight element of each op, as the checkpoint holds it: the config's
     `quantization_config` read (`tpplan.models.quant`), the rest in the activation dtype, and
@@ -57,10 +66,6 @@ class StoredWeights:
         if expert_dtype is not None and expert_dtype not in WEIGHT_BITS:
             raise TpplanError(
                 f"expert_dtype={expert_dtype}", "unknown weight dtype", f"choose one of {', '.join(WEIGHT_BITS)}"
-            )
-        if expert_dtype is not None and not graph.has_routed_experts:
-            raise TpplanError(
-                f"expert_dtype={expert_dtype}", f"{graph.spec.name} has no routed experts for it to set", "drop it"
             )
         self.graph = graph
         self.dtype_bytes = float(DTYPE_BYTES[dtype])

@@ -96,6 +96,18 @@ def test_report_refuses_a_bad_arrival_before_any_work(tmp_path, monkeypatch, cap
     assert message in err and not out.exists()
 
 
+def test_report_refuses_an_engine_it_cannot_launch_saying_why(tmp_path, monkeypatch, capsys):
+    """The memo launches and judges SGLang and vLLM; TRT-LLM has kernel tables only. Before: 'no engine data
+    for that version', of a version nobody gave."""
+    from tests.cli_helpers import run_in_process
+
+    out = tmp_path / "memo"
+    code, err = run_in_process(monkeypatch, capsys, "report", "--out", str(out), "--model", "tiny-llama",
+                               "--topology", "h200x8-ib400", "--tp", "2", "--engine", "trtllm")  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not out.exists(), err
+    assert "--engine trtllm: tpplan has no launch flags or serving rules for trtllm. Fix: use sglang or vllm" in err
+
+
 def _cp_analysis(cp_kv="engines"):
     from tpplan.cost.topology import load_topology
     from tpplan.cost.workload import load_workload

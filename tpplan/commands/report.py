@@ -180,6 +180,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
         from rich.text import Text
 
+        from tpplan.audit import check_expert_dtype
         from tpplan.bench_results import load_bench_results
         from tpplan.commands._console import console, show, steps
         from tpplan.cost.workload import load_workload
@@ -224,6 +225,7 @@ def register(app: typer.Typer) -> None:
         wls = [load_workload(w) for w in (workload or ["prompt16k-c8", "prompt16k-c16"])]
         results = load_bench_results(bench) if bench else None
         graph = build_model_graph(load_model(model))
+        check_expert_dtype(graph, expert_dtype)
         if speculative is not None:
             from tpplan.cost.draft import check_draft
 

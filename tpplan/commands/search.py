@@ -200,6 +200,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search every legal plan derived from the model's graph and rank them; under --ttft-target and/or
         --tpot-target, serve each deployment's best with decode and rank them by goodput per GPU."""
+        from tpplan.audit import check_expert_dtype
         from tpplan.cost.workload import load_workload
         from tpplan.models.config import load_model
         from tpplan.models.graph import build_model_graph
@@ -231,6 +232,7 @@ def register(app: typer.Typer) -> None:
                               "add --topology (e.g. h200x8-ib400)")  # fmt: skip
         with steps(f"tpplan search {model}") as say:
             graph = build_model_graph(load_model(model))
+            check_expert_dtype(graph, expert_dtype)
             if speculative is not None:
                 from tpplan.cost.draft import check_draft
 

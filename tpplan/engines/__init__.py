@@ -57,6 +57,10 @@ def select(value: str) -> EngineVersion:
     key = value.strip().lower()
     if "@" not in key and key in (n.lower() for n in ENGINE_NAMES):
         return default_release(key)
+    name = key.split("@")[0]
+    if key not in ENGINES and name not in (n.lower() for n in ENGINE_NAMES):  # e.g. trtllm: kernel tables only
+        raise TpplanError(f"engine={value}", f"tpplan has no launch flags or serving rules for {name}",
+                          f"use sglang or vllm, or a version of them: {', '.join(ENGINES)}")  # fmt: skip
     if key not in ENGINES:
         raise TpplanError(f"engine={value}", "no engine data for that version", f"use one of {', '.join(ENGINES)}")
     return ENGINES[key]
