@@ -162,7 +162,7 @@ def audit_cmd(
 ) -> None:
     """Check plans op by op against the model's real layer graph and count their communication;
     with --topology (and --workload) also predict time, memory and TTFT."""
-    from tpplan.audit import audit, check_expert_dtype, to_json
+    from tpplan.audit import audit, to_json
 
     check_json_target(json_target)
     arrival = arrival_of(arrival_rate, trace, requests, seed)
@@ -180,7 +180,6 @@ def audit_cmd(
                     if topology or cluster or gpu or engine else (None, None))  # fmt: skip
         say("auditing the plans")
         result = audit(model, _tp_of(tp, topo), redundant_plans(plan, ep_num_redundant_experts), dtype)
-        check_expert_dtype(result.graph, expert_dtype)
         print_plan_notes(pa.plan for pa in result.plans)
         mesh = Mesh(result.n, pp=pp, replicas=replicas, cp=cp, cp_recurrence=cp_recurrence,
                     cp_layers=cp_layers, cp_kv=cp_kv, router=str(d["router"]) if d["router"] else None)  # fmt: skip
@@ -277,11 +276,14 @@ def _predict(
     say: Callable[[str], None],
 ) -> list[PlanPrediction]:  # fmt: skip
     """Every audited plan priced on `topo` at `mesh` (with `--engine`, the KV pool that engine sizes); first,
-    requests past the model's stated context are refused (one line, as search and report refuse them)."""
+    requests past the model's stated context and an experts format for a model without experts are refused
+    (one line each, as search and report refuse them)."""
+    from tpplan.audit import check_expert_dtype
     from tpplan.cost.kv_capacity import kv_engines_for
     from tpplan.cost.predict import predict_audit
     from tpplan.search.under_targets import check_context
 
+    check_expert_dtype(result.graph, expert_dtype)
     if wl is not None:
         check_context(wl, result.graph.spec.numerics.stated_context)
 
