@@ -29,6 +29,17 @@ def test_each_release_states_its_own_overlaps() -> None:
     assert overlaps("vllm@main@000fc94b") == {}  # not read for that revision
 
 
+def test_vllm_s_shared_experts_run_before_the_combine_wait_as_read() -> None:
+    """FusedMoEKernelModularImpl._finalize (the same in 0.33.0 and 0.34.0): with DeepEP's async finalize it issues
+    the combine, runs the shared experts, then yields to the other micro-batch; cited per release, no assumption."""
+    for key in ("vllm@0.34.0", "vllm@0.33.0"):
+        dbo = overlaps(key)["dbo"]
+        src = dbo.shared_experts_source
+        assert dbo.shared_experts_before_combine_wait and not dbo.assumption
+        assert src is not None and src.read and src.ref.startswith(key.split("@")[1])
+        assert "_finalize" in src.function
+
+
 def test_0_33_0_prints_dbo_beside_pp_and_for_hybrids_on_its_v1_runner() -> None:
     for model_type, mesh in (("kimi_k3", Mesh(8)), ("deepseek_v3", Mesh(8, pp=4))):
         new = deployment_flags("vLLM", model_type, model_type != "kimi_k3", mesh, "dbo", "vllm@0.34.0")

@@ -227,6 +227,9 @@ def _overlaps() -> list[str]:
             out.append(f"- refused at startup: {refused} ({r.source.cite()}); no launch line")
         if o.runs_on and o.runs_on_source is not None:
             out.append(f"- where it starts: {o.runs_on} ({o.runs_on_source.cite()})")
+        if o.shared_experts_source is not None:
+            when = "before" if o.shared_experts_before_combine_wait else "after"
+            out.append(f"- shared experts: {when} the combine's wait ({o.shared_experts_source.cite()})")
         if o.assumption:
             out.append(f"- what tpplan assumes: {o.assumption}")
         out += ["", *_gate_table(o.gates), ""]

@@ -457,6 +457,7 @@ class MicroBatchOverlap:
     runs_on: str = ""  # what else the flag selects where it starts (vLLM 0.33.0: its V1 model runner)
     runs_on_source: Source | None = None
     staged_source: Source | None = None  # where the model forwards that split the batch are listed
+    shared_experts_source: Source | None = None  # where the shared experts' place beside the combine was read
 
     def wires(self, model_type: str) -> bool:
         return self.model_types is None or model_type in self.model_types

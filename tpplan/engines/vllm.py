@@ -386,11 +386,17 @@ VLLM_SP_PASS = Mode(
     not_wired=(),
     gates=(
         Gate(
-            "enable_sp is off unless set (OPTIMIZATION_LEVEL_00 sets it False; the other levels were not read)",
+            "enable_sp is off unless set: every optimization level leaves it False (O0 and O1 False; O2, the "
+            "default, and O3 IS_DENSE, a module constant False, 'currently set to False in all cases')",
             "server arg",
             ("--compilation-config", "-O"),
             "runs baseline",
-            Source(REPO, "vllm/config/vllm.py", "OPTIMIZATION_LEVEL_00", f"commit {OLD_VLLM[:8]}"),
+            Source(
+                REPO,
+                "vllm/config/vllm.py",
+                "OPTIMIZATION_LEVEL_00..03 pass_config.enable_sp; IS_DENSE = False; VllmConfig.optimization_level = O2",
+                f"commit {OLD_VLLM[:8]}",
+            ),
         ),
         Gate(
             "async TP (pass_config.fuse_gemm_comms) forces enable_sp on",

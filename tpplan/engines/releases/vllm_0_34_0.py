@@ -291,9 +291,12 @@ VLLM_DBO = MicroBatchOverlap(
     schedule_source=_v("model_executor/layers/fused_moe/prepare_finalize/deepep_ht.py", "prepare/finalize"),
     split_source=_v("v1/worker/ubatch_utils.py", "maybe_create_ubatch_slices"),
     sms_source=_v("v1/worker/ubatch_utils.py", "create_sm_control_context (VLLM_DBO_COMM_SMS=20)"),
-    assumption=(
-        "where vLLM runs the shared experts relative to the combine was not read: tpplan places them as "
-        "SGLang does (before the combine wait)"
+    # DBO runs on the DeepEP prepare/finalize (its gate), whose supports_async is True: _finalize issues the
+    # combine (finalize_async), runs the shared experts, then registers the receive hook and yields (dbo_yield)
+    shared_experts_source=_v(
+        "model_executor/layers/fused_moe/modular_kernel.py",
+        "FusedMoEKernelModularImpl._finalize (finalize_async, _maybe_apply_shared_experts, then "
+        "dbo_register_recv_hook / dbo_yield)",
     ),
     # VllmConfig._validate_model_runner raises "The GPU model runner does not support: dual batch overlap
     # with ..." (use_ubatching is on with --enable-dbo); multimodal, encoder-only, LoRA and PIECEWISE graphs too
