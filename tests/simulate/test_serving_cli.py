@@ -118,3 +118,17 @@ def test_the_audit_table_prints_the_loops_ttft_as_search_does(monkeypatch, capsy
     row = next(line for line in out.split("Predicted on")[1].splitlines() if line.startswith("│ baseline"))
     cells = [c.strip() for c in row.split("│")]
     assert f"{loop:.3f}" in cells and f"{ideal:.3f}" not in cells
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--seed", "5"), "--seed 5: it seeds the Poisson arrivals of --arrival-rate, which is not given"),
+        (("--target-stat", "p99"), "--target-stat p99: it is the statistic of --ttft-target and --tpot-target"),
+    ],
+)
+def test_an_option_that_would_change_nothing_is_refused(monkeypatch, capsys, extra, says) -> None:  # type: ignore[no-untyped-def]
+    """search took `--seed` without `--arrival-rate` and `--target-stat` without a target and printed the same
+    ranking (as `--gpus` without a target is refused): both are refused in one line."""
+    code, _, err = run_cli(monkeypatch, capsys, "search", "-m", "tiny-llama", "-t", "h200x8-ib400", "--tp", "2", *extra)
+    assert code == 2 and says in err and err.count("\n") == 1, err

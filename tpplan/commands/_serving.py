@@ -45,8 +45,14 @@ SpecOpt = Annotated[
 
 
 def arrival_of(rate: float | None, trace: str | None, requests: int | None, seed: int) -> Arrival:
-    """The arrival process the options name (neither rate nor trace: the workload's closed loop)."""
+    """The arrival process the options name (neither rate nor trace: the workload's closed loop); a seed
+    without a rate would seed nothing, and is refused rather than ignored."""
+    from tpplan.errors import TpplanError
     from tpplan.simulate.serving import Arrival
+
+    if seed and rate is None:
+        raise TpplanError(f"--seed {seed}", "it seeds the Poisson arrivals of --arrival-rate, which is not given",
+                          "add --arrival-rate, or drop --seed")  # fmt: skip
 
     return Arrival(rate=rate, trace=trace, requests=requests, seed=seed)
 

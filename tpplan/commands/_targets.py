@@ -35,6 +35,7 @@ TpotTargetOpt = Annotated[
     typer.Option("--tpot-target", metavar="[STAT:]TIME",
                  help="Search under a TPOT target, e.g. 50ms or mean:40ms (needs a workload with output_len > 1)"),
 ]  # fmt: skip
+DEFAULT_STAT = "p90"  # --target-stat's default in search and report
 TargetStatOpt = Annotated[
     str, typer.Option("--target-stat", help="Statistic of a target given without one: mean, p50, p90 or p99")
 ]
@@ -55,6 +56,9 @@ def targets_of(ttft: str | None, tpot: str | None, stat: str) -> Targets | None:
 
     default = parse_stat(stat, "target_stat")
     if ttft is None and tpot is None:
+        if stat != DEFAULT_STAT:  # it would change nothing: refused rather than ignored
+            raise TpplanError(f"--target-stat {stat}", "it is the statistic of --ttft-target and --tpot-target, "
+                              "and neither is given", "add a target, or drop --target-stat")  # fmt: skip
         return None
     return Targets(
         parse_target(ttft, "ttft", default) if ttft is not None else None,

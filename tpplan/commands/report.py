@@ -234,7 +234,9 @@ def register(app: typer.Typer) -> None:
             from tpplan.search.under_targets import check_workload
 
             check_workload(targets, wls[0], graph.spec.numerics.stated_context)
-        arrival = arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) else None
+        arrival = (
+            arrival_of(arrival_rate, trace, requests, seed) if asked(arrival_rate, trace, requests) or seed else None
+        )
         if arrival is not None:  # a bad rate or trace is refused before any work, as audit refuses it
             serving_arrivals(arrival, wls[0], graph)
         ask = MemoAsk(
