@@ -132,3 +132,18 @@ def test_an_option_that_would_change_nothing_is_refused(monkeypatch, capsys, ext
     ranking (as `--gpus` without a target is refused): both are refused in one line."""
     code, _, err = run_cli(monkeypatch, capsys, "search", "-m", "tiny-llama", "-t", "h200x8-ib400", "--tp", "2", *extra)
     assert code == 2 and says in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--cp-layers", "mla"), "--cp-layers mla: it shapes context parallelism"),
+        (("--cp-recurrence", "serial"), "--cp-recurrence serial: it shapes"),
+    ],
+)
+def test_audit_refuses_a_cp_mode_without_cp(monkeypatch, capsys, extra, says) -> None:  # type: ignore[no-untyped-def]
+    """audit took --cp-layers / --cp-recurrence at CP 1 and printed the plain TP audit: refused in one line."""
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "-m", "tiny-llama", "--tp", "2", "-p", "baseline", *extra)
+    assert code == 2 and says in err and "Fix: add --cp 2 or more" in err and err.count("\n") == 1, err
+    code, _, err = run_cli(monkeypatch, capsys, "audit", "-m", "tiny-deepseek-v3", "--tp", "2", "--cp", "2", *extra)
+    assert code == 0, err

@@ -237,10 +237,19 @@ def _print_tables(
 
 
 def _check_deployment(d: FromFile, has_topology: bool, engine: str | None) -> None:
-    """Refuse, before any work, a request router the serving loop's engine (`--engine`'s, `check_router`) lacks;
-    where a plan file set the deployment, say so; a PP or replicas from it without a topology changes nothing
-    the audit prints, and that is said too."""
+    """Refuse, before any work, a request router the serving loop's engine (`--engine`'s, `check_router`) lacks,
+    and CP's layer or recurrence choice given without CP (it would change nothing); where a plan file set the
+    deployment, say so; a PP or replicas from it without a topology changes nothing the audit prints, and that
+    is said too."""
     check_router(engine, str(d["router"]) if d["router"] else None)
+    off_default = [
+        f"--cp-{k} {d['cp_' + k]}" for k, v in (("layers", "all"), ("recurrence", "scan")) if d["cp_" + k] != v
+    ]
+    if d["cp"] == 1 and off_default and d.file is None:  # a search's file may carry the modes it searched with
+        from tpplan.errors import TpplanError
+
+        raise TpplanError(" ".join(off_default), "it shapes context parallelism, and --cp is 1",
+                          "add --cp 2 or more, or drop it")  # fmt: skip
     print_deployment_notes(d)
     pp, replicas = d["pp"], d["replicas"]
     if (pp != 1 or replicas != 1) and not has_topology:  # from the file: legality and bytes only
