@@ -55,9 +55,10 @@ def test_the_sleep_margin_covers_what_call_h_measured() -> None:
     assert f"in {min(ratio):.2f}-{max(ratio):.2f}x the untimed pass's time" in doc
 
 
-def test_the_engine_bands_are_the_largest_bucket_median_of_call_e() -> None:
+def test_the_engine_bands_are_the_worst_regime_median_of_call_e() -> None:
     """errors.toml's windowed-attention and DSA sparse-attention figures are the largest |median| of a
-    heads-per-rank bucket of today's price against FA3 / FlashMLA (call E's sweep), and the docs render that."""
+    regime (heads per rank, a cache before the chunk or none) of today's price against FA3 / FlashMLA (call E's
+    sweep), and the docs render that."""
     from tpplan.bench.rank_fit import engine_band_markdown, engine_band_rows, markdown_tables
     from tpplan.cost.bands import error_table
 

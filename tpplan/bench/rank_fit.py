@@ -497,21 +497,23 @@ def priced_today_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def engine_band_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[int, float]]]:
-    """Today's price against an engine's kernel (`priced_today` points), per kind and heads bucket: (points,
-    signed median error). A band's figure is the largest |median| of a kind's buckets. A sparse point with no
-    cached keys and at most top-k tokens is left out: the engines run dense MHA there and the planner prices
-    that, so the point's FlashMLA time is not what the price is of."""
+    """Today's price against an engine's kernel (`priced_today` points), per kind and regime: heads-per-rank
+    bucket and whether a cache came before the chunk (`after 8K` / `no cache`); (points, signed median error). A
+    band's figure is the largest |median| of a kind's regimes. A sparse point with no cached keys and at most
+    top-k tokens is left out: the engines run dense MHA there and the planner prices that, so the point's
+    FlashMLA time is not what the price is of."""
     cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["family"] == "sparse" and not r["context"] and r["tokens"] <= r["topk"]:
             continue
-        cells[r["model"]][bucket(r)].append(r["error"])
+        cached = f"after {r['context'] // 1024}K" if r["context"] else "no cache"
+        cells[r["model"]][f"{bucket(r)}, {cached}"].append(r["error"])
     return {m: {b: (len(v), statistics.median(v)) for b, v in sorted(by.items())} for m, by in sorted(cells.items())}
 
 
 def engine_band_markdown(rows: list[dict[str, Any]]) -> str:
-    """`engine_band_rows` as the docs' table: one row per kind, its buckets' medians and the band they give."""
-    lines = ["| kernel | points | median error per heads-per-rank bucket | band (largest bucket median, unsigned) |",
+    """`engine_band_rows` as the docs' table: one row per kind, its regimes' medians and the band they give."""
+    lines = ["| kernel | points | median error per regime (heads per rank, cache) | band (largest median, unsigned) |",
              "|---|---:|---|---:|"]  # fmt: skip
     for m, by in engine_band_rows(rows).items():
         cells = ", ".join(f"{b} {100 * med:+.0f}% ({n})" for b, (n, med) in by.items())
