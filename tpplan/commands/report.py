@@ -21,6 +21,7 @@ from tpplan.commands._options import (
     emit_json,
     json_option,
     load_cluster,
+    refuse_lone_router,
 )
 from tpplan.commands._serving import (
     ArrivalRateOpt,
@@ -207,6 +208,8 @@ def register(app: typer.Typer) -> None:
             router = saved[1].router  # and behind the request router it was ranked with
         check_router(engine[0] if engine else None, router)  # the loop's engine's router, before any work
         reps = replica_count(replicas)
+        if flag_given(ctx, "router"):  # a file's router comes with the file's replicas
+            refuse_lone_router(router, reps if reps is not None or saved is None else saved[1].replicas)
         speculative = speculative_of(spec, True)  # the memo always has workloads
         if speculative is not None and ttft_target is None and tpot_target is None and json_target is None:
             from tpplan.errors import TpplanError
