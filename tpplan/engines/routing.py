@@ -47,7 +47,7 @@ def router_note(router: ReplicaRouter | None, spec: ModelSpec, nodes: int) -> st
 
 def _separate(args: tuple[str, ...]) -> str:
     """R separate servers: where each one's GPUs are, and (a copy over several nodes) its own head node."""
-    spans = any(a.startswith("--nnodes") for a in args)
+    spans = any(a.startswith(("--nnodes", "--distributed-executor-backend ray")) for a in args)
     return "servers, each on GPUs of its own" + (" and with its own head node" if spans else "")
 
 
