@@ -128,3 +128,12 @@ def test_a_release_s_record_cites_that_release() -> None:
             if not (own or other_package or kind(source) == "unread" or (key, source.ref) in OLDER_BESIDE_RELEASE):
                 loose.append(f"{key}: {source.cite()}")
     assert not loose, "\n".join(loose)
+
+
+def test_an_unread_fact_without_a_place_cites_what_was_not_read() -> None:
+    """`path_for` records a mode no wiring names for a model type with repo and path "-": the memo printed
+    "source: unread (- -)". It names what was not read instead; a located fact keeps its place."""
+    nowhere = Source.unread("-", "-", "sequence-parallel for gpt_oss", why="no wiring names it")
+    assert nowhere.cite() == "source: unread (sequence-parallel for gpt_oss)"
+    located = Source.unread("sgl-project/sglang", "python/sglang/srt/x.py", "f", why="not read")
+    assert located.cite() == "source: unread (sgl-project/sglang python/sglang/srt/x.py)"

@@ -176,3 +176,34 @@ def test_the_vocab_parallel_lookup_never_indexes_by_a_boolean_mask() -> None:
         if 10 <= i < 20:
             want[row] = table[i - 10]
     assert torch.equal(out, want)
+
+
+def test_the_rope_frequencies_are_made_once_per_parameters_and_device(monkeypatch) -> None:
+    """`rope_cos_sin` makes the inverse frequencies once per (RoPE parameters, dim, device), also across new
+    `Rope` objects with the same parameters (Gemma's window layers make one per call): on a GPU each remake is a
+    copy from pageable host memory, which waits for the GPU (06e). Values as a fresh computation; other
+    parameters get their own."""
+    import torch
+
+    from tpplan.runtime import kernels_local as KL
+
+    made: list[int] = []
+    real = KL.Rope.inv_freq_and_factor
+
+    def counted(self, dim):  # type: ignore[no-untyped-def]
+        made.append(dim)
+        return real(self, dim)
+
+    monkeypatch.setattr(KL.Rope, "inv_freq_and_factor", counted)
+    monkeypatch.setattr(KL, "_INV_ON_DEVICE", {})
+    pos = torch.arange(5, 12)
+    first = KL.rope_cos_sin(pos, 8, KL.Rope(theta=10_000.0))
+    again = KL.rope_cos_sin(pos + 3, 8, KL.Rope(theta=10_000.0))
+    assert made == [8]
+    inv, _ = real(KL.Rope(theta=10_000.0), 8)
+    assert torch.allclose(first[0], torch.cos(pos.float()[:, None] * inv[None, :]))
+    assert torch.allclose(again[1], torch.sin((pos + 3).float()[:, None] * inv[None, :]))
+    KL.rope_cos_sin(pos, 8, KL.Rope(theta=1_000_000.0))
+    KL.rope_cos_sin(pos, 16, KL.Rope(theta=10_000.0))
+    KL.rope_cos_sin(pos, 8, KL.Rope(theta=10_000.0, scaling={"rope_type": "linear", "factor": 2.0}))
+    assert made == [8, 8, 16, 8]

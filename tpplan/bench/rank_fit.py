@@ -496,6 +496,30 @@ def priced_today_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def engine_band_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[int, float]]]:
+    """Today's price against an engine's kernel (`priced_today` points), per kind and heads bucket: (points,
+    signed median error). A band's figure is the largest |median| of a kind's buckets. A sparse point with no
+    cached keys and at most top-k tokens is left out: the engines run dense MHA there and the planner prices
+    that, so the point's FlashMLA time is not what the price is of."""
+    cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["family"] == "sparse" and not r["context"] and r["tokens"] <= r["topk"]:
+            continue
+        cells[r["model"]][bucket(r)].append(r["error"])
+    return {m: {b: (len(v), statistics.median(v)) for b, v in sorted(by.items())} for m, by in sorted(cells.items())}
+
+
+def engine_band_markdown(rows: list[dict[str, Any]]) -> str:
+    """`engine_band_rows` as the docs' table: one row per kind, its buckets' medians and the band they give."""
+    lines = ["| kernel | points | median error per heads-per-rank bucket | band (largest bucket median, unsigned) |",
+             "|---|---:|---|---:|"]  # fmt: skip
+    for m, by in engine_band_rows(rows).items():
+        cells = ", ".join(f"{b} {100 * med:+.0f}% ({n})" for b, (n, med) in by.items())
+        band = max(abs(med) for _, med in by.values())
+        lines.append(f"| {m} | {sum(n for n, _ in by.values())} | {cells} | {100 * band:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     main()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpplan.bench.host_ahead import timing_line
 from tpplan.bench_results import load_bench_results
 
 
@@ -32,4 +33,31 @@ def layer_rows(paths: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["layer_rows"]
+def timing_rows(issued: Path, ahead: Path) -> str:
+    """Two runs of one command, as issued and with the host ahead (`bench --timing`): per op and layer, the
+    measured ms of each, their ratio and the prediction; then each run's layers, batches and timing record.
+    Where the ratio is far below 1 the as-issued span measured the host's issue, not the kernels."""
+    a, b = (load_bench_results(p, "from_files=") for p in (issued, ahead))
+    lines = [f"| op ({a.model}) | layer kind | as issued ms | host ahead ms | ahead / issued | predicted ms |",
+             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    theirs = {(o.layer_kind, o.op, o.tokens): o for o in b.ops}
+    for o in a.ops:
+        other = theirs.get((o.layer_kind, o.op, o.tokens))
+        if other is None:
+            continue
+        lines.append(f"| {o.op} | {o.layer_kind} | {1e3 * o.measured_s:.3f} | {1e3 * other.measured_s:.3f} | "
+                     f"{other.measured_s / o.measured_s:.2f} | {1e3 * (o.predicted_s or 0):.3f} |")  # fmt: skip
+    for la in a.layers:
+        lb = next((x for x in b.layers if (x.layer_kind, x.tokens) == (la.layer_kind, la.tokens)), None)
+        if lb is not None:
+            lines.append(f"| **layer** | {la.layer_kind} | {1e3 * la.measured_s:.3f} | {1e3 * lb.measured_s:.3f} | "
+                         f"{lb.measured_s / la.measured_s:.2f} | {1e3 * (la.predicted_s or 0):.3f} |")  # fmt: skip
+    sums = [sum(x.measured_s for x in r.batches) for r in (a, b)]
+    if all(sums):
+        lines.append(f"| **{len(a.batches)} batches** | all | {1e3 * sums[0]:.3f} | {1e3 * sums[1]:.3f} | "
+                     f"{sums[1] / sums[0]:.2f} | {1e3 * sum(x.predicted_s or 0 for x in a.batches):.3f} |")  # fmt: skip
+    lines += ["", f"- as issued: {timing_line(a.timing)}", f"- host ahead: {timing_line(b.timing)}"]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["layer_rows", "timing_rows"]

@@ -46,8 +46,9 @@ class Source:
 
     def cite(self) -> str:
         """One short citation for a report line."""
-        if not self.read:
-            return f"source: unread ({self.repo} {self.path})"
+        if not self.read:  # where nothing was located, what was not read stands for the place
+            where = " ".join(p for p in (self.repo, self.path) if p.strip("- ")) or self.function
+            return f"source: unread ({where})"
         return f"{self.repo} {self.path} `{self.function}` @ {self.ref}"
 
     @classmethod

@@ -167,10 +167,22 @@ def _yarn_mscale(scale: float, mscale: float | None) -> float:
     return 0.1 * float(mscale or 1.0) * math.log(scale) + 1.0
 
 
+_INV_ON_DEVICE: dict[tuple[Any, ...], tuple[Tensor, float]] = {}
+
+
 def rope_cos_sin(positions: Tensor, dim: int, rope: Rope) -> tuple[Tensor, Tensor]:
-    """cos/sin [T, dim/2] for absolute `positions`, so a chunk starting at p0 rotates like one-shot."""
-    inv, factor = rope.inv_freq_and_factor(dim)
-    freqs = positions.float()[:, None] * inv.to(positions.device)[None, :]
+    """cos/sin [T, dim/2] for absolute `positions`, so a chunk starting at p0 rotates like one-shot.
+
+    The inverse frequencies are made on the host once per (RoPE parameters, dim, device) and kept there: a copy
+    from pageable host memory waits for the GPU to finish everything queued, and one per layer and chunk kept the
+    bench's host from getting ahead of the GPU (06e: `torch.cuda.set_sync_debug_mode` named this line)."""
+    scaling = repr(sorted((rope.scaling or {}).items()))
+    key = (rope.theta, scaling, rope.max_position_embeddings, dim, str(positions.device))
+    if key not in _INV_ON_DEVICE:
+        inv, factor = rope.inv_freq_and_factor(dim)
+        _INV_ON_DEVICE[key] = (inv.to(positions.device), factor)
+    inv, factor = _INV_ON_DEVICE[key]
+    freqs = positions.float()[:, None] * inv[None, :]
     return freqs.cos() * factor, freqs.sin() * factor
 
 

@@ -116,12 +116,12 @@ try:
             score = torch.rand(t, s_all, device=dev).masked_fill(torch.arange(s_all, device=dev)[None] > pos[:, None], -1)
             idx = score.topk(2048, dim=1).indices  # distinct; a query with fewer earlier keys gets later ones (skipped)
             sc = d**-0.5
-            keep = KA.index_mask(idx, s_all)
-            want = ref(q4, *KA.repeat_kv(k4, v4, n), sc, keep)
+            kept = KA.index_mask(idx, s_all)  # not `keep`: the 06c checks after this loop use it (06e call 2)
+            want = ref(q4, *KA.repeat_kv(k4, v4, n), sc, kept)
             got = SPA.sparse_attention(q4, k4, v4, idx, sc)
             times = {}
             for name_, fn in {"kernel": lambda: SPA.sparse_attention(q4, k4, v4, idx, sc),
-                              "reference": lambda: KA.causal_attention(q4, *KA.repeat_kv(k4, v4, n), sc, keep)}.items():
+                              "reference": lambda: KA.causal_attention(q4, *KA.repeat_kv(k4, v4, n), sc, kept)}.items():
                 fn()
                 a_, b_ = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a_.record()

@@ -1,0 +1,77 @@
+"""docs/benchmarks.md's 2026-12-06e sections (issue 34): every table is what the bench's own renderers make of the
+recorded results, and the two bands changed from call E's sweep are the figures its points give (nothing typed)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "docs/benchmarks/h100-2026-12-06e"
+
+
+def _section(doc: str, tag: str) -> str:
+    return doc.split(f"<!-- {tag}:begin -->\n")[1].split(f"<!-- {tag}:end -->")[0]
+
+
+def test_the_06e_run_and_timing_tables_are_the_recorded_runs() -> None:
+    from tpplan.bench.run_table import layer_rows, timing_rows
+
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    gemma2 = (RUNS / "call2a/gemma-3-4b-it.json", RUNS / "call2b/gemma-3-4b-it.json")
+    dsv3_2 = (RUNS / "call2c/deepseek-v3.json", RUNS / "call2b/deepseek-v3.json")
+    gemma_e = (RUNS / "callE2/gemma-3-4b-it.json", RUNS / "callE3/gemma-3-4b-it.json")
+    dsv3_e = (RUNS / "callE2/deepseek-v3.json", RUNS / "callE3/deepseek-v3.json")
+    e_runs = [RUNS / "callE1/gpt-oss-120b.json", RUNS / "callE2/deepseek-v3.2.json", RUNS / "callE2/glm-5.1.json",
+              dsv3_e[0], dsv3_e[1], gemma_e[0], gemma_e[1]]  # fmt: skip
+    tables = {
+        "run-table-06e-2": layer_rows([*gemma2, *dsv3_2]),
+        "timing-06e-gemma": timing_rows(*gemma2),
+        "timing-06e-dsv3": timing_rows(*dsv3_2),
+        "run-table-06e-E": layer_rows(e_runs),
+        "timing-06e-E-gemma": timing_rows(*gemma_e),
+        "timing-06e-E-dsv3": timing_rows(*dsv3_e),
+    }
+    for tag, text in tables.items():
+        assert _section(doc, tag) == text, tag
+    # every host-ahead run of the session caught up in all 16 batches: the docs say host-ahead is not validated
+    assert all("16 of 16 batch runs" in tables[t] for t in tables if t.startswith("timing"))
+
+
+def test_the_engine_bands_are_the_largest_bucket_median_of_call_e() -> None:
+    """errors.toml's windowed-attention and DSA sparse-attention figures are the largest |median| of a
+    heads-per-rank bucket of today's price against FA3 / FlashMLA (call E's sweep), and the docs render that."""
+    from tpplan.bench.rank_fit import engine_band_markdown, engine_band_rows, markdown_tables
+    from tpplan.cost.bands import error_table
+
+    fit = json.loads((RUNS / "rank-fit-engine.json").read_text())
+    rows = fit["priced_today"]["points"]
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    assert _section(doc, "engine-bands-06e") == engine_band_markdown(rows)
+    assert _section(doc, "rank-fit-engine-06e") == markdown_tables(fit)
+    by = engine_band_rows(rows)
+    band = {m: max(abs(med) for _, med in cells.values()) for m, cells in by.items()}
+    table = error_table()
+    assert (
+        round(band["window"], 3)
+        == table["attention_window"]["kernel-model"][0]
+        == table["attention_window"]["default"][0]
+    )
+    assert round(band["dsa_attention"], 3) == table["attention_sparse"]["default"][0]
+    assert sum(n for n, _ in by["dsa_attention"].values()) == 48  # the 12 dense-MHA points left out
+    assert {p["variant"].split(" ")[0] for p in rows if p["model"] == "dsa_attention"} == {"FlashMLA"}
+
+
+def test_the_quoted_mla_decode_error_is_the_shipped_set_on_call_e_points() -> None:
+    from tpplan.bench.decode_fit import judge
+
+    kms = tomllib.loads((ROOT / "tpplan/cost/presets/gpus/h100-measured.toml").read_text())["kernel_models"]
+    consts = {"decode_mla": {k: v for k, v in kms["decode_mla"].items() if isinstance(v, float)}}
+    pts = json.loads((RUNS / "callE1/decode-sweep.json").read_text())["points"]
+    e = [r["error"] for r in judge(consts, pts)]
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    span = f"(from {100 * min(e):+.0f}% to {100 * max(e):+.0f}%)"
+    quoted = f"{100 * statistics.median(e):+.0f}% median over {len(e)} points {span}"
+    assert quoted in doc
