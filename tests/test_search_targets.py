@@ -321,3 +321,76 @@ def test_audit_refuses_requests_past_the_stated_context_as_search_does(monkeypat
     assert err.count("\n") == 1 and not out.exists()
     code, _, err = run_cli(monkeypatch, capsys, *audit, "-w", str(fits), "--json", str(out))
     assert code == 0 and out.exists(), err  # 2,048 tokens: exactly the context
+
+
+# -- which engine releases launch each deployment -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """16K-token prompts: on tiny-llama the CP deployments serve the most goodput under a 2 s TTFT target."""
+    path = tmp_path_factory.mktemp("wl") / "long.toml"
+    path.write_text('name = "long"\ninput_len = 16384\noutput_len = 8\nconcurrency = 4\nchunk_size = 16384\n')
+    return str(path)
+
+
+CP_WINS = ("search", "-m", "tiny-llama", "-t", "h200x8-ib400", "--no-pd", "--ttft-target", "2s")
+
+
+def test_a_winning_deployment_no_engine_launches_is_marked_and_the_best_launched_one_named(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, long_prompts: str
+) -> None:
+    """Neither release runs CP for a Llama model (SGLang's forward never splits its prefill tokens, vLLM's PCP is
+    MLA only): the CP deployment that wins needs code, and the verdict names the best one an engine launches."""
+    code, out, err = run_cli(monkeypatch, capsys, *CP_WINS, "-w", long_prompts, "--json", "-")
+    assert code == 0, err
+    s = json.loads(out)["serving_search"]
+    first = s["deployments"][0]
+    assert "CP" in first["deployment"] and first["meets_targets"] and first["launched_by"] == []
+    assert "SGLang 0.5.23: " in first["needs_code"] and "vLLM 0.34.0: MLA models only" in first["needs_code"]
+    for d in s["deployments"]:  # CP needs code here, every other mesh is launched by both releases
+        cp = "CP" in d["deployment"]
+        assert (d["needs_code"] is not None) == cp and (d["launched_by"] == []) == cp
+    alt = next(d for d in s["deployments"] if d["launched_by"] and d["meets_targets"])
+    b = alt["best"]
+    assert "no engine release launches it (needs code)" in s["verdict"]
+    assert (
+        f"the best an engine launches is {alt['deployment']} ({alt['plan']}, SGLang 0.5.23 or vLLM 0.34.0): "
+        f"{b['goodput_per_gpu']:.3g} requests/s per GPU at {b['clients']} clients per replica"
+    ) in s["verdict"]
+    code, out, err = run_cli(monkeypatch, capsys, *CP_WINS, "-w", long_prompts)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "│" in line]
+    assert any(f"│ {first['deployment']}* " in r for r in rows) and any(f"│ {alt['deployment']} " in r for r in rows)
+    assert max(len(r) for r in rows) <= 100
+    assert "* No engine release launches it (needs code): SGLang 0.5.23:" in " ".join(out.split())
+
+
+def test_a_winning_deployment_an_engine_launches_has_no_mark(monkeypatch, capsys, chat: str) -> None:  # type: ignore[no-untyped-def]
+    s = _under(monkeypatch, capsys, "-w", chat, "--ttft-target", "1s", "--engine", "vllm@0.33.0")
+    d = s["deployments"][0]
+    assert d["launched_by"] == ["SGLang 0.5.23", "vLLM 0.33.0"] and d["needs_code"] is None
+    assert "needs code" not in s["verdict"]
+    code, out, err = run_cli(monkeypatch, capsys, *SEARCH, "-w", chat, "--ttft-target", "1s")
+    assert code == 0, err
+    assert "TP2*" not in out and "No engine release launches" not in out and "│ TP2 " in out
+
+
+@pytest.mark.slow
+def test_the_memo_says_its_choice_needs_code_and_names_the_launched_one(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys, long_prompts: str, tmp_path: Path
+) -> None:
+    """The memo's chosen deployments follow the search's marks: the winning CP deployment's launch lines are
+    all "needs code" and the best one an engine launches follows it, with launch lines."""
+    args = ("-m", "tiny-llama", "-t", "h200x8-ib400", "--tp", "2", "-w", long_prompts, "--ttft-target", "2s", "--no-pd")
+    code, _, err = run_cli(monkeypatch, capsys, "report", *args, "-o", str(tmp_path / "m"))
+    assert code == 0, err
+    md = (tmp_path / "m" / "report.md").read_text().split("## Serving")[1].split("\n## ")[0]
+    bullets = [line for line in md.splitlines() if line.startswith("- `")]
+    assert len(bullets) == 2 and "CP" in bullets[0] and "CP" not in bullets[1]
+    assert "No engine release launches it: needs code" in bullets[0] and "needs code" not in bullets[1]
+    first, second = (b.split("`")[1] for b in bullets)
+    assert f"no engine release launches it (needs code); the best an engine launches is {second} (" in md
+    lines_first = md.split(f"Launch lines for `{first}`")[1].split("Launch lines for")[0]
+    assert lines_first.count(": needs code (") == 2 and "```bash" not in lines_first
+    assert md.split(f"Launch lines for `{second}`")[1].count("```bash") == 2

@@ -117,7 +117,9 @@ def test_the_markdown_sentence_is_computed_from_the_recorded_rows() -> None:
         {"index": 1, "host_s": 0.009, "sleep_s": 0.0135, "caught_up": True, "gap_s": 2e-3},
     ]
     line = timing_line(OpTiming.model_validate(summary("host-ahead", runs)))
-    assert line.startswith("host ahead: a GPU sleep of 6.00-13.50 ms before each timed batch (1.5x the host's")
+    assert line.startswith(
+        f"host ahead: a GPU sleep of 6.00-13.50 ms before each timed batch ({SLEEP_MARGIN:g}x the host's"
+    )
     assert "in 1 of 2 batch runs" in line and "at most 2.000 ms per batch" in line
     issued = timing_line(OpTiming.model_validate(summary("as-issued", runs)))
     assert issued.startswith("as issued (no sleep; the host took up to 9.00 ms to issue a batch)")

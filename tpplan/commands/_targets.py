@@ -106,14 +106,16 @@ def budget_gpus(gpus: int | None, nodes: int | None) -> int | None:
 
 def serve_search(
     outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, arrival: Arrival, pd: bool,
-    speculative: Speculative | None = None,
+    speculative: Speculative | None = None, engine: str | None = None,
 ) -> TargetsOutcome:  # fmt: skip
     """The search's deployments served under the targets, at the rate of `--arrival-rate` if given; `pd`:
-    P/D deployments too; `speculative`: decode steps as speculative steps."""
+    P/D deployments too; `speculative`: decode steps as speculative steps; `engine`: `--engine`'s release, whose
+    launch lines (beside the other engine's current release) mark the deployments no engine launches."""
     from tpplan.search.under_targets import serve_under_targets
 
     return serve_under_targets(outcome, graph, workload, targets, arrival=arrival if arrival.rate is not None else None,
-                               requests=arrival.requests, disaggregated=pd, speculative=speculative)  # fmt: skip
+                               requests=arrival.requests, disaggregated=pd, speculative=speculative,
+                               engines=(engine,) if engine else None)  # fmt: skip
 
 
 def with_serving(
@@ -139,7 +141,8 @@ def with_serving(
 
 
 def print_targets(data: dict[str, Any]) -> None:
-    """The answer under targets: each deployment at its best load (or nearest miss), the verdict, the front."""
+    """The answer under targets: each deployment at its best load (or nearest miss; `*`: no engine release launches
+    it, the footnote says why), the verdict, the front."""
     from rich.table import Table
     from rich.text import Text
 
@@ -155,12 +158,15 @@ def print_targets(data: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col in ("deployment", "binds") else "right", overflow="fold")
     for d in data["deployments"]:
         p = d["best"] or d["closest"]
-        name = d["deployment"] + ("" if d["meets_targets"] else " (misses)")
+        name = d["deployment"] + ("*" if d["needs_code"] else "") + ("" if d["meets_targets"] else " (misses)")
         clients = "" if p["clients"] is None else str(p["clients"])
         ms = [fig(p["achieved_s"][k] * 1e3) for k in ("ttft", "tpot") if k in stats]
         t.add_row(Text(name), clients, *ms, f"{p['goodput_per_gpu']:.3g}", rate(p['output_tok_s_per_gpu']),
                   rate(p['output_tok_s_per_user']), Text(d["binds"] or ""))  # fmt: skip
     show(out, t)
+    why = dict.fromkeys(d["needs_code"] for d in data["deployments"] if d["needs_code"])
+    if why:
+        print_wrapped(out, "* No engine release launches it (needs code): " + "; ".join(why))
     print_wrapped(out, data["verdict"])
     for s in data["skipped"]:
         print_wrapped(out, f"Not served: {s['deployment']}: {s['why']}")

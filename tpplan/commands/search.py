@@ -266,7 +266,7 @@ def register(app: typer.Typer) -> None:
             under = None
             if targets is not None and wl is not None:
                 say("serving each deployment's best plan under the targets")
-                under = serve_search(outcome, graph, wl, targets, arrival, pd, speculative)
+                under = serve_search(outcome, graph, wl, targets, arrival, pd, speculative, engine)
         data = outcome.to_json()
         if under is not None:
             data["serving_search"] = under.to_json()

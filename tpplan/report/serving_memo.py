@@ -49,16 +49,21 @@ class ServingMemo:
     decode_band: tuple[str, DecodeBand] | None = None  # the first chosen deployment's decode-step band
 
     def chosen(self) -> list[DeploymentAnswer]:
-        """The best aggregated and the best P/D deployment meeting the targets; where none does, the closest."""
+        """The best aggregated and the best P/D deployment meeting the targets, each followed, where no engine
+        release launches it (needs code), by the best of its kind one does; where none meets them, the closest."""
         meeting = self.outcome.meeting
         if not meeting:
             near = self.outcome.closest()
             return [near] if near is not None else []
         out: list[DeploymentAnswer] = []
         for kind in ("aggregated", "disaggregated"):
-            best = next((a for a in meeting if a.kind == kind), None)
-            if best is not None:
-                out.append(best)
+            of_kind = [a for a in meeting if a.kind == kind]
+            if not of_kind:
+                continue
+            out.append(of_kind[0])
+            launched = next((a for a in of_kind if a.launch is not None and not a.needs_code), None)
+            if of_kind[0].needs_code and launched is not None:
+                out.append(launched)
         return out
 
 
@@ -74,7 +79,7 @@ def build_serving_memo(
     rate = arrival if arrival is not None and arrival.rate is not None else None
     got = serve_under_targets(outcome, graph, workload, targets, arrival=rate,
                               requests=arrival.requests if arrival is not None else None, disaggregated=pd,
-                              speculative=speculative)  # fmt: skip
+                              speculative=speculative, engines=engines)  # fmt: skip
     memo = ServingMemo(got, workload, (), ())
     pools = _Pools(outcome, graph, workload, engines, speculative)
     launches: list[PoolLaunch] = []
@@ -151,7 +156,7 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
     from tpplan.cost.draft import eagle3_draft
     from tpplan.cost.predictor import cached_predictor
     from tpplan.engines import Launch, select_pair
-    from tpplan.engines.recipes import recipes
+    from tpplan.engines.recipes import launches, recipes, why_not_launched
     from tpplan.engines.routing import pd_pool_router, replica_router, router_note
     from tpplan.engines.serving_flags import memory_flags, pd_flags
     from tpplan.engines.speculative import launch_flags
@@ -168,8 +173,8 @@ def _pool(pools: _Pools, label: str, pool: str, r: RankedPlan, instances: int, r
     launch = Launch(graph.spec, one, chunk=workload.chunk_size, gpu=topo.gpu.name, nodes=nodes)
     for rec, ev in zip(recipes(r.plan, launch, engines=pair), pair, strict=True):
         name = f"{rec.engine} {ev.key.split('@')[1]}"
-        if rec.realises == "no" or rec.blocked:
-            out.append(PoolLaunch(label, pool, name, instances, "", why_not=rec.summary))
+        if not launches(rec):
+            out.append(PoolLaunch(label, pool, name, instances, "", why_not=why_not_launched(rec)))
             continue
         p = cached_predictor(graph, r.plan, topo, one, outcome.dtype, outcome.expert_dtype, r.audit)
         from tpplan.cost.draft import draft_memory

@@ -37,7 +37,12 @@ def chosen_text(targets: Targets, a: DeploymentAnswer) -> str:
     return (f"`{a.label}`{pools}{served} {head} at {load}: {figs}; {p.goodput_per_gpu:.3g} good requests/s per GPU, "
             f"{rate(p.output_tok_s_per_gpu)} output tokens/s per GPU, {rate(p.output_tok_s_per_user)} tokens/s per "
             "user. "
-            f"What binds: {a.binds or 'nothing at this load'} ({a.why}).")  # fmt: skip
+            f"What binds: {a.binds or 'nothing at this load'} ({a.why}).{_launched_text(a)}")  # fmt: skip
+
+
+def _launched_text(a: DeploymentAnswer) -> str:
+    """That no engine release launches the deployment, where none does (its launch lines say why)."""
+    return " No engine release launches it: needs code (its launch lines say why)." if a.needs_code else ""
 
 
 def speculative_text(sp: Speculative) -> str:
@@ -99,7 +104,8 @@ def _table(out: TargetsOutcome) -> Table:
     rows = []
     for x in out.answers[:SHOWN]:
         p: ServingPoint = x.best or x.closest
-        rows.append((f"`{x.label}`", p.load.describe(), *(fig(p.achieved[tg.metric] * 1e3) for tg in out.targets.each),
+        label = f"`{x.label}`" + (" (needs code)" if x.needs_code else "")
+        rows.append((label, p.load.describe(), *(fig(p.achieved[tg.metric] * 1e3) for tg in out.targets.each),
                      f"{p.goodput_per_gpu:.3g}", rate(p.output_tok_s_per_gpu), rate(p.output_tok_s_per_user),
                      "yes" if x.best is not None else "no", x.binds or "-"))  # fmt: skip
     heads += ["goodput/GPU", "tok/s/GPU", "tok/s/user", "meets", "binds"]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tpplan.cost.predictor import Predictor
     from tpplan.cost.topology import Topology
     from tpplan.cost.workload import Workload
+    from tpplan.engines.recipes import Launchers
     from tpplan.engines.speculative import Speculative
     from tpplan.layout.plan import Plan
     from tpplan.mesh import Mesh
@@ -98,6 +99,12 @@ class DeploymentAnswer:
     ratio: str | None = None
     pools: dict[str, object] | None = None  # the P/D run's JSON at the best (or closest) load
     searched: str | None = None  # the search's best plan, where the engine's flags do not realise it (baseline served)
+    launch: Launchers | None = None  # the engine releases that launch it, or why none does (`launchers_of`)
+
+    @property
+    def needs_code(self) -> bool:
+        """No engine release launches it (its launch lines say "needs code")."""
+        return self.launch is not None and self.launch.needs_code
 
     @property
     def kind(self) -> str:
@@ -133,6 +140,8 @@ class DeploymentAnswer:
             "pruned_by_bound": self.pruned,
             "loads": [p.to_json() for p in self.points],
             "disaggregated": self.pools,
+            "launched_by": None if self.launch is None else list(self.launch.by),
+            "needs_code": "; ".join(self.launch.why_not) if self.launch is not None and self.needs_code else None,
         }
 
 
@@ -153,6 +162,7 @@ class Ask:
     deployments: tuple[RankedPlan, ...] = ()
     speculative: Speculative | None = None  # decode steps as speculative steps (`tpplan.engines.speculative`)
     router: str | None = None  # the request router over the replicas (`tpplan.engines.routing`; None: the default)
+    engines: tuple[str, ...] | None = None  # `--engine`'s versions (None: each engine's current release)
 
 
 def point_of(
@@ -217,6 +227,32 @@ def loop_engine_runs(ask: Ask, plan: Plan, mesh: Mesh) -> bool:
     return next(r for r in recipes(plan, launch, engines=select_pair([loop])) if r.version == loop).runs
 
 
+def launchers_of(ask: Ask, a: DeploymentAnswer) -> Launchers:
+    """The engine releases (`ask.engines`') that launch the deployment `a` serves (`engines.recipes.launchers`):
+    aggregated, its plan on all its replicas behind the request router; P/D, one instance of each pool's plan,
+    a release launching both."""
+    from tpplan.engines import Launch, select_pair
+    from tpplan.engines.recipes import launchers
+    from tpplan.mesh import Mesh
+
+    pair = select_pair(ask.engines)
+
+    def of(r: RankedPlan, deployment: Mesh) -> Launchers:
+        one = Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers)
+        nodes = max(1, -(-one.gpus // ask.topo.gpus_per_node))  # the nodes one server spans
+        launch = Launch(ask.graph.spec, deployment, chunk=ask.workload.chunk_size, gpu=ask.topo.gpu.name, nodes=nodes)
+        return launchers(r.plan, launch, engines=pair)
+
+    def pool(r: RankedPlan) -> Mesh:  # one instance of a P/D pool
+        return Mesh(r.tp, pp=r.pp, cp=r.cp, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv)
+
+    if a.decode_ranked is None:
+        r = a.ranked
+        return of(r, Mesh(r.tp, pp=r.pp, cp=r.cp, replicas=a.replicas, cp_layers=ask.cp_layers, cp_kv=ask.cp_kv,
+                          router=ask.router))  # fmt: skip
+    return of(a.ranked, pool(a.ranked)).merged(of(a.decode_ranked, pool(a.decode_ranked)))
+
+
 def serve_aggregated(ask: Ask, p: Predictor, arrivals: Arrivals, cap: tuple[int, int] | None) -> LoopResult:
     from tpplan.simulate.engine import engine_loop, serve
 
@@ -269,6 +305,7 @@ __all__ = [
     "admitted_batch",
     "kv_need_of",
     "largest_met",
+    "launchers_of",
     "load_ladder",
     "loop_engine_runs",
     "point_at",

@@ -41,6 +41,7 @@ from tpplan.search.serving_points import (
     admitted_batch,
     kv_need_of,
     largest_met,
+    launchers_of,
     load_ladder,
     loop_engine_runs,
     point_at,
@@ -118,14 +119,35 @@ def verdict(out: TargetsOutcome) -> str:
     if first.best is not None:
         b = first.best
         got = _achieved_text(out.targets, b)
-        return (f"{b.deployment} ({b.plan}) meets {goal} with the most goodput: {b.goodput_per_gpu:.3g} requests/s "
+        said = (f"{b.deployment} ({b.plan}) meets {goal} with the most goodput: {b.goodput_per_gpu:.3g} requests/s "
                 f"per GPU at {b.load.describe()}{each}, {got}; {first.why}")  # fmt: skip
+        return said + (launchable_text(out) if first.needs_code else "")
     misses = out.targets.misses(near.achieved)
     over = [f"{tg.label} {seconds_text(near.achieved[tg.metric])}, {seconds_text(misses[tg.metric])} "
             f"(+{misses[tg.metric] / tg.seconds:,.0%}) over its {seconds_text(tg.seconds)}"
             for tg in out.targets.each if misses.get(tg.metric, 0) > 0]  # fmt: skip
     return (f"Nothing meets {goal}; closest is {near.deployment} ({near.plan}) at {near.load.describe()}{each}: "
             + "; ".join(over) + f"; {first.binds} binds")  # fmt: skip
+
+
+def best_launchable(out: TargetsOutcome) -> DeploymentAnswer | None:
+    """The deployment with the most goodput per GPU meeting the targets that an engine release launches (None:
+    none does)."""
+    return next((a for a in out.meeting if a.launch is not None and not a.needs_code), None)
+
+
+def launchable_text(out: TargetsOutcome) -> str:
+    """What the verdict adds where the best deployment needs code: the best one an engine launches, its figures."""
+    alt = best_launchable(out)
+    none = "; no engine release launches it (needs code)"
+    if alt is None or alt.best is None:
+        return f"{none}, nor any other deployment meeting the targets"
+    b, each = alt.best, " per replica" if alt.replicas > 1 and alt.best.load.clients is not None else ""
+    assert alt.launch is not None
+    return (
+        f"{none}; the best an engine launches is {b.deployment} ({b.plan}, {' or '.join(alt.launch.by)}): "
+        f"{b.goodput_per_gpu:.3g} requests/s per GPU at {b.load.describe()}{each}, {_achieved_text(out.targets, b)}"
+    )
 
 
 def _achieved_text(targets: Targets, p: ServingPoint) -> str:
@@ -305,13 +327,14 @@ def check_context(workload: Workload, context: int | None) -> None:
 def serve_under_targets(
     outcome: SearchOutcome, graph: ModelGraph, workload: Workload, targets: Targets, *,
     arrival: Arrival | None = None, requests: int | None = None, disaggregated: bool = True,
-    speculative: Speculative | None = None,
+    speculative: Speculative | None = None, engines: tuple[str, ...] | None = None,
 ) -> TargetsOutcome:  # fmt: skip
     """Each deployment's best plan (`outcome.deployment_best`, searched with `every_deployment`) served
     under `targets`: by the GPU budget (the topology's GPUs; `arrival` None or without a rate) or at
     `arrival`'s rate, `requests` per load where given; ranked by goodput per GPU where the targets are
     met, else by how near they come. `disaggregated`: also P/D deployments of the meshes found
-    (`search.disagg_targets`); `speculative`: aggregated decode steps are speculative steps."""
+    (`search.disagg_targets`); `speculative`: aggregated decode steps are speculative steps; each answer says
+    which of `engines`' releases (`--engine`; None: the current ones) launch it (`serving_points.launchers_of`)."""
     from tpplan.errors import TpplanError
 
     t0 = time.perf_counter()
@@ -322,7 +345,7 @@ def serve_under_targets(
     rate = arrival.rate if arrival is not None else None
     ask = Ask(graph, topo, workload, targets, outcome.dtype, outcome.expert_dtype, outcome.cp_layers, outcome.cp_kv,
                arrival if rate is not None else None, requests, speculative=speculative,
-               router=outcome.router)  # fmt: skip
+               router=outcome.router, engines=engines)  # fmt: skip
     outcome_best = served_plans(ask, outcome.deployment_best)
     ask = replace(ask, deployments=outcome_best)
     answers: list[DeploymentAnswer] = []
@@ -336,7 +359,7 @@ def serve_under_targets(
         from tpplan.search.disagg_targets import serve_disagg
 
         answers += serve_disagg(ask, answers)
-    answers.sort(key=_order)
+    answers = sorted((replace(a, launch=launchers_of(ask, a)) for a in answers), key=_order)
     front = pareto_max([p for a in answers for p in a.points],
                        lambda p: (p.output_tok_s_per_gpu, p.output_tok_s_per_user))  # fmt: skip
     return TargetsOutcome(targets, topo.world_size, rate, tuple(answers), tuple(front), time.perf_counter() - t0,
@@ -376,6 +399,7 @@ def _order(a: DeploymentAnswer) -> tuple[int, float]:
 
 __all__ = [
     "TargetsOutcome",
+    "best_launchable",
     "check_workload",
     "serve_under_targets",
     "what_binds",

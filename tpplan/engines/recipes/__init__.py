@@ -11,12 +11,12 @@ release (`tpplan.engines.default_release`).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tpplan.engines import Launch, default_release, select, select_pair
 from tpplan.engines.context_parallel import SGLANG_K3_FULL_SEQUENCE
 from tpplan.engines.launch import DeploymentFlags, deployment_flags, size_flags
-from tpplan.engines.recipes.base import Condition, EngineRecipe, family, gpu_capability
+from tpplan.engines.recipes.base import BLOCKING, Condition, EngineRecipe, family, gpu_capability
 from tpplan.engines.recipes.sglang import sglang_recipe
 from tpplan.engines.recipes.vllm import vllm_recipe
 from tpplan.engines.redundant_experts import launch_flags as redundant_flags
@@ -51,6 +51,53 @@ def recipes(
     ]
     out = [r if r.version else replace(r, version=ev.key) for r, ev in zip(out, (sgl, vll), strict=True)]
     return [whole_deployment(r, plan, spec, d, launch.nodes) for r in out]
+
+
+@dataclass(frozen=True)
+class Launchers:
+    """Which engine releases launch one deployment (`launches`: a command line and no condition stopping it, as
+    the memo's launch lines print it), and why each other does not: "needs code" where none does."""
+
+    by: tuple[str, ...]  # "SGLang 0.5.23", ...
+    why_not: tuple[str, ...]  # "vLLM 0.34.0: needs code: ...", one per release that does not
+
+    @property
+    def needs_code(self) -> bool:
+        return not self.by
+
+    def merged(self, other: Launchers) -> Launchers:
+        """Both pools' launchers (a P/D deployment): the releases launching each pool, every reason kept."""
+        return Launchers(tuple(e for e in self.by if e in other.by), tuple(dict.fromkeys(self.why_not + other.why_not)))
+
+
+def launches(r: EngineRecipe) -> bool:
+    """Whether the engine launches the deployment with `r`: its flags realise it (whole or in part) and no condition
+    makes the engine refuse, skip or stop it; else the launch line says "needs code" (`EngineRecipe.summary`)."""
+    return r.realises != "no" and not r.blocked
+
+
+def why_not_launched(r: EngineRecipe) -> str:
+    """Why the engine does not launch the deployment with `r` ("" where it does): no flag realises it (the
+    recipe's summary, "needs code: ..."), or a condition it fails makes the engine refuse, skip or stop it."""
+    if r.realises == "no":
+        return r.summary
+    stops = [f"{c.text} fails (the engine {c.effect})" for c in r.conditions if c.met is False and c.effect in BLOCKING]
+    return "; ".join(stops)
+
+
+def release_name(r: EngineRecipe) -> str:
+    """`SGLang 0.5.23`: the recipe's engine and release, as the launch lines name them."""
+    return f"{r.engine} {r.version.partition('@')[2]}".strip()
+
+
+def launchers(plan: Plan, launch: Launch, engines: tuple[EngineVersion, EngineVersion] | None = None) -> Launchers:
+    """The engine releases (`engines`, default each engine's current) that launch `plan` at `launch`'s deployment
+    (`recipes`, held to the whole deployment: its CP, replicas and their router), and why the others do not."""
+    got = recipes(plan, launch, engines=engines)
+    return Launchers(
+        tuple(release_name(r) for r in got if launches(r)),
+        tuple(f"{release_name(r)}: {why_not_launched(r)}" for r in got if not launches(r)),
+    )
 
 
 def _deployment_flags(engine: str, plan: Plan, spec: ModelSpec, d: Mesh, version: str | None) -> DeploymentFlags:
@@ -104,10 +151,15 @@ def whole_deployment(r: EngineRecipe, plan: Plan, spec: ModelSpec, d: Mesh, node
 __all__ = [
     "Condition",
     "EngineRecipe",
+    "Launchers",
     "family",
     "gpu_capability",
+    "launchers",
+    "launches",
     "recipes",
+    "release_name",
     "sglang_recipe",
     "vllm_recipe",
     "whole_deployment",
+    "why_not_launched",
 ]
