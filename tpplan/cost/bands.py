@@ -120,9 +120,9 @@ def own_bands_notes(parts: list[BandPart] | tuple[BandPart, ...]) -> list[str]:
         for p in own
     )
     return [
-        "Ops whose kernels the bench could not match to the engines' take bands of their own, not full "
-        f"attention's: {named}. Each basis below says what its error was measured against (a non-engine kernel) "
-        "or that it is an assumption."
+        "Ops whose prices the full-attention error does not cover take bands of their own: "
+        f"{named}. Each basis below says what its error was measured against (an engine's kernel, or the bench's "
+        "own where the engine's was not run) or that it is an assumption."
     ]
 
 

@@ -82,9 +82,9 @@ def mixer_of(op: Op) -> Mixer | None:
 
 def band_class(op: Op) -> str | None:
     """The error-table class (`cost/presets/bands/errors.toml`) of `op`'s band where it is not its cost
-    category's: attention under a sliding window, DSA's indexer and DSA's sparse attention, whose kernels
-    the bench could not match to the engines' (docs/benchmarks.md, 2026-12-06d), so the full-attention
-    error does not cover them. None: the op's category's band."""
+    category's: attention under a sliding window, DSA's indexer and DSA's sparse attention, whose measured
+    errors (docs/benchmarks.md, 2026-12-06d and 06e: FA3, FlashMLA, the bench's Triton indexer) the
+    full-attention error does not cover. None: the op's category's band."""
     mx = mixer_of(op)
     if mx is None:
         return None
