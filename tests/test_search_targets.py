@@ -366,6 +366,17 @@ def test_a_winning_deployment_no_engine_launches_is_marked_and_the_best_launched
     assert "* No engine release launches it (needs code): SGLang 0.5.23:" in " ".join(out.split())
 
 
+def test_a_closest_deployment_no_engine_launches_says_so(monkeypatch, capsys, long_prompts: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = run_cli(monkeypatch, capsys, *CP_WINS[:-1], "1us", "-w", long_prompts, "--json", "-")
+    assert code == 0, err
+    s = json.loads(out)["serving_search"]
+    first, alt = s["deployments"][0], next(d for d in s["deployments"] if d["launched_by"])
+    assert s["meets"] == [] and first["needs_code"]
+    assert s["verdict"].startswith(f"Nothing meets p90 TTFT <= 1 us; closest is {first['deployment']} (")
+    said = "binds; no engine release launches it (needs code); the closest an engine launches is "
+    assert s["verdict"].endswith(f"{said}{alt['deployment']} ({alt['plan']})")
+
+
 def test_a_winning_deployment_an_engine_launches_has_no_mark(monkeypatch, capsys, chat: str) -> None:  # type: ignore[no-untyped-def]
     s = _under(monkeypatch, capsys, "-w", chat, "--ttft-target", "1s", "--engine", "vllm@0.33.0")
     d = s["deployments"][0]

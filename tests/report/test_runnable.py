@@ -59,10 +59,9 @@ def test_replicas_and_overlap_are_in_the_line():
     sgl, vll = _recipes("tiny-deepseek-v3", "sp-moe+dbo", dep)
     assert sgl.realises == "no" and "--enable-dbo is vLLM" in sgl.summary  # SGLang has no DBO
     assert "--enable-dbo" in vll.args and vll.replicas == 2
-    # the replicas behind vLLM's DP load balancer, started by its flag; on this MoE model the line says the flag
-    # shards the MoE layers over DP x TP
-    assert vll.line().startswith("vLLM 0.34.0: 2 replicas in one server, behind vLLM's DP load balancer")
-    assert vll.command().startswith("# 2 replicas in one server") and "--data-parallel-size 2" in vll.command()
+    # on this MoE model vLLM's --data-parallel-size would shard the MoE layers over DP x TP: two servers instead
+    assert vll.line().startswith("vLLM 0.34.0: 2 servers, each on GPUs of its own")
+    assert vll.command().startswith("# 2 servers") and "--data-parallel-size" not in vll.command().splitlines()[-1]
     assert "DPEngineCoreProc" in vll.line()
 
 

@@ -137,12 +137,18 @@ def test_a_bad_router_is_one_line_exit_2(monkeypatch, capsys):
     assert len(lines) == 1 and "--router dp:least_loaded" in lines[0] and "dp:round_robin" in lines[0]
 
 
-def test_vllms_dp_line_on_an_moe_model_says_it_is_not_separate_copies():
-    spec = load_model("tiny-mixtral")
-    vll = next(
-        x for x in recipes(baseline(), Launch(spec, Mesh(2, replicas=2), gpu="NVIDIA H100")) if x.engine == "vLLM"
-    )
-    assert "--data-parallel-size 2" in vll.line() and "DPEngineCoreProc" in vll.line()
+def test_vllms_replicas_of_an_moe_model_are_separate_servers_not_data_parallel_size():
+    """vLLM's --data-parallel-size shards an MoE model's experts over DP x TP: R copies of tiny-mixtral are R
+    servers behind an external router that deals least-loaded, as priced; a dense model's stay one server."""
+    moe, dense = (
+        next(x for x in recipes(baseline(), Launch(load_model(m), Mesh(2, replicas=2), gpu="NVIDIA H100"))
+             if x.engine == "vLLM")
+        for m in ("tiny-mixtral", "tiny-llama")
+    )  # fmt: skip
+    assert "--data-parallel-size" not in moe.command().splitlines()[-1] and "DPEngineCoreProc" in moe.line()
+    assert moe.command().startswith("# 2 servers") and "external router" in moe.command()
+    assert "least-loaded" in moe.command()
+    assert "--data-parallel-size 2" in dense.command() and dense.command().startswith("# 2 replicas in one server")
 
 
 def _search(monkeypatch, capsys, tmp_path, *extra):
@@ -164,15 +170,36 @@ def test_search_ranks_through_the_router_asked_for(monkeypatch, capsys, tmp_path
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--router nope" in err
 
 
-def test_sglangs_dp_line_across_nodes_says_where_the_dp_ranks_go():
-    """Two TP8 replicas on two nodes of 8: SGLang's --dp-size puts each DP rank's TP group over both nodes (from
-    GPU dp_rank x 8), not one replica per node: the line says so and names the router that deals alike."""
+def test_sglangs_replicas_across_nodes_are_separate_servers_behind_the_router_that_deals_alike():
+    """Two TP8 replicas over two nodes: SGLang's --dp-size would put each DP rank's TP group over both nodes (from
+    GPU dp_rank x 8), so the lines start 2 servers behind sglang-router --policy round_robin, which deals as the
+    priced DP controller does; on one node --dp-size starts them."""
     spec = load_model("tiny-llama")
     one_node, two_nodes = (
         recipes(baseline(), Launch(spec, Mesh(8, replicas=2), gpu="NVIDIA H100", nodes=n))[0] for n in (1, 2)
     )
-    assert "launch_dp_schedulers" not in one_node.line()
-    assert "launch_dp_schedulers" in two_nodes.line() and "--router sglang-router:round_robin" in two_nodes.command()
+    assert "--dp-size 2" in one_node.command() and "launch_dp_schedulers" not in one_node.line()
+    cmd = two_nodes.command()
+    assert "--dp-size" not in cmd.splitlines()[-1] and "launch_dp_schedulers" in cmd and "# 2 servers" in cmd
+    assert "sglang_router.launch_router --worker-urls" in cmd and "--policy round_robin" in cmd
+    priced, started = replica_router("sglang@0.5.23"), replica_router("sglang@0.5.23", "sglang-router:round_robin")
+    assert priced is not None and priced.alike == started and priced.rule.prefill == started.rule.prefill
+
+
+def test_a_dp_router_without_an_external_twin_says_one_is_needed():
+    spec = load_model("tiny-llama")
+    mesh = Mesh(8, replicas=2, router="dp:total_requests")
+    cmd = recipes(baseline(), Launch(spec, mesh, gpu="NVIDIA H100", nodes=2))[0].command()
+    assert "--dp-size" not in cmd.splitlines()[-1] and "needs an external router" in cmd and "fewest requests" in cmd
+
+
+@pytest.mark.parametrize("command", ["audit", "search"])
+def test_a_router_with_one_replica_is_one_line_exit_2(monkeypatch, capsys, command):
+    code, out, err = run_cli(monkeypatch, capsys, command, "--model", "tiny-llama", "--topology", "h100x8-ib400",
+                             "--tp", "2", "--router", "dp:total_requests")  # fmt: skip
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--router dp:total_requests" in lines[0] and "--replicas 2" in lines[0]
 
 
 def test_the_memos_flags_column_names_the_router():

@@ -249,6 +249,16 @@ def check_router(engine: str | None, router: str | None) -> None:
         replica_router(loop_engine(engine), router)
 
 
+def refuse_lone_router(router: str | None, replicas: object) -> None:
+    """Refuse, in one line, a `--router` asked for with one replica (`replicas` 1 or unset): there is nothing for it
+    to spread, and the flag would be accepted and ignored."""
+    if router is not None and replicas in (None, 1):
+        from tpplan.errors import TpplanError
+
+        raise TpplanError(f"--router {router}", "spreads requests over replicas, and the deployment has one",
+                          "add --replicas 2 or more, or drop --router")  # fmt: skip
+
+
 RouterOpt = Annotated[
     str | None,
     typer.Option("--router", help="What spreads the requests over --replicas: a router the engine release records, "

@@ -31,8 +31,9 @@ from tpplan.commands._options import (
     json_option,
     load_cluster,
     redundant_plans,
+    refuse_lone_router,
 )
-from tpplan.commands._plan_deployment import print_deployment_notes, resolve
+from tpplan.commands._plan_deployment import flag_given, print_deployment_notes, resolve
 from tpplan.commands._serving import (
     ArrivalRateOpt,
     RequestsOpt,
@@ -173,7 +174,7 @@ def audit_cmd(
                             "cp_kv": cp_kv, "replicas": replicas, "router": router})  # fmt: skip
     tp, pp, cp, replicas = d["tp"], d["pp"], d["cp"], d["replicas"]  # type: ignore[assignment]
     cp_recurrence, cp_layers, cp_kv = d["cp_recurrence"], d["cp_layers"], d["cp_kv"]  # type: ignore[assignment]
-    _check_deployment(d, bool(topology or cluster), engine)  # a plan file's deployment, where no flag sets it
+    _check_deployment(d, bool(topology or cluster), engine, flag_given(ctx, "router"))  # a plan file's, where no flag
     with steps(f"tpplan audit {model}") as say:  # progress on stderr for a long one (--engine, serving)
         asked_mesh = Mesh(tp, pp=pp, cp=cp, cp_layers=cp_layers, replicas=replicas) if tp else None
         topo, wl = (_load_inputs(topology, nodes, asked_mesh, sides, gpu, cluster, engine, workload, replicas, say)
@@ -236,12 +237,14 @@ def _print_tables(
         print_pd(data["plans"])
 
 
-def _check_deployment(d: FromFile, has_topology: bool, engine: str | None) -> None:
+def _check_deployment(d: FromFile, has_topology: bool, engine: str | None, router_flagged: bool) -> None:
     """Refuse, before any work, a request router the serving loop's engine (`--engine`'s, `check_router`) lacks,
-    and CP's layer or recurrence choice given without CP (it would change nothing); where a plan file set the
-    deployment, say so; a PP or replicas from it without a topology changes nothing the audit prints, and that
-    is said too."""
+    a `--router` with one replica (a file's router comes with the file's replicas), and CP's layer or recurrence
+    choice given without CP (it would change nothing); where a plan file set the deployment, say so; a PP or
+    replicas from it without a topology changes nothing the audit prints, and that is said too."""
     check_router(engine, str(d["router"]) if d["router"] else None)
+    if router_flagged:
+        refuse_lone_router(str(d["router"]), d["replicas"])
     off_default = [
         f"--cp-{k} {d['cp_' + k]}" for k, v in (("layers", "all"), ("recurrence", "scan")) if d["cp_" + k] != v
     ]

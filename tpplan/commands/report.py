@@ -21,6 +21,7 @@ from tpplan.commands._options import (
     emit_json,
     json_option,
     load_cluster,
+    refuse_lone_router,
 )
 from tpplan.commands._serving import (
     ArrivalRateOpt,
@@ -215,6 +216,9 @@ def register(app: typer.Typer) -> None:
                               "add --tpot-target/--ttft-target or --json FILE, or drop --spec")  # fmt: skip
         copies = reps if isinstance(reps, int) else 1
         targets = targets_of(ttft_target, tpot_target, target_stat)
+        if flag_given(ctx, "router"):  # a file's router comes with the file's replicas; targets serve every split
+            unset = saved[1].replicas if saved is not None else "all" if targets is not None else None
+            refuse_lone_router(router, reps if reps is not None else unset)
         need = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else budget_gpus(gpus, nodes)
         if saved is not None and tp is None:  # a preset with as many nodes as the file's deployment needs
             f = saved[1]

@@ -28,6 +28,7 @@ from tpplan.commands._options import (
     emit_json,
     json_option,
     load_cluster,
+    refuse_lone_router,
 )
 from tpplan.commands._serving import (
     ArrivalRateOpt,
@@ -217,6 +218,7 @@ def register(app: typer.Typer) -> None:
         reps = replica_count(replicas)
         if targets is not None and replicas is None and tp is None and pp is None:
             reps = "all"  # under targets every split of the budget, replicas of smaller deployments included
+        refuse_lone_router(router, reps)
         copies = reps if isinstance(reps, int) else 1
         need = tp * (pp or 1) * ((cp or 1) if cp_layers == "all" else 1) * copies if tp else budget_gpus(gpus, nodes)
         topo = load_cluster(topology, nodes, need, gpu=gpu, cluster=cluster, engine=engine)

@@ -37,12 +37,18 @@ def replica_router(key: str, name: str | None = None) -> ReplicaRouter | None:
 
 
 def router_note(router: ReplicaRouter | None, spec: ModelSpec, nodes: int) -> str:
-    """What the in-process router's flags do otherwise on this model and with the replicas on `nodes` nodes ("" where
-    nothing): its `on_moe` on an MoE model, its `across_nodes` on more than one node."""
+    """Why the in-process router's one server does not start R separate copies of what was priced here ("" where
+    it does): its `on_moe` on an MoE model, its `across_nodes` with the replicas on `nodes` > 1 nodes."""
     if router is None or not router.flags:
         return ""
     moe = any(isinstance(layer.mlp, MoESpec) for layer in spec.layers)
     return "; ".join(x for x in (router.on_moe if moe else "", router.across_nodes if nodes > 1 else "") if x)
+
+
+def _separate(args: tuple[str, ...]) -> str:
+    """R separate servers: where each one's GPUs are, and (a copy over several nodes) its own head node."""
+    spans = any(a.startswith(("--nnodes", "--distributed-executor-backend ray")) for a in args)
+    return "servers, each on GPUs of its own" + (" and with its own head node" if spans else "")
 
 
 def launch_header(
@@ -51,24 +57,29 @@ def launch_header(
     """The flags one launch line takes for `instances` copies behind `router` (a mesh's replicas, or a P/D pool's
     instances behind its P/D router), and the line that says what spreads the requests: in-process, the router's
     flags added to `args` (one server starts every copy); external, that many servers each with `args`, behind it.
-    An in-process router whose flag the plan already uses (DP attention's `--dp-size`) cannot also spread
-    replicas: the servers then need a router in front that deals as it does. `note`: what the router's flags do
-    otherwise on this model (`router_note`), said after the one-server line."""
+    Where the in-process flags would not start separate copies (`note`, from `router_note`: an MoE model's
+    experts sharded over every rank, ranks spread over every node) or are the plan's own (DP attention's
+    `--dp-size`), the copies are separate servers behind the external router that deals alike (`alike`), or
+    one still to be put in front of them."""
     if instances == 1:
         return args, ""
     if router is None:
-        return args, (f"{instances} servers, each on GPUs of its own; needs a request router in front of them "
+        return args, (f"{instances} {_separate(args)}; needs a request router in front of them "
                       "(none read for this engine version)")  # fmt: skip
     flags = router.launch_flags(instances)
+    flag = flags[0].split()[0] if flags else ""
     taken = {a.split()[0] for a in args}
-    if flags and not taken & {f.split()[0] for f in flags}:
-        said = f" ({note})" if note else ""
-        return (*args, *flags), f"{instances} replicas in one server, behind {router.what}{said}"
-    if flags:
-        return args, (f"{instances} servers, each on GPUs of its own; needs a router in front of them that deals as "
-                      f"{router.what} does ({flags[0].split()[0]} is the plan's own here)")  # fmt: skip
-    command = f": `{router.behind}`" if router.behind else ""
-    return args, f"{instances} servers, each on GPUs of its own, behind {router.what}{command}"
+    if flags and not note and flag not in taken:
+        return (*args, *flags), f"{instances} replicas in one server, behind {router.what}"
+    if not flags:
+        command = f": `{router.behind}`" if router.behind else ""
+        return args, f"{instances} {_separate(args)}, behind {router.what}{command}"
+    why = f"one server's {flag} would not start them: {note}" if note else f"{flag} is the plan's own here"
+    if router.alike is not None and router.alike.behind:
+        return args, (f"{instances} {_separate(args)}, behind {router.alike.what}, which deals as the priced "
+                      f"{router.what} does: `{router.alike.behind}` ({why})")  # fmt: skip
+    return args, (f"{instances} {_separate(args)}; needs an external router in front of them that deals as the priced "
+                  f"{router.what} does (none read; {why})")  # fmt: skip
 
 
 def pd_pool_router(key: str) -> ReplicaRouter:

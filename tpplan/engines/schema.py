@@ -331,8 +331,9 @@ class ReplicaRouter:
     what: str  # what spreads the requests, in words ("SGLang's DP controller, round-robin")
     flags: tuple[str, ...] = ()  # in-process: the server flags that start it
     behind: str = ""  # external: the router in front of the R servers
-    on_moe: str = ""  # what the in-process router's flags do otherwise on an MoE model (the launch line says it)
+    on_moe: str = ""  # what the in-process router's flags do otherwise on an MoE model: not R copies
     across_nodes: str = ""  # ... and with the replicas on more than one node
+    alike: ReplicaRouter | None = None  # an external router of the same policy, for R servers where `flags` can't
 
     def launch_flags(self, copies: int) -> tuple[str, ...]:
         """The in-process router's flags for that many copies of the deployment (none for an external router)."""

@@ -88,7 +88,7 @@ def serving_section(a: Analysis, command: str, plots: ModuleType, pngs: dict[str
                       "derives them, the step budget the loop ran, the running cap that holds the load):"))  # fmt: skip
         for ln in lines:
             what = (
-                f"{ln.pool} pool, {ln.instances} server(s)" if ln.pool != "aggregated" else f"{ln.instances} server(s)"
+                f"{ln.pool} pool, {ln.instances} server(s)" if ln.pool != "aggregated" else f"{ln.instances} replica(s)"
             )
             if ln.command:
                 b.append(Para(f"{ln.engine}, {what}: {ln.memory}"))

@@ -243,7 +243,12 @@ class SearchOutcome:
             + (", one GPU's memory" if self.memory_cap == "gpu" else "")
             + (f", {SERVING_SHARE:.0%} of one GPU's memory" if self.memory_cap == "serving" else "")
             + " (weights incl. replication, KV cache, recurrent state, embedding/head, and the activations"
-            f" of one chunk; {self.reserve_bytes / GIB:.2f} GiB reserved for them in the search)"
+            " of one chunk: the walk caps the rest, then each ranked plan is checked with its activations added; "
+            + (
+                f"{self.reserve_bytes / GIB:.2f} GiB reserved for them in a second walk)"
+                if self.reserve_bytes > 0
+                else "none went over with them, so no second walk reserved any)"
+            )
         )
 
     def to_json(self) -> dict[str, object]:

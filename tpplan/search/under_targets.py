@@ -126,8 +126,17 @@ def verdict(out: TargetsOutcome) -> str:
     over = [f"{tg.label} {seconds_text(near.achieved[tg.metric])}, {seconds_text(misses[tg.metric])} "
             f"(+{misses[tg.metric] / tg.seconds:,.0%}) over its {seconds_text(tg.seconds)}"
             for tg in out.targets.each if misses.get(tg.metric, 0) > 0]  # fmt: skip
-    return (f"Nothing meets {goal}; closest is {near.deployment} ({near.plan}) at {near.load.describe()}{each}: "
+    said = (f"Nothing meets {goal}; closest is {near.deployment} ({near.plan}) at {near.load.describe()}{each}: "
             + "; ".join(over) + f"; {first.binds} binds")  # fmt: skip
+    launched = next((a for a in out.answers if a.launch is not None and not a.needs_code), None)
+    if not first.needs_code:
+        return said
+    alt = (
+        ""
+        if launched is None
+        else f"; the closest an engine launches is {launched.label} ({launched.ranked.plan.name})"
+    )
+    return said + "; no engine release launches it (needs code)" + alt
 
 
 def best_launchable(out: TargetsOutcome) -> DeploymentAnswer | None:

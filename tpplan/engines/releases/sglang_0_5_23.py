@@ -239,64 +239,6 @@ HANDOFF = HandoffRule(
 # ---------------------------------------------------------------------------------------------
 # Replicas: what spreads a deployment's requests over its R replicas (`--router`; `tpplan.engines.routing`)
 
-_DP_NODES = (
-    "across nodes --dp-size spreads every DP rank's TP group over all --nnodes (tp x pp / nnodes GPUs per node from "
-    "GPU dp_rank x tp x pp: launch_dp_schedulers, launch_tensor_parallel_group), not one replica on GPUs of its own "
-    "as priced; --router sglang-router:round_robin deals alike in front of R servers"
-)
-_DP_LAUNCH = Fact(
-    "--dp-size R without DP attention: one server's DP controller starts R TP groups, each of tp x pp GPUs from "
-    "its own base GPU id (launch_dp_schedulers), and dispatches every request to one of them",
-    _srt("managers/data_parallel_controller.py", "DataParallelController.__init__ / launch_dp_schedulers"),
-)
-DP_ROUND_ROBIN = ReplicaRouter(
-    name="dp:round_robin",
-    rule=RouterRule(
-        prefill="round_robin",
-        decode="round_robin",
-        decode_at_prefill_end=False,
-        facts=(
-            Fact(
-                "DP replicas (--dp-size): --load-balance-method auto resolves to round_robin outside P/D; the DP "
-                "controller sends each request to the next active worker in turn",
-                _srt(
-                    "managers/data_parallel_controller.py",
-                    "handle_load_balance_method (arg_groups/serving_hook.py); "
-                    "DataParallelController.round_robin_scheduler",
-                ),
-            ),
-            _DP_LAUNCH,
-        ),
-    ),
-    what="SGLang's DP controller, round-robin (--load-balance-method auto)",
-    flags=("--dp-size {replicas}",),
-    across_nodes=_DP_NODES,
-)
-DP_TOTAL_REQUESTS = ReplicaRouter(
-    name="dp:total_requests",
-    rule=RouterRule(
-        prefill="least_loaded",
-        decode="least_loaded",
-        decode_at_prefill_end=False,
-        ties_rotate=False,
-        facts=(
-            Fact(
-                "--load-balance-method total_requests: the DP rank with the fewest running + waiting requests "
-                "(list.index(min): ties to the lowest rank), its count raised by one per dispatch until the "
-                "schedulers' load snapshot is read again (at most every 20 ms); modelled: the router's own "
-                "requests in flight at each rank, no snapshot lag",
-                _srt(
-                    "managers/data_parallel_controller.py",
-                    "DPBudget.dispatch / DataParallelController.total_requests_scheduler, refresh_load_budget",
-                ),
-            ),
-            _DP_LAUNCH,
-        ),
-    ),
-    what="SGLang's DP controller, fewest requests (--load-balance-method total_requests)",
-    flags=("--dp-size {replicas}", "--load-balance-method total_requests"),
-    across_nodes=_DP_NODES,
-)
 _ROUTER_CMD = "python -m sglang_router.launch_router --worker-urls <the R servers' URLs> --policy {policy}"
 _ROUTER_LAUNCH = Fact(
     "outside P/D the router takes its workers as --worker-urls URL ...; --policy is one of random, round_robin, "
@@ -323,6 +265,66 @@ ROUTER_ROUND_ROBIN = ReplicaRouter(
     ),
     what="sglang-router, round-robin",
     behind=_ROUTER_CMD.format(policy="round_robin"),
+)
+_DP_NODES = (
+    "across nodes --dp-size spreads every DP rank's TP group over all --nnodes (tp x pp / nnodes GPUs per node from "
+    "GPU dp_rank x tp x pp: launch_dp_schedulers, launch_tensor_parallel_group), not one replica on GPUs of its own "
+    "as priced"
+)
+_DP_LAUNCH = Fact(
+    "--dp-size R without DP attention: one server's DP controller starts R TP groups, each of tp x pp GPUs from "
+    "its own base GPU id and with its own NCCL port (PortArgs.init_new: separate copies, experts and all), and "
+    "dispatches every request to one of them (launch_dp_schedulers)",
+    _srt("managers/data_parallel_controller.py", "DataParallelController.__init__ / launch_dp_schedulers"),
+)
+DP_ROUND_ROBIN = ReplicaRouter(
+    name="dp:round_robin",
+    rule=RouterRule(
+        prefill="round_robin",
+        decode="round_robin",
+        decode_at_prefill_end=False,
+        facts=(
+            Fact(
+                "DP replicas (--dp-size): --load-balance-method auto resolves to round_robin outside P/D; the DP "
+                "controller sends each request to the next active worker in turn",
+                _srt(
+                    "managers/data_parallel_controller.py",
+                    "handle_load_balance_method (arg_groups/serving_hook.py); "
+                    "DataParallelController.round_robin_scheduler",
+                ),
+            ),
+            _DP_LAUNCH,
+        ),
+    ),
+    what="SGLang's DP controller, round-robin (--load-balance-method auto)",
+    flags=("--dp-size {replicas}",),
+    across_nodes=_DP_NODES,
+    alike=ROUTER_ROUND_ROBIN,  # both deal each request to the next replica in turn
+)
+DP_TOTAL_REQUESTS = ReplicaRouter(
+    name="dp:total_requests",
+    rule=RouterRule(
+        prefill="least_loaded",
+        decode="least_loaded",
+        decode_at_prefill_end=False,
+        ties_rotate=False,
+        facts=(
+            Fact(
+                "--load-balance-method total_requests: the DP rank with the fewest running + waiting requests "
+                "(list.index(min): ties to the lowest rank), its count raised by one per dispatch until the "
+                "schedulers' load snapshot is read again (at most every 20 ms); modelled: the router's own "
+                "requests in flight at each rank, no snapshot lag",
+                _srt(
+                    "managers/data_parallel_controller.py",
+                    "DPBudget.dispatch / DataParallelController.total_requests_scheduler, refresh_load_budget",
+                ),
+            ),
+            _DP_LAUNCH,
+        ),
+    ),
+    what="SGLang's DP controller, fewest requests (--load-balance-method total_requests)",
+    flags=("--dp-size {replicas}", "--load-balance-method total_requests"),
+    across_nodes=_DP_NODES,
 )
 REPLICA_ROUTERS = (DP_ROUND_ROBIN, DP_TOTAL_REQUESTS, ROUTER_CACHE_AWARE, ROUTER_ROUND_ROBIN)
 

@@ -125,8 +125,8 @@ SCHEDULING = SchedulerRules(
             flags=("--data-parallel-size {replicas}",),
             on_moe="on an MoE model --data-parallel-size shards the MoE layers over DP x TP (DPEngineCoreProc): not "
             "the R separate copies priced",
-            across_nodes="across nodes each node also takes --data-parallel-size-local (its replicas) and "
-            "--data-parallel-address (the first node's), EngineArgs; not in this line",
+            across_nodes="across nodes each node takes --data-parallel-size-local (its replicas) and "
+            "--data-parallel-address (the first node's), EngineArgs, which tpplan does not write",
         ),
     ),
     not_modelled=(
