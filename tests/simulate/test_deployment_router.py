@@ -193,6 +193,18 @@ def test_a_dp_router_without_an_external_twin_says_one_is_needed():
     assert "--dp-size" not in cmd.splitlines()[-1] and "needs an external router" in cmd and "fewest requests" in cmd
 
 
+def test_dp_attention_copies_are_separate_servers_behind_the_router_that_deals_alike():
+    """DP attention's --dp-size is the plan's own: its 2 copies are 2 servers behind sglang-router round-robin."""
+    from tpplan.models.graph import build_model_graph
+    from tpplan.plans.named import make_plan
+
+    graph = build_model_graph(load_model("tiny-deepseek-v3"))
+    mesh = Mesh(2, replicas=2)
+    cmd = recipes(make_plan("dp-attention", graph, 2), Launch(graph.spec, mesh))[0].command()
+    assert cmd.startswith("# 2 servers") and "--policy round_robin" in cmd and "--dp-size is the plan's own" in cmd
+    assert cmd.splitlines()[-1].count("--dp-size") == 1
+
+
 @pytest.mark.parametrize("command", ["audit", "search"])
 def test_a_router_with_one_replica_is_one_line_exit_2(monkeypatch, capsys, command):
     code, out, err = run_cli(monkeypatch, capsys, command, "--model", "tiny-llama", "--topology", "h100x8-ib400",
