@@ -91,3 +91,26 @@ def test_the_quoted_mla_decode_error_is_the_shipped_set_on_call_e_points() -> No
     span = f"(from {100 * min(e):+.0f}% to {100 * max(e):+.0f}%)"
     quoted = f"{100 * statistics.median(e):+.0f}% median over {len(e)} points {span}"
     assert quoted in doc
+
+
+def test_the_mla_decode_tables_against_flashmla_are_the_shipped_set_on_call_e_points() -> None:
+    """The "MLA decode on Hopper" tables are the shipped H100 set judged on every call E point (nothing fitted to
+    them), and the section cites each engine fact `MLA_DECODE_KERNEL_HOPPER` holds, read in a release."""
+    from tpplan.bench.decode_fit import judge, signed_table
+    from tpplan.engines.citations import kind
+    from tpplan.engines.scheduling import MLA_DECODE_KERNEL_HOPPER
+
+    kms = tomllib.loads((ROOT / "tpplan/cost/presets/gpus/h100-measured.toml").read_text())["kernel_models"]
+    consts = {"decode_mla": {k: v for k, v in kms["decode_mla"].items() if isinstance(v, float)}}
+    judged = judge(consts, json.loads((RUNS / "callE1/decode-sweep.json").read_text())["points"])
+    assert len(judged) == 156 and not any(p["fitted"] for p in judged)
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    assert _section(doc, "mla-decode-vs-flashmla") == "\n".join(
+        signed_table(judged, g) for g in ("heads", "batch", "kv")
+    )
+    by_heads = {h: [p["error"] for p in judged if p["heads"] == h] for h in (4, 128)}
+    assert statistics.median(by_heads[128]) > statistics.median(by_heads[4]) > 0  # the gap grows with heads
+    section = doc.split("**MLA decode on Hopper: which kernel the engines run**")[1].split("**Left open")[0]
+    for fact in MLA_DECODE_KERNEL_HOPPER:
+        assert kind(fact.source) == "release", fact.source
+        assert fact.source.function.split(".")[-1] in section and fact.source.path.split("/")[-1] in section

@@ -181,6 +181,21 @@ def _pct(r: dict[str, Any]) -> str:
     return "" if r.get("median") is None else f"{100 * r['median']:.0f}% / {100 * r['worst']:.0f}%"
 
 
+def signed_table(points: list[dict[str, Any]], regime: str) -> str:
+    """Signed error (predicted / measured - 1) per regime of judged points: median and range. `regime` is
+    "heads" (per rank), "batch" or "kv" (bucketed as in `bucket`); the sign says which way a price misses."""
+    name = {"heads": lambda p: str(p["heads"]), "batch": lambda p: batch_bucket(p["batch"]),
+            "kv": lambda p: kv_bucket(p["kv"])}[regime]  # fmt: skip
+    cells: dict[str, list[float]] = defaultdict(list)
+    for p in sorted(points, key=lambda p: p[regime]):
+        cells[name(p)].append(p["error"])
+    lines = [f"| {regime} | points | median error | lowest | highest |", "|---|---:|---:|---:|---:|"]
+    for key, errs in cells.items():
+        lines.append(f"| {key} | {len(errs)} | {100 * statistics.median(errs):+.0f}% | "
+                     f"{100 * min(errs):+.0f}% | {100 * max(errs):+.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def judge(consts: dict[str, dict[str, float]], points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every point of another sweep (another card) priced by `consts`: all of them held out."""
     out = []
@@ -247,5 +262,6 @@ __all__ = [
     "judge",
     "markdown",
     "merged",
+    "signed_table",
     "totals",
 ]

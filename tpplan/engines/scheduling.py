@@ -40,4 +40,31 @@ MLA_DECODE_ABSORBED = (
 )
 """How both engines run MLA attention for decode tokens: what `cost.kernel_pricer` prices them as."""
 
-__all__ = ["MLA_DECODE_ABSORBED"]
+MLA_DECODE_KERNEL_HOPPER = (
+    Fact(
+        "with no --attention-backend, an MLA model on Hopper (is_hopper_with_cuda_12_3) gets fa3; DeepSeek-V3's "
+        "model override sets trtllm_mla only on SM100, and DSA models (DeepSeek-V3.2, GLM-5.1) get dsa; flashmla "
+        "is opt-in (--attention-backend flashmla)",
+        _sgl("arg_groups/model_override_base.py", "get_default_attn_backend"),
+    ),
+    Fact(
+        "fa3's MLA decode is FlashAttention 3's flash_attn_with_kvcache with q = the rope query, k_cache = the rope "
+        "cache, v_cache = the latent cache and qv = the absorbed nope query (FA3's MLA path, not FlashMLA)",
+        _sgl("layers/attention/flashattention_backend.py", "FlashAttentionBackend.forward_decode"),
+    ),
+    Fact(
+        "use_mla on compute capability 9.x: FLASH_ATTN_MLA first, then FLASHMLA, FLASHINFER_MLA, TRITON_MLA "
+        "(the sparse backends after them)",
+        _vllm("0.34.0", "platforms/cuda.py", "_get_backend_priorities"),
+    ),
+    Fact(
+        "FLASH_ATTN_MLA supports capability major 9 only; its decode calls flash_attn_varlen_func(q=q_pe, "
+        "k=k_pe cache, v=latent cache, q_v=q_nope, fa_version=3): FA3's MLA path, not FlashMLA",
+        _vllm("0.34.0", "v1/attention/backends/mla/flashattn_mla.py", "FlashAttnMLAImpl.forward_mqa"),
+    ),
+)
+"""Which kernel both engines run by default for dense MLA decode on Hopper: FA3's MLA path (q_v), with FlashMLA
+second in vLLM and opt-in in SGLang. docs/benchmarks.md ("MLA decode on Hopper") says why the `decode_mla`
+set, fitted on the bench's own kernel, was not refitted on FlashMLA's timings."""
+
+__all__ = ["MLA_DECODE_ABSORBED", "MLA_DECODE_KERNEL_HOPPER"]
