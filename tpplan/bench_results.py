@@ -88,7 +88,8 @@ class OpResult(Timed):
     band: str | None = Field(
         default=None,
         description="its own error-table class where not its category's (`OpTime.band`: attention_window, "
-        "dsa_indexer, attention_sparse); None: the category's band, and files written before 2026-12-06",
+        "attention_chunked, dsa_indexer, attention_sparse); None: the category's band, and files written before "
+        "2026-12-06",
     )
 
     @property

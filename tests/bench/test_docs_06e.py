@@ -56,9 +56,9 @@ def test_the_sleep_margin_covers_what_call_h_measured() -> None:
 
 
 def test_the_engine_bands_are_the_worst_regime_median_of_call_e() -> None:
-    """errors.toml's windowed-attention and DSA sparse-attention figures are the largest |median| of a
-    regime (heads per rank, a cache before the chunk or none) of today's price against FA3 / FlashMLA (call E's
-    sweep), and the docs render that."""
+    """errors.toml's windowed-attention, chunked-attention and DSA sparse-attention figures are the largest
+    |median| of a regime (heads per rank, a cache before the chunk or none) of today's price against FA3 / FlashMLA
+    (call E's sweep), and the docs render that."""
     from tpplan.bench.rank_fit import engine_band_markdown, engine_band_rows, markdown_tables
     from tpplan.cost.bands import error_table
 
@@ -76,6 +76,12 @@ def test_the_engine_bands_are_the_worst_regime_median_of_call_e() -> None:
         == table["attention_window"]["default"][0]
     )
     assert round(band["dsa_attention"], 3) == table["attention_sparse"]["default"][0]
+    assert (
+        round(band["chunk"], 3)
+        == table["attention_chunked"]["kernel-model"][0]
+        == table["attention_chunked"]["default"][0]
+    )
+    assert sum(n for n, _ in by["chunk"].values()) == 60 and all(med > 0 for _, med in by["chunk"].values())
     assert sum(n for n, _ in by["dsa_attention"].values()) == 48  # the 12 dense-MHA points left out
     assert {p["variant"].split(" ")[0] for p in rows if p["model"] == "dsa_attention"} == {"FlashMLA"}
 

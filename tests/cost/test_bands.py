@@ -91,14 +91,14 @@ def _band_without_own_classes(pred: object) -> float:
         ("tiny-gpt-oss", {"attention_window"}),
         ("tiny-gemma3", {"attention_window"}),
         ("tiny-deepseek-v32", {"dsa_indexer", "attention_sparse"}),
-        ("tiny-llama4", set()),  # chunked attention: within the full-attention band (2026-12-06d)
+        ("tiny-llama4", {"attention_chunked"}),  # chunked attention: its own band since 2026-12-06e (FA3)
         ("tiny-llama", set()),
     ],
 )
-def test_window_and_dsa_ops_widen_the_band_by_their_share(model: str, own: set[str]) -> None:
-    """Windowed attention, DSA's indexer and its sparse attention take their own errors: the band grows by exactly
-    each such part's share times (its error - the full-attention error of the same source); other models keep
-    the band they had."""
+def test_window_chunk_and_dsa_ops_widen_the_band_by_their_share(model: str, own: set[str]) -> None:
+    """Windowed and chunked attention, DSA's indexer and its sparse attention take their own errors: the band grows
+    by exactly each such part's share times (its error - the full-attention error of the same source); other models
+    keep the band they had."""
     graph = build_model_graph(load_model(model))
     pred = predict_plan(graph, make_plan("baseline", graph, 2), load_topology("h200x8-ib400", nodes=1),
                         mesh=Mesh(2), tokens=4096)  # fmt: skip

@@ -84,11 +84,12 @@ def test_the_decode_errors_are_the_generated_tables_figures() -> None:
     assert public_regimes().max_points == max(points)
 
 
-def test_window_and_dsa_decode_attention_is_named_not_covered_by_full_attention_errors() -> None:
-    """The decode sweep measured full GQA and dense absorbed MLA: a windowed or DSA sparse decode attention is left
-    out of the band and named (`bands.OWN_BAND_CLASSES`), not given the full-attention decode error."""
+def test_window_chunk_and_dsa_decode_attention_is_named_not_covered_by_full_attention_errors() -> None:
+    """The decode sweep measured full GQA and dense absorbed MLA: a windowed, chunked or DSA sparse decode attention
+    is left out of the band and named (`bands.OWN_BAND_CLASSES`), not given the full-attention decode error."""
     for model, own in (
         ("tiny-gpt-oss", {"attention_window"}),
+        ("tiny-llama4", {"attention_chunked"}),
         ("tiny-deepseek-v32", {"dsa_indexer", "attention_sparse"}),
     ):
         graph = build_model_graph(load_model(model))

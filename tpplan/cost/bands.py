@@ -26,6 +26,7 @@ COMPUTE_CLASSES = ("gemm", "moe", "attention", "recurrence", "elementwise")
 # the bench could not match to the engines' (docs/benchmarks.md, "Bands for the ops the bench could not match").
 OWN_BAND_CLASSES = {
     "attention_window": "windowed attention",
+    "attention_chunked": "chunked attention",
     "dsa_indexer": "DSA's indexer",
     "attention_sparse": "DSA's sparse attention",
 }

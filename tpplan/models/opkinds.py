@@ -82,9 +82,9 @@ def mixer_of(op: Op) -> Mixer | None:
 
 def band_class(op: Op) -> str | None:
     """The error-table class (`cost/presets/bands/errors.toml`) of `op`'s band where it is not its cost
-    category's: attention under a sliding window, DSA's indexer and DSA's sparse attention, whose measured
-    errors (docs/benchmarks.md, 2026-12-06d and 06e: FA3, FlashMLA, the bench's Triton indexer) the
-    full-attention error does not cover. None: the op's category's band."""
+    category's: attention under a sliding window or in chunks (Llama 4), DSA's indexer and DSA's sparse
+    attention, whose measured errors (docs/benchmarks.md, 2026-12-06d and 06e: FA3, FlashMLA, the bench's Triton
+    indexer) the full-attention error does not cover. None: the op's category's band."""
     mx = mixer_of(op)
     if mx is None:
         return None
@@ -92,7 +92,11 @@ def band_class(op: Op) -> str | None:
         return "dsa_indexer"
     if mx.sparse_topk:
         return "attention_sparse"
-    return "attention_window" if mx.cost == "attention" and op.attrs.get("window") else None
+    if mx.cost != "attention":
+        return None
+    if op.attrs.get("window"):
+        return "attention_window"
+    return "attention_chunked" if op.attrs.get("chunk") else None
 
 
 def weight_split(op: Op, moe: str, replicated: bool) -> str:
