@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tpplan.audit import audit_plan
+from tpplan.errors import TpplanError
 from tpplan.layout.dp_attention import DP_TRANSITIONS, priced_tokens, rank_tokens
 from tpplan.lower.schedule import predict_schedule
 from tpplan.mesh import Mesh
@@ -118,8 +119,11 @@ def test_dp_memory_prices_whole_attention_weights_and_embedding_and_own_kv() -> 
 def test_named_dp_plans_are_legal_on_moe_and_dense_families() -> None:
     for model in ("tiny-deepseek-v3", "tiny-qwen3", "tiny-llama", "tiny-kimi-k3"):
         g = _graph(model)
-        for name in (*DP_PLANS, "dp-attention+ep2"):
+        for name in (*DP_PLANS, *(("dp-attention+ep2",) if g.has_routed_experts else ())):
             assert audit_plan(g, make_plan(name, g, 2), 2).legal, (model, name)
+        if not g.has_routed_experts:  # an expert plan on a dense model is refused, not run as plain DP
+            with pytest.raises(TpplanError, match="no routed experts"):
+                make_plan("dp-attention+ep2", g, 2)
 
 
 def test_per_request_reference_differs_from_one_sequence() -> None:
@@ -152,7 +156,13 @@ def test_dp_plans_equal_the_unsharded_model_and_the_prediction(n: int) -> None:
     """Every DP plan (TP MoE in both paddings, EP, all-to-all, vLLM DP+EP) on MoE, GQA and K3 models:
     7 tokens in chunks of 4 (a rank idle in the 3-token chunk at N=4, KV cache carried per request)."""
     plans = (*DP_PLANS, f"dp-attention+ep{n}")
-    cases = [VerifyCase(m, p, tokens=7, chunk=4) for m in MODELS for p in plans if m != "tiny-llama" or "ep" not in p]
+    moe = {m for m in MODELS if _graph(m).has_routed_experts}  # dp-attention+ep<k> is refused on a dense model
+    cases = [
+        VerifyCase(m, p, tokens=7, chunk=4)
+        for m in MODELS
+        for p in plans
+        if (m != "tiny-llama" or "ep" not in p) and (m in moe or not p.startswith("dp-attention+ep"))
+    ]
     results = verify_cases(cases, nproc=n, timeout_s=120)
     assert len(results) == len(cases)
     bad = [_explain(r) for r in results if not r.passed]
