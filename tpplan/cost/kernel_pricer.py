@@ -429,9 +429,10 @@ class KernelPricer:
         over the same K), in the activation dtype (both
         dequantize a block-fp8 kv_b_proj to it: vLLM's `split_kv_b_proj`, SGLang 0.5.23's
         `DeepseekWeightLoader.post_load_weights`). None for any other GEMM or step."""
-        op = call.decision.op
+        if call.decision.op.name != "kv_b_proj" or call.shape is None or self.impls is not None:
+            return None  # every GEMM step asks: the name first, before the attention ops are searched
         att = next((o for o in lg.attn.ops if (x := mixer_of(o)) is not None and x.sparse_topk), None)
-        if op.name != "kv_b_proj" or att is None or call.shape is None or self.impls is not None:
+        if att is None:
             return None
         prefill = tuple(s for s in segs if s[0] > 1)
         if not runs_absorbed(self.serving_engine, prefill, lg.values[att.inputs[3]].width):

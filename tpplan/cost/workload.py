@@ -274,6 +274,9 @@ class _Run:
         self, workload: Workload, stage_times: StageTimes, in_flight: int | None, chunks_overlap: bool,
         mesh: Mesh, rule: RouterRule | None,
     ) -> None:  # fmt: skip
+        if in_flight is not None and in_flight < 1:
+            fix = "pass the engine's micro-batches in flight"
+            raise TpplanError("in_flight", f"must be >= 1, got {in_flight}", fix)
         self.wl, self.stage_times, self.in_flight = workload, stage_times, in_flight
         self.chunks_overlap = chunks_overlap
         self.total = workload.total_requests
@@ -446,8 +449,6 @@ def simulate_pipeline(
     `stage_times(batch)` the seconds the batch holds each stage, at most `in_flight` batches in the
     pipeline, chunks of one prompt overlapping across stages unless `chunks_overlap` is False
     (`tpplan.cost.pipeline` takes these from the engine data)."""
-    if in_flight < 1:
-        raise TpplanError("in_flight", f"must be >= 1, got {in_flight}", "pass the engine's micro-batches in flight")
     return _run(workload, stage_times, in_flight, chunks_overlap)
 
 
@@ -479,8 +480,6 @@ def simulate_routed(
     all of them, every replica's batches by start time, each replica's share (`ReplicaShare`: its clients
     the most of its requests in flight at once)."""
     check_replicas(workload, mesh)
-    if in_flight is not None and in_flight < 1:
-        raise TpplanError("in_flight", f"must be >= 1, got {in_flight}", "pass the engine's micro-batches in flight")
     return _run(workload, stage_times, in_flight, chunks_overlap, mesh, rule)
 
 
